@@ -1,0 +1,273 @@
+/* tpk/coll.h — checked, counted collectives; the one-rank `self` communicator; the TP x DP mesh
+ * and context creation.
+ *
+ * tpk_allreduce & co. check their arguments (null buffers, count arrays that do not add up,
+ * counts past INT_MAX), count calls/elements/bytes in comm->stats, then call the table.
+ * The *_start forms return at once; tpk_wait finishes them. The mesh puts consecutive ranks
+ * in one TP group: world rank w is TP rank w % t of TP group w / t, and DP rank w / t of
+ * DP group w % t. */
+#ifndef TPK_COLL_H
+#define TPK_COLL_H
+
+#include <limits.h>
+
+#include "ctx.h"
+
+static inline void tpk__count(tpk_comm *c, tpk_coll_kind k, size_t elems, tpk_dtype dt) {
+    c->stats.calls[k] += 1;
+    c->stats.elems[k] += elems;
+    c->stats.bytes[k] += elems * tpk_dtype_size(dt);
+}
+static inline void tpk_comm_stats_reset(tpk_comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+
+static inline tpk_status tpk__started(tpk_request *req, tpk_status s) {
+    if (req && s == TPK_OK) req->active = true;
+    return s;
+}
+
+static inline tpk_status tpk__check_comm(tpk_ctx *ctx, const char *fn, tpk_comm *c, tpk_dtype dt, tpk_request *req) {
+    if (!c || !c->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "comm: expected an initialised communicator, got %s", c ? "one with no table" : "NULL");
+    if (!tpk_dtype_valid(dt)) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dtype: expected f32, bf16 or i32, got %d", (int)dt);
+    if (req && req->active) return tpk__fail(ctx, TPK_ERR_ARG, fn, "req: still holds an unfinished collective; tpk_wait it first");
+    return TPK_OK;
+}
+static inline tpk_status tpk__check_count(tpk_ctx *ctx, const char *fn, const char *arg, size_t n) {
+    if (n > (size_t)INT_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: %zu elements, expected at most %d per call", arg, n, INT_MAX);
+    return TPK_OK;
+}
+
+static inline tpk_status tpk__allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count,
+                                        tpk_dtype dt, tpk_redop op, tpk_request *req, const char *fn) {
+    TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
+    TPK_TRY(tpk__check_count(ctx, fn, "count", count));
+    if (count && (!send || !recv)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer for %zu elements", send ? "recv" : "send", count);
+    if (op != TPK_SUM && op != TPK_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
+    tpk__count(c, TPK_COLL_ALLREDUCE, count, dt);
+    if (req) req->comm = c, req->state = NULL;
+    return tpk__started(req, c->vt->allreduce(ctx, c, send, recv, count, dt, op, req));
+}
+/* recv = op over ranks of send (count elements); send may equal recv. */
+static inline tpk_status tpk_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt, tpk_redop op) {
+    return tpk__allreduce(ctx, c, send, recv, count, dt, op, NULL, "tpk_allreduce");
+}
+static inline tpk_status tpk_allreduce_start(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt,
+                                             tpk_redop op, tpk_request *req) {
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allreduce_start", "req: expected a request, got NULL");
+    return tpk__allreduce(ctx, c, send, recv, count, dt, op, req, "tpk_allreduce_start");
+}
+
+static inline tpk_status tpk__check_counts(tpk_ctx *ctx, const char *fn, tpk_comm *c, const size_t *counts, size_t total,
+                                           const char *total_name) {
+    if (!counts) return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts: expected %d counts, got NULL", c->size);
+    size_t sum = 0;
+    for (int q = 0; q < c->size; q++) {
+        TPK_TRY(tpk__check_count(ctx, fn, "counts[q]", counts[q]));
+        sum += counts[q];
+    }
+    TPK_TRY(tpk__check_count(ctx, fn, "sum of counts", sum));
+    if (sum != total)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts: the %d counts add up to %zu, expected %s = %zu", c->size, sum, total_name, total);
+    return TPK_OK;
+}
+
+static inline tpk_status tpk__allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
+                                         const size_t *counts, size_t recvcount, tpk_dtype dt, tpk_request *req, const char *fn) {
+    TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
+    TPK_TRY(tpk__check_counts(ctx, fn, c, counts, recvcount, "recvcount"));
+    if (counts[c->rank] != sendcount)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts[%d]: is %zu, expected this rank's sendcount = %zu", c->rank, counts[c->rank], sendcount);
+    if ((sendcount && !send) || (recvcount && !recv)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", recv ? "send" : "recv");
+    tpk__count(c, TPK_COLL_ALLGATHER, recvcount, dt);
+    if (req) req->comm = c, req->state = NULL;
+    return tpk__started(req, c->vt->allgatherv(ctx, c, send, recv, counts, dt, req));
+}
+/* recv[recvcount] = the ranks' send buffers concatenated in rank order; counts[q] is rank q's
+ * count (counts[rank] == sendcount, sum == recvcount). Uneven counts are allowed. */
+static inline tpk_status tpk_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
+                                        const size_t *counts, size_t recvcount, tpk_dtype dt) {
+    return tpk__allgatherv(ctx, c, send, sendcount, recv, counts, recvcount, dt, NULL, "tpk_allgatherv");
+}
+static inline tpk_status tpk_allgatherv_start(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
+                                              const size_t *counts, size_t recvcount, tpk_dtype dt, tpk_request *req) {
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allgatherv_start", "req: expected a request, got NULL");
+    return tpk__allgatherv(ctx, c, send, sendcount, recv, counts, recvcount, dt, req, "tpk_allgatherv_start");
+}
+
+static inline tpk_status tpk__reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
+                                              const size_t *counts, tpk_dtype dt, tpk_redop op, tpk_request *req, const char *fn) {
+    TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
+    TPK_TRY(tpk__check_counts(ctx, fn, c, counts, sendcount, "sendcount"));
+    if ((sendcount && !send) || (counts[c->rank] && !recv)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", send ? "recv" : "send");
+    if (send == recv && sendcount) return tpk__fail(ctx, TPK_ERR_ARG, fn, "recv: must not alias send");
+    if (op != TPK_SUM && op != TPK_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
+    tpk__count(c, TPK_COLL_REDUCE_SCATTER, sendcount, dt);
+    if (req) req->comm = c, req->state = NULL;
+    return tpk__started(req, c->vt->reduce_scatterv(ctx, c, send, recv, counts, dt, op, req));
+}
+/* send[sendcount] holds the ranks' blocks in rank order (counts[q] each, sum == sendcount);
+ * recv[counts[rank]] = op over ranks of this rank's block. */
+static inline tpk_status tpk_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
+                                             const size_t *counts, tpk_dtype dt, tpk_redop op) {
+    return tpk__reduce_scatterv(ctx, c, send, sendcount, recv, counts, dt, op, NULL, "tpk_reduce_scatterv");
+}
+static inline tpk_status tpk_reduce_scatterv_start(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
+                                                   const size_t *counts, tpk_dtype dt, tpk_redop op, tpk_request *req) {
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_reduce_scatterv_start", "req: expected a request, got NULL");
+    return tpk__reduce_scatterv(ctx, c, send, sendcount, recv, counts, dt, op, req, "tpk_reduce_scatterv_start");
+}
+
+static inline tpk_status tpk__bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req, const char *fn) {
+    TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
+    TPK_TRY(tpk__check_count(ctx, fn, "count", count));
+    if (count && !buf) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buf: NULL buffer for %zu elements", count);
+    if (root < 0 || root >= c->size) return tpk__fail(ctx, TPK_ERR_ARG, fn, "root: expected 0..%d, got %d", c->size - 1, root);
+    tpk__count(c, TPK_COLL_BROADCAST, count, dt);
+    if (req) req->comm = c, req->state = NULL;
+    return tpk__started(req, c->vt->bcast(ctx, c, buf, count, dt, root, req));
+}
+static inline tpk_status tpk_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root) {
+    return tpk__bcast(ctx, c, buf, count, dt, root, NULL, "tpk_bcast");
+}
+static inline tpk_status tpk_bcast_start(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_bcast_start", "req: expected a request, got NULL");
+    return tpk__bcast(ctx, c, buf, count, dt, root, req, "tpk_bcast_start");
+}
+
+static inline tpk_status tpk_barrier(tpk_ctx *ctx, tpk_comm *c) {
+    TPK_TRY(tpk__check_comm(ctx, "tpk_barrier", c, TPK_F32, NULL));
+    tpk__count(c, TPK_COLL_BARRIER, 0, TPK_F32);
+    return c->vt->barrier(ctx, c, NULL);
+}
+static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_barrier_start", "req: expected a request, got NULL");
+    TPK_TRY(tpk__check_comm(ctx, "tpk_barrier_start", c, TPK_F32, req));
+    tpk__count(c, TPK_COLL_BARRIER, 0, TPK_F32);
+    req->comm = c, req->state = NULL;
+    return tpk__started(req, c->vt->barrier(ctx, c, req));
+}
+
+/* Finish a started collective. Waiting on a request that holds nothing is a no-op. */
+static inline tpk_status tpk_wait(tpk_ctx *ctx, tpk_request *req) {
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_wait", "req: expected a request, got NULL");
+    if (!req->active) return TPK_OK;
+    tpk_status s = req->comm->vt->wait(ctx, req);
+    req->active = false, req->state = NULL;
+    return s;
+}
+
+static inline tpk_status tpk_comm_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
+    if (!c || !c->vt || !out) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_comm_split", "%s: NULL", !out ? "out" : "comm");
+    if (color < 0) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_comm_split", "color: expected >= 0, got %d", color);
+    return c->vt->split(ctx, c, color, key, out);
+}
+static inline void tpk_comm_destroy(tpk_comm *c) {
+    if (c && c->vt && c->vt->destroy) c->vt->destroy(c);
+    if (c) memset(c, 0, sizeof *c);
+}
+
+/* ---- self: one rank, collectives are copies ----------------------------------------------- */
+
+static inline tpk_status tpk__self_copy(const void *send, void *recv, size_t bytes) {
+    if (send != recv && bytes) memmove(recv, send, bytes);
+    return TPK_OK;
+}
+static inline tpk_status tpk__self_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt,
+                                             tpk_redop op, tpk_request *req) {
+    (void)ctx, (void)c, (void)op, (void)req;
+    return tpk__self_copy(send, recv, count * tpk_dtype_size(dt));
+}
+static inline tpk_status tpk__self_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
+                                              tpk_dtype dt, tpk_request *req) {
+    (void)ctx, (void)c, (void)req;
+    return tpk__self_copy(send, recv, counts[0] * tpk_dtype_size(dt));
+}
+static inline tpk_status tpk__self_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
+                                                   tpk_dtype dt, tpk_redop op, tpk_request *req) {
+    (void)ctx, (void)c, (void)op, (void)req;
+    return tpk__self_copy(send, recv, counts[0] * tpk_dtype_size(dt));
+}
+static inline tpk_status tpk__self_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
+    (void)ctx, (void)c, (void)buf, (void)count, (void)dt, (void)root, (void)req;
+    return TPK_OK;
+}
+static inline tpk_status tpk__self_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
+    (void)ctx, (void)c, (void)req;
+    return TPK_OK;
+}
+static inline tpk_status tpk__self_wait(tpk_ctx *ctx, tpk_request *req) {
+    (void)ctx, (void)req;
+    return TPK_OK;
+}
+static inline tpk_status tpk__self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out);
+static inline const tpk_comm_vtable *tpk__self_vtable(void) {
+    static const tpk_comm_vtable vt = {"self", tpk__self_allreduce, tpk__self_allgatherv, tpk__self_reduce_scatterv,
+                                       tpk__self_bcast, tpk__self_barrier,
+                                       tpk__self_wait, tpk__self_split, NULL};
+    return &vt;
+}
+/* A communicator of one rank on host memory (or device memory: `device`), for unsharded runs. */
+static inline tpk_comm tpk_comm_self(bool device) {
+    tpk_comm c;
+    memset(&c, 0, sizeof c);
+    c.vt = tpk__self_vtable(), c.rank = 0, c.size = 1, c.device = device;
+    return c;
+}
+static inline tpk_status tpk__self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
+    (void)ctx, (void)color, (void)key;
+    *out = tpk_comm_self(c->device);
+    return TPK_OK;
+}
+
+/* ---- context ------------------------------------------------------------------------------ */
+
+static inline void tpk_ctx_destroy(tpk_ctx *ctx);
+
+/* Create a context: ops (default host), world (default self), TP groups of desc->tp
+ * consecutive ranks (world size must be a multiple), DP groups across them. */
+static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
+    static const char *fn = "tpk_ctx_init";
+    if (!ctx) return TPK_ERR_ARG;
+    memset(ctx, 0, sizeof *ctx);
+    tpk_ctx_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    ctx->ops = d.ops ? d.ops : tpk_ops_host();
+    ctx->seed = d.seed;
+    if (!ctx->ops || !ctx->ops->alloc || !ctx->ops->gemm)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: expected a filled tpk_ops table");
+    if (!d.world) ctx->self_world = tpk_comm_self(ctx->ops->device), d.world = &ctx->self_world;
+    if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised communicator");
+    ctx->world = d.world;
+    int tp = d.tp ? d.tp : 1, n = d.world->size;
+    if (tp < 1 || tp > n || n % tp)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
+    int w = d.world->rank;
+    tpk_status s = tpk_comm_split(ctx, d.world, w / tp, w % tp, &ctx->tp);
+    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, w % tp, w / tp, &ctx->dp);
+    if (s != TPK_OK) {
+        char keep[sizeof ctx->err];
+        memcpy(keep, ctx->err, sizeof keep);
+        tpk_ctx_destroy(ctx);
+        memcpy(ctx->err, keep, sizeof keep);
+        ctx->last = s;
+    }
+    return s;
+}
+
+static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->ops) {
+        tpk__buf_free(ctx, &ctx->work[0]);
+        tpk__buf_free(ctx, &ctx->work[1]);
+        tpk__buf_free(ctx, &ctx->params.data);
+        tpk__buf_free(ctx, &ctx->params.grad);
+    }
+    free(ctx->params.list);
+    tpk_comm_destroy(&ctx->tp);
+    tpk_comm_destroy(&ctx->dp);
+    const tpk_ops *ops = ctx->ops;
+    memset(ctx, 0, sizeof *ctx);
+    ctx->ops = ops;
+}
+
+#endif /* TPK_COLL_H */

@@ -1,0 +1,194 @@
+/* tpk/core.h — status codes, dtypes, layouts, tensor views and split arithmetic.
+ *
+ * A tensor view is (data, dtype, local shape, layout, global shape). The layout says what
+ * the local data means across the ranks of the tensor-parallel group:
+ *   R     every rank holds the whole tensor;              local shape == global shape
+ *   S(d)  every rank holds its slice of dimension d;       local[d] == tpk_split(global[d], t, r).size
+ *   P     every rank holds a whole-shaped partial value;   the true value is the sum over ranks
+ * Splits may be uneven: shard i of n over p parts starts at i*(n/p) + min(i, n%p) and has
+ * n/p + (i < n%p) elements, so the first n%p shards hold one element more.
+ * Plain C11, no allocation, no globals. */
+#ifndef TPK_CORE_H
+#define TPK_CORE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum tpk_status {
+    TPK_OK = 0,
+    TPK_ERR_ARG,         /* a bad argument: null pointer, value out of range */
+    TPK_ERR_SHAPE,       /* a shape that does not fit the layer or the other operands */
+    TPK_ERR_LAYOUT,      /* a tensor layout the operation does not accept */
+    TPK_ERR_DTYPE,       /* a dtype the operation does not accept */
+    TPK_ERR_COMM,        /* a collective failed */
+    TPK_ERR_BACKEND,     /* a compute backend call failed */
+    TPK_ERR_IO,          /* a file could not be read or written */
+    TPK_ERR_FORMAT,      /* a file is malformed */
+    TPK_ERR_NOMEM,       /* an allocation failed */
+    TPK_ERR_UNSUPPORTED, /* valid, but this backend or build does not provide it */
+} tpk_status;
+
+static inline const char *tpk_status_str(tpk_status s) {
+    switch (s) {
+    case TPK_OK: return "TPK_OK";
+    case TPK_ERR_ARG: return "TPK_ERR_ARG";
+    case TPK_ERR_SHAPE: return "TPK_ERR_SHAPE";
+    case TPK_ERR_LAYOUT: return "TPK_ERR_LAYOUT";
+    case TPK_ERR_DTYPE: return "TPK_ERR_DTYPE";
+    case TPK_ERR_COMM: return "TPK_ERR_COMM";
+    case TPK_ERR_BACKEND: return "TPK_ERR_BACKEND";
+    case TPK_ERR_IO: return "TPK_ERR_IO";
+    case TPK_ERR_FORMAT: return "TPK_ERR_FORMAT";
+    case TPK_ERR_NOMEM: return "TPK_ERR_NOMEM";
+    case TPK_ERR_UNSUPPORTED: return "TPK_ERR_UNSUPPORTED";
+    }
+    return "TPK_ERR_?";
+}
+
+/* Evaluate a call returning tpk_status; return its status from the enclosing function on failure. */
+#define TPK_TRY(call)                                                                              \
+    do {                                                                                           \
+        tpk_status tpk__s = (call);                                                                \
+        if (tpk__s != TPK_OK) return tpk__s;                                                       \
+    } while (0)
+
+/* ---- dtypes ------------------------------------------------------------------------------ */
+
+typedef enum tpk_dtype { TPK_F32 = 0, TPK_BF16 = 1, TPK_I32 = 2 } tpk_dtype;
+
+static inline bool tpk_dtype_valid(tpk_dtype dt) { return dt == TPK_F32 || dt == TPK_BF16 || dt == TPK_I32; }
+static inline size_t tpk_dtype_size(tpk_dtype dt) { return dt == TPK_BF16 ? 2 : 4; }
+static inline const char *tpk_dtype_name(tpk_dtype dt) {
+    return dt == TPK_F32 ? "f32" : dt == TPK_BF16 ? "bf16" : dt == TPK_I32 ? "i32" : "?";
+}
+
+/* bf16 <-> f32, round to nearest even; NaN stays NaN (quiet). */
+static inline uint16_t tpk_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float tpk_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ---- split arithmetic ------------------------------------------------------------------- */
+
+typedef struct tpk_range { int64_t off, size; } tpk_range;
+
+/* Shard i of n elements over `parts` parts; the first n % parts shards get one more. */
+static inline tpk_range tpk_split(int64_t n, int parts, int i) {
+    tpk_range r = {0, 0};
+    if (n < 0 || parts <= 0 || i < 0 || i >= parts) return r;
+    int64_t q = n / parts, m = n % parts;
+    r.off = (int64_t)i * q + (i < m ? i : m);
+    r.size = q + (i < m ? 1 : 0);
+    return r;
+}
+
+/* ---- layouts ------------------------------------------------------------------------------ */
+
+typedef enum tpk_layout_kind { TPK_LAYOUT_R = 0, TPK_LAYOUT_S = 1, TPK_LAYOUT_P = 2 } tpk_layout_kind;
+typedef struct tpk_layout {
+    tpk_layout_kind kind;
+    int dim;    /* S only; negative counts from the end (-1 = last) */
+    int stride; /* S only; 0 or 1: one split. s > 1: dim d is s equal blocks, each split over
+                   the ranks, and a shard is its slice of every block (fused [Q; K; V]). */
+} tpk_layout;
+
+#define TPK_R ((tpk_layout){TPK_LAYOUT_R, 0, 0})
+#define TPK_P ((tpk_layout){TPK_LAYOUT_P, 0, 0})
+#define TPK_S(d) ((tpk_layout){TPK_LAYOUT_S, (d), 0})
+#define TPK_S_STRIDED(d, s) ((tpk_layout){TPK_LAYOUT_S, (d), (s)})
+
+static inline int tpk_layout_stride(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.stride > 1 ? l.stride : 1; }
+
+/* Local extent of a dim of n elements split over `parts` with `stride` blocks (0 when n is
+ * not a multiple of the stride). */
+static inline int64_t tpk_shard_size(int64_t n, int stride, int parts, int index) {
+    if (stride <= 1) return tpk_split(n, parts, index).size;
+    if (n % stride) return 0;
+    return stride * tpk_split(n / stride, parts, index).size;
+}
+
+/* Sharded dimension normalised to [0, ndim), or -1 when out of range / not S. */
+static inline int tpk_layout_dim(tpk_layout l, int ndim) {
+    if (l.kind != TPK_LAYOUT_S) return -1;
+    int d = l.dim < 0 ? l.dim + ndim : l.dim;
+    return (d >= 0 && d < ndim) ? d : -1;
+}
+static inline bool tpk_layout_eq(tpk_layout a, tpk_layout b, int ndim) {
+    if (a.kind != b.kind) return false;
+    return a.kind != TPK_LAYOUT_S ||
+           (tpk_layout_dim(a, ndim) == tpk_layout_dim(b, ndim) && tpk_layout_stride(a) == tpk_layout_stride(b));
+}
+/* "R", "P", "S(0)", "S(-1)" into buf (at least 16 bytes); returns buf. */
+static inline const char *tpk_layout_str(tpk_layout l, char *buf, size_t n) {
+    if (l.kind == TPK_LAYOUT_R) snprintf(buf, n, "R");
+    else if (l.kind == TPK_LAYOUT_P) snprintf(buf, n, "P");
+    else if (l.kind == TPK_LAYOUT_S && tpk_layout_stride(l) > 1) snprintf(buf, n, "S(%d, stride %d)", l.dim, l.stride);
+    else if (l.kind == TPK_LAYOUT_S) snprintf(buf, n, "S(%d)", l.dim);
+    else snprintf(buf, n, "?(%d)", (int)l.kind);
+    return buf;
+}
+
+/* ---- tensor views ------------------------------------------------------------------------ */
+
+#define TPK_MAX_DIMS 4
+
+typedef struct tpk_tensor {
+    void *data;                    /* local data, row-major, contiguous */
+    tpk_dtype dtype;
+    int ndim;
+    int64_t shape[TPK_MAX_DIMS];   /* local shape */
+    int64_t gshape[TPK_MAX_DIMS];  /* global shape (differs from shape only on an S dim) */
+    tpk_layout layout;
+} tpk_tensor;
+
+static inline int64_t tpk_numel(const tpk_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+static inline size_t tpk_nbytes(const tpk_tensor *t) { return (size_t)tpk_numel(t) * tpk_dtype_size(t->dtype); }
+
+/* A 2-D view whose local shape is its global shape: layouts R and P (and S when t = 1). */
+static inline tpk_tensor tpk_tensor_2d(void *data, tpk_dtype dt, int64_t rows, int64_t cols, tpk_layout l) {
+    tpk_tensor t = {data, dt, 2, {rows, cols, 0, 0}, {rows, cols, 0, 0}, l};
+    return t;
+}
+/* An n-D view whose local shape is its global shape. */
+static inline tpk_tensor tpk_tensor_nd(void *data, tpk_dtype dt, int ndim, const int64_t *shape, tpk_layout l) {
+    tpk_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data, t.dtype = dt, t.ndim = ndim, t.layout = l;
+    for (int i = 0; i < ndim && i < TPK_MAX_DIMS; i++) t.shape[i] = t.gshape[i] = shape[i];
+    return t;
+}
+/* Shard `index` of `parts` of a tensor of global shape `gshape` with layout S(d) (or any
+ * layout: R and P give the whole shape). */
+static inline tpk_tensor tpk_tensor_shard(void *data, tpk_dtype dt, int ndim, const int64_t *gshape, tpk_layout l,
+                                          int parts, int index) {
+    tpk_tensor t = tpk_tensor_nd(data, dt, ndim, gshape, l);
+    int d = tpk_layout_dim(l, ndim);
+    if (d >= 0) t.shape[d] = tpk_shard_size(gshape[d], tpk_layout_stride(l), parts, index);
+    return t;
+}
+/* A 2-D shard: global [rows, cols], layout l, on rank `index` of `parts`. */
+static inline tpk_tensor tpk_tensor_shard_2d(void *data, tpk_dtype dt, int64_t rows, int64_t cols, tpk_layout l, int parts,
+                                             int index) {
+    int64_t g[2] = {rows, cols};
+    return tpk_tensor_shard(data, dt, 2, g, l, parts, index);
+}
+
+#endif /* TPK_CORE_H */

@@ -1,0 +1,161 @@
+/* tpk/ctx.h — the context: backend ops, TP and DP groups, seed, scratch, parameters, last error.
+ *
+ * Every public function takes the context first, returns a tpk_status and, on failure,
+ * leaves one line in ctx->err naming the function, the argument and the expected value
+ * (tpk_last_error). Creating and destroying a context is in tpk/coll.h (it splits the world
+ * communicator into groups); the parameter registry is in tpk/params.h. */
+#ifndef TPK_CTX_H
+#define TPK_CTX_H
+
+#include "comm.h"
+#include "core.h"
+#include "ops.h"
+
+/* A growable buffer in backend memory. */
+typedef struct tpk_buf {
+    void *p;
+    size_t bytes;
+} tpk_buf;
+
+/* One registered parameter (tpk/params.h). The local shard of a parameter split on `split_dim`
+ * with `stride` s: the dimension is s equal blocks, each split over the TP ranks, and the
+ * shard is the concatenation of this rank's slice of every block (s = 3 for fused QKV). */
+typedef struct tpk_param {
+    char name[96];
+    int ndim;
+    int64_t gshape[TPK_MAX_DIMS]; /* global (unsharded) shape */
+    int64_t shape[TPK_MAX_DIMS];  /* local shard shape */
+    int split_dim;                /* -1: replicated */
+    int stride;                   /* blocks of the split dim (>= 1) */
+    size_t offset;                /* first element in the flat buffers */
+    size_t numel;                 /* local elements */
+    bool decay;                   /* weight decay applies (2-D weights) */
+} tpk_param;
+
+typedef struct tpk_params {
+    tpk_param *list;
+    int n, cap;
+    size_t numel, cap_numel; /* local elements registered / allocated */
+    tpk_buf data;            /* f32 [numel] master weights */
+    tpk_buf grad;            /* f32 [numel] gradients */
+} tpk_params;
+
+typedef struct tpk_ctx_desc {
+    const tpk_ops *ops; /* default: tpk_ops_host() */
+    tpk_comm *world;    /* default: one rank (self) */
+    int tp;             /* TP group size, consecutive ranks; default 1 */
+    uint64_t seed;      /* initialisation and dropout seed */
+} tpk_ctx_desc;
+
+struct tpk_ctx {
+    const tpk_ops *ops;
+    tpk_comm *world;
+    tpk_comm self_world;  /* used when desc.world is NULL */
+    tpk_comm tp, dp;      /* owned groups */
+    uint64_t seed;
+    tpk_buf work[2];      /* scratch for layouts that must be rearranged */
+    tpk_params params;
+    int nauto;            /* counter for automatic layer names */
+    tpk_status last;
+    char err[512];
+};
+
+/* Record a failure: "fn: message". Returns s, so `return tpk__fail(...)` reads naturally. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static inline tpk_status tpk__fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...) {
+    if (ctx) {
+        int n = snprintf(ctx->err, sizeof ctx->err, "%s: ", fn);
+        if (n < 0 || (size_t)n >= sizeof ctx->err) n = 0;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(ctx->err + n, sizeof ctx->err - (size_t)n, fmt, ap);
+        va_end(ap);
+        ctx->last = s;
+    }
+    return s;
+}
+
+/* The message of the last failure ("" when none). */
+static inline const char *tpk_last_error(const tpk_ctx *ctx) { return ctx ? ctx->err : "tpk: no context"; }
+static inline void tpk_clear_error(tpk_ctx *ctx) { ctx->err[0] = 0, ctx->last = TPK_OK; }
+
+/* Print "[where] message" to stderr and return the status, for use in programs. */
+static inline tpk_status tpk_report(const tpk_ctx *ctx, tpk_status s, const char *where) {
+    if (s != TPK_OK) fprintf(stderr, "%s: %s (%s)\n", where, tpk_last_error(ctx), tpk_status_str(s));
+    return s;
+}
+
+/* Shape as "[a, b, c]" into buf. */
+static inline const char *tpk__shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, n - k, "[");
+    for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+/* Check a tensor argument: data present, dtype, rank, layout, global shape (entries < 0 are
+ * free), and a local shape consistent with the layout on a group of `parts` ranks. */
+static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *arg, const tpk_tensor *t, tpk_layout want,
+                                    tpk_dtype dt, int ndim, const int64_t *gshape, int parts, int index) {
+    char a[64], b[64];
+    if (!t) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a tensor, got NULL", arg);
+    if (t->ndim != ndim) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected %d dimensions, got %d", arg, ndim, t->ndim);
+    if (t->dtype != dt)
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype %s, got %s", arg, tpk_dtype_name(dt),
+                         tpk_dtype_name(t->dtype));
+    if (!tpk_layout_eq(t->layout, want, ndim))
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout %s, got %s", arg, tpk_layout_str(want, a, sizeof a),
+                         tpk_layout_str(t->layout, b, sizeof b));
+    int sd = tpk_layout_dim(want, ndim);
+    if (sd >= 0 && t->gshape[sd] % tpk_layout_stride(want))
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: dim %d (%lld) is not a multiple of the layout's stride %d", arg, sd,
+                         (long long)t->gshape[sd], tpk_layout_stride(want));
+    for (int i = 0; i < ndim; i++) {
+        if (gshape && gshape[i] >= 0 && t->gshape[i] != gshape[i]) {
+            char c[64];
+            int64_t show[TPK_MAX_DIMS];
+            for (int j = 0; j < ndim; j++) show[j] = gshape[j];
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected global shape %s (dim %d = %lld), got %s", arg,
+                             tpk__shape_str(show, ndim, a, sizeof a), i, (long long)gshape[i],
+                             tpk__shape_str(t->gshape, ndim, c, sizeof c));
+        }
+        int64_t local = i == sd ? tpk_shard_size(t->gshape[i], tpk_layout_stride(want), parts, index) : t->gshape[i];
+        if (t->shape[i] != local || t->shape[i] < 0)
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                             "%s: local shape %s does not match layout %s of global shape %s on rank %d of %d "
+                             "(dim %d should be %lld)",
+                             arg, tpk__shape_str(t->shape, ndim, a, sizeof a), tpk_layout_str(want, b, sizeof b),
+                             tpk__shape_str(t->gshape, ndim, (char[64]){0}, 64), index, parts, i, (long long)local);
+    }
+    if (!t->data && tpk_numel(t) > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: data is NULL", arg);
+    return TPK_OK;
+}
+
+/* Grow a backend buffer to at least `bytes` (contents are not kept). */
+static inline tpk_status tpk__buf_reserve(tpk_ctx *ctx, tpk_buf *b, size_t bytes) {
+    if (b->bytes >= bytes && b->p) return TPK_OK;
+    if (b->p) ctx->ops->free(ctx, b->p);
+    b->p = NULL, b->bytes = 0;
+    TPK_TRY(ctx->ops->alloc(ctx, bytes ? bytes : 1, &b->p));
+    b->bytes = bytes;
+    return TPK_OK;
+}
+static inline void tpk__buf_free(tpk_ctx *ctx, tpk_buf *b) {
+    if (b->p) ctx->ops->free(ctx, b->p);
+    b->p = NULL, b->bytes = 0;
+}
+
+/* A view of a layer-owned buffer, grown to fit `t`'s local shape; sets t->data. */
+static inline tpk_status tpk__buf_view(tpk_ctx *ctx, tpk_buf *b, tpk_tensor *t) {
+    TPK_TRY(tpk__buf_reserve(ctx, b, tpk_nbytes(t)));
+    t->data = b->p;
+    return TPK_OK;
+}
+
+static inline int tpk_tp_rank(const tpk_ctx *ctx) { return ctx->tp.rank; }
+static inline int tpk_tp_size(const tpk_ctx *ctx) { return ctx->tp.size; }
+
+#endif /* TPK_CTX_H */

@@ -1,0 +1,274 @@
+/* tpk/linear.h — column- and row-parallel linear layers, forward and backward.
+ *
+ * Weights are [out, in] row-major, y = x W^T + b. T is the number of token rows (global
+ * under sequence parallelism), t the TP size, r this rank.
+ *
+ * Column linear: rank r holds rows (out features) o_r of W and b (stride s: its slice of
+ * each of s blocks).
+ *   forward   x R [T, in] (SP: S(0), all-gathered first)
+ *             y_r = x W_r^T + b_r            -> S(-1) [T, out_r]; gather_output: all-gather -> R
+ *   backward  dy S(-1) (gather_output: R, sliced to own columns)
+ *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0)), started
+ *             dW_r += dy_r^T x, db_r += colsum(dy_r)   while the collective runs; then wait
+ * Row linear: rank r holds columns (in features) i_r of W; b is replicated.
+ *   forward   x S(-1) [T, in_r] (or R [T, in], sliced to own columns)
+ *             y = x_r W_r^T is P             -> all-reduce -> R (SP: reduce-scatter -> S(0)); + b
+ *   backward  dy R (SP: S(0), all-gathered first)
+ *             dx_r = dy W_r -> S(-1) (input was R: all-gathered -> R)
+ *             dW_r += dy^T x_r, db += colsum(dy)   (the full dy: db is complete on every rank)
+ * A layer keeps a view of its input for backward: the caller keeps that memory alive and
+ * unchanged until backward. Outputs and input gradients live in buffers the layer owns,
+ * valid until its next forward or backward. Gradients accumulate (tpk_params_zero_grad). */
+#ifndef TPK_LINEAR_H
+#define TPK_LINEAR_H
+
+#include "params.h"
+
+typedef struct tpk_linear_desc {
+    const char *name;       /* parameter prefix ("<name>.weight", "<name>.bias"); default "linear<N>" */
+    bool bias;              /* default: no bias */
+    bool gather_output;     /* column: all-gather y to R */
+    bool sequence_parallel; /* column: input S(0); row: output S(0) */
+    int stride;             /* column: out is `stride` blocks split separately (3 for fused QKV) */
+    float init_std;         /* weight N(0, std^2); default 0.02; bias starts at zero */
+} tpk_linear_desc;
+
+typedef struct tpk_linear {
+    tpk_linear_desc d;
+    char name[80];
+    bool column;
+    int64_t in, out;      /* global features */
+    int64_t n_local;      /* column: local out features; row: local in features */
+    int64_t in_off;       /* row: first in feature of this rank */
+    int w, b;             /* parameter ids (b = -1 without bias) */
+    int64_t T;            /* token rows of the last forward (global) */
+    tpk_tensor x;         /* saved input: column R [T, in]; row S(-1) [T, in_r] */
+    bool x_was_R;         /* row: the input was R and was sliced */
+    tpk_buf xb, y, y2, dy, dx, dx2;
+} tpk_linear;
+
+typedef tpk_linear tpk_col_linear;
+typedef tpk_linear tpk_row_linear;
+
+static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool column, int64_t in, int64_t out, const tpk_linear_desc *desc) {
+    const char *fn = column ? "tpk_col_linear_init" : "tpk_row_linear_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!l) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
+    memset(l, 0, sizeof *l);
+    if (desc) l->d = *desc;
+    if (in < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "in: expected >= 1, got %lld", (long long)in);
+    if (out < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "out: expected >= 1, got %lld", (long long)out);
+    int s = l->d.stride > 0 ? l->d.stride : 1;
+    if (s > 1 && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->stride: only a column linear has a stride, got %d", s);
+    if (s > 1 && out % s) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "out: %lld is not a multiple of desc->stride %d", (long long)out, s);
+    if (s > 1 && l->d.gather_output) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->stride %d (a strided shard is consumed in place)", s);
+    if (l->d.gather_output && l->d.sequence_parallel)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->sequence_parallel (the output stays S(-1))");
+    if (l->d.init_std < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g", (double)l->d.init_std);
+    l->d.stride = s;
+    l->column = column, l->in = in, l->out = out, l->b = -1;
+    if (l->d.name) snprintf(l->name, sizeof l->name, "%s", l->d.name);
+    else snprintf(l->name, sizeof l->name, "linear%d", ctx->nauto++);
+    l->d.name = NULL;
+    char pn[128];
+    float std = l->d.init_std > 0 ? l->d.init_std : 0.02f;
+    snprintf(pn, sizeof pn, "%s.weight", l->name);
+    tpk_param_desc wd = {pn, 2, {out, in, 0, 0}, column ? TPK_S_STRIDED(0, s) : TPK_S(1), TPK_INIT_NORMAL, std, true};
+    TPK_TRY(tpk_param_add(ctx, &wd, &l->w));
+    if (l->d.bias) {
+        snprintf(pn, sizeof pn, "%s.bias", l->name);
+        tpk_param_desc bd = {pn, 1, {out, 0, 0, 0}, column ? TPK_S_STRIDED(0, s) : TPK_R, TPK_INIT_ZEROS, 0, false};
+        TPK_TRY(tpk_param_add(ctx, &bd, &l->b));
+    }
+    l->n_local = column ? tpk_shard_size(out, s, ctx->tp.size, ctx->tp.rank) : tpk_split(in, ctx->tp.size, ctx->tp.rank).size;
+    l->in_off = column ? 0 : tpk_split(in, ctx->tp.size, ctx->tp.rank).off;
+    return TPK_OK;
+}
+
+/* Column-parallel linear [out, in]: W split by rows (out features) over the TP group. */
+static inline tpk_status tpk_col_linear_init(tpk_ctx *ctx, tpk_col_linear *l, int64_t in, int64_t out, const tpk_linear_desc *desc) {
+    return tpk__linear_init(ctx, l, true, in, out, desc);
+}
+/* Row-parallel linear [out, in]: W split by columns (in features) over the TP group. */
+static inline tpk_status tpk_row_linear_init(tpk_ctx *ctx, tpk_row_linear *l, int64_t in, int64_t out, const tpk_linear_desc *desc) {
+    return tpk__linear_init(ctx, l, false, in, out, desc);
+}
+
+/* Release the layer's buffers (its parameters stay in the context). */
+static inline void tpk_linear_destroy(tpk_ctx *ctx, tpk_linear *l) {
+    tpk_buf *bufs[] = {&l->xb, &l->y, &l->y2, &l->dy, &l->dx, &l->dx2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tpk__buf_free(ctx, bufs[i]);
+}
+
+static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_linear *l, bool column, const tpk_tensor *x,
+                                            const char *arg, tpk_tensor **out) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!l || !l->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layer, got %s", l ? "an empty one" : "NULL");
+    if (l->column != column)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: \"%s\" is a %s linear, expected a %s linear", l->name, l->column ? "column" : "row",
+                         column ? "column" : "row");
+    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
+    if (!x) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);
+    if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
+    if (x->dtype != TPK_F32) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype f32 (the dtype of \"%s\"), got %s", arg, l->name, tpk_dtype_name(x->dtype));
+    return TPK_OK;
+}
+
+/* Column forward: x R [T, in] (S(0) under sequence parallelism) -> *y S(-1) [T, out_r]
+ * (R [T, out] with gather_output). */
+static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x, tpk_tensor *y) {
+    static const char *fn = "tpk_col_linear_forward";
+    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", &y));
+    int t = ctx->tp.size, r = ctx->tp.rank;
+    int64_t want[2] = {-1, l->in};
+    if (l->d.sequence_parallel) {
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(0), TPK_F32, 2, want, t, r));
+        tpk_tensor g = tpk_tensor_2d(NULL, TPK_F32, x.gshape[0], l->in, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &l->xb, &g));
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g)); /* all-gather tokens */
+        x = g;
+    } else {
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, TPK_F32, 2, want, t, r));
+    }
+    int64_t T = x.shape[0], n = l->n_local;
+    l->x = x, l->T = T;
+    tpk_tensor yl = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S_STRIDED(-1, l->d.stride), t, r);
+    TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
+    if (T && n) {
+        TPK_TRY(ctx->ops->gemm(ctx, false, true, T, n, l->in, 1.f, x.data, l->in, tpk_param_data(ctx, l->w), l->in, 0.f, yl.data, n, TPK_F32));
+        if (l->b >= 0) TPK_TRY(ctx->ops->bias_add(ctx, yl.data, tpk_param_data(ctx, l->b), T, n, TPK_F32));
+    }
+    if (l->d.gather_output) {
+        tpk_tensor yg = tpk_tensor_2d(NULL, TPK_F32, T, l->out, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &l->y2, &yg));
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_GATHER, &yl, &yg));
+        yl = yg;
+    }
+    *y = yl;
+    return TPK_OK;
+}
+
+/* Column backward: dy S(-1) [T, out_r] (R [T, out] with gather_output) -> *dx R [T, in]
+ * (S(0) under sequence parallelism); accumulates dW_r, db_r. */
+static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+    static const char *fn = "tpk_col_linear_backward";
+    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", &dx));
+    int t = ctx->tp.size, r = ctx->tp.rank;
+    if (!l->x.data && l->T * l->in > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
+    if (l->d.gather_output) {
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, TPK_F32, 2, want, t, r));
+        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S(-1), t, r);
+        TPK_TRY(tpk__buf_view(ctx, &l->dy, &s));
+        TPK_TRY(tpk_region_backward(ctx, TPK_REGION_GATHER, &dy, &s)); /* slice own columns */
+        dy = s;
+    } else {
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S_STRIDED(-1, l->d.stride), TPK_F32, 2, want, t, r));
+    }
+    /* dx = dy_r W_r: a partial sum over ranks */
+    tpk_tensor dxp = tpk_tensor_2d(NULL, TPK_F32, T, l->in, TPK_P);
+    TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxp));
+    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk_param_data(ctx, l->w), l->in, 0.f, dxp.data, l->in, TPK_F32));
+    else TPK_TRY(ctx->ops->fill(ctx, dxp.data, TPK_F32, (size_t)(T * l->in), 0.f));
+    tpk_request req = {0};
+    tpk_tensor out;
+    if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
+        out = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->in, TPK_S(0), t, r);
+        TPK_TRY(tpk__buf_view(ctx, &l->dx2, &out));
+        size_t counts[64], *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);
+        if (!cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
+        for (int q = 0; q < t; q++) cnt[q] = (size_t)(tpk_split(T, t, q).size * l->in);
+        tpk_status s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt, TPK_F32, TPK_SUM, &req);
+        if (cnt != counts) free(cnt);
+        TPK_TRY(s);
+    } else { /* P -> R: all-reduce in place, overlapped */
+        out = tpk_tensor_2d(dxp.data, TPK_F32, T, l->in, TPK_R);
+        TPK_TRY(tpk_allreduce_start(ctx, &ctx->tp, dxp.data, dxp.data, (size_t)(T * l->in), TPK_F32, TPK_SUM, &req));
+    }
+    tpk_status s = TPK_OK;
+    if (n && T) {
+        s = ctx->ops->gemm(ctx, true, false, n, l->in, T, 1.f, dy.data, n, l->x.data, l->in, 1.f, tpk_param_grad(ctx, l->w), l->in, TPK_F32);
+        if (s == TPK_OK && l->b >= 0) s = ctx->ops->bias_grad(ctx, tpk_param_grad(ctx, l->b), dy.data, T, n, TPK_F32, true);
+    }
+    tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
+    TPK_TRY(s);
+    TPK_TRY(ws);
+    *dx = out;
+    return TPK_OK;
+}
+
+/* Row forward: x S(-1) [T, in_r] (or R [T, in], sliced) -> *y R [T, out] (S(0) under
+ * sequence parallelism). */
+static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor x, tpk_tensor *y) {
+    static const char *fn = "tpk_row_linear_forward";
+    TPK_TRY(tpk__linear_common(ctx, fn, l, false, &x, "x", &y));
+    int t = ctx->tp.size, r = ctx->tp.rank;
+    int64_t want[2] = {-1, l->in};
+    l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
+    if (l->x_was_R) {
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, TPK_F32, 2, want, t, r));
+        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, x.shape[0], l->in, TPK_S(-1), t, r);
+        TPK_TRY(tpk__buf_view(ctx, &l->xb, &s));
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SCATTER, &x, &s)); /* slice own columns */
+        x = s;
+    } else {
+        char a[16];
+        if (!tpk_layout_eq(x.layout, TPK_S(-1), 2))
+            return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout S(-1) (or R, sliced here), got %s", tpk_layout_str(x.layout, a, sizeof a));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(-1), TPK_F32, 2, want, t, r));
+    }
+    int64_t T = x.shape[0], n = l->n_local;
+    l->x = x, l->T = T;
+    tpk_tensor yp = tpk_tensor_2d(NULL, TPK_F32, T, l->out, TPK_P);
+    TPK_TRY(tpk__buf_view(ctx, &l->y, &yp));
+    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, true, T, l->out, n, 1.f, x.data, n, tpk_param_data(ctx, l->w), n, 0.f, yp.data, l->out, TPK_F32));
+    else TPK_TRY(ctx->ops->fill(ctx, yp.data, TPK_F32, (size_t)(T * l->out), 0.f));
+    tpk_tensor yo;
+    if (l->d.sequence_parallel) {
+        yo = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S(0), t, r);
+        TPK_TRY(tpk__buf_view(ctx, &l->y2, &yo));
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &yp, &yo)); /* reduce-scatter tokens */
+    } else {
+        yo = yp;
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_REDUCE, &yp, &yo)); /* all-reduce in place */
+    }
+    if (l->b >= 0 && yo.shape[0]) TPK_TRY(ctx->ops->bias_add(ctx, yo.data, tpk_param_data(ctx, l->b), yo.shape[0], l->out, TPK_F32));
+    *y = yo;
+    return TPK_OK;
+}
+
+/* Row backward: dy R [T, out] (S(0) under sequence parallelism) -> *dx S(-1) [T, in_r]
+ * (R [T, in] when the forward input was R); accumulates dW_r and db. */
+static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+    static const char *fn = "tpk_row_linear_backward";
+    TPK_TRY(tpk__linear_common(ctx, fn, l, false, &dy, "dy", &dx));
+    int t = ctx->tp.size, r = ctx->tp.rank;
+    if (!l->x.data && l->T * l->n_local > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
+    if (l->d.sequence_parallel) {
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), TPK_F32, 2, want, t, r));
+        tpk_tensor g = tpk_tensor_2d(NULL, TPK_F32, T, l->out, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &l->dy, &g));
+        TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_SCATTER, &dy, &g)); /* all-gather tokens */
+        dy = g;
+    } else {
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, TPK_F32, 2, want, t, r));
+    }
+    tpk_tensor dxs = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->in, TPK_S(-1), t, r);
+    TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
+    if (n && T) {
+        TPK_TRY(ctx->ops->gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk_param_data(ctx, l->w), n, 0.f, dxs.data, n, TPK_F32));
+        TPK_TRY(ctx->ops->gemm(ctx, true, false, l->out, n, T, 1.f, dy.data, l->out, l->x.data, n, 1.f, tpk_param_grad(ctx, l->w), n, TPK_F32));
+    }
+    if (l->b >= 0 && T) TPK_TRY(ctx->ops->bias_grad(ctx, tpk_param_grad(ctx, l->b), dy.data, T, l->out, TPK_F32, true));
+    if (l->x_was_R) {
+        tpk_tensor g = tpk_tensor_2d(NULL, TPK_F32, T, l->in, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &l->dx2, &g));
+        TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SCATTER, &dxs, &g)); /* all-gather features */
+        dxs = g;
+    }
+    *dx = dxs;
+    return TPK_OK;
+}
+
+#endif /* TPK_LINEAR_H */

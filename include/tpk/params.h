@@ -1,0 +1,243 @@
+/* tpk/params.h — the parameter registry: every parameter's name, global shape, split and
+ * offset into one flat f32 buffer per rank (gradients in a second, same offsets).
+ *
+ * A parameter is replicated (layout R) or split on dim d (layout S(d)) with a stride s: dim d
+ * is s equal blocks, each split over the TP ranks with tpk_split, and the shard holds this
+ * rank's slice of every block in order (s = 3 for the fused [Q; K; V] weight).
+ * Initial values come from the counter-based RNG keyed by (ctx seed, stream = hash(name),
+ * global element index), so a shard holds exactly its slice of the unsharded tensor, and the
+ * model is the same at every TP size. Layers keep parameter ids, never pointers: the flat
+ * buffers grow (and move) while parameters are added. */
+#ifndef TPK_PARAMS_H
+#define TPK_PARAMS_H
+
+#include "layout.h"
+#include "rng.h"
+
+typedef enum tpk_init { TPK_INIT_ZEROS = 0, TPK_INIT_ONES, TPK_INIT_NORMAL } tpk_init;
+
+typedef struct tpk_param_desc {
+    const char *name;              /* unique within the context */
+    int ndim;
+    int64_t shape[TPK_MAX_DIMS];   /* global shape */
+    tpk_layout layout;             /* R (default), S(d) or TPK_S_STRIDED(d, s) */
+    tpk_init init;                 /* default zeros */
+    float std;                     /* for TPK_INIT_NORMAL */
+    bool decay;                    /* weight decay applies */
+} tpk_param_desc;
+
+/* Calls f(ctx, arg, global_index_along_d, local_index_along_d, count) for each run of
+ * consecutive indices along the split dim that this shard holds. */
+typedef struct tpk__run { int64_t g0, l0, n; } tpk__run;
+static inline int tpk__param_runs(const tpk_param *p, int parts, int index, tpk__run *runs, int max) {
+    if (p->split_dim < 0) {
+        if (max > 0) runs[0] = (tpk__run){0, 0, p->gshape[0]};
+        return 1;
+    }
+    int64_t block = p->gshape[p->split_dim] / p->stride;
+    tpk_range r = tpk_split(block, parts, index);
+    int n = 0;
+    for (int b = 0; b < p->stride; b++)
+        if (n < max) runs[n++] = (tpk__run){b * block + r.off, b * r.size, r.size};
+    return n;
+}
+
+static inline tpk_param *tpk__param(tpk_ctx *ctx, const char *fn, int id) {
+    if (!ctx) return NULL;
+    if (id < 0 || id >= ctx->params.n) {
+        tpk__fail(ctx, TPK_ERR_ARG, fn, "id: expected 0..%d, got %d", ctx->params.n - 1, id);
+        return NULL;
+    }
+    return &ctx->params.list[id];
+}
+
+/* Pointers into the flat buffers (backend memory); valid until the next tpk_param_add. */
+static inline float *tpk_param_data(tpk_ctx *ctx, int id) { return (float *)ctx->params.data.p + ctx->params.list[id].offset; }
+static inline float *tpk_param_grad(tpk_ctx *ctx, int id) { return (float *)ctx->params.grad.p + ctx->params.list[id].offset; }
+
+/* Id of the parameter with this name, or -1. */
+static inline int tpk_param_find(const tpk_ctx *ctx, const char *name) {
+    for (int i = 0; i < ctx->params.n; i++)
+        if (!strcmp(ctx->params.list[i].name, name)) return i;
+    return -1;
+}
+
+/* Draw a shard's slice of the global random tensor: the tensor is viewed as
+ * [outer, n * inner] (n the split dim) and each run of the shard is a column block of it. */
+static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, float std) {
+    tpk_param *p = &ctx->params.list[id];
+    float *x = tpk_param_data(ctx, id);
+    if (!p->numel) return TPK_OK;
+    if (init == TPK_INIT_ZEROS) return ctx->ops->fill(ctx, x, TPK_F32, p->numel, 0.f);
+    if (init == TPK_INIT_ONES) return ctx->ops->fill(ctx, x, TPK_F32, p->numel, 1.f);
+    uint64_t stream = tpk_rng_stream(p->name);
+    int d = p->split_dim < 0 ? 0 : p->split_dim;
+    tpk__dimview g = tpk__view(p->gshape, p->ndim, d);
+    int64_t L = p->shape[d];
+    tpk__run runs[64];
+    int nr = tpk__param_runs(p, ctx->tp.size, ctx->tp.rank, runs, 64);
+    for (int k = 0; k < nr; k++) {
+        if (!runs[k].n) continue;
+        /* rows o of the [outer, n*inner] view; local columns l0*inner.. of a row of L*inner */
+        bool contiguous = g.outer == 1 || runs[k].n == L;
+        for (int64_t o = 0; o < (contiguous ? 1 : g.outer); o++) {
+            int64_t rows = contiguous ? g.outer : 1;
+            float *dst = x + (o * L + runs[k].l0) * g.inner;
+            TPK_TRY(ctx->ops->rng_2d(ctx, dst, TPK_F32, rows, runs[k].n * g.inner, g.n * g.inner, o, runs[k].g0 * g.inner,
+                                     ctx->seed, stream, TPK_RNG_NORMAL, 0.f, std));
+        }
+    }
+    return TPK_OK;
+}
+
+static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
+    tpk_params *P = &ctx->params;
+    if (need <= P->cap_numel && P->data.p) return TPK_OK;
+    size_t cap = P->cap_numel ? P->cap_numel : 1024;
+    while (cap < need) cap *= 2;
+    tpk_buf nd = {0, 0}, ng = {0, 0};
+    tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
+    tpk_status s = tpk__buf_reserve(ctx, &nd, cap * sizeof(float));
+    if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ng, cap * sizeof(float));
+    if (s == TPK_OK && P->numel) s = ctx->ops->memcpy(ctx, nd.p, P->data.p, P->numel * sizeof(float), dd);
+    if (s == TPK_OK && P->numel) s = ctx->ops->memcpy(ctx, ng.p, P->grad.p, P->numel * sizeof(float), dd);
+    if (s != TPK_OK) {
+        tpk__buf_free(ctx, &nd), tpk__buf_free(ctx, &ng);
+        return s;
+    }
+    tpk__buf_free(ctx, &P->data), tpk__buf_free(ctx, &P->grad);
+    P->data = nd, P->grad = ng, P->cap_numel = cap;
+    return TPK_OK;
+}
+
+/* Register a parameter, allocate its shard (its gradient zeroed) and initialise it. */
+static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc, int *id) {
+    static const char *fn = "tpk_param_add";
+    char a[16];
+    if (!ctx) return TPK_ERR_ARG;
+    if (!desc || !id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", desc ? "id" : "desc");
+    if (!desc->name || !desc->name[0] || strlen(desc->name) >= sizeof ctx->params.list[0].name)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: expected a name of 1..%zu characters", sizeof ctx->params.list[0].name - 1);
+    if (tpk_param_find(ctx, desc->name) >= 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%s\" is already registered", desc->name);
+    if (desc->ndim < 1 || desc->ndim > TPK_MAX_DIMS)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: ndim: expected 1..%d, got %d", desc->name, TPK_MAX_DIMS, desc->ndim);
+    for (int i = 0; i < desc->ndim; i++)
+        if (desc->shape[i] < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: shape[%d]: expected >= 0, got %lld", desc->name, i, (long long)desc->shape[i]);
+    if (desc->layout.kind == TPK_LAYOUT_P || (desc->layout.kind == TPK_LAYOUT_S && tpk_layout_dim(desc->layout, desc->ndim) < 0))
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: layout: expected R or S(d) with d a dimension, got %s", desc->name,
+                         tpk_layout_str(desc->layout, a, sizeof a));
+    if (desc->init != TPK_INIT_ZEROS && desc->init != TPK_INIT_ONES && desc->init != TPK_INIT_NORMAL)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: init: expected TPK_INIT_ZEROS, _ONES or _NORMAL, got %d", desc->name, (int)desc->init);
+    tpk_param p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "%s", desc->name);
+    p.ndim = desc->ndim, p.decay = desc->decay;
+    p.split_dim = tpk_layout_dim(desc->layout, desc->ndim);
+    p.stride = tpk_layout_stride(desc->layout);
+    p.numel = 1;
+    for (int i = 0; i < p.ndim; i++) p.gshape[i] = p.shape[i] = desc->shape[i];
+    if (p.split_dim >= 0) {
+        int64_t n = p.gshape[p.split_dim];
+        if (p.stride > 64 || n % p.stride)
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: stride: dim %d (%lld) must be a multiple of the stride %d (at most 64)", desc->name,
+                             p.split_dim, (long long)n, p.stride);
+        p.shape[p.split_dim] = p.stride * tpk_split(n / p.stride, ctx->tp.size, ctx->tp.rank).size;
+    }
+    for (int i = 0; i < p.ndim; i++) p.numel *= (size_t)p.shape[i];
+    tpk_params *P = &ctx->params;
+    if (P->n == P->cap) {
+        int cap = P->cap ? 2 * P->cap : 32;
+        tpk_param *l = (tpk_param *)realloc(P->list, sizeof *l * (size_t)cap);
+        if (!l) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+        P->list = l, P->cap = cap;
+    }
+    p.offset = P->numel;
+    TPK_TRY(tpk__params_grow(ctx, P->numel + p.numel));
+    P->list[P->n] = p;
+    *id = P->n++;
+    P->numel += p.numel;
+    return tpk__param_init(ctx, *id, desc->init, desc->std);
+}
+
+/* Zero every gradient. */
+static inline tpk_status tpk_params_zero_grad(tpk_ctx *ctx) {
+    if (!ctx->params.numel) return TPK_OK;
+    return ctx->ops->fill(ctx, ctx->params.grad.p, TPK_F32, ctx->params.numel, 0.f);
+}
+
+/* Copy between a shard (local, [shape]) and the global tensor on the host, per run of the
+ * split dim. to_global: shard -> global, else global -> shard. */
+static inline void tpk__param_place(const tpk_param *p, int parts, int index, float *global, float *local, bool to_global) {
+    int d = p->split_dim < 0 ? 0 : p->split_dim;
+    tpk__dimview g = tpk__view(p->gshape, p->ndim, d);
+    int64_t L = p->split_dim < 0 ? g.n : p->stride * tpk_split(g.n / p->stride, parts, index).size;
+    tpk__run runs[64];
+    int nr = tpk__param_runs(p, parts, index, runs, 64);
+    for (int k = 0; k < nr; k++)
+        for (int64_t o = 0; o < g.outer; o++) {
+            float *gp = global + (o * g.n + runs[k].g0) * g.inner, *lp = local + (o * L + runs[k].l0) * g.inner;
+            size_t bytes = (size_t)(runs[k].n * g.inner) * sizeof(float);
+            if (bytes) memcpy(to_global ? gp : lp, to_global ? lp : gp, bytes);
+        }
+}
+
+/* The whole (unsharded) parameter or gradient, gathered over the TP group into host memory
+ * `out` (global numel floats). Collective over the TP group. */
+static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, float *out) {
+    static const char *fn = "tpk_param_get_global";
+    tpk_param *p = tpk__param(ctx, fn, id);
+    if (!p) return TPK_ERR_ARG;
+    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
+    int t = ctx->tp.size;
+    size_t gnumel = 1, *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
+    for (int i = 0; i < p->ndim; i++) gnumel *= (size_t)p->gshape[i];
+    float *host = (float *)malloc(sizeof(float) * (gnumel ? gnumel : 1));
+    tpk_status s = counts && host ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    const float *src = grad ? tpk_param_grad(ctx, id) : tpk_param_data(ctx, id);
+    if (s == TPK_OK && p->split_dim < 0) {
+        s = ctx->ops->memcpy(ctx, out, src, gnumel * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
+    } else if (s == TPK_OK) {
+        size_t total = 0;
+        for (int q = 0; q < t; q++) {
+            tpk_param pq = *p;
+            pq.shape[p->split_dim] = p->stride * tpk_split(p->gshape[p->split_dim] / p->stride, t, q).size;
+            counts[q] = 1;
+            for (int i = 0; i < p->ndim; i++) counts[q] *= (size_t)pq.shape[i];
+            total += counts[q];
+        }
+        s = tpk__buf_reserve(ctx, &ctx->work[1], total * sizeof(float));
+        if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, src, p->numel, ctx->work[1].p, counts, total, TPK_F32);
+        if (s == TPK_OK) s = ctx->ops->memcpy(ctx, host, ctx->work[1].p, total * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
+        size_t off = 0;
+        for (int q = 0; q < t && s == TPK_OK; q++) {
+            tpk__param_place(p, t, q, out, host + off, true);
+            off += counts[q];
+        }
+    }
+    free(counts), free(host);
+    return s;
+}
+
+/* Set this rank's shard from the whole tensor `in` (host memory, global numel floats).
+ * No communication: every rank passes the same global tensor. */
+static inline tpk_status tpk_param_set_global(tpk_ctx *ctx, int id, const float *in) {
+    static const char *fn = "tpk_param_set_global";
+    tpk_param *p = tpk__param(ctx, fn, id);
+    if (!p) return TPK_ERR_ARG;
+    if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
+    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1));
+    if (!host) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    tpk__param_place(p, ctx->tp.size, ctx->tp.rank, (float *)in, host, false);
+    tpk_status s = ctx->ops->memcpy(ctx, tpk_param_data(ctx, id), host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
+    free(host);
+    return s;
+}
+
+/* Global element count of a parameter. */
+static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) {
+    size_t n = 1;
+    for (int i = 0; i < ctx->params.list[id].ndim; i++) n *= (size_t)ctx->params.list[id].gshape[i];
+    return n;
+}
+
+#endif /* TPK_PARAMS_H */

@@ -1,0 +1,44 @@
+#!/bin/sh
+# The test driver: runs every test program under mpirun at its rank counts, counts the
+# "ok"/"FAIL" lines the programs print, and ends with "N passed, M failed".
+cd "$(dirname "$0")/.." || exit 1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+mpiflags="--oversubscribe"
+[ "$(id -u)" = 0 ] && mpiflags="$mpiflags --allow-run-as-root"
+log=build/tests/log.txt
+: > "$log"
+passed=0 failed=0
+
+# run NAME NP CMD...: one program at one rank count
+run() {
+    name=$1 np=$2; shift 2
+    out=$(timeout 300 mpirun $mpiflags -np "$np" "$@" 2>&1)
+    rc=$?
+    printf '%s\n' "$out" >> "$log"
+    p=$(printf '%s\n' "$out" | grep -c '^ok ')
+    f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+    printf '%s\n' "$out" | grep -E '^(FAIL |  \[rank)' | head -40
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "FAIL $name [np=$np]: exit status $rc"
+        printf '%s\n' "$out" | tail -20
+        f=1
+    fi
+    if [ "$name" = readme_example ] && [ "$rc" -eq 0 ]; then p=1; fi  # a program, not a test: its exit status
+    if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name [np=$np]: ran no test case"; f=1; fi
+    printf '%-28s np=%s  %3d ok  %d failed\n' "$name" "$np" "$p" "$f"
+    passed=$((passed + p)) failed=$((failed + f))
+}
+
+for t in build/tests/test_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    case "$name" in
+    test_ops_host|test_core) nps="1" ;;
+    *) nps="1 2 3 4" ;;
+    esac
+    for np in $nps; do run "$name" "$np" "$t"; done
+done
+run readme_example 2 build/readme_example
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,99 @@
+/* tests/test.h — a small harness for tests run under mpirun.
+ *
+ * A case groups checks: TEST_CASE("name") { CHECK(...); ... } ends with test_end(), which
+ * adds up failures over all ranks so every rank agrees; rank 0 prints "ok <name> [np=N]"
+ * or "FAIL <name> [np=N]". The driver (tests/run.sh) counts those lines. Any failure makes
+ * the program exit 1 (test_finish). */
+#ifndef TPK_TEST_H
+#define TPK_TEST_H
+
+#include <math.h>
+#include <mpi.h>
+#include <tpk/tpk.h>
+#include <tpk/mpi.h>
+
+static int test__rank, test__size, test__fails_case, test__fails_total, test__cases;
+static char test__name[160];
+
+static inline void test_init(int *argc, char ***argv) {
+    MPI_Init(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &test__rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &test__size);
+}
+static inline void test_begin(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(test__name, sizeof test__name, fmt, ap);
+    va_end(ap);
+    test__fails_case = 0;
+}
+static inline void test_end(void) {
+    int all = 0;
+    MPI_Allreduce(&test__fails_case, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (test__rank == 0) printf("%s %s [np=%d]\n", all ? "FAIL" : "ok", test__name, test__size);
+    fflush(stdout);
+    test__fails_total += all ? 1 : 0;
+    test__cases++;
+}
+static inline int test_finish(void) {
+    MPI_Finalize();
+    return test__fails_total ? 1 : 0;
+}
+#define TEST_CASE(...) for (int test__once = (test_begin(__VA_ARGS__), 1); test__once; test__once = 0, test_end())
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            test__fails_case++;                                                                    \
+            fprintf(stderr, "  [rank %d] %s:%d: %s: check failed: %s: ", test__rank, __FILE__, __LINE__, \
+                    test__name, #cond);                                                            \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* A call that must succeed. */
+#define CHECK_OK(ctx, call)                                                                        \
+    do {                                                                                           \
+        tpk_status test__s = (call);                                                               \
+        CHECK(test__s == TPK_OK, "%s: %s", tpk_status_str(test__s), tpk_last_error(ctx));          \
+    } while (0)
+
+/* A call that must fail with `want` and a message containing `needle`. */
+#define CHECK_FAILS(ctx, call, want, needle)                                                       \
+    do {                                                                                           \
+        tpk_clear_error(ctx);                                                                      \
+        tpk_status test__s = (call);                                                               \
+        CHECK(test__s == (want), "got %s, expected %s (%s)", tpk_status_str(test__s), tpk_status_str(want), \
+              tpk_last_error(ctx));                                                                \
+        CHECK(strstr(tpk_last_error(ctx), (needle)) != NULL, "message \"%s\" does not name \"%s\"",  \
+              tpk_last_error(ctx), (needle));                                                      \
+    } while (0)
+
+/* max |got - want| / max(max |want|, 1e-30) over n elements; NaN anywhere gives INFINITY. */
+static inline double test_relerr(const float *got, const float *want, size_t n) {
+    double num = 0, den = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i], w = want[i];
+        if (isnan(g) || isnan(w)) return INFINITY;
+        if (fabs(g - w) > num) num = fabs(g - w);
+        if (fabs(w) > den) den = fabs(w);
+    }
+    return num / den;
+}
+#define CHECK_CLOSE(got, want, n, tol, what)                                                       \
+    do {                                                                                           \
+        double test__e = test_relerr((got), (want), (n));                                         \
+        CHECK(test__e < (tol), "%s: relative error %.3g >= %.3g", (what), test__e, (double)(tol)); \
+    } while (0)
+
+/* Deterministic random fill: N(0,1) * scale from (seed, index), the same on every rank. */
+static inline void test_randn(float *x, size_t n, uint64_t seed, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = scale * tpk_rng_normal(seed, 0x7e57, i);
+}
+/* NaN poison, so an element a kernel forgot to write shows up. */
+static inline void test_poison(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+#endif /* TPK_TEST_H */
