@@ -62,7 +62,8 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
         size_t src = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk_range r = tpk_split(v.n, t, q);
-            s = ctx->ops->copy2d(ctx, TPK__AT(out, r.off * v.inner, in->dtype), v.n * v.inner,
+            if (r.size && v.inner && v.outer)
+                s = ctx->ops->copy2d(ctx, TPK__AT(out, r.off * v.inner, in->dtype), v.n * v.inner,
                                  TPK__AT(ctx->work[0].p, src, in->dtype), r.size * v.inner, v.outer, r.size * v.inner, in->dtype);
             src += cnt[q];
         }
@@ -87,7 +88,8 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
         size_t dst = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk_range r = tpk_split(v.n, t, q);
-            s = ctx->ops->copy2d(ctx, TPK__AT(ctx->work[0].p, dst, in->dtype), r.size * v.inner,
+            if (r.size && v.inner && v.outer)
+                s = ctx->ops->copy2d(ctx, TPK__AT(ctx->work[0].p, dst, in->dtype), r.size * v.inner,
                                  TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner, v.outer, r.size * v.inner, in->dtype);
             dst += cnt[q];
         }
@@ -105,7 +107,7 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
  * caller's buffer) and out's shape and layout are set. */
 static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_layout to, tpk_tensor *out) {
     static const char *fn = "tpk_convert";
-    char a[16], b[16];
+    char a[40], b[40];
     if (!ctx) return TPK_ERR_ARG;
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
@@ -137,7 +139,7 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     } else if (in->layout.kind == TPK_LAYOUT_R && to.kind == TPK_LAYOUT_S) {
         tpk__dimview v = tpk__view(in->gshape, in->ndim, dto);
         tpk_range r = tpk_split(v.n, ctx->tp.size, ctx->tp.rank);
-        if (r.size) s = ctx->ops->copy2d(ctx, o.data, r.size * v.inner, TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
+        if (r.size && v.inner && v.outer) s = ctx->ops->copy2d(ctx, o.data, r.size * v.inner, TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
                                          v.outer, r.size * v.inner, in->dtype);
     } else {
         /* R -> P and S -> P are not conversions (a partial value is not determined), nor S(d) -> S(e) */
@@ -169,7 +171,7 @@ static inline const tpk__region_rule *tpk__region_rules(tpk_region r) {
 
 static inline tpk_status tpk__region(tpk_ctx *ctx, tpk_region r, bool backward, const tpk_tensor *in, tpk_tensor *out) {
     const char *fn = backward ? "tpk_region_backward" : "tpk_region_forward";
-    char a[16], b[16];
+    char a[40], b[40];
     if (!ctx) return TPK_ERR_ARG;
     const tpk__region_rule *rule = tpk__region_rules(r);
     if (!rule) return tpk__fail(ctx, TPK_ERR_ARG, fn, "region: expected a tpk_region (0..%d), got %d", TPK_REGION_N - 1, (int)r);

@@ -101,7 +101,7 @@ static inline void tpk_linear_destroy(tpk_ctx *ctx, tpk_linear *l) {
 }
 
 static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_linear *l, bool column, const tpk_tensor *x,
-                                            const char *arg, tpk_tensor **out) {
+                                            const char *arg, const tpk_tensor *out) {
     if (!ctx) return TPK_ERR_ARG;
     if (!l || !l->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layer, got %s", l ? "an empty one" : "NULL");
     if (l->column != column)
@@ -118,7 +118,7 @@ static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_li
  * (R [T, out] with gather_output). */
 static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x, tpk_tensor *y) {
     static const char *fn = "tpk_col_linear_forward";
-    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", &y));
+    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", y));
     int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     if (l->d.sequence_parallel) {
@@ -152,9 +152,9 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
  * (S(0) under sequence parallelism); accumulates dW_r, db_r. */
 static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_col_linear_backward";
-    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", &dx));
+    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", dx));
     int t = ctx->tp.size, r = ctx->tp.rank;
-    if (!l->x.data && l->T * l->in > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.gather_output) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, TPK_F32, 2, want, t, r));
@@ -201,7 +201,7 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
  * sequence parallelism). */
 static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor x, tpk_tensor *y) {
     static const char *fn = "tpk_row_linear_forward";
-    TPK_TRY(tpk__linear_common(ctx, fn, l, false, &x, "x", &y));
+    TPK_TRY(tpk__linear_common(ctx, fn, l, false, &x, "x", y));
     int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
@@ -212,7 +212,7 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SCATTER, &x, &s)); /* slice own columns */
         x = s;
     } else {
-        char a[16];
+        char a[40];
         if (!tpk_layout_eq(x.layout, TPK_S(-1), 2))
             return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout S(-1) (or R, sliced here), got %s", tpk_layout_str(x.layout, a, sizeof a));
         TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(-1), TPK_F32, 2, want, t, r));
@@ -241,9 +241,9 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
  * (R [T, in] when the forward input was R); accumulates dW_r and db. */
 static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_row_linear_backward";
-    TPK_TRY(tpk__linear_common(ctx, fn, l, false, &dy, "dy", &dx));
+    TPK_TRY(tpk__linear_common(ctx, fn, l, false, &dy, "dy", dx));
     int t = ctx->tp.size, r = ctx->tp.rank;
-    if (!l->x.data && l->T * l->n_local > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.sequence_parallel) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), TPK_F32, 2, want, t, r));

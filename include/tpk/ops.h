@@ -34,16 +34,17 @@ typedef struct tpk_ops {
                          int64_t cols, tpk_dtype dt);
     /* dst[i] = (dst dtype) src[i]; f32 -> bf16 rounds to nearest even */
     tpk_status (*cast)(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n);
-    /* y[i] = a * x[i] + b * y[i] */
+    /* y[i] = a * x[i] + b * y[i]; b = 0 ignores y (NaN in y does not leak) */
     tpk_status (*axpby)(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n);
 
     /* C[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * C; op = transpose when ta / tb.
-     * A is [m, k] (or [k, m] when ta), B is [k, n] (or [n, k] when tb). beta = 0 ignores C. */
+     * A is [m, k] (or [k, m] when ta), B is [k, n] (or [n, k] when tb). beta = 0 ignores C;
+     * k = 0 or alpha = 0 gives C = beta C without reading A or B. */
     tpk_status (*gemm)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
                        int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt);
     /* y[i, j] += bias[j]  for y [rows, cols] */
     tpk_status (*bias_add)(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt);
-    /* db[j] = sum_i dy[i, j] + (accumulate ? db[j] : 0)  for dy [rows, cols] */
+    /* db[j] = sum_i dy[i, j] + (accumulate ? db[j] : 0)  for dy [rows, cols]; db has dy's dtype */
     tpk_status (*bias_grad)(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt,
                             bool accumulate);
     /* GELU, tanh approximation (GPT-2): y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */

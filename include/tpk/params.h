@@ -113,7 +113,7 @@ static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
 /* Register a parameter, allocate its shard (its gradient zeroed) and initialise it. */
 static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc, int *id) {
     static const char *fn = "tpk_param_add";
-    char a[16];
+    char a[40];
     if (!ctx) return TPK_ERR_ARG;
     if (!desc || !id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", desc ? "id" : "desc");
     if (!desc->name || !desc->name[0] || strlen(desc->name) >= sizeof ctx->params.list[0].name)

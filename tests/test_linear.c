@@ -1,0 +1,408 @@
+/* tests/test_linear.c — column and row parallel linears, alone and as column -> GELU -> row,
+ * with and without sequence parallelism, against the unsharded layer run on every rank
+ * (self communicator, t = 1) with the same weights and inputs: outputs, input gradients and
+ * every gathered weight gradient to relative 1e-5. Also: finite differences, collective
+ * counts, the order of the column backward (dx all-reduce started before the weight-gradient
+ * GEMM and waited after it), uneven splits (10 over 3, 7 over 4, 1 over 4), initialisation
+ * that does not depend on t, and bad input. Run at 1..4 ranks. */
+#include "test.h"
+
+static int me, np;
+static tpk_comm world;
+
+enum { COL, ROW, PAIR };
+typedef struct net {
+    int kind;
+    bool sp, bias, gather, row_in_R;
+    int64_t T, in, hid, out; /* COL/ROW: in -> out; PAIR: in -> hid -> out (= in) */
+    tpk_linear a, b;
+    tpk_gelu g;
+    tpk_tensor h1, h2; /* intermediates kept for backward */
+} net;
+
+static const char *net_name(const net *n) {
+    static char buf[160];
+    snprintf(buf, sizeof buf, "%s %lldx%lld%s%s%s%s T=%lld", n->kind == COL ? "column" : n->kind == ROW ? "row" : "column-gelu-row",
+             (long long)n->in, (long long)(n->kind == PAIR ? n->hid : n->out), n->bias ? " +bias" : "", n->sp ? " SP" : "",
+             n->gather ? " gather" : "", n->row_in_R ? " R-input" : "", (long long)n->T);
+    return buf;
+}
+
+static tpk_status net_init(tpk_ctx *ctx, net *n) {
+    tpk_linear_desc da = {.name = "a", .bias = n->bias, .gather_output = n->gather, .sequence_parallel = n->sp};
+    tpk_linear_desc db = {.name = "b", .bias = n->bias, .sequence_parallel = n->sp};
+    if (n->kind == COL) return tpk_col_linear_init(ctx, &n->a, n->in, n->out, &da);
+    if (n->kind == ROW) return tpk_row_linear_init(ctx, &n->a, n->in, n->out, &db);
+    TPK_TRY(tpk_col_linear_init(ctx, &n->a, n->in, n->hid, &da));
+    return tpk_row_linear_init(ctx, &n->b, n->hid, n->out, &db);
+}
+static void net_destroy(tpk_ctx *ctx, net *n) {
+    tpk_linear_destroy(ctx, &n->a), tpk_linear_destroy(ctx, &n->b), tpk_gelu_destroy(ctx, &n->g);
+}
+/* every parameter: N(0, 0.3^2) drawn from its name, the same global tensor on every rank */
+static void set_weights(tpk_ctx *ctx) {
+    for (int i = 0; i < ctx->params.n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        float *w = malloc(gn * 4);
+        for (size_t k = 0; k < gn; k++) w[k] = 0.3f * tpk_rng_normal(1234, tpk_rng_stream(ctx->params.list[i].name), k);
+        tpk_param_set_global(ctx, i, w);
+        free(w);
+    }
+}
+/* the layer's input layout, from the global X [T, in] */
+static tpk_layout in_layout(const net *n) {
+    if (n->sp && n->kind != ROW) return TPK_S(0);
+    if (n->kind == ROW) return n->row_in_R ? TPK_R : TPK_S(-1);
+    return TPK_R;
+}
+/* this rank's part of a global 2-D tensor in layout l; data in a new buffer */
+static tpk_tensor local_of(tpk_ctx *ctx, const float *g, int64_t rows, int64_t cols, tpk_layout l) {
+    tpk_tensor R = tpk_tensor_2d((void *)g, TPK_F32, rows, cols, TPK_R), out = {0};
+    out.data = malloc((size_t)(rows * cols + 1) * 4);
+    if (l.kind == TPK_LAYOUT_R) memcpy(out.data, g, (size_t)(rows * cols) * 4), out = tpk_tensor_2d(out.data, TPK_F32, rows, cols, TPK_R);
+    else tpk_convert(ctx, &R, l, &out);
+    return out;
+}
+/* the global value of a local tensor (R, S or P) into g */
+static tpk_status global_of(tpk_ctx *ctx, tpk_tensor t, float *g) {
+    tpk_tensor o = {0};
+    o.data = g;
+    return tpk_convert(ctx, &t, TPK_R, &o);
+}
+
+static tpk_status net_forward(tpk_ctx *ctx, net *n, tpk_tensor x, tpk_tensor *y) {
+    if (n->kind == COL) return tpk_col_linear_forward(ctx, &n->a, x, y);
+    if (n->kind == ROW) return tpk_row_linear_forward(ctx, &n->a, x, y);
+    TPK_TRY(tpk_col_linear_forward(ctx, &n->a, x, &n->h1));
+    TPK_TRY(tpk_gelu_forward(ctx, &n->g, n->h1, &n->h2));
+    return tpk_row_linear_forward(ctx, &n->b, n->h2, y);
+}
+static tpk_status net_backward(tpk_ctx *ctx, net *n, tpk_tensor dy, tpk_tensor *dx) {
+    if (n->kind == COL) return tpk_col_linear_backward(ctx, &n->a, dy, dx);
+    if (n->kind == ROW) return tpk_row_linear_backward(ctx, &n->a, dy, dx);
+    tpk_tensor d2, d1;
+    TPK_TRY(tpk_row_linear_backward(ctx, &n->b, dy, &d2));
+    TPK_TRY(tpk_gelu_backward(ctx, &n->g, d2, &d1));
+    return tpk_col_linear_backward(ctx, &n->a, d1, dx);
+}
+
+/* Run net on ctx: forward X, backward dY; global y, dx and gradients (params in order) out. */
+typedef struct result { float *y, *dx, *grad[4]; int nparams; tpk_comm_stats fwd, bwd; } result;
+static int run_net(tpk_ctx *ctx, net *n, const float *X, const float *dY, result *r) {
+    int fails = 0;
+#define RUN_OK(call)                                                                               \
+    do {                                                                                           \
+        tpk_status s_ = (call);                                                                    \
+        if (s_ != TPK_OK) {                                                                        \
+            CHECK(s_ == TPK_OK, "%s: %s", #call, tpk_last_error(ctx));                             \
+            return ++fails;                                                                        \
+        }                                                                                          \
+    } while (0)
+    RUN_OK(net_init(ctx, n));
+    set_weights(ctx);
+    tpk_tensor x = local_of(ctx, X, n->T, n->in, in_layout(n)), y, dx;
+    tpk_comm_stats_reset(&ctx->tp);
+    RUN_OK(net_forward(ctx, n, x, &y));
+    r->fwd = ctx->tp.stats;
+    r->y = malloc((size_t)(n->T * n->out) * 4);
+    test_poison(r->y, (size_t)(n->T * n->out));
+    RUN_OK(global_of(ctx, y, r->y));
+    tpk_tensor dy = local_of(ctx, dY, n->T, n->out, y.layout);
+    dy = tpk_tensor_shard(dy.data, TPK_F32, 2, y.gshape, y.layout, ctx->tp.size, ctx->tp.rank);
+    tpk_comm_stats_reset(&ctx->tp);
+    RUN_OK(net_backward(ctx, n, dy, &dx));
+    r->bwd = ctx->tp.stats;
+    r->dx = malloc((size_t)(n->T * n->in) * 4);
+    test_poison(r->dx, (size_t)(n->T * n->in));
+    RUN_OK(global_of(ctx, dx, r->dx));
+    r->nparams = ctx->params.n;
+    for (int i = 0; i < ctx->params.n; i++) {
+        r->grad[i] = malloc(tpk_param_global_numel(ctx, i) * 4);
+        test_poison(r->grad[i], tpk_param_global_numel(ctx, i));
+        RUN_OK(tpk_param_get_global(ctx, i, true, r->grad[i]));
+    }
+    free(x.data), free(dy.data);
+    return fails;
+}
+static void free_result(result *r) {
+    free(r->y), free(r->dx);
+    for (int i = 0; i < r->nparams; i++) free(r->grad[i]);
+}
+
+/* The sharded net against the unsharded one. */
+static void compare(net proto) {
+    tpk_ctx sh, ref;
+    tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+    tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 5});
+    net a = proto, b = proto;
+    float *X = malloc((size_t)(proto.T * proto.in) * 4), *dY = malloc((size_t)(proto.T * proto.out) * 4);
+    test_randn(X, (size_t)(proto.T * proto.in), 11, 1.f);
+    test_randn(dY, (size_t)(proto.T * proto.out), 12, 1.f);
+    result rs = {0}, rr = {0};
+    if (run_net(&sh, &a, X, dY, &rs) == 0 && run_net(&ref, &b, X, dY, &rr) == 0) {
+        CHECK_CLOSE(rs.y, rr.y, (size_t)(proto.T * proto.out), 1e-5, "output");
+        CHECK_CLOSE(rs.dx, rr.dx, (size_t)(proto.T * proto.in), 1e-5, "input gradient");
+        CHECK(rs.nparams == rr.nparams, "parameter count %d vs %d", rs.nparams, rr.nparams);
+        for (int i = 0; i < rs.nparams && i < rr.nparams; i++) {
+            char what[128];
+            snprintf(what, sizeof what, "gradient of %s", sh.params.list[i].name);
+            CHECK_CLOSE(rs.grad[i], rr.grad[i], tpk_param_global_numel(&sh, i), 1e-5, what);
+        }
+        /* collectives: a column -> row pair does one all-reduce of T*H each way (under SP one
+         * all-gather and one reduce-scatter of T*H each way); nothing else */
+        if (proto.kind == PAIR) {
+            uint64_t TH = (uint64_t)(proto.T * proto.in);
+            const tpk_comm_stats *st[2] = {&rs.fwd, &rs.bwd};
+            for (int k = 0; k < 2; k++) {
+                const char *way = k ? "backward" : "forward";
+                const tpk_comm_stats *s = st[k];
+                if (!proto.sp) {
+                    CHECK(s->calls[TPK_COLL_ALLREDUCE] == 1 && s->elems[TPK_COLL_ALLREDUCE] == TH, "%s: %llu all-reduces of %llu elements, expected 1 of %llu",
+                          way, (unsigned long long)s->calls[TPK_COLL_ALLREDUCE], (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], (unsigned long long)TH);
+                    CHECK(s->calls[TPK_COLL_ALLGATHER] + s->calls[TPK_COLL_REDUCE_SCATTER] + s->calls[TPK_COLL_BROADCAST] == 0, "%s: other collectives", way);
+                } else {
+                    CHECK(s->calls[TPK_COLL_ALLGATHER] == 1 && s->elems[TPK_COLL_ALLGATHER] == TH, "%s: %llu all-gathers of %llu, expected 1 of %llu", way,
+                          (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->elems[TPK_COLL_ALLGATHER], (unsigned long long)TH);
+                    CHECK(s->calls[TPK_COLL_REDUCE_SCATTER] == 1 && s->elems[TPK_COLL_REDUCE_SCATTER] == TH, "%s: %llu reduce-scatters, expected 1", way,
+                          (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER]);
+                    CHECK(s->calls[TPK_COLL_ALLREDUCE] + s->calls[TPK_COLL_BROADCAST] == 0, "%s: other collectives", way);
+                }
+            }
+        }
+    }
+    free_result(&rs), free_result(&rr);
+    net_destroy(&sh, &a), net_destroy(&ref, &b);
+    tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
+    free(X), free(dY);
+}
+
+/* Finite differences on the sharded net: L = sum(y * dY), dL/dtheta by central differences of
+ * global parameter entries (set on every rank) and of input entries, in double. */
+static double net_loss(tpk_ctx *ctx, net *n, const float *X, const float *dY) {
+    tpk_tensor x = local_of(ctx, X, n->T, n->in, in_layout(n)), y;
+    float *yg = malloc((size_t)(n->T * n->out) * 4);
+    double L = NAN;
+    if (net_forward(ctx, n, x, &y) == TPK_OK && global_of(ctx, y, yg) == TPK_OK) {
+        L = 0;
+        for (int64_t i = 0; i < n->T * n->out; i++) L += (double)yg[i] * dY[i];
+    }
+    free(x.data), free(yg);
+    return L;
+}
+static void finite_differences(net proto) {
+    tpk_ctx sh;
+    tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np});
+    net a = proto;
+    float *X = malloc((size_t)(proto.T * proto.in) * 4), *dY = malloc((size_t)(proto.T * proto.out) * 4);
+    test_randn(X, (size_t)(proto.T * proto.in), 21, 1.f);
+    test_randn(dY, (size_t)(proto.T * proto.out), 22, 1.f);
+    result r = {0};
+    if (run_net(&sh, &a, X, dY, &r) == 0) {
+        const float eps = 1e-2f;
+        double worst = 0;
+        for (int p = 0; p < sh.params.n; p++) {
+            size_t gn = tpk_param_global_numel(&sh, p);
+            float *w = malloc(gn * 4);
+            tpk_param_get_global(&sh, p, false, w);
+            for (int k = 0; k < 6; k++) {
+                size_t i = (size_t)(tpk_rng_uniform(3, (uint64_t)p, (uint64_t)k) * (float)gn) % gn;
+                float keep = w[i];
+                w[i] = keep + eps, tpk_param_set_global(&sh, p, w);
+                double lp = net_loss(&sh, &a, X, dY);
+                w[i] = keep - eps, tpk_param_set_global(&sh, p, w);
+                double lm = net_loss(&sh, &a, X, dY);
+                w[i] = keep, tpk_param_set_global(&sh, p, w);
+                double fd = (lp - lm) / (2 * eps), an = r.grad[p][i], e = fabs(fd - an) / fmax(1.0, fabs(an));
+                if (e > worst) worst = e;
+                CHECK(e < 1e-2, "%s[%zu]: finite difference %.6g, backward %.6g", sh.params.list[p].name, i, fd, an);
+            }
+            free(w);
+        }
+        float *Xp = malloc((size_t)(proto.T * proto.in) * 4);
+        for (int k = 0; k < 6; k++) {
+            size_t i = (size_t)(tpk_rng_uniform(4, 0, (uint64_t)k) * (float)(proto.T * proto.in)) % (size_t)(proto.T * proto.in);
+            memcpy(Xp, X, (size_t)(proto.T * proto.in) * 4);
+            Xp[i] = X[i] + eps;
+            double lp = net_loss(&sh, &a, Xp, dY);
+            Xp[i] = X[i] - eps;
+            double lm = net_loss(&sh, &a, Xp, dY);
+            double fd = (lp - lm) / (2 * eps), an = r.dx[i];
+            CHECK(fabs(fd - an) / fmax(1.0, fabs(an)) < 1e-2, "x[%zu]: finite difference %.6g, backward %.6g", i, fd, an);
+        }
+        free(Xp);
+    }
+    free_result(&r);
+    net_destroy(&sh, &a);
+    tpk_ctx_destroy(&sh);
+    free(X), free(dY);
+}
+
+/* ---- tracing wrappers: the order of GEMMs and collectives in the column backward ---------- */
+static char trace[64][24];
+static int ntrace;
+static const tpk_comm_vtable *real_vt;
+static const tpk_ops *real_ops;
+static void note(const char *s) {
+    if (ntrace < 64) snprintf(trace[ntrace++], sizeof trace[0], "%s", s);
+}
+static tpk_status tr_allreduce(tpk_ctx *c, tpk_comm *m, const void *s, void *r, size_t n, tpk_dtype d, tpk_redop o, tpk_request *q) {
+    note(q ? "allreduce-start" : "allreduce");
+    return real_vt->allreduce(c, m, s, r, n, d, o, q);
+}
+static tpk_status tr_rs(tpk_ctx *c, tpk_comm *m, const void *s, void *r, const size_t *n, tpk_dtype d, tpk_redop o, tpk_request *q) {
+    note(q ? "reduce-scatter-start" : "reduce-scatter");
+    return real_vt->reduce_scatterv(c, m, s, r, n, d, o, q);
+}
+static tpk_status tr_wait(tpk_ctx *c, tpk_request *q) {
+    note("wait");
+    return real_vt->wait(c, q);
+}
+static tpk_status tr_gemm(tpk_ctx *c, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al, const void *a, int64_t lda, const void *b,
+                          int64_t ldb, float be, void *cc, int64_t ldc, tpk_dtype dt) {
+    note(ta ? "gemm-wgrad" : "gemm");
+    return real_ops->gemm(c, ta, tb, m, n, k, al, a, lda, b, ldb, be, cc, ldc, dt);
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    me = test__rank, np = test__size;
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+
+    /* uneven: 10 over 3, 7 over 4, 1 over 4 (ranks holding nothing); T = 5 tokens */
+    const int64_t outs[] = {10, 7, 1};
+    for (int k = 0; k < 3; k++)
+        for (int sp = 0; sp < 2; sp++)
+            for (int opt = 0; opt < 2; opt++) {
+                net n = {.kind = COL, .sp = sp, .bias = true, .gather = opt && !sp, .T = 5, .in = 6, .out = outs[k]};
+                if (sp && opt) n.bias = false;
+                TEST_CASE("%s matches the unsharded layer", net_name(&n)) compare(n);
+                net m = {.kind = ROW, .sp = sp, .bias = !opt, .row_in_R = opt, .T = 5, .in = outs[k], .out = 6};
+                TEST_CASE("%s matches the unsharded layer", net_name(&m)) compare(m);
+            }
+    for (int sp = 0; sp < 2; sp++) {
+        net p = {.kind = PAIR, .sp = sp, .bias = true, .T = 7, .in = 6, .hid = 10, .out = 6};
+        TEST_CASE("%s matches the unsharded MLP; collective counts", net_name(&p)) compare(p);
+        TEST_CASE("%s: finite differences", net_name(&p)) finite_differences(p);
+    }
+    {
+        net c = {.kind = COL, .bias = true, .T = 4, .in = 5, .out = 7};
+        TEST_CASE("%s: finite differences", net_name(&c)) finite_differences(c);
+        net r = {.kind = ROW, .bias = true, .T = 4, .in = 7, .out = 5};
+        TEST_CASE("%s: finite differences", net_name(&r)) finite_differences(r);
+    }
+
+    TEST_CASE("column backward starts the dx all-reduce before the weight-gradient GEMM, waits after") {
+        for (int sp = 0; sp < 2; sp++) {
+            tpk_ctx ctx;
+            tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
+            static tpk_comm_vtable vt;
+            static tpk_ops ops;
+            real_vt = ctx.tp.vt, real_ops = ctx.ops;
+            vt = *real_vt, vt.allreduce = tr_allreduce, vt.reduce_scatterv = tr_rs, vt.wait = tr_wait;
+            ops = *real_ops, ops.gemm = tr_gemm;
+            ctx.tp.vt = &vt, ctx.ops = &ops;
+            net n = {.kind = COL, .sp = sp, .bias = true, .T = 6, .in = 4, .out = 8};
+            float X[24], dY[48];
+            test_randn(X, 24, 1, 1), test_randn(dY, 48, 2, 1);
+            CHECK_OK(&ctx, net_init(&ctx, &n));
+            tpk_tensor x = local_of(&ctx, X, 6, 4, in_layout(&n)), y, dx;
+            CHECK_OK(&ctx, net_forward(&ctx, &n, x, &y));
+            tpk_tensor dy = tpk_tensor_shard_2d(NULL, TPK_F32, 6, 8, TPK_S(-1), np, me);
+            tpk_tensor dyl = local_of(&ctx, dY, 6, 8, TPK_S(-1));
+            dy.data = dyl.data;
+            ntrace = 0;
+            CHECK_OK(&ctx, net_backward(&ctx, &n, dy, &dx));
+            const char *want[] = {"gemm", sp ? "reduce-scatter-start" : "allreduce-start", "gemm-wgrad", "wait"};
+            CHECK(ntrace == 4, "%d events", ntrace);
+            for (int i = 0; i < 4 && i < ntrace; i++) CHECK(!strcmp(trace[i], want[i]), "event %d: %s, expected %s", i, trace[i], want[i]);
+            ctx.tp.vt = real_vt, ctx.ops = real_ops;
+            free(x.data), free(dyl.data);
+            net_destroy(&ctx, &n);
+            tpk_ctx_destroy(&ctx);
+        }
+    }
+
+    TEST_CASE("initialisation: the same seed gives the same unsharded weights at t = %d as at t = 1", np) {
+        tpk_ctx sh, ref;
+        CHECK_OK(&sh, tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 77}));
+        CHECK_OK(&ref, tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 77}));
+        tpk_ctx *both[2] = {&sh, &ref};
+        for (int k = 0; k < 2; k++) {
+            tpk_linear c, r;
+            CHECK_OK(both[k], tpk_col_linear_init(both[k], &c, 6, 9, &(tpk_linear_desc){.name = "qkv", .stride = 3, .init_std = 0.5f}));
+            CHECK_OK(both[k], tpk_row_linear_init(both[k], &r, 11, 5, &(tpk_linear_desc){.name = "proj"}));
+            int id;
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"cube", 3, {3, 7, 2, 0}, TPK_S(1), TPK_INIT_NORMAL, 1.f, false}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"ones", 1, {5, 0, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false}, &id));
+        }
+        CHECK(sh.params.n == ref.params.n, "parameter counts");
+        for (int i = 0; i < sh.params.n; i++) {
+            size_t gn = tpk_param_global_numel(&sh, i);
+            float *a = malloc(gn * 4), *b = malloc(gn * 4);
+            test_poison(a, gn), test_poison(b, gn);
+            CHECK_OK(&sh, tpk_param_get_global(&sh, i, false, a));
+            CHECK_OK(&ref, tpk_param_get_global(&ref, i, false, b));
+            CHECK(memcmp(a, b, gn * 4) == 0, "%s differs from the unsharded draw", sh.params.list[i].name);
+            double s2 = 0;
+            for (size_t k = 0; k < gn; k++) s2 += (double)b[k] * b[k];
+            CHECK(s2 > 0, "%s is all zeros", sh.params.list[i].name);
+            free(a), free(b);
+        }
+        float w0;
+        CHECK_OK(&ref, tpk_param_get_global(&ref, 0, false, &w0) == TPK_OK ? TPK_OK : TPK_OK);
+        tpk_ctx other;
+        tpk_linear c;
+        tpk_ctx_init(&other, &(tpk_ctx_desc){.seed = 78});
+        tpk_col_linear_init(&other, &c, 6, 9, &(tpk_linear_desc){.name = "qkv", .stride = 3, .init_std = 0.5f});
+        float *a = malloc(54 * 4), *b = malloc(54 * 4);
+        tpk_param_get_global(&other, 0, false, a), tpk_param_get_global(&ref, 0, false, b);
+        CHECK(memcmp(a, b, 54 * 4) != 0, "another seed gives the same weights");
+        free(a), free(b);
+        tpk_ctx_destroy(&other), tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
+    }
+
+    TEST_CASE("bad input: layout, shape, NULL, dtype, order, layer kind") {
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
+        tpk_linear c, r, s;
+        CHECK_OK(&ctx, tpk_col_linear_init(&ctx, &c, 4, 6, &(tpk_linear_desc){.bias = true}));
+        CHECK_OK(&ctx, tpk_row_linear_init(&ctx, &r, 6, 4, NULL));
+        CHECK_OK(&ctx, tpk_col_linear_init(&ctx, &s, 4, 6, &(tpk_linear_desc){.sequence_parallel = true}));
+        float buf[64];
+        test_randn(buf, 64, 9, 1);
+        tpk_tensor y, dx;
+        tpk_tensor x = tpk_tensor_2d(buf, TPK_F32, 3, 4, TPK_R);
+        CHECK_FAILS(&ctx, tpk_col_linear_backward(&ctx, &c, x, &dx), TPK_ERR_ARG, "backward before forward");
+        CHECK_FAILS(&ctx, tpk_col_linear_forward(&ctx, &c, tpk_tensor_shard_2d(buf, TPK_F32, 3, 4, TPK_S(0), np, me), &y), TPK_ERR_LAYOUT, "x: expected layout R, got S(0)");
+        CHECK_FAILS(&ctx, tpk_col_linear_forward(&ctx, &s, x, &y), TPK_ERR_LAYOUT, "x: expected layout S(0), got R");
+        CHECK_FAILS(&ctx, tpk_col_linear_forward(&ctx, &c, tpk_tensor_2d(buf, TPK_F32, 3, 5, TPK_R), &y), TPK_ERR_SHAPE, "x: expected global shape");
+        CHECK_FAILS(&ctx, tpk_col_linear_forward(&ctx, &c, tpk_tensor_2d(NULL, TPK_F32, 3, 4, TPK_R), &y), TPK_ERR_ARG, "x: data is NULL");
+        CHECK_FAILS(&ctx, tpk_col_linear_forward(&ctx, &c, tpk_tensor_2d(buf, TPK_BF16, 3, 4, TPK_R), &y), TPK_ERR_DTYPE, "x: expected dtype f32");
+        CHECK_FAILS(&ctx, tpk_col_linear_forward(&ctx, &c, x, NULL), TPK_ERR_ARG, "y");
+        CHECK_FAILS(&ctx, tpk_col_linear_forward(&ctx, NULL, x, &y), TPK_ERR_ARG, "layer");
+        CHECK_FAILS(&ctx, tpk_row_linear_forward(&ctx, &c, x, &y), TPK_ERR_ARG, "is a column linear");
+        CHECK_FAILS(&ctx, tpk_row_linear_forward(&ctx, &r, tpk_tensor_2d(buf, TPK_F32, 3, 6, TPK_P), &y), TPK_ERR_LAYOUT, "x: expected layout S(-1)");
+        tpk_tensor xs = tpk_tensor_shard_2d(buf, TPK_F32, 3, 6, TPK_S(-1), np, me);
+        xs.shape[1] += 1;
+        CHECK_FAILS(&ctx, tpk_row_linear_forward(&ctx, &r, xs, &y), TPK_ERR_SHAPE, "x: local shape");
+        CHECK_OK(&ctx, tpk_col_linear_forward(&ctx, &c, x, &y));
+        tpk_tensor dyw = tpk_tensor_shard_2d(buf, TPK_F32, 2, 6, TPK_S(-1), np, me); /* 2 tokens, not 3 */
+        CHECK_FAILS(&ctx, tpk_col_linear_backward(&ctx, &c, dyw, &dx), TPK_ERR_SHAPE, "dy: expected global shape");
+        CHECK_FAILS(&ctx, tpk_col_linear_backward(&ctx, &c, tpk_tensor_2d(buf, TPK_F32, 3, 6, TPK_R), &dx), TPK_ERR_LAYOUT, "dy: expected layout S(-1), got R");
+        /* the GELU between them refuses a partial sum */
+        tpk_gelu g = {0};
+        CHECK_FAILS(&ctx, tpk_gelu_forward(&ctx, &g, tpk_tensor_2d(buf, TPK_F32, 3, 6, TPK_P), &y), TPK_ERR_LAYOUT, "x: expected layout R or S(d), got P");
+        /* descriptors */
+        tpk_linear z;
+        CHECK_FAILS(&ctx, tpk_col_linear_init(&ctx, &z, 0, 4, NULL), TPK_ERR_SHAPE, "in: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_col_linear_init(&ctx, &z, 4, 10, &(tpk_linear_desc){.stride = 3}), TPK_ERR_SHAPE, "multiple of desc->stride");
+        CHECK_FAILS(&ctx, tpk_row_linear_init(&ctx, &z, 4, 6, &(tpk_linear_desc){.stride = 3}), TPK_ERR_ARG, "desc->stride");
+        CHECK_FAILS(&ctx, tpk_col_linear_init(&ctx, &z, 4, 6, &(tpk_linear_desc){.name = "linear0"}), TPK_ERR_ARG, "already registered");
+        CHECK_FAILS(&ctx, tpk_col_linear_init(&ctx, &z, 4, 6, &(tpk_linear_desc){.name = "q", .gather_output = true, .sequence_parallel = true}),
+                    TPK_ERR_ARG, "desc->gather_output");
+        tpk_linear_destroy(&ctx, &c), tpk_linear_destroy(&ctx, &r), tpk_linear_destroy(&ctx, &s), tpk_gelu_destroy(&ctx, &g);
+        tpk_ctx_destroy(&ctx);
+    }
+    tpk_comm_destroy(&world);
+    return test_finish();
+}

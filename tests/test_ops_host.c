@@ -1,0 +1,625 @@
+/* tests/test_ops_host.c — the host backend (kernels/host/ops_host.c) against naive references.
+ *
+ * Every op is run on random inputs (test_randn) into outputs poisoned with NaN, and compared
+ * with a reference written here in double precision: GEMM in all four transpose combinations
+ * with padded leading dimensions, alpha/beta, bf16, odd and empty sizes; bias add/grad; GELU
+ * forward and backward (also against finite differences); fill, copy2d, cast (bf16 rounding
+ * on hand-picked halfway cases), axpby; the counter-based RNG (moments and sharded draws);
+ * and bad arguments, which must fail with a message naming the argument. Runs on one rank. */
+#include "test.h"
+
+static tpk_ctx ctx;
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static float *fbuf(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
+
+static void to_bf16(uint16_t *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = tpk_f32_to_bf16(src[i]);
+}
+static void from_bf16(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = tpk_bf16_to_f32(src[i]);
+}
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* out[m, n] (contiguous) = alpha op(A) op(B) + beta C, in double; beta = 0 ignores C. */
+static void ref_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const float *a, int64_t lda,
+                     const float *b, int64_t ldb, double beta, const float *c, int64_t ldc, float *out) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double s = 0;
+            for (int64_t p = 0; p < k; p++) {
+                double x = ta ? a[p * lda + i] : a[i * lda + p];
+                double y = tb ? b[j * ldb + p] : b[p * ldb + j];
+                s += x * y;
+            }
+            out[i * n + j] = (float)(alpha * s + (beta != 0 ? beta * c[i * ldc + j] : 0.0));
+        }
+}
+
+static double gelu_d(double x) {
+    const double s = 0.7978845608028654, c = 0.044715;
+    return 0.5 * x * (1.0 + tanh(s * (x + c * x * x * x)));
+}
+static double gelu_grad_d(double x) {
+    const double s = 0.7978845608028654, c = 0.044715;
+    double t = tanh(s * (x + c * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * c * x * x);
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+static void test_memory(void) {
+    const tpk_ops *ops = ctx.ops;
+    TEST_CASE("host ops: table, alloc, memcpy, sync") {
+        CHECK(ops == tpk_ops_host(), "ctx.ops is not the host table");
+        CHECK(strcmp(ops->name, "host") == 0, "name = %s", ops->name);
+        CHECK(!ops->device && ops->self == NULL, "device = %d", (int)ops->device);
+        CHECK(ops->alloc && ops->free && ops->memcpy && ops->sync && ops->fill && ops->copy2d && ops->cast &&
+                  ops->axpby && ops->gemm && ops->bias_add && ops->bias_grad && ops->gelu_fwd && ops->gelu_bwd &&
+                  ops->rng_2d,
+              "an entry is NULL");
+
+        size_t sizes[] = {0, 1, 3, 100, 4096, (size_t)1 << 22};
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+            unsigned char *p = NULL;
+            CHECK_OK(&ctx, ops->alloc(&ctx, sizes[s], (void **)&p));
+            CHECK(p != NULL, "alloc(%zu) gave NULL", sizes[s]);
+            if (!p) continue;
+            CHECK(((uintptr_t)p & 63) == 0, "alloc(%zu) = %p is not 64-byte aligned", sizes[s], (void *)p);
+            size_t nz = 0;
+            for (size_t i = 0; i < sizes[s]; i++) nz += p[i] != 0;
+            CHECK(nz == 0, "alloc(%zu): %zu bytes not zero", sizes[s], nz);
+            ops->free(&ctx, p);
+        }
+        ops->free(&ctx, NULL);
+
+        void *huge = (void *)1;
+        CHECK_FAILS(&ctx, ops->alloc(&ctx, (size_t)1 << 62, &huge), TPK_ERR_NOMEM, "4611686018427387904 bytes");
+        CHECK(huge == NULL, "failed alloc left %p", huge);
+        CHECK_FAILS(&ctx, ops->alloc(&ctx, SIZE_MAX, &huge), TPK_ERR_NOMEM, "bytes");
+
+        float src[17], dst[17];
+        test_randn(src, 17, 1, 1.0f);
+        tpk_copy_dir dirs[] = {TPK_H2D, TPK_D2H, TPK_D2D, TPK_H2H};
+        for (int d = 0; d < 4; d++) {
+            test_poison(dst, 17);
+            CHECK_OK(&ctx, ops->memcpy(&ctx, dst, src, sizeof src, dirs[d]));
+            CHECK(memcmp(dst, src, sizeof src) == 0, "memcpy dir %d differs", d);
+        }
+        CHECK_OK(&ctx, ops->memcpy(&ctx, NULL, NULL, 0, TPK_H2H));
+        CHECK_OK(&ctx, ops->sync(&ctx));
+    }
+}
+
+/* ---- gemm ---------------------------------------------------------------------------------- */
+
+typedef struct gemm_case {
+    int64_t m, n, k;
+} gemm_case;
+
+static const gemm_case gemm_cases[] = {{7, 5, 3}, {1, 1, 1}, {33, 17, 65}, {16, 32, 8}, {2, 9, 1}};
+
+#define SENTINEL 12345.0f /* in C's padding, which gemm must leave alone */
+
+/* One f32 or bf16 run of C = alpha op(A) op(B) + beta C against ref_gemm. pad > 0 makes
+ * every leading dimension larger than the minimum; the padding of C must be left alone. */
+static void run_gemm(tpk_dtype dt, bool ta, bool tb, gemm_case g, int pad, float alpha, float beta, uint64_t seed,
+                     double tol) {
+    int64_t m = g.m, n = g.n, k = g.k;
+    int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    int64_t lda = ac + pad, ldb = bc + pad, ldc = n + pad;
+    if (lda < 1) lda = 1;
+    if (ldb < 1) ldb = 1;
+    if (ldc < 1) ldc = 1;
+    size_t na = (size_t)(ar * lda), nb = (size_t)(br * ldb), nc = (size_t)(m * ldc);
+    float *a = fbuf(na), *b = fbuf(nb), *c = fbuf(nc), *c0 = fbuf(nc), *want = fbuf((size_t)(m * n)),
+          *got = fbuf((size_t)(m * n));
+    test_randn(a, na, seed, 1.0f);
+    test_randn(b, nb, seed + 1, 1.0f);
+    test_randn(c0, nc, seed + 2, 1.0f);
+    if (beta == 0) test_poison(c0, nc); /* beta = 0 must ignore C entirely */
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = n; j < ldc; j++) c0[i * ldc + j] = SENTINEL;
+    if (dt == TPK_BF16) { /* the reference sees the bf16-rounded inputs */
+        for (size_t i = 0; i < na; i++) a[i] = tpk_bf16_to_f32(tpk_f32_to_bf16(a[i]));
+        for (size_t i = 0; i < nb; i++) b[i] = tpk_bf16_to_f32(tpk_f32_to_bf16(b[i]));
+        for (size_t i = 0; i < nc; i++) c0[i] = tpk_bf16_to_f32(tpk_f32_to_bf16(c0[i]));
+    }
+    ref_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c0, ldc, want);
+    memcpy(c, c0, nc * sizeof(float));
+
+    tpk_status s;
+    if (dt == TPK_F32) {
+        s = ctx.ops->gemm(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32);
+    } else {
+        uint16_t *ha = malloc(na * 2 + 2), *hb = malloc(nb * 2 + 2), *hc = malloc(nc * 2 + 2);
+        to_bf16(ha, a, na), to_bf16(hb, b, nb), to_bf16(hc, c0, nc);
+        s = ctx.ops->gemm(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, hc, ldc, TPK_BF16);
+        from_bf16(c, hc, nc);
+        free(ha), free(hb), free(hc);
+    }
+    CHECK(s == TPK_OK, "%s gemm ta=%d tb=%d %lldx%lldx%lld: %s %s", tpk_dtype_name(dt), ta, tb, (long long)m,
+          (long long)n, (long long)k, tpk_status_str(s), tpk_last_error(&ctx));
+    size_t touched = 0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) got[i * n + j] = c[i * ldc + j];
+        for (int64_t j = n; j < ldc; j++) touched += f32_bits(c[i * ldc + j]) != f32_bits(c0[i * ldc + j]);
+    }
+    double e = test_relerr(got, want, (size_t)(m * n));
+    CHECK(e < tol, "%s gemm ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error %.3g >= %.3g",
+          tpk_dtype_name(dt), ta, tb, (long long)m, (long long)n, (long long)k, alpha, beta, pad, e, tol);
+    CHECK(touched == 0, "gemm wrote %zu elements of C's padding", touched);
+    free(a), free(b), free(c), free(c0), free(want), free(got);
+}
+
+static void test_gemm(void) {
+    const float ab[][2] = {{1.0f, 0.0f}, {1.5f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 0.25f}};
+    TEST_CASE("host gemm f32: 4 transposes x sizes x alpha/beta, padded leading dims") {
+        uint64_t seed = 100;
+        for (size_t g = 0; g < sizeof gemm_cases / sizeof *gemm_cases; g++)
+            for (int t = 0; t < 4; t++)
+                for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
+                    for (int pad = 0; pad <= 3; pad += 3)
+                        run_gemm(TPK_F32, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3, 1e-5);
+    }
+    TEST_CASE("host gemm bf16: 4 transposes x sizes x alpha/beta") {
+        uint64_t seed = 200;
+        for (size_t g = 0; g < sizeof gemm_cases / sizeof *gemm_cases; g++)
+            for (int t = 0; t < 4; t++)
+                for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
+                    run_gemm(TPK_BF16, t & 1, t & 2, gemm_cases[g], 2, ab[s][0], ab[s][1], seed += 3, 1e-2);
+    }
+    TEST_CASE("host gemm: empty sizes, k = 0 and alpha = 0 give C = beta C") {
+        const gemm_case empty[] = {{0, 5, 3}, {4, 0, 3}, {0, 0, 0}, {4, 5, 0}, {1, 1, 0}};
+        for (size_t g = 0; g < sizeof empty / sizeof *empty; g++)
+            for (int t = 0; t < 4; t++) {
+                run_gemm(TPK_F32, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 300 + g, 1e-6);
+                run_gemm(TPK_F32, t & 1, t & 2, empty[g], 0, 2.0f, 1.0f, 310 + g, 1e-6);
+                run_gemm(TPK_F32, t & 1, t & 2, empty[g], 2, 1.0f, -3.0f, 320 + g, 1e-6);
+                run_gemm(TPK_BF16, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 330 + g, 1e-6);
+                run_gemm(TPK_BF16, t & 1, t & 2, empty[g], 1, 1.0f, 0.5f, 340 + g, 1e-6);
+            }
+        /* operands the product does not read may be NULL */
+        float c[4] = {1, 2, 3, 4};
+        CHECK_OK(&ctx, ctx.ops->gemm(&ctx, false, false, 0, 4, 3, 1.0f, NULL, 3, NULL, 4, 0.0f, NULL, 4, TPK_F32));
+        CHECK_OK(&ctx, ctx.ops->gemm(&ctx, true, true, 3, 0, 2, 1.0f, NULL, 3, NULL, 2, 0.0f, NULL, 1, TPK_BF16));
+        CHECK_OK(&ctx, ctx.ops->gemm(&ctx, false, false, 2, 2, 0, 1.0f, NULL, 1, NULL, 2, 0.0f, c, 2, TPK_F32));
+        CHECK(c[0] == 0 && c[1] == 0 && c[2] == 0 && c[3] == 0, "k = 0, beta = 0: C = %g %g %g %g", c[0], c[1], c[2], c[3]);
+        /* alpha = 0: C = beta C even with NaN in A and B */
+        float a[6], b[6], c2[4] = {1, 2, 3, 4};
+        test_poison(a, 6), test_poison(b, 6);
+        CHECK_OK(&ctx, ctx.ops->gemm(&ctx, false, false, 2, 2, 3, 0.0f, a, 3, b, 2, 2.0f, c2, 2, TPK_F32));
+        CHECK(c2[0] == 2 && c2[1] == 4 && c2[2] == 6 && c2[3] == 8, "alpha = 0: C = %g %g %g %g", c2[0], c2[1], c2[2],
+              c2[3]);
+    }
+}
+
+/* ---- bias ---------------------------------------------------------------------------------- */
+
+static void test_bias(void) {
+    TEST_CASE("host bias_add and bias_grad (f32, bf16, accumulate on and off)") {
+        const int64_t shapes[][2] = {{7, 5}, {1, 1}, {33, 17}, {1, 64}, {64, 1}};
+        for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+            int64_t rows = shapes[sh][0], cols = shapes[sh][1];
+            size_t n = (size_t)(rows * cols);
+            float *y = fbuf(n), *bias = fbuf((size_t)cols), *want = fbuf(n), *got = fbuf(n);
+            float *db0 = fbuf((size_t)cols), *db = fbuf((size_t)cols), *dbw = fbuf((size_t)cols);
+            uint16_t *hy = malloc(n * 2), *hb = malloc((size_t)cols * 2), *hdb = malloc((size_t)cols * 2);
+            for (int bf = 0; bf < 2; bf++) {
+                tpk_dtype dt = bf ? TPK_BF16 : TPK_F32;
+                double tol = bf ? 1e-2 : 1e-6;
+                test_randn(y, n, 400 + sh, 1.0f);
+                test_randn(bias, (size_t)cols, 410 + sh, 1.0f);
+                if (bf) { /* reference inputs = the rounded ones */
+                    to_bf16(hy, y, n), from_bf16(y, hy, n);
+                    to_bf16(hb, bias, (size_t)cols), from_bf16(bias, hb, (size_t)cols);
+                }
+                for (int64_t i = 0; i < rows; i++)
+                    for (int64_t j = 0; j < cols; j++) want[i * cols + j] = (float)((double)y[i * cols + j] + bias[j]);
+                if (bf) {
+                    CHECK_OK(&ctx, ctx.ops->bias_add(&ctx, hy, hb, rows, cols, dt));
+                    from_bf16(got, hy, n);
+                } else {
+                    memcpy(got, y, n * sizeof(float));
+                    CHECK_OK(&ctx, ctx.ops->bias_add(&ctx, got, bias, rows, cols, dt));
+                }
+                CHECK(test_relerr(got, want, n) < tol, "bias_add %s %lldx%lld: relative error %.3g", tpk_dtype_name(dt),
+                      (long long)rows, (long long)cols, test_relerr(got, want, n));
+
+                /* bias_grad: dy = y; accumulate off (db poisoned) and on */
+                test_randn(db0, (size_t)cols, 420 + sh, 1.0f);
+                if (bf) to_bf16(hdb, db0, (size_t)cols), from_bf16(db0, hdb, (size_t)cols);
+                for (int acc = 0; acc < 2; acc++) {
+                    for (int64_t j = 0; j < cols; j++) {
+                        double s = acc ? db0[j] : 0.0;
+                        for (int64_t i = 0; i < rows; i++) s += y[i * cols + j];
+                        dbw[j] = (float)s;
+                    }
+                    if (acc) memcpy(db, db0, (size_t)cols * sizeof(float));
+                    else test_poison(db, (size_t)cols);
+                    if (bf) {
+                        to_bf16(hy, y, n), to_bf16(hdb, db, (size_t)cols);
+                        CHECK_OK(&ctx, ctx.ops->bias_grad(&ctx, hdb, hy, rows, cols, dt, acc));
+                        from_bf16(db, hdb, (size_t)cols);
+                    } else {
+                        CHECK_OK(&ctx, ctx.ops->bias_grad(&ctx, db, y, rows, cols, dt, acc));
+                    }
+                    double e = test_relerr(db, dbw, (size_t)cols);
+                    CHECK(e < tol, "bias_grad %s %lldx%lld accumulate=%d: relative error %.3g", tpk_dtype_name(dt),
+                          (long long)rows, (long long)cols, acc, e);
+                }
+            }
+            free(y), free(bias), free(want), free(got), free(db0), free(db), free(dbw), free(hy), free(hb), free(hdb);
+        }
+        /* rows = 0: db = 0 (or unchanged when accumulating) */
+        float db[3];
+        test_poison(db, 3);
+        CHECK_OK(&ctx, ctx.ops->bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, false));
+        CHECK(db[0] == 0 && db[1] == 0 && db[2] == 0, "rows = 0: db = %g %g %g", db[0], db[1], db[2]);
+        db[0] = 1, db[1] = 2, db[2] = 3;
+        CHECK_OK(&ctx, ctx.ops->bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, true));
+        CHECK(db[0] == 1 && db[1] == 2 && db[2] == 3, "rows = 0, accumulate: db = %g %g %g", db[0], db[1], db[2]);
+    }
+}
+
+/* ---- GELU ---------------------------------------------------------------------------------- */
+
+static void test_gelu(void) {
+    TEST_CASE("host gelu_fwd and gelu_bwd (reference, finite differences, dx aliasing dy, bf16)") {
+        const size_t n = 1001;
+        float *x = fbuf(n), *dy = fbuf(n), *y = fbuf(n), *dx = fbuf(n), *want = fbuf(n), *fd = fbuf(n);
+        test_randn(x, n, 500, 3.0f);
+        x[0] = 0, x[1] = -10, x[2] = 10, x[3] = 1e-4f, x[4] = -6;
+        test_randn(dy, n, 501, 1.0f);
+
+        test_poison(y, n);
+        CHECK_OK(&ctx, ctx.ops->gelu_fwd(&ctx, y, x, TPK_F32, n));
+        for (size_t i = 0; i < n; i++) want[i] = (float)gelu_d(x[i]);
+        CHECK_CLOSE(y, want, n, 1e-6, "gelu_fwd f32");
+
+        test_poison(dx, n);
+        CHECK_OK(&ctx, ctx.ops->gelu_bwd(&ctx, dx, x, dy, TPK_F32, n));
+        for (size_t i = 0; i < n; i++) {
+            want[i] = (float)(dy[i] * gelu_grad_d(x[i]));
+            double h = 1e-5;
+            fd[i] = (float)(dy[i] * (gelu_d((double)x[i] + h) - gelu_d((double)x[i] - h)) / (2 * h));
+        }
+        CHECK_CLOSE(dx, want, n, 1e-6, "gelu_bwd f32 vs analytic");
+        CHECK_CLOSE(dx, fd, n, 1e-5, "gelu_bwd f32 vs finite differences of gelu");
+
+        /* dx aliasing dy */
+        float *g = fbuf(n);
+        memcpy(g, dy, n * sizeof(float));
+        CHECK_OK(&ctx, ctx.ops->gelu_bwd(&ctx, g, x, g, TPK_F32, n));
+        CHECK(memcmp(g, dx, n * sizeof(float)) == 0, "gelu_bwd in place (dx == dy) differs from out of place");
+
+        /* bf16: inputs rounded, output within bf16 precision */
+        uint16_t *hx = malloc(n * 2), *hdy = malloc(n * 2), *hy = malloc(n * 2);
+        to_bf16(hx, x, n), to_bf16(hdy, dy, n);
+        float *xr = fbuf(n), *dyr = fbuf(n);
+        from_bf16(xr, hx, n), from_bf16(dyr, hdy, n);
+        CHECK_OK(&ctx, ctx.ops->gelu_fwd(&ctx, hy, hx, TPK_BF16, n));
+        from_bf16(y, hy, n);
+        for (size_t i = 0; i < n; i++) want[i] = (float)gelu_d(xr[i]);
+        CHECK_CLOSE(y, want, n, 1e-2, "gelu_fwd bf16");
+        CHECK_OK(&ctx, ctx.ops->gelu_bwd(&ctx, hdy, hx, hdy, TPK_BF16, n)); /* in place */
+        from_bf16(dx, hdy, n);
+        for (size_t i = 0; i < n; i++) want[i] = (float)(dyr[i] * gelu_grad_d(xr[i]));
+        CHECK_CLOSE(dx, want, n, 1e-2, "gelu_bwd bf16");
+
+        free(x), free(dy), free(y), free(dx), free(want), free(fd), free(g), free(hx), free(hdy), free(hy), free(xr),
+            free(dyr);
+    }
+}
+
+/* ---- fill, copy2d, axpby, cast ------------------------------------------------------------- */
+
+static void test_elementwise(void) {
+    TEST_CASE("host fill, copy2d (strided, i32) and axpby") {
+        float x[37];
+        test_poison(x, 37);
+        CHECK_OK(&ctx, ctx.ops->fill(&ctx, x, TPK_F32, 36, -2.5f));
+        size_t bad = 0;
+        for (int i = 0; i < 36; i++) bad += x[i] != -2.5f;
+        CHECK(bad == 0, "fill f32: %zu elements wrong", bad);
+        CHECK(isnan(x[36]), "fill wrote past n");
+        uint16_t h[9] = {0};
+        CHECK_OK(&ctx, ctx.ops->fill(&ctx, h, TPK_BF16, 8, 1.0f + 1.0f / 256)); /* halfway: rounds to 1.0 */
+        bad = 0;
+        for (int i = 0; i < 8; i++) bad += h[i] != 0x3F80;
+        CHECK(bad == 0 && h[8] == 0, "fill bf16: %zu wrong, h[8] = %#x", bad, h[8]);
+        CHECK_OK(&ctx, ctx.ops->fill(&ctx, NULL, TPK_F32, 0, 1.0f));
+
+        /* copy2d: a [5, 3] block from src (lds 7, at column 2) into dst (ldd 4) */
+        float src[6 * 7], dst[5 * 4];
+        test_randn(src, 42, 600, 1.0f);
+        test_poison(dst, 20);
+        CHECK_OK(&ctx, ctx.ops->copy2d(&ctx, dst, 4, src + 2, 7, 5, 3, TPK_F32));
+        bad = 0;
+        for (int i = 0; i < 5; i++) {
+            for (int j = 0; j < 3; j++) bad += dst[i * 4 + j] != src[i * 7 + 2 + j];
+            bad += !isnan(dst[i * 4 + 3]);
+        }
+        CHECK(bad == 0, "copy2d f32: %zu elements wrong", bad);
+        uint16_t hs[4 * 5], hd[3 * 6];
+        for (int i = 0; i < 20; i++) hs[i] = (uint16_t)(1000 + i);
+        memset(hd, 0xff, sizeof hd);
+        CHECK_OK(&ctx, ctx.ops->copy2d(&ctx, hd, 6, hs + 1, 5, 3, 4, TPK_BF16));
+        bad = 0;
+        for (int i = 0; i < 3; i++) {
+            for (int j = 0; j < 4; j++) bad += hd[i * 6 + j] != hs[i * 5 + 1 + j];
+            bad += hd[i * 6 + 4] != 0xffff || hd[i * 6 + 5] != 0xffff;
+        }
+        CHECK(bad == 0, "copy2d bf16: %zu elements wrong", bad);
+        int32_t is[2 * 3] = {1, -2, 3, 2147483647, -2147483647 - 1, 6}, id[2 * 2] = {0};
+        CHECK_OK(&ctx, ctx.ops->copy2d(&ctx, id, 2, is + 1, 3, 2, 2, TPK_I32));
+        CHECK(id[0] == -2 && id[1] == 3 && id[2] == -2147483647 - 1 && id[3] == 6, "copy2d i32: %d %d %d %d", id[0],
+              id[1], id[2], id[3]);
+        CHECK_OK(&ctx, ctx.ops->copy2d(&ctx, NULL, 5, NULL, 5, 0, 5, TPK_F32));
+
+        /* axpby: y = a x + b y; b = 0 ignores (NaN) y */
+        const size_t n = 513;
+        float *xx = fbuf(n), *y0 = fbuf(n), *y = fbuf(n), *want = fbuf(n);
+        test_randn(xx, n, 610, 1.0f);
+        test_randn(y0, n, 611, 1.0f);
+        const float ab[][2] = {{2.0f, -0.5f}, {1.0f, 1.0f}, {-3.0f, 0.0f}, {0.0f, 2.0f}};
+        for (int s = 0; s < 4; s++) {
+            float a = ab[s][0], b = ab[s][1];
+            if (b == 0) test_poison(y, n);
+            else memcpy(y, y0, n * sizeof(float));
+            for (size_t i = 0; i < n; i++) want[i] = (float)((double)a * xx[i] + (b != 0 ? (double)b * y0[i] : 0.0));
+            CHECK_OK(&ctx, ctx.ops->axpby(&ctx, y, a, xx, b, TPK_F32, n));
+            double e = test_relerr(y, want, n);
+            CHECK(e < 1e-6, "axpby f32 a=%g b=%g: relative error %.3g", a, b, e);
+        }
+        uint16_t *hx = malloc(n * 2), *hy = malloc(n * 2);
+        to_bf16(hx, xx, n), to_bf16(hy, y0, n);
+        float *xr = fbuf(n), *yr = fbuf(n);
+        from_bf16(xr, hx, n), from_bf16(yr, hy, n);
+        CHECK_OK(&ctx, ctx.ops->axpby(&ctx, hy, 0.5f, hx, -2.0f, TPK_BF16, n));
+        from_bf16(y, hy, n);
+        for (size_t i = 0; i < n; i++) want[i] = (float)(0.5 * xr[i] - 2.0 * yr[i]);
+        CHECK_CLOSE(y, want, n, 1e-2, "axpby bf16");
+        free(xx), free(y0), free(y), free(want), free(hx), free(hy), free(xr), free(yr);
+    }
+
+    TEST_CASE("host cast: f32 -> bf16 rounds to nearest even, NaN stays NaN, bf16 -> f32 exact") {
+        /* f32 bits -> expected bf16 bits */
+        static const uint32_t cases[][2] = {
+            {0x3F800000u, 0x3F80u}, /* 1 */
+            {0x3F808000u, 0x3F80u}, /* 1 + 2^-8: halfway between 1 and 1 + 2^-7, to even (down) */
+            {0x3F818000u, 0x3F82u}, /* 1 + 3 * 2^-8: halfway, to even (up) */
+            {0x3F808001u, 0x3F81u}, /* just above halfway: up */
+            {0x3F817FFFu, 0x3F81u}, /* just below halfway: down */
+            {0xBF818000u, 0xBF82u}, /* -(1 + 3 * 2^-8): halfway, to even, sign kept */
+            {0xBF808000u, 0xBF80u}, /* -(1 + 2^-8) */
+            {0x40490FDBu, 0x4049u}, /* pi: 0x0FDB < half, down */
+            {0x7F7FFFFFu, 0x7F80u}, /* largest finite f32 rounds to +inf */
+            {0x7F800000u, 0x7F80u}, /* +inf */
+            {0xFF800000u, 0xFF80u}, /* -inf */
+            {0x00000000u, 0x0000u}, /* +0 */
+            {0x80000000u, 0x8000u}, /* -0 */
+            {0x00000001u, 0x0000u}, /* smallest subnormal: down to 0 */
+            {0x00018000u, 0x0002u}, /* subnormal halfway, to even (up) */
+            {0x00008000u, 0x0000u}, /* subnormal halfway, to even (down) */
+            {0x3F7FFFFFu, 0x3F80u}, /* just below 1: carries into the exponent */
+        };
+        const size_t nc = sizeof cases / sizeof *cases;
+        float f[sizeof cases / sizeof *cases];
+        uint16_t h[sizeof cases / sizeof *cases + 1];
+        for (size_t i = 0; i < nc; i++) f[i] = bits_f32(cases[i][0]);
+        h[nc] = 0xABCD;
+        CHECK_OK(&ctx, ctx.ops->cast(&ctx, h, TPK_BF16, f, TPK_F32, nc));
+        for (size_t i = 0; i < nc; i++)
+            CHECK(h[i] == cases[i][1], "cast %#010x -> bf16: got %#06x, expected %#06x", cases[i][0], h[i], cases[i][1]);
+        CHECK(h[nc] == 0xABCD, "cast wrote past n");
+
+        /* NaNs (including one whose payload is only in the low 16 bits) stay NaN */
+        const uint32_t nans[] = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FA00000u, 0xFF800100u};
+        float fn[5];
+        uint16_t hn[5];
+        for (int i = 0; i < 5; i++) fn[i] = bits_f32(nans[i]);
+        CHECK_OK(&ctx, ctx.ops->cast(&ctx, hn, TPK_BF16, fn, TPK_F32, 5));
+        for (int i = 0; i < 5; i++) {
+            CHECK((hn[i] & 0x7F80u) == 0x7F80u && (hn[i] & 0x007Fu) != 0, "NaN %#010x -> %#06x is not NaN", nans[i], hn[i]);
+            CHECK((hn[i] & 0x8000u) == ((nans[i] >> 16) & 0x8000u), "NaN %#010x -> %#06x lost its sign", nans[i], hn[i]);
+        }
+
+        /* bf16 -> f32 is exact for all 65536 patterns; f32 -> bf16 gives them back (NaN: a NaN) */
+        uint16_t *all = malloc(65536 * 2), *back = malloc(65536 * 2);
+        float *wide = fbuf(65536);
+        for (uint32_t i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+        test_poison(wide, 65536);
+        CHECK_OK(&ctx, ctx.ops->cast(&ctx, wide, TPK_F32, all, TPK_BF16, 65536));
+        size_t bad = 0, badback = 0;
+        for (uint32_t i = 0; i < 65536; i++) bad += f32_bits(wide[i]) != i << 16;
+        CHECK(bad == 0, "bf16 -> f32: %zu patterns not exact", bad);
+        CHECK_OK(&ctx, ctx.ops->cast(&ctx, back, TPK_BF16, wide, TPK_F32, 65536));
+        for (uint32_t i = 0; i < 65536; i++) {
+            bool nan = (i & 0x7F80u) == 0x7F80u && (i & 0x7Fu);
+            badback += nan ? !((back[i] & 0x7F80u) == 0x7F80u && (back[i] & 0x7Fu)) : back[i] != i;
+        }
+        CHECK(badback == 0, "f32 -> bf16 of exact bf16 values: %zu changed", badback);
+
+        /* same dtype = copy, i32 included */
+        float fa[5] = {1, -2, 3.25f, 1e-30f, -7}, fb[5];
+        test_poison(fb, 5);
+        CHECK_OK(&ctx, ctx.ops->cast(&ctx, fb, TPK_F32, fa, TPK_F32, 5));
+        CHECK(memcmp(fa, fb, sizeof fa) == 0, "cast f32 -> f32 is not a copy");
+        int32_t ia[4] = {7, -1, 2147483647, 16777217}, ib[4] = {0};
+        CHECK_OK(&ctx, ctx.ops->cast(&ctx, ib, TPK_I32, ia, TPK_I32, 4));
+        CHECK(memcmp(ia, ib, sizeof ia) == 0, "cast i32 -> i32 is not a copy");
+        uint16_t hc[3] = {0x3F80, 0xFFC1, 0x0001}, hd[3] = {0};
+        CHECK_OK(&ctx, ctx.ops->cast(&ctx, hd, TPK_BF16, hc, TPK_BF16, 3));
+        CHECK(memcmp(hc, hd, sizeof hc) == 0, "cast bf16 -> bf16 is not a copy");
+        free(all), free(back), free(wide);
+    }
+}
+
+/* ---- rng ----------------------------------------------------------------------------------- */
+
+static void test_rng(void) {
+    TEST_CASE("host rng_2d: normal and uniform moments, a + b draw, sub-blocks equal the full draw") {
+        const int64_t rows = 250, cols = 400; /* 1e5 draws */
+        const size_t n = (size_t)(rows * cols);
+        float *x = fbuf(n);
+        test_poison(x, n);
+        CHECK_OK(&ctx, ctx.ops->rng_2d(&ctx, x, TPK_F32, rows, cols, cols, 0, 0, 42, 7, TPK_RNG_NORMAL, 0.0f, 1.0f));
+        double s = 0, s2 = 0;
+        for (size_t i = 0; i < n; i++) s += x[i], s2 += (double)x[i] * x[i];
+        double mean = s / n, sd = sqrt(s2 / n - mean * mean);
+        CHECK(fabs(mean) < 0.02 && fabs(sd - 1) < 0.02, "normal: mean %.4f std %.4f", mean, sd);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) bad += x[i] != tpk_rng_normal(42, 7, i);
+        CHECK(bad == 0, "normal: %zu draws differ from tpk_rng_normal", bad);
+
+        test_poison(x, n);
+        CHECK_OK(&ctx, ctx.ops->rng_2d(&ctx, x, TPK_F32, rows, cols, cols, 0, 0, 42, 8, TPK_RNG_UNIFORM, 0.0f, 1.0f));
+        double lo = 1, hi = 0;
+        s = 0, s2 = 0;
+        for (size_t i = 0; i < n; i++) {
+            lo = x[i] < lo ? x[i] : lo, hi = x[i] > hi ? x[i] : hi;
+            s += x[i], s2 += (double)x[i] * x[i];
+            bad += !(x[i] >= 0.0f && x[i] < 1.0f);
+        }
+        mean = s / n, sd = sqrt(s2 / n - mean * mean);
+        CHECK(bad == 0, "uniform: %zu draws outside [0, 1) (min %g max %g)", bad, lo, hi);
+        CHECK(fabs(mean - 0.5) < 0.01 && fabs(sd - sqrt(1.0 / 12)) < 0.01, "uniform: mean %.4f std %.4f", mean, sd);
+
+        /* a + b draw */
+        float *ref = fbuf(n);
+        CHECK_OK(&ctx, ctx.ops->rng_2d(&ctx, x, TPK_F32, rows, cols, cols, 0, 0, 3, 9, TPK_RNG_NORMAL, 2.0f, 0.02f));
+        for (size_t i = 0; i < n; i++) ref[i] = (float)(2.0 + 0.02 * (double)tpk_rng_normal(3, 9, i));
+        CHECK_CLOSE(x, ref, n, 1e-6, "a + b * normal");
+
+        /* shards: [r0, r0 + sr) x [c0, c0 + sc) of the full [rows, cols] draw, bitwise */
+        CHECK_OK(&ctx, ctx.ops->rng_2d(&ctx, ref, TPK_F32, rows, cols, cols, 0, 0, 11, 12, TPK_RNG_NORMAL, 0.5f, 0.1f));
+        const int64_t blocks[][4] = {{0, 0, 250, 400}, {0, 133, 250, 134}, {17, 0, 5, 400}, {101, 257, 33, 143}, {249, 399, 1, 1}};
+        for (int bi = 0; bi < 5; bi++) {
+            int64_t r0 = blocks[bi][0], c0 = blocks[bi][1], sr = blocks[bi][2], sc = blocks[bi][3];
+            float *blk = fbuf((size_t)(sr * sc));
+            test_poison(blk, (size_t)(sr * sc));
+            CHECK_OK(&ctx, ctx.ops->rng_2d(&ctx, blk, TPK_F32, sr, sc, cols, r0, c0, 11, 12, TPK_RNG_NORMAL, 0.5f, 0.1f));
+            size_t diff = 0;
+            for (int64_t i = 0; i < sr; i++)
+                for (int64_t j = 0; j < sc; j++) diff += f32_bits(blk[i * sc + j]) != f32_bits(ref[(r0 + i) * cols + c0 + j]);
+            CHECK(diff == 0, "block rows %lld+%lld cols %lld+%lld: %zu elements differ from the full draw", (long long)r0,
+                  (long long)sr, (long long)c0, (long long)sc, diff);
+            free(blk);
+        }
+
+        /* bf16 draws are the f32 draws rounded */
+        uint16_t *h = malloc(n * 2);
+        CHECK_OK(&ctx, ctx.ops->rng_2d(&ctx, h, TPK_BF16, rows, cols, cols, 0, 0, 11, 12, TPK_RNG_NORMAL, 0.5f, 0.1f));
+        bad = 0;
+        for (size_t i = 0; i < n; i++) bad += h[i] != tpk_f32_to_bf16(ref[i]);
+        CHECK(bad == 0, "bf16 rng: %zu elements are not the rounded f32 draws", bad);
+        free(x), free(ref), free(h);
+    }
+}
+
+/* ---- bad arguments ------------------------------------------------------------------------- */
+
+static void test_errors(void) {
+    const tpk_ops *o = ctx.ops;
+    float a[64] = {0}, b[64] = {0}, c[64] = {0};
+    TEST_CASE("host gemm: bad arguments fail with a message naming them") {
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, -1, 4, 4, 1, a, 4, b, 4, 0, c, 4, TPK_F32), TPK_ERR_ARG,
+                    "m: expected >= 0, got -1");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 4, -2, 4, 1, a, 4, b, 4, 0, c, 4, TPK_F32), TPK_ERR_ARG,
+                    "n: expected >= 0, got -2");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 4, 4, -3, 1, a, 4, b, 4, 0, c, 4, TPK_F32), TPK_ERR_ARG,
+                    "k: expected >= 0, got -3");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 4, 6, 5, 1, a, 3, b, 6, 0, c, 6, TPK_F32), TPK_ERR_ARG,
+                    "lda: expected >= 5, got 3");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, true, false, 4, 6, 5, 1, a, 3, b, 6, 0, c, 6, TPK_F32), TPK_ERR_ARG,
+                    "lda: expected >= 4, got 3");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 4, 6, 5, 1, a, 5, b, 5, 0, c, 6, TPK_F32), TPK_ERR_ARG,
+                    "ldb: expected >= 6, got 5");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, true, 4, 6, 5, 1, a, 5, b, 4, 0, c, 6, TPK_F32), TPK_ERR_ARG,
+                    "ldb: expected >= 5, got 4");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 4, 6, 5, 1, a, 5, b, 6, 0, c, 2, TPK_F32), TPK_ERR_ARG,
+                    "ldc: expected >= 6, got 2");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 0, 0, 0, 1, a, 0, b, 1, 0, c, 1, TPK_F32), TPK_ERR_ARG,
+                    "lda: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 2, 2, 2, 1, NULL, 2, b, 2, 0, c, 2, TPK_F32), TPK_ERR_ARG,
+                    "a: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, NULL, 2, 0, c, 2, TPK_F32), TPK_ERR_ARG,
+                    "b: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, NULL, 2, TPK_F32), TPK_ERR_ARG,
+                    "c: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, TPK_I32), TPK_ERR_DTYPE,
+                    "dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, (tpk_dtype)7), TPK_ERR_DTYPE,
+                    "got ? (7)");
+        CHECK_FAILS(&ctx, o->gemm(&ctx, false, false, (int64_t)1 << 32, 1, 1, 1, a, 1, b, 1, 0, c, 1, TPK_F32),
+                    TPK_ERR_ARG, "m: expected <= 2147483647");
+        CHECK(strncmp(tpk_last_error(&ctx), "host.gemm: ", 11) == 0, "message \"%s\" does not name host.gemm",
+              tpk_last_error(&ctx));
+    }
+    TEST_CASE("host ops: bad arguments to the other entries") {
+        void *p = NULL;
+        CHECK_FAILS(&ctx, o->alloc(&ctx, 16, NULL), TPK_ERR_ARG, "out:");
+        CHECK_FAILS(&ctx, o->memcpy(&ctx, NULL, a, 4, TPK_H2D), TPK_ERR_ARG, "dst: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, o->memcpy(&ctx, b, NULL, 4, TPK_D2H), TPK_ERR_ARG, "src: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, o->memcpy(&ctx, b, a, 4, (tpk_copy_dir)9), TPK_ERR_ARG, "dir:");
+        CHECK_FAILS(&ctx, o->fill(&ctx, NULL, TPK_F32, 3, 0), TPK_ERR_ARG, "x: expected a buffer");
+        CHECK_FAILS(&ctx, o->fill(&ctx, a, TPK_I32, 3, 0), TPK_ERR_DTYPE, "dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, o->copy2d(&ctx, a, 4, b, 2, 2, 3, TPK_F32), TPK_ERR_ARG, "lds: expected >= 3, got 2");
+        CHECK_FAILS(&ctx, o->copy2d(&ctx, a, 2, b, 4, 2, 3, TPK_F32), TPK_ERR_ARG, "ldd: expected >= 3, got 2");
+        CHECK_FAILS(&ctx, o->copy2d(&ctx, a, 4, b, 4, -1, 3, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0, got -1");
+        CHECK_FAILS(&ctx, o->copy2d(&ctx, a, 4, b, 4, 1, 3, (tpk_dtype)5), TPK_ERR_DTYPE, "dt:");
+        CHECK_FAILS(&ctx, o->cast(&ctx, a, TPK_F32, b, TPK_I32, 3), TPK_ERR_DTYPE, "src_dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, o->cast(&ctx, a, TPK_I32, b, TPK_BF16, 3), TPK_ERR_DTYPE, "dst_dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, o->cast(&ctx, NULL, TPK_BF16, b, TPK_F32, 3), TPK_ERR_ARG, "dst: expected a buffer");
+        CHECK_FAILS(&ctx, o->axpby(&ctx, a, 1, NULL, 1, TPK_F32, 3), TPK_ERR_ARG, "x: expected a buffer");
+        CHECK_FAILS(&ctx, o->axpby(&ctx, a, 1, b, 1, TPK_I32, 3), TPK_ERR_DTYPE, "dt:");
+        CHECK_FAILS(&ctx, o->bias_add(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG, "bias: expected a buffer");
+        CHECK_FAILS(&ctx, o->bias_add(&ctx, a, b, 2, -3, TPK_F32), TPK_ERR_ARG, "cols: expected >= 0, got -3");
+        CHECK_FAILS(&ctx, o->bias_grad(&ctx, a, b, -2, 3, TPK_F32, false), TPK_ERR_ARG, "rows: expected >= 0, got -2");
+        CHECK_FAILS(&ctx, o->bias_grad(&ctx, NULL, b, 2, 3, TPK_F32, false), TPK_ERR_ARG, "db: expected a buffer");
+        CHECK_FAILS(&ctx, o->bias_grad(&ctx, a, b, 2, 3, TPK_I32, true), TPK_ERR_DTYPE, "got i32");
+        CHECK_FAILS(&ctx, o->gelu_fwd(&ctx, a, NULL, TPK_F32, 3), TPK_ERR_ARG, "x: expected a buffer");
+        CHECK_FAILS(&ctx, o->gelu_fwd(&ctx, a, b, TPK_I32, 3), TPK_ERR_DTYPE, "host.gelu_fwd: dt:");
+        CHECK_FAILS(&ctx, o->gelu_bwd(&ctx, a, b, NULL, TPK_F32, 3), TPK_ERR_ARG, "dy: expected a buffer");
+        CHECK_FAILS(&ctx, o->gelu_bwd(&ctx, a, b, c, (tpk_dtype)-1, 3), TPK_ERR_DTYPE, "host.gelu_bwd: dt:");
+        CHECK_FAILS(&ctx, o->rng_2d(&ctx, a, TPK_F32, 2, 3, 4, 0, 2, 1, 1, TPK_RNG_NORMAL, 0, 1), TPK_ERR_ARG,
+                    "gcols: expected >= col0 + cols = 5, got 4");
+        CHECK_FAILS(&ctx, o->rng_2d(&ctx, a, TPK_F32, 2, 3, 4, -1, 0, 1, 1, TPK_RNG_NORMAL, 0, 1), TPK_ERR_ARG,
+                    "row0: expected >= 0, got -1");
+        CHECK_FAILS(&ctx, o->rng_2d(&ctx, a, TPK_F32, 2, 3, 4, 0, 0, 1, 1, (tpk_rng_dist)3, 0, 1), TPK_ERR_ARG, "dist:");
+        CHECK_FAILS(&ctx, o->rng_2d(&ctx, NULL, TPK_F32, 2, 3, 4, 0, 0, 1, 1, TPK_RNG_UNIFORM, 0, 1), TPK_ERR_ARG,
+                    "x: expected a buffer");
+        CHECK_FAILS(&ctx, o->rng_2d(&ctx, a, TPK_I32, 2, 3, 4, 0, 0, 1, 1, TPK_RNG_UNIFORM, 0, 1), TPK_ERR_DTYPE,
+                    "got i32");
+        (void)p;
+    }
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_host()});
+    if (s != TPK_OK) {
+        fprintf(stderr, "tpk_ctx_init: %s\n", tpk_last_error(&ctx));
+        return 1;
+    }
+    test_memory();
+    test_gemm();
+    test_bias();
+    test_gelu();
+    test_elementwise();
+    test_rng();
+    test_errors();
+    tpk_ctx_destroy(&ctx);
+    return test_finish();
+}
