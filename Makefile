@@ -29,7 +29,7 @@ ifneq ($(NVCC),)
 LIBS += build/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-gpu install clean
+.PHONY: all deps test test-gpu install clean build/tpk.pc
 all: $(LIBS)
 
 build/host/%.o: kernels/host/%.c $(HEADERS)

@@ -23,7 +23,7 @@ run() {
         printf '%s\n' "$out" | tail -20
         f=1
     fi
-    if [ "$name" = readme_example ] && [ "$rc" -eq 0 ]; then p=1; fi  # a program, not a test: its exit status
+    case "$name" in *_example) [ "$rc" -eq 0 ] && p=1 ;; esac  # a program, not a test: its exit status
     if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name [np=$np]: ran no test case"; f=1; fi
     printf '%-28s np=%s  %3d ok  %d failed\n' "$name" "$np" "$p" "$f"
     passed=$((passed + p)) failed=$((failed + f))
@@ -39,6 +39,16 @@ for t in build/tests/test_*; do
     for np in $nps; do run "$name" "$np" "$t"; done
 done
 run readme_example 2 build/readme_example
+
+# install into build/inst and build the README example against it with pkg-config
+inst="$PWD/build/inst"
+if make --no-print-directory -s install PREFIX="$inst" >> "$log" 2>&1 &&
+   mpicc -std=c11 -Wall -Wextra -Werror build/readme_example.c \
+       $(PKG_CONFIG_PATH="$inst/lib/pkgconfig" pkg-config --cflags --libs tpk) -o build/tests/pkgconfig_example >> "$log" 2>&1; then
+    run pkgconfig_example 2 build/tests/pkgconfig_example
+else
+    echo "FAIL make install + pkg-config build of the README example (see $log)"; failed=$((failed + 1))
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
