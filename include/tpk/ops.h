@@ -59,6 +59,56 @@ typedef struct tpk_ops {
     tpk_status (*rng_2d)(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols,
                          int64_t row0, int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a,
                          float b);
+    /* y = x * keep / (1 - p), keep = (uniform(seed, stream, (row0 + i) * gcols + col0 + j) >= p)
+     * for x, y [rows, cols] contiguous; y may alias x. The same call on dy gives dx. */
+    tpk_status (*dropout)(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
+                          int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
+
+    /* Layernorm over the last dim of x [rows, cols]: mean, rstd = 1/sqrt(var + eps) (f32 [rows],
+     * saved for backward), y = (x - mean) rstd w + b with w, b f32 [cols]. */
+    tpk_status (*layernorm_fwd)(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
+                                int64_t rows, int64_t cols, float eps, tpk_dtype dt);
+    /* xh = (x - mean) rstd, g = dy w:  dx (+)= rstd (g - mean_j(g) - xh mean_j(g xh));
+     * dw += sum_i dy xh, db += sum_i dy (f32). accumulate_dx adds into dx. */
+    tpk_status (*layernorm_bwd)(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
+                                const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
+
+    /* Rows [v0, v0 + vrows) of a table E f32 [vrows, H]: y[t] (+)= E[ids[t] - v0] where ids[t] is
+     * in range, else 0 (unchanged with accumulate). y [T, H]; ids i32 [T] in backend memory. */
+    tpk_status (*embed_fwd)(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
+                            int64_t vrows, tpk_dtype dt, bool accumulate);
+    /* dE[ids[t] - v0] += dy[t] for ids in range, in token order (deterministic). */
+    tpk_status (*embed_bwd)(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
+                            int64_t vrows, tpk_dtype dt);
+
+    /* Cross-entropy over logits z [T, Vl] holding global columns [v0, v0 + Vl) of V:
+     * xent_max:     mx[t] = max_j z[t, j]   (-inf when Vl = 0)
+     * xent_partial: part[t] = (sum_j exp(z[t,j] - mx[t]), z[t, y_t - v0] or 0, sum_j z[t,j])  f32 [T, 3]
+     * xent_loss:    lse = mx + log part0; loss[t] = lse - (1-eps) z_y - eps sum_z / V
+     *               (0 where y_t == ignore_index), lse saved f32 [T]
+     * xent_grad:    dz = (exp(z - lse) - (1-eps) [j == y_t - v0] - eps / V) dloss[t]
+     *               (0 where y_t == ignore_index); dz may alias z. */
+    tpk_status (*xent_max)(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt);
+    tpk_status (*xent_partial)(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
+                               int64_t Vl, int64_t v0, tpk_dtype dt);
+    tpk_status (*xent_loss)(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
+                            int64_t T, int64_t V, float smoothing, int32_t ignore_index);
+    tpk_status (*xent_grad)(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
+                            int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
+
+    /* Causal self-attention over Al local heads of size D, batch B, sequence S.
+     * qkv [B*S, 3*Al*D]: Q in columns [0, Al*D), K in [Al*D, 2*Al*D), V in [2*Al*D, 3*Al*D),
+     * local head h at offset h*D of each block; its global index is head0 + h of A.
+     * s_ij = scale q_i . k_j for j <= i;  P = softmax_j(s);  lse f32 [B, Al, S] saved;
+     * dropout (p > 0): P_ij kept when uniform(seed, stream, ((b*A + head0 + h)*S + i)*S + j) >= p,
+     * scaled by 1/(1-p), so a head's mask does not depend on the rank that holds it.
+     * out [B*S, Al*D] = P V per head. Backward recomputes P from lse:
+     * dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q. */
+    tpk_status (*attn_fwd)(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
+                           int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
+    tpk_status (*attn_bwd)(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+                           int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
+                           uint64_t seed, uint64_t stream, tpk_dtype dt);
 } tpk_ops;
 
 /* The host backend (build/libtpk_host.a): fp32 arithmetic, OpenBLAS GEMMs. */

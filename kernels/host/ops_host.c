@@ -26,52 +26,7 @@
 #include <tpk/ctx.h>
 #include <tpk/rng.h>
 
-#if defined(__GNUC__)
-#define HOST_INLINE static inline __attribute__((always_inline))
-#else
-#define HOST_INLINE static inline
-#endif
-
-/* ---- element access ------------------------------------------------------------------------- */
-
-HOST_INLINE float ld(const void *p, tpk_dtype dt, size_t i) {
-    return dt == TPK_F32 ? ((const float *)p)[i] : tpk_bf16_to_f32(((const uint16_t *)p)[i]);
-}
-HOST_INLINE void st(void *p, tpk_dtype dt, size_t i, float v) {
-    if (dt == TPK_F32) ((float *)p)[i] = v;
-    else ((uint16_t *)p)[i] = tpk_f32_to_bf16(v);
-}
-
-/* Call f(TPK_F32, ...) or f(TPK_BF16, ...): a loop written once, compiled once per dtype. */
-#define BY_DTYPE(dt, f, ...) ((dt) == TPK_F32 ? f(TPK_F32, __VA_ARGS__) : f(TPK_BF16, __VA_ARGS__))
-
-/* ---- argument checks -------------------------------------------------------------------------- */
-
-static tpk_status check_float_dtype(tpk_ctx *ctx, const char *fn, const char *arg, tpk_dtype dt) {
-    if (dt == TPK_F32 || dt == TPK_BF16) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32 or bf16, got %s (%d)", arg, tpk_dtype_name(dt), (int)dt);
-}
-static tpk_status check_nonneg(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
-    if (v >= 0) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= 0, got %lld", arg, (long long)v);
-}
-static tpk_status check_ptr(tpk_ctx *ctx, const char *fn, const char *arg, const void *p, bool needed) {
-    if (p || !needed) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a buffer, got NULL", arg);
-}
-/* Leading dimension: ld >= max(1, min). */
-static tpk_status check_ld(tpk_ctx *ctx, const char *fn, const char *arg, int64_t ld, int64_t min) {
-    if (min < 1) min = 1;
-    if (ld >= min) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= %lld, got %lld", arg, (long long)min, (long long)ld);
-}
-static tpk_status check_blas_int(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
-    if (v <= INT_MAX) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %d (OpenBLAS int), got %lld", arg, INT_MAX, (long long)v);
-}
-static tpk_status nomem(tpk_ctx *ctx, const char *fn, size_t bytes) {
-    return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "could not allocate %zu bytes of host memory", bytes);
-}
+#include "host.h"
 
 /* ---- memory ------------------------------------------------------------------------------------ */
 
@@ -386,6 +341,17 @@ const tpk_ops *tpk_ops_host(void) {
         .gelu_fwd = host_gelu_fwd,
         .gelu_bwd = host_gelu_bwd,
         .rng_2d = host_rng_2d,
+        .dropout = tpk__host_dropout,
+        .layernorm_fwd = tpk__host_layernorm_fwd,
+        .layernorm_bwd = tpk__host_layernorm_bwd,
+        .embed_fwd = tpk__host_embed_fwd,
+        .embed_bwd = tpk__host_embed_bwd,
+        .xent_max = tpk__host_xent_max,
+        .xent_partial = tpk__host_xent_partial,
+        .xent_loss = tpk__host_xent_loss,
+        .xent_grad = tpk__host_xent_grad,
+        .attn_fwd = tpk__host_attn_fwd,
+        .attn_bwd = tpk__host_attn_bwd,
     };
     return &ops;
 }
