@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
         x = tpk_tensor_nd(in, TPK_F32, 2, gs, TPK_R);
         CHECK_FAILS(&ctx, tpk_convert(&ctx, &x, TPK_P, &y), TPK_ERR_LAYOUT, "no conversion");
         CHECK_FAILS(&ctx, tpk_convert(&ctx, &x, TPK_S(2), &y), TPK_ERR_LAYOUT, "to");
-        CHECK_FAILS(&ctx, tpk_convert(&ctx, &x, TPK_S_STRIDED(0, 2), &y), TPK_ERR_LAYOUT, "strided");
+        CHECK_FAILS(&ctx, tpk_convert(&ctx, &x, TPK_S_EX(0, 2, 1), &y), TPK_ERR_LAYOUT, "strided");
         x.data = NULL;
         CHECK_FAILS(&ctx, tpk_convert(&ctx, &x, TPK_S(0), &y), TPK_ERR_ARG, "in: data is NULL");
         x.data = in;
@@ -156,8 +156,9 @@ int main(int argc, char **argv) {
             }
         CHECK(bad == 0, "%d bad splits", bad);
         CHECK(tpk_split(10, 3, 0).size == 4 && tpk_split(10, 3, 2).off == 7 && tpk_split(1, 4, 3).size == 0, "examples");
-        CHECK(tpk_shard_size(12, 3, 4, 0) == 3 && tpk_shard_size(12, 3, 4, 3) == 3 && tpk_shard_size(6, 3, 4, 3) == 0, "strided");
-        char buf[32];
+        CHECK(tpk_shard_size(12, TPK_S_EX(0, 3, 1), 4, 0) == 3 && tpk_shard_size(12, TPK_S_EX(0, 3, 1), 4, 3) == 3 && tpk_shard_size(6, TPK_S_EX(0, 3, 1), 4, 3) == 0, "strided");
+        CHECK(tpk_shard_size(12, TPK_S_EX(0, 1, 2), 4, 0) == 4 && tpk_shard_size(12, TPK_S_EX(0, 1, 2), 4, 3) == 2 && tpk_shard_size(36, TPK_S_EX(0, 3, 2), 4, 3) == 6, "units");
+        char buf[64];
         CHECK(!strcmp(tpk_layout_str(TPK_S(-1), buf, sizeof buf), "S(-1)") && !strcmp(tpk_layout_str(TPK_P, buf, sizeof buf), "P"), "names");
     }
     free(G), free(S), free(in), free(out), free(want), free(tmp);

@@ -15,7 +15,7 @@ typedef struct tpk_gelu {
 } tpk_gelu;
 
 static inline tpk_status tpk__gelu_check(tpk_ctx *ctx, const char *fn, tpk_gelu *g, const tpk_tensor *x, const char *arg, void *out) {
-    char a[40];
+    char a[64];
     if (!ctx) return TPK_ERR_ARG;
     if (!g || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", g ? "out" : "layer");
     if (x->layout.kind == TPK_LAYOUT_P)

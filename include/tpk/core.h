@@ -104,21 +104,28 @@ typedef struct tpk_layout {
     int dim;    /* S only; negative counts from the end (-1 = last) */
     int stride; /* S only; 0 or 1: one split. s > 1: dim d is s equal blocks, each split over
                    the ranks, and a shard is its slice of every block (fused [Q; K; V]). */
+    int unit;   /* S only; 0 or 1: split elements. u > 1: split whole groups of u (heads of D). */
 } tpk_layout;
 
-#define TPK_R ((tpk_layout){TPK_LAYOUT_R, 0, 0})
-#define TPK_P ((tpk_layout){TPK_LAYOUT_P, 0, 0})
-#define TPK_S(d) ((tpk_layout){TPK_LAYOUT_S, (d), 0})
-#define TPK_S_STRIDED(d, s) ((tpk_layout){TPK_LAYOUT_S, (d), (s)})
+#define TPK_R ((tpk_layout){TPK_LAYOUT_R, 0, 0, 0})
+#define TPK_P ((tpk_layout){TPK_LAYOUT_P, 0, 0, 0})
+#define TPK_S(d) ((tpk_layout){TPK_LAYOUT_S, (d), 0, 0})
+/* S(d) with s blocks split separately, each in groups of u elements (heads of size u). */
+#define TPK_S_EX(d, s, u) ((tpk_layout){TPK_LAYOUT_S, (d), (s), (u)})
 
 static inline int tpk_layout_stride(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.stride > 1 ? l.stride : 1; }
+static inline int tpk_layout_unit(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.unit > 1 ? l.unit : 1; }
 
-/* Local extent of a dim of n elements split over `parts` with `stride` blocks (0 when n is
- * not a multiple of the stride). */
-static inline int64_t tpk_shard_size(int64_t n, int stride, int parts, int index) {
-    if (stride <= 1) return tpk_split(n, parts, index).size;
-    if (n % stride) return 0;
-    return stride * tpk_split(n / stride, parts, index).size;
+/* Where shard `index` of a dim of n elements holds its run in block b (< stride) of layout l:
+ * each block of n/stride elements is split in groups of `unit` with tpk_split. */
+static inline tpk_range tpk_shard_run(int64_t n, tpk_layout l, int parts, int index, int b) {
+    int64_t s = tpk_layout_stride(l), u = tpk_layout_unit(l), block = n / s;
+    tpk_range r = tpk_split(block / u, parts, index), out = {b * block + r.off * u, r.size * u};
+    return out;
+}
+/* Local extent of a dim of n elements in layout l (n must be a multiple of stride * unit). */
+static inline int64_t tpk_shard_size(int64_t n, tpk_layout l, int parts, int index) {
+    return tpk_layout_stride(l) * tpk_shard_run(n, l, parts, index, 0).size;
 }
 
 /* Sharded dimension normalised to [0, ndim), or -1 when out of range / not S. */
@@ -130,13 +137,15 @@ static inline int tpk_layout_dim(tpk_layout l, int ndim) {
 static inline bool tpk_layout_eq(tpk_layout a, tpk_layout b, int ndim) {
     if (a.kind != b.kind) return false;
     return a.kind != TPK_LAYOUT_S ||
-           (tpk_layout_dim(a, ndim) == tpk_layout_dim(b, ndim) && tpk_layout_stride(a) == tpk_layout_stride(b));
+           (tpk_layout_dim(a, ndim) == tpk_layout_dim(b, ndim) && tpk_layout_stride(a) == tpk_layout_stride(b) &&
+            tpk_layout_unit(a) == tpk_layout_unit(b));
 }
 /* "R", "P", "S(0)", "S(-1)" into buf (at least 16 bytes); returns buf. */
 static inline const char *tpk_layout_str(tpk_layout l, char *buf, size_t n) {
     if (l.kind == TPK_LAYOUT_R) snprintf(buf, n, "R");
     else if (l.kind == TPK_LAYOUT_P) snprintf(buf, n, "P");
-    else if (l.kind == TPK_LAYOUT_S && tpk_layout_stride(l) > 1) snprintf(buf, n, "S(%d, stride %d)", l.dim, l.stride);
+    else if (l.kind == TPK_LAYOUT_S && (tpk_layout_stride(l) > 1 || tpk_layout_unit(l) > 1))
+        snprintf(buf, n, "S(%d, stride %d, unit %d)", l.dim, tpk_layout_stride(l), tpk_layout_unit(l));
     else if (l.kind == TPK_LAYOUT_S) snprintf(buf, n, "S(%d)", l.dim);
     else snprintf(buf, n, "?(%d)", (int)l.kind);
     return buf;
@@ -181,7 +190,7 @@ static inline tpk_tensor tpk_tensor_shard(void *data, tpk_dtype dt, int ndim, co
                                           int parts, int index) {
     tpk_tensor t = tpk_tensor_nd(data, dt, ndim, gshape, l);
     int d = tpk_layout_dim(l, ndim);
-    if (d >= 0) t.shape[d] = tpk_shard_size(gshape[d], tpk_layout_stride(l), parts, index);
+    if (d >= 0) t.shape[d] = tpk_shard_size(gshape[d], l, parts, index);
     return t;
 }
 /* A 2-D shard: global [rows, cols], layout l, on rank `index` of `parts`. */

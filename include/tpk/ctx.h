@@ -18,15 +18,18 @@ typedef struct tpk_buf {
 } tpk_buf;
 
 /* One registered parameter (tpk/params.h). The local shard of a parameter split on `split_dim`
- * with `stride` s: the dimension is s equal blocks, each split over the TP ranks, and the
- * shard is the concatenation of this rank's slice of every block (s = 3 for fused QKV). */
+ * with `stride` s: the dimension is s equal blocks, each split over the TP ranks (in groups of
+ * the layout's unit), and the shard is the concatenation of this rank's slice of every block
+ * (s = 3 for fused QKV). */
 typedef struct tpk_param {
     char name[96];
     int ndim;
     int64_t gshape[TPK_MAX_DIMS]; /* global (unsharded) shape */
     int64_t shape[TPK_MAX_DIMS];  /* local shard shape */
+    tpk_layout layout;            /* R, or S(d) with its stride and unit */
     int split_dim;                /* -1: replicated */
     int stride;                   /* blocks of the split dim (>= 1) */
+    bool tp_partial_grad;         /* the gradient is a partial sum over TP (sequence parallel) */
     size_t offset;                /* first element in the flat buffers */
     size_t numel;                 /* local elements */
     bool decay;                   /* weight decay applies (2-D weights) */
@@ -110,9 +113,9 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout %s, got %s", arg, tpk_layout_str(want, a, sizeof a),
                          tpk_layout_str(t->layout, b, sizeof b));
     int sd = tpk_layout_dim(want, ndim);
-    if (sd >= 0 && t->gshape[sd] % tpk_layout_stride(want))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: dim %d (%lld) is not a multiple of the layout's stride %d", arg, sd,
-                         (long long)t->gshape[sd], tpk_layout_stride(want));
+    if (sd >= 0 && t->gshape[sd] % (tpk_layout_stride(want) * tpk_layout_unit(want)))
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: dim %d (%lld) is not a multiple of the layout's stride x unit %d", arg, sd,
+                         (long long)t->gshape[sd], tpk_layout_stride(want) * tpk_layout_unit(want));
     for (int i = 0; i < ndim; i++) {
         if (gshape && gshape[i] >= 0 && t->gshape[i] != gshape[i]) {
             char c[64];
@@ -122,7 +125,7 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
                              tpk__shape_str(show, ndim, a, sizeof a), i, (long long)gshape[i],
                              tpk__shape_str(t->gshape, ndim, c, sizeof c));
         }
-        int64_t local = i == sd ? tpk_shard_size(t->gshape[i], tpk_layout_stride(want), parts, index) : t->gshape[i];
+        int64_t local = i == sd ? tpk_shard_size(t->gshape[i], want, parts, index) : t->gshape[i];
         if (t->shape[i] != local || t->shape[i] < 0)
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
                              "%s: local shape %s does not match layout %s of global shape %s on rank %d of %d "

@@ -22,12 +22,14 @@
 
 typedef struct tpk__dimview { int64_t outer, n, inner; } tpk__dimview;
 
-static inline tpk__dimview tpk__view(const int64_t *gshape, int ndim, int d) {
-    tpk__dimview v = {1, gshape[d], 1};
+/* unit u > 1: the dim is n/u groups of u elements, so inner grows by u. */
+static inline tpk__dimview tpk__view_unit(const int64_t *gshape, int ndim, int d, int u) {
+    tpk__dimview v = {1, gshape[d] / u, u};
     for (int i = 0; i < d; i++) v.outer *= gshape[i];
     for (int i = d + 1; i < ndim; i++) v.inner *= gshape[i];
     return v;
 }
+static inline tpk__dimview tpk__view(const int64_t *gshape, int ndim, int d) { return tpk__view_unit(gshape, ndim, d, 1); }
 
 /* Element counts of every rank's shard of dim d (counts[q] = outer * n_q * inner). */
 static inline void tpk__shard_counts(tpk__dimview v, int parts, size_t *counts) {
@@ -43,11 +45,11 @@ static inline tpk_status tpk__check_group(tpk_ctx *ctx, const char *fn) {
 }
 
 /* S(d) -> R over the TP group: out [gshape] from every rank's shard `in`. */
-static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, int d, void *out) {
+static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, int d, int unit, void *out) {
     static const char *fn = "tpk_convert (all-gather)";
     TPK_TRY(tpk__check_group(ctx, fn));
     int t = ctx->tp.size;
-    tpk__dimview v = tpk__view(in->gshape, in->ndim, d);
+    tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
     if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t))) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     tpk__shard_counts(v, t, cnt);
@@ -73,11 +75,11 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
 }
 
 /* P -> S(d) over the TP group: out = this rank's shard of the sum of every rank's `in`. */
-static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor *in, int d, void *out) {
+static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor *in, int d, int unit, void *out) {
     static const char *fn = "tpk_convert (reduce-scatter)";
     TPK_TRY(tpk__check_group(ctx, fn));
     int t = ctx->tp.size;
-    tpk__dimview v = tpk__view(in->gshape, in->ndim, d);
+    tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
     if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t))) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     tpk__shard_counts(v, t, cnt);
@@ -107,7 +109,7 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
  * caller's buffer) and out's shape and layout are set. */
 static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_layout to, tpk_tensor *out) {
     static const char *fn = "tpk_convert";
-    char a[40], b[40];
+    char a[64], b[64];
     if (!ctx) return TPK_ERR_ARG;
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
@@ -116,6 +118,9 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "in: layout %s names no dimension of a %d-D tensor", tpk_layout_str(in->layout, a, sizeof a), in->ndim);
     if (to.kind == TPK_LAYOUT_S && tpk_layout_dim(to, in->ndim) < 0)
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "to: layout %s names no dimension of a %d-D tensor", tpk_layout_str(to, a, sizeof a), in->ndim);
+    if (to.kind == TPK_LAYOUT_S && in->gshape[tpk_layout_dim(to, in->ndim)] % tpk_layout_unit(to))
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "to: dim %d (%lld) is not a multiple of the unit %d", tpk_layout_dim(to, in->ndim),
+                         (long long)in->gshape[tpk_layout_dim(to, in->ndim)], tpk_layout_unit(to));
     if (tpk_layout_stride(in->layout) > 1 || tpk_layout_stride(to) > 1)
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: strided shards are consumed where they are made (attention); no conversion",
                          tpk_layout_stride(to) > 1 ? "to" : "in");
@@ -124,7 +129,7 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     tpk_tensor o = *in;
     o.data = out->data, o.layout = to;
     for (int i = 0; i < in->ndim; i++) o.shape[i] = in->gshape[i];
-    if (dto >= 0) o.shape[dto] = tpk_split(in->gshape[dto], ctx->tp.size, ctx->tp.rank).size;
+    if (dto >= 0) o.shape[dto] = tpk_shard_size(in->gshape[dto], to, ctx->tp.size, ctx->tp.rank);
     if (!o.data && tpk_numel(&o) > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out->data: NULL, expected a buffer of %lld elements", (long long)tpk_numel(&o));
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = TPK_OK;
@@ -133,11 +138,11 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     } else if (in->layout.kind == TPK_LAYOUT_P && to.kind == TPK_LAYOUT_R) {
         s = tpk_allreduce(ctx, &ctx->tp, in->data, o.data, (size_t)tpk_numel(in), in->dtype, TPK_SUM);
     } else if (in->layout.kind == TPK_LAYOUT_P && to.kind == TPK_LAYOUT_S) {
-        s = tpk__reduce_scatter_dim(ctx, in, dto, o.data);
+        s = tpk__reduce_scatter_dim(ctx, in, dto, tpk_layout_unit(to), o.data);
     } else if (in->layout.kind == TPK_LAYOUT_S && to.kind == TPK_LAYOUT_R) {
-        s = tpk__allgather_dim(ctx, in, din, o.data);
+        s = tpk__allgather_dim(ctx, in, din, tpk_layout_unit(in->layout), o.data);
     } else if (in->layout.kind == TPK_LAYOUT_R && to.kind == TPK_LAYOUT_S) {
-        tpk__dimview v = tpk__view(in->gshape, in->ndim, dto);
+        tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, dto, tpk_layout_unit(to));
         tpk_range r = tpk_split(v.n, ctx->tp.size, ctx->tp.rank);
         if (r.size && v.inner && v.outer) s = ctx->ops->copy2d(ctx, o.data, r.size * v.inner, TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
                                          v.outer, r.size * v.inner, in->dtype);
@@ -159,19 +164,19 @@ typedef struct tpk__region_rule { const char *name; tpk_layout fwd_in, fwd_out, 
 
 static inline const tpk__region_rule *tpk__region_rules(tpk_region r) {
     static const tpk__region_rule rules[TPK_REGION_N] = {
-        {"copy", {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_P, 0, 0}, {TPK_LAYOUT_R, 0, 0}},
-        {"reduce", {TPK_LAYOUT_P, 0, 0}, {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_R, 0, 0}},
-        {"gather", {TPK_LAYOUT_S, -1, 0}, {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_S, -1, 0}},
-        {"scatter", {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_S, -1, 0}, {TPK_LAYOUT_S, -1, 0}, {TPK_LAYOUT_R, 0, 0}},
-        {"sp_gather", {TPK_LAYOUT_S, 0, 0}, {TPK_LAYOUT_R, 0, 0}, {TPK_LAYOUT_P, 0, 0}, {TPK_LAYOUT_S, 0, 0}},
-        {"sp_scatter", {TPK_LAYOUT_P, 0, 0}, {TPK_LAYOUT_S, 0, 0}, {TPK_LAYOUT_S, 0, 0}, {TPK_LAYOUT_R, 0, 0}},
+        {"copy", {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
+        {"reduce", {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
+        {"gather", {TPK_LAYOUT_S, -1, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0}},
+        {"scatter", {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
+        {"sp_gather", {TPK_LAYOUT_S, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0}},
+        {"sp_scatter", {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
     };
     return (unsigned)r < TPK_REGION_N ? &rules[r] : NULL;
 }
 
 static inline tpk_status tpk__region(tpk_ctx *ctx, tpk_region r, bool backward, const tpk_tensor *in, tpk_tensor *out) {
     const char *fn = backward ? "tpk_region_backward" : "tpk_region_forward";
-    char a[40], b[40];
+    char a[64], b[64];
     if (!ctx) return TPK_ERR_ARG;
     const tpk__region_rule *rule = tpk__region_rules(r);
     if (!rule) return tpk__fail(ctx, TPK_ERR_ARG, fn, "region: expected a tpk_region (0..%d), got %d", TPK_REGION_N - 1, (int)r);

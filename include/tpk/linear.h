@@ -30,6 +30,9 @@ typedef struct tpk_linear_desc {
     bool gather_output;     /* column: all-gather y to R */
     bool sequence_parallel; /* column: input S(0); row: output S(0) */
     int stride;             /* column: out is `stride` blocks split separately (3 for fused QKV) */
+    int unit;               /* the split features go in groups of `unit` (the head size D) */
+    int weight;             /* column: use this registered [out, in] parameter as W (tied
+                               weights) instead of registering one; 0 = register. Give id + 1. */
     float init_std;         /* weight N(0, std^2); default 0.02; bias starts at zero */
 } tpk_linear_desc;
 
@@ -44,6 +47,7 @@ typedef struct tpk_linear {
     int64_t T;            /* token rows of the last forward (global) */
     tpk_tensor x;         /* saved input: column R [T, in]; row S(-1) [T, in_r] */
     bool x_was_R;         /* row: the input was R and was sliced */
+    tpk_layout split;     /* how the features of W are split: column out, row in */
     tpk_buf xb, y, y2, dy, dx, dx2;
 } tpk_linear;
 
@@ -58,30 +62,45 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
     if (desc) l->d = *desc;
     if (in < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "in: expected >= 1, got %lld", (long long)in);
     if (out < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "out: expected >= 1, got %lld", (long long)out);
-    int s = l->d.stride > 0 ? l->d.stride : 1;
+    int s = l->d.stride > 0 ? l->d.stride : 1, u = l->d.unit > 0 ? l->d.unit : 1;
     if (s > 1 && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->stride: only a column linear has a stride, got %d", s);
-    if (s > 1 && out % s) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "out: %lld is not a multiple of desc->stride %d", (long long)out, s);
+    if ((column ? out : in) % ((int64_t)s * u))
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %lld is not a multiple of desc->stride x desc->unit = %d", column ? "out" : "in",
+                         (long long)(column ? out : in), s * u);
     if (s > 1 && l->d.gather_output) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->stride %d (a strided shard is consumed in place)", s);
     if (l->d.gather_output && l->d.sequence_parallel)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->sequence_parallel (the output stays S(-1))");
     if (l->d.init_std < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g", (double)l->d.init_std);
-    l->d.stride = s;
+    if (l->d.weight && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->weight: only a column linear takes a shared weight");
+    l->d.stride = s, l->d.unit = u;
     l->column = column, l->in = in, l->out = out, l->b = -1;
+    l->split = column ? TPK_S_EX(0, s, u) : TPK_S_EX(1, 1, u);
     if (l->d.name) snprintf(l->name, sizeof l->name, "%s", l->d.name);
     else snprintf(l->name, sizeof l->name, "linear%d", ctx->nauto++);
     l->d.name = NULL;
     char pn[128];
     float std = l->d.init_std > 0 ? l->d.init_std : 0.02f;
     snprintf(pn, sizeof pn, "%s.weight", l->name);
-    tpk_param_desc wd = {pn, 2, {out, in, 0, 0}, column ? TPK_S_STRIDED(0, s) : TPK_S(1), TPK_INIT_NORMAL, std, true};
-    TPK_TRY(tpk_param_add(ctx, &wd, &l->w));
+    if (l->d.weight) { /* a registered weight: its global shape and split must be W's */
+        tpk_param *p = tpk__param(ctx, fn, l->d.weight - 1);
+        if (!p) return TPK_ERR_ARG;
+        int64_t rows = p->ndim ? p->gshape[0] : 0, cols = 1;
+        for (int i = 1; i < p->ndim; i++) cols *= p->gshape[i];
+        if (rows != out || cols != in || p->split_dim != 0 || p->stride != s || tpk_layout_unit(p->layout) != u)
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->weight: \"%s\" is not an [%lld, %lld] weight split on dim 0 (stride %d, unit %d)",
+                             p->name, (long long)out, (long long)in, s, u);
+        l->w = l->d.weight - 1;
+    } else {
+        tpk_param_desc wd = {pn, 2, {out, in, 0, 0}, l->split, TPK_INIT_NORMAL, std, true};
+        TPK_TRY(tpk_param_add(ctx, &wd, &l->w));
+    }
     if (l->d.bias) {
         snprintf(pn, sizeof pn, "%s.bias", l->name);
-        tpk_param_desc bd = {pn, 1, {out, 0, 0, 0}, column ? TPK_S_STRIDED(0, s) : TPK_R, TPK_INIT_ZEROS, 0, false};
+        tpk_param_desc bd = {pn, 1, {out, 0, 0, 0}, column ? TPK_S_EX(0, s, u) : TPK_R, TPK_INIT_ZEROS, 0, false};
         TPK_TRY(tpk_param_add(ctx, &bd, &l->b));
     }
-    l->n_local = column ? tpk_shard_size(out, s, ctx->tp.size, ctx->tp.rank) : tpk_split(in, ctx->tp.size, ctx->tp.rank).size;
-    l->in_off = column ? 0 : tpk_split(in, ctx->tp.size, ctx->tp.rank).off;
+    l->n_local = tpk_shard_size(column ? out : in, l->split, ctx->tp.size, ctx->tp.rank);
+    l->in_off = column ? 0 : tpk_shard_run(in, l->split, ctx->tp.size, ctx->tp.rank, 0).off;
     return TPK_OK;
 }
 
@@ -132,7 +151,7 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    tpk_tensor yl = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S_STRIDED(-1, l->d.stride), t, r);
+    tpk_tensor yl = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S_EX(-1, l->d.stride, l->d.unit), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (T && n) {
         TPK_TRY(ctx->ops->gemm(ctx, false, true, T, n, l->in, 1.f, x.data, l->in, tpk_param_data(ctx, l->w), l->in, 0.f, yl.data, n, TPK_F32));
@@ -158,12 +177,12 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.gather_output) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, TPK_F32, 2, want, t, r));
-        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S(-1), t, r);
+        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S_EX(-1, 1, l->d.unit), t, r);
         TPK_TRY(tpk__buf_view(ctx, &l->dy, &s));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_GATHER, &dy, &s)); /* slice own columns */
         dy = s;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S_STRIDED(-1, l->d.stride), TPK_F32, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S_EX(-1, l->d.stride, l->d.unit), TPK_F32, 2, want, t, r));
     }
     /* dx = dy_r W_r: a partial sum over ranks */
     tpk_tensor dxp = tpk_tensor_2d(NULL, TPK_F32, T, l->in, TPK_P);
@@ -207,15 +226,18 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
     if (l->x_was_R) {
         TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, TPK_F32, 2, want, t, r));
-        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, x.shape[0], l->in, TPK_S(-1), t, r);
+        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
         TPK_TRY(tpk__buf_view(ctx, &l->xb, &s));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SCATTER, &x, &s)); /* slice own columns */
         x = s;
     } else {
-        char a[40];
-        if (!tpk_layout_eq(x.layout, TPK_S(-1), 2))
-            return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout S(-1) (or R, sliced here), got %s", tpk_layout_str(x.layout, a, sizeof a));
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(-1), TPK_F32, 2, want, t, r));
+        char a[64];
+        char b[64];
+        tpk_layout want_l = TPK_S_EX(-1, 1, l->d.unit);
+        if (!tpk_layout_eq(x.layout, want_l, 2))
+            return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout %s (or R, sliced here), got %s", tpk_layout_str(want_l, b, sizeof b),
+                             tpk_layout_str(x.layout, a, sizeof a));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, want_l, TPK_F32, 2, want, t, r));
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
@@ -254,7 +276,7 @@ static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l
     } else {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, TPK_F32, 2, want, t, r));
     }
-    tpk_tensor dxs = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->in, TPK_S(-1), t, r);
+    tpk_tensor dxs = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
     if (n && T) {
         TPK_TRY(ctx->ops->gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk_param_data(ctx, l->w), n, 0.f, dxs.data, n, TPK_F32));

@@ -20,7 +20,7 @@ typedef struct tpk_param_desc {
     const char *name;              /* unique within the context */
     int ndim;
     int64_t shape[TPK_MAX_DIMS];   /* global shape */
-    tpk_layout layout;             /* R (default), S(d) or TPK_S_STRIDED(d, s) */
+    tpk_layout layout;             /* R (default), S(d) or TPK_S_EX(d, stride, unit) */
     tpk_init init;                 /* default zeros */
     float std;                     /* for TPK_INIT_NORMAL */
     bool decay;                    /* weight decay applies */
@@ -34,11 +34,11 @@ static inline int tpk__param_runs(const tpk_param *p, int parts, int index, tpk_
         if (max > 0) runs[0] = (tpk__run){0, 0, p->gshape[0]};
         return 1;
     }
-    int64_t block = p->gshape[p->split_dim] / p->stride;
-    tpk_range r = tpk_split(block, parts, index);
     int n = 0;
-    for (int b = 0; b < p->stride; b++)
-        if (n < max) runs[n++] = (tpk__run){b * block + r.off, b * r.size, r.size};
+    for (int b = 0; b < p->stride; b++) {
+        tpk_range r = tpk_shard_run(p->gshape[p->split_dim], p->layout, parts, index, b);
+        if (n < max) runs[n++] = (tpk__run){r.off, b * r.size, r.size};
+    }
     return n;
 }
 
@@ -113,7 +113,7 @@ static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
 /* Register a parameter, allocate its shard (its gradient zeroed) and initialise it. */
 static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc, int *id) {
     static const char *fn = "tpk_param_add";
-    char a[40];
+    char a[64];
     if (!ctx) return TPK_ERR_ARG;
     if (!desc || !id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", desc ? "id" : "desc");
     if (!desc->name || !desc->name[0] || strlen(desc->name) >= sizeof ctx->params.list[0].name)
@@ -134,14 +134,15 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     p.ndim = desc->ndim, p.decay = desc->decay;
     p.split_dim = tpk_layout_dim(desc->layout, desc->ndim);
     p.stride = tpk_layout_stride(desc->layout);
+    p.layout = desc->layout;
     p.numel = 1;
     for (int i = 0; i < p.ndim; i++) p.gshape[i] = p.shape[i] = desc->shape[i];
     if (p.split_dim >= 0) {
-        int64_t n = p.gshape[p.split_dim];
-        if (p.stride > 64 || n % p.stride)
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: stride: dim %d (%lld) must be a multiple of the stride %d (at most 64)", desc->name,
-                             p.split_dim, (long long)n, p.stride);
-        p.shape[p.split_dim] = p.stride * tpk_split(n / p.stride, ctx->tp.size, ctx->tp.rank).size;
+        int64_t n = p.gshape[p.split_dim], su = (int64_t)p.stride * tpk_layout_unit(desc->layout);
+        if (p.stride > 64 || n % su)
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: layout: dim %d (%lld) must be a multiple of stride x unit = %lld (stride at most 64)",
+                             desc->name, p.split_dim, (long long)n, (long long)su);
+        p.shape[p.split_dim] = tpk_shard_size(n, desc->layout, ctx->tp.size, ctx->tp.rank);
     }
     for (int i = 0; i < p.ndim; i++) p.numel *= (size_t)p.shape[i];
     tpk_params *P = &ctx->params;
@@ -170,7 +171,7 @@ static inline tpk_status tpk_params_zero_grad(tpk_ctx *ctx) {
 static inline void tpk__param_place(const tpk_param *p, int parts, int index, float *global, float *local, bool to_global) {
     int d = p->split_dim < 0 ? 0 : p->split_dim;
     tpk__dimview g = tpk__view(p->gshape, p->ndim, d);
-    int64_t L = p->split_dim < 0 ? g.n : p->stride * tpk_split(g.n / p->stride, parts, index).size;
+    int64_t L = p->split_dim < 0 ? g.n : tpk_shard_size(g.n, p->layout, parts, index);
     tpk__run runs[64];
     int nr = tpk__param_runs(p, parts, index, runs, 64);
     for (int k = 0; k < nr; k++)
@@ -200,7 +201,7 @@ static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, f
         size_t total = 0;
         for (int q = 0; q < t; q++) {
             tpk_param pq = *p;
-            pq.shape[p->split_dim] = p->stride * tpk_split(p->gshape[p->split_dim] / p->stride, t, q).size;
+            pq.shape[p->split_dim] = tpk_shard_size(p->gshape[p->split_dim], p->layout, t, q);
             counts[q] = 1;
             for (int i = 0; i < p->ndim; i++) counts[q] *= (size_t)pq.shape[i];
             total += counts[q];
