@@ -50,5 +50,14 @@ else
     echo "FAIL make install + pkg-config build of the README example (see $log)"; failed=$((failed + 1))
 fi
 
+# every header compiles alone with a plain C compiler, without MPI or CUDA headers
+hfail=0
+for h in include/tpk/*.h; do
+    case "$h" in */mpi.h) continue ;; esac
+    printf '#include <tpk/%s>\nint tpk_header_check;\n' "$(basename "$h")" |
+        ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude -x c -c - -o /dev/null || { echo "FAIL header $h"; hfail=1; }
+done
+if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CC:-cc} -std=c11 -Werror: ok"; else failed=$((failed + 1)); fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

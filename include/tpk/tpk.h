@@ -13,5 +13,7 @@
 #include "params.h"
 #include "act.h"
 #include "linear.h"
+#include "norm.h"
+#include "embed.h"
 
 #endif /* TPK_TPK_H */
