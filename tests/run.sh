@@ -33,7 +33,7 @@ for t in build/tests/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
     case "$name" in
-    test_ops_host|test_core) nps="1" ;;
+    test_ops_*) nps="1" ;;
     *) nps="1 2 3 4" ;;
     esac
     for np in $nps; do run "$name" "$np" "$t"; done
