@@ -91,6 +91,17 @@ static inline double test_relerr(const float *got, const float *want, size_t n) 
 static inline void test_randn(float *x, size_t n, uint64_t seed, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * tpk_rng_normal(seed, 0x7e57, i);
 }
+/* Every parameter of ctx set to N(0, scale^2) drawn from (seed, its name, global index): the
+ * same global tensor on every rank and at every TP size. */
+static inline void test_set_weights(tpk_ctx *ctx, uint64_t seed, float scale) {
+    for (int i = 0; i < ctx->params.n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        float *w = (float *)malloc(gn * sizeof(float));
+        for (size_t k = 0; k < gn; k++) w[k] = scale * tpk_rng_normal(seed, tpk_rng_stream(ctx->params.list[i].name), k);
+        tpk_param_set_global(ctx, i, w);
+        free(w);
+    }
+}
 /* NaN poison, so an element a kernel forgot to write shows up. */
 static inline void test_poison(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = NAN;

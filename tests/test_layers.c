@@ -20,15 +20,6 @@ typedef struct chain {
     bool sp;
 } chain;
 
-static void set_weights(tpk_ctx *ctx) {
-    for (int i = 0; i < ctx->params.n; i++) {
-        size_t gn = tpk_param_global_numel(ctx, i);
-        float *w = malloc(gn * 4);
-        for (size_t k = 0; k < gn; k++) w[k] = 0.5f * tpk_rng_normal(99, tpk_rng_stream(ctx->params.list[i].name), k);
-        tpk_param_set_global(ctx, i, w);
-        free(w);
-    }
-}
 
 typedef struct out { float loss; double ref_loss; float *grad[8]; int n; tpk_comm_stats ce_fwd, ce_bwd; } out;
 
@@ -41,7 +32,7 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
     CHECK_OK(ctx, tpk_col_linear_init(ctx, &c.head, H, V, &(tpk_linear_desc){.name = "lm_head", .weight = c.e.wte + 1, .sequence_parallel = sp}));
     CHECK_OK(ctx, tpk_xent_init(ctx, &c.ce, V, &(tpk_xent_desc){.label_smoothing = eps}));
     if (test__fails_case > f0) return 1;
-    set_weights(ctx);
+    test_set_weights(ctx, 99, 0.5f);
     tpk_tensor y0, y1, z, dz, dy1, dy0;
     CHECK_OK(ctx, tpk_embedding_forward(ctx, &c.e, ids, B, S, &y0));
     CHECK_OK(ctx, tpk_layernorm_forward(ctx, &c.ln, y0, &y1));

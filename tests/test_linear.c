@@ -39,16 +39,6 @@ static tpk_status net_init(tpk_ctx *ctx, net *n) {
 static void net_destroy(tpk_ctx *ctx, net *n) {
     tpk_linear_destroy(ctx, &n->a), tpk_linear_destroy(ctx, &n->b), tpk_gelu_destroy(ctx, &n->g);
 }
-/* every parameter: N(0, 0.3^2) drawn from its name, the same global tensor on every rank */
-static void set_weights(tpk_ctx *ctx) {
-    for (int i = 0; i < ctx->params.n; i++) {
-        size_t gn = tpk_param_global_numel(ctx, i);
-        float *w = malloc(gn * 4);
-        for (size_t k = 0; k < gn; k++) w[k] = 0.3f * tpk_rng_normal(1234, tpk_rng_stream(ctx->params.list[i].name), k);
-        tpk_param_set_global(ctx, i, w);
-        free(w);
-    }
-}
 /* the layer's input layout, from the global X [T, in] */
 static tpk_layout in_layout(const net *n) {
     if (n->sp && n->kind != ROW) return TPK_S(0);
@@ -99,7 +89,7 @@ static int run_net(tpk_ctx *ctx, net *n, const float *X, const float *dY, result
         }                                                                                          \
     } while (0)
     RUN_OK(net_init(ctx, n));
-    set_weights(ctx);
+    test_set_weights(ctx, 1234, 0.3f);
     tpk_tensor x = local_of(ctx, X, n->T, n->in, in_layout(n)), y, dx;
     tpk_comm_stats_reset(&ctx->tp);
     RUN_OK(net_forward(ctx, n, x, &y));
