@@ -91,6 +91,12 @@ static inline double test_relerr(const float *got, const float *want, size_t n) 
 static inline void test_randn(float *x, size_t n, uint64_t seed, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * tpk_rng_normal(seed, 0x7e57, i);
 }
+/* A one-rank context on the host backend, for the op tests; reports a failure on stderr. */
+static inline tpk_status test_host_ctx(tpk_ctx *ctx) {
+    tpk_status s = tpk_ctx_init(ctx, &(tpk_ctx_desc){.ops = tpk_ops_host()});
+    if (s != TPK_OK) fprintf(stderr, "tpk_ctx_init: %s\n", tpk_last_error(ctx));
+    return s;
+}
 /* Every parameter of ctx set to N(0, scale^2) drawn from (seed, its name, global index): the
  * same global tensor on every rank and at every TP size. */
 static inline void test_set_weights(tpk_ctx *ctx, uint64_t seed, float scale) {

@@ -608,11 +608,7 @@ static void test_errors(void) {
 
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
-    tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_host()});
-    if (s != TPK_OK) {
-        fprintf(stderr, "tpk_ctx_init: %s\n", tpk_last_error(&ctx));
-        return 1;
-    }
+    if (test_host_ctx(&ctx) != TPK_OK) return 1;
     test_memory();
     test_gemm();
     test_bias();

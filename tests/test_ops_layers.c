@@ -406,6 +406,17 @@ static void test_layernorm(void) {
 
 /* ---- embedding ----------------------------------------------------------------------------- */
 
+/* reference embedding backward: wdE = dE0 + sum over tokens t with ids[t] = v0 + r of dy[t] */
+static void ref_scatter_add(float *wdE, const float *dE0, const float *dy, const int32_t *ids, int T, int H, int v0, int vrows) {
+    for (int r = 0; r < vrows; r++)
+        for (int j = 0; j < H; j++) {
+            double s = dE0[r * H + j];
+            for (int t = 0; t < T; t++)
+                if (ids[t] == v0 + r) s += dy[t * H + j];
+            wdE[r * H + j] = (float)s;
+        }
+}
+
 static void test_embedding(void) {
     const tpk_ops *o = ctx.ops;
     /* rows [v0, v0 + vrows) = [4, 10) of a vocabulary of 14. 5 three times; 4 and 9 the first and
@@ -459,13 +470,7 @@ static void test_embedding(void) {
         test_randn(dE0, ne, 904, 1.0f);
         memcpy(dE, dE0, sizeof dE);
         CHECK_OK(&ctx, o->embed_bwd(&ctx, dE, dy, ids, T, H, V0, VROWS, TPK_F32));
-        for (int r = 0; r < VROWS; r++)
-            for (int j = 0; j < H; j++) {
-                double s = dE0[r * H + j];
-                for (int t = 0; t < T; t++)
-                    if (ids[t] == V0 + r) s += dy[t * H + j];
-                wdE[r * H + j] = (float)s;
-            }
+        ref_scatter_add(wdE, dE0, dy, ids, T, H, V0, VROWS);
         CHECK_CLOSE(dE, wdE, ne, TOL_F32, "embed_bwd scatter-add");
         size_t untouched = 0; /* rows 2 (id 6) and 4 (id 8) are not used: bitwise unchanged */
         for (int j = 0; j < H; j++)
@@ -518,13 +523,7 @@ static void test_embedding(void) {
         test_randn(dE0, ne, 913, 1.0f);
         memcpy(dE, dE0, sizeof dE);
         CHECK_OK(&ctx, o->embed_bwd(&ctx, dE, hdy, ids, T, H, V0, VROWS, TPK_BF16));
-        for (int r = 0; r < VROWS; r++)
-            for (int j = 0; j < H; j++) {
-                double s = dE0[r * H + j];
-                for (int t = 0; t < T; t++)
-                    if (ids[t] == V0 + r) s += dy[t * H + j];
-                wdE[r * H + j] = (float)s;
-            }
+        ref_scatter_add(wdE, dE0, dy, ids, T, H, V0, VROWS);
         CHECK_CLOSE(dE, wdE, ne, TOL_F32, "embed_bwd bf16 dy (f32 table)");
     }
 }
@@ -1056,11 +1055,7 @@ static void test_errors(void) {
 
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
-    tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_host()});
-    if (s != TPK_OK) {
-        fprintf(stderr, "tpk_ctx_init: %s\n", tpk_last_error(&ctx));
-        return 1;
-    }
+    if (test_host_ctx(&ctx) != TPK_OK) return 1;
     test_dropout();
     test_layernorm();
     test_embedding();
