@@ -10,6 +10,7 @@
 #include "comm.h"
 #include "core.h"
 #include "ops.h"
+#include "rng.h"
 
 /* A growable buffer in backend memory. */
 typedef struct tpk_buf {
@@ -56,6 +57,8 @@ struct tpk_ctx {
     tpk_comm self_world;  /* used when desc.world is NULL */
     tpk_comm tp, dp;      /* owned groups */
     uint64_t seed;
+    uint64_t rng_step;    /* dropout masks are drawn from (seed, layer, rng_step): a trainer sets it
+                             to a new value per micro-batch (e.g. the micro-step counter) */
     tpk_buf work[2];      /* scratch for layouts that must be rearranged */
     tpk_params params;
     int nauto;            /* counter for automatic layer names */
@@ -155,6 +158,28 @@ static inline void tpk__buf_free(tpk_ctx *ctx, tpk_buf *b) {
 static inline tpk_status tpk__buf_view(tpk_ctx *ctx, tpk_buf *b, tpk_tensor *t) {
     TPK_TRY(tpk__buf_reserve(ctx, b, tpk_nbytes(t)));
     t->data = b->p;
+    return TPK_OK;
+}
+
+/* The dropout stream of a call site: a hash of (its name, ctx->rng_step, DP rank). Every rank
+ * of a TP group draws the same stream, so a mask indexed by global position is the same at
+ * every TP size; DP replicas (different data) draw different masks. */
+static inline uint64_t tpk__dropout_stream(const tpk_ctx *ctx, const char *name) {
+    uint64_t h = tpk_rng_stream(name);
+    h = (h ^ (ctx->rng_step + 0x9E3779B97F4A7C15ull)) * 0x100000001b3ull;
+    h = (h ^ ((uint64_t)ctx->dp.rank + 0xD1B54A32D192ED03ull)) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+/* A layer's name into dst[n]: `given`, or "<prefix><counter>" when given is NULL. A name that
+ * does not fit is an error naming desc->name. */
+static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst, size_t n, const char *given, const char *prefix) {
+    if (!given) {
+        snprintf(dst, n, "%.16s%d", prefix, ctx->nauto++);
+        return TPK_OK;
+    }
+    if (strlen(given) >= n) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%.40s...\" is longer than %zu characters", given, n - 1);
+    memcpy(dst, given, strlen(given) + 1);
     return TPK_OK;
 }
 

@@ -75,8 +75,7 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
     l->d.stride = s, l->d.unit = u;
     l->column = column, l->in = in, l->out = out, l->b = -1;
     l->split = column ? TPK_S_EX(0, s, u) : TPK_S_EX(1, 1, u);
-    if (l->d.name) snprintf(l->name, sizeof l->name, "%s", l->d.name);
-    else snprintf(l->name, sizeof l->name, "linear%d", ctx->nauto++);
+    TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, l->d.name, "linear"));
     l->d.name = NULL;
     char pn[128];
     float std = l->d.init_std > 0 ? l->d.init_std : 0.02f;

@@ -37,8 +37,7 @@ static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int6
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (d.eps < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0, got %g", (double)d.eps);
     l->H = H, l->eps = d.eps > 0 ? d.eps : 1e-5f, l->sp = d.sequence_parallel;
-    if (d.name) snprintf(l->name, sizeof l->name, "%s", d.name);
-    else snprintf(l->name, sizeof l->name, "ln%d", ctx->nauto++);
+    TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, d.name, "ln"));
     char pn[128];
     snprintf(pn, sizeof pn, "%s.weight", l->name);
     TPK_TRY(tpk_param_add(ctx, &(tpk_param_desc){pn, 1, {H, 0, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false}, &l->w));

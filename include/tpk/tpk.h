@@ -15,5 +15,8 @@
 #include "linear.h"
 #include "norm.h"
 #include "embed.h"
+#include "mlp.h"
+#include "attn.h"
+#include "gpt2.h"
 
 #endif /* TPK_TPK_H */

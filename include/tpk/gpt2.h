@@ -1,0 +1,274 @@
+/* tpk/gpt2.h — the GPT-2 block and model, tensor-parallel, with optional sequence parallelism.
+ *
+ * Block (pre-LN), hidden states x R [T, H] (S(0) under sequence parallelism):
+ *   x1 = x  + drop(attn(ln_1(x)))          attn: c_attn column, heads local, c_proj row
+ *   y  = x1 + drop(mlp(ln_2(x1)))          mlp:  c_fc column, GELU, c_proj row
+ *   backward mirrors it: dx1 = dy + ln_2'(mlp'(drop(dy))), dx = dx1 + ln_1'(attn'(drop(dx1))).
+ *   Collectives per block: 2 all-reduces of T H forward and 2 backward (the two row linears
+ *   forward, the two column linears backward); under SP 2 all-gathers + 2 reduce-scatters of
+ *   T H each way instead. Residual dropout masks are indexed by the global (token, feature)
+ *   and drawn from a TP-shared stream, so they are the same at every t and with SP on or off.
+ * Model: ids -> wte (vocabulary-parallel) + wpe -> drop -> L blocks -> ln_f -> logits = h wteᵀ
+ *   (the tied LM head: a column linear over wte's vocabulary shard, logits S(-1) [T, V_r])
+ *   -> vocabulary-parallel cross-entropy (mean over counted positions).
+ * Parameter names are Hugging Face GPT-2's (without the "transformer." prefix): wte, wpe,
+ * h.<i>.ln_1, h.<i>.attn.c_attn, h.<i>.attn.c_proj, h.<i>.ln_2, h.<i>.mlp.c_fc,
+ * h.<i>.mlp.c_proj, ln_f; weights are stored [out, in] (Hugging Face's Conv1D is [in, out]).
+ * Under SP the layernorm gradients are partial over TP: call tpk_params_reduce_partial_grads
+ * once per optimizer step, after the last backward. */
+#ifndef TPK_GPT2_H
+#define TPK_GPT2_H
+
+#include "attn.h"
+#include "embed.h"
+#include "mlp.h"
+#include "norm.h"
+
+/* ---- residual with dropout ----------------------------------------------------------------- */
+
+/* out = x + drop(y) over rows [row0, row0 + rows) of a [*, H] activation (dropout mask indexed
+ * by the global row and column, stream `stream`); out may not alias x or y. */
+static inline tpk_status tpk__residual(tpk_ctx *ctx, void *out, const void *x, const void *y, int64_t rows, int64_t H, int64_t row0, float p,
+                                       uint64_t stream) {
+    size_t n = (size_t)(rows * H);
+    if (!n) return TPK_OK;
+    if (p > 0) TPK_TRY(ctx->ops->dropout(ctx, out, y, rows, H, H, row0, 0, p, ctx->seed, stream, TPK_F32));
+    else TPK_TRY(ctx->ops->axpby(ctx, out, 1.0f, y, 0.0f, TPK_F32, n));
+    return ctx->ops->axpby(ctx, out, 1.0f, x, 1.0f, TPK_F32, n);
+}
+
+/* ---- block ----------------------------------------------------------------------------------- */
+
+typedef struct tpk_gpt2_block_desc {
+    const char *name;       /* default "h<N>": parameters "<name>.ln_1.weight", ... */
+    int64_t heads;          /* A (required) */
+    int64_t mlp_hidden;     /* default 4 H */
+    float dropout;          /* attention probabilities and both residual branches */
+    float ln_eps;           /* default 1e-5 */
+    bool sequence_parallel;
+    float init_std;         /* default 0.02 */
+    float proj_init_std;    /* the two c_proj weights; default init_std */
+} tpk_gpt2_block_desc;
+
+typedef struct tpk_gpt2_block {
+    char name[80];
+    int64_t H;
+    float p;
+    bool sp;
+    tpk_layernorm ln_1, ln_2;
+    tpk_attention attn;
+    tpk_mlp mlp;
+    int64_t rows, row0;  /* local token rows of the last forward and the first one's global index */
+    uint64_t s1, s2;     /* residual dropout streams of the last forward */
+    tpk_buf x1, y, dr;
+} tpk_gpt2_block;
+
+static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, int64_t H, const tpk_gpt2_block_desc *desc) {
+    static const char *fn = "tpk_gpt2_block_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
+    if (!desc) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc: NULL (desc->heads is required)");
+    memset(b, 0, sizeof *b);
+    tpk_gpt2_block_desc d = *desc;
+    if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);
+    TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "h"));
+    b->H = H, b->p = d.dropout, b->sp = d.sequence_parallel;
+    char n[128];
+    snprintf(n, sizeof n, "%s.ln_1", b->name);
+    TPK_TRY(tpk_layernorm_init(ctx, &b->ln_1, H, &(tpk_layernorm_desc){.name = n, .eps = d.ln_eps, .sequence_parallel = d.sequence_parallel}));
+    snprintf(n, sizeof n, "%s.attn", b->name);
+    TPK_TRY(tpk_attention_init(ctx, &b->attn, H, d.heads,
+                               &(tpk_attention_desc){.name = n, .sequence_parallel = d.sequence_parallel, .dropout = d.dropout, .init_std = d.init_std,
+                                                     .proj_init_std = d.proj_init_std}));
+    snprintf(n, sizeof n, "%s.ln_2", b->name);
+    TPK_TRY(tpk_layernorm_init(ctx, &b->ln_2, H, &(tpk_layernorm_desc){.name = n, .eps = d.ln_eps, .sequence_parallel = d.sequence_parallel}));
+    snprintf(n, sizeof n, "%s.mlp", b->name);
+    return tpk_mlp_init(ctx, &b->mlp, H,
+                        &(tpk_mlp_desc){.name = n, .hidden = d.mlp_hidden, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std,
+                                        .proj_init_std = d.proj_init_std});
+}
+
+static inline void tpk_gpt2_block_destroy(tpk_ctx *ctx, tpk_gpt2_block *b) {
+    tpk_layernorm_destroy(ctx, &b->ln_1), tpk_layernorm_destroy(ctx, &b->ln_2);
+    tpk_attention_destroy(ctx, &b->attn), tpk_mlp_destroy(ctx, &b->mlp);
+    tpk__buf_free(ctx, &b->x1), tpk__buf_free(ctx, &b->y), tpk__buf_free(ctx, &b->dr);
+}
+
+/* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
+ * the same layout. x must stay unchanged until backward. */
+static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
+    static const char *fn = "tpk_gpt2_block_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
+    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    tpk_tensor h, a, x1, m, out;
+    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_1, x, &h)); /* checks x: layout, [T, H] */
+    TPK_TRY(tpk_attention_forward(ctx, &b->attn, h, B, S, &a));
+    int64_t rows = x.shape[0], row0 = b->sp ? tpk_split(x.gshape[0], ctx->tp.size, ctx->tp.rank).off : 0;
+    char n[128];
+    snprintf(n, sizeof n, "%s.resid_1", b->name), b->s1 = tpk__dropout_stream(ctx, n);
+    snprintf(n, sizeof n, "%s.resid_2", b->name), b->s2 = tpk__dropout_stream(ctx, n);
+    b->rows = rows, b->row0 = row0;
+    x1 = x, out = x;
+    TPK_TRY(tpk__buf_view(ctx, &b->x1, &x1));
+    TPK_TRY(tpk__residual(ctx, x1.data, x.data, a.data, rows, b->H, row0, b->p, b->s1));
+    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_2, x1, &h));
+    TPK_TRY(tpk_mlp_forward(ctx, &b->mlp, h, &m));
+    TPK_TRY(tpk__buf_view(ctx, &b->y, &out));
+    TPK_TRY(tpk__residual(ctx, out.data, x1.data, m.data, rows, b->H, row0, b->p, b->s2));
+    *y = out;
+    return TPK_OK;
+}
+
+/* dx of the last forward from dy (the layout of y); accumulates every gradient of the block. */
+static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy, tpk_tensor *dx) {
+    static const char *fn = "tpk_gpt2_block_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
+    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
+    if (!b->ln_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->ln_1.x.layout, TPK_F32, 2, b->ln_1.x.gshape, ctx->tp.size, ctx->tp.rank));
+    int64_t rows = b->rows, H = b->H;
+    size_t n = (size_t)(rows * H);
+    tpk_tensor g = dy, dh, dx1, da;
+    if (b->p > 0) { /* through the residual dropout of the MLP branch */
+        TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
+        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dy.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s2, TPK_F32));
+    }
+    TPK_TRY(tpk_mlp_backward(ctx, &b->mlp, g, &dh));
+    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_2, dh, &dx1)); /* in ln_2's buffer */
+    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx1.data, 1.0f, dy.data, 1.0f, TPK_F32, n));
+    g = dx1;
+    if (b->p > 0) {
+        TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
+        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dx1.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s1, TPK_F32));
+    }
+    TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
+    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_1, da, dx)); /* in ln_1's buffer */
+    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx->data, 1.0f, dx1.data, 1.0f, TPK_F32, n));
+    return TPK_OK;
+}
+
+/* ---- model ----------------------------------------------------------------------------------- */
+
+typedef struct tpk_gpt2_config {
+    int64_t vocab;          /* V (need not divide t) */
+    int64_t positions;      /* the longest sequence */
+    int64_t layers;         /* L */
+    int64_t hidden;         /* H */
+    int64_t heads;          /* A (need not divide t) */
+    float dropout;          /* embedding, attention and residual dropout; 0 = none */
+    float ln_eps;           /* default 1e-5 */
+    float label_smoothing;  /* over the global vocabulary */
+    bool sequence_parallel;
+    float init_std;         /* default 0.02; the c_proj weights use init_std / sqrt(2 L) */
+} tpk_gpt2_config;
+
+typedef struct tpk_gpt2 {
+    tpk_gpt2_config c;
+    tpk_embedding wte;      /* wte and wpe */
+    tpk_gpt2_block *h;      /* [L] */
+    tpk_layernorm ln_f;
+    tpk_linear lm_head;     /* column linear over wte's shard (tied) */
+    tpk_xent ce;
+    int64_t B, S;
+    uint64_t s0;            /* embedding dropout stream of the last forward */
+    int64_t rows, row0;
+    tpk_tensor logits;      /* S(-1) [B S, V_r] of the last forward (gradient after backward) */
+    tpk_buf x0, dx0;
+    bool have_loss;
+} tpk_gpt2;
+
+static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2_config *cfg) {
+    static const char *fn = "tpk_gpt2_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
+    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    memset(m, 0, sizeof *m);
+    tpk_gpt2_config c = *cfg;
+    if (c.layers < 1 || c.layers > 100000) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->layers: expected 1..100000, got %lld", (long long)c.layers);
+    if (c.positions < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got %lld", (long long)c.positions);
+    if (c.heads < 1 || c.hidden < 1 || c.hidden % c.heads)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of cfg->heads = %lld, got %lld", (long long)c.heads,
+                         (long long)c.hidden);
+    if (!(c.dropout >= 0.0f && c.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->dropout: expected 0 <= p < 1, got %g", (double)c.dropout);
+    if (c.init_std <= 0) c.init_std = 0.02f;
+    m->c = c;
+    bool sp = c.sequence_parallel;
+    TPK_TRY(tpk_embedding_init(ctx, &m->wte, c.vocab, c.positions, c.hidden, &(tpk_embedding_desc){.sequence_parallel = sp, .init_std = c.init_std}));
+    m->h = (tpk_gpt2_block *)calloc((size_t)c.layers, sizeof *m->h);
+    if (!m->h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
+    for (int64_t i = 0; i < c.layers; i++) {
+        char n[32];
+        snprintf(n, sizeof n, "h.%lld", (long long)i);
+        TPK_TRY(tpk_gpt2_block_init(ctx, &m->h[i], c.hidden,
+                                    &(tpk_gpt2_block_desc){.name = n, .heads = c.heads, .dropout = c.dropout, .ln_eps = c.ln_eps, .sequence_parallel = sp,
+                                                           .init_std = c.init_std, .proj_init_std = c.init_std / sqrtf(2.0f * (float)c.layers)}));
+    }
+    TPK_TRY(tpk_layernorm_init(ctx, &m->ln_f, c.hidden, &(tpk_layernorm_desc){.name = "ln_f", .eps = c.ln_eps, .sequence_parallel = sp}));
+    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, c.vocab, &(tpk_linear_desc){.name = "lm_head", .weight = m->wte.wte + 1, .sequence_parallel = sp}));
+    return tpk_xent_init(ctx, &m->ce, c.vocab, &(tpk_xent_desc){.label_smoothing = c.label_smoothing});
+}
+
+static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
+    tpk_embedding_destroy(ctx, &m->wte);
+    for (int64_t i = 0; m->h && i < m->c.layers; i++) tpk_gpt2_block_destroy(ctx, &m->h[i]);
+    free(m->h), m->h = NULL;
+    tpk_layernorm_destroy(ctx, &m->ln_f), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
+    tpk__buf_free(ctx, &m->x0), tpk__buf_free(ctx, &m->dx0);
+}
+
+/* Forward B sequences of S tokens: ids [B S] and targets [B S] in host memory (the same on every
+ * TP rank; a target may be the ignore index -100). *loss = mean cross-entropy over the counted
+ * positions. targets = NULL only computes m->logits (S(-1) [B S, V_r]); loss may then be NULL. */
+static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S,
+                                          float *loss) {
+    static const char *fn = "tpk_gpt2_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->h) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
+    if (targets && !loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
+    m->have_loss = false;
+    tpk_tensor x, e;
+    TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &e)); /* checks ids, S */
+    m->B = B, m->S = S, m->rows = e.shape[0];
+    m->row0 = m->c.sequence_parallel ? tpk_split(B * S, ctx->tp.size, ctx->tp.rank).off : 0;
+    x = e;
+    if (m->c.dropout > 0) {
+        m->s0 = tpk__dropout_stream(ctx, "drop");
+        TPK_TRY(tpk__buf_view(ctx, &m->x0, &x));
+        if (m->rows)
+            TPK_TRY(ctx->ops->dropout(ctx, x.data, e.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, TPK_F32));
+    }
+    for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_gpt2_block_forward(ctx, &m->h[i], x, B, S, &x));
+    TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
+    TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
+    if (!targets) return TPK_OK;
+    TPK_TRY(tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss));
+    m->have_loss = true;
+    return TPK_OK;
+}
+
+/* Accumulate the gradients of scale * (the loss of the last forward) into the flat gradient
+ * buffer (zero it with tpk_params_zero_grad at the start of a step). */
+static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scale) {
+    static const char *fn = "tpk_gpt2_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->h) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
+    if (!m->have_loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward with targets first");
+    m->have_loss = false; /* the logits are overwritten by their gradient */
+    tpk_tensor g;
+    TPK_TRY(tpk_xent_backward(ctx, &m->ce, scale, &g));
+    TPK_TRY(tpk_col_linear_backward(ctx, &m->lm_head, g, &g)); /* into wte's gradient */
+    TPK_TRY(tpk_layernorm_backward(ctx, &m->ln_f, g, &g));
+    for (int64_t i = m->c.layers - 1; i >= 0; i--) TPK_TRY(tpk_gpt2_block_backward(ctx, &m->h[i], g, &g));
+    if (m->c.dropout > 0) {
+        tpk_tensor d = g;
+        TPK_TRY(tpk__buf_view(ctx, &m->dx0, &d));
+        if (m->rows)
+            TPK_TRY(ctx->ops->dropout(ctx, d.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, TPK_F32));
+        g = d;
+    }
+    return tpk_embedding_backward(ctx, &m->wte, g);
+}
+
+#endif /* TPK_GPT2_H */

@@ -1,0 +1,75 @@
+/* tpk/mlp.h — the tensor-parallel MLP: column c_fc H -> F, GELU on the shard, row c_proj F -> H.
+ *
+ *   forward   x R [T, H] (S(0) under sequence parallelism)
+ *             h_r = gelu(x W1_rᵀ + b1_r)   S(-1) [T, F_r]     (no communication)
+ *             y = h_r W2_rᵀ  P -> all-reduce -> R (SP: reduce-scatter -> S(0)); + b2
+ *   backward  dh_r = dy W2_r; dW2_r += dyᵀ h_r; db2 += colsum(dy)
+ *             du_r = dh_r gelu'(u_r); dx = du_r W1_r  P -> all-reduce (SP: reduce-scatter),
+ *             overlapped with dW1_r += du_rᵀ x, db1_r += colsum(du_r)
+ * One all-reduce of T H each way (SP: one all-gather and one reduce-scatter each way). */
+#ifndef TPK_MLP_H
+#define TPK_MLP_H
+
+#include "act.h"
+#include "linear.h"
+
+typedef struct tpk_mlp_desc {
+    const char *name;       /* parameters "<name>.c_fc.*", "<name>.c_proj.*"; default "mlp<N>" */
+    int64_t hidden;         /* F; default 4 H */
+    bool sequence_parallel;
+    float init_std;         /* c_fc weight; default 0.02 */
+    float proj_init_std;    /* c_proj weight; default init_std */
+} tpk_mlp_desc;
+
+typedef struct tpk_mlp {
+    char name[80];
+    int64_t H, F;
+    tpk_linear c_fc, c_proj;
+    tpk_gelu act;
+} tpk_mlp;
+
+static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const tpk_mlp_desc *desc) {
+    static const char *fn = "tpk_mlp_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
+    memset(m, 0, sizeof *m);
+    tpk_mlp_desc d = {0};
+    if (desc) d = *desc;
+    if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
+    if (d.hidden < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (0 = 4 H), got %lld", (long long)d.hidden);
+    TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "mlp"));
+    m->H = H, m->F = d.hidden ? d.hidden : 4 * H;
+    char pn[128];
+    snprintf(pn, sizeof pn, "%s.c_fc", m->name);
+    TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F, &(tpk_linear_desc){.name = pn, .bias = true, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std}));
+    snprintf(pn, sizeof pn, "%s.c_proj", m->name);
+    return tpk_row_linear_init(ctx, &m->c_proj, m->F, H,
+                               &(tpk_linear_desc){.name = pn, .bias = true, .sequence_parallel = d.sequence_parallel,
+                                                  .init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std});
+}
+
+static inline void tpk_mlp_destroy(tpk_ctx *ctx, tpk_mlp *m) {
+    tpk_linear_destroy(ctx, &m->c_fc), tpk_linear_destroy(ctx, &m->c_proj), tpk_gelu_destroy(ctx, &m->act);
+}
+
+/* y = c_proj(gelu(c_fc(x))): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
+static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x, tpk_tensor *y) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_forward", "layer: expected an initialised MLP");
+    tpk_tensor u, h;
+    TPK_TRY(tpk_col_linear_forward(ctx, &m->c_fc, x, &u)); /* S(-1) [T, F_r] */
+    TPK_TRY(tpk_gelu_forward(ctx, &m->act, u, &h));
+    return tpk_row_linear_forward(ctx, &m->c_proj, h, y);
+}
+
+/* dx of the last forward; accumulates the gradients of c_fc and c_proj. */
+static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_backward", "layer: expected an initialised MLP");
+    tpk_tensor dh, du;
+    TPK_TRY(tpk_row_linear_backward(ctx, &m->c_proj, dy, &dh)); /* S(-1) [T, F_r] */
+    TPK_TRY(tpk_gelu_backward(ctx, &m->act, dh, &du));
+    return tpk_col_linear_backward(ctx, &m->c_fc, du, dx);
+}
+
+#endif /* TPK_MLP_H */

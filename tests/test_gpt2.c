@@ -1,0 +1,429 @@
+/* tests/test_gpt2.c — head-parallel attention, the MLP, the GPT-2 block and the whole GPT-2
+ * model, sharded over t = ranks against the unsharded layer on every rank (outputs, input
+ * gradients and every gathered parameter gradient to relative 1e-5), with and without
+ * sequence parallelism and dropout; A = 6 heads (uneven at t = 4), A = 2 (t > A: ranks with no
+ * head), V = 509, T = 14 tokens (uneven sequence-parallel slices). Also: finite differences
+ * per layer on the sharded layer, the collective counts per block (2 all-reduces of T H each
+ * way, or 2 all-gathers + 2 reduce-scatters under SP), SP on = SP off, dropout masks the same
+ * at every t and changing with the step, and bad input. */
+#include "test.h"
+
+static int me, np;
+static tpk_comm world;
+enum { B = 2, S = 7, T = B * S, H = 24, V = 509, P = 16 };
+
+enum { K_ATTN, K_MLP, K_BLOCK };
+static const char *kind_name[] = {"attention", "MLP", "GPT-2 block"};
+
+typedef struct layer {
+    int kind;
+    tpk_attention a;
+    tpk_mlp m;
+    tpk_gpt2_block b;
+} layer;
+
+static tpk_status layer_init(tpk_ctx *ctx, layer *l, int kind, int64_t A, bool sp, float p) {
+    memset(l, 0, sizeof *l);
+    l->kind = kind;
+    if (kind == K_ATTN) return tpk_attention_init(ctx, &l->a, H, A, &(tpk_attention_desc){.name = "attn", .sequence_parallel = sp, .dropout = p});
+    if (kind == K_MLP) return tpk_mlp_init(ctx, &l->m, H, &(tpk_mlp_desc){.name = "mlp", .sequence_parallel = sp});
+    return tpk_gpt2_block_init(ctx, &l->b, H, &(tpk_gpt2_block_desc){.name = "h.0", .heads = A, .sequence_parallel = sp, .dropout = p});
+}
+static tpk_status layer_fwd(tpk_ctx *ctx, layer *l, tpk_tensor x, tpk_tensor *y) {
+    if (l->kind == K_ATTN) return tpk_attention_forward(ctx, &l->a, x, B, S, y);
+    if (l->kind == K_MLP) return tpk_mlp_forward(ctx, &l->m, x, y);
+    return tpk_gpt2_block_forward(ctx, &l->b, x, B, S, y);
+}
+static tpk_status layer_bwd(tpk_ctx *ctx, layer *l, tpk_tensor dy, tpk_tensor *dx) {
+    if (l->kind == K_ATTN) return tpk_attention_backward(ctx, &l->a, dy, dx);
+    if (l->kind == K_MLP) return tpk_mlp_backward(ctx, &l->m, dy, dx);
+    return tpk_gpt2_block_backward(ctx, &l->b, dy, dx);
+}
+static void layer_destroy(tpk_ctx *ctx, layer *l) {
+    if (l->kind == K_ATTN) tpk_attention_destroy(ctx, &l->a);
+    else if (l->kind == K_MLP) tpk_mlp_destroy(ctx, &l->m);
+    else tpk_gpt2_block_destroy(ctx, &l->b);
+}
+
+/* The input x / dy of a [T, H] activation: R, or this rank's S(0) rows of the global one. */
+static tpk_tensor act(tpk_ctx *ctx, float *global, bool sp) {
+    if (!sp) return tpk_tensor_2d(global, TPK_F32, T, H, TPK_R);
+    tpk_range r = tpk_split(T, ctx->tp.size, ctx->tp.rank);
+    return tpk_tensor_shard_2d(global + r.off * H, TPK_F32, T, H, TPK_S(0), ctx->tp.size, ctx->tp.rank);
+}
+/* A [T, H] activation gathered to R into out (poisoned first). */
+static void gather(tpk_ctx *ctx, tpk_tensor t, float *out) {
+    test_poison(out, T * H);
+    tpk_tensor g = {0};
+    g.data = out;
+    if (t.layout.kind == TPK_LAYOUT_R) memcpy(out, t.data, sizeof(float) * T * H);
+    else CHECK_OK(ctx, tpk_convert(ctx, &t, TPK_R, &g));
+}
+
+typedef struct result {
+    float y[T * H], dx[T * H];
+    float *grad[16];
+    int n;
+    tpk_comm_stats fwd, bwd;
+} result;
+
+static void result_free(result *r) {
+    for (int i = 0; i < r->n; i++) free(r->grad[i]);
+    r->n = 0;
+}
+static void gather_grads(tpk_ctx *ctx, result *o) {
+    o->n = ctx->params.n;
+    for (int i = 0; i < o->n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        o->grad[i] = malloc(gn * sizeof(float));
+        test_poison(o->grad[i], gn);
+        CHECK_OK(ctx, tpk_param_get_global(ctx, i, true, o->grad[i]));
+    }
+}
+
+static float xin[T * H], dyin[T * H];
+
+/* forward + backward of one layer; returns nonzero on failure */
+static int run_layer(tpk_ctx *ctx, int kind, int64_t A, bool sp, float p, result *o) {
+    layer l;
+    int f0 = test__fails_case;
+    CHECK_OK(ctx, layer_init(ctx, &l, kind, A, sp, p));
+    if (test__fails_case > f0) return 1;
+    test_set_weights(ctx, 7, 0.3f);
+    tpk_tensor y, dx;
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, layer_fwd(ctx, &l, act(ctx, xin, sp), &y));
+    o->fwd = ctx->tp.stats;
+    if (test__fails_case > f0) return 1;
+    gather(ctx, y, o->y);
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, layer_bwd(ctx, &l, act(ctx, dyin, sp), &dx));
+    o->bwd = ctx->tp.stats;
+    if (test__fails_case > f0) return 1;
+    gather(ctx, dx, o->dx);
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    gather_grads(ctx, o);
+    layer_destroy(ctx, &l);
+    return test__fails_case > f0;
+}
+
+static void compare(tpk_ctx *sh, const result *a, const result *b, bool outputs) {
+    if (outputs) {
+        CHECK_CLOSE(a->y, b->y, T * H, 1e-5, "output");
+        CHECK_CLOSE(a->dx, b->dx, T * H, 1e-5, "input gradient");
+    }
+    CHECK(a->n == b->n, "%d parameters, unsharded %d", a->n, b->n);
+    for (int i = 0; i < a->n && i < b->n; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "gradient of %s", sh->params.list[i].name);
+        CHECK_CLOSE(a->grad[i], b->grad[i], tpk_param_global_numel(sh, i), 1e-5, what);
+    }
+}
+
+static uint64_t total_calls(const tpk_comm_stats *s) {
+    uint64_t c = 0;
+    for (int q = 0; q < TPK_COLL_N; q++) c += s->calls[q];
+    return c;
+}
+
+/* The collectives of one block / layer in one direction: `ar` all-reduces of T H, or under SP
+ * `ar` all-gathers and `ar` reduce-scatters of T H, and nothing else. */
+static void check_counts(const tpk_comm_stats *s, bool sp, int n, const char *dir) {
+    if (!sp) {
+        CHECK(s->calls[TPK_COLL_ALLREDUCE] == (uint64_t)n && total_calls(s) == (uint64_t)n, "%s: %llu collectives, %llu all-reduces; expected %d all-reduces",
+              dir, (unsigned long long)total_calls(s), (unsigned long long)s->calls[TPK_COLL_ALLREDUCE], n);
+        CHECK(s->elems[TPK_COLL_ALLREDUCE] == (uint64_t)n * T * H, "%s: all-reduced %llu elements, expected %d x T H", dir,
+              (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], n);
+    } else {
+        CHECK(s->calls[TPK_COLL_ALLGATHER] == (uint64_t)n && s->calls[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n && total_calls(s) == 2 * (uint64_t)n,
+              "%s: %llu collectives (%llu all-gathers, %llu reduce-scatters); expected %d + %d", dir, (unsigned long long)total_calls(s),
+              (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER], n, n);
+        CHECK(s->elems[TPK_COLL_ALLGATHER] == (uint64_t)n * T * H && s->elems[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n * T * H,
+              "%s: moved %llu + %llu elements, expected %d x T H each", dir, (unsigned long long)s->elems[TPK_COLL_ALLGATHER],
+              (unsigned long long)s->elems[TPK_COLL_REDUCE_SCATTER], n);
+    }
+}
+
+/* Finite differences on the sharded layer: L = sum(y * dyin) in double; for a few elements of
+ * x and of every parameter, (L(+h) - L(-h)) / 2h against the analytic gradient. */
+static double layer_loss(tpk_ctx *ctx, layer *l, bool sp, const float *x) {
+    tpk_tensor y;
+    float yg[T * H];
+    CHECK_OK(ctx, layer_fwd(ctx, l, act(ctx, (float *)x, sp), &y));
+    gather(ctx, y, yg);
+    double s = 0;
+    for (int i = 0; i < T * H; i++) s += (double)yg[i] * dyin[i];
+    return s;
+}
+static void finite_differences(tpk_ctx *ctx, int kind, int64_t A, bool sp, float p) {
+    layer l;
+    CHECK_OK(ctx, layer_init(ctx, &l, kind, A, sp, p));
+    test_set_weights(ctx, 7, 0.3f);
+    result an = {0};
+    tpk_tensor y, dx;
+    CHECK_OK(ctx, layer_fwd(ctx, &l, act(ctx, xin, sp), &y));
+    CHECK_OK(ctx, layer_bwd(ctx, &l, act(ctx, dyin, sp), &dx));
+    gather(ctx, dx, an.dx);
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    gather_grads(ctx, &an);
+    const float h = 1e-2f;
+    double worst = 0;
+    static float xp[T * H];
+    for (int k = 0; k < 6; k++) { /* input elements */
+        int i = (k * 97 + 13) % (T * H);
+        memcpy(xp, xin, sizeof xp);
+        xp[i] = xin[i] + h;
+        double lp = layer_loss(ctx, &l, sp, xp);
+        xp[i] = xin[i] - h;
+        double lm = layer_loss(ctx, &l, sp, xp);
+        double fd = (lp - lm) / (2 * h), err = fabs(fd - an.dx[i]) / (fabs(an.dx[i]) + 0.05);
+        if (err > worst) worst = err;
+        CHECK(err < 2e-2, "d/dx[%d]: finite difference %.6g, backward %.6g", i, fd, (double)an.dx[i]);
+    }
+    for (int q = 0; q < ctx->params.n; q++) { /* parameter elements, through the global tensor */
+        size_t gn = tpk_param_global_numel(ctx, q);
+        float *w = malloc(gn * sizeof(float));
+        CHECK_OK(ctx, tpk_param_get_global(ctx, q, false, w));
+        for (int k = 0; k < 3; k++) {
+            size_t i = ((size_t)k * 1009 + 5) % gn;
+            float w0 = w[i];
+            w[i] = w0 + h;
+            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
+            double lp = layer_loss(ctx, &l, sp, xin);
+            w[i] = w0 - h;
+            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
+            double lm = layer_loss(ctx, &l, sp, xin);
+            w[i] = w0;
+            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
+            double fd = (lp - lm) / (2 * h), err = fabs(fd - an.grad[q][i]) / (fabs(an.grad[q][i]) + 0.05);
+            if (err > worst) worst = err;
+            CHECK(err < 2e-2, "d/d %s[%zu]: finite difference %.6g, backward %.6g", ctx->params.list[q].name, i, fd, (double)an.grad[q][i]);
+        }
+        free(w);
+    }
+    if (getenv("TPK_TEST_VERBOSE") && me == 0) printf("  worst finite-difference error %.3g\n", worst);
+    result_free(&an);
+    layer_destroy(ctx, &l);
+}
+
+/* ---- the model ---------------------------------------------------------------------------- */
+
+typedef struct mresult {
+    float loss;
+    float *grad[64];
+    int n;
+    tpk_comm_stats fwd, bwd;
+} mresult;
+
+static int32_t ids[T], tg[T];
+
+static int run_model(tpk_ctx *ctx, const tpk_gpt2_config *cfg, uint64_t step, mresult *o) {
+    tpk_gpt2 m;
+    int f0 = test__fails_case;
+    CHECK_OK(ctx, tpk_gpt2_init(ctx, &m, cfg));
+    if (test__fails_case > f0) return 1;
+    test_set_weights(ctx, 11, 0.3f);
+    ctx->rng_step = step;
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, tpk_gpt2_forward(ctx, &m, ids, tg, B, S, &o->loss));
+    o->fwd = ctx->tp.stats;
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, tpk_gpt2_backward(ctx, &m, 1.0f));
+    o->bwd = ctx->tp.stats;
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    o->n = ctx->params.n;
+    for (int i = 0; i < o->n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        o->grad[i] = malloc(gn * sizeof(float));
+        test_poison(o->grad[i], gn);
+        CHECK_OK(ctx, tpk_param_get_global(ctx, i, true, o->grad[i]));
+    }
+    tpk_gpt2_destroy(ctx, &m);
+    return test__fails_case > f0;
+}
+static void mresult_free(mresult *r) {
+    for (int i = 0; i < r->n; i++) free(r->grad[i]);
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    me = test__rank, np = test__size;
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+    test_randn(xin, T * H, 1, 1.0f);
+    test_randn(dyin, T * H, 2, 1.0f);
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 131 + 7) % V), tg[t] = (int32_t)((t * 57 + 300) % V);
+    tg[5] = -100;
+
+    /* each layer against the unsharded layer */
+    for (int kind = 0; kind < 3; kind++)
+        for (int sp = 0; sp < 2; sp++)
+            for (int pi = 0; pi < 2; pi++) {
+                float p = pi ? 0.1f : 0.0f;
+                if (kind == K_MLP && pi) continue; /* the MLP has no dropout of its own */
+                int64_t As[2] = {6, 2};
+                for (int ai = 0; ai < (kind == K_MLP ? 1 : 2); ai++) {
+                    int64_t A = As[ai];
+                    TEST_CASE("%s%s, A=%lld, dropout %.1f: output, dx and every gradient match the unsharded layer; %s collectives", kind_name[kind],
+                              sp ? " SP" : "", (long long)A, (double)p, kind == K_BLOCK ? "2+2" : "1+1") {
+                        tpk_ctx sh, ref;
+                        tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+                        tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 5});
+                        result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+                        if (!run_layer(&sh, kind, A, sp, p, a) && !run_layer(&ref, kind, A, sp, p, b)) {
+                            compare(&sh, a, b, true);
+                            int n = kind == K_BLOCK ? 2 : 1;
+                            check_counts(&a->fwd, sp, n, "forward");
+                            check_counts(&a->bwd, sp, n, "backward");
+                        }
+                        result_free(a), result_free(b), free(a), free(b);
+                        tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
+                    }
+                }
+            }
+
+    for (int kind = 0; kind < 3; kind++)
+        for (int sp = 0; sp < 2; sp++) {
+            float p = kind == K_MLP ? 0.0f : 0.1f;
+            TEST_CASE("%s%s%s: finite differences of the sharded layer match its backward", kind_name[kind], sp ? " SP" : "", p > 0 ? ", dropout 0.1" : "") {
+                tpk_ctx sh;
+                tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+                finite_differences(&sh, kind, 6, sp, p);
+                tpk_ctx_destroy(&sh);
+            }
+        }
+
+    TEST_CASE("GPT-2 block with dropout 0.1: SP on and off give the same numbers; the masks change with the step") {
+        tpk_ctx c1, c2, c3;
+        tpk_ctx_init(&c1, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+        tpk_ctx_init(&c2, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+        tpk_ctx_init(&c3, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+        c3.rng_step = 1;
+        result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *c = calloc(1, sizeof *c);
+        if (!run_layer(&c1, K_BLOCK, 6, false, 0.1f, a) && !run_layer(&c2, K_BLOCK, 6, true, 0.1f, b) && !run_layer(&c3, K_BLOCK, 6, false, 0.1f, c)) {
+            compare(&c1, a, b, true);
+            CHECK(test_relerr(c->y, a->y, T * H) > 1e-3, "step 1 gave the output of step 0");
+        }
+        result_free(a), result_free(b), result_free(c), free(a), free(b), free(c);
+        tpk_ctx_destroy(&c1), tpk_ctx_destroy(&c2), tpk_ctx_destroy(&c3);
+    }
+
+    /* the whole model */
+    for (int sp = 0; sp < 2; sp++)
+        for (int pi = 0; pi < 2; pi++)
+            for (int si = 0; si < 2; si++) {
+                float p = pi ? 0.1f : 0.0f, eps = si ? 0.1f : 0.0f;
+                if (pi && si) continue;
+                TEST_CASE("GPT-2 model (L=2, H=%d, A=6, V=%d)%s, dropout %.1f, smoothing %.1f: loss and every gradient match the unsharded model", H, V,
+                          sp ? " SP" : "", (double)p, (double)eps) {
+                    tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = p, .label_smoothing = eps,
+                                           .sequence_parallel = sp};
+                    tpk_ctx sh, ref;
+                    tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
+                    tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 3});
+                    mresult a = {0}, b = {0};
+                    if (!run_model(&sh, &cfg, 4, &a) && !run_model(&ref, &cfg, 4, &b)) {
+                        CHECK(fabsf(a.loss - b.loss) <= 1e-5f * fabsf(b.loss), "loss %.8g, unsharded %.8g", (double)a.loss, (double)b.loss);
+                        CHECK(isfinite(a.loss) && a.loss > 1.0f, "loss %g", (double)a.loss);
+                        for (int i = 0; i < a.n && i < b.n; i++) {
+                            char what[160];
+                            snprintf(what, sizeof what, "gradient of %s", sh.params.list[i].name);
+                            CHECK_CLOSE(a.grad[i], b.grad[i], tpk_param_global_numel(&sh, i), 1e-5, what);
+                        }
+                        /* per model: 2 per block + embedding (1) forward; the head, 2 per block
+                         * backward; plus the cross-entropy's 2 all-reduces forward */
+                        uint64_t L = 2, fwd = total_calls(&a.fwd), bwd = total_calls(&a.bwd);
+                        if (!sp) {
+                            CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 + 2 && fwd == 2 * L + 3, "forward: %llu collectives, expected %llu all-reduces",
+                                  (unsigned long long)fwd, (unsigned long long)(2 * L + 3));
+                            CHECK(a.bwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && bwd == 2 * L + 1, "backward: %llu collectives, expected %llu all-reduces",
+                                  (unsigned long long)bwd, (unsigned long long)(2 * L + 1));
+                        } else {
+                            CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 &&
+                                      a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 && fwd == 4 * L + 4,
+                                  "SP forward: %llu collectives", (unsigned long long)fwd);
+                            CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 4 * L + 2,
+                                  "SP backward: %llu collectives", (unsigned long long)bwd);
+                        }
+                    }
+                    mresult_free(&a), mresult_free(&b);
+                    tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
+                }
+            }
+
+    TEST_CASE("GPT-2 model with dropout 0.1: SP on = SP off; dropout changes the loss; t > A (A=%d heads) works", np > 1 ? np - 1 : 1) {
+        tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f};
+        tpk_ctx c1, c2;
+        tpk_ctx_init(&c1, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
+        tpk_ctx_init(&c2, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
+        mresult a = {0}, b = {0}, c = {0}, d = {0};
+        tpk_gpt2_config spc = cfg;
+        spc.sequence_parallel = true;
+        if (!run_model(&c1, &cfg, 9, &a) && !run_model(&c2, &spc, 9, &b)) {
+            CHECK(fabsf(a.loss - b.loss) <= 1e-5f * fabsf(b.loss), "loss %.8g, with SP %.8g", (double)a.loss, (double)b.loss);
+            for (int i = 0; i < a.n; i++) CHECK_CLOSE(a.grad[i], b.grad[i], tpk_param_global_numel(&c1, i), 1e-5, c1.params.list[i].name);
+        }
+        tpk_gpt2_config nod = cfg;
+        nod.dropout = 0;
+        tpk_ctx c3, c4;
+        tpk_ctx_init(&c3, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
+        if (!run_model(&c3, &nod, 9, &c)) CHECK(fabsf(a.loss - c.loss) > 1e-4f, "loss with dropout %.8g equals the loss without %.8g", (double)a.loss, (double)c.loss);
+        /* fewer heads than ranks: ranks without a head contribute zeros */
+        tpk_gpt2_config few = cfg;
+        few.heads = np > 1 ? np - 1 : 1;
+        few.hidden = 12 * few.heads;
+        tpk_ctx_init(&c4, &(tpk_ctx_desc){.seed = 3});
+        mresult e = {0};
+        tpk_ctx c5;
+        tpk_ctx_init(&c5, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
+        if (!run_model(&c5, &few, 2, &d) && !run_model(&c4, &few, 2, &e)) {
+            CHECK(fabsf(d.loss - e.loss) <= 1e-5f * fabsf(e.loss), "loss %.8g, unsharded %.8g", (double)d.loss, (double)e.loss);
+            for (int i = 0; i < d.n; i++) CHECK_CLOSE(d.grad[i], e.grad[i], tpk_param_global_numel(&c5, i), 1e-5, c5.params.list[i].name);
+        }
+        mresult_free(&a), mresult_free(&b), mresult_free(&c), mresult_free(&d), mresult_free(&e);
+        tpk_ctx_destroy(&c1), tpk_ctx_destroy(&c2), tpk_ctx_destroy(&c3), tpk_ctx_destroy(&c4), tpk_ctx_destroy(&c5);
+    }
+
+    TEST_CASE("bad input: heads, hidden sizes, token rows, model config, labels, sequence length, backward before forward") {
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
+        tpk_attention at;
+        tpk_gpt2_block blk;
+        tpk_gpt2 m;
+        tpk_tensor y;
+        CHECK_FAILS(&ctx, tpk_attention_init(&ctx, &at, 25, 6, NULL), TPK_ERR_SHAPE, "H: expected a positive multiple of A = 6, got 25");
+        CHECK_FAILS(&ctx, tpk_attention_init(&ctx, &at, H, 6, &(tpk_attention_desc){.dropout = 1.0f}), TPK_ERR_ARG, "desc->dropout");
+        CHECK_OK(&ctx, tpk_attention_init(&ctx, &at, H, 6, NULL));
+        CHECK_FAILS(&ctx, tpk_attention_backward(&ctx, &at, act(&ctx, dyin, false), &y), TPK_ERR_ARG, "backward before forward");
+        CHECK_FAILS(&ctx, tpk_attention_forward(&ctx, &at, act(&ctx, xin, false), B, S + 1, &y), TPK_ERR_SHAPE, "B x S = 16 token rows, got 14");
+        tpk_tensor narrow = tpk_tensor_2d(xin, TPK_F32, T, H - 6, TPK_R);
+        CHECK_FAILS(&ctx, tpk_attention_forward(&ctx, &at, narrow, B, S, &y), TPK_ERR_SHAPE, "x: expected global shape [-1, 24]");
+        CHECK_FAILS(&ctx, tpk_attention_forward(&ctx, &at, act(&ctx, xin, true), B, S, &y), TPK_ERR_LAYOUT, "expected layout R");
+        CHECK_FAILS(&ctx, tpk_gpt2_block_init(&ctx, &blk, H, NULL), TPK_ERR_ARG, "desc->heads is required");
+        CHECK_OK(&ctx, tpk_gpt2_block_init(&ctx, &blk, H, &(tpk_gpt2_block_desc){.heads = 6}));
+        CHECK_FAILS(&ctx, tpk_gpt2_block_forward(&ctx, &blk, narrow, B, S, &y), TPK_ERR_SHAPE, "x: expected global shape [-1, 24]");
+        CHECK_FAILS(&ctx, tpk_gpt2_block_backward(&ctx, &blk, act(&ctx, dyin, false), &y), TPK_ERR_ARG, "backward before forward");
+        CHECK_FAILS(&ctx, tpk_gpt2_init(&ctx, &m, &(tpk_gpt2_config){.vocab = V, .positions = P, .layers = 1, .hidden = 20, .heads = 6}), TPK_ERR_ARG,
+                    "cfg->hidden");
+        tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 1, .hidden = H, .heads = 6};
+        CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
+        float loss;
+        CHECK_FAILS(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f), TPK_ERR_ARG, "backward needs a forward");
+        int32_t bad[T];
+        memcpy(bad, tg, sizeof bad);
+        bad[4] = V;
+        CHECK_FAILS(&ctx, tpk_gpt2_forward(&ctx, &m, ids, bad, B, S, &loss), TPK_ERR_ARG, "targets[4] = 509");
+        memcpy(bad, ids, sizeof bad);
+        bad[2] = -3;
+        CHECK_FAILS(&ctx, tpk_gpt2_forward(&ctx, &m, bad, tg, B, S, &loss), TPK_ERR_ARG, "ids[2] = -3");
+        static int32_t longer[P + 1];
+        CHECK_FAILS(&ctx, tpk_gpt2_forward(&ctx, &m, longer, longer, 1, P + 1, &loss), TPK_ERR_SHAPE, "longer than the position table");
+        CHECK_OK(&ctx, tpk_gpt2_forward(&ctx, &m, ids, NULL, B, S, NULL)); /* logits only */
+        CHECK(m.logits.shape[1] == tpk_split(V, np, me).size && m.logits.shape[0] == T, "logits [%lld, %lld]", (long long)m.logits.shape[0],
+              (long long)m.logits.shape[1]);
+        CHECK_FAILS(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f), TPK_ERR_ARG, "backward needs a forward");
+        tpk_attention_destroy(&ctx, &at), tpk_gpt2_block_destroy(&ctx, &blk), tpk_gpt2_destroy(&ctx, &m);
+        tpk_ctx_destroy(&ctx);
+    }
+    tpk_comm_destroy(&world);
+    return test_finish();
+}
