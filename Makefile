@@ -65,7 +65,7 @@ deps:
 	@sh tools/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) build/readme_example
+	@$(MAKE) --no-print-directory all $(TESTS) build/tests/torch_dump build/readme_example
 	@sh tests/run.sh
 
 test-gpu:

@@ -40,6 +40,31 @@ for t in build/tests/test_*; do
 done
 run readme_example 2 build/readme_example
 
+# the PyTorch reference: where Debian's python3 (not another one first on PATH) imports torch
+py=/usr/bin/python3
+if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
+    for np in 1 2 3 4; do
+        sp=""; [ $((np % 2)) = 1 ] && sp=sp  # sequence parallelism at odd t
+        dir=build/tests/torch_np$np
+        rm -rf "$dir"
+        if out=$(timeout 300 mpirun $mpiflags -np "$np" build/tests/torch_dump "$dir" $sp 2>&1); then
+            out=$(timeout 300 "$py" tests/torch_ref.py "$dir" 2>&1)
+        else
+            out="$out
+FAIL torch_dump at np=$np"
+        fi
+        printf '%s\n' "$out" >> "$log"
+        printf '%s\n' "$out" | grep -E '^(FAIL|  )'
+        p=$(printf '%s\n' "$out" | grep -c '^ok ')
+        f=$(printf '%s\n' "$out" | grep -c '^FAIL')
+        [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { printf '%s\n' "$out" | tail -5; f=1; }
+        printf '%-28s np=%s  %3d ok  %d failed\n' torch_reference "$np" "$p" "$f"
+        passed=$((passed + p)) failed=$((failed + f))
+    done
+else
+    echo "torch_reference: skipped (Debian's python3-torch is not importable by $py; sudo apt-get install python3-torch)"
+fi
+
 # install into build/inst and build the README example against it with pkg-config
 inst="$PWD/build/inst"
 if make --no-print-directory -s install PREFIX="$inst" >> "$log" 2>&1 &&

@@ -1,0 +1,105 @@
+/* tests/torch_dump.c — one forward and backward of a small GPT-2 at t = ranks, written out for
+ * the PyTorch reference (tests/torch_ref.py), which rebuilds the model from the same global
+ * weights with PyTorch's own layers and compares the loss and every gradient.
+ *
+ *   mpirun -np N build/tests/torch_dump DIR [sp]
+ * writes DIR/model.txt (config, loss, and per parameter: name, global shape, offset in floats),
+ * DIR/weights.bin and DIR/grads.bin (f32, global tensors in registry order), DIR/ids.bin and
+ * DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored positions, no dropout. */
+#include "test.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+
+enum { V = 509, P = 16, L = 2, H = 24, A = 6, B = 2, S = 9, T = B * S };
+static const float EPS = 0.1f;
+
+static int write_file(const char *dir, const char *name, const void *p, size_t bytes) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, 1, bytes, f) != bytes) {
+        fprintf(stderr, "torch_dump: cannot write %s\n", path);
+        if (f) fclose(f);
+        return 1;
+    }
+    return fclose(f) != 0;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int me, np;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    if (argc < 2) {
+        if (me == 0) fprintf(stderr, "usage: torch_dump DIR [sp]\n");
+        MPI_Finalize();
+        return 2;
+    }
+    const char *dir = argv[1];
+    bool sp = argc > 2 && !strcmp(argv[2], "sp");
+    tpk_comm world;
+    tpk_ctx ctx;
+    tpk_gpt2 m;
+    int rc = 0;
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+    tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = L, .hidden = H, .heads = A, .label_smoothing = EPS, .sequence_parallel = sp};
+    tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 17});
+    if (s == TPK_OK) s = tpk_gpt2_init(&ctx, &m, &cfg);
+    if (s != TPK_OK) {
+        tpk_report(&ctx, s, "torch_dump");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    test_set_weights(&ctx, 23, 0.3f);
+    int32_t ids[T], tg[T];
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 211 + 5) % V), tg[i] = (int32_t)((i * 89 + 41) % V);
+    tg[3] = -100, tg[T - 1] = -100;
+    float loss = 0;
+    s = tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
+    if (s == TPK_OK) s = tpk_gpt2_backward(&ctx, &m, 1.0f);
+    if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx);
+    if (s != TPK_OK) {
+        tpk_report(&ctx, s, "torch_dump");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    size_t total = 0;
+    for (int i = 0; i < ctx.params.n; i++) total += tpk_param_global_numel(&ctx, i);
+    float *w = malloc(total * sizeof(float)), *g = malloc(total * sizeof(float));
+    size_t off = 0;
+    for (int i = 0; i < ctx.params.n; i++) {
+        if (tpk_param_get_global(&ctx, i, false, w + off) != TPK_OK || tpk_param_get_global(&ctx, i, true, g + off) != TPK_OK) rc = 1;
+        off += tpk_param_global_numel(&ctx, i);
+    }
+    if (me == 0 && !rc) {
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) fprintf(stderr, "torch_dump: cannot create %s\n", dir), rc = 1;
+        char path[512];
+        snprintf(path, sizeof path, "%s/model.txt", dir);
+        FILE *f = rc ? NULL : fopen(path, "w");
+        if (!f) rc = 1;
+        else {
+            fprintf(f, "config V %d P %d L %d H %d A %d B %d S %d smoothing %.9g ln_eps %.9g tp %d sp %d\n", V, P, L, H, A, B, S, (double)EPS, 1e-5, np,
+                    (int)sp);
+            fprintf(f, "loss %.9g\n", (double)loss);
+            off = 0;
+            for (int i = 0; i < ctx.params.n; i++) {
+                tpk_param *p = &ctx.params.list[i];
+                fprintf(f, "param %s %zu %d", p->name, off, p->ndim);
+                for (int d = 0; d < p->ndim; d++) fprintf(f, " %lld", (long long)p->gshape[d]);
+                fprintf(f, "\n");
+                off += tpk_param_global_numel(&ctx, i);
+            }
+            rc |= fclose(f) != 0;
+            rc |= write_file(dir, "weights.bin", w, total * sizeof(float));
+            rc |= write_file(dir, "grads.bin", g, total * sizeof(float));
+            rc |= write_file(dir, "ids.bin", ids, sizeof ids);
+            rc |= write_file(dir, "targets.bin", tg, sizeof tg);
+        }
+    }
+    free(w), free(g);
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    tpk_gpt2_destroy(&ctx, &m);
+    tpk_ctx_destroy(&ctx);
+    tpk_comm_destroy(&world);
+    MPI_Finalize();
+    return rc;
+}
