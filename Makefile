@@ -2,6 +2,7 @@
 #   make            build/libtpk_host.a (+ build/libtpk_cuda.a when nvcc is found)
 #   make test       install missing Debian packages (as root), build, run the whole suite
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
+#   make bench      the host benchmarks (bench/)
 #   make install PREFIX=/usr/local
 #   make clean
 
@@ -29,7 +30,7 @@ ifneq ($(NVCC),)
 LIBS += build/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-gpu install clean build/tpk.pc
+.PHONY: all deps test test-gpu bench install clean build/tpk.pc
 all: $(LIBS)
 
 build/host/%.o: kernels/host/%.c $(HEADERS)
@@ -60,6 +61,14 @@ build/readme_example.c: README.md
 	@test -s $@ || { echo "README.md has no \`\`\`c readme-example block"; exit 1; }
 build/readme_example: build/readme_example.c $(HEADERS) build/libtpk_host.a
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ build/libtpk_host.a $(BLAS_LIBS) -lm
+
+build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ build/libtpk_host.a $(BLAS_LIBS) -lm
+
+# The host benchmarks (one thread; PyTorch alongside where Debian's python3-torch is installed).
+bench: build/bench/host_block
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 build/bench/host_block
 
 deps:
 	@sh tools/deps.sh

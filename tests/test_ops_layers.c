@@ -915,10 +915,12 @@ static void test_attention(void) {
         CHECK(kept > 0 && dropped > 0, "premise: kept %zu, dropped %zu", kept, dropped);
         attn_check_f32(&s0, 0.25f, seed, stream, 1110, true);
     }
-    TEST_CASE("layers attention f32 larger (B=1 S=37 Al=3 of A=5 head0=2 D=8), with and without dropout") {
+    TEST_CASE("layers attention f32 larger (B=1 S=37 Al=3 of A=5 head0=2 D=8; B=2 S=150), with and without dropout") {
         const attn_shape s1 = {.B = 1, .S = 37, .Al = 3, .D = 8, .A = 5, .head0 = 2};
         attn_check_f32(&s1, 0.0f, seed, stream, 1120, false);
         attn_check_f32(&s1, 0.1f, seed, stream, 1130, false);
+        const attn_shape s3 = {.B = 2, .S = 150, .Al = 2, .D = 8, .A = 2, .head0 = 0}; /* 3 query-row blocks, the last partial */
+        attn_check_f32(&s3, 0.1f, seed, stream, 1135, false);
         const attn_shape s2 = {.B = 3, .S = 1, .Al = 1, .D = 3, .A = 1, .head0 = 0}; /* one token: out = V */
         attn_check_f32(&s2, 0.0f, seed, stream, 1140, true);
     }

@@ -257,10 +257,13 @@ static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
 #define GELU_S 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
 
+/* 1/2 (1 + tanh(u)) = sigmoid(2u): one expf, no tanhf (expf(-2u) = inf gives 0, not NaN) */
+static inline float gelu_sig(float v) { return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v))); }
+
 HOST_INLINE void gelu_fwd_loop(tpk_dtype dt, void *y, const void *x, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float v = ld(x, dt, i);
-        st(y, dt, i, 0.5f * v * (1.0f + tanhf(GELU_S * (v + GELU_C * v * v * v))));
+        st(y, dt, i, v * gelu_sig(v));
     }
 }
 static tpk_status host_gelu_fwd(tpk_ctx *ctx, void *y, const void *x, tpk_dtype dt, size_t n) {
@@ -275,9 +278,8 @@ static tpk_status host_gelu_fwd(tpk_ctx *ctx, void *y, const void *x, tpk_dtype 
 /* dy[i] is read before dx[i] is written, so dx may alias dy. */
 HOST_INLINE void gelu_bwd_loop(tpk_dtype dt, void *dx, const void *x, const void *dy, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        float v = ld(x, dt, i), g = ld(dy, dt, i);
-        float t = tanhf(GELU_S * (v + GELU_C * v * v * v));
-        float local = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
+        float v = ld(x, dt, i), g = ld(dy, dt, i), sg = gelu_sig(v); /* 1 - t^2 = 4 sg (1 - sg) */
+        float local = sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
         st(dx, dt, i, g * local);
     }
 }

@@ -8,7 +8,8 @@
  *   xent       lse = max + log sum exp(z - max);  loss = lse - (1-eps) z_y - eps mean_V(z)
  *              dz = (softmax(z) - (1-eps) onehot - eps/V) dloss
  *   attention  per (batch, head): S = scale Q K^T (causal), P = softmax(S), O = P V, with
- *              Q K^T and P V through cblas_sgemm; backward recomputes P from the saved lse.
+ *              Q K^T and P V through cblas_sgemm in blocks of query rows that skip the masked
+ *              keys; backward recomputes P from the saved lse.
  * Arithmetic is f32 (sums of a row in double); bf16 is storage, widened on load. */
 #include <cblas.h>
 
@@ -285,6 +286,10 @@ static tpk_status attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S,
     return TPK_OK;
 }
 
+/* Query rows go in blocks of ATTN_ROWS: block [i0, i1) only needs keys [0, i1), so the causal
+ * half of Q K^T is never computed. */
+enum { ATTN_ROWS = 64 };
+
 tpk_status tpk__host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
                               int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "host.attn_fwd";
@@ -294,31 +299,34 @@ tpk_status tpk__host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *q
     TPK_TRY(check_ptr(ctx, fn, "out", out, true));
     TPK_TRY(check_ptr(ctx, fn, "lse", lse, true));
     TPK_TRY(check_ptr(ctx, fn, "qkv", qkv, true));
-    float *qo, *oo = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(S * S));
+    float *qo, *oo = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * S));
     const float *q = widen(qkv, nq, dt, &qo);
     float *o = dt == TPK_F32 ? (float *)out : (oo = (float *)malloc(sizeof(float) * no));
     if (!q || !o || !P) {
         free(qo), free(oo), free(P);
-        return nomem(ctx, fn, sizeof(float) * (nq + no + (size_t)(S * S)));
+        return nomem(ctx, fn, sizeof(float) * (nq + no + (size_t)(ATTN_ROWS * S)));
     }
     int ld3 = (int)(3 * Al * D), ldo = (int)(Al * D);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Al; h++) {
             const float *Q = q + b * S * ld3 + h * D, *K = Q + Al * D, *Vv = Q + 2 * Al * D;
             float *O = o + b * S * ldo + h * D, *L = lse + (b * Al + h) * S;
-            /* P = scale Q K^T, causal rows softmaxed */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)S, (int)D, scale, Q, ld3, K, ld3, 0.0f, P, (int)S);
-            for (int64_t i = 0; i < S; i++) {
-                float *row = P + i * S, m = -INFINITY;
-                for (int64_t j = 0; j <= i; j++) m = fmaxf(m, row[j]);
-                double s = 0;
-                for (int64_t j = 0; j <= i; j++) s += exp((double)row[j] - m);
-                float l = m + (float)log(s);
-                L[i] = l;
-                for (int64_t j = 0; j <= i; j++) row[j] = expf(row[j] - l) * attn_keep(p, seed, stream, b, A, head0 + h, S, i, j);
-                for (int64_t j = i + 1; j < S; j++) row[j] = 0.0f;
+            for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS) {
+                int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS), keys = (int)i0 + n; /* P [n, keys] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, scale, Q + i0 * ld3, ld3, K, ld3, 0.0f, P, keys);
+                for (int r = 0; r < n; r++) {
+                    int64_t i = i0 + r;
+                    float *row = P + (size_t)r * (size_t)keys, m = -INFINITY;
+                    for (int64_t j = 0; j <= i; j++) m = fmaxf(m, row[j]);
+                    double sum = 0;
+                    for (int64_t j = 0; j <= i; j++) sum += row[j] = expf(row[j] - m);
+                    L[i] = m + (float)log(sum);
+                    float inv = (float)(1.0 / sum);
+                    for (int64_t j = 0; j <= i; j++) row[j] *= inv * attn_keep(p, seed, stream, b, A, head0 + h, S, i, j);
+                    for (int64_t j = i + 1; j < keys; j++) row[j] = 0.0f;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, 1.0f, P, keys, Vv, ld3, 0.0f, O + i0 * ldo, ldo);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)S, 1.0f, P, (int)S, Vv, ld3, 0.0f, O, ldo);
         }
     narrow(out, o, no, dt);
     free(qo), free(oo), free(P);
@@ -330,7 +338,7 @@ tpk_status tpk__host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const 
                               uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "host.attn_bwd";
     TPK_TRY(attn_check(ctx, fn, B, S, Al, D, A, head0, p, dt));
-    size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), ss = (size_t)(S * S);
+    size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), ss = (size_t)(ATTN_ROWS * S);
     if (!nq) return TPK_OK;
     const void *ps[] = {dqkv, dout, qkv, out, lse};
     const char *names[] = {"dqkv", "dout", "qkv", "out", "lse"};
@@ -348,28 +356,37 @@ tpk_status tpk__host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const 
         for (int64_t h = 0; h < Al; h++) {
             size_t qoff = (size_t)(b * S * ld3 + h * D), ooff = (size_t)(b * S * ldo + h * D);
             const float *Q = q + qoff, *K = Q + Al * D, *Vv = Q + 2 * Al * D, *L = lse + (b * Al + h) * S;
+            const float *dOh = dO + ooff, *Oh = O + ooff;
             float *dQ = dq + qoff, *dK = dQ + Al * D, *dV = dQ + 2 * Al * D;
-            /* P (without dropout) from lse; Dr_i = sum_d dO_i O_i */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)S, (int)D, scale, Q, ld3, K, ld3, 0.0f, P, (int)S);
-            for (int64_t i = 0; i < S; i++) {
-                for (int64_t j = 0; j < S; j++) P[i * S + j] = j <= i ? expf(P[i * S + j] - L[i]) : 0.0f;
-                double d = 0;
-                for (int64_t e = 0; e < D; e++) d += (double)dO[ooff + (size_t)(i * ldo + e)] * O[ooff + (size_t)(i * ldo + e)];
-                Dr[i] = (float)d;
-            }
-            /* dP = dO V^T (gradient w.r.t. the dropped probabilities), then through the mask */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)S, (int)S, (int)D, 1.0f, dO + ooff, ldo, Vv, ld3, 0.0f, dP, (int)S);
-            for (int64_t i = 0; i < S; i++)
-                for (int64_t j = 0; j < S; j++) {
-                    float keep = j <= i ? attn_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f;
-                    float pij = P[i * S + j];
-                    dP[i * S + j] = pij * (dP[i * S + j] * keep - Dr[i]); /* dS */
-                    P[i * S + j] = pij * keep;                            /* dropped P, for dV */
+            for (int64_t i = 0; i < S; i++) /* dK, dV accumulate over the row blocks */
+                for (int64_t e = 0; e < D; e++) dK[i * ld3 + e] = dV[i * ld3 + e] = 0.0f;
+            for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS) {
+                int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS), keys = (int)i0 + n; /* P, dP [n, keys] */
+                /* P (without dropout) from lse; Dr_i = sum_d dO_i O_i */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, scale, Q + i0 * ld3, ld3, K, ld3, 0.0f, P, keys);
+                for (int r = 0; r < n; r++) {
+                    int64_t i = i0 + r;
+                    float *row = P + (size_t)r * (size_t)keys;
+                    for (int64_t j = 0; j < keys; j++) row[j] = j <= i ? expf(row[j] - L[i]) : 0.0f;
+                    double d = 0;
+                    for (int64_t e = 0; e < D; e++) d += (double)dOh[i * ldo + e] * Oh[i * ldo + e];
+                    Dr[r] = (float)d;
                 }
-            /* dV = Pd^T dO, dQ = scale dS K, dK = scale dS^T Q */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)S, (int)D, (int)S, 1.0f, P, (int)S, dO + ooff, ldo, 0.0f, dV, ld3);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)S, (int)D, (int)S, scale, dP, (int)S, K, ld3, 0.0f, dQ, ld3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)S, (int)D, (int)S, scale, dP, (int)S, Q, ld3, 0.0f, dK, ld3);
+                /* dP = dO V^T (gradient w.r.t. the dropped probabilities), then through the mask */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, 1.0f, dOh + i0 * ldo, ldo, Vv, ld3, 0.0f, dP, keys);
+                for (int r = 0; r < n; r++)
+                    for (int64_t j = 0; j < keys; j++) {
+                        int64_t i = i0 + r;
+                        size_t k = (size_t)r * (size_t)keys + (size_t)j;
+                        float keep = j <= i ? attn_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f, pij = P[k];
+                        dP[k] = pij * (dP[k] * keep - Dr[r]); /* dS */
+                        P[k] = pij * keep;                    /* dropped P, for dV */
+                    }
+                /* dV[0:keys] += Pd^T dO, dQ = scale dS K, dK[0:keys] += scale dS^T Q */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, 1.0f, P, keys, dOh + i0 * ldo, ldo, 1.0f, dV, ld3);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, scale, dP, keys, K, ld3, 0.0f, dQ + i0 * ld3, ld3);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, scale, dP, keys, Q + i0 * ld3, ld3, 1.0f, dK, ld3);
+            }
         }
     narrow(dqkv, dq, nq, dt);
     free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr);
