@@ -606,6 +606,38 @@ static void test_errors(void) {
     }
 }
 
+/* AdamW and sum of squares against a double reference over 3 steps */
+static void test_optimizer(void) {
+    TEST_CASE("host adamw (3 steps, grad_scale, weight decay) and sumsq against double references") {
+        enum { N = 257 };
+        float w[N], g[N], m[N] = {0}, v[N] = {0};
+        double wr[N], mr[N] = {0}, vr[N] = {0};
+        test_randn(w, N, 81, 1.0f);
+        for (int i = 0; i < N; i++) wr[i] = w[i];
+        const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
+        for (int step = 1; step <= 3; step++) {
+            test_randn(g, N, 90 + (uint64_t)step, 1.0f);
+            for (int i = 0; i < N; i++) {
+                double gi = g[i] * gs;
+                mr[i] = b1 * mr[i] + (1 - b1) * gi, vr[i] = b2 * vr[i] + (1 - b2) * gi * gi;
+                wr[i] -= lr * (mr[i] / (1 - pow(b1, step)) / (sqrt(vr[i] / (1 - pow(b2, step))) + eps) + wd * wr[i]);
+            }
+            CHECK_OK(&ctx, ctx.ops->adamw(&ctx, w, g, m, v, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step, (float)gs));
+        }
+        float wrf[N];
+        for (int i = 0; i < N; i++) wrf[i] = (float)wr[i];
+        CHECK_CLOSE(w, wrf, N, 1e-5, "weights after 3 AdamW steps");
+        double ss = -1, ref = 0;
+        for (int i = 0; i < N; i++) ref += (double)g[i] * g[i];
+        CHECK_OK(&ctx, ctx.ops->sumsq(&ctx, &ss, g, N));
+        CHECK(fabs(ss - ref) <= 1e-12 * ref, "sumsq %.17g, reference %.17g", ss, ref);
+        CHECK_FAILS(&ctx, ctx.ops->adamw(&ctx, w, g, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 0, 1), TPK_ERR_ARG, "step: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, ctx.ops->adamw(&ctx, w, NULL, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 1, 1), TPK_ERR_ARG, "g: expected a buffer");
+        CHECK_FAILS(&ctx, ctx.ops->adamw(&ctx, w, g, m, v, N, 0.1f, 1.0f, 0.95f, 1e-8f, 0, 1, 1), TPK_ERR_ARG, "b1, b2");
+        CHECK_FAILS(&ctx, ctx.ops->sumsq(&ctx, NULL, g, N), TPK_ERR_ARG, "out: expected a buffer");
+    }
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     if (test_host_ctx(&ctx) != TPK_OK) return 1;
@@ -616,6 +648,7 @@ int main(int argc, char **argv) {
     test_elementwise();
     test_rng();
     test_errors();
+    test_optimizer();
     tpk_ctx_destroy(&ctx);
     return test_finish();
 }

@@ -109,6 +109,14 @@ typedef struct tpk_ops {
     tpk_status (*attn_bwd)(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                            int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
                            uint64_t seed, uint64_t stream, tpk_dtype dt);
+
+    /* AdamW on n f32 elements (step >= 1; g is read as g * grad_scale):
+     *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+     *   w -= lr (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd w) */
+    tpk_status (*adamw)(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                        float eps, float wd, int64_t step, float grad_scale);
+    /* *out (host memory) = sum_i x[i]^2 over n f32 elements, accumulated in double */
+    tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n);
 } tpk_ops;
 
 /* The host backend (build/libtpk_host.a): fp32 arithmetic, OpenBLAS GEMMs. */

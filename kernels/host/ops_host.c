@@ -14,6 +14,8 @@
  *   gelu_fwd  y = x/2 (1 + tanh(s (x + c x^3)))      s = sqrt(2/pi), c = 0.044715
  *   gelu_bwd  dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)),  t = tanh(s (x + c x^3))
  *   rng_2d    x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/rng.h)
+ *   adamw     m, v moments; w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w)
+ *   sumsq     sum x^2 in double (the gradient norm)
  *
  * Every op has one loop for both dtypes: it reads through ld() and writes through st(), and is
  * instantiated with a constant dtype (BY_DTYPE) so the compiler drops the dtype branch.
@@ -293,6 +295,37 @@ static tpk_status host_gelu_bwd(tpk_ctx *ctx, void *dx, const void *x, const voi
     return TPK_OK;
 }
 
+/* ---- optimizer ------------------------------------------------------------------------------------ */
+
+static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                             float eps, float wd, int64_t step, float grad_scale) {
+    static const char *fn = "host.adamw";
+    if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
+    if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
+    const void *ps[] = {w, g, m, v};
+    const char *names[] = {"w", "g", "m", "v"};
+    for (int k = 0; k < 4; k++) TPK_TRY(check_ptr(ctx, fn, names[k], ps[k], n > 0));
+    float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * grad_scale;
+        m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        w[i] -= lr * (m[i] * c1 / (sqrtf(v[i] * c2) + eps) + wd * w[i]);
+    }
+    return TPK_OK;
+}
+
+static tpk_status host_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
+    static const char *fn = "host.sumsq";
+    TPK_TRY(check_ptr(ctx, fn, "out", out, true));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    *out = s;
+    return TPK_OK;
+}
+
 /* ---- counter-based random numbers ---------------------------------------------------------------- */
 
 HOST_INLINE void rng_loop(tpk_dtype dt, void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
@@ -354,6 +387,8 @@ const tpk_ops *tpk_ops_host(void) {
         .xent_grad = tpk__host_xent_grad,
         .attn_fwd = tpk__host_attn_fwd,
         .attn_bwd = tpk__host_attn_bwd,
+        .adamw = host_adamw,
+        .sumsq = host_sumsq,
     };
     return &ops;
 }
