@@ -60,6 +60,7 @@ typedef struct tpk_gpt2_block {
     tpk_mlp mlp;
     int64_t rows, row0;  /* local token rows of the last forward and the first one's global index */
     uint64_t s1, s2;     /* residual dropout streams of the last forward */
+    int p0, p1;          /* its parameters are ids p0..p1 */
     tpk_buf x1, y, dr;
 } tpk_gpt2_block;
 
@@ -73,6 +74,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "h"));
     b->H = H, b->p = d.dropout, b->sp = d.sequence_parallel;
+    b->p0 = ctx->params.n;
     char n[128];
     snprintf(n, sizeof n, "%s.ln_1", b->name);
     TPK_TRY(tpk_layernorm_init(ctx, &b->ln_1, H, &(tpk_layernorm_desc){.name = n, .eps = d.ln_eps, .sequence_parallel = d.sequence_parallel}));
@@ -83,9 +85,11 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     snprintf(n, sizeof n, "%s.ln_2", b->name);
     TPK_TRY(tpk_layernorm_init(ctx, &b->ln_2, H, &(tpk_layernorm_desc){.name = n, .eps = d.ln_eps, .sequence_parallel = d.sequence_parallel}));
     snprintf(n, sizeof n, "%s.mlp", b->name);
-    return tpk_mlp_init(ctx, &b->mlp, H,
-                        &(tpk_mlp_desc){.name = n, .hidden = d.mlp_hidden, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std,
-                                        .proj_init_std = d.proj_init_std});
+    TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H,
+                         &(tpk_mlp_desc){.name = n, .hidden = d.mlp_hidden, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std,
+                                         .proj_init_std = d.proj_init_std}));
+    b->p1 = ctx->params.n - 1;
+    return TPK_OK;
 }
 
 static inline void tpk_gpt2_block_destroy(tpk_ctx *ctx, tpk_gpt2_block *b) {
@@ -177,6 +181,12 @@ typedef struct tpk_gpt2 {
     tpk_tensor logits;      /* S(-1) [B S, V_r] of the last forward (gradient after backward) */
     tpk_buf x0, dx0;
     bool have_loss;
+    /* Optional: called by tpk_gpt2_backward each time the gradients of parameters first..last
+     * (ids) are final for this backward — ln_f, then each block from the last, then wte and wpe
+     * (wte last: the tied head also feeds it) — so a trainer can start their data-parallel
+     * reduction while the rest of the backward runs. A failing status stops the backward. */
+    tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
+    void *grad_ready_user;
 } tpk_gpt2;
 
 static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2_config *cfg) {
@@ -260,7 +270,11 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
     TPK_TRY(tpk_xent_backward(ctx, &m->ce, scale, &g));
     TPK_TRY(tpk_col_linear_backward(ctx, &m->lm_head, g, &g)); /* into wte's gradient */
     TPK_TRY(tpk_layernorm_backward(ctx, &m->ln_f, g, &g));
-    for (int64_t i = m->c.layers - 1; i >= 0; i--) TPK_TRY(tpk_gpt2_block_backward(ctx, &m->h[i], g, &g));
+    if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->ln_f.w, m->ln_f.b, m->grad_ready_user));
+    for (int64_t i = m->c.layers - 1; i >= 0; i--) {
+        TPK_TRY(tpk_gpt2_block_backward(ctx, &m->h[i], g, &g));
+        if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->h[i].p0, m->h[i].p1, m->grad_ready_user));
+    }
     if (m->c.dropout > 0) {
         tpk_tensor d = g;
         TPK_TRY(tpk__buf_view(ctx, &m->dx0, &d));
@@ -268,7 +282,12 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
             TPK_TRY(ctx->ops->dropout(ctx, d.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, TPK_F32));
         g = d;
     }
-    return tpk_embedding_backward(ctx, &m->wte, g);
+    TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));
+    if (m->grad_ready) {
+        int a = m->wte.wte, b = m->wte.wpe >= 0 ? m->wte.wpe : m->wte.wte;
+        TPK_TRY(m->grad_ready(ctx, a < b ? a : b, a < b ? b : a, m->grad_ready_user));
+    }
+    return TPK_OK;
 }
 
 #endif /* TPK_GPT2_H */

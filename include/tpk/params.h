@@ -182,19 +182,21 @@ static inline void tpk__param_place(const tpk_param *p, int parts, int index, fl
         }
 }
 
-/* The whole (unsharded) parameter or gradient, gathered over the TP group into host memory
- * `out` (global numel floats). Collective over the TP group. */
-static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, float *out) {
-    static const char *fn = "tpk_param_get_global";
+/* Parameter `id`'s slice of `flat` (backend memory laid out like the parameter buffer: the
+ * data, the gradients, or an optimizer moment), gathered over the TP group into the whole
+ * tensor in host memory `out` (global numel floats). Collective over the TP group. */
+static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *flat, float *out) {
+    static const char *fn = "tpk_param_gather";
     tpk_param *p = tpk__param(ctx, fn, id);
     if (!p) return TPK_ERR_ARG;
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
+    if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     int t = ctx->tp.size;
     size_t gnumel = 1, *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
     for (int i = 0; i < p->ndim; i++) gnumel *= (size_t)p->gshape[i];
     float *host = (float *)malloc(sizeof(float) * (gnumel ? gnumel : 1));
     tpk_status s = counts && host ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
-    const float *src = grad ? tpk_param_grad(ctx, id) : tpk_param_data(ctx, id);
+    const float *src = flat + p->offset;
     if (s == TPK_OK && p->split_dim < 0) {
         s = ctx->ops->memcpy(ctx, out, src, gnumel * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
     } else if (s == TPK_OK) {
@@ -219,19 +221,32 @@ static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, f
     return s;
 }
 
-/* Set this rank's shard from the whole tensor `in` (host memory, global numel floats).
- * No communication: every rank passes the same global tensor. */
-static inline tpk_status tpk_param_set_global(tpk_ctx *ctx, int id, const float *in) {
-    static const char *fn = "tpk_param_set_global";
+/* Set parameter `id`'s slice of `flat` (backend memory laid out like the parameter buffer)
+ * from the whole tensor `in` (host memory, global numel floats). No communication: every rank
+ * passes the same global tensor. */
+static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in, float *flat) {
+    static const char *fn = "tpk_param_scatter";
     tpk_param *p = tpk__param(ctx, fn, id);
     if (!p) return TPK_ERR_ARG;
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
+    if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1));
     if (!host) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     tpk__param_place(p, ctx->tp.size, ctx->tp.rank, (float *)in, host, false);
-    tpk_status s = ctx->ops->memcpy(ctx, tpk_param_data(ctx, id), host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
+    tpk_status s = ctx->ops->memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
     free(host);
     return s;
+}
+
+/* The whole parameter (grad = false) or its gradient, gathered into host memory `out`. */
+static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, float *out) {
+    if (!ctx) return TPK_ERR_ARG;
+    return tpk_param_gather(ctx, id, grad ? (const float *)ctx->params.grad.p : (const float *)ctx->params.data.p, out);
+}
+/* Set this rank's shard of parameter `id` from the whole tensor `in` (host memory). */
+static inline tpk_status tpk_param_set_global(tpk_ctx *ctx, int id, const float *in) {
+    if (!ctx) return TPK_ERR_ARG;
+    return tpk_param_scatter(ctx, id, in, (float *)ctx->params.data.p);
 }
 
 /* Global element count of a parameter. */
