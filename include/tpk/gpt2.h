@@ -228,6 +228,12 @@ static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
     tpk__buf_free(ctx, &m->x0), tpk__buf_free(ctx, &m->dx0);
 }
 
+/* Set the dropout probability of every dropout site (0 for evaluation and sampling). */
+static inline void tpk_gpt2_set_dropout(tpk_gpt2 *m, float p) {
+    m->c.dropout = p;
+    for (int64_t i = 0; m->h && i < m->c.layers; i++) m->h[i].p = p, m->h[i].attn.p = p;
+}
+
 /* Forward B sequences of S tokens: ids [B S] and targets [B S] in host memory (the same on every
  * TP rank; a target may be the ignore index -100). *loss = mean cross-entropy over the counted
  * positions. targets = NULL only computes m->logits (S(-1) [B S, V_r]); loss may then be NULL. */
