@@ -2,6 +2,8 @@
 #   make            build/libtpk_host.a (+ build/libtpk_cuda.a when nvcc is found)
 #   make test       install missing Debian packages (as root), build, run the whole suite
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
+#   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
+#   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
 #   make bench      the host benchmarks (bench/)
 #   make install PREFIX=/usr/local
 #   make clean
@@ -19,9 +21,21 @@ CPPFLAGS += -Iinclude
 HOST_SRC  = $(wildcard kernels/host/*.c)
 HOST_OBJ  = $(HOST_SRC:kernels/host/%.c=build/host/%.o)
 CUDA_SRC  = $(wildcard kernels/cuda/*.cu)
-CUDA_OBJ  = $(CUDA_SRC:kernels/cuda/%.cu=build/cuda/%.o)
+CUDA_OBJ  = $(CUDA_SRC:kernels/cuda/%.cu=build/cuda/%.o) $(patsubst kernels/cuda/%.c,build/cuda/%.o,$(wildcard kernels/cuda/*.c))
 NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -Xcompiler -Wall,-Wextra,-Werror -Iinclude
+# CUDA: HAVE_CUDA is non-empty when nvcc is found. A program that uses the GPU adds
+#   -DTPK_WITH_CUDA build/libtpk_cuda.a $(CUDA_LIBS)
+# (the CUDA archive carries the host backend too, so it replaces build/libtpk_host.a).
+HAVE_CUDA := $(NVCC)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+HAVE_NCCL := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/include/nccl.h /usr/include/nccl.h))
+ifeq ($(HAVE_NCCL),)
+NVCCFLAGS += -DTPK_NO_NCCL
+endif
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
+GPU_TESTS  = $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(wildcard tests/gpu/*.c))
+GPU_BENCH  = $(patsubst bench/%.c,build/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
 TESTS     = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 HEADERS   = $(wildcard include/tpk/*.h)
 
@@ -30,8 +44,8 @@ ifneq ($(NVCC),)
 LIBS += build/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-gpu bench install clean build/tpk.pc
-all: $(LIBS)
+.PHONY: all deps test test-gpu cuda-check bench bench-gpu install clean build/tpk.pc build/tpk-cuda.pc
+all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH))
 
 build/host/%.o: kernels/host/%.c $(HEADERS)
 	@mkdir -p $(@D)
@@ -45,10 +59,29 @@ build/cuda/%.o: kernels/cuda/%.cu $(HEADERS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-# The CUDA archive: the CUDA kernels (empty until they exist).
-build/libtpk_cuda.a: $(CUDA_OBJ)
+build/cuda/%.o: kernels/cuda/%.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+
+# The CUDA archive: the CUDA backend, the NCCL communicator and the host backend's objects, so a
+# GPU program links this one archive (+ $(CUDA_LIBS) and OpenBLAS).
+build/libtpk_cuda.a: $(CUDA_OBJ) $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
+
+# GPU test programs (tests/gpu, not run by the CPU driver) and benchmarks that can use the GPU.
+build/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEADERS) build/libtpk_cuda.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ build/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
+$(GPU_BENCH): build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a $(if $(HAVE_CUDA),build/libtpk_cuda.a)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
+	  $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
+
+cuda-check:
+	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-check: nvcc not found: nothing to build"; exit 1; fi
+	@$(MAKE) --no-print-directory build/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH)
+	@echo "cuda-check: the CUDA archive, $(words $(GPU_TESTS)) GPU test programs and the GPU benchmarks compile"
 
 build/tests/%: tests/%.c tests/test.h $(HEADERS) build/libtpk_host.a
 	@mkdir -p $(@D)
@@ -77,21 +110,32 @@ test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) build/tests/torch_dump build/readme_example
 	@sh tests/run.sh
 
-test-gpu:
-	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then \
-	  echo "test-gpu: no GPU present: skipped"; exit 0; fi; \
-	echo "test-gpu: the CUDA backend has no kernels yet: nothing to run"; exit 0
+# The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
+# t = 2, 3 (MPI, ranks sharing one GPU), compute-sanitizer on the op tests (tests/gpu/run.sh).
+test-gpu: $(if $(HAVE_CUDA),cuda-check)
+	@sh tests/gpu/run.sh
+
+bench-gpu: $(GPU_BENCH)
+	build/bench/gemm
+	build/bench/kernels
 
 build/tpk.pc:
 	@mkdir -p $(@D)
 	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk\nDescription: header-only tensor-parallel transformer kit\nVersion: 0.1.0\nRequires.private: openblas\nCflags: -I$${includedir}\nLibs: -L$${libdir} -ltpk_host %s -lm\n' \
 	  '$(PREFIX)' '$(BLAS_LIBS)' > $@
 
-install: all build/tpk.pc
+# pkg-config `tpk-cuda`: the CUDA archive (which carries the host backend) and the CUDA libraries.
+build/tpk-cuda.pc:
+	@mkdir -p $(@D)
+	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk-cuda\nDescription: header-only tensor-parallel transformer kit, CUDA backend\nVersion: 0.1.0\nCflags: -I$${includedir} -DTPK_WITH_CUDA\nLibs: -L$${libdir} -ltpk_cuda %s %s -lm\n' \
+	  '$(PREFIX)' '$(BLAS_LIBS)' '$(CUDA_LIBS)' > $@
+
+install: all build/tpk.pc $(if $(HAVE_CUDA),build/tpk-cuda.pc)
 	install -d $(DESTDIR)$(PREFIX)/include/tpk $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/tpk/
 	install -m 644 $(LIBS) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 build/tpk.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
+	$(if $(HAVE_CUDA),install -m 644 build/tpk-cuda.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk-cuda.pc)
 
 clean:
 	rm -rf build

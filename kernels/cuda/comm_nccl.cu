@@ -1,0 +1,287 @@
+/* kernels/cuda/comm_nccl.cu — the NCCL communicator: a tpk_comm on device buffers.
+ *
+ * Every collective runs on the communicator's own stream, ordered by events:
+ *   start:  record `ready` on the compute stream; the comm stream waits for it; the NCCL call;
+ *           record the request's `done` on the comm stream
+ *   wait:   the compute stream waits for `done` (kernels issued later see the result); unless
+ *           the communicator was made with no_poll, the host also waits, polling cudaEventQuery
+ *           and ncclCommGetAsyncError, and a collective still unfinished after timeout_s is
+ *           aborted (ncclCommAbort) and reported as TPK_ERR_COMM.
+ * So a started all-reduce runs beside the GEMMs the compute stream executes before tpk_wait.
+ * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
+ * no v-collectives); even ones call ncclAllGather / ncclReduceScatter. bf16 reduces in NCCL's
+ * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit. */
+#include <chrono>
+#include <thread>
+
+#include "common.cuh"
+
+#ifndef TPK_NO_NCCL
+#include <nccl.h>
+
+struct nccl_impl {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    cudaEvent_t ready;
+    float *one; /* device scratch for the barrier */
+    double timeout_s;
+    bool no_poll, aborted;
+};
+struct nccl_req {
+    cudaEvent_t done;
+};
+
+static tpk_status nccl_fail(tpk_ctx *ctx, const char *fn, const char *what, ncclResult_t r) {
+    return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s: %s", what, ncclGetErrorString(r));
+}
+#define NCCL_TRY(ctx, fn, call)                                                                    \
+    do {                                                                                           \
+        ncclResult_t nccl__r = (call);                                                             \
+        if (nccl__r != ncclSuccess) return nccl_fail(ctx, fn, #call, nccl__r);                     \
+    } while (0)
+
+static ncclDataType_t nccl_type(tpk_dtype dt) { return dt == TPK_F32 ? ncclFloat32 : dt == TPK_BF16 ? ncclBfloat16 : ncclInt32; }
+static ncclRedOp_t nccl_op(tpk_redop op) { return op == TPK_MAX ? ncclMax : ncclSum; }
+
+/* Order the comm stream after the compute stream. */
+static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
+    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    CUDA_STATE(st, ctx, fn);
+    CUDA_TRY(ctx, fn, cudaEventRecord(m->ready, st->stream));
+    CUDA_TRY(ctx, fn, cudaStreamWaitEvent(m->stream, m->ready, 0));
+    return TPK_OK;
+}
+
+/* Wait for a request: order the compute stream after it, then (poll mode) wait on the host. */
+static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_req *r) {
+    tpk_status s = TPK_OK;
+    cuda_state *st = cuda_get(ctx, fn);
+    if (!st) s = TPK_ERR_BACKEND;
+    cudaError_t e = s == TPK_OK ? cudaStreamWaitEvent(st->stream, r->done, 0) : cudaSuccess;
+    if (e != cudaSuccess) s = cuda_fail(ctx, fn, "cudaStreamWaitEvent", e);
+    if (s == TPK_OK && !m->no_poll) {
+        auto t0 = std::chrono::steady_clock::now();
+        int spins = 0;
+        for (;;) {
+            e = cudaEventQuery(r->done);
+            if (e == cudaSuccess) break;
+            if (e != cudaErrorNotReady) {
+                s = cuda_fail(ctx, fn, "cudaEventQuery", e);
+                break;
+            }
+            ncclResult_t async = ncclSuccess;
+            ncclResult_t q = ncclCommGetAsyncError(m->comm, &async);
+            if (q != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+                ncclCommAbort(m->comm);
+                m->aborted = true;
+                s = nccl_fail(ctx, fn, "asynchronous NCCL error (communicator aborted)", q != ncclSuccess ? q : async);
+                break;
+            }
+            double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (waited > m->timeout_s) {
+                ncclCommAbort(m->comm);
+                m->aborted = true;
+                s = tpk__fail(ctx, TPK_ERR_COMM, fn, "collective not finished after %.1f s: communicator aborted", m->timeout_s);
+                break;
+            }
+            if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+    }
+    cudaEventDestroy(r->done);
+    free(r);
+    return s;
+}
+
+/* After the NCCL call(s): record `done`, then hand the request over or finish it. */
+static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResult_t rc, tpk_request *req) {
+    if (rc != ncclSuccess) return nccl_fail(ctx, fn, "NCCL call", rc);
+    nccl_req *r = (nccl_req *)calloc(1, sizeof *r);
+    if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for a request");
+    cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(r->done, m->stream);
+    if (e != cudaSuccess) {
+        free(r);
+        return cuda_fail(ctx, fn, "cudaEventRecord", e);
+    }
+    if (req) {
+        req->state = r;
+        return TPK_OK;
+    }
+    return nccl_finish(ctx, fn, m, r);
+}
+
+static tpk_status nccl_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt, tpk_redop op,
+                                 tpk_request *req) {
+    static const char *fn = "tpk_allreduce (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    TPK_TRY(nccl_begin(ctx, fn, m));
+    return nccl_end(ctx, fn, m, ncclAllReduce(send, recv, count, nccl_type(dt), nccl_op(op), m->comm, m->stream), req);
+}
+
+static tpk_status nccl_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts, tpk_dtype dt,
+                                  tpk_request *req) {
+    static const char *fn = "tpk_allgatherv (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    TPK_TRY(nccl_begin(ctx, fn, m));
+    bool even = true;
+    for (int q = 1; q < c->size; q++) even = even && counts[q] == counts[0];
+    ncclResult_t rc;
+    if (even) {
+        rc = ncclAllGather(send, recv, counts[0], nccl_type(dt), m->comm, m->stream);
+    } else {
+        size_t es = tpk_dtype_size(dt), off = 0;
+        rc = ncclGroupStart();
+        for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
+            rc = ncclBroadcast(q == c->rank ? send : NULL, (char *)recv + off * es, counts[q], nccl_type(dt), q, m->comm, m->stream);
+            off += counts[q];
+        }
+        ncclResult_t g = ncclGroupEnd();
+        if (rc == ncclSuccess) rc = g;
+    }
+    return nccl_end(ctx, fn, m, rc, req);
+}
+
+static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts, tpk_dtype dt,
+                                       tpk_redop op, tpk_request *req) {
+    static const char *fn = "tpk_reduce_scatterv (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    TPK_TRY(nccl_begin(ctx, fn, m));
+    bool even = true;
+    for (int q = 1; q < c->size; q++) even = even && counts[q] == counts[0];
+    ncclResult_t rc;
+    if (even) {
+        rc = ncclReduceScatter(send, recv, counts[0], nccl_type(dt), nccl_op(op), m->comm, m->stream);
+    } else {
+        size_t es = tpk_dtype_size(dt), off = 0;
+        rc = ncclGroupStart();
+        for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
+            rc = ncclReduce((const char *)send + off * es, q == c->rank ? recv : NULL, counts[q], nccl_type(dt), nccl_op(op), q, m->comm,
+                            m->stream);
+            off += counts[q];
+        }
+        ncclResult_t g = ncclGroupEnd();
+        if (rc == ncclSuccess) rc = g;
+    }
+    return nccl_end(ctx, fn, m, rc, req);
+}
+
+static tpk_status nccl_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
+    static const char *fn = "tpk_bcast (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    TPK_TRY(nccl_begin(ctx, fn, m));
+    return nccl_end(ctx, fn, m, ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream), req);
+}
+
+static tpk_status nccl_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
+    static const char *fn = "tpk_barrier (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    TPK_TRY(nccl_begin(ctx, fn, m));
+    return nccl_end(ctx, fn, m, ncclAllReduce(m->one, m->one, 1, ncclFloat32, ncclSum, m->comm, m->stream), req);
+}
+
+static tpk_status nccl_wait(tpk_ctx *ctx, tpk_request *req) {
+    nccl_req *r = (nccl_req *)req->state;
+    if (!r) return TPK_OK;
+    return nccl_finish(ctx, "tpk_wait (nccl)", (nccl_impl *)req->comm->impl, r);
+}
+
+static void nccl_destroy(tpk_comm *c) {
+    nccl_impl *m = (nccl_impl *)c->impl;
+    if (!m) return;
+    if (!m->aborted) {
+        cudaStreamSynchronize(m->stream);
+        ncclCommDestroy(m->comm);
+    }
+    cudaEventDestroy(m->ready);
+    cudaStreamDestroy(m->stream);
+    cudaFree(m->one);
+    free(m);
+    c->impl = NULL;
+}
+
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, tpk_comm *out);
+
+static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
+    static const char *fn = "tpk_comm_split (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    ncclComm_t sub = NULL;
+    NCCL_TRY(ctx, fn, ncclCommSplit(m->comm, color, key, &sub, NULL));
+    return nccl_wrap(ctx, fn, sub, m->timeout_s, m->no_poll, out);
+}
+
+static const tpk_comm_vtable *nccl_vtable(void) {
+    static const tpk_comm_vtable vt = {"nccl",    nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_bcast,
+                                       nccl_barrier, nccl_wait,   nccl_split,      nccl_destroy};
+    return &vt;
+}
+
+/* Take ownership of `comm` and fill `out`. */
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, tpk_comm *out) {
+    memset(out, 0, sizeof *out);
+    nccl_impl *m = (nccl_impl *)calloc(1, sizeof *m);
+    if (!m) {
+        ncclCommDestroy(comm);
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    }
+    m->comm = comm, m->timeout_s = timeout_s > 0 ? timeout_s : 600.0, m->no_poll = no_poll;
+    cudaError_t e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaMalloc(&m->one, sizeof(float));
+    if (e == cudaSuccess) e = cudaMemset(m->one, 0, sizeof(float));
+    if (e != cudaSuccess) {
+        ncclCommDestroy(comm);
+        if (m->ready) cudaEventDestroy(m->ready);
+        if (m->stream) cudaStreamDestroy(m->stream);
+        free(m);
+        return cuda_fail(ctx, fn, "stream, event or scratch of the communicator", e);
+    }
+    int rank = 0, size = 0;
+    ncclCommUserRank(comm, &rank);
+    ncclCommCount(comm, &size);
+    out->vt = nccl_vtable(), out->impl = m, out->rank = rank, out->size = size, out->device = true;
+    return TPK_OK;
+}
+
+static_assert(sizeof(tpk_nccl_id) == sizeof(ncclUniqueId), "tpk_nccl_id must hold an ncclUniqueId");
+
+extern "C" tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id) {
+    static const char *fn = "tpk_nccl_unique_id";
+    if (!id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "id: expected a pointer, got NULL");
+    ncclUniqueId u;
+    NCCL_TRY(ctx, fn, ncclGetUniqueId(&u));
+    memcpy(id->bytes, &u, sizeof u);
+    return TPK_OK;
+}
+
+extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank, const tpk_nccl_desc *desc,
+                                    tpk_comm *out) {
+    static const char *fn = "tpk_comm_nccl";
+    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a pointer, got NULL");
+    if (!id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "id: expected a unique id, got NULL");
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "rank: expected 0 <= rank < nranks (nranks >= 1), got rank %d of %d", rank, nranks);
+    CUDA_STATE(st, ctx, fn); /* the compute stream's device is the communicator's */
+    (void)st;
+    ncclUniqueId u;
+    memcpy(&u, id->bytes, sizeof u);
+    ncclComm_t comm = NULL;
+    NCCL_TRY(ctx, fn, ncclCommInitRank(&comm, nranks, u, rank));
+    tpk_nccl_desc d = {};
+    if (desc) d = *desc;
+    return nccl_wrap(ctx, fn, comm, d.timeout_s, d.no_poll, out);
+}
+
+#else /* a build without NCCL */
+
+extern "C" tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id) {
+    (void)id;
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_nccl_unique_id", "this build of tpk has no NCCL (nccl.h was not found)");
+}
+extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank, const tpk_nccl_desc *desc,
+                                    tpk_comm *out) {
+    (void)id, (void)nranks, (void)rank, (void)desc, (void)out;
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_comm_nccl", "this build of tpk has no NCCL (nccl.h was not found)");
+}
+
+#endif

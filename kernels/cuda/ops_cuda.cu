@@ -1,0 +1,662 @@
+/* kernels/cuda/ops_cuda.cu — the CUDA backend: state, memory, elementwise ops, GEMM, the table.
+ *
+ * Same contract as the host backend (tpk/ops.h, kernels/host/ops_host.c): f32 and bf16 storage,
+ * f32 arithmetic (bf16 widened on load, rounded to nearest even on store). Every op runs on the
+ * backend's stream; every kernel is one template instantiated for float and bf16.
+ *
+ *   gemm      C = alpha op(A) op(B) + beta C    cuBLASLt. Row-major C[m, n] is column-major
+ *             C^T[n, m] = op(B)^T op(A)^T, so B goes first with the transposes unchanged. The
+ *             descriptors and the heuristic's algorithm are cached per shape, strides and pointer
+ *             alignment. f32 computes in f32 (TF32 only when allowed), bf16 in f32.
+ *   axpby     y = a x + b y              (b = 0 ignores y)
+ *   bias_add  y[i, j] += bias[j]         bias_grad db[j] (+)= sum_i dy[i, j] (column sums by row
+ *                                        chunks, chunks added in order: deterministic)
+ *   gelu      y = x sigmoid(2 s (x + c x^3)),  dx = dy (sg + 2 x sg (1 - sg) s (1 + 3 c x^2))
+ *   rng_2d    x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/rng.h)
+ *   adamw     m, v moments; w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), c1, c2 as on the host
+ *   sumsq     sum x^2 in double: per-block sums, then one block adds them in order */
+#include <atomic>
+#include <mutex>
+
+#include "common.cuh"
+
+/* ---- state --------------------------------------------------------------------------------------- */
+
+static cuda_state g_state;
+static std::atomic<bool> g_ready;
+static std::mutex g_mutex;
+static std::atomic<bool> g_tf32;
+
+cuda_state *cuda_get(tpk_ctx *ctx, const char *fn) {
+    if (g_ready) return &g_state;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_ready) return &g_state;
+    cuda_state s = {};
+    cudaError_t e = cudaGetDevice(&s.device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        cuda_fail(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaStreamCreate)", e);
+        return NULL;
+    }
+    cublasStatus_t b = cublasLtCreate(&s.lt);
+    if (b != CUBLAS_STATUS_SUCCESS) {
+        tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cublasLtCreate: %s", cublasLtGetStatusString(b));
+        cudaStreamDestroy(s.stream);
+        return NULL;
+    }
+    s.lt_ws_bytes = (size_t)32 << 20;
+    e = cudaMalloc(&s.lt_ws, s.lt_ws_bytes);
+    if (e != cudaSuccess) {
+        cuda_fail(ctx, fn, "cudaMalloc of the cuBLASLt workspace", e);
+        cublasLtDestroy(s.lt);
+        cudaStreamDestroy(s.stream);
+        return NULL;
+    }
+    g_state = s;
+    g_ready = true;
+    return &g_state;
+}
+
+tpk_status cuda_scratch(tpk_ctx *ctx, const char *fn, cuda_state *st, size_t bytes, void **out) {
+    if (st->scratch_bytes < bytes) {
+        /* earlier kernels on the stream may still read the old buffer */
+        CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+        if (st->scratch) cudaFree(st->scratch);
+        st->scratch = NULL, st->scratch_bytes = 0;
+        size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
+        CUDA_TRY(ctx, fn, cudaMalloc(&st->scratch, want));
+        st->scratch_bytes = want;
+    }
+    *out = st->scratch;
+    return TPK_OK;
+}
+
+extern "C" int tpk_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no driver" error */
+        return 0;
+    }
+    return n;
+}
+extern "C" tpk_status tpk_cuda_set_device(tpk_ctx *ctx, int device) {
+    CUDA_TRY(ctx, "tpk_cuda_set_device", cudaSetDevice(device));
+    return TPK_OK;
+}
+extern "C" void *tpk_cuda_stream(void) {
+    cuda_state *st = cuda_get(NULL, "tpk_cuda_stream");
+    return st ? (void *)st->stream : NULL;
+}
+extern "C" void tpk_cuda_allow_tf32(bool allow) { g_tf32 = allow; }
+
+extern "C" void *tpk_cuda_event_new(void) {
+    cudaEvent_t e;
+    return cudaEventCreate(&e) == cudaSuccess ? (void *)e : NULL;
+}
+extern "C" void tpk_cuda_event_record(void *ev) {
+    cuda_state *st = cuda_get(NULL, "tpk_cuda_event_record");
+    if (st && ev) cudaEventRecord((cudaEvent_t)ev, st->stream);
+}
+extern "C" float tpk_cuda_event_ms(void *start, void *end) {
+    float ms = -1.0f;
+    if (!start || !end || cudaEventSynchronize((cudaEvent_t)end) != cudaSuccess) return -1.0f;
+    if (cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end) != cudaSuccess) return -1.0f;
+    return ms;
+}
+extern "C" void tpk_cuda_event_free(void *ev) {
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+extern "C" size_t tpk_cuda_l2_bytes(void) {
+    int dev = 0, l2 = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) return 0;
+    return (size_t)l2;
+}
+
+/* ---- memory ----------------------------------------------------------------------------------------- */
+
+static tpk_status cuda_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
+    static const char *fn = "cuda.alloc";
+    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a pointer, got NULL");
+    *out = NULL;
+    CUDA_STATE(st, ctx, fn);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "could not allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+    }
+    e = cudaMemsetAsync(p, 0, bytes ? bytes : 1, st->stream);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        return cuda_fail(ctx, fn, "cudaMemsetAsync", e);
+    }
+    *out = p;
+    return TPK_OK;
+}
+
+static void cuda_free(tpk_ctx *ctx, void *p) {
+    (void)ctx;
+    if (p) cudaFree(p); /* cudaFree waits for the device: no kernel still uses p */
+}
+
+static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
+    static const char *fn = "cuda.memcpy";
+    if (dir != TPK_H2D && dir != TPK_D2H && dir != TPK_D2D && dir != TPK_H2H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
+    TPK_TRY(check_ptr(ctx, fn, "dst", dst, bytes > 0));
+    TPK_TRY(check_ptr(ctx, fn, "src", src, bytes > 0));
+    if (!bytes || dst == src) return TPK_OK;
+    if (dir == TPK_H2H) {
+        memmove(dst, src, bytes);
+        return TPK_OK;
+    }
+    CUDA_STATE(st, ctx, fn);
+    cudaMemcpyKind k = dir == TPK_H2D ? cudaMemcpyHostToDevice : dir == TPK_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, k, st->stream));
+    /* the host side may be reused (H2D) or read (D2H) as soon as we return */
+    if (dir != TPK_D2D) CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    return TPK_OK;
+}
+
+static tpk_status cuda_sync(tpk_ctx *ctx) {
+    static const char *fn = "cuda.sync";
+    CUDA_STATE(st, ctx, fn);
+    CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    return TPK_OK;
+}
+
+/* ---- fill, copy2d, cast, axpby ---------------------------------------------------------------------- */
+
+template <class T> __global__ void fill_kernel(T *x, size_t n, float value) {
+    GRID_STRIDE(i, n) stf(x, i, value);
+}
+static tpk_status cuda_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
+    static const char *fn = "cuda.fill";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
+    if (!n) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        fill_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)x, n, value);
+    });
+    return cuda_launched(ctx, fn);
+}
+
+/* Rows are moved as bytes (cudaMemcpy2DAsync), so every dtype (i32 too) is copied exactly. */
+static tpk_status cuda_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols,
+                              tpk_dtype dt) {
+    static const char *fn = "cuda.copy2d";
+    if (!tpk_dtype_valid(dt))
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(dt), (int)dt);
+    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(check_ld(ctx, fn, "ldd", ldd, cols));
+    TPK_TRY(check_ld(ctx, fn, "lds", lds, cols));
+    bool any = rows > 0 && cols > 0;
+    TPK_TRY(check_ptr(ctx, fn, "dst", dst, any));
+    TPK_TRY(check_ptr(ctx, fn, "src", src, any));
+    if (!any || dst == src) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    size_t es = tpk_dtype_size(dt);
+    CUDA_TRY(ctx, fn, cudaMemcpy2DAsync(dst, (size_t)ldd * es, src, (size_t)lds * es, (size_t)cols * es, (size_t)rows,
+                                        cudaMemcpyDeviceToDevice, st->stream));
+    return TPK_OK;
+}
+
+template <class D, class S> __global__ void cast_kernel(D *dst, const S *src, size_t n) {
+    GRID_STRIDE(i, n) stf(dst, i, ldf(src, i));
+}
+static tpk_status cuda_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
+    static const char *fn = "cuda.cast";
+    if (!tpk_dtype_valid(dst_dt))
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dst_dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(dst_dt), (int)dst_dt);
+    if (!tpk_dtype_valid(src_dt))
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "src_dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(src_dt), (int)src_dt);
+    if (dst_dt != src_dt) {
+        TPK_TRY(check_float_dtype(ctx, fn, "dst_dt", dst_dt));
+        TPK_TRY(check_float_dtype(ctx, fn, "src_dt", src_dt));
+    }
+    TPK_TRY(check_ptr(ctx, fn, "dst", dst, n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "src", src, n > 0));
+    if (n == 0) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    if (dst_dt == src_dt) {
+        if (dst != src) CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, n * tpk_dtype_size(dst_dt), cudaMemcpyDeviceToDevice, st->stream));
+        return TPK_OK;
+    }
+    by_dtype(dst_dt, [&](auto dtag) {
+        using D = decltype(dtag);
+        by_dtype(src_dt, [&](auto stag) {
+            using S = decltype(stag);
+            cast_kernel<D, S><<<grid_for(n, 256), 256, 0, st->stream>>>((D *)dst, (const S *)src, n);
+        });
+    });
+    return cuda_launched(ctx, fn);
+}
+
+template <class T> __global__ void axpby_kernel(T *y, float a, const T *x, float b, size_t n) {
+    GRID_STRIDE(i, n) stf(y, i, b == 0.0f ? a * ldf(x, i) : a * ldf(x, i) + b * ldf(y, i));
+}
+static tpk_status cuda_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
+    static const char *fn = "cuda.axpby";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_ptr(ctx, fn, "y", y, n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
+    if (!n) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        axpby_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)y, a, (const T *)x, b, n);
+    });
+    return cuda_launched(ctx, fn);
+}
+
+/* ---- gemm ---------------------------------------------------------------------------------------------- */
+
+/* C = beta C over [m, n] with leading dimension ldc; beta = 0 writes zeros whatever C held. */
+template <class T> __global__ void scale2d_kernel(T *c, int64_t ldc, int64_t m, int64_t n, float beta) {
+    size_t total = (size_t)m * (size_t)n;
+    GRID_STRIDE(t, total) {
+        size_t at = (t / (size_t)n) * (size_t)ldc + t % (size_t)n;
+        stf(c, at, beta == 0.0f ? 0.0f : beta * ldf(c, at));
+    }
+}
+
+/* Largest power of two (<= 256) dividing the address: cuBLASLt picks kernels by alignment. */
+static inline uint32_t ptr_align(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && (u % a)) a >>= 1;
+    return a;
+}
+
+struct gemm_key {
+    int ta, tb, dt, tf32;
+    int64_t m, n, k, lda, ldb, ldc;
+    uint32_t aa, ab, ac;
+    bool operator==(const gemm_key &o) const {
+        return ta == o.ta && tb == o.tb && dt == o.dt && tf32 == o.tf32 && m == o.m && n == o.n && k == o.k && lda == o.lda &&
+               ldb == o.ldb && ldc == o.ldc && aa == o.aa && ab == o.ab && ac == o.ac;
+    }
+};
+struct gemm_plan {
+    gemm_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc; /* la: B's storage (first operand), lb: A's storage */
+    cublasLtMatmulAlgo_t algo;
+    bool used;
+};
+enum { GEMM_CACHE = 64 };
+static gemm_plan g_plans[GEMM_CACHE];
+static int g_plan_next;
+static std::mutex g_plan_mutex;
+
+static void plan_release(gemm_plan *p) {
+    if (!p->used) return;
+    cublasLtMatmulDescDestroy(p->op);
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+    p->used = false;
+}
+
+/* The cached plan of a shape, created (descriptors + heuristic) on first use. */
+static tpk_status gemm_plan_get(tpk_ctx *ctx, const char *fn, cuda_state *st, const gemm_key &key, gemm_plan **out) {
+    for (int i = 0; i < GEMM_CACHE; i++)
+        if (g_plans[i].used && g_plans[i].key == key) {
+            *out = &g_plans[i];
+            return TPK_OK;
+        }
+    gemm_plan *p = &g_plans[g_plan_next];
+    g_plan_next = (g_plan_next + 1) % GEMM_CACHE;
+    plan_release(p);
+    p->key = key;
+    cudaDataType_t ty = key.dt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasComputeType_t ct = key.dt == TPK_F32 && key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    /* column-major view: first operand = B's storage [tb ? k : n, tb ? n : k] ld ldb with op tb,
+     * second = A's storage [ta ? m : k, ta ? k : m] ld lda with op ta, result [n, m] ld ldc */
+    cublasOperation_t opa = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&p->op, ct, CUDA_R_32F);
+    bool made_op = s == CUBLAS_STATUS_SUCCESS, made_a = false, made_b = false, made_c = false;
+    if (made_op) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        made_a = (s = cublasLtMatrixLayoutCreate(&p->la, ty, key.tb ? key.k : key.n, key.tb ? key.n : key.k, key.ldb)) ==
+                 CUBLAS_STATUS_SUCCESS;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        made_b = (s = cublasLtMatrixLayoutCreate(&p->lb, ty, key.ta ? key.m : key.k, key.ta ? key.k : key.m, key.lda)) ==
+                 CUBLAS_STATUS_SUCCESS;
+    if (s == CUBLAS_STATUS_SUCCESS) made_c = (s = cublasLtMatrixLayoutCreate(&p->lc, ty, key.n, key.m, key.ldc)) == CUBLAS_STATUS_SUCCESS;
+    int found = 0;
+    cublasLtMatmulHeuristicResult_t res = {};
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulPreference_t pref;
+        s = cublasLtMatmulPreferenceCreate(&pref);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            uint64_t ws = st->lt_ws_bytes;
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+            /* A and B in cuBLASLt's order are our B and A */
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.ab, sizeof key.ab);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.aa, sizeof key.aa);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.ac, sizeof key.ac);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.ac, sizeof key.ac);
+            s = cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+            cublasLtMatmulPreferenceDestroy(pref);
+        }
+    }
+    if (s != CUBLAS_STATUS_SUCCESS || found < 1) {
+        if (made_op) cublasLtMatmulDescDestroy(p->op);
+        if (made_a) cublasLtMatrixLayoutDestroy(p->la);
+        if (made_b) cublasLtMatrixLayoutDestroy(p->lb);
+        if (made_c) cublasLtMatrixLayoutDestroy(p->lc);
+        return tpk__fail(ctx, TPK_ERR_BACKEND, fn,
+                         "cuBLASLt has no algorithm for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld %s%s: %s",
+                         (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.lda, (long long)key.ldb,
+                         (long long)key.ldc, tpk_dtype_name((tpk_dtype)key.dt), key.ta || key.tb ? " (transposed)" : "",
+                         s != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(s) : "no heuristic result");
+    }
+    p->algo = res.algo;
+    p->used = true;
+    *out = p;
+    return TPK_OK;
+}
+
+static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                           tpk_dtype dt) {
+    gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c)};
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    gemm_plan *p = NULL;
+    TPK_TRY(gemm_plan_get(ctx, fn, st, key, &p));
+    cublasStatus_t s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, st->lt_ws,
+                                      st->lt_ws_bytes, st->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cublasLtMatmul: %s", cublasLtGetStatusString(s));
+    return TPK_OK;
+}
+
+static tpk_status cuda_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                            const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
+    static const char *fn = "cuda.gemm";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_nonneg(ctx, fn, "m", m));
+    TPK_TRY(check_nonneg(ctx, fn, "n", n));
+    TPK_TRY(check_nonneg(ctx, fn, "k", k));
+    int64_t a_cols = ta ? m : k, b_cols = tb ? k : n;
+    TPK_TRY(check_ld(ctx, fn, "lda", lda, a_cols));
+    TPK_TRY(check_ld(ctx, fn, "ldb", ldb, b_cols));
+    TPK_TRY(check_ld(ctx, fn, "ldc", ldc, n));
+    TPK_TRY(check_ptr(ctx, fn, "a", a, m > 0 && n > 0 && k > 0));
+    TPK_TRY(check_ptr(ctx, fn, "b", b, m > 0 && n > 0 && k > 0));
+    TPK_TRY(check_ptr(ctx, fn, "c", c, m > 0 && n > 0));
+    if (m == 0 || n == 0) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    if (k == 0 || alpha == 0.0f) { /* no product: C = beta C (and no reads of A, B) */
+        if (beta == 1.0f) return TPK_OK;
+        size_t total = (size_t)m * (size_t)n;
+        by_dtype(dt, [&](auto tag) {
+            using T = decltype(tag);
+            scale2d_kernel<T><<<grid_for(total, 256), 256, 0, st->stream>>>((T *)c, ldc, m, n, beta);
+        });
+        return cuda_launched(ctx, fn);
+    }
+    return gemm_run(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt);
+}
+
+extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
+                                          const void *b, void *c, tpk_dtype dt) {
+    static const char *fn = "tpk_cuda_plain_gemm";
+    CUDA_STATE(st, ctx, fn);
+    return gemm_run(ctx, fn, st, ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f, c, n, dt);
+}
+
+/* ---- bias --------------------------------------------------------------------------------------------- */
+
+template <class T> __global__ void bias_add_kernel(T *y, const T *bias, int64_t rows, int64_t cols) {
+    size_t total = (size_t)rows * (size_t)cols;
+    GRID_STRIDE(i, total) stf(y, i, ldf(y, i) + ldf(bias, i % (size_t)cols));
+}
+static tpk_status cuda_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
+    static const char *fn = "cuda.bias_add";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(check_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
+    TPK_TRY(check_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
+    if (rows == 0 || cols == 0) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    size_t total = (size_t)rows * (size_t)cols;
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        bias_add_kernel<T><<<grid_for(total, 256), 256, 0, st->stream>>>((T *)y, (const T *)bias, rows, cols);
+    });
+    return cuda_launched(ctx, fn);
+}
+
+/* element (i, j) of dy, for the column sums */
+template <class T> struct dy_elem {
+    const T *dy;
+    int64_t cols;
+    __device__ void operator()(int64_t i, int64_t j, float *v) const { v[0] = ldf(dy, (size_t)(i * cols + j)); }
+};
+/* out[j] = sum_c part[c][j] (+ out[j]) in chunk order */
+template <class T> __global__ void colsum_final_kernel(T *out, const float *part, int64_t chunks, int64_t cols, bool accumulate) {
+    GRID_STRIDE(j, (size_t)cols) {
+        float s = accumulate ? ldf(out, j) : 0.0f;
+        for (int64_t c = 0; c < chunks; c++) s += part[(size_t)c * (size_t)cols + j];
+        stf(out, j, s);
+    }
+}
+static tpk_status cuda_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
+    static const char *fn = "cuda.bias_grad";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(check_ptr(ctx, fn, "db", db, cols > 0));
+    TPK_TRY(check_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
+    if (cols == 0) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    int64_t chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    float *part = NULL;
+    if (chunks) TPK_TRY(cuda_scratch(ctx, fn, st, sizeof(float) * (size_t)(chunks * cols), (void **)&part));
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        if (chunks) {
+            dim3 grid((unsigned)((cols + 31) / 32), (unsigned)chunks), block(32, 8);
+            colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(dy_elem<T>{(const T *)dy, cols}, rows, cols, part);
+        }
+        colsum_final_kernel<T><<<grid_for((size_t)cols, 256), 256, 0, st->stream>>>((T *)db, part, chunks, cols, accumulate);
+    });
+    return cuda_launched(ctx, fn);
+}
+
+/* ---- GELU (tanh approximation) ------------------------------------------------------------------------ */
+
+#define GELU_S 0.7978845608028654f
+#define GELU_C 0.044715f
+__device__ __forceinline__ float gelu_sig(float v) { return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v))); }
+
+template <class T> __global__ void gelu_fwd_kernel(T *y, const T *x, size_t n) {
+    GRID_STRIDE(i, n) {
+        float v = ldf(x, i);
+        stf(y, i, v * gelu_sig(v));
+    }
+}
+/* dy[i] is read before dx[i] is written by the same thread, so dx may alias dy. */
+template <class T> __global__ void gelu_bwd_kernel(T *dx, const T *x, const T *dy, size_t n) {
+    GRID_STRIDE(i, n) {
+        float v = ldf(x, i), g = ldf(dy, i), sg = gelu_sig(v);
+        float local = sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
+        stf(dx, i, g * local);
+    }
+}
+static tpk_status cuda_gelu_fwd(tpk_ctx *ctx, void *y, const void *x, tpk_dtype dt, size_t n) {
+    static const char *fn = "cuda.gelu_fwd";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_ptr(ctx, fn, "y", y, n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
+    if (!n) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        gelu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, n);
+    });
+    return cuda_launched(ctx, fn);
+}
+static tpk_status cuda_gelu_bwd(tpk_ctx *ctx, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
+    static const char *fn = "cuda.gelu_bwd";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_ptr(ctx, fn, "dx", dx, n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "dy", dy, n > 0));
+    if (!n) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        gelu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)dx, (const T *)x, (const T *)dy, n);
+    });
+    return cuda_launched(ctx, fn);
+}
+
+/* ---- optimizer ------------------------------------------------------------------------------------------ */
+
+__global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                             float wd, float c1, float c2, float grad_scale) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i] * grad_scale;
+        float mi = b1 * m[i] + (1.0f - b1) * gi, vi = b2 * v[i] + (1.0f - b2) * gi * gi, wi = w[i];
+        m[i] = mi, v[i] = vi;
+        w[i] = wi - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * wi);
+    }
+}
+static tpk_status cuda_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                             float eps, float wd, int64_t step, float grad_scale) {
+    static const char *fn = "cuda.adamw";
+    if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
+    if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
+    const void *ps[] = {w, g, m, v};
+    const char *names[] = {"w", "g", "m", "v"};
+    for (int k = 0; k < 4; k++) TPK_TRY(check_ptr(ctx, fn, names[k], ps[k], n > 0));
+    if (!n) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    /* the bias corrections exactly as the host computes them */
+    float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
+    adamw_kernel<<<grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale);
+    return cuda_launched(ctx, fn);
+}
+
+enum { SUMSQ_BLOCKS = 1024 };
+__global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
+    __shared__ double sh[256];
+    double s = 0;
+    GRID_STRIDE(i, n) s += (double)x[i] * x[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+__global__ void sumsq_final_kernel(double *part, int nparts) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        double s = 0;
+        for (int i = 0; i < nparts; i++) s += part[i];
+        part[0] = s;
+    }
+}
+static tpk_status cuda_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
+    static const char *fn = "cuda.sumsq";
+    TPK_TRY(check_ptr(ctx, fn, "out", out, true));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
+    *out = 0;
+    if (!n) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    double *part;
+    unsigned blocks = grid_for(n, 256);
+    if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
+    TPK_TRY(cuda_scratch(ctx, fn, st, sizeof(double) * SUMSQ_BLOCKS, (void **)&part));
+    sumsq_partial_kernel<<<blocks, 256, 0, st->stream>>>(part, x, n);
+    sumsq_final_kernel<<<1, 32, 0, st->stream>>>(part, (int)blocks);
+    TPK_TRY(cuda_launched(ctx, fn));
+    CUDA_TRY(ctx, fn, cudaMemcpyAsync(out, part, sizeof(double), cudaMemcpyDeviceToHost, st->stream));
+    CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    return TPK_OK;
+}
+
+/* ---- counter-based random numbers ----------------------------------------------------------------------- */
+
+template <class T>
+__global__ void rng_kernel(T *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, uint64_t seed, uint64_t stream,
+                           int normal, float a, float b) {
+    size_t total = (size_t)rows * (size_t)cols;
+    GRID_STRIDE(t, total) {
+        int64_t i = (int64_t)(t / (size_t)cols), j = (int64_t)(t % (size_t)cols);
+        uint64_t index = (uint64_t)(row0 + i) * (uint64_t)gcols + (uint64_t)(col0 + j);
+        float draw = normal ? tpk_rng_normal(seed, stream, index) : tpk_rng_uniform(seed, stream, index);
+        stf(x, t, a + b * draw);
+    }
+}
+static tpk_status cuda_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
+                              int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
+    static const char *fn = "cuda.rng_2d";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(check_nonneg(ctx, fn, "row0", row0));
+    TPK_TRY(check_nonneg(ctx, fn, "col0", col0));
+    if (gcols < col0 + cols)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "gcols: expected >= col0 + cols = %lld, got %lld", (long long)(col0 + cols),
+                         (long long)gcols);
+    if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
+    TPK_TRY(check_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
+    if (rows == 0 || cols == 0) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    size_t total = (size_t)rows * (size_t)cols;
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        rng_kernel<T><<<grid_for(total, 256), 256, 0, st->stream>>>((T *)x, rows, cols, gcols, row0, col0, seed, stream,
+                                                                    dist == TPK_RNG_NORMAL, a, b);
+    });
+    return cuda_launched(ctx, fn);
+}
+
+/* ---- the table ---------------------------------------------------------------------------------------------- */
+
+extern "C" const tpk_ops *tpk_ops_cuda(void) {
+    static const tpk_ops ops = {
+        "cuda",
+        &g_state,
+        true,
+        cuda_alloc,
+        cuda_free,
+        cuda_memcpy,
+        cuda_sync,
+        cuda_fill,
+        cuda_copy2d,
+        cuda_cast,
+        cuda_axpby,
+        cuda_gemm,
+        cuda_bias_add,
+        cuda_bias_grad,
+        cuda_gelu_fwd,
+        cuda_gelu_bwd,
+        cuda_rng_2d,
+        tpk__cuda_dropout,
+        tpk__cuda_layernorm_fwd,
+        tpk__cuda_layernorm_bwd,
+        tpk__cuda_embed_fwd,
+        tpk__cuda_embed_bwd,
+        tpk__cuda_xent_max,
+        tpk__cuda_xent_partial,
+        tpk__cuda_xent_loss,
+        tpk__cuda_xent_grad,
+        tpk__cuda_attn_fwd,
+        tpk__cuda_attn_bwd,
+        cuda_adamw,
+        cuda_sumsq,
+    };
+    return &ops;
+}
