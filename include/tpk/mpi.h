@@ -5,11 +5,24 @@
  * MPI_Ibcast, MPI_Ibarrier; the blocking forms start and wait. bf16 travels as 16-bit words
  * and is reduced by user operations that add (or take the max) in f32 and round to nearest
  * even. The count and displacement arrays of a v-collective live in the request until
- * tpk_wait, as MPI requires. */
+ * tpk_wait, as MPI requires.
+ *
+ * Device buffers: when the context's backend keeps buffers in device memory (ctx->ops->device),
+ * each collective stages through host memory with ctx->ops->memcpy: the send data is copied to a
+ * host buffer before the MPI call, and the result copied back to the device buffer when the
+ * collective finishes (at once, or in tpk_wait). So several ranks can share one GPU. With a
+ * CUDA-aware MPI (Open MPI's MPIX_Query_cuda_support) device buffers go to MPI directly, except
+ * for bf16 reductions, whose user operations read the data on the host; TPK_MPI_STAGE=1 in the
+ * environment forces staging. */
 #ifndef TPK_MPI_H
 #define TPK_MPI_H
 
 #include <mpi.h>
+#if defined(OPEN_MPI) && defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+#endif
 
 #include "tpk.h"
 
@@ -21,7 +34,41 @@ typedef struct tpk__mpi {
 typedef struct tpk__mpi_req {
     MPI_Request req;
     int *counts, *displs; /* [size] each, for v-collectives */
+    void *hsend, *hrecv;  /* host staging of device buffers (NULL when not staged) */
+    void *drecv;          /* the device buffer the result goes back to */
+    size_t recv_bytes;
 } tpk__mpi_req;
+
+/* Whether a collective on this context's buffers goes through host staging buffers. */
+static inline bool tpk__mpi_stage(const tpk_ctx *ctx, tpk_dtype dt, bool reduction) {
+    if (!ctx || !ctx->ops || !ctx->ops->device) return false;
+    if (reduction && dt == TPK_BF16) return true; /* user ops run on the host */
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+    if (MPIX_Query_cuda_support() == 1 && !getenv("TPK_MPI_STAGE")) return false;
+#endif
+    return true;
+}
+/* Host staging: `send_bytes` of device data at `send` copied into r->hsend, r->hrecv allocated
+ * for `recv_bytes` that go back to `recv` when the collective finishes. */
+static inline tpk_status tpk__mpi_stage_in(tpk_ctx *ctx, const char *fn, tpk__mpi_req *r, const void *send, size_t send_bytes,
+                                           void *recv, size_t recv_bytes) {
+    r->hsend = malloc(send_bytes ? send_bytes : 1);
+    r->hrecv = malloc(recv_bytes ? recv_bytes : 1);
+    r->drecv = recv, r->recv_bytes = recv_bytes;
+    if (!r->hsend || !r->hrecv) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %zu staging bytes", send_bytes + recv_bytes);
+    if (send_bytes) return ctx->ops->memcpy(ctx, r->hsend, send, send_bytes, TPK_D2H);
+    return TPK_OK;
+}
+static inline void tpk__mpi_req_free(tpk__mpi_req *r) {
+    free(r->counts), free(r->displs), free(r->hsend), free(r->hrecv), free(r);
+}
+/* A finished collective: copy a staged result back, free the request. */
+static inline tpk_status tpk__mpi_done(tpk_ctx *ctx, tpk__mpi_req *r) {
+    tpk_status s = TPK_OK;
+    if (r->drecv && r->recv_bytes) s = ctx->ops->memcpy(ctx, r->drecv, r->hrecv, r->recv_bytes, TPK_H2D);
+    tpk__mpi_req_free(r);
+    return s;
+}
 
 static inline void tpk__mpi_bf16_reduce(void *in, void *inout, int *len, MPI_Datatype *dt, bool is_max) {
     (void)dt;
@@ -54,7 +101,7 @@ static inline MPI_Op tpk__mpi_op(tpk__mpi *m, tpk_dtype dt, tpk_redop op) {
  * otherwise hand it to the tpk request. */
 static inline tpk_status tpk__mpi_finish(tpk_ctx *ctx, const char *fn, int rc, tpk__mpi_req *r, tpk_request *req) {
     if (rc != MPI_SUCCESS) {
-        free(r->counts), free(r->displs), free(r);
+        tpk__mpi_req_free(r);
         return tpk__mpi_err(ctx, fn, rc);
     }
     if (req) {
@@ -62,8 +109,11 @@ static inline tpk_status tpk__mpi_finish(tpk_ctx *ctx, const char *fn, int rc, t
         return TPK_OK;
     }
     rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
-    free(r->counts), free(r->displs), free(r);
-    return rc == MPI_SUCCESS ? TPK_OK : tpk__mpi_err(ctx, fn, rc);
+    if (rc != MPI_SUCCESS) {
+        tpk__mpi_req_free(r);
+        return tpk__mpi_err(ctx, fn, rc);
+    }
+    return tpk__mpi_done(ctx, r);
 }
 static inline tpk__mpi_req *tpk__mpi_req_new(tpk_ctx *ctx, const char *fn, int size, const size_t *counts) {
     tpk__mpi_req *r = (tpk__mpi_req *)calloc(1, sizeof *r);
@@ -86,6 +136,12 @@ static inline tpk_status tpk__mpi_allreduce(tpk_ctx *ctx, tpk_comm *c, const voi
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r = tpk__mpi_req_new(ctx, "tpk_allreduce (mpi)", c->size, NULL);
     if (!r) return TPK_ERR_NOMEM;
+    if (tpk__mpi_stage(ctx, dt, true)) {
+        size_t bytes = count * tpk_dtype_size(dt);
+        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_allreduce (mpi)", r, send, bytes, recv, bytes);
+        if (s != TPK_OK) return tpk__mpi_req_free(r), s;
+        send = r->hsend, recv = r->hrecv;
+    }
     int rc = MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, tpk__mpi_type(dt),
                             tpk__mpi_op(m, dt, op), m->comm, &r->req);
     return tpk__mpi_finish(ctx, "tpk_allreduce (mpi)", rc, r, req);
@@ -95,6 +151,13 @@ static inline tpk_status tpk__mpi_allgatherv(tpk_ctx *ctx, tpk_comm *c, const vo
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r = tpk__mpi_req_new(ctx, "tpk_allgatherv (mpi)", c->size, counts);
     if (!r) return TPK_ERR_NOMEM;
+    if (tpk__mpi_stage(ctx, dt, false)) {
+        size_t es = tpk_dtype_size(dt), total = 0;
+        for (int q = 0; q < c->size; q++) total += counts[q];
+        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_allgatherv (mpi)", r, send, counts[c->rank] * es, recv, total * es);
+        if (s != TPK_OK) return tpk__mpi_req_free(r), s;
+        send = r->hsend, recv = r->hrecv;
+    }
     MPI_Datatype t = tpk__mpi_type(dt);
     int rc = MPI_Iallgatherv(send, r->counts[c->rank], t, recv, r->counts, r->displs, t, m->comm, &r->req);
     return tpk__mpi_finish(ctx, "tpk_allgatherv (mpi)", rc, r, req);
@@ -104,6 +167,13 @@ static inline tpk_status tpk__mpi_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, con
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r = tpk__mpi_req_new(ctx, "tpk_reduce_scatterv (mpi)", c->size, counts);
     if (!r) return TPK_ERR_NOMEM;
+    if (tpk__mpi_stage(ctx, dt, true)) {
+        size_t es = tpk_dtype_size(dt), total = 0;
+        for (int q = 0; q < c->size; q++) total += counts[q];
+        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_reduce_scatterv (mpi)", r, send, total * es, recv, counts[c->rank] * es);
+        if (s != TPK_OK) return tpk__mpi_req_free(r), s;
+        send = r->hsend, recv = r->hrecv;
+    }
     int rc = MPI_Ireduce_scatter(send, recv, r->counts, tpk__mpi_type(dt), tpk__mpi_op(m, dt, op), m->comm, &r->req);
     return tpk__mpi_finish(ctx, "tpk_reduce_scatterv (mpi)", rc, r, req);
 }
@@ -112,6 +182,13 @@ static inline tpk_status tpk__mpi_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, si
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r = tpk__mpi_req_new(ctx, "tpk_bcast (mpi)", c->size, NULL);
     if (!r) return TPK_ERR_NOMEM;
+    if (tpk__mpi_stage(ctx, dt, false)) { /* the root sends from host; the others receive there */
+        size_t bytes = count * tpk_dtype_size(dt);
+        bool root_ = c->rank == root;
+        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_bcast (mpi)", r, buf, root_ ? bytes : 0, root_ ? NULL : buf, root_ ? 0 : bytes);
+        if (s != TPK_OK) return tpk__mpi_req_free(r), s;
+        buf = root_ ? r->hsend : r->hrecv;
+    }
     int rc = MPI_Ibcast(buf, (int)count, tpk__mpi_type(dt), root, m->comm, &r->req);
     return tpk__mpi_finish(ctx, "tpk_bcast (mpi)", rc, r, req);
 }
@@ -126,8 +203,11 @@ static inline tpk_status tpk__mpi_wait(tpk_ctx *ctx, tpk_request *req) {
     tpk__mpi_req *r = (tpk__mpi_req *)req->state;
     if (!r) return TPK_OK;
     int rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
-    free(r->counts), free(r->displs), free(r);
-    return rc == MPI_SUCCESS ? TPK_OK : tpk__mpi_err(ctx, "tpk_wait (mpi)", rc);
+    if (rc != MPI_SUCCESS) {
+        tpk__mpi_req_free(r);
+        return tpk__mpi_err(ctx, "tpk_wait (mpi)", rc);
+    }
+    return tpk__mpi_done(ctx, r);
 }
 static inline void tpk__mpi_destroy(tpk_comm *c) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
