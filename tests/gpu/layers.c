@@ -1,0 +1,166 @@
+/* tests/gpu/layers.c — the TP layers and the GPT-2 model on the CUDA backend against the host
+ * backend, at t = number of ranks: at one rank over NCCL, at t = 2, 3 over MPI with ranks sharing
+ * one GPU (device buffers staged through host memory, tpk/mpi.h). For attention, the MLP, the
+ * GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing): the
+ * output, the input gradient and every gathered parameter gradient agree to relative 1e-4 (f32
+ * storage; the GEMMs and sums are reordered). Skipped (exit 0) without a GPU. */
+#include "gpu_test.h"
+#include <tpk/nccl.h>
+
+enum { B = 2, S = 9, T = B * S, H = 32, V = 301, A = 4 };
+
+static tpk_comm world_h, world_d;
+static float xin[T * H], dyin[T * H];
+
+enum { K_ATTN, K_MLP, K_BLOCK };
+static const char *kind_name[] = {"attention", "MLP", "GPT-2 block"};
+
+typedef struct layer {
+    tpk_attention a;
+    tpk_mlp m;
+    tpk_gpt2_block b;
+} layer;
+
+typedef struct result {
+    float y[T * H], dx[T * H];
+    float *grad[32];
+    int n;
+    float loss;
+} result;
+
+static void result_free(result *r) {
+    for (int i = 0; i < r->n; i++) free(r->grad[i]);
+    r->n = 0;
+}
+static void gather_grads(tpk_ctx *ctx, result *o) {
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    o->n = ctx->params.n < 32 ? ctx->params.n : 32;
+    for (int i = 0; i < o->n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        o->grad[i] = malloc(gn * sizeof(float));
+        test_poison(o->grad[i], gn);
+        CHECK_OK(ctx, tpk_param_get_global(ctx, i, true, o->grad[i]));
+    }
+}
+/* a [T, H] replicated buffer in the backend's memory */
+static void *upload(tpk_ctx *ctx, const float *x) {
+    void *p = NULL;
+    CHECK_OK(ctx, ctx->ops->alloc(ctx, sizeof(float) * T * H, &p));
+    CHECK_OK(ctx, ctx->ops->memcpy(ctx, p, x, sizeof(float) * T * H, ctx->ops->device ? TPK_H2D : TPK_H2H));
+    return p;
+}
+static void download(tpk_ctx *ctx, tpk_tensor t, float *out) {
+    test_poison(out, T * H);
+    CHECK(t.layout.kind == TPK_LAYOUT_R && tpk_numel(&t) == T * H, "expected a replicated [T, H] tensor");
+    CHECK_OK(ctx, ctx->ops->memcpy(ctx, out, t.data, sizeof(float) * T * H, ctx->ops->device ? TPK_D2H : TPK_H2H));
+}
+
+static void run_layer(tpk_ctx *ctx, int kind, float p, result *o) {
+    layer l;
+    memset(&l, 0, sizeof l);
+    tpk_status s = kind == K_ATTN  ? tpk_attention_init(ctx, &l.a, H, A, &(tpk_attention_desc){.name = "attn", .dropout = p})
+                   : kind == K_MLP ? tpk_mlp_init(ctx, &l.m, H, &(tpk_mlp_desc){.name = "mlp"})
+                                   : tpk_gpt2_block_init(ctx, &l.b, H, &(tpk_gpt2_block_desc){.name = "h.0", .heads = A, .dropout = p});
+    CHECK_OK(ctx, s);
+    if (s != TPK_OK) return;
+    test_set_weights(ctx, 7, 0.3f);
+    void *xd = upload(ctx, xin), *dyd = upload(ctx, dyin);
+    tpk_tensor x = tpk_tensor_2d(xd, TPK_F32, T, H, TPK_R), dy = tpk_tensor_2d(dyd, TPK_F32, T, H, TPK_R), y, dx;
+    s = kind == K_ATTN ? tpk_attention_forward(ctx, &l.a, x, B, S, &y) : kind == K_MLP ? tpk_mlp_forward(ctx, &l.m, x, &y)
+                                                                                       : tpk_gpt2_block_forward(ctx, &l.b, x, B, S, &y);
+    CHECK_OK(ctx, s);
+    if (s == TPK_OK) download(ctx, y, o->y);
+    s = kind == K_ATTN ? tpk_attention_backward(ctx, &l.a, dy, &dx) : kind == K_MLP ? tpk_mlp_backward(ctx, &l.m, dy, &dx)
+                                                                                    : tpk_gpt2_block_backward(ctx, &l.b, dy, &dx);
+    CHECK_OK(ctx, s);
+    if (s == TPK_OK) download(ctx, dx, o->dx);
+    gather_grads(ctx, o);
+    if (kind == K_ATTN) tpk_attention_destroy(ctx, &l.a);
+    else if (kind == K_MLP) tpk_mlp_destroy(ctx, &l.m);
+    else tpk_gpt2_block_destroy(ctx, &l.b);
+    ctx->ops->free(ctx, xd), ctx->ops->free(ctx, dyd);
+}
+
+static void run_model(tpk_ctx *ctx, bool sp, float p, result *o) {
+    tpk_gpt2 m;
+    tpk_status s = tpk_gpt2_init(ctx, &m, &(tpk_gpt2_config){.vocab = V, .positions = S, .layers = 2, .hidden = H, .heads = A,
+                                                              .dropout = p, .label_smoothing = 0.1f, .sequence_parallel = sp});
+    CHECK_OK(ctx, s);
+    if (s != TPK_OK) return;
+    test_set_weights(ctx, 11, 0.2f);
+    int32_t ids[T], tg[T];
+    for (int t = 0; t < T; t++) ids[t] = (t * 37 + 5) % V, tg[t] = t == 3 ? -100 : (t * 53 + 1) % V;
+    CHECK_OK(ctx, tpk_params_zero_grad(ctx));
+    CHECK_OK(ctx, tpk_gpt2_forward(ctx, &m, ids, tg, B, S, &o->loss));
+    CHECK_OK(ctx, tpk_gpt2_backward(ctx, &m, 1.0f));
+    gather_grads(ctx, o);
+    tpk_gpt2_destroy(ctx, &m);
+}
+
+static void compare(tpk_ctx *ch, const result *d, const result *h, bool outputs) {
+    if (outputs) {
+        CHECK_CLOSE(d->y, h->y, T * H, 1e-4, "output");
+        CHECK_CLOSE(d->dx, h->dx, T * H, 1e-4, "input gradient");
+    }
+    CHECK(d->n == h->n, "%d parameters, host %d", d->n, h->n);
+    for (int i = 0; i < d->n && i < h->n; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "gradient of %s", ch->params.list[i].name);
+        CHECK_CLOSE(d->grad[i], h->grad[i], tpk_param_global_numel(ch, i), 1e-4, what);
+    }
+}
+
+static bool contexts(tpk_ctx *ch, tpk_ctx *cd) {
+    tpk_status s = tpk_ctx_init(ch, &(tpk_ctx_desc){.ops = tpk_ops_host(), .world = &world_h, .tp = test__size, .seed = 3});
+    if (s == TPK_OK) s = tpk_ctx_init(cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = &world_d, .tp = test__size, .seed = 3});
+    if (s != TPK_OK) fprintf(stderr, "tpk_ctx_init: %s / %s\n", tpk_last_error(ch), tpk_last_error(cd));
+    return s == TPK_OK;
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    gpu_require("tests/gpu/layers");
+    tpk_ctx boot;
+    memset(&boot, 0, sizeof boot);
+    if (tpk_comm_mpi(&boot, MPI_COMM_WORLD, &world_h) != TPK_OK) return 1;
+    /* NCCL wants one GPU per rank: at one rank NCCL, else MPI with device staging */
+    tpk_status s = test__size == 1 ? tpk_comm_nccl_mpi(&boot, MPI_COMM_WORLD, NULL, &world_d) : tpk_comm_mpi(&boot, MPI_COMM_WORLD, &world_d);
+    if (s != TPK_OK) {
+        fprintf(stderr, "world communicator: %s\n", tpk_last_error(&boot));
+        return 1;
+    }
+    test_randn(xin, T * H, 1, 1.0f);
+    test_randn(dyin, T * H, 2, 1.0f);
+    for (int kind = 0; kind < 3; kind++)
+        for (int d = 0; d < 2; d++) {
+            if (kind == K_MLP && d) continue;
+            float p = d ? 0.2f : 0.0f;
+            TEST_CASE("%s, cuda (%s) vs host, t=%d, dropout %g", kind_name[kind], world_d.vt->name, test__size, (double)p) {
+                tpk_ctx ch, cd;
+                if (contexts(&ch, &cd)) {
+                    static result rh, rd;
+                    run_layer(&ch, kind, p, &rh);
+                    run_layer(&cd, kind, p, &rd);
+                    compare(&ch, &rd, &rh, true);
+                    result_free(&rh), result_free(&rd);
+                }
+                tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
+            }
+        }
+    bool sp = test__size % 2 == 1 && test__size > 1;
+    TEST_CASE("GPT-2 model, cuda (%s) vs host, t=%d%s, dropout 0.1", world_d.vt->name, test__size, sp ? ", SP" : "") {
+        tpk_ctx ch, cd;
+        if (contexts(&ch, &cd)) {
+            static result rh, rd;
+            run_model(&ch, sp, 0.1f, &rh);
+            run_model(&cd, sp, 0.1f, &rd);
+            CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g", (double)rd.loss, (double)rh.loss);
+            compare(&ch, &rd, &rh, false);
+            result_free(&rh), result_free(&rd);
+        }
+        tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
+    }
+    tpk_comm_destroy(&world_d);
+    tpk_comm_destroy(&world_h);
+    return test_finish();
+}

@@ -1,0 +1,292 @@
+/* tests/gpu/ops.c — every CUDA op against the host op on the same random inputs, f32 and bf16:
+ * outputs poisoned (NaN) before each run, so an unwritten element fails; relative error < 1e-5
+ * where the arithmetic is the same, < 1e-4 where sums are reordered, < 1e-2 for bf16 storage.
+ * Also: bad arguments give the host's status and name the argument. Runs at one rank; skipped
+ * (exit 0) without a GPU. */
+#include "gpu_test.h"
+
+static tpk_ctx ch, cd; /* host, CUDA */
+static const tpk_dtype dts[2] = {TPK_F32, TPK_BF16};
+
+static void test_elementwise(tpk_dtype dt) {
+    const size_t n = 4099;
+    TEST_CASE("fill, cast, axpby, gelu, bias [%s]", tpk_dtype_name(dt)) {
+        pair y = pair_randn(&cd, n, dt, 1, 1.0f), x = pair_randn(&cd, n, dt, 2, 2.0f);
+        pair_poison(&cd, &y);
+        CHECK_OK(&ch, ch.ops->fill(&ch, y.h, dt, n, 0.75f));
+        CHECK_OK(&cd, cd.ops->fill(&cd, y.d, dt, n, 0.75f));
+        pair_check(&cd, &y, TOL_SAME, "fill");
+        pair_poison(&cd, &y); /* b = 0 ignores NaN in y */
+        CHECK_OK(&ch, ch.ops->axpby(&ch, y.h, 1.5f, x.h, 0.0f, dt, n));
+        CHECK_OK(&cd, cd.ops->axpby(&cd, y.d, 1.5f, x.d, 0.0f, dt, n));
+        pair_check(&cd, &y, tol_for(dt, TOL_SAME), "axpby b=0");
+        CHECK_OK(&ch, ch.ops->axpby(&ch, y.h, -0.5f, x.h, 0.25f, dt, n));
+        CHECK_OK(&cd, cd.ops->axpby(&cd, y.d, -0.5f, x.d, 0.25f, dt, n));
+        pair_check(&cd, &y, tol_for(dt, TOL_SAME), "axpby");
+        pair_poison(&cd, &y);
+        CHECK_OK(&ch, ch.ops->gelu_fwd(&ch, y.h, x.h, dt, n));
+        CHECK_OK(&cd, cd.ops->gelu_fwd(&cd, y.d, x.d, dt, n));
+        pair_check(&cd, &y, tol_for(dt, TOL_SAME), "gelu_fwd");
+        pair dy = pair_randn(&cd, n, dt, 3, 1.0f); /* dx aliases dy */
+        CHECK_OK(&ch, ch.ops->gelu_bwd(&ch, dy.h, x.h, dy.h, dt, n));
+        CHECK_OK(&cd, cd.ops->gelu_bwd(&cd, dy.d, x.d, dy.d, dt, n));
+        pair_check(&cd, &dy, tol_for(dt, TOL_SAME), "gelu_bwd (in place)");
+        /* cast to the other float dtype and back */
+        tpk_dtype other = dt == TPK_F32 ? TPK_BF16 : TPK_F32;
+        pair c = pair_from(&cd, NULL, n, other);
+        pair_poison(&cd, &c);
+        CHECK_OK(&ch, ch.ops->cast(&ch, c.h, other, x.h, dt, n));
+        CHECK_OK(&cd, cd.ops->cast(&cd, c.d, other, x.d, dt, n));
+        pair_check(&cd, &c, TOL_SAME, "cast"); /* rounding to nearest even is exact arithmetic */
+        /* bias over [rows, cols] */
+        int64_t rows = 67, cols = 61;
+        pair yb = pair_randn(&cd, (size_t)(rows * cols), dt, 4, 1.0f), b = pair_randn(&cd, (size_t)cols, dt, 5, 1.0f);
+        CHECK_OK(&ch, ch.ops->bias_add(&ch, yb.h, b.h, rows, cols, dt));
+        CHECK_OK(&cd, cd.ops->bias_add(&cd, yb.d, b.d, rows, cols, dt));
+        pair_check(&cd, &yb, tol_for(dt, TOL_SAME), "bias_add");
+        for (int acc = 0; acc < 2; acc++) {
+            int64_t r2 = acc ? 600 : 37; /* several row chunks */
+            pair dyb = pair_randn(&cd, (size_t)(r2 * cols), dt, 6, 1.0f), db = pair_randn(&cd, (size_t)cols, dt, 7, 1.0f);
+            if (!acc) pair_poison(&cd, &db);
+            CHECK_OK(&ch, ch.ops->bias_grad(&ch, db.h, dyb.h, r2, cols, dt, acc));
+            CHECK_OK(&cd, cd.ops->bias_grad(&cd, db.d, dyb.d, r2, cols, dt, acc));
+            pair_check(&cd, &db, tol_for(dt, TOL_SUM), acc ? "bias_grad accumulate" : "bias_grad");
+            pair_free(&cd, &dyb), pair_free(&cd, &db);
+        }
+        pair_free(&cd, &y), pair_free(&cd, &x), pair_free(&cd, &dy), pair_free(&cd, &c), pair_free(&cd, &yb), pair_free(&cd, &b);
+    }
+}
+
+static void test_copy_rng_dropout(tpk_dtype dt) {
+    TEST_CASE("copy2d, rng_2d, dropout [%s]", tpk_dtype_name(dt)) {
+        int64_t rows = 19, cols = 23, lds = 31, ldd = 29;
+        pair src = pair_randn(&cd, (size_t)(rows * lds), dt, 8, 1.0f), dst = pair_randn(&cd, (size_t)(rows * ldd), dt, 9, 1.0f);
+        CHECK_OK(&ch, ch.ops->copy2d(&ch, dst.h, ldd, src.h, lds, rows, cols, dt));
+        CHECK_OK(&cd, cd.ops->copy2d(&cd, dst.d, ldd, src.d, lds, rows, cols, dt));
+        pair_check(&cd, &dst, TOL_SAME, "copy2d");
+        pair x = pair_from(&cd, NULL, (size_t)(rows * cols), dt);
+        for (int dist = 0; dist < 2; dist++) {
+            pair_poison(&cd, &x);
+            CHECK_OK(&ch, ch.ops->rng_2d(&ch, x.h, dt, rows, cols, 100, 5, 40, 42, 77, (tpk_rng_dist)dist, 0.5f, 2.0f));
+            CHECK_OK(&cd, cd.ops->rng_2d(&cd, x.d, dt, rows, cols, 100, 5, 40, 42, 77, (tpk_rng_dist)dist, 0.5f, 2.0f));
+            pair_check(&cd, &x, tol_for(dt, TOL_SAME), dist ? "rng_2d uniform" : "rng_2d normal");
+        }
+        pair xd = pair_randn(&cd, (size_t)(rows * cols), dt, 10, 1.0f), yd = pair_from(&cd, NULL, (size_t)(rows * cols), dt);
+        pair_poison(&cd, &yd);
+        CHECK_OK(&ch, ch.ops->dropout(&ch, yd.h, xd.h, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
+        CHECK_OK(&cd, cd.ops->dropout(&cd, yd.d, xd.d, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
+        pair_check(&cd, &yd, tol_for(dt, TOL_SAME), "dropout");
+        CHECK_OK(&ch, ch.ops->dropout(&ch, xd.h, xd.h, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
+        CHECK_OK(&cd, cd.ops->dropout(&cd, xd.d, xd.d, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
+        pair_check(&cd, &xd, tol_for(dt, TOL_SAME), "dropout in place");
+        pair_free(&cd, &src), pair_free(&cd, &dst), pair_free(&cd, &x), pair_free(&cd, &xd), pair_free(&cd, &yd);
+    }
+}
+
+static void test_gemm(tpk_dtype dt) {
+    TEST_CASE("gemm: transposes, strides, beta, k = 0 [%s]", tpk_dtype_name(dt)) {
+        int64_t m = 37, n = 53, k = 71;
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 5;
+            pair a = pair_randn(&cd, (size_t)((ta ? k : m) * lda), dt, 20 + t, 1.0f);
+            pair b = pair_randn(&cd, (size_t)((tb ? n : k) * ldb), dt, 30 + t, 1.0f);
+            pair c = pair_randn(&cd, (size_t)(m * ldc), dt, 40 + t, 1.0f);
+            char what[64];
+            snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=0.5", ta, tb);
+            CHECK_OK(&ch, ch.ops->gemm(&ch, ta, tb, m, n, k, 0.7f, a.h, lda, b.h, ldb, 0.5f, c.h, ldc, dt));
+            CHECK_OK(&cd, cd.ops->gemm(&cd, ta, tb, m, n, k, 0.7f, a.d, lda, b.d, ldb, 0.5f, c.d, ldc, dt));
+            pair_check(&cd, &c, tol_for(dt, TOL_SUM), what);
+            pair_poison(&cd, &c); /* beta = 0 ignores NaN in C (the padding stays NaN on both) */
+            snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=0", ta, tb);
+            CHECK_OK(&ch, ch.ops->gemm(&ch, ta, tb, m, n, k, 1.0f, a.h, lda, b.h, ldb, 0.0f, c.h, ldc, dt));
+            CHECK_OK(&cd, cd.ops->gemm(&cd, ta, tb, m, n, k, 1.0f, a.d, lda, b.d, ldb, 0.0f, c.d, ldc, dt));
+            {
+                /* compare the written [m, n] part only */
+                size_t nc = (size_t)(m * ldc);
+                void *raw = malloc(nc * tpk_dtype_size(dt));
+                float *got = malloc(nc * sizeof(float)), *want = malloc(nc * sizeof(float));
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, raw, c.d, nc * tpk_dtype_size(dt), TPK_D2H));
+                pair_load(got, dt, raw, nc), pair_load(want, dt, c.h, nc);
+                for (int64_t i = 0; i < m; i++) CHECK_CLOSE(got + i * ldc, want + i * ldc, (size_t)n, tol_for(dt, TOL_SUM), what);
+                free(raw), free(got), free(want);
+            }
+            pair_free(&cd, &a), pair_free(&cd, &b), pair_free(&cd, &c);
+        }
+        pair c = pair_randn(&cd, (size_t)(m * n), dt, 50, 1.0f);
+        CHECK_OK(&ch, ch.ops->gemm(&ch, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, c.h, n, dt));
+        CHECK_OK(&cd, cd.ops->gemm(&cd, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, c.d, n, dt));
+        pair_check(&cd, &c, tol_for(dt, TOL_SAME), "gemm k=0 (C = beta C)");
+        pair_free(&cd, &c);
+    }
+}
+
+static void test_layernorm(tpk_dtype dt) {
+    TEST_CASE("layernorm fwd/bwd [%s]", tpk_dtype_name(dt)) {
+        int64_t rows = 300, cols = 77;
+        size_t nx = (size_t)(rows * cols);
+        pair x = pair_randn(&cd, nx, dt, 60, 2.0f), y = pair_from(&cd, NULL, nx, dt);
+        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 61, 1.0f), b = pair_randn(&cd, (size_t)cols, TPK_F32, 62, 1.0f);
+        pair mean = pair_from(&cd, NULL, (size_t)rows, TPK_F32), rstd = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
+        pair_poison(&cd, &y), pair_poison(&cd, &mean), pair_poison(&cd, &rstd);
+        CHECK_OK(&ch, ch.ops->layernorm_fwd(&ch, y.h, mean.h, rstd.h, x.h, w.h, b.h, rows, cols, 1e-5f, dt));
+        CHECK_OK(&cd, cd.ops->layernorm_fwd(&cd, y.d, mean.d, rstd.d, x.d, w.d, b.d, rows, cols, 1e-5f, dt));
+        pair_check(&cd, &y, tol_for(dt, TOL_SUM), "layernorm y");
+        pair_check(&cd, &mean, TOL_SUM, "layernorm mean");
+        pair_check(&cd, &rstd, TOL_SUM, "layernorm rstd");
+        pair_sync_down(&cd, &mean), pair_sync_down(&cd, &rstd); /* the same saved statistics for both */
+        for (int acc = 0; acc < 2; acc++) {
+            pair dy = pair_randn(&cd, nx, dt, 63, 1.0f), dx = pair_randn(&cd, nx, dt, 64, 1.0f);
+            pair dw = pair_randn(&cd, (size_t)cols, TPK_F32, 65, 1.0f), db = pair_randn(&cd, (size_t)cols, TPK_F32, 66, 1.0f);
+            if (!acc) pair_poison(&cd, &dx);
+            CHECK_OK(&ch, ch.ops->layernorm_bwd(&ch, dx.h, dw.h, db.h, dy.h, x.h, w.h, mean.h, rstd.h, rows, cols, dt, acc));
+            CHECK_OK(&cd, cd.ops->layernorm_bwd(&cd, dx.d, dw.d, db.d, dy.d, x.d, w.d, mean.d, rstd.d, rows, cols, dt, acc));
+            pair_check(&cd, &dx, tol_for(dt, TOL_SUM), acc ? "layernorm dx accumulate" : "layernorm dx");
+            pair_check(&cd, &dw, TOL_SUM, "layernorm dw");
+            pair_check(&cd, &db, TOL_SUM, "layernorm db");
+            pair_free(&cd, &dy), pair_free(&cd, &dx), pair_free(&cd, &dw), pair_free(&cd, &db);
+        }
+        pair_free(&cd, &x), pair_free(&cd, &y), pair_free(&cd, &w), pair_free(&cd, &b), pair_free(&cd, &mean), pair_free(&cd, &rstd);
+    }
+}
+
+static void test_embed(tpk_dtype dt) {
+    TEST_CASE("embedding fwd/bwd (repeated and out-of-range ids) [%s]", tpk_dtype_name(dt)) {
+        int64_t T = 700, H = 40, v0 = 10, vrows = 25;
+        float idv[700];
+        for (int t = 0; t < T; t++) idv[t] = (float)((t * 7919 + 13) % 41); /* 0..40: some below v0, some past v0 + vrows */
+        pair ids = pair_from(&cd, idv, (size_t)T, TPK_I32);
+        pair E = pair_randn(&cd, (size_t)(vrows * H), TPK_F32, 70, 1.0f);
+        for (int acc = 0; acc < 2; acc++) {
+            pair y = pair_randn(&cd, (size_t)(T * H), dt, 71, 1.0f);
+            if (!acc) pair_poison(&cd, &y);
+            CHECK_OK(&ch, ch.ops->embed_fwd(&ch, y.h, (const int32_t *)ids.h, E.h, T, H, v0, vrows, dt, acc));
+            CHECK_OK(&cd, cd.ops->embed_fwd(&cd, y.d, (const int32_t *)ids.d, E.d, T, H, v0, vrows, dt, acc));
+            pair_check(&cd, &y, tol_for(dt, TOL_SAME), acc ? "embed_fwd accumulate" : "embed_fwd");
+            pair_free(&cd, &y);
+        }
+        pair dy = pair_randn(&cd, (size_t)(T * H), dt, 72, 1.0f), dE = pair_randn(&cd, (size_t)(vrows * H), TPK_F32, 73, 1.0f);
+        CHECK_OK(&ch, ch.ops->embed_bwd(&ch, dE.h, dy.h, (const int32_t *)ids.h, T, H, v0, vrows, dt));
+        CHECK_OK(&cd, cd.ops->embed_bwd(&cd, dE.d, dy.d, (const int32_t *)ids.d, T, H, v0, vrows, dt));
+        pair_check(&cd, &dE, 1e-7, "embed_bwd (token order: the host's sums exactly)");
+        pair_free(&cd, &ids), pair_free(&cd, &E), pair_free(&cd, &dy), pair_free(&cd, &dE);
+    }
+}
+
+static void test_xent(tpk_dtype dt) {
+    TEST_CASE("cross-entropy pieces [%s]", tpk_dtype_name(dt)) {
+        int64_t T = 33, Vl = 517, v0 = 100, V = 1000;
+        float yv[33];
+        for (int t = 0; t < T; t++) yv[t] = t == 5 ? -100.0f : (float)((t * 131) % 1000); /* in and out of the shard, one ignored */
+        pair y = pair_from(&cd, yv, (size_t)T, TPK_I32), z = pair_randn(&cd, (size_t)(T * Vl), dt, 80, 3.0f);
+        pair mx = pair_from(&cd, NULL, (size_t)T, TPK_F32), part = pair_from(&cd, NULL, (size_t)(3 * T), TPK_F32);
+        pair_poison(&cd, &mx), pair_poison(&cd, &part);
+        CHECK_OK(&ch, ch.ops->xent_max(&ch, mx.h, z.h, T, Vl, dt));
+        CHECK_OK(&cd, cd.ops->xent_max(&cd, mx.d, z.d, T, Vl, dt));
+        pair_check(&cd, &mx, TOL_SAME, "xent_max");
+        CHECK_OK(&ch, ch.ops->xent_partial(&ch, part.h, z.h, mx.h, (const int32_t *)y.h, T, Vl, v0, dt));
+        CHECK_OK(&cd, cd.ops->xent_partial(&cd, part.d, z.d, mx.d, (const int32_t *)y.d, T, Vl, v0, dt));
+        pair_check(&cd, &part, TOL_SUM, "xent_partial");
+        pair_sync_down(&cd, &part);
+        pair loss = pair_from(&cd, NULL, (size_t)T, TPK_F32), lse = pair_from(&cd, NULL, (size_t)T, TPK_F32);
+        pair_poison(&cd, &loss), pair_poison(&cd, &lse);
+        CHECK_OK(&ch, ch.ops->xent_loss(&ch, loss.h, lse.h, mx.h, part.h, (const int32_t *)y.h, T, V, 0.1f, -100));
+        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, mx.d, part.d, (const int32_t *)y.d, T, V, 0.1f, -100));
+        pair_check(&cd, &loss, TOL_SAME, "xent_loss");
+        pair_check(&cd, &lse, TOL_SAME, "xent_loss lse");
+        pair dl = pair_randn(&cd, (size_t)T, TPK_F32, 81, 1.0f);
+        CHECK_OK(&ch, ch.ops->xent_grad(&ch, z.h, z.h, lse.h, (const int32_t *)y.h, dl.h, T, Vl, v0, V, 0.1f, -100, dt));
+        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z.d, z.d, lse.d, (const int32_t *)y.d, dl.d, T, Vl, v0, V, 0.1f, -100, dt));
+        pair_check(&cd, &z, tol_for(dt, TOL_SAME), "xent_grad (in place)");
+        pair_free(&cd, &y), pair_free(&cd, &z), pair_free(&cd, &mx), pair_free(&cd, &part), pair_free(&cd, &loss), pair_free(&cd, &lse);
+        pair_free(&cd, &dl);
+    }
+}
+
+static void test_attention(tpk_dtype dt, int64_t D, float p) {
+    TEST_CASE("attention fwd/bwd D=%lld p=%g [%s]", (long long)D, (double)p, tpk_dtype_name(dt)) {
+        int64_t B = 2, S = 45, Al = 2, A = 5, head0 = 2;
+        float scale = 1.0f / sqrtf((float)D);
+        size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
+        pair qkv = pair_randn(&cd, nq, dt, 90, 1.0f), out = pair_from(&cd, NULL, no, dt), lse = pair_from(&cd, NULL, nl, TPK_F32);
+        pair_poison(&cd, &out), pair_poison(&cd, &lse);
+        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        pair_check(&cd, &out, tol_for(dt, TOL_SUM), "attn_fwd out");
+        pair_check(&cd, &lse, tol_for(dt, TOL_SUM), "attn_fwd lse");
+        pair_sync_down(&cd, &out), pair_sync_down(&cd, &lse);
+        pair dout = pair_randn(&cd, no, dt, 91, 1.0f), dqkv = pair_from(&cd, NULL, nq, dt);
+        pair_poison(&cd, &dqkv);
+        CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        pair_check(&cd, &dqkv, tol_for(dt, TOL_SUM), "attn_bwd dqkv");
+        pair_free(&cd, &qkv), pair_free(&cd, &out), pair_free(&cd, &lse), pair_free(&cd, &dout), pair_free(&cd, &dqkv);
+    }
+}
+
+static void test_optimizer(void) {
+    TEST_CASE("adamw, sumsq") {
+        size_t n = 10007;
+        pair w = pair_randn(&cd, n, TPK_F32, 100, 1.0f), g = pair_randn(&cd, n, TPK_F32, 101, 1.0f);
+        pair m = pair_randn(&cd, n, TPK_F32, 102, 0.1f), v = pair_randn(&cd, n, TPK_F32, 103, 0.1f);
+        float *vh = (float *)v.h;
+        for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
+        pair_sync_down(&cd, &v);
+        for (int step = 1; step <= 3; step++) {
+            CHECK_OK(&ch, ch.ops->adamw(&ch, w.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f));
+            CHECK_OK(&cd, cd.ops->adamw(&cd, w.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f));
+        }
+        pair_check(&cd, &w, TOL_SAME, "adamw w");
+        pair_check(&cd, &m, TOL_SAME, "adamw m");
+        pair_check(&cd, &v, TOL_SAME, "adamw v");
+        double sh = -1, sd = -2;
+        CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, n));
+        CHECK_OK(&cd, cd.ops->sumsq(&cd, &sd, g.d, n));
+        CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq: %.17g vs %.17g", sd, sh);
+        pair_free(&cd, &w), pair_free(&cd, &g), pair_free(&cd, &m), pair_free(&cd, &v);
+    }
+}
+
+static void test_errors(void) {
+    TEST_CASE("bad arguments: the host's status, the argument named") {
+        void *p = NULL;
+        CHECK_OK(&cd, cd.ops->alloc(&cd, 1024, &p));
+        CHECK_FAILS(&cd, cd.ops->gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 3, p, 4, 0.0f, p, 4, TPK_F32), TPK_ERR_ARG, "lda");
+        CHECK_FAILS(&cd, cd.ops->gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 4, p, 4, 0.0f, p, 4, TPK_I32), TPK_ERR_DTYPE, "dt");
+        CHECK_FAILS(&cd, cd.ops->dropout(&cd, p, p, 2, 2, 2, 0, 0, 1.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "p:");
+        CHECK_FAILS(&cd, cd.ops->layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
+        CHECK_FAILS(&cd, cd.ops->attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
+        CHECK_FAILS(&cd, cd.ops->xent_loss(&cd, p, p, p, p, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
+        CHECK_FAILS(&cd, cd.ops->adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f), TPK_ERR_ARG, "step");
+        CHECK_FAILS(&cd, cd.ops->memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
+        cd.ops->free(&cd, p);
+    }
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    gpu_require("tests/gpu/ops");
+    if (test_host_ctx(&ch) != TPK_OK) return 1;
+    if (tpk_ctx_init(&cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda()}) != TPK_OK) {
+        fprintf(stderr, "tpk_ctx_init (cuda): %s\n", tpk_last_error(&cd));
+        return 1;
+    }
+    for (int k = 0; k < 2; k++) {
+        tpk_dtype dt = dts[k];
+        test_elementwise(dt);
+        test_copy_rng_dropout(dt);
+        test_gemm(dt);
+        test_layernorm(dt);
+        test_embed(dt);
+        test_xent(dt);
+        test_attention(dt, 16, 0.0f);
+        test_attention(dt, 64, 0.0f);
+        test_attention(dt, 64, 0.2f);
+        test_attention(dt, 40, 0.1f); /* D not a multiple of 32 */
+    }
+    test_optimizer();
+    test_errors();
+    CHECK_OK(&cd, cd.ops->sync(&cd));
+    tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
+    return test_finish();
+}
