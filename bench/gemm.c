@@ -1,0 +1,242 @@
+/* bench/gemm.c — the sharded GEMMs of a tensor-parallel transformer layer, per rank.
+ *
+ * For a model shape (H hidden, F = 4H feed-forward, T tokens per rank) and t in {1, 2, 4, 8},
+ * rank 0 holds F_r = split(F, t, 0) output features of the column linear (W [F_r, H]) and input
+ * features of the row linear (W [H, F_r]). Its six GEMMs (m x n x k, 2 m n k flops):
+ *   column fwd    y[T, F_r]  = x[T, H] W^T          m=T   n=F_r k=H
+ *   column dgrad  dx[T, H]   = dy[T, F_r] W          m=T   n=H   k=F_r
+ *   column wgrad  dW[F_r, H] = dy^T x               m=F_r n=H   k=T
+ *   row fwd       y[T, H]    = x[T, F_r] W^T        m=T   n=H   k=F_r
+ *   row dgrad     dx[T, F_r] = dy[T, H] W           m=T   n=F_r k=H
+ *   row wgrad     dW[H, F_r] = dy^T x               m=H   n=F_r k=T
+ * Each is timed through ops->gemm after a warm-up, rotating over buffer sets larger than the L2
+ * cache, and reported as TFLOP/s (GFLOP/s on the host), % of the measured peak (a large square
+ * GEMM, its fastest call) and the ratio to a plain GEMM of the same shape in the same process (cuBLASLt on packed
+ * operands on the GPU, cblas_sgemm on the host). Median of the timed calls; CUDA events on the
+ * GPU, the monotonic clock on the host.
+ *
+ *   gemm [--H 768] [--F 4H] [--tokens T] [--dtype f32|bf16] [--t 1,2,4,8] [--iters N] [--host]
+ *        [--tf32] [--json]
+ * The CUDA backend is used when the program was built with it (-DTPK_WITH_CUDA) and a device is
+ * present, unless --host. */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
+#include <cblas.h>
+#include <time.h>
+
+#include <tpk/tpk.h>
+#ifdef TPK_WITH_CUDA
+#include <tpk/cuda.h>
+#endif
+
+static tpk_ctx ctx;
+static bool gpu;
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        tpk_status s__ = (call);                                                                   \
+        if (s__ != TPK_OK) {                                                                       \
+            fprintf(stderr, "bench/gemm: %s: %s\n", #call, tpk_last_error(&ctx));                  \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* one timed call: fn(arg, set) on buffer set `set` */
+typedef void (*call_fn)(void *arg, int set);
+
+static bool take_min; /* the peak: the fastest call, not the median */
+
+/* median milliseconds of `iters` calls after `warm` warm-up calls, rotating over `sets` */
+static double time_median(call_fn f, void *arg, int sets, int warm, int iters) {
+    for (int i = 0; i < warm; i++) f(arg, i % sets);
+    double *ms = malloc(sizeof(double) * (size_t)iters);
+#ifdef TPK_WITH_CUDA
+    void *e0 = gpu ? tpk_cuda_event_new() : NULL, *e1 = gpu ? tpk_cuda_event_new() : NULL;
+#endif
+    TRY(ctx.ops->sync(&ctx));
+    for (int i = 0; i < iters; i++) {
+#ifdef TPK_WITH_CUDA
+        if (gpu) {
+            tpk_cuda_event_record(e0);
+            f(arg, i % sets);
+            tpk_cuda_event_record(e1);
+            ms[i] = tpk_cuda_event_ms(e0, e1);
+            continue;
+        }
+#endif
+        double t0 = now_ms();
+        f(arg, i % sets);
+        ms[i] = now_ms() - t0;
+    }
+#ifdef TPK_WITH_CUDA
+    if (gpu) tpk_cuda_event_free(e0), tpk_cuda_event_free(e1);
+#endif
+    qsort(ms, (size_t)iters, sizeof(double), cmp_double);
+    double med = take_min ? ms[0] : ms[iters / 2];
+    free(ms);
+    return med;
+}
+
+typedef struct gemm_case {
+    bool ta, tb;
+    int64_t m, n, k;
+    tpk_dtype dt;
+    void **a, **b, **c; /* [sets] each */
+    float *fa, *fb, *fc; /* host reference operands (f32) */
+} gemm_case;
+
+static void call_tpk(void *arg, int set) {
+    gemm_case *g = arg;
+    int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+    TRY(ctx.ops->gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, 0.0f, g->c[set], g->n, g->dt));
+}
+static void call_plain(void *arg, int set) {
+    gemm_case *g = arg;
+#ifdef TPK_WITH_CUDA
+    if (gpu) {
+        TRY(tpk_cuda_plain_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, g->a[set], g->b[set], g->c[set], g->dt));
+        return;
+    }
+#endif
+    /* f32: the very buffers ops->gemm used; bf16: f32 copies (cblas has no bf16) */
+    bool f32 = g->dt == TPK_F32;
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k, 1.0f,
+                f32 ? (const float *)g->a[set] : g->fa, (int)(g->ta ? g->m : g->k), f32 ? (const float *)g->b[set] : g->fb,
+                (int)(g->tb ? g->k : g->n), 0.0f, f32 ? (float *)g->c[set] : g->fc, (int)g->n);
+}
+
+static void *buf_rand(size_t n, tpk_dtype dt, uint64_t stream) {
+    void *p;
+    TRY(ctx.ops->alloc(&ctx, n * tpk_dtype_size(dt), &p));
+    TRY(ctx.ops->rng_2d(&ctx, p, dt, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, 0.0f, 1.0f));
+    return p;
+}
+
+/* Time one shape: tpk and plain, in ms. */
+static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double *ms_plain) {
+    size_t es = tpk_dtype_size(g->dt), na = (size_t)(g->m * g->k), nb = (size_t)(g->k * g->n), nc = (size_t)(g->m * g->n);
+    size_t set_bytes = (na + nb + nc) * es;
+    int sets = (int)(2 * l2 / (set_bytes ? set_bytes : 1)) + 2;
+    if (sets > 16) sets = 16;
+    g->a = calloc((size_t)sets, sizeof(void *)), g->b = calloc((size_t)sets, sizeof(void *)), g->c = calloc((size_t)sets, sizeof(void *));
+    for (int s = 0; s < sets; s++) g->a[s] = buf_rand(na, g->dt, 3 * s), g->b[s] = buf_rand(nb, g->dt, 3 * s + 1), g->c[s] = buf_rand(nc, g->dt, 3 * s + 2);
+    g->fa = g->fb = g->fc = NULL;
+    if (!gpu) {
+        g->fa = malloc(na * 4), g->fb = malloc(nb * 4), g->fc = malloc(nc * 4);
+        for (size_t i = 0; i < na; i++) g->fa[i] = (float)(i % 7) * 0.1f;
+        for (size_t i = 0; i < nb; i++) g->fb[i] = (float)(i % 5) * 0.1f;
+    }
+    *ms_tpk = time_median(call_tpk, g, sets, gpu ? 5 : 1, iters);
+    *ms_plain = time_median(call_plain, g, gpu || g->dt == TPK_F32 ? sets : 1, gpu ? 5 : 1, iters);
+    for (int s = 0; s < sets; s++) ctx.ops->free(&ctx, g->a[s]), ctx.ops->free(&ctx, g->b[s]), ctx.ops->free(&ctx, g->c[s]);
+    free(g->a), free(g->b), free(g->c), free(g->fa), free(g->fb), free(g->fc);
+}
+
+int main(int argc, char **argv) {
+    int64_t H = 768, F = 0, T = 0;
+    tpk_dtype dt = TPK_F32;
+    int ts[8] = {1, 2, 4, 8}, nt = 4, iters = 0;
+    bool json = false, force_host = false, tf32 = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--host")) force_host = true;
+        else if (!strcmp(a, "--tf32")) tf32 = true;
+        else if (v && !strcmp(a, "--H")) H = atoll(v), i++;
+        else if (v && !strcmp(a, "--F")) F = atoll(v), i++;
+        else if (v && !strcmp(a, "--tokens")) T = atoll(v), i++;
+        else if (v && !strcmp(a, "--iters")) iters = atoi(v), i++;
+        else if (v && !strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? TPK_BF16 : TPK_F32, i++;
+        else if (v && !strcmp(a, "--t")) {
+            nt = 0;
+            for (const char *p = v; *p && nt < 8; p++) {
+                ts[nt++] = atoi(p);
+                while (p[1] && p[1] != ',') p++;
+                if (p[1] == ',') p++;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "usage: %s [--H n] [--F n] [--tokens n] [--dtype f32|bf16] [--t 1,2,4,8] [--iters n] [--host] [--tf32] [--json]\n", argv[0]);
+            return 2;
+        }
+    }
+    const tpk_ops *ops = tpk_ops_host();
+#ifdef TPK_WITH_CUDA
+    if (!force_host && tpk_cuda_device_count() > 0) ops = tpk_ops_cuda(), gpu = true;
+    tpk_cuda_allow_tf32(tf32);
+#else
+    (void)force_host;
+#endif
+    if (!F) F = 4 * H;
+    if (!T) T = gpu ? 8192 : 1024;
+    if (!iters) iters = gpu ? 50 : 3;
+    if (H < 1 || F < 1 || T < 1 || iters < 1) {
+        fprintf(stderr, "bench/gemm: H, F, tokens and iters must be positive\n");
+        return 2;
+    }
+    if (tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops}) != TPK_OK) {
+        fprintf(stderr, "bench/gemm: %s\n", tpk_last_error(&ctx));
+        return 1;
+    }
+    size_t l2 = (size_t)32 << 20;
+#ifdef TPK_WITH_CUDA
+    if (gpu && tpk_cuda_l2_bytes()) l2 = tpk_cuda_l2_bytes();
+#endif
+    /* measured peak: a square GEMM through the plain path */
+    int64_t P = gpu ? 8192 : 2048;
+    gemm_case pk = {false, false, P, P, P, gpu ? dt : TPK_F32, 0, 0, 0, 0, 0, 0};
+    double pk_tpk, pk_plain;
+    take_min = true;
+    run_case(&pk, gpu ? 10 : 5, l2, &pk_tpk, &pk_plain);
+    take_min = false;
+    double unit = gpu ? 1e12 : 1e9; /* TFLOP/s on the GPU, GFLOP/s on the host */
+    const char *uname = gpu ? "TFLOP/s" : "GFLOP/s";
+    double peak = 2.0 * P * P * P / (pk_plain * 1e-3) / unit;
+    if (!json) {
+        printf("sharded GEMMs per rank: backend %s, dtype %s%s, H=%lld F=%lld tokens=%lld, median of %d\n", ops->name, tpk_dtype_name(dt),
+               gpu && dt == TPK_F32 ? (tf32 ? " (TF32 allowed)" : " (exact f32)") : "", (long long)H, (long long)F, (long long)T, iters);
+        printf("measured peak: %.1f %s (%s %lld^3)\n\n", peak, uname, gpu ? "cuBLASLt" : "cblas_sgemm", (long long)P);
+        printf("%3s  %-13s %6s %6s %6s  %9s  %8s  %6s  %8s  %6s\n", "t", "gemm", "m", "n", "k", "ms", uname, "%peak", "plain", "ratio");
+    } else {
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"H\": %lld, \"F\": %lld, \"tokens\": %lld, \"unit\": \"%s\", \"peak\": %.3f, \"rows\": [", ops->name,
+               tpk_dtype_name(dt), (long long)H, (long long)F, (long long)T, uname, peak);
+    }
+    int row = 0;
+    for (int ti = 0; ti < nt; ti++) {
+        int t = ts[ti];
+        if (t < 1) continue;
+        int64_t Fr = tpk_split(F, t, 0).size;
+        struct {
+            const char *name;
+            bool ta, tb;
+            int64_t m, n, k;
+        } g[6] = {{"column fwd", 0, 1, T, Fr, H}, {"column dgrad", 0, 0, T, H, Fr}, {"column wgrad", 1, 0, Fr, H, T},
+                  {"row fwd", 0, 1, T, H, Fr},    {"row dgrad", 0, 0, T, Fr, H},    {"row wgrad", 1, 0, H, Fr, T}};
+        for (int q = 0; q < 6; q++) {
+            gemm_case c = {g[q].ta, g[q].tb, g[q].m, g[q].n, g[q].k, dt, 0, 0, 0, 0, 0, 0};
+            double ms, ms_plain;
+            run_case(&c, iters, l2, &ms, &ms_plain);
+            double fl = 2.0 * (double)c.m * (double)c.n * (double)c.k, rate = fl / (ms * 1e-3) / unit, prate = fl / (ms_plain * 1e-3) / unit;
+            if (!json)
+                printf("%3d  %-13s %6lld %6lld %6lld  %9.3f  %8.2f  %5.1f%%  %8.2f  %6.2f\n", t, g[q].name, (long long)c.m, (long long)c.n,
+                       (long long)c.k, ms, rate, 100.0 * rate / peak, prate, rate / prate);
+            else
+                printf("%s\n  {\"t\": %d, \"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ms\": %.4f, \"rate\": %.3f, \"pct_peak\": %.2f, "
+                       "\"plain_rate\": %.3f, \"ratio\": %.3f}",
+                       row ? "," : "", t, g[q].name, (long long)c.m, (long long)c.n, (long long)c.k, ms, rate, 100.0 * rate / peak, prate, rate / prate);
+            row++;
+        }
+    }
+    if (json) printf("\n]}\n");
+    tpk_ctx_destroy(&ctx);
+    return 0;
+}

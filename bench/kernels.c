@@ -1,0 +1,213 @@
+/* bench/kernels.c — the memory-bound ops and attention of a backend, timed.
+ *
+ * Each memory-bound op is timed on N elements (or [rows, cols]) after a warm-up; its rate is the
+ * fewest bytes it must move (each input read once, each output written once) over the median
+ * time, in GB/s, next to the measured copy bandwidth (ops->memcpy of a large buffer, bytes read
+ * plus written). Attention: TFLOP/s of the causal forward (2 B A S^2 D: half of Q K^T and of P V)
+ * and backward (5 B A S^2 D). CUDA events on the GPU, the monotonic clock on the host.
+ *
+ *   kernels [--n N] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json] */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime */
+#include <time.h>
+
+#include <tpk/tpk.h>
+#ifdef TPK_WITH_CUDA
+#include <tpk/cuda.h>
+#endif
+
+static tpk_ctx ctx;
+static bool gpu;
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        tpk_status s__ = (call);                                                                   \
+        if (s__ != TPK_OK) {                                                                       \
+            fprintf(stderr, "bench/kernels: %s: %s\n", #call, tpk_last_error(&ctx));               \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* the buffers every op works on */
+static size_t N;
+static int64_t R, C; /* N = R x C */
+static tpk_dtype dt;
+static void *x, *y, *z, *ids, *tgt, *dl;
+static float *w, *b, *mean, *rstd, *m1, *v1, *xf, *gf, *part, *lse, *mx;
+static int64_t AB, AS, AA, AD;
+static void *qkv, *ao, *ado, *adqkv;
+static float *alse;
+
+enum { OP_COPY, OP_FILL, OP_CAST, OP_AXPBY, OP_BIAS, OP_GELU_F, OP_GELU_B, OP_DROPOUT, OP_LN_F, OP_LN_B, OP_EMBED, OP_XENT_G, OP_ADAMW, OP_ATT_F,
+       OP_ATT_B, OP_N };
+static const char *op_name[OP_N] = {"memcpy D2D", "fill", "cast f32->bf16", "axpby", "bias_add", "gelu_fwd", "gelu_bwd", "dropout",
+                                    "layernorm_fwd", "layernorm_bwd", "embed_fwd", "xent_grad", "adamw", "attn_fwd", "attn_bwd"};
+
+static void run_op(int op) {
+    size_t es = tpk_dtype_size(dt);
+    switch (op) {
+    case OP_COPY: TRY(ctx.ops->memcpy(&ctx, y, x, N * es, gpu ? TPK_D2D : TPK_H2H)); break;
+    case OP_FILL: TRY(ctx.ops->fill(&ctx, y, dt, N, 1.0f)); break;
+    case OP_CAST: TRY(ctx.ops->cast(&ctx, z, TPK_BF16, xf, TPK_F32, N)); break;
+    case OP_AXPBY: TRY(ctx.ops->axpby(&ctx, y, 0.5f, x, 0.5f, dt, N)); break;
+    case OP_BIAS: TRY(ctx.ops->bias_add(&ctx, y, x, R, C, dt)); break;
+    case OP_GELU_F: TRY(ctx.ops->gelu_fwd(&ctx, y, x, dt, N)); break;
+    case OP_GELU_B: TRY(ctx.ops->gelu_bwd(&ctx, y, x, z, dt, N)); break;
+    case OP_DROPOUT: TRY(ctx.ops->dropout(&ctx, y, x, R, C, C, 0, 0, 0.1f, 1, 2, dt)); break;
+    case OP_LN_F: TRY(ctx.ops->layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
+    case OP_LN_B: TRY(ctx.ops->layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false)); break;
+    case OP_EMBED: TRY(ctx.ops->embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
+    case OP_XENT_G: TRY(ctx.ops->xent_grad(&ctx, y, x, lse, tgt, dl, R, C, 0, C, 0.0f, -100, dt)); break;
+    case OP_ADAMW: TRY(ctx.ops->adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f)); break;
+    case OP_ATT_F: TRY(ctx.ops->attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
+    case OP_ATT_B: TRY(ctx.ops->attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
+    }
+}
+/* the fewest bytes an op moves */
+static double op_bytes(int op) {
+    double es = (double)tpk_dtype_size(dt), n = (double)N;
+    switch (op) {
+    case OP_COPY: return 2 * n * es;
+    case OP_FILL: return n * es;
+    case OP_CAST: return n * 6;
+    case OP_AXPBY: return 3 * n * es;
+    case OP_BIAS: case OP_GELU_F: case OP_DROPOUT: case OP_LN_F: return 2 * n * es;
+    case OP_GELU_B: case OP_LN_B: case OP_XENT_G: return 3 * n * es;
+    case OP_EMBED: return n * (4 + es);
+    case OP_ADAMW: return n * 28;
+    }
+    return 0;
+}
+static double op_flops(int op) {
+    double s2 = (double)AS * (double)AS * (double)AB * (double)AA * (double)AD;
+    return op == OP_ATT_F ? 2 * s2 : op == OP_ATT_B ? 5 * s2 : 0;
+}
+
+static double time_op(int op, int iters) {
+    for (int i = 0; i < 2; i++) run_op(op);
+    TRY(ctx.ops->sync(&ctx));
+    double *ms = malloc(sizeof(double) * (size_t)iters);
+#ifdef TPK_WITH_CUDA
+    void *e0 = gpu ? tpk_cuda_event_new() : NULL, *e1 = gpu ? tpk_cuda_event_new() : NULL;
+#endif
+    for (int i = 0; i < iters; i++) {
+#ifdef TPK_WITH_CUDA
+        if (gpu) {
+            tpk_cuda_event_record(e0);
+            run_op(op);
+            tpk_cuda_event_record(e1);
+            ms[i] = tpk_cuda_event_ms(e0, e1);
+            continue;
+        }
+#endif
+        double t0 = now_ms();
+        run_op(op);
+        ms[i] = now_ms() - t0;
+    }
+#ifdef TPK_WITH_CUDA
+    if (gpu) tpk_cuda_event_free(e0), tpk_cuda_event_free(e1);
+#endif
+    qsort(ms, (size_t)iters, sizeof(double), cmp_double);
+    double med = ms[iters / 2];
+    free(ms);
+    return med;
+}
+
+static void *buf(size_t bytes) {
+    void *p;
+    TRY(ctx.ops->alloc(&ctx, bytes, &p));
+    return p;
+}
+static void *rnd(size_t n, tpk_dtype t, uint64_t stream, float a, float s) {
+    void *p = buf(n * tpk_dtype_size(t));
+    if (n) TRY(ctx.ops->rng_2d(&ctx, p, t, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, a, s));
+    return p;
+}
+
+int main(int argc, char **argv) {
+    int64_t n = 0, cols = 1024;
+    int iters = 0;
+    bool json = false, force_host = false;
+    dt = TPK_F32;
+    AB = 0, AS = 0, AA = 0, AD = 64;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--host")) force_host = true;
+        else if (v && !strcmp(a, "--n")) n = atoll(v), i++;
+        else if (v && !strcmp(a, "--iters")) iters = atoi(v), i++;
+        else if (v && !strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? TPK_BF16 : TPK_F32, i++;
+        else if (v && !strcmp(a, "--B")) AB = atoll(v), i++;
+        else if (v && !strcmp(a, "--S")) AS = atoll(v), i++;
+        else if (v && !strcmp(a, "--A")) AA = atoll(v), i++;
+        else if (v && !strcmp(a, "--D")) AD = atoll(v), i++;
+        else {
+            fprintf(stderr, "usage: %s [--n N] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n", argv[0]);
+            return 2;
+        }
+    }
+    const tpk_ops *ops = tpk_ops_host();
+#ifdef TPK_WITH_CUDA
+    if (!force_host && tpk_cuda_device_count() > 0) ops = tpk_ops_cuda(), gpu = true;
+#else
+    (void)force_host;
+#endif
+    if (!n) n = gpu ? (int64_t)1 << 26 : (int64_t)1 << 22;
+    if (!iters) iters = gpu ? 50 : 5;
+    if (!AB) AB = gpu ? 8 : 1;
+    if (!AS) AS = gpu ? 1024 : 256;
+    if (!AA) AA = gpu ? 12 : 4;
+    if (n < cols || iters < 1 || AB < 1 || AS < 1 || AA < 1 || AD < 1) {
+        fprintf(stderr, "bench/kernels: sizes must be positive (n >= 1024)\n");
+        return 2;
+    }
+    if (tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops}) != TPK_OK) {
+        fprintf(stderr, "bench/kernels: %s\n", tpk_last_error(&ctx));
+        return 1;
+    }
+    C = cols, R = n / cols, N = (size_t)(R * C);
+    x = rnd(N, dt, 1, 0, 1), y = rnd(N, dt, 2, 0, 1), z = rnd(N, dt, 3, 0, 1);
+    xf = rnd(N, TPK_F32, 4, 0, 1), gf = rnd(N, TPK_F32, 5, 0, 1), m1 = rnd(N, TPK_F32, 6, 0, 0.1f), v1 = rnd(N, TPK_F32, 7, 1, 0);
+    w = rnd((size_t)C, TPK_F32, 8, 1, 0.1f), b = rnd((size_t)C, TPK_F32, 9, 0, 0.1f);
+    mean = rnd((size_t)R, TPK_F32, 10, 0, 0), rstd = rnd((size_t)R, TPK_F32, 11, 1, 0), lse = rnd((size_t)R, TPK_F32, 12, 8, 0);
+    dl = rnd((size_t)R, TPK_F32, 13, 1, 0), mx = NULL, part = NULL;
+    ids = buf((size_t)R * 4), tgt = buf((size_t)R * 4); /* zero-filled: token 0, target 0 */
+    size_t nq = (size_t)(AB * AS * 3 * AA * AD), no = (size_t)(AB * AS * AA * AD);
+    qkv = rnd(nq, dt, 14, 0, 1), ao = buf(no * tpk_dtype_size(dt)), ado = rnd(no, dt, 15, 0, 1), adqkv = buf(nq * tpk_dtype_size(dt));
+    alse = buf((size_t)(AB * AA * AS) * 4);
+    TRY(ctx.ops->sync(&ctx));
+    double copy_ms = time_op(OP_COPY, iters), copy_bw = op_bytes(OP_COPY) / (copy_ms * 1e-3) / 1e9;
+    if (!json) {
+        printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), median of %d; attention B=%lld S=%lld A=%lld D=%lld\n", ops->name,
+               tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C, iters, (long long)AB, (long long)AS, (long long)AA, (long long)AD);
+        printf("measured copy bandwidth: %.1f GB/s (read + write)\n\n%-16s %10s %10s %8s\n", copy_bw, "op", "ms", "GB/s", "% copy");
+    } else {
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"copy_gbs\": %.3f, \"rows\": [", ops->name, tpk_dtype_name(dt), (long long)N,
+               copy_bw);
+    }
+    for (int op = OP_FILL; op < OP_N; op++) {
+        double ms = time_op(op, iters);
+        bool att = op == OP_ATT_F || op == OP_ATT_B;
+        double rate = att ? op_flops(op) / (ms * 1e-3) / 1e12 : op_bytes(op) / (ms * 1e-3) / 1e9;
+        if (!json) {
+            if (att) printf("%-16s %10.3f %10.3f TFLOP/s\n", op_name[op], ms, rate);
+            else printf("%-16s %10.3f %10.1f %7.1f%%\n", op_name[op], ms, rate, 100 * rate / copy_bw);
+        } else {
+            printf("%s\n  {\"op\": \"%s\", \"ms\": %.4f, \"%s\": %.4f}", op == OP_FILL ? "" : ",", op_name[op], ms, att ? "tflops" : "gbs", rate);
+        }
+    }
+    if (json) printf("\n]}\n");
+    void *all[] = {x, y, z, xf, gf, m1, v1, w, b, mean, rstd, lse, dl, ids, tgt, qkv, ao, ado, adqkv, alse};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) ctx.ops->free(&ctx, all[i]);
+    tpk_ctx_destroy(&ctx);
+    return 0;
+}
