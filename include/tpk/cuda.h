@@ -10,6 +10,9 @@
  *                            ordered on one stream per process (tpk_cuda_stream); memcpy to or
  *                            from the host and sync wait for it.
  *   tpk_cuda_device_count()  usable devices; 0 without a device or a driver (never fails)
+ *   tpk_comm_self_cuda()     the one-rank communicator on device buffers: pass it as the world
+ *                            of a one-rank CUDA context (the default world, tpk_comm_self, copies
+ *                            with memmove, which only host buffers allow)
  *   tpk_comm_nccl()          a tpk_comm over NCCL on device buffers from a unique id that the
  *                            caller distributes (tpk/nccl.h does it through MPI). Collectives
  *                            run on the communicator's own stream, ordered after the compute
@@ -49,6 +52,11 @@ size_t tpk_cuda_l2_bytes(void);
  * ldc = n), without tpk's argument checks: the reference a benchmark compares ops->gemm to. */
 tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
                                void *c, tpk_dtype dt);
+
+/* One rank on device buffers: collectives are device-to-device copies on the backend's stream.
+ *     tpk_comm w = tpk_comm_self_cuda();
+ *     tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = &w}); */
+tpk_comm tpk_comm_self_cuda(void);
 
 /* ---- NCCL ----------------------------------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 /* tests/gpu/layers.c — the TP layers and the GPT-2 model on the CUDA backend against the host
  * backend, at t = number of ranks: at one rank over NCCL, at t = 2, 3 over MPI with ranks sharing
- * one GPU (device buffers staged through host memory, tpk/mpi.h). For attention, the MLP, the
+ * one GPU (device buffers staged through host memory, tpk/mpi.h); at one rank the model also
+ * runs on the device-buffer self communicator (tpk_comm_self_cuda). For attention, the MLP, the
  * GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing): the
  * output, the input gradient and every gathered parameter gradient agree to relative 1e-4 (f32
  * storage; the GEMMs and sums are reordered). Skipped (exit 0) without a GPU. */
@@ -110,12 +111,13 @@ static void compare(tpk_ctx *ch, const result *d, const result *h, bool outputs)
     }
 }
 
-static bool contexts(tpk_ctx *ch, tpk_ctx *cd) {
+static bool contexts_on(tpk_ctx *ch, tpk_ctx *cd, tpk_comm *wd) {
     tpk_status s = tpk_ctx_init(ch, &(tpk_ctx_desc){.ops = tpk_ops_host(), .world = &world_h, .tp = test__size, .seed = 3});
-    if (s == TPK_OK) s = tpk_ctx_init(cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = &world_d, .tp = test__size, .seed = 3});
+    if (s == TPK_OK) s = tpk_ctx_init(cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = wd, .tp = test__size, .seed = 3});
     if (s != TPK_OK) fprintf(stderr, "tpk_ctx_init: %s / %s\n", tpk_last_error(ch), tpk_last_error(cd));
     return s == TPK_OK;
 }
+static bool contexts(tpk_ctx *ch, tpk_ctx *cd) { return contexts_on(ch, cd, &world_d); }
 
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
@@ -148,9 +150,11 @@ int main(int argc, char **argv) {
             }
         }
     bool sp = test__size % 2 == 1 && test__size > 1;
-    TEST_CASE("GPT-2 model, cuda (%s) vs host, t=%d%s, dropout 0.1", world_d.vt->name, test__size, sp ? ", SP" : "") {
+    tpk_comm self_d = tpk_comm_self_cuda();
+    for (int w = 0; w < (test__size == 1 ? 2 : 1); w++)
+    TEST_CASE("GPT-2 model, cuda (%s) vs host, t=%d%s, dropout 0.1", w ? self_d.vt->name : world_d.vt->name, test__size, sp ? ", SP" : "") {
         tpk_ctx ch, cd;
-        if (contexts(&ch, &cd)) {
+        if (contexts_on(&ch, &cd, w ? &self_d : &world_d)) {
             static result rh, rd;
             run_model(&ch, sp, 0.1f, &rh);
             run_model(&cd, sp, 0.1f, &rd);

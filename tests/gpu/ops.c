@@ -267,7 +267,8 @@ int main(int argc, char **argv) {
     test_init(&argc, &argv);
     gpu_require("tests/gpu/ops");
     if (test_host_ctx(&ch) != TPK_OK) return 1;
-    if (tpk_ctx_init(&cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda()}) != TPK_OK) {
+    tpk_comm self_d = tpk_comm_self_cuda();
+    if (tpk_ctx_init(&cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = &self_d}) != TPK_OK) {
         fprintf(stderr, "tpk_ctx_init (cuda): %s\n", tpk_last_error(&cd));
         return 1;
     }
