@@ -82,6 +82,10 @@ cuda-check:
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-check: nvcc not found: nothing to build"; exit 1; fi
 	@$(MAKE) --no-print-directory build/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH)
 	@echo "cuda-check: the CUDA archive, $(words $(GPU_TESTS)) GPU test programs and the GPU benchmarks compile"
+	@py=; for c in python3 /usr/bin/python3; do $$c -c 'import numpy' 2>/dev/null && { py=$$c; break; }; done; \
+	 if [ -z "$$py" ]; then echo "cuda-check: numpy not found: tests/gpu/emulate.py skipped"; \
+	 else out=$$($$py tests/gpu/emulate.py) || { echo "$$out"; exit 1; }; \
+	 echo "cuda-check: CPU emulation of the attention tiling and the GEMM mapping (tests/gpu/emulate.py): $$(echo "$$out" | tail -1)"; fi
 
 build/tests/%: tests/%.c tests/test.h $(HEADERS) build/libtpk_host.a
 	@mkdir -p $(@D)
