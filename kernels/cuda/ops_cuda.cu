@@ -7,7 +7,8 @@
  *   gemm      C = alpha op(A) op(B) + beta C    cuBLASLt. Row-major C[m, n] is column-major
  *             C^T[n, m] = op(B)^T op(A)^T, so B goes first with the transposes unchanged. The
  *             descriptors and the heuristic's algorithm are cached per shape, strides and pointer
- *             alignment. f32 computes in f32 (TF32 only when allowed), bf16 in f32.
+ *             alignment. f32 computes in f32 (TF32 only when allowed), bf16 in f32. A layout
+ *             cuBLASLt has no algorithm for goes to a tiled shared-memory kernel instead.
  *   axpby     y = a x + b y              (b = 0 ignores y)
  *   bias_add  y[i, j] += bias[j]         bias_grad db[j] (+)= sum_i dy[i, j] (column sums by row
  *                                        chunks, chunks added in order: deterministic)
@@ -301,8 +302,9 @@ static void plan_release(gemm_plan *p) {
     p->used = false;
 }
 
-/* The cached plan of a shape, created (descriptors + heuristic) on first use. */
-static tpk_status gemm_plan_get(tpk_ctx *ctx, const char *fn, cuda_state *st, const gemm_key &key, gemm_plan **out) {
+/* The cached plan of a shape, created (descriptors + heuristic) on first use; TPK_ERR_BACKEND
+ * (no message) when cuBLASLt has no algorithm for it. */
+static tpk_status gemm_plan_get(cuda_state *st, const gemm_key &key, gemm_plan **out) {
     for (int i = 0; i < GEMM_CACHE; i++)
         if (g_plans[i].used && g_plans[i].key == key) {
             *out = &g_plans[i];
@@ -350,16 +352,51 @@ static tpk_status gemm_plan_get(tpk_ctx *ctx, const char *fn, cuda_state *st, co
         if (made_a) cublasLtMatrixLayoutDestroy(p->la);
         if (made_b) cublasLtMatrixLayoutDestroy(p->lb);
         if (made_c) cublasLtMatrixLayoutDestroy(p->lc);
-        return tpk__fail(ctx, TPK_ERR_BACKEND, fn,
-                         "cuBLASLt has no algorithm for m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld %s%s: %s",
-                         (long long)key.m, (long long)key.n, (long long)key.k, (long long)key.lda, (long long)key.ldb,
-                         (long long)key.ldc, tpk_dtype_name((tpk_dtype)key.dt), key.ta || key.tb ? " (transposed)" : "",
-                         s != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(s) : "no heuristic result");
+        return TPK_ERR_BACKEND; /* no algorithm: the caller falls back, without an error */
     }
     p->algo = res.algo;
     p->used = true;
     *out = p;
     return TPK_OK;
+}
+
+/* The fallback when cuBLASLt has no algorithm for a layout (unusual strides or alignment):
+ * C = alpha op(A) op(B) + beta C in 16 x 16 tiles through shared memory, f32 accumulation;
+ * beta = 0 does not read C. */
+enum { FB_TILE = 16 };
+template <class T>
+__global__ void gemm_fallback_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const T *a, int64_t lda, const T *b,
+                                     int64_t ldb, float beta, T *c, int64_t ldc) {
+    __shared__ float As[FB_TILE][FB_TILE + 1], Bs[FB_TILE][FB_TILE + 1];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int64_t row = (int64_t)blockIdx.y * FB_TILE + ty, col = (int64_t)blockIdx.x * FB_TILE + tx;
+    float acc = 0.0f;
+    for (int64_t k0 = 0; k0 < k; k0 += FB_TILE) {
+        int64_t ar = (int64_t)blockIdx.y * FB_TILE + ty, ak = k0 + tx; /* op(A)[ar, ak] */
+        As[ty][tx] = ar < m && ak < k ? ldf(a, (size_t)(ta ? ak * lda + ar : ar * lda + ak)) : 0.0f;
+        int64_t bk = k0 + ty, bc = (int64_t)blockIdx.x * FB_TILE + tx; /* op(B)[bk, bc] */
+        Bs[ty][tx] = bk < k && bc < n ? ldf(b, (size_t)(tb ? bc * ldb + bk : bk * ldb + bc)) : 0.0f;
+        __syncthreads();
+        for (int q = 0; q < FB_TILE; q++) acc += As[ty][q] * Bs[q][tx];
+        __syncthreads();
+    }
+    if (row < m && col < n) {
+        size_t at = (size_t)(row * ldc + col);
+        stf(c, at, beta == 0.0f ? alpha * acc : alpha * acc + beta * ldf(c, at));
+    }
+}
+static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                                tpk_dtype dt) {
+    if ((m + FB_TILE - 1) / FB_TILE > 65535)
+        return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cuBLASLt has no algorithm and m = %lld is too large for the fallback", (long long)m);
+    dim3 grid((unsigned)((n + FB_TILE - 1) / FB_TILE), (unsigned)((m + FB_TILE - 1) / FB_TILE)), block(FB_TILE, FB_TILE);
+    by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        gemm_fallback_kernel<T><<<grid, block, 0, st->stream>>>(ta, tb, m, n, k, alpha, (const T *)a, lda, (const T *)b, ldb, beta, (T *)c,
+                                                                ldc);
+    });
+    return cuda_launched(ctx, fn);
 }
 
 static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
@@ -368,7 +405,8 @@ static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta
     gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c)};
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     gemm_plan *p = NULL;
-    TPK_TRY(gemm_plan_get(ctx, fn, st, key, &p));
+    if (gemm_plan_get(st, key, &p) != TPK_OK) /* no cuBLASLt algorithm: the tiled kernel */
+        return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt);
     cublasStatus_t s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, st->lt_ws,
                                       st->lt_ws_bytes, st->stream);
     if (s != CUBLAS_STATUS_SUCCESS) return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cublasLtMatmul: %s", cublasLtGetStatusString(s));

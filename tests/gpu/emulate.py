@@ -2,7 +2,8 @@
 # the tiling of the flash-style attention kernels (kernels/cuda/ops_cuda_layers.cu: attn_fwd_kernel,
 # attn_dq_kernel, attn_dkv_kernel, lanes and warps written as loops, causal bounds, dropout keep
 # factors, S not a multiple of the tile) against dense attention, and the row-major -> column-major
-# operand mapping of cuda_gemm (kernels/cuda/ops_cuda.cu) for every transpose and padded strides.
+# operand mapping of cuda_gemm (kernels/cuda/ops_cuda.cu) and the indexing of its tiled fallback kernel
+# (gemm_fallback_kernel) for every transpose and padded strides.
 # Run: python3 tests/gpu/emulate.py (needs numpy); make cuda-check runs it where numpy is present.
 import sys
 
@@ -109,9 +110,46 @@ def gemm(m, n, k, seed=1):
             check(f"gemm operand mapping ta={ta} tb={tb}", np.abs(C.reshape(m, ldc)[:, :n] - want).max())
 
 
+def gemm_fallback(m, n, k, T=16, seed=2):
+    rng = np.random.default_rng(seed)
+    for ta in (0, 1):
+        for tb in (0, 1):
+            lda, ldb, ldc = (m if ta else k) + 1, (k if tb else n) + 2, n + 1
+            a = rng.standard_normal((k if ta else m) * lda)
+            b = rng.standard_normal((n if tb else k) * ldb)
+            c0 = rng.standard_normal(m * ldc)
+            Am = a.reshape(-1, lda)[:, : (m if ta else k)]
+            Bm = b.reshape(-1, ldb)[:, : (k if tb else n)]
+            alpha, beta = 0.7, 0.5
+            want = c0.reshape(m, ldc).copy()
+            want[:, :n] = alpha * (Am.T if ta else Am) @ (Bm.T if tb else Bm) + beta * want[:, :n]
+            c = c0.copy()
+            for by in range(-(-m // T)):
+                for bx in range(-(-n // T)):
+                    acc = np.zeros((T, T))
+                    for k0 in range(0, k, T):
+                        As, Bs = np.zeros((T, T)), np.zeros((T, T))
+                        for ty in range(T):
+                            for tx in range(T):
+                                ar, ak = by * T + ty, k0 + tx
+                                if ar < m and ak < k:
+                                    As[ty, tx] = a[ak * lda + ar] if ta else a[ar * lda + ak]
+                                bk, bc = k0 + ty, bx * T + tx
+                                if bk < k and bc < n:
+                                    Bs[ty, tx] = b[bc * ldb + bk] if tb else b[bk * ldb + bc]
+                        acc += As @ Bs
+                    for ty in range(T):
+                        for tx in range(T):
+                            row, col = by * T + ty, bx * T + tx
+                            if row < m and col < n:
+                                c[row * ldc + col] = alpha * acc[ty, tx] + beta * c[row * ldc + col]
+            check(f"gemm fallback kernel ta={ta} tb={tb}", np.abs(c.reshape(m, ldc) - want).max())
+
+
 attention(45, 40, 0.2)
 attention(70, 16, 0.0)
 attention(9, 64, 0.1)
 gemm(5, 7, 3)
+gemm_fallback(19, 35, 21)
 print(f"{fails} failed")
 sys.exit(1 if fails else 0)
