@@ -44,7 +44,7 @@ ifneq ($(NVCC),)
 LIBS += build/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-gpu cuda-check bench bench-gpu install clean build/tpk.pc build/tpk-cuda.pc
+.PHONY: all deps test test-gpu cuda-check bench bench-gpu install clean build/tpk.pc build/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH))
 
 build/host/%.o: kernels/host/%.c $(HEADERS)
@@ -122,6 +122,17 @@ test-gpu: $(if $(HAVE_CUDA),cuda-check)
 bench-gpu: $(GPU_BENCH)
 	build/bench/gemm
 	build/bench/kernels
+
+# Fuzz the safetensors reader (tests/fuzz/) with libFuzzer + ASan + UBSan for FUZZ_SECONDS;
+# installs Debian's clang when missing; fails on a crash (the input is left in build/fuzz/).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@command -v clang >/dev/null 2>&1 || TPK_EXTRA_PKGS=clang sh tools/deps.sh
+	@mkdir -p build/fuzz/corpus
+	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DTPK_FUZZ_LIBFUZZER \
+	  $(CPPFLAGS) tests/fuzz/fuzz_safetensors.c -o build/fuzz/fuzz_safetensors
+	build/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -malloc_limit_mb=256 \
+	  -dict=tests/fuzz/safetensors.dict -artifact_prefix=build/fuzz/ build/fuzz/corpus tests/fuzz/corpus
 
 build/tpk.pc:
 	@mkdir -p $(@D)
