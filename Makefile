@@ -44,7 +44,7 @@ ifneq ($(NVCC),)
 LIBS += build/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-gpu cuda-check bench bench-gpu install clean build/tpk.pc build/tpk-cuda.pc fuzz
+.PHONY: all deps test test-gpu cuda-check bench bench-gpu demo install clean build/tpk.pc build/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH))
 
 build/host/%.o: kernels/host/%.c $(HEADERS)
@@ -107,11 +107,27 @@ build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a
 bench: build/bench/host_block
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 build/bench/host_block
 
+# The GPT-2 trainer, the project's main job (examples/gpt2_train.c).
+build/gpt2_train: examples/gpt2_train.c $(HEADERS) build/libtpk_host.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ build/libtpk_host.a $(BLAS_LIBS) -lm
+
+# make demo: a 4-layer GPT-2 (hidden 128, 4 heads) trained at t = 2 on 2 ranks on the license
+# texts every Debian system ships (byte vocabulary), saved and sampled.
+DEMO_MPI = mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np 2 -x OPENBLAS_NUM_THREADS=1
+demo: deps
+	@$(MAKE) --no-print-directory build/gpt2_train
+	@mkdir -p build/demo
+	@find /usr/share/common-licenses -maxdepth 1 -type f | sort | xargs cat > build/demo/text.txt
+	$(DEMO_MPI) build/gpt2_train --text build/demo/text.txt --tp 2 --layers 4 --hidden 128 --heads 4 \
+	    --batch 8 --seq-len 64 --steps 600 --lr 2e-3 --warmup 30 --eval-every 100 --log-every 25 \
+	    --csv build/demo/loss.csv --save build/demo/ckpt --sample 400
+
 deps:
 	@sh tools/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) build/tests/torch_dump build/readme_example
+	@$(MAKE) --no-print-directory all $(TESTS) build/tests/torch_dump build/tests/train_fixtures build/gpt2_train build/readme_example
 	@sh tests/run.sh
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and

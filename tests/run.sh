@@ -65,6 +65,16 @@ else
     echo "torch_reference: skipped (Debian's python3-torch is not importable by $py; sudo apt-get install python3-torch)"
 fi
 
+# the GPT-2 trainer end to end (resume, resharding, evaluation, Hugging Face import, bad input)
+out=$(sh tests/train.sh 2>&1)
+printf '%s\n' "$out" >> "$log"
+printf '%s\n' "$out" | grep -E '^(FAIL|    |train: )'
+p=$(printf '%s\n' "$out" | grep -c '^ok ')
+f=$(printf '%s\n' "$out" | grep -c '^FAIL')
+[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { echo "FAIL tests/train.sh ran no test"; f=1; }
+printf '%-28s np=%s  %3d ok  %d failed\n' gpt2_train 1-4 "$p" "$f"
+passed=$((passed + p)) failed=$((failed + f))
+
 # install into build/inst and build the README example against it with pkg-config
 inst="$PWD/build/inst"
 if make --no-print-directory -s install PREFIX="$inst" >> "$log" 2>&1 &&

@@ -54,7 +54,7 @@ def gpt2_loss(cfg, W, ids, targets):
     B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["ln_eps"]
     D = H // A
     ids = ids.view(B, S)
-    x = F.embedding(ids, W["wte"]) + F.embedding(torch.arange(S), W["wpe"])[None]
+    x = F.embedding(ids, W["wte.weight"]) + F.embedding(torch.arange(S), W["wpe.weight"])[None]
     causal = torch.ones(S, S, dtype=torch.bool).tril()
     for i in range(L):
         p = "h.%d." % i
@@ -69,7 +69,7 @@ def gpt2_loss(cfg, W, ids, targets):
         u = F.gelu(F.linear(h, W[p + "mlp.c_fc.weight"], W[p + "mlp.c_fc.bias"]), approximate="tanh")
         x = x + F.linear(u, W[p + "mlp.c_proj.weight"], W[p + "mlp.c_proj.bias"])
     x = F.layer_norm(x, (H,), W["ln_f.weight"], W["ln_f.bias"], eps)
-    logits = x @ W["wte"].t()  # the tied LM head
+    logits = x @ W["wte.weight"].t()  # the tied LM head
     return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
 
 

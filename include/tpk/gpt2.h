@@ -11,7 +11,7 @@
  * Model: ids -> wte (vocabulary-parallel) + wpe -> drop -> L blocks -> ln_f -> logits = h wteᵀ
  *   (the tied LM head: a column linear over wte's vocabulary shard, logits S(-1) [T, V_r])
  *   -> vocabulary-parallel cross-entropy (mean over counted positions).
- * Parameter names are Hugging Face GPT-2's (without the "transformer." prefix): wte, wpe,
+ * Parameter names are Hugging Face GPT-2's (without the "transformer." prefix): wte.weight, wpe.weight,
  * h.<i>.ln_1, h.<i>.attn.c_attn, h.<i>.attn.c_proj, h.<i>.ln_2, h.<i>.mlp.c_fc,
  * h.<i>.mlp.c_proj, ln_f; weights are stored [out, in] (Hugging Face's Conv1D is [in, out]).
  * Under SP the layernorm gradients are partial over TP: call tpk_params_reduce_partial_grads
@@ -205,7 +205,8 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     if (c.init_std <= 0) c.init_std = 0.02f;
     m->c = c;
     bool sp = c.sequence_parallel;
-    TPK_TRY(tpk_embedding_init(ctx, &m->wte, c.vocab, c.positions, c.hidden, &(tpk_embedding_desc){.sequence_parallel = sp, .init_std = c.init_std}));
+    TPK_TRY(tpk_embedding_init(ctx, &m->wte, c.vocab, c.positions, c.hidden,
+                               &(tpk_embedding_desc){.wte_name = "wte.weight", .wpe_name = "wpe.weight", .sequence_parallel = sp, .init_std = c.init_std}));
     m->h = (tpk_gpt2_block *)calloc((size_t)c.layers, sizeof *m->h);
     if (!m->h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
     for (int64_t i = 0; i < c.layers; i++) {

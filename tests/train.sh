@@ -1,0 +1,122 @@
+#!/bin/sh
+# tests/train.sh — the GPT-2 trainer (build/gpt2_train) end to end, on the host backend:
+#   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
+#   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, evaluation identical at
+#   t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
+#   Debian's python3-torch is importable), and every bad input of the issue: a one-line error
+#   and a non-zero exit on every rank, never a hang.
+# Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
+cd "$(dirname "$0")/.." || exit 1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+mpiflags="--oversubscribe"
+[ "$(id -u)" = 0 ] && mpiflags="$mpiflags --allow-run-as-root"
+T=build/tests/train
+rm -rf "$T" && mkdir -p "$T"
+fx=build/tests/train_fixtures
+text=/usr/share/common-licenses/GPL-3
+[ -f "$text" ] || text=README.md
+small="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
+
+# tr NP ARGS...: run the trainer, output in $out, status in $rc
+tr() {
+    np=$1; shift
+    out=$(timeout 120 mpirun $mpiflags -np "$np" build/gpt2_train "$@" 2>&1)
+    rc=$?
+}
+ok() { echo "ok $1"; }
+fail() { echo "FAIL $1"; printf '%s\n' "$out" | tail -8 | sed 's/^/    /'; }
+# "step loss grad-norm" of steps FROM..TO from a run's --csv file (every f32 digit)
+losses() { awk -F, -v a="$2" -v b="$3" 'NR>1 && $1+0>=a && $1+0<=b {print $1, $2, $5}' "$1" 2>/dev/null; }
+# max relative difference of two "step loss" lists (inf when the steps differ)
+relmax() {
+    printf '%s\n%s\n' "$1" "$2" | awk 'NF>=2{ if ($1 in v) { d=($2-v[$1]); if (d<0) d=-d; r=d/(v[$1]<0?-v[$1]:v[$1]); if (r>m) m=r; n++ } else v[$1]=$2 }
+        END { if (n==0) print "inf"; else printf "%.3g\n", m }'
+}
+
+# ---- bit-identical resume, and resume at another TP size ------------------------------------
+tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --csv "$T/full.csv"
+rcfull=$rc
+tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --save "$T/c5" --save-every 5
+if [ $rcfull -eq 0 ] && [ $rc -eq 0 ] && [ -f "$T/c5/step-5/model.safetensors" ] && [ -f "$T/c5/step-5/optim.safetensors" ]; then ok "trainer runs 10 steps at t=2 and saves a checkpoint at step 5"
+else fail "trainer runs 10 steps at t=2 and saves a checkpoint at step 5"; fi
+tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --load "$T/c5/step-5" --csv "$T/r2.csv"
+a=$(losses "$T/full.csv" 6 10); b=$(losses "$T/r2.csv" 6 10)
+if [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 5 ]; then ok "resume at t=2 is bit-identical (steps 6-10)"
+else fail "resume at t=2 is bit-identical (steps 6-10): [$a] vs [$b]"; fi
+tr 4 --text "$text" $small --tp 4 --steps 10 --dropout 0.1 --load "$T/c5/step-5" --csv "$T/r4.csv"
+r=$(relmax "$a" "$(losses "$T/r4.csv" 6 10)")
+if [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "saved at t=2, resumed at t=4: losses of steps 6-10 equal continuing at t=2 (max relative difference $r)"
+else fail "saved at t=2, resumed at t=4 (max relative difference $r)"; fi
+tr 3 --text "$text" $small --tp 3 --steps 8 --save "$T/c3" --save-every 4 --sequence-parallel --csv "$T/full3.csv"
+tr 1 --text "$text" $small --tp 1 --steps 8 --load "$T/c3/step-4" --sequence-parallel --csv "$T/r1.csv"
+r=$(relmax "$(losses "$T/full3.csv" 5 8)" "$(losses "$T/r1.csv" 5 8)")
+if [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "saved at t=3 (SP), resumed at t=1: losses of steps 5-8 equal continuing at t=3 (max relative difference $r)"
+else fail "saved at t=3, resumed at t=1 (max relative difference $r)"; fi
+
+# ---- evaluation identical at every TP size -----------------------------------------------------
+$fx shard "$T/tok.bin" "$text" >/dev/null 2>&1
+vals=""
+for np in 1 2 3 4; do
+    tr $np --eval-only --load "$T/c5/step-5" --data "$T/tok.bin" --vocab 256 --batch 4 --seq-len 16 --eval-batches 3 --tp $np
+    v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
+    [ $rc -eq 0 ] && [ -n "$v" ] || v="error"
+    vals="$vals $v"
+done
+if printf '%s\n' "$vals" | awk '{for(i=1;i<=NF;i++){ if ($i=="error") exit 1; d=$i-$1; if (d<0) d=-d; if (d > 1e-5*$1) exit 1 } }'; then ok "--eval-only val_loss the same at t=1,2,3,4:$vals"
+else fail "--eval-only val_loss the same at t=1,2,3,4:$vals"; fi
+
+# ---- a Hugging Face GPT-2 checkpoint written from PyTorch -----------------------------------------
+py=/usr/bin/python3
+if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
+    ref=$("$py" tests/hf_export.py "$T/hf" "$text" 4 16 3 2>&1)
+    for np in 1 2; do
+        tr $np --eval-only --load "$T/hf" --data "$T/hf/tokens.bin" --batch 4 --seq-len 16 --eval-batches 3 --tp $np
+        v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
+        if [ $rc -eq 0 ] && [ -n "$v" ] && awk -v a="$v" -v b="$ref" 'BEGIN{d=a-b; if (d<0) d=-d; exit !(d <= 1e-4*b)}'; then
+            ok "Hugging Face GPT-2 checkpoint from PyTorch (transformer. prefix, Conv1D, attn.bias buffers) at t=$np: val_loss $v = PyTorch $ref"
+        else fail "Hugging Face GPT-2 checkpoint from PyTorch at t=$np: val_loss '$v', PyTorch '$ref'"; fi
+    done
+else
+    echo "train: Hugging Face import test skipped (Debian's python3-torch is not importable by $py)"
+fi
+
+# ---- bad input: one line, non-zero exit on every rank, no hang ---------------------------------------
+# bad NAME EXPECTED-TEXT ARGS...: 2 ranks; the run must fail within the timeout and say EXPECTED-TEXT
+bad() {
+    name=$1 want=$2; shift 2
+    tr 2 "$@"
+    n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: ')
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q -- "$want"; then ok "bad input: $name"
+    else fail "bad input: $name (exit $rc, $n error lines, expected \"$want\")"; fi
+}
+$fx shard "$T/magic.bin" "$text" 12345 1
+$fx shard "$T/version.bin" "$text" 20240520 7
+$fx shard-truncated "$T/trunc.bin" "$text"
+$fx shard-big "$T/big.bin" "$text" 300
+printf 'x' > "$T/tiny.txt"
+bad "missing text file" "cannot open" --text "$T/none.txt" $small --tp 2
+bad "unreadable data (a directory)" "cannot read" --data "$T" --vocab 256 $small --tp 2
+bad "wrong magic" "bad magic 12345" --data "$T/magic.bin" --vocab 256 $small --tp 2
+bad "wrong version" "version 7" --data "$T/version.bin" --vocab 256 $small --tp 2
+bad "truncated shard" "header says" --data "$T/trunc.bin" --vocab 256 $small --tp 2
+bad "token id >= vocabulary" "is 300, not below the model's vocabulary of 256" --data "$T/big.bin" --vocab 256 $small --tp 2
+bad "text too short" "too short" --text "$T/tiny.txt" $small --tp 2
+bad "--tp not dividing the ranks" "does not divide" --text "$text" $small --tp 3
+bad "unknown argument" "unknown argument" --text "$text" $small --frobnicate
+bad "missing checkpoint" "config.json: cannot open" --text "$text" $small --tp 2 --load "$T/nothing"
+for kind in header-len offsets overlap dtype shape truncated; do
+    rm -rf "$T/bad_$kind" && cp -r "$T/c5/step-5" "$T/bad_$kind"
+    $fx corrupt "$T/c5/step-5/model.safetensors" "$T/bad_$kind/model.safetensors" $kind
+    case $kind in
+    shape) want="has shape" ;;
+    *) want="model.safetensors" ;;
+    esac
+    bad "hostile safetensors: $kind" "$want" --text "$text" $small --tp 2 --load "$T/bad_$kind"
+done
+rm -rf "$T/bad_optim" && cp -r "$T/c5/step-5" "$T/bad_optim" && cp "$T/c3/step-4/optim.safetensors" "$T/bad_optim/optim.safetensors" 2>/dev/null
+bad "optimizer state from another checkpoint" "does not belong" --text "$text" $small --tp 2 --load "$T/bad_optim"
+# ranks started with different configurations (MPMD: the second rank gets another --hidden)
+out=$(timeout 120 mpirun $mpiflags -np 1 build/gpt2_train --text "$text" $small --tp 2 : -np 1 build/gpt2_train --text "$text" $small --hidden 48 --tp 2 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "different configurations"; then ok "bad input: ranks started with different configurations"
+else fail "bad input: ranks started with different configurations (exit $rc)"; fi
