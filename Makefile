@@ -108,9 +108,11 @@ bench: build/bench/host_block
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 build/bench/host_block
 
 # The GPT-2 trainer, the project's main job (examples/gpt2_train.c).
-build/gpt2_train: examples/gpt2_train.c $(HEADERS) build/libtpk_host.a
+# Where nvcc is found it links the CUDA archive and uses a GPU per rank when one is present.
+build/gpt2_train: examples/gpt2_train.c $(HEADERS) build/libtpk_host.a $(if $(HAVE_CUDA),build/libtpk_cuda.a)
 	@mkdir -p $(@D)
-	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ build/libtpk_host.a $(BLAS_LIBS) -lm
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
+	  $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
 # make demo: a 4-layer GPT-2 (hidden 128, 4 heads) trained at t = 2 on 2 ranks on the license
 # texts every Debian system ships (byte vocabulary), saved and sampled.

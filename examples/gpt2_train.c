@@ -35,6 +35,9 @@
 #include <tpk/tpk.h>
 #include <tpk/mpi.h>
 #include <tpk/safetensors.h>
+#ifdef TPK_WITH_CUDA /* built where nvcc is found: the GPU when one is present */
+#include <tpk/nccl.h>
+#endif
 
 /* err = the formatted message; returns 1 (a failure) */
 #if defined(__GNUC__)
@@ -116,6 +119,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t errn) {
 /* ---- all ranks agree ------------------------------------------------------------------------- */
 
 static int world_rank, world_size;
+static MPI_Comm tp_mpi, dp_mpi; /* the TP and DP groups, for host scalars (loss, norm, sampled logits) */
 
 
 /* Every rank passes its own ok flag and message; if any rank failed, the lowest failing rank
@@ -426,9 +430,8 @@ static tpk_status grad_norm(tpk_ctx *ctx, float scale, double *norm) {
         TPK_TRY(ctx->ops->sumsq(ctx, &s, tpk_param_grad(ctx, i), p->numel));
         local += s;
     }
-    float l = (float)local; /* f32 all-reduce: exact enough for a norm */
-    TPK_TRY(tpk_allreduce(ctx, &ctx->tp, &l, &l, 1, TPK_F32, TPK_SUM));
-    *norm = sqrt((double)l) * scale;
+    MPI_Allreduce(MPI_IN_PLACE, &local, 1, MPI_DOUBLE, MPI_SUM, tp_mpi);
+    *norm = sqrt(local) * scale;
     return TPK_OK;
 }
 
@@ -441,9 +444,9 @@ static tpk_status evaluate(tpk_ctx *ctx, tpk_gpt2 *m, const tokens *val, const o
         TPK_TRY(tpk_gpt2_forward(ctx, m, x, y, o->batch, o->seq, &loss));
         sum += loss;
     }
-    float s = (float)(sum / o->eval_batches);
-    TPK_TRY(tpk_allreduce(ctx, &ctx->dp, &s, &s, 1, TPK_F32, TPK_SUM));
-    *out = (double)s / ctx->dp.size;
+    sum /= o->eval_batches;
+    MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, dp_mpi);
+    *out = sum / ctx->dp.size;
     return TPK_OK;
 }
 
@@ -453,9 +456,9 @@ static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t start, int n, uint64
     int64_t P = m->c.positions, V = m->c.vocab;
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)(n + 1));
     float *row = malloc(sizeof(float) * (size_t)V), *loc = malloc(sizeof(float) * (size_t)V);
-    size_t *counts = malloc(sizeof(size_t) * (size_t)ctx->tp.size);
+    int *counts = malloc(sizeof(int) * 2 * (size_t)ctx->tp.size), *displs = counts + ctx->tp.size;
     if (!seq || !row || !loc || !counts) return free(seq), free(row), free(loc), free(counts), tpk__fail(ctx, TPK_ERR_NOMEM, "sample", "out of memory");
-    for (int q = 0; q < ctx->tp.size; q++) counts[q] = (size_t)tpk_split(V, ctx->tp.size, q).size;
+    for (int q = 0; q < ctx->tp.size; q++) counts[q] = (int)tpk_split(V, ctx->tp.size, q).size, displs[q] = (int)tpk_split(V, ctx->tp.size, q).off;
     seq[0] = start;
     tpk_status s = TPK_OK;
     for (int i = 0; i < n && s == TPK_OK; i++) {
@@ -464,8 +467,8 @@ static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t start, int n, uint64
         if (s != TPK_OK) break;
         int64_t Vl = m->logits.shape[1];
         s = ctx->ops->memcpy(ctx, loc, (const float *)m->logits.data + (S - 1) * Vl, sizeof(float) * (size_t)Vl, ctx->ops->device ? TPK_D2H : TPK_H2H);
-        if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, loc, (size_t)Vl, row, counts, (size_t)V, TPK_F32);
         if (s != TPK_OK) break;
+        MPI_Allgatherv(loc, (int)Vl, MPI_FLOAT, row, counts, displs, MPI_FLOAT, tp_mpi);
         double mx = -INFINITY, z = 0, u = tpk_rng_uniform(seed, tpk_rng_stream("sample"), (uint64_t)i), c = 0;
         for (int64_t j = 0; j < V; j++) mx = fmax(mx, row[j]);
         for (int64_t j = 0; j < V; j++) z += exp(row[j] - mx);
@@ -569,10 +572,28 @@ int main(int argc, char **argv) {
                 "the data holds fewer than B x S + 1 = %lld tokens", (long long)o.batch * o.seq + 1);
     }
 
-    /* the mesh, the model, the optimizer state */
-    TRY(tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world));
-    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_host(), .world = &world, .tp = o.tp, .seed = o.seed}));
+    /* the backend (a GPU per rank where one is present), the mesh, the model, the optimizer */
+    const tpk_ops *ops = tpk_ops_host();
+    bool gpu = false;
+#ifdef TPK_WITH_CUDA
+    int ndev = tpk_cuda_device_count();
+    if (ndev > 0) {
+        MPI_Comm node;
+        int local = 0, per_node = 1;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local), MPI_Comm_size(node, &per_node);
+        MPI_Comm_free(&node);
+        TRY(tpk_cuda_set_device(&ctx, local % ndev));
+        ops = tpk_ops_cuda(), gpu = true;
+        if (per_node <= ndev) TRY(tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD, NULL, &world)); /* one GPU per rank */
+        else TRY(tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world));                                /* ranks share GPUs */
+    }
+#endif
+    if (!gpu) TRY(tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world));
+    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed}));
     ctx_up = true;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank / o.tp, world_rank, &tp_mpi); /* consecutive ranks, as tpk_ctx_init */
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank % o.tp, world_rank, &dp_mpi);
     tpk_gpt2_config cfg = {.vocab = o.vocab, .positions = o.positions, .layers = o.layers, .hidden = o.hidden, .heads = o.heads, .dropout = o.dropout,
                            .label_smoothing = o.smoothing, .sequence_parallel = o.sp};
     TRY(tpk_gpt2_init(&ctx, &m, &cfg));
@@ -642,9 +663,9 @@ int main(int argc, char **argv) {
                                p->decay ? o.wd : 0.0f, step + 1, gscale));
         }
         tr.step = step + 1;
-        float l = (float)(lsum / o.accum);
-        TRY(tpk_allreduce(&ctx, &ctx.dp, &l, &l, 1, TPK_F32, TPK_SUM));
-        l /= (float)dp;
+        double l = lsum / o.accum;
+        MPI_Allreduce(MPI_IN_PLACE, &l, 1, MPI_DOUBLE, MPI_SUM, dp_mpi);
+        l /= dp;
         double ms = 1e3 * (now() - t0), vl = NAN;
         if (o.eval_every && (tr.step % o.eval_every == 0 || tr.step == o.steps)) {
             tpk_gpt2_set_dropout(&m, 0);
@@ -662,6 +683,12 @@ int main(int argc, char **argv) {
             if (tr.step % o.log_every == 0 || tr.step == o.steps || isfinite(vl)) {
                 printf("step %5lld/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s", (long long)tr.step, o.steps, (double)l, norm,
                        (double)lr, ms, (double)o.batch * o.seq * o.accum * dp / (ms * 1e-3));
+                if (gpu) { /* model flops utilisation: 6 N + 12 L H S flops per token, against TPK_PEAK_TFLOPS (default 989, H100 bf16 dense) */
+                    const char *pk = getenv("TPK_PEAK_TFLOPS");
+                    double peak = (pk ? atof(pk) : 989.0) * 1e12 * world_size, tok = (double)o.batch * o.seq * o.accum * dp;
+                    double fl = (6.0 * (double)nglobal + 12.0 * (double)o.layers * (double)o.hidden * o.seq) * tok;
+                    printf(" | MFU %.1f%%", 100.0 * fl / (ms * 1e-3) / peak);
+                }
                 if (isfinite(vl)) printf(" | val loss %.4f", vl);
                 printf("\n");
                 fflush(stdout);
@@ -695,6 +722,8 @@ out:
         tpk_ctx_destroy(&ctx);
     }
     if (world.vt) tpk_comm_destroy(&world);
+    if (tp_mpi != MPI_COMM_NULL && tp_mpi) MPI_Comm_free(&tp_mpi);
+    if (dp_mpi != MPI_COMM_NULL && dp_mpi) MPI_Comm_free(&dp_mpi);
     MPI_Finalize();
     return rc;
 }
