@@ -29,7 +29,7 @@
  * The parser is schema-driven: it never recurses, so nesting deeper than the format's three
  * levels is a type error ("expected ..."), not a stack overflow. The header is scanned twice,
  * once to count and check, once to fill one allocation, so memory is the tensor table plus
- * the metadata strings (a fixed multiple of N at most), never more.
+ * the metadata strings, under 8 bytes per header byte, never more.
  *
  * Writing (tpk_st_write) is atomic: the bytes go to "<path>.tmp.<pid>" (open, write, fsync,
  * close), which is renamed over path, and the directory is fsynced. A failure removes the
@@ -497,13 +497,13 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
     size_t nt, nm, mbytes;
     TPK_TRY(tpk__st_header(&j, out, NULL, &nt, &nm, &mbytes)); /* count and check */
     size_t nsort = nt > nm ? nt : nm;
-    size_t off_t_ = sizeof(tpk_st_tensor) > sizeof(tpk__st_block) ? sizeof(tpk_st_tensor) : sizeof(tpk__st_block);
-    size_t off_sort = off_t_ + nt * sizeof(tpk_st_tensor), off_meta = off_sort + nsort * sizeof(void *);
+    size_t off_tensors = (sizeof(tpk__st_block) + 7) / 8 * 8; /* every part is 8-byte aligned but the strings */
+    size_t off_sort = off_tensors + nt * sizeof(tpk_st_tensor), off_meta = off_sort + nsort * sizeof(void *);
     size_t off_pool = off_meta + 2 * nm * sizeof(char *);
     uint8_t *block = (uint8_t *)calloc(1, off_pool + mbytes);
     if (!block) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %zu bytes for %zu tensors", what, off_pool + mbytes, nt);
     out->owned = block;
-    out->tensors = (tpk_st_tensor *)(void *)(block + off_t_);
+    out->tensors = (tpk_st_tensor *)(void *)(block + off_tensors);
     out->meta_keys = (char **)(void *)(block + off_meta);
     out->meta_vals = out->meta_keys + nm;
     out->data = (uint8_t *)(uintptr_t)j.end;
