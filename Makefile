@@ -122,7 +122,7 @@ demo: deps
 	@mkdir -p build/demo
 	@find /usr/share/common-licenses -maxdepth 1 -type f | sort | xargs cat > build/demo/text.txt
 	$(DEMO_MPI) build/gpt2_train --text build/demo/text.txt --tp 2 --layers 4 --hidden 128 --heads 4 \
-	    --batch 8 --seq-len 64 --steps 600 --lr 2e-3 --warmup 30 --eval-every 100 --log-every 25 \
+	    --batch 8 --seq-len 64 --steps 1000 --lr 3e-3 --warmup 50 --eval-every 200 --log-every 50 \
 	    --csv build/demo/loss.csv --save build/demo/ckpt --sample 400
 
 deps:

@@ -619,7 +619,7 @@ int main(int argc, char **argv) {
         tpk_gpt2_set_dropout(&m, 0);
         TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
         if (world_rank == 0) printf("val_loss %.6f\n", vl);
-        if (o.sample) TRY(sample(&ctx, &m, bytes ? '\n' : 50256, o.sample, o.seed, bytes));
+        if (o.sample) TRY(sample(&ctx, &m, o.vocab <= 256 ? '\n' : o.vocab > 50256 ? 50256 : 0, o.sample, o.seed, o.vocab <= 256));
         rc = 0;
         goto out;
     }
@@ -708,7 +708,7 @@ int main(int argc, char **argv) {
     }
     if (o.sample) {
         tpk_gpt2_set_dropout(&m, 0);
-        TRY(sample(&ctx, &m, bytes ? '\n' : 50256, o.sample, o.seed, bytes));
+        TRY(sample(&ctx, &m, o.vocab <= 256 ? '\n' : o.vocab > 50256 ? 50256 : 0, o.sample, o.seed, o.vocab <= 256));
     }
     rc = 0;
 out:

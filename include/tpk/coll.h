@@ -167,24 +167,27 @@ static inline void tpk_comm_destroy(tpk_comm *c) {
 
 /* ---- self: one rank, collectives are copies ----------------------------------------------- */
 
-static inline tpk_status tpk__self_copy(const void *send, void *recv, size_t bytes) {
-    if (send != recv && bytes) memmove(recv, send, bytes);
+/* recv = send; device buffers (the context's backend holds them) go through ops->memcpy */
+static inline tpk_status tpk__self_copy(tpk_ctx *ctx, const void *send, void *recv, size_t bytes) {
+    if (send == recv || !bytes) return TPK_OK;
+    if (ctx && ctx->ops && ctx->ops->device) return ctx->ops->memcpy(ctx, recv, send, bytes, TPK_D2D);
+    memmove(recv, send, bytes);
     return TPK_OK;
 }
 static inline tpk_status tpk__self_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt,
                                              tpk_redop op, tpk_request *req) {
-    (void)ctx, (void)c, (void)op, (void)req;
-    return tpk__self_copy(send, recv, count * tpk_dtype_size(dt));
+    (void)c, (void)op, (void)req;
+    return tpk__self_copy(ctx, send, recv, count * tpk_dtype_size(dt));
 }
 static inline tpk_status tpk__self_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
                                               tpk_dtype dt, tpk_request *req) {
-    (void)ctx, (void)c, (void)req;
-    return tpk__self_copy(send, recv, counts[0] * tpk_dtype_size(dt));
+    (void)c, (void)req;
+    return tpk__self_copy(ctx, send, recv, counts[0] * tpk_dtype_size(dt));
 }
 static inline tpk_status tpk__self_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
                                                    tpk_dtype dt, tpk_redop op, tpk_request *req) {
-    (void)ctx, (void)c, (void)op, (void)req;
-    return tpk__self_copy(send, recv, counts[0] * tpk_dtype_size(dt));
+    (void)c, (void)op, (void)req;
+    return tpk__self_copy(ctx, send, recv, counts[0] * tpk_dtype_size(dt));
 }
 static inline tpk_status tpk__self_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
     (void)ctx, (void)c, (void)buf, (void)count, (void)dt, (void)root, (void)req;
