@@ -53,6 +53,16 @@ r=$(relmax "$(losses "$T/full3.csv" 5 8)" "$(losses "$T/r1.csv" 5 8)")
 if [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "saved at t=3 (SP), resumed at t=1: losses of steps 5-8 equal continuing at t=3 (max relative difference $r)"
 else fail "saved at t=3, resumed at t=1 (max relative difference $r)"; fi
 
+# ---- data parallelism: DP 2 x TP 2 equals TP 2 with 2 accumulated micro-batches ----------------
+# (rank d of DP reads window k*dp + d, micro-batch j of step s reads window s*accum + j: the same
+# windows, and the DP mean equals the accumulation mean)
+tr 4 --text "$text" $small --tp 2 --steps 6 --csv "$T/dp2.csv"
+rc1=$rc
+tr 2 --text "$text" $small --tp 2 --steps 6 --grad-accum 2 --csv "$T/acc2.csv"
+r=$(relmax "$(losses "$T/dp2.csv" 1 6)" "$(losses "$T/acc2.csv" 1 6)")
+if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "DP 2 x TP 2 (gradient buckets all-reduced from the backward) = TP 2 with --grad-accum 2 over 6 steps (max relative difference $r)"
+else fail "DP 2 x TP 2 = TP 2 with --grad-accum 2 (max relative difference $r)"; fi
+
 # ---- evaluation identical at every TP size -----------------------------------------------------
 $fx shard "$T/tok.bin" "$text" >/dev/null 2>&1
 vals=""
