@@ -15,7 +15,9 @@
  *              the same averaged gradient, so no DP sum
  *   clip       g *= min(1, clip / |g|)
  *   AdamW      fp32 master weights; weight decay on 2-D weights only; lr: linear warm-up then
- *              cosine to lr * min_lr_frac
+ *              cosine to lr * min_lr_frac. --dtype bf16 (the default on a GPU): activations and
+ *              GEMM operands in bf16, weights through a bf16 copy remade after each step,
+ *              gradients accumulated in f32
  * Data: llm.c token shards (header of 256 int32: magic 20240520, version 1, token count; then
  * uint16 tokens) or, with --text, the bytes of any file (vocabulary 256; the last 10% is the
  * validation split). Batch k of DP rank d reads the B*S+1 tokens at ((k * dp + d) * B*S) (wrapping
@@ -54,7 +56,7 @@ static int errf(char *err, size_t n, const char *fmt, ...) {
 /* ---- options --------------------------------------------------------------------------------- */
 
 typedef struct opts {
-    const char *data, *val_data, *text, *save, *load, *csv;
+    const char *data, *val_data, *text, *save, *load, *csv, *dtype;
     int64_t layers, hidden, heads, vocab, positions;
     int tp, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
     bool sp, eval_only;
@@ -65,7 +67,7 @@ typedef struct opts {
 static void usage(void) {
     printf("usage: gpt2_train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
            "  model:     --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
-           "  parallel:  --tp 1 --sequence-parallel\n"
+           "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
            "  training:  --batch 8 --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
            "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
            "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
@@ -88,7 +90,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t errn) {
 #define FLT(flag, field, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return errf(err, errn, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v); \
         o->field = (float)x; i++; continue; }
-        STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
+        STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
         INT("--tp", tp, 1) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1) INT("--sample", sample, 0)
@@ -113,6 +115,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t errn) {
     }
     if (o->data && o->text) return errf(err, errn, "--data and --text: give one");
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
+    if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return errf(err, errn, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype);
     return 0;
 }
 
@@ -492,8 +495,8 @@ static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t start, int n, uint64
 /* The config hash every rank must share. */
 static uint64_t config_hash(const opts *o) {
     char s[2048];
-    snprintf(s, sizeof s, "%d %lld %lld %lld %lld %lld %d %d %d %d %d %d %d %d %d %d %g %g %g %g %g %g %g %g %llu %s %s %s %s %s",
-             o->save_every, (long long)o->layers, (long long)o->hidden, (long long)o->heads, (long long)o->vocab, (long long)o->positions, o->tp, o->batch, o->seq,
+    snprintf(s, sizeof s, "%s %d %lld %lld %lld %lld %lld %d %d %d %d %d %d %d %d %d %d %g %g %g %g %g %g %g %g %llu %s %s %s %s %s",
+             o->dtype ? o->dtype : "", o->save_every, (long long)o->layers, (long long)o->hidden, (long long)o->heads, (long long)o->vocab, (long long)o->positions, o->tp, o->batch, o->seq,
              o->accum, o->steps, o->warmup, o->eval_every, o->eval_batches, o->sample, (int)o->sp, (double)o->dropout, (double)o->lr,
              (double)o->min_lr_frac, (double)o->wd, (double)o->clip, (double)o->b1, (double)o->b2, (double)o->smoothing, (unsigned long long)o->seed,
              o->data ? o->data : "", o->val_data ? o->val_data : "", o->text ? o->text : "", o->load ? o->load : "", o->eval_only ? "eval" : "train");
@@ -590,7 +593,8 @@ int main(int argc, char **argv) {
     }
 #endif
     if (!gpu) TRY(tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world));
-    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed}));
+    tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16) : gpu ? TPK_BF16 : TPK_F32; /* master weights stay f32 */
+    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt}));
     ctx_up = true;
     MPI_Comm_split(MPI_COMM_WORLD, world_rank / o.tp, world_rank, &tp_mpi); /* consecutive ranks, as tpk_ctx_init */
     MPI_Comm_split(MPI_COMM_WORLD, world_rank % o.tp, world_rank, &dp_mpi);
@@ -607,8 +611,8 @@ int main(int argc, char **argv) {
     size_t nglobal = 0;
     for (int i = 0; i < ctx.params.n; i++) nglobal += tpk_param_global_numel(&ctx, i);
     if (world_rank == 0)
-        printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend | GPT-2 L=%lld H=%lld A=%lld V=%lld P=%lld, %.2fM parameters | B=%d S=%d accum %d\n",
-               world_size, o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, (long long)o.layers, (long long)o.hidden, (long long)o.heads,
+        printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend, %s | GPT-2 L=%lld H=%lld A=%lld V=%lld P=%lld, %.2fM parameters | B=%d S=%d accum %d\n",
+               world_size, o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", (long long)o.layers, (long long)o.hidden, (long long)o.heads,
                (long long)o.vocab, (long long)o.positions, (double)nglobal * 1e-6, o.batch, o.seq, o.accum);
     x = malloc(sizeof(int32_t) * (size_t)o.batch * (size_t)o.seq);
     y = malloc(sizeof(int32_t) * (size_t)o.batch * (size_t)o.seq);
@@ -662,6 +666,7 @@ int main(int argc, char **argv) {
             TRY(ctx.ops->adamw(&ctx, tpk_param_data(&ctx, i), tpk_param_grad(&ctx, i), mom + p->offset, var + p->offset, p->numel, lr, o.b1, o.b2, 1e-8f,
                                p->decay ? o.wd : 0.0f, step + 1, gscale));
         }
+        tpk_params_updated(&ctx); /* a bf16 context remakes its bf16 weights */
         tr.step = step + 1;
         double l = lsum / o.accum;
         MPI_Allreduce(MPI_IN_PLACE, &l, 1, MPI_DOUBLE, MPI_SUM, dp_mpi);

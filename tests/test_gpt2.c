@@ -383,6 +383,28 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&c1), tpk_ctx_destroy(&c2), tpk_ctx_destroy(&c3), tpk_ctx_destroy(&c4), tpk_ctx_destroy(&c5);
     }
 
+    for (int sp = 0; sp < 2; sp++)
+        TEST_CASE("GPT-2 model in bf16 (mixed precision)%s at t=%d: loss and every gradient within bf16 tolerance of the f32 model", sp ? " SP" : "", np) {
+            tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp};
+            tpk_ctx c16, c32;
+            tpk_ctx_init(&c16, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3, .dtype = TPK_BF16});
+            tpk_ctx_init(&c32, &(tpk_ctx_desc){.seed = 3});
+            mresult a = {0}, b = {0};
+            if (!run_model(&c16, &cfg, 4, &a) && !run_model(&c32, &cfg, 4, &b)) {
+                double worst = 0;
+                CHECK(fabsf(a.loss - b.loss) <= 1e-2f * fabsf(b.loss), "bf16 loss %.8g, f32 %.8g", (double)a.loss, (double)b.loss);
+                for (int i = 0; i < a.n && i < b.n; i++) {
+                    double e = test_relerr(a.grad[i], b.grad[i], tpk_param_global_numel(&c16, i));
+                    if (e > worst) worst = e;
+                    CHECK(e < 5e-2, "gradient of %s: relative error %.3g against f32", c16.params.list[i].name, e);
+                }
+                CHECK(fabsf(a.loss - b.loss) > 0, "the bf16 loss equals the f32 loss exactly: is bf16 in use?");
+                if (getenv("TPK_TEST_VERBOSE") && me == 0) printf("  bf16: loss %.6f vs %.6f, worst gradient error %.3g\n", (double)a.loss, (double)b.loss, worst);
+            }
+            mresult_free(&a), mresult_free(&b);
+            tpk_ctx_destroy(&c16), tpk_ctx_destroy(&c32);
+        }
+
     TEST_CASE("bad input: heads, hidden sizes, token rows, model config, labels, sequence length, backward before forward") {
         tpk_ctx ctx;
         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
@@ -421,6 +443,8 @@ int main(int argc, char **argv) {
         CHECK(m.logits.shape[1] == tpk_split(V, np, me).size && m.logits.shape[0] == T, "logits [%lld, %lld]", (long long)m.logits.shape[0],
               (long long)m.logits.shape[1]);
         CHECK_FAILS(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f), TPK_ERR_ARG, "backward needs a forward");
+        tpk_ctx badctx;
+        CHECK_FAILS(&badctx, tpk_ctx_init(&badctx, &(tpk_ctx_desc){.dtype = TPK_I32}), TPK_ERR_DTYPE, "desc->dtype: expected TPK_F32 or TPK_BF16, got i32");
         tpk_attention_destroy(&ctx, &at), tpk_gpt2_block_destroy(&ctx, &blk), tpk_gpt2_destroy(&ctx, &m);
         tpk_ctx_destroy(&ctx);
     }

@@ -63,6 +63,14 @@ r=$(relmax "$(losses "$T/dp2.csv" 1 6)" "$(losses "$T/acc2.csv" 1 6)")
 if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "DP 2 x TP 2 (gradient buckets all-reduced from the backward) = TP 2 with --grad-accum 2 over 6 steps (max relative difference $r)"
 else fail "DP 2 x TP 2 = TP 2 with --grad-accum 2 (max relative difference $r)"; fi
 
+# ---- bf16 mixed precision (f32 master weights, bf16 copy remade after every step) -----------------
+tr 2 --text "$text" $small --tp 2 --steps 30 --dtype f32 --csv "$T/f32.csv"
+rc1=$rc
+tr 2 --text "$text" $small --tp 2 --steps 30 --dtype bf16 --csv "$T/bf16.csv"
+r=$(relmax "$(losses "$T/f32.csv" 1 30)" "$(losses "$T/bf16.csv" 1 30)")
+if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 5e-3 && r > 0)}'; then ok "--dtype bf16 tracks the f32 run over 30 steps (max relative loss difference $r)"
+else fail "--dtype bf16 tracks the f32 run over 30 steps (max relative loss difference $r)"; fi
+
 # ---- evaluation identical at every TP size -----------------------------------------------------
 $fx shard "$T/tok.bin" "$text" >/dev/null 2>&1
 vals=""

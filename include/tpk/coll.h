@@ -235,9 +235,11 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     ctx->ops = d.ops ? d.ops : tpk_ops_host();
-    ctx->seed = d.seed;
+    ctx->seed = d.seed, ctx->dtype = d.dtype;
     if (!ctx->ops || !ctx->ops->alloc || !ctx->ops->gemm)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: expected a filled tpk_ops table");
+    if (d.dtype != TPK_F32 && d.dtype != TPK_BF16)
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "desc->dtype: expected TPK_F32 or TPK_BF16, got %s", tpk_dtype_name(d.dtype));
     if (!d.world) ctx->self_world = tpk_comm_self(ctx->ops->device), d.world = &ctx->self_world;
     if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised communicator");
     ctx->world = d.world;
@@ -264,6 +266,8 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
         tpk__buf_free(ctx, &ctx->work[1]);
         tpk__buf_free(ctx, &ctx->params.data);
         tpk__buf_free(ctx, &ctx->params.grad);
+        tpk__buf_free(ctx, &ctx->params.data16);
+        tpk__buf_free(ctx, &ctx->params.scratch);
     }
     free(ctx->params.list);
     tpk_comm_destroy(&ctx->tp);

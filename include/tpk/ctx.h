@@ -42,6 +42,9 @@ typedef struct tpk_params {
     size_t numel, cap_numel; /* local elements registered / allocated */
     tpk_buf data;            /* f32 [numel] master weights */
     tpk_buf grad;            /* f32 [numel] gradients */
+    tpk_buf data16;          /* bf16 [numel] copy of data, the weights a bf16 context computes with */
+    bool stale16;            /* data changed since data16 was made (tpk_params_updated) */
+    tpk_buf scratch;         /* f32, for adding bf16 gradients into grad */
 } tpk_params;
 
 typedef struct tpk_ctx_desc {
@@ -49,6 +52,9 @@ typedef struct tpk_ctx_desc {
     tpk_comm *world;    /* default: one rank (self) */
     int tp;             /* TP group size, consecutive ranks; default 1 */
     uint64_t seed;      /* initialisation and dropout seed */
+    tpk_dtype dtype;    /* activations and GEMM operands: TPK_F32 (default) or TPK_BF16 (mixed
+                           precision: weights used through a bf16 copy of the f32 master weights,
+                           gradients accumulated in f32, f32 arithmetic inside every op) */
 } tpk_ctx_desc;
 
 struct tpk_ctx {
@@ -57,6 +63,7 @@ struct tpk_ctx {
     tpk_comm self_world;  /* used when desc.world is NULL */
     tpk_comm tp, dp;      /* owned groups */
     uint64_t seed;
+    tpk_dtype dtype;      /* activation dtype (tpk_ctx_desc.dtype) */
     uint64_t rng_step;    /* dropout masks are drawn from (seed, layer, rng_step): a trainer sets it
                              to a new value per micro-batch (e.g. the micro-step counter) */
     tpk_buf work[2];      /* scratch for layouts that must be rearranged */

@@ -81,13 +81,13 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     e->B = B, e->S = S;
     int t = ctx->tp.size, r = ctx->tp.rank;
     TPK_TRY(tpk__upload_i32(ctx, &e->ids, ids, T));
-    tpk_tensor yp = tpk_tensor_2d(NULL, TPK_F32, T, e->H, TPK_P);
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &e->y, &yp));
-    if (T) TPK_TRY(ctx->ops->embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p, tpk_param_data(ctx, e->wte), T, e->H, e->v0, e->vl, TPK_F32, false));
+    if (T) TPK_TRY(ctx->ops->embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p, tpk_param_data(ctx, e->wte), T, e->H, e->v0, e->vl, ctx->dtype, false));
     tpk_tensor o = yp;
     tpk_range rows = {0, T};
     if (e->sp) {
-        o = tpk_tensor_shard_2d(NULL, TPK_F32, T, e->H, TPK_S(0), t, r);
+        o = tpk_tensor_shard_2d(NULL, ctx->dtype, T, e->H, TPK_S(0), t, r);
         TPK_TRY(tpk__buf_view(ctx, &e->y2, &o));
         TPK_TRY(tpk_convert(ctx, &yp, TPK_S(0), &o)); /* reduce-scatter tokens */
         rows = tpk_split(T, t, r);
@@ -103,7 +103,7 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     TPK_TRY(s);
     if (e->wpe >= 0 && rows.size)
         TPK_TRY(ctx->ops->embed_fwd(ctx, o.data, (const int32_t *)e->pos.p + rows.off, tpk_param_data(ctx, e->wpe), rows.size, e->H, 0, e->P,
-                                    TPK_F32, true));
+                                    ctx->dtype, true));
     *y = o;
     return TPK_OK;
 }
@@ -114,16 +114,16 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
     if (!ctx) return TPK_ERR_ARG;
     if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
     int64_t T = e->B * e->S, want[2] = {T, e->H};
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, TPK_F32, 2, want, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank));
     if (e->sp) {
-        tpk_tensor g = tpk_tensor_2d(NULL, TPK_F32, T, e->H, TPK_R);
+        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &e->dy, &g));
         TPK_TRY(tpk_convert(ctx, &dy, TPK_R, &g)); /* all-gather tokens */
         dy = g;
     }
     if (!T) return TPK_OK;
-    TPK_TRY(ctx->ops->embed_bwd(ctx, tpk_param_grad(ctx, e->wte), dy.data, (const int32_t *)e->ids.p, T, e->H, e->v0, e->vl, TPK_F32));
-    if (e->wpe >= 0) TPK_TRY(ctx->ops->embed_bwd(ctx, tpk_param_grad(ctx, e->wpe), dy.data, (const int32_t *)e->pos.p, T, e->H, 0, e->P, TPK_F32));
+    TPK_TRY(ctx->ops->embed_bwd(ctx, tpk_param_grad(ctx, e->wte), dy.data, (const int32_t *)e->ids.p, T, e->H, e->v0, e->vl, ctx->dtype));
+    if (e->wpe >= 0) TPK_TRY(ctx->ops->embed_bwd(ctx, tpk_param_grad(ctx, e->wpe), dy.data, (const int32_t *)e->pos.p, T, e->H, 0, e->P, ctx->dtype));
     return TPK_OK;
 }
 
@@ -170,7 +170,7 @@ static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor
     if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
     if (!loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
     int64_t want[2] = {-1, ce->V};
-    TPK_TRY(tpk__check(ctx, fn, "z", &z, TPK_S(-1), TPK_F32, 2, want, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "z", &z, TPK_S(-1), ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank));
     int64_t T = z.shape[0], Vl = z.shape[1], v0 = tpk_split(ce->V, ctx->tp.size, ctx->tp.rank).off, counted = 0;
     if (T && !targets) return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets: NULL");
     for (int64_t i = 0; i < T; i++) {
@@ -188,9 +188,9 @@ static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor
     TPK_TRY(tpk__buf_reserve(ctx, &ce->loss, f * n));
     float *mx = (float *)ce->mx.p, *part = (float *)ce->part.p;
     const int32_t *tg = (const int32_t *)ce->targets.p;
-    TPK_TRY(ctx->ops->xent_max(ctx, mx, z.data, T, Vl, TPK_F32));
+    TPK_TRY(ctx->ops->xent_max(ctx, mx, z.data, T, Vl, ctx->dtype));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, mx, mx, (size_t)T, TPK_F32, TPK_MAX));
-    TPK_TRY(ctx->ops->xent_partial(ctx, part, z.data, mx, tg, T, Vl, v0, TPK_F32));
+    TPK_TRY(ctx->ops->xent_partial(ctx, part, z.data, mx, tg, T, Vl, v0, ctx->dtype));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, part, part, 3 * (size_t)T, TPK_F32, TPK_SUM));
     TPK_TRY(ctx->ops->xent_loss(ctx, (float *)ce->loss.p, (float *)ce->lse.p, mx, part, tg, T, ce->V, ce->eps, ce->ignore));
     float *host = (float *)malloc(f * n);
@@ -216,7 +216,7 @@ static inline tpk_status tpk_xent_backward(tpk_ctx *ctx, tpk_xent *ce, float sca
     TPK_TRY(tpk__buf_reserve(ctx, &ce->dloss, sizeof(float) * (size_t)(T ? T : 1)));
     if (T) TPK_TRY(ctx->ops->fill(ctx, ce->dloss.p, TPK_F32, (size_t)T, ce->counted ? scale / (float)ce->counted : 0.0f));
     TPK_TRY(ctx->ops->xent_grad(ctx, ce->z.data, ce->z.data, (const float *)ce->lse.p, (const int32_t *)ce->targets.p, (const float *)ce->dloss.p, T,
-                                Vl, v0, ce->V, ce->eps, ce->ignore, TPK_F32));
+                                Vl, v0, ce->V, ce->eps, ce->ignore, ctx->dtype));
     *dz = ce->z;
     return TPK_OK;
 }

@@ -32,9 +32,9 @@ static inline tpk_status tpk__residual(tpk_ctx *ctx, void *out, const void *x, c
                                        uint64_t stream) {
     size_t n = (size_t)(rows * H);
     if (!n) return TPK_OK;
-    if (p > 0) TPK_TRY(ctx->ops->dropout(ctx, out, y, rows, H, H, row0, 0, p, ctx->seed, stream, TPK_F32));
-    else TPK_TRY(ctx->ops->axpby(ctx, out, 1.0f, y, 0.0f, TPK_F32, n));
-    return ctx->ops->axpby(ctx, out, 1.0f, x, 1.0f, TPK_F32, n);
+    if (p > 0) TPK_TRY(ctx->ops->dropout(ctx, out, y, rows, H, H, row0, 0, p, ctx->seed, stream, ctx->dtype));
+    else TPK_TRY(ctx->ops->axpby(ctx, out, 1.0f, y, 0.0f, ctx->dtype, n));
+    return ctx->ops->axpby(ctx, out, 1.0f, x, 1.0f, ctx->dtype, n);
 }
 
 /* ---- block ----------------------------------------------------------------------------------- */
@@ -131,25 +131,25 @@ static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!b->ln_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->ln_1.x.layout, TPK_F32, 2, b->ln_1.x.gshape, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->ln_1.x.layout, ctx->dtype, 2, b->ln_1.x.gshape, ctx->tp.size, ctx->tp.rank));
     int64_t rows = b->rows, H = b->H;
     size_t n = (size_t)(rows * H);
     tpk_tensor g = dy, dh, dx1, da;
     if (b->p > 0) { /* through the residual dropout of the MLP branch */
         TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
-        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dy.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s2, TPK_F32));
+        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dy.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s2, ctx->dtype));
     }
     TPK_TRY(tpk_mlp_backward(ctx, &b->mlp, g, &dh));
     TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_2, dh, &dx1)); /* in ln_2's buffer */
-    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx1.data, 1.0f, dy.data, 1.0f, TPK_F32, n));
+    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx1.data, 1.0f, dy.data, 1.0f, ctx->dtype, n));
     g = dx1;
     if (b->p > 0) {
         TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
-        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dx1.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s1, TPK_F32));
+        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dx1.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
     }
     TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
     TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_1, da, dx)); /* in ln_1's buffer */
-    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx->data, 1.0f, dx1.data, 1.0f, TPK_F32, n));
+    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx->data, 1.0f, dx1.data, 1.0f, ctx->dtype, n));
     return TPK_OK;
 }
 
@@ -254,7 +254,7 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
         m->s0 = tpk__dropout_stream(ctx, "drop");
         TPK_TRY(tpk__buf_view(ctx, &m->x0, &x));
         if (m->rows)
-            TPK_TRY(ctx->ops->dropout(ctx, x.data, e.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, TPK_F32));
+            TPK_TRY(ctx->ops->dropout(ctx, x.data, e.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
     }
     for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_gpt2_block_forward(ctx, &m->h[i], x, B, S, &x));
     TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
@@ -286,7 +286,7 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
         tpk_tensor d = g;
         TPK_TRY(tpk__buf_view(ctx, &m->dx0, &d));
         if (m->rows)
-            TPK_TRY(ctx->ops->dropout(ctx, d.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, TPK_F32));
+            TPK_TRY(ctx->ops->dropout(ctx, d.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
         g = d;
     }
     TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));

@@ -48,7 +48,7 @@ typedef struct tpk_linear {
     tpk_tensor x;         /* saved input: column R [T, in]; row S(-1) [T, in_r] */
     bool x_was_R;         /* row: the input was R and was sliced */
     tpk_layout split;     /* how the features of W are split: column out, row in */
-    tpk_buf xb, y, y2, dy, dx, dx2;
+    tpk_buf xb, y, y2, dy, dx, dx2, gw; /* gw: a bf16 context's weight-gradient product */
 } tpk_linear;
 
 typedef tpk_linear tpk_col_linear;
@@ -114,7 +114,7 @@ static inline tpk_status tpk_row_linear_init(tpk_ctx *ctx, tpk_row_linear *l, in
 
 /* Release the layer's buffers (its parameters stay in the context). */
 static inline void tpk_linear_destroy(tpk_ctx *ctx, tpk_linear *l) {
-    tpk_buf *bufs[] = {&l->xb, &l->y, &l->y2, &l->dy, &l->dx, &l->dx2};
+    tpk_buf *bufs[] = {&l->xb, &l->y, &l->y2, &l->dy, &l->dx, &l->dx2, &l->gw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tpk__buf_free(ctx, bufs[i]);
 }
 
@@ -128,7 +128,9 @@ static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_li
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     if (!x) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);
     if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
-    if (x->dtype != TPK_F32) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype f32 (the dtype of \"%s\"), got %s", arg, l->name, tpk_dtype_name(x->dtype));
+    if (x->dtype != ctx->dtype)
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype %s (the context's dtype), got %s", arg, tpk_dtype_name(ctx->dtype), tpk_dtype_name(x->dtype));
+    if (arg[0] == 'x') TPK_TRY(tpk__params_fresh(ctx));
     return TPK_OK;
 }
 
@@ -140,24 +142,24 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     if (l->d.sequence_parallel) {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(0), TPK_F32, 2, want, t, r));
-        tpk_tensor g = tpk_tensor_2d(NULL, TPK_F32, x.gshape[0], l->in, TPK_R);
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(0), ctx->dtype, 2, want, t, r));
+        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, x.gshape[0], l->in, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->xb, &g));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g)); /* all-gather tokens */
         x = g;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, TPK_F32, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want, t, r));
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    tpk_tensor yl = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S_EX(-1, l->d.stride, l->d.unit), t, r);
+    tpk_tensor yl = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, l->d.stride, l->d.unit), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (T && n) {
-        TPK_TRY(ctx->ops->gemm(ctx, false, true, T, n, l->in, 1.f, x.data, l->in, tpk_param_data(ctx, l->w), l->in, 0.f, yl.data, n, TPK_F32));
-        if (l->b >= 0) TPK_TRY(ctx->ops->bias_add(ctx, yl.data, tpk_param_data(ctx, l->b), T, n, TPK_F32));
+        TPK_TRY(ctx->ops->gemm(ctx, false, true, T, n, l->in, 1.f, x.data, l->in, tpk__param_w(ctx, l->w), l->in, 0.f, yl.data, n, ctx->dtype));
+        if (l->b >= 0) TPK_TRY(ctx->ops->bias_add(ctx, yl.data, tpk__param_w(ctx, l->b), T, n, ctx->dtype));
     }
     if (l->d.gather_output) {
-        tpk_tensor yg = tpk_tensor_2d(NULL, TPK_F32, T, l->out, TPK_R);
+        tpk_tensor yg = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yg));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_GATHER, &yl, &yg));
         yl = yg;
@@ -175,38 +177,38 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.gather_output) {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, TPK_F32, 2, want, t, r));
-        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S_EX(-1, 1, l->d.unit), t, r);
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want, t, r));
+        tpk_tensor s = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, 1, l->d.unit), t, r);
         TPK_TRY(tpk__buf_view(ctx, &l->dy, &s));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_GATHER, &dy, &s)); /* slice own columns */
         dy = s;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S_EX(-1, l->d.stride, l->d.unit), TPK_F32, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S_EX(-1, l->d.stride, l->d.unit), ctx->dtype, 2, want, t, r));
     }
     /* dx = dy_r W_r: a partial sum over ranks */
-    tpk_tensor dxp = tpk_tensor_2d(NULL, TPK_F32, T, l->in, TPK_P);
+    tpk_tensor dxp = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxp));
-    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk_param_data(ctx, l->w), l->in, 0.f, dxp.data, l->in, TPK_F32));
-    else TPK_TRY(ctx->ops->fill(ctx, dxp.data, TPK_F32, (size_t)(T * l->in), 0.f));
+    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype));
+    else TPK_TRY(ctx->ops->fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f));
     tpk_request req = {0};
     tpk_tensor out;
     if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
-        out = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->in, TPK_S(0), t, r);
+        out = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->in, TPK_S(0), t, r);
         TPK_TRY(tpk__buf_view(ctx, &l->dx2, &out));
         size_t counts[64], *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);
         if (!cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
         for (int q = 0; q < t; q++) cnt[q] = (size_t)(tpk_split(T, t, q).size * l->in);
-        tpk_status s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt, TPK_F32, TPK_SUM, &req);
+        tpk_status s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt, ctx->dtype, TPK_SUM, &req);
         if (cnt != counts) free(cnt);
         TPK_TRY(s);
     } else { /* P -> R: all-reduce in place, overlapped */
-        out = tpk_tensor_2d(dxp.data, TPK_F32, T, l->in, TPK_R);
-        TPK_TRY(tpk_allreduce_start(ctx, &ctx->tp, dxp.data, dxp.data, (size_t)(T * l->in), TPK_F32, TPK_SUM, &req));
+        out = tpk_tensor_2d(dxp.data, ctx->dtype, T, l->in, TPK_R);
+        TPK_TRY(tpk_allreduce_start(ctx, &ctx->tp, dxp.data, dxp.data, (size_t)(T * l->in), ctx->dtype, TPK_SUM, &req));
     }
     tpk_status s = TPK_OK;
     if (n && T) {
-        s = ctx->ops->gemm(ctx, true, false, n, l->in, T, 1.f, dy.data, n, l->x.data, l->in, 1.f, tpk_param_grad(ctx, l->w), l->in, TPK_F32);
-        if (s == TPK_OK && l->b >= 0) s = ctx->ops->bias_grad(ctx, tpk_param_grad(ctx, l->b), dy.data, T, n, TPK_F32, true);
+        s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, l->x.data, l->in, &l->gw);
+        if (s == TPK_OK && l->b >= 0) s = tpk__grad_bias(ctx, l->b, dy.data, T, n, &l->gw);
     }
     tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
@@ -224,8 +226,8 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     int64_t want[2] = {-1, l->in};
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
     if (l->x_was_R) {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, TPK_F32, 2, want, t, r));
-        tpk_tensor s = tpk_tensor_shard_2d(NULL, TPK_F32, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want, t, r));
+        tpk_tensor s = tpk_tensor_shard_2d(NULL, ctx->dtype, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
         TPK_TRY(tpk__buf_view(ctx, &l->xb, &s));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SCATTER, &x, &s)); /* slice own columns */
         x = s;
@@ -236,24 +238,24 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         if (!tpk_layout_eq(x.layout, want_l, 2))
             return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout %s (or R, sliced here), got %s", tpk_layout_str(want_l, b, sizeof b),
                              tpk_layout_str(x.layout, a, sizeof a));
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, want_l, TPK_F32, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, want_l, ctx->dtype, 2, want, t, r));
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    tpk_tensor yp = tpk_tensor_2d(NULL, TPK_F32, T, l->out, TPK_P);
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yp));
-    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, true, T, l->out, n, 1.f, x.data, n, tpk_param_data(ctx, l->w), n, 0.f, yp.data, l->out, TPK_F32));
-    else TPK_TRY(ctx->ops->fill(ctx, yp.data, TPK_F32, (size_t)(T * l->out), 0.f));
+    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, true, T, l->out, n, 1.f, x.data, n, tpk__param_w(ctx, l->w), n, 0.f, yp.data, l->out, ctx->dtype));
+    else TPK_TRY(ctx->ops->fill(ctx, yp.data, ctx->dtype, (size_t)(T * l->out), 0.f));
     tpk_tensor yo;
     if (l->d.sequence_parallel) {
-        yo = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->out, TPK_S(0), t, r);
+        yo = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S(0), t, r);
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yo));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &yp, &yo)); /* reduce-scatter tokens */
     } else {
         yo = yp;
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_REDUCE, &yp, &yo)); /* all-reduce in place */
     }
-    if (l->b >= 0 && yo.shape[0]) TPK_TRY(ctx->ops->bias_add(ctx, yo.data, tpk_param_data(ctx, l->b), yo.shape[0], l->out, TPK_F32));
+    if (l->b >= 0 && yo.shape[0]) TPK_TRY(ctx->ops->bias_add(ctx, yo.data, tpk__param_w(ctx, l->b), yo.shape[0], l->out, ctx->dtype));
     *y = yo;
     return TPK_OK;
 }
@@ -267,23 +269,23 @@ static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l
     if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.sequence_parallel) {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), TPK_F32, 2, want, t, r));
-        tpk_tensor g = tpk_tensor_2d(NULL, TPK_F32, T, l->out, TPK_R);
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), ctx->dtype, 2, want, t, r));
+        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->dy, &g));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_SCATTER, &dy, &g)); /* all-gather tokens */
         dy = g;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, TPK_F32, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want, t, r));
     }
-    tpk_tensor dxs = tpk_tensor_shard_2d(NULL, TPK_F32, T, l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
+    tpk_tensor dxs = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
     if (n && T) {
-        TPK_TRY(ctx->ops->gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk_param_data(ctx, l->w), n, 0.f, dxs.data, n, TPK_F32));
-        TPK_TRY(ctx->ops->gemm(ctx, true, false, l->out, n, T, 1.f, dy.data, l->out, l->x.data, n, 1.f, tpk_param_grad(ctx, l->w), n, TPK_F32));
+        TPK_TRY(ctx->ops->gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
+        TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n, &l->gw));
     }
-    if (l->b >= 0 && T) TPK_TRY(ctx->ops->bias_grad(ctx, tpk_param_grad(ctx, l->b), dy.data, T, l->out, TPK_F32, true));
+    if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out, &l->gw));
     if (l->x_was_R) {
-        tpk_tensor g = tpk_tensor_2d(NULL, TPK_F32, T, l->in, TPK_R);
+        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->dx2, &g));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SCATTER, &dxs, &g)); /* all-gather features */
         dxs = g;

@@ -53,7 +53,7 @@ static inline tpk_status tpk__ln_check(tpk_ctx *ctx, const char *fn, tpk_layerno
     if (!l || !l->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layernorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
-    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, TPK_F32, 2, want, ctx->tp.size, ctx->tp.rank);
+    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank);
 }
 
 /* y = layernorm(x): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
@@ -67,7 +67,7 @@ static inline tpk_status tpk_layernorm_forward(tpk_ctx *ctx, tpk_layernorm *l, t
     TPK_TRY(tpk__buf_reserve(ctx, &l->rstd, sizeof(float) * (size_t)(rows ? rows : 1)));
     if (rows)
         TPK_TRY(ctx->ops->layernorm_fwd(ctx, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, tpk_param_data(ctx, l->w),
-                                        tpk_param_data(ctx, l->b), rows, l->H, l->eps, TPK_F32));
+                                        tpk_param_data(ctx, l->b), rows, l->H, l->eps, ctx->dtype));
     l->x = x;
     *y = o;
     return TPK_OK;
@@ -83,7 +83,7 @@ static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, 
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &o));
     if (rows)
         TPK_TRY(ctx->ops->layernorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
-                                        tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p, rows, l->H, TPK_F32,
+                                        tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p, rows, l->H, ctx->dtype,
                                         false));
     *dx = o;
     return TPK_OK;

@@ -157,7 +157,55 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     P->list[P->n] = p;
     *id = P->n++;
     P->numel += p.numel;
+    P->stale16 = true;
     return tpk__param_init(ctx, *id, desc->init, desc->std);
+}
+
+/* ---- mixed precision (ctx->dtype == TPK_BF16) ---------------------------------------------- */
+
+/* Say that the master weights changed (after an optimizer step that wrote them directly), so a
+ * bf16 context remakes its bf16 copy before the next forward. tpk_param_add, tpk_param_set_global
+ * and tpk_param_scatter into the data buffer say it themselves. */
+static inline void tpk_params_updated(tpk_ctx *ctx) { ctx->params.stale16 = true; }
+
+/* Make the bf16 copy of the weights current (no-op for f32). Layers call it in forward. */
+static inline tpk_status tpk__params_fresh(tpk_ctx *ctx) {
+    tpk_params *P = &ctx->params;
+    if (ctx->dtype != TPK_BF16 || !P->stale16 || !P->numel) return TPK_OK;
+    TPK_TRY(tpk__buf_reserve(ctx, &P->data16, P->numel * 2));
+    TPK_TRY(ctx->ops->cast(ctx, P->data16.p, TPK_BF16, P->data.p, TPK_F32, P->numel));
+    P->stale16 = false;
+    return TPK_OK;
+}
+/* Parameter id's weights in the context's dtype (the bf16 copy, or the f32 master). */
+static inline const void *tpk__param_w(tpk_ctx *ctx, int id) {
+    if (ctx->dtype == TPK_BF16) return (const uint16_t *)ctx->params.data16.p + ctx->params.list[id].offset;
+    return tpk_param_data(ctx, id);
+}
+/* grad[off .. off + n) += src (n elements in ctx->dtype). */
+static inline tpk_status tpk__grad_add(tpk_ctx *ctx, float *grad, const void *src, size_t n) {
+    if (!n) return TPK_OK;
+    if (ctx->dtype == TPK_F32) return ctx->ops->axpby(ctx, grad, 1.0f, src, 1.0f, TPK_F32, n);
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->params.scratch, n * sizeof(float)));
+    TPK_TRY(ctx->ops->cast(ctx, ctx->params.scratch.p, TPK_F32, src, ctx->dtype, n));
+    return ctx->ops->axpby(ctx, grad, 1.0f, ctx->params.scratch.p, 1.0f, TPK_F32, n);
+}
+/* grad(id) [m, n] += op(A) op(B), A and B in ctx->dtype: straight into the f32 gradient, or
+ * through `tmp` (a bf16 [m, n] product, then added in f32). */
+static inline tpk_status tpk__grad_gemm(tpk_ctx *ctx, int id, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                                        const void *b, int64_t ldb, tpk_buf *tmp) {
+    float *g = tpk_param_grad(ctx, id);
+    if (ctx->dtype == TPK_F32) return ctx->ops->gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, TPK_F32);
+    TPK_TRY(tpk__buf_reserve(ctx, tmp, (size_t)(m * n) * tpk_dtype_size(ctx->dtype)));
+    TPK_TRY(ctx->ops->gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, tmp->p, n, ctx->dtype));
+    return tpk__grad_add(ctx, g, tmp->p, (size_t)(m * n));
+}
+/* grad(id) [cols] += column sums of dy [rows, cols] (ctx->dtype). */
+static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, int64_t rows, int64_t cols, tpk_buf *tmp) {
+    if (ctx->dtype == TPK_F32) return ctx->ops->bias_grad(ctx, tpk_param_grad(ctx, id), dy, rows, cols, TPK_F32, true);
+    TPK_TRY(tpk__buf_reserve(ctx, tmp, (size_t)cols * tpk_dtype_size(ctx->dtype)));
+    TPK_TRY(ctx->ops->bias_grad(ctx, tmp->p, dy, rows, cols, ctx->dtype, false));
+    return tpk__grad_add(ctx, tpk_param_grad(ctx, id), tmp->p, (size_t)cols);
 }
 
 /* Zero every gradient. */
@@ -232,6 +280,7 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1));
     if (!host) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    if (flat == (float *)ctx->params.data.p) ctx->params.stale16 = true;
     tpk__param_place(p, ctx->tp.size, ctx->tp.rank, (float *)in, host, false);
     tpk_status s = ctx->ops->memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
     free(host);
