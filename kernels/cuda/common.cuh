@@ -164,28 +164,34 @@ tpk_status tpk__cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const 
 
 /* Column sums over row chunks, deterministic (no atomics): part[c][k][j] = sum over rows i of
  * chunk c of f(i, j)[k] (NOUT outputs per element), then out_k[j] (+)= sum_c part[c][k][j] in
- * chunk order. Used by bias_grad and layernorm's dw, db. */
+ * chunk order. Used by bias_grad and layernorm's dw, db. Launch with grid (ceil(cols / 32),
+ * colsum_grid_y(chunks)), block (32, 8): gridDim.y is at most 65535, so a block strides over the
+ * chunks (rows > 65535 * COLSUM_ROWS); a chunk's sum does not depend on which block adds it. */
 enum { COLSUM_ROWS = 256 }; /* rows per chunk */
+static inline unsigned colsum_grid_y(int64_t chunks) { return (unsigned)(chunks < 65535 ? chunks : 65535); }
 template <int NOUT, class F>
 __global__ void colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part) {
     __shared__ float sh[NOUT][8][33];
-    int64_t j = blockIdx.x * 32 + threadIdx.x, c = blockIdx.y;
-    int64_t r0 = c * COLSUM_ROWS, r1 = r0 + COLSUM_ROWS < rows ? r0 + COLSUM_ROWS : rows;
-    float acc[NOUT];
-    for (int k = 0; k < NOUT; k++) acc[k] = 0.0f;
-    if (j < cols)
-        for (int64_t i = r0 + threadIdx.y; i < r1; i += 8) {
-            float v[NOUT];
-            f(i, j, v);
-            for (int k = 0; k < NOUT; k++) acc[k] += v[k];
-        }
-    for (int k = 0; k < NOUT; k++) sh[k][threadIdx.y][threadIdx.x] = acc[k];
-    __syncthreads();
-    if (threadIdx.y == 0 && j < cols)
-        for (int k = 0; k < NOUT; k++) {
-            float s = 0.0f;
-            for (int y = 0; y < 8; y++) s += sh[k][y][threadIdx.x];
-            part[((size_t)c * NOUT + k) * (size_t)cols + (size_t)j] = s;
-        }
+    int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) { /* uniform over the block */
+        int64_t r0 = c * COLSUM_ROWS, r1 = r0 + COLSUM_ROWS < rows ? r0 + COLSUM_ROWS : rows;
+        float acc[NOUT];
+        for (int k = 0; k < NOUT; k++) acc[k] = 0.0f;
+        if (j < cols)
+            for (int64_t i = r0 + threadIdx.y; i < r1; i += 8) {
+                float v[NOUT];
+                f(i, j, v);
+                for (int k = 0; k < NOUT; k++) acc[k] += v[k];
+            }
+        __syncthreads(); /* the previous chunk's sums have been read */
+        for (int k = 0; k < NOUT; k++) sh[k][threadIdx.y][threadIdx.x] = acc[k];
+        __syncthreads();
+        if (threadIdx.y == 0 && j < cols)
+            for (int k = 0; k < NOUT; k++) {
+                float s = 0.0f;
+                for (int y = 0; y < 8; y++) s += sh[k][y][threadIdx.x];
+                part[((size_t)c * NOUT + k) * (size_t)cols + (size_t)j] = s;
+            }
+    }
 }
 #endif

@@ -500,7 +500,7 @@ static tpk_status cuda_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
     by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         if (chunks) {
-            dim3 grid((unsigned)((cols + 31) / 32), (unsigned)chunks), block(32, 8);
+            dim3 grid((unsigned)((cols + 31) / 32), colsum_grid_y(chunks)), block(32, 8);
             colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(dy_elem<T>{(const T *)dy, cols}, rows, cols, part);
         }
         colsum_final_kernel<T><<<grid_for((size_t)cols, 256), 256, 0, st->stream>>>((T *)db, part, chunks, cols, accumulate);

@@ -170,7 +170,7 @@ tpk_status tpk__cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db,
         using T = decltype(tag);
         /* dw, db first: they read dy, which dx must not overwrite before (dx does not alias dy by
          * contract, but the order costs nothing) */
-        dim3 grid((unsigned)((cols + 31) / 32), (unsigned)chunks), block(32, 8);
+        dim3 grid((unsigned)((cols + 31) / 32), colsum_grid_y(chunks)), block(32, 8);
         colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
                                                                  cols, part);
         ln_wb_final_kernel<<<grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
@@ -505,7 +505,8 @@ static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, 
     if (D > ATT_MAXD)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
     if (B > 65535 || Al > 65535 || (S + ATT_WARPS - 1) / ATT_WARPS > INT_MAX)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "B, Al: expected <= 65535 each (grid limits), got %lld, %lld", (long long)B, (long long)Al);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "B, Al, S: expected B, Al <= 65535 and S / %d < 2^31 (grid limits), got %lld, %lld, %lld",
+                         ATT_WARPS, (long long)B, (long long)Al, (long long)S);
     return TPK_OK;
 }
 
@@ -529,27 +530,32 @@ tpk_status tpk__cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *q
     tpk_status s = TPK_OK;
     by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        s = att_by_ne(ctx, fn, D, [&](auto ne) {
+        /* the lambda records a failure of the shared-memory attribute in s; att_by_ne's own
+         * status (an unsupported D) must not overwrite it with TPK_OK */
+        tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) {
             auto kernel = attn_fwd_kernel<T, decltype(ne)::value>;
             if ((s = att_smem_attr(ctx, fn, kernel, smem)) != TPK_OK) return;
             kernel<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)out, lse, (const T *)qkv, S, Al, D, A, head0, scale, p, seed, stream);
         });
+        if (s == TPK_OK) s = r;
     });
     TPK_TRY(s);
     return cuda_launched(ctx, fn);
 }
 
-/* Dr[b, h, i] = sum_e dO_i O_i (one warp per row) */
+/* Dr[b, h, i] = sum_e dO_i O_i (one warp per row; the warps stride over the rows, so the grid
+ * stays within limits whatever B Al S is) */
 template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, const T *out, int64_t B, int64_t S, int64_t Al, int64_t D) {
-    int64_t r = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5); /* (b, h, i) flattened */
     int lane = threadIdx.x & 31;
-    if (r >= B * Al * S) return;
-    int64_t i = r % S, h = (r / S) % Al, b = r / (S * Al);
-    size_t base = (size_t)((b * S + i) * Al * D + h * D);
-    float s = 0.0f;
-    for (int64_t e = lane; e < D; e += 32) s += ldf(dout, base + e) * ldf(out, base + e);
-    s = warp_sum(s);
-    if (lane == 0) Dr[r] = s;
+    int64_t nrows = B * Al * S;
+    for (int64_t r = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5); r < nrows; r += (int64_t)gridDim.x * ATT_WARPS) {
+        int64_t i = r % S, h = (r / S) % Al, b = r / (S * Al); /* r = (b Al + h) S + i */
+        size_t base = (size_t)((b * S + i) * Al * D + h * D);
+        float s = 0.0f;
+        for (int64_t e = lane; e < D; e += 32) s += ldf(dout, base + e) * ldf(out, base + e);
+        s = warp_sum(s); /* r is the same on every lane of the warp */
+        if (lane == 0) Dr[r] = s;
+    }
 }
 
 /* dQ: warp w owns query row i; over key tiles j0 <= i: lane j scores s = scale q.k_j, dp = dO_i.v_j */
@@ -676,9 +682,9 @@ tpk_status tpk__cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const 
     tpk_status s = TPK_OK;
     by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        attn_dr_kernel<T><<<(unsigned)((nrows + ATT_WARPS - 1) / ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const T *)dout,
+        attn_dr_kernel<T><<<grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const T *)dout,
                                                                                                          (const T *)out, B, S, Al, D);
-        s = att_by_ne(ctx, fn, D, [&](auto ne) {
+        tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) { /* failures recorded in s, as in attn_fwd */
             auto kq = attn_dq_kernel<T, decltype(ne)::value>;
             auto kkv = attn_dkv_kernel<T, decltype(ne)::value>;
             if ((s = att_smem_attr(ctx, fn, kq, smem)) != TPK_OK || (s = att_smem_attr(ctx, fn, kkv, smem)) != TPK_OK) return;
@@ -687,6 +693,7 @@ tpk_status tpk__cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const 
             kkv<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, head0,
                                                             scale, p, seed, stream);
         });
+        if (s == TPK_OK) s = r;
     });
     TPK_TRY(s);
     return cuda_launched(ctx, fn);

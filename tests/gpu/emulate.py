@@ -3,7 +3,8 @@
 # attn_dq_kernel, attn_dkv_kernel, lanes and warps written as loops, causal bounds, dropout keep
 # factors, S not a multiple of the tile) against dense attention, and the row-major -> column-major
 # operand mapping of cuda_gemm (kernels/cuda/ops_cuda.cu) and the indexing of its tiled fallback kernel
-# (gemm_fallback_kernel) for every transpose and padded strides.
+# (gemm_fallback_kernel) for every transpose and padded strides, and the chunked column sums of
+# bias_grad / layernorm_bwd (colsum_partial_kernel, blocks striding over more chunks than gridDim.y).
 # Run: python3 tests/gpu/emulate.py (needs numpy); make cuda-check runs it where numpy is present.
 import sys
 
@@ -146,10 +147,33 @@ def gemm_fallback(m, n, k, T=16, seed=2):
             check(f"gemm fallback kernel ta={ta} tb={tb}", np.abs(c.reshape(m, ldc) - want).max())
 
 
+def colsum(rows, cols, grid_y, ROWS=256, seed=3):
+    """colsum_partial_kernel (kernels/cuda/common.cuh): grid (ceil(cols / 32), grid_y), block (32, 8);
+    block y strides over the row chunks, thread (x, y) sums rows r0 + y, r0 + y + 8, ... of its
+    chunk, the 8 sums are added in y order; the final kernel adds the chunks in order."""
+    rng = np.random.default_rng(seed)
+    dy = rng.standard_normal((rows, cols))
+    chunks = -(-rows // ROWS)
+    part = np.full((chunks, cols), np.nan)
+    for bx in range(-(-cols // 32)):
+        for by in range(grid_y):
+            for c in range(by, chunks, grid_y):
+                r0, r1 = c * ROWS, min(c * ROWS + ROWS, rows)
+                for tx in range(32):
+                    j = bx * 32 + tx
+                    if j < cols:
+                        part[c, j] = sum(dy[r0 + ty : r1 : 8, j].sum() for ty in range(8))
+    got = part.sum(0) if chunks else np.zeros(cols)
+    check(f"column sums rows={rows} cols={cols} grid_y={grid_y}", np.abs(got - dy.sum(0)).max(), 1e-9)
+
+
 attention(45, 40, 0.2)
 attention(70, 16, 0.0)
 attention(9, 64, 0.1)
 gemm(5, 7, 3)
 gemm_fallback(19, 35, 21)
+colsum(1100, 70, 5)  # 5 chunks, every block of the grid's y dimension covering one
+colsum(1100, 70, 2)  # fewer blocks than chunks (the 65535 cap scaled down): blocks stride over chunks
+colsum(0, 33, 1)
 print(f"{fails} failed")
 sys.exit(1 if fails else 0)
