@@ -52,9 +52,16 @@ static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     return TPK_OK;
 }
 
-/* Wait for a request: order the compute stream after it, then (poll mode) wait on the host. */
+/* Wait for a request: order the compute stream after it, then (poll mode) wait on the host.
+ * Once the communicator was aborted (by this wait or an earlier one) its handle is freed: a
+ * request still outstanding then fails without calling into NCCL or waiting on its event. */
 static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_req *r) {
     tpk_status s = TPK_OK;
+    if (m->aborted) {
+        cudaEventDestroy(r->done);
+        free(r);
+        return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    }
     cuda_state *st = cuda_get(ctx, fn);
     if (!st) s = TPK_ERR_BACKEND;
     cudaError_t e = s == TPK_OK ? cudaStreamWaitEvent(st->stream, r->done, 0) : cudaSuccess;
@@ -98,8 +105,10 @@ static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResul
     nccl_req *r = (nccl_req *)calloc(1, sizeof *r);
     if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for a request");
     cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventRecord(r->done, m->stream);
+    bool made = e == cudaSuccess;
+    if (made) e = cudaEventRecord(r->done, m->stream);
     if (e != cudaSuccess) {
+        if (made) cudaEventDestroy(r->done);
         free(r);
         return cuda_fail(ctx, fn, "cudaEventRecord", e);
     }
@@ -228,17 +237,25 @@ static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, doubl
     cudaError_t e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc(&m->one, sizeof(float));
-    if (e == cudaSuccess) e = cudaMemset(m->one, 0, sizeof(float));
+    /* on the communicator's stream: a legacy-stream memset is not ordered with a non-blocking stream */
+    if (e == cudaSuccess) e = cudaMemsetAsync(m->one, 0, sizeof(float), m->stream);
     if (e != cudaSuccess) {
         ncclCommDestroy(comm);
+        if (m->one) cudaFree(m->one);
         if (m->ready) cudaEventDestroy(m->ready);
         if (m->stream) cudaStreamDestroy(m->stream);
         free(m);
         return cuda_fail(ctx, fn, "stream, event or scratch of the communicator", e);
     }
     int rank = 0, size = 0;
-    ncclCommUserRank(comm, &rank);
-    ncclCommCount(comm, &size);
+    ncclResult_t q = ncclCommUserRank(comm, &rank);
+    if (q == ncclSuccess) q = ncclCommCount(comm, &size);
+    if (q != ncclSuccess) {
+        ncclCommDestroy(comm);
+        cudaFree(m->one), cudaEventDestroy(m->ready), cudaStreamDestroy(m->stream);
+        free(m);
+        return nccl_fail(ctx, fn, "ncclCommUserRank / ncclCommCount", q);
+    }
     out->vt = nccl_vtable(), out->impl = m, out->rank = rank, out->size = size, out->device = true;
     return TPK_OK;
 }
