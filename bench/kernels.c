@@ -4,10 +4,12 @@
  * fewest bytes it must move (each input read once, each output written once) over the median
  * time, in GB/s, next to the measured copy bandwidth (ops->memcpy of a large buffer, bytes read
  * plus written). Attention: TFLOP/s of the causal forward (2 B A S^2 D: half of Q K^T and of P V)
- * and backward (5 B A S^2 D). CUDA events on the GPU, the monotonic clock on the host.
+ * and backward (5 B A S^2 D). CUDA events on the GPU, the monotonic clock on the host. Then the
+ * same attention shape in PyTorch (bench/torch_attn.py: scaled_dot_product_attention where it
+ * exists), in the same run, and tpk's speed as a percentage of PyTorch's.
  *
  *   kernels [--n N] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json] */
-#define _POSIX_C_SOURCE 199309L /* clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, popen */
 #include <time.h>
 
 #include <tpk/tpk.h>
@@ -205,7 +207,30 @@ int main(int argc, char **argv) {
             printf("%s\n  {\"op\": \"%s\", \"ms\": %.4f, \"%s\": %.4f}", op == OP_FILL ? "" : ",", op_name[op], ms, att ? "tflops" : "gbs", rate);
         }
     }
-    if (json) printf("\n]}\n");
+    /* PyTorch's causal attention on the same shape, in the same run (the first python that
+     * imports torch: $TPK_PYTHON, python3, /usr/bin/python3) */
+    double att_ms[2] = {time_op(OP_ATT_F, iters), time_op(OP_ATT_B, iters)}, pt[2] = {-1, -1};
+    char pname[64] = "", cmd[1024];
+    const char *pys[] = {getenv("TPK_PYTHON"), "python3", "/usr/bin/python3"};
+    for (int k = 0; k < 3 && pt[0] < 0; k++) {
+        if (!pys[k]) continue;
+        snprintf(cmd, sizeof cmd, "%s bench/torch_attn.py %lld %lld %lld %lld %s %s %d 2>/dev/null", pys[k], (long long)AB, (long long)AS, (long long)AA,
+                 (long long)AD, tpk_dtype_name(dt), gpu ? "cuda" : "cpu", iters);
+        FILE *p = popen(cmd, "r");
+        if (p && fscanf(p, "%lf %lf %63s", &pt[0], &pt[1], pname) != 3) pt[0] = pt[1] = -1;
+        if (p) pclose(p);
+    }
+    if (!json) {
+        if (pt[0] > 0)
+            printf("\nattention against PyTorch (%s, same shape and dtype): forward %.3f ms vs %.3f ms (%.0f%% of PyTorch's speed), "
+                   "forward+backward %.3f ms vs %.3f ms (%.0f%%)\n",
+                   pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1], pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
+        else printf("\nattention against PyTorch: not measured (no python with torch)\n");
+    } else {
+        printf("\n], \"torch_attn\": ");
+        if (pt[0] > 0) printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n", pname, pt[0], pt[1], att_ms[0], att_ms[1]);
+        else printf("null}\n");
+    }
     void *all[] = {x, y, z, xf, gf, m1, v1, w, b, mean, rstd, lse, dl, ids, tgt, qkv, ao, ado, adqkv, alse};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) ctx.ops->free(&ctx, all[i]);
     tpk_ctx_destroy(&ctx);
