@@ -638,6 +638,47 @@ static void test_optimizer(void) {
     }
 }
 
+/* linear_fwd against gemm + bias_add (+ gelu_fwd), f32 and bf16, bias and GELU on and off */
+static void test_linear_fwd(void) {
+    TEST_CASE("host linear_fwd equals gemm + bias_add (+ gelu_fwd, pre-activation kept), f32 and bf16") {
+        enum { T = 9, N = 13, K = 11 };
+        float x[T * K], w[N * K], b[N], y[T * N], pre[T * N], u[T * N], ref[T * N];
+        test_randn(x, T * K, 70, 1.0f), test_randn(w, N * K, 71, 0.5f), test_randn(b, N, 72, 1.0f);
+        for (int v = 0; v < 8; v++) {
+            bool gelu = v & 1, bias = v & 2;
+            tpk_dtype dt = (v & 4) ? TPK_BF16 : TPK_F32;
+            uint16_t xh[T * K], wh[N * K], bh[N], yh[T * N], ph[T * N];
+            const void *xa = x, *wa = w, *ba = b;
+            void *ya = y, *pa = pre;
+            if (dt == TPK_BF16) {
+                for (int i = 0; i < T * K; i++) xh[i] = tpk_f32_to_bf16(x[i]);
+                for (int i = 0; i < N * K; i++) wh[i] = tpk_f32_to_bf16(w[i]);
+                for (int i = 0; i < N; i++) bh[i] = tpk_f32_to_bf16(b[i]);
+                xa = xh, wa = wh, ba = bh, ya = yh, pa = ph;
+            }
+            test_poison(y, T * N), test_poison(pre, T * N);
+            CHECK_OK(&ctx, ctx.ops->linear_fwd(&ctx, ya, pa, xa, wa, bias ? ba : NULL, T, N, K, gelu, dt));
+            /* the reference: double sums of the (rounded) inputs */
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < N; j++) {
+                    double s = bias ? (dt == TPK_BF16 ? tpk_bf16_to_f32(bh[j]) : b[j]) : 0;
+                    for (int q = 0; q < K; q++)
+                        s += (dt == TPK_BF16 ? (double)tpk_bf16_to_f32(xh[t * K + q]) * tpk_bf16_to_f32(wh[j * K + q]) : (double)x[t * K + q] * w[j * K + q]);
+                    u[t * N + j] = (float)s;
+                    ref[t * N + j] = gelu ? (float)(0.5 * s * (1 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)))) : (float)s;
+                }
+            if (dt == TPK_BF16)
+                for (int i = 0; i < T * N; i++) y[i] = tpk_bf16_to_f32(yh[i]), pre[i] = tpk_bf16_to_f32(ph[i]);
+            double tol = dt == TPK_BF16 ? 1e-2 : 1e-5;
+            CHECK_CLOSE(y, ref, T * N, tol, gelu ? "gelu(x W^T + b)" : "x W^T + b");
+            if (gelu) CHECK_CLOSE(pre, u, T * N, tol, "pre-activation");
+        }
+        CHECK_FAILS(&ctx, ctx.ops->linear_fwd(&ctx, NULL, NULL, x, w, b, T, N, K, false, TPK_F32), TPK_ERR_ARG, "y: expected a buffer");
+        CHECK_FAILS(&ctx, ctx.ops->linear_fwd(&ctx, y, NULL, x, w, b, T, N, K, true, TPK_F32), TPK_ERR_ARG, "pre: expected a buffer");
+        CHECK_FAILS(&ctx, ctx.ops->linear_fwd(&ctx, y, pre, x, w, b, T, N, K, true, TPK_I32), TPK_ERR_DTYPE, "dt:");
+    }
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     if (test_host_ctx(&ctx) != TPK_OK) return 1;
@@ -649,6 +690,7 @@ int main(int argc, char **argv) {
     test_rng();
     test_errors();
     test_optimizer();
+    test_linear_fwd();
     tpk_ctx_destroy(&ctx);
     return test_finish();
 }

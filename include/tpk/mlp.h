@@ -1,7 +1,8 @@
 /* tpk/mlp.h — the tensor-parallel MLP: column c_fc H -> F, GELU on the shard, row c_proj F -> H.
  *
  *   forward   x R [T, H] (S(0) under sequence parallelism)
- *             h_r = gelu(x W1_rᵀ + b1_r)   S(-1) [T, F_r]     (no communication)
+ *             h_r = gelu(x W1_rᵀ + b1_r)   S(-1) [T, F_r]     (no communication; one fused op,
+ *                                                            ops->linear_fwd with gelu)
  *             y = h_r W2_rᵀ  P -> all-reduce -> R (SP: reduce-scatter -> S(0)); + b2
  *   backward  dh_r = dy W2_r; dW2_r += dyᵀ h_r; db2 += colsum(dy)
  *             du_r = dh_r gelu'(u_r); dx = du_r W1_r  P -> all-reduce (SP: reduce-scatter),
@@ -10,7 +11,6 @@
 #ifndef TPK_MLP_H
 #define TPK_MLP_H
 
-#include "act.h"
 #include "linear.h"
 
 typedef struct tpk_mlp_desc {
@@ -24,8 +24,7 @@ typedef struct tpk_mlp_desc {
 typedef struct tpk_mlp {
     char name[80];
     int64_t H, F;
-    tpk_linear c_fc, c_proj;
-    tpk_gelu act;
+    tpk_linear c_fc, c_proj; /* c_fc with the GELU fused (desc.gelu) */
 } tpk_mlp;
 
 static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const tpk_mlp_desc *desc) {
@@ -41,7 +40,8 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const
     m->H = H, m->F = d.hidden ? d.hidden : 4 * H;
     char pn[128];
     snprintf(pn, sizeof pn, "%s.c_fc", m->name);
-    TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F, &(tpk_linear_desc){.name = pn, .bias = true, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std}));
+    TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F,
+                                &(tpk_linear_desc){.name = pn, .bias = true, .gelu = true, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std}));
     snprintf(pn, sizeof pn, "%s.c_proj", m->name);
     return tpk_row_linear_init(ctx, &m->c_proj, m->F, H,
                                &(tpk_linear_desc){.name = pn, .bias = true, .sequence_parallel = d.sequence_parallel,
@@ -49,16 +49,15 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const
 }
 
 static inline void tpk_mlp_destroy(tpk_ctx *ctx, tpk_mlp *m) {
-    tpk_linear_destroy(ctx, &m->c_fc), tpk_linear_destroy(ctx, &m->c_proj), tpk_gelu_destroy(ctx, &m->act);
+    tpk_linear_destroy(ctx, &m->c_fc), tpk_linear_destroy(ctx, &m->c_proj);
 }
 
 /* y = c_proj(gelu(c_fc(x))): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
 static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x, tpk_tensor *y) {
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_forward", "layer: expected an initialised MLP");
-    tpk_tensor u, h;
-    TPK_TRY(tpk_col_linear_forward(ctx, &m->c_fc, x, &u)); /* S(-1) [T, F_r] */
-    TPK_TRY(tpk_gelu_forward(ctx, &m->act, u, &h));
+    tpk_tensor h;
+    TPK_TRY(tpk_col_linear_forward(ctx, &m->c_fc, x, &h)); /* h = gelu(x W1_r^T + b1_r), S(-1) [T, F_r], one fused op */
     return tpk_row_linear_forward(ctx, &m->c_proj, h, y);
 }
 
@@ -66,10 +65,9 @@ static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x,
 static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_backward", "layer: expected an initialised MLP");
-    tpk_tensor dh, du;
+    tpk_tensor dh;
     TPK_TRY(tpk_row_linear_backward(ctx, &m->c_proj, dy, &dh)); /* S(-1) [T, F_r] */
-    TPK_TRY(tpk_gelu_backward(ctx, &m->act, dh, &du));
-    return tpk_col_linear_backward(ctx, &m->c_fc, du, dx);
+    return tpk_col_linear_backward(ctx, &m->c_fc, dh, dx);  /* through gelu', then c_fc */
 }
 
 #endif /* TPK_MLP_H */

@@ -117,6 +117,13 @@ typedef struct tpk_ops {
                         float eps, float wd, int64_t step, float grad_scale);
     /* *out (host memory) = sum_i x[i]^2 over n f32 elements, accumulated in double */
     tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n);
+
+    /* The forward of a linear layer in one pass where the backend can fuse it (cuBLASLt's bias
+     * and GELU epilogues):  u = x W^T + bias  for x [T, k], W [n, k], bias [n] (NULL: none);
+     * gelu = false: y = u;  gelu = true: pre = u and y = gelu(u) (the tanh approximation), both
+     * [T, n]. All in dt; pre is not touched without gelu. Equal to gemm + bias_add (+ gelu_fwd). */
+    tpk_status (*linear_fwd)(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
+                             int64_t k, bool gelu, tpk_dtype dt);
 } tpk_ops;
 
 /* The host backend (build/libtpk_host.a): fp32 arithmetic, OpenBLAS GEMMs. */

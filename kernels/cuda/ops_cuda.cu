@@ -4,6 +4,7 @@
  * f32 arithmetic (bf16 widened on load, rounded to nearest even on store). Every op runs on the
  * backend's stream; every kernel is one template instantiated for float and bf16.
  *
+ *   linear_fwd  x W^T + bias (+ GELU keeping the pre-activation) in one cuBLASLt call with an epilogue
  *   gemm      C = alpha op(A) op(B) + beta C    cuBLASLt. Row-major C[m, n] is column-major
  *             C^T[n, m] = op(B)^T op(A)^T, so B goes first with the transposes unchanged. The
  *             descriptors and the heuristic's algorithm are cached per shape, strides and pointer
@@ -272,13 +273,17 @@ static inline uint32_t ptr_align(const void *p) {
     return a;
 }
 
+/* epilogues of the fused linear forward (linear_fwd): none, + bias, gelu keeping the
+ * pre-activation (aux) with or without bias */
+enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX, EPI_GELU_AUX_BIAS };
 struct gemm_key {
     int ta, tb, dt, tf32;
     int64_t m, n, k, lda, ldb, ldc;
     uint32_t aa, ab, ac;
+    int epi;
     bool operator==(const gemm_key &o) const {
         return ta == o.ta && tb == o.tb && dt == o.dt && tf32 == o.tf32 && m == o.m && n == o.n && k == o.k && lda == o.lda &&
-               ldb == o.ldb && ldc == o.ldc && aa == o.aa && ab == o.ab && ac == o.ac;
+               ldb == o.ldb && ldc == o.ldc && aa == o.aa && ab == o.ab && ac == o.ac && epi == o.epi;
     }
 };
 struct gemm_plan {
@@ -323,6 +328,18 @@ static tpk_status gemm_plan_get(cuda_state *st, const gemm_key &key, gemm_plan *
     bool made_op = s == CUBLAS_STATUS_SUCCESS, made_a = false, made_b = false, made_c = false;
     if (made_op) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (s == CUBLAS_STATUS_SUCCESS && key.epi != EPI_NONE) {
+        /* the result is column-major [n, m]: its rows are our output features, so the bias
+         * (one value per row of D) is per feature; the aux (pre-activation) has D's shape */
+        cublasLtEpilogue_t e = key.epi == EPI_BIAS       ? CUBLASLT_EPILOGUE_BIAS
+                               : key.epi == EPI_GELU_AUX ? CUBLASLT_EPILOGUE_GELU_AUX
+                                                         : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
+        if (s == CUBLAS_STATUS_SUCCESS && key.epi != EPI_BIAS) {
+            int64_t ld = key.ldc;
+            s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+        }
+    }
     if (s == CUBLAS_STATUS_SUCCESS)
         made_a = (s = cublasLtMatrixLayoutCreate(&p->la, ty, key.tb ? key.k : key.n, key.tb ? key.n : key.k, key.ldb)) ==
                  CUBLAS_STATUS_SUCCESS;
@@ -399,16 +416,26 @@ static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, cuda_state *st, bo
     return cuda_launched(ctx, fn);
 }
 
+/* C = alpha op(A) op(B) + beta C through cuBLASLt (the tiled kernel where it has no algorithm).
+ * With an epilogue (epi != EPI_NONE, linear_fwd only): bias and aux pointers set per call;
+ * TPK_ERR_UNSUPPORTED without a message when cuBLASLt has no fused algorithm (the caller
+ * composes the pieces instead). */
 static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
-                           tpk_dtype dt) {
-    gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c)};
+                           tpk_dtype dt, int epi = EPI_NONE, const void *bias = NULL, void *aux = NULL) {
+    gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c), epi};
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     gemm_plan *p = NULL;
-    if (gemm_plan_get(st, key, &p) != TPK_OK) /* no cuBLASLt algorithm: the tiled kernel */
-        return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt);
-    cublasStatus_t s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, st->lt_ws,
-                                      st->lt_ws_bytes, st->stream);
+    if (gemm_plan_get(st, key, &p) != TPK_OK) { /* no cuBLASLt algorithm */
+        if (epi != EPI_NONE) return TPK_ERR_UNSUPPORTED;
+        return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt); /* the tiled kernel */
+    }
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    if (epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (s == CUBLAS_STATUS_SUCCESS && (epi == EPI_GELU_AUX || epi == EPI_GELU_AUX_BIAS))
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream);
     if (s != CUBLAS_STATUS_SUCCESS) return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cublasLtMatmul: %s", cublasLtGetStatusString(s));
     return TPK_OK;
 }
@@ -661,6 +688,35 @@ static tpk_status cuda_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
     return cuda_launched(ctx, fn);
 }
 
+/* ---- fused linear forward ---------------------------------------------------------------------------------- */
+
+/* u = x W^T + bias, y = u or (pre = u, y = gelu(u)): one cuBLASLt call with the BIAS / GELU_AUX(_BIAS)
+ * epilogue; where cuBLASLt has no fused algorithm, gemm + bias_add + gelu_fwd (the same result). */
+static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
+                                  int64_t k, bool gelu, tpk_dtype dt) {
+    static const char *fn = "cuda.linear_fwd";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_nonneg(ctx, fn, "T", T));
+    TPK_TRY(check_nonneg(ctx, fn, "n", n));
+    TPK_TRY(check_nonneg(ctx, fn, "k", k));
+    TPK_TRY(check_ptr(ctx, fn, "y", y, T > 0 && n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "pre", pre, gelu && T > 0 && n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, T > 0 && n > 0 && k > 0));
+    TPK_TRY(check_ptr(ctx, fn, "w", w, T > 0 && n > 0 && k > 0));
+    if (T == 0 || n == 0) return TPK_OK;
+    CUDA_STATE(st, ctx, fn);
+    int epi = gelu ? (bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX) : (bias ? EPI_BIAS : EPI_NONE);
+    if (k > 0 && epi != EPI_NONE) {
+        tpk_status s = gemm_run(ctx, fn, st, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt, epi, bias, pre);
+        if (s != TPK_ERR_UNSUPPORTED) return s;
+    }
+    void *u = gelu ? pre : y; /* the composed path */
+    TPK_TRY(cuda_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, u, n, dt));
+    if (bias) TPK_TRY(cuda_bias_add(ctx, u, bias, T, n, dt));
+    if (gelu) TPK_TRY(cuda_gelu_fwd(ctx, y, u, dt, (size_t)T * (size_t)n));
+    return TPK_OK;
+}
+
 /* ---- the table ---------------------------------------------------------------------------------------------- */
 
 extern "C" const tpk_ops *tpk_ops_cuda(void) {
@@ -695,6 +751,7 @@ extern "C" const tpk_ops *tpk_ops_cuda(void) {
         tpk__cuda_attn_bwd,
         cuda_adamw,
         cuda_sumsq,
+        cuda_linear_fwd,
     };
     return &ops;
 }

@@ -16,6 +16,7 @@
  *   rng_2d    x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/rng.h)
  *   adamw     m, v moments; w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w)
  *   sumsq     sum x^2 in double (the gradient norm)
+ *   linear_fwd  y = x W^T + bias (then gelu, keeping the pre-activation): gemm + bias_add + gelu
  *
  * Every op has one loop for both dtypes: it reads through ld() and writes through st(), and is
  * instantiated with a constant dtype (BY_DTYPE) so the compiler drops the dtype branch.
@@ -326,6 +327,22 @@ static tpk_status host_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n
     return TPK_OK;
 }
 
+/* ---- fused linear forward ------------------------------------------------------------------------- */
+
+/* u = x W^T + bias; y = u or (pre = u, y = gelu(u)): the host composes gemm, bias_add, gelu_fwd */
+static tpk_status host_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
+                                  int64_t k, bool gelu, tpk_dtype dt) {
+    static const char *fn = "host.linear_fwd";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_ptr(ctx, fn, "y", y, T > 0 && n > 0));
+    TPK_TRY(check_ptr(ctx, fn, "pre", pre, gelu && T > 0 && n > 0));
+    void *u = gelu ? pre : y;
+    TPK_TRY(host_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, u, n, dt));
+    if (bias) TPK_TRY(host_bias_add(ctx, u, bias, T, n, dt));
+    if (gelu && T > 0 && n > 0) TPK_TRY(host_gelu_fwd(ctx, y, u, dt, (size_t)(T * n)));
+    return TPK_OK;
+}
+
 /* ---- counter-based random numbers ---------------------------------------------------------------- */
 
 HOST_INLINE void rng_loop(tpk_dtype dt, void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
@@ -389,6 +406,7 @@ const tpk_ops *tpk_ops_host(void) {
         .attn_bwd = tpk__host_attn_bwd,
         .adamw = host_adamw,
         .sumsq = host_sumsq,
+        .linear_fwd = host_linear_fwd,
     };
     return &ops;
 }

@@ -121,6 +121,29 @@ static void test_gemm(tpk_dtype dt) {
     }
 }
 
+/* the fused linear forward (cuBLASLt bias / GELU epilogues) against the host's composition,
+ * with and without bias and GELU; outputs poisoned first */
+static void test_linear_fwd(tpk_dtype dt) {
+    TEST_CASE("linear_fwd: x W^T + bias, with the fused GELU and its pre-activation [%s]", tpk_dtype_name(dt)) {
+        int64_t T = 67, n = 96, k = 80;
+        pair x = pair_randn(&cd, (size_t)(T * k), dt, 60, 1.0f), w = pair_randn(&cd, (size_t)(n * k), dt, 61, 0.2f);
+        pair b = pair_randn(&cd, (size_t)n, dt, 62, 1.0f);
+        for (int v = 0; v < 4; v++) {
+            bool gelu = v & 1, bias = v & 2;
+            pair y = pair_randn(&cd, (size_t)(T * n), dt, 63, 1.0f), pre = pair_randn(&cd, (size_t)(T * n), dt, 64, 1.0f);
+            pair_poison(&cd, &y), pair_poison(&cd, &pre);
+            char what[64];
+            snprintf(what, sizeof what, "linear_fwd gelu=%d bias=%d", gelu, bias);
+            CHECK_OK(&ch, ch.ops->linear_fwd(&ch, y.h, pre.h, x.h, w.h, bias ? b.h : NULL, T, n, k, gelu, dt));
+            CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w.d, bias ? b.d : NULL, T, n, k, gelu, dt));
+            pair_check(&cd, &y, tol_for(dt, TOL_SUM), what);
+            if (gelu) pair_check(&cd, &pre, tol_for(dt, TOL_SUM), "linear_fwd pre-activation");
+            pair_free(&cd, &y), pair_free(&cd, &pre);
+        }
+        pair_free(&cd, &x), pair_free(&cd, &w), pair_free(&cd, &b);
+    }
+}
+
 static void test_layernorm(tpk_dtype dt) {
     TEST_CASE("layernorm fwd/bwd [%s]", tpk_dtype_name(dt)) {
         int64_t rows = 300, cols = 77;
@@ -277,6 +300,7 @@ int main(int argc, char **argv) {
         test_elementwise(dt);
         test_copy_rng_dropout(dt);
         test_gemm(dt);
+        test_linear_fwd(dt);
         test_layernorm(dt);
         test_embed(dt);
         test_xent(dt);
