@@ -1055,11 +1055,47 @@ static void test_errors(void) {
     }
 }
 
+/* residual_layernorm_fwd: x1 = x + r, then exactly layernorm_fwd of x1 (f32 and bf16, x1 aliasing x) */
+static void test_residual_layernorm(void) {
+    TEST_CASE("layers residual_layernorm_fwd equals the add then layernorm_fwd (f32, bf16, x1 aliasing x)") {
+        enum { R = 7, C = 19 };
+        float x[R * C], r[R * C], w[C], b[C], x1[R * C], y[R * C], m[R], rs[R], xr[R * C], yr[R * C], mr[R], rsr[R];
+        test_randn(x, R * C, 80, 2.0f), test_randn(r, R * C, 81, 1.0f), test_randn(w, C, 82, 1.0f), test_randn(b, C, 83, 1.0f);
+        for (int v = 0; v < 3; v++) {
+            tpk_dtype dt = v == 1 ? TPK_BF16 : TPK_F32;
+            uint16_t xh[R * C], rh[R * C], x1h[R * C], yh[R * C], xrh[R * C], yrh[R * C];
+            for (int i = 0; i < R * C; i++) xh[i] = tpk_f32_to_bf16(x[i]), rh[i] = tpk_f32_to_bf16(r[i]);
+            const void *xa = dt == TPK_BF16 ? (const void *)xh : x, *ra = dt == TPK_BF16 ? (const void *)rh : r;
+            void *x1a = dt == TPK_BF16 ? (void *)x1h : x1, *ya = dt == TPK_BF16 ? (void *)yh : y;
+            void *xra = dt == TPK_BF16 ? (void *)xrh : xr, *yra = dt == TPK_BF16 ? (void *)yrh : yr;
+            test_poison(x1, R * C), test_poison(y, R * C), test_poison(m, R), test_poison(rs, R);
+            if (v == 2) memcpy(x1, x, sizeof x1), xa = x1; /* in place: x1 is x */
+            CHECK_OK(&ctx, ctx.ops->residual_layernorm_fwd(&ctx, x1a, ya, m, rs, xa, ra, w, b, R, C, 1e-5f, dt));
+            /* the composition */
+            CHECK_OK(&ctx, ctx.ops->axpby(&ctx, xra, 1.0f, dt == TPK_BF16 ? (const void *)xh : x, 0.0f, dt, R * C));
+            CHECK_OK(&ctx, ctx.ops->axpby(&ctx, xra, 1.0f, ra, 1.0f, dt, R * C));
+            CHECK_OK(&ctx, ctx.ops->layernorm_fwd(&ctx, yra, mr, rsr, xra, w, b, R, C, 1e-5f, dt));
+            float g1[R * C], g2[R * C], g3[R * C], g4[R * C];
+            for (int i = 0; i < R * C; i++) {
+                g1[i] = dt == TPK_BF16 ? tpk_bf16_to_f32(x1h[i]) : x1[i], g2[i] = dt == TPK_BF16 ? tpk_bf16_to_f32(xrh[i]) : xr[i];
+                g3[i] = dt == TPK_BF16 ? tpk_bf16_to_f32(yh[i]) : y[i], g4[i] = dt == TPK_BF16 ? tpk_bf16_to_f32(yrh[i]) : yr[i];
+            }
+            CHECK_CLOSE(g1, g2, R * C, 1e-7, "x1 = x + r");
+            CHECK_CLOSE(g3, g4, R * C, 1e-6, "y = layernorm(x1)");
+            CHECK_CLOSE(m, mr, R, 1e-6, "mean");
+            CHECK_CLOSE(rs, rsr, R, 1e-6, "rstd");
+        }
+        CHECK_FAILS(&ctx, ctx.ops->residual_layernorm_fwd(&ctx, NULL, y, m, rs, x, r, w, b, R, C, 1e-5f, TPK_F32), TPK_ERR_ARG, "x1: expected a buffer");
+        CHECK_FAILS(&ctx, ctx.ops->residual_layernorm_fwd(&ctx, x1, y, m, rs, x, NULL, w, b, R, C, 1e-5f, TPK_F32), TPK_ERR_ARG, "r: expected a buffer");
+    }
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     if (test_host_ctx(&ctx) != TPK_OK) return 1;
     test_dropout();
     test_layernorm();
+    test_residual_layernorm();
     test_embedding();
     test_xent();
     test_attention();

@@ -2,6 +2,7 @@
  *
  * Block (pre-LN), hidden states x R [T, H] (S(0) under sequence parallelism):
  *   x1 = x  + drop(attn(ln_1(x)))          attn: c_attn column, heads local, c_proj row
+ *                                          (the add fused with ln_2: residual_layernorm_fwd)
  *   y  = x1 + drop(mlp(ln_2(x1)))          mlp:  c_fc column, GELU, c_proj row
  *   backward mirrors it: dx1 = dy + ln_2'(mlp'(drop(dy))), dx = dx1 + ln_1'(attn'(drop(dx1))).
  *   Collectives per block: 2 all-reduces of T H forward and 2 backward (the two row linears
@@ -61,7 +62,7 @@ typedef struct tpk_gpt2_block {
     int64_t rows, row0;  /* local token rows of the last forward and the first one's global index */
     uint64_t s1, s2;     /* residual dropout streams of the last forward */
     int p0, p1;          /* its parameters are ids p0..p1 */
-    tpk_buf x1, y, dr;
+    tpk_buf y, dr;
 } tpk_gpt2_block;
 
 static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, int64_t H, const tpk_gpt2_block_desc *desc) {
@@ -95,7 +96,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
 static inline void tpk_gpt2_block_destroy(tpk_ctx *ctx, tpk_gpt2_block *b) {
     tpk_layernorm_destroy(ctx, &b->ln_1), tpk_layernorm_destroy(ctx, &b->ln_2);
     tpk_attention_destroy(ctx, &b->attn), tpk_mlp_destroy(ctx, &b->mlp);
-    tpk__buf_free(ctx, &b->x1), tpk__buf_free(ctx, &b->y), tpk__buf_free(ctx, &b->dr);
+    tpk__buf_free(ctx, &b->y), tpk__buf_free(ctx, &b->dr);
 }
 
 /* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
@@ -113,10 +114,10 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     snprintf(n, sizeof n, "%s.resid_1", b->name), b->s1 = tpk__dropout_stream(ctx, n);
     snprintf(n, sizeof n, "%s.resid_2", b->name), b->s2 = tpk__dropout_stream(ctx, n);
     b->rows = rows, b->row0 = row0;
-    x1 = x, out = x;
-    TPK_TRY(tpk__buf_view(ctx, &b->x1, &x1));
-    TPK_TRY(tpk__residual(ctx, x1.data, x.data, a.data, rows, b->H, row0, b->p, b->s1));
-    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_2, x1, &h));
+    out = x;
+    if (b->p > 0 && rows) /* drop(a) in place: a is c_proj's output, not kept by it */
+        TPK_TRY(ctx->ops->dropout(ctx, a.data, a.data, rows, b->H, b->H, row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
+    TPK_TRY(tpk_layernorm_forward_residual(ctx, &b->ln_2, x, a, &x1, &h)); /* x1 = x + drop(a), h = ln_2(x1): one pass */
     TPK_TRY(tpk_mlp_forward(ctx, &b->mlp, h, &m));
     TPK_TRY(tpk__buf_view(ctx, &b->y, &out));
     TPK_TRY(tpk__residual(ctx, out.data, x1.data, m.data, rows, b->H, row0, b->p, b->s2));

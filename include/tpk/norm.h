@@ -3,6 +3,7 @@
  *   forward   x [T, H] R (S(0) under sequence parallelism: this rank's token rows)
  *             y = (x - mean) rstd w + b, same layout; mean, rstd saved
  *   backward  dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w;  dw += sum dy xh, db += sum dy
+ * tpk_layernorm_forward_residual fuses the residual add before it: x1 = x + r, y = LN(x1).
  * No communication. Under sequence parallelism each rank sees only its token rows, so dw and
  * db are partial sums over TP: the parameters are marked tp_partial_grad and
  * tpk_params_reduce_partial_grads() all-reduces them once per step. */
@@ -24,7 +25,7 @@ typedef struct tpk_layernorm {
     bool sp;
     int w, b;
     tpk_tensor x; /* saved input */
-    tpk_buf y, mean, rstd, dx;
+    tpk_buf y, mean, rstd, dx, x1; /* x1: the sum of the fused residual forward */
 } tpk_layernorm;
 
 static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int64_t H, const tpk_layernorm_desc *desc) {
@@ -73,6 +74,28 @@ static inline tpk_status tpk_layernorm_forward(tpk_ctx *ctx, tpk_layernorm *l, t
     return TPK_OK;
 }
 
+/* The residual add fused with the layernorm after it: *x1 = x + r (in the layer's buffer, valid
+ * until its next forward; it is the input backward uses) and *y = layernorm(x1), one pass
+ * (ops->residual_layernorm_fwd). x, r: the layout of a plain forward's x. */
+static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor x, tpk_tensor r, tpk_tensor *x1, tpk_tensor *y) {
+    static const char *fn = "tpk_layernorm_forward_residual";
+    TPK_TRY(tpk__ln_check(ctx, fn, l, &x, "x", y, -1));
+    if (!x1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "x1: NULL");
+    TPK_TRY(tpk__check(ctx, fn, "r", &r, x.layout, x.dtype, 2, x.gshape, ctx->tp.size, ctx->tp.rank));
+    int64_t rows = x.shape[0];
+    tpk_tensor s = x, o = x;
+    TPK_TRY(tpk__buf_view(ctx, &l->x1, &s));
+    TPK_TRY(tpk__buf_view(ctx, &l->y, &o));
+    TPK_TRY(tpk__buf_reserve(ctx, &l->mean, sizeof(float) * (size_t)(rows ? rows : 1)));
+    TPK_TRY(tpk__buf_reserve(ctx, &l->rstd, sizeof(float) * (size_t)(rows ? rows : 1)));
+    if (rows)
+        TPK_TRY(ctx->ops->residual_layernorm_fwd(ctx, s.data, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, r.data, tpk_param_data(ctx, l->w),
+                                                 tpk_param_data(ctx, l->b), rows, l->H, l->eps, ctx->dtype));
+    l->x = s;
+    *x1 = s, *y = o;
+    return TPK_OK;
+}
+
 /* dx of the last forward; accumulates dw, db. dy in the layout of y. */
 static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_layernorm_backward";
@@ -90,7 +113,7 @@ static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, 
 }
 
 static inline void tpk_layernorm_destroy(tpk_ctx *ctx, tpk_layernorm *l) {
-    tpk__buf_free(ctx, &l->y), tpk__buf_free(ctx, &l->mean), tpk__buf_free(ctx, &l->rstd), tpk__buf_free(ctx, &l->dx);
+    tpk__buf_free(ctx, &l->y), tpk__buf_free(ctx, &l->mean), tpk__buf_free(ctx, &l->rstd), tpk__buf_free(ctx, &l->dx), tpk__buf_free(ctx, &l->x1);
 }
 
 /* All-reduce over TP the gradients that are partial sums there (layernorm under sequence

@@ -124,6 +124,12 @@ typedef struct tpk_ops {
      * [T, n]. All in dt; pre is not touched without gelu. Equal to gemm + bias_add (+ gelu_fwd). */
     tpk_status (*linear_fwd)(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                              int64_t k, bool gelu, tpk_dtype dt);
+
+    /* The residual add and the layernorm after it in one pass:  x1 = x + r  (stored in dt; x1
+     * may alias x), then exactly layernorm_fwd on x1 (y, mean, rstd). Equal to axpby +
+     * layernorm_fwd. */
+    tpk_status (*residual_layernorm_fwd)(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
+                                         const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt);
 } tpk_ops;
 
 /* The host backend (build/libtpk_host.a): fp32 arithmetic, OpenBLAS GEMMs. */

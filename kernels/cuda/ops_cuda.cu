@@ -752,6 +752,7 @@ extern "C" const tpk_ops *tpk_ops_cuda(void) {
         cuda_adamw,
         cuda_sumsq,
         cuda_linear_fwd,
+        tpk__cuda_residual_layernorm_fwd,
     };
     return &ops;
 }

@@ -66,28 +66,33 @@ tpk_status tpk__cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows,
 
 enum { LN_WARPS = 4 };
 
-/* one warp per row: mean, then the variance around it (two passes, as the host), then y */
+/* one warp per row: mean, then the variance around it (two passes, as the host), then y.
+ * With r (the fused residual): x1 = x + r is written first (rounded to T, as the host stores it)
+ * and the row's statistics are taken from x1; each lane reads back only what it wrote. */
 template <class T>
 __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b, int64_t rows, int64_t cols,
-                              float eps) {
+                              float eps, T *x1, const T *r) {
     int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (i >= rows) return;
-    size_t r = (size_t)i * (size_t)cols;
+    size_t o = (size_t)i * (size_t)cols;
+    if (r) {
+        for (int64_t j = lane; j < cols; j += 32) stf(x1, o + j, ldf(x, o + j) + ldf(r, o + j));
+        x = x1;
+    }
     float s = 0.0f;
-    for (int64_t j = lane; j < cols; j += 32) s += ldf(x, r + j);
+    for (int64_t j = lane; j < cols; j += 32) s += ldf(x, o + j);
     float m = warp_sum(s) / (float)cols, s2 = 0.0f;
     for (int64_t j = lane; j < cols; j += 32) {
-        float d = ldf(x, r + j) - m;
+        float d = ldf(x, o + j) - m;
         s2 += d * d;
     }
     float rs = rsqrtf(warp_sum(s2) / (float)cols + eps);
-    for (int64_t j = lane; j < cols; j += 32) stf(y, r + j, (ldf(x, r + j) - m) * rs * w[j] + b[j]);
+    for (int64_t j = lane; j < cols; j += 32) stf(y, o + j, (ldf(x, o + j) - m) * rs * w[j] + b[j]);
     if (lane == 0) mean[i] = m, rstd[i] = rs;
 }
-tpk_status tpk__cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
-                                   int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    static const char *fn = "cuda.layernorm_fwd";
+static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const void *r, void *y, float *mean, float *rstd, const void *x,
+                                const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
     TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
     if (cols < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cols: expected >= 1, got %lld", (long long)cols);
@@ -104,9 +109,21 @@ tpk_status tpk__cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rs
     unsigned grid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
     by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        ln_fwd_kernel<T><<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps);
+        ln_fwd_kernel<T><<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps, (T *)x1, (const T *)r);
     });
     return cuda_launched(ctx, fn);
+}
+tpk_status tpk__cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
+                                   int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    return ln_fwd_launch(ctx, "cuda.layernorm_fwd", NULL, NULL, y, mean, rstd, x, w, b, rows, cols, eps, dt);
+}
+/* x1 = x + r and the layernorm of x1 in one kernel (one read of x and r, no separate add pass) */
+tpk_status tpk__cuda_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
+                                            const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    static const char *fn = "cuda.residual_layernorm_fwd";
+    TPK_TRY(check_ptr(ctx, fn, "x1", x1, rows > 0));
+    TPK_TRY(check_ptr(ctx, fn, "r", r, rows > 0));
+    return ln_fwd_launch(ctx, fn, x1, r, y, mean, rstd, x, w, b, rows, cols, eps, dt);
 }
 
 /* dx for one row per warp; dy is read before dx is written (dx may alias nothing else) */

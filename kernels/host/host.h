@@ -62,6 +62,8 @@ tpk_status tpk__host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows,
                              int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
 tpk_status tpk__host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
                                    int64_t rows, int64_t cols, float eps, tpk_dtype dt);
+tpk_status tpk__host_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
+                                            const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt);
 tpk_status tpk__host_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                    const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
 tpk_status tpk__host_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,

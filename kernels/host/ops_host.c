@@ -407,6 +407,7 @@ const tpk_ops *tpk_ops_host(void) {
         .adamw = host_adamw,
         .sumsq = host_sumsq,
         .linear_fwd = host_linear_fwd,
+        .residual_layernorm_fwd = tpk__host_residual_layernorm_fwd,
     };
     return &ops;
 }

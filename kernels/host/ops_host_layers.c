@@ -78,6 +78,23 @@ tpk_status tpk__host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rs
     return TPK_OK;
 }
 
+/* x1 = x + r (rounded to dt), then layernorm_fwd on x1: the host composes the two */
+HOST_INLINE void residual_loop(tpk_dtype dt, void *x1, const void *x, const void *r, size_t n) {
+    for (size_t i = 0; i < n; i++) st(x1, dt, i, ld(x, dt, i) + ld(r, dt, i));
+}
+tpk_status tpk__host_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
+                                            const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    static const char *fn = "host.residual_layernorm_fwd";
+    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
+    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
+    if (cols < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cols: expected >= 1, got %lld", (long long)cols);
+    TPK_TRY(check_ptr(ctx, fn, "x1", x1, rows > 0));
+    TPK_TRY(check_ptr(ctx, fn, "x", x, rows > 0));
+    TPK_TRY(check_ptr(ctx, fn, "r", r, rows > 0));
+    BY_DTYPE(dt, residual_loop, x1, x, r, (size_t)(rows * cols));
+    return tpk__host_layernorm_fwd(ctx, y, mean, rstd, x1, w, b, rows, cols, eps, dt);
+}
+
 HOST_INLINE void ln_bwd_loop(tpk_dtype dt, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                              const float *mean, const float *rstd, int64_t rows, int64_t cols, bool acc) {
     for (int64_t i = 0; i < rows; i++) {

@@ -144,6 +144,25 @@ static void test_linear_fwd(tpk_dtype dt) {
     }
 }
 
+/* the fused residual + layernorm forward against the host op */
+static void test_residual_layernorm(tpk_dtype dt) {
+    TEST_CASE("residual_layernorm_fwd [%s]", tpk_dtype_name(dt)) {
+        int64_t rows = 300, cols = 77;
+        size_t nx = (size_t)(rows * cols);
+        pair x = pair_randn(&cd, nx, dt, 65, 2.0f), r = pair_randn(&cd, nx, dt, 66, 1.0f), x1 = pair_from(&cd, NULL, nx, dt), y = pair_from(&cd, NULL, nx, dt);
+        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 67, 1.0f), b = pair_randn(&cd, (size_t)cols, TPK_F32, 68, 1.0f);
+        pair m = pair_from(&cd, NULL, (size_t)rows, TPK_F32), rs = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
+        pair_poison(&cd, &x1), pair_poison(&cd, &y), pair_poison(&cd, &m), pair_poison(&cd, &rs);
+        CHECK_OK(&ch, ch.ops->residual_layernorm_fwd(&ch, x1.h, y.h, (float *)m.h, (float *)rs.h, x.h, r.h, (const float *)w.h, (const float *)b.h, rows, cols, 1e-5f, dt));
+        CHECK_OK(&cd, cd.ops->residual_layernorm_fwd(&cd, x1.d, y.d, (float *)m.d, (float *)rs.d, x.d, r.d, (const float *)w.d, (const float *)b.d, rows, cols, 1e-5f, dt));
+        pair_check(&cd, &x1, tol_for(dt, TOL_SAME), "x1 = x + r");
+        pair_check(&cd, &y, tol_for(dt, TOL_SUM), "y");
+        pair_check(&cd, &m, TOL_SUM, "mean"), pair_check(&cd, &rs, TOL_SUM, "rstd");
+        pair *all[] = {&x, &r, &x1, &y, &w, &b, &m, &rs};
+        for (int i = 0; i < 8; i++) pair_free(&cd, all[i]);
+    }
+}
+
 static void test_layernorm(tpk_dtype dt) {
     TEST_CASE("layernorm fwd/bwd [%s]", tpk_dtype_name(dt)) {
         int64_t rows = 300, cols = 77;
@@ -301,6 +320,7 @@ int main(int argc, char **argv) {
         test_copy_rng_dropout(dt);
         test_gemm(dt);
         test_linear_fwd(dt);
+        test_residual_layernorm(dt);
         test_layernorm(dt);
         test_embed(dt);
         test_xent(dt);
