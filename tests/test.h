@@ -112,5 +112,22 @@ static inline void test_set_weights(tpk_ctx *ctx, uint64_t seed, float scale) {
 static inline void test_poison(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = NAN;
 }
+/* Every gradient of ctx gathered to its global tensor (collective over TP): grad[i] is malloc'd,
+ * poisoned first; returns the number of parameters (at most max). Free with test_free_grads. */
+static inline int test_gather_grads(tpk_ctx *ctx, float **grad, int max) {
+    int n = ctx->params.n < max ? ctx->params.n : max;
+    for (int i = 0; i < n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        grad[i] = (float *)malloc(gn * sizeof(float));
+        test_poison(grad[i], gn);
+        tpk_status s = tpk_param_get_global(ctx, i, true, grad[i]);
+        CHECK(s == TPK_OK, "gathering the gradient of %s: %s", ctx->params.list[i].name, tpk_last_error(ctx));
+    }
+    return n;
+}
+static inline void test_free_grads(float **grad, int *n) {
+    for (int i = 0; i < *n; i++) free(grad[i]);
+    *n = 0;
+}
 
 #endif /* TPK_TEST_H */

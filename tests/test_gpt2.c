@@ -67,19 +67,7 @@ typedef struct result {
     tpk_comm_stats fwd, bwd;
 } result;
 
-static void result_free(result *r) {
-    for (int i = 0; i < r->n; i++) free(r->grad[i]);
-    r->n = 0;
-}
-static void gather_grads(tpk_ctx *ctx, result *o) {
-    o->n = ctx->params.n;
-    for (int i = 0; i < o->n; i++) {
-        size_t gn = tpk_param_global_numel(ctx, i);
-        o->grad[i] = malloc(gn * sizeof(float));
-        test_poison(o->grad[i], gn);
-        CHECK_OK(ctx, tpk_param_get_global(ctx, i, true, o->grad[i]));
-    }
-}
+static void result_free(result *r) { test_free_grads(r->grad, &r->n); }
 
 static float xin[T * H], dyin[T * H];
 
@@ -102,7 +90,7 @@ static int run_layer(tpk_ctx *ctx, int kind, int64_t A, bool sp, float p, result
     if (test__fails_case > f0) return 1;
     gather(ctx, dx, o->dx);
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    gather_grads(ctx, o);
+    o->n = test_gather_grads(ctx, o->grad, 16);
     layer_destroy(ctx, &l);
     return test__fails_case > f0;
 }
@@ -165,7 +153,7 @@ static void finite_differences(tpk_ctx *ctx, int kind, int64_t A, bool sp, float
     CHECK_OK(ctx, layer_bwd(ctx, &l, act(ctx, dyin, sp), &dx));
     gather(ctx, dx, an.dx);
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    gather_grads(ctx, &an);
+    an.n = test_gather_grads(ctx, an.grad, 16);
     const float h = 1e-2f;
     double worst = 0;
     static float xp[T * H];
@@ -231,19 +219,11 @@ static int run_model(tpk_ctx *ctx, const tpk_gpt2_config *cfg, uint64_t step, mr
     CHECK_OK(ctx, tpk_gpt2_backward(ctx, &m, 1.0f));
     o->bwd = ctx->tp.stats;
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    o->n = ctx->params.n;
-    for (int i = 0; i < o->n; i++) {
-        size_t gn = tpk_param_global_numel(ctx, i);
-        o->grad[i] = malloc(gn * sizeof(float));
-        test_poison(o->grad[i], gn);
-        CHECK_OK(ctx, tpk_param_get_global(ctx, i, true, o->grad[i]));
-    }
+    o->n = test_gather_grads(ctx, o->grad, 64);
     tpk_gpt2_destroy(ctx, &m);
     return test__fails_case > f0;
 }
-static void mresult_free(mresult *r) {
-    for (int i = 0; i < r->n; i++) free(r->grad[i]);
-}
+static void mresult_free(mresult *r) { test_free_grads(r->grad, &r->n); }
 
 int main(int argc, char **argv) {
     test_init(&argc, &argv);

@@ -66,12 +66,7 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
     CHECK_OK(ctx, tpk_layernorm_backward(ctx, &c.ln, dy1, &dy0));
     CHECK_OK(ctx, tpk_embedding_backward(ctx, &c.e, dy0));
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    o->n = ctx->params.n;
-    for (int i = 0; i < ctx->params.n; i++) {
-        o->grad[i] = malloc(tpk_param_global_numel(ctx, i) * 4);
-        test_poison(o->grad[i], tpk_param_global_numel(ctx, i));
-        CHECK_OK(ctx, tpk_param_get_global(ctx, i, true, o->grad[i]));
-    }
+    o->n = test_gather_grads(ctx, o->grad, 8);
     tpk_embedding_destroy(ctx, &c.e), tpk_layernorm_destroy(ctx, &c.ln), tpk_linear_destroy(ctx, &c.head), tpk_xent_destroy(ctx, &c.ce);
     return test__fails_case > f0;
 }
@@ -111,8 +106,7 @@ int main(int argc, char **argv) {
                     for (int q = 0; q < TPK_COLL_N; q++) calls += a.ce_bwd.calls[q];
                     CHECK(calls == 0, "cross-entropy backward: %llu collectives, expected none", (unsigned long long)calls);
                 }
-                for (int i = 0; i < a.n; i++) free(a.grad[i]);
-                for (int i = 0; i < b.n; i++) free(b.grad[i]);
+                test_free_grads(a.grad, &a.n), test_free_grads(b.grad, &b.n);
                 tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
             }
         }
@@ -126,8 +120,7 @@ int main(int argc, char **argv) {
         if (!run_chain(&sh, false, 0.3f, ids, tg, &a) && !run_chain(&ref, false, 0.3f, ids, tg, &b))
             CHECK(fabs(a.loss - b.loss) <= 1e-5 * fabs(b.loss) && fabs(a.loss - a.ref_loss) <= 1e-5 * a.ref_loss, "%.8g vs %.8g vs %.8g",
                   (double)a.loss, (double)b.loss, a.ref_loss);
-        for (int i = 0; i < a.n; i++) free(a.grad[i]);
-        for (int i = 0; i < b.n; i++) free(b.grad[i]);
+        test_free_grads(a.grad, &a.n), test_free_grads(b.grad, &b.n);
         tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
     }
 

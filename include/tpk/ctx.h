@@ -73,20 +73,25 @@ struct tpk_ctx {
     char err[512];
 };
 
-/* Record a failure: "fn: message". Returns s, so `return tpk__fail(...)` reads naturally. */
+/* Record a failure: "fn: message" (the va_list form serves callers that format elsewhere). */
+static inline tpk_status tpk__vfail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, va_list ap) {
+    if (ctx) {
+        int n = snprintf(ctx->err, sizeof ctx->err, "%s: ", fn);
+        if (n < 0 || (size_t)n >= sizeof ctx->err) n = 0;
+        vsnprintf(ctx->err + n, sizeof ctx->err - (size_t)n, fmt, ap);
+        ctx->last = s;
+    }
+    return s;
+}
+/* Returns s, so `return tpk__fail(...)` reads naturally. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
 static inline tpk_status tpk__fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...) {
-    if (ctx) {
-        int n = snprintf(ctx->err, sizeof ctx->err, "%s: ", fn);
-        if (n < 0 || (size_t)n >= sizeof ctx->err) n = 0;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(ctx->err + n, sizeof ctx->err - (size_t)n, fmt, ap);
-        va_end(ap);
-        ctx->last = s;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    tpk__vfail(ctx, s, fn, fmt, ap);
+    va_end(ap);
     return s;
 }
 

@@ -27,15 +27,14 @@
 
 /* ---- residual with dropout ----------------------------------------------------------------- */
 
-/* out = x + drop(y) over rows [row0, row0 + rows) of a [*, H] activation (dropout mask indexed
- * by the global row and column, stream `stream`); out may not alias x or y. */
-static inline tpk_status tpk__residual(tpk_ctx *ctx, void *out, const void *x, const void *y, int64_t rows, int64_t H, int64_t row0, float p,
-                                       uint64_t stream) {
+/* y = drop(y) + x in place, over rows [row0, row0 + rows) of a [*, H] activation (dropout mask
+ * indexed by the global row and column, stream `stream`): y is a branch output its layer does
+ * not keep, so the residual sum takes its place (one pass without dropout). */
+static inline tpk_status tpk__drop_add(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t H, int64_t row0, float p, uint64_t stream) {
     size_t n = (size_t)(rows * H);
     if (!n) return TPK_OK;
-    if (p > 0) TPK_TRY(ctx->ops->dropout(ctx, out, y, rows, H, H, row0, 0, p, ctx->seed, stream, ctx->dtype));
-    else TPK_TRY(ctx->ops->axpby(ctx, out, 1.0f, y, 0.0f, ctx->dtype, n));
-    return ctx->ops->axpby(ctx, out, 1.0f, x, 1.0f, ctx->dtype, n);
+    if (p > 0) TPK_TRY(ctx->ops->dropout(ctx, y, y, rows, H, H, row0, 0, p, ctx->seed, stream, ctx->dtype));
+    return ctx->ops->axpby(ctx, y, 1.0f, x, 1.0f, ctx->dtype, n);
 }
 
 /* ---- block ----------------------------------------------------------------------------------- */
@@ -62,7 +61,7 @@ typedef struct tpk_gpt2_block {
     int64_t rows, row0;  /* local token rows of the last forward and the first one's global index */
     uint64_t s1, s2;     /* residual dropout streams of the last forward */
     int p0, p1;          /* its parameters are ids p0..p1 */
-    tpk_buf y, dr;
+    tpk_buf dr;          /* dy through a residual dropout (dy itself is still needed) */
 } tpk_gpt2_block;
 
 static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, int64_t H, const tpk_gpt2_block_desc *desc) {
@@ -96,7 +95,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
 static inline void tpk_gpt2_block_destroy(tpk_ctx *ctx, tpk_gpt2_block *b) {
     tpk_layernorm_destroy(ctx, &b->ln_1), tpk_layernorm_destroy(ctx, &b->ln_2);
     tpk_attention_destroy(ctx, &b->attn), tpk_mlp_destroy(ctx, &b->mlp);
-    tpk__buf_free(ctx, &b->y), tpk__buf_free(ctx, &b->dr);
+    tpk__buf_free(ctx, &b->dr);
 }
 
 /* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
@@ -106,7 +105,7 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     if (!ctx) return TPK_ERR_ARG;
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
-    tpk_tensor h, a, x1, m, out;
+    tpk_tensor h, a, x1, m;
     TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_1, x, &h)); /* checks x: layout, [T, H] */
     TPK_TRY(tpk_attention_forward(ctx, &b->attn, h, B, S, &a));
     int64_t rows = x.shape[0], row0 = b->sp ? tpk_split(x.gshape[0], ctx->tp.size, ctx->tp.rank).off : 0;
@@ -114,14 +113,12 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     snprintf(n, sizeof n, "%s.resid_1", b->name), b->s1 = tpk__dropout_stream(ctx, n);
     snprintf(n, sizeof n, "%s.resid_2", b->name), b->s2 = tpk__dropout_stream(ctx, n);
     b->rows = rows, b->row0 = row0;
-    out = x;
     if (b->p > 0 && rows) /* drop(a) in place: a is c_proj's output, not kept by it */
         TPK_TRY(ctx->ops->dropout(ctx, a.data, a.data, rows, b->H, b->H, row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
     TPK_TRY(tpk_layernorm_forward_residual(ctx, &b->ln_2, x, a, &x1, &h)); /* x1 = x + drop(a), h = ln_2(x1): one pass */
     TPK_TRY(tpk_mlp_forward(ctx, &b->mlp, h, &m));
-    TPK_TRY(tpk__buf_view(ctx, &b->y, &out));
-    TPK_TRY(tpk__residual(ctx, out.data, x1.data, m.data, rows, b->H, row0, b->p, b->s2));
-    *y = out;
+    TPK_TRY(tpk__drop_add(ctx, m.data, x1.data, rows, b->H, row0, b->p, b->s2)); /* y = x1 + drop(m), in c_proj's output */
+    *y = m;
     return TPK_OK;
 }
 
@@ -180,7 +177,6 @@ typedef struct tpk_gpt2 {
     uint64_t s0;            /* embedding dropout stream of the last forward */
     int64_t rows, row0;
     tpk_tensor logits;      /* S(-1) [B S, V_r] of the last forward (gradient after backward) */
-    tpk_buf x0, dx0;
     bool have_loss;
     /* Optional: called by tpk_gpt2_backward each time the gradients of parameters first..last
      * (ids) are final for this backward — ln_f, then each block from the last, then wte and wpe
@@ -227,7 +223,6 @@ static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
     for (int64_t i = 0; m->h && i < m->c.layers; i++) tpk_gpt2_block_destroy(ctx, &m->h[i]);
     free(m->h), m->h = NULL;
     tpk_layernorm_destroy(ctx, &m->ln_f), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
-    tpk__buf_free(ctx, &m->x0), tpk__buf_free(ctx, &m->dx0);
 }
 
 /* Set the dropout probability of every dropout site (0 for evaluation and sampling). */
@@ -246,17 +241,13 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
     if (!m || !m->h) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
     if (targets && !loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
     m->have_loss = false;
-    tpk_tensor x, e;
-    TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &e)); /* checks ids, S */
-    m->B = B, m->S = S, m->rows = e.shape[0];
+    tpk_tensor x;
+    TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &x)); /* checks ids, S */
+    m->B = B, m->S = S, m->rows = x.shape[0];
     m->row0 = m->c.sequence_parallel ? tpk_split(B * S, ctx->tp.size, ctx->tp.rank).off : 0;
-    x = e;
-    if (m->c.dropout > 0) {
-        m->s0 = tpk__dropout_stream(ctx, "drop");
-        TPK_TRY(tpk__buf_view(ctx, &m->x0, &x));
-        if (m->rows)
-            TPK_TRY(ctx->ops->dropout(ctx, x.data, e.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
-    }
+    m->s0 = tpk__dropout_stream(ctx, "drop");
+    if (m->c.dropout > 0 && m->rows) /* in place: the embedding does not keep its output */
+        TPK_TRY(ctx->ops->dropout(ctx, x.data, x.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
     for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_gpt2_block_forward(ctx, &m->h[i], x, B, S, &x));
     TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
@@ -283,13 +274,8 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
         TPK_TRY(tpk_gpt2_block_backward(ctx, &m->h[i], g, &g));
         if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->h[i].p0, m->h[i].p1, m->grad_ready_user));
     }
-    if (m->c.dropout > 0) {
-        tpk_tensor d = g;
-        TPK_TRY(tpk__buf_view(ctx, &m->dx0, &d));
-        if (m->rows)
-            TPK_TRY(ctx->ops->dropout(ctx, d.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
-        g = d;
-    }
+    if (m->c.dropout > 0 && m->rows) /* in place: g is block 0's input gradient, used only here */
+        TPK_TRY(ctx->ops->dropout(ctx, g.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
     TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));
     if (m->grad_ready) {
         int a = m->wte.wte, b = m->wte.wpe >= 0 ? m->wte.wpe : m->wte.wte;

@@ -136,7 +136,6 @@ static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_li
     if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
     if (x->dtype != ctx->dtype)
         return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype %s (the context's dtype), got %s", arg, tpk_dtype_name(ctx->dtype), tpk_dtype_name(x->dtype));
-    if (arg[0] == 'x') TPK_TRY(tpk__params_fresh(ctx));
     return TPK_OK;
 }
 
@@ -145,6 +144,7 @@ static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_li
 static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x, tpk_tensor *y) {
     static const char *fn = "tpk_col_linear_forward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", y));
+    TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
     int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     if (l->d.sequence_parallel) {
@@ -234,6 +234,7 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
 static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor x, tpk_tensor *y) {
     static const char *fn = "tpk_row_linear_forward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &x, "x", y));
+    TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
     int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;

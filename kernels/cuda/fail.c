@@ -5,14 +5,9 @@
 tpk_status tpk__cuda_fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...);
 
 tpk_status tpk__cuda_fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...) {
-    if (ctx) {
-        int n = snprintf(ctx->err, sizeof ctx->err, "%s: ", fn);
-        if (n < 0 || (size_t)n >= sizeof ctx->err) n = 0;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(ctx->err + n, sizeof ctx->err - (size_t)n, fmt, ap);
-        va_end(ap);
-        ctx->last = s;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    tpk__vfail(ctx, s, fn, fmt, ap);
+    va_end(ap);
     return s;
 }
