@@ -39,6 +39,10 @@ GPU_BENCH  = $(patsubst bench/%.c,build/bench/%,$(wildcard bench/gemm.c bench/ke
 TESTS     = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
 HEADERS   = $(wildcard include/tpk/*.h)
 
+# The default backend (tpk_ops_default, tpk/init.h) is a weak reference in the headers: ask the
+# linker to take it from the archive, so a context made with .ops = NULL gets the host backend.
+DEFAULT_OPS = -Wl,-u,tpk_ops_default
+
 LIBS = build/libtpk_host.a
 ifneq ($(NVCC),)
 LIBS += build/libtpk_cuda.a
@@ -72,11 +76,11 @@ build/libtpk_cuda.a: $(CUDA_OBJ) $(HOST_OBJ)
 # GPU test programs (tests/gpu, not run by the CPU driver) and benchmarks that can use the GPU.
 build/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEADERS) build/libtpk_cuda.a
 	@mkdir -p $(@D)
-	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ build/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) build/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
 $(GPU_BENCH): build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a $(if $(HAVE_CUDA),build/libtpk_cuda.a)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
-	  $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
+	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
 cuda-check:
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-check: nvcc not found: nothing to build"; exit 1; fi
@@ -89,7 +93,7 @@ cuda-check:
 
 build/tests/%: tests/%.c tests/test.h $(HEADERS) build/libtpk_host.a
 	@mkdir -p $(@D)
-	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ build/libtpk_host.a $(BLAS_LIBS) -lm
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
 
 # The README's C example, cut out of README.md so it cannot drift.
 build/readme_example.c: README.md
@@ -97,11 +101,11 @@ build/readme_example.c: README.md
 	awk '/^```c readme-example/{f=1;next} /^```/{f=0} f' README.md > $@
 	@test -s $@ || { echo "README.md has no \`\`\`c readme-example block"; exit 1; }
 build/readme_example: build/readme_example.c $(HEADERS) build/libtpk_host.a
-	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ build/libtpk_host.a $(BLAS_LIBS) -lm
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
 
 build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ build/libtpk_host.a $(BLAS_LIBS) -lm
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
 
 # The host benchmarks (one thread; PyTorch alongside where Debian's python3-torch is installed).
 bench: build/bench/host_block
@@ -112,7 +116,7 @@ bench: build/bench/host_block
 build/gpt2_train: examples/gpt2_train.c $(HEADERS) build/libtpk_host.a $(if $(HAVE_CUDA),build/libtpk_cuda.a)
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
-	  $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
+	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
 # make demo: a 4-layer GPT-2 (hidden 128, 4 heads) trained at t = 2 on 2 ranks on the license
 # texts every Debian system ships (byte vocabulary), saved and sampled.
@@ -154,13 +158,13 @@ fuzz:
 
 build/tpk.pc:
 	@mkdir -p $(@D)
-	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk\nDescription: header-only tensor-parallel transformer kit\nVersion: 0.1.0\nRequires.private: openblas\nCflags: -I$${includedir}\nLibs: -L$${libdir} -ltpk_host %s -lm\n' \
+	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk\nDescription: header-only tensor-parallel transformer kit\nVersion: 0.1.0\nRequires.private: openblas\nCflags: -I$${includedir}\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_host %s -lm\n' \
 	  '$(PREFIX)' '$(BLAS_LIBS)' > $@
 
 # pkg-config `tpk-cuda`: the CUDA archive (which carries the host backend) and the CUDA libraries.
 build/tpk-cuda.pc:
 	@mkdir -p $(@D)
-	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk-cuda\nDescription: header-only tensor-parallel transformer kit, CUDA backend\nVersion: 0.1.0\nCflags: -I$${includedir} -DTPK_WITH_CUDA\nLibs: -L$${libdir} -ltpk_cuda %s %s -lm\n' \
+	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk-cuda\nDescription: header-only tensor-parallel transformer kit, CUDA backend\nVersion: 0.1.0\nCflags: -I$${includedir} -DTPK_WITH_CUDA\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_cuda %s %s -lm\n' \
 	  '$(PREFIX)' '$(BLAS_LIBS)' '$(CUDA_LIBS)' > $@
 
 install: all build/tpk.pc $(if $(HAVE_CUDA),build/tpk-cuda.pc)

@@ -7,7 +7,7 @@
 #ifndef TPK_ACT_H
 #define TPK_ACT_H
 
-#include "ctx.h"
+#include "buf.h"
 
 typedef struct tpk_gelu {
     tpk_tensor x; /* saved input; the caller keeps it alive until backward */
@@ -31,7 +31,7 @@ static inline tpk_status tpk_gelu_forward(tpk_ctx *ctx, tpk_gelu *g, tpk_tensor 
     TPK_TRY(tpk__gelu_check(ctx, fn, g, &x, "x", y));
     tpk_tensor o = x;
     TPK_TRY(tpk__buf_view(ctx, &g->y, &o));
-    if (tpk_numel(&x)) TPK_TRY(ctx->ops->gelu_fwd(ctx, o.data, x.data, x.dtype, (size_t)tpk_numel(&x)));
+    if (tpk_numel(&x)) TPK_TRY(tpk_op_gelu_fwd(ctx, o.data, x.data, x.dtype, (size_t)tpk_numel(&x)));
     g->x = x;
     *y = o;
     return TPK_OK;
@@ -45,7 +45,7 @@ static inline tpk_status tpk_gelu_backward(tpk_ctx *ctx, tpk_gelu *g, tpk_tensor
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, g->x.layout, g->x.dtype, g->x.ndim, g->x.gshape, ctx->tp.size, ctx->tp.rank));
     tpk_tensor o = dy;
     TPK_TRY(tpk__buf_view(ctx, &g->dx, &o));
-    if (tpk_numel(&dy)) TPK_TRY(ctx->ops->gelu_bwd(ctx, o.data, g->x.data, dy.data, dy.dtype, (size_t)tpk_numel(&dy)));
+    if (tpk_numel(&dy)) TPK_TRY(tpk_op_gelu_bwd(ctx, o.data, g->x.data, dy.data, dy.dtype, (size_t)tpk_numel(&dy)));
     *dx = o;
     return TPK_OK;
 }

@@ -44,7 +44,8 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     if (!ctx) return TPK_ERR_ARG;
     if (!a) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     memset(a, 0, sizeof *a);
-    tpk_attention_desc d = {0};
+    tpk_attention_desc d;
+    memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (A < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
     if (H < 1 || H % A) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected a positive multiple of A = %lld, got %lld", (long long)A, (long long)H);
@@ -55,13 +56,13 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     a->a0 = heads.off, a->Al = heads.size;
     char pn[128];
     snprintf(pn, sizeof pn, "%s.c_attn", a->name);
-    TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H,
-                                &(tpk_linear_desc){.name = pn, .bias = true, .stride = 3, .unit = (int)a->D, .sequence_parallel = d.sequence_parallel,
-                                                   .init_std = d.init_std}));
+    tpk_linear_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.name = pn, ld.bias = true, ld.stride = 3, ld.unit = (int)a->D, ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
+    TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld)); /* [Wq; Wk; Wv]: stride 3, heads of D */
     snprintf(pn, sizeof pn, "%s.c_proj", a->name);
-    TPK_TRY(tpk_row_linear_init(ctx, &a->c_proj, H, H,
-                                &(tpk_linear_desc){.name = pn, .bias = true, .unit = (int)a->D, .sequence_parallel = d.sequence_parallel,
-                                                   .init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std}));
+    ld.stride = 0, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    TPK_TRY(tpk_row_linear_init(ctx, &a->c_proj, H, H, &ld));
     return TPK_OK;
 }
 
@@ -89,7 +90,7 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
     TPK_TRY(tpk__buf_view(ctx, &a->out, &o));
     TPK_TRY(tpk__buf_reserve(ctx, &a->lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
     if (T && Al)
-        TPK_TRY(ctx->ops->attn_fwd(ctx, o.data, (float *)a->lse.p, qkv.data, B, S, Al, D, a->A, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
+        TPK_TRY(tpk_op_attn_fwd(ctx, o.data, (float *)a->lse.p, qkv.data, B, S, Al, D, a->A, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
                                    a->stream, ctx->dtype));
     return tpk_row_linear_forward(ctx, &a->c_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
@@ -108,7 +109,7 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
     dq = a->qkv;
     TPK_TRY(tpk__buf_view(ctx, &a->dqkv, &dq));
     if (B * S > 0 && Al > 0)
-        TPK_TRY(ctx->ops->attn_bwd(ctx, dq.data, dout.data, a->qkv.data, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->a0,
+        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->qkv.data, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->a0,
                                    1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
     return tpk_col_linear_backward(ctx, &a->c_attn, dq, dx); /* all-reduce (SP: reduce-scatter) */
 }

@@ -1,11 +1,9 @@
-/* tpk/coll.h — checked, counted collectives; the one-rank `self` communicator; the TP x DP mesh
- * and context creation.
+/* tpk/coll.h — checked, counted collectives over a tpk_comm (tpk/comm.h).
  *
  * tpk_allreduce & co. check their arguments (null buffers, count arrays that do not add up,
  * counts past INT_MAX), count calls/elements/bytes in comm->stats, then call the table.
- * The *_start forms return at once; tpk_wait finishes them. The mesh puts consecutive ranks
- * in one TP group: world rank w is TP rank w % t of TP group w / t, and DP rank w / t of
- * DP group w % t. */
+ * The *_start forms return at once; tpk_wait finishes them. tpk_comm_split makes sub-groups
+ * (the context's TP x DP mesh, tpk/init.h). */
 #ifndef TPK_COLL_H
 #define TPK_COLL_H
 
@@ -163,118 +161,6 @@ static inline tpk_status tpk_comm_split(tpk_ctx *ctx, tpk_comm *c, int color, in
 static inline void tpk_comm_destroy(tpk_comm *c) {
     if (c && c->vt && c->vt->destroy) c->vt->destroy(c);
     if (c) memset(c, 0, sizeof *c);
-}
-
-/* ---- self: one rank, collectives are copies ----------------------------------------------- */
-
-/* recv = send; device buffers (the context's backend holds them) go through ops->memcpy */
-static inline tpk_status tpk__self_copy(tpk_ctx *ctx, const void *send, void *recv, size_t bytes) {
-    if (send == recv || !bytes) return TPK_OK;
-    if (ctx && ctx->ops && ctx->ops->device) return ctx->ops->memcpy(ctx, recv, send, bytes, TPK_D2D);
-    memmove(recv, send, bytes);
-    return TPK_OK;
-}
-static inline tpk_status tpk__self_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt,
-                                             tpk_redop op, tpk_request *req) {
-    (void)c, (void)op, (void)req;
-    return tpk__self_copy(ctx, send, recv, count * tpk_dtype_size(dt));
-}
-static inline tpk_status tpk__self_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
-                                              tpk_dtype dt, tpk_request *req) {
-    (void)c, (void)req;
-    return tpk__self_copy(ctx, send, recv, counts[0] * tpk_dtype_size(dt));
-}
-static inline tpk_status tpk__self_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
-                                                   tpk_dtype dt, tpk_redop op, tpk_request *req) {
-    (void)c, (void)op, (void)req;
-    return tpk__self_copy(ctx, send, recv, counts[0] * tpk_dtype_size(dt));
-}
-static inline tpk_status tpk__self_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
-    (void)ctx, (void)c, (void)buf, (void)count, (void)dt, (void)root, (void)req;
-    return TPK_OK;
-}
-static inline tpk_status tpk__self_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
-    (void)ctx, (void)c, (void)req;
-    return TPK_OK;
-}
-static inline tpk_status tpk__self_wait(tpk_ctx *ctx, tpk_request *req) {
-    (void)ctx, (void)req;
-    return TPK_OK;
-}
-static inline tpk_status tpk__self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out);
-static inline const tpk_comm_vtable *tpk__self_vtable(void) {
-    static const tpk_comm_vtable vt = {"self", tpk__self_allreduce, tpk__self_allgatherv, tpk__self_reduce_scatterv,
-                                       tpk__self_bcast, tpk__self_barrier,
-                                       tpk__self_wait, tpk__self_split, NULL};
-    return &vt;
-}
-/* A communicator of one rank on host memory (or device memory: `device`), for unsharded runs. */
-static inline tpk_comm tpk_comm_self(bool device) {
-    tpk_comm c;
-    memset(&c, 0, sizeof c);
-    c.vt = tpk__self_vtable(), c.rank = 0, c.size = 1, c.device = device;
-    return c;
-}
-static inline tpk_status tpk__self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
-    (void)ctx, (void)color, (void)key;
-    *out = tpk_comm_self(c->device);
-    return TPK_OK;
-}
-
-/* ---- context ------------------------------------------------------------------------------ */
-
-static inline void tpk_ctx_destroy(tpk_ctx *ctx);
-
-/* Create a context: ops (default host), world (default self), TP groups of desc->tp
- * consecutive ranks (world size must be a multiple), DP groups across them. */
-static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
-    static const char *fn = "tpk_ctx_init";
-    if (!ctx) return TPK_ERR_ARG;
-    memset(ctx, 0, sizeof *ctx);
-    tpk_ctx_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    ctx->ops = d.ops ? d.ops : tpk_ops_host();
-    ctx->seed = d.seed, ctx->dtype = d.dtype;
-    if (!ctx->ops || !ctx->ops->alloc || !ctx->ops->gemm)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: expected a filled tpk_ops table");
-    if (d.dtype != TPK_F32 && d.dtype != TPK_BF16)
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "desc->dtype: expected TPK_F32 or TPK_BF16, got %s", tpk_dtype_name(d.dtype));
-    if (!d.world) ctx->self_world = tpk_comm_self(ctx->ops->device), d.world = &ctx->self_world;
-    if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised communicator");
-    ctx->world = d.world;
-    int tp = d.tp ? d.tp : 1, n = d.world->size;
-    if (tp < 1 || tp > n || n % tp)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
-    int w = d.world->rank;
-    tpk_status s = tpk_comm_split(ctx, d.world, w / tp, w % tp, &ctx->tp);
-    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, w % tp, w / tp, &ctx->dp);
-    if (s != TPK_OK) {
-        char keep[sizeof ctx->err];
-        memcpy(keep, ctx->err, sizeof keep);
-        tpk_ctx_destroy(ctx);
-        memcpy(ctx->err, keep, sizeof keep);
-        ctx->last = s;
-    }
-    return s;
-}
-
-static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
-    if (!ctx) return;
-    if (ctx->ops) {
-        tpk__buf_free(ctx, &ctx->work[0]);
-        tpk__buf_free(ctx, &ctx->work[1]);
-        tpk__buf_free(ctx, &ctx->params.data);
-        tpk__buf_free(ctx, &ctx->params.grad);
-        tpk__buf_free(ctx, &ctx->params.data16);
-        tpk__buf_free(ctx, &ctx->params.scratch);
-    }
-    free(ctx->params.list);
-    tpk_comm_destroy(&ctx->tp);
-    tpk_comm_destroy(&ctx->dp);
-    const tpk_ops *ops = ctx->ops;
-    memset(ctx, 0, sizeof *ctx);
-    ctx->ops = ops;
 }
 
 #endif /* TPK_COLL_H */

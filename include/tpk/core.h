@@ -7,7 +7,7 @@
  *   P     every rank holds a whole-shaped partial value;   the true value is the sum over ranks
  * Splits may be uneven: shard i of n over p parts starts at i*(n/p) + min(i, n%p) and has
  * n/p + (i < n%p) elements, so the first n%p shards hold one element more.
- * Plain C11, no allocation, no globals. */
+ * Plain C11 that also compiles as C++17, no allocation, no globals. */
 #ifndef TPK_CORE_H
 #define TPK_CORE_H
 
@@ -18,6 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* C and C++: a literal of a struct type ((T){...} in C, T{...} in C++), and the linkage of the
+ * functions the compiled archives define. */
+#ifdef __cplusplus
+#define TPK_LIT(T) T
+#define TPK_EXTERN_C extern "C"
+#else
+#define TPK_LIT(T) (T)
+#define TPK_EXTERN_C
+#endif
 
 typedef enum tpk_status {
     TPK_OK = 0,
@@ -59,12 +69,14 @@ static inline const char *tpk_status_str(tpk_status s) {
 
 /* ---- dtypes ------------------------------------------------------------------------------ */
 
-typedef enum tpk_dtype { TPK_F32 = 0, TPK_BF16 = 1, TPK_I32 = 2 } tpk_dtype;
+/* f32 and bf16 are the compute dtypes; i32 holds token ids; f64 is for host scalars reduced
+ * over a communicator (a loss, a squared norm): collectives and copies take it, ops do not. */
+typedef enum tpk_dtype { TPK_F32 = 0, TPK_BF16 = 1, TPK_I32 = 2, TPK_F64 = 3 } tpk_dtype;
 
-static inline bool tpk_dtype_valid(tpk_dtype dt) { return dt == TPK_F32 || dt == TPK_BF16 || dt == TPK_I32; }
-static inline size_t tpk_dtype_size(tpk_dtype dt) { return dt == TPK_BF16 ? 2 : 4; }
+static inline bool tpk_dtype_valid(tpk_dtype dt) { return dt == TPK_F32 || dt == TPK_BF16 || dt == TPK_I32 || dt == TPK_F64; }
+static inline size_t tpk_dtype_size(tpk_dtype dt) { return dt == TPK_BF16 ? 2 : dt == TPK_F64 ? 8 : 4; }
 static inline const char *tpk_dtype_name(tpk_dtype dt) {
-    return dt == TPK_F32 ? "f32" : dt == TPK_BF16 ? "bf16" : dt == TPK_I32 ? "i32" : "?";
+    return dt == TPK_F32 ? "f32" : dt == TPK_BF16 ? "bf16" : dt == TPK_I32 ? "i32" : dt == TPK_F64 ? "f64" : "?";
 }
 
 /* bf16 <-> f32, round to nearest even; NaN stays NaN (quiet). */
@@ -107,11 +119,11 @@ typedef struct tpk_layout {
     int unit;   /* S only; 0 or 1: split elements. u > 1: split whole groups of u (heads of D). */
 } tpk_layout;
 
-#define TPK_R ((tpk_layout){TPK_LAYOUT_R, 0, 0, 0})
-#define TPK_P ((tpk_layout){TPK_LAYOUT_P, 0, 0, 0})
-#define TPK_S(d) ((tpk_layout){TPK_LAYOUT_S, (d), 0, 0})
+#define TPK_R (TPK_LIT(tpk_layout){TPK_LAYOUT_R, 0, 0, 0})
+#define TPK_P (TPK_LIT(tpk_layout){TPK_LAYOUT_P, 0, 0, 0})
+#define TPK_S(d) (TPK_LIT(tpk_layout){TPK_LAYOUT_S, (d), 0, 0})
 /* S(d) with s blocks split separately, each in groups of u elements (heads of size u). */
-#define TPK_S_EX(d, s, u) ((tpk_layout){TPK_LAYOUT_S, (d), (s), (u)})
+#define TPK_S_EX(d, s, u) (TPK_LIT(tpk_layout){TPK_LAYOUT_S, (d), (s), (u)})
 
 static inline int tpk_layout_stride(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.stride > 1 ? l.stride : 1; }
 static inline int tpk_layout_unit(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.unit > 1 ? l.unit : 1; }

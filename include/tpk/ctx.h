@@ -2,8 +2,9 @@
  *
  * Every public function takes the context first, returns a tpk_status and, on failure,
  * leaves one line in ctx->err naming the function, the argument and the expected value
- * (tpk_last_error). Creating and destroying a context is in tpk/coll.h (it splits the world
- * communicator into groups); the parameter registry is in tpk/params.h. */
+ * (tpk_last_error). Creating and destroying a context is in tpk/init.h (it splits the world
+ * communicator into groups); the checked ops are in tpk/op.h, the backend buffers in tpk/buf.h,
+ * the parameter registry in tpk/params.h. */
 #ifndef TPK_CTX_H
 #define TPK_CTX_H
 
@@ -48,7 +49,7 @@ typedef struct tpk_params {
 } tpk_params;
 
 typedef struct tpk_ctx_desc {
-    const tpk_ops *ops; /* default: tpk_ops_host() */
+    const tpk_ops *ops; /* default: tpk_ops_default() (the host backend, tpk/init.h) */
     tpk_comm *world;    /* default: one rank (self) */
     int tp;             /* TP group size, consecutive ranks; default 1 */
     uint64_t seed;      /* initialisation and dropout seed */
@@ -127,13 +128,13 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
     if (!tpk_layout_eq(t->layout, want, ndim))
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout %s, got %s", arg, tpk_layout_str(want, a, sizeof a),
                          tpk_layout_str(t->layout, b, sizeof b));
+    char c[64];
     int sd = tpk_layout_dim(want, ndim);
     if (sd >= 0 && t->gshape[sd] % (tpk_layout_stride(want) * tpk_layout_unit(want)))
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: dim %d (%lld) is not a multiple of the layout's stride x unit %d", arg, sd,
                          (long long)t->gshape[sd], tpk_layout_stride(want) * tpk_layout_unit(want));
     for (int i = 0; i < ndim; i++) {
         if (gshape && gshape[i] >= 0 && t->gshape[i] != gshape[i]) {
-            char c[64];
             int64_t show[TPK_MAX_DIMS];
             for (int j = 0; j < ndim; j++) show[j] = gshape[j];
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected global shape %s (dim %d = %lld), got %s", arg,
@@ -146,30 +147,9 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
                              "%s: local shape %s does not match layout %s of global shape %s on rank %d of %d "
                              "(dim %d should be %lld)",
                              arg, tpk__shape_str(t->shape, ndim, a, sizeof a), tpk_layout_str(want, b, sizeof b),
-                             tpk__shape_str(t->gshape, ndim, (char[64]){0}, 64), index, parts, i, (long long)local);
+                             tpk__shape_str(t->gshape, ndim, c, sizeof c), index, parts, i, (long long)local);
     }
     if (!t->data && tpk_numel(t) > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: data is NULL", arg);
-    return TPK_OK;
-}
-
-/* Grow a backend buffer to at least `bytes` (contents are not kept). */
-static inline tpk_status tpk__buf_reserve(tpk_ctx *ctx, tpk_buf *b, size_t bytes) {
-    if (b->bytes >= bytes && b->p) return TPK_OK;
-    if (b->p) ctx->ops->free(ctx, b->p);
-    b->p = NULL, b->bytes = 0;
-    TPK_TRY(ctx->ops->alloc(ctx, bytes ? bytes : 1, &b->p));
-    b->bytes = bytes;
-    return TPK_OK;
-}
-static inline void tpk__buf_free(tpk_ctx *ctx, tpk_buf *b) {
-    if (b->p) ctx->ops->free(ctx, b->p);
-    b->p = NULL, b->bytes = 0;
-}
-
-/* A view of a layer-owned buffer, grown to fit `t`'s local shape; sets t->data. */
-static inline tpk_status tpk__buf_view(tpk_ctx *ctx, tpk_buf *b, tpk_tensor *t) {
-    TPK_TRY(tpk__buf_reserve(ctx, b, tpk_nbytes(t)));
-    t->data = b->p;
     return TPK_OK;
 }
 
@@ -194,8 +174,5 @@ static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst
     memcpy(dst, given, strlen(given) + 1);
     return TPK_OK;
 }
-
-static inline int tpk_tp_rank(const tpk_ctx *ctx) { return ctx->tp.rank; }
-static inline int tpk_tp_size(const tpk_ctx *ctx) { return ctx->tp.size; }
 
 #endif /* TPK_CTX_H */

@@ -1,20 +1,11 @@
-/* tpk/embed.h — vocabulary-parallel token embedding with a replicated position embedding, and
- * vocabulary-parallel cross-entropy (the loss of a tied LM head).
+/* tpk/embed.h — vocabulary-parallel token embedding with a replicated position embedding.
  *
  * Embedding: rank r holds rows [v0, v0 + V_r) of wte [V, H] (tpk_split; V need not divide t).
  *   forward   ids R [T] (host memory, checked: 0 <= id < V) -> rows in range, zeros elsewhere:
  *             P -> all-reduce -> R (SP: reduce-scatter -> S(0)); + wpe[t % S] (replicated, once)
  *   backward  dy R (SP: S(0), all-gathered first) -> dwte[id - v0] += dy for own ids;
  *             dwpe[pos] += dy (complete on every rank). No other communication.
- * Cross-entropy over logits z S(-1) [T, V] (rank r holds columns [v0, v0 + V_r)):
- *   forward   m = all-reduce MAX of the row max; (sum exp(z - m), z_target, sum z) packed in one
- *             all-reduce SUM; lse = m + log sum exp;
- *             loss_t = lse - (1 - eps) z_target - eps mean_V(z)      (eps: label smoothing over
- *             the GLOBAL vocabulary, so the value is the same at every t); positions whose
- *             target is the ignore index (default -100) count for nothing; the loss is the mean
- *             over the counted positions.
- *   backward  dz = (softmax(z) - (1 - eps) onehot - eps / V) * scale / counted, written over z;
- *             no communication. */
+ * The vocabulary-parallel cross-entropy of the tied LM head is in tpk/xent.h. */
 #ifndef TPK_EMBED_H
 #define TPK_EMBED_H
 
@@ -41,7 +32,8 @@ static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int6
     if (!ctx) return TPK_ERR_ARG;
     if (!e) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     memset(e, 0, sizeof *e);
-    tpk_embedding_desc d = {0};
+    tpk_embedding_desc d;
+    memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (V < 1 || V > INT32_MAX) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected 1..%d, got %lld", INT32_MAX, (long long)V);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
@@ -50,17 +42,9 @@ static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int6
     tpk_range r = tpk_split(V, ctx->tp.size, ctx->tp.rank);
     e->v0 = r.off, e->vl = r.size;
     float std = d.init_std > 0 ? d.init_std : 0.02f;
-    TPK_TRY(tpk_param_add(ctx, &(tpk_param_desc){d.wte_name ? d.wte_name : "wte", 2, {V, H, 0, 0}, TPK_S(0), TPK_INIT_NORMAL, std, true}, &e->wte));
-    if (positions)
-        TPK_TRY(tpk_param_add(ctx, &(tpk_param_desc){d.wpe_name ? d.wpe_name : "wpe", 2, {positions, H, 0, 0}, TPK_R, TPK_INIT_NORMAL, 0.01f, true},
-                              &e->wpe));
+    TPK_TRY(tpk__param_add(ctx, d.wte_name ? d.wte_name : "wte", 2, V, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &e->wte));
+    if (positions) TPK_TRY(tpk__param_add(ctx, d.wpe_name ? d.wpe_name : "wpe", 2, positions, H, TPK_R, TPK_INIT_NORMAL, 0.01f, true, &e->wpe));
     return TPK_OK;
-}
-
-/* Copy host int32 data to backend memory. */
-static inline tpk_status tpk__upload_i32(tpk_ctx *ctx, tpk_buf *b, const int32_t *host, int64_t n) {
-    TPK_TRY(tpk__buf_reserve(ctx, b, sizeof(int32_t) * (size_t)(n ? n : 1)));
-    return n ? ctx->ops->memcpy(ctx, b->p, host, sizeof(int32_t) * (size_t)n, ctx->ops->device ? TPK_H2D : TPK_H2H) : TPK_OK;
 }
 
 /* y = wte[ids] + wpe[position]: ids [B * S] token ids in host memory, the same on every TP rank;
@@ -83,7 +67,7 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     TPK_TRY(tpk__upload_i32(ctx, &e->ids, ids, T));
     tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &e->y, &yp));
-    if (T) TPK_TRY(ctx->ops->embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p, tpk_param_data(ctx, e->wte), T, e->H, e->v0, e->vl, ctx->dtype, false));
+    if (T) TPK_TRY(tpk_op_embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p, tpk_param_data(ctx, e->wte), T, e->H, e->v0, e->vl, ctx->dtype, false));
     tpk_tensor o = yp;
     tpk_range rows = {0, T};
     if (e->sp) {
@@ -102,7 +86,7 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     free(pos);
     TPK_TRY(s);
     if (e->wpe >= 0 && rows.size)
-        TPK_TRY(ctx->ops->embed_fwd(ctx, o.data, (const int32_t *)e->pos.p + rows.off, tpk_param_data(ctx, e->wpe), rows.size, e->H, 0, e->P,
+        TPK_TRY(tpk_op_embed_fwd(ctx, o.data, (const int32_t *)e->pos.p + rows.off, tpk_param_data(ctx, e->wpe), rows.size, e->H, 0, e->P,
                                     ctx->dtype, true));
     *y = o;
     return TPK_OK;
@@ -122,108 +106,14 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
         dy = g;
     }
     if (!T) return TPK_OK;
-    TPK_TRY(ctx->ops->embed_bwd(ctx, tpk_param_grad(ctx, e->wte), dy.data, (const int32_t *)e->ids.p, T, e->H, e->v0, e->vl, ctx->dtype));
-    if (e->wpe >= 0) TPK_TRY(ctx->ops->embed_bwd(ctx, tpk_param_grad(ctx, e->wpe), dy.data, (const int32_t *)e->pos.p, T, e->H, 0, e->P, ctx->dtype));
+    TPK_TRY(tpk_op_embed_bwd(ctx, tpk_param_grad(ctx, e->wte), dy.data, (const int32_t *)e->ids.p, T, e->H, e->v0, e->vl, ctx->dtype));
+    if (e->wpe >= 0) TPK_TRY(tpk_op_embed_bwd(ctx, tpk_param_grad(ctx, e->wpe), dy.data, (const int32_t *)e->pos.p, T, e->H, 0, e->P, ctx->dtype));
     return TPK_OK;
 }
 
 static inline void tpk_embedding_destroy(tpk_ctx *ctx, tpk_embedding *e) {
     tpk_buf *b[] = {&e->ids, &e->pos, &e->y, &e->y2, &e->dy};
     for (int i = 0; i < 5; i++) tpk__buf_free(ctx, b[i]);
-}
-
-/* ---- vocabulary-parallel cross-entropy ---------------------------------------------------- */
-
-typedef struct tpk_xent_desc {
-    float label_smoothing;    /* eps in [0, 1), over the global vocabulary */
-    bool set_ignore_index;    /* use ignore_index below instead of the default -100 */
-    int32_t ignore_index;
-} tpk_xent_desc;
-
-typedef struct tpk_xent {
-    float eps;
-    int32_t ignore;
-    int64_t V, T, counted;
-    tpk_tensor z;             /* the logits of the last forward (overwritten by backward) */
-    tpk_buf targets, mx, part, lse, loss, dloss;
-} tpk_xent;
-
-static inline tpk_status tpk_xent_init(tpk_ctx *ctx, tpk_xent *ce, int64_t V, const tpk_xent_desc *desc) {
-    static const char *fn = "tpk_xent_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!ce) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: NULL");
-    memset(ce, 0, sizeof *ce);
-    tpk_xent_desc d = {0};
-    if (desc) d = *desc;
-    if (V < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected >= 1, got %lld", (long long)V);
-    if (!(d.label_smoothing >= 0 && d.label_smoothing < 1))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->label_smoothing: expected 0 <= eps < 1, got %g", (double)d.label_smoothing);
-    ce->V = V, ce->eps = d.label_smoothing, ce->ignore = d.set_ignore_index ? d.ignore_index : -100;
-    return TPK_OK;
-}
-
-/* *loss = mean over counted positions of the cross-entropy of logits z S(-1) [T, V] against
- * targets [T] (host memory; each in 0..V-1 or the ignore index). Two collectives. */
-static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor z, const int32_t *targets, float *loss) {
-    static const char *fn = "tpk_xent_forward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
-    if (!loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
-    int64_t want[2] = {-1, ce->V};
-    TPK_TRY(tpk__check(ctx, fn, "z", &z, TPK_S(-1), ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank));
-    int64_t T = z.shape[0], Vl = z.shape[1], v0 = tpk_split(ce->V, ctx->tp.size, ctx->tp.rank).off, counted = 0;
-    if (T && !targets) return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets: NULL");
-    for (int64_t i = 0; i < T; i++) {
-        if (targets[i] == ce->ignore) continue;
-        if (targets[i] < 0 || targets[i] >= ce->V)
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets[%lld] = %d: expected a token id in 0..%lld or the ignore index %d", (long long)i,
-                             targets[i], (long long)(ce->V - 1), ce->ignore);
-        counted++;
-    }
-    size_t f = sizeof(float), n = (size_t)(T ? T : 1);
-    TPK_TRY(tpk__upload_i32(ctx, &ce->targets, targets, T));
-    TPK_TRY(tpk__buf_reserve(ctx, &ce->mx, f * n));
-    TPK_TRY(tpk__buf_reserve(ctx, &ce->part, 3 * f * n));
-    TPK_TRY(tpk__buf_reserve(ctx, &ce->lse, f * n));
-    TPK_TRY(tpk__buf_reserve(ctx, &ce->loss, f * n));
-    float *mx = (float *)ce->mx.p, *part = (float *)ce->part.p;
-    const int32_t *tg = (const int32_t *)ce->targets.p;
-    TPK_TRY(ctx->ops->xent_max(ctx, mx, z.data, T, Vl, ctx->dtype));
-    TPK_TRY(tpk_allreduce(ctx, &ctx->tp, mx, mx, (size_t)T, TPK_F32, TPK_MAX));
-    TPK_TRY(ctx->ops->xent_partial(ctx, part, z.data, mx, tg, T, Vl, v0, ctx->dtype));
-    TPK_TRY(tpk_allreduce(ctx, &ctx->tp, part, part, 3 * (size_t)T, TPK_F32, TPK_SUM));
-    TPK_TRY(ctx->ops->xent_loss(ctx, (float *)ce->loss.p, (float *)ce->lse.p, mx, part, tg, T, ce->V, ce->eps, ce->ignore));
-    float *host = (float *)malloc(f * n);
-    if (!host) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "loss");
-    tpk_status s = ctx->ops->memcpy(ctx, host, ce->loss.p, f * (size_t)T, ctx->ops->device ? TPK_D2H : TPK_H2H);
-    double sum = 0;
-    for (int64_t i = 0; s == TPK_OK && i < T; i++) sum += host[i];
-    free(host);
-    TPK_TRY(s);
-    *loss = counted ? (float)(sum / (double)counted) : 0.0f;
-    ce->z = z, ce->T = T, ce->counted = counted;
-    return TPK_OK;
-}
-
-/* dz = d(scale * mean loss)/dz, written over the logits of the last forward; *dz S(-1). */
-static inline tpk_status tpk_xent_backward(tpk_ctx *ctx, tpk_xent *ce, float scale, tpk_tensor *dz) {
-    static const char *fn = "tpk_xent_backward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
-    if (!dz) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dz: NULL");
-    if (!ce->z.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "backward before forward");
-    int64_t T = ce->T, Vl = ce->z.shape[1], v0 = tpk_split(ce->V, ctx->tp.size, ctx->tp.rank).off;
-    TPK_TRY(tpk__buf_reserve(ctx, &ce->dloss, sizeof(float) * (size_t)(T ? T : 1)));
-    if (T) TPK_TRY(ctx->ops->fill(ctx, ce->dloss.p, TPK_F32, (size_t)T, ce->counted ? scale / (float)ce->counted : 0.0f));
-    TPK_TRY(ctx->ops->xent_grad(ctx, ce->z.data, ce->z.data, (const float *)ce->lse.p, (const int32_t *)ce->targets.p, (const float *)ce->dloss.p, T,
-                                Vl, v0, ce->V, ce->eps, ce->ignore, ctx->dtype));
-    *dz = ce->z;
-    return TPK_OK;
-}
-
-static inline void tpk_xent_destroy(tpk_ctx *ctx, tpk_xent *ce) {
-    tpk_buf *b[] = {&ce->targets, &ce->mx, &ce->part, &ce->lse, &ce->loss, &ce->dloss};
-    for (int i = 0; i < 6; i++) tpk__buf_free(ctx, b[i]);
 }
 
 #endif /* TPK_EMBED_H */

@@ -24,6 +24,7 @@
 #include "embed.h"
 #include "mlp.h"
 #include "norm.h"
+#include "xent.h"
 
 /* ---- residual with dropout ----------------------------------------------------------------- */
 
@@ -33,8 +34,8 @@
 static inline tpk_status tpk__drop_add(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t H, int64_t row0, float p, uint64_t stream) {
     size_t n = (size_t)(rows * H);
     if (!n) return TPK_OK;
-    if (p > 0) TPK_TRY(ctx->ops->dropout(ctx, y, y, rows, H, H, row0, 0, p, ctx->seed, stream, ctx->dtype));
-    return ctx->ops->axpby(ctx, y, 1.0f, x, 1.0f, ctx->dtype, n);
+    if (p > 0) TPK_TRY(tpk_op_dropout(ctx, y, y, rows, H, H, row0, 0, p, ctx->seed, stream, ctx->dtype));
+    return tpk_op_axpby(ctx, y, 1.0f, x, 1.0f, ctx->dtype, n);
 }
 
 /* ---- block ----------------------------------------------------------------------------------- */
@@ -77,17 +78,22 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     b->p0 = ctx->params.n;
     char n[128];
     snprintf(n, sizeof n, "%s.ln_1", b->name);
-    TPK_TRY(tpk_layernorm_init(ctx, &b->ln_1, H, &(tpk_layernorm_desc){.name = n, .eps = d.ln_eps, .sequence_parallel = d.sequence_parallel}));
+    tpk_layernorm_desc lnd;
+    memset(&lnd, 0, sizeof lnd);
+    lnd.name = n, lnd.eps = d.ln_eps, lnd.sequence_parallel = d.sequence_parallel;
+    TPK_TRY(tpk_layernorm_init(ctx, &b->ln_1, H, &lnd));
     snprintf(n, sizeof n, "%s.attn", b->name);
-    TPK_TRY(tpk_attention_init(ctx, &b->attn, H, d.heads,
-                               &(tpk_attention_desc){.name = n, .sequence_parallel = d.sequence_parallel, .dropout = d.dropout, .init_std = d.init_std,
-                                                     .proj_init_std = d.proj_init_std}));
+    tpk_attention_desc ad;
+    memset(&ad, 0, sizeof ad);
+    ad.name = n, ad.sequence_parallel = d.sequence_parallel, ad.dropout = d.dropout, ad.init_std = d.init_std, ad.proj_init_std = d.proj_init_std;
+    TPK_TRY(tpk_attention_init(ctx, &b->attn, H, d.heads, &ad));
     snprintf(n, sizeof n, "%s.ln_2", b->name);
-    TPK_TRY(tpk_layernorm_init(ctx, &b->ln_2, H, &(tpk_layernorm_desc){.name = n, .eps = d.ln_eps, .sequence_parallel = d.sequence_parallel}));
+    TPK_TRY(tpk_layernorm_init(ctx, &b->ln_2, H, &lnd));
     snprintf(n, sizeof n, "%s.mlp", b->name);
-    TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H,
-                         &(tpk_mlp_desc){.name = n, .hidden = d.mlp_hidden, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std,
-                                         .proj_init_std = d.proj_init_std}));
+    tpk_mlp_desc md;
+    memset(&md, 0, sizeof md);
+    md.name = n, md.hidden = d.mlp_hidden, md.sequence_parallel = d.sequence_parallel, md.init_std = d.init_std, md.proj_init_std = d.proj_init_std;
+    TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H, &md));
     b->p1 = ctx->params.n - 1;
     return TPK_OK;
 }
@@ -114,7 +120,7 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     snprintf(n, sizeof n, "%s.resid_2", b->name), b->s2 = tpk__dropout_stream(ctx, n);
     b->rows = rows, b->row0 = row0;
     if (b->p > 0 && rows) /* drop(a) in place: a is c_proj's output, not kept by it */
-        TPK_TRY(ctx->ops->dropout(ctx, a.data, a.data, rows, b->H, b->H, row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
+        TPK_TRY(tpk_op_dropout(ctx, a.data, a.data, rows, b->H, b->H, row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
     TPK_TRY(tpk_layernorm_forward_residual(ctx, &b->ln_2, x, a, &x1, &h)); /* x1 = x + drop(a), h = ln_2(x1): one pass */
     TPK_TRY(tpk_mlp_forward(ctx, &b->mlp, h, &m));
     TPK_TRY(tpk__drop_add(ctx, m.data, x1.data, rows, b->H, row0, b->p, b->s2)); /* y = x1 + drop(m), in c_proj's output */
@@ -135,19 +141,19 @@ static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b
     tpk_tensor g = dy, dh, dx1, da;
     if (b->p > 0) { /* through the residual dropout of the MLP branch */
         TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
-        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dy.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s2, ctx->dtype));
+        if (n) TPK_TRY(tpk_op_dropout(ctx, g.data, dy.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s2, ctx->dtype));
     }
     TPK_TRY(tpk_mlp_backward(ctx, &b->mlp, g, &dh));
     TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_2, dh, &dx1)); /* in ln_2's buffer */
-    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx1.data, 1.0f, dy.data, 1.0f, ctx->dtype, n));
+    if (n) TPK_TRY(tpk_op_axpby(ctx, dx1.data, 1.0f, dy.data, 1.0f, ctx->dtype, n));
     g = dx1;
     if (b->p > 0) {
         TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
-        if (n) TPK_TRY(ctx->ops->dropout(ctx, g.data, dx1.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
+        if (n) TPK_TRY(tpk_op_dropout(ctx, g.data, dx1.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
     }
     TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
     TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_1, da, dx)); /* in ln_1's buffer */
-    if (n) TPK_TRY(ctx->ops->axpby(ctx, dx->data, 1.0f, dx1.data, 1.0f, ctx->dtype, n));
+    if (n) TPK_TRY(tpk_op_axpby(ctx, dx->data, 1.0f, dx1.data, 1.0f, ctx->dtype, n));
     return TPK_OK;
 }
 
@@ -202,20 +208,33 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     if (c.init_std <= 0) c.init_std = 0.02f;
     m->c = c;
     bool sp = c.sequence_parallel;
-    TPK_TRY(tpk_embedding_init(ctx, &m->wte, c.vocab, c.positions, c.hidden,
-                               &(tpk_embedding_desc){.wte_name = "wte.weight", .wpe_name = "wpe.weight", .sequence_parallel = sp, .init_std = c.init_std}));
+    tpk_embedding_desc ed;
+    memset(&ed, 0, sizeof ed);
+    ed.wte_name = "wte.weight", ed.wpe_name = "wpe.weight", ed.sequence_parallel = sp, ed.init_std = c.init_std;
+    TPK_TRY(tpk_embedding_init(ctx, &m->wte, c.vocab, c.positions, c.hidden, &ed));
     m->h = (tpk_gpt2_block *)calloc((size_t)c.layers, sizeof *m->h);
     if (!m->h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
     for (int64_t i = 0; i < c.layers; i++) {
         char n[32];
         snprintf(n, sizeof n, "h.%lld", (long long)i);
-        TPK_TRY(tpk_gpt2_block_init(ctx, &m->h[i], c.hidden,
-                                    &(tpk_gpt2_block_desc){.name = n, .heads = c.heads, .dropout = c.dropout, .ln_eps = c.ln_eps, .sequence_parallel = sp,
-                                                           .init_std = c.init_std, .proj_init_std = c.init_std / sqrtf(2.0f * (float)c.layers)}));
+        tpk_gpt2_block_desc bd;
+        memset(&bd, 0, sizeof bd);
+        bd.name = n, bd.heads = c.heads, bd.dropout = c.dropout, bd.ln_eps = c.ln_eps, bd.sequence_parallel = sp;
+        bd.init_std = c.init_std, bd.proj_init_std = c.init_std / sqrtf(2.0f * (float)c.layers);
+        TPK_TRY(tpk_gpt2_block_init(ctx, &m->h[i], c.hidden, &bd));
     }
-    TPK_TRY(tpk_layernorm_init(ctx, &m->ln_f, c.hidden, &(tpk_layernorm_desc){.name = "ln_f", .eps = c.ln_eps, .sequence_parallel = sp}));
-    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, c.vocab, &(tpk_linear_desc){.name = "lm_head", .weight = m->wte.wte + 1, .sequence_parallel = sp}));
-    return tpk_xent_init(ctx, &m->ce, c.vocab, &(tpk_xent_desc){.label_smoothing = c.label_smoothing});
+    tpk_layernorm_desc lnd;
+    memset(&lnd, 0, sizeof lnd);
+    lnd.name = "ln_f", lnd.eps = c.ln_eps, lnd.sequence_parallel = sp;
+    TPK_TRY(tpk_layernorm_init(ctx, &m->ln_f, c.hidden, &lnd));
+    tpk_linear_desc hd; /* the tied LM head: a column linear over wte's vocabulary shard */
+    memset(&hd, 0, sizeof hd);
+    hd.name = "lm_head", hd.weight = m->wte.wte + 1, hd.sequence_parallel = sp;
+    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, c.vocab, &hd));
+    tpk_xent_desc xd;
+    memset(&xd, 0, sizeof xd);
+    xd.label_smoothing = c.label_smoothing;
+    return tpk_xent_init(ctx, &m->ce, c.vocab, &xd);
 }
 
 static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
@@ -247,7 +266,7 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
     m->row0 = m->c.sequence_parallel ? tpk_split(B * S, ctx->tp.size, ctx->tp.rank).off : 0;
     m->s0 = tpk__dropout_stream(ctx, "drop");
     if (m->c.dropout > 0 && m->rows) /* in place: the embedding does not keep its output */
-        TPK_TRY(ctx->ops->dropout(ctx, x.data, x.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
+        TPK_TRY(tpk_op_dropout(ctx, x.data, x.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
     for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_gpt2_block_forward(ctx, &m->h[i], x, B, S, &x));
     TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
@@ -275,7 +294,7 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
         if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->h[i].p0, m->h[i].p1, m->grad_ready_user));
     }
     if (m->c.dropout > 0 && m->rows) /* in place: g is block 0's input gradient, used only here */
-        TPK_TRY(ctx->ops->dropout(ctx, g.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
+        TPK_TRY(tpk_op_dropout(ctx, g.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
     TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));
     if (m->grad_ready) {
         int a = m->wte.wte, b = m->wte.wpe >= 0 ? m->wte.wpe : m->wte.wte;

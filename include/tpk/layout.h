@@ -18,6 +18,7 @@
 #ifndef TPK_LAYOUT_H
 #define TPK_LAYOUT_H
 
+#include "buf.h"
 #include "coll.h"
 
 typedef struct tpk__dimview { int64_t outer, n, inner; } tpk__dimview;
@@ -65,7 +66,7 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk_range r = tpk_split(v.n, t, q);
             if (r.size && v.inner && v.outer)
-                s = ctx->ops->copy2d(ctx, TPK__AT(out, r.off * v.inner, in->dtype), v.n * v.inner,
+                s = tpk_op_copy2d(ctx, TPK__AT(out, r.off * v.inner, in->dtype), v.n * v.inner,
                                  TPK__AT(ctx->work[0].p, src, in->dtype), r.size * v.inner, v.outer, r.size * v.inner, in->dtype);
             src += cnt[q];
         }
@@ -91,13 +92,13 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk_range r = tpk_split(v.n, t, q);
             if (r.size && v.inner && v.outer)
-                s = ctx->ops->copy2d(ctx, TPK__AT(ctx->work[0].p, dst, in->dtype), r.size * v.inner,
+                s = tpk_op_copy2d(ctx, TPK__AT(ctx->work[0].p, dst, in->dtype), r.size * v.inner,
                                  TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner, v.outer, r.size * v.inner, in->dtype);
             dst += cnt[q];
         }
         send = ctx->work[0].p;
     } else if (s == TPK_OK && send == out) { /* recv must not alias send */
-        s = ctx->ops->memcpy(ctx, ctx->work[0].p, send, total * tpk_dtype_size(in->dtype), ctx->ops->device ? TPK_D2D : TPK_H2H);
+        s = tpk_op_memcpy(ctx, ctx->work[0].p, send, total * tpk_dtype_size(in->dtype), ctx->ops->device ? TPK_D2D : TPK_H2H);
         send = ctx->work[0].p;
     }
     if (s == TPK_OK) s = tpk_reduce_scatterv(ctx, &ctx->tp, send, total, out, cnt, in->dtype, TPK_SUM);
@@ -134,7 +135,7 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = TPK_OK;
     if (tpk_layout_eq(in->layout, to, in->ndim)) { /* same layout: copy */
-        if (o.data != in->data && tpk_nbytes(in)) s = ctx->ops->memcpy(ctx, o.data, in->data, tpk_nbytes(in), dd);
+        if (o.data != in->data && tpk_nbytes(in)) s = tpk_op_memcpy(ctx, o.data, in->data, tpk_nbytes(in), dd);
     } else if (in->layout.kind == TPK_LAYOUT_P && to.kind == TPK_LAYOUT_R) {
         s = tpk_allreduce(ctx, &ctx->tp, in->data, o.data, (size_t)tpk_numel(in), in->dtype, TPK_SUM);
     } else if (in->layout.kind == TPK_LAYOUT_P && to.kind == TPK_LAYOUT_S) {
@@ -144,7 +145,7 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     } else if (in->layout.kind == TPK_LAYOUT_R && to.kind == TPK_LAYOUT_S) {
         tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, dto, tpk_layout_unit(to));
         tpk_range r = tpk_split(v.n, ctx->tp.size, ctx->tp.rank);
-        if (r.size && v.inner && v.outer) s = ctx->ops->copy2d(ctx, o.data, r.size * v.inner, TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
+        if (r.size && v.inner && v.outer) s = tpk_op_copy2d(ctx, o.data, r.size * v.inner, TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
                                          v.outer, r.size * v.inner, in->dtype);
     } else {
         /* R -> P and S -> P are not conversions (a partial value is not determined), nor S(d) -> S(e) */

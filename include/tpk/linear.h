@@ -96,13 +96,11 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
                              p->name, (long long)out, (long long)in, s, u);
         l->w = l->d.weight - 1;
     } else {
-        tpk_param_desc wd = {pn, 2, {out, in, 0, 0}, l->split, TPK_INIT_NORMAL, std, true};
-        TPK_TRY(tpk_param_add(ctx, &wd, &l->w));
+        TPK_TRY(tpk__param_add(ctx, pn, 2, out, in, l->split, TPK_INIT_NORMAL, std, true, &l->w));
     }
     if (l->d.bias) {
         snprintf(pn, sizeof pn, "%s.bias", l->name);
-        tpk_param_desc bd = {pn, 1, {out, 0, 0, 0}, column ? TPK_S_EX(0, s, u) : TPK_R, TPK_INIT_ZEROS, 0, false};
-        TPK_TRY(tpk_param_add(ctx, &bd, &l->b));
+        TPK_TRY(tpk__param_add(ctx, pn, 1, out, 0, column ? TPK_S_EX(0, s, u) : TPK_R, TPK_INIT_ZEROS, 0, false, &l->b));
     }
     l->n_local = tpk_shard_size(column ? out : in, l->split, ctx->tp.size, ctx->tp.rank);
     l->in_off = column ? 0 : tpk_shard_run(in, l->split, ctx->tp.size, ctx->tp.rank, 0).off;
@@ -162,7 +160,7 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (l->d.gelu) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
     if (T && n) /* y_r = x W_r^T + b_r (gelu: pre = that, y_r = gelu(pre)), one fused op */
-        TPK_TRY(ctx->ops->linear_fwd(ctx, yl.data, l->pre.p, x.data, tpk__param_w(ctx, l->w), l->b >= 0 ? tpk__param_w(ctx, l->b) : NULL, T, n, l->in,
+        TPK_TRY(tpk_op_linear_fwd(ctx, yl.data, l->pre.p, x.data, tpk__param_w(ctx, l->w), l->b >= 0 ? tpk__param_w(ctx, l->b) : NULL, T, n, l->in,
                                      l->d.gelu, ctx->dtype));
     if (l->d.gather_output) {
         tpk_tensor yg = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
@@ -194,15 +192,16 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     if (l->d.gelu) { /* through the fused GELU: du = dy gelu'(pre) */
         tpk_tensor du = dy;
         TPK_TRY(tpk__buf_view(ctx, &l->du, &du));
-        if (T && n) TPK_TRY(ctx->ops->gelu_bwd(ctx, du.data, l->pre.p, dy.data, ctx->dtype, (size_t)(T * n)));
+        if (T && n) TPK_TRY(tpk_op_gelu_bwd(ctx, du.data, l->pre.p, dy.data, ctx->dtype, (size_t)(T * n)));
         dy = du;
     }
     /* dx = dy_r W_r: a partial sum over ranks */
     tpk_tensor dxp = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxp));
-    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype));
-    else TPK_TRY(ctx->ops->fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f));
-    tpk_request req = {0};
+    if (n) TPK_TRY(tpk_op_gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype));
+    else TPK_TRY(tpk_op_fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f));
+    tpk_request req;
+    memset(&req, 0, sizeof req);
     tpk_tensor out;
     if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
         out = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->in, TPK_S(0), t, r);
@@ -257,8 +256,8 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     l->x = x, l->T = T;
     tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yp));
-    if (n) TPK_TRY(ctx->ops->gemm(ctx, false, true, T, l->out, n, 1.f, x.data, n, tpk__param_w(ctx, l->w), n, 0.f, yp.data, l->out, ctx->dtype));
-    else TPK_TRY(ctx->ops->fill(ctx, yp.data, ctx->dtype, (size_t)(T * l->out), 0.f));
+    if (n) TPK_TRY(tpk_op_gemm(ctx, false, true, T, l->out, n, 1.f, x.data, n, tpk__param_w(ctx, l->w), n, 0.f, yp.data, l->out, ctx->dtype));
+    else TPK_TRY(tpk_op_fill(ctx, yp.data, ctx->dtype, (size_t)(T * l->out), 0.f));
     tpk_tensor yo;
     if (l->d.sequence_parallel) {
         yo = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S(0), t, r);
@@ -268,7 +267,7 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         yo = yp;
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_REDUCE, &yp, &yo)); /* all-reduce in place */
     }
-    if (l->b >= 0 && yo.shape[0]) TPK_TRY(ctx->ops->bias_add(ctx, yo.data, tpk__param_w(ctx, l->b), yo.shape[0], l->out, ctx->dtype));
+    if (l->b >= 0 && yo.shape[0]) TPK_TRY(tpk_op_bias_add(ctx, yo.data, tpk__param_w(ctx, l->b), yo.shape[0], l->out, ctx->dtype));
     *y = yo;
     return TPK_OK;
 }
@@ -293,7 +292,7 @@ static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l
     tpk_tensor dxs = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
     if (n && T) {
-        TPK_TRY(ctx->ops->gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
+        TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
         TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n, &l->gw));
     }
     if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out, &l->gw));

@@ -32,7 +32,8 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const
     if (!ctx) return TPK_ERR_ARG;
     if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     memset(m, 0, sizeof *m);
-    tpk_mlp_desc d = {0};
+    tpk_mlp_desc d;
+    memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (d.hidden < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (0 = 4 H), got %lld", (long long)d.hidden);
@@ -40,12 +41,13 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const
     m->H = H, m->F = d.hidden ? d.hidden : 4 * H;
     char pn[128];
     snprintf(pn, sizeof pn, "%s.c_fc", m->name);
-    TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F,
-                                &(tpk_linear_desc){.name = pn, .bias = true, .gelu = true, .sequence_parallel = d.sequence_parallel, .init_std = d.init_std}));
+    tpk_linear_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.name = pn, ld.bias = true, ld.gelu = true, ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
+    TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F, &ld));
     snprintf(pn, sizeof pn, "%s.c_proj", m->name);
-    return tpk_row_linear_init(ctx, &m->c_proj, m->F, H,
-                               &(tpk_linear_desc){.name = pn, .bias = true, .sequence_parallel = d.sequence_parallel,
-                                                  .init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std});
+    ld.gelu = false, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    return tpk_row_linear_init(ctx, &m->c_proj, m->F, H, &ld);
 }
 
 static inline void tpk_mlp_destroy(tpk_ctx *ctx, tpk_mlp *m) {

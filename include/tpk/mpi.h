@@ -17,6 +17,13 @@
 #ifndef TPK_MPI_H
 #define TPK_MPI_H
 
+/* the C API only: no MPI C++ bindings when included from C++ */
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 #if defined(OPEN_MPI) && defined(__has_include)
 #if __has_include(<mpi-ext.h>)
@@ -24,7 +31,7 @@
 #endif
 #endif
 
-#include "tpk.h"
+#include "op.h"
 
 typedef struct tpk__mpi {
     MPI_Comm comm;
@@ -56,7 +63,7 @@ static inline tpk_status tpk__mpi_stage_in(tpk_ctx *ctx, const char *fn, tpk__mp
     r->hrecv = malloc(recv_bytes ? recv_bytes : 1);
     r->drecv = recv, r->recv_bytes = recv_bytes;
     if (!r->hsend || !r->hrecv) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %zu staging bytes", send_bytes + recv_bytes);
-    if (send_bytes) return ctx->ops->memcpy(ctx, r->hsend, send, send_bytes, TPK_D2H);
+    if (send_bytes) return tpk_op_memcpy(ctx, r->hsend, send, send_bytes, TPK_D2H);
     return TPK_OK;
 }
 static inline void tpk__mpi_req_free(tpk__mpi_req *r) {
@@ -65,7 +72,7 @@ static inline void tpk__mpi_req_free(tpk__mpi_req *r) {
 /* A finished collective: copy a staged result back, free the request. */
 static inline tpk_status tpk__mpi_done(tpk_ctx *ctx, tpk__mpi_req *r) {
     tpk_status s = TPK_OK;
-    if (r->drecv && r->recv_bytes) s = ctx->ops->memcpy(ctx, r->drecv, r->hrecv, r->recv_bytes, TPK_H2D);
+    if (r->drecv && r->recv_bytes) s = tpk_op_memcpy(ctx, r->drecv, r->hrecv, r->recv_bytes, TPK_H2D);
     tpk__mpi_req_free(r);
     return s;
 }
@@ -90,7 +97,7 @@ static inline tpk_status tpk__mpi_err(tpk_ctx *ctx, const char *fn, int rc) {
 }
 
 static inline MPI_Datatype tpk__mpi_type(tpk_dtype dt) {
-    return dt == TPK_F32 ? MPI_FLOAT : dt == TPK_I32 ? MPI_INT32_T : MPI_UINT16_T;
+    return dt == TPK_F32 ? MPI_FLOAT : dt == TPK_I32 ? MPI_INT32_T : dt == TPK_F64 ? MPI_DOUBLE : MPI_UINT16_T;
 }
 static inline MPI_Op tpk__mpi_op(tpk__mpi *m, tpk_dtype dt, tpk_redop op) {
     if (dt == TPK_BF16) return op == TPK_MAX ? m->bf16_max : m->bf16_sum;

@@ -10,11 +10,12 @@
 #define TPK_NCCL_H
 
 #include "cuda.h"
-#include "tpk.h"
+#include "ctx.h"
+
 
 /* Without <mpi.h> on the include path (a plain C compiler) the header is empty beyond tpk/cuda.h. */
 #if defined(MPI_VERSION) || !defined(__has_include) || __has_include(<mpi.h>)
-#include <mpi.h>
+#include "mpi.h" /* tpk/mpi.h: <mpi.h> without its C++ bindings */
 
 static inline tpk_status tpk_comm_nccl_mpi(tpk_ctx *ctx, MPI_Comm comm, const tpk_nccl_desc *desc, tpk_comm *out) {
     static const char *fn = "tpk_comm_nccl_mpi";

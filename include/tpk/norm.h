@@ -33,7 +33,8 @@ static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int6
     if (!ctx) return TPK_ERR_ARG;
     if (!l) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     memset(l, 0, sizeof *l);
-    tpk_layernorm_desc d = {0};
+    tpk_layernorm_desc d;
+    memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (d.eps < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0, got %g", (double)d.eps);
@@ -41,9 +42,9 @@ static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int6
     TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, d.name, "ln"));
     char pn[128];
     snprintf(pn, sizeof pn, "%s.weight", l->name);
-    TPK_TRY(tpk_param_add(ctx, &(tpk_param_desc){pn, 1, {H, 0, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false}, &l->w));
+    TPK_TRY(tpk__param_add(ctx, pn, 1, H, 0, TPK_R, TPK_INIT_ONES, 0, false, &l->w));
     snprintf(pn, sizeof pn, "%s.bias", l->name);
-    TPK_TRY(tpk_param_add(ctx, &(tpk_param_desc){pn, 1, {H, 0, 0, 0}, TPK_R, TPK_INIT_ZEROS, 0, false}, &l->b));
+    TPK_TRY(tpk__param_add(ctx, pn, 1, H, 0, TPK_R, TPK_INIT_ZEROS, 0, false, &l->b));
     ctx->params.list[l->w].tp_partial_grad = ctx->params.list[l->b].tp_partial_grad = l->sp;
     return TPK_OK;
 }
@@ -67,7 +68,7 @@ static inline tpk_status tpk_layernorm_forward(tpk_ctx *ctx, tpk_layernorm *l, t
     TPK_TRY(tpk__buf_reserve(ctx, &l->mean, sizeof(float) * (size_t)(rows ? rows : 1)));
     TPK_TRY(tpk__buf_reserve(ctx, &l->rstd, sizeof(float) * (size_t)(rows ? rows : 1)));
     if (rows)
-        TPK_TRY(ctx->ops->layernorm_fwd(ctx, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, tpk_param_data(ctx, l->w),
+        TPK_TRY(tpk_op_layernorm_fwd(ctx, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, tpk_param_data(ctx, l->w),
                                         tpk_param_data(ctx, l->b), rows, l->H, l->eps, ctx->dtype));
     l->x = x;
     *y = o;
@@ -89,7 +90,7 @@ static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layern
     TPK_TRY(tpk__buf_reserve(ctx, &l->mean, sizeof(float) * (size_t)(rows ? rows : 1)));
     TPK_TRY(tpk__buf_reserve(ctx, &l->rstd, sizeof(float) * (size_t)(rows ? rows : 1)));
     if (rows)
-        TPK_TRY(ctx->ops->residual_layernorm_fwd(ctx, s.data, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, r.data, tpk_param_data(ctx, l->w),
+        TPK_TRY(tpk_op_residual_layernorm_fwd(ctx, s.data, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, r.data, tpk_param_data(ctx, l->w),
                                                  tpk_param_data(ctx, l->b), rows, l->H, l->eps, ctx->dtype));
     l->x = s;
     *x1 = s, *y = o;
@@ -105,7 +106,7 @@ static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, 
     tpk_tensor o = dy;
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &o));
     if (rows)
-        TPK_TRY(ctx->ops->layernorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
+        TPK_TRY(tpk_op_layernorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
                                         tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p, rows, l->H, ctx->dtype,
                                         false));
     *dx = o;

@@ -1,11 +1,13 @@
 /* tpk/ops.h — the compute backend interface: a table of kernels over raw buffers.
  *
- * tpk_ops_host() (build/libtpk_host.a, OpenBLAS + plain C) and tpk_ops_cuda()
- * (build/libtpk_cuda.a) fill the same table with the same contract, so one layer runs on
+ * tpk_ops_host() (tpk/host.h; build/libtpk_host.a, OpenBLAS + plain C) and tpk_ops_cuda()
+ * (tpk/cuda.h; build/libtpk_cuda.a) fill the same table with the same contract, so one layer runs on
  * either and a test can compare them. A user may fill a table with their own kernels.
  * All matrices are row-major; leading dimensions are in elements. Buffers are in the
  * backend's memory (`device`); memcpy moves between host and backend memory.
- * Every entry reports failure as a status and a message in ctx (tpk__fail). */
+ * Every entry reports failure as a status and a message in ctx (tpk__fail). Callers go through
+ * the checked front end, tpk_op_<name>(ctx, ...) in tpk/op.h, which validates the arguments
+ * before an entry is called: an entry may assume them valid. */
 #ifndef TPK_OPS_H
 #define TPK_OPS_H
 
@@ -131,8 +133,5 @@ typedef struct tpk_ops {
     tpk_status (*residual_layernorm_fwd)(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                          const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt);
 } tpk_ops;
-
-/* The host backend (build/libtpk_host.a): fp32 arithmetic, OpenBLAS GEMMs. */
-const tpk_ops *tpk_ops_host(void);
 
 #endif /* TPK_OPS_H */

@@ -31,13 +31,13 @@ typedef struct tpk_param_desc {
 typedef struct tpk__run { int64_t g0, l0, n; } tpk__run;
 static inline int tpk__param_runs(const tpk_param *p, int parts, int index, tpk__run *runs, int max) {
     if (p->split_dim < 0) {
-        if (max > 0) runs[0] = (tpk__run){0, 0, p->gshape[0]};
+        if (max > 0) runs[0] = TPK_LIT(tpk__run){0, 0, p->gshape[0]};
         return 1;
     }
     int n = 0;
     for (int b = 0; b < p->stride; b++) {
         tpk_range r = tpk_shard_run(p->gshape[p->split_dim], p->layout, parts, index, b);
-        if (n < max) runs[n++] = (tpk__run){r.off, b * r.size, r.size};
+        if (n < max) runs[n++] = TPK_LIT(tpk__run){r.off, b * r.size, r.size};
     }
     return n;
 }
@@ -68,8 +68,8 @@ static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, fl
     tpk_param *p = &ctx->params.list[id];
     float *x = tpk_param_data(ctx, id);
     if (!p->numel) return TPK_OK;
-    if (init == TPK_INIT_ZEROS) return ctx->ops->fill(ctx, x, TPK_F32, p->numel, 0.f);
-    if (init == TPK_INIT_ONES) return ctx->ops->fill(ctx, x, TPK_F32, p->numel, 1.f);
+    if (init == TPK_INIT_ZEROS) return tpk_op_fill(ctx, x, TPK_F32, p->numel, 0.f);
+    if (init == TPK_INIT_ONES) return tpk_op_fill(ctx, x, TPK_F32, p->numel, 1.f);
     uint64_t stream = tpk_rng_stream(p->name);
     int d = p->split_dim < 0 ? 0 : p->split_dim;
     tpk__dimview g = tpk__view(p->gshape, p->ndim, d);
@@ -83,7 +83,7 @@ static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, fl
         for (int64_t o = 0; o < (contiguous ? 1 : g.outer); o++) {
             int64_t rows = contiguous ? g.outer : 1;
             float *dst = x + (o * L + runs[k].l0) * g.inner;
-            TPK_TRY(ctx->ops->rng_2d(ctx, dst, TPK_F32, rows, runs[k].n * g.inner, g.n * g.inner, o, runs[k].g0 * g.inner,
+            TPK_TRY(tpk_op_rng_2d(ctx, dst, TPK_F32, rows, runs[k].n * g.inner, g.n * g.inner, o, runs[k].g0 * g.inner,
                                      ctx->seed, stream, TPK_RNG_NORMAL, 0.f, std));
         }
     }
@@ -99,8 +99,8 @@ static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = tpk__buf_reserve(ctx, &nd, cap * sizeof(float));
     if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ng, cap * sizeof(float));
-    if (s == TPK_OK && P->numel) s = ctx->ops->memcpy(ctx, nd.p, P->data.p, P->numel * sizeof(float), dd);
-    if (s == TPK_OK && P->numel) s = ctx->ops->memcpy(ctx, ng.p, P->grad.p, P->numel * sizeof(float), dd);
+    if (s == TPK_OK && P->numel) s = tpk_op_memcpy(ctx, nd.p, P->data.p, P->numel * sizeof(float), dd);
+    if (s == TPK_OK && P->numel) s = tpk_op_memcpy(ctx, ng.p, P->grad.p, P->numel * sizeof(float), dd);
     if (s != TPK_OK) {
         tpk__buf_free(ctx, &nd), tpk__buf_free(ctx, &ng);
         return s;
@@ -161,6 +161,16 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     return tpk__param_init(ctx, *id, desc->init, desc->std);
 }
 
+/* tpk_param_add of a 1-D [d0] or 2-D [d0, d1] parameter, the descriptor filled from arguments. */
+static inline tpk_status tpk__param_add(tpk_ctx *ctx, const char *name, int ndim, int64_t d0, int64_t d1, tpk_layout layout, tpk_init init,
+                                        float std, bool decay, int *id) {
+    tpk_param_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = name, d.ndim = ndim, d.shape[0] = d0, d.shape[1] = ndim > 1 ? d1 : 0, d.layout = layout;
+    d.init = init, d.std = std, d.decay = decay;
+    return tpk_param_add(ctx, &d, id);
+}
+
 /* ---- mixed precision (ctx->dtype == TPK_BF16) ---------------------------------------------- */
 
 /* Say that the master weights changed (after an optimizer step that wrote them directly), so a
@@ -173,7 +183,7 @@ static inline tpk_status tpk__params_fresh(tpk_ctx *ctx) {
     tpk_params *P = &ctx->params;
     if (ctx->dtype != TPK_BF16 || !P->stale16 || !P->numel) return TPK_OK;
     TPK_TRY(tpk__buf_reserve(ctx, &P->data16, P->numel * 2));
-    TPK_TRY(ctx->ops->cast(ctx, P->data16.p, TPK_BF16, P->data.p, TPK_F32, P->numel));
+    TPK_TRY(tpk_op_cast(ctx, P->data16.p, TPK_BF16, P->data.p, TPK_F32, P->numel));
     P->stale16 = false;
     return TPK_OK;
 }
@@ -185,33 +195,33 @@ static inline const void *tpk__param_w(tpk_ctx *ctx, int id) {
 /* grad[off .. off + n) += src (n elements in ctx->dtype). */
 static inline tpk_status tpk__grad_add(tpk_ctx *ctx, float *grad, const void *src, size_t n) {
     if (!n) return TPK_OK;
-    if (ctx->dtype == TPK_F32) return ctx->ops->axpby(ctx, grad, 1.0f, src, 1.0f, TPK_F32, n);
+    if (ctx->dtype == TPK_F32) return tpk_op_axpby(ctx, grad, 1.0f, src, 1.0f, TPK_F32, n);
     TPK_TRY(tpk__buf_reserve(ctx, &ctx->params.scratch, n * sizeof(float)));
-    TPK_TRY(ctx->ops->cast(ctx, ctx->params.scratch.p, TPK_F32, src, ctx->dtype, n));
-    return ctx->ops->axpby(ctx, grad, 1.0f, ctx->params.scratch.p, 1.0f, TPK_F32, n);
+    TPK_TRY(tpk_op_cast(ctx, ctx->params.scratch.p, TPK_F32, src, ctx->dtype, n));
+    return tpk_op_axpby(ctx, grad, 1.0f, ctx->params.scratch.p, 1.0f, TPK_F32, n);
 }
 /* grad(id) [m, n] += op(A) op(B), A and B in ctx->dtype: straight into the f32 gradient, or
  * through `tmp` (a bf16 [m, n] product, then added in f32). */
 static inline tpk_status tpk__grad_gemm(tpk_ctx *ctx, int id, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                                         const void *b, int64_t ldb, tpk_buf *tmp) {
     float *g = tpk_param_grad(ctx, id);
-    if (ctx->dtype == TPK_F32) return ctx->ops->gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, TPK_F32);
+    if (ctx->dtype == TPK_F32) return tpk_op_gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, TPK_F32);
     TPK_TRY(tpk__buf_reserve(ctx, tmp, (size_t)(m * n) * tpk_dtype_size(ctx->dtype)));
-    TPK_TRY(ctx->ops->gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, tmp->p, n, ctx->dtype));
+    TPK_TRY(tpk_op_gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, tmp->p, n, ctx->dtype));
     return tpk__grad_add(ctx, g, tmp->p, (size_t)(m * n));
 }
 /* grad(id) [cols] += column sums of dy [rows, cols] (ctx->dtype). */
 static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, int64_t rows, int64_t cols, tpk_buf *tmp) {
-    if (ctx->dtype == TPK_F32) return ctx->ops->bias_grad(ctx, tpk_param_grad(ctx, id), dy, rows, cols, TPK_F32, true);
+    if (ctx->dtype == TPK_F32) return tpk_op_bias_grad(ctx, tpk_param_grad(ctx, id), dy, rows, cols, TPK_F32, true);
     TPK_TRY(tpk__buf_reserve(ctx, tmp, (size_t)cols * tpk_dtype_size(ctx->dtype)));
-    TPK_TRY(ctx->ops->bias_grad(ctx, tmp->p, dy, rows, cols, ctx->dtype, false));
+    TPK_TRY(tpk_op_bias_grad(ctx, tmp->p, dy, rows, cols, ctx->dtype, false));
     return tpk__grad_add(ctx, tpk_param_grad(ctx, id), tmp->p, (size_t)cols);
 }
 
 /* Zero every gradient. */
 static inline tpk_status tpk_params_zero_grad(tpk_ctx *ctx) {
     if (!ctx->params.numel) return TPK_OK;
-    return ctx->ops->fill(ctx, ctx->params.grad.p, TPK_F32, ctx->params.numel, 0.f);
+    return tpk_op_fill(ctx, ctx->params.grad.p, TPK_F32, ctx->params.numel, 0.f);
 }
 
 /* Copy between a shard (local, [shape]) and the global tensor on the host, per run of the
@@ -246,7 +256,7 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
     tpk_status s = counts && host ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     const float *src = flat + p->offset;
     if (s == TPK_OK && p->split_dim < 0) {
-        s = ctx->ops->memcpy(ctx, out, src, gnumel * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
+        s = tpk_op_memcpy(ctx, out, src, gnumel * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
     } else if (s == TPK_OK) {
         size_t total = 0;
         for (int q = 0; q < t; q++) {
@@ -258,7 +268,7 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
         }
         s = tpk__buf_reserve(ctx, &ctx->work[1], total * sizeof(float));
         if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, src, p->numel, ctx->work[1].p, counts, total, TPK_F32);
-        if (s == TPK_OK) s = ctx->ops->memcpy(ctx, host, ctx->work[1].p, total * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
+        if (s == TPK_OK) s = tpk_op_memcpy(ctx, host, ctx->work[1].p, total * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
         size_t off = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk__param_place(p, t, q, out, host + off, true);
@@ -282,7 +292,7 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     if (!host) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     if (flat == (float *)ctx->params.data.p) ctx->params.stale16 = true;
     tpk__param_place(p, ctx->tp.size, ctx->tp.rank, (float *)in, host, false);
-    tpk_status s = ctx->ops->memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
+    tpk_status s = tpk_op_memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
     free(host);
     return s;
 }

@@ -619,7 +619,10 @@ static inline void tpk__st_put(tpk__st_str *s, const char *b, size_t n) {
         size_t cap = s->cap ? s->cap : 256;
         while (cap < s->n + n) cap *= 2;
         char *p = (char *)realloc(s->p, cap);
-        if (!p) return (void)(s->oom = true);
+        if (!p) {
+            s->oom = true;
+            return;
+        }
         s->p = p, s->cap = cap;
     }
     memcpy(s->p + s->n, b, n);
@@ -744,7 +747,8 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
 static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_st_entry *entries, int n, const char *const *meta_kv) {
     const char *fn = "tpk_st_write";
     if (!path || !*path) return tpk__fail(ctx, TPK_ERR_ARG, fn, "path is %s", path ? "empty" : "NULL");
-    tpk__st_str h = {0};
+    tpk__st_str h;
+    memset(&h, 0, sizeof h);
     uint64_t total;
     tpk_status s = tpk__st_build_header(ctx, fn, entries, n, meta_kv, &h, &total);
     size_t plen = strlen(path);

@@ -1,5 +1,18 @@
 /* tpk/tpk.h — the umbrella header: everything that needs neither MPI nor CUDA headers.
- * Add <tpk/mpi.h> for the MPI communicator (compile with mpicc). */
+ * Add <tpk/mpi.h> for the MPI communicator (compile with mpicc), <tpk/cuda.h> and
+ * <tpk/nccl.h> for the CUDA backend and the NCCL communicator.
+ *
+ * What includes what (each header includes only what it uses):
+ *   core.h rng.h                       status, dtypes, layouts, tensor views; counter RNG
+ *   comm.h ops.h                       the two interfaces: communicator, compute backend table
+ *   ctx.h                              the context, errors, argument checks
+ *   op.h buf.h                         the checked op front end; backend buffers
+ *   coll.h comm_self.h init.h          checked collectives; one-rank comm; ctx lifecycle (mesh)
+ *   host.h                             the host backend's table (the default backend)
+ *   layout.h params.h                  layout conversions and region ops; the parameter registry
+ *   act.h linear.h norm.h embed.h      layers
+ *   xent.h resid.h mlp.h attn.h gpt2.h
+ *   safetensors.h                      checkpoint files (POSIX) */
 #ifndef TPK_TPK_H
 #define TPK_TPK_H
 
@@ -8,13 +21,19 @@
 #include "comm.h"
 #include "ops.h"
 #include "ctx.h"
+#include "op.h"
+#include "buf.h"
 #include "coll.h"
+#include "comm_self.h"
+#include "init.h"
+#include "host.h"
 #include "layout.h"
 #include "params.h"
 #include "act.h"
 #include "linear.h"
 #include "norm.h"
 #include "embed.h"
+#include "xent.h"
 #include "mlp.h"
 #include "attn.h"
 #include "gpt2.h"

@@ -40,7 +40,9 @@ static tpk_status nccl_fail(tpk_ctx *ctx, const char *fn, const char *what, nccl
         if (nccl__r != ncclSuccess) return nccl_fail(ctx, fn, #call, nccl__r);                     \
     } while (0)
 
-static ncclDataType_t nccl_type(tpk_dtype dt) { return dt == TPK_F32 ? ncclFloat32 : dt == TPK_BF16 ? ncclBfloat16 : ncclInt32; }
+static ncclDataType_t nccl_type(tpk_dtype dt) {
+    return dt == TPK_F32 ? ncclFloat32 : dt == TPK_BF16 ? ncclBfloat16 : dt == TPK_F64 ? ncclFloat64 : ncclInt32;
+}
 static ncclRedOp_t nccl_op(tpk_redop op) { return op == TPK_MAX ? ncclMax : ncclSum; }
 
 /* Order the comm stream after the compute stream. */

@@ -26,7 +26,8 @@
 
 #include <cblas.h>
 
-#include <tpk/ctx.h>
+#include <tpk/host.h>
+#include <tpk/op.h>
 #include <tpk/rng.h>
 
 #include "host.h"
@@ -411,3 +412,6 @@ const tpk_ops *tpk_ops_host(void) {
     };
     return &ops;
 }
+
+/* The default backend of a context created with desc->ops = NULL (tpk/init.h declares it weak). */
+const tpk_ops *tpk_ops_default(void) { return tpk_ops_host(); }

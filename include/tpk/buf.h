@@ -1,0 +1,37 @@
+/* tpk/buf.h — growable buffers in the backend's memory, owned by layers and the context.
+ *
+ * A tpk_buf (tpk/ctx.h) is (pointer, bytes). Layers keep their outputs and saved values in
+ * buffers they own; a buffer only grows (its contents are not kept when it does). */
+#ifndef TPK_BUF_H
+#define TPK_BUF_H
+
+#include "op.h"
+
+/* Grow a backend buffer to at least `bytes` (contents are not kept). */
+static inline tpk_status tpk__buf_reserve(tpk_ctx *ctx, tpk_buf *b, size_t bytes) {
+    if (b->bytes >= bytes && b->p) return TPK_OK;
+    if (b->p) tpk_op_free(ctx, b->p);
+    b->p = NULL, b->bytes = 0;
+    TPK_TRY(tpk_op_alloc(ctx, bytes ? bytes : 1, &b->p));
+    b->bytes = bytes;
+    return TPK_OK;
+}
+static inline void tpk__buf_free(tpk_ctx *ctx, tpk_buf *b) {
+    if (b->p) tpk_op_free(ctx, b->p);
+    b->p = NULL, b->bytes = 0;
+}
+
+/* A view of a layer-owned buffer, grown to fit `t`'s local shape; sets t->data. */
+static inline tpk_status tpk__buf_view(tpk_ctx *ctx, tpk_buf *b, tpk_tensor *t) {
+    TPK_TRY(tpk__buf_reserve(ctx, b, tpk_nbytes(t)));
+    t->data = b->p;
+    return TPK_OK;
+}
+
+/* Copy host int32 data to backend memory. */
+static inline tpk_status tpk__upload_i32(tpk_ctx *ctx, tpk_buf *b, const int32_t *host, int64_t n) {
+    TPK_TRY(tpk__buf_reserve(ctx, b, sizeof(int32_t) * (size_t)(n ? n : 1)));
+    return n ? tpk_op_memcpy(ctx, b->p, host, sizeof(int32_t) * (size_t)n, ctx->ops->device ? TPK_H2D : TPK_H2H) : TPK_OK;
+}
+
+#endif /* TPK_BUF_H */

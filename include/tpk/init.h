@@ -1,0 +1,89 @@
+/* tpk/init.h — the context's lifecycle: tpk_ctx_init and tpk_ctx_destroy.
+ *
+ * tpk_ctx_init takes the backend table (desc->ops; NULL: the default backend, tpk_ops_default,
+ * which the host archive defines), the world communicator (NULL: one rank, `self`) and the TP
+ * size t, and splits the world into a mesh: consecutive ranks form a TP group, so world rank w
+ * is TP rank w % t of TP group w / t, and DP rank w / t of DP group w % t. A table with a
+ * missing entry is refused, naming the entry. */
+#ifndef TPK_INIT_H
+#define TPK_INIT_H
+
+#include "buf.h"
+#include "coll.h"
+#include "comm_self.h"
+
+/* The default backend: defined by the host backend (kernels/host, in libtpk_host.a and
+ * libtpk_cuda.a) and declared weak here, so a program that passes its own table links without
+ * either archive. A static link extracts it only when asked: the Makefile and tpk.pc link with
+ * -Wl,-u,tpk_ops_default; otherwise pass .ops = tpk_ops_host() (tpk/host.h). */
+#if defined(__GNUC__) || defined(__clang__)
+TPK_EXTERN_C const tpk_ops *tpk_ops_default(void) __attribute__((weak));
+#define TPK__DEFAULT_OPS() (tpk_ops_default ? tpk_ops_default() : NULL)
+#else
+#define TPK__DEFAULT_OPS() NULL
+#endif
+
+static inline void tpk_ctx_destroy(tpk_ctx *ctx);
+
+/* Create a context: ops (default: the host backend when linked), world (default self), TP groups
+ * of desc->tp consecutive ranks (world size must be a multiple), DP groups across them. */
+static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
+    static const char *fn = "tpk_ctx_init";
+    if (!ctx) return TPK_ERR_ARG;
+    memset(ctx, 0, sizeof *ctx);
+    tpk_ctx_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    ctx->ops = d.ops ? d.ops : TPK__DEFAULT_OPS();
+    ctx->seed = d.seed, ctx->dtype = d.dtype;
+    if (!ctx->ops)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->ops: expected a backend table (tpk_ops_host(), tpk_ops_cuda() or your own); NULL asks for the default, "
+                         "and none is linked (link libtpk_host.a with -Wl,-u,tpk_ops_default)");
+    const char *missing = tpk__ops_missing(ctx->ops);
+    if (missing[0]) {
+        tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: the table \"%s\" has no %s entry (every entry of tpk_ops is required)",
+                  ctx->ops->name ? ctx->ops->name : "?", missing);
+        ctx->ops = NULL;
+        return TPK_ERR_ARG;
+    }
+    if (d.dtype != TPK_F32 && d.dtype != TPK_BF16)
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "desc->dtype: expected TPK_F32 or TPK_BF16, got %s", tpk_dtype_name(d.dtype));
+    if (!d.world) ctx->self_world = tpk_comm_self(ctx->ops->device), d.world = &ctx->self_world;
+    if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised communicator");
+    ctx->world = d.world;
+    int tp = d.tp ? d.tp : 1, n = d.world->size;
+    if (tp < 1 || tp > n || n % tp)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
+    int w = d.world->rank;
+    tpk_status s = tpk_comm_split(ctx, d.world, w / tp, w % tp, &ctx->tp);
+    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, w % tp, w / tp, &ctx->dp);
+    if (s != TPK_OK) {
+        char keep[sizeof ctx->err];
+        memcpy(keep, ctx->err, sizeof keep);
+        tpk_ctx_destroy(ctx);
+        memcpy(ctx->err, keep, sizeof keep);
+        ctx->last = s;
+    }
+    return s;
+}
+
+static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
+    if (!ctx) return;
+    if (ctx->ops) {
+        tpk__buf_free(ctx, &ctx->work[0]);
+        tpk__buf_free(ctx, &ctx->work[1]);
+        tpk__buf_free(ctx, &ctx->params.data);
+        tpk__buf_free(ctx, &ctx->params.grad);
+        tpk__buf_free(ctx, &ctx->params.data16);
+        tpk__buf_free(ctx, &ctx->params.scratch);
+    }
+    free(ctx->params.list);
+    tpk_comm_destroy(&ctx->tp);
+    tpk_comm_destroy(&ctx->dp);
+    const tpk_ops *ops = ctx->ops;
+    memset(ctx, 0, sizeof *ctx);
+    ctx->ops = ops;
+}
+
+#endif /* TPK_INIT_H */

@@ -1,0 +1,111 @@
+/* tpk/xent.h — vocabulary-parallel cross-entropy (the loss of an LM head whose logits are split
+ * over the vocabulary, e.g. GPT-2's tied head).
+ *
+ * Over logits z S(-1) [T, V] (rank r holds columns [v0, v0 + V_r)):
+ *   forward   m = all-reduce MAX of the row max; (sum exp(z - m), z_target, sum z) packed in one
+ *             all-reduce SUM; lse = m + log sum exp;
+ *             loss_t = lse - (1 - eps) z_target - eps mean_V(z)      (eps: label smoothing over
+ *             the GLOBAL vocabulary, so the value is the same at every t); positions whose
+ *             target is the ignore index (default -100) count for nothing; the loss is the mean
+ *             over the counted positions.
+ *   backward  dz = (softmax(z) - (1 - eps) onehot - eps / V) * scale / counted, written over z;
+ *             no communication. */
+#ifndef TPK_XENT_H
+#define TPK_XENT_H
+
+#include "params.h"
+
+typedef struct tpk_xent_desc {
+    float label_smoothing;    /* eps in [0, 1), over the global vocabulary */
+    bool set_ignore_index;    /* use ignore_index below instead of the default -100 */
+    int32_t ignore_index;
+} tpk_xent_desc;
+
+typedef struct tpk_xent {
+    float eps;
+    int32_t ignore;
+    int64_t V, T, counted;
+    tpk_tensor z;             /* the logits of the last forward (overwritten by backward) */
+    tpk_buf targets, mx, part, lse, loss, dloss;
+} tpk_xent;
+
+static inline tpk_status tpk_xent_init(tpk_ctx *ctx, tpk_xent *ce, int64_t V, const tpk_xent_desc *desc) {
+    static const char *fn = "tpk_xent_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!ce) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: NULL");
+    memset(ce, 0, sizeof *ce);
+    tpk_xent_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if (V < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected >= 1, got %lld", (long long)V);
+    if (!(d.label_smoothing >= 0 && d.label_smoothing < 1))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->label_smoothing: expected 0 <= eps < 1, got %g", (double)d.label_smoothing);
+    ce->V = V, ce->eps = d.label_smoothing, ce->ignore = d.set_ignore_index ? d.ignore_index : -100;
+    return TPK_OK;
+}
+
+/* *loss = mean over counted positions of the cross-entropy of logits z S(-1) [T, V] against
+ * targets [T] (host memory; each in 0..V-1 or the ignore index). Two collectives. */
+static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor z, const int32_t *targets, float *loss) {
+    static const char *fn = "tpk_xent_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
+    if (!loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
+    int64_t want[2] = {-1, ce->V};
+    TPK_TRY(tpk__check(ctx, fn, "z", &z, TPK_S(-1), ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank));
+    int64_t T = z.shape[0], Vl = z.shape[1], v0 = tpk_split(ce->V, ctx->tp.size, ctx->tp.rank).off, counted = 0;
+    if (T && !targets) return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets: NULL");
+    for (int64_t i = 0; i < T; i++) {
+        if (targets[i] == ce->ignore) continue;
+        if (targets[i] < 0 || targets[i] >= ce->V)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets[%lld] = %d: expected a token id in 0..%lld or the ignore index %d", (long long)i,
+                             targets[i], (long long)(ce->V - 1), ce->ignore);
+        counted++;
+    }
+    size_t f = sizeof(float), n = (size_t)(T ? T : 1);
+    TPK_TRY(tpk__upload_i32(ctx, &ce->targets, targets, T));
+    TPK_TRY(tpk__buf_reserve(ctx, &ce->mx, f * n));
+    TPK_TRY(tpk__buf_reserve(ctx, &ce->part, 3 * f * n));
+    TPK_TRY(tpk__buf_reserve(ctx, &ce->lse, f * n));
+    TPK_TRY(tpk__buf_reserve(ctx, &ce->loss, f * n));
+    float *mx = (float *)ce->mx.p, *part = (float *)ce->part.p;
+    const int32_t *tg = (const int32_t *)ce->targets.p;
+    TPK_TRY(tpk_op_xent_max(ctx, mx, z.data, T, Vl, ctx->dtype));
+    TPK_TRY(tpk_allreduce(ctx, &ctx->tp, mx, mx, (size_t)T, TPK_F32, TPK_MAX));
+    TPK_TRY(tpk_op_xent_partial(ctx, part, z.data, mx, tg, T, Vl, v0, ctx->dtype));
+    TPK_TRY(tpk_allreduce(ctx, &ctx->tp, part, part, 3 * (size_t)T, TPK_F32, TPK_SUM));
+    TPK_TRY(tpk_op_xent_loss(ctx, (float *)ce->loss.p, (float *)ce->lse.p, mx, part, tg, T, ce->V, ce->eps, ce->ignore));
+    float *host = (float *)malloc(f * n);
+    if (!host) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "loss");
+    tpk_status s = tpk_op_memcpy(ctx, host, ce->loss.p, f * (size_t)T, ctx->ops->device ? TPK_D2H : TPK_H2H);
+    double sum = 0;
+    for (int64_t i = 0; s == TPK_OK && i < T; i++) sum += host[i];
+    free(host);
+    TPK_TRY(s);
+    *loss = counted ? (float)(sum / (double)counted) : 0.0f;
+    ce->z = z, ce->T = T, ce->counted = counted;
+    return TPK_OK;
+}
+
+/* dz = d(scale * mean loss)/dz, written over the logits of the last forward; *dz S(-1). */
+static inline tpk_status tpk_xent_backward(tpk_ctx *ctx, tpk_xent *ce, float scale, tpk_tensor *dz) {
+    static const char *fn = "tpk_xent_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
+    if (!dz) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dz: NULL");
+    if (!ce->z.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "backward before forward");
+    int64_t T = ce->T, Vl = ce->z.shape[1], v0 = tpk_split(ce->V, ctx->tp.size, ctx->tp.rank).off;
+    TPK_TRY(tpk__buf_reserve(ctx, &ce->dloss, sizeof(float) * (size_t)(T ? T : 1)));
+    if (T) TPK_TRY(tpk_op_fill(ctx, ce->dloss.p, TPK_F32, (size_t)T, ce->counted ? scale / (float)ce->counted : 0.0f));
+    TPK_TRY(tpk_op_xent_grad(ctx, ce->z.data, ce->z.data, (const float *)ce->lse.p, (const int32_t *)ce->targets.p, (const float *)ce->dloss.p, T,
+                                Vl, v0, ce->V, ce->eps, ce->ignore, ctx->dtype));
+    *dz = ce->z;
+    return TPK_OK;
+}
+
+static inline void tpk_xent_destroy(tpk_ctx *ctx, tpk_xent *ce) {
+    tpk_buf *b[] = {&ce->targets, &ce->mx, &ce->part, &ce->lse, &ce->loss, &ce->dloss};
+    for (int i = 0; i < 6; i++) tpk__buf_free(ctx, b[i]);
+}
+
+#endif /* TPK_XENT_H */
