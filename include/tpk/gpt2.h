@@ -5,6 +5,8 @@
  *                                          (the add fused with ln_2: residual_layernorm_fwd)
  *   y  = x1 + drop(mlp(ln_2(x1)))          mlp:  c_fc column, GELU, c_proj row
  *   backward mirrors it: dx1 = dy + ln_2'(mlp'(drop(dy))), dx = dx1 + ln_1'(attn'(drop(dx1))).
+ *   The residuals and their dropout are tpk_residual layers (tpk/resid.h), the embedding
+ *   dropout a tpk_dropout; the block and the model call no op themselves.
  *   Collectives per block: 2 all-reduces of T H forward and 2 backward (the two row linears
  *   forward, the two column linears backward); under SP 2 all-gathers + 2 reduce-scatters of
  *   T H each way instead. Residual dropout masks are indexed by the global (token, feature)
@@ -24,19 +26,8 @@
 #include "embed.h"
 #include "mlp.h"
 #include "norm.h"
+#include "resid.h"
 #include "xent.h"
-
-/* ---- residual with dropout ----------------------------------------------------------------- */
-
-/* y = drop(y) + x in place, over rows [row0, row0 + rows) of a [*, H] activation (dropout mask
- * indexed by the global row and column, stream `stream`): y is a branch output its layer does
- * not keep, so the residual sum takes its place (one pass without dropout). */
-static inline tpk_status tpk__drop_add(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t H, int64_t row0, float p, uint64_t stream) {
-    size_t n = (size_t)(rows * H);
-    if (!n) return TPK_OK;
-    if (p > 0) TPK_TRY(tpk_op_dropout(ctx, y, y, rows, H, H, row0, 0, p, ctx->seed, stream, ctx->dtype));
-    return tpk_op_axpby(ctx, y, 1.0f, x, 1.0f, ctx->dtype, n);
-}
 
 /* ---- block ----------------------------------------------------------------------------------- */
 
@@ -54,15 +45,12 @@ typedef struct tpk_gpt2_block_desc {
 typedef struct tpk_gpt2_block {
     char name[80];
     int64_t H;
-    float p;
     bool sp;
     tpk_layernorm ln_1, ln_2;
     tpk_attention attn;
     tpk_mlp mlp;
-    int64_t rows, row0;  /* local token rows of the last forward and the first one's global index */
-    uint64_t s1, s2;     /* residual dropout streams of the last forward */
-    int p0, p1;          /* its parameters are ids p0..p1 */
-    tpk_buf dr;          /* dy through a residual dropout (dy itself is still needed) */
+    tpk_residual res_1, res_2; /* x1 = x + drop(attn), y = x1 + drop(mlp) */
+    int p0, p1;                /* its parameters are ids p0..p1 */
 } tpk_gpt2_block;
 
 static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, int64_t H, const tpk_gpt2_block_desc *desc) {
@@ -74,7 +62,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     tpk_gpt2_block_desc d = *desc;
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "h"));
-    b->H = H, b->p = d.dropout, b->sp = d.sequence_parallel;
+    b->H = H, b->sp = d.sequence_parallel;
     b->p0 = ctx->params.n;
     char n[128];
     snprintf(n, sizeof n, "%s.ln_1", b->name);
@@ -94,6 +82,13 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     memset(&md, 0, sizeof md);
     md.name = n, md.hidden = d.mlp_hidden, md.sequence_parallel = d.sequence_parallel, md.init_std = d.init_std, md.proj_init_std = d.proj_init_std;
     TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H, &md));
+    tpk_residual_desc rd; /* the masks' streams keep the names "<block>.resid_1", "<block>.resid_2" */
+    memset(&rd, 0, sizeof rd);
+    rd.name = n, rd.dropout = d.dropout;
+    snprintf(n, sizeof n, "%s.resid_1", b->name);
+    TPK_TRY(tpk_residual_init(ctx, &b->res_1, &rd));
+    snprintf(n, sizeof n, "%s.resid_2", b->name);
+    TPK_TRY(tpk_residual_init(ctx, &b->res_2, &rd));
     b->p1 = ctx->params.n - 1;
     return TPK_OK;
 }
@@ -101,7 +96,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
 static inline void tpk_gpt2_block_destroy(tpk_ctx *ctx, tpk_gpt2_block *b) {
     tpk_layernorm_destroy(ctx, &b->ln_1), tpk_layernorm_destroy(ctx, &b->ln_2);
     tpk_attention_destroy(ctx, &b->attn), tpk_mlp_destroy(ctx, &b->mlp);
-    tpk__buf_free(ctx, &b->dr);
+    tpk_residual_destroy(ctx, &b->res_1), tpk_residual_destroy(ctx, &b->res_2);
 }
 
 /* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
@@ -114,18 +109,10 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     tpk_tensor h, a, x1, m;
     TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_1, x, &h)); /* checks x: layout, [T, H] */
     TPK_TRY(tpk_attention_forward(ctx, &b->attn, h, B, S, &a));
-    int64_t rows = x.shape[0], row0 = b->sp ? tpk_split(x.gshape[0], ctx->tp.size, ctx->tp.rank).off : 0;
-    char n[128];
-    snprintf(n, sizeof n, "%s.resid_1", b->name), b->s1 = tpk__dropout_stream(ctx, n);
-    snprintf(n, sizeof n, "%s.resid_2", b->name), b->s2 = tpk__dropout_stream(ctx, n);
-    b->rows = rows, b->row0 = row0;
-    if (b->p > 0 && rows) /* drop(a) in place: a is c_proj's output, not kept by it */
-        TPK_TRY(tpk_op_dropout(ctx, a.data, a.data, rows, b->H, b->H, row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
+    TPK_TRY(tpk_residual_branch_forward(ctx, &b->res_1, &a));             /* drop(a) in place: c_proj's output, not kept */
     TPK_TRY(tpk_layernorm_forward_residual(ctx, &b->ln_2, x, a, &x1, &h)); /* x1 = x + drop(a), h = ln_2(x1): one pass */
     TPK_TRY(tpk_mlp_forward(ctx, &b->mlp, h, &m));
-    TPK_TRY(tpk__drop_add(ctx, m.data, x1.data, rows, b->H, row0, b->p, b->s2)); /* y = x1 + drop(m), in c_proj's output */
-    *y = m;
-    return TPK_OK;
+    return tpk_residual_forward(ctx, &b->res_2, x1, m, y);                 /* y = x1 + drop(m), in c_proj's output */
 }
 
 /* dx of the last forward from dy (the layout of y); accumulates every gradient of the block. */
@@ -136,25 +123,15 @@ static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!b->ln_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->ln_1.x.layout, ctx->dtype, 2, b->ln_1.x.gshape, ctx->tp.size, ctx->tp.rank));
-    int64_t rows = b->rows, H = b->H;
-    size_t n = (size_t)(rows * H);
-    tpk_tensor g = dy, dh, dx1, da;
-    if (b->p > 0) { /* through the residual dropout of the MLP branch */
-        TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
-        if (n) TPK_TRY(tpk_op_dropout(ctx, g.data, dy.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s2, ctx->dtype));
-    }
+    tpk_tensor g, dh, dx1, da;
+    TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
     TPK_TRY(tpk_mlp_backward(ctx, &b->mlp, g, &dh));
-    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_2, dh, &dx1)); /* in ln_2's buffer */
-    if (n) TPK_TRY(tpk_op_axpby(ctx, dx1.data, 1.0f, dy.data, 1.0f, ctx->dtype, n));
-    g = dx1;
-    if (b->p > 0) {
-        TPK_TRY(tpk__buf_view(ctx, &b->dr, &g));
-        if (n) TPK_TRY(tpk_op_dropout(ctx, g.data, dx1.data, rows, H, H, b->row0, 0, b->p, ctx->seed, b->s1, ctx->dtype));
-    }
+    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_2, dh, &dx1));   /* in ln_2's buffer */
+    TPK_TRY(tpk_residual_backward_add(ctx, &b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
+    TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dx1, &g));     /* drop'(dx1) into the attention branch */
     TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
-    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_1, da, dx)); /* in ln_1's buffer */
-    if (n) TPK_TRY(tpk_op_axpby(ctx, dx->data, 1.0f, dx1.data, 1.0f, ctx->dtype, n));
-    return TPK_OK;
+    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_1, da, dx));     /* in ln_1's buffer */
+    return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
 }
 
 /* ---- model ----------------------------------------------------------------------------------- */
@@ -180,8 +157,7 @@ typedef struct tpk_gpt2 {
     tpk_linear lm_head;     /* column linear over wte's shard (tied) */
     tpk_xent ce;
     int64_t B, S;
-    uint64_t s0;            /* embedding dropout stream of the last forward */
-    int64_t rows, row0;
+    tpk_dropout drop;       /* on the embedding's output ("drop") */
     tpk_tensor logits;      /* S(-1) [B S, V_r] of the last forward (gradient after backward) */
     bool have_loss;
     /* Optional: called by tpk_gpt2_backward each time the gradients of parameters first..last
@@ -231,6 +207,10 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     memset(&hd, 0, sizeof hd);
     hd.name = "lm_head", hd.weight = m->wte.wte + 1, hd.sequence_parallel = sp;
     TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, c.vocab, &hd));
+    tpk_dropout_desc dd;
+    memset(&dd, 0, sizeof dd);
+    dd.name = "drop", dd.p = c.dropout;
+    TPK_TRY(tpk_dropout_init(ctx, &m->drop, &dd));
     tpk_xent_desc xd;
     memset(&xd, 0, sizeof xd);
     xd.label_smoothing = c.label_smoothing;
@@ -242,12 +222,14 @@ static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
     for (int64_t i = 0; m->h && i < m->c.layers; i++) tpk_gpt2_block_destroy(ctx, &m->h[i]);
     free(m->h), m->h = NULL;
     tpk_layernorm_destroy(ctx, &m->ln_f), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
+    tpk_dropout_destroy(ctx, &m->drop);
 }
 
 /* Set the dropout probability of every dropout site (0 for evaluation and sampling). */
 static inline void tpk_gpt2_set_dropout(tpk_gpt2 *m, float p) {
     m->c.dropout = p;
-    for (int64_t i = 0; m->h && i < m->c.layers; i++) m->h[i].p = p, m->h[i].attn.p = p;
+    m->drop.p = p;
+    for (int64_t i = 0; m->h && i < m->c.layers; i++) m->h[i].attn.p = m->h[i].res_1.drop.p = m->h[i].res_2.drop.p = p;
 }
 
 /* Forward B sequences of S tokens: ids [B S] and targets [B S] in host memory (the same on every
@@ -262,11 +244,8 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
     m->have_loss = false;
     tpk_tensor x;
     TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &x)); /* checks ids, S */
-    m->B = B, m->S = S, m->rows = x.shape[0];
-    m->row0 = m->c.sequence_parallel ? tpk_split(B * S, ctx->tp.size, ctx->tp.rank).off : 0;
-    m->s0 = tpk__dropout_stream(ctx, "drop");
-    if (m->c.dropout > 0 && m->rows) /* in place: the embedding does not keep its output */
-        TPK_TRY(tpk_op_dropout(ctx, x.data, x.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
+    m->B = B, m->S = S;
+    TPK_TRY(tpk_dropout_forward(ctx, &m->drop, &x)); /* in place: the embedding does not keep its output */
     for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_gpt2_block_forward(ctx, &m->h[i], x, B, S, &x));
     TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
@@ -293,8 +272,7 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
         TPK_TRY(tpk_gpt2_block_backward(ctx, &m->h[i], g, &g));
         if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->h[i].p0, m->h[i].p1, m->grad_ready_user));
     }
-    if (m->c.dropout > 0 && m->rows) /* in place: g is block 0's input gradient, used only here */
-        TPK_TRY(tpk_op_dropout(ctx, g.data, g.data, m->rows, m->c.hidden, m->c.hidden, m->row0, 0, m->c.dropout, ctx->seed, m->s0, ctx->dtype));
+    TPK_TRY(tpk_dropout_backward_inplace(ctx, &m->drop, &g)); /* g: block 0's input gradient, used only here */
     TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));
     if (m->grad_ready) {
         int a = m->wte.wte, b = m->wte.wpe >= 0 ? m->wte.wpe : m->wte.wte;

@@ -36,6 +36,7 @@
 #include "xent.h"
 #include "mlp.h"
 #include "attn.h"
+#include "resid.h"
 #include "gpt2.h"
 
 #endif /* TPK_TPK_H */
