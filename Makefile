@@ -36,7 +36,9 @@ endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,build/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c))
+TESTS     = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) build/tests/test_cxx
+MPICXX   ?= mpicxx
+CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
 HEADERS   = $(wildcard include/tpk/*.h)
 
 # The default backend (tpk_ops_default, tpk/init.h) is a weak reference in the headers: ask the
@@ -49,7 +51,7 @@ LIBS += build/libtpk_cuda.a
 endif
 
 .PHONY: all deps test test-gpu cuda-check bench bench-gpu demo install clean build/tpk.pc build/tpk-cuda.pc fuzz
-all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH))
+all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) build/tests/cuda_cxx)
 
 build/host/%.o: kernels/host/%.c $(HEADERS)
 	@mkdir -p $(@D)
@@ -84,8 +86,8 @@ $(GPU_BENCH): build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a $(if $(HAV
 
 cuda-check:
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-check: nvcc not found: nothing to build"; exit 1; fi
-	@$(MAKE) --no-print-directory build/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH)
-	@echo "cuda-check: the CUDA archive, $(words $(GPU_TESTS)) GPU test programs and the GPU benchmarks compile"
+	@$(MAKE) --no-print-directory build/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH) build/tests/cuda_cxx
+	@echo "cuda-check: the CUDA archive, $(words $(GPU_TESTS)) GPU test programs, the CUDA C++ test (tests/cuda_cxx.cu) and the GPU benchmarks compile"
 	@py=; for c in python3 /usr/bin/python3; do $$c -c 'import numpy' 2>/dev/null && { py=$$c; break; }; done; \
 	 if [ -z "$$py" ]; then echo "cuda-check: numpy not found: tests/gpu/emulate.py skipped"; \
 	 else out=$$($$py tests/gpu/emulate.py) || { echo "$$out"; exit 1; }; \
@@ -94,6 +96,17 @@ cuda-check:
 build/tests/%: tests/%.c tests/test.h $(HEADERS) build/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
+
+# The kit from C++17: a test program built with mpicxx (g++), run like the C tests.
+build/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) build/libtpk_host.a
+	@mkdir -p $(@D)
+	$(MPICXX) $(CXXWARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
+
+# The kit from a CUDA C++ file: compiled by nvcc, linked like a C++ program (tests/run.sh runs it).
+build/tests/cuda_cxx: tests/cuda_cxx.cu $(HEADERS) build/libtpk_cuda.a
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
+	$(CXX) $@.o -o $@ $(DEFAULT_OPS) build/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
 
 # The README's C example, cut out of README.md so it cannot drift.
 build/readme_example.c: README.md

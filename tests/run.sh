@@ -40,6 +40,15 @@ for t in build/tests/test_*; do
 done
 run readme_example 2 build/readme_example
 
+# the kit from a CUDA C++ file (tests/cuda_cxx.cu): built where nvcc is found (make test / cuda-check)
+if [ -x build/tests/cuda_cxx ]; then
+    run cuda_cxx 1 build/tests/cuda_cxx
+elif command -v nvcc >/dev/null 2>&1; then
+    echo "FAIL cuda_cxx: nvcc is present but build/tests/cuda_cxx was not built"; failed=$((failed + 1))
+else
+    echo "cuda_cxx: skipped (no nvcc: tests/cuda_cxx.cu not compiled)"
+fi
+
 # the PyTorch reference: where Debian's python3 (not another one first on PATH) imports torch
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then

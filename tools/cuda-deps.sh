@@ -9,9 +9,13 @@ command -v nvcc >/dev/null 2>&1 && exit 0
 export DEBIAN_FRONTEND=noninteractive
 if ! apt-cache show nvidia-cuda-toolkit >/dev/null 2>&1; then
     . /etc/os-release
+    # the archive this system already uses for its main component (deb822 or one-line format)
+    uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null)
+    [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $2 !~ /^\[/ {print $2; exit} $1 == "deb" {print $3; exit}' /etc/apt/sources.list 2>/dev/null)
+    [ -n "$uri" ] || { echo "cuda-deps: no Debian archive configured in /etc/apt"; exit 1; }
     cat > /etc/apt/sources.list.d/tpk-cuda.sources <<EOS
 Types: deb
-URIs: http://deb.debian.org/debian
+URIs: $uri
 Suites: ${VERSION_CODENAME:-bookworm}
 Components: contrib non-free
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg

@@ -7,7 +7,7 @@
  *   S(d) -> R   all-gather    (blocks unpacked from rank-major when outer > 1)
  *   R -> S(d)   local slice, no communication
  *   same -> same  copy (or nothing, in place)
- * Region ops (DESIGN.md section 3), forward and backward:
+ * Region ops (docs/DESIGN.md, section 3), forward and backward:
  *   copy        R -> R            | grad P -> R      (all-reduce)
  *   reduce      P -> R (all-red.) | grad R -> R
  *   gather      S(-1) -> R (a-g)  | grad R -> S(-1)  (slice)

@@ -1,4 +1,4 @@
-/* tpk/safetensors.h — a strict safetensors reader and an atomic writer (checkpoints, DESIGN §4).
+/* tpk/safetensors.h — a strict safetensors reader and an atomic writer (checkpoints, docs/DESIGN.md section 4).
  *
  * The format:
  *   bytes [0, 8)        N, the header length, a little-endian u64
