@@ -41,12 +41,8 @@ typedef struct tpk_attention {
 
 static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int64_t H, int64_t A, const tpk_attention_desc *desc) {
     static const char *fn = "tpk_attention_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!a) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
-    memset(a, 0, sizeof *a);
     tpk_attention_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    TPK__INIT_LAYER(ctx, fn, a, d, desc);
     if (A < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
     if (H < 1 || H % A) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected a positive multiple of A = %lld, got %lld", (long long)A, (long long)H);
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);

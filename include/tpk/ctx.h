@@ -153,6 +153,18 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
     return TPK_OK;
 }
 
+/* The start of a layer's init: ctx and the layer present, the layer zeroed, the descriptor copy
+ * *d = *desc (zeros when desc is NULL: every field has a default). */
+static inline tpk_status tpk__init_layer(tpk_ctx *ctx, const char *fn, void *layer, size_t size, void *d, const void *desc, size_t dsize) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!layer) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
+    memset(layer, 0, size);
+    memset(d, 0, dsize);
+    if (desc) memcpy(d, desc, dsize);
+    return TPK_OK;
+}
+#define TPK__INIT_LAYER(ctx, fn, layer, d, desc) TPK_TRY(tpk__init_layer((ctx), (fn), (layer), sizeof *(layer), &(d), (desc), sizeof(d)))
+
 /* The dropout stream of a call site: a hash of (its name, ctx->rng_step, DP rank). Every rank
  * of a TP group draws the same stream, so a mask indexed by global position is the same at
  * every TP size; DP replicas (different data) draw different masks. */

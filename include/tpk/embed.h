@@ -29,12 +29,8 @@ typedef struct tpk_embedding {
 static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int64_t V, int64_t positions, int64_t H,
                                             const tpk_embedding_desc *desc) {
     static const char *fn = "tpk_embedding_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!e) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
-    memset(e, 0, sizeof *e);
     tpk_embedding_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    TPK__INIT_LAYER(ctx, fn, e, d, desc);
     if (V < 1 || V > INT32_MAX) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected 1..%d, got %lld", INT32_MAX, (long long)V);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (positions < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "positions: expected >= 0, got %lld", (long long)positions);

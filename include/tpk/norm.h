@@ -30,12 +30,8 @@ typedef struct tpk_layernorm {
 
 static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int64_t H, const tpk_layernorm_desc *desc) {
     static const char *fn = "tpk_layernorm_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!l) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
-    memset(l, 0, sizeof *l);
     tpk_layernorm_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    TPK__INIT_LAYER(ctx, fn, l, d, desc);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (d.eps < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0, got %g", (double)d.eps);
     l->H = H, l->eps = d.eps > 0 ? d.eps : 1e-5f, l->sp = d.sequence_parallel;

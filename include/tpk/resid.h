@@ -34,12 +34,8 @@ typedef struct tpk_dropout {
 
 static inline tpk_status tpk_dropout_init(tpk_ctx *ctx, tpk_dropout *d, const tpk_dropout_desc *desc) {
     static const char *fn = "tpk_dropout_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!d) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
-    memset(d, 0, sizeof *d);
     tpk_dropout_desc dd;
-    memset(&dd, 0, sizeof dd);
-    if (desc) dd = *desc;
+    TPK__INIT_LAYER(ctx, fn, d, dd, desc);
     if (!(dd.p >= 0.0f && dd.p < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->p: expected 0 <= p < 1, got %g", (double)dd.p);
     TPK_TRY(tpk__layer_name(ctx, fn, d->name, sizeof d->name, dd.name, "dropout"));
     d->p = dd.p;

@@ -31,12 +31,8 @@ typedef struct tpk_xent {
 
 static inline tpk_status tpk_xent_init(tpk_ctx *ctx, tpk_xent *ce, int64_t V, const tpk_xent_desc *desc) {
     static const char *fn = "tpk_xent_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!ce) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: NULL");
-    memset(ce, 0, sizeof *ce);
     tpk_xent_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    TPK__INIT_LAYER(ctx, fn, ce, d, desc);
     if (V < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected >= 1, got %lld", (long long)V);
     if (!(d.label_smoothing >= 0 && d.label_smoothing < 1))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->label_smoothing: expected 0 <= eps < 1, got %g", (double)d.label_smoothing);
