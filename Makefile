@@ -97,6 +97,11 @@ build/tests/%: tests/%.c tests/test.h $(HEADERS) build/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
 
+# A program with its own ops table: linked without any tpk archive (the headers name no backend).
+build/tests/test_custom_ops: tests/test_custom_ops.c tests/test.h $(HEADERS)
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ -lm
+
 # The kit from C++17: a test program built with mpicxx (g++), run like the C tests.
 build/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) build/libtpk_host.a
 	@mkdir -p $(@D)
