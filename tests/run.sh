@@ -102,6 +102,15 @@ for h in include/tpk/*.h; do
         ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude -x c -c - -o /dev/null || { echo "FAIL header $h"; hfail=1; }
 done
 if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CC:-cc} -std=c11 -Werror: ok"; else failed=$((failed + 1)); fi
+# ... and as C++17 (mpi.h with mpicxx, which brings <mpi.h>)
+hfail=0
+for h in include/tpk/*.h; do
+    cxx=${CXX:-g++}
+    case "$h" in */mpi.h) cxx=mpicxx ;; esac
+    printf '#include <tpk/%s>\nint tpk_header_check;\n' "$(basename "$h")" |
+        $cxx -std=c++17 -Wall -Wextra -Werror -pedantic -Iinclude -x c++ -c - -o /dev/null || { echo "FAIL header $h as C++17"; hfail=1; }
+done
+if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CXX:-g++} -std=c++17 -pedantic -Werror: ok"; else failed=$((failed + 1)); fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
