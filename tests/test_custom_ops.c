@@ -76,8 +76,8 @@ static tpk_status my_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, i
     return TPK_OK;
 }
 static tpk_status my_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n, int64_t k,
-                                bool gelu, tpk_dtype dt) {
-    if (gelu) return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "my.linear_fwd", "gelu: not in this backend");
+                                tpk_act act, tpk_dtype dt) {
+    if (act != TPK_ACT_NONE) return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "my.linear_fwd", "act: only TPK_ACT_NONE in this backend");
     TPK_TRY(my_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt));
     return bias ? my_bias_add(ctx, y, bias, T, n, dt) : TPK_OK;
 }
@@ -88,8 +88,8 @@ static tpk_status unsupported(tpk_ctx *ctx, const char *op) {
 }
 #define STUB(name, ...) static tpk_status my_##name(tpk_ctx *ctx, __VA_ARGS__) { return unsupported(ctx, "my." #name); }
 STUB(cast, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n)
-STUB(gelu_fwd, void *y, const void *x, tpk_dtype dt, size_t n)
-STUB(gelu_bwd, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n)
+STUB(act_fwd, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n)
+STUB(act_bwd, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n)
 STUB(dropout, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed, uint64_t stream,
      tpk_dtype dt)
 STUB(layernorm_fwd, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt)
@@ -117,7 +117,7 @@ static tpk_ops my_table(void) {
     memset(&o, 0, sizeof o);
     o.name = "naive", o.device = false;
     o.alloc = my_alloc, o.free = my_free, o.memcpy = my_memcpy, o.sync = my_sync, o.fill = my_fill, o.copy2d = my_copy2d, o.cast = my_cast;
-    o.axpby = my_axpby, o.gemm = my_gemm, o.bias_add = my_bias_add, o.bias_grad = my_bias_grad, o.gelu_fwd = my_gelu_fwd, o.gelu_bwd = my_gelu_bwd;
+    o.axpby = my_axpby, o.gemm = my_gemm, o.bias_add = my_bias_add, o.bias_grad = my_bias_grad, o.act_fwd = my_act_fwd, o.act_bwd = my_act_bwd;
     o.rng_2d = my_rng_2d, o.dropout = my_dropout, o.layernorm_fwd = my_layernorm_fwd, o.layernorm_bwd = my_layernorm_bwd;
     o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_max = my_xent_max, o.xent_partial = my_xent_partial;
     o.xent_loss = my_xent_loss, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;

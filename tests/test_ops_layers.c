@@ -76,7 +76,6 @@ static double fd_step(float x, double h, float *xp, float *xm) {
 /* ---- dropout ------------------------------------------------------------------------------- */
 
 static void test_dropout(void) {
-    const tpk_ops *o = ctx.ops;
     TEST_CASE("layers dropout f32: p = 0 identity; p = 0.3 mask formula, values, drop rate, sub-blocks, aliasing") {
         const int64_t rows = 250, cols = 400; /* 1e5 elements */
         const size_t n = (size_t)(rows * cols);
@@ -90,12 +89,12 @@ static void test_dropout(void) {
 
         /* p = 0: the identity, bitwise */
         test_poison(y, n);
-        CHECK_OK(&ctx, o->dropout(&ctx, y, x, rows, cols, cols, 0, 0, 0.0f, seed, stream, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, y, x, rows, cols, cols, 0, 0, 0.0f, seed, stream, TPK_F32));
         CHECK(bitdiff(y, x, n) == 0, "p = 0: %zu elements differ from x", bitdiff(y, x, n));
 
         /* p = 0.3: y = 0 where uniform(index) < p, else x / (1 - p) */
         test_poison(y, n);
-        CHECK_OK(&ctx, o->dropout(&ctx, y, x, rows, cols, cols, 0, 0, p, seed, stream, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, y, x, rows, cols, cols, 0, 0, p, seed, stream, TPK_F32));
         size_t dropped = 0, badmask = 0, badval = 0;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < cols; j++) {
@@ -125,7 +124,7 @@ static void test_dropout(void) {
                     ref[i * sc + j] = y[(r0 + i) * cols + c0 + j];
                 }
             test_poison(yb, nb);
-            CHECK_OK(&ctx, o->dropout(&ctx, yb, xb, sr, sc, cols, r0, c0, p, seed, stream, TPK_F32));
+            CHECK_OK(&ctx, tpk_op_dropout(&ctx, yb, xb, sr, sc, cols, r0, c0, p, seed, stream, TPK_F32));
             CHECK(bitdiff(yb, ref, nb) == 0, "block rows %lld+%lld cols %lld+%lld: %zu elements differ from the full call",
                   (long long)r0, (long long)sr, (long long)c0, (long long)sc, bitdiff(yb, ref, nb));
             free(xb), free(yb), free(ref);
@@ -136,7 +135,7 @@ static void test_dropout(void) {
             const int64_t br = 7, bc = 9, gcols = 1000, row0 = 3, col0 = 500;
             float yb[7 * 9], wb[7 * 9];
             test_poison(yb, 63);
-            CHECK_OK(&ctx, o->dropout(&ctx, yb, x, br, bc, gcols, row0, col0, p, seed, stream, TPK_F32));
+            CHECK_OK(&ctx, tpk_op_dropout(&ctx, yb, x, br, bc, gcols, row0, col0, p, seed, stream, TPK_F32));
             for (int64_t i = 0; i < br; i++)
                 for (int64_t j = 0; j < bc; j++) {
                     bool keep = tpk_rng_uniform(seed, stream, (uint64_t)((row0 + i) * gcols + col0 + j)) >= p;
@@ -150,17 +149,17 @@ static void test_dropout(void) {
 
         /* another stream is another mask */
         test_poison(z, n);
-        CHECK_OK(&ctx, o->dropout(&ctx, z, x, rows, cols, cols, 0, 0, p, seed, stream + 1, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, z, x, rows, cols, cols, 0, 0, p, seed, stream + 1, TPK_F32));
         CHECK(bitdiff(z, y, n) > n / 10, "stream + 1 changed only %zu elements", bitdiff(z, y, n));
 
         /* y aliasing x */
         memcpy(z, x, n * sizeof(float));
-        CHECK_OK(&ctx, o->dropout(&ctx, z, z, rows, cols, cols, 0, 0, p, seed, stream, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, z, z, rows, cols, cols, 0, 0, p, seed, stream, TPK_F32));
         CHECK(bitdiff(z, y, n) == 0, "in place (y == x): %zu elements differ from out of place", bitdiff(z, y, n));
 
         /* empty */
-        CHECK_OK(&ctx, o->dropout(&ctx, NULL, NULL, 0, 5, 5, 0, 0, p, seed, stream, TPK_F32));
-        CHECK_OK(&ctx, o->dropout(&ctx, NULL, NULL, 4, 0, 0, 0, 0, p, seed, stream, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, NULL, NULL, 0, 5, 5, 0, 0, p, seed, stream, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, NULL, NULL, 4, 0, 0, 0, 0, p, seed, stream, TPK_F32));
         free(x), free(y), free(want), free(z);
     }
 
@@ -175,7 +174,7 @@ static void test_dropout(void) {
         round_bf16(x, n);
         to_bf16(hx, x, n);
         poison_bf16(hy, n);
-        CHECK_OK(&ctx, o->dropout(&ctx, hy, hx, rows, cols, cols + 5, 2, 4, p, seed, stream, TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, hy, hx, rows, cols, cols + 5, 2, 4, p, seed, stream, TPK_BF16));
         from_bf16(got, hy, n);
         size_t badmask = 0;
         for (int64_t i = 0; i < rows; i++)
@@ -188,30 +187,30 @@ static void test_dropout(void) {
         CHECK(badmask == 0, "bf16: %zu elements where (y == 0) is not the mask", badmask);
         CHECK_CLOSE(got, want, n, TOL_BF16, "dropout bf16");
         memcpy(hz, hx, n * 2);
-        CHECK_OK(&ctx, o->dropout(&ctx, hz, hz, rows, cols, cols + 5, 2, 4, p, seed, stream, TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, hz, hz, rows, cols, cols + 5, 2, 4, p, seed, stream, TPK_BF16));
         CHECK(memcmp(hz, hy, n * 2) == 0, "bf16 in place differs from out of place");
         /* p = 0 in bf16: the identity, bitwise */
         poison_bf16(hy, n);
-        CHECK_OK(&ctx, o->dropout(&ctx, hy, hx, rows, cols, cols, 0, 0, 0.0f, seed, stream, TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_dropout(&ctx, hy, hx, rows, cols, cols, 0, 0, 0.0f, seed, stream, TPK_BF16));
         CHECK(memcmp(hx, hy, n * 2) == 0, "bf16 p = 0 is not the identity");
         free(x), free(got), free(want), free(hx), free(hy), free(hz);
     }
 
     TEST_CASE("layers dropout: bad arguments fail naming them") {
         float a[16] = {0}, b[16] = {0};
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 3, 0, 0, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "p: expected 0 <= p < 1, got 1");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 3, 0, 0, -0.1f, 1, 1, TPK_F32), TPK_ERR_ARG, "p: expected 0 <= p < 1, got -0.1");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 3, 0, 0, NAN, 1, 1, TPK_F32), TPK_ERR_ARG, "p: expected 0 <= p < 1");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 4, 0, 2, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 3, 0, 0, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "p: expected 0 <= p < 1, got 1");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 3, 0, 0, -0.1f, 1, 1, TPK_F32), TPK_ERR_ARG, "p: expected 0 <= p < 1, got -0.1");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 3, 0, 0, NAN, 1, 1, TPK_F32), TPK_ERR_ARG, "p: expected 0 <= p < 1");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 4, 0, 2, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "gcols: expected >= col0 + cols = 5");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 2, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 2, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "gcols: expected >= col0 + cols = 3");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 3, -1, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "row0");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 3, 0, -1, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "col0");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, -1, 3, 3, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0, got -1");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, NULL, 2, 3, 3, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "x: expected a buffer");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, NULL, a, 2, 3, 3, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "y: expected a buffer");
-        CHECK_FAILS(&ctx, o->dropout(&ctx, b, a, 2, 3, 3, 0, 0, 0.5f, 1, 1, TPK_I32), TPK_ERR_DTYPE, "host.dropout: dt:");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 3, -1, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "row0");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 3, 0, -1, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "col0");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, -1, 3, 3, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0, got -1");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, NULL, 2, 3, 3, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "x: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, NULL, a, 2, 3, 3, 0, 0, 0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "y: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_dropout(&ctx, b, a, 2, 3, 3, 0, 0, 0.5f, 1, 1, TPK_I32), TPK_ERR_DTYPE, "tpk_op_dropout: dt:");
     }
 }
 
@@ -260,7 +259,7 @@ static double ln_loss(const float *x, const float *w, const float *b, const floa
                       float *y, float *mean, float *rstd) {
     size_t n = (size_t)(rows * cols);
     test_poison(y, n), test_poison(mean, (size_t)rows), test_poison(rstd, (size_t)rows);
-    CHECK_OK(&ctx, ctx.ops->layernorm_fwd(&ctx, y, mean, rstd, x, w, b, rows, cols, eps, TPK_F32));
+    CHECK_OK(&ctx, tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, rows, cols, eps, TPK_F32));
     double L = 0;
     for (size_t k = 0; k < n; k++) L += (double)y[k] * R[k];
     return L;
@@ -282,7 +281,6 @@ static void ln_fd(float *v, size_t nv, double h, float *fd, const float *x, cons
 }
 
 static void test_layernorm(void) {
-    const tpk_ops *o = ctx.ops;
     const float eps = 1e-5f;
     /* rows, cols, offset added to x (stability of the variance) */
     const int64_t shapes[][3] = {{5, 7, 0}, {3, 64, 10}, {2, 1, 0}, {6, 33, -3}};
@@ -306,7 +304,7 @@ static void test_layernorm(void) {
             ln_ref_fwd(x, w, b, rows, cols, eps, ry, rm, rr);
             d2f(wy, ry, n), d2f(wm, rm, nr), d2f(wr, rr, nr);
             test_poison(y, n), test_poison(mean, nr), test_poison(rstd, nr);
-            CHECK_OK(&ctx, o->layernorm_fwd(&ctx, y, mean, rstd, x, w, b, rows, cols, eps, TPK_F32));
+            CHECK_OK(&ctx, tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, rows, cols, eps, TPK_F32));
             CHECK_CLOSE(y, wy, n, TOL_LN, "layernorm_fwd y");
             CHECK_CLOSE(mean, wm, nr, TOL_LN, "layernorm_fwd mean");
             CHECK_CLOSE(rstd, wr, nr, TOL_LN, "layernorm_fwd rstd");
@@ -316,7 +314,7 @@ static void test_layernorm(void) {
             d2f(wdx, rdx, n), d2f(wdw, rdw, nc), d2f(wdb, rdb, nc);
             test_poison(dx, n);
             memset(dw, 0, nc * sizeof(float)), memset(db, 0, nc * sizeof(float));
-            CHECK_OK(&ctx, o->layernorm_bwd(&ctx, dx, dw, db, R, x, w, mean, rstd, rows, cols, TPK_F32, false));
+            CHECK_OK(&ctx, tpk_op_layernorm_bwd(&ctx, dx, dw, db, R, x, w, mean, rstd, rows, cols, TPK_F32, false));
             CHECK_CLOSE(dx, wdx, n, TOL_LN, "layernorm_bwd dx vs analytic");
             CHECK_CLOSE(dw, wdw, nc, TOL_LN, "layernorm_bwd dw vs analytic");
             CHECK_CLOSE(db, wdb, nc, TOL_LN, "layernorm_bwd db vs analytic");
@@ -339,7 +337,7 @@ static void test_layernorm(void) {
             /* accumulate_dx adds into dx; dw and db always accumulate: a second call doubles them */
             test_randn(dx0, n, 840 + sh, 1.0f);
             memcpy(dx, dx0, n * sizeof(float));
-            CHECK_OK(&ctx, o->layernorm_bwd(&ctx, dx, dw, db, R, x, w, mean, rstd, rows, cols, TPK_F32, true));
+            CHECK_OK(&ctx, tpk_op_layernorm_bwd(&ctx, dx, dw, db, R, x, w, mean, rstd, rows, cols, TPK_F32, true));
             for (size_t k = 0; k < n; k++) wdx[k] = (float)(dx0[k] + rdx[k]);
             for (size_t k = 0; k < nc; k++) wdw[k] = (float)(2 * rdw[k]), wdb[k] = (float)(2 * rdb[k]);
             CHECK_CLOSE(dx, wdx, n, TOL_LN, "layernorm_bwd accumulate_dx: dx0 + dx");
@@ -350,7 +348,7 @@ static void test_layernorm(void) {
             test_randn(dw, nc, 850 + sh, 1.0f), test_randn(db, nc, 851 + sh, 1.0f);
             for (size_t k = 0; k < nc; k++) wdw[k] = (float)(dw[k] + rdw[k]), wdb[k] = (float)(db[k] + rdb[k]);
             test_poison(dx, n);
-            CHECK_OK(&ctx, o->layernorm_bwd(&ctx, dx, dw, db, R, x, w, mean, rstd, rows, cols, TPK_F32, false));
+            CHECK_OK(&ctx, tpk_op_layernorm_bwd(&ctx, dx, dw, db, R, x, w, mean, rstd, rows, cols, TPK_F32, false));
             CHECK_CLOSE(dw, wdw, nc, TOL_LN, "layernorm_bwd dw0 + dw");
             CHECK_CLOSE(db, wdb, nc, TOL_LN, "layernorm_bwd db0 + db");
 
@@ -375,7 +373,7 @@ static void test_layernorm(void) {
         to_bf16(hx, x, n), to_bf16(hdy, dy, n);
         ln_ref_fwd(x, w, b, rows, cols, 1e-5, ry, rm, rr);
         poison_bf16(hy, n), test_poison(mean, nr), test_poison(rstd, nr);
-        CHECK_OK(&ctx, o->layernorm_fwd(&ctx, hy, mean, rstd, hx, w, b, rows, cols, 1e-5f, TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_layernorm_fwd(&ctx, hy, mean, rstd, hx, w, b, rows, cols, 1e-5f, TPK_BF16));
         from_bf16(got, hy, n), d2f(want, ry, n), d2f(wm, rm, nr), d2f(wr, rr, nr);
         CHECK_CLOSE(got, want, n, TOL_BF16, "layernorm_fwd bf16 y");
         CHECK_CLOSE(mean, wm, nr, TOL_LN, "layernorm_fwd bf16 mean");
@@ -384,20 +382,20 @@ static void test_layernorm(void) {
         ln_ref_bwd(x, w, dy, rows, cols, 1e-5, rdx, rdw, rdb);
         poison_bf16(hdx, n);
         memset(dw, 0, nc * sizeof(float)), memset(db, 0, nc * sizeof(float));
-        CHECK_OK(&ctx, o->layernorm_bwd(&ctx, hdx, dw, db, hdy, hx, w, mean, rstd, rows, cols, TPK_BF16, false));
+        CHECK_OK(&ctx, tpk_op_layernorm_bwd(&ctx, hdx, dw, db, hdy, hx, w, mean, rstd, rows, cols, TPK_BF16, false));
         from_bf16(got, hdx, n), d2f(want, rdx, n), d2f(wdw, rdw, nc), d2f(wdb, rdb, nc);
         CHECK_CLOSE(got, want, n, TOL_BF16, "layernorm_bwd bf16 dx");
         CHECK_CLOSE(dw, wdw, nc, TOL_LN, "layernorm_bwd bf16 dw");
         CHECK_CLOSE(db, wdb, nc, TOL_LN, "layernorm_bwd bf16 db");
         to_bf16(hdx, dx0, n);
-        CHECK_OK(&ctx, o->layernorm_bwd(&ctx, hdx, dw, db, hdy, hx, w, mean, rstd, rows, cols, TPK_BF16, true));
+        CHECK_OK(&ctx, tpk_op_layernorm_bwd(&ctx, hdx, dw, db, hdy, hx, w, mean, rstd, rows, cols, TPK_BF16, true));
         from_bf16(got, hdx, n);
         for (size_t k = 0; k < n; k++) want[k] = (float)(dx0[k] + rdx[k]);
         CHECK_CLOSE(got, want, n, TOL_BF16, "layernorm_bwd bf16 accumulate_dx");
 
         /* rows = 0: nothing read or written */
-        CHECK_OK(&ctx, o->layernorm_fwd(&ctx, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f, TPK_F32));
-        CHECK_OK(&ctx, o->layernorm_bwd(&ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, TPK_F32, false));
+        CHECK_OK(&ctx, tpk_op_layernorm_fwd(&ctx, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, 1e-5f, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_layernorm_bwd(&ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 8, TPK_F32, false));
         free(x), free(w), free(b), free(dy), free(dx0), free(got), free(mean), free(rstd), free(dw), free(db), free(want);
         free(wm), free(wr), free(wdw), free(wdb), free(ry), free(rm), free(rr), free(rdx), free(rdw), free(rdb);
         free(hx), free(hy), free(hdy), free(hdx);
@@ -418,7 +416,6 @@ static void ref_scatter_add(float *wdE, const float *dE0, const float *dy, const
 }
 
 static void test_embedding(void) {
-    const tpk_ops *o = ctx.ops;
     /* rows [v0, v0 + vrows) = [4, 10) of a vocabulary of 14. 5 three times; 4 and 9 the first and
      * last rows; 3 and 10 just outside; -100 far outside. Rows 6 and 8 are not used. */
     enum { T = 9, H = 5, VROWS = 6, V0 = 4, VTOT = 14 };
@@ -428,7 +425,7 @@ static void test_embedding(void) {
         float E[VROWS * H], y[T * H], y0[T * H], want[T * H], dy[T * H], dE[VROWS * H], dE0[VROWS * H], wdE[VROWS * H];
         test_randn(E, ne, 900, 1.0f);
         test_poison(y, ny);
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, y, ids, E, T, H, V0, VROWS, TPK_F32, false));
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, y, ids, E, T, H, V0, VROWS, TPK_F32, false));
         size_t bad = 0;
         for (int t = 0; t < T; t++) {
             int r = ids[t] - V0;
@@ -440,7 +437,7 @@ static void test_embedding(void) {
         /* accumulate: y0 + row, out-of-range tokens unchanged */
         test_randn(y0, ny, 901, 1.0f);
         memcpy(y, y0, sizeof y);
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, y, ids, E, T, H, V0, VROWS, TPK_F32, true));
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, y, ids, E, T, H, V0, VROWS, TPK_F32, true));
         size_t moved = 0;
         for (int t = 0; t < T; t++) {
             int r = ids[t] - V0;
@@ -458,8 +455,8 @@ static void test_embedding(void) {
         float Efull[VTOT * H];
         test_randn(Efull, VTOT * H, 902, 1.0f);
         test_poison(y, ny);
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, y, ids2, Efull, T, H, 0, 7, TPK_F32, false));
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, y, ids2, Efull + 7 * H, T, H, 7, 7, TPK_F32, true));
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, y, ids2, Efull, T, H, 0, 7, TPK_F32, false));
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, y, ids2, Efull + 7 * H, T, H, 7, 7, TPK_F32, true));
         bad = 0;
         for (int t = 0; t < T; t++)
             for (int j = 0; j < H; j++) bad += memcmp(&y[t * H + j], &Efull[ids2[t] * H + j], 4) != 0;
@@ -469,7 +466,7 @@ static void test_embedding(void) {
         test_randn(dy, ny, 903, 1.0f);
         test_randn(dE0, ne, 904, 1.0f);
         memcpy(dE, dE0, sizeof dE);
-        CHECK_OK(&ctx, o->embed_bwd(&ctx, dE, dy, ids, T, H, V0, VROWS, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_embed_bwd(&ctx, dE, dy, ids, T, H, V0, VROWS, TPK_F32));
         ref_scatter_add(wdE, dE0, dy, ids, T, H, V0, VROWS);
         CHECK_CLOSE(dE, wdE, ne, TOL_F32, "embed_bwd scatter-add");
         size_t untouched = 0; /* rows 2 (id 6) and 4 (id 8) are not used: bitwise unchanged */
@@ -483,9 +480,9 @@ static void test_embedding(void) {
         }
 
         /* empty */
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, NULL, NULL, E, 0, H, V0, VROWS, TPK_F32, false));
-        CHECK_OK(&ctx, o->embed_bwd(&ctx, dE, NULL, NULL, 0, H, V0, VROWS, TPK_F32));
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, y, ids, NULL, T, H, V0, 0, TPK_F32, false)); /* an empty shard: zeros */
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, NULL, NULL, E, 0, H, V0, VROWS, TPK_F32, false));
+        CHECK_OK(&ctx, tpk_op_embed_bwd(&ctx, dE, NULL, NULL, 0, H, V0, VROWS, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, y, ids, NULL, T, H, V0, 0, TPK_F32, false)); /* an empty shard: zeros */
         bad = 0;
         for (size_t k = 0; k < ny; k++) bad += y[k] != 0.0f;
         CHECK(bad == 0, "vrows = 0: %zu nonzero outputs", bad);
@@ -496,7 +493,7 @@ static void test_embedding(void) {
         uint16_t hy[T * H], hdy[T * H];
         test_randn(E, ne, 910, 1.0f);
         poison_bf16(hy, ny);
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, hy, ids, E, T, H, V0, VROWS, TPK_BF16, false));
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, hy, ids, E, T, H, V0, VROWS, TPK_BF16, false));
         size_t bad = 0;
         for (int t = 0; t < T; t++) {
             int r = ids[t] - V0;
@@ -508,7 +505,7 @@ static void test_embedding(void) {
         test_randn(y0, ny, 911, 1.0f);
         round_bf16(y0, ny);
         to_bf16(hy, y0, ny);
-        CHECK_OK(&ctx, o->embed_fwd(&ctx, hy, ids, E, T, H, V0, VROWS, TPK_BF16, true));
+        CHECK_OK(&ctx, tpk_op_embed_fwd(&ctx, hy, ids, E, T, H, V0, VROWS, TPK_BF16, true));
         from_bf16(got, hy, ny);
         for (int t = 0; t < T; t++) {
             int r = ids[t] - V0;
@@ -522,7 +519,7 @@ static void test_embedding(void) {
         to_bf16(hdy, dy, ny);
         test_randn(dE0, ne, 913, 1.0f);
         memcpy(dE, dE0, sizeof dE);
-        CHECK_OK(&ctx, o->embed_bwd(&ctx, dE, hdy, ids, T, H, V0, VROWS, TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_embed_bwd(&ctx, dE, hdy, ids, T, H, V0, VROWS, TPK_BF16));
         ref_scatter_add(wdE, dE0, dy, ids, T, H, V0, VROWS);
         CHECK_CLOSE(dE, wdE, ne, TOL_F32, "embed_bwd bf16 dy (f32 table)");
     }
@@ -566,7 +563,6 @@ static void shard_of(void *zq, const float *z, int64_t T, int64_t V, tpk_range r
  * per-shard piece is compared with the reference (z must already be bf16-exact for bf16). */
 static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const int32_t *y, float eps, tpk_dtype dt, float *loss,
                          float *lse, bool check) {
-    const tpk_ops *o = ctx.ops;
     size_t nt = (size_t)T;
     float *mx = fbuf(nt), *mq = fbuf(nt), *part = fbuf(3 * nt), *pq = fbuf(3 * nt);
     void *zq = malloc((size_t)(T * V) * sizeof(float) + 4);
@@ -575,7 +571,7 @@ static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const in
         tpk_range r = tpk_split(V, nsh, q);
         shard_of(zq, z, T, V, r, dt);
         test_poison(mq, nt);
-        CHECK_OK(&ctx, o->xent_max(&ctx, mq, zq, T, r.size, dt));
+        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mq, zq, T, r.size, dt));
         for (int64_t t = 0; t < T; t++) {
             if (check) {
                 float m = -INFINITY;
@@ -590,7 +586,7 @@ static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const in
         tpk_range r = tpk_split(V, nsh, q);
         shard_of(zq, z, T, V, r, dt);
         test_poison(pq, 3 * nt);
-        CHECK_OK(&ctx, o->xent_partial(&ctx, pq, zq, mx, y, T, r.size, r.off, dt));
+        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, pq, zq, mx, y, T, r.size, r.off, dt));
         if (check) {
             float g0[64], g2[64], w0[64], w2[64];
             for (int64_t t = 0; t < T && t < 64; t++) {
@@ -607,7 +603,7 @@ static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const in
         for (size_t k = 0; k < 3 * nt; k++) part[k] += pq[k];
     }
     test_poison(loss, nt), test_poison(lse, nt);
-    CHECK_OK(&ctx, o->xent_loss(&ctx, loss, lse, mx, part, y, T, V, eps, IGNORE));
+    CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss, lse, mx, part, y, T, V, eps, IGNORE));
     free(mx), free(mq), free(part), free(pq), free(zq);
 }
 
@@ -615,7 +611,6 @@ static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const in
  * must give the same bits */
 static void xent_backward(const float *z, const float *lse, const float *dloss, int64_t T, int64_t V, int nsh,
                           const int32_t *y, float eps, tpk_dtype dt, float *dz, bool check) {
-    const tpk_ops *o = ctx.ops;
     size_t esz = dt == TPK_F32 ? 4 : 2, n = (size_t)(T * V);
     unsigned char *zq = malloc(n * 4 + 4), *dq = malloc(n * 4 + 4), *aq = malloc(n * 4 + 4);
     for (int q = 0; q < nsh; q++) {
@@ -624,13 +619,13 @@ static void xent_backward(const float *z, const float *lse, const float *dloss, 
         shard_of(zq, z, T, V, r, dt);
         if (dt == TPK_F32) test_poison((float *)dq, nq);
         else poison_bf16((uint16_t *)dq, nq);
-        CHECK_OK(&ctx, o->xent_grad(&ctx, dq, zq, lse, y, dloss, T, r.size, r.off, V, eps, IGNORE, dt));
+        CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dq, zq, lse, y, dloss, T, r.size, r.off, V, eps, IGNORE, dt));
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < r.size; j++)
                 dz[t * V + r.off + j] = dt == TPK_F32 ? ((float *)dq)[t * r.size + j] : tpk_bf16_to_f32(((uint16_t *)dq)[t * r.size + j]);
         if (check) {
             memcpy(aq, zq, nq * esz);
-            CHECK_OK(&ctx, o->xent_grad(&ctx, aq, aq, lse, y, dloss, T, r.size, r.off, V, eps, IGNORE, dt));
+            CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, aq, aq, lse, y, dloss, T, r.size, r.off, V, eps, IGNORE, dt));
             CHECK(memcmp(aq, dq, nq * esz) == 0, "xent_grad shard %d: dz aliasing z differs from out of place", q);
         }
     }
@@ -702,11 +697,11 @@ static void test_xent(void) {
         float mx[3], part[9], m[3] = {1.5f, -2.0f, 0.0f};
         const int32_t yy[3] = {0, 5, IGNORE};
         test_poison(mx, 3);
-        CHECK_OK(&ctx, ctx.ops->xent_max(&ctx, mx, NULL, 3, 0, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mx, NULL, 3, 0, TPK_F32));
         CHECK(isinf(mx[0]) && mx[0] < 0 && isinf(mx[1]) && mx[1] < 0 && isinf(mx[2]) && mx[2] < 0, "Vl = 0: mx = %g %g %g", mx[0],
               mx[1], mx[2]);
         test_poison(part, 9);
-        CHECK_OK(&ctx, ctx.ops->xent_partial(&ctx, part, NULL, m, yy, 3, 0, 11, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, part, NULL, m, yy, 3, 0, 11, TPK_F32));
         size_t nz = 0;
         for (int k = 0; k < 9; k++) nz += part[k] != 0.0f;
         CHECK(nz == 0, "Vl = 0: %zu nonzero parts", nz);
@@ -801,12 +796,12 @@ static void attn_run_fwd(const attn_shape *s, const float *qkv, float scale, flo
     size_t nq = attn_nq(s), no = attn_no(s);
     test_poison(out, no), test_poison(lse, attn_nl(s));
     if (dt == TPK_F32) {
-        CHECK_OK(&ctx, ctx.ops->attn_fwd(&ctx, out, lse, qkv, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
+        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, out, lse, qkv, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
         return;
     }
     uint16_t *hq = hbuf(nq), *ho = hbuf(no);
     to_bf16(hq, qkv, nq), poison_bf16(ho, no);
-    CHECK_OK(&ctx, ctx.ops->attn_fwd(&ctx, ho, lse, hq, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
+    CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, ho, lse, hq, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
     from_bf16(out, ho, no);
     free(hq), free(ho);
 }
@@ -815,13 +810,13 @@ static void attn_run_bwd(const attn_shape *s, const float *qkv, const float *dou
     size_t nq = attn_nq(s), no = attn_no(s);
     test_poison(dqkv, nq);
     if (dt == TPK_F32) {
-        CHECK_OK(&ctx, ctx.ops->attn_bwd(&ctx, dqkv, dout, qkv, out, lse, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed,
+        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, dqkv, dout, qkv, out, lse, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed,
                                          stream, dt));
         return;
     }
     uint16_t *hq = hbuf(nq), *hd = hbuf(no), *ho = hbuf(no), *hg = hbuf(nq);
     to_bf16(hq, qkv, nq), to_bf16(hd, dout, no), to_bf16(ho, out, no), poison_bf16(hg, nq);
-    CHECK_OK(&ctx, ctx.ops->attn_bwd(&ctx, hg, hd, hq, ho, lse, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
+    CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, hg, hd, hq, ho, lse, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
     from_bf16(dqkv, hg, nq);
     free(hq), free(hd), free(ho), free(hg);
 }
@@ -895,7 +890,6 @@ static void attn_check_f32(const attn_shape *s, float p, uint64_t seed, uint64_t
 }
 
 static void test_attention(void) {
-    const tpk_ops *o = ctx.ops;
     const attn_shape s0 = {.B = 2, .S = 5, .Al = 2, .D = 4, .A = 3, .head0 = 1};
     const uint64_t seed = 2024, stream = 5;
 
@@ -997,61 +991,60 @@ static void test_attention(void) {
         float q[256] = {0}, out[128], lse[64], dq[256], dO[128] = {0};
         const float sc = 0.5f;
         /* fwd */
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, -1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, -1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "p: expected 0 <= p < 1, got 1");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, -0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, 2, 5, 2, 0, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, -0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 0, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "D: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, -2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "B: expected >= 0");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, 2, -5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "S: expected >= 0");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, NULL, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "qkv: expected a buffer");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, NULL, q, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "lse: expected a buffer");
-        CHECK_FAILS(&ctx, o->attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_I32), TPK_ERR_DTYPE, "host.attn_fwd: dt:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, -2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "B: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, -5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "S: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, NULL, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "qkv: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, NULL, q, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "lse: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_I32), TPK_ERR_DTYPE, "tpk_op_attn_fwd: dt:");
         /* bwd */
-        CHECK_FAILS(&ctx, o->attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
-        CHECK_FAILS(&ctx, o->attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
-        CHECK_FAILS(&ctx, o->attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 0, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "D:");
-        CHECK_FAILS(&ctx, o->attn_bwd(&ctx, dq, NULL, q, out, lse, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 0, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "D:");
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, NULL, q, out, lse, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "dout: expected a buffer");
-        CHECK(strncmp(tpk_last_error(&ctx), "host.attn_bwd: ", 15) == 0, "message \"%s\" does not name host.attn_bwd",
+        CHECK(strncmp(tpk_last_error(&ctx), "tpk_op_attn_bwd: ", 17) == 0, "message \"%s\" does not name tpk_op_attn_bwd",
               tpk_last_error(&ctx));
         /* empty: nothing read */
-        CHECK_OK(&ctx, o->attn_fwd(&ctx, NULL, NULL, NULL, 0, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
-        CHECK_OK(&ctx, o->attn_fwd(&ctx, NULL, NULL, NULL, 2, 0, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
-        CHECK_OK(&ctx, o->attn_bwd(&ctx, NULL, NULL, NULL, NULL, NULL, 2, 5, 0, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, NULL, NULL, NULL, 0, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, NULL, NULL, NULL, 2, 0, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, NULL, NULL, NULL, NULL, NULL, 2, 5, 0, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
     }
 }
 
 /* ---- bad arguments of layernorm, embedding, cross-entropy ----------------------------------- */
 
 static void test_errors(void) {
-    const tpk_ops *o = ctx.ops;
     TEST_CASE("layers layernorm, embedding, cross-entropy: bad arguments fail naming them") {
         float a[64] = {0}, b[64] = {0}, c[64] = {0}, m[8] = {0}, r[8] = {0}, w[16] = {0};
         int32_t ids[4] = {0, 1, 2, 3};
-        CHECK_FAILS(&ctx, o->layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, o->layernorm_fwd(&ctx, a, m, r, b, w, w, -1, 4, 1e-5f, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0");
-        CHECK_FAILS(&ctx, o->layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 0.0f, TPK_F32), TPK_ERR_ARG, "eps: expected > 0");
-        CHECK_FAILS(&ctx, o->layernorm_fwd(&ctx, a, m, NULL, b, w, w, 2, 4, 1e-5f, TPK_F32), TPK_ERR_ARG, "rstd: expected a buffer");
-        CHECK_FAILS(&ctx, o->layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 1e-5f, TPK_I32), TPK_ERR_DTYPE, "dt:");
-        CHECK_FAILS(&ctx, o->layernorm_bwd(&ctx, a, w, w, b, c, w, m, r, 2, 0, TPK_F32, false), TPK_ERR_ARG, "cols: expected >= 1");
-        CHECK_FAILS(&ctx, o->layernorm_bwd(&ctx, a, NULL, w, b, c, w, m, r, 2, 4, TPK_F32, false), TPK_ERR_ARG, "dw: expected a buffer");
-        CHECK_FAILS(&ctx, o->embed_fwd(&ctx, a, NULL, w, 4, 2, 0, 8, TPK_F32, false), TPK_ERR_ARG, "ids: expected a buffer");
-        CHECK_FAILS(&ctx, o->embed_fwd(&ctx, a, ids, w, 4, -2, 0, 8, TPK_F32, false), TPK_ERR_ARG, "H: expected >= 0");
-        CHECK_FAILS(&ctx, o->embed_fwd(&ctx, a, ids, w, 4, 2, 0, -1, TPK_F32, false), TPK_ERR_ARG, "vrows: expected >= 0");
-        CHECK_FAILS(&ctx, o->embed_bwd(&ctx, NULL, b, ids, 4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "dtable: expected a buffer");
-        CHECK_FAILS(&ctx, o->embed_bwd(&ctx, w, b, ids, -4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "T: expected >= 0");
-        CHECK_FAILS(&ctx, o->xent_max(&ctx, m, a, 2, -3, TPK_F32), TPK_ERR_ARG, "Vl: expected >= 0");
-        CHECK_FAILS(&ctx, o->xent_partial(&ctx, c, a, m, NULL, 2, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
-        CHECK_FAILS(&ctx, o->xent_loss(&ctx, a, b, m, c, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG, "V: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, o->xent_loss(&ctx, a, b, m, c, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG, "smoothing:");
-        CHECK_FAILS(&ctx, o->xent_loss(&ctx, a, b, m, c, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG, "smoothing:");
-        CHECK_FAILS(&ctx, o->xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 0, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "V: expected >= 1");
-        CHECK_FAILS(&ctx, o->xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, -1, 4, 1e-5f, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 0.0f, TPK_F32), TPK_ERR_ARG, "eps: expected > 0");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, NULL, b, w, w, 2, 4, 1e-5f, TPK_F32), TPK_ERR_ARG, "rstd: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 1e-5f, TPK_I32), TPK_ERR_DTYPE, "dt:");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_bwd(&ctx, a, w, w, b, c, w, m, r, 2, 0, TPK_F32, false), TPK_ERR_ARG, "cols: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_bwd(&ctx, a, NULL, w, b, c, w, m, r, 2, 4, TPK_F32, false), TPK_ERR_ARG, "dw: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, NULL, w, 4, 2, 0, 8, TPK_F32, false), TPK_ERR_ARG, "ids: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, -2, 0, 8, TPK_F32, false), TPK_ERR_ARG, "H: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, 2, 0, -1, TPK_F32, false), TPK_ERR_ARG, "vrows: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, NULL, b, ids, 4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "dtable: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, w, b, ids, -4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "T: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_max(&ctx, m, a, 2, -3, TPK_F32), TPK_ERR_ARG, "Vl: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_partial(&ctx, c, a, m, NULL, 2, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG, "V: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG, "smoothing:");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG, "smoothing:");
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 0, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "V: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG,
                     "dloss: expected a buffer");
-        CHECK_FAILS(&ctx, o->xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 3, 0.0f, IGNORE, TPK_I32), TPK_ERR_DTYPE, "host.xent_grad: dt:");
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 3, 0.0f, IGNORE, TPK_I32), TPK_ERR_DTYPE, "tpk_op_xent_grad: dt:");
     }
 }
 
@@ -1070,11 +1063,11 @@ static void test_residual_layernorm(void) {
             void *xra = dt == TPK_BF16 ? (void *)xrh : xr, *yra = dt == TPK_BF16 ? (void *)yrh : yr;
             test_poison(x1, R * C), test_poison(y, R * C), test_poison(m, R), test_poison(rs, R);
             if (v == 2) memcpy(x1, x, sizeof x1), xa = x1; /* in place: x1 is x */
-            CHECK_OK(&ctx, ctx.ops->residual_layernorm_fwd(&ctx, x1a, ya, m, rs, xa, ra, w, b, R, C, 1e-5f, dt));
+            CHECK_OK(&ctx, tpk_op_residual_layernorm_fwd(&ctx, x1a, ya, m, rs, xa, ra, w, b, R, C, 1e-5f, dt));
             /* the composition */
-            CHECK_OK(&ctx, ctx.ops->axpby(&ctx, xra, 1.0f, dt == TPK_BF16 ? (const void *)xh : x, 0.0f, dt, R * C));
-            CHECK_OK(&ctx, ctx.ops->axpby(&ctx, xra, 1.0f, ra, 1.0f, dt, R * C));
-            CHECK_OK(&ctx, ctx.ops->layernorm_fwd(&ctx, yra, mr, rsr, xra, w, b, R, C, 1e-5f, dt));
+            CHECK_OK(&ctx, tpk_op_axpby(&ctx, xra, 1.0f, dt == TPK_BF16 ? (const void *)xh : x, 0.0f, dt, R * C));
+            CHECK_OK(&ctx, tpk_op_axpby(&ctx, xra, 1.0f, ra, 1.0f, dt, R * C));
+            CHECK_OK(&ctx, tpk_op_layernorm_fwd(&ctx, yra, mr, rsr, xra, w, b, R, C, 1e-5f, dt));
             float g1[R * C], g2[R * C], g3[R * C], g4[R * C];
             for (int i = 0; i < R * C; i++) {
                 g1[i] = dt == TPK_BF16 ? tpk_bf16_to_f32(x1h[i]) : x1[i], g2[i] = dt == TPK_BF16 ? tpk_bf16_to_f32(xrh[i]) : xr[i];
@@ -1085,8 +1078,8 @@ static void test_residual_layernorm(void) {
             CHECK_CLOSE(m, mr, R, 1e-6, "mean");
             CHECK_CLOSE(rs, rsr, R, 1e-6, "rstd");
         }
-        CHECK_FAILS(&ctx, ctx.ops->residual_layernorm_fwd(&ctx, NULL, y, m, rs, x, r, w, b, R, C, 1e-5f, TPK_F32), TPK_ERR_ARG, "x1: expected a buffer");
-        CHECK_FAILS(&ctx, ctx.ops->residual_layernorm_fwd(&ctx, x1, y, m, rs, x, NULL, w, b, R, C, 1e-5f, TPK_F32), TPK_ERR_ARG, "r: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_residual_layernorm_fwd(&ctx, NULL, y, m, rs, x, r, w, b, R, C, 1e-5f, TPK_F32), TPK_ERR_ARG, "x1: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_residual_layernorm_fwd(&ctx, x1, y, m, rs, x, NULL, w, b, R, C, 1e-5f, TPK_F32), TPK_ERR_ARG, "r: expected a buffer");
     }
 }
 

@@ -7,8 +7,8 @@
  * each of s blocks).
  *   forward   x R [T, in] (SP: S(0), all-gathered first)
  *             y_r = x W_r^T + b_r            -> S(-1) [T, out_r]; gather_output: all-gather -> R
- *             (.gelu: y_r = gelu(x W_r^T + b_r), fused: ops->linear_fwd; backward first
- *             dy_r *= gelu'(pre))
+ *             (.act: y_r = act(x W_r^T + b_r), fused: tpk_op_linear_fwd; backward first
+ *             dy_r *= act'(pre))
  *   backward  dy S(-1) (gather_output: R, sliced to own columns)
  *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0)), started
  *             dW_r += dy_r^T x, db_r += colsum(dy_r)   while the collective runs; then wait
@@ -31,8 +31,9 @@ typedef struct tpk_linear_desc {
     bool bias;              /* default: no bias */
     bool gather_output;     /* column: all-gather y to R */
     bool sequence_parallel; /* column: input S(0); row: output S(0) */
-    bool gelu;              /* column: y = gelu(x W^T + b), fused into the GEMM where the backend
-                               can (the MLP's c_fc); the pre-activation is kept for backward */
+    tpk_act act;            /* column: y = act(x W^T + b) (TPK_ACT_NONE: none), fused into the GEMM
+                               where the backend can (the MLP's c_fc); the pre-activation is kept
+                               for backward */
     int stride;             /* column: out is `stride` blocks split separately (3 for fused QKV) */
     int unit;               /* the split features go in groups of `unit` (the head size D) */
     int weight;             /* column: use this registered [out, in] parameter as W (tied
@@ -53,7 +54,7 @@ typedef struct tpk_linear {
     bool x_was_R;         /* row: the input was R and was sliced */
     tpk_layout split;     /* how the features of W are split: column out, row in */
     tpk_buf xb, y, y2, dy, dx, dx2, gw; /* gw: a bf16 context's weight-gradient product */
-    tpk_buf pre, du;      /* column with gelu: the pre-activation, and its gradient */
+    tpk_buf pre, du;      /* column with an activation: the pre-activation, and its gradient */
 } tpk_linear;
 
 typedef tpk_linear tpk_col_linear;
@@ -77,7 +78,9 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->sequence_parallel (the output stays S(-1))");
     if (l->d.init_std < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g", (double)l->d.init_std);
     if (l->d.weight && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->weight: only a column linear takes a shared weight");
-    if (l->d.gelu && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gelu: only a column linear fuses GELU (its output is S(-1))");
+    if ((unsigned)l->d.act >= (unsigned)TPK_ACT_COUNT) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d", (int)l->d.act);
+    if (l->d.act != TPK_ACT_NONE && !column)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: only a column linear fuses an activation (its output is S(-1)), got %s", tpk_act_name(l->d.act));
     l->d.stride = s, l->d.unit = u;
     l->column = column, l->in = in, l->out = out, l->b = -1;
     l->split = column ? TPK_S_EX(0, s, u) : TPK_S_EX(1, 1, u);
@@ -158,10 +161,10 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     l->x = x, l->T = T;
     tpk_tensor yl = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, l->d.stride, l->d.unit), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
-    if (l->d.gelu) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
-    if (T && n) /* y_r = x W_r^T + b_r (gelu: pre = that, y_r = gelu(pre)), one fused op */
+    if (l->d.act != TPK_ACT_NONE) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
+    if (T && n) /* y_r = x W_r^T + b_r (act: pre = that, y_r = act(pre)), one fused op */
         TPK_TRY(tpk_op_linear_fwd(ctx, yl.data, l->pre.p, x.data, tpk__param_w(ctx, l->w), l->b >= 0 ? tpk__param_w(ctx, l->b) : NULL, T, n, l->in,
-                                     l->d.gelu, ctx->dtype));
+                                     l->d.act, ctx->dtype));
     if (l->d.gather_output) {
         tpk_tensor yg = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yg));
@@ -189,10 +192,10 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     } else {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S_EX(-1, l->d.stride, l->d.unit), ctx->dtype, 2, want, t, r));
     }
-    if (l->d.gelu) { /* through the fused GELU: du = dy gelu'(pre) */
+    if (l->d.act != TPK_ACT_NONE) { /* through the fused activation: du = dy act'(pre) */
         tpk_tensor du = dy;
         TPK_TRY(tpk__buf_view(ctx, &l->du, &du));
-        if (T && n) TPK_TRY(tpk_op_gelu_bwd(ctx, du.data, l->pre.p, dy.data, ctx->dtype, (size_t)(T * n)));
+        if (T && n) TPK_TRY(tpk_op_act_bwd(ctx, l->d.act, du.data, l->pre.p, dy.data, ctx->dtype, (size_t)(T * n)));
         dy = du;
     }
     /* dx = dy_r W_r: a partial sum over ranks */

@@ -24,8 +24,8 @@ static inline const char *tpk__ops_missing(const tpk_ops *ops) {
     if (!ops->gemm) return "gemm";
     if (!ops->bias_add) return "bias_add";
     if (!ops->bias_grad) return "bias_grad";
-    if (!ops->gelu_fwd) return "gelu_fwd";
-    if (!ops->gelu_bwd) return "gelu_bwd";
+    if (!ops->act_fwd) return "act_fwd";
+    if (!ops->act_bwd) return "act_bwd";
     if (!ops->rng_2d) return "rng_2d";
     if (!ops->dropout) return "dropout";
     if (!ops->layernorm_fwd) return "layernorm_fwd";
@@ -45,90 +45,407 @@ static inline const char *tpk__ops_missing(const tpk_ops *ops) {
     return "";
 }
 
+/* ---- argument checks, written once for every backend ------------------------------------------ */
+
+static inline tpk_status tpk__op_ctx(tpk_ctx *ctx) { return ctx && ctx->ops ? TPK_OK : TPK_ERR_ARG; }
+static inline tpk_status tpk__op_float(tpk_ctx *ctx, const char *fn, const char *arg, tpk_dtype dt) {
+    if (dt == TPK_F32 || dt == TPK_BF16) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32 or bf16, got %s (%d)", arg, tpk_dtype_name(dt), (int)dt);
+}
+static inline tpk_status tpk__op_any(tpk_ctx *ctx, const char *fn, const char *arg, tpk_dtype dt) {
+    if (tpk_dtype_valid(dt)) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32, bf16, i32 or f64, got %s (%d)", arg, tpk_dtype_name(dt), (int)dt);
+}
+static inline tpk_status tpk__op_nonneg(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
+    if (v >= 0) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= 0, got %lld", arg, (long long)v);
+}
+static inline tpk_status tpk__op_pos(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
+    if (v >= 1) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= 1, got %lld", arg, (long long)v);
+}
+/* a buffer that the op touches (needed) must be present */
+static inline tpk_status tpk__op_ptr(tpk_ctx *ctx, const char *fn, const char *arg, const void *p, bool needed) {
+    if (p || !needed) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a buffer, got NULL", arg);
+}
+/* every buffer of a list, named by a comma-separated list of names */
+static inline tpk_status tpk__op_ptrs(tpk_ctx *ctx, const char *fn, const char *names, const void *const *ps, int n, bool needed) {
+    for (int k = 0; k < n; k++, names = strchr(names, ',') ? strchr(names, ',') + 1 : names) {
+        if (ps[k] || !needed) continue;
+        char arg[32];
+        size_t len = strcspn(names, ",");
+        snprintf(arg, sizeof arg, "%.*s", (int)(len < sizeof arg ? len : sizeof arg - 1), names);
+        return tpk__op_ptr(ctx, fn, arg, NULL, true);
+    }
+    return TPK_OK;
+}
+/* leading dimension: ld >= max(1, min) */
+static inline tpk_status tpk__op_ld(tpk_ctx *ctx, const char *fn, const char *arg, int64_t ld, int64_t min) {
+    if (min < 1) min = 1;
+    if (ld >= min) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= %lld, got %lld", arg, (long long)min, (long long)ld);
+}
+static inline tpk_status tpk__op_prob(tpk_ctx *ctx, const char *fn, float p) {
+    if (p >= 0.0f && p < 1.0f) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "p: expected 0 <= p < 1, got %g", (double)p);
+}
+static inline tpk_status tpk__op_act(tpk_ctx *ctx, const char *fn, tpk_act act) {
+    if ((unsigned)act < (unsigned)TPK_ACT_COUNT) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "act: expected TPK_ACT_NONE or TPK_ACT_GELU_TANH, got %d", (int)act);
+}
+/* the window [row0, row0 + rows) x [col0, col0 + cols) of a tensor with gcols columns */
+static inline tpk_status tpk__op_window(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0) {
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "row0", row0));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "col0", col0));
+    if (gcols < col0 + cols)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "gcols: expected >= col0 + cols = %lld, got %lld", (long long)(col0 + cols), (long long)gcols);
+    return TPK_OK;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+/* *out = a zero-filled buffer of `bytes` in backend memory */
 static inline tpk_status tpk_op_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
+    TPK_TRY(tpk__op_ctx(ctx));
+    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_op_alloc", "out: expected a pointer, got NULL");
+    *out = NULL;
     return ctx->ops->alloc(ctx, bytes, out);
 }
-static inline void tpk_op_free(tpk_ctx *ctx, void *p) { ctx->ops->free(ctx, p); }
+static inline void tpk_op_free(tpk_ctx *ctx, void *p) {
+    if (ctx && ctx->ops && p) ctx->ops->free(ctx, p);
+}
 static inline tpk_status tpk_op_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
-    return ctx->ops->memcpy(ctx, dst, src, bytes, dir);
+    static const char *fn = "tpk_op_memcpy";
+    TPK_TRY(tpk__op_ctx(ctx));
+    if (dir != TPK_H2D && dir != TPK_D2H && dir != TPK_D2D && dir != TPK_H2H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, bytes > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, bytes > 0));
+    return bytes ? ctx->ops->memcpy(ctx, dst, src, bytes, dir) : TPK_OK;
 }
 static inline tpk_status tpk_op_sync(tpk_ctx *ctx) {
+    TPK_TRY(tpk__op_ctx(ctx));
     return ctx->ops->sync(ctx);
 }
+
+/* ---- elementwise --------------------------------------------------------------------------------- */
+
 static inline tpk_status tpk_op_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
-    return ctx->ops->fill(ctx, x, dt, n, value);
+    static const char *fn = "tpk_op_fill";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
+    return n ? ctx->ops->fill(ctx, x, dt, n, value) : TPK_OK;
 }
+/* rows move as bytes: every dtype is copied exactly */
 static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
-    return ctx->ops->copy2d(ctx, dst, ldd, src, lds, rows, cols, dt);
+    static const char *fn = "tpk_op_copy2d";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_any(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldd", ldd, cols));
+    TPK_TRY(tpk__op_ld(ctx, fn, "lds", lds, cols));
+    bool any = rows > 0 && cols > 0;
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, any));
+    return any ? ctx->ops->copy2d(ctx, dst, ldd, src, lds, rows, cols, dt) : TPK_OK;
 }
+/* a conversion takes f32 and bf16; a same-dtype cast (a copy) takes any dtype */
 static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
-    return ctx->ops->cast(ctx, dst, dst_dt, src, src_dt, n);
+    static const char *fn = "tpk_op_cast";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_any(ctx, fn, "dst_dt", dst_dt));
+    TPK_TRY(tpk__op_any(ctx, fn, "src_dt", src_dt));
+    if (dst_dt != src_dt) {
+        TPK_TRY(tpk__op_float(ctx, fn, "dst_dt", dst_dt));
+        TPK_TRY(tpk__op_float(ctx, fn, "src_dt", src_dt));
+    }
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, n > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, n > 0));
+    return n ? ctx->ops->cast(ctx, dst, dst_dt, src, src_dt, n) : TPK_OK;
 }
 static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
-    return ctx->ops->axpby(ctx, y, a, x, b, dt, n);
+    static const char *fn = "tpk_op_axpby";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
+    return n ? ctx->ops->axpby(ctx, y, a, x, b, dt, n) : TPK_OK;
 }
-static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
-    return ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt);
+static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
+    static const char *fn = "tpk_op_act_fwd";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_act(ctx, fn, act));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
+    return n ? ctx->ops->act_fwd(ctx, act, y, x, dt, n) : TPK_OK;
+}
+static inline tpk_status tpk_op_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
+    static const char *fn = "tpk_op_act_bwd";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_act(ctx, fn, act));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dx", dx, n > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, n > 0));
+    return n ? ctx->ops->act_bwd(ctx, act, dx, x, dy, dt, n) : TPK_OK;
+}
+static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
+                                       uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
+    static const char *fn = "tpk_op_rng_2d";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_window(ctx, fn, rows, cols, gcols, row0, col0));
+    if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
+    return rows && cols ? ctx->ops->rng_2d(ctx, x, dt, rows, cols, gcols, row0, col0, seed, stream, dist, a, b) : TPK_OK;
+}
+static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
+                                        float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    static const char *fn = "tpk_op_dropout";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_window(ctx, fn, rows, cols, gcols, row0, col0));
+    TPK_TRY(tpk__op_prob(ctx, fn, p));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows * cols > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows * cols > 0));
+    return rows && cols ? ctx->ops->dropout(ctx, y, x, rows, cols, gcols, row0, col0, p, seed, stream, dt) : TPK_OK;
+}
+
+/* ---- GEMM and the linear forward ----------------------------------------------------------------- */
+
+/* stored shapes: A is [m, k] or [k, m] (ta), B is [k, n] or [n, k] (tb), C is [m, n]; an operand
+ * may be NULL only when the product does not touch it (an empty C, or k = 0) */
+static inline tpk_status tpk__op_gemm_check(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                                            const void *b, int64_t ldb, const void *c, int64_t ldc, tpk_dtype dt) {
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "m", m));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "n", n));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "k", k));
+    TPK_TRY(tpk__op_ld(ctx, fn, "lda", lda, ta ? m : k));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldb", ldb, tb ? k : n));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldc", ldc, n));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "a", a, m > 0 && n > 0 && k > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "b", b, m > 0 && n > 0 && k > 0));
+    return tpk__op_ptr(ctx, fn, "c", c, m > 0 && n > 0);
+}
+static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                                     const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
+    TPK_TRY(tpk__op_gemm_check(ctx, "tpk_op_gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
+    return m && n ? ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt) : TPK_OK;
 }
 static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
-    return ctx->ops->bias_add(ctx, y, bias, rows, cols, dt);
+    static const char *fn = "tpk_op_bias_add";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
+    return rows && cols ? ctx->ops->bias_add(ctx, y, bias, rows, cols, dt) : TPK_OK;
 }
 static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
-    return ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, accumulate);
+    static const char *fn = "tpk_op_bias_grad";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "db", db, cols > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
+    return cols ? ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, accumulate) : TPK_OK;
 }
-static inline tpk_status tpk_op_gelu_fwd(tpk_ctx *ctx, void *y, const void *x, tpk_dtype dt, size_t n) {
-    return ctx->ops->gelu_fwd(ctx, y, x, dt, n);
+static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
+                                           int64_t k, tpk_act act, tpk_dtype dt) {
+    static const char *fn = "tpk_op_linear_fwd";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_act(ctx, fn, act));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "n", n));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "k", k));
+    bool any = T > 0 && n > 0;
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "pre", pre, act != TPK_ACT_NONE && any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any && k > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
+    return any ? ctx->ops->linear_fwd(ctx, y, pre, x, w, bias, T, n, k, act, dt) : TPK_OK;
 }
-static inline tpk_status tpk_op_gelu_bwd(tpk_ctx *ctx, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
-    return ctx->ops->gelu_bwd(ctx, dx, x, dy, dt, n);
+
+/* ---- layernorm ------------------------------------------------------------------------------------- */
+
+static inline tpk_status tpk__op_rows_cols(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols, tpk_dtype dt) {
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
+    return tpk__op_pos(ctx, fn, "cols", cols);
 }
-static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
-    return ctx->ops->rng_2d(ctx, x, dt, rows, cols, gcols, row0, col0, seed, stream, dist, a, b);
+static inline tpk_status tpk_op_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
+                                              int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    static const char *fn = "tpk_op_layernorm_fwd";
+    TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
+    if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
+    const void *ps[] = {y, mean, rstd, x, w, b};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "y,mean,rstd,x,w,b", ps, 6, rows > 0));
+    return rows ? ctx->ops->layernorm_fwd(ctx, y, mean, rstd, x, w, b, rows, cols, eps, dt) : TPK_OK;
 }
-static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
-    return ctx->ops->dropout(ctx, y, x, rows, cols, gcols, row0, col0, p, seed, stream, dt);
+static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
+                                                       const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    static const char *fn = "tpk_op_residual_layernorm_fwd";
+    TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
+    if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
+    const void *ps[] = {x1, y, mean, rstd, x, r, w, b};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "x1,y,mean,rstd,x,r,w,b", ps, 8, rows > 0));
+    return rows ? ctx->ops->residual_layernorm_fwd(ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt) : TPK_OK;
 }
-static inline tpk_status tpk_op_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    return ctx->ops->layernorm_fwd(ctx, y, mean, rstd, x, w, b, rows, cols, eps, dt);
+static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
+                                              const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+    static const char *fn = "tpk_op_layernorm_bwd";
+    TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
+    const void *ps[] = {dx, dw, db, dy, x, w, mean, rstd};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,db,dy,x,w,mean,rstd", ps, 8, rows > 0));
+    return rows ? ctx->ops->layernorm_bwd(ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx) : TPK_OK;
 }
-static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w, const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
-    return ctx->ops->layernorm_bwd(ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx);
+
+/* ---- embedding --------------------------------------------------------------------------------------- */
+
+static inline tpk_status tpk__op_embed_check(tpk_ctx *ctx, const char *fn, int64_t T, int64_t H, int64_t vrows, tpk_dtype dt) {
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "H", H));
+    return tpk__op_nonneg(ctx, fn, "vrows", vrows);
 }
-static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate) {
-    return ctx->ops->embed_fwd(ctx, y, ids, table, T, H, v0, vrows, dt, accumulate);
+static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
+                                          int64_t vrows, tpk_dtype dt, bool accumulate) {
+    static const char *fn = "tpk_op_embed_fwd";
+    TPK_TRY(tpk__op_embed_check(ctx, fn, T, H, vrows, dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, T * H > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "table", table, vrows * H > 0));
+    return T && H ? ctx->ops->embed_fwd(ctx, y, ids, table, T, H, v0, vrows, dt, accumulate) : TPK_OK;
 }
-static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt) {
-    return ctx->ops->embed_bwd(ctx, dtable, dy, ids, T, H, v0, vrows, dt);
+static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
+                                          int64_t vrows, tpk_dtype dt) {
+    static const char *fn = "tpk_op_embed_bwd";
+    TPK_TRY(tpk__op_embed_check(ctx, fn, T, H, vrows, dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dtable", dtable, vrows * H > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, T * H > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
+    return T && H && vrows ? ctx->ops->embed_bwd(ctx, dtable, dy, ids, T, H, v0, vrows, dt) : TPK_OK;
 }
+
+/* ---- cross-entropy ------------------------------------------------------------------------------------ */
+
 static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
-    return ctx->ops->xent_max(ctx, mx, z, T, Vl, dt);
+    static const char *fn = "tpk_op_xent_max";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "mx", mx, T > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
+    return T ? ctx->ops->xent_max(ctx, mx, z, T, Vl, dt) : TPK_OK;
 }
-static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl, int64_t v0, tpk_dtype dt) {
-    return ctx->ops->xent_partial(ctx, part, z, mx, targets, T, Vl, v0, dt);
+static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl,
+                                             int64_t v0, tpk_dtype dt) {
+    static const char *fn = "tpk_op_xent_partial";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
+    const void *ps[] = {part, mx, targets};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "part,mx,targets", ps, 3, T > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
+    return T ? ctx->ops->xent_partial(ctx, part, z, mx, targets, T, Vl, v0, dt) : TPK_OK;
 }
-static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
-    return ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
+static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T,
+                                          int64_t V, float smoothing, int32_t ignore_index) {
+    static const char *fn = "tpk_op_xent_loss";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
+    if (!(smoothing >= 0 && smoothing <= 1)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "smoothing: expected 0..1, got %g", (double)smoothing);
+    const void *ps[] = {loss, lse, mx, part, targets};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,mx,part,targets", ps, 5, T > 0));
+    return T ? ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index) : TPK_OK;
 }
-static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
-    return ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, v0, V, smoothing, ignore_index, dt);
+static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
+                                          int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
+    static const char *fn = "tpk_op_xent_grad";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
+    TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T * Vl > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
+    const void *ps[] = {lse, targets, dloss};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "lse,targets,dloss", ps, 3, T > 0));
+    return T && Vl ? ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, v0, V, smoothing, ignore_index, dt) : TPK_OK;
 }
-static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
-    return ctx->ops->attn_fwd(ctx, out, lse, qkv, B, S, Al, D, A, head0, scale, p, seed, stream, dt);
+
+/* ---- attention ---------------------------------------------------------------------------------------- */
+
+static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0,
+                                            float p, tpk_dtype dt) {
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "B", B));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "S", S));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "Al", Al));
+    TPK_TRY(tpk__op_pos(ctx, fn, "D", D));
+    if (head0 < 0 || head0 + Al > A)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "head0: expected 0 <= head0 and head0 + Al <= A = %lld, got %lld", (long long)A, (long long)head0);
+    return tpk__op_prob(ctx, fn, p);
 }
-static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
-    return ctx->ops->attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, head0, scale, p, seed, stream, dt);
+static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A,
+                                         int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    static const char *fn = "tpk_op_attn_fwd";
+    TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, head0, p, dt));
+    bool any = B * S * Al > 0;
+    const void *ps[] = {out, lse, qkv};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "out,lse,qkv", ps, 3, any));
+    return any ? ctx->ops->attn_fwd(ctx, out, lse, qkv, B, S, Al, D, A, head0, scale, p, seed, stream, dt) : TPK_OK;
 }
-static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale) {
-    return ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale);
+static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B,
+                                         int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p, uint64_t seed,
+                                         uint64_t stream, tpk_dtype dt) {
+    static const char *fn = "tpk_op_attn_bwd";
+    TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, head0, p, dt));
+    bool any = B * S * Al > 0;
+    const void *ps[] = {dqkv, dout, qkv, out, lse};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "dqkv,dout,qkv,out,lse", ps, 5, any));
+    return any ? ctx->ops->attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, head0, scale, p, seed, stream, dt) : TPK_OK;
 }
+
+/* ---- optimizer ----------------------------------------------------------------------------------------- */
+
+static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+                                      float wd, int64_t step, float grad_scale) {
+    static const char *fn = "tpk_op_adamw";
+    TPK_TRY(tpk__op_ctx(ctx));
+    if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
+    if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
+    const void *ps[] = {w, g, m, v};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
+    return n ? ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale) : TPK_OK;
+}
+/* *out (host memory) = sum of squares, in double */
 static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
+    static const char *fn = "tpk_op_sumsq";
+    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "out", out, true));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
+    if (!n) return *out = 0, TPK_OK;
     return ctx->ops->sumsq(ctx, out, x, n);
-}
-static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n, int64_t k, bool gelu, tpk_dtype dt) {
-    return ctx->ops->linear_fwd(ctx, y, pre, x, w, bias, T, n, k, gelu, dt);
-}
-static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    return ctx->ops->residual_layernorm_fwd(ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt);
 }
 
 #endif /* TPK_OP_H */

@@ -18,6 +18,16 @@ typedef struct tpk_ctx tpk_ctx;
 typedef enum tpk_copy_dir { TPK_H2D = 0, TPK_D2H, TPK_D2D, TPK_H2H } tpk_copy_dir;
 typedef enum tpk_rng_dist { TPK_RNG_NORMAL = 0, TPK_RNG_UNIFORM = 1 } tpk_rng_dist;
 
+/* Elementwise activations (act_fwd, act_bwd, linear_fwd):
+ *   TPK_ACT_NONE       y = x                                          dx = dy
+ *   TPK_ACT_GELU_TANH  y = x/2 (1 + tanh(s (x + c x^3))), s = sqrt(2/pi), c = 0.044715 (GPT-2)
+ *                      dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)), t = tanh(s (x + c x^3))
+ * New activations (SiLU, gated units) take the next values. */
+typedef enum tpk_act { TPK_ACT_NONE = 0, TPK_ACT_GELU_TANH = 1, TPK_ACT_COUNT } tpk_act;
+static inline const char *tpk_act_name(tpk_act a) {
+    return a == TPK_ACT_NONE ? "none" : a == TPK_ACT_GELU_TANH ? "gelu_tanh" : "?";
+}
+
 typedef struct tpk_ops {
     const char *name;
     void *self;  /* backend state (handles, streams) */
@@ -49,10 +59,10 @@ typedef struct tpk_ops {
     /* db[j] = sum_i dy[i, j] + (accumulate ? db[j] : 0)  for dy [rows, cols]; db has dy's dtype */
     tpk_status (*bias_grad)(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt,
                             bool accumulate);
-    /* GELU, tanh approximation (GPT-2): y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-    tpk_status (*gelu_fwd)(tpk_ctx *ctx, void *y, const void *x, tpk_dtype dt, size_t n);
-    /* dx = dy * gelu'(x); dx may alias dy */
-    tpk_status (*gelu_bwd)(tpk_ctx *ctx, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n);
+    /* y = act(x) elementwise (tpk_act above); y may alias x */
+    tpk_status (*act_fwd)(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n);
+    /* dx = dy * act'(x); dx may alias dy */
+    tpk_status (*act_bwd)(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n);
 
     /* Counter-based random numbers (tpk/rng.h): x[i, j] = a + b * draw(seed, stream,
      * index = (row0 + i) * gcols + col0 + j) for x [rows, cols], contiguous. NORMAL draws are
@@ -122,10 +132,10 @@ typedef struct tpk_ops {
 
     /* The forward of a linear layer in one pass where the backend can fuse it (cuBLASLt's bias
      * and GELU epilogues):  u = x W^T + bias  for x [T, k], W [n, k], bias [n] (NULL: none);
-     * gelu = false: y = u;  gelu = true: pre = u and y = gelu(u) (the tanh approximation), both
-     * [T, n]. All in dt; pre is not touched without gelu. Equal to gemm + bias_add (+ gelu_fwd). */
+     * act = NONE: y = u;  otherwise pre = u and y = act(u), both [T, n]. All in dt; pre is not
+     * touched with NONE. Equal to gemm + bias_add (+ act_fwd). */
     tpk_status (*linear_fwd)(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
-                             int64_t k, bool gelu, tpk_dtype dt);
+                             int64_t k, tpk_act act, tpk_dtype dt);
 
     /* The residual add and the layernorm after it in one pass:  x1 = x + r  (stored in dt; x1
      * may alias x), then exactly layernorm_fwd on x1 (y, mean, rstd). Equal to axpby +

@@ -18,8 +18,8 @@
  *   sumsq     sum x^2 in double (the gradient norm)
  *   linear_fwd  y = x W^T + bias (then gelu, keeping the pre-activation): gemm + bias_add + gelu
  *
- * Every op has one loop for both dtypes: it reads through ld() and writes through st(), and is
- * instantiated with a constant dtype (BY_DTYPE) so the compiler drops the dtype branch.
+ * Every op has one loop for both dtypes: it reads through tpk__ld() and writes through tpk__st(), and is
+ * instantiated with a constant dtype (TPK__BY_DTYPE) so the compiler drops the dtype branch.
  * i32 buffers can be moved (memcpy, copy2d, same-dtype cast) but not computed on. */
 #include <limits.h>
 #include <math.h>
@@ -30,19 +30,18 @@
 #include <tpk/op.h>
 #include <tpk/rng.h>
 
-#include "host.h"
+#include "host_private.h"
 
 /* ---- memory ------------------------------------------------------------------------------------ */
 
 static tpk_status host_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
     static const char *fn = "host.alloc";
-    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a pointer, got NULL");
     *out = NULL;
-    if (bytes > SIZE_MAX - 63) return nomem(ctx, fn, bytes);
+    if (bytes > SIZE_MAX - 63) return tpk__host_nomem(ctx, fn, bytes);
     size_t rounded = (bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple of the alignment */
     if (rounded == 0) rounded = 64;
     void *p = aligned_alloc(64, rounded);
-    if (!p) return nomem(ctx, fn, bytes);
+    if (!p) return tpk__host_nomem(ctx, fn, bytes);
     memset(p, 0, rounded);
     *out = p;
     return TPK_OK;
@@ -54,11 +53,7 @@ static void host_free(tpk_ctx *ctx, void *p) {
 }
 
 static tpk_status host_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
-    static const char *fn = "host.memcpy";
-    if (dir != TPK_H2D && dir != TPK_D2H && dir != TPK_D2D && dir != TPK_H2H)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
-    TPK_TRY(check_ptr(ctx, fn, "dst", dst, bytes > 0));
-    TPK_TRY(check_ptr(ctx, fn, "src", src, bytes > 0));
+    (void)ctx, (void)dir;
     if (bytes && dst != src) memmove(dst, src, bytes);
     return TPK_OK;
 }
@@ -70,30 +65,20 @@ static tpk_status host_sync(tpk_ctx *ctx) {
 
 /* ---- fill, copy2d, cast, axpby ---------------------------------------------------------------- */
 
-HOST_INLINE void fill_loop(tpk_dtype dt, void *x, size_t n, float value) {
-    for (size_t i = 0; i < n; i++) st(x, dt, i, value);
+TPK__HOST_INLINE void fill_loop(tpk_dtype dt, void *x, size_t n, float value) {
+    for (size_t i = 0; i < n; i++) tpk__st(x, dt, i, value);
 }
 static tpk_status host_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
-    static const char *fn = "host.fill";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
-    BY_DTYPE(dt, fill_loop, x, n, value);
+    (void)ctx;
+    TPK__BY_DTYPE(dt, fill_loop, x, n, value);
     return TPK_OK;
 }
 
 /* Rows are moved as bytes, so every dtype (i32 too) is copied exactly. */
 static tpk_status host_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows,
                               int64_t cols, tpk_dtype dt) {
-    static const char *fn = "host.copy2d";
-    if (!tpk_dtype_valid(dt))
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(dt), (int)dt);
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_ld(ctx, fn, "ldd", ldd, cols));
-    TPK_TRY(check_ld(ctx, fn, "lds", lds, cols));
+    (void)ctx;
     bool any = rows > 0 && cols > 0;
-    TPK_TRY(check_ptr(ctx, fn, "dst", dst, any));
-    TPK_TRY(check_ptr(ctx, fn, "src", src, any));
     if (!any) return TPK_OK;
     size_t es = tpk_dtype_size(dt), row = (size_t)cols * es;
     for (int64_t i = 0; i < rows; i++)
@@ -101,90 +86,65 @@ static tpk_status host_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *
     return TPK_OK;
 }
 
-HOST_INLINE void cast_loop(tpk_dtype ddt, void *dst, const void *src, tpk_dtype sdt, size_t n) {
-    for (size_t i = 0; i < n; i++) st(dst, ddt, i, ld(src, sdt, i));
+TPK__HOST_INLINE void cast_loop(tpk_dtype ddt, void *dst, const void *src, tpk_dtype sdt, size_t n) {
+    for (size_t i = 0; i < n; i++) tpk__st(dst, ddt, i, tpk__ld(src, sdt, i));
 }
 static tpk_status host_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
-    static const char *fn = "host.cast";
-    if (!tpk_dtype_valid(dst_dt))
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dst_dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(dst_dt),
-                         (int)dst_dt);
-    if (!tpk_dtype_valid(src_dt))
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "src_dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(src_dt),
-                         (int)src_dt);
-    if (dst_dt != src_dt) { /* a conversion: i32 takes part only in same-dtype copies */
-        TPK_TRY(check_float_dtype(ctx, fn, "dst_dt", dst_dt));
-        TPK_TRY(check_float_dtype(ctx, fn, "src_dt", src_dt));
-    }
-    TPK_TRY(check_ptr(ctx, fn, "dst", dst, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "src", src, n > 0));
+    (void)ctx;
     if (n == 0) return TPK_OK;
     if (dst_dt == src_dt) {
         if (dst != src) memmove(dst, src, n * tpk_dtype_size(dst_dt));
         return TPK_OK;
     }
     /* f32 -> bf16 rounds to nearest even; bf16 -> f32 is exact */
-    BY_DTYPE(dst_dt, cast_loop, dst, src, src_dt, n);
+    TPK__BY_DTYPE(dst_dt, cast_loop, dst, src, src_dt, n);
     return TPK_OK;
 }
 
-HOST_INLINE void axpby_loop(tpk_dtype dt, void *y, float a, const void *x, float b, size_t n) {
+TPK__HOST_INLINE void axpby_loop(tpk_dtype dt, void *y, float a, const void *x, float b, size_t n) {
     if (b == 0.0f)
-        for (size_t i = 0; i < n; i++) st(y, dt, i, a * ld(x, dt, i));
+        for (size_t i = 0; i < n; i++) tpk__st(y, dt, i, a * tpk__ld(x, dt, i));
     else
-        for (size_t i = 0; i < n; i++) st(y, dt, i, a * ld(x, dt, i) + b * ld(y, dt, i));
+        for (size_t i = 0; i < n; i++) tpk__st(y, dt, i, a * tpk__ld(x, dt, i) + b * tpk__ld(y, dt, i));
 }
 static tpk_status host_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
-    static const char *fn = "host.axpby";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
-    BY_DTYPE(dt, axpby_loop, y, a, x, b, n);
+    (void)ctx;
+    TPK__BY_DTYPE(dt, axpby_loop, y, a, x, b, n);
     return TPK_OK;
 }
 
 /* ---- gemm ---------------------------------------------------------------------------------------- */
 
 /* dst[rows, cols] (contiguous f32) = src[rows, cols] with leading dimension ld. */
-HOST_INLINE void widen_loop(tpk_dtype dt, float *dst, const void *src, int64_t lds, int64_t rows, int64_t cols) {
+TPK__HOST_INLINE void widen_loop(tpk_dtype dt, float *dst, const void *src, int64_t lds, int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) dst[i * cols + j] = ld(src, dt, (size_t)(i * lds + j));
+        for (int64_t j = 0; j < cols; j++) dst[i * cols + j] = tpk__ld(src, dt, (size_t)(i * lds + j));
 }
 /* C = beta C over [m, n] with leading dimension ldc; beta = 0 writes zeros whatever C held. */
-HOST_INLINE void scale_loop(tpk_dtype dt, void *c, int64_t ldc, int64_t m, int64_t n, float beta) {
+TPK__HOST_INLINE void scale_loop(tpk_dtype dt, void *c, int64_t ldc, int64_t m, int64_t n, float beta) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             size_t at = (size_t)(i * ldc + j);
-            st(c, dt, at, beta == 0.0f ? 0.0f : beta * ld(c, dt, at));
+            tpk__st(c, dt, at, beta == 0.0f ? 0.0f : beta * tpk__ld(c, dt, at));
         }
 }
 
 static tpk_status host_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
                             int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
     static const char *fn = "host.gemm";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "m", m));
-    TPK_TRY(check_nonneg(ctx, fn, "n", n));
-    TPK_TRY(check_nonneg(ctx, fn, "k", k));
     /* stored shapes: A is [m, k] or [k, m] (ta), B is [k, n] or [n, k] (tb), C is [m, n] */
     int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
-    TPK_TRY(check_ld(ctx, fn, "lda", lda, a_cols));
-    TPK_TRY(check_ld(ctx, fn, "ldb", ldb, b_cols));
-    TPK_TRY(check_ld(ctx, fn, "ldc", ldc, n));
-    TPK_TRY(check_blas_int(ctx, fn, "m", m));
-    TPK_TRY(check_blas_int(ctx, fn, "n", n));
-    TPK_TRY(check_blas_int(ctx, fn, "k", k));
-    TPK_TRY(check_blas_int(ctx, fn, "lda", lda));
-    TPK_TRY(check_blas_int(ctx, fn, "ldb", ldb));
-    TPK_TRY(check_blas_int(ctx, fn, "ldc", ldc));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "m", m));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "n", n));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "k", k));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "lda", lda));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "ldb", ldb));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "ldc", ldc));
     /* an operand may be NULL only when the product does not touch it (an empty C, or k = 0) */
-    TPK_TRY(check_ptr(ctx, fn, "a", a, m > 0 && n > 0 && k > 0));
-    TPK_TRY(check_ptr(ctx, fn, "b", b, m > 0 && n > 0 && k > 0));
-    TPK_TRY(check_ptr(ctx, fn, "c", c, m > 0 && n > 0));
     if (m == 0 || n == 0) return TPK_OK;
     if (k == 0 || alpha == 0.0f) { /* no product: C = beta C (and no reads of A, B) */
-        if (beta != 1.0f) BY_DTYPE(dt, scale_loop, c, ldc, m, n, beta);
+        if (beta != 1.0f) TPK__BY_DTYPE(dt, scale_loop, c, ldc, m, n, beta);
         return TPK_OK;
     }
     enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
@@ -199,7 +159,7 @@ static tpk_status host_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n
     if (!fa || !fb || !fc) {
         size_t want = !fa ? na : !fb ? nb : nc;
         free(fa), free(fb), free(fc);
-        return nomem(ctx, fn, want * sizeof(float));
+        return tpk__host_nomem(ctx, fn, want * sizeof(float));
     }
     widen_loop(TPK_BF16, fa, a, lda, a_rows, a_cols);
     widen_loop(TPK_BF16, fb, b, ldb, b_rows, b_cols);
@@ -207,56 +167,46 @@ static tpk_status host_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n
     cblas_sgemm(CblasRowMajor, opa, opb, (int)m, (int)n, (int)k, alpha, fa, (int)a_cols, fb, (int)b_cols, beta, fc,
                 (int)n);
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) st(c, TPK_BF16, (size_t)(i * ldc + j), fc[i * n + j]);
+        for (int64_t j = 0; j < n; j++) tpk__st(c, TPK_BF16, (size_t)(i * ldc + j), fc[i * n + j]);
     free(fa), free(fb), free(fc);
     return TPK_OK;
 }
 
 /* ---- bias ------------------------------------------------------------------------------------------ */
 
-HOST_INLINE void bias_add_loop(tpk_dtype dt, void *y, const void *bias, int64_t rows, int64_t cols) {
+TPK__HOST_INLINE void bias_add_loop(tpk_dtype dt, void *y, const void *bias, int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) {
             size_t at = (size_t)(i * cols + j);
-            st(y, dt, at, ld(y, dt, at) + ld(bias, dt, (size_t)j));
+            tpk__st(y, dt, at, tpk__ld(y, dt, at) + tpk__ld(bias, dt, (size_t)j));
         }
 }
 static tpk_status host_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
-    static const char *fn = "host.bias_add";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
-    TPK_TRY(check_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
-    BY_DTYPE(dt, bias_add_loop, y, bias, rows, cols);
+    (void)ctx;
+    TPK__BY_DTYPE(dt, bias_add_loop, y, bias, rows, cols);
     return TPK_OK;
 }
 
 /* acc[cols] (double) sums dy row by row, so dy is read in memory order. */
-HOST_INLINE void bias_grad_loop(tpk_dtype dt, void *db, const void *dy, int64_t rows, int64_t cols, bool accumulate,
+TPK__HOST_INLINE void bias_grad_loop(tpk_dtype dt, void *db, const void *dy, int64_t rows, int64_t cols, bool accumulate,
                                 double *acc) {
-    for (int64_t j = 0; j < cols; j++) acc[j] = accumulate ? ld(db, dt, (size_t)j) : 0.0;
+    for (int64_t j = 0; j < cols; j++) acc[j] = accumulate ? tpk__ld(db, dt, (size_t)j) : 0.0;
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) acc[j] += ld(dy, dt, (size_t)(i * cols + j));
-    for (int64_t j = 0; j < cols; j++) st(db, dt, (size_t)j, (float)acc[j]);
+        for (int64_t j = 0; j < cols; j++) acc[j] += tpk__ld(dy, dt, (size_t)(i * cols + j));
+    for (int64_t j = 0; j < cols; j++) tpk__st(db, dt, (size_t)j, (float)acc[j]);
 }
 static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt,
                                  bool accumulate) {
     static const char *fn = "host.bias_grad";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_ptr(ctx, fn, "db", db, cols > 0));
-    TPK_TRY(check_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
     if (cols == 0) return TPK_OK;
     double *acc = malloc((size_t)cols * sizeof(double));
-    if (!acc) return nomem(ctx, fn, (size_t)cols * sizeof(double));
-    BY_DTYPE(dt, bias_grad_loop, db, dy, rows, cols, accumulate, acc);
+    if (!acc) return tpk__host_nomem(ctx, fn, (size_t)cols * sizeof(double));
+    TPK__BY_DTYPE(dt, bias_grad_loop, db, dy, rows, cols, accumulate, acc);
     free(acc);
     return TPK_OK;
 }
 
-/* ---- GELU (tanh approximation) ------------------------------------------------------------------ */
+/* ---- activations: none, GELU (tanh approximation) ------------------------------------------------------------------ */
 
 #define GELU_S 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
@@ -264,36 +214,37 @@ static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
 /* 1/2 (1 + tanh(u)) = sigmoid(2u): one expf, no tanhf (expf(-2u) = inf gives 0, not NaN) */
 static inline float gelu_sig(float v) { return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v))); }
 
-HOST_INLINE void gelu_fwd_loop(tpk_dtype dt, void *y, const void *x, size_t n) {
+TPK__HOST_INLINE void gelu_fwd_loop(tpk_dtype dt, void *y, const void *x, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        float v = ld(x, dt, i);
-        st(y, dt, i, v * gelu_sig(v));
+        float v = tpk__ld(x, dt, i);
+        tpk__st(y, dt, i, v * gelu_sig(v));
     }
 }
-static tpk_status host_gelu_fwd(tpk_ctx *ctx, void *y, const void *x, tpk_dtype dt, size_t n) {
-    static const char *fn = "host.gelu_fwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
-    BY_DTYPE(dt, gelu_fwd_loop, y, x, n);
+static tpk_status host_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
+    (void)ctx;
+    if (act == TPK_ACT_NONE) {
+        if (y != x) memmove(y, x, n * tpk_dtype_size(dt));
+        return TPK_OK;
+    }
+    TPK__BY_DTYPE(dt, gelu_fwd_loop, y, x, n);
     return TPK_OK;
 }
 
 /* dy[i] is read before dx[i] is written, so dx may alias dy. */
-HOST_INLINE void gelu_bwd_loop(tpk_dtype dt, void *dx, const void *x, const void *dy, size_t n) {
+TPK__HOST_INLINE void gelu_bwd_loop(tpk_dtype dt, void *dx, const void *x, const void *dy, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        float v = ld(x, dt, i), g = ld(dy, dt, i), sg = gelu_sig(v); /* 1 - t^2 = 4 sg (1 - sg) */
+        float v = tpk__ld(x, dt, i), g = tpk__ld(dy, dt, i), sg = gelu_sig(v); /* 1 - t^2 = 4 sg (1 - sg) */
         float local = sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
-        st(dx, dt, i, g * local);
+        tpk__st(dx, dt, i, g * local);
     }
 }
-static tpk_status host_gelu_bwd(tpk_ctx *ctx, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
-    static const char *fn = "host.gelu_bwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "dx", dx, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "dy", dy, n > 0));
-    BY_DTYPE(dt, gelu_bwd_loop, dx, x, dy, n);
+static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
+    (void)ctx;
+    if (act == TPK_ACT_NONE) {
+        if (dx != dy) memmove(dx, dy, n * tpk_dtype_size(dt));
+        return TPK_OK;
+    }
+    TPK__BY_DTYPE(dt, gelu_bwd_loop, dx, x, dy, n);
     return TPK_OK;
 }
 
@@ -301,13 +252,7 @@ static tpk_status host_gelu_bwd(tpk_ctx *ctx, void *dx, const void *x, const voi
 
 static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                              float eps, float wd, int64_t step, float grad_scale) {
-    static const char *fn = "host.adamw";
-    if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
-    if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
-    const void *ps[] = {w, g, m, v};
-    const char *names[] = {"w", "g", "m", "v"};
-    for (int k = 0; k < 4; k++) TPK_TRY(check_ptr(ctx, fn, names[k], ps[k], n > 0));
+    (void)ctx;
     float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
@@ -319,9 +264,7 @@ static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, f
 }
 
 static tpk_status host_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
-    static const char *fn = "host.sumsq";
-    TPK_TRY(check_ptr(ctx, fn, "out", out, true));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
+    (void)ctx;
     double s = 0;
     for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
     *out = s;
@@ -330,46 +273,31 @@ static tpk_status host_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n
 
 /* ---- fused linear forward ------------------------------------------------------------------------- */
 
-/* u = x W^T + bias; y = u or (pre = u, y = gelu(u)): the host composes gemm, bias_add, gelu_fwd */
+/* u = x W^T + bias; y = u or (pre = u, y = act(u)): the host composes gemm, bias_add, act_fwd */
 static tpk_status host_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
-                                  int64_t k, bool gelu, tpk_dtype dt) {
-    static const char *fn = "host.linear_fwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, T > 0 && n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "pre", pre, gelu && T > 0 && n > 0));
-    void *u = gelu ? pre : y;
+                                  int64_t k, tpk_act act, tpk_dtype dt) {
+    void *u = act != TPK_ACT_NONE ? pre : y;
     TPK_TRY(host_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, u, n, dt));
     if (bias) TPK_TRY(host_bias_add(ctx, u, bias, T, n, dt));
-    if (gelu && T > 0 && n > 0) TPK_TRY(host_gelu_fwd(ctx, y, u, dt, (size_t)(T * n)));
+    if (act != TPK_ACT_NONE) TPK_TRY(host_act_fwd(ctx, act, y, u, dt, (size_t)(T * n)));
     return TPK_OK;
 }
 
 /* ---- counter-based random numbers ---------------------------------------------------------------- */
 
-HOST_INLINE void rng_loop(tpk_dtype dt, void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
+TPK__HOST_INLINE void rng_loop(tpk_dtype dt, void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
                           uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) {
             uint64_t index = (uint64_t)(row0 + i) * (uint64_t)gcols + (uint64_t)(col0 + j);
             float draw = dist == TPK_RNG_NORMAL ? tpk_rng_normal(seed, stream, index) : tpk_rng_uniform(seed, stream, index);
-            st(x, dt, (size_t)(i * cols + j), a + b * draw);
+            tpk__st(x, dt, (size_t)(i * cols + j), a + b * draw);
         }
 }
 static tpk_status host_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
                               int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
-    static const char *fn = "host.rng_2d";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_nonneg(ctx, fn, "row0", row0));
-    TPK_TRY(check_nonneg(ctx, fn, "col0", col0));
-    if (gcols < col0 + cols)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "gcols: expected >= col0 + cols = %lld, got %lld", (long long)(col0 + cols),
-                         (long long)gcols);
-    if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
-    TPK_TRY(check_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
-    BY_DTYPE(dt, rng_loop, x, rows, cols, gcols, row0, col0, seed, stream, dist, a, b);
+    (void)ctx;
+    TPK__BY_DTYPE(dt, rng_loop, x, rows, cols, gcols, row0, col0, seed, stream, dist, a, b);
     return TPK_OK;
 }
 
@@ -391,8 +319,8 @@ const tpk_ops *tpk_ops_host(void) {
         .gemm = host_gemm,
         .bias_add = host_bias_add,
         .bias_grad = host_bias_grad,
-        .gelu_fwd = host_gelu_fwd,
-        .gelu_bwd = host_gelu_bwd,
+        .act_fwd = host_act_fwd,
+        .act_bwd = host_act_bwd,
         .rng_2d = host_rng_2d,
         .dropout = tpk__host_dropout,
         .layernorm_fwd = tpk__host_layernorm_fwd,

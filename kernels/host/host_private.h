@@ -1,58 +1,42 @@
-/* kernels/host/host.h — private helpers of the host backend: element access for both dtypes,
- * one-loop-per-op instantiation, argument checks. Not installed. */
+/* kernels/host/host_private.h — private helpers of the host backend: element access for both
+ * dtypes, one-loop-per-op instantiation, OpenBLAS's int limit, out-of-memory errors. Arguments
+ * are checked once, before an op is reached, by the front end (tpk/op.h). Not installed. */
 #ifndef TPK_HOST_PRIVATE_H
 #define TPK_HOST_PRIVATE_H
 
 #include <limits.h>
 #include <math.h>
 
-#include <tpk/ctx.h>
+#include <tpk/op.h>
 #include <tpk/rng.h>
 
 #if defined(__GNUC__)
-#define HOST_INLINE static inline __attribute__((always_inline))
+#define TPK__HOST_INLINE static inline __attribute__((always_inline))
 #else
-#define HOST_INLINE static inline
+#define TPK__HOST_INLINE static inline
 #endif
 
 /* ---- element access ------------------------------------------------------------------------- */
 
-HOST_INLINE float ld(const void *p, tpk_dtype dt, size_t i) {
+TPK__HOST_INLINE float tpk__ld(const void *p, tpk_dtype dt, size_t i) {
     return dt == TPK_F32 ? ((const float *)p)[i] : tpk_bf16_to_f32(((const uint16_t *)p)[i]);
 }
-HOST_INLINE void st(void *p, tpk_dtype dt, size_t i, float v) {
+TPK__HOST_INLINE void tpk__st(void *p, tpk_dtype dt, size_t i, float v) {
     if (dt == TPK_F32) ((float *)p)[i] = v;
     else ((uint16_t *)p)[i] = tpk_f32_to_bf16(v);
 }
 
 /* Call f(TPK_F32, ...) or f(TPK_BF16, ...): a loop written once, compiled once per dtype. */
-#define BY_DTYPE(dt, f, ...) ((dt) == TPK_F32 ? f(TPK_F32, __VA_ARGS__) : f(TPK_BF16, __VA_ARGS__))
+#define TPK__BY_DTYPE(dt, f, ...) ((dt) == TPK_F32 ? f(TPK_F32, __VA_ARGS__) : f(TPK_BF16, __VA_ARGS__))
 
-/* ---- argument checks -------------------------------------------------------------------------- */
+/* ---- what only this backend can know ------------------------------------------------------------ */
 
-static inline tpk_status check_float_dtype(tpk_ctx *ctx, const char *fn, const char *arg, tpk_dtype dt) {
-    if (dt == TPK_F32 || dt == TPK_BF16) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32 or bf16, got %s (%d)", arg, tpk_dtype_name(dt), (int)dt);
-}
-static inline tpk_status check_nonneg(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
-    if (v >= 0) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= 0, got %lld", arg, (long long)v);
-}
-static inline tpk_status check_ptr(tpk_ctx *ctx, const char *fn, const char *arg, const void *p, bool needed) {
-    if (p || !needed) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a buffer, got NULL", arg);
-}
-/* Leading dimension: ld >= max(1, min). */
-static inline tpk_status check_ld(tpk_ctx *ctx, const char *fn, const char *arg, int64_t ld, int64_t min) {
-    if (min < 1) min = 1;
-    if (ld >= min) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= %lld, got %lld", arg, (long long)min, (long long)ld);
-}
-static inline tpk_status check_blas_int(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
+/* Arguments arrive checked by the front end (tpk/op.h); OpenBLAS takes int sizes. */
+static inline tpk_status tpk__host_blas_int(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
     if (v <= INT_MAX) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %d (OpenBLAS int), got %lld", arg, INT_MAX, (long long)v);
 }
-static inline tpk_status nomem(tpk_ctx *ctx, const char *fn, size_t bytes) {
+static inline tpk_status tpk__host_nomem(tpk_ctx *ctx, const char *fn, size_t bytes) {
     return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "could not allocate %zu bytes of host memory", bytes);
 }
 
