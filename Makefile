@@ -21,7 +21,7 @@ CPPFLAGS += -Iinclude
 HOST_SRC  = $(wildcard kernels/host/*.c)
 HOST_OBJ  = $(HOST_SRC:kernels/host/%.c=build/host/%.o)
 CUDA_SRC  = $(wildcard kernels/cuda/*.cu)
-CUDA_OBJ  = $(CUDA_SRC:kernels/cuda/%.cu=build/cuda/%.o) $(patsubst kernels/cuda/%.c,build/cuda/%.o,$(wildcard kernels/cuda/*.c))
+CUDA_OBJ  = $(CUDA_SRC:kernels/cuda/%.cu=build/cuda/%.o)
 NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -Xcompiler -Wall,-Wextra,-Werror -Iinclude
 # CUDA: HAVE_CUDA is non-empty when nvcc is found. A program that uses the GPU adds
@@ -61,13 +61,9 @@ build/libtpk_host.a: $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-build/cuda/%.o: kernels/cuda/%.cu $(HEADERS)
+build/cuda/%.o: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-
-build/cuda/%.o: kernels/cuda/%.c $(HEADERS)
-	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
 
 # The CUDA archive: the CUDA backend, the NCCL communicator and the host backend's objects, so a
 # GPU program links this one archive (+ $(CUDA_LIBS) and OpenBLAS).

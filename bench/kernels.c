@@ -51,7 +51,7 @@ static float *alse;
 
 enum { OP_COPY, OP_FILL, OP_CAST, OP_AXPBY, OP_BIAS, OP_GELU_F, OP_GELU_B, OP_DROPOUT, OP_LN_F, OP_LN_B, OP_EMBED, OP_XENT_G, OP_ADAMW, OP_ATT_F,
        OP_ATT_B, OP_N };
-static const char *op_name[OP_N] = {"memcpy D2D", "fill", "cast f32->bf16", "axpby", "bias_add", "gelu_fwd", "gelu_bwd", "dropout",
+static const char *op_name[OP_N] = {"memcpy D2D", "fill", "cast f32->bf16", "axpby", "bias_add", "act_fwd gelu", "act_bwd gelu", "dropout",
                                     "layernorm_fwd", "layernorm_bwd", "embed_fwd", "xent_grad", "adamw", "attn_fwd", "attn_bwd"};
 
 static void run_op(int op) {
@@ -62,8 +62,8 @@ static void run_op(int op) {
     case OP_CAST: TRY(ctx.ops->cast(&ctx, z, TPK_BF16, xf, TPK_F32, N)); break;
     case OP_AXPBY: TRY(ctx.ops->axpby(&ctx, y, 0.5f, x, 0.5f, dt, N)); break;
     case OP_BIAS: TRY(ctx.ops->bias_add(&ctx, y, x, R, C, dt)); break;
-    case OP_GELU_F: TRY(ctx.ops->gelu_fwd(&ctx, y, x, dt, N)); break;
-    case OP_GELU_B: TRY(ctx.ops->gelu_bwd(&ctx, y, x, z, dt, N)); break;
+    case OP_GELU_F: TRY(ctx.ops->act_fwd(&ctx, TPK_ACT_GELU_TANH, y, x, dt, N)); break;
+    case OP_GELU_B: TRY(ctx.ops->act_bwd(&ctx, TPK_ACT_GELU_TANH, y, x, z, dt, N)); break;
     case OP_DROPOUT: TRY(ctx.ops->dropout(&ctx, y, x, R, C, C, 0, 0, 0.1f, 1, 2, dt)); break;
     case OP_LN_F: TRY(ctx.ops->layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
     case OP_LN_B: TRY(ctx.ops->layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false)); break;

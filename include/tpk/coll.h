@@ -9,7 +9,7 @@
 
 #include <limits.h>
 
-#include "ctx.h"
+#include "buf.h"
 
 static inline void tpk__count(tpk_comm *c, tpk_coll_kind k, size_t elems, tpk_dtype dt) {
     c->stats.calls[k] += 1;
@@ -161,6 +161,45 @@ static inline tpk_status tpk_comm_split(tpk_ctx *ctx, tpk_comm *c, int color, in
 static inline void tpk_comm_destroy(tpk_comm *c) {
     if (c && c->vt && c->vt->destroy) c->vt->destroy(c);
     if (c) memset(c, 0, sizeof *c);
+}
+
+/* ---- host values over a communicator --------------------------------------------------------------- */
+
+/* Collectives on a few values in host memory (a loss, a squared norm, a flag, a token): staged
+ * through the context's backend memory (ctx->work[0]), so they run on any communicator, NCCL's
+ * device-only ones included. vals[n] of dt; blocking. */
+static inline tpk_status tpk__host_stage(tpk_ctx *ctx, size_t bytes, tpk_copy_dir dir, void *dst, const void *src) {
+    return bytes ? tpk_op_memcpy(ctx, dst, src, bytes, dir) : TPK_OK;
+}
+static inline tpk_status tpk_allreduce_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, tpk_redop op) {
+    if (!ctx || !ctx->ops) return TPK_ERR_ARG;
+    if (n && !vals) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allreduce_host", "vals: NULL buffer for %zu elements", n);
+    size_t bytes = n * tpk_dtype_size(dt);
+    bool dev = ctx->ops->device;
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[0], bytes));
+    void *b = dev ? ctx->work[0].p : vals;
+    if (dev) TPK_TRY(tpk__host_stage(ctx, bytes, TPK_H2D, b, vals));
+    TPK_TRY(tpk_allreduce(ctx, c, b, b, n, dt, op));
+    return dev ? tpk__host_stage(ctx, bytes, TPK_D2H, vals, b) : TPK_OK;
+}
+static inline tpk_status tpk_bcast_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, int root) {
+    if (!ctx || !ctx->ops) return TPK_ERR_ARG;
+    if (n && !vals) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_bcast_host", "vals: NULL buffer for %zu elements", n);
+    size_t bytes = n * tpk_dtype_size(dt);
+    bool dev = ctx->ops->device;
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[0], bytes));
+    void *b = dev ? ctx->work[0].p : vals;
+    if (dev) TPK_TRY(tpk__host_stage(ctx, bytes, TPK_H2D, b, vals));
+    TPK_TRY(tpk_bcast(ctx, c, b, n, dt, root));
+    return dev ? tpk__host_stage(ctx, bytes, TPK_D2H, vals, b) : TPK_OK;
+}
+/* Every rank of c passes its own status; all get TPK_OK only when all passed TPK_OK, else a
+ * failing status (a rank's own when it failed) — so ranks stop together instead of hanging. */
+static inline tpk_status tpk_agree(tpk_ctx *ctx, tpk_comm *c, tpk_status mine) {
+    int32_t v[2] = {mine == TPK_OK ? 0 : 1, mine == TPK_OK ? 0 : (int32_t)mine};
+    tpk_status s = tpk_allreduce_host(ctx, c, v, 2, TPK_I32, TPK_MAX);
+    if (s != TPK_OK) return s;
+    return v[0] ? (mine != TPK_OK ? mine : (tpk_status)v[1]) : TPK_OK;
 }
 
 #endif /* TPK_COLL_H */

@@ -156,14 +156,18 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
 /* The start of a layer's init: ctx and the layer present, the layer zeroed, the descriptor copy
  * *d = *desc (zeros when desc is NULL: every field has a default). */
 static inline tpk_status tpk__init_layer(tpk_ctx *ctx, const char *fn, void *layer, size_t size, void *d, const void *desc, size_t dsize) {
+    memset(d, 0, dsize);
     if (!ctx) return TPK_ERR_ARG;
     if (!layer) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     memset(layer, 0, size);
-    memset(d, 0, dsize);
     if (desc) memcpy(d, desc, dsize);
     return TPK_OK;
 }
-#define TPK__INIT_LAYER(ctx, fn, layer, d, desc) TPK_TRY(tpk__init_layer((ctx), (fn), (layer), sizeof *(layer), &(d), (desc), sizeof(d)))
+#define TPK__INIT_LAYER(ctx, fn, layer, d, desc)                                                   \
+    do {                                                                                           \
+        memset(&(d), 0, sizeof(d)); /* visibly initialised for the compiler's flow analysis */     \
+        TPK_TRY(tpk__init_layer((ctx), (fn), (layer), sizeof *(layer), &(d), (desc), sizeof(d))); \
+    } while (0)
 
 /* The dropout stream of a call site: a hash of (its name, ctx->rng_step, DP rank). Every rank
  * of a TP group draws the same stream, so a mask indexed by global position is the same at

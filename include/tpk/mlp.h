@@ -33,12 +33,8 @@ typedef struct tpk_mlp {
 
 static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const tpk_mlp_desc *desc) {
     static const char *fn = "tpk_mlp_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
-    memset(m, 0, sizeof *m);
     tpk_mlp_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    TPK__INIT_LAYER(ctx, fn, m, d, desc);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if ((unsigned)d.act >= (unsigned)TPK_ACT_COUNT) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d", (int)d.act);
     if (d.hidden < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (0 = 4 H), got %lld", (long long)d.hidden);

@@ -12,7 +12,10 @@
  *   layout.h params.h                  layout conversions and region ops; the parameter registry
  *   act.h linear.h norm.h embed.h      layers
  *   xent.h resid.h mlp.h attn.h gpt2.h
- *   safetensors.h                      checkpoint files (POSIX) */
+ *   optim.h dp.h data.h sample.h       a trainer's machinery: AdamW, norm, clipping, schedules; DP
+ *                                      buckets; token data; sampling
+ *   safetensors.h hf.h                 checkpoint files, Hugging Face GPT-2 layout (POSIX; not
+ *                                      included here) */
 #ifndef TPK_TPK_H
 #define TPK_TPK_H
 
@@ -38,5 +41,9 @@
 #include "attn.h"
 #include "resid.h"
 #include "gpt2.h"
+#include "optim.h"
+#include "dp.h"
+#include "data.h"
+#include "sample.h"
 
 #endif /* TPK_TPK_H */

@@ -48,9 +48,9 @@ static ncclRedOp_t nccl_op(tpk_redop op) { return op == TPK_MAX ? ncclMax : nccl
 /* Order the comm stream after the compute stream. */
 static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
-    CUDA_STATE(st, ctx, fn);
-    CUDA_TRY(ctx, fn, cudaEventRecord(m->ready, st->stream));
-    CUDA_TRY(ctx, fn, cudaStreamWaitEvent(m->stream, m->ready, 0));
+    TPK__CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_TRY(ctx, fn, cudaEventRecord(m->ready, st->stream));
+    TPK__CUDA_TRY(ctx, fn, cudaStreamWaitEvent(m->stream, m->ready, 0));
     return TPK_OK;
 }
 
@@ -64,10 +64,10 @@ static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_r
         free(r);
         return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
     }
-    cuda_state *st = cuda_get(ctx, fn);
+    tpk__cuda_state *st = tpk__cuda_get(ctx, fn);
     if (!st) s = TPK_ERR_BACKEND;
     cudaError_t e = s == TPK_OK ? cudaStreamWaitEvent(st->stream, r->done, 0) : cudaSuccess;
-    if (e != cudaSuccess) s = cuda_fail(ctx, fn, "cudaStreamWaitEvent", e);
+    if (e != cudaSuccess) s = tpk__cuda_err(ctx, fn, "cudaStreamWaitEvent", e);
     if (s == TPK_OK && !m->no_poll) {
         auto t0 = std::chrono::steady_clock::now();
         int spins = 0;
@@ -75,7 +75,7 @@ static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_r
             e = cudaEventQuery(r->done);
             if (e == cudaSuccess) break;
             if (e != cudaErrorNotReady) {
-                s = cuda_fail(ctx, fn, "cudaEventQuery", e);
+                s = tpk__cuda_err(ctx, fn, "cudaEventQuery", e);
                 break;
             }
             ncclResult_t async = ncclSuccess;
@@ -112,7 +112,7 @@ static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResul
     if (e != cudaSuccess) {
         if (made) cudaEventDestroy(r->done);
         free(r);
-        return cuda_fail(ctx, fn, "cudaEventRecord", e);
+        return tpk__cuda_err(ctx, fn, "cudaEventRecord", e);
     }
     if (req) {
         req->state = r;
@@ -247,7 +247,7 @@ static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, doubl
         if (m->ready) cudaEventDestroy(m->ready);
         if (m->stream) cudaStreamDestroy(m->stream);
         free(m);
-        return cuda_fail(ctx, fn, "stream, event or scratch of the communicator", e);
+        return tpk__cuda_err(ctx, fn, "stream, event or scratch of the communicator", e);
     }
     int rank = 0, size = 0;
     ncclResult_t q = ncclCommUserRank(comm, &rank);
@@ -280,7 +280,7 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
     if (!id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "id: expected a unique id, got NULL");
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "rank: expected 0 <= rank < nranks (nranks >= 1), got rank %d of %d", rank, nranks);
-    CUDA_STATE(st, ctx, fn); /* the compute stream's device is the communicator's */
+    TPK__CUDA_STATE(st, ctx, fn); /* the compute stream's device is the communicator's */
     (void)st;
     ncclUniqueId u;
     memcpy(&u, id->bytes, sizeof u);

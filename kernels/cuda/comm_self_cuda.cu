@@ -8,8 +8,8 @@
 
 static tpk_status self_copy(tpk_ctx *ctx, const char *fn, const void *send, void *recv, size_t bytes) {
     if (send == recv || !bytes) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    CUDA_TRY(ctx, fn, cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, st->stream));
+    TPK__CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, st->stream));
     return TPK_OK;
 }
 static tpk_status self_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt, tpk_redop op,

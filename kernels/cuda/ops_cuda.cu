@@ -13,7 +13,10 @@
  *   axpby     y = a x + b y              (b = 0 ignores y)
  *   bias_add  y[i, j] += bias[j]         bias_grad db[j] (+)= sum_i dy[i, j] (column sums by row
  *                                        chunks, chunks added in order: deterministic)
- *   gelu      y = x sigmoid(2 s (x + c x^3)),  dx = dy (sg + 2 x sg (1 - sg) s (1 + 3 c x^2))
+ *   act       GELU-tanh: y = x sigmoid(2 s (x + c x^3)),  dx = dy (sg + 2 x sg (1 - sg) s (1 + 3 c x^2));
+ *             NONE: a copy
+ * Arguments arrive checked by the front end (tpk/op.h); this backend reports only its own
+ * failures (CUDA, cuBLASLt, the head-dim limit of the attention kernels).
  *   rng_2d    x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/rng.h)
  *   adamw     m, v moments; w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), c1, c2 as on the host
  *   sumsq     sum x^2 in double: per-block sums, then one block adds them in order */
@@ -24,20 +27,20 @@
 
 /* ---- state --------------------------------------------------------------------------------------- */
 
-static cuda_state g_state;
+static tpk__cuda_state g_state;
 static std::atomic<bool> g_ready;
 static std::mutex g_mutex;
 static std::atomic<bool> g_tf32;
 
-cuda_state *cuda_get(tpk_ctx *ctx, const char *fn) {
+tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn) {
     if (g_ready) return &g_state;
     std::lock_guard<std::mutex> lock(g_mutex);
     if (g_ready) return &g_state;
-    cuda_state s = {};
+    tpk__cuda_state s = {};
     cudaError_t e = cudaGetDevice(&s.device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
-        cuda_fail(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaStreamCreate)", e);
+        tpk__cuda_err(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaStreamCreate)", e);
         return NULL;
     }
     cublasStatus_t b = cublasLtCreate(&s.lt);
@@ -49,7 +52,7 @@ cuda_state *cuda_get(tpk_ctx *ctx, const char *fn) {
     s.lt_ws_bytes = (size_t)32 << 20;
     e = cudaMalloc(&s.lt_ws, s.lt_ws_bytes);
     if (e != cudaSuccess) {
-        cuda_fail(ctx, fn, "cudaMalloc of the cuBLASLt workspace", e);
+        tpk__cuda_err(ctx, fn, "cudaMalloc of the cuBLASLt workspace", e);
         cublasLtDestroy(s.lt);
         cudaStreamDestroy(s.stream);
         return NULL;
@@ -59,14 +62,14 @@ cuda_state *cuda_get(tpk_ctx *ctx, const char *fn) {
     return &g_state;
 }
 
-tpk_status cuda_scratch(tpk_ctx *ctx, const char *fn, cuda_state *st, size_t bytes, void **out) {
+tpk_status tpk__cuda_scratch(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, size_t bytes, void **out) {
     if (st->scratch_bytes < bytes) {
         /* earlier kernels on the stream may still read the old buffer */
-        CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+        TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
         if (st->scratch) cudaFree(st->scratch);
         st->scratch = NULL, st->scratch_bytes = 0;
         size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
-        CUDA_TRY(ctx, fn, cudaMalloc(&st->scratch, want));
+        TPK__CUDA_TRY(ctx, fn, cudaMalloc(&st->scratch, want));
         st->scratch_bytes = want;
     }
     *out = st->scratch;
@@ -82,11 +85,11 @@ extern "C" int tpk_cuda_device_count(void) {
     return n;
 }
 extern "C" tpk_status tpk_cuda_set_device(tpk_ctx *ctx, int device) {
-    CUDA_TRY(ctx, "tpk_cuda_set_device", cudaSetDevice(device));
+    TPK__CUDA_TRY(ctx, "tpk_cuda_set_device", cudaSetDevice(device));
     return TPK_OK;
 }
 extern "C" void *tpk_cuda_stream(void) {
-    cuda_state *st = cuda_get(NULL, "tpk_cuda_stream");
+    tpk__cuda_state *st = tpk__cuda_get(NULL, "tpk_cuda_stream");
     return st ? (void *)st->stream : NULL;
 }
 extern "C" void tpk_cuda_allow_tf32(bool allow) { g_tf32 = allow; }
@@ -96,7 +99,7 @@ extern "C" void *tpk_cuda_event_new(void) {
     return cudaEventCreate(&e) == cudaSuccess ? (void *)e : NULL;
 }
 extern "C" void tpk_cuda_event_record(void *ev) {
-    cuda_state *st = cuda_get(NULL, "tpk_cuda_event_record");
+    tpk__cuda_state *st = tpk__cuda_get(NULL, "tpk_cuda_event_record");
     if (st && ev) cudaEventRecord((cudaEvent_t)ev, st->stream);
 }
 extern "C" float tpk_cuda_event_ms(void *start, void *end) {
@@ -118,9 +121,8 @@ extern "C" size_t tpk_cuda_l2_bytes(void) {
 
 static tpk_status cuda_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
     static const char *fn = "cuda.alloc";
-    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a pointer, got NULL");
     *out = NULL;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -130,7 +132,7 @@ static tpk_status cuda_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
     e = cudaMemsetAsync(p, 0, bytes ? bytes : 1, st->stream);
     if (e != cudaSuccess) {
         cudaFree(p);
-        return cuda_fail(ctx, fn, "cudaMemsetAsync", e);
+        return tpk__cuda_err(ctx, fn, "cudaMemsetAsync", e);
     }
     *out = p;
     return TPK_OK;
@@ -143,115 +145,88 @@ static void cuda_free(tpk_ctx *ctx, void *p) {
 
 static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
     static const char *fn = "cuda.memcpy";
-    if (dir != TPK_H2D && dir != TPK_D2H && dir != TPK_D2D && dir != TPK_H2H)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
-    TPK_TRY(check_ptr(ctx, fn, "dst", dst, bytes > 0));
-    TPK_TRY(check_ptr(ctx, fn, "src", src, bytes > 0));
     if (!bytes || dst == src) return TPK_OK;
     if (dir == TPK_H2H) {
         memmove(dst, src, bytes);
         return TPK_OK;
     }
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     cudaMemcpyKind k = dir == TPK_H2D ? cudaMemcpyHostToDevice : dir == TPK_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
-    CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, k, st->stream));
+    TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, k, st->stream));
     /* the host side may be reused (H2D) or read (D2H) as soon as we return */
-    if (dir != TPK_D2D) CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    if (dir != TPK_D2D) TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
     return TPK_OK;
 }
 
 static tpk_status cuda_sync(tpk_ctx *ctx) {
     static const char *fn = "cuda.sync";
-    CUDA_STATE(st, ctx, fn);
-    CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    TPK__CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
     return TPK_OK;
 }
 
 /* ---- fill, copy2d, cast, axpby ---------------------------------------------------------------------- */
 
 template <class T> __global__ void fill_kernel(T *x, size_t n, float value) {
-    GRID_STRIDE(i, n) stf(x, i, value);
+    TPK__GRID_STRIDE(i, n) tpk__stf(x, i, value);
 }
 static tpk_status cuda_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
     static const char *fn = "cuda.fill";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
     if (!n) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    by_dtype(dt, [&](auto tag) {
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        fill_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)x, n, value);
+        fill_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)x, n, value);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* Rows are moved as bytes (cudaMemcpy2DAsync), so every dtype (i32 too) is copied exactly. */
 static tpk_status cuda_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols,
                               tpk_dtype dt) {
     static const char *fn = "cuda.copy2d";
-    if (!tpk_dtype_valid(dt))
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(dt), (int)dt);
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_ld(ctx, fn, "ldd", ldd, cols));
-    TPK_TRY(check_ld(ctx, fn, "lds", lds, cols));
     bool any = rows > 0 && cols > 0;
-    TPK_TRY(check_ptr(ctx, fn, "dst", dst, any));
-    TPK_TRY(check_ptr(ctx, fn, "src", src, any));
     if (!any || dst == src) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     size_t es = tpk_dtype_size(dt);
-    CUDA_TRY(ctx, fn, cudaMemcpy2DAsync(dst, (size_t)ldd * es, src, (size_t)lds * es, (size_t)cols * es, (size_t)rows,
+    TPK__CUDA_TRY(ctx, fn, cudaMemcpy2DAsync(dst, (size_t)ldd * es, src, (size_t)lds * es, (size_t)cols * es, (size_t)rows,
                                         cudaMemcpyDeviceToDevice, st->stream));
     return TPK_OK;
 }
 
 template <class D, class S> __global__ void cast_kernel(D *dst, const S *src, size_t n) {
-    GRID_STRIDE(i, n) stf(dst, i, ldf(src, i));
+    TPK__GRID_STRIDE(i, n) tpk__stf(dst, i, tpk__ldf(src, i));
 }
 static tpk_status cuda_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
     static const char *fn = "cuda.cast";
-    if (!tpk_dtype_valid(dst_dt))
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dst_dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(dst_dt), (int)dst_dt);
-    if (!tpk_dtype_valid(src_dt))
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "src_dt: expected f32, bf16 or i32, got %s (%d)", tpk_dtype_name(src_dt), (int)src_dt);
-    if (dst_dt != src_dt) {
-        TPK_TRY(check_float_dtype(ctx, fn, "dst_dt", dst_dt));
-        TPK_TRY(check_float_dtype(ctx, fn, "src_dt", src_dt));
-    }
-    TPK_TRY(check_ptr(ctx, fn, "dst", dst, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "src", src, n > 0));
     if (n == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     if (dst_dt == src_dt) {
-        if (dst != src) CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, n * tpk_dtype_size(dst_dt), cudaMemcpyDeviceToDevice, st->stream));
+        if (dst != src) TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, n * tpk_dtype_size(dst_dt), cudaMemcpyDeviceToDevice, st->stream));
         return TPK_OK;
     }
-    by_dtype(dst_dt, [&](auto dtag) {
+    tpk__by_dtype(dst_dt, [&](auto dtag) {
         using D = decltype(dtag);
-        by_dtype(src_dt, [&](auto stag) {
+        tpk__by_dtype(src_dt, [&](auto stag) {
             using S = decltype(stag);
-            cast_kernel<D, S><<<grid_for(n, 256), 256, 0, st->stream>>>((D *)dst, (const S *)src, n);
+            cast_kernel<D, S><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((D *)dst, (const S *)src, n);
         });
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 template <class T> __global__ void axpby_kernel(T *y, float a, const T *x, float b, size_t n) {
-    GRID_STRIDE(i, n) stf(y, i, b == 0.0f ? a * ldf(x, i) : a * ldf(x, i) + b * ldf(y, i));
+    TPK__GRID_STRIDE(i, n) tpk__stf(y, i, b == 0.0f ? a * tpk__ldf(x, i) : a * tpk__ldf(x, i) + b * tpk__ldf(y, i));
 }
 static tpk_status cuda_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
     static const char *fn = "cuda.axpby";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
     if (!n) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    by_dtype(dt, [&](auto tag) {
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        axpby_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)y, a, (const T *)x, b, n);
+        axpby_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, a, (const T *)x, b, n);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- gemm ---------------------------------------------------------------------------------------------- */
@@ -259,9 +234,9 @@ static tpk_status cuda_axpby(tpk_ctx *ctx, void *y, float a, const void *x, floa
 /* C = beta C over [m, n] with leading dimension ldc; beta = 0 writes zeros whatever C held. */
 template <class T> __global__ void scale2d_kernel(T *c, int64_t ldc, int64_t m, int64_t n, float beta) {
     size_t total = (size_t)m * (size_t)n;
-    GRID_STRIDE(t, total) {
+    TPK__GRID_STRIDE(t, total) {
         size_t at = (t / (size_t)n) * (size_t)ldc + t % (size_t)n;
-        stf(c, at, beta == 0.0f ? 0.0f : beta * ldf(c, at));
+        tpk__stf(c, at, beta == 0.0f ? 0.0f : beta * tpk__ldf(c, at));
     }
 }
 
@@ -309,7 +284,7 @@ static void plan_release(gemm_plan *p) {
 
 /* The cached plan of a shape, created (descriptors + heuristic) on first use; TPK_ERR_BACKEND
  * (no message) when cuBLASLt has no algorithm for it. */
-static tpk_status gemm_plan_get(cuda_state *st, const gemm_key &key, gemm_plan **out) {
+static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, gemm_plan **out) {
     for (int i = 0; i < GEMM_CACHE; i++)
         if (g_plans[i].used && g_plans[i].key == key) {
             *out = &g_plans[i];
@@ -390,37 +365,37 @@ __global__ void gemm_fallback_kernel(bool ta, bool tb, int64_t m, int64_t n, int
     float acc = 0.0f;
     for (int64_t k0 = 0; k0 < k; k0 += FB_TILE) {
         int64_t ar = (int64_t)blockIdx.y * FB_TILE + ty, ak = k0 + tx; /* op(A)[ar, ak] */
-        As[ty][tx] = ar < m && ak < k ? ldf(a, (size_t)(ta ? ak * lda + ar : ar * lda + ak)) : 0.0f;
+        As[ty][tx] = ar < m && ak < k ? tpk__ldf(a, (size_t)(ta ? ak * lda + ar : ar * lda + ak)) : 0.0f;
         int64_t bk = k0 + ty, bc = (int64_t)blockIdx.x * FB_TILE + tx; /* op(B)[bk, bc] */
-        Bs[ty][tx] = bk < k && bc < n ? ldf(b, (size_t)(tb ? bc * ldb + bk : bk * ldb + bc)) : 0.0f;
+        Bs[ty][tx] = bk < k && bc < n ? tpk__ldf(b, (size_t)(tb ? bc * ldb + bk : bk * ldb + bc)) : 0.0f;
         __syncthreads();
         for (int q = 0; q < FB_TILE; q++) acc += As[ty][q] * Bs[q][tx];
         __syncthreads();
     }
     if (row < m && col < n) {
         size_t at = (size_t)(row * ldc + col);
-        stf(c, at, beta == 0.0f ? alpha * acc : alpha * acc + beta * ldf(c, at));
+        tpk__stf(c, at, beta == 0.0f ? alpha * acc : alpha * acc + beta * tpk__ldf(c, at));
     }
 }
-static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
                                 tpk_dtype dt) {
     if ((m + FB_TILE - 1) / FB_TILE > 65535)
         return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cuBLASLt has no algorithm and m = %lld is too large for the fallback", (long long)m);
     dim3 grid((unsigned)((n + FB_TILE - 1) / FB_TILE), (unsigned)((m + FB_TILE - 1) / FB_TILE)), block(FB_TILE, FB_TILE);
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         gemm_fallback_kernel<T><<<grid, block, 0, st->stream>>>(ta, tb, m, n, k, alpha, (const T *)a, lda, (const T *)b, ldb, beta, (T *)c,
                                                                 ldc);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* C = alpha op(A) op(B) + beta C through cuBLASLt (the tiled kernel where it has no algorithm).
  * With an epilogue (epi != EPI_NONE, linear_fwd only): bias and aux pointers set per call;
  * TPK_ERR_UNSUPPORTED without a message when cuBLASLt has no fused algorithm (the caller
  * composes the pieces instead). */
-static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
                            tpk_dtype dt, int epi = EPI_NONE, const void *bias = NULL, void *aux = NULL) {
     gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c), epi};
@@ -443,27 +418,16 @@ static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, cuda_state *st, bool ta
 static tpk_status cuda_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
                             const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
     static const char *fn = "cuda.gemm";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "m", m));
-    TPK_TRY(check_nonneg(ctx, fn, "n", n));
-    TPK_TRY(check_nonneg(ctx, fn, "k", k));
-    int64_t a_cols = ta ? m : k, b_cols = tb ? k : n;
-    TPK_TRY(check_ld(ctx, fn, "lda", lda, a_cols));
-    TPK_TRY(check_ld(ctx, fn, "ldb", ldb, b_cols));
-    TPK_TRY(check_ld(ctx, fn, "ldc", ldc, n));
-    TPK_TRY(check_ptr(ctx, fn, "a", a, m > 0 && n > 0 && k > 0));
-    TPK_TRY(check_ptr(ctx, fn, "b", b, m > 0 && n > 0 && k > 0));
-    TPK_TRY(check_ptr(ctx, fn, "c", c, m > 0 && n > 0));
     if (m == 0 || n == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     if (k == 0 || alpha == 0.0f) { /* no product: C = beta C (and no reads of A, B) */
         if (beta == 1.0f) return TPK_OK;
         size_t total = (size_t)m * (size_t)n;
-        by_dtype(dt, [&](auto tag) {
+        tpk__by_dtype(dt, [&](auto tag) {
             using T = decltype(tag);
-            scale2d_kernel<T><<<grid_for(total, 256), 256, 0, st->stream>>>((T *)c, ldc, m, n, beta);
+            scale2d_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)c, ldc, m, n, beta);
         });
-        return cuda_launched(ctx, fn);
+        return tpk__cuda_launched(ctx, fn);
     }
     return gemm_run(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt);
 }
@@ -471,7 +435,7 @@ static tpk_status cuda_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n
 extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
                                           const void *b, void *c, tpk_dtype dt) {
     static const char *fn = "tpk_cuda_plain_gemm";
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     return gemm_run(ctx, fn, st, ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f, c, n, dt);
 }
 
@@ -479,115 +443,105 @@ extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_
 
 template <class T> __global__ void bias_add_kernel(T *y, const T *bias, int64_t rows, int64_t cols) {
     size_t total = (size_t)rows * (size_t)cols;
-    GRID_STRIDE(i, total) stf(y, i, ldf(y, i) + ldf(bias, i % (size_t)cols));
+    TPK__GRID_STRIDE(i, total) tpk__stf(y, i, tpk__ldf(y, i) + tpk__ldf(bias, i % (size_t)cols));
 }
 static tpk_status cuda_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "cuda.bias_add";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
-    TPK_TRY(check_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
     if (rows == 0 || cols == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     size_t total = (size_t)rows * (size_t)cols;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        bias_add_kernel<T><<<grid_for(total, 256), 256, 0, st->stream>>>((T *)y, (const T *)bias, rows, cols);
+        bias_add_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)y, (const T *)bias, rows, cols);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* element (i, j) of dy, for the column sums */
 template <class T> struct dy_elem {
     const T *dy;
     int64_t cols;
-    __device__ void operator()(int64_t i, int64_t j, float *v) const { v[0] = ldf(dy, (size_t)(i * cols + j)); }
+    __device__ void operator()(int64_t i, int64_t j, float *v) const { v[0] = tpk__ldf(dy, (size_t)(i * cols + j)); }
 };
 /* out[j] = sum_c part[c][j] (+ out[j]) in chunk order */
 template <class T> __global__ void colsum_final_kernel(T *out, const float *part, int64_t chunks, int64_t cols, bool accumulate) {
-    GRID_STRIDE(j, (size_t)cols) {
-        float s = accumulate ? ldf(out, j) : 0.0f;
+    TPK__GRID_STRIDE(j, (size_t)cols) {
+        float s = accumulate ? tpk__ldf(out, j) : 0.0f;
         for (int64_t c = 0; c < chunks; c++) s += part[(size_t)c * (size_t)cols + j];
-        stf(out, j, s);
+        tpk__stf(out, j, s);
     }
 }
 static tpk_status cuda_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
     static const char *fn = "cuda.bias_grad";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_ptr(ctx, fn, "db", db, cols > 0));
-    TPK_TRY(check_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
     if (cols == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    int64_t chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    TPK__CUDA_STATE(st, ctx, fn);
+    int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
     float *part = NULL;
-    if (chunks) TPK_TRY(cuda_scratch(ctx, fn, st, sizeof(float) * (size_t)(chunks * cols), (void **)&part));
-    by_dtype(dt, [&](auto tag) {
+    if (chunks) TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * (size_t)(chunks * cols), (void **)&part));
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         if (chunks) {
-            dim3 grid((unsigned)((cols + 31) / 32), colsum_grid_y(chunks)), block(32, 8);
-            colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(dy_elem<T>{(const T *)dy, cols}, rows, cols, part);
+            dim3 grid((unsigned)((cols + 31) / 32), tpk__colsum_grid_y(chunks)), block(32, 8);
+            tpk__colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(dy_elem<T>{(const T *)dy, cols}, rows, cols, part);
         }
-        colsum_final_kernel<T><<<grid_for((size_t)cols, 256), 256, 0, st->stream>>>((T *)db, part, chunks, cols, accumulate);
+        colsum_final_kernel<T><<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>((T *)db, part, chunks, cols, accumulate);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
-/* ---- GELU (tanh approximation) ------------------------------------------------------------------------ */
+/* ---- activations: none, GELU (tanh approximation) ------------------------------------------------------------------------ */
 
 #define GELU_S 0.7978845608028654f
 #define GELU_C 0.044715f
 __device__ __forceinline__ float gelu_sig(float v) { return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v))); }
 
 template <class T> __global__ void gelu_fwd_kernel(T *y, const T *x, size_t n) {
-    GRID_STRIDE(i, n) {
-        float v = ldf(x, i);
-        stf(y, i, v * gelu_sig(v));
+    TPK__GRID_STRIDE(i, n) {
+        float v = tpk__ldf(x, i);
+        tpk__stf(y, i, v * gelu_sig(v));
     }
 }
 /* dy[i] is read before dx[i] is written by the same thread, so dx may alias dy. */
 template <class T> __global__ void gelu_bwd_kernel(T *dx, const T *x, const T *dy, size_t n) {
-    GRID_STRIDE(i, n) {
-        float v = ldf(x, i), g = ldf(dy, i), sg = gelu_sig(v);
+    TPK__GRID_STRIDE(i, n) {
+        float v = tpk__ldf(x, i), g = tpk__ldf(dy, i), sg = gelu_sig(v);
         float local = sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
-        stf(dx, i, g * local);
+        tpk__stf(dx, i, g * local);
     }
 }
-static tpk_status cuda_gelu_fwd(tpk_ctx *ctx, void *y, const void *x, tpk_dtype dt, size_t n) {
-    static const char *fn = "cuda.gelu_fwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
-    if (!n) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    by_dtype(dt, [&](auto tag) {
+/* act = NONE is a copy (nothing when in place); GELU-tanh the kernels above. */
+static tpk_status cuda_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
+    static const char *fn = "cuda.act_fwd";
+    TPK__CUDA_STATE(st, ctx, fn);
+    if (act == TPK_ACT_NONE) {
+        if (y != x) TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(y, x, n * tpk_dtype_size(dt), cudaMemcpyDeviceToDevice, st->stream));
+        return TPK_OK;
+    }
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        gelu_fwd_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, n);
+        gelu_fwd_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, n);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
-static tpk_status cuda_gelu_bwd(tpk_ctx *ctx, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
-    static const char *fn = "cuda.gelu_bwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_ptr(ctx, fn, "dx", dx, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "dy", dy, n > 0));
-    if (!n) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    by_dtype(dt, [&](auto tag) {
+static tpk_status cuda_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
+    static const char *fn = "cuda.act_bwd";
+    TPK__CUDA_STATE(st, ctx, fn);
+    if (act == TPK_ACT_NONE) {
+        if (dx != dy) TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dx, dy, n * tpk_dtype_size(dt), cudaMemcpyDeviceToDevice, st->stream));
+        return TPK_OK;
+    }
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        gelu_bwd_kernel<T><<<grid_for(n, 256), 256, 0, st->stream>>>((T *)dx, (const T *)x, (const T *)dy, n);
+        gelu_bwd_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)dx, (const T *)x, (const T *)dy, n);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- optimizer ------------------------------------------------------------------------------------------ */
 
 __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
                              float wd, float c1, float c2, float grad_scale) {
-    GRID_STRIDE(i, n) {
+    TPK__GRID_STRIDE(i, n) {
         float gi = g[i] * grad_scale;
         float mi = b1 * m[i] + (1.0f - b1) * gi, vi = b2 * v[i] + (1.0f - b2) * gi * gi, wi = w[i];
         m[i] = mi, v[i] = vi;
@@ -597,25 +551,19 @@ __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_
 static tpk_status cuda_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                              float eps, float wd, int64_t step, float grad_scale) {
     static const char *fn = "cuda.adamw";
-    if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
-    if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
-    const void *ps[] = {w, g, m, v};
-    const char *names[] = {"w", "g", "m", "v"};
-    for (int k = 0; k < 4; k++) TPK_TRY(check_ptr(ctx, fn, names[k], ps[k], n > 0));
     if (!n) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     /* the bias corrections exactly as the host computes them */
     float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
-    adamw_kernel<<<grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale);
-    return cuda_launched(ctx, fn);
+    adamw_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 enum { SUMSQ_BLOCKS = 1024 };
 __global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
     __shared__ double sh[256];
     double s = 0;
-    GRID_STRIDE(i, n) s += (double)x[i] * x[i];
+    TPK__GRID_STRIDE(i, n) s += (double)x[i] * x[i];
     sh[threadIdx.x] = s;
     __syncthreads();
     for (int o = 128; o > 0; o >>= 1) {
@@ -633,20 +581,18 @@ __global__ void sumsq_final_kernel(double *part, int nparts) {
 }
 static tpk_status cuda_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
     static const char *fn = "cuda.sumsq";
-    TPK_TRY(check_ptr(ctx, fn, "out", out, true));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, n > 0));
     *out = 0;
     if (!n) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    double *part;
-    unsigned blocks = grid_for(n, 256);
+    TPK__CUDA_STATE(st, ctx, fn);
+    double *part = NULL;
+    unsigned blocks = tpk__grid_for(n, 256);
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
-    TPK_TRY(cuda_scratch(ctx, fn, st, sizeof(double) * SUMSQ_BLOCKS, (void **)&part));
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(double) * SUMSQ_BLOCKS, (void **)&part));
     sumsq_partial_kernel<<<blocks, 256, 0, st->stream>>>(part, x, n);
     sumsq_final_kernel<<<1, 32, 0, st->stream>>>(part, (int)blocks);
-    TPK_TRY(cuda_launched(ctx, fn));
-    CUDA_TRY(ctx, fn, cudaMemcpyAsync(out, part, sizeof(double), cudaMemcpyDeviceToHost, st->stream));
-    CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    TPK_TRY(tpk__cuda_launched(ctx, fn));
+    TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(out, part, sizeof(double), cudaMemcpyDeviceToHost, st->stream));
+    TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
     return TPK_OK;
 }
 
@@ -656,103 +602,63 @@ template <class T>
 __global__ void rng_kernel(T *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, uint64_t seed, uint64_t stream,
                            int normal, float a, float b) {
     size_t total = (size_t)rows * (size_t)cols;
-    GRID_STRIDE(t, total) {
+    TPK__GRID_STRIDE(t, total) {
         int64_t i = (int64_t)(t / (size_t)cols), j = (int64_t)(t % (size_t)cols);
         uint64_t index = (uint64_t)(row0 + i) * (uint64_t)gcols + (uint64_t)(col0 + j);
         float draw = normal ? tpk_rng_normal(seed, stream, index) : tpk_rng_uniform(seed, stream, index);
-        stf(x, t, a + b * draw);
+        tpk__stf(x, t, a + b * draw);
     }
 }
 static tpk_status cuda_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
                               int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
     static const char *fn = "cuda.rng_2d";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    TPK_TRY(check_nonneg(ctx, fn, "row0", row0));
-    TPK_TRY(check_nonneg(ctx, fn, "col0", col0));
-    if (gcols < col0 + cols)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "gcols: expected >= col0 + cols = %lld, got %lld", (long long)(col0 + cols),
-                         (long long)gcols);
-    if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
-    TPK_TRY(check_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
     if (rows == 0 || cols == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     size_t total = (size_t)rows * (size_t)cols;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        rng_kernel<T><<<grid_for(total, 256), 256, 0, st->stream>>>((T *)x, rows, cols, gcols, row0, col0, seed, stream,
+        rng_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)x, rows, cols, gcols, row0, col0, seed, stream,
                                                                     dist == TPK_RNG_NORMAL, a, b);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- fused linear forward ---------------------------------------------------------------------------------- */
 
-/* u = x W^T + bias, y = u or (pre = u, y = gelu(u)): one cuBLASLt call with the BIAS / GELU_AUX(_BIAS)
- * epilogue; where cuBLASLt has no fused algorithm, gemm + bias_add + gelu_fwd (the same result). */
+/* u = x W^T + bias, y = u or (pre = u, y = act(u)): one cuBLASLt call with the BIAS / GELU_AUX(_BIAS)
+ * epilogue; where cuBLASLt has no fused algorithm (or the activation has no epilogue), gemm +
+ * bias_add + act_fwd (the same result). */
 static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
-                                  int64_t k, bool gelu, tpk_dtype dt) {
+                                  int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "cuda.linear_fwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "T", T));
-    TPK_TRY(check_nonneg(ctx, fn, "n", n));
-    TPK_TRY(check_nonneg(ctx, fn, "k", k));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, T > 0 && n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "pre", pre, gelu && T > 0 && n > 0));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, T > 0 && n > 0 && k > 0));
-    TPK_TRY(check_ptr(ctx, fn, "w", w, T > 0 && n > 0 && k > 0));
-    if (T == 0 || n == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    int epi = gelu ? (bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX) : (bias ? EPI_BIAS : EPI_NONE);
+    TPK__CUDA_STATE(st, ctx, fn);
+    bool gelu = act == TPK_ACT_GELU_TANH;
+    int epi = gelu ? (bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX) : act == TPK_ACT_NONE && bias ? EPI_BIAS : EPI_NONE;
     if (k > 0 && epi != EPI_NONE) {
         tpk_status s = gemm_run(ctx, fn, st, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt, epi, bias, pre);
         if (s != TPK_ERR_UNSUPPORTED) return s;
     }
-    void *u = gelu ? pre : y; /* the composed path */
+    void *u = act != TPK_ACT_NONE ? pre : y; /* the composed path */
     TPK_TRY(cuda_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, u, n, dt));
     if (bias) TPK_TRY(cuda_bias_add(ctx, u, bias, T, n, dt));
-    if (gelu) TPK_TRY(cuda_gelu_fwd(ctx, y, u, dt, (size_t)T * (size_t)n));
+    if (act != TPK_ACT_NONE) TPK_TRY(cuda_act_fwd(ctx, act, y, u, dt, (size_t)T * (size_t)n));
     return TPK_OK;
 }
 
 /* ---- the table ---------------------------------------------------------------------------------------------- */
 
+/* Made once (a function-local static): this file's entries, then ops_cuda_layers.cu's. */
+static tpk_ops cuda_table_make() {
+    tpk_ops o = {};
+    o.name = "cuda", o.self = &g_state, o.device = true;
+    o.alloc = cuda_alloc, o.free = cuda_free, o.memcpy = cuda_memcpy, o.sync = cuda_sync;
+    o.fill = cuda_fill, o.copy2d = cuda_copy2d, o.cast = cuda_cast, o.axpby = cuda_axpby;
+    o.gemm = cuda_gemm, o.bias_add = cuda_bias_add, o.bias_grad = cuda_bias_grad, o.linear_fwd = cuda_linear_fwd;
+    o.act_fwd = cuda_act_fwd, o.act_bwd = cuda_act_bwd, o.rng_2d = cuda_rng_2d, o.adamw = cuda_adamw, o.sumsq = cuda_sumsq;
+    tpk__cuda_layer_ops(&o);
+    return o;
+}
 extern "C" const tpk_ops *tpk_ops_cuda(void) {
-    static const tpk_ops ops = {
-        "cuda",
-        &g_state,
-        true,
-        cuda_alloc,
-        cuda_free,
-        cuda_memcpy,
-        cuda_sync,
-        cuda_fill,
-        cuda_copy2d,
-        cuda_cast,
-        cuda_axpby,
-        cuda_gemm,
-        cuda_bias_add,
-        cuda_bias_grad,
-        cuda_gelu_fwd,
-        cuda_gelu_bwd,
-        cuda_rng_2d,
-        tpk__cuda_dropout,
-        tpk__cuda_layernorm_fwd,
-        tpk__cuda_layernorm_bwd,
-        tpk__cuda_embed_fwd,
-        tpk__cuda_embed_bwd,
-        tpk__cuda_xent_max,
-        tpk__cuda_xent_partial,
-        tpk__cuda_xent_loss,
-        tpk__cuda_xent_grad,
-        tpk__cuda_attn_fwd,
-        tpk__cuda_attn_bwd,
-        cuda_adamw,
-        cuda_sumsq,
-        cuda_linear_fwd,
-        tpk__cuda_residual_layernorm_fwd,
-    };
+    static const tpk_ops ops = cuda_table_make();
     return &ops;
 }

@@ -33,33 +33,24 @@ __global__ void dropout_kernel(T *y, const T *x, int64_t rows, int64_t cols, int
                                uint64_t seed, uint64_t stream) {
     size_t total = (size_t)rows * (size_t)cols;
     float scale = 1.0f / (1.0f - p);
-    GRID_STRIDE(k, total) {
+    TPK__GRID_STRIDE(k, total) {
         int64_t i = (int64_t)(k / (size_t)cols), j = (int64_t)(k % (size_t)cols);
         bool keep = tpk_rng_uniform(seed, stream, (uint64_t)((row0 + i) * gcols + col0 + j)) >= p;
-        stf(y, k, keep ? ldf(x, k) * scale : 0.0f);
+        tpk__stf(y, k, keep ? tpk__ldf(x, k) * scale : 0.0f);
     }
 }
-tpk_status tpk__cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
+static tpk_status cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
                              int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.dropout";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(check_nonneg(ctx, fn, "cols", cols));
-    if (!(p >= 0.0f && p < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "p: expected 0 <= p < 1, got %g", (double)p);
-    if (row0 < 0 || col0 < 0 || gcols < col0 + cols)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "gcols: expected >= col0 + cols = %lld (row0, col0 >= 0), got %lld",
-                         (long long)(col0 + cols), (long long)gcols);
-    TPK_TRY(check_ptr(ctx, fn, "x", x, rows * cols > 0));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, rows * cols > 0));
     if (rows * cols == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     size_t total = (size_t)rows * (size_t)cols;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        dropout_kernel<T><<<grid_for(total, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, rows, cols, gcols, row0, col0, p, seed,
+        dropout_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, rows, cols, gcols, row0, col0, p, seed,
                                                                         stream);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- layernorm ------------------------------------------------------------------------------------ */
@@ -77,52 +68,40 @@ __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const 
     if (i >= rows) return;
     size_t o = (size_t)i * (size_t)cols;
     if (r) {
-        for (int64_t j = lane; j < cols; j += 32) stf(x1, o + j, ldf(x, o + j) + ldf(r, o + j));
+        for (int64_t j = lane; j < cols; j += 32) tpk__stf(x1, o + j, tpk__ldf(x, o + j) + tpk__ldf(r, o + j));
         x = x1;
     }
     float s = 0.0f;
-    for (int64_t j = lane; j < cols; j += 32) s += ldf(x, o + j);
-    float m = warp_sum(s) / (float)cols, s2 = 0.0f;
+    for (int64_t j = lane; j < cols; j += 32) s += tpk__ldf(x, o + j);
+    float m = tpk__warp_sum(s) / (float)cols, s2 = 0.0f;
     for (int64_t j = lane; j < cols; j += 32) {
-        float d = ldf(x, o + j) - m;
+        float d = tpk__ldf(x, o + j) - m;
         s2 += d * d;
     }
-    float rs = rsqrtf(warp_sum(s2) / (float)cols + eps);
-    for (int64_t j = lane; j < cols; j += 32) stf(y, o + j, (ldf(x, o + j) - m) * rs * w[j] + b[j]);
+    float rs = rsqrtf(tpk__warp_sum(s2) / (float)cols + eps);
+    for (int64_t j = lane; j < cols; j += 32) tpk__stf(y, o + j, (tpk__ldf(x, o + j) - m) * rs * w[j] + b[j]);
     if (lane == 0) mean[i] = m, rstd[i] = rs;
 }
 static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const void *r, void *y, float *mean, float *rstd, const void *x,
                                 const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    if (cols < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cols: expected >= 1, got %lld", (long long)cols);
-    if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     bool any = rows > 0;
-    TPK_TRY(check_ptr(ctx, fn, "y", y, any));
-    TPK_TRY(check_ptr(ctx, fn, "mean", mean, any));
-    TPK_TRY(check_ptr(ctx, fn, "rstd", rstd, any));
-    TPK_TRY(check_ptr(ctx, fn, "x", x, any));
-    TPK_TRY(check_ptr(ctx, fn, "w", w, any));
-    TPK_TRY(check_ptr(ctx, fn, "b", b, any));
     if (!any) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     unsigned grid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         ln_fwd_kernel<T><<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps, (T *)x1, (const T *)r);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
-tpk_status tpk__cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
+static tpk_status cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
                                    int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     return ln_fwd_launch(ctx, "cuda.layernorm_fwd", NULL, NULL, y, mean, rstd, x, w, b, rows, cols, eps, dt);
 }
 /* x1 = x + r and the layernorm of x1 in one kernel (one read of x and r, no separate add pass) */
-tpk_status tpk__cuda_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
+static tpk_status cuda_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                             const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     static const char *fn = "cuda.residual_layernorm_fwd";
-    TPK_TRY(check_ptr(ctx, fn, "x1", x1, rows > 0));
-    TPK_TRY(check_ptr(ctx, fn, "r", r, rows > 0));
     return ln_fwd_launch(ctx, fn, x1, r, y, mean, rstd, x, w, b, rows, cols, eps, dt);
 }
 
@@ -136,14 +115,14 @@ __global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w,
     size_t r = (size_t)i * (size_t)cols;
     float mu = mean[i], rs = rstd[i], mg = 0.0f, mgx = 0.0f;
     for (int64_t j = lane; j < cols; j += 32) {
-        float xh = (ldf(x, r + j) - mu) * rs, g = ldf(dy, r + j) * w[j];
+        float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
         mg += g, mgx += g * xh;
     }
-    mg = warp_sum(mg) / (float)cols, mgx = warp_sum(mgx) / (float)cols;
+    mg = tpk__warp_sum(mg) / (float)cols, mgx = tpk__warp_sum(mgx) / (float)cols;
     for (int64_t j = lane; j < cols; j += 32) {
-        float xh = (ldf(x, r + j) - mu) * rs, g = ldf(dy, r + j) * w[j];
+        float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
         float v = rs * (g - mg - xh * mgx);
-        stf(dx, r + j, acc ? ldf(dx, r + j) + v : v);
+        tpk__stf(dx, r + j, acc ? tpk__ldf(dx, r + j) + v : v);
     }
 }
 /* (dy xh, dy) of element (i, j), for the dw, db column sums */
@@ -153,13 +132,13 @@ template <class T> struct ln_wb_elem {
     int64_t cols;
     __device__ void operator()(int64_t i, int64_t j, float *v) const {
         size_t k = (size_t)(i * cols + j);
-        float g = ldf(dy, k);
-        v[0] = g * (ldf(x, k) - mean[i]) * rstd[i];
+        float g = tpk__ldf(dy, k);
+        v[0] = g * (tpk__ldf(x, k) - mean[i]) * rstd[i];
         v[1] = g;
     }
 };
 __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols) {
-    GRID_STRIDE(j, (size_t)cols) {
+    TPK__GRID_STRIDE(j, (size_t)cols) {
         float sw = 0.0f, sb = 0.0f;
         for (int64_t c = 0; c < chunks; c++) {
             sw += part[((size_t)c * 2 + 0) * (size_t)cols + j];
@@ -168,33 +147,27 @@ __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int6
         dw[j] += sw, db[j] += sb;
     }
 }
-tpk_status tpk__cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
+static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                    const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
     static const char *fn = "cuda.layernorm_bwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "rows", rows));
-    if (cols < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cols: expected >= 1, got %lld", (long long)cols);
     bool any = rows > 0;
-    const void *ps[] = {dx, dw, db, dy, x, w, mean, rstd};
-    const char *names[] = {"dx", "dw", "db", "dy", "x", "w", "mean", "rstd"};
-    for (int k = 0; k < 8; k++) TPK_TRY(check_ptr(ctx, fn, names[k], ps[k], any));
     if (!any) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    int64_t chunks = (rows + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    TPK__CUDA_STATE(st, ctx, fn);
+    int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
     float *part;
-    TPK_TRY(cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols), (void **)&part));
-    by_dtype(dt, [&](auto tag) {
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols), (void **)&part));
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         /* dw, db first: they read dy, which dx must not overwrite before (dx does not alias dy by
          * contract, but the order costs nothing) */
-        dim3 grid((unsigned)((cols + 31) / 32), colsum_grid_y(chunks)), block(32, 8);
-        colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
+        dim3 grid((unsigned)((cols + 31) / 32), tpk__colsum_grid_y(chunks)), block(32, 8);
+        tpk__colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
                                                                  cols, part);
-        ln_wb_final_kernel<<<grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
+        ln_wb_final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
         ln_bwd_dx_kernel<T><<<(unsigned)((rows + LN_WARPS - 1) / LN_WARPS), 32 * LN_WARPS, 0, st->stream>>>(
             (T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols, accumulate_dx);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------------ */
@@ -202,36 +175,29 @@ tpk_status tpk__cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db,
 template <class T>
 __global__ void embed_fwd_kernel(T *y, const int32_t *ids, const float *E, int64_t T_, int64_t H, int64_t v0, int64_t vrows, bool acc) {
     size_t total = (size_t)T_ * (size_t)H;
-    GRID_STRIDE(k, total) {
+    TPK__GRID_STRIDE(k, total) {
         int64_t t = (int64_t)(k / (size_t)H), j = (int64_t)(k % (size_t)H);
         int64_t row = (int64_t)ids[t] - v0;
         float e = row >= 0 && row < vrows ? E[row * H + j] : 0.0f;
-        stf(y, k, acc ? ldf(y, k) + e : e);
+        tpk__stf(y, k, acc ? tpk__ldf(y, k) + e : e);
     }
 }
-tpk_status tpk__cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
+static tpk_status cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
                                int64_t vrows, tpk_dtype dt, bool accumulate) {
     static const char *fn = "cuda.embed_fwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "T", T));
-    TPK_TRY(check_nonneg(ctx, fn, "H", H));
-    TPK_TRY(check_nonneg(ctx, fn, "vrows", vrows));
-    TPK_TRY(check_ptr(ctx, fn, "y", y, T * H > 0));
-    TPK_TRY(check_ptr(ctx, fn, "ids", ids, T > 0));
-    TPK_TRY(check_ptr(ctx, fn, "table", table, vrows * H > 0));
     if (T * H == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     size_t total = (size_t)T * (size_t)H;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        embed_fwd_kernel<Tt><<<grid_for(total, 256), 256, 0, st->stream>>>((Tt *)y, ids, table, T, H, v0, vrows, accumulate);
+        embed_fwd_kernel<Tt><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((Tt *)y, ids, table, T, H, v0, vrows, accumulate);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* key[t] = ids[t] - v0 when in range, else vrows (sorts after every row); val[t] = t */
 __global__ void embed_keys_kernel(uint32_t *key, uint32_t *val, const int32_t *ids, int64_t T, int64_t v0, int64_t vrows) {
-    GRID_STRIDE(t, (size_t)T) {
+    TPK__GRID_STRIDE(t, (size_t)T) {
         int64_t row = (int64_t)ids[t] - v0;
         key[t] = row >= 0 && row < vrows ? (uint32_t)row : (uint32_t)vrows;
         val[t] = (uint32_t)t;
@@ -248,47 +214,37 @@ __global__ void embed_bwd_kernel(float *dE, const T *dy, const uint32_t *key, co
         while (end < T_ && key[end] == row) end++;
         for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
             float acc = dE[(int64_t)row * H + j];
-            for (int64_t s = b; s < end; s++) acc += ldf(dy, (size_t)tok[s] * (size_t)H + (size_t)j);
+            for (int64_t s = b; s < end; s++) acc += tpk__ldf(dy, (size_t)tok[s] * (size_t)H + (size_t)j);
             dE[(int64_t)row * H + j] = acc;
         }
     }
 }
-tpk_status tpk__cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
+static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
                                int64_t vrows, tpk_dtype dt) {
     static const char *fn = "cuda.embed_bwd";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "T", T));
-    TPK_TRY(check_nonneg(ctx, fn, "H", H));
-    TPK_TRY(check_nonneg(ctx, fn, "vrows", vrows));
-    TPK_TRY(check_ptr(ctx, fn, "dtable", dtable, vrows * H > 0));
-    TPK_TRY(check_ptr(ctx, fn, "dy", dy, T * H > 0));
-    TPK_TRY(check_ptr(ctx, fn, "ids", ids, T > 0));
     if (T == 0 || H == 0 || vrows == 0) return TPK_OK;
-    if (T > INT_MAX || vrows >= (int64_t)UINT32_MAX)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "T: expected <= %d tokens and vrows < 2^32, got T = %lld, vrows = %lld", INT_MAX,
-                         (long long)T, (long long)vrows);
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     int end_bit = 1;
     while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)vrows) end_bit++;
     size_t n = (size_t)T, sort_bytes = 0;
     cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (uint32_t *)NULL, (uint32_t *)NULL, (uint32_t *)NULL,
                                                     (uint32_t *)NULL, (int)T, 0, end_bit, st->stream);
-    if (e != cudaSuccess) return cuda_fail(ctx, fn, "cub::DeviceRadixSort::SortPairs (size query)", e);
+    if (e != cudaSuccess) return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs (size query)", e);
     size_t keys_bytes = (4 * n * sizeof(uint32_t) + 255) / 256 * 256;
     char *scratch;
-    TPK_TRY(cuda_scratch(ctx, fn, st, keys_bytes + sort_bytes, (void **)&scratch));
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, keys_bytes + sort_bytes, (void **)&scratch));
     uint32_t *k_in = (uint32_t *)scratch, *v_in = k_in + n, *k_out = v_in + n, *v_out = k_out + n;
-    embed_keys_kernel<<<grid_for(n, 256), 256, 0, st->stream>>>(k_in, v_in, ids, T, v0, vrows);
-    TPK_TRY(cuda_launched(ctx, fn));
+    embed_keys_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(k_in, v_in, ids, T, v0, vrows);
+    TPK_TRY(tpk__cuda_launched(ctx, fn));
     /* LSD radix sort is stable: equal rows keep token order */
     e = cub::DeviceRadixSort::SortPairs(scratch + keys_bytes, sort_bytes, k_in, k_out, v_in, v_out, (int)T, 0, end_bit, st->stream);
-    if (e != cudaSuccess) return cuda_fail(ctx, fn, "cub::DeviceRadixSort::SortPairs", e);
+    if (e != cudaSuccess) return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs", e);
     unsigned grid = T < 65535 ? (unsigned)T : 65535u;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
         embed_bwd_kernel<Tt><<<grid, 128, 0, st->stream>>>(dtable, (const Tt *)dy, k_out, v_out, T, H, vrows);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- cross-entropy pieces ----------------------------------------------------------------------- */
@@ -299,25 +255,19 @@ template <class T> __global__ void xent_max_kernel(float *mx, const T *z, int64_
     __shared__ float sh[32];
     int64_t t = blockIdx.x;
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) m = fmaxf(m, ldf(z, (size_t)(t * Vl + j)));
-    m = block_max(m, sh);
+    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) m = fmaxf(m, tpk__ldf(z, (size_t)(t * Vl + j)));
+    m = tpk__block_max(m, sh);
     if (threadIdx.x == 0) mx[t] = m;
 }
-tpk_status tpk__cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
+static tpk_status cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
     static const char *fn = "cuda.xent_max";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "T", T));
-    TPK_TRY(check_nonneg(ctx, fn, "Vl", Vl));
-    TPK_TRY(check_ptr(ctx, fn, "mx", mx, T > 0));
-    TPK_TRY(check_ptr(ctx, fn, "z", z, T * Vl > 0));
     if (T == 0) return TPK_OK;
-    if (T > INT_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "T: expected <= %d, got %lld", INT_MAX, (long long)T);
-    CUDA_STATE(st, ctx, fn);
-    by_dtype(dt, [&](auto tag) {
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
         xent_max_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(mx, (const Tt *)z, Vl);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 template <class T> __global__ void xent_partial_kernel(float *part, const T *z, const float *mx, const int32_t *y, int64_t Vl, int64_t v0) {
@@ -325,60 +275,45 @@ template <class T> __global__ void xent_partial_kernel(float *part, const T *z, 
     int64_t t = blockIdx.x;
     float m = mx[t], se = 0.0f, sz = 0.0f;
     for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float v = ldf(z, (size_t)(t * Vl + j));
+        float v = tpk__ldf(z, (size_t)(t * Vl + j));
         se += expf(v - m), sz += v;
     }
-    se = block_sum(se, sh);
-    sz = block_sum(sz, sh);
+    se = tpk__block_sum(se, sh);
+    sz = tpk__block_sum(sz, sh);
     if (threadIdx.x == 0) {
         int64_t c = (int64_t)y[t] - v0;
-        part[3 * t] = se, part[3 * t + 1] = c >= 0 && c < Vl ? ldf(z, (size_t)(t * Vl + c)) : 0.0f, part[3 * t + 2] = sz;
+        part[3 * t] = se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ldf(z, (size_t)(t * Vl + c)) : 0.0f, part[3 * t + 2] = sz;
     }
 }
-tpk_status tpk__cuda_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
+static tpk_status cuda_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
                                   int64_t Vl, int64_t v0, tpk_dtype dt) {
     static const char *fn = "cuda.xent_partial";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "T", T));
-    TPK_TRY(check_nonneg(ctx, fn, "Vl", Vl));
-    TPK_TRY(check_ptr(ctx, fn, "part", part, T > 0));
-    TPK_TRY(check_ptr(ctx, fn, "mx", mx, T > 0));
-    TPK_TRY(check_ptr(ctx, fn, "targets", targets, T > 0));
-    TPK_TRY(check_ptr(ctx, fn, "z", z, T * Vl > 0));
     if (T == 0) return TPK_OK;
-    if (T > INT_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "T: expected <= %d, got %lld", INT_MAX, (long long)T);
-    CUDA_STATE(st, ctx, fn);
-    by_dtype(dt, [&](auto tag) {
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
         xent_partial_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(part, (const Tt *)z, mx, targets, Vl, v0);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* the host's arithmetic (double) per row */
 __global__ void xent_loss_kernel(float *loss, float *lse, const float *mx, const float *part, const int32_t *y, int64_t T, int64_t V,
                                  float smoothing, int32_t ignore) {
-    GRID_STRIDE(t, (size_t)T) {
+    TPK__GRID_STRIDE(t, (size_t)T) {
         double l = (double)mx[t] + log((double)part[3 * t]);
         lse[t] = (float)l;
         loss[t] = y[t] == ignore ? 0.0f
                                  : (float)(l - (1.0 - smoothing) * part[3 * t + 1] - smoothing * (double)part[3 * t + 2] / (double)V);
     }
 }
-tpk_status tpk__cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
+static tpk_status cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
                                int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
     static const char *fn = "cuda.xent_loss";
-    TPK_TRY(check_nonneg(ctx, fn, "T", T));
-    if (V < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "V: expected >= 1, got %lld", (long long)V);
-    if (!(smoothing >= 0 && smoothing <= 1))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "smoothing: expected 0..1, got %g", (double)smoothing);
-    const void *ps[] = {loss, lse, mx, part, targets};
-    const char *names[] = {"loss", "lse", "mx", "part", "targets"};
-    for (int k = 0; k < 5; k++) TPK_TRY(check_ptr(ctx, fn, names[k], ps[k], T > 0));
     if (T == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
-    xent_loss_kernel<<<grid_for((size_t)T, 256), 256, 0, st->stream>>>(loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
-    return cuda_launched(ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
+    xent_loss_kernel<<<tpk__grid_for((size_t)T, 256), 256, 0, st->stream>>>(loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* z[k] is read before dz[k] is written by the same thread, so dz may alias z */
@@ -386,35 +321,26 @@ template <class T>
 __global__ void xent_grad_kernel(T *dz, const T *z, const float *lse, const int32_t *y, const float *dloss, int64_t T_, int64_t Vl,
                                  int64_t v0, int64_t V, float eps, int32_t ignore) {
     size_t total = (size_t)T_ * (size_t)Vl;
-    GRID_STRIDE(k, total) {
+    TPK__GRID_STRIDE(k, total) {
         int64_t t = (int64_t)(k / (size_t)Vl), j = (int64_t)(k % (size_t)Vl);
         int32_t yt = y[t];
         float g = yt == ignore ? 0.0f
-                               : (expf(ldf(z, k) - lse[t]) - (j == (int64_t)yt - v0 ? 1.0f - eps : 0.0f) - eps / (float)V) * dloss[t];
-        stf(dz, k, g);
+                               : (expf(tpk__ldf(z, k) - lse[t]) - (j == (int64_t)yt - v0 ? 1.0f - eps : 0.0f) - eps / (float)V) * dloss[t];
+        tpk__stf(dz, k, g);
     }
 }
-tpk_status tpk__cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
+static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     static const char *fn = "cuda.xent_grad";
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "T", T));
-    TPK_TRY(check_nonneg(ctx, fn, "Vl", Vl));
-    if (V < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "V: expected >= 1, got %lld", (long long)V);
-    TPK_TRY(check_ptr(ctx, fn, "dz", dz, T * Vl > 0));
-    TPK_TRY(check_ptr(ctx, fn, "z", z, T * Vl > 0));
-    TPK_TRY(check_ptr(ctx, fn, "lse", lse, T > 0));
-    TPK_TRY(check_ptr(ctx, fn, "targets", targets, T > 0));
-    TPK_TRY(check_ptr(ctx, fn, "dloss", dloss, T > 0));
     if (T * Vl == 0) return TPK_OK;
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     size_t total = (size_t)T * (size_t)Vl;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        xent_grad_kernel<Tt><<<grid_for(total, 256), 256, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, v0, V,
+        xent_grad_kernel<Tt><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, v0, V,
                                                                            smoothing, ignore_index);
     });
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- attention ------------------------------------------------------------------------------------ */
@@ -440,7 +366,7 @@ template <class T>
 __device__ __forceinline__ void att_stage(float *dst, const T *base, int64_t ld, int64_t r0, int64_t S, int64_t D) {
     for (int64_t k = threadIdx.x; k < ATT_TILE * D; k += blockDim.x) {
         int64_t r = k / D, e = k % D;
-        dst[r * (D + 1) + e] = r0 + r < S ? ldf(base, (size_t)((r0 + r) * ld + e)) : 0.0f;
+        dst[r * (D + 1) + e] = r0 + r < S ? tpk__ldf(base, (size_t)((r0 + r) * ld + e)) : 0.0f;
     }
 }
 
@@ -456,7 +382,7 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
     int64_t ld3 = 3 * Al * D, ldo = Al * D;
     const T *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D;
     float *q = qs + w * 2 * D, *pw = ps + w * ATT_TILE;
-    for (int64_t e = lane; e < D; e += 32) q[e] = i < S ? ldf(Q, (size_t)(i * ld3 + e)) * scale : 0.0f;
+    for (int64_t e = lane; e < D; e += 32) q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) * scale : 0.0f;
     float o[NE], m = -INFINITY, l = 0.0f;
     for (int e = 0; e < NE; e++) o[e] = 0.0f;
     int64_t last = (i0 + ATT_WARPS - 1 < S - 1 ? i0 + ATT_WARPS - 1 : S - 1); /* the block's last query row */
@@ -473,9 +399,9 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
             s = 0.0f;
             for (int64_t e = 0; e < D; e++) s += q[e] * Ks[lane * (D + 1) + e];
         }
-        float mn = fmaxf(m, warp_max(s));
+        float mn = fmaxf(m, tpk__warp_max(s));
         float pe = j <= i ? expf(s - mn) : 0.0f, corr = expf(m - mn); /* m = -inf at first: corr = 0 */
-        l = l * corr + warp_sum(pe);
+        l = l * corr + tpk__warp_sum(pe);
         pw[lane] = pe * (j <= i ? att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f);
         __syncwarp();
         int64_t nk = i - j0 + 1 < ATT_TILE ? i - j0 + 1 : ATT_TILE;
@@ -493,7 +419,7 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
     float inv = 1.0f / l;
     for (int e = 0; e < NE; e++) {
         int64_t c = lane + 32 * e;
-        if (c < D) stf(out, (size_t)((b * S + i) * ldo + h * D + c), o[e] * inv);
+        if (c < D) tpk__stf(out, (size_t)((b * S + i) * ldo + h * D + c), o[e] * inv);
     }
     if (lane == 0) lse[(b * Al + h) * S + i] = m + logf(l);
 }
@@ -508,44 +434,29 @@ template <class F> static tpk_status att_by_ne(tpk_ctx *ctx, const char *fn, int
     return TPK_OK;
 }
 
-static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float p,
-                            tpk_dtype dt) {
-    TPK_TRY(check_float_dtype(ctx, fn, "dt", dt));
-    TPK_TRY(check_nonneg(ctx, fn, "B", B));
-    TPK_TRY(check_nonneg(ctx, fn, "S", S));
-    TPK_TRY(check_nonneg(ctx, fn, "Al", Al));
-    if (D < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "D: expected >= 1, got %lld", (long long)D);
-    if (head0 < 0 || head0 + Al > A)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "head0: expected 0 <= head0 and head0 + Al <= A = %lld, got %lld", (long long)A,
-                         (long long)head0);
-    if (!(p >= 0.0f && p < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "p: expected 0 <= p < 1, got %g", (double)p);
+/* The front end checked the arguments; this backend's own limit is the head dim. */
+static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t D) {
     if (D > ATT_MAXD)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
-    if (B > 65535 || Al > 65535 || (S + ATT_WARPS - 1) / ATT_WARPS > INT_MAX)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "B, Al, S: expected B, Al <= 65535 and S / %d < 2^31 (grid limits), got %lld, %lld, %lld",
-                         ATT_WARPS, (long long)B, (long long)Al, (long long)S);
     return TPK_OK;
 }
 
 /* Allow the dynamic shared memory a kernel needs beyond the default 48 KiB. */
 template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn, K kernel, size_t bytes) {
-    if (bytes > 48 * 1024) CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (bytes > 48 * 1024) TPK__CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return TPK_OK;
 }
 
-tpk_status tpk__cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
+static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
                               int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_fwd";
-    TPK_TRY(att_check(ctx, fn, B, S, Al, D, A, head0, p, dt));
+    TPK_TRY(att_check(ctx, fn, D));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
-    TPK_TRY(check_ptr(ctx, fn, "out", out, true));
-    TPK_TRY(check_ptr(ctx, fn, "lse", lse, true));
-    TPK_TRY(check_ptr(ctx, fn, "qkv", qkv, true));
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);
     tpk_status s = TPK_OK;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         /* the lambda records a failure of the shared-memory attribute in s; att_by_ne's own
          * status (an unsupported D) must not overwrite it with TPK_OK */
@@ -557,7 +468,7 @@ tpk_status tpk__cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *q
         if (s == TPK_OK) s = r;
     });
     TPK_TRY(s);
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* Dr[b, h, i] = sum_e dO_i O_i (one warp per row; the warps stride over the rows, so the grid
@@ -569,8 +480,8 @@ template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, cons
         int64_t i = r % S, h = (r / S) % Al, b = r / (S * Al); /* r = (b Al + h) S + i */
         size_t base = (size_t)((b * S + i) * Al * D + h * D);
         float s = 0.0f;
-        for (int64_t e = lane; e < D; e += 32) s += ldf(dout, base + e) * ldf(out, base + e);
-        s = warp_sum(s); /* r is the same on every lane of the warp */
+        for (int64_t e = lane; e < D; e += 32) s += tpk__ldf(dout, base + e) * tpk__ldf(out, base + e);
+        s = tpk__warp_sum(s); /* r is the same on every lane of the warp */
         if (lane == 0) Dr[r] = s;
     }
 }
@@ -587,8 +498,8 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
     const T *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D, *dO = dout + b * S * ldo + h * D;
     float *q = rows + w * 2 * D, *go = q + D, *dsw = ps + w * ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) {
-        q[e] = i < S ? ldf(Q, (size_t)(i * ld3 + e)) : 0.0f;
-        go[e] = i < S ? ldf(dO, (size_t)(i * ldo + e)) : 0.0f;
+        q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) : 0.0f;
+        go[e] = i < S ? tpk__ldf(dO, (size_t)(i * ldo + e)) : 0.0f;
     }
     float L = 0.0f, Di = 0.0f, acc[NE];
     if (i < S) L = lse[(b * Al + h) * S + i], Di = Dr[(b * Al + h) * S + i];
@@ -621,7 +532,7 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
     if (i >= S) return;
     for (int e = 0; e < NE; e++) {
         int64_t c = lane + 32 * e;
-        if (c < D) stf(dqkv, (size_t)((b * S + i) * ld3 + h * D + c), scale * acc[e]);
+        if (c < D) tpk__stf(dqkv, (size_t)((b * S + i) * ld3 + h * D + c), scale * acc[e]);
     }
 }
 
@@ -639,8 +550,8 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
     const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
     float *k = rows + w * 2 * D, *v = k + D, *pk = ps + w * 2 * ATT_TILE, *dsw = pk + ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) {
-        k[e] = j < S ? ldf(K, (size_t)(j * ld3 + e)) : 0.0f;
-        v[e] = j < S ? ldf(V, (size_t)(j * ld3 + e)) : 0.0f;
+        k[e] = j < S ? tpk__ldf(K, (size_t)(j * ld3 + e)) : 0.0f;
+        v[e] = j < S ? tpk__ldf(V, (size_t)(j * ld3 + e)) : 0.0f;
     }
     float dk[NE], dv[NE];
     for (int e = 0; e < NE; e++) dk[e] = dv[e] = 0.0f;
@@ -675,31 +586,28 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
     for (int e = 0; e < NE; e++) {
         int64_t c = lane + 32 * e;
         if (c < D) {
-            stf(dqkv, (size_t)((b * S + j) * ld3 + Al * D + h * D + c), scale * dk[e]);
-            stf(dqkv, (size_t)((b * S + j) * ld3 + 2 * Al * D + h * D + c), dv[e]);
+            tpk__stf(dqkv, (size_t)((b * S + j) * ld3 + Al * D + h * D + c), scale * dk[e]);
+            tpk__stf(dqkv, (size_t)((b * S + j) * ld3 + 2 * Al * D + h * D + c), dv[e]);
         }
     }
 }
 
-tpk_status tpk__cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                               int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
                               uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_bwd";
-    TPK_TRY(att_check(ctx, fn, B, S, Al, D, A, head0, p, dt));
+    TPK_TRY(att_check(ctx, fn, D));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
-    const void *ps[] = {dqkv, dout, qkv, out, lse};
-    const char *names[] = {"dqkv", "dout", "qkv", "out", "lse"};
-    for (int k = 0; k < 5; k++) TPK_TRY(check_ptr(ctx, fn, names[k], ps[k], true));
-    CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_STATE(st, ctx, fn);
     float *Dr;
     size_t nrows = (size_t)(B * Al * S);
-    TPK_TRY(cuda_scratch(ctx, fn, st, sizeof(float) * nrows, (void **)&Dr));
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * nrows, (void **)&Dr));
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);
     tpk_status s = TPK_OK;
-    by_dtype(dt, [&](auto tag) {
+    tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        attn_dr_kernel<T><<<grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const T *)dout,
+        attn_dr_kernel<T><<<tpk__grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const T *)dout,
                                                                                                          (const T *)out, B, S, Al, D);
         tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) { /* failures recorded in s, as in attn_fwd */
             auto kq = attn_dq_kernel<T, decltype(ne)::value>;
@@ -713,5 +621,13 @@ tpk_status tpk__cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const 
         if (s == TPK_OK) s = r;
     });
     TPK_TRY(s);
-    return cuda_launched(ctx, fn);
+    return tpk__cuda_launched(ctx, fn);
+}
+
+/* This file's entries of the cuda backend's table. */
+void tpk__cuda_layer_ops(tpk_ops *o) {
+    o->dropout = cuda_dropout, o->layernorm_fwd = cuda_layernorm_fwd, o->residual_layernorm_fwd = cuda_residual_layernorm_fwd;
+    o->layernorm_bwd = cuda_layernorm_bwd, o->embed_fwd = cuda_embed_fwd, o->embed_bwd = cuda_embed_bwd;
+    o->xent_max = cuda_xent_max, o->xent_partial = cuda_xent_partial, o->xent_loss = cuda_xent_loss, o->xent_grad = cuda_xent_grad;
+    o->attn_fwd = cuda_attn_fwd, o->attn_bwd = cuda_attn_bwd;
 }

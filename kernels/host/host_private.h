@@ -41,30 +41,7 @@ static inline tpk_status tpk__host_nomem(tpk_ctx *ctx, const char *fn, size_t by
 }
 
 
-/* The layer ops of the host backend (ops_host_layers.c); contracts in tpk/ops.h. */
-tpk_status tpk__host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
-                             int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
-tpk_status tpk__host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
-                                   int64_t rows, int64_t cols, float eps, tpk_dtype dt);
-tpk_status tpk__host_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
-                                            const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt);
-tpk_status tpk__host_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
-                                   const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
-tpk_status tpk__host_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
-                               int64_t vrows, tpk_dtype dt, bool accumulate);
-tpk_status tpk__host_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
-                               int64_t vrows, tpk_dtype dt);
-tpk_status tpk__host_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt);
-tpk_status tpk__host_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
-                                  int64_t Vl, int64_t v0, tpk_dtype dt);
-tpk_status tpk__host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
-                               int64_t T, int64_t V, float smoothing, int32_t ignore_index);
-tpk_status tpk__host_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
-                               int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
-tpk_status tpk__host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                              int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
-tpk_status tpk__host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                              int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
-                              uint64_t seed, uint64_t stream, tpk_dtype dt);
+/* The layer ops (ops_host_layers.c) fill their entries of the table. */
+void tpk__host_layer_ops(tpk_ops *ops);
 
 #endif

@@ -11,12 +11,14 @@
  *   axpby     y = a x + b y                          b = 0 ignores y, like beta in gemm
  *   bias_add  y[i, j] += bias[j]
  *   bias_grad db[j] = sum_i dy[i, j] (+ db[j])       summed in double, row by row
- *   gelu_fwd  y = x/2 (1 + tanh(s (x + c x^3)))      s = sqrt(2/pi), c = 0.044715
- *   gelu_bwd  dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)),  t = tanh(s (x + c x^3))
+ *   act_fwd   GELU-tanh: y = x/2 (1 + tanh(s (x + c x^3)))    s = sqrt(2/pi), c = 0.044715;  NONE: y = x
+ *   act_bwd   GELU-tanh: dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)), t = tanh(s (x + c x^3))
  *   rng_2d    x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/rng.h)
  *   adamw     m, v moments; w -= lr (m_hat / (sqrt(v_hat) + eps) + wd w)
  *   sumsq     sum x^2 in double (the gradient norm)
- *   linear_fwd  y = x W^T + bias (then gelu, keeping the pre-activation): gemm + bias_add + gelu
+ *   linear_fwd  y = x W^T + bias (then the activation, keeping the pre-activation): gemm + bias_add + act_fwd
+ * Arguments arrive checked by the front end (tpk/op.h); this backend checks only what is its own
+ * (OpenBLAS's int sizes, allocation).
  *
  * Every op has one loop for both dtypes: it reads through tpk__ld() and writes through tpk__st(), and is
  * instantiated with a constant dtype (TPK__BY_DTYPE) so the compiler drops the dtype branch.
@@ -25,6 +27,7 @@
 #include <math.h>
 
 #include <cblas.h>
+#include <pthread.h>
 
 #include <tpk/host.h>
 #include <tpk/op.h>
@@ -303,42 +306,23 @@ static tpk_status host_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
 
 /* ---- the table ------------------------------------------------------------------------------------- */
 
-const tpk_ops *tpk_ops_host(void) {
-    static const tpk_ops ops = {
-        .name = "host",
-        .self = NULL,
-        .device = false,
-        .alloc = host_alloc,
-        .free = host_free,
-        .memcpy = host_memcpy,
-        .sync = host_sync,
-        .fill = host_fill,
-        .copy2d = host_copy2d,
-        .cast = host_cast,
-        .axpby = host_axpby,
-        .gemm = host_gemm,
-        .bias_add = host_bias_add,
-        .bias_grad = host_bias_grad,
-        .act_fwd = host_act_fwd,
-        .act_bwd = host_act_bwd,
-        .rng_2d = host_rng_2d,
-        .dropout = tpk__host_dropout,
-        .layernorm_fwd = tpk__host_layernorm_fwd,
-        .layernorm_bwd = tpk__host_layernorm_bwd,
-        .embed_fwd = tpk__host_embed_fwd,
-        .embed_bwd = tpk__host_embed_bwd,
-        .xent_max = tpk__host_xent_max,
-        .xent_partial = tpk__host_xent_partial,
-        .xent_loss = tpk__host_xent_loss,
-        .xent_grad = tpk__host_xent_grad,
-        .attn_fwd = tpk__host_attn_fwd,
-        .attn_bwd = tpk__host_attn_bwd,
-        .adamw = host_adamw,
-        .sumsq = host_sumsq,
-        .linear_fwd = host_linear_fwd,
-        .residual_layernorm_fwd = tpk__host_residual_layernorm_fwd,
+/* Made once (pthread_once): this file's entries, then ops_host_layers.c's. */
+static tpk_ops host_table;
+static pthread_once_t host_table_once = PTHREAD_ONCE_INIT;
+static void host_table_make(void) {
+    tpk_ops o = {
+        .name = "host", .self = NULL, .device = false,
+        .alloc = host_alloc, .free = host_free, .memcpy = host_memcpy, .sync = host_sync,
+        .fill = host_fill, .copy2d = host_copy2d, .cast = host_cast, .axpby = host_axpby,
+        .gemm = host_gemm, .bias_add = host_bias_add, .bias_grad = host_bias_grad, .linear_fwd = host_linear_fwd,
+        .act_fwd = host_act_fwd, .act_bwd = host_act_bwd, .rng_2d = host_rng_2d, .adamw = host_adamw, .sumsq = host_sumsq,
     };
-    return &ops;
+    tpk__host_layer_ops(&o);
+    host_table = o;
+}
+const tpk_ops *tpk_ops_host(void) {
+    pthread_once(&host_table_once, host_table_make);
+    return &host_table;
 }
 
 /* The default backend of a context created with desc->ops = NULL (tpk/init.h declares it weak). */

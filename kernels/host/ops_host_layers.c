@@ -27,7 +27,7 @@ TPK__HOST_INLINE void dropout_loop(tpk_dtype dt, void *y, const void *x, int64_t
             tpk__st(y, dt, k, keep ? tpk__ld(x, dt, k) * scale : 0.0f);
         }
 }
-tpk_status tpk__host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
+static tpk_status host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
                              int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, dropout_loop, y, x, rows, cols, gcols, row0, col0, p, seed, stream);
@@ -52,7 +52,7 @@ TPK__HOST_INLINE void ln_fwd_loop(tpk_dtype dt, void *y, float *mean, float *rst
         mean[i] = (float)m, rstd[i] = rs;
     }
 }
-tpk_status tpk__host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
+static tpk_status host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
                                    int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, ln_fwd_loop, y, mean, rstd, x, w, b, rows, cols, eps);
@@ -63,10 +63,10 @@ tpk_status tpk__host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rs
 TPK__HOST_INLINE void residual_loop(tpk_dtype dt, void *x1, const void *x, const void *r, size_t n) {
     for (size_t i = 0; i < n; i++) tpk__st(x1, dt, i, tpk__ld(x, dt, i) + tpk__ld(r, dt, i));
 }
-tpk_status tpk__host_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
+static tpk_status host_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                             const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     TPK__BY_DTYPE(dt, residual_loop, x1, x, r, (size_t)(rows * cols));
-    return tpk__host_layernorm_fwd(ctx, y, mean, rstd, x1, w, b, rows, cols, eps, dt);
+    return host_layernorm_fwd(ctx, y, mean, rstd, x1, w, b, rows, cols, eps, dt);
 }
 
 TPK__HOST_INLINE void ln_bwd_loop(tpk_dtype dt, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
@@ -87,7 +87,7 @@ TPK__HOST_INLINE void ln_bwd_loop(tpk_dtype dt, void *dx, float *dw, float *db, 
         }
     }
 }
-tpk_status tpk__host_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
+static tpk_status host_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                    const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
     (void)ctx;
     TPK__BY_DTYPE(dt, ln_bwd_loop, dx, dw, db, dy, x, w, mean, rstd, rows, cols, accumulate_dx);
@@ -108,7 +108,7 @@ TPK__HOST_INLINE void embed_fwd_loop(tpk_dtype dt, void *y, const int32_t *ids, 
         }
     }
 }
-tpk_status tpk__host_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
+static tpk_status host_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
                                int64_t vrows, tpk_dtype dt, bool accumulate) {
     (void)ctx;
     TPK__BY_DTYPE(dt, embed_fwd_loop, y, ids, table, T, H, v0, vrows, accumulate);
@@ -122,7 +122,7 @@ TPK__HOST_INLINE void embed_bwd_loop(tpk_dtype dt, float *dE, const void *dy, co
         for (int64_t j = 0; j < H; j++) dE[row * H + j] += tpk__ld(dy, dt, (size_t)(t * H + j));
     }
 }
-tpk_status tpk__host_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
+static tpk_status host_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
                                int64_t vrows, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, embed_bwd_loop, dtable, dy, ids, T, H, v0, vrows);
@@ -138,7 +138,7 @@ TPK__HOST_INLINE void xent_max_loop(tpk_dtype dt, float *mx, const void *z, int6
         mx[t] = m;
     }
 }
-tpk_status tpk__host_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
+static tpk_status host_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, xent_max_loop, mx, z, T, Vl);
     return TPK_OK;
@@ -155,13 +155,13 @@ TPK__HOST_INLINE void xent_partial_loop(tpk_dtype dt, float *part, const void *z
         part[3 * t] = (float)se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ld(z, dt, (size_t)(t * Vl + c)) : 0.0f, part[3 * t + 2] = (float)sz;
     }
 }
-tpk_status tpk__host_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
+static tpk_status host_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
                                   int64_t Vl, int64_t v0, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, xent_partial_loop, part, z, mx, targets, T, Vl, v0);
     return TPK_OK;
 }
-tpk_status tpk__host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
+static tpk_status host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
                                int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
     (void)ctx;
     for (int64_t t = 0; t < T; t++) {
@@ -185,7 +185,7 @@ TPK__HOST_INLINE void xent_grad_loop(tpk_dtype dt, void *dz, const void *z, cons
         }
     }
 }
-tpk_status tpk__host_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
+static tpk_status host_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, xent_grad_loop, dz, z, lse, targets, dloss, T, Vl, v0, V, smoothing, ignore_index);
@@ -220,7 +220,7 @@ static void narrow(void *y, const float *f, size_t n, tpk_dtype dt) {
  * half of Q K^T is never computed. */
 enum { ATTN_ROWS = 64 };
 
-tpk_status tpk__host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
+static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
                               int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "host.attn_fwd";
     TPK_TRY(tpk__host_blas_int(ctx, fn, "S", S)); /* the attention GEMMs take int sizes */
@@ -260,7 +260,7 @@ tpk_status tpk__host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *q
     return TPK_OK;
 }
 
-tpk_status tpk__host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
+static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
                               int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
                               uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "host.attn_bwd";
@@ -315,4 +315,12 @@ tpk_status tpk__host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const 
     narrow(dqkv, dq, nq, dt);
     free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr);
     return TPK_OK;
+}
+
+/* This file's entries of the host backend's table. */
+void tpk__host_layer_ops(tpk_ops *o) {
+    o->dropout = host_dropout, o->layernorm_fwd = host_layernorm_fwd, o->residual_layernorm_fwd = host_residual_layernorm_fwd;
+    o->layernorm_bwd = host_layernorm_bwd, o->embed_fwd = host_embed_fwd, o->embed_bwd = host_embed_bwd;
+    o->xent_max = host_xent_max, o->xent_partial = host_xent_partial, o->xent_loss = host_xent_loss, o->xent_grad = host_xent_grad;
+    o->attn_fwd = host_attn_fwd, o->attn_bwd = host_attn_bwd;
 }

@@ -1,7 +1,7 @@
 /* tests/gpu/ops.c — every CUDA op against the host op on the same random inputs, f32 and bf16:
  * outputs poisoned (NaN) before each run, so an unwritten element fails; relative error < 1e-5
  * where the arithmetic is the same, < 1e-4 where sums are reordered, < 1e-2 for bf16 storage.
- * Also: bad arguments give the host's status and name the argument. Runs at one rank; skipped
+ * Also: bad arguments on the CUDA context are refused by the front end (tpk/op.h), naming them. Runs at one rank; skipped
  * (exit 0) without a GPU. */
 #include "gpu_test.h"
 
@@ -24,12 +24,12 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&cd, cd.ops->axpby(&cd, y.d, -0.5f, x.d, 0.25f, dt, n));
         pair_check(&cd, &y, tol_for(dt, TOL_SAME), "axpby");
         pair_poison(&cd, &y);
-        CHECK_OK(&ch, ch.ops->gelu_fwd(&ch, y.h, x.h, dt, n));
-        CHECK_OK(&cd, cd.ops->gelu_fwd(&cd, y.d, x.d, dt, n));
+        CHECK_OK(&ch, ch.ops->act_fwd(&ch, TPK_ACT_GELU_TANH, y.h, x.h, dt, n));
+        CHECK_OK(&cd, cd.ops->act_fwd(&cd, TPK_ACT_GELU_TANH, y.d, x.d, dt, n));
         pair_check(&cd, &y, tol_for(dt, TOL_SAME), "gelu_fwd");
         pair dy = pair_randn(&cd, n, dt, 3, 1.0f); /* dx aliases dy */
-        CHECK_OK(&ch, ch.ops->gelu_bwd(&ch, dy.h, x.h, dy.h, dt, n));
-        CHECK_OK(&cd, cd.ops->gelu_bwd(&cd, dy.d, x.d, dy.d, dt, n));
+        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU_TANH, dy.h, x.h, dy.h, dt, n));
+        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, dy.d, x.d, dy.d, dt, n));
         pair_check(&cd, &dy, tol_for(dt, TOL_SAME), "gelu_bwd (in place)");
         /* cast to the other float dtype and back */
         tpk_dtype other = dt == TPK_F32 ? TPK_BF16 : TPK_F32;
@@ -134,8 +134,8 @@ static void test_linear_fwd(tpk_dtype dt) {
             pair_poison(&cd, &y), pair_poison(&cd, &pre);
             char what[64];
             snprintf(what, sizeof what, "linear_fwd gelu=%d bias=%d", gelu, bias);
-            CHECK_OK(&ch, ch.ops->linear_fwd(&ch, y.h, pre.h, x.h, w.h, bias ? b.h : NULL, T, n, k, gelu, dt));
-            CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w.d, bias ? b.d : NULL, T, n, k, gelu, dt));
+            CHECK_OK(&ch, ch.ops->linear_fwd(&ch, y.h, pre.h, x.h, w.h, bias ? b.h : NULL, T, n, k, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
+            CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w.d, bias ? b.d : NULL, T, n, k, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
             pair_check(&cd, &y, tol_for(dt, TOL_SUM), what);
             if (gelu) pair_check(&cd, &pre, tol_for(dt, TOL_SUM), "linear_fwd pre-activation");
             pair_free(&cd, &y), pair_free(&cd, &pre);
@@ -290,18 +290,18 @@ static void test_optimizer(void) {
 }
 
 static void test_errors(void) {
-    TEST_CASE("bad arguments: the host's status, the argument named") {
+    TEST_CASE("bad arguments on the CUDA context: refused by the front end (tpk_op_*), the argument named") {
         void *p = NULL;
-        CHECK_OK(&cd, cd.ops->alloc(&cd, 1024, &p));
-        CHECK_FAILS(&cd, cd.ops->gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 3, p, 4, 0.0f, p, 4, TPK_F32), TPK_ERR_ARG, "lda");
-        CHECK_FAILS(&cd, cd.ops->gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 4, p, 4, 0.0f, p, 4, TPK_I32), TPK_ERR_DTYPE, "dt");
-        CHECK_FAILS(&cd, cd.ops->dropout(&cd, p, p, 2, 2, 2, 0, 0, 1.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "p:");
-        CHECK_FAILS(&cd, cd.ops->layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
-        CHECK_FAILS(&cd, cd.ops->attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
-        CHECK_FAILS(&cd, cd.ops->xent_loss(&cd, p, p, p, p, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
-        CHECK_FAILS(&cd, cd.ops->adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f), TPK_ERR_ARG, "step");
-        CHECK_FAILS(&cd, cd.ops->memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
-        cd.ops->free(&cd, p);
+        CHECK_OK(&cd, tpk_op_alloc(&cd, 1024, &p));
+        CHECK_FAILS(&cd, tpk_op_gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 3, p, 4, 0.0f, p, 4, TPK_F32), TPK_ERR_ARG, "lda");
+        CHECK_FAILS(&cd, tpk_op_gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 4, p, 4, 0.0f, p, 4, TPK_I32), TPK_ERR_DTYPE, "dt");
+        CHECK_FAILS(&cd, tpk_op_dropout(&cd, p, p, 2, 2, 2, 0, 0, 1.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "p:");
+        CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
+        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
+        CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, p, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
+        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f), TPK_ERR_ARG, "step");
+        CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
+        tpk_op_free(&cd, p);
     }
 }
 

@@ -1,0 +1,138 @@
+/* tpk/data.h — token data for a trainer: llm.c token shards, byte text, and the batch windows
+ * each data-parallel rank reads.
+ *
+ * llm.c shard: a header of 256 little-endian int32 (magic 20240520, version 1, token count n),
+ *   then n uint16 tokens; every token must be below the model's vocabulary.
+ * Byte text: any file, one token per byte (vocabulary 256); the last 10% (at least one batch
+ *   window) is the validation split.
+ * Batches (llm.c's loader): batch k of DP rank d of dp ranks reads the B*S + 1 tokens at
+ *   window w = (k dp + d) mod W, W = (n - 1) / (B S) windows, offset w B S; inputs are tokens
+ *   [i, i + B S), targets the next token of each. Batch k is a function of k alone, so a
+ *   resume sees the same batches.
+ * Errors name the file: TPK_ERR_IO (cannot open or read), TPK_ERR_FORMAT (bad magic, version,
+ * length, token), TPK_ERR_SHAPE (too little data for one batch). Host memory only; no
+ * communication. */
+#ifndef TPK_DATA_H
+#define TPK_DATA_H
+
+#include <errno.h>
+#include <math.h>
+
+#include "ctx.h"
+
+typedef struct tpk_tokens {
+    int32_t *tok; /* [n] */
+    int64_t n;
+} tpk_tokens;
+
+static inline void tpk_tokens_free(tpk_tokens *t) {
+    if (t) free(t->tok), t->tok = NULL, t->n = 0;
+}
+
+/* The whole file into *out (malloc'd, *n bytes). */
+static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path, uint8_t **out, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    uint8_t *b = (uint8_t *)malloc(cap);
+    for (size_t r; b && (r = fread(b + len, 1, cap - len, f)) > 0;) {
+        len += r;
+        if (len == cap) {
+            uint8_t *nb = (uint8_t *)realloc(b, cap *= 2);
+            if (!nb) free(b);
+            b = nb;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!b || bad) {
+        free(b);
+        return tpk__fail(ctx, b ? TPK_ERR_IO : TPK_ERR_NOMEM, fn, "%s: cannot read%s", path, b ? "" : " (out of memory)");
+    }
+    *out = b, *n = len;
+    return TPK_OK;
+}
+
+/* An llm.c token shard into *t, every token checked against the vocabulary. */
+static inline tpk_status tpk_data_load_shard(tpk_ctx *ctx, const char *path, int64_t vocab, tpk_tokens *t) {
+    static const char *fn = "tpk_data_load_shard";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!path || !t) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", path ? "t" : "path");
+    memset(t, 0, sizeof *t);
+    uint8_t *b;
+    size_t n;
+    TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
+    int32_t h[256];
+    tpk_status s = TPK_OK;
+    if (n < sizeof h) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the 1024-byte llm.c header", path, n);
+    if (s == TPK_OK) memcpy(h, b, sizeof h);
+    if (s == TPK_OK && h[0] != 20240520) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: bad magic %d, expected 20240520 (an llm.c token shard)", path, h[0]);
+    if (s == TPK_OK && h[1] != 1) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: version %d, expected 1", path, h[1]);
+    if (s == TPK_OK && (h[2] < 2 || (size_t)h[2] * 2 != n - sizeof h))
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header says %d tokens, the file holds %zu bytes of tokens", path, h[2], n - sizeof h);
+    if (s == TPK_OK && !(t->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)h[2]))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d tokens", h[2]);
+    for (int64_t i = 0; s == TPK_OK && i < h[2]; i++) {
+        uint16_t x;
+        memcpy(&x, b + sizeof h + 2 * i, 2);
+        t->tok[i] = x;
+        if (x >= vocab)
+            s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: token %lld is %u, not below the model's vocabulary of %lld", path, (long long)i, x, (long long)vocab);
+    }
+    free(b);
+    if (s != TPK_OK) return tpk_tokens_free(t), s;
+    t->n = h[2];
+    return TPK_OK;
+}
+
+/* A file's bytes as tokens: *train the first 90%, *val the rest (at least `span` = B S + 1
+ * tokens, one batch window); *entropy (may be NULL) the byte-unigram entropy of the training
+ * split in nats, the loss a model must beat. */
+static inline tpk_status tpk_data_load_text(tpk_ctx *ctx, const char *path, int64_t span, tpk_tokens *train, tpk_tokens *val, double *entropy) {
+    static const char *fn = "tpk_data_load_text";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!path || !train || !val) return tpk__fail(ctx, TPK_ERR_ARG, fn, "path, train, val: NULL");
+    if (span < 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "span: expected >= 2 (B x S + 1), got %lld", (long long)span);
+    memset(train, 0, sizeof *train), memset(val, 0, sizeof *val);
+    uint8_t *b;
+    size_t n;
+    TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
+    if ((int64_t)n < 10 * span) {
+        free(b);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %zu bytes, too short for batches of %lld tokens", path, n, (long long)span);
+    }
+    int64_t nv = (int64_t)n / 10 > span ? (int64_t)n / 10 : span;
+    train->n = (int64_t)n - nv, val->n = nv;
+    train->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)train->n), val->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)val->n);
+    if (!train->tok || !val->tok) {
+        free(b), tpk_tokens_free(train), tpk_tokens_free(val);
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu tokens", n);
+    }
+    for (int64_t i = 0; i < (int64_t)n; i++) *(i < train->n ? &train->tok[i] : &val->tok[i - train->n]) = b[i];
+    free(b);
+    if (entropy) {
+        double cnt[256] = {0}, e = 0;
+        for (int64_t i = 0; i < train->n; i++) cnt[train->tok[i]] += 1;
+        for (int i = 0; i < 256; i++)
+            if (cnt[i] > 0) e -= cnt[i] / (double)train->n * log(cnt[i] / (double)train->n);
+        *entropy = e;
+    }
+    return TPK_OK;
+}
+
+/* Batch k of DP rank d (of dp): x, y [B S] host int32. */
+static inline tpk_status tpk_data_batch(tpk_ctx *ctx, const tpk_tokens *t, int64_t k, int dp, int d, int64_t B, int64_t S, int32_t *x, int32_t *y) {
+    static const char *fn = "tpk_data_batch";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || !t->tok || !x || !y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "t, x, y: expected buffers, got NULL");
+    if (B < 1 || S < 1 || dp < 1 || d < 0 || d >= dp || k < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "B, S, k, dp, d: expected B, S >= 1, k >= 0, 0 <= d < dp, got %lld, %lld, %lld, %d, %d", (long long)B,
+                         (long long)S, (long long)k, dp, d);
+    int64_t span = B * S;
+    if (t->n < span + 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "the data holds %lld tokens, fewer than B x S + 1 = %lld", (long long)t->n, (long long)span + 1);
+    int64_t windows = (t->n - 1) / span, w = (k * dp + d) % windows;
+    const int32_t *p = t->tok + w * span;
+    for (int64_t i = 0; i < span; i++) x[i] = p[i], y[i] = p[i + 1];
+    return TPK_OK;
+}
+
+#endif /* TPK_DATA_H */

@@ -1,0 +1,69 @@
+/* tpk/sample.h — sampling from a vocabulary-parallel LM head.
+ *
+ * The logits of one position are split over TP (rank r holds columns [v0, v0 + V_r)): they are
+ * gathered over ctx->tp into the whole row, p = softmax(z / temperature) in double, and the token
+ * is the first j with sum_{i <= j} p_i > u, u = uniform(seed, stream("sample"), i) — the same
+ * draw on every rank, so every rank of every group picks the same token without another
+ * collective. tpk_gpt2_sample continues a sequence token by token, the last `positions` tokens
+ * as the context (a sliding window), recomputing the forward each step. */
+#ifndef TPK_SAMPLE_H
+#define TPK_SAMPLE_H
+
+#include "gpt2.h"
+
+/* *tok = a token drawn from row `row` of logits S(-1) [T, V] (draw index i). Collective over TP. */
+static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int64_t row, float temperature, uint64_t seed, uint64_t i, int32_t *tok) {
+    static const char *fn = "tpk_sample_logits";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!tok) return tpk__fail(ctx, TPK_ERR_ARG, fn, "tok: NULL");
+    if (!(temperature > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "temperature: expected > 0, got %g", (double)temperature);
+    int64_t want[2] = {-1, -1};
+    TPK_TRY(tpk__check(ctx, fn, "logits", &logits, TPK_S(-1), logits.dtype, 2, want, ctx->tp.size, ctx->tp.rank));
+    if (logits.dtype != TPK_F32 && logits.dtype != TPK_BF16) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "logits: expected f32 or bf16, got %s", tpk_dtype_name(logits.dtype));
+    if (row < 0 || row >= logits.shape[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "row: expected 0..%lld, got %lld", (long long)logits.shape[0] - 1, (long long)row);
+    int t = ctx->tp.size;
+    int64_t V = logits.gshape[1], Vl = logits.shape[1];
+    size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
+    float *all = (float *)malloc(sizeof(float) * (size_t)V);
+    tpk_status s = counts && all ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a row of %lld logits", (long long)V);
+    for (int q = 0; s == TPK_OK && q < t; q++) counts[q] = (size_t)tpk_split(V, t, q).size;
+    /* this rank's part of the row as f32 in backend memory, gathered over TP, copied to the host */
+    if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[0], sizeof(float) * (size_t)(Vl + V + 1));
+    float *mine = (float *)ctx->work[0].p, *row_all = mine + Vl;
+    const void *src = (const char *)logits.data + (size_t)(row * Vl) * tpk_dtype_size(logits.dtype);
+    if (s == TPK_OK && Vl) s = tpk_op_cast(ctx, mine, TPK_F32, src, logits.dtype, (size_t)Vl);
+    if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, mine, (size_t)Vl, row_all, counts, (size_t)V, TPK_F32);
+    if (s == TPK_OK) s = tpk_op_memcpy(ctx, all, row_all, sizeof(float) * (size_t)V, ctx->ops->device ? TPK_D2H : TPK_H2H);
+    if (s == TPK_OK) {
+        double mx = -INFINITY, z = 0, c = 0, u = tpk_rng_uniform(seed, tpk_rng_stream("sample"), i);
+        for (int64_t j = 0; j < V; j++) mx = fmax(mx, all[j] / temperature);
+        for (int64_t j = 0; j < V; j++) z += exp(all[j] / temperature - mx);
+        *tok = (int32_t)(V - 1);
+        for (int64_t j = 0; j < V; j++)
+            if ((c += exp(all[j] / temperature - mx) / z) > u) {
+                *tok = (int32_t)j;
+                break;
+            }
+    }
+    free(counts), free(all);
+    return s;
+}
+
+/* out[0] = start, out[1..n] = n tokens sampled one after another (dropout off first). */
+static inline tpk_status tpk_gpt2_sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
+    static const char *fn = "tpk_gpt2_sample";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->h || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
+    if (n < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "n: expected >= 0, got %d", n);
+    if (start < 0 || start >= m->c.vocab) return tpk__fail(ctx, TPK_ERR_ARG, fn, "start: expected a token id in 0..%lld, got %d", (long long)m->c.vocab - 1, start);
+    int64_t P = m->c.positions;
+    out[0] = start;
+    for (int i = 0; i < n; i++) {
+        int64_t len = i + 1, S = len < P ? len : P;
+        TPK_TRY(tpk_gpt2_forward(ctx, m, out + len - S, NULL, 1, S, NULL));
+        TPK_TRY(tpk_sample_logits(ctx, m->logits, S - 1, temperature, seed, (uint64_t)i, &out[i + 1]));
+    }
+    return TPK_OK;
+}
+
+#endif /* TPK_SAMPLE_H */
