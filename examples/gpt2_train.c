@@ -1,19 +1,13 @@
 /* examples/gpt2_train.c — a Megatron-style GPT-2 trainer on tpk: tensor parallelism (TP) within
- * groups of --tp consecutive ranks, data parallelism (DP) across them. The template to copy.
- *
- *   mpirun -np 2 build/gpt2_train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 \
- *       --batch 8 --seq-len 64 --steps 500 --save ckpt --sample 200
- *
- * Per optimizer step: for each of --grad-accum micro-batches, ctx.rng_step = its index (new
- * dropout masks), forward, backward with scale 1/accum; only the last one starts the DP
- * reduction of each block's gradients as its backward finishes them (tpk/dp.h). Then: sequence
- * parallel layernorm gradients all-reduced over TP, the global gradient norm (tpk/optim.h),
- * clipping, AdamW with f32 master weights and a warm-up + cosine schedule. --dtype bf16 (the
- * default on a GPU) computes in bf16 from a bf16 copy of the weights. Data (tpk/data.h): llm.c
- * token shards or the bytes of a text file; batch k of DP rank d is window k*dp + d, so a
- * resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2 layout, global tensors,
- * loadable at any TP and DP size. The library never exits: every rank agrees on a failure and
- * all stop with one line `gpt2_train: error: ...`. */
+ * groups of --tp consecutive ranks, data parallelism (DP) across them. The template to copy:
+ *   mpirun -np 2 build/gpt2_train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 --steps 500 --save ckpt --sample 200
+ * A step: --grad-accum micro-batches (ctx.rng_step = the micro-batch: new dropout masks), forward,
+ * backward x 1/accum, the last one starting each block's DP reduction as its backward ends
+ * (tpk/dp.h); SP layernorm grads over TP; the global norm, clipping, AdamW and the schedule
+ * (tpk/optim.h). Data (tpk/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is
+ * window k*dp + d, so a resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2
+ * layout, loadable at any TP and DP size. On any failure every rank stops with one line
+ * `gpt2_train: error: ...`. */
 #define _POSIX_C_SOURCE 200809L
 #include <time.h>
 
@@ -92,11 +86,7 @@ static char msg[1024];
 #define FAIL_IF(cond, ...) do { bool c_ = (cond); if (c_) snprintf(msg, sizeof msg, __VA_ARGS__); if (!agree(!c_, msg)) goto out; } while (0)
 #define TRY(call) do { tpk_status s_ = (call); FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); } while (0)
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; }
 
 /* Mean loss of K validation batches, averaged over DP (dropout off). Collective. */
 static tpk_status evaluate(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_tokens *val, const opts *o, int32_t *x, int32_t *y, double *out) {
@@ -122,10 +112,8 @@ static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int n, uint64_t seed) {
     tpk_status s = tpk_gpt2_sample(ctx, m, bytes ? '\n' : V > 50256 ? 50256 : 0, n, 1.0f, seed, seq);
     if (s == TPK_OK && world_rank == 0) {
         printf("--- sample (%d tokens) ---\n", n);
-        for (int i = 1; i <= n; i++) {
-            if (bytes) putchar(seq[i] == '\n' || seq[i] == '\t' || (seq[i] >= 32 && seq[i] < 127) ? seq[i] : '?');
-            else printf("%d ", seq[i]);
-        }
+        for (int i = 1; i <= n; i++)
+            bytes ? putchar(seq[i] == '\n' || seq[i] == '\t' || (seq[i] >= 32 && seq[i] < 127) ? seq[i] : '?') : printf("%d ", seq[i]);
         printf("\n---\n");
     }
     free(seq);
@@ -138,14 +126,12 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     opts o;
     int rc = 1, pr = parse(argc, argv, &o, msg, sizeof msg);
-    tpk_comm world;
-    tpk_ctx ctx; /* zeroed: errors before tpk_ctx_init land in it too */
-    tpk_gpt2 m;
-    tpk_adamw opt;
-    tpk_dp_buckets dp_b;
-    tpk_tokens train, val;
-    memset(&world, 0, sizeof world), memset(&ctx, 0, sizeof ctx), memset(&m, 0, sizeof m), memset(&opt, 0, sizeof opt);
-    memset(&dp_b, 0, sizeof dp_b), memset(&train, 0, sizeof train), memset(&val, 0, sizeof val);
+    tpk_comm world = {0};
+    tpk_ctx ctx = {0}; /* errors before tpk_ctx_init land in it too */
+    tpk_gpt2 m = {0};
+    tpk_adamw opt = {0};
+    tpk_dp_buckets dp_b = {0};
+    tpk_tokens train = {0}, val = {0};
     int32_t *x = NULL, *y = NULL;
     FILE *csv = NULL;
     bool ctx_up = false;
@@ -164,7 +150,6 @@ int main(int argc, char **argv) {
         FAIL_IF(hmin != hmax, "the ranks were started with different configurations (arguments differ between ranks)");
     }
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
-
     /* the model shape (from the checkpoint when loading) and the data */
     tpk_gpt2_config cfg = {.vocab = o.vocab ? o.vocab : o.text ? 256 : 50257, .positions = o.positions, .layers = o.layers, .hidden = o.hidden,
                            .heads = o.heads, .dropout = o.dropout, .label_smoothing = o.smoothing, .sequence_parallel = o.sp};
@@ -181,10 +166,8 @@ int main(int argc, char **argv) {
     } else if (o.data) {
         TRY(tpk_data_load_shard(&ctx, o.data, cfg.vocab, &train));
         TRY(tpk_data_load_shard(&ctx, o.val_data ? o.val_data : o.data, cfg.vocab, &val)); /* no --val-data: the training shard */
-        FAIL_IF(train.n < (int64_t)o.batch * o.seq + 1 || val.n < (int64_t)o.batch * o.seq + 1, "the data holds fewer than B x S + 1 = %lld tokens",
-                (long long)o.batch * o.seq + 1);
+        FAIL_IF(train.n <= (int64_t)o.batch * o.seq || val.n <= (int64_t)o.batch * o.seq, "the data holds fewer than B x S + 1 = %lld tokens", (long long)o.batch * o.seq + 1);
     }
-
     /* the backend (a GPU per rank where one is present), the mesh, the model, the optimizer */
     const tpk_ops *ops = tpk_ops_host();
     bool gpu = false;
@@ -216,8 +199,7 @@ int main(int argc, char **argv) {
         printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend, %s | GPT-2 L=%lld H=%lld A=%lld V=%lld P=%lld, %.2fM parameters | B=%d S=%d accum %d\n",
                world_size, o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", (long long)cfg.layers,
                (long long)cfg.hidden, (long long)cfg.heads, (long long)cfg.vocab, (long long)cfg.positions, (double)nglobal * 1e-6, o.batch, o.seq, o.accum);
-    x = (int32_t *)malloc(sizeof(int32_t) * (size_t)o.batch * (size_t)o.seq), y = (int32_t *)malloc(sizeof(int32_t) * (size_t)o.batch * (size_t)o.seq);
-    FAIL_IF(!x || !y, "out of memory for a batch");
+    FAIL_IF(!(x = malloc(sizeof(int32_t) * o.batch * o.seq)) || !(y = malloc(sizeof(int32_t) * o.batch * o.seq)), "out of memory for a batch");
     if (o.eval_only) {
         double vl = 0;
         FAIL_IF(!val.tok, "--eval-only needs --data or --text");
@@ -290,14 +272,13 @@ int main(int argc, char **argv) {
         }
     }
     if (world_rank == 0 && o.steps > 0) printf("trained %lld steps in %.1f s\n", (long long)o.steps, now() - t_start);
-    if (csv) {
+    if (csv) { /* and a plot where gnuplot is installed */
+        char cmd[2400];
         fclose(csv), csv = NULL;
-        char cmd[2400]; /* a plot where gnuplot is installed */
-        snprintf(cmd, sizeof cmd,
-                 "command -v gnuplot >/dev/null 2>&1 && gnuplot -e \"set terminal png size 800,500; set output '%s.png'; set datafile separator ','; "
-                 "set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot '%s' using 1:2 with lines title 'train', '' using 1:3 with "
-                 "points pt 7 title 'val'\" 2>/dev/null && echo 'plot: %s.png'", o.csv, o.csv, o.csv);
-        if (system(cmd) != 0) { /* no gnuplot: the CSV alone */ }
+        snprintf(cmd, sizeof cmd, "command -v gnuplot >/dev/null 2>&1 && gnuplot -e \"set terminal png size 800,500; set output '%s.png'; set datafile "
+                 "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot '%s' using 1:2 with lines title 'train', '' "
+                 "using 1:3 with points pt 7 title 'val'\" 2>/dev/null && echo 'plot: %s.png'", o.csv, o.csv, o.csv);
+        rc = system(cmd), rc = 1; /* without gnuplot: the CSV alone */
     }
     if (o.save) {
         TRY(tpk_gpt2_save(&ctx, &m, &opt, o.save, &(tpk_gpt2_save_desc){opt.step, o.seed}));
