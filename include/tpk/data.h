@@ -59,8 +59,8 @@ static inline tpk_status tpk_data_load_shard(tpk_ctx *ctx, const char *path, int
     if (!ctx) return TPK_ERR_ARG;
     if (!path || !t) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", path ? "t" : "path");
     memset(t, 0, sizeof *t);
-    uint8_t *b;
-    size_t n;
+    uint8_t *b = NULL;
+    size_t n = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
     int32_t h[256];
     tpk_status s = TPK_OK;
@@ -93,8 +93,8 @@ static inline tpk_status tpk_data_load_text(tpk_ctx *ctx, const char *path, int6
     if (!path || !train || !val) return tpk__fail(ctx, TPK_ERR_ARG, fn, "path, train, val: NULL");
     if (span < 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "span: expected >= 2 (B x S + 1), got %lld", (long long)span);
     memset(train, 0, sizeof *train), memset(val, 0, sizeof *val);
-    uint8_t *b;
-    size_t n;
+    uint8_t *b = NULL;
+    size_t n = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
     if ((int64_t)n < 10 * span) {
         free(b);

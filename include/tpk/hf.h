@@ -144,8 +144,8 @@ static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk
     if (!dir || !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", dir ? "cfg" : "dir");
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    uint8_t *b;
-    size_t n, at = 0;
+    uint8_t *b = NULL;
+    size_t n = 0, at = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
     static const char *const keys[] = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon"};
     double v[6] = {0, 0, 0, 0, 0, 1e-5};

@@ -1,0 +1,192 @@
+/* tests/test_hf.c — tpk/hf.h and tpk/sample.h at t = ranks:
+ *   a GPT-2 (V = 61, uneven at every t > 1) with random weights and AdamW moments after one step,
+ *   saved at t = ranks (collective, rank 0 writes), then loaded into a fresh model at t = ranks
+ *   and into an unsharded one on every rank: every parameter, both moments and the step equal;
+ *   config.json read back; a truncated config.json, one with a syntax error, a missing key and
+ *   an implausible value refused naming the file (and the byte); an optimizer file of another
+ *   step refused;
+ *   sampling: the tokens drawn at t = ranks are the same on every rank and equal the unsharded
+ *   model's; one draw from given logits equals a double-precision computation here. */
+#include "test.h"
+
+#include <tpk/hf.h>
+#include <sys/stat.h>
+
+static int me, np;
+static tpk_comm world;
+
+static tpk_gpt2_config config(void) {
+    tpk_gpt2_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab = 61, c.positions = 12, c.layers = 2, c.hidden = 16, c.heads = 4;
+    return c;
+}
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+}
+/* every parameter and both moments gathered: out[3 * i + k] */
+static void gather_all(tpk_ctx *ctx, const tpk_adamw *o, float **out) {
+    for (int i = 0; i < ctx->params.n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        const float *flat[3] = {(const float *)ctx->params.data.p, o->m, o->v};
+        for (int k = 0; k < 3; k++) {
+            out[3 * i + k] = malloc(gn * 4);
+            test_poison(out[3 * i + k], gn);
+            CHECK_OK(ctx, tpk_param_gather(ctx, i, flat[k], out[3 * i + k]));
+        }
+    }
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+    char dir[256], path[512];
+    snprintf(dir, sizeof dir, "build/tests/hf_np%d", np);
+    tpk_gpt2_config cfg = config();
+    int nparams = 0;
+    float *before[3 * 64] = {0};
+
+    TEST_CASE("save at t = %d, load at t = %d and unsharded: parameters, moments and step equal", np, np) {
+        tpk_ctx ctx;
+        tpk_gpt2 m;
+        tpk_adamw o;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
+        CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
+        test_set_weights(&ctx, 8, 0.3f);
+        CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
+        int32_t ids[12], tg[12];
+        for (int i = 0; i < 12; i++) ids[i] = (5 * i + 1) % 61, tg[i] = (7 * i + 3) % 61;
+        float loss;
+        CHECK_OK(&ctx, tpk_params_zero_grad(&ctx));
+        CHECK_OK(&ctx, tpk_gpt2_forward(&ctx, &m, ids, tg, 2, 6, &loss));
+        CHECK_OK(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f));
+        CHECK_OK(&ctx, tpk_adamw_step(&ctx, &o, 1e-3f, 1.0f));
+        nparams = ctx.params.n;
+        gather_all(&ctx, &o, before);
+        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir, &(tpk_gpt2_save_desc){o.step, 4}));
+        tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        for (int pass = 0; pass < 2; pass++) { /* at t = np, then unsharded on this rank */
+            tpk_gpt2_config rc = config();
+            rc.layers = 1, rc.hidden = 8; /* overwritten from config.json */
+            CHECK_OK(&ctx, tpk_gpt2_config_read(&ctx, dir, &rc));
+            CHECK(rc.layers == 2 && rc.hidden == 16 && rc.heads == 4 && rc.vocab == 61 && rc.positions == 12 && fabsf(rc.ln_eps - 1e-5f) < 1e-12f, "config.json read back");
+            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass ? &(tpk_ctx_desc){.seed = 99} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 99}));
+            CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &rc));
+            CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
+            CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, &o, dir));
+            CHECK(o.step == 1, "step %lld", (long long)o.step);
+            float *after[3 * 64];
+            gather_all(&ctx, &o, after);
+            int bad = 0;
+            for (int i = 0; i < 3 * nparams; i++) {
+                bad += memcmp(before[i], after[i], tpk_param_global_numel(&ctx, i / 3) * 4) != 0;
+                free(after[i]);
+            }
+            CHECK(bad == 0, "%d of %d tensors differ after loading %s", bad, 3 * nparams, pass ? "unsharded" : "at t = ranks");
+            tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        }
+    }
+
+    TEST_CASE("sampling at t = %d: the same tokens on every rank, equal to the unsharded model's", np) {
+        int32_t tok[2][9];
+        for (int pass = 0; pass < 2; pass++) {
+            tpk_ctx ctx;
+            tpk_gpt2 m;
+            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass ? &(tpk_ctx_desc){.seed = 1} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 1}));
+            CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
+            CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, NULL, dir));
+            for (int i = 0; i < 9; i++) tok[pass][i] = -1;
+            CHECK_OK(&ctx, tpk_gpt2_sample(&ctx, &m, 3, 8, 0.8f, 21, tok[pass]));
+            CHECK_FAILS(&ctx, tpk_gpt2_sample(&ctx, &m, 61, 2, 1.0f, 21, tok[pass]), TPK_ERR_ARG, "start: expected a token id in 0..60, got 61");
+            tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        }
+        int lo[9], hi[9];
+        MPI_Allreduce(tok[0], lo, 9, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        MPI_Allreduce(tok[0], hi, 9, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        CHECK(!memcmp(lo, hi, sizeof lo), "ranks drew different tokens");
+        CHECK(!memcmp(tok[0], tok[1], sizeof tok[0]), "t = %d drew %d %d %d ..., the unsharded model %d %d %d ...", np, tok[0][1], tok[0][2], tok[0][3], tok[1][1],
+              tok[1][2], tok[1][3]);
+        for (int i = 1; i < 9; i++) CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
+    }
+
+    TEST_CASE("one draw from given logits (S(-1) over %d ranks) equals a double computation", np) {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
+        enum { T = 3, V = 29 };
+        float z[T * V], loc[T * V];
+        test_randn(z, T * V, 6, 2.0f);
+        tpk_tensor g = tpk_tensor_2d(z, TPK_F32, T, V, TPK_R), l = tpk_tensor_shard_2d(loc, TPK_F32, T, V, TPK_S(-1), np, me);
+        CHECK_OK(&ctx, tpk_convert(&ctx, &g, TPK_S(-1), &l));
+        for (uint64_t i = 0; i < 20; i++) {
+            int32_t got = -1;
+            CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, 1, 0.7f, 5, i, &got));
+            double mx = -INFINITY, s = 0, c = 0, u = tpk_rng_uniform(5, tpk_rng_stream("sample"), i);
+            for (int j = 0; j < V; j++) mx = fmax(mx, z[V + j] / 0.7f);
+            for (int j = 0; j < V; j++) s += exp(z[V + j] / 0.7f - mx);
+            int want = V - 1;
+            for (int j = 0; j < V; j++)
+                if ((c += exp(z[V + j] / 0.7f - mx) / s) > u) { want = j; break; }
+            CHECK(got == want, "draw %llu: %d, expected %d", (unsigned long long)i, got, want);
+        }
+        int32_t t;
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 3, 1.0f, 5, 0, &t), TPK_ERR_ARG, "row: expected 0..2, got 3");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 0.0f, 5, 0, &t), TPK_ERR_ARG, "temperature: expected > 0");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, g, 0, 1.0f, 5, 0, &t), TPK_ERR_LAYOUT, "logits: expected layout S(-1), got R");
+        tpk_ctx_destroy(&ctx);
+    }
+
+    TEST_CASE("config.json: truncated, bad syntax, missing key, implausible; optimizer of another step") {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
+        char bad[300];
+        snprintf(bad, sizeof bad, "build/tests/hf_bad_np%d_r%d", np, me);
+        mkdir(bad, 0755);
+        snprintf(path, sizeof path, "%s/config.json", bad);
+        tpk_gpt2_config c = config();
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12\n");
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "config.json: byte 78: expected ',' or '}'");
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16 \"n_head\": 4}");
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "byte 28: expected ',' or '}'");
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61}");
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "missing n_positions");
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 5, \"vocab_size\": 61, \"n_positions\": 12, \"x\": [1, {\"a\": null}]}");
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "implausible configuration");
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12} x");
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "the end of the text");
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"a\\qb\"}");
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "expected an escape");
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"activation_function\": \"gelu_new\", \"n_inner\": null}");
+        CHECK_OK(&ctx, tpk_gpt2_config_read(&ctx, bad, &c));
+        snprintf(path, sizeof path, "%s/none", bad);
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, path, &c), TPK_ERR_IO, "config.json: cannot open");
+        /* the saved checkpoint's model with the optimizer file of a checkpoint at step 7 */
+        tpk_gpt2 m;
+        tpk_adamw o;
+        char dir7[300], mix[600];
+        snprintf(dir7, sizeof dir7, "%s_step7", dir), snprintf(mix, sizeof mix, "%s/mix", bad);
+        CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
+        CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
+        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir7, &(tpk_gpt2_save_desc){7, 1})); /* collective */
+        mkdir(mix, 0755);
+        const char *from[3] = {dir, dir, dir7}, *file[3] = {"config.json", "model.safetensors", "optim.safetensors"};
+        for (int k = 0; k < 3; k++) {
+            char src[700], dst[700];
+            snprintf(src, sizeof src, "%s/%s", from[k], file[k]), snprintf(dst, sizeof dst, "%s/%s", mix, file[k]);
+            FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+            for (int ch; in && out && (ch = fgetc(in)) != EOF;) fputc(ch, out);
+            if (in) fclose(in);
+            if (out) fclose(out);
+        }
+        CHECK_FAILS(&ctx, tpk_gpt2_load(&ctx, &m, &o, mix), TPK_ERR_FORMAT, "optim.safetensors (step 7) does not belong to model.safetensors (step 1)");
+        CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, NULL, mix)); /* the model alone loads */
+        tpk_gpt2_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &o);
+        tpk_ctx_destroy(&ctx);
+    }
+    for (int i = 0; i < 3 * nparams; i++) free(before[i]);
+    tpk_comm_destroy(&world);
+    return test_finish();
+}

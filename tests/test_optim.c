@@ -1,0 +1,160 @@
+/* tests/test_optim.c — the trainer headers tpk/optim.h and tpk/dp.h at t = ranks:
+ *   AdamW (decayed and undecayed, sharded and replicated parameters, 3 steps, grad_scale)
+ *     against a double-precision scalar reference on the gathered global tensors;
+ *   the gradient norm against the unsharded norm (a replicated parameter counted once) and the
+ *     clipping factor; the learning-rate schedules against their formulas;
+ *   DP buckets (t = 1, dp = ranks): the hook's all-reduces equal the sum of every rank's
+ *     gradients, a micro-step that is not the last communicates nothing;
+ *   bad input. Random inputs; results are checked on every element. */
+#include "test.h"
+
+static int me, np;
+static tpk_comm world;
+enum { NP = 4 };
+
+/* W [6, 10] split on dim 0 (decay), b [10] replicated (no decay), E [9, 4] split (decay), g [4] replicated (decay off) */
+static void add_params(tpk_ctx *ctx, int *ids) {
+    static const struct { const char *name; int ndim; int64_t d0, d1; bool split, decay; } P[NP] = {
+        {"w", 2, 6, 10, true, true}, {"b", 1, 10, 0, false, false}, {"e", 2, 9, 4, true, true}, {"g", 1, 4, 0, false, false}};
+    for (int i = 0; i < NP; i++) CHECK_OK(ctx, tpk__param_add(ctx, P[i].name, P[i].ndim, P[i].d0, P[i].d1, P[i].split ? TPK_S(0) : TPK_R, TPK_INIT_NORMAL, 0.5f, P[i].decay, &ids[i]));
+}
+/* every parameter's gradient: N(0, 1) of (seed, name, global index), the same global tensor at every t */
+static void set_grads(tpk_ctx *ctx, uint64_t seed, float **glob) {
+    for (int i = 0; i < ctx->params.n; i++) {
+        size_t gn = tpk_param_global_numel(ctx, i);
+        for (size_t k = 0; k < gn; k++) glob[i][k] = tpk_rng_normal(seed, tpk_rng_stream(ctx->params.list[i].name), k);
+        CHECK_OK(ctx, tpk_param_scatter(ctx, i, glob[i], (float *)ctx->params.grad.p));
+    }
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+
+    TEST_CASE("AdamW over sharded and replicated parameters equals a double reference (3 steps, decay mask, grad_scale)") {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));
+        int ids[NP];
+        add_params(&ctx, ids);
+        float *w[NP], *g[NP], *got = malloc(64 * sizeof(float));
+        double *m[NP], *v[NP], *ref[NP];
+        for (int i = 0; i < NP; i++) {
+            size_t gn = tpk_param_global_numel(&ctx, i);
+            w[i] = malloc(gn * 4), g[i] = malloc(gn * 4), m[i] = calloc(gn, 8), v[i] = calloc(gn, 8), ref[i] = malloc(gn * 8);
+            CHECK_OK(&ctx, tpk_param_get_global(&ctx, i, false, w[i]));
+            for (size_t k = 0; k < gn; k++) ref[i][k] = w[i][k];
+        }
+        tpk_adamw opt;
+        CHECK_OK(&ctx, tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = 0.8f, .b2 = 0.9f, .eps = 1e-6f, .weight_decay = 0.1f}));
+        const float lr[3] = {1e-2f, 5e-3f, 2e-3f}, scale[3] = {1.0f, 0.5f, 0.25f};
+        for (int s = 0; s < 3; s++) {
+            set_grads(&ctx, 10 + s, g);
+            CHECK_OK(&ctx, tpk_adamw_step(&ctx, &opt, lr[s], scale[s]));
+            double c1 = 1 / (1 - pow(0.8, s + 1)), c2 = 1 / (1 - pow(0.9, s + 1));
+            for (int i = 0; i < NP; i++)
+                for (size_t k = 0; k < tpk_param_global_numel(&ctx, i); k++) {
+                    double gi = (double)g[i][k] * scale[s];
+                    m[i][k] = 0.8 * m[i][k] + 0.2 * gi, v[i][k] = 0.9 * v[i][k] + 0.1 * gi * gi;
+                    double wd = ctx.params.list[i].decay ? 0.1 : 0.0;
+                    ref[i][k] -= lr[s] * (m[i][k] * c1 / (sqrt(v[i][k] * c2) + 1e-6) + wd * ref[i][k]);
+                }
+        }
+        CHECK(opt.step == 3, "step %lld", (long long)opt.step);
+        double err = 0, err_m = 0;
+        for (int i = 0; i < NP; i++) {
+            size_t gn = tpk_param_global_numel(&ctx, i);
+            test_poison(got, 64);
+            CHECK_OK(&ctx, tpk_param_get_global(&ctx, i, false, got));
+            for (size_t k = 0; k < gn; k++) err = fmax(err, fabs(got[k] - ref[i][k]) / (fabs(ref[i][k]) + 1e-3));
+            test_poison(got, 64);
+            CHECK_OK(&ctx, tpk_param_gather(&ctx, i, opt.m, got)); /* the moments are laid out like the parameters */
+            for (size_t k = 0; k < gn; k++) err_m = fmax(err_m, fabs(got[k] - m[i][k]) / (fabs(m[i][k]) + 1e-3));
+        }
+        CHECK(err < 1e-5 && err_m < 1e-5, "relative errors: weights %g, first moments %g", err, err_m);
+        CHECK(ctx.params.stale16, "the step did not mark the weights updated");
+        /* a parameter registered after the optimizer: refused */
+        int late;
+        CHECK_OK(&ctx, tpk__param_add(&ctx, "late", 1, 3, 0, TPK_R, TPK_INIT_ZEROS, 0, false, &late));
+        CHECK_FAILS(&ctx, tpk_adamw_step(&ctx, &opt, 1e-3f, 1.0f), TPK_ERR_ARG, "register the model first");
+        tpk_adamw bad;
+        CHECK_FAILS(&ctx, tpk_adamw_init(&ctx, &bad, &(tpk_adamw_desc){.b1 = 1.0f}), TPK_ERR_ARG, "desc->b1, b2: expected in [0, 1)");
+        CHECK_FAILS(&ctx, tpk_adamw_step(&ctx, NULL, 1e-3f, 1.0f), TPK_ERR_ARG, "opt:");
+        tpk_adamw_destroy(&ctx, &opt);
+        for (int i = 0; i < NP; i++) free(w[i]), free(g[i]), free(m[i]), free(v[i]), free(ref[i]);
+        free(got);
+        tpk_ctx_destroy(&ctx);
+    }
+
+    TEST_CASE("gradient norm at t = ranks equals the unsharded norm (replicated parameters once); clipping factor") {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
+        int ids[NP];
+        add_params(&ctx, ids);
+        float *g[NP];
+        double want = 0;
+        for (int i = 0; i < NP; i++) g[i] = malloc(tpk_param_global_numel(&ctx, i) * 4);
+        set_grads(&ctx, 77, g);
+        for (int i = 0; i < NP; i++)
+            for (size_t k = 0; k < tpk_param_global_numel(&ctx, i); k++) want += (double)g[i][k] * g[i][k];
+        want = sqrt(want) * 0.5;
+        double norm = -1;
+        CHECK_OK(&ctx, tpk_grad_norm(&ctx, 0.5f, &norm));
+        CHECK(fabs(norm - want) <= 1e-12 * want, "norm %.17g, unsharded %.17g", norm, want);
+        CHECK(tpk_clip_factor(10.0, 1.0f) == 0.1f && tpk_clip_factor(0.5, 1.0f) == 1.0f && tpk_clip_factor(10.0, 0.0f) == 1.0f, "clip factors");
+        CHECK_FAILS(&ctx, tpk_grad_norm(&ctx, 1.0f, NULL), TPK_ERR_ARG, "norm: NULL");
+        for (int i = 0; i < NP; i++) free(g[i]);
+        tpk_ctx_destroy(&ctx);
+    }
+
+    TEST_CASE("learning-rate schedules: warm-up, cosine, linear, constant") {
+        tpk_lr_schedule c = {TPK_LR_COSINE, 1e-3f, 0.1f, 10, 110}, l = c, k = c;
+        l.kind = TPK_LR_LINEAR, k.kind = TPK_LR_CONSTANT;
+        CHECK(fabsf(tpk_lr_at(&c, 0) - 1e-4f) < 1e-9f && fabsf(tpk_lr_at(&c, 9) - 1e-3f) < 1e-9f, "warm-up");
+        CHECK(fabsf(tpk_lr_at(&c, 10) - 1e-3f) < 1e-9f, "cosine start %g", (double)tpk_lr_at(&c, 10));
+        CHECK(fabsf(tpk_lr_at(&c, 60) - 5.5e-4f) < 1e-9f, "cosine middle %g (expected the mean of lr and lr * 0.1)", (double)tpk_lr_at(&c, 60));
+        CHECK(fabsf(tpk_lr_at(&c, 110) - 1e-4f) < 1e-9f && fabsf(tpk_lr_at(&c, 500) - 1e-4f) < 1e-9f, "cosine end");
+        CHECK(fabsf(tpk_lr_at(&l, 35) - (float)(1e-4 + 9e-4 * 0.75)) < 1e-9f, "linear at a quarter %g", (double)tpk_lr_at(&l, 35));
+        CHECK(tpk_lr_at(&k, 50) == 1e-3f && fabsf(tpk_lr_at(&k, 5) - 6e-4f) < 1e-9f, "constant");
+    }
+
+    TEST_CASE("DP buckets from the backward hook: sums over %d DP ranks, no communication on earlier micro-steps", np) {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));
+        int ids[NP];
+        add_params(&ctx, ids);
+        size_t n = ctx.params.numel;
+        float *mine = malloc(n * 4), *want = calloc(n, 4), *got = malloc(n * 4);
+        for (int r = 0; r < np; r++)
+            for (size_t k = 0; k < n; k++) {
+                float x = tpk_rng_normal(5, (uint64_t)r, k);
+                want[k] += x;
+                if (r == me) mine[k] = x;
+            }
+        memcpy(ctx.params.grad.p, mine, n * 4);
+        tpk_dp_buckets b = {0};
+        tpk_comm_stats_reset(&ctx.dp);
+        CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, false));
+        CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, NP - 1, &b));
+        CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
+        CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == 0 && !memcmp(ctx.params.grad.p, mine, n * 4), "a micro-step that is not the last communicated");
+        CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, true));
+        CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 2, 3, &b)); /* buckets in the backward's order: the last parameters first */
+        CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, 1, &b));
+        if (np > 1) CHECK_FAILS(&ctx, tpk_dp_begin(&ctx, &b, true), TPK_ERR_ARG, "still running");
+        CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
+        memcpy(got, ctx.params.grad.p, n * 4);
+        CHECK_CLOSE(got, want, n, 1e-6, "DP-reduced gradients");
+        CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == (np > 1 ? 2u : 0u), "%llu all-reduces", (unsigned long long)ctx.dp.stats.calls[TPK_COLL_ALLREDUCE]);
+        CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, true));
+        if (np > 1) CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 3, 1, &b), TPK_ERR_ARG, "first, last: expected 0 <= first <= last < 4, got 3, 1");
+        CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 0, 1, NULL), TPK_ERR_ARG, "user: expected the tpk_dp_buckets");
+        CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
+        tpk_dp_destroy(&b);
+        free(mine), free(want), free(got);
+        tpk_ctx_destroy(&ctx);
+    }
+    tpk_comm_destroy(&world);
+    return test_finish();
+}
