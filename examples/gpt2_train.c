@@ -159,7 +159,7 @@ int main(int argc, char **argv) {
     FAIL_IF(o.seq > cfg.positions, "--seq-len %d is longer than the model's %lld positions", o.seq, (long long)cfg.positions);
     FAIL_IF(cfg.hidden % cfg.heads, "--hidden %lld is not a multiple of --heads %lld", (long long)cfg.hidden, (long long)cfg.heads);
     if (o.text) {
-        double ent;
+        double ent = 0;
         TRY(tpk_data_load_text(&ctx, o.text, (int64_t)o.batch * o.seq + 1, &train, &val, &ent));
         if (world_rank == 0)
             printf("data: %s, %lld training and %lld validation bytes; byte-unigram entropy %.3f nats\n", o.text, (long long)train.n, (long long)val.n, ent);

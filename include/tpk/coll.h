@@ -168,30 +168,23 @@ static inline void tpk_comm_destroy(tpk_comm *c) {
 /* Collectives on a few values in host memory (a loss, a squared norm, a flag, a token): staged
  * through the context's backend memory (ctx->work[0]), so they run on any communicator, NCCL's
  * device-only ones included. vals[n] of dt; blocking. */
-static inline tpk_status tpk__host_stage(tpk_ctx *ctx, size_t bytes, tpk_copy_dir dir, void *dst, const void *src) {
-    return bytes ? tpk_op_memcpy(ctx, dst, src, bytes, dir) : TPK_OK;
+static inline tpk_status tpk__host_coll(tpk_ctx *ctx, const char *fn, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, tpk_redop op, int root,
+                                        bool bcast) {
+    if (!ctx || !ctx->ops) return TPK_ERR_ARG;
+    if (n && !vals) return tpk__fail(ctx, TPK_ERR_ARG, fn, "vals: NULL buffer for %zu elements", n);
+    size_t bytes = n * tpk_dtype_size(dt);
+    bool dev = ctx->ops->device && bytes;
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[0], bytes));
+    void *b = dev ? ctx->work[0].p : vals;
+    if (dev) TPK_TRY(tpk_op_memcpy(ctx, b, vals, bytes, TPK_H2D));
+    TPK_TRY(bcast ? tpk_bcast(ctx, c, b, n, dt, root) : tpk_allreduce(ctx, c, b, b, n, dt, op));
+    return dev ? tpk_op_memcpy(ctx, vals, b, bytes, TPK_D2H) : TPK_OK;
 }
 static inline tpk_status tpk_allreduce_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, tpk_redop op) {
-    if (!ctx || !ctx->ops) return TPK_ERR_ARG;
-    if (n && !vals) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allreduce_host", "vals: NULL buffer for %zu elements", n);
-    size_t bytes = n * tpk_dtype_size(dt);
-    bool dev = ctx->ops->device;
-    TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[0], bytes));
-    void *b = dev ? ctx->work[0].p : vals;
-    if (dev) TPK_TRY(tpk__host_stage(ctx, bytes, TPK_H2D, b, vals));
-    TPK_TRY(tpk_allreduce(ctx, c, b, b, n, dt, op));
-    return dev ? tpk__host_stage(ctx, bytes, TPK_D2H, vals, b) : TPK_OK;
+    return tpk__host_coll(ctx, "tpk_allreduce_host", c, vals, n, dt, op, 0, false);
 }
 static inline tpk_status tpk_bcast_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, int root) {
-    if (!ctx || !ctx->ops) return TPK_ERR_ARG;
-    if (n && !vals) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_bcast_host", "vals: NULL buffer for %zu elements", n);
-    size_t bytes = n * tpk_dtype_size(dt);
-    bool dev = ctx->ops->device;
-    TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[0], bytes));
-    void *b = dev ? ctx->work[0].p : vals;
-    if (dev) TPK_TRY(tpk__host_stage(ctx, bytes, TPK_H2D, b, vals));
-    TPK_TRY(tpk_bcast(ctx, c, b, n, dt, root));
-    return dev ? tpk__host_stage(ctx, bytes, TPK_D2H, vals, b) : TPK_OK;
+    return tpk__host_coll(ctx, "tpk_bcast_host", c, vals, n, dt, TPK_SUM, root, true);
 }
 /* Every rank of c passes its own status; all get TPK_OK only when all passed TPK_OK, else a
  * failing status (a rank's own when it failed) — so ranks stop together instead of hanging. */
