@@ -9,7 +9,7 @@
  *   row fwd       y[T, H]    = x[T, F_r] W^T        m=T   n=H   k=F_r
  *   row dgrad     dx[T, F_r] = dy[T, H] W           m=T   n=F_r k=H
  *   row wgrad     dW[H, F_r] = dy^T x               m=H   n=F_r k=T
- * Each is timed through ops->gemm after a warm-up, rotating over buffer sets larger than the L2
+ * Each is timed through tpk_op_gemm (the checked front end, as a layer calls it) after a warm-up, rotating over buffer sets larger than the L2
  * cache, and reported as TFLOP/s (GFLOP/s on the host), % of the measured peak (a large square
  * GEMM, its fastest call) and the ratio to a plain GEMM of the same shape in the same process (cuBLASLt on packed
  * operands on the GPU, cblas_sgemm on the host). Median of the timed calls; CUDA events on the
@@ -62,7 +62,7 @@ static double time_median(call_fn f, void *arg, int sets, int warm, int iters) {
 #ifdef TPK_WITH_CUDA
     void *e0 = gpu ? tpk_cuda_event_new() : NULL, *e1 = gpu ? tpk_cuda_event_new() : NULL;
 #endif
-    TRY(ctx.ops->sync(&ctx));
+    TRY(tpk_op_sync(&ctx));
     for (int i = 0; i < iters; i++) {
 #ifdef TPK_WITH_CUDA
         if (gpu) {
@@ -97,7 +97,7 @@ typedef struct gemm_case {
 static void call_tpk(void *arg, int set) {
     gemm_case *g = arg;
     int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
-    TRY(ctx.ops->gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, 0.0f, g->c[set], g->n, g->dt));
+    TRY(tpk_op_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, 0.0f, g->c[set], g->n, g->dt));
 }
 static void call_plain(void *arg, int set) {
     gemm_case *g = arg;
@@ -107,7 +107,7 @@ static void call_plain(void *arg, int set) {
         return;
     }
 #endif
-    /* f32: the very buffers ops->gemm used; bf16: f32 copies (cblas has no bf16) */
+    /* f32: the very buffers tpk_op_gemm used; bf16: f32 copies (cblas has no bf16) */
     bool f32 = g->dt == TPK_F32;
     cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k, 1.0f,
                 f32 ? (const float *)g->a[set] : g->fa, (int)(g->ta ? g->m : g->k), f32 ? (const float *)g->b[set] : g->fb,
@@ -116,8 +116,8 @@ static void call_plain(void *arg, int set) {
 
 static void *buf_rand(size_t n, tpk_dtype dt, uint64_t stream) {
     void *p;
-    TRY(ctx.ops->alloc(&ctx, n * tpk_dtype_size(dt), &p));
-    TRY(ctx.ops->rng_2d(&ctx, p, dt, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, 0.0f, 1.0f));
+    TRY(tpk_op_alloc(&ctx, n * tpk_dtype_size(dt), &p));
+    TRY(tpk_op_rng_2d(&ctx, p, dt, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, 0.0f, 1.0f));
     return p;
 }
 
@@ -137,7 +137,7 @@ static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double 
     }
     *ms_tpk = time_median(call_tpk, g, sets, gpu ? 5 : 1, iters);
     *ms_plain = time_median(call_plain, g, gpu || g->dt == TPK_F32 ? sets : 1, gpu ? 5 : 1, iters);
-    for (int s = 0; s < sets; s++) ctx.ops->free(&ctx, g->a[s]), ctx.ops->free(&ctx, g->b[s]), ctx.ops->free(&ctx, g->c[s]);
+    for (int s = 0; s < sets; s++) tpk_op_free(&ctx, g->a[s]), tpk_op_free(&ctx, g->b[s]), tpk_op_free(&ctx, g->c[s]);
     free(g->a), free(g->b), free(g->c), free(g->fa), free(g->fb), free(g->fc);
 }
 

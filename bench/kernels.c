@@ -2,7 +2,7 @@
  *
  * Each memory-bound op is timed on N elements (or [rows, cols]) after a warm-up; its rate is the
  * fewest bytes it must move (each input read once, each output written once) over the median
- * time, in GB/s, next to the measured copy bandwidth (ops->memcpy of a large buffer, bytes read
+ * time, in GB/s, next to the measured copy bandwidth (tpk_op_memcpy of a large buffer, bytes read
  * plus written). Attention: TFLOP/s of the causal forward (2 B A S^2 D: half of Q K^T and of P V)
  * and backward (5 B A S^2 D). CUDA events on the GPU, the monotonic clock on the host. Then the
  * same attention shape in PyTorch (bench/torch_attn.py: scaled_dot_product_attention where it
@@ -57,21 +57,21 @@ static const char *op_name[OP_N] = {"memcpy D2D", "fill", "cast f32->bf16", "axp
 static void run_op(int op) {
     size_t es = tpk_dtype_size(dt);
     switch (op) {
-    case OP_COPY: TRY(ctx.ops->memcpy(&ctx, y, x, N * es, gpu ? TPK_D2D : TPK_H2H)); break;
-    case OP_FILL: TRY(ctx.ops->fill(&ctx, y, dt, N, 1.0f)); break;
-    case OP_CAST: TRY(ctx.ops->cast(&ctx, z, TPK_BF16, xf, TPK_F32, N)); break;
-    case OP_AXPBY: TRY(ctx.ops->axpby(&ctx, y, 0.5f, x, 0.5f, dt, N)); break;
-    case OP_BIAS: TRY(ctx.ops->bias_add(&ctx, y, x, R, C, dt)); break;
-    case OP_GELU_F: TRY(ctx.ops->act_fwd(&ctx, TPK_ACT_GELU_TANH, y, x, dt, N)); break;
-    case OP_GELU_B: TRY(ctx.ops->act_bwd(&ctx, TPK_ACT_GELU_TANH, y, x, z, dt, N)); break;
-    case OP_DROPOUT: TRY(ctx.ops->dropout(&ctx, y, x, R, C, C, 0, 0, 0.1f, 1, 2, dt)); break;
-    case OP_LN_F: TRY(ctx.ops->layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
-    case OP_LN_B: TRY(ctx.ops->layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false)); break;
-    case OP_EMBED: TRY(ctx.ops->embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
-    case OP_XENT_G: TRY(ctx.ops->xent_grad(&ctx, y, x, lse, tgt, dl, R, C, 0, C, 0.0f, -100, dt)); break;
-    case OP_ADAMW: TRY(ctx.ops->adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f)); break;
-    case OP_ATT_F: TRY(ctx.ops->attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
-    case OP_ATT_B: TRY(ctx.ops->attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
+    case OP_COPY: TRY(tpk_op_memcpy(&ctx, y, x, N * es, gpu ? TPK_D2D : TPK_H2H)); break;
+    case OP_FILL: TRY(tpk_op_fill(&ctx, y, dt, N, 1.0f)); break;
+    case OP_CAST: TRY(tpk_op_cast(&ctx, z, TPK_BF16, xf, TPK_F32, N)); break;
+    case OP_AXPBY: TRY(tpk_op_axpby(&ctx, y, 0.5f, x, 0.5f, dt, N)); break;
+    case OP_BIAS: TRY(tpk_op_bias_add(&ctx, y, x, R, C, dt)); break;
+    case OP_GELU_F: TRY(tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, y, x, dt, N)); break;
+    case OP_GELU_B: TRY(tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, y, x, z, dt, N)); break;
+    case OP_DROPOUT: TRY(tpk_op_dropout(&ctx, y, x, R, C, C, 0, 0, 0.1f, 1, 2, dt)); break;
+    case OP_LN_F: TRY(tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
+    case OP_LN_B: TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false)); break;
+    case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
+    case OP_XENT_G: TRY(tpk_op_xent_grad(&ctx, y, x, lse, tgt, dl, R, C, 0, C, 0.0f, -100, dt)); break;
+    case OP_ADAMW: TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f)); break;
+    case OP_ATT_F: TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
+    case OP_ATT_B: TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
     }
 }
 /* the fewest bytes an op moves */
@@ -96,7 +96,7 @@ static double op_flops(int op) {
 
 static double time_op(int op, int iters) {
     for (int i = 0; i < 2; i++) run_op(op);
-    TRY(ctx.ops->sync(&ctx));
+    TRY(tpk_op_sync(&ctx));
     double *ms = malloc(sizeof(double) * (size_t)iters);
 #ifdef TPK_WITH_CUDA
     void *e0 = gpu ? tpk_cuda_event_new() : NULL, *e1 = gpu ? tpk_cuda_event_new() : NULL;
@@ -126,12 +126,12 @@ static double time_op(int op, int iters) {
 
 static void *buf(size_t bytes) {
     void *p;
-    TRY(ctx.ops->alloc(&ctx, bytes, &p));
+    TRY(tpk_op_alloc(&ctx, bytes, &p));
     return p;
 }
 static void *rnd(size_t n, tpk_dtype t, uint64_t stream, float a, float s) {
     void *p = buf(n * tpk_dtype_size(t));
-    if (n) TRY(ctx.ops->rng_2d(&ctx, p, t, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, a, s));
+    if (n) TRY(tpk_op_rng_2d(&ctx, p, t, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, a, s));
     return p;
 }
 
@@ -186,7 +186,7 @@ int main(int argc, char **argv) {
     size_t nq = (size_t)(AB * AS * 3 * AA * AD), no = (size_t)(AB * AS * AA * AD);
     qkv = rnd(nq, dt, 14, 0, 1), ao = buf(no * tpk_dtype_size(dt)), ado = rnd(no, dt, 15, 0, 1), adqkv = buf(nq * tpk_dtype_size(dt));
     alse = buf((size_t)(AB * AA * AS) * 4);
-    TRY(ctx.ops->sync(&ctx));
+    TRY(tpk_op_sync(&ctx));
     double copy_ms = time_op(OP_COPY, iters), copy_bw = op_bytes(OP_COPY) / (copy_ms * 1e-3) / 1e9;
     if (!json) {
         printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), median of %d; attention B=%lld S=%lld A=%lld D=%lld\n", ops->name,
@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
         else printf("null}\n");
     }
     void *all[] = {x, y, z, xf, gf, m1, v1, w, b, mean, rstd, lse, dl, ids, tgt, qkv, ao, ado, adqkv, alse};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++) ctx.ops->free(&ctx, all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) tpk_op_free(&ctx, all[i]);
     tpk_ctx_destroy(&ctx);
     return 0;
 }
