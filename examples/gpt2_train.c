@@ -46,7 +46,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         char *end = NULL;
 #define STR(flag, f) if (!strcmp(a, flag)) { if (!v) goto missing; o->f = v; i++; continue; }
 #define INT(flag, f, lo) if (!strcmp(a, flag)) { if (!v) goto missing; long long x = strtoll(v, &end, 10); \
-        if (*end || x < (lo) || x > 1000000000) return snprintf(err, n, "%s: expected an integer >= %d, got \"%s\"", a, (int)(lo), v), 1; \
+        if (*end || x < (lo) || x > 1000000000) return snprintf(err, n, "%s: expected an integer in [%d, 1000000000], got \"%s\"%s", a, (int)(lo), v, *end ? "" : " (out of range)"), 1; \
         o->f = x; i++; continue; }
 #define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
@@ -65,7 +65,9 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     missing:
         return snprintf(err, n, "%s: expects a value", a), 1;
     }
-    if (!o->data && !o->text && !(o->load && o->sample && !o->eval_only)) return snprintf(err, n, "no data: give --text FILE or --data SHARD"), 1;
+    if (argc < 2) return snprintf(err, n, "no arguments: --help lists the options"), 1;
+    if (!o->data && !o->text && !(o->load && o->sample && !o->eval_only))
+        return snprintf(err, n, "no data: give --text FILE or --data SHARD to train or evaluate (--load DIR alone can only --sample N)"), 1;
     if (o->data && o->text) return snprintf(err, n, "--data and --text: give one"), 1;
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
     if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
@@ -79,6 +81,7 @@ static bool agree(bool ok, const char *msg) {
     int bad = ok ? world_size : world_rank, first = 0;
     MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (first == world_size) return true;
+    fflush(stdout); /* what was printed before comes before the error */
     if (first == world_rank) fprintf(stderr, "gpt2_train: error: %s\n", msg && msg[0] ? msg : "failed");
     return false;
 }
@@ -103,12 +106,13 @@ static tpk_status evaluate(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_tokens *val, con
     return TPK_OK;
 }
 
-/* n tokens after a start token (newline for bytes, <|endoftext|> for GPT-2's vocabulary), printed on rank 0. */
+/* n tokens (dropout off) after a start token (newline for bytes, <|endoftext|> for GPT-2's vocabulary), printed on rank 0. */
 static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int n, uint64_t seed) {
     int64_t V = m->c.vocab;
     bool bytes = V <= 256;
     int32_t *seq = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + 1));
-    if (!seq) return tpk__fail(ctx, TPK_ERR_NOMEM, "sample", "%d tokens", n);
+    if (!seq) return tpk_fail(ctx, TPK_ERR_NOMEM, "sample", "%d tokens", n);
+    tpk_gpt2_set_dropout(m, 0);
     tpk_status s = tpk_gpt2_sample(ctx, m, bytes ? '\n' : V > 50256 ? 50256 : 0, n, 1.0f, seed, seq);
     if (s == TPK_OK && world_rank == 0) {
         printf("--- sample (%d tokens) ---\n", n);
@@ -137,13 +141,9 @@ int main(int argc, char **argv) {
     bool ctx_up = false;
     if (pr < 0) { if (world_rank == 0) printf("%s", usage); MPI_Finalize(); return 0; }
     if (!agree(pr == 0, msg)) goto out;
-    { /* every rank must have been started with the same configuration: compare a hash of it */
-        char cfgs[2048];
-        snprintf(cfgs, sizeof cfgs, "%s %d %lld %lld %lld %lld %lld %d %d %d %d %d %d %d %d %d %d %g %g %g %g %g %g %g %g %llu %s %s %s %s %s",
-                 o.dtype ? o.dtype : "", o.save_every, (long long)o.layers, (long long)o.hidden, (long long)o.heads, (long long)o.vocab, (long long)o.positions,
-                 o.tp, o.batch, o.seq, o.accum, o.steps, o.warmup, o.eval_every, o.eval_batches, o.sample, (int)o.sp, (double)o.dropout, (double)o.lr,
-                 (double)o.min_lr_frac, (double)o.wd, (double)o.clip, (double)o.b1, (double)o.b2, (double)o.smoothing, (unsigned long long)o.seed,
-                 o.data ? o.data : "", o.val_data ? o.val_data : "", o.text ? o.text : "", o.load ? o.load : "", o.eval_only ? "eval" : "train");
+    { /* every rank must have been started with the same arguments: compare a hash of them */
+        char cfgs[8192] = "";
+        for (int i = 1; i < argc; i++) snprintf(cfgs + strlen(cfgs), sizeof cfgs - strlen(cfgs), "%s\x1f", argv[i]);
         uint64_t h = tpk_rng_stream(cfgs), hmin = h, hmax = h;
         MPI_Allreduce(MPI_IN_PLACE, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
         MPI_Allreduce(MPI_IN_PLACE, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
@@ -192,9 +192,10 @@ int main(int argc, char **argv) {
     TRY(tpk_gpt2_init(&ctx, &m, &cfg));
     TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd}));
     if (o.load) TRY(tpk_gpt2_load(&ctx, &m, &opt, o.load));
+    FAIL_IF(o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
+    if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
     int dp = ctx.dp.size;
-    size_t nglobal = 0;
-    for (int i = 0; i < ctx.params.n; i++) nglobal += tpk_param_global_numel(&ctx, i);
+    size_t nglobal = tpk_params_global_numel(&ctx);
     if (world_rank == 0)
         printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend, %s | GPT-2 L=%lld H=%lld A=%lld V=%lld P=%lld, %.2fM parameters | B=%d S=%d accum %d\n",
                world_size, o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", (long long)cfg.layers,
@@ -217,6 +218,7 @@ int main(int argc, char **argv) {
     tpk_lr_schedule sched = {TPK_LR_COSINE, o.lr, o.min_lr_frac, o.warmup, o.steps};
     m.grad_ready = tpk_dp_grad_ready, m.grad_ready_user = &dp_b;
     double t_start = now();
+    int64_t t0step = opt.step;
     for (int64_t step = opt.step; step < o.steps; step++) {
         double t0 = now(), lsum = 0, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
@@ -271,23 +273,21 @@ int main(int argc, char **argv) {
             fprintf(csv, ",%.9g,%.17g\n", (double)lr, norm);
         }
     }
-    if (world_rank == 0 && o.steps > 0) printf("trained %lld steps in %.1f s\n", (long long)o.steps, now() - t_start);
-    if (csv) { /* and a plot where gnuplot is installed */
-        char cmd[2400];
+    if (world_rank == 0 && o.steps > 0) printf("trained steps %lld..%d in %.1f s\n", (long long)(t0step + 1), o.steps, now() - t_start);
+    if (csv) { /* and FILE.png (FILE without .csv) where gnuplot is installed */
+        char cmd[4400], png[1024];
         fclose(csv), csv = NULL;
-        snprintf(cmd, sizeof cmd, "command -v gnuplot >/dev/null 2>&1 && gnuplot -e \"set terminal png size 800,500; set output '%s.png'; set datafile "
-                 "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot '%s' using 1:2 with lines title 'train', '' "
-                 "using 1:3 with points pt 7 title 'val'\" 2>/dev/null && echo 'plot: %s.png'", o.csv, o.csv, o.csv);
-        rc = system(cmd), rc = 1; /* without gnuplot: the CSV alone */
+        snprintf(png, sizeof png, "%.*s.png", (int)(strlen(o.csv) > 4 && !strcmp(o.csv + strlen(o.csv) - 4, ".csv") ? strlen(o.csv) - 4 : strlen(o.csv)), o.csv);
+        snprintf(cmd, sizeof cmd, "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size 800,500; set output '%s'; set datafile "
+                 "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot '%s' using 1:2 with lines title 'train', '' using "
+                 "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is not installed: the curve is in %s only'; fi", png, o.csv, png, o.csv);
+        rc = system(cmd), rc = 1;
     }
     if (o.save) {
         TRY(tpk_gpt2_save(&ctx, &m, &opt, o.save, &(tpk_gpt2_save_desc){opt.step, o.seed}));
         if (world_rank == 0) printf("saved %s (step %lld)\n", o.save, (long long)opt.step);
     }
-    if (o.sample) {
-        tpk_gpt2_set_dropout(&m, 0);
-        TRY(sample(&ctx, &m, o.sample, o.seed));
-    }
+    if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
     rc = 0;
 out:
     if (csv) fclose(csv);

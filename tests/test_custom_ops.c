@@ -19,7 +19,7 @@ static int me, np, gemm_calls;
 
 static tpk_status my_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
     *out = calloc(1, bytes ? bytes : 1);
-    return *out ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, "my.alloc", "out of memory");
+    return *out ? TPK_OK : tpk_fail(ctx, TPK_ERR_NOMEM, "my.alloc", "out of memory");
 }
 static void my_free(tpk_ctx *ctx, void *p) { free(p); }
 static tpk_status my_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
@@ -77,14 +77,14 @@ static tpk_status my_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, i
 }
 static tpk_status my_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n, int64_t k,
                                 tpk_act act, tpk_dtype dt) {
-    if (act != TPK_ACT_NONE) return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "my.linear_fwd", "act: only TPK_ACT_NONE in this backend");
+    if (act != TPK_ACT_NONE) return tpk_fail(ctx, TPK_ERR_UNSUPPORTED, "my.linear_fwd", "act: only TPK_ACT_NONE in this backend");
     TPK_TRY(my_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt));
     return bias ? my_bias_add(ctx, y, bias, T, n, dt) : TPK_OK;
 }
 
 /* The ops this test's layer does not use: refused, naming themselves. */
 static tpk_status unsupported(tpk_ctx *ctx, const char *op) {
-    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, op, "not implemented by this test's backend");
+    return tpk_fail(ctx, TPK_ERR_UNSUPPORTED, op, "not implemented by this test's backend");
 }
 #define STUB(name, ...) static tpk_status my_##name(tpk_ctx *ctx, __VA_ARGS__) { return unsupported(ctx, "my." #name); }
 STUB(cast, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n)

@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_data_load_shard(&ctx, path, V, &t), TPK_ERR_FORMAT, "short.bin: 400 bytes, shorter than the 1024-byte llm.c header");
         snprintf(path, sizeof path, "%s/magic.bin", dir);
         write_shard(path, 12345, 1, tok, N, -1, 256);
-        CHECK_FAILS(&ctx, tpk_data_load_shard(&ctx, path, V, &t), TPK_ERR_FORMAT, "magic.bin: bad magic 12345");
+        CHECK_FAILS(&ctx, tpk_data_load_shard(&ctx, path, V, &t), TPK_ERR_FORMAT, "magic.bin: bad magic 0x00003039, expected 0x0134d888");
         snprintf(path, sizeof path, "%s/version.bin", dir);
         write_shard(path, 20240520, 7, tok, N, -1, 256);
         CHECK_FAILS(&ctx, tpk_data_load_shard(&ctx, path, V, &t), TPK_ERR_FORMAT, "version 7, expected 1");

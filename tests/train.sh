@@ -114,7 +114,7 @@ $fx shard-big "$T/big.bin" "$text" 300
 printf 'x' > "$T/tiny.txt"
 bad "missing text file" "cannot open" --text "$T/none.txt" $small --tp 2
 bad "unreadable data (a directory)" "cannot read" --data "$T" --vocab 256 $small --tp 2
-bad "wrong magic" "bad magic 12345" --data "$T/magic.bin" --vocab 256 $small --tp 2
+bad "wrong magic (in hex)" "bad magic 0x00003039, expected 0x0134d888" --data "$T/magic.bin" --vocab 256 $small --tp 2
 bad "wrong version" "version 7" --data "$T/version.bin" --vocab 256 $small --tp 2
 bad "truncated shard" "header says" --data "$T/trunc.bin" --vocab 256 $small --tp 2
 bad "token id >= vocabulary" "is 300, not below the model's vocabulary of 256" --data "$T/big.bin" --vocab 256 $small --tp 2
@@ -122,6 +122,21 @@ bad "text too short" "too short" --text "$T/tiny.txt" $small --tp 2
 bad "--tp not dividing the ranks" "does not divide" --text "$text" $small --tp 3
 bad "unknown argument" "unknown argument" --text "$text" $small --frobnicate
 bad "missing checkpoint" "config.json: cannot open" --text "$text" $small --tp 2 --load "$T/nothing"
+bad "no arguments at all" "no arguments: --help lists the options"
+bad "--load alone says what it can do" "--load DIR alone can only --sample N" --load "$T/c5/step-5"
+bad "--steps out of range" "expected an integer in \[0, 1000000000\], got \"99999999999999\" (out of range)" --text "$text" $small --steps 99999999999999
+rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/config.json" > "$T/cut/config.json"
+bad "config.json cut mid-file" "cut/config.json: byte 100: expected" --text "$text" $small --tp 2 --load "$T/cut"
+bad "--steps below the checkpoint's step" "--steps 3: the checkpoint .* is already at step 5" --text "$text" $small --tp 2 --steps 3 --load "$T/c5/step-5"
+# an honest resume: it says where it resumed and which steps it trained
+tr 2 --text "$text" $small --tp 2 --steps 7 --load "$T/c5/step-5"
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "resumed from $T/c5/step-5 at step 5" && printf '%s\n' "$out" | grep -q "trained steps 6..7 in"; then ok "resume says where it resumed and which steps it trained"
+else fail "resume says where it resumed and which steps it trained"; fi
+# --csv FILE: FILE.png without .csv where gnuplot is installed, otherwise a line saying there is no plot
+tr 1 --text "$text" $small --steps 2 --csv "$T/curve.csv"
+if command -v gnuplot >/dev/null 2>&1; then want="plot: $T/curve.png"; else want="plot: gnuplot is not installed: the curve is in $T/curve.csv only"; fi
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -qF "$want" && { ! command -v gnuplot >/dev/null 2>&1 || [ -s "$T/curve.png" ]; }; then ok "--csv: $want"
+else fail "--csv: expected \"$want\""; fi
 for kind in header-len offsets overlap dtype shape truncated; do
     rm -rf "$T/bad_$kind" && cp -r "$T/c5/step-5" "$T/bad_$kind"
     $fx corrupt "$T/c5/step-5/model.safetensors" "$T/bad_$kind/model.safetensors" $kind

@@ -96,6 +96,19 @@ static inline tpk_status tpk__fail(tpk_ctx *ctx, tpk_status s, const char *fn, c
     return s;
 }
 
+/* The same, for code outside the kit (a layer, an op table or a trainer of one's own): records
+ * "fn: message" in the context and returns s. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static inline tpk_status tpk_fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tpk__vfail(ctx, s, fn, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
 /* The message of the last failure ("" when none). */
 static inline const char *tpk_last_error(const tpk_ctx *ctx) { return ctx ? ctx->err : "tpk: no context"; }
 static inline void tpk_clear_error(tpk_ctx *ctx) { ctx->err[0] = 0, ctx->last = TPK_OK; }

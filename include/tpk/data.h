@@ -66,7 +66,8 @@ static inline tpk_status tpk_data_load_shard(tpk_ctx *ctx, const char *path, int
     tpk_status s = TPK_OK;
     if (n < sizeof h) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the 1024-byte llm.c header", path, n);
     if (s == TPK_OK) memcpy(h, b, sizeof h);
-    if (s == TPK_OK && h[0] != 20240520) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: bad magic %d, expected 20240520 (an llm.c token shard)", path, h[0]);
+    if (s == TPK_OK && h[0] != 20240520) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: bad magic 0x%08x, expected 0x%08x (20240520: an llm.c token shard)", path,
+                            (unsigned)h[0], 20240520u);
     if (s == TPK_OK && h[1] != 1) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: version %d, expected 1", path, h[1]);
     if (s == TPK_OK && (h[2] < 2 || (size_t)h[2] * 2 != n - sizeof h))
         s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header says %d tokens, the file holds %zu bytes of tokens", path, h[2], n - sizeof h);

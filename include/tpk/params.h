@@ -314,5 +314,11 @@ static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) {
     for (int i = 0; i < ctx->params.list[id].ndim; i++) n *= (size_t)ctx->params.list[id].gshape[i];
     return n;
 }
+/* Elements of the whole (unsharded) model: every parameter's global size. */
+static inline size_t tpk_params_global_numel(const tpk_ctx *ctx) {
+    size_t n = 0;
+    for (int i = 0; i < ctx->params.n; i++) n += tpk_param_global_numel(ctx, i);
+    return n;
+}
 
 #endif /* TPK_PARAMS_H */
