@@ -1,6 +1,7 @@
 # tpk — build, test, install.
 #   make            build/libtpk_host.a (+ build/libtpk_cuda.a when nvcc is found)
 #   make test       install missing Debian packages (as root), build, run the whole suite
+#   make test-sanitize  the host suite built with AddressSanitizer + UBSan (in build/san)
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
 #   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
 #   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
@@ -9,6 +10,8 @@
 #   make clean
 
 PREFIX   ?= /usr/local
+# the build directory (make test-sanitize builds into build/san)
+B        ?= build
 CC       ?= cc
 MPICC    ?= mpicc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null)
@@ -19,9 +22,9 @@ BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas
 CPPFLAGS += -Iinclude
 
 HOST_SRC  = $(wildcard kernels/host/*.c)
-HOST_OBJ  = $(HOST_SRC:kernels/host/%.c=build/host/%.o)
+HOST_OBJ  = $(HOST_SRC:kernels/host/%.c=$(B)/host/%.o)
 CUDA_SRC  = $(wildcard kernels/cuda/*.cu)
-CUDA_OBJ  = $(CUDA_SRC:kernels/cuda/%.cu=build/cuda/%.o)
+CUDA_OBJ  = $(CUDA_SRC:kernels/cuda/%.cu=$(B)/cuda/%.o)
 NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -Xcompiler -Wall,-Wextra,-Werror -Iinclude
 # CUDA: HAVE_CUDA is non-empty when nvcc is found. A program that uses the GPU adds
@@ -34,9 +37,9 @@ ifeq ($(HAVE_NCCL),)
 NVCCFLAGS += -DTPK_NO_NCCL
 endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
-GPU_TESTS  = $(patsubst tests/gpu/%.c,build/tests/gpu/%,$(wildcard tests/gpu/*.c))
-GPU_BENCH  = $(patsubst bench/%.c,build/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/test_*.c)) build/tests/test_cxx
+GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
+GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
+TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
 HEADERS   = $(wildcard include/tpk/*.h)
@@ -45,110 +48,120 @@ HEADERS   = $(wildcard include/tpk/*.h)
 # linker to take it from the archive, so a context made with .ops = NULL gets the host backend.
 DEFAULT_OPS = -Wl,-u,tpk_ops_default
 
-LIBS = build/libtpk_host.a
+LIBS = $(B)/libtpk_host.a
 ifneq ($(NVCC),)
-LIBS += build/libtpk_cuda.a
+LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-gpu cuda-check bench bench-gpu demo install clean build/tpk.pc build/tpk-cuda.pc fuzz
-all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) build/tests/cuda_cxx)
+.PHONY: all deps test test-sanitize test-gpu cuda-check bench bench-gpu demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
-build/host/%.o: kernels/host/%.c $(HEADERS)
+$(B)/host/%.o: kernels/host/%.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) -c $< -o $@
 
-build/libtpk_host.a: $(HOST_OBJ)
+$(B)/libtpk_host.a: $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-build/cuda/%.o: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh
+$(B)/cuda/%.o: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 # The CUDA archive: the CUDA backend, the NCCL communicator and the host backend's objects, so a
 # GPU program links this one archive (+ $(CUDA_LIBS) and OpenBLAS).
-build/libtpk_cuda.a: $(CUDA_OBJ) $(HOST_OBJ)
+$(B)/libtpk_cuda.a: $(CUDA_OBJ) $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
 # GPU test programs (tests/gpu, not run by the CPU driver) and benchmarks that can use the GPU.
-build/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEADERS) build/libtpk_cuda.a
+$(B)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEADERS) $(B)/libtpk_cuda.a
 	@mkdir -p $(@D)
-	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) build/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
-$(GPU_BENCH): build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a $(if $(HAVE_CUDA),build/libtpk_cuda.a)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
+$(GPU_BENCH): $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
-	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
+	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
 cuda-check:
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-check: nvcc not found: nothing to build"; exit 1; fi
-	@$(MAKE) --no-print-directory build/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH) build/tests/cuda_cxx
+	@$(MAKE) --no-print-directory $(B)/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx
 	@echo "cuda-check: the CUDA archive, $(words $(GPU_TESTS)) GPU test programs, the CUDA C++ test (tests/cuda_cxx.cu) and the GPU benchmarks compile"
 	@py=; for c in python3 /usr/bin/python3; do $$c -c 'import numpy' 2>/dev/null && { py=$$c; break; }; done; \
 	 if [ -z "$$py" ]; then echo "cuda-check: numpy not found: tests/gpu/emulate.py skipped"; \
 	 else out=$$($$py tests/gpu/emulate.py) || { echo "$$out"; exit 1; }; \
 	 echo "cuda-check: CPU emulation of the attention tiling and the GEMM mapping (tests/gpu/emulate.py): $$(echo "$$out" | tail -1)"; fi
 
-build/tests/%: tests/%.c tests/test.h $(HEADERS) build/libtpk_host.a
+$(B)/tests/%: tests/%.c tests/test.h $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
-	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
 # A program with its own ops table: linked without any tpk archive (the headers name no backend).
-build/tests/test_custom_ops: tests/test_custom_ops.c tests/test.h $(HEADERS)
+$(B)/tests/test_custom_ops: tests/test_custom_ops.c tests/test.h $(HEADERS)
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ -lm
 
 # The kit from C++17: a test program built with mpicxx (g++), run like the C tests.
-build/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) build/libtpk_host.a
+$(B)/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
-	$(MPICXX) $(CXXWARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
+	$(MPICXX) $(CXXWARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
 # The kit from a CUDA C++ file: compiled by nvcc, linked like a C++ program (tests/run.sh runs it).
-build/tests/cuda_cxx: tests/cuda_cxx.cu $(HEADERS) build/libtpk_cuda.a
+$(B)/tests/cuda_cxx: tests/cuda_cxx.cu $(HEADERS) $(B)/libtpk_cuda.a
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@.o
-	$(CXX) $@.o -o $@ $(DEFAULT_OPS) build/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
+	$(CXX) $@.o -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
 
 # The README's C example, cut out of README.md so it cannot drift.
-build/readme_example.c: README.md
+$(B)/readme_example.c: README.md
 	@mkdir -p $(@D)
 	awk '/^```c readme-example/{f=1;next} /^```/{f=0} f' README.md > $@
 	@test -s $@ || { echo "README.md has no \`\`\`c readme-example block"; exit 1; }
-build/readme_example: build/readme_example.c $(HEADERS) build/libtpk_host.a
-	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
+$(B)/readme_example: $(B)/readme_example.c $(HEADERS) $(B)/libtpk_host.a
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
-build/bench/%: bench/%.c $(HEADERS) build/libtpk_host.a
+$(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
-	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) build/libtpk_host.a $(BLAS_LIBS) -lm
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
 # The host benchmarks (one thread; PyTorch alongside where Debian's python3-torch is installed).
-bench: build/bench/host_block
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 build/bench/host_block
+bench: $(B)/bench/host_block
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(B)/bench/host_block
 
 # The GPT-2 trainer, the project's main job (examples/gpt2_train.c).
 # Where nvcc is found it links the CUDA archive and uses a GPU per rank when one is present.
-build/gpt2_train: examples/gpt2_train.c $(HEADERS) build/libtpk_host.a $(if $(HAVE_CUDA),build/libtpk_cuda.a)
+$(B)/gpt2_train: examples/gpt2_train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a)
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
-	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),build/libtpk_cuda.a,build/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
+	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
 # make demo: a 4-layer GPT-2 (hidden 128, 4 heads) trained at t = 2 on 2 ranks on the license
 # texts every Debian system ships (byte vocabulary), saved and sampled.
 DEMO_MPI = mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np 2 -x OPENBLAS_NUM_THREADS=1
 demo: deps
-	@$(MAKE) --no-print-directory build/gpt2_train
-	@mkdir -p build/demo
-	@find /usr/share/common-licenses -maxdepth 1 -type f | sort | xargs cat > build/demo/text.txt
-	$(DEMO_MPI) build/gpt2_train --text build/demo/text.txt --tp 2 --layers 4 --hidden 128 --heads 4 \
+	@$(MAKE) --no-print-directory $(B)/gpt2_train
+	@mkdir -p $(B)/demo
+	@find /usr/share/common-licenses -maxdepth 1 -type f | sort | xargs cat > $(B)/demo/text.txt
+	$(DEMO_MPI) $(B)/gpt2_train --text $(B)/demo/text.txt --tp 2 --layers 4 --hidden 128 --heads 4 \
 	    --batch 8 --seq-len 64 --steps 1000 --lr 3e-3 --warmup 50 --eval-every 200 --log-every 50 \
-	    --csv build/demo/loss.csv --save build/demo/ckpt --sample 400
+	    --csv $(B)/demo/loss.csv --save $(B)/demo/ckpt --sample 400
 
 deps:
 	@sh tools/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) build/tests/torch_dump build/tests/train_fixtures build/gpt2_train build/readme_example
+	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example
 	@sh tests/run.sh
+
+# The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
+# program: a failed test); built into build/san, so it does not disturb the normal build. Leak
+# checks are off (Open MPI keeps memory until exit); a failed allocation returns NULL, as the
+# allocation tests expect.
+SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+test-sanitize: deps
+	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
+	  $(patsubst $(B)/%,build/san/%,$(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example)
+	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
 # t = 2, 3 (MPI, ranks sharing one GPU), compute-sanitizer on the op tests (tests/gpu/run.sh).
@@ -156,37 +169,37 @@ test-gpu: $(if $(HAVE_CUDA),cuda-check)
 	@sh tests/gpu/run.sh
 
 bench-gpu: $(GPU_BENCH)
-	build/bench/gemm
-	build/bench/kernels
+	$(B)/bench/gemm
+	$(B)/bench/kernels
 
 # Fuzz the safetensors reader (tests/fuzz/) with libFuzzer + ASan + UBSan for FUZZ_SECONDS;
 # installs Debian's clang when missing; fails on a crash (the input is left in build/fuzz/).
 FUZZ_SECONDS ?= 60
 fuzz:
 	@command -v clang >/dev/null 2>&1 || TPK_EXTRA_PKGS=clang sh tools/deps.sh
-	@mkdir -p build/fuzz/corpus
+	@mkdir -p $(B)/fuzz/corpus
 	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DTPK_FUZZ_LIBFUZZER \
-	  $(CPPFLAGS) tests/fuzz/fuzz_safetensors.c -o build/fuzz/fuzz_safetensors
-	build/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -malloc_limit_mb=256 \
-	  -dict=tests/fuzz/safetensors.dict -artifact_prefix=build/fuzz/ build/fuzz/corpus tests/fuzz/corpus
+	  $(CPPFLAGS) tests/fuzz/fuzz_safetensors.c -o $(B)/fuzz/fuzz_safetensors
+	$(B)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -malloc_limit_mb=256 \
+	  -dict=tests/fuzz/safetensors.dict -artifact_prefix=$(B)/fuzz/ $(B)/fuzz/corpus tests/fuzz/corpus
 
-build/tpk.pc:
+$(B)/tpk.pc:
 	@mkdir -p $(@D)
 	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk\nDescription: header-only tensor-parallel transformer kit\nVersion: 0.1.0\nRequires.private: openblas\nCflags: -I$${includedir}\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_host %s -lm\n' \
 	  '$(PREFIX)' '$(BLAS_LIBS)' > $@
 
 # pkg-config `tpk-cuda`: the CUDA archive (which carries the host backend) and the CUDA libraries.
-build/tpk-cuda.pc:
+$(B)/tpk-cuda.pc:
 	@mkdir -p $(@D)
 	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk-cuda\nDescription: header-only tensor-parallel transformer kit, CUDA backend\nVersion: 0.1.0\nCflags: -I$${includedir} -DTPK_WITH_CUDA\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_cuda %s %s -lm\n' \
 	  '$(PREFIX)' '$(BLAS_LIBS)' '$(CUDA_LIBS)' > $@
 
-install: all build/tpk.pc $(if $(HAVE_CUDA),build/tpk-cuda.pc)
+install: all $(B)/tpk.pc $(if $(HAVE_CUDA),$(B)/tpk-cuda.pc)
 	install -d $(DESTDIR)$(PREFIX)/include/tpk $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/tpk/
 	install -m 644 $(LIBS) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 build/tpk.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
-	$(if $(HAVE_CUDA),install -m 644 build/tpk-cuda.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk-cuda.pc)
+	install -m 644 $(B)/tpk.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
+	$(if $(HAVE_CUDA),install -m 644 $(B)/tpk-cuda.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk-cuda.pc)
 
 clean:
 	rm -rf build

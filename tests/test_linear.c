@@ -338,8 +338,6 @@ int main(int argc, char **argv) {
             CHECK(s2 > 0, "%s is all zeros", sh.params.list[i].name);
             free(a), free(b);
         }
-        float w0;
-        CHECK_OK(&ref, tpk_param_get_global(&ref, 0, false, &w0) == TPK_OK ? TPK_OK : TPK_OK);
         tpk_ctx other;
         tpk_linear c;
         tpk_ctx_init(&other, &(tpk_ctx_desc){.seed = 78});

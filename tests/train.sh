@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/train.sh — the GPT-2 trainer (build/gpt2_train) end to end, on the host backend:
+# tests/train.sh — the GPT-2 trainer (build/gpt2_train; $TPK_BUILD/gpt2_train) end to end, on the host backend:
 #   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, evaluation identical at
 #   t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
@@ -7,12 +7,13 @@
 #   and a non-zero exit on every rank, never a hang.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 cd "$(dirname "$0")/.." || exit 1
+B=${TPK_BUILD:-build}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 mpiflags="--oversubscribe"
 [ "$(id -u)" = 0 ] && mpiflags="$mpiflags --allow-run-as-root"
-T=build/tests/train
+T=$B/tests/train
 rm -rf "$T" && mkdir -p "$T"
-fx=build/tests/train_fixtures
+fx=$B/tests/train_fixtures
 text=/usr/share/common-licenses/GPL-3
 [ -f "$text" ] || text=README.md
 small="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
@@ -20,7 +21,7 @@ small="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmu
 # tr NP ARGS...: run the trainer, output in $out, status in $rc
 tr() {
     np=$1; shift
-    out=$(timeout 120 mpirun $mpiflags -np "$np" build/gpt2_train "$@" 2>&1)
+    out=$(timeout 120 mpirun $mpiflags -np "$np" $B/gpt2_train "$@" 2>&1)
     rc=$?
 }
 ok() { echo "ok $1"; }
@@ -149,7 +150,7 @@ done
 rm -rf "$T/bad_optim" && cp -r "$T/c5/step-5" "$T/bad_optim" && cp "$T/c3/step-4/optim.safetensors" "$T/bad_optim/optim.safetensors" 2>/dev/null
 bad "optimizer state from another checkpoint" "does not belong" --text "$text" $small --tp 2 --load "$T/bad_optim"
 # ranks started with different configurations (MPMD: the second rank gets another --hidden)
-out=$(timeout 120 mpirun $mpiflags -np 1 build/gpt2_train --text "$text" $small --tp 2 : -np 1 build/gpt2_train --text "$text" $small --hidden 48 --tp 2 2>&1)
+out=$(timeout 120 mpirun $mpiflags -np 1 $B/gpt2_train --text "$text" $small --tp 2 : -np 1 $B/gpt2_train --text "$text" $small --hidden 48 --tp 2 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "different configurations"; then ok "bad input: ranks started with different configurations"
 else fail "bad input: ranks started with different configurations (exit $rc)"; fi
