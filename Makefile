@@ -172,16 +172,21 @@ bench-gpu: $(GPU_BENCH)
 	$(B)/bench/gemm
 	$(B)/bench/kernels
 
-# Fuzz the safetensors reader (tests/fuzz/) with libFuzzer + ASan + UBSan for FUZZ_SECONDS;
-# installs Debian's clang when missing; fails on a crash (the input is left in build/fuzz/).
+# Fuzz the safetensors reader, the config.json parser and the token loaders (tests/fuzz/) with
+# libFuzzer + ASan + UBSan for FUZZ_SECONDS each, from their corpora; installs Debian's clang when
+# missing; fails on a crash (the input is left in build/fuzz/). CI runs it for 30 s each.
 FUZZ_SECONDS ?= 60
 fuzz:
 	@command -v clang >/dev/null 2>&1 || TPK_EXTRA_PKGS=clang sh tools/deps.sh
-	@mkdir -p $(B)/fuzz/corpus
-	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DTPK_FUZZ_LIBFUZZER \
-	  $(CPPFLAGS) tests/fuzz/fuzz_safetensors.c -o $(B)/fuzz/fuzz_safetensors
-	$(B)/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -malloc_limit_mb=256 \
-	  -dict=tests/fuzz/safetensors.dict -artifact_prefix=$(B)/fuzz/ $(B)/fuzz/corpus tests/fuzz/corpus
+	@for t in safetensors:corpus config:corpus_config data:corpus_data; do n=$${t%%:*}; c=$${t#*:}; \
+	  mkdir -p $(B)/fuzz/$$n && \
+	  clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DTPK_FUZZ_LIBFUZZER \
+	    $(CPPFLAGS) tests/fuzz/fuzz_$$n.c -o $(B)/fuzz/fuzz_$$n -lm && \
+	  echo "fuzz: $$n for $(FUZZ_SECONDS) s from tests/fuzz/$$c" && \
+	  $(B)/fuzz/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -malloc_limit_mb=256 \
+	    $$( [ $$n = safetensors ] && echo -dict=tests/fuzz/safetensors.dict) -artifact_prefix=$(B)/fuzz/$$n- $(B)/fuzz/$$n tests/fuzz/$$c \
+	    > $(B)/fuzz/$$n.log 2>&1 || { tail -40 $(B)/fuzz/$$n.log; echo "fuzz: $$n found a crash (the input is in $(B)/fuzz/)"; exit 1; }; \
+	  tail -1 $(B)/fuzz/$$n.log; done
 
 $(B)/tpk.pc:
 	@mkdir -p $(@D)

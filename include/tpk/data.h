@@ -53,7 +53,36 @@ static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char
     return TPK_OK;
 }
 
-/* An llm.c token shard into *t, every token checked against the vocabulary. */
+/* An llm.c token shard held in memory (bytes[n], named `what` in errors) into *t, every token
+ * checked against the vocabulary. */
+static inline tpk_status tpk_data_parse_shard(tpk_ctx *ctx, const uint8_t *b, size_t n, const char *what, int64_t vocab, tpk_tokens *t) {
+    static const char *fn = "tpk_data_parse_shard";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || (n && !b) || !what) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, t: NULL");
+    memset(t, 0, sizeof *t);
+    int32_t h[256];
+    if (n < sizeof h) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the 1024-byte llm.c header", what, n);
+    memcpy(h, b, sizeof h);
+    if (h[0] != 20240520)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: bad magic 0x%08x, expected 0x%08x (20240520: an llm.c token shard)", what, (unsigned)h[0], 20240520u);
+    if (h[1] != 1) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: version %d, expected 1", what, h[1]);
+    if (h[2] < 2 || (size_t)h[2] * 2 != n - sizeof h)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header says %d tokens, the file holds %zu bytes of tokens", what, h[2], n - sizeof h);
+    if (!(t->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)h[2]))) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d tokens", h[2]);
+    for (int64_t i = 0; i < h[2]; i++) {
+        uint16_t x;
+        memcpy(&x, b + sizeof h + 2 * i, 2);
+        t->tok[i] = x;
+        if (x >= vocab) {
+            tpk_tokens_free(t);
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: token %lld is %u, not below the model's vocabulary of %lld", what, (long long)i, x, (long long)vocab);
+        }
+    }
+    t->n = h[2];
+    return TPK_OK;
+}
+
+/* An llm.c token shard file into *t. */
 static inline tpk_status tpk_data_load_shard(tpk_ctx *ctx, const char *path, int64_t vocab, tpk_tokens *t) {
     static const char *fn = "tpk_data_load_shard";
     if (!ctx) return TPK_ERR_ARG;
@@ -62,54 +91,31 @@ static inline tpk_status tpk_data_load_shard(tpk_ctx *ctx, const char *path, int
     uint8_t *b = NULL;
     size_t n = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
-    int32_t h[256];
-    tpk_status s = TPK_OK;
-    if (n < sizeof h) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the 1024-byte llm.c header", path, n);
-    if (s == TPK_OK) memcpy(h, b, sizeof h);
-    if (s == TPK_OK && h[0] != 20240520) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: bad magic 0x%08x, expected 0x%08x (20240520: an llm.c token shard)", path,
-                            (unsigned)h[0], 20240520u);
-    if (s == TPK_OK && h[1] != 1) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: version %d, expected 1", path, h[1]);
-    if (s == TPK_OK && (h[2] < 2 || (size_t)h[2] * 2 != n - sizeof h))
-        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header says %d tokens, the file holds %zu bytes of tokens", path, h[2], n - sizeof h);
-    if (s == TPK_OK && !(t->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)h[2]))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d tokens", h[2]);
-    for (int64_t i = 0; s == TPK_OK && i < h[2]; i++) {
-        uint16_t x;
-        memcpy(&x, b + sizeof h + 2 * i, 2);
-        t->tok[i] = x;
-        if (x >= vocab)
-            s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: token %lld is %u, not below the model's vocabulary of %lld", path, (long long)i, x, (long long)vocab);
-    }
+    tpk_status s = tpk_data_parse_shard(ctx, b, n, path, vocab, t);
     free(b);
-    if (s != TPK_OK) return tpk_tokens_free(t), s;
-    t->n = h[2];
-    return TPK_OK;
+    return s;
 }
 
-/* A file's bytes as tokens: *train the first 90%, *val the rest (at least `span` = B S + 1
- * tokens, one batch window); *entropy (may be NULL) the byte-unigram entropy of the training
- * split in nats, the loss a model must beat. */
-static inline tpk_status tpk_data_load_text(tpk_ctx *ctx, const char *path, int64_t span, tpk_tokens *train, tpk_tokens *val, double *entropy) {
-    static const char *fn = "tpk_data_load_text";
+/* Bytes as tokens (bytes[n], named `what` in errors): *train the first 90%, *val the rest (at
+ * least `span` = B S + 1 tokens, one batch window); *entropy (may be NULL) the byte-unigram
+ * entropy of the training split in nats, the loss a model must beat. */
+static inline tpk_status tpk_data_split_text(tpk_ctx *ctx, const uint8_t *b, size_t n, const char *what, int64_t span, tpk_tokens *train, tpk_tokens *val,
+                                             double *entropy) {
+    static const char *fn = "tpk_data_split_text";
     if (!ctx) return TPK_ERR_ARG;
-    if (!path || !train || !val) return tpk__fail(ctx, TPK_ERR_ARG, fn, "path, train, val: NULL");
+    if (!train || !val || !what || (n && !b)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, train, val: NULL");
     if (span < 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "span: expected >= 2 (B x S + 1), got %lld", (long long)span);
     memset(train, 0, sizeof *train), memset(val, 0, sizeof *val);
-    uint8_t *b = NULL;
-    size_t n = 0;
-    TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
-    if ((int64_t)n < 10 * span) {
-        free(b);
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %zu bytes, too short for batches of %lld tokens", path, n, (long long)span);
-    }
+    if (span > INT64_MAX / 10 || (int64_t)n < 10 * span)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %zu bytes, too short for batches of %lld tokens", what, n, (long long)span);
     int64_t nv = (int64_t)n / 10 > span ? (int64_t)n / 10 : span;
     train->n = (int64_t)n - nv, val->n = nv;
     train->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)train->n), val->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)val->n);
     if (!train->tok || !val->tok) {
-        free(b), tpk_tokens_free(train), tpk_tokens_free(val);
+        tpk_tokens_free(train), tpk_tokens_free(val);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu tokens", n);
     }
     for (int64_t i = 0; i < (int64_t)n; i++) *(i < train->n ? &train->tok[i] : &val->tok[i - train->n]) = b[i];
-    free(b);
     if (entropy) {
         double cnt[256] = {0}, e = 0;
         for (int64_t i = 0; i < train->n; i++) cnt[train->tok[i]] += 1;
@@ -118,6 +124,20 @@ static inline tpk_status tpk_data_load_text(tpk_ctx *ctx, const char *path, int6
         *entropy = e;
     }
     return TPK_OK;
+}
+
+/* A file's bytes as tokens, split as tpk_data_split_text. */
+static inline tpk_status tpk_data_load_text(tpk_ctx *ctx, const char *path, int64_t span, tpk_tokens *train, tpk_tokens *val, double *entropy) {
+    static const char *fn = "tpk_data_load_text";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!path || !train || !val) return tpk__fail(ctx, TPK_ERR_ARG, fn, "path, train, val: NULL");
+    if (span < 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "span: expected >= 2 (B x S + 1), got %lld", (long long)span);
+    uint8_t *b = NULL;
+    size_t n = 0;
+    TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
+    tpk_status s = tpk_data_split_text(ctx, b, n, path, span, train, val, entropy);
+    free(b);
+    return s;
 }
 
 /* Batch k of DP rank d (of dp): x, y [B S] host int32. */

@@ -136,8 +136,33 @@ static inline bool tpk__json_top_numbers(const char *t, size_t n, const char *co
 
 /* ---- config.json ------------------------------------------------------------------------------------------ */
 
-/* dir/config.json into *cfg (vocab, positions, layers, hidden, heads, ln_eps; the other fields
- * untouched). */
+/* A config.json held in memory (bytes[n], named `what` in errors) into *cfg (vocab, positions,
+ * layers, hidden, heads, ln_eps; the other fields untouched). */
+static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n, const char *what, tpk_gpt2_config *cfg) {
+    static const char *fn = "tpk_gpt2_config_parse";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!cfg || !what || (n && !b)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
+    static const char *const keys[] = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon"};
+    double v[6] = {0, 0, 0, 0, 0, 1e-5};
+    bool found[6];
+    size_t at = 0;
+    const char *expect = "";
+    if (!tpk__json_top_numbers((const char *)b, n, keys, 6, v, found, &at, &expect))
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
+    for (int k = 0; k < 5; k++)
+        if (!found[k]) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: missing %s (a number)", what, keys[k]);
+    double L = v[0], H = v[1], A = v[2], V = v[3], P = v[4], eps = found[5] ? v[5] : 1e-5;
+    if (!(L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && L <= 1e5 && H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8) || L != floor(L) ||
+        H != floor(H) || A != floor(A) || V != floor(V) || P != floor(P) || (int64_t)H % (int64_t)A || !(eps >= 1e-30 && eps < 1)) /* eps must stay positive as an f32 */
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: implausible configuration (n_layer %g, n_embd %g, n_head %g, vocab_size %g, n_positions %g, layer_norm_epsilon %g)", what, L,
+                         H, A, V, P, eps);
+    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A, cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P;
+    cfg->ln_eps = (float)eps;
+    return TPK_OK;
+}
+
+/* dir/config.json into *cfg, as tpk_gpt2_config_parse. */
 static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_config_read";
     if (!ctx) return TPK_ERR_ARG;
@@ -145,25 +170,11 @@ static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk
     char path[1024];
     snprintf(path, sizeof path, "%s/config.json", dir);
     uint8_t *b = NULL;
-    size_t n = 0, at = 0;
+    size_t n = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
-    static const char *const keys[] = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon"};
-    double v[6] = {0, 0, 0, 0, 0, 1e-5};
-    bool found[6];
-    const char *what = "";
-    bool ok = tpk__json_top_numbers((const char *)b, n, keys, 6, v, found, &at, &what);
+    tpk_status s = tpk_gpt2_config_parse(ctx, b, n, path, cfg);
     free(b);
-    if (!ok) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", path, at, what);
-    for (int k = 0; k < 5; k++)
-        if (!found[k]) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: missing %s (a number)", path, keys[k]);
-    double L = v[0], H = v[1], A = v[2], V = v[3], P = v[4], eps = found[5] ? v[5] : 1e-5;
-    if (L < 1 || H < 1 || A < 1 || V < 1 || P < 1 || L > 1e5 || H > 1e6 || A > H || V > 1e8 || P > 1e8 || L != floor(L) || H != floor(H) ||
-        A != floor(A) || V != floor(V) || P != floor(P) || (int64_t)H % (int64_t)A || !(eps > 0))
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: implausible configuration (n_layer %g, n_embd %g, n_head %g, vocab_size %g, n_positions %g)", path, L,
-                         H, A, V, P);
-    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A, cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P;
-    cfg->ln_eps = (float)eps;
-    return TPK_OK;
+    return s;
 }
 
 /* ---- save ------------------------------------------------------------------------------------------------- */
