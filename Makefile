@@ -173,11 +173,11 @@ bench-gpu: $(GPU_BENCH)
 	$(B)/bench/kernels
 
 # Fuzz the safetensors reader, the config.json parser and the token loaders (tests/fuzz/) with
-# libFuzzer + ASan + UBSan for FUZZ_SECONDS each, from their corpora; installs Debian's clang when
-# missing; fails on a crash (the input is left in build/fuzz/). CI runs it for 30 s each.
+# libFuzzer + ASan + UBSan for FUZZ_SECONDS each, from their corpora; installs Debian's clang and
+# its sanitizer/fuzzer runtime when missing; fails on a crash (the input is left in build/fuzz/). CI runs it for 30 s each.
 FUZZ_SECONDS ?= 60
 fuzz:
-	@command -v clang >/dev/null 2>&1 || TPK_EXTRA_PKGS=clang sh tools/deps.sh
+	@TPK_EXTRA_PKGS="clang libclang-rt-dev" sh tools/deps.sh # libFuzzer's runtime is only a recommendation of clang
 	@for t in safetensors:corpus config:corpus_config data:corpus_data; do n=$${t%%:*}; c=$${t#*:}; \
 	  mkdir -p $(B)/fuzz/$$n && \
 	  clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DTPK_FUZZ_LIBFUZZER \
