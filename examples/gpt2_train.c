@@ -9,6 +9,7 @@
  * layout, loadable at any TP and DP size. On any failure every rank stops with one line
  * `gpt2_train: error: ...`. */
 #define _POSIX_C_SOURCE 200809L
+#include <signal.h>
 #include <time.h>
 
 #include <tpk/tpk.h>
@@ -126,6 +127,7 @@ static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int n, uint64_t seed) {
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
+    signal(SIGXFSZ, SIG_IGN); /* a full disk or a file-size limit: write fails (EFBIG), the save reports it */
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     opts o;

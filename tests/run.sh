@@ -86,6 +86,16 @@ f=$(printf '%s\n' "$out" | grep -c '^FAIL')
 printf '%-28s np=%s  %3d ok  %d failed\n' gpt2_train 1-4 "$p" "$f"
 passed=$((passed + p)) failed=$((failed + f))
 
+# faults: a rank killed, the checkpoint writer killed, the disk full (tests/faults.sh)
+out=$(sh tests/faults.sh 2>&1)
+printf '%s\n' "$out" >> "$log"
+printf '%s\n' "$out" | grep -E '^(FAIL|    )'
+p=$(printf '%s\n' "$out" | grep -c '^ok ')
+f=$(printf '%s\n' "$out" | grep -c '^FAIL')
+[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { echo "FAIL tests/faults.sh ran no test"; f=1; }
+printf '%-28s np=%s  %3d ok  %d failed\n' faults 1-2 "$p" "$f"
+passed=$((passed + p)) failed=$((failed + f))
+
 # install into build/inst and build the README example against it with pkg-config (normal build only)
 inst="$PWD/build/inst"
 if [ "$B" != build ]; then

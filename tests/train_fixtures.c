@@ -12,7 +12,9 @@
  *                     config.json; its byte size is kept by swapping the dims of a 2-D tensor
  *                     or, for a 1-D one, by halving dim 0 and adding a dim of 2)
  *       truncated     the file cut in the middle of the tensor data
- * Plain C, no library: the corruptions edit the JSON header text. */
+ *   train_fixtures check FILE                      exit 0 when FILE is a whole, valid safetensors file
+ * The corruptions edit the JSON header text; `check` uses the strict reader (tpk/safetensors.h). */
+#include <tpk/safetensors.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +123,15 @@ int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "shard-truncated")) return shard(argv[2], argv[3], 20240520, 1, 1, -1);
     if (argc == 5 && !strcmp(argv[1], "shard-big")) return shard(argv[2], argv[3], 20240520, 1, 0, atol(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "corrupt")) return corrupt(argv[2], argv[3], argv[4]);
-    fprintf(stderr, "usage: train_fixtures shard|shard-truncated|shard-big|corrupt ...\n");
+    if (argc == 3 && !strcmp(argv[1], "check")) {
+        tpk_ctx ctx; /* only its error fields are used */
+        tpk_st_file f;
+        memset(&ctx, 0, sizeof ctx);
+        tpk_status s = tpk_st_read(&ctx, argv[2], &f);
+        if (s != TPK_OK) fprintf(stderr, "%s\n", ctx.err);
+        tpk_st_close(&f);
+        return s != TPK_OK;
+    }
+    fprintf(stderr, "usage: train_fixtures shard|shard-truncated|shard-big|corrupt|check ...\n");
     return 2;
 }
