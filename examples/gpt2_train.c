@@ -89,7 +89,6 @@ static bool agree(bool ok, const char *msg) {
 static char msg[1024];
 #define FAIL_IF(cond, ...) do { bool c_ = (cond); if (c_) snprintf(msg, sizeof msg, __VA_ARGS__); if (!agree(!c_, msg)) goto out; } while (0)
 #define TRY(call) do { tpk_status s_ = (call); FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); } while (0)
-
 static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; }
 
 /* Mean loss of K validation batches, averaged over DP (dropout off). Collective. */
