@@ -10,18 +10,8 @@
 #       error line, a non-zero exit, the previous checkpoint byte for byte as it was and loadable;
 #   (d) ranks started with different configurations: tests/train.sh.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
-cd "$(dirname "$0")/.." || exit 1
-B=${TPK_BUILD:-build}
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-mpiflags="--oversubscribe"
-[ "$(id -u)" = 0 ] && mpiflags="$mpiflags --allow-run-as-root"
-T=$B/tests/faults
-rm -rf "$T" && mkdir -p "$T"
-fx=$B/tests/train_fixtures
-text=/usr/share/common-licenses/GPL-3
-[ -f "$text" ] || text=README.md
-small="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
-ok() { echo "ok $1"; }
+. "$(dirname "$0")/common.sh"
+setup faults
 fail() { echo "FAIL $1"; [ -n "$2" ] && tail -8 "$2" | sed 's/^/    /'; }
 
 # start NAME ARGS...: mpirun -np 2 of the trainer in the background, output in $T/NAME.log, its exit

@@ -76,25 +76,21 @@ else
     echo "torch_reference: skipped (Debian's python3-torch is not importable by $py; sudo apt-get install python3-torch)"
 fi
 
+# script NAME NP FILE: a test script's "ok"/"FAIL" lines counted as one row
+script() {
+    out=$(sh "$3" 2>&1)
+    printf '%s\n' "$out" >> "$log"
+    printf '%s\n' "$out" | grep -E '^(FAIL|    |train: )'
+    p=$(printf '%s\n' "$out" | grep -c '^ok ')
+    f=$(printf '%s\n' "$out" | grep -c '^FAIL')
+    [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { echo "FAIL $3 ran no test"; f=1; }
+    printf '%-28s np=%s  %3d ok  %d failed\n' "$1" "$2" "$p" "$f"
+    passed=$((passed + p)) failed=$((failed + f))
+}
 # the GPT-2 trainer end to end (resume, resharding, evaluation, Hugging Face import, bad input)
-out=$(sh tests/train.sh 2>&1)
-printf '%s\n' "$out" >> "$log"
-printf '%s\n' "$out" | grep -E '^(FAIL|    |train: )'
-p=$(printf '%s\n' "$out" | grep -c '^ok ')
-f=$(printf '%s\n' "$out" | grep -c '^FAIL')
-[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { echo "FAIL tests/train.sh ran no test"; f=1; }
-printf '%-28s np=%s  %3d ok  %d failed\n' gpt2_train 1-4 "$p" "$f"
-passed=$((passed + p)) failed=$((failed + f))
-
-# faults: a rank killed, the checkpoint writer killed, the disk full (tests/faults.sh)
-out=$(sh tests/faults.sh 2>&1)
-printf '%s\n' "$out" >> "$log"
-printf '%s\n' "$out" | grep -E '^(FAIL|    )'
-p=$(printf '%s\n' "$out" | grep -c '^ok ')
-f=$(printf '%s\n' "$out" | grep -c '^FAIL')
-[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { echo "FAIL tests/faults.sh ran no test"; f=1; }
-printf '%-28s np=%s  %3d ok  %d failed\n' faults 1-2 "$p" "$f"
-passed=$((passed + p)) failed=$((failed + f))
+script gpt2_train 1-4 tests/train.sh
+# faults: a rank killed, the checkpoint writer killed, the disk full
+script faults 1-2 tests/faults.sh
 
 # install into build/inst and build the README example against it with pkg-config (normal build only)
 inst="$PWD/build/inst"

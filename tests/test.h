@@ -7,6 +7,7 @@
 #ifndef TPK_TEST_H
 #define TPK_TEST_H
 
+#include <dirent.h>
 #include <math.h>
 #include <mpi.h>
 #include <tpk/tpk.h>
@@ -128,6 +129,34 @@ static inline int test_gather_grads(tpk_ctx *ctx, float **grad, int max) {
 static inline void test_free_grads(float **grad, int *n) {
     for (int i = 0; i < *n; i++) free(grad[i]);
     *n = 0;
+}
+
+/* Replay a fuzz corpus (tests/fuzz/<dir>) through a fuzz target's checks (`one` aborts on a
+ * broken promise): files named <valid>* must be accepted, bad* refused as TPK_ERR_FORMAT; at
+ * least `min` files. */
+static inline void test_replay_corpus(const char *dir, tpk_status (*one)(const uint8_t *, size_t), const char *valid, int min) {
+    DIR *d = opendir(dir);
+    CHECK(d != NULL, "cannot open %s", dir);
+    int files = 0;
+    for (struct dirent *de; d && (de = readdir(d));) {
+        if (de->d_name[0] == '.') continue;
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        FILE *f = fopen(p, "rb");
+        uint8_t *b = (uint8_t *)malloc(1 << 16);
+        size_t size = f && b ? fread(b, 1, 1 << 16, f) : 0;
+        if (f) fclose(f);
+        CHECK(f && b, "cannot read %s", p);
+        uint8_t *exact = (uint8_t *)malloc(size ? size : 1); /* a read past the end is past the allocation */
+        if (exact && b) memcpy(exact, b, size);
+        tpk_status s = exact ? one(exact, size) : TPK_ERR_NOMEM;
+        if (!strncmp(de->d_name, valid, strlen(valid))) CHECK(s == TPK_OK, "%s: %s", p, tpk_status_str(s));
+        if (!strncmp(de->d_name, "bad", 3)) CHECK(s == TPK_ERR_FORMAT, "%s: %s", p, tpk_status_str(s));
+        free(b), free(exact);
+        files++;
+    }
+    if (d) closedir(d);
+    CHECK(files >= min, "only %d corpus files in %s", files, dir);
 }
 
 #endif /* TPK_TEST_H */

@@ -6,7 +6,6 @@
  * works on its own files. The loaders' fuzz corpus is replayed through the fuzz target's checks. */
 #include "test.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #define TPK_FUZZ_NO_MAIN
@@ -112,28 +111,7 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_data_batch(&ctx, &t, 0, 1, 0, B, S, NULL, y), TPK_ERR_ARG, "expected buffers");
         tpk_tokens_free(&t);
     }
-    TEST_CASE("token loaders fuzz corpus replay (tests/fuzz/corpus_data)") {
-        DIR *d = opendir("tests/fuzz/corpus_data");
-        CHECK(d != NULL, "cannot open tests/fuzz/corpus_data");
-        int files = 0;
-        for (struct dirent *de; d && (de = readdir(d));) {
-            if (de->d_name[0] == '.') continue;
-            char p[512];
-            snprintf(p, sizeof p, "tests/fuzz/corpus_data/%s", de->d_name);
-            FILE *f = fopen(p, "rb");
-            uint8_t *b = (uint8_t *)malloc(1 << 16);
-            size_t size = f && b ? fread(b, 1, 1 << 16, f) : 0;
-            if (f) fclose(f);
-            CHECK(f && b, "cannot read %s", p);
-            tpk_status s = fuzz_data_one(b, size); /* aborts on a broken promise */
-            if (!strncmp(de->d_name, "valid_shard", 11)) CHECK(s == TPK_OK, "%s: %s", p, tpk_status_str(s));
-            if (!strncmp(de->d_name, "bad", 3)) CHECK(s == TPK_ERR_FORMAT, "%s: %s", p, tpk_status_str(s));
-            free(b);
-            files++;
-        }
-        if (d) closedir(d);
-        CHECK(files >= 5, "only %d corpus files", files);
-    }
+    TEST_CASE("token loaders fuzz corpus replay (tests/fuzz/corpus_data)") test_replay_corpus("tests/fuzz/corpus_data", fuzz_data_one, "valid_shard", 5);
     tpk_ctx_destroy(&ctx);
     return test_finish();
 }

@@ -10,7 +10,6 @@
  *   the config.json fuzz corpus replayed through the fuzz target's checks. */
 #include "test.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <tpk/hf.h>
@@ -191,28 +190,7 @@ int main(int argc, char **argv) {
         tpk_gpt2_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &o);
         tpk_ctx_destroy(&ctx);
     }
-    TEST_CASE("config.json fuzz corpus replay (tests/fuzz/corpus_config)") {
-        DIR *d = opendir("tests/fuzz/corpus_config");
-        CHECK(d != NULL, "cannot open tests/fuzz/corpus_config");
-        int files = 0;
-        for (struct dirent *de; d && (de = readdir(d));) {
-            if (de->d_name[0] == '.') continue;
-            char p[512];
-            snprintf(p, sizeof p, "tests/fuzz/corpus_config/%s", de->d_name);
-            FILE *f = fopen(p, "rb");
-            uint8_t *b = (uint8_t *)malloc(1 << 16);
-            size_t size = f && b ? fread(b, 1, 1 << 16, f) : 0;
-            if (f) fclose(f);
-            CHECK(f && b, "cannot read %s", p);
-            tpk_status s = fuzz_config_one(b, size); /* aborts on a broken promise */
-            if (!strncmp(de->d_name, "valid", 5)) CHECK(s == TPK_OK, "%s: %s", p, tpk_status_str(s));
-            if (!strncmp(de->d_name, "bad", 3)) CHECK(s == TPK_ERR_FORMAT, "%s: %s", p, tpk_status_str(s));
-            free(b);
-            files++;
-        }
-        if (d) closedir(d);
-        CHECK(files >= 7, "only %d corpus files", files);
-    }
+    TEST_CASE("config.json fuzz corpus replay (tests/fuzz/corpus_config)") test_replay_corpus("tests/fuzz/corpus_config", fuzz_config_one, "valid", 7);
     for (int i = 0; i < 3 * nparams; i++) free(before[i]);
     tpk_comm_destroy(&world);
     return test_finish();

@@ -6,17 +6,8 @@
 #   Debian's python3-torch is importable), and every bad input of the issue: a one-line error
 #   and a non-zero exit on every rank, never a hang.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
-cd "$(dirname "$0")/.." || exit 1
-B=${TPK_BUILD:-build}
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-mpiflags="--oversubscribe"
-[ "$(id -u)" = 0 ] && mpiflags="$mpiflags --allow-run-as-root"
-T=$B/tests/train
-rm -rf "$T" && mkdir -p "$T"
-fx=$B/tests/train_fixtures
-text=/usr/share/common-licenses/GPL-3
-[ -f "$text" ] || text=README.md
-small="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
+. "$(dirname "$0")/common.sh"
+setup train
 
 # tr NP ARGS...: run the trainer, output in $out, status in $rc
 tr() {
@@ -24,7 +15,6 @@ tr() {
     out=$(timeout 120 mpirun $mpiflags -np "$np" $B/gpt2_train "$@" 2>&1)
     rc=$?
 }
-ok() { echo "ok $1"; }
 fail() { echo "FAIL $1"; printf '%s\n' "$out" | tail -8 | sed 's/^/    /'; }
 # "step loss grad-norm" of steps FROM..TO from a run's --csv file (every f32 digit)
 losses() { awk -F, -v a="$2" -v b="$3" 'NR>1 && $1+0>=a && $1+0<=b {print $1, $2, $5}' "$1" 2>/dev/null; }

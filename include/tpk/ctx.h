@@ -84,20 +84,9 @@ static inline tpk_status tpk__vfail(tpk_ctx *ctx, tpk_status s, const char *fn, 
     }
     return s;
 }
-/* Returns s, so `return tpk__fail(...)` reads naturally. */
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static inline tpk_status tpk__fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    tpk__vfail(ctx, s, fn, fmt, ap);
-    va_end(ap);
-    return s;
-}
-
-/* The same, for code outside the kit (a layer, an op table or a trainer of one's own): records
- * "fn: message" in the context and returns s. */
+/* Record a failure "fn: message" in the context and return s (so `return tpk_fail(...)` reads
+ * naturally): the kit's own error convention, for code outside the kit too (a layer, an op
+ * table or a trainer of one's own). tpk__fail is the name the kit's code uses. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
@@ -108,6 +97,7 @@ static inline tpk_status tpk_fail(tpk_ctx *ctx, tpk_status s, const char *fn, co
     va_end(ap);
     return s;
 }
+#define tpk__fail tpk_fail
 
 /* The message of the last failure ("" when none). */
 static inline const char *tpk_last_error(const tpk_ctx *ctx) { return ctx ? ctx->err : "tpk: no context"; }

@@ -1,0 +1,14 @@
+# tests/common.sh — sourced by the trainer's test scripts (tests/train.sh, tests/faults.sh): the
+# build directory, mpirun's flags, a text every Debian system has, a small model, the fixtures
+# program, and T = build/tests/NAME made empty (NAME: the script's first argument to `setup`).
+cd "$(dirname "$0")/.." || exit 1
+B=${TPK_BUILD:-build}
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+mpiflags="--oversubscribe"
+[ "$(id -u)" = 0 ] && mpiflags="$mpiflags --allow-run-as-root"
+fx=$B/tests/train_fixtures
+text=/usr/share/common-licenses/GPL-3
+[ -f "$text" ] || text=README.md
+small="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
+ok() { echo "ok $1"; }
+setup() { T=$B/tests/$1; rm -rf "$T" && mkdir -p "$T"; }
