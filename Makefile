@@ -165,7 +165,7 @@ test-sanitize: deps
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
 # t = 2, 3 (MPI, ranks sharing one GPU), compute-sanitizer on the op tests (tests/gpu/run.sh).
-test-gpu: $(if $(HAVE_CUDA),cuda-check)
+test-gpu: $(if $(HAVE_CUDA),cuda-check $(B)/gpt2_train)
 	@sh tests/gpu/run.sh
 
 bench-gpu: $(GPU_BENCH)
