@@ -3,9 +3,12 @@
  * Every op is run on random inputs (test_randn) into outputs poisoned with NaN, and compared
  * with a reference written here in double precision: GEMM in all four transpose combinations
  * with padded leading dimensions, alpha/beta, bf16, odd and empty sizes; bias add/grad; GELU
- * forward and backward (also against finite differences); fill, copy2d, cast (bf16 rounding
- * on hand-picked halfway cases), axpby; the counter-based RNG (moments and sharded draws);
- * and bad arguments, which must fail with a message naming the argument. Runs on one rank. */
+ * forward and backward (also against finite differences) and the identity activation; fill,
+ * copy2d, cast (bf16 rounding on hand-picked halfway cases), axpby; the counter-based RNG
+ * (moments and sharded draws);
+ * and bad arguments, which must fail with a message naming the argument. The front end
+ * (tpk/op.h): every table entry is required (tpk_ctx_init names a NULL one), and a user's own
+ * table is checked before its entries are reached. Runs on one rank. */
 #include "test.h"
 
 static tpk_ctx ctx;
@@ -320,6 +323,28 @@ static void test_gelu(void) {
         free(x), free(dy), free(y), free(dx), free(want), free(fd), free(g), free(hx), free(hdy), free(hy), free(xr),
             free(dyr);
     }
+    TEST_CASE("host act_fwd and act_bwd with TPK_ACT_NONE: y = x and dx = dy exactly, in place too, f32 and bf16") {
+        const size_t n = 257;
+        float x[257], dy[257], y[257], dx[257];
+        test_randn(x, n, 510, 2.0f), test_randn(dy, n, 511, 1.0f);
+        test_poison(y, n), test_poison(dx, n);
+        CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_NONE, y, x, TPK_F32, n));
+        CHECK(memcmp(y, x, sizeof x) == 0, "act_fwd none f32: y != x");
+        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_NONE, dx, x, dy, TPK_F32, n));
+        CHECK(memcmp(dx, dy, sizeof dy) == 0, "act_bwd none f32: dx != dy");
+        CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_NONE, y, y, TPK_F32, n));
+        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_NONE, dx, x, dx, TPK_F32, n));
+        CHECK(memcmp(y, x, sizeof x) == 0 && memcmp(dx, dy, sizeof dy) == 0, "act none in place changed the values");
+        uint16_t hx[257], hy[257];
+        to_bf16(hx, x, n);
+        memset(hy, 0xff, sizeof hy);
+        CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_NONE, hy, hx, TPK_BF16, n));
+        CHECK(memcmp(hy, hx, sizeof hx) == 0, "act_fwd none bf16: y != x");
+        memset(hy, 0xff, sizeof hy);
+        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_NONE, hy, NULL, hx, TPK_BF16, n)); /* x is not read: may be NULL */
+        CHECK(memcmp(hy, hx, sizeof hx) == 0, "act_bwd none bf16: dx != dy");
+        CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, hy, NULL, hx, TPK_BF16, n), TPK_ERR_ARG, "tpk_op_act_bwd: x: expected a buffer");
+    }
 }
 
 /* ---- fill, copy2d, axpby, cast ------------------------------------------------------------- */
@@ -606,6 +631,116 @@ static void test_errors(void) {
     }
 }
 
+/* ---- the front end: every entry required, a user's own table checked ---------------------- */
+
+/* Every entry of tpk_ops after `device`; the list must tile the table (a new entry fails the
+ * test until it is listed here, and tpk__ops_missing must then name it). */
+#define OPS_ENTRY(e) {#e, offsetof(tpk_ops, e), sizeof(((tpk_ops *)0)->e)}
+static const struct {
+    const char *name;
+    size_t at, size;
+} ops_entries[] = {
+    OPS_ENTRY(alloc),       OPS_ENTRY(free),          OPS_ENTRY(memcpy),        OPS_ENTRY(sync),
+    OPS_ENTRY(fill),        OPS_ENTRY(copy2d),        OPS_ENTRY(cast),          OPS_ENTRY(axpby),
+    OPS_ENTRY(gemm),        OPS_ENTRY(bias_add),      OPS_ENTRY(bias_grad),     OPS_ENTRY(act_fwd),
+    OPS_ENTRY(act_bwd),     OPS_ENTRY(rng_2d),        OPS_ENTRY(dropout),       OPS_ENTRY(layernorm_fwd),
+    OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),   OPS_ENTRY(embed_bwd),     OPS_ENTRY(xent_max),
+    OPS_ENTRY(xent_partial), OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
+    OPS_ENTRY(attn_bwd),    OPS_ENTRY(adamw),         OPS_ENTRY(sumsq),         OPS_ENTRY(linear_fwd),
+    OPS_ENTRY(residual_layernorm_fwd),
+};
+enum { OPS_N = sizeof ops_entries / sizeof *ops_entries };
+
+/* a user's table: the host's, with entries that count their calls (and then do the host's work) */
+static int user_calls;
+static tpk_status user_gemm(tpk_ctx *c, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                            const void *b, int64_t ldb, float beta, void *cc, int64_t ldc, tpk_dtype dt) {
+    user_calls++;
+    return tpk_ops_host()->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cc, ldc, dt);
+}
+static tpk_status user_act_fwd(tpk_ctx *c, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
+    user_calls++;
+    return tpk_ops_host()->act_fwd(c, act, y, x, dt, n);
+}
+static tpk_status user_xent_loss(tpk_ctx *c, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
+                                 int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
+    user_calls++;
+    return tpk_ops_host()->xent_loss(c, loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
+}
+static tpk_status user_attn_fwd(tpk_ctx *c, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
+                                int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    user_calls++;
+    return tpk_ops_host()->attn_fwd(c, out, lse, qkv, B, S, Al, D, A, head0, scale, p, seed, stream, dt);
+}
+static tpk_status user_layernorm_fwd(tpk_ctx *c, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
+                                     int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    user_calls++;
+    return tpk_ops_host()->layernorm_fwd(c, y, mean, rstd, x, w, b, rows, cols, eps, dt);
+}
+
+static void test_front_end(void) {
+    TEST_CASE("every tpk_ops entry is required: tpk_ctx_init refuses a table with one NULL entry, naming it") {
+        size_t covered = 0;
+        for (int e = 0; e < OPS_N; e++) covered += ops_entries[e].size;
+        CHECK(offsetof(tpk_ops, alloc) + covered == sizeof(tpk_ops),
+              "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in ops_entries",
+              sizeof(tpk_ops) - offsetof(tpk_ops, alloc), covered);
+        for (int e = 0; e < OPS_N; e++) {
+            static tpk_ops holed;
+            holed = *tpk_ops_host();
+            memset((char *)&holed + ops_entries[e].at, 0, ops_entries[e].size); /* a NULL function pointer */
+            tpk_ctx c;
+            char want[160];
+            snprintf(want, sizeof want, "desc->ops: the table \"host\" has no %s entry", ops_entries[e].name);
+            CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &holed}), TPK_ERR_ARG, want);
+            CHECK(c.ops == NULL, "%s: a refused table stays in the context", ops_entries[e].name);
+            tpk_ctx_destroy(&c);
+        }
+        static tpk_ops unnamed;
+        unnamed = *tpk_ops_host();
+        unnamed.name = NULL;
+        tpk_ctx c;
+        CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &unnamed}), TPK_ERR_ARG, "has no name entry");
+        tpk_ctx_destroy(&c);
+    }
+    TEST_CASE("the front end checks a user's own table: bad arguments never reach its entries; no context, no table") {
+        static tpk_ops mine;
+        mine = *tpk_ops_host();
+        mine.name = "mine";
+        mine.gemm = user_gemm, mine.act_fwd = user_act_fwd, mine.xent_loss = user_xent_loss, mine.attn_fwd = user_attn_fwd;
+        mine.layernorm_fwd = user_layernorm_fwd;
+        tpk_ctx c;
+        CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &mine}));
+        float a[64] = {0}, b[64] = {0}, o[64] = {0};
+        int32_t tg[4] = {0};
+        user_calls = 0;
+        CHECK_FAILS(&c, tpk_op_gemm(&c, false, false, 4, 4, 4, 1, a, 3, b, 4, 0, o, 4, TPK_F32), TPK_ERR_ARG, "tpk_op_gemm: lda: expected >= 4, got 3");
+        CHECK_FAILS(&c, tpk_op_gemm(&c, false, false, 2, 2, 2, 1, NULL, 2, b, 2, 0, o, 2, TPK_F32), TPK_ERR_ARG, "tpk_op_gemm: a: expected a buffer");
+        CHECK_FAILS(&c, tpk_op_gemm(&c, true, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_I32), TPK_ERR_DTYPE, "tpk_op_gemm: dt:");
+        CHECK_FAILS(&c, tpk_op_act_fwd(&c, (tpk_act)5, o, a, TPK_F32, 4), TPK_ERR_ARG, "tpk_op_act_fwd: act:");
+        CHECK_FAILS(&c, tpk_op_xent_loss(&c, o, o, a, b, tg, 2, 4, -0.5f, -100), TPK_ERR_ARG, "tpk_op_xent_loss: smoothing");
+        CHECK_FAILS(&c, tpk_op_attn_fwd(&c, o, o, a, 1, 2, 2, 4, 2, 1, 1, 0, 0, 0, TPK_F32), TPK_ERR_ARG, "tpk_op_attn_fwd: head0");
+        CHECK_FAILS(&c, tpk_op_layernorm_fwd(&c, o, o, o, a, a, a, 2, 4, 0.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_layernorm_fwd: eps");
+        CHECK(user_calls == 0, "the user's entries were called %d times with bad arguments", user_calls);
+        /* empty work is done by the front end too: the entries are not called */
+        CHECK_OK(&c, tpk_op_gemm(&c, false, false, 0, 4, 4, 1, NULL, 4, NULL, 4, 0, NULL, 4, TPK_F32));
+        CHECK_OK(&c, tpk_op_act_fwd(&c, TPK_ACT_GELU_TANH, NULL, NULL, TPK_F32, 0));
+        CHECK(user_calls == 0, "the user's entries were called %d times for empty work", user_calls);
+        /* valid arguments reach them */
+        CHECK_OK(&c, tpk_op_gemm(&c, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_F32));
+        CHECK_OK(&c, tpk_op_act_fwd(&c, TPK_ACT_GELU_TANH, o, a, TPK_F32, 4));
+        CHECK(user_calls == 2, "the user's entries were called %d times for 2 valid calls", user_calls);
+        tpk_ctx_destroy(&c);
+        /* no context: TPK_ERR_ARG (nowhere to leave a message); a context without a table: named */
+        CHECK(tpk_op_gemm(NULL, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_F32) == TPK_ERR_ARG, "gemm without a context");
+        tpk_ctx bare;
+        memset(&bare, 0, sizeof bare);
+        CHECK_FAILS(&bare, tpk_op_fill(&bare, o, TPK_F32, 4, 0.0f), TPK_ERR_ARG, "tpk_op_fill: ctx->ops: expected a backend table, got NULL");
+        CHECK_FAILS(&bare, tpk_op_sync(&bare), TPK_ERR_ARG, "tpk_op_sync: ctx->ops");
+        tpk_op_free(&bare, o); /* nothing to free it with: nothing happens */
+    }
+}
+
 /* AdamW and sum of squares against a double reference over 3 steps */
 static void test_optimizer(void) {
     TEST_CASE("host adamw (3 steps, grad_scale, weight decay) and sumsq against double references") {
@@ -690,6 +825,7 @@ int main(int argc, char **argv) {
     test_elementwise();
     test_rng();
     test_errors();
+    test_front_end();
     test_optimizer();
     test_linear_fwd();
     tpk_ctx_destroy(&ctx);

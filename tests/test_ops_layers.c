@@ -1045,6 +1045,8 @@ static void test_errors(void) {
         CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG,
                     "dloss: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 3, 0.0f, IGNORE, TPK_I32), TPK_ERR_DTYPE, "tpk_op_xent_grad: dt:");
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 3, 1.5f, IGNORE, TPK_F32), TPK_ERR_ARG,
+                    "tpk_op_xent_grad: smoothing: expected 0..1, got 1.5");
     }
 }
 

@@ -47,7 +47,12 @@ static inline const char *tpk__ops_missing(const tpk_ops *ops) {
 
 /* ---- argument checks, written once for every backend ------------------------------------------ */
 
-static inline tpk_status tpk__op_ctx(tpk_ctx *ctx) { return ctx && ctx->ops ? TPK_OK : TPK_ERR_ARG; }
+/* a context with a backend (no message can be left without a context) */
+static inline tpk_status tpk__op_ctx(tpk_ctx *ctx, const char *fn) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (ctx->ops) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "ctx->ops: expected a backend table, got NULL");
+}
 static inline tpk_status tpk__op_float(tpk_ctx *ctx, const char *fn, const char *arg, tpk_dtype dt) {
     if (dt == TPK_F32 || dt == TPK_BF16) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32 or bf16, got %s (%d)", arg, tpk_dtype_name(dt), (int)dt);
@@ -90,6 +95,11 @@ static inline tpk_status tpk__op_prob(tpk_ctx *ctx, const char *fn, float p) {
     if (p >= 0.0f && p < 1.0f) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "p: expected 0 <= p < 1, got %g", (double)p);
 }
+/* label smoothing: 0 <= eps <= 1 */
+static inline tpk_status tpk__op_smoothing(tpk_ctx *ctx, const char *fn, float smoothing) {
+    if (smoothing >= 0.0f && smoothing <= 1.0f) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "smoothing: expected 0..1, got %g", (double)smoothing);
+}
 static inline tpk_status tpk__op_act(tpk_ctx *ctx, const char *fn, tpk_act act) {
     if ((unsigned)act < (unsigned)TPK_ACT_COUNT) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "act: expected TPK_ACT_NONE or TPK_ACT_GELU_TANH, got %d", (int)act);
@@ -109,8 +119,9 @@ static inline tpk_status tpk__op_window(tpk_ctx *ctx, const char *fn, int64_t ro
 
 /* *out = a zero-filled buffer of `bytes` in backend memory */
 static inline tpk_status tpk_op_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
-    TPK_TRY(tpk__op_ctx(ctx));
-    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_op_alloc", "out: expected a pointer, got NULL");
+    static const char *fn = "tpk_op_alloc";
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a pointer, got NULL");
     *out = NULL;
     return ctx->ops->alloc(ctx, bytes, out);
 }
@@ -119,7 +130,7 @@ static inline void tpk_op_free(tpk_ctx *ctx, void *p) {
 }
 static inline tpk_status tpk_op_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
     static const char *fn = "tpk_op_memcpy";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     if (dir != TPK_H2D && dir != TPK_D2H && dir != TPK_D2D && dir != TPK_H2H)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, bytes > 0));
@@ -127,7 +138,7 @@ static inline tpk_status tpk_op_memcpy(tpk_ctx *ctx, void *dst, const void *src,
     return bytes ? ctx->ops->memcpy(ctx, dst, src, bytes, dir) : TPK_OK;
 }
 static inline tpk_status tpk_op_sync(tpk_ctx *ctx) {
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, "tpk_op_sync"));
     return ctx->ops->sync(ctx);
 }
 
@@ -135,7 +146,7 @@ static inline tpk_status tpk_op_sync(tpk_ctx *ctx) {
 
 static inline tpk_status tpk_op_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
     static const char *fn = "tpk_op_fill";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
     return n ? ctx->ops->fill(ctx, x, dt, n, value) : TPK_OK;
@@ -143,7 +154,7 @@ static inline tpk_status tpk_op_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t
 /* rows move as bytes: every dtype is copied exactly */
 static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_op_copy2d";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_any(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
@@ -157,7 +168,7 @@ static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, con
 /* a conversion takes f32 and bf16; a same-dtype cast (a copy) takes any dtype */
 static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
     static const char *fn = "tpk_op_cast";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_any(ctx, fn, "dst_dt", dst_dt));
     TPK_TRY(tpk__op_any(ctx, fn, "src_dt", src_dt));
     if (dst_dt != src_dt) {
@@ -170,7 +181,7 @@ static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, 
 }
 static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_axpby";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
@@ -178,7 +189,7 @@ static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void
 }
 static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_act_fwd";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_act(ctx, fn, act));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
@@ -187,18 +198,18 @@ static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, cons
 }
 static inline tpk_status tpk_op_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_act_bwd";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_act(ctx, fn, act));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dx", dx, n > 0));
-    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0 && act != TPK_ACT_NONE)); /* NONE: dx = dy, x not read */
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, n > 0));
     return n ? ctx->ops->act_bwd(ctx, act, dx, x, dy, dt, n) : TPK_OK;
 }
 static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
                                        uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
     static const char *fn = "tpk_op_rng_2d";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_window(ctx, fn, rows, cols, gcols, row0, col0));
     if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
@@ -209,7 +220,7 @@ static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int6
 static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
                                         float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "tpk_op_dropout";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_window(ctx, fn, rows, cols, gcols, row0, col0));
     TPK_TRY(tpk__op_prob(ctx, fn, p));
@@ -224,7 +235,7 @@ static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, in
  * may be NULL only when the product does not touch it (an empty C, or k = 0) */
 static inline tpk_status tpk__op_gemm_check(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                                             const void *b, int64_t ldb, const void *c, int64_t ldc, tpk_dtype dt) {
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "m", m));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "n", n));
@@ -243,7 +254,7 @@ static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, 
 }
 static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_op_bias_add";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
@@ -253,7 +264,7 @@ static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias
 }
 static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
     static const char *fn = "tpk_op_bias_grad";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
@@ -264,7 +275,7 @@ static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy
 static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                                            int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "tpk_op_linear_fwd";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_act(ctx, fn, act));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
@@ -281,7 +292,7 @@ static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, con
 /* ---- layernorm ------------------------------------------------------------------------------------- */
 
 static inline tpk_status tpk__op_rows_cols(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols, tpk_dtype dt) {
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
     return tpk__op_pos(ctx, fn, "cols", cols);
@@ -316,7 +327,7 @@ static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw,
 /* ---- embedding --------------------------------------------------------------------------------------- */
 
 static inline tpk_status tpk__op_embed_check(tpk_ctx *ctx, const char *fn, int64_t T, int64_t H, int64_t vrows, tpk_dtype dt) {
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "H", H));
@@ -345,7 +356,7 @@ static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const voi
 
 static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_max";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
@@ -356,7 +367,7 @@ static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z,
 static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl,
                                              int64_t v0, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_partial";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
@@ -368,10 +379,10 @@ static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const vo
 static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T,
                                           int64_t V, float smoothing, int32_t ignore_index) {
     static const char *fn = "tpk_op_xent_loss";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
-    if (!(smoothing >= 0 && smoothing <= 1)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "smoothing: expected 0..1, got %g", (double)smoothing);
+    TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
     const void *ps[] = {loss, lse, mx, part, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,mx,part,targets", ps, 5, T > 0));
     return T ? ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index) : TPK_OK;
@@ -379,11 +390,12 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
 static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                           int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_grad";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
     TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
+    TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T * Vl > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
     const void *ps[] = {lse, targets, dloss};
@@ -395,7 +407,7 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
 
 static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0,
                                             float p, tpk_dtype dt) {
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "B", B));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "S", S));
@@ -430,7 +442,7 @@ static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *d
 static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
                                       float wd, int64_t step, float grad_scale) {
     static const char *fn = "tpk_op_adamw";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
     if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
@@ -441,7 +453,7 @@ static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, fl
 /* *out (host memory) = sum of squares, in double */
 static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
     static const char *fn = "tpk_op_sumsq";
-    TPK_TRY(tpk__op_ctx(ctx));
+    TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_ptr(ctx, fn, "out", out, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
     if (!n) return *out = 0, TPK_OK;

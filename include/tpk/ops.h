@@ -61,7 +61,7 @@ typedef struct tpk_ops {
                             bool accumulate);
     /* y = act(x) elementwise (tpk_act above); y may alias x */
     tpk_status (*act_fwd)(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n);
-    /* dx = dy * act'(x); dx may alias dy */
+    /* dx = dy * act'(x); dx may alias dy; with TPK_ACT_NONE, dx = dy and x is not read (may be NULL) */
     tpk_status (*act_bwd)(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n);
 
     /* Counter-based random numbers (tpk/rng.h): x[i, j] = a + b * draw(seed, stream,

@@ -48,6 +48,12 @@ static inline tpk_status tpk__cuda_launched(tpk_ctx *ctx, const char *fn) {
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? TPK_OK : tpk__cuda_err(ctx, fn, "kernel launch failed", e);
 }
+/* This backend's own size limits (grid dimensions, 32-bit counts and keys): TPK_ERR_ARG naming the
+ * argument, the limit and why. The front end (tpk/op.h) has checked the contract itself. */
+static inline tpk_status tpk__cuda_limit(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v, int64_t max, const char *why) {
+    if (v <= max) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %lld (%s), got %lld", arg, (long long)max, why, (long long)v);
+}
 #define TPK__CUDA_TRY(ctx, fn, call)                                                                    \
     do {                                                                                           \
         cudaError_t tpk__cuda_e = (call);                                                              \

@@ -4,7 +4,8 @@
  * f32 arithmetic (bf16 widened on load, rounded to nearest even on store). Every op runs on the
  * backend's stream; every kernel is one template instantiated for float and bf16.
  *
- *   linear_fwd  x W^T + bias (+ GELU keeping the pre-activation) in one cuBLASLt call with an epilogue
+ *   linear_fwd  x W^T + bias (+ GELU-tanh keeping the pre-activation) in one cuBLASLt call with an epilogue
+ *             (BIAS, GELU_AUX, GELU_AUX_BIAS); an activation without an epilogue is composed
  *   gemm      C = alpha op(A) op(B) + beta C    cuBLASLt. Row-major C[m, n] is column-major
  *             C^T[n, m] = op(B)^T op(A)^T, so B goes first with the transposes unchanged. The
  *             descriptors and the heuristic's algorithm are cached per shape, strides and pointer
@@ -13,7 +14,8 @@
  *   axpby     y = a x + b y              (b = 0 ignores y)
  *   bias_add  y[i, j] += bias[j]         bias_grad db[j] (+)= sum_i dy[i, j] (column sums by row
  *                                        chunks, chunks added in order: deterministic)
- *   act       GELU-tanh: y = x sigmoid(2 s (x + c x^3)),  dx = dy (sg + 2 x sg (1 - sg) s (1 + 3 c x^2));
+ *   act       one kernel per direction, the activation (tpk_act) a template parameter:
+ *             GELU-tanh: y = x sigmoid(2 s (x + c x^3)),  dx = dy (sg + 2 x sg (1 - sg) s (1 + 3 c x^2));
  *             NONE: a copy
  * Arguments arrive checked by the front end (tpk/op.h); this backend reports only its own
  * failures (CUDA, cuBLASLt, the head-dim limit of the attention kernels).
@@ -22,6 +24,7 @@
  *   sumsq     sum x^2 in double: per-block sums, then one block adds them in order */
 #include <atomic>
 #include <mutex>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -489,27 +492,43 @@ static tpk_status cuda_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* ---- activations: none, GELU (tanh approximation) ------------------------------------------------------------------------ */
+/* ---- activations (tpk_act): one kernel per direction, the activation a template parameter --------- */
 
 #define GELU_S 0.7978845608028654f
 #define GELU_C 0.044715f
 __device__ __forceinline__ float gelu_sig(float v) { return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v))); }
 
-template <class T> __global__ void gelu_fwd_kernel(T *y, const T *x, size_t n) {
-    TPK__GRID_STRIDE(i, n) {
-        float v = tpk__ldf(x, i);
-        tpk__stf(y, i, v * gelu_sig(v));
+/* act(v) and act'(v); GELU-tanh: 1 - t^2 = 4 sg (1 - sg) */
+template <tpk_act A> __device__ __forceinline__ float act_value(float v) {
+    if constexpr (A == TPK_ACT_GELU_TANH) return v * gelu_sig(v);
+    else return v;
+}
+template <tpk_act A> __device__ __forceinline__ float act_slope(float v) {
+    if constexpr (A == TPK_ACT_GELU_TANH) {
+        float sg = gelu_sig(v);
+        return sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
+    } else {
+        return 1.0f;
     }
+}
+template <tpk_act A, class T> __global__ void act_fwd_kernel(T *y, const T *x, size_t n) {
+    TPK__GRID_STRIDE(i, n) tpk__stf(y, i, act_value<A>(tpk__ldf(x, i)));
 }
 /* dy[i] is read before dx[i] is written by the same thread, so dx may alias dy. */
-template <class T> __global__ void gelu_bwd_kernel(T *dx, const T *x, const T *dy, size_t n) {
+template <tpk_act A, class T> __global__ void act_bwd_kernel(T *dx, const T *x, const T *dy, size_t n) {
     TPK__GRID_STRIDE(i, n) {
-        float v = tpk__ldf(x, i), g = tpk__ldf(dy, i), sg = gelu_sig(v);
-        float local = sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
-        tpk__stf(dx, i, g * local);
+        float v = tpk__ldf(x, i), g = tpk__ldf(dy, i);
+        tpk__stf(dx, i, g * act_slope<A>(v));
     }
 }
-/* act = NONE is a copy (nothing when in place); GELU-tanh the kernels above. */
+/* Call f(std::integral_constant<tpk_act, A>{}) for an activation other than NONE (checked by the front end). */
+template <class F> static inline void by_act(tpk_act act, F f) {
+    switch (act) {
+    case TPK_ACT_GELU_TANH: f(std::integral_constant<tpk_act, TPK_ACT_GELU_TANH>{}); break;
+    default: break;
+    }
+}
+/* act = NONE is a copy (nothing when in place) */
 static tpk_status cuda_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
     static const char *fn = "cuda.act_fwd";
     TPK__CUDA_STATE(st, ctx, fn);
@@ -519,10 +538,11 @@ static tpk_status cuda_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x
     }
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        gelu_fwd_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, n);
+        by_act(act, [&](auto a) { act_fwd_kernel<decltype(a)::value, T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, n); });
     });
     return tpk__cuda_launched(ctx, fn);
 }
+/* act = NONE: dx = dy */
 static tpk_status cuda_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
     static const char *fn = "cuda.act_bwd";
     TPK__CUDA_STATE(st, ctx, fn);
@@ -532,14 +552,16 @@ static tpk_status cuda_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
     }
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        gelu_bwd_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)dx, (const T *)x, (const T *)dy, n);
+        by_act(act, [&](auto a) {
+            act_bwd_kernel<decltype(a)::value, T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)dx, (const T *)x, (const T *)dy, n);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- optimizer ------------------------------------------------------------------------------------------ */
 
-__global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
+static __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
                              float wd, float c1, float c2, float grad_scale) {
     TPK__GRID_STRIDE(i, n) {
         float gi = g[i] * grad_scale;
@@ -560,7 +582,7 @@ static tpk_status cuda_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, f
 }
 
 enum { SUMSQ_BLOCKS = 1024 };
-__global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
+static __global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
     __shared__ double sh[256];
     double s = 0;
     TPK__GRID_STRIDE(i, n) s += (double)x[i] * x[i];
@@ -572,7 +594,7 @@ __global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
     }
     if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
 }
-__global__ void sumsq_final_kernel(double *part, int nparts) {
+static __global__ void sumsq_final_kernel(double *part, int nparts) {
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         double s = 0;
         for (int i = 0; i < nparts; i++) s += part[i];

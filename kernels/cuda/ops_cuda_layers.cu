@@ -86,6 +86,7 @@ static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const vo
                                 const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     bool any = rows > 0;
     if (!any) return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     unsigned grid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
     tpk__by_dtype(dt, [&](auto tag) {
@@ -137,7 +138,7 @@ template <class T> struct ln_wb_elem {
         v[1] = g;
     }
 };
-__global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols) {
+static __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols) {
     TPK__GRID_STRIDE(j, (size_t)cols) {
         float sw = 0.0f, sb = 0.0f;
         for (int64_t c = 0; c < chunks; c++) {
@@ -152,6 +153,7 @@ static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *d
     static const char *fn = "cuda.layernorm_bwd";
     bool any = rows > 0;
     if (!any) return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
     float *part;
@@ -196,7 +198,7 @@ static tpk_status cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, cons
 }
 
 /* key[t] = ids[t] - v0 when in range, else vrows (sorts after every row); val[t] = t */
-__global__ void embed_keys_kernel(uint32_t *key, uint32_t *val, const int32_t *ids, int64_t T, int64_t v0, int64_t vrows) {
+static __global__ void embed_keys_kernel(uint32_t *key, uint32_t *val, const int32_t *ids, int64_t T, int64_t v0, int64_t vrows) {
     TPK__GRID_STRIDE(t, (size_t)T) {
         int64_t row = (int64_t)ids[t] - v0;
         key[t] = row >= 0 && row < vrows ? (uint32_t)row : (uint32_t)vrows;
@@ -223,6 +225,8 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
                                int64_t vrows, tpk_dtype dt) {
     static const char *fn = "cuda.embed_bwd";
     if (T == 0 || H == 0 || vrows == 0) return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "tokens of one radix sort"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "vrows", vrows, (int64_t)UINT32_MAX - 1, "32-bit sort keys"));
     TPK__CUDA_STATE(st, ctx, fn);
     int end_bit = 1;
     while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)vrows) end_bit++;
@@ -262,6 +266,7 @@ template <class T> __global__ void xent_max_kernel(float *mx, const T *z, int64_
 static tpk_status cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
     static const char *fn = "cuda.xent_max";
     if (T == 0) return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
@@ -289,6 +294,7 @@ static tpk_status cuda_xent_partial(tpk_ctx *ctx, float *part, const void *z, co
                                   int64_t Vl, int64_t v0, tpk_dtype dt) {
     static const char *fn = "cuda.xent_partial";
     if (T == 0) return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
@@ -298,7 +304,7 @@ static tpk_status cuda_xent_partial(tpk_ctx *ctx, float *part, const void *z, co
 }
 
 /* the host's arithmetic (double) per row */
-__global__ void xent_loss_kernel(float *loss, float *lse, const float *mx, const float *part, const int32_t *y, int64_t T, int64_t V,
+static __global__ void xent_loss_kernel(float *loss, float *lse, const float *mx, const float *part, const int32_t *y, int64_t T, int64_t V,
                                  float smoothing, int32_t ignore) {
     TPK__GRID_STRIDE(t, (size_t)T) {
         double l = (double)mx[t] + log((double)part[3 * t]);
@@ -434,11 +440,14 @@ template <class F> static tpk_status att_by_ne(tpk_ctx *ctx, const char *fn, int
     return TPK_OK;
 }
 
-/* The front end checked the arguments; this backend's own limit is the head dim. */
-static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t D) {
+/* The front end checked the arguments; this backend's own limits are the head dim and the grid
+ * (ceil(S / ATT_WARPS), Al, B). */
+static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D) {
     if (D > ATT_MAXD)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
-    return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "B", B, 65535, "grid z"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "Al", Al, 65535, "grid y"));
+    return tpk__cuda_limit(ctx, fn, "S", S, (int64_t)INT_MAX * ATT_WARPS, "grid x: ATT_WARPS query rows per block");
 }
 
 /* Allow the dynamic shared memory a kernel needs beyond the default 48 KiB. */
@@ -450,7 +459,7 @@ template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn,
 static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
                               int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_fwd";
-    TPK_TRY(att_check(ctx, fn, D));
+    TPK_TRY(att_check(ctx, fn, B, S, Al, D));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     size_t smem = att_smem(D);
@@ -596,7 +605,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
                               int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
                               uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_bwd";
-    TPK_TRY(att_check(ctx, fn, D));
+    TPK_TRY(att_check(ctx, fn, B, S, Al, D));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     float *Dr;

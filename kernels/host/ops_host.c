@@ -209,7 +209,7 @@ static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
     return TPK_OK;
 }
 
-/* ---- activations: none, GELU (tanh approximation) ------------------------------------------------------------------ */
+/* ---- activations (tpk_act): one loop per direction, the activation a switch ----------------------- */
 
 #define GELU_S 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
@@ -217,37 +217,52 @@ static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
 /* 1/2 (1 + tanh(u)) = sigmoid(2u): one expf, no tanhf (expf(-2u) = inf gives 0, not NaN) */
 static inline float gelu_sig(float v) { return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v))); }
 
-TPK__HOST_INLINE void gelu_fwd_loop(tpk_dtype dt, void *y, const void *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float v = tpk__ld(x, dt, i);
-        tpk__st(y, dt, i, v * gelu_sig(v));
+/* act(v) and act'(v); GELU-tanh: 1 - t^2 = 4 sg (1 - sg) */
+TPK__HOST_INLINE float act_value(tpk_act act, float v) {
+    switch (act) {
+    case TPK_ACT_GELU_TANH: return v * gelu_sig(v);
+    default: return v;
     }
 }
+TPK__HOST_INLINE float act_slope(tpk_act act, float v) {
+    switch (act) {
+    case TPK_ACT_GELU_TANH: {
+        float sg = gelu_sig(v);
+        return sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
+    }
+    default: return 1.0f;
+    }
+}
+
+TPK__HOST_INLINE void act_fwd_loop(tpk_dtype dt, tpk_act act, void *y, const void *x, size_t n) {
+    for (size_t i = 0; i < n; i++) tpk__st(y, dt, i, act_value(act, tpk__ld(x, dt, i)));
+}
+/* NONE is a copy (nothing in place) */
 static tpk_status host_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
     (void)ctx;
     if (act == TPK_ACT_NONE) {
         if (y != x) memmove(y, x, n * tpk_dtype_size(dt));
         return TPK_OK;
     }
-    TPK__BY_DTYPE(dt, gelu_fwd_loop, y, x, n);
+    TPK__BY_DTYPE(dt, act_fwd_loop, act, y, x, n);
     return TPK_OK;
 }
 
 /* dy[i] is read before dx[i] is written, so dx may alias dy. */
-TPK__HOST_INLINE void gelu_bwd_loop(tpk_dtype dt, void *dx, const void *x, const void *dy, size_t n) {
+TPK__HOST_INLINE void act_bwd_loop(tpk_dtype dt, tpk_act act, void *dx, const void *x, const void *dy, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        float v = tpk__ld(x, dt, i), g = tpk__ld(dy, dt, i), sg = gelu_sig(v); /* 1 - t^2 = 4 sg (1 - sg) */
-        float local = sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
-        tpk__st(dx, dt, i, g * local);
+        float v = tpk__ld(x, dt, i), g = tpk__ld(dy, dt, i);
+        tpk__st(dx, dt, i, g * act_slope(act, v));
     }
 }
+/* NONE: dx = dy */
 static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
     (void)ctx;
     if (act == TPK_ACT_NONE) {
         if (dx != dy) memmove(dx, dy, n * tpk_dtype_size(dt));
         return TPK_OK;
     }
-    TPK__BY_DTYPE(dt, gelu_bwd_loop, dx, x, dy, n);
+    TPK__BY_DTYPE(dt, act_bwd_loop, act, dx, x, dy, n);
     return TPK_OK;
 }
 

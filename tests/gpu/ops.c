@@ -31,6 +31,15 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU_TANH, dy.h, x.h, dy.h, dt, n));
         CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, dy.d, x.d, dy.d, dt, n));
         pair_check(&cd, &dy, tol_for(dt, TOL_SAME), "gelu_bwd (in place)");
+        /* TPK_ACT_NONE: y = x, dx = dy (copies: exact) */
+        pair_poison(&cd, &y);
+        CHECK_OK(&ch, ch.ops->act_fwd(&ch, TPK_ACT_NONE, y.h, x.h, dt, n));
+        CHECK_OK(&cd, cd.ops->act_fwd(&cd, TPK_ACT_NONE, y.d, x.d, dt, n));
+        pair_check(&cd, &y, 1e-12, "act_fwd none");
+        pair_poison(&cd, &y);
+        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_NONE, y.h, x.h, dy.h, dt, n));
+        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_NONE, y.d, x.d, dy.d, dt, n));
+        pair_check(&cd, &y, 1e-12, "act_bwd none");
         /* cast to the other float dtype and back */
         tpk_dtype other = dt == TPK_F32 ? TPK_BF16 : TPK_F32;
         pair c = pair_from(&cd, NULL, n, other);
@@ -301,6 +310,21 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, p, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
         CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f), TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
+        CHECK_FAILS(&cd, tpk_op_act_fwd(&cd, (tpk_act)9, p, p, TPK_F32, 4), TPK_ERR_ARG, "act:");
+        CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 0, 2, 1.5f, -100, TPK_F32), TPK_ERR_ARG, "smoothing");
+    }
+    TEST_CASE("the CUDA backend's own limits (head dim, grid, 32-bit sort keys): refused before a launch, named") {
+        void *p = NULL;
+        CHECK_OK(&cd, tpk_op_alloc(&cd, 1024, &p));
+        /* valid for the front end; the buffers are never touched */
+        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 600, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_UNSUPPORTED,
+                    "cuda.attn_fwd: D: head dims up to 512");
+        CHECK_FAILS(&cd, tpk_op_attn_bwd(&cd, p, p, p, p, p, 70000, 1, 1, 8, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
+                    "cuda.attn_bwd: B: expected <= 65535");
+        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 70000, 8, 70000, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
+                    "Al: expected <= 65535");
+        CHECK_FAILS(&cd, tpk_op_xent_max(&cd, p, p, (int64_t)1 << 31, 1, TPK_F32), TPK_ERR_ARG, "cuda.xent_max: T: expected <= 2147483647");
+        CHECK_FAILS(&cd, tpk_op_embed_bwd(&cd, p, p, p, 4, 1, 0, (int64_t)1 << 32, TPK_F32), TPK_ERR_ARG, "cuda.embed_bwd: vrows");
         tpk_op_free(&cd, p);
     }
 }
