@@ -10,7 +10,7 @@
 #include "test.h"
 
 #if defined(__GNUC__)
-#pragma GCC diagnostic ignored "-Wunused-parameter" /* the stubs name every argument they ignore */
+#pragma GCC diagnostic ignored "-Wunused-parameter" /* the entries this backend does not provide name every argument */
 #endif
 
 static int me, np, gemm_calls;
@@ -82,34 +82,36 @@ static tpk_status my_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x,
     return bias ? my_bias_add(ctx, y, bias, T, n, dt) : TPK_OK;
 }
 
-/* The ops this test's layer does not use: refused, naming themselves. */
-static tpk_status unsupported(tpk_ctx *ctx, const char *op) {
-    return tpk_fail(ctx, TPK_ERR_UNSUPPORTED, op, "not implemented by this test's backend");
+/* A partial backend, as a user's may be: the ops it does not provide answer TPK_ERR_UNSUPPORTED
+ * (the contract's status for "valid, but this backend does not provide it"), naming themselves;
+ * the test checks that this status comes back through the front end. */
+static tpk_status not_provided(tpk_ctx *ctx, const char *op) {
+    return tpk_fail(ctx, TPK_ERR_UNSUPPORTED, op, "this backend does not provide it");
 }
-#define STUB(name, ...) static tpk_status my_##name(tpk_ctx *ctx, __VA_ARGS__) { return unsupported(ctx, "my." #name); }
-STUB(cast, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n)
-STUB(act_fwd, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n)
-STUB(act_bwd, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n)
-STUB(dropout, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed, uint64_t stream,
+#define NOT_PROVIDED(name, ...) static tpk_status my_##name(tpk_ctx *ctx, __VA_ARGS__) { return not_provided(ctx, "my." #name); }
+NOT_PROVIDED(cast, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n)
+NOT_PROVIDED(act_fwd, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n)
+NOT_PROVIDED(act_bwd, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n)
+NOT_PROVIDED(dropout, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed, uint64_t stream,
      tpk_dtype dt)
-STUB(layernorm_fwd, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt)
-STUB(layernorm_bwd, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w, const float *mean, const float *rstd, int64_t rows,
+NOT_PROVIDED(layernorm_fwd, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt)
+NOT_PROVIDED(layernorm_bwd, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w, const float *mean, const float *rstd, int64_t rows,
      int64_t cols, tpk_dtype dt, bool accumulate_dx)
-STUB(embed_fwd, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate)
-STUB(embed_bwd, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt)
-STUB(xent_max, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt)
-STUB(xent_partial, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl, int64_t v0, tpk_dtype dt)
-STUB(xent_loss, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T, int64_t V, float smoothing,
+NOT_PROVIDED(embed_fwd, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate)
+NOT_PROVIDED(embed_bwd, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt)
+NOT_PROVIDED(xent_max, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt)
+NOT_PROVIDED(xent_partial, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl, int64_t v0, tpk_dtype dt)
+NOT_PROVIDED(xent_loss, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T, int64_t V, float smoothing,
      int32_t ignore_index)
-STUB(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t v0, int64_t V,
+NOT_PROVIDED(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t v0, int64_t V,
      float smoothing, int32_t ignore_index, tpk_dtype dt)
-STUB(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
+NOT_PROVIDED(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
      uint64_t seed, uint64_t stream, tpk_dtype dt)
-STUB(attn_bwd, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D,
+NOT_PROVIDED(attn_bwd, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D,
      int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt)
-STUB(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale)
-STUB(sumsq, double *out, const float *x, size_t n)
-STUB(residual_layernorm_fwd, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows,
+NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale)
+NOT_PROVIDED(sumsq, double *out, const float *x, size_t n)
+NOT_PROVIDED(residual_layernorm_fwd, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows,
      int64_t cols, float eps, tpk_dtype dt)
 
 static tpk_ops my_table(void) {

@@ -69,6 +69,13 @@ static inline tpk_status tpk__op_pos(tpk_ctx *ctx, const char *fn, const char *a
     if (v >= 1) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= 1, got %lld", arg, (long long)v);
 }
+/* the context, a compute dtype and two sizes >= 0 (named a and b) */
+static inline tpk_status tpk__op_dims(tpk_ctx *ctx, const char *fn, tpk_dtype dt, const char *a, int64_t va, const char *b, int64_t vb) {
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, a, va));
+    return tpk__op_nonneg(ctx, fn, b, vb);
+}
 /* a buffer that the op touches (needed) must be present */
 static inline tpk_status tpk__op_ptr(tpk_ctx *ctx, const char *fn, const char *arg, const void *p, bool needed) {
     if (p || !needed) return TPK_OK;
@@ -235,10 +242,7 @@ static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, in
  * may be NULL only when the product does not touch it (an empty C, or k = 0) */
 static inline tpk_status tpk__op_gemm_check(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                                             const void *b, int64_t ldb, const void *c, int64_t ldc, tpk_dtype dt) {
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "m", m));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "n", n));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "m", m, "n", n));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "k", k));
     TPK_TRY(tpk__op_ld(ctx, fn, "lda", lda, ta ? m : k));
     TPK_TRY(tpk__op_ld(ctx, fn, "ldb", ldb, tb ? k : n));
@@ -254,20 +258,14 @@ static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, 
 }
 static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_op_bias_add";
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
     return rows && cols ? ctx->ops->bias_add(ctx, y, bias, rows, cols, dt) : TPK_OK;
 }
 static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
     static const char *fn = "tpk_op_bias_grad";
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
     TPK_TRY(tpk__op_ptr(ctx, fn, "db", db, cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
     return cols ? ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, accumulate) : TPK_OK;
@@ -327,10 +325,7 @@ static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw,
 /* ---- embedding --------------------------------------------------------------------------------------- */
 
 static inline tpk_status tpk__op_embed_check(tpk_ctx *ctx, const char *fn, int64_t T, int64_t H, int64_t vrows, tpk_dtype dt) {
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "H", H));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "H", H));
     return tpk__op_nonneg(ctx, fn, "vrows", vrows);
 }
 static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
@@ -356,10 +351,7 @@ static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const voi
 
 static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_max";
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
     TPK_TRY(tpk__op_ptr(ctx, fn, "mx", mx, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
     return T ? ctx->ops->xent_max(ctx, mx, z, T, Vl, dt) : TPK_OK;
@@ -367,10 +359,7 @@ static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z,
 static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl,
                                              int64_t v0, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_partial";
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
     const void *ps[] = {part, mx, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "part,mx,targets", ps, 3, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
@@ -390,10 +379,7 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
 static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                           int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_grad";
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "Vl", Vl));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
     TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
     TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T * Vl > 0));
@@ -407,10 +393,7 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
 
 static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0,
                                             float p, tpk_dtype dt) {
-    TPK_TRY(tpk__op_ctx(ctx, fn));
-    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "B", B));
-    TPK_TRY(tpk__op_nonneg(ctx, fn, "S", S));
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "B", B, "S", S));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "Al", Al));
     TPK_TRY(tpk__op_pos(ctx, fn, "D", D));
     if (head0 < 0 || head0 + Al > A)
