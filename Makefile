@@ -39,7 +39,7 @@ endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx
+TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/flash_emu
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
 HEADERS   = $(wildcard include/tpk/*.h)
@@ -64,7 +64,7 @@ $(B)/libtpk_host.a: $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(B)/cuda/%.o: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh
+$(B)/cuda/%.o: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh kernels/cuda/flash.cuh
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -105,6 +105,13 @@ $(B)/tests/test_custom_ops: tests/test_custom_ops.c tests/test.h $(HEADERS)
 $(B)/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICXX) $(CXXWARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
+
+# The tensor-core attention kernels (kernels/cuda/flash.cuh) run on the CPU: each thread of a block a
+# host thread, the warp instructions emulated (tests/gpu/flash_emu.cpp); needs neither nvcc nor a GPU.
+$(B)/tests/flash_emu: tests/gpu/flash_emu.cpp kernels/cuda/flash.cuh $(HEADERS) $(B)/libtpk_host.a
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -Wall -Wextra -Werror -Wno-unknown-pragmas -fno-strict-aliasing $(CFLAGS) $(CPPFLAGS) -pthread $< -o $@ \
+	  $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
 # The kit from a CUDA C++ file: compiled by nvcc, linked like a C++ program (tests/run.sh runs it).
 $(B)/tests/cuda_cxx: tests/cuda_cxx.cu $(HEADERS) $(B)/libtpk_cuda.a
@@ -171,6 +178,8 @@ test-gpu: $(if $(HAVE_CUDA),cuda-check $(B)/gpt2_train)
 bench-gpu: $(GPU_BENCH)
 	$(B)/bench/gemm
 	$(B)/bench/kernels
+	$(B)/bench/kernels --dtype bf16 --B 16 --S 1024 --A 12 --D 64
+	$(B)/bench/kernels --dtype bf16 --B 8 --S 2048 --A 16 --D 128
 
 # Fuzz the safetensors reader, the config.json parser and the token loaders (tests/fuzz/) with
 # libFuzzer + ASan + UBSan for FUZZ_SECONDS each, from their corpora; installs Debian's clang and

@@ -41,6 +41,8 @@ for t in $B/tests/test_*; do
     for np in $nps; do run "$name" "$np" "$t"; done
 done
 run readme_example 2 $B/readme_example
+# the CUDA backend's tensor-core attention (kernels/cuda/flash.cuh) emulated on the CPU
+run flash_emu 1 $B/tests/flash_emu
 
 # the kit from a CUDA C++ file (tests/cuda_cxx.cu): built where nvcc is found (make test / cuda-check)
 if [ -x $B/tests/cuda_cxx ]; then

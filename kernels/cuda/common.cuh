@@ -33,6 +33,7 @@ struct tpk__cuda_state {
     void *scratch;
     size_t scratch_bytes;
     bool tf32;
+    int cc; /* compute capability, 10 major + minor (80 = sm_80) */
 };
 
 /* The state, created lazily; NULL with an error in ctx when CUDA cannot be initialised. */

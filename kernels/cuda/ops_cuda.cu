@@ -41,9 +41,13 @@ tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn) {
     if (g_ready) return &g_state;
     tpk__cuda_state s = {};
     cudaError_t e = cudaGetDevice(&s.device);
+    int major = 0, minor = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s.device);
+    s.cc = 10 * major + minor;
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
-        tpk__cuda_err(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaStreamCreate)", e);
+        tpk__cuda_err(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaDeviceGetAttribute, cudaStreamCreate)", e);
         return NULL;
     }
     cublasStatus_t b = cublasLtCreate(&s.lt);

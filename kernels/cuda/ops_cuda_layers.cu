@@ -12,7 +12,9 @@
  *              no atomics
  *   xent       per row (one block): max; sum exp(z - max), z_target, sum z; loss from the parts;
  *              dz = (exp(z - lse) - (1-eps) onehot - eps/V) dloss elementwise
- *   attention  flash-style, never an S x S matrix. Forward: a block of ATT_WARPS query rows of one
+ *   attention  bf16 with head dim 64 or 128 on sm_80 and later: FlashAttention-2 on tensor cores
+ *              (flash.cuh). Otherwise these generic kernels (f32, any head dim up to ATT_MAXD),
+ *              flash-style, never an S x S matrix. Forward: a block of ATT_WARPS query rows of one
  *              (batch, head) walks the keys 0..i in tiles of 32 staged in shared memory; each lane
  *              scores one key of the tile, the warp keeps the running max m and sum l, and each
  *              lane accumulates its columns of O:  o = o e^(m - m') + sum_j keep_ij e^(s_ij - m') V_j,
@@ -22,9 +24,13 @@
  *              dV_j = sum_i keep_ij P_ij dO_i,  dK_j = scale sum_i dS_ij Q_i,
  *              P_ij = exp(s_ij - lse_i),  dS_ij = P_ij (keep_ij dO_i . V_j - Dr_i).
  *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/rng.h). */
+#include <cstdlib>
+#include <cstring>
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include "common.cuh"
+#include "flash.cuh"
 
 /* ---- dropout ------------------------------------------------------------------------------------- */
 
@@ -353,13 +359,6 @@ static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
 
 enum { ATT_WARPS = 8, ATT_TILE = 32, ATT_MAXD = 512 };
 
-/* keep factor of P[i][j] of head (b, global head g): 0 or 1/(1-p) */
-__device__ __forceinline__ float att_keep(float p, uint64_t seed, uint64_t stream, int64_t b, int64_t A, int64_t g, int64_t S, int64_t i,
-                                          int64_t j) {
-    if (p <= 0.0f) return 1.0f;
-    return tpk_rng_uniform(seed, stream, (uint64_t)((((b * A + g) * S + i) * S) + j)) >= p ? 1.0f / (1.0f - p) : 0.0f;
-}
-
 /* Shared memory, in floats, of the three attention kernels for head dim D:
  * two padded [ATT_TILE][D+1] tiles, ATT_WARPS rows of 2 D, ATT_WARPS x ATT_TILE x 2 weights. */
 static inline size_t att_smem(int64_t D) {
@@ -408,7 +407,7 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
         float mn = fmaxf(m, tpk__warp_max(s));
         float pe = j <= i ? expf(s - mn) : 0.0f, corr = expf(m - mn); /* m = -inf at first: corr = 0 */
         l = l * corr + tpk__warp_sum(pe);
-        pw[lane] = pe * (j <= i ? att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f);
+        pw[lane] = pe * (j <= i ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f);
         __syncwarp();
         int64_t nk = i - j0 + 1 < ATT_TILE ? i - j0 + 1 : ATT_TILE;
         for (int e = 0; e < NE; e++) {
@@ -456,12 +455,42 @@ template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn,
     return TPK_OK;
 }
 
+/* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later, rows
+ * 16-byte aligned; TPK_ATTN=generic in the environment selects the generic kernels (benchmarks). */
+static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
+    if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || ((uintptr_t)a | (uintptr_t)b) % 16) return false;
+    const char *env = getenv("TPK_ATTN");
+    return !env || strcmp(env, "generic") != 0;
+}
+/* f(D, DROP) with the head dim and whether dropout is on as compile-time constants */
+template <class F> static void flash_by_d(int64_t D, float p, F f) {
+    auto drop = [&](auto d) {
+        if (p > 0.0f) f(d, std::true_type{});
+        else f(d, std::false_type{});
+    };
+    if (D == 64) drop(std::integral_constant<int, 64>{});
+    else drop(std::integral_constant<int, 128>{});
+}
+
 static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
                               int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_fwd";
     TPK_TRY(att_check(ctx, fn, B, S, Al, D));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
+    if (flash_usable(st, dt, D, qkv, out)) {
+        dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B);
+        tpk_status s = TPK_OK;
+        flash_by_d(D, p, [&](auto d, auto drop) {
+            auto kernel = tpk__flash_fwd<decltype(d)::value, decltype(drop)::value>;
+            size_t bytes = tpk__flash_smem(0, (int)D);
+            if ((s = att_smem_attr(ctx, fn, kernel, bytes)) != TPK_OK) return;
+            kernel<<<fgrid, TPK__FL_THREADS, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, head0, scale, p, seed,
+                                                                  stream);
+        });
+        TPK_TRY(s);
+        return tpk__cuda_launched(ctx, fn);
+    }
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);
     tpk_status s = TPK_OK;
@@ -526,7 +555,7 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
             float s = 0.0f, dp = 0.0f;
             for (int64_t e = 0; e < D; e++) s += q[e] * Ks[lane * (D + 1) + e], dp += go[e] * Vs[lane * (D + 1) + e];
             float P = expf(scale * s - L);
-            ds = P * (dp * att_keep(p, seed, stream, b, A, head0 + h, S, i, j) - Di);
+            ds = P * (dp * tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) - Di);
         }
         dsw[lane] = ds;
         __syncwarp();
@@ -575,7 +604,7 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
         if (i < S && i >= j) {
             float s = 0.0f, dp = 0.0f;
             for (int64_t e = 0; e < D; e++) s += Qs[lane * (D + 1) + e] * k[e], dp += dOs[lane * (D + 1) + e] * v[e];
-            float P = expf(scale * s - Lh[i]), keep = att_keep(p, seed, stream, b, A, head0 + h, S, i, j);
+            float P = expf(scale * s - Lh[i]), keep = tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j);
             pd = P * keep;
             ds = P * (dp * keep - Dh[i]);
         }
@@ -611,6 +640,24 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     float *Dr;
     size_t nrows = (size_t)(B * Al * S);
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * nrows, (void **)&Dr));
+    if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout)) {
+        attn_dr_kernel<tpk__bf16><<<tpk__grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const tpk__bf16 *)dout,
+                                                                                                     (const tpk__bf16 *)out, B, S, Al, D);
+        dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B);
+        tpk_status s = TPK_OK;
+        flash_by_d(D, p, [&](auto d, auto drop) {
+            auto kkv = tpk__flash_dkv<decltype(d)::value, decltype(drop)::value>;
+            auto kq = tpk__flash_dq<decltype(d)::value, decltype(drop)::value>;
+            size_t bkv = tpk__flash_smem(1, (int)D), bq = tpk__flash_smem(2, (int)D);
+            if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK || (s = att_smem_attr(ctx, fn, kq, bq)) != TPK_OK) return;
+            kkv<<<fgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
+                                                             head0, scale, p, seed, stream);
+            kq<<<fgrid, TPK__FL_THREADS, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
+                                                           head0, scale, p, seed, stream);
+        });
+        TPK_TRY(s);
+        return tpk__cuda_launched(ctx, fn);
+    }
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);
     tpk_status s = TPK_OK;

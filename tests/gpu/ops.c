@@ -254,9 +254,11 @@ static void test_xent(tpk_dtype dt) {
     }
 }
 
-static void test_attention(tpk_dtype dt, int64_t D, float p) {
-    TEST_CASE("attention fwd/bwd D=%lld p=%g [%s]", (long long)D, (double)p, tpk_dtype_name(dt)) {
-        int64_t B = 2, S = 45, Al = 2, A = 5, head0 = 2;
+/* bf16 with D = 64 or 128 runs the tensor-core kernels (kernels/cuda/flash.cuh), the rest the
+ * generic ones; S = 45, 130, 200 are not multiples of their 64-row tiles */
+static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p) {
+    TEST_CASE("attention fwd/bwd D=%lld S=%lld p=%g [%s]", (long long)D, (long long)S, (double)p, tpk_dtype_name(dt)) {
+        int64_t B = 2, Al = 2, A = 5, head0 = 2;
         float scale = 1.0f / sqrtf((float)D);
         size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
         pair qkv = pair_randn(&cd, nq, dt, 90, 1.0f), out = pair_from(&cd, NULL, no, dt), lse = pair_from(&cd, NULL, nl, TPK_F32);
@@ -271,6 +273,14 @@ static void test_attention(tpk_dtype dt, int64_t D, float p) {
         CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
         CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
         pair_check(&cd, &dqkv, tol_for(dt, TOL_SUM), "attn_bwd dqkv");
+        /* the backward is deterministic: a second run gives the same bits */
+        size_t bytes = nq * tpk_dtype_size(dt);
+        unsigned char *first = (unsigned char *)malloc(bytes), *second = (unsigned char *)malloc(bytes);
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, first, dqkv.d, bytes, TPK_D2H));
+        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, second, dqkv.d, bytes, TPK_D2H));
+        CHECK(memcmp(first, second, bytes) == 0, "attn_bwd: two runs differ");
+        free(first), free(second);
         pair_free(&cd, &qkv), pair_free(&cd, &out), pair_free(&cd, &lse), pair_free(&cd, &dout), pair_free(&cd, &dqkv);
     }
 }
@@ -348,10 +358,12 @@ int main(int argc, char **argv) {
         test_layernorm(dt);
         test_embed(dt);
         test_xent(dt);
-        test_attention(dt, 16, 0.0f);
-        test_attention(dt, 64, 0.0f);
-        test_attention(dt, 64, 0.2f);
-        test_attention(dt, 40, 0.1f); /* D not a multiple of 32 */
+        test_attention(dt, 16, 45, 0.0f);
+        test_attention(dt, 64, 45, 0.0f);
+        test_attention(dt, 64, 130, 0.2f);
+        test_attention(dt, 128, 200, 0.0f);
+        test_attention(dt, 128, 45, 0.1f);
+        test_attention(dt, 40, 45, 0.1f); /* D not a multiple of 32 */
     }
     test_optimizer();
     test_errors();

@@ -1,0 +1,429 @@
+/* kernels/cuda/flash.cuh — causal attention on tensor cores: FlashAttention-2 (Dao, 2023) with
+ * bf16 storage, f32 accumulation and mma.sync m16n8k16 (sm_80 and later), head dims 64 and 128.
+ * Included by ops_cuda_layers.cu, which keeps the generic kernels for f32 and other head dims.
+ *
+ * Layouts (the op's contract, tpk/ops.h): qkv [B, S, 3, Al, D] (Q, K, V of local head h at column
+ * blocks h, Al + h, 2 Al + h of a row of 3 Al D), out [B, S, Al, D], lse [B, Al, S] = natural log
+ * of sum_j exp(scale q_i . k_j), dqkv like qkv, Dr [B, Al, S] = rowsum(dO * O).
+ *
+ * Forward (tpk__flash_fwd): a block of 4 warps owns 64 query rows of one (b, h), warp w the rows
+ * 16 w .. 16 w + 15 with their Q fragments in registers. Key/value tiles of 64 rows are staged
+ * through shared memory; per tile, in registers:
+ *   S = Q K^T (16 x 64)           m' = max(m, rowmax S)           P = exp(scale (S - m'))
+ *   l' = l e^(scale (m - m')) + rowsum P                           O' = O e^(scale (m - m')) + (P keep) V
+ * and at the end O / l and lse = scale m + ln l. Tiles above a warp's diagonal are skipped.
+ * Backward (after Dr):
+ *   tpk__flash_dkv: a block owns 64 keys (16 per warp) and streams the query tiles at or after them:
+ *     P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
+ *     dV += (P^T keep) dO,  dK += scale dS^T Q
+ *   tpk__flash_dq: a block owns 64 queries and streams the key tiles at or before them,
+ *     recomputing P and dP:  dQ += scale dS K
+ * dQ accumulates in f32 registers in its own pass instead of through f32 atomics, so the backward is
+ * deterministic, bit for bit, for the price of recomputing two of its GEMMs (7 instead of 5).
+ * Dropout (DROP, p > 0): keep_ij from the counter RNG at index ((b A + head0 + h) S + i) S + j, as every
+ * backend; the kernels without it carry no RNG.
+ *
+ * Fragments (PTX ISA, mma.m16n8k16 with .bf16 inputs): lane = 4 g + t, g = lane / 4, t = lane % 4;
+ * a register holds two bf16, the lower index in the low half.
+ *   A 16x16 (row-major):  a0 (g, 2t..2t+1)  a1 (g+8, 2t..2t+1)  a2 (g, 2t+8..2t+9)  a3 (g+8, 2t+8..2t+9)
+ *   B 16x8 (k x n):       b0 (k = 2t..2t+1, n = g)  b1 (k = 2t+8..2t+9, n = g)
+ *   C/D 16x8 (f32):       c0, c1 (g, 2t..2t+1)  c2, c3 (g+8, 2t..2t+1)
+ * so the C fragments of two neighbouring 8-column tiles, packed to bf16, are the A fragment of their
+ * 16 columns: P and dS go from one GEMM into the next without leaving registers.
+ * Shared tiles are [64][D + 8] bf16: rows 16 bytes apart beyond D, so the 32-bit fragment loads of a
+ * warp fall on 32 distinct banks.
+ *
+ * With TPK_FLASH_EMU defined the file compiles as host C++ against tests/gpu/flash_emu.cpp, which
+ * runs each thread of a block as a host thread and emulates the warp instructions from the PTX
+ * layouts above: the tiling, masking and fragment indexing are tested against the host backend
+ * without a GPU. */
+#ifndef TPK_CUDA_FLASH_CUH
+#define TPK_CUDA_FLASH_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#include <tpk/rng.h>
+
+#ifndef TPK_FLASH_EMU
+#define TPK__FL_SMEM(T, name)                                                                       \
+    extern __shared__ __align__(16) unsigned char tpk__fl_smem_raw[];                               \
+    T *name = reinterpret_cast<T *>(tpk__fl_smem_raw)
+#define TPK__FL_UNROLL _Pragma("unroll")
+
+/* D (16x8 f32) += A (16x16 bf16) B (16x8 bf16) over the warp */
+__device__ __forceinline__ void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    (void)d, (void)a, (void)b; /* never launched below sm_80 (tpk__flash_usable) */
+#endif
+}
+/* two floats -> bf16x2, round to nearest even, lo in the low half */
+__device__ __forceinline__ uint32_t tpk__fl_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+__device__ __forceinline__ float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+/* 16 bytes global -> shared without passing through registers (cp.async, sm_80); zeros when !valid */
+__device__ __forceinline__ void tpk__fl_cp16(void *dst, const void *src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+#else
+    (void)dst, (void)src, (void)valid;
+#endif
+}
+/* close the group of copies issued so far / wait until every group of this thread has landed */
+__device__ __forceinline__ void tpk__fl_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ __forceinline__ void tpk__fl_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+#endif
+
+enum { TPK__FL_THREADS = 128, TPK__FL_ROWS = 64 /* query rows per block, 16 per warp */, TPK__FL_KEYS = 64 /* keys per tile */ };
+
+/* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q; K, V; Q, dO) and two
+ * buffers of the streamed ones (K, V; Q, dO, lse, Dr; K, V), the next tile landing while the current
+ * one is used. */
+static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq */, int D) {
+    size_t tile = sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (size_t)(D + 8);
+    return kernel == 0 ? 5 * tile : kernel == 1 ? 6 * tile + 4 * sizeof(float) * TPK__FL_ROWS : 6 * tile;
+}
+
+/* keep factor of P[i][j] of head (b, global head hg): 0 or 1/(1-p) */
+__device__ __forceinline__ float tpk__att_keep(float p, uint64_t seed, uint64_t stream, int64_t b, int64_t A, int64_t hg, int64_t S,
+                                               int64_t i, int64_t j) {
+    if (p <= 0.0f) return 1.0f;
+    return tpk_rng_uniform(seed, stream, (uint64_t)((((b * A + hg) * S + i) * S) + j)) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+/* Start copying rows r0 .. r0 + 63 of a bf16 matrix with row stride ld (rows >= S as zeros) into
+ * dst [64][D + 8], in 16-byte pieces by the whole block; the data is there after tpk__fl_wait_all
+ * and a barrier. */
+template <int D>
+__device__ __forceinline__ void tpk__fl_stage(uint16_t *dst, const uint16_t *src, int64_t ld, int64_t r0, int64_t S) {
+    constexpr int CPR = D / 8; /* pieces per row */
+    for (int c = (int)threadIdx.x; c < TPK__FL_ROWS * CPR; c += TPK__FL_THREADS) {
+        int r = c / CPR, e = (c % CPR) * 8;
+        bool valid = r0 + r < S;
+        tpk__fl_cp16(dst + r * (D + 8) + e, valid ? src + (r0 + r) * ld + e : src, valid);
+    }
+}
+
+__device__ __forceinline__ uint32_t tpk__fl_ld32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
+/* A fragment of the 16x16 block at (row0, col0) of a row-major shared tile */
+__device__ __forceinline__ void tpk__fl_frag_a(uint32_t a[4], const uint16_t *s, int ld, int row0, int col0, int g, int t) {
+    const uint16_t *q = s + (row0 + g) * ld + col0 + 2 * t;
+    a[0] = tpk__fl_ld32(q), a[1] = tpk__fl_ld32(q + 8 * ld), a[2] = tpk__fl_ld32(q + 8), a[3] = tpk__fl_ld32(q + 8 * ld + 8);
+}
+/* B fragment with B[k][n] = s[n0 + n][k0 + k]: the tile holds B transposed (K for S = Q K^T) */
+__device__ __forceinline__ void tpk__fl_frag_bt(uint32_t b[2], const uint16_t *s, int ld, int n0, int k0, int g, int t) {
+    const uint16_t *q = s + (n0 + g) * ld + k0 + 2 * t;
+    b[0] = tpk__fl_ld32(q), b[1] = tpk__fl_ld32(q + 8);
+}
+/* B fragment with B[k][n] = s[k0 + k][n0 + n]: the tile holds B as it is (V for O = P V) */
+__device__ __forceinline__ void tpk__fl_frag_b(uint32_t b[2], const uint16_t *s, int ld, int k0, int n0, int g, int t) {
+    const uint16_t *q = s + (k0 + 2 * t) * ld + n0 + g;
+    b[0] = (uint32_t)q[0] | (uint32_t)q[ld] << 16;
+    b[1] = (uint32_t)q[8 * ld] | (uint32_t)q[9 * ld] << 16;
+}
+/* the C fragments of columns 0..7 (c0) and 8..15 (c1) as the bf16 A fragment of the 16 columns */
+__device__ __forceinline__ void tpk__fl_c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+    a[0] = tpk__fl_pack(c0[0], c0[1]), a[1] = tpk__fl_pack(c0[2], c0[3]);
+    a[2] = tpk__fl_pack(c1[0], c1[1]), a[3] = tpk__fl_pack(c1[2], c1[3]);
+}
+/* max / sum over the 4 lanes that share a fragment row */
+__device__ __forceinline__ float tpk__fl_quad_max(float v) {
+    v = fmaxf(v, tpk__fl_shfl_xor(v, 1));
+    return fmaxf(v, tpk__fl_shfl_xor(v, 2));
+}
+__device__ __forceinline__ float tpk__fl_quad_sum(float v) {
+    v += tpk__fl_shfl_xor(v, 1);
+    return v + tpk__fl_shfl_xor(v, 2);
+}
+
+#define TPK__FL_LOG2E 1.4426950408889634f
+
+/* grid (ceil(S / 64), Al, B): block x owns query rows q0 = (gridDim.x - 1 - x) 64 .. q0 + 63, the
+ * longest rows first. out [B, S, Al, D], lse [B, Al, S]. */
+template <int D, bool DROP>
+__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al,
+                                                                  int64_t A, int64_t head0, float scale, float p, uint64_t seed,
+                                                                  uint64_t stream) {
+    constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, KD = D / 16, ND = D / 8;
+    constexpr int TILE = TPK__FL_ROWS * LD;
+    TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] */
+    uint16_t *Kb = Qs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
+    int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
+    int64_t ld3 = 3 * Al * D;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D;
+    int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
+    int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
+    tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
+    tpk__fl_stage<D>(Kb, K, ld3, 0, S);
+    tpk__fl_stage<D>(Vb, V, ld3, 0, S);
+    tpk__fl_commit();
+    tpk__fl_wait_all();
+    __syncthreads();
+    uint32_t qa[KD][4]; /* this warp's 16 rows of Q */
+    TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) tpk__fl_frag_a(qa[kk], Qs, LD, 16 * w, 16 * kk, g, t);
+    float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows g and g + 8 */
+    TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    const float sl2 = scale * TPK__FL_LOG2E;
+    for (int it = 0; it < ntiles; it++) {
+        int64_t j0 = (int64_t)it * TPK__FL_KEYS;
+        const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
+        if (it + 1 < ntiles) { /* the next tile lands in the other buffer meanwhile */
+            tpk__fl_stage<D>(Kb + ((it + 1) & 1) * TILE, K, ld3, j0 + TPK__FL_KEYS, S);
+            tpk__fl_stage<D>(Vb + ((it + 1) & 1) * TILE, V, ld3, j0 + TPK__FL_KEYS, S);
+        }
+        tpk__fl_commit();
+        if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
+            float s[NT][4];
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+                TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) {
+                    uint32_t bk[2];
+                    tpk__fl_frag_bt(bk, Ks, LD, 8 * nt, 16 * kk, g, t);
+                    tpk__fl_mma(s[nt], qa[kk], bk);
+                }
+            }
+            bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S; /* the diagonal or S crosses the tile */
+            float mx[2] = {m[0], m[1]};
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    int64_t i = wrow + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
+                    if (edge && (j > i || j >= S)) s[nt][e] = -INFINITY;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+                }
+            float corr[2];
+            TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+                mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 <= every row of the warp is in this tile */
+                corr[r] = exp2f((m[r] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
+                m[r] = mx[r], l[r] *= corr[r];
+            }
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    float pe = exp2f(s[nt][e] * sl2 - m[e >> 1] * sl2); /* masked: exp2(-inf) = 0 */
+                    l[e >> 1] += pe;
+                    if (DROP && pe != 0.0f)
+                        pe *= tpk__att_keep(p, seed, stream, b, A, head0 + h, S, wrow + g + 8 * (e >> 1), j0 + 8 * nt + 2 * t + (e & 1));
+                    s[nt][e] = pe;
+                }
+            TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
+            TPK__FL_UNROLL for (int kk = 0; kk < NT / 2; kk++) {
+                uint32_t pa[4];
+                tpk__fl_c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+                TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
+                    uint32_t bv[2];
+                    tpk__fl_frag_b(bv, Vs, LD, 16 * kk, 8 * dt, g, t);
+                    tpk__fl_mma(o[dt], pa, bv);
+                }
+            }
+        }
+        tpk__fl_wait_all();
+        __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+    }
+    TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+        int64_t i = wrow + g + 8 * r;
+        float lr = tpk__fl_quad_sum(l[r]);
+        if (i >= S) continue;
+        float inv = 1.0f / lr;
+        uint16_t *orow = out + ((b * S + i) * Al + h) * D + 2 * t;
+        TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++)
+            *reinterpret_cast<uint32_t *>(orow + 8 * dt) = tpk__fl_pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        if (t == 0) lse[(b * Al + h) * S + i] = m[r] * scale + logf(lr);
+    }
+}
+
+/* grid (ceil(S / 64), Al, B): block x owns keys k0 = 64 x .. k0 + 63 (block 0 has the most query
+ * tiles and starts first), warp w the keys k0 + 16 w .. + 15. Writes dK, dV of dqkv. */
+template <int D, bool DROP>
+__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv,
+                                                                  const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t A,
+                                                                  int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, KD = D / 16, ND = D / 8;
+    TPK__FL_SMEM(uint16_t, Ks); /* [64][LD] each: K, V of the block's keys */
+    uint16_t *Vs = Ks + TILE, *Qb = Vs + TILE, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
+    float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
+    int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int64_t b = blockIdx.z, h = blockIdx.y, k0 = (int64_t)blockIdx.x * TPK__FL_KEYS;
+    int64_t ld3 = 3 * Al * D, ldo = Al * D;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D, *dO = dout + b * S * ldo + h * D;
+    const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
+    int ntiles = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1; /* query tiles k0 .. S - 1 */
+    auto stage_q = [&](int it) {                      /* query tile it into buffer it % 2 */
+        int64_t q0 = k0 + (int64_t)it * TPK__FL_ROWS;
+        int buf = it & 1;
+        tpk__fl_stage<D>(Qb + buf * TILE, Q, ld3, q0, S);
+        tpk__fl_stage<D>(dOb + buf * TILE, dO, ldo, q0, S);
+        for (int r = (int)threadIdx.x; r < TPK__FL_ROWS; r += TPK__FL_THREADS) {
+            Lb[buf * TPK__FL_ROWS + r] = q0 + r < S ? Lh[q0 + r] : 0.0f;
+            Db[buf * TPK__FL_ROWS + r] = q0 + r < S ? Dh[q0 + r] : 0.0f;
+        }
+    };
+    tpk__fl_stage<D>(Ks, K, ld3, k0, S);
+    tpk__fl_stage<D>(Vs, V, ld3, k0, S);
+    stage_q(0);
+    tpk__fl_commit();
+    tpk__fl_wait_all();
+    __syncthreads();
+    float dk[ND][4], dv[ND][4];
+    TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
+    const float sl2 = scale * TPK__FL_LOG2E;
+    int64_t wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
+    for (int it = 0; it < ntiles; it++) {
+        int64_t q0 = k0 + (int64_t)it * TPK__FL_ROWS;
+        const uint16_t *Qs = Qb + (it & 1) * TILE, *dOs = dOb + (it & 1) * TILE;
+        const float *Ls = Lb + (it & 1) * TPK__FL_ROWS, *Ds = Db + (it & 1) * TPK__FL_ROWS;
+        if (it + 1 < ntiles) stage_q(it + 1); /* lands in the other buffer meanwhile */
+        tpk__fl_commit();
+        float st[NT][4], dpt[NT][4]; /* S^T, dP^T: 16 keys x 64 queries */
+        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
+        TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) {
+            uint32_t ka[4], va[4];
+            tpk__fl_frag_a(ka, Ks, LD, 16 * w, 16 * kk, g, t);
+            tpk__fl_frag_a(va, Vs, LD, 16 * w, 16 * kk, g, t);
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                uint32_t bq[2], bo[2];
+                tpk__fl_frag_bt(bq, Qs, LD, 8 * nt, 16 * kk, g, t);
+                tpk__fl_frag_bt(bo, dOs, LD, 8 * nt, 16 * kk, g, t);
+                tpk__fl_mma(st[nt], ka, bq);
+                tpk__fl_mma(dpt[nt], va, bo);
+            }
+        }
+        bool edge = it == 0 || q0 + TPK__FL_ROWS > S; /* the diagonal tile, or S inside the tile */
+        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                int c = 8 * nt + 2 * t + (e & 1);
+                int64_t i = q0 + c, j = wkey + g + 8 * (e >> 1);
+                float P = 0.0f, ds = 0.0f;
+                if (!edge || (i >= j && i < S && j < S)) {
+                    P = exp2f(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
+                    float keep = DROP ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 1.0f;
+                    ds = P * (dpt[nt][e] * keep - Ds[c]);
+                    P *= keep;
+                }
+                st[nt][e] = P, dpt[nt][e] = ds;
+            }
+        TPK__FL_UNROLL for (int kk = 0; kk < NT / 2; kk++) {
+            uint32_t pa[4], da[4];
+            tpk__fl_c_to_a(pa, st[2 * kk], st[2 * kk + 1]);
+            tpk__fl_c_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
+            TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
+                uint32_t bo[2], bq[2];
+                tpk__fl_frag_b(bo, dOs, LD, 16 * kk, 8 * dt, g, t);
+                tpk__fl_frag_b(bq, Qs, LD, 16 * kk, 8 * dt, g, t);
+                tpk__fl_mma(dv[dt], pa, bo);
+                tpk__fl_mma(dk[dt], da, bq);
+            }
+        }
+        tpk__fl_wait_all();
+        __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+    }
+    TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+        int64_t j = wkey + g + 8 * r;
+        if (j >= S) continue;
+        uint16_t *krow = dqkv + (b * S + j) * ld3 + Al * D + h * D + 2 * t, *vrow = krow + Al * D;
+        TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
+            *reinterpret_cast<uint32_t *>(krow + 8 * dt) = tpk__fl_pack(scale * dk[dt][2 * r], scale * dk[dt][2 * r + 1]);
+            *reinterpret_cast<uint32_t *>(vrow + 8 * dt) = tpk__fl_pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
+        }
+    }
+}
+
+/* grid (ceil(S / 64), Al, B) as the forward: block x owns queries q0 .. q0 + 63, warp w the rows
+ * q0 + 16 w .. + 15. Writes dQ of dqkv. */
+template <int D, bool DROP>
+__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
+                                                                 const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t head0,
+                                                                 float scale, float p, uint64_t seed, uint64_t stream) {
+    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, KD = D / 16, ND = D / 8;
+    TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] each: Q, dO of the block's queries */
+    uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: K, V of key tile it in buffer it % 2 */
+    int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
+    int64_t ld3 = 3 * Al * D, ldo = Al * D;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D, *dO = dout + b * S * ldo + h * D;
+    int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
+    int ntiles = (int)(last / TPK__FL_KEYS) + 1;
+    tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
+    tpk__fl_stage<D>(dOs, dO, ldo, q0, S);
+    tpk__fl_stage<D>(Kb, K, ld3, 0, S);
+    tpk__fl_stage<D>(Vb, V, ld3, 0, S);
+    tpk__fl_commit();
+    float L[2], Di[2], dq[ND][4];
+    TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+        int64_t i = wrow + g + 8 * r;
+        L[r] = i < S ? lse[(b * Al + h) * S + i] : 0.0f;
+        Di[r] = i < S ? Dr[(b * Al + h) * S + i] : 0.0f;
+    }
+    TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+    const float sl2 = scale * TPK__FL_LOG2E;
+    tpk__fl_wait_all();
+    __syncthreads();
+    for (int it = 0; it < ntiles; it++) {
+        int64_t j0 = (int64_t)it * TPK__FL_KEYS;
+        const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
+        if (it + 1 < ntiles) { /* the next tile lands in the other buffer meanwhile */
+            tpk__fl_stage<D>(Kb + ((it + 1) & 1) * TILE, K, ld3, j0 + TPK__FL_KEYS, S);
+            tpk__fl_stage<D>(Vb + ((it + 1) & 1) * TILE, V, ld3, j0 + TPK__FL_KEYS, S);
+        }
+        tpk__fl_commit();
+        if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
+            float s[NT][4], dp[NT][4]; /* S, dP: 16 queries x 64 keys */
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+            TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) {
+                uint32_t qa[4], oa[4];
+                tpk__fl_frag_a(qa, Qs, LD, 16 * w, 16 * kk, g, t);
+                tpk__fl_frag_a(oa, dOs, LD, 16 * w, 16 * kk, g, t);
+                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                    uint32_t bk[2], bv[2];
+                    tpk__fl_frag_bt(bk, Ks, LD, 8 * nt, 16 * kk, g, t);
+                    tpk__fl_frag_bt(bv, Vs, LD, 8 * nt, 16 * kk, g, t);
+                    tpk__fl_mma(s[nt], qa, bk);
+                    tpk__fl_mma(dp[nt], oa, bv);
+                }
+            }
+            bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    int64_t i = wrow + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
+                    float ds = 0.0f;
+                    if (!edge || (j <= i && j < S)) {
+                        float P = exp2f(s[nt][e] * sl2 - L[e >> 1] * TPK__FL_LOG2E);
+                        float keep = DROP ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 1.0f;
+                        ds = P * (dp[nt][e] * keep - Di[e >> 1]);
+                    }
+                    s[nt][e] = ds;
+                }
+            TPK__FL_UNROLL for (int kk = 0; kk < NT / 2; kk++) {
+                uint32_t da[4];
+                tpk__fl_c_to_a(da, s[2 * kk], s[2 * kk + 1]);
+                TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
+                    uint32_t bk[2];
+                    tpk__fl_frag_b(bk, Ks, LD, 16 * kk, 8 * dt, g, t);
+                    tpk__fl_mma(dq[dt], da, bk);
+                }
+            }
+        }
+        tpk__fl_wait_all();
+        __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+    }
+    TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+        int64_t i = wrow + g + 8 * r;
+        if (i >= S) continue;
+        uint16_t *qrow = dqkv + (b * S + i) * ld3 + h * D + 2 * t;
+        TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++)
+            *reinterpret_cast<uint32_t *>(qrow + 8 * dt) = tpk__fl_pack(scale * dq[dt][2 * r], scale * dq[dt][2 * r + 1]);
+    }
+}
+
+#endif /* TPK_CUDA_FLASH_CUH */
