@@ -99,11 +99,12 @@ NOT_PROVIDED(layernorm_bwd, void *dx, float *dw, float *db, const void *dy, cons
      int64_t cols, tpk_dtype dt, bool accumulate_dx)
 NOT_PROVIDED(embed_fwd, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate)
 NOT_PROVIDED(embed_bwd, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt)
-NOT_PROVIDED(xent_max, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt)
-NOT_PROVIDED(xent_partial, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl, int64_t v0, tpk_dtype dt)
+NOT_PROVIDED(xent_max, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt)
+NOT_PROVIDED(xent_partial, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld, int64_t v0,
+             tpk_dtype dt)
 NOT_PROVIDED(xent_loss, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T, int64_t V, float smoothing,
      int32_t ignore_index)
-NOT_PROVIDED(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t v0, int64_t V,
+NOT_PROVIDED(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V,
      float smoothing, int32_t ignore_index, tpk_dtype dt)
 NOT_PROVIDED(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
      uint64_t seed, uint64_t stream, tpk_dtype dt)

@@ -218,6 +218,19 @@ static int run_model(tpk_ctx *ctx, const tpk_gpt2_config *cfg, uint64_t step, mr
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_gpt2_backward(ctx, &m, 1.0f));
     o->bwd = ctx->tp.stats;
+    { /* a padded vocabulary: the padding rows of wte get no gradient, the padding logits none either */
+        int w = tpk_param_find(ctx, "wte.weight");
+        const tpk_param *p = &ctx->params.list[w];
+        int64_t v0 = tpk_split(p->padded_rows, ctx->tp.size, ctx->tp.rank).off, ld = m.logits.shape[1];
+        const float *g = tpk_param_grad(ctx, w);
+        int bad = 0;
+        for (int64_t r = 0; r < p->shape[0]; r++)
+            for (int64_t c = 0; c < p->shape[1] && v0 + r >= V; c++) bad += g[r * p->shape[1] + c] != 0.0f;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t c = 0; c < ld && ctx->dtype == TPK_F32; c++) bad += v0 + c >= V && ((const float *)m.logits.data)[t * ld + c] != 0.0f;
+        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); /* every rank fails alike: no rank skips a collective */
+        CHECK(bad == 0, "%d non-zero gradients in the vocabulary's padding", bad);
+    }
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
     o->n = test_gather_grads(ctx, o->grad, 64);
     tpk_gpt2_destroy(ctx, &m);
@@ -293,15 +306,17 @@ int main(int argc, char **argv) {
             for (int si = 0; si < 2; si++) {
                 float p = pi ? 0.1f : 0.0f, eps = si ? 0.1f : 0.0f;
                 if (pi && si) continue;
-                TEST_CASE("GPT-2 model (L=2, H=%d, A=6, V=%d)%s, dropout %.1f, smoothing %.1f: loss and every gradient match the unsharded model", H, V,
-                          sp ? " SP" : "", (double)p, (double)eps) {
+                TEST_CASE("GPT-2 model (L=2, H=%d, A=6, V=%d padded to shards of a multiple of 64)%s, dropout %.1f, smoothing %.1f: loss and every "
+                          "gradient match the unsharded, unpadded model", H, V, sp ? " SP" : "", (double)p, (double)eps) {
                     tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = p, .label_smoothing = eps,
                                            .sequence_parallel = sp};
+                    tpk_gpt2_config unpadded = cfg;
+                    unpadded.vocab_multiple = -1;
                     tpk_ctx sh, ref;
                     tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
                     tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 3});
                     mresult a = {0}, b = {0};
-                    if (!run_model(&sh, &cfg, 4, &a) && !run_model(&ref, &cfg, 4, &b)) {
+                    if (!run_model(&sh, &cfg, 4, &a) && !run_model(&ref, &unpadded, 4, &b)) {
                         CHECK(fabsf(a.loss - b.loss) <= 1e-5f * fabsf(b.loss), "loss %.8g, unsharded %.8g", (double)a.loss, (double)b.loss);
                         CHECK(isfinite(a.loss) && a.loss > 1.0f, "loss %g", (double)a.loss);
                         for (int i = 0; i < a.n && i < b.n; i++) {
@@ -420,8 +435,9 @@ int main(int argc, char **argv) {
         static int32_t longer[P + 1];
         CHECK_FAILS(&ctx, tpk_gpt2_forward(&ctx, &m, longer, longer, 1, P + 1, &loss), TPK_ERR_SHAPE, "longer than the position table");
         CHECK_OK(&ctx, tpk_gpt2_forward(&ctx, &m, ids, NULL, B, S, NULL)); /* logits only */
-        CHECK(m.logits.shape[1] == tpk_split(V, np, me).size && m.logits.shape[0] == T, "logits [%lld, %lld]", (long long)m.logits.shape[0],
-              (long long)m.logits.shape[1]);
+        CHECK(m.logits.shape[1] == tpk_split(m.wte.Vp, np, me).size && m.logits.shape[1] % 64 == 0 && m.logits.gshape[1] == m.wte.Vp &&
+                  m.wte.Vp == tpk_vocab_padded(V, 64, np) && m.logits.shape[0] == T,
+              "logits [%lld, %lld]", (long long)m.logits.shape[0], (long long)m.logits.shape[1]);
         CHECK_FAILS(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f), TPK_ERR_ARG, "backward needs a forward");
         tpk_ctx badctx;
         CHECK_FAILS(&badctx, tpk_ctx_init(&badctx, &(tpk_ctx_desc){.dtype = TPK_I32}), TPK_ERR_DTYPE, "desc->dtype: expected TPK_F32 or TPK_BF16, got i32");

@@ -127,7 +127,7 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_convert(&ctx, &g, TPK_S(-1), &l));
         for (uint64_t i = 0; i < 20; i++) {
             int32_t got = -1;
-            CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, 1, 0.7f, 5, i, &got));
+            CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, 0, 1, 0.7f, 5, i, &got));
             double mx = -INFINITY, s = 0, c = 0, u = tpk_rng_uniform(5, tpk_rng_stream("sample"), i);
             for (int j = 0; j < V; j++) mx = fmax(mx, z[V + j] / 0.7f);
             for (int j = 0; j < V; j++) s += exp(z[V + j] / 0.7f - mx);
@@ -136,10 +136,25 @@ int main(int argc, char **argv) {
                 if ((c += exp(z[V + j] / 0.7f - mx) / s) > u) { want = j; break; }
             CHECK(got == want, "draw %llu: %d, expected %d", (unsigned long long)i, got, want);
         }
+        /* a padded vocabulary: columns >= 20 are padding, never drawn however large */
+        for (int j = 20; j < V; j++) z[V + j] = 50.0f;
+        CHECK_OK(&ctx, tpk_convert(&ctx, &g, TPK_S(-1), &l));
+        for (uint64_t i = 0; i < 20; i++) {
+            int32_t got = -1;
+            CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, 20, 1, 0.7f, 5, i, &got));
+            double mx = -INFINITY, s = 0, c = 0, u = tpk_rng_uniform(5, tpk_rng_stream("sample"), i);
+            for (int j = 0; j < 20; j++) mx = fmax(mx, z[V + j] / 0.7f);
+            for (int j = 0; j < 20; j++) s += exp(z[V + j] / 0.7f - mx);
+            int want = 19;
+            for (int j = 0; j < 20; j++)
+                if ((c += exp(z[V + j] / 0.7f - mx) / s) > u) { want = j; break; }
+            CHECK(got == want, "padded draw %llu: %d, expected %d", (unsigned long long)i, got, want);
+        }
         int32_t t;
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 3, 1.0f, 5, 0, &t), TPK_ERR_ARG, "row: expected 0..2, got 3");
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 0.0f, 5, 0, &t), TPK_ERR_ARG, "temperature: expected > 0");
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, g, 0, 1.0f, 5, 0, &t), TPK_ERR_LAYOUT, "logits: expected layout S(-1), got R");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, V + 1, 0, 1.0f, 5, 0, &t), TPK_ERR_ARG, "vocab: expected 0..29 (the logits' columns), got 30");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 3, 1.0f, 5, 0, &t), TPK_ERR_ARG, "row: expected 0..2, got 3");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 0, 0.0f, 5, 0, &t), TPK_ERR_ARG, "temperature: expected > 0");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, g, 0, 0, 1.0f, 5, 0, &t), TPK_ERR_LAYOUT, "logits: expected layout S(-1), got R");
         tpk_ctx_destroy(&ctx);
     }
 

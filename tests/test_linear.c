@@ -322,8 +322,46 @@ int main(int argc, char **argv) {
             CHECK_OK(both[k], tpk_col_linear_init(both[k], &c, 6, 9, &(tpk_linear_desc){.name = "qkv", .stride = 3, .init_std = 0.5f}));
             CHECK_OK(both[k], tpk_row_linear_init(both[k], &r, 11, 5, &(tpk_linear_desc){.name = "proj"}));
             int id;
-            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"cube", 3, {3, 7, 2, 0}, TPK_S(1), TPK_INIT_NORMAL, 1.f, false}, &id));
-            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"ones", 1, {5, 0, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"cube", 3, {3, 7, 2, 0}, TPK_S(1), TPK_INIT_NORMAL, 1.f, false, 0}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"ones", 1, {5, 0, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false, 0}, &id));
+            /* padded rows (a padded vocabulary) at t = np; unpadded in the reference: the same draw */
+            int64_t pad = k == 0 ? tpk_vocab_padded(13, 4, np) : 0, pad_r = k == 0 ? 8 : 0;
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"padded", 2, {13, 3, 0, 0}, TPK_S(0), TPK_INIT_NORMAL, 1.f, true, pad}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"padded_ones", 2, {5, 2, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false, pad_r}, &id));
+        }
+        { /* the stored shards: rows of 4 m on each rank (m = 4), the padding rows zero */
+            int ip = tpk_param_find(&sh, "padded"), io = tpk_param_find(&sh, "padded_ones");
+            tpk_param *pp = &sh.params.list[ip];
+            CHECK(sh.params.list[io].shape[0] == 8, "replicated padded param stores %lld rows", (long long)sh.params.list[io].shape[0]);
+            int64_t Vp = tpk_vocab_padded(13, 4, np), v0 = tpk_split(Vp, np, me).off;
+            CHECK(pp->shape[0] == Vp / np && pp->shape[0] % 4 == 0 && pp->gshape[0] == 13 && pp->padded_rows == Vp, "padded shard %lld rows of %lld",
+                  (long long)pp->shape[0], (long long)pp->gshape[0]);
+            CHECK(tpk_param_global_numel(&sh, ip) == 39, "global numel %zu, expected 39", tpk_param_global_numel(&sh, ip));
+            const float *d = tpk_param_data(&sh, ip);
+            for (int64_t r = 0; r < pp->shape[0]; r++)
+                for (int c = 0; c < 3; c++) {
+                    bool pad_row = v0 + r >= 13;
+                    CHECK(pad_row ? d[r * 3 + c] == 0.0f : d[r * 3 + c] != 0.0f, "padded row %lld (global %lld) col %d = %g", (long long)r,
+                          (long long)(v0 + r), c, d[r * 3 + c]);
+                }
+            const float *o = tpk_param_data(&sh, io);
+            for (int r = 0; r < 8; r++) CHECK(o[2 * r] == (r < 5 ? 1.0f : 0.0f), "replicated padded row %d = %g", r, o[2 * r]);
+            /* scatter then gather: the whole tensor back, the padding still zero */
+            float w[39], back[39];
+            test_randn(w, 39, 12, 1.0f);
+            CHECK_OK(&sh, tpk_param_set_global(&sh, ip, w));
+            test_poison(back, 39);
+            CHECK_OK(&sh, tpk_param_get_global(&sh, ip, false, back));
+            CHECK(memcmp(w, back, sizeof w) == 0, "padded scatter/gather round trip");
+            for (int64_t r = 0; r < pp->shape[0]; r++)
+                if (v0 + r >= 13) CHECK(d[r * 3] == 0.0f, "padding row %lld written by scatter", (long long)r);
+            CHECK_FAILS(&sh, tpk_param_set_global(&sh, ip, NULL), TPK_ERR_ARG, "in: NULL");
+            CHECK_OK(&ref, tpk_param_set_global(&ref, tpk_param_find(&ref, "padded"), w)); /* the comparison below */
+            int bad;
+            CHECK_FAILS(&sh, tpk_param_add(&sh, &(tpk_param_desc){"bad_pad", 2, {13, 3, 0, 0}, TPK_S(0), TPK_INIT_ZEROS, 0, false, 12}, &bad), TPK_ERR_ARG,
+                        "bad_pad: padded_rows: expected >= shape[0] = 13");
+            CHECK_FAILS(&sh, tpk_param_add(&sh, &(tpk_param_desc){"bad_pad2", 2, {13, 3, 0, 0}, TPK_S(1), TPK_INIT_ZEROS, 0, false, 16}, &bad), TPK_ERR_ARG,
+                        "layout R or S(0)");
         }
         CHECK(sh.params.n == ref.params.n, "parameter counts");
         for (int i = 0; i < sh.params.n; i++) {

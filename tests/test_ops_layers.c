@@ -571,7 +571,7 @@ static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const in
         tpk_range r = tpk_split(V, nsh, q);
         shard_of(zq, z, T, V, r, dt);
         test_poison(mq, nt);
-        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mq, zq, T, r.size, dt));
+        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mq, zq, T, r.size, r.size, dt));
         for (int64_t t = 0; t < T; t++) {
             if (check) {
                 float m = -INFINITY;
@@ -586,7 +586,7 @@ static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const in
         tpk_range r = tpk_split(V, nsh, q);
         shard_of(zq, z, T, V, r, dt);
         test_poison(pq, 3 * nt);
-        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, pq, zq, mx, y, T, r.size, r.off, dt));
+        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, pq, zq, mx, y, T, r.size, r.size, r.off, dt));
         if (check) {
             float g0[64], g2[64], w0[64], w2[64];
             for (int64_t t = 0; t < T && t < 64; t++) {
@@ -619,13 +619,13 @@ static void xent_backward(const float *z, const float *lse, const float *dloss, 
         shard_of(zq, z, T, V, r, dt);
         if (dt == TPK_F32) test_poison((float *)dq, nq);
         else poison_bf16((uint16_t *)dq, nq);
-        CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dq, zq, lse, y, dloss, T, r.size, r.off, V, eps, IGNORE, dt));
+        CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dq, zq, lse, y, dloss, T, r.size, r.size, r.off, V, eps, IGNORE, dt));
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < r.size; j++)
                 dz[t * V + r.off + j] = dt == TPK_F32 ? ((float *)dq)[t * r.size + j] : tpk_bf16_to_f32(((uint16_t *)dq)[t * r.size + j]);
         if (check) {
             memcpy(aq, zq, nq * esz);
-            CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, aq, aq, lse, y, dloss, T, r.size, r.off, V, eps, IGNORE, dt));
+            CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, aq, aq, lse, y, dloss, T, r.size, r.size, r.off, V, eps, IGNORE, dt));
             CHECK(memcmp(aq, dq, nq * esz) == 0, "xent_grad shard %d: dz aliasing z differs from out of place", q);
         }
     }
@@ -693,15 +693,42 @@ static void test_xent(void) {
         CHECK_CLOSE(dz, wdz, n, TOL_BF16, "bf16 xent_grad");
     }
 
+    TEST_CASE("layers cross-entropy: a padded shard (rows of ld > Vl) ignores its padding and gets a zero gradient there") {
+        enum { LD = 9 };
+        tpk_range r = tpk_split(V, NSH, 1); /* columns [4, 8) */
+        float z[T * V], zs[T * 4], zp[T * LD], dloss[T], mx[T], mxp[T], part[3 * T], partp[3 * T], lse[T], dz[T * 4], dzp[T * LD];
+        test_randn(z, n, 1030, 3.0f);
+        test_randn(dloss, T, 1031, 1.0f);
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < LD; j++) {
+                if (j < r.size) zs[t * r.size + j] = zp[t * LD + j] = z[t * V + r.off + j];
+                else zp[t * LD + j] = 1e30f; /* read as a logit, it would dominate the max and overflow the sums */
+            }
+        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mx, zs, T, r.size, r.size, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mxp, zp, T, r.size, LD, TPK_F32));
+        CHECK(memcmp(mx, mxp, sizeof mx) == 0, "xent_max of the padded rows differs from the unpadded");
+        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, part, zs, mx, y, T, r.size, r.size, r.off, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, partp, zp, mx, y, T, r.size, LD, r.off, TPK_F32));
+        CHECK(memcmp(part, partp, sizeof part) == 0, "xent_partial of the padded rows differs from the unpadded");
+        for (int t = 0; t < T; t++) lse[t] = mx[t] + logf(part[3 * t]);
+        test_poison(dz, T * 4), test_poison(dzp, T * LD);
+        CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dz, zs, lse, y, dloss, T, r.size, r.size, r.off, V, 0.1f, IGNORE, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dzp, zp, lse, y, dloss, T, r.size, LD, r.off, V, 0.1f, IGNORE, TPK_F32));
+        int bad = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < LD; j++) bad += j < r.size ? memcmp(&dz[t * r.size + j], &dzp[t * LD + j], 4) != 0 : dzp[t * LD + j] != 0.0f;
+        CHECK(bad == 0, "xent_grad of the padded rows: %d elements differ from the unpadded or are not zero in the padding", bad);
+    }
+
     TEST_CASE("layers cross-entropy: an empty shard (Vl = 0) gives max -inf and zero parts") {
         float mx[3], part[9], m[3] = {1.5f, -2.0f, 0.0f};
         const int32_t yy[3] = {0, 5, IGNORE};
         test_poison(mx, 3);
-        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mx, NULL, 3, 0, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mx, NULL, 3, 0, 0, TPK_F32));
         CHECK(isinf(mx[0]) && mx[0] < 0 && isinf(mx[1]) && mx[1] < 0 && isinf(mx[2]) && mx[2] < 0, "Vl = 0: mx = %g %g %g", mx[0],
               mx[1], mx[2]);
         test_poison(part, 9);
-        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, part, NULL, m, yy, 3, 0, 11, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, part, NULL, m, yy, 3, 0, 0, 11, TPK_F32));
         size_t nz = 0;
         for (int k = 0; k < 9; k++) nz += part[k] != 0.0f;
         CHECK(nz == 0, "Vl = 0: %zu nonzero parts", nz);
@@ -1036,16 +1063,18 @@ static void test_errors(void) {
         CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, 2, 0, -1, TPK_F32, false), TPK_ERR_ARG, "vrows: expected >= 0");
         CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, NULL, b, ids, 4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "dtable: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, w, b, ids, -4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "T: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_max(&ctx, m, a, 2, -3, TPK_F32), TPK_ERR_ARG, "Vl: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_partial(&ctx, c, a, m, NULL, 2, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_xent_max(&ctx, m, a, 2, -3, 3, TPK_F32), TPK_ERR_ARG, "Vl: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_max(&ctx, m, a, 2, 3, 2, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_max: ld: expected >= Vl = 3, got 2");
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 1, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_grad: ld: expected >= Vl = 3, got 1");
+        CHECK_FAILS(&ctx, tpk_op_xent_partial(&ctx, c, a, m, NULL, 2, 3, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG, "V: expected >= 1, got 0");
         CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG, "smoothing:");
         CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG, "smoothing:");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 0, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "V: expected >= 1");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 0, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "V: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 3, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG,
                     "dloss: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 3, 0.0f, IGNORE, TPK_I32), TPK_ERR_DTYPE, "tpk_op_xent_grad: dt:");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 0, 3, 1.5f, IGNORE, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 3, 0.0f, IGNORE, TPK_I32), TPK_ERR_DTYPE, "tpk_op_xent_grad: dt:");
+        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 3, 1.5f, IGNORE, TPK_F32), TPK_ERR_ARG,
                     "tpk_op_xent_grad: smoothing: expected 0..1, got 1.5");
     }
 }

@@ -108,6 +108,14 @@ static inline tpk_range tpk_split(int64_t n, int parts, int i) {
     return r;
 }
 
+/* A vocabulary of V entries padded so that each of `parts` even shards is a multiple of m rows:
+ * V rounded up to a multiple of m * parts (m <= 0: V). Megatron pads the same way. */
+static inline int64_t tpk_vocab_padded(int64_t V, int64_t m, int parts) {
+    if (m <= 0 || parts <= 0) return V;
+    int64_t q = m * parts;
+    return (V + q - 1) / q * q;
+}
+
 /* ---- layouts ------------------------------------------------------------------------------ */
 
 typedef enum tpk_layout_kind { TPK_LAYOUT_R = 0, TPK_LAYOUT_S = 1, TPK_LAYOUT_P = 2 } tpk_layout_kind;

@@ -35,6 +35,8 @@ typedef struct tpk_param {
     size_t offset;                /* first element in the flat buffers */
     size_t numel;                 /* local elements */
     bool decay;                   /* weight decay applies (2-D weights) */
+    int64_t padded_rows;          /* dim 0 as stored and sharded: gshape[0] rows, then zero rows up to
+                                     this (a padded vocabulary; tpk/params.h) */
 } tpk_param;
 
 typedef struct tpk_params {

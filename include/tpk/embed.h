@@ -5,6 +5,10 @@
  *             P -> all-reduce -> R (SP: reduce-scatter -> S(0)); + wpe[t % S] (replicated, once)
  *   backward  dy R (SP: S(0), all-gathered first) -> dwte[id - v0] += dy for own ids;
  *             dwpe[pos] += dy (complete on every rank). No other communication.
+ * Padded vocabulary (desc->vocab_multiple = m, as Megatron's make-vocab-size-divisible-by): wte is
+ * stored as Vp = V rounded up to a multiple of m t rows, every shard Vp / t rows (a multiple of
+ * m: a tied LM head's GEMMs get aligned leading dimensions), the rows >= V zero and never trained
+ * (tpk_param_desc.padded_rows); checkpoints and tpk_param_gather see [V, H].
  * The vocabulary-parallel cross-entropy of the tied LM head is in tpk/xent.h. */
 #ifndef TPK_EMBED_H
 #define TPK_EMBED_H
@@ -16,10 +20,12 @@ typedef struct tpk_embedding_desc {
     const char *wpe_name;   /* default "wpe"; positions 0 = no position table */
     bool sequence_parallel; /* output S(0) */
     float init_std;         /* wte N(0, std^2), default 0.02; wpe uses 0.01 */
+    int64_t vocab_multiple; /* pad each shard to a multiple of this many rows (0: no padding) */
 } tpk_embedding_desc;
 
 typedef struct tpk_embedding {
-    int64_t V, P, H, v0, vl;
+    int64_t V, P, H, v0, vl; /* rows [v0, v0 + vl) of the (padded) table on this rank */
+    int64_t Vp;              /* the padded vocabulary (V without padding) */
     bool sp;
     int wte, wpe; /* wpe = -1 without positions */
     int64_t B, S;
@@ -34,11 +40,17 @@ static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int6
     if (V < 1 || V > INT32_MAX) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected 1..%d, got %lld", INT32_MAX, (long long)V);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (positions < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "positions: expected >= 0, got %lld", (long long)positions);
+    if (d.vocab_multiple < 0 || d.vocab_multiple > (1 << 20))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->vocab_multiple: expected 0..%d, got %lld", 1 << 20, (long long)d.vocab_multiple);
     e->V = V, e->P = positions, e->H = H, e->sp = d.sequence_parallel, e->wpe = -1;
-    tpk_range r = tpk_split(V, ctx->tp.size, ctx->tp.rank);
+    e->Vp = tpk_vocab_padded(V, d.vocab_multiple, ctx->tp.size);
+    tpk_range r = tpk_split(e->Vp, ctx->tp.size, ctx->tp.rank);
     e->v0 = r.off, e->vl = r.size;
-    float std = d.init_std > 0 ? d.init_std : 0.02f;
-    TPK_TRY(tpk__param_add(ctx, d.wte_name ? d.wte_name : "wte", 2, V, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &e->wte));
+    tpk_param_desc pd;
+    memset(&pd, 0, sizeof pd);
+    pd.name = d.wte_name ? d.wte_name : "wte", pd.ndim = 2, pd.shape[0] = V, pd.shape[1] = H, pd.layout = TPK_S(0);
+    pd.init = TPK_INIT_NORMAL, pd.std = d.init_std > 0 ? d.init_std : 0.02f, pd.decay = true, pd.padded_rows = e->Vp;
+    TPK_TRY(tpk_param_add(ctx, &pd, &e->wte));
     if (positions) TPK_TRY(tpk__param_add(ctx, d.wpe_name ? d.wpe_name : "wpe", 2, positions, H, TPK_R, TPK_INIT_NORMAL, 0.01f, true, &e->wpe));
     return TPK_OK;
 }

@@ -147,6 +147,8 @@ typedef struct tpk_gpt2_config {
     float label_smoothing;  /* over the global vocabulary */
     bool sequence_parallel;
     float init_std;         /* default 0.02; the c_proj weights use init_std / sqrt(2 L) */
+    int64_t vocab_multiple; /* wte's shards padded to a multiple of this many rows (tpk/embed.h), so
+                               the LM head's GEMMs have aligned leading dimensions; 0: 64, < 0: none */
 } tpk_gpt2_config;
 
 typedef struct tpk_gpt2 {
@@ -158,7 +160,9 @@ typedef struct tpk_gpt2 {
     tpk_xent ce;
     int64_t B, S;
     tpk_dropout drop;       /* on the embedding's output ("drop") */
-    tpk_tensor logits;      /* S(-1) [B S, V_r] of the last forward (gradient after backward) */
+    tpk_tensor logits;      /* S(-1) [B S, Vp] of the last forward (gradient after backward); Vp =
+                               wte.Vp >= V, the columns >= V padding (zero logits, not part of the
+                               softmax: tpk_sample_logits takes V) */
     bool have_loss;
     /* Optional: called by tpk_gpt2_backward each time the gradients of parameters first..last
      * (ids) are final for this backward — ln_f, then each block from the last, then wte and wpe
@@ -187,6 +191,7 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     tpk_embedding_desc ed;
     memset(&ed, 0, sizeof ed);
     ed.wte_name = "wte.weight", ed.wpe_name = "wpe.weight", ed.sequence_parallel = sp, ed.init_std = c.init_std;
+    ed.vocab_multiple = c.vocab_multiple == 0 ? 64 : c.vocab_multiple < 0 ? 0 : c.vocab_multiple;
     TPK_TRY(tpk_embedding_init(ctx, &m->wte, c.vocab, c.positions, c.hidden, &ed));
     m->h = (tpk_gpt2_block *)calloc((size_t)c.layers, sizeof *m->h);
     if (!m->h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
@@ -206,14 +211,14 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     tpk_linear_desc hd; /* the tied LM head: a column linear over wte's vocabulary shard */
     memset(&hd, 0, sizeof hd);
     hd.name = "lm_head", hd.weight = m->wte.wte + 1, hd.sequence_parallel = sp;
-    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, c.vocab, &hd));
+    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, m->wte.Vp, &hd));
     tpk_dropout_desc dd;
     memset(&dd, 0, sizeof dd);
     dd.name = "drop", dd.p = c.dropout;
     TPK_TRY(tpk_dropout_init(ctx, &m->drop, &dd));
     tpk_xent_desc xd;
     memset(&xd, 0, sizeof xd);
-    xd.label_smoothing = c.label_smoothing;
+    xd.label_smoothing = c.label_smoothing, xd.padded_vocab = m->wte.Vp;
     return tpk_xent_init(ctx, &m->ce, c.vocab, &xd);
 }
 

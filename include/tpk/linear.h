@@ -37,7 +37,9 @@ typedef struct tpk_linear_desc {
     int stride;             /* column: out is `stride` blocks split separately (3 for fused QKV) */
     int unit;               /* the split features go in groups of `unit` (the head size D) */
     int weight;             /* column: use this registered [out, in] parameter as W (tied
-                               weights) instead of registering one; 0 = register. Give id + 1. */
+                               weights) instead of registering one; 0 = register. Give id + 1.
+                               A padded parameter (tpk_param_desc.padded_rows) is [padded_rows,
+                               in]: out counts its padding, whose outputs are zero. */
     float init_std;         /* weight N(0, std^2); default 0.02; bias starts at zero */
 } tpk_linear_desc;
 
@@ -92,7 +94,7 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
     if (l->d.weight) { /* a registered weight: its global shape and split must be W's */
         tpk_param *p = tpk__param(ctx, fn, l->d.weight - 1);
         if (!p) return TPK_ERR_ARG;
-        int64_t rows = p->ndim ? p->gshape[0] : 0, cols = 1;
+        int64_t rows = p->ndim ? p->padded_rows : 0, cols = 1;
         for (int i = 1; i < p->ndim; i++) cols *= p->gshape[i];
         if (rows != out || cols != in || p->split_dim != 0 || p->stride != s || tpk_layout_unit(p->layout) != u)
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->weight: \"%s\" is not an [%lld, %lld] weight split on dim 0 (stride %d, unit %d)",

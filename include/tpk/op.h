@@ -349,21 +349,28 @@ static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const voi
 
 /* ---- cross-entropy ------------------------------------------------------------------------------------ */
 
-static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
+/* the logits' row stride: ld >= Vl (columns Vl..ld-1 are a padded vocabulary's padding) */
+static inline tpk_status tpk__op_xent_ld(tpk_ctx *ctx, const char *fn, int64_t Vl, int64_t ld) {
+    if (ld < Vl) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ld: expected >= Vl = %lld, got %lld", (long long)Vl, (long long)ld);
+    return TPK_OK;
+}
+static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_max";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
+    TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
     TPK_TRY(tpk__op_ptr(ctx, fn, "mx", mx, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? ctx->ops->xent_max(ctx, mx, z, T, Vl, dt) : TPK_OK;
+    return T ? ctx->ops->xent_max(ctx, mx, z, T, Vl, ld, dt) : TPK_OK;
 }
 static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl,
-                                             int64_t v0, tpk_dtype dt) {
+                                             int64_t ld, int64_t v0, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_partial";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
+    TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
     const void *ps[] = {part, mx, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "part,mx,targets", ps, 3, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? ctx->ops->xent_partial(ctx, part, z, mx, targets, T, Vl, v0, dt) : TPK_OK;
+    return T ? ctx->ops->xent_partial(ctx, part, z, mx, targets, T, Vl, ld, v0, dt) : TPK_OK;
 }
 static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T,
                                           int64_t V, float smoothing, int32_t ignore_index) {
@@ -377,16 +384,18 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
     return T ? ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index) : TPK_OK;
 }
 static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
-                                          int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
+                                          int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index,
+                                          tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_grad";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
+    TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
     TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
     TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
-    TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T * Vl > 0));
-    TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T * ld > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * ld > 0));
     const void *ps[] = {lse, targets, dloss};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "lse,targets,dloss", ps, 3, T > 0));
-    return T && Vl ? ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, v0, V, smoothing, ignore_index, dt) : TPK_OK;
+    return T && ld ? ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index, dt) : TPK_OK;
 }
 
 /* ---- attention ---------------------------------------------------------------------------------------- */

@@ -93,20 +93,21 @@ typedef struct tpk_ops {
     tpk_status (*embed_bwd)(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
                             int64_t vrows, tpk_dtype dt);
 
-    /* Cross-entropy over logits z [T, Vl] holding global columns [v0, v0 + Vl) of V:
+    /* Cross-entropy over logits z [T, ld] whose first Vl columns hold global columns [v0, v0 + Vl)
+     * of V (columns Vl..ld-1: a padded vocabulary's padding, ignored; ld >= Vl):
      * xent_max:     mx[t] = max_j z[t, j]   (-inf when Vl = 0)
      * xent_partial: part[t] = (sum_j exp(z[t,j] - mx[t]), z[t, y_t - v0] or 0, sum_j z[t,j])  f32 [T, 3]
      * xent_loss:    lse = mx + log part0; loss[t] = lse - (1-eps) z_y - eps sum_z / V
      *               (0 where y_t == ignore_index), lse saved f32 [T]
      * xent_grad:    dz = (exp(z - lse) - (1-eps) [j == y_t - v0] - eps / V) dloss[t]
-     *               (0 where y_t == ignore_index); dz may alias z. */
-    tpk_status (*xent_max)(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt);
+     *               (0 where y_t == ignore_index; 0 in the padding columns); dz [T, ld] may alias z. */
+    tpk_status (*xent_max)(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt);
     tpk_status (*xent_partial)(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
-                               int64_t Vl, int64_t v0, tpk_dtype dt);
+                               int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt);
     tpk_status (*xent_loss)(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
                             int64_t T, int64_t V, float smoothing, int32_t ignore_index);
     tpk_status (*xent_grad)(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
-                            int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
+                            int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
 
     /* Causal self-attention over Al local heads of size D, batch B, sequence S.
      * qkv [B*S, 3*Al*D]: Q in columns [0, Al*D), K in [Al*D, 2*Al*D), V in [2*Al*D, 3*Al*D),

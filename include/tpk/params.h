@@ -24,6 +24,10 @@ typedef struct tpk_param_desc {
     tpk_init init;                 /* default zeros */
     float std;                     /* for TPK_INIT_NORMAL */
     bool decay;                    /* weight decay applies */
+    int64_t padded_rows;           /* 0: none. Else >= shape[0]: dim 0 is stored and sharded as this many
+                                      rows, the rows from shape[0] on zero padding (layout R or S(0) with
+                                      stride 1): never trained, not in tpk_param_gather/scatter (nor in
+                                      checkpoints); e.g. a vocabulary padded to aligned shards */
 } tpk_param_desc;
 
 /* Calls f(ctx, arg, global_index_along_d, local_index_along_d, count) for each run of
@@ -40,6 +44,13 @@ static inline int tpk__param_runs(const tpk_param *p, int parts, int index, tpk_
         if (n < max) runs[n++] = TPK_LIT(tpk__run){r.off, b * r.size, r.size};
     }
     return n;
+}
+
+/* p as stored: dim 0 with its padding rows; sharding, runs and placement work on this view. */
+static inline tpk_param tpk__param_stored(const tpk_param *p) {
+    tpk_param s = *p;
+    s.gshape[0] = p->padded_rows;
+    return s;
 }
 
 static inline tpk_param *tpk__param(tpk_ctx *ctx, const char *fn, int id) {
@@ -64,10 +75,9 @@ static inline int tpk_param_find(const tpk_ctx *ctx, const char *name) {
 
 /* Draw a shard's slice of the global random tensor: the tensor is viewed as
  * [outer, n * inner] (n the split dim) and each run of the shard is a column block of it. */
-static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, float std) {
-    tpk_param *p = &ctx->params.list[id];
+static inline tpk_status tpk__param_draw(tpk_ctx *ctx, int id, tpk_init init, float std) {
+    tpk_param ps = tpk__param_stored(&ctx->params.list[id]), *p = &ps;
     float *x = tpk_param_data(ctx, id);
-    if (!p->numel) return TPK_OK;
     if (init == TPK_INIT_ZEROS) return tpk_op_fill(ctx, x, TPK_F32, p->numel, 0.f);
     if (init == TPK_INIT_ONES) return tpk_op_fill(ctx, x, TPK_F32, p->numel, 1.f);
     uint64_t stream = tpk_rng_stream(p->name);
@@ -86,6 +96,26 @@ static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, fl
             TPK_TRY(tpk_op_rng_2d(ctx, dst, TPK_F32, rows, runs[k].n * g.inner, g.n * g.inner, o, runs[k].g0 * g.inner,
                                      ctx->seed, stream, TPK_RNG_NORMAL, 0.f, std));
         }
+    }
+    return TPK_OK;
+}
+/* Initialise parameter id's shard; its padding rows (global rows >= gshape[0]) zero. The random
+ * values of a padded parameter's rows are those of the unpadded one (index row * inner + col). */
+static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, float std) {
+    tpk_param *p = &ctx->params.list[id];
+    if (!p->numel) return TPK_OK;
+    TPK_TRY(tpk__param_draw(ctx, id, init, std));
+    if (p->padded_rows == p->gshape[0]) return TPK_OK;
+    tpk_param ps = tpk__param_stored(p);
+    size_t inner = p->numel / (size_t)p->shape[0]; /* padded: dim 0 is the split dim or none */
+    tpk__run runs[64];
+    int nr = tpk__param_runs(&ps, ctx->tp.size, ctx->tp.rank, runs, 64);
+    for (int k = 0; k < nr; k++) {
+        int64_t first = p->gshape[0] - runs[k].g0; /* the run's first padding row */
+        if (first < 0) first = 0;
+        if (first < runs[k].n)
+            TPK_TRY(tpk_op_fill(ctx, tpk_param_data(ctx, id) + (size_t)(runs[k].l0 + first) * inner, TPK_F32,
+                                (size_t)(runs[k].n - first) * inner, 0.f));
     }
     return TPK_OK;
 }
@@ -137,8 +167,13 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     p.layout = desc->layout;
     p.numel = 1;
     for (int i = 0; i < p.ndim; i++) p.gshape[i] = p.shape[i] = desc->shape[i];
+    p.padded_rows = desc->padded_rows ? desc->padded_rows : p.gshape[0];
+    if (desc->padded_rows && (desc->padded_rows < p.gshape[0] || p.split_dim > 0 || (p.split_dim == 0 && (p.stride != 1 || tpk_layout_unit(desc->layout) != 1))))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: padded_rows: expected >= shape[0] = %lld with layout R or S(0) (stride 1, unit 1), got %lld with %s",
+                         desc->name, (long long)p.gshape[0], (long long)desc->padded_rows, tpk_layout_str(desc->layout, a, sizeof a));
+    p.shape[0] = p.padded_rows; /* stored rows; the split below shards them */
     if (p.split_dim >= 0) {
-        int64_t n = p.gshape[p.split_dim], su = (int64_t)p.stride * tpk_layout_unit(desc->layout);
+        int64_t n = p.split_dim == 0 ? p.padded_rows : p.gshape[p.split_dim], su = (int64_t)p.stride * tpk_layout_unit(desc->layout);
         if (p.stride > 64 || n % su)
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: layout: dim %d (%lld) must be a multiple of stride x unit = %lld (stride at most 64)",
                              desc->name, p.split_dim, (long long)n, (long long)su);
@@ -240,6 +275,19 @@ static inline void tpk__param_place(const tpk_param *p, int parts, int index, fl
         }
 }
 
+/* Global element count of a parameter. */
+static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) {
+    size_t n = 1;
+    for (int i = 0; i < ctx->params.list[id].ndim; i++) n *= (size_t)ctx->params.list[id].gshape[i];
+    return n;
+}
+/* Elements of the whole (unsharded) model: every parameter's global size. */
+static inline size_t tpk_params_global_numel(const tpk_ctx *ctx) {
+    size_t n = 0;
+    for (int i = 0; i < ctx->params.n; i++) n += tpk_param_global_numel(ctx, i);
+    return n;
+}
+
 /* Parameter `id`'s slice of `flat` (backend memory laid out like the parameter buffer: the
  * data, the gradients, or an optimizer moment), gathered over the TP group into the whole
  * tensor in host memory `out` (global numel floats). Collective over the TP group. */
@@ -250,18 +298,20 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     int t = ctx->tp.size;
-    size_t gnumel = 1, *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
-    for (int i = 0; i < p->ndim; i++) gnumel *= (size_t)p->gshape[i];
-    float *host = (float *)malloc(sizeof(float) * (gnumel ? gnumel : 1));
-    tpk_status s = counts && host ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    tpk_param ps = tpk__param_stored(p); /* gathered with its padding rows, which are then left out */
+    size_t gnumel = tpk_param_global_numel(ctx, id), snumel = 1, *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
+    for (int i = 0; i < p->ndim; i++) snumel *= (size_t)ps.gshape[i];
+    bool padded = snumel != gnumel;
+    float *host = (float *)malloc(sizeof(float) * (snumel ? snumel : 1)), *whole = padded ? (float *)malloc(sizeof(float) * snumel) : out;
+    tpk_status s = counts && host && whole ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     const float *src = flat + p->offset;
     if (s == TPK_OK && p->split_dim < 0) {
-        s = tpk_op_memcpy(ctx, out, src, gnumel * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
+        s = tpk_op_memcpy(ctx, out, src, gnumel * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H); /* the padding is last */
     } else if (s == TPK_OK) {
         size_t total = 0;
         for (int q = 0; q < t; q++) {
-            tpk_param pq = *p;
-            pq.shape[p->split_dim] = tpk_shard_size(p->gshape[p->split_dim], p->layout, t, q);
+            tpk_param pq = ps;
+            pq.shape[p->split_dim] = tpk_shard_size(ps.gshape[p->split_dim], p->layout, t, q);
             counts[q] = 1;
             for (int i = 0; i < p->ndim; i++) counts[q] *= (size_t)pq.shape[i];
             total += counts[q];
@@ -271,10 +321,12 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
         if (s == TPK_OK) s = tpk_op_memcpy(ctx, host, ctx->work[1].p, total * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
         size_t off = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
-            tpk__param_place(p, t, q, out, host + off, true);
+            tpk__param_place(&ps, t, q, whole, host + off, true);
             off += counts[q];
         }
+        if (s == TPK_OK && padded) memcpy(out, whole, gnumel * sizeof(float)); /* dim 0 outermost: the padding rows are last */
     }
+    if (padded) free(whole);
     free(counts), free(host);
     return s;
 }
@@ -288,12 +340,22 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     if (!p) return TPK_ERR_ARG;
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
-    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1));
-    if (!host) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    tpk_param ps = tpk__param_stored(p); /* `in` is extended with the padding rows, zero */
+    size_t gnumel = tpk_param_global_numel(ctx, id), snumel = 1;
+    for (int i = 0; i < p->ndim; i++) snumel *= (size_t)ps.gshape[i];
+    bool padded = snumel != gnumel;
+    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1)), *whole = padded ? (float *)calloc(snumel, sizeof(float)) : (float *)in;
+    if (!host || !whole) {
+        free(host);
+        if (padded) free(whole);
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    }
+    if (padded) memcpy(whole, in, gnumel * sizeof(float));
     if (flat == (float *)ctx->params.data.p) ctx->params.stale16 = true;
-    tpk__param_place(p, ctx->tp.size, ctx->tp.rank, (float *)in, host, false);
+    tpk__param_place(&ps, ctx->tp.size, ctx->tp.rank, whole, host, false);
     tpk_status s = tpk_op_memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
     free(host);
+    if (padded) free(whole);
     return s;
 }
 
@@ -306,19 +368,6 @@ static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, f
 static inline tpk_status tpk_param_set_global(tpk_ctx *ctx, int id, const float *in) {
     if (!ctx) return TPK_ERR_ARG;
     return tpk_param_scatter(ctx, id, in, (float *)ctx->params.data.p);
-}
-
-/* Global element count of a parameter. */
-static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) {
-    size_t n = 1;
-    for (int i = 0; i < ctx->params.list[id].ndim; i++) n *= (size_t)ctx->params.list[id].gshape[i];
-    return n;
-}
-/* Elements of the whole (unsharded) model: every parameter's global size. */
-static inline size_t tpk_params_global_numel(const tpk_ctx *ctx) {
-    size_t n = 0;
-    for (int i = 0; i < ctx->params.n; i++) n += tpk_param_global_numel(ctx, i);
-    return n;
 }
 
 #endif /* TPK_PARAMS_H */

@@ -1,7 +1,8 @@
 /* tpk/sample.h — sampling from a vocabulary-parallel LM head.
  *
  * The logits of one position are split over TP (rank r holds columns [v0, v0 + V_r)): they are
- * gathered over ctx->tp into the whole row, p = softmax(z / temperature) in double, and the token
+ * gathered over ctx->tp into the whole row, p = softmax(z / temperature) in double over the first
+ * `vocab` columns (the rest a padded vocabulary's padding, never drawn), and the token
  * is the first j with sum_{i <= j} p_i > u, u = uniform(seed, stream("sample"), i) — the same
  * draw on every rank, so every rank of every group picks the same token without another
  * collective. tpk_gpt2_sample continues a sequence token by token, the last `positions` tokens
@@ -11,8 +12,10 @@
 
 #include "gpt2.h"
 
-/* *tok = a token drawn from row `row` of logits S(-1) [T, V] (draw index i). Collective over TP. */
-static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int64_t row, float temperature, uint64_t seed, uint64_t i, int32_t *tok) {
+/* *tok = a token in 0..vocab-1 drawn from row `row` of logits S(-1) [T, Vp] (draw index i); vocab = 0:
+ * all Vp columns. Collective over TP. */
+static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int64_t vocab, int64_t row, float temperature, uint64_t seed,
+                                           uint64_t i, int32_t *tok) {
     static const char *fn = "tpk_sample_logits";
     if (!ctx) return TPK_ERR_ARG;
     if (!tok) return tpk__fail(ctx, TPK_ERR_ARG, fn, "tok: NULL");
@@ -21,8 +24,10 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     TPK_TRY(tpk__check(ctx, fn, "logits", &logits, TPK_S(-1), logits.dtype, 2, want, ctx->tp.size, ctx->tp.rank));
     if (logits.dtype != TPK_F32 && logits.dtype != TPK_BF16) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "logits: expected f32 or bf16, got %s", tpk_dtype_name(logits.dtype));
     if (row < 0 || row >= logits.shape[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "row: expected 0..%lld, got %lld", (long long)logits.shape[0] - 1, (long long)row);
+    if (vocab < 0 || vocab > logits.gshape[1])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "vocab: expected 0..%lld (the logits' columns), got %lld", (long long)logits.gshape[1], (long long)vocab);
     int t = ctx->tp.size;
-    int64_t V = logits.gshape[1], Vl = logits.shape[1];
+    int64_t V = logits.gshape[1], Vl = logits.shape[1], Vr = vocab ? vocab : V; /* gathered, drawn from */
     size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
     float *all = (float *)malloc(sizeof(float) * (size_t)V);
     tpk_status s = counts && all ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a row of %lld logits", (long long)V);
@@ -36,10 +41,10 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     if (s == TPK_OK) s = tpk_op_memcpy(ctx, all, row_all, sizeof(float) * (size_t)V, ctx->ops->device ? TPK_D2H : TPK_H2H);
     if (s == TPK_OK) {
         double mx = -INFINITY, z = 0, c = 0, u = tpk_rng_uniform(seed, tpk_rng_stream("sample"), i);
-        for (int64_t j = 0; j < V; j++) mx = fmax(mx, all[j] / temperature);
-        for (int64_t j = 0; j < V; j++) z += exp(all[j] / temperature - mx);
-        *tok = (int32_t)(V - 1);
-        for (int64_t j = 0; j < V; j++)
+        for (int64_t j = 0; j < Vr; j++) mx = fmax(mx, all[j] / temperature);
+        for (int64_t j = 0; j < Vr; j++) z += exp(all[j] / temperature - mx);
+        *tok = (int32_t)(Vr - 1);
+        for (int64_t j = 0; j < Vr; j++)
             if ((c += exp(all[j] / temperature - mx) / z) > u) {
                 *tok = (int32_t)j;
                 break;
@@ -61,7 +66,7 @@ static inline tpk_status tpk_gpt2_sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t star
     for (int i = 0; i < n; i++) {
         int64_t len = i + 1, S = len < P ? len : P;
         TPK_TRY(tpk_gpt2_forward(ctx, m, out + len - S, NULL, 1, S, NULL));
-        TPK_TRY(tpk_sample_logits(ctx, m->logits, S - 1, temperature, seed, (uint64_t)i, &out[i + 1]));
+        TPK_TRY(tpk_sample_logits(ctx, m->logits, m->c.vocab, S - 1, temperature, seed, (uint64_t)i, &out[i + 1]));
     }
     return TPK_OK;
 }

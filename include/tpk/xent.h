@@ -9,7 +9,10 @@
  *             target is the ignore index (default -100) count for nothing; the loss is the mean
  *             over the counted positions.
  *   backward  dz = (softmax(z) - (1 - eps) onehot - eps / V) * scale / counted, written over z;
- *             no communication. */
+ *             no communication.
+ * A padded vocabulary (desc->padded_vocab = Vp > V, the logits of a head over tpk_embedding's
+ * padded table): z is S(-1) [T, Vp] in even shards; the columns >= V are left out of the max, the
+ * sums and the loss, and their gradient is zero. */
 #ifndef TPK_XENT_H
 #define TPK_XENT_H
 
@@ -19,12 +22,13 @@ typedef struct tpk_xent_desc {
     float label_smoothing;    /* eps in [0, 1), over the global vocabulary */
     bool set_ignore_index;    /* use ignore_index below instead of the default -100 */
     int32_t ignore_index;
+    int64_t padded_vocab;     /* the logits' global columns Vp >= V (0: V) */
 } tpk_xent_desc;
 
 typedef struct tpk_xent {
     float eps;
     int32_t ignore;
-    int64_t V, T, counted;
+    int64_t V, Vp, T, counted;
     tpk_tensor z;             /* the logits of the last forward (overwritten by backward) */
     tpk_buf targets, mx, part, lse, loss, dloss;
 } tpk_xent;
@@ -36,20 +40,30 @@ static inline tpk_status tpk_xent_init(tpk_ctx *ctx, tpk_xent *ce, int64_t V, co
     if (V < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected >= 1, got %lld", (long long)V);
     if (!(d.label_smoothing >= 0 && d.label_smoothing < 1))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->label_smoothing: expected 0 <= eps < 1, got %g", (double)d.label_smoothing);
-    ce->V = V, ce->eps = d.label_smoothing, ce->ignore = d.set_ignore_index ? d.ignore_index : -100;
+    if (d.padded_vocab && d.padded_vocab < V)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->padded_vocab: expected >= V = %lld (or 0), got %lld", (long long)V, (long long)d.padded_vocab);
+    ce->V = V, ce->Vp = d.padded_vocab ? d.padded_vocab : V, ce->eps = d.label_smoothing, ce->ignore = d.set_ignore_index ? d.ignore_index : -100;
     return TPK_OK;
 }
 
-/* *loss = mean over counted positions of the cross-entropy of logits z S(-1) [T, V] against
+/* This rank's columns of the logits: the first v0 (global), how many are real (not padding). */
+static inline void tpk__xent_cols(const tpk_ctx *ctx, const tpk_xent *ce, int64_t *v0, int64_t *real) {
+    tpk_range r = tpk_split(ce->Vp, ctx->tp.size, ctx->tp.rank);
+    int64_t n = ce->V - r.off;
+    *v0 = r.off, *real = n < 0 ? 0 : n < r.size ? n : r.size;
+}
+
+/* *loss = mean over counted positions of the cross-entropy of logits z S(-1) [T, Vp] against
  * targets [T] (host memory; each in 0..V-1 or the ignore index). Two collectives. */
 static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor z, const int32_t *targets, float *loss) {
     static const char *fn = "tpk_xent_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
     if (!loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
-    int64_t want[2] = {-1, ce->V};
+    int64_t want[2] = {-1, ce->Vp};
     TPK_TRY(tpk__check(ctx, fn, "z", &z, TPK_S(-1), ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank));
-    int64_t T = z.shape[0], Vl = z.shape[1], v0 = tpk_split(ce->V, ctx->tp.size, ctx->tp.rank).off, counted = 0;
+    int64_t T = z.shape[0], ld = z.shape[1], v0, Vl, counted = 0;
+    tpk__xent_cols(ctx, ce, &v0, &Vl);
     if (T && !targets) return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets: NULL");
     for (int64_t i = 0; i < T; i++) {
         if (targets[i] == ce->ignore) continue;
@@ -66,9 +80,9 @@ static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor
     TPK_TRY(tpk__buf_reserve(ctx, &ce->loss, f * n));
     float *mx = (float *)ce->mx.p, *part = (float *)ce->part.p;
     const int32_t *tg = (const int32_t *)ce->targets.p;
-    TPK_TRY(tpk_op_xent_max(ctx, mx, z.data, T, Vl, ctx->dtype));
+    TPK_TRY(tpk_op_xent_max(ctx, mx, z.data, T, Vl, ld, ctx->dtype));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, mx, mx, (size_t)T, TPK_F32, TPK_MAX));
-    TPK_TRY(tpk_op_xent_partial(ctx, part, z.data, mx, tg, T, Vl, v0, ctx->dtype));
+    TPK_TRY(tpk_op_xent_partial(ctx, part, z.data, mx, tg, T, Vl, ld, v0, ctx->dtype));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, part, part, 3 * (size_t)T, TPK_F32, TPK_SUM));
     TPK_TRY(tpk_op_xent_loss(ctx, (float *)ce->loss.p, (float *)ce->lse.p, mx, part, tg, T, ce->V, ce->eps, ce->ignore));
     float *host = (float *)malloc(f * n);
@@ -90,11 +104,12 @@ static inline tpk_status tpk_xent_backward(tpk_ctx *ctx, tpk_xent *ce, float sca
     if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
     if (!dz) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dz: NULL");
     if (!ce->z.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "backward before forward");
-    int64_t T = ce->T, Vl = ce->z.shape[1], v0 = tpk_split(ce->V, ctx->tp.size, ctx->tp.rank).off;
+    int64_t T = ce->T, ld = ce->z.shape[1], v0, Vl;
+    tpk__xent_cols(ctx, ce, &v0, &Vl);
     TPK_TRY(tpk__buf_reserve(ctx, &ce->dloss, sizeof(float) * (size_t)(T ? T : 1)));
     if (T) TPK_TRY(tpk_op_fill(ctx, ce->dloss.p, TPK_F32, (size_t)T, ce->counted ? scale / (float)ce->counted : 0.0f));
     TPK_TRY(tpk_op_xent_grad(ctx, ce->z.data, ce->z.data, (const float *)ce->lse.p, (const int32_t *)ce->targets.p, (const float *)ce->dloss.p, T,
-                                Vl, v0, ce->V, ce->eps, ce->ignore, ctx->dtype));
+                                Vl, ld, v0, ce->V, ce->eps, ce->ignore, ctx->dtype));
     *dz = ce->z;
     return TPK_OK;
 }

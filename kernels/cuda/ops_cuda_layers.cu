@@ -261,50 +261,51 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
 
 enum { XENT_THREADS = 256 };
 
-template <class T> __global__ void xent_max_kernel(float *mx, const T *z, int64_t Vl) {
+template <class T> __global__ void xent_max_kernel(float *mx, const T *z, int64_t Vl, int64_t ld) {
     __shared__ float sh[32];
     int64_t t = blockIdx.x;
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) m = fmaxf(m, tpk__ldf(z, (size_t)(t * Vl + j)));
+    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) m = fmaxf(m, tpk__ldf(z, (size_t)(t * ld + j)));
     m = tpk__block_max(m, sh);
     if (threadIdx.x == 0) mx[t] = m;
 }
-static tpk_status cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
+static tpk_status cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt) {
     static const char *fn = "cuda.xent_max";
     if (T == 0) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        xent_max_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(mx, (const Tt *)z, Vl);
+        xent_max_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(mx, (const Tt *)z, Vl, ld);
     });
     return tpk__cuda_launched(ctx, fn);
 }
 
-template <class T> __global__ void xent_partial_kernel(float *part, const T *z, const float *mx, const int32_t *y, int64_t Vl, int64_t v0) {
+template <class T>
+__global__ void xent_partial_kernel(float *part, const T *z, const float *mx, const int32_t *y, int64_t Vl, int64_t ld, int64_t v0) {
     __shared__ float sh[32];
     int64_t t = blockIdx.x;
     float m = mx[t], se = 0.0f, sz = 0.0f;
     for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float v = tpk__ldf(z, (size_t)(t * Vl + j));
+        float v = tpk__ldf(z, (size_t)(t * ld + j));
         se += expf(v - m), sz += v;
     }
     se = tpk__block_sum(se, sh);
     sz = tpk__block_sum(sz, sh);
     if (threadIdx.x == 0) {
         int64_t c = (int64_t)y[t] - v0;
-        part[3 * t] = se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ldf(z, (size_t)(t * Vl + c)) : 0.0f, part[3 * t + 2] = sz;
+        part[3 * t] = se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ldf(z, (size_t)(t * ld + c)) : 0.0f, part[3 * t + 2] = sz;
     }
 }
 static tpk_status cuda_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
-                                  int64_t Vl, int64_t v0, tpk_dtype dt) {
+                                  int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt) {
     static const char *fn = "cuda.xent_partial";
     if (T == 0) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        xent_partial_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(part, (const Tt *)z, mx, targets, Vl, v0);
+        xent_partial_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(part, (const Tt *)z, mx, targets, Vl, ld, v0);
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -331,25 +332,25 @@ static tpk_status cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const fl
 /* z[k] is read before dz[k] is written by the same thread, so dz may alias z */
 template <class T>
 __global__ void xent_grad_kernel(T *dz, const T *z, const float *lse, const int32_t *y, const float *dloss, int64_t T_, int64_t Vl,
-                                 int64_t v0, int64_t V, float eps, int32_t ignore) {
-    size_t total = (size_t)T_ * (size_t)Vl;
+                                 int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
+    size_t total = (size_t)T_ * (size_t)ld;
     TPK__GRID_STRIDE(k, total) {
-        int64_t t = (int64_t)(k / (size_t)Vl), j = (int64_t)(k % (size_t)Vl);
+        int64_t t = (int64_t)(k / (size_t)ld), j = (int64_t)(k % (size_t)ld);
         int32_t yt = y[t];
-        float g = yt == ignore ? 0.0f
+        float g = yt == ignore || j >= Vl ? 0.0f
                                : (expf(tpk__ldf(z, k) - lse[t]) - (j == (int64_t)yt - v0 ? 1.0f - eps : 0.0f) - eps / (float)V) * dloss[t];
         tpk__stf(dz, k, g);
     }
 }
 static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
-                               int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
+                               int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     static const char *fn = "cuda.xent_grad";
-    if (T * Vl == 0) return TPK_OK;
+    if (T * ld == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
-    size_t total = (size_t)T * (size_t)Vl;
+    size_t total = (size_t)T * (size_t)ld;
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        xent_grad_kernel<Tt><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, v0, V,
+        xent_grad_kernel<Tt><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, ld, v0, V,
                                                                            smoothing, ignore_index);
     });
     return tpk__cuda_launched(ctx, fn);

@@ -131,34 +131,34 @@ static tpk_status host_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
 
 /* ---- cross-entropy pieces ------------------------------------------------------------------- */
 
-TPK__HOST_INLINE void xent_max_loop(tpk_dtype dt, float *mx, const void *z, int64_t T, int64_t Vl) {
+TPK__HOST_INLINE void xent_max_loop(tpk_dtype dt, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld) {
     for (int64_t t = 0; t < T; t++) {
         float m = -INFINITY;
-        for (int64_t j = 0; j < Vl; j++) m = fmaxf(m, tpk__ld(z, dt, (size_t)(t * Vl + j)));
+        for (int64_t j = 0; j < Vl; j++) m = fmaxf(m, tpk__ld(z, dt, (size_t)(t * ld + j)));
         mx[t] = m;
     }
 }
-static tpk_status host_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, tpk_dtype dt) {
+static tpk_status host_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, xent_max_loop, mx, z, T, Vl);
+    TPK__BY_DTYPE(dt, xent_max_loop, mx, z, T, Vl, ld);
     return TPK_OK;
 }
 TPK__HOST_INLINE void xent_partial_loop(tpk_dtype dt, float *part, const void *z, const float *mx, const int32_t *y, int64_t T,
-                                   int64_t Vl, int64_t v0) {
+                                   int64_t Vl, int64_t ld, int64_t v0) {
     for (int64_t t = 0; t < T; t++) {
         double se = 0, sz = 0;
         for (int64_t j = 0; j < Vl; j++) {
-            float v = tpk__ld(z, dt, (size_t)(t * Vl + j));
+            float v = tpk__ld(z, dt, (size_t)(t * ld + j));
             se += exp((double)v - mx[t]), sz += v;
         }
         int64_t c = (int64_t)y[t] - v0;
-        part[3 * t] = (float)se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ld(z, dt, (size_t)(t * Vl + c)) : 0.0f, part[3 * t + 2] = (float)sz;
+        part[3 * t] = (float)se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ld(z, dt, (size_t)(t * ld + c)) : 0.0f, part[3 * t + 2] = (float)sz;
     }
 }
 static tpk_status host_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
-                                  int64_t Vl, int64_t v0, tpk_dtype dt) {
+                                  int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, xent_partial_loop, part, z, mx, targets, T, Vl, v0);
+    TPK__BY_DTYPE(dt, xent_partial_loop, part, z, mx, targets, T, Vl, ld, v0);
     return TPK_OK;
 }
 static tpk_status host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
@@ -173,22 +173,22 @@ static tpk_status host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const fl
     return TPK_OK;
 }
 TPK__HOST_INLINE void xent_grad_loop(tpk_dtype dt, void *dz, const void *z, const float *lse, const int32_t *y, const float *dloss,
-                                int64_t T, int64_t Vl, int64_t v0, int64_t V, float eps, int32_t ignore) {
+                                int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
     for (int64_t t = 0; t < T; t++) {
         bool skip = y[t] == ignore;
         int64_t c = (int64_t)y[t] - v0;
-        for (int64_t j = 0; j < Vl; j++) {
-            size_t k = (size_t)(t * Vl + j);
-            float g = skip ? 0.0f
+        for (int64_t j = 0; j < ld; j++) {
+            size_t k = (size_t)(t * ld + j);
+            float g = skip || j >= Vl ? 0.0f
                            : (expf(tpk__ld(z, dt, k) - lse[t]) - (j == c ? 1.0f - eps : 0.0f) - eps / (float)V) * dloss[t];
             tpk__st(dz, dt, k, g);
         }
     }
 }
 static tpk_status host_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
-                               int64_t T, int64_t Vl, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
+                               int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, xent_grad_loop, dz, z, lse, targets, dloss, T, Vl, v0, V, smoothing, ignore_index);
+    TPK__BY_DTYPE(dt, xent_grad_loop, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index);
     return TPK_OK;
 }
 

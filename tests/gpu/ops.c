@@ -226,17 +226,17 @@ static void test_embed(tpk_dtype dt) {
 
 static void test_xent(tpk_dtype dt) {
     TEST_CASE("cross-entropy pieces [%s]", tpk_dtype_name(dt)) {
-        int64_t T = 33, Vl = 517, v0 = 100, V = 1000;
+        int64_t T = 33, Vl = 517, ld = 576, v0 = 100, V = 1000; /* rows of ld: a padded vocabulary's shard, 59 padding columns */
         float yv[33];
         for (int t = 0; t < T; t++) yv[t] = t == 5 ? -100.0f : (float)((t * 131) % 1000); /* in and out of the shard, one ignored */
-        pair y = pair_from(&cd, yv, (size_t)T, TPK_I32), z = pair_randn(&cd, (size_t)(T * Vl), dt, 80, 3.0f);
+        pair y = pair_from(&cd, yv, (size_t)T, TPK_I32), z = pair_randn(&cd, (size_t)(T * ld), dt, 80, 3.0f);
         pair mx = pair_from(&cd, NULL, (size_t)T, TPK_F32), part = pair_from(&cd, NULL, (size_t)(3 * T), TPK_F32);
         pair_poison(&cd, &mx), pair_poison(&cd, &part);
-        CHECK_OK(&ch, ch.ops->xent_max(&ch, mx.h, z.h, T, Vl, dt));
-        CHECK_OK(&cd, cd.ops->xent_max(&cd, mx.d, z.d, T, Vl, dt));
+        CHECK_OK(&ch, ch.ops->xent_max(&ch, mx.h, z.h, T, Vl, ld, dt));
+        CHECK_OK(&cd, cd.ops->xent_max(&cd, mx.d, z.d, T, Vl, ld, dt));
         pair_check(&cd, &mx, TOL_SAME, "xent_max");
-        CHECK_OK(&ch, ch.ops->xent_partial(&ch, part.h, z.h, mx.h, (const int32_t *)y.h, T, Vl, v0, dt));
-        CHECK_OK(&cd, cd.ops->xent_partial(&cd, part.d, z.d, mx.d, (const int32_t *)y.d, T, Vl, v0, dt));
+        CHECK_OK(&ch, ch.ops->xent_partial(&ch, part.h, z.h, mx.h, (const int32_t *)y.h, T, Vl, ld, v0, dt));
+        CHECK_OK(&cd, cd.ops->xent_partial(&cd, part.d, z.d, mx.d, (const int32_t *)y.d, T, Vl, ld, v0, dt));
         pair_check(&cd, &part, TOL_SUM, "xent_partial");
         pair_sync_down(&cd, &part);
         pair loss = pair_from(&cd, NULL, (size_t)T, TPK_F32), lse = pair_from(&cd, NULL, (size_t)T, TPK_F32);
@@ -246,9 +246,9 @@ static void test_xent(tpk_dtype dt) {
         pair_check(&cd, &loss, TOL_SAME, "xent_loss");
         pair_check(&cd, &lse, TOL_SAME, "xent_loss lse");
         pair dl = pair_randn(&cd, (size_t)T, TPK_F32, 81, 1.0f);
-        CHECK_OK(&ch, ch.ops->xent_grad(&ch, z.h, z.h, lse.h, (const int32_t *)y.h, dl.h, T, Vl, v0, V, 0.1f, -100, dt));
-        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z.d, z.d, lse.d, (const int32_t *)y.d, dl.d, T, Vl, v0, V, 0.1f, -100, dt));
-        pair_check(&cd, &z, tol_for(dt, TOL_SAME), "xent_grad (in place)");
+        CHECK_OK(&ch, ch.ops->xent_grad(&ch, z.h, z.h, lse.h, (const int32_t *)y.h, dl.h, T, Vl, ld, v0, V, 0.1f, -100, dt));
+        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z.d, z.d, lse.d, (const int32_t *)y.d, dl.d, T, Vl, ld, v0, V, 0.1f, -100, dt));
+        pair_check(&cd, &z, tol_for(dt, TOL_SAME), "xent_grad (in place, the padding columns zero)");
         pair_free(&cd, &y), pair_free(&cd, &z), pair_free(&cd, &mx), pair_free(&cd, &part), pair_free(&cd, &loss), pair_free(&cd, &lse);
         pair_free(&cd, &dl);
     }
@@ -321,7 +321,7 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f), TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
         CHECK_FAILS(&cd, tpk_op_act_fwd(&cd, (tpk_act)9, p, p, TPK_F32, 4), TPK_ERR_ARG, "act:");
-        CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 0, 2, 1.5f, -100, TPK_F32), TPK_ERR_ARG, "smoothing");
+        CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 2, 0, 2, 1.5f, -100, TPK_F32), TPK_ERR_ARG, "smoothing");
     }
     TEST_CASE("the CUDA backend's own limits (head dim, grid, 32-bit sort keys): refused before a launch, named") {
         void *p = NULL;
@@ -333,7 +333,7 @@ static void test_errors(void) {
                     "cuda.attn_bwd: B: expected <= 65535");
         CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 70000, 8, 70000, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
                     "Al: expected <= 65535");
-        CHECK_FAILS(&cd, tpk_op_xent_max(&cd, p, p, (int64_t)1 << 31, 1, TPK_F32), TPK_ERR_ARG, "cuda.xent_max: T: expected <= 2147483647");
+        CHECK_FAILS(&cd, tpk_op_xent_max(&cd, p, p, (int64_t)1 << 31, 1, 1, TPK_F32), TPK_ERR_ARG, "cuda.xent_max: T: expected <= 2147483647");
         CHECK_FAILS(&cd, tpk_op_embed_bwd(&cd, p, p, p, 4, 1, 0, (int64_t)1 << 32, TPK_F32), TPK_ERR_ARG, "cuda.embed_bwd: vrows");
         tpk_op_free(&cd, p);
     }
