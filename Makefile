@@ -5,6 +5,7 @@
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
 #   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
 #   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
+#   make bench-gpt2 GPT-2 124M and 350M training steps: tpk's trainer next to PyTorch eager and torch.compile
 #   make bench      the host benchmarks (bench/)
 #   make install PREFIX=/usr/local
 #   make clean
@@ -53,7 +54,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-sanitize test-gpu cuda-check bench bench-gpu demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: all deps test test-sanitize test-gpu cuda-check bench bench-gpu bench-gpt2 demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 $(B)/host/%.o: kernels/host/%.c $(HEADERS)
@@ -180,6 +181,13 @@ bench-gpu: $(GPU_BENCH)
 	$(B)/bench/kernels
 	$(B)/bench/kernels --dtype bf16 --B 16 --S 1024 --A 12 --D 64
 	$(B)/bench/kernels --dtype bf16 --B 8 --S 2048 --A 16 --D 128
+
+# tokens/s of a GPT-2 training step (B=16 S=1024 for 124M, B=8 for 350M, bf16), tpk's trainer next to
+# PyTorch eager and torch.compile of the same model in the same run (bench/gpt2_step.py; --json there).
+PYTHON ?= python3
+bench-gpt2: $(B)/gpt2_train
+	$(PYTHON) bench/gpt2_step.py --model 124M
+	$(PYTHON) bench/gpt2_step.py --model 350M
 
 # Fuzz the safetensors reader, the config.json parser and the token loaders (tests/fuzz/) with
 # libFuzzer + ASan + UBSan for FUZZ_SECONDS each, from their corpora; installs Debian's clang and

@@ -15,12 +15,13 @@
 #include <cstring>
 #include <vector>
 
-// The user's own kernel: mx[t] = max_j z[t, j] over a [T, V] f32 buffer, one thread per row.
-__global__ void row_max(const float *z, int T, int V, float *mx) {
+// The user's own kernel: mx[t] = max_j z[t, j] over the first V columns of a [T, ld] f32 buffer
+// (GPT-2's logits have rows of the padded vocabulary), one thread per row.
+__global__ void row_max(const float *z, int T, int V, int ld, float *mx) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
     float m = -INFINITY;
-    for (int j = 0; j < V; j++) m = fmaxf(m, z[(size_t)t * V + j]);
+    for (int j = 0; j < V; j++) m = fmaxf(m, z[(size_t)t * ld + j]);
     mx[t] = m;
 }
 
@@ -58,14 +59,18 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
         std::vector<int32_t> ids(T), tg(T);
         for (int i = 0; i < T; i++) ids[i] = (13 * i + 5) % V, tg[i] = (29 * i + 2) % V;
         if (ok(tpk_gpt2_forward(&ctx, &m, ids.data(), tg.data(), B, S, &r.loss), "tpk_gpt2_forward")) {
+            int ld = (int)m.logits.shape[1]; // the vocabulary padded to an aligned shard: columns >= V are padding
+            std::vector<float> full((size_t)T * ld, NAN);
+            ok(tpk_op_memcpy(&ctx, full.data(), m.logits.data, sizeof(float) * T * ld, ops->device ? TPK_D2H : TPK_H2H), "logits");
             r.logits.assign((size_t)T * V, NAN);
-            ok(tpk_op_memcpy(&ctx, r.logits.data(), m.logits.data, sizeof(float) * T * V, ops->device ? TPK_D2H : TPK_H2H), "logits");
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < V; j++) r.logits[(size_t)t * V + j] = full[(size_t)t * ld + j];
             if (ops->device) { // the user's kernel on tpk's buffer and stream
                 float *mx = nullptr;
                 r.user_max.assign(T, NAN);
                 cudaStream_t st = (cudaStream_t)tpk_cuda_stream();
                 if (cudaMalloc(&mx, sizeof(float) * T) == cudaSuccess) {
-                    row_max<<<1, 64, 0, st>>>((const float *)m.logits.data, T, V, mx);
+                    row_max<<<1, 64, 0, st>>>((const float *)m.logits.data, T, V, ld, mx);
                     if (cudaMemcpyAsync(r.user_max.data(), mx, sizeof(float) * T, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
                         cudaStreamSynchronize(st) != cudaSuccess)
                         fails++;
