@@ -3,7 +3,8 @@
 The same model, batch and dtype, in the same run, on the same device:
   tpk        build/gpt2_train (one rank) on a synthetic llm.c token shard: per-step times from
              its log (--log-every 1), median over the steps after the warm-up;
-  eager      PyTorch: GPT-2 with a fused QKV linear, F.scaled_dot_product_attention (causal),
+  eager      PyTorch: GPT-2 with a fused QKV linear, F.scaled_dot_product_attention (causal; before
+             PyTorch 2.0 the plain masked softmax, labelled "no SDPA"),
              GELU-tanh, the LM head tied to wte, AdamW (fused=True on a GPU), bf16 autocast with
              f32 weights when --dtype bf16; each step synchronised, median after the warm-up;
   compile    the same module under torch.compile (where PyTorch has it, 2.0 and later).
@@ -77,7 +78,12 @@ def torch_model(torch, L, H, A, V, P):
         def forward(self, x):
             B, S, _ = x.shape
             q, k, v = (t.view(B, S, A, H // A).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(H, dim=-1))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, S, H)
+            if hasattr(F, "scaled_dot_product_attention"):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:  # PyTorch before 2.0: the plain causal softmax
+                mask = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
+                y = F.softmax(((q @ k.transpose(-2, -1)) / math.sqrt(H // A)).masked_fill(~mask, float("-inf")), dim=-1) @ v
+            y = y.transpose(1, 2).reshape(B, S, H)
             x = x + self.attn_proj(y)
             return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
@@ -101,8 +107,6 @@ def torch_model(torch, L, H, A, V, P):
 def run_torch(a, L, H, A, compiled):
     import torch
 
-    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
-        raise RuntimeError("PyTorch %s has no scaled_dot_product_attention" % torch.__version__)
     if compiled and not hasattr(torch, "compile"):
         raise RuntimeError("PyTorch %s has no torch.compile" % torch.__version__)
     dev = torch.device(a.device)
@@ -167,7 +171,13 @@ def main():
     tpk_ms, _ = run_tpk(a, L, H, A)
     rows["tpk"] = tpk_ms
     skipped = {}
-    for name, compiled in (("torch eager", False), ("torch.compile", True)):
+    try:
+        import torch
+
+        sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+    except ImportError:
+        sdpa = True
+    for name, compiled in (("torch eager" if sdpa else "torch eager (no SDPA)", False), ("torch.compile", True)):
         if a.no_torch or (compiled and a.no_compile):
             skipped[name] = "not asked for"
             continue
@@ -184,11 +194,11 @@ def main():
         return
     print("GPT-2 %s (L=%d H=%d A=%d V=%d), B=%d S=%d, %s on %s, median of %d steps after %d warm-up" %
           (a.model, L, H, A, a.vocab, a.batch, a.seq, a.dtype, a.device, a.steps, a.warmup))
-    print("%-16s %10s %12s %14s" % ("", "ms/step", "tokens/s", "tpk / this"))
+    print("%-22s %10s %12s %14s" % ("", "ms/step", "tokens/s", "tpk / this"))
     for k, v in rows.items():
-        print("%-16s %10.1f %12.0f %13.3fx" % (k, v, tokens / (v * 1e-3), v / tpk_ms if k != "tpk" else 1.0))
+        print("%-22s %10.1f %12.0f %13.3fx" % (k, v, tokens / (v * 1e-3), v / tpk_ms if k != "tpk" else 1.0))
     for k, why in skipped.items():
-        print("%-16s not measured (%s)" % (k, why))
+        print("%-22s not measured (%s)" % (k, why))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,16 @@ FAIL torch_dump at np=$np"
         printf '%-28s np=%s  %3d ok  %d failed\n' torch_reference "$np" "$p" "$f"
         passed=$((passed + p)) failed=$((failed + f))
     done
+    # make bench-gpt2's script end to end on a tiny model (its numbers are not checked: not a timed test)
+    out=$(timeout 300 "$py" bench/gpt2_step.py --trainer $B/gpt2_train --model tiny --device cpu --dtype f32 --vocab 300 --steps 2 --warmup 1 --json 2>&1)
+    printf '%s\n' "$out" >> "$log"
+    if printf '%s\n' "$out" | "$py" -c 'import json, sys; r = json.loads(sys.stdin.read()); assert r["rows"]["tpk"]["tokens_per_s"] > 0 and any(k.startswith("torch eager") for k in r["rows"]), r' >/dev/null 2>&1; then
+        echo "ok bench/gpt2_step.py runs tpk's trainer and PyTorch's eager model" >> "$log"; p=1 f=0
+    else
+        echo "FAIL bench/gpt2_step.py: $out" | head -5; p=0 f=1
+    fi
+    printf '%-28s np=%s  %3d ok  %d failed\n' bench_gpt2_script 1 "$p" "$f"
+    passed=$((passed + p)) failed=$((failed + f))
 else
     echo "torch_reference: skipped (Debian's python3-torch is not importable by $py; sudo apt-get install python3-torch)"
 fi
