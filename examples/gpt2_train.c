@@ -23,7 +23,7 @@ typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype;
     int64_t layers, hidden, heads, vocab, positions;
     int tp, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
-    bool sp, eval_only;
+    bool sp, eval_only, profile;
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing;
     uint64_t seed;
 } opts;
@@ -36,15 +36,14 @@ static const char *usage =
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
     "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ...) --load DIR\n"
-    "             --csv FILE --sample N --log-every 1\n";
+    "             --csv FILE --sample N --log-every 1 --profile (every op's time per step, from step 2)\n";
 
 /* "--name value" parsing into o; 0, -1 for --help, or 1 with a message in err */
 static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     *o = (opts){.layers = 4, .hidden = 128, .heads = 4, .tp = 1, .batch = 8, .seq = 64, .accum = 1, .steps = 100, .warmup = 10, .eval_batches = 4,
                 .log_every = 1, .lr = 1e-3f, .min_lr_frac = 0.1f, .wd = 0.1f, .clip = 1.0f, .b1 = 0.9f, .b2 = 0.95f, .seed = 1};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char *end = NULL;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL; char *end = NULL;
 #define STR(flag, f) if (!strcmp(a, flag)) { if (!v) goto missing; o->f = v; i++; continue; }
 #define INT(flag, f, lo) if (!strcmp(a, flag)) { if (!v) goto missing; long long x = strtoll(v, &end, 10); \
         if (*end || x < (lo) || x > 1000000000) return snprintf(err, n, "%s: expected an integer in [%d, 1000000000], got \"%s\"%s", a, (int)(lo), v, *end ? "" : " (out of range)"), 1; \
@@ -59,8 +58,8 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         INT("--log-every", log_every, 1) INT("--save-every", save_every, 0) INT("--seed", seed, 0)
         FLT("--lr", lr, 0, 10) FLT("--min-lr-frac", min_lr_frac, 0, 1) FLT("--weight-decay", wd, 0, 10) FLT("--clip", clip, 0, 1e9)
         FLT("--dropout", dropout, 0, 0.99) FLT("--label-smoothing", smoothing, 0, 0.99) FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
-        if (!strcmp(a, "--sequence-parallel")) { o->sp = true; continue; }
-        if (!strcmp(a, "--eval-only")) { o->eval_only = true; continue; }
+#define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
+        BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         return snprintf(err, n, "unknown argument \"%s\" (--help lists them)", a), 1;
     missing:
@@ -127,8 +126,7 @@ static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int n, uint64_t seed) {
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     signal(SIGXFSZ, SIG_IGN); /* a full disk or a file-size limit: write fails (EFBIG), the save reports it */
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     opts o;
     int rc = 1, pr = parse(argc, argv, &o, msg, sizeof msg);
     tpk_comm world = {0};
@@ -273,8 +271,10 @@ int main(int argc, char **argv) {
             if (isfinite(vl)) fprintf(csv, "%.9g", vl);
             fprintf(csv, ",%.9g,%.17g\n", (double)lr, norm);
         }
+        if (o.profile) TRY(ctx.prof ? tpk_profile_step(&ctx) : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
     }
     if (world_rank == 0 && o.steps > 0) printf("trained steps %lld..%d in %.1f s\n", (long long)(t0step + 1), o.steps, now() - t_start);
+    if (ctx.prof && !ctx.prof->from_env && world_rank == 0) tpk_profile_print(&ctx, stdout); /* rank 0 only: no TRY (it agrees over ranks) */
     if (csv) { /* and FILE.png (FILE without .csv) where gnuplot is installed */
         char cmd[4400], png[1024];
         fclose(csv), csv = NULL;

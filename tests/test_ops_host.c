@@ -636,10 +636,11 @@ static void test_errors(void) {
 /* Every entry of tpk_ops after `device`; the list must tile the table (a new entry fails the
  * test until it is listed here, and tpk__ops_missing must then name it). */
 #define OPS_ENTRY(e) {#e, offsetof(tpk_ops, e), sizeof(((tpk_ops *)0)->e)}
-static const struct {
+struct ops_entry {
     const char *name;
     size_t at, size;
-} ops_entries[] = {
+};
+static const struct ops_entry ops_entries[] = {
     OPS_ENTRY(alloc),       OPS_ENTRY(free),          OPS_ENTRY(memcpy),        OPS_ENTRY(sync),
     OPS_ENTRY(fill),        OPS_ENTRY(copy2d),        OPS_ENTRY(cast),          OPS_ENTRY(axpby),
     OPS_ENTRY(gemm),        OPS_ENTRY(bias_add),      OPS_ENTRY(bias_grad),     OPS_ENTRY(act_fwd),
@@ -650,6 +651,8 @@ static const struct {
     OPS_ENTRY(residual_layernorm_fwd),
 };
 enum { OPS_N = sizeof ops_entries / sizeof *ops_entries };
+/* the optional entries: the profiler's timer (tpk/profile.h falls back to the host clock) */
+static const struct ops_entry optional_entries[] = {OPS_ENTRY(timer_mark), OPS_ENTRY(timer_ms)};
 
 /* a user's table: the host's, with entries that count their calls (and then do the host's work) */
 static int user_calls;
@@ -682,6 +685,7 @@ static void test_front_end(void) {
     TEST_CASE("every tpk_ops entry is required: tpk_ctx_init refuses a table with one NULL entry, naming it") {
         size_t covered = 0;
         for (int e = 0; e < OPS_N; e++) covered += ops_entries[e].size;
+        for (int e = 0; e < 2; e++) covered += optional_entries[e].size;
         CHECK(offsetof(tpk_ops, alloc) + covered == sizeof(tpk_ops),
               "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in ops_entries",
               sizeof(tpk_ops) - offsetof(tpk_ops, alloc), covered);
@@ -694,6 +698,14 @@ static void test_front_end(void) {
             snprintf(want, sizeof want, "desc->ops: the table \"host\" has no %s entry", ops_entries[e].name);
             CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &holed}), TPK_ERR_ARG, want);
             CHECK(c.ops == NULL, "%s: a refused table stays in the context", ops_entries[e].name);
+            tpk_ctx_destroy(&c);
+        }
+        for (int e = 0; e < 2; e++) { /* the optional entries may be NULL (the host table has none) */
+            static tpk_ops bare;
+            bare = *tpk_ops_host();
+            memset((char *)&bare + optional_entries[e].at, 0, optional_entries[e].size);
+            tpk_ctx c;
+            CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &bare}));
             tpk_ctx_destroy(&c);
         }
         static tpk_ops unnamed;
@@ -815,6 +827,56 @@ static void test_linear_fwd(void) {
     }
 }
 
+/* a row of the profile by name, or NULL */
+static const tpk__prof_row *prof_row(const tpk_ctx *c, const char *name) {
+    for (int i = 0; i < c->prof->nrows; i++)
+        if (!strcmp(c->prof->rows[i].name, name)) return &c->prof->rows[i];
+    return NULL;
+}
+static void test_profile(void) {
+    TEST_CASE("profiler: every op call and collective counted per step with its bytes or flops and a time; the table; off by default") {
+        tpk_ctx c;
+        CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = tpk_ops_host()}));
+        CHECK(!c.prof || c.prof->from_env, "the profiler is on without being asked");
+        tpk_profile_stop(&c); /* whatever the environment says */
+        CHECK_FAILS(&c, tpk_profile_print(&c, stdout), TPK_ERR_ARG, "the profiler is off");
+        float x[128], a[8 * 16], b[16 * 4], y[8 * 4];
+        test_randn(a, 128, 3, 1.0f), test_randn(b, 64, 4, 1.0f);
+        CHECK_OK(&c, tpk_op_fill(&c, x, TPK_F32, 100, 1.0f)); /* before the start: not counted */
+        CHECK_OK(&c, tpk_profile_start(&c));
+        for (int step = 0; step < 2; step++) {
+            for (int i = 0; i < 3; i++) CHECK_OK(&c, tpk_op_fill(&c, x, TPK_F32, 100, (float)i));
+            for (int i = 0; i < 2; i++) CHECK_OK(&c, tpk_op_gemm(&c, false, false, 8, 4, 16, 1.0f, a, 16, b, 4, 0.0f, y, 4, TPK_F32));
+            CHECK_OK(&c, tpk_allreduce(&c, &c.tp, x, x, 10, TPK_F32, TPK_SUM));
+            CHECK_FAILS(&c, tpk_op_fill(&c, NULL, TPK_F32, 5, 0.0f), TPK_ERR_ARG, "x:"); /* refused by the front end: not an op call */
+            CHECK_OK(&c, tpk_profile_step(&c));
+        }
+        const tpk__prof_row *f = prof_row(&c, "fill"), *g = prof_row(&c, "gemm"), *r = prof_row(&c, "tp.allreduce");
+        CHECK(c.prof->steps == 2 && c.prof->wall_ms >= 0, "%d steps", c.prof->steps);
+        CHECK(f && f->calls == 6 && f->bytes == 6 * 100 * 4.0 && f->flops == 0 && f->ms >= 0, "fill: %llu calls, %g bytes",
+              f ? (unsigned long long)f->calls : 0ULL, f ? f->bytes : -1);
+        CHECK(g && g->calls == 4 && g->flops == 4 * 2.0 * 8 * 4 * 16 && g->ms >= 0, "gemm: %llu calls, %g flops", g ? (unsigned long long)g->calls : 0ULL,
+              g ? g->flops : -1);
+        CHECK(r && r->calls == 2 && r->bytes == 2 * 10 * 4.0, "tp.allreduce: %llu calls", r ? (unsigned long long)r->calls : 0ULL);
+        FILE *t = tmpfile();
+        CHECK_OK(&c, tpk_profile_print(&c, t));
+        char text[4096] = "";
+        if (t) {
+            rewind(t);
+            size_t got = fread(text, 1, sizeof text - 1, t);
+            text[got] = 0;
+            fclose(t);
+        }
+        const char *want[] = {"profile: 2 steps", "backend host, ops timed by the host clock", "calls/step", "\nfill  ", "     3.0 ", "\ngemm  ",
+                              "TFLOP/s", "\ntp.allreduce  ", "GB/s", "all timed ops"};
+        for (int i = 0; i < 10; i++) CHECK(strstr(text, want[i]) != NULL, "the table lacks \"%s\":\n%s", want[i], text);
+        CHECK_FAILS(&c, tpk_profile_print(&c, NULL), TPK_ERR_ARG, "f: NULL");
+        tpk_profile_stop(&c);
+        CHECK(c.prof == NULL, "stopped");
+        tpk_ctx_destroy(&c);
+    }
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     if (test_host_ctx(&ctx) != TPK_OK) return 1;
@@ -828,6 +890,7 @@ int main(int argc, char **argv) {
     test_front_end();
     test_optimizer();
     test_linear_fwd();
+    test_profile();
     tpk_ctx_destroy(&ctx);
     return test_finish();
 }

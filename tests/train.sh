@@ -128,6 +128,17 @@ tr 1 --text "$text" $small --steps 2 --csv "$T/curve.csv"
 if command -v gnuplot >/dev/null 2>&1; then want="plot: $T/curve.png"; else want="plot: gnuplot is not installed: the curve is in $T/curve.csv only"; fi
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -qF "$want" && { ! command -v gnuplot >/dev/null 2>&1 || [ -s "$T/curve.png" ]; }; then ok "--csv: $want"
 else fail "--csv: expected \"$want\""; fi
+# --profile: a table of every op and collective per step (steps 2.. of 4), on rank 0; TPK_PROFILE=1 for any program
+tr 2 --text "$text" $small --tp 2 --steps 4 --profile
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^profile: 3 steps, .* ms per step (wall), backend host" &&
+    printf '%s\n' "$out" | grep -Eq "^gemm +[0-9.]+ +[0-9.]+ +[0-9.]+% +[0-9.]+ TFLOP/s" &&
+    printf '%s\n' "$out" | grep -Eq "^tp\.allreduce +[0-9.]+ " && printf '%s\n' "$out" | grep -Eq "^attn_fwd +2\.0 " &&
+    [ "$(printf '%s\n' "$out" | grep -c '^profile:')" -eq 1 ]; then ok "--profile prints one table (rank 0) with ops and collectives"
+else fail "--profile prints one table (rank 0) with ops and collectives"; fi
+out=$(TPK_PROFILE=1 timeout 120 mpirun $mpiflags -np 2 -x TPK_PROFILE $B/gpt2_train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
+    ok "TPK_PROFILE=1 prints the table when the context is destroyed"
+else fail "TPK_PROFILE=1 prints the table when the context is destroyed"; fi
 for kind in header-len offsets overlap dtype shape truncated; do
     rm -rf "$T/bad_$kind" && cp -r "$T/c5/step-5" "$T/bad_$kind"
     $fx corrupt "$T/c5/step-5/model.safetensors" "$T/bad_$kind/model.safetensors" $kind

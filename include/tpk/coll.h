@@ -34,6 +34,20 @@ static inline tpk_status tpk__check_count(tpk_ctx *ctx, const char *fn, const ch
     return TPK_OK;
 }
 
+/* The profiler's name of a collective: kind (0 allreduce, 1 allgather, 2 reduce_scatter, 3 bcast,
+ * 4 wait) on the TP group, the DP group or another communicator, started (req) or blocking. */
+static inline const char *tpk__coll_name(const tpk_ctx *ctx, const tpk_comm *c, int kind, const tpk_request *req) {
+    static const char *const names[3][2][5] = {
+        {{"tp.allreduce", "tp.allgather", "tp.reduce_scatter", "tp.bcast", "tp.wait"},
+         {"tp.allreduce (start)", "tp.allgather (start)", "tp.reduce_scatter (start)", "tp.bcast (start)", "tp.wait"}},
+        {{"dp.allreduce", "dp.allgather", "dp.reduce_scatter", "dp.bcast", "dp.wait"},
+         {"dp.allreduce (start)", "dp.allgather (start)", "dp.reduce_scatter (start)", "dp.bcast (start)", "dp.wait"}},
+        {{"allreduce", "allgather", "reduce_scatter", "bcast", "wait"},
+         {"allreduce (start)", "allgather (start)", "reduce_scatter (start)", "bcast (start)", "wait"}}};
+    int g = c == &ctx->tp ? 0 : c == &ctx->dp ? 1 : 2;
+    return names[g][req ? 1 : 0][kind];
+}
+
 static inline tpk_status tpk__allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count,
                                         tpk_dtype dt, tpk_redop op, tpk_request *req, const char *fn) {
     TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
@@ -42,7 +56,8 @@ static inline tpk_status tpk__allreduce(tpk_ctx *ctx, tpk_comm *c, const void *s
     if (op != TPK_SUM && op != TPK_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
     tpk__count(c, TPK_COLL_ALLREDUCE, count, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, c->vt->allreduce(ctx, c, send, recv, count, dt, op, req));
+    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 0, req), (double)count * (double)tpk_dtype_size(dt), 0,
+                                          c->vt->allreduce(ctx, c, send, recv, count, dt, op, req)));
 }
 /* recv = op over ranks of send (count elements); send may equal recv. */
 static inline tpk_status tpk_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt, tpk_redop op) {
@@ -77,7 +92,8 @@ static inline tpk_status tpk__allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *
     if ((sendcount && !send) || (recvcount && !recv)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", recv ? "send" : "recv");
     tpk__count(c, TPK_COLL_ALLGATHER, recvcount, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, c->vt->allgatherv(ctx, c, send, recv, counts, dt, req));
+    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 1, req), (double)recvcount * (double)tpk_dtype_size(dt), 0,
+                                          c->vt->allgatherv(ctx, c, send, recv, counts, dt, req)));
 }
 /* recv[recvcount] = the ranks' send buffers concatenated in rank order; counts[q] is rank q's
  * count (counts[rank] == sendcount, sum == recvcount). Uneven counts are allowed. */
@@ -100,7 +116,8 @@ static inline tpk_status tpk__reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const v
     if (op != TPK_SUM && op != TPK_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
     tpk__count(c, TPK_COLL_REDUCE_SCATTER, sendcount, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, c->vt->reduce_scatterv(ctx, c, send, recv, counts, dt, op, req));
+    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 2, req), (double)sendcount * (double)tpk_dtype_size(dt), 0,
+                                          c->vt->reduce_scatterv(ctx, c, send, recv, counts, dt, op, req)));
 }
 /* send[sendcount] holds the ranks' blocks in rank order (counts[q] each, sum == sendcount);
  * recv[counts[rank]] = op over ranks of this rank's block. */
@@ -121,7 +138,8 @@ static inline tpk_status tpk__bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t
     if (root < 0 || root >= c->size) return tpk__fail(ctx, TPK_ERR_ARG, fn, "root: expected 0..%d, got %d", c->size - 1, root);
     tpk__count(c, TPK_COLL_BROADCAST, count, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, c->vt->bcast(ctx, c, buf, count, dt, root, req));
+    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 3, req), (double)count * (double)tpk_dtype_size(dt), 0,
+                                          c->vt->bcast(ctx, c, buf, count, dt, root, req)));
 }
 static inline tpk_status tpk_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root) {
     return tpk__bcast(ctx, c, buf, count, dt, root, NULL, "tpk_bcast");
@@ -148,7 +166,7 @@ static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_reques
 static inline tpk_status tpk_wait(tpk_ctx *ctx, tpk_request *req) {
     if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_wait", "req: expected a request, got NULL");
     if (!req->active) return TPK_OK;
-    tpk_status s = req->comm->vt->wait(ctx, req);
+    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, req->comm, 4, NULL), 0, 0, req->comm->vt->wait(ctx, req));
     req->active = false, req->state = NULL;
     return s;
 }

@@ -50,6 +50,8 @@ typedef struct tpk_params {
     tpk_buf scratch;         /* f32, for adding bf16 gradients into grad */
 } tpk_params;
 
+typedef struct tpk_profile tpk_profile; /* tpk/profile.h */
+
 typedef struct tpk_ctx_desc {
     const tpk_ops *ops; /* default: tpk_ops_default() (the host backend, tpk/init.h) */
     tpk_comm *world;    /* default: one rank (self) */
@@ -74,6 +76,7 @@ struct tpk_ctx {
     int nauto;            /* counter for automatic layer names */
     tpk_status last;
     char err[512];
+    tpk_profile *prof;    /* the profiler (tpk/profile.h), NULL when off */
 };
 
 /* Record a failure: "fn: message" (the va_list form serves callers that format elsewhere). */

@@ -64,12 +64,24 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
         tpk_ctx_destroy(ctx);
         memcpy(ctx->err, keep, sizeof keep);
         ctx->last = s;
+        return s;
+    }
+    const char *prof = getenv("TPK_PROFILE"); /* TPK_PROFILE=1: the profiler on, its table printed by tpk_ctx_destroy */
+    if (prof && prof[0] && strcmp(prof, "0")) {
+        TPK_TRY(tpk_profile_start(ctx));
+        ctx->prof->from_env = true;
     }
     return s;
 }
 
 static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     if (!ctx) return;
+    if (ctx->prof && ctx->prof->from_env && ctx->ops && ctx->world && ctx->world->rank == 0) {
+        fprintf(stderr, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d)\n", ctx->world->size, ctx->world->size == 1 ? "" : "s", ctx->tp.size,
+                ctx->dp.size);
+        tpk_profile_print(ctx, stderr);
+    }
+    tpk_profile_stop(ctx);
     if (ctx->ops) {
         tpk__buf_free(ctx, &ctx->work[0]);
         tpk__buf_free(ctx, &ctx->work[1]);

@@ -8,6 +8,7 @@
 #define TPK_OP_H
 
 #include "ctx.h"
+#include "profile.h"
 
 /* The first entry of a backend table that is NULL ("" for a complete table): tpk_ctx_init
  * refuses an incomplete table, naming the entry. */
@@ -142,7 +143,7 @@ static inline tpk_status tpk_op_memcpy(tpk_ctx *ctx, void *dst, const void *src,
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, bytes > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, bytes > 0));
-    return bytes ? ctx->ops->memcpy(ctx, dst, src, bytes, dir) : TPK_OK;
+    return bytes ? TPK__PROF_OP(ctx, "memcpy", bytes, 0, ctx->ops->memcpy(ctx, dst, src, bytes, dir)) : TPK_OK;
 }
 static inline tpk_status tpk_op_sync(tpk_ctx *ctx) {
     TPK_TRY(tpk__op_ctx(ctx, "tpk_op_sync"));
@@ -156,7 +157,7 @@ static inline tpk_status tpk_op_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? ctx->ops->fill(ctx, x, dt, n, value) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "fill", (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->fill(ctx, x, dt, n, value)) : TPK_OK;
 }
 /* rows move as bytes: every dtype is copied exactly */
 static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
@@ -170,7 +171,7 @@ static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, con
     bool any = rows > 0 && cols > 0;
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, any));
-    return any ? ctx->ops->copy2d(ctx, dst, ldd, src, lds, rows, cols, dt) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "copy2d", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->copy2d(ctx, dst, ldd, src, lds, rows, cols, dt)) : TPK_OK;
 }
 /* a conversion takes f32 and bf16; a same-dtype cast (a copy) takes any dtype */
 static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
@@ -184,7 +185,7 @@ static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, 
     }
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, n > 0));
-    return n ? ctx->ops->cast(ctx, dst, dst_dt, src, src_dt, n) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "cast", (double)n * (double)(tpk_dtype_size(dst_dt) + tpk_dtype_size(src_dt)), 0, ctx->ops->cast(ctx, dst, dst_dt, src, src_dt, n)) : TPK_OK;
 }
 static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_axpby";
@@ -192,7 +193,7 @@ static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? ctx->ops->axpby(ctx, y, a, x, b, dt, n) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "axpby", (b != 0.0f ? 3.0 : 2.0) * (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->axpby(ctx, y, a, x, b, dt, n)) : TPK_OK;
 }
 static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_act_fwd";
@@ -201,7 +202,7 @@ static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, cons
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? ctx->ops->act_fwd(ctx, act, y, x, dt, n) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "act_fwd", 2.0 * (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->act_fwd(ctx, act, y, x, dt, n)) : TPK_OK;
 }
 static inline tpk_status tpk_op_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_act_bwd";
@@ -211,7 +212,7 @@ static inline tpk_status tpk_op_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, con
     TPK_TRY(tpk__op_ptr(ctx, fn, "dx", dx, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0 && act != TPK_ACT_NONE)); /* NONE: dx = dy, x not read */
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, n > 0));
-    return n ? ctx->ops->act_bwd(ctx, act, dx, x, dy, dt, n) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "act_bwd", 3.0 * (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->act_bwd(ctx, act, dx, x, dy, dt, n)) : TPK_OK;
 }
 static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
                                        uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
@@ -222,7 +223,7 @@ static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int6
     if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
-    return rows && cols ? ctx->ops->rng_2d(ctx, x, dt, rows, cols, gcols, row0, col0, seed, stream, dist, a, b) : TPK_OK;
+    return rows && cols ? TPK__PROF_OP(ctx, "rng_2d", (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->rng_2d(ctx, x, dt, rows, cols, gcols, row0, col0, seed, stream, dist, a, b)) : TPK_OK;
 }
 static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
                                         float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
@@ -233,7 +234,7 @@ static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, in
     TPK_TRY(tpk__op_prob(ctx, fn, p));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows * cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows * cols > 0));
-    return rows && cols ? ctx->ops->dropout(ctx, y, x, rows, cols, gcols, row0, col0, p, seed, stream, dt) : TPK_OK;
+    return rows && cols ? TPK__PROF_OP(ctx, "dropout", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->dropout(ctx, y, x, rows, cols, gcols, row0, col0, p, seed, stream, dt)) : TPK_OK;
 }
 
 /* ---- GEMM and the linear forward ----------------------------------------------------------------- */
@@ -254,21 +255,21 @@ static inline tpk_status tpk__op_gemm_check(tpk_ctx *ctx, const char *fn, bool t
 static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
                                      const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
     TPK_TRY(tpk__op_gemm_check(ctx, "tpk_op_gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
-    return m && n ? ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt) : TPK_OK;
+    return m && n ? TPK__PROF_OP(ctx, "gemm", 0, 2.0 * (double)m * (double)n * (double)k, ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_op_bias_add";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
-    return rows && cols ? ctx->ops->bias_add(ctx, y, bias, rows, cols, dt) : TPK_OK;
+    return rows && cols ? TPK__PROF_OP(ctx, "bias_add", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_add(ctx, y, bias, rows, cols, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
     static const char *fn = "tpk_op_bias_grad";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
     TPK_TRY(tpk__op_ptr(ctx, fn, "db", db, cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
-    return cols ? ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, accumulate) : TPK_OK;
+    return cols ? TPK__PROF_OP(ctx, "bias_grad", (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, accumulate)) : TPK_OK;
 }
 static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                                            int64_t k, tpk_act act, tpk_dtype dt) {
@@ -284,7 +285,7 @@ static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, con
     TPK_TRY(tpk__op_ptr(ctx, fn, "pre", pre, act != TPK_ACT_NONE && any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any && k > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
-    return any ? ctx->ops->linear_fwd(ctx, y, pre, x, w, bias, T, n, k, act, dt) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "linear_fwd", 0, 2.0 * (double)T * (double)n * (double)k, ctx->ops->linear_fwd(ctx, y, pre, x, w, bias, T, n, k, act, dt)) : TPK_OK;
 }
 
 /* ---- layernorm ------------------------------------------------------------------------------------- */
@@ -302,7 +303,7 @@ static inline tpk_status tpk_op_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean
     if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {y, mean, rstd, x, w, b};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "y,mean,rstd,x,w,b", ps, 6, rows > 0));
-    return rows ? ctx->ops->layernorm_fwd(ctx, y, mean, rstd, x, w, b, rows, cols, eps, dt) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "layernorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->layernorm_fwd(ctx, y, mean, rstd, x, w, b, rows, cols, eps, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                                        const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
@@ -311,7 +312,7 @@ static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, v
     if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {x1, y, mean, rstd, x, r, w, b};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "x1,y,mean,rstd,x,r,w,b", ps, 8, rows > 0));
-    return rows ? ctx->ops->residual_layernorm_fwd(ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "residual_layernorm_fwd", 4.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->residual_layernorm_fwd(ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                               const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
@@ -319,7 +320,7 @@ static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw,
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
     const void *ps[] = {dx, dw, db, dy, x, w, mean, rstd};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,db,dy,x,w,mean,rstd", ps, 8, rows > 0));
-    return rows ? ctx->ops->layernorm_bwd(ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "layernorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->layernorm_bwd(ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
 }
 
 /* ---- embedding --------------------------------------------------------------------------------------- */
@@ -335,7 +336,7 @@ static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, T * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "table", table, vrows * H > 0));
-    return T && H ? ctx->ops->embed_fwd(ctx, y, ids, table, T, H, v0, vrows, dt, accumulate) : TPK_OK;
+    return T && H ? TPK__PROF_OP(ctx, "embed_fwd", 2.0 * (double)T * (double)H * (double)tpk_dtype_size(dt), 0, ctx->ops->embed_fwd(ctx, y, ids, table, T, H, v0, vrows, dt, accumulate)) : TPK_OK;
 }
 static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
                                           int64_t vrows, tpk_dtype dt) {
@@ -344,7 +345,7 @@ static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const voi
     TPK_TRY(tpk__op_ptr(ctx, fn, "dtable", dtable, vrows * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, T * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
-    return T && H && vrows ? ctx->ops->embed_bwd(ctx, dtable, dy, ids, T, H, v0, vrows, dt) : TPK_OK;
+    return T && H && vrows ? TPK__PROF_OP(ctx, "embed_bwd", (double)T * (double)H * ((double)tpk_dtype_size(dt) + 8.0), 0, ctx->ops->embed_bwd(ctx, dtable, dy, ids, T, H, v0, vrows, dt)) : TPK_OK;
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------------------ */
@@ -360,7 +361,7 @@ static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z,
     TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
     TPK_TRY(tpk__op_ptr(ctx, fn, "mx", mx, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? ctx->ops->xent_max(ctx, mx, z, T, Vl, ld, dt) : TPK_OK;
+    return T ? TPK__PROF_OP(ctx, "xent_max", (double)T * (double)Vl * (double)tpk_dtype_size(dt), 0, ctx->ops->xent_max(ctx, mx, z, T, Vl, ld, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl,
                                              int64_t ld, int64_t v0, tpk_dtype dt) {
@@ -370,7 +371,7 @@ static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const vo
     const void *ps[] = {part, mx, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "part,mx,targets", ps, 3, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? ctx->ops->xent_partial(ctx, part, z, mx, targets, T, Vl, ld, v0, dt) : TPK_OK;
+    return T ? TPK__PROF_OP(ctx, "xent_partial", (double)T * (double)Vl * (double)tpk_dtype_size(dt), 0, ctx->ops->xent_partial(ctx, part, z, mx, targets, T, Vl, ld, v0, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T,
                                           int64_t V, float smoothing, int32_t ignore_index) {
@@ -381,7 +382,7 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
     TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
     const void *ps[] = {loss, lse, mx, part, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,mx,part,targets", ps, 5, T > 0));
-    return T ? ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index) : TPK_OK;
+    return T ? TPK__PROF_OP(ctx, "xent_loss", 24.0 * (double)T, 0, ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index)) : TPK_OK;
 }
 static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                           int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index,
@@ -395,7 +396,7 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * ld > 0));
     const void *ps[] = {lse, targets, dloss};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "lse,targets,dloss", ps, 3, T > 0));
-    return T && ld ? ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index, dt) : TPK_OK;
+    return T && ld ? TPK__PROF_OP(ctx, "xent_grad", 2.0 * (double)T * (double)ld * (double)tpk_dtype_size(dt), 0, ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index, dt)) : TPK_OK;
 }
 
 /* ---- attention ---------------------------------------------------------------------------------------- */
@@ -416,7 +417,7 @@ static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, co
     bool any = B * S * Al > 0;
     const void *ps[] = {out, lse, qkv};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "out,lse,qkv", ps, 3, any));
-    return any ? ctx->ops->attn_fwd(ctx, out, lse, qkv, B, S, Al, D, A, head0, scale, p, seed, stream, dt) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0, 2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_fwd(ctx, out, lse, qkv, B, S, Al, D, A, head0, scale, p, seed, stream, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B,
                                          int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p, uint64_t seed,
@@ -426,7 +427,7 @@ static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *d
     bool any = B * S * Al > 0;
     const void *ps[] = {dqkv, dout, qkv, out, lse};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dqkv,dout,qkv,out,lse", ps, 5, any));
-    return any ? ctx->ops->attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, head0, scale, p, seed, stream, dt) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0, 5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, head0, scale, p, seed, stream, dt)) : TPK_OK;
 }
 
 /* ---- optimizer ----------------------------------------------------------------------------------------- */
@@ -440,7 +441,7 @@ static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, fl
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
     const void *ps[] = {w, g, m, v};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
-    return n ? ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "adamw", 28.0 * (double)n, 0, ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale)) : TPK_OK;
 }
 /* *out (host memory) = sum of squares, in double */
 static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
@@ -449,7 +450,7 @@ static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x,
     TPK_TRY(tpk__op_ptr(ctx, fn, "out", out, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
     if (!n) return *out = 0, TPK_OK;
-    return ctx->ops->sumsq(ctx, out, x, n);
+    return TPK__PROF_OP(ctx, "sumsq", 4.0 * (double)n, 0, ctx->ops->sumsq(ctx, out, x, n));
 }
 
 #endif /* TPK_OP_H */

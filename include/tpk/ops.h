@@ -143,6 +143,13 @@ typedef struct tpk_ops {
      * layernorm_fwd. */
     tpk_status (*residual_layernorm_fwd)(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                          const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt);
+
+    /* Optional (the only entries that may be NULL): timer marks for the profiler (tpk/profile.h).
+     * timer_mark records mark `slot` (0, 1, 2, ...) in the order of the ops' stream; timer_ms
+     * waits for mark b and gives the milliseconds from mark a to mark b. Without them the
+     * profiler reads the host clock around each call (exact for a synchronous backend). */
+    tpk_status (*timer_mark)(tpk_ctx *ctx, int slot);
+    tpk_status (*timer_ms)(tpk_ctx *ctx, int a, int b, float *ms);
 } tpk_ops;
 
 #endif /* TPK_OPS_H */

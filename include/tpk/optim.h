@@ -4,7 +4,8 @@
  * Gradient norm  |g|^2 = sum over TP ranks of ( sum over sharded parameters |g_r|^2
  *                                              + sum over replicated parameters |g|^2 on TP rank 0 )
  *   so a sharded parameter counts once per shard and a replicated one once in all; DP replicas
- *   hold the same (reduced) gradient, so there is no DP sum. Squares are summed in double.
+ *   hold the same (reduced) gradient, so there is no DP sum. Squares are summed in double, one
+ *   op call (and one wait for its result) per run of consecutive counted parameters.
  *   `scale` multiplies the gradient first (1/dp when the DP reduction summed).
  * Clipping       g *= min(1, max_norm / |g|), folded into AdamW's grad_scale.
  * AdamW          m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
@@ -29,11 +30,16 @@ static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) 
     if (!ctx) return TPK_ERR_ARG;
     if (!norm) return tpk__fail(ctx, TPK_ERR_ARG, fn, "norm: NULL");
     double local = 0;
-    for (int i = 0; i < ctx->params.n; i++) {
+    for (int i = 0; i < ctx->params.n;) { /* one sumsq per run of consecutive counted parameters (at TP rank 0: one for all) */
         const tpk_param *p = &ctx->params.list[i];
-        if (!p->numel || (p->split_dim < 0 && ctx->tp.rank != 0)) continue; /* replicated: TP rank 0 counts it */
-        double s;
-        TPK_TRY(tpk_op_sumsq(ctx, &s, tpk_param_grad(ctx, i), p->numel));
+        if (p->split_dim < 0 && ctx->tp.rank != 0) { /* replicated: TP rank 0 counts it */
+            i++;
+            continue;
+        }
+        size_t off = p->offset, n = 0;
+        for (; i < ctx->params.n && !(ctx->params.list[i].split_dim < 0 && ctx->tp.rank != 0); i++) n += ctx->params.list[i].numel;
+        double s = 0;
+        if (n) TPK_TRY(tpk_op_sumsq(ctx, &s, (const float *)ctx->params.grad.p + off, n));
         local += s;
     }
     TPK_TRY(tpk_allreduce_host(ctx, &ctx->tp, &local, 1, TPK_F64, TPK_SUM));

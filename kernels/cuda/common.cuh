@@ -33,7 +33,9 @@ struct tpk__cuda_state {
     void *scratch;
     size_t scratch_bytes;
     bool tf32;
-    int cc; /* compute capability, 10 major + minor (80 = sm_80) */
+    int cc;          /* compute capability, 10 major + minor (80 = sm_80) */
+    cudaEvent_t *ev; /* the profiler's timer marks (tpk/profile.h), created on first use */
+    int nev;
 };
 
 /* The state, created lazily; NULL with an error in ctx when CUDA cannot be initialised. */

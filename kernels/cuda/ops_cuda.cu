@@ -674,6 +674,33 @@ static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *
 /* ---- the table ---------------------------------------------------------------------------------------------- */
 
 /* Made once (a function-local static): this file's entries, then ops_cuda_layers.cu's. */
+/* ---- the profiler's timer: CUDA events recorded on the stream (tpk/profile.h) ---------------------- */
+
+static tpk_status cuda_timer_mark(tpk_ctx *ctx, int slot) {
+    static const char *fn = "cuda.timer_mark";
+    TPK__CUDA_STATE(st, ctx, fn);
+    if (slot < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "slot: expected >= 0, got %d", slot);
+    if (slot >= st->nev) {
+        int n = st->nev ? st->nev : 256;
+        while (n <= slot) n *= 2;
+        cudaEvent_t *e = (cudaEvent_t *)realloc(st->ev, sizeof *e * (size_t)n);
+        if (!e) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d timer events", n);
+        st->ev = e;
+        for (; st->nev < n; st->nev++) TPK__CUDA_TRY(ctx, fn, cudaEventCreate(&st->ev[st->nev]));
+    }
+    TPK__CUDA_TRY(ctx, fn, cudaEventRecord(st->ev[slot], st->stream));
+    return TPK_OK;
+}
+static tpk_status cuda_timer_ms(tpk_ctx *ctx, int a, int b, float *ms) {
+    static const char *fn = "cuda.timer_ms";
+    TPK__CUDA_STATE(st, ctx, fn);
+    if (a < 0 || b < 0 || a >= st->nev || b >= st->nev)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "marks %d, %d: expected recorded marks 0..%d", a, b, st->nev - 1);
+    TPK__CUDA_TRY(ctx, fn, cudaEventSynchronize(st->ev[b]));
+    TPK__CUDA_TRY(ctx, fn, cudaEventElapsedTime(ms, st->ev[a], st->ev[b]));
+    return TPK_OK;
+}
+
 static tpk_ops cuda_table_make() {
     tpk_ops o = {};
     o.name = "cuda", o.self = &g_state, o.device = true;
@@ -681,6 +708,7 @@ static tpk_ops cuda_table_make() {
     o.fill = cuda_fill, o.copy2d = cuda_copy2d, o.cast = cuda_cast, o.axpby = cuda_axpby;
     o.gemm = cuda_gemm, o.bias_add = cuda_bias_add, o.bias_grad = cuda_bias_grad, o.linear_fwd = cuda_linear_fwd;
     o.act_fwd = cuda_act_fwd, o.act_bwd = cuda_act_bwd, o.rng_2d = cuda_rng_2d, o.adamw = cuda_adamw, o.sumsq = cuda_sumsq;
+    o.timer_mark = cuda_timer_mark, o.timer_ms = cuda_timer_ms;
     tpk__cuda_layer_ops(&o);
     return o;
 }

@@ -285,6 +285,34 @@ static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p) {
     }
 }
 
+/* The profiler on the CUDA backend: ops timed by CUDA events in stream order, read at the step's end. */
+static void test_profiler(void) {
+    TEST_CASE("profiler on the CUDA backend: CUDA events around each op, times read when the step closes") {
+        int64_t m = 512, n = 512, k = 512;
+        pair a = pair_randn(&cd, (size_t)(m * k), TPK_BF16, 95, 1.0f), b = pair_randn(&cd, (size_t)(k * n), TPK_BF16, 96, 1.0f);
+        pair c = pair_from(&cd, NULL, (size_t)(m * n), TPK_BF16);
+        CHECK(cd.ops->timer_mark && cd.ops->timer_ms, "the CUDA table has the timer entries");
+        CHECK_OK(&cd, tpk_profile_start(&cd));
+        for (int step = 0; step < 3; step++) {
+            for (int i = 0; i < 4; i++) CHECK_OK(&cd, tpk_op_gemm(&cd, false, false, m, n, k, 1.0f, a.d, k, b.d, n, 0.0f, c.d, n, TPK_BF16));
+            CHECK_OK(&cd, tpk_op_fill(&cd, c.d, TPK_BF16, (size_t)(m * n), 0.5f));
+            CHECK_OK(&cd, tpk_profile_step(&cd));
+        }
+        const tpk__prof_row *g = NULL, *f = NULL;
+        for (int i = 0; i < cd.prof->nrows; i++) {
+            if (!strcmp(cd.prof->rows[i].name, "gemm")) g = &cd.prof->rows[i];
+            if (!strcmp(cd.prof->rows[i].name, "fill")) f = &cd.prof->rows[i];
+        }
+        CHECK(g && g->calls == 12 && g->ms > 0 && g->flops == 12 * 2.0 * m * n * k, "gemm: %llu calls, %g ms", g ? (unsigned long long)g->calls : 0ULL,
+              g ? g->ms : -1);
+        CHECK(f && f->calls == 3 && f->ms > 0, "fill: %llu calls", f ? (unsigned long long)f->calls : 0ULL);
+        CHECK(g && g->ms / 12 < cd.prof->wall_ms / 3, "a GEMM takes less than its step");
+        CHECK_OK(&cd, tpk_profile_print(&cd, stdout));
+        tpk_profile_stop(&cd);
+        pair_free(&cd, &a), pair_free(&cd, &b), pair_free(&cd, &c);
+    }
+}
+
 static void test_optimizer(void) {
     TEST_CASE("adamw, sumsq") {
         size_t n = 10007;
@@ -366,6 +394,7 @@ int main(int argc, char **argv) {
         test_attention(dt, 40, 45, 0.1f); /* D not a multiple of 32 */
     }
     test_optimizer();
+    test_profiler();
     test_errors();
     CHECK_OK(&cd, cd.ops->sync(&cd));
     tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
