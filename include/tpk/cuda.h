@@ -39,6 +39,10 @@ tpk_status tpk_cuda_set_device(tpk_ctx *ctx, int device);
 void *tpk_cuda_stream(void);
 /* Let f32 GEMMs use TF32 tensor cores (default off: f32 GEMMs are exact f32 arithmetic). */
 void tpk_cuda_allow_tf32(bool allow);
+/* How many times the backend has made the host wait for its stream so far (a download, sync,
+ * the sum of squares, growing its scratch). Uploads up to 4 MiB (token ids, targets) go through
+ * pinned buffers and do not wait. A training step should wait only where it reads a value. */
+unsigned long long tpk_cuda_sync_count(void);
 
 /* Timing on the backend's stream, for benchmarks: an event, recorded in stream order;
  * tpk_cuda_event_ms waits for `end` and returns the milliseconds between the two (< 0 on error). */

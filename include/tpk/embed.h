@@ -29,6 +29,7 @@ typedef struct tpk_embedding {
     bool sp;
     int wte, wpe; /* wpe = -1 without positions */
     int64_t B, S;
+    int64_t pos_T, pos_S; /* the positions in `pos` (uploaded once per shape) */
     tpk_buf ids, pos, y, y2, dy;
 } tpk_embedding;
 
@@ -86,13 +87,15 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     } else {
         TPK_TRY(tpk_convert(ctx, &yp, TPK_R, &o)); /* all-reduce in place */
     }
-    /* positions of all T rows (the backward uses them all) */
-    int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T ? T : 1));
-    if (!pos) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "positions");
-    for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)(i % (S ? S : 1));
-    tpk_status s = tpk__upload_i32(ctx, &e->pos, pos, T);
-    free(pos);
-    TPK_TRY(s);
+    if (e->pos_T != T || e->pos_S != S || !e->pos.p) { /* positions of all T rows (the backward uses them all), once per shape */
+        int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T ? T : 1));
+        if (!pos) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "positions");
+        for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)(i % (S ? S : 1));
+        tpk_status s = tpk__upload_i32(ctx, &e->pos, pos, T);
+        free(pos);
+        TPK_TRY(s);
+        e->pos_T = T, e->pos_S = S;
+    }
     if (e->wpe >= 0 && rows.size)
         TPK_TRY(tpk_op_embed_fwd(ctx, o.data, (const int32_t *)e->pos.p + rows.off, tpk_param_data(ctx, e->wpe), rows.size, e->H, 0, e->P,
                                     ctx->dtype, true));

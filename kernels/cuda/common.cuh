@@ -36,7 +36,19 @@ struct tpk__cuda_state {
     int cc;          /* compute capability, 10 major + minor (80 = sm_80) */
     cudaEvent_t *ev; /* the profiler's timer marks (tpk/profile.h), created on first use */
     int nev;
+    /* small uploads go through a ring of pinned host slots, each free again when its event has
+     * passed, so an upload never waits for the device (TPK__CUDA_UPLOAD_SLOTS x up to 4 MiB) */
+    void *up[8];
+    size_t up_bytes[8];
+    cudaEvent_t up_done[8];
+    int up_next;
 };
+enum { TPK__CUDA_UPLOAD_SLOTS = 8 };
+#define TPK__CUDA_UPLOAD_MAX ((size_t)4 << 20)
+
+/* The host waits for the compute stream: every such wait of the backend goes through here and
+ * is counted (tpk_cuda_sync_count, tpk/cuda.h). */
+tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st);
 
 /* The state, created lazily; NULL with an error in ctx when CUDA cannot be initialised. */
 tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn);

@@ -69,10 +69,18 @@ tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn) {
     return &g_state;
 }
 
+static std::atomic<unsigned long long> g_syncs;
+tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st) {
+    g_syncs++;
+    TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    return TPK_OK;
+}
+extern "C" unsigned long long tpk_cuda_sync_count(void) { return g_syncs.load(); }
+
 tpk_status tpk__cuda_scratch(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, size_t bytes, void **out) {
     if (st->scratch_bytes < bytes) {
         /* earlier kernels on the stream may still read the old buffer */
-        TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+        TPK_TRY(tpk__cuda_wait(ctx, fn, st));
         if (st->scratch) cudaFree(st->scratch);
         st->scratch = NULL, st->scratch_bytes = 0;
         size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
@@ -158,18 +166,34 @@ static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t b
         return TPK_OK;
     }
     TPK__CUDA_STATE(st, ctx, fn);
+    if (dir == TPK_H2D && bytes <= TPK__CUDA_UPLOAD_MAX) { /* token ids, targets, host values: through a pinned slot, no wait */
+        int k = st->up_next;
+        st->up_next = (k + 1) % TPK__CUDA_UPLOAD_SLOTS;
+        if (!st->up_done[k]) TPK__CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&st->up_done[k], cudaEventDisableTiming));
+        TPK__CUDA_TRY(ctx, fn, cudaEventSynchronize(st->up_done[k])); /* its last copy has been done (long ago, as a rule) */
+        if (st->up_bytes[k] < bytes) {
+            if (st->up[k]) cudaFreeHost(st->up[k]);
+            st->up[k] = NULL, st->up_bytes[k] = 0;
+            size_t want = bytes < 4096 ? 4096 : bytes;
+            TPK__CUDA_TRY(ctx, fn, cudaHostAlloc(&st->up[k], want, cudaHostAllocDefault));
+            st->up_bytes[k] = want;
+        }
+        memcpy(st->up[k], src, bytes); /* the caller may reuse src as soon as we return */
+        TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, st->up[k], bytes, cudaMemcpyHostToDevice, st->stream));
+        TPK__CUDA_TRY(ctx, fn, cudaEventRecord(st->up_done[k], st->stream));
+        return TPK_OK;
+    }
     cudaMemcpyKind k = dir == TPK_H2D ? cudaMemcpyHostToDevice : dir == TPK_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
     TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, k, st->stream));
-    /* the host side may be reused (H2D) or read (D2H) as soon as we return */
-    if (dir != TPK_D2D) TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
+    /* the host side may be reused (large H2D) or read (D2H) as soon as we return */
+    if (dir != TPK_D2D) TPK_TRY(tpk__cuda_wait(ctx, fn, st));
     return TPK_OK;
 }
 
 static tpk_status cuda_sync(tpk_ctx *ctx) {
     static const char *fn = "cuda.sync";
     TPK__CUDA_STATE(st, ctx, fn);
-    TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
-    return TPK_OK;
+    return tpk__cuda_wait(ctx, fn, st);
 }
 
 /* ---- fill, copy2d, cast, axpby ---------------------------------------------------------------------- */
@@ -618,8 +642,7 @@ static tpk_status cuda_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n
     sumsq_final_kernel<<<1, 32, 0, st->stream>>>(part, (int)blocks);
     TPK_TRY(tpk__cuda_launched(ctx, fn));
     TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(out, part, sizeof(double), cudaMemcpyDeviceToHost, st->stream));
-    TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
-    return TPK_OK;
+    return tpk__cuda_wait(ctx, fn, st);
 }
 
 /* ---- counter-based random numbers ----------------------------------------------------------------------- */

@@ -164,6 +164,37 @@ int main(int argc, char **argv) {
         }
         tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
     }
+    /* host waits per training step (issue: no host synchronisation inside a step except reading
+     * values): the loss (xent forward), the sum of squares and its host all-reduce (gradient norm) */
+    if (test__size == 1)
+        TEST_CASE("a GPT-2 training step on the GPU (bf16, dropout 0.1) waits for the device at most 3 times: loss, gradient norm") {
+            tpk_ctx cd;
+            tpk_gpt2 m;
+            tpk_adamw opt;
+            memset(&m, 0, sizeof m), memset(&opt, 0, sizeof opt);
+            CHECK_OK(&cd, tpk_ctx_init(&cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = &self_d, .seed = 3, .dtype = TPK_BF16}));
+            CHECK_OK(&cd, tpk_gpt2_init(&cd, &m, &(tpk_gpt2_config){.vocab = V, .positions = S, .layers = 2, .hidden = H, .heads = A, .dropout = 0.1f}));
+            CHECK_OK(&cd, tpk_adamw_init(&cd, &opt, NULL));
+            int32_t ids[T], tg[T];
+            for (int t = 0; t < T; t++) ids[t] = (t * 37 + 5) % V, tg[t] = (t * 53 + 1) % V;
+            unsigned long long waits = 0;
+            for (int step = 0; step < 3; step++) { /* step 0 warms up (plans, scratch) */
+                unsigned long long before = tpk_cuda_sync_count();
+                float loss = 0;
+                double norm = 0;
+                cd.rng_step = (uint64_t)step;
+                CHECK_OK(&cd, tpk_params_zero_grad(&cd));
+                CHECK_OK(&cd, tpk_gpt2_forward(&cd, &m, ids, tg, B, S, &loss));
+                CHECK_OK(&cd, tpk_gpt2_backward(&cd, &m, 1.0f));
+                CHECK_OK(&cd, tpk_grad_norm(&cd, 1.0f, &norm));
+                CHECK_OK(&cd, tpk_adamw_step(&cd, &opt, 1e-3f, tpk_clip_factor(norm, 1.0f)));
+                waits = tpk_cuda_sync_count() - before;
+                CHECK(isfinite(loss) && isfinite(norm), "step %d: loss %g, norm %g", step, (double)loss, norm);
+            }
+            CHECK(waits <= 3, "a training step waited %llu times for the device", waits);
+            printf("  a training step waits %llu times for the device\n", waits);
+            tpk_adamw_destroy(&cd, &opt), tpk_gpt2_destroy(&cd, &m), tpk_ctx_destroy(&cd);
+        }
     tpk_comm_destroy(&world_d);
     tpk_comm_destroy(&world_h);
     return test_finish();
