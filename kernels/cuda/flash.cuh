@@ -120,6 +120,14 @@ __device__ __forceinline__ void tpk__fl_stage(uint16_t *dst, const uint16_t *src
     }
 }
 
+/* Start copying key tile `it` (rows 64 it .. 64 it + 63) of K and V into buffers it % 2 of Kb, Vb. */
+template <int D>
+__device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, const uint16_t *K, const uint16_t *V, int64_t ld, int it, int64_t S) {
+    constexpr int TILE = TPK__FL_ROWS * (D + 8);
+    tpk__fl_stage<D>(Kb + (it & 1) * TILE, K, ld, (int64_t)it * TPK__FL_KEYS, S);
+    tpk__fl_stage<D>(Vb + (it & 1) * TILE, V, ld, (int64_t)it * TPK__FL_KEYS, S);
+}
+
 __device__ __forceinline__ uint32_t tpk__fl_ld32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 /* A fragment of the 16x16 block at (row0, col0) of a row-major shared tile */
 __device__ __forceinline__ void tpk__fl_frag_a(uint32_t a[4], const uint16_t *s, int ld, int row0, int col0, int g, int t) {
@@ -152,6 +160,36 @@ __device__ __forceinline__ float tpk__fl_quad_sum(float v) {
     return v + tpk__fl_shfl_xor(v, 2);
 }
 
+/* acc[nt] (16 x 64 in eight 8-column C tiles) = A B^T with A = rows a0 .. a0 + 15 of the shared
+ * tile `a` and B = rows 0 .. 63 of the shared tile `bt`, over D columns: S = Q K^T, dP = dO V^T */
+template <int D>
+__device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t *a, int a0, const uint16_t *bt, int g, int t) {
+    TPK__FL_UNROLL for (int nt = 0; nt < 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t af[4];
+        tpk__fl_frag_a(af, a, D + 8, a0, 16 * kk, g, t);
+        TPK__FL_UNROLL for (int nt = 0; nt < 8; nt++) {
+            uint32_t bf[2];
+            tpk__fl_frag_bt(bf, bt, D + 8, 8 * nt, 16 * kk, g, t);
+            tpk__fl_mma(acc[nt], af, bf);
+        }
+    }
+}
+/* acc[dt] (16 x D in 8-column C tiles) += C B with C = c[0..7] (16 x 64 in C tiles, rounded to bf16
+ * as the A operand) and B = rows 0 .. 63 of the shared tile `b`: O += P V, dV += P^T dO, dQ += dS K */
+template <int D>
+__device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)[4], const uint16_t *b, int g, int t) {
+    TPK__FL_UNROLL for (int kk = 0; kk < 4; kk++) {
+        uint32_t af[4];
+        tpk__fl_c_to_a(af, c[2 * kk], c[2 * kk + 1]);
+        TPK__FL_UNROLL for (int dt = 0; dt < D / 8; dt++) {
+            uint32_t bf[2];
+            tpk__fl_frag_b(bf, b, D + 8, 16 * kk, 8 * dt, g, t);
+            tpk__fl_mma(acc[dt], af, bf);
+        }
+    }
+}
+
 #define TPK__FL_LOG2E 1.4426950408889634f
 
 /* grid (ceil(S / 64), Al, B): block x owns query rows q0 = (gridDim.x - 1 - x) 64 .. q0 + 63, the
@@ -160,7 +198,7 @@ template <int D, bool DROP>
 __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al,
                                                                   int64_t A, int64_t head0, float scale, float p, uint64_t seed,
                                                                   uint64_t stream) {
-    constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, KD = D / 16, ND = D / 8;
+    constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8;
     constexpr int TILE = TPK__FL_ROWS * LD;
     TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] */
     uint16_t *Kb = Qs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
@@ -171,34 +209,21 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
     tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
-    tpk__fl_stage<D>(Kb, K, ld3, 0, S);
-    tpk__fl_stage<D>(Vb, V, ld3, 0, S);
+    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, S);
     tpk__fl_commit();
     tpk__fl_wait_all();
     __syncthreads();
-    uint32_t qa[KD][4]; /* this warp's 16 rows of Q */
-    TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) tpk__fl_frag_a(qa[kk], Qs, LD, 16 * w, 16 * kk, g, t);
     float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows g and g + 8 */
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        if (it + 1 < ntiles) { /* the next tile lands in the other buffer meanwhile */
-            tpk__fl_stage<D>(Kb + ((it + 1) & 1) * TILE, K, ld3, j0 + TPK__FL_KEYS, S);
-            tpk__fl_stage<D>(Vb + ((it + 1) & 1) * TILE, V, ld3, j0 + TPK__FL_KEYS, S);
-        }
+        if (it + 1 < ntiles) tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, S); /* lands in the other buffers meanwhile */
         tpk__fl_commit();
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4];
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-                TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) {
-                    uint32_t bk[2];
-                    tpk__fl_frag_bt(bk, Ks, LD, 8 * nt, 16 * kk, g, t);
-                    tpk__fl_mma(s[nt], qa[kk], bk);
-                }
-            }
+            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S; /* the diagonal or S crosses the tile */
             float mx[2] = {m[0], m[1]};
             TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
@@ -220,15 +245,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
                     s[nt][e] = pe;
                 }
             TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
-            TPK__FL_UNROLL for (int kk = 0; kk < NT / 2; kk++) {
-                uint32_t pa[4];
-                tpk__fl_c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-                TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
-                    uint32_t bv[2];
-                    tpk__fl_frag_b(bv, Vs, LD, 16 * kk, 8 * dt, g, t);
-                    tpk__fl_mma(o[dt], pa, bv);
-                }
-            }
+            tpk__fl_mma_cb<D>(o, s, Vs, g, t);
         }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
@@ -251,7 +268,7 @@ template <int D, bool DROP>
 __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv,
                                                                   const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t A,
                                                                   int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
-    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, KD = D / 16, ND = D / 8;
+    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8;
     TPK__FL_SMEM(uint16_t, Ks); /* [64][LD] each: K, V of the block's keys */
     uint16_t *Vs = Ks + TILE, *Qb = Vs + TILE, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
     float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
@@ -287,20 +304,9 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
         const float *Ls = Lb + (it & 1) * TPK__FL_ROWS, *Ds = Db + (it & 1) * TPK__FL_ROWS;
         if (it + 1 < ntiles) stage_q(it + 1); /* lands in the other buffer meanwhile */
         tpk__fl_commit();
-        float st[NT][4], dpt[NT][4]; /* S^T, dP^T: 16 keys x 64 queries */
-        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
-        TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) {
-            uint32_t ka[4], va[4];
-            tpk__fl_frag_a(ka, Ks, LD, 16 * w, 16 * kk, g, t);
-            tpk__fl_frag_a(va, Vs, LD, 16 * w, 16 * kk, g, t);
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                uint32_t bq[2], bo[2];
-                tpk__fl_frag_bt(bq, Qs, LD, 8 * nt, 16 * kk, g, t);
-                tpk__fl_frag_bt(bo, dOs, LD, 8 * nt, 16 * kk, g, t);
-                tpk__fl_mma(st[nt], ka, bq);
-                tpk__fl_mma(dpt[nt], va, bo);
-            }
-        }
+        float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
+        tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, g, t);
+        tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, g, t);
         bool edge = it == 0 || q0 + TPK__FL_ROWS > S; /* the diagonal tile, or S inside the tile */
         TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                 int c = 8 * nt + 2 * t + (e & 1);
@@ -314,18 +320,8 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
                 }
                 st[nt][e] = P, dpt[nt][e] = ds;
             }
-        TPK__FL_UNROLL for (int kk = 0; kk < NT / 2; kk++) {
-            uint32_t pa[4], da[4];
-            tpk__fl_c_to_a(pa, st[2 * kk], st[2 * kk + 1]);
-            tpk__fl_c_to_a(da, dpt[2 * kk], dpt[2 * kk + 1]);
-            TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
-                uint32_t bo[2], bq[2];
-                tpk__fl_frag_b(bo, dOs, LD, 16 * kk, 8 * dt, g, t);
-                tpk__fl_frag_b(bq, Qs, LD, 16 * kk, 8 * dt, g, t);
-                tpk__fl_mma(dv[dt], pa, bo);
-                tpk__fl_mma(dk[dt], da, bq);
-            }
-        }
+        tpk__fl_mma_cb<D>(dv, st, dOs, g, t); /* dV += (P^T keep) dO */
+        tpk__fl_mma_cb<D>(dk, dpt, Qs, g, t); /* dK += dS^T Q (scaled at the end) */
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
     }
@@ -346,7 +342,7 @@ template <int D, bool DROP>
 __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
                                                                  const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t head0,
                                                                  float scale, float p, uint64_t seed, uint64_t stream) {
-    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, KD = D / 16, ND = D / 8;
+    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, ND = D / 8;
     TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] each: Q, dO of the block's queries */
     uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: K, V of key tile it in buffer it % 2 */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -357,8 +353,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     int ntiles = (int)(last / TPK__FL_KEYS) + 1;
     tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
     tpk__fl_stage<D>(dOs, dO, ldo, q0, S);
-    tpk__fl_stage<D>(Kb, K, ld3, 0, S);
-    tpk__fl_stage<D>(Vb, V, ld3, 0, S);
+    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, S);
     tpk__fl_commit();
     float L[2], Di[2], dq[ND][4];
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
@@ -373,26 +368,12 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        if (it + 1 < ntiles) { /* the next tile lands in the other buffer meanwhile */
-            tpk__fl_stage<D>(Kb + ((it + 1) & 1) * TILE, K, ld3, j0 + TPK__FL_KEYS, S);
-            tpk__fl_stage<D>(Vb + ((it + 1) & 1) * TILE, V, ld3, j0 + TPK__FL_KEYS, S);
-        }
+        if (it + 1 < ntiles) tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, S); /* lands in the other buffers meanwhile */
         tpk__fl_commit();
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
-            float s[NT][4], dp[NT][4]; /* S, dP: 16 queries x 64 keys */
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-            TPK__FL_UNROLL for (int kk = 0; kk < KD; kk++) {
-                uint32_t qa[4], oa[4];
-                tpk__fl_frag_a(qa, Qs, LD, 16 * w, 16 * kk, g, t);
-                tpk__fl_frag_a(oa, dOs, LD, 16 * w, 16 * kk, g, t);
-                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                    uint32_t bk[2], bv[2];
-                    tpk__fl_frag_bt(bk, Ks, LD, 8 * nt, 16 * kk, g, t);
-                    tpk__fl_frag_bt(bv, Vs, LD, 8 * nt, 16 * kk, g, t);
-                    tpk__fl_mma(s[nt], qa, bk);
-                    tpk__fl_mma(dp[nt], oa, bv);
-                }
-            }
+            float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
+            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);
+            tpk__fl_mma_abt<D>(dp, dOs, 16 * w, Vs, g, t);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
             TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                     int64_t i = wrow + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
@@ -404,15 +385,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
                     }
                     s[nt][e] = ds;
                 }
-            TPK__FL_UNROLL for (int kk = 0; kk < NT / 2; kk++) {
-                uint32_t da[4];
-                tpk__fl_c_to_a(da, s[2 * kk], s[2 * kk + 1]);
-                TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
-                    uint32_t bk[2];
-                    tpk__fl_frag_b(bk, Ks, LD, 16 * kk, 8 * dt, g, t);
-                    tpk__fl_mma(dq[dt], da, bk);
-                }
-            }
+            tpk__fl_mma_cb<D>(dq, s, Ks, g, t); /* dQ += dS K (scaled at the end) */
         }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
