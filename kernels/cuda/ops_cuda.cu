@@ -23,6 +23,7 @@
  *   adamw     m, v moments; w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), c1, c2 as on the host
  *   sumsq     sum x^2 in double: per-block sums, then one block adds them in order */
 #include <atomic>
+#include <cmath>
 #include <mutex>
 #include <type_traits>
 
@@ -205,6 +206,10 @@ static tpk_status cuda_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float
     static const char *fn = "cuda.fill";
     if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
+    if (value == 0.0f && !std::signbit(value)) { /* +0 is all-zero bits in f32 and bf16: the copy engine's memset */
+        TPK__CUDA_TRY(ctx, fn, cudaMemsetAsync(x, 0, n * tpk_dtype_size(dt), st->stream));
+        return TPK_OK;
+    }
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         fill_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)x, n, value);

@@ -16,6 +16,12 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->fill(&ch, y.h, dt, n, 0.75f));
         CHECK_OK(&cd, cd.ops->fill(&cd, y.d, dt, n, 0.75f));
         pair_check(&cd, &y, TOL_SAME, "fill");
+        CHECK_OK(&ch, ch.ops->fill(&ch, y.h, dt, n, 0.0f)); /* zero: cudaMemsetAsync */
+        CHECK_OK(&cd, cd.ops->fill(&cd, y.d, dt, n, 0.0f));
+        pair_check(&cd, &y, TOL_SAME, "fill 0");
+        CHECK_OK(&ch, ch.ops->fill(&ch, y.h, dt, n, -0.0f)); /* -0: the kernel, sign kept */
+        CHECK_OK(&cd, cd.ops->fill(&cd, y.d, dt, n, -0.0f));
+        pair_check(&cd, &y, TOL_SAME, "fill -0");
         pair_poison(&cd, &y); /* b = 0 ignores NaN in y */
         CHECK_OK(&ch, ch.ops->axpby(&ch, y.h, 1.5f, x.h, 0.0f, dt, n));
         CHECK_OK(&cd, cd.ops->axpby(&cd, y.d, 1.5f, x.d, 0.0f, dt, n));
