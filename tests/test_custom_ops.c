@@ -110,7 +110,8 @@ NOT_PROVIDED(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_
      uint64_t seed, uint64_t stream, tpk_dtype dt)
 NOT_PROVIDED(attn_bwd, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D,
      int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt)
-NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale)
+NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale,
+             const int64_t *decay, int64_t nruns)
 NOT_PROVIDED(sumsq, double *out, const float *x, size_t n)
 NOT_PROVIDED(residual_layernorm_fwd, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows,
      int64_t cols, float eps, tpk_dtype dt)

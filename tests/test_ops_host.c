@@ -755,8 +755,9 @@ static void test_front_end(void) {
 
 /* AdamW and sum of squares against a double reference over 3 steps */
 static void test_optimizer(void) {
-    TEST_CASE("host adamw (3 steps, grad_scale, weight decay) and sumsq against double references") {
+    TEST_CASE("host adamw (3 steps, grad_scale, weight decay on runs of elements, then on all) and sumsq against double references") {
         enum { N = 257 };
+        const int64_t runs[4] = {3, 10, 20, 257}; /* decayed: [3, 10) and [20, 257) */
         float w[N], g[N], m[N] = {0}, v[N] = {0};
         double wr[N], mr[N] = {0}, vr[N] = {0};
         test_randn(w, N, 81, 1.0f);
@@ -764,12 +765,14 @@ static void test_optimizer(void) {
         const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
         for (int step = 1; step <= 3; step++) {
             test_randn(g, N, 90 + (uint64_t)step, 1.0f);
+            bool all = step == 3; /* steps 1, 2 with the runs, step 3 with decay everywhere (NULL) */
             for (int i = 0; i < N; i++) {
-                double gi = g[i] * gs;
+                double gi = g[i] * gs, wdi = all || (i >= 3 && i < 10) || i >= 20 ? wd : 0.0;
                 mr[i] = b1 * mr[i] + (1 - b1) * gi, vr[i] = b2 * vr[i] + (1 - b2) * gi * gi;
-                wr[i] -= lr * (mr[i] / (1 - pow(b1, step)) / (sqrt(vr[i] / (1 - pow(b2, step))) + eps) + wd * wr[i]);
+                wr[i] -= lr * (mr[i] / (1 - pow(b1, step)) / (sqrt(vr[i] / (1 - pow(b2, step))) + eps) + wdi * wr[i]);
             }
-            CHECK_OK(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step, (float)gs));
+            CHECK_OK(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step, (float)gs, all ? NULL : runs,
+                                        all ? 0 : 2));
         }
         float wrf[N];
         for (int i = 0; i < N; i++) wrf[i] = (float)wr[i];
@@ -778,9 +781,11 @@ static void test_optimizer(void) {
         for (int i = 0; i < N; i++) ref += (double)g[i] * g[i];
         CHECK_OK(&ctx, tpk_op_sumsq(&ctx, &ss, g, N));
         CHECK(fabs(ss - ref) <= 1e-12 * ref, "sumsq %.17g, reference %.17g", ss, ref);
-        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 0, 1), TPK_ERR_ARG, "step: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, NULL, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 1, 1), TPK_ERR_ARG, "g: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, 0.1f, 1.0f, 0.95f, 1e-8f, 0, 1, 1), TPK_ERR_ARG, "b1, b2");
+        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 0, 1, NULL, 0), TPK_ERR_ARG, "step: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, NULL, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 1, 1, NULL, 0), TPK_ERR_ARG, "g: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, 0.1f, 1.0f, 0.95f, 1e-8f, 0, 1, 1, NULL, 0), TPK_ERR_ARG, "b1, b2");
+        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 1, 1, runs, -1), TPK_ERR_ARG, "nruns: expected >= 0, got -1");
+        CHECK_FAILS(&ctx, tpk_op_adamw(&ctx, w, g, m, v, N, 0.1f, 0.9f, 0.95f, 1e-8f, 0, 1, 1, runs, 0), TPK_ERR_ARG, "nruns: expected >= 1 runs");
         CHECK_FAILS(&ctx, tpk_op_sumsq(&ctx, NULL, g, N), TPK_ERR_ARG, "out: expected a buffer");
     }
 }

@@ -433,15 +433,17 @@ static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *d
 /* ---- optimizer ----------------------------------------------------------------------------------------- */
 
 static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                                      float wd, int64_t step, float grad_scale) {
+                                      float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns) {
     static const char *fn = "tpk_op_adamw";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
+    if (nruns < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 0, got %lld", (long long)nruns);
+    if (decay && !nruns) return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 1 runs with a decay table (NULL: decay everywhere)");
     if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
     const void *ps[] = {w, g, m, v};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
-    return n ? TPK__PROF_OP(ctx, "adamw", 28.0 * (double)n, 0, ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale)) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "adamw", 28.0 * (double)n, 0, ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale, decay, nruns)) : TPK_OK;
 }
 /* *out (host memory) = sum of squares, in double */
 static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {

@@ -125,9 +125,12 @@ typedef struct tpk_ops {
 
     /* AdamW on n f32 elements (step >= 1; g is read as g * grad_scale):
      *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
-     *   w -= lr (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd w) */
+     *   w -= lr (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd_i w)
+     * wd_i = wd on the elements of the runs [decay[2r], decay[2r+1]), r < nruns (backend memory;
+     * sorted, disjoint, within [0, n): e.g. the 2-D weights of a flat parameter buffer), else 0;
+     * decay = NULL: wd on every element. One call covers a whole parameter buffer. */
     tpk_status (*adamw)(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                        float eps, float wd, int64_t step, float grad_scale);
+                        float eps, float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns);
     /* *out (host memory) = sum_i x[i]^2 over n f32 elements, accumulated in double */
     tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n);
 

@@ -12,7 +12,8 @@
  *                w -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd w)
  *   on the f32 master weights; weight decay only on parameters registered with decay (2-D
  *   weights); the moments are flat buffers laid out like the parameters (so checkpoints gather
- *   them like the parameters); one op call per run of consecutive parameters with the same decay.
+ *   them like the parameters); one op call (one launch on the GPU) for the whole buffer, the
+ *   decayed element runs given to it as a table made once (tpk_adamw_init).
  * Schedules      linear warm-up over `warmup` steps to lr, then cosine (or linear) to
  *                lr * min_lr_frac at `steps`, or constant. */
 #ifndef TPK_OPTIM_H
@@ -88,6 +89,7 @@ typedef struct tpk_adamw {
     float *m, *v;  /* f32 [params.numel] moments in backend memory, laid out like the parameters */
     size_t numel;
     int64_t step;  /* optimizer steps done */
+    int64_t *decay, nruns; /* [2 nruns] in backend memory: the element runs [start, end) of the decayed parameters */
 } tpk_adamw;
 
 /* Moments for every parameter registered so far (register the model first), zeroed. */
@@ -106,7 +108,22 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     o->numel = ctx->params.numel;
     size_t bytes = sizeof(float) * (o->numel ? o->numel : 1);
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->m));
-    return tpk_op_alloc(ctx, bytes, (void **)&o->v);
+    TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
+    /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
+    int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)(ctx->params.n ? ctx->params.n : 1)), n = 0;
+    if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    for (int i = 0; i < ctx->params.n; i++) {
+        const tpk_param *p = &ctx->params.list[i];
+        if (!p->decay || !p->numel) continue;
+        if (n && runs[2 * n - 1] == (int64_t)p->offset) runs[2 * n - 1] += (int64_t)p->numel;
+        else runs[2 * n] = (int64_t)p->offset, runs[2 * n + 1] = (int64_t)(p->offset + p->numel), n++;
+    }
+    tpk_status s = TPK_OK;
+    if (n) s = tpk_op_alloc(ctx, sizeof(int64_t) * 2 * (size_t)n, (void **)&o->decay);
+    if (s == TPK_OK && n) s = tpk_op_memcpy(ctx, o->decay, runs, sizeof(int64_t) * 2 * (size_t)n, ctx->ops->device ? TPK_H2D : TPK_H2H);
+    free(runs);
+    o->nruns = n;
+    return s;
 }
 
 /* One step on every parameter: lr from the schedule, grad_scale = the DP average x the clipping
@@ -120,22 +137,17 @@ static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, fl
                          ctx->params.numel);
     if (!(lr >= 0) || !isfinite(grad_scale)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "lr, grad_scale: expected lr >= 0 and a finite scale, got %g, %g", (double)lr, (double)grad_scale);
     o->step++;
-    float *w = (float *)ctx->params.data.p, *g = (float *)ctx->params.grad.p;
-    for (int i = 0; i < ctx->params.n;) { /* a run of consecutive parameters with the same decay */
-        bool decay = ctx->params.list[i].decay;
-        size_t off = ctx->params.list[i].offset, n = 0;
-        for (; i < ctx->params.n && ctx->params.list[i].decay == decay; i++) n += ctx->params.list[i].numel;
-        if (n) TPK_TRY(tpk_op_adamw(ctx, w + off, g + off, o->m + off, o->v + off, n, lr, o->d.b1, o->d.b2, o->d.eps, decay ? o->d.weight_decay : 0.0f,
-                                    o->step, grad_scale));
-    }
+    if (o->numel) /* no decayed parameter: no decay anywhere (wd 0 with a NULL table) */
+        TPK_TRY(tpk_op_adamw(ctx, (float *)ctx->params.data.p, (const float *)ctx->params.grad.p, o->m, o->v, o->numel, lr, o->d.b1, o->d.b2, o->d.eps,
+                             o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, o->decay, o->nruns));
     tpk_params_updated(ctx);
     return TPK_OK;
 }
 
 static inline void tpk_adamw_destroy(tpk_ctx *ctx, tpk_adamw *o) {
     if (!ctx || !o) return;
-    tpk_op_free(ctx, o->m), tpk_op_free(ctx, o->v);
-    o->m = o->v = NULL;
+    tpk_op_free(ctx, o->m), tpk_op_free(ctx, o->v), tpk_op_free(ctx, o->decay);
+    o->m = o->v = NULL, o->decay = NULL, o->nruns = 0;
 }
 
 #endif /* TPK_OPTIM_H */

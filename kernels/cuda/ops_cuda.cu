@@ -594,23 +594,35 @@ static tpk_status cuda_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
 
 /* ---- optimizer ------------------------------------------------------------------------------------------ */
 
+/* whether element i is in one of the sorted runs [decay[2r], decay[2r+1]): a binary search */
+static __device__ __forceinline__ bool adamw_decayed(const int64_t *decay, int64_t nruns, int64_t i) {
+    if (!decay) return true;
+    int64_t lo = 0, hi = nruns; /* the last run starting at or before i is lo - 1 */
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (decay[2 * mid] <= i) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo > 0 && i < decay[2 * (lo - 1) + 1];
+}
+/* the whole parameter buffer in one launch, weight decay by run */
 static __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                             float wd, float c1, float c2, float grad_scale) {
+                             float wd, float c1, float c2, float grad_scale, const int64_t *decay, int64_t nruns) {
     TPK__GRID_STRIDE(i, n) {
-        float gi = g[i] * grad_scale;
+        float gi = g[i] * grad_scale, wdi = adamw_decayed(decay, nruns, (int64_t)i) ? wd : 0.0f;
         float mi = b1 * m[i] + (1.0f - b1) * gi, vi = b2 * v[i] + (1.0f - b2) * gi * gi, wi = w[i];
         m[i] = mi, v[i] = vi;
-        w[i] = wi - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * wi);
+        w[i] = wi - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wdi * wi);
     }
 }
 static tpk_status cuda_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                             float eps, float wd, int64_t step, float grad_scale) {
+                             float eps, float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns) {
     static const char *fn = "cuda.adamw";
     if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     /* the bias corrections exactly as the host computes them */
     float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
-    adamw_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale);
+    adamw_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale, decay, nruns);
     return tpk__cuda_launched(ctx, fn);
 }
 

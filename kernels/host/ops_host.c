@@ -269,14 +269,17 @@ static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
 /* ---- optimizer ------------------------------------------------------------------------------------ */
 
 static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                             float eps, float wd, int64_t step, float grad_scale) {
+                             float eps, float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns) {
     (void)ctx;
     float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
+    int64_t r = 0; /* the first run that does not end at or before i */
     for (size_t i = 0; i < n; i++) {
+        while (decay && r < nruns && decay[2 * r + 1] <= (int64_t)i) r++;
+        float wdi = !decay || (r < nruns && decay[2 * r] <= (int64_t)i) ? wd : 0.0f;
         float gi = g[i] * grad_scale;
         m[i] = b1 * m[i] + (1.0f - b1) * gi;
         v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        w[i] -= lr * (m[i] * c1 / (sqrtf(v[i] * c2) + eps) + wd * w[i]);
+        w[i] -= lr * (m[i] * c1 / (sqrtf(v[i] * c2) + eps) + wdi * w[i]);
     }
     return TPK_OK;
 }

@@ -327,10 +327,14 @@ static void test_optimizer(void) {
         float *vh = (float *)v.h;
         for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
         pair_sync_down(&cd, &v);
+        int64_t runs[6] = {3, 100, 500, 501, 2000, (int64_t)n}, *runs_d = NULL; /* decayed: three runs; step 3 everywhere */
+        CHECK_OK(&cd, cd.ops->alloc(&cd, sizeof runs, (void **)&runs_d));
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, runs_d, runs, sizeof runs, TPK_H2D));
         for (int step = 1; step <= 3; step++) {
-            CHECK_OK(&ch, ch.ops->adamw(&ch, w.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f));
-            CHECK_OK(&cd, cd.ops->adamw(&cd, w.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f));
+            CHECK_OK(&ch, ch.ops->adamw(&ch, w.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, step < 3 ? runs : NULL, step < 3 ? 3 : 0));
+            CHECK_OK(&cd, cd.ops->adamw(&cd, w.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, step < 3 ? runs_d : NULL, step < 3 ? 3 : 0));
         }
+        cd.ops->free(&cd, runs_d);
         pair_check(&cd, &w, TOL_SAME, "adamw w");
         pair_check(&cd, &m, TOL_SAME, "adamw m");
         pair_check(&cd, &v, TOL_SAME, "adamw v");
@@ -352,7 +356,7 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
         CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
         CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, p, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
-        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f), TPK_ERR_ARG, "step");
+        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0), TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
         CHECK_FAILS(&cd, tpk_op_act_fwd(&cd, (tpk_act)9, p, p, TPK_F32, 4), TPK_ERR_ARG, "act:");
         CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 2, 0, 2, 1.5f, -100, TPK_F32), TPK_ERR_ARG, "smoothing");
