@@ -5,6 +5,8 @@
 #define TPK_CUDA_COMMON_CUH
 
 #include <climits>
+#include <initializer_list>
+#include <type_traits>
 #include <cstdint>
 
 #include <cublasLt.h>
@@ -102,6 +104,54 @@ static inline unsigned tpk__grid_for(size_t n, int block) {
     return (unsigned)g;
 }
 #define TPK__GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- 16-byte vectors for elementwise kernels --------------------------------------------------------
+ * An elementwise kernel written once handles V = 8 consecutive elements per step with 16-byte
+ * loads and stores (one for 8 bf16, two for 8 f32) when its launcher found every pointer 16-byte
+ * aligned (VEC), else one element per step; tpk__elementwise runs its body over n elements with a
+ * grid-stride loop, the last n % 8 elements one by one. */
+template <int V, class T> __device__ __forceinline__ void tpk__ldn(const T *p, size_t i, float *out) {
+    if constexpr (V == 1) {
+        out[0] = tpk__ldf(p, i);
+    } else {
+        static_assert(V * sizeof(T) % 16 == 0, "whole 16-byte vectors");
+        uint4 u[V * sizeof(T) / 16];
+        for (int q = 0; q < (int)(V * sizeof(T) / 16); q++) u[q] = reinterpret_cast<const uint4 *>(p + i)[q];
+        const T *e = reinterpret_cast<const T *>(u);
+        for (int k = 0; k < V; k++) out[k] = tpk__ldf(e, (size_t)k);
+    }
+}
+template <int V, class T> __device__ __forceinline__ void tpk__stn(T *p, size_t i, const float *in) {
+    if constexpr (V == 1) {
+        tpk__stf(p, i, in[0]);
+    } else {
+        uint4 u[V * sizeof(T) / 16];
+        T *e = reinterpret_cast<T *>(u);
+        for (int k = 0; k < V; k++) tpk__stf(e, (size_t)k, in[k]);
+        for (int q = 0; q < (int)(V * sizeof(T) / 16); q++) reinterpret_cast<uint4 *>(p + i)[q] = u[q];
+    }
+}
+enum { TPK__VEC = 8 };
+template <bool VEC, class F> __device__ __forceinline__ void tpk__elementwise(size_t n, F body) {
+    constexpr int V = VEC ? TPK__VEC : 1;
+    size_t nv = n / V;
+    TPK__GRID_STRIDE(j, nv) body(j * V, std::integral_constant<int, V>{});
+    size_t i = nv * V + blockIdx.x * (size_t)blockDim.x + threadIdx.x; /* the tail: fewer than V elements */
+    if (VEC && i < n) body(i, std::integral_constant<int, 1>{});
+}
+/* whether every pointer is 16-byte aligned (NULL counts as aligned) */
+static inline bool tpk__aligned16(std::initializer_list<const void *> ps) {
+    for (const void *p : ps)
+        if ((uintptr_t)p % 16) return false;
+    return true;
+}
+/* launch grid of an elementwise kernel over n elements: vectors when vec */
+static inline unsigned tpk__grid_elementwise(size_t n, bool vec) { return tpk__grid_for(vec ? (n + TPK__VEC - 1) / TPK__VEC : n, 256); }
+/* Call f(std::bool_constant<vec>) */
+template <class F> static inline void tpk__by_vec(bool vec, F f) {
+    if (vec) f(std::true_type{});
+    else f(std::false_type{});
+}
 
 /* ---- reductions ------------------------------------------------------------------------------------ */
 

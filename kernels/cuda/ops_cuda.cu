@@ -199,8 +199,13 @@ static tpk_status cuda_sync(tpk_ctx *ctx) {
 
 /* ---- fill, copy2d, cast, axpby ---------------------------------------------------------------------- */
 
-template <class T> __global__ void fill_kernel(T *x, size_t n, float value) {
-    TPK__GRID_STRIDE(i, n) tpk__stf(x, i, value);
+template <class T, bool VEC> __global__ void fill_kernel(T *x, size_t n, float value) {
+    tpk__elementwise<VEC>(n, [&](size_t i, auto vn) {
+        constexpr int V = decltype(vn)::value;
+        float v[V];
+        for (int k = 0; k < V; k++) v[k] = value;
+        tpk__stn<V>(x, i, v);
+    });
 }
 static tpk_status cuda_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
     static const char *fn = "cuda.fill";
@@ -210,9 +215,10 @@ static tpk_status cuda_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float
         TPK__CUDA_TRY(ctx, fn, cudaMemsetAsync(x, 0, n * tpk_dtype_size(dt), st->stream));
         return TPK_OK;
     }
+    bool vec = tpk__aligned16({x});
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        fill_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)x, n, value);
+        tpk__by_vec(vec, [&](auto v) { fill_kernel<T, decltype(v)::value><<<tpk__grid_elementwise(n, vec), 256, 0, st->stream>>>((T *)x, n, value); });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -230,8 +236,13 @@ static tpk_status cuda_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *
     return TPK_OK;
 }
 
-template <class D, class S> __global__ void cast_kernel(D *dst, const S *src, size_t n) {
-    TPK__GRID_STRIDE(i, n) tpk__stf(dst, i, tpk__ldf(src, i));
+template <class D, class S, bool VEC> __global__ void cast_kernel(D *dst, const S *src, size_t n) {
+    tpk__elementwise<VEC>(n, [&](size_t i, auto vn) {
+        constexpr int V = decltype(vn)::value;
+        float v[V];
+        tpk__ldn<V>(src, i, v);
+        tpk__stn<V>(dst, i, v);
+    });
 }
 static tpk_status cuda_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
     static const char *fn = "cuda.cast";
@@ -245,14 +256,25 @@ static tpk_status cuda_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const voi
         using D = decltype(dtag);
         tpk__by_dtype(src_dt, [&](auto stag) {
             using S = decltype(stag);
-            cast_kernel<D, S><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((D *)dst, (const S *)src, n);
+            bool vec = tpk__aligned16({dst, src});
+            tpk__by_vec(vec, [&](auto v) {
+                cast_kernel<D, S, decltype(v)::value><<<tpk__grid_elementwise(n, vec), 256, 0, st->stream>>>((D *)dst, (const S *)src, n);
+            });
         });
     });
     return tpk__cuda_launched(ctx, fn);
 }
 
-template <class T> __global__ void axpby_kernel(T *y, float a, const T *x, float b, size_t n) {
-    TPK__GRID_STRIDE(i, n) tpk__stf(y, i, b == 0.0f ? a * tpk__ldf(x, i) : a * tpk__ldf(x, i) + b * tpk__ldf(y, i));
+/* y is read (b != 0) before it is written by the same thread */
+template <class T, bool VEC> __global__ void axpby_kernel(T *y, float a, const T *x, float b, size_t n) {
+    tpk__elementwise<VEC>(n, [&](size_t i, auto vn) {
+        constexpr int V = decltype(vn)::value;
+        float xv[V], yv[V];
+        tpk__ldn<V>(x, i, xv);
+        if (b != 0.0f) tpk__ldn<V>(y, i, yv);
+        for (int k = 0; k < V; k++) xv[k] = b == 0.0f ? a * xv[k] : a * xv[k] + b * yv[k];
+        tpk__stn<V>(y, i, xv);
+    });
 }
 static tpk_status cuda_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
     static const char *fn = "cuda.axpby";
@@ -260,7 +282,10 @@ static tpk_status cuda_axpby(tpk_ctx *ctx, void *y, float a, const void *x, floa
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        axpby_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, a, (const T *)x, b, n);
+        bool vec = tpk__aligned16({y, x});
+        tpk__by_vec(vec, [&](auto v) {
+            axpby_kernel<T, decltype(v)::value><<<tpk__grid_elementwise(n, vec), 256, 0, st->stream>>>((T *)y, a, (const T *)x, b, n);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -477,9 +502,16 @@ extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_
 
 /* ---- bias --------------------------------------------------------------------------------------------- */
 
-template <class T> __global__ void bias_add_kernel(T *y, const T *bias, int64_t rows, int64_t cols) {
-    size_t total = (size_t)rows * (size_t)cols;
-    TPK__GRID_STRIDE(i, total) tpk__stf(y, i, tpk__ldf(y, i) + tpk__ldf(bias, i % (size_t)cols));
+/* vectors (VEC) only when cols is a multiple of 8: the 8 elements of a vector share a row */
+template <class T, bool VEC> __global__ void bias_add_kernel(T *y, const T *bias, int64_t rows, int64_t cols) {
+    tpk__elementwise<VEC>((size_t)rows * (size_t)cols, [&](size_t i, auto vn) {
+        constexpr int V = decltype(vn)::value;
+        float yv[V], bv[V];
+        tpk__ldn<V>(y, i, yv);
+        tpk__ldn<V>(bias, i % (size_t)cols, bv);
+        for (int k = 0; k < V; k++) yv[k] += bv[k];
+        tpk__stn<V>(y, i, yv);
+    });
 }
 static tpk_status cuda_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "cuda.bias_add";
@@ -488,7 +520,10 @@ static tpk_status cuda_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t
     size_t total = (size_t)rows * (size_t)cols;
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        bias_add_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)y, (const T *)bias, rows, cols);
+        bool vec = cols % TPK__VEC == 0 && tpk__aligned16({y, bias});
+        tpk__by_vec(vec, [&](auto v) {
+            bias_add_kernel<T, decltype(v)::value><<<tpk__grid_elementwise(total, vec), 256, 0, st->stream>>>((T *)y, (const T *)bias, rows, cols);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -544,15 +579,25 @@ template <tpk_act A> __device__ __forceinline__ float act_slope(float v) {
         return 1.0f;
     }
 }
-template <tpk_act A, class T> __global__ void act_fwd_kernel(T *y, const T *x, size_t n) {
-    TPK__GRID_STRIDE(i, n) tpk__stf(y, i, act_value<A>(tpk__ldf(x, i)));
+template <tpk_act A, class T, bool VEC> __global__ void act_fwd_kernel(T *y, const T *x, size_t n) {
+    tpk__elementwise<VEC>(n, [&](size_t i, auto vn) {
+        constexpr int V = decltype(vn)::value;
+        float v[V];
+        tpk__ldn<V>(x, i, v);
+        for (int k = 0; k < V; k++) v[k] = act_value<A>(v[k]);
+        tpk__stn<V>(y, i, v);
+    });
 }
 /* dy[i] is read before dx[i] is written by the same thread, so dx may alias dy. */
-template <tpk_act A, class T> __global__ void act_bwd_kernel(T *dx, const T *x, const T *dy, size_t n) {
-    TPK__GRID_STRIDE(i, n) {
-        float v = tpk__ldf(x, i), g = tpk__ldf(dy, i);
-        tpk__stf(dx, i, g * act_slope<A>(v));
-    }
+template <tpk_act A, class T, bool VEC> __global__ void act_bwd_kernel(T *dx, const T *x, const T *dy, size_t n) {
+    tpk__elementwise<VEC>(n, [&](size_t i, auto vn) {
+        constexpr int V = decltype(vn)::value;
+        float v[V], g[V];
+        tpk__ldn<V>(x, i, v);
+        tpk__ldn<V>(dy, i, g);
+        for (int k = 0; k < V; k++) g[k] *= act_slope<A>(v[k]);
+        tpk__stn<V>(dx, i, g);
+    });
 }
 /* Call f(std::integral_constant<tpk_act, A>{}) for an activation other than NONE (checked by the front end). */
 template <class F> static inline void by_act(tpk_act act, F f) {
@@ -569,9 +614,14 @@ static tpk_status cuda_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x
         if (y != x) TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(y, x, n * tpk_dtype_size(dt), cudaMemcpyDeviceToDevice, st->stream));
         return TPK_OK;
     }
+    bool vec = tpk__aligned16({y, x});
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        by_act(act, [&](auto a) { act_fwd_kernel<decltype(a)::value, T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, n); });
+        by_act(act, [&](auto a) {
+            tpk__by_vec(vec, [&](auto v) {
+                act_fwd_kernel<decltype(a)::value, T, decltype(v)::value><<<tpk__grid_elementwise(n, vec), 256, 0, st->stream>>>((T *)y, (const T *)x, n);
+            });
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -583,10 +633,14 @@ static tpk_status cuda_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
         if (dx != dy) TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dx, dy, n * tpk_dtype_size(dt), cudaMemcpyDeviceToDevice, st->stream));
         return TPK_OK;
     }
+    bool vec = tpk__aligned16({dx, x, dy});
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         by_act(act, [&](auto a) {
-            act_bwd_kernel<decltype(a)::value, T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)dx, (const T *)x, (const T *)dy, n);
+            tpk__by_vec(vec, [&](auto v) {
+                act_bwd_kernel<decltype(a)::value, T, decltype(v)::value><<<tpk__grid_elementwise(n, vec), 256, 0, st->stream>>>(
+                    (T *)dx, (const T *)x, (const T *)dy, n);
+            });
         });
     });
     return tpk__cuda_launched(ctx, fn);

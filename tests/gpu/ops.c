@@ -53,6 +53,20 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->cast(&ch, c.h, other, x.h, dt, n));
         CHECK_OK(&cd, cd.ops->cast(&cd, c.d, other, x.d, dt, n));
         pair_check(&cd, &c, TOL_SAME, "cast"); /* rounding to nearest even is exact arithmetic */
+        /* pointers off the 16-byte grid take the one-element path (n - 1 elements from element 1) */
+        size_t es = tpk_dtype_size(dt);
+        CHECK_OK(&ch, ch.ops->axpby(&ch, (char *)y.h + es, 0.5f, (char *)x.h + es, 0.5f, dt, n - 1));
+        CHECK_OK(&cd, cd.ops->axpby(&cd, (char *)y.d + es, 0.5f, (char *)x.d + es, 0.5f, dt, n - 1));
+        pair_check(&cd, &y, tol_for(dt, TOL_SAME), "axpby unaligned");
+        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU_TANH, (char *)y.h + es, (char *)x.h + es, (char *)y.h + es, dt, n - 1));
+        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, (char *)y.d + es, (char *)x.d + es, (char *)y.d + es, dt, n - 1));
+        pair_check(&cd, &y, tol_for(dt, TOL_SAME), "gelu_bwd unaligned");
+        /* bias over rows of 64: 8-element vectors */
+        pair yv = pair_randn(&cd, (size_t)(67 * 64), dt, 6, 1.0f), bv = pair_randn(&cd, 64, dt, 7, 1.0f);
+        CHECK_OK(&ch, ch.ops->bias_add(&ch, yv.h, bv.h, 67, 64, dt));
+        CHECK_OK(&cd, cd.ops->bias_add(&cd, yv.d, bv.d, 67, 64, dt));
+        pair_check(&cd, &yv, tol_for(dt, TOL_SAME), "bias_add (rows of 64)");
+        pair_free(&cd, &yv), pair_free(&cd, &bv);
         /* bias over [rows, cols] */
         int64_t rows = 67, cols = 61;
         pair yb = pair_randn(&cd, (size_t)(rows * cols), dt, 4, 1.0f), b = pair_randn(&cd, (size_t)cols, dt, 5, 1.0f);
