@@ -5,7 +5,9 @@
  *   dropout    y = x keep / (1-p),  keep = uniform(seed, stream, global index) >= p
  *   layernorm  y = (x - mean) rstd w + b, rstd = 1/sqrt(var + eps): one warp per row, two passes
  *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w: one warp per row;
- *              dw += sum_i dy xh, db += sum_i dy: column sums by row chunks, chunks in order
+ *              dw += sum_i dy xh, db += sum_i dy: per chunk of rows, then the chunks in order —
+ *              rows up to 1536 in one pass with dx (the chunk's column partials in shared
+ *              memory), wider rows by separate column-sum kernels
  *   embedding  y[t] = E[ids[t] - v0];  backward: a stable radix sort of the token indices by row
  *              (out-of-range ids sort last), then one block per run of equal rows adds its
  *              tokens' dy in token order, each column by one thread: the host's sums, bit for bit,
@@ -154,6 +156,47 @@ static __global__ void ln_wb_final_kernel(float *dw, float *db, const float *par
         dw[j] += sw, db[j] += sb;
     }
 }
+/* The whole backward in one pass over dy and x (rows of up to LN_ONEPASS_COLS): block c takes the
+ * LN_CHUNK rows of chunk c, each warp one row at a time — dx of the row (its second read of the
+ * row comes from the cache) and the row's (dy xh, dy) added into the warp's column partials in
+ * shared memory; the block then adds its warps' partials in warp order into part[c][2][cols]
+ * (ln_wb_final_kernel adds the chunks in order: deterministic). */
+enum { LN_CHUNK = 32, LN_ONEPASS_COLS = 1536 };
+template <class T>
+__global__ void ln_bwd_onepass_kernel(T *dx, float *part, const T *dy, const T *x, const float *w, const float *mean, const float *rstd,
+                                      int64_t rows, int64_t cols, bool acc) {
+    extern __shared__ float ln_sm[]; /* [LN_WARPS][2][cols] */
+    int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *pw = ln_sm + (size_t)wid * 2 * (size_t)cols, *pb = pw + cols;
+    int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
+    for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) { /* uniform over the block */
+        for (int64_t j = lane; j < cols; j += 32) pw[j] = pb[j] = 0.0f;
+        int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
+        for (int64_t i = c * LN_CHUNK + wid; i < r1; i += LN_WARPS) {
+            size_t r = (size_t)i * (size_t)cols;
+            float mu = mean[i], rs = rstd[i], mg = 0.0f, mgx = 0.0f;
+            for (int64_t j = lane; j < cols; j += 32) {
+                float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
+                mg += g, mgx += g * xh;
+            }
+            mg = tpk__warp_sum(mg) / (float)cols, mgx = tpk__warp_sum(mgx) / (float)cols;
+            for (int64_t j = lane; j < cols; j += 32) {
+                float xh = (tpk__ldf(x, r + j) - mu) * rs, d = tpk__ldf(dy, r + j), g = d * w[j];
+                float v = rs * (g - mg - xh * mgx);
+                tpk__stf(dx, r + j, acc ? tpk__ldf(dx, r + j) + v : v);
+                pw[j] += d * xh, pb[j] += d;
+            }
+        }
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+            float sw = 0.0f, sb = 0.0f;
+            for (int q = 0; q < LN_WARPS; q++) sw += ln_sm[((size_t)q * 2 + 0) * (size_t)cols + j], sb += ln_sm[((size_t)q * 2 + 1) * (size_t)cols + j];
+            part[((size_t)c * 2 + 0) * (size_t)cols + j] = sw, part[((size_t)c * 2 + 1) * (size_t)cols + j] = sb;
+        }
+        __syncthreads(); /* the partials are read before the next chunk clears them */
+    }
+}
+
 static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                    const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
     static const char *fn = "cuda.layernorm_bwd";
@@ -161,6 +204,20 @@ static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *d
     if (!any) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
     TPK__CUDA_STATE(st, ctx, fn);
+    if (cols <= LN_ONEPASS_COLS) { /* the one-pass kernel: its warps' column partials fit in 48 KB of shared memory */
+        int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
+        float *part;
+        TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols), (void **)&part));
+        size_t smem = sizeof(float) * 2 * LN_WARPS * (size_t)cols;
+        unsigned grid = (unsigned)(chunks < 65535 ? chunks : 65535);
+        tpk__by_dtype(dt, [&](auto tag) {
+            using T = decltype(tag);
+            ln_bwd_onepass_kernel<T><<<grid, 32 * LN_WARPS, smem, st->stream>>>((T *)dx, part, (const T *)dy, (const T *)x, w, mean, rstd, rows,
+                                                                                 cols, accumulate_dx);
+        });
+        ln_wb_final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
+        return tpk__cuda_launched(ctx, fn);
+    }
     int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
     float *part;
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols), (void **)&part));

@@ -192,9 +192,9 @@ static void test_residual_layernorm(tpk_dtype dt) {
     }
 }
 
-static void test_layernorm(tpk_dtype dt) {
-    TEST_CASE("layernorm fwd/bwd [%s]", tpk_dtype_name(dt)) {
-        int64_t rows = 300, cols = 77;
+/* rows of 77 take the one-pass backward, rows of 2000 the column-sum kernels */
+static void test_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
+    TEST_CASE("layernorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
         size_t nx = (size_t)(rows * cols);
         pair x = pair_randn(&cd, nx, dt, 60, 2.0f), y = pair_from(&cd, NULL, nx, dt);
         pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 61, 1.0f), b = pair_randn(&cd, (size_t)cols, TPK_F32, 62, 1.0f);
@@ -407,7 +407,8 @@ int main(int argc, char **argv) {
         test_gemm(dt);
         test_linear_fwd(dt);
         test_residual_layernorm(dt);
-        test_layernorm(dt);
+        test_layernorm(dt, 300, 77);
+        test_layernorm(dt, 40, 2000);
         test_embed(dt);
         test_xent(dt);
         test_attention(dt, 16, 45, 0.0f);
