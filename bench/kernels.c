@@ -220,14 +220,28 @@ int main(int argc, char **argv) {
         if (p && fscanf(p, "%lf %lf %63s", &pt[0], &pt[1], pname) != 3) pt[0] = pt[1] = -1;
         if (p) pclose(p);
     }
+    /* the CUDA backend's generic attention kernels on the same shape (TPK_ATTN=generic), for the
+     * speed-up of the tensor-core ones (bf16, D = 64 or 128) */
+    double gen[2] = {-1, -1};
+    if (gpu) {
+        setenv("TPK_ATTN", "generic", 1);
+        gen[0] = time_op(OP_ATT_F, iters), gen[1] = time_op(OP_ATT_B, iters);
+        unsetenv("TPK_ATTN");
+    }
     if (!json) {
+        if (gen[0] > 0)
+            printf("\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, backward %.3f ms; the default path is %.2fx as fast "
+                   "(forward+backward)\n",
+                   gen[0], gen[1], (gen[0] + gen[1]) / (att_ms[0] + att_ms[1]));
         if (pt[0] > 0)
             printf("\nattention against PyTorch (%s, same shape and dtype): forward %.3f ms vs %.3f ms (%.0f%% of PyTorch's speed), "
                    "forward+backward %.3f ms vs %.3f ms (%.0f%%)\n",
                    pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1], pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
         else printf("\nattention against PyTorch: not measured (no python with torch)\n");
     } else {
-        printf("\n], \"torch_attn\": ");
+        printf("\n], \"generic_attn\": ");
+        if (gen[0] > 0) printf("{\"fwd_ms\": %.4f, \"bwd_ms\": %.4f}, \"torch_attn\": ", gen[0], gen[1]);
+        else printf("null, \"torch_attn\": ");
         if (pt[0] > 0) printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n", pname, pt[0], pt[1], att_ms[0], att_ms[1]);
         else printf("null}\n");
     }
