@@ -318,14 +318,27 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
 
 enum { XENT_THREADS = 256 };
 
-template <class T> __global__ void xent_max_kernel(float *mx, const T *z, int64_t Vl, int64_t ld) {
+/* Row t's columns j < Vl in steps of V (8 with 16-byte loads when VEC: rows of ld, a multiple of 8,
+ * 16-byte aligned — a padded vocabulary's), body(j, v) for each element; the loads stay inside
+ * the row (j + 8 <= ld), the elements from Vl on are skipped. */
+template <bool VEC, class T, class F> __device__ __forceinline__ void xent_row(const T *z, int64_t t, int64_t Vl, int64_t ld, F body) {
+    constexpr int V = VEC ? TPK__VEC : 1;
+    for (int64_t j = (int64_t)threadIdx.x * V; j < Vl; j += (int64_t)blockDim.x * V) {
+        float v[V];
+        tpk__ldn<V>(z, (size_t)(t * ld + j), v);
+        for (int k = 0; k < V; k++)
+            if (j + k < Vl) body(j + k, v[k]);
+    }
+}
+template <class T, bool VEC> __global__ void xent_max_kernel(float *mx, const T *z, int64_t Vl, int64_t ld) {
     __shared__ float sh[32];
     int64_t t = blockIdx.x;
     float m = -INFINITY;
-    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) m = fmaxf(m, tpk__ldf(z, (size_t)(t * ld + j)));
+    xent_row<VEC>(z, t, Vl, ld, [&](int64_t, float v) { m = fmaxf(m, v); });
     m = tpk__block_max(m, sh);
     if (threadIdx.x == 0) mx[t] = m;
 }
+static bool xent_vec(const void *z, int64_t ld) { return ld % TPK__VEC == 0 && tpk__aligned16({z}); }
 static tpk_status cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt) {
     static const char *fn = "cuda.xent_max";
     if (T == 0) return TPK_OK;
@@ -333,20 +346,19 @@ static tpk_status cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t 
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        xent_max_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(mx, (const Tt *)z, Vl, ld);
+        tpk__by_vec(xent_vec(z, ld), [&](auto v) {
+            xent_max_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(mx, (const Tt *)z, Vl, ld);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
 
-template <class T>
+template <class T, bool VEC>
 __global__ void xent_partial_kernel(float *part, const T *z, const float *mx, const int32_t *y, int64_t Vl, int64_t ld, int64_t v0) {
     __shared__ float sh[32];
     int64_t t = blockIdx.x;
     float m = mx[t], se = 0.0f, sz = 0.0f;
-    for (int64_t j = threadIdx.x; j < Vl; j += blockDim.x) {
-        float v = tpk__ldf(z, (size_t)(t * ld + j));
-        se += expf(v - m), sz += v;
-    }
+    xent_row<VEC>(z, t, Vl, ld, [&](int64_t, float v) { se += expf(v - m), sz += v; });
     se = tpk__block_sum(se, sh);
     sz = tpk__block_sum(sz, sh);
     if (threadIdx.x == 0) {
@@ -362,7 +374,9 @@ static tpk_status cuda_xent_partial(tpk_ctx *ctx, float *part, const void *z, co
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        xent_partial_kernel<Tt><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(part, (const Tt *)z, mx, targets, Vl, ld, v0);
+        tpk__by_vec(xent_vec(z, ld), [&](auto v) {
+            xent_partial_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(part, (const Tt *)z, mx, targets, Vl, ld, v0);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -386,18 +400,23 @@ static tpk_status cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const fl
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* z[k] is read before dz[k] is written by the same thread, so dz may alias z */
-template <class T>
+/* z[k] is read before dz[k] is written by the same thread, so dz may alias z; with VEC the 8
+ * elements of a vector share a row (ld a multiple of 8) */
+template <class T, bool VEC>
 __global__ void xent_grad_kernel(T *dz, const T *z, const float *lse, const int32_t *y, const float *dloss, int64_t T_, int64_t Vl,
                                  int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
-    size_t total = (size_t)T_ * (size_t)ld;
-    TPK__GRID_STRIDE(k, total) {
-        int64_t t = (int64_t)(k / (size_t)ld), j = (int64_t)(k % (size_t)ld);
+    tpk__elementwise<VEC>((size_t)T_ * (size_t)ld, [&](size_t k0, auto vn) {
+        constexpr int N = decltype(vn)::value;
+        int64_t t = (int64_t)(k0 / (size_t)ld), j0 = (int64_t)(k0 % (size_t)ld);
         int32_t yt = y[t];
-        float g = yt == ignore || j >= Vl ? 0.0f
-                               : (expf(tpk__ldf(z, k) - lse[t]) - (j == (int64_t)yt - v0 ? 1.0f - eps : 0.0f) - eps / (float)V) * dloss[t];
-        tpk__stf(dz, k, g);
-    }
+        float l = lse[t], d = dloss[t], g[N];
+        tpk__ldn<N>(z, k0, g);
+        for (int e = 0; e < N; e++) {
+            int64_t j = j0 + e;
+            g[e] = yt == ignore || j >= Vl ? 0.0f : (expf(g[e] - l) - (j == (int64_t)yt - v0 ? 1.0f - eps : 0.0f) - eps / (float)V) * d;
+        }
+        tpk__stn<N>(dz, k0, g);
+    });
 }
 static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
@@ -407,8 +426,11 @@ static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
     size_t total = (size_t)T * (size_t)ld;
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        xent_grad_kernel<Tt><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, ld, v0, V,
-                                                                           smoothing, ignore_index);
+        bool vec = xent_vec(z, ld) && tpk__aligned16({dz});
+        tpk__by_vec(vec, [&](auto v) {
+            xent_grad_kernel<Tt, decltype(v)::value><<<tpk__grid_elementwise(total, vec), 256, 0, st->stream>>>(
+                (Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }

@@ -244,9 +244,10 @@ static void test_embed(tpk_dtype dt) {
     }
 }
 
-static void test_xent(tpk_dtype dt) {
-    TEST_CASE("cross-entropy pieces [%s]", tpk_dtype_name(dt)) {
-        int64_t T = 33, Vl = 517, ld = 576, v0 = 100, V = 1000; /* rows of ld: a padded vocabulary's shard, 59 padding columns */
+/* rows of ld = 576: a padded vocabulary's shard (59 padding columns, 16-byte loads); ld = 517: unpadded */
+static void test_xent(tpk_dtype dt, int64_t ld) {
+    TEST_CASE("cross-entropy pieces [%s] rows of %lld", tpk_dtype_name(dt), (long long)ld) {
+        int64_t T = 33, Vl = 517, v0 = 100, V = 1000;
         float yv[33];
         for (int t = 0; t < T; t++) yv[t] = t == 5 ? -100.0f : (float)((t * 131) % 1000); /* in and out of the shard, one ignored */
         pair y = pair_from(&cd, yv, (size_t)T, TPK_I32), z = pair_randn(&cd, (size_t)(T * ld), dt, 80, 3.0f);
@@ -410,7 +411,8 @@ int main(int argc, char **argv) {
         test_layernorm(dt, 300, 77);
         test_layernorm(dt, 40, 2000);
         test_embed(dt);
-        test_xent(dt);
+        test_xent(dt, 576);
+        test_xent(dt, 517);
         test_attention(dt, 16, 45, 0.0f);
         test_attention(dt, 64, 45, 0.0f);
         test_attention(dt, 64, 130, 0.2f);
