@@ -115,12 +115,12 @@ static tpk_status cuda_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, f
 }
 
 /* dx for one row per warp; dy is read before dx is written (dx may alias nothing else) */
+/* dx of row i by one warp (the row's second read comes from the cache); with pw, pb the row's
+ * dy xh and dy are added into those column partials (the one-pass kernel) */
 template <class T>
-__global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t rows,
-                                 int64_t cols, bool acc) {
-    int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+__device__ __forceinline__ void ln_bwd_row(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t i,
+                                           int64_t cols, bool acc, float *pw, float *pb) {
     int lane = threadIdx.x & 31;
-    if (i >= rows) return;
     size_t r = (size_t)i * (size_t)cols;
     float mu = mean[i], rs = rstd[i], mg = 0.0f, mgx = 0.0f;
     for (int64_t j = lane; j < cols; j += 32) {
@@ -129,10 +129,17 @@ __global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w,
     }
     mg = tpk__warp_sum(mg) / (float)cols, mgx = tpk__warp_sum(mgx) / (float)cols;
     for (int64_t j = lane; j < cols; j += 32) {
-        float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
+        float xh = (tpk__ldf(x, r + j) - mu) * rs, d = tpk__ldf(dy, r + j), g = d * w[j];
         float v = rs * (g - mg - xh * mgx);
         tpk__stf(dx, r + j, acc ? tpk__ldf(dx, r + j) + v : v);
+        if (pw) pw[j] += d * xh, pb[j] += d;
     }
+}
+template <class T>
+__global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t rows,
+                                 int64_t cols, bool acc) {
+    int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    if (i < rows) ln_bwd_row(dx, dy, x, w, mean, rstd, i, cols, acc, (float *)NULL, (float *)NULL);
 }
 /* (dy xh, dy) of element (i, j), for the dw, db column sums */
 template <class T> struct ln_wb_elem {
@@ -172,21 +179,7 @@ __global__ void ln_bwd_onepass_kernel(T *dx, float *part, const T *dy, const T *
     for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) { /* uniform over the block */
         for (int64_t j = lane; j < cols; j += 32) pw[j] = pb[j] = 0.0f;
         int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
-        for (int64_t i = c * LN_CHUNK + wid; i < r1; i += LN_WARPS) {
-            size_t r = (size_t)i * (size_t)cols;
-            float mu = mean[i], rs = rstd[i], mg = 0.0f, mgx = 0.0f;
-            for (int64_t j = lane; j < cols; j += 32) {
-                float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
-                mg += g, mgx += g * xh;
-            }
-            mg = tpk__warp_sum(mg) / (float)cols, mgx = tpk__warp_sum(mgx) / (float)cols;
-            for (int64_t j = lane; j < cols; j += 32) {
-                float xh = (tpk__ldf(x, r + j) - mu) * rs, d = tpk__ldf(dy, r + j), g = d * w[j];
-                float v = rs * (g - mg - xh * mgx);
-                tpk__stf(dx, r + j, acc ? tpk__ldf(dx, r + j) + v : v);
-                pw[j] += d * xh, pb[j] += d;
-            }
-        }
+        for (int64_t i = c * LN_CHUNK + wid; i < r1; i += LN_WARPS) ln_bwd_row(dx, dy, x, w, mean, rstd, i, cols, acc, pw, pb);
         __syncthreads();
         for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
             float sw = 0.0f, sb = 0.0f;
