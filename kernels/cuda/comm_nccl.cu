@@ -10,7 +10,9 @@
  * So a started all-reduce runs beside the GEMMs the compute stream executes before tpk_wait.
  * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
  * no v-collectives); even ones call ncclAllGather / ncclReduceScatter. bf16 reduces in NCCL's
- * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit. */
+ * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit.
+ * A communicator of one rank (the TP group at t = 1) calls no NCCL: each collective is a copy on
+ * the compute stream, with nothing for the host to wait for. */
 #include <chrono>
 #include <thread>
 
@@ -121,10 +123,21 @@ static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResul
     return nccl_finish(ctx, fn, m, r);
 }
 
+/* One rank: dst = src on the compute stream; no request to wait for. */
+static tpk_status nccl_one(tpk_ctx *ctx, const char *fn, nccl_impl *m, void *dst, const void *src, size_t bytes, tpk_request *req) {
+    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    if (req) req->state = NULL;
+    if (!bytes || dst == src) return TPK_OK;
+    TPK__CUDA_STATE(st, ctx, fn);
+    TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st->stream));
+    return TPK_OK;
+}
+
 static tpk_status nccl_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt, tpk_redop op,
                                  tpk_request *req) {
     static const char *fn = "tpk_allreduce (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
+    if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, count * tpk_dtype_size(dt), req);
     TPK_TRY(nccl_begin(ctx, fn, m));
     return nccl_end(ctx, fn, m, ncclAllReduce(send, recv, count, nccl_type(dt), nccl_op(op), m->comm, m->stream), req);
 }
@@ -133,6 +146,7 @@ static tpk_status nccl_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, v
                                   tpk_request *req) {
     static const char *fn = "tpk_allgatherv (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
+    if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, counts[0] * tpk_dtype_size(dt), req);
     TPK_TRY(nccl_begin(ctx, fn, m));
     bool even = true;
     for (int q = 1; q < c->size; q++) even = even && counts[q] == counts[0];
@@ -156,6 +170,7 @@ static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *se
                                        tpk_redop op, tpk_request *req) {
     static const char *fn = "tpk_reduce_scatterv (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
+    if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, counts[0] * tpk_dtype_size(dt), req);
     TPK_TRY(nccl_begin(ctx, fn, m));
     bool even = true;
     for (int q = 1; q < c->size; q++) even = even && counts[q] == counts[0];
@@ -179,6 +194,7 @@ static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *se
 static tpk_status nccl_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
     static const char *fn = "tpk_bcast (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
+    if (c->size == 1) return nccl_one(ctx, fn, m, buf, buf, 0, req);
     TPK_TRY(nccl_begin(ctx, fn, m));
     return nccl_end(ctx, fn, m, ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream), req);
 }
@@ -186,6 +202,7 @@ static tpk_status nccl_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count,
 static tpk_status nccl_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
     static const char *fn = "tpk_barrier (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
+    if (c->size == 1) return nccl_one(ctx, fn, m, NULL, NULL, 0, req);
     TPK_TRY(nccl_begin(ctx, fn, m));
     return nccl_end(ctx, fn, m, ncclAllReduce(m->one, m->one, 1, ncclFloat32, ncclSum, m->comm, m->stream), req);
 }
