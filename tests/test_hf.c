@@ -31,6 +31,15 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 /* every parameter and both moments gathered: out[3 * i + k] */
+/* the token drawn from logits z[0..n) at temperature temp with uniform u, in double */
+static int ref_draw(const float *z, int n, float temp, double u) { /* z / temp in f32, as tpk_sample_logits */
+    double mx = -INFINITY, s = 0, c = 0;
+    for (int j = 0; j < n; j++) mx = fmax(mx, z[j] / temp);
+    for (int j = 0; j < n; j++) s += exp(z[j] / temp - mx);
+    for (int j = 0; j < n; j++)
+        if ((c += exp(z[j] / temp - mx) / s) > u) return j;
+    return n - 1;
+}
 static void gather_all(tpk_ctx *ctx, const tpk_adamw *o, float **out) {
     for (int i = 0; i < ctx->params.n; i++) {
         size_t gn = tpk_param_global_numel(ctx, i);
@@ -125,30 +134,19 @@ int main(int argc, char **argv) {
         test_randn(z, T * V, 6, 2.0f);
         tpk_tensor g = tpk_tensor_2d(z, TPK_F32, T, V, TPK_R), l = tpk_tensor_shard_2d(loc, TPK_F32, T, V, TPK_S(-1), np, me);
         CHECK_OK(&ctx, tpk_convert(&ctx, &g, TPK_S(-1), &l));
-        for (uint64_t i = 0; i < 20; i++) {
-            int32_t got = -1;
-            CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, 0, 1, 0.7f, 5, i, &got));
-            double mx = -INFINITY, s = 0, c = 0, u = tpk_rng_uniform(5, tpk_rng_stream("sample"), i);
-            for (int j = 0; j < V; j++) mx = fmax(mx, z[V + j] / 0.7f);
-            for (int j = 0; j < V; j++) s += exp(z[V + j] / 0.7f - mx);
-            int want = V - 1;
-            for (int j = 0; j < V; j++)
-                if ((c += exp(z[V + j] / 0.7f - mx) / s) > u) { want = j; break; }
-            CHECK(got == want, "draw %llu: %d, expected %d", (unsigned long long)i, got, want);
-        }
-        /* a padded vocabulary: columns >= 20 are padding, never drawn however large */
-        for (int j = 20; j < V; j++) z[V + j] = 50.0f;
-        CHECK_OK(&ctx, tpk_convert(&ctx, &g, TPK_S(-1), &l));
-        for (uint64_t i = 0; i < 20; i++) {
-            int32_t got = -1;
-            CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, 20, 1, 0.7f, 5, i, &got));
-            double mx = -INFINITY, s = 0, c = 0, u = tpk_rng_uniform(5, tpk_rng_stream("sample"), i);
-            for (int j = 0; j < 20; j++) mx = fmax(mx, z[V + j] / 0.7f);
-            for (int j = 0; j < 20; j++) s += exp(z[V + j] / 0.7f - mx);
-            int want = 19;
-            for (int j = 0; j < 20; j++)
-                if ((c += exp(z[V + j] / 0.7f - mx) / s) > u) { want = j; break; }
-            CHECK(got == want, "padded draw %llu: %d, expected %d", (unsigned long long)i, got, want);
+        /* all 29 columns, then a padded vocabulary: columns >= 20 padding, never drawn however large */
+        for (int pad = 0; pad < 2; pad++) {
+            int n = pad ? 20 : V;
+            if (pad) {
+                for (int j = 20; j < V; j++) z[V + j] = 50.0f;
+                CHECK_OK(&ctx, tpk_convert(&ctx, &g, TPK_S(-1), &l));
+            }
+            for (uint64_t i = 0; i < 20; i++) {
+                int32_t got = -1;
+                CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, pad ? n : 0, 1, 0.7f, 5, i, &got));
+                int want = ref_draw(z + V, n, 0.7f, tpk_rng_uniform(5, tpk_rng_stream("sample"), i));
+                CHECK(got == want, "%sdraw %llu: %d, expected %d", pad ? "padded " : "", (unsigned long long)i, got, want);
+            }
         }
         int32_t t;
         CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, V + 1, 0, 1.0f, 5, 0, &t), TPK_ERR_ARG, "vocab: expected 0..29 (the logits' columns), got 30");

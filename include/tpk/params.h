@@ -275,12 +275,13 @@ static inline void tpk__param_place(const tpk_param *p, int parts, int index, fl
         }
 }
 
-/* Global element count of a parameter. */
-static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) {
+static inline size_t tpk__gnumel(const tpk_param *p) {
     size_t n = 1;
-    for (int i = 0; i < ctx->params.list[id].ndim; i++) n *= (size_t)ctx->params.list[id].gshape[i];
+    for (int i = 0; i < p->ndim; i++) n *= (size_t)p->gshape[i];
     return n;
 }
+/* Global element count of a parameter (without padding rows). */
+static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) { return tpk__gnumel(&ctx->params.list[id]); }
 /* Elements of the whole (unsharded) model: every parameter's global size. */
 static inline size_t tpk_params_global_numel(const tpk_ctx *ctx) {
     size_t n = 0;
@@ -299,10 +300,8 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     int t = ctx->tp.size;
     tpk_param ps = tpk__param_stored(p); /* gathered with its padding rows, which are then left out */
-    size_t gnumel = tpk_param_global_numel(ctx, id), snumel = 1, *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
-    for (int i = 0; i < p->ndim; i++) snumel *= (size_t)ps.gshape[i];
-    bool padded = snumel != gnumel;
-    float *host = (float *)malloc(sizeof(float) * (snumel ? snumel : 1)), *whole = padded ? (float *)malloc(sizeof(float) * snumel) : out;
+    size_t gnumel = tpk__gnumel(p), snumel = tpk__gnumel(&ps), *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
+    float *host = (float *)malloc(sizeof(float) * (snumel ? snumel : 1)), *whole = (float *)malloc(sizeof(float) * (snumel ? snumel : 1));
     tpk_status s = counts && host && whole ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     const float *src = flat + p->offset;
     if (s == TPK_OK && p->split_dim < 0) {
@@ -324,10 +323,9 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
             tpk__param_place(&ps, t, q, whole, host + off, true);
             off += counts[q];
         }
-        if (s == TPK_OK && padded) memcpy(out, whole, gnumel * sizeof(float)); /* dim 0 outermost: the padding rows are last */
+        if (s == TPK_OK) memcpy(out, whole, gnumel * sizeof(float)); /* dim 0 outermost: the padding rows are last */
     }
-    if (padded) free(whole);
-    free(counts), free(host);
+    free(counts), free(host), free(whole);
     return s;
 }
 
@@ -341,21 +339,17 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     tpk_param ps = tpk__param_stored(p); /* `in` is extended with the padding rows, zero */
-    size_t gnumel = tpk_param_global_numel(ctx, id), snumel = 1;
-    for (int i = 0; i < p->ndim; i++) snumel *= (size_t)ps.gshape[i];
-    bool padded = snumel != gnumel;
-    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1)), *whole = padded ? (float *)calloc(snumel, sizeof(float)) : (float *)in;
+    size_t gnumel = tpk__gnumel(p), snumel = tpk__gnumel(&ps);
+    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1)), *whole = (float *)calloc(snumel ? snumel : 1, sizeof(float));
     if (!host || !whole) {
-        free(host);
-        if (padded) free(whole);
+        free(host), free(whole);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
-    if (padded) memcpy(whole, in, gnumel * sizeof(float));
+    memcpy(whole, in, gnumel * sizeof(float));
     if (flat == (float *)ctx->params.data.p) ctx->params.stale16 = true;
     tpk__param_place(&ps, ctx->tp.size, ctx->tp.rank, whole, host, false);
     tpk_status s = tpk_op_memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
-    free(host);
-    if (padded) free(whole);
+    free(host), free(whole);
     return s;
 }
 

@@ -120,12 +120,17 @@ __device__ __forceinline__ void tpk__fl_stage(uint16_t *dst, const uint16_t *src
     }
 }
 
-/* Start copying key tile `it` (rows 64 it .. 64 it + 63) of K and V into buffers it % 2 of Kb, Vb. */
+/* Start copying key tile `it` (rows 64 it .. 64 it + 63) of K and V into buffers it % 2 of Kb, Vb
+ * when it < ntiles, and close the group of copies issued so far (cp.async.commit_group). */
 template <int D>
-__device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, const uint16_t *K, const uint16_t *V, int64_t ld, int it, int64_t S) {
+__device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, const uint16_t *K, const uint16_t *V, int64_t ld, int it, int ntiles,
+                                                 int64_t S) {
     constexpr int TILE = TPK__FL_ROWS * (D + 8);
-    tpk__fl_stage<D>(Kb + (it & 1) * TILE, K, ld, (int64_t)it * TPK__FL_KEYS, S);
-    tpk__fl_stage<D>(Vb + (it & 1) * TILE, V, ld, (int64_t)it * TPK__FL_KEYS, S);
+    if (it < ntiles) {
+        tpk__fl_stage<D>(Kb + (it & 1) * TILE, K, ld, (int64_t)it * TPK__FL_KEYS, S);
+        tpk__fl_stage<D>(Vb + (it & 1) * TILE, V, ld, (int64_t)it * TPK__FL_KEYS, S);
+    }
+    tpk__fl_commit();
 }
 
 __device__ __forceinline__ uint32_t tpk__fl_ld32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
@@ -209,8 +214,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
     tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
-    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, S);
-    tpk__fl_commit();
+    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, ntiles, S);
     tpk__fl_wait_all();
     __syncthreads();
     float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows g and g + 8 */
@@ -219,8 +223,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        if (it + 1 < ntiles) tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, S); /* lands in the other buffers meanwhile */
-        tpk__fl_commit();
+        tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4];
             tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);
@@ -353,8 +356,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     int ntiles = (int)(last / TPK__FL_KEYS) + 1;
     tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
     tpk__fl_stage<D>(dOs, dO, ldo, q0, S);
-    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, S);
-    tpk__fl_commit();
+    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, ntiles, S);
     float L[2], Di[2], dq[ND][4];
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;
@@ -368,8 +370,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        if (it + 1 < ntiles) tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, S); /* lands in the other buffers meanwhile */
-        tpk__fl_commit();
+        tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
             tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);

@@ -531,7 +531,7 @@ template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn,
 /* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later, rows
  * 16-byte aligned; TPK_ATTN=generic in the environment selects the generic kernels (benchmarks). */
 static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
-    if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || ((uintptr_t)a | (uintptr_t)b) % 16) return false;
+    if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || !tpk__aligned16({a, b})) return false;
     const char *env = getenv("TPK_ATTN");
     return !env || strcmp(env, "generic") != 0;
 }

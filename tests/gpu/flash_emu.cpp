@@ -58,20 +58,8 @@ static thread_local emu_block *emu_blk;
 static inline void __syncthreads() { pthread_barrier_wait(&emu_blk->bar); }
 static inline emu_warp &emu_my_warp() { return emu_blk->warp[threadIdx.x >> 5]; }
 
-static inline float emu_bf16(uint32_t bits16) {
-    uint32_t u = bits16 << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint16_t emu_to_bf16(float f) { /* round to nearest even, as __floats2bfloat162_rn */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static inline uint32_t tpk__fl_pack(float lo, float hi) { return (uint32_t)emu_to_bf16(lo) | (uint32_t)emu_to_bf16(hi) << 16; }
+/* two floats -> bf16x2, round to nearest even as __floats2bfloat162_rn (tpk_f32_to_bf16), lo in the low half */
+static inline uint32_t tpk__fl_pack(float lo, float hi) { return (uint32_t)tpk_f32_to_bf16(lo) | (uint32_t)tpk_f32_to_bf16(hi) << 16; }
 
 static inline float tpk__fl_shfl_xor(float v, int m) {
     emu_warp &W = emu_my_warp();
@@ -93,12 +81,12 @@ static inline void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b
     for (int L = 0; L < 32; L++) {
         int g = L >> 2, t = L & 3;
         for (int h = 0; h < 2; h++) { /* h: low / high half of a register */
-            A[g][2 * t + h] = emu_bf16(W.a[L][0] >> (16 * h) & 0xffffu);
-            A[g + 8][2 * t + h] = emu_bf16(W.a[L][1] >> (16 * h) & 0xffffu);
-            A[g][2 * t + 8 + h] = emu_bf16(W.a[L][2] >> (16 * h) & 0xffffu);
-            A[g + 8][2 * t + 8 + h] = emu_bf16(W.a[L][3] >> (16 * h) & 0xffffu);
-            B[2 * t + h][g] = emu_bf16(W.b[L][0] >> (16 * h) & 0xffffu);
-            B[2 * t + 8 + h][g] = emu_bf16(W.b[L][1] >> (16 * h) & 0xffffu);
+            A[g][2 * t + h] = tpk_bf16_to_f32((uint16_t)(W.a[L][0] >> (16 * h)));
+            A[g + 8][2 * t + h] = tpk_bf16_to_f32((uint16_t)(W.a[L][1] >> (16 * h)));
+            A[g][2 * t + 8 + h] = tpk_bf16_to_f32((uint16_t)(W.a[L][2] >> (16 * h)));
+            A[g + 8][2 * t + 8 + h] = tpk_bf16_to_f32((uint16_t)(W.a[L][3] >> (16 * h)));
+            B[2 * t + h][g] = tpk_bf16_to_f32((uint16_t)(W.b[L][0] >> (16 * h)));
+            B[2 * t + 8 + h][g] = tpk_bf16_to_f32((uint16_t)(W.b[L][1] >> (16 * h)));
         }
     }
     pthread_barrier_wait(&W.bar); /* every lane has read the posted registers */
@@ -169,7 +157,7 @@ static double rel_err(const std::vector<float> &got, const std::vector<float> &w
 }
 static std::vector<float> to_f32(const std::vector<uint16_t> &v) {
     std::vector<float> r(v.size());
-    for (size_t k = 0; k < v.size(); k++) r[k] = emu_bf16(v[k]);
+    for (size_t k = 0; k < v.size(); k++) r[k] = tpk_bf16_to_f32(v[k]);
     return r;
 }
 
@@ -178,8 +166,8 @@ template <int D> static void run_case(tpk_ctx *host, int64_t B, int64_t S, int64
     uint64_t seed = 5, stream = 6;
     size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
     std::vector<uint16_t> qkv(nq), dout(no);
-    for (size_t k = 0; k < nq; k++) qkv[k] = emu_to_bf16(tpk_rng_normal(11, D + S, k));
-    for (size_t k = 0; k < no; k++) dout[k] = emu_to_bf16(tpk_rng_normal(12, D + S, k));
+    for (size_t k = 0; k < nq; k++) qkv[k] = tpk_f32_to_bf16(tpk_rng_normal(11, D + S, k));
+    for (size_t k = 0; k < no; k++) dout[k] = tpk_f32_to_bf16(tpk_rng_normal(12, D + S, k));
     std::vector<float> qkvf = to_f32(qkv), doutf = to_f32(dout);
 
     /* the host backend, f32 on the bf16 values */
@@ -230,7 +218,7 @@ template <int D> static void run_case(tpk_ctx *host, int64_t B, int64_t S, int64
     for (size_t k = 0; k < nq; k++) {
         size_t part = k / (size_t)(Al * D) % 3;
         std::vector<float> &g = part == 0 ? dq : part == 1 ? dk : dv, &gh = part == 0 ? dq_h : part == 1 ? dk_h : dv_h;
-        g.push_back(emu_bf16(dqkv[k])), gh.push_back(dqkv_h[k]);
+        g.push_back(tpk_bf16_to_f32(dqkv[k])), gh.push_back(dqkv_h[k]);
     }
     double eq = rel_err(dq, dq_h), ek = rel_err(dk, dk_h), ev = rel_err(dv, dv_h);
     report(eq < 3e-2, "backward dQ", D, S, p, eq);
