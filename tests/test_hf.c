@@ -164,18 +164,18 @@ int main(int argc, char **argv) {
         mkdir(bad, 0755);
         snprintf(path, sizeof path, "%s/config.json", bad);
         tpk_gpt2_config c = config();
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12\n");
-        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "config.json: byte 78: expected ',' or '}'");
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16 \"n_head\": 4}");
-        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "byte 28: expected ',' or '}'");
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61}");
-        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "missing n_positions");
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 5, \"vocab_size\": 61, \"n_positions\": 12, \"x\": [1, {\"a\": null}]}");
-        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "implausible configuration");
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12} x");
-        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "the end of the text");
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"a\\qb\"}");
-        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, "expected an escape");
+        static const struct { const char *text, *needle; } bad_configs[] = { /* each a TPK_ERR_FORMAT naming the fault */
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12\n", "config.json: byte 78: expected ',' or '}'"},
+            {"{\"n_layer\": 2, \"n_embd\": 16 \"n_head\": 4}", "byte 28: expected ',' or '}'"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61}", "missing n_positions"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 5, \"vocab_size\": 61, \"n_positions\": 12, \"x\": [1, {\"a\": null}]}", "implausible configuration"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12} x", "the end of the text"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"a\\qb\"}", "expected an escape"},
+        };
+        for (size_t k = 0; k < sizeof bad_configs / sizeof *bad_configs; k++) {
+            write_text(path, bad_configs[k].text);
+            CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, bad_configs[k].needle);
+        }
         write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"activation_function\": \"gelu_new\", \"n_inner\": null}");
         CHECK_OK(&ctx, tpk_gpt2_config_read(&ctx, bad, &c));
         snprintf(path, sizeof path, "%s/none", bad);
