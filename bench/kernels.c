@@ -70,8 +70,8 @@ static void run_op(int op) {
     case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
     case OP_XENT_G: TRY(tpk_op_xent_grad(&ctx, y, x, lse, tgt, dl, R, C, C, 0, C, 0.0f, -100, dt)); break;
     case OP_ADAMW: TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL, 0)); break;
-    case OP_ATT_F: TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
-    case OP_ATT_B: TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
+    case OP_ATT_F: TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
+    case OP_ATT_B: TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
     }
 }
 /* the fewest bytes an op moves */

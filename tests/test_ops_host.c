@@ -671,9 +671,9 @@ static tpk_status user_xent_loss(tpk_ctx *c, float *loss, float *lse, const floa
     return tpk_ops_host()->xent_loss(c, loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
 }
 static tpk_status user_attn_fwd(tpk_ctx *c, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                                int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+                                int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     user_calls++;
-    return tpk_ops_host()->attn_fwd(c, out, lse, qkv, B, S, Al, D, A, head0, scale, p, seed, stream, dt);
+    return tpk_ops_host()->attn_fwd(c, out, lse, qkv, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt);
 }
 static tpk_status user_layernorm_fwd(tpk_ctx *c, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
                                      int64_t rows, int64_t cols, float eps, tpk_dtype dt) {

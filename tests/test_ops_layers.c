@@ -823,12 +823,12 @@ static void attn_run_fwd(const attn_shape *s, const float *qkv, float scale, flo
     size_t nq = attn_nq(s), no = attn_no(s);
     test_poison(out, no), test_poison(lse, attn_nl(s));
     if (dt == TPK_F32) {
-        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, out, lse, qkv, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
+        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, out, lse, qkv, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed, stream, dt));
         return;
     }
     uint16_t *hq = hbuf(nq), *ho = hbuf(no);
     to_bf16(hq, qkv, nq), poison_bf16(ho, no);
-    CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, ho, lse, hq, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
+    CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, ho, lse, hq, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed, stream, dt));
     from_bf16(out, ho, no);
     free(hq), free(ho);
 }
@@ -837,13 +837,13 @@ static void attn_run_bwd(const attn_shape *s, const float *qkv, const float *dou
     size_t nq = attn_nq(s), no = attn_no(s);
     test_poison(dqkv, nq);
     if (dt == TPK_F32) {
-        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, dqkv, dout, qkv, out, lse, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed,
+        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, dqkv, dout, qkv, out, lse, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed,
                                          stream, dt));
         return;
     }
     uint16_t *hq = hbuf(nq), *hd = hbuf(no), *ho = hbuf(no), *hg = hbuf(nq);
     to_bf16(hq, qkv, nq), to_bf16(hd, dout, no), to_bf16(ho, out, no), poison_bf16(hg, nq);
-    CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, hg, hd, hq, ho, lse, s->B, s->S, s->Al, s->D, s->A, s->head0, scale, p, seed, stream, dt));
+    CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, hg, hd, hq, ho, lse, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed, stream, dt));
     from_bf16(dqkv, hg, nq);
     free(hq), free(hd), free(ho), free(hg);
 }
@@ -1018,30 +1018,34 @@ static void test_attention(void) {
         float q[256] = {0}, out[128], lse[64], dq[256], dO[128] = {0};
         const float sc = 0.5f;
         /* fwd */
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, -1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 3, -1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 2, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
+                    "G: expected a divisor of A = 3 (key/value heads), got 2");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 0, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "G: expected a divisor");
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 6, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "G: expected a divisor");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "p: expected 0 <= p < 1, got 1");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, -0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 0, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 3, 1, sc, -0.5f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 0, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "D: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, -2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "B: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, -5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "S: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, NULL, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "qkv: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, NULL, q, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "lse: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_I32), TPK_ERR_DTYPE, "tpk_op_attn_fwd: dt:");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, -2, 5, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "B: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, -5, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "S: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, NULL, 2, 5, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "qkv: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, NULL, q, 2, 5, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "lse: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_attn_fwd(&ctx, out, lse, q, 2, 5, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_I32), TPK_ERR_DTYPE, "tpk_op_attn_fwd: dt:");
         /* bwd */
-        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
-        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
-        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 0, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "D:");
-        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, NULL, q, out, lse, 2, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 3, 2, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "head0:");
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 4, 3, 3, 1, sc, 1.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "p:");
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, dO, q, out, lse, 2, 5, 2, 0, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG, "D:");
+        CHECK_FAILS(&ctx, tpk_op_attn_bwd(&ctx, dq, NULL, q, out, lse, 2, 5, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32), TPK_ERR_ARG,
                     "dout: expected a buffer");
         CHECK(strncmp(tpk_last_error(&ctx), "tpk_op_attn_bwd: ", 17) == 0, "message \"%s\" does not name tpk_op_attn_bwd",
               tpk_last_error(&ctx));
         /* empty: nothing read */
-        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, NULL, NULL, NULL, 0, 5, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
-        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, NULL, NULL, NULL, 2, 0, 2, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
-        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, NULL, NULL, NULL, NULL, NULL, 2, 5, 0, 4, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, NULL, NULL, NULL, 0, 5, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, NULL, NULL, NULL, 2, 0, 2, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, NULL, NULL, NULL, NULL, NULL, 2, 5, 0, 4, 3, 3, 1, sc, 0.0f, 1, 1, TPK_F32));
     }
 }
 

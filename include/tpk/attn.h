@@ -86,7 +86,7 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
     TPK_TRY(tpk__buf_view(ctx, &a->out, &o));
     TPK_TRY(tpk__buf_reserve(ctx, &a->lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
     if (T && Al)
-        TPK_TRY(tpk_op_attn_fwd(ctx, o.data, (float *)a->lse.p, qkv.data, B, S, Al, D, a->A, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
+        TPK_TRY(tpk_op_attn_fwd(ctx, o.data, (float *)a->lse.p, qkv.data, B, S, Al, D, a->A, a->A, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
                                    a->stream, ctx->dtype));
     return tpk_row_linear_forward(ctx, &a->c_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
@@ -105,7 +105,7 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
     dq = a->qkv;
     TPK_TRY(tpk__buf_view(ctx, &a->dqkv, &dq));
     if (B * S > 0 && Al > 0)
-        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->qkv.data, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->a0,
+        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->qkv.data, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->A, a->a0,
                                    1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
     return tpk_col_linear_backward(ctx, &a->c_attn, dq, dx); /* all-reduce (SP: reduce-scatter) */
 }

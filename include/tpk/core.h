@@ -125,23 +125,52 @@ typedef struct tpk_layout {
     int stride; /* S only; 0 or 1: one split. s > 1: dim d is s equal blocks, each split over
                    the ranks, and a shard is its slice of every block (fused [Q; K; V]). */
     int unit;   /* S only; 0 or 1: split elements. u > 1: split whole groups of u (heads of D). */
+    int group;  /* S only; 0 or 1: none. g > 1 (grouped-query attention's K and V): dim d is n/u
+                   units (key/value heads of u rows), unit k read by the g query heads
+                   [k g, (k + 1) g); the n/u g query heads are split with tpk_split and a shard
+                   holds every unit its query heads read, so a unit read from two ranks is held
+                   by both (replicated, its gradient summed over them: tpk/norm.h). Stride 1. */
 } tpk_layout;
 
-#define TPK_R (TPK_LIT(tpk_layout){TPK_LAYOUT_R, 0, 0, 0})
-#define TPK_P (TPK_LIT(tpk_layout){TPK_LAYOUT_P, 0, 0, 0})
-#define TPK_S(d) (TPK_LIT(tpk_layout){TPK_LAYOUT_S, (d), 0, 0})
+#define TPK_R (TPK_LIT(tpk_layout){TPK_LAYOUT_R, 0, 0, 0, 0})
+#define TPK_P (TPK_LIT(tpk_layout){TPK_LAYOUT_P, 0, 0, 0, 0})
+#define TPK_S(d) (TPK_LIT(tpk_layout){TPK_LAYOUT_S, (d), 0, 0, 0})
 /* S(d) with s blocks split separately, each in groups of u elements (heads of size u). */
-#define TPK_S_EX(d, s, u) (TPK_LIT(tpk_layout){TPK_LAYOUT_S, (d), (s), (u)})
+#define TPK_S_EX(d, s, u) (TPK_LIT(tpk_layout){TPK_LAYOUT_S, (d), (s), (u), 0})
+/* S(d) of key/value heads of u elements, each read by g query heads (the query heads split). */
+#define TPK_S_GROUPED(d, u, g) (TPK_LIT(tpk_layout){TPK_LAYOUT_S, (d), 1, (u), (g)})
 
 static inline int tpk_layout_stride(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.stride > 1 ? l.stride : 1; }
 static inline int tpk_layout_unit(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.unit > 1 ? l.unit : 1; }
+static inline int tpk_layout_group(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.group > 1 ? l.group : 1; }
 
 /* Where shard `index` of a dim of n elements holds its run in block b (< stride) of layout l:
- * each block of n/stride elements is split in groups of `unit` with tpk_split. */
+ * each block of n/stride elements is split in groups of `unit` with tpk_split. Grouped (g > 1):
+ * the units [q0 / g, (q0 + nq - 1) / g] read by the query heads [q0, q0 + nq) of the shard. */
 static inline tpk_range tpk_shard_run(int64_t n, tpk_layout l, int parts, int index, int b) {
-    int64_t s = tpk_layout_stride(l), u = tpk_layout_unit(l), block = n / s;
+    int64_t s = tpk_layout_stride(l), u = tpk_layout_unit(l), g = tpk_layout_group(l), block = n / s;
+    if (g > 1) {
+        tpk_range q = tpk_split(block / u * g, parts, index), out = {q.off / g * u, 0};
+        if (q.size) out.size = ((q.off + q.size - 1) / g + 1) * u - out.off;
+        return out;
+    }
     tpk_range r = tpk_split(block / u, parts, index), out = {b * block + r.off * u, r.size * u};
     return out;
+}
+/* The part of shard `index` (offsets within the shard) that no lower shard also holds: the
+ * whole shard except under a grouped layout, where a unit belongs to the lowest shard holding
+ * it. Sums over the ranks (a gradient norm) count each element once over these parts. */
+static inline tpk_range tpk_shard_owned(int64_t n, tpk_layout l, int parts, int index) {
+    tpk_range r = tpk_shard_run(n, l, parts, index, 0), own = {0, tpk_layout_stride(l) * r.size};
+    if (tpk_layout_group(l) == 1) return own;
+    int64_t end = 0; /* the end of the units held below */
+    for (int q = 0; q < index; q++) {
+        tpk_range o = tpk_shard_run(n, l, parts, q, 0);
+        if (o.size && o.off + o.size > end) end = o.off + o.size;
+    }
+    if (end > r.off) own.off = end - r.off < r.size ? end - r.off : r.size;
+    own.size = r.size - own.off;
+    return own;
 }
 /* Local extent of a dim of n elements in layout l (n must be a multiple of stride * unit). */
 static inline int64_t tpk_shard_size(int64_t n, tpk_layout l, int parts, int index) {
@@ -158,12 +187,14 @@ static inline bool tpk_layout_eq(tpk_layout a, tpk_layout b, int ndim) {
     if (a.kind != b.kind) return false;
     return a.kind != TPK_LAYOUT_S ||
            (tpk_layout_dim(a, ndim) == tpk_layout_dim(b, ndim) && tpk_layout_stride(a) == tpk_layout_stride(b) &&
-            tpk_layout_unit(a) == tpk_layout_unit(b));
+            tpk_layout_unit(a) == tpk_layout_unit(b) && tpk_layout_group(a) == tpk_layout_group(b));
 }
 /* "R", "P", "S(0)", "S(-1)" into buf (at least 16 bytes); returns buf. */
 static inline const char *tpk_layout_str(tpk_layout l, char *buf, size_t n) {
     if (l.kind == TPK_LAYOUT_R) snprintf(buf, n, "R");
     else if (l.kind == TPK_LAYOUT_P) snprintf(buf, n, "P");
+    else if (l.kind == TPK_LAYOUT_S && tpk_layout_group(l) > 1)
+        snprintf(buf, n, "S(%d, unit %d, group %d)", l.dim, tpk_layout_unit(l), tpk_layout_group(l));
     else if (l.kind == TPK_LAYOUT_S && (tpk_layout_stride(l) > 1 || tpk_layout_unit(l) > 1))
         snprintf(buf, n, "S(%d, stride %d, unit %d)", l.dim, tpk_layout_stride(l), tpk_layout_unit(l));
     else if (l.kind == TPK_LAYOUT_S) snprintf(buf, n, "S(%d)", l.dim);

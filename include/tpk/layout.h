@@ -125,6 +125,9 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     if (tpk_layout_stride(in->layout) > 1 || tpk_layout_stride(to) > 1)
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: strided shards are consumed where they are made (attention); no conversion",
                          tpk_layout_stride(to) > 1 ? "to" : "in");
+    if (tpk_layout_group(in->layout) > 1 || tpk_layout_group(to) > 1)
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: grouped key/value shards are consumed where they are made (attention); no conversion",
+                         tpk_layout_group(to) > 1 ? "to" : "in");
     TPK_TRY(tpk__check(ctx, fn, "in", in, in->layout, in->dtype, in->ndim, NULL, ctx->tp.size, ctx->tp.rank));
     int din = tpk_layout_dim(in->layout, in->ndim), dto = tpk_layout_dim(to, in->ndim);
     tpk_tensor o = *in;

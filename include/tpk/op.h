@@ -7,6 +7,8 @@
 #ifndef TPK_OP_H
 #define TPK_OP_H
 
+#include <math.h>
+
 #include "ctx.h"
 #include "profile.h"
 
@@ -39,6 +41,11 @@ static inline const char *tpk__ops_missing(const tpk_ops *ops) {
     if (!ops->xent_grad) return "xent_grad";
     if (!ops->attn_fwd) return "attn_fwd";
     if (!ops->attn_bwd) return "attn_bwd";
+    if (!ops->rope) return "rope";
+    if (!ops->swiglu_fwd) return "swiglu_fwd";
+    if (!ops->swiglu_bwd) return "swiglu_bwd";
+    if (!ops->rmsnorm_fwd) return "rmsnorm_fwd";
+    if (!ops->rmsnorm_bwd) return "rmsnorm_bwd";
     if (!ops->adamw) return "adamw";
     if (!ops->sumsq) return "sumsq";
     if (!ops->linear_fwd) return "linear_fwd";
@@ -322,6 +329,23 @@ static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw,
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,db,dy,x,w,mean,rstd", ps, 8, rows > 0));
     return rows ? TPK__PROF_OP(ctx, "layernorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->layernorm_bwd(ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
 }
+static inline tpk_status tpk_op_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
+                                            tpk_dtype dt) {
+    static const char *fn = "tpk_op_rmsnorm_fwd";
+    TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
+    if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
+    const void *ps[] = {y, rstd, x, w};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "y,rstd,x,w", ps, 4, rows > 0));
+    return rows ? TPK__PROF_OP(ctx, "rmsnorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->rmsnorm_fwd(ctx, y, rstd, x, w, rows, cols, eps, dt)) : TPK_OK;
+}
+static inline tpk_status tpk_op_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
+                                            int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+    static const char *fn = "tpk_op_rmsnorm_bwd";
+    TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
+    const void *ps[] = {dx, dw, dy, x, w, rstd};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,dy,x,w,rstd", ps, 6, rows > 0));
+    return rows ? TPK__PROF_OP(ctx, "rmsnorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->rmsnorm_bwd(ctx, dx, dw, dy, x, w, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
+}
 
 /* ---- embedding --------------------------------------------------------------------------------------- */
 
@@ -401,33 +425,67 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
 
 /* ---- attention ---------------------------------------------------------------------------------------- */
 
-static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0,
-                                            float p, tpk_dtype dt) {
+static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G,
+                                            int64_t head0, float p, tpk_dtype dt) {
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "B", B, "S", S));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "Al", Al));
     TPK_TRY(tpk__op_pos(ctx, fn, "D", D));
+    if (G < 1 || G > A || A % G)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "G: expected a divisor of A = %lld (key/value heads), got %lld", (long long)A, (long long)G);
     if (head0 < 0 || head0 + Al > A)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "head0: expected 0 <= head0 and head0 + Al <= A = %lld, got %lld", (long long)A, (long long)head0);
     return tpk__op_prob(ctx, fn, p);
 }
 static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A,
-                                         int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+                                         int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "tpk_op_attn_fwd";
-    TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, head0, p, dt));
+    TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, G, head0, p, dt));
     bool any = B * S * Al > 0;
     const void *ps[] = {out, lse, qkv};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "out,lse,qkv", ps, 3, any));
-    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0, 2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_fwd(ctx, out, lse, qkv, B, S, Al, D, A, head0, scale, p, seed, stream, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0, 2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_fwd(ctx, out, lse, qkv, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B,
-                                         int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p, uint64_t seed,
+                                         int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed,
                                          uint64_t stream, tpk_dtype dt) {
     static const char *fn = "tpk_op_attn_bwd";
-    TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, head0, p, dt));
+    TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, G, head0, p, dt));
     bool any = B * S * Al > 0;
     const void *ps[] = {dqkv, dout, qkv, out, lse};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dqkv,dout,qkv,out,lse", ps, 5, any));
-    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0, 5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, head0, scale, p, seed, stream, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0, 5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
+}
+
+/* ---- rotary embedding, SwiGLU, RMSNorm (Llama) --------------------------------------------------------- */
+
+static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D,
+                                     float theta, bool inverse, tpk_dtype dt) {
+    static const char *fn = "tpk_op_rope";
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "heads", heads));
+    TPK_TRY(tpk__op_pos(ctx, fn, "S", S));
+    if (D < 2 || D % 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "D: expected an even head size >= 2 (rotate-half pairs j, j + D/2), got %lld", (long long)D);
+    if (!(theta > 1.0f) || isinf(theta)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "theta: expected a finite base > 1 (e.g. 10000), got %g", (double)theta);
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldx", ldx, heads * D));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldy", ldy, heads * D));
+    bool any = rows * heads > 0;
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any));
+    if (any && y == x && ldy != ldx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ldy: in place (y == x) expected ldx = %lld, got %lld", (long long)ldx, (long long)ldy);
+    return any ? TPK__PROF_OP(ctx, "rope", 2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt), 0, ctx->ops->rope(ctx, y, ldy, x, ldx, rows, S, heads, D, theta, inverse, dt)) : TPK_OK;
+}
+static inline tpk_status tpk_op_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
+    static const char *fn = "tpk_op_swiglu_fwd";
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
+    const void *ps[] = {h, gu};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "h,gu", ps, 2, rows * F > 0));
+    return rows && F ? TPK__PROF_OP(ctx, "swiglu_fwd", 3.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, ctx->ops->swiglu_fwd(ctx, h, gu, rows, F, dt)) : TPK_OK;
+}
+static inline tpk_status tpk_op_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+    static const char *fn = "tpk_op_swiglu_bwd";
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
+    const void *ps[] = {dgu, gu, dh};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "dgu,gu,dh", ps, 3, rows * F > 0));
+    return rows && F ? TPK__PROF_OP(ctx, "swiglu_bwd", 5.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, ctx->ops->swiglu_bwd(ctx, dgu, gu, dh, rows, F, dt)) : TPK_OK;
 }
 
 /* ---- optimizer ----------------------------------------------------------------------------------------- */

@@ -28,6 +28,14 @@ static inline const char *tpk_act_name(tpk_act a) {
     return a == TPK_ACT_NONE ? "none" : a == TPK_ACT_GELU_TANH ? "gelu_tanh" : "?";
 }
 
+/* Grouped-query attention: the key/value heads [*g0, *g0 + Gl) read by the query heads
+ * [head0, head0 + Al) of A when there are G key/value heads (G divides A); returns Gl. */
+static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int64_t Al, int64_t *g0) {
+    int64_t q = G > 0 && A % G == 0 ? A / G : 1;
+    if (g0) *g0 = head0 / q;
+    return Al > 0 ? (head0 + Al - 1) / q - head0 / q + 1 : 0;
+}
+
 typedef struct tpk_ops {
     const char *name;
     void *self;  /* backend state (handles, streams) */
@@ -109,19 +117,48 @@ typedef struct tpk_ops {
     tpk_status (*xent_grad)(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                             int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
 
-    /* Causal self-attention over Al local heads of size D, batch B, sequence S.
-     * qkv [B*S, 3*Al*D]: Q in columns [0, Al*D), K in [Al*D, 2*Al*D), V in [2*Al*D, 3*Al*D),
-     * local head h at offset h*D of each block; its global index is head0 + h of A.
+    /* Causal self-attention, grouped-query: A query heads and G key/value heads of size D (G
+     * divides A; query head a reads key/value head a / (A/G); G = A is multi-head attention).
+     * This call holds the Al query heads [head0, head0 + Al) and the Gl key/value heads they read,
+     * [g0, g0 + Gl) (tpk_attn_kv_heads). qkv [B*S, (Al + 2 Gl) D]: Q in columns [0, Al D), K in
+     * [Al D, (Al + Gl) D), V in [(Al + Gl) D, (Al + 2 Gl) D), local head h at offset h D of its
+     * block; a shared key/value head is read in place, never copied.
      * s_ij = scale q_i . k_j for j <= i;  P = softmax_j(s);  lse f32 [B, Al, S] saved;
      * dropout (p > 0): P_ij kept when uniform(seed, stream, ((b*A + head0 + h)*S + i)*S + j) >= p,
      * scaled by 1/(1-p), so a head's mask does not depend on the rank that holds it.
      * out [B*S, Al*D] = P V per head. Backward recomputes P from lse:
-     * dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q. */
+     * dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q;
+     * dqkv has qkv's layout, and the dK, dV of a key/value head are the sums over the local query
+     * heads that read it (in a fixed order: deterministic). */
     tpk_status (*attn_fwd)(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                           int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
+                           int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
     tpk_status (*attn_bwd)(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                           int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
+                           int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
                            uint64_t seed, uint64_t stream, tpk_dtype dt);
+
+    /* Rotary position embedding (Hugging Face Llama's rotate-half convention) on `heads` heads of
+     * size D (even) in each row of x [rows, ldx] (heads at columns h D), into y [rows, ldy] (y may
+     * be x when ldy = ldx). Row i is at position s = i mod S (rows are [B, S] flattened). For
+     * j < D/2, f_j = theta^(-2j/D), angle s f_j (computed in double), c = cos, n = sin:
+     *   y[j] = x[j] c - x[j + D/2] n,  y[j + D/2] = x[j + D/2] c + x[j] n;
+     * inverse: the rotation by -angle (the transpose: backward maps dy to dx with it). */
+    tpk_status (*rope)(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads,
+                       int64_t D, float theta, bool inverse, tpk_dtype dt);
+
+    /* SwiGLU: gu [rows, 2F] holds gate in columns [0, F) and up in [F, 2F);
+     * swiglu_fwd: h [rows, F] = silu(gate) up,  silu(x) = x sigmoid(x);
+     * swiglu_bwd: dgate = dh up sigmoid(gate) (1 + gate (1 - sigmoid(gate))),  dup = dh silu(gate),
+     *             into dgu [rows, 2F] (gu's layout; dgu may be gu). */
+    tpk_status (*swiglu_fwd)(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt);
+    tpk_status (*swiglu_bwd)(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt);
+
+    /* RMSNorm over the last dim of x [rows, cols]: rstd = 1/sqrt(mean_j(x^2) + eps) (f32 [rows],
+     * saved), y = x rstd w (w f32 [cols]). Backward, xh = x rstd, g = dy w:
+     * dx (+)= rstd (g - xh mean_j(g xh)), dw += sum_i dy xh (f32). accumulate_dx adds into dx. */
+    tpk_status (*rmsnorm_fwd)(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
+                              tpk_dtype dt);
+    tpk_status (*rmsnorm_bwd)(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
+                              int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
 
     /* AdamW on n f32 elements (step >= 1; g is read as g * grad_scale):
      *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2

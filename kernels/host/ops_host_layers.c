@@ -4,10 +4,13 @@
  *   dropout    y = x keep / (1-p),  keep = uniform(seed, stream, global index) >= p
  *   layernorm  y = (x - mean) rstd w + b,  rstd = 1/sqrt(var + eps)           (per row)
  *              dx = rstd (g - mean(g) - xh mean(g xh)),  g = dy w,  xh = (x - mean) rstd
+ *   rmsnorm    the same loops with mean = 0 and no bias: dx = rstd (g - xh mean(g xh))
+ *   rope       pairs (j, j + D/2) of each head rotated by (i mod S) theta^(-2j/D)
+ *   swiglu     h = silu(gate) up over gu = [gate | up]
  *   embedding  y[t] = E[ids[t] - v0] for ids in [v0, v0 + vrows),  dE[ids[t] - v0] += dy[t]
  *   xent       lse = max + log sum exp(z - max);  loss = lse - (1-eps) z_y - eps mean_V(z)
  *              dz = (softmax(z) - (1-eps) onehot - eps/V) dloss
- *   attention  per (batch, head): S = scale Q K^T (causal), P = softmax(S), O = P V, with
+ *   attention  per (batch, query head; grouped-query: its key/value head): S = scale Q K^T (causal), P = softmax(S), O = P V, with
  *              Q K^T and P V through cblas_sgemm in blocks of query rows that skip the masked
  *              keys; backward recomputes P from the saved lse.
  * Arithmetic is f32 (sums of a row in double); bf16 is storage, widened on load. */
@@ -36,26 +39,29 @@ static tpk_status host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t row
 
 /* ---- layernorm ------------------------------------------------------------------------------ */
 
+/* One loop for both norms: rms (RMSNorm) takes the mean as 0 and has no bias (mean, b unused). */
 TPK__HOST_INLINE void ln_fwd_loop(tpk_dtype dt, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
-                             int64_t rows, int64_t cols, float eps) {
+                             int64_t rows, int64_t cols, float eps, bool rms) {
     for (int64_t i = 0; i < rows; i++) {
         size_t r = (size_t)(i * cols);
         double s = 0, s2 = 0;
-        for (int64_t j = 0; j < cols; j++) s += tpk__ld(x, dt, r + (size_t)j);
+        for (int64_t j = 0; j < cols && !rms; j++) s += tpk__ld(x, dt, r + (size_t)j);
         double m = s / (double)cols;
         for (int64_t j = 0; j < cols; j++) {
             double d = tpk__ld(x, dt, r + (size_t)j) - m;
             s2 += d * d;
         }
         float rs = (float)(1.0 / sqrt(s2 / (double)cols + eps));
-        for (int64_t j = 0; j < cols; j++) tpk__st(y, dt, r + (size_t)j, (tpk__ld(x, dt, r + (size_t)j) - (float)m) * rs * w[j] + b[j]);
-        mean[i] = (float)m, rstd[i] = rs;
+        for (int64_t j = 0; j < cols; j++)
+            tpk__st(y, dt, r + (size_t)j, (tpk__ld(x, dt, r + (size_t)j) - (float)m) * rs * w[j] + (rms ? 0.0f : b[j]));
+        if (!rms) mean[i] = (float)m;
+        rstd[i] = rs;
     }
 }
 static tpk_status host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
                                    int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, ln_fwd_loop, y, mean, rstd, x, w, b, rows, cols, eps);
+    TPK__BY_DTYPE(dt, ln_fwd_loop, y, mean, rstd, x, w, b, rows, cols, eps, false);
     return TPK_OK;
 }
 
@@ -70,18 +76,20 @@ static tpk_status host_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, f
 }
 
 TPK__HOST_INLINE void ln_bwd_loop(tpk_dtype dt, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
-                             const float *mean, const float *rstd, int64_t rows, int64_t cols, bool acc) {
+                             const float *mean, const float *rstd, int64_t rows, int64_t cols, bool acc, bool rms) {
     for (int64_t i = 0; i < rows; i++) {
         size_t r = (size_t)(i * cols);
         double mg = 0, mgx = 0;
+        float mu = rms ? 0.0f : mean[i];
         for (int64_t j = 0; j < cols; j++) {
-            float xh = (tpk__ld(x, dt, r + (size_t)j) - mean[i]) * rstd[i], g = tpk__ld(dy, dt, r + (size_t)j);
+            float xh = (tpk__ld(x, dt, r + (size_t)j) - mu) * rstd[i], g = tpk__ld(dy, dt, r + (size_t)j);
             mg += g * w[j], mgx += g * w[j] * xh;
-            dw[j] += g * xh, db[j] += g;
+            dw[j] += g * xh;
+            if (!rms) db[j] += g;
         }
-        mg /= (double)cols, mgx /= (double)cols;
+        mg = rms ? 0 : mg / (double)cols, mgx /= (double)cols;
         for (int64_t j = 0; j < cols; j++) {
-            float xh = (tpk__ld(x, dt, r + (size_t)j) - mean[i]) * rstd[i], g = tpk__ld(dy, dt, r + (size_t)j) * w[j];
+            float xh = (tpk__ld(x, dt, r + (size_t)j) - mu) * rstd[i], g = tpk__ld(dy, dt, r + (size_t)j) * w[j];
             float v = rstd[i] * (g - (float)mg - xh * (float)mgx);
             tpk__st(dx, dt, r + (size_t)j, acc ? tpk__ld(dx, dt, r + (size_t)j) + v : v);
         }
@@ -90,7 +98,70 @@ TPK__HOST_INLINE void ln_bwd_loop(tpk_dtype dt, void *dx, float *dw, float *db, 
 static tpk_status host_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                    const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, ln_bwd_loop, dx, dw, db, dy, x, w, mean, rstd, rows, cols, accumulate_dx);
+    TPK__BY_DTYPE(dt, ln_bwd_loop, dx, dw, db, dy, x, w, mean, rstd, rows, cols, accumulate_dx, false);
+    return TPK_OK;
+}
+static tpk_status host_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
+                                   tpk_dtype dt) {
+    (void)ctx;
+    TPK__BY_DTYPE(dt, ln_fwd_loop, y, NULL, rstd, x, w, NULL, rows, cols, eps, true);
+    return TPK_OK;
+}
+static tpk_status host_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
+                                   int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+    (void)ctx;
+    TPK__BY_DTYPE(dt, ln_bwd_loop, dx, dw, NULL, dy, x, w, NULL, rstd, rows, cols, accumulate_dx, true);
+    return TPK_OK;
+}
+
+/* ---- rotary embedding, SwiGLU ------------------------------------------------------------------ */
+
+TPK__HOST_INLINE void rope_loop(tpk_dtype dt, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads,
+                                int64_t D, float theta, bool inverse) {
+    int64_t half = D / 2;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < half; j++) {
+            double a = (double)(i % S) * pow((double)theta, -2.0 * (double)j / (double)D);
+            float c = (float)cos(a), n = inverse ? -(float)sin(a) : (float)sin(a);
+            for (int64_t h = 0; h < heads; h++) {
+                size_t xi = (size_t)(i * ldx + h * D + j), yi = (size_t)(i * ldy + h * D + j);
+                float x1 = tpk__ld(x, dt, xi), x2 = tpk__ld(x, dt, xi + (size_t)half);
+                tpk__st(y, dt, yi, x1 * c - x2 * n);
+                tpk__st(y, dt, yi + (size_t)half, x2 * c + x1 * n);
+            }
+        }
+}
+static tpk_status host_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D,
+                            float theta, bool inverse, tpk_dtype dt) {
+    (void)ctx;
+    TPK__BY_DTYPE(dt, rope_loop, y, ldy, x, ldx, rows, S, heads, D, theta, inverse);
+    return TPK_OK;
+}
+
+TPK__HOST_INLINE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* fwd: h = silu(gate) up;  bwd (dh given): dgate = dh up sig (1 + gate (1 - sig)), dup = dh silu(gate) */
+TPK__HOST_INLINE void swiglu_loop(tpk_dtype dt, void *out, const void *gu, const void *dh, int64_t rows, int64_t F) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < F; j++) {
+            size_t k = (size_t)(i * 2 * F + j);
+            float g = tpk__ld(gu, dt, k), u = tpk__ld(gu, dt, k + (size_t)F), sg = sigmoid(g);
+            if (!dh) {
+                tpk__st(out, dt, (size_t)(i * F + j), g * sg * u);
+                continue;
+            }
+            float d = tpk__ld(dh, dt, (size_t)(i * F + j));
+            tpk__st(out, dt, k, d * u * sg * (1.0f + g * (1.0f - sg)));
+            tpk__st(out, dt, k + (size_t)F, d * g * sg);
+        }
+}
+static tpk_status host_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
+    (void)ctx;
+    TPK__BY_DTYPE(dt, swiglu_loop, h, gu, NULL, rows, F);
+    return TPK_OK;
+}
+static tpk_status host_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+    (void)ctx;
+    TPK__BY_DTYPE(dt, swiglu_loop, dgu, gu, dh, rows, F);
     return TPK_OK;
 }
 
@@ -221,10 +292,11 @@ static void narrow(void *y, const float *f, size_t n, tpk_dtype dt) {
 enum { ATTN_ROWS = 64 };
 
 static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                              int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+                              int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "host.attn_fwd";
     TPK_TRY(tpk__host_blas_int(ctx, fn, "S", S)); /* the attention GEMMs take int sizes */
-    size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D);
+    int64_t g0, Gl = tpk_attn_kv_heads(A, G, head0, Al, &g0), grp = A / G;
+    size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D);
     if (!nq) return TPK_OK;
     float *qo, *oo = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * S));
     const float *q = widen(qkv, nq, dt, &qo);
@@ -233,10 +305,11 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
         free(qo), free(oo), free(P);
         return tpk__host_nomem(ctx, fn, sizeof(float) * (nq + no + (size_t)(ATTN_ROWS * S)));
     }
-    int ld3 = (int)(3 * Al * D), ldo = (int)(Al * D);
+    int ld3 = (int)((Al + 2 * Gl) * D), ldo = (int)(Al * D);
     for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Al; h++) {
-            const float *Q = q + b * S * ld3 + h * D, *K = Q + Al * D, *Vv = Q + 2 * Al * D;
+        for (int64_t h = 0; h < Al; h++) { /* query head h reads key/value head kv */
+            int64_t kv = (head0 + h) / grp - g0;
+            const float *Q = q + b * S * ld3 + h * D, *K = q + b * S * ld3 + (Al + kv) * D, *Vv = K + Gl * D;
             float *O = o + b * S * ldo + h * D, *L = lse + (b * Al + h) * S;
             for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS) {
                 int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS), keys = (int)i0 + n; /* P [n, keys] */
@@ -261,11 +334,12 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
 }
 
 static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                              int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
+                              int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
                               uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "host.attn_bwd";
     TPK_TRY(tpk__host_blas_int(ctx, fn, "S", S)); /* the attention GEMMs take int sizes */
-    size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), ss = (size_t)(ATTN_ROWS * S);
+    int64_t g0, Gl = tpk_attn_kv_heads(A, G, head0, Al, &g0), grp = A / G;
+    size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D), ss = (size_t)(ATTN_ROWS * S);
     if (!nq) return TPK_OK;
     float *o1, *o2, *o3, *o4 = NULL;
     const float *q = widen(qkv, nq, dt, &o1), *dO = widen(dout, no, dt, &o2), *O = widen(out, no, dt, &o3);
@@ -275,15 +349,16 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr);
         return tpk__host_nomem(ctx, fn, sizeof(float) * (2 * nq + 2 * no + 2 * ss));
     }
-    int ld3 = (int)(3 * Al * D), ldo = (int)(Al * D);
-    for (int64_t b = 0; b < B; b++)
+    int ld3 = (int)((Al + 2 * Gl) * D), ldo = (int)(Al * D);
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i < S; i++) /* dK, dV accumulate over the row blocks and the query heads of a group */
+            for (int64_t e = 0; e < 2 * Gl * D; e++) dq[(b * S + i) * ld3 + Al * D + e] = 0.0f;
         for (int64_t h = 0; h < Al; h++) {
-            size_t qoff = (size_t)(b * S * ld3 + h * D), ooff = (size_t)(b * S * ldo + h * D);
-            const float *Q = q + qoff, *K = Q + Al * D, *Vv = Q + 2 * Al * D, *L = lse + (b * Al + h) * S;
+            int64_t kv = (head0 + h) / grp - g0;
+            size_t qoff = (size_t)(b * S * ld3 + h * D), kvoff = (size_t)(b * S * ld3 + (Al + kv) * D), ooff = (size_t)(b * S * ldo + h * D);
+            const float *Q = q + qoff, *K = q + kvoff, *Vv = K + Gl * D, *L = lse + (b * Al + h) * S;
             const float *dOh = dO + ooff, *Oh = O + ooff;
-            float *dQ = dq + qoff, *dK = dQ + Al * D, *dV = dQ + 2 * Al * D;
-            for (int64_t i = 0; i < S; i++) /* dK, dV accumulate over the row blocks */
-                for (int64_t e = 0; e < D; e++) dK[i * ld3 + e] = dV[i * ld3 + e] = 0.0f;
+            float *dQ = dq + qoff, *dK = dq + kvoff, *dV = dK + Gl * D;
             for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS) {
                 int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS), keys = (int)i0 + n; /* P, dP [n, keys] */
                 /* P (without dropout) from lse; Dr_i = sum_d dO_i O_i */
@@ -312,6 +387,7 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, scale, dP, keys, Q + i0 * ld3, ld3, 1.0f, dK, ld3);
             }
         }
+    }
     narrow(dqkv, dq, nq, dt);
     free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr);
     return TPK_OK;
@@ -323,4 +399,6 @@ void tpk__host_layer_ops(tpk_ops *o) {
     o->layernorm_bwd = host_layernorm_bwd, o->embed_fwd = host_embed_fwd, o->embed_bwd = host_embed_bwd;
     o->xent_max = host_xent_max, o->xent_partial = host_xent_partial, o->xent_loss = host_xent_loss, o->xent_grad = host_xent_grad;
     o->attn_fwd = host_attn_fwd, o->attn_bwd = host_attn_bwd;
+    o->rope = host_rope, o->swiglu_fwd = host_swiglu_fwd, o->swiglu_bwd = host_swiglu_bwd;
+    o->rmsnorm_fwd = host_rmsnorm_fwd, o->rmsnorm_bwd = host_rmsnorm_bwd;
 }

@@ -284,21 +284,21 @@ static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p) {
         size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
         pair qkv = pair_randn(&cd, nq, dt, 90, 1.0f), out = pair_from(&cd, NULL, no, dt), lse = pair_from(&cd, NULL, nl, TPK_F32);
         pair_poison(&cd, &out), pair_poison(&cd, &lse);
-        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
-        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
         pair_check(&cd, &out, tol_for(dt, TOL_SUM), "attn_fwd out");
         pair_check(&cd, &lse, tol_for(dt, TOL_SUM), "attn_fwd lse");
         pair_sync_down(&cd, &out), pair_sync_down(&cd, &lse);
         pair dout = pair_randn(&cd, no, dt, 91, 1.0f), dqkv = pair_from(&cd, NULL, nq, dt);
         pair_poison(&cd, &dqkv);
-        CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
-        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
         pair_check(&cd, &dqkv, tol_for(dt, TOL_SUM), "attn_bwd dqkv");
         /* the backward is deterministic: a second run gives the same bits */
         size_t bytes = nq * tpk_dtype_size(dt);
         unsigned char *first = (unsigned char *)malloc(bytes), *second = (unsigned char *)malloc(bytes);
         CHECK_OK(&cd, cd.ops->memcpy(&cd, first, dqkv.d, bytes, TPK_D2H));
-        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, second, dqkv.d, bytes, TPK_D2H));
         CHECK(memcmp(first, second, bytes) == 0, "attn_bwd: two runs differ");
         free(first), free(second);
@@ -369,7 +369,7 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 4, p, 4, 0.0f, p, 4, TPK_I32), TPK_ERR_DTYPE, "dt");
         CHECK_FAILS(&cd, tpk_op_dropout(&cd, p, p, 2, 2, 2, 0, 0, 1.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "p:");
         CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
-        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
+        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
         CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, p, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
         CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0), TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
@@ -380,11 +380,11 @@ static void test_errors(void) {
         void *p = NULL;
         CHECK_OK(&cd, tpk_op_alloc(&cd, 1024, &p));
         /* valid for the front end; the buffers are never touched */
-        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 600, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_UNSUPPORTED,
+        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 600, 1, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_UNSUPPORTED,
                     "cuda.attn_fwd: D: head dims up to 512");
-        CHECK_FAILS(&cd, tpk_op_attn_bwd(&cd, p, p, p, p, p, 70000, 1, 1, 8, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&cd, tpk_op_attn_bwd(&cd, p, p, p, p, p, 70000, 1, 1, 8, 1, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
                     "cuda.attn_bwd: B: expected <= 65535");
-        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 70000, 8, 70000, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
+        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 70000, 8, 70000, 70000, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
                     "Al: expected <= 65535");
         CHECK_FAILS(&cd, tpk_op_xent_max(&cd, p, p, (int64_t)1 << 31, 1, 1, TPK_F32), TPK_ERR_ARG, "cuda.xent_max: T: expected <= 2147483647");
         CHECK_FAILS(&cd, tpk_op_embed_bwd(&cd, p, p, p, 4, 1, 0, (int64_t)1 << 32, TPK_F32), TPK_ERR_ARG, "cuda.embed_bwd: vrows");
