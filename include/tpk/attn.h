@@ -110,4 +110,180 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
     return tpk_col_linear_backward(ctx, &a->c_attn, dq, dx); /* all-reduce (SP: reduce-scatter) */
 }
 
+/* ---- grouped-query attention with rotary embeddings (Llama) ----------------------------------------
+ *
+ * A query heads, G key/value heads (G divides A; query head a reads key/value head a / (A/G)),
+ * head size D = H / A. Rank r holds the query heads [a0, a0 + A_r) = tpk_split(A, t, r) and the
+ * key/value heads [g0, g0 + G_r) they read (TPK_S_GROUPED): when t > G, or when an uneven split
+ * cuts a group, a key/value head is held by every rank whose query heads read it (replicated, as
+ * Megatron does for t > G), and tpk_params_reduce_partial_grads sums its weight gradient over them.
+ *   q_proj  column [A D, H] -> Q S(-1) [T, A_r D];  k_proj, v_proj  column [G D, H] (grouped) ->
+ *           K, V [T, G_r D]; the input gathered once under SP, each dx partial, summed, and
+ *           reduced once in backward (one all-reduce, SP: one reduce-scatter)
+ *   rope    Q and K rotated (rotate-half) by the global token position s = row mod S, into one
+ *           [T, (A_r + 2 G_r) D] buffer with V; backward rotates dQ, dK back (the transpose)
+ *   attn    causal, each query head reading its key/value head in place (tpk_op_attn_fwd with G)
+ *   o_proj  row [H, A D], in features in heads of D -> P -> all-reduce -> R (SP: reduce-scatter)
+ * Collectives: forward 1 all-reduce of T H (SP: 1 all-gather + 1 reduce-scatter), backward the
+ * same; none in the attention. Parameters "<name>.{q,k,v,o}_proj.weight" (and .bias with
+ * desc.bias), [out, in], Hugging Face Llama's names below "model.layers.N.self_attn". */
+
+typedef struct tpk_gqa_attention_desc {
+    const char *name;       /* default "attn<N>" */
+    int64_t kv_heads;       /* G (divides A); 0 = A (multi-head attention) */
+    float rope_theta;       /* rotary base; 0 = 10000; < 0: no rotary embedding */
+    bool bias;              /* q, k, v, o projections with biases (Llama: none) */
+    bool sequence_parallel; /* x and y S(0) */
+    float dropout;          /* on the attention probabilities */
+    float init_std;         /* q, k, v weights N(0, std^2); default 0.02 */
+    float proj_init_std;    /* o_proj; default init_std */
+} tpk_gqa_attention_desc;
+
+typedef struct tpk_gqa_attention {
+    char name[80];
+    int64_t H, A, G, D;
+    int64_t Al, a0, Gl, g0; /* local query heads [a0, a0 + Al), key/value heads [g0, g0 + Gl) */
+    float p, theta;
+    bool sp;
+    tpk_linear q_proj, k_proj, v_proj, o_proj;
+    int64_t B, S;
+    uint64_t stream;
+    tpk_buf xg, qkv, out, lse, dqkv, dq, dk, dv, dx;
+} tpk_gqa_attention;
+
+static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention *a, int64_t H, int64_t A, const tpk_gqa_attention_desc *desc) {
+    static const char *fn = "tpk_gqa_attention_init";
+    tpk_gqa_attention_desc d;
+    TPK__INIT_LAYER(ctx, fn, a, d, desc);
+    int64_t G = d.kv_heads ? d.kv_heads : A;
+    if (A < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
+    if (H < 1 || H % A) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected a positive multiple of A = %lld, got %lld", (long long)A, (long long)H);
+    if (G < 1 || A % G)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->kv_heads: expected a divisor of A = %lld query heads, got %lld", (long long)A, (long long)G);
+    if (d.rope_theta >= 0 && ((H / A) % 2))
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H / A: rotary embeddings need an even head size, got %lld", (long long)(H / A));
+    if (d.rope_theta > 0 && !(d.rope_theta > 1.0f && !isinf(d.rope_theta)))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->rope_theta: expected a finite base > 1 (0 = 10000, < 0 = none), got %g", (double)d.rope_theta);
+    if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);
+    TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
+    a->H = H, a->A = A, a->G = G, a->D = H / A, a->p = d.dropout, a->sp = d.sequence_parallel;
+    a->theta = d.rope_theta < 0 ? 0.0f : d.rope_theta > 0 ? d.rope_theta : 10000.0f;
+    tpk_range heads = tpk_split(A, ctx->tp.size, ctx->tp.rank);
+    a->a0 = heads.off, a->Al = heads.size;
+    a->Gl = tpk_attn_kv_heads(A, G, a->a0, a->Al, &a->g0);
+    char pn[128];
+    tpk_linear_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.partial_dx = true, ld.init_std = d.init_std;
+    snprintf(pn, sizeof pn, "%s.q_proj", a->name);
+    TPK_TRY(tpk_col_linear_init(ctx, &a->q_proj, H, A * a->D, &ld));
+    ld.group = (int)(A / G); /* K and V: the key/value heads this rank's query heads read */
+    snprintf(pn, sizeof pn, "%s.k_proj", a->name);
+    TPK_TRY(tpk_col_linear_init(ctx, &a->k_proj, H, G * a->D, &ld));
+    snprintf(pn, sizeof pn, "%s.v_proj", a->name);
+    TPK_TRY(tpk_col_linear_init(ctx, &a->v_proj, H, G * a->D, &ld));
+    memset(&ld, 0, sizeof ld);
+    ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.sequence_parallel = d.sequence_parallel;
+    ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    snprintf(pn, sizeof pn, "%s.o_proj", a->name);
+    return tpk_row_linear_init(ctx, &a->o_proj, A * a->D, H, &ld);
+}
+
+static inline void tpk_gqa_attention_destroy(tpk_ctx *ctx, tpk_gqa_attention *a) {
+    tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj};
+    for (int i = 0; i < 4; i++) tpk_linear_destroy(ctx, ls[i]);
+    tpk_buf *bs[] = {&a->xg, &a->qkv, &a->out, &a->lse, &a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) tpk__buf_free(ctx, bs[i]);
+}
+
+/* rows of src [T, n] (ld n) into columns [c0, c0 + n) of dst [T, ld] (to_packed), or back; with
+ * rope, rotated (forward) or rotated back (inverse) on the way. */
+static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, const tpk_gqa_attention *a, void *packed, int64_t ld, int64_t c0, void *x, int64_t heads,
+                                       bool rope, bool to_packed) {
+    int64_t T = a->B * a->S, n = heads * a->D;
+    if (!T || !n) return TPK_OK;
+    void *p = TPK__AT(packed, c0, ctx->dtype);
+    if (rope && a->theta > 0)
+        return to_packed ? tpk_op_rope(ctx, p, ld, x, n, T, a->S, heads, a->D, a->theta, false, ctx->dtype)
+                         : tpk_op_rope(ctx, x, n, p, ld, T, a->S, heads, a->D, a->theta, true, ctx->dtype);
+    return to_packed ? tpk_op_copy2d(ctx, p, ld, x, n, T, n, ctx->dtype) : tpk_op_copy2d(ctx, x, n, p, ld, T, n, ctx->dtype);
+}
+
+/* y = attention(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism),
+ * y in the same layout. */
+static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
+    static const char *fn = "tpk_gqa_attention_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
+    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    if (B < 0 || S < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld", (long long)B, (long long)S);
+    int t = ctx->tp.size, r = ctx->tp.rank;
+    int64_t want[2] = {B * S, a->H};
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want, t, r));
+    if (a->sp) { /* gather the tokens once for the three projections */
+        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, B * S, a->H, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &a->xg, &g));
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g));
+        x = g;
+    }
+    tpk_tensor q, k, v, o;
+    TPK_TRY(tpk_col_linear_forward(ctx, &a->q_proj, x, &q)); /* [T, Al D] */
+    TPK_TRY(tpk_col_linear_forward(ctx, &a->k_proj, x, &k)); /* [T, Gl D] */
+    TPK_TRY(tpk_col_linear_forward(ctx, &a->v_proj, x, &v));
+    int64_t T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
+    a->B = B, a->S = S;
+    a->stream = tpk__dropout_stream(ctx, a->name);
+    TPK_TRY(tpk__buf_reserve(ctx, &a->qkv, (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
+    TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, 0, q.data, Al, true, true)); /* [Q | K | V], Q and K rotated */
+    TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, Al * D, k.data, Gl, true, true));
+    TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, (Al + Gl) * D, v.data, Gl, false, true));
+    o = tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->A * D, TPK_S_EX(-1, 1, (int)D), t, r);
+    TPK_TRY(tpk__buf_view(ctx, &a->out, &o));
+    TPK_TRY(tpk__buf_reserve(ctx, &a->lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
+    if (T && Al)
+        TPK_TRY(tpk_op_attn_fwd(ctx, o.data, (float *)a->lse.p, a->qkv.p, B, S, Al, D, a->A, a->G, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
+                                a->stream, ctx->dtype));
+    return tpk_row_linear_forward(ctx, &a->o_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
+}
+
+/* dx of the last forward from dy (the layout of y); accumulates the four projections' gradients
+ * (a shared key/value head's only partially: tpk_params_reduce_partial_grads completes it). */
+static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor dy, tpk_tensor *dx) {
+    static const char *fn = "tpk_gqa_attention_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
+    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
+    if (!a->o_proj.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
+    int t = ctx->tp.size, r = ctx->tp.rank;
+    int64_t B = a->B, S = a->S, T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
+    tpk_tensor dout;
+    TPK_TRY(tpk_row_linear_backward(ctx, &a->o_proj, dy, &dout)); /* S(-1) [T, Al D] */
+    TPK_TRY(tpk__buf_reserve(ctx, &a->dqkv, (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
+    if (T && Al)
+        TPK_TRY(tpk_op_attn_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->G, a->a0,
+                                1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
+    tpk_tensor dq = tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->A * D, TPK_S_EX(-1, 1, (int)D), t, r);
+    tpk_tensor dk = tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->G * D, tpk__col_out_layout(&a->k_proj), t, r), dv = dk;
+    TPK_TRY(tpk__buf_view(ctx, &a->dq, &dq));
+    TPK_TRY(tpk__buf_view(ctx, &a->dk, &dk));
+    TPK_TRY(tpk__buf_view(ctx, &a->dv, &dv));
+    TPK_TRY(tpk__gqa_move(ctx, a, a->dqkv.p, ld, 0, dq.data, Al, true, false)); /* dQ, dK rotated back */
+    TPK_TRY(tpk__gqa_move(ctx, a, a->dqkv.p, ld, Al * D, dk.data, Gl, true, false));
+    TPK_TRY(tpk__gqa_move(ctx, a, a->dqkv.p, ld, (Al + Gl) * D, dv.data, Gl, false, false));
+    tpk_tensor gq, gk, gv; /* each P [T, H] */
+    TPK_TRY(tpk_col_linear_backward(ctx, &a->q_proj, dq, &gq));
+    TPK_TRY(tpk_col_linear_backward(ctx, &a->k_proj, dk, &gk));
+    TPK_TRY(tpk_col_linear_backward(ctx, &a->v_proj, dv, &gv));
+    size_t n = (size_t)(T * a->H);
+    if (n) {
+        TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gk.data, 1.0f, ctx->dtype, n));
+        TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gv.data, 1.0f, ctx->dtype, n));
+    }
+    tpk_tensor out = a->sp ? tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->H, TPK_S(0), t, r) : tpk_tensor_2d(NULL, ctx->dtype, T, a->H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &a->dx, &out));
+    TPK_TRY(tpk_region_backward(ctx, a->sp ? TPK_REGION_SP_GATHER : TPK_REGION_COPY, &gq, &out)); /* P -> reduce-scatter / all-reduce */
+    *dx = out;
+    return TPK_OK;
+}
+
 #endif /* TPK_ATTN_H */

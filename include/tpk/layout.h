@@ -168,12 +168,12 @@ typedef struct tpk__region_rule { const char *name; tpk_layout fwd_in, fwd_out, 
 
 static inline const tpk__region_rule *tpk__region_rules(tpk_region r) {
     static const tpk__region_rule rules[TPK_REGION_N] = {
-        {"copy", {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
-        {"reduce", {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
-        {"gather", {TPK_LAYOUT_S, -1, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0}},
-        {"scatter", {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
-        {"sp_gather", {TPK_LAYOUT_S, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0}},
-        {"sp_scatter", {TPK_LAYOUT_P, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0}},
+        {"copy", {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
+        {"reduce", {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
+        {"gather", {TPK_LAYOUT_S, -1, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0, 0}},
+        {"scatter", {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
+        {"sp_gather", {TPK_LAYOUT_S, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0, 0}},
+        {"sp_scatter", {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
     };
     return (unsigned)r < TPK_REGION_N ? &rules[r] : NULL;
 }

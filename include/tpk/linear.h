@@ -4,13 +4,14 @@
  * under sequence parallelism), t the TP size, r this rank.
  *
  * Column linear: rank r holds rows (out features) o_r of W and b (stride s: its slice of
- * each of s blocks).
+ * each of s blocks, which may be s parameters registered in a row: desc.parts; grouped: the
+ * key/value heads its query heads read, desc.group).
  *   forward   x R [T, in] (SP: S(0), all-gathered first)
  *             y_r = x W_r^T + b_r            -> S(-1) [T, out_r]; gather_output: all-gather -> R
  *             (.act: y_r = act(x W_r^T + b_r), fused: tpk_op_linear_fwd; backward first
  *             dy_r *= act'(pre))
  *   backward  dy S(-1) (gather_output: R, sliced to own columns)
- *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0)), started
+ *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0); partial_dx: none), started
  *             dW_r += dy_r^T x, db_r += colsum(dy_r)   while the collective runs; then wait
  * Row linear: rank r holds columns (in features) i_r of W; b is replicated.
  *   forward   x S(-1) [T, in_r] (or R [T, in], sliced to own columns)
@@ -36,6 +37,16 @@ typedef struct tpk_linear_desc {
                                for backward */
     int stride;             /* column: out is `stride` blocks split separately (3 for fused QKV) */
     int unit;               /* the split features go in groups of `unit` (the head size D) */
+    int group;              /* column: > 1 for grouped-query attention's K or V projection: out is
+                               key/value heads of `unit`, each read by `group` query heads, and
+                               this rank holds the heads its query heads read (TPK_S_GROUPED;
+                               a head may be held by several ranks: tpk_params_reduce_partial_grads) */
+    const char *parts[8];   /* column with stride s > 1: W (and b) registered as s parameters
+                               "<name>.<parts[i]>.weight" [out / s, in] (S(0), unit), one after
+                               another, so their shards side by side are the strided shard
+                               (Llama's gate_proj and up_proj as one linear); NULL: one parameter */
+    bool partial_dx;        /* column: backward returns dx as P [T, in] with no collective (the
+                               caller sums several and reduces once); not with sequence_parallel */
     int weight;             /* column: use this registered [out, in] parameter as W (tied
                                weights) instead of registering one; 0 = register. Give id + 1.
                                A padded parameter (tpk_param_desc.padded_rows) is [padded_rows,
@@ -80,12 +91,22 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->sequence_parallel (the output stays S(-1))");
     if (l->d.init_std < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g", (double)l->d.init_std);
     if (l->d.weight && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->weight: only a column linear takes a shared weight");
+    if (l->d.group < 0 || (l->d.group > 1 && (!column || s > 1 || l->d.weight)))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->group: expected 0 or 1, or > 1 on a column linear without stride or shared weight, got %d", l->d.group);
+    if (l->d.parts[0] && (!column || s < 2 || s > 8 || l->d.weight))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->parts: only a column linear with 2..8 stride blocks and its own weight registers parts");
+    for (int i = 0; l->d.parts[0] && i < s; i++)
+        if (!l->d.parts[i] || !l->d.parts[i][0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->parts[%d]: expected a name (one per stride block, %d)", i, s);
+    if (l->d.partial_dx && (!column || l->d.sequence_parallel))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->partial_dx: only a column linear without sequence parallelism returns dx partial");
     if ((unsigned)l->d.act >= (unsigned)TPK_ACT_COUNT) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d", (int)l->d.act);
     if (l->d.act != TPK_ACT_NONE && !column)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: only a column linear fuses an activation (its output is S(-1)), got %s", tpk_act_name(l->d.act));
     l->d.stride = s, l->d.unit = u;
     l->column = column, l->in = in, l->out = out, l->b = -1;
-    l->split = column ? TPK_S_EX(0, s, u) : TPK_S_EX(1, 1, u);
+    int g = l->d.group > 1 ? l->d.group : 1;
+    l->d.group = g;
+    l->split = !column ? TPK_S_EX(1, 1, u) : g > 1 ? TPK_S_GROUPED(0, u, g) : TPK_S_EX(0, s, u);
     TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, l->d.name, "linear"));
     l->d.name = NULL;
     char pn[128];
@@ -100,13 +121,28 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->weight: \"%s\" is not an [%lld, %lld] weight split on dim 0 (stride %d, unit %d)",
                              p->name, (long long)out, (long long)in, s, u);
         l->w = l->d.weight - 1;
+    } else if (l->d.parts[0]) { /* s parameters registered in a row: their shards are the strided shard */
+        for (int i = 0; i < s; i++) {
+            int id;
+            snprintf(pn, sizeof pn, "%s.%s.weight", l->name, l->d.parts[i]);
+            TPK_TRY(tpk__param_add(ctx, pn, 2, out / s, in, TPK_S_EX(0, 1, u), TPK_INIT_NORMAL, std, true, &id));
+            if (!i) l->w = id;
+        }
     } else {
         TPK_TRY(tpk__param_add(ctx, pn, 2, out, in, l->split, TPK_INIT_NORMAL, std, true, &l->w));
     }
-    if (l->d.bias) {
+    if (l->d.bias && l->d.parts[0]) {
+        for (int i = 0; i < s; i++) {
+            int id;
+            snprintf(pn, sizeof pn, "%s.%s.bias", l->name, l->d.parts[i]);
+            TPK_TRY(tpk__param_add(ctx, pn, 1, out / s, 0, TPK_S_EX(0, 1, u), TPK_INIT_ZEROS, 0, false, &id));
+            if (!i) l->b = id;
+        }
+    } else if (l->d.bias) {
         snprintf(pn, sizeof pn, "%s.bias", l->name);
-        TPK_TRY(tpk__param_add(ctx, pn, 1, out, 0, column ? TPK_S_EX(0, s, u) : TPK_R, TPK_INIT_ZEROS, 0, false, &l->b));
+        TPK_TRY(tpk__param_add(ctx, pn, 1, out, 0, column ? l->split : TPK_R, TPK_INIT_ZEROS, 0, false, &l->b));
     }
+    for (int i = 0; l->d.parts[0] && i < 8; i++) l->d.parts[i] = NULL; /* the names need not outlive init */
     l->n_local = tpk_shard_size(column ? out : in, l->split, ctx->tp.size, ctx->tp.rank);
     l->in_off = column ? 0 : tpk_shard_run(in, l->split, ctx->tp.size, ctx->tp.rank, 0).off;
     return TPK_OK;
@@ -142,6 +178,11 @@ static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_li
     return TPK_OK;
 }
 
+/* The layout of a column linear's output: its weight's split, on the last dim. */
+static inline tpk_layout tpk__col_out_layout(const tpk_linear *l) {
+    return l->d.group > 1 ? TPK_S_GROUPED(-1, l->d.unit, l->d.group) : TPK_S_EX(-1, l->d.stride, l->d.unit);
+}
+
 /* Column forward: x R [T, in] (S(0) under sequence parallelism) -> *y S(-1) [T, out_r]
  * (R [T, out] with gather_output). */
 static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x, tpk_tensor *y) {
@@ -161,7 +202,7 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    tpk_tensor yl = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, l->d.stride, l->d.unit), t, r);
+    tpk_tensor yl = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, tpk__col_out_layout(l), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (l->d.act != TPK_ACT_NONE) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
     if (T && n) /* y_r = x W_r^T + b_r (act: pre = that, y_r = act(pre)), one fused op */
@@ -192,7 +233,7 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_GATHER, &dy, &s)); /* slice own columns */
         dy = s;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S_EX(-1, l->d.stride, l->d.unit), ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, tpk__col_out_layout(l), ctx->dtype, 2, want, t, r));
     }
     if (l->d.act != TPK_ACT_NONE) { /* through the fused activation: du = dy act'(pre) */
         tpk_tensor du = dy;
@@ -208,7 +249,9 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     tpk_request req;
     memset(&req, 0, sizeof req);
     tpk_tensor out;
-    if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
+    if (l->d.partial_dx) { /* the caller reduces */
+        out = dxp;
+    } else if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
         out = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->in, TPK_S(0), t, r);
         TPK_TRY(tpk__buf_view(ctx, &l->dx2, &out));
         size_t counts[64], *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);

@@ -1,5 +1,5 @@
-/* tpk/mlp.h — the tensor-parallel MLP: column c_fc H -> F, an activation on the shard (GELU-tanh by
- * default), row c_proj F -> H.
+/* tpk/mlp.h — the tensor-parallel MLPs: GPT-2's (column c_fc H -> F, an activation on the shard,
+ * GELU-tanh by default, row c_proj F -> H) and Llama's SwiGLU (below).
  *
  *   forward   x R [T, H] (S(0) under sequence parallelism)
  *             h_r = act(x W1_rᵀ + b1_r)    S(-1) [T, F_r]     (no communication; one fused op,
@@ -72,6 +72,84 @@ static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor d
     tpk_tensor dh;
     TPK_TRY(tpk_row_linear_backward(ctx, &m->c_proj, dy, &dh)); /* S(-1) [T, F_r] */
     return tpk_col_linear_backward(ctx, &m->c_fc, dh, dx);  /* through act', then c_fc */
+}
+
+/* ---- SwiGLU MLP (Llama) ------------------------------------------------------------------------------
+ *
+ *   gate_up  column H -> 2F, stride 2: parameters "<name>.gate_proj.weight" and "<name>.up_proj.weight"
+ *            [F, H] registered in a row, so this rank's rows of each side by side are one strided
+ *            shard: gu_r = x [W_gate,r; W_up,r]ᵀ  S(-1) [T, 2 F_r] = [gate_r | up_r]
+ *   swiglu   h_r = silu(gate_r) up_r  S(-1) [T, F_r]                 (tpk_op_swiglu_fwd, no communication)
+ *   down     row "<name>.down_proj" F -> H: P -> all-reduce -> R (SP: reduce-scatter -> S(0))
+ *   backward mirrors it (tpk_op_swiglu_bwd between the two linears).
+ * One all-reduce of T H each way (SP: one all-gather and one reduce-scatter each way). */
+
+typedef struct tpk_swiglu_mlp_desc {
+    const char *name;       /* default "mlp<N>" */
+    int64_t hidden;         /* F (Llama's intermediate_size); required */
+    bool bias;              /* biases on the three projections (Llama: none) */
+    bool sequence_parallel;
+    float init_std;         /* gate and up weights; default 0.02 */
+    float proj_init_std;    /* down_proj; default init_std */
+} tpk_swiglu_mlp_desc;
+
+typedef struct tpk_swiglu_mlp {
+    char name[80];
+    int64_t H, F;
+    tpk_linear gate_up, down;
+    tpk_tensor gu; /* S(-1) [T, 2 F_r] of the last forward, owned by gate_up */
+    tpk_buf h, dgu;
+} tpk_swiglu_mlp;
+
+static inline tpk_status tpk_swiglu_mlp_init(tpk_ctx *ctx, tpk_swiglu_mlp *m, int64_t H, const tpk_swiglu_mlp_desc *desc) {
+    static const char *fn = "tpk_swiglu_mlp_init";
+    tpk_swiglu_mlp_desc d;
+    TPK__INIT_LAYER(ctx, fn, m, d, desc);
+    if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
+    if (d.hidden < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (the intermediate size F), got %lld", (long long)d.hidden);
+    TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "mlp"));
+    m->H = H, m->F = d.hidden;
+    char pn[128];
+    tpk_linear_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.name = m->name, ld.bias = d.bias, ld.stride = 2, ld.parts[0] = "gate_proj", ld.parts[1] = "up_proj";
+    ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
+    TPK_TRY(tpk_col_linear_init(ctx, &m->gate_up, H, 2 * m->F, &ld));
+    memset(&ld, 0, sizeof ld);
+    snprintf(pn, sizeof pn, "%s.down_proj", m->name);
+    ld.name = pn, ld.bias = d.bias, ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    return tpk_row_linear_init(ctx, &m->down, m->F, H, &ld);
+}
+
+static inline void tpk_swiglu_mlp_destroy(tpk_ctx *ctx, tpk_swiglu_mlp *m) {
+    tpk_linear_destroy(ctx, &m->gate_up), tpk_linear_destroy(ctx, &m->down);
+    tpk__buf_free(ctx, &m->h), tpk__buf_free(ctx, &m->dgu);
+}
+
+/* y = down(silu(gate(x)) up(x)): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
+static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x, tpk_tensor *y) {
+    static const char *fn = "tpk_swiglu_mlp_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU MLP");
+    TPK_TRY(tpk_col_linear_forward(ctx, &m->gate_up, x, &m->gu)); /* [T, 2 F_r] = [gate_r | up_r] */
+    int64_t T = m->gu.shape[0], Fl = m->gu.shape[1] / 2;
+    tpk_tensor h = tpk_tensor_shard_2d(NULL, ctx->dtype, T, m->F, TPK_S(-1), ctx->tp.size, ctx->tp.rank);
+    TPK_TRY(tpk__buf_view(ctx, &m->h, &h));
+    TPK_TRY(tpk_op_swiglu_fwd(ctx, h.data, m->gu.data, T, Fl, ctx->dtype));
+    return tpk_row_linear_forward(ctx, &m->down, h, y);
+}
+
+/* dx of the last forward; accumulates the gradients of the three projections. */
+static inline tpk_status tpk_swiglu_mlp_backward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
+    static const char *fn = "tpk_swiglu_mlp_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU MLP");
+    if (!m->gu.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", m->name);
+    tpk_tensor dh, dgu = m->gu;
+    TPK_TRY(tpk_row_linear_backward(ctx, &m->down, dy, &dh)); /* S(-1) [T, F_r] */
+    TPK_TRY(tpk__buf_view(ctx, &m->dgu, &dgu));
+    TPK_TRY(tpk_op_swiglu_bwd(ctx, dgu.data, m->gu.data, dh.data, m->gu.shape[0], m->gu.shape[1] / 2, ctx->dtype));
+    return tpk_col_linear_backward(ctx, &m->gate_up, dgu, dx);
 }
 
 #endif /* TPK_MLP_H */

@@ -3,7 +3,8 @@
  *
  * Gradient norm  |g|^2 = sum over TP ranks of ( sum over sharded parameters |g_r|^2
  *                                              + sum over replicated parameters |g|^2 on TP rank 0 )
- *   so a sharded parameter counts once per shard and a replicated one once in all; DP replicas
+ *   so a sharded parameter counts once per shard and a replicated one once in all (a grouped
+ *   key/value weight: each head on the lowest rank holding it, tpk_shard_owned); DP replicas
  *   hold the same (reduced) gradient, so there is no DP sum. Squares are summed in double, one
  *   op call (and one wait for its result) per run of consecutive counted parameters.
  *   `scale` multiplies the gradient first (1/dp when the DP reduction summed).
@@ -37,8 +38,18 @@ static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) 
             i++;
             continue;
         }
+        if (tpk_layout_group(p->layout) > 1) { /* grouped: the key/value heads no lower rank also holds */
+            tpk_range own = tpk_shard_owned(p->gshape[0], p->layout, ctx->tp.size, ctx->tp.rank);
+            size_t inner = p->shape[0] ? p->numel / (size_t)p->shape[0] : 0;
+            double s = 0;
+            if (own.size && inner)
+                TPK_TRY(tpk_op_sumsq(ctx, &s, tpk_param_grad(ctx, i) + (size_t)own.off * inner, (size_t)own.size * inner));
+            local += s, i++;
+            continue;
+        }
         size_t off = p->offset, n = 0;
-        for (; i < ctx->params.n && !(ctx->params.list[i].split_dim < 0 && ctx->tp.rank != 0); i++) n += ctx->params.list[i].numel;
+        for (; i < ctx->params.n && !(ctx->params.list[i].split_dim < 0 && ctx->tp.rank != 0) && tpk_layout_group(ctx->params.list[i].layout) == 1; i++)
+            n += ctx->params.list[i].numel;
         double s = 0;
         if (n) TPK_TRY(tpk_op_sumsq(ctx, &s, (const float *)ctx->params.grad.p + off, n));
         local += s;

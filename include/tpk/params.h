@@ -156,6 +156,9 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     if (desc->layout.kind == TPK_LAYOUT_P || (desc->layout.kind == TPK_LAYOUT_S && tpk_layout_dim(desc->layout, desc->ndim) < 0))
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: layout: expected R or S(d) with d a dimension, got %s", desc->name,
                          tpk_layout_str(desc->layout, a, sizeof a));
+    if (tpk_layout_group(desc->layout) > 1 && (tpk_layout_dim(desc->layout, desc->ndim) != 0 || tpk_layout_stride(desc->layout) != 1 || desc->padded_rows))
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: layout: a grouped layout must be on dim 0 with stride 1 and no padding, got %s", desc->name,
+                         tpk_layout_str(desc->layout, a, sizeof a));
     if (desc->init != TPK_INIT_ZEROS && desc->init != TPK_INIT_ONES && desc->init != TPK_INIT_NORMAL)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: init: expected TPK_INIT_ZEROS, _ONES or _NORMAL, got %d", desc->name, (int)desc->init);
     tpk_param p;
@@ -315,7 +318,11 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
             for (int i = 0; i < p->ndim; i++) counts[q] *= (size_t)pq.shape[i];
             total += counts[q];
         }
-        s = tpk__buf_reserve(ctx, &ctx->work[1], total * sizeof(float));
+        if (total > snumel) { /* grouped: heads held by several ranks come more than once */
+            free(host);
+            if (!(host = (float *)malloc(sizeof(float) * total))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+        }
+        if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[1], total * sizeof(float));
         if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, src, p->numel, ctx->work[1].p, counts, total, TPK_F32);
         if (s == TPK_OK) s = tpk_op_memcpy(ctx, host, ctx->work[1].p, total * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
         size_t off = 0;

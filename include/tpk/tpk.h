@@ -41,6 +41,7 @@
 #include "attn.h"
 #include "resid.h"
 #include "gpt2.h"
+#include "llama.h"
 #include "optim.h"
 #include "dp.h"
 #include "data.h"

@@ -1,0 +1,290 @@
+/* tpk/llama.h — the Llama block and model, tensor-parallel, with optional sequence parallelism.
+ *
+ * Block (pre-norm), hidden states x R [T, H] (S(0) under sequence parallelism):
+ *   x1 = x  + attn(input_layernorm(x))            RMSNorm; grouped-query attention with rotary
+ *                                                 embeddings (q, k, v column, o row: tpk/attn.h)
+ *   y  = x1 + mlp(post_attention_layernorm(x1))   RMSNorm; SwiGLU (gate+up column, down row)
+ *   backward mirrors it: dx1 = dy + rms_2'(mlp'(dy)), dx = dx1 + rms_1'(attn'(dx1)).
+ *   Collectives per block: 2 all-reduces of T H forward and 2 backward (SP: 2 all-gathers + 2
+ *   reduce-scatters each way), as GPT-2's; plus, once per step, the sums of the RMSNorm weight
+ *   gradients under SP and of the key/value weights held by several ranks
+ *   (tpk_params_reduce_partial_grads).
+ * Model: ids -> embed_tokens (vocabulary-parallel, no position table) -> L blocks -> norm ->
+ *   logits = h lm_headᵀ (a column linear over its own vocabulary shard, untied; tied with
+ *   cfg.tie_embeddings) S(-1) [T, Vp] -> vocabulary-parallel cross-entropy (mean over counted
+ *   positions). The vocabulary is padded as GPT-2's (cfg.vocab_multiple; the padding rows of
+ *   embed_tokens and lm_head zero, never trained, never in checkpoints).
+ * Parameter names are Hugging Face LlamaForCausalLM's, all [out, in]: model.embed_tokens.weight,
+ * model.layers.<i>.input_layernorm.weight, model.layers.<i>.self_attn.{q,k,v,o}_proj.weight,
+ * model.layers.<i>.post_attention_layernorm.weight, model.layers.<i>.mlp.{gate,up,down}_proj.weight,
+ * model.norm.weight, lm_head.weight. */
+#ifndef TPK_LLAMA_H
+#define TPK_LLAMA_H
+
+#include "attn.h"
+#include "embed.h"
+#include "mlp.h"
+#include "norm.h"
+#include "resid.h"
+#include "xent.h"
+
+/* ---- block ----------------------------------------------------------------------------------- */
+
+typedef struct tpk_llama_block_desc {
+    const char *name;       /* default "layer<N>": parameters "<name>.input_layernorm.weight", ... */
+    int64_t heads;          /* A (required) */
+    int64_t kv_heads;       /* G, divides A; 0 = A */
+    int64_t ffn;            /* F, the SwiGLU intermediate size (required) */
+    float rope_theta;       /* 0 = 10000 */
+    float norm_eps;         /* 0 = 1e-6 */
+    bool sequence_parallel;
+    float init_std;         /* every weight N(0, std^2); default 0.02 */
+} tpk_llama_block_desc;
+
+typedef struct tpk_llama_block {
+    char name[80];
+    int64_t H;
+    tpk_rmsnorm norm_1, norm_2;
+    tpk_gqa_attention attn;
+    tpk_swiglu_mlp mlp;
+    tpk_residual res_1, res_2; /* x1 = x + attn, y = x1 + mlp (no dropout in Llama) */
+    int p0, p1;                /* its parameters are ids p0..p1 */
+} tpk_llama_block;
+
+static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, int64_t H, const tpk_llama_block_desc *desc) {
+    static const char *fn = "tpk_llama_block_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
+    if (!desc) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc: NULL (desc->heads and desc->ffn are required)");
+    memset(b, 0, sizeof *b);
+    tpk_llama_block_desc d = *desc;
+    TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "layer"));
+    b->H = H, b->p0 = ctx->params.n;
+    char n[128];
+    tpk_rmsnorm_desc nd;
+    memset(&nd, 0, sizeof nd);
+    nd.name = n, nd.eps = d.norm_eps, nd.sequence_parallel = d.sequence_parallel;
+    snprintf(n, sizeof n, "%s.input_layernorm", b->name);
+    TPK_TRY(tpk_rmsnorm_init(ctx, &b->norm_1, H, &nd));
+    tpk_gqa_attention_desc ad;
+    memset(&ad, 0, sizeof ad);
+    snprintf(n, sizeof n, "%s.self_attn", b->name);
+    ad.name = n, ad.kv_heads = d.kv_heads, ad.rope_theta = d.rope_theta, ad.sequence_parallel = d.sequence_parallel, ad.init_std = d.init_std;
+    TPK_TRY(tpk_gqa_attention_init(ctx, &b->attn, H, d.heads, &ad));
+    snprintf(n, sizeof n, "%s.post_attention_layernorm", b->name);
+    TPK_TRY(tpk_rmsnorm_init(ctx, &b->norm_2, H, &nd));
+    tpk_swiglu_mlp_desc md;
+    memset(&md, 0, sizeof md);
+    snprintf(n, sizeof n, "%s.mlp", b->name);
+    md.name = n, md.hidden = d.ffn, md.sequence_parallel = d.sequence_parallel, md.init_std = d.init_std;
+    TPK_TRY(tpk_swiglu_mlp_init(ctx, &b->mlp, H, &md));
+    tpk_residual_desc rd;
+    memset(&rd, 0, sizeof rd);
+    rd.name = n;
+    snprintf(n, sizeof n, "%s.resid_1", b->name);
+    TPK_TRY(tpk_residual_init(ctx, &b->res_1, &rd));
+    snprintf(n, sizeof n, "%s.resid_2", b->name);
+    TPK_TRY(tpk_residual_init(ctx, &b->res_2, &rd));
+    b->p1 = ctx->params.n - 1;
+    return TPK_OK;
+}
+
+static inline void tpk_llama_block_destroy(tpk_ctx *ctx, tpk_llama_block *b) {
+    tpk_rmsnorm_destroy(ctx, &b->norm_1), tpk_rmsnorm_destroy(ctx, &b->norm_2);
+    tpk_gqa_attention_destroy(ctx, &b->attn), tpk_swiglu_mlp_destroy(ctx, &b->mlp);
+    tpk_residual_destroy(ctx, &b->res_1), tpk_residual_destroy(ctx, &b->res_2);
+}
+
+/* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
+ * the same layout. x must stay unchanged until backward. */
+static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
+    static const char *fn = "tpk_llama_block_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
+    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    tpk_tensor h, a, x1, m;
+    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_1, x, &h)); /* checks x: layout, [T, H] */
+    TPK_TRY(tpk_gqa_attention_forward(ctx, &b->attn, h, B, S, &a));
+    TPK_TRY(tpk_residual_forward(ctx, &b->res_1, x, a, &x1)); /* x1 = x + a, in o_proj's output */
+    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_2, x1, &h));
+    TPK_TRY(tpk_swiglu_mlp_forward(ctx, &b->mlp, h, &m));
+    return tpk_residual_forward(ctx, &b->res_2, x1, m, y); /* y = x1 + m, in down_proj's output */
+}
+
+/* dx of the last forward from dy (the layout of y); accumulates every gradient of the block. */
+static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx) {
+    static const char *fn = "tpk_llama_block_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
+    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
+    if (!b->norm_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->norm_1.x.layout, ctx->dtype, 2, b->norm_1.x.gshape, ctx->tp.size, ctx->tp.rank));
+    tpk_tensor g, dh, dx1, da;
+    TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g)); /* the MLP branch's gradient (dy) */
+    TPK_TRY(tpk_swiglu_mlp_backward(ctx, &b->mlp, g, &dh));
+    TPK_TRY(tpk_rmsnorm_backward(ctx, &b->norm_2, dh, &dx1));    /* in norm_2's buffer */
+    TPK_TRY(tpk_residual_backward_add(ctx, &b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
+    TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dx1, &g));
+    TPK_TRY(tpk_gqa_attention_backward(ctx, &b->attn, g, &da));
+    TPK_TRY(tpk_rmsnorm_backward(ctx, &b->norm_1, da, dx));      /* in norm_1's buffer */
+    return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
+}
+
+/* ---- model ----------------------------------------------------------------------------------- */
+
+typedef struct tpk_llama_config {
+    int64_t vocab;          /* V (need not divide t) */
+    int64_t positions;      /* the longest sequence (max_position_embeddings); no table */
+    int64_t layers;         /* L */
+    int64_t hidden;         /* H */
+    int64_t heads;          /* A (need not divide t) */
+    int64_t kv_heads;       /* G, divides A; 0 = A */
+    int64_t ffn;            /* F, SwiGLU's intermediate size; 0 = Llama's rule: 2/3 of 4 H
+                               rounded up to a multiple of 256 */
+    float rope_theta;       /* 0 = 10000 */
+    float norm_eps;         /* RMSNorm; 0 = 1e-6 */
+    float label_smoothing;  /* over the global vocabulary */
+    bool tie_embeddings;    /* the LM head reuses embed_tokens (no lm_head.weight) */
+    bool sequence_parallel;
+    float init_std;         /* default 0.02 (Hugging Face's initializer_range) */
+    int64_t vocab_multiple; /* shards padded to a multiple of this many rows; 0: 64, < 0: none */
+} tpk_llama_config;
+
+typedef struct tpk_llama {
+    tpk_llama_config c;
+    tpk_embedding embed;    /* model.embed_tokens */
+    tpk_llama_block *layers; /* [L] */
+    tpk_rmsnorm norm;
+    int head_w;             /* lm_head.weight's id (embed_tokens' when tied) */
+    tpk_linear lm_head;
+    tpk_xent ce;
+    int64_t B, S;
+    tpk_tensor logits;      /* S(-1) [B S, Vp] of the last forward (gradient after backward) */
+    bool have_loss;
+    /* Optional, as tpk_gpt2's: called when the gradients of parameters first..last are final
+     * for this backward (lm_head when untied, norm, each layer from the last, embed_tokens). */
+    tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
+    void *grad_ready_user;
+} tpk_llama;
+
+/* Llama's default intermediate size for hidden H: 2/3 of 4 H, up to a multiple of 256. */
+static inline int64_t tpk_llama_default_ffn(int64_t H) {
+    int64_t f = 8 * H / 3;
+    return (f + 255) / 256 * 256;
+}
+
+static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_llama_config *cfg) {
+    static const char *fn = "tpk_llama_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
+    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    memset(m, 0, sizeof *m);
+    tpk_llama_config c = *cfg;
+    if (c.layers < 1 || c.layers > 100000) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->layers: expected 1..100000, got %lld", (long long)c.layers);
+    if (c.positions < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got %lld", (long long)c.positions);
+    if (c.heads < 1 || c.hidden < 1 || c.hidden % c.heads)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of cfg->heads = %lld, got %lld", (long long)c.heads,
+                         (long long)c.hidden);
+    if (c.kv_heads == 0) c.kv_heads = c.heads;
+    if (c.kv_heads < 1 || c.heads % c.kv_heads)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->kv_heads: expected a divisor of cfg->heads = %lld, got %lld", (long long)c.heads, (long long)c.kv_heads);
+    if ((c.hidden / c.heads) % 2)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden / cfg->heads: rotary embeddings need an even head size, got %lld", (long long)(c.hidden / c.heads));
+    if (c.ffn < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->ffn: expected >= 1 (0 = Llama's default), got %lld", (long long)c.ffn);
+    if (!c.ffn) c.ffn = tpk_llama_default_ffn(c.hidden);
+    if (c.init_std <= 0) c.init_std = 0.02f;
+    if (c.rope_theta == 0) c.rope_theta = 10000.0f;
+    if (c.norm_eps == 0) c.norm_eps = 1e-6f;
+    m->c = c;
+    bool sp = c.sequence_parallel;
+    tpk_embedding_desc ed;
+    memset(&ed, 0, sizeof ed);
+    ed.wte_name = "model.embed_tokens.weight", ed.sequence_parallel = sp, ed.init_std = c.init_std;
+    ed.vocab_multiple = c.vocab_multiple == 0 ? 64 : c.vocab_multiple < 0 ? 0 : c.vocab_multiple;
+    TPK_TRY(tpk_embedding_init(ctx, &m->embed, c.vocab, 0, c.hidden, &ed)); /* no position table */
+    m->layers = (tpk_llama_block *)calloc((size_t)c.layers, sizeof *m->layers);
+    if (!m->layers) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
+    for (int64_t i = 0; i < c.layers; i++) {
+        char n[48];
+        snprintf(n, sizeof n, "model.layers.%lld", (long long)i);
+        tpk_llama_block_desc bd;
+        memset(&bd, 0, sizeof bd);
+        bd.name = n, bd.heads = c.heads, bd.kv_heads = c.kv_heads, bd.ffn = c.ffn, bd.rope_theta = c.rope_theta, bd.norm_eps = c.norm_eps;
+        bd.sequence_parallel = sp, bd.init_std = c.init_std;
+        TPK_TRY(tpk_llama_block_init(ctx, &m->layers[i], c.hidden, &bd));
+    }
+    tpk_rmsnorm_desc nd;
+    memset(&nd, 0, sizeof nd);
+    nd.name = "model.norm", nd.eps = c.norm_eps, nd.sequence_parallel = sp;
+    TPK_TRY(tpk_rmsnorm_init(ctx, &m->norm, c.hidden, &nd));
+    m->head_w = m->embed.wte;
+    if (!c.tie_embeddings) { /* the untied head: its own [V, H] weight, vocabulary rows padded like the embedding's */
+        tpk_param_desc pd;
+        memset(&pd, 0, sizeof pd);
+        pd.name = "lm_head.weight", pd.ndim = 2, pd.shape[0] = c.vocab, pd.shape[1] = c.hidden, pd.layout = TPK_S(0);
+        pd.init = TPK_INIT_NORMAL, pd.std = c.init_std, pd.decay = true, pd.padded_rows = m->embed.Vp;
+        TPK_TRY(tpk_param_add(ctx, &pd, &m->head_w));
+    }
+    tpk_linear_desc hd;
+    memset(&hd, 0, sizeof hd);
+    hd.name = "lm_head", hd.weight = m->head_w + 1, hd.sequence_parallel = sp;
+    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, m->embed.Vp, &hd));
+    tpk_xent_desc xd;
+    memset(&xd, 0, sizeof xd);
+    xd.label_smoothing = c.label_smoothing, xd.padded_vocab = m->embed.Vp;
+    return tpk_xent_init(ctx, &m->ce, c.vocab, &xd);
+}
+
+static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
+    tpk_embedding_destroy(ctx, &m->embed);
+    for (int64_t i = 0; m->layers && i < m->c.layers; i++) tpk_llama_block_destroy(ctx, &m->layers[i]);
+    free(m->layers), m->layers = NULL;
+    tpk_rmsnorm_destroy(ctx, &m->norm), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
+}
+
+/* Forward B sequences of S tokens (S <= cfg.positions): ids [B S] and targets [B S] in host
+ * memory (the same on every TP rank; a target may be the ignore index -100). *loss = mean
+ * cross-entropy over the counted positions. targets = NULL only computes m->logits. */
+static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss) {
+    static const char *fn = "tpk_llama_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->layers) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
+    if (targets && !loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
+    if (S > m->c.positions)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got %lld", (long long)m->c.positions, (long long)S);
+    m->have_loss = false;
+    tpk_tensor x;
+    TPK_TRY(tpk_embedding_forward(ctx, &m->embed, ids, B, S, &x)); /* checks ids, B, S */
+    m->B = B, m->S = S;
+    for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_llama_block_forward(ctx, &m->layers[i], x, B, S, &x));
+    TPK_TRY(tpk_rmsnorm_forward(ctx, &m->norm, x, &x));
+    TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, Vp_r] */
+    if (!targets) return TPK_OK;
+    TPK_TRY(tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss));
+    m->have_loss = true;
+    return TPK_OK;
+}
+
+/* Accumulate the gradients of scale * (the loss of the last forward). */
+static inline tpk_status tpk_llama_backward(tpk_ctx *ctx, tpk_llama *m, float scale) {
+    static const char *fn = "tpk_llama_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->layers) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
+    if (!m->have_loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward with targets first");
+    m->have_loss = false;
+    tpk_tensor g;
+    TPK_TRY(tpk_xent_backward(ctx, &m->ce, scale, &g));
+    TPK_TRY(tpk_col_linear_backward(ctx, &m->lm_head, g, &g));
+    if (m->grad_ready && !m->c.tie_embeddings) TPK_TRY(m->grad_ready(ctx, m->head_w, m->head_w, m->grad_ready_user));
+    TPK_TRY(tpk_rmsnorm_backward(ctx, &m->norm, g, &g));
+    if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->norm.w, m->norm.w, m->grad_ready_user));
+    for (int64_t i = m->c.layers - 1; i >= 0; i--) {
+        TPK_TRY(tpk_llama_block_backward(ctx, &m->layers[i], g, &g));
+        if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->layers[i].p0, m->layers[i].p1, m->grad_ready_user));
+    }
+    TPK_TRY(tpk_embedding_backward(ctx, &m->embed, g));
+    if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->embed.wte, m->embed.wte, m->grad_ready_user)); /* tied: the head's too */
+    return TPK_OK;
+}
+
+#endif /* TPK_LLAMA_H */

@@ -1,0 +1,426 @@
+/* tests/test_llama.c — the Llama parts: RMSNorm, the SwiGLU MLP, grouped-query attention with
+ * rotary embeddings, the Llama block and the whole model, sharded over t = ranks against the
+ * unsharded layer on every rank (outputs, input gradients and every gathered parameter gradient
+ * to relative 1e-5), with and without sequence parallelism. A = 6 query heads and G = 2
+ * key/value heads, so at t = 3 and 4 a key/value head is held by two ranks (its gradient summed
+ * by tpk_params_reduce_partial_grads); also G = 1 (every rank holds the one key/value head),
+ * G = A, V = 509, T = 14 tokens (uneven sequence-parallel slices). Also: finite differences per
+ * layer, the collective counts per block (as GPT-2's: 2 all-reduces of T H each way, or 2
+ * all-gathers + 2 reduce-scatters under SP), the gradient norm equal to the unsharded one, the
+ * tied head, and bad input. */
+#include "test.h"
+
+static int me, np;
+static tpk_comm world;
+enum { B = 2, S = 7, T = B * S, H = 24, A = 6, F = 40, V = 509, P = 16 };
+
+enum { K_RMS, K_MLP, K_ATTN, K_BLOCK, K_N };
+static const char *kind_name[] = {"RMSNorm", "SwiGLU MLP", "GQA attention", "Llama block"};
+
+typedef struct layer {
+    int kind;
+    tpk_rmsnorm r;
+    tpk_swiglu_mlp m;
+    tpk_gqa_attention a;
+    tpk_llama_block b;
+} layer;
+
+static tpk_status layer_init(tpk_ctx *ctx, layer *l, int kind, int64_t G, bool sp) {
+    memset(l, 0, sizeof *l);
+    l->kind = kind;
+    if (kind == K_RMS) return tpk_rmsnorm_init(ctx, &l->r, H, &(tpk_rmsnorm_desc){.name = "norm", .eps = 1e-5f, .sequence_parallel = sp});
+    if (kind == K_MLP) return tpk_swiglu_mlp_init(ctx, &l->m, H, &(tpk_swiglu_mlp_desc){.name = "mlp", .hidden = F, .sequence_parallel = sp});
+    if (kind == K_ATTN)
+        return tpk_gqa_attention_init(ctx, &l->a, H, A, &(tpk_gqa_attention_desc){.name = "attn", .kv_heads = G, .rope_theta = 500.0f, .sequence_parallel = sp});
+    return tpk_llama_block_init(ctx, &l->b, H, &(tpk_llama_block_desc){.name = "model.layers.0", .heads = A, .kv_heads = G, .ffn = F, .sequence_parallel = sp});
+}
+static tpk_status layer_fwd(tpk_ctx *ctx, layer *l, tpk_tensor x, tpk_tensor *y) {
+    if (l->kind == K_RMS) return tpk_rmsnorm_forward(ctx, &l->r, x, y);
+    if (l->kind == K_MLP) return tpk_swiglu_mlp_forward(ctx, &l->m, x, y);
+    if (l->kind == K_ATTN) return tpk_gqa_attention_forward(ctx, &l->a, x, B, S, y);
+    return tpk_llama_block_forward(ctx, &l->b, x, B, S, y);
+}
+static tpk_status layer_bwd(tpk_ctx *ctx, layer *l, tpk_tensor dy, tpk_tensor *dx) {
+    if (l->kind == K_RMS) return tpk_rmsnorm_backward(ctx, &l->r, dy, dx);
+    if (l->kind == K_MLP) return tpk_swiglu_mlp_backward(ctx, &l->m, dy, dx);
+    if (l->kind == K_ATTN) return tpk_gqa_attention_backward(ctx, &l->a, dy, dx);
+    return tpk_llama_block_backward(ctx, &l->b, dy, dx);
+}
+static void layer_destroy(tpk_ctx *ctx, layer *l) {
+    if (l->kind == K_RMS) tpk_rmsnorm_destroy(ctx, &l->r);
+    else if (l->kind == K_MLP) tpk_swiglu_mlp_destroy(ctx, &l->m);
+    else if (l->kind == K_ATTN) tpk_gqa_attention_destroy(ctx, &l->a);
+    else tpk_llama_block_destroy(ctx, &l->b);
+}
+
+/* The input x / dy of a [T, H] activation: R, or this rank's S(0) rows of the global one. */
+static tpk_tensor act(tpk_ctx *ctx, float *global, bool sp) {
+    if (!sp) return tpk_tensor_2d(global, TPK_F32, T, H, TPK_R);
+    tpk_range r = tpk_split(T, ctx->tp.size, ctx->tp.rank);
+    return tpk_tensor_shard_2d(global + r.off * H, TPK_F32, T, H, TPK_S(0), ctx->tp.size, ctx->tp.rank);
+}
+static void gather(tpk_ctx *ctx, tpk_tensor t, float *out) {
+    test_poison(out, T * H);
+    tpk_tensor g = {0};
+    g.data = out;
+    if (t.layout.kind == TPK_LAYOUT_R) memcpy(out, t.data, sizeof(float) * T * H);
+    else CHECK_OK(ctx, tpk_convert(ctx, &t, TPK_R, &g));
+}
+
+typedef struct result {
+    float y[T * H], dx[T * H];
+    float *grad[16];
+    int n;
+    double norm;
+    tpk_comm_stats fwd, bwd;
+} result;
+static void result_free(result *r) { test_free_grads(r->grad, &r->n); }
+
+static float xin[T * H], dyin[T * H];
+
+static int run_layer(tpk_ctx *ctx, int kind, int64_t G, bool sp, result *o) {
+    layer l;
+    int f0 = test__fails_case;
+    CHECK_OK(ctx, layer_init(ctx, &l, kind, G, sp));
+    if (test__fails_case > f0) return 1;
+    test_set_weights(ctx, 7, 0.3f);
+    tpk_tensor y, dx;
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, layer_fwd(ctx, &l, act(ctx, xin, sp), &y));
+    o->fwd = ctx->tp.stats;
+    if (test__fails_case > f0) return 1;
+    gather(ctx, y, o->y);
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, layer_bwd(ctx, &l, act(ctx, dyin, sp), &dx));
+    o->bwd = ctx->tp.stats;
+    if (test__fails_case > f0) return 1;
+    gather(ctx, dx, o->dx);
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
+    o->n = test_gather_grads(ctx, o->grad, 16);
+    layer_destroy(ctx, &l);
+    return test__fails_case > f0;
+}
+
+static void compare(tpk_ctx *sh, const result *a, const result *b) {
+    CHECK_CLOSE(a->y, b->y, T * H, 1e-5, "output");
+    CHECK_CLOSE(a->dx, b->dx, T * H, 1e-5, "input gradient");
+    CHECK(a->n == b->n, "%d parameters, unsharded %d", a->n, b->n);
+    for (int i = 0; i < a->n && i < b->n; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "gradient of %s", sh->params.list[i].name);
+        CHECK_CLOSE(a->grad[i], b->grad[i], tpk_param_global_numel(sh, i), 1e-5, what);
+    }
+    CHECK(fabs(a->norm - b->norm) <= 1e-5 * b->norm, "gradient norm %.9g, unsharded %.9g", a->norm, b->norm);
+}
+
+static uint64_t total_calls(const tpk_comm_stats *s) {
+    uint64_t c = 0;
+    for (int q = 0; q < TPK_COLL_N; q++) c += s->calls[q];
+    return c;
+}
+static void check_counts(const tpk_comm_stats *s, bool sp, int n, const char *dir) {
+    if (!sp) {
+        CHECK(s->calls[TPK_COLL_ALLREDUCE] == (uint64_t)n && total_calls(s) == (uint64_t)n && s->elems[TPK_COLL_ALLREDUCE] == (uint64_t)n * T * H,
+              "%s: %llu collectives, %llu all-reduces of %llu elements; expected %d all-reduces of T H", dir, (unsigned long long)total_calls(s),
+              (unsigned long long)s->calls[TPK_COLL_ALLREDUCE], (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], n);
+    } else {
+        CHECK(s->calls[TPK_COLL_ALLGATHER] == (uint64_t)n && s->calls[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n && total_calls(s) == 2 * (uint64_t)n &&
+                  s->elems[TPK_COLL_ALLGATHER] == (uint64_t)n * T * H && s->elems[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n * T * H,
+              "%s: %llu collectives (%llu all-gathers, %llu reduce-scatters); expected %d + %d of T H", dir, (unsigned long long)total_calls(s),
+              (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER], n, n);
+    }
+}
+
+/* Finite differences on the sharded layer: L = sum(y * dyin) in double. */
+static double layer_loss(tpk_ctx *ctx, layer *l, bool sp, const float *x) {
+    tpk_tensor y;
+    float yg[T * H];
+    CHECK_OK(ctx, layer_fwd(ctx, l, act(ctx, (float *)x, sp), &y));
+    gather(ctx, y, yg);
+    double s = 0;
+    for (int i = 0; i < T * H; i++) s += (double)yg[i] * dyin[i];
+    return s;
+}
+static void finite_differences(tpk_ctx *ctx, int kind, int64_t G, bool sp) {
+    layer l;
+    CHECK_OK(ctx, layer_init(ctx, &l, kind, G, sp));
+    test_set_weights(ctx, 7, 0.3f);
+    result an = {0};
+    tpk_tensor y, dx;
+    CHECK_OK(ctx, layer_fwd(ctx, &l, act(ctx, xin, sp), &y));
+    CHECK_OK(ctx, layer_bwd(ctx, &l, act(ctx, dyin, sp), &dx));
+    gather(ctx, dx, an.dx);
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    an.n = test_gather_grads(ctx, an.grad, 16);
+    const float h = 1e-2f;
+    static float xp[T * H];
+    for (int k = 0; k < 6; k++) {
+        int i = (k * 97 + 13) % (T * H);
+        memcpy(xp, xin, sizeof xp);
+        xp[i] = xin[i] + h;
+        double lp = layer_loss(ctx, &l, sp, xp);
+        xp[i] = xin[i] - h;
+        double lm = layer_loss(ctx, &l, sp, xp);
+        double fd = (lp - lm) / (2 * h), err = fabs(fd - an.dx[i]) / (fabs(an.dx[i]) + 0.05);
+        CHECK(err < 2e-2, "d/dx[%d]: finite difference %.6g, backward %.6g", i, fd, (double)an.dx[i]);
+    }
+    for (int q = 0; q < ctx->params.n; q++) {
+        size_t gn = tpk_param_global_numel(ctx, q);
+        float *w = malloc(gn * sizeof(float));
+        CHECK_OK(ctx, tpk_param_get_global(ctx, q, false, w));
+        for (int k = 0; k < 4; k++) {
+            size_t i = ((size_t)k * 1009 + 5 + (size_t)k * gn / 4) % gn; /* spread over the tensor (every key/value head) */
+            float w0 = w[i];
+            w[i] = w0 + h;
+            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
+            double lp = layer_loss(ctx, &l, sp, xin);
+            w[i] = w0 - h;
+            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
+            double lm = layer_loss(ctx, &l, sp, xin);
+            w[i] = w0;
+            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
+            double fd = (lp - lm) / (2 * h), err = fabs(fd - an.grad[q][i]) / (fabs(an.grad[q][i]) + 0.05);
+            CHECK(err < 2e-2, "d/d %s[%zu]: finite difference %.6g, backward %.6g", ctx->params.list[q].name, i, fd, (double)an.grad[q][i]);
+        }
+        free(w);
+    }
+    result_free(&an);
+    layer_destroy(ctx, &l);
+}
+
+/* ---- the model ---------------------------------------------------------------------------- */
+
+typedef struct mresult {
+    float loss;
+    double norm;
+    float *grad[64];
+    int n;
+    tpk_comm_stats fwd, bwd;
+} mresult;
+static void mresult_free(mresult *r) { test_free_grads(r->grad, &r->n); }
+
+static int32_t ids[T], tg[T];
+
+static int run_model(tpk_ctx *ctx, const tpk_llama_config *cfg, mresult *o) {
+    tpk_llama m;
+    int f0 = test__fails_case;
+    CHECK_OK(ctx, tpk_llama_init(ctx, &m, cfg));
+    if (test__fails_case > f0) return 1;
+    test_set_weights(ctx, 11, 0.3f);
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, tpk_llama_forward(ctx, &m, ids, tg, B, S, &o->loss));
+    o->fwd = ctx->tp.stats;
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, tpk_llama_backward(ctx, &m, 1.0f));
+    o->bwd = ctx->tp.stats;
+    { /* the padding rows of embed_tokens and lm_head get no gradient */
+        int bad = 0;
+        for (int w = 0; w < ctx->params.n; w++) {
+            const tpk_param *p = &ctx->params.list[w];
+            if (p->padded_rows == p->gshape[0]) continue;
+            int64_t v0 = tpk_split(p->padded_rows, ctx->tp.size, ctx->tp.rank).off;
+            const float *g = tpk_param_grad(ctx, w);
+            for (int64_t r = 0; r < p->shape[0]; r++)
+                for (int64_t c = 0; c < p->shape[1] && v0 + r >= V; c++) bad += g[r * p->shape[1] + c] != 0.0f;
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        CHECK(bad == 0, "%d non-zero gradients in the vocabulary's padding", bad);
+    }
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
+    o->n = test_gather_grads(ctx, o->grad, 64);
+    tpk_llama_destroy(ctx, &m);
+    return test__fails_case > f0;
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    me = test__rank, np = test__size;
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+    test_randn(xin, T * H, 1, 1.0f);
+    test_randn(dyin, T * H, 2, 1.0f);
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((t * 131 + 7) % V), tg[t] = (int32_t)((t * 57 + 300) % V);
+    tg[5] = -100;
+
+    TEST_CASE("grouped layout: A=6 query heads over G=2 key/value heads at t=1..6: each rank holds the heads its queries read, each head owned once") {
+        for (int t = 1; t <= 6; t++)
+            for (int64_t G = 1; G <= 6; G++) {
+                if (6 % G) continue;
+                tpk_layout l = TPK_S_GROUPED(0, 4, (int)(6 / G));
+                int64_t owned = 0;
+                for (int r = 0; r < t; r++) {
+                    tpk_range q = tpk_split(6, t, r), kv = tpk_shard_run(G * 4, l, t, r, 0), own = tpk_shard_owned(G * 4, l, t, r);
+                    int64_t g0, Gl = tpk_attn_kv_heads(6, G, q.off, q.size, &g0);
+                    CHECK(kv.off == g0 * 4 && kv.size == Gl * 4, "t=%d G=%lld rank %d: rows [%lld, +%lld), expected heads [%lld, +%lld)", t, (long long)G, r,
+                          (long long)kv.off, (long long)kv.size, (long long)g0, (long long)Gl);
+                    for (int64_t h = q.off; h < q.off + q.size; h++) CHECK(h / (6 / G) * 4 >= kv.off && h / (6 / G) * 4 < kv.off + kv.size, "head %lld unread", (long long)h);
+                    owned += own.size;
+                }
+                CHECK(owned == G * 4, "t=%d G=%lld: %lld rows owned, expected %lld", t, (long long)G, (long long)owned, (long long)(G * 4));
+            }
+    }
+
+    for (int kind = 0; kind < K_N; kind++)
+        for (int sp = 0; sp < 2; sp++) {
+            int64_t Gs[3] = {2, 1, 6};
+            for (int gi = 0; gi < (kind >= K_ATTN ? 3 : 1); gi++) {
+                int64_t G = Gs[gi];
+                if (kind == K_BLOCK && gi == 2) continue;
+                TEST_CASE("%s%s%s: output, dx, every gradient and the gradient norm match the unsharded layer; %s collectives", kind_name[kind], sp ? " SP" : "",
+                          kind >= K_ATTN ? (G == 2 ? ", A=6 G=2" : G == 1 ? ", A=6 G=1" : ", A=6 G=6") : "", kind == K_BLOCK ? "2+2" : kind == K_RMS ? "no" : "1+1") {
+                    tpk_ctx sh, ref;
+                    tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+                    tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 5});
+                    result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+                    if (!run_layer(&sh, kind, G, sp, a) && !run_layer(&ref, kind, G, sp, b)) {
+                        compare(&sh, a, b);
+                        if (kind != K_RMS) {
+                            int n = kind == K_BLOCK ? 2 : 1;
+                            check_counts(&a->fwd, sp, n, "forward");
+                            check_counts(&a->bwd, sp, n, "backward");
+                        } else {
+                            CHECK(total_calls(&a->fwd) + total_calls(&a->bwd) == 0, "RMSNorm made collectives");
+                        }
+                    }
+                    result_free(a), result_free(b), free(a), free(b);
+                    tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
+                }
+            }
+        }
+
+    for (int kind = 0; kind < K_N; kind++)
+        for (int sp = 0; sp < 2; sp++)
+            TEST_CASE("%s%s: finite differences of the sharded layer match its backward", kind_name[kind], sp ? " SP" : "") {
+                tpk_ctx sh;
+                tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+                finite_differences(&sh, kind, 2, sp);
+                tpk_ctx_destroy(&sh);
+            }
+
+    TEST_CASE("GQA attention: rope_theta < 0 turns the rotary embedding off (the first token, at position 0, is unrotated either way)") {
+        tpk_ctx c;
+        tpk_ctx_init(&c, &(tpk_ctx_desc){.seed = 5});
+        tpk_gqa_attention a1, a2;
+        tpk_tensor y1, y2;
+        CHECK_OK(&c, tpk_gqa_attention_init(&c, &a1, H, A, &(tpk_gqa_attention_desc){.name = "r", .kv_heads = 2}));
+        CHECK_OK(&c, tpk_gqa_attention_init(&c, &a2, H, A, &(tpk_gqa_attention_desc){.name = "n", .kv_heads = 2, .rope_theta = -1}));
+        test_set_weights(&c, 7, 0.3f);
+        for (int i = 0; i < c.params.n / 2; i++) { /* the same weights in both */
+            size_t gn = tpk_param_global_numel(&c, i);
+            float *w = malloc(gn * sizeof(float));
+            CHECK_OK(&c, tpk_param_get_global(&c, i, false, w));
+            CHECK_OK(&c, tpk_param_set_global(&c, i + c.params.n / 2, w));
+            free(w);
+        }
+        CHECK_OK(&c, tpk_gqa_attention_forward(&c, &a1, tpk_tensor_2d(xin, TPK_F32, T, H, TPK_R), B, S, &y1));
+        CHECK_OK(&c, tpk_gqa_attention_forward(&c, &a2, tpk_tensor_2d(xin, TPK_F32, T, H, TPK_R), B, S, &y2));
+        CHECK(test_relerr((float *)y1.data, (float *)y2.data, H) < 1e-6, "position 0: rotated %g", test_relerr((float *)y1.data, (float *)y2.data, H));
+        CHECK(test_relerr((float *)y1.data + H, (float *)y2.data + H, (T - 1) * H) > 1e-3, "the rotary embedding changed nothing");
+        tpk_gqa_attention_destroy(&c, &a1), tpk_gqa_attention_destroy(&c, &a2);
+        tpk_ctx_destroy(&c);
+    }
+
+    /* the whole model */
+    for (int sp = 0; sp < 2; sp++)
+        for (int ti = 0; ti < 2; ti++)
+            TEST_CASE("Llama model (L=2, H=%d, A=6, G=2, F=%d, V=%d padded)%s%s: loss, gradient norm and every gradient match the unsharded, unpadded model; "
+                      "collectives as GPT-2's", H, F, V, sp ? " SP" : "", ti ? ", tied head, smoothing 0.1" : ", untied head") {
+                tpk_llama_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .rope_theta = 1000.0f,
+                                        .sequence_parallel = sp, .tie_embeddings = ti, .label_smoothing = ti ? 0.1f : 0.0f};
+                tpk_llama_config unpadded = cfg;
+                unpadded.vocab_multiple = -1;
+                tpk_ctx sh, ref;
+                tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
+                tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 3});
+                mresult a = {0}, b = {0};
+                if (!run_model(&sh, &cfg, &a) && !run_model(&ref, &unpadded, &b)) {
+                    CHECK(fabsf(a.loss - b.loss) <= 1e-5f * fabsf(b.loss), "loss %.8g, unsharded %.8g", (double)a.loss, (double)b.loss);
+                    CHECK(isfinite(a.loss) && a.loss > 1.0f, "loss %g", (double)a.loss);
+                    CHECK(fabs(a.norm - b.norm) <= 1e-5 * b.norm, "gradient norm %.9g, unsharded %.9g", a.norm, b.norm);
+                    CHECK(a.n == b.n && a.n == 2 + 9 * 2 + !ti, "%d parameters, unsharded %d", a.n, b.n);
+                    for (int i = 0; i < a.n && i < b.n; i++) {
+                        char what[160];
+                        snprintf(what, sizeof what, "gradient of %s", sh.params.list[i].name);
+                        CHECK_CLOSE(a.grad[i], b.grad[i], tpk_param_global_numel(&sh, i), 1e-5, what);
+                    }
+                    uint64_t L = 2, fwd = total_calls(&a.fwd), bwd = total_calls(&a.bwd);
+                    if (!sp) { /* 2 per block + the embedding forward + the cross-entropy's 2; 2 per block + the head backward */
+                        CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 3 && fwd == 2 * L + 3, "forward: %llu collectives", (unsigned long long)fwd);
+                        CHECK(a.bwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && bwd == 2 * L + 1, "backward: %llu collectives", (unsigned long long)bwd);
+                    } else {
+                        CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && fwd == 4 * L + 4,
+                              "SP forward: %llu collectives", (unsigned long long)fwd);
+                        CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 4 * L + 2,
+                              "SP backward: %llu collectives", (unsigned long long)bwd);
+                    }
+                    int q = tpk_param_find(&sh, "model.layers.1.self_attn.k_proj.weight"), e = tpk_param_find(&sh, "lm_head.weight");
+                    CHECK(q >= 0 && sh.params.list[q].gshape[0] == 2 * (H / A) && sh.params.list[q].gshape[1] == H, "k_proj is not [G D, H]");
+                    CHECK(ti ? e < 0 : e >= 0, "lm_head.weight %s with tie_embeddings %d", e < 0 ? "missing" : "present", ti);
+                }
+                mresult_free(&a), mresult_free(&b);
+                tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
+            }
+
+    TEST_CASE("Llama model in bf16 (mixed precision) at t=%d: loss and every gradient within bf16 tolerance of the f32 model", np) {
+        tpk_llama_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F};
+        tpk_ctx c16, c32;
+        tpk_ctx_init(&c16, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3, .dtype = TPK_BF16});
+        tpk_ctx_init(&c32, &(tpk_ctx_desc){.seed = 3});
+        mresult a = {0}, b = {0};
+        if (!run_model(&c16, &cfg, &a) && !run_model(&c32, &cfg, &b)) {
+            CHECK(fabsf(a.loss - b.loss) <= 1e-2f * fabsf(b.loss) && a.loss != b.loss, "bf16 loss %.8g, f32 %.8g", (double)a.loss, (double)b.loss);
+            for (int i = 0; i < a.n && i < b.n; i++) {
+                double e = test_relerr(a.grad[i], b.grad[i], tpk_param_global_numel(&c16, i));
+                CHECK(e < 5e-2, "gradient of %s: relative error %.3g against f32", c16.params.list[i].name, e);
+            }
+        }
+        mresult_free(&a), mresult_free(&b);
+        tpk_ctx_destroy(&c16), tpk_ctx_destroy(&c32);
+    }
+
+    TEST_CASE("bad input: A not divisible by G, odd head size for RoPE, rope_theta, F, sequence length, backward before forward") {
+        tpk_ctx ctx;
+        tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
+        tpk_gqa_attention at;
+        tpk_swiglu_mlp mlp;
+        tpk_rmsnorm rn;
+        tpk_llama m;
+        tpk_tensor y;
+        CHECK_FAILS(&ctx, tpk_gqa_attention_init(&ctx, &at, H, A, &(tpk_gqa_attention_desc){.kv_heads = 4}), TPK_ERR_SHAPE,
+                    "desc->kv_heads: expected a divisor of A = 6 query heads, got 4");
+        CHECK_FAILS(&ctx, tpk_gqa_attention_init(&ctx, &at, 18, 6, NULL), TPK_ERR_SHAPE, "rotary embeddings need an even head size, got 3");
+        CHECK_FAILS(&ctx, tpk_gqa_attention_init(&ctx, &at, H, A, &(tpk_gqa_attention_desc){.rope_theta = 0.5f}), TPK_ERR_ARG, "desc->rope_theta");
+        CHECK_OK(&ctx, tpk_gqa_attention_init(&ctx, &at, 18, 6, &(tpk_gqa_attention_desc){.rope_theta = -1})); /* no rope: any head size */
+        tpk_gqa_attention_destroy(&ctx, &at);
+        CHECK_OK(&ctx, tpk_gqa_attention_init(&ctx, &at, H, A, &(tpk_gqa_attention_desc){.kv_heads = 2}));
+        CHECK_FAILS(&ctx, tpk_gqa_attention_backward(&ctx, &at, act(&ctx, dyin, false), &y), TPK_ERR_ARG, "backward before forward");
+        CHECK_FAILS(&ctx, tpk_gqa_attention_forward(&ctx, &at, act(&ctx, xin, false), B, S + 1, &y), TPK_ERR_SHAPE, "x: expected global shape [16, 24]");
+        CHECK_FAILS(&ctx, tpk_gqa_attention_forward(&ctx, &at, act(&ctx, xin, true), B, S, &y), TPK_ERR_LAYOUT, "expected layout R");
+        tpk_gqa_attention_destroy(&ctx, &at);
+        CHECK_FAILS(&ctx, tpk_swiglu_mlp_init(&ctx, &mlp, H, NULL), TPK_ERR_SHAPE, "desc->hidden: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_rmsnorm_init(&ctx, &rn, H, &(tpk_rmsnorm_desc){.eps = -1}), TPK_ERR_ARG, "desc->eps");
+        CHECK_OK(&ctx, tpk_rmsnorm_init(&ctx, &rn, H, NULL));
+        CHECK_FAILS(&ctx, tpk_rmsnorm_forward(&ctx, &rn, tpk_tensor_2d(xin, TPK_F32, T, H - 1, TPK_R), &y), TPK_ERR_SHAPE, "x: expected global shape");
+        tpk_rmsnorm_destroy(&ctx, &rn);
+        tpk_llama_config cfg = {.vocab = V, .positions = P, .layers = 1, .hidden = H, .heads = A, .kv_heads = 4, .ffn = F};
+        CHECK_FAILS(&ctx, tpk_llama_init(&ctx, &m, &cfg), TPK_ERR_ARG, "cfg->kv_heads: expected a divisor of cfg->heads = 6, got 4");
+        tpk_llama_destroy(&ctx, &m);
+        cfg.kv_heads = 2, cfg.hidden = 18;
+        CHECK_FAILS(&ctx, tpk_llama_init(&ctx, &m, &cfg), TPK_ERR_ARG, "rotary embeddings need an even head size, got 3");
+        tpk_llama_destroy(&ctx, &m);
+        cfg.hidden = H;
+        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &cfg));
+        float loss;
+        CHECK_FAILS(&ctx, tpk_llama_backward(&ctx, &m, 1.0f), TPK_ERR_ARG, "backward needs a forward with targets first");
+        CHECK_FAILS(&ctx, tpk_llama_forward(&ctx, &m, ids, tg, 1, P + 1, &loss), TPK_ERR_SHAPE, "S: expected at most cfg->positions = 16, got 17");
+        int32_t bad[T];
+        memcpy(bad, ids, sizeof bad), bad[3] = V;
+        CHECK_FAILS(&ctx, tpk_llama_forward(&ctx, &m, bad, tg, B, S, &loss), TPK_ERR_ARG, "509");
+        tpk_llama_destroy(&ctx, &m);
+        tpk_ctx_destroy(&ctx);
+    }
+
+    tpk_comm_destroy(&world);
+    return test_finish();
+}
