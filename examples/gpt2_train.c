@@ -1,36 +1,38 @@
-/* examples/gpt2_train.c — a Megatron-style GPT-2 trainer on tpk: tensor parallelism (TP) within
- * groups of --tp consecutive ranks, data parallelism (DP) across them. The template to copy:
+/* examples/gpt2_train.c — a Megatron-style GPT-2 or Llama (--arch llama) trainer on tpk: tensor
+ * parallelism (TP) within groups of --tp consecutive ranks, data parallelism (DP) across them
+ * (tpk/model.h: one handle for both models). The template to copy:
  *   mpirun -np 2 build/gpt2_train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 --steps 500 --save ckpt --sample 200
  * A step: --grad-accum micro-batches (ctx.rng_step = the micro-batch: new dropout masks), forward,
  * backward x 1/accum, the last one starting each block's DP reduction as its backward ends
  * (tpk/dp.h); SP layernorm grads over TP; the global norm, clipping, AdamW and the schedule
  * (tpk/optim.h). Data (tpk/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is
- * window k*dp + d, so a resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2
- * layout, loadable at any TP and DP size. On any failure every rank stops with one line
+ * window k*dp + d, so a resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2 or
+ * Llama layout (--load reads config.json's model_type), loadable at any TP and DP size. On any failure every rank stops with one line
  * `gpt2_train: error: ...`. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <time.h>
 
 #include <tpk/tpk.h>
-#include <tpk/hf.h>
+#include <tpk/model.h>
 #include <tpk/mpi.h>
 #ifdef TPK_WITH_CUDA /* built where nvcc is found: the GPU when one is present */
 #include <tpk/nccl.h>
 #endif
 
 typedef struct opts {
-    const char *data, *val_data, *text, *save, *load, *csv, *dtype;
-    int64_t layers, hidden, heads, vocab, positions;
+    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch;
+    int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
     bool sp, eval_only, profile;
-    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing;
+    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
 } opts;
 
 static const char *usage =
     "usage: gpt2_train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
-    "  model:     --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
+    "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
+    "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
     "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "  training:  --batch 8 --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
@@ -51,8 +53,9 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
 #define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
         o->f = (float)x; i++; continue; }
-        STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
+        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
+        INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
         INT("--tp", tp, 1) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1) INT("--sample", sample, 0)
         INT("--log-every", log_every, 1) INT("--save-every", save_every, 0) INT("--seed", seed, 0)
@@ -71,6 +74,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     if (o->data && o->text) return snprintf(err, n, "--data and --text: give one"), 1;
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
     if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
+    if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama")) return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
     return 0;
 }
 
@@ -91,12 +95,12 @@ static char msg[1024];
 static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; }
 
 /* Mean loss of K validation batches, averaged over DP (dropout off). Collective. */
-static tpk_status evaluate(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_tokens *val, const opts *o, int32_t *x, int32_t *y, double *out) {
+static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, const tpk_tokens *val, const opts *o, int32_t *x, int32_t *y, double *out) {
     double sum = 0;
     for (int k = 0; k < o->eval_batches; k++) {
         float loss;
         TPK_TRY(tpk_data_batch(ctx, val, k, ctx->dp.size, ctx->dp.rank, o->batch, o->seq, x, y));
-        TPK_TRY(tpk_gpt2_forward(ctx, m, x, y, o->batch, o->seq, &loss));
+        TPK_TRY(tpk_model_forward(ctx, m, x, y, o->batch, o->seq, &loss));
         sum += loss;
     }
     sum /= o->eval_batches;
@@ -106,13 +110,12 @@ static tpk_status evaluate(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_tokens *val, con
 }
 
 /* n tokens (dropout off) after a start token (newline for bytes, <|endoftext|> for GPT-2's vocabulary), printed on rank 0. */
-static tpk_status sample(tpk_ctx *ctx, tpk_gpt2 *m, int n, uint64_t seed) {
-    int64_t V = m->c.vocab;
-    bool bytes = V <= 256;
+static tpk_status sample(tpk_ctx *ctx, tpk_model *m, int n, uint64_t seed) {
+    int64_t V = tpk_model_vocab(m); bool bytes = V <= 256;
     int32_t *seq = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + 1));
     if (!seq) return tpk_fail(ctx, TPK_ERR_NOMEM, "sample", "%d tokens", n);
-    tpk_gpt2_set_dropout(m, 0);
-    tpk_status s = tpk_gpt2_sample(ctx, m, bytes ? '\n' : V > 50256 ? 50256 : 0, n, 1.0f, seed, seq);
+    tpk_status s = tpk_model_set_dropout(ctx, m, 0);
+    if (s == TPK_OK) s = tpk_model_sample(ctx, m, bytes ? '\n' : V > 50256 ? 50256 : 0, n, 1.0f, seed, seq);
     if (s == TPK_OK && world_rank == 0) {
         printf("--- sample (%d tokens) ---\n", n);
         for (int i = 1; i <= n; i++)
@@ -131,7 +134,7 @@ int main(int argc, char **argv) {
     int rc = 1, pr = parse(argc, argv, &o, msg, sizeof msg);
     tpk_comm world = {0};
     tpk_ctx ctx = {0}; /* errors before tpk_ctx_init land in it too */
-    tpk_gpt2 m = {0};
+    tpk_model m = {0};
     tpk_adamw opt = {0};
     tpk_dp_buckets dp_b = {0};
     tpk_tokens train = {0}, val = {0};
@@ -143,41 +146,44 @@ int main(int argc, char **argv) {
     { /* every rank must have been started with the same arguments: compare a hash of them */
         char cfgs[8192] = "";
         for (int i = 1; i < argc; i++) snprintf(cfgs + strlen(cfgs), sizeof cfgs - strlen(cfgs), "%s\x1f", argv[i]);
-        uint64_t h = tpk_rng_stream(cfgs), hmin = h, hmax = h;
-        MPI_Allreduce(MPI_IN_PLACE, &hmin, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-        MPI_Allreduce(MPI_IN_PLACE, &hmax, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-        FAIL_IF(hmin != hmax, "the ranks were started with different configurations (arguments differ between ranks)");
+        uint64_t h = tpk_rng_stream(cfgs), hh[2] = {h, ~h}; /* max h and max ~h: ~(min h) */
+        MPI_Allreduce(MPI_IN_PLACE, hh, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+        FAIL_IF(hh[0] != ~hh[1], "the ranks were started with different configurations (arguments differ between ranks)");
     }
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
     /* the model shape (from the checkpoint when loading) and the data */
-    tpk_gpt2_config cfg = {.vocab = o.vocab ? o.vocab : o.text ? 256 : 50257, .positions = o.positions, .layers = o.layers, .hidden = o.hidden,
-                           .heads = o.heads, .dropout = o.dropout, .label_smoothing = o.smoothing, .sequence_parallel = o.sp};
-    if (o.load) TRY(tpk_gpt2_config_read(&ctx, o.load, &cfg));
-    if (!cfg.positions) cfg.positions = o.seq;
-    FAIL_IF(o.text && cfg.vocab < 256, "--text needs a vocabulary of at least 256 (the model has %lld)", (long long)cfg.vocab);
-    FAIL_IF(o.seq > cfg.positions, "--seq-len %d is longer than the model's %lld positions", o.seq, (long long)cfg.positions);
-    FAIL_IF(cfg.hidden % cfg.heads, "--hidden %lld is not a multiple of --heads %lld", (long long)cfg.hidden, (long long)cfg.heads);
+    int64_t V0 = o.vocab ? o.vocab : o.text ? 256 : 50257;
+    tpk_model_config cfg = {.arch = o.arch && !strcmp(o.arch, "llama") ? TPK_ARCH_LLAMA : TPK_ARCH_GPT2,
+                            .gpt2 = {.vocab = V0, .positions = o.positions, .layers = o.layers, .hidden = o.hidden, .heads = o.heads, .dropout = o.dropout,
+                                     .label_smoothing = o.smoothing, .sequence_parallel = o.sp},
+                            .llama = {.vocab = V0, .positions = o.positions, .layers = o.layers, .hidden = o.hidden, .heads = o.heads, .kv_heads = o.kv_heads,
+                                      .ffn = o.ffn, .rope_theta = o.rope_theta, .norm_eps = o.norm_eps, .label_smoothing = o.smoothing, .sequence_parallel = o.sp}};
+    if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
+    bool llama = cfg.arch == TPK_ARCH_LLAMA;
+    int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab, *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions; if (!*P) *P = o.seq;
+    FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)), "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load, tpk_arch_name(cfg.arch));
+    FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");
+    FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)", (long long)*V);
+    FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq, (long long)*P);
     if (o.text) {
         double ent = 0;
         TRY(tpk_data_load_text(&ctx, o.text, (int64_t)o.batch * o.seq + 1, &train, &val, &ent));
         if (world_rank == 0)
             printf("data: %s, %lld training and %lld validation bytes; byte-unigram entropy %.3f nats\n", o.text, (long long)train.n, (long long)val.n, ent);
     } else if (o.data) {
-        TRY(tpk_data_load_shard(&ctx, o.data, cfg.vocab, &train));
-        TRY(tpk_data_load_shard(&ctx, o.val_data ? o.val_data : o.data, cfg.vocab, &val)); /* no --val-data: the training shard */
+        TRY(tpk_data_load_shard(&ctx, o.data, *V, &train));
+        TRY(tpk_data_load_shard(&ctx, o.val_data ? o.val_data : o.data, *V, &val)); /* no --val-data: the training shard */
         FAIL_IF(train.n <= (int64_t)o.batch * o.seq || val.n <= (int64_t)o.batch * o.seq, "the data holds fewer than B x S + 1 = %lld tokens", (long long)o.batch * o.seq + 1);
     }
     /* the backend (a GPU per rank where one is present), the mesh, the model, the optimizer */
-    const tpk_ops *ops = tpk_ops_host();
-    bool gpu = false;
+    const tpk_ops *ops = tpk_ops_host(); bool gpu = false;
 #ifdef TPK_WITH_CUDA
     int ndev = tpk_cuda_device_count();
     if (ndev > 0) {
         MPI_Comm node;
         int local = 0, per_node = 1;
         MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &local), MPI_Comm_size(node, &per_node);
-        MPI_Comm_free(&node);
+        MPI_Comm_rank(node, &local), MPI_Comm_size(node, &per_node), MPI_Comm_free(&node);
         TRY(tpk_cuda_set_device(&ctx, local % ndev));
         ops = tpk_ops_cuda(), gpu = true;
         if (per_node <= ndev) TRY(tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD, NULL, &world)); /* one GPU per rank */
@@ -186,24 +192,23 @@ int main(int argc, char **argv) {
 #endif
     if (!gpu) TRY(tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world));
     tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16) : gpu ? TPK_BF16 : TPK_F32; /* master weights stay f32 */
-    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt}));
-    ctx_up = true;
-    TRY(tpk_gpt2_init(&ctx, &m, &cfg));
+    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt})); ctx_up = true;
+    TRY(tpk_model_init(&ctx, &m, &cfg));
     TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd}));
-    if (o.load) TRY(tpk_gpt2_load(&ctx, &m, &opt, o.load));
+    if (o.load) TRY(tpk_model_load(&ctx, &m, &opt, o.load));
     FAIL_IF(o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
     if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
-    int dp = ctx.dp.size;
-    size_t nglobal = tpk_params_global_numel(&ctx);
+    int dp = ctx.dp.size; size_t nglobal = tpk_params_global_numel(&ctx);
     if (world_rank == 0)
-        printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend, %s | GPT-2 L=%lld H=%lld A=%lld V=%lld P=%lld, %.2fM parameters | B=%d S=%d accum %d\n",
-               world_size, o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", (long long)cfg.layers,
-               (long long)cfg.hidden, (long long)cfg.heads, (long long)cfg.vocab, (long long)cfg.positions, (double)nglobal * 1e-6, o.batch, o.seq, o.accum);
+        printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld P=%lld%s, %.2fM parameters | B=%d S=%d accum %d\n", world_size,
+               o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", llama ? "Llama" : "GPT-2",
+               (long long)tpk_model_layers(&m), (long long)tpk_model_hidden(&m), (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads), (long long)*V, (long long)*P,
+               llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads, (long long)m.llama.c.ffn), msg) : "", (double)nglobal * 1e-6, o.batch, o.seq, o.accum);
     FAIL_IF(!(x = malloc(sizeof(int32_t) * o.batch * o.seq)) || !(y = malloc(sizeof(int32_t) * o.batch * o.seq)), "out of memory for a batch");
     if (o.eval_only) {
         double vl = 0;
         FAIL_IF(!val.tok, "--eval-only needs --data or --text");
-        tpk_gpt2_set_dropout(&m, 0);
+        TRY(tpk_model_set_dropout(&ctx, &m, 0));
         TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
         if (world_rank == 0) printf("val_loss %.6f\n", vl);
         if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
@@ -215,9 +220,8 @@ int main(int argc, char **argv) {
 
     /* training */
     tpk_lr_schedule sched = {TPK_LR_COSINE, o.lr, o.min_lr_frac, o.warmup, o.steps};
-    m.grad_ready = tpk_dp_grad_ready, m.grad_ready_user = &dp_b;
-    double t_start = now();
-    int64_t t0step = opt.step;
+    tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
+    double t_start = now(); int64_t t0step = opt.step;
     for (int64_t step = opt.step; step < o.steps; step++) {
         double t0 = now(), lsum = 0, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
@@ -227,9 +231,9 @@ int main(int argc, char **argv) {
             float loss;
             ctx.rng_step = (uint64_t)micro;
             TRY(tpk_data_batch(&ctx, &train, micro, dp, ctx.dp.rank, o.batch, o.seq, x, y));
-            TRY(tpk_gpt2_forward(&ctx, &m, x, y, o.batch, o.seq, &loss));
+            TRY(tpk_model_forward(&ctx, &m, x, y, o.batch, o.seq, &loss));
             TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1));
-            TRY(tpk_gpt2_backward(&ctx, &m, 1.0f / (float)o.accum));
+            TRY(tpk_model_backward(&ctx, &m, 1.0f / (float)o.accum));
             lsum += loss;
         }
         TRY(tpk_dp_finish(&ctx, &dp_b));
@@ -237,20 +241,19 @@ int main(int argc, char **argv) {
         TRY(tpk_grad_norm(&ctx, 1.0f / (float)dp, &norm)); /* the DP reduction summed: average */
         FAIL_IF(!isfinite(norm), "step %lld: the gradient norm is %g", (long long)step + 1, norm);
         TRY(tpk_adamw_step(&ctx, &opt, lr, 1.0f / (float)dp * tpk_clip_factor(norm, o.clip)));
-        double l = lsum / o.accum;
+        double l = lsum / o.accum / dp; /* the mean over the micro-batches and the DP ranks */
         TRY(tpk_allreduce_host(&ctx, &ctx.dp, &l, 1, TPK_F64, TPK_SUM));
-        l /= dp;
         double ms = 1e3 * (now() - t0);
         if (o.eval_every && (opt.step % o.eval_every == 0 || opt.step == o.steps)) {
-            tpk_gpt2_set_dropout(&m, 0);
+            TRY(tpk_model_set_dropout(&ctx, &m, 0));
             TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
-            tpk_gpt2_set_dropout(&m, o.dropout);
+            TRY(tpk_model_set_dropout(&ctx, &m, o.dropout));
         }
         if (o.save && o.save_every && opt.step % o.save_every == 0 && opt.step < o.steps) { /* DIR/step-N */
             char sub[1100];
             snprintf(sub, sizeof sub, "%s/step-%lld", o.save, (long long)opt.step);
             if (world_rank == 0) mkdir(o.save, 0755);
-            TRY(tpk_gpt2_save(&ctx, &m, &opt, sub, &(tpk_gpt2_save_desc){opt.step, o.seed}));
+            TRY(tpk_model_save(&ctx, &m, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
             if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
         }
         if (world_rank == 0 && (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
@@ -259,18 +262,15 @@ int main(int argc, char **argv) {
                    tok / (ms * 1e-3));
             if (gpu) { /* model flops utilisation: 6 N + 12 L H S flops per token, against TPK_PEAK_TFLOPS (default 989, H100 bf16 dense) */
                 const char *pk = getenv("TPK_PEAK_TFLOPS");
-                double fl = (6.0 * (double)nglobal + 12.0 * (double)cfg.layers * (double)cfg.hidden * o.seq) * tok;
+                double fl = (6.0 * (double)nglobal + 12.0 * (double)tpk_model_layers(&m) * (double)tpk_model_hidden(&m) * o.seq) * tok;
                 printf(" | MFU %.1f%%", 100.0 * fl / (ms * 1e-3) / ((pk ? atof(pk) : 989.0) * 1e12 * world_size));
             }
             if (isfinite(vl)) printf(" | val loss %.4f", vl);
             printf("\n");
             fflush(stdout);
         }
-        if (csv) { /* %.9g: every f32 exactly */
-            fprintf(csv, "%lld,%.9g,", (long long)opt.step, l);
-            if (isfinite(vl)) fprintf(csv, "%.9g", vl);
-            fprintf(csv, ",%.9g,%.17g\n", (double)lr, norm);
-        }
+        char vs[32] = ""; /* the CSV row; %.9g: every f32 exactly */
+        if (csv) fprintf(csv, "%lld,%.9g,%s,%.9g,%.17g\n", (long long)opt.step, l, isfinite(vl) ? (snprintf(vs, sizeof vs, "%.9g", vl), vs) : "", (double)lr, norm);
         if (o.profile) TRY(ctx.prof ? tpk_profile_step(&ctx) : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
     }
     if (world_rank == 0 && o.steps > 0) printf("trained steps %lld..%d in %.1f s\n", (long long)(t0step + 1), o.steps, now() - t_start);
@@ -285,7 +285,7 @@ int main(int argc, char **argv) {
         rc = system(cmd), rc = 1;
     }
     if (o.save) {
-        TRY(tpk_gpt2_save(&ctx, &m, &opt, o.save, &(tpk_gpt2_save_desc){opt.step, o.seed}));
+        TRY(tpk_model_save(&ctx, &m, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));
         if (world_rank == 0) printf("saved %s (step %lld)\n", o.save, (long long)opt.step);
     }
     if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
@@ -293,7 +293,7 @@ int main(int argc, char **argv) {
 out:
     if (csv) fclose(csv);
     free(x), free(y), tpk_tokens_free(&train), tpk_tokens_free(&val), tpk_dp_destroy(&dp_b);
-    if (ctx_up) tpk_adamw_destroy(&ctx, &opt), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+    if (ctx_up) tpk_adamw_destroy(&ctx, &opt), tpk_model_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
     if (world.vt) tpk_comm_destroy(&world);
     MPI_Finalize();
     return rc;

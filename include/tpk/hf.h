@@ -23,29 +23,40 @@
 
 #include "data.h"
 #include "gpt2.h"
+#include "llama.h"
 #include "optim.h"
 #include "safetensors.h"
 
-/* ---- strict JSON: the top-level numbers of an object ------------------------------------------ */
+/* ---- strict JSON: the top-level members of an object ------------------------------------------ */
+
+/* A top-level member's value: kind 0 (absent), 'n' number (num), 'b' true/false (num 1/0),
+ * 's' string (its first 63 bytes, escapes as written, in str), 'z' null, 'o' object or array;
+ * `at` is the byte offset where the value starts. */
+typedef struct tpk__json_val {
+    char kind;
+    double num;
+    char str[64];
+    size_t at;
+} tpk__json_val;
 
 /* Checks that text[0, n) is one JSON value (RFC 8259; nesting at most 64 deep) and, when it is an
- * object, stores the top-level members named keys[i] whose values are numbers in vals[i]
- * (found[i] set). On a syntax error returns false with *at the byte offset and *what the
- * expectation. */
-static inline bool tpk__json_top_numbers(const char *t, size_t n, const char *const *keys, int nkeys, double *vals, bool *found, size_t *at,
-                                         const char **what) {
+ * object, describes the top-level members named keys[i] in vals[i]. On a syntax error returns
+ * false with *at the byte offset and *what the expectation. */
+static inline bool tpk__json_top(const char *t, size_t n, const char *const *keys, int nkeys, tpk__json_val *vals, size_t *at, const char **what) {
     char stack[64]; /* '{' or '[' per open level */
     int depth = 0, key_index = -1;
     size_t i = 0;
     bool top_object = false;
 #define TPK__WS() while (i < n && (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r')) i++
 #define TPK__FAIL(w) do { *at = i, *what = (w); return false; } while (0)
-    for (int k = 0; k < nkeys; k++) found[k] = false;
+    for (int k = 0; k < nkeys; k++) memset(&vals[k], 0, sizeof vals[k]);
     TPK__WS();
     for (;;) { /* parse one value at position i, then what follows it */
         TPK__WS();
         if (i >= n) TPK__FAIL("a value");
         char c = t[i];
+        tpk__json_val *mine = depth == 1 && key_index >= 0 ? &vals[key_index] : NULL;
+        if (mine) mine->at = i, mine->kind = c == '{' || c == '[' ? 'o' : c == '"' ? 's' : c == 't' || c == 'f' ? 'b' : c == 'n' ? 'z' : 'n';
         if (c == '{' || c == '[') {
             if (depth == 64) TPK__FAIL("nesting at most 64 deep");
             if (depth == 0 && c == '{') top_object = true;
@@ -55,6 +66,7 @@ static inline bool tpk__json_top_numbers(const char *t, size_t n, const char *co
             if (c == '[') continue;
             goto member; /* an object's first member */
         } else if (c == '"') {
+            size_t s0 = i + 1;
             for (i++;; i++) {
                 if (i >= n) TPK__FAIL("the end of a string");
                 unsigned char u = (unsigned char)t[i];
@@ -71,6 +83,7 @@ static inline bool tpk__json_top_numbers(const char *t, size_t n, const char *co
                     }
                 }
             }
+            if (mine) snprintf(mine->str, sizeof mine->str, "%.*s", (int)(i - s0 < 63 ? i - s0 : 63), t + s0);
             i++;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             size_t s0 = i;
@@ -88,14 +101,16 @@ static inline bool tpk__json_top_numbers(const char *t, size_t n, const char *co
                 if (i >= n || t[i] < '0' || t[i] > '9') TPK__FAIL("a digit in the exponent");
                 while (i < n && t[i] >= '0' && t[i] <= '9') i++;
             }
-            if (depth == 1 && key_index >= 0) {
+            if (mine) {
                 char num[64];
                 size_t len = i - s0 < sizeof num - 1 ? i - s0 : sizeof num - 1;
                 memcpy(num, t + s0, len), num[len] = 0;
-                vals[key_index] = strtod(num, NULL), found[key_index] = true;
+                mine->num = strtod(num, NULL);
             }
-        } else if (n - i >= 4 && !strncmp(t + i, "true", 4)) i += 4;
-        else if (n - i >= 5 && !strncmp(t + i, "false", 5)) i += 5;
+        } else if (n - i >= 4 && !strncmp(t + i, "true", 4)) {
+            i += 4;
+            if (mine) mine->num = 1;
+        } else if (n - i >= 5 && !strncmp(t + i, "false", 5)) i += 5;
         else if (n - i >= 4 && !strncmp(t + i, "null", 4)) i += 4;
         else TPK__FAIL("a value (object, array, string, number, true, false or null)");
     after_value:
@@ -136,6 +151,20 @@ static inline bool tpk__json_top_numbers(const char *t, size_t n, const char *co
 
 /* ---- config.json ------------------------------------------------------------------------------------------ */
 
+/* Parse bytes[n] (named `what` in errors) as strict JSON and describe its top-level members keys[i]. */
+static inline tpk_status tpk__config_members(tpk_ctx *ctx, const char *fn, const uint8_t *b, size_t n, const char *what, const char *const *keys, int nkeys,
+                                             tpk__json_val *v) {
+    size_t at = 0;
+    const char *expect = "";
+    if (!tpk__json_top((const char *)b, n, keys, nkeys, v, &at, &expect)) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
+    return TPK_OK;
+}
+/* A member that must be a number when present (`need`: and must be present). */
+static inline tpk_status tpk__config_number(tpk_ctx *ctx, const char *fn, const char *what, const char *key, const tpk__json_val *v, bool need) {
+    if (v->kind == 'n' || (!v->kind && !need)) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s %s (a number)", what, v->kind ? "expected a number for" : "missing", key);
+}
+
 /* A config.json held in memory (bytes[n], named `what` in errors) into *cfg (vocab, positions,
  * layers, hidden, heads, ln_eps; the other fields untouched). */
 static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n, const char *what, tpk_gpt2_config *cfg) {
@@ -143,15 +172,10 @@ static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     if (!ctx) return TPK_ERR_ARG;
     if (!cfg || !what || (n && !b)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
     static const char *const keys[] = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon"};
-    double v[6] = {0, 0, 0, 0, 0, 1e-5};
-    bool found[6];
-    size_t at = 0;
-    const char *expect = "";
-    if (!tpk__json_top_numbers((const char *)b, n, keys, 6, v, found, &at, &expect))
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
-    for (int k = 0; k < 5; k++)
-        if (!found[k]) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: missing %s (a number)", what, keys[k]);
-    double L = v[0], H = v[1], A = v[2], V = v[3], P = v[4], eps = found[5] ? v[5] : 1e-5;
+    tpk__json_val v[6];
+    TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, 6, v));
+    for (int k = 0; k < 6; k++) TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k < 5));
+    double L = v[0].num, H = v[1].num, A = v[2].num, V = v[3].num, P = v[4].num, eps = v[5].kind ? v[5].num : 1e-5;
     if (!(L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && L <= 1e5 && H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8) || L != floor(L) ||
         H != floor(H) || A != floor(A) || V != floor(V) || P != floor(P) || (int64_t)H % (int64_t)A || !(eps >= 1e-30 && eps < 1)) /* eps must stay positive as an f32 */
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
@@ -162,19 +186,100 @@ static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     return TPK_OK;
 }
 
+/* A Llama config.json (Hugging Face LlamaConfig) held in memory into *cfg (vocab, positions,
+ * layers, hidden, heads, kv_heads, ffn, rope_theta, norm_eps, tie_embeddings; the other fields
+ * untouched). What tpk's Llama does not compute is refused by name: a hidden_act other than
+ * silu, attention or MLP biases, rope_scaling, a head_dim other than hidden / heads. */
+static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n, const char *what, tpk_llama_config *cfg) {
+    static const char *fn = "tpk_llama_config_parse";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!cfg || !what || (n && !b)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
+    enum { NL, NH, NA, NV, NP, NF, NG, NEPS, NTH, NTIE, NACT, NAB, NMB, NRS, NHD, NK };
+    static const char *const keys[] = {"num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings",
+                                       "intermediate_size", "num_key_value_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+                                       "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "head_dim"};
+    tpk__json_val v[NK];
+    TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, NK, v));
+    for (int k = 0; k <= NTH; k++) TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k <= NF));
+    TPK_TRY(tpk__config_number(ctx, fn, what, keys[NHD], &v[NHD], false));
+    for (int k = NTIE; k <= NMB; k += k == NTIE ? 2 : 1)
+        if (v[k].kind && v[k].kind != 'b') return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected true or false for %s", what, keys[k]);
+    double L = v[NL].num, H = v[NH].num, A = v[NA].num, V = v[NV].num, P = v[NP].num, F = v[NF].num;
+    double G = v[NG].kind ? v[NG].num : A, eps = v[NEPS].kind ? v[NEPS].num : 1e-6, theta = v[NTH].kind ? v[NTH].num : 10000;
+    bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && F >= 1 && G >= 1 && L <= 1e5 && H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 &&
+              F <= 1e7 && L == floor(L) && H == floor(H) && A == floor(A) && V == floor(V) && P == floor(P) && F == floor(F) && G == floor(G) &&
+              eps >= 1e-30 && eps < 1 && theta > 1 && theta < 1e30;
+    if (!ok)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: implausible configuration (num_hidden_layers %g, hidden_size %g, num_attention_heads %g, num_key_value_heads %g, "
+                         "vocab_size %g, max_position_embeddings %g, intermediate_size %g, rms_norm_eps %g, rope_theta %g)",
+                         what, L, H, A, G, V, P, F, eps, theta);
+    if ((int64_t)H % (int64_t)A || ((int64_t)H / (int64_t)A) % 2)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: hidden_size %g over num_attention_heads %g: expected an even head size (rotary embeddings)", what, H, A);
+    if ((int64_t)A % (int64_t)G)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: num_key_value_heads %g: expected a divisor of num_attention_heads %g", what, G, A);
+    if (v[NHD].kind && v[NHD].num != H / A)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: head_dim %g: expected hidden_size / num_attention_heads = %g", what, v[NHD].num, H / A);
+    if (v[NACT].kind && (v[NACT].kind != 's' || strcmp(v[NACT].str, "silu")))
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: hidden_act \"%s\": expected \"silu\" (SwiGLU)", what, v[NACT].str);
+    if (v[NAB].num || v[NMB].num) return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: attention_bias / mlp_bias: expected false (Llama has no biases)", what);
+    if (v[NRS].kind && v[NRS].kind != 'z')
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: rope_scaling: expected null (scaled rotary embeddings are not implemented)", what);
+    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A, cfg->kv_heads = (int64_t)G, cfg->vocab = (int64_t)V;
+    cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F, cfg->norm_eps = (float)eps, cfg->rope_theta = (float)theta, cfg->tie_embeddings = v[NTIE].num != 0;
+    return TPK_OK;
+}
+
+/* dir/config.json's bytes (free them) and its path. */
+static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const char *dir, char *path, size_t np, uint8_t **b, size_t *n) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: NULL");
+    snprintf(path, np, "%s/config.json", dir);
+    return tpk__read_file(ctx, fn, path, b, n);
+}
 /* dir/config.json into *cfg, as tpk_gpt2_config_parse. */
 static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_config_read";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!dir || !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", dir ? "cfg" : "dir");
     char path[1024];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     uint8_t *b = NULL;
     size_t n = 0;
-    TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
     tpk_status s = tpk_gpt2_config_parse(ctx, b, n, path, cfg);
     free(b);
     return s;
+}
+/* dir/config.json into *cfg, as tpk_llama_config_parse. */
+static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir, tpk_llama_config *cfg) {
+    static const char *fn = "tpk_llama_config_read";
+    char path[1024];
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
+    tpk_status s = tpk_llama_config_parse(ctx, b, n, path, cfg);
+    free(b);
+    return s;
+}
+/* The architecture of dir's checkpoint: config.json's model_type, "gpt2" or "llama", into
+ * type[n]; any other (or none) is TPK_ERR_UNSUPPORTED naming it. */
+static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *type, size_t n) {
+    static const char *fn = "tpk_hf_model_type";
+    char path[1024];
+    uint8_t *b = NULL;
+    size_t len = 0;
+    if (ctx && (!type || !n)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "type: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &len));
+    static const char *const keys[] = {"model_type"};
+    tpk__json_val v;
+    tpk_status s = tpk__config_members(ctx, fn, b, len, path, keys, 1, &v);
+    free(b);
+    TPK_TRY(s);
+    if (v.kind != 's' || (strcmp(v.str, "gpt2") && strcmp(v.str, "llama")))
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: model_type %s%s%s: expected \"gpt2\" or \"llama\"", path, v.kind == 's' ? "\"" : "",
+                         v.kind == 's' ? v.str : v.kind ? "(not a string)" : "missing", v.kind == 's' ? "\"" : "");
+    snprintf(type, n, "%.31s", v.str); /* "gpt2" or "llama" */
+    return TPK_OK;
 }
 
 /* ---- save ------------------------------------------------------------------------------------------------- */
@@ -207,41 +312,13 @@ typedef struct tpk_gpt2_save_desc {
     int64_t step;  /* optimizer steps done (the "step" metadata, tpk_step) */
     uint64_t seed; /* tpk_seed in config.json */
 } tpk_gpt2_save_desc;
+typedef tpk_gpt2_save_desc tpk_hf_save_desc;
 
-static inline tpk_status tpk__gpt2_save_rank0(tpk_ctx *ctx, const tpk_gpt2 *m, const char *dir, const tpk_gpt2_save_desc *d, const tpk_st_entry *e,
-                                              int n, bool with_opt) {
-    static const char *fn = "tpk_gpt2_save";
-    char path[1100], stepstr[32], cfg[1400];
-    snprintf(stepstr, sizeof stepstr, "%lld", (long long)d->step);
-    const char *meta[] = {"format", "pt", "step", stepstr, NULL};
-    const char *ometa[] = {"format", "tpk-adamw", "step", stepstr, NULL};
-    if (with_opt) {
-        snprintf(path, sizeof path, "%s/optim.safetensors", dir);
-        TPK_TRY(tpk_st_write(ctx, path, e + n, 2 * n, ometa));
-    }
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    TPK_TRY(tpk_st_write(ctx, path, e, n, meta));
-    const tpk_gpt2_config *c = &m->c;
-    snprintf(cfg, sizeof cfg,
-             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
-             "  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_inner\": null,\n"
-             "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n  \"resid_pdrop\": %g,\n  \"embd_pdrop\": %g,\n"
-             "  \"attn_pdrop\": %g,\n  \"tie_word_embeddings\": true,\n  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu\n}\n",
-             (long long)c->vocab, (long long)c->positions, (long long)c->positions, (long long)c->hidden, (long long)c->layers, (long long)c->heads,
-             (double)(c->ln_eps > 0 ? c->ln_eps : 1e-5f), (double)c->dropout, (double)c->dropout, (double)c->dropout, (long long)d->step,
-             (unsigned long long)d->seed);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    return tpk__write_text_atomic(ctx, fn, path, cfg);
-}
-
-/* Save the model (and opt's moments when opt is not NULL) to dir. Collective over ctx->world. */
-static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tpk_adamw *opt, const char *dir, const tpk_gpt2_save_desc *desc) {
-    static const char *fn = "tpk_gpt2_save";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
-    tpk_gpt2_save_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+/* Save every registered parameter (and opt's moments when opt is not NULL) to dir, with config
+ * (config.json's text, written last). transposed(p): the parameter is stored [in, out] (GPT-2's
+ * Conv1D), else as registered. Collective over ctx->world. */
+static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_adamw *opt, const char *dir, int64_t step, const char *config,
+                                      bool (*transposed)(const tpk_param *)) {
     bool root = ctx->world->rank == 0;
     tpk_status s = TPK_OK;
     if (root && mkdir(dir, 0755) != 0 && errno != EEXIST) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create: %s", dir, strerror(errno));
@@ -261,7 +338,7 @@ static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tp
             else s = tpk_param_gather(ctx, i, flat[k], w[3 * i + k]); /* collective over TP */
         }
         if (s != TPK_OK) break;
-        if (tpk__hf_is_conv1d(p)) { /* Hugging Face's [in, out] in the model file */
+        if (transposed && transposed(p)) { /* stored [in, out] in the model file */
             float *t = (float *)malloc(sizeof(float) * (gn ? gn : 1));
             if (!t) { s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn); break; }
             tpk__transpose(w[3 * i], t, p->gshape[0], p->gshape[1]);
@@ -277,7 +354,18 @@ static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tp
             o->name = names[i][k], o->dtype = TPK_ST_F32, o->ndim = p->ndim, o->shape = p->gshape, o->data = w[3 * i + 1 + k];
         }
     }
-    if (s == TPK_OK && root) s = tpk__gpt2_save_rank0(ctx, m, dir, &d, e, n, opt != NULL);
+    if (s == TPK_OK && root) { /* the optimizer file, the model file, then config.json: each atomically */
+        char path[1100], stepstr[32];
+        snprintf(stepstr, sizeof stepstr, "%lld", (long long)step);
+        const char *meta[] = {"format", "pt", "step", stepstr, NULL};
+        const char *ometa[] = {"format", "tpk-adamw", "step", stepstr, NULL};
+        snprintf(path, sizeof path, "%s/optim.safetensors", dir);
+        if (opt) s = tpk_st_write(ctx, path, e + n, 2 * n, ometa);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (s == TPK_OK) s = tpk_st_write(ctx, path, e, n, meta);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (s == TPK_OK) s = tpk__write_text_atomic(ctx, fn, path, config);
+    }
     for (int i = 0; w && i < 3 * n; i++) free(w[i]);
     free(w), free(e), free(shapes), free(names);
     tpk_status all = tpk_agree(ctx, ctx->world, s);
@@ -285,33 +373,193 @@ static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tp
     return s;
 }
 
-/* ---- load ------------------------------------------------------------------------------------------------- */
-
-/* Set every parameter (and, when opt is given and dir has optim.safetensors, the moments and
- * opt->step) from dir. The model must have the shapes of dir's config.json. Every rank reads. */
-static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt, const char *dir) {
-    static const char *fn = "tpk_gpt2_load";
+/* Save the model (and opt's moments when opt is not NULL) to dir. Collective over ctx->world. */
+static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tpk_adamw *opt, const char *dir, const tpk_gpt2_save_desc *desc) {
+    static const char *fn = "tpk_gpt2_save";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->h || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    tpk_gpt2_save_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    char cfg[1400];
+    const tpk_gpt2_config *c = &m->c;
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
+             "  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_inner\": null,\n"
+             "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n  \"resid_pdrop\": %g,\n  \"embd_pdrop\": %g,\n"
+             "  \"attn_pdrop\": %g,\n  \"tie_word_embeddings\": true,\n  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu\n}\n",
+             (long long)c->vocab, (long long)c->positions, (long long)c->positions, (long long)c->hidden, (long long)c->layers, (long long)c->heads,
+             (double)(c->ln_eps > 0 ? c->ln_eps : 1e-5f), (double)c->dropout, (double)c->dropout, (double)c->dropout, (long long)d.step,
+             (unsigned long long)d.seed);
+    return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, tpk__hf_is_conv1d);
+}
+
+/* The shortest %g text of f that reads back as the same float (1e-06, not 9.99999997e-07). */
+static inline const char *tpk__float_text(float f, char *buf, size_t n) {
+    for (int p = 6; p <= 9; p++) {
+        snprintf(buf, n, "%.*g", p, (double)f);
+        if ((float)strtod(buf, NULL) == f) break;
+    }
+    return buf;
+}
+
+/* Save a Llama (and opt's moments when opt is not NULL) to dir in Hugging Face's LlamaForCausalLM
+ * layout: config.json (model_type "llama"), model.safetensors with every tensor [out, in]
+ * (lm_head.weight absent when tied). Collective over ctx->world. */
+static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const tpk_adamw *opt, const char *dir, const tpk_hf_save_desc *desc) {
+    static const char *fn = "tpk_llama_save";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->layers || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    tpk_hf_save_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    char cfg[1400], e1[32], e2[32];
+    const tpk_llama_config *c = &m->c;
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": %lld,\n"
+             "  \"max_position_embeddings\": %lld,\n  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
+             "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n  \"hidden_act\": \"silu\",\n"
+             "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
+             "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\",\n  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu\n}\n",
+             (long long)c->vocab, (long long)c->positions, (long long)c->hidden, (long long)c->ffn, (long long)c->layers, (long long)c->heads,
+             (long long)c->kv_heads, (long long)(c->hidden / c->heads), tpk__float_text(c->norm_eps, e1, sizeof e1), tpk__float_text(c->rope_theta, e2, sizeof e2), c->tie_embeddings ? "true" : "false",
+             (long long)d.step, (unsigned long long)d.seed);
+    return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, NULL);
+}
+
+/* ---- load ------------------------------------------------------------------------------------------------- */
+
+/* The model's files: model.safetensors, or Hugging Face's shards model-K-of-N.safetensors named
+ * by model.safetensors.index.json's weight_map ({"tensor name": "file", ...}). */
+typedef struct tpk__hf_files {
+    int n;
+    char (*file)[128];    /* [n] distinct file names */
+    tpk_st_file *st;      /* [n] read on first use */
+    bool *open;
+    int nmap;
+    char (*tensor)[256];  /* [nmap] weight_map: tensor -> file index */
+    int *which;
+} tpk__hf_files;
+
+static inline void tpk__hf_files_close(tpk__hf_files *f) {
+    for (int i = 0; f->open && i < f->n; i++)
+        if (f->open[i]) tpk_st_close(&f->st[i]);
+    free(f->file), free(f->st), free(f->open), free(f->tensor), free(f->which);
+    memset(f, 0, sizeof *f);
+}
+
+/* dir's index file into f (no index: the one file model.safetensors). */
+static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char *dir, tpk__hf_files *f) {
     char path[1100];
-    tpk_st_file f, of;
-    memset(&f, 0, sizeof f), memset(&of, 0, sizeof of);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    TPK_TRY(tpk_st_read(ctx, path, &f));
+    memset(f, 0, sizeof *f);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK) != 0) {
+        f->n = 1, f->file = (char(*)[128])calloc(1, 128), f->st = (tpk_st_file *)calloc(1, sizeof *f->st), f->open = (bool *)calloc(1, 1);
+        if (!f->file || !f->st || !f->open) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
+        snprintf(f->file[0], 128, "model.safetensors");
+        return TPK_OK;
+    }
+    uint8_t *b = NULL;
+    size_t n = 0;
+    TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
+    static const char *const keys[] = {"weight_map"};
+    tpk__json_val v;
+    tpk_status s = tpk__config_members(ctx, fn, b, n, path, keys, 1, &v);
+    if (s == TPK_OK && (v.kind != 'o' || b[v.at] != '{')) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected an object \"weight_map\"", path);
+    tpk__st_json j;
+    memset(&j, 0, sizeof j);
+    j.start = b, j.end = b + n, j.ctx = ctx, j.fn = fn, j.what = path;
+    for (int pass = 0; pass < 2 && s == TPK_OK; pass++) { /* count, then fill */
+        j.p = b + v.at + 1;
+        int m = 0, k = 0;
+        if (pass) {
+            f->tensor = (char(*)[256])calloc((size_t)(f->nmap ? f->nmap : 1), 256), f->which = (int *)calloc((size_t)(f->nmap ? f->nmap : 1), sizeof(int));
+            f->file = (char(*)[128])calloc((size_t)(f->nmap ? f->nmap : 1), 128);
+            if (!f->tensor || !f->which || !f->file) { s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map"); break; }
+        }
+        if (!tpk__st_eat(&j, '}')) do {
+            char name[256], file[128];
+            size_t len;
+            if ((s = tpk__st_string(&j, "weight_map: key", name, sizeof name, &len)) != TPK_OK) break;
+            if (len >= sizeof name) { s = tpk__st_bad(&j, "weight_map: a tensor name longer than %zu bytes", sizeof name - 1); break; }
+            if (!tpk__st_eat(&j, ':')) { s = tpk__st_bad(&j, "weight_map: expected ':'"); break; }
+            if ((s = tpk__st_string(&j, "weight_map: file", file, sizeof file, &len)) != TPK_OK) break;
+            if (len >= sizeof file || len < 13 || strchr(file, '/') || strcmp(file + len - 12, ".safetensors") || file[0] == '.') {
+                s = tpk__st_bad(&j, "weight_map: \"%.100s\": expected a file name ending in .safetensors in the same directory", file);
+                break;
+            }
+            if (pass) {
+                int q = 0;
+                while (q < f->n && strcmp(f->file[q], file)) q++;
+                if (q == f->n) snprintf(f->file[f->n++], 128, "%s", file);
+                snprintf(f->tensor[k], 256, "%s", name), f->which[k] = q;
+            }
+            k++;
+        } while ((m = tpk__st_next(&j, '}', "weight_map")) == 1);
+        if (s == TPK_OK && m < 0) s = TPK_ERR_FORMAT;
+        f->nmap = k;
+    }
+    free(b);
+    if (s == TPK_OK && !(f->st = (tpk_st_file *)calloc((size_t)(f->n ? f->n : 1), sizeof *f->st)))
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
+    if (s == TPK_OK && !(f->open = (bool *)calloc((size_t)(f->n ? f->n : 1), 1))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
+    if (s != TPK_OK) tpk__hf_files_close(f);
+    return s;
+}
+
+/* The tensor `name` of dir's model files (NULL if absent); *file its file. */
+static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *dir, tpk__hf_files *f, const char *name, const tpk_st_tensor **t,
+                                      tpk_st_file **file) {
+    int q = 0;
+    *t = NULL;
+    if (f->tensor) { /* sharded: the index names the file */
+        int k = 0;
+        while (k < f->nmap && strcmp(f->tensor[k], name)) k++;
+        if (k == f->nmap) return TPK_OK;
+        q = f->which[k];
+    }
+    if (!f->open[q]) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/%s", dir, f->file[q]);
+        TPK_TRY(tpk_st_read(ctx, path, &f->st[q]));
+        f->open[q] = true;
+    }
+    *t = tpk_st_find(&f->st[q], name), *file = &f->st[q];
+    if (!*t && f->tensor) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: no tensor \"%s\" (model.safetensors.index.json puts it there)", dir, f->file[q], name);
+    return TPK_OK;
+}
+
+/* Set every parameter (and, when opt is given and dir has optim.safetensors, the moments and
+ * opt->step) from dir: model.safetensors or its shards. `alt`: a prefix a name may also carry
+ * ("transformer." for GPT-2). */
+static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *opt, const char *dir, bool (*transposed)(const tpk_param *),
+                                      const char *alt) {
+    char path[1100];
+    tpk_st_file of;
+    tpk__hf_files files;
+    memset(&of, 0, sizeof of);
+    TPK_TRY(tpk__hf_index(ctx, fn, dir, &files));
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     bool have_opt = opt && access(path, F_OK) == 0;
     tpk_status s = have_opt ? tpk_st_read(ctx, path, &of) : TPK_OK;
+    const char *mstep = NULL;
     for (int i = 0; i < ctx->params.n && s == TPK_OK; i++) {
         const tpk_param *p = &ctx->params.list[i];
-        char alt[160];
-        snprintf(alt, sizeof alt, "transformer.%s", p->name);
-        const tpk_st_tensor *t = tpk_st_find(&f, p->name);
-        if (!t) t = tpk_st_find(&f, alt);
-        if (!t) { s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/model.safetensors: no tensor \"%s\"", dir, p->name); break; }
-        bool conv = tpk__hf_is_conv1d(p);
+        char altname[160];
+        const tpk_st_tensor *t = NULL;
+        tpk_st_file *tf = NULL;
+        s = tpk__hf_find(ctx, fn, dir, &files, p->name, &t, &tf);
+        if (s == TPK_OK && !t && alt) {
+            snprintf(altname, sizeof altname, "%s%s", alt, p->name);
+            s = tpk__hf_find(ctx, fn, dir, &files, altname, &t, &tf);
+        }
+        if (s != TPK_OK) break;
+        if (!t) { s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: no tensor \"%s\"", dir, files.tensor ? "model.safetensors.index.json" : "model.safetensors", p->name); break; }
+        if (!mstep) mstep = tpk_st_meta(tf, "step");
+        bool conv = transposed && transposed(p);
         int64_t want[2] = {conv ? p->gshape[1] : p->gshape[0], conv ? p->gshape[0] : (p->ndim > 1 ? p->gshape[1] : 0)};
         if (t->ndim != p->ndim || t->shape[0] != want[0] || (p->ndim > 1 && t->shape[1] != want[1])) {
-            s = tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s/model.safetensors: \"%s\" has shape [%lld%s%lld], config.json implies [%lld%s%lld]", dir, t->name,
+            s = tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: \"%s\" has shape [%lld%s%lld], config.json implies [%lld%s%lld]", dir, t->name,
                           (long long)t->shape[0], t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)want[0],
                           p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)want[1] : 0LL);
             break;
@@ -319,7 +567,7 @@ static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt
         size_t gn = tpk_param_global_numel(ctx, i);
         float *w = (float *)malloc(sizeof(float) * (gn ? gn : 1)), *tw = conv ? (float *)malloc(sizeof(float) * (gn ? gn : 1)) : NULL;
         if (!w || (conv && !tw)) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
-        if (s == TPK_OK) s = tpk_st_get_f32(ctx, &f, t, w, gn);
+        if (s == TPK_OK) s = tpk_st_get_f32(ctx, tf, t, w, gn);
         if (s == TPK_OK && conv) tpk__transpose(w, tw, want[0], want[1]);
         if (s == TPK_OK) s = tpk_param_set_global(ctx, i, conv ? tw : w);
         for (int k = 0; k < 2 && have_opt && s == TPK_OK; k++) {
@@ -333,14 +581,31 @@ static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt
         free(w), free(tw);
     }
     if (s == TPK_OK && have_opt) {
-        const char *ms = tpk_st_meta(&f, "step"), *os = tpk_st_meta(&of, "step");
-        if (!os || (ms && strcmp(ms, os)))
+        const char *os = tpk_st_meta(&of, "step");
+        if (!os || (mstep && strcmp(mstep, os)))
             s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: optim.safetensors (step %s) does not belong to model.safetensors (step %s)", dir, os ? os : "?",
-                          ms ? ms : "?");
+                          mstep ? mstep : "?");
         else opt->step = strtoll(os, NULL, 10);
     }
-    tpk_st_close(&f), tpk_st_close(&of);
+    tpk__hf_files_close(&files), tpk_st_close(&of);
     return s;
+}
+
+/* Set every parameter (and, when opt is given and dir has optim.safetensors, the moments and
+ * opt->step) from dir. The model must have the shapes of dir's config.json. Every rank reads. */
+static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt, const char *dir) {
+    static const char *fn = "tpk_gpt2_load";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->h || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    return tpk__hf_load(ctx, fn, opt, dir, tpk__hf_is_conv1d, "transformer.");
+}
+/* The same for a Llama: Hugging Face's LlamaForCausalLM files, one model.safetensors or shards
+ * with model.safetensors.index.json. Every rank reads. */
+static inline tpk_status tpk_llama_load(tpk_ctx *ctx, tpk_llama *m, tpk_adamw *opt, const char *dir) {
+    static const char *fn = "tpk_llama_load";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->layers || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    return tpk__hf_load(ctx, fn, opt, dir, NULL, NULL);
 }
 
 #endif /* TPK_HF_H */

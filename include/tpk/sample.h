@@ -5,12 +5,13 @@
  * `vocab` columns (the rest a padded vocabulary's padding, never drawn), and the token
  * is the first j with sum_{i <= j} p_i > u, u = uniform(seed, stream("sample"), i) — the same
  * draw on every rank, so every rank of every group picks the same token without another
- * collective. tpk_gpt2_sample continues a sequence token by token, the last `positions` tokens
+ * collective. tpk_gpt2_sample and tpk_llama_sample continue a sequence token by token, the last `positions` tokens
  * as the context (a sliding window), recomputing the forward each step. */
 #ifndef TPK_SAMPLE_H
 #define TPK_SAMPLE_H
 
 #include "gpt2.h"
+#include "llama.h"
 
 /* *tok = a token in 0..vocab-1 drawn from row `row` of logits S(-1) [T, Vp] (draw index i); vocab = 0:
  * all Vp columns. Collective over TP. */
@@ -54,21 +55,45 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     return s;
 }
 
-/* out[0] = start, out[1..n] = n tokens sampled one after another (dropout off first). */
+/* out[0] = start, out[1..n]: n tokens drawn one after another, logits(m, window) giving the
+ * logits of the window (the last `positions` tokens). */
+static inline tpk_status tpk__sample_run(tpk_ctx *ctx, const char *fn, void *m, tpk_status (*logits)(tpk_ctx *, void *, const int32_t *, int64_t, tpk_tensor *),
+                                         int64_t vocab, int64_t positions, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
+    if (n < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "n: expected >= 0, got %d", n);
+    if (start < 0 || start >= vocab) return tpk__fail(ctx, TPK_ERR_ARG, fn, "start: expected a token id in 0..%lld, got %d", (long long)vocab - 1, start);
+    out[0] = start;
+    for (int i = 0; i < n; i++) {
+        int64_t len = i + 1, S = len < positions ? len : positions;
+        tpk_tensor z;
+        TPK_TRY(logits(ctx, m, out + len - S, S, &z));
+        TPK_TRY(tpk_sample_logits(ctx, z, vocab, S - 1, temperature, seed, (uint64_t)i, &out[i + 1]));
+    }
+    return TPK_OK;
+}
+static inline tpk_status tpk__gpt2_logits(tpk_ctx *ctx, void *m, const int32_t *ids, int64_t S, tpk_tensor *z) {
+    TPK_TRY(tpk_gpt2_forward(ctx, (tpk_gpt2 *)m, ids, NULL, 1, S, NULL));
+    *z = ((tpk_gpt2 *)m)->logits;
+    return TPK_OK;
+}
+static inline tpk_status tpk__llama_logits(tpk_ctx *ctx, void *m, const int32_t *ids, int64_t S, tpk_tensor *z) {
+    TPK_TRY(tpk_llama_forward(ctx, (tpk_llama *)m, ids, NULL, 1, S, NULL));
+    *z = ((tpk_llama *)m)->logits;
+    return TPK_OK;
+}
+
+/* out[0] = start, out[1..n] = n tokens sampled one after another (set dropout to 0 first). */
 static inline tpk_status tpk_gpt2_sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
     static const char *fn = "tpk_gpt2_sample";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->h || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
-    if (n < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "n: expected >= 0, got %d", n);
-    if (start < 0 || start >= m->c.vocab) return tpk__fail(ctx, TPK_ERR_ARG, fn, "start: expected a token id in 0..%lld, got %d", (long long)m->c.vocab - 1, start);
-    int64_t P = m->c.positions;
-    out[0] = start;
-    for (int i = 0; i < n; i++) {
-        int64_t len = i + 1, S = len < P ? len : P;
-        TPK_TRY(tpk_gpt2_forward(ctx, m, out + len - S, NULL, 1, S, NULL));
-        TPK_TRY(tpk_sample_logits(ctx, m->logits, m->c.vocab, S - 1, temperature, seed, (uint64_t)i, &out[i + 1]));
-    }
-    return TPK_OK;
+    return tpk__sample_run(ctx, fn, m, tpk__gpt2_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
+}
+/* The same for a Llama. */
+static inline tpk_status tpk_llama_sample(tpk_ctx *ctx, tpk_llama *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
+    static const char *fn = "tpk_llama_sample";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->layers || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
+    return tpk__sample_run(ctx, fn, m, tpk__llama_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
 }
 
 #endif /* TPK_SAMPLE_H */
