@@ -7,6 +7,11 @@
  *   step refused;
  *   sampling: the tokens drawn at t = ranks are the same on every rank and equal the unsharded
  *   model's; one draw from given logits equals a double-precision computation here;
+ *   a Llama (A = 6 query heads, G = 2 key/value heads, untied head) saved at t = ranks and loaded
+ *   at t = ranks, unsharded, and from Hugging Face shards (model-0000K-of-00002.safetensors and
+ *   model.safetensors.index.json): every parameter, both moments and the step equal; its sampling
+ *   the same on every rank and unsharded; unknown model_type, unsupported Llama config values,
+ *   a mis-shaped tensor and bad index files refused naming the fault;
  *   the config.json fuzz corpus replayed through the fuzz target's checks. */
 #include "test.h"
 
@@ -203,6 +208,185 @@ int main(int argc, char **argv) {
         tpk_gpt2_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &o);
         tpk_ctx_destroy(&ctx);
     }
+    /* ---- Llama ---- */
+    tpk_llama_config lc;
+    memset(&lc, 0, sizeof lc);
+    lc.vocab = 61, lc.positions = 12, lc.layers = 2, lc.hidden = 24, lc.heads = 6, lc.kv_heads = 2, lc.ffn = 20, lc.rope_theta = 500.0f, lc.norm_eps = 1e-5f;
+    char ldir[256], sdir[256];
+    snprintf(ldir, sizeof ldir, "build/tests/hf_llama_np%d", np), snprintf(sdir, sizeof sdir, "build/tests/hf_llama_sharded_np%d", np);
+    float *lbefore[3 * 64] = {0};
+    int lparams = 0;
+    TEST_CASE("Llama (A=6, G=2, untied) saved at t = %d; loaded at t = %d, unsharded, and from Hugging Face shards with an index: parameters, moments, step equal", np, np) {
+        tpk_ctx ctx;
+        tpk_llama m;
+        tpk_adamw o;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
+        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
+        test_set_weights(&ctx, 8, 0.3f);
+        CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
+        int32_t ids[12], tg[12];
+        for (int i = 0; i < 12; i++) ids[i] = (5 * i + 1) % 61, tg[i] = (7 * i + 3) % 61;
+        float loss;
+        CHECK_OK(&ctx, tpk_params_zero_grad(&ctx));
+        CHECK_OK(&ctx, tpk_llama_forward(&ctx, &m, ids, tg, 2, 6, &loss));
+        CHECK_OK(&ctx, tpk_llama_backward(&ctx, &m, 1.0f));
+        CHECK_OK(&ctx, tpk_params_reduce_partial_grads(&ctx));
+        CHECK_OK(&ctx, tpk_adamw_step(&ctx, &o, 1e-3f, 1.0f));
+        lparams = ctx.params.n;
+        gather_all(&ctx, &o, lbefore);
+        CHECK_OK(&ctx, tpk_llama_save(&ctx, &m, &o, ldir, &(tpk_hf_save_desc){o.step, 4}));
+        tpk_adamw_destroy(&ctx, &o), tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        if (me == 0) { /* the same checkpoint as Hugging Face shards it: two files and an index, no model.safetensors */
+            char p2[600];
+            tpk_ctx h;
+            tpk_st_file f;
+            CHECK_OK(&h, tpk_ctx_init(&h, &(tpk_ctx_desc){.seed = 1}));
+            snprintf(p2, sizeof p2, "%s/model.safetensors", ldir);
+            CHECK_OK(&h, tpk_st_read(&h, p2, &f));
+            mkdir(sdir, 0755);
+            tpk_st_entry e[64];
+            int n = f.n < 64 ? f.n : 64, half = n / 2;
+            char idx[8192] = "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {";
+            for (int i = 0; i < n; i++) {
+                e[i].name = f.tensors[i].name, e[i].dtype = f.tensors[i].dtype, e[i].ndim = f.tensors[i].ndim, e[i].shape = f.tensors[i].shape;
+                e[i].data = f.data + f.tensors[i].begin;
+                snprintf(idx + strlen(idx), sizeof idx - strlen(idx), "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "", e[i].name, i < half ? 1 : 2);
+            }
+            strcat(idx, "}}\n");
+            const char *meta[] = {"format", "pt", NULL};
+            snprintf(p2, sizeof p2, "%s/model-00001-of-00002.safetensors", sdir);
+            CHECK_OK(&h, tpk_st_write(&h, p2, e, half, meta));
+            snprintf(p2, sizeof p2, "%s/model-00002-of-00002.safetensors", sdir);
+            CHECK_OK(&h, tpk_st_write(&h, p2, e + half, n - half, meta));
+            snprintf(p2, sizeof p2, "%s/model.safetensors.index.json", sdir), write_text(p2, idx);
+            char src[600];
+            snprintf(src, sizeof src, "%s/config.json", ldir), snprintf(p2, sizeof p2, "%s/config.json", sdir);
+            FILE *in = fopen(src, "rb"), *out = fopen(p2, "wb");
+            for (int ch; in && out && (ch = fgetc(in)) != EOF;) fputc(ch, out);
+            if (in) fclose(in);
+            if (out) fclose(out);
+            tpk_st_close(&f), tpk_ctx_destroy(&h);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int pass = 0; pass < 3; pass++) { /* at t = np; unsharded; the shards at t = np (weights only) */
+            tpk_llama_config rc;
+            memset(&rc, 0, sizeof rc);
+            char type[32] = "";
+            CHECK_OK(&ctx, tpk_hf_model_type(&ctx, pass == 2 ? sdir : ldir, type, sizeof type));
+            CHECK(!strcmp(type, "llama"), "model_type \"%s\"", type);
+            CHECK_OK(&ctx, tpk_llama_config_read(&ctx, pass == 2 ? sdir : ldir, &rc));
+            CHECK(rc.layers == 2 && rc.hidden == 24 && rc.heads == 6 && rc.kv_heads == 2 && rc.ffn == 20 && rc.vocab == 61 && rc.positions == 12 &&
+                      rc.rope_theta == 500.0f && rc.norm_eps == 1e-5f && !rc.tie_embeddings,
+                  "config.json read back");
+            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass == 1 ? &(tpk_ctx_desc){.seed = 99} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 99}));
+            CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &rc));
+            CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
+            CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, pass == 2 ? NULL : &o, pass == 2 ? sdir : ldir));
+            float *after[3 * 64];
+            gather_all(&ctx, &o, after);
+            int bad = 0;
+            for (int i = 0; i < 3 * lparams; i++) {
+                if (pass < 2 || i % 3 == 0) bad += memcmp(lbefore[i], after[i], tpk_param_global_numel(&ctx, i / 3) * 4) != 0;
+                free(after[i]);
+            }
+            CHECK(bad == 0, "%d tensors differ after loading %s", bad, pass == 0 ? "at t = ranks" : pass == 1 ? "unsharded" : "the shards");
+            if (pass < 2) CHECK(o.step == 1, "step %lld", (long long)o.step);
+            tpk_adamw_destroy(&ctx, &o), tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        }
+    }
+
+    TEST_CASE("Llama sampling at t = %d: the same tokens on every rank, equal to the unsharded model's", np) {
+        int32_t tok[2][9];
+        for (int pass = 0; pass < 2; pass++) {
+            tpk_ctx ctx;
+            tpk_llama m;
+            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass ? &(tpk_ctx_desc){.seed = 1} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 1}));
+            CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
+            CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir));
+            for (int i = 0; i < 9; i++) tok[pass][i] = -1;
+            CHECK_OK(&ctx, tpk_llama_sample(&ctx, &m, 3, 8, 0.8f, 21, tok[pass]));
+            tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        }
+        int lo[9], hi[9];
+        MPI_Allreduce(tok[0], lo, 9, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        MPI_Allreduce(tok[0], hi, 9, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        CHECK(!memcmp(lo, hi, sizeof lo) && !memcmp(tok[0], tok[1], sizeof tok[0]), "ranks or the unsharded model drew different tokens");
+        for (int i = 1; i < 9; i++) CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
+    }
+
+    TEST_CASE("Llama bad input: unknown model_type, unsupported config values, a mis-shaped or missing tensor, a bad index") {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
+        char bad[300], type[32];
+        snprintf(bad, sizeof bad, "build/tests/hf_llama_bad_np%d_r%d", np, me);
+        mkdir(bad, 0755);
+        snprintf(path, sizeof path, "%s/config.json", bad);
+        static const struct { const char *text, *needle; tpk_status want; } cases[] = {
+            {"{\"model_type\": \"mistral\"}", "model_type \"mistral\": expected \"gpt2\" or \"llama\"", TPK_ERR_UNSUPPORTED},
+            {"{\"n_layer\": 2}", "model_type missing: expected", TPK_ERR_UNSUPPORTED},
+            {"{\"model_type\": 7}", "model_type (not a string)", TPK_ERR_UNSUPPORTED},
+        };
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            write_text(path, cases[k].text);
+            CHECK_FAILS(&ctx, tpk_hf_model_type(&ctx, bad, type, sizeof type), cases[k].want, cases[k].needle);
+        }
+#define LLAMA_CFG(extra) "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 24, \"num_attention_heads\": 6, \"vocab_size\": 61, " \
+                         "\"max_position_embeddings\": 12, \"intermediate_size\": 20" extra "}"
+        static const struct { const char *text, *needle; tpk_status want; } lcases[] = {
+            {LLAMA_CFG(", \"num_key_value_heads\": 4"), "num_key_value_heads 4: expected a divisor of num_attention_heads 6", TPK_ERR_FORMAT},
+            {LLAMA_CFG(", \"hidden_act\": \"gelu\""), "hidden_act \"gelu\": expected \"silu\"", TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"rope_scaling\": {\"type\": \"llama3\"}"), "rope_scaling: expected null", TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"attention_bias\": true"), "attention_bias / mlp_bias: expected false", TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"head_dim\": 8"), "head_dim 8: expected hidden_size / num_attention_heads = 4", TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"tie_word_embeddings\": 1"), "expected true or false for tie_word_embeddings", TPK_ERR_FORMAT},
+            {LLAMA_CFG(", \"rms_norm_eps\": -1"), "implausible configuration", TPK_ERR_FORMAT},
+            {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2}", "missing hidden_size", TPK_ERR_FORMAT},
+            {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 18, \"num_attention_heads\": 6, \"vocab_size\": 61, "
+             "\"max_position_embeddings\": 12, \"intermediate_size\": 20}", "expected an even head size", TPK_ERR_FORMAT},
+        };
+        tpk_llama_config c;
+        for (size_t k = 0; k < sizeof lcases / sizeof *lcases; k++) {
+            write_text(path, lcases[k].text);
+            CHECK_FAILS(&ctx, tpk_llama_config_read(&ctx, bad, &c), lcases[k].want, lcases[k].needle);
+        }
+        write_text(path, LLAMA_CFG(", \"num_key_value_heads\": 2, \"hidden_act\": \"silu\", \"rope_scaling\": null, \"tie_word_embeddings\": true, \"head_dim\": 4"));
+        CHECK_OK(&ctx, tpk_llama_config_read(&ctx, bad, &c));
+        CHECK(c.kv_heads == 2 && c.tie_embeddings && c.norm_eps == 1e-6f && c.rope_theta == 10000.0f, "defaults and booleans read");
+        /* the saved checkpoint into a model of another shape, and without a tensor */
+        tpk_llama m;
+        tpk_llama_config other = lc;
+        other.kv_heads = 3;
+        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &other));
+        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_SHAPE, "\"model.layers.0.self_attn.k_proj.weight\" has shape [8, 24], config.json implies [12, 24]");
+        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx); /* a model's parameters stay in its context: a fresh one per model */
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
+        other = lc, other.tie_embeddings = true; /* no lm_head: loads (the file's extra tensor unused) */
+        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &other));
+        CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir));
+        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
+        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
+        char idx[700];
+        snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", bad);
+        static const struct { const char *text, *needle; } icases[] = {
+            {"{\"weight_map\": {\"model.norm.weight\": \"../model-00001-of-00002.safetensors\"}}", "expected a file name ending in .safetensors in the same directory"},
+            {"{\"weight_map\": {\"model.norm.weight\": \"x.bin\"}}", "expected a file name ending in .safetensors"},
+            {"{\"weight_map\": [1]}", "expected an object \"weight_map\""},
+            {"{\"weight_map\": {\"model.norm.weight\": 3}}", "weight_map: file: expected a string"},
+            {"{\"weight_map\": {}}", "no tensor \"model.embed_tokens.weight\""},
+            {"{\"weight_map\": {\"model.embed_tokens.weight\"", "byte"},
+        };
+        for (size_t k = 0; k < sizeof icases / sizeof *icases; k++) {
+            write_text(idx, icases[k].text);
+            CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_FORMAT, icases[k].needle);
+        }
+        write_text(idx, "{\"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00001.safetensors\"}}");
+        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_IO, "model-00001-of-00001.safetensors");
+        tpk_llama_destroy(&ctx, &m);
+        tpk_ctx_destroy(&ctx);
+    }
+    for (int i = 0; i < 3 * lparams; i++) free(lbefore[i]);
+
     TEST_CASE("config.json fuzz corpus replay (tests/fuzz/corpus_config)") test_replay_corpus("tests/fuzz/corpus_config", fuzz_config_one, "valid", 7);
     for (int i = 0; i < 3 * nparams; i++) free(before[i]);
     tpk_comm_destroy(&world);
