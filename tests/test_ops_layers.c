@@ -738,10 +738,13 @@ static void test_xent(void) {
 /* ---- attention ----------------------------------------------------------------------------- */
 
 typedef struct attn_shape {
-    int64_t B, S, Al, D, A, head0;
+    int64_t B, S, Al, D, A, head0, G; /* G key/value heads; 0 = A */
 } attn_shape;
 
-static size_t attn_nq(const attn_shape *s) { return (size_t)(s->B * s->S * 3 * s->Al * s->D); }
+static int64_t attn_G(const attn_shape *s) { return s->G ? s->G : s->A; }
+/* the local key/value heads [*g0, *g0 + Gl) of the query heads [head0, head0 + Al) */
+static int64_t attn_Gl(const attn_shape *s, int64_t *g0) { return tpk_attn_kv_heads(s->A, attn_G(s), s->head0, s->Al, g0); }
+static size_t attn_nq(const attn_shape *s) { return (size_t)(s->B * s->S * (s->Al + 2 * attn_Gl(s, NULL)) * s->D); }
 static size_t attn_no(const attn_shape *s) { return (size_t)(s->B * s->S * s->Al * s->D); }
 static size_t attn_nl(const attn_shape *s) { return (size_t)(s->B * s->Al * s->S); }
 
@@ -756,15 +759,17 @@ static double attn_keep_ref(double p, uint64_t seed, uint64_t stream, const attn
 /* Naive causal attention in double: out, lse and (with dout) dqkv. */
 static void attn_ref(const attn_shape *s, const float *qkv, const float *dout, double scale, float p, uint64_t seed,
                      uint64_t stream, double *out, double *lse, double *dqkv) {
-    const int64_t S = s->S, D = s->D, Al = s->Al, ld3 = 3 * Al * D, ldo = Al * D;
+    int64_t g0, Gl = attn_Gl(s, &g0), grp = s->A / attn_G(s);
+    const int64_t S = s->S, D = s->D, Al = s->Al, ld3 = (Al + 2 * Gl) * D, ldo = Al * D;
     double *P = dbuf((size_t)(S * S)), *K = dbuf((size_t)(S * S)), *dPk = dbuf((size_t)(S * S)), *dS = dbuf((size_t)(S * S));
     if (dqkv)
         for (size_t k = 0; k < attn_nq(s); k++) dqkv[k] = 0;
     for (int64_t b = 0; b < s->B; b++)
         for (int64_t h = 0; h < Al; h++) {
 #define Qe(i, d) ((double)qkv[(b * S + (i)) * ld3 + h * D + (d)])
-#define Ke(i, d) ((double)qkv[(b * S + (i)) * ld3 + Al * D + h * D + (d)])
-#define Ve(i, d) ((double)qkv[(b * S + (i)) * ld3 + 2 * Al * D + h * D + (d)])
+#define Ke(i, d) ((double)qkv[(b * S + (i)) * ld3 + (Al + kv) * D + (d)])
+#define Ve(i, d) ((double)qkv[(b * S + (i)) * ld3 + (Al + Gl + kv) * D + (d)])
+            int64_t kv = (s->head0 + h) / grp - g0; /* the key/value head query head h reads */
             for (int64_t i = 0; i < S; i++) {
                 double m = -INFINITY, sum = 0;
                 for (int64_t j = 0; j <= i; j++) {
@@ -806,8 +811,8 @@ static void attn_ref(const attn_shape *s, const float *qkv, const float *dout, d
                     for (int64_t r = i; r < S; r++) gk += dS[r * S + i] * Qe(r, d);           /* dK_i = scale sum_r dS_ri Q_r */
                     for (int64_t r = i; r < S; r++) gv += P[r * S + i] * K[r * S + i] * dOe(r, d); /* dV_i = sum_r Pk_ri dO_r */
                     dqkv[(b * S + i) * ld3 + h * D + d] = scale * gq;
-                    dqkv[(b * S + i) * ld3 + Al * D + h * D + d] = scale * gk;
-                    dqkv[(b * S + i) * ld3 + 2 * Al * D + h * D + d] = gv;
+                    dqkv[(b * S + i) * ld3 + (Al + kv) * D + d] += scale * gk; /* summed over the query heads of a group */
+                    dqkv[(b * S + i) * ld3 + (Al + Gl + kv) * D + d] += gv;
                 }
 #undef Qe
 #undef Ke
@@ -823,12 +828,12 @@ static void attn_run_fwd(const attn_shape *s, const float *qkv, float scale, flo
     size_t nq = attn_nq(s), no = attn_no(s);
     test_poison(out, no), test_poison(lse, attn_nl(s));
     if (dt == TPK_F32) {
-        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, out, lse, qkv, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed, stream, dt));
+        CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, out, lse, qkv, s->B, s->S, s->Al, s->D, s->A, attn_G(s), s->head0, scale, p, seed, stream, dt));
         return;
     }
     uint16_t *hq = hbuf(nq), *ho = hbuf(no);
     to_bf16(hq, qkv, nq), poison_bf16(ho, no);
-    CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, ho, lse, hq, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed, stream, dt));
+    CHECK_OK(&ctx, tpk_op_attn_fwd(&ctx, ho, lse, hq, s->B, s->S, s->Al, s->D, s->A, attn_G(s), s->head0, scale, p, seed, stream, dt));
     from_bf16(out, ho, no);
     free(hq), free(ho);
 }
@@ -837,13 +842,13 @@ static void attn_run_bwd(const attn_shape *s, const float *qkv, const float *dou
     size_t nq = attn_nq(s), no = attn_no(s);
     test_poison(dqkv, nq);
     if (dt == TPK_F32) {
-        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, dqkv, dout, qkv, out, lse, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed,
+        CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, dqkv, dout, qkv, out, lse, s->B, s->S, s->Al, s->D, s->A, attn_G(s), s->head0, scale, p, seed,
                                          stream, dt));
         return;
     }
     uint16_t *hq = hbuf(nq), *hd = hbuf(no), *ho = hbuf(no), *hg = hbuf(nq);
     to_bf16(hq, qkv, nq), to_bf16(hd, dout, no), to_bf16(ho, out, no), poison_bf16(hg, nq);
-    CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, hg, hd, hq, ho, lse, s->B, s->S, s->Al, s->D, s->A, s->A, s->head0, scale, p, seed, stream, dt));
+    CHECK_OK(&ctx, tpk_op_attn_bwd(&ctx, hg, hd, hq, ho, lse, s->B, s->S, s->Al, s->D, s->A, attn_G(s), s->head0, scale, p, seed, stream, dt));
     from_bf16(dqkv, hg, nq);
     free(hq), free(hd), free(ho), free(hg);
 }
@@ -877,15 +882,17 @@ static void attn_check_f32(const attn_shape *s, float p, uint64_t seed, uint64_t
     CHECK_CLOSE(dqkv, wd, nq, TOL_ATTN, "attn_bwd dqkv vs analytic reference");
     /* Q, K and V blocks separately, so a small block is not hidden by a large one. The scale of a
      * block is floored at 1e-2 of the whole: with S = 1 the true dQ and dK are exactly 0. */
-    const int64_t AD = s->Al * s->D, rowsN = s->B * s->S;
+    const int64_t Gl = attn_Gl(s, NULL), ld = (s->Al + 2 * Gl) * s->D, rowsN = s->B * s->S;
+    const int64_t c0[3] = {0, s->Al * s->D, (s->Al + Gl) * s->D}, cw[3] = {s->Al * s->D, Gl * s->D, Gl * s->D};
     double wmax = 0;
     for (size_t k = 0; k < nq; k++) wmax = fabs(wd[k]) > wmax ? fabs(wd[k]) : wmax;
     const char *blk[3] = {"dQ", "dK", "dV"};
     for (int c = 0; c < 3; c++) {
+        int64_t AD = cw[c];
         size_t nb = (size_t)(rowsN * AD);
         float *gb = fbuf(nb), *wb = fbuf(nb);
         for (int64_t r = 0; r < rowsN; r++)
-            for (int64_t k = 0; k < AD; k++) gb[r * AD + k] = dqkv[r * 3 * AD + c * AD + k], wb[r * AD + k] = wd[r * 3 * AD + c * AD + k];
+            for (int64_t k = 0; k < AD; k++) gb[r * AD + k] = dqkv[r * ld + c0[c] + k], wb[r * AD + k] = wd[r * ld + c0[c] + k];
         double num = 0, den = 1e-2 * wmax;
         for (size_t k = 0; k < nb; k++) {
             double d = isnan(gb[k]) ? INFINITY : fabs((double)gb[k] - wb[k]);
@@ -944,6 +951,18 @@ static void test_attention(void) {
         attn_check_f32(&s3, 0.1f, seed, stream, 1135, false);
         const attn_shape s2 = {.B = 3, .S = 1, .Al = 1, .D = 3, .A = 1, .head0 = 0}; /* one token: out = V */
         attn_check_f32(&s2, 0.0f, seed, stream, 1140, true);
+    }
+
+    TEST_CASE("layers attention, grouped-query: A=6 query heads over G=2 and G=1 key/value heads, a shared head read in place; "
+              "forward, backward (dK, dV summed over the group) and finite differences") {
+        const attn_shape g1 = {.B = 2, .S = 5, .Al = 3, .D = 4, .A = 6, .head0 = 2, .G = 2}; /* heads 2..4: key/value heads 0 and 1 */
+        const attn_shape g2 = {.B = 1, .S = 6, .Al = 6, .D = 4, .A = 6, .head0 = 0, .G = 1};
+        const attn_shape g3 = {.B = 1, .S = 70, .Al = 2, .D = 8, .A = 6, .head0 = 4, .G = 3}; /* two row blocks */
+        CHECK(attn_Gl(&g1, NULL) == 2 && attn_Gl(&g2, NULL) == 1 && attn_Gl(&g3, NULL) == 1, "key/value heads per call");
+        attn_check_f32(&g1, 0.0f, seed, stream, 1160, true);
+        attn_check_f32(&g1, 0.25f, seed, stream, 1161, true);
+        attn_check_f32(&g2, 0.0f, seed, stream, 1162, true);
+        attn_check_f32(&g3, 0.1f, seed, stream, 1163, false);
     }
 
     TEST_CASE("layers attention: a head's result does not depend on head0 of other heads") {
@@ -1118,6 +1137,194 @@ static void test_residual_layernorm(void) {
     }
 }
 
+/* ---- rotary embedding, SwiGLU, RMSNorm (Llama) ------------------------------------------------ */
+
+/* y = rope(x) in double: rows [rows, ld], heads of D at h D, position i mod S */
+static void rope_ref(const float *x, int64_t ld, int64_t rows, int64_t S, int64_t heads, int64_t D, double theta, bool inverse, double *y) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t j = 0; j < D / 2; j++) {
+                double a = (double)(i % S) * pow(theta, -2.0 * (double)j / (double)D), c = cos(a), n = inverse ? -sin(a) : sin(a);
+                double x1 = x[i * ld + h * D + j], x2 = x[i * ld + h * D + j + D / 2];
+                y[i * heads * D + h * D + j] = x1 * c - x2 * n;
+                y[i * heads * D + h * D + j + D / 2] = x2 * c + x1 * n;
+            }
+}
+/* RMSNorm in double: y, rstd; with dy: dx and dw */
+static void rms_ref(const float *x, const float *w, const float *dy, int64_t rows, int64_t cols, double eps, double *y, double *rstd, double *dx,
+                    double *dw) {
+    for (int64_t j = 0; dw && j < cols; j++) dw[j] = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        double ss = 0, gx = 0;
+        for (int64_t j = 0; j < cols; j++) ss += (double)x[i * cols + j] * x[i * cols + j];
+        double r = 1.0 / sqrt(ss / (double)cols + eps);
+        rstd[i] = r;
+        for (int64_t j = 0; j < cols; j++) y[i * cols + j] = x[i * cols + j] * r * w[j];
+        if (!dy) continue;
+        for (int64_t j = 0; j < cols; j++) gx += (double)dy[i * cols + j] * w[j] * x[i * cols + j] * r;
+        for (int64_t j = 0; j < cols; j++) {
+            double xh = x[i * cols + j] * r;
+            dx[i * cols + j] = r * (dy[i * cols + j] * w[j] - xh * gx / (double)cols);
+            dw[j] += dy[i * cols + j] * xh;
+        }
+    }
+}
+static double silu_d(double g) { return g / (1.0 + exp(-g)); }
+
+static void test_llama_ops(void) {
+    TEST_CASE("layers rope f32/bf16: the rotate-half formula per position, inverse undoes it, in place, strided rows, columns past the heads untouched") {
+        enum { R = 10, S = 4, NH = 3, D = 8, LD = NH * D + 5 };
+        float x[R * LD], y[R * LD], z[R * LD], w[R * NH * D], back[R * LD];
+        double ref[R * NH * D];
+        test_randn(x, R * LD, 1200, 1.0f);
+        for (int inv = 0; inv < 2; inv++) {
+            test_poison(y, R * LD);
+            CHECK_OK(&ctx, tpk_op_rope(&ctx, y, LD, x, LD, R, S, NH, D, 100.0f, inv, TPK_F32));
+            rope_ref(x, LD, R, S, NH, D, 100.0, inv, ref);
+            size_t nan_inside = 0, written_outside = 0;
+            for (int i = 0; i < R; i++) {
+                for (int c = 0; c < NH * D; c++) w[i * NH * D + c] = y[i * LD + c], nan_inside += isnan(y[i * LD + c]);
+                for (int c = NH * D; c < LD; c++) written_outside += !isnan(y[i * LD + c]);
+            }
+            float wr[R * NH * D];
+            d2f(wr, ref, R * NH * D);
+            CHECK_CLOSE(w, wr, R * NH * D, 1e-6, inv ? "inverse rope vs double" : "rope vs double");
+            CHECK(nan_inside == 0 && written_outside == 0, "%zu heads' elements unwritten, %zu columns past the heads written", nan_inside, written_outside);
+        }
+        CHECK_OK(&ctx, tpk_op_rope(&ctx, y, LD, x, LD, R, S, NH, D, 100.0f, false, TPK_F32));
+        memcpy(back, y, sizeof back);
+        CHECK_OK(&ctx, tpk_op_rope(&ctx, back, LD, back, LD, R, S, NH, D, 100.0f, true, TPK_F32)); /* in place */
+        for (int i = 0; i < R; i++)
+            for (int c = NH * D; c < LD; c++) back[i * LD + c] = x[i * LD + c];
+        CHECK_CLOSE(back, x, R * LD, 1e-6, "inverse(rope(x)) = x");
+        memcpy(z, x, sizeof z);
+        CHECK_OK(&ctx, tpk_op_rope(&ctx, z, LD, z, LD, R, S, NH, D, 100.0f, false, TPK_F32));
+        for (int i = 0; i < R; i++)
+            for (int c = NH * D; c < LD; c++) y[i * LD + c] = x[i * LD + c];
+        CHECK(bitdiff(z, y, R * LD) == 0, "in place differs from out of place");
+        uint16_t hx[R * LD], hy[R * NH * D];
+        float fx[R * LD], fy[R * NH * D];
+        to_bf16(hx, x, R * LD), from_bf16(fx, hx, R * LD), poison_bf16(hy, R * NH * D);
+        CHECK_OK(&ctx, tpk_op_rope(&ctx, hy, NH * D, hx, LD, R, S, NH, D, 100.0f, false, TPK_BF16));
+        from_bf16(fy, hy, R * NH * D);
+        rope_ref(fx, LD, R, S, NH, D, 100.0, false, ref);
+        float wr[R * NH * D];
+        d2f(wr, ref, R * NH * D);
+        CHECK_CLOSE(fy, wr, R * NH * D, 1e-2, "bf16 rope vs double on the rounded input");
+    }
+
+    TEST_CASE("layers swiglu f32/bf16: h = silu(gate) up; backward vs the analytic gradient and finite differences; dgu may be gu") {
+        enum { R = 7, F = 9 };
+        float gu[R * 2 * F], h[R * F], dh[R * F], dgu[R * 2 * F], wh[R * F], wg[R * 2 * F], fd[R * 2 * F], tmp[R * F];
+        test_randn(gu, R * 2 * F, 1210, 2.0f);
+        test_randn(dh, R * F, 1211, 1.0f);
+        test_poison(h, R * F), test_poison(dgu, R * 2 * F);
+        CHECK_OK(&ctx, tpk_op_swiglu_fwd(&ctx, h, gu, R, F, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_swiglu_bwd(&ctx, dgu, gu, dh, R, F, TPK_F32));
+        for (int i = 0; i < R; i++)
+            for (int j = 0; j < F; j++) {
+                double g = gu[i * 2 * F + j], u = gu[i * 2 * F + F + j], sg = 1.0 / (1.0 + exp(-g));
+                wh[i * F + j] = (float)(silu_d(g) * u);
+                wg[i * 2 * F + j] = (float)(dh[i * F + j] * u * (sg + g * sg * (1 - sg)));
+                wg[i * 2 * F + F + j] = (float)(dh[i * F + j] * silu_d(g));
+            }
+        CHECK_CLOSE(h, wh, R * F, 1e-6, "swiglu_fwd vs double");
+        CHECK_CLOSE(dgu, wg, R * 2 * F, 1e-6, "swiglu_bwd vs the analytic gradient");
+        for (int k = 0; k < R * 2 * F; k++) { /* L = sum h dh */
+            float save = gu[k], xp, xm;
+            double step = fd_step(save, 1e-2, &xp, &xm), Lp = 0, Lm = 0;
+            gu[k] = xp, tpk_op_swiglu_fwd(&ctx, tmp, gu, R, F, TPK_F32);
+            for (int q = 0; q < R * F; q++) Lp += (double)tmp[q] * dh[q];
+            gu[k] = xm, tpk_op_swiglu_fwd(&ctx, tmp, gu, R, F, TPK_F32);
+            for (int q = 0; q < R * F; q++) Lm += (double)tmp[q] * dh[q];
+            gu[k] = save, fd[k] = (float)((Lp - Lm) / step);
+        }
+        CHECK_CLOSE(dgu, fd, R * 2 * F, TOL_FD, "swiglu_bwd vs finite differences");
+        float al[R * 2 * F];
+        memcpy(al, gu, sizeof al);
+        CHECK_OK(&ctx, tpk_op_swiglu_bwd(&ctx, al, al, dh, R, F, TPK_F32));
+        CHECK(bitdiff(al, dgu, R * 2 * F) == 0, "dgu = gu (in place) differs");
+        uint16_t hg[R * 2 * F], hh[R * F], hd[R * F], hdg[R * 2 * F];
+        float fh[R * F], fg[R * 2 * F];
+        round_bf16(gu, R * 2 * F), round_bf16(dh, R * F);
+        to_bf16(hg, gu, R * 2 * F), to_bf16(hd, dh, R * F), poison_bf16(hh, R * F), poison_bf16(hdg, R * 2 * F);
+        CHECK_OK(&ctx, tpk_op_swiglu_fwd(&ctx, hh, hg, R, F, TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_swiglu_bwd(&ctx, hdg, hg, hd, R, F, TPK_BF16));
+        from_bf16(fh, hh, R * F), from_bf16(fg, hdg, R * 2 * F);
+        CHECK_OK(&ctx, tpk_op_swiglu_fwd(&ctx, h, gu, R, F, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_swiglu_bwd(&ctx, dgu, gu, dh, R, F, TPK_F32));
+        CHECK_CLOSE(fh, h, R * F, 1e-2, "bf16 swiglu_fwd");
+        CHECK_CLOSE(fg, dgu, R * 2 * F, 1e-2, "bf16 swiglu_bwd");
+    }
+
+    TEST_CASE("layers rmsnorm f32/bf16: reference, finite differences, accumulation") {
+        enum { R = 6, C = 13 };
+        float x[R * C], w[C], dy[R * C], y[R * C], rstd[R], dx[R * C], dw[C], wy[R * C], wdx[R * C], wdw[C], wr[R], fd[R * C];
+        double ry[R * C], rr[R], rdx[R * C], rdw[C];
+        test_randn(x, R * C, 1220, 1.5f), test_randn(w, C, 1221, 1.0f), test_randn(dy, R * C, 1222, 1.0f);
+        test_poison(y, R * C), test_poison(rstd, R), test_poison(dx, R * C);
+        for (int j = 0; j < C; j++) dw[j] = 0.5f; /* accumulates */
+        CHECK_OK(&ctx, tpk_op_rmsnorm_fwd(&ctx, y, rstd, x, w, R, C, 1e-5f, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_rmsnorm_bwd(&ctx, dx, dw, dy, x, w, rstd, R, C, TPK_F32, false));
+        rms_ref(x, w, dy, R, C, 1e-5, ry, rr, rdx, rdw);
+        for (int j = 0; j < C; j++) rdw[j] += 0.5;
+        d2f(wy, ry, R * C), d2f(wr, rr, R), d2f(wdx, rdx, R * C), d2f(wdw, rdw, C);
+        CHECK_CLOSE(y, wy, R * C, TOL_LN, "rmsnorm_fwd y");
+        CHECK_CLOSE(rstd, wr, R, TOL_LN, "rmsnorm_fwd rstd");
+        CHECK_CLOSE(dx, wdx, R * C, TOL_LN, "rmsnorm_bwd dx");
+        CHECK_CLOSE(dw, wdw, C, TOL_LN, "rmsnorm_bwd dw (accumulated)");
+        for (int k = 0; k < R * C; k++) { /* L = sum y dy */
+            float save = x[k], xp, xm, ty[R * C], tr[R];
+            double step = fd_step(save, 1e-2, &xp, &xm), Lp = 0, Lm = 0;
+            x[k] = xp, tpk_op_rmsnorm_fwd(&ctx, ty, tr, x, w, R, C, 1e-5f, TPK_F32);
+            for (int q = 0; q < R * C; q++) Lp += (double)ty[q] * dy[q];
+            x[k] = xm, tpk_op_rmsnorm_fwd(&ctx, ty, tr, x, w, R, C, 1e-5f, TPK_F32);
+            for (int q = 0; q < R * C; q++) Lm += (double)ty[q] * dy[q];
+            x[k] = save, fd[k] = (float)((Lp - Lm) / step);
+        }
+        CHECK_CLOSE(dx, fd, R * C, TOL_FD, "rmsnorm_bwd dx vs finite differences");
+        float acc[R * C];
+        for (int k = 0; k < R * C; k++) acc[k] = 1.0f;
+        CHECK_OK(&ctx, tpk_op_rmsnorm_bwd(&ctx, acc, dw, dy, x, w, rstd, R, C, TPK_F32, true));
+        for (int k = 0; k < R * C; k++) acc[k] -= 1.0f;
+        CHECK_CLOSE(acc, dx, R * C, 1e-5, "accumulate_dx adds");
+        uint16_t hx[R * C], hy[R * C], hdy[R * C], hdx[R * C];
+        float fy[R * C], fdx[R * C];
+        round_bf16(x, R * C), round_bf16(dy, R * C);
+        to_bf16(hx, x, R * C), to_bf16(hdy, dy, R * C), poison_bf16(hy, R * C), poison_bf16(hdx, R * C);
+        CHECK_OK(&ctx, tpk_op_rmsnorm_fwd(&ctx, hy, rstd, hx, w, R, C, 1e-5f, TPK_BF16));
+        for (int j = 0; j < C; j++) dw[j] = 0;
+        CHECK_OK(&ctx, tpk_op_rmsnorm_bwd(&ctx, hdx, dw, hdy, hx, w, rstd, R, C, TPK_BF16, false));
+        from_bf16(fy, hy, R * C), from_bf16(fdx, hdx, R * C);
+        rms_ref(x, w, dy, R, C, 1e-5, ry, rr, rdx, rdw);
+        d2f(wy, ry, R * C), d2f(wdx, rdx, R * C), d2f(wdw, rdw, C);
+        CHECK_CLOSE(fy, wy, R * C, 1e-2, "bf16 rmsnorm_fwd");
+        CHECK_CLOSE(fdx, wdx, R * C, 1e-2, "bf16 rmsnorm_bwd dx");
+        CHECK_CLOSE(dw, wdw, C, 1e-5, "bf16 rmsnorm_bwd dw from the rounded inputs");
+    }
+
+    TEST_CASE("layers rope, swiglu, rmsnorm: bad arguments fail naming them; empty sizes are no-ops") {
+        float a[64] = {0}, b[64] = {0};
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 7, 100.0f, false, TPK_F32), TPK_ERR_ARG, "D: expected an even head size >= 2");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 8, 1.0f, false, TPK_F32), TPK_ERR_ARG, "theta: expected a finite base > 1");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 6, 2, 2, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "ldx: expected >= 8, got 6");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 16, a, 8, 2, 2, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "ldy: in place (y == x) expected ldx = 8, got 16");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 0, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "S: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, NULL, 8, 2, 2, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "x: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 8, 100.0f, false, TPK_I32), TPK_ERR_DTYPE, "tpk_op_rope: dt:");
+        CHECK_FAILS(&ctx, tpk_op_swiglu_fwd(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG, "gu: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_swiglu_bwd(&ctx, a, b, NULL, 2, 3, TPK_F32), TPK_ERR_ARG, "dh: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_swiglu_fwd(&ctx, a, b, -2, 3, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_fwd(&ctx, a, b, a, b, 2, 3, 0.0f, TPK_F32), TPK_ERR_ARG, "eps: expected > 0");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_fwd(&ctx, a, NULL, a, b, 2, 3, 1e-5f, TPK_F32), TPK_ERR_ARG, "rstd: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_bwd(&ctx, a, NULL, a, a, b, b, 2, 3, TPK_F32, false), TPK_ERR_ARG, "dw: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_bwd(&ctx, a, b, a, a, b, b, 2, 0, TPK_F32, false), TPK_ERR_ARG, "cols: expected >= 1");
+        CHECK_OK(&ctx, tpk_op_rope(&ctx, NULL, 8, NULL, 8, 0, 2, 1, 8, 100.0f, false, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_swiglu_fwd(&ctx, NULL, NULL, 0, 3, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_rmsnorm_fwd(&ctx, NULL, NULL, NULL, NULL, 0, 3, 1e-5f, TPK_F32));
+    }
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     if (test_host_ctx(&ctx) != TPK_OK) return 1;
@@ -1127,6 +1334,7 @@ int main(int argc, char **argv) {
     test_embedding();
     test_xent();
     test_attention();
+    test_llama_ops();
     test_errors();
     tpk_ctx_destroy(&ctx);
     return test_finish();
