@@ -1,9 +1,11 @@
 #!/bin/sh
-# tests/train.sh — the GPT-2 trainer (build/gpt2_train; $TPK_BUILD/gpt2_train) end to end, on the host backend:
+# tests/train.sh — the trainer (build/gpt2_train; $TPK_BUILD/gpt2_train) end to end, on the host backend:
 #   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, evaluation identical at
 #   t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
-#   Debian's python3-torch is importable), and every bad input of the issue: a one-line error
+#   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
+#   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
+#   bad input of the issues: a one-line error
 #   and a non-zero exit on every rank, never a hang.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
@@ -89,6 +91,42 @@ else
     echo "train: Hugging Face import test skipped (Debian's python3-torch is not importable by $py)"
 fi
 
+# ---- Llama (--arch llama): resume at another TP size, evaluation at every t, Hugging Face import ----
+llama="--arch llama --layers 2 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --rope-theta 500 --batch 4 --seq-len 16"
+tr 2 --text "$text" $llama --tp 2 --steps 8 --save "$T/l2" --save-every 4 --csv "$T/lfull.csv"
+rcl=$rc
+tr 3 --text "$text" $llama --tp 3 --steps 8 --load "$T/l2/step-4" --csv "$T/l3.csv"
+r=$(relmax "$(losses "$T/lfull.csv" 5 8)" "$(losses "$T/l3.csv" 5 8)")
+if [ $rcl -eq 0 ] && [ $rc -eq 0 ] && grep -q '"model_type": "llama"' "$T/l2/step-4/config.json" && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then
+    ok "Llama (A=6, G=2) saved at t=2, resumed at t=3 (a key/value head on two ranks): losses of steps 5-8 equal continuing at t=2 (max relative difference $r)"
+else fail "Llama saved at t=2, resumed at t=3 (max relative difference $r)"; fi
+tr 2 --text "$text" $llama --tp 2 --steps 8 --load "$T/l2/step-4" --csv "$T/l2r.csv"
+a=$(losses "$T/lfull.csv" 5 8); b=$(losses "$T/l2r.csv" 5 8)
+if [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then ok "Llama resume at t=2 is bit-identical (steps 5-8)"
+else fail "Llama resume at t=2 is bit-identical: [$a] vs [$b]"; fi
+vals=""
+for np in 1 2 3 4; do
+    tr $np --eval-only --load "$T/l2/step-4" --data "$T/tok.bin" --batch 4 --seq-len 16 --eval-batches 3 --tp $np --sample 8
+    v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
+    [ $rc -eq 0 ] && [ -n "$v" ] && printf '%s\n' "$out" | grep -q "Llama L=2 H=48 A=6 V=256 P=16 G=2 F=64" || v="error"
+    vals="$vals $v"
+done
+if printf '%s\n' "$vals" | awk '{for(i=1;i<=NF;i++){ if ($i=="error") exit 1; d=$i-$1; if (d<0) d=-d; if (d > 1e-5*$1) exit 1 } }'; then ok "Llama --load (model_type from config.json) --eval-only val_loss the same at t=1,2,3,4:$vals"
+else fail "Llama --eval-only val_loss the same at t=1,2,3,4:$vals"; fi
+if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
+    ref=$("$py" tests/hf_export.py "$T/hfl" "$text" 4 16 3 llama 2>&1)
+    for np in 1 2 3 4; do
+        tr $np --eval-only --load "$T/hfl" --data "$T/hfl/tokens.bin" --batch 4 --seq-len 16 --eval-batches 3 --tp $np
+        v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
+        if [ $rc -eq 0 ] && [ -n "$v" ] && printf '%s\n' "$out" | grep -q '| Llama L=' && [ -f "$T/hfl/model.safetensors.index.json" ] && [ ! -f "$T/hfl/model.safetensors" ] &&
+            awk -v a="$v" -v b="$ref" 'BEGIN{d=a-b; if (d<0) d=-d; exit !(d <= 1e-4*b)}'; then
+            ok "Hugging Face Llama checkpoint from PyTorch (2 shards + index, G < A) at t=$np: val_loss $v = PyTorch $ref"
+        else fail "Hugging Face Llama checkpoint from PyTorch at t=$np: val_loss '$v', PyTorch '$ref'"; fi
+    done
+else
+    echo "train: Hugging Face Llama import test skipped (Debian's python3-torch is not importable by $py)"
+fi
+
 # ---- bad input: one line, non-zero exit on every rank, no hang ---------------------------------------
 # bad NAME EXPECTED-TEXT ARGS...: 2 ranks; the run must fail within the timeout and say EXPECTED-TEXT
 bad() {
@@ -118,6 +156,15 @@ bad "--load alone says what it can do" "--load DIR alone can only --sample N" --
 bad "--steps out of range" "expected an integer in \[0, 1000000000\], got \"99999999999999\" (out of range)" --text "$text" $small --steps 99999999999999
 rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/config.json" > "$T/cut/config.json"
 bad "config.json cut mid-file" "cut/config.json: byte 100: expected" --text "$text" $small --tp 2 --load "$T/cut"
+bad "--arch unknown" "--arch: expected gpt2 or llama, got \"mamba\"" --text "$text" $small --arch mamba
+bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2
+bad "--arch llama: odd head size" "rotary embeddings need an even head size" --text "$text" $small --arch llama --hidden 36 --heads 4 --tp 2
+bad "--arch llama with --dropout" "the Llama model has no dropout" --text "$text" $small --arch llama --dropout 0.1 --tp 2
+bad "--arch gpt2 with a Llama checkpoint" "--arch gpt2: the checkpoint .* holds a llama model" --text "$text" $small --tp 2 --arch gpt2 --load "$T/l2/step-4"
+rm -rf "$T/mt" && cp -r "$T/l2/step-4" "$T/mt" && sed -i 's/"model_type": "llama"/"model_type": "falcon"/' "$T/mt/config.json"
+bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\" or \"llama\"" --text "$text" $small --tp 2 --load "$T/mt"
+rm -rf "$T/lmiss" && cp -r "$T/l2/step-4" "$T/lmiss" && sed -i 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$T/lmiss/config.json"
+bad "Llama checkpoint whose tensors do not match config.json" "k_proj.weight\" has shape \[16, 48\], config.json implies \[24, 48\]" --text "$text" $small --tp 2 --load "$T/lmiss"
 bad "--steps below the checkpoint's step" "--steps 3: the checkpoint .* is already at step 5" --text "$text" $small --tp 2 --steps 3 --load "$T/c5/step-5"
 # an honest resume: it says where it resumed and which steps it trained
 tr 2 --text "$text" $small --tp 2 --steps 7 --load "$T/c5/step-5"
