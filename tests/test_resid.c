@@ -34,7 +34,7 @@ static void run(bool sp, float p) {
         test_poison(bl, T * H);
         memcpy(bl, b + rows.off * H, sizeof(float) * rows.size * H); /* the branch output, overwritten by y */
         tpk_tensor tx = tpk_tensor_shard_2d(x + rows.off * H, TPK_F32, T, H, lay, np, me);
-        tpk_tensor tb = tpk_tensor_shard_2d(bl, TPK_F32, T, H, lay, np, me), ty, tdb;
+        tpk_tensor tb = tpk_tensor_shard_2d(bl, TPK_F32, T, H, lay, np, me), ty = {0}, tdb = {0}; /* set by the calls below (zeroed: a failing call leaves them unset) */
         tpk_comm_stats_reset(&ctx.tp);
         CHECK_OK(&ctx, tpk_residual_forward(&ctx, &r, tx, tb, &ty));
         double err = 0, errb = 0;
