@@ -6,7 +6,7 @@
  * per layer on the sharded layer, the collective counts per block (2 all-reduces of T H each
  * way, or 2 all-gathers + 2 reduce-scatters under SP), SP on = SP off, dropout masks the same
  * at every t and changing with the step, and bad input. */
-#include "test.h"
+#include "tp_layer.h"
 
 static int me, np;
 static tpk_comm world;
@@ -22,177 +22,41 @@ typedef struct layer {
     tpk_gpt2_block b;
 } layer;
 
-static tpk_status layer_init(tpk_ctx *ctx, layer *l, int kind, int64_t A, bool sp, float p) {
+/* the layer under test (tests/tp_layer.h): arg = A heads */
+static tpk_status layer_init(tpk_ctx *ctx, void *lv, int kind, int64_t A, bool sp, float p) {
+    layer *l = (layer *)lv;
     memset(l, 0, sizeof *l);
     l->kind = kind;
     if (kind == K_ATTN) return tpk_attention_init(ctx, &l->a, H, A, &(tpk_attention_desc){.name = "attn", .sequence_parallel = sp, .dropout = p});
     if (kind == K_MLP) return tpk_mlp_init(ctx, &l->m, H, &(tpk_mlp_desc){.name = "mlp", .sequence_parallel = sp});
     return tpk_gpt2_block_init(ctx, &l->b, H, &(tpk_gpt2_block_desc){.name = "h.0", .heads = A, .sequence_parallel = sp, .dropout = p});
 }
-static tpk_status layer_fwd(tpk_ctx *ctx, layer *l, tpk_tensor x, tpk_tensor *y) {
+static tpk_status layer_fwd(tpk_ctx *ctx, void *lv, tpk_tensor x, tpk_tensor *y) {
+    layer *l = (layer *)lv;
     if (l->kind == K_ATTN) return tpk_attention_forward(ctx, &l->a, x, B, S, y);
     if (l->kind == K_MLP) return tpk_mlp_forward(ctx, &l->m, x, y);
     return tpk_gpt2_block_forward(ctx, &l->b, x, B, S, y);
 }
-static tpk_status layer_bwd(tpk_ctx *ctx, layer *l, tpk_tensor dy, tpk_tensor *dx) {
+static tpk_status layer_bwd(tpk_ctx *ctx, void *lv, tpk_tensor dy, tpk_tensor *dx) {
+    layer *l = (layer *)lv;
     if (l->kind == K_ATTN) return tpk_attention_backward(ctx, &l->a, dy, dx);
     if (l->kind == K_MLP) return tpk_mlp_backward(ctx, &l->m, dy, dx);
     return tpk_gpt2_block_backward(ctx, &l->b, dy, dx);
 }
-static void layer_destroy(tpk_ctx *ctx, layer *l) {
+static void layer_destroy(tpk_ctx *ctx, void *lv) {
+    layer *l = (layer *)lv;
     if (l->kind == K_ATTN) tpk_attention_destroy(ctx, &l->a);
     else if (l->kind == K_MLP) tpk_mlp_destroy(ctx, &l->m);
     else tpk_gpt2_block_destroy(ctx, &l->b);
 }
-
-/* The input x / dy of a [T, H] activation: R, or this rank's S(0) rows of the global one. */
-static tpk_tensor act(tpk_ctx *ctx, float *global, bool sp) {
-    if (!sp) return tpk_tensor_2d(global, TPK_F32, T, H, TPK_R);
-    tpk_range r = tpk_split(T, ctx->tp.size, ctx->tp.rank);
-    return tpk_tensor_shard_2d(global + r.off * H, TPK_F32, T, H, TPK_S(0), ctx->tp.size, ctx->tp.rank);
+static layer storage;
+static test_layer layer_case(int kind, int64_t A, bool sp, float p) {
+    test_layer L = {layer_init, layer_fwd, layer_bwd, layer_destroy, &storage, kind, A, T, H, sp, p};
+    return L;
 }
-/* A [T, H] activation gathered to R into out (poisoned first). */
-static void gather(tpk_ctx *ctx, tpk_tensor t, float *out) {
-    test_poison(out, T * H);
-    tpk_tensor g = {0};
-    g.data = out;
-    if (t.layout.kind == TPK_LAYOUT_R) memcpy(out, t.data, sizeof(float) * T * H);
-    else CHECK_OK(ctx, tpk_convert(ctx, &t, TPK_R, &g));
-}
-
-typedef struct result {
-    float y[T * H], dx[T * H];
-    float *grad[16];
-    int n;
-    tpk_comm_stats fwd, bwd;
-} result;
-
-static void result_free(result *r) { test_free_grads(r->grad, &r->n); }
+static tpk_tensor act(tpk_ctx *ctx, float *global, bool sp) { return test_act(ctx, global, T, H, sp); }
 
 static float xin[T * H], dyin[T * H];
-
-/* forward + backward of one layer; returns nonzero on failure */
-static int run_layer(tpk_ctx *ctx, int kind, int64_t A, bool sp, float p, result *o) {
-    layer l;
-    int f0 = test__fails_case;
-    CHECK_OK(ctx, layer_init(ctx, &l, kind, A, sp, p));
-    if (test__fails_case > f0) return 1;
-    test_set_weights(ctx, 7, 0.3f);
-    tpk_tensor y, dx;
-    tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, layer_fwd(ctx, &l, act(ctx, xin, sp), &y));
-    o->fwd = ctx->tp.stats;
-    if (test__fails_case > f0) return 1;
-    gather(ctx, y, o->y);
-    tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, layer_bwd(ctx, &l, act(ctx, dyin, sp), &dx));
-    o->bwd = ctx->tp.stats;
-    if (test__fails_case > f0) return 1;
-    gather(ctx, dx, o->dx);
-    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    o->n = test_gather_grads(ctx, o->grad, 16);
-    layer_destroy(ctx, &l);
-    return test__fails_case > f0;
-}
-
-static void compare(tpk_ctx *sh, const result *a, const result *b, bool outputs) {
-    if (outputs) {
-        CHECK_CLOSE(a->y, b->y, T * H, 1e-5, "output");
-        CHECK_CLOSE(a->dx, b->dx, T * H, 1e-5, "input gradient");
-    }
-    CHECK(a->n == b->n, "%d parameters, unsharded %d", a->n, b->n);
-    for (int i = 0; i < a->n && i < b->n; i++) {
-        char what[160];
-        snprintf(what, sizeof what, "gradient of %s", sh->params.list[i].name);
-        CHECK_CLOSE(a->grad[i], b->grad[i], tpk_param_global_numel(sh, i), 1e-5, what);
-    }
-}
-
-static uint64_t total_calls(const tpk_comm_stats *s) {
-    uint64_t c = 0;
-    for (int q = 0; q < TPK_COLL_N; q++) c += s->calls[q];
-    return c;
-}
-
-/* The collectives of one block / layer in one direction: `ar` all-reduces of T H, or under SP
- * `ar` all-gathers and `ar` reduce-scatters of T H, and nothing else. */
-static void check_counts(const tpk_comm_stats *s, bool sp, int n, const char *dir) {
-    if (!sp) {
-        CHECK(s->calls[TPK_COLL_ALLREDUCE] == (uint64_t)n && total_calls(s) == (uint64_t)n, "%s: %llu collectives, %llu all-reduces; expected %d all-reduces",
-              dir, (unsigned long long)total_calls(s), (unsigned long long)s->calls[TPK_COLL_ALLREDUCE], n);
-        CHECK(s->elems[TPK_COLL_ALLREDUCE] == (uint64_t)n * T * H, "%s: all-reduced %llu elements, expected %d x T H", dir,
-              (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], n);
-    } else {
-        CHECK(s->calls[TPK_COLL_ALLGATHER] == (uint64_t)n && s->calls[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n && total_calls(s) == 2 * (uint64_t)n,
-              "%s: %llu collectives (%llu all-gathers, %llu reduce-scatters); expected %d + %d", dir, (unsigned long long)total_calls(s),
-              (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER], n, n);
-        CHECK(s->elems[TPK_COLL_ALLGATHER] == (uint64_t)n * T * H && s->elems[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n * T * H,
-              "%s: moved %llu + %llu elements, expected %d x T H each", dir, (unsigned long long)s->elems[TPK_COLL_ALLGATHER],
-              (unsigned long long)s->elems[TPK_COLL_REDUCE_SCATTER], n);
-    }
-}
-
-/* Finite differences on the sharded layer: L = sum(y * dyin) in double; for a few elements of
- * x and of every parameter, (L(+h) - L(-h)) / 2h against the analytic gradient. */
-static double layer_loss(tpk_ctx *ctx, layer *l, bool sp, const float *x) {
-    tpk_tensor y;
-    float yg[T * H];
-    CHECK_OK(ctx, layer_fwd(ctx, l, act(ctx, (float *)x, sp), &y));
-    gather(ctx, y, yg);
-    double s = 0;
-    for (int i = 0; i < T * H; i++) s += (double)yg[i] * dyin[i];
-    return s;
-}
-static void finite_differences(tpk_ctx *ctx, int kind, int64_t A, bool sp, float p) {
-    layer l;
-    CHECK_OK(ctx, layer_init(ctx, &l, kind, A, sp, p));
-    test_set_weights(ctx, 7, 0.3f);
-    result an = {0};
-    tpk_tensor y, dx;
-    CHECK_OK(ctx, layer_fwd(ctx, &l, act(ctx, xin, sp), &y));
-    CHECK_OK(ctx, layer_bwd(ctx, &l, act(ctx, dyin, sp), &dx));
-    gather(ctx, dx, an.dx);
-    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    an.n = test_gather_grads(ctx, an.grad, 16);
-    const float h = 1e-2f;
-    double worst = 0;
-    static float xp[T * H];
-    for (int k = 0; k < 6; k++) { /* input elements */
-        int i = (k * 97 + 13) % (T * H);
-        memcpy(xp, xin, sizeof xp);
-        xp[i] = xin[i] + h;
-        double lp = layer_loss(ctx, &l, sp, xp);
-        xp[i] = xin[i] - h;
-        double lm = layer_loss(ctx, &l, sp, xp);
-        double fd = (lp - lm) / (2 * h), err = fabs(fd - an.dx[i]) / (fabs(an.dx[i]) + 0.05);
-        if (err > worst) worst = err;
-        CHECK(err < 2e-2, "d/dx[%d]: finite difference %.6g, backward %.6g", i, fd, (double)an.dx[i]);
-    }
-    for (int q = 0; q < ctx->params.n; q++) { /* parameter elements, through the global tensor */
-        size_t gn = tpk_param_global_numel(ctx, q);
-        float *w = malloc(gn * sizeof(float));
-        CHECK_OK(ctx, tpk_param_get_global(ctx, q, false, w));
-        for (int k = 0; k < 3; k++) {
-            size_t i = ((size_t)k * 1009 + 5) % gn;
-            float w0 = w[i];
-            w[i] = w0 + h;
-            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
-            double lp = layer_loss(ctx, &l, sp, xin);
-            w[i] = w0 - h;
-            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
-            double lm = layer_loss(ctx, &l, sp, xin);
-            w[i] = w0;
-            CHECK_OK(ctx, tpk_param_set_global(ctx, q, w));
-            double fd = (lp - lm) / (2 * h), err = fabs(fd - an.grad[q][i]) / (fabs(an.grad[q][i]) + 0.05);
-            if (err > worst) worst = err;
-            CHECK(err < 2e-2, "d/d %s[%zu]: finite difference %.6g, backward %.6g", ctx->params.list[q].name, i, fd, (double)an.grad[q][i]);
-        }
-        free(w);
-    }
-    if (getenv("TPK_TEST_VERBOSE") && me == 0) printf("  worst finite-difference error %.3g\n", worst);
-    result_free(&an);
-    layer_destroy(ctx, &l);
-}
 
 /* ---- the model ---------------------------------------------------------------------------- */
 
@@ -261,14 +125,15 @@ int main(int argc, char **argv) {
                         tpk_ctx sh, ref;
                         tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
                         tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 5});
-                        result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
-                        if (!run_layer(&sh, kind, A, sp, p, a) && !run_layer(&ref, kind, A, sp, p, b)) {
-                            compare(&sh, a, b, true);
+                        test_layer L = layer_case(kind, A, sp, p);
+                        test_layer_result a = {0}, b = {0};
+                        if (!test_run_layer(&sh, &L, xin, dyin, &a) && !test_run_layer(&ref, &L, xin, dyin, &b)) {
+                            test_compare_layers(&sh, &L, &a, &b);
                             int n = kind == K_BLOCK ? 2 : 1;
-                            check_counts(&a->fwd, sp, n, "forward");
-                            check_counts(&a->bwd, sp, n, "backward");
+                            test_check_counts(&a.fwd, sp, n, T * H, "forward");
+                            test_check_counts(&a.bwd, sp, n, T * H, "backward");
                         }
-                        result_free(a), result_free(b), free(a), free(b);
+                        test_layer_result_free(&a), test_layer_result_free(&b);
                         tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
                     }
                 }
@@ -280,7 +145,8 @@ int main(int argc, char **argv) {
             TEST_CASE("%s%s%s: finite differences of the sharded layer match its backward", kind_name[kind], sp ? " SP" : "", p > 0 ? ", dropout 0.1" : "") {
                 tpk_ctx sh;
                 tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
-                finite_differences(&sh, kind, 6, sp, p);
+                test_layer L = layer_case(kind, 6, sp, p);
+                test_layer_fd(&sh, &L, xin, dyin, 3);
                 tpk_ctx_destroy(&sh);
             }
         }
@@ -291,12 +157,13 @@ int main(int argc, char **argv) {
         tpk_ctx_init(&c2, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
         tpk_ctx_init(&c3, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
         c3.rng_step = 1;
-        result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *c = calloc(1, sizeof *c);
-        if (!run_layer(&c1, K_BLOCK, 6, false, 0.1f, a) && !run_layer(&c2, K_BLOCK, 6, true, 0.1f, b) && !run_layer(&c3, K_BLOCK, 6, false, 0.1f, c)) {
-            compare(&c1, a, b, true);
-            CHECK(test_relerr(c->y, a->y, T * H) > 1e-3, "step 1 gave the output of step 0");
+        test_layer L = layer_case(K_BLOCK, 6, false, 0.1f), Lsp = layer_case(K_BLOCK, 6, true, 0.1f);
+        test_layer_result a = {0}, b = {0}, c = {0};
+        if (!test_run_layer(&c1, &L, xin, dyin, &a) && !test_run_layer(&c2, &Lsp, xin, dyin, &b) && !test_run_layer(&c3, &L, xin, dyin, &c)) {
+            test_compare_layers(&c1, &L, &a, &b);
+            CHECK(test_relerr(c.y, a.y, T * H) > 1e-3, "step 1 gave the output of step 0");
         }
-        result_free(a), result_free(b), result_free(c), free(a), free(b), free(c);
+        test_layer_result_free(&a), test_layer_result_free(&b), test_layer_result_free(&c);
         tpk_ctx_destroy(&c1), tpk_ctx_destroy(&c2), tpk_ctx_destroy(&c3);
     }
 
@@ -326,7 +193,7 @@ int main(int argc, char **argv) {
                         }
                         /* per model: 2 per block + embedding (1) forward; the head, 2 per block
                          * backward; plus the cross-entropy's 2 all-reduces forward */
-                        uint64_t L = 2, fwd = total_calls(&a.fwd), bwd = total_calls(&a.bwd);
+                        uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd);
                         if (!sp) {
                             CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 + 2 && fwd == 2 * L + 3, "forward: %llu collectives, expected %llu all-reduces",
                                   (unsigned long long)fwd, (unsigned long long)(2 * L + 3));
