@@ -60,47 +60,14 @@ static float xin[T * H], dyin[T * H];
 
 /* ---- the model ---------------------------------------------------------------------------- */
 
-typedef struct mresult {
-    float loss;
-    float *grad[64];
-    int n;
-    tpk_comm_stats fwd, bwd;
-} mresult;
-
 static int32_t ids[T], tg[T];
 
-static int run_model(tpk_ctx *ctx, const tpk_gpt2_config *cfg, uint64_t step, mresult *o) {
-    tpk_gpt2 m;
-    int f0 = test__fails_case;
-    CHECK_OK(ctx, tpk_gpt2_init(ctx, &m, cfg));
-    if (test__fails_case > f0) return 1;
-    test_set_weights(ctx, 11, 0.3f);
-    ctx->rng_step = step;
-    tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, tpk_gpt2_forward(ctx, &m, ids, tg, B, S, &o->loss));
-    o->fwd = ctx->tp.stats;
-    tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, tpk_gpt2_backward(ctx, &m, 1.0f));
-    o->bwd = ctx->tp.stats;
-    { /* a padded vocabulary: the padding rows of wte get no gradient, the padding logits none either */
-        int w = tpk_param_find(ctx, "wte.weight");
-        const tpk_param *p = &ctx->params.list[w];
-        int64_t v0 = tpk_split(p->padded_rows, ctx->tp.size, ctx->tp.rank).off, ld = m.logits.shape[1];
-        const float *g = tpk_param_grad(ctx, w);
-        int bad = 0;
-        for (int64_t r = 0; r < p->shape[0]; r++)
-            for (int64_t c = 0; c < p->shape[1] && v0 + r >= V; c++) bad += g[r * p->shape[1] + c] != 0.0f;
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t c = 0; c < ld && ctx->dtype == TPK_F32; c++) bad += v0 + c >= V && ((const float *)m.logits.data)[t * ld + c] != 0.0f;
-        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); /* every rank fails alike: no rank skips a collective */
-        CHECK(bad == 0, "%d non-zero gradients in the vocabulary's padding", bad);
-    }
-    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    o->n = test_gather_grads(ctx, o->grad, 64);
-    tpk_gpt2_destroy(ctx, &m);
-    return test__fails_case > f0;
+static int run_model(tpk_ctx *ctx, const tpk_gpt2_config *cfg, uint64_t step, test_model_result *o) {
+    tpk_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.arch = TPK_ARCH_GPT2, mc.gpt2 = *cfg;
+    return test_run_model(ctx, &mc, step, ids, tg, B, S, o);
 }
-static void mresult_free(mresult *r) { test_free_grads(r->grad, &r->n); }
 
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
@@ -182,15 +149,9 @@ int main(int argc, char **argv) {
                     tpk_ctx sh, ref;
                     tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
                     tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 3});
-                    mresult a = {0}, b = {0};
+                    test_model_result a = {0}, b = {0};
                     if (!run_model(&sh, &cfg, 4, &a) && !run_model(&ref, &unpadded, 4, &b)) {
-                        CHECK(fabsf(a.loss - b.loss) <= 1e-5f * fabsf(b.loss), "loss %.8g, unsharded %.8g", (double)a.loss, (double)b.loss);
-                        CHECK(isfinite(a.loss) && a.loss > 1.0f, "loss %g", (double)a.loss);
-                        for (int i = 0; i < a.n && i < b.n; i++) {
-                            char what[160];
-                            snprintf(what, sizeof what, "gradient of %s", sh.params.list[i].name);
-                            CHECK_CLOSE(a.grad[i], b.grad[i], tpk_param_global_numel(&sh, i), 1e-5, what);
-                        }
+                        test_compare_models(&sh, &a, &b, 1e-5, 1e-5);
                         /* per model: 2 per block + embedding (1) forward; the head, 2 per block
                          * backward; plus the cross-entropy's 2 all-reduces forward */
                         uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd);
@@ -207,7 +168,7 @@ int main(int argc, char **argv) {
                                   "SP backward: %llu collectives", (unsigned long long)bwd);
                         }
                     }
-                    mresult_free(&a), mresult_free(&b);
+                    test_model_result_free(&a), test_model_result_free(&b);
                     tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
                 }
             }
@@ -217,7 +178,7 @@ int main(int argc, char **argv) {
         tpk_ctx c1, c2;
         tpk_ctx_init(&c1, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
         tpk_ctx_init(&c2, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
-        mresult a = {0}, b = {0}, c = {0}, d = {0};
+        test_model_result a = {0}, b = {0}, c = {0}, d = {0};
         tpk_gpt2_config spc = cfg;
         spc.sequence_parallel = true;
         if (!run_model(&c1, &cfg, 9, &a) && !run_model(&c2, &spc, 9, &b)) {
@@ -234,14 +195,14 @@ int main(int argc, char **argv) {
         few.heads = np > 1 ? np - 1 : 1;
         few.hidden = 12 * few.heads;
         tpk_ctx_init(&c4, &(tpk_ctx_desc){.seed = 3});
-        mresult e = {0};
+        test_model_result e = {0};
         tpk_ctx c5;
         tpk_ctx_init(&c5, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
         if (!run_model(&c5, &few, 2, &d) && !run_model(&c4, &few, 2, &e)) {
             CHECK(fabsf(d.loss - e.loss) <= 1e-5f * fabsf(e.loss), "loss %.8g, unsharded %.8g", (double)d.loss, (double)e.loss);
             for (int i = 0; i < d.n; i++) CHECK_CLOSE(d.grad[i], e.grad[i], tpk_param_global_numel(&c5, i), 1e-5, c5.params.list[i].name);
         }
-        mresult_free(&a), mresult_free(&b), mresult_free(&c), mresult_free(&d), mresult_free(&e);
+        test_model_result_free(&a), test_model_result_free(&b), test_model_result_free(&c), test_model_result_free(&d), test_model_result_free(&e);
         tpk_ctx_destroy(&c1), tpk_ctx_destroy(&c2), tpk_ctx_destroy(&c3), tpk_ctx_destroy(&c4), tpk_ctx_destroy(&c5);
     }
 
@@ -251,19 +212,12 @@ int main(int argc, char **argv) {
             tpk_ctx c16, c32;
             tpk_ctx_init(&c16, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3, .dtype = TPK_BF16});
             tpk_ctx_init(&c32, &(tpk_ctx_desc){.seed = 3});
-            mresult a = {0}, b = {0};
+            test_model_result a = {0}, b = {0};
             if (!run_model(&c16, &cfg, 4, &a) && !run_model(&c32, &cfg, 4, &b)) {
-                double worst = 0;
-                CHECK(fabsf(a.loss - b.loss) <= 1e-2f * fabsf(b.loss), "bf16 loss %.8g, f32 %.8g", (double)a.loss, (double)b.loss);
-                for (int i = 0; i < a.n && i < b.n; i++) {
-                    double e = test_relerr(a.grad[i], b.grad[i], tpk_param_global_numel(&c16, i));
-                    if (e > worst) worst = e;
-                    CHECK(e < 5e-2, "gradient of %s: relative error %.3g against f32", c16.params.list[i].name, e);
-                }
+                test_compare_models(&c16, &a, &b, 1e-2, 5e-2);
                 CHECK(fabsf(a.loss - b.loss) > 0, "the bf16 loss equals the f32 loss exactly: is bf16 in use?");
-                if (getenv("TPK_TEST_VERBOSE") && me == 0) printf("  bf16: loss %.6f vs %.6f, worst gradient error %.3g\n", (double)a.loss, (double)b.loss, worst);
             }
-            mresult_free(&a), mresult_free(&b);
+            test_model_result_free(&a), test_model_result_free(&b);
             tpk_ctx_destroy(&c16), tpk_ctx_destroy(&c32);
         }
 

@@ -17,7 +17,7 @@
 
 #include <sys/stat.h>
 
-#include <tpk/hf.h>
+#include <tpk/model.h>
 #define TPK_FUZZ_NO_MAIN
 #include "fuzz/fuzz_config.c"
 
@@ -44,6 +44,19 @@ static int ref_draw(const float *z, int n, float temp, double u) { /* z / temp i
     for (int j = 0; j < n; j++)
         if ((c += exp(z[j] / temp - mx) / s) > u) return j;
     return n - 1;
+}
+/* One training step of model m (either architecture) on fixed tokens, then every parameter
+ * and both moments gathered into out[3 i + k]. */
+static void one_step(tpk_ctx *ctx, tpk_model *m, tpk_adamw *o) {
+    int32_t ids[12], tg[12];
+    for (int i = 0; i < 12; i++) ids[i] = (5 * i + 1) % 61, tg[i] = (7 * i + 3) % 61;
+    float loss;
+    test_set_weights(ctx, 8, 0.3f);
+    CHECK_OK(ctx, tpk_params_zero_grad(ctx));
+    CHECK_OK(ctx, tpk_model_forward(ctx, m, ids, tg, 2, 6, &loss));
+    CHECK_OK(ctx, tpk_model_backward(ctx, m, 1.0f));
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    CHECK_OK(ctx, tpk_adamw_step(ctx, o, 1e-3f, 1.0f));
 }
 static void gather_all(tpk_ctx *ctx, const tpk_adamw *o, float **out) {
     for (int i = 0; i < ctx->params.n; i++) {
@@ -72,21 +85,15 @@ int main(int argc, char **argv) {
         tpk_ctx ctx;
         tpk_gpt2 m;
         tpk_adamw o;
+        tpk_model mm;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
-        CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
-        test_set_weights(&ctx, 8, 0.3f);
+        CHECK_OK(&ctx, tpk_model_init(&ctx, &mm, &(tpk_model_config){.arch = TPK_ARCH_GPT2, .gpt2 = cfg}));
         CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
-        int32_t ids[12], tg[12];
-        for (int i = 0; i < 12; i++) ids[i] = (5 * i + 1) % 61, tg[i] = (7 * i + 3) % 61;
-        float loss;
-        CHECK_OK(&ctx, tpk_params_zero_grad(&ctx));
-        CHECK_OK(&ctx, tpk_gpt2_forward(&ctx, &m, ids, tg, 2, 6, &loss));
-        CHECK_OK(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f));
-        CHECK_OK(&ctx, tpk_adamw_step(&ctx, &o, 1e-3f, 1.0f));
+        one_step(&ctx, &mm, &o);
         nparams = ctx.params.n;
         gather_all(&ctx, &o, before);
-        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir, &(tpk_gpt2_save_desc){o.step, 4}));
-        tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &mm.gpt2, &o, dir, &(tpk_gpt2_save_desc){o.step, 4}));
+        tpk_adamw_destroy(&ctx, &o), tpk_model_destroy(&ctx, &mm), tpk_ctx_destroy(&ctx);
         for (int pass = 0; pass < 2; pass++) { /* at t = np, then unsharded on this rank */
             tpk_gpt2_config rc = config();
             rc.layers = 1, rc.hidden = 8; /* overwritten from config.json */
@@ -220,22 +227,15 @@ int main(int argc, char **argv) {
         tpk_ctx ctx;
         tpk_llama m;
         tpk_adamw o;
+        tpk_model mm;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
-        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
-        test_set_weights(&ctx, 8, 0.3f);
+        CHECK_OK(&ctx, tpk_model_init(&ctx, &mm, &(tpk_model_config){.arch = TPK_ARCH_LLAMA, .llama = lc}));
         CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
-        int32_t ids[12], tg[12];
-        for (int i = 0; i < 12; i++) ids[i] = (5 * i + 1) % 61, tg[i] = (7 * i + 3) % 61;
-        float loss;
-        CHECK_OK(&ctx, tpk_params_zero_grad(&ctx));
-        CHECK_OK(&ctx, tpk_llama_forward(&ctx, &m, ids, tg, 2, 6, &loss));
-        CHECK_OK(&ctx, tpk_llama_backward(&ctx, &m, 1.0f));
-        CHECK_OK(&ctx, tpk_params_reduce_partial_grads(&ctx));
-        CHECK_OK(&ctx, tpk_adamw_step(&ctx, &o, 1e-3f, 1.0f));
+        one_step(&ctx, &mm, &o);
         lparams = ctx.params.n;
         gather_all(&ctx, &o, lbefore);
-        CHECK_OK(&ctx, tpk_llama_save(&ctx, &m, &o, ldir, &(tpk_hf_save_desc){o.step, 4}));
-        tpk_adamw_destroy(&ctx, &o), tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        CHECK_OK(&ctx, tpk_model_save(&ctx, &mm, &o, ldir, &(tpk_hf_save_desc){o.step, 4}));
+        tpk_adamw_destroy(&ctx, &o), tpk_model_destroy(&ctx, &mm), tpk_ctx_destroy(&ctx);
         if (me == 0) { /* the same checkpoint as Hugging Face shards it: two files and an index, no model.safetensors */
             char p2[600];
             tpk_ctx h;

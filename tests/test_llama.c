@@ -69,47 +69,13 @@ static float xin[T * H], dyin[T * H];
 
 /* ---- the model ---------------------------------------------------------------------------- */
 
-typedef struct mresult {
-    float loss;
-    double norm;
-    float *grad[64];
-    int n;
-    tpk_comm_stats fwd, bwd;
-} mresult;
-static void mresult_free(mresult *r) { test_free_grads(r->grad, &r->n); }
-
 static int32_t ids[T], tg[T];
 
-static int run_model(tpk_ctx *ctx, const tpk_llama_config *cfg, mresult *o) {
-    tpk_llama m;
-    int f0 = test__fails_case;
-    CHECK_OK(ctx, tpk_llama_init(ctx, &m, cfg));
-    if (test__fails_case > f0) return 1;
-    test_set_weights(ctx, 11, 0.3f);
-    tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, tpk_llama_forward(ctx, &m, ids, tg, B, S, &o->loss));
-    o->fwd = ctx->tp.stats;
-    tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, tpk_llama_backward(ctx, &m, 1.0f));
-    o->bwd = ctx->tp.stats;
-    { /* the padding rows of embed_tokens and lm_head get no gradient */
-        int bad = 0;
-        for (int w = 0; w < ctx->params.n; w++) {
-            const tpk_param *p = &ctx->params.list[w];
-            if (p->padded_rows == p->gshape[0]) continue;
-            int64_t v0 = tpk_split(p->padded_rows, ctx->tp.size, ctx->tp.rank).off;
-            const float *g = tpk_param_grad(ctx, w);
-            for (int64_t r = 0; r < p->shape[0]; r++)
-                for (int64_t c = 0; c < p->shape[1] && v0 + r >= V; c++) bad += g[r * p->shape[1] + c] != 0.0f;
-        }
-        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-        CHECK(bad == 0, "%d non-zero gradients in the vocabulary's padding", bad);
-    }
-    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
-    CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
-    o->n = test_gather_grads(ctx, o->grad, 64);
-    tpk_llama_destroy(ctx, &m);
-    return test__fails_case > f0;
+static int run_model(tpk_ctx *ctx, const tpk_llama_config *cfg, test_model_result *o) {
+    tpk_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.arch = TPK_ARCH_LLAMA, mc.llama = *cfg;
+    return test_run_model(ctx, &mc, 0, ids, tg, B, S, o);
 }
 
 int main(int argc, char **argv) {
@@ -213,17 +179,10 @@ int main(int argc, char **argv) {
                 tpk_ctx sh, ref;
                 tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3});
                 tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 3});
-                mresult a = {0}, b = {0};
+                test_model_result a = {0}, b = {0};
                 if (!run_model(&sh, &cfg, &a) && !run_model(&ref, &unpadded, &b)) {
-                    CHECK(fabsf(a.loss - b.loss) <= 1e-5f * fabsf(b.loss), "loss %.8g, unsharded %.8g", (double)a.loss, (double)b.loss);
-                    CHECK(isfinite(a.loss) && a.loss > 1.0f, "loss %g", (double)a.loss);
-                    CHECK(fabs(a.norm - b.norm) <= 1e-5 * b.norm, "gradient norm %.9g, unsharded %.9g", a.norm, b.norm);
-                    CHECK(a.n == b.n && a.n == 2 + 9 * 2 + !ti, "%d parameters, unsharded %d", a.n, b.n);
-                    for (int i = 0; i < a.n && i < b.n; i++) {
-                        char what[160];
-                        snprintf(what, sizeof what, "gradient of %s", sh.params.list[i].name);
-                        CHECK_CLOSE(a.grad[i], b.grad[i], tpk_param_global_numel(&sh, i), 1e-5, what);
-                    }
+                    test_compare_models(&sh, &a, &b, 1e-5, 1e-5);
+                    CHECK(a.n == 2 + 9 * 2 + !ti, "%d parameters", a.n);
                     uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd);
                     if (!sp) { /* 2 per block + the embedding forward + the cross-entropy's 2; 2 per block + the head backward */
                         CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 3 && fwd == 2 * L + 3, "forward: %llu collectives", (unsigned long long)fwd);
@@ -238,7 +197,7 @@ int main(int argc, char **argv) {
                     CHECK(q >= 0 && sh.params.list[q].gshape[0] == 2 * (H / A) && sh.params.list[q].gshape[1] == H, "k_proj is not [G D, H]");
                     CHECK(ti ? e < 0 : e >= 0, "lm_head.weight %s with tie_embeddings %d", e < 0 ? "missing" : "present", ti);
                 }
-                mresult_free(&a), mresult_free(&b);
+                test_model_result_free(&a), test_model_result_free(&b);
                 tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
             }
 
@@ -247,15 +206,12 @@ int main(int argc, char **argv) {
         tpk_ctx c16, c32;
         tpk_ctx_init(&c16, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3, .dtype = TPK_BF16});
         tpk_ctx_init(&c32, &(tpk_ctx_desc){.seed = 3});
-        mresult a = {0}, b = {0};
+        test_model_result a = {0}, b = {0};
         if (!run_model(&c16, &cfg, &a) && !run_model(&c32, &cfg, &b)) {
-            CHECK(fabsf(a.loss - b.loss) <= 1e-2f * fabsf(b.loss) && a.loss != b.loss, "bf16 loss %.8g, f32 %.8g", (double)a.loss, (double)b.loss);
-            for (int i = 0; i < a.n && i < b.n; i++) {
-                double e = test_relerr(a.grad[i], b.grad[i], tpk_param_global_numel(&c16, i));
-                CHECK(e < 5e-2, "gradient of %s: relative error %.3g against f32", c16.params.list[i].name, e);
-            }
+            test_compare_models(&c16, &a, &b, 1e-2, 5e-2);
+            CHECK(a.loss != b.loss, "the bf16 loss equals the f32 loss exactly: is bf16 in use?");
         }
-        mresult_free(&a), mresult_free(&b);
+        test_model_result_free(&a), test_model_result_free(&b);
         tpk_ctx_destroy(&c16), tpk_ctx_destroy(&c32);
     }
 

@@ -2,11 +2,15 @@
  * tests/test_llama.c): a layer given as four callbacks runs forward and backward on [T, H]
  * activations (R, or this rank's S(0) rows under sequence parallelism), and the sharded run is
  * compared with the unsharded one (outputs, input gradients, every gathered parameter gradient,
- * the gradient norm), its collectives counted, and its backward checked by finite differences. */
+ * the gradient norm), its collectives counted, and its backward checked by finite differences.
+ * The same for a whole model (tpk/model.h: GPT-2 or Llama): loss, gradient norm, every gradient,
+ * and the padding of a padded vocabulary untouched. */
 #ifndef TPK_TEST_TP_LAYER_H
 #define TPK_TEST_TP_LAYER_H
 
 #include "test.h"
+
+#include <tpk/model.h>
 
 /* A layer under test: `l` points at the caller's storage for it; kind and arg pick what init builds. */
 typedef struct test_layer {
@@ -178,6 +182,72 @@ static inline void test_layer_fd(tpk_ctx *ctx, const test_layer *L, float *xin, 
     free(xp);
     test_layer_result_free(&an);
     L->destroy(ctx, L->l);
+}
+
+/* ---- whole models ---------------------------------------------------------------------------- */
+
+typedef struct test_model_result {
+    float loss;
+    double norm;
+    float *grad[64];
+    int n;
+    tpk_comm_stats fwd, bwd;
+} test_model_result;
+static inline void test_model_result_free(test_model_result *r) { test_free_grads(r->grad, &r->n); }
+
+/* One forward and backward of the model of cfg on ctx at ctx->rng_step = step, weights from
+ * test_set_weights(11, 0.3); the padding rows of every padded parameter must get no gradient
+ * and (f32) the padding columns of the logits must be zero. Nonzero on failure. */
+static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint64_t step, const int32_t *ids, const int32_t *tg, int64_t B, int64_t S,
+                                 test_model_result *o) {
+    tpk_model m;
+    int f0 = test__fails_case;
+    memset(o, 0, sizeof *o);
+    CHECK_OK(ctx, tpk_model_init(ctx, &m, cfg));
+    if (test__fails_case > f0) return 1;
+    test_set_weights(ctx, 11, 0.3f);
+    ctx->rng_step = step;
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids, tg, B, S, &o->loss));
+    o->fwd = ctx->tp.stats;
+    tpk_comm_stats_reset(&ctx->tp);
+    CHECK_OK(ctx, tpk_model_backward(ctx, &m, 1.0f));
+    o->bwd = ctx->tp.stats;
+    int64_t V = tpk_model_vocab(&m);
+    int bad = 0;
+    for (int w = 0; w < ctx->params.n; w++) { /* a padded vocabulary: no gradient in the padding rows */
+        const tpk_param *p = &ctx->params.list[w];
+        if (p->padded_rows == p->gshape[0]) continue;
+        int64_t v0 = tpk_split(p->padded_rows, ctx->tp.size, ctx->tp.rank).off;
+        const float *g = tpk_param_grad(ctx, w);
+        for (int64_t r = 0; r < p->shape[0]; r++)
+            for (int64_t c = 0; c < p->shape[1] && v0 + r >= V; c++) bad += g[r * p->shape[1] + c] != 0.0f;
+    }
+    /* ... and the padding columns of the logits (now their gradient) zero (checked in f32) */
+    const tpk_tensor *z = m.arch == TPK_ARCH_LLAMA ? &m.llama.logits : &m.gpt2.logits;
+    int64_t Vp = m.arch == TPK_ARCH_LLAMA ? m.llama.embed.Vp : m.gpt2.wte.Vp, v0 = tpk_split(Vp, ctx->tp.size, ctx->tp.rank).off, ld = z->shape[1];
+    for (int64_t t = 0; t < z->shape[0] && ctx->dtype == TPK_F32; t++)
+        for (int64_t c = 0; c < ld; c++) bad += v0 + c >= V && ((const float *)z->data)[t * ld + c] != 0.0f;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); /* every rank fails alike: no rank skips a collective */
+    CHECK(bad == 0, "%d non-zero gradients in the vocabulary's padding", bad);
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
+    o->n = test_gather_grads(ctx, o->grad, 64);
+    tpk_model_destroy(ctx, &m);
+    return test__fails_case > f0;
+}
+
+/* a (sharded, parameters of sh) against b: loss and gradient norm within `tol` relative, every
+ * gradient within gtol (test_relerr). */
+static inline void test_compare_models(tpk_ctx *sh, const test_model_result *a, const test_model_result *b, double tol, double gtol) {
+    CHECK(fabs((double)a->loss - b->loss) <= tol * fabs((double)b->loss), "loss %.8g, reference %.8g", (double)a->loss, (double)b->loss);
+    CHECK(isfinite(a->loss) && a->loss > 1.0f, "loss %g", (double)a->loss);
+    CHECK(fabs(a->norm - b->norm) <= tol * b->norm, "gradient norm %.9g, reference %.9g", a->norm, b->norm);
+    CHECK(a->n == b->n, "%d parameters, reference %d", a->n, b->n);
+    for (int i = 0; i < a->n && i < b->n; i++) {
+        double e = test_relerr(a->grad[i], b->grad[i], tpk_param_global_numel(sh, i));
+        CHECK(e < gtol, "gradient of %s: relative error %.3g >= %.3g", sh->params.list[i].name, e, gtol);
+    }
 }
 
 #endif /* TPK_TEST_TP_LAYER_H */

@@ -82,13 +82,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     memset(&md, 0, sizeof md);
     md.name = n, md.hidden = d.mlp_hidden, md.sequence_parallel = d.sequence_parallel, md.init_std = d.init_std, md.proj_init_std = d.proj_init_std;
     TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H, &md));
-    tpk_residual_desc rd; /* the masks' streams keep the names "<block>.resid_1", "<block>.resid_2" */
-    memset(&rd, 0, sizeof rd);
-    rd.name = n, rd.dropout = d.dropout;
-    snprintf(n, sizeof n, "%s.resid_1", b->name);
-    TPK_TRY(tpk_residual_init(ctx, &b->res_1, &rd));
-    snprintf(n, sizeof n, "%s.resid_2", b->name);
-    TPK_TRY(tpk_residual_init(ctx, &b->res_2, &rd));
+    TPK_TRY(tpk__block_residuals(ctx, b->name, d.dropout, &b->res_1, &b->res_2));
     b->p1 = ctx->params.n - 1;
     return TPK_OK;
 }

@@ -78,13 +78,7 @@ static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, 
     snprintf(n, sizeof n, "%s.mlp", b->name);
     md.name = n, md.hidden = d.ffn, md.sequence_parallel = d.sequence_parallel, md.init_std = d.init_std;
     TPK_TRY(tpk_swiglu_mlp_init(ctx, &b->mlp, H, &md));
-    tpk_residual_desc rd;
-    memset(&rd, 0, sizeof rd);
-    rd.name = n;
-    snprintf(n, sizeof n, "%s.resid_1", b->name);
-    TPK_TRY(tpk_residual_init(ctx, &b->res_1, &rd));
-    snprintf(n, sizeof n, "%s.resid_2", b->name);
-    TPK_TRY(tpk_residual_init(ctx, &b->res_2, &rd));
+    TPK_TRY(tpk__block_residuals(ctx, b->name, 0.0f, &b->res_1, &b->res_2));
     b->p1 = ctx->params.n - 1;
     return TPK_OK;
 }

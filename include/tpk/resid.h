@@ -171,4 +171,17 @@ static inline tpk_status tpk_residual_backward_add(tpk_ctx *ctx, tpk_residual *r
 
 static inline void tpk_residual_destroy(tpk_ctx *ctx, tpk_residual *r) { tpk_dropout_destroy(ctx, &r->drop); }
 
+/* The two residual connections of a pre-norm block named `block`: their dropout masks' streams
+ * are "<block>.resid_1" and "<block>.resid_2" (GPT-2's and Llama's blocks). */
+static inline tpk_status tpk__block_residuals(tpk_ctx *ctx, const char *block, float dropout, tpk_residual *r1, tpk_residual *r2) {
+    char n[128];
+    tpk_residual_desc rd;
+    memset(&rd, 0, sizeof rd);
+    rd.name = n, rd.dropout = dropout;
+    snprintf(n, sizeof n, "%s.resid_1", block);
+    TPK_TRY(tpk_residual_init(ctx, r1, &rd));
+    snprintf(n, sizeof n, "%s.resid_2", block);
+    return tpk_residual_init(ctx, r2, &rd);
+}
+
 #endif /* TPK_RESID_H */
