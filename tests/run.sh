@@ -56,23 +56,32 @@ fi
 # the PyTorch reference: where Debian's python3 (not another one first on PATH) imports torch
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
-    for np in 1 2 3 4; do
-        sp=""; [ $((np % 2)) = 1 ] && sp=sp  # sequence parallelism at odd t
-        dir=$B/tests/torch_np$np
-        rm -rf "$dir"
-        if out=$(timeout 300 mpirun $mpiflags -np "$np" $B/tests/torch_dump "$dir" $sp 2>&1); then
-            out=$(timeout 300 "$py" tests/torch_ref.py "$dir" 2>&1)
-        else
-            out="$out
-FAIL torch_dump at np=$np"
-        fi
-        printf '%s\n' "$out" >> "$log"
-        printf '%s\n' "$out" | grep -E '^(FAIL|  )'
-        p=$(printf '%s\n' "$out" | grep -c '^ok ')
-        f=$(printf '%s\n' "$out" | grep -c '^FAIL')
-        [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { printf '%s\n' "$out" | tail -5; f=1; }
-        printf '%-28s np=%s  %3d ok  %d failed\n' torch_reference "$np" "$p" "$f"
-        passed=$((passed + p)) failed=$((failed + f))
+    # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied
+    for model in gpt2 llama llama_tied; do
+        for np in 1 2 3 4; do
+            odd=""; even=""
+            if [ $((np % 2)) = 1 ]; then odd=sp; else even=sp; fi
+            case $model in  # sequence parallelism at odd t (the tied Llama: at even t)
+            gpt2) args="$odd" row=torch_reference ;;
+            llama) args="$odd llama" row=torch_reference_llama ;;
+            llama_tied) args="$even llama tied" row=torch_reference_llama_tied ;;
+            esac
+            dir=$B/tests/torch_${model}_np$np
+            rm -rf "$dir"
+            if out=$(timeout 300 mpirun $mpiflags -np "$np" $B/tests/torch_dump "$dir" $args 2>&1); then
+                out=$(timeout 300 "$py" tests/torch_ref.py "$dir" 2>&1)
+            else
+                out="$out
+FAIL torch_dump $args at np=$np"
+            fi
+            printf '%s\n' "$out" >> "$log"
+            printf '%s\n' "$out" | grep -E '^(FAIL|  )'
+            p=$(printf '%s\n' "$out" | grep -c '^ok ')
+            f=$(printf '%s\n' "$out" | grep -c '^FAIL')
+            [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { printf '%s\n' "$out" | tail -5; f=1; }
+            printf '%-28s np=%s  %3d ok  %d failed\n' "$row" "$np" "$p" "$f"
+            passed=$((passed + p)) failed=$((failed + f))
+        done
     done
     # make bench-gpt2's script end to end on a tiny model (its numbers are not checked: not a timed test)
     out=$(timeout 300 "$py" bench/gpt2_step.py --trainer $B/gpt2_train --model tiny --device cpu --dtype f32 --vocab 300 --steps 2 --warmup 1 --json 2>&1)

@@ -1,18 +1,23 @@
-/* tests/torch_dump.c — one forward and backward of a small GPT-2 at t = ranks, written out for
- * the PyTorch reference (tests/torch_ref.py), which rebuilds the model from the same global
- * weights with PyTorch's own layers and compares the loss and every gradient.
+/* tests/torch_dump.c — one forward and backward of a small GPT-2 or Llama at t = ranks, written
+ * out for the PyTorch reference (tests/torch_ref.py), which rebuilds the model from the same
+ * global weights with PyTorch's own layers and compares the loss and every gradient.
  *
- *   mpirun -np N build/tests/torch_dump DIR [sp]
- * writes DIR/model.txt (config, loss, and per parameter: name, global shape, offset in floats),
- * DIR/weights.bin and DIR/grads.bin (f32, global tensors in registry order), DIR/ids.bin and
- * DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored positions, no dropout. */
+ *   mpirun -np N build/tests/torch_dump DIR [sp] [llama] [tied]
+ * sp: sequence parallelism; llama: the Llama model (A = 6 query heads, G = 2 key/value heads,
+ * SwiGLU F = 40, rope_theta 1000, RMSNorm eps 1e-5) instead of GPT-2; tied: the Llama's LM head
+ * reuses embed_tokens (GPT-2's always does). Writes DIR/model.txt (config — arch and, for Llama,
+ * kv_heads, ffn, rope_theta, norm_eps, tie —, loss, and per parameter: name, global shape,
+ * offset in floats), DIR/weights.bin and DIR/grads.bin (f32, global tensors in registry order),
+ * DIR/ids.bin and DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored positions, no
+ * dropout. */
 #include "test.h"
 
 #include <errno.h>
 #include <sys/stat.h>
 
 enum { V = 509, P = 16, L = 2, H = 24, A = 6, B = 2, S = 9, T = B * S };
-static const float EPS = 0.1f;
+enum { G = 2, F = 40 }; /* Llama: key/value heads, SwiGLU intermediate size */
+static const float EPS = 0.1f, THETA = 1000.0f, RMS_EPS = 1e-5f;
 
 static int write_file(const char *dir, const char *name, const void *p, size_t bytes) {
     char path[512];
@@ -31,21 +36,31 @@ int main(int argc, char **argv) {
     int me, np;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    if (argc < 2) {
-        if (me == 0) fprintf(stderr, "usage: torch_dump DIR [sp]\n");
+    bool sp = false, llama = false, tied = false, bad = argc < 2;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "sp")) sp = true;
+        else if (!strcmp(argv[i], "llama")) llama = true;
+        else if (!strcmp(argv[i], "tied")) tied = true;
+        else bad = true;
+    }
+    if (bad || (tied && !llama)) {
+        if (me == 0) fprintf(stderr, "usage: torch_dump DIR [sp] [llama [tied]]\n");
         MPI_Finalize();
         return 2;
     }
     const char *dir = argv[1];
-    bool sp = argc > 2 && !strcmp(argv[2], "sp");
     tpk_comm world;
     tpk_ctx ctx;
     tpk_gpt2 m;
+    tpk_llama lm;
     int rc = 0;
+    memset(&m, 0, sizeof m), memset(&lm, 0, sizeof lm);
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
     tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = L, .hidden = H, .heads = A, .label_smoothing = EPS, .sequence_parallel = sp};
+    tpk_llama_config lcfg = {.vocab = V, .positions = P, .layers = L, .hidden = H, .heads = A, .kv_heads = G, .ffn = F, .rope_theta = THETA,
+                             .norm_eps = RMS_EPS, .label_smoothing = EPS, .tie_embeddings = tied, .sequence_parallel = sp};
     tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 17});
-    if (s == TPK_OK) s = tpk_gpt2_init(&ctx, &m, &cfg);
+    if (s == TPK_OK) s = llama ? tpk_llama_init(&ctx, &lm, &lcfg) : tpk_gpt2_init(&ctx, &m, &cfg);
     if (s != TPK_OK) {
         tpk_report(&ctx, s, "torch_dump");
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -55,9 +70,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 211 + 5) % V), tg[i] = (int32_t)((i * 89 + 41) % V);
     tg[3] = -100, tg[T - 1] = -100;
     float loss = 0;
-    s = tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
-    if (s == TPK_OK) s = tpk_gpt2_backward(&ctx, &m, 1.0f);
-    if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx);
+    s = llama ? tpk_llama_forward(&ctx, &lm, ids, tg, B, S, &loss) : tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
+    if (s == TPK_OK) s = llama ? tpk_llama_backward(&ctx, &lm, 1.0f) : tpk_gpt2_backward(&ctx, &m, 1.0f);
+    if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx); /* SP norm weights; shared key/value heads */
     if (s != TPK_OK) {
         tpk_report(&ctx, s, "torch_dump");
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -77,8 +92,12 @@ int main(int argc, char **argv) {
         FILE *f = rc ? NULL : fopen(path, "w");
         if (!f) rc = 1;
         else {
-            fprintf(f, "config V %d P %d L %d H %d A %d B %d S %d smoothing %.9g ln_eps %.9g tp %d sp %d\n", V, P, L, H, A, B, S, (double)EPS, 1e-5, np,
-                    (int)sp);
+            if (llama)
+                fprintf(f, "config arch llama V %d P %d L %d H %d A %d kv_heads %d ffn %d rope_theta %.9g norm_eps %.9g tie %d B %d S %d smoothing %.9g tp %d sp %d\n",
+                        V, P, L, H, A, G, F, (double)THETA, (double)RMS_EPS, (int)tied, B, S, (double)EPS, np, (int)sp);
+            else
+                fprintf(f, "config arch gpt2 V %d P %d L %d H %d A %d B %d S %d smoothing %.9g ln_eps %.9g tp %d sp %d\n", V, P, L, H, A, B, S, (double)EPS, 1e-5,
+                        np, (int)sp);
             fprintf(f, "loss %.9g\n", (double)loss);
             off = 0;
             for (int i = 0; i < ctx.params.n; i++) {
@@ -97,7 +116,8 @@ int main(int argc, char **argv) {
     }
     free(w), free(g);
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    tpk_gpt2_destroy(&ctx, &m);
+    if (llama) tpk_llama_destroy(&ctx, &lm);
+    else tpk_gpt2_destroy(&ctx, &m);
     tpk_ctx_destroy(&ctx);
     tpk_comm_destroy(&world);
     MPI_Finalize();

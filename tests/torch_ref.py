@@ -1,10 +1,15 @@
-"""tests/torch_ref.py: the PyTorch reference for the GPT-2 model.
+"""tests/torch_ref.py: the PyTorch reference for the GPT-2 and Llama models.
 
 Reads what tests/torch_dump.c wrote (the global weights of a tensor-parallel run, its tokens,
-its loss and its gathered gradients), rebuilds the same GPT-2 with PyTorch's own layers
-(F.embedding, F.layer_norm, F.linear, causal softmax attention, F.gelu(approximate="tanh"),
-F.cross_entropy with ignore_index and label_smoothing) in float64, and compares the loss and
-every gradient (relative error < 1e-4, the error relative to the largest reference value).
+its loss and its gathered gradients), rebuilds the same model in float64 with PyTorch's own
+layers, and compares the loss and every gradient (relative error < 1e-4, the error relative to
+the largest reference value). model.txt's config says which model ("arch", GPT-2 when absent):
+  GPT-2: F.embedding, F.layer_norm, F.linear, causal softmax attention,
+         F.gelu(approximate="tanh"), the tied LM head;
+  Llama: written out as Hugging Face's LlamaForCausalLM computes it (without importing it):
+         LlamaRMSNorm, rotary embeddings in the rotate-half convention, grouped-query attention
+         (repeat_kv), the SwiGLU MLP, the untied (or tied) LM head;
+both F.cross_entropy with ignore_index=-100 and label_smoothing.
 Prints "ok ..." or "FAIL ..." (counted by tests/run.sh); exit status 1 on failure.
 
     python3 tests/torch_ref.py DIR
@@ -25,7 +30,7 @@ def load(d):
         for line in f:
             w = line.split()
             if w[0] == "config":
-                cfg = {w[i]: float(w[i + 1]) for i in range(1, len(w), 2)}
+                cfg = {w[i]: (w[i + 1] if w[i] == "arch" else float(w[i + 1])) for i in range(1, len(w), 2)}
             elif w[0] == "loss":
                 loss = float(w[1])
             elif w[0] == "param":
@@ -73,12 +78,71 @@ def gpt2_loss(cfg, W, ids, targets):
     return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
 
 
+def rms_norm(x, w, eps):
+    """Hugging Face's LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) * weight."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(S, D, theta):
+    """cos, sin [S, D] of Hugging Face Llama's rotary embedding at positions 0..S-1."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.outer(torch.arange(S, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def repeat_kv(x, n):
+    """[B, G, S, D] -> [B, G n, S, D]: key/value head g serves query heads g n .. g n + n - 1."""
+    B, G, S, D = x.shape
+    return x[:, :, None].expand(B, G, n, S, D).reshape(B, G * n, S, D)
+
+
+def llama_loss(cfg, W, ids, targets):
+    L, H, A, G = int(cfg["L"]), int(cfg["H"]), int(cfg["A"]), int(cfg["kv_heads"])
+    B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["norm_eps"]
+    D = H // A
+    ids = ids.view(B, S)
+    x = F.embedding(ids, W["model.embed_tokens.weight"])
+    cos, sin = rope_cos_sin(S, D, cfg["rope_theta"])
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    for i in range(L):
+        p = "model.layers.%d." % i
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, S, A, D).transpose(1, 2)
+        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, S, G, D).transpose(1, 2)
+        v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, S, G, D).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k, A // G), repeat_kv(v, A // G)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, S, H)
+        x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        u = F.silu(F.linear(h, W[p + "mlp.gate_proj.weight"])) * F.linear(h, W[p + "mlp.up_proj.weight"])
+        x = x + F.linear(u, W[p + "mlp.down_proj.weight"])
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    head = W["model.embed_tokens.weight"] if cfg.get("tie") else W["lm_head.weight"]
+    logits = F.linear(x, head)
+    return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
+
+
 def main():
     d = sys.argv[1]
     cfg, c_loss, W, G, ids, targets = load(d)
-    what = "PyTorch reference: GPT-2 (L=%d, H=%d, A=%d, V=%d) at t=%d%s, smoothing %.1f" % (
-        cfg["L"], cfg["H"], cfg["A"], cfg["V"], cfg["tp"], " SP" if cfg["sp"] else "", cfg["smoothing"])
-    loss = gpt2_loss(cfg, W, ids, targets)
+    where = " at t=%d%s, smoothing %.1f" % (cfg["tp"], " SP" if cfg["sp"] else "", cfg["smoothing"])
+    if cfg.get("arch", "gpt2") == "llama":
+        what = "PyTorch reference: Llama (L=%d, H=%d, A=%d, G=%d, F=%d, V=%d, rope_theta %g, %s head)%s" % (
+            cfg["L"], cfg["H"], cfg["A"], cfg["kv_heads"], cfg["ffn"], cfg["V"], cfg["rope_theta"],
+            "tied" if cfg["tie"] else "untied", where)
+        loss = llama_loss(cfg, W, ids, targets)
+    else:
+        what = "PyTorch reference: GPT-2 (L=%d, H=%d, A=%d, V=%d)%s" % (cfg["L"], cfg["H"], cfg["A"], cfg["V"], where)
+        loss = gpt2_loss(cfg, W, ids, targets)
     loss.backward()
     fails = []
     lerr = abs(c_loss - loss.item()) / abs(loss.item())
@@ -87,6 +151,9 @@ def main():
     worst = lerr
     for name, w in W.items():
         ref = w.grad
+        if ref is None:  # a parameter the reference model never reads
+            fails.append("%s: not a parameter of the PyTorch model" % name)
+            continue
         err = ((G[name] - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
         worst = max(worst, err)
         if not err < TOL:  # NaN fails too
