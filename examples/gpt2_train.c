@@ -15,6 +15,7 @@
 
 #include <tpk/tpk.h>
 #include <tpk/model.h>
+#include <tpk/train.h>
 #include <tpk/mpi.h>
 #ifdef TPK_WITH_CUDA /* built where nvcc is found: the GPU when one is present */
 #include <tpk/nccl.h>
@@ -23,7 +24,7 @@
 typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
-    int tp, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
+    int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
     bool sp, eval_only, profile;
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
@@ -33,7 +34,7 @@ static const char *usage =
     "usage: gpt2_train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
     "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
-    "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
+    "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host) --zero 1 (ZeRO-1 over DP)\n"
     "  training:  --batch 8 --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
@@ -56,7 +57,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
         INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
-        INT("--tp", tp, 1) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
+        INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1) INT("--sample", sample, 0)
         INT("--log-every", log_every, 1) INT("--save-every", save_every, 0) INT("--seed", seed, 0)
         FLT("--lr", lr, 0, 10) FLT("--min-lr-frac", min_lr_frac, 0, 1) FLT("--weight-decay", wd, 0, 10) FLT("--clip", clip, 0, 1e9)
@@ -74,6 +75,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     if (o->data && o->text) return snprintf(err, n, "--data and --text: give one"), 1;
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
     if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
+    if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d", o->zero), 1;
     if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama")) return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
     return 0;
 }
@@ -194,7 +196,8 @@ int main(int argc, char **argv) {
     tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16) : gpu ? TPK_BF16 : TPK_F32; /* master weights stay f32 */
     TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt})); ctx_up = true;
     TRY(tpk_model_init(&ctx, &m, &cfg));
-    TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd}));
+    FAIL_IF(o.zero && ctx.dp.size == 1, "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / --tp %d)", world_size, o.tp);
+    TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));
     if (o.load) TRY(tpk_model_load(&ctx, &m, &opt, o.load));
     FAIL_IF(o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
     if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
@@ -232,15 +235,11 @@ int main(int argc, char **argv) {
             ctx.rng_step = (uint64_t)micro;
             TRY(tpk_data_batch(&ctx, &train, micro, dp, ctx.dp.rank, o.batch, o.seq, x, y));
             TRY(tpk_model_forward(&ctx, &m, x, y, o.batch, o.seq, &loss));
-            TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1));
+            TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero)); /* ZeRO-1: one reduce-scatter after the backward instead */
             TRY(tpk_model_backward(&ctx, &m, 1.0f / (float)o.accum));
             lsum += loss;
         }
-        TRY(tpk_dp_finish(&ctx, &dp_b));
-        TRY(tpk_params_reduce_partial_grads(&ctx));
-        TRY(tpk_grad_norm(&ctx, 1.0f / (float)dp, &norm)); /* the DP reduction summed: average */
-        FAIL_IF(!isfinite(norm), "step %lld: the gradient norm is %g", (long long)step + 1, norm);
-        TRY(tpk_adamw_step(&ctx, &opt, lr, 1.0f / (float)dp * tpk_clip_factor(norm, o.clip)));
+        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f / (float)dp, &norm)); /* DP reduction (summed: averaged here), norm, clip, AdamW */
         double l = lsum / o.accum / dp; /* the mean over the micro-batches and the DP ranks */
         TRY(tpk_allreduce_host(&ctx, &ctx.dp, &l, 1, TPK_F64, TPK_SUM));
         double ms = 1e3 * (now() - t0);

@@ -5,8 +5,14 @@
  *     clipping factor; the learning-rate schedules against their formulas;
  *   DP buckets (t = 1, dp = ranks): the hook's all-reduces equal the sum of every rank's
  *     gradients, a micro-step that is not the last communicates nothing;
+ *   ZeRO-1 (tpk_train_step with tpk_adamw_desc.zero) at DP = ranks / t against plain DP over 5
+ *     steps (parameters, norms, moments), its optimizer state 1/dp per rank, its collectives, and
+ *     its moments saved and loaded back (whole, into a plain optimizer, and into ZeRO-1 again);
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
+
+#include <tpk/hf.h>
+#include <tpk/train.h>
 
 static int me, np;
 static tpk_comm world;
@@ -154,6 +160,96 @@ int main(int argc, char **argv) {
         tpk_dp_destroy(&b);
         free(mine), free(want), free(got);
         tpk_ctx_destroy(&ctx);
+    }
+    for (int tp = 1; tp <= 2; tp++) {
+        if (np % tp) continue;
+        TEST_CASE("ZeRO-1 at DP %d x TP %d: 5 steps of tpk_train_step equal plain DP (parameters, norms, moments); state 1/dp; saved and loaded", np / tp, tp) {
+            tpk_ctx c[2];
+            tpk_adamw o[2];
+            tpk_dp_buckets b[2] = {{0}, {0}};
+            double norm[2][5];
+            int ids[NP];
+            for (int z = 0; z < 2; z++) {
+                CHECK_OK(&c[z], tpk_ctx_init(&c[z], &(tpk_ctx_desc){.world = &world, .tp = tp, .seed = 3}));
+                add_params(&c[z], ids);
+                CHECK_OK(&c[z], tpk_adamw_init(&c[z], &o[z], &(tpk_adamw_desc){.weight_decay = 0.1f, .zero = z == 1}));
+            }
+            size_t n = c[0].params.numel;
+            int d = c[1].dp.size;
+            tpk_range sl = tpk_split((int64_t)n, d, c[1].dp.rank);
+            CHECK(o[1].s0 == (size_t)sl.off && o[1].sn == (size_t)sl.size && o[1].sn <= (n + (size_t)d - 1) / (size_t)d && o[0].sn == n,
+                  "ZeRO-1 keeps %zu of %zu elements' moments at DP rank %d of %d", o[1].sn, n, c[1].dp.rank, d);
+            float *g = malloc(n * 4);
+            for (int step = 0; step < 5; step++)
+                for (int z = 0; z < 2; z++) {
+                    for (int i = 0; i < NP; i++) { /* each DP rank its own gradient, the same global tensor on every TP rank */
+                        size_t gn = tpk_param_global_numel(&c[z], i);
+                        float *gg = malloc(gn * 4);
+                        for (size_t k = 0; k < gn; k++) gg[k] = tpk_rng_normal(40 + (uint64_t)step, (uint64_t)(c[z].dp.rank * 16 + i), k);
+                        CHECK_OK(&c[z], tpk_param_scatter(&c[z], i, gg, (float *)c[z].params.grad.p));
+                        free(gg);
+                    }
+                    tpk_comm_stats_reset(&c[z].dp);
+                    CHECK_OK(&c[z], tpk_dp_begin(&c[z], &b[z], z == 0));
+                    CHECK_OK(&c[z], tpk_dp_grad_ready(&c[z], 0, NP - 1, &b[z])); /* plain: the whole buffer in one bucket; ZeRO-1: nothing */
+                    CHECK_OK(&c[z], tpk_train_step(&c[z], &o[z], &b[z], 1e-2f, 0.5f, 1.0f / (float)d, &norm[z][step]));
+                    if (z == 1 && d > 1)
+                        CHECK(c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER] == 1 && c[1].dp.stats.calls[TPK_COLL_ALLGATHER] == 1 &&
+                                  c[1].dp.stats.calls[TPK_COLL_ALLREDUCE] == 1 && c[1].dp.stats.elems[TPK_COLL_REDUCE_SCATTER] == n,
+                              "ZeRO-1 step: %llu reduce-scatters, %llu all-gathers, %llu all-reduces (the norm)",
+                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER], (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLGATHER],
+                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLREDUCE]);
+                }
+            for (int step = 0; step < 5; step++) CHECK(fabs(norm[0][step] - norm[1][step]) <= 1e-6 * norm[0][step], "step %d: norm %.9g, ZeRO-1 %.9g", step, norm[0][step], norm[1][step]);
+            for (int i = 0; i < NP; i++) {
+                size_t gn = tpk_param_global_numel(&c[0], i);
+                float *a = malloc(gn * 4), *z = malloc(gn * 4);
+                CHECK_OK(&c[0], tpk_param_get_global(&c[0], i, false, a));
+                CHECK_OK(&c[1], tpk_param_get_global(&c[1], i, false, z));
+                CHECK_CLOSE(z, a, gn, 1e-6, "parameter after 5 ZeRO-1 steps");
+                free(a), free(z);
+            }
+            /* the moments: saved whole from ZeRO-1, loaded into a plain optimizer and into ZeRO-1 */
+            char dir[128];
+            snprintf(dir, sizeof dir, "build/tests/zero_np%d_tp%d", np, tp);
+            CHECK_OK(&c[1], tpk__hf_save(&c[1], "test", &o[1], dir, o[1].step, "{}\n", NULL));
+            tpk_adamw back[2];
+            for (int z = 0; z < 2; z++) {
+                CHECK_OK(&c[z], tpk_adamw_init(&c[z], &back[z], &(tpk_adamw_desc){.zero = z == 1}));
+                CHECK_OK(&c[z], tpk__hf_load(&c[z], "test", &back[z], dir, NULL, NULL));
+                CHECK(back[z].step == 5, "step %lld", (long long)back[z].step);
+            }
+            float *m0 = malloc(n * 4), *m1 = malloc(n * 4), *l1 = malloc(n * 4);
+            memcpy(m0, o[0].m, n * 4);
+            memcpy(m1, back[0].m, n * 4);
+            CHECK_CLOSE(m1, m0, n, 1e-6, "first moments saved under ZeRO-1, loaded whole");
+            memcpy(l1, back[1].m, back[1].sn * 4);
+            CHECK(!memcmp(l1, (const float *)o[1].m, o[1].sn * 4), "ZeRO-1 slice of the first moments after save and load");
+            free(m0), free(m1), free(l1), free(g);
+            for (int z = 0; z < 2; z++) tpk_adamw_destroy(&c[z], &back[z]), tpk_adamw_destroy(&c[z], &o[z]), tpk_dp_destroy(&b[z]), tpk_ctx_destroy(&c[z]);
+        }
+    }
+    TEST_CASE("tpk_train_step: bad input") {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));
+        int ids[NP];
+        add_params(&ctx, ids);
+        tpk_adamw o;
+        tpk_dp_buckets b = {0};
+        CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, &(tpk_adamw_desc){.zero = true}));
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, NULL, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "opt: expected an initialised optimizer");
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, NULL, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "buckets: NULL");
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, NAN, NULL), TPK_ERR_ARG, "grad_scale, clip: expected finite numbers");
+        if (np > 1) { /* under ZeRO-1 the buckets must not have started */
+            CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, true));
+            CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, NP - 1, &b));
+            CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "all-reduces started under ZeRO-1");
+            CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
+        }
+        float inf = INFINITY;
+        memcpy(ctx.params.grad.p, &inf, sizeof inf); /* a gradient that is not finite (on every rank) */
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "the gradient norm is");
+        tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
     }
     tpk_comm_destroy(&world);
     return test_finish();

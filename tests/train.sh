@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/train.sh — the trainer (build/gpt2_train; $TPK_BUILD/gpt2_train) end to end, on the host backend:
 #   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
-#   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, evaluation identical at
+#   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, ZeRO-1 (--zero 1) equal to
+#   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, evaluation identical at
 #   t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
@@ -55,6 +56,22 @@ tr 2 --text "$text" $small --tp 2 --steps 6 --grad-accum 2 --csv "$T/acc2.csv"
 r=$(relmax "$(losses "$T/dp2.csv" 1 6)" "$(losses "$T/acc2.csv" 1 6)")
 if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "DP 2 x TP 2 (gradient buckets all-reduced from the backward) = TP 2 with --grad-accum 2 over 6 steps (max relative difference $r)"
 else fail "DP 2 x TP 2 = TP 2 with --grad-accum 2 (max relative difference $r)"; fi
+
+# ---- ZeRO-1: the optimizer state sharded over DP gives plain DP's losses; resharded on resume --------
+for tpz in 2 1; do
+    tr 4 --text "$text" $small --tp $tpz --steps 20 --csv "$T/plain$tpz.csv"
+    rc1=$rc
+    tr 4 --text "$text" $small --tp $tpz --steps 20 --zero 1 --csv "$T/zero$tpz.csv"
+    r=$(relmax "$(losses "$T/plain$tpz.csv" 1 20)" "$(losses "$T/zero$tpz.csv" 1 20)")
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 1 at DP $((4 / tpz)) x TP $tpz: 20 steps' losses equal plain DP (max relative difference $r)"
+    else fail "--zero 1 at DP $((4 / tpz)) x TP $tpz equals plain DP (max relative difference $r)"; fi
+done
+tr 4 --text "$text" $small --tp 1 --steps 10 --zero 1 --save "$T/z4" --save-every 5 --csv "$T/z4.csv"
+rc1=$rc
+tr 2 --text "$text" $small --tp 1 --steps 10 --zero 1 --grad-accum 2 --load "$T/z4/step-5" --csv "$T/z2.csv"
+r=$(relmax "$(losses "$T/z4.csv" 6 10)" "$(losses "$T/z2.csv" 6 10)")
+if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 1 saved at DP 4, resumed at DP 2 (x 2 accumulation: the same tokens per step): steps 6-10 equal (max relative difference $r)"
+else fail "--zero 1 saved at DP 4, resumed at DP 2 (max relative difference $r)"; fi
 
 # ---- bf16 mixed precision (f32 master weights, bf16 copy remade after every step) -----------------
 tr 2 --text "$text" $small --tp 2 --steps 30 --dtype f32 --csv "$T/f32.csv"
@@ -156,6 +173,8 @@ bad "--load alone says what it can do" "--load DIR alone can only --sample N" --
 bad "--steps out of range" "expected an integer in \[0, 1000000000\], got \"99999999999999\" (out of range)" --text "$text" $small --steps 99999999999999
 rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/config.json" > "$T/cut/config.json"
 bad "config.json cut mid-file" "cut/config.json: byte 100: expected" --text "$text" $small --tp 2 --load "$T/cut"
+bad "--zero 1 with one DP rank" "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 1
+bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
 bad "--arch unknown" "--arch: expected gpt2 or llama, got \"mamba\"" --text "$text" $small --arch mamba
 bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2
 bad "--arch llama: odd head size" "rotary embeddings need an even head size" --text "$text" $small --arch llama --hidden 36 --heads 4 --tp 2

@@ -327,10 +327,12 @@ typedef tpk_gpt2_save_desc tpk_hf_save_desc;
  * Conv1D), else as registered. Collective over ctx->world. */
 static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_adamw *opt, const char *dir, int64_t step, const char *config,
                                       bool (*transposed)(const tpk_param *)) {
-    bool root = ctx->world->rank == 0;
+    bool root = ctx->world->rank == 0, made = false;
     tpk_status s = TPK_OK;
     if (root && mkdir(dir, 0755) != 0 && errno != EEXIST) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create: %s", dir, strerror(errno));
     if (tpk_agree(ctx, ctx->world, s) != TPK_OK) return s != TPK_OK ? s : tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create the checkpoint directory", dir);
+    float *om = NULL, *ov = NULL; /* the whole moments (ZeRO-1: gathered over DP) */
+    if (opt) TPK_TRY(tpk__adamw_whole(ctx, opt, true, &om, &ov, &made));
     int n = ctx->params.n, k3 = opt ? 3 : 1;
     float **w = (float **)calloc((size_t)n * 3, sizeof *w);
     tpk_st_entry *e = (tpk_st_entry *)calloc((size_t)n * 3, sizeof *e);
@@ -340,7 +342,7 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
     for (int i = 0; i < n && s == TPK_OK; i++) {
         const tpk_param *p = &ctx->params.list[i];
         size_t gn = tpk_param_global_numel(ctx, i);
-        const float *flat[3] = {(const float *)ctx->params.data.p, opt ? opt->m : NULL, opt ? opt->v : NULL};
+        const float *flat[3] = {(const float *)ctx->params.data.p, om, ov};
         for (int k = 0; k < k3 && s == TPK_OK; k++) {
             if (!(w[3 * i + k] = (float *)malloc(sizeof(float) * (gn ? gn : 1)))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
             else s = tpk_param_gather(ctx, i, flat[k], w[3 * i + k]); /* collective over TP */
@@ -376,6 +378,7 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
     }
     for (int i = 0; w && i < 3 * n; i++) free(w[i]);
     free(w), free(e), free(shapes), free(names);
+    if (made) tpk_op_free(ctx, om), tpk_op_free(ctx, ov);
     tpk_status all = tpk_agree(ctx, ctx->world, s);
     if (all != TPK_OK && s == TPK_OK) return tpk__fail(ctx, all, fn, "%s: writing the checkpoint failed on another rank", dir);
     return s;
@@ -548,8 +551,10 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
     memset(&of, 0, sizeof of);
     TPK_TRY(tpk__hf_index(ctx, fn, dir, &files));
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
-    bool have_opt = opt && access(path, F_OK) == 0;
+    bool have_opt = opt && access(path, F_OK) == 0, made = false;
+    float *om = NULL, *ov = NULL; /* the whole moments (ZeRO-1: made here, this rank's slice kept at the end) */
     tpk_status s = have_opt ? tpk_st_read(ctx, path, &of) : TPK_OK;
+    if (s == TPK_OK && have_opt) s = tpk__adamw_whole(ctx, opt, false, &om, &ov, &made);
     const char *mstep = NULL;
     for (int i = 0; i < ctx->params.n && s == TPK_OK; i++) {
         const tpk_param *p = &ctx->params.list[i];
@@ -584,7 +589,7 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
             const tpk_st_tensor *ot = tpk_st_find(&of, on);
             if (!ot) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/optim.safetensors: no tensor \"%s\"", dir, on);
             if (s == TPK_OK) s = tpk_st_get_f32(ctx, &of, ot, w, gn);
-            if (s == TPK_OK) s = tpk_param_scatter(ctx, i, w, k ? opt->v : opt->m);
+            if (s == TPK_OK) s = tpk_param_scatter(ctx, i, w, k ? ov : om);
         }
         free(w), free(tw);
     }
@@ -594,6 +599,10 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
             s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: optim.safetensors (step %s) does not belong to model.safetensors (step %s)", dir, os ? os : "?",
                           mstep ? mstep : "?");
         else opt->step = strtoll(os, NULL, 10);
+    }
+    if (made) {
+        tpk_status k = tpk__adamw_keep_slice(ctx, opt, om, ov);
+        if (s == TPK_OK) s = k;
     }
     tpk__hf_files_close(&files), tpk_st_close(&of);
     return s;

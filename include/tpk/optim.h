@@ -26,34 +26,42 @@
 
 /* ---- gradient norm and clipping ----------------------------------------------------------------- */
 
-/* *norm = scale * |g| over the whole model (collective over ctx->tp). */
+/* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts:
+ * a sharded parameter's whole shard, a replicated one on TP rank 0 only, a grouped key/value
+ * weight its owned heads; one sumsq op per run of consecutive counted elements. */
+static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, double *out) {
+    double local = 0;
+    size_t r0 = 0, r1 = 0; /* the run being gathered */
+    for (int i = 0; i <= ctx->params.n; i++) {
+        size_t a = 0, b = 0; /* the counted elements of parameter i */
+        if (i < ctx->params.n) {
+            const tpk_param *p = &ctx->params.list[i];
+            if (p->split_dim >= 0 || ctx->tp.rank == 0) a = p->offset, b = p->offset + p->numel;
+            if (tpk_layout_group(p->layout) > 1) { /* the key/value heads no lower rank also holds */
+                tpk_range own = tpk_shard_owned(p->gshape[0], p->layout, ctx->tp.size, ctx->tp.rank);
+                size_t inner = p->shape[0] ? p->numel / (size_t)p->shape[0] : 0;
+                a = p->offset + (size_t)own.off * inner, b = a + (size_t)own.size * inner;
+            }
+            a = a < lo ? lo : a > hi ? hi : a, b = b < a ? a : b > hi ? hi : b;
+            if (a == b) continue;
+            if (a == r1) { r1 = b; continue; } /* extends the run */
+        }
+        double sq = 0;
+        if (r1 > r0) TPK_TRY(tpk_op_sumsq(ctx, &sq, (const float *)ctx->params.grad.p + r0, r1 - r0));
+        local += sq, r0 = a, r1 = b;
+    }
+    *out = local;
+    return TPK_OK;
+}
+
+/* *norm = scale * |g| over the whole model (collective over ctx->tp; DP replicas hold the same
+ * reduced gradient, so no DP sum). */
 static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) {
     static const char *fn = "tpk_grad_norm";
     if (!ctx) return TPK_ERR_ARG;
     if (!norm) return tpk__fail(ctx, TPK_ERR_ARG, fn, "norm: NULL");
     double local = 0;
-    for (int i = 0; i < ctx->params.n;) { /* one sumsq per run of consecutive counted parameters (at TP rank 0: one for all) */
-        const tpk_param *p = &ctx->params.list[i];
-        if (p->split_dim < 0 && ctx->tp.rank != 0) { /* replicated: TP rank 0 counts it */
-            i++;
-            continue;
-        }
-        if (tpk_layout_group(p->layout) > 1) { /* grouped: the key/value heads no lower rank also holds */
-            tpk_range own = tpk_shard_owned(p->gshape[0], p->layout, ctx->tp.size, ctx->tp.rank);
-            size_t inner = p->shape[0] ? p->numel / (size_t)p->shape[0] : 0;
-            double s = 0;
-            if (own.size && inner)
-                TPK_TRY(tpk_op_sumsq(ctx, &s, tpk_param_grad(ctx, i) + (size_t)own.off * inner, (size_t)own.size * inner));
-            local += s, i++;
-            continue;
-        }
-        size_t off = p->offset, n = 0;
-        for (; i < ctx->params.n && !(ctx->params.list[i].split_dim < 0 && ctx->tp.rank != 0) && tpk_layout_group(ctx->params.list[i].layout) == 1; i++)
-            n += ctx->params.list[i].numel;
-        double s = 0;
-        if (n) TPK_TRY(tpk_op_sumsq(ctx, &s, (const float *)ctx->params.grad.p + off, n));
-        local += s;
-    }
+    TPK_TRY(tpk__grad_sumsq(ctx, 0, ctx->params.numel, &local));
     TPK_TRY(tpk_allreduce_host(ctx, &ctx->tp, &local, 1, TPK_F64, TPK_SUM));
     *norm = sqrt(local) * scale;
     return TPK_OK;
@@ -93,15 +101,40 @@ typedef struct tpk_adamw_desc {
     float b1, b2;       /* default 0.9, 0.95 (0 = default) */
     float eps;          /* default 1e-8 */
     float weight_decay; /* on decayed parameters; 0 = none */
+    bool zero;          /* ZeRO-1 (the distributed optimizer) over ctx->dp: this DP rank keeps the
+                           moments of, and updates, only its slice tpk_split(numel, dp, dp_rank) of
+                           the flat parameter buffer; see tpk/train.h. With one DP rank: as without */
 } tpk_adamw_desc;
 
 typedef struct tpk_adamw {
     tpk_adamw_desc d;
-    float *m, *v;  /* f32 [params.numel] moments in backend memory, laid out like the parameters */
-    size_t numel;
+    float *m, *v;  /* f32 [sn] moments in backend memory, laid out like elements [s0, s0 + sn) of the parameters */
+    size_t numel;  /* the flat parameter buffer's elements */
+    size_t s0, sn; /* this rank's slice of it: everything, or under ZeRO-1 its DP rank's share */
     int64_t step;  /* optimizer steps done */
     int64_t *decay, nruns; /* [2 nruns] in backend memory: the element runs [start, end) of the decayed parameters */
 } tpk_adamw;
+
+/* ZeRO-1's exchanges over ctx->dp of a flat buffer x [n] split tpk_split(n, dp, rank):
+ * all-gather: every rank's slice of x into every rank's x; reduce-scatter: the DP sum of x's
+ * slice into this rank's slice (the rest of x unchanged). Through scratch (no aliasing). */
+static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool gather) {
+    int d = ctx->dp.size;
+    size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)d);
+    if (!counts) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_adamw (ZeRO-1)", "counts");
+    for (int q = 0; q < d; q++) counts[q] = (size_t)tpk_split((int64_t)n, d, q).size;
+    tpk_range me = tpk_split((int64_t)n, d, ctx->dp.rank);
+    tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
+    tpk_status s = tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (gather ? n : (size_t)me.size) + 16);
+    float *tmp = (float *)ctx->work[1].p;
+    if (s == TPK_OK && gather) s = tpk_allgatherv(ctx, &ctx->dp, x + me.off, (size_t)me.size, tmp, counts, n, TPK_F32);
+    if (s == TPK_OK && !gather) s = tpk_reduce_scatterv(ctx, &ctx->dp, x, n, tmp, counts, TPK_F32, TPK_SUM);
+    if (s == TPK_OK && gather && n) s = tpk_op_memcpy(ctx, x, tmp, sizeof(float) * n, dd);
+    if (s == TPK_OK && !gather && me.size) s = tpk_op_memcpy(ctx, x + me.off, tmp, sizeof(float) * (size_t)me.size, dd);
+    free(counts);
+    return s;
+}
+static inline tpk_status tpk__dp_allgather_slices(tpk_ctx *ctx, float *x, size_t n) { return tpk__dp_slices(ctx, x, n, true); }
 
 /* Moments for every parameter registered so far (register the model first), zeroed. */
 static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_adamw_desc *desc) {
@@ -117,17 +150,21 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     if (!o->d.b2) o->d.b2 = 0.95f;
     if (!o->d.eps) o->d.eps = 1e-8f;
     o->numel = ctx->params.numel;
-    size_t bytes = sizeof(float) * (o->numel ? o->numel : 1);
+    tpk_range sl = d.zero ? tpk_split((int64_t)o->numel, ctx->dp.size, ctx->dp.rank) : TPK_LIT(tpk_range){0, (int64_t)o->numel};
+    o->s0 = (size_t)sl.off, o->sn = (size_t)sl.size;
+    size_t bytes = sizeof(float) * (o->sn ? o->sn : 1);
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->m));
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
     /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
     int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)(ctx->params.n ? ctx->params.n : 1)), n = 0;
     if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
-    for (int i = 0; i < ctx->params.n; i++) {
+    for (int i = 0; i < ctx->params.n; i++) { /* within the slice, relative to its start */
         const tpk_param *p = &ctx->params.list[i];
-        if (!p->decay || !p->numel) continue;
-        if (n && runs[2 * n - 1] == (int64_t)p->offset) runs[2 * n - 1] += (int64_t)p->numel;
-        else runs[2 * n] = (int64_t)p->offset, runs[2 * n + 1] = (int64_t)(p->offset + p->numel), n++;
+        int64_t a = (int64_t)p->offset - (int64_t)o->s0, b = a + (int64_t)p->numel;
+        a = a < 0 ? 0 : a, b = b > (int64_t)o->sn ? (int64_t)o->sn : b;
+        if (!p->decay || b <= a) continue;
+        if (n && runs[2 * n - 1] == a) runs[2 * n - 1] = b;
+        else runs[2 * n] = a, runs[2 * n + 1] = b, n++;
     }
     tpk_status s = TPK_OK;
     if (n) s = tpk_op_alloc(ctx, sizeof(int64_t) * 2 * (size_t)n, (void **)&o->decay);
@@ -148,11 +185,43 @@ static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, fl
                          ctx->params.numel);
     if (!(lr >= 0) || !isfinite(grad_scale)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "lr, grad_scale: expected lr >= 0 and a finite scale, got %g, %g", (double)lr, (double)grad_scale);
     o->step++;
-    if (o->numel) /* no decayed parameter: no decay anywhere (wd 0 with a NULL table) */
-        TPK_TRY(tpk_op_adamw(ctx, (float *)ctx->params.data.p, (const float *)ctx->params.grad.p, o->m, o->v, o->numel, lr, o->d.b1, o->d.b2, o->d.eps,
+    float *w = (float *)ctx->params.data.p + o->s0;
+    if (o->sn) /* no decayed parameter: no decay anywhere (wd 0 with a NULL table) */
+        TPK_TRY(tpk_op_adamw(ctx, w, (const float *)ctx->params.grad.p + o->s0, o->m, o->v, o->sn, lr, o->d.b1, o->d.b2, o->d.eps,
                              o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, o->decay, o->nruns));
     tpk_params_updated(ctx);
-    return TPK_OK;
+    if (o->sn == o->numel) return TPK_OK;
+    /* ZeRO-1: every DP rank's updated slice to every DP rank (one all-gather of the parameters) */
+    return tpk__dp_allgather_slices(ctx, (float *)ctx->params.data.p, o->numel);
+}
+
+/* The moments of the whole flat buffer in backend memory: the optimizer's own, or under ZeRO-1
+ * (a slice per DP rank) buffers made for it (*made set; free them with tpk_op_free): zeros, and
+ * with gather = true every DP rank's slice gathered in (collective over ctx->dp). */
+static inline tpk_status tpk__adamw_whole(tpk_ctx *ctx, const tpk_adamw *o, bool gather, float **m, float **v, bool *made) {
+    *m = o->m, *v = o->v, *made = o->sn != o->numel;
+    if (!*made) return TPK_OK;
+    *m = *v = NULL;
+    size_t bytes = sizeof(float) * (o->numel ? o->numel : 1);
+    tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
+    tpk_status s = tpk_op_alloc(ctx, bytes, (void **)m);
+    if (s == TPK_OK) s = tpk_op_alloc(ctx, bytes, (void **)v);
+    for (int k = 0; k < 2 && s == TPK_OK && gather; k++) {
+        float *w = k ? *v : *m;
+        if (o->sn) s = tpk_op_memcpy(ctx, w + o->s0, k ? o->v : o->m, sizeof(float) * o->sn, dd);
+        if (s == TPK_OK) s = tpk__dp_allgather_slices(ctx, w, o->numel);
+    }
+    if (s != TPK_OK) tpk_op_free(ctx, *m), tpk_op_free(ctx, *v), *m = *v = NULL, *made = false;
+    return s;
+}
+/* Back from whole moments made by tpk__adamw_whole: this rank's slice kept, the buffers freed. */
+static inline tpk_status tpk__adamw_keep_slice(tpk_ctx *ctx, tpk_adamw *o, float *m, float *v) {
+    tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
+    tpk_status s = TPK_OK;
+    if (o->sn) s = tpk_op_memcpy(ctx, o->m, m + o->s0, sizeof(float) * o->sn, dd);
+    if (s == TPK_OK && o->sn) s = tpk_op_memcpy(ctx, o->v, v + o->s0, sizeof(float) * o->sn, dd);
+    tpk_op_free(ctx, m), tpk_op_free(ctx, v);
+    return s;
 }
 
 static inline void tpk_adamw_destroy(tpk_ctx *ctx, tpk_adamw *o) {
