@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include <tpk/tpk.h>
+#include <tpk/log.h>
 #include <tpk/model.h>
 #include <tpk/train.h>
 #include <tpk/mpi.h>
@@ -22,7 +23,7 @@
 #endif
 
 typedef struct opts {
-    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch;
+    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
     bool sp, eval_only, profile;
@@ -34,7 +35,8 @@ static const char *usage =
     "usage: gpt2_train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
     "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
-    "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host) --zero 1 (ZeRO-1 over DP)\n"
+    "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
+    "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two)\n"
     "  training:  --batch 8 --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
@@ -54,7 +56,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
 #define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
         o->f = (float)x; i++; continue; }
-        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
+        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
         INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
         INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
@@ -75,6 +77,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     if (o->data && o->text) return snprintf(err, n, "--data and --text: give one"), 1;
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
     if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
+    if (o->dp_reduce && strcmp(o->dp_reduce, "mean") && strcmp(o->dp_reduce, "adasum")) return snprintf(err, n, "--dp-reduce: expected mean or adasum, got \"%s\"", o->dp_reduce), 1;
     if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d", o->zero), 1;
     if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama")) return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
     return 0;
@@ -141,7 +144,7 @@ int main(int argc, char **argv) {
     tpk_dp_buckets dp_b = {0};
     tpk_tokens train = {0}, val = {0};
     int32_t *x = NULL, *y = NULL;
-    FILE *csv = NULL;
+    tpk_log csv = {0};
     bool ctx_up = false;
     if (pr < 0) { if (world_rank == 0) printf("%s", usage); MPI_Finalize(); return 0; }
     if (!agree(pr == 0, msg)) goto out;
@@ -218,12 +221,13 @@ int main(int argc, char **argv) {
         rc = 0;
         goto out;
     }
-    if (o.csv && world_rank == 0 && (csv = fopen(o.csv, "w"))) fprintf(csv, "step,train_loss,val_loss,lr,grad_norm\n");
-    FAIL_IF(o.csv && world_rank == 0 && !csv, "%s: cannot write", o.csv);
+    TRY(tpk_log_open(&ctx, &csv, o.csv));
 
     /* training */
     tpk_lr_schedule sched = {TPK_LR_COSINE, o.lr, o.min_lr_frac, o.warmup, o.steps};
     tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
+    bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
+    if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum after the backward */
     double t_start = now(); int64_t t0step = opt.step;
     for (int64_t step = opt.step; step < o.steps; step++) {
         double t0 = now(), lsum = 0, norm = 0, vl = NAN;
@@ -239,7 +243,7 @@ int main(int argc, char **argv) {
             TRY(tpk_model_backward(&ctx, &m, 1.0f / (float)o.accum));
             lsum += loss;
         }
-        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f / (float)dp, &norm)); /* DP reduction (summed: averaged here), norm, clip, AdamW */
+        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, adasum ? 1.0f : 1.0f / (float)dp, &norm)); /* DP reduction (a sum: averaged here), norm, clip, AdamW */
         double l = lsum / o.accum / dp; /* the mean over the micro-batches and the DP ranks */
         TRY(tpk_allreduce_host(&ctx, &ctx.dp, &l, 1, TPK_F64, TPK_SUM));
         double ms = 1e3 * (now() - t0);
@@ -268,21 +272,12 @@ int main(int argc, char **argv) {
             printf("\n");
             fflush(stdout);
         }
-        char vs[32] = ""; /* the CSV row; %.9g: every f32 exactly */
-        if (csv) fprintf(csv, "%lld,%.9g,%s,%.9g,%.17g\n", (long long)opt.step, l, isfinite(vl) ? (snprintf(vs, sizeof vs, "%.9g", vl), vs) : "", (double)lr, norm);
+        tpk_log_row(&csv, opt.step, l, vl, lr, norm);
         if (o.profile) TRY(ctx.prof ? tpk_profile_step(&ctx) : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
     }
     if (world_rank == 0 && o.steps > 0) printf("trained steps %lld..%d in %.1f s\n", (long long)(t0step + 1), o.steps, now() - t_start);
     if (ctx.prof && !ctx.prof->from_env && world_rank == 0) tpk_profile_print(&ctx, stdout); /* rank 0 only: no TRY (it agrees over ranks) */
-    if (csv) { /* and FILE.png (FILE without .csv) where gnuplot is installed */
-        char cmd[4400], png[1024];
-        fclose(csv), csv = NULL;
-        snprintf(png, sizeof png, "%.*s.png", (int)(strlen(o.csv) > 4 && !strcmp(o.csv + strlen(o.csv) - 4, ".csv") ? strlen(o.csv) - 4 : strlen(o.csv)), o.csv);
-        snprintf(cmd, sizeof cmd, "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size 800,500; set output '%s'; set datafile "
-                 "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot '%s' using 1:2 with lines title 'train', '' using "
-                 "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is not installed: the curve is in %s only'; fi", png, o.csv, png, o.csv);
-        rc = system(cmd), rc = 1;
-    }
+    tpk_log_close(&csv, true); /* and FILE.png where gnuplot is installed */
     if (o.save) {
         TRY(tpk_model_save(&ctx, &m, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));
         if (world_rank == 0) printf("saved %s (step %lld)\n", o.save, (long long)opt.step);
@@ -290,7 +285,7 @@ int main(int argc, char **argv) {
     if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
     rc = 0;
 out:
-    if (csv) fclose(csv);
+    tpk_log_close(&csv, false);
     free(x), free(y), tpk_tokens_free(&train), tpk_tokens_free(&val), tpk_dp_destroy(&dp_b);
     if (ctx_up) tpk_adamw_destroy(&ctx, &opt), tpk_model_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
     if (world.vt) tpk_comm_destroy(&world);

@@ -8,6 +8,9 @@
  *   ZeRO-1 (tpk_train_step with tpk_adamw_desc.zero) at DP = ranks / t against plain DP over 5
  *     steps (parameters, norms, moments), its optimizer state 1/dp per rank, its collectives, and
  *     its moments saved and loaded back (whole, into a plain optimizer, and into ZeRO-1 again);
+ *   Adasum (tpk_dp_adasum) at DP = ranks / t against a double-precision reference of the recursive
+ *     formula on the global tensors, with TP-sharded tensors at t = 2; equal gradients give that
+ *     gradient, orthogonal ones their sum; DP 3 refused;
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
 
@@ -31,6 +34,30 @@ static void set_grads(tpk_ctx *ctx, uint64_t seed, float **glob) {
         for (size_t k = 0; k < gn; k++) glob[i][k] = tpk_rng_normal(seed, tpk_rng_stream(ctx->params.list[i].name), k);
         CHECK_OK(ctx, tpk_param_scatter(ctx, i, glob[i], (float *)ctx->params.grad.p));
     }
+}
+
+/* Adasum's double-precision reference for parameter i (gn global elements) over d DP ranks:
+ * rank r's gradient (kind 0 random, 1 the same on every rank, 2 disjoint supports), this rank's
+ * into mine, and the recursive-doubling result into want. */
+static void adasum_ref(int i, int kind, int d, int me_dp, size_t gn, float *mine, float *want) {
+    double *ref = malloc(sizeof(double) * gn * (size_t)d), *nx = malloc(sizeof(double) * gn * (size_t)d);
+    for (int r = 0; r < d; r++)
+        for (size_t e = 0; e < gn; e++) {
+            double x = tpk_rng_normal(60 + (uint64_t)i, kind == 1 ? 0 : kind == 2 ? e % (size_t)d : (uint64_t)r, e);
+            ref[(size_t)r * gn + e] = kind == 2 && (int)(e % (size_t)d) != r ? 0.0 : (float)x;
+        }
+    for (size_t e = 0; e < gn; e++) mine[e] = (float)ref[(size_t)me_dp * gn + e];
+    for (int lv = 1; lv < d; lv *= 2) {
+        for (int r = 0; r < d; r++) {
+            const double *a = ref + (size_t)r * gn, *c = ref + (size_t)(r ^ lv) * gn;
+            double aa = 0, cc = 0, ac = 0;
+            for (size_t e = 0; e < gn; e++) aa += a[e] * a[e], cc += c[e] * c[e], ac += a[e] * c[e];
+            for (size_t e = 0; e < gn; e++) nx[(size_t)r * gn + e] = (aa > 0 ? 1 - ac / (2 * aa) : 1) * a[e] + (cc > 0 ? 1 - ac / (2 * cc) : 1) * c[e];
+        }
+        memcpy(ref, nx, sizeof(double) * gn * (size_t)d);
+    }
+    for (size_t e = 0; e < gn; e++) want[e] = (float)ref[(size_t)me_dp * gn + e];
+    free(ref), free(nx);
 }
 
 int main(int argc, char **argv) {
@@ -229,6 +256,53 @@ int main(int argc, char **argv) {
             for (int z = 0; z < 2; z++) tpk_adamw_destroy(&c[z], &back[z]), tpk_adamw_destroy(&c[z], &o[z]), tpk_dp_destroy(&b[z]), tpk_ctx_destroy(&c[z]);
         }
     }
+    for (int tp = 1; tp <= 2; tp++) {
+        int d = np / tp;
+        if (np % tp || (d & (d - 1))) continue;
+        for (int kind = 0; kind < 3; kind++)
+            TEST_CASE("Adasum at DP %d x TP %d, %s gradients: the recursive formula on the whole tensors, in double", d, tp,
+                      kind == 0 ? "random" : kind == 1 ? "equal (gives that gradient)" : "orthogonal (gives their sum)") {
+                tpk_ctx ctx;
+                CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = tp, .seed = 3}));
+                int ids[NP];
+                add_params(&ctx, ids);
+                tpk_dp_buckets b = {0};
+                CHECK_OK(&ctx, tpk_dp_adasum_init(&ctx, &b));
+                float *mine[NP], *want[NP];
+                for (int i = 0; i < NP; i++) {
+                    size_t gn = tpk_param_global_numel(&ctx, i);
+                    mine[i] = malloc(gn * 4), want[i] = malloc(gn * 4);
+                    adasum_ref(i, kind, d, ctx.dp.rank, gn, mine[i], want[i]);
+                    CHECK_OK(&ctx, tpk_param_scatter(&ctx, i, mine[i], (float *)ctx.params.grad.p));
+                    if (kind == 1) CHECK_CLOSE(want[i], mine[i], gn, 1e-6, "reference: equal gradients changed");
+                }
+                CHECK_OK(&ctx, tpk_dp_adasum(&ctx, &b));
+                for (int i = 0; i < NP; i++) {
+                    size_t gn = tpk_param_global_numel(&ctx, i);
+                    float *got = malloc(gn * 4);
+                    test_poison(got, gn);
+                    CHECK_OK(&ctx, tpk_param_get_global(&ctx, i, true, got));
+                    char what[128];
+                    snprintf(what, sizeof what, "Adasum of %s", ctx.params.list[i].name);
+                    CHECK_CLOSE(got, want[i], gn, 1e-5, what);
+                    if (kind == 2) { /* orthogonal: the sum of every rank's gradient */
+                        for (size_t e = 0; e < gn; e++) got[e] = (float)tpk_rng_normal(60 + (uint64_t)i, e % (size_t)d, e);
+                        CHECK_CLOSE(want[i], got, gn, 1e-6, "reference: orthogonal gradients are not summed");
+                    }
+                    free(got), free(mine[i]), free(want[i]);
+                }
+                tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
+            }
+    }
+    if (np == 3)
+        TEST_CASE("Adasum at DP 3: refused (a power of two is needed)") {
+            tpk_ctx ctx;
+            CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));
+            tpk_dp_buckets b = {0};
+            CHECK_FAILS(&ctx, tpk_dp_adasum_init(&ctx, &b), TPK_ERR_ARG, "ctx->dp: Adasum needs a power-of-two number of DP ranks, got 3");
+            CHECK_FAILS(&ctx, tpk_dp_adasum(&ctx, &b), TPK_ERR_ARG, "expected buckets made for Adasum");
+            tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
+        }
     TEST_CASE("tpk_train_step: bad input") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));

@@ -73,6 +73,17 @@ r=$(relmax "$(losses "$T/z4.csv" 6 10)" "$(losses "$T/z2.csv" 6 10)")
 if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 1 saved at DP 4, resumed at DP 2 (x 2 accumulation: the same tokens per step): steps 6-10 equal (max relative difference $r)"
 else fail "--zero 1 saved at DP 4, resumed at DP 2 (max relative difference $r)"; fi
 
+# ---- Adasum as the DP reduction: at DP 1 it is the identity (= mean); at DP 2 x TP 2 it trains ----------
+tr 2 --text "$text" $small --tp 2 --steps 6 --dp-reduce adasum --csv "$T/ada1.csv"
+tr 2 --text "$text" $small --tp 2 --steps 6 --csv "$T/mean1.csv"
+r=$(relmax "$(losses "$T/mean1.csv" 1 6)" "$(losses "$T/ada1.csv" 1 6)")
+if [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r == 0)}'; then ok "--dp-reduce adasum at DP 1 equals the mean (max relative difference $r)"
+else fail "--dp-reduce adasum at DP 1 equals the mean (max relative difference $r)"; fi
+tr 4 --text "$text" $small --tp 2 --steps 20 --dp-reduce adasum --csv "$T/ada2.csv"
+first=$(losses "$T/ada2.csv" 1 1 | awk '{print $2}'); last=$(losses "$T/ada2.csv" 20 20 | awk '{print $2}')
+if [ $rc -eq 0 ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < a - 0.3)}'; then ok "--dp-reduce adasum at DP 2 x TP 2 trains: loss $first -> $last in 20 steps"
+else fail "--dp-reduce adasum at DP 2 x TP 2 trains: loss '$first' -> '$last'"; fi
+
 # ---- bf16 mixed precision (f32 master weights, bf16 copy remade after every step) -----------------
 tr 2 --text "$text" $small --tp 2 --steps 30 --dtype f32 --csv "$T/f32.csv"
 rc1=$rc
@@ -174,6 +185,11 @@ bad "--steps out of range" "expected an integer in \[0, 1000000000\], got \"9999
 rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/config.json" > "$T/cut/config.json"
 bad "config.json cut mid-file" "cut/config.json: byte 100: expected" --text "$text" $small --tp 2 --load "$T/cut"
 bad "--zero 1 with one DP rank" "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 1
+tr 3 --text "$text" $small --dp-reduce adasum
+n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: .*Adasum needs a power-of-two number of DP ranks, got 3')
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: --dp-reduce adasum at DP 3"; else fail "bad input: --dp-reduce adasum at DP 3 (exit $rc)"; fi
+bad "--dp-reduce with ZeRO-1" "ZeRO-1 with Adasum" --text "$text" $small --tp 1 --dp-reduce adasum --zero 1
+bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
 bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
 bad "--arch unknown" "--arch: expected gpt2 or llama, got \"mamba\"" --text "$text" $small --arch mamba
 bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2

@@ -35,13 +35,7 @@ static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, dou
     for (int i = 0; i <= ctx->params.n; i++) {
         size_t a = 0, b = 0; /* the counted elements of parameter i */
         if (i < ctx->params.n) {
-            const tpk_param *p = &ctx->params.list[i];
-            if (p->split_dim >= 0 || ctx->tp.rank == 0) a = p->offset, b = p->offset + p->numel;
-            if (tpk_layout_group(p->layout) > 1) { /* the key/value heads no lower rank also holds */
-                tpk_range own = tpk_shard_owned(p->gshape[0], p->layout, ctx->tp.size, ctx->tp.rank);
-                size_t inner = p->shape[0] ? p->numel / (size_t)p->shape[0] : 0;
-                a = p->offset + (size_t)own.off * inner, b = a + (size_t)own.size * inner;
-            }
+            tpk__param_counted(ctx, i, &a, &b);
             a = a < lo ? lo : a > hi ? hi : a, b = b < a ? a : b > hi ? hi : b;
             if (a == b) continue;
             if (a == r1) { r1 = b; continue; } /* extends the run */

@@ -66,6 +66,20 @@ static inline tpk_param *tpk__param(tpk_ctx *ctx, const char *fn, int id) {
 static inline float *tpk_param_data(tpk_ctx *ctx, int id) { return (float *)ctx->params.data.p + ctx->params.list[id].offset; }
 static inline float *tpk_param_grad(tpk_ctx *ctx, int id) { return (float *)ctx->params.grad.p + ctx->params.list[id].offset; }
 
+/* The elements [*lo, *hi) of the flat buffers that this rank counts for parameter id in a sum over
+ * the whole model (a norm, a dot product): a sharded parameter's whole shard, a replicated one on TP
+ * rank 0 only (empty elsewhere), a grouped key/value weight the heads no lower rank also holds. */
+static inline void tpk__param_counted(const tpk_ctx *ctx, int id, size_t *lo, size_t *hi) {
+    const tpk_param *p = &ctx->params.list[id];
+    *lo = *hi = p->offset;
+    if (p->split_dim >= 0 || ctx->tp.rank == 0) *hi = p->offset + p->numel;
+    if (tpk_layout_group(p->layout) > 1) {
+        tpk_range own = tpk_shard_owned(p->gshape[0], p->layout, ctx->tp.size, ctx->tp.rank);
+        size_t inner = p->shape[0] ? p->numel / (size_t)p->shape[0] : 0;
+        *lo = p->offset + (size_t)own.off * inner, *hi = *lo + (size_t)own.size * inner;
+    }
+}
+
 /* Id of the parameter with this name, or -1. */
 static inline int tpk_param_find(const tpk_ctx *ctx, const char *name) {
     for (int i = 0; i < ctx->params.n; i++)

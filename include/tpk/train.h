@@ -5,8 +5,10 @@
  *        ZeRO-1      (tpk_adamw_desc.zero) one reduce-scatter of the whole gradient buffer over DP:
  *                    each DP rank gets the DP sum of its slice tpk_split(numel, dp, rank) — the
  *                    buckets must not have been started (tpk_dp_begin(..., false));
+ *        Adasum      (buckets made by tpk_dp_adasum_init) tpk_dp_adasum over the whole buffer;
+ *                    pass grad_scale 1: Adasum does not sum;
  *   2. the gradients partial over TP summed (tpk_params_reduce_partial_grads: SP norm weights,
- *      shared key/value heads);
+ *      shared key/value heads) — after the buckets, before Adasum and ZeRO-1's reduce-scatter;
  *   3. the norm of grad_scale x the gradient over the whole model (tpk/optim.h's counting; under
  *      ZeRO-1 each rank counts its slice and the squares are summed over DP and TP: the same
  *      norm);
@@ -33,8 +35,10 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, %g", (double)grad_scale, (double)clip);
     bool zero = opt->sn != opt->numel;
     if (zero && b->n) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: %d all-reduces started under ZeRO-1 (call tpk_dp_begin with last = false)", b->n);
+    if (zero && b->adasum) return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "opt: ZeRO-1 with Adasum (a reduce-scatter cannot carry Adasum's per-tensor combination)");
     TPK_TRY(tpk_dp_finish(ctx, b));
-    TPK_TRY(tpk_params_reduce_partial_grads(ctx));
+    TPK_TRY(tpk_params_reduce_partial_grads(ctx)); /* whole tensors first: Adasum's dot products need them */
+    if (b->adasum) TPK_TRY(tpk_dp_adasum(ctx, b));
     if (zero && opt->numel) TPK_TRY(tpk__dp_slices(ctx, (float *)ctx->params.grad.p, opt->numel, false)); /* reduce-scatter */
     double sq = 0;
     TPK_TRY(tpk__grad_sumsq(ctx, opt->s0, opt->s0 + opt->sn, &sq));
