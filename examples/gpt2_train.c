@@ -23,7 +23,7 @@
 #endif
 
 typedef struct opts {
-    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce;
+    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
     bool sp, eval_only, profile;
@@ -37,7 +37,7 @@ static const char *usage =
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
     "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two)\n"
-    "  training:  --batch 8 --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
+    "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
     "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ...) --load DIR\n"
@@ -56,7 +56,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
 #define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
         o->f = (float)x; i++; continue; }
-        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce)
+        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
         INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
         INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
@@ -205,12 +205,15 @@ int main(int argc, char **argv) {
     FAIL_IF(o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
     if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
     int dp = ctx.dp.size; size_t nglobal = tpk_params_global_numel(&ctx);
+    int64_t Bd, off, Btot; /* this DP rank's micro-batch, the sequences before it, the step's (HetSeq: --dp-batch) */
+    TRY(tpk_data_dp_batches(&ctx, o.dp_batch, o.batch, &Bd, &off, &Btot));
     if (world_rank == 0)
         printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld P=%lld%s, %.2fM parameters | B=%d S=%d accum %d\n", world_size,
                o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", llama ? "Llama" : "GPT-2",
                (long long)tpk_model_layers(&m), (long long)tpk_model_hidden(&m), (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads), (long long)*V, (long long)*P,
                llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads, (long long)m.llama.c.ffn), msg) : "", (double)nglobal * 1e-6, o.batch, o.seq, o.accum);
-    FAIL_IF(!(x = malloc(sizeof(int32_t) * o.batch * o.seq)) || !(y = malloc(sizeof(int32_t) * o.batch * o.seq)), "out of memory for a batch");
+    size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq;
+    FAIL_IF(!(x = malloc(bs)) || !(y = malloc(bs)), "out of memory for a batch");
     if (o.eval_only) {
         double vl = 0;
         FAIL_IF(!val.tok, "--eval-only needs --data or --text");
@@ -237,14 +240,14 @@ int main(int argc, char **argv) {
             int64_t micro = step * o.accum + k;
             float loss;
             ctx.rng_step = (uint64_t)micro;
-            TRY(tpk_data_batch(&ctx, &train, micro, dp, ctx.dp.rank, o.batch, o.seq, x, y));
-            TRY(tpk_model_forward(&ctx, &m, x, y, o.batch, o.seq, &loss));
+            TRY(tpk_data_batch_seq(&ctx, &train, micro * Btot + off, Bd, o.seq, x, y)); /* = window micro * dp + rank with one --batch */
+            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, &loss));
             TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero)); /* ZeRO-1: one reduce-scatter after the backward instead */
-            TRY(tpk_model_backward(&ctx, &m, 1.0f / (float)o.accum));
+            TRY(tpk_model_backward(&ctx, &m, (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot / (float)o.accum)); /* weighted by tokens */
             lsum += loss;
         }
-        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, adasum ? 1.0f : 1.0f / (float)dp, &norm)); /* DP reduction (a sum: averaged here), norm, clip, AdamW */
-        double l = lsum / o.accum / dp; /* the mean over the micro-batches and the DP ranks */
+        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f, &norm)); /* DP reduction (the weighted sum, or Adasum), norm, clip, AdamW */
+        double l = lsum / o.accum * (double)Bd / (double)Btot; /* the mean over the micro-batches and the DP ranks' tokens */
         TRY(tpk_allreduce_host(&ctx, &ctx.dp, &l, 1, TPK_F64, TPK_SUM));
         double ms = 1e3 * (now() - t0);
         if (o.eval_every && (opt.step % o.eval_every == 0 || opt.step == o.steps)) {
@@ -260,7 +263,7 @@ int main(int argc, char **argv) {
             if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
         }
         if (world_rank == 0 && (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
-            double tok = (double)o.batch * o.seq * o.accum * dp;
+            double tok = (double)Btot * o.seq * o.accum;
             printf("step %5lld/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s", (long long)opt.step, o.steps, l, norm, (double)lr, ms,
                    tok / (ms * 1e-3));
             if (gpu) { /* model flops utilisation: 6 N + 12 L H S flops per token, against TPK_PEAK_TFLOPS (default 989, H100 bf16 dense) */

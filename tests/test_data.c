@@ -2,7 +2,8 @@
  * malformed shard (short header, bad magic, bad version, a count that disagrees with the file,
  * a token not below the vocabulary, a missing file, a directory) refused with the file named;
  * byte text split 90/10 with the byte-unigram entropy recomputed here; batch windows against
- * llm.c's formula, DP ranks reading disjoint windows, wrap-around; bad arguments. Each rank
+ * llm.c's formula, DP ranks reading disjoint windows, wrap-around; heterogeneous DP micro-batch
+ * sizes reading one batch between them; bad arguments. Each rank
  * works on its own files. The loaders' fuzz corpus is replayed through the fuzz target's checks. */
 #include "test.h"
 
@@ -109,6 +110,36 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_data_batch(&ctx, &t, 0, 2, 2, B, S, x, y), TPK_ERR_ARG, "0 <= d < dp");
         CHECK_FAILS(&ctx, tpk_data_batch(&ctx, &t, 0, 1, 0, 100, 10, x, y), TPK_ERR_SHAPE, "fewer than B x S + 1 = 1001");
         CHECK_FAILS(&ctx, tpk_data_batch(&ctx, &t, 0, 1, 0, B, S, NULL, y), TPK_ERR_ARG, "expected buffers");
+        tpk_tokens_free(&t);
+    }
+    TEST_CASE("heterogeneous DP micro-batches (tpk_data_dp_batches, tpk_data_batch_seq): sizes, offsets, the group reads one batch; bad lists") {
+        tpk_tokens t = {0};
+        t.n = N, t.tok = malloc(sizeof(int32_t) * N);
+        for (int i = 0; i < N; i++) t.tok[i] = i;
+        int64_t Bd, off, Btot;
+        CHECK_OK(&ctx, tpk_data_dp_batches(&ctx, NULL, 5, &Bd, &off, &Btot));
+        CHECK(Bd == 5 && off == 0 && Btot == 5, "uniform at DP 1: %lld %lld %lld", (long long)Bd, (long long)off, (long long)Btot);
+        CHECK_OK(&ctx, tpk_data_dp_batches(&ctx, "7", 5, &Bd, &off, &Btot));
+        CHECK(Bd == 7 && off == 0 && Btot == 7, "one size at DP 1: %lld", (long long)Bd);
+        CHECK_FAILS(&ctx, tpk_data_dp_batches(&ctx, "8,4", 5, &Bd, &off, &Btot), TPK_ERR_ARG, "list \"8,4\": 2 sizes for 1 DP ranks");
+        CHECK_FAILS(&ctx, tpk_data_dp_batches(&ctx, "8,", 5, &Bd, &off, &Btot), TPK_ERR_ARG, "expected 1 comma-separated micro-batch sizes");
+        CHECK_FAILS(&ctx, tpk_data_dp_batches(&ctx, "-3", 5, &Bd, &off, &Btot), TPK_ERR_ARG, "micro-batch sizes of 1..1000000");
+        enum { S = 7 };
+        int32_t x[12 * S], y[12 * S], a[12 * S], b[12 * S];
+        int bad = 0;
+        for (int k = 0; k < 3; k++) { /* sizes 8, 4 at offsets 0, 8 read what one rank of 12 reads */
+            CHECK_OK(&ctx, tpk_data_batch(&ctx, &t, k, 1, 0, 12, S, x, y));
+            CHECK_OK(&ctx, tpk_data_batch_seq(&ctx, &t, k * 12 + 0, 8, S, a, b));
+            CHECK_OK(&ctx, tpk_data_batch_seq(&ctx, &t, k * 12 + 8, 4, S, a + 8 * S, b + 8 * S));
+            bad += memcmp(x, a, sizeof x) != 0 || memcmp(y, b, sizeof y) != 0;
+            for (int d = 0; d < 3; d++) { /* uniform: the window k dp + d */
+                CHECK_OK(&ctx, tpk_data_batch(&ctx, &t, k, 3, d, 4, S, x, y));
+                CHECK_OK(&ctx, tpk_data_batch_seq(&ctx, &t, (k * 3 + d) * 4, 4, S, a, b));
+                bad += memcmp(x, a, 4 * S * sizeof(int32_t)) != 0;
+            }
+        }
+        CHECK(bad == 0, "%d batches differ", bad);
+        CHECK_FAILS(&ctx, tpk_data_batch_seq(&ctx, &t, -1, 4, S, x, y), TPK_ERR_ARG, "q: expected B, S >= 1, q >= 0");
         tpk_tokens_free(&t);
     }
     TEST_CASE("token loaders fuzz corpus replay (tests/fuzz/corpus_data)") test_replay_corpus("tests/fuzz/corpus_data", fuzz_data_one, "valid_shard", 5);

@@ -2,7 +2,8 @@
 # tests/train.sh — the trainer (build/gpt2_train; $TPK_BUILD/gpt2_train) end to end, on the host backend:
 #   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, ZeRO-1 (--zero 1) equal to
-#   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, evaluation identical at
+#   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, Adasum, heterogeneous DP
+#   micro-batches (--dp-batch) equal to one rank on all the sequences, evaluation identical at
 #   t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
@@ -83,6 +84,21 @@ tr 4 --text "$text" $small --tp 2 --steps 20 --dp-reduce adasum --csv "$T/ada2.c
 first=$(losses "$T/ada2.csv" 1 1 | awk '{print $2}'); last=$(losses "$T/ada2.csv" 20 20 | awk '{print $2}')
 if [ $rc -eq 0 ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < a - 0.3)}'; then ok "--dp-reduce adasum at DP 2 x TP 2 trains: loss $first -> $last in 20 steps"
 else fail "--dp-reduce adasum at DP 2 x TP 2 trains: loss '$first' -> '$last'"; fi
+
+# ---- heterogeneous DP ranks (HetSeq): --dp-batch 8,4 over 2 DP ranks = one rank on the 12 sequences ----
+smallnb=$(printf '%s\n' "$small" | sed 's/--batch 4 //')
+tr 2 --text "$text" $smallnb --tp 1 --steps 6 --dp-batch 8,4 --csv "$T/het.csv"
+rc1=$rc
+tr 1 --text "$text" $smallnb --tp 1 --steps 6 --batch 12 --csv "$T/het1.csv"
+r=$(relmax "$(losses "$T/het1.csv" 1 6)" "$(losses "$T/het.csv" 1 6)")
+if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--dp-batch 8,4 over 2 DP ranks (gradients weighted by tokens) = one rank with --batch 12 over 6 steps (max relative difference $r)"
+else fail "--dp-batch 8,4 over 2 DP ranks = one rank with --batch 12 (max relative difference $r)"; fi
+tr 4 --text "$text" $smallnb --tp 2 --steps 6 --dp-batch 2,6 --sequence-parallel --csv "$T/het2.csv"
+rc1=$rc
+tr 2 --text "$text" $smallnb --tp 2 --steps 6 --batch 8 --sequence-parallel --csv "$T/het3.csv"
+r=$(relmax "$(losses "$T/het3.csv" 1 6)" "$(losses "$T/het2.csv" 1 6)")
+if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--dp-batch 2,6 at DP 2 x TP 2 (SP) = TP 2 with --batch 8 over 6 steps (max relative difference $r)"
+else fail "--dp-batch 2,6 at DP 2 x TP 2 = TP 2 with --batch 8 (max relative difference $r)"; fi
 
 # ---- bf16 mixed precision (f32 master weights, bf16 copy remade after every step) -----------------
 tr 2 --text "$text" $small --tp 2 --steps 30 --dtype f32 --csv "$T/f32.csv"
@@ -190,6 +206,9 @@ n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: .*Adasum needs a power-o
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: --dp-reduce adasum at DP 3"; else fail "bad input: --dp-reduce adasum at DP 3 (exit $rc)"; fi
 bad "--dp-reduce with ZeRO-1" "ZeRO-1 with Adasum" --text "$text" $small --tp 1 --dp-reduce adasum --zero 1
 bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
+bad "--dp-batch with the wrong count" "list \"8,4,2\": 3 sizes for 2 DP ranks" --text "$text" $small --tp 1 --dp-batch 8,4,2
+bad "--dp-batch not numbers" "expected 2 comma-separated micro-batch sizes" --text "$text" $small --tp 1 --dp-batch 8,x
+bad "--dp-batch with a zero size" "expected 2 comma-separated micro-batch sizes of 1..1000000" --text "$text" $small --tp 1 --dp-batch 0,4
 bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
 bad "--arch unknown" "--arch: expected gpt2 or llama, got \"mamba\"" --text "$text" $small --arch mamba
 bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2

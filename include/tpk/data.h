@@ -8,7 +8,8 @@
  * Batches (llm.c's loader): batch k of DP rank d of dp ranks reads the B*S + 1 tokens at
  *   window w = (k dp + d) mod W, W = (n - 1) / (B S) windows, offset w B S; inputs are tokens
  *   [i, i + B S), targets the next token of each. Batch k is a function of k alone, so a
- *   resume sees the same batches.
+ *   resume sees the same batches. With micro-batch sizes per DP rank (tpk_data_dp_batches) rank d
+ *   reads sequences k Btot + off_d .. + B_d: the group reads one Btot-sequence batch.
  * Errors name the file: TPK_ERR_IO (cannot open or read), TPK_ERR_FORMAT (bad magic, version,
  * length, token), TPK_ERR_SHAPE (too little data for one batch). Host memory only; no
  * communication. */
@@ -140,19 +141,52 @@ static inline tpk_status tpk_data_load_text(tpk_ctx *ctx, const char *path, int6
     return s;
 }
 
-/* Batch k of DP rank d (of dp): x, y [B S] host int32. */
-static inline tpk_status tpk_data_batch(tpk_ctx *ctx, const tpk_tokens *t, int64_t k, int dp, int d, int64_t B, int64_t S, int32_t *x, int32_t *y) {
+/* The B sequences of S tokens starting at sequence q (taken modulo the whole B-sequence windows
+ * the data holds, W = (n - 1) / (B S)): x, y [B S] host int32, targets the next tokens. */
+static inline tpk_status tpk_data_batch_seq(tpk_ctx *ctx, const tpk_tokens *t, int64_t q, int64_t B, int64_t S, int32_t *x, int32_t *y) {
     static const char *fn = "tpk_data_batch";
     if (!ctx) return TPK_ERR_ARG;
     if (!t || !t->tok || !x || !y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "t, x, y: expected buffers, got NULL");
-    if (B < 1 || S < 1 || dp < 1 || d < 0 || d >= dp || k < 0)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "B, S, k, dp, d: expected B, S >= 1, k >= 0, 0 <= d < dp, got %lld, %lld, %lld, %d, %d", (long long)B,
-                         (long long)S, (long long)k, dp, d);
+    if (B < 1 || S < 1 || q < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "B, S, q: expected B, S >= 1, q >= 0, got %lld, %lld, %lld", (long long)B, (long long)S, (long long)q);
     int64_t span = B * S;
     if (t->n < span + 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "the data holds %lld tokens, fewer than B x S + 1 = %lld", (long long)t->n, (long long)span + 1);
-    int64_t windows = (t->n - 1) / span, w = (k * dp + d) % windows;
-    const int32_t *p = t->tok + w * span;
+    int64_t windows = (t->n - 1) / span;
+    const int32_t *p = t->tok + (q % (windows * B)) * S;
     for (int64_t i = 0; i < span; i++) x[i] = p[i], y[i] = p[i + 1];
+    return TPK_OK;
+}
+/* Batch k of DP rank d (of dp): x, y [B S] host int32 (window k dp + d). */
+static inline tpk_status tpk_data_batch(tpk_ctx *ctx, const tpk_tokens *t, int64_t k, int dp, int d, int64_t B, int64_t S, int32_t *x, int32_t *y) {
+    if (ctx && (dp < 1 || d < 0 || d >= dp || k < 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_data_batch", "B, S, k, dp, d: expected B, S >= 1, k >= 0, 0 <= d < dp, got %lld, %lld, %lld, %d, %d", (long long)B,
+                         (long long)S, (long long)k, dp, d);
+    return tpk_data_batch_seq(ctx, t, (k * dp + d) * B, B, S, x, y);
+}
+
+/* Heterogeneous data parallelism (HetSeq): the DP ranks' micro-batch sizes as a list "8,8,4"
+ * (one per DP rank; NULL or "": every rank B). This DP rank's size *Bd, the sequences of the ranks
+ * before it *off, and the step's total *Btot: step k's micro-batch of this rank is sequences
+ * k Btot + off .. + Bd (tpk_data_batch_seq), so the DP group reads what one rank with Btot would,
+ * and weighting each rank's mean loss by Bd / Btot makes the summed gradient that rank's. */
+static inline tpk_status tpk_data_dp_batches(tpk_ctx *ctx, const char *list, int64_t B, int64_t *Bd, int64_t *off, int64_t *Btot) {
+    static const char *fn = "tpk_data_dp_batches";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!Bd || !off || !Btot) return tpk__fail(ctx, TPK_ERR_ARG, fn, "Bd, off, Btot: NULL");
+    int d = ctx->dp.size, r = ctx->dp.rank, n = 0;
+    *Bd = B, *off = (int64_t)r * B, *Btot = (int64_t)d * B;
+    if (!list || !list[0]) return B >= 1 ? TPK_OK : tpk__fail(ctx, TPK_ERR_ARG, fn, "B: expected >= 1, got %lld", (long long)B);
+    *Btot = 0;
+    for (const char *p = list;; n++) {
+        char *end = NULL;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v < 1 || v > 1000000 || (*end && *end != ','))
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "list \"%s\": expected %d comma-separated micro-batch sizes of 1..1000000 (one per DP rank)", list, d);
+        if (n == r) *Bd = v, *off = *Btot;
+        *Btot += v;
+        if (!*end) break;
+        p = end + 1;
+    }
+    if (n + 1 != d) return tpk__fail(ctx, TPK_ERR_ARG, fn, "list \"%s\": %d sizes for %d DP ranks", list, n + 1, d);
     return TPK_OK;
 }
 
