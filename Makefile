@@ -93,7 +93,7 @@ cuda-check:
 	 else out=$$($$py tests/gpu/emulate.py) || { echo "$$out"; exit 1; }; \
 	 echo "cuda-check: CPU emulation of the attention tiling and the GEMM mapping (tests/gpu/emulate.py): $$(echo "$$out" | tail -1)"; fi
 
-$(B)/tests/%: tests/%.c tests/test.h $(HEADERS) $(B)/libtpk_host.a
+$(B)/tests/%: tests/%.c tests/test.h tests/tp_layer.h $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 

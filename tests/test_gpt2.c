@@ -207,6 +207,17 @@ int main(int argc, char **argv) {
     }
 
     for (int sp = 0; sp < 2; sp++)
+        for (int bf = 0; bf < 2; bf++)
+            TEST_CASE("GPT-2 model (L=4, dropout 0.1%s%s) with full activation recompute at t=%d: loss and every gradient bit-identical, peak memory lower",
+                      sp ? ", SP" : "", bf ? ", bf16" : "", np) {
+                tpk_model_config mc;
+                memset(&mc, 0, sizeof mc);
+                mc.arch = TPK_ARCH_GPT2;
+                mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 4, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp};
+                test_recompute(&world, np, bf ? TPK_BF16 : TPK_F32, &mc, ids, tg, B, S);
+            }
+
+    for (int sp = 0; sp < 2; sp++)
         TEST_CASE("GPT-2 model in bf16 (mixed precision)%s at t=%d: loss and every gradient within bf16 tolerance of the f32 model", sp ? " SP" : "", np) {
             tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp};
             tpk_ctx c16, c32;

@@ -190,6 +190,8 @@ typedef struct test_model_result {
     float loss;
     double norm;
     float *grad[64];
+    size_t numel[64]; /* of grad[i] */
+    size_t peak;      /* the most bytes the kit's buffers held in the forward and backward */
     int n;
     tpk_comm_stats fwd, bwd;
 } test_model_result;
@@ -207,12 +209,14 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     if (test__fails_case > f0) return 1;
     test_set_weights(ctx, 11, 0.3f);
     ctx->rng_step = step;
+    tpk_mem_peak(ctx, true); /* from here: the step's activations over the parameters */
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids, tg, B, S, &o->loss));
     o->fwd = ctx->tp.stats;
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_model_backward(ctx, &m, 1.0f));
     o->bwd = ctx->tp.stats;
+    o->peak = tpk_mem_peak(ctx, false);
     int64_t V = tpk_model_vocab(&m);
     int bad = 0;
     for (int w = 0; w < ctx->params.n; w++) { /* a padded vocabulary: no gradient in the padding rows */
@@ -233,6 +237,7 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
     CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
     o->n = test_gather_grads(ctx, o->grad, 64);
+    for (int i = 0; i < o->n; i++) o->numel[i] = tpk_param_global_numel(ctx, i);
     tpk_model_destroy(ctx, &m);
     return test__fails_case > f0;
 }
@@ -248,6 +253,33 @@ static inline void test_compare_models(tpk_ctx *sh, const test_model_result *a, 
         double e = test_relerr(a->grad[i], b->grad[i], tpk_param_global_numel(sh, i));
         CHECK(e < gtol, "gradient of %s: relative error %.3g >= %.3g", sh->params.list[i].name, e, gtol);
     }
+}
+
+/* Full activation recompute (cfg with recompute = FULL) against none on fresh contexts of the same
+ * mesh: the loss and every gradient bit-identical, and the peak of the kit's buffers during the
+ * forward and backward lower. */
+static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt, const tpk_model_config *cfg, const int32_t *ids, const int32_t *tg, int64_t B,
+                                  int64_t S) {
+    test_model_result r[2];
+    size_t peak[2] = {0, 0};
+    int failed = 0;
+    for (int k = 0; k < 2; k++) {
+        tpk_ctx c;
+        tpk_model_config mc = *cfg;
+        mc.gpt2.recompute = mc.llama.recompute = k ? TPK_RECOMPUTE_FULL : TPK_RECOMPUTE_NONE;
+        CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = world, .tp = tp, .seed = 3, .dtype = dt}));
+        failed |= test_run_model(&c, &mc, 5, ids, tg, B, S, &r[k]);
+        peak[k] = r[k].peak;
+        tpk_ctx_destroy(&c);
+    }
+    if (!failed) {
+        CHECK(r[0].loss == r[1].loss, "loss %.9g, with recompute %.9g", (double)r[0].loss, (double)r[1].loss);
+        CHECK(r[0].n == r[1].n, "%d parameters, with recompute %d", r[0].n, r[1].n);
+        for (int i = 0; i < r[0].n && i < r[1].n; i++) CHECK(!memcmp(r[0].grad[i], r[1].grad[i], 4 * r[0].numel[i]), "gradient %d differs with recompute", i);
+        CHECK(peak[1] < peak[0], "peak memory %zu bytes with full recompute, %zu without", peak[1], peak[0]);
+        if (getenv("TPK_TEST_VERBOSE") && test__rank == 0) printf("  peak memory: %zu bytes, %zu with full recompute\n", peak[0], peak[1]);
+    }
+    test_model_result_free(&r[0]), test_model_result_free(&r[1]);
 }
 
 #endif /* TPK_TEST_TP_LAYER_H */

@@ -10,15 +10,25 @@
 /* Grow a backend buffer to at least `bytes` (contents are not kept). */
 static inline tpk_status tpk__buf_reserve(tpk_ctx *ctx, tpk_buf *b, size_t bytes) {
     if (b->bytes >= bytes && b->p) return TPK_OK;
-    if (b->p) tpk_op_free(ctx, b->p);
+    if (b->p) tpk_op_free(ctx, b->p), ctx->mem -= b->bytes;
     b->p = NULL, b->bytes = 0;
     TPK_TRY(tpk_op_alloc(ctx, bytes ? bytes : 1, &b->p));
     b->bytes = bytes;
+    ctx->mem += bytes;
+    if (ctx->mem > ctx->mem_peak) ctx->mem_peak = ctx->mem;
     return TPK_OK;
 }
 static inline void tpk__buf_free(tpk_ctx *ctx, tpk_buf *b) {
-    if (b->p) tpk_op_free(ctx, b->p);
+    if (b->p) tpk_op_free(ctx, b->p), ctx->mem -= b->bytes;
     b->p = NULL, b->bytes = 0;
+}
+/* The most bytes the kit's buffers held at once since the context began (or since reset = true
+ * last): parameters, gradients, activations and scratch — the allocator's high-water mark, in
+ * backend memory (device memory on a GPU). The optimizer's moments are outside it. */
+static inline size_t tpk_mem_peak(tpk_ctx *ctx, bool reset) {
+    size_t p = ctx->mem_peak;
+    if (reset) ctx->mem_peak = ctx->mem;
+    return p;
 }
 
 /* A view of a layer-owned buffer, grown to fit `t`'s local shape; sets t->data. */

@@ -26,6 +26,7 @@
 #include "embed.h"
 #include "mlp.h"
 #include "norm.h"
+#include "recompute.h"
 #include "resid.h"
 #include "xent.h"
 
@@ -143,6 +144,8 @@ typedef struct tpk_gpt2_config {
     float init_std;         /* default 0.02; the c_proj weights use init_std / sqrt(2 L) */
     int64_t vocab_multiple; /* wte's shards padded to a multiple of this many rows (tpk/embed.h), so
                                the LM head's GEMMs have aligned leading dimensions; 0: 64, < 0: none */
+    tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: keep only each block's input, run its forward
+                               again in the backward (tpk/recompute.h); the same numbers */
 } tpk_gpt2_config;
 
 typedef struct tpk_gpt2 {
@@ -164,7 +167,29 @@ typedef struct tpk_gpt2 {
      * reduction while the rest of the backward runs. A failing status stops the backward. */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
+    tpk_buf *ckpt, grad;    /* under full recompute: the blocks' inputs [L + 1], a gradient */
 } tpk_gpt2;
+
+/* The blocks as a stack (tpk/recompute.h). */
+static inline tpk_status tpk__gpt2_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x, tpk_tensor *y) {
+    tpk_gpt2 *g = (tpk_gpt2 *)m;
+    return tpk_gpt2_block_forward(ctx, &g->h[i], x, g->B, g->S, y);
+}
+static inline tpk_status tpk__gpt2_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk_gpt2_block_backward(ctx, &((tpk_gpt2 *)m)->h[i], dy, dx);
+}
+static inline void tpk__gpt2_release(tpk_ctx *ctx, void *m, int64_t i) { tpk_gpt2_block_destroy(ctx, &((tpk_gpt2 *)m)->h[i]); }
+static inline tpk_status tpk__gpt2_ready(tpk_ctx *ctx, void *m, int64_t i) {
+    tpk_gpt2 *g = (tpk_gpt2 *)m;
+    return g->grad_ready ? g->grad_ready(ctx, g->h[i].p0, g->h[i].p1, g->grad_ready_user) : TPK_OK;
+}
+static inline tpk__stack tpk__gpt2_stack(tpk_gpt2 *m) {
+    tpk__stack st;
+    memset(&st, 0, sizeof st);
+    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.ckpt = m->ckpt;
+    st.fwd = tpk__gpt2_fwd, st.bwd = tpk__gpt2_bwd, st.release = tpk__gpt2_release, st.ready = tpk__gpt2_ready;
+    return st;
+}
 
 static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_init";
@@ -179,8 +204,12 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of cfg->heads = %lld, got %lld", (long long)c.heads,
                          (long long)c.hidden);
     if (!(c.dropout >= 0.0f && c.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->dropout: expected 0 <= p < 1, got %g", (double)c.dropout);
+    if ((unsigned)c.recompute >= (unsigned)TPK_RECOMPUTE_COUNT)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE or _FULL, got %d", (int)c.recompute);
     if (c.init_std <= 0) c.init_std = 0.02f;
     m->c = c;
+    m->ckpt = (tpk_buf *)calloc((size_t)c.layers + 1, sizeof *m->ckpt);
+    if (!m->ckpt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld checkpoints", (long long)c.layers + 1);
     bool sp = c.sequence_parallel;
     tpk_embedding_desc ed;
     memset(&ed, 0, sizeof ed);
@@ -220,6 +249,7 @@ static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
     tpk_embedding_destroy(ctx, &m->wte);
     for (int64_t i = 0; m->h && i < m->c.layers; i++) tpk_gpt2_block_destroy(ctx, &m->h[i]);
     free(m->h), m->h = NULL;
+    tpk__stack_free(ctx, m->ckpt, m->c.layers, &m->grad), free(m->ckpt), m->ckpt = NULL;
     tpk_layernorm_destroy(ctx, &m->ln_f), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
     tpk_dropout_destroy(ctx, &m->drop);
 }
@@ -245,7 +275,8 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
     TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &x)); /* checks ids, S */
     m->B = B, m->S = S;
     TPK_TRY(tpk_dropout_forward(ctx, &m->drop, &x)); /* in place: the embedding does not keep its output */
-    for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_gpt2_block_forward(ctx, &m->h[i], x, B, S, &x));
+    tpk__stack st = tpk__gpt2_stack(m);
+    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (full recompute: their inputs kept only) */
     TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
     if (!targets) return TPK_OK;
@@ -267,10 +298,11 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
     TPK_TRY(tpk_col_linear_backward(ctx, &m->lm_head, g, &g)); /* into wte's gradient */
     TPK_TRY(tpk_layernorm_backward(ctx, &m->ln_f, g, &g));
     if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->ln_f.w, m->ln_f.b, m->grad_ready_user));
-    for (int64_t i = m->c.layers - 1; i >= 0; i--) {
-        TPK_TRY(tpk_gpt2_block_backward(ctx, &m->h[i], g, &g));
-        if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->h[i].p0, m->h[i].p1, m->grad_ready_user));
-    }
+    tpk__stack st = tpk__gpt2_stack(m);
+    st.grad = m->grad;
+    tpk_status s = tpk__stack_backward(ctx, &st, g, &g); /* each block from the last (full recompute: its forward again first) */
+    m->grad = st.grad;
+    TPK_TRY(s);
     TPK_TRY(tpk_dropout_backward_inplace(ctx, &m->drop, &g)); /* g: block 0's input gradient, used only here */
     TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));
     if (m->grad_ready) {

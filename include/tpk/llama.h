@@ -25,6 +25,7 @@
 #include "embed.h"
 #include "mlp.h"
 #include "norm.h"
+#include "recompute.h"
 #include "resid.h"
 #include "xent.h"
 
@@ -142,6 +143,7 @@ typedef struct tpk_llama_config {
     bool sequence_parallel;
     float init_std;         /* default 0.02 (Hugging Face's initializer_range) */
     int64_t vocab_multiple; /* shards padded to a multiple of this many rows; 0: 64, < 0: none */
+    tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: each block's forward again in the backward */
 } tpk_llama_config;
 
 typedef struct tpk_llama {
@@ -159,7 +161,29 @@ typedef struct tpk_llama {
      * for this backward (lm_head when untied, norm, each layer from the last, embed_tokens). */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
+    tpk_buf *ckpt, grad;     /* under full recompute: the blocks' inputs [L + 1], a gradient */
 } tpk_llama;
+
+/* The blocks as a stack (tpk/recompute.h). */
+static inline tpk_status tpk__llama_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x, tpk_tensor *y) {
+    tpk_llama *l = (tpk_llama *)m;
+    return tpk_llama_block_forward(ctx, &l->layers[i], x, l->B, l->S, y);
+}
+static inline tpk_status tpk__llama_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk_llama_block_backward(ctx, &((tpk_llama *)m)->layers[i], dy, dx);
+}
+static inline void tpk__llama_release(tpk_ctx *ctx, void *m, int64_t i) { tpk_llama_block_destroy(ctx, &((tpk_llama *)m)->layers[i]); }
+static inline tpk_status tpk__llama_ready(tpk_ctx *ctx, void *m, int64_t i) {
+    tpk_llama *l = (tpk_llama *)m;
+    return l->grad_ready ? l->grad_ready(ctx, l->layers[i].p0, l->layers[i].p1, l->grad_ready_user) : TPK_OK;
+}
+static inline tpk__stack tpk__llama_stack(tpk_llama *m) {
+    tpk__stack st;
+    memset(&st, 0, sizeof st);
+    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.ckpt = m->ckpt;
+    st.fwd = tpk__llama_fwd, st.bwd = tpk__llama_bwd, st.release = tpk__llama_release, st.ready = tpk__llama_ready;
+    return st;
+}
 
 /* Llama's default intermediate size for hidden H: 2/3 of 4 H, up to a multiple of 256. */
 static inline int64_t tpk_llama_default_ffn(int64_t H) {
@@ -186,10 +210,14 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden / cfg->heads: rotary embeddings need an even head size, got %lld", (long long)(c.hidden / c.heads));
     if (c.ffn < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->ffn: expected >= 1 (0 = Llama's default), got %lld", (long long)c.ffn);
     if (!c.ffn) c.ffn = tpk_llama_default_ffn(c.hidden);
+    if ((unsigned)c.recompute >= (unsigned)TPK_RECOMPUTE_COUNT)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE or _FULL, got %d", (int)c.recompute);
     if (c.init_std <= 0) c.init_std = 0.02f;
     if (c.rope_theta == 0) c.rope_theta = 10000.0f;
     if (c.norm_eps == 0) c.norm_eps = 1e-6f;
     m->c = c;
+    m->ckpt = (tpk_buf *)calloc((size_t)c.layers + 1, sizeof *m->ckpt);
+    if (!m->ckpt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld checkpoints", (long long)c.layers + 1);
     bool sp = c.sequence_parallel;
     tpk_embedding_desc ed;
     memset(&ed, 0, sizeof ed);
@@ -233,6 +261,7 @@ static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
     tpk_embedding_destroy(ctx, &m->embed);
     for (int64_t i = 0; m->layers && i < m->c.layers; i++) tpk_llama_block_destroy(ctx, &m->layers[i]);
     free(m->layers), m->layers = NULL;
+    tpk__stack_free(ctx, m->ckpt, m->c.layers, &m->grad), free(m->ckpt), m->ckpt = NULL;
     tpk_rmsnorm_destroy(ctx, &m->norm), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
 }
 
@@ -250,7 +279,8 @@ static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int
     tpk_tensor x;
     TPK_TRY(tpk_embedding_forward(ctx, &m->embed, ids, B, S, &x)); /* checks ids, B, S */
     m->B = B, m->S = S;
-    for (int64_t i = 0; i < m->c.layers; i++) TPK_TRY(tpk_llama_block_forward(ctx, &m->layers[i], x, B, S, &x));
+    tpk__stack st = tpk__llama_stack(m);
+    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (full recompute: their inputs kept only) */
     TPK_TRY(tpk_rmsnorm_forward(ctx, &m->norm, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, Vp_r] */
     if (!targets) return TPK_OK;
@@ -272,10 +302,11 @@ static inline tpk_status tpk_llama_backward(tpk_ctx *ctx, tpk_llama *m, float sc
     if (m->grad_ready && !m->c.tie_embeddings) TPK_TRY(m->grad_ready(ctx, m->head_w, m->head_w, m->grad_ready_user));
     TPK_TRY(tpk_rmsnorm_backward(ctx, &m->norm, g, &g));
     if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->norm.w, m->norm.w, m->grad_ready_user));
-    for (int64_t i = m->c.layers - 1; i >= 0; i--) {
-        TPK_TRY(tpk_llama_block_backward(ctx, &m->layers[i], g, &g));
-        if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->layers[i].p0, m->layers[i].p1, m->grad_ready_user));
-    }
+    tpk__stack st = tpk__llama_stack(m);
+    st.grad = m->grad;
+    tpk_status s = tpk__stack_backward(ctx, &st, g, &g); /* each block from the last (full recompute: its forward again first) */
+    m->grad = st.grad;
+    TPK_TRY(s);
     TPK_TRY(tpk_embedding_backward(ctx, &m->embed, g));
     if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->embed.wte, m->embed.wte, m->grad_ready_user)); /* tied: the head's too */
     return TPK_OK;
