@@ -23,7 +23,7 @@
 #endif
 
 typedef struct opts {
-    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch;
+    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
     bool sp, eval_only, profile;
@@ -36,7 +36,7 @@ static const char *usage =
     "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
     "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
-    "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two)\n"
+    "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two) --recompute none|full\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
@@ -56,7 +56,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
 #define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
         o->f = (float)x; i++; continue; }
-        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch)
+        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
         INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
         INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
@@ -78,6 +78,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
     if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
     if (o->dp_reduce && strcmp(o->dp_reduce, "mean") && strcmp(o->dp_reduce, "adasum")) return snprintf(err, n, "--dp-reduce: expected mean or adasum, got \"%s\"", o->dp_reduce), 1;
+    if (o->recompute && strcmp(o->recompute, "none") && strcmp(o->recompute, "full")) return snprintf(err, n, "--recompute: expected none or full, got \"%s\"", o->recompute), 1;
     if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d", o->zero), 1;
     if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama")) return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
     return 0;
@@ -165,6 +166,7 @@ int main(int argc, char **argv) {
                                       .ffn = o.ffn, .rope_theta = o.rope_theta, .norm_eps = o.norm_eps, .label_smoothing = o.smoothing, .sequence_parallel = o.sp}};
     if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
     bool llama = cfg.arch == TPK_ARCH_LLAMA;
+    cfg.gpt2.recompute = cfg.llama.recompute = o.recompute && !strcmp(o.recompute, "full") ? TPK_RECOMPUTE_FULL : TPK_RECOMPUTE_NONE;
     int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab, *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions; if (!*P) *P = o.seq;
     FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)), "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load, tpk_arch_name(cfg.arch));
     FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");
@@ -231,7 +233,7 @@ int main(int argc, char **argv) {
     tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
     if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum after the backward */
-    double t_start = now(); int64_t t0step = opt.step;
+    double t_start = now(); int64_t t0step = opt.step; tpk_mem_peak(&ctx, true); /* the peak from here: training */
     for (int64_t step = opt.step; step < o.steps; step++) {
         double t0 = now(), lsum = 0, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
@@ -278,7 +280,8 @@ int main(int argc, char **argv) {
         tpk_log_row(&csv, opt.step, l, vl, lr, norm);
         if (o.profile) TRY(ctx.prof ? tpk_profile_step(&ctx) : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
     }
-    if (world_rank == 0 && o.steps > 0) printf("trained steps %lld..%d in %.1f s\n", (long long)(t0step + 1), o.steps, now() - t_start);
+    if (world_rank == 0 && o.steps > 0) /* the kit's buffers at most: parameters, gradients, activations, scratch (backend memory) */
+        printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n", (long long)(t0step + 1), o.steps, now() - t_start, tpk_mem_peak(&ctx, false) / 1e6, tpk_recompute_name(cfg.gpt2.recompute));
     if (ctx.prof && !ctx.prof->from_env && world_rank == 0) tpk_profile_print(&ctx, stdout); /* rank 0 only: no TRY (it agrees over ranks) */
     tpk_log_close(&csv, true); /* and FILE.png where gnuplot is installed */
     if (o.save) {
