@@ -2,9 +2,12 @@
  * bf16 storage, f32 accumulation and mma.sync m16n8k16 (sm_80 and later), head dims 64 and 128.
  * Included by ops_cuda_layers.cu, which keeps the generic kernels for f32 and other head dims.
  *
- * Layouts (the op's contract, tpk/ops.h): qkv [B, S, 3, Al, D] (Q, K, V of local head h at column
- * blocks h, Al + h, 2 Al + h of a row of 3 Al D), out [B, S, Al, D], lse [B, Al, S] = natural log
- * of sum_j exp(scale q_i . k_j), dqkv like qkv, Dr [B, Al, S] = rowsum(dO * O).
+ * Layouts (the op's contract, tpk/ops.h): qkv [B, S, Al + 2 Gl, D] (grouped-query: A query heads
+ * over G key/value heads; the local query head h reads local key/value head kv(h) =
+ * (head0 + h) / (A / G) - g0, g0 = head0 / (A / G); Q of h at column block h, K and V of kv at
+ * Al + kv and Al + Gl + kv; G = A: Gl = Al, kv(h) = h), out [B, S, Al, D], lse [B, Al, S] =
+ * natural log of sum_j exp(scale q_i . k_j), dqkv like qkv, Dr [B, Al, S] = rowsum(dO * O).
+ * tpk__fl_heads gives Gl, g0 and the group size.
  *
  * Forward (tpk__flash_fwd): a block of 4 warps owns 64 query rows of one (b, h), warp w the rows
  * 16 w .. 16 w + 15 with their Q fragments in registers. Key/value tiles of 64 rows are staged
@@ -13,7 +16,9 @@
  *   l' = l e^(scale (m - m')) + rowsum P                           O' = O e^(scale (m - m')) + (P keep) V
  * and at the end O / l and lse = scale m + ln l. Tiles above a warp's diagonal are skipped.
  * Backward (after Dr):
- *   tpk__flash_dkv: a block owns 64 keys (16 per warp) and streams the query tiles at or after them:
+ *   tpk__flash_dkv: a block owns 64 keys (16 per warp) of one key/value head and streams the query
+ *     tiles at or after them, of every local query head that reads that head in turn (one pipeline
+ *     over (head, tile)), so a shared head's dK, dV sum over its query heads in registers:
  *     P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
  *     dV += (P^T keep) dO,  dK += scale dS^T Q
  *   tpk__flash_dq: a block owns 64 queries and streams the key tiles at or before them,
@@ -197,11 +202,22 @@ __device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)
 
 #define TPK__FL_LOG2E 1.4426950408889634f
 
+/* Grouped-query attention: the group size A / G, the first local key/value head g0 = head0 / grp
+ * and the local key/value heads Gl (tpk_attn_kv_heads), as the kernels need them. */
+struct tpk__fl_heads {
+    int64_t grp, g0, Gl, ld; /* ld = (Al + 2 Gl) D: a row of qkv */
+};
+__device__ __forceinline__ tpk__fl_heads tpk__fl_heads_of(int64_t Al, int64_t A, int64_t G, int64_t head0, int64_t D) {
+    tpk__fl_heads r;
+    r.grp = A / G, r.g0 = head0 / r.grp, r.Gl = Al > 0 ? (head0 + Al - 1) / r.grp - r.g0 + 1 : 0, r.ld = (Al + 2 * r.Gl) * D;
+    return r;
+}
+
 /* grid (ceil(S / 64), Al, B): block x owns query rows q0 = (gridDim.x - 1 - x) 64 .. q0 + 63, the
  * longest rows first. out [B, S, Al, D], lse [B, Al, S]. */
 template <int D, bool DROP>
 __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al,
-                                                                  int64_t A, int64_t head0, float scale, float p, uint64_t seed,
+                                                                  int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed,
                                                                   uint64_t stream) {
     constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8;
     constexpr int TILE = TPK__FL_ROWS * LD;
@@ -209,8 +225,12 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     uint16_t *Kb = Qs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
-    int64_t ld3 = 3 * Al * D;
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D;
+    int64_t ld3, kvo, vo; /* a row of qkv; the columns of K and V of the key/value head query head h reads */
+    {
+        tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
+        ld3 = hd.ld, kvo = (Al + (head0 + h) / hd.grp - hd.g0) * D, vo = hd.Gl * D;
+    }
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo, *V = K + vo;
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
     tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
@@ -265,27 +285,31 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     }
 }
 
-/* grid (ceil(S / 64), Al, B): block x owns keys k0 = 64 x .. k0 + 63 (block 0 has the most query
- * tiles and starts first), warp w the keys k0 + 16 w .. + 15. Writes dK, dV of dqkv. */
+/* grid (ceil(S / 64), Gl, B): block x owns keys k0 = 64 x .. k0 + 63 of local key/value head y (block
+ * 0 has the most query tiles and starts first), warp w the keys k0 + 16 w .. + 15; the query tiles
+ * of each local query head reading head y in turn. Writes dK, dV of dqkv. */
 template <int D, bool DROP>
 __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv,
                                                                   const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t A,
-                                                                  int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+                                                                  int64_t G, int64_t head0, float scale, float p, uint64_t seed,
+                                                                  uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8;
     TPK__FL_SMEM(uint16_t, Ks); /* [64][LD] each: K, V of the block's keys */
     uint16_t *Vs = Ks + TILE, *Qb = Vs + TILE, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
     float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int64_t b = blockIdx.z, h = blockIdx.y, k0 = (int64_t)blockIdx.x * TPK__FL_KEYS;
-    int64_t ld3 = 3 * Al * D, ldo = Al * D;
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D, *dO = dout + b * S * ldo + h * D;
-    const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
-    int ntiles = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1; /* query tiles k0 .. S - 1 */
-    auto stage_q = [&](int it) {                      /* query tile it into buffer it % 2 */
-        int64_t q0 = k0 + (int64_t)it * TPK__FL_ROWS;
-        int buf = it & 1;
-        tpk__fl_stage<D>(Qb + buf * TILE, Q, ld3, q0, S);
-        tpk__fl_stage<D>(dOb + buf * TILE, dO, ldo, q0, S);
+    int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * TPK__FL_KEYS;
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
+    int64_t ld3 = hd.ld, ldo = Al * D, gk = hd.g0 + kv; /* the global key/value head */
+    int h0 = (int)((gk * hd.grp > head0 ? gk * hd.grp : head0) - head0), h1 = (int)(((gk + 1) * hd.grp < head0 + Al ? (gk + 1) * hd.grp : head0 + Al) - head0);
+    const uint16_t *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D;
+    int ntq = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1; /* query tiles k0 .. S - 1 of one query head */
+    int ntiles = ntq * (h1 - h0);                      /* over the local query heads h0 .. h1 - 1 reading this head */
+    auto stage_q = [&](int h, int tq, int buf) {      /* tile tq of query head h into buffer buf */
+        int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
+        const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
+        tpk__fl_stage<D>(Qb + buf * TILE, qkv + b * S * ld3 + h * D, ld3, q0, S);
+        tpk__fl_stage<D>(dOb + buf * TILE, dout + b * S * ldo + h * D, ldo, q0, S);
         for (int r = (int)threadIdx.x; r < TPK__FL_ROWS; r += TPK__FL_THREADS) {
             Lb[buf * TPK__FL_ROWS + r] = q0 + r < S ? Lh[q0 + r] : 0.0f;
             Db[buf * TPK__FL_ROWS + r] = q0 + r < S ? Dh[q0 + r] : 0.0f;
@@ -293,7 +317,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
     };
     tpk__fl_stage<D>(Ks, K, ld3, k0, S);
     tpk__fl_stage<D>(Vs, V, ld3, k0, S);
-    stage_q(0);
+    stage_q(h0, 0, 0);
     tpk__fl_commit();
     tpk__fl_wait_all();
     __syncthreads();
@@ -301,16 +325,16 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     int64_t wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
-    for (int it = 0; it < ntiles; it++) {
-        int64_t q0 = k0 + (int64_t)it * TPK__FL_ROWS;
+    for (int it = 0, h = h0, tq = 0; it < ntiles; it++) { /* tile tq of query head h */
+        int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
         const uint16_t *Qs = Qb + (it & 1) * TILE, *dOs = dOb + (it & 1) * TILE;
         const float *Ls = Lb + (it & 1) * TPK__FL_ROWS, *Ds = Db + (it & 1) * TPK__FL_ROWS;
-        if (it + 1 < ntiles) stage_q(it + 1); /* lands in the other buffer meanwhile */
+        if (it + 1 < ntiles) stage_q(tq + 1 < ntq ? h : h + 1, tq + 1 < ntq ? tq + 1 : 0, (it + 1) & 1); /* lands in the other buffer meanwhile */
         tpk__fl_commit();
         float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
         tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, g, t);
         tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, g, t);
-        bool edge = it == 0 || q0 + TPK__FL_ROWS > S; /* the diagonal tile, or S inside the tile */
+        bool edge = q0 == k0 || q0 + TPK__FL_ROWS > S; /* the diagonal tile, or S inside the tile */
         TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                 int c = 8 * nt + 2 * t + (e & 1);
                 int64_t i = q0 + c, j = wkey + g + 8 * (e >> 1);
@@ -327,11 +351,12 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
         tpk__fl_mma_cb<D>(dk, dpt, Qs, g, t); /* dK += dS^T Q (scaled at the end) */
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+        if (++tq == ntq) tq = 0, h++;
     }
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t j = wkey + g + 8 * r;
         if (j >= S) continue;
-        uint16_t *krow = dqkv + (b * S + j) * ld3 + Al * D + h * D + 2 * t, *vrow = krow + Al * D;
+        uint16_t *krow = dqkv + (b * S + j) * ld3 + (Al + kv) * D + 2 * t, *vrow = krow + hd.Gl * D;
         TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
             *reinterpret_cast<uint32_t *>(krow + 8 * dt) = tpk__fl_pack(scale * dk[dt][2 * r], scale * dk[dt][2 * r + 1]);
             *reinterpret_cast<uint32_t *>(vrow + 8 * dt) = tpk__fl_pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
@@ -343,15 +368,16 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
  * q0 + 16 w .. + 15. Writes dQ of dqkv. */
 template <int D, bool DROP>
 __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
-                                                                 const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t head0,
-                                                                 float scale, float p, uint64_t seed, uint64_t stream) {
+                                                                 const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G,
+                                                                 int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, ND = D / 8;
     TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] each: Q, dO of the block's queries */
     uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: K, V of key tile it in buffer it % 2 */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
-    int64_t ld3 = 3 * Al * D, ldo = Al * D;
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D, *dO = dout + b * S * ldo + h * D;
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
+    int64_t ld3 = hd.ld, ldo = Al * D, kv = (head0 + h) / hd.grp - hd.g0;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D, *dO = dout + b * S * ldo + h * D;
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1;
     tpk__fl_stage<D>(Qs, Q, ld3, q0, S);

@@ -1,8 +1,12 @@
 /* kernels/cuda/ops_cuda_layers.cu — the transformer-layer ops of the CUDA backend (contracts in
- * tpk/ops.h, reference in kernels/host/ops_host_layers.c): dropout, layernorm, embedding, the
- * cross-entropy pieces and flash-style causal attention.
+ * tpk/ops.h, reference in kernels/host/ops_host_layers.c): dropout, layernorm and RMSNorm,
+ * rotary embeddings, SwiGLU, embedding, the cross-entropy pieces and flash-style causal attention
+ * (grouped-query: a key/value head shared by several query heads read in place).
  *
  *   dropout    y = x keep / (1-p),  keep = uniform(seed, stream, global index) >= p
+ *   rmsnorm    the layernorm kernels with the mean taken as 0 and no bias
+ *   rope       one thread per (row, head, pair): (x_j, x_{j+D/2}) rotated by (row mod S) theta^(-2j/D)
+ *   swiglu     one thread per (row, j): silu(gate) up, and its two gradients
  *   layernorm  y = (x - mean) rstd w + b, rstd = 1/sqrt(var + eps): one warp per row, two passes
  *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w: one warp per row;
  *              dw += sum_i dy xh, db += sum_i dy: per chunk of rows, then the chunks in order —
@@ -67,7 +71,8 @@ enum { LN_WARPS = 4 };
 
 /* one warp per row: mean, then the variance around it (two passes, as the host), then y.
  * With r (the fused residual): x1 = x + r is written first (rounded to T, as the host stores it)
- * and the row's statistics are taken from x1; each lane reads back only what it wrote. */
+ * and the row's statistics are taken from x1; each lane reads back only what it wrote.
+ * RMSNorm is the same kernel with mean = NULL and b = NULL: the mean taken as 0, no bias. */
 template <class T>
 __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b, int64_t rows, int64_t cols,
                               float eps, T *x1, const T *r) {
@@ -80,15 +85,16 @@ __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const 
         x = x1;
     }
     float s = 0.0f;
-    for (int64_t j = lane; j < cols; j += 32) s += tpk__ldf(x, o + j);
-    float m = tpk__warp_sum(s) / (float)cols, s2 = 0.0f;
+    for (int64_t j = lane; j < cols && mean; j += 32) s += tpk__ldf(x, o + j);
+    float m = mean ? tpk__warp_sum(s) / (float)cols : 0.0f, s2 = 0.0f;
     for (int64_t j = lane; j < cols; j += 32) {
         float d = tpk__ldf(x, o + j) - m;
         s2 += d * d;
     }
     float rs = rsqrtf(tpk__warp_sum(s2) / (float)cols + eps);
-    for (int64_t j = lane; j < cols; j += 32) tpk__stf(y, o + j, (tpk__ldf(x, o + j) - m) * rs * w[j] + b[j]);
-    if (lane == 0) mean[i] = m, rstd[i] = rs;
+    for (int64_t j = lane; j < cols; j += 32) tpk__stf(y, o + j, (tpk__ldf(x, o + j) - m) * rs * w[j] + (b ? b[j] : 0.0f));
+    if (lane == 0 && mean) mean[i] = m;
+    if (lane == 0) rstd[i] = rs;
 }
 static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const void *r, void *y, float *mean, float *rstd, const void *x,
                                 const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
@@ -122,12 +128,12 @@ __device__ __forceinline__ void ln_bwd_row(T *dx, const T *dy, const T *x, const
                                            int64_t cols, bool acc, float *pw, float *pb) {
     int lane = threadIdx.x & 31;
     size_t r = (size_t)i * (size_t)cols;
-    float mu = mean[i], rs = rstd[i], mg = 0.0f, mgx = 0.0f;
+    float mu = mean ? mean[i] : 0.0f, rs = rstd[i], mg = 0.0f, mgx = 0.0f; /* RMSNorm: mean NULL, no mean(g) term */
     for (int64_t j = lane; j < cols; j += 32) {
         float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
         mg += g, mgx += g * xh;
     }
-    mg = tpk__warp_sum(mg) / (float)cols, mgx = tpk__warp_sum(mgx) / (float)cols;
+    mg = mean ? tpk__warp_sum(mg) / (float)cols : 0.0f, mgx = tpk__warp_sum(mgx) / (float)cols;
     for (int64_t j = lane; j < cols; j += 32) {
         float xh = (tpk__ldf(x, r + j) - mu) * rs, d = tpk__ldf(dy, r + j), g = d * w[j];
         float v = rs * (g - mg - xh * mgx);
@@ -149,7 +155,7 @@ template <class T> struct ln_wb_elem {
     __device__ void operator()(int64_t i, int64_t j, float *v) const {
         size_t k = (size_t)(i * cols + j);
         float g = tpk__ldf(dy, k);
-        v[0] = g * (tpk__ldf(x, k) - mean[i]) * rstd[i];
+        v[0] = g * (tpk__ldf(x, k) - (mean ? mean[i] : 0.0f)) * rstd[i];
         v[1] = g;
     }
 };
@@ -160,7 +166,8 @@ static __global__ void ln_wb_final_kernel(float *dw, float *db, const float *par
             sw += part[((size_t)c * 2 + 0) * (size_t)cols + j];
             sb += part[((size_t)c * 2 + 1) * (size_t)cols + j];
         }
-        dw[j] += sw, db[j] += sb;
+        dw[j] += sw;
+        if (db) db[j] += sb; /* RMSNorm: no bias */
     }
 }
 /* The whole backward in one pass over dy and x (rows of up to LN_ONEPASS_COLS): block c takes the
@@ -226,6 +233,79 @@ static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *d
             (T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols, accumulate_dx);
     });
     return tpk__cuda_launched(ctx, fn);
+}
+
+/* RMSNorm: the layernorm kernels with mean = NULL (taken as 0, the mean(g) term dropped) and no bias */
+static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
+                                   tpk_dtype dt) {
+    return ln_fwd_launch(ctx, "cuda.rmsnorm_fwd", NULL, NULL, y, NULL, rstd, x, w, NULL, rows, cols, eps, dt);
+}
+static tpk_status cuda_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
+                                   int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+    return cuda_layernorm_bwd(ctx, dx, dw, NULL, dy, x, w, NULL, rstd, rows, cols, dt, accumulate_dx);
+}
+
+/* ---- rotary embedding, SwiGLU ---------------------------------------------------------------------- */
+
+/* one thread per (row, head, pair j < D/2): the angle in double, as the host */
+template <class T>
+__global__ void rope_kernel(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D, float theta, bool inverse) {
+    int64_t half = D / 2;
+    TPK__GRID_STRIDE(k, (size_t)(rows * heads * half)) {
+        int64_t j = (int64_t)(k % (size_t)half), h = (int64_t)(k / (size_t)half % (size_t)heads), i = (int64_t)(k / (size_t)(half * heads));
+        double a = (double)(i % S) * pow((double)theta, -2.0 * (double)j / (double)D);
+        float c = (float)cos(a), n = inverse ? -(float)sin(a) : (float)sin(a);
+        size_t xi = (size_t)(i * ldx + h * D + j), yi = (size_t)(i * ldy + h * D + j);
+        float x1 = tpk__ldf(x, xi), x2 = tpk__ldf(x, xi + half);
+        tpk__stf(y, yi, x1 * c - x2 * n);
+        tpk__stf(y, yi + half, x2 * c + x1 * n);
+    }
+}
+static tpk_status cuda_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D,
+                            float theta, bool inverse, tpk_dtype dt) {
+    static const char *fn = "cuda.rope";
+    size_t n = (size_t)(rows * heads * (D / 2));
+    if (!n) return TPK_OK;
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk__by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        rope_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, ldy, (const T *)x, ldx, rows, S, heads, D, theta, inverse);
+    });
+    return tpk__cuda_launched(ctx, fn);
+}
+
+/* SwiGLU, one thread per (row, j < F): forward h = silu(g) u; backward (dh given) dg, du written
+ * after both inputs are read (dgu may be gu) */
+template <class T>
+__global__ void swiglu_kernel(T *out, const T *gu, const T *dh, int64_t rows, int64_t F) {
+    TPK__GRID_STRIDE(k, (size_t)(rows * F)) {
+        int64_t i = (int64_t)(k / (size_t)F), j = (int64_t)(k % (size_t)F);
+        size_t a = (size_t)(i * 2 * F + j);
+        float g = tpk__ldf(gu, a), u = tpk__ldf(gu, a + F), sg = 1.0f / (1.0f + expf(-g));
+        if (!dh) {
+            tpk__stf(out, k, g * sg * u);
+            continue;
+        }
+        float d = tpk__ldf(dh, k);
+        tpk__stf(out, a, d * u * sg * (1.0f + g * (1.0f - sg)));
+        tpk__stf(out, a + F, d * g * sg);
+    }
+}
+static tpk_status swiglu_launch(tpk_ctx *ctx, const char *fn, void *out, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+    size_t n = (size_t)(rows * F);
+    if (!n) return TPK_OK;
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk__by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        swiglu_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)out, (const T *)gu, (const T *)dh, rows, F);
+    });
+    return tpk__cuda_launched(ctx, fn);
+}
+static tpk_status cuda_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
+    return swiglu_launch(ctx, "cuda.swiglu_fwd", h, gu, NULL, rows, F, dt);
+}
+static tpk_status cuda_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+    return swiglu_launch(ctx, "cuda.swiglu_bwd", dgu, gu, dh, rows, F, dt);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------------ */
@@ -451,14 +531,15 @@ __device__ __forceinline__ void att_stage(float *dst, const T *base, int64_t ld,
 /* grid (ceil(S / ATT_WARPS), Al, B); warp w handles query row i = blockIdx.x * ATT_WARPS + w.
  * Registers: o[NE] holds O_i columns lane + 32 e. */
 template <class T, int NE>
-__global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale,
-                                float p, uint64_t seed, uint64_t stream) {
+__global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0,
+                                float scale, float p, uint64_t seed, uint64_t stream) {
     extern __shared__ float sm[];
     float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *qs = Vs + ATT_TILE * (D + 1), *ps = qs + ATT_WARPS * 2 * D;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
-    int64_t ld3 = 3 * Al * D, ldo = Al * D;
-    const T *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D;
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D); /* query head h reads key/value head kv */
+    int64_t ld3 = hd.ld, ldo = Al * D, kv = (head0 + h) / hd.grp - hd.g0;
+    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D;
     float *q = qs + w * 2 * D, *pw = ps + w * ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) * scale : 0.0f;
     float o[NE], m = -INFINITY, l = 0.0f;
@@ -546,7 +627,7 @@ template <class F> static void flash_by_d(int64_t D, float p, F f) {
 }
 
 static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                              int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+                              int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_fwd";
     TPK_TRY(att_check(ctx, fn, B, S, Al, D));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
@@ -558,7 +639,7 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
             auto kernel = tpk__flash_fwd<decltype(d)::value, decltype(drop)::value>;
             size_t bytes = tpk__flash_smem(0, (int)D);
             if ((s = att_smem_attr(ctx, fn, kernel, bytes)) != TPK_OK) return;
-            kernel<<<fgrid, TPK__FL_THREADS, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, head0, scale, p, seed,
+            kernel<<<fgrid, TPK__FL_THREADS, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed,
                                                                   stream);
         });
         TPK_TRY(s);
@@ -574,7 +655,7 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
         tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) {
             auto kernel = attn_fwd_kernel<T, decltype(ne)::value>;
             if ((s = att_smem_attr(ctx, fn, kernel, smem)) != TPK_OK) return;
-            kernel<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)out, lse, (const T *)qkv, S, Al, D, A, head0, scale, p, seed, stream);
+            kernel<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)out, lse, (const T *)qkv, S, Al, D, A, G, head0, scale, p, seed, stream);
         });
         if (s == TPK_OK) s = r;
     });
@@ -600,13 +681,14 @@ template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, cons
 /* dQ: warp w owns query row i; over key tiles j0 <= i: lane j scores s = scale q.k_j, dp = dO_i.v_j */
 template <class T, int NE>
 __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t D,
-                               int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+                               int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
     extern __shared__ float sm[];
     float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *rows = Vs + ATT_TILE * (D + 1), *ps = rows + ATT_WARPS * 2 * D;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
-    int64_t ld3 = 3 * Al * D, ldo = Al * D;
-    const T *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D, *dO = dout + b * S * ldo + h * D;
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
+    int64_t ld3 = hd.ld, ldo = Al * D, kv = (head0 + h) / hd.grp - hd.g0;
+    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D, *dO = dout + b * S * ldo + h * D;
     float *q = rows + w * 2 * D, *go = q + D, *dsw = ps + w * ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) {
         q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) : 0.0f;
@@ -647,18 +729,20 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
     }
 }
 
-/* dK, dV: warp w owns key row j; over query tiles i0 >= (block's first key, tile-aligned): lane i
- * scores s = scale q_i.k_j, dp = dO_i.v_j */
+/* dK, dV: grid (ceil(S / ATT_WARPS), Gl, B); warp w owns key row j of local key/value head y; over
+ * the local query heads reading it and their query tiles i0 >= (block's first key, tile-aligned):
+ * lane i scores s = scale q_i.k_j, dp = dO_i.v_j; dK, dV sum over those heads in registers */
 template <class T, int NE>
 __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t D,
-                                int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+                                int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
     extern __shared__ float sm[];
     float *Qs = sm, *dOs = Qs + ATT_TILE * (D + 1), *rows = dOs + ATT_TILE * (D + 1), *ps = rows + ATT_WARPS * 2 * D;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int64_t b = blockIdx.z, h = blockIdx.y, j0 = (int64_t)blockIdx.x * ATT_WARPS, j = j0 + w;
-    int64_t ld3 = 3 * Al * D, ldo = Al * D;
-    const T *Q = qkv + b * S * ld3 + h * D, *K = Q + Al * D, *V = Q + 2 * Al * D, *dO = dout + b * S * ldo + h * D;
-    const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
+    int64_t b = blockIdx.z, kv = blockIdx.y, j0 = (int64_t)blockIdx.x * ATT_WARPS, j = j0 + w;
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
+    int64_t ld3 = hd.ld, ldo = Al * D, gk = hd.g0 + kv;
+    int64_t h0 = (gk * hd.grp > head0 ? gk * hd.grp : head0) - head0, h1 = ((gk + 1) * hd.grp < head0 + Al ? (gk + 1) * hd.grp : head0 + Al) - head0;
+    const T *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D;
     float *k = rows + w * 2 * D, *v = k + D, *pk = ps + w * 2 * ATT_TILE, *dsw = pk + ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) {
         k[e] = j < S ? tpk__ldf(K, (size_t)(j * ld3 + e)) : 0.0f;
@@ -666,6 +750,9 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
     }
     float dk[NE], dv[NE];
     for (int e = 0; e < NE; e++) dk[e] = dv[e] = 0.0f;
+    for (int64_t h = h0; h < h1; h++) {
+    const T *Q = qkv + b * S * ld3 + h * D, *dO = dout + b * S * ldo + h * D;
+    const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
     for (int64_t q0 = j0 / ATT_TILE * ATT_TILE; q0 < S; q0 += ATT_TILE) {
         __syncthreads();
         att_stage(Qs, Q, ld3, q0, S, D);
@@ -693,18 +780,19 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
         }
         __syncwarp();
     }
+    } /* the next query head of the group */
     if (j >= S) return;
     for (int e = 0; e < NE; e++) {
         int64_t c = lane + 32 * e;
         if (c < D) {
-            tpk__stf(dqkv, (size_t)((b * S + j) * ld3 + Al * D + h * D + c), scale * dk[e]);
-            tpk__stf(dqkv, (size_t)((b * S + j) * ld3 + 2 * Al * D + h * D + c), dv[e]);
+            tpk__stf(dqkv, (size_t)((b * S + j) * ld3 + (Al + kv) * D + c), scale * dk[e]);
+            tpk__stf(dqkv, (size_t)((b * S + j) * ld3 + (Al + hd.Gl + kv) * D + c), dv[e]);
         }
     }
 }
 
 static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                              int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
+                              int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
                               uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_bwd";
     TPK_TRY(att_check(ctx, fn, B, S, Al, D));
@@ -717,22 +805,24 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         attn_dr_kernel<tpk__bf16><<<tpk__grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const tpk__bf16 *)dout,
                                                                                                      (const tpk__bf16 *)out, B, S, Al, D);
         dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B);
+        dim3 kvgrid(fgrid.x, (unsigned)tpk_attn_kv_heads(A, G, head0, Al, NULL), (unsigned)B); /* dK, dV: one block row per key/value head */
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
             auto kkv = tpk__flash_dkv<decltype(d)::value, decltype(drop)::value>;
             auto kq = tpk__flash_dq<decltype(d)::value, decltype(drop)::value>;
             size_t bkv = tpk__flash_smem(1, (int)D), bq = tpk__flash_smem(2, (int)D);
             if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK || (s = att_smem_attr(ctx, fn, kq, bq)) != TPK_OK) return;
-            kkv<<<fgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
-                                                             head0, scale, p, seed, stream);
+            kkv<<<kvgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
+                                                              G, head0, scale, p, seed, stream);
             kq<<<fgrid, TPK__FL_THREADS, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
-                                                           head0, scale, p, seed, stream);
+                                                           G, head0, scale, p, seed, stream);
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
     }
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);
+    dim3 kvgrid(grid.x, (unsigned)tpk_attn_kv_heads(A, G, head0, Al, NULL), (unsigned)B);
     tpk_status s = TPK_OK;
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
@@ -742,10 +832,10 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
             auto kq = attn_dq_kernel<T, decltype(ne)::value>;
             auto kkv = attn_dkv_kernel<T, decltype(ne)::value>;
             if ((s = att_smem_attr(ctx, fn, kq, smem)) != TPK_OK || (s = att_smem_attr(ctx, fn, kkv, smem)) != TPK_OK) return;
-            kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, head0, scale,
+            kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, G, head0, scale,
                                                            p, seed, stream);
-            kkv<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, head0,
-                                                            scale, p, seed, stream);
+            kkv<<<kvgrid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, G, head0,
+                                                              scale, p, seed, stream);
         });
         if (s == TPK_OK) s = r;
     });
@@ -759,4 +849,6 @@ void tpk__cuda_layer_ops(tpk_ops *o) {
     o->layernorm_bwd = cuda_layernorm_bwd, o->embed_fwd = cuda_embed_fwd, o->embed_bwd = cuda_embed_bwd;
     o->xent_max = cuda_xent_max, o->xent_partial = cuda_xent_partial, o->xent_loss = cuda_xent_loss, o->xent_grad = cuda_xent_grad;
     o->attn_fwd = cuda_attn_fwd, o->attn_bwd = cuda_attn_bwd;
+    o->rope = cuda_rope, o->swiglu_fwd = cuda_swiglu_fwd, o->swiglu_bwd = cuda_swiglu_bwd;
+    o->rmsnorm_fwd = cuda_rmsnorm_fwd, o->rmsnorm_bwd = cuda_rmsnorm_bwd;
 }

@@ -10,7 +10,8 @@
  *   cp.async: a thread's copies are deferred to its wait_group, so a tile used too early is caught.
  * Shared memory starts poisoned (NaN) and every output element is poisoned before the run and
  * checked to be written. Shapes: D = 64 and 128, S a multiple of the 64-row tile and not, one and
- * several heads and batches, dropout off and on; the reference is the host backend in f32 on the same
+ * several heads and batches, dropout off and on, grouped-query attention (G < A: a key/value head
+ * read by several query heads, its dK and dV summed over them); the reference is the host backend in f32 on the same
  * bf16-rounded inputs (out, lse, dQ, dK, dV). Prints "ok ..." / "FAIL ..." lines for tests/run.sh. */
 #define TPK_FLASH_EMU 1
 
@@ -142,9 +143,11 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned gz, size_t smem, const
 }
 
 static int fails;
+static int64_t cur_A, cur_G; /* of the case being reported */
 static void report(bool ok, const char *what, int64_t D, int64_t S, float p, double err) {
     fails += !ok;
-    printf("%s flash emulation %s D=%lld S=%lld p=%g: max error %.3g\n", ok ? "ok" : "FAIL", what, (long long)D, (long long)S, (double)p, err);
+    printf("%s flash emulation %s D=%lld S=%lld p=%g A=%lld G=%lld: max error %.3g\n", ok ? "ok" : "FAIL", what, (long long)D, (long long)S, (double)p,
+           (long long)cur_A, (long long)cur_G, err);
 }
 /* max |got - want| / (1 + |want|) over n; a poisoned (NaN) element is an infinite error */
 static double rel_err(const std::vector<float> &got, const std::vector<float> &want) {
@@ -161,10 +164,14 @@ static std::vector<float> to_f32(const std::vector<uint16_t> &v) {
     return r;
 }
 
-template <int D> static void run_case(tpk_ctx *host, int64_t B, int64_t S, int64_t Al, int64_t A, int64_t head0, float p) {
+/* G key/value heads (0: G = A, multi-head) */
+template <int D> static void run_case(tpk_ctx *host, int64_t B, int64_t S, int64_t Al, int64_t A, int64_t head0, float p, int64_t G = 0) {
     float scale = 1.0f / sqrtf((float)D);
     uint64_t seed = 5, stream = 6;
-    size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
+    if (!G) G = A;
+    cur_A = A, cur_G = G;
+    int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL);
+    size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
     std::vector<uint16_t> qkv(nq), dout(no);
     for (size_t k = 0; k < nq; k++) qkv[k] = tpk_f32_to_bf16(tpk_rng_normal(11, D + S, k));
     for (size_t k = 0; k < no; k++) dout[k] = tpk_f32_to_bf16(tpk_rng_normal(12, D + S, k));
@@ -172,8 +179,8 @@ template <int D> static void run_case(tpk_ctx *host, int64_t B, int64_t S, int64
 
     /* the host backend, f32 on the bf16 values */
     std::vector<float> out_h(no), lse_h(nl), dqkv_h(nq);
-    if (tpk_op_attn_fwd(host, out_h.data(), lse_h.data(), qkvf.data(), B, S, Al, D, A, head0, scale, p, seed, stream, TPK_F32) != TPK_OK ||
-        tpk_op_attn_bwd(host, dqkv_h.data(), doutf.data(), qkvf.data(), out_h.data(), lse_h.data(), B, S, Al, D, A, head0, scale, p, seed,
+    if (tpk_op_attn_fwd(host, out_h.data(), lse_h.data(), qkvf.data(), B, S, Al, D, A, G, head0, scale, p, seed, stream, TPK_F32) != TPK_OK ||
+        tpk_op_attn_bwd(host, dqkv_h.data(), doutf.data(), qkvf.data(), out_h.data(), lse_h.data(), B, S, Al, D, A, G, head0, scale, p, seed,
                         stream, TPK_F32) != TPK_OK) {
         printf("FAIL flash emulation: host attention: %s\n", tpk_last_error(host));
         fails++;
@@ -190,7 +197,7 @@ template <int D> static void run_case(tpk_ctx *host, int64_t B, int64_t S, int64
     };
     by_drop([&](auto drop) {
         emu_launch(gx, (unsigned)Al, (unsigned)B, tpk__flash_smem(0, D), [&] {
-            tpk__flash_fwd<D, decltype(drop)::value>(out.data(), lse.data(), qkv.data(), S, Al, A, head0, scale, p, seed, stream);
+            tpk__flash_fwd<D, decltype(drop)::value>(out.data(), lse.data(), qkv.data(), S, Al, A, G, head0, scale, p, seed, stream);
         });
     });
     std::vector<float> outf = to_f32(out);
@@ -207,16 +214,17 @@ template <int D> static void run_case(tpk_ctx *host, int64_t B, int64_t S, int64
             }
     by_drop([&](auto drop) {
         constexpr bool DROP = decltype(drop)::value;
-        emu_launch(gx, (unsigned)Al, (unsigned)B, tpk__flash_smem(1, D), [&] {
-            tpk__flash_dkv<D, DROP>(dqkv.data(), dout.data(), qkv.data(), lse.data(), Dr.data(), S, Al, A, head0, scale, p, seed, stream);
+        emu_launch(gx, (unsigned)Gl, (unsigned)B, tpk__flash_smem(1, D), [&] { /* one block row per key/value head */
+            tpk__flash_dkv<D, DROP>(dqkv.data(), dout.data(), qkv.data(), lse.data(), Dr.data(), S, Al, A, G, head0, scale, p, seed, stream);
         });
         emu_launch(gx, (unsigned)Al, (unsigned)B, tpk__flash_smem(2, D), [&] {
-            tpk__flash_dq<D, DROP>(dqkv.data(), dout.data(), qkv.data(), lse.data(), Dr.data(), S, Al, A, head0, scale, p, seed, stream);
+            tpk__flash_dq<D, DROP>(dqkv.data(), dout.data(), qkv.data(), lse.data(), Dr.data(), S, Al, A, G, head0, scale, p, seed, stream);
         });
     });
-    std::vector<float> dq, dk, dv, dq_h, dk_h, dv_h; /* split dqkv into its three parts */
+    std::vector<float> dq, dk, dv, dq_h, dk_h, dv_h; /* split dqkv into its three parts: [Q (Al D) | K (Gl D) | V (Gl D)] */
     for (size_t k = 0; k < nq; k++) {
-        size_t part = k / (size_t)(Al * D) % 3;
+        int64_t c = (int64_t)(k % (size_t)((Al + 2 * Gl) * D));
+        size_t part = c < Al * D ? 0 : c < (Al + Gl) * D ? 1 : 2;
         std::vector<float> &g = part == 0 ? dq : part == 1 ? dk : dv, &gh = part == 0 ? dq_h : part == 1 ? dk_h : dv_h;
         g.push_back(tpk_bf16_to_f32(dqkv[k])), gh.push_back(dqkv_h[k]);
     }
@@ -239,6 +247,11 @@ int main(void) {
     run_case<64>(&host, 1, 100, 2, 4, 1, 0.25f);   /* dropout, global heads */
     run_case<128>(&host, 1, 130, 2, 2, 0, 0.0f);   /* D = 128 */
     run_case<128>(&host, 1, 77, 1, 3, 2, 0.1f);    /* D = 128, dropout */
+    /* grouped-query: a key/value head shared by query heads, read in place; dK, dV summed over them */
+    run_case<64>(&host, 1, 100, 3, 6, 2, 0.0f, 2); /* heads 2..4 of 6 over 2 key/value heads: both local, one shared by 1, one by 2 */
+    run_case<64>(&host, 2, 70, 4, 4, 0, 0.25f, 1); /* every query head reads the one key/value head, dropout */
+    run_case<128>(&host, 1, 130, 2, 4, 2, 0.0f, 2); /* D = 128: the second key/value head alone */
+    run_case<128>(&host, 1, 65, 4, 8, 4, 0.1f, 2);  /* D = 128, dropout, 4 query heads over 1 local key/value head */
     tpk_ctx_destroy(&host);
     printf("flash emulation: %d failed\n", fails);
     return fails ? 1 : 0;
