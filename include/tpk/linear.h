@@ -123,7 +123,7 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         l->w = l->d.weight - 1;
     } else if (l->d.parts[0]) { /* s parameters registered in a row: their shards are the strided shard */
         for (int i = 0; i < s; i++) {
-            int id;
+            int id = -1;
             snprintf(pn, sizeof pn, "%s.%s.weight", l->name, l->d.parts[i]);
             TPK_TRY(tpk__param_add(ctx, pn, 2, out / s, in, TPK_S_EX(0, 1, u), TPK_INIT_NORMAL, std, true, &id));
             if (!i) l->w = id;
@@ -133,7 +133,7 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
     }
     if (l->d.bias && l->d.parts[0]) {
         for (int i = 0; i < s; i++) {
-            int id;
+            int id = -1;
             snprintf(pn, sizeof pn, "%s.%s.bias", l->name, l->d.parts[i]);
             TPK_TRY(tpk__param_add(ctx, pn, 1, out / s, 0, TPK_S_EX(0, 1, u), TPK_INIT_ZEROS, 0, false, &id));
             if (!i) l->b = id;

@@ -221,6 +221,58 @@ static void test_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
     }
 }
 
+/* RMSNorm: the layernorm kernels with the mean taken as 0 */
+static void test_rmsnorm(tpk_dtype dt, int64_t rows, int64_t cols) {
+    TEST_CASE("rmsnorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
+        size_t nx = (size_t)(rows * cols);
+        pair x = pair_randn(&cd, nx, dt, 160, 2.0f), y = pair_from(&cd, NULL, nx, dt);
+        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 161, 1.0f), rstd = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
+        pair_poison(&cd, &y), pair_poison(&cd, &rstd);
+        CHECK_OK(&ch, ch.ops->rmsnorm_fwd(&ch, y.h, rstd.h, x.h, w.h, rows, cols, 1e-6f, dt));
+        CHECK_OK(&cd, cd.ops->rmsnorm_fwd(&cd, y.d, rstd.d, x.d, w.d, rows, cols, 1e-6f, dt));
+        pair_check(&cd, &y, tol_for(dt, TOL_SUM), "rmsnorm y");
+        pair_check(&cd, &rstd, TOL_SUM, "rmsnorm rstd");
+        pair_sync_down(&cd, &rstd);
+        for (int acc = 0; acc < 2; acc++) {
+            pair dy = pair_randn(&cd, nx, dt, 163, 1.0f), dx = pair_randn(&cd, nx, dt, 164, 1.0f), dw = pair_randn(&cd, (size_t)cols, TPK_F32, 165, 1.0f);
+            if (!acc) pair_poison(&cd, &dx);
+            CHECK_OK(&ch, ch.ops->rmsnorm_bwd(&ch, dx.h, dw.h, dy.h, x.h, w.h, rstd.h, rows, cols, dt, acc));
+            CHECK_OK(&cd, cd.ops->rmsnorm_bwd(&cd, dx.d, dw.d, dy.d, x.d, w.d, rstd.d, rows, cols, dt, acc));
+            pair_check(&cd, &dx, tol_for(dt, TOL_SUM), acc ? "rmsnorm dx accumulate" : "rmsnorm dx");
+            pair_check(&cd, &dw, TOL_SUM, "rmsnorm dw");
+            pair_free(&cd, &dy), pair_free(&cd, &dx), pair_free(&cd, &dw);
+        }
+        pair_free(&cd, &x), pair_free(&cd, &y), pair_free(&cd, &w), pair_free(&cd, &rstd);
+    }
+}
+
+/* rope (forward, inverse, strided rows, in place) and swiglu (forward, backward in place) */
+static void test_rope_swiglu(tpk_dtype dt) {
+    TEST_CASE("rope, swiglu [%s]", tpk_dtype_name(dt)) {
+        int64_t rows = 300, S = 37, heads = 3, D = 64, ld = heads * D + 16, F = 200;
+        pair x = pair_randn(&cd, (size_t)(rows * ld), dt, 170, 1.0f), y = pair_from(&cd, NULL, (size_t)(rows * ld), dt);
+        for (int inv = 0; inv < 2; inv++) {
+            pair_poison(&cd, &y);
+            CHECK_OK(&ch, ch.ops->rope(&ch, y.h, ld, x.h, ld, rows, S, heads, D, 10000.0f, inv, dt));
+            CHECK_OK(&cd, cd.ops->rope(&cd, y.d, ld, x.d, ld, rows, S, heads, D, 10000.0f, inv, dt));
+            pair_check(&cd, &y, tol_for(dt, TOL_SAME), inv ? "rope inverse (the columns past the heads left as they were)" : "rope");
+        }
+        CHECK_OK(&ch, ch.ops->rope(&ch, x.h, ld, x.h, ld, rows, S, heads, D, 500.0f, false, dt));
+        CHECK_OK(&cd, cd.ops->rope(&cd, x.d, ld, x.d, ld, rows, S, heads, D, 500.0f, false, dt));
+        pair_check(&cd, &x, tol_for(dt, TOL_SAME), "rope in place");
+        pair gu = pair_randn(&cd, (size_t)(rows * 2 * F), dt, 171, 2.0f), h = pair_from(&cd, NULL, (size_t)(rows * F), dt);
+        pair dh = pair_randn(&cd, (size_t)(rows * F), dt, 172, 1.0f);
+        pair_poison(&cd, &h);
+        CHECK_OK(&ch, ch.ops->swiglu_fwd(&ch, h.h, gu.h, rows, F, dt));
+        CHECK_OK(&cd, cd.ops->swiglu_fwd(&cd, h.d, gu.d, rows, F, dt));
+        pair_check(&cd, &h, tol_for(dt, TOL_SAME), "swiglu_fwd");
+        CHECK_OK(&ch, ch.ops->swiglu_bwd(&ch, gu.h, gu.h, dh.h, rows, F, dt));
+        CHECK_OK(&cd, cd.ops->swiglu_bwd(&cd, gu.d, gu.d, dh.d, rows, F, dt));
+        pair_check(&cd, &gu, tol_for(dt, TOL_SAME), "swiglu_bwd (in place)");
+        pair_free(&cd, &x), pair_free(&cd, &y), pair_free(&cd, &gu), pair_free(&cd, &h), pair_free(&cd, &dh);
+    }
+}
+
 static void test_embed(tpk_dtype dt) {
     TEST_CASE("embedding fwd/bwd (repeated and out-of-range ids) [%s]", tpk_dtype_name(dt)) {
         int64_t T = 700, H = 40, v0 = 10, vrows = 25;
@@ -277,28 +329,29 @@ static void test_xent(tpk_dtype dt, int64_t ld) {
 
 /* bf16 with D = 64 or 128 runs the tensor-core kernels (kernels/cuda/flash.cuh), the rest the
  * generic ones; S = 45, 130, 200 are not multiples of their 64-row tiles */
-static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p) {
-    TEST_CASE("attention fwd/bwd D=%lld S=%lld p=%g [%s]", (long long)D, (long long)S, (double)p, tpk_dtype_name(dt)) {
-        int64_t B = 2, Al = 2, A = 5, head0 = 2;
+static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t A, int64_t G, int64_t Al, int64_t head0) {
+    TEST_CASE("attention fwd/bwd D=%lld S=%lld p=%g, heads %lld..%lld of A=%lld over G=%lld key/value heads [%s]", (long long)D, (long long)S, (double)p,
+              (long long)head0, (long long)(head0 + Al - 1), (long long)A, (long long)G, tpk_dtype_name(dt)) {
+        int64_t B = 2, Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL);
         float scale = 1.0f / sqrtf((float)D);
-        size_t nq = (size_t)(B * S * 3 * Al * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
+        size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
         pair qkv = pair_randn(&cd, nq, dt, 90, 1.0f), out = pair_from(&cd, NULL, no, dt), lse = pair_from(&cd, NULL, nl, TPK_F32);
         pair_poison(&cd, &out), pair_poison(&cd, &lse);
-        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
-        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
         pair_check(&cd, &out, tol_for(dt, TOL_SUM), "attn_fwd out");
         pair_check(&cd, &lse, tol_for(dt, TOL_SUM), "attn_fwd lse");
         pair_sync_down(&cd, &out), pair_sync_down(&cd, &lse);
         pair dout = pair_randn(&cd, no, dt, 91, 1.0f), dqkv = pair_from(&cd, NULL, nq, dt);
         pair_poison(&cd, &dqkv);
-        CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
-        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
         pair_check(&cd, &dqkv, tol_for(dt, TOL_SUM), "attn_bwd dqkv");
         /* the backward is deterministic: a second run gives the same bits */
         size_t bytes = nq * tpk_dtype_size(dt);
         unsigned char *first = (unsigned char *)malloc(bytes), *second = (unsigned char *)malloc(bytes);
         CHECK_OK(&cd, cd.ops->memcpy(&cd, first, dqkv.d, bytes, TPK_D2H));
-        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, A, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, second, dqkv.d, bytes, TPK_D2H));
         CHECK(memcmp(first, second, bytes) == 0, "attn_bwd: two runs differ");
         free(first), free(second);
@@ -413,12 +466,18 @@ int main(int argc, char **argv) {
         test_embed(dt);
         test_xent(dt, 576);
         test_xent(dt, 517);
-        test_attention(dt, 16, 45, 0.0f);
-        test_attention(dt, 64, 45, 0.0f);
-        test_attention(dt, 64, 130, 0.2f);
-        test_attention(dt, 128, 200, 0.0f);
-        test_attention(dt, 128, 45, 0.1f);
-        test_attention(dt, 40, 45, 0.1f); /* D not a multiple of 32 */
+        test_attention(dt, 16, 45, 0.0f, 5, 5, 2, 2);
+        test_attention(dt, 64, 45, 0.0f, 5, 5, 2, 2);
+        test_attention(dt, 64, 130, 0.2f, 5, 5, 2, 2);
+        test_attention(dt, 128, 200, 0.0f, 5, 5, 2, 2);
+        test_attention(dt, 128, 45, 0.1f, 5, 5, 2, 2);
+        test_attention(dt, 40, 45, 0.1f, 5, 5, 2, 2); /* D not a multiple of 32 */
+        test_attention(dt, 64, 130, 0.0f, 6, 2, 3, 2);  /* grouped-query: heads 2..4 over key/value heads 0 and 1 */
+        test_attention(dt, 128, 100, 0.1f, 8, 1, 4, 4); /* every query head reads the one key/value head */
+        test_attention(dt, 40, 70, 0.0f, 6, 3, 4, 1);   /* the generic kernels, grouped */
+        test_rmsnorm(dt, 300, 77);
+        test_rmsnorm(dt, 40, 2000);
+        test_rope_swiglu(dt);
     }
     test_optimizer();
     test_profiler();
