@@ -106,10 +106,16 @@ NOT_PROVIDED(xent_loss, float *loss, float *lse, const float *mx, const float *p
      int32_t ignore_index)
 NOT_PROVIDED(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V,
      float smoothing, int32_t ignore_index, tpk_dtype dt)
-NOT_PROVIDED(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t head0, float scale, float p,
-     uint64_t seed, uint64_t stream, tpk_dtype dt)
+NOT_PROVIDED(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale,
+     float p, uint64_t seed, uint64_t stream, tpk_dtype dt)
 NOT_PROVIDED(attn_bwd, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D,
-     int64_t A, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt)
+     int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt)
+NOT_PROVIDED(rope, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D, float theta, bool inverse, tpk_dtype dt)
+NOT_PROVIDED(swiglu_fwd, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt)
+NOT_PROVIDED(swiglu_bwd, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt)
+NOT_PROVIDED(rmsnorm_fwd, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps, tpk_dtype dt)
+NOT_PROVIDED(rmsnorm_bwd, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
+     bool accumulate_dx)
 NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale,
              const int64_t *decay, int64_t nruns)
 NOT_PROVIDED(sumsq, double *out, const float *x, size_t n)
@@ -126,6 +132,7 @@ static tpk_ops my_table(void) {
     o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_max = my_xent_max, o.xent_partial = my_xent_partial;
     o.xent_loss = my_xent_loss, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;
     o.sumsq = my_sumsq, o.linear_fwd = my_linear_fwd, o.residual_layernorm_fwd = my_residual_layernorm_fwd;
+    o.rope = my_rope, o.swiglu_fwd = my_swiglu_fwd, o.swiglu_bwd = my_swiglu_bwd, o.rmsnorm_fwd = my_rmsnorm_fwd, o.rmsnorm_bwd = my_rmsnorm_bwd;
     return o;
 }
 

@@ -731,7 +731,7 @@ static void test_front_end(void) {
         CHECK_FAILS(&c, tpk_op_gemm(&c, true, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_I32), TPK_ERR_DTYPE, "tpk_op_gemm: dt:");
         CHECK_FAILS(&c, tpk_op_act_fwd(&c, (tpk_act)5, o, a, TPK_F32, 4), TPK_ERR_ARG, "tpk_op_act_fwd: act:");
         CHECK_FAILS(&c, tpk_op_xent_loss(&c, o, o, a, b, tg, 2, 4, -0.5f, -100), TPK_ERR_ARG, "tpk_op_xent_loss: smoothing");
-        CHECK_FAILS(&c, tpk_op_attn_fwd(&c, o, o, a, 1, 2, 2, 4, 2, 1, 1, 0, 0, 0, TPK_F32), TPK_ERR_ARG, "tpk_op_attn_fwd: head0");
+        CHECK_FAILS(&c, tpk_op_attn_fwd(&c, o, o, a, 1, 2, 2, 4, 2, 2, 1, 1, 0, 0, 0, TPK_F32), TPK_ERR_ARG, "tpk_op_attn_fwd: head0");
         CHECK_FAILS(&c, tpk_op_layernorm_fwd(&c, o, o, o, a, a, a, 2, 4, 0.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_layernorm_fwd: eps");
         CHECK(user_calls == 0, "the user's entries were called %d times with bad arguments", user_calls);
         /* empty work is done by the front end too: the entries are not called */
