@@ -647,8 +647,9 @@ static const struct ops_entry ops_entries[] = {
     OPS_ENTRY(act_bwd),     OPS_ENTRY(rng_2d),        OPS_ENTRY(dropout),       OPS_ENTRY(layernorm_fwd),
     OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),   OPS_ENTRY(embed_bwd),     OPS_ENTRY(xent_max),
     OPS_ENTRY(xent_partial), OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
-    OPS_ENTRY(attn_bwd),    OPS_ENTRY(adamw),         OPS_ENTRY(sumsq),         OPS_ENTRY(linear_fwd),
-    OPS_ENTRY(residual_layernorm_fwd),
+    OPS_ENTRY(attn_bwd),    OPS_ENTRY(rope),          OPS_ENTRY(swiglu_fwd),    OPS_ENTRY(swiglu_bwd),
+    OPS_ENTRY(rmsnorm_fwd), OPS_ENTRY(rmsnorm_bwd),   OPS_ENTRY(adamw),         OPS_ENTRY(sumsq),
+    OPS_ENTRY(linear_fwd),  OPS_ENTRY(residual_layernorm_fwd),
 };
 enum { OPS_N = sizeof ops_entries / sizeof *ops_entries };
 /* the optional entries: the profiler's timer (tpk/profile.h falls back to the host clock) */
