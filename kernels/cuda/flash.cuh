@@ -27,6 +27,11 @@
  * deterministic, bit for bit, for the price of recomputing two of its GEMMs (7 instead of 5).
  * Dropout (DROP, p > 0): keep_ij from the counter RNG at index ((b A + head0 + h) S + i) S + j, as every
  * backend; the kernels without it carry no RNG.
+ * Registers: the per-element work inside a tile is 32-bit (the causal and S masks as distances in the
+ * tile's coordinates; the dropout index of a row or column formed once per tile plus constants; the
+ * head mapping in unsigned 32-bit, tpk__fl_heads): 64-bit index arithmetic there took registers the
+ * fragments need and made ptxas spill (check with -Xptxas -v: no spills, and the forward at D = 64
+ * without dropout within 128 registers, 4 blocks per SM on sm_90).
  *
  * Fragments (PTX ISA, mma.m16n8k16 with .bf16 inputs): lane = 4 g + t, g = lane / 4, t = lane % 4;
  * a register holds two bf16, the lower index in the low half.
@@ -105,11 +110,15 @@ static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq */, int D)
     return kernel == 0 ? 5 * tile : kernel == 1 ? 6 * tile + 4 * sizeof(float) * TPK__FL_ROWS : 6 * tile;
 }
 
-/* keep factor of P[i][j] of head (b, global head hg): 0 or 1/(1-p) */
+/* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p) */
+__device__ __forceinline__ float tpk__att_keep_at(float p, uint64_t seed, uint64_t stream, uint64_t index) {
+    return tpk_rng_uniform(seed, stream, index) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+/* keep factor of P[i][j] of head (b, global head hg): index ((b A + hg) S + i) S + j; 1 without dropout */
 __device__ __forceinline__ float tpk__att_keep(float p, uint64_t seed, uint64_t stream, int64_t b, int64_t A, int64_t hg, int64_t S,
                                                int64_t i, int64_t j) {
     if (p <= 0.0f) return 1.0f;
-    return tpk_rng_uniform(seed, stream, (uint64_t)((((b * A + hg) * S + i) * S) + j)) >= p ? 1.0f / (1.0f - p) : 0.0f;
+    return tpk__att_keep_at(p, seed, stream, (uint64_t)((((b * A + hg) * S + i) * S) + j));
 }
 
 /* Start copying rows r0 .. r0 + 63 of a bf16 matrix with row stride ld (rows >= S as zeros) into
@@ -137,6 +146,10 @@ __device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, con
     }
     tpk__fl_commit();
 }
+
+/* v clamped to [lo, hi]: a distance in a tile's 32-bit coordinates */
+__device__ __forceinline__ int tpk__fl_clamp(int64_t v, int lo, int hi) { return (int)(v < lo ? lo : v > hi ? hi : v); }
+__device__ __forceinline__ int tpk__fl_imin(int a, int b) { return a < b ? a : b; }
 
 __device__ __forceinline__ uint32_t tpk__fl_ld32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
 /* A fragment of the 16x16 block at (row0, col0) of a row-major shared tile */
@@ -203,14 +216,29 @@ __device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)
 #define TPK__FL_LOG2E 1.4426950408889634f
 
 /* Grouped-query attention: the group size A / G, the first local key/value head g0 = head0 / grp
- * and the local key/value heads Gl (tpk_attn_kv_heads), as the kernels need them. */
+ * and the local key/value heads Gl (tpk_attn_kv_heads), as the kernels need them. Head indices
+ * are 32-bit (the launchers refuse A >= 2^31): unsigned 32-bit divisions are a few instructions
+ * inline where 64-bit ones are calls, which cost the tensor-core kernels registers. */
 struct tpk__fl_heads {
-    int64_t grp, g0, Gl, ld; /* ld = (Al + 2 Gl) D: a row of qkv */
+    int grp, g0, Gl;
+    int64_t ld; /* (Al + 2 Gl) D: a row of qkv */
 };
 __device__ __forceinline__ tpk__fl_heads tpk__fl_heads_of(int64_t Al, int64_t A, int64_t G, int64_t head0, int64_t D) {
     tpk__fl_heads r;
-    r.grp = A / G, r.g0 = head0 / r.grp, r.Gl = Al > 0 ? (head0 + Al - 1) / r.grp - r.g0 + 1 : 0, r.ld = (Al + 2 * r.Gl) * D;
+    unsigned grp = (unsigned)A / (unsigned)G, g0 = (unsigned)head0 / grp;
+    r.grp = (int)grp, r.g0 = (int)g0, r.Gl = Al > 0 ? (int)(((unsigned)head0 + (unsigned)Al - 1u) / grp - g0 + 1u) : 0;
+    r.ld = (Al + 2 * (int64_t)r.Gl) * D;
     return r;
+}
+/* the local key/value head that local query head h reads */
+__device__ __forceinline__ int tpk__fl_kv_of(const tpk__fl_heads &hd, int64_t head0, int64_t h) {
+    return (int)(((unsigned)head0 + (unsigned)h) / (unsigned)hd.grp) - hd.g0;
+}
+/* the local query heads [*h0, *h1) that read local key/value head kv: global heads
+ * [(g0 + kv) grp, (g0 + kv + 1) grp) within [head0, head0 + Al) */
+__device__ __forceinline__ void tpk__fl_q_of(const tpk__fl_heads &hd, int64_t head0, int64_t Al, int64_t kv, int *h0, int *h1) {
+    int lo = (hd.g0 + (int)kv) * hd.grp - (int)head0, hi = lo + hd.grp;
+    *h0 = lo > 0 ? lo : 0, *h1 = hi < (int)Al ? hi : (int)Al;
 }
 
 /* grid (ceil(S / 64), Al, B): block x owns query rows q0 = (gridDim.x - 1 - x) 64 .. q0 + 63, the
@@ -228,7 +256,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     int64_t ld3, kvo, vo; /* a row of qkv; the columns of K and V of the key/value head query head h reads */
     {
         tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
-        ld3 = hd.ld, kvo = (Al + (head0 + h) / hd.grp - hd.g0) * D, vo = hd.Gl * D;
+        ld3 = hd.ld, kvo = (Al + tpk__fl_kv_of(hd, head0, h)) * D, vo = (int64_t)hd.Gl * D;
     }
     const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo, *V = K + vo;
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
@@ -240,6 +268,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows g and g + 8 */
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
+    uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
@@ -248,10 +277,15 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
             float s[NT][4];
             tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S; /* the diagonal or S crosses the tile */
+            /* the mask in the tile's 32-bit coordinates: key j0 + c of row wrow + r is masked when
+             * c > (wrow - j0) + r (above the diagonal) or c > S - 1 - j0 (past S), i.e. c > lim of
+             * the row; lim is taken less this lane's first column 2 t, so the test is against the
+             * compile-time 8 nt + (e & 1) */
+            int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
+            int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
             float mx[2] = {m[0], m[1]};
             TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    int64_t i = wrow + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
-                    if (edge && (j > i || j >= S)) s[nt][e] = -INFINITY;
+                    if (edge && 8 * nt + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
                     mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
                 }
             float corr[2];
@@ -264,7 +298,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
                     float pe = exp2f(s[nt][e] * sl2 - m[e >> 1] * sl2); /* masked: exp2(-inf) = 0 */
                     l[e >> 1] += pe;
                     if (DROP && pe != 0.0f)
-                        pe *= tpk__att_keep(p, seed, stream, b, A, head0 + h, S, wrow + g + 8 * (e >> 1), j0 + 8 * nt + 2 * t + (e & 1));
+                        pe *= tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
                     s[nt][e] = pe;
                 }
             TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
@@ -300,9 +334,10 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * TPK__FL_KEYS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
-    int64_t ld3 = hd.ld, ldo = Al * D, gk = hd.g0 + kv; /* the global key/value head */
-    int h0 = (int)((gk * hd.grp > head0 ? gk * hd.grp : head0) - head0), h1 = (int)(((gk + 1) * hd.grp < head0 + Al ? (gk + 1) * hd.grp : head0 + Al) - head0);
-    const uint16_t *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D;
+    int64_t ld3 = hd.ld, ldo = Al * D;
+    int h0, h1; /* the local query heads h0 .. h1 - 1 read this key/value head */
+    tpk__fl_q_of(hd, head0, Al, kv, &h0, &h1);
+    const uint16_t *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
     int ntq = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1; /* query tiles k0 .. S - 1 of one query head */
     int ntiles = ntq * (h1 - h0);                      /* over the local query heads h0 .. h1 - 1 reading this head */
     auto stage_q = [&](int h, int tq, int buf) {      /* tile tq of query head h into buffer buf */
@@ -335,13 +370,16 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
         tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, g, t);
         tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, g, t);
         bool edge = q0 == k0 || q0 + TPK__FL_ROWS > S; /* the diagonal tile, or S inside the tile */
+        /* in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when c >= (wkey - q0) + r
+         * (on or below the diagonal), c < S - q0 and r < S - wkey; on the diagonal tile wkey - q0 is 16 w */
+        int diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS), kend = tpk__fl_clamp(S - wkey, 0, 16);
+        uint64_t dcol = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0; /* dropout index of (query q0 + 2 t, key wkey + g) */
         TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                int c = 8 * nt + 2 * t + (e & 1);
-                int64_t i = q0 + c, j = wkey + g + 8 * (e >> 1);
+                int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
                 float P = 0.0f, ds = 0.0f;
-                if (!edge || (i >= j && i < S && j < S)) {
+                if (!edge || (c >= diag + r && c < send && r < kend)) {
                     P = exp2f(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
-                    float keep = DROP ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 1.0f;
+                    float keep = DROP ? tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1))) : 1.0f;
                     ds = P * (dpt[nt][e] * keep - Ds[c]);
                     P *= keep;
                 }
@@ -376,8 +414,8 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
-    int64_t ld3 = hd.ld, ldo = Al * D, kv = (head0 + h) / hd.grp - hd.g0;
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D, *dO = dout + b * S * ldo + h * D;
+    int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D, *dO = dout + b * S * ldo + h * D;
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1;
     tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
@@ -391,6 +429,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     }
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
+    uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
     tpk__fl_wait_all();
     __syncthreads();
     for (int it = 0; it < ntiles; it++) {
@@ -402,12 +441,14 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
             tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);
             tpk__fl_mma_abt<D>(dp, dOs, 16 * w, Vs, g, t);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
+            int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1; /* the forward's mask */
+            int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
             TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    int64_t i = wrow + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
+                    int c = 8 * nt + 2 * t + (e & 1);
                     float ds = 0.0f;
-                    if (!edge || (j <= i && j < S)) {
+                    if (!edge || 8 * nt + (e & 1) <= lim[e >> 1]) {
                         float P = exp2f(s[nt][e] * sl2 - L[e >> 1] * TPK__FL_LOG2E);
-                        float keep = DROP ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 1.0f;
+                        float keep = DROP ? tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + c)) : 1.0f;
                         ds = P * (dp[nt][e] * keep - Di[e >> 1]);
                     }
                     s[nt][e] = ds;

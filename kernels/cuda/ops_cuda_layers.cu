@@ -4,14 +4,17 @@
  * (grouped-query: a key/value head shared by several query heads read in place).
  *
  *   dropout    y = x keep / (1-p),  keep = uniform(seed, stream, global index) >= p
- *   rmsnorm    the layernorm kernels with the mean taken as 0 and no bias
- *   rope       one thread per (row, head, pair): (x_j, x_{j+D/2}) rotated by (row mod S) theta^(-2j/D)
- *   swiglu     one thread per (row, j): silu(gate) up, and its two gradients
  *   layernorm  y = (x - mean) rstd w + b, rstd = 1/sqrt(var + eps): one warp per row, two passes
  *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w: one warp per row;
  *              dw += sum_i dy xh, db += sum_i dy: per chunk of rows, then the chunks in order —
  *              rows up to 1536 in one pass with dx (the chunk's column partials in shared
  *              memory), wider rows by separate column-sum kernels
+ *   rmsnorm    the same kernels with the template parameter RMS: the mean taken as 0 (not
+ *              computed, saved or read), no bias (db untouched), dx = rstd (g - xh mean(g xh))
+ *   rope       one thread per (row, head, pair j < D/2): (x_j, x_{j+D/2}) rotated by
+ *              (row mod S) theta^(-2j/D), the angle in double as the host; y may be x
+ *   swiglu     one thread per (row, j < F): h = silu(gate) up; backward dgate, dup written after
+ *              both inputs are read (dgu may be gu)
  *   embedding  y[t] = E[ids[t] - v0];  backward: a stable radix sort of the token indices by row
  *              (out-of-range ids sort last), then one block per run of equal rows adds its
  *              tokens' dy in token order, each column by one thread: the host's sums, bit for bit,
@@ -20,15 +23,19 @@
  *              dz = (exp(z - lse) - (1-eps) onehot - eps/V) dloss elementwise
  *   attention  bf16 with head dim 64 or 128 on sm_80 and later: FlashAttention-2 on tensor cores
  *              (flash.cuh). Otherwise these generic kernels (f32, any head dim up to ATT_MAXD),
- *              flash-style, never an S x S matrix. Forward: a block of ATT_WARPS query rows of one
+ *              flash-style, never an S x S matrix. Grouped-query: query head h reads key/value
+ *              head (head0 + h) / (A / G) - g0 of qkv [Q (Al D) | K (Gl D) | V (Gl D)] in place
+ *              (tpk__fl_heads, 32-bit head indices). Forward: a block of ATT_WARPS query rows of one
  *              (batch, head) walks the keys 0..i in tiles of 32 staged in shared memory; each lane
  *              scores one key of the tile, the warp keeps the running max m and sum l, and each
  *              lane accumulates its columns of O:  o = o e^(m - m') + sum_j keep_ij e^(s_ij - m') V_j,
  *              O = o / l, lse = m + log l. Backward (no atomics, every output written once):
  *              Dr_i = dO_i . O_i;  dQ: one warp per query row over key tiles,
- *              dQ_i = scale sum_j dS_ij K_j;  dK, dV: one warp per key row over query tiles i >= j,
- *              dV_j = sum_i keep_ij P_ij dO_i,  dK_j = scale sum_i dS_ij Q_i,
- *              P_ij = exp(s_ij - lse_i),  dS_ij = P_ij (keep_ij dO_i . V_j - Dr_i).
+ *              dQ_i = scale sum_j dS_ij K_j;  dK, dV: one warp per key row of one key/value head,
+ *              over the local query heads reading it (ascending) and their query tiles i >= j,
+ *              dV_j = sum_h sum_i keep_ij P_ij dO_i,  dK_j = scale sum_h sum_i dS_ij Q_i,
+ *              P_ij = exp(s_ij - lse_i),  dS_ij = P_ij (keep_ij dO_i . V_j - Dr_i)
+ *              (summed in registers in a fixed order: deterministic, bit for bit).
  *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/rng.h). */
 #include <cstdlib>
 #include <cstring>
@@ -65,15 +72,17 @@ static tpk_status cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t row
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* ---- layernorm ------------------------------------------------------------------------------------ */
+/* ---- layernorm, RMSNorm ------------------------------------------------------------------------------ */
 
+/* One set of kernels for both norms: RMS (RMSNorm) takes the mean as 0 (neither computed, nor
+ * saved, nor read), has no bias (b, db untouched) and drops the mean(g) term of dx — the host's
+ * ln_fwd_loop / ln_bwd_loop with their `rms` flag, as a template parameter. */
 enum { LN_WARPS = 4 };
 
 /* one warp per row: mean, then the variance around it (two passes, as the host), then y.
  * With r (the fused residual): x1 = x + r is written first (rounded to T, as the host stores it)
- * and the row's statistics are taken from x1; each lane reads back only what it wrote.
- * RMSNorm is the same kernel with mean = NULL and b = NULL: the mean taken as 0, no bias. */
-template <class T>
+ * and the row's statistics are taken from x1; each lane reads back only what it wrote. */
+template <class T, bool RMS>
 __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b, int64_t rows, int64_t cols,
                               float eps, T *x1, const T *r) {
     int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
@@ -84,20 +93,25 @@ __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const 
         for (int64_t j = lane; j < cols; j += 32) tpk__stf(x1, o + j, tpk__ldf(x, o + j) + tpk__ldf(r, o + j));
         x = x1;
     }
-    float s = 0.0f;
-    for (int64_t j = lane; j < cols && mean; j += 32) s += tpk__ldf(x, o + j);
-    float m = mean ? tpk__warp_sum(s) / (float)cols : 0.0f, s2 = 0.0f;
+    float m = 0.0f, s2 = 0.0f;
+    if (!RMS) {
+        float s = 0.0f;
+        for (int64_t j = lane; j < cols; j += 32) s += tpk__ldf(x, o + j);
+        m = tpk__warp_sum(s) / (float)cols;
+    }
     for (int64_t j = lane; j < cols; j += 32) {
         float d = tpk__ldf(x, o + j) - m;
         s2 += d * d;
     }
     float rs = rsqrtf(tpk__warp_sum(s2) / (float)cols + eps);
-    for (int64_t j = lane; j < cols; j += 32) tpk__stf(y, o + j, (tpk__ldf(x, o + j) - m) * rs * w[j] + (b ? b[j] : 0.0f));
-    if (lane == 0 && mean) mean[i] = m;
-    if (lane == 0) rstd[i] = rs;
+    for (int64_t j = lane; j < cols; j += 32) tpk__stf(y, o + j, (tpk__ldf(x, o + j) - m) * rs * w[j] + (RMS ? 0.0f : b[j]));
+    if (lane == 0) {
+        if (!RMS) mean[i] = m;
+        rstd[i] = rs;
+    }
 }
 static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const void *r, void *y, float *mean, float *rstd, const void *x,
-                                const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+                                const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt, bool rms) {
     bool any = rows > 0;
     if (!any) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
@@ -105,69 +119,79 @@ static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const vo
     unsigned grid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        ln_fwd_kernel<T><<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps, (T *)x1, (const T *)r);
+        auto kernel = rms ? ln_fwd_kernel<T, true> : ln_fwd_kernel<T, false>;
+        kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps, (T *)x1, (const T *)r);
     });
     return tpk__cuda_launched(ctx, fn);
 }
 static tpk_status cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
                                    int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    return ln_fwd_launch(ctx, "cuda.layernorm_fwd", NULL, NULL, y, mean, rstd, x, w, b, rows, cols, eps, dt);
+    return ln_fwd_launch(ctx, "cuda.layernorm_fwd", NULL, NULL, y, mean, rstd, x, w, b, rows, cols, eps, dt, false);
 }
 /* x1 = x + r and the layernorm of x1 in one kernel (one read of x and r, no separate add pass) */
 static tpk_status cuda_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                             const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     static const char *fn = "cuda.residual_layernorm_fwd";
-    return ln_fwd_launch(ctx, fn, x1, r, y, mean, rstd, x, w, b, rows, cols, eps, dt);
+    return ln_fwd_launch(ctx, fn, x1, r, y, mean, rstd, x, w, b, rows, cols, eps, dt, false);
+}
+static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
+                                   tpk_dtype dt) {
+    return ln_fwd_launch(ctx, "cuda.rmsnorm_fwd", NULL, NULL, y, NULL, rstd, x, w, NULL, rows, cols, eps, dt, true);
 }
 
-/* dx for one row per warp; dy is read before dx is written (dx may alias nothing else) */
-/* dx of row i by one warp (the row's second read comes from the cache); with pw, pb the row's
- * dy xh and dy are added into those column partials (the one-pass kernel) */
-template <class T>
+/* dx of row i by one warp (the row's second read comes from the cache; dy is read before dx is
+ * written); with pw, pb the row's dy xh and dy (RMS: dy xh only) are added into those column
+ * partials (the one-pass kernel) */
+template <class T, bool RMS>
 __device__ __forceinline__ void ln_bwd_row(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t i,
                                            int64_t cols, bool acc, float *pw, float *pb) {
     int lane = threadIdx.x & 31;
     size_t r = (size_t)i * (size_t)cols;
-    float mu = mean ? mean[i] : 0.0f, rs = rstd[i], mg = 0.0f, mgx = 0.0f; /* RMSNorm: mean NULL, no mean(g) term */
+    float mu = RMS ? 0.0f : mean[i], rs = rstd[i], mg = 0.0f, mgx = 0.0f;
     for (int64_t j = lane; j < cols; j += 32) {
         float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
-        mg += g, mgx += g * xh;
+        if (!RMS) mg += g;
+        mgx += g * xh;
     }
-    mg = mean ? tpk__warp_sum(mg) / (float)cols : 0.0f, mgx = tpk__warp_sum(mgx) / (float)cols;
+    mg = RMS ? 0.0f : tpk__warp_sum(mg) / (float)cols, mgx = tpk__warp_sum(mgx) / (float)cols;
     for (int64_t j = lane; j < cols; j += 32) {
         float xh = (tpk__ldf(x, r + j) - mu) * rs, d = tpk__ldf(dy, r + j), g = d * w[j];
         float v = rs * (g - mg - xh * mgx);
         tpk__stf(dx, r + j, acc ? tpk__ldf(dx, r + j) + v : v);
-        if (pw) pw[j] += d * xh, pb[j] += d;
+        if (pw) {
+            pw[j] += d * xh;
+            if (!RMS) pb[j] += d;
+        }
     }
 }
-template <class T>
+template <class T, bool RMS>
 __global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t rows,
                                  int64_t cols, bool acc) {
     int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
-    if (i < rows) ln_bwd_row(dx, dy, x, w, mean, rstd, i, cols, acc, (float *)NULL, (float *)NULL);
+    if (i < rows) ln_bwd_row<T, RMS>(dx, dy, x, w, mean, rstd, i, cols, acc, (float *)NULL, (float *)NULL);
 }
 /* (dy xh, dy) of element (i, j), for the dw, db column sums */
-template <class T> struct ln_wb_elem {
+template <class T, bool RMS> struct ln_wb_elem {
     const T *dy, *x;
     const float *mean, *rstd;
     int64_t cols;
     __device__ void operator()(int64_t i, int64_t j, float *v) const {
         size_t k = (size_t)(i * cols + j);
         float g = tpk__ldf(dy, k);
-        v[0] = g * (tpk__ldf(x, k) - (mean ? mean[i] : 0.0f)) * rstd[i];
+        v[0] = g * (tpk__ldf(x, k) - (RMS ? 0.0f : mean[i])) * rstd[i];
         v[1] = g;
     }
 };
-static __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols) {
+/* dw += the chunks' dw partials in chunk order, db likewise (not with RMS) */
+template <bool RMS> __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols) {
     TPK__GRID_STRIDE(j, (size_t)cols) {
         float sw = 0.0f, sb = 0.0f;
         for (int64_t c = 0; c < chunks; c++) {
             sw += part[((size_t)c * 2 + 0) * (size_t)cols + j];
-            sb += part[((size_t)c * 2 + 1) * (size_t)cols + j];
+            if (!RMS) sb += part[((size_t)c * 2 + 1) * (size_t)cols + j];
         }
         dw[j] += sw;
-        if (db) db[j] += sb; /* RMSNorm: no bias */
+        if (!RMS) db[j] += sb;
     }
 }
 /* The whole backward in one pass over dy and x (rows of up to LN_ONEPASS_COLS): block c takes the
@@ -176,7 +200,7 @@ static __global__ void ln_wb_final_kernel(float *dw, float *db, const float *par
  * shared memory; the block then adds its warps' partials in warp order into part[c][2][cols]
  * (ln_wb_final_kernel adds the chunks in order: deterministic). */
 enum { LN_CHUNK = 32, LN_ONEPASS_COLS = 1536 };
-template <class T>
+template <class T, bool RMS>
 __global__ void ln_bwd_onepass_kernel(T *dx, float *part, const T *dy, const T *x, const float *w, const float *mean, const float *rstd,
                                       int64_t rows, int64_t cols, bool acc) {
     extern __shared__ float ln_sm[]; /* [LN_WARPS][2][cols] */
@@ -186,7 +210,7 @@ __global__ void ln_bwd_onepass_kernel(T *dx, float *part, const T *dy, const T *
     for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) { /* uniform over the block */
         for (int64_t j = lane; j < cols; j += 32) pw[j] = pb[j] = 0.0f;
         int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
-        for (int64_t i = c * LN_CHUNK + wid; i < r1; i += LN_WARPS) ln_bwd_row(dx, dy, x, w, mean, rstd, i, cols, acc, pw, pb);
+        for (int64_t i = c * LN_CHUNK + wid; i < r1; i += LN_WARPS) ln_bwd_row<T, RMS>(dx, dy, x, w, mean, rstd, i, cols, acc, pw, pb);
         __syncthreads();
         for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
             float sw = 0.0f, sb = 0.0f;
@@ -197,13 +221,13 @@ __global__ void ln_bwd_onepass_kernel(T *dx, float *part, const T *dy, const T *
     }
 }
 
-static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
-                                   const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
-    static const char *fn = "cuda.layernorm_bwd";
+static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
+                                const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx, bool rms) {
     bool any = rows > 0;
     if (!any) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
     TPK__CUDA_STATE(st, ctx, fn);
+    auto final_kernel = rms ? ln_wb_final_kernel<true> : ln_wb_final_kernel<false>;
     if (cols <= LN_ONEPASS_COLS) { /* the one-pass kernel: its warps' column partials fit in 48 KB of shared memory */
         int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
         float *part;
@@ -212,10 +236,10 @@ static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *d
         unsigned grid = (unsigned)(chunks < 65535 ? chunks : 65535);
         tpk__by_dtype(dt, [&](auto tag) {
             using T = decltype(tag);
-            ln_bwd_onepass_kernel<T><<<grid, 32 * LN_WARPS, smem, st->stream>>>((T *)dx, part, (const T *)dy, (const T *)x, w, mean, rstd, rows,
-                                                                                 cols, accumulate_dx);
+            auto kernel = rms ? ln_bwd_onepass_kernel<T, true> : ln_bwd_onepass_kernel<T, false>;
+            kernel<<<grid, 32 * LN_WARPS, smem, st->stream>>>((T *)dx, part, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols, accumulate_dx);
         });
-        ln_wb_final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
+        final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
         return tpk__cuda_launched(ctx, fn);
     }
     int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
@@ -226,23 +250,27 @@ static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *d
         /* dw, db first: they read dy, which dx must not overwrite before (dx does not alias dy by
          * contract, but the order costs nothing) */
         dim3 grid((unsigned)((cols + 31) / 32), tpk__colsum_grid_y(chunks)), block(32, 8);
-        tpk__colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
-                                                                 cols, part);
-        ln_wb_final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
-        ln_bwd_dx_kernel<T><<<(unsigned)((rows + LN_WARPS - 1) / LN_WARPS), 32 * LN_WARPS, 0, st->stream>>>(
-            (T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols, accumulate_dx);
+        unsigned dgrid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
+        auto by_rms = [&](auto r) {
+            constexpr bool RMS = decltype(r)::value;
+            tpk__colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T, RMS>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
+                                                                     cols, part);
+            final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
+            ln_bwd_dx_kernel<T, RMS><<<dgrid, 32 * LN_WARPS, 0, st->stream>>>((T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols,
+                                                                              accumulate_dx);
+        };
+        if (rms) by_rms(std::true_type{});
+        else by_rms(std::false_type{});
     });
     return tpk__cuda_launched(ctx, fn);
 }
-
-/* RMSNorm: the layernorm kernels with mean = NULL (taken as 0, the mean(g) term dropped) and no bias */
-static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
-                                   tpk_dtype dt) {
-    return ln_fwd_launch(ctx, "cuda.rmsnorm_fwd", NULL, NULL, y, NULL, rstd, x, w, NULL, rows, cols, eps, dt);
+static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
+                                   const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+    return ln_bwd_launch(ctx, "cuda.layernorm_bwd", dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx, false);
 }
 static tpk_status cuda_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
                                    int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
-    return cuda_layernorm_bwd(ctx, dx, dw, NULL, dy, x, w, NULL, rstd, rows, cols, dt, accumulate_dx);
+    return ln_bwd_launch(ctx, "cuda.rmsnorm_bwd", dx, dw, NULL, dy, x, w, NULL, rstd, rows, cols, dt, accumulate_dx, true);
 }
 
 /* ---- rotary embedding, SwiGLU ---------------------------------------------------------------------- */
@@ -538,8 +566,8 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D); /* query head h reads key/value head kv */
-    int64_t ld3 = hd.ld, ldo = Al * D, kv = (head0 + h) / hd.grp - hd.g0;
-    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D;
+    int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
+    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
     float *q = qs + w * 2 * D, *pw = ps + w * ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) * scale : 0.0f;
     float o[NE], m = -INFINITY, l = 0.0f;
@@ -593,13 +621,14 @@ template <class F> static tpk_status att_by_ne(tpk_ctx *ctx, const char *fn, int
     return TPK_OK;
 }
 
-/* The front end checked the arguments; this backend's own limits are the head dim and the grid
- * (ceil(S / ATT_WARPS), Al, B). */
-static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D) {
+/* The front end checked the arguments; this backend's own limits are the head dim, the grid
+ * (ceil(S / ATT_WARPS), Al, B) and 32-bit head indices (tpk__fl_heads). */
+static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A) {
     if (D > ATT_MAXD)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
     TPK_TRY(tpk__cuda_limit(ctx, fn, "B", B, 65535, "grid z"));
     TPK_TRY(tpk__cuda_limit(ctx, fn, "Al", Al, 65535, "grid y"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "A", A, INT_MAX, "32-bit head indices"));
     return tpk__cuda_limit(ctx, fn, "S", S, (int64_t)INT_MAX * ATT_WARPS, "grid x: ATT_WARPS query rows per block");
 }
 
@@ -629,7 +658,7 @@ template <class F> static void flash_by_d(int64_t D, float p, F f) {
 static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
                               int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_fwd";
-    TPK_TRY(att_check(ctx, fn, B, S, Al, D));
+    TPK_TRY(att_check(ctx, fn, B, S, Al, D, A));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     if (flash_usable(st, dt, D, qkv, out)) {
@@ -687,8 +716,8 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
-    int64_t ld3 = hd.ld, ldo = Al * D, kv = (head0 + h) / hd.grp - hd.g0;
-    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D, *dO = dout + b * S * ldo + h * D;
+    int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
+    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D, *dO = dout + b * S * ldo + h * D;
     float *q = rows + w * 2 * D, *go = q + D, *dsw = ps + w * ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) {
         q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) : 0.0f;
@@ -740,9 +769,10 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, kv = blockIdx.y, j0 = (int64_t)blockIdx.x * ATT_WARPS, j = j0 + w;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
-    int64_t ld3 = hd.ld, ldo = Al * D, gk = hd.g0 + kv;
-    int64_t h0 = (gk * hd.grp > head0 ? gk * hd.grp : head0) - head0, h1 = ((gk + 1) * hd.grp < head0 + Al ? (gk + 1) * hd.grp : head0 + Al) - head0;
-    const T *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + hd.Gl * D;
+    int64_t ld3 = hd.ld, ldo = Al * D;
+    int h0, h1; /* the local query heads reading key/value head kv */
+    tpk__fl_q_of(hd, head0, Al, kv, &h0, &h1);
+    const T *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
     float *k = rows + w * 2 * D, *v = k + D, *pk = ps + w * 2 * ATT_TILE, *dsw = pk + ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) {
         k[e] = j < S ? tpk__ldf(K, (size_t)(j * ld3 + e)) : 0.0f;
@@ -751,36 +781,36 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
     float dk[NE], dv[NE];
     for (int e = 0; e < NE; e++) dk[e] = dv[e] = 0.0f;
     for (int64_t h = h0; h < h1; h++) {
-    const T *Q = qkv + b * S * ld3 + h * D, *dO = dout + b * S * ldo + h * D;
-    const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
-    for (int64_t q0 = j0 / ATT_TILE * ATT_TILE; q0 < S; q0 += ATT_TILE) {
-        __syncthreads();
-        att_stage(Qs, Q, ld3, q0, S, D);
-        att_stage(dOs, dO, ldo, q0, S, D);
-        __syncthreads();
-        if (j >= S || q0 + ATT_TILE - 1 < j) continue;
-        int64_t i = q0 + lane;
-        float pd = 0.0f, ds = 0.0f;
-        if (i < S && i >= j) {
-            float s = 0.0f, dp = 0.0f;
-            for (int64_t e = 0; e < D; e++) s += Qs[lane * (D + 1) + e] * k[e], dp += dOs[lane * (D + 1) + e] * v[e];
-            float P = expf(scale * s - Lh[i]), keep = tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j);
-            pd = P * keep;
-            ds = P * (dp * keep - Dh[i]);
+        const T *Q = qkv + b * S * ld3 + h * D, *dO = dout + b * S * ldo + h * D;
+        const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
+        for (int64_t q0 = j0 / ATT_TILE * ATT_TILE; q0 < S; q0 += ATT_TILE) {
+            __syncthreads();
+            att_stage(Qs, Q, ld3, q0, S, D);
+            att_stage(dOs, dO, ldo, q0, S, D);
+            __syncthreads();
+            if (j >= S || q0 + ATT_TILE - 1 < j) continue;
+            int64_t i = q0 + lane;
+            float pd = 0.0f, ds = 0.0f;
+            if (i < S && i >= j) {
+                float s = 0.0f, dp = 0.0f;
+                for (int64_t e = 0; e < D; e++) s += Qs[lane * (D + 1) + e] * k[e], dp += dOs[lane * (D + 1) + e] * v[e];
+                float P = expf(scale * s - Lh[i]), keep = tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j);
+                pd = P * keep;
+                ds = P * (dp * keep - Dh[i]);
+            }
+            pk[lane] = pd, dsw[lane] = ds;
+            __syncwarp();
+            for (int e = 0; e < NE; e++) {
+                int64_t c = lane + 32 * e;
+                if (c < D)
+                    for (int ii = 0; ii < ATT_TILE; ii++) {
+                        dv[e] += pk[ii] * dOs[ii * (D + 1) + c];
+                        dk[e] += dsw[ii] * Qs[ii * (D + 1) + c];
+                    }
+            }
+            __syncwarp();
         }
-        pk[lane] = pd, dsw[lane] = ds;
-        __syncwarp();
-        for (int e = 0; e < NE; e++) {
-            int64_t c = lane + 32 * e;
-            if (c < D)
-                for (int ii = 0; ii < ATT_TILE; ii++) {
-                    dv[e] += pk[ii] * dOs[ii * (D + 1) + c];
-                    dk[e] += dsw[ii] * Qs[ii * (D + 1) + c];
-                }
-        }
-        __syncwarp();
-    }
-    } /* the next query head of the group */
+    } /* the next query head reading this key/value head */
     if (j >= S) return;
     for (int e = 0; e < NE; e++) {
         int64_t c = lane + 32 * e;
@@ -795,7 +825,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
                               int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
                               uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_bwd";
-    TPK_TRY(att_check(ctx, fn, B, S, Al, D));
+    TPK_TRY(att_check(ctx, fn, B, S, Al, D, A));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     float *Dr;

@@ -252,6 +252,8 @@ int main(void) {
     run_case<64>(&host, 2, 70, 4, 4, 0, 0.25f, 1); /* every query head reads the one key/value head, dropout */
     run_case<128>(&host, 1, 130, 2, 4, 2, 0.0f, 2); /* D = 128: the second key/value head alone */
     run_case<128>(&host, 1, 65, 4, 8, 4, 0.1f, 2);  /* D = 128, dropout, 4 query heads over 1 local key/value head */
+    run_case<64>(&host, 1, 130, 4, 4, 0, 0.2f, 2);  /* both key/value heads, each read by two query heads, dropout */
+    run_case<128>(&host, 1, 100, 3, 6, 2, 0.1f, 2); /* heads 2..4 of 6 at D = 128 with dropout: the shared head's dK, dV over 2 heads */
     tpk_ctx_destroy(&host);
     printf("flash emulation: %d failed\n", fails);
     return fails ? 1 : 0;

@@ -246,17 +246,46 @@ static void test_rmsnorm(tpk_dtype dt, int64_t rows, int64_t cols) {
     }
 }
 
+/* rows x ld values from seed with the first `cols` columns of each row poisoned (NaN): an op that
+ * writes those columns must write all of them and leave the rest as they were */
+static pair pair_rows_poisoned(int64_t rows, int64_t ld, int64_t cols, tpk_dtype dt, uint64_t seed) {
+    size_t n = (size_t)(rows * ld);
+    float *v = (float *)malloc(n * sizeof(float));
+    test_randn(v, n, seed, 1.0f);
+    for (int64_t i = 0; i < rows; i++) test_poison(v + i * ld, (size_t)cols);
+    pair p = pair_from(&cd, v, n, dt);
+    free(v);
+    return p;
+}
+
 /* rope (forward, inverse, strided rows, in place) and swiglu (forward, backward in place) */
 static void test_rope_swiglu(tpk_dtype dt) {
     TEST_CASE("rope, swiglu [%s]", tpk_dtype_name(dt)) {
         int64_t rows = 300, S = 37, heads = 3, D = 64, ld = heads * D + 16, F = 200;
-        pair x = pair_randn(&cd, (size_t)(rows * ld), dt, 170, 1.0f), y = pair_from(&cd, NULL, (size_t)(rows * ld), dt);
+        pair x = pair_randn(&cd, (size_t)(rows * ld), dt, 170, 1.0f);
         for (int inv = 0; inv < 2; inv++) {
-            pair_poison(&cd, &y);
+            pair y = pair_rows_poisoned(rows, ld, heads * D, dt, 173); /* the heads poisoned, the 16 columns past them not */
             CHECK_OK(&ch, ch.ops->rope(&ch, y.h, ld, x.h, ld, rows, S, heads, D, 10000.0f, inv, dt));
             CHECK_OK(&cd, cd.ops->rope(&cd, y.d, ld, x.d, ld, rows, S, heads, D, 10000.0f, inv, dt));
             pair_check(&cd, &y, tol_for(dt, TOL_SAME), inv ? "rope inverse (the columns past the heads left as they were)" : "rope");
+            pair_free(&cd, &y);
         }
+        /* rows of another stride into a packed y: the inverse undoes the forward */
+        pair y = pair_rows_poisoned(rows, heads * D, heads * D, dt, 174), z = pair_rows_poisoned(rows, ld, heads * D, dt, 175);
+        CHECK_OK(&ch, ch.ops->rope(&ch, y.h, heads * D, x.h, ld, rows, S, heads, D, 10000.0f, false, dt));
+        CHECK_OK(&cd, cd.ops->rope(&cd, y.d, heads * D, x.d, ld, rows, S, heads, D, 10000.0f, false, dt));
+        pair_check(&cd, &y, tol_for(dt, TOL_SAME), "rope ldy != ldx");
+        CHECK_OK(&ch, ch.ops->rope(&ch, z.h, ld, y.h, heads * D, rows, S, heads, D, 10000.0f, true, dt));
+        CHECK_OK(&cd, cd.ops->rope(&cd, z.d, ld, y.d, heads * D, rows, S, heads, D, 10000.0f, true, dt));
+        pair_check(&cd, &z, tol_for(dt, TOL_SAME), "rope inverse, ldy != ldx");
+        if (dt == TPK_F32) { /* the inverse rotation undoes the forward one: z's heads are x's */
+            float *zf = (float *)z.h, *xf = (float *)x.h;
+            double e = 0;
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t j = 0; j < heads * D; j++) e = fmax(e, fabs(zf[i * ld + j] - xf[i * ld + j]));
+            CHECK(e < 1e-5, "rope: inverse(forward(x)) - x = %.3g", e);
+        }
+        pair_free(&cd, &y), pair_free(&cd, &z);
         CHECK_OK(&ch, ch.ops->rope(&ch, x.h, ld, x.h, ld, rows, S, heads, D, 500.0f, false, dt));
         CHECK_OK(&cd, cd.ops->rope(&cd, x.d, ld, x.d, ld, rows, S, heads, D, 500.0f, false, dt));
         pair_check(&cd, &x, tol_for(dt, TOL_SAME), "rope in place");
@@ -269,7 +298,7 @@ static void test_rope_swiglu(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->swiglu_bwd(&ch, gu.h, gu.h, dh.h, rows, F, dt));
         CHECK_OK(&cd, cd.ops->swiglu_bwd(&cd, gu.d, gu.d, dh.d, rows, F, dt));
         pair_check(&cd, &gu, tol_for(dt, TOL_SAME), "swiglu_bwd (in place)");
-        pair_free(&cd, &x), pair_free(&cd, &y), pair_free(&cd, &gu), pair_free(&cd, &h), pair_free(&cd, &dh);
+        pair_free(&cd, &x), pair_free(&cd, &gu), pair_free(&cd, &h), pair_free(&cd, &dh);
     }
 }
 
@@ -439,6 +468,8 @@ static void test_errors(void) {
                     "cuda.attn_bwd: B: expected <= 65535");
         CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 70000, 8, 70000, 70000, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
                     "Al: expected <= 65535");
+        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 8, (int64_t)1 << 31, (int64_t)1 << 31, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
+                    "cuda.attn_fwd: A: expected <= 2147483647");
         CHECK_FAILS(&cd, tpk_op_xent_max(&cd, p, p, (int64_t)1 << 31, 1, 1, TPK_F32), TPK_ERR_ARG, "cuda.xent_max: T: expected <= 2147483647");
         CHECK_FAILS(&cd, tpk_op_embed_bwd(&cd, p, p, p, 4, 1, 0, (int64_t)1 << 32, TPK_F32), TPK_ERR_ARG, "cuda.embed_bwd: vrows");
         tpk_op_free(&cd, p);
@@ -475,6 +506,9 @@ int main(int argc, char **argv) {
         test_attention(dt, 64, 130, 0.0f, 6, 2, 3, 2);  /* grouped-query: heads 2..4 over key/value heads 0 and 1 */
         test_attention(dt, 128, 100, 0.1f, 8, 1, 4, 4); /* every query head reads the one key/value head */
         test_attention(dt, 40, 70, 0.0f, 6, 3, 4, 1);   /* the generic kernels, grouped */
+        test_attention(dt, 64, 200, 0.2f, 4, 1, 4, 0);  /* all four query heads over one key/value head, dropout */
+        test_attention(dt, 128, 130, 0.0f, 4, 2, 2, 1); /* heads 1, 2: one query head per key/value head, a group cut by the split */
+        test_attention(dt, 64, 64, 0.1f, 6, 2, 3, 3);   /* heads 3..5: the second key/value head alone, read by all three */
         test_rmsnorm(dt, 300, 77);
         test_rmsnorm(dt, 40, 2000);
         test_rope_swiglu(dt);
