@@ -26,7 +26,7 @@ typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
-    bool sp, eval_only, profile;
+    bool sp, eval_only, profile; tpk_recompute rc; /* rc: --recompute parsed */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
 } opts;
@@ -36,7 +36,7 @@ static const char *usage =
     "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
     "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
-    "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two) --recompute none|full\n"
+    "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two) --recompute none|selective|full\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
@@ -78,7 +78,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
     if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
     if (o->dp_reduce && strcmp(o->dp_reduce, "mean") && strcmp(o->dp_reduce, "adasum")) return snprintf(err, n, "--dp-reduce: expected mean or adasum, got \"%s\"", o->dp_reduce), 1;
-    if (o->recompute && strcmp(o->recompute, "none") && strcmp(o->recompute, "full")) return snprintf(err, n, "--recompute: expected none or full, got \"%s\"", o->recompute), 1;
+    if (o->recompute && !tpk_recompute_parse(o->recompute, &o->rc)) return snprintf(err, n, "--recompute: expected none, selective or full, got \"%s\"", o->recompute), 1;
     if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d", o->zero), 1;
     if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama")) return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
     return 0;
@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
                                       .ffn = o.ffn, .rope_theta = o.rope_theta, .norm_eps = o.norm_eps, .label_smoothing = o.smoothing, .sequence_parallel = o.sp}};
     if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
     bool llama = cfg.arch == TPK_ARCH_LLAMA;
-    cfg.gpt2.recompute = cfg.llama.recompute = o.recompute && !strcmp(o.recompute, "full") ? TPK_RECOMPUTE_FULL : TPK_RECOMPUTE_NONE;
+    cfg.gpt2.recompute = cfg.llama.recompute = o.rc;
     int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab, *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions; if (!*P) *P = o.seq;
     FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)), "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load, tpk_arch_name(cfg.arch));
     FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");

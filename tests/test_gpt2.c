@@ -206,16 +206,17 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&c1), tpk_ctx_destroy(&c2), tpk_ctx_destroy(&c3), tpk_ctx_destroy(&c4), tpk_ctx_destroy(&c5);
     }
 
-    for (int sp = 0; sp < 2; sp++)
-        for (int bf = 0; bf < 2; bf++)
-            TEST_CASE("GPT-2 model (L=4, dropout 0.1%s%s) with full activation recompute at t=%d: loss and every gradient bit-identical, peak memory lower",
-                      sp ? ", SP" : "", bf ? ", bf16" : "", np) {
-                tpk_model_config mc;
-                memset(&mc, 0, sizeof mc);
-                mc.arch = TPK_ARCH_GPT2;
-                mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 4, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp};
-                test_recompute(&world, np, bf ? TPK_BF16 : TPK_F32, &mc, ids, tg, B, S);
-            }
+    for (int rc = TPK_RECOMPUTE_FULL; rc <= TPK_RECOMPUTE_SELECTIVE; rc++)
+        for (int sp = 0; sp < 2; sp++)
+            for (int bf = 0; bf < 2; bf++)
+                TEST_CASE("GPT-2 model (L=4, dropout 0.1%s%s) with %s activation recompute at t=%d: loss and every gradient bit-identical, peak memory lower",
+                          sp ? ", SP" : "", bf ? ", bf16" : "", tpk_recompute_name((tpk_recompute)rc), np) {
+                    tpk_model_config mc;
+                    memset(&mc, 0, sizeof mc);
+                    mc.arch = TPK_ARCH_GPT2;
+                    mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 4, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp};
+                    test_recompute(&world, np, bf ? TPK_BF16 : TPK_F32, &mc, (tpk_recompute)rc, ids, tg, B, S);
+                }
 
     for (int sp = 0; sp < 2; sp++)
         TEST_CASE("GPT-2 model in bf16 (mixed precision)%s at t=%d: loss and every gradient within bf16 tolerance of the f32 model", sp ? " SP" : "", np) {

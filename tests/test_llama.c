@@ -201,14 +201,16 @@ int main(int argc, char **argv) {
                 tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
             }
 
-    for (int sp = 0; sp < 2; sp++)
-        TEST_CASE("Llama model (L=4, G=2%s) with full activation recompute at t=%d: loss and every gradient bit-identical, peak memory lower", sp ? ", SP" : "", np) {
-            tpk_model_config mc;
-            memset(&mc, 0, sizeof mc);
-            mc.arch = TPK_ARCH_LLAMA;
-            mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = 4, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .sequence_parallel = sp};
-            test_recompute(&world, np, TPK_F32, &mc, ids, tg, B, S);
-        }
+    for (int rc = TPK_RECOMPUTE_FULL; rc <= TPK_RECOMPUTE_SELECTIVE; rc++)
+        for (int sp = 0; sp < 2; sp++)
+            TEST_CASE("Llama model (L=4, G=2%s) with %s activation recompute at t=%d: loss and every gradient bit-identical, peak memory lower", sp ? ", SP" : "",
+                      tpk_recompute_name((tpk_recompute)rc), np) {
+                tpk_model_config mc;
+                memset(&mc, 0, sizeof mc);
+                mc.arch = TPK_ARCH_LLAMA;
+                mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = 4, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .sequence_parallel = sp};
+                test_recompute(&world, np, TPK_F32, &mc, (tpk_recompute)rc, ids, tg, B, S);
+            }
 
     TEST_CASE("Llama model in bf16 (mixed precision) at t=%d: loss and every gradient within bf16 tolerance of the f32 model", np) {
         tpk_llama_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F};

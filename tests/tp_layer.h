@@ -255,29 +255,31 @@ static inline void test_compare_models(tpk_ctx *sh, const test_model_result *a, 
     }
 }
 
-/* Full activation recompute (cfg with recompute = FULL) against none on fresh contexts of the same
- * mesh: the loss and every gradient bit-identical, and the peak of the kit's buffers during the
- * forward and backward lower. */
-static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt, const tpk_model_config *cfg, const int32_t *ids, const int32_t *tg, int64_t B,
-                                  int64_t S) {
+/* Activation recompute (cfg with recompute = mode: FULL or SELECTIVE) against none on fresh
+ * contexts of the same mesh: the loss and every gradient bit-identical, and the peak of the kit's
+ * buffers during the forward and backward lower. */
+static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt, const tpk_model_config *cfg, tpk_recompute mode, const int32_t *ids,
+                                  const int32_t *tg, int64_t B, int64_t S) {
     test_model_result r[2];
     size_t peak[2] = {0, 0};
     int failed = 0;
+    const char *name = tpk_recompute_name(mode);
     for (int k = 0; k < 2; k++) {
         tpk_ctx c;
         tpk_model_config mc = *cfg;
-        mc.gpt2.recompute = mc.llama.recompute = k ? TPK_RECOMPUTE_FULL : TPK_RECOMPUTE_NONE;
+        mc.gpt2.recompute = mc.llama.recompute = k ? mode : TPK_RECOMPUTE_NONE;
         CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = world, .tp = tp, .seed = 3, .dtype = dt}));
         failed |= test_run_model(&c, &mc, 5, ids, tg, B, S, &r[k]);
         peak[k] = r[k].peak;
         tpk_ctx_destroy(&c);
     }
     if (!failed) {
-        CHECK(r[0].loss == r[1].loss, "loss %.9g, with recompute %.9g", (double)r[0].loss, (double)r[1].loss);
-        CHECK(r[0].n == r[1].n, "%d parameters, with recompute %d", r[0].n, r[1].n);
-        for (int i = 0; i < r[0].n && i < r[1].n; i++) CHECK(!memcmp(r[0].grad[i], r[1].grad[i], 4 * r[0].numel[i]), "gradient %d differs with recompute", i);
-        CHECK(peak[1] < peak[0], "peak memory %zu bytes with full recompute, %zu without", peak[1], peak[0]);
-        if (getenv("TPK_TEST_VERBOSE") && test__rank == 0) printf("  peak memory: %zu bytes, %zu with full recompute\n", peak[0], peak[1]);
+        CHECK(r[0].loss == r[1].loss, "loss %.9g, with %s recompute %.9g", (double)r[0].loss, name, (double)r[1].loss);
+        CHECK(r[0].n == r[1].n, "%d parameters, with %s recompute %d", r[0].n, name, r[1].n);
+        for (int i = 0; i < r[0].n && i < r[1].n; i++)
+            CHECK(!memcmp(r[0].grad[i], r[1].grad[i], 4 * r[0].numel[i]), "gradient %d differs with %s recompute", i, name);
+        CHECK(peak[1] < peak[0], "peak memory %zu bytes with %s recompute, %zu without", peak[1], name, peak[0]);
+        if (getenv("TPK_TEST_VERBOSE") && test__rank == 0) printf("  peak memory: %zu bytes, %zu with %s recompute\n", peak[0], peak[1], name);
     }
     test_model_result_free(&r[0]), test_model_result_free(&r[1]);
 }

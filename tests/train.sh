@@ -103,15 +103,15 @@ else fail "--dp-batch 2,6 at DP 2 x TP 2 = TP 2 with --batch 8 (max relative dif
 
 # ---- activation recompute: the same numbers, less memory -------------------------------------------------
 peaks=""
-for rcm in none full; do
+for rcm in none selective full; do
     tr 2 --text "$text" $small --tp 2 --steps 5 --dropout 0.1 --sequence-parallel --recompute $rcm --csv "$T/rc_$rcm.csv"
     peaks="$peaks $(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB (recompute '$rcm').*/\1/p')"
     [ $rc -eq 0 ] || peaks="$peaks error"
 done
-a=$(losses "$T/rc_none.csv" 1 5); b=$(losses "$T/rc_full.csv" 1 5)
-if [ -n "$a" ] && [ "$a" = "$b" ] && printf '%s\n' "$peaks" | awk 'NF == 2 && $2 + 0 < $1 + 0 { ok = 1 } END { exit !ok }'; then
-    ok "--recompute full (dropout, SP, t=2): losses and gradient norms bit-identical over 5 steps; peak memory MB none, full:$peaks"
-else fail "--recompute full: bit-identical and less memory (peaks:$peaks)"; fi
+a=$(losses "$T/rc_none.csv" 1 5); b=$(losses "$T/rc_selective.csv" 1 5); c=$(losses "$T/rc_full.csv" 1 5)
+if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && printf '%s\n' "$peaks" | awk 'NF == 3 && $2 + 0 < $1 + 0 && $3 + 0 < $2 + 0 { ok = 1 } END { exit !ok }'; then
+    ok "--recompute selective and full (dropout, SP, t=2): losses and gradient norms bit-identical to none over 5 steps; peak memory MB none, selective, full:$peaks"
+else fail "--recompute selective, full: bit-identical and less memory (peaks:$peaks)"; fi
 
 # ---- bf16 mixed precision (f32 master weights, bf16 copy remade after every step) -----------------
 tr 2 --text "$text" $small --tp 2 --steps 30 --dtype f32 --csv "$T/f32.csv"
@@ -222,7 +222,7 @@ bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --
 bad "--dp-batch with the wrong count" "list \"8,4,2\": 3 sizes for 2 DP ranks" --text "$text" $small --tp 1 --dp-batch 8,4,2
 bad "--dp-batch not numbers" "expected 2 comma-separated micro-batch sizes" --text "$text" $small --tp 1 --dp-batch 8,x
 bad "--dp-batch with a zero size" "expected 2 comma-separated micro-batch sizes of 1..1000000" --text "$text" $small --tp 1 --dp-batch 0,4
-bad "--recompute unknown" "--recompute: expected none or full, got \"some\"" --text "$text" $small --recompute some
+bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
 bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
 bad "--arch unknown" "--arch: expected gpt2 or llama, got \"mamba\"" --text "$text" $small --arch mamba
 bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2

@@ -67,6 +67,40 @@ static inline void tpk_attention_destroy(tpk_ctx *ctx, tpk_attention *a) {
     tpk__buf_free(ctx, &a->out), tpk__buf_free(ctx, &a->lse), tpk__buf_free(ctx, &a->dqkv);
 }
 
+/* The attention kernel of B sequences of S tokens from qkv [T, (Al + 2 Gl) D] (query heads
+ * [a0, a0 + Al) of A, key/value heads of G): *o S(-1) [T, A D] (unit D) in the buffer `out`, the
+ * log-sum-exp [B, Al, S] in `lse`. Both attentions' forwards, and their selective recompute. */
+static inline tpk_status tpk__attn_core(tpk_ctx *ctx, tpk_buf *out, tpk_buf *lse, const void *qkv, int64_t B, int64_t S, int64_t A, int64_t G,
+                                        int64_t a0, int64_t Al, int64_t D, float p, uint64_t stream, tpk_tensor *o) {
+    int64_t T = B * S;
+    *o = tpk_tensor_shard_2d(NULL, ctx->dtype, T, A * D, TPK_S_EX(-1, 1, (int)D), ctx->tp.size, ctx->tp.rank);
+    TPK_TRY(tpk__buf_view(ctx, out, o));
+    TPK_TRY(tpk__buf_reserve(ctx, lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
+    if (T && Al)
+        TPK_TRY(tpk_op_attn_fwd(ctx, o->data, (float *)lse->p, qkv, B, S, Al, D, A, G, a0, 1.0f / sqrtf((float)D), p, ctx->seed, stream,
+                                ctx->dtype));
+    return TPK_OK;
+}
+static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk_tensor *o) {
+    return tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.data, a->B, a->S, a->A, a->A, a->a0, a->Al, a->D, a->p, a->stream, o);
+}
+
+/* Selective recompute (tpk/recompute.h): after its forward the attention lent out (to the other
+ * blocks) c_attn's gathered input under SP, the output and log-sum-exp and c_proj's output (the
+ * branch, consumed by the residual add); before its backward, with h = the layernorm's output
+ * again, the gathered input and the attention's output are made again (no GEMM). */
+static inline int tpk__attention_lent(tpk_attention *a, tpk_buf **b) {
+    b[0] = &a->c_attn.xb, b[1] = &a->out, b[2] = &a->lse, b[3] = &a->c_proj.y, b[4] = &a->c_proj.y2;
+    return 5;
+}
+static inline tpk_status tpk__attention_recompute(tpk_ctx *ctx, tpk_attention *a, tpk_tensor h) {
+    tpk_tensor o;
+    TPK_TRY(tpk__col_linear_input(ctx, "tpk_attention (recompute)", &a->c_attn, h));
+    TPK_TRY(tpk__attention_core(ctx, a, &o));
+    a->c_proj.x.data = o.data; /* c_proj's saved input */
+    return TPK_OK;
+}
+
 /* y = attention(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism),
  * y in the same layout. */
 static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
@@ -79,15 +113,9 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S = %lld token rows, got %lld", (long long)(B * S), (long long)x.gshape[0]);
     tpk_tensor qkv, o;
     TPK_TRY(tpk_col_linear_forward(ctx, &a->c_attn, x, &qkv)); /* S(-1) [T, 3 Al D], stride 3 */
-    int64_t T = B * S, Al = a->Al, D = a->D;
     a->B = B, a->S = S, a->qkv = qkv;
     a->stream = tpk__dropout_stream(ctx, a->name);
-    o = tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->H, TPK_S_EX(-1, 1, (int)D), ctx->tp.size, ctx->tp.rank);
-    TPK_TRY(tpk__buf_view(ctx, &a->out, &o));
-    TPK_TRY(tpk__buf_reserve(ctx, &a->lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
-    if (T && Al)
-        TPK_TRY(tpk_op_attn_fwd(ctx, o.data, (float *)a->lse.p, qkv.data, B, S, Al, D, a->A, a->A, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
-                                   a->stream, ctx->dtype));
+    TPK_TRY(tpk__attention_core(ctx, a, &o));
     return tpk_row_linear_forward(ctx, &a->c_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
@@ -237,13 +265,30 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, 0, q.data, Al, true, true)); /* [Q | K | V], Q and K rotated */
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, Al * D, k.data, Gl, true, true));
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, (Al + Gl) * D, v.data, Gl, false, true));
-    o = tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->A * D, TPK_S_EX(-1, 1, (int)D), t, r);
-    TPK_TRY(tpk__buf_view(ctx, &a->out, &o));
-    TPK_TRY(tpk__buf_reserve(ctx, &a->lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
-    if (T && Al)
-        TPK_TRY(tpk_op_attn_fwd(ctx, o.data, (float *)a->lse.p, a->qkv.p, B, S, Al, D, a->A, a->G, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
-                                a->stream, ctx->dtype));
+    TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, B, S, a->A, a->G, a->a0, Al, D, a->p, a->stream, &o));
     return tpk_row_linear_forward(ctx, &a->o_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
+}
+
+/* Selective recompute (tpk/recompute.h): lent out after the forward are the gathered input (SP),
+ * the projections' outputs (copied into the kept [Q | K | V] buffer, rotated), the attention's
+ * output and log-sum-exp; before the backward, with h = the norm's output again, the input the
+ * projections' weight gradients read and the attention's output are made again (no GEMM). */
+static inline int tpk__gqa_attention_lent(tpk_gqa_attention *a, tpk_buf **b) {
+    b[0] = &a->xg, b[1] = &a->q_proj.y, b[2] = &a->k_proj.y, b[3] = &a->v_proj.y, b[4] = &a->out, b[5] = &a->lse;
+    return 6;
+}
+static inline tpk_status tpk__gqa_attention_recompute(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor h) {
+    if (a->sp) { /* the tokens gathered again for the projections' weight gradients */
+        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, h.gshape[0], a->H, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &a->xg, &g));
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &h, &g));
+        h = g;
+    }
+    a->q_proj.x.data = a->k_proj.x.data = a->v_proj.x.data = h.data;
+    tpk_tensor o;
+    TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, a->B, a->S, a->A, a->G, a->a0, a->Al, a->D, a->p, a->stream, &o));
+    a->o_proj.x.data = o.data; /* o_proj's saved input */
+    return TPK_OK;
 }
 
 /* dx of the last forward from dy (the layout of y); accumulates the four projections' gradients

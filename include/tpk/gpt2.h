@@ -129,6 +129,32 @@ static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b
     return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
 }
 
+/* Selective recompute (tpk/recompute.h): the block lends out ln_1's and ln_2's outputs and the
+ * attention's and MLP's lent buffers; before its backward, ln_1 and ln_2 run forward again on
+ * their kept inputs (x and x1: the same statistics, the same outputs) and the attention and MLP
+ * remake theirs. */
+static inline int tpk__gpt2_block_lent(tpk_gpt2_block *b, tpk_buf **bufs) {
+    int n = 0;
+    bufs[n++] = &b->ln_1.y, bufs[n++] = &b->ln_2.y;
+    n += tpk__attention_lent(&b->attn, bufs + n);
+    return n + tpk__mlp_lent(&b->mlp, bufs + n);
+}
+/* The block's backward buffers (tpk/recompute.h: one set serves every block's backward). */
+static inline int tpk__gpt2_block_scratch(tpk_gpt2_block *b, tpk_buf **bufs) {
+    int n = 0;
+    bufs[n++] = &b->ln_1.dx, bufs[n++] = &b->ln_2.dx, bufs[n++] = &b->attn.dqkv, bufs[n++] = &b->res_1.drop.dx, bufs[n++] = &b->res_2.drop.dx;
+    tpk_linear *ls[] = {&b->attn.c_attn, &b->attn.c_proj, &b->mlp.c_fc, &b->mlp.c_proj};
+    for (int k = 0; k < 4; k++) n += tpk__linear_scratch(ls[k], bufs + n);
+    return n;
+}
+static inline tpk_status tpk__gpt2_block_recompute(tpk_ctx *ctx, tpk_gpt2_block *b) {
+    tpk_tensor h;
+    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_1, b->ln_1.x, &h));
+    TPK_TRY(tpk__attention_recompute(ctx, &b->attn, h));
+    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_2, b->ln_2.x, &h)); /* on x1, kept in ln_2's buffer */
+    return tpk__mlp_recompute(ctx, &b->mlp, h);
+}
+
 /* ---- model ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_gpt2_config {
@@ -145,7 +171,8 @@ typedef struct tpk_gpt2_config {
     int64_t vocab_multiple; /* wte's shards padded to a multiple of this many rows (tpk/embed.h), so
                                the LM head's GEMMs have aligned leading dimensions; 0: 64, < 0: none */
     tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: keep only each block's input, run its forward
-                               again in the backward (tpk/recompute.h); the same numbers */
+                               again in the backward; _SELECTIVE: keep the GEMM outputs, recompute
+                               the norms and the attention (tpk/recompute.h); the same numbers */
 } tpk_gpt2_config;
 
 typedef struct tpk_gpt2 {
@@ -167,7 +194,7 @@ typedef struct tpk_gpt2 {
      * reduction while the rest of the backward runs. A failing status stops the backward. */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
-    tpk_buf *ckpt, grad;    /* under full recompute: the blocks' inputs [L + 1], a gradient */
+    tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and lent buffers (selective) */
 } tpk_gpt2;
 
 /* The blocks as a stack (tpk/recompute.h). */
@@ -183,11 +210,15 @@ static inline tpk_status tpk__gpt2_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk_gpt2 *g = (tpk_gpt2 *)m;
     return g->grad_ready ? g->grad_ready(ctx, g->h[i].p0, g->h[i].p1, g->grad_ready_user) : TPK_OK;
 }
+static inline int tpk__gpt2_lent(void *m, int64_t i, tpk_buf **bufs) { return tpk__gpt2_block_lent(&((tpk_gpt2 *)m)->h[i], bufs); }
+static inline tpk_status tpk__gpt2_recompute(tpk_ctx *ctx, void *m, int64_t i) { return tpk__gpt2_block_recompute(ctx, &((tpk_gpt2 *)m)->h[i]); }
+static inline int tpk__gpt2_scratch(void *m, int64_t i, tpk_buf **bufs) { return tpk__gpt2_block_scratch(&((tpk_gpt2 *)m)->h[i], bufs); }
 static inline tpk__stack tpk__gpt2_stack(tpk_gpt2 *m) {
     tpk__stack st;
     memset(&st, 0, sizeof st);
-    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.ckpt = m->ckpt;
+    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.b = &m->rc;
     st.fwd = tpk__gpt2_fwd, st.bwd = tpk__gpt2_bwd, st.release = tpk__gpt2_release, st.ready = tpk__gpt2_ready;
+    st.lent = tpk__gpt2_lent, st.recompute = tpk__gpt2_recompute, st.scratch = tpk__gpt2_scratch;
     return st;
 }
 
@@ -205,11 +236,10 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
                          (long long)c.hidden);
     if (!(c.dropout >= 0.0f && c.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->dropout: expected 0 <= p < 1, got %g", (double)c.dropout);
     if ((unsigned)c.recompute >= (unsigned)TPK_RECOMPUTE_COUNT)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE or _FULL, got %d", (int)c.recompute);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE, _SELECTIVE or _FULL, got %d", (int)c.recompute);
     if (c.init_std <= 0) c.init_std = 0.02f;
     m->c = c;
-    m->ckpt = (tpk_buf *)calloc((size_t)c.layers + 1, sizeof *m->ckpt);
-    if (!m->ckpt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld checkpoints", (long long)c.layers + 1);
+    TPK_TRY(tpk__stack_bufs_init(ctx, fn, &m->rc, c.layers));
     bool sp = c.sequence_parallel;
     tpk_embedding_desc ed;
     memset(&ed, 0, sizeof ed);
@@ -249,7 +279,7 @@ static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
     tpk_embedding_destroy(ctx, &m->wte);
     for (int64_t i = 0; m->h && i < m->c.layers; i++) tpk_gpt2_block_destroy(ctx, &m->h[i]);
     free(m->h), m->h = NULL;
-    tpk__stack_free(ctx, m->ckpt, m->c.layers, &m->grad), free(m->ckpt), m->ckpt = NULL;
+    tpk__stack_bufs_free(ctx, &m->rc, m->c.layers);
     tpk_layernorm_destroy(ctx, &m->ln_f), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
     tpk_dropout_destroy(ctx, &m->drop);
 }
@@ -276,7 +306,7 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
     m->B = B, m->S = S;
     TPK_TRY(tpk_dropout_forward(ctx, &m->drop, &x)); /* in place: the embedding does not keep its output */
     tpk__stack st = tpk__gpt2_stack(m);
-    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (full recompute: their inputs kept only) */
+    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or their GEMM outputs only, kept) */
     TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
     if (!targets) return TPK_OK;
@@ -299,10 +329,7 @@ static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scal
     TPK_TRY(tpk_layernorm_backward(ctx, &m->ln_f, g, &g));
     if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->ln_f.w, m->ln_f.b, m->grad_ready_user));
     tpk__stack st = tpk__gpt2_stack(m);
-    st.grad = m->grad;
-    tpk_status s = tpk__stack_backward(ctx, &st, g, &g); /* each block from the last (full recompute: its forward again first) */
-    m->grad = st.grad;
-    TPK_TRY(s);
+    TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its forward, or its cheap parts, again first) */
     TPK_TRY(tpk_dropout_backward_inplace(ctx, &m->drop, &g)); /* g: block 0's input gradient, used only here */
     TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));
     if (m->grad_ready) {

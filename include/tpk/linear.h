@@ -157,6 +157,12 @@ static inline tpk_status tpk_row_linear_init(tpk_ctx *ctx, tpk_row_linear *l, in
     return tpk__linear_init(ctx, l, false, in, out, desc);
 }
 
+/* The buffers only the layer's backward uses (its input gradient and scratch): 5, into b. */
+static inline int tpk__linear_scratch(tpk_linear *l, tpk_buf **b) {
+    b[0] = &l->dy, b[1] = &l->dx, b[2] = &l->dx2, b[3] = &l->gw, b[4] = &l->du;
+    return 5;
+}
+
 /* Release the layer's buffers (its parameters stay in the context). */
 static inline void tpk_linear_destroy(tpk_ctx *ctx, tpk_linear *l) {
     tpk_buf *bufs[] = {&l->xb, &l->y, &l->y2, &l->dy, &l->dx, &l->dx2, &l->gw, &l->pre, &l->du};
@@ -183,12 +189,10 @@ static inline tpk_layout tpk__col_out_layout(const tpk_linear *l) {
     return l->d.group > 1 ? TPK_S_GROUPED(-1, l->d.unit, l->d.group) : TPK_S_EX(-1, l->d.stride, l->d.unit);
 }
 
-/* Column forward: x R [T, in] (S(0) under sequence parallelism) -> *y S(-1) [T, out_r]
- * (R [T, out] with gather_output). */
-static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x, tpk_tensor *y) {
-    static const char *fn = "tpk_col_linear_forward";
-    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", y));
-    TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
+/* A column linear's GEMM input, kept for backward (l->x, l->T): x itself (R), or under sequence
+ * parallelism x's tokens all-gathered into l->xb. Selective recompute (tpk/recompute.h) calls it
+ * again before the backward: the gathered copy is not kept between the two. */
+static inline tpk_status tpk__col_linear_input(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor x) {
     int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     if (l->d.sequence_parallel) {
@@ -200,8 +204,20 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     } else {
         TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want, t, r));
     }
-    int64_t T = x.shape[0], n = l->n_local;
-    l->x = x, l->T = T;
+    l->x = x, l->T = x.shape[0];
+    return TPK_OK;
+}
+
+/* Column forward: x R [T, in] (S(0) under sequence parallelism) -> *y S(-1) [T, out_r]
+ * (R [T, out] with gather_output). */
+static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x, tpk_tensor *y) {
+    static const char *fn = "tpk_col_linear_forward";
+    TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", y));
+    TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
+    TPK_TRY(tpk__col_linear_input(ctx, fn, l, x));
+    int t = ctx->tp.size, r = ctx->tp.rank;
+    int64_t T = l->T, n = l->n_local;
+    x = l->x;
     tpk_tensor yl = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, tpk__col_out_layout(l), t, r);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (l->d.act != TPK_ACT_NONE) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));

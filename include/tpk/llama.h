@@ -125,6 +125,33 @@ static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block 
     return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
 }
 
+/* Selective recompute (tpk/recompute.h): the block lends out the norms' outputs and the
+ * attention's and MLP's lent buffers; before its backward, the norms run forward again on their
+ * kept inputs (x and x1) and the attention and MLP remake theirs. */
+static inline int tpk__llama_block_lent(tpk_llama_block *b, tpk_buf **bufs) {
+    int n = 0;
+    bufs[n++] = &b->norm_1.y, bufs[n++] = &b->norm_2.y;
+    n += tpk__gqa_attention_lent(&b->attn, bufs + n);
+    return n + tpk__swiglu_mlp_lent(&b->mlp, bufs + n);
+}
+/* The block's backward buffers (tpk/recompute.h: one set serves every block's backward). */
+static inline int tpk__llama_block_scratch(tpk_llama_block *b, tpk_buf **bufs) {
+    int n = 0;
+    tpk_gqa_attention *a = &b->attn;
+    bufs[n++] = &b->norm_1.dx, bufs[n++] = &b->norm_2.dx, bufs[n++] = &b->res_1.drop.dx, bufs[n++] = &b->res_2.drop.dx, bufs[n++] = &b->mlp.dgu;
+    bufs[n++] = &a->dqkv, bufs[n++] = &a->dq, bufs[n++] = &a->dk, bufs[n++] = &a->dv, bufs[n++] = &a->dx;
+    tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj, &b->mlp.gate_up, &b->mlp.down};
+    for (int k = 0; k < 6; k++) n += tpk__linear_scratch(ls[k], bufs + n);
+    return n;
+}
+static inline tpk_status tpk__llama_block_recompute(tpk_ctx *ctx, tpk_llama_block *b) {
+    tpk_tensor h;
+    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_1, b->norm_1.x, &h));
+    TPK_TRY(tpk__gqa_attention_recompute(ctx, &b->attn, h));
+    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_2, b->norm_2.x, &h)); /* on x1, kept in o_proj's output */
+    return tpk__swiglu_mlp_recompute(ctx, &b->mlp, h);
+}
+
 /* ---- model ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_llama_config {
@@ -143,7 +170,8 @@ typedef struct tpk_llama_config {
     bool sequence_parallel;
     float init_std;         /* default 0.02 (Hugging Face's initializer_range) */
     int64_t vocab_multiple; /* shards padded to a multiple of this many rows; 0: 64, < 0: none */
-    tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: each block's forward again in the backward */
+    tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: each block's forward again in the backward;
+                                _SELECTIVE: the norms, the attention kernel and SwiGLU again */
 } tpk_llama_config;
 
 typedef struct tpk_llama {
@@ -161,7 +189,7 @@ typedef struct tpk_llama {
      * for this backward (lm_head when untied, norm, each layer from the last, embed_tokens). */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
-    tpk_buf *ckpt, grad;     /* under full recompute: the blocks' inputs [L + 1], a gradient */
+    tpk__stack_bufs rc;      /* the stack's checkpoints (full recompute) and lent buffers (selective) */
 } tpk_llama;
 
 /* The blocks as a stack (tpk/recompute.h). */
@@ -177,11 +205,17 @@ static inline tpk_status tpk__llama_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk_llama *l = (tpk_llama *)m;
     return l->grad_ready ? l->grad_ready(ctx, l->layers[i].p0, l->layers[i].p1, l->grad_ready_user) : TPK_OK;
 }
+static inline int tpk__llama_lent(void *m, int64_t i, tpk_buf **bufs) { return tpk__llama_block_lent(&((tpk_llama *)m)->layers[i], bufs); }
+static inline tpk_status tpk__llama_recompute(tpk_ctx *ctx, void *m, int64_t i) {
+    return tpk__llama_block_recompute(ctx, &((tpk_llama *)m)->layers[i]);
+}
+static inline int tpk__llama_scratch(void *m, int64_t i, tpk_buf **bufs) { return tpk__llama_block_scratch(&((tpk_llama *)m)->layers[i], bufs); }
 static inline tpk__stack tpk__llama_stack(tpk_llama *m) {
     tpk__stack st;
     memset(&st, 0, sizeof st);
-    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.ckpt = m->ckpt;
+    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.b = &m->rc;
     st.fwd = tpk__llama_fwd, st.bwd = tpk__llama_bwd, st.release = tpk__llama_release, st.ready = tpk__llama_ready;
+    st.lent = tpk__llama_lent, st.recompute = tpk__llama_recompute, st.scratch = tpk__llama_scratch;
     return st;
 }
 
@@ -211,13 +245,12 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
     if (c.ffn < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->ffn: expected >= 1 (0 = Llama's default), got %lld", (long long)c.ffn);
     if (!c.ffn) c.ffn = tpk_llama_default_ffn(c.hidden);
     if ((unsigned)c.recompute >= (unsigned)TPK_RECOMPUTE_COUNT)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE or _FULL, got %d", (int)c.recompute);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE, _SELECTIVE or _FULL, got %d", (int)c.recompute);
     if (c.init_std <= 0) c.init_std = 0.02f;
     if (c.rope_theta == 0) c.rope_theta = 10000.0f;
     if (c.norm_eps == 0) c.norm_eps = 1e-6f;
     m->c = c;
-    m->ckpt = (tpk_buf *)calloc((size_t)c.layers + 1, sizeof *m->ckpt);
-    if (!m->ckpt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld checkpoints", (long long)c.layers + 1);
+    TPK_TRY(tpk__stack_bufs_init(ctx, fn, &m->rc, c.layers));
     bool sp = c.sequence_parallel;
     tpk_embedding_desc ed;
     memset(&ed, 0, sizeof ed);
@@ -261,7 +294,7 @@ static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
     tpk_embedding_destroy(ctx, &m->embed);
     for (int64_t i = 0; m->layers && i < m->c.layers; i++) tpk_llama_block_destroy(ctx, &m->layers[i]);
     free(m->layers), m->layers = NULL;
-    tpk__stack_free(ctx, m->ckpt, m->c.layers, &m->grad), free(m->ckpt), m->ckpt = NULL;
+    tpk__stack_bufs_free(ctx, &m->rc, m->c.layers);
     tpk_rmsnorm_destroy(ctx, &m->norm), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
 }
 
@@ -280,7 +313,7 @@ static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int
     TPK_TRY(tpk_embedding_forward(ctx, &m->embed, ids, B, S, &x)); /* checks ids, B, S */
     m->B = B, m->S = S;
     tpk__stack st = tpk__llama_stack(m);
-    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (full recompute: their inputs kept only) */
+    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or their GEMM outputs only, kept) */
     TPK_TRY(tpk_rmsnorm_forward(ctx, &m->norm, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, Vp_r] */
     if (!targets) return TPK_OK;
@@ -303,10 +336,7 @@ static inline tpk_status tpk_llama_backward(tpk_ctx *ctx, tpk_llama *m, float sc
     TPK_TRY(tpk_rmsnorm_backward(ctx, &m->norm, g, &g));
     if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->norm.w, m->norm.w, m->grad_ready_user));
     tpk__stack st = tpk__llama_stack(m);
-    st.grad = m->grad;
-    tpk_status s = tpk__stack_backward(ctx, &st, g, &g); /* each block from the last (full recompute: its forward again first) */
-    m->grad = st.grad;
-    TPK_TRY(s);
+    TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its forward, or its cheap parts, again first) */
     TPK_TRY(tpk_embedding_backward(ctx, &m->embed, g));
     if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->embed.wte, m->embed.wte, m->grad_ready_user)); /* tied: the head's too */
     return TPK_OK;

@@ -65,6 +65,14 @@ static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x,
     return tpk_row_linear_forward(ctx, &m->c_proj, h, y);
 }
 
+/* Selective recompute (tpk/recompute.h): the MLP lends out only c_fc's gathered input (SP) —
+ * c_fc's outputs (the pre-activation and the activation fused into the GEMM) are kept — and
+ * gathers it again from h (the layernorm's output) before its backward. */
+static inline int tpk__mlp_lent(tpk_mlp *m, tpk_buf **b) { return b[0] = &m->c_fc.xb, 1; }
+static inline tpk_status tpk__mlp_recompute(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor h) {
+    return tpk__col_linear_input(ctx, "tpk_mlp (recompute)", &m->c_fc, h);
+}
+
 /* dx of the last forward; accumulates the gradients of c_fc and c_proj. */
 static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
@@ -137,6 +145,23 @@ static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m,
     TPK_TRY(tpk__buf_view(ctx, &m->h, &h));
     TPK_TRY(tpk_op_swiglu_fwd(ctx, h.data, m->gu.data, T, Fl, ctx->dtype));
     return tpk_row_linear_forward(ctx, &m->down, h, y);
+}
+
+/* Selective recompute (tpk/recompute.h): lent out are gate_up's gathered input (SP) and the
+ * product h (gate_up's output is kept); before the backward, from h = the norm's output again,
+ * the gathered input and silu(gate) up are made again (no GEMM). */
+static inline int tpk__swiglu_mlp_lent(tpk_swiglu_mlp *m, tpk_buf **b) {
+    b[0] = &m->gate_up.xb, b[1] = &m->h;
+    return 2;
+}
+static inline tpk_status tpk__swiglu_mlp_recompute(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x) {
+    TPK_TRY(tpk__col_linear_input(ctx, "tpk_swiglu_mlp (recompute)", &m->gate_up, x));
+    int64_t T = m->gu.shape[0], Fl = m->gu.shape[1] / 2;
+    tpk_tensor h = tpk_tensor_shard_2d(NULL, ctx->dtype, T, m->F, TPK_S(-1), ctx->tp.size, ctx->tp.rank);
+    TPK_TRY(tpk__buf_view(ctx, &m->h, &h));
+    TPK_TRY(tpk_op_swiglu_fwd(ctx, h.data, m->gu.data, T, Fl, ctx->dtype));
+    m->down.x.data = h.data; /* down's saved input */
+    return TPK_OK;
 }
 
 /* dx of the last forward; accumulates the gradients of the three projections. */
