@@ -238,6 +238,23 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
     o->n = test_gather_grads(ctx, o->grad, 64);
     for (int i = 0; i < o->n; i++) o->numel[i] = tpk_param_global_numel(ctx, i);
+    /* the blocks' buffers borrowed from the stack's pools (tpk/recompute.h) are back there: no block
+     * holds any of the sets its mode borrows, and under full recompute no buffer at all (its
+     * destroy frees nothing: every buffer is in one of its sets) */
+    bool llama = m.arch == TPK_ARCH_LLAMA;
+    tpk_recompute rc = llama ? m.llama.c.recompute : m.gpt2.c.recompute;
+    size_t held = 0;
+    for (int64_t i = 0; i < (llama ? m.llama.c.layers : m.gpt2.c.layers); i++) {
+        for (int set = 1; set <= TPK__SET_SCRATCH; set <<= 1) {
+            tpk_buf *bufs[TPK__SET_MAX];
+            int n = !(tpk__stack_sets(rc, true) & set) ? 0 : llama ? tpk__llama_bufs(&m.llama, i, set, bufs) : tpk__gpt2_bufs(&m.gpt2, i, set, bufs);
+            for (int k = 0; k < n; k++) held += bufs[k]->bytes;
+        }
+        size_t mem = ctx->mem;
+        if (rc == TPK_RECOMPUTE_FULL) llama ? tpk_llama_block_destroy(ctx, &m.llama.layers[i]) : tpk_gpt2_block_destroy(ctx, &m.gpt2.h[i]);
+        held += mem - ctx->mem;
+    }
+    CHECK(held == 0, "the blocks hold %zu bytes of the buffers they borrow (recompute %s)", held, tpk_recompute_name(rc));
     tpk_model_destroy(ctx, &m);
     return test__fails_case > f0;
 }

@@ -129,22 +129,27 @@ static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b
     return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
 }
 
-/* Selective recompute (tpk/recompute.h): the block lends out ln_1's and ln_2's outputs and the
- * attention's and MLP's lent buffers; before its backward, ln_1 and ln_2 run forward again on
- * their kept inputs (x and x1: the same statistics, the same outputs) and the attention and MLP
- * remake theirs. */
-static inline int tpk__gpt2_block_lent(tpk_gpt2_block *b, tpk_buf **bufs) {
+/* The block's buffers by set (tpk/recompute.h): LENT ln_1's and ln_2's outputs and the
+ * attention's and MLP's cheap buffers; KEPT the statistics, x1, the linears' GEMM outputs;
+ * SCRATCH what only the backward uses. Selective recompute remakes LENT before the backward:
+ * ln_1 and ln_2 run forward again on their kept inputs (x and x1: the same statistics, the same
+ * outputs), the attention and the MLP remake theirs. */
+static inline int tpk__gpt2_block_bufs(tpk_gpt2_block *b, int set, tpk_buf **o) {
     int n = 0;
-    bufs[n++] = &b->ln_1.y, bufs[n++] = &b->ln_2.y;
-    n += tpk__attention_lent(&b->attn, bufs + n);
-    return n + tpk__mlp_lent(&b->mlp, bufs + n);
-}
-/* The block's backward buffers (tpk/recompute.h: one set serves every block's backward). */
-static inline int tpk__gpt2_block_scratch(tpk_gpt2_block *b, tpk_buf **bufs) {
-    int n = 0;
-    bufs[n++] = &b->ln_1.dx, bufs[n++] = &b->ln_2.dx, bufs[n++] = &b->attn.dqkv, bufs[n++] = &b->res_1.drop.dx, bufs[n++] = &b->res_2.drop.dx;
-    tpk_linear *ls[] = {&b->attn.c_attn, &b->attn.c_proj, &b->mlp.c_fc, &b->mlp.c_proj};
-    for (int k = 0; k < 4; k++) n += tpk__linear_scratch(ls[k], bufs + n);
+    tpk_linear *ca = &b->attn.c_attn, *cp = &b->attn.c_proj, *fc = &b->mlp.c_fc, *mp = &b->mlp.c_proj;
+    if (set == TPK__SET_LENT) {
+        o[n++] = &b->ln_1.y, o[n++] = &b->ln_2.y;
+        n += tpk__attention_lent(&b->attn, o + n);
+        n += tpk__mlp_lent(&b->mlp, o + n);
+    } else if (set == TPK__SET_KEPT) {
+        tpk_buf *k[] = {&b->ln_1.mean, &b->ln_1.rstd, &b->ln_1.x1, &b->ln_2.mean, &b->ln_2.rstd, &b->ln_2.x1, &ca->y, &ca->y2, &ca->pre,
+                        &cp->xb, &cp->pre, &fc->y, &fc->y2, &fc->pre, &mp->xb, &mp->y, &mp->y2, &mp->pre};
+        for (size_t j = 0; j < sizeof k / sizeof k[0]; j++) o[n++] = k[j];
+    } else {
+        o[n++] = &b->ln_1.dx, o[n++] = &b->ln_2.dx, o[n++] = &b->attn.dqkv, o[n++] = &b->res_1.drop.dx, o[n++] = &b->res_2.drop.dx;
+        tpk_linear *ls[] = {ca, cp, fc, mp};
+        for (int j = 0; j < 4; j++) n += tpk__linear_scratch(ls[j], o + n);
+    }
     return n;
 }
 static inline tpk_status tpk__gpt2_block_recompute(tpk_ctx *ctx, tpk_gpt2_block *b) {
@@ -194,7 +199,7 @@ typedef struct tpk_gpt2 {
      * reduction while the rest of the backward runs. A failing status stops the backward. */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
-    tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and lent buffers (selective) */
+    tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and the pools blocks borrow from */
 } tpk_gpt2;
 
 /* The blocks as a stack (tpk/recompute.h). */
@@ -205,20 +210,18 @@ static inline tpk_status tpk__gpt2_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_ten
 static inline tpk_status tpk__gpt2_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
     return tpk_gpt2_block_backward(ctx, &((tpk_gpt2 *)m)->h[i], dy, dx);
 }
-static inline void tpk__gpt2_release(tpk_ctx *ctx, void *m, int64_t i) { tpk_gpt2_block_destroy(ctx, &((tpk_gpt2 *)m)->h[i]); }
 static inline tpk_status tpk__gpt2_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk_gpt2 *g = (tpk_gpt2 *)m;
     return g->grad_ready ? g->grad_ready(ctx, g->h[i].p0, g->h[i].p1, g->grad_ready_user) : TPK_OK;
 }
-static inline int tpk__gpt2_lent(void *m, int64_t i, tpk_buf **bufs) { return tpk__gpt2_block_lent(&((tpk_gpt2 *)m)->h[i], bufs); }
+static inline int tpk__gpt2_bufs(void *m, int64_t i, int set, tpk_buf **o) { return tpk__gpt2_block_bufs(&((tpk_gpt2 *)m)->h[i], set, o); }
 static inline tpk_status tpk__gpt2_recompute(tpk_ctx *ctx, void *m, int64_t i) { return tpk__gpt2_block_recompute(ctx, &((tpk_gpt2 *)m)->h[i]); }
-static inline int tpk__gpt2_scratch(void *m, int64_t i, tpk_buf **bufs) { return tpk__gpt2_block_scratch(&((tpk_gpt2 *)m)->h[i], bufs); }
 static inline tpk__stack tpk__gpt2_stack(tpk_gpt2 *m) {
     tpk__stack st;
     memset(&st, 0, sizeof st);
     st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.b = &m->rc;
-    st.fwd = tpk__gpt2_fwd, st.bwd = tpk__gpt2_bwd, st.release = tpk__gpt2_release, st.ready = tpk__gpt2_ready;
-    st.lent = tpk__gpt2_lent, st.recompute = tpk__gpt2_recompute, st.scratch = tpk__gpt2_scratch;
+    st.fwd = tpk__gpt2_fwd, st.bwd = tpk__gpt2_bwd, st.ready = tpk__gpt2_ready;
+    st.bufs = tpk__gpt2_bufs, st.recompute = tpk__gpt2_recompute;
     return st;
 }
 

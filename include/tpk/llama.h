@@ -125,23 +125,29 @@ static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block 
     return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
 }
 
-/* Selective recompute (tpk/recompute.h): the block lends out the norms' outputs and the
- * attention's and MLP's lent buffers; before its backward, the norms run forward again on their
- * kept inputs (x and x1) and the attention and MLP remake theirs. */
-static inline int tpk__llama_block_lent(tpk_llama_block *b, tpk_buf **bufs) {
-    int n = 0;
-    bufs[n++] = &b->norm_1.y, bufs[n++] = &b->norm_2.y;
-    n += tpk__gqa_attention_lent(&b->attn, bufs + n);
-    return n + tpk__swiglu_mlp_lent(&b->mlp, bufs + n);
-}
-/* The block's backward buffers (tpk/recompute.h: one set serves every block's backward). */
-static inline int tpk__llama_block_scratch(tpk_llama_block *b, tpk_buf **bufs) {
+/* The block's buffers by set (tpk/recompute.h): LENT the norms' outputs and the attention's and
+ * MLP's cheap buffers; KEPT the statistics, [Q | K | V], the linears' GEMM outputs (x1 and the
+ * block's output among them); SCRATCH what only the backward uses. Selective recompute remakes
+ * LENT before the backward: the norms run forward again on their kept inputs (x and x1), the
+ * attention and the MLP remake theirs. */
+static inline int tpk__llama_block_bufs(tpk_llama_block *b, int set, tpk_buf **o) {
     int n = 0;
     tpk_gqa_attention *a = &b->attn;
-    bufs[n++] = &b->norm_1.dx, bufs[n++] = &b->norm_2.dx, bufs[n++] = &b->res_1.drop.dx, bufs[n++] = &b->res_2.drop.dx, bufs[n++] = &b->mlp.dgu;
-    bufs[n++] = &a->dqkv, bufs[n++] = &a->dq, bufs[n++] = &a->dk, bufs[n++] = &a->dv, bufs[n++] = &a->dx;
-    tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj, &b->mlp.gate_up, &b->mlp.down};
-    for (int k = 0; k < 6; k++) n += tpk__linear_scratch(ls[k], bufs + n);
+    if (set == TPK__SET_LENT) {
+        o[n++] = &b->norm_1.y, o[n++] = &b->norm_2.y;
+        n += tpk__gqa_attention_lent(a, o + n);
+        n += tpk__swiglu_mlp_lent(&b->mlp, o + n);
+    } else if (set == TPK__SET_KEPT) {
+        tpk_linear *q = &a->q_proj, *k = &a->k_proj, *v = &a->v_proj, *op = &a->o_proj, *gu = &b->mlp.gate_up, *dn = &b->mlp.down;
+        tpk_buf *kept[] = {&b->norm_1.rstd, &b->norm_2.rstd, &a->qkv, &q->xb, &q->y2, &q->pre, &k->xb, &k->y2, &k->pre, &v->xb, &v->y2, &v->pre,
+                           &op->xb, &op->y, &op->y2, &op->pre, &gu->y, &gu->y2, &gu->pre, &dn->xb, &dn->y, &dn->y2, &dn->pre};
+        for (size_t j = 0; j < sizeof kept / sizeof kept[0]; j++) o[n++] = kept[j];
+    } else {
+        o[n++] = &b->norm_1.dx, o[n++] = &b->norm_2.dx, o[n++] = &b->res_1.drop.dx, o[n++] = &b->res_2.drop.dx, o[n++] = &b->mlp.dgu;
+        o[n++] = &a->dqkv, o[n++] = &a->dq, o[n++] = &a->dk, o[n++] = &a->dv, o[n++] = &a->dx;
+        tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj, &b->mlp.gate_up, &b->mlp.down};
+        for (int j = 0; j < 6; j++) n += tpk__linear_scratch(ls[j], o + n);
+    }
     return n;
 }
 static inline tpk_status tpk__llama_block_recompute(tpk_ctx *ctx, tpk_llama_block *b) {
@@ -189,7 +195,7 @@ typedef struct tpk_llama {
      * for this backward (lm_head when untied, norm, each layer from the last, embed_tokens). */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
-    tpk__stack_bufs rc;      /* the stack's checkpoints (full recompute) and lent buffers (selective) */
+    tpk__stack_bufs rc;      /* the stack's checkpoints (full recompute) and the pools blocks borrow from */
 } tpk_llama;
 
 /* The blocks as a stack (tpk/recompute.h). */
@@ -200,22 +206,20 @@ static inline tpk_status tpk__llama_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_te
 static inline tpk_status tpk__llama_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
     return tpk_llama_block_backward(ctx, &((tpk_llama *)m)->layers[i], dy, dx);
 }
-static inline void tpk__llama_release(tpk_ctx *ctx, void *m, int64_t i) { tpk_llama_block_destroy(ctx, &((tpk_llama *)m)->layers[i]); }
 static inline tpk_status tpk__llama_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk_llama *l = (tpk_llama *)m;
     return l->grad_ready ? l->grad_ready(ctx, l->layers[i].p0, l->layers[i].p1, l->grad_ready_user) : TPK_OK;
 }
-static inline int tpk__llama_lent(void *m, int64_t i, tpk_buf **bufs) { return tpk__llama_block_lent(&((tpk_llama *)m)->layers[i], bufs); }
+static inline int tpk__llama_bufs(void *m, int64_t i, int set, tpk_buf **o) { return tpk__llama_block_bufs(&((tpk_llama *)m)->layers[i], set, o); }
 static inline tpk_status tpk__llama_recompute(tpk_ctx *ctx, void *m, int64_t i) {
     return tpk__llama_block_recompute(ctx, &((tpk_llama *)m)->layers[i]);
 }
-static inline int tpk__llama_scratch(void *m, int64_t i, tpk_buf **bufs) { return tpk__llama_block_scratch(&((tpk_llama *)m)->layers[i], bufs); }
 static inline tpk__stack tpk__llama_stack(tpk_llama *m) {
     tpk__stack st;
     memset(&st, 0, sizeof st);
     st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.b = &m->rc;
-    st.fwd = tpk__llama_fwd, st.bwd = tpk__llama_bwd, st.release = tpk__llama_release, st.ready = tpk__llama_ready;
-    st.lent = tpk__llama_lent, st.recompute = tpk__llama_recompute, st.scratch = tpk__llama_scratch;
+    st.fwd = tpk__llama_fwd, st.bwd = tpk__llama_bwd, st.ready = tpk__llama_ready;
+    st.bufs = tpk__llama_bufs, st.recompute = tpk__llama_recompute;
     return st;
 }
 

@@ -17,19 +17,18 @@
  *                            T H per column linear's input in the backward.
  *   TPK_RECOMPUTE_FULL       forward: each block's input is copied into a checkpoint [T, H] (the
  *                            layout of the hidden states: R, or S(0) under sequence parallelism), the
- *                            block runs, its output is copied into the next checkpoint and the block's
- *                            buffers are released; backward, from the last block: the block's forward
- *                            runs again from its checkpoint, then its backward, its input gradient is
- *                            copied out and its buffers released. Memory: L + 2 tensors of [T, H]
- *                            and one block's activations, instead of L blocks' activations; the cost
- *                            is one more forward of every block (and its collectives) in the backward.
- * In every mode but FULL (which releases a block's buffers) the buffers only a block's backward
- * uses — its input gradients and scratch — are lent the same way from one set (`scratch`): the
- * backward holds one block's, not L blocks', and the gradient between two blocks is copied into
- * one buffer (T H) so that the next block's scratch may reuse the memory it came from.
+ *                            block runs on buffers it borrows, its output is copied into the next
+ *                            checkpoint; backward, from the last block: the block's forward runs
+ *                            again from its checkpoint, then its backward. Memory: L + 2 tensors of
+ *                            [T, H] and one block's activations, instead of L blocks' activations;
+ *                            the cost is one more forward of every block (and its collectives).
+ * A block's buffers are borrowed from pools (below), never allocated per step: in every mode the
+ * backward's own buffers (input gradients, scratch) are one set that serves each block's backward
+ * in turn — the backward holds one block's, not L blocks' — and the gradient between two blocks is
+ * copied into one buffer (T H) so that the next block may reuse the memory it came from.
  * Dropout masks come from the counter RNG at the same ctx->rng_step (and the attention's saved
  * stream), so whatever is recomputed is the same computation: every number is bit-identical to
- * no recompute in both modes.
+ * no recompute in every mode.
  * The block callbacks take the block index; `ready` (may be NULL) is called after block i's
  * backward with its gradients final (the data-parallel hook). */
 #ifndef TPK_RECOMPUTE_H
@@ -48,16 +47,20 @@ static inline bool tpk_recompute_parse(const char *name, tpk_recompute *r) {
     return false;
 }
 
-enum { TPK__LENT_MAX = 12,     /* the most buffers a block lends under selective recompute */
-       TPK__SCRATCH_MAX = 48 }; /* the most backward buffers of a block */
+/* A block's buffers in three sets, each lent from a pool of the model's (one block at a time):
+ *   LENT     what selective recompute remakes before the backward (the cheap activations)
+ *   KEPT     the rest of what the forward writes (GEMM outputs, statistics, the residual stream)
+ *   SCRATCH  what only the backward uses (input gradients, scratch)
+ * NONE lends SCRATCH for each backward; SELECTIVE also LENT, for the forward and the backward;
+ * FULL all three for both (nothing of a block outlives its forward or backward). */
+enum { TPK__SET_LENT = 1, TPK__SET_KEPT = 2, TPK__SET_SCRATCH = 4, TPK__SETS = 3, TPK__SET_MAX = 48 };
 
-/* A model's buffers for its stack: the checkpoints and the gradient between blocks (full), the
- * pool of lent buffers (selective). */
+/* A model's buffers for its stack: the checkpoints (full), the gradient between two blocks, the
+ * pools of lent buffers. */
 typedef struct tpk__stack_bufs {
-    tpk_buf *ckpt;                /* [L + 1] under FULL: block i's input, ckpt[L] the last output */
-    tpk_buf grad;                 /* under FULL: the gradient between two blocks */
-    tpk_buf pool[TPK__LENT_MAX];  /* under SELECTIVE: the buffers lent to one block at a time */
-    tpk_buf scratch[TPK__SCRATCH_MAX]; /* NONE, SELECTIVE: the backward's buffers, lent likewise */
+    tpk_buf *ckpt;                             /* [L + 1] under FULL: block i's input, ckpt[L] the last output */
+    tpk_buf grad;                              /* the gradient between two blocks */
+    tpk_buf pool[TPK__SETS][TPK__SET_MAX];     /* a pool per set */
 } tpk__stack_bufs;
 
 typedef struct tpk__stack {
@@ -66,36 +69,26 @@ typedef struct tpk__stack {
     tpk_recompute mode;
     tpk_status (*fwd)(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x, tpk_tensor *y);
     tpk_status (*bwd)(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx);
-    void (*release)(tpk_ctx *ctx, void *m, int64_t i); /* free block i's buffers (it stays usable) */
     tpk_status (*ready)(tpk_ctx *ctx, void *m, int64_t i);
-    /* SELECTIVE: block i's buffers to lend (the same roles in the same order for every block),
-     * and the recompute of their contents from what the block kept, before its backward */
-    int (*lent)(void *m, int64_t i, tpk_buf **bufs);
+    /* block i's buffers of one set (TPK__SET_*; the same roles in the same order for every block),
+     * at most TPK__SET_MAX; and SELECTIVE's remaking of the LENT set from what the block kept */
+    int (*bufs)(void *m, int64_t i, int set, tpk_buf **out);
     tpk_status (*recompute)(tpk_ctx *ctx, void *m, int64_t i);
-    /* block i's buffers that only its backward uses (input gradients, scratch): one set serves
-     * every block's backward in turn (the gradient between two blocks is copied out) */
-    int (*scratch)(void *m, int64_t i, tpk_buf **bufs);
     tpk__stack_bufs *b;
 } tpk__stack;
 
-/* Swap n of block i's buffers with a pool (twice: lent, then returned). Views the block keeps into
- * them stay pointing at the pool's memory, which the next block overwrites: selective recompute
- * rewrites them (st->recompute) before the block's backward reads them. */
-static inline void tpk__stack_swap(tpk_buf **bufs, int n, tpk_buf *pool) {
-    for (int k = 0; k < n; k++) {
-        tpk_buf t = *bufs[k];
-        *bufs[k] = pool[k], pool[k] = t;
+/* Swap block i's buffers of the sets in `mask` with their pools (twice: lent, then returned). Views
+ * the block keeps into them stay pointing at the pool's memory, which the next block overwrites:
+ * what the backward reads of it is remade first (st->recompute, or FULL's forward again). */
+static inline void tpk__stack_lend(tpk__stack *st, int64_t i, int mask) {
+    for (int k = 0; k < TPK__SETS; k++) {
+        tpk_buf *bufs[TPK__SET_MAX];
+        int n = mask & (1 << k) ? st->bufs(st->m, i, 1 << k, bufs) : 0;
+        for (int j = 0; j < n && j < TPK__SET_MAX; j++) {
+            tpk_buf t = *bufs[j];
+            *bufs[j] = st->b->pool[k][j], st->b->pool[k][j] = t;
+        }
     }
-}
-static inline void tpk__stack_lend(tpk__stack *st, int64_t i) {
-    tpk_buf *bufs[TPK__LENT_MAX + TPK__SCRATCH_MAX];
-    int n = st->lent(st->m, i, bufs);
-    tpk__stack_swap(bufs, n < TPK__LENT_MAX ? n : TPK__LENT_MAX, st->b->pool);
-}
-static inline void tpk__stack_lend_scratch(tpk__stack *st, int64_t i) {
-    tpk_buf *bufs[TPK__SCRATCH_MAX + TPK__LENT_MAX];
-    int n = st->scratch(st->m, i, bufs);
-    tpk__stack_swap(bufs, n < TPK__SCRATCH_MAX ? n : TPK__SCRATCH_MAX, st->b->scratch);
 }
 
 /* t's data copied into buffer b (grown); *out = t viewing b. */
@@ -108,47 +101,45 @@ static inline tpk_status tpk__stack_keep(tpk_ctx *ctx, tpk_buf *b, tpk_tensor t,
     return TPK_OK;
 }
 
+/* The sets a block borrows for its forward and for its backward. */
+static inline int tpk__stack_sets(tpk_recompute mode, bool backward) {
+    if (mode == TPK_RECOMPUTE_FULL) return TPK__SET_LENT | TPK__SET_KEPT | TPK__SET_SCRATCH;
+    return (mode == TPK_RECOMPUTE_SELECTIVE ? TPK__SET_LENT : 0) | (backward ? TPK__SET_SCRATCH : 0);
+}
+
 static inline tpk_status tpk__stack_forward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor x, tpk_tensor *y) {
+    int sets = tpk__stack_sets(st->mode, false);
+    bool full = st->mode == TPK_RECOMPUTE_FULL;
     for (int64_t i = 0; i < st->L; i++) {
-        if (st->mode == TPK_RECOMPUTE_FULL) {
-            if (!i) TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[0], x, &x)); /* later inputs were kept as outputs */
-            TPK_TRY(st->fwd(ctx, st->m, i, x, &x));
-            TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[i + 1], x, &x));
-            st->release(ctx, st->m, i);
-        } else if (st->mode == TPK_RECOMPUTE_SELECTIVE) {
-            tpk__stack_lend(st, i);
-            tpk_status s = st->fwd(ctx, st->m, i, x, &x);
-            tpk__stack_lend(st, i); /* returned, also on failure */
-            TPK_TRY(s);
-        } else {
-            TPK_TRY(st->fwd(ctx, st->m, i, x, &x));
-        }
+        if (full && !i) TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[0], x, &x)); /* later inputs are kept as outputs */
+        tpk__stack_lend(st, i, sets);
+        tpk_status s = st->fwd(ctx, st->m, i, x, &x);
+        if (s == TPK_OK && full) s = tpk__stack_keep(ctx, &st->b->ckpt[i + 1], x, &x);
+        tpk__stack_lend(st, i, sets); /* returned, also on failure */
+        TPK_TRY(s);
     }
     *y = x;
     return TPK_OK;
 }
 
-/* g: the gradient of the last forward's output; *dx: of its input. */
+/* g: the gradient of the last forward's output; *dx: of its input. Each block's input gradient
+ * is copied into one buffer, so the next block's borrowed buffers may reuse its memory. */
 static inline tpk_status tpk__stack_backward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor g, tpk_tensor *dx) {
+    int sets = tpk__stack_sets(st->mode, true);
     for (int64_t i = st->L - 1; i >= 0; i--) {
+        tpk__stack_lend(st, i, sets);
+        tpk_status s = TPK_OK;
         if (st->mode == TPK_RECOMPUTE_FULL) {
             tpk_tensor x = g, y;
-            x.data = st->b->ckpt[i].p; /* block i's input: the hidden states' shape and layout */
-            TPK_TRY(st->fwd(ctx, st->m, i, x, &y)); /* the same forward again */
-            TPK_TRY(st->bwd(ctx, st->m, i, g, &g));
-            TPK_TRY(tpk__stack_keep(ctx, &st->b->grad, g, &g));
-            st->release(ctx, st->m, i);
-        } else { /* the backward's buffers lent for the block's backward; its dx copied out */
-            bool sel = st->mode == TPK_RECOMPUTE_SELECTIVE;
-            if (sel) tpk__stack_lend(st, i);
-            tpk__stack_lend_scratch(st, i);
-            tpk_status s = sel ? st->recompute(ctx, st->m, i) : TPK_OK; /* selective: the lent buffers' contents again */
-            if (s == TPK_OK) s = st->bwd(ctx, st->m, i, g, &g);
-            if (s == TPK_OK) s = tpk__stack_keep(ctx, &st->b->grad, g, &g);
-            tpk__stack_lend_scratch(st, i);
-            if (sel) tpk__stack_lend(st, i);
-            TPK_TRY(s);
+            x.data = st->b->ckpt[i].p;        /* block i's input: the hidden states' shape and layout */
+            s = st->fwd(ctx, st->m, i, x, &y); /* the same forward again */
+        } else if (st->mode == TPK_RECOMPUTE_SELECTIVE) {
+            s = st->recompute(ctx, st->m, i); /* the lent buffers' contents again */
         }
+        if (s == TPK_OK) s = st->bwd(ctx, st->m, i, g, &g);
+        if (s == TPK_OK) s = tpk__stack_keep(ctx, &st->b->grad, g, &g);
+        tpk__stack_lend(st, i, sets);
+        TPK_TRY(s);
         if (st->ready) TPK_TRY(st->ready(ctx, st->m, i));
     }
     *dx = g;
@@ -166,8 +157,8 @@ static inline void tpk__stack_bufs_free(tpk_ctx *ctx, tpk__stack_bufs *b, int64_
     for (int64_t i = 0; b->ckpt && i <= L; i++) tpk__buf_free(ctx, &b->ckpt[i]);
     free(b->ckpt), b->ckpt = NULL;
     tpk__buf_free(ctx, &b->grad);
-    for (int k = 0; k < TPK__LENT_MAX; k++) tpk__buf_free(ctx, &b->pool[k]);
-    for (int k = 0; k < TPK__SCRATCH_MAX; k++) tpk__buf_free(ctx, &b->scratch[k]);
+    for (int k = 0; k < TPK__SETS; k++)
+        for (int j = 0; j < TPK__SET_MAX; j++) tpk__buf_free(ctx, &b->pool[k][j]);
 }
 
 #endif /* TPK_RECOMPUTE_H */
