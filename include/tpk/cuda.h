@@ -70,10 +70,15 @@ typedef struct tpk_nccl_id {
 } tpk_nccl_id;
 
 typedef struct tpk_nccl_desc {
-    double timeout_s; /* a collective not finished after this long is aborted (TPK_ERR_COMM); 0: 600 s */
-    bool no_poll;     /* blocking collectives and tpk_wait only order the compute stream after the
-                         collective, without waiting on the host (errors then surface at the next
-                         sync); default: the host waits, polling ncclCommGetAsyncError */
+    double timeout_s;   /* a collective not finished this long after it started aborts the
+                           communicator (TPK_ERR_COMM); 0: 600 s */
+    bool blocking_wait; /* the host waits at each tpk_wait (and blocking collective), polling
+                           NCCL's asynchronous error and the timeout. Default: tpk_wait only orders
+                           the compute stream after the collective and the host goes on; a watchdog
+                           at every later wait and at every host synchronisation of the CUDA
+                           backend detects errors and timeouts (that call returns TPK_ERR_COMM) */
+    bool no_poll;       /* no watchdog for this communicator: no timeout, errors only as CUDA
+                           reports them (a hung collective then hangs the next synchronisation) */
 } tpk_nccl_desc;
 
 /* A new unique id (on one rank; send it to the others). TPK_ERR_UNSUPPORTED in a build without NCCL. */

@@ -3,35 +3,56 @@
  * Every collective runs on the communicator's own stream, ordered by events:
  *   start:  record `ready` on the compute stream; the comm stream waits for it; the NCCL call;
  *           record the request's `done` on the comm stream
- *   wait:   the compute stream waits for `done` (kernels issued later see the result); unless
- *           the communicator was made with no_poll, the host also waits, polling cudaEventQuery
- *           and ncclCommGetAsyncError, and a collective still unfinished after timeout_s is
- *           aborted (ncclCommAbort) and reported as TPK_ERR_COMM.
- * So a started all-reduce runs beside the GEMMs the compute stream executes before tpk_wait.
+ *   wait:   the compute stream waits for `done` (kernels issued later see the result) and the
+ *           host goes on: the collective joins the communicator's list of pending ones. So
+ *           collectives overlap with compute, and a training step does not stop the host at each
+ *           one. Failures are caught by a watchdog that runs at every wait and at every host
+ *           synchronisation of the CUDA backend (tpk__cuda_event_wait polls while communicators
+ *           are alive): finished collectives leave the list; NCCL's asynchronous error, or a
+ *           collective unfinished timeout_s after it started, aborts the communicator
+ *           (ncclCommAbort) and that wait or synchronisation returns TPK_ERR_COMM — a bounded
+ *           failure, never a hang. tpk_nccl_desc.blocking_wait: the host waits at each tpk_wait
+ *           instead (polling the same way); no_poll: no watchdog for this communicator.
  * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
  * no v-collectives); even ones call ncclAllGather / ncclReduceScatter. bf16 reduces in NCCL's
  * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit.
  * A communicator of one rank (the TP group at t = 1) calls no NCCL: each collective is a copy on
  * the compute stream, with nothing for the host to wait for. */
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "common.cuh"
 
+typedef std::chrono::steady_clock tpk__clock;
+
 #ifndef TPK_NO_NCCL
 #include <nccl.h>
 
+enum { NCCL_PENDING = 256 }; /* collectives waited for but maybe unfinished, per communicator */
+
+struct nccl_pending {
+    cudaEvent_t done;
+    tpk__clock::time_point t0; /* when the collective was started */
+};
 struct nccl_impl {
     ncclComm_t comm;
     cudaStream_t stream;
     cudaEvent_t ready;
     float *one; /* device scratch for the barrier */
     double timeout_s;
-    bool no_poll, aborted;
+    bool no_poll, blocking, aborted;
+    nccl_pending pend[NCCL_PENDING]; /* a ring: the oldest at head */
+    int head, npend;
+    nccl_impl *next; /* the live communicators (the watchdog's list) */
 };
 struct nccl_req {
     cudaEvent_t done;
+    tpk__clock::time_point t0;
 };
+
+static std::mutex g_live_mu;
+static nccl_impl *g_live;
 
 static tpk_status nccl_fail(tpk_ctx *ctx, const char *fn, const char *what, ncclResult_t r) {
     return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s: %s", what, ncclGetErrorString(r));
@@ -56,51 +77,93 @@ static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     return TPK_OK;
 }
 
-/* Wait for a request: order the compute stream after it, then (poll mode) wait on the host.
- * Once the communicator was aborted (by this wait or an earlier one) its handle is freed: a
- * request still outstanding then fails without calling into NCCL or waiting on its event. */
+/* Abort the communicator (its handle is freed; every later call fails) and fail with `why`. */
+static tpk_status nccl_abort(tpk_ctx *ctx, const char *fn, nccl_impl *m, const char *why) {
+    ncclCommAbort(m->comm);
+    m->aborted = true;
+    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--) cudaEventDestroy(m->pend[m->head].done);
+    return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s: communicator aborted (a rank stopped taking part, or the network failed)", why);
+}
+static tpk_status nccl_async_error(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
+    ncclResult_t async = ncclSuccess, q = ncclCommGetAsyncError(m->comm, &async);
+    if (q == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return TPK_OK;
+    char why[160];
+    snprintf(why, sizeof why, "asynchronous NCCL error: %s", ncclGetErrorString(q != ncclSuccess ? q : async));
+    return nccl_abort(ctx, fn, m, why);
+}
+static tpk_status nccl_timed_out(tpk_ctx *ctx, const char *fn, nccl_impl *m, tpk__clock::time_point t0) {
+    double waited = std::chrono::duration<double>(tpk__clock::now() - t0).count();
+    if (waited <= m->timeout_s) return TPK_OK;
+    char why[160];
+    snprintf(why, sizeof why, "a collective not finished %.1f s after it started (timeout %.1f s)", waited, m->timeout_s);
+    return nccl_abort(ctx, fn, m, why);
+}
+
+/* The host waits for `done` (a collective started at t0), polling NCCL's error and the timeout. */
+static tpk_status nccl_poll(tpk_ctx *ctx, const char *fn, nccl_impl *m, cudaEvent_t done, tpk__clock::time_point t0) {
+    for (int spins = 0;; spins++) {
+        cudaError_t e = tpk__event_query(done);
+        if (e == cudaSuccess) return TPK_OK;
+        if (e != cudaErrorNotReady) return tpk__cuda_err(ctx, fn, "cudaEventQuery", e);
+        TPK_TRY(nccl_async_error(ctx, fn, m));
+        TPK_TRY(nccl_timed_out(ctx, fn, m, t0));
+        if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+}
+
+/* The watchdog's look at one communicator: finished collectives released (oldest first), NCCL's
+ * asynchronous error, the oldest unfinished collective's age. */
+static tpk_status nccl_check(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
+    if (m->aborted || m->no_poll) return TPK_OK;
+    while (m->npend && tpk__event_query(m->pend[m->head].done) == cudaSuccess) {
+        cudaEventDestroy(m->pend[m->head].done);
+        m->head = (m->head + 1) % NCCL_PENDING, m->npend--;
+    }
+    TPK_TRY(nccl_async_error(ctx, fn, m));
+    return m->npend ? nccl_timed_out(ctx, fn, m, m->pend[m->head].t0) : TPK_OK;
+}
+
+bool tpk__nccl_live(void) {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    return g_live != NULL;
+}
+tpk_status tpk__nccl_watch(tpk_ctx *ctx, const char *fn) {
+    std::lock_guard<std::mutex> lock(g_live_mu);
+    for (nccl_impl *m = g_live; m; m = m->next) TPK_TRY(nccl_check(ctx, fn, m));
+    return TPK_OK;
+}
+
+/* Wait for a request: order the compute stream after it; then either the host waits (blocking:
+ * polling) or the collective joins the pending list (when the list is full, the host first waits
+ * for its oldest). Once the communicator was aborted (by this wait or an earlier one) its handle
+ * is freed: a request still outstanding then fails without calling into NCCL. */
 static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_req *r) {
     tpk_status s = TPK_OK;
-    if (m->aborted) {
-        cudaEventDestroy(r->done);
-        free(r);
-        return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
-    }
-    tpk__cuda_state *st = tpk__cuda_get(ctx, fn);
-    if (!st) s = TPK_ERR_BACKEND;
+    if (m->aborted) s = tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    tpk__cuda_state *st = s == TPK_OK ? tpk__cuda_get(ctx, fn) : NULL;
+    if (s == TPK_OK && !st) s = TPK_ERR_BACKEND;
     cudaError_t e = s == TPK_OK ? cudaStreamWaitEvent(st->stream, r->done, 0) : cudaSuccess;
     if (e != cudaSuccess) s = tpk__cuda_err(ctx, fn, "cudaStreamWaitEvent", e);
-    if (s == TPK_OK && !m->no_poll) {
-        auto t0 = std::chrono::steady_clock::now();
-        int spins = 0;
-        for (;;) {
-            e = cudaEventQuery(r->done);
-            if (e == cudaSuccess) break;
-            if (e != cudaErrorNotReady) {
-                s = tpk__cuda_err(ctx, fn, "cudaEventQuery", e);
-                break;
-            }
-            ncclResult_t async = ncclSuccess;
-            ncclResult_t q = ncclCommGetAsyncError(m->comm, &async);
-            if (q != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-                ncclCommAbort(m->comm);
-                m->aborted = true;
-                s = nccl_fail(ctx, fn, "asynchronous NCCL error (communicator aborted)", q != ncclSuccess ? q : async);
-                break;
-            }
-            double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (waited > m->timeout_s) {
-                ncclCommAbort(m->comm);
-                m->aborted = true;
-                s = tpk__fail(ctx, TPK_ERR_COMM, fn, "collective not finished after %.1f s: communicator aborted", m->timeout_s);
-                break;
-            }
-            if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
+    if (s == TPK_OK && m->blocking && !m->no_poll) s = nccl_poll(ctx, fn, m, r->done, r->t0);
+    if (s != TPK_OK || m->blocking || m->no_poll) {
+        cudaEventDestroy(r->done);
+        free(r);
+        return s;
     }
-    cudaEventDestroy(r->done);
+    std::lock_guard<std::mutex> lock(g_live_mu); /* the watchdog reads the list */
+    if (m->npend == NCCL_PENDING) { /* full: the oldest must finish first */
+        nccl_pending *o = &m->pend[m->head];
+        s = nccl_poll(ctx, fn, m, o->done, o->t0);
+        if (s == TPK_OK) cudaEventDestroy(o->done), m->head = (m->head + 1) % NCCL_PENDING, m->npend--;
+    }
+    if (s == TPK_OK) {
+        m->pend[(m->head + m->npend) % NCCL_PENDING] = nccl_pending{r->done, r->t0};
+        m->npend++;
+    } else {
+        cudaEventDestroy(r->done);
+    }
     free(r);
-    return s;
+    return s == TPK_OK ? nccl_check(ctx, fn, m) : s;
 }
 
 /* After the NCCL call(s): record `done`, then hand the request over or finish it. */
@@ -108,6 +171,7 @@ static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResul
     if (rc != ncclSuccess) return nccl_fail(ctx, fn, "NCCL call", rc);
     nccl_req *r = (nccl_req *)calloc(1, sizeof *r);
     if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for a request");
+    r->t0 = tpk__clock::now();
     cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
     bool made = e == cudaSuccess;
     if (made) e = cudaEventRecord(r->done, m->stream);
@@ -216,10 +280,19 @@ static tpk_status nccl_wait(tpk_ctx *ctx, tpk_request *req) {
 static void nccl_destroy(tpk_comm *c) {
     nccl_impl *m = (nccl_impl *)c->impl;
     if (!m) return;
+    {
+        std::lock_guard<std::mutex> lock(g_live_mu); /* off the watchdog's list */
+        for (nccl_impl **p = &g_live; *p; p = &(*p)->next)
+            if (*p == m) {
+                *p = m->next;
+                break;
+            }
+    }
     if (!m->aborted) {
         cudaStreamSynchronize(m->stream);
         ncclCommDestroy(m->comm);
     }
+    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--) cudaEventDestroy(m->pend[m->head].done);
     cudaEventDestroy(m->ready);
     cudaStreamDestroy(m->stream);
     cudaFree(m->one);
@@ -227,7 +300,7 @@ static void nccl_destroy(tpk_comm *c) {
     c->impl = NULL;
 }
 
-static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, tpk_comm *out);
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, bool blocking, tpk_comm *out);
 
 static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
     static const char *fn = "tpk_comm_split (nccl)";
@@ -235,7 +308,7 @@ static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
     if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
     ncclComm_t sub = NULL;
     NCCL_TRY(ctx, fn, ncclCommSplit(m->comm, color, key, &sub, NULL));
-    return nccl_wrap(ctx, fn, sub, m->timeout_s, m->no_poll, out);
+    return nccl_wrap(ctx, fn, sub, m->timeout_s, m->no_poll, m->blocking, out);
 }
 
 static const tpk_comm_vtable *nccl_vtable(void) {
@@ -245,14 +318,14 @@ static const tpk_comm_vtable *nccl_vtable(void) {
 }
 
 /* Take ownership of `comm` and fill `out`. */
-static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, tpk_comm *out) {
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, bool blocking, tpk_comm *out) {
     memset(out, 0, sizeof *out);
     nccl_impl *m = (nccl_impl *)calloc(1, sizeof *m);
     if (!m) {
         ncclCommDestroy(comm);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
-    m->comm = comm, m->timeout_s = timeout_s > 0 ? timeout_s : 600.0, m->no_poll = no_poll;
+    m->comm = comm, m->timeout_s = timeout_s > 0 ? timeout_s : 600.0, m->no_poll = no_poll, m->blocking = blocking;
     cudaError_t e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc(&m->one, sizeof(float));
@@ -276,6 +349,8 @@ static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, doubl
         return nccl_fail(ctx, fn, "ncclCommUserRank / ncclCommCount", q);
     }
     out->vt = nccl_vtable(), out->impl = m, out->rank = rank, out->size = size, out->device = true;
+    std::lock_guard<std::mutex> lock(g_live_mu); /* on the watchdog's list */
+    m->next = g_live, g_live = m;
     return TPK_OK;
 }
 
@@ -305,10 +380,16 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
     NCCL_TRY(ctx, fn, ncclCommInitRank(&comm, nranks, u, rank));
     tpk_nccl_desc d = {};
     if (desc) d = *desc;
-    return nccl_wrap(ctx, fn, comm, d.timeout_s, d.no_poll, out);
+    return nccl_wrap(ctx, fn, comm, d.timeout_s, d.no_poll, d.blocking_wait, out);
 }
 
 #else /* a build without NCCL */
+
+bool tpk__nccl_live(void) { return false; }
+tpk_status tpk__nccl_watch(tpk_ctx *ctx, const char *fn) {
+    (void)ctx, (void)fn;
+    return TPK_OK;
+}
 
 extern "C" tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id) {
     (void)id;

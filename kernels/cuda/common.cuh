@@ -36,6 +36,7 @@ struct tpk__cuda_state {
     size_t scratch_bytes;
     bool tf32;
     int cc;          /* compute capability, 10 major + minor (80 = sm_80) */
+    cudaEvent_t sync_ev; /* tpk__cuda_wait's mark on the stream, created on first use */
     cudaEvent_t *ev; /* the profiler's timer marks (tpk/profile.h), created on first use */
     int nev;
     /* small uploads go through a ring of pinned host slots, each free again when its event has
@@ -51,6 +52,22 @@ enum { TPK__CUDA_UPLOAD_SLOTS = 8 };
 /* The host waits for the compute stream: every such wait of the backend goes through here and
  * is counted (tpk_cuda_sync_count, tpk/cuda.h). */
 tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st);
+/* The host waits until `ev` has passed. While NCCL communicators are alive it polls and runs their
+ * watchdog (tpk__nccl_watch) meanwhile, so a collective that never finishes ends the wait with
+ * TPK_ERR_COMM (its communicator aborted) after the communicator's timeout instead of hanging. */
+tpk_status tpk__cuda_event_wait(tpk_ctx *ctx, const char *fn, cudaEvent_t ev);
+/* The NCCL communicators' watchdog (comm_nccl.cu): for each live one, its finished collectives
+ * released, NCCL's asynchronous error checked and the oldest unfinished collective's age compared
+ * with the timeout (then the communicator is aborted: TPK_ERR_COMM). tpk__nccl_live: any alive. */
+tpk_status tpk__nccl_watch(tpk_ctx *ctx, const char *fn);
+bool tpk__nccl_live(void);
+/* cudaEventQuery that leaves no cudaErrorNotReady behind as the thread's last error (the launch
+ * checks read it) */
+static inline cudaError_t tpk__event_query(cudaEvent_t ev) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+    return e;
+}
 
 /* The state, created lazily; NULL with an error in ctx when CUDA cannot be initialised. */
 tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn);

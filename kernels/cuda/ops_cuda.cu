@@ -23,8 +23,10 @@
  *   adamw     m, v moments; w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), c1, c2 as on the host
  *   sumsq     sum x^2 in double: per-block sums, then one block adds them in order */
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 
 #include "common.cuh"
@@ -70,11 +72,26 @@ tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn) {
     return &g_state;
 }
 
+tpk_status tpk__cuda_event_wait(tpk_ctx *ctx, const char *fn, cudaEvent_t ev) {
+    if (!tpk__nccl_live()) { /* nothing that could hang: block */
+        TPK__CUDA_TRY(ctx, fn, cudaEventSynchronize(ev));
+        return TPK_OK;
+    }
+    for (int spins = 0;; spins++) {
+        cudaError_t e = tpk__event_query(ev);
+        if (e == cudaSuccess) return TPK_OK;
+        if (e != cudaErrorNotReady) return tpk__cuda_err(ctx, fn, "cudaEventQuery", e);
+        TPK_TRY(tpk__nccl_watch(ctx, fn));
+        if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+}
+
 static std::atomic<unsigned long long> g_syncs;
 tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st) {
     g_syncs++;
-    TPK__CUDA_TRY(ctx, fn, cudaStreamSynchronize(st->stream));
-    return TPK_OK;
+    if (!st->sync_ev) TPK__CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&st->sync_ev, cudaEventDisableTiming));
+    TPK__CUDA_TRY(ctx, fn, cudaEventRecord(st->sync_ev, st->stream));
+    return tpk__cuda_event_wait(ctx, fn, st->sync_ev);
 }
 extern "C" unsigned long long tpk_cuda_sync_count(void) { return g_syncs.load(); }
 
@@ -171,7 +188,7 @@ static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t b
         int k = st->up_next;
         st->up_next = (k + 1) % TPK__CUDA_UPLOAD_SLOTS;
         if (!st->up_done[k]) TPK__CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&st->up_done[k], cudaEventDisableTiming));
-        TPK__CUDA_TRY(ctx, fn, cudaEventSynchronize(st->up_done[k])); /* its last copy has been done (long ago, as a rule) */
+        TPK_TRY(tpk__cuda_event_wait(ctx, fn, st->up_done[k])); /* its last copy has been done (long ago, as a rule) */
         if (st->up_bytes[k] < bytes) {
             if (st->up[k]) cudaFreeHost(st->up[k]);
             st->up[k] = NULL, st->up_bytes[k] = 0;
