@@ -16,40 +16,11 @@
  * refuses an incomplete table, naming the entry. */
 static inline const char *tpk__ops_missing(const tpk_ops *ops) {
     if (!ops->name) return "name";
-    if (!ops->alloc) return "alloc";
-    if (!ops->free) return "free";
-    if (!ops->memcpy) return "memcpy";
-    if (!ops->sync) return "sync";
-    if (!ops->fill) return "fill";
-    if (!ops->copy2d) return "copy2d";
-    if (!ops->cast) return "cast";
-    if (!ops->axpby) return "axpby";
-    if (!ops->gemm) return "gemm";
-    if (!ops->bias_add) return "bias_add";
-    if (!ops->bias_grad) return "bias_grad";
-    if (!ops->act_fwd) return "act_fwd";
-    if (!ops->act_bwd) return "act_bwd";
-    if (!ops->rng_2d) return "rng_2d";
-    if (!ops->dropout) return "dropout";
-    if (!ops->layernorm_fwd) return "layernorm_fwd";
-    if (!ops->layernorm_bwd) return "layernorm_bwd";
-    if (!ops->embed_fwd) return "embed_fwd";
-    if (!ops->embed_bwd) return "embed_bwd";
-    if (!ops->xent_max) return "xent_max";
-    if (!ops->xent_partial) return "xent_partial";
-    if (!ops->xent_loss) return "xent_loss";
-    if (!ops->xent_grad) return "xent_grad";
-    if (!ops->attn_fwd) return "attn_fwd";
-    if (!ops->attn_bwd) return "attn_bwd";
-    if (!ops->rope) return "rope";
-    if (!ops->swiglu_fwd) return "swiglu_fwd";
-    if (!ops->swiglu_bwd) return "swiglu_bwd";
-    if (!ops->rmsnorm_fwd) return "rmsnorm_fwd";
-    if (!ops->rmsnorm_bwd) return "rmsnorm_bwd";
-    if (!ops->adamw) return "adamw";
-    if (!ops->sumsq) return "sumsq";
-    if (!ops->linear_fwd) return "linear_fwd";
-    if (!ops->residual_layernorm_fwd) return "residual_layernorm_fwd";
+#define TPK__OPS_MISSING(e) \
+    if (!ops->e) return #e;
+    TPK__OPS_CORE(TPK__OPS_MISSING)
+    TPK__OPS_LAYERS(TPK__OPS_MISSING)
+#undef TPK__OPS_MISSING
     return "";
 }
 

@@ -36,6 +36,17 @@ static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int
     return Al > 0 ? (head0 + Al - 1) / q - head0 / q + 1 : 0;
 }
 
+/* Every required entry of tpk_ops by name, in two lists (X(entry) each): tpk_ctx_init refuses a
+ * table without one of them (tpk__ops_missing), and the backends fill their tables from the same
+ * lists (o->entry = <backend>_entry), so a new op is named in one place. */
+#define TPK__OPS_CORE(X)                                                                               \
+    X(alloc) X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(bias_add) X(bias_grad) \
+    X(linear_fwd) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
+#define TPK__OPS_LAYERS(X)                                                                              \
+    X(dropout) X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)   \
+    X(xent_max) X(xent_partial) X(xent_loss) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd)  \
+    X(swiglu_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)
+
 typedef struct tpk_ops {
     const char *name;
     void *self;  /* backend state (handles, streams) */

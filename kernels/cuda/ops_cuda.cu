@@ -815,10 +815,9 @@ static tpk_status cuda_timer_ms(tpk_ctx *ctx, int a, int b, float *ms) {
 static tpk_ops cuda_table_make() {
     tpk_ops o = {};
     o.name = "cuda", o.self = &g_state, o.device = true;
-    o.alloc = cuda_alloc, o.free = cuda_free, o.memcpy = cuda_memcpy, o.sync = cuda_sync;
-    o.fill = cuda_fill, o.copy2d = cuda_copy2d, o.cast = cuda_cast, o.axpby = cuda_axpby;
-    o.gemm = cuda_gemm, o.bias_add = cuda_bias_add, o.bias_grad = cuda_bias_grad, o.linear_fwd = cuda_linear_fwd;
-    o.act_fwd = cuda_act_fwd, o.act_bwd = cuda_act_bwd, o.rng_2d = cuda_rng_2d, o.adamw = cuda_adamw, o.sumsq = cuda_sumsq;
+#define TPK__CUDA_ENTRY(e) o.e = cuda_##e;
+    TPK__OPS_CORE(TPK__CUDA_ENTRY) /* o.alloc = cuda_alloc, ... */
+#undef TPK__CUDA_ENTRY
     o.timer_mark = cuda_timer_mark, o.timer_ms = cuda_timer_ms;
     tpk__cuda_layer_ops(&o);
     return o;

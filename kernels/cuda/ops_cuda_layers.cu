@@ -875,10 +875,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
 
 /* This file's entries of the cuda backend's table. */
 void tpk__cuda_layer_ops(tpk_ops *o) {
-    o->dropout = cuda_dropout, o->layernorm_fwd = cuda_layernorm_fwd, o->residual_layernorm_fwd = cuda_residual_layernorm_fwd;
-    o->layernorm_bwd = cuda_layernorm_bwd, o->embed_fwd = cuda_embed_fwd, o->embed_bwd = cuda_embed_bwd;
-    o->xent_max = cuda_xent_max, o->xent_partial = cuda_xent_partial, o->xent_loss = cuda_xent_loss, o->xent_grad = cuda_xent_grad;
-    o->attn_fwd = cuda_attn_fwd, o->attn_bwd = cuda_attn_bwd;
-    o->rope = cuda_rope, o->swiglu_fwd = cuda_swiglu_fwd, o->swiglu_bwd = cuda_swiglu_bwd;
-    o->rmsnorm_fwd = cuda_rmsnorm_fwd, o->rmsnorm_bwd = cuda_rmsnorm_bwd;
+#define TPK__CUDA_ENTRY(e) o->e = cuda_##e;
+    TPK__OPS_LAYERS(TPK__CUDA_ENTRY) /* o->dropout = cuda_dropout, ... */
+#undef TPK__CUDA_ENTRY
 }

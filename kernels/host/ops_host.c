@@ -328,13 +328,10 @@ static tpk_status host_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
 static tpk_ops host_table;
 static pthread_once_t host_table_once = PTHREAD_ONCE_INIT;
 static void host_table_make(void) {
-    tpk_ops o = {
-        .name = "host", .self = NULL, .device = false,
-        .alloc = host_alloc, .free = host_free, .memcpy = host_memcpy, .sync = host_sync,
-        .fill = host_fill, .copy2d = host_copy2d, .cast = host_cast, .axpby = host_axpby,
-        .gemm = host_gemm, .bias_add = host_bias_add, .bias_grad = host_bias_grad, .linear_fwd = host_linear_fwd,
-        .act_fwd = host_act_fwd, .act_bwd = host_act_bwd, .rng_2d = host_rng_2d, .adamw = host_adamw, .sumsq = host_sumsq,
-    };
+    tpk_ops o = {.name = "host", .self = NULL, .device = false};
+#define TPK__HOST_ENTRY(e) o.e = host_##e;
+    TPK__OPS_CORE(TPK__HOST_ENTRY) /* o.alloc = host_alloc, ... */
+#undef TPK__HOST_ENTRY
     tpk__host_layer_ops(&o);
     host_table = o;
 }

@@ -395,10 +395,7 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
 
 /* This file's entries of the host backend's table. */
 void tpk__host_layer_ops(tpk_ops *o) {
-    o->dropout = host_dropout, o->layernorm_fwd = host_layernorm_fwd, o->residual_layernorm_fwd = host_residual_layernorm_fwd;
-    o->layernorm_bwd = host_layernorm_bwd, o->embed_fwd = host_embed_fwd, o->embed_bwd = host_embed_bwd;
-    o->xent_max = host_xent_max, o->xent_partial = host_xent_partial, o->xent_loss = host_xent_loss, o->xent_grad = host_xent_grad;
-    o->attn_fwd = host_attn_fwd, o->attn_bwd = host_attn_bwd;
-    o->rope = host_rope, o->swiglu_fwd = host_swiglu_fwd, o->swiglu_bwd = host_swiglu_bwd;
-    o->rmsnorm_fwd = host_rmsnorm_fwd, o->rmsnorm_bwd = host_rmsnorm_bwd;
+#define TPK__HOST_ENTRY(e) o->e = host_##e;
+    TPK__OPS_LAYERS(TPK__HOST_ENTRY) /* o->dropout = host_dropout, ... */
+#undef TPK__HOST_ENTRY
 }
