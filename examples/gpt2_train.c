@@ -23,7 +23,7 @@
 #endif
 
 typedef struct opts {
-    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute;
+    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute, *tp_weights;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
     bool sp, eval_only, profile; tpk_recompute rc; /* rc: --recompute parsed */
@@ -35,7 +35,7 @@ static const char *usage =
     "usage: gpt2_train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
     "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
-    "  parallel:  --tp 1 --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
+    "  parallel:  --tp 1 (--tp-weights 3,1: each TP rank's share) --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two) --recompute none|selective|full\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
@@ -56,7 +56,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
 #define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
         o->f = (float)x; i++; continue; }
-        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute)
+        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute) STR("--tp-weights", tp_weights)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
         INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
         INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
@@ -141,12 +141,10 @@ int main(int argc, char **argv) {
     tpk_comm world = {0};
     tpk_ctx ctx = {0}; /* errors before tpk_ctx_init land in it too */
     tpk_model m = {0};
-    tpk_adamw opt = {0};
-    tpk_dp_buckets dp_b = {0};
+    tpk_adamw opt = {0}; tpk_dp_buckets dp_b = {0};
     tpk_tokens train = {0}, val = {0};
     int32_t *x = NULL, *y = NULL;
-    tpk_log csv = {0};
-    bool ctx_up = false;
+    tpk_log csv = {0}; bool ctx_up = false;
     if (pr < 0) { if (world_rank == 0) printf("%s", usage); MPI_Finalize(); return 0; }
     if (!agree(pr == 0, msg)) goto out;
     { /* every rank must have been started with the same arguments: compare a hash of them */
@@ -157,6 +155,8 @@ int main(int argc, char **argv) {
         FAIL_IF(hh[0] != ~hh[1], "the ranks were started with different configurations (arguments differ between ranks)");
     }
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
+    double tw[64]; int ntw = o.tp_weights ? tpk_parse_weights(o.tp_weights, tw, 64) : o.tp; /* --tp-weights: the TP split's shares */
+    FAIL_IF(ntw != o.tp, "--tp-weights: expected %d positive numbers separated by commas (one per TP rank), got \"%s\"", o.tp, o.tp_weights);
     /* the model shape (from the checkpoint when loading) and the data */
     int64_t V0 = o.vocab ? o.vocab : o.text ? 256 : 50257;
     tpk_model_config cfg = {.arch = o.arch && !strcmp(o.arch, "llama") ? TPK_ARCH_LLAMA : TPK_ARCH_GPT2,
@@ -199,7 +199,7 @@ int main(int argc, char **argv) {
 #endif
     if (!gpu) TRY(tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world));
     tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16) : gpu ? TPK_BF16 : TPK_F32; /* master weights stay f32 */
-    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt})); ctx_up = true;
+    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt, .tp_weights = o.tp_weights ? tw : NULL})); ctx_up = true;
     TRY(tpk_model_init(&ctx, &m, &cfg));
     FAIL_IF(o.zero && ctx.dp.size == 1, "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / --tp %d)", world_size, o.tp);
     TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));

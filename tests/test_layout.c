@@ -161,6 +161,83 @@ int main(int argc, char **argv) {
         char buf[64];
         CHECK(!strcmp(tpk_layout_str(TPK_S(-1), buf, sizeof buf), "S(-1)") && !strcmp(tpk_layout_str(TPK_P, buf, sizeof buf), "P"), "names");
     }
+    TEST_CASE("weighted split arithmetic: NULL weights = the even split; shards tile [0, n) in order, each within one element of n w_i / W") {
+        int bad = 0;
+        double w[9];
+        for (int64_t n = 0; n < 60; n++)
+            for (int p = 1; p <= 9; p++)
+                for (int k = 0; k < 4; k++) {
+                    for (int i = 0; i < p; i++) w[i] = k == 0 ? 1.0 : k == 1 ? 1.0 + i : k == 2 ? 0.1 + (double)((i * 7 + (int)n) % 5) : 1e-3 + (i == 0) * 100.0;
+                    double W = 0;
+                    for (int i = 0; i < p; i++) W += w[i];
+                    int64_t next = 0;
+                    for (int i = 0; i < p; i++) {
+                        tpk_range r = tpk_split_weighted(n, w, p, i), e = tpk_split_weighted(n, NULL, p, i), u = tpk_split(n, p, i);
+                        bad += r.off != next || r.size < 0 || fabs((double)r.size - (double)n * w[i] / W) >= 1.0 + 1e-9 || e.off != u.off || e.size != u.size;
+                        next = r.off + r.size;
+                    }
+                    bad += next != n;
+                }
+        CHECK(bad == 0, "%d bad weighted splits", bad);
+        double a[2] = {3, 1}, b[4] = {1, 2, 3, 4};
+        CHECK(tpk_split_weighted(8, a, 2, 0).size == 6 && tpk_split_weighted(8, a, 2, 1).off == 6 && tpk_split_weighted(8, a, 2, 1).size == 2, "3:1 of 8");
+        CHECK(tpk_split_weighted(6, b, 4, 0).size == 0 && tpk_split_weighted(6, b, 4, 1).size == 1 && tpk_split_weighted(6, b, 4, 3).size == 3, "1:2:3:4 of 6");
+        CHECK(tpk_shard_size_w(24, TPK_S_EX(0, 3, 2), 2, a, 0) == 18 && tpk_shard_size_w(24, TPK_S_EX(0, 3, 2), 2, a, 1) == 6, "strided, units");
+    }
+    TEST_CASE("weighted TP split (weights 3:1:2:1...): conversions R -> S(d) -> R, P -> S(0) against the weighted slices of the global tensor") {
+        double w[8] = {3, 1, 2, 1, 5, 1, 1, 2};
+        tpk_ctx wc;
+        CHECK_OK(&wc, tpk_ctx_init(&wc, &(tpk_ctx_desc){.world = &world, .tp = np, .tp_weights = w}));
+        int64_t gs[3] = {5, 13, 3};
+        size_t n = numel(gs, 3);
+        test_randn(G, n, 77, 1.f);
+        partial_sum(S, tmp, n);
+        for (int d = 0; d < 3; d++) {
+            int64_t outer = 1, inner = 1;
+            for (int i = 0; i < d; i++) outer *= gs[i];
+            for (int i = d + 1; i < 3; i++) inner *= gs[i];
+            tpk_range r = tpk_split_weighted(gs[d], w, np, me);
+            for (int sum = 0; sum < 2; sum++) { /* want: this rank's weighted slice of G (R -> S(d)), or of S (P -> S(d)) */
+                const float *truth = sum ? S : G;
+                for (int64_t o = 0; o < outer; o++) memcpy(want + o * r.size * inner, truth + (o * gs[d] + r.off) * inner, sizeof(float) * (size_t)(r.size * inner));
+                if (sum) partial(in, n, me);
+                else memcpy(in, G, n * 4);
+                tpk_tensor x = tpk_tensor_nd(in, TPK_F32, 3, gs, sum ? TPK_P : TPK_R), y = {0};
+                test_poison(out, n);
+                y.data = out;
+                CHECK_OK(&wc, tpk_convert(&wc, &x, TPK_S(d), &y));
+                CHECK(y.shape[d] == r.size, "dim %d: local size %lld, expected %lld", d, (long long)y.shape[d], (long long)r.size);
+                CHECK_CLOSE(out, want, (size_t)(outer * r.size * inner), 1e-5, sum ? "P -> S(d)" : "R -> S(d)");
+                if (sum) continue;
+                tpk_tensor z = {0};
+                memcpy(in, out, (size_t)(outer * r.size * inner) * 4);
+                x = y, x.data = in;
+                test_poison(out, n);
+                z.data = out;
+                CHECK_OK(&wc, tpk_convert(&wc, &x, TPK_R, &z));
+                CHECK_CLOSE(out, G, n, 1e-12, "S(d) -> R");
+            }
+        }
+        tpk_ctx_destroy(&wc);
+    }
+    TEST_CASE("bad TP weights: zero, negative, NaN, infinite, or different on different ranks: a clear error on every rank") {
+        double bads[4] = {0.0, -1.0, NAN, INFINITY};
+        for (int k = 0; k < 4; k++) {
+            double w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+            w[np - 1] = bads[k];
+            tpk_ctx c;
+            char msg[64];
+            snprintf(msg, sizeof msg, "desc->tp_weights[%d]: expected a finite weight > 0", np - 1);
+            CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = np, .tp_weights = w}), TPK_ERR_ARG, msg);
+        }
+        double w[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        w[0] = me ? 2.0 : 1.0; /* rank 0 says 1, the others 2 (with one rank: all agree) */
+        tpk_ctx c;
+        tpk_status s = tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = np, .tp_weights = w});
+        if (np > 1) CHECK(s == TPK_ERR_ARG && strstr(tpk_last_error(&c), "the ranks were given different weights"), "different weights: %s", tpk_last_error(&c));
+        else CHECK(s == TPK_OK, "one rank: %s", tpk_last_error(&c));
+        if (s == TPK_OK) tpk_ctx_destroy(&c);
+    }
     free(G), free(S), free(in), free(out), free(want), free(tmp);
     tpk_ctx_destroy(&ctx);
     tpk_comm_destroy(&world);

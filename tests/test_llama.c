@@ -201,6 +201,18 @@ int main(int argc, char **argv) {
                 tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
             }
 
+    for (int sp = 0; sp < 2; sp++)
+        TEST_CASE("Llama model (L=2, A=6, G=2, V=%d padded)%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 at t=%d: the heads split by weight, "
+                  "shared key/value heads; loss and every gradient match the unsharded model", V, sp ? " SP" : "", np) {
+            tpk_model_config mc, ref;
+            memset(&mc, 0, sizeof mc);
+            mc.arch = TPK_ARCH_LLAMA;
+            mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .sequence_parallel = sp};
+            ref = mc;
+            ref.llama.vocab_multiple = -1, ref.llama.sequence_parallel = false;
+            test_weighted(&world, np, &mc, &ref, ids, tg, B, S);
+        }
+
     for (int rc = TPK_RECOMPUTE_FULL; rc <= TPK_RECOMPUTE_SELECTIVE; rc++)
         for (int sp = 0; sp < 2; sp++)
             TEST_CASE("Llama model (L=4, G=2%s) with %s activation recompute at t=%d: loss and every gradient bit-identical, peak memory lower", sp ? ", SP" : "",

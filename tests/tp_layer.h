@@ -28,8 +28,8 @@ typedef struct test_layer {
 /* The input x / dy of a [T, H] activation: R, or this rank's S(0) rows of the global one. */
 static inline tpk_tensor test_act(tpk_ctx *ctx, float *global, int64_t T, int64_t H, bool sp) {
     if (!sp) return tpk_tensor_2d(global, TPK_F32, T, H, TPK_R);
-    tpk_range r = tpk_split(T, ctx->tp.size, ctx->tp.rank);
-    return tpk_tensor_shard_2d(global + r.off * H, TPK_F32, T, H, TPK_S(0), ctx->tp.size, ctx->tp.rank);
+    tpk_range r = tpk_tp_split(ctx, T, ctx->tp.rank);
+    return tpk_tp_tensor_2d(ctx, global + r.off * H, TPK_F32, T, H, TPK_S(0));
 }
 /* A [T, H] activation gathered to R into out[T H] (poisoned first). */
 static inline void test_gather_act(tpk_ctx *ctx, tpk_tensor t, float *out) {
@@ -222,14 +222,14 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     for (int w = 0; w < ctx->params.n; w++) { /* a padded vocabulary: no gradient in the padding rows */
         const tpk_param *p = &ctx->params.list[w];
         if (p->padded_rows == p->gshape[0]) continue;
-        int64_t v0 = tpk_split(p->padded_rows, ctx->tp.size, ctx->tp.rank).off;
+        int64_t v0 = tpk_tp_split(ctx, p->padded_rows, ctx->tp.rank).off;
         const float *g = tpk_param_grad(ctx, w);
         for (int64_t r = 0; r < p->shape[0]; r++)
             for (int64_t c = 0; c < p->shape[1] && v0 + r >= V; c++) bad += g[r * p->shape[1] + c] != 0.0f;
     }
     /* ... and the padding columns of the logits (now their gradient) zero (checked in f32) */
     const tpk_tensor *z = m.arch == TPK_ARCH_LLAMA ? &m.llama.logits : &m.gpt2.logits;
-    int64_t Vp = m.arch == TPK_ARCH_LLAMA ? m.llama.embed.Vp : m.gpt2.wte.Vp, v0 = tpk_split(Vp, ctx->tp.size, ctx->tp.rank).off, ld = z->shape[1];
+    int64_t Vp = m.arch == TPK_ARCH_LLAMA ? m.llama.embed.Vp : m.gpt2.wte.Vp, v0 = tpk_tp_split(ctx, Vp, ctx->tp.rank).off, ld = z->shape[1];
     for (int64_t t = 0; t < z->shape[0] && ctx->dtype == TPK_F32; t++)
         for (int64_t c = 0; c < ld; c++) bad += v0 + c >= V && ((const float *)z->data)[t * ld + c] != 0.0f;
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); /* every rank fails alike: no rank skips a collective */
@@ -299,6 +299,32 @@ static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt, const t
         if (getenv("TPK_TEST_VERBOSE") && test__rank == 0) printf("  peak memory: %zu bytes, %zu with %s recompute\n", peak[0], peak[1], name);
     }
     test_model_result_free(&r[0]), test_model_result_free(&r[1]);
+}
+
+/* Weighted TP splits (tpk_ctx_desc.tp_weights: 2 | 3:1 | 3:1:2 | 1:2:3:4 at t = 1..4): the model
+ * (cfg, its vocabulary padded) against the unsharded one (ref, unpadded) — loss, gradient norm and
+ * every gathered gradient within 1e-5 — and the first block's query heads (A = 6) split as the
+ * weights say: [6] | [4, 2] | [3, 1, 2] | [0, 1, 2, 3], b_i = floor(A W_i / W). */
+static inline void test_weighted(tpk_comm *world, int tp, const tpk_model_config *cfg, const tpk_model_config *ref, const int32_t *ids,
+                                 const int32_t *tg, int64_t B, int64_t S) {
+    static const double w[4][4] = {{2}, {3, 1}, {3, 1, 2}, {1, 2, 3, 4}};
+    static const int64_t heads[4][4] = {{6}, {4, 2}, {3, 1, 2}, {0, 1, 2, 3}};
+    tpk_ctx sh, un, c;
+    tpk_ctx_desc wd = {.world = world, .tp = tp, .seed = 3, .tp_weights = w[tp - 1]};
+    CHECK_OK(&c, tpk_ctx_init(&c, &wd));
+    tpk_model m;
+    if (tpk_model_init(&c, &m, cfg) == TPK_OK) {
+        int64_t Al = m.arch == TPK_ARCH_LLAMA ? m.llama.layers[0].attn.Al : m.gpt2.h[0].attn.Al;
+        CHECK(Al == heads[tp - 1][c.tp.rank], "rank %d holds %lld query heads, expected %lld", c.tp.rank, (long long)Al, (long long)heads[tp - 1][c.tp.rank]);
+        tpk_model_destroy(&c, &m);
+    }
+    tpk_ctx_destroy(&c);
+    CHECK_OK(&sh, tpk_ctx_init(&sh, &wd));
+    CHECK_OK(&un, tpk_ctx_init(&un, &(tpk_ctx_desc){.seed = 3}));
+    test_model_result a = {0}, b = {0};
+    if (!test_run_model(&sh, cfg, 4, ids, tg, B, S, &a) && !test_run_model(&un, ref, 4, ids, tg, B, S, &b)) test_compare_models(&sh, &a, &b, 1e-5, 1e-5);
+    test_model_result_free(&a), test_model_result_free(&b);
+    tpk_ctx_destroy(&sh), tpk_ctx_destroy(&un);
 }
 
 #endif /* TPK_TEST_TP_LAYER_H */

@@ -3,8 +3,9 @@
 #   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, ZeRO-1 (--zero 1) equal to
 #   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, Adasum, heterogeneous DP
-#   micro-batches (--dp-batch) equal to one rank on all the sequences, activation recompute
-#   bit-identical with a lower peak, evaluation identical at
+#   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
+#   (--tp-weights) equal to t = 1, activation recompute (selective, full) bit-identical with a lower
+#   peak, evaluation identical at
 #   t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
@@ -100,6 +101,17 @@ tr 2 --text "$text" $smallnb --tp 2 --steps 6 --batch 8 --sequence-parallel --cs
 r=$(relmax "$(losses "$T/het3.csv" 1 6)" "$(losses "$T/het2.csv" 1 6)")
 if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--dp-batch 2,6 at DP 2 x TP 2 (SP) = TP 2 with --batch 8 over 6 steps (max relative difference $r)"
 else fail "--dp-batch 2,6 at DP 2 x TP 2 = TP 2 with --batch 8 (max relative difference $r)"; fi
+
+# ---- weighted TP splits: a rank's share by weight, the same numbers ---------------------------------------
+tr 1 --text "$text" $small --tp 1 --steps 5 --sequence-parallel --csv "$T/w1.csv"
+rc1=$rc
+tr 2 --text "$text" $small --tp 2 --tp-weights 3,1 --steps 5 --sequence-parallel --csv "$T/w2.csv"
+rc2=$rc
+tr 3 --text "$text" $small --tp 3 --tp-weights 1,2,3 --steps 5 --csv "$T/w3.csv"
+r=$(relmax "$(losses "$T/w1.csv" 1 5)" "$(losses "$T/w2.csv" 1 5)"); r3=$(relmax "$(losses "$T/w1.csv" 1 5)" "$(losses "$T/w3.csv" 1 5)")
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v s="$r3" 'BEGIN{exit !(r < 1e-5 && s < 1e-5)}'; then
+    ok "--tp-weights 3,1 (t=2, SP) and 1,2,3 (t=3) train as t=1 over 5 steps (max relative differences $r, $r3)"
+else fail "--tp-weights 3,1 and 1,2,3 = t=1 (max relative differences $r, $r3)"; fi
 
 # ---- activation recompute: the same numbers, less memory -------------------------------------------------
 peaks=""
@@ -222,6 +234,10 @@ bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --
 bad "--dp-batch with the wrong count" "list \"8,4,2\": 3 sizes for 2 DP ranks" --text "$text" $small --tp 1 --dp-batch 8,4,2
 bad "--dp-batch not numbers" "expected 2 comma-separated micro-batch sizes" --text "$text" $small --tp 1 --dp-batch 8,x
 bad "--dp-batch with a zero size" "expected 2 comma-separated micro-batch sizes of 1..1000000" --text "$text" $small --tp 1 --dp-batch 0,4
+bad "--tp-weights with the wrong count" "--tp-weights: expected 2 positive numbers separated by commas (one per TP rank), got \"3\"" --text "$text" $small --tp 2 --tp-weights 3
+bad "--tp-weights negative" "--tp-weights: expected 2 positive numbers" --text "$text" $small --tp 2 --tp-weights 3,-1
+bad "--tp-weights zero" "--tp-weights: expected 2 positive numbers" --text "$text" $small --tp 2 --tp-weights 0,1
+bad "--tp-weights not numbers" "--tp-weights: expected 2 positive numbers" --text "$text" $small --tp 2 --tp-weights 3,x
 bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
 bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
 bad "--arch unknown" "--arch: expected gpt2 or llama, got \"mamba\"" --text "$text" $small --arch mamba

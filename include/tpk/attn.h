@@ -48,7 +48,7 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
     a->H = H, a->A = A, a->D = H / A, a->p = d.dropout;
-    tpk_range heads = tpk_split(A, ctx->tp.size, ctx->tp.rank);
+    tpk_range heads = tpk_tp_split(ctx, A, ctx->tp.rank);
     a->a0 = heads.off, a->Al = heads.size;
     char pn[128];
     snprintf(pn, sizeof pn, "%s.c_attn", a->name);
@@ -73,7 +73,7 @@ static inline void tpk_attention_destroy(tpk_ctx *ctx, tpk_attention *a) {
 static inline tpk_status tpk__attn_core(tpk_ctx *ctx, tpk_buf *out, tpk_buf *lse, const void *qkv, int64_t B, int64_t S, int64_t A, int64_t G,
                                         int64_t a0, int64_t Al, int64_t D, float p, uint64_t stream, tpk_tensor *o) {
     int64_t T = B * S;
-    *o = tpk_tensor_shard_2d(NULL, ctx->dtype, T, A * D, TPK_S_EX(-1, 1, (int)D), ctx->tp.size, ctx->tp.rank);
+    *o = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, A * D, TPK_S_EX(-1, 1, (int)D));
     TPK_TRY(tpk__buf_view(ctx, out, o));
     TPK_TRY(tpk__buf_reserve(ctx, lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
     if (T && Al)
@@ -196,7 +196,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
     a->H = H, a->A = A, a->G = G, a->D = H / A, a->p = d.dropout, a->sp = d.sequence_parallel;
     a->theta = d.rope_theta < 0 ? 0.0f : d.rope_theta > 0 ? d.rope_theta : 10000.0f;
-    tpk_range heads = tpk_split(A, ctx->tp.size, ctx->tp.rank);
+    tpk_range heads = tpk_tp_split(ctx, A, ctx->tp.rank);
     a->a0 = heads.off, a->Al = heads.size;
     a->Gl = tpk_attn_kv_heads(A, G, a->a0, a->Al, &a->g0);
     char pn[128];
@@ -299,7 +299,6 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
     if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!a->o_proj.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
-    int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t B = a->B, S = a->S, T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
     tpk_tensor dout;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->o_proj, dy, &dout)); /* S(-1) [T, Al D] */
@@ -307,8 +306,8 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
     if (T && Al)
         TPK_TRY(tpk_op_attn_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->G, a->a0,
                                 1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
-    tpk_tensor dq = tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->A * D, TPK_S_EX(-1, 1, (int)D), t, r);
-    tpk_tensor dk = tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->G * D, tpk__col_out_layout(&a->k_proj), t, r), dv = dk;
+    tpk_tensor dq = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->A * D, TPK_S_EX(-1, 1, (int)D));
+    tpk_tensor dk = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->G * D, tpk__col_out_layout(&a->k_proj)), dv = dk;
     TPK_TRY(tpk__buf_view(ctx, &a->dq, &dq));
     TPK_TRY(tpk__buf_view(ctx, &a->dk, &dk));
     TPK_TRY(tpk__buf_view(ctx, &a->dv, &dv));
@@ -324,7 +323,7 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gk.data, 1.0f, ctx->dtype, n));
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gv.data, 1.0f, ctx->dtype, n));
     }
-    tpk_tensor out = a->sp ? tpk_tensor_shard_2d(NULL, ctx->dtype, T, a->H, TPK_S(0), t, r) : tpk_tensor_2d(NULL, ctx->dtype, T, a->H, TPK_R);
+    tpk_tensor out = a->sp ? tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->H, TPK_S(0)) : tpk_tensor_2d(NULL, ctx->dtype, T, a->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &a->dx, &out));
     TPK_TRY(tpk_region_backward(ctx, a->sp ? TPK_REGION_SP_GATHER : TPK_REGION_COPY, &gq, &out)); /* P -> reduce-scatter / all-reduce */
     *dx = out;

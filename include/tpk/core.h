@@ -108,6 +108,41 @@ static inline tpk_range tpk_split(int64_t n, int parts, int i) {
     return r;
 }
 
+/* Shard i of n elements over `parts` parts in proportion to positive weights w[0 .. parts)
+ * (e.g. each rank's measured speed): shard i is [b_i, b_{i+1}), b_i = floor(n W_i / W), W_i =
+ * w_0 + ... + w_{i-1} summed left to right in double, W = W_parts (so b_parts = n exactly and the
+ * shards tile [0, n); each is within one element of n w_i / W). w NULL: tpk_split. */
+static inline tpk_range tpk_split_weighted(int64_t n, const double *w, int parts, int i) {
+    if (!w) return tpk_split(n, parts, i);
+    tpk_range r = {0, 0};
+    if (n < 0 || parts <= 0 || i < 0 || i >= parts) return r;
+    double W = 0, Wi = 0;
+    for (int q = 0; q < parts; q++) {
+        if (q == i) Wi = W;
+        W += w[q];
+    }
+    double Wj = Wi + w[i]; /* W_{i+1}: the same left-to-right sum */
+    /* non-negative: the conversion truncates, which is the floor */
+    int64_t b0 = (int64_t)((double)n * (Wi / W)), b1 = i + 1 == parts ? n : (int64_t)((double)n * (Wj / W));
+    if (b1 > n) b1 = n;
+    if (b0 > b1) b0 = b1;
+    r.off = b0, r.size = b1 - b0;
+    return r;
+}
+
+/* A comma-separated list of positive finite numbers ("3,1": weights for tpk_split_weighted) into
+ * w[max]: the count parsed, or -1 when the text is not such a list or holds more than max. */
+static inline int tpk_parse_weights(const char *list, double *w, int max) {
+    int n = 0;
+    for (const char *p = list; p && *p; n++) {
+        char *end = NULL;
+        double x = strtod(p, &end);
+        if (end == p || n >= max || !(x > 0 && x < 1e300) || (*end && *end != ',') || (*end == ',' && !end[1])) return -1;
+        w[n] = x, p = *end ? end + 1 : end;
+    }
+    return list && *list ? n : -1;
+}
+
 /* A vocabulary of V entries padded so that each of `parts` even shards is a multiple of m rows:
  * V rounded up to a multiple of m * parts (m <= 0: V). Megatron pads the same way. */
 static inline int64_t tpk_vocab_padded(int64_t V, int64_t m, int parts) {
@@ -145,27 +180,28 @@ static inline int tpk_layout_unit(tpk_layout l) { return l.kind == TPK_LAYOUT_S 
 static inline int tpk_layout_group(tpk_layout l) { return l.kind == TPK_LAYOUT_S && l.group > 1 ? l.group : 1; }
 
 /* Where shard `index` of a dim of n elements holds its run in block b (< stride) of layout l:
- * each block of n/stride elements is split in groups of `unit` with tpk_split. Grouped (g > 1):
- * the units [q0 / g, (q0 + nq - 1) / g] read by the query heads [q0, q0 + nq) of the shard. */
-static inline tpk_range tpk_shard_run(int64_t n, tpk_layout l, int parts, int index, int b) {
+ * each block of n/stride elements is split in groups of `unit` with tpk_split_weighted (w NULL:
+ * evenly). Grouped (g > 1): the units [q0 / g, (q0 + nq - 1) / g] read by the query heads
+ * [q0, q0 + nq) of the shard. */
+static inline tpk_range tpk_shard_run_w(int64_t n, tpk_layout l, int parts, const double *w, int index, int b) {
     int64_t s = tpk_layout_stride(l), u = tpk_layout_unit(l), g = tpk_layout_group(l), block = n / s;
     if (g > 1) {
-        tpk_range q = tpk_split(block / u * g, parts, index), out = {q.off / g * u, 0};
+        tpk_range q = tpk_split_weighted(block / u * g, w, parts, index), out = {q.off / g * u, 0};
         if (q.size) out.size = ((q.off + q.size - 1) / g + 1) * u - out.off;
         return out;
     }
-    tpk_range r = tpk_split(block / u, parts, index), out = {b * block + r.off * u, r.size * u};
+    tpk_range r = tpk_split_weighted(block / u, w, parts, index), out = {b * block + r.off * u, r.size * u};
     return out;
 }
 /* The part of shard `index` (offsets within the shard) that no lower shard also holds: the
  * whole shard except under a grouped layout, where a unit belongs to the lowest shard holding
  * it. Sums over the ranks (a gradient norm) count each element once over these parts. */
-static inline tpk_range tpk_shard_owned(int64_t n, tpk_layout l, int parts, int index) {
-    tpk_range r = tpk_shard_run(n, l, parts, index, 0), own = {0, tpk_layout_stride(l) * r.size};
+static inline tpk_range tpk_shard_owned_w(int64_t n, tpk_layout l, int parts, const double *w, int index) {
+    tpk_range r = tpk_shard_run_w(n, l, parts, w, index, 0), own = {0, tpk_layout_stride(l) * r.size};
     if (tpk_layout_group(l) == 1) return own;
     int64_t end = 0; /* the end of the units held below */
     for (int q = 0; q < index; q++) {
-        tpk_range o = tpk_shard_run(n, l, parts, q, 0);
+        tpk_range o = tpk_shard_run_w(n, l, parts, w, q, 0);
         if (o.size && o.off + o.size > end) end = o.off + o.size;
     }
     if (end > r.off) own.off = end - r.off < r.size ? end - r.off : r.size;
@@ -173,9 +209,13 @@ static inline tpk_range tpk_shard_owned(int64_t n, tpk_layout l, int parts, int 
     return own;
 }
 /* Local extent of a dim of n elements in layout l (n must be a multiple of stride * unit). */
-static inline int64_t tpk_shard_size(int64_t n, tpk_layout l, int parts, int index) {
-    return tpk_layout_stride(l) * tpk_shard_run(n, l, parts, index, 0).size;
+static inline int64_t tpk_shard_size_w(int64_t n, tpk_layout l, int parts, const double *w, int index) {
+    return tpk_layout_stride(l) * tpk_shard_run_w(n, l, parts, w, index, 0).size;
 }
+/* The same over even shards. */
+static inline tpk_range tpk_shard_run(int64_t n, tpk_layout l, int parts, int index, int b) { return tpk_shard_run_w(n, l, parts, NULL, index, b); }
+static inline tpk_range tpk_shard_owned(int64_t n, tpk_layout l, int parts, int index) { return tpk_shard_owned_w(n, l, parts, NULL, index); }
+static inline int64_t tpk_shard_size(int64_t n, tpk_layout l, int parts, int index) { return tpk_shard_size_w(n, l, parts, NULL, index); }
 
 /* Sharded dimension normalised to [0, ndim), or -1 when out of range / not S. */
 static inline int tpk_layout_dim(tpk_layout l, int ndim) {

@@ -60,6 +60,10 @@ typedef struct tpk_ctx_desc {
     tpk_dtype dtype;    /* activations and GEMM operands: TPK_F32 (default) or TPK_BF16 (mixed
                            precision: weights used through a bf16 copy of the f32 master weights,
                            gradients accumulated in f32, f32 arithmetic inside every op) */
+    const double *tp_weights; /* [tp] positive weights (e.g. each TP rank's speed): every TP split —
+                           features, heads, vocabulary rows, tokens under sequence parallelism —
+                           gives rank r a share proportional to tp_weights[r] (tpk_split_weighted);
+                           NULL: even splits. The same on every rank. */
 } tpk_ctx_desc;
 
 struct tpk_ctx {
@@ -67,6 +71,7 @@ struct tpk_ctx {
     tpk_comm *world;
     tpk_comm self_world;  /* used when desc.world is NULL */
     tpk_comm tp, dp;      /* owned groups */
+    double *tp_w;         /* [tp.size] the TP split's weights (tpk_ctx_desc.tp_weights); NULL: even */
     uint64_t seed;
     tpk_dtype dtype;      /* activation dtype (tpk_ctx_desc.dtype) */
     uint64_t rng_step;    /* dropout masks are drawn from (seed, layer, rng_step): a trainer sets it
@@ -125,8 +130,31 @@ static inline const char *tpk__shape_str(const int64_t *shape, int ndim, char *b
     return buf;
 }
 
+/* ---- the TP group's splits: even, or weighted by tpk_ctx_desc.tp_weights ---------------------- */
+
+/* Shard q of n elements over the TP group (rank q's features, heads, vocabulary rows or tokens). */
+static inline tpk_range tpk_tp_split(const tpk_ctx *ctx, int64_t n, int q) { return tpk_split_weighted(n, ctx->tp_w, ctx->tp.size, q); }
+/* tpk_shard_run / _owned / _size on the TP group (core.h). */
+static inline tpk_range tpk_tp_shard_run(const tpk_ctx *ctx, int64_t n, tpk_layout l, int q, int b) {
+    return tpk_shard_run_w(n, l, ctx->tp.size, ctx->tp_w, q, b);
+}
+static inline tpk_range tpk_tp_shard_owned(const tpk_ctx *ctx, int64_t n, tpk_layout l, int q) {
+    return tpk_shard_owned_w(n, l, ctx->tp.size, ctx->tp_w, q);
+}
+static inline int64_t tpk_tp_shard_size(const tpk_ctx *ctx, int64_t n, tpk_layout l, int q) {
+    return tpk_shard_size_w(n, l, ctx->tp.size, ctx->tp_w, q);
+}
+/* This TP rank's shard of a 2-D tensor [rows, cols] in layout l. */
+static inline tpk_tensor tpk_tp_tensor_2d(const tpk_ctx *ctx, void *data, tpk_dtype dt, int64_t rows, int64_t cols, tpk_layout l) {
+    tpk_tensor t = tpk_tensor_2d(data, dt, rows, cols, l);
+    int d = tpk_layout_dim(l, 2);
+    if (d >= 0) t.shape[d] = tpk_tp_shard_size(ctx, d ? cols : rows, l, ctx->tp.rank);
+    return t;
+}
+
 /* Check a tensor argument: data present, dtype, rank, layout, global shape (entries < 0 are
- * free), and a local shape consistent with the layout on a group of `parts` ranks. */
+ * free), and a local shape consistent with the layout on rank `index` of a group of `parts` ranks
+ * (the TP group's, weighted as it is, when parts is its size). */
 static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *arg, const tpk_tensor *t, tpk_layout want,
                                     tpk_dtype dt, int ndim, const int64_t *gshape, int parts, int index) {
     char a[64], b[64];
@@ -151,7 +179,7 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
                              tpk__shape_str(show, ndim, a, sizeof a), i, (long long)gshape[i],
                              tpk__shape_str(t->gshape, ndim, c, sizeof c));
         }
-        int64_t local = i == sd ? tpk_shard_size(t->gshape[i], want, parts, index) : t->gshape[i];
+        int64_t local = i == sd ? tpk_shard_size_w(t->gshape[i], want, parts, parts == ctx->tp.size ? ctx->tp_w : NULL, index) : t->gshape[i];
         if (t->shape[i] != local || t->shape[i] < 0)
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
                              "%s: local shape %s does not match layout %s of global shape %s on rank %d of %d "

@@ -45,7 +45,7 @@ static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int6
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->vocab_multiple: expected 0..%d, got %lld", 1 << 20, (long long)d.vocab_multiple);
     e->V = V, e->P = positions, e->H = H, e->sp = d.sequence_parallel, e->wpe = -1;
     e->Vp = tpk_vocab_padded(V, d.vocab_multiple, ctx->tp.size);
-    tpk_range r = tpk_split(e->Vp, ctx->tp.size, ctx->tp.rank);
+    tpk_range r = tpk_tp_split(ctx, e->Vp, ctx->tp.rank);
     e->v0 = r.off, e->vl = r.size;
     tpk_param_desc pd;
     memset(&pd, 0, sizeof pd);
@@ -72,7 +72,6 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
         if (ids[i] < 0 || ids[i] >= e->V)
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "ids[%lld] = %d: expected a token id in 0..%lld", (long long)i, ids[i], (long long)(e->V - 1));
     e->B = B, e->S = S;
-    int t = ctx->tp.size, r = ctx->tp.rank;
     TPK_TRY(tpk__upload_i32(ctx, &e->ids, ids, T));
     tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &e->y, &yp));
@@ -80,10 +79,10 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     tpk_tensor o = yp;
     tpk_range rows = {0, T};
     if (e->sp) {
-        o = tpk_tensor_shard_2d(NULL, ctx->dtype, T, e->H, TPK_S(0), t, r);
+        o = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, e->H, TPK_S(0));
         TPK_TRY(tpk__buf_view(ctx, &e->y2, &o));
         TPK_TRY(tpk_convert(ctx, &yp, TPK_S(0), &o)); /* reduce-scatter tokens */
-        rows = tpk_split(T, t, r);
+        rows = tpk_tp_split(ctx, T, ctx->tp.rank);
     } else {
         TPK_TRY(tpk_convert(ctx, &yp, TPK_R, &o)); /* all-reduce in place */
     }

@@ -25,6 +25,26 @@ TPK_EXTERN_C const tpk_ops *tpk_ops_default(void) __attribute__((weak));
 
 static inline void tpk_ctx_destroy(tpk_ctx *ctx);
 
+/* The TP split's weights into ctx->tp_w (NULL: even), after checking that every rank of the world
+ * was given the same (one all-reduce of the weights and their negatives, MAX, over the world):
+ * ranks that split differently would exchange mismatched shards. */
+static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const double *weights, int tp) {
+    double *x = (double *)calloc((size_t)(2 * tp + 1), sizeof(double)); /* [w, -w, weighted] */
+    if (!x) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d TP weights", tp);
+    for (int q = 0; q < tp; q++) x[q] = weights ? weights[q] : 0, x[tp + q] = -x[q];
+    x[2 * tp] = weights ? 1 : 0;
+    tpk_status s = tpk_allreduce_host(ctx, ctx->world, x, (size_t)(2 * tp + 1), TPK_F64, TPK_MAX);
+    bool same = true;
+    for (int q = 0; s == TPK_OK && q < tp; q++) same = same && x[q] == -x[tp + q] && x[q] == (weights ? weights[q] : 0);
+    if (s == TPK_OK && !same) s = tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights: the ranks were given different weights (or some none)");
+    if (s == TPK_OK && weights) {
+        ctx->tp_w = x; /* the first tp entries: the weights */
+        return TPK_OK;
+    }
+    free(x);
+    return s;
+}
+
 /* Create a context: ops (default: the host backend when linked), world (default self), TP groups
  * of desc->tp consecutive ranks (world size must be a multiple), DP groups across them. */
 static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
@@ -55,9 +75,13 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     int tp = d.tp ? d.tp : 1, n = d.world->size;
     if (tp < 1 || tp > n || n % tp)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
+    for (int q = 0; d.tp_weights && q < tp; q++)
+        if (!(d.tp_weights[q] > 0) || isinf(d.tp_weights[q]))
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q, d.tp_weights[q]);
     int w = d.world->rank;
     tpk_status s = tpk_comm_split(ctx, d.world, w / tp, w % tp, &ctx->tp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, w % tp, w / tp, &ctx->dp);
+    if (s == TPK_OK) s = tpk__ctx_weights(ctx, fn, d.tp_weights, tp);
     if (s != TPK_OK) {
         char keep[sizeof ctx->err];
         memcpy(keep, ctx->err, sizeof keep);
@@ -91,6 +115,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
         tpk__buf_free(ctx, &ctx->params.scratch);
     }
     free(ctx->params.list);
+    free(ctx->tp_w);
     tpk_comm_destroy(&ctx->tp);
     tpk_comm_destroy(&ctx->dp);
     const tpk_ops *ops = ctx->ops;

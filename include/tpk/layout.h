@@ -33,8 +33,8 @@ static inline tpk__dimview tpk__view_unit(const int64_t *gshape, int ndim, int d
 static inline tpk__dimview tpk__view(const int64_t *gshape, int ndim, int d) { return tpk__view_unit(gshape, ndim, d, 1); }
 
 /* Element counts of every rank's shard of dim d (counts[q] = outer * n_q * inner). */
-static inline void tpk__shard_counts(tpk__dimview v, int parts, size_t *counts) {
-    for (int q = 0; q < parts; q++) counts[q] = (size_t)(v.outer * tpk_split(v.n, parts, q).size * v.inner);
+static inline void tpk__shard_counts(const tpk_ctx *ctx, tpk__dimview v, size_t *counts) {
+    for (int q = 0; q < ctx->tp.size; q++) counts[q] = (size_t)(v.outer * tpk_tp_split(ctx, v.n, q).size * v.inner);
 }
 
 #define TPK__MAXRANKS 4096
@@ -53,7 +53,7 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
     tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
     if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t))) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
-    tpk__shard_counts(v, t, cnt);
+    tpk__shard_counts(ctx, v, cnt);
     size_t total = (size_t)(v.outer * v.n * v.inner), mine = cnt[ctx->tp.rank];
     tpk_status s;
     if (v.outer == 1) {
@@ -64,7 +64,7 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
         if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, in->data, mine, ctx->work[0].p, cnt, total, in->dtype);
         size_t src = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
-            tpk_range r = tpk_split(v.n, t, q);
+            tpk_range r = tpk_tp_split(ctx, v.n, q);
             if (r.size && v.inner && v.outer)
                 s = tpk_op_copy2d(ctx, TPK__AT(out, r.off * v.inner, in->dtype), v.n * v.inner,
                                  TPK__AT(ctx->work[0].p, src, in->dtype), r.size * v.inner, v.outer, r.size * v.inner, in->dtype);
@@ -83,14 +83,14 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
     tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
     if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t))) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
-    tpk__shard_counts(v, t, cnt);
+    tpk__shard_counts(ctx, v, cnt);
     size_t total = (size_t)(v.outer * v.n * v.inner);
     const void *send = in->data;
     tpk_status s = tpk__buf_reserve(ctx, &ctx->work[0], total * tpk_dtype_size(in->dtype));
     if (s == TPK_OK && v.outer > 1) { /* pack rank-major */
         size_t dst = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
-            tpk_range r = tpk_split(v.n, t, q);
+            tpk_range r = tpk_tp_split(ctx, v.n, q);
             if (r.size && v.inner && v.outer)
                 s = tpk_op_copy2d(ctx, TPK__AT(ctx->work[0].p, dst, in->dtype), r.size * v.inner,
                                  TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner, v.outer, r.size * v.inner, in->dtype);
@@ -133,7 +133,7 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     tpk_tensor o = *in;
     o.data = out->data, o.layout = to;
     for (int i = 0; i < in->ndim; i++) o.shape[i] = in->gshape[i];
-    if (dto >= 0) o.shape[dto] = tpk_shard_size(in->gshape[dto], to, ctx->tp.size, ctx->tp.rank);
+    if (dto >= 0) o.shape[dto] = tpk_tp_shard_size(ctx, in->gshape[dto], to, ctx->tp.rank);
     if (!o.data && tpk_numel(&o) > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out->data: NULL, expected a buffer of %lld elements", (long long)tpk_numel(&o));
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = TPK_OK;
@@ -147,7 +147,7 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
         s = tpk__allgather_dim(ctx, in, din, tpk_layout_unit(in->layout), o.data);
     } else if (in->layout.kind == TPK_LAYOUT_R && to.kind == TPK_LAYOUT_S) {
         tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, dto, tpk_layout_unit(to));
-        tpk_range r = tpk_split(v.n, ctx->tp.size, ctx->tp.rank);
+        tpk_range r = tpk_tp_split(ctx, v.n, ctx->tp.rank);
         if (r.size && v.inner && v.outer) s = tpk_op_copy2d(ctx, o.data, r.size * v.inner, TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
                                          v.outer, r.size * v.inner, in->dtype);
     } else {

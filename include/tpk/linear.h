@@ -143,8 +143,8 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         TPK_TRY(tpk__param_add(ctx, pn, 1, out, 0, column ? l->split : TPK_R, TPK_INIT_ZEROS, 0, false, &l->b));
     }
     for (int i = 0; l->d.parts[0] && i < 8; i++) l->d.parts[i] = NULL; /* the names need not outlive init */
-    l->n_local = tpk_shard_size(column ? out : in, l->split, ctx->tp.size, ctx->tp.rank);
-    l->in_off = column ? 0 : tpk_shard_run(in, l->split, ctx->tp.size, ctx->tp.rank, 0).off;
+    l->n_local = tpk_tp_shard_size(ctx, column ? out : in, l->split, ctx->tp.rank);
+    l->in_off = column ? 0 : tpk_tp_shard_run(ctx, in, l->split, ctx->tp.rank, 0).off;
     return TPK_OK;
 }
 
@@ -215,10 +215,9 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", y));
     TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
     TPK_TRY(tpk__col_linear_input(ctx, fn, l, x));
-    int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t T = l->T, n = l->n_local;
     x = l->x;
-    tpk_tensor yl = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, tpk__col_out_layout(l), t, r);
+    tpk_tensor yl = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, tpk__col_out_layout(l));
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (l->d.act != TPK_ACT_NONE) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
     if (T && n) /* y_r = x W_r^T + b_r (act: pre = that, y_r = act(pre)), one fused op */
@@ -244,7 +243,7 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.gather_output) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want, t, r));
-        tpk_tensor s = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, 1, l->d.unit), t, r);
+        tpk_tensor s = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, 1, l->d.unit));
         TPK_TRY(tpk__buf_view(ctx, &l->dy, &s));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_GATHER, &dy, &s)); /* slice own columns */
         dy = s;
@@ -268,11 +267,11 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     if (l->d.partial_dx) { /* the caller reduces */
         out = dxp;
     } else if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
-        out = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->in, TPK_S(0), t, r);
+        out = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S(0));
         TPK_TRY(tpk__buf_view(ctx, &l->dx2, &out));
         size_t counts[64], *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);
         if (!cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
-        for (int q = 0; q < t; q++) cnt[q] = (size_t)(tpk_split(T, t, q).size * l->in);
+        for (int q = 0; q < t; q++) cnt[q] = (size_t)(tpk_tp_split(ctx, T, q).size * l->in);
         tpk_status s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt, ctx->dtype, TPK_SUM, &req);
         if (cnt != counts) free(cnt);
         TPK_TRY(s);
@@ -303,7 +302,7 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
     if (l->x_was_R) {
         TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want, t, r));
-        tpk_tensor s = tpk_tensor_shard_2d(NULL, ctx->dtype, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
+        tpk_tensor s = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit));
         TPK_TRY(tpk__buf_view(ctx, &l->xb, &s));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SCATTER, &x, &s)); /* slice own columns */
         x = s;
@@ -324,7 +323,7 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     else TPK_TRY(tpk_op_fill(ctx, yp.data, ctx->dtype, (size_t)(T * l->out), 0.f));
     tpk_tensor yo;
     if (l->d.sequence_parallel) {
-        yo = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->out, TPK_S(0), t, r);
+        yo = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S(0));
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yo));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &yp, &yo)); /* reduce-scatter tokens */
     } else {
@@ -353,7 +352,7 @@ static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l
     } else {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want, t, r));
     }
-    tpk_tensor dxs = tpk_tensor_shard_2d(NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit), t, r);
+    tpk_tensor dxs = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit));
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
     if (n && T) {
         TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));

@@ -134,16 +134,22 @@ static inline void tpk_swiglu_mlp_destroy(tpk_ctx *ctx, tpk_swiglu_mlp *m) {
     tpk__buf_free(ctx, &m->h), tpk__buf_free(ctx, &m->dgu);
 }
 
+/* *h = silu(gate) up  S(-1) [T, F_r] in m->h, from gate_up's output m->gu */
+static inline tpk_status tpk__swiglu_product(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor *h) {
+    int64_t T = m->gu.shape[0], Fl = m->gu.shape[1] / 2;
+    *h = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, m->F, TPK_S(-1));
+    TPK_TRY(tpk__buf_view(ctx, &m->h, h));
+    return tpk_op_swiglu_fwd(ctx, h->data, m->gu.data, T, Fl, ctx->dtype);
+}
+
 /* y = down(silu(gate(x)) up(x)): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
 static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x, tpk_tensor *y) {
     static const char *fn = "tpk_swiglu_mlp_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU MLP");
     TPK_TRY(tpk_col_linear_forward(ctx, &m->gate_up, x, &m->gu)); /* [T, 2 F_r] = [gate_r | up_r] */
-    int64_t T = m->gu.shape[0], Fl = m->gu.shape[1] / 2;
-    tpk_tensor h = tpk_tensor_shard_2d(NULL, ctx->dtype, T, m->F, TPK_S(-1), ctx->tp.size, ctx->tp.rank);
-    TPK_TRY(tpk__buf_view(ctx, &m->h, &h));
-    TPK_TRY(tpk_op_swiglu_fwd(ctx, h.data, m->gu.data, T, Fl, ctx->dtype));
+    tpk_tensor h;
+    TPK_TRY(tpk__swiglu_product(ctx, m, &h));
     return tpk_row_linear_forward(ctx, &m->down, h, y);
 }
 
@@ -156,10 +162,8 @@ static inline int tpk__swiglu_mlp_lent(tpk_swiglu_mlp *m, tpk_buf **b) {
 }
 static inline tpk_status tpk__swiglu_mlp_recompute(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x) {
     TPK_TRY(tpk__col_linear_input(ctx, "tpk_swiglu_mlp (recompute)", &m->gate_up, x));
-    int64_t T = m->gu.shape[0], Fl = m->gu.shape[1] / 2;
-    tpk_tensor h = tpk_tensor_shard_2d(NULL, ctx->dtype, T, m->F, TPK_S(-1), ctx->tp.size, ctx->tp.rank);
-    TPK_TRY(tpk__buf_view(ctx, &m->h, &h));
-    TPK_TRY(tpk_op_swiglu_fwd(ctx, h.data, m->gu.data, T, Fl, ctx->dtype));
+    tpk_tensor h;
+    TPK_TRY(tpk__swiglu_product(ctx, m, &h));
     m->down.x.data = h.data; /* down's saved input */
     return TPK_OK;
 }

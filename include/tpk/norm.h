@@ -196,10 +196,10 @@ static inline void tpk_rmsnorm_destroy(tpk_ctx *ctx, tpk_rmsnorm *l) {
 
 /* Whether some key/value head of grouped parameter p is held by two ranks (t > G, or uneven
  * query-head splits that cut a group): its gradient is then partial over the holders. */
-static inline bool tpk__param_shared(const tpk_param *p, int t) {
+static inline bool tpk__param_shared(const tpk_ctx *ctx, const tpk_param *p) {
     if (tpk_layout_group(p->layout) == 1) return false;
-    for (int q = 0; q < t; q++)
-        if (tpk_shard_owned(p->gshape[0], p->layout, t, q).size != tpk_shard_size(p->gshape[0], p->layout, t, q)) return true;
+    for (int q = 0; q < ctx->tp.size; q++)
+        if (tpk_tp_shard_owned(ctx, p->gshape[0], p->layout, q).size != tpk_tp_shard_size(ctx, p->gshape[0], p->layout, q)) return true;
     return false;
 }
 
@@ -210,14 +210,13 @@ static inline bool tpk__param_shared(const tpk_param *p, int t) {
  *     its rows: a shared head's gradient becomes the sum over the ranks that hold it.
  * Every rank makes the same calls (the decisions depend only on the layouts). */
 static inline tpk_status tpk_params_reduce_partial_grads(tpk_ctx *ctx) {
-    int t = ctx->tp.size;
     for (int i = 0; i < ctx->params.n; i++) {
         tpk_param *p = &ctx->params.list[i];
         if (p->tp_partial_grad && p->numel)
             TPK_TRY(tpk_allreduce(ctx, &ctx->tp, tpk_param_grad(ctx, i), tpk_param_grad(ctx, i), p->numel, TPK_F32, TPK_SUM));
-        if (!tpk__param_shared(p, t)) continue;
+        if (!tpk__param_shared(ctx, p)) continue;
         size_t gn = tpk__gnumel(p), inner = gn / (size_t)p->gshape[0];
-        tpk_range r = tpk_shard_run(p->gshape[0], p->layout, t, ctx->tp.rank, 0);
+        tpk_range r = tpk_tp_shard_run(ctx, p->gshape[0], p->layout, ctx->tp.rank, 0);
         TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[1], gn * sizeof(float)));
         float *g = (float *)ctx->work[1].p;
         tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;

@@ -33,14 +33,14 @@ typedef struct tpk_param_desc {
 /* Calls f(ctx, arg, global_index_along_d, local_index_along_d, count) for each run of
  * consecutive indices along the split dim that this shard holds. */
 typedef struct tpk__run { int64_t g0, l0, n; } tpk__run;
-static inline int tpk__param_runs(const tpk_param *p, int parts, int index, tpk__run *runs, int max) {
+static inline int tpk__param_runs(const tpk_ctx *ctx, const tpk_param *p, int index, tpk__run *runs, int max) {
     if (p->split_dim < 0) {
         if (max > 0) runs[0] = TPK_LIT(tpk__run){0, 0, p->gshape[0]};
         return 1;
     }
     int n = 0;
     for (int b = 0; b < p->stride; b++) {
-        tpk_range r = tpk_shard_run(p->gshape[p->split_dim], p->layout, parts, index, b);
+        tpk_range r = tpk_tp_shard_run(ctx, p->gshape[p->split_dim], p->layout, index, b);
         if (n < max) runs[n++] = TPK_LIT(tpk__run){r.off, b * r.size, r.size};
     }
     return n;
@@ -74,7 +74,7 @@ static inline void tpk__param_counted(const tpk_ctx *ctx, int id, size_t *lo, si
     *lo = *hi = p->offset;
     if (p->split_dim >= 0 || ctx->tp.rank == 0) *hi = p->offset + p->numel;
     if (tpk_layout_group(p->layout) > 1) {
-        tpk_range own = tpk_shard_owned(p->gshape[0], p->layout, ctx->tp.size, ctx->tp.rank);
+        tpk_range own = tpk_tp_shard_owned(ctx, p->gshape[0], p->layout, ctx->tp.rank);
         size_t inner = p->shape[0] ? p->numel / (size_t)p->shape[0] : 0;
         *lo = p->offset + (size_t)own.off * inner, *hi = *lo + (size_t)own.size * inner;
     }
@@ -99,7 +99,7 @@ static inline tpk_status tpk__param_draw(tpk_ctx *ctx, int id, tpk_init init, fl
     tpk__dimview g = tpk__view(p->gshape, p->ndim, d);
     int64_t L = p->shape[d];
     tpk__run runs[64];
-    int nr = tpk__param_runs(p, ctx->tp.size, ctx->tp.rank, runs, 64);
+    int nr = tpk__param_runs(ctx, p, ctx->tp.rank, runs, 64);
     for (int k = 0; k < nr; k++) {
         if (!runs[k].n) continue;
         /* rows o of the [outer, n*inner] view; local columns l0*inner.. of a row of L*inner */
@@ -123,7 +123,7 @@ static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, fl
     tpk_param ps = tpk__param_stored(p);
     size_t inner = p->numel / (size_t)p->shape[0]; /* padded: dim 0 is the split dim or none */
     tpk__run runs[64];
-    int nr = tpk__param_runs(&ps, ctx->tp.size, ctx->tp.rank, runs, 64);
+    int nr = tpk__param_runs(ctx, &ps, ctx->tp.rank, runs, 64);
     for (int k = 0; k < nr; k++) {
         int64_t first = p->gshape[0] - runs[k].g0; /* the run's first padding row */
         if (first < 0) first = 0;
@@ -194,7 +194,7 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
         if (p.stride > 64 || n % su)
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: layout: dim %d (%lld) must be a multiple of stride x unit = %lld (stride at most 64)",
                              desc->name, p.split_dim, (long long)n, (long long)su);
-        p.shape[p.split_dim] = tpk_shard_size(n, desc->layout, ctx->tp.size, ctx->tp.rank);
+        p.shape[p.split_dim] = tpk_tp_shard_size(ctx, n, desc->layout, ctx->tp.rank);
     }
     for (int i = 0; i < p.ndim; i++) p.numel *= (size_t)p.shape[i];
     tpk_params *P = &ctx->params;
@@ -278,12 +278,12 @@ static inline tpk_status tpk_params_zero_grad(tpk_ctx *ctx) {
 
 /* Copy between a shard (local, [shape]) and the global tensor on the host, per run of the
  * split dim. to_global: shard -> global, else global -> shard. */
-static inline void tpk__param_place(const tpk_param *p, int parts, int index, float *global, float *local, bool to_global) {
+static inline void tpk__param_place(const tpk_ctx *ctx, const tpk_param *p, int index, float *global, float *local, bool to_global) {
     int d = p->split_dim < 0 ? 0 : p->split_dim;
     tpk__dimview g = tpk__view(p->gshape, p->ndim, d);
-    int64_t L = p->split_dim < 0 ? g.n : tpk_shard_size(g.n, p->layout, parts, index);
+    int64_t L = p->split_dim < 0 ? g.n : tpk_tp_shard_size(ctx, g.n, p->layout, index);
     tpk__run runs[64];
-    int nr = tpk__param_runs(p, parts, index, runs, 64);
+    int nr = tpk__param_runs(ctx, p, index, runs, 64);
     for (int k = 0; k < nr; k++)
         for (int64_t o = 0; o < g.outer; o++) {
             float *gp = global + (o * g.n + runs[k].g0) * g.inner, *lp = local + (o * L + runs[k].l0) * g.inner;
@@ -327,7 +327,7 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
         size_t total = 0;
         for (int q = 0; q < t; q++) {
             tpk_param pq = ps;
-            pq.shape[p->split_dim] = tpk_shard_size(ps.gshape[p->split_dim], p->layout, t, q);
+            pq.shape[p->split_dim] = tpk_tp_shard_size(ctx, ps.gshape[p->split_dim], p->layout, q);
             counts[q] = 1;
             for (int i = 0; i < p->ndim; i++) counts[q] *= (size_t)pq.shape[i];
             total += counts[q];
@@ -341,7 +341,7 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
         if (s == TPK_OK) s = tpk_op_memcpy(ctx, host, ctx->work[1].p, total * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
         size_t off = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
-            tpk__param_place(&ps, t, q, whole, host + off, true);
+            tpk__param_place(ctx, &ps, q, whole, host + off, true);
             off += counts[q];
         }
         if (s == TPK_OK) memcpy(out, whole, gnumel * sizeof(float)); /* dim 0 outermost: the padding rows are last */
@@ -368,7 +368,7 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     }
     memcpy(whole, in, gnumel * sizeof(float));
     if (flat == (float *)ctx->params.data.p) ctx->params.stale16 = true;
-    tpk__param_place(&ps, ctx->tp.size, ctx->tp.rank, whole, host, false);
+    tpk__param_place(ctx, &ps, ctx->tp.rank, whole, host, false);
     tpk_status s = tpk_op_memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
     free(host), free(whole);
     return s;

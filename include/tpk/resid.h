@@ -60,7 +60,7 @@ static inline tpk_status tpk_dropout_forward(tpk_ctx *ctx, tpk_dropout *d, tpk_t
     TPK_TRY(tpk__dropout_check(ctx, fn, "x", x));
     d->stream = tpk__dropout_stream(ctx, d->name);
     d->layout = x->layout, d->T = x->gshape[0], d->rows = x->shape[0], d->H = x->shape[1];
-    d->row0 = x->layout.kind == TPK_LAYOUT_S ? tpk_split(d->T, ctx->tp.size, ctx->tp.rank).off : 0;
+    d->row0 = x->layout.kind == TPK_LAYOUT_S ? tpk_tp_split(ctx, d->T, ctx->tp.rank).off : 0;
     if (d->p > 0 && d->rows && d->H)
         TPK_TRY(tpk_op_dropout(ctx, x->data, x->data, d->rows, d->H, d->H, d->row0, 0, d->p, ctx->seed, d->stream, ctx->dtype));
     return TPK_OK;

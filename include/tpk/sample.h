@@ -32,7 +32,7 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
     float *all = (float *)malloc(sizeof(float) * (size_t)V);
     tpk_status s = counts && all ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a row of %lld logits", (long long)V);
-    for (int q = 0; s == TPK_OK && q < t; q++) counts[q] = (size_t)tpk_split(V, t, q).size;
+    for (int q = 0; s == TPK_OK && q < t; q++) counts[q] = (size_t)tpk_tp_split(ctx, V, q).size;
     /* this rank's part of the row as f32 in backend memory, gathered over TP, copied to the host */
     if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[0], sizeof(float) * (size_t)(Vl + V + 1));
     float *mine = (float *)ctx->work[0].p, *row_all = mine + Vl;

@@ -48,7 +48,7 @@ static inline tpk_status tpk_xent_init(tpk_ctx *ctx, tpk_xent *ce, int64_t V, co
 
 /* This rank's columns of the logits: the first v0 (global), how many are real (not padding). */
 static inline void tpk__xent_cols(const tpk_ctx *ctx, const tpk_xent *ce, int64_t *v0, int64_t *real) {
-    tpk_range r = tpk_split(ce->Vp, ctx->tp.size, ctx->tp.rank);
+    tpk_range r = tpk_tp_split(ctx, ce->Vp, ctx->tp.rank);
     int64_t n = ce->V - r.off;
     *v0 = r.off, *real = n < 0 ? 0 : n < r.size ? n : r.size;
 }
