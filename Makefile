@@ -159,7 +159,7 @@ deps:
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example
-	@sh tests/run.sh
+	@TPK_BUILD=$(B) sh tests/run.sh
 
 # The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
 # program: a failed test); built into build/san, so it does not disturb the normal build. Leak

@@ -5,10 +5,10 @@
  * A step: --grad-accum micro-batches (ctx.rng_step = the micro-batch: new dropout masks), forward,
  * backward x 1/accum, the last one starting each block's DP reduction as its backward ends
  * (tpk/dp.h); SP layernorm grads over TP; the global norm, clipping, AdamW and the schedule
- * (tpk/optim.h). Data (tpk/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is
- * window k*dp + d, so a resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2 or
- * Llama layout (--load reads config.json's model_type), loadable at any TP and DP size. On any failure every rank stops with one line
- * `gpt2_train: error: ...`. */
+ * (tpk/optim.h); the losses summed on the device, read only on a step that reports them. Data
+ * (tpk/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is window k*dp + d, so a
+ * resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2 or Llama layout (--load reads
+ * config.json's model_type), loadable at any TP and DP size. A failure: one line `gpt2_train: error: ...`, every rank stops. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
 #include <time.h>
@@ -235,24 +235,24 @@ int main(int argc, char **argv) {
     if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum after the backward */
     double t_start = now(); int64_t t0step = opt.step; tpk_mem_peak(&ctx, true); /* the peak from here: training */
     for (int64_t step = opt.step; step < o.steps; step++) {
-        double t0 = now(), lsum = 0, norm = 0, vl = NAN;
+        double t0 = now(), l = NAN, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
-        TRY(tpk_params_zero_grad(&ctx));
+        TRY(tpk_params_zero_grad(&ctx)); tpk_model_loss_reset(&m); /* the micro-batches' mean losses add up on the device */
         for (int k = 0; k < o.accum; k++) { /* DP communication only after the last micro-batch */
             int64_t micro = step * o.accum + k;
-            float loss;
             ctx.rng_step = (uint64_t)micro;
             TRY(tpk_data_batch_seq(&ctx, &train, micro * Btot + off, Bd, o.seq, x, y)); /* = window micro * dp + rank with one --batch */
-            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, &loss));
+            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, NULL)); /* the loss stays on the device: no wait */
             TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero)); /* ZeRO-1: one reduce-scatter after the backward instead */
             TRY(tpk_model_backward(&ctx, &m, (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot / (float)o.accum)); /* weighted by tokens */
-            lsum += loss;
         }
         TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f, &norm)); /* DP reduction (the weighted sum, or Adasum), norm, clip, AdamW */
-        double l = lsum / o.accum * (double)Bd / (double)Btot; /* the mean over the micro-batches and the DP ranks' tokens */
-        TRY(tpk_allreduce_host(&ctx, &ctx.dp, &l, 1, TPK_F64, TPK_SUM));
+        /* the loss read (a wait) only on a step that reports it — printed, evaluated, a --csv row — on every rank alike */
+        bool eval = o.eval_every && (opt.step % o.eval_every == 0 || opt.step == o.steps);
+        if (opt.step % o.log_every == 0 || opt.step == o.steps || eval || csv.path[0]) /* mean over micro-batches and DP ranks' tokens */
+            TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum, &l));
         double ms = 1e3 * (now() - t0);
-        if (o.eval_every && (opt.step % o.eval_every == 0 || opt.step == o.steps)) {
+        if (eval) {
             TRY(tpk_model_set_dropout(&ctx, &m, 0));
             TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
             TRY(tpk_model_set_dropout(&ctx, &m, o.dropout));

@@ -88,6 +88,11 @@ static inline double test_relerr(const float *got, const float *want, size_t n) 
         CHECK(test__e < (tol), "%s: relative error %.3g >= %.3g", (what), test__e, (double)(tol)); \
     } while (0)
 
+/* The dropout draw of index i written out from its definition (tpk/rng.h), independently of
+ * tpk_dropout_u: output i % 4 of the Philox call on counter i / 4, bits >> 8 times 2^-24. */
+static inline float test_dropout_u(uint64_t seed, uint64_t stream, uint64_t i) {
+    return (float)(tpk_philox(seed, stream, i / 4).v[i % 4] >> 8) / 16777216.0f;
+}
 /* Deterministic random fill: N(0,1) * scale from (seed, index), the same on every rank. */
 static inline void test_randn(float *x, size_t n, uint64_t seed, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * tpk_rng_normal(seed, 0x7e57, i);

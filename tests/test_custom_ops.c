@@ -104,6 +104,7 @@ NOT_PROVIDED(xent_partial, float *part, const void *z, const float *mx, const in
              tpk_dtype dt)
 NOT_PROVIDED(xent_loss, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T, int64_t V, float smoothing,
      int32_t ignore_index)
+NOT_PROVIDED(xent_mean, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate)
 NOT_PROVIDED(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V,
      float smoothing, int32_t ignore_index, tpk_dtype dt)
 NOT_PROVIDED(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale,
@@ -130,7 +131,7 @@ static tpk_ops my_table(void) {
     o.axpby = my_axpby, o.gemm = my_gemm, o.bias_add = my_bias_add, o.bias_grad = my_bias_grad, o.act_fwd = my_act_fwd, o.act_bwd = my_act_bwd;
     o.rng_2d = my_rng_2d, o.dropout = my_dropout, o.layernorm_fwd = my_layernorm_fwd, o.layernorm_bwd = my_layernorm_bwd;
     o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_max = my_xent_max, o.xent_partial = my_xent_partial;
-    o.xent_loss = my_xent_loss, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;
+    o.xent_loss = my_xent_loss, o.xent_mean = my_xent_mean, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;
     o.sumsq = my_sumsq, o.linear_fwd = my_linear_fwd, o.residual_layernorm_fwd = my_residual_layernorm_fwd;
     o.rope = my_rope, o.swiglu_fwd = my_swiglu_fwd, o.swiglu_bwd = my_swiglu_bwd, o.rmsnorm_fwd = my_rmsnorm_fwd, o.rmsnorm_bwd = my_rmsnorm_bwd;
     return o;

@@ -5,7 +5,8 @@
  * head), V = 509, T = 14 tokens (uneven sequence-parallel slices). Also: finite differences
  * per layer on the sharded layer, the collective counts per block (2 all-reduces of T H each
  * way, or 2 all-gathers + 2 reduce-scatters under SP), SP on = SP off, dropout masks the same
- * at every t and changing with the step, and bad input. */
+ * at every t and changing with the step, the model over weighted TP splits (tests/tp_layer.h:
+ * test_weighted), and bad input. */
 #include "tp_layer.h"
 
 static int me, np;
@@ -174,16 +175,18 @@ int main(int argc, char **argv) {
             }
 
     for (int sp = 0; sp < 2; sp++)
-        TEST_CASE("GPT-2 model (L=2, A=6, V=%d padded, dropout 0.1)%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 at t=%d: the heads split by weight; "
-                  "loss and every gradient match the unsharded model", V, sp ? " SP" : "", np) {
-            tpk_model_config mc, ref;
-            memset(&mc, 0, sizeof mc);
-            mc.arch = TPK_ARCH_GPT2;
-            mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp};
-            ref = mc;
-            ref.gpt2.vocab_multiple = -1, ref.gpt2.sequence_parallel = false;
-            test_weighted(&world, np, &mc, &ref, ids, tg, B, S);
-        }
+        for (int pad = 0; pad < 2; pad++)
+            TEST_CASE("GPT-2 model (L=2, A=6, V=%d %s, dropout 0.1)%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 at t=%d: the heads and the vocabulary "
+                      "split by weight; loss and every gradient match the unsharded model", V, pad ? "padded: units of 64 rows" : "unpadded", sp ? " SP" : "", np) {
+                tpk_model_config mc, ref;
+                memset(&mc, 0, sizeof mc);
+                mc.arch = TPK_ARCH_GPT2;
+                mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp,
+                                            .vocab_multiple = pad ? 0 : -1};
+                ref = mc;
+                ref.gpt2.vocab_multiple = -1, ref.gpt2.sequence_parallel = false;
+                test_weighted(&world, np, &mc, &ref, ids, tg, B, S);
+            }
 
     TEST_CASE("GPT-2 model with dropout 0.1: SP on = SP off; dropout changes the loss; t > A (A=%d heads) works", np > 1 ? np - 1 : 1) {
         tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f};

@@ -4,7 +4,8 @@
  * every rank: loss, and every gathered gradient (wte gets both uses) to relative 1e-5, with
  * and without sequence parallelism, with label smoothing 0 and 0.1 and ignored positions.
  * The loss is also checked against a double log-sum-exp over the gathered logits with the
- * smoothing over the global vocabulary; cross-entropy does exactly 2 collectives forward and
+ * smoothing over the global vocabulary; a forward with loss = NULL leaves the mean in backend
+ * memory, summed until tpk_xent_loss_read (equal, bit for bit, to the means read at once); cross-entropy does exactly 2 collectives forward and
  * none backward; bad ids, targets, sequence lengths and hidden sizes are refused. */
 #include "test.h"
 
@@ -59,6 +60,24 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, &o->loss));
     o->ce_fwd = ctx->tp.stats;
+    { /* loss = NULL: the mean stays in backend memory, summed over such forwards until read */
+        float now = NAN;
+        double sum = NAN;
+        int64_t n = -1;
+        CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, NULL));
+        CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, &now)); /* read at once: not in the sum */
+        CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, NULL));
+        CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
+        CHECK(now == o->loss && n == 2 && sum == 2.0 * (double)o->loss, "loss %.9g, again %.9g; the sum of %lld forwards %.17g",
+              (double)o->loss, (double)now, (long long)n, sum);
+        CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
+        CHECK(n == 0 && sum == 0.0, "a read starts the sum again: %lld forwards, %g", (long long)n, sum);
+        CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, NULL));
+        tpk_xent_loss_reset(&c.ce);
+        CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, NULL));
+        CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, NULL));
+        CHECK(sum == (double)o->loss, "after a reset: %.17g, the loss %.9g", sum, (double)o->loss);
+    }
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_xent_backward(ctx, &c.ce, 1.0f, &dz));
     o->ce_bwd = ctx->tp.stats;
@@ -155,6 +174,7 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_xent_forward(&ctx, &ce, z, badt, &loss), TPK_ERR_ARG, "targets[2] = 514");
         tpk_tensor zr = tpk_tensor_2d(zbig, TPK_F32, T, V, TPK_R);
         CHECK_FAILS(&ctx, tpk_xent_forward(&ctx, &ce, zr, tg, &loss), TPK_ERR_LAYOUT, "z: expected layout S(-1), got R");
+        CHECK_FAILS(&ctx, tpk_xent_loss_read(&ctx, &ce, NULL, NULL), TPK_ERR_ARG, "tpk_xent_loss_read: sum: NULL");
         tpk_tensor narrow = tpk_tensor_2d(zb, TPK_F32, T, 6, TPK_R); /* hidden 6, the layernorm has 8 */
         CHECK_FAILS(&ctx, tpk_layernorm_forward(&ctx, &ln, narrow, &y), TPK_ERR_SHAPE, "x: expected global shape");
         CHECK_FAILS(&ctx, tpk_xent_init(&ctx, &ce, V, &(tpk_xent_desc){.label_smoothing = 1.5f}), TPK_ERR_ARG, "label_smoothing");

@@ -3,8 +3,9 @@
  * (self communicator, t = 1) with the same weights and inputs: outputs, input gradients and
  * every gathered weight gradient to relative 1e-5. Also: finite differences, collective
  * counts, the order of the column backward (dx all-reduce started before the weight-gradient
- * GEMM and waited after it), uneven splits (10 over 3, 7 over 4, 1 over 4), initialisation
- * that does not depend on t, and bad input. Run at 1..4 ranks. */
+ * GEMM and waited after it), uneven splits (10 over 3, 7 over 4, 1 over 4), the same over
+ * weighted TP splits (tpk_ctx_desc.tp_weights 3:1, 3:1:2, 1:2:3:4), a padded vocabulary table in
+ * weighted 64-row units, initialisation that does not depend on t, and bad input. Run at 1..4 ranks. */
 #include "test.h"
 
 static int me, np;
@@ -98,7 +99,7 @@ static int run_net(tpk_ctx *ctx, net *n, const float *X, const float *dY, result
     test_poison(r->y, (size_t)(n->T * n->out));
     RUN_OK(global_of(ctx, y, r->y));
     tpk_tensor dy = local_of(ctx, dY, n->T, n->out, y.layout);
-    dy = tpk_tensor_shard(dy.data, TPK_F32, 2, y.gshape, y.layout, ctx->tp.size, ctx->tp.rank);
+    dy = tpk_tp_tensor_2d(ctx, dy.data, TPK_F32, y.gshape[0], y.gshape[1], y.layout);
     tpk_comm_stats_reset(&ctx->tp);
     RUN_OK(net_backward(ctx, n, dy, &dx));
     r->bwd = ctx->tp.stats;
@@ -119,10 +120,10 @@ static void free_result(result *r) {
     for (int i = 0; i < r->nparams; i++) free(r->grad[i]);
 }
 
-/* The sharded net against the unsharded one. */
-static void compare(net proto) {
+/* The sharded net (its TP split weighted by w; NULL: even) against the unsharded one. */
+static void compare_w(net proto, const double *w) {
     tpk_ctx sh, ref;
-    tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+    tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5, .tp_weights = w});
     tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 5});
     net a = proto, b = proto;
     float *X = malloc((size_t)(proto.T * proto.in) * 4), *dY = malloc((size_t)(proto.T * proto.out) * 4);
@@ -130,6 +131,14 @@ static void compare(net proto) {
     test_randn(dY, (size_t)(proto.T * proto.out), 12, 1.f);
     result rs = {0}, rr = {0};
     if (run_net(&sh, &a, X, dY, &rs) == 0 && run_net(&ref, &b, X, dY, &rr) == 0) {
+        if (w) { /* the shard's features: [floor(n W_r / W), floor(n W_{r+1} / W)) of the split features */
+            double W = 0, Wr = 0;
+            for (int q = 0; q < np; q++) Wr += q < me ? w[q] : 0, W += w[q];
+            int64_t n = proto.kind == ROW ? proto.in : proto.kind == COL ? proto.out : proto.hid;
+            int64_t lo = (int64_t)floor((double)n * Wr / W), hi = me == np - 1 ? n : (int64_t)floor((double)n * (Wr + w[me]) / W);
+            CHECK(a.a.n_local == hi - lo && a.a.in_off == (proto.kind == ROW ? lo : 0), "rank %d holds %lld features at %lld, expected [%lld, %lld)", me,
+                  (long long)a.a.n_local, (long long)a.a.in_off, (long long)lo, (long long)hi);
+        }
         CHECK_CLOSE(rs.y, rr.y, (size_t)(proto.T * proto.out), 1e-5, "output");
         CHECK_CLOSE(rs.dx, rr.dx, (size_t)(proto.T * proto.in), 1e-5, "input gradient");
         CHECK(rs.nparams == rr.nparams, "parameter count %d vs %d", rs.nparams, rr.nparams);
@@ -165,6 +174,7 @@ static void compare(net proto) {
     tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
     free(X), free(dY);
 }
+static void compare(net proto) { compare_w(proto, NULL); }
 
 /* Finite differences on the sharded net: L = sum(y * dY), dL/dtheta by central differences of
  * global parameter entries (set on every rank) and of input entries, in double. */
@@ -273,6 +283,21 @@ int main(int argc, char **argv) {
         net p = {.kind = PAIR, .sp = sp, .bias = true, .T = 7, .in = 6, .hid = 10, .out = 6};
         TEST_CASE("%s matches the unsharded MLP; collective counts", net_name(&p)) compare(p);
         TEST_CASE("%s: finite differences", net_name(&p)) finite_differences(p);
+    }
+    /* weighted TP splits: 2 | 3:1 | 3:1:2 | 1:2:3:4 (features and, under SP, tokens by weight; 1 feature
+     * over 4: three ranks hold nothing) */
+    static const double wts[4][4] = {{2}, {3, 1}, {3, 1, 2}, {1, 2, 3, 4}};
+    const double *tw = wts[np - 1];
+    for (int k = 0; k < 3; k++)
+        for (int sp = 0; sp < 2; sp++) {
+            net n = {.kind = COL, .sp = sp, .bias = true, .gather = !sp, .T = 5, .in = 6, .out = outs[k]};
+            TEST_CASE("%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 matches the unsharded layer", net_name(&n)) compare_w(n, tw);
+            net m = {.kind = ROW, .sp = sp, .bias = true, .row_in_R = !sp, .T = 5, .in = outs[k], .out = 6};
+            TEST_CASE("%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 matches the unsharded layer", net_name(&m)) compare_w(m, tw);
+        }
+    for (int sp = 0; sp < 2; sp++) {
+        net p = {.kind = PAIR, .sp = sp, .bias = true, .T = 7, .in = 6, .hid = 10, .out = 6};
+        TEST_CASE("%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 matches the unsharded MLP; collective counts", net_name(&p)) compare_w(p, tw);
     }
     {
         net c = {.kind = COL, .bias = true, .T = 4, .in = 5, .out = 7};
@@ -385,6 +410,53 @@ int main(int argc, char **argv) {
         CHECK(memcmp(a, b, 54 * 4) != 0, "another seed gives the same weights");
         free(a), free(b);
         tpk_ctx_destroy(&other), tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
+    }
+
+    TEST_CASE("a padded vocabulary table (509 rows padded for %d shards of a multiple of 64) over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4: shards of whole "
+              "64-row units by weight, the unsharded draw, zero padding, scatter and gather", np) {
+        tpk_ctx sh, ref, eq;
+        double ones[4] = {1, 1, 1, 1};
+        CHECK_OK(&sh, tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 9, .tp_weights = tw}));
+        CHECK_OK(&ref, tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 9}));
+        CHECK_OK(&eq, tpk_ctx_init(&eq, &(tpk_ctx_desc){.world = &world, .tp = np, .tp_weights = ones}));
+        int64_t Vp = tpk_vocab_padded(509, 64, np), units = Vp / 64;
+        double W = 0, Wr = 0;
+        for (int q = 0; q < np; q++) Wr += q < me ? tw[q] : 0, W += tw[q];
+        int64_t lo = 64 * (int64_t)floor((double)units * Wr / W), hi = me == np - 1 ? Vp : 64 * (int64_t)floor((double)units * (Wr + tw[me]) / W);
+        tpk_range r = tpk_tp_vocab_split(&sh, Vp, me), e = tpk_tp_vocab_split(&eq, Vp, me), u = tpk_split(Vp, np, me);
+        CHECK(r.off == lo && r.size == hi - lo && r.size % 64 == 0, "rank %d: vocabulary rows [%lld, +%lld), expected [%lld, %lld)", me, (long long)r.off,
+              (long long)r.size, (long long)lo, (long long)hi);
+        CHECK(e.off == u.off && e.size == u.size, "equal weights: rows [%lld, +%lld), the even split [%lld, +%lld)", (long long)e.off, (long long)e.size,
+              (long long)u.off, (long long)u.size);
+        CHECK(tpk_tp_vocab_split(&sh, 509, me).size == tpk_split_weighted(509, tw, np, me).size, "unpadded: the plain weighted split");
+        int is, ir;
+        tpk_param_desc d = {"vocab", 2, {509, 3, 0, 0}, tpk_tp_vocab_layout(&sh, Vp, 0), TPK_INIT_NORMAL, 1.f, true, Vp}, dr = d;
+        dr.layout = TPK_S(0), dr.padded_rows = 0;
+        CHECK_OK(&sh, tpk_param_add(&sh, &d, &is));
+        CHECK_OK(&ref, tpk_param_add(&ref, &dr, &ir));
+        float *g = malloc(509 * 3 * 4), *a = malloc(509 * 3 * 4), *x = malloc(509 * 3 * 4);
+        CHECK_OK(&ref, tpk_param_get_global(&ref, ir, false, g));
+        const tpk_param *p = &sh.params.list[is];
+        const float *loc = tpk_param_data(&sh, is);
+        int bad = 0;
+        CHECK(p->shape[0] == hi - lo, "the shard stores %lld rows, expected %lld", (long long)p->shape[0], (long long)(hi - lo));
+        for (int64_t i = 0; i < p->shape[0] && p->shape[0] == hi - lo; i++)
+            for (int c = 0; c < 3; c++) bad += loc[i * 3 + c] != (lo + i < 509 ? g[(lo + i) * 3 + c] : 0.0f);
+        CHECK(bad == 0, "%d stored elements differ from the unsharded draw (or non-zero padding)", bad);
+        test_poison(a, 509 * 3);
+        CHECK_OK(&sh, tpk_param_get_global(&sh, is, false, a));
+        CHECK(!memcmp(a, g, 509 * 3 * 4), "gathered table differs from the unsharded draw");
+        test_randn(x, 509 * 3, 31, 1.0f);
+        CHECK_OK(&sh, tpk_param_set_global(&sh, is, x));
+        test_poison(a, 509 * 3);
+        CHECK_OK(&sh, tpk_param_get_global(&sh, is, false, a));
+        CHECK(!memcmp(a, x, 509 * 3 * 4), "scatter then gather: not the table");
+        bad = 0;
+        for (int64_t i = 0; i < p->shape[0]; i++)
+            for (int c = 0; c < 3; c++) bad += loc[i * 3 + c] != (lo + i < 509 ? x[(lo + i) * 3 + c] : 0.0f);
+        CHECK(bad == 0, "%d stored elements after scatter differ from the table's rows [%lld, %lld) (or non-zero padding)", bad, (long long)lo, (long long)hi);
+        free(g), free(a), free(x);
+        tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref), tpk_ctx_destroy(&eq);
     }
 
     TEST_CASE("bad input: layout, shape, NULL, dtype, order, layer kind") {

@@ -7,7 +7,7 @@
  * G = A, V = 509, T = 14 tokens (uneven sequence-parallel slices). Also: finite differences per
  * layer, the collective counts per block (as GPT-2's: 2 all-reduces of T H each way, or 2
  * all-gathers + 2 reduce-scatters under SP), the gradient norm equal to the unsharded one, the
- * tied head, and bad input. */
+ * tied head, the model over weighted TP splits (tests/tp_layer.h: test_weighted), and bad input. */
 #include "tp_layer.h"
 
 static int me, np;
@@ -202,16 +202,19 @@ int main(int argc, char **argv) {
             }
 
     for (int sp = 0; sp < 2; sp++)
-        TEST_CASE("Llama model (L=2, A=6, G=2, V=%d padded)%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 at t=%d: the heads split by weight, "
-                  "shared key/value heads; loss and every gradient match the unsharded model", V, sp ? " SP" : "", np) {
-            tpk_model_config mc, ref;
-            memset(&mc, 0, sizeof mc);
-            mc.arch = TPK_ARCH_LLAMA;
-            mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .sequence_parallel = sp};
-            ref = mc;
-            ref.llama.vocab_multiple = -1, ref.llama.sequence_parallel = false;
-            test_weighted(&world, np, &mc, &ref, ids, tg, B, S);
-        }
+        for (int pad = 0; pad < 2; pad++)
+            TEST_CASE("Llama model (L=2, A=6, G=2, V=%d %s)%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 at t=%d: the heads and the vocabulary split by "
+                      "weight, shared key/value heads; loss and every gradient match the unsharded model", V, pad ? "padded: units of 64 rows" : "unpadded",
+                      sp ? " SP" : "", np) {
+                tpk_model_config mc, ref;
+                memset(&mc, 0, sizeof mc);
+                mc.arch = TPK_ARCH_LLAMA;
+                mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .sequence_parallel = sp,
+                                              .vocab_multiple = pad ? 0 : -1};
+                ref = mc;
+                ref.llama.vocab_multiple = -1, ref.llama.sequence_parallel = false;
+                test_weighted(&world, np, &mc, &ref, ids, tg, B, S);
+            }
 
     for (int rc = TPK_RECOMPUTE_FULL; rc <= TPK_RECOMPUTE_SELECTIVE; rc++)
         for (int sp = 0; sp < 2; sp++)

@@ -646,7 +646,7 @@ static const struct ops_entry ops_entries[] = {
     OPS_ENTRY(gemm),        OPS_ENTRY(bias_add),      OPS_ENTRY(bias_grad),     OPS_ENTRY(act_fwd),
     OPS_ENTRY(act_bwd),     OPS_ENTRY(rng_2d),        OPS_ENTRY(dropout),       OPS_ENTRY(layernorm_fwd),
     OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),   OPS_ENTRY(embed_bwd),     OPS_ENTRY(xent_max),
-    OPS_ENTRY(xent_partial), OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
+    OPS_ENTRY(xent_partial), OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
     OPS_ENTRY(attn_bwd),    OPS_ENTRY(rope),          OPS_ENTRY(swiglu_fwd),    OPS_ENTRY(swiglu_bwd),
     OPS_ENTRY(rmsnorm_fwd), OPS_ENTRY(rmsnorm_bwd),   OPS_ENTRY(adamw),         OPS_ENTRY(sumsq),
     OPS_ENTRY(linear_fwd),  OPS_ENTRY(residual_layernorm_fwd),

@@ -76,6 +76,28 @@ static double fd_step(float x, double h, float *xp, float *xm) {
 /* ---- dropout ------------------------------------------------------------------------------- */
 
 static void test_dropout(void) {
+    TEST_CASE("the dropout draw: Philox4x32-10 known answers; dropout_u(i) = output i %% 4 of call i / 4; parameter draws unchanged") {
+        /* Random123's known-answer vectors (counter, key) -> output: key = seed, counter = (index, stream) */
+        static const uint64_t kat[3][3] = {{0, 0, 0}, {~0ull, ~0ull, ~0ull}, {0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull}};
+        static const uint32_t want[3][4] = {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u},
+                                            {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu},
+                                            {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}};
+        for (int k = 0; k < 3; k++) {
+            tpk_u32x4 r = tpk_philox(kat[k][0], kat[k][1], kat[k][2]);
+            CHECK(!memcmp(r.v, want[k], sizeof r.v), "philox known answer %d: %08x %08x %08x %08x", k, r.v[0], r.v[1], r.v[2], r.v[3]);
+        }
+        size_t bad = 0, bad4 = 0, badp = 0;
+        const uint64_t seed = 0x1234567890abcull, stream = 0xfeedull << 40;
+        for (uint64_t i = 0; i < 4096; i++) {
+            uint64_t idx = i < 2048 ? i : (1ull << 40) - 2048 + i; /* the low and a high index range (64-bit counters) */
+            bad += tpk_dropout_u(seed, stream, idx) != test_dropout_u(seed, stream, idx);
+            bad4 += tpk_rng_uniform4(seed, stream, idx >> 2).v[idx & 3] != test_dropout_u(seed, stream, idx);
+            /* parameters and rng_2d keep one call per element, output 0 */
+            badp += tpk_rng_uniform(seed, stream, idx) != (float)(tpk_philox(seed, stream, idx).v[0] >> 8) / 16777216.0f;
+        }
+        CHECK(bad == 0 && bad4 == 0, "%zu tpk_dropout_u, %zu tpk_rng_uniform4 draws differ from output i %% 4 of call i / 4", bad, bad4);
+        CHECK(badp == 0, "%zu tpk_rng_uniform draws are not output 0 of call i", badp);
+    }
     TEST_CASE("layers dropout f32: p = 0 identity; p = 0.3 mask formula, values, drop rate, sub-blocks, aliasing") {
         const int64_t rows = 250, cols = 400; /* 1e5 elements */
         const size_t n = (size_t)(rows * cols);
@@ -92,14 +114,14 @@ static void test_dropout(void) {
         CHECK_OK(&ctx, tpk_op_dropout(&ctx, y, x, rows, cols, cols, 0, 0, 0.0f, seed, stream, TPK_F32));
         CHECK(bitdiff(y, x, n) == 0, "p = 0: %zu elements differ from x", bitdiff(y, x, n));
 
-        /* p = 0.3: y = 0 where uniform(index) < p, else x / (1 - p) */
+        /* p = 0.3: y = 0 where dropout_u(index) < p, else x / (1 - p) */
         test_poison(y, n);
         CHECK_OK(&ctx, tpk_op_dropout(&ctx, y, x, rows, cols, cols, 0, 0, p, seed, stream, TPK_F32));
         size_t dropped = 0, badmask = 0, badval = 0;
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < cols; j++) {
                 size_t k = (size_t)(i * cols + j);
-                bool keep = tpk_rng_uniform(seed, stream, (uint64_t)(i * cols + j)) >= p;
+                bool keep = test_dropout_u(seed, stream, (uint64_t)(i * cols + j)) >= p;
                 double w = keep ? (double)x[k] / (1.0 - (double)p) : 0.0;
                 want[k] = (float)w;
                 dropped += y[k] == 0.0f;
@@ -138,7 +160,7 @@ static void test_dropout(void) {
             CHECK_OK(&ctx, tpk_op_dropout(&ctx, yb, x, br, bc, gcols, row0, col0, p, seed, stream, TPK_F32));
             for (int64_t i = 0; i < br; i++)
                 for (int64_t j = 0; j < bc; j++) {
-                    bool keep = tpk_rng_uniform(seed, stream, (uint64_t)((row0 + i) * gcols + col0 + j)) >= p;
+                    bool keep = test_dropout_u(seed, stream, (uint64_t)((row0 + i) * gcols + col0 + j)) >= p;
                     wb[i * bc + j] = keep ? (float)((double)x[i * bc + j] / (1.0 - (double)p)) : 0.0f;
                 }
             CHECK_CLOSE(yb, wb, 63, TOL_F32, "dropout block rows 3+7, cols 500+9 of gcols 1000");
@@ -180,7 +202,7 @@ static void test_dropout(void) {
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < cols; j++) {
                 size_t k = (size_t)(i * cols + j);
-                bool keep = tpk_rng_uniform(seed, stream, (uint64_t)((2 + i) * (cols + 5) + 4 + j)) >= p;
+                bool keep = test_dropout_u(seed, stream, (uint64_t)((2 + i) * (cols + 5) + 4 + j)) >= p;
                 want[k] = keep ? (float)((double)x[k] / (1.0 - (double)p)) : 0.0f;
                 badmask += (got[k] == 0.0f) == keep;
             }
@@ -733,6 +755,30 @@ static void test_xent(void) {
         for (int k = 0; k < 9; k++) nz += part[k] != 0.0f;
         CHECK(nz == 0, "Vl = 0: %zu nonzero parts", nz);
     }
+
+    TEST_CASE("layers cross-entropy: xent_mean (the mean loss in backend memory) against a long double sum; running sums; poisoned output") {
+        enum { NT = 4 };
+        const int64_t Ts[NT] = {0, 1, 333, 20000}, counts[NT] = {0, 1, 300, 19999};
+        for (int c = 0; c < NT; c++) {
+            int64_t T = Ts[c], count = counts[c];
+            float *l = fbuf((size_t)(T ? T : 1));
+            test_randn(l, (size_t)T, 900 + (uint64_t)c, 3.0f);
+            for (int64_t t = 0; t < T; t++) l[t] = fabsf(l[t]) + (t % 7 == 0 ? 1e4f : 0.0f); /* losses >= 0, some large: the order matters in f32 */
+            long double ref = 0;
+            for (int64_t t = 0; t < T; t++) ref += l[t];
+            double want = count ? (double)(float)(ref / (long double)count) : 0.0, acc = NAN; /* poisoned */
+            CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, l, T, count, false));
+            CHECK(fabs(acc - want) <= 1.2e-7 * fabs(want), "T = %lld: mean %.9g, reference %.9g", (long long)T, acc, want);
+            CHECK(acc == (double)(float)acc, "T = %lld: the mean is a float (%.17g)", (long long)T, acc);
+            double m = acc;
+            CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, l, T, count, true)); /* a running sum: acc + m */
+            CHECK(acc == 2.0 * m, "T = %lld: accumulated %.17g, expected %.17g", (long long)T, acc, 2.0 * m);
+            acc = 0.25;
+            CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, l, T, count, true));
+            CHECK(acc == 0.25 + m, "T = %lld: accumulated onto 0.25: %.17g", (long long)T, acc);
+            free(l);
+        }
+    }
 }
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -753,7 +799,7 @@ static double attn_keep_ref(double p, uint64_t seed, uint64_t stream, const attn
                             int64_t j) {
     if (p <= 0) return 1.0;
     uint64_t idx = (uint64_t)(((b * s->A + g) * s->S + i) * s->S + j);
-    return tpk_rng_uniform(seed, stream, idx) >= (float)p ? 1.0 / (1.0 - (double)(float)p) : 0.0;
+    return test_dropout_u(seed, stream, idx) >= (float)p ? 1.0 / (1.0 - (double)(float)p) : 0.0;
 }
 
 /* Naive causal attention in double: out, lse and (with dout) dqkv. */
@@ -1091,6 +1137,14 @@ static void test_errors(void) {
         CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 1, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_grad: ld: expected >= Vl = 3, got 1");
         CHECK_FAILS(&ctx, tpk_op_xent_partial(&ctx, c, a, m, NULL, 2, 3, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG, "V: expected >= 1, got 0");
+        double acc = 0;
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, 3, false), TPK_ERR_ARG, "tpk_op_xent_mean: count: expected 0 <= count <= T = 2, got 3");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, -1, false), TPK_ERR_ARG, "count: expected 0 <= count");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, -2, 0, false), TPK_ERR_ARG, "tpk_op_xent_mean: T: expected >= 0, got -2");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, NULL, a, 2, 1, false), TPK_ERR_ARG, "tpk_op_xent_mean: acc: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 2, 1, true), TPK_ERR_ARG, "tpk_op_xent_mean: loss: expected a buffer");
+        CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 0, 0, false)); /* no rows: the mean is 0 */
+        CHECK(acc == 0.0, "T = 0: mean %g", acc);
         CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG, "smoothing:");
         CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG, "smoothing:");
         CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 0, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "V: expected >= 1");

@@ -16,7 +16,7 @@ static float ref_scale(const tpk_ctx *ctx, const char *name, uint64_t step, floa
     tpk_ctx c = *ctx;
     c.rng_step = step;
     uint64_t stream = tpk__dropout_stream(&c, name);
-    return tpk_rng_uniform(ctx->seed, stream, (uint64_t)(row * H + col)) >= p ? 1.0f / (1.0f - p) : 0.0f;
+    return test_dropout_u(ctx->seed, stream, (uint64_t)(row * H + col)) >= p ? 1.0f / (1.0f - p) : 0.0f;
 }
 
 static void run(bool sp, float p) {

@@ -222,14 +222,14 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     for (int w = 0; w < ctx->params.n; w++) { /* a padded vocabulary: no gradient in the padding rows */
         const tpk_param *p = &ctx->params.list[w];
         if (p->padded_rows == p->gshape[0]) continue;
-        int64_t v0 = tpk_tp_split(ctx, p->padded_rows, ctx->tp.rank).off;
+        int64_t v0 = tpk_tp_vocab_split(ctx, p->padded_rows, ctx->tp.rank).off;
         const float *g = tpk_param_grad(ctx, w);
         for (int64_t r = 0; r < p->shape[0]; r++)
             for (int64_t c = 0; c < p->shape[1] && v0 + r >= V; c++) bad += g[r * p->shape[1] + c] != 0.0f;
     }
     /* ... and the padding columns of the logits (now their gradient) zero (checked in f32) */
     const tpk_tensor *z = m.arch == TPK_ARCH_LLAMA ? &m.llama.logits : &m.gpt2.logits;
-    int64_t Vp = m.arch == TPK_ARCH_LLAMA ? m.llama.embed.Vp : m.gpt2.wte.Vp, v0 = tpk_tp_split(ctx, Vp, ctx->tp.rank).off, ld = z->shape[1];
+    int64_t Vp = m.arch == TPK_ARCH_LLAMA ? m.llama.embed.Vp : m.gpt2.wte.Vp, v0 = tpk_tp_vocab_split(ctx, Vp, ctx->tp.rank).off, ld = z->shape[1];
     for (int64_t t = 0; t < z->shape[0] && ctx->dtype == TPK_F32; t++)
         for (int64_t c = 0; c < ld; c++) bad += v0 + c >= V && ((const float *)z->data)[t * ld + c] != 0.0f;
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); /* every rank fails alike: no rank skips a collective */
@@ -302,20 +302,34 @@ static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt, const t
 }
 
 /* Weighted TP splits (tpk_ctx_desc.tp_weights: 2 | 3:1 | 3:1:2 | 1:2:3:4 at t = 1..4): the model
- * (cfg, its vocabulary padded) against the unsharded one (ref, unpadded) — loss, gradient norm and
- * every gathered gradient within 1e-5 — and the first block's query heads (A = 6) split as the
- * weights say: [6] | [4, 2] | [3, 1, 2] | [0, 1, 2, 3], b_i = floor(A W_i / W). */
+ * (cfg, its vocabulary padded or not) against the unsharded one (ref, unpadded) — loss, gradient
+ * norm and every gathered gradient within 1e-5 — and the first block's query heads (A = 6) split as
+ * the weights say: [6] | [4, 2] | [3, 1, 2] | [0, 1, 2, 3], b_i = floor(A W_i / W); the vocabulary
+ * (V = 509) too: unpadded 509 | 381, 128 | 254, 85, 170 | 50, 102, 153, 204 rows; padded (Vp = 512,
+ * 576 at t = 3) in units of 64 rows: 512 | 384, 128 | 256, 128, 192 | 0, 128, 128, 256. */
 static inline void test_weighted(tpk_comm *world, int tp, const tpk_model_config *cfg, const tpk_model_config *ref, const int32_t *ids,
                                  const int32_t *tg, int64_t B, int64_t S) {
     static const double w[4][4] = {{2}, {3, 1}, {3, 1, 2}, {1, 2, 3, 4}};
     static const int64_t heads[4][4] = {{6}, {4, 2}, {3, 1, 2}, {0, 1, 2, 3}};
+    static const int64_t rows[2][4][4] = {{{509}, {381, 128}, {254, 85, 170}, {50, 102, 153, 204}},
+                                          {{512}, {384, 128}, {256, 128, 192}, {0, 128, 128, 256}}};
     tpk_ctx sh, un, c;
     tpk_ctx_desc wd = {.world = world, .tp = tp, .seed = 3, .tp_weights = w[tp - 1]};
     CHECK_OK(&c, tpk_ctx_init(&c, &wd));
     tpk_model m;
     if (tpk_model_init(&c, &m, cfg) == TPK_OK) {
-        int64_t Al = m.arch == TPK_ARCH_LLAMA ? m.llama.layers[0].attn.Al : m.gpt2.h[0].attn.Al;
+        bool llama = m.arch == TPK_ARCH_LLAMA;
+        int64_t Al = llama ? m.llama.layers[0].attn.Al : m.gpt2.h[0].attn.Al;
         CHECK(Al == heads[tp - 1][c.tp.rank], "rank %d holds %lld query heads, expected %lld", c.tp.rank, (long long)Al, (long long)heads[tp - 1][c.tp.rank]);
+        const tpk_embedding *e = llama ? &m.llama.embed : &m.gpt2.wte;
+        int pad = e->Vp != e->V;
+        int64_t v0 = 0;
+        for (int q = 0; q < c.tp.rank; q++) v0 += rows[pad][tp - 1][q];
+        CHECK(e->V == 509 && e->v0 == v0 && e->vl == rows[pad][tp - 1][c.tp.rank], "rank %d holds vocabulary rows [%lld, +%lld) of %lld, expected [%lld, +%lld)",
+              c.tp.rank, (long long)e->v0, (long long)e->vl, (long long)e->Vp, (long long)v0, (long long)rows[pad][tp - 1][c.tp.rank]);
+        int head = llama ? m.llama.head_w : e->wte; /* the LM head's weight: the same rows */
+        CHECK(c.params.list[head].shape[0] == e->vl && c.params.list[e->wte].shape[0] == e->vl, "the vocabulary tables hold %lld and %lld rows, expected %lld",
+              (long long)c.params.list[head].shape[0], (long long)c.params.list[e->wte].shape[0], (long long)e->vl);
         tpk_model_destroy(&c, &m);
     }
     tpk_ctx_destroy(&c);

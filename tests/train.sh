@@ -4,9 +4,8 @@
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, ZeRO-1 (--zero 1) equal to
 #   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, Adasum, heterogeneous DP
 #   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
-#   (--tp-weights) equal to t = 1, activation recompute (selective, full) bit-identical with a lower
-#   peak, evaluation identical at
-#   t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
+#   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
+#   bit-identical with a lower peak, evaluation identical at t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
 #   bad input of the issues: a one-line error
@@ -144,6 +143,17 @@ for np in 1 2 3 4; do
 done
 if printf '%s\n' "$vals" | awk '{for(i=1;i<=NF;i++){ if ($i=="error") exit 1; d=$i-$1; if (d<0) d=-d; if (d > 1e-5*$1) exit 1 } }'; then ok "--eval-only val_loss the same at t=1,2,3,4:$vals"
 else fail "--eval-only val_loss the same at t=1,2,3,4:$vals"; fi
+# the same checkpoint over weighted TP splits (the 256-row vocabulary in units of 64 rows: 3 + 1 units; 0 + 1 + 1 + 2)
+wvals=" $(printf '%s\n' "$vals" | awk '{print $1}')" # t = 1's
+for nw in 2:3,1 4:1,2,3,4; do
+    tr ${nw%%:*} --eval-only --load "$T/c5/step-5" --data "$T/tok.bin" --vocab 256 --batch 4 --seq-len 16 --eval-batches 3 --tp ${nw%%:*} --tp-weights ${nw#*:}
+    v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
+    [ $rc -eq 0 ] && [ -n "$v" ] || v="error"
+    wvals="$wvals $v"
+done
+if printf '%s\n' "$wvals" | awk '{for(i=1;i<=NF;i++){ if ($i=="error") exit 1; d=$i-$1; if (d<0) d=-d; if (d > 1e-5*$1) exit 1 } }'; then
+    ok "--eval-only val_loss at t=1, t=2 --tp-weights 3,1 and t=4 --tp-weights 1,2,3,4 the same:$wvals"
+else fail "--eval-only val_loss at t=1 = --tp-weights 3,1 (t=2) = 1,2,3,4 (t=4):$wvals"; fi
 
 # ---- a Hugging Face GPT-2 checkpoint written from PyTorch -----------------------------------------
 py=/usr/bin/python3

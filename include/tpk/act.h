@@ -27,7 +27,7 @@ static inline tpk_status tpk__act_check(tpk_ctx *ctx, const char *fn, tpk_activa
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout R or S(d), got %s (reduce it first)", arg, tpk_layout_str(x->layout, a, sizeof a));
     if (x->ndim < 1 || x->ndim > TPK_MAX_DIMS) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 1..%d dimensions, got %d", arg, TPK_MAX_DIMS, x->ndim);
     if (x->dtype != TPK_F32 && x->dtype != TPK_BF16) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32 or bf16, got %s", arg, tpk_dtype_name(x->dtype));
-    return tpk__check(ctx, fn, arg, x, x->layout, x->dtype, x->ndim, NULL, ctx->tp.size, ctx->tp.rank);
+    return tpk__check(ctx, fn, arg, x, x->layout, x->dtype, x->ndim, NULL);
 }
 
 /* y = act(x), same layout and shape as x. */
@@ -47,7 +47,7 @@ static inline tpk_status tpk_activation_backward(tpk_ctx *ctx, tpk_activation *g
     static const char *fn = "tpk_activation_backward";
     TPK_TRY(tpk__act_check(ctx, fn, g, &dy, "dy", dx));
     if (!g->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: backward before forward");
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, g->x.layout, g->x.dtype, g->x.ndim, g->x.gshape, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, g->x.layout, g->x.dtype, g->x.ndim, g->x.gshape));
     tpk_tensor o = dy;
     TPK_TRY(tpk__buf_view(ctx, &g->dx, &o));
     TPK_TRY(tpk_op_act_bwd(ctx, g->act, o.data, g->x.data, dy.data, dy.dtype, (size_t)tpk_numel(&dy)));

@@ -1,7 +1,8 @@
 /* tpk/attn.h — head-parallel causal self-attention (GPT-2), forward and backward.
  *
- * A heads of size D, H = A D; rank r holds heads [a0, a0 + A_r) = tpk_split(A, t, r) (A need
- * not divide t; a rank may hold no head when t > A, and then contributes zeros).
+ * A heads of size D, H = A D; rank r holds heads [a0, a0 + A_r) = tpk_tp_split(ctx, A, r) (even, or
+ * by the context's TP weights; A need not divide t; a rank may hold no head when t > A, and then
+ * contributes zeros).
  *   c_attn  column linear H -> 3H, W = [Wq; Wk; Wv] [3H, H]: stride 3, unit D, so the shard is
  *           the rows of its heads in each of the three blocks; output qkv S(-1) [T, 3 A_r D]
  *           = [Q_r | K_r | V_r]
@@ -141,7 +142,7 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
 /* ---- grouped-query attention with rotary embeddings (Llama) ----------------------------------------
  *
  * A query heads, G key/value heads (G divides A; query head a reads key/value head a / (A/G)),
- * head size D = H / A. Rank r holds the query heads [a0, a0 + A_r) = tpk_split(A, t, r) and the
+ * head size D = H / A. Rank r holds the query heads [a0, a0 + A_r) = tpk_tp_split(ctx, A, r) and the
  * key/value heads [g0, g0 + G_r) they read (TPK_S_GROUPED): when t > G, or when an uneven split
  * cuts a group, a key/value head is held by every rank whose query heads read it (replicated, as
  * Megatron does for t > G), and tpk_params_reduce_partial_grads sums its weight gradient over them.
@@ -245,9 +246,8 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
     if (B < 0 || S < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld", (long long)B, (long long)S);
-    int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {B * S, a->H};
-    TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want, t, r));
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     if (a->sp) { /* gather the tokens once for the three projections */
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, B * S, a->H, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &a->xg, &g));

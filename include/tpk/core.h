@@ -6,7 +6,9 @@
  *   S(d)  every rank holds its slice of dimension d;       local[d] == tpk_split(global[d], t, r).size
  *   P     every rank holds a whole-shaped partial value;   the true value is the sum over ranks
  * Splits may be uneven: shard i of n over p parts starts at i*(n/p) + min(i, n%p) and has
- * n/p + (i < n%p) elements, so the first n%p shards hold one element more.
+ * n/p + (i < n%p) elements, so the first n%p shards hold one element more. Splits may also be
+ * weighted (tpk_split_weighted: shard i in proportion to w_i; a context's TP group splits so when
+ * given tpk_ctx_desc.tp_weights, and its code asks the context: tpk_tp_split in tpk/ctx.h).
  * Plain C11 that also compiles as C++17, no allocation, no globals. */
 #ifndef TPK_CORE_H
 #define TPK_CORE_H
@@ -122,8 +124,9 @@ static inline tpk_range tpk_split_weighted(int64_t n, const double *w, int parts
         W += w[q];
     }
     double Wj = Wi + w[i]; /* W_{i+1}: the same left-to-right sum */
-    /* non-negative: the conversion truncates, which is the floor */
-    int64_t b0 = (int64_t)((double)n * (Wi / W)), b1 = i + 1 == parts ? n : (int64_t)((double)n * (Wj / W));
+    /* n W_i first, then / W: exact for small integer weights (so equal weights split a multiple
+     * of `parts` evenly); non-negative, so the conversion's truncation is the floor */
+    int64_t b0 = (int64_t)((double)n * Wi / W), b1 = i + 1 == parts ? n : (int64_t)((double)n * Wj / W);
     if (b1 > n) b1 = n;
     if (b0 > b1) b0 = b1;
     r.off = b0, r.size = b1 - b0;

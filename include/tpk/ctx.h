@@ -144,6 +144,22 @@ static inline tpk_range tpk_tp_shard_owned(const tpk_ctx *ctx, int64_t n, tpk_la
 static inline int64_t tpk_tp_shard_size(const tpk_ctx *ctx, int64_t n, tpk_layout l, int q) {
     return tpk_shard_size_w(n, l, ctx->tp.size, ctx->tp_w, q);
 }
+/* The vocabulary's split over the TP group: the rows of a (padded) vocabulary table of Vp rows, and
+ * the columns of its logits. Even splits: tpk_tp_split. Weighted, with Vp a multiple of 64 (a padded
+ * vocabulary, tpk_vocab_padded): Vp / 64 units of 64 rows split by weight, so every shard stays a
+ * multiple of 64 rows and equal weights give the even split of a vocabulary padded for even
+ * shards. The unit is part of the layout — the table is tpk_tp_vocab_layout(ctx, Vp, 0), the
+ * logits tpk_tp_vocab_layout(ctx, Vp, -1) — so the embedding, the LM head, the cross-entropy,
+ * sampling and the parameter registry (gather, scatter, checkpoints) agree. */
+static inline int tpk_tp_vocab_unit(const tpk_ctx *ctx, int64_t Vp) { return ctx->tp_w && Vp > 0 && Vp % 64 == 0 ? 64 : 1; }
+static inline tpk_layout tpk_tp_vocab_layout(const tpk_ctx *ctx, int64_t Vp, int dim) {
+    int u = tpk_tp_vocab_unit(ctx, Vp);
+    return u > 1 ? TPK_S_EX(dim, 1, u) : TPK_S(dim);
+}
+/* Rows [off, off + size) of the vocabulary on TP rank q. */
+static inline tpk_range tpk_tp_vocab_split(const tpk_ctx *ctx, int64_t Vp, int q) {
+    return tpk_tp_shard_run(ctx, Vp, tpk_tp_vocab_layout(ctx, Vp, 0), q, 0);
+}
 /* This TP rank's shard of a 2-D tensor [rows, cols] in layout l. */
 static inline tpk_tensor tpk_tp_tensor_2d(const tpk_ctx *ctx, void *data, tpk_dtype dt, int64_t rows, int64_t cols, tpk_layout l) {
     tpk_tensor t = tpk_tensor_2d(data, dt, rows, cols, l);
@@ -153,10 +169,10 @@ static inline tpk_tensor tpk_tp_tensor_2d(const tpk_ctx *ctx, void *data, tpk_dt
 }
 
 /* Check a tensor argument: data present, dtype, rank, layout, global shape (entries < 0 are
- * free), and a local shape consistent with the layout on rank `index` of a group of `parts` ranks
- * (the TP group's, weighted as it is, when parts is its size). */
+ * free), and a local shape consistent with the layout on this rank of the TP group (its split,
+ * weighted when the context's is: tpk_tp_shard_size). */
 static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *arg, const tpk_tensor *t, tpk_layout want,
-                                    tpk_dtype dt, int ndim, const int64_t *gshape, int parts, int index) {
+                                    tpk_dtype dt, int ndim, const int64_t *gshape) {
     char a[64], b[64];
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a tensor, got NULL", arg);
     if (t->ndim != ndim) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected %d dimensions, got %d", arg, ndim, t->ndim);
@@ -179,13 +195,13 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
                              tpk__shape_str(show, ndim, a, sizeof a), i, (long long)gshape[i],
                              tpk__shape_str(t->gshape, ndim, c, sizeof c));
         }
-        int64_t local = i == sd ? tpk_shard_size_w(t->gshape[i], want, parts, parts == ctx->tp.size ? ctx->tp_w : NULL, index) : t->gshape[i];
+        int64_t local = i == sd ? tpk_tp_shard_size(ctx, t->gshape[i], want, ctx->tp.rank) : t->gshape[i];
         if (t->shape[i] != local || t->shape[i] < 0)
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
                              "%s: local shape %s does not match layout %s of global shape %s on rank %d of %d "
                              "(dim %d should be %lld)",
                              arg, tpk__shape_str(t->shape, ndim, a, sizeof a), tpk_layout_str(want, b, sizeof b),
-                             tpk__shape_str(t->gshape, ndim, c, sizeof c), index, parts, i, (long long)local);
+                             tpk__shape_str(t->gshape, ndim, c, sizeof c), ctx->tp.rank, ctx->tp.size, i, (long long)local);
     }
     if (!t->data && tpk_numel(t) > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: data is NULL", arg);
     return TPK_OK;

@@ -1,13 +1,15 @@
 /* tpk/embed.h — vocabulary-parallel token embedding with a replicated position embedding.
  *
- * Embedding: rank r holds rows [v0, v0 + V_r) of wte [V, H] (tpk_split; V need not divide t).
+ * Embedding: rank r holds rows [v0, v0 + V_r) of wte [V, H] (tpk_tp_vocab_split: even, or by the
+ * context's TP weights; V need not divide t).
  *   forward   ids R [T] (host memory, checked: 0 <= id < V) -> rows in range, zeros elsewhere:
  *             P -> all-reduce -> R (SP: reduce-scatter -> S(0)); + wpe[t % S] (replicated, once)
  *   backward  dy R (SP: S(0), all-gathered first) -> dwte[id - v0] += dy for own ids;
  *             dwpe[pos] += dy (complete on every rank). No other communication.
  * Padded vocabulary (desc->vocab_multiple = m, as Megatron's make-vocab-size-divisible-by): wte is
  * stored as Vp = V rounded up to a multiple of m t rows, every shard Vp / t rows (a multiple of
- * m: a tied LM head's GEMMs get aligned leading dimensions), the rows >= V zero and never trained
+ * m: a tied LM head's GEMMs get aligned leading dimensions; with TP weights, shards of whole units
+ * of 64 rows, layout tpk_tp_vocab_layout), the rows >= V zero and never trained
  * (tpk_param_desc.padded_rows); checkpoints and tpk_param_gather see [V, H].
  * The vocabulary-parallel cross-entropy of the tied LM head is in tpk/xent.h. */
 #ifndef TPK_EMBED_H
@@ -45,11 +47,11 @@ static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int6
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->vocab_multiple: expected 0..%d, got %lld", 1 << 20, (long long)d.vocab_multiple);
     e->V = V, e->P = positions, e->H = H, e->sp = d.sequence_parallel, e->wpe = -1;
     e->Vp = tpk_vocab_padded(V, d.vocab_multiple, ctx->tp.size);
-    tpk_range r = tpk_tp_split(ctx, e->Vp, ctx->tp.rank);
+    tpk_range r = tpk_tp_vocab_split(ctx, e->Vp, ctx->tp.rank);
     e->v0 = r.off, e->vl = r.size;
     tpk_param_desc pd;
     memset(&pd, 0, sizeof pd);
-    pd.name = d.wte_name ? d.wte_name : "wte", pd.ndim = 2, pd.shape[0] = V, pd.shape[1] = H, pd.layout = TPK_S(0);
+    pd.name = d.wte_name ? d.wte_name : "wte", pd.ndim = 2, pd.shape[0] = V, pd.shape[1] = H, pd.layout = tpk_tp_vocab_layout(ctx, e->Vp, 0);
     pd.init = TPK_INIT_NORMAL, pd.std = d.init_std > 0 ? d.init_std : 0.02f, pd.decay = true, pd.padded_rows = e->Vp;
     TPK_TRY(tpk_param_add(ctx, &pd, &e->wte));
     if (positions) TPK_TRY(tpk__param_add(ctx, d.wpe_name ? d.wpe_name : "wpe", 2, positions, H, TPK_R, TPK_INIT_NORMAL, 0.01f, true, &e->wpe));
@@ -108,7 +110,7 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
     if (!ctx) return TPK_ERR_ARG;
     if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
     int64_t T = e->B * e->S, want[2] = {T, e->H};
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     if (e->sp) {
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &e->dy, &g));

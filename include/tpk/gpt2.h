@@ -117,7 +117,7 @@ static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!b->ln_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->ln_1.x.layout, ctx->dtype, 2, b->ln_1.x.gshape, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->ln_1.x.layout, ctx->dtype, 2, b->ln_1.x.gshape));
     tpk_tensor g, dh, dx1, da;
     TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
     TPK_TRY(tpk_mlp_backward(ctx, &b->mlp, g, &dh));
@@ -266,7 +266,7 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     TPK_TRY(tpk_layernorm_init(ctx, &m->ln_f, c.hidden, &lnd));
     tpk_linear_desc hd; /* the tied LM head: a column linear over wte's vocabulary shard */
     memset(&hd, 0, sizeof hd);
-    hd.name = "lm_head", hd.weight = m->wte.wte + 1, hd.sequence_parallel = sp;
+    hd.name = "lm_head", hd.weight = m->wte.wte + 1, hd.sequence_parallel = sp, hd.unit = tpk_tp_vocab_unit(ctx, m->wte.Vp);
     TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, m->wte.Vp, &hd));
     tpk_dropout_desc dd;
     memset(&dd, 0, sizeof dd);
@@ -296,13 +296,14 @@ static inline void tpk_gpt2_set_dropout(tpk_gpt2 *m, float p) {
 
 /* Forward B sequences of S tokens: ids [B S] and targets [B S] in host memory (the same on every
  * TP rank; a target may be the ignore index -100). *loss = mean cross-entropy over the counted
- * positions. targets = NULL only computes m->logits (S(-1) [B S, V_r]); loss may then be NULL. */
+ * positions (a download: the host waits); loss = NULL keeps it in backend memory, added to the
+ * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads (tpk_model_loss_read). targets = NULL
+ * only computes m->logits (S(-1) [B S, V_r]); loss is then not touched. */
 static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S,
                                           float *loss) {
     static const char *fn = "tpk_gpt2_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->h) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
-    if (targets && !loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
     m->have_loss = false;
     tpk_tensor x;
     TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &x)); /* checks ids, S */

@@ -1,7 +1,8 @@
 /* tpk/layout.h — layout conversions on the TP group, and the region ops built from them.
  *
  * A tensor split on dim d is viewed as [outer, n, inner] (outer = product of the dims
- * before d, inner = product after). Rank q holds [outer, n_q, inner], n_q = tpk_split(n, t, q).
+ * before d, inner = product after). Rank q holds [outer, n_q, inner], n_q = tpk_tp_split(ctx, n, q)
+ * (even, or by the context's TP weights).
  *   P -> R      all-reduce
  *   P -> S(d)   reduce-scatter (blocks packed rank-major first when outer > 1)
  *   S(d) -> R   all-gather    (blocks unpacked from rank-major when outer > 1)
@@ -128,7 +129,7 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     if (tpk_layout_group(in->layout) > 1 || tpk_layout_group(to) > 1)
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: grouped key/value shards are consumed where they are made (attention); no conversion",
                          tpk_layout_group(to) > 1 ? "to" : "in");
-    TPK_TRY(tpk__check(ctx, fn, "in", in, in->layout, in->dtype, in->ndim, NULL, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "in", in, in->layout, in->dtype, in->ndim, NULL));
     int din = tpk_layout_dim(in->layout, in->ndim), dto = tpk_layout_dim(to, in->ndim);
     tpk_tensor o = *in;
     o.data = out->data, o.layout = to;

@@ -193,16 +193,15 @@ static inline tpk_layout tpk__col_out_layout(const tpk_linear *l) {
  * parallelism x's tokens all-gathered into l->xb. Selective recompute (tpk/recompute.h) calls it
  * again before the backward: the gathered copy is not kept between the two. */
 static inline tpk_status tpk__col_linear_input(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor x) {
-    int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     if (l->d.sequence_parallel) {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(0), ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(0), ctx->dtype, 2, want));
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, x.gshape[0], l->in, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->xb, &g));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g)); /* all-gather tokens */
         x = g;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want));
     }
     l->x = x, l->T = x.shape[0];
     return TPK_OK;
@@ -238,17 +237,17 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
 static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_col_linear_backward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", dx));
-    int t = ctx->tp.size, r = ctx->tp.rank;
+    int t = ctx->tp.size;
     if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.gather_output) {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want));
         tpk_tensor s = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, 1, l->d.unit));
         TPK_TRY(tpk__buf_view(ctx, &l->dy, &s));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_GATHER, &dy, &s)); /* slice own columns */
         dy = s;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, tpk__col_out_layout(l), ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, tpk__col_out_layout(l), ctx->dtype, 2, want));
     }
     if (l->d.act != TPK_ACT_NONE) { /* through the fused activation: du = dy act'(pre) */
         tpk_tensor du = dy;
@@ -297,11 +296,10 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     static const char *fn = "tpk_row_linear_forward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &x, "x", y));
     TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
-    int t = ctx->tp.size, r = ctx->tp.rank;
     int64_t want[2] = {-1, l->in};
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
     if (l->x_was_R) {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want));
         tpk_tensor s = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit));
         TPK_TRY(tpk__buf_view(ctx, &l->xb, &s));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SCATTER, &x, &s)); /* slice own columns */
@@ -313,7 +311,7 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         if (!tpk_layout_eq(x.layout, want_l, 2))
             return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout %s (or R, sliced here), got %s", tpk_layout_str(want_l, b, sizeof b),
                              tpk_layout_str(x.layout, a, sizeof a));
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, want_l, ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "x", &x, want_l, ctx->dtype, 2, want));
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
@@ -340,17 +338,16 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
 static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_row_linear_backward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &dy, "dy", dx));
-    int t = ctx->tp.size, r = ctx->tp.rank;
     if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.sequence_parallel) {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), ctx->dtype, 2, want));
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->dy, &g));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_SCATTER, &dy, &g)); /* all-gather tokens */
         dy = g;
     } else {
-        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want, t, r));
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want));
     }
     tpk_tensor dxs = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit));
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));

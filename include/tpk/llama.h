@@ -113,7 +113,7 @@ static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block 
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!b->norm_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->norm_1.x.layout, ctx->dtype, 2, b->norm_1.x.gshape, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->norm_1.x.layout, ctx->dtype, 2, b->norm_1.x.gshape));
     tpk_tensor g, dh, dx1, da;
     TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g)); /* the MLP branch's gradient (dy) */
     TPK_TRY(tpk_swiglu_mlp_backward(ctx, &b->mlp, g, &dh));
@@ -280,13 +280,14 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
     if (!c.tie_embeddings) { /* the untied head: its own [V, H] weight, vocabulary rows padded like the embedding's */
         tpk_param_desc pd;
         memset(&pd, 0, sizeof pd);
-        pd.name = "lm_head.weight", pd.ndim = 2, pd.shape[0] = c.vocab, pd.shape[1] = c.hidden, pd.layout = TPK_S(0);
+        pd.name = "lm_head.weight", pd.ndim = 2, pd.shape[0] = c.vocab, pd.shape[1] = c.hidden;
+        pd.layout = tpk_tp_vocab_layout(ctx, m->embed.Vp, 0);
         pd.init = TPK_INIT_NORMAL, pd.std = c.init_std, pd.decay = true, pd.padded_rows = m->embed.Vp;
         TPK_TRY(tpk_param_add(ctx, &pd, &m->head_w));
     }
     tpk_linear_desc hd;
     memset(&hd, 0, sizeof hd);
-    hd.name = "lm_head", hd.weight = m->head_w + 1, hd.sequence_parallel = sp;
+    hd.name = "lm_head", hd.weight = m->head_w + 1, hd.sequence_parallel = sp, hd.unit = tpk_tp_vocab_unit(ctx, m->embed.Vp);
     TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, m->embed.Vp, &hd));
     tpk_xent_desc xd;
     memset(&xd, 0, sizeof xd);
@@ -304,12 +305,13 @@ static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
 
 /* Forward B sequences of S tokens (S <= cfg.positions): ids [B S] and targets [B S] in host
  * memory (the same on every TP rank; a target may be the ignore index -100). *loss = mean
- * cross-entropy over the counted positions. targets = NULL only computes m->logits. */
+ * cross-entropy over the counted positions; loss = NULL keeps it in backend memory, added to the
+ * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads (as tpk_gpt2_forward). targets = NULL
+ * only computes m->logits. */
 static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss) {
     static const char *fn = "tpk_llama_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->layers) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
-    if (targets && !loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "loss: NULL");
     if (S > m->c.positions)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got %lld", (long long)m->c.positions, (long long)S);
     m->have_loss = false;

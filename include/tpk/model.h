@@ -58,6 +58,22 @@ static inline int64_t tpk_model_hidden(const tpk_model *m) { return m->arch == T
 static inline tpk_status tpk_model_forward(tpk_ctx *ctx, tpk_model *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss) {
     return m->arch == TPK_ARCH_LLAMA ? tpk_llama_forward(ctx, &m->llama, ids, targets, B, S, loss) : tpk_gpt2_forward(ctx, &m->gpt2, ids, targets, B, S, loss);
 }
+/* The running loss sum of the forwards made with loss = NULL since the last read or reset, in
+ * their order (tpk_xent_loss_read: one download when there was one, then the sum starts again);
+ * *n (may be NULL) = how many. A trainer passes loss = NULL and reads on its log steps only. */
+static inline tpk_status tpk_model_loss_read(tpk_ctx *ctx, tpk_model *m, double *sum, int64_t *n) {
+    return tpk_xent_loss_read(ctx, m->arch == TPK_ARCH_LLAMA ? &m->llama.ce : &m->gpt2.ce, sum, n);
+}
+static inline void tpk_model_loss_reset(tpk_model *m) { tpk_xent_loss_reset(m->arch == TPK_ARCH_LLAMA ? &m->llama.ce : &m->gpt2.ce); }
+/* A step's loss over data parallelism: the device's running sum of mean losses (one download,
+ * tpk_model_loss_read; the sum restarts) times `weight` — this DP rank's share, e.g. its tokens /
+ * the step's tokens / micro-batches — summed over ctx->dp into *out. Collective over the DP group. */
+static inline tpk_status tpk_model_loss_dp(tpk_ctx *ctx, tpk_model *m, double weight, double *out) {
+    double sum = 0;
+    TPK_TRY(tpk_model_loss_read(ctx, m, &sum, NULL));
+    *out = sum * weight;
+    return tpk_allreduce_host(ctx, &ctx->dp, out, 1, TPK_F64, TPK_SUM);
+}
 static inline tpk_status tpk_model_backward(tpk_ctx *ctx, tpk_model *m, float scale) {
     return m->arch == TPK_ARCH_LLAMA ? tpk_llama_backward(ctx, &m->llama, scale) : tpk_gpt2_backward(ctx, &m->gpt2, scale);
 }

@@ -55,7 +55,7 @@ static inline tpk_status tpk__ln_check(tpk_ctx *ctx, const char *fn, tpk_layerno
     if (!l || !l->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layernorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
-    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank);
+    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want);
 }
 
 /* y = layernorm(x): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
@@ -82,7 +82,7 @@ static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layern
     static const char *fn = "tpk_layernorm_forward_residual";
     TPK_TRY(tpk__ln_check(ctx, fn, l, &x, "x", y, -1));
     if (!x1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "x1: NULL");
-    TPK_TRY(tpk__check(ctx, fn, "r", &r, x.layout, x.dtype, 2, x.gshape, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "r", &r, x.layout, x.dtype, 2, x.gshape));
     int64_t rows = x.shape[0];
     tpk_tensor s = x, o = x;
     TPK_TRY(tpk__buf_view(ctx, &l->x1, &s));
@@ -155,7 +155,7 @@ static inline tpk_status tpk__rms_check(tpk_ctx *ctx, const char *fn, tpk_rmsnor
     if (!l || !l->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised RMSNorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
-    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank);
+    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want);
 }
 
 /* y = rmsnorm(x): x R [T, H] (S(0) under sequence parallelism), y the same layout. x must stay

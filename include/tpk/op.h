@@ -379,6 +379,17 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,mx,part,targets", ps, 5, T > 0));
     return T ? TPK__PROF_OP(ctx, "xent_loss", 24.0 * (double)T, 0, ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index)) : TPK_OK;
 }
+/* *acc (f64 in backend memory) = (accumulate ? *acc : 0) + mean of loss[0..T) over count positions */
+static inline tpk_status tpk_op_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
+    static const char *fn = "tpk_op_xent_mean";
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    if (count < 0 || count > T)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "count: expected 0 <= count <= T = %lld, got %lld", (long long)T, (long long)count);
+    TPK_TRY(tpk__op_ptr(ctx, fn, "acc", acc, true));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "loss", loss, T > 0));
+    return TPK__PROF_OP(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0, ctx->ops->xent_mean(ctx, acc, loss, T, count, accumulate));
+}
 static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                           int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index,
                                           tpk_dtype dt) {

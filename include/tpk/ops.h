@@ -44,8 +44,8 @@ static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int
     X(linear_fwd) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
 #define TPK__OPS_LAYERS(X)                                                                              \
     X(dropout) X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)   \
-    X(xent_max) X(xent_partial) X(xent_loss) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd)  \
-    X(swiglu_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)
+    X(xent_max) X(xent_partial) X(xent_loss) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)     \
+    X(swiglu_fwd) X(swiglu_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)
 
 typedef struct tpk_ops {
     const char *name;
@@ -90,8 +90,9 @@ typedef struct tpk_ops {
     tpk_status (*rng_2d)(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols,
                          int64_t row0, int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a,
                          float b);
-    /* y = x * keep / (1 - p), keep = (uniform(seed, stream, (row0 + i) * gcols + col0 + j) >= p)
-     * for x, y [rows, cols] contiguous; y may alias x. The same call on dy gives dx. */
+    /* y = x * keep / (1 - p), keep = (dropout_u(seed, stream, (row0 + i) * gcols + col0 + j) >= p)
+     * for x, y [rows, cols] contiguous; y may alias x. The same call on dy gives dx. dropout_u
+     * (tpk/rng.h, tpk_dropout_u): index k takes output k % 4 of Philox call k / 4. */
     tpk_status (*dropout)(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
                           int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
 
@@ -118,6 +119,11 @@ typedef struct tpk_ops {
      * xent_partial: part[t] = (sum_j exp(z[t,j] - mx[t]), z[t, y_t - v0] or 0, sum_j z[t,j])  f32 [T, 3]
      * xent_loss:    lse = mx + log part0; loss[t] = lse - (1-eps) z_y - eps sum_z / V
      *               (0 where y_t == ignore_index), lse saved f32 [T]
+     * xent_mean:    m = (float)(sum_{t<T} loss[t] / count), the sum in double in an order fixed by T
+     *               alone (the host: t ascending; a device: a fixed tree), m = 0 when count = 0;
+     *               *acc (f64, one element in backend memory) = (accumulate ? *acc : 0) + (double)m:
+     *               the mean loss of a forward, or a running sum of them, left in backend memory
+     *               for the host to read when it asks (no host wait here)
      * xent_grad:    dz = (exp(z - lse) - (1-eps) [j == y_t - v0] - eps / V) dloss[t]
      *               (0 where y_t == ignore_index; 0 in the padding columns); dz [T, ld] may alias z. */
     tpk_status (*xent_max)(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt);
@@ -125,6 +131,7 @@ typedef struct tpk_ops {
                                int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt);
     tpk_status (*xent_loss)(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
                             int64_t T, int64_t V, float smoothing, int32_t ignore_index);
+    tpk_status (*xent_mean)(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate);
     tpk_status (*xent_grad)(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                             int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
 
@@ -135,7 +142,7 @@ typedef struct tpk_ops {
      * [Al D, (Al + Gl) D), V in [(Al + Gl) D, (Al + 2 Gl) D), local head h at offset h D of its
      * block; a shared key/value head is read in place, never copied.
      * s_ij = scale q_i . k_j for j <= i;  P = softmax_j(s);  lse f32 [B, Al, S] saved;
-     * dropout (p > 0): P_ij kept when uniform(seed, stream, ((b*A + head0 + h)*S + i)*S + j) >= p,
+     * dropout (p > 0): P_ij kept when dropout_u(seed, stream, ((b*A + head0 + h)*S + i)*S + j) >= p,
      * scaled by 1/(1-p), so a head's mask does not depend on the rank that holds it.
      * out [B*S, Al*D] = P V per head. Backward recomputes P from lse:
      * dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q;

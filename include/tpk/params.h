@@ -2,8 +2,9 @@
  * offset into one flat f32 buffer per rank (gradients in a second, same offsets).
  *
  * A parameter is replicated (layout R) or split on dim d (layout S(d)) with a stride s: dim d
- * is s equal blocks, each split over the TP ranks with tpk_split, and the shard holds this
- * rank's slice of every block in order (s = 3 for the fused [Q; K; V] weight).
+ * is s equal blocks, each split over the TP ranks with tpk_tp_split (even, or by the context's TP
+ * weights; in whole units of the layout's unit), and the shard holds this rank's slice of every
+ * block in order (s = 3 for the fused [Q; K; V] weight).
  * Initial values come from the counter-based RNG keyed by (ctx seed, stream = hash(name),
  * global element index), so a shard holds exactly its slice of the unsharded tensor, and the
  * model is the same at every TP size. Layers keep parameter ids, never pointers: the flat
@@ -26,8 +27,9 @@ typedef struct tpk_param_desc {
     bool decay;                    /* weight decay applies */
     int64_t padded_rows;           /* 0: none. Else >= shape[0]: dim 0 is stored and sharded as this many
                                       rows, the rows from shape[0] on zero padding (layout R or S(0) with
-                                      stride 1): never trained, not in tpk_param_gather/scatter (nor in
-                                      checkpoints); e.g. a vocabulary padded to aligned shards */
+                                      stride 1; a unit must divide it): never trained, not in
+                                      tpk_param_gather/scatter (nor in checkpoints); e.g. a vocabulary
+                                      padded to aligned shards (layout tpk_tp_vocab_layout) */
 } tpk_param_desc;
 
 /* Calls f(ctx, arg, global_index_along_d, local_index_along_d, count) for each run of
@@ -185,8 +187,8 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     p.numel = 1;
     for (int i = 0; i < p.ndim; i++) p.gshape[i] = p.shape[i] = desc->shape[i];
     p.padded_rows = desc->padded_rows ? desc->padded_rows : p.gshape[0];
-    if (desc->padded_rows && (desc->padded_rows < p.gshape[0] || p.split_dim > 0 || (p.split_dim == 0 && (p.stride != 1 || tpk_layout_unit(desc->layout) != 1))))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: padded_rows: expected >= shape[0] = %lld with layout R or S(0) (stride 1, unit 1), got %lld with %s",
+    if (desc->padded_rows && (desc->padded_rows < p.gshape[0] || p.split_dim > 0 || (p.split_dim == 0 && p.stride != 1)))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: padded_rows: expected >= shape[0] = %lld with layout R or S(0) (stride 1), got %lld with %s",
                          desc->name, (long long)p.gshape[0], (long long)desc->padded_rows, tpk_layout_str(desc->layout, a, sizeof a));
     p.shape[0] = p.padded_rows; /* stored rows; the split below shards them */
     if (p.split_dim >= 0) {

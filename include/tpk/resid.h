@@ -49,7 +49,7 @@ static inline tpk_status tpk__dropout_check(tpk_ctx *ctx, const char *fn, const 
     if (x->layout.kind != TPK_LAYOUT_R && !tpk_layout_eq(x->layout, TPK_S(0), x->ndim))
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout R or S(0), got %s", arg, tpk_layout_str(x->layout, a, sizeof a));
     if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
-    return tpk__check(ctx, fn, arg, x, x->layout, ctx->dtype, 2, NULL, ctx->tp.size, ctx->tp.rank);
+    return tpk__check(ctx, fn, arg, x, x->layout, ctx->dtype, 2, NULL);
 }
 
 /* *x = drop(*x) in place (R or S(0) [T, H]); a new mask per ctx->rng_step. */
@@ -72,7 +72,7 @@ static inline tpk_status tpk__dropout_check_dy(tpk_ctx *ctx, const char *fn, tpk
     if (!d->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", d->name);
     if (!dy) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);
     int64_t want[2] = {d->T, d->H};
-    return tpk__check(ctx, fn, arg, dy, d->layout, ctx->dtype, 2, want, ctx->tp.size, ctx->tp.rank);
+    return tpk__check(ctx, fn, arg, dy, d->layout, ctx->dtype, 2, want);
 }
 
 /* *dx = drop'(dy) with the last forward's mask, in the layer's buffer (dy is left as it is; with
@@ -142,7 +142,7 @@ static inline tpk_status tpk_residual_forward(tpk_ctx *ctx, tpk_residual *r, tpk
     if (!r) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
     TPK_TRY(tpk__dropout_check(ctx, fn, "b", &b));
-    TPK_TRY(tpk__check(ctx, fn, "x", &x, b.layout, ctx->dtype, 2, b.gshape, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, b.layout, ctx->dtype, 2, b.gshape));
     TPK_TRY(tpk_dropout_forward(ctx, &r->drop, &b));
     size_t n = (size_t)tpk_numel(&b);
     if (n) TPK_TRY(tpk_op_axpby(ctx, b.data, 1.0f, x.data, 1.0f, ctx->dtype, n));
@@ -164,7 +164,7 @@ static inline tpk_status tpk_residual_backward_add(tpk_ctx *ctx, tpk_residual *r
     if (!ctx) return TPK_ERR_ARG;
     if (!r) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     TPK_TRY(tpk__dropout_check_dy(ctx, fn, &r->drop, &dy, "dy"));
-    TPK_TRY(tpk__check(ctx, fn, "dx", &dx, dy.layout, ctx->dtype, 2, dy.gshape, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "dx", &dx, dy.layout, ctx->dtype, 2, dy.gshape));
     size_t n = (size_t)tpk_numel(&dy);
     return n ? tpk_op_axpby(ctx, dx.data, 1.0f, dy.data, 1.0f, ctx->dtype, n) : TPK_OK;
 }

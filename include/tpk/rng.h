@@ -6,8 +6,14 @@
  *   counter = (index lo, index hi, stream lo, stream hi)
  * so element i of a tensor has the same value whichever rank draws it and whichever backend
  * runs. Parameters use stream = tpk_rng_stream(name); dropout uses a stream per call site.
- *   uniform(i) = (bits0 >> 8) * 2^-24                     in [0, 1)
+ * With bits = philox(seed, stream, index):
+ *   uniform(i) = (bits0 >> 8) * 2^-24                     in [0, 1)   (tpk_rng_uniform, rng_2d)
  *   normal(i)  = sqrt(-2 ln u1) cos(2 pi u2), u1 = (bits0 >> 8 + 1) 2^-24, u2 = (bits1 >> 8) 2^-24
+ * Dropout masks (plain and residual dropout, the attention's keep_ij) use all four outputs of a
+ * call, one Philox call per four consecutive indices:
+ *   dropout_u(i) = (philox(seed, stream, i / 4).v[i % 4] >> 8) * 2^-24     in [0, 1)
+ * (tpk_dropout_u; tpk_rng_uniform4 gives the four of indices 4q .. 4q + 3 at once), kept when
+ * dropout_u(i) >= p. Every backend draws its masks through these two functions.
  * Compiles as C and, with TPK_HD = __host__ __device__, as CUDA. */
 #ifndef TPK_RNG_H
 #define TPK_RNG_H
@@ -41,6 +47,21 @@ TPK_HD static inline tpk_u32x4 tpk_philox(uint64_t seed, uint64_t stream, uint64
 
 TPK_HD static inline float tpk_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
     return (float)(tpk_philox(seed, stream, index).v[0] >> 8) * (1.0f / 16777216.0f);
+}
+
+/* The dropout draws (see above): the uniforms of indices 4 q .. 4 q + 3, and of index i alone. */
+typedef struct tpk_f32x4 { float v[4]; } tpk_f32x4;
+TPK_HD static inline float tpk_rng_u24(uint32_t bits) { return (float)(bits >> 8) * (1.0f / 16777216.0f); }
+TPK_HD static inline tpk_f32x4 tpk_rng_uniform4(uint64_t seed, uint64_t stream, uint64_t q) {
+    tpk_u32x4 b = tpk_philox(seed, stream, q);
+    tpk_f32x4 r = {{tpk_rng_u24(b.v[0]), tpk_rng_u24(b.v[1]), tpk_rng_u24(b.v[2]), tpk_rng_u24(b.v[3])}};
+    return r;
+}
+/* word i % 4 picked with selects, not an array index: a GPU kernel keeps it in registers */
+TPK_HD static inline float tpk_dropout_u(uint64_t seed, uint64_t stream, uint64_t i) {
+    tpk_u32x4 b = tpk_philox(seed, stream, i >> 2);
+    uint32_t lo = (i & 1) ? b.v[1] : b.v[0], hi = (i & 1) ? b.v[3] : b.v[2];
+    return tpk_rng_u24((i & 2) ? hi : lo);
 }
 
 TPK_HD static inline float tpk_rng_normal(uint64_t seed, uint64_t stream, uint64_t index) {

@@ -13,8 +13,8 @@
 #include "gpt2.h"
 #include "llama.h"
 
-/* *tok = a token in 0..vocab-1 drawn from row `row` of logits S(-1) [T, Vp] (draw index i); vocab = 0:
- * all Vp columns. Collective over TP. */
+/* *tok = a token in 0..vocab-1 drawn from row `row` of logits S(-1) [T, Vp] (split as the vocabulary:
+ * layout tpk_tp_vocab_layout(ctx, Vp, -1)) (draw index i); vocab = 0: all Vp columns. Collective over TP. */
 static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int64_t vocab, int64_t row, float temperature, uint64_t seed,
                                            uint64_t i, int32_t *tok) {
     static const char *fn = "tpk_sample_logits";
@@ -22,7 +22,7 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     if (!tok) return tpk__fail(ctx, TPK_ERR_ARG, fn, "tok: NULL");
     if (!(temperature > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "temperature: expected > 0, got %g", (double)temperature);
     int64_t want[2] = {-1, -1};
-    TPK_TRY(tpk__check(ctx, fn, "logits", &logits, TPK_S(-1), logits.dtype, 2, want, ctx->tp.size, ctx->tp.rank));
+    TPK_TRY(tpk__check(ctx, fn, "logits", &logits, tpk_tp_vocab_layout(ctx, logits.gshape[1], -1), logits.dtype, 2, want));
     if (logits.dtype != TPK_F32 && logits.dtype != TPK_BF16) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "logits: expected f32 or bf16, got %s", tpk_dtype_name(logits.dtype));
     if (row < 0 || row >= logits.shape[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "row: expected 0..%lld, got %lld", (long long)logits.shape[0] - 1, (long long)row);
     if (vocab < 0 || vocab > logits.gshape[1])
@@ -32,7 +32,7 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
     float *all = (float *)malloc(sizeof(float) * (size_t)V);
     tpk_status s = counts && all ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a row of %lld logits", (long long)V);
-    for (int q = 0; s == TPK_OK && q < t; q++) counts[q] = (size_t)tpk_tp_split(ctx, V, q).size;
+    for (int q = 0; s == TPK_OK && q < t; q++) counts[q] = (size_t)tpk_tp_vocab_split(ctx, V, q).size;
     /* this rank's part of the row as f32 in backend memory, gathered over TP, copied to the host */
     if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[0], sizeof(float) * (size_t)(Vl + V + 1));
     float *mine = (float *)ctx->work[0].p, *row_all = mine + Vl;

@@ -26,7 +26,11 @@
  * dQ accumulates in f32 registers in its own pass instead of through f32 atomics, so the backward is
  * deterministic, bit for bit, for the price of recomputing two of its GEMMs (7 instead of 5).
  * Dropout (DROP, p > 0): keep_ij from the counter RNG at index ((b A + head0 + h) S + i) S + j, as every
- * backend; the kernels without it carry no RNG.
+ * backend (tpk/rng.h: index x takes output x % 4 of Philox call x / 4); the kernels without it carry
+ * no RNG. Where S % 4 = 0 every call covers 4 keys of one row, which 2 lanes (row-major fragments:
+ * forward, dQ) or 4 lanes (the transposed fragment: dK, dV) hold: each of those lanes draws one call
+ * per 4 elements and they trade outputs by shuffles (tpk__fl_drop_rows, tpk__fl_drop_cols); other S
+ * draw each element alone.
  * Registers: the per-element work inside a tile is 32-bit (the causal and S masks as distances in the
  * tile's coordinates; the dropout index of a row or column formed once per tile plus constants; the
  * head mapping in unsigned 32-bit, tpk__fl_heads): 64-bit index arithmetic there took registers the
@@ -110,10 +114,13 @@ static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq */, int D)
     return kernel == 0 ? 5 * tile : kernel == 1 ? 6 * tile + 4 * sizeof(float) * TPK__FL_ROWS : 6 * tile;
 }
 
-/* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p) */
+/* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p); one Philox call for
+ * this element alone (tpk_dropout_u: output index % 4 of call index / 4) */
 __device__ __forceinline__ float tpk__att_keep_at(float p, uint64_t seed, uint64_t stream, uint64_t index) {
-    return tpk_rng_uniform(seed, stream, index) >= p ? 1.0f / (1.0f - p) : 0.0f;
+    return tpk_dropout_u(seed, stream, index) >= p ? 1.0f / (1.0f - p) : 0.0f;
 }
+/* keep factor of a drawn uniform u (p > 0) */
+__device__ __forceinline__ float tpk__att_keep_u(float p, float u) { return u >= p ? 1.0f / (1.0f - p) : 0.0f; }
 /* keep factor of P[i][j] of head (b, global head hg): index ((b A + hg) S + i) S + j; 1 without dropout */
 __device__ __forceinline__ float tpk__att_keep(float p, uint64_t seed, uint64_t stream, int64_t b, int64_t A, int64_t hg, int64_t S,
                                                int64_t i, int64_t j) {
@@ -181,6 +188,44 @@ __device__ __forceinline__ float tpk__fl_quad_max(float v) {
 __device__ __forceinline__ float tpk__fl_quad_sum(float v) {
     v += tpk__fl_shfl_xor(v, 1);
     return v + tpk__fl_shfl_xor(v, 2);
+}
+
+/* ---- dropout draws, one Philox call per 4 elements (tpk/rng.h: index x takes output x % 4 of call
+ * x / 4). With S a multiple of 4 every dropout row ((b A + head) S + i) S starts at a multiple of 4,
+ * so keys 4m .. 4m + 3 of a row are one call; the lanes that hold those 4 elements draw one call
+ * each and exchange the outputs with shuffles. Otherwise (S % 4 != 0) each element is drawn alone
+ * (tpk__att_keep_at). */
+
+/* w.v[i] for a lane-dependent i, by selects (no indexed array: registers only) */
+__device__ __forceinline__ float tpk__fl_pick(const tpk_f32x4 &w, int i) {
+    float lo = (i & 1) ? w.v[1] : w.v[0], hi = (i & 1) ? w.v[3] : w.v[2];
+    return (i & 2) ? hi : lo;
+}
+/* Row-major C fragment (rows queries, columns keys: forward, dQ): u[e] = the draw of element e of an
+ * 8-key tile, (row g + 8 (e >> 1), key 2 t + (e & 1)). Lanes t and t ^ 1 hold keys 4 (t / 2) .. + 3
+ * of rows g and g + 8: the even lane draws row g's 4, the odd lane row g + 8's, and each hands the
+ * other the two it needs (two shuffles). x: the dropout index of key 4 (t / 2) of the tile in row
+ * g + 8 (t & 1) — the row this lane draws. */
+__device__ __forceinline__ void tpk__fl_drop_rows(float u[4], uint64_t seed, uint64_t stream, uint64_t x, int t) {
+    tpk_f32x4 w = tpk_rng_uniform4(seed, stream, x >> 2);
+    bool odd = t & 1;
+    float r0 = tpk__fl_shfl_xor(odd ? w.v[0] : w.v[2], 1), r1 = tpk__fl_shfl_xor(odd ? w.v[1] : w.v[3], 1);
+    u[0] = odd ? r0 : w.v[0], u[1] = odd ? r1 : w.v[1], u[2] = odd ? w.v[2] : r0, u[3] = odd ? w.v[3] : r1;
+}
+/* Transposed C fragment (rows keys, columns queries: dK, dV): u[e] = the draw of element e of an
+ * 8-query tile, (key g + 8 (e >> 1), query 2 t + (e & 1)). Keys 4a .. 4a + 3 of a query lie in lanes
+ * g = 4a + d, d = 0..3 (same t): lane d draws combination e = d — query 2 t + (d & 1), keys
+ * 4a + 8 (d >> 1) .. + 3 — and the four lanes transpose their draws (three xor shuffles: in round k
+ * lane d sends word d ^ k and receives lane d ^ k's word d, its element e = d ^ k). x: the dropout
+ * index of that query and first key. */
+__device__ __forceinline__ void tpk__fl_drop_cols(float u[4], uint64_t seed, uint64_t stream, uint64_t x, int g) {
+    tpk_f32x4 w = tpk_rng_uniform4(seed, stream, x >> 2);
+    int d = g & 3;
+    TPK__FL_UNROLL for (int k = 0; k < 4; k++) {
+        float v = tpk__fl_pick(w, d ^ k);
+        if (k) v = tpk__fl_shfl_xor(v, 4 * k);
+        TPK__FL_UNROLL for (int e = 0; e < 4; e++) u[e] = (d ^ k) == e ? v : u[e];
+    }
 }
 
 /* acc[nt] (16 x 64 in eight 8-column C tiles) = A B^T with A = rows a0 .. a0 + 15 of the shared
@@ -269,6 +314,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
+    const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
@@ -294,13 +340,18 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
                 corr[r] = exp2f((m[r] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
                 m[r] = mx[r], l[r] *= corr[r];
             }
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                     float pe = exp2f(s[nt][e] * sl2 - m[e >> 1] * sl2); /* masked: exp2(-inf) = 0 */
                     l[e >> 1] += pe;
                     if (DROP && pe != 0.0f)
-                        pe *= tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                        pe *= grouped ? tpk__att_keep_u(p, u[e])
+                                      : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
                     s[nt][e] = pe;
                 }
+            }
             TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
             tpk__fl_mma_cb<D>(o, s, Vs, g, t);
         }
@@ -360,6 +411,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     int64_t wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
+    const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_cols) */
     for (int it = 0, h = h0, tq = 0; it < ntiles; it++) { /* tile tq of query head h */
         int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
         const uint16_t *Qs = Qb + (it & 1) * TILE, *dOs = dOb + (it & 1) * TILE;
@@ -374,17 +426,25 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
          * (on or below the diagonal), c < S - q0 and r < S - wkey; on the diagonal tile wkey - q0 is 16 w */
         int diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS), kend = tpk__fl_clamp(S - wkey, 0, 16);
         uint64_t dcol = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0; /* dropout index of (query q0 + 2 t, key wkey + g) */
-        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+        /* grouped: this lane draws query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
+        uint64_t dgrp = dcol + (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
+        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+            float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dgrp + (uint64_t)(8 * nt) * (uint64_t)S, g);
+            TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                 int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
                 float P = 0.0f, ds = 0.0f;
                 if (!edge || (c >= diag + r && c < send && r < kend)) {
                     P = exp2f(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
-                    float keep = DROP ? tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1))) : 1.0f;
+                    float keep = !DROP ? 1.0f
+                                 : grouped ? tpk__att_keep_u(p, u[e])
+                                           : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
                     ds = P * (dpt[nt][e] * keep - Ds[c]);
                     P *= keep;
                 }
                 st[nt][e] = P, dpt[nt][e] = ds;
             }
+        }
         tpk__fl_mma_cb<D>(dv, st, dOs, g, t); /* dV += (P^T keep) dO */
         tpk__fl_mma_cb<D>(dk, dpt, Qs, g, t); /* dK += dS^T Q (scaled at the end) */
         tpk__fl_wait_all();
@@ -430,6 +490,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
+    const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     tpk__fl_wait_all();
     __syncthreads();
     for (int it = 0; it < ntiles; it++) {
@@ -443,16 +504,20 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
             int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1; /* the forward's mask */
             int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                     int c = 8 * nt + 2 * t + (e & 1);
                     float ds = 0.0f;
                     if (!edge || 8 * nt + (e & 1) <= lim[e >> 1]) {
                         float P = exp2f(s[nt][e] * sl2 - L[e >> 1] * TPK__FL_LOG2E);
-                        float keep = DROP ? tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + c)) : 1.0f;
+                        float keep = !DROP ? 1.0f : grouped ? tpk__att_keep_u(p, u[e]) : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + c));
                         ds = P * (dp[nt][e] * keep - Di[e >> 1]);
                     }
                     s[nt][e] = ds;
                 }
+            }
             tpk__fl_mma_cb<D>(dq, s, Ks, g, t); /* dQ += dS K (scaled at the end) */
         }
         tpk__fl_wait_all();

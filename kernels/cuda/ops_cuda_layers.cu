@@ -3,7 +3,9 @@
  * rotary embeddings, SwiGLU, embedding, the cross-entropy pieces and flash-style causal attention
  * (grouped-query: a key/value head shared by several query heads read in place).
  *
- *   dropout    y = x keep / (1-p),  keep = uniform(seed, stream, global index) >= p
+ *   dropout    y = x keep / (1-p),  keep = dropout_u(seed, stream, global index) >= p: one Philox call
+ *              per 4 consecutive global indices, a thread taking 8 elements (two calls) where the
+ *              geometry is aligned, else one call's part of a row
  *   layernorm  y = (x - mean) rstd w + b, rstd = 1/sqrt(var + eps): one warp per row, two passes
  *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w: one warp per row;
  *              dw += sum_i dy xh, db += sum_i dy: per chunk of rows, then the chunks in order —
@@ -20,6 +22,7 @@
  *              tokens' dy in token order, each column by one thread: the host's sums, bit for bit,
  *              no atomics
  *   xent       per row (one block): max; sum exp(z - max), z_target, sum z; loss from the parts;
+ *              the mean over the rows in one block (double, a fixed tree), left on the device;
  *              dz = (exp(z - lse) - (1-eps) onehot - eps/V) dloss elementwise
  *   attention  bf16 with head dim 64 or 128 on sm_80 and later: FlashAttention-2 on tensor cores
  *              (flash.cuh). Otherwise these generic kernels (f32, any head dim up to ATT_MAXD),
@@ -36,7 +39,9 @@
  *              dV_j = sum_h sum_i keep_ij P_ij dO_i,  dK_j = scale sum_h sum_i dS_ij Q_i,
  *              P_ij = exp(s_ij - lse_i),  dS_ij = P_ij (keep_ij dO_i . V_j - Dr_i)
  *              (summed in registers in a fixed order: deterministic, bit for bit).
- *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/rng.h). */
+ *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/rng.h), drawn here one
+ *              Philox call per element (tpk_dropout_u: a lane holds one key of a row, so the 4 keys
+ *              of a call sit in 4 lanes; the tensor-core kernels share a call between lanes). */
 #include <cstdlib>
 #include <cstring>
 
@@ -47,15 +52,47 @@
 
 /* ---- dropout ------------------------------------------------------------------------------------- */
 
-template <class T>
+/* One Philox call per 4 consecutive global indices (tpk/rng.h: index x takes output x % 4 of call
+ * x / 4). VEC (x, y 16-byte aligned; cols, gcols and col0 multiples of 4, so local elements 4k ..
+ * 4k + 3 are one call's 4): a thread takes 8 elements — two calls, one 16-byte vector of bf16 or two
+ * of f32 — the last n % 8 one by one (tpk_dropout_u). Otherwise a thread takes one call's part of
+ * one row: item (i, q) is call q of row i counted from the one holding (i, 0), up to
+ * (cols + 6) / 4 per row (items past the row's end do nothing). */
+template <class T, bool VEC>
 __global__ void dropout_kernel(T *y, const T *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p,
                                uint64_t seed, uint64_t stream) {
-    size_t total = (size_t)rows * (size_t)cols;
     float scale = 1.0f / (1.0f - p);
-    TPK__GRID_STRIDE(k, total) {
-        int64_t i = (int64_t)(k / (size_t)cols), j = (int64_t)(k % (size_t)cols);
-        bool keep = tpk_rng_uniform(seed, stream, (uint64_t)((row0 + i) * gcols + col0 + j)) >= p;
-        tpk__stf(y, k, keep ? tpk__ldf(x, k) * scale : 0.0f);
+    if constexpr (VEC) {
+        tpk__elementwise<true>((size_t)rows * (size_t)cols, [&](size_t k, auto vn) {
+            constexpr int V = decltype(vn)::value;
+            int64_t i = (int64_t)(k / (size_t)cols), j = (int64_t)(k - (size_t)i * (size_t)cols); /* element k = (i, j) */
+            uint64_t g = (uint64_t)((row0 + i) * gcols + col0 + j);                              /* its global index */
+            float v[V];
+            tpk__ldn<V>(x, k, v);
+            if constexpr (V == 1) {
+                v[0] = tpk_dropout_u(seed, stream, g) >= p ? v[0] * scale : 0.0f;
+            } else {
+                for (int h = 0; h < V / 4; h++) { /* elements k + 4h .. + 3: one call, from a multiple of 4 */
+                    if (h && j + 4 >= cols) g += (uint64_t)(gcols - cols); /* the second 4 start the next row */
+                    tpk_f32x4 u = tpk_rng_uniform4(seed, stream, (g + 4 * (uint64_t)h) >> 2);
+                    for (int e = 0; e < 4; e++) v[4 * h + e] = u.v[e] >= p ? v[4 * h + e] * scale : 0.0f;
+                }
+            }
+            tpk__stn<V>(y, k, v);
+        });
+    } else {
+        int64_t per_row = (cols + 6) / 4;
+        TPK__GRID_STRIDE(it, (size_t)rows * (size_t)per_row) {
+            int64_t i = (int64_t)(it / (size_t)per_row), q = (int64_t)(it - (size_t)i * (size_t)per_row);
+            uint64_t first = (uint64_t)((row0 + i) * gcols + col0), g = ((first >> 2) + (uint64_t)q) << 2; /* (i, 0); the call's first index */
+            if (g >= first + (uint64_t)cols) continue;
+            tpk_f32x4 u = tpk_rng_uniform4(seed, stream, g >> 2);
+            for (int e = 0; e < 4; e++) {
+                if (g + e < first || g + e >= first + (uint64_t)cols) continue;
+                size_t k = (size_t)(i * cols) + (size_t)(g + e - first);
+                tpk__stf(y, k, u.v[e] >= p ? tpk__ldf(x, k) * scale : 0.0f);
+            }
+        }
     }
 }
 static tpk_status cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
@@ -64,10 +101,13 @@ static tpk_status cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t row
     if (rows * cols == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     size_t total = (size_t)rows * (size_t)cols;
+    bool vec = tpk__aligned16({y, x}) && cols % 4 == 0 && gcols % 4 == 0 && col0 % 4 == 0;
+    unsigned grid = vec ? tpk__grid_elementwise(total, true) : tpk__grid_for((size_t)rows * (size_t)((cols + 6) / 4), 256);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        dropout_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)y, (const T *)x, rows, cols, gcols, row0, col0, p, seed,
-                                                                        stream);
+        tpk__by_vec(vec, [&](auto v) {
+            dropout_kernel<T, decltype(v)::value><<<grid, 256, 0, st->stream>>>((T *)y, (const T *)x, rows, cols, gcols, row0, col0, p, seed, stream);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -498,6 +538,32 @@ static tpk_status cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const fl
     if (T == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     xent_loss_kernel<<<tpk__grid_for((size_t)T, 256), 256, 0, st->stream>>>(loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
+    return tpk__cuda_launched(ctx, fn);
+}
+
+/* The mean loss, left on the device (no host wait): one block of THREADS; thread i sums loss[i],
+ * loss[i + THREADS], ... in double, the warps' lanes by a fixed butterfly, thread 0 the warps in
+ * order — an order fixed by T alone, so the same value every run (the host sums t ascending: the
+ * two agree to double rounding before the cast to float). */
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS) xent_mean_kernel(double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
+    __shared__ double sh[THREADS / 32];
+    double s = 0.0;
+    for (int64_t t = threadIdx.x; t < T; t += THREADS) s += (double)loss[t];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int w = 0; w < THREADS / 32; w++) sum += sh[w];
+        float m = count > 0 ? (float)(sum / (double)count) : 0.0f;
+        *acc = (accumulate ? *acc : 0.0) + (double)m;
+    }
+}
+static tpk_status cuda_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
+    static const char *fn = "cuda.xent_mean";
+    TPK__CUDA_STATE(st, ctx, fn);
+    xent_mean_kernel<512><<<1, 512, 0, st->stream>>>(acc, loss, T, count, accumulate);
     return tpk__cuda_launched(ctx, fn);
 }
 

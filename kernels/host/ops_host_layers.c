@@ -1,14 +1,16 @@
 /* kernels/host/ops_host_layers.c — the transformer-layer ops of the host backend (contracts in
  * tpk/ops.h): dropout, layernorm, embedding, the cross-entropy pieces and causal attention.
  *
- *   dropout    y = x keep / (1-p),  keep = uniform(seed, stream, global index) >= p
+ *   dropout    y = x keep / (1-p),  keep = dropout_u(seed, stream, global index) >= p (tpk/rng.h: one
+ *              Philox call per 4 consecutive global indices)
  *   layernorm  y = (x - mean) rstd w + b,  rstd = 1/sqrt(var + eps)           (per row)
  *              dx = rstd (g - mean(g) - xh mean(g xh)),  g = dy w,  xh = (x - mean) rstd
  *   rmsnorm    the same loops with mean = 0 and no bias: dx = rstd (g - xh mean(g xh))
  *   rope       pairs (j, j + D/2) of each head rotated by (i mod S) theta^(-2j/D)
  *   swiglu     h = silu(gate) up over gu = [gate | up]
  *   embedding  y[t] = E[ids[t] - v0] for ids in [v0, v0 + vrows),  dE[ids[t] - v0] += dy[t]
- *   xent       lse = max + log sum exp(z - max);  loss = lse - (1-eps) z_y - eps mean_V(z)
+ *   xent       lse = max + log sum exp(z - max);  loss = lse - (1-eps) z_y - eps mean_V(z);
+ *              the mean loss: sum in double, t ascending, / count
  *              dz = (softmax(z) - (1-eps) onehot - eps/V) dloss
  *   attention  per (batch, query head; grouped-query: its key/value head): S = scale Q K^T (causal), P = softmax(S), O = P V, with
  *              Q K^T and P V through cblas_sgemm in blocks of query rows that skip the masked
@@ -23,12 +25,16 @@
 TPK__HOST_INLINE void dropout_loop(tpk_dtype dt, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
                               int64_t col0, float p, uint64_t seed, uint64_t stream) {
     float scale = 1.0f / (1.0f - p);
-    for (int64_t i = 0; i < rows; i++)
+    for (int64_t i = 0; i < rows; i++) {
+        uint64_t g0 = (uint64_t)((row0 + i) * gcols + col0); /* the global index of (i, 0) */
+        tpk_f32x4 u = tpk_rng_uniform4(seed, stream, g0 >> 2);
         for (int64_t j = 0; j < cols; j++) {
+            uint64_t g = g0 + (uint64_t)j;
+            if (j > 0 && (g & 3) == 0) u = tpk_rng_uniform4(seed, stream, g >> 2); /* the next 4 */
             size_t k = (size_t)(i * cols + j);
-            bool keep = tpk_rng_uniform(seed, stream, (uint64_t)((row0 + i) * gcols + col0 + j)) >= p;
-            tpk__st(y, dt, k, keep ? tpk__ld(x, dt, k) * scale : 0.0f);
+            tpk__st(y, dt, k, u.v[g & 3] >= p ? tpk__ld(x, dt, k) * scale : 0.0f);
         }
+    }
 }
 static tpk_status host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
                              int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
@@ -243,6 +249,15 @@ static tpk_status host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const fl
     }
     return TPK_OK;
 }
+/* the losses summed in double, t ascending (the order the host always used), divided once */
+static tpk_status host_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
+    (void)ctx;
+    double sum = 0;
+    for (int64_t t = 0; t < T; t++) sum += loss[t];
+    float m = count ? (float)(sum / (double)count) : 0.0f;
+    *acc = (accumulate ? *acc : 0.0) + (double)m;
+    return TPK_OK;
+}
 TPK__HOST_INLINE void xent_grad_loop(tpk_dtype dt, void *dz, const void *z, const float *lse, const int32_t *y, const float *dloss,
                                 int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
     for (int64_t t = 0; t < T; t++) {
@@ -265,10 +280,21 @@ static tpk_status host_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
-/* keep factor of P[i][j] of head (b, global head g): 0 or 1/(1-p) */
-static inline float attn_keep(float p, uint64_t seed, uint64_t stream, int64_t b, int64_t A, int64_t g, int64_t S, int64_t i, int64_t j) {
-    if (p <= 0.0f) return 1.0f;
-    return tpk_rng_uniform(seed, stream, (uint64_t)((((b * A + g) * S + i) * S) + j)) >= p ? 1.0f / (1.0f - p) : 0.0f;
+/* keep[j] = the keep factor of P[i][j] of head (b, global head g) for keys j < n: 0 or 1/(1-p)
+ * (1 without dropout); P[i][j] has dropout index ((b A + g) S + i) S + j, one Philox call per 4 */
+static void attn_keep_row(float *keep, float p, uint64_t seed, uint64_t stream, int64_t b, int64_t A, int64_t g, int64_t S, int64_t i, int64_t n) {
+    if (p <= 0.0f) {
+        for (int64_t j = 0; j < n; j++) keep[j] = 1.0f;
+        return;
+    }
+    float scale = 1.0f / (1.0f - p);
+    uint64_t x0 = (uint64_t)(((b * A + g) * S + i) * S);
+    tpk_f32x4 u = tpk_rng_uniform4(seed, stream, x0 >> 2);
+    for (int64_t j = 0; j < n; j++) {
+        uint64_t x = x0 + (uint64_t)j;
+        if (j > 0 && (x & 3) == 0) u = tpk_rng_uniform4(seed, stream, x >> 2);
+        keep[j] = u.v[x & 3] >= p ? scale : 0.0f;
+    }
 }
 
 /* Widen a [n] buffer of dtype dt into f32 scratch (or use it in place when f32). */
@@ -298,12 +324,12 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     int64_t g0, Gl = tpk_attn_kv_heads(A, G, head0, Al, &g0), grp = A / G;
     size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D);
     if (!nq) return TPK_OK;
-    float *qo, *oo = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * S));
+    float *qo, *oo = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * S)), *kp = (float *)malloc(sizeof(float) * (size_t)S);
     const float *q = widen(qkv, nq, dt, &qo);
     float *o = dt == TPK_F32 ? (float *)out : (oo = (float *)malloc(sizeof(float) * no));
-    if (!q || !o || !P) {
-        free(qo), free(oo), free(P);
-        return tpk__host_nomem(ctx, fn, sizeof(float) * (nq + no + (size_t)(ATTN_ROWS * S)));
+    if (!q || !o || !P || !kp) {
+        free(qo), free(oo), free(P), free(kp);
+        return tpk__host_nomem(ctx, fn, sizeof(float) * (nq + no + (size_t)(ATTN_ROWS * S + S)));
     }
     int ld3 = (int)((Al + 2 * Gl) * D), ldo = (int)(Al * D);
     for (int64_t b = 0; b < B; b++)
@@ -322,14 +348,15 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
                     for (int64_t j = 0; j <= i; j++) sum += row[j] = expf(row[j] - m);
                     L[i] = m + (float)log(sum);
                     float inv = (float)(1.0 / sum);
-                    for (int64_t j = 0; j <= i; j++) row[j] *= inv * attn_keep(p, seed, stream, b, A, head0 + h, S, i, j);
+                    attn_keep_row(kp, p, seed, stream, b, A, head0 + h, S, i, i + 1);
+                    for (int64_t j = 0; j <= i; j++) row[j] *= inv * kp[j];
                     for (int64_t j = i + 1; j < keys; j++) row[j] = 0.0f;
                 }
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, 1.0f, P, keys, Vv, ld3, 0.0f, O + i0 * ldo, ldo);
             }
         }
     narrow(out, o, no, dt);
-    free(qo), free(oo), free(P);
+    free(qo), free(oo), free(P), free(kp);
     return TPK_OK;
 }
 
@@ -345,9 +372,10 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     const float *q = widen(qkv, nq, dt, &o1), *dO = widen(dout, no, dt, &o2), *O = widen(out, no, dt, &o3);
     float *dq = dt == TPK_F32 ? (float *)dqkv : (o4 = (float *)malloc(sizeof(float) * nq));
     float *P = (float *)malloc(sizeof(float) * ss), *dP = (float *)malloc(sizeof(float) * ss), *Dr = (float *)malloc(sizeof(float) * (size_t)S);
-    if (!q || !dO || !O || !dq || !P || !dP || !Dr) {
-        free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr);
-        return tpk__host_nomem(ctx, fn, sizeof(float) * (2 * nq + 2 * no + 2 * ss));
+    float *kp = (float *)malloc(sizeof(float) * (size_t)S);
+    if (!q || !dO || !O || !dq || !P || !dP || !Dr || !kp) {
+        free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr), free(kp);
+        return tpk__host_nomem(ctx, fn, sizeof(float) * (2 * nq + 2 * no + 2 * ss + 2 * (size_t)S));
     }
     int ld3 = (int)((Al + 2 * Gl) * D), ldo = (int)(Al * D);
     for (int64_t b = 0; b < B; b++) {
@@ -373,14 +401,16 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
                 }
                 /* dP = dO V^T (gradient w.r.t. the dropped probabilities), then through the mask */
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, 1.0f, dOh + i0 * ldo, ldo, Vv, ld3, 0.0f, dP, keys);
-                for (int r = 0; r < n; r++)
+                for (int r = 0; r < n; r++) {
+                    int64_t i = i0 + r;
+                    attn_keep_row(kp, p, seed, stream, b, A, head0 + h, S, i, i + 1);
                     for (int64_t j = 0; j < keys; j++) {
-                        int64_t i = i0 + r;
                         size_t k = (size_t)r * (size_t)keys + (size_t)j;
-                        float keep = j <= i ? attn_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f, pij = P[k];
+                        float keep = j <= i ? kp[j] : 0.0f, pij = P[k];
                         dP[k] = pij * (dP[k] * keep - Dr[r]); /* dS */
                         P[k] = pij * keep;                    /* dropped P, for dV */
                     }
+                }
                 /* dV[0:keys] += Pd^T dO, dQ = scale dS K, dK[0:keys] += scale dS^T Q */
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, 1.0f, P, keys, dOh + i0 * ldo, ldo, 1.0f, dV, ld3);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, scale, dP, keys, K, ld3, 0.0f, dQ + i0 * ld3, ld3);
@@ -389,7 +419,7 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         }
     }
     narrow(dqkv, dq, nq, dt);
-    free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr);
+    free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr), free(kp);
     return TPK_OK;
 }
 

@@ -10,7 +10,8 @@
  *   cp.async: a thread's copies are deferred to its wait_group, so a tile used too early is caught.
  * Shared memory starts poisoned (NaN) and every output element is poisoned before the run and
  * checked to be written. Shapes: D = 64 and 128, S a multiple of the 64-row tile and not, one and
- * several heads and batches, dropout off and on, grouped-query attention (G < A: a key/value head
+ * several heads and batches, dropout off and on (its draws grouped four to a Philox call where S % 4 = 0,
+ * one per element otherwise), grouped-query attention (G < A: a key/value head
  * read by several query heads, its dK and dV summed over them); the reference is the host backend in f32 on the same
  * bf16-rounded inputs (out, lse, dQ, dK, dV). Prints "ok ..." / "FAIL ..." lines for tests/run.sh. */
 #define TPK_FLASH_EMU 1
@@ -254,6 +255,9 @@ int main(void) {
     run_case<128>(&host, 1, 65, 4, 8, 4, 0.1f, 2);  /* D = 128, dropout, 4 query heads over 1 local key/value head */
     run_case<64>(&host, 1, 130, 4, 4, 0, 0.2f, 2);  /* both key/value heads, each read by two query heads, dropout */
     run_case<128>(&host, 1, 100, 3, 6, 2, 0.1f, 2); /* heads 2..4 of 6 at D = 128 with dropout: the shared head's dK, dV over 2 heads */
+    /* dropout draws: S % 4 = 0 takes one Philox call per 4 elements (shared by lanes through shuffles),
+     * other S one per element (77, 65, 70, 130 above); both give the host's masks */
+    run_case<64>(&host, 2, 128, 2, 4, 1, 0.2f, 2);  /* S % 4 = 0 with whole tiles, two batches, heads 1..2 of 4 */
     tpk_ctx_destroy(&host);
     printf("flash emulation: %d failed\n", fails);
     return fails ? 1 : 0;

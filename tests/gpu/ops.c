@@ -108,6 +108,15 @@ static void test_copy_rng_dropout(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->dropout(&ch, xd.h, xd.h, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
         CHECK_OK(&cd, cd.ops->dropout(&cd, xd.d, xd.d, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
         pair_check(&cd, &xd, tol_for(dt, TOL_SAME), "dropout in place");
+        /* the aligned geometry (cols, gcols, col0 multiples of 4: 8 elements, two Philox calls, per
+         * thread; cols % 8 = 4, so a thread's second 4 start the next row; n % 8 = 4 left one by one) */
+        int64_t ar = 37, ac = 36;
+        pair xa = pair_randn(&cd, (size_t)(ar * ac), dt, 13, 1.0f), ya = pair_from(&cd, NULL, (size_t)(ar * ac), dt);
+        pair_poison(&cd, &ya);
+        CHECK_OK(&ch, ch.ops->dropout(&ch, ya.h, xa.h, ar, ac, 44, 2, 8, 0.3f, 11, 12, dt));
+        CHECK_OK(&cd, cd.ops->dropout(&cd, ya.d, xa.d, ar, ac, 44, 2, 8, 0.3f, 11, 12, dt));
+        pair_check(&cd, &ya, tol_for(dt, TOL_SAME), "dropout, aligned geometry");
+        pair_free(&cd, &xa), pair_free(&cd, &ya);
         pair_free(&cd, &src), pair_free(&cd, &dst), pair_free(&cd, &x), pair_free(&cd, &xd), pair_free(&cd, &yd);
     }
 }
@@ -356,6 +365,39 @@ static void test_xent(tpk_dtype dt, int64_t ld) {
     }
 }
 
+/* The mean loss left on the device: CUDA's fixed tree against the host's ascending sum (both in
+ * double, the mean a float: equal up to one float rounding), a poisoned output written, running
+ * sums, the same value on a second run (deterministic). */
+static void test_xent_mean(void) {
+    TEST_CASE("xent_mean: the mean loss in device memory against the host's, running sums, deterministic") {
+        const int64_t Ts[4] = {0, 1, 333, 70000}, counts[4] = {0, 1, 300, 69999};
+        for (int c = 0; c < 4; c++) {
+            int64_t T = Ts[c], count = counts[c];
+            float *l = (float *)malloc(sizeof(float) * (size_t)(T ? T : 1));
+            test_randn(l, (size_t)T, 95 + (uint64_t)c, 2.0f);
+            for (int64_t t = 0; t < T; t++) l[t] = fabsf(l[t]) + (t % 5 == 0 ? 1e3f : 0.0f);
+            pair loss = pair_from(&cd, l, (size_t)T, TPK_F32);
+            double *acc_d = NULL, poison = NAN, hacc = NAN, dacc[2] = {0, 0};
+            CHECK_OK(&cd, cd.ops->alloc(&cd, sizeof(double), (void **)&acc_d));
+            CHECK_OK(&cd, cd.ops->memcpy(&cd, acc_d, &poison, sizeof poison, TPK_H2D));
+            CHECK_OK(&ch, ch.ops->xent_mean(&ch, &hacc, (const float *)loss.h, T, count, false));
+            for (int run = 0; run < 2; run++) {
+                CHECK_OK(&cd, cd.ops->xent_mean(&cd, acc_d, (const float *)loss.d, T, count, false));
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, &dacc[run], acc_d, sizeof(double), TPK_D2H));
+            }
+            CHECK(fabs(dacc[0] - hacc) <= 1.2e-7 * fabs(hacc), "T = %lld: device mean %.9g, host %.9g", (long long)T, dacc[0], hacc);
+            CHECK(memcmp(&dacc[0], &dacc[1], sizeof(double)) == 0, "T = %lld: two runs differ: %.17g, %.17g", (long long)T, dacc[0], dacc[1]);
+            CHECK_OK(&ch, ch.ops->xent_mean(&ch, &hacc, (const float *)loss.h, T, count, true));
+            CHECK_OK(&cd, cd.ops->xent_mean(&cd, acc_d, (const float *)loss.d, T, count, true));
+            CHECK_OK(&cd, cd.ops->memcpy(&cd, &dacc[1], acc_d, sizeof(double), TPK_D2H));
+            CHECK(dacc[1] == 2.0 * dacc[0], "T = %lld: accumulated %.17g, expected %.17g", (long long)T, dacc[1], 2.0 * dacc[0]);
+            cd.ops->free(&cd, acc_d);
+            pair_free(&cd, &loss);
+            free(l);
+        }
+    }
+}
+
 /* bf16 with D = 64 or 128 runs the tensor-core kernels (kernels/cuda/flash.cuh), the rest the
  * generic ones; S = 45, 130, 200 are not multiples of their 64-row tiles */
 static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t A, int64_t G, int64_t Al, int64_t head0) {
@@ -513,6 +555,7 @@ int main(int argc, char **argv) {
         test_rmsnorm(dt, 40, 2000);
         test_rope_swiglu(dt);
     }
+    test_xent_mean();
     test_optimizer();
     test_profiler();
     test_errors();
