@@ -49,10 +49,10 @@ static int64_t AB, AS, AA, AD;
 static void *qkv, *ao, *ado, *adqkv;
 static float *alse;
 
-enum { OP_COPY, OP_FILL, OP_CAST, OP_AXPBY, OP_BIAS, OP_GELU_F, OP_GELU_B, OP_DROPOUT, OP_LN_F, OP_LN_B, OP_EMBED, OP_XENT_G, OP_ADAMW, OP_ATT_F,
+enum { OP_COPY, OP_FILL, OP_CAST, OP_AXPBY, OP_BIAS, OP_GELU_F, OP_GELU_B, OP_DROPOUT, OP_LN_F, OP_LN_B, OP_EMBED, OP_XENT_S, OP_XENT_G, OP_XENT_F, OP_ADAMW, OP_ATT_F,
        OP_ATT_B, OP_N };
 static const char *op_name[OP_N] = {"memcpy D2D", "fill", "cast f32->bf16", "axpby", "bias_add", "act_fwd gelu", "act_bwd gelu", "dropout",
-                                    "layernorm_fwd", "layernorm_bwd", "embed_fwd", "xent_grad", "adamw", "attn_fwd", "attn_bwd"};
+                                    "layernorm_fwd", "layernorm_bwd", "embed_fwd", "xent_stats", "xent_grad", "xent_fused", "adamw", "attn_fwd", "attn_bwd"};
 
 static void run_op(int op) {
     size_t es = tpk_dtype_size(dt);
@@ -68,7 +68,9 @@ static void run_op(int op) {
     case OP_LN_F: TRY(tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
     case OP_LN_B: TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false)); break;
     case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
+    case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, x, tgt, R, C, C, 0, dt)); break;
     case OP_XENT_G: TRY(tpk_op_xent_grad(&ctx, y, x, lse, tgt, dl, R, C, C, 0, C, 0.0f, -100, dt)); break;
+    case OP_XENT_F: TRY(tpk_op_xent_fused(&ctx, y, mx, lse, x, tgt, R, C, C, 0.0f, -100, 1.0f, dt)); break;
     case OP_ADAMW: TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL, 0)); break;
     case OP_ATT_F: TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
     case OP_ATT_B: TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
@@ -84,6 +86,8 @@ static double op_bytes(int op) {
     case OP_AXPBY: return 3 * n * es;
     case OP_BIAS: case OP_GELU_F: case OP_DROPOUT: case OP_LN_F: return 2 * n * es;
     case OP_GELU_B: case OP_LN_B: case OP_XENT_G: return 3 * n * es;
+    case OP_XENT_S: return n * es;     /* the logits read once (the [R, 4] statistics are noise) */
+    case OP_XENT_F: return 2 * n * es; /* the logits read once, their gradient written once */
     case OP_EMBED: return n * (4 + es);
     case OP_ADAMW: return n * 28;
     }
@@ -181,7 +185,7 @@ int main(int argc, char **argv) {
     xf = rnd(N, TPK_F32, 4, 0, 1), gf = rnd(N, TPK_F32, 5, 0, 1), m1 = rnd(N, TPK_F32, 6, 0, 0.1f), v1 = rnd(N, TPK_F32, 7, 1, 0);
     w = rnd((size_t)C, TPK_F32, 8, 1, 0.1f), b = rnd((size_t)C, TPK_F32, 9, 0, 0.1f);
     mean = rnd((size_t)R, TPK_F32, 10, 0, 0), rstd = rnd((size_t)R, TPK_F32, 11, 1, 0), lse = rnd((size_t)R, TPK_F32, 12, 8, 0);
-    dl = rnd((size_t)R, TPK_F32, 13, 1, 0), mx = NULL, part = NULL;
+    dl = rnd((size_t)R, TPK_F32, 13, 1, 0), mx = buf((size_t)R * 4), part = buf((size_t)R * 16); /* mx: the fused op's losses */
     ids = buf((size_t)R * 4), tgt = buf((size_t)R * 4); /* zero-filled: token 0, target 0 */
     size_t nq = (size_t)(AB * AS * 3 * AA * AD), no = (size_t)(AB * AS * AA * AD);
     qkv = rnd(nq, dt, 14, 0, 1), ao = buf(no * tpk_dtype_size(dt)), ado = rnd(no, dt, 15, 0, 1), adqkv = buf(nq * tpk_dtype_size(dt));
@@ -245,7 +249,7 @@ int main(int argc, char **argv) {
         if (pt[0] > 0) printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n", pname, pt[0], pt[1], att_ms[0], att_ms[1]);
         else printf("null}\n");
     }
-    void *all[] = {x, y, z, xf, gf, m1, v1, w, b, mean, rstd, lse, dl, ids, tgt, qkv, ao, ado, adqkv, alse};
+    void *all[] = {x, y, z, xf, gf, m1, v1, w, b, mean, rstd, lse, dl, mx, part, ids, tgt, qkv, ao, ado, adqkv, alse};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) tpk_op_free(&ctx, all[i]);
     tpk_ctx_destroy(&ctx);
     return 0;

@@ -99,11 +99,11 @@ NOT_PROVIDED(layernorm_bwd, void *dx, float *dw, float *db, const void *dy, cons
      int64_t cols, tpk_dtype dt, bool accumulate_dx)
 NOT_PROVIDED(embed_fwd, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate)
 NOT_PROVIDED(embed_bwd, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt)
-NOT_PROVIDED(xent_max, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt)
-NOT_PROVIDED(xent_partial, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld, int64_t v0,
-             tpk_dtype dt)
-NOT_PROVIDED(xent_loss, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T, int64_t V, float smoothing,
+NOT_PROVIDED(xent_stats, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt)
+NOT_PROVIDED(xent_loss, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T, int64_t V, float smoothing,
      int32_t ignore_index)
+NOT_PROVIDED(xent_fused, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V, int64_t ld, float smoothing,
+     int32_t ignore_index, float g, tpk_dtype dt)
 NOT_PROVIDED(xent_mean, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate)
 NOT_PROVIDED(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V,
      float smoothing, int32_t ignore_index, tpk_dtype dt)
@@ -130,7 +130,7 @@ static tpk_ops my_table(void) {
     o.alloc = my_alloc, o.free = my_free, o.memcpy = my_memcpy, o.sync = my_sync, o.fill = my_fill, o.copy2d = my_copy2d, o.cast = my_cast;
     o.axpby = my_axpby, o.gemm = my_gemm, o.bias_add = my_bias_add, o.bias_grad = my_bias_grad, o.act_fwd = my_act_fwd, o.act_bwd = my_act_bwd;
     o.rng_2d = my_rng_2d, o.dropout = my_dropout, o.layernorm_fwd = my_layernorm_fwd, o.layernorm_bwd = my_layernorm_bwd;
-    o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_max = my_xent_max, o.xent_partial = my_xent_partial;
+    o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_stats = my_xent_stats, o.xent_fused = my_xent_fused;
     o.xent_loss = my_xent_loss, o.xent_mean = my_xent_mean, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;
     o.sumsq = my_sumsq, o.linear_fwd = my_linear_fwd, o.residual_layernorm_fwd = my_residual_layernorm_fwd;
     o.rope = my_rope, o.swiglu_fwd = my_swiglu_fwd, o.swiglu_bwd = my_swiglu_bwd, o.rmsnorm_fwd = my_rmsnorm_fwd, o.rmsnorm_bwd = my_rmsnorm_bwd;

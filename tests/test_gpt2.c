@@ -154,16 +154,17 @@ int main(int argc, char **argv) {
                     if (!run_model(&sh, &cfg, 4, &a) && !run_model(&ref, &unpadded, 4, &b)) {
                         test_compare_models(&sh, &a, &b, 1e-5, 1e-5);
                         /* per model: 2 per block + embedding (1) forward; the head, 2 per block
-                         * backward; plus the cross-entropy's 2 all-reduces forward */
-                        uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd);
+                         * backward; plus the cross-entropy's all-gather forward (none at t = 1) */
+                        uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd), xg = np > 1;
                         if (!sp) {
-                            CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 + 2 && fwd == 2 * L + 3, "forward: %llu collectives, expected %llu all-reduces",
-                                  (unsigned long long)fwd, (unsigned long long)(2 * L + 3));
+                            CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && a.fwd.calls[TPK_COLL_ALLGATHER] == xg && fwd == 2 * L + 1 + xg,
+                                  "forward: %llu collectives, expected %llu all-reduces and %llu all-gather", (unsigned long long)fwd,
+                                  (unsigned long long)(2 * L + 1), (unsigned long long)xg);
                             CHECK(a.bwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && bwd == 2 * L + 1, "backward: %llu collectives, expected %llu all-reduces",
                                   (unsigned long long)bwd, (unsigned long long)(2 * L + 1));
                         } else {
-                            CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 &&
-                                      a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 && fwd == 4 * L + 4,
+                            CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 + xg && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 &&
+                                      a.fwd.calls[TPK_COLL_ALLREDUCE] == 0 && fwd == 4 * L + 2 + xg,
                                   "SP forward: %llu collectives", (unsigned long long)fwd);
                             CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 4 * L + 2,
                                   "SP backward: %llu collectives", (unsigned long long)bwd);
@@ -232,6 +233,18 @@ int main(int argc, char **argv) {
                     mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 4, .hidden = H, .heads = 6, .dropout = 0.1f, .sequence_parallel = sp};
                     test_recompute(&world, np, bf ? TPK_BF16 : TPK_F32, &mc, (tpk_recompute)rc, ids, tg, B, S);
                 }
+
+    for (int sp = 0; sp < 2; sp++)
+        for (int bf = 0; bf < 2; bf++)
+            TEST_CASE("GPT-2 model (L=2, dropout 0.1%s%s) at t=%d: the loss deferred to the backward (fused) equals forward then backward bit for bit",
+                      sp ? ", SP" : "", bf ? ", bf16" : "", np) {
+                tpk_model_config mc;
+                memset(&mc, 0, sizeof mc);
+                mc.arch = TPK_ARCH_GPT2;
+                mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f, .label_smoothing = 0.1f,
+                                            .sequence_parallel = sp};
+                test_deferred(&world, np, bf ? TPK_BF16 : TPK_F32, &mc, ids, tg, B, S);
+            }
 
     for (int sp = 0; sp < 2; sp++)
         TEST_CASE("GPT-2 model in bf16 (mixed precision)%s at t=%d: loss and every gradient within bf16 tolerance of the f32 model", sp ? " SP" : "", np) {

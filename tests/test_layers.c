@@ -5,8 +5,12 @@
  * and without sequence parallelism, with label smoothing 0 and 0.1 and ignored positions.
  * The loss is also checked against a double log-sum-exp over the gathered logits with the
  * smoothing over the global vocabulary; a forward with loss = NULL leaves the mean in backend
- * memory, summed until tpk_xent_loss_read (equal, bit for bit, to the means read at once); cross-entropy does exactly 2 collectives forward and
- * none backward; bad ids, targets, sequence lengths and hidden sizes are refused. */
+ * memory, summed until tpk_xent_loss_read (equal, bit for bit, to the means read at once); a
+ * deferred forward (its loss computed with the gradient by the backward, fused; or settled by a
+ * read or the next forward) gives the same loss and gradients bit for bit, also in chunks of 3
+ * rows; cross-entropy does exactly 1 collective forward (an all-gather of 4 floats a row; none at
+ * t = 1) and none backward (deferred: none forward, 1 per chunk backward); bad ids, targets,
+ * sequence lengths and hidden sizes are refused. */
 #include "test.h"
 
 static int me, np;
@@ -24,14 +28,16 @@ typedef struct chain {
 
 typedef struct out { float loss; double ref_loss; float *grad[8]; int n; tpk_comm_stats ce_fwd, ce_bwd; } out;
 
-static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const int32_t *tg, out *o) {
+/* mode 0: forward, then backward; 1: a deferred forward, the loss computed by the backward (fused);
+ * 2: as 1 in chunks of 3 rows */
+static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const int32_t *tg, out *o, int mode) {
     chain c;
     memset(&c, 0, sizeof c);
     int f0 = test__fails_case;
     CHECK_OK(ctx, tpk_embedding_init(ctx, &c.e, V, P, H, &(tpk_embedding_desc){.sequence_parallel = sp}));
     CHECK_OK(ctx, tpk_layernorm_init(ctx, &c.ln, H, &(tpk_layernorm_desc){.name = "ln_f", .sequence_parallel = sp}));
     CHECK_OK(ctx, tpk_col_linear_init(ctx, &c.head, H, V, &(tpk_linear_desc){.name = "lm_head", .weight = c.e.wte + 1, .sequence_parallel = sp}));
-    CHECK_OK(ctx, tpk_xent_init(ctx, &c.ce, V, &(tpk_xent_desc){.label_smoothing = eps}));
+    CHECK_OK(ctx, tpk_xent_init(ctx, &c.ce, V, &(tpk_xent_desc){.label_smoothing = eps, .chunk_rows = mode == 2 ? 3 : 0}));
     if (test__fails_case > f0) return 1;
     test_set_weights(ctx, 99, 0.5f);
     tpk_tensor y0, y1, z, dz, dy1, dy0;
@@ -58,9 +64,10 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
     o->ref_loss = sum / counted;
     free(zg);
     tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, &o->loss));
+    if (mode) CHECK_OK(ctx, tpk_xent_forward_deferred(ctx, &c.ce, z, tg));
+    else CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, &o->loss));
     o->ce_fwd = ctx->tp.stats;
-    { /* loss = NULL: the mean stays in backend memory, summed over such forwards until read */
+    if (!mode) { /* loss = NULL: the mean stays in backend memory, summed over such forwards until read */
         float now = NAN;
         double sum = NAN;
         int64_t n = -1;
@@ -77,10 +84,31 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
         CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, NULL));
         CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, NULL));
         CHECK(sum == (double)o->loss, "after a reset: %.17g, the loss %.9g", sum, (double)o->loss);
+        /* deferred forwards settled without a backward: by the next forward, by a read; a reset drops a pending one */
+        CHECK_OK(ctx, tpk_xent_forward_deferred(ctx, &c.ce, z, tg));
+        CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, NULL));
+        CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
+        CHECK(n == 2 && sum == 2.0 * (double)o->loss, "a deferred forward settled by the next: %lld forwards, %.17g", (long long)n, sum);
+        CHECK_OK(ctx, tpk_xent_forward_deferred(ctx, &c.ce, z, tg));
+        tpk_xent_loss_reset(&c.ce);
+        CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
+        CHECK(n == 0 && sum == 0.0, "a reset drops a pending deferred forward: %lld forwards, %g", (long long)n, sum);
+        CHECK_OK(ctx, tpk_xent_forward_deferred(ctx, &c.ce, z, tg));
+        CHECK_OK(ctx, tpk_xent_settle(ctx, &c.ce));
+        CHECK_OK(ctx, tpk_xent_settle(ctx, &c.ce)); /* nothing pending: nothing done */
+        CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
+        CHECK(n == 1 && sum == (double)o->loss, "a deferred forward settled alone: %lld forwards, %.17g", (long long)n, sum);
     }
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_xent_backward(ctx, &c.ce, 1.0f, &dz));
     o->ce_bwd = ctx->tp.stats;
+    if (mode) {
+        double sum = NAN;
+        int64_t n = -1;
+        CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
+        CHECK(n == 1, "deferred: %lld forwards in the sum, expected 1", (long long)n);
+        o->loss = (float)sum;
+    }
     CHECK_OK(ctx, tpk_col_linear_backward(ctx, &c.head, dz, &dy1));
     CHECK_OK(ctx, tpk_layernorm_backward(ctx, &c.ln, dy1, &dy0));
     CHECK_OK(ctx, tpk_embedding_backward(ctx, &c.e, dy0));
@@ -107,8 +135,9 @@ int main(int argc, char **argv) {
                 tpk_ctx sh, ref;
                 tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np});
                 tpk_ctx_init(&ref, &(tpk_ctx_desc){0});
-                out a = {0}, b = {0};
-                if (!run_chain(&sh, sp, eps, ids, tg, &a) && !run_chain(&ref, sp, eps, ids, tg, &b)) {
+                out a, b, d[2];
+                memset(&a, 0, sizeof a), memset(&b, 0, sizeof b), memset(d, 0, sizeof d);
+                if (!run_chain(&sh, sp, eps, ids, tg, &a, 0) && !run_chain(&ref, sp, eps, ids, tg, &b, 0)) {
                     CHECK(fabs(a.loss - b.loss) <= 1e-5 * fabs(b.loss), "loss %.8g, unsharded %.8g", (double)a.loss, (double)b.loss);
                     CHECK(fabs(a.loss - a.ref_loss) <= 1e-5 * fabs(a.ref_loss), "loss %.8g, double log-sum-exp reference %.8g", (double)a.loss, a.ref_loss);
                     for (int i = 0; i < a.n; i++) {
@@ -116,16 +145,34 @@ int main(int argc, char **argv) {
                         snprintf(what, sizeof what, "gradient of %s", sh.params.list[i].name);
                         CHECK_CLOSE(a.grad[i], b.grad[i], tpk_param_global_numel(&sh, i), 1e-5, what);
                     }
-                    uint64_t calls = 0;
+                    uint64_t calls = 0, want = np > 1;
                     for (int q = 0; q < TPK_COLL_N; q++) calls += a.ce_fwd.calls[q];
-                    CHECK(a.ce_fwd.calls[TPK_COLL_ALLREDUCE] == 2 && calls == 2, "cross-entropy forward: %llu collectives, expected 2 all-reduces",
-                          (unsigned long long)calls);
-                    CHECK(a.ce_fwd.elems[TPK_COLL_ALLREDUCE] == 4 * T, "cross-entropy forward moved %llu elements, expected 4T", (unsigned long long)a.ce_fwd.elems[0]);
+                    CHECK(a.ce_fwd.calls[TPK_COLL_ALLGATHER] == want && calls == want, "cross-entropy forward: %llu collectives, expected %llu all-gather",
+                          (unsigned long long)calls, (unsigned long long)want);
+                    CHECK(a.ce_fwd.elems[TPK_COLL_ALLGATHER] == (np > 1 ? 4u * T * (unsigned)np : 0), "cross-entropy forward gathered %llu elements, expected 4 T t",
+                          (unsigned long long)a.ce_fwd.elems[TPK_COLL_ALLGATHER]);
                     calls = 0;
                     for (int q = 0; q < TPK_COLL_N; q++) calls += a.ce_bwd.calls[q];
                     CHECK(calls == 0, "cross-entropy backward: %llu collectives, expected none", (unsigned long long)calls);
+                    for (int m = 1; m <= 2; m++) { /* deferred (fused at t = 1), in one pass and in chunks of 3 rows: the same bits */
+                        out *o = &d[m - 1];
+                        tpk_ctx s2;
+                        tpk_ctx_init(&s2, &(tpk_ctx_desc){.world = &world, .tp = np});
+                        int failed = run_chain(&s2, sp, eps, ids, tg, o, m);
+                        tpk_ctx_destroy(&s2);
+                        if (failed) continue;
+                        CHECK(memcmp(&o->loss, &a.loss, sizeof a.loss) == 0, "deferred%s: loss %.9g, forward then backward %.9g", m == 2 ? " in chunks" : "",
+                              (double)o->loss, (double)a.loss);
+                        int bad = 0;
+                        for (int i = 0; i < a.n; i++) bad += memcmp(o->grad[i], a.grad[i], sizeof(float) * tpk_param_global_numel(&sh, i)) != 0;
+                        CHECK(bad == 0, "deferred%s: %d gradients differ from forward then backward", m == 2 ? " in chunks" : "", bad);
+                        uint64_t cf = 0, cb = 0, wb = np > 1 ? (m == 2 ? (T + 2) / 3 : 1) : 0;
+                        for (int q = 0; q < TPK_COLL_N; q++) cf += o->ce_fwd.calls[q], cb += o->ce_bwd.calls[q];
+                        CHECK(cf == 0 && cb == wb && o->ce_bwd.calls[TPK_COLL_ALLGATHER] == wb, "deferred%s: %llu collectives forward, %llu backward, expected 0, %llu",
+                              m == 2 ? " in chunks" : "", (unsigned long long)cf, (unsigned long long)cb, (unsigned long long)wb);
+                    }
                 }
-                test_free_grads(a.grad, &a.n), test_free_grads(b.grad, &b.n);
+                test_free_grads(a.grad, &a.n), test_free_grads(b.grad, &b.n), test_free_grads(d[0].grad, &d[0].n), test_free_grads(d[1].grad, &d[1].n);
                 tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
             }
         }
@@ -136,7 +183,7 @@ int main(int argc, char **argv) {
         tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np});
         tpk_ctx_init(&ref, &(tpk_ctx_desc){0});
         out a = {0}, b = {0};
-        if (!run_chain(&sh, false, 0.3f, ids, tg, &a) && !run_chain(&ref, false, 0.3f, ids, tg, &b))
+        if (!run_chain(&sh, false, 0.3f, ids, tg, &a, 0) && !run_chain(&ref, false, 0.3f, ids, tg, &b, 0))
             CHECK(fabs(a.loss - b.loss) <= 1e-5 * fabs(b.loss) && fabs(a.loss - a.ref_loss) <= 1e-5 * a.ref_loss, "%.8g vs %.8g vs %.8g",
                   (double)a.loss, (double)b.loss, a.ref_loss);
         test_free_grads(a.grad, &a.n), test_free_grads(b.grad, &b.n);

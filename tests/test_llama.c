@@ -183,12 +183,13 @@ int main(int argc, char **argv) {
                 if (!run_model(&sh, &cfg, &a) && !run_model(&ref, &unpadded, &b)) {
                     test_compare_models(&sh, &a, &b, 1e-5, 1e-5);
                     CHECK(a.n == 2 + 9 * 2 + !ti, "%d parameters", a.n);
-                    uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd);
-                    if (!sp) { /* 2 per block + the embedding forward + the cross-entropy's 2; 2 per block + the head backward */
-                        CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 3 && fwd == 2 * L + 3, "forward: %llu collectives", (unsigned long long)fwd);
+                    uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd), xg = np > 1;
+                    if (!sp) { /* 2 per block + the embedding forward + the cross-entropy's all-gather (t > 1); 2 per block + the head backward */
+                        CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && a.fwd.calls[TPK_COLL_ALLGATHER] == xg && fwd == 2 * L + 1 + xg,
+                              "forward: %llu collectives", (unsigned long long)fwd);
                         CHECK(a.bwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && bwd == 2 * L + 1, "backward: %llu collectives", (unsigned long long)bwd);
                     } else {
-                        CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && fwd == 4 * L + 4,
+                        CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 + xg && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && fwd == 4 * L + 2 + xg,
                               "SP forward: %llu collectives", (unsigned long long)fwd);
                         CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 4 * L + 2,
                               "SP backward: %llu collectives", (unsigned long long)bwd);
@@ -226,6 +227,15 @@ int main(int argc, char **argv) {
                 mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = 4, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .sequence_parallel = sp};
                 test_recompute(&world, np, TPK_F32, &mc, (tpk_recompute)rc, ids, tg, B, S);
             }
+
+    for (int sp = 0; sp < 2; sp++)
+        TEST_CASE("Llama model (L=2, G=2%s) at t=%d: the loss deferred to the backward (fused) equals forward then backward bit for bit", sp ? ", SP" : "", np) {
+            tpk_model_config mc;
+            memset(&mc, 0, sizeof mc);
+            mc.arch = TPK_ARCH_LLAMA;
+            mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F, .sequence_parallel = sp};
+            test_deferred(&world, np, TPK_F32, &mc, ids, tg, B, S);
+        }
 
     TEST_CASE("Llama model in bf16 (mixed precision) at t=%d: loss and every gradient within bf16 tolerance of the f32 model", np) {
         tpk_llama_config cfg = {.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = A, .kv_heads = 2, .ffn = F};

@@ -645,8 +645,8 @@ static const struct ops_entry ops_entries[] = {
     OPS_ENTRY(fill),        OPS_ENTRY(copy2d),        OPS_ENTRY(cast),          OPS_ENTRY(axpby),
     OPS_ENTRY(gemm),        OPS_ENTRY(bias_add),      OPS_ENTRY(bias_grad),     OPS_ENTRY(act_fwd),
     OPS_ENTRY(act_bwd),     OPS_ENTRY(rng_2d),        OPS_ENTRY(dropout),       OPS_ENTRY(layernorm_fwd),
-    OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),   OPS_ENTRY(embed_bwd),     OPS_ENTRY(xent_max),
-    OPS_ENTRY(xent_partial), OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
+    OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),   OPS_ENTRY(embed_bwd),     OPS_ENTRY(xent_stats),
+    OPS_ENTRY(xent_fused),   OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
     OPS_ENTRY(attn_bwd),    OPS_ENTRY(rope),          OPS_ENTRY(swiglu_fwd),    OPS_ENTRY(swiglu_bwd),
     OPS_ENTRY(rmsnorm_fwd), OPS_ENTRY(rmsnorm_bwd),   OPS_ENTRY(adamw),         OPS_ENTRY(sumsq),
     OPS_ENTRY(linear_fwd),  OPS_ENTRY(residual_layernorm_fwd),
@@ -666,10 +666,10 @@ static tpk_status user_act_fwd(tpk_ctx *c, tpk_act act, void *y, const void *x, 
     user_calls++;
     return tpk_ops_host()->act_fwd(c, act, y, x, dt, n);
 }
-static tpk_status user_xent_loss(tpk_ctx *c, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
+static tpk_status user_xent_loss(tpk_ctx *c, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets,
                                  int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
     user_calls++;
-    return tpk_ops_host()->xent_loss(c, loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
+    return tpk_ops_host()->xent_loss(c, loss, lse, part, P, targets, T, V, smoothing, ignore_index);
 }
 static tpk_status user_attn_fwd(tpk_ctx *c, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
                                 int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
@@ -731,7 +731,7 @@ static void test_front_end(void) {
         CHECK_FAILS(&c, tpk_op_gemm(&c, false, false, 2, 2, 2, 1, NULL, 2, b, 2, 0, o, 2, TPK_F32), TPK_ERR_ARG, "tpk_op_gemm: a: expected a buffer");
         CHECK_FAILS(&c, tpk_op_gemm(&c, true, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_I32), TPK_ERR_DTYPE, "tpk_op_gemm: dt:");
         CHECK_FAILS(&c, tpk_op_act_fwd(&c, (tpk_act)5, o, a, TPK_F32, 4), TPK_ERR_ARG, "tpk_op_act_fwd: act:");
-        CHECK_FAILS(&c, tpk_op_xent_loss(&c, o, o, a, b, tg, 2, 4, -0.5f, -100), TPK_ERR_ARG, "tpk_op_xent_loss: smoothing");
+        CHECK_FAILS(&c, tpk_op_xent_loss(&c, o, o, a, 1, tg, 2, 4, -0.5f, -100), TPK_ERR_ARG, "tpk_op_xent_loss: smoothing");
         CHECK_FAILS(&c, tpk_op_attn_fwd(&c, o, o, a, 1, 2, 2, 4, 2, 2, 1, 1, 0, 0, 0, TPK_F32), TPK_ERR_ARG, "tpk_op_attn_fwd: head0");
         CHECK_FAILS(&c, tpk_op_layernorm_fwd(&c, o, o, o, a, a, a, 2, 4, 0.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_layernorm_fwd: eps");
         CHECK(user_calls == 0, "the user's entries were called %d times with bad arguments", user_calls);

@@ -580,53 +580,40 @@ static void shard_of(void *zq, const float *z, int64_t T, int64_t V, tpk_range r
         }
 }
 
-/* The sharded forward as TP ranks run it: xent_max per shard, max across shards, xent_partial
- * per shard with the global max, parts summed across shards (f32), xent_loss. With check, every
- * per-shard piece is compared with the reference (z must already be bf16-exact for bf16). */
+/* The sharded forward as TP ranks run it: xent_stats per shard into part [nsh, T, 4] (the
+ * all-gather's order), xent_loss over the nsh parts. With check, every shard's statistics are
+ * compared with the reference (z must already be bf16-exact for bf16): the max and z_y bit for
+ * bit, the sums within f32. */
 static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const int32_t *y, float eps, tpk_dtype dt, float *loss,
                          float *lse, bool check) {
     size_t nt = (size_t)T;
-    float *mx = fbuf(nt), *mq = fbuf(nt), *part = fbuf(3 * nt), *pq = fbuf(3 * nt);
+    float *part = fbuf(4 * nt * (size_t)nsh);
     void *zq = malloc((size_t)(T * V) * sizeof(float) + 4);
-    for (size_t t = 0; t < nt; t++) mx[t] = -INFINITY;
+    test_poison(part, 4 * nt * (size_t)nsh);
     for (int q = 0; q < nsh; q++) {
         tpk_range r = tpk_split(V, nsh, q);
+        float *pq = part + 4 * nt * (size_t)q;
         shard_of(zq, z, T, V, r, dt);
-        test_poison(mq, nt);
-        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mq, zq, T, r.size, r.size, dt));
-        for (int64_t t = 0; t < T; t++) {
-            if (check) {
-                float m = -INFINITY;
-                for (int64_t j = 0; j < r.size; j++) m = z[t * V + r.off + j] > m ? z[t * V + r.off + j] : m;
-                CHECK(memcmp(&m, &mq[t], 4) == 0, "xent_max shard %d row %lld: %g, expected %g", q, (long long)t, mq[t], m);
-            }
-            mx[t] = mq[t] > mx[t] ? mq[t] : mx[t];
+        CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, pq, zq, y, T, r.size, r.size, r.off, dt));
+        if (!check) continue;
+        float g1[64], g3[64], w1[64], w3[64];
+        for (int64_t t = 0; t < T && t < 64; t++) {
+            float m = -INFINITY;
+            for (int64_t j = 0; j < r.size; j++) m = z[t * V + r.off + j] > m ? z[t * V + r.off + j] : m;
+            CHECK(memcmp(&m, &pq[4 * t], 4) == 0, "xent_stats shard %d row %lld: max %g, expected %g", q, (long long)t, pq[4 * t], m);
+            double se = 0, sz = 0;
+            for (int64_t j = 0; j < r.size; j++) se += exp((double)z[t * V + r.off + j] - m), sz += z[t * V + r.off + j];
+            w1[t] = (float)se, w3[t] = (float)sz, g1[t] = pq[4 * t + 1], g3[t] = pq[4 * t + 3];
+            float zy = y[t] >= r.off && y[t] < r.off + r.size ? z[t * V + y[t]] : 0.0f;
+            CHECK(memcmp(&zy, &pq[4 * t + 2], 4) == 0, "xent_stats shard %d row %lld: z_y part %g, expected %g", q, (long long)t,
+                  pq[4 * t + 2], zy);
         }
-    }
-    memset(part, 0, 3 * nt * sizeof(float));
-    for (int q = 0; q < nsh; q++) {
-        tpk_range r = tpk_split(V, nsh, q);
-        shard_of(zq, z, T, V, r, dt);
-        test_poison(pq, 3 * nt);
-        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, pq, zq, mx, y, T, r.size, r.size, r.off, dt));
-        if (check) {
-            float g0[64], g2[64], w0[64], w2[64];
-            for (int64_t t = 0; t < T && t < 64; t++) {
-                double se = 0, sz = 0;
-                for (int64_t j = 0; j < r.size; j++) se += exp((double)z[t * V + r.off + j] - mx[t]), sz += z[t * V + r.off + j];
-                w0[t] = (float)se, w2[t] = (float)sz, g0[t] = pq[3 * t], g2[t] = pq[3 * t + 2];
-                float zy = y[t] >= r.off && y[t] < r.off + r.size ? z[t * V + y[t]] : 0.0f;
-                CHECK(memcmp(&zy, &pq[3 * t + 1], 4) == 0, "xent_partial shard %d row %lld: z_y part %g, expected %g", q,
-                      (long long)t, pq[3 * t + 1], zy);
-            }
-            CHECK_CLOSE(g0, w0, (size_t)(T < 64 ? T : 64), TOL_F32, "xent_partial sum exp(z - max)");
-            CHECK_CLOSE(g2, w2, (size_t)(T < 64 ? T : 64), TOL_F32, "xent_partial sum z");
-        }
-        for (size_t k = 0; k < 3 * nt; k++) part[k] += pq[k];
+        CHECK_CLOSE(g1, w1, (size_t)(T < 64 ? T : 64), TOL_F32, "xent_stats sum exp(z - max)");
+        CHECK_CLOSE(g3, w3, (size_t)(T < 64 ? T : 64), TOL_F32, "xent_stats sum z");
     }
     test_poison(loss, nt), test_poison(lse, nt);
-    CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss, lse, mx, part, y, T, V, eps, IGNORE));
-    free(mx), free(mq), free(part), free(pq), free(zq);
+    CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss, lse, part, nsh, y, T, V, eps, IGNORE));
+    free(part), free(zq);
 }
 
 /* dz of the full [T, V] assembled from xent_grad per shard; with check, dz aliasing z per shard
@@ -718,7 +705,7 @@ static void test_xent(void) {
     TEST_CASE("layers cross-entropy: a padded shard (rows of ld > Vl) ignores its padding and gets a zero gradient there") {
         enum { LD = 9 };
         tpk_range r = tpk_split(V, NSH, 1); /* columns [4, 8) */
-        float z[T * V], zs[T * 4], zp[T * LD], dloss[T], mx[T], mxp[T], part[3 * T], partp[3 * T], lse[T], dz[T * 4], dzp[T * LD];
+        float z[T * V], zs[T * 4], zp[T * LD], dloss[T], part[4 * T], partp[4 * T], lse[T], loss[T], dz[T * 4], dzp[T * LD];
         test_randn(z, n, 1030, 3.0f);
         test_randn(dloss, T, 1031, 1.0f);
         for (int t = 0; t < T; t++)
@@ -726,13 +713,10 @@ static void test_xent(void) {
                 if (j < r.size) zs[t * r.size + j] = zp[t * LD + j] = z[t * V + r.off + j];
                 else zp[t * LD + j] = 1e30f; /* read as a logit, it would dominate the max and overflow the sums */
             }
-        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mx, zs, T, r.size, r.size, TPK_F32));
-        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mxp, zp, T, r.size, LD, TPK_F32));
-        CHECK(memcmp(mx, mxp, sizeof mx) == 0, "xent_max of the padded rows differs from the unpadded");
-        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, part, zs, mx, y, T, r.size, r.size, r.off, TPK_F32));
-        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, partp, zp, mx, y, T, r.size, LD, r.off, TPK_F32));
-        CHECK(memcmp(part, partp, sizeof part) == 0, "xent_partial of the padded rows differs from the unpadded");
-        for (int t = 0; t < T; t++) lse[t] = mx[t] + logf(part[3 * t]);
+        CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, part, zs, y, T, r.size, r.size, r.off, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, partp, zp, y, T, r.size, LD, r.off, TPK_F32));
+        CHECK(memcmp(part, partp, sizeof part) == 0, "xent_stats of the padded rows differs from the unpadded");
+        CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss, lse, part, 1, y, T, V, 0.1f, IGNORE));
         test_poison(dz, T * 4), test_poison(dzp, T * LD);
         CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dz, zs, lse, y, dloss, T, r.size, r.size, r.off, V, 0.1f, IGNORE, TPK_F32));
         CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dzp, zp, lse, y, dloss, T, r.size, LD, r.off, V, 0.1f, IGNORE, TPK_F32));
@@ -742,18 +726,58 @@ static void test_xent(void) {
         CHECK(bad == 0, "xent_grad of the padded rows: %d elements differ from the unpadded or are not zero in the padding", bad);
     }
 
-    TEST_CASE("layers cross-entropy: an empty shard (Vl = 0) gives max -inf and zero parts") {
-        float mx[3], part[9], m[3] = {1.5f, -2.0f, 0.0f};
+    TEST_CASE("layers cross-entropy: an empty shard (Vl = 0) gives (-inf, 0, 0, 0) and adds nothing to the loss") {
+        float part[12], z[3 * V], loss[3], lse[3], loss2[3], lse2[3], two[2 * 12];
         const int32_t yy[3] = {0, 5, IGNORE};
-        test_poison(mx, 3);
-        CHECK_OK(&ctx, tpk_op_xent_max(&ctx, mx, NULL, 3, 0, 0, TPK_F32));
-        CHECK(isinf(mx[0]) && mx[0] < 0 && isinf(mx[1]) && mx[1] < 0 && isinf(mx[2]) && mx[2] < 0, "Vl = 0: mx = %g %g %g", mx[0],
-              mx[1], mx[2]);
-        test_poison(part, 9);
-        CHECK_OK(&ctx, tpk_op_xent_partial(&ctx, part, NULL, m, yy, 3, 0, 0, 11, TPK_F32));
-        size_t nz = 0;
-        for (int k = 0; k < 9; k++) nz += part[k] != 0.0f;
-        CHECK(nz == 0, "Vl = 0: %zu nonzero parts", nz);
+        test_poison(part, 12);
+        CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, part, NULL, yy, 3, 0, 0, 11, TPK_F32));
+        int bad = 0;
+        for (int t = 0; t < 3; t++) bad += !(isinf(part[4 * t]) && part[4 * t] < 0) + (part[4 * t + 1] != 0) + (part[4 * t + 2] != 0) + (part[4 * t + 3] != 0);
+        CHECK(bad == 0, "Vl = 0: parts %g %g %g %g ...", part[0], part[1], part[2], part[3]);
+        /* a rank with no columns before one with all of them: the same loss as the latter alone */
+        test_randn(z, 3 * V, 1040, 3.0f);
+        for (int t = 0; t < 3; t++) memcpy(two + 4 * t, part + 4 * t, 16);
+        CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, two + 12, z, yy, 3, V, V, 0, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss, lse, two, 2, yy, 3, V, 0.1f, IGNORE));
+        CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss2, lse2, two + 12, 1, yy, 3, V, 0.1f, IGNORE));
+        CHECK(memcmp(loss, loss2, sizeof loss) == 0 && memcmp(lse, lse2, sizeof lse) == 0, "an empty rank's parts changed the loss: %g vs %g",
+              loss[0], loss2[0]);
+    }
+
+    TEST_CASE("layers cross-entropy: xent_fused (one rank) equals xent_stats, xent_loss and xent_grad bit for bit, in place and not, "
+              "padded rows, ignore index, f32 and bf16") {
+        enum { LD = 16 };
+        for (int d = 0; d < 2; d++) {
+            tpk_dtype dt = d ? TPK_BF16 : TPK_F32;
+            size_t es = d ? 2 : 4;
+            float z[T * V], part[4 * T], loss[T], lse[T], fl[T], flse[T], dl[T], wl[T];
+            double rl[T], rlse[T];
+            unsigned char zp[T * LD * 4], dz[T * LD * 4], fz[T * LD * 4], az[T * LD * 4];
+            test_randn(z, n, 1050 + d, 3.0f);
+            if (d) round_bf16(z, n);
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < LD; j++) {
+                    float v = j < V ? z[t * V + j] : 1e30f; /* the padding must not be read as logits */
+                    if (d) ((uint16_t *)zp)[t * LD + j] = tpk_f32_to_bf16(v);
+                    else ((float *)zp)[t * LD + j] = v;
+                }
+            const float g = 0.37f;
+            for (int t = 0; t < T; t++) dl[t] = g;
+            CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, part, zp, y, T, V, LD, 0, dt));
+            CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss, lse, part, 1, y, T, V, 0.1f, IGNORE));
+            CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dz, zp, lse, y, dl, T, V, LD, 0, V, 0.1f, IGNORE, dt));
+            test_poison(fl, T), test_poison(flse, T), memset(fz, 0xff, sizeof fz);
+            CHECK_OK(&ctx, tpk_op_xent_fused(&ctx, fz, fl, flse, zp, y, T, V, LD, 0.1f, IGNORE, g, dt));
+            CHECK(memcmp(fl, loss, sizeof loss) == 0 && memcmp(flse, lse, sizeof lse) == 0, "%s fused loss %g lse %g, apart %g %g",
+                  d ? "bf16" : "f32", fl[0], flse[0], loss[0], lse[0]);
+            CHECK(memcmp(fz, dz, (size_t)(T * LD) * es) == 0, "%s fused dz differs from xent_grad's", d ? "bf16" : "f32");
+            memcpy(az, zp, sizeof az);
+            CHECK_OK(&ctx, tpk_op_xent_fused(&ctx, az, fl, flse, az, y, T, V, LD, 0.1f, IGNORE, g, dt));
+            CHECK(memcmp(az, dz, (size_t)(T * LD) * es) == 0, "%s fused dz in place differs", d ? "bf16" : "f32");
+            xent_ref(z, T, V, y, 0.1, NULL, rl, rlse, NULL);
+            d2f(wl, rl, T);
+            CHECK_CLOSE(fl, wl, T, TOL_F32, "fused loss vs reference");
+        }
     }
 
     TEST_CASE("layers cross-entropy: xent_mean (the mean loss in backend memory) against a long double sum; running sums; poisoned output") {
@@ -1132,11 +1156,16 @@ static void test_errors(void) {
         CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, 2, 0, -1, TPK_F32, false), TPK_ERR_ARG, "vrows: expected >= 0");
         CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, NULL, b, ids, 4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "dtable: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, w, b, ids, -4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "T: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_max(&ctx, m, a, 2, -3, 3, TPK_F32), TPK_ERR_ARG, "Vl: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_max(&ctx, m, a, 2, 3, 2, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_max: ld: expected >= Vl = 3, got 2");
+        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, ids, 2, -3, 3, 0, TPK_F32), TPK_ERR_ARG, "Vl: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, ids, 2, 3, 2, 0, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_stats: ld: expected >= Vl = 3, got 2");
         CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 1, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_grad: ld: expected >= Vl = 3, got 1");
-        CHECK_FAILS(&ctx, tpk_op_xent_partial(&ctx, c, a, m, NULL, 2, 3, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG, "V: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, NULL, 2, 3, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG, "V: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 0, ids, 2, 3, 0.0f, IGNORE), TPK_ERR_ARG, "tpk_op_xent_loss: P: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 3, 2, 0.0f, IGNORE, 1.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: ld: expected >= Vl = 3, got 2");
+        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 3, 3, 0.0f, IGNORE, NAN, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: g: expected a finite");
+        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, NULL, r, b, ids, 2, 3, 3, 0.0f, IGNORE, 1.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: loss");
+        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 0, 0, 0.0f, IGNORE, 1.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: V: expected >= 1");
         double acc = 0;
         CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, 3, false), TPK_ERR_ARG, "tpk_op_xent_mean: count: expected 0 <= count <= T = 2, got 3");
         CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, -1, false), TPK_ERR_ARG, "count: expected 0 <= count");
@@ -1145,8 +1174,8 @@ static void test_errors(void) {
         CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 2, 1, true), TPK_ERR_ARG, "tpk_op_xent_mean: loss: expected a buffer");
         CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 0, 0, false)); /* no rows: the mean is 0 */
         CHECK(acc == 0.0, "T = 0: mean %g", acc);
-        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG, "smoothing:");
-        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, m, c, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG, "smoothing:");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG, "smoothing:");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG, "smoothing:");
         CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 0, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "V: expected >= 1");
         CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 3, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG,
                     "dloss: expected a buffer");

@@ -197,6 +197,12 @@ typedef struct test_model_result {
 } test_model_result;
 static inline void test_model_result_free(test_model_result *r) { test_free_grads(r->grad, &r->n); }
 
+/* test_run_model's forward: 0 with a loss pointer (the loss computed in the forward); 1 with
+ * loss = NULL (deferred: computed with the logits' gradient by the backward, then read); 2 as 1
+ * after a deferred forward of other tokens that no backward follows (the next forward must settle
+ * its loss before overwriting the logits: the running sum holds both) */
+static int test_model_deferred;
+
 /* One forward and backward of the model of cfg on ctx at ctx->rng_step = step, weights from
  * test_set_weights(11, 0.3); the padding rows of every padded parameter must get no gradient
  * and (f32) the padding columns of the logits must be zero. Nonzero on failure. */
@@ -209,13 +215,29 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     if (test__fails_case > f0) return 1;
     test_set_weights(ctx, 11, 0.3f);
     ctx->rng_step = step;
+    float other = 0;
+    if (test_model_deferred == 2) { /* the tokens shifted by one: their loss at once, then deferred */
+        int32_t *ids2 = (int32_t *)malloc(sizeof(int32_t) * (size_t)(B * S));
+        for (int64_t i = 0; i < B * S; i++) ids2[i] = ids[(i + 1) % (B * S)];
+        CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids2, tg, B, S, &other));
+        CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids2, tg, B, S, NULL));
+        free(ids2);
+    }
     tpk_mem_peak(ctx, true); /* from here: the step's activations over the parameters */
     tpk_comm_stats_reset(&ctx->tp);
-    CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids, tg, B, S, &o->loss));
+    CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids, tg, B, S, test_model_deferred ? NULL : &o->loss));
     o->fwd = ctx->tp.stats;
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_model_backward(ctx, &m, 1.0f));
     o->bwd = ctx->tp.stats;
+    if (test_model_deferred) {
+        double sum = NAN;
+        int64_t n = 0;
+        CHECK_OK(ctx, tpk_model_loss_read(ctx, &m, &sum, &n));
+        CHECK(n == test_model_deferred, "deferred forwards: %lld losses in the running sum, expected %d", (long long)n, test_model_deferred);
+        o->loss = (float)(sum - other); /* exact: two floats added in double */
+        CHECK(sum - other == (double)o->loss, "the running sum %.17g is not the other tokens' loss %.9g plus a float", sum, (double)other);
+    }
     o->peak = tpk_mem_peak(ctx, false);
     int64_t V = tpk_model_vocab(&m);
     int bad = 0;
@@ -299,6 +321,39 @@ static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt, const t
         if (getenv("TPK_TEST_VERBOSE") && test__rank == 0) printf("  peak memory: %zu bytes, %zu with %s recompute\n", peak[0], peak[1], name);
     }
     test_model_result_free(&r[0]), test_model_result_free(&r[1]);
+}
+
+/* The deferred loss (tpk_model_forward with loss = NULL: computed with the logits' gradient by the
+ * backward, at t = 1 by one fused op) against forward then backward, on fresh contexts of the same
+ * mesh: the loss and every gradient bit-identical; the cross-entropy's all-gather (t > 1) moves
+ * from the forward to the backward. */
+static inline void test_deferred(tpk_comm *world, int tp, tpk_dtype dt, const tpk_model_config *cfg, const int32_t *ids, const int32_t *tg, int64_t B,
+                                 int64_t S) {
+    test_model_result r[3];
+    int failed = 0;
+    for (int k = 0; k < 3; k++) {
+        tpk_ctx c;
+        CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = world, .tp = tp, .seed = 3, .dtype = dt}));
+        test_model_deferred = k;
+        failed |= test_run_model(&c, cfg, 5, ids, tg, B, S, &r[k]);
+        test_model_deferred = 0;
+        tpk_ctx_destroy(&c);
+    }
+    for (int k = 1; k < 3 && !failed; k++) {
+        CHECK(r[0].loss == r[k].loss, "loss %.9g, deferred%s %.9g", (double)r[0].loss, k == 2 ? " after another" : "", (double)r[k].loss);
+        CHECK(r[0].n == r[k].n, "%d parameters, deferred %d", r[0].n, r[k].n);
+        for (int i = 0; i < r[0].n && i < r[k].n; i++)
+            CHECK(!memcmp(r[0].grad[i], r[k].grad[i], 4 * r[0].numel[i]), "gradient %d differs when deferred%s", i, k == 2 ? " after another" : "");
+    }
+    if (!failed) {
+        uint64_t xg = tp > 1;
+        CHECK(r[1].fwd.calls[TPK_COLL_ALLGATHER] + xg == r[0].fwd.calls[TPK_COLL_ALLGATHER] &&
+                  r[1].bwd.calls[TPK_COLL_ALLGATHER] == r[0].bwd.calls[TPK_COLL_ALLGATHER] + xg,
+              "all-gathers forward %llu, backward %llu; deferred %llu, %llu", (unsigned long long)r[0].fwd.calls[TPK_COLL_ALLGATHER],
+              (unsigned long long)r[0].bwd.calls[TPK_COLL_ALLGATHER], (unsigned long long)r[1].fwd.calls[TPK_COLL_ALLGATHER],
+              (unsigned long long)r[1].bwd.calls[TPK_COLL_ALLGATHER]);
+    }
+    test_model_result_free(&r[0]), test_model_result_free(&r[1]), test_model_result_free(&r[2]);
 }
 
 /* Weighted TP splits (tpk_ctx_desc.tp_weights: 2 | 3:1 | 3:1:2 | 1:2:3:4 at t = 1..4): the model

@@ -297,13 +297,16 @@ static inline void tpk_gpt2_set_dropout(tpk_gpt2 *m, float p) {
 /* Forward B sequences of S tokens: ids [B S] and targets [B S] in host memory (the same on every
  * TP rank; a target may be the ignore index -100). *loss = mean cross-entropy over the counted
  * positions (a download: the host waits); loss = NULL keeps it in backend memory, added to the
- * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads (tpk_model_loss_read). targets = NULL
- * only computes m->logits (S(-1) [B S, V_r]); loss is then not touched. */
+ * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads (tpk_model_loss_read), and defers it:
+ * tpk_gpt2_backward computes the loss with the logits' gradient in one pass (tpk/xent.h, fused),
+ * or the next forward or read computes it alone. targets = NULL only computes m->logits
+ * (S(-1) [B S, V_r]); loss is then not touched. */
 static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S,
                                           float *loss) {
     static const char *fn = "tpk_gpt2_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->h) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
+    TPK_TRY(tpk_xent_settle(ctx, &m->ce)); /* a deferred loss, before its logits are overwritten */
     m->have_loss = false;
     tpk_tensor x;
     TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &x)); /* checks ids, S */
@@ -314,7 +317,8 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
     TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
     if (!targets) return TPK_OK;
-    TPK_TRY(tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss));
+    /* loss = NULL: the loss is computed with its gradient by the backward (fused), or settled by the next forward or read */
+    TPK_TRY(loss ? tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss) : tpk_xent_forward_deferred(ctx, &m->ce, m->logits, targets));
     m->have_loss = true;
     return TPK_OK;
 }

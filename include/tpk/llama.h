@@ -306,7 +306,8 @@ static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
 /* Forward B sequences of S tokens (S <= cfg.positions): ids [B S] and targets [B S] in host
  * memory (the same on every TP rank; a target may be the ignore index -100). *loss = mean
  * cross-entropy over the counted positions; loss = NULL keeps it in backend memory, added to the
- * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads (as tpk_gpt2_forward). targets = NULL
+ * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads, computed with the backward (fused;
+ * as tpk_gpt2_forward). targets = NULL
  * only computes m->logits. */
 static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss) {
     static const char *fn = "tpk_llama_forward";
@@ -314,6 +315,7 @@ static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int
     if (!m || !m->layers) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
     if (S > m->c.positions)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got %lld", (long long)m->c.positions, (long long)S);
+    TPK_TRY(tpk_xent_settle(ctx, &m->ce)); /* a deferred loss, before its logits are overwritten */
     m->have_loss = false;
     tpk_tensor x;
     TPK_TRY(tpk_embedding_forward(ctx, &m->embed, ids, B, S, &x)); /* checks ids, B, S */
@@ -323,7 +325,8 @@ static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int
     TPK_TRY(tpk_rmsnorm_forward(ctx, &m->norm, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, Vp_r] */
     if (!targets) return TPK_OK;
-    TPK_TRY(tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss));
+    /* loss = NULL: the loss is computed with its gradient by the backward (fused), or settled by the next forward or read */
+    TPK_TRY(loss ? tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss) : tpk_xent_forward_deferred(ctx, &m->ce, m->logits, targets));
     m->have_loss = true;
     return TPK_OK;
 }

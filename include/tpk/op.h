@@ -350,34 +350,33 @@ static inline tpk_status tpk__op_xent_ld(tpk_ctx *ctx, const char *fn, int64_t V
     if (ld < Vl) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ld: expected >= Vl = %lld, got %lld", (long long)Vl, (long long)ld);
     return TPK_OK;
 }
-static inline tpk_status tpk_op_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt) {
-    static const char *fn = "tpk_op_xent_max";
+/* part f32 [T, 4]: one read of z (the bytes counted for the profiler) */
+static inline tpk_status tpk_op_xent_stats(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld,
+                                           int64_t v0, tpk_dtype dt) {
+    static const char *fn = "tpk_op_xent_stats";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
     TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
-    TPK_TRY(tpk__op_ptr(ctx, fn, "mx", mx, T > 0));
+    const void *ps[] = {part, targets};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "part,targets", ps, 2, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? TPK__PROF_OP(ctx, "xent_max", (double)T * (double)Vl * (double)tpk_dtype_size(dt), 0, ctx->ops->xent_max(ctx, mx, z, T, Vl, ld, dt)) : TPK_OK;
+    return T ? TPK__PROF_OP(ctx, "xent_stats", (double)T * ((double)Vl * (double)tpk_dtype_size(dt) + 16.0), 0,
+                            ctx->ops->xent_stats(ctx, part, z, targets, T, Vl, ld, v0, dt))
+             : TPK_OK;
 }
-static inline tpk_status tpk_op_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T, int64_t Vl,
-                                             int64_t ld, int64_t v0, tpk_dtype dt) {
-    static const char *fn = "tpk_op_xent_partial";
-    TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
-    TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
-    const void *ps[] = {part, mx, targets};
-    TPK_TRY(tpk__op_ptrs(ctx, fn, "part,mx,targets", ps, 3, T > 0));
-    TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? TPK__PROF_OP(ctx, "xent_partial", (double)T * (double)Vl * (double)tpk_dtype_size(dt), 0, ctx->ops->xent_partial(ctx, part, z, mx, targets, T, Vl, ld, v0, dt)) : TPK_OK;
-}
-static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets, int64_t T,
+/* part f32 [P, T, 4]: the P ranks' xent_stats in rank order */
+static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
                                           int64_t V, float smoothing, int32_t ignore_index) {
     static const char *fn = "tpk_op_xent_loss";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_pos(ctx, fn, "P", P));
     TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
     TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
-    const void *ps[] = {loss, lse, mx, part, targets};
-    TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,mx,part,targets", ps, 5, T > 0));
-    return T ? TPK__PROF_OP(ctx, "xent_loss", 24.0 * (double)T, 0, ctx->ops->xent_loss(ctx, loss, lse, mx, part, targets, T, V, smoothing, ignore_index)) : TPK_OK;
+    const void *ps[] = {loss, lse, part, targets};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,part,targets", ps, 4, T > 0));
+    return T ? TPK__PROF_OP(ctx, "xent_loss", (16.0 * (double)P + 12.0) * (double)T, 0,
+                            ctx->ops->xent_loss(ctx, loss, lse, part, P, targets, T, V, smoothing, ignore_index))
+             : TPK_OK;
 }
 /* *acc (f64 in backend memory) = (accumulate ? *acc : 0) + mean of loss[0..T) over count positions */
 static inline tpk_status tpk_op_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
@@ -403,6 +402,25 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
     const void *ps[] = {lse, targets, dloss};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "lse,targets,dloss", ps, 3, T > 0));
     return T && ld ? TPK__PROF_OP(ctx, "xent_grad", 2.0 * (double)T * (double)ld * (double)tpk_dtype_size(dt), 0, ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index, dt)) : TPK_OK;
+}
+
+/* The loss and its gradient of logits z [T, ld] holding the whole vocabulary V (one rank): z read
+ * once, dz (may alias z) written once; dloss = g for every row. */
+static inline tpk_status tpk_op_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T,
+                                           int64_t V, int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
+    static const char *fn = "tpk_op_xent_fused";
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "V", V));
+    TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
+    TPK_TRY(tpk__op_xent_ld(ctx, fn, V, ld));
+    TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
+    if (!isfinite(g)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "g: expected a finite gradient scale, got %g", (double)g);
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T > 0));
+    const void *ps[] = {loss, lse, targets};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,targets", ps, 3, T > 0));
+    return T ? TPK__PROF_OP(ctx, "xent_fused", (double)T * (2.0 * (double)ld * (double)tpk_dtype_size(dt) + 12.0), 0,
+                            ctx->ops->xent_fused(ctx, dz, loss, lse, z, targets, T, V, ld, smoothing, ignore_index, g, dt))
+             : TPK_OK;
 }
 
 /* ---- attention ---------------------------------------------------------------------------------------- */

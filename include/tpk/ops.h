@@ -44,7 +44,7 @@ static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int
     X(linear_fwd) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
 #define TPK__OPS_LAYERS(X)                                                                              \
     X(dropout) X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)   \
-    X(xent_max) X(xent_partial) X(xent_loss) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)     \
+    X(xent_stats) X(xent_loss) X(xent_fused) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)     \
     X(swiglu_fwd) X(swiglu_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)
 
 typedef struct tpk_ops {
@@ -115,9 +115,11 @@ typedef struct tpk_ops {
 
     /* Cross-entropy over logits z [T, ld] whose first Vl columns hold global columns [v0, v0 + Vl)
      * of V (columns Vl..ld-1: a padded vocabulary's padding, ignored; ld >= Vl):
-     * xent_max:     mx[t] = max_j z[t, j]   (-inf when Vl = 0)
-     * xent_partial: part[t] = (sum_j exp(z[t,j] - mx[t]), z[t, y_t - v0] or 0, sum_j z[t,j])  f32 [T, 3]
-     * xent_loss:    lse = mx + log part0; loss[t] = lse - (1-eps) z_y - eps sum_z / V
+     * xent_stats:   part[t] = (m = max_j z[t,j], s = sum_j exp(z[t,j] - m), z[t, y_t - v0] or 0,
+     *               sum_j z[t,j])  f32 [T, 4], from one read of z; (-inf, 0, 0, 0) when Vl = 0
+     * xent_loss:    from the P ranks' stats of each row, part f32 [P, T, 4] in rank order (P = 1: one
+     *               rank holds all of V): M = max_r m_r, lse = M + log sum_r s_r exp(m_r - M) (in
+     *               double, r ascending); loss[t] = lse - (1-eps) sum_r zy_r - eps sum_r sz_r / V
      *               (0 where y_t == ignore_index), lse saved f32 [T]
      * xent_mean:    m = (float)(sum_{t<T} loss[t] / count), the sum in double in an order fixed by T
      *               alone (the host: t ascending; a device: a fixed tree), m = 0 when count = 0;
@@ -125,15 +127,19 @@ typedef struct tpk_ops {
      *               the mean loss of a forward, or a running sum of them, left in backend memory
      *               for the host to read when it asks (no host wait here)
      * xent_grad:    dz = (exp(z - lse) - (1-eps) [j == y_t - v0] - eps / V) dloss[t]
-     *               (0 where y_t == ignore_index; 0 in the padding columns); dz [T, ld] may alias z. */
-    tpk_status (*xent_max)(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt);
-    tpk_status (*xent_partial)(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
-                               int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt);
-    tpk_status (*xent_loss)(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
-                            int64_t T, int64_t V, float smoothing, int32_t ignore_index);
+     *               (0 where y_t == ignore_index; 0 in the padding columns); dz [T, ld] may alias z.
+     * xent_fused:   one rank holding all V columns (v0 = 0, Vl = V): xent_stats, xent_loss (P = 1)
+     *               and xent_grad with dloss[t] = g, row by row — the logits read once and the
+     *               gradient written once — equal bit for bit to the three ops in turn; dz may alias z. */
+    tpk_status (*xent_stats)(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld,
+                             int64_t v0, tpk_dtype dt);
+    tpk_status (*xent_loss)(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
+                            int64_t V, float smoothing, int32_t ignore_index);
     tpk_status (*xent_mean)(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate);
     tpk_status (*xent_grad)(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                             int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
+    tpk_status (*xent_fused)(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V,
+                             int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt);
 
     /* Causal self-attention, grouped-query: A query heads and G key/value heads of size D (G
      * divides A; query head a reads key/value head a / (A/G); G = A is multi-head attention).

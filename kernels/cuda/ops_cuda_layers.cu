@@ -21,9 +21,11 @@
  *              (out-of-range ids sort last), then one block per run of equal rows adds its
  *              tokens' dy in token order, each column by one thread: the host's sums, bit for bit,
  *              no atomics
- *   xent       per row (one block): max; sum exp(z - max), z_target, sum z; loss from the parts;
- *              the mean over the rows in one block (double, a fixed tree), left on the device;
- *              dz = (exp(z - lse) - (1-eps) onehot - eps/V) dloss elementwise
+ *   xent       per row (one block), one read: the running max m and sum exp(z - m) (online
+ *              softmax, merged across threads by butterflies), z_target, sum z; the loss from the
+ *              ranks' parts (double); the mean over the rows in one block (double, a fixed tree),
+ *              left on the device; dz = (exp(z - lse) - (1-eps) onehot - eps/V) dloss
+ *              elementwise; fused (one rank): statistics, loss and dz of a row in one block
  *   attention  bf16 with head dim 64 or 128 on sm_80 and later: FlashAttention-2 on tensor cores
  *              (flash.cuh). Otherwise these generic kernels (f32, any head dim up to ATT_MAXD),
  *              flash-style, never an S x S matrix. Grouped-query: query head h reads key/value
@@ -471,73 +473,88 @@ template <bool VEC, class T, class F> __device__ __forceinline__ void xent_row(c
             if (j + k < Vl) body(j + k, v[k]);
     }
 }
-template <class T, bool VEC> __global__ void xent_max_kernel(float *mx, const T *z, int64_t Vl, int64_t ld) {
-    __shared__ float sh[32];
-    int64_t t = blockIdx.x;
-    float m = -INFINITY;
-    xent_row<VEC>(z, t, Vl, ld, [&](int64_t, float v) { m = fmaxf(m, v); });
-    m = tpk__block_max(m, sh);
-    if (threadIdx.x == 0) mx[t] = m;
-}
 static bool xent_vec(const void *z, int64_t ld) { return ld % TPK__VEC == 0 && tpk__aligned16({z}); }
-static tpk_status cuda_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt) {
-    static const char *fn = "cuda.xent_max";
-    if (T == 0) return TPK_OK;
-    TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
-    TPK__CUDA_STATE(st, ctx, fn);
-    tpk__by_dtype(dt, [&](auto tag) {
-        using Tt = decltype(tag);
-        tpk__by_vec(xent_vec(z, ld), [&](auto v) {
-            xent_max_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(mx, (const Tt *)z, Vl, ld);
-        });
-    });
-    return tpk__cuda_launched(ctx, fn);
-}
 
+/* (m, s) += (m2, s2): the running (max, sum exp(z - max)) of two sets of elements; symmetric, so
+ * both lanes of a butterfly get the same pair; two empty sets (-inf, 0) stay empty */
+__device__ __forceinline__ void xent_merge(float &m, float &s, float m2, float s2) {
+    float M = fmaxf(m, m2);
+    if (M == -INFINITY) return;
+    s = s * expf(m - M) + s2 * expf(m2 - M), m = M;
+}
+__device__ __forceinline__ void xent_warp_merge(float &m, float &s) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        xent_merge(m, s, m2, s2);
+    }
+}
+/* The block's statistics of row t in one read (online softmax): each thread keeps the running
+ * max and sum of its elements, the warps merge them by butterflies, warp 0's lanes the warps';
+ * p = (m, s, z[t, c] or 0, sum z) in every thread. sh: [96] floats. */
+template <bool VEC, class T>
+__device__ __forceinline__ void xent_stats_block(float p[4], const T *z, int64_t t, int64_t Vl, int64_t ld, int64_t c, float *sh) {
+    float m = -INFINITY, s = 0.0f, sz = 0.0f;
+    xent_row<VEC>(z, t, Vl, ld, [&](int64_t, float v) {
+        if (v > m) s = s * expf(m - v) + 1.0f, m = v;
+        else s += expf(v - m);
+        sz += v;
+    });
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    xent_warp_merge(m, s);
+    if (lane == 0) sh[w] = m, sh[32 + w] = s;
+    __syncthreads();
+    m = lane < nw ? sh[lane] : -INFINITY, s = lane < nw ? sh[32 + lane] : 0.0f;
+    xent_warp_merge(m, s);
+    p[0] = m, p[1] = s, p[2] = c >= 0 && c < Vl ? tpk__ldf(z, (size_t)(t * ld + c)) : 0.0f, p[3] = tpk__block_sum(sz, sh + 64);
+}
 template <class T, bool VEC>
-__global__ void xent_partial_kernel(float *part, const T *z, const float *mx, const int32_t *y, int64_t Vl, int64_t ld, int64_t v0) {
-    __shared__ float sh[32];
+__global__ void __launch_bounds__(XENT_THREADS) xent_stats_kernel(float *part, const T *z, const int32_t *y, int64_t Vl, int64_t ld, int64_t v0) {
+    __shared__ float sh[96];
     int64_t t = blockIdx.x;
-    float m = mx[t], se = 0.0f, sz = 0.0f;
-    xent_row<VEC>(z, t, Vl, ld, [&](int64_t, float v) { se += expf(v - m), sz += v; });
-    se = tpk__block_sum(se, sh);
-    sz = tpk__block_sum(sz, sh);
-    if (threadIdx.x == 0) {
-        int64_t c = (int64_t)y[t] - v0;
-        part[3 * t] = se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ldf(z, (size_t)(t * ld + c)) : 0.0f, part[3 * t + 2] = sz;
-    }
+    float p[4];
+    xent_stats_block<VEC>(p, z, t, Vl, ld, (int64_t)y[t] - v0, sh);
+    if (threadIdx.x == 0) part[4 * t] = p[0], part[4 * t + 1] = p[1], part[4 * t + 2] = p[2], part[4 * t + 3] = p[3];
 }
-static tpk_status cuda_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
-                                  int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt) {
-    static const char *fn = "cuda.xent_partial";
+static tpk_status cuda_xent_stats(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld,
+                                  int64_t v0, tpk_dtype dt) {
+    static const char *fn = "cuda.xent_stats";
     if (T == 0) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
         tpk__by_vec(xent_vec(z, ld), [&](auto v) {
-            xent_partial_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(part, (const Tt *)z, mx, targets, Vl, ld, v0);
+            xent_stats_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>(part, (const Tt *)z, targets, Vl, ld, v0);
         });
     });
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* the host's arithmetic (double) per row */
-static __global__ void xent_loss_kernel(float *loss, float *lse, const float *mx, const float *part, const int32_t *y, int64_t T, int64_t V,
-                                 float smoothing, int32_t ignore) {
-    TPK__GRID_STRIDE(t, (size_t)T) {
-        double l = (double)mx[t] + log((double)part[3 * t]);
-        lse[t] = (float)l;
-        loss[t] = y[t] == ignore ? 0.0f
-                                 : (float)(l - (1.0 - smoothing) * part[3 * t + 1] - smoothing * (double)part[3 * t + 2] / (double)V);
+/* Row t's lse and loss from the P ranks' statistics part [P, T, 4]: the host's arithmetic (double,
+ * r ascending); returns lse */
+__device__ __forceinline__ float xent_loss_row(float *loss, const float *part, int64_t P, int64_t T, int64_t t, bool skip, int64_t V, float eps) {
+    float M = -INFINITY;
+    for (int64_t r = 0; r < P; r++) M = fmaxf(M, part[4 * (r * T + t)]);
+    double S = 0, zy = 0, sz = 0;
+    for (int64_t r = 0; r < P; r++) {
+        const float *q = part + 4 * (r * T + t);
+        if (q[1] > 0) S += (double)q[1] * exp((double)q[0] - (double)M);
+        zy += q[2], sz += q[3];
     }
+    double l = (double)M + log(S);
+    *loss = skip ? 0.0f : (float)(l - (1.0 - eps) * zy - eps * sz / (double)V);
+    return (float)l;
 }
-static tpk_status cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
-                               int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
+static __global__ void xent_loss_kernel(float *loss, float *lse, const float *part, int64_t P, const int32_t *y, int64_t T, int64_t V, float eps,
+                                        int32_t ignore) {
+    TPK__GRID_STRIDE(t, (size_t)T) lse[t] = xent_loss_row(loss + t, part, P, T, (int64_t)t, y[t] == ignore, V, eps);
+}
+static tpk_status cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
+                                 int64_t V, float smoothing, int32_t ignore_index) {
     static const char *fn = "cuda.xent_loss";
     if (T == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
-    xent_loss_kernel<<<tpk__grid_for((size_t)T, 256), 256, 0, st->stream>>>(loss, lse, mx, part, targets, T, V, smoothing, ignore_index);
+    xent_loss_kernel<<<tpk__grid_for((size_t)T, 256), 256, 0, st->stream>>>(loss, lse, part, P, targets, T, V, smoothing, ignore_index);
     return tpk__cuda_launched(ctx, fn);
 }
 
@@ -567,6 +584,10 @@ static tpk_status cuda_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, i
     return tpk__cuda_launched(ctx, fn);
 }
 
+/* dz of one element (column j of a row with lse l, local target column c, dloss d) */
+__device__ __forceinline__ float xent_grad_elem(float z, float l, bool skip, int64_t j, int64_t c, float d, int64_t Vl, int64_t V, float eps) {
+    return skip || j >= Vl ? 0.0f : (expf(z - l) - (j == c ? 1.0f - eps : 0.0f) - eps / (float)V) * d;
+}
 /* z[k] is read before dz[k] is written by the same thread, so dz may alias z; with VEC the 8
  * elements of a vector share a row (ld a multiple of 8) */
 template <class T, bool VEC>
@@ -578,10 +599,7 @@ __global__ void xent_grad_kernel(T *dz, const T *z, const float *lse, const int3
         int32_t yt = y[t];
         float l = lse[t], d = dloss[t], g[N];
         tpk__ldn<N>(z, k0, g);
-        for (int e = 0; e < N; e++) {
-            int64_t j = j0 + e;
-            g[e] = yt == ignore || j >= Vl ? 0.0f : (expf(g[e] - l) - (j == (int64_t)yt - v0 ? 1.0f - eps : 0.0f) - eps / (float)V) * d;
-        }
+        for (int e = 0; e < N; e++) g[e] = xent_grad_elem(g[e], l, yt == ignore, j0 + e, (int64_t)yt - v0, d, Vl, V, eps);
         tpk__stn<N>(dz, k0, g);
     });
 }
@@ -597,6 +615,48 @@ static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
         tpk__by_vec(vec, [&](auto v) {
             xent_grad_kernel<Tt, decltype(v)::value><<<tpk__grid_elementwise(total, vec), 256, 0, st->stream>>>(
                 (Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index);
+        });
+    });
+    return tpk__cuda_launched(ctx, fn);
+}
+
+/* The loss and gradient of one rank holding the whole vocabulary, a row per block: the statistics
+ * (xent_stats_block: one read of the row from memory), the loss and lse (xent_loss_row, P = 1,
+ * computed alike by every thread), then dz over the row, padding included (its second read comes
+ * from the L2 cache the first one filled: 100 KB for GPT-2's bf16 row) — the same functions as
+ * xent_stats, xent_loss and xent_grad, so the same bits. dz may alias z (each element read
+ * before the same thread writes it; the statistics are complete before any write). */
+template <class T, bool VEC>
+__global__ void __launch_bounds__(XENT_THREADS) xent_fused_kernel(T *dz, float *loss, float *lse, const T *z, const int32_t *y, int64_t V,
+                                                                  int64_t ld, float eps, int32_t ignore, float g) {
+    constexpr int N = VEC ? TPK__VEC : 1;
+    __shared__ float sh[96];
+    int64_t t = blockIdx.x;
+    int32_t yt = y[t];
+    bool skip = yt == ignore;
+    float p[4], lt;
+    xent_stats_block<VEC>(p, z, t, V, ld, yt, sh);
+    float l = xent_loss_row(&lt, p, 1, 1, 0, skip, V, eps);
+    if (threadIdx.x == 0) loss[t] = lt, lse[t] = l;
+    __syncthreads(); /* every thread's reads of the row for the statistics precede any write of dz */
+    for (int64_t j = (int64_t)threadIdx.x * N; j < ld; j += (int64_t)blockDim.x * N) {
+        float v[N];
+        tpk__ldn<N>(z, (size_t)(t * ld + j), v);
+        for (int e = 0; e < N; e++) v[e] = xent_grad_elem(v[e], l, skip, j + e, yt, g, V, V, eps);
+        tpk__stn<N>(dz, (size_t)(t * ld + j), v);
+    }
+}
+static tpk_status cuda_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V,
+                                  int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
+    static const char *fn = "cuda.xent_fused";
+    if (T == 0) return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk__by_dtype(dt, [&](auto tag) {
+        using Tt = decltype(tag);
+        tpk__by_vec(xent_vec(z, ld) && tpk__aligned16({dz}), [&](auto v) {
+            xent_fused_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>((Tt *)dz, loss, lse, (const Tt *)z, targets, V,
+                                                                                                   ld, smoothing, ignore_index, g);
         });
     });
     return tpk__cuda_launched(ctx, fn);

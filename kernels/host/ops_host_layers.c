@@ -9,9 +9,10 @@
  *   rope       pairs (j, j + D/2) of each head rotated by (i mod S) theta^(-2j/D)
  *   swiglu     h = silu(gate) up over gu = [gate | up]
  *   embedding  y[t] = E[ids[t] - v0] for ids in [v0, v0 + vrows),  dE[ids[t] - v0] += dy[t]
- *   xent       lse = max + log sum exp(z - max);  loss = lse - (1-eps) z_y - eps mean_V(z);
+ *   xent       per row and rank: (m = max, s = sum exp(z - m), z_y, sum z); over the ranks
+ *              lse = M + log sum_r s_r exp(m_r - M), M = max_r m_r;  loss = lse - (1-eps) z_y - eps mean_V(z);
  *              the mean loss: sum in double, t ascending, / count
- *              dz = (softmax(z) - (1-eps) onehot - eps/V) dloss
+ *              dz = (softmax(z) - (1-eps) onehot - eps/V) dloss;  fused (one rank): the three per row
  *   attention  per (batch, query head; grouped-query: its key/value head): S = scale Q K^T (causal), P = softmax(S), O = P V, with
  *              Q K^T and P V through cblas_sgemm in blocks of query rows that skip the masked
  *              keys; backward recomputes P from the saved lse.
@@ -208,45 +209,56 @@ static tpk_status host_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
 
 /* ---- cross-entropy pieces ------------------------------------------------------------------- */
 
-TPK__HOST_INLINE void xent_max_loop(tpk_dtype dt, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld) {
-    for (int64_t t = 0; t < T; t++) {
-        float m = -INFINITY;
-        for (int64_t j = 0; j < Vl; j++) m = fmaxf(m, tpk__ld(z, dt, (size_t)(t * ld + j)));
-        mx[t] = m;
+/* row t's statistics over its Vl columns: (max m, sum exp(z - m) in double, z at local column
+ * c = y - v0 (0 when outside), sum z in double) */
+TPK__HOST_INLINE void xent_stats_row(tpk_dtype dt, float *p, const void *z, size_t base, int64_t Vl, int64_t c) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < Vl; j++) m = fmaxf(m, tpk__ld(z, dt, base + (size_t)j));
+    double se = 0, sz = 0;
+    for (int64_t j = 0; j < Vl; j++) {
+        float v = tpk__ld(z, dt, base + (size_t)j);
+        se += exp((double)v - m), sz += v;
+    }
+    p[0] = m, p[1] = (float)se, p[2] = c >= 0 && c < Vl ? tpk__ld(z, dt, base + (size_t)c) : 0.0f, p[3] = (float)sz;
+}
+/* row t's loss and lse from the P ranks' statistics part [P, T, 4] (ranks with no columns, s = 0,
+ * add nothing) */
+static void xent_loss_row(float *loss, float *lse, const float *part, int64_t P, int64_t T, int64_t t, bool skip, int64_t V, float eps) {
+    float M = -INFINITY;
+    for (int64_t r = 0; r < P; r++) M = fmaxf(M, part[4 * (r * T + t)]);
+    double S = 0, zy = 0, sz = 0;
+    for (int64_t r = 0; r < P; r++) {
+        const float *q = part + 4 * (r * T + t);
+        if (q[1] > 0) S += (double)q[1] * exp((double)q[0] - (double)M);
+        zy += q[2], sz += q[3];
+    }
+    double l = (double)M + log(S);
+    lse[t] = (float)l;
+    loss[t] = skip ? 0.0f : (float)(l - (1.0 - eps) * zy - eps * sz / (double)V);
+}
+/* dz of row t (the Vl real columns and the padding up to ld) with dloss d */
+TPK__HOST_INLINE void xent_grad_row(tpk_dtype dt, void *dz, const void *z, size_t base, float lse, bool skip, int64_t c, float d, int64_t Vl,
+                                    int64_t ld, int64_t V, float eps) {
+    for (int64_t j = 0; j < ld; j++) {
+        size_t k = base + (size_t)j;
+        float g = skip || j >= Vl ? 0.0f : (expf(tpk__ld(z, dt, k) - lse) - (j == c ? 1.0f - eps : 0.0f) - eps / (float)V) * d;
+        tpk__st(dz, dt, k, g);
     }
 }
-static tpk_status host_xent_max(tpk_ctx *ctx, float *mx, const void *z, int64_t T, int64_t Vl, int64_t ld, tpk_dtype dt) {
+
+TPK__HOST_INLINE void xent_stats_loop(tpk_dtype dt, float *part, const void *z, const int32_t *y, int64_t T, int64_t Vl, int64_t ld, int64_t v0) {
+    for (int64_t t = 0; t < T; t++) xent_stats_row(dt, part + 4 * t, z, (size_t)(t * ld), Vl, (int64_t)y[t] - v0);
+}
+static tpk_status host_xent_stats(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld,
+                                  int64_t v0, tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, xent_max_loop, mx, z, T, Vl, ld);
+    TPK__BY_DTYPE(dt, xent_stats_loop, part, z, targets, T, Vl, ld, v0);
     return TPK_OK;
 }
-TPK__HOST_INLINE void xent_partial_loop(tpk_dtype dt, float *part, const void *z, const float *mx, const int32_t *y, int64_t T,
-                                   int64_t Vl, int64_t ld, int64_t v0) {
-    for (int64_t t = 0; t < T; t++) {
-        double se = 0, sz = 0;
-        for (int64_t j = 0; j < Vl; j++) {
-            float v = tpk__ld(z, dt, (size_t)(t * ld + j));
-            se += exp((double)v - mx[t]), sz += v;
-        }
-        int64_t c = (int64_t)y[t] - v0;
-        part[3 * t] = (float)se, part[3 * t + 1] = c >= 0 && c < Vl ? tpk__ld(z, dt, (size_t)(t * ld + c)) : 0.0f, part[3 * t + 2] = (float)sz;
-    }
-}
-static tpk_status host_xent_partial(tpk_ctx *ctx, float *part, const void *z, const float *mx, const int32_t *targets, int64_t T,
-                                  int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt) {
+static tpk_status host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
+                                 int64_t V, float smoothing, int32_t ignore_index) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, xent_partial_loop, part, z, mx, targets, T, Vl, ld, v0);
-    return TPK_OK;
-}
-static tpk_status host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *mx, const float *part, const int32_t *targets,
-                               int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
-    (void)ctx;
-    for (int64_t t = 0; t < T; t++) {
-        double l = (double)mx[t] + log((double)part[3 * t]);
-        lse[t] = (float)l;
-        loss[t] = targets[t] == ignore_index ? 0.0f
-                                             : (float)(l - (1.0 - smoothing) * part[3 * t + 1] - smoothing * (double)part[3 * t + 2] / (double)V);
-    }
+    for (int64_t t = 0; t < T; t++) xent_loss_row(loss, lse, part, P, T, t, targets[t] == ignore_index, V, smoothing);
     return TPK_OK;
 }
 /* the losses summed in double, t ascending (the order the host always used), divided once */
@@ -260,21 +272,31 @@ static tpk_status host_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, i
 }
 TPK__HOST_INLINE void xent_grad_loop(tpk_dtype dt, void *dz, const void *z, const float *lse, const int32_t *y, const float *dloss,
                                 int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
-    for (int64_t t = 0; t < T; t++) {
-        bool skip = y[t] == ignore;
-        int64_t c = (int64_t)y[t] - v0;
-        for (int64_t j = 0; j < ld; j++) {
-            size_t k = (size_t)(t * ld + j);
-            float g = skip || j >= Vl ? 0.0f
-                           : (expf(tpk__ld(z, dt, k) - lse[t]) - (j == c ? 1.0f - eps : 0.0f) - eps / (float)V) * dloss[t];
-            tpk__st(dz, dt, k, g);
-        }
-    }
+    for (int64_t t = 0; t < T; t++)
+        xent_grad_row(dt, dz, z, (size_t)(t * ld), lse[t], y[t] == ignore, (int64_t)y[t] - v0, dloss[t], Vl, ld, V, eps);
 }
 static tpk_status host_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, xent_grad_loop, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index);
+    return TPK_OK;
+}
+/* row by row: the statistics, the loss, the gradient (the row still in cache) */
+TPK__HOST_INLINE void xent_fused_loop(tpk_dtype dt, void *dz, float *loss, float *lse, const void *z, const int32_t *y, int64_t T, int64_t V,
+                                      int64_t ld, float eps, int32_t ignore, float g) {
+    for (int64_t t = 0; t < T; t++) {
+        float p[4];
+        size_t base = (size_t)(t * ld);
+        bool skip = y[t] == ignore;
+        xent_stats_row(dt, p, z, base, V, y[t]);
+        xent_loss_row(loss + t, lse + t, p, 1, 1, 0, skip, V, eps);
+        xent_grad_row(dt, dz, z, base, lse[t], skip, y[t], g, V, ld, V, eps);
+    }
+}
+static tpk_status host_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V,
+                                  int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
+    (void)ctx;
+    TPK__BY_DTYPE(dt, xent_fused_loop, dz, loss, lse, z, targets, T, V, ld, smoothing, ignore_index, g);
     return TPK_OK;
 }
 

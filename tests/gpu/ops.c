@@ -334,34 +334,67 @@ static void test_embed(tpk_dtype dt) {
     }
 }
 
-/* rows of ld = 576: a padded vocabulary's shard (59 padding columns, 16-byte loads); ld = 517: unpadded */
+/* device bytes of a pair, downloaded */
+static void *pair_bytes(pair *p) {
+    size_t bytes = (p->n ? p->n : 1) * tpk_dtype_size(p->dt);
+    void *raw = malloc(bytes);
+    CHECK_OK(&cd, cd.ops->memcpy(&cd, raw, p->d, p->n * tpk_dtype_size(p->dt), TPK_D2H));
+    return raw;
+}
+
+/* rows of ld = 576: a padded vocabulary's shard (59 padding columns, 16-byte loads); ld = 517:
+ * unpadded. The statistics of two shards of the row (columns [0, 258) and [258, 517), as two TP
+ * ranks hold them) go through xent_loss with P = 2; the fused op (one rank holding V = 517 of the
+ * row) against the host's and, bit for bit, against the three device ops in turn. */
 static void test_xent(tpk_dtype dt, int64_t ld) {
-    TEST_CASE("cross-entropy pieces [%s] rows of %lld", tpk_dtype_name(dt), (long long)ld) {
-        int64_t T = 33, Vl = 517, v0 = 100, V = 1000;
+    TEST_CASE("cross-entropy pieces [%s] rows of %lld: statistics of two shards, loss over P = 2, gradient, fused", tpk_dtype_name(dt), (long long)ld) {
+        int64_t T = 33, Vl = 517, h0 = 258, v0 = 100, V = 1000;
         float yv[33];
         for (int t = 0; t < T; t++) yv[t] = t == 5 ? -100.0f : (float)((t * 131) % 1000); /* in and out of the shard, one ignored */
         pair y = pair_from(&cd, yv, (size_t)T, TPK_I32), z = pair_randn(&cd, (size_t)(T * ld), dt, 80, 3.0f);
-        pair mx = pair_from(&cd, NULL, (size_t)T, TPK_F32), part = pair_from(&cd, NULL, (size_t)(3 * T), TPK_F32);
-        pair_poison(&cd, &mx), pair_poison(&cd, &part);
-        CHECK_OK(&ch, ch.ops->xent_max(&ch, mx.h, z.h, T, Vl, ld, dt));
-        CHECK_OK(&cd, cd.ops->xent_max(&cd, mx.d, z.d, T, Vl, ld, dt));
-        pair_check(&cd, &mx, TOL_SAME, "xent_max");
-        CHECK_OK(&ch, ch.ops->xent_partial(&ch, part.h, z.h, mx.h, (const int32_t *)y.h, T, Vl, ld, v0, dt));
-        CHECK_OK(&cd, cd.ops->xent_partial(&cd, part.d, z.d, mx.d, (const int32_t *)y.d, T, Vl, ld, v0, dt));
-        pair_check(&cd, &part, TOL_SUM, "xent_partial");
+        pair part = pair_from(&cd, NULL, (size_t)(8 * T), TPK_F32);
+        pair_poison(&cd, &part);
+        size_t es = tpk_dtype_size(dt);
+        for (int q = 0; q < 2; q++) { /* shard q: columns [q h0, ...) of each row, rows still of ld */
+            int64_t c0 = q ? h0 : 0, n = q ? Vl - h0 : h0;
+            CHECK_OK(&ch, ch.ops->xent_stats(&ch, (float *)part.h + 4 * T * q, (char *)z.h + (size_t)c0 * es, (const int32_t *)y.h, T, n, ld, v0 + c0, dt));
+            CHECK_OK(&cd, cd.ops->xent_stats(&cd, (float *)part.d + 4 * T * q, (char *)z.d + (size_t)c0 * es, (const int32_t *)y.d, T, n, ld, v0 + c0, dt));
+        }
+        pair_check(&cd, &part, TOL_SUM, "xent_stats (max and z_y exact, the sums within f32)");
         pair_sync_down(&cd, &part);
         pair loss = pair_from(&cd, NULL, (size_t)T, TPK_F32), lse = pair_from(&cd, NULL, (size_t)T, TPK_F32);
         pair_poison(&cd, &loss), pair_poison(&cd, &lse);
-        CHECK_OK(&ch, ch.ops->xent_loss(&ch, loss.h, lse.h, mx.h, part.h, (const int32_t *)y.h, T, V, 0.1f, -100));
-        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, mx.d, part.d, (const int32_t *)y.d, T, V, 0.1f, -100));
-        pair_check(&cd, &loss, TOL_SAME, "xent_loss");
-        pair_check(&cd, &lse, TOL_SAME, "xent_loss lse");
-        pair dl = pair_randn(&cd, (size_t)T, TPK_F32, 81, 1.0f);
+        CHECK_OK(&ch, ch.ops->xent_loss(&ch, loss.h, lse.h, part.h, 2, (const int32_t *)y.h, T, V, 0.1f, -100));
+        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, part.d, 2, (const int32_t *)y.d, T, V, 0.1f, -100));
+        pair_check(&cd, &loss, TOL_SAME, "xent_loss (P = 2)");
+        pair_check(&cd, &lse, TOL_SAME, "xent_loss lse (P = 2)");
+        pair dl = pair_randn(&cd, (size_t)T, TPK_F32, 81, 1.0f), z2 = pair_from(&cd, NULL, (size_t)(T * ld), dt);
+        memcpy(z2.h, z.h, (size_t)(T * ld) * es);
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, z2.d, z.d, (size_t)(T * ld) * es, TPK_D2D));
         CHECK_OK(&ch, ch.ops->xent_grad(&ch, z.h, z.h, lse.h, (const int32_t *)y.h, dl.h, T, Vl, ld, v0, V, 0.1f, -100, dt));
         CHECK_OK(&cd, cd.ops->xent_grad(&cd, z.d, z.d, lse.d, (const int32_t *)y.d, dl.d, T, Vl, ld, v0, V, 0.1f, -100, dt));
         pair_check(&cd, &z, tol_for(dt, TOL_SAME), "xent_grad (in place, the padding columns zero)");
-        pair_free(&cd, &y), pair_free(&cd, &z), pair_free(&cd, &mx), pair_free(&cd, &part), pair_free(&cd, &loss), pair_free(&cd, &lse);
-        pair_free(&cd, &dl);
+
+        /* fused, one rank holding the whole vocabulary V = Vl (targets below Vl): against the host, and against stats, loss, grad apart */
+        float yf[33], g = 0.0625f, dg[33];
+        for (int t = 0; t < T; t++) yf[t] = t == 7 ? -100.0f : (float)((t * 37) % Vl), dg[t] = g;
+        pair yy = pair_from(&cd, yf, (size_t)T, TPK_I32), gl = pair_from(&cd, dg, (size_t)T, TPK_F32), p1 = pair_from(&cd, NULL, (size_t)(4 * T), TPK_F32);
+        pair fl = pair_from(&cd, NULL, (size_t)T, TPK_F32), flse = pair_from(&cd, NULL, (size_t)T, TPK_F32), fz = pair_from(&cd, NULL, (size_t)(T * ld), dt);
+        pair_poison(&cd, &fl), pair_poison(&cd, &flse), pair_poison(&cd, &fz);
+        CHECK_OK(&ch, ch.ops->xent_fused(&ch, fz.h, fl.h, flse.h, z2.h, (const int32_t *)yy.h, T, Vl, ld, 0.1f, -100, g, dt));
+        CHECK_OK(&cd, cd.ops->xent_fused(&cd, fz.d, fl.d, flse.d, z2.d, (const int32_t *)yy.d, T, Vl, ld, 0.1f, -100, g, dt));
+        pair_check(&cd, &fl, TOL_SAME, "xent_fused loss");
+        pair_check(&cd, &flse, TOL_SAME, "xent_fused lse");
+        pair_check(&cd, &fz, tol_for(dt, TOL_SAME), "xent_fused dz (the padding columns zero)");
+        CHECK_OK(&cd, cd.ops->xent_stats(&cd, p1.d, z2.d, (const int32_t *)yy.d, T, Vl, ld, 0, dt));
+        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, p1.d, 1, (const int32_t *)yy.d, T, Vl, 0.1f, -100));
+        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z2.d, z2.d, lse.d, (const int32_t *)yy.d, gl.d, T, Vl, ld, 0, Vl, 0.1f, -100, dt));
+        void *a1 = pair_bytes(&fl), *a2 = pair_bytes(&loss), *b1 = pair_bytes(&flse), *b2 = pair_bytes(&lse), *c1 = pair_bytes(&fz), *c2 = pair_bytes(&z2);
+        CHECK(memcmp(a1, a2, (size_t)T * 4) == 0 && memcmp(b1, b2, (size_t)T * 4) == 0, "xent_fused: loss or lse differs from xent_stats + xent_loss");
+        CHECK(memcmp(c1, c2, (size_t)(T * ld) * es) == 0, "xent_fused: dz differs from xent_grad's");
+        free(a1), free(a2), free(b1), free(b2), free(c1), free(c2);
+        pair_free(&cd, &y), pair_free(&cd, &z), pair_free(&cd, &part), pair_free(&cd, &loss), pair_free(&cd, &lse), pair_free(&cd, &dl), pair_free(&cd, &z2);
+        pair_free(&cd, &yy), pair_free(&cd, &gl), pair_free(&cd, &p1), pair_free(&cd, &fl), pair_free(&cd, &flse), pair_free(&cd, &fz);
     }
 }
 
@@ -494,7 +527,7 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_dropout(&cd, p, p, 2, 2, 2, 0, 0, 1.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "p:");
         CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
         CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
-        CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, p, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
+        CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, 1, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
         CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0), TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
         CHECK_FAILS(&cd, tpk_op_act_fwd(&cd, (tpk_act)9, p, p, TPK_F32, 4), TPK_ERR_ARG, "act:");
@@ -512,7 +545,8 @@ static void test_errors(void) {
                     "Al: expected <= 65535");
         CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 8, (int64_t)1 << 31, (int64_t)1 << 31, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
                     "cuda.attn_fwd: A: expected <= 2147483647");
-        CHECK_FAILS(&cd, tpk_op_xent_max(&cd, p, p, (int64_t)1 << 31, 1, 1, TPK_F32), TPK_ERR_ARG, "cuda.xent_max: T: expected <= 2147483647");
+        CHECK_FAILS(&cd, tpk_op_xent_stats(&cd, p, p, p, (int64_t)1 << 31, 1, 1, 0, TPK_F32), TPK_ERR_ARG, "cuda.xent_stats: T: expected <= 2147483647");
+        CHECK_FAILS(&cd, tpk_op_xent_fused(&cd, p, p, p, p, p, (int64_t)1 << 31, 1, 1, 0.0f, -100, 1.0f, TPK_F32), TPK_ERR_ARG, "cuda.xent_fused: T: expected <= 2147483647");
         CHECK_FAILS(&cd, tpk_op_embed_bwd(&cd, p, p, p, 4, 1, 0, (int64_t)1 << 32, TPK_F32), TPK_ERR_ARG, "cuda.embed_bwd: vrows");
         tpk_op_free(&cd, p);
     }
