@@ -246,11 +246,11 @@ int main(int argc, char **argv) {
             TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero)); /* ZeRO-1: one reduce-scatter after the backward instead */
             TRY(tpk_model_backward(&ctx, &m, (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot / (float)o.accum)); /* weighted by tokens */
         }
-        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f, &norm)); /* DP reduction (the weighted sum, or Adasum), norm, clip, AdamW */
-        /* the loss read (a wait) only on a step that reports it — printed, evaluated, a --csv row — on every rank alike */
-        bool eval = o.eval_every && (opt.step % o.eval_every == 0 || opt.step == o.steps);
-        if (opt.step % o.log_every == 0 || opt.step == o.steps || eval || csv.path[0]) /* mean over micro-batches and DP ranks' tokens */
-            TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum, &l));
+        /* the loss and the norm read (a wait) only on a step that reports them — printed, evaluated, a --csv row — on every rank alike */
+        int64_t s1 = step + 1; /* opt.step after this step */
+        bool eval = o.eval_every && (s1 % o.eval_every == 0 || s1 == o.steps), report = s1 % o.log_every == 0 || s1 == o.steps || eval || csv.path[0];
+        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f, report ? &norm : NULL)); /* DP reduction (weighted sum, or Adasum), norm, clip, AdamW */
+        if (report) TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum, &l)); /* mean over micro-batches and DP ranks' tokens */
         double ms = 1e3 * (now() - t0);
         if (eval) {
             TRY(tpk_model_set_dropout(&ctx, &m, 0));

@@ -118,8 +118,8 @@ NOT_PROVIDED(rmsnorm_fwd, void *y, float *rstd, const void *x, const float *w, i
 NOT_PROVIDED(rmsnorm_bwd, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
      bool accumulate_dx)
 NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale,
-             const int64_t *decay, int64_t nruns)
-NOT_PROVIDED(sumsq, double *out, const float *x, size_t n)
+             double *norm, float clip, const int64_t *decay, int64_t nruns)
+NOT_PROVIDED(sumsq, double *out, const float *x, size_t n, bool accumulate)
 NOT_PROVIDED(residual_layernorm_fwd, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows,
      int64_t cols, float eps, tpk_dtype dt)
 
@@ -202,7 +202,7 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1.0f, x, 1, x, 2, 0.0f, c, 2, TPK_F32), TPK_ERR_ARG, "lda");
         CHECK(gemm_calls == before, "the user's gemm was called with a bad lda");
         /* an op this backend does not have: its own error comes back */
-        CHECK_FAILS(&ctx, tpk_op_sumsq(&ctx, &(double){0}, x, 3), TPK_ERR_UNSUPPORTED, "my.sumsq");
+        CHECK_FAILS(&ctx, tpk_op_sumsq(&ctx, &(double){0}, x, 3, false), TPK_ERR_UNSUPPORTED, "my.sumsq");
         tpk_linear_destroy(&ctx, &l);
         tpk_ctx_destroy(&ctx);
     }

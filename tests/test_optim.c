@@ -2,7 +2,9 @@
  *   AdamW (decayed and undecayed, sharded and replicated parameters, 3 steps, grad_scale)
  *     against a double-precision scalar reference on the gathered global tensors;
  *   the gradient norm against the unsharded norm (a replicated parameter counted once) and the
- *     clipping factor; the learning-rate schedules against their formulas;
+ *     clipping factor; tpk_train_step's clipping from the sum of squares in backend memory equal to
+ *     the factor applied apart; a step with a non-finite norm skipped (weights kept), counted and
+ *     reported by the next read; the learning-rate schedules against their formulas;
  *   DP buckets (t = 1, dp = ranks): the hook's all-reduces equal the sum of every rank's
  *     gradients, a micro-step that is not the last communicates nothing;
  *   ZeRO-1 (tpk_train_step with tpk_adamw_desc.zero) at DP = ranks / t against plain DP over 5
@@ -139,6 +141,35 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_grad_norm(&ctx, 1.0f, NULL), TPK_ERR_ARG, "norm: NULL");
         for (int i = 0; i < NP; i++) free(g[i]);
         tpk_ctx_destroy(&ctx);
+    }
+
+    TEST_CASE("tpk_train_step at t = %d clips from the sum of squares left in backend memory: bit for bit tpk_grad_norm, tpk_clip_factor and "
+              "tpk_adamw_step (3 steps, clipped and not)", np) {
+        tpk_ctx c[2];
+        tpk_adamw o[2];
+        tpk_dp_buckets b[2] = {{0}, {0}};
+        int ids[NP];
+        float *g[NP];
+        for (int z = 0; z < 2; z++) {
+            CHECK_OK(&c[z], tpk_ctx_init(&c[z], &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));
+            add_params(&c[z], ids);
+            CHECK_OK(&c[z], tpk_adamw_init(&c[z], &o[z], &(tpk_adamw_desc){.weight_decay = 0.1f}));
+        }
+        for (int i = 0; i < NP; i++) g[i] = malloc(tpk_param_global_numel(&c[0], i) * 4);
+        const float clip[3] = {1.0f, 100.0f, 0.0f}; /* the norm is about 4: clipped, within, no clipping */
+        for (int step = 0; step < 3; step++) {
+            double n0 = -1, n1 = -2;
+            set_grads(&c[0], 90 + (uint64_t)step, g), set_grads(&c[1], 90 + (uint64_t)step, g);
+            CHECK_OK(&c[0], tpk_grad_norm(&c[0], 0.5f, &n0));
+            CHECK_OK(&c[0], tpk_adamw_step(&c[0], &o[0], 1e-2f, 0.5f * tpk_clip_factor(n0, clip[step])));
+            CHECK_OK(&c[1], tpk_train_step(&c[1], &o[1], &b[1], 1e-2f, clip[step], 0.5f, step == 1 ? &n1 : NULL));
+            if (step != 1) CHECK_OK(&c[1], tpk_train_norm_read(&c[1], 0.5f, &n1));
+            CHECK(n0 == n1 && (step || n0 > clip[0]), "step %d: norm %.17g, from tpk_train_step %.17g", step, n0, n1);
+        }
+        CHECK(!memcmp(c[0].params.data.p, c[1].params.data.p, c[0].params.numel * 4), "the weights differ after 3 steps");
+        CHECK(!memcmp(o[0].m, o[1].m, o[0].sn * 4) && !memcmp(o[0].v, o[1].v, o[0].sn * 4), "the moments differ after 3 steps");
+        for (int i = 0; i < NP; i++) free(g[i]);
+        for (int z = 0; z < 2; z++) tpk_adamw_destroy(&c[z], &o[z]), tpk_dp_destroy(&b[z]), tpk_ctx_destroy(&c[z]);
     }
 
     TEST_CASE("learning-rate schedules: warm-up, cosine, linear, constant") {
@@ -320,9 +351,21 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "all-reduces started under ZeRO-1");
             CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
         }
-        float inf = INFINITY;
+        double nrm = 0;
+        CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG, "tpk_train_norm_read: no training step has run");
+        float inf = INFINITY, *w0 = malloc(ctx.params.numel * 4);
+        memcpy(w0, ctx.params.data.p, ctx.params.numel * 4);
         memcpy(ctx.params.grad.p, &inf, sizeof inf); /* a gradient that is not finite (on every rank) */
-        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "the gradient norm is");
+        /* without a norm pointer the step neither waits nor fails: it is skipped on the device, counted, and reported by the next read */
+        CHECK_OK(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL));
+        CHECK_OK(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL));
+        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite gradient norm changed the weights");
+        CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG, "not finite (now inf) on 2 step(s) since it was last read, which were skipped");
+        CHECK_OK(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm)); /* reported: the count starts again */
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, &nrm), TPK_ERR_ARG, "tpk_train_norm_read: the gradient norm was not finite (now inf) on 1 step(s)");
+        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite gradient norm changed the weights");
+        CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, NULL), TPK_ERR_ARG, "norm: NULL");
+        free(w0);
         tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
     }
     tpk_comm_destroy(&world);

@@ -77,6 +77,7 @@ struct tpk_ctx {
     uint64_t rng_step;    /* dropout masks are drawn from (seed, layer, rng_step): a trainer sets it
                              to a new value per micro-batch (e.g. the micro-step counter) */
     tpk_buf work[2];      /* scratch for layouts that must be rearranged */
+    tpk_buf normsq;       /* f64 [2] in backend memory: the gradient's sum of squares, steps skipped (tpk/optim.h) */
     tpk_params params;
     int nauto;            /* counter for automatic layer names */
     tpk_status last;

@@ -111,7 +111,9 @@ static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
     double *sums = (double *)malloc(sizeof(double) * 3 * (size_t)(np ? np : 1));
     if (!sums) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' sums", np);
     float *g = (float *)ctx->params.grad.p;
-    tpk_status s = tpk__buf_reserve(ctx, &ctx->work[0], sizeof(float) * 2 * (n ? n : 1));
+    double *dsums = NULL; /* the sums in backend memory, downloaded once per level */
+    tpk_status s = tpk_op_alloc(ctx, sizeof(double) * 3 * (size_t)(np ? np : 1), (void **)&dsums);
+    if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[0], sizeof(float) * 2 * (n ? n : 1));
     if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (n ? n : 1));
     for (int k = 0; k < b->levels && s == TPK_OK && n; k++) {
         float *both = (float *)ctx->work[0].p, *sum = (float *)ctx->work[1].p;
@@ -124,11 +126,9 @@ static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
             size_t lo, hi;
             tpk__param_counted(ctx, i, &lo, &hi);
             const float *x[3] = {g, other, sum};
-            for (int q = 0; q < 3; q++) {
-                sums[3 * i + q] = 0;
-                if (hi > lo && s == TPK_OK) s = tpk_op_sumsq(ctx, &sums[3 * i + q], x[q] + lo, hi - lo);
-            }
+            for (int q = 0; q < 3 && s == TPK_OK; q++) s = tpk_op_sumsq(ctx, &dsums[3 * i + q], x[q] + lo, hi > lo ? hi - lo : 0, false);
         }
+        if (s == TPK_OK && np) s = tpk_op_memcpy(ctx, sums, dsums, sizeof(double) * 3 * (size_t)np, ctx->ops->device ? TPK_D2H : TPK_H2H);
         if (s == TPK_OK) s = tpk_allreduce_host(ctx, &ctx->tp, sums, 3 * (size_t)np, TPK_F64, TPK_SUM); /* over the whole tensors */
         for (int i = 0; i < np && s == TPK_OK; i++) { /* g = c1 g1 + c2 g2, the same on both ranks of the pair */
             const tpk_param *p = &ctx->params.list[i];
@@ -138,6 +138,7 @@ static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
         }
     }
     free(sums);
+    tpk_op_free(ctx, dsums);
     return s;
 }
 

@@ -491,7 +491,7 @@ static inline tpk_status tpk_op_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *
 /* ---- optimizer ----------------------------------------------------------------------------------------- */
 
 static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                                      float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns) {
+                                      float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
     static const char *fn = "tpk_op_adamw";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
@@ -499,18 +499,21 @@ static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, fl
     if (decay && !nruns) return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 1 runs with a decay table (NULL: decay everywhere)");
     if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
+    if (!isfinite(grad_scale) || isnan(clip))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, %g", (double)grad_scale, (double)clip);
     const void *ps[] = {w, g, m, v};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
-    return n ? TPK__PROF_OP(ctx, "adamw", 28.0 * (double)n, 0, ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale, decay, nruns)) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "adamw", 28.0 * (double)n, 0, ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale, norm, clip, decay, nruns))
+             : TPK_OK;
 }
-/* *out (host memory) = sum of squares, in double */
-static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
+/* *out (f64 in backend memory) = (accumulate ? *out : 0) + the sum of squares, in double; no host wait */
+static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate) {
     static const char *fn = "tpk_op_sumsq";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_ptr(ctx, fn, "out", out, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    if (!n) return *out = 0, TPK_OK;
-    return TPK__PROF_OP(ctx, "sumsq", 4.0 * (double)n, 0, ctx->ops->sumsq(ctx, out, x, n));
+    if (!n && accumulate) return TPK_OK;
+    return TPK__PROF_OP(ctx, "sumsq", 4.0 * (double)n, 0, ctx->ops->sumsq(ctx, out, x, n, accumulate));
 }
 
 #endif /* TPK_OP_H */

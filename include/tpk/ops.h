@@ -36,6 +36,10 @@ static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int
     return Al > 0 ? (head0 + Al - 1) / q - head0 / q + 1 : 0;
 }
 
+/* The factor that clips a gradient of norm N to `clip` (1 when clip <= 0 or N is within it): one
+ * expression for the host (tpk_clip_factor) and every backend's adamw, device code included. */
+#define TPK__CLIP_FACTOR(N, clip) ((clip) > 0 && (N) > (double)(clip) ? (float)((double)(clip) / (N)) : 1.0f)
+
 /* Every required entry of tpk_ops by name, in two lists (X(entry) each): tpk_ctx_init refuses a
  * table without one of them (tpk__ops_missing), and the backends fill their tables from the same
  * lists (o->entry = <backend>_entry), so a new op is named in one place. */
@@ -184,16 +188,22 @@ typedef struct tpk_ops {
     tpk_status (*rmsnorm_bwd)(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
                               int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
 
-    /* AdamW on n f32 elements (step >= 1; g is read as g * grad_scale):
+    /* AdamW on n f32 elements (step >= 1; g is read as g * s):
      *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
      *   w -= lr (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd_i w)
      * wd_i = wd on the elements of the runs [decay[2r], decay[2r+1]), r < nruns (backend memory;
      * sorted, disjoint, within [0, n): e.g. the 2-D weights of a flat parameter buffer), else 0;
-     * decay = NULL: wd on every element. One call covers a whole parameter buffer. */
+     * decay = NULL: wd on every element. One call covers a whole parameter buffer.
+     * norm = NULL: s = grad_scale. Otherwise norm f64 [2] in backend memory, norm[0] the sum of
+     * squares of the gradient (sumsq, left there: the host does not wait for it): N =
+     * sqrt(norm[0]) grad_scale; N not finite: nothing is written and norm[1] += 1 (a skipped
+     * step); else s = grad_scale (clip > 0 && N > clip ? (float)(clip / N) : 1) — clipping
+     * without a host wait. */
     tpk_status (*adamw)(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                        float eps, float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns);
-    /* *out (host memory) = sum_i x[i]^2 over n f32 elements, accumulated in double */
-    tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n);
+                        float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns);
+    /* *out (f64 in backend memory) = (accumulate ? *out : 0) + sum_i x[i]^2 over n f32 elements
+     * (n may be 0), accumulated in double; no host wait */
+    tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate);
 
     /* The forward of a linear layer in one pass where the backend can fuse it (cuBLASLt's bias
      * and GELU epilogues):  u = x W^T + bias  for x [T, k], W [n, k], bias [n] (NULL: none);

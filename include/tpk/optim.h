@@ -6,9 +6,12 @@
  *   so a sharded parameter counts once per shard and a replicated one once in all (a grouped
  *   key/value weight: each head on the lowest rank holding it, tpk_shard_owned); DP replicas
  *   hold the same (reduced) gradient, so there is no DP sum. Squares are summed in double, one
- *   op call (and one wait for its result) per run of consecutive counted parameters.
+ *   op call per run of consecutive counted parameters, into a sum left in backend memory and
+ *   all-reduced there over TP (the host reads it only when asked).
  *   `scale` multiplies the gradient first (1/dp when the DP reduction summed).
- * Clipping       g *= min(1, max_norm / |g|), folded into AdamW's grad_scale.
+ * Clipping       g *= min(1, max_norm / |g|), folded into AdamW's gradient scale: in tpk_train_step
+ *   by the AdamW op itself from the sum of squares in backend memory, so a step never waits for the
+ *   norm; a step whose norm is not finite is skipped there and reported when the norm is read.
  * AdamW          m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
  *                w -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd w)
  *   on the f32 master weights; weight decay only on parameters registered with decay (2-D
@@ -26,12 +29,13 @@
 
 /* ---- gradient norm and clipping ----------------------------------------------------------------- */
 
-/* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts:
- * a sharded parameter's whole shard, a replicated one on TP rank 0 only, a grouped key/value
- * weight its owned heads; one sumsq op per run of consecutive counted elements. */
-static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, double *out) {
-    double local = 0;
+/* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts
+ * (a sharded parameter's whole shard, a replicated one on TP rank 0 only, a grouped key/value
+ * weight its owned heads) into *sq, f64 in backend memory: one sumsq op per run of consecutive
+ * counted elements, accumulating there (no host wait). */
+static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, double *sq) {
     size_t r0 = 0, r1 = 0; /* the run being gathered */
+    bool acc = false;
     for (int i = 0; i <= ctx->params.n; i++) {
         size_t a = 0, b = 0; /* the counted elements of parameter i */
         if (i < ctx->params.n) {
@@ -40,32 +44,40 @@ static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, dou
             if (a == b) continue;
             if (a == r1) { r1 = b; continue; } /* extends the run */
         }
-        double sq = 0;
-        if (r1 > r0) TPK_TRY(tpk_op_sumsq(ctx, &sq, (const float *)ctx->params.grad.p + r0, r1 - r0));
-        local += sq, r0 = a, r1 = b;
+        if (r1 > r0) {
+            TPK_TRY(tpk_op_sumsq(ctx, sq, (const float *)ctx->params.grad.p + r0, r1 - r0, acc));
+            acc = true;
+        }
+        r0 = a, r1 = b;
     }
-    *out = local;
+    return acc ? TPK_OK : tpk_op_sumsq(ctx, sq, NULL, 0, false); /* nothing counted here: 0 */
+}
+/* The context's f64 [2] in backend memory: the gradient's sum of squares, the steps skipped since
+ * the last read (zero-filled when first made). */
+static inline tpk_status tpk__normsq(tpk_ctx *ctx, double **sq) {
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->normsq, 2 * sizeof(double)));
+    *sq = (double *)ctx->normsq.p;
     return TPK_OK;
 }
 
 /* *norm = scale * |g| over the whole model (collective over ctx->tp; DP replicas hold the same
- * reduced gradient, so no DP sum). */
+ * reduced gradient, so no DP sum). One download: the host waits. */
 static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) {
     static const char *fn = "tpk_grad_norm";
     if (!ctx) return TPK_ERR_ARG;
     if (!norm) return tpk__fail(ctx, TPK_ERR_ARG, fn, "norm: NULL");
-    double local = 0;
-    TPK_TRY(tpk__grad_sumsq(ctx, 0, ctx->params.numel, &local));
-    TPK_TRY(tpk_allreduce_host(ctx, &ctx->tp, &local, 1, TPK_F64, TPK_SUM));
+    double *sq, local = 0;
+    TPK_TRY(tpk__normsq(ctx, &sq));
+    TPK_TRY(tpk__grad_sumsq(ctx, 0, ctx->params.numel, sq));
+    TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
+    TPK_TRY(tpk_op_memcpy(ctx, &local, sq, sizeof local, ctx->ops->device ? TPK_D2H : TPK_H2H));
     *norm = sqrt(local) * scale;
     return TPK_OK;
 }
 
 /* The factor that clips a gradient of norm `norm` to max_norm (1 when max_norm <= 0 or the
  * norm is within it). */
-static inline float tpk_clip_factor(double norm, float max_norm) {
-    return max_norm > 0 && norm > max_norm ? (float)(max_norm / norm) : 1.0f;
-}
+static inline float tpk_clip_factor(double norm, float max_norm) { return TPK__CLIP_FACTOR(norm, max_norm); }
 
 /* ---- learning-rate schedules ------------------------------------------------------------------------ */
 
@@ -168,10 +180,11 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     return s;
 }
 
-/* One step on every parameter: lr from the schedule, grad_scale = the DP average x the clipping
- * factor. The weights change: a bf16 context remakes its copy before the next forward. */
-static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, float grad_scale) {
-    static const char *fn = "tpk_adamw_step";
+/* One step on the parameters (this rank's slice under ZeRO-1), g read as g * s: s = grad_scale
+ * (norm = NULL), or from the gradient's sum of squares left in backend memory (norm, f64 [2]: see
+ * tpk_ops.adamw — clipped to `clip`, a step whose norm is not finite skipped and counted in
+ * norm[1]). The weights change: a bf16 context remakes its copy before the next forward. */
+static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, float grad_scale, double *norm, float clip, const char *fn) {
     if (!ctx) return TPK_ERR_ARG;
     if (!o || !o->m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
     if (o->numel != ctx->params.numel)
@@ -182,11 +195,16 @@ static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, fl
     float *w = (float *)ctx->params.data.p + o->s0;
     if (o->sn) /* no decayed parameter: no decay anywhere (wd 0 with a NULL table) */
         TPK_TRY(tpk_op_adamw(ctx, w, (const float *)ctx->params.grad.p + o->s0, o->m, o->v, o->sn, lr, o->d.b1, o->d.b2, o->d.eps,
-                             o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, o->decay, o->nruns));
+                             o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, norm, clip, o->decay, o->nruns));
     tpk_params_updated(ctx);
     if (o->sn == o->numel) return TPK_OK;
     /* ZeRO-1: every DP rank's updated slice to every DP rank (one all-gather of the parameters) */
     return tpk__dp_allgather_slices(ctx, (float *)ctx->params.data.p, o->numel);
+}
+/* One step on every parameter: lr from the schedule, grad_scale = the DP average x the clipping
+ * factor (computed by the caller; tpk_train_step clips without a host wait). */
+static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, float grad_scale) {
+    return tpk__adamw_step(ctx, o, lr, grad_scale, NULL, 0.0f, "tpk_adamw_step");
 }
 
 /* The moments of the whole flat buffer in backend memory: the optimizer's own, or under ZeRO-1

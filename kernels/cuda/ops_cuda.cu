@@ -21,7 +21,8 @@
  * failures (CUDA, cuBLASLt, the head-dim limit of the attention kernels).
  *   rng_2d    x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/rng.h)
  *   adamw     m, v moments; w -= lr (m c1 / (sqrt(v c2) + eps) + wd w), c1, c2 as on the host
- *   sumsq     sum x^2 in double: per-block sums, then one block adds them in order */
+ *   sumsq     sum x^2 in double: per-block sums, then one block adds them in order, left on the device
+ *   adamw's clipping: the factor from the norm's sum of squares on the device (no host wait) */
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -676,9 +677,19 @@ static __device__ __forceinline__ bool adamw_decayed(const int64_t *decay, int64
     }
     return lo > 0 && i < decay[2 * (lo - 1) + 1];
 }
-/* the whole parameter buffer in one launch, weight decay by run */
+/* the whole parameter buffer in one launch, weight decay by run; with norm (the gradient's sum of
+ * squares in device memory) the clipping factor is computed here, by every thread alike, and a step
+ * whose norm is not finite writes nothing (block 0 counts it in norm[1]) */
 static __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                             float wd, float c1, float c2, float grad_scale, const int64_t *decay, int64_t nruns) {
+                                    float wd, float c1, float c2, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
+    if (norm) {
+        double N = sqrt(norm[0]) * grad_scale;
+        if (!isfinite(N)) {
+            if (blockIdx.x == 0 && threadIdx.x == 0) norm[1] += 1;
+            return;
+        }
+        grad_scale *= TPK__CLIP_FACTOR(N, clip);
+    }
     TPK__GRID_STRIDE(i, n) {
         float gi = g[i] * grad_scale, wdi = adamw_decayed(decay, nruns, (int64_t)i) ? wd : 0.0f;
         float mi = b1 * m[i] + (1.0f - b1) * gi, vi = b2 * v[i] + (1.0f - b2) * gi * gi, wi = w[i];
@@ -687,16 +698,18 @@ static __global__ void adamw_kernel(float *w, const float *g, float *m, float *v
     }
 }
 static tpk_status cuda_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                             float eps, float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns) {
+                             float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
     static const char *fn = "cuda.adamw";
     if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     /* the bias corrections exactly as the host computes them */
     float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
-    adamw_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale, decay, nruns);
+    adamw_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale, norm, clip, decay, nruns);
     return tpk__cuda_launched(ctx, fn);
 }
 
+/* The sum of squares in double, left in device memory: per-block sums (a fixed tree), then one
+ * thread adds them in block order onto *out (accumulate) or 0 — deterministic, no host wait. */
 enum { SUMSQ_BLOCKS = 1024 };
 static __global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
     __shared__ double sh[256];
@@ -710,27 +723,23 @@ static __global__ void sumsq_partial_kernel(double *part, const float *x, size_t
     }
     if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
 }
-static __global__ void sumsq_final_kernel(double *part, int nparts) {
+static __global__ void sumsq_final_kernel(double *out, const double *part, int nparts, bool accumulate) {
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         double s = 0;
         for (int i = 0; i < nparts; i++) s += part[i];
-        part[0] = s;
+        *out = (accumulate ? *out : 0.0) + s;
     }
 }
-static tpk_status cuda_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
+static tpk_status cuda_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate) {
     static const char *fn = "cuda.sumsq";
-    *out = 0;
-    if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     double *part = NULL;
-    unsigned blocks = tpk__grid_for(n, 256);
+    unsigned blocks = n ? tpk__grid_for(n, 256) : 0;
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(double) * SUMSQ_BLOCKS, (void **)&part));
-    sumsq_partial_kernel<<<blocks, 256, 0, st->stream>>>(part, x, n);
-    sumsq_final_kernel<<<1, 32, 0, st->stream>>>(part, (int)blocks);
-    TPK_TRY(tpk__cuda_launched(ctx, fn));
-    TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(out, part, sizeof(double), cudaMemcpyDeviceToHost, st->stream));
-    return tpk__cuda_wait(ctx, fn, st);
+    if (blocks) sumsq_partial_kernel<<<blocks, 256, 0, st->stream>>>(part, x, n);
+    sumsq_final_kernel<<<1, 32, 0, st->stream>>>(out, part, (int)blocks, accumulate);
+    return tpk__cuda_launched(ctx, fn);
 }
 
 /* ---- counter-based random numbers ----------------------------------------------------------------------- */

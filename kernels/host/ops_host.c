@@ -269,8 +269,13 @@ static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
 /* ---- optimizer ------------------------------------------------------------------------------------ */
 
 static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                             float eps, float wd, int64_t step, float grad_scale, const int64_t *decay, int64_t nruns) {
+                             float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
     (void)ctx;
+    if (norm) { /* the gradient's norm from its sum of squares: skip a step whose norm is not finite, else clip */
+        double N = sqrt(norm[0]) * grad_scale;
+        if (!isfinite(N)) return norm[1] += 1, TPK_OK;
+        grad_scale *= TPK__CLIP_FACTOR(N, clip);
+    }
     float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
     int64_t r = 0; /* the first run that does not end at or before i */
     for (size_t i = 0; i < n; i++) {
@@ -284,11 +289,11 @@ static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, f
     return TPK_OK;
 }
 
-static tpk_status host_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n) {
+static tpk_status host_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate) {
     (void)ctx;
     double s = 0;
     for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
-    *out = s;
+    *out = (accumulate ? *out : 0.0) + s;
     return TPK_OK;
 }
 

@@ -502,18 +502,38 @@ static void test_optimizer(void) {
         int64_t runs[6] = {3, 100, 500, 501, 2000, (int64_t)n}, *runs_d = NULL; /* decayed: three runs; step 3 everywhere */
         CHECK_OK(&cd, cd.ops->alloc(&cd, sizeof runs, (void **)&runs_d));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, runs_d, runs, sizeof runs, TPK_H2D));
-        for (int step = 1; step <= 3; step++) {
-            CHECK_OK(&ch, ch.ops->adamw(&ch, w.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, step < 3 ? runs : NULL, step < 3 ? 3 : 0));
-            CHECK_OK(&cd, cd.ops->adamw(&cd, w.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, step < 3 ? runs_d : NULL, step < 3 ? 3 : 0));
+        /* steps 1, 2 on decayed runs, 3 everywhere; 4 clipped from a sum of squares in device memory, 5 with an infinite one (skipped) */
+        double *nd = NULL, nh[2] = {0, 0};
+        CHECK_OK(&cd, cd.ops->alloc(&cd, 2 * sizeof(double), (void **)&nd));
+        for (int step = 1; step <= 5; step++) {
+            double *nhp = step < 4 ? NULL : nh, *ndp = step < 4 ? NULL : nd;
+            if (step >= 4) {
+                CHECK_OK(&ch, ch.ops->sumsq(&ch, nh, g.h, n, false));
+                CHECK_OK(&cd, cd.ops->sumsq(&cd, nd, g.d, n, false));
+            }
+            if (step == 5) {
+                double inf = INFINITY;
+                nh[0] = inf;
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, nd, &inf, sizeof inf, TPK_H2D));
+            }
+            CHECK_OK(&ch, ch.ops->adamw(&ch, w.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, nhp, 1.0f, step < 3 ? runs : NULL, step < 3 ? 3 : 0));
+            CHECK_OK(&cd, cd.ops->adamw(&cd, w.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, ndp, 1.0f, step < 3 ? runs_d : NULL, step < 3 ? 3 : 0));
         }
         cd.ops->free(&cd, runs_d);
-        pair_check(&cd, &w, TOL_SAME, "adamw w");
+        pair_check(&cd, &w, TOL_SAME, "adamw w (clipped at step 4, step 5 skipped)");
         pair_check(&cd, &m, TOL_SAME, "adamw m");
         pair_check(&cd, &v, TOL_SAME, "adamw v");
-        double sh = -1, sd = -2;
-        CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, n));
-        CHECK_OK(&cd, cd.ops->sumsq(&cd, &sd, g.d, n));
+        double got[2] = {0, 0};
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, got, nd, sizeof got, TPK_D2H));
+        CHECK(nh[1] == 1 && got[1] == 1, "skipped steps: host %g, device %g, expected 1", nh[1], got[1]);
+        double sh = -1, sd = -2, *sdd = nd;
+        CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, n, false));
+        CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, n, false));
+        CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, 1000, true)); /* accumulated: the first 1000 again */
+        CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, 1000, true));
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
         CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq: %.17g vs %.17g", sd, sh);
+        cd.ops->free(&cd, nd);
         pair_free(&cd, &w), pair_free(&cd, &g), pair_free(&cd, &m), pair_free(&cd, &v);
     }
 }
@@ -528,7 +548,7 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
         CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
         CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, 1, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
-        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0), TPK_ERR_ARG, "step");
+        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0.0f, NULL, 0), TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
         CHECK_FAILS(&cd, tpk_op_act_fwd(&cd, (tpk_act)9, p, p, TPK_F32, 4), TPK_ERR_ARG, "act:");
         CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 2, 0, 2, 1.5f, -100, TPK_F32), TPK_ERR_ARG, "smoothing");
