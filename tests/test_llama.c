@@ -44,11 +44,19 @@ static tpk_status layer_fwd(tpk_ctx *ctx, void *lv, tpk_tensor x, tpk_tensor *y)
     if (l->kind == K_ATTN) return tpk_gqa_attention_forward(ctx, &l->a, x, B, S, y);
     return tpk_llama_block_forward(ctx, &l->b, x, B, S, y);
 }
+static bool block_inplace; /* the block's backward in place (as the model runs it) */
+static float dy_copy[T * H];
 static tpk_status layer_bwd(tpk_ctx *ctx, void *lv, tpk_tensor dy, tpk_tensor *dx) {
     layer *l = (layer *)lv;
     if (l->kind == K_RMS) return tpk_rmsnorm_backward(ctx, &l->r, dy, dx);
     if (l->kind == K_MLP) return tpk_swiglu_mlp_backward(ctx, &l->m, dy, dx);
     if (l->kind == K_ATTN) return tpk_gqa_attention_backward(ctx, &l->a, dy, dx);
+    if (block_inplace) { /* the model's form, on a copy of dy: dx comes back in that buffer */
+        tpk_tensor d = dy;
+        d.data = dy_copy;
+        memcpy(dy_copy, dy.data, sizeof(float) * (size_t)tpk_numel(&dy));
+        return tpk__llama_block_backward(ctx, &l->b, d, dx, true);
+    }
     return tpk_llama_block_backward(ctx, &l->b, dy, dx);
 }
 static void layer_destroy(tpk_ctx *ctx, void *lv) {
@@ -142,6 +150,13 @@ int main(int argc, char **argv) {
                 test_layer L = layer_case(kind, 2, sp);
                 test_layer_fd(&sh, &L, xin, dyin, 4);
                 tpk_ctx_destroy(&sh);
+            }
+
+    for (int sp = 0; sp < 2; sp++)
+        for (int pi = 0; pi < 1; pi++)
+            TEST_CASE("Llama block%s, dropout %.1f: the backward in place (the model's: each norm adds its dx onto dy's buffer, no add and no copy) equals "
+                      "the backward apart bit for bit", sp ? " SP" : "", pi ? 0.1 : 0.0) {
+                test_block_inplace(&world, np, layer_case(K_BLOCK, 2, sp), &block_inplace, xin, dyin);
             }
 
     TEST_CASE("GQA attention: rope_theta < 0 turns the rotary embedding off (the first token, at position 0, is unrotated either way)") {
@@ -244,7 +259,10 @@ int main(int argc, char **argv) {
         tpk_ctx_init(&c32, &(tpk_ctx_desc){.seed = 3});
         test_model_result a = {0}, b = {0};
         if (!run_model(&c16, &cfg, &a) && !run_model(&c32, &cfg, &b)) {
-            test_compare_models(&c16, &a, &b, 1e-2, 5e-2);
+            /* gradients within 8e-2: the first layer's norm weight gradient, a sum over 14 rows that
+             * cancel, is the most sensitive; bf16 against f32 it measured 0.019 to 0.054 over t = 1..4
+             * and the two orders of the backward's additions (in place or apart) */
+            test_compare_models(&c16, &a, &b, 1e-2, 8e-2);
             CHECK(a.loss != b.loss, "the bf16 loss equals the f32 loss exactly: is bf16 in use?");
         }
         test_model_result_free(&a), test_model_result_free(&b);
@@ -274,6 +292,13 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_rmsnorm_init(&ctx, &rn, H, &(tpk_rmsnorm_desc){.eps = -1}), TPK_ERR_ARG, "desc->eps");
         CHECK_OK(&ctx, tpk_rmsnorm_init(&ctx, &rn, H, NULL));
         CHECK_FAILS(&ctx, tpk_rmsnorm_forward(&ctx, &rn, tpk_tensor_2d(xin, TPK_F32, T, H - 1, TPK_R), &y), TPK_ERR_SHAPE, "x: expected global shape");
+        CHECK_FAILS(&ctx, tpk_rmsnorm_backward_add(&ctx, &rn, tpk_tensor_2d(dyin, TPK_F32, T, H, TPK_R), tpk_tensor_2d(xin, TPK_F32, T, H, TPK_R)), TPK_ERR_ARG,
+                    "backward before forward");
+        CHECK_OK(&ctx, tpk_rmsnorm_forward(&ctx, &rn, tpk_tensor_2d(xin, TPK_F32, T, H, TPK_R), &y));
+        CHECK_FAILS(&ctx, tpk_rmsnorm_backward_add(&ctx, &rn, tpk_tensor_2d(dyin, TPK_F32, T, H, TPK_R), tpk_tensor_2d(dyin, TPK_F32, T, H, TPK_R)), TPK_ERR_ARG,
+                    "tpk_rmsnorm_backward_add: acc: must not alias dy");
+        CHECK_FAILS(&ctx, tpk_rmsnorm_backward_add(&ctx, &rn, tpk_tensor_2d(dyin, TPK_F32, T, H, TPK_R), tpk_tensor_2d(xin, TPK_F32, T, H - 1, TPK_R)), TPK_ERR_SHAPE,
+                    "acc");
         tpk_rmsnorm_destroy(&ctx, &rn);
         tpk_llama_config cfg = {.vocab = V, .positions = P, .layers = 1, .hidden = H, .heads = A, .kv_heads = 4, .ffn = F};
         CHECK_FAILS(&ctx, tpk_llama_init(&ctx, &m, &cfg), TPK_ERR_ARG, "cfg->kv_heads: expected a divisor of cfg->heads = 6, got 4");

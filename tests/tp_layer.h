@@ -281,6 +281,31 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     return test__fails_case > f0;
 }
 
+/* A block's backward in place (*inplace set while it runs: the test file's bwd then gives the
+ * block a copy of dy to work in) against the backward apart, on fresh contexts of t ranks: y, dx
+ * and every gradient bit for bit (f32). */
+static inline void test_block_inplace(tpk_comm *world, int tp, test_layer L, bool *inplace, float *x, float *dy) {
+    tpk_ctx c[2];
+    test_layer_result r[2];
+    memset(r, 0, sizeof r);
+    int failed = 0;
+    size_t n = (size_t)(L.T * L.H);
+    for (int k = 0; k < 2; k++) {
+        tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = world, .tp = tp, .seed = 5});
+        *inplace = k;
+        failed |= test_run_layer(&c[k], &L, x, dy, &r[k]);
+        *inplace = false;
+    }
+    if (!failed) {
+        CHECK(!memcmp(r[0].y, r[1].y, sizeof(float) * n) && !memcmp(r[0].dx, r[1].dx, sizeof(float) * n), "y or dx differs in place");
+        CHECK(r[0].n == r[1].n, "%d gradients, in place %d", r[0].n, r[1].n);
+        for (int i = 0; i < r[0].n && i < r[1].n; i++)
+            CHECK(!memcmp(r[0].grad[i], r[1].grad[i], sizeof(float) * tpk_param_global_numel(&c[0], i)), "the gradient of %s differs in place",
+                  c[0].params.list[i].name);
+    }
+    for (int k = 0; k < 2; k++) test_layer_result_free(&r[k]), tpk_ctx_destroy(&c[k]);
+}
+
 /* a (sharded, parameters of sh) against b: loss and gradient norm within `tol` relative, every
  * gradient within gtol (test_relerr). */
 static inline void test_compare_models(tpk_ctx *sh, const test_model_result *a, const test_model_result *b, double tol, double gtol) {

@@ -110,8 +110,12 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     return tpk_residual_forward(ctx, &b->res_2, x1, m, y);                 /* y = x1 + drop(m), in c_proj's output */
 }
 
-/* dx of the last forward from dy (the layout of y); accumulates every gradient of the block. */
-static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy, tpk_tensor *dx) {
+/* dx of the last forward from dy (the layout of y); accumulates every gradient of the block.
+ * inplace: dy's buffer, which the caller gives up, receives dx — each layernorm backward adds its
+ * input gradient onto the skip path's in the same pass (no add and no buffer of their own; the
+ * model's stack of blocks passes one gradient buffer down so); otherwise dy is left unchanged and
+ * dx is in ln_1's buffer. */
+static inline tpk_status tpk__gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {
     static const char *fn = "tpk_gpt2_block_backward";
     if (!ctx) return TPK_ERR_ARG;
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
@@ -121,12 +125,24 @@ static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b
     tpk_tensor g, dh, dx1, da;
     TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
     TPK_TRY(tpk_mlp_backward(ctx, &b->mlp, g, &dh));
+    if (inplace) {
+        TPK_TRY(tpk_layernorm_backward_add(ctx, &b->ln_2, dh, dy)); /* dx1 = dy + ln_2's dx, in dy's buffer */
+        TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dy, &g));     /* drop'(dx1) into the attention branch */
+        TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
+        TPK_TRY(tpk_layernorm_backward_add(ctx, &b->ln_1, da, dy)); /* dx = dx1 + ln_1's dx */
+        *dx = dy;
+        return TPK_OK;
+    }
     TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_2, dh, &dx1));   /* in ln_2's buffer */
     TPK_TRY(tpk_residual_backward_add(ctx, &b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
     TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dx1, &g));     /* drop'(dx1) into the attention branch */
     TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
     TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_1, da, dx));     /* in ln_1's buffer */
     return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
+}
+/* dx of the last forward from dy (the layout of y, left unchanged); accumulates every gradient of the block. */
+static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk__gpt2_block_backward(ctx, b, dy, dx, false);
 }
 
 /* The block's buffers by set (tpk/recompute.h): LENT ln_1's and ln_2's outputs and the
@@ -208,7 +224,7 @@ static inline tpk_status tpk__gpt2_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_ten
     return tpk_gpt2_block_forward(ctx, &g->h[i], x, g->B, g->S, y);
 }
 static inline tpk_status tpk__gpt2_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
-    return tpk_gpt2_block_backward(ctx, &((tpk_gpt2 *)m)->h[i], dy, dx);
+    return tpk__gpt2_block_backward(ctx, &((tpk_gpt2 *)m)->h[i], dy, dx, true); /* the stack's gradient buffer, in place */
 }
 static inline tpk_status tpk__gpt2_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk_gpt2 *g = (tpk_gpt2 *)m;

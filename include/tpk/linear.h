@@ -15,7 +15,8 @@
  *             dW_r += dy_r^T x, db_r += colsum(dy_r)   while the collective runs; then wait
  * Row linear: rank r holds columns (in features) i_r of W; b is replicated.
  *   forward   x S(-1) [T, in_r] (or R [T, in], sliced to own columns)
- *             y = x_r W_r^T is P             -> all-reduce -> R (SP: reduce-scatter -> S(0)); + b
+ *             y = x_r W_r^T (+ b on rank 0, in the GEMM's epilogue) is P
+ *                                            -> all-reduce -> R (SP: reduce-scatter -> S(0))
  *   backward  dy R (SP: S(0), all-gathered first)
  *             dx_r = dy W_r -> S(-1) (input was R: all-gathered -> R)
  *             dW_r += dy^T x_r, db += colsum(dy)   (the full dy: db is complete on every rank)
@@ -317,8 +318,14 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     l->x = x, l->T = T;
     tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P);
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yp));
-    if (n) TPK_TRY(tpk_op_gemm(ctx, false, true, T, l->out, n, 1.f, x.data, n, tpk__param_w(ctx, l->w), n, 0.f, yp.data, l->out, ctx->dtype));
-    else TPK_TRY(tpk_op_fill(ctx, yp.data, ctx->dtype, (size_t)(T * l->out), 0.f));
+    /* the partial sums P; the bias once in the sum: rank 0 adds it in the GEMM's epilogue (no pass of its own) */
+    const void *bias = l->b >= 0 && ctx->tp.rank == 0 ? tpk__param_w(ctx, l->b) : NULL;
+    if (n) {
+        TPK_TRY(tpk_op_linear_fwd(ctx, yp.data, NULL, x.data, tpk__param_w(ctx, l->w), bias, T, l->out, n, TPK_ACT_NONE, ctx->dtype));
+    } else {
+        TPK_TRY(tpk_op_fill(ctx, yp.data, ctx->dtype, (size_t)(T * l->out), 0.f));
+        if (bias && T) TPK_TRY(tpk_op_bias_add(ctx, yp.data, bias, T, l->out, ctx->dtype));
+    }
     tpk_tensor yo;
     if (l->d.sequence_parallel) {
         yo = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S(0));
@@ -328,7 +335,6 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         yo = yp;
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_REDUCE, &yp, &yo)); /* all-reduce in place */
     }
-    if (l->b >= 0 && yo.shape[0]) TPK_TRY(tpk_op_bias_add(ctx, yo.data, tpk__param_w(ctx, l->b), yo.shape[0], l->out, ctx->dtype));
     *y = yo;
     return TPK_OK;
 }

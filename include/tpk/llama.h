@@ -107,7 +107,7 @@ static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *
 }
 
 /* dx of the last forward from dy (the layout of y); accumulates every gradient of the block. */
-static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk__llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {
     static const char *fn = "tpk_llama_block_backward";
     if (!ctx) return TPK_ERR_ARG;
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
@@ -117,12 +117,25 @@ static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block 
     tpk_tensor g, dh, dx1, da;
     TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g)); /* the MLP branch's gradient (dy) */
     TPK_TRY(tpk_swiglu_mlp_backward(ctx, &b->mlp, g, &dh));
+    if (inplace) { /* as GPT-2's: the norms' input gradients added onto dy's buffer, which becomes dx */
+        TPK_TRY(tpk_rmsnorm_backward_add(ctx, &b->norm_2, dh, dy));
+        TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dy, &g));
+        TPK_TRY(tpk_gqa_attention_backward(ctx, &b->attn, g, &da));
+        TPK_TRY(tpk_rmsnorm_backward_add(ctx, &b->norm_1, da, dy));
+        *dx = dy;
+        return TPK_OK;
+    }
     TPK_TRY(tpk_rmsnorm_backward(ctx, &b->norm_2, dh, &dx1));    /* in norm_2's buffer */
     TPK_TRY(tpk_residual_backward_add(ctx, &b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
     TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dx1, &g));
     TPK_TRY(tpk_gqa_attention_backward(ctx, &b->attn, g, &da));
     TPK_TRY(tpk_rmsnorm_backward(ctx, &b->norm_1, da, dx));      /* in norm_1's buffer */
     return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
+}
+/* dx of the last forward from dy (left unchanged); accumulates every gradient of the block (see
+ * tpk__gpt2_block_backward for the in-place form the model uses). */
+static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk__llama_block_backward(ctx, b, dy, dx, false);
 }
 
 /* The block's buffers by set (tpk/recompute.h): LENT the norms' outputs and the attention's and
@@ -204,7 +217,7 @@ static inline tpk_status tpk__llama_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_te
     return tpk_llama_block_forward(ctx, &l->layers[i], x, l->B, l->S, y);
 }
 static inline tpk_status tpk__llama_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
-    return tpk_llama_block_backward(ctx, &((tpk_llama *)m)->layers[i], dy, dx);
+    return tpk__llama_block_backward(ctx, &((tpk_llama *)m)->layers[i], dy, dx, true); /* the stack's gradient buffer, in place */
 }
 static inline tpk_status tpk__llama_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk_llama *l = (tpk_llama *)m;

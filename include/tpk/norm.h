@@ -113,6 +113,22 @@ static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, 
     return TPK_OK;
 }
 
+/* *acc += dx of the last forward, in one pass (the op adds its dx onto acc): a residual block's skip
+ * gradient and its branch's gradient joined without a buffer or an add of their own. acc: the
+ * layout and shape of the forward's input; dy in the layout of y. */
+static inline tpk_status tpk_layernorm_backward_add(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy, tpk_tensor acc) {
+    static const char *fn = "tpk_layernorm_backward_add";
+    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    TPK_TRY(tpk__ln_check(ctx, fn, l, &dy, "dy", &acc, l ? l->x.gshape[0] : 0));
+    TPK_TRY(tpk__check(ctx, fn, "acc", &acc, dy.layout, ctx->dtype, 2, dy.gshape));
+    if (acc.data == dy.data && dy.shape[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "acc: must not alias dy");
+    if (dy.shape[0])
+        TPK_TRY(tpk_op_layernorm_bwd(ctx, acc.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
+                                     tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p, dy.shape[0], l->H, ctx->dtype,
+                                     true));
+    return TPK_OK;
+}
+
 static inline void tpk_layernorm_destroy(tpk_ctx *ctx, tpk_layernorm *l) {
     tpk__buf_free(ctx, &l->y), tpk__buf_free(ctx, &l->mean), tpk__buf_free(ctx, &l->rstd), tpk__buf_free(ctx, &l->dx), tpk__buf_free(ctx, &l->x1);
 }
@@ -185,6 +201,19 @@ static inline tpk_status tpk_rmsnorm_backward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_
         TPK_TRY(tpk_op_rmsnorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data, tpk_param_data(ctx, l->w), (const float *)l->rstd.p,
                                    rows, l->H, ctx->dtype, false));
     *dx = o;
+    return TPK_OK;
+}
+
+/* *acc += dx of the last forward, in one pass (as tpk_layernorm_backward_add). */
+static inline tpk_status tpk_rmsnorm_backward_add(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy, tpk_tensor acc) {
+    static const char *fn = "tpk_rmsnorm_backward_add";
+    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    TPK_TRY(tpk__rms_check(ctx, fn, l, &dy, "dy", &acc, l ? l->x.gshape[0] : 0));
+    TPK_TRY(tpk__check(ctx, fn, "acc", &acc, dy.layout, ctx->dtype, 2, dy.gshape));
+    if (acc.data == dy.data && dy.shape[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "acc: must not alias dy");
+    if (dy.shape[0])
+        TPK_TRY(tpk_op_rmsnorm_bwd(ctx, acc.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data, tpk_param_data(ctx, l->w), (const float *)l->rstd.p,
+                                   dy.shape[0], l->H, ctx->dtype, true));
     return TPK_OK;
 }
 

@@ -11,7 +11,10 @@
 #ifndef TPK_OPS_H
 #define TPK_OPS_H
 
+#include <math.h>
+
 #include "core.h"
+#include "rng.h" /* TPK_HD: the functions below serve the host and the device */
 
 typedef struct tpk_ctx tpk_ctx;
 
@@ -39,6 +42,24 @@ static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int
 /* The factor that clips a gradient of norm N to `clip` (1 when clip <= 0 or N is within it): one
  * expression for the host (tpk_clip_factor) and every backend's adamw, device code included. */
 #define TPK__CLIP_FACTOR(N, clip) ((clip) > 0 && (N) > (double)(clip) ? (float)((double)(clip) / (N)) : 1.0f)
+
+/* Row t's loss (*loss; 0 when skip: an ignored target) and lse (returned) from the P ranks'
+ * statistics part [P, T, 4] of xent_stats: M = max_r m_r, lse = M + log sum_r s_r e^(m_r - M)
+ * (ranks with no columns, s = 0, add nothing), in double, r ascending — xent_loss's and
+ * xent_fused's arithmetic on every backend. */
+TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, int64_t P, int64_t T, int64_t t, bool skip, int64_t V, float eps) {
+    float M = -INFINITY;
+    for (int64_t r = 0; r < P; r++) M = fmaxf(M, part[4 * (r * T + t)]);
+    double S = 0, zy = 0, sz = 0;
+    for (int64_t r = 0; r < P; r++) {
+        const float *q = part + 4 * (r * T + t);
+        if (q[1] > 0) S += (double)q[1] * exp((double)q[0] - (double)M);
+        zy += q[2], sz += q[3];
+    }
+    double l = (double)M + log(S);
+    *loss = skip ? 0.0f : (float)(l - (1.0 - eps) * zy - eps * sz / (double)V);
+    return (float)l;
+}
 
 /* Every required entry of tpk_ops by name, in two lists (X(entry) each): tpk_ctx_init refuses a
  * table without one of them (tpk__ops_missing), and the backends fill their tables from the same

@@ -122,8 +122,10 @@ static inline tpk_status tpk__stack_forward(tpk_ctx *ctx, tpk__stack *st, tpk_te
     return TPK_OK;
 }
 
-/* g: the gradient of the last forward's output; *dx: of its input. Each block's input gradient
- * is copied into one buffer, so the next block's borrowed buffers may reuse its memory. */
+/* g: the gradient of the last forward's output, whose buffer the stack takes over (st->bwd works
+ * in place: each block's input gradient comes back in the buffer of its output gradient); *dx: of
+ * the stack's input. A block that returns its input gradient elsewhere has it copied into one
+ * buffer, so the next block's borrowed buffers may reuse that memory. */
 static inline tpk_status tpk__stack_backward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor g, tpk_tensor *dx) {
     int sets = tpk__stack_sets(st->mode, true);
     for (int64_t i = st->L - 1; i >= 0; i--) {
@@ -136,8 +138,9 @@ static inline tpk_status tpk__stack_backward(tpk_ctx *ctx, tpk__stack *st, tpk_t
         } else if (st->mode == TPK_RECOMPUTE_SELECTIVE) {
             s = st->recompute(ctx, st->m, i); /* the lent buffers' contents again */
         }
+        tpk_tensor gin = g;
         if (s == TPK_OK) s = st->bwd(ctx, st->m, i, g, &g);
-        if (s == TPK_OK) s = tpk__stack_keep(ctx, &st->b->grad, g, &g);
+        if (s == TPK_OK && g.data != gin.data) s = tpk__stack_keep(ctx, &st->b->grad, g, &g);
         tpk__stack_lend(st, i, sets);
         TPK_TRY(s);
         if (st->ready) TPK_TRY(st->ready(ctx, st->m, i));

@@ -530,24 +530,10 @@ static tpk_status cuda_xent_stats(tpk_ctx *ctx, float *part, const void *z, cons
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* Row t's lse and loss from the P ranks' statistics part [P, T, 4]: the host's arithmetic (double,
- * r ascending); returns lse */
-__device__ __forceinline__ float xent_loss_row(float *loss, const float *part, int64_t P, int64_t T, int64_t t, bool skip, int64_t V, float eps) {
-    float M = -INFINITY;
-    for (int64_t r = 0; r < P; r++) M = fmaxf(M, part[4 * (r * T + t)]);
-    double S = 0, zy = 0, sz = 0;
-    for (int64_t r = 0; r < P; r++) {
-        const float *q = part + 4 * (r * T + t);
-        if (q[1] > 0) S += (double)q[1] * exp((double)q[0] - (double)M);
-        zy += q[2], sz += q[3];
-    }
-    double l = (double)M + log(S);
-    *loss = skip ? 0.0f : (float)(l - (1.0 - eps) * zy - eps * sz / (double)V);
-    return (float)l;
-}
+/* the loss and lse of each row: tpk__xent_loss_row (tpk/ops.h), the host's arithmetic */
 static __global__ void xent_loss_kernel(float *loss, float *lse, const float *part, int64_t P, const int32_t *y, int64_t T, int64_t V, float eps,
                                         int32_t ignore) {
-    TPK__GRID_STRIDE(t, (size_t)T) lse[t] = xent_loss_row(loss + t, part, P, T, (int64_t)t, y[t] == ignore, V, eps);
+    TPK__GRID_STRIDE(t, (size_t)T) lse[t] = tpk__xent_loss_row(loss + t, part, P, T, (int64_t)t, y[t] == ignore, V, eps);
 }
 static tpk_status cuda_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
                                  int64_t V, float smoothing, int32_t ignore_index) {
@@ -621,7 +607,7 @@ static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
 }
 
 /* The loss and gradient of one rank holding the whole vocabulary, a row per block: the statistics
- * (xent_stats_block: one read of the row from memory), the loss and lse (xent_loss_row, P = 1,
+ * (xent_stats_block: one read of the row from memory), the loss and lse (tpk__xent_loss_row, P = 1,
  * computed alike by every thread), then dz over the row, padding included (its second read comes
  * from the L2 cache the first one filled: 100 KB for GPT-2's bf16 row) — the same functions as
  * xent_stats, xent_loss and xent_grad, so the same bits. dz may alias z (each element read
@@ -636,7 +622,7 @@ __global__ void __launch_bounds__(XENT_THREADS) xent_fused_kernel(T *dz, float *
     bool skip = yt == ignore;
     float p[4], lt;
     xent_stats_block<VEC>(p, z, t, V, ld, yt, sh);
-    float l = xent_loss_row(&lt, p, 1, 1, 0, skip, V, eps);
+    float l = tpk__xent_loss_row(&lt, p, 1, 1, 0, skip, V, eps);
     if (threadIdx.x == 0) loss[t] = lt, lse[t] = l;
     __syncthreads(); /* every thread's reads of the row for the statistics precede any write of dz */
     for (int64_t j = (int64_t)threadIdx.x * N; j < ld; j += (int64_t)blockDim.x * N) {

@@ -221,21 +221,6 @@ TPK__HOST_INLINE void xent_stats_row(tpk_dtype dt, float *p, const void *z, size
     }
     p[0] = m, p[1] = (float)se, p[2] = c >= 0 && c < Vl ? tpk__ld(z, dt, base + (size_t)c) : 0.0f, p[3] = (float)sz;
 }
-/* row t's loss and lse from the P ranks' statistics part [P, T, 4] (ranks with no columns, s = 0,
- * add nothing) */
-static void xent_loss_row(float *loss, float *lse, const float *part, int64_t P, int64_t T, int64_t t, bool skip, int64_t V, float eps) {
-    float M = -INFINITY;
-    for (int64_t r = 0; r < P; r++) M = fmaxf(M, part[4 * (r * T + t)]);
-    double S = 0, zy = 0, sz = 0;
-    for (int64_t r = 0; r < P; r++) {
-        const float *q = part + 4 * (r * T + t);
-        if (q[1] > 0) S += (double)q[1] * exp((double)q[0] - (double)M);
-        zy += q[2], sz += q[3];
-    }
-    double l = (double)M + log(S);
-    lse[t] = (float)l;
-    loss[t] = skip ? 0.0f : (float)(l - (1.0 - eps) * zy - eps * sz / (double)V);
-}
 /* dz of row t (the Vl real columns and the padding up to ld) with dloss d */
 TPK__HOST_INLINE void xent_grad_row(tpk_dtype dt, void *dz, const void *z, size_t base, float lse, bool skip, int64_t c, float d, int64_t Vl,
                                     int64_t ld, int64_t V, float eps) {
@@ -258,7 +243,7 @@ static tpk_status host_xent_stats(tpk_ctx *ctx, float *part, const void *z, cons
 static tpk_status host_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
                                  int64_t V, float smoothing, int32_t ignore_index) {
     (void)ctx;
-    for (int64_t t = 0; t < T; t++) xent_loss_row(loss, lse, part, P, T, t, targets[t] == ignore_index, V, smoothing);
+    for (int64_t t = 0; t < T; t++) lse[t] = tpk__xent_loss_row(loss + t, part, P, T, t, targets[t] == ignore_index, V, smoothing);
     return TPK_OK;
 }
 /* the losses summed in double, t ascending (the order the host always used), divided once */
@@ -289,7 +274,7 @@ TPK__HOST_INLINE void xent_fused_loop(tpk_dtype dt, void *dz, float *loss, float
         size_t base = (size_t)(t * ld);
         bool skip = y[t] == ignore;
         xent_stats_row(dt, p, z, base, V, y[t]);
-        xent_loss_row(loss + t, lse + t, p, 1, 1, 0, skip, V, eps);
+        lse[t] = tpk__xent_loss_row(loss + t, p, 1, 1, 0, skip, V, eps);
         xent_grad_row(dt, dz, z, base, lse[t], skip, y[t], g, V, ld, V, eps);
     }
 }
