@@ -120,6 +120,7 @@ NOT_PROVIDED(rmsnorm_bwd, void *dx, float *dw, const void *dy, const void *x, co
 NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale,
              double *norm, float clip, const int64_t *decay, int64_t nruns)
 NOT_PROVIDED(sumsq, double *out, const float *x, size_t n, bool accumulate)
+NOT_PROVIDED(linear_bwd_act, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n, int64_t k, tpk_act act, tpk_dtype dt)
 NOT_PROVIDED(residual_layernorm_fwd, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows,
      int64_t cols, float eps, tpk_dtype dt)
 
@@ -132,7 +133,7 @@ static tpk_ops my_table(void) {
     o.rng_2d = my_rng_2d, o.dropout = my_dropout, o.layernorm_fwd = my_layernorm_fwd, o.layernorm_bwd = my_layernorm_bwd;
     o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_stats = my_xent_stats, o.xent_fused = my_xent_fused;
     o.xent_loss = my_xent_loss, o.xent_mean = my_xent_mean, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;
-    o.sumsq = my_sumsq, o.linear_fwd = my_linear_fwd, o.residual_layernorm_fwd = my_residual_layernorm_fwd;
+    o.sumsq = my_sumsq, o.linear_fwd = my_linear_fwd, o.linear_bwd_act = my_linear_bwd_act, o.residual_layernorm_fwd = my_residual_layernorm_fwd;
     o.rope = my_rope, o.swiglu_fwd = my_swiglu_fwd, o.swiglu_bwd = my_swiglu_bwd, o.rmsnorm_fwd = my_rmsnorm_fwd, o.rmsnorm_bwd = my_rmsnorm_bwd;
     return o;
 }

@@ -41,6 +41,7 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
     if (test__fails_case > f0) return 1;
     test_set_weights(ctx, 99, 0.5f);
     tpk_tensor y0, y1, z, dz, dy1, dy0;
+    memset(&dz, 0, sizeof dz), memset(&dy1, 0, sizeof dy1), memset(&dy0, 0, sizeof dy0);
     CHECK_OK(ctx, tpk_embedding_forward(ctx, &c.e, ids, B, S, &y0));
     CHECK_OK(ctx, tpk_layernorm_forward(ctx, &c.ln, y0, &y1));
     CHECK_OK(ctx, tpk_col_linear_forward(ctx, &c.head, y1, &z));

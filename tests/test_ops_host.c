@@ -649,7 +649,7 @@ static const struct ops_entry ops_entries[] = {
     OPS_ENTRY(xent_fused),   OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
     OPS_ENTRY(attn_bwd),    OPS_ENTRY(rope),          OPS_ENTRY(swiglu_fwd),    OPS_ENTRY(swiglu_bwd),
     OPS_ENTRY(rmsnorm_fwd), OPS_ENTRY(rmsnorm_bwd),   OPS_ENTRY(adamw),         OPS_ENTRY(sumsq),
-    OPS_ENTRY(linear_fwd),  OPS_ENTRY(residual_layernorm_fwd),
+    OPS_ENTRY(linear_fwd),  OPS_ENTRY(linear_bwd_act), OPS_ENTRY(residual_layernorm_fwd),
 };
 enum { OPS_N = sizeof ops_entries / sizeof *ops_entries };
 /* the optional entries: the profiler's timer (tpk/profile.h falls back to the host clock) */
@@ -854,6 +854,55 @@ static void test_linear_fwd(void) {
     }
 }
 
+/* linear_bwd_act against a double reference: du = (dy W) gelu'(pre), db = colsum(du) */
+static void test_linear_bwd_act(void) {
+    TEST_CASE("host linear_bwd_act: du = (dy W) gelu'(pre) and db = its column sums against double references, f32 and bf16, db or not; bad input") {
+        enum { T = 9, N = 13, K = 11 };
+        float dy[T * K], w[K * N], pre[T * N], du[T * N], db[N], rdu[T * N], rdb[N];
+        test_randn(dy, T * K, 75, 1.0f), test_randn(w, K * N, 76, 0.5f), test_randn(pre, T * N, 77, 1.5f);
+        for (int v = 0; v < 4; v++) {
+            bool with_db = v & 1;
+            tpk_dtype dt = (v & 2) ? TPK_BF16 : TPK_F32;
+            uint16_t dyh[T * K], wh[K * N], ph[T * N], duh[T * N], dbh[N];
+            const void *dya = dy, *wa = w, *pa = pre;
+            void *dua = du, *dba = db;
+            if (dt == TPK_BF16) {
+                for (int i = 0; i < T * K; i++) dyh[i] = tpk_f32_to_bf16(dy[i]);
+                for (int i = 0; i < K * N; i++) wh[i] = tpk_f32_to_bf16(w[i]);
+                for (int i = 0; i < T * N; i++) ph[i] = tpk_f32_to_bf16(pre[i]);
+                dya = dyh, wa = wh, pa = ph, dua = duh, dba = dbh;
+            }
+            test_poison(du, T * N), test_poison(db, N);
+            if (dt == TPK_BF16) memset(duh, 0xff, sizeof duh), memset(dbh, 0xff, sizeof dbh);
+            CHECK_OK(&ctx, tpk_op_linear_bwd_act(&ctx, dua, with_db ? dba : NULL, dya, wa, pa, T, N, K, TPK_ACT_GELU_TANH, dt));
+            for (int j = 0; j < N; j++) rdb[j] = 0;
+            double sdb[N] = {0};
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < N; j++) {
+                    double g = 0, u = dt == TPK_BF16 ? tpk_bf16_to_f32(ph[t * N + j]) : pre[t * N + j];
+                    for (int q = 0; q < K; q++)
+                        g += dt == TPK_BF16 ? (double)tpk_bf16_to_f32(dyh[t * K + q]) * tpk_bf16_to_f32(wh[q * N + j]) : (double)dy[t * K + q] * w[q * N + j];
+                    rdu[t * N + j] = (float)(g * gelu_grad_d(u)), sdb[j] += g * gelu_grad_d(u);
+                }
+            for (int j = 0; j < N; j++) rdb[j] = (float)sdb[j];
+            if (dt == TPK_BF16) {
+                for (int i = 0; i < T * N; i++) du[i] = tpk_bf16_to_f32(duh[i]);
+                for (int i = 0; i < N; i++) db[i] = tpk_bf16_to_f32(dbh[i]);
+            }
+            double tol = dt == TPK_BF16 ? 2e-2 : 1e-5;
+            CHECK_CLOSE(du, rdu, T * N, tol, "du = (dy W) gelu'(pre)");
+            if (with_db) CHECK_CLOSE(db, rdb, N, tol, "db = column sums of du");
+            else CHECK(dt == TPK_BF16 ? dbh[0] == 0xffff : isnan(db[0]), "db written without being asked for");
+        }
+        CHECK_OK(&ctx, tpk_op_linear_bwd_act(&ctx, NULL, db, NULL, NULL, NULL, 0, N, K, TPK_ACT_GELU_TANH, TPK_F32)); /* no rows: db = 0 */
+        CHECK(db[0] == 0.0f && db[N - 1] == 0.0f, "no rows: db %g, expected 0", db[0]);
+        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, du, db, dy, w, pre, T, N, K, TPK_ACT_NONE, TPK_F32), TPK_ERR_ARG, "act: expected an activation");
+        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, pre, db, dy, w, pre, T, N, K, TPK_ACT_GELU_TANH, TPK_F32), TPK_ERR_ARG, "du: must not alias");
+        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, du, db, dy, w, NULL, T, N, K, TPK_ACT_GELU_TANH, TPK_F32), TPK_ERR_ARG, "pre: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, du, db, dy, w, pre, T, -1, K, TPK_ACT_GELU_TANH, TPK_F32), TPK_ERR_ARG, "n: expected >= 0");
+    }
+}
+
 /* a row of the profile by name, or NULL */
 static const tpk__prof_row *prof_row(const tpk_ctx *c, const char *name) {
     for (int i = 0; i < c->prof->nrows; i++)
@@ -917,6 +966,7 @@ int main(int argc, char **argv) {
     test_front_end();
     test_optimizer();
     test_linear_fwd();
+    test_linear_bwd_act();
     test_profile();
     tpk_ctx_destroy(&ctx);
     return test_finish();

@@ -234,8 +234,10 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
 }
 
 /* Column backward: dy S(-1) [T, out_r] (R [T, out] with gather_output) -> *dx R [T, in]
- * (S(0) under sequence parallelism); accumulates dW_r, db_r. */
-static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+ * (S(0) under sequence parallelism); accumulates dW_r, db_r. fused: dy is already the gradient
+ * of the pre-activation and db_r already added (the row linear after this one did both in its dx
+ * GEMM: tpk__row_linear_backward with this layer as `act_of`). */
+static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx, bool fused) {
     static const char *fn = "tpk_col_linear_backward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", dx));
     int t = ctx->tp.size;
@@ -250,7 +252,7 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     } else {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, tpk__col_out_layout(l), ctx->dtype, 2, want));
     }
-    if (l->d.act != TPK_ACT_NONE) { /* through the fused activation: du = dy act'(pre) */
+    if (l->d.act != TPK_ACT_NONE && !fused) { /* through the fused activation: du = dy act'(pre) */
         tpk_tensor du = dy;
         TPK_TRY(tpk__buf_view(ctx, &l->du, &du));
         if (T && n) TPK_TRY(tpk_op_act_bwd(ctx, l->d.act, du.data, l->pre.p, dy.data, ctx->dtype, (size_t)(T * n)));
@@ -282,13 +284,16 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
     tpk_status s = TPK_OK;
     if (n && T) {
         s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, l->x.data, l->in, &l->gw);
-        if (s == TPK_OK && l->b >= 0) s = tpk__grad_bias(ctx, l->b, dy.data, T, n, &l->gw);
+        if (s == TPK_OK && l->b >= 0 && !fused) s = tpk__grad_bias(ctx, l->b, dy.data, T, n, &l->gw);
     }
     tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
     TPK_TRY(ws);
     *dx = out;
     return TPK_OK;
+}
+static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk__col_linear_backward(ctx, l, dy, dx, false);
 }
 
 /* Row forward: x S(-1) [T, in_r] (or R [T, in], sliced) -> *y R [T, out] (S(0) under
@@ -340,9 +345,15 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
 }
 
 /* Row backward: dy R [T, out] (S(0) under sequence parallelism) -> *dx S(-1) [T, in_r]
- * (R [T, in] when the forward input was R); accumulates dW_r and db. */
-static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+ * (R [T, in] when the forward input was R); accumulates dW_r and db. act_of (may be NULL): the
+ * column linear with an activation whose output this layer took (an MLP's c_fc, the same
+ * features): its act' and its bias gradient are then taken in this layer's dx GEMM
+ * (tpk_op_linear_bwd_act; *dx is the gradient of its pre-activation, its db_r accumulated), and its
+ * backward is tpk__col_linear_backward(..., fused = true). Returns 1 in *fused when that happened. */
+static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx, tpk_col_linear *act_of,
+                                                  bool *fused) {
     static const char *fn = "tpk_row_linear_backward";
+    if (fused) *fused = false;
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &dy, "dy", dx));
     if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
@@ -357,10 +368,22 @@ static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l
     }
     tpk_tensor dxs = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit));
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
+    bool fuse = act_of && act_of->d.act != TPK_ACT_NONE && !l->x_was_R && !act_of->d.gather_output && act_of->n_local == n && act_of->T == T;
     if (n && T) {
-        TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
+        if (fuse) { /* du = (dy W_r) act'(pre) and db_r = colsum(du) of the column linear before, in one op */
+            void *db = NULL;
+            if (act_of->b >= 0) {
+                TPK_TRY(tpk__buf_reserve(ctx, &act_of->gw, (size_t)n * tpk_dtype_size(ctx->dtype)));
+                db = act_of->gw.p;
+            }
+            TPK_TRY(tpk_op_linear_bwd_act(ctx, dxs.data, db, dy.data, tpk__param_w(ctx, l->w), act_of->pre.p, T, n, l->out, act_of->d.act, ctx->dtype));
+            if (db) TPK_TRY(tpk__grad_add(ctx, tpk_param_grad(ctx, act_of->b), db, (size_t)n));
+        } else {
+            TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
+        }
         TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n, &l->gw));
     }
+    if (fused) *fused = fuse; /* (no rows or no columns: du is empty, nothing to add either way) */
     if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out, &l->gw));
     if (l->x_was_R) {
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_R);
@@ -370,6 +393,9 @@ static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l
     }
     *dx = dxs;
     return TPK_OK;
+}
+static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk__row_linear_backward(ctx, l, dy, dx, NULL, NULL);
 }
 
 #endif /* TPK_LINEAR_H */

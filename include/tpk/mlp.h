@@ -5,8 +5,9 @@
  *             h_r = act(x W1_rᵀ + b1_r)    S(-1) [T, F_r]     (no communication; one fused op,
  *                                                            tpk_op_linear_fwd with act)
  *             y = h_r W2_rᵀ  P -> all-reduce -> R (SP: reduce-scatter -> S(0)); + b2
- *   backward  dh_r = dy W2_r; dW2_r += dyᵀ h_r; db2 += colsum(dy)
- *             du_r = dh_r act'(u_r); dx = du_r W1_r  P -> all-reduce (SP: reduce-scatter),
+ *   backward  du_r = (dy W2_r) act'(u_r), db1_r += colsum(du_r)  (one op: tpk_op_linear_bwd_act);
+ *             dW2_r += dyᵀ h_r; db2 += colsum(dy)
+ *             dx = du_r W1_r  P -> all-reduce (SP: reduce-scatter),
  *             overlapped with dW1_r += du_rᵀ x, db1_r += colsum(du_r)
  * One all-reduce of T H each way (SP: one all-gather and one reduce-scatter each way). */
 #ifndef TPK_MLP_H
@@ -77,9 +78,11 @@ static inline tpk_status tpk__mlp_recompute(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor
 static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_backward", "layer: expected an initialised MLP");
-    tpk_tensor dh;
-    TPK_TRY(tpk_row_linear_backward(ctx, &m->c_proj, dy, &dh)); /* S(-1) [T, F_r] */
-    return tpk_col_linear_backward(ctx, &m->c_fc, dh, dx);  /* through act', then c_fc */
+    tpk_tensor du;
+    bool fused;
+    /* du = (dy W2_r) act'(u_r) and db1_r in c_proj's dx GEMM (one op; cuBLASLt's DGELU_BGRAD epilogue) */
+    TPK_TRY(tpk__row_linear_backward(ctx, &m->c_proj, dy, &du, &m->c_fc, &fused)); /* S(-1) [T, F_r] */
+    return tpk__col_linear_backward(ctx, &m->c_fc, du, dx, fused);              /* then c_fc's GEMMs */
 }
 
 /* ---- SwiGLU MLP (Llama) ------------------------------------------------------------------------------

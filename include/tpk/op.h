@@ -265,6 +265,26 @@ static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, con
     TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
     return any ? TPK__PROF_OP(ctx, "linear_fwd", 0, 2.0 * (double)T * (double)n * (double)k, ctx->ops->linear_fwd(ctx, y, pre, x, w, bias, T, n, k, act, dt)) : TPK_OK;
 }
+/* du = (dy W) act'(pre), db = colsum(du) (see tpk_ops.linear_bwd_act) */
+static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
+                                               int64_t k, tpk_act act, tpk_dtype dt) {
+    static const char *fn = "tpk_op_linear_bwd_act";
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_act(ctx, fn, act));
+    if (act == TPK_ACT_NONE) return tpk__fail(ctx, TPK_ERR_ARG, fn, "act: expected an activation, got none (use tpk_op_gemm)");
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "n", n));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "k", k));
+    bool any = T > 0 && n > 0;
+    const void *ps[] = {du, pre};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "du,pre", ps, 2, any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, any && k > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
+    if (any && (du == dy || du == pre || du == w)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "du: must not alias dy, w or pre");
+    if (!any) return db && n ? tpk_op_fill(ctx, db, dt, (size_t)n, 0.0f) : TPK_OK; /* no rows: db = 0 */
+    return TPK__PROF_OP(ctx, "linear_bwd_act", 0, 2.0 * (double)T * (double)n * (double)k, ctx->ops->linear_bwd_act(ctx, du, db, dy, w, pre, T, n, k, act, dt));
+}
 
 /* ---- layernorm ------------------------------------------------------------------------------------- */
 

@@ -66,7 +66,7 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
  * lists (o->entry = <backend>_entry), so a new op is named in one place. */
 #define TPK__OPS_CORE(X)                                                                               \
     X(alloc) X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(bias_add) X(bias_grad) \
-    X(linear_fwd) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
+    X(linear_fwd) X(linear_bwd_act) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
 #define TPK__OPS_LAYERS(X)                                                                              \
     X(dropout) X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)   \
     X(xent_stats) X(xent_loss) X(xent_fused) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)     \
@@ -232,6 +232,14 @@ typedef struct tpk_ops {
      * touched with NONE. Equal to gemm + bias_add (+ act_fwd). */
     tpk_status (*linear_fwd)(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                              int64_t k, tpk_act act, tpk_dtype dt);
+    /* A data gradient through a GEMM, then back through the activation before it, in one pass
+     * where the backend can fuse it (cuBLASLt's DGELU and BGRAD epilogues): for dy [T, k] and
+     * W [k, n] (the next layer's weight, row-major [its out = k, its in = n]),
+     *   du = (dy W) act'(pre)   [T, n], pre [T, n] the forward's pre-activation (act != NONE)
+     *   db = sum_t du[t]        [n] (written, not accumulated; NULL: not computed)
+     * all in dt; du aliases none of the inputs. Equal to gemm + act_bwd + bias_grad. */
+    tpk_status (*linear_bwd_act)(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
+                                 int64_t k, tpk_act act, tpk_dtype dt);
 
     /* The residual add and the layernorm after it in one pass:  x1 = x + r  (stored in dt; x1
      * may alias x), then exactly layernorm_fwd on x1 (y, mean, rstd). Equal to axpby +

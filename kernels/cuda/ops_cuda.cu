@@ -328,8 +328,9 @@ static inline uint32_t ptr_align(const void *p) {
 }
 
 /* epilogues of the fused linear forward (linear_fwd): none, + bias, gelu keeping the
- * pre-activation (aux) with or without bias */
-enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX, EPI_GELU_AUX_BIAS };
+ * pre-activation (aux) with or without bias; of the fused backward (linear_bwd_act): the gelu
+ * gradient from that aux, with or without the bias gradient (the column sums of the result) */
+enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX, EPI_GELU_AUX_BIAS, EPI_DGELU, EPI_DGELU_BGRAD };
 struct gemm_key {
     int ta, tb, dt, tf32;
     int64_t m, n, k, lda, ldb, ldc;
@@ -385,9 +386,11 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, gemm_p
     if (s == CUBLAS_STATUS_SUCCESS && key.epi != EPI_NONE) {
         /* the result is column-major [n, m]: its rows are our output features, so the bias
          * (one value per row of D) is per feature; the aux (pre-activation) has D's shape */
-        cublasLtEpilogue_t e = key.epi == EPI_BIAS       ? CUBLASLT_EPILOGUE_BIAS
-                               : key.epi == EPI_GELU_AUX ? CUBLASLT_EPILOGUE_GELU_AUX
-                                                         : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        cublasLtEpilogue_t e = key.epi == EPI_BIAS        ? CUBLASLT_EPILOGUE_BIAS
+                               : key.epi == EPI_GELU_AUX  ? CUBLASLT_EPILOGUE_GELU_AUX
+                               : key.epi == EPI_DGELU     ? CUBLASLT_EPILOGUE_DGELU
+                               : key.epi == EPI_DGELU_BGRAD ? CUBLASLT_EPILOGUE_DGELU_BGRAD
+                                                          : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
         if (s == CUBLAS_STATUS_SUCCESS && key.epi != EPI_BIAS) {
             int64_t ld = key.ldc;
@@ -485,8 +488,9 @@ static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bo
         return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt); /* the tiled kernel */
     }
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    if (epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (s == CUBLAS_STATUS_SUCCESS && (epi == EPI_GELU_AUX || epi == EPI_GELU_AUX_BIAS))
+    if (epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS || epi == EPI_DGELU_BGRAD) /* DGELU_BGRAD writes the bias gradient there */
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (s == CUBLAS_STATUS_SUCCESS && epi != EPI_NONE && epi != EPI_BIAS)
         s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream);
@@ -789,6 +793,25 @@ static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *
     if (bias) TPK_TRY(cuda_bias_add(ctx, u, bias, T, n, dt));
     if (act != TPK_ACT_NONE) TPK_TRY(cuda_act_fwd(ctx, act, y, u, dt, (size_t)T * (size_t)n));
     return TPK_OK;
+}
+
+/* du = (dy W) act'(pre), db = colsum(du): one cuBLASLt call with the DGELU(_BGRAD) epilogue, which
+ * reads the pre-activation the forward's GELU_AUX epilogue kept (aux, D's shape: [T, n] row-major
+ * is cuBLASLt's column-major [n, T]; the bias gradient, one value per row of D, is per feature);
+ * where cuBLASLt has no fused algorithm (or the activation has no epilogue), gemm + act_bwd +
+ * bias_grad (the same result). */
+static tpk_status cuda_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
+                                      int64_t k, tpk_act act, tpk_dtype dt) {
+    static const char *fn = "cuda.linear_bwd_act";
+    TPK__CUDA_STATE(st, ctx, fn);
+    if (k > 0 && act == TPK_ACT_GELU_TANH) {
+        tpk_status s = gemm_run(ctx, fn, st, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt, db ? EPI_DGELU_BGRAD : EPI_DGELU, db,
+                                const_cast<void *>(pre));
+        if (s != TPK_ERR_UNSUPPORTED) return s;
+    }
+    TPK_TRY(cuda_gemm(ctx, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt));
+    TPK_TRY(cuda_act_bwd(ctx, act, du, pre, du, dt, (size_t)T * (size_t)n));
+    return db ? cuda_bias_grad(ctx, db, du, T, n, dt, false) : TPK_OK;
 }
 
 /* ---- the table ---------------------------------------------------------------------------------------------- */

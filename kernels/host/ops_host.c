@@ -309,6 +309,14 @@ static tpk_status host_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *
     return TPK_OK;
 }
 
+/* du = (dy W) act'(pre), db = colsum(du): the host composes gemm, act_bwd (in place) and bias_grad */
+static tpk_status host_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
+                                      int64_t k, tpk_act act, tpk_dtype dt) {
+    TPK_TRY(host_gemm(ctx, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt));
+    TPK_TRY(host_act_bwd(ctx, act, du, pre, du, dt, (size_t)(T * n)));
+    return db ? host_bias_grad(ctx, db, du, T, n, dt, false) : TPK_OK;
+}
+
 /* ---- counter-based random numbers ---------------------------------------------------------------- */
 
 TPK__HOST_INLINE void rng_loop(tpk_dtype dt, void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,

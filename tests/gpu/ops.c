@@ -182,6 +182,32 @@ static void test_linear_fwd(tpk_dtype dt) {
     }
 }
 
+/* linear_bwd_act: du = (dy W) gelu'(pre), db = colsum(du) — the fused DGELU(_BGRAD) epilogue
+ * reading its aux in the layout the forward's GELU_AUX writes (test_linear_fwd checks that one) —
+ * against the host's composition, on the pre-activation of a GELU forward (the host's, on both
+ * sides) */
+static void test_linear_bwd_act(tpk_dtype dt) {
+    TEST_CASE("linear_bwd_act: (dy W) gelu'(pre) and its column sums [%s]", tpk_dtype_name(dt)) {
+        int64_t T = 67, n = 96, k = 80; /* the MLP's shapes: n = F_r, k = H */
+        pair x = pair_randn(&cd, (size_t)(T * k), dt, 70, 1.0f), w1 = pair_randn(&cd, (size_t)(n * k), dt, 71, 0.2f), b1 = pair_randn(&cd, (size_t)n, dt, 72, 1.0f);
+        pair y = pair_from(&cd, NULL, (size_t)(T * n), dt), pre = pair_from(&cd, NULL, (size_t)(T * n), dt);
+        CHECK_OK(&ch, ch.ops->linear_fwd(&ch, y.h, pre.h, x.h, w1.h, b1.h, T, n, k, TPK_ACT_GELU_TANH, dt));
+        CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w1.d, b1.d, T, n, k, TPK_ACT_GELU_TANH, dt));
+        pair_sync_down(&cd, &pre); /* both sides from the same pre-activation (the host's) */
+        pair dy = pair_randn(&cd, (size_t)(T * k), dt, 73, 1.0f), w2 = pair_randn(&cd, (size_t)(k * n), dt, 74, 0.2f);
+        for (int with_db = 0; with_db < 2; with_db++) {
+            pair du = pair_from(&cd, NULL, (size_t)(T * n), dt), db = pair_from(&cd, NULL, (size_t)n, dt);
+            pair_poison(&cd, &du), pair_poison(&cd, &db);
+            CHECK_OK(&ch, ch.ops->linear_bwd_act(&ch, du.h, with_db ? db.h : NULL, dy.h, w2.h, pre.h, T, n, k, TPK_ACT_GELU_TANH, dt));
+            CHECK_OK(&cd, cd.ops->linear_bwd_act(&cd, du.d, with_db ? db.d : NULL, dy.d, w2.d, pre.d, T, n, k, TPK_ACT_GELU_TANH, dt));
+            pair_check(&cd, &du, tol_for(dt, TOL_SUM), with_db ? "linear_bwd_act du (with db)" : "linear_bwd_act du");
+            if (with_db) pair_check(&cd, &db, tol_for(dt, TOL_SUM), "linear_bwd_act db");
+            pair_free(&cd, &du), pair_free(&cd, &db);
+        }
+        pair_free(&cd, &x), pair_free(&cd, &w1), pair_free(&cd, &b1), pair_free(&cd, &y), pair_free(&cd, &pre), pair_free(&cd, &dy), pair_free(&cd, &w2);
+    }
+}
+
 /* the fused residual + layernorm forward against the host op */
 static void test_residual_layernorm(tpk_dtype dt) {
     TEST_CASE("residual_layernorm_fwd [%s]", tpk_dtype_name(dt)) {
@@ -587,6 +613,7 @@ int main(int argc, char **argv) {
         test_copy_rng_dropout(dt);
         test_gemm(dt);
         test_linear_fwd(dt);
+        test_linear_bwd_act(dt);
         test_residual_layernorm(dt);
         test_layernorm(dt, 300, 77);
         test_layernorm(dt, 40, 2000);
