@@ -40,7 +40,7 @@ endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/flash_emu
+TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/flash_emu $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
 HEADERS   = $(wildcard include/tpk/*.h)
@@ -113,6 +113,36 @@ $(B)/tests/flash_emu: tests/gpu/flash_emu.cpp kernels/cuda/flash.cuh $(HEADERS) 
 	@mkdir -p $(@D)
 	$(CXX) -std=c++17 -Wall -Wextra -Werror -Wno-unknown-pragmas -fno-strict-aliasing $(CFLAGS) $(CPPFLAGS) -pthread $< -o $@ \
 	  $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
+
+# The CUDA backend run on the CPU: kernels/cuda/*.cu (NCCL off) converted by tests/gpu/emu/cu2cpp.pl
+# (kernel launches, __shared__) into $(B)/emu/src and compiled by g++ as C++17 against the CUDA
+# emulation in tests/gpu/emu/ (runtime, cuBLASLt, CUB's sort; each thread a fiber); tests/gpu/ops.c
+# linked with it as with the real backend. Needs neither nvcc nor a GPU. The kernels' automatic
+# variables start as a pattern (-ftrivial-auto-var-init), so a read of an unset register shows.
+# Warnings: cu2cpp.pl turns off one -Wextra warning in the converted kernels (it says which and why);
+# gcc 12 at -O1 with sanitizers (make test-sanitize) warns of a maybe-uninitialized buffer in
+# gpu_test.h's pair_randn, which test_randn fills, hence -Wno-maybe-uninitialized for ops.c.
+EMU       = tests/gpu/emu
+EMU_CU    = ops_cuda ops_cuda_layers comm_self_cuda comm_nccl
+EMU_OBJ   = $(EMU_CU:%=$(B)/emu/%.o) $(B)/emu/runtime.o $(B)/emu/cublaslt.o
+EMU_HDRS  = $(wildcard $(EMU)/*.h) $(EMU)/cub/device/device_radix_sort.cuh
+EMU_CXX   = $(CXX) -std=c++17 -Wall -Wextra -Werror -fno-strict-aliasing -pthread $(CFLAGS) $(CPPFLAGS) -I$(EMU) -DTPK_NO_NCCL -DTPK_FLASH_EMU
+EMU_INIT := $(shell $(CXX) -ftrivial-auto-var-init=pattern -x c++ -c /dev/null -o /dev/null 2>/dev/null && echo -ftrivial-auto-var-init=pattern)
+$(B)/emu/src/%: kernels/cuda/% $(EMU)/cu2cpp.pl
+	@mkdir -p $(@D)
+	perl $(EMU)/cu2cpp.pl $< $@ $<
+$(EMU_CU:%=$(B)/emu/%.o): $(B)/emu/%.o: $(B)/emu/src/%.cu $(B)/emu/src/common.cuh $(B)/emu/src/flash.cuh $(EMU_HDRS) $(HEADERS)
+	@mkdir -p $(@D)
+	$(EMU_CXX) $(EMU_INIT) -x c++ -c $< -o $@
+$(B)/emu/runtime.o $(B)/emu/cublaslt.o: $(B)/emu/%.o: $(EMU)/%.cpp $(EMU_HDRS)
+	@mkdir -p $(@D)
+	$(EMU_CXX) -c $< -o $@
+$(B)/libtpk_cuda_emu.a: $(EMU_OBJ) $(HOST_OBJ)
+	rm -f $@ && ar rcs $@ $^
+# gpu_emu_ops and gpu_emu_layers (tests/gpu/layers.c; at 2 and 3 ranks, over MPI: 1 rank needs NCCL), both in the suite
+$(B)/tests/gpu_emu_%: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEADERS) $(B)/libtpk_cuda_emu.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) -Wno-maybe-uninitialized $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda_emu.a $(BLAS_LIBS) -lstdc++ -lm -pthread
 
 # The kit from a CUDA C++ file: compiled by nvcc, linked like a C++ program (tests/run.sh runs it).
 $(B)/tests/cuda_cxx: tests/cuda_cxx.cu $(HEADERS) $(B)/libtpk_cuda.a

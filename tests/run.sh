@@ -43,6 +43,14 @@ done
 run readme_example 2 $B/readme_example
 # the CUDA backend's tensor-core attention (kernels/cuda/flash.cuh) emulated on the CPU
 run flash_emu 1 $B/tests/flash_emu
+# the whole CUDA backend on the CPU (kernels/cuda/*.cu compiled by g++ against the CUDA emulation in
+# tests/gpu/emu/): tests/gpu/ops.c, every CUDA op against the host op; then again with the emulated
+# cuBLASLt finding no algorithm, so the backend's own GEMM kernel and composed linear_fwd run
+run gpu_emu_ops 1 $B/tests/gpu_emu_ops
+run gpu_emu_ops_fallback 1 -x TPK_EMU_LT_NOALGO=1 $B/tests/gpu_emu_ops
+# the CUDA layers and GPT-2 model (tests/gpu/layers.c) on the emulated backend against the host, ranks over MPI
+run gpu_emu_layers 2 $B/tests/gpu_emu_layers
+run gpu_emu_layers 3 $B/tests/gpu_emu_layers
 
 # the kit from a CUDA C++ file (tests/cuda_cxx.cu): built where nvcc is found (make test / cuda-check)
 if [ -x $B/tests/cuda_cxx ]; then

@@ -347,12 +347,12 @@ int main(int argc, char **argv) {
             CHECK_OK(both[k], tpk_col_linear_init(both[k], &c, 6, 9, &(tpk_linear_desc){.name = "qkv", .stride = 3, .init_std = 0.5f}));
             CHECK_OK(both[k], tpk_row_linear_init(both[k], &r, 11, 5, &(tpk_linear_desc){.name = "proj"}));
             int id;
-            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"cube", 3, {3, 7, 2, 0}, TPK_S(1), TPK_INIT_NORMAL, 1.f, false, 0}, &id));
-            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"ones", 1, {5, 0, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false, 0}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"cube", 3, {3, 7, 2, 0}, TPK_S(1), TPK_INIT_NORMAL, 1.f, false, 0, false}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"ones", 1, {5, 0, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false, 0, false}, &id));
             /* padded rows (a padded vocabulary) at t = np; unpadded in the reference: the same draw */
             int64_t pad = k == 0 ? tpk_vocab_padded(13, 4, np) : 0, pad_r = k == 0 ? 8 : 0;
-            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"padded", 2, {13, 3, 0, 0}, TPK_S(0), TPK_INIT_NORMAL, 1.f, true, pad}, &id));
-            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"padded_ones", 2, {5, 2, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false, pad_r}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"padded", 2, {13, 3, 0, 0}, TPK_S(0), TPK_INIT_NORMAL, 1.f, true, pad, false}, &id));
+            CHECK_OK(both[k], tpk_param_add(both[k], &(tpk_param_desc){"padded_ones", 2, {5, 2, 0, 0}, TPK_R, TPK_INIT_ONES, 0, false, pad_r, false}, &id));
         }
         { /* the stored shards: rows of 4 m on each rank (m = 4), the padding rows zero */
             int ip = tpk_param_find(&sh, "padded"), io = tpk_param_find(&sh, "padded_ones");
@@ -383,9 +383,9 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&sh, tpk_param_set_global(&sh, ip, NULL), TPK_ERR_ARG, "in: NULL");
             CHECK_OK(&ref, tpk_param_set_global(&ref, tpk_param_find(&ref, "padded"), w)); /* the comparison below */
             int bad;
-            CHECK_FAILS(&sh, tpk_param_add(&sh, &(tpk_param_desc){"bad_pad", 2, {13, 3, 0, 0}, TPK_S(0), TPK_INIT_ZEROS, 0, false, 12}, &bad), TPK_ERR_ARG,
+            CHECK_FAILS(&sh, tpk_param_add(&sh, &(tpk_param_desc){"bad_pad", 2, {13, 3, 0, 0}, TPK_S(0), TPK_INIT_ZEROS, 0, false, 12, false}, &bad), TPK_ERR_ARG,
                         "bad_pad: padded_rows: expected >= shape[0] = 13");
-            CHECK_FAILS(&sh, tpk_param_add(&sh, &(tpk_param_desc){"bad_pad2", 2, {13, 3, 0, 0}, TPK_S(1), TPK_INIT_ZEROS, 0, false, 16}, &bad), TPK_ERR_ARG,
+            CHECK_FAILS(&sh, tpk_param_add(&sh, &(tpk_param_desc){"bad_pad2", 2, {13, 3, 0, 0}, TPK_S(1), TPK_INIT_ZEROS, 0, false, 16, false}, &bad), TPK_ERR_ARG,
                         "layout R or S(0)");
         }
         CHECK(sh.params.n == ref.params.n, "parameter counts");
@@ -430,7 +430,7 @@ int main(int argc, char **argv) {
               (long long)u.off, (long long)u.size);
         CHECK(tpk_tp_vocab_split(&sh, 509, me).size == tpk_split_weighted(509, tw, np, me).size, "unpadded: the plain weighted split");
         int is, ir;
-        tpk_param_desc d = {"vocab", 2, {509, 3, 0, 0}, tpk_tp_vocab_layout(&sh, Vp, 0), TPK_INIT_NORMAL, 1.f, true, Vp}, dr = d;
+        tpk_param_desc d = {"vocab", 2, {509, 3, 0, 0}, tpk_tp_vocab_layout(&sh, Vp, 0), TPK_INIT_NORMAL, 1.f, true, Vp, false}, dr = d;
         dr.layout = TPK_S(0), dr.padded_rows = 0;
         CHECK_OK(&sh, tpk_param_add(&sh, &d, &is));
         CHECK_OK(&ref, tpk_param_add(&ref, &dr, &ir));

@@ -189,13 +189,14 @@ int main(int argc, char **argv) {
         int ids[NP];
         add_params(&ctx, ids);
         size_t n = ctx.params.numel;
-        float *mine = malloc(n * 4), *want = calloc(n, 4), *got = malloc(n * 4);
-        for (int r = 0; r < np; r++)
-            for (size_t k = 0; k < n; k++) {
-                float x = tpk_rng_normal(5, (uint64_t)r, k);
-                want[k] += x;
-                if (r == me) mine[k] = x;
-            }
+        float *mine = calloc(n, 4), *want = calloc(n, 4), *got = malloc(n * 4);
+        for (int r = 0; r < np; r++) /* the parameters' elements (the gaps between them stay zero, as in training) */
+            for (int i = 0; i < NP; i++)
+                for (size_t k = ctx.params.list[i].offset; k < ctx.params.list[i].offset + ctx.params.list[i].numel; k++) {
+                    float x = tpk_rng_normal(5, (uint64_t)r, k);
+                    want[k] += x;
+                    if (r == me) mine[k] = x;
+                }
         memcpy(ctx.params.grad.p, mine, n * 4);
         tpk_dp_buckets b = {0};
         tpk_comm_stats_reset(&ctx.dp);

@@ -256,6 +256,17 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
         for (int64_t c = 0; c < ld; c++) bad += v0 + c >= V && ((const float *)z->data)[t * ld + c] != 0.0f;
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); /* every rank fails alike: no rank skips a collective */
     CHECK(bad == 0, "%d non-zero gradients in the vocabulary's padding", bad);
+    /* every parameter at a multiple of TPK_PARAM_ALIGN elements (or right after the one before it:
+     * the parts of a strided shard), the gaps between them zero in the weights and the gradients */
+    size_t end = 0;
+    int misplaced = 0, gaps = 0;
+    for (int w = 0; w < ctx->params.n; w++) {
+        const tpk_param *p = &ctx->params.list[w];
+        misplaced += p->offset % TPK_PARAM_ALIGN != 0 && p->offset != end;
+        for (size_t k = end; k < p->offset; k++) gaps += ((const float *)ctx->params.data.p)[k] != 0.0f || ((const float *)ctx->params.grad.p)[k] != 0.0f;
+        end = p->offset + p->numel;
+    }
+    CHECK(misplaced == 0 && gaps == 0, "%d parameters off the alignment, %d non-zero elements between parameters", misplaced, gaps);
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
     CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
     o->n = test_gather_grads(ctx, o->grad, 64);

@@ -74,6 +74,17 @@ typedef struct tpk_linear {
 typedef tpk_linear tpk_col_linear;
 typedef tpk_linear tpk_row_linear;
 
+/* One part of a strided shard (tpk_linear_desc.parts): split on dim 0 in units of u; the parts after
+ * the first follow it in the flat buffer with no gap, so their shards are one strided shard. */
+static inline tpk_status tpk__linear_part(tpk_ctx *ctx, const char *name, int ndim, int64_t d0, int64_t d1, int u, tpk_init init, float std,
+                                         bool decay, bool follows, int *id) {
+    tpk_param_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = name, d.ndim = ndim, d.shape[0] = d0, d.shape[1] = ndim > 1 ? d1 : 0, d.layout = TPK_S_EX(0, 1, u);
+    d.init = init, d.std = std, d.decay = decay, d.follows = follows;
+    return tpk_param_add(ctx, &d, id);
+}
+
 static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool column, int64_t in, int64_t out, const tpk_linear_desc *desc) {
     const char *fn = column ? "tpk_col_linear_init" : "tpk_row_linear_init";
     if (!ctx) return TPK_ERR_ARG;
@@ -126,7 +137,7 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         for (int i = 0; i < s; i++) {
             int id = -1;
             snprintf(pn, sizeof pn, "%s.%s.weight", l->name, l->d.parts[i]);
-            TPK_TRY(tpk__param_add(ctx, pn, 2, out / s, in, TPK_S_EX(0, 1, u), TPK_INIT_NORMAL, std, true, &id));
+            TPK_TRY(tpk__linear_part(ctx, pn, 2, out / s, in, u, TPK_INIT_NORMAL, std, true, i > 0, &id));
             if (!i) l->w = id;
         }
     } else {
@@ -136,7 +147,7 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         for (int i = 0; i < s; i++) {
             int id = -1;
             snprintf(pn, sizeof pn, "%s.%s.bias", l->name, l->d.parts[i]);
-            TPK_TRY(tpk__param_add(ctx, pn, 1, out / s, 0, TPK_S_EX(0, 1, u), TPK_INIT_ZEROS, 0, false, &id));
+            TPK_TRY(tpk__linear_part(ctx, pn, 1, out / s, 0, u, TPK_INIT_ZEROS, 0, false, i > 0, &id));
             if (!i) l->b = id;
         }
     } else if (l->d.bias) {

@@ -36,13 +36,20 @@
 static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, double *sq) {
     size_t r0 = 0, r1 = 0; /* the run being gathered */
     bool acc = false;
+    int last = -1; /* the parameter the run ends with, when it ends at that parameter's end */
     for (int i = 0; i <= ctx->params.n; i++) {
         size_t a = 0, b = 0; /* the counted elements of parameter i */
         if (i < ctx->params.n) {
+            const tpk_param *p = &ctx->params.list[i];
             tpk__param_counted(ctx, i, &a, &b);
             a = a < lo ? lo : a > hi ? hi : a, b = b < a ? a : b > hi ? hi : b;
             if (a == b) continue;
-            if (a == r1) { r1 = b; continue; } /* extends the run */
+            /* extends the run: it goes on from here, or only the zero gap before this parameter lies between */
+            if (r1 > r0 && (a == r1 || (last == i - 1 && a == p->offset))) {
+                r1 = b, last = b == p->offset + p->numel ? i : -1;
+                continue;
+            }
+            last = b == p->offset + p->numel ? i : -1;
         }
         if (r1 > r0) {
             TPK_TRY(tpk_op_sumsq(ctx, sq, (const float *)ctx->params.grad.p + r0, r1 - r0, acc));
@@ -164,13 +171,16 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
     int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)(ctx->params.n ? ctx->params.n : 1)), n = 0;
     if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    int last = -1; /* the last decayed parameter, when it ends the last run */
     for (int i = 0; i < ctx->params.n; i++) { /* within the slice, relative to its start */
         const tpk_param *p = &ctx->params.list[i];
         int64_t a = (int64_t)p->offset - (int64_t)o->s0, b = a + (int64_t)p->numel;
         a = a < 0 ? 0 : a, b = b > (int64_t)o->sn ? (int64_t)o->sn : b;
         if (!p->decay || b <= a) continue;
-        if (n && runs[2 * n - 1] == a) runs[2 * n - 1] = b;
+        /* merged across the zero gap between two decayed parameters (decay leaves a zero at zero) */
+        if (n && (runs[2 * n - 1] == a || last == i - 1)) runs[2 * n - 1] = b;
         else runs[2 * n] = a, runs[2 * n + 1] = b, n++;
+        last = i;
     }
     tpk_status s = TPK_OK;
     if (n) s = tpk_op_alloc(ctx, sizeof(int64_t) * 2 * (size_t)n, (void **)&o->decay);

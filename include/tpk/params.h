@@ -8,7 +8,10 @@
  * Initial values come from the counter-based RNG keyed by (ctx seed, stream = hash(name),
  * global element index), so a shard holds exactly its slice of the unsharded tensor, and the
  * model is the same at every TP size. Layers keep parameter ids, never pointers: the flat
- * buffers grow (and move) while parameters are added. */
+ * buffers grow (and move) while parameters are added. Each parameter starts at a multiple of
+ * TPK_PARAM_ALIGN elements (64 bytes of f32, 32 of its bf16 copy), so a bias can feed a GEMM
+ * epilogue (cuBLASLt reads those vectors 16 bytes at a time); the few elements between two
+ * parameters are zero and stay zero (their gradient is zero, no weight decay reaches them). */
 #ifndef TPK_PARAMS_H
 #define TPK_PARAMS_H
 
@@ -16,6 +19,8 @@
 #include "rng.h"
 
 typedef enum tpk_init { TPK_INIT_ZEROS = 0, TPK_INIT_ONES, TPK_INIT_NORMAL } tpk_init;
+
+enum { TPK_PARAM_ALIGN = 16 }; /* a parameter's offset in the flat buffers is a multiple of this */
 
 typedef struct tpk_param_desc {
     const char *name;              /* unique within the context */
@@ -30,6 +35,9 @@ typedef struct tpk_param_desc {
                                       stride 1; a unit must divide it): never trained, not in
                                       tpk_param_gather/scatter (nor in checkpoints); e.g. a vocabulary
                                       padded to aligned shards (layout tpk_tp_vocab_layout) */
+    bool follows;                  /* placed right after the previous parameter, with no gap (the parts of
+                                      one strided shard: tpk_linear_desc.parts); else at the next multiple
+                                      of TPK_PARAM_ALIGN elements */
 } tpk_param_desc;
 
 /* Calls f(ctx, arg, global_index_along_d, local_index_along_d, count) for each run of
@@ -206,11 +214,11 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
         if (!l) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
         P->list = l, P->cap = cap;
     }
-    p.offset = P->numel;
-    TPK_TRY(tpk__params_grow(ctx, P->numel + p.numel));
+    p.offset = desc->follows ? P->numel : (P->numel + TPK_PARAM_ALIGN - 1) / TPK_PARAM_ALIGN * TPK_PARAM_ALIGN; /* a gap: zeros */
+    TPK_TRY(tpk__params_grow(ctx, p.offset + p.numel));
     P->list[P->n] = p;
     *id = P->n++;
-    P->numel += p.numel;
+    P->numel = p.offset + p.numel;
     P->stale16 = true;
     return tpk__param_init(ctx, *id, desc->init, desc->std);
 }

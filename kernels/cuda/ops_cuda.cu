@@ -336,11 +336,15 @@ struct gemm_key {
     int64_t m, n, k, lda, ldb, ldc;
     uint32_t aa, ab, ac;
     int epi;
+    uint32_t abias, aaux; /* the epilogue's vectors' alignment: the heuristic chose for pointers of it */
     bool operator==(const gemm_key &o) const {
         return ta == o.ta && tb == o.tb && dt == o.dt && tf32 == o.tf32 && m == o.m && n == o.n && k == o.k && lda == o.lda &&
-               ldb == o.ldb && ldc == o.ldc && aa == o.aa && ab == o.ab && ac == o.ac && epi == o.epi;
+               ldb == o.ldb && ldc == o.ldc && aa == o.aa && ab == o.ab && ac == o.ac && epi == o.epi && abias == o.abias && aaux == o.aaux;
     }
 };
+/* whether an epilogue reads or writes the bias vector / the aux matrix */
+static inline bool epi_bias(int epi) { return epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS || epi == EPI_DGELU_BGRAD; }
+static inline bool epi_aux(int epi) { return epi != EPI_NONE && epi != EPI_BIAS; }
 struct gemm_plan {
     gemm_key key;
     cublasLtMatmulDesc_t op;
@@ -363,8 +367,9 @@ static void plan_release(gemm_plan *p) {
 }
 
 /* The cached plan of a shape, created (descriptors + heuristic) on first use; TPK_ERR_BACKEND
- * (no message) when cuBLASLt has no algorithm for it. */
-static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, gemm_plan **out) {
+ * (no message) when cuBLASLt has no algorithm for it. The epilogue's bias and aux pointers are set
+ * before the heuristic runs (it reads their alignment), and their alignment is part of the key. */
+static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const void *bias, const void *aux, gemm_plan **out) {
     for (int i = 0; i < GEMM_CACHE; i++)
         if (g_plans[i].used && g_plans[i].key == key) {
             *out = &g_plans[i];
@@ -392,10 +397,13 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, gemm_p
                                : key.epi == EPI_DGELU_BGRAD ? CUBLASLT_EPILOGUE_DGELU_BGRAD
                                                           : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
-        if (s == CUBLAS_STATUS_SUCCESS && key.epi != EPI_BIAS) {
+        if (s == CUBLAS_STATUS_SUCCESS && epi_aux(key.epi)) {
             int64_t ld = key.ldc;
             s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+            if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
         }
+        if (s == CUBLAS_STATUS_SUCCESS && epi_bias(key.epi))
+            s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     }
     if (s == CUBLAS_STATUS_SUCCESS)
         made_a = (s = cublasLtMatrixLayoutCreate(&p->la, ty, key.tb ? key.k : key.n, key.tb ? key.n : key.k, key.ldb)) ==
@@ -480,17 +488,21 @@ static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, tpk__cuda_state *s
 static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
                            tpk_dtype dt, int epi = EPI_NONE, const void *bias = NULL, void *aux = NULL) {
-    gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c), epi};
+    gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c), epi,
+                    epi_bias(epi) ? ptr_align(bias) : 0, epi_aux(epi) ? ptr_align(aux) : 0};
+    /* an epilogue's vectors at less than 16 bytes: cuBLASLt's epilogue kernels load them 16 bytes at
+     * a time (a parameter's bias at an unaligned offset) — the caller composes instead */
+    if ((epi_bias(epi) && key.abias < 16) || (epi_aux(epi) && key.aaux < 16)) return TPK_ERR_UNSUPPORTED;
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     gemm_plan *p = NULL;
-    if (gemm_plan_get(st, key, &p) != TPK_OK) { /* no cuBLASLt algorithm */
+    if (gemm_plan_get(st, key, bias, aux, &p) != TPK_OK) { /* no cuBLASLt algorithm */
         if (epi != EPI_NONE) return TPK_ERR_UNSUPPORTED;
         return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt); /* the tiled kernel */
     }
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    if (epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS || epi == EPI_DGELU_BGRAD) /* DGELU_BGRAD writes the bias gradient there */
+    if (epi_bias(epi)) /* DGELU_BGRAD writes the bias gradient there */
         s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (s == CUBLAS_STATUS_SUCCESS && epi != EPI_NONE && epi != EPI_BIAS)
+    if (s == CUBLAS_STATUS_SUCCESS && epi_aux(epi))
         s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream);

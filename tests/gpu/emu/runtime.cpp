@@ -1,0 +1,709 @@
+/* tests/gpu/emu/runtime.cpp — the emulated CUDA runtime (tpk_emu.h): one device (an sm_90 part),
+ * device memory in host memory (256-byte aligned, poisoned with NaN when allocated and freed),
+ * streams and events that complete at once, the runtime API's argument checks that matter to the
+ * backend (device ranges inside allocations, pitches, stream and event handles, timing flags), and
+ * the block scheduler that runs a kernel's threads as fibers.
+ *
+ * The scheduler: a launch runs its blocks one after another; a block's threads are fibers with
+ * their own stacks (a small context switch on x86-64, ucontext elsewhere; AddressSanitizer is told
+ * about the switches), run one at a time until they reach a barrier or end. __syncthreads lets the
+ * block go on when every live thread has arrived; a warp instruction when every live lane of the
+ * warp has posted its operand (the exchange areas are double-buffered by the lane's count of warp
+ * instructions, so one barrier per instruction suffices and a lane that is one instruction
+ * ahead or behind is caught). A block whose threads all wait but at different barriers is reported
+ * (it would hang on the GPU), as is a warp instruction after some of the warp's lanes exited. */
+#include "tpk_emu.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdarg>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define TPK_EMU_ASAN 1
+#endif
+
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+/* ---- reports ------------------------------------------------------------------------------------------ */
+
+static int g_fails;
+static unsigned long long g_mma; /* mma.sync instructions emulated (per warp), for TPK_EMU_PROFILE */
+static void emu_summary() {
+    if (g_fails) printf("FAIL emu: %d problem%s found by the CUDA emulation (the lines above)\n", g_fails, g_fails == 1 ? "" : "s");
+    fflush(stdout);
+}
+void tpk_emu_fail(const char *fmt, ...) {
+    static bool once;
+    if (!once) once = true, atexit(emu_summary);
+    if (++g_fails > 30) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fflush(stdout);
+    printf("FAIL emu: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+    va_end(ap);
+}
+static thread_local cudaError_t g_last = cudaSuccess;
+void tpk_emu_set_error(cudaError_t e) {
+    if (e != cudaSuccess) g_last = e;
+}
+static cudaError_t ret(cudaError_t e) {
+    tpk_emu_set_error(e);
+    return e;
+}
+cudaError_t cudaGetLastError() {
+    cudaError_t e = g_last;
+    g_last = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError() { return g_last; }
+
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+#define N(x)                                                                                                                              \
+    case x: return #x;
+        N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation) N(cudaErrorInitializationError) N(cudaErrorInvalidConfiguration)
+        N(cudaErrorInvalidPitchValue) N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidMemcpyDirection) N(cudaErrorNoDevice)
+        N(cudaErrorInvalidDevice) N(cudaErrorInvalidResourceHandle) N(cudaErrorNotReady) N(cudaErrorIllegalAddress)
+        N(cudaErrorLaunchOutOfResources) N(cudaErrorLaunchTimeout) N(cudaErrorLaunchFailure)
+#undef N
+    }
+    return "cudaErrorUnknown";
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidPitchValue: return "invalid pitch argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (emulation: see the FAIL emu line)";
+    case cudaErrorLaunchTimeout: return "the launch timed out (emulation: the block cannot go on)";
+    default: return cudaGetErrorName(e);
+    }
+}
+
+/* ---- device ------------------------------------------------------------------------------------------- */
+
+enum { SMEM_DEFAULT = 48 * 1024, SMEM_OPTIN = 232448 /* 227 KiB: sm_90 */ };
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 1;
+    return cudaSuccess;
+}
+static int g_device;
+cudaError_t cudaGetDevice(int *d) {
+    *d = g_device;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+    if (d != 0) return ret(cudaErrorInvalidDevice);
+    g_device = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
+    if (device != 0) return ret(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "tpk CPU emulation of an sm_90 GPU (H100 limits)");
+    p->totalGlobalMem = (size_t)80 << 30, p->sharedMemPerBlock = SMEM_DEFAULT, p->sharedMemPerBlockOptin = SMEM_OPTIN;
+    p->warpSize = 32, p->maxThreadsPerBlock = 1024, p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->l2CacheSize = 50 << 20;
+    p->maxGridSize[0] = 0x7fffffff, p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int device) {
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return ret(cudaErrorInvalidDevice);
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *v = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = (int)p.sharedMemPerBlock; break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
+    case cudaDevAttrL2CacheSize: *v = p.l2CacheSize; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
+    default: return ret(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+/* ---- memory --------------------------------------------------------------------------------------------- */
+
+static std::mutex g_mem_mutex;
+static std::map<uintptr_t, size_t> g_dev, g_pinned; /* base -> bytes */
+
+/* the allocation of `m` holding [p, p + bytes), or NULL */
+static bool in_alloc(const std::map<uintptr_t, size_t> &m, const void *p, size_t bytes) {
+    uintptr_t u = (uintptr_t)p;
+    auto it = m.upper_bound(u);
+    if (it == m.begin()) return false;
+    --it;
+    return u >= it->first && u + bytes <= it->first + (it->second ? it->second : 1);
+}
+bool tpk_emu_check_device(const void *p, size_t bytes, const char *what) {
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    if (!bytes || in_alloc(g_dev, p, bytes)) return true;
+    tpk_emu_fail("%s: device range %p + %zu bytes is not inside one cudaMalloc allocation", what, p, bytes);
+    return false;
+}
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    *p = NULL;
+    if (!bytes) return cudaSuccess;
+    void *q = NULL;
+    if (posix_memalign(&q, 256, bytes) != 0) return ret(cudaErrorMemoryAllocation);
+    memset(q, 0xff, bytes); /* uninitialised device memory reads as NaN */
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_dev[(uintptr_t)q] = bytes;
+    *p = q;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    auto it = g_dev.find((uintptr_t)p);
+    if (it == g_dev.end()) {
+        tpk_emu_fail("cudaFree(%p): not an allocation of cudaMalloc", p);
+        return ret(cudaErrorInvalidValue);
+    }
+    memset(p, 0xff, it->second);
+    g_dev.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+    (void)flags;
+    *p = malloc(bytes ? bytes : 1);
+    if (!*p) return ret(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    g_pinned[(uintptr_t)*p] = bytes;
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    if (!g_pinned.erase((uintptr_t)p)) {
+        tpk_emu_fail("cudaFreeHost(%p): not an allocation of cudaHostAlloc", p);
+        return ret(cudaErrorInvalidValue);
+    }
+    free(p);
+    return cudaSuccess;
+}
+
+/* ---- streams, events -------------------------------------------------------------------------------------- */
+
+struct CUstream_st {
+    unsigned flags;
+};
+struct CUevent_st {
+    unsigned flags;
+    bool recorded;
+    std::chrono::steady_clock::time_point t;
+};
+static std::vector<CUstream_st *> g_streams;
+static std::vector<CUevent_st *> g_events;
+static bool stream_ok(cudaStream_t s, const char *what) {
+    if (!s || std::find(g_streams.begin(), g_streams.end(), s) != g_streams.end()) return true;
+    tpk_emu_fail("%s: stream %p is not a live stream", what, (void *)s);
+    return false;
+}
+static bool event_ok(cudaEvent_t e, const char *what) {
+    if (e && std::find(g_events.begin(), g_events.end(), e) != g_events.end()) return true;
+    tpk_emu_fail("%s: event %p is not a live event", what, (void *)e);
+    return false;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    *s = new CUstream_st{flags};
+    g_streams.push_back(*s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    auto it = std::find(g_streams.begin(), g_streams.end(), s);
+    if (!s || it == g_streams.end()) return ret(cudaErrorInvalidResourceHandle);
+    g_streams.erase(it);
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_ok(s, "cudaStreamSynchronize") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaStreamQuery(cudaStream_t s) { return stream_ok(s, "cudaStreamQuery") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    (void)flags;
+    return stream_ok(s, "cudaStreamWaitEvent") && event_ok(e, "cudaStreamWaitEvent") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    *e = new CUevent_st{flags, false, {}};
+    g_events.push_back(*e);
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    auto it = std::find(g_events.begin(), g_events.end(), e);
+    if (!e || it == g_events.end()) return ret(cudaErrorInvalidResourceHandle);
+    g_events.erase(it);
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!event_ok(e, "cudaEventRecord") || !stream_ok(s, "cudaEventRecord")) return ret(cudaErrorInvalidResourceHandle);
+    e->recorded = true, e->t = std::chrono::steady_clock::now();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return event_ok(e, "cudaEventSynchronize") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventQuery(cudaEvent_t e) { return event_ok(e, "cudaEventQuery") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!event_ok(a, "cudaEventElapsedTime") || !event_ok(b, "cudaEventElapsedTime")) return ret(cudaErrorInvalidResourceHandle);
+    if ((a->flags | b->flags) & cudaEventDisableTiming) return ret(cudaErrorInvalidResourceHandle); /* as CUDA: no timing on such events */
+    if (!a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
+    *ms = (float)std::chrono::duration<double, std::milli>(b->t - a->t).count();
+    return cudaSuccess;
+}
+
+/* ---- copies -------------------------------------------------------------------------------------------------- */
+
+static bool ranges_ok(void *dst, const void *src, size_t dbytes, size_t sbytes, cudaMemcpyKind kind, const char *what) {
+    bool ok = true;
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) ok &= tpk_emu_check_device(dst, dbytes, what);
+    if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice) ok &= tpk_emu_check_device(src, sbytes, what);
+    return ok;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    if (!stream_ok(s, "cudaMemcpyAsync")) return ret(cudaErrorInvalidResourceHandle);
+    if ((unsigned)kind > cudaMemcpyDefault) return ret(cudaErrorInvalidMemcpyDirection);
+    if (!bytes) return cudaSuccess;
+    if (!dst || !src) return ret(cudaErrorInvalidValue);
+    if (!ranges_ok(dst, src, bytes, bytes, kind, "cudaMemcpyAsync")) return ret(cudaErrorInvalidValue);
+    uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
+    if (dst != src && d < r + bytes && r < d + bytes) tpk_emu_fail("cudaMemcpyAsync: overlapping ranges %p, %p (%zu bytes): undefined", dst, src, bytes);
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) { return cudaMemcpyAsync(dst, src, bytes, kind, 0); }
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height, cudaMemcpyKind kind,
+                              cudaStream_t s) {
+    if (!stream_ok(s, "cudaMemcpy2DAsync")) return ret(cudaErrorInvalidResourceHandle);
+    if (width > dpitch || width > spitch) return ret(cudaErrorInvalidPitchValue);
+    if (!width || !height) return cudaSuccess;
+    if (!ranges_ok(dst, src, dpitch * (height - 1) + width, spitch * (height - 1) + width, kind, "cudaMemcpy2DAsync")) return ret(cudaErrorInvalidValue);
+    for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
+    if (!stream_ok(s, "cudaMemsetAsync")) return ret(cudaErrorInvalidResourceHandle);
+    if (!bytes) return cudaSuccess;
+    if (!tpk_emu_check_device(p, bytes, "cudaMemsetAsync")) return ret(cudaErrorInvalidValue);
+    memset(p, v, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int v, size_t bytes) { return cudaMemsetAsync(p, v, bytes, 0); }
+
+static std::map<const void *, int> g_func_smem;
+cudaError_t tpk_emu_func_attr(const void *f, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || value > SMEM_OPTIN) return ret(cudaErrorInvalidValue);
+        g_func_smem[f] = value;
+    }
+    return cudaSuccess;
+}
+
+/* ---- fibers ------------------------------------------------------------------------------------------------------ */
+
+namespace {
+enum State { READY, RUNNING, WAIT_BAR, WAIT_WARP, DONE };
+enum { STACK = 256 << 10, GUARD = 4096, MAX_THREADS = 1024, SMEM_GUARD = 4096 };
+struct Copy {
+    void *dst;
+    const void *src;
+    bool valid;
+};
+struct Fiber {
+    void *sp;
+#if !defined(__x86_64__)
+    ucontext_t uc;
+#endif
+    unsigned char *stack; /* lowest usable byte; STACK bytes */
+    State state;
+    uint3 tid;
+    int warp, lane;
+    unsigned wseq;
+    std::vector<Copy> pending;
+    void *asan_fake;
+};
+struct Warp {
+    int size, live, arrived, kind;
+    unsigned seq;
+    void (*complete)(tpk_emu_xchg &);
+    tpk_emu_xchg x[2];
+};
+struct Sched {
+    Fiber fibers[MAX_THREADS];
+    int nstacks;
+    Warp warps[MAX_THREADS / 32];
+    int nthreads, live, arrived;
+    Fiber *cur;
+    void *sched_sp;
+#if !defined(__x86_64__)
+    ucontext_t sched_uc;
+#endif
+    const void *main_lo;
+    size_t main_size;
+    const char *name;
+    void (*body)(void *);
+    void *arg;
+    bool abort, told_lanes, told_diverge, failed;
+    std::vector<unsigned char> dyn; /* the dynamic shared memory + its guard zone */
+    size_t dyn_bytes;
+    std::vector<void *> shared_seen;
+    unsigned long long launches;
+};
+Sched S;
+std::mutex g_launch_mutex;
+} // namespace
+
+#if defined(__x86_64__)
+/* tpk_emu_ctx_switch(save, to): push the callee-saved registers and the SSE / x87 control words,
+ * save the stack pointer in *save, load `to` and pop the other context's */
+extern "C" void tpk_emu_ctx_switch(void **save, void *to);
+asm(".pushsection .text\n"
+    ".globl tpk_emu_ctx_switch\n"
+    ".type tpk_emu_ctx_switch,@function\n"
+    "tpk_emu_ctx_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size tpk_emu_ctx_switch, .-tpk_emu_ctx_switch\n"
+    ".popsection\n");
+#endif
+
+static void fiber_exit();
+static void fiber_entry() {
+#ifdef TPK_EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &S.main_lo, &S.main_size);
+#endif
+    S.body(S.arg);
+    fiber_exit();
+}
+static void fiber_start(Fiber &f) {
+#if defined(__x86_64__)
+    uintptr_t top = ((uintptr_t)(f.stack + STACK)) & ~(uintptr_t)15;
+    uint64_t *sp = (uint64_t *)(top - 72);
+    uint32_t csr[2] = {0x1f80u, 0x037fu}; /* MXCSR, x87 control word: the defaults */
+    memcpy(sp, csr, 8);
+    for (int r = 1; r <= 6; r++) sp[r] = 0; /* r15 .. rbp */
+    sp[7] = (uint64_t)(uintptr_t)&fiber_entry;
+    sp[8] = 0; /* fiber_entry's return address: it never returns */
+    f.sp = sp;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack;
+    f.uc.uc_stack.ss_size = STACK;
+    f.uc.uc_link = NULL;
+    makecontext(&f.uc, fiber_entry, 0);
+#endif
+}
+static void switch_in(Fiber &f) {
+#ifdef TPK_EMU_ASAN
+    void *fake = NULL;
+    __sanitizer_start_switch_fiber(&fake, f.stack, STACK);
+#endif
+#if defined(__x86_64__)
+    tpk_emu_ctx_switch(&S.sched_sp, f.sp);
+#else
+    swapcontext(&S.sched_uc, &f.uc);
+#endif
+#ifdef TPK_EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#endif
+}
+static void switch_out(bool exiting) {
+    Fiber &f = *S.cur;
+#ifdef TPK_EMU_ASAN
+    __sanitizer_start_switch_fiber(exiting ? NULL : &f.asan_fake, S.main_lo, S.main_size);
+#else
+    (void)exiting;
+#endif
+#if defined(__x86_64__)
+    tpk_emu_ctx_switch(&f.sp, S.sched_sp);
+#else
+    swapcontext(&f.uc, &S.sched_uc);
+#endif
+#ifdef TPK_EMU_ASAN
+    __sanitizer_finish_switch_fiber(f.asan_fake, &S.main_lo, &S.main_size);
+#endif
+}
+static void release_bar() {
+    S.arrived = 0;
+    for (int i = 0; i < S.nthreads; i++)
+        if (S.fibers[i].state == WAIT_BAR) S.fibers[i].state = READY;
+}
+static const char *kind_name(int k) { return k == TPK_EMU_SHFL ? "shuffle" : k == TPK_EMU_SYNCWARP ? "__syncwarp" : "mma.sync"; }
+static void finish_warp(Warp &w, int wi) {
+    if (w.live < 32 && !S.told_lanes) {
+        S.told_lanes = true;
+        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: a %s with %d of 32 lanes present (lanes exited, or a partial warp): "
+                     "undefined with a full mask",
+                     S.name, blockIdx.x, blockIdx.y, blockIdx.z, wi, kind_name(w.kind), w.live);
+    }
+    if (w.complete) w.complete(w.x[w.seq & 1]);
+    w.arrived = 0;
+    for (int l = 0; l < w.size; l++) {
+        Fiber &f = S.fibers[32 * wi + l];
+        if (f.state == WAIT_WARP) f.state = READY;
+    }
+}
+static void fiber_exit() {
+    Fiber &f = *S.cur;
+    f.state = DONE;
+    f.pending.clear();
+    S.live--;
+    Warp &w = S.warps[f.warp];
+    w.live--;
+    if (S.arrived > 0 && S.arrived == S.live) release_bar();
+    if (w.arrived > 0 && w.arrived == w.live) finish_warp(w, f.warp);
+    switch_out(true);
+    abort(); /* never resumed */
+}
+static void in_kernel(const char *what) {
+    if (S.cur) return;
+    tpk_emu_fail("%s called outside a kernel", what);
+    abort();
+}
+
+void __syncthreads() {
+    in_kernel("__syncthreads");
+    if (++S.arrived == S.live) {
+        release_bar();
+        return;
+    }
+    S.cur->state = WAIT_BAR;
+    switch_out(false);
+}
+const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes, void (*complete)(tpk_emu_xchg &), unsigned *seqp) {
+    in_kernel("a warp instruction");
+    Fiber &f = *S.cur;
+    Warp &w = S.warps[f.warp];
+    unsigned seq = f.wseq++;
+    *seqp = seq;
+    tpk_emu_xchg &x = w.x[seq & 1];
+    if (bytes) memcpy(x.lane[f.lane], data, bytes);
+    x.seq[f.lane] = seq, x.kind[f.lane] = kind;
+    if (w.arrived == 0) {
+        w.seq = seq, w.kind = kind, w.complete = complete;
+    } else if ((w.seq != seq || w.kind != kind) && !S.told_diverge) {
+        S.told_diverge = true;
+        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: lanes at different warp instructions (lane %d: %s number %u; an earlier lane: "
+                     "%s number %u): a divergent warp-synchronous instruction",
+                     S.name, blockIdx.x, blockIdx.y, blockIdx.z, f.warp, f.lane, kind_name(kind), seq, kind_name(w.kind), w.seq);
+        S.abort = true;
+    }
+    if (++w.arrived == w.live) {
+        finish_warp(w, f.warp);
+    } else {
+        f.state = WAIT_WARP;
+        switch_out(false);
+    }
+    return x;
+}
+bool tpk_emu_lane_ok(const tpk_emu_xchg &x, int src, unsigned seq, const char *what) {
+    if (x.seq[src] == seq) return true;
+    if (!S.told_lanes) {
+        S.told_lanes = true;
+        tpk_emu_fail("kernel %s, block (%u, %u, %u): %s reads lane %d, which did not take part (exited)", S.name, blockIdx.x, blockIdx.y, blockIdx.z,
+                     what, src);
+    }
+    return false;
+}
+void tpk_emu_check_mask(unsigned mask, const char *what) {
+    static bool told;
+    if (mask == 0xffffffffu || told) return;
+    told = true;
+    tpk_emu_fail("kernel %s: %s with mask %#x: the emulation takes full masks only", S.name ? S.name : "?", what, mask);
+}
+void tpk_emu_misaligned(const void *p, const char *what) {
+    static std::string told;
+    if (!S.cur) return; /* host code: a copy of a vector type on the host is not a device access */
+    S.failed = true;
+    if (told == S.name) return;
+    told = S.name;
+    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %s at %p, not 16-byte aligned (a misaligned address on the GPU)", S.name, blockIdx.x,
+                 blockIdx.y, blockIdx.z, threadIdx.x, what, p);
+}
+void tpk_emu_shared(void *p, size_t bytes) {
+    in_kernel("a __shared__ declaration");
+    if (std::find(S.shared_seen.begin(), S.shared_seen.end(), p) != S.shared_seen.end()) return;
+    memset(p, 0xff, bytes);
+    S.shared_seen.push_back(p);
+}
+void *tpk_emu_dyn_smem_raw() {
+    in_kernel("extern __shared__");
+    return S.dyn.data();
+}
+
+void tpk__fl_cp16(void *dst, const void *src, bool valid) {
+    in_kernel("cp.async");
+    S.cur->pending.push_back(Copy{dst, src, valid});
+}
+void tpk__fl_wait_all() {
+    in_kernel("cp.async.wait_group");
+    for (const Copy &c : S.cur->pending) {
+        if (c.valid) memcpy(c.dst, c.src, 16);
+        else memset(c.dst, 0, 16);
+    }
+    S.cur->pending.clear();
+}
+/* D (16x8) = A (16x16) B (16x8) from the lanes' registers, bf16 inputs, f32 products and sums */
+void tpk_emu_mma_complete(tpk_emu_xchg &x) {
+    g_mma++;
+    float A[16][16], B[16][8];
+    for (int L = 0; L < 32; L++) {
+        uint32_t r[6];
+        memcpy(r, x.lane[L], sizeof r);
+        int g = L >> 2, t = L & 3;
+        for (int h = 0; h < 2; h++) { /* h: the low / high half of a register */
+            A[g][2 * t + h] = tpk_emu_bf2f((unsigned short)(r[0] >> (16 * h)));
+            A[g + 8][2 * t + h] = tpk_emu_bf2f((unsigned short)(r[1] >> (16 * h)));
+            A[g][2 * t + 8 + h] = tpk_emu_bf2f((unsigned short)(r[2] >> (16 * h)));
+            A[g + 8][2 * t + 8 + h] = tpk_emu_bf2f((unsigned short)(r[3] >> (16 * h)));
+            B[2 * t + h][g] = tpk_emu_bf2f((unsigned short)(r[4] >> (16 * h)));
+            B[2 * t + 8 + h][g] = tpk_emu_bf2f((unsigned short)(r[5] >> (16 * h)));
+        }
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < 16; k++) acc += A[i][k] * B[k][j];
+            x.result[i][j] = acc;
+        }
+}
+
+/* ---- launches ------------------------------------------------------------------------------------------------------- */
+
+static std::map<std::string, double> g_prof; /* TPK_EMU_PROFILE=1: seconds per kernel, printed at exit */
+static void prof_print() {
+    fprintf(stderr, "emu profile: %llu warp mma.sync instructions\n", g_mma);
+    std::vector<std::pair<double, std::string>> v;
+    for (auto &p : g_prof) v.push_back({p.second, p.first});
+    std::sort(v.rbegin(), v.rend());
+    for (auto &p : v) fprintf(stderr, "emu profile: %8.3f s  %s\n", p.first, p.second.c_str());
+}
+
+static void alloc_stacks(int n) {
+    for (; S.nstacks < n; S.nstacks++) {
+        void *m = mmap(NULL, STACK + GUARD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            perror("tpk emu: mmap of a fiber stack");
+            abort();
+        }
+        mprotect(m, GUARD, PROT_NONE); /* an overflow faults instead of overwriting the next stack */
+        S.fibers[S.nstacks].stack = (unsigned char *)m + GUARD;
+    }
+}
+
+/* one block: every thread from its start until it ends; false when the block cannot go on */
+static bool run_block(bool reverse) {
+    int n = S.nthreads;
+    for (int i = 0; i < n; i++) {
+        Fiber &f = S.fibers[i];
+        f.state = READY;
+        f.tid = uint3{(unsigned)i % blockDim.x, (unsigned)i / blockDim.x % blockDim.y, (unsigned)i / (blockDim.x * blockDim.y)};
+        f.warp = i / 32, f.lane = i % 32, f.wseq = 0;
+        f.pending.clear();
+        fiber_start(f);
+    }
+    for (int w = 0; w < (n + 31) / 32; w++) {
+        Warp &W = S.warps[w];
+        W.size = W.live = n - 32 * w < 32 ? n - 32 * w : 32;
+        W.arrived = 0, W.complete = NULL;
+        for (auto &x : W.x) memset(x.seq, 0xff, sizeof x.seq);
+    }
+    S.live = n, S.arrived = 0;
+    memset(S.dyn.data(), 0xff, S.dyn_bytes); /* NaN in f32 and bf16 */
+    for (size_t k = S.dyn_bytes; k < S.dyn.size(); k++) S.dyn[k] = (k & 1) ? 0x7f : 0xc1;
+    S.shared_seen.clear();
+    while (S.live > 0 && !S.abort) {
+        bool ran = false;
+        for (int k = 0; k < n && !S.abort; k++) {
+            Fiber &f = S.fibers[reverse ? n - 1 - k : k];
+            if (f.state != READY) continue;
+            S.cur = &f, threadIdx = f.tid, f.state = RUNNING;
+            switch_in(f);
+            ran = true;
+        }
+        S.cur = NULL;
+        if (!ran && !S.abort) {
+            int bar = 0, warp = 0, first_warp = -1;
+            for (int i = 0; i < n; i++) {
+                bar += S.fibers[i].state == WAIT_BAR;
+                if (S.fibers[i].state == WAIT_WARP) warp++, first_warp = first_warp < 0 ? i : first_warp;
+            }
+            tpk_emu_fail("kernel %s, block (%u, %u, %u) cannot go on (a hang on the GPU): %d threads at __syncthreads, %d at warp instructions "
+                         "(thread %d first), %d ended",
+                         S.name, blockIdx.x, blockIdx.y, blockIdx.z, bar, warp, first_warp, n - S.live);
+            S.abort = true;
+        }
+    }
+    S.cur = NULL;
+    for (size_t k = S.dyn_bytes; k < S.dyn.size(); k++)
+        if (S.dyn[k] != ((k & 1) ? 0x7f : 0xc1)) {
+            tpk_emu_fail("kernel %s, block (%u, %u, %u): wrote byte %zu of its dynamic shared memory, past the %zu bytes of the launch", S.name,
+                         blockIdx.x, blockIdx.y, blockIdx.z, k, S.dyn_bytes);
+            S.abort = true;
+            break;
+        }
+    return !S.abort;
+}
+
+void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *), void *arg) {
+    std::lock_guard<std::mutex> lock(g_launch_mutex);
+    if (S.name) {
+        tpk_emu_fail("kernel %s launched from inside kernel %s", name, S.name);
+        return tpk_emu_set_error(cudaErrorLaunchFailure);
+    }
+    const dim3 &g = cfg.grid, &b = cfg.block;
+    unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
+    if (!threads || threads > MAX_THREADS || b.x > 1024 || b.y > 1024 || b.z > 64 || !g.x || !g.y || !g.z || g.x > 0x7fffffffu || g.y > 65535 ||
+        g.z > 65535)
+        return tpk_emu_set_error(cudaErrorInvalidConfiguration);
+    if (cfg.smem > SMEM_OPTIN) return tpk_emu_set_error(cudaErrorInvalidValue);
+    if (!stream_ok(cfg.stream, name)) return tpk_emu_set_error(cudaErrorInvalidResourceHandle);
+    static bool prof = getenv("TPK_EMU_PROFILE") && atexit(prof_print) == 0;
+    auto t0 = std::chrono::steady_clock::now();
+    alloc_stacks((int)threads);
+    S.name = name, S.body = body, S.arg = arg, S.abort = S.told_lanes = S.told_diverge = S.failed = false;
+    S.nthreads = (int)threads, S.dyn_bytes = cfg.smem;
+    S.dyn.assign(cfg.smem + SMEM_GUARD, 0);
+    gridDim = g, blockDim = b;
+    /* the blocks in ascending order, or descending in every other launch (a block that needs another
+     * block's results of the same launch gets them or not); a block's threads alternate too */
+    unsigned long long l = S.launches++, nb = (unsigned long long)g.x * g.y * g.z;
+    bool ok = true;
+    for (unsigned long long k = 0; k < nb && ok; k++) {
+        unsigned long long q = (l & 1) ? nb - 1 - k : k;
+        blockIdx = uint3{(unsigned)(q % g.x), (unsigned)(q / g.x % g.y), (unsigned)(q / ((unsigned long long)g.x * g.y))};
+        ok = run_block(((l / 2 + q) & 1) != 0);
+    }
+    S.name = NULL;
+    if (prof) g_prof[name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!ok || S.failed) tpk_emu_set_error(cudaErrorLaunchFailure);
+}
