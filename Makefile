@@ -40,7 +40,8 @@ endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/flash_emu $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers
+TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/flash_emu $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers \
+            $(B)/tests/gpt2_train_emu
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
 HEADERS   = $(wildcard include/tpk/*.h)
@@ -143,6 +144,11 @@ $(B)/libtpk_cuda_emu.a: $(EMU_OBJ) $(HOST_OBJ)
 $(B)/tests/gpu_emu_%: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEADERS) $(B)/libtpk_cuda_emu.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) -Wno-maybe-uninitialized $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda_emu.a $(BLAS_LIBS) -lstdc++ -lm -pthread
+
+# The trainer on the emulated CUDA backend (tests/train_emu.sh: its losses against the host's)
+$(B)/tests/gpt2_train_emu: examples/gpt2_train.c $(HEADERS) $(B)/libtpk_cuda_emu.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda_emu.a $(BLAS_LIBS) -lstdc++ -lm -pthread
 
 # The kit from a CUDA C++ file: compiled by nvcc, linked like a C++ program (tests/run.sh runs it).
 $(B)/tests/cuda_cxx: tests/cuda_cxx.cu $(HEADERS) $(B)/libtpk_cuda.a

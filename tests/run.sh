@@ -120,6 +120,8 @@ script() {
 script gpt2_train 1-4 tests/train.sh
 # faults: a rank killed, the checkpoint writer killed, the disk full
 script faults 1-2 tests/faults.sh
+# the trainer on the emulated CUDA backend against the host's
+script gpt2_train_emu 2 tests/train_emu.sh
 
 # install into build/inst and build the README example against it with pkg-config (normal build only)
 inst="$PWD/build/inst"
