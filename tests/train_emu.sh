@@ -4,7 +4,9 @@
 # share the one emulated device over MPI) against the same trainer on the host backend:
 #   f32, t = 2, dropout 0.1: the cross-entropy's loss by statistics, all-gather and gradient per
 #       chunk, the generic attention kernels, the fused GELU backward, clipping on the device —
-#       every printed loss, gradient norm and validation loss equal to the host's (4 digits);
+#       every printed loss, gradient norm and validation loss equal to the host's (4 digits); the
+#       same with sequence parallelism and selective recompute, and for Llama (grouped-query
+#       attention, SwiGLU, RMSNorm, RoPE);
 #   bf16, DP 2 (t = 1), D = 64: the fused cross-entropy kernel (xent_fused), the tensor-core
 #       attention with dropout, the DP buckets — every loss within 1e-3 relative of the host's.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
@@ -18,14 +20,21 @@ run2() { # NAME BINARY ARGS...: two ranks
     name=$1 bin=$2; shift 2
     timeout 600 mpirun $mpiflags -np 2 "$bin" "$@" > "$T/$name.log" 2>&1
 }
-f32="--text $text --layers 2 --hidden 64 --heads 4 --batch 4 --seq-len 32 --steps 6 --lr 3e-3 --warmup 2 --eval-every 3 --log-every 2 --seed 3 --tp 2 --dtype f32 --dropout 0.1"
-if run2 f32_emu "$B/tests/gpt2_train_emu" $f32 && run2 f32_host "$B/gpt2_train" $f32 && grep -q "cuda backend" "$T/f32_emu.log" &&
-   [ "$(values "$T/f32_emu.log")" = "$(values "$T/f32_host.log")" ] && [ -n "$(values "$T/f32_host.log")" ]; then
-    ok "the trainer on the emulated CUDA backend, f32, t = 2, dropout: every loss, gradient norm and validation loss the host's"
-else
-    fail "the trainer on the emulated CUDA backend, f32, t = 2: losses differ from the host's" "$T/f32_emu.log"
-    diff "$T/f32_emu.log" "$T/f32_host.log" | head -10 | sed 's/^/    /'
-fi
+# same NAME WHAT ARGS...: f32 at t = 2, every printed loss, gradient norm and validation loss equal to the host's
+same() {
+    sn=$1 what=$2; shift 2 # (run2 sets name and bin)
+    if run2 "${sn}_emu" "$B/tests/gpt2_train_emu" "$@" && run2 "${sn}_host" "$B/gpt2_train" "$@" && grep -q "cuda backend" "$T/${sn}_emu.log" &&
+       [ "$(values "$T/${sn}_emu.log")" = "$(values "$T/${sn}_host.log")" ] && [ -n "$(values "$T/${sn}_host.log")" ]; then
+        ok "the trainer on the emulated CUDA backend, $what: every loss, gradient norm and validation loss the host's"
+    else
+        fail "the trainer on the emulated CUDA backend, $what: losses differ from the host's" "$T/${sn}_emu.log"
+        diff "$T/${sn}_emu.log" "$T/${sn}_host.log" | head -10 | sed 's/^/    /'
+    fi
+}
+f32="--text $text --layers 2 --hidden 64 --heads 4 --batch 4 --seq-len 32 --steps 6 --lr 3e-3 --warmup 2 --eval-every 3 --log-every 2 --seed 3 --tp 2 --dtype f32"
+same f32 "f32, t = 2, dropout" $f32 --dropout 0.1
+same f32_sp "f32, t = 2, sequence parallel, selective recompute, dropout" $f32 --dropout 0.1 --sequence-parallel --recompute selective
+same llama "Llama (G = 2, SwiGLU, RMSNorm, RoPE), f32, t = 2" $f32 --arch llama --kv-heads 2
 bf="--text $text --layers 2 --hidden 128 --heads 2 --batch 2 --seq-len 64 --steps 4 --lr 3e-3 --warmup 2 --eval-every 2 --log-every 2 --seed 3 --tp 1 --dtype bf16 --dropout 0.1"
 if run2 bf16_emu "$B/tests/gpt2_train_emu" $bf && run2 bf16_host "$B/gpt2_train" $bf && grep -q "cuda backend, bf16" "$T/bf16_emu.log"; then
     bad=$(grep '^step' "$T/bf16_emu.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/a"; grep '^step' "$T/bf16_host.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/b";
