@@ -40,7 +40,7 @@ endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/flash_emu $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers \
+TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers \
             $(B)/tests/gpt2_train_emu
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
@@ -107,13 +107,6 @@ $(B)/tests/test_custom_ops: tests/test_custom_ops.c tests/test.h $(HEADERS)
 $(B)/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICXX) $(CXXWARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
-
-# The tensor-core attention kernels (kernels/cuda/flash.cuh) run on the CPU: each thread of a block a
-# host thread, the warp instructions emulated (tests/gpu/flash_emu.cpp); needs neither nvcc nor a GPU.
-$(B)/tests/flash_emu: tests/gpu/flash_emu.cpp kernels/cuda/flash.cuh $(HEADERS) $(B)/libtpk_host.a
-	@mkdir -p $(@D)
-	$(CXX) -std=c++17 -Wall -Wextra -Werror -Wno-unknown-pragmas -fno-strict-aliasing $(CFLAGS) $(CPPFLAGS) -pthread $< -o $@ \
-	  $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
 # The CUDA backend run on the CPU: kernels/cuda/*.cu (NCCL off) converted by tests/gpu/emu/cu2cpp.pl
 # (kernel launches, __shared__) into $(B)/emu/src and compiled by g++ as C++17 against the CUDA

@@ -226,13 +226,19 @@ int main(int argc, char **argv) {
     }
     /* the CUDA backend's generic attention kernels on the same shape (TPK_ATTN=generic), for the
      * speed-up of the tensor-core ones (bf16, D = 64 or 128) */
-    double gen[2] = {-1, -1};
+    double gen[2] = {-1, -1}, det_ms = -1;
     if (gpu) {
         setenv("TPK_ATTN", "generic", 1);
         gen[0] = time_op(OP_ATT_F, iters), gen[1] = time_op(OP_ATT_B, iters);
         unsetenv("TPK_ATTN");
+        ctx.deterministic = true; /* the backward with a dQ kernel of its own instead of f32 atomics */
+        det_ms = time_op(OP_ATT_B, iters);
+        ctx.deterministic = false;
     }
     if (!json) {
+        if (det_ms > 0)
+            printf("\nattention backward, deterministic (dQ in a kernel of its own, no atomics): %.3f ms, %.2fx the default's time\n", det_ms,
+                   det_ms / att_ms[1]);
         if (gen[0] > 0)
             printf("\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, backward %.3f ms; the default path is %.2fx as fast "
                    "(forward+backward)\n",
@@ -243,7 +249,8 @@ int main(int argc, char **argv) {
                    pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1], pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
         else printf("\nattention against PyTorch: not measured (no python with torch)\n");
     } else {
-        printf("\n], \"generic_attn\": ");
+        if (det_ms > 0) printf("\n], \"attn_bwd_deterministic_ms\": %.4f, \"generic_attn\": ", det_ms);
+        else printf("\n], \"attn_bwd_deterministic_ms\": null, \"generic_attn\": ");
         if (gen[0] > 0) printf("{\"fwd_ms\": %.4f, \"bwd_ms\": %.4f}, \"torch_attn\": ", gen[0], gen[1]);
         else printf("null, \"torch_attn\": ");
         if (pt[0] > 0) printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n", pname, pt[0], pt[1], att_ms[0], att_ms[1]);

@@ -26,7 +26,7 @@ typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute, *tp_weights;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
-    bool sp, eval_only, profile; tpk_recompute rc; /* rc: --recompute parsed */
+    bool sp, eval_only, profile, det; tpk_recompute rc; /* rc: --recompute parsed */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
 } opts;
@@ -38,7 +38,7 @@ static const char *usage =
     "  parallel:  --tp 1 (--tp-weights 3,1: each TP rank's share) --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two) --recompute none|selective|full\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
-    "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1\n"
+    "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1 --deterministic (same bits every run)\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
     "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ...) --load DIR\n"
     "             --csv FILE --sample N --log-every 1 --profile (every op's time per step, from step 2)\n";
@@ -65,7 +65,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         FLT("--lr", lr, 0, 10) FLT("--min-lr-frac", min_lr_frac, 0, 1) FLT("--weight-decay", wd, 0, 10) FLT("--clip", clip, 0, 1e9)
         FLT("--dropout", dropout, 0, 0.99) FLT("--label-smoothing", smoothing, 0, 0.99) FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
 #define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
-        BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile)
+        BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile) BOOL("--deterministic", det)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         return snprintf(err, n, "unknown argument \"%s\" (--help lists them)", a), 1;
     missing:
@@ -199,7 +199,7 @@ int main(int argc, char **argv) {
 #endif
     if (!gpu) TRY(tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world));
     tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16) : gpu ? TPK_BF16 : TPK_F32; /* master weights stay f32 */
-    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt, .tp_weights = o.tp_weights ? tw : NULL})); ctx_up = true;
+    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt, .tp_weights = o.tp_weights ? tw : NULL, .deterministic = o.det})); ctx_up = true;
     TRY(tpk_model_init(&ctx, &m, &cfg));
     FAIL_IF(o.zero && ctx.dp.size == 1, "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / --tp %d)", world_size, o.tp);
     TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));

@@ -41,8 +41,6 @@ for t in $B/tests/test_*; do
     for np in $nps; do run "$name" "$np" "$t"; done
 done
 run readme_example 2 $B/readme_example
-# the CUDA backend's tensor-core attention (kernels/cuda/flash.cuh) emulated on the CPU
-run flash_emu 1 $B/tests/flash_emu
 # the whole CUDA backend on the CPU (kernels/cuda/*.cu compiled by g++ against the CUDA emulation in
 # tests/gpu/emu/): tests/gpu/ops.c, every CUDA op against the host op; then again with the emulated
 # cuBLASLt finding no algorithm, so the backend's own GEMM kernel and composed linear_fwd run

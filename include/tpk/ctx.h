@@ -64,6 +64,9 @@ typedef struct tpk_ctx_desc {
                            features, heads, vocabulary rows, tokens under sequence parallelism —
                            gives rank r a share proportional to tp_weights[r] (tpk_split_weighted);
                            NULL: even splits. The same on every rank. */
+    bool deterministic; /* every op gives the same bits on every run (a backend otherwise may sum
+                           in a run-dependent order: the CUDA tensor-core attention backward adds
+                           dQ with f32 atomics by default, as FlashAttention-2 does) */
 } tpk_ctx_desc;
 
 struct tpk_ctx {
@@ -74,6 +77,7 @@ struct tpk_ctx {
     double *tp_w;         /* [tp.size] the TP split's weights (tpk_ctx_desc.tp_weights); NULL: even */
     uint64_t seed;
     tpk_dtype dtype;      /* activation dtype (tpk_ctx_desc.dtype) */
+    bool deterministic;   /* tpk_ctx_desc.deterministic; may be changed between steps */
     uint64_t rng_step;    /* dropout masks are drawn from (seed, layer, rng_step): a trainer sets it
                              to a new value per micro-batch (e.g. the micro-step counter) */
     tpk_buf work[2];      /* scratch for layouts that must be rearranged */

@@ -55,7 +55,7 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     ctx->ops = d.ops ? d.ops : TPK__DEFAULT_OPS();
-    ctx->seed = d.seed, ctx->dtype = d.dtype;
+    ctx->seed = d.seed, ctx->dtype = d.dtype, ctx->deterministic = d.deterministic;
     if (!ctx->ops)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->ops: expected a backend table (tpk_ops_host(), tpk_ops_cuda() or your own); NULL asks for the default, "

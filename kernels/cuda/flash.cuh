@@ -21,10 +21,14 @@
  *     over (head, tile)), so a shared head's dK, dV sum over its query heads in registers:
  *     P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
  *     dV += (P^T keep) dO,  dK += scale dS^T Q
- *   tpk__flash_dq: a block owns 64 queries and streams the key tiles at or before them,
- *     recomputing P and dP:  dQ += scale dS K
- * dQ accumulates in f32 registers in its own pass instead of through f32 atomics, so the backward is
- * deterministic, bit for bit, for the price of recomputing two of its GEMMs (7 instead of 5).
+ *   and dQ, by default, in the same pass (DQ, as FlashAttention-2): each warp writes its dS^T to
+ *     shared memory as dS [64 queries][64 keys], and after a barrier warp w adds
+ *     dS [its 16 queries, 64 keys] K [64 keys, D] into dq_acc [B, S, Al, D] (f32, zeroed) with
+ *     atomic adds (two floats per reduction on sm_90); a last pass writes dQ = scale dq_acc as bf16.
+ *     Five GEMMs in all, but the order of the atomic adds varies from run to run.
+ *   tpk__flash_dq (tpk_ctx.deterministic): a block owns 64 queries and streams the key tiles at or
+ *     before them, recomputing P and dP:  dQ += scale dS K  in f32 registers, every output written
+ *     once — deterministic, bit for bit, for the price of recomputing two GEMMs (7 instead of 5).
  * Dropout (DROP, p > 0): keep_ij from the counter RNG at index ((b A + head0 + h) S + i) S + j, as every
  * backend (tpk/rng.h: index x takes output x % 4 of Philox call x / 4); the kernels without it carry
  * no RNG. Where S % 4 = 0 every call covers 4 keys of one row, which 2 lanes (row-major fragments:
@@ -44,13 +48,15 @@
  *   C/D 16x8 (f32):       c0, c1 (g, 2t..2t+1)  c2, c3 (g+8, 2t..2t+1)
  * so the C fragments of two neighbouring 8-column tiles, packed to bf16, are the A fragment of their
  * 16 columns: P and dS go from one GEMM into the next without leaving registers.
- * Shared tiles are [64][D + 8] bf16: rows 16 bytes apart beyond D, so the 32-bit fragment loads of a
- * warp fall on 32 distinct banks.
+ * Fragments are read from shared memory by ldmatrix.x4 (an A fragment, or the B fragments of two
+ * 8-column tiles; .trans where the tile holds B as [k][n]: V, dO, Q, K in the P V-shaped products),
+ * one instruction where 32-bit loads took four to eight. Shared tiles are [64][D + 8] bf16: rows 16
+ * bytes apart beyond D, so the eight rows of each ldmatrix phase fall on 32 distinct banks.
  *
- * With TPK_FLASH_EMU defined the file compiles as host C++ against tests/gpu/flash_emu.cpp, which
- * runs each thread of a block as a host thread and emulates the warp instructions from the PTX
- * layouts above: the tiling, masking and fragment indexing are tested against the host backend
- * without a GPU. */
+ * With TPK_FLASH_EMU defined the file compiles as host C++ against the CUDA emulation
+ * (tests/gpu/emu/tpk_emu.h), which runs each thread of a block as a fiber and emulates mma.sync,
+ * ldmatrix, the shuffles and cp.async from the PTX ISA's definitions: tests/gpu/ops.c checks the
+ * kernels against the host backend without a GPU. */
 #ifndef TPK_CUDA_FLASH_CUH
 #define TPK_CUDA_FLASH_CUH
 
@@ -102,16 +108,43 @@ __device__ __forceinline__ void tpk__fl_wait_all() {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #endif
 }
+/* ldmatrix.x4 (sm_75+): lane l gives the address of row l % 8 of the 8x8 bf16 matrix l / 8 (16
+ * bytes, 16-byte aligned); r[i] gets this lane's pair of matrix i: (row g, columns 2t, 2t+1), or
+ * with TRANS (rows 2t, 2t+1, column g) — one instruction for four fragment registers */
+template <bool TRANS> __device__ __forceinline__ void tpk__fl_ldsm4(uint32_t r[4], const uint16_t *row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+#else
+    (void)row, r[0] = r[1] = r[2] = r[3] = 0;
+#endif
+}
+/* p[0] += a, p[1] += b in global memory, atomically (one 8-byte reduction on sm_90, p 8-byte aligned) */
+__device__ __forceinline__ void tpk__fl_red2(float *p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(p), make_float2(a, b));
+#else
+    atomicAdd(p, a), atomicAdd(p + 1, b);
+#endif
+}
 #endif
 
 enum { TPK__FL_THREADS = 128, TPK__FL_ROWS = 64 /* query rows per block, 16 per warp */, TPK__FL_KEYS = 64 /* keys per tile */ };
 
 /* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q; K, V; Q, dO) and two
  * buffers of the streamed ones (K, V; Q, dO, lse, Dr; K, V), the next tile landing while the current
- * one is used. */
-static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq */, int D) {
-    size_t tile = sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (size_t)(D + 8);
-    return kernel == 0 ? 5 * tile : kernel == 1 ? 6 * tile + 4 * sizeof(float) * TPK__FL_ROWS : 6 * tile;
+ * one is used; the dK/dV kernel that also makes dQ adds the tile's dS [64][64 + 8]. */
+static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv with dQ */, int D) {
+    size_t tile = sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (size_t)(D + 8), ds = sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (TPK__FL_KEYS + 8);
+    size_t dkv = 6 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
+    return kernel == 0 ? 5 * tile : kernel == 1 ? dkv : kernel == 3 ? dkv + ds : 6 * tile;
 }
 
 /* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p); one Philox call for
@@ -158,22 +191,21 @@ __device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, con
 __device__ __forceinline__ int tpk__fl_clamp(int64_t v, int lo, int hi) { return (int)(v < lo ? lo : v > hi ? hi : v); }
 __device__ __forceinline__ int tpk__fl_imin(int a, int b) { return a < b ? a : b; }
 
-__device__ __forceinline__ uint32_t tpk__fl_ld32(const uint16_t *p) { return *reinterpret_cast<const uint32_t *>(p); }
-/* A fragment of the 16x16 block at (row0, col0) of a row-major shared tile */
-__device__ __forceinline__ void tpk__fl_frag_a(uint32_t a[4], const uint16_t *s, int ld, int row0, int col0, int g, int t) {
-    const uint16_t *q = s + (row0 + g) * ld + col0 + 2 * t;
-    a[0] = tpk__fl_ld32(q), a[1] = tpk__fl_ld32(q + 8 * ld), a[2] = tpk__fl_ld32(q + 8), a[3] = tpk__fl_ld32(q + 8 * ld + 8);
+/* Fragments from a row-major shared tile with row stride ld (rows 16 bytes apart mod 128: every
+ * 8-row phase of an ldmatrix hits 32 distinct banks), each by one ldmatrix.x4 of the warp (lane l
+ * addresses row l % 16 or l % 8 of its matrix l / 8):
+ * the A fragment of the 16x16 block at (row0, col0) */
+__device__ __forceinline__ void tpk__fl_frag_a(uint32_t a[4], const uint16_t *s, int ld, int row0, int col0, int lane) {
+    tpk__fl_ldsm4<false>(a, s + (row0 + (lane & 15)) * ld + col0 + 8 * (lane >> 4));
 }
-/* B fragment with B[k][n] = s[n0 + n][k0 + k]: the tile holds B transposed (K for S = Q K^T) */
-__device__ __forceinline__ void tpk__fl_frag_bt(uint32_t b[2], const uint16_t *s, int ld, int n0, int k0, int g, int t) {
-    const uint16_t *q = s + (n0 + g) * ld + k0 + 2 * t;
-    b[0] = tpk__fl_ld32(q), b[1] = tpk__fl_ld32(q + 8);
+/* the B fragments of two 8-column tiles n0 .. n0 + 15 (b[0..1] the first, b[2..3] the second) with
+ * B[k][n] = s[n0 + n][k0 + k]: the tile holds B transposed (K for S = Q K^T) */
+__device__ __forceinline__ void tpk__fl_frag_bt2(uint32_t b[4], const uint16_t *s, int ld, int n0, int k0, int lane) {
+    tpk__fl_ldsm4<false>(b, s + (n0 + (lane & 7) + 8 * (lane >> 4)) * ld + k0 + 8 * ((lane >> 3) & 1));
 }
-/* B fragment with B[k][n] = s[k0 + k][n0 + n]: the tile holds B as it is (V for O = P V) */
-__device__ __forceinline__ void tpk__fl_frag_b(uint32_t b[2], const uint16_t *s, int ld, int k0, int n0, int g, int t) {
-    const uint16_t *q = s + (k0 + 2 * t) * ld + n0 + g;
-    b[0] = (uint32_t)q[0] | (uint32_t)q[ld] << 16;
-    b[1] = (uint32_t)q[8 * ld] | (uint32_t)q[9 * ld] << 16;
+/* the same with B[k][n] = s[k0 + k][n0 + n]: the tile holds B as it is (V for O = P V), loaded transposed */
+__device__ __forceinline__ void tpk__fl_frag_b2(uint32_t b[4], const uint16_t *s, int ld, int k0, int n0, int lane) {
+    tpk__fl_ldsm4<true>(b, s + (k0 + (lane & 15)) * ld + n0 + 8 * (lane >> 4));
 }
 /* the C fragments of columns 0..7 (c0) and 8..15 (c1) as the bf16 A fragment of the 16 columns */
 __device__ __forceinline__ void tpk__fl_c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
@@ -231,31 +263,38 @@ __device__ __forceinline__ void tpk__fl_drop_cols(float u[4], uint64_t seed, uin
 /* acc[nt] (16 x 64 in eight 8-column C tiles) = A B^T with A = rows a0 .. a0 + 15 of the shared
  * tile `a` and B = rows 0 .. 63 of the shared tile `bt`, over D columns: S = Q K^T, dP = dO V^T */
 template <int D>
-__device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t *a, int a0, const uint16_t *bt, int g, int t) {
+__device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t *a, int a0, const uint16_t *bt, int lane) {
     TPK__FL_UNROLL for (int nt = 0; nt < 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
         uint32_t af[4];
-        tpk__fl_frag_a(af, a, D + 8, a0, 16 * kk, g, t);
-        TPK__FL_UNROLL for (int nt = 0; nt < 8; nt++) {
-            uint32_t bf[2];
-            tpk__fl_frag_bt(bf, bt, D + 8, 8 * nt, 16 * kk, g, t);
-            tpk__fl_mma(acc[nt], af, bf);
+        tpk__fl_frag_a(af, a, D + 8, a0, 16 * kk, lane);
+        TPK__FL_UNROLL for (int nt = 0; nt < 8; nt += 2) {
+            uint32_t bf[4];
+            tpk__fl_frag_bt2(bf, bt, D + 8, 8 * nt, 16 * kk, lane);
+            tpk__fl_mma(acc[nt], af, bf), tpk__fl_mma(acc[nt + 1], af, bf + 2);
         }
     }
 }
-/* acc[dt] (16 x D in 8-column C tiles) += C B with C = c[0..7] (16 x 64 in C tiles, rounded to bf16
- * as the A operand) and B = rows 0 .. 63 of the shared tile `b`: O += P V, dV += P^T dO, dQ += dS K */
-template <int D>
-__device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)[4], const uint16_t *b, int g, int t) {
+/* acc[dt] (16 x N in 8-column C tiles) += A B with A 16 x 64 (kk: its 16-column blocks) and B = rows
+ * 0 .. 63, columns n0 .. n0 + N - 1 of the shared tile `b` (row stride D + 8); afrag(kk, af) makes
+ * A's fragment of block kk */
+template <int D, int N, class F>
+__device__ __forceinline__ void tpk__fl_mma_ab(float (*acc)[4], F afrag, const uint16_t *b, int n0, int lane) {
     TPK__FL_UNROLL for (int kk = 0; kk < 4; kk++) {
         uint32_t af[4];
-        tpk__fl_c_to_a(af, c[2 * kk], c[2 * kk + 1]);
-        TPK__FL_UNROLL for (int dt = 0; dt < D / 8; dt++) {
-            uint32_t bf[2];
-            tpk__fl_frag_b(bf, b, D + 8, 16 * kk, 8 * dt, g, t);
-            tpk__fl_mma(acc[dt], af, bf);
+        afrag(kk, af);
+        TPK__FL_UNROLL for (int dt = 0; dt < N / 8; dt += 2) {
+            uint32_t bf[4];
+            tpk__fl_frag_b2(bf, b, D + 8, 16 * kk, n0 + 8 * dt, lane);
+            tpk__fl_mma(acc[dt], af, bf), tpk__fl_mma(acc[dt + 1], af, bf + 2);
         }
     }
+}
+/* acc[dt] (16 x D) += C B with C = c[0..7] (16 x 64 in C tiles, rounded to bf16 as the A operand)
+ * and B = rows 0 .. 63 of the shared tile `b`: O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K */
+template <int D>
+__device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)[4], const uint16_t *b, int lane) {
+    tpk__fl_mma_ab<D, D>(acc, [&](int kk, uint32_t af[4]) { tpk__fl_c_to_a(af, c[2 * kk], c[2 * kk + 1]); }, b, 0, lane);
 }
 
 #define TPK__FL_LOG2E 1.4426950408889634f
@@ -321,7 +360,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
         tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4];
-            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);
+            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, lane);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S; /* the diagonal or S crosses the tile */
             /* the mask in the tile's 32-bit coordinates: key j0 + c of row wrow + r is masked when
              * c > (wrow - j0) + r (above the diagonal) or c > S - 1 - j0 (past S), i.e. c > lim of
@@ -353,7 +392,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
                 }
             }
             TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
-            tpk__fl_mma_cb<D>(o, s, Vs, g, t);
+            tpk__fl_mma_cb<D>(o, s, Vs, lane);
         }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
@@ -373,8 +412,8 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
 /* grid (ceil(S / 64), Gl, B): block x owns keys k0 = 64 x .. k0 + 63 of local key/value head y (block
  * 0 has the most query tiles and starts first), warp w the keys k0 + 16 w .. + 15; the query tiles
  * of each local query head reading head y in turn. Writes dK, dV of dqkv. */
-template <int D, bool DROP>
-__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv,
+template <int D, bool DROP, bool DQ>
+__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv,
                                                                   const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t A,
                                                                   int64_t G, int64_t head0, float scale, float p, uint64_t seed,
                                                                   uint64_t stream) {
@@ -382,6 +421,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
     TPK__FL_SMEM(uint16_t, Ks); /* [64][LD] each: K, V of the block's keys */
     uint16_t *Vs = Ks + TILE, *Qb = Vs + TILE, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
     float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
+    uint16_t *dSs = reinterpret_cast<uint16_t *>(Db + 2 * TPK__FL_ROWS); /* DQ: [64 queries][64 + 8] dS of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * TPK__FL_KEYS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
@@ -419,8 +459,8 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
         if (it + 1 < ntiles) stage_q(tq + 1 < ntq ? h : h + 1, tq + 1 < ntq ? tq + 1 : 0, (it + 1) & 1); /* lands in the other buffer meanwhile */
         tpk__fl_commit();
         float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
-        tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, g, t);
-        tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, g, t);
+        tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, lane);
+        tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, lane);
         bool edge = q0 == k0 || q0 + TPK__FL_ROWS > S; /* the diagonal tile, or S inside the tile */
         /* in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when c >= (wkey - q0) + r
          * (on or below the diagonal), c < S - q0 and r < S - wkey; on the diagonal tile wkey - q0 is 16 w */
@@ -443,10 +483,23 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
                     P *= keep;
                 }
                 st[nt][e] = P, dpt[nt][e] = ds;
+                if (DQ) dSs[c * (TPK__FL_KEYS + 8) + 16 * w + r] = (uint16_t)(tpk__fl_pack(ds, 0.0f) & 0xffffu); /* dS[query c][key 16 w + r] */
             }
         }
-        tpk__fl_mma_cb<D>(dv, st, dOs, g, t); /* dV += (P^T keep) dO */
-        tpk__fl_mma_cb<D>(dk, dpt, Qs, g, t); /* dK += dS^T Q (scaled at the end) */
+        tpk__fl_mma_cb<D>(dv, st, dOs, lane); /* dV += (P^T keep) dO */
+        tpk__fl_mma_cb<D>(dk, dpt, Qs, lane); /* dK += dS^T Q (scaled at the end) */
+        if (DQ) { /* dQ of the tile's queries 16 w .. + 15 += dS K over the block's 64 keys, added into dq_acc */
+            __syncthreads(); /* dS written by every warp */
+            float dq[ND][4];
+            TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+            tpk__fl_mma_ab<D, D>(dq, [&](int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dSs, TPK__FL_KEYS + 8, 16 * w, 16 * kk, lane); }, Ks, 0, lane);
+            TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+                int64_t i = q0 + 16 * w + g + 8 * r;
+                if (i >= S) continue;
+                float *qrow = dq_acc + ((b * S + i) * Al + h) * D + 2 * t;
+                TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) tpk__fl_red2(qrow + 8 * dt, dq[dt][2 * r], dq[dt][2 * r + 1]);
+            }
+        }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
         if (++tq == ntq) tq = 0, h++;
@@ -499,8 +552,8 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
         tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
-            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, g, t);
-            tpk__fl_mma_abt<D>(dp, dOs, 16 * w, Vs, g, t);
+            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, lane);
+            tpk__fl_mma_abt<D>(dp, dOs, 16 * w, Vs, lane);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
             int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1; /* the forward's mask */
             int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
@@ -518,7 +571,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
                     s[nt][e] = ds;
                 }
             }
-            tpk__fl_mma_cb<D>(dq, s, Ks, g, t); /* dQ += dS K (scaled at the end) */
+            tpk__fl_mma_cb<D>(dq, s, Ks, lane); /* dQ += dS K (scaled at the end) */
         }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */

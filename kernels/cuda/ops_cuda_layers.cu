@@ -750,6 +750,19 @@ template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn,
     return TPK_OK;
 }
 
+/* dQ of dqkv (bf16, rows of ld3) = scale dq_acc (f32 [rows, AlD], the tensor-core backward's sums
+ * of dS K), 8 elements per step: AlD is a multiple of 8 and both 16-byte aligned */
+__global__ void attn_dq_store_kernel(tpk__bf16 *dqkv, const float *dq_acc, size_t rows, int64_t AlD, int64_t ld3, float scale) {
+    size_t per = (size_t)AlD / 8;
+    TPK__GRID_STRIDE(j, rows * per) {
+        size_t r = j / per, c = (j % per) * 8;
+        float v[8];
+        tpk__ldn<8>(dq_acc, r * (size_t)AlD + c, v);
+        for (int k = 0; k < 8; k++) v[k] *= scale;
+        tpk__stn<8>(dqkv, r * (size_t)ld3 + c, v);
+    }
+}
+
 /* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later, rows
  * 16-byte aligned; TPK_ATTN=generic in the environment selects the generic kernels (benchmarks). */
 static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
@@ -942,26 +955,49 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     TPK__CUDA_STATE(st, ctx, fn);
     float *Dr;
     size_t nrows = (size_t)(B * Al * S);
-    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * nrows, (void **)&Dr));
     if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout)) {
+        /* Dr [B, Al, S]; unless deterministic, dq_acc [B, S, Al, D] f32, zeroed, that the dK/dV kernel
+         * adds dS K into with atomics (FlashAttention-2); deterministic: the dQ kernel instead */
+        bool fused = !ctx->deterministic;
+        size_t dr_bytes = (sizeof(float) * nrows + 255) / 256 * 256, nq = nrows * (size_t)D;
+        float *dq_acc = NULL;
+        TPK_TRY(tpk__cuda_scratch(ctx, fn, st, dr_bytes + (fused ? sizeof(float) * nq : 0), (void **)&Dr));
+        if (fused) {
+            dq_acc = reinterpret_cast<float *>(reinterpret_cast<char *>(Dr) + dr_bytes);
+            TPK__CUDA_TRY(ctx, fn, cudaMemsetAsync(dq_acc, 0, sizeof(float) * nq, st->stream));
+        }
         attn_dr_kernel<tpk__bf16><<<tpk__grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const tpk__bf16 *)dout,
                                                                                                      (const tpk__bf16 *)out, B, S, Al, D);
         dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B);
         dim3 kvgrid(fgrid.x, (unsigned)tpk_attn_kv_heads(A, G, head0, Al, NULL), (unsigned)B); /* dK, dV: one block row per key/value head */
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
-            auto kkv = tpk__flash_dkv<decltype(d)::value, decltype(drop)::value>;
-            auto kq = tpk__flash_dq<decltype(d)::value, decltype(drop)::value>;
-            size_t bkv = tpk__flash_smem(1, (int)D), bq = tpk__flash_smem(2, (int)D);
+            constexpr int DD = decltype(d)::value;
+            constexpr bool DROP = decltype(drop)::value;
+            if (fused) {
+                auto kkv = tpk__flash_dkv<DD, DROP, true>;
+                size_t bkv = tpk__flash_smem(3, DD);
+                if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK) return;
+                kkv<<<kvgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, dq_acc, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr,
+                                                                  S, Al, A, G, head0, scale, p, seed, stream);
+                int64_t ld3 = (Al + 2 * (int64_t)kvgrid.y) * DD;
+                attn_dq_store_kernel<<<tpk__grid_for(nq / 8, 256), 256, 0, st->stream>>>((tpk__bf16 *)dqkv, dq_acc, (size_t)(B * S), Al * DD, ld3,
+                                                                                         scale);
+                return;
+            }
+            auto kkv = tpk__flash_dkv<DD, DROP, false>;
+            auto kq = tpk__flash_dq<DD, DROP>;
+            size_t bkv = tpk__flash_smem(1, DD), bq = tpk__flash_smem(2, DD);
             if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK || (s = att_smem_attr(ctx, fn, kq, bq)) != TPK_OK) return;
-            kkv<<<kvgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
-                                                              G, head0, scale, p, seed, stream);
+            kkv<<<kvgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, (float *)NULL, (const uint16_t *)dout, (const uint16_t *)qkv, lse,
+                                                              Dr, S, Al, A, G, head0, scale, p, seed, stream);
             kq<<<fgrid, TPK__FL_THREADS, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
                                                            G, head0, scale, p, seed, stream);
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
     }
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * nrows, (void **)&Dr));
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);
     dim3 kvgrid(grid.x, (unsigned)tpk_attn_kv_heads(A, G, head0, Al, NULL), (unsigned)B);

@@ -572,6 +572,12 @@ void tpk__fl_wait_all() {
     }
     S.cur->pending.clear();
 }
+void tpk_emu_ldsm_check(const void *row) {
+    in_kernel("ldmatrix");
+    const unsigned char *p = static_cast<const unsigned char *>(row), *base = static_cast<const unsigned char *>(tpk_emu_dyn_smem_raw());
+    if ((uintptr_t)p % 16) tpk_emu_fail("ldmatrix: a row address %p not 16-byte aligned", row);
+    if (p < base || p + 16 > base + S.dyn_bytes) tpk_emu_fail("ldmatrix: a row address outside the block's dynamic shared memory");
+}
 /* D (16x8) = A (16x16) B (16x8) from the lanes' registers, bf16 inputs, f32 products and sums */
 void tpk_emu_mma_complete(tpk_emu_xchg &x) {
     g_mma++;

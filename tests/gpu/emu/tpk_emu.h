@@ -201,7 +201,7 @@ enum { warpSize = 32 };
 
 /* a warp's exchange area for one warp-synchronous instruction: each lane's posted bytes and, for
  * the mma, the 16x8 product the instruction's last lane computed for the warp */
-enum { TPK_EMU_SLOT = 32, TPK_EMU_SHFL = 1, TPK_EMU_SYNCWARP = 2, TPK_EMU_MMA = 3 };
+enum { TPK_EMU_SLOT = 32, TPK_EMU_SHFL = 1, TPK_EMU_SYNCWARP = 2, TPK_EMU_MMA = 3, TPK_EMU_LDSM = 4 };
 struct tpk_emu_xchg {
     unsigned char lane[32][TPK_EMU_SLOT];
     unsigned seq[32];   /* the lane's count of warp instructions when it posted: a lane that did not post is stale */
@@ -353,6 +353,28 @@ static inline float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0x
 void tpk__fl_cp16(void *dst, const void *src, bool valid);
 static inline void tpk__fl_commit() {}
 void tpk__fl_wait_all();
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16, from the PTX ISA: lane l posts the address of
+ * row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned, in the block's dynamic shared memory); r[i]
+ * = matrix i's (row g, columns 2t, 2t + 1), or with .trans (rows 2t, 2t + 1, column g), lower index
+ * in the low half */
+void tpk_emu_ldsm_check(const void *row);
+template <bool TRANS> static inline void tpk__fl_ldsm4(uint32_t r[4], const uint16_t *row) {
+    unsigned seq;
+    tpk_emu_ldsm_check(row);
+    const tpk_emu_xchg &x = tpk_emu_warp_op(TPK_EMU_LDSM, &row, sizeof row, NULL, &seq);
+    int lane = (int)tpk_emu_laneid(), g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        const uint16_t *rows[8];
+        for (int j = 0; j < 8; j++) {
+            if (!tpk_emu_lane_ok(x, 8 * i + j, seq, "ldmatrix")) return;
+            memcpy(&rows[j], x.lane[8 * i + j], sizeof rows[j]);
+        }
+        uint16_t lo = TRANS ? rows[2 * t][g] : rows[g][2 * t], hi = TRANS ? rows[2 * t + 1][g] : rows[g][2 * t + 1];
+        r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+}
+/* atomicAdd of two neighbouring floats: the blocks of a launch run one at a time, so plain adds */
+static inline void tpk__fl_red2(float *p, float a, float b) { p[0] += a, p[1] += b; }
 #endif
 
 #endif /* TPK_EMU_H */
