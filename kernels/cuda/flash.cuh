@@ -9,22 +9,24 @@
  * natural log of sum_j exp(scale q_i . k_j), dqkv like qkv, Dr [B, Al, S] = rowsum(dO * O).
  * tpk__fl_heads gives Gl, g0 and the group size.
  *
- * Forward (tpk__flash_fwd): a block of 4 warps owns 64 query rows of one (b, h), warp w the rows
- * 16 w .. 16 w + 15 with their Q fragments in registers. Key/value tiles of 64 rows are staged
- * through shared memory; per tile, in registers:
+ * Forward (tpk__flash_fwd): a block of W warps (tpk__fl_warps: 8 at D = 64, 4 at D = 128) owns 16 W
+ * query rows of one (b, h), warp w the rows 16 w .. 16 w + 15. Key/value tiles of 64 rows are
+ * staged through shared memory, each serving the W warps; per tile, in registers:
  *   S = Q K^T (16 x 64)           m' = max(m, rowmax S)           P = exp(scale (S - m'))
  *   l' = l e^(scale (m - m')) + rowsum P                           O' = O e^(scale (m - m')) + (P keep) V
  * and at the end O / l and lse = scale m + ln l. Tiles above a warp's diagonal are skipped.
  * Backward (after Dr):
- *   tpk__flash_dkv: a block owns 64 keys (16 per warp) of one key/value head and streams the query
- *     tiles at or after them, of every local query head that reads that head in turn (one pipeline
- *     over (head, tile)), so a shared head's dK, dV sum over its query heads in registers:
+ *   tpk__flash_dkv: a block of 8 warps owns 128 keys (16 per warp) of one key/value head and
+ *     streams the 64-query tiles at or after them, of every local query head that reads that head
+ *     in turn (one pipeline over (head, tile)), so a shared head's dK, dV sum over its query heads
+ *     in registers (a warp whose keys all come after a tile's queries skips it):
  *     P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
  *     dV += (P^T keep) dO,  dK += scale dS^T Q
  *   and dQ, by default, in the same pass (DQ, as FlashAttention-2): each warp writes its dS^T to
- *     shared memory as dS [64 queries][64 keys], and after a barrier warp w adds
- *     dS [its 16 queries, 64 keys] K [64 keys, D] into dq_acc [B, S, Al, D] (f32, zeroed) with
- *     atomic adds (two floats per reduction on sm_90); a last pass writes dQ = scale dq_acc as bf16.
+ *     shared memory as dS [64 queries][128 keys], and after a barrier warp w adds
+ *     dS [16 queries 16 (w % 4) .., 128 keys] K [128 keys, half of D] into dq_acc [B, S, Al, D]
+ *     (f32, zeroed) with atomic adds (two floats per reduction on sm_90); a last pass writes
+ *     dQ = scale dq_acc as bf16.
  *     Five GEMMs in all, but the order of the atomic adds varies from run to run.
  *   tpk__flash_dq (tpk_ctx.deterministic): a block owns 64 queries and streams the key tiles at or
  *     before them, recomputing P and dP:  dQ += scale dS K  in f32 registers, every output written
@@ -136,15 +138,25 @@ __device__ __forceinline__ void tpk__fl_red2(float *p, float a, float b) {
 }
 #endif
 
-enum { TPK__FL_THREADS = 128, TPK__FL_ROWS = 64 /* query rows per block, 16 per warp */, TPK__FL_KEYS = 64 /* keys per tile */ };
+enum { TPK__FL_ROWS = 64 /* query rows of a streamed tile; the dQ kernel's rows per block */, TPK__FL_KEYS = 64 /* keys per tile */ };
 
-/* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q; K, V; Q, dO) and two
- * buffers of the streamed ones (K, V; Q, dO, lse, Dr; K, V), the next tile landing while the current
- * one is used; the dK/dV kernel that also makes dQ adds the tile's dS [64][64 + 8]. */
+/* Warps per block (16 rows each): the forward owns 16 W query rows, the dK/dV kernel 16 W keys, so
+ * each K, V (forward) or Q, dO (backward) tile brought from L2 serves W warps — with W = 8 half the
+ * L2 traffic (and, in the backward, half the dQ atomics) of W = 4 per flop. The forward at D = 128
+ * keeps W = 4: at 168 registers a thread, 3 blocks of 4 warps fit an SM, 1 block of 8. The dQ kernel
+ * (deterministic) has 4. */
+static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */, int D) { return kernel == 0 ? (D == 64 ? 8 : 4) : kernel == 1 ? 8 : 4; }
+
+/* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q [16 W]; K, V [16 W];
+ * Q, dO [64]) and two buffers of the streamed [64]-row ones (K, V; Q, dO, lse, Dr; K, V), the next
+ * tile landing while the current one is used; the dK/dV kernel that also makes dQ adds the tile's
+ * dS [64][16 W + 8]. Rows of D + 8 bf16. */
 static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv with dQ */, int D) {
-    size_t tile = sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (size_t)(D + 8), ds = sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (TPK__FL_KEYS + 8);
-    size_t dkv = 6 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
-    return kernel == 0 ? 5 * tile : kernel == 1 ? dkv : kernel == 3 ? dkv + ds : 6 * tile;
+    size_t row = sizeof(uint16_t) * (size_t)(D + 8), tile = row * TPK__FL_ROWS;
+    if (kernel == 0) return row * 16 * (size_t)tpk__fl_warps(0, D) + 4 * tile;
+    if (kernel == 2) return 6 * tile;
+    size_t keys = 16 * (size_t)tpk__fl_warps(1, D), dkv = 2 * row * keys + 4 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
+    return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (keys + 8);
 }
 
 /* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p); one Philox call for
@@ -161,13 +173,13 @@ __device__ __forceinline__ float tpk__att_keep(float p, uint64_t seed, uint64_t 
     return tpk__att_keep_at(p, seed, stream, (uint64_t)((((b * A + hg) * S + i) * S) + j));
 }
 
-/* Start copying rows r0 .. r0 + 63 of a bf16 matrix with row stride ld (rows >= S as zeros) into
- * dst [64][D + 8], in 16-byte pieces by the whole block; the data is there after tpk__fl_wait_all
- * and a barrier. */
-template <int D>
+/* Start copying rows r0 .. r0 + ROWS - 1 of a bf16 matrix with row stride ld (rows >= S as zeros)
+ * into dst [ROWS][D + 8], in 16-byte pieces by the block's NT threads; the data is there after
+ * tpk__fl_wait_all and a barrier. */
+template <int D, int NT, int ROWS = TPK__FL_ROWS>
 __device__ __forceinline__ void tpk__fl_stage(uint16_t *dst, const uint16_t *src, int64_t ld, int64_t r0, int64_t S) {
     constexpr int CPR = D / 8; /* pieces per row */
-    for (int c = (int)threadIdx.x; c < TPK__FL_ROWS * CPR; c += TPK__FL_THREADS) {
+    for (int c = (int)threadIdx.x; c < ROWS * CPR; c += NT) {
         int r = c / CPR, e = (c % CPR) * 8;
         bool valid = r0 + r < S;
         tpk__fl_cp16(dst + r * (D + 8) + e, valid ? src + (r0 + r) * ld + e : src, valid);
@@ -176,13 +188,13 @@ __device__ __forceinline__ void tpk__fl_stage(uint16_t *dst, const uint16_t *src
 
 /* Start copying key tile `it` (rows 64 it .. 64 it + 63) of K and V into buffers it % 2 of Kb, Vb
  * when it < ntiles, and close the group of copies issued so far (cp.async.commit_group). */
-template <int D>
+template <int D, int NT>
 __device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, const uint16_t *K, const uint16_t *V, int64_t ld, int it, int ntiles,
                                                  int64_t S) {
     constexpr int TILE = TPK__FL_ROWS * (D + 8);
     if (it < ntiles) {
-        tpk__fl_stage<D>(Kb + (it & 1) * TILE, K, ld, (int64_t)it * TPK__FL_KEYS, S);
-        tpk__fl_stage<D>(Vb + (it & 1) * TILE, V, ld, (int64_t)it * TPK__FL_KEYS, S);
+        tpk__fl_stage<D, NT>(Kb + (it & 1) * TILE, K, ld, (int64_t)it * TPK__FL_KEYS, S);
+        tpk__fl_stage<D, NT>(Vb + (it & 1) * TILE, V, ld, (int64_t)it * TPK__FL_KEYS, S);
     }
     tpk__fl_commit();
 }
@@ -275,12 +287,12 @@ __device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t 
         }
     }
 }
-/* acc[dt] (16 x N in 8-column C tiles) += A B with A 16 x 64 (kk: its 16-column blocks) and B = rows
- * 0 .. 63, columns n0 .. n0 + N - 1 of the shared tile `b` (row stride D + 8); afrag(kk, af) makes
- * A's fragment of block kk */
-template <int D, int N, class F>
+/* acc[dt] (16 x N in 8-column C tiles) += A B with A 16 x 16 K16 (kk: its 16-column blocks) and B =
+ * rows 0 .. 16 K16 - 1, columns n0 .. n0 + N - 1 of the shared tile `b` (row stride D + 8);
+ * afrag(kk, af) makes A's fragment of block kk */
+template <int D, int N, int K16 = 4, class F>
 __device__ __forceinline__ void tpk__fl_mma_ab(float (*acc)[4], F afrag, const uint16_t *b, int n0, int lane) {
-    TPK__FL_UNROLL for (int kk = 0; kk < 4; kk++) {
+    TPK__FL_UNROLL for (int kk = 0; kk < K16; kk++) {
         uint32_t af[4];
         afrag(kk, af);
         TPK__FL_UNROLL for (int dt = 0; dt < N / 8; dt += 2) {
@@ -325,28 +337,27 @@ __device__ __forceinline__ void tpk__fl_q_of(const tpk__fl_heads &hd, int64_t he
     *h0 = lo > 0 ? lo : 0, *h1 = hi < (int)Al ? hi : (int)Al;
 }
 
-/* grid (ceil(S / 64), Al, B): block x owns query rows q0 = (gridDim.x - 1 - x) 64 .. q0 + 63, the
- * longest rows first. out [B, S, Al, D], lse [B, Al, S]. */
-template <int D, bool DROP>
-__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al,
-                                                                  int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed,
-                                                                  uint64_t stream) {
-    constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8;
+/* grid (ceil(S / 16 W), Al, B), 32 W threads: block x owns query rows q0 = (gridDim.x - 1 - x) 16 W
+ * .. q0 + 16 W - 1, the longest rows first; W = tpk__fl_warps(0, D). out [B, S, Al, D], lse [B, Al, S]. */
+template <int D, int W, bool DROP>
+__global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al, int64_t A,
+                                                         int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+    constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8, ROWS = 16 * W;
     constexpr int TILE = TPK__FL_ROWS * LD;
-    TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] */
-    uint16_t *Kb = Qs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
+    TPK__FL_SMEM(uint16_t, Qs); /* [ROWS][LD] */
+    uint16_t *Kb = Qs + ROWS * LD, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
+    int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * ROWS;
     int64_t ld3, kvo, vo; /* a row of qkv; the columns of K and V of the key/value head query head h reads */
     {
         tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
         ld3 = hd.ld, kvo = (Al + tpk__fl_kv_of(hd, head0, h)) * D, vo = (int64_t)hd.Gl * D;
     }
     const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo, *V = K + vo;
-    int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
+    int64_t wrow = q0 + 16 * w, last = (q0 + ROWS < S ? q0 + ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
-    tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
-    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, ntiles, S);
+    tpk__fl_stage<D, 32 * W, ROWS>(Qs, Q, ld3, q0, S);
+    tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, 0, ntiles, S);
     tpk__fl_wait_all();
     __syncthreads();
     float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows g and g + 8 */
@@ -357,7 +368,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
+        tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4];
             tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, lane);
@@ -409,21 +420,24 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_fwd(uint16_t *out,
     }
 }
 
-/* grid (ceil(S / 64), Gl, B): block x owns keys k0 = 64 x .. k0 + 63 of local key/value head y (block
- * 0 has the most query tiles and starts first), warp w the keys k0 + 16 w .. + 15; the query tiles
- * of each local query head reading head y in turn. Writes dK, dV of dqkv. */
-template <int D, bool DROP, bool DQ>
-__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv,
-                                                                  const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t A,
-                                                                  int64_t G, int64_t head0, float scale, float p, uint64_t seed,
-                                                                  uint64_t stream) {
-    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8;
-    TPK__FL_SMEM(uint16_t, Ks); /* [64][LD] each: K, V of the block's keys */
-    uint16_t *Vs = Ks + TILE, *Qb = Vs + TILE, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
+/* grid (ceil(S / 16 W), Gl, B), 32 W threads (W = tpk__fl_warps(1, D)): block x owns keys
+ * k0 = 16 W x .. k0 + 16 W - 1 of local key/value head y (block 0 has the most query tiles and starts
+ * first), warp w the keys k0 + 16 w .. + 15; the 64-query tiles from k0 on, of each local query head
+ * reading head y in turn. A warp whose keys all lie after a tile's queries (or past S) skips it.
+ * Writes dK, dV of dqkv; DQ: adds dS K into dq_acc [B, S, Al, D]. */
+template <int D, int W, bool DROP, bool DQ>
+__global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv, const float *lse,
+                                                         const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale,
+                                                         float p, uint64_t seed, uint64_t stream) {
+    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8, KEYS = 16 * W, LDS = KEYS + 8;
+    constexpr int NC = D * 4 / W; /* DQ: the columns of dQ each warp makes (4 warps per 16-query row block) */
+    static_assert(W % 4 == 0 && NC % 16 == 0, "warps in fours, dQ columns in 16s");
+    TPK__FL_SMEM(uint16_t, Ks); /* [KEYS][LD] each: K, V of the block's keys */
+    uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
     float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
-    uint16_t *dSs = reinterpret_cast<uint16_t *>(Db + 2 * TPK__FL_ROWS); /* DQ: [64 queries][64 + 8] dS of the tile */
+    uint16_t *dSs = reinterpret_cast<uint16_t *>(Db + 2 * TPK__FL_ROWS); /* DQ: [64 queries][LDS] dS of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * TPK__FL_KEYS;
+    int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * KEYS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
     int64_t ld3 = hd.ld, ldo = Al * D;
     int h0, h1; /* the local query heads h0 .. h1 - 1 read this key/value head */
@@ -434,15 +448,15 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
     auto stage_q = [&](int h, int tq, int buf) {      /* tile tq of query head h into buffer buf */
         int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
         const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
-        tpk__fl_stage<D>(Qb + buf * TILE, qkv + b * S * ld3 + h * D, ld3, q0, S);
-        tpk__fl_stage<D>(dOb + buf * TILE, dout + b * S * ldo + h * D, ldo, q0, S);
-        for (int r = (int)threadIdx.x; r < TPK__FL_ROWS; r += TPK__FL_THREADS) {
+        tpk__fl_stage<D, 32 * W>(Qb + buf * TILE, qkv + b * S * ld3 + h * D, ld3, q0, S);
+        tpk__fl_stage<D, 32 * W>(dOb + buf * TILE, dout + b * S * ldo + h * D, ldo, q0, S);
+        for (int r = (int)threadIdx.x; r < TPK__FL_ROWS; r += 32 * W) {
             Lb[buf * TPK__FL_ROWS + r] = q0 + r < S ? Lh[q0 + r] : 0.0f;
             Db[buf * TPK__FL_ROWS + r] = q0 + r < S ? Dh[q0 + r] : 0.0f;
         }
     };
-    tpk__fl_stage<D>(Ks, K, ld3, k0, S);
-    tpk__fl_stage<D>(Vs, V, ld3, k0, S);
+    tpk__fl_stage<D, 32 * W, KEYS>(Ks, K, ld3, k0, S);
+    tpk__fl_stage<D, 32 * W, KEYS>(Vs, V, ld3, k0, S);
     stage_q(h0, 0, 0);
     tpk__fl_commit();
     tpk__fl_wait_all();
@@ -458,46 +472,53 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
         const float *Ls = Lb + (it & 1) * TPK__FL_ROWS, *Ds = Db + (it & 1) * TPK__FL_ROWS;
         if (it + 1 < ntiles) stage_q(tq + 1 < ntq ? h : h + 1, tq + 1 < ntq ? tq + 1 : 0, (it + 1) & 1); /* lands in the other buffer meanwhile */
         tpk__fl_commit();
-        float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
-        tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, lane);
-        tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, lane);
-        bool edge = q0 == k0 || q0 + TPK__FL_ROWS > S; /* the diagonal tile, or S inside the tile */
-        /* in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when c >= (wkey - q0) + r
-         * (on or below the diagonal), c < S - q0 and r < S - wkey; on the diagonal tile wkey - q0 is 16 w */
-        int diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS), kend = tpk__fl_clamp(S - wkey, 0, 16);
-        uint64_t dcol = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0; /* dropout index of (query q0 + 2 t, key wkey + g) */
-        /* grouped: this lane draws query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
-        uint64_t dgrp = dcol + (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
-        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-            float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dgrp + (uint64_t)(8 * nt) * (uint64_t)S, g);
-            TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
-                float P = 0.0f, ds = 0.0f;
-                if (!edge || (c >= diag + r && c < send && r < kend)) {
-                    P = exp2f(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
-                    float keep = !DROP ? 1.0f
-                                 : grouped ? tpk__att_keep_u(p, u[e])
-                                           : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
-                    ds = P * (dpt[nt][e] * keep - Ds[c]);
-                    P *= keep;
+        /* some query of the tile at or after this warp's first key, before S (uniform over the warp) */
+        bool live = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1 >= wkey;
+        if (live) {
+            float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
+            tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, lane);
+            tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, lane);
+            bool edge = q0 < wkey + 16 || q0 + TPK__FL_ROWS > S; /* the diagonal crosses the tile, or S */
+            /* in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when c >= (wkey - q0) + r
+             * (on or below the diagonal), c < S - q0 and r < S - wkey */
+            int diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS), kend = tpk__fl_clamp(S - wkey, 0, 16);
+            uint64_t dcol = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0; /* dropout index of (query q0 + 2 t, key wkey + g) */
+            /* grouped: this lane draws query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
+            uint64_t dgrp = dcol + (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dgrp + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
+                    float P = 0.0f, ds = 0.0f;
+                    if (!edge || (c >= diag + r && c < send && r < kend)) {
+                        P = exp2f(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
+                        float keep = !DROP ? 1.0f
+                                     : grouped ? tpk__att_keep_u(p, u[e])
+                                               : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
+                        ds = P * (dpt[nt][e] * keep - Ds[c]);
+                        P *= keep;
+                    }
+                    st[nt][e] = P, dpt[nt][e] = ds;
+                    if (DQ) dSs[c * LDS + 16 * w + r] = (uint16_t)(tpk__fl_pack(ds, 0.0f) & 0xffffu); /* dS[query c][key 16 w + r] */
                 }
-                st[nt][e] = P, dpt[nt][e] = ds;
-                if (DQ) dSs[c * (TPK__FL_KEYS + 8) + 16 * w + r] = (uint16_t)(tpk__fl_pack(ds, 0.0f) & 0xffffu); /* dS[query c][key 16 w + r] */
             }
+            tpk__fl_mma_cb<D>(dv, st, dOs, lane); /* dV += (P^T keep) dO */
+            tpk__fl_mma_cb<D>(dk, dpt, Qs, lane); /* dK += dS^T Q (scaled at the end) */
+        } else if (DQ) { /* the warp's dS columns are zero */
+            for (int e = lane; e < TPK__FL_ROWS * 16; e += 32) dSs[(e >> 4) * LDS + 16 * w + (e & 15)] = 0;
         }
-        tpk__fl_mma_cb<D>(dv, st, dOs, lane); /* dV += (P^T keep) dO */
-        tpk__fl_mma_cb<D>(dk, dpt, Qs, lane); /* dK += dS^T Q (scaled at the end) */
-        if (DQ) { /* dQ of the tile's queries 16 w .. + 15 += dS K over the block's 64 keys, added into dq_acc */
+        if (DQ) { /* dQ [16 queries 16 (w % 4) .., NC columns from c0] += dS K over the block's keys, added into dq_acc */
             __syncthreads(); /* dS written by every warp */
-            float dq[ND][4];
-            TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-            tpk__fl_mma_ab<D, D>(dq, [&](int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dSs, TPK__FL_KEYS + 8, 16 * w, 16 * kk, lane); }, Ks, 0, lane);
+            int qr = 16 * (w & 3), c0 = NC * (w >> 2);
+            float dq[NC / 8][4];
+            TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+            tpk__fl_mma_ab<D, NC, W>(dq, [&](int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dSs, LDS, qr, 16 * kk, lane); }, Ks, c0, lane);
             TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-                int64_t i = q0 + 16 * w + g + 8 * r;
+                int64_t i = q0 + qr + g + 8 * r;
                 if (i >= S) continue;
-                float *qrow = dq_acc + ((b * S + i) * Al + h) * D + 2 * t;
-                TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) tpk__fl_red2(qrow + 8 * dt, dq[dt][2 * r], dq[dt][2 * r + 1]);
+                float *qrow = dq_acc + ((b * S + i) * Al + h) * D + c0 + 2 * t;
+                TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) tpk__fl_red2(qrow + 8 * dt, dq[dt][2 * r], dq[dt][2 * r + 1]);
             }
         }
         tpk__fl_wait_all();
@@ -515,10 +536,10 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dkv(uint16_t *dqkv
     }
 }
 
-/* grid (ceil(S / 64), Al, B) as the forward: block x owns queries q0 .. q0 + 63, warp w the rows
- * q0 + 16 w .. + 15. Writes dQ of dqkv. */
+/* grid (ceil(S / 64), Al, B), 128 threads: block x owns queries q0 .. q0 + 63 (the longest rows
+ * first), warp w the rows q0 + 16 w .. + 15. Writes dQ of dqkv. */
 template <int D, bool DROP>
-__global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
+__global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
                                                                  const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G,
                                                                  int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, ND = D / 8;
@@ -531,9 +552,9 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D, *dO = dout + b * S * ldo + h * D;
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1;
-    tpk__fl_stage<D>(Qs, Q, ld3, q0, S);
-    tpk__fl_stage<D>(dOs, dO, ldo, q0, S);
-    tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, 0, ntiles, S);
+    tpk__fl_stage<D, 128>(Qs, Q, ld3, q0, S);
+    tpk__fl_stage<D, 128>(dOs, dO, ldo, q0, S);
+    tpk__fl_stage_kv<D, 128>(Kb, Vb, K, V, ld3, 0, ntiles, S);
     float L[2], Di[2], dq[ND][4];
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;
@@ -549,7 +570,7 @@ __global__ void __launch_bounds__(TPK__FL_THREADS) tpk__flash_dq(uint16_t *dqkv,
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        tpk__fl_stage_kv<D>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
+        tpk__fl_stage_kv<D, 128>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
             tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, lane);

@@ -787,14 +787,14 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     if (flash_usable(st, dt, D, qkv, out)) {
-        dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B);
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
-            auto kernel = tpk__flash_fwd<decltype(d)::value, decltype(drop)::value>;
-            size_t bytes = tpk__flash_smem(0, (int)D);
+            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(0, DD);
+            auto kernel = tpk__flash_fwd<DD, W, decltype(drop)::value>;
+            size_t bytes = tpk__flash_smem(0, DD);
             if ((s = att_smem_attr(ctx, fn, kernel, bytes)) != TPK_OK) return;
-            kernel<<<fgrid, TPK__FL_THREADS, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed,
-                                                                  stream);
+            dim3 fgrid((unsigned)((S + 16 * W - 1) / (16 * W)), (unsigned)Al, (unsigned)B);
+            kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed, stream);
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
@@ -968,31 +968,32 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         }
         attn_dr_kernel<tpk__bf16><<<tpk__grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const tpk__bf16 *)dout,
                                                                                                      (const tpk__bf16 *)out, B, S, Al, D);
-        dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B);
-        dim3 kvgrid(fgrid.x, (unsigned)tpk_attn_kv_heads(A, G, head0, Al, NULL), (unsigned)B); /* dK, dV: one block row per key/value head */
+        int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL);
+        dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B); /* dQ: 64 queries a block */
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
-            constexpr int DD = decltype(d)::value;
+            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(1, DD);
             constexpr bool DROP = decltype(drop)::value;
+            dim3 kvgrid((unsigned)((S + 16 * W - 1) / (16 * W)), (unsigned)Gl, (unsigned)B); /* dK, dV: one block row per key/value head */
             if (fused) {
-                auto kkv = tpk__flash_dkv<DD, DROP, true>;
+                auto kkv = tpk__flash_dkv<DD, W, DROP, true>;
                 size_t bkv = tpk__flash_smem(3, DD);
                 if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK) return;
-                kkv<<<kvgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, dq_acc, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr,
-                                                                  S, Al, A, G, head0, scale, p, seed, stream);
-                int64_t ld3 = (Al + 2 * (int64_t)kvgrid.y) * DD;
+                kkv<<<kvgrid, 32 * W, bkv, st->stream>>>((uint16_t *)dqkv, dq_acc, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A, G,
+                                                         head0, scale, p, seed, stream);
+                int64_t ld3 = (Al + 2 * Gl) * DD;
                 attn_dq_store_kernel<<<tpk__grid_for(nq / 8, 256), 256, 0, st->stream>>>((tpk__bf16 *)dqkv, dq_acc, (size_t)(B * S), Al * DD, ld3,
                                                                                          scale);
                 return;
             }
-            auto kkv = tpk__flash_dkv<DD, DROP, false>;
+            auto kkv = tpk__flash_dkv<DD, W, DROP, false>;
             auto kq = tpk__flash_dq<DD, DROP>;
             size_t bkv = tpk__flash_smem(1, DD), bq = tpk__flash_smem(2, DD);
             if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK || (s = att_smem_attr(ctx, fn, kq, bq)) != TPK_OK) return;
-            kkv<<<kvgrid, TPK__FL_THREADS, bkv, st->stream>>>((uint16_t *)dqkv, (float *)NULL, (const uint16_t *)dout, (const uint16_t *)qkv, lse,
-                                                              Dr, S, Al, A, G, head0, scale, p, seed, stream);
-            kq<<<fgrid, TPK__FL_THREADS, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
-                                                           G, head0, scale, p, seed, stream);
+            kkv<<<kvgrid, 32 * W, bkv, st->stream>>>((uint16_t *)dqkv, (float *)NULL, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
+                                                     G, head0, scale, p, seed, stream);
+            kq<<<fgrid, 128, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A, G, head0, scale, p,
+                                               seed, stream);
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);

@@ -640,6 +640,7 @@ int main(int argc, char **argv) {
         test_attention(dt, 64, 200, 0.2f, 4, 1, 4, 0);  /* all four query heads over one key/value head, dropout */
         test_attention(dt, 128, 130, 0.0f, 4, 2, 2, 1); /* heads 1, 2: one query head per key/value head, a group cut by the split */
         test_attention(dt, 64, 64, 0.1f, 6, 2, 3, 3);   /* heads 3..5: the second key/value head alone, read by all three */
+        test_attention(dt, 64, 333, 0.1f, 4, 2, 4, 0);  /* several 128-row blocks and 64-row tiles, the last ones partial */
         test_rmsnorm(dt, 300, 77);
         test_rmsnorm(dt, 40, 2000);
         test_rope_swiglu(dt);
