@@ -36,6 +36,7 @@ struct tpk__cuda_state {
     size_t scratch_bytes;
     bool tf32;
     int cc;          /* compute capability, 10 major + minor (80 = sm_80) */
+    size_t smem_optin; /* the most dynamic shared memory a block may have (227 KiB on sm_90, 99 KiB on sm_86/89) */
     cudaEvent_t sync_ev; /* tpk__cuda_wait's mark on the stream, created on first use */
     cudaEvent_t *ev; /* the profiler's timer marks (tpk/profile.h), created on first use */
     int nev;

@@ -49,6 +49,9 @@ tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn) {
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s.device);
     s.cc = 10 * major + minor;
+    int optin = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device);
+    s.smem_optin = (size_t)optin;
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         tpk__cuda_err(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaDeviceGetAttribute, cudaStreamCreate)", e);

@@ -744,8 +744,12 @@ static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, 
     return tpk__cuda_limit(ctx, fn, "S", S, (int64_t)INT_MAX * ATT_WARPS, "grid x: ATT_WARPS query rows per block");
 }
 
-/* Allow the dynamic shared memory a kernel needs beyond the default 48 KiB. */
-template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn, K kernel, size_t bytes) {
+/* Allow the dynamic shared memory a kernel needs beyond the default 48 KiB; more than the GPU
+ * gives a block is refused by name. */
+template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn, const tpk__cuda_state *st, int64_t D, K kernel, size_t bytes) {
+    if (bytes > st->smem_optin)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dim %lld needs %zu bytes of shared memory per block, this GPU allows %zu", (long long)D,
+                         bytes, st->smem_optin);
     if (bytes > 48 * 1024) TPK__CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return TPK_OK;
 }
@@ -763,10 +767,13 @@ __global__ void attn_dq_store_kernel(tpk__bf16 *dqkv, const float *dq_acc, size_
     }
 }
 
-/* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later, rows
- * 16-byte aligned; TPK_ATTN=generic in the environment selects the generic kernels (benchmarks). */
+/* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later where a block
+ * may have the shared memory they need (not the 99 KiB of sm_86/89 at D = 128), rows 16-byte
+ * aligned; TPK_ATTN=generic in the environment selects the generic kernels (benchmarks). */
 static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
     if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || !tpk__aligned16({a, b})) return false;
+    for (int k = 0; k < 4; k++)
+        if (tpk__flash_smem(k, (int)D) > st->smem_optin) return false;
     const char *env = getenv("TPK_ATTN");
     return !env || strcmp(env, "generic") != 0;
 }
@@ -792,7 +799,7 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
             constexpr int DD = decltype(d)::value, W = tpk__fl_warps(0, DD);
             auto kernel = tpk__flash_fwd<DD, W, decltype(drop)::value>;
             size_t bytes = tpk__flash_smem(0, DD);
-            if ((s = att_smem_attr(ctx, fn, kernel, bytes)) != TPK_OK) return;
+            if ((s = att_smem_attr(ctx, fn, st, D, kernel, bytes)) != TPK_OK) return;
             dim3 fgrid((unsigned)((S + 16 * W - 1) / (16 * W)), (unsigned)Al, (unsigned)B);
             kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed, stream);
         });
@@ -808,7 +815,7 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
          * status (an unsupported D) must not overwrite it with TPK_OK */
         tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) {
             auto kernel = attn_fwd_kernel<T, decltype(ne)::value>;
-            if ((s = att_smem_attr(ctx, fn, kernel, smem)) != TPK_OK) return;
+            if ((s = att_smem_attr(ctx, fn, st, D, kernel, smem)) != TPK_OK) return;
             kernel<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)out, lse, (const T *)qkv, S, Al, D, A, G, head0, scale, p, seed, stream);
         });
         if (s == TPK_OK) s = r;
@@ -978,7 +985,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
             if (fused) {
                 auto kkv = tpk__flash_dkv<DD, W, DROP, true>;
                 size_t bkv = tpk__flash_smem(3, DD);
-                if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK) return;
+                if ((s = att_smem_attr(ctx, fn, st, D, kkv, bkv)) != TPK_OK) return;
                 kkv<<<kvgrid, 32 * W, bkv, st->stream>>>((uint16_t *)dqkv, dq_acc, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A, G,
                                                          head0, scale, p, seed, stream);
                 int64_t ld3 = (Al + 2 * Gl) * DD;
@@ -989,7 +996,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
             auto kkv = tpk__flash_dkv<DD, W, DROP, false>;
             auto kq = tpk__flash_dq<DD, DROP>;
             size_t bkv = tpk__flash_smem(1, DD), bq = tpk__flash_smem(2, DD);
-            if ((s = att_smem_attr(ctx, fn, kkv, bkv)) != TPK_OK || (s = att_smem_attr(ctx, fn, kq, bq)) != TPK_OK) return;
+            if ((s = att_smem_attr(ctx, fn, st, D, kkv, bkv)) != TPK_OK || (s = att_smem_attr(ctx, fn, st, D, kq, bq)) != TPK_OK) return;
             kkv<<<kvgrid, 32 * W, bkv, st->stream>>>((uint16_t *)dqkv, (float *)NULL, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
                                                      G, head0, scale, p, seed, stream);
             kq<<<fgrid, 128, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A, G, head0, scale, p,
@@ -1010,7 +1017,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) { /* failures recorded in s, as in attn_fwd */
             auto kq = attn_dq_kernel<T, decltype(ne)::value>;
             auto kkv = attn_dkv_kernel<T, decltype(ne)::value>;
-            if ((s = att_smem_attr(ctx, fn, kq, smem)) != TPK_OK || (s = att_smem_attr(ctx, fn, kkv, smem)) != TPK_OK) return;
+            if ((s = att_smem_attr(ctx, fn, st, D, kq, smem)) != TPK_OK || (s = att_smem_attr(ctx, fn, st, D, kkv, smem)) != TPK_OK) return;
             kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, G, head0, scale,
                                                            p, seed, stream);
             kkv<<<kvgrid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, G, head0,

@@ -102,7 +102,16 @@ const char *cudaGetErrorString(cudaError_t e) {
 
 /* ---- device ------------------------------------------------------------------------------------------- */
 
-enum { SMEM_DEFAULT = 48 * 1024, SMEM_OPTIN = 232448 /* 227 KiB: sm_90 */ };
+/* shared memory per block: 48 KiB without opting in, up to 227 KiB (sm_90) with it; a smaller GPU's
+ * limit from TPK_EMU_SMEM_OPTIN (bytes, e.g. 101376: the 99 KiB of sm_86/89) */
+enum { SMEM_DEFAULT = 48 * 1024 };
+static int smem_optin() {
+    static int v = [] {
+        const char *e = getenv("TPK_EMU_SMEM_OPTIN");
+        return e && atoi(e) >= SMEM_DEFAULT ? atoi(e) : 232448;
+    }();
+    return v;
+}
 cudaError_t cudaGetDeviceCount(int *n) {
     *n = 1;
     return cudaSuccess;
@@ -121,7 +130,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
     if (device != 0) return ret(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "tpk CPU emulation of an sm_90 GPU (H100 limits)");
-    p->totalGlobalMem = (size_t)80 << 30, p->sharedMemPerBlock = SMEM_DEFAULT, p->sharedMemPerBlockOptin = SMEM_OPTIN;
+    p->totalGlobalMem = (size_t)80 << 30, p->sharedMemPerBlock = SMEM_DEFAULT, p->sharedMemPerBlockOptin = smem_optin();
     p->warpSize = 32, p->maxThreadsPerBlock = 1024, p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->l2CacheSize = 50 << 20;
     p->maxGridSize[0] = 0x7fffffff, p->maxGridSize[1] = p->maxGridSize[2] = 65535;
     p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
@@ -318,7 +327,7 @@ cudaError_t cudaMemset(void *p, int v, size_t bytes) { return cudaMemsetAsync(p,
 static std::map<const void *, int> g_func_smem;
 cudaError_t tpk_emu_func_attr(const void *f, cudaFuncAttribute attr, int value) {
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        if (value < 0 || value > SMEM_OPTIN) return ret(cudaErrorInvalidValue);
+        if (value < 0 || value > smem_optin()) return ret(cudaErrorInvalidValue);
         g_func_smem[f] = value;
     }
     return cudaSuccess;
@@ -691,7 +700,7 @@ void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *
     if (!threads || threads > MAX_THREADS || b.x > 1024 || b.y > 1024 || b.z > 64 || !g.x || !g.y || !g.z || g.x > 0x7fffffffu || g.y > 65535 ||
         g.z > 65535)
         return tpk_emu_set_error(cudaErrorInvalidConfiguration);
-    if (cfg.smem > SMEM_OPTIN) return tpk_emu_set_error(cudaErrorInvalidValue);
+    if (cfg.smem > (size_t)smem_optin()) return tpk_emu_set_error(cudaErrorInvalidValue);
     if (!stream_ok(cfg.stream, name)) return tpk_emu_set_error(cudaErrorInvalidResourceHandle);
     static bool prof = getenv("TPK_EMU_PROFILE") && atexit(prof_print) == 0;
     auto t0 = std::chrono::steady_clock::now();
