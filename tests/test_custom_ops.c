@@ -53,6 +53,11 @@ static tpk_status my_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, 
         }
     return TPK_OK;
 }
+/* f32 only, as every kernel here: an f32 C is gemm's C */
+static tpk_status my_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b,
+                              int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
+    return my_gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt);
+}
 static tpk_status my_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) ((float *)y)[i * cols + j] += ((const float *)bias)[j];
@@ -129,7 +134,7 @@ static tpk_ops my_table(void) {
     memset(&o, 0, sizeof o);
     o.name = "naive", o.device = false;
     o.alloc = my_alloc, o.free = my_free, o.memcpy = my_memcpy, o.sync = my_sync, o.fill = my_fill, o.copy2d = my_copy2d, o.cast = my_cast;
-    o.axpby = my_axpby, o.gemm = my_gemm, o.bias_add = my_bias_add, o.bias_grad = my_bias_grad, o.act_fwd = my_act_fwd, o.act_bwd = my_act_bwd;
+    o.axpby = my_axpby, o.gemm = my_gemm, o.gemm_acc = my_gemm_acc, o.bias_add = my_bias_add, o.bias_grad = my_bias_grad, o.act_fwd = my_act_fwd, o.act_bwd = my_act_bwd;
     o.rng_2d = my_rng_2d, o.dropout = my_dropout, o.layernorm_fwd = my_layernorm_fwd, o.layernorm_bwd = my_layernorm_bwd;
     o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_stats = my_xent_stats, o.xent_fused = my_xent_fused;
     o.xent_loss = my_xent_loss, o.xent_mean = my_xent_mean, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;

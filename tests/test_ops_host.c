@@ -2,7 +2,8 @@
  *
  * Every op is run on random inputs (test_randn) into outputs poisoned with NaN, and compared
  * with a reference written here in double precision: GEMM in all four transpose combinations
- * with padded leading dimensions, alpha/beta, bf16, odd and empty sizes; bias add/grad; GELU
+ * with padded leading dimensions, alpha/beta, bf16, odd and empty sizes, and gemm_acc (f32 or bf16
+ * operands into an f32 C, not rounded); bias add/grad; GELU
  * forward and backward (also against finite differences) and the identity activation; fill,
  * copy2d, cast (bf16 rounding on hand-picked halfway cases), axpby; the counter-based RNG
  * (moments and sharded draws);
@@ -204,6 +205,117 @@ static void test_gemm(void) {
         CHECK_OK(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 3, 0.0f, a, 3, b, 2, 2.0f, c2, 2, TPK_F32));
         CHECK(c2[0] == 2 && c2[1] == 4 && c2[2] == 6 && c2[3] == 8, "alpha = 0: C = %g %g %g %g", c2[0], c2[1], c2[2],
               c2[3]);
+    }
+}
+
+/* ---- gemm_acc: f32 or bf16 operands into an f32 C ------------------------------------------ */
+
+/* One run of C = alpha op(A) op(B) + beta C (C f32, A and B in dt) against ref_gemm in double. Every
+ * leading dimension is width + pad with the padding poisoned (NaN): a read of A's or B's shows in C,
+ * a write of C's is a changed bit. C is never rounded: 1e-5 is far below a bf16 rounding (4e-3). */
+static void run_gemm_acc(tpk_dtype dt, bool ta, bool tb, gemm_case g, int pad, float alpha, float beta, uint64_t seed) {
+    int64_t m = g.m, n = g.n, k = g.k;
+    int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    int64_t lda = ac + pad > 1 ? ac + pad : 1, ldb = bc + pad > 1 ? bc + pad : 1, ldc = n + pad > 1 ? n + pad : 1;
+    size_t na = (size_t)(ar * lda), nb = (size_t)(br * ldb), nc = (size_t)(m * ldc);
+    float *a = fbuf(na), *b = fbuf(nb), *c = fbuf(nc), *c0 = fbuf(nc), *want = fbuf((size_t)(m * n)), *got = fbuf((size_t)(m * n));
+    test_randn(a, na, seed, 1.0f), test_randn(b, nb, seed + 1, 1.0f), test_randn(c0, nc, seed + 2, 1.0f);
+    if (beta == 0) test_poison(c0, nc); /* beta = 0 ignores C */
+    for (int64_t i = 0; i < ar; i++) test_poison(a + i * lda + ac, (size_t)(lda - ac));
+    for (int64_t i = 0; i < br; i++) test_poison(b + i * ldb + bc, (size_t)(ldb - bc));
+    for (int64_t i = 0; i < m; i++) test_poison(c0 + i * ldc + n, (size_t)(ldc - n));
+    if (dt == TPK_BF16) /* the reference sees the operands the op sees; C stays f32 */
+        for (int q = 0; q < 2; q++)
+            for (size_t i = 0, nq = q ? nb : na; i < nq; i++) (q ? b : a)[i] = tpk_bf16_to_f32(tpk_f32_to_bf16((q ? b : a)[i]));
+    ref_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c0, ldc, want);
+    memcpy(c, c0, nc * sizeof(float));
+    tpk_status s;
+    if (dt == TPK_F32) {
+        s = tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32);
+    } else {
+        uint16_t *ha = malloc(na * 2 + 2), *hb = malloc(nb * 2 + 2);
+        to_bf16(ha, a, na), to_bf16(hb, b, nb);
+        s = tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, c, ldc, TPK_BF16);
+        free(ha), free(hb);
+    }
+    CHECK(s == TPK_OK, "%s gemm_acc ta=%d tb=%d %lldx%lldx%lld: %s %s", tpk_dtype_name(dt), ta, tb, (long long)m, (long long)n, (long long)k,
+          tpk_status_str(s), tpk_last_error(&ctx));
+    size_t touched = 0;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) got[i * n + j] = c[i * ldc + j];
+        for (int64_t j = n; j < ldc; j++) touched += f32_bits(c[i * ldc + j]) != f32_bits(c0[i * ldc + j]);
+    }
+    double e = test_relerr(got, want, (size_t)(m * n));
+    CHECK(e < 1e-5, "%s gemm_acc ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error %.3g >= 1e-5", tpk_dtype_name(dt), ta,
+          tb, (long long)m, (long long)n, (long long)k, alpha, beta, pad, e);
+    CHECK(touched == 0, "gemm_acc wrote %zu elements of C's padding", touched);
+    free(a), free(b), free(c), free(c0), free(want), free(got);
+}
+
+static void test_gemm_acc(void) {
+    const float ab[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 1.0f}, {1.5f, 0.25f}};
+    TEST_CASE("host gemm_acc f32 and bf16 operands into f32 C: 4 transposes x sizes x alpha/beta, padded leading dims") {
+        uint64_t seed = 700;
+        for (int d = 0; d < 2; d++)
+            for (size_t g = 0; g < sizeof gemm_cases / sizeof *gemm_cases; g++)
+                for (int t = 0; t < 4; t++)
+                    for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
+                        for (int pad = 0; pad <= 3; pad += 3)
+                            run_gemm_acc(d ? TPK_BF16 : TPK_F32, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3);
+        const gemm_case empty[] = {{0, 5, 3}, {4, 0, 3}, {0, 0, 0}, {4, 5, 0}, {1, 1, 0}};
+        for (size_t g = 0; g < sizeof empty / sizeof *empty; g++)
+            for (int t = 0; t < 4; t++) {
+                run_gemm_acc(TPK_BF16, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 800 + g);
+                run_gemm_acc(TPK_BF16, t & 1, t & 2, empty[g], 2, 1.0f, 1.0f, 810 + g);
+                run_gemm_acc(TPK_F32, t & 1, t & 2, empty[g], 1, 2.0f, -3.0f, 820 + g);
+            }
+        /* the sum carries f32 precision: most elements are not bf16 values (a rounded C would be) */
+        enum { M = 33, N = 17, K = 65 };
+        float a[M * K], b[K * N], c[M * N];
+        uint16_t ha[M * K], hb[K * N];
+        test_randn(a, M * K, 900, 1.0f), test_randn(b, K * N, 901, 1.0f), test_randn(c, M * N, 902, 1.0f);
+        to_bf16(ha, a, M * K), to_bf16(hb, b, K * N);
+        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, false, false, M, N, K, 1.0f, ha, K, hb, N, 1.0f, c, N, TPK_BF16));
+        size_t exact = 0;
+        for (int i = 0; i < M * N; i++) exact += c[i] == tpk_bf16_to_f32(tpk_f32_to_bf16(c[i]));
+        CHECK(exact < (size_t)(M * N / 8), "%zu of %d elements of C are bf16 values", exact, M * N);
+        /* alpha = 0: C = beta C, NaN in A and B not read */
+        uint16_t na[6], nb[6];
+        float c2[4] = {1, 2, 3, 4};
+        for (int i = 0; i < 6; i++) na[i] = nb[i] = 0x7fc0; /* bf16 NaN */
+        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, false, false, 2, 2, 3, 0.0f, na, 3, nb, 2, 2.0f, c2, 2, TPK_BF16));
+        CHECK(c2[0] == 2 && c2[1] == 4 && c2[2] == 6 && c2[3] == 8, "alpha = 0: C = %g %g %g %g", c2[0], c2[1], c2[2], c2[3]);
+        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, true, true, 3, 0, 2, 1.0f, NULL, 3, NULL, 2, 0.0f, NULL, 1, TPK_BF16)); /* nothing touched */
+    }
+    TEST_CASE("host gemm_acc: bad arguments fail with a message naming them") {
+        uint16_t a[64] = {0}, b[64] = {0};
+        float c[64] = {0};
+        const char *fn = "tpk_op_gemm_acc: ";
+        struct {
+            bool ta, tb;
+            int64_t m, n, k, lda, ldb, ldc;
+            int nul; /* 1: a, 2: b, 3: c NULL */
+            const char *msg;
+        } bad[] = {
+            {0, 0, -1, 4, 4, 4, 4, 4, 0, "m: expected >= 0, got -1"},  {0, 0, 4, -2, 4, 4, 4, 4, 0, "n: expected >= 0, got -2"},
+            {0, 0, 4, 4, -3, 4, 4, 4, 0, "k: expected >= 0, got -3"},  {0, 0, 4, 6, 5, 3, 6, 6, 0, "lda: expected >= 5, got 3"},
+            {1, 0, 4, 6, 5, 3, 6, 6, 0, "lda: expected >= 4, got 3"},  {0, 0, 4, 6, 5, 5, 5, 6, 0, "ldb: expected >= 6, got 5"},
+            {0, 1, 4, 6, 5, 5, 4, 6, 0, "ldb: expected >= 5, got 4"},  {0, 0, 4, 6, 5, 5, 6, 2, 0, "ldc: expected >= 6, got 2"},
+            {0, 0, 2, 2, 2, 2, 2, 2, 1, "a: expected a buffer, got NULL"}, {0, 0, 2, 2, 2, 2, 2, 2, 2, "b: expected a buffer, got NULL"},
+            {0, 0, 2, 2, 2, 2, 2, 2, 3, "c: expected a buffer, got NULL"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+            char want[96];
+            snprintf(want, sizeof want, "%s%s", fn, bad[i].msg);
+            CHECK_FAILS(&ctx, tpk_op_gemm_acc(&ctx, bad[i].ta, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, 1, bad[i].nul == 1 ? NULL : a, bad[i].lda,
+                                              bad[i].nul == 2 ? NULL : b, bad[i].ldb, 0, bad[i].nul == 3 ? NULL : c, bad[i].ldc, TPK_BF16),
+                        TPK_ERR_ARG, want);
+        }
+        CHECK_FAILS(&ctx, tpk_op_gemm_acc(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, TPK_I32), TPK_ERR_DTYPE,
+                    "tpk_op_gemm_acc: dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, tpk_op_gemm_acc(&ctx, false, false, (int64_t)1 << 32, 1, 1, 1, a, 1, b, 1, 0, c, 1, TPK_BF16), TPK_ERR_ARG,
+                    "host.gemm_acc: m: expected <= 2147483647");
+        CHECK(c[0] == 0, "a refused call wrote C");
     }
 }
 
@@ -643,7 +755,7 @@ struct ops_entry {
 static const struct ops_entry ops_entries[] = {
     OPS_ENTRY(alloc),       OPS_ENTRY(free),          OPS_ENTRY(memcpy),        OPS_ENTRY(sync),
     OPS_ENTRY(fill),        OPS_ENTRY(copy2d),        OPS_ENTRY(cast),          OPS_ENTRY(axpby),
-    OPS_ENTRY(gemm),        OPS_ENTRY(bias_add),      OPS_ENTRY(bias_grad),     OPS_ENTRY(act_fwd),
+    OPS_ENTRY(gemm),        OPS_ENTRY(gemm_acc),      OPS_ENTRY(bias_add),      OPS_ENTRY(bias_grad),     OPS_ENTRY(act_fwd),
     OPS_ENTRY(act_bwd),     OPS_ENTRY(rng_2d),        OPS_ENTRY(dropout),       OPS_ENTRY(layernorm_fwd),
     OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),   OPS_ENTRY(embed_bwd),     OPS_ENTRY(xent_stats),
     OPS_ENTRY(xent_fused),   OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
@@ -958,6 +1070,7 @@ int main(int argc, char **argv) {
     if (test_host_ctx(&ctx) != TPK_OK) return 1;
     test_memory();
     test_gemm();
+    test_gemm_acc();
     test_bias();
     test_gelu();
     test_elementwise();

@@ -67,7 +67,7 @@ typedef struct tpk_linear {
     tpk_tensor x;         /* saved input: column R [T, in]; row S(-1) [T, in_r] */
     bool x_was_R;         /* row: the input was R and was sliced */
     tpk_layout split;     /* how the features of W are split: column out, row in */
-    tpk_buf xb, y, y2, dy, dx, dx2, gw; /* gw: a bf16 context's weight-gradient product */
+    tpk_buf xb, y, y2, dy, dx, dx2, gw; /* gw: a bf16 context's bias gradient [n] */
     tpk_buf pre, du;      /* column with an activation: the pre-activation, and its gradient */
 } tpk_linear;
 
@@ -294,7 +294,7 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     }
     tpk_status s = TPK_OK;
     if (n && T) {
-        s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, l->x.data, l->in, &l->gw);
+        s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, l->x.data, l->in);
         if (s == TPK_OK && l->b >= 0 && !fused) s = tpk__grad_bias(ctx, l->b, dy.data, T, n, &l->gw);
     }
     tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
@@ -392,7 +392,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
         } else {
             TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
         }
-        TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n, &l->gw));
+        TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n));
     }
     if (fused) *fused = fuse; /* (no rows or no columns: du is empty, nothing to add either way) */
     if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out, &l->gw));

@@ -235,6 +235,12 @@ static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, 
     TPK_TRY(tpk__op_gemm_check(ctx, "tpk_op_gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
     return m && n ? TPK__PROF_OP(ctx, "gemm", 0, 2.0 * (double)m * (double)n * (double)k, ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt)) : TPK_OK;
 }
+/* C (f32) = alpha op(A) op(B) + beta C, A and B in dt (see tpk_ops.gemm_acc) */
+static inline tpk_status tpk_op_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                                         const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
+    TPK_TRY(tpk__op_gemm_check(ctx, "tpk_op_gemm_acc", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
+    return m && n ? TPK__PROF_OP(ctx, "gemm_acc", 0, 2.0 * (double)m * (double)n * (double)k, ctx->ops->gemm_acc(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt)) : TPK_OK;
+}
 static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_op_bias_add";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));

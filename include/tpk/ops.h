@@ -65,8 +65,8 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
  * table without one of them (tpk__ops_missing), and the backends fill their tables from the same
  * lists (o->entry = <backend>_entry), so a new op is named in one place. */
 #define TPK__OPS_CORE(X)                                                                               \
-    X(alloc) X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(bias_add) X(bias_grad) \
-    X(linear_fwd) X(linear_bwd_act) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
+    X(alloc) X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) \
+    X(bias_grad) X(linear_fwd) X(linear_bwd_act) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
 #define TPK__OPS_LAYERS(X)                                                                              \
     X(dropout) X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)   \
     X(xent_stats) X(xent_loss) X(xent_fused) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)     \
@@ -98,6 +98,12 @@ typedef struct tpk_ops {
      * k = 0 or alpha = 0 gives C = beta C without reading A or B. */
     tpk_status (*gemm)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
                        int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt);
+    /* gemm with an f32 C whatever dt is: C_f32[m, n] = alpha op(A) op(B) + beta C_f32, A and B in dt,
+     * f32 accumulation, C neither read nor written in bf16 (no rounding). A weight gradient of a bf16
+     * model added straight into the f32 gradient (beta = 1; Megatron's gradient-accumulation
+     * fusion). Same shapes and rules as gemm; with dt = f32 it is gemm. */
+    tpk_status (*gemm_acc)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                           int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt);
     /* y[i, j] += bias[j]  for y [rows, cols] */
     tpk_status (*bias_add)(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt);
     /* db[j] = sum_i dy[i, j] + (accumulate ? db[j] : 0)  for dy [rows, cols]; db has dy's dtype */

@@ -262,15 +262,13 @@ static inline tpk_status tpk__grad_add(tpk_ctx *ctx, float *grad, const void *sr
     TPK_TRY(tpk_op_cast(ctx, ctx->params.scratch.p, TPK_F32, src, ctx->dtype, n));
     return tpk_op_axpby(ctx, grad, 1.0f, ctx->params.scratch.p, 1.0f, TPK_F32, n);
 }
-/* grad(id) [m, n] += op(A) op(B), A and B in ctx->dtype: straight into the f32 gradient, or
- * through `tmp` (a bf16 [m, n] product, then added in f32). */
+/* grad(id) [m, n] += op(A) op(B), A and B in ctx->dtype, straight into the f32 gradient: bf16
+ * operands through gemm_acc (f32 C, beta = 1: no bf16 product, no rounding, no extra pass). */
 static inline tpk_status tpk__grad_gemm(tpk_ctx *ctx, int id, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                                        const void *b, int64_t ldb, tpk_buf *tmp) {
+                                        const void *b, int64_t ldb) {
     float *g = tpk_param_grad(ctx, id);
     if (ctx->dtype == TPK_F32) return tpk_op_gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, TPK_F32);
-    TPK_TRY(tpk__buf_reserve(ctx, tmp, (size_t)(m * n) * tpk_dtype_size(ctx->dtype)));
-    TPK_TRY(tpk_op_gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, tmp->p, n, ctx->dtype));
-    return tpk__grad_add(ctx, g, tmp->p, (size_t)(m * n));
+    return tpk_op_gemm_acc(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, ctx->dtype);
 }
 /* grad(id) [cols] += column sums of dy [rows, cols] (ctx->dtype). */
 static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, int64_t rows, int64_t cols, tpk_buf *tmp) {

@@ -11,6 +11,8 @@
  *             descriptors and the heuristic's algorithm are cached per shape, strides and pointer
  *             alignment. f32 computes in f32 (TF32 only when allowed), bf16 in f32. A layout
  *             cuBLASLt has no algorithm for goes to a tiled shared-memory kernel instead.
+ *   gemm_acc  gemm into an f32 C with A, B in dt: the same path, cuBLASLt with A, B bf16 and
+ *             C, D f32 (compute 32F), or the tiled kernel instantiated for an f32 C.
  *   axpby     y = a x + b y              (b = 0 ignores y)
  *   bias_add  y[i, j] += bias[j]         bias_grad db[j] (+)= sum_i dy[i, j] (column sums by row
  *                                        chunks, chunks added in order: deterministic)
@@ -335,13 +337,13 @@ static inline uint32_t ptr_align(const void *p) {
  * gradient from that aux, with or without the bias gradient (the column sums of the result) */
 enum { EPI_NONE = 0, EPI_BIAS, EPI_GELU_AUX, EPI_GELU_AUX_BIAS, EPI_DGELU, EPI_DGELU_BGRAD };
 struct gemm_key {
-    int ta, tb, dt, tf32;
+    int ta, tb, dt, cdt, tf32; /* dt: A's and B's type, cdt: C's and D's */
     int64_t m, n, k, lda, ldb, ldc;
     uint32_t aa, ab, ac;
     int epi;
     uint32_t abias, aaux; /* the epilogue's vectors' alignment: the heuristic chose for pointers of it */
     bool operator==(const gemm_key &o) const {
-        return ta == o.ta && tb == o.tb && dt == o.dt && tf32 == o.tf32 && m == o.m && n == o.n && k == o.k && lda == o.lda &&
+        return ta == o.ta && tb == o.tb && dt == o.dt && cdt == o.cdt && tf32 == o.tf32 && m == o.m && n == o.n && k == o.k && lda == o.lda &&
                ldb == o.ldb && ldc == o.ldc && aa == o.aa && ab == o.ab && ac == o.ac && epi == o.epi && abias == o.abias && aaux == o.aaux;
     }
 };
@@ -382,7 +384,7 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
     g_plan_next = (g_plan_next + 1) % GEMM_CACHE;
     plan_release(p);
     p->key = key;
-    cudaDataType_t ty = key.dt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cudaDataType_t ty = key.dt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF, tc = key.cdt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF;
     cublasComputeType_t ct = key.dt == TPK_F32 && key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     /* column-major view: first operand = B's storage [tb ? k : n, tb ? n : k] ld ldb with op tb,
      * second = A's storage [ta ? m : k, ta ? k : m] ld lda with op ta, result [n, m] ld ldc */
@@ -414,7 +416,7 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
     if (s == CUBLAS_STATUS_SUCCESS)
         made_b = (s = cublasLtMatrixLayoutCreate(&p->lb, ty, key.ta ? key.m : key.k, key.ta ? key.k : key.m, key.lda)) ==
                  CUBLAS_STATUS_SUCCESS;
-    if (s == CUBLAS_STATUS_SUCCESS) made_c = (s = cublasLtMatrixLayoutCreate(&p->lc, ty, key.n, key.m, key.ldc)) == CUBLAS_STATUS_SUCCESS;
+    if (s == CUBLAS_STATUS_SUCCESS) made_c = (s = cublasLtMatrixLayoutCreate(&p->lc, tc, key.n, key.m, key.ldc)) == CUBLAS_STATUS_SUCCESS;
     int found = 0;
     cublasLtMatmulHeuristicResult_t res = {};
     if (s == CUBLAS_STATUS_SUCCESS) {
@@ -447,11 +449,11 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
 
 /* The fallback when cuBLASLt has no algorithm for a layout (unusual strides or alignment):
  * C = alpha op(A) op(B) + beta C in 16 x 16 tiles through shared memory, f32 accumulation;
- * beta = 0 does not read C. */
+ * beta = 0 does not read C. A, B of type T, C of type TC (T, or float: gemm_acc). */
 enum { FB_TILE = 16 };
-template <class T>
+template <class T, class TC>
 __global__ void gemm_fallback_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const T *a, int64_t lda, const T *b,
-                                     int64_t ldb, float beta, T *c, int64_t ldc) {
+                                     int64_t ldb, float beta, TC *c, int64_t ldc) {
     __shared__ float As[FB_TILE][FB_TILE + 1], Bs[FB_TILE][FB_TILE + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
     int64_t row = (int64_t)blockIdx.y * FB_TILE + ty, col = (int64_t)blockIdx.x * FB_TILE + tx;
@@ -472,26 +474,31 @@ __global__ void gemm_fallback_kernel(bool ta, bool tb, int64_t m, int64_t n, int
 }
 static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                                 float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
-                                tpk_dtype dt) {
+                                tpk_dtype dt, tpk_dtype cdt) {
     if ((m + FB_TILE - 1) / FB_TILE > 65535)
         return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cuBLASLt has no algorithm and m = %lld is too large for the fallback", (long long)m);
     dim3 grid((unsigned)((n + FB_TILE - 1) / FB_TILE), (unsigned)((m + FB_TILE - 1) / FB_TILE)), block(FB_TILE, FB_TILE);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        gemm_fallback_kernel<T><<<grid, block, 0, st->stream>>>(ta, tb, m, n, k, alpha, (const T *)a, lda, (const T *)b, ldb, beta, (T *)c,
-                                                                ldc);
+        auto launch = [&](auto ctag) { /* C of type T, or f32 */
+            using TC = decltype(ctag);
+            gemm_fallback_kernel<T, TC><<<grid, block, 0, st->stream>>>(ta, tb, m, n, k, alpha, (const T *)a, lda, (const T *)b, ldb, beta,
+                                                                        (TC *)c, ldc);
+        };
+        if (cdt == TPK_F32) launch(float{});
+        else launch(T{});
     });
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* C = alpha op(A) op(B) + beta C through cuBLASLt (the tiled kernel where it has no algorithm).
- * With an epilogue (epi != EPI_NONE, linear_fwd only): bias and aux pointers set per call;
- * TPK_ERR_UNSUPPORTED without a message when cuBLASLt has no fused algorithm (the caller
- * composes the pieces instead). */
+/* C = alpha op(A) op(B) + beta C, A and B in dt, C in cdt (dt, or f32: gemm_acc), through cuBLASLt
+ * (the tiled kernel where it has no algorithm). With an epilogue (epi != EPI_NONE, linear_fwd
+ * only): bias and aux pointers set per call; TPK_ERR_UNSUPPORTED without a message when cuBLASLt
+ * has no fused algorithm (the caller composes the pieces instead). */
 static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
-                           tpk_dtype dt, int epi = EPI_NONE, const void *bias = NULL, void *aux = NULL) {
-    gemm_key key = {ta, tb, (int)dt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c), epi,
+                           tpk_dtype dt, tpk_dtype cdt, int epi = EPI_NONE, const void *bias = NULL, void *aux = NULL) {
+    gemm_key key = {ta, tb, (int)dt, (int)cdt, dt == TPK_F32 && g_tf32, m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c), epi,
                     epi_bias(epi) ? ptr_align(bias) : 0, epi_aux(epi) ? ptr_align(aux) : 0};
     /* an epilogue's vectors at less than 16 bytes: cuBLASLt's epilogue kernels load them 16 bytes at
      * a time (a parameter's bias at an unaligned offset) — the caller composes instead */
@@ -500,7 +507,7 @@ static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bo
     gemm_plan *p = NULL;
     if (gemm_plan_get(st, key, bias, aux, &p) != TPK_OK) { /* no cuBLASLt algorithm */
         if (epi != EPI_NONE) return TPK_ERR_UNSUPPORTED;
-        return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt); /* the tiled kernel */
+        return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, cdt); /* the tiled kernel */
     }
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
     if (epi_bias(epi)) /* DGELU_BGRAD writes the bias gradient there */
@@ -513,28 +520,36 @@ static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bo
     return TPK_OK;
 }
 
-static tpk_status cuda_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                            const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
-    static const char *fn = "cuda.gemm";
+/* gemm (cdt = dt) and gemm_acc (cdt = f32): one path */
+static tpk_status gemm_any(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                           int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt, tpk_dtype cdt) {
     if (m == 0 || n == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     if (k == 0 || alpha == 0.0f) { /* no product: C = beta C (and no reads of A, B) */
         if (beta == 1.0f) return TPK_OK;
         size_t total = (size_t)m * (size_t)n;
-        tpk__by_dtype(dt, [&](auto tag) {
+        tpk__by_dtype(cdt, [&](auto tag) {
             using T = decltype(tag);
             scale2d_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)c, ldc, m, n, beta);
         });
         return tpk__cuda_launched(ctx, fn);
     }
-    return gemm_run(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt);
+    return gemm_run(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, cdt);
+}
+static tpk_status cuda_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                            const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
+    return gemm_any(ctx, "cuda.gemm", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, dt);
+}
+static tpk_status cuda_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                                const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
+    return gemm_any(ctx, "cuda.gemm_acc", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, TPK_F32);
 }
 
 extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
                                           const void *b, void *c, tpk_dtype dt) {
     static const char *fn = "tpk_cuda_plain_gemm";
     TPK__CUDA_STATE(st, ctx, fn);
-    return gemm_run(ctx, fn, st, ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f, c, n, dt);
+    return gemm_run(ctx, fn, st, ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f, c, n, dt, dt);
 }
 
 /* ---- bias --------------------------------------------------------------------------------------------- */
@@ -800,7 +815,7 @@ static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *
     bool gelu = act == TPK_ACT_GELU_TANH;
     int epi = gelu ? (bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX) : act == TPK_ACT_NONE && bias ? EPI_BIAS : EPI_NONE;
     if (k > 0 && epi != EPI_NONE) {
-        tpk_status s = gemm_run(ctx, fn, st, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt, epi, bias, pre);
+        tpk_status s = gemm_run(ctx, fn, st, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt, dt, epi, bias, pre);
         if (s != TPK_ERR_UNSUPPORTED) return s;
     }
     void *u = act != TPK_ACT_NONE ? pre : y; /* the composed path */
@@ -820,7 +835,7 @@ static tpk_status cuda_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const vo
     static const char *fn = "cuda.linear_bwd_act";
     TPK__CUDA_STATE(st, ctx, fn);
     if (k > 0 && act == TPK_ACT_GELU_TANH) {
-        tpk_status s = gemm_run(ctx, fn, st, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt, db ? EPI_DGELU_BGRAD : EPI_DGELU, db,
+        tpk_status s = gemm_run(ctx, fn, st, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt, dt, db ? EPI_DGELU_BGRAD : EPI_DGELU, db,
                                 const_cast<void *>(pre));
         if (s != TPK_ERR_UNSUPPORTED) return s;
     }

@@ -159,6 +159,46 @@ static void test_gemm(tpk_dtype dt) {
     }
 }
 
+/* gemm_acc: A, B in dt into an f32 C (cuBLASLt bf16 x bf16 -> f32, or the fallback kernel's f32
+ * output), against the host. C is f32 on both sides and never rounded: TOL_SUM (1e-4) is far below
+ * a bf16 rounding (4e-3), and C's values (N(0,1) next to products of size ~8) fail any beta ignored.
+ * beta = 0: the [m, n] part of C poisoned (not read); the padding (ldc > n) compared too (not
+ * written); one C at a 4-byte offset (the plan's alignment key). */
+static void test_gemm_acc(tpk_dtype dt) {
+    TEST_CASE("gemm_acc: %s operands into f32 C, transposes, strides, beta 0 / 1 / 0.5, k = 0", tpk_dtype_name(dt)) {
+        int64_t m = 37, n = 53, k = 71;
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 5, off = t == 3; /* off: C one element in */
+            size_t nc = (size_t)(m * ldc + off);
+            pair a = pair_randn(&cd, (size_t)((ta ? k : m) * lda), dt, 120 + t, 1.0f);
+            pair b = pair_randn(&cd, (size_t)((tb ? n : k) * ldb), dt, 130 + t, 1.0f);
+            const float ab[3][2] = {{1.0f, 1.0f}, {0.7f, 0.5f}, {1.0f, 0.0f}};
+            for (int s = 0; s < 3; s++) {
+                float *v = malloc(nc * sizeof(float));
+                test_randn(v, nc, 140 + t, 1.0f);
+                if (ab[s][1] == 0.0f)
+                    for (int64_t i = 0; i < m; i++) test_poison(v + off + i * ldc, (size_t)n);
+                pair c = pair_from(&cd, v, nc, TPK_F32);
+                free(v);
+                float *hc = (float *)c.h + off, *dc = (float *)c.d + off;
+                char what[80];
+                snprintf(what, sizeof what, "gemm_acc ta=%d tb=%d alpha=%g beta=%g%s", ta, tb, ab[s][0], ab[s][1], off ? " (C at +4 bytes)" : "");
+                CHECK_OK(&ch, ch.ops->gemm_acc(&ch, ta, tb, m, n, k, ab[s][0], a.h, lda, b.h, ldb, ab[s][1], hc, ldc, dt));
+                CHECK_OK(&cd, cd.ops->gemm_acc(&cd, ta, tb, m, n, k, ab[s][0], a.d, lda, b.d, ldb, ab[s][1], dc, ldc, dt));
+                pair_check(&cd, &c, TOL_SUM, what);
+                pair_free(&cd, &c);
+            }
+            pair_free(&cd, &a), pair_free(&cd, &b);
+        }
+        pair c = pair_randn(&cd, (size_t)(m * n), TPK_F32, 150, 1.0f);
+        CHECK_OK(&ch, ch.ops->gemm_acc(&ch, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, (float *)c.h, n, dt));
+        CHECK_OK(&cd, cd.ops->gemm_acc(&cd, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, (float *)c.d, n, dt));
+        pair_check(&cd, &c, TOL_SAME, "gemm_acc k=0 (C = beta C)");
+        pair_free(&cd, &c);
+    }
+}
+
 /* the fused linear forward (cuBLASLt bias / GELU epilogues) against the host's composition,
  * with and without bias and GELU; outputs poisoned first */
 static void test_linear_fwd(tpk_dtype dt) {
@@ -620,6 +660,7 @@ int main(int argc, char **argv) {
         test_elementwise(dt);
         test_copy_rng_dropout(dt);
         test_gemm(dt);
+        test_gemm_acc(dt);
         test_linear_fwd(dt);
         test_linear_bwd_act(dt);
         test_residual_layernorm(dt);

@@ -11,9 +11,10 @@
  * told (MIN_ALIGNMENT_* preferences, the bias and aux pointers set when it ran), an algorithm
  * used for the problem it was found for. Unsupported (no algorithm, heuristic count 0, as cuBLASLt
  * answers): an aux leading dimension not a multiple of 8 or below D's rows, an epilogue or type
- * outside the list in cublasLt.h; TPK_EMU_LT_NOALGO=1 in the environment answers so for every
- * problem (the backend's fallback kernel and composed linear path then run). Misuse prints a
- * "FAIL emu:" line (TPK_EMU_LT_ALIGN=warn: a misaligned pointer only noted on stderr). */
+ * outside the list in cublasLt.h (bf16 A, B with f32 C, D: the default epilogue only);
+ * TPK_EMU_LT_NOALGO=1 in the environment answers so for every problem (the backend's fallback
+ * kernel and composed linear path then run). Misuse prints a "FAIL emu:" line
+ * (TPK_EMU_LT_ALIGN=warn: a misaligned pointer only noted on stderr). */
 #include "cublasLt.h"
 
 #include <algorithm>
@@ -151,7 +152,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 
 struct problem {
     int64_t m, n, k;
-    int type; /* of A, B, C, D */
+    int type, ctype; /* of A and B; of C and D (f32 with bf16 A, B: the f32-output GEMM) */
     bool ta, tb, bias, gelu, aux, dgelu, bgrad; /* dgelu reads aux, bgrad writes the bias vector */
     uint64_t hash;
 };
@@ -178,11 +179,15 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
             return CUBLAS_STATUS_INVALID_VALUE;
         }
     }
-    if (A->type != B->type || C->type != D->type || A->type != D->type || (D->type != CUDA_R_32F && D->type != CUDA_R_16BF)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    /* A, B and C, D alike in f32 or bf16, or bf16 A, B with f32 C, D (no epilogue) */
+    bool mixed = A->type == CUDA_R_16BF && D->type == CUDA_R_32F;
+    if (A->type != B->type || C->type != D->type || (A->type != D->type && !mixed) || (D->type != CUDA_R_32F && D->type != CUDA_R_16BF))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (mixed && op->epi != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (op->scale != CUDA_R_32F || op->pointer_mode != 0 || op->transc != CUBLAS_OP_N) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (op->compute != CUBLAS_COMPUTE_32F && !(op->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && D->type == CUDA_R_32F)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (op->compute != CUBLAS_COMPUTE_32F && !(op->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && A->type == CUDA_R_32F && D->type == CUDA_R_32F)) return CUBLAS_STATUS_NOT_SUPPORTED;
     if ((op->transa != CUBLAS_OP_N && op->transa != CUBLAS_OP_T) || (op->transb != CUBLAS_OP_N && op->transb != CUBLAS_OP_T)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    p.ta = op->transa == CUBLAS_OP_T, p.tb = op->transb == CUBLAS_OP_T, p.type = D->type;
+    p.ta = op->transa == CUBLAS_OP_T, p.tb = op->transb == CUBLAS_OP_T, p.type = A->type, p.ctype = D->type;
     p.m = (int64_t)D->rows, p.n = (int64_t)D->cols;
     int64_t am = (int64_t)(p.ta ? A->cols : A->rows), ak = (int64_t)(p.ta ? A->rows : A->cols);
     int64_t bk = (int64_t)(p.tb ? B->cols : B->rows), bn = (int64_t)(p.tb ? B->rows : B->cols);
@@ -209,7 +214,7 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
     if ((op->bias_type >= 0 && op->bias_type != D->type) || (op->aux_type >= 0 && op->aux_type != D->type)) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (p.aux && (op->aux_ld % 8 != 0 || op->aux_ld < p.m)) return CUBLAS_STATUS_NOT_SUPPORTED; /* "must be divisible by 8 and >= rows" */
     uint64_t h = 1469598103934665603ull;
-    int64_t v[] = {p.m, p.n, p.k, p.type, p.ta, p.tb, (int64_t)op->epi, A->ld, B->ld, C->ld, D->ld, op->compute, p.aux ? op->aux_ld : 0};
+    int64_t v[] = {p.m, p.n, p.k, p.type, p.ctype, p.ta, p.tb, (int64_t)op->epi, A->ld, B->ld, C->ld, D->ld, op->compute, p.aux ? op->aux_ld : 0};
     for (int64_t x : v) h = (h ^ (uint64_t)x) * 1099511628211ull;
     p.hash = h;
     return CUBLAS_STATUS_SUCCESS;
@@ -292,13 +297,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     if (ws_bytes && !tpk_emu_check_device(ws, ws_bytes, "cublasLtMatmul workspace")) return CUBLAS_STATUS_INVALID_VALUE;
     float al, be;
     memcpy(&al, alpha, 4), memcpy(&be, beta, 4);
-    int t = p.type;
+    int t = p.type, tc = p.ctype; /* A, B; C, D */
     bool ok = tpk_emu_check_device(A, span(la->rows, la->cols, la->ld, t), "cublasLtMatmul A") &&
               tpk_emu_check_device(B, span(lb->rows, lb->cols, lb->ld, t), "cublasLtMatmul B") &&
-              tpk_emu_check_device(D, span(ld->rows, ld->cols, ld->ld, t), "cublasLtMatmul D") &&
-              (be == 0.0f || tpk_emu_check_device(C, span(lc->rows, lc->cols, lc->ld, t), "cublasLtMatmul C"));
-    if (ok && p.bias) ok = op->bias && tpk_emu_check_device(op->bias, (size_t)p.m * (t == CUDA_R_32F ? 4 : 2), "cublasLtMatmul bias");
-    if (ok && p.aux) ok = op->aux && tpk_emu_check_device(op->aux, span(p.m, p.n, op->aux_ld, t), "cublasLtMatmul aux");
+              tpk_emu_check_device(D, span(ld->rows, ld->cols, ld->ld, tc), "cublasLtMatmul D") &&
+              (be == 0.0f || tpk_emu_check_device(C, span(lc->rows, lc->cols, lc->ld, tc), "cublasLtMatmul C"));
+    if (ok && p.bias) ok = op->bias && tpk_emu_check_device(op->bias, (size_t)p.m * (tc == CUDA_R_32F ? 4 : 2), "cublasLtMatmul bias");
+    if (ok && p.aux) ok = op->aux && tpk_emu_check_device(op->aux, span(p.m, p.n, op->aux_ld, tc), "cublasLtMatmul aux");
     if (!ok) return CUBLAS_STATUS_INVALID_VALUE;
     /* op(A) column-major [m][k] as floats: Ac[q * m + i] = op(A)(i, q) */
     int64_t m = p.m, n = p.n, k = p.k;
@@ -315,22 +320,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
         }
         for (int64_t i = 0; i < m; i++) {
             double v = (double)al * acc[(size_t)i];
-            if (be != 0.0f) v += (double)be * load(C, t, (size_t)(j * lc->ld + i));
+            if (be != 0.0f) v += (double)be * load(C, tc, (size_t)(j * lc->ld + i));
             float x = (float)v;
             if (p.dgelu) { /* the gradient through GELU-tanh at the forward's pre-activation */
-                float u = (float)load(op->aux, t, (size_t)(j * op->aux_ld + i)), th = tanhf(0.7978845608028654f * (u + 0.044715f * u * u * u));
+                float u = (float)load(op->aux, tc, (size_t)(j * op->aux_ld + i)), th = tanhf(0.7978845608028654f * (u + 0.044715f * u * u * u));
                 x *= 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * u * u);
-                store(D, t, (size_t)(j * ld->ld + i), x);
-                bsum[(size_t)i] += (double)load(D, t, (size_t)(j * ld->ld + i));
+                store(D, tc, (size_t)(j * ld->ld + i), x);
+                bsum[(size_t)i] += (double)load(D, tc, (size_t)(j * ld->ld + i));
                 continue;
             }
-            if (p.bias) x += (float)load(op->bias, t, (size_t)i);
-            if (p.aux) store(op->aux, t, (size_t)(j * op->aux_ld + i), x);
+            if (p.bias) x += (float)load(op->bias, tc, (size_t)i);
+            if (p.aux) store(op->aux, tc, (size_t)(j * op->aux_ld + i), x);
             if (p.gelu) x = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-            store(D, t, (size_t)(j * ld->ld + i), x);
+            store(D, tc, (size_t)(j * ld->ld + i), x);
         }
     }
     if (p.bgrad)
-        for (int64_t i = 0; i < m; i++) store(const_cast<void *>(op->bias), t, (size_t)i, (float)bsum[(size_t)i]); /* BGRAD writes it */
+        for (int64_t i = 0; i < m; i++) store(const_cast<void *>(op->bias), tc, (size_t)i, (float)bsum[(size_t)i]); /* BGRAD writes it */
     return CUBLAS_STATUS_SUCCESS;
 }
