@@ -207,6 +207,7 @@ test-gpu: $(if $(HAVE_CUDA),cuda-check $(B)/gpt2_train)
 
 bench-gpu: $(GPU_BENCH)
 	$(B)/bench/gemm
+	$(B)/bench/gemm --dtype bf16
 	$(B)/bench/kernels
 	$(B)/bench/kernels --dtype bf16 --B 16 --S 1024 --A 12 --D 64
 	$(B)/bench/kernels --dtype bf16 --B 8 --S 2048 --A 16 --D 128

@@ -9,14 +9,21 @@
  *   row fwd       y[T, H]    = x[T, F_r] W^T        m=T   n=H   k=F_r
  *   row dgrad     dx[T, F_r] = dy[T, H] W           m=T   n=F_r k=H
  *   row wgrad     dW[H, F_r] = dy^T x               m=H   n=F_r k=T
- * Each is timed through tpk_op_gemm (the checked front end, as a layer calls it) after a warm-up, rotating over buffer sets larger than the L2
- * cache, and reported as TFLOP/s (GFLOP/s on the host), % of the measured peak (a large square
+ * and the vocabulary-parallel LM head (V entries padded as the models pad them, tpk_vocab_padded
+ * with 64 rows per shard: V_r = Vp / t; and, to show what the padding buys, unpadded
+ * V_r = split(V, t, 0)):
+ *   lm fwd        z[T, V_r]  = x[T, H] E^T          m=T   n=V_r k=H
+ *   lm dgrad      dx[T, H]   = dz[T, V_r] E         m=T   n=H   k=V_r
+ *   lm wgrad      dE[V_r, H] = dz^T x               m=V_r n=H   k=T
+ * Each is timed through tpk_op_gemm (the checked front end, as a layer calls it; a weight gradient
+ * in bf16 through tpk_op_gemm_acc into an f32 C with beta = 1, as tpk__grad_gemm does) after a
+ * warm-up, rotating over buffer sets larger than the L2 cache, and reported as TFLOP/s (GFLOP/s on the host), % of the measured peak (a large square
  * GEMM, its fastest call) and the ratio to a plain GEMM of the same shape in the same process (cuBLASLt on packed
  * operands on the GPU, cblas_sgemm on the host). Median of the timed calls; CUDA events on the
  * GPU, the monotonic clock on the host.
  *
- *   gemm [--H 768] [--F 4H] [--tokens T] [--dtype f32|bf16] [--t 1,2,4,8] [--iters N] [--host]
- *        [--tf32] [--json]
+ *   gemm [--H 768] [--F 4H] [--tokens T] [--vocab 50257] [--dtype f32|bf16] [--t 1,2,4,8]
+ *        [--iters N] [--host] [--tf32] [--json]
  * The CUDA backend is used when the program was built with it (-DTPK_WITH_CUDA) and a device is
  * present, unless --host. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
@@ -90,14 +97,18 @@ typedef struct gemm_case {
     bool ta, tb;
     int64_t m, n, k;
     tpk_dtype dt;
-    void **a, **b, **c; /* [sets] each */
+    bool acc;            /* a weight gradient: in bf16 added into an f32 C (tpk_op_gemm_acc, beta = 1) */
+    void **a, **b, **c; /* [sets] each (c f32 when acc) */
     float *fa, *fb, *fc; /* host reference operands (f32) */
 } gemm_case;
 
 static void call_tpk(void *arg, int set) {
     gemm_case *g = arg;
     int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
-    TRY(tpk_op_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, 0.0f, g->c[set], g->n, g->dt));
+    if (g->acc && g->dt != TPK_F32)
+        TRY(tpk_op_gemm_acc(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, 1.0f, g->c[set], g->n, g->dt));
+    else
+        TRY(tpk_op_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, g->acc ? 1.0f : 0.0f, g->c[set], g->n, g->dt));
 }
 static void call_plain(void *arg, int set) {
     gemm_case *g = arg;
@@ -128,7 +139,8 @@ static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double 
     int sets = (int)(2 * l2 / (set_bytes ? set_bytes : 1)) + 2;
     if (sets > 16) sets = 16;
     g->a = calloc((size_t)sets, sizeof(void *)), g->b = calloc((size_t)sets, sizeof(void *)), g->c = calloc((size_t)sets, sizeof(void *));
-    for (int s = 0; s < sets; s++) g->a[s] = buf_rand(na, g->dt, 3 * s), g->b[s] = buf_rand(nb, g->dt, 3 * s + 1), g->c[s] = buf_rand(nc, g->dt, 3 * s + 2);
+    tpk_dtype cdt = g->acc ? TPK_F32 : g->dt; /* (the plain GEMM writes its dt into the first half of an f32 C) */
+    for (int s = 0; s < sets; s++) g->a[s] = buf_rand(na, g->dt, 3 * s), g->b[s] = buf_rand(nb, g->dt, 3 * s + 1), g->c[s] = buf_rand(nc, cdt, 3 * s + 2);
     g->fa = g->fb = g->fc = NULL;
     if (!gpu) {
         g->fa = malloc(na * 4), g->fb = malloc(nb * 4), g->fc = malloc(nc * 4);
@@ -142,7 +154,7 @@ static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double 
 }
 
 int main(int argc, char **argv) {
-    int64_t H = 768, F = 0, T = 0;
+    int64_t H = 768, F = 0, T = 0, V = 50257;
     tpk_dtype dt = TPK_F32;
     int ts[8] = {1, 2, 4, 8}, nt = 4, iters = 0;
     bool json = false, force_host = false, tf32 = false;
@@ -154,6 +166,7 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--H")) H = atoll(v), i++;
         else if (v && !strcmp(a, "--F")) F = atoll(v), i++;
         else if (v && !strcmp(a, "--tokens")) T = atoll(v), i++;
+        else if (v && !strcmp(a, "--vocab")) V = atoll(v), i++;
         else if (v && !strcmp(a, "--iters")) iters = atoi(v), i++;
         else if (v && !strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? TPK_BF16 : TPK_F32, i++;
         else if (v && !strcmp(a, "--t")) {
@@ -165,7 +178,7 @@ int main(int argc, char **argv) {
             }
             i++;
         } else {
-            fprintf(stderr, "usage: %s [--H n] [--F n] [--tokens n] [--dtype f32|bf16] [--t 1,2,4,8] [--iters n] [--host] [--tf32] [--json]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] [--t 1,2,4,8] [--iters n] [--host] [--tf32] [--json]\n", argv[0]);
             return 2;
         }
     }
@@ -179,8 +192,8 @@ int main(int argc, char **argv) {
     if (!F) F = 4 * H;
     if (!T) T = gpu ? 8192 : 1024;
     if (!iters) iters = gpu ? 50 : 3;
-    if (H < 1 || F < 1 || T < 1 || iters < 1) {
-        fprintf(stderr, "bench/gemm: H, F, tokens and iters must be positive\n");
+    if (H < 1 || F < 1 || T < 1 || V < 1 || iters < 1) {
+        fprintf(stderr, "bench/gemm: H, F, tokens, vocab and iters must be positive\n");
         return 2;
     }
     if (tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops}) != TPK_OK) {
@@ -193,7 +206,7 @@ int main(int argc, char **argv) {
 #endif
     /* measured peak: a square GEMM through the plain path */
     int64_t P = gpu ? 8192 : 2048;
-    gemm_case pk = {false, false, P, P, P, gpu ? dt : TPK_F32, 0, 0, 0, 0, 0, 0};
+    gemm_case pk = {false, false, P, P, P, gpu ? dt : TPK_F32, false, 0, 0, 0, 0, 0, 0};
     double pk_tpk, pk_plain;
     take_min = true;
     run_case(&pk, gpu ? 10 : 5, l2, &pk_tpk, &pk_plain);
@@ -202,32 +215,36 @@ int main(int argc, char **argv) {
     const char *uname = gpu ? "TFLOP/s" : "GFLOP/s";
     double peak = 2.0 * P * P * P / (pk_plain * 1e-3) / unit;
     if (!json) {
-        printf("sharded GEMMs per rank: backend %s, dtype %s%s, H=%lld F=%lld tokens=%lld, median of %d\n", ops->name, tpk_dtype_name(dt),
-               gpu && dt == TPK_F32 ? (tf32 ? " (TF32 allowed)" : " (exact f32)") : "", (long long)H, (long long)F, (long long)T, iters);
+        printf("sharded GEMMs per rank: backend %s, dtype %s%s, H=%lld F=%lld V=%lld tokens=%lld, median of %d%s\n", ops->name, tpk_dtype_name(dt),
+               gpu && dt == TPK_F32 ? (tf32 ? " (TF32 allowed)" : " (exact f32)") : "", (long long)H, (long long)F, (long long)V, (long long)T, iters,
+               dt == TPK_F32 ? "" : "; wgrad: gemm_acc into f32 (plain: a bf16 C)");
         printf("measured peak: %.1f %s (%s %lld^3)\n\n", peak, uname, gpu ? "cuBLASLt" : "cblas_sgemm", (long long)P);
-        printf("%3s  %-13s %6s %6s %6s  %9s  %8s  %6s  %8s  %6s\n", "t", "gemm", "m", "n", "k", "ms", uname, "%peak", "plain", "ratio");
+        printf("%3s  %-14s %6s %6s %6s  %9s  %8s  %6s  %8s  %6s\n", "t", "gemm", "m", "n", "k", "ms", uname, "%peak", "plain", "ratio");
     } else {
-        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"H\": %lld, \"F\": %lld, \"tokens\": %lld, \"unit\": \"%s\", \"peak\": %.3f, \"rows\": [", ops->name,
-               tpk_dtype_name(dt), (long long)H, (long long)F, (long long)T, uname, peak);
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"H\": %lld, \"F\": %lld, \"V\": %lld, \"tokens\": %lld, \"unit\": \"%s\", \"peak\": %.3f, \"rows\": [",
+               ops->name, tpk_dtype_name(dt), (long long)H, (long long)F, (long long)V, (long long)T, uname, peak);
     }
     int row = 0;
     for (int ti = 0; ti < nt; ti++) {
         int t = ts[ti];
         if (t < 1) continue;
-        int64_t Fr = tpk_split(F, t, 0).size;
+        int64_t Fr = tpk_split(F, t, 0).size, Vr = tpk_vocab_padded(V, 64, t) / t, Vu = tpk_split(V, t, 0).size;
         struct {
             const char *name;
             bool ta, tb;
             int64_t m, n, k;
-        } g[6] = {{"column fwd", 0, 1, T, Fr, H}, {"column dgrad", 0, 0, T, H, Fr}, {"column wgrad", 1, 0, Fr, H, T},
-                  {"row fwd", 0, 1, T, H, Fr},    {"row dgrad", 0, 0, T, Fr, H},    {"row wgrad", 1, 0, H, Fr, T}};
-        for (int q = 0; q < 6; q++) {
-            gemm_case c = {g[q].ta, g[q].tb, g[q].m, g[q].n, g[q].k, dt, 0, 0, 0, 0, 0, 0};
+        } g[12] = {{"column fwd", 0, 1, T, Fr, H}, {"column dgrad", 0, 0, T, H, Fr}, {"column wgrad", 1, 0, Fr, H, T},
+                   {"row fwd", 0, 1, T, H, Fr},    {"row dgrad", 0, 0, T, Fr, H},    {"row wgrad", 1, 0, H, Fr, T},
+                   {"lm fwd", 0, 1, T, Vr, H},     {"lm dgrad", 0, 0, T, H, Vr},     {"lm wgrad", 1, 0, Vr, H, T},
+                   {"lm fwd unpad", 0, 1, T, Vu, H}, {"lm dgrad unpad", 0, 0, T, H, Vu}, {"lm wgrad unpad", 1, 0, Vu, H, T}};
+        for (int q = 0; q < 12; q++) {
+            if (q >= 9 && Vu == Vr) continue; /* V already a multiple of 64 t */
+            gemm_case c = {g[q].ta, g[q].tb, g[q].m, g[q].n, g[q].k, dt, q % 3 == 2, 0, 0, 0, 0, 0, 0};
             double ms, ms_plain;
             run_case(&c, iters, l2, &ms, &ms_plain);
             double fl = 2.0 * (double)c.m * (double)c.n * (double)c.k, rate = fl / (ms * 1e-3) / unit, prate = fl / (ms_plain * 1e-3) / unit;
             if (!json)
-                printf("%3d  %-13s %6lld %6lld %6lld  %9.3f  %8.2f  %5.1f%%  %8.2f  %6.2f\n", t, g[q].name, (long long)c.m, (long long)c.n,
+                printf("%3d  %-14s %6lld %6lld %6lld  %9.3f  %8.2f  %5.1f%%  %8.2f  %6.2f\n", t, g[q].name, (long long)c.m, (long long)c.n,
                        (long long)c.k, ms, rate, 100.0 * rate / peak, prate, rate / prate);
             else
                 printf("%s\n  {\"t\": %d, \"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ms\": %.4f, \"rate\": %.3f, \"pct_peak\": %.2f, "
