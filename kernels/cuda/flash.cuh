@@ -128,9 +128,11 @@ template <bool TRANS> __device__ __forceinline__ void tpk__fl_ldsm4(uint32_t r[4
     (void)row, r[0] = r[1] = r[2] = r[3] = 0;
 #endif
 }
-/* p[0] += a, p[1] += b in global memory, atomically (one 8-byte reduction on sm_90, p 8-byte aligned) */
+/* p[0] += a, p[1] += b in global memory, atomically (one 8-byte reduction on sm_90 where the toolkit
+ * has the float2 atomicAdd — CUDA 12.8 and later here, to be safe —; p 8-byte aligned) */
+#define TPK__FL_RED2_VEC (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 8))
 __device__ __forceinline__ void tpk__fl_red2(float *p, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && TPK__FL_RED2_VEC
     atomicAdd(reinterpret_cast<float2 *>(p), make_float2(a, b));
 #else
     atomicAdd(p, a), atomicAdd(p + 1, b);
