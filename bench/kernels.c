@@ -71,7 +71,7 @@ static void run_op(int op) {
     case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, x, tgt, R, C, C, 0, dt)); break;
     case OP_XENT_G: TRY(tpk_op_xent_grad(&ctx, y, x, lse, tgt, dl, R, C, C, 0, C, 0.0f, -100, dt)); break;
     case OP_XENT_F: TRY(tpk_op_xent_fused(&ctx, y, mx, lse, x, tgt, R, C, C, 0.0f, -100, 1.0f, dt)); break;
-    case OP_ADAMW: TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL, 0.0f, NULL, 0)); break;
+    case OP_ADAMW: TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL, 0.0f, NULL, 0, NULL)); break;
     case OP_ATT_F: TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
     case OP_ATT_B: TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
     }

@@ -123,7 +123,7 @@ NOT_PROVIDED(rmsnorm_fwd, void *y, float *rstd, const void *x, const float *w, i
 NOT_PROVIDED(rmsnorm_bwd, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
      bool accumulate_dx)
 NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale,
-             double *norm, float clip, const int64_t *decay, int64_t nruns)
+             double *norm, float clip, const int64_t *decay, int64_t nruns, uint16_t *w16)
 NOT_PROVIDED(sumsq, double *out, const float *x, size_t n, bool accumulate)
 NOT_PROVIDED(linear_bwd_act, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n, int64_t k, tpk_act act, tpk_dtype dt)
 NOT_PROVIDED(residual_layernorm_fwd, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows,

@@ -68,6 +68,38 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
 
+    TEST_CASE("AdamW in a bf16 context writes the bf16 weight copy in the same pass when it is current (else marks it stale); "
+              "the copy equals bf16 of the master weights, as a remake gives it") {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5, .dtype = TPK_BF16}));
+        int ids[NP];
+        add_params(&ctx, ids);
+        float *g[NP];
+        for (int i = 0; i < NP; i++) g[i] = malloc(tpk_param_global_numel(&ctx, i) * 4);
+        tpk_adamw opt;
+        CHECK_OK(&ctx, tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.weight_decay = 0.1f}));
+        size_t n = ctx.params.numel;
+        uint16_t *copy = malloc(2 * (n ? n : 1));
+        for (int s = 0; s < 3; s++) {
+            bool current = s != 1; /* step 2 after tpk_params_updated: the copy is stale, the step leaves it so */
+            CHECK_OK(&ctx, tpk__params_fresh(&ctx)); /* as a forward does */
+            if (!current) tpk_params_updated(&ctx);
+            set_grads(&ctx, 20 + s, g);
+            CHECK_OK(&ctx, tpk_adamw_step(&ctx, &opt, 1e-2f, 1.0f));
+            CHECK(ctx.params.stale16 == !current, "step %d: the bf16 copy is %s, expected %s", s + 1, ctx.params.stale16 ? "stale" : "current",
+                  current ? "current" : "stale");
+            if (!current) continue;
+            memcpy(copy, ctx.params.data16.p, 2 * n);
+            int bad = 0;
+            for (size_t k = 0; k < n; k++) bad += copy[k] != tpk_f32_to_bf16(((const float *)ctx.params.data.p)[k]);
+            CHECK(bad == 0, "step %d: %d of %zu elements of the bf16 copy differ from bf16 of the master weights", s + 1, bad, n);
+        }
+        free(copy);
+        tpk_adamw_destroy(&ctx, &opt);
+        for (int i = 0; i < NP; i++) free(g[i]);
+        tpk_ctx_destroy(&ctx);
+    }
+
     TEST_CASE("AdamW over sharded and replicated parameters equals a double reference (3 steps, decay mask, grad_scale)") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));

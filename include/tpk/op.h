@@ -517,7 +517,8 @@ static inline tpk_status tpk_op_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *
 /* ---- optimizer ----------------------------------------------------------------------------------------- */
 
 static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                                      float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
+                                      float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns,
+                                      uint16_t *w16) {
     static const char *fn = "tpk_op_adamw";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
@@ -529,7 +530,8 @@ static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, fl
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, %g", (double)grad_scale, (double)clip);
     const void *ps[] = {w, g, m, v};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
-    return n ? TPK__PROF_OP(ctx, "adamw", 28.0 * (double)n, 0, ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale, norm, clip, decay, nruns))
+    return n ? TPK__PROF_OP(ctx, "adamw", (w16 ? 30.0 : 28.0) * (double)n, 0,
+                            ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale, norm, clip, decay, nruns, w16))
              : TPK_OK;
 }
 /* *out (f64 in backend memory) = (accumulate ? *out : 0) + the sum of squares, in double; no host wait */

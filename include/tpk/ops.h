@@ -225,9 +225,12 @@ typedef struct tpk_ops {
      * squares of the gradient (sumsq, left there: the host does not wait for it): N =
      * sqrt(norm[0]) grad_scale; N not finite: nothing is written and norm[1] += 1 (a skipped
      * step); else s = grad_scale (clip > 0 && N > clip ? (float)(clip / N) : 1) — clipping
-     * without a host wait. */
+     * without a host wait. w16 (NULL: none): bf16 [n] that receives each updated weight rounded to
+     * nearest even (a bf16 context's copy of the master weights, made in the same pass); a
+     * skipped step writes nothing there either. */
     tpk_status (*adamw)(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                        float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns);
+                        float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns,
+                        uint16_t *w16);
     /* *out (f64 in backend memory) = (accumulate ? *out : 0) + sum_i x[i]^2 over n f32 elements
      * (n may be 0), accumulated in double; no host wait */
     tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate);

@@ -203,10 +203,15 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
     if (!(lr >= 0) || !isfinite(grad_scale)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "lr, grad_scale: expected lr >= 0 and a finite scale, got %g, %g", (double)lr, (double)grad_scale);
     o->step++;
     float *w = (float *)ctx->params.data.p + o->s0;
+    /* a bf16 context's weight copy made by the update itself when it is current (a skipped step then
+     * leaves both as they were) and no DP rank updates only a slice (ZeRO-1 gathers f32 weights) */
+    tpk_params *P = &ctx->params;
+    bool fuse16 = ctx->dtype == TPK_BF16 && o->sn == o->numel && !P->stale16 && P->data16.p && P->data16.bytes >= 2 * P->numel;
     if (o->sn) /* no decayed parameter: no decay anywhere (wd 0 with a NULL table) */
         TPK_TRY(tpk_op_adamw(ctx, w, (const float *)ctx->params.grad.p + o->s0, o->m, o->v, o->sn, lr, o->d.b1, o->d.b2, o->d.eps,
-                             o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, norm, clip, o->decay, o->nruns));
-    tpk_params_updated(ctx);
+                             o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, norm, clip, o->decay, o->nruns,
+                             fuse16 ? (uint16_t *)P->data16.p + o->s0 : NULL));
+    if (!fuse16) tpk_params_updated(ctx);
     if (o->sn == o->numel) return TPK_OK;
     /* ZeRO-1: every DP rank's updated slice to every DP rank (one all-gather of the parameters) */
     return tpk__dp_allgather_slices(ctx, (float *)ctx->params.data.p, o->numel);

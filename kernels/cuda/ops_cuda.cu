@@ -700,22 +700,34 @@ static tpk_status cuda_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
 
 /* ---- optimizer ------------------------------------------------------------------------------------------ */
 
-/* whether element i is in one of the sorted runs [decay[2r], decay[2r+1]): a binary search */
-static __device__ __forceinline__ bool adamw_decayed(const int64_t *decay, int64_t nruns, int64_t i) {
-    if (!decay) return true;
-    int64_t lo = 0, hi = nruns; /* the last run starting at or before i is lo - 1 */
+/* the decay of elements i0 .. i0 + V - 1 (sorted runs [decay[2r], decay[2r+1]); NULL: all): one
+ * binary search for i0, then a step along the runs per element */
+template <int V>
+static __device__ __forceinline__ void adamw_decayed(const int64_t *decay, int64_t nruns, int64_t i0, bool *d) {
+    if (!decay) {
+        for (int k = 0; k < V; k++) d[k] = true;
+        return;
+    }
+    int64_t lo = 0, hi = nruns; /* the last run starting at or before i0 is lo - 1 */
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
-        if (decay[2 * mid] <= i) lo = mid + 1;
+        if (decay[2 * mid] <= i0) lo = mid + 1;
         else hi = mid;
     }
-    return lo > 0 && i < decay[2 * (lo - 1) + 1];
+    int64_t r = lo - 1;
+    for (int k = 0; k < V; k++) {
+        while (r + 1 < nruns && decay[2 * (r + 1)] <= i0 + k) r++;
+        d[k] = r >= 0 && i0 + k < decay[2 * r + 1];
+    }
 }
-/* the whole parameter buffer in one launch, weight decay by run; with norm (the gradient's sum of
- * squares in device memory) the clipping factor is computed here, by every thread alike, and a step
- * whose norm is not finite writes nothing (block 0 counts it in norm[1]) */
-static __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                                    float wd, float c1, float c2, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
+/* the whole parameter buffer in one launch, 8 elements per step in 16-byte vectors (VEC), weight
+ * decay by run, and (W16) the updated weights' bf16 copy written in the same pass; with norm (the
+ * gradient's sum of squares in device memory) the clipping factor is computed here, by every thread
+ * alike, and a step whose norm is not finite writes nothing (block 0 counts it in norm[1]) */
+template <bool VEC, bool W16>
+static __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, tpk__bf16 *w16, size_t n, float lr, float b1, float b2,
+                                    float eps, float wd, float c1, float c2, float grad_scale, double *norm, float clip, const int64_t *decay,
+                                    int64_t nruns) {
     if (norm) {
         double N = sqrt(norm[0]) * grad_scale;
         if (!isfinite(N)) {
@@ -724,21 +736,36 @@ static __global__ void adamw_kernel(float *w, const float *g, float *m, float *v
         }
         grad_scale *= TPK__CLIP_FACTOR(N, clip);
     }
-    TPK__GRID_STRIDE(i, n) {
-        float gi = g[i] * grad_scale, wdi = adamw_decayed(decay, nruns, (int64_t)i) ? wd : 0.0f;
-        float mi = b1 * m[i] + (1.0f - b1) * gi, vi = b2 * v[i] + (1.0f - b2) * gi * gi, wi = w[i];
-        m[i] = mi, v[i] = vi;
-        w[i] = wi - lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wdi * wi);
-    }
+    tpk__elementwise<VEC>(n, [&](size_t i, auto vw) {
+        constexpr int V = decltype(vw)::value;
+        float wi[V], gi[V], mi[V], vi[V];
+        bool d[V];
+        tpk__ldn<V>(w, i, wi), tpk__ldn<V>(g, i, gi), tpk__ldn<V>(m, i, mi), tpk__ldn<V>(v, i, vi);
+        adamw_decayed<V>(decay, nruns, (int64_t)i, d);
+        for (int k = 0; k < V; k++) {
+            float gk = gi[k] * grad_scale;
+            mi[k] = b1 * mi[k] + (1.0f - b1) * gk, vi[k] = b2 * vi[k] + (1.0f - b2) * gk * gk;
+            wi[k] -= lr * (mi[k] * c1 / (sqrtf(vi[k] * c2) + eps) + (d[k] ? wd : 0.0f) * wi[k]);
+        }
+        tpk__stn<V>(w, i, wi), tpk__stn<V>(m, i, mi), tpk__stn<V>(v, i, vi);
+        if (W16) tpk__stn<V>(w16, i, wi);
+    });
 }
 static tpk_status cuda_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                             float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
+                             float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns,
+                             uint16_t *w16) {
     static const char *fn = "cuda.adamw";
     if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     /* the bias corrections exactly as the host computes them */
     float c1 = 1.0f / (1.0f - powf(b1, (float)step)), c2 = 1.0f / (1.0f - powf(b2, (float)step));
-    adamw_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(w, g, m, v, n, lr, b1, b2, eps, wd, c1, c2, grad_scale, norm, clip, decay, nruns);
+    bool vec = tpk__aligned16({w, g, m, v, w16});
+    auto launch = [&](auto vc, auto has16) {
+        adamw_kernel<decltype(vc)::value, decltype(has16)::value><<<tpk__grid_for(vec ? n / TPK__VEC + 1 : n, 256), 256, 0, st->stream>>>(
+            w, g, m, v, (tpk__bf16 *)w16, n, lr, b1, b2, eps, wd, c1, c2, grad_scale, norm, clip, decay, nruns);
+    };
+    if (vec) w16 ? launch(std::true_type{}, std::true_type{}) : launch(std::true_type{}, std::false_type{});
+    else w16 ? launch(std::false_type{}, std::true_type{}) : launch(std::false_type{}, std::false_type{});
     return tpk__cuda_launched(ctx, fn);
 }
 

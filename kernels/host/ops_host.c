@@ -284,7 +284,8 @@ static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
 /* ---- optimizer ------------------------------------------------------------------------------------ */
 
 static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                             float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns) {
+                             float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns,
+                             uint16_t *w16) {
     (void)ctx;
     if (norm) { /* the gradient's norm from its sum of squares: skip a step whose norm is not finite, else clip */
         double N = sqrt(norm[0]) * grad_scale;
@@ -300,6 +301,7 @@ static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, f
         m[i] = b1 * m[i] + (1.0f - b1) * gi;
         v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
         w[i] -= lr * (m[i] * c1 / (sqrtf(v[i] * c2) + eps) + wdi * w[i]);
+        if (w16) w16[i] = tpk_f32_to_bf16(w[i]);
     }
     return TPK_OK;
 }

@@ -579,7 +579,13 @@ static void test_optimizer(void) {
         /* steps 1, 2 on decayed runs, 3 everywhere; 4 clipped from a sum of squares in device memory, 5 with an infinite one (skipped) */
         double *nd = NULL, nh[2] = {0, 0};
         CHECK_OK(&cd, cd.ops->alloc(&cd, 2 * sizeof(double), (void **)&nd));
+        /* the bf16 copy of the weights written by steps 3..5 (5 is skipped: it stays); step 2 on the
+         * elements from 1 on (every pointer 4 bytes past 16-byte alignment: the unvectorised kernel) */
+        pair w16 = pair_from(&cd, NULL, n, TPK_BF16);
+        pair_poison(&cd, &w16);
         for (int step = 1; step <= 5; step++) {
+            size_t o = step == 2;
+            uint16_t *h16 = step >= 3 ? (uint16_t *)w16.h : NULL, *d16 = step >= 3 ? (uint16_t *)w16.d : NULL;
             double *nhp = step < 4 ? NULL : nh, *ndp = step < 4 ? NULL : nd;
             if (step >= 4) {
                 CHECK_OK(&ch, ch.ops->sumsq(&ch, nh, g.h, n, false));
@@ -590,9 +596,25 @@ static void test_optimizer(void) {
                 nh[0] = inf;
                 CHECK_OK(&cd, cd.ops->memcpy(&cd, nd, &inf, sizeof inf, TPK_H2D));
             }
-            CHECK_OK(&ch, ch.ops->adamw(&ch, w.h, g.h, m.h, v.h, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, nhp, 1.0f, step < 3 ? runs : NULL, step < 3 ? 3 : 0));
-            CHECK_OK(&cd, cd.ops->adamw(&cd, w.d, g.d, m.d, v.d, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f, ndp, 1.0f, step < 3 ? runs_d : NULL, step < 3 ? 3 : 0));
+            CHECK_OK(&ch, ch.ops->adamw(&ch, (float *)w.h + o, (float *)g.h + o, (float *)m.h + o, (float *)v.h + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                                        0.1f, step, 0.5f, nhp, 1.0f, step < 3 ? runs : NULL, step < 3 ? 3 : 0, h16));
+            CHECK_OK(&cd, cd.ops->adamw(&cd, (float *)w.d + o, (float *)g.d + o, (float *)m.d + o, (float *)v.d + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                                        0.1f, step, 0.5f, ndp, 1.0f, step < 3 ? runs_d : NULL, step < 3 ? 3 : 0, d16));
         }
+        /* on each side every element of the copy is bf16 of that side's weights (the weights agree to
+         * TOL_SAME below; a last-bit difference may round the two sides' copies apart) */
+        float *wd = (float *)malloc(n * sizeof(float));
+        uint16_t *d16 = (uint16_t *)malloc(n * sizeof(uint16_t));
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, wd, w.d, n * sizeof(float), TPK_D2H));
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, d16, w16.d, n * sizeof(uint16_t), TPK_D2H));
+        int bad16 = 0, badd16 = 0;
+        for (size_t i = 0; i < n; i++) {
+            bad16 += ((uint16_t *)w16.h)[i] != tpk_f32_to_bf16(((float *)w.h)[i]);
+            badd16 += d16[i] != tpk_f32_to_bf16(wd[i]);
+        }
+        CHECK(bad16 == 0 && badd16 == 0, "adamw's bf16 copy: %d (host), %d (device) of %zu elements are not bf16(w)", bad16, badd16, n);
+        free(wd), free(d16);
+        pair_free(&cd, &w16);
         cd.ops->free(&cd, runs_d);
         pair_check(&cd, &w, TOL_SAME, "adamw w (clipped at step 4, step 5 skipped)");
         pair_check(&cd, &m, TOL_SAME, "adamw m");
@@ -622,7 +644,7 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
         CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
         CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, 1, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
-        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0.0f, NULL, 0), TPK_ERR_ARG, "step");
+        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0.0f, NULL, 0, NULL), TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
         CHECK_FAILS(&cd, tpk_op_act_fwd(&cd, (tpk_act)9, p, p, TPK_F32, 4), TPK_ERR_ARG, "act:");
         CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 2, 0, 2, 1.5f, -100, TPK_F32), TPK_ERR_ARG, "smoothing");
