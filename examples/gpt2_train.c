@@ -193,8 +193,8 @@ int main(int argc, char **argv) {
         MPI_Comm_rank(node, &local), MPI_Comm_size(node, &per_node), MPI_Comm_free(&node);
         TRY(tpk_cuda_set_device(&ctx, local % ndev));
         ops = tpk_ops_cuda(), gpu = true;
-        if (per_node <= ndev) TRY(tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD, NULL, &world)); /* one GPU per rank */
-        else TRY(tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world));                                /* ranks share GPUs */
+        tpk_status ns = per_node <= ndev ? tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD, NULL, &world) : TPK_ERR_UNSUPPORTED; /* one GPU per rank */
+        TRY(ns == TPK_ERR_UNSUPPORTED ? tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world) : ns); /* ranks share GPUs, or a build without NCCL: MPI */
     }
 #endif
     if (!gpu) TRY(tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world));

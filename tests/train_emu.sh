@@ -8,7 +8,8 @@
 #       same with sequence parallelism and selective recompute, and for Llama (grouped-query
 #       attention, SwiGLU, RMSNorm, RoPE);
 #   bf16, DP 2 (t = 1), D = 64: the fused cross-entropy kernel (xent_fused), the tensor-core
-#       attention with dropout, the DP buckets — every loss within 1e-3 relative of the host's.
+#       attention with dropout, the DP buckets — every loss within 1e-3 relative of the host's;
+#   one rank in this build without NCCL: the world over MPI, the host's losses.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup train_emu
@@ -43,4 +44,12 @@ if run2 bf16_emu "$B/tests/gpt2_train_emu" $bf && run2 bf16_host "$B/gpt2_train"
     else fail "the trainer on the emulated CUDA backend, bf16: $bad losses differ from the host's by more than 1e-3" "$T/bf16_emu.log"; fi
 else
     fail "the trainer on the emulated CUDA backend, bf16, DP 2: did not run" "$T/bf16_emu.log"
+fi
+# one rank with one GPU in a build without NCCL: the world over MPI instead (no NCCL to ask for)
+one="--text $text --layers 2 --hidden 64 --heads 4 --batch 4 --seq-len 32 --steps 4 --lr 3e-3 --warmup 2 --log-every 2 --seed 3 --dtype f32"
+if timeout 600 mpirun $mpiflags -np 1 "$B/tests/gpt2_train_emu" $one > "$T/one_emu.log" 2>&1 && timeout 600 mpirun $mpiflags -np 1 "$B/gpt2_train" $one > "$T/one_host.log" 2>&1 &&
+   grep -q "cuda backend" "$T/one_emu.log" && [ "$(values "$T/one_emu.log")" = "$(values "$T/one_host.log")" ] && [ -n "$(values "$T/one_host.log")" ]; then
+    ok "the trainer on the emulated CUDA backend, one rank in a build without NCCL: trains over MPI, the host's losses"
+else
+    fail "the trainer on the emulated CUDA backend, one rank without NCCL: did not train as the host did" "$T/one_emu.log"
 fi
