@@ -13,7 +13,8 @@
  * collective finishes (at once, or in tpk_wait). So several ranks can share one GPU. With a
  * CUDA-aware MPI (Open MPI's MPIX_Query_cuda_support) device buffers go to MPI directly, except
  * for bf16 reductions, whose user operations read the data on the host; TPK_MPI_STAGE=1 in the
- * environment forces staging. */
+ * environment forces staging. A split that leaves one rank gives the `self` communicator
+ * (tpk/comm_self.h: collectives are copies on the backend), as the NCCL one does. */
 #ifndef TPK_MPI_H
 #define TPK_MPI_H
 
@@ -31,6 +32,7 @@
 #endif
 #endif
 
+#include "comm_self.h"
 #include "op.h"
 
 typedef struct tpk__mpi {
@@ -233,8 +235,14 @@ static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm ow
 static inline tpk_status tpk__mpi_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     MPI_Comm sub;
-    int rc = MPI_Comm_split(m->comm, color, key, &sub);
+    int rc = MPI_Comm_split(m->comm, color, key, &sub), n = 0;
     if (rc != MPI_SUCCESS) return tpk__mpi_err(ctx, "tpk_comm_split (mpi)", rc);
+    MPI_Comm_size(sub, &n);
+    if (n == 1) { /* one rank (the TP group at t = 1): its collectives are copies, no MPI call and no host staging */
+        MPI_Comm_free(&sub);
+        *out = tpk_comm_self(c->device);
+        return TPK_OK;
+    }
     return tpk__mpi_wrap(ctx, "tpk_comm_split (mpi)", sub, out);
 }
 
