@@ -769,13 +769,19 @@ static tpk_status cuda_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, f
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* The sum of squares in double, left in device memory: per-block sums (a fixed tree), then one
- * thread adds them in block order onto *out (accumulate) or 0 — deterministic, no host wait. */
+/* The sum of squares in double, left in device memory: per-block sums (8 elements a step in
+ * 16-byte loads where x is aligned; a fixed tree), then one warp adds them in a fixed order onto
+ * *out (accumulate) or 0 — deterministic, no host wait. */
 enum { SUMSQ_BLOCKS = 1024 };
-static __global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
+template <bool VEC> static __global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
     __shared__ double sh[256];
     double s = 0;
-    TPK__GRID_STRIDE(i, n) s += (double)x[i] * x[i];
+    tpk__elementwise<VEC>(n, [&](size_t i, auto vw) {
+        constexpr int V = decltype(vw)::value;
+        float v[V];
+        tpk__ldn<V>(x, i, v);
+        for (int k = 0; k < V; k++) s += (double)v[k] * v[k];
+    });
     sh[threadIdx.x] = s;
     __syncthreads();
     for (int o = 128; o > 0; o >>= 1) {
@@ -784,12 +790,12 @@ static __global__ void sumsq_partial_kernel(double *part, const float *x, size_t
     }
     if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
 }
+/* one warp: lane l adds parts l, l + 32, ... in order, then a fixed butterfly over the lanes */
 static __global__ void sumsq_final_kernel(double *out, const double *part, int nparts, bool accumulate) {
-    if (threadIdx.x == 0 && blockIdx.x == 0) {
-        double s = 0;
-        for (int i = 0; i < nparts; i++) s += part[i];
-        *out = (accumulate ? *out : 0.0) + s;
-    }
+    double s = 0;
+    for (int i = (int)threadIdx.x; i < nparts; i += 32) s += part[i];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0) *out = (accumulate ? *out : 0.0) + s;
 }
 static tpk_status cuda_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate) {
     static const char *fn = "cuda.sumsq";
@@ -798,7 +804,8 @@ static tpk_status cuda_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n
     unsigned blocks = n ? tpk__grid_for(n, 256) : 0;
     if (blocks > SUMSQ_BLOCKS) blocks = SUMSQ_BLOCKS;
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(double) * SUMSQ_BLOCKS, (void **)&part));
-    if (blocks) sumsq_partial_kernel<<<blocks, 256, 0, st->stream>>>(part, x, n);
+    if (blocks && tpk__aligned16({x})) sumsq_partial_kernel<true><<<blocks, 256, 0, st->stream>>>(part, x, n);
+    else if (blocks) sumsq_partial_kernel<false><<<blocks, 256, 0, st->stream>>>(part, x, n);
     sumsq_final_kernel<<<1, 32, 0, st->stream>>>(out, part, (int)blocks, accumulate);
     return tpk__cuda_launched(ctx, fn);
 }

@@ -629,6 +629,10 @@ static void test_optimizer(void) {
         CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, 1000, true));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
         CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq: %.17g vs %.17g", sd, sh);
+        CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, (const float *)g.h + 1, n - 1, false)); /* 4 bytes past alignment: element by element */
+        CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, (const float *)g.d + 1, n - 1, false));
+        CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
+        CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq from element 1: %.17g vs %.17g", sd, sh);
         cd.ops->free(&cd, nd);
         pair_free(&cd, &w), pair_free(&cd, &g), pair_free(&cd, &m), pair_free(&cd, &v);
     }
