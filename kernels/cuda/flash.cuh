@@ -72,6 +72,7 @@
     extern __shared__ __align__(16) unsigned char tpk__fl_smem_raw[];                               \
     T *name = reinterpret_cast<T *>(tpk__fl_smem_raw)
 #define TPK__FL_UNROLL _Pragma("unroll")
+#define TPK__FL_UNROLL2 _Pragma("unroll 2") /* the k loop of S = Q K^T-shaped products: fully unrolled it spilled at D = 128 */
 
 /* D (16x8 f32) += A (16x16 bf16) B (16x8 bf16) over the warp */
 __device__ __forceinline__ void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -279,7 +280,7 @@ __device__ __forceinline__ void tpk__fl_drop_cols(float u[4], uint64_t seed, uin
 template <int D>
 __device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t *a, int a0, const uint16_t *bt, int lane) {
     TPK__FL_UNROLL for (int nt = 0; nt < 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+    TPK__FL_UNROLL2 for (int kk = 0; kk < D / 16; kk++) {
         uint32_t af[4];
         tpk__fl_frag_a(af, a, D + 8, a0, 16 * kk, lane);
         TPK__FL_UNROLL for (int nt = 0; nt < 8; nt += 2) {

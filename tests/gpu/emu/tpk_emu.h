@@ -330,6 +330,7 @@ void tpk_emu_set_error(cudaError_t e);
 #ifdef TPK_FLASH_EMU
 #define TPK__FL_SMEM(T, name) T *name = tpk_emu_dyn_smem<T>()
 #define TPK__FL_UNROLL
+#define TPK__FL_UNROLL2
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, from the PTX ISA's fragment layouts
  * (lane = 4 g + t): A 16x16 a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..);
  * B 16x8 b0 (k = 2t..2t+1, n = g) b1 (k = 2t+8.., n = g); C c0, c1 (g, 2t..2t+1) c2, c3 (g+8, ..) */
