@@ -63,7 +63,7 @@ static tpk_status my_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t r
         for (int64_t j = 0; j < cols; j++) ((float *)y)[i * cols + j] += ((const float *)bias)[j];
     return TPK_OK;
 }
-static tpk_status my_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
+static tpk_status my_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt, bool accumulate) {
     for (int64_t j = 0; j < cols; j++) {
         double s = accumulate ? ((float *)db)[j] : 0;
         for (int64_t i = 0; i < rows; i++) s += ((const float *)dy)[i * cols + j];

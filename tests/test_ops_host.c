@@ -364,14 +364,21 @@ static void test_bias(void) {
                     else test_poison(db, (size_t)cols);
                     if (bf) {
                         to_bf16(hy, y, n), to_bf16(hdb, db, (size_t)cols);
-                        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, hdb, hy, rows, cols, dt, acc));
+                        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, hdb, hy, rows, cols, dt, dt, acc));
                         from_bf16(db, hdb, (size_t)cols);
                     } else {
-                        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, y, rows, cols, dt, acc));
+                        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, y, rows, cols, dt, dt, acc));
                     }
                     double e = test_relerr(db, dbw, (size_t)cols);
                     CHECK(e < tol, "bias_grad %s %lldx%lld accumulate=%d: relative error %.3g", tpk_dtype_name(dt),
                           (long long)rows, (long long)cols, acc, e);
+                    if (bf) { /* db in f32 from bf16 dy: the sums not rounded to bf16 (1e-6, where a bf16 db is off by ~4e-3) */
+                        if (acc) memcpy(db, db0, (size_t)cols * sizeof(float));
+                        else test_poison(db, (size_t)cols);
+                        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, hy, rows, cols, dt, TPK_F32, acc));
+                        e = test_relerr(db, dbw, (size_t)cols);
+                        CHECK(e < 1e-6, "bias_grad bf16 into f32 %lldx%lld accumulate=%d: relative error %.3g", (long long)rows, (long long)cols, acc, e);
+                    }
                 }
             }
             free(y), free(bias), free(want), free(got), free(db0), free(db), free(dbw), free(hy), free(hb), free(hdb);
@@ -379,10 +386,10 @@ static void test_bias(void) {
         /* rows = 0: db = 0 (or unchanged when accumulating) */
         float db[3];
         test_poison(db, 3);
-        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, false));
+        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, TPK_F32, false));
         CHECK(db[0] == 0 && db[1] == 0 && db[2] == 0, "rows = 0: db = %g %g %g", db[0], db[1], db[2]);
         db[0] = 1, db[1] = 2, db[2] = 3;
-        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, true));
+        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, TPK_F32, true));
         CHECK(db[0] == 1 && db[1] == 2 && db[2] == 3, "rows = 0, accumulate: db = %g %g %g", db[0], db[1], db[2]);
     }
 }
@@ -723,9 +730,11 @@ static void test_errors(void) {
         CHECK_FAILS(&ctx, tpk_op_axpby(&ctx, a, 1, b, 1, TPK_I32, 3), TPK_ERR_DTYPE, "dt:");
         CHECK_FAILS(&ctx, tpk_op_bias_add(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG, "bias: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_bias_add(&ctx, a, b, 2, -3, TPK_F32), TPK_ERR_ARG, "cols: expected >= 0, got -3");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, -2, 3, TPK_F32, false), TPK_ERR_ARG, "rows: expected >= 0, got -2");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, NULL, b, 2, 3, TPK_F32, false), TPK_ERR_ARG, "db: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_I32, true), TPK_ERR_DTYPE, "got i32");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, -2, 3, TPK_F32, TPK_F32, false), TPK_ERR_ARG, "rows: expected >= 0, got -2");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, NULL, b, 2, 3, TPK_F32, TPK_F32, false), TPK_ERR_ARG, "db: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_I32, TPK_I32, true), TPK_ERR_DTYPE, "got i32");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_F32, TPK_BF16, true), TPK_ERR_DTYPE, "db_dt: expected f32 or f32, got bf16");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_BF16, TPK_I32, true), TPK_ERR_DTYPE, "db_dt: expected bf16 or f32, got i32");
         CHECK_FAILS(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, a, NULL, TPK_F32, 3), TPK_ERR_ARG, "x: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, a, b, TPK_I32, 3), TPK_ERR_DTYPE, "tpk_op_act_fwd: dt:");
         CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, a, b, NULL, TPK_F32, 3), TPK_ERR_ARG, "dy: expected a buffer");

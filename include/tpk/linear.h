@@ -295,7 +295,7 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     tpk_status s = TPK_OK;
     if (n && T) {
         s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, l->x.data, l->in);
-        if (s == TPK_OK && l->b >= 0 && !fused) s = tpk__grad_bias(ctx, l->b, dy.data, T, n, &l->gw);
+        if (s == TPK_OK && l->b >= 0 && !fused) s = tpk__grad_bias(ctx, l->b, dy.data, T, n);
     }
     tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
@@ -395,7 +395,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
         TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n));
     }
     if (fused) *fused = fuse; /* (no rows or no columns: du is empty, nothing to add either way) */
-    if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out, &l->gw));
+    if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out));
     if (l->x_was_R) {
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->dx2, &g));

@@ -248,12 +248,15 @@ static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias
     TPK_TRY(tpk__op_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
     return rows && cols ? TPK__PROF_OP(ctx, "bias_add", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_add(ctx, y, bias, rows, cols, dt)) : TPK_OK;
 }
-static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
+static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
+                                          bool accumulate) {
     static const char *fn = "tpk_op_bias_grad";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
+    if (db_dt != dt && db_dt != TPK_F32)
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "db_dt: expected %s or f32, got %s", tpk_dtype_name(dt), tpk_dtype_name(db_dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "db", db, cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
-    return cols ? TPK__PROF_OP(ctx, "bias_grad", (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, accumulate)) : TPK_OK;
+    return cols ? TPK__PROF_OP(ctx, "bias_grad", (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, db_dt, accumulate)) : TPK_OK;
 }
 static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                                            int64_t k, tpk_act act, tpk_dtype dt) {

@@ -106,8 +106,9 @@ typedef struct tpk_ops {
                            int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt);
     /* y[i, j] += bias[j]  for y [rows, cols] */
     tpk_status (*bias_add)(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt);
-    /* db[j] = sum_i dy[i, j] + (accumulate ? db[j] : 0)  for dy [rows, cols]; db has dy's dtype */
-    tpk_status (*bias_grad)(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt,
+    /* db[j] = sum_i dy[i, j] + (accumulate ? db[j] : 0)  for dy [rows, cols] in dt; db in db_dt:
+     * dt, or TPK_F32 (a bf16 layer's bias gradient added straight into the f32 gradients) */
+    tpk_status (*bias_grad)(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
                             bool accumulate);
     /* y = act(x) elementwise (tpk_act above); y may alias x */
     tpk_status (*act_fwd)(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n);

@@ -270,12 +270,9 @@ static inline tpk_status tpk__grad_gemm(tpk_ctx *ctx, int id, bool ta, bool tb, 
     if (ctx->dtype == TPK_F32) return tpk_op_gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, TPK_F32);
     return tpk_op_gemm_acc(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, ctx->dtype);
 }
-/* grad(id) [cols] += column sums of dy [rows, cols] (ctx->dtype). */
-static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, int64_t rows, int64_t cols, tpk_buf *tmp) {
-    if (ctx->dtype == TPK_F32) return tpk_op_bias_grad(ctx, tpk_param_grad(ctx, id), dy, rows, cols, TPK_F32, true);
-    TPK_TRY(tpk__buf_reserve(ctx, tmp, (size_t)cols * tpk_dtype_size(ctx->dtype)));
-    TPK_TRY(tpk_op_bias_grad(ctx, tmp->p, dy, rows, cols, ctx->dtype, false));
-    return tpk__grad_add(ctx, tpk_param_grad(ctx, id), tmp->p, (size_t)cols);
+/* grad(id) [cols] += column sums of dy [rows, cols] (ctx->dtype), straight into the f32 gradient. */
+static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, int64_t rows, int64_t cols) {
+    return tpk_op_bias_grad(ctx, tpk_param_grad(ctx, id), dy, rows, cols, ctx->dtype, TPK_F32, true);
 }
 
 /* Zero every gradient. */

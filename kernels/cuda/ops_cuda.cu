@@ -594,7 +594,8 @@ template <class T> __global__ void colsum_final_kernel(T *out, const float *part
         tpk__stf(out, j, s);
     }
 }
-static tpk_status cuda_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate) {
+static tpk_status cuda_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
+                                 bool accumulate) {
     static const char *fn = "cuda.bias_grad";
     if (cols == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
@@ -607,7 +608,8 @@ static tpk_status cuda_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
             dim3 grid((unsigned)((cols + 31) / 32), tpk__colsum_grid_y(chunks)), block(32, 8);
             tpk__colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(dy_elem<T>{(const T *)dy, cols}, rows, cols, part);
         }
-        colsum_final_kernel<T><<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>((T *)db, part, chunks, cols, accumulate);
+        if (db_dt == TPK_F32) colsum_final_kernel<float><<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>((float *)db, part, chunks, cols, accumulate);
+        else colsum_final_kernel<T><<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>((T *)db, part, chunks, cols, accumulate);
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -875,7 +877,7 @@ static tpk_status cuda_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const vo
     }
     TPK_TRY(cuda_gemm(ctx, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt));
     TPK_TRY(cuda_act_bwd(ctx, act, du, pre, du, dt, (size_t)T * (size_t)n));
-    return db ? cuda_bias_grad(ctx, db, du, T, n, dt, false) : TPK_OK;
+    return db ? cuda_bias_grad(ctx, db, du, T, n, dt, dt, false) : TPK_OK;
 }
 
 /* ---- the table ---------------------------------------------------------------------------------------------- */

@@ -206,20 +206,20 @@ static tpk_status host_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t
 }
 
 /* acc[cols] (double) sums dy row by row, so dy is read in memory order. */
-TPK__HOST_INLINE void bias_grad_loop(tpk_dtype dt, void *db, const void *dy, int64_t rows, int64_t cols, bool accumulate,
+TPK__HOST_INLINE void bias_grad_loop(tpk_dtype dt, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype db_dt, bool accumulate,
                                 double *acc) {
-    for (int64_t j = 0; j < cols; j++) acc[j] = accumulate ? tpk__ld(db, dt, (size_t)j) : 0.0;
+    for (int64_t j = 0; j < cols; j++) acc[j] = accumulate ? tpk__ld(db, db_dt, (size_t)j) : 0.0;
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) acc[j] += tpk__ld(dy, dt, (size_t)(i * cols + j));
-    for (int64_t j = 0; j < cols; j++) tpk__st(db, dt, (size_t)j, (float)acc[j]);
+    for (int64_t j = 0; j < cols; j++) tpk__st(db, db_dt, (size_t)j, (float)acc[j]);
 }
-static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt,
+static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
                                  bool accumulate) {
     static const char *fn = "host.bias_grad";
     if (cols == 0) return TPK_OK;
     double *acc = malloc((size_t)cols * sizeof(double));
     if (!acc) return tpk__host_nomem(ctx, fn, (size_t)cols * sizeof(double));
-    TPK__BY_DTYPE(dt, bias_grad_loop, db, dy, rows, cols, accumulate, acc);
+    TPK__BY_DTYPE(dt, bias_grad_loop, db, dy, rows, cols, db_dt, accumulate, acc);
     free(acc);
     return TPK_OK;
 }
@@ -331,7 +331,7 @@ static tpk_status host_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const vo
                                       int64_t k, tpk_act act, tpk_dtype dt) {
     TPK_TRY(host_gemm(ctx, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt));
     TPK_TRY(host_act_bwd(ctx, act, du, pre, du, dt, (size_t)(T * n)));
-    return db ? host_bias_grad(ctx, db, du, T, n, dt, false) : TPK_OK;
+    return db ? host_bias_grad(ctx, db, du, T, n, dt, dt, false) : TPK_OK;
 }
 
 /* ---- counter-based random numbers ---------------------------------------------------------------- */

@@ -77,10 +77,16 @@ static void test_elementwise(tpk_dtype dt) {
             int64_t r2 = acc ? 600 : 37; /* several row chunks */
             pair dyb = pair_randn(&cd, (size_t)(r2 * cols), dt, 6, 1.0f), db = pair_randn(&cd, (size_t)cols, dt, 7, 1.0f);
             if (!acc) pair_poison(&cd, &db);
-            CHECK_OK(&ch, ch.ops->bias_grad(&ch, db.h, dyb.h, r2, cols, dt, acc));
-            CHECK_OK(&cd, cd.ops->bias_grad(&cd, db.d, dyb.d, r2, cols, dt, acc));
+            CHECK_OK(&ch, ch.ops->bias_grad(&ch, db.h, dyb.h, r2, cols, dt, dt, acc));
+            CHECK_OK(&cd, cd.ops->bias_grad(&cd, db.d, dyb.d, r2, cols, dt, dt, acc));
             pair_check(&cd, &db, tol_for(dt, TOL_SUM), acc ? "bias_grad accumulate" : "bias_grad");
-            pair_free(&cd, &dyb), pair_free(&cd, &db);
+            /* into an f32 db from dt's dy (a bf16 layer's bias gradient into the f32 gradients) */
+            pair db32 = pair_randn(&cd, (size_t)cols, TPK_F32, 8, 1.0f);
+            if (!acc) pair_poison(&cd, &db32);
+            CHECK_OK(&ch, ch.ops->bias_grad(&ch, db32.h, dyb.h, r2, cols, dt, TPK_F32, acc));
+            CHECK_OK(&cd, cd.ops->bias_grad(&cd, db32.d, dyb.d, r2, cols, dt, TPK_F32, acc));
+            pair_check(&cd, &db32, TOL_SUM, acc ? "bias_grad into f32, accumulate" : "bias_grad into f32");
+            pair_free(&cd, &dyb), pair_free(&cd, &db), pair_free(&cd, &db32);
         }
         pair_free(&cd, &y), pair_free(&cd, &x), pair_free(&cd, &dy), pair_free(&cd, &c), pair_free(&cd, &yb), pair_free(&cd, &b);
     }
