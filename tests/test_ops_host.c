@@ -115,10 +115,12 @@ static const gemm_case gemm_cases[] = {{7, 5, 3}, {1, 1, 1}, {33, 17, 65}, {16, 
 
 #define SENTINEL 12345.0f /* in C's padding, which gemm must leave alone */
 
-/* One f32 or bf16 run of C = alpha op(A) op(B) + beta C against ref_gemm. pad > 0 makes
- * every leading dimension larger than the minimum; the padding of C must be left alone. */
-static void run_gemm(tpk_dtype dt, bool ta, bool tb, gemm_case g, int pad, float alpha, float beta, uint64_t seed,
+/* One f32 or bf16 run of C = alpha op(A) op(B) + beta C against ref_gemm: gemm (C in dt) or, with
+ * acc, gemm_acc (C f32, never rounded). pad > 0 makes every leading dimension larger than the
+ * minimum; A's and B's padding is poisoned (a read shows in C) and C's must be left alone. */
+static void run_gemm(tpk_dtype dt, bool acc, bool ta, bool tb, gemm_case g, int pad, float alpha, float beta, uint64_t seed,
                      double tol) {
+    const char *op = acc ? "gemm_acc" : "gemm";
     int64_t m = g.m, n = g.n, k = g.k;
     int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
     int64_t lda = ac + pad, ldb = bc + pad, ldc = n + pad;
@@ -132,27 +134,34 @@ static void run_gemm(tpk_dtype dt, bool ta, bool tb, gemm_case g, int pad, float
     test_randn(b, nb, seed + 1, 1.0f);
     test_randn(c0, nc, seed + 2, 1.0f);
     if (beta == 0) test_poison(c0, nc); /* beta = 0 must ignore C entirely */
+    for (int64_t i = 0; i < ar; i++) test_poison(a + i * lda + ac, (size_t)(lda - ac));
+    for (int64_t i = 0; i < br; i++) test_poison(b + i * ldb + bc, (size_t)(ldb - bc));
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = n; j < ldc; j++) c0[i * ldc + j] = SENTINEL;
-    if (dt == TPK_BF16) { /* the reference sees the bf16-rounded inputs */
+    if (dt == TPK_BF16) { /* the reference sees the bf16-rounded inputs (gemm_acc's C stays f32) */
         for (size_t i = 0; i < na; i++) a[i] = tpk_bf16_to_f32(tpk_f32_to_bf16(a[i]));
         for (size_t i = 0; i < nb; i++) b[i] = tpk_bf16_to_f32(tpk_f32_to_bf16(b[i]));
-        for (size_t i = 0; i < nc; i++) c0[i] = tpk_bf16_to_f32(tpk_f32_to_bf16(c0[i]));
+        for (size_t i = 0; i < nc && !acc; i++) c0[i] = tpk_bf16_to_f32(tpk_f32_to_bf16(c0[i]));
     }
     ref_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c0, ldc, want);
     memcpy(c, c0, nc * sizeof(float));
 
     tpk_status s;
     if (dt == TPK_F32) {
-        s = tpk_op_gemm(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32);
+        s = acc ? tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32)
+                : tpk_op_gemm(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32);
     } else {
         uint16_t *ha = malloc(na * 2 + 2), *hb = malloc(nb * 2 + 2), *hc = malloc(nc * 2 + 2);
         to_bf16(ha, a, na), to_bf16(hb, b, nb), to_bf16(hc, c0, nc);
-        s = tpk_op_gemm(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, hc, ldc, TPK_BF16);
-        from_bf16(c, hc, nc);
+        if (acc) {
+            s = tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, c, ldc, TPK_BF16);
+        } else {
+            s = tpk_op_gemm(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, hc, ldc, TPK_BF16);
+            from_bf16(c, hc, nc);
+        }
         free(ha), free(hb), free(hc);
     }
-    CHECK(s == TPK_OK, "%s gemm ta=%d tb=%d %lldx%lldx%lld: %s %s", tpk_dtype_name(dt), ta, tb, (long long)m,
+    CHECK(s == TPK_OK, "%s %s ta=%d tb=%d %lldx%lldx%lld: %s %s", tpk_dtype_name(dt), op, ta, tb, (long long)m,
           (long long)n, (long long)k, tpk_status_str(s), tpk_last_error(&ctx));
     size_t touched = 0;
     for (int64_t i = 0; i < m; i++) {
@@ -160,9 +169,9 @@ static void run_gemm(tpk_dtype dt, bool ta, bool tb, gemm_case g, int pad, float
         for (int64_t j = n; j < ldc; j++) touched += f32_bits(c[i * ldc + j]) != f32_bits(c0[i * ldc + j]);
     }
     double e = test_relerr(got, want, (size_t)(m * n));
-    CHECK(e < tol, "%s gemm ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error %.3g >= %.3g",
-          tpk_dtype_name(dt), ta, tb, (long long)m, (long long)n, (long long)k, alpha, beta, pad, e, tol);
-    CHECK(touched == 0, "gemm wrote %zu elements of C's padding", touched);
+    CHECK(e < tol, "%s %s ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error %.3g >= %.3g",
+          tpk_dtype_name(dt), op, ta, tb, (long long)m, (long long)n, (long long)k, alpha, beta, pad, e, tol);
+    CHECK(touched == 0, "%s wrote %zu elements of C's padding", op, touched);
     free(a), free(b), free(c), free(c0), free(want), free(got);
 }
 
@@ -174,24 +183,24 @@ static void test_gemm(void) {
             for (int t = 0; t < 4; t++)
                 for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
                     for (int pad = 0; pad <= 3; pad += 3)
-                        run_gemm(TPK_F32, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3, 1e-5);
+                        run_gemm(TPK_F32, false, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3, 1e-5);
     }
     TEST_CASE("host gemm bf16: 4 transposes x sizes x alpha/beta") {
         uint64_t seed = 200;
         for (size_t g = 0; g < sizeof gemm_cases / sizeof *gemm_cases; g++)
             for (int t = 0; t < 4; t++)
                 for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
-                    run_gemm(TPK_BF16, t & 1, t & 2, gemm_cases[g], 2, ab[s][0], ab[s][1], seed += 3, 1e-2);
+                    run_gemm(TPK_BF16, false, t & 1, t & 2, gemm_cases[g], 2, ab[s][0], ab[s][1], seed += 3, 1e-2);
     }
     TEST_CASE("host gemm: empty sizes, k = 0 and alpha = 0 give C = beta C") {
         const gemm_case empty[] = {{0, 5, 3}, {4, 0, 3}, {0, 0, 0}, {4, 5, 0}, {1, 1, 0}};
         for (size_t g = 0; g < sizeof empty / sizeof *empty; g++)
             for (int t = 0; t < 4; t++) {
-                run_gemm(TPK_F32, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 300 + g, 1e-6);
-                run_gemm(TPK_F32, t & 1, t & 2, empty[g], 0, 2.0f, 1.0f, 310 + g, 1e-6);
-                run_gemm(TPK_F32, t & 1, t & 2, empty[g], 2, 1.0f, -3.0f, 320 + g, 1e-6);
-                run_gemm(TPK_BF16, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 330 + g, 1e-6);
-                run_gemm(TPK_BF16, t & 1, t & 2, empty[g], 1, 1.0f, 0.5f, 340 + g, 1e-6);
+                run_gemm(TPK_F32, false, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 300 + g, 1e-6);
+                run_gemm(TPK_F32, false, t & 1, t & 2, empty[g], 0, 2.0f, 1.0f, 310 + g, 1e-6);
+                run_gemm(TPK_F32, false, t & 1, t & 2, empty[g], 2, 1.0f, -3.0f, 320 + g, 1e-6);
+                run_gemm(TPK_BF16, false, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 330 + g, 1e-6);
+                run_gemm(TPK_BF16, false, t & 1, t & 2, empty[g], 1, 1.0f, 0.5f, 340 + g, 1e-6);
             }
         /* operands the product does not read may be NULL */
         float c[4] = {1, 2, 3, 4};
@@ -210,48 +219,6 @@ static void test_gemm(void) {
 
 /* ---- gemm_acc: f32 or bf16 operands into an f32 C ------------------------------------------ */
 
-/* One run of C = alpha op(A) op(B) + beta C (C f32, A and B in dt) against ref_gemm in double. Every
- * leading dimension is width + pad with the padding poisoned (NaN): a read of A's or B's shows in C,
- * a write of C's is a changed bit. C is never rounded: 1e-5 is far below a bf16 rounding (4e-3). */
-static void run_gemm_acc(tpk_dtype dt, bool ta, bool tb, gemm_case g, int pad, float alpha, float beta, uint64_t seed) {
-    int64_t m = g.m, n = g.n, k = g.k;
-    int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
-    int64_t lda = ac + pad > 1 ? ac + pad : 1, ldb = bc + pad > 1 ? bc + pad : 1, ldc = n + pad > 1 ? n + pad : 1;
-    size_t na = (size_t)(ar * lda), nb = (size_t)(br * ldb), nc = (size_t)(m * ldc);
-    float *a = fbuf(na), *b = fbuf(nb), *c = fbuf(nc), *c0 = fbuf(nc), *want = fbuf((size_t)(m * n)), *got = fbuf((size_t)(m * n));
-    test_randn(a, na, seed, 1.0f), test_randn(b, nb, seed + 1, 1.0f), test_randn(c0, nc, seed + 2, 1.0f);
-    if (beta == 0) test_poison(c0, nc); /* beta = 0 ignores C */
-    for (int64_t i = 0; i < ar; i++) test_poison(a + i * lda + ac, (size_t)(lda - ac));
-    for (int64_t i = 0; i < br; i++) test_poison(b + i * ldb + bc, (size_t)(ldb - bc));
-    for (int64_t i = 0; i < m; i++) test_poison(c0 + i * ldc + n, (size_t)(ldc - n));
-    if (dt == TPK_BF16) /* the reference sees the operands the op sees; C stays f32 */
-        for (int q = 0; q < 2; q++)
-            for (size_t i = 0, nq = q ? nb : na; i < nq; i++) (q ? b : a)[i] = tpk_bf16_to_f32(tpk_f32_to_bf16((q ? b : a)[i]));
-    ref_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c0, ldc, want);
-    memcpy(c, c0, nc * sizeof(float));
-    tpk_status s;
-    if (dt == TPK_F32) {
-        s = tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32);
-    } else {
-        uint16_t *ha = malloc(na * 2 + 2), *hb = malloc(nb * 2 + 2);
-        to_bf16(ha, a, na), to_bf16(hb, b, nb);
-        s = tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, c, ldc, TPK_BF16);
-        free(ha), free(hb);
-    }
-    CHECK(s == TPK_OK, "%s gemm_acc ta=%d tb=%d %lldx%lldx%lld: %s %s", tpk_dtype_name(dt), ta, tb, (long long)m, (long long)n, (long long)k,
-          tpk_status_str(s), tpk_last_error(&ctx));
-    size_t touched = 0;
-    for (int64_t i = 0; i < m; i++) {
-        for (int64_t j = 0; j < n; j++) got[i * n + j] = c[i * ldc + j];
-        for (int64_t j = n; j < ldc; j++) touched += f32_bits(c[i * ldc + j]) != f32_bits(c0[i * ldc + j]);
-    }
-    double e = test_relerr(got, want, (size_t)(m * n));
-    CHECK(e < 1e-5, "%s gemm_acc ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error %.3g >= 1e-5", tpk_dtype_name(dt), ta,
-          tb, (long long)m, (long long)n, (long long)k, alpha, beta, pad, e);
-    CHECK(touched == 0, "gemm_acc wrote %zu elements of C's padding", touched);
-    free(a), free(b), free(c), free(c0), free(want), free(got);
-}
-
 static void test_gemm_acc(void) {
     const float ab[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 1.0f}, {1.5f, 0.25f}};
     TEST_CASE("host gemm_acc f32 and bf16 operands into f32 C: 4 transposes x sizes x alpha/beta, padded leading dims") {
@@ -261,13 +228,13 @@ static void test_gemm_acc(void) {
                 for (int t = 0; t < 4; t++)
                     for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
                         for (int pad = 0; pad <= 3; pad += 3)
-                            run_gemm_acc(d ? TPK_BF16 : TPK_F32, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3);
+                            run_gemm(d ? TPK_BF16 : TPK_F32, true, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3, 1e-5);
         const gemm_case empty[] = {{0, 5, 3}, {4, 0, 3}, {0, 0, 0}, {4, 5, 0}, {1, 1, 0}};
         for (size_t g = 0; g < sizeof empty / sizeof *empty; g++)
             for (int t = 0; t < 4; t++) {
-                run_gemm_acc(TPK_BF16, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 800 + g);
-                run_gemm_acc(TPK_BF16, t & 1, t & 2, empty[g], 2, 1.0f, 1.0f, 810 + g);
-                run_gemm_acc(TPK_F32, t & 1, t & 2, empty[g], 1, 2.0f, -3.0f, 820 + g);
+                run_gemm(TPK_BF16, true, t & 1, t & 2, empty[g], 1, 1.0f, 0.0f, 800 + g, 1e-5);
+                run_gemm(TPK_BF16, true, t & 1, t & 2, empty[g], 2, 1.0f, 1.0f, 810 + g, 1e-5);
+                run_gemm(TPK_F32, true, t & 1, t & 2, empty[g], 1, 2.0f, -3.0f, 820 + g, 1e-5);
             }
         /* the sum carries f32 precision: most elements are not bf16 values (a rounded C would be) */
         enum { M = 33, N = 17, K = 65 };

@@ -239,38 +239,31 @@ static bool event_ok(cudaEvent_t e, const char *what) {
     tpk_emu_fail("%s: event %p is not a live event", what, (void *)e);
     return false;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-    *s = new CUstream_st{flags};
-    g_streams.push_back(*s);
+/* a handle made and registered as live, and one unregistered and freed (streams, events) */
+template <class H> static cudaError_t handle_new(std::vector<H> &live, H *out, H h) {
+    *out = h;
+    live.push_back(h);
     return cudaSuccess;
 }
+template <class H> static cudaError_t handle_delete(std::vector<H> &live, H h) {
+    auto it = std::find(live.begin(), live.end(), h);
+    if (!h || it == live.end()) return ret(cudaErrorInvalidResourceHandle);
+    live.erase(it);
+    delete h;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) { return handle_new(g_streams, s, new CUstream_st{flags}); }
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    auto it = std::find(g_streams.begin(), g_streams.end(), s);
-    if (!s || it == g_streams.end()) return ret(cudaErrorInvalidResourceHandle);
-    g_streams.erase(it);
-    delete s;
-    return cudaSuccess;
-}
+cudaError_t cudaStreamDestroy(cudaStream_t s) { return handle_delete(g_streams, s); }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_ok(s, "cudaStreamSynchronize") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
 cudaError_t cudaStreamQuery(cudaStream_t s) { return stream_ok(s, "cudaStreamQuery") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     (void)flags;
     return stream_ok(s, "cudaStreamWaitEvent") && event_ok(e, "cudaStreamWaitEvent") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
-    *e = new CUevent_st{flags, false, {}};
-    g_events.push_back(*e);
-    return cudaSuccess;
-}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) { return handle_new(g_events, e, new CUevent_st{flags, false, {}}); }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    auto it = std::find(g_events.begin(), g_events.end(), e);
-    if (!e || it == g_events.end()) return ret(cudaErrorInvalidResourceHandle);
-    g_events.erase(it);
-    delete e;
-    return cudaSuccess;
-}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { return handle_delete(g_events, e); }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!event_ok(e, "cudaEventRecord") || !stream_ok(s, "cudaEventRecord")) return ret(cudaErrorInvalidResourceHandle);
     e->recorded = true, e->t = std::chrono::steady_clock::now();
