@@ -23,8 +23,9 @@
  *     P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
  *     dV += (P^T keep) dO,  dK += scale dS^T Q
  *   and dQ, by default, in the same pass (DQ, as FlashAttention-2): each warp writes its dS^T to
- *     shared memory as dS [64 queries][128 keys], and after a barrier warp w adds
- *     dS [16 queries 16 (w % 4) .., 128 keys] K [128 keys, half of D] into dq_acc [B, S, Al, D]
+ *     shared memory as it holds it, dS^T [128 keys][64 queries] (a 32-bit store per pair), and after
+ *     a barrier warp w adds dS [16 queries 16 (w % 4) .., 128 keys] K [128 keys, half of D] (dS's A
+ *     fragments by ldmatrix.trans from dS^T) into dq_acc [B, S, Al, D]
  *     (f32, zeroed) with atomic adds (two floats per reduction on sm_90); a last pass writes
  *     dQ = scale dq_acc as bf16.
  *     Five GEMMs in all, but the order of the atomic adds varies from run to run.
@@ -153,13 +154,13 @@ static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */, int D) {
 /* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q [16 W]; K, V [16 W];
  * Q, dO [64]) and two buffers of the streamed [64]-row ones (K, V; Q, dO, lse, Dr; K, V), the next
  * tile landing while the current one is used; the dK/dV kernel that also makes dQ adds the tile's
- * dS [64][16 W + 8]. Rows of D + 8 bf16. */
+ * dS^T [16 W][64 + 8]. Rows of D + 8 bf16. */
 static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv with dQ */, int D) {
     size_t row = sizeof(uint16_t) * (size_t)(D + 8), tile = row * TPK__FL_ROWS;
     if (kernel == 0) return row * 16 * (size_t)tpk__fl_warps(0, D) + 4 * tile;
     if (kernel == 2) return 6 * tile;
     size_t keys = 16 * (size_t)tpk__fl_warps(1, D), dkv = 2 * row * keys + 4 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
-    return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * (size_t)TPK__FL_ROWS * (keys + 8);
+    return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * keys * (size_t)(TPK__FL_ROWS + 8);
 }
 
 /* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p); one Philox call for
@@ -221,6 +222,11 @@ __device__ __forceinline__ void tpk__fl_frag_bt2(uint32_t b[4], const uint16_t *
 /* the same with B[k][n] = s[k0 + k][n0 + n]: the tile holds B as it is (V for O = P V), loaded transposed */
 __device__ __forceinline__ void tpk__fl_frag_b2(uint32_t b[4], const uint16_t *s, int ld, int k0, int n0, int lane) {
     tpk__fl_ldsm4<true>(b, s + (k0 + (lane & 15)) * ld + n0 + 8 * (lane >> 4));
+}
+/* the A fragment of the 16x16 block at (row0, col0) of A = s^T: the tile holds A transposed (dS^T
+ * for dQ = dS K), loaded transposed — matrix m covers A's rows row0 + 8 (m & 1), columns col0 + 8 (m >> 1) */
+__device__ __forceinline__ void tpk__fl_frag_at(uint32_t a[4], const uint16_t *s, int ld, int row0, int col0, int lane) {
+    tpk__fl_ldsm4<true>(a, s + (col0 + (lane & 7) + 8 * (lane >> 4)) * ld + row0 + 8 * ((lane >> 3) & 1));
 }
 /* the C fragments of columns 0..7 (c0) and 8..15 (c1) as the bf16 A fragment of the 16 columns */
 __device__ __forceinline__ void tpk__fl_c_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
@@ -432,13 +438,13 @@ template <int D, int W, bool DROP, bool DQ>
 __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv, const float *lse,
                                                          const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale,
                                                          float p, uint64_t seed, uint64_t stream) {
-    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8, KEYS = 16 * W, LDS = KEYS + 8;
+    constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8, KEYS = 16 * W, LDS = TPK__FL_ROWS + 8;
     constexpr int NC = D * 4 / W; /* DQ: the columns of dQ each warp makes (4 warps per 16-query row block) */
     static_assert(W % 4 == 0 && NC % 16 == 0, "warps in fours, dQ columns in 16s");
     TPK__FL_SMEM(uint16_t, Ks); /* [KEYS][LD] each: K, V of the block's keys */
     uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
     float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
-    uint16_t *dSs = reinterpret_cast<uint16_t *>(Db + 2 * TPK__FL_ROWS); /* DQ: [64 queries][LDS] dS of the tile */
+    uint16_t *dSt = reinterpret_cast<uint16_t *>(Db + 2 * TPK__FL_ROWS); /* DQ: [KEYS][LDS] dS^T of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * KEYS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
@@ -503,20 +509,24 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *
                         P *= keep;
                     }
                     st[nt][e] = P, dpt[nt][e] = ds;
-                    if (DQ) dSs[c * LDS + 16 * w + r] = (uint16_t)(tpk__fl_pack(ds, 0.0f) & 0xffffu); /* dS[query c][key 16 w + r] */
+                }
+                if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
+                    uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
+                    *reinterpret_cast<uint32_t *>(srow) = tpk__fl_pack(dpt[nt][0], dpt[nt][1]);
+                    *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
                 }
             }
             tpk__fl_mma_cb<D>(dv, st, dOs, lane); /* dV += (P^T keep) dO */
             tpk__fl_mma_cb<D>(dk, dpt, Qs, lane); /* dK += dS^T Q (scaled at the end) */
-        } else if (DQ) { /* the warp's dS columns are zero */
-            for (int e = lane; e < TPK__FL_ROWS * 16; e += 32) dSs[(e >> 4) * LDS + 16 * w + (e & 15)] = 0;
+        } else if (DQ) { /* the warp's dS^T rows are zero */
+            TPK__FL_UNROLL for (int r = 0; r < 16; r++) reinterpret_cast<uint32_t *>(dSt + (16 * w + r) * LDS)[lane] = 0u;
         }
         if (DQ) { /* dQ [16 queries 16 (w % 4) .., NC columns from c0] += dS K over the block's keys, added into dq_acc */
             __syncthreads(); /* dS written by every warp */
             int qr = 16 * (w & 3), c0 = NC * (w >> 2);
             float dq[NC / 8][4];
             TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-            tpk__fl_mma_ab<D, NC, W>(dq, [&](int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dSs, LDS, qr, 16 * kk, lane); }, Ks, c0, lane);
+            tpk__fl_mma_ab<D, NC, W>(dq, [&](int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr, 16 * kk, lane); }, Ks, c0, lane);
             TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
                 int64_t i = q0 + qr + g + 8 * r;
                 if (i >= S) continue;
