@@ -9,10 +9,10 @@
  * natural log of sum_j exp(scale q_i . k_j), dqkv like qkv, Dr [B, Al, S] = rowsum(dO * O).
  * tpk__fl_heads gives Gl, g0 and the group size.
  *
- * Forward (tpk__flash_fwd): a block of W warps (tpk__fl_warps: 8 at D = 64, 4 at D = 128) owns 16 W
- * query rows of one (b, h), warp w the rows 16 w .. 16 w + 15. Key/value tiles of 64 rows are
- * staged through shared memory, each serving the W warps; per tile, in registers:
- *   S = Q K^T (16 x 64)           m' = max(m, rowmax S)           P = exp(scale (S - m'))
+ * Forward (tpk__flash_fwd): a block of 4 warps owns 64 MT query rows of one (b, h) (MT = 2 at D = 64,
+ * 1 at D = 128: tpk__fl_fwd_mt), warp w the rows 16 MT w .. 16 MT w + 16 MT - 1. Key/value tiles of
+ * 64 rows are staged through shared memory, each serving the 4 warps; per tile, in registers:
+ *   S = Q K^T (16 MT x 64)        m' = max(m, rowmax S)           P = exp(scale (S - m'))
  *   l' = l e^(scale (m - m')) + rowsum P                           O' = O e^(scale (m - m')) + (P keep) V
  * and at the end O / l and lse = scale m + ln l. Tiles above a warp's diagonal are skipped.
  * Backward (after Dr):
@@ -144,22 +144,27 @@ __device__ __forceinline__ void tpk__fl_red2(float *p, float a, float b) {
 
 enum { TPK__FL_ROWS = 64 /* query rows of a streamed tile; the dQ kernel's rows per block */, TPK__FL_KEYS = 64 /* keys per tile */ };
 
-/* Warps per block (16 rows each): the forward owns 16 W query rows, the dK/dV kernel 16 W keys, so
- * each K, V (forward) or Q, dO (backward) tile brought from L2 serves W warps — with W = 8 half the
- * L2 traffic (and, in the backward, half the dQ atomics) of W = 4 per flop. The forward at D = 128
- * keeps W = 4: at 168 registers a thread, 3 blocks of 4 warps fit an SM, 1 block of 8. The dQ kernel
- * (deterministic) has 4. */
-static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */, int D) { return kernel == 0 ? (D == 64 ? 8 : 4) : kernel == 1 ? 8 : 4; }
+/* Warps per block: the dK/dV kernel's W warps own 16 W keys, so each Q, dO tile brought from L2
+ * serves W warps — with W = 8 half the L2 traffic and half the dQ atomics of W = 4 per flop. The
+ * forward's W warps own 16 MT rows each (tpk__fl_fwd_mt): at D = 64 MT = 2, FlashAttention-2's
+ * 128-row blocks of 4 warps, each K and V fragment a warp loads from shared memory serving two
+ * 16-row blocks (half the shared-memory reads per mma of MT = 1, which needed 0.14 bytes per
+ * multiply-add: more than an SM's 128 bytes a clock feed at mma.sync's rate); at D = 128 MT = 1
+ * (O alone takes 64 registers a row block). The dQ kernel (deterministic) has 4 warps. */
+static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return kernel == 1 ? 8 : 4; }
+static constexpr int tpk__fl_fwd_mt(int D) { return D == 64 ? 2 : 1; }
+/* query rows of a forward block */
+static constexpr int tpk__fl_fwd_rows(int D) { return 16 * tpk__fl_fwd_mt(D) * tpk__fl_warps(0); }
 
-/* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q [16 W]; K, V [16 W];
+/* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q [tpk__fl_fwd_rows]; K, V [16 W];
  * Q, dO [64]) and two buffers of the streamed [64]-row ones (K, V; Q, dO, lse, Dr; K, V), the next
  * tile landing while the current one is used; the dK/dV kernel that also makes dQ adds the tile's
  * dS^T [16 W][64 + 8]. Rows of D + 8 bf16. */
 static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv with dQ */, int D) {
     size_t row = sizeof(uint16_t) * (size_t)(D + 8), tile = row * TPK__FL_ROWS;
-    if (kernel == 0) return row * 16 * (size_t)tpk__fl_warps(0, D) + 4 * tile;
+    if (kernel == 0) return row * (size_t)tpk__fl_fwd_rows(D) + 4 * tile;
     if (kernel == 2) return 6 * tile;
-    size_t keys = 16 * (size_t)tpk__fl_warps(1, D), dkv = 2 * row * keys + 4 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
+    size_t keys = 16 * (size_t)tpk__fl_warps(1), dkv = 2 * row * keys + 4 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
     return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * keys * (size_t)(TPK__FL_ROWS + 8);
 }
 
@@ -281,41 +286,44 @@ __device__ __forceinline__ void tpk__fl_drop_cols(float u[4], uint64_t seed, uin
     }
 }
 
-/* acc[nt] (16 x 64 in eight 8-column C tiles) = A B^T with A = rows a0 .. a0 + 15 of the shared
- * tile `a` and B = rows 0 .. 63 of the shared tile `bt`, over D columns: S = Q K^T, dP = dO V^T */
-template <int D>
+/* acc[8 m + nt] (MT row blocks of 16 x 64, each in eight 8-column C tiles) = A B^T with A = rows
+ * a0 .. a0 + 16 MT - 1 of the shared tile `a` and B = rows 0 .. 63 of the shared tile `bt`, over D
+ * columns: S = Q K^T, dP = dO V^T. Each B fragment loaded serves the MT row blocks. */
+template <int D, int MT = 1>
 __device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t *a, int a0, const uint16_t *bt, int lane) {
-    TPK__FL_UNROLL for (int nt = 0; nt < 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    TPK__FL_UNROLL for (int nt = 0; nt < 8 * MT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     TPK__FL_UNROLL2 for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t af[4];
-        tpk__fl_frag_a(af, a, D + 8, a0, 16 * kk, lane);
+        uint32_t af[MT][4];
+        TPK__FL_UNROLL for (int m = 0; m < MT; m++) tpk__fl_frag_a(af[m], a, D + 8, a0 + 16 * m, 16 * kk, lane);
         TPK__FL_UNROLL for (int nt = 0; nt < 8; nt += 2) {
             uint32_t bf[4];
             tpk__fl_frag_bt2(bf, bt, D + 8, 8 * nt, 16 * kk, lane);
-            tpk__fl_mma(acc[nt], af, bf), tpk__fl_mma(acc[nt + 1], af, bf + 2);
+            TPK__FL_UNROLL for (int m = 0; m < MT; m++) tpk__fl_mma(acc[8 * m + nt], af[m], bf), tpk__fl_mma(acc[8 * m + nt + 1], af[m], bf + 2);
         }
     }
 }
-/* acc[dt] (16 x N in 8-column C tiles) += A B with A 16 x 16 K16 (kk: its 16-column blocks) and B =
- * rows 0 .. 16 K16 - 1, columns n0 .. n0 + N - 1 of the shared tile `b` (row stride D + 8);
- * afrag(kk, af) makes A's fragment of block kk */
-template <int D, int N, int K16 = 4, class F>
+/* acc[(N / 8) m + dt] (MT row blocks of 16 x N in 8-column C tiles) += A B with A 16 MT x 16 K16
+ * (afrag(m, kk, af) makes the fragment of row block m, column block kk) and B = rows 0 .. 16 K16 - 1,
+ * columns n0 .. n0 + N - 1 of the shared tile `b` (row stride D + 8) */
+template <int D, int N, int K16 = 4, int MT = 1, class F>
 __device__ __forceinline__ void tpk__fl_mma_ab(float (*acc)[4], F afrag, const uint16_t *b, int n0, int lane) {
     TPK__FL_UNROLL for (int kk = 0; kk < K16; kk++) {
-        uint32_t af[4];
-        afrag(kk, af);
+        uint32_t af[MT][4];
+        TPK__FL_UNROLL for (int m = 0; m < MT; m++) afrag(m, kk, af[m]);
         TPK__FL_UNROLL for (int dt = 0; dt < N / 8; dt += 2) {
             uint32_t bf[4];
             tpk__fl_frag_b2(bf, b, D + 8, 16 * kk, n0 + 8 * dt, lane);
-            tpk__fl_mma(acc[dt], af, bf), tpk__fl_mma(acc[dt + 1], af, bf + 2);
+            TPK__FL_UNROLL for (int m = 0; m < MT; m++)
+                tpk__fl_mma(acc[(N / 8) * m + dt], af[m], bf), tpk__fl_mma(acc[(N / 8) * m + dt + 1], af[m], bf + 2);
         }
     }
 }
-/* acc[dt] (16 x D) += C B with C = c[0..7] (16 x 64 in C tiles, rounded to bf16 as the A operand)
- * and B = rows 0 .. 63 of the shared tile `b`: O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K */
-template <int D>
+/* acc[(D / 8) m + dt] (MT row blocks of 16 x D) += C B with C = c[8 m .. 8 m + 7] (16 x 64 in C
+ * tiles, rounded to bf16 as the A operand) and B = rows 0 .. 63 of the shared tile `b`: O += P V,
+ * dV += P^T dO, dK += dS^T Q, dQ += dS K */
+template <int D, int MT = 1>
 __device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)[4], const uint16_t *b, int lane) {
-    tpk__fl_mma_ab<D, D>(acc, [&](int kk, uint32_t af[4]) { tpk__fl_c_to_a(af, c[2 * kk], c[2 * kk + 1]); }, b, 0, lane);
+    tpk__fl_mma_ab<D, D, 4, MT>(acc, [&](int m, int kk, uint32_t af[4]) { tpk__fl_c_to_a(af, c[8 * m + 2 * kk], c[8 * m + 2 * kk + 1]); }, b, 0, lane);
 }
 
 #define TPK__FL_LOG2E 1.4426950408889634f
@@ -346,12 +354,14 @@ __device__ __forceinline__ void tpk__fl_q_of(const tpk__fl_heads &hd, int64_t he
     *h0 = lo > 0 ? lo : 0, *h1 = hi < (int)Al ? hi : (int)Al;
 }
 
-/* grid (ceil(S / 16 W), Al, B), 32 W threads: block x owns query rows q0 = (gridDim.x - 1 - x) 16 W
- * .. q0 + 16 W - 1, the longest rows first; W = tpk__fl_warps(0, D). out [B, S, Al, D], lse [B, Al, S]. */
-template <int D, int W, bool DROP>
+/* grid (ceil(S / ROWS), Al, B), 32 W threads, ROWS = 16 MT W (tpk__fl_fwd_rows): block x owns
+ * query rows q0 = (gridDim.x - 1 - x) ROWS .. q0 + ROWS - 1, the longest rows first; warp w the 16 MT
+ * rows from q0 + 16 MT w, in MT blocks of 16 that share each K and V fragment the warp loads.
+ * out [B, S, Al, D], lse [B, Al, S]. */
+template <int D, int W, int MT, bool DROP>
 __global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al, int64_t A,
                                                          int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
-    constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8, ROWS = 16 * W;
+    constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8, WR = 16 * MT /* rows of a warp */, ROWS = WR * W;
     constexpr int TILE = TPK__FL_ROWS * LD;
     TPK__FL_SMEM(uint16_t, Qs); /* [ROWS][LD] */
     uint16_t *Kb = Qs + ROWS * LD, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
@@ -363,14 +373,16 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *l
         ld3 = hd.ld, kvo = (Al + tpk__fl_kv_of(hd, head0, h)) * D, vo = (int64_t)hd.Gl * D;
     }
     const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo, *V = K + vo;
-    int64_t wrow = q0 + 16 * w, last = (q0 + ROWS < S ? q0 + ROWS : S) - 1;
+    int64_t wrow = q0 + WR * w, last = (q0 + ROWS < S ? q0 + ROWS : S) - 1;
     int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
     tpk__fl_stage<D, 32 * W, ROWS>(Qs, Q, ld3, q0, S);
     tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, 0, ntiles, S);
     tpk__fl_wait_all();
     __syncthreads();
-    float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* rows g and g + 8 */
-    TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    /* row block m of the warp: O in o[ND m ..], its rows g and g + 8 in m[2 m + r], l[2 m + r] */
+    float o[MT * ND][4], m[2 * MT], l[2 * MT];
+    TPK__FL_UNROLL for (int dt = 0; dt < MT * ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+    TPK__FL_UNROLL for (int r = 0; r < 2 * MT; r++) m[r] = -INFINITY, l[r] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
@@ -378,58 +390,64 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *l
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
         tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
-        if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
-            float s[NT][4];
-            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, lane);
+        if (j0 <= wrow) { /* not above this warp's diagonal (WR divides 64: a tile that starts after the warp's
+                           * first row starts after its last), so key j0 is in every row's reach (finite maxima) */
+            float s[MT * NT][4]; /* row block mt's 16 x 64 in s[NT mt ..] */
+            tpk__fl_mma_abt<D, MT>(s, Qs, WR * w, Ks, lane);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S; /* the diagonal or S crosses the tile */
             /* the mask in the tile's 32-bit coordinates: key j0 + c of row wrow + r is masked when
              * c > (wrow - j0) + r (above the diagonal) or c > S - 1 - j0 (past S), i.e. c > lim of
              * the row; lim is taken less this lane's first column 2 t, so the test is against the
              * compile-time 8 nt + (e & 1) */
-            int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
-            int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
-            float mx[2] = {m[0], m[1]};
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    if (edge && 8 * nt + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-                }
-            float corr[2];
-            TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-                mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 <= every row of the warp is in this tile */
-                corr[r] = exp2f((m[r] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
-                m[r] = mx[r], l[r] *= corr[r];
-            }
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
-                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    float pe = exp2f(s[nt][e] * sl2 - m[e >> 1] * sl2); /* masked: exp2(-inf) = 0 */
-                    l[e >> 1] += pe;
-                    if (DROP && pe != 0.0f)
-                        pe *= grouped ? tpk__att_keep_u(p, u[e])
-                                      : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
-                    s[nt][e] = pe;
+            int diag = tpk__fl_clamp(wrow - j0, -WR, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
+            float corr[2 * MT];
+            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) {
+                int lim[2] = {tpk__fl_imin(diag + 16 * mt + g, send) - 2 * t, tpk__fl_imin(diag + 16 * mt + g + 8, send) - 2 * t};
+                float mx[2] = {m[2 * mt], m[2 * mt + 1]};
+                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                        if (edge && 8 * nt + (e & 1) > lim[e >> 1]) s[NT * mt + nt][e] = -INFINITY;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], s[NT * mt + nt][e]);
+                    }
+                TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+                    int i = 2 * mt + r;
+                    mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 is in the tile */
+                    corr[i] = exp2f((m[i] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
+                    m[i] = mx[r], l[i] *= corr[i];
                 }
             }
-            TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
-            tpk__fl_mma_cb<D>(o, s, Vs, lane);
+            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    uint64_t dx = drow + (uint64_t)(16 * mt) * (uint64_t)S; /* row wrow + 16 mt + g */
+                    if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, dx + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+                    TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                        float pe = exp2f(s[NT * mt + nt][e] * sl2 - m[2 * mt + (e >> 1)] * sl2); /* masked: exp2(-inf) = 0 */
+                        l[2 * mt + (e >> 1)] += pe;
+                        if (DROP && pe != 0.0f)
+                            pe *= grouped ? tpk__att_keep_u(p, u[e])
+                                          : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                        s[NT * mt + nt][e] = pe;
+                    }
+                }
+            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++)
+                        o[ND * mt + dt][e] *= corr[2 * mt + (e >> 1)];
+            tpk__fl_mma_cb<D, MT>(o, s, Vs, lane);
         }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
     }
-    TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-        int64_t i = wrow + g + 8 * r;
-        float lr = tpk__fl_quad_sum(l[r]);
-        if (i >= S) continue;
-        float inv = 1.0f / lr;
-        uint16_t *orow = out + ((b * S + i) * Al + h) * D + 2 * t;
-        TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++)
-            *reinterpret_cast<uint32_t *>(orow + 8 * dt) = tpk__fl_pack(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-        if (t == 0) lse[(b * Al + h) * S + i] = m[r] * scale + logf(lr);
-    }
+    TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+            int64_t i = wrow + 16 * mt + g + 8 * r;
+            float lr = tpk__fl_quad_sum(l[2 * mt + r]);
+            if (i >= S) continue;
+            float inv = 1.0f / lr;
+            uint16_t *orow = out + ((b * S + i) * Al + h) * D + 2 * t;
+            TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++)
+                *reinterpret_cast<uint32_t *>(orow + 8 * dt) = tpk__fl_pack(o[ND * mt + dt][2 * r] * inv, o[ND * mt + dt][2 * r + 1] * inv);
+            if (t == 0) lse[(b * Al + h) * S + i] = m[2 * mt + r] * scale + logf(lr);
+        }
 }
 
-/* grid (ceil(S / 16 W), Gl, B), 32 W threads (W = tpk__fl_warps(1, D)): block x owns keys
+/* grid (ceil(S / 16 W), Gl, B), 32 W threads (W = tpk__fl_warps(1)): block x owns keys
  * k0 = 16 W x .. k0 + 16 W - 1 of local key/value head y (block 0 has the most query tiles and starts
  * first), warp w the keys k0 + 16 w .. + 15; the 64-query tiles from k0 on, of each local query head
  * reading head y in turn. A warp whose keys all lie after a tile's queries (or past S) skips it.
@@ -526,7 +544,7 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *
             int qr = 16 * (w & 3), c0 = NC * (w >> 2);
             float dq[NC / 8][4];
             TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-            tpk__fl_mma_ab<D, NC, W>(dq, [&](int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr, 16 * kk, lane); }, Ks, c0, lane);
+            tpk__fl_mma_ab<D, NC, W>(dq, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr, 16 * kk, lane); }, Ks, c0, lane);
             TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
                 int64_t i = q0 + qr + g + 8 * r;
                 if (i >= S) continue;

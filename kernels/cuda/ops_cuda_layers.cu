@@ -767,15 +767,20 @@ __global__ void attn_dq_store_kernel(tpk__bf16 *dqkv, const float *dq_acc, size_
     }
 }
 
+/* TPK_ATTN in the environment (for benchmarks): "generic" selects the generic kernels, "rows16" the
+ * tensor-core forward with 16 query rows a warp at D = 64 (8 warps, MT = 1) instead of 32 */
+static bool attn_env_is(const char *v) {
+    const char *env = getenv("TPK_ATTN");
+    return env && strcmp(env, v) == 0;
+}
 /* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later where a block
  * may have the shared memory they need (not the 99 KiB of sm_86/89 at D = 128), rows 16-byte
- * aligned; TPK_ATTN=generic in the environment selects the generic kernels (benchmarks). */
+ * aligned, unless TPK_ATTN=generic. */
 static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
     if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || !tpk__aligned16({a, b})) return false;
     for (int k = 0; k < 4; k++)
         if (tpk__flash_smem(k, (int)D) > st->smem_optin) return false;
-    const char *env = getenv("TPK_ATTN");
-    return !env || strcmp(env, "generic") != 0;
+    return !attn_env_is("generic");
 }
 /* f(D, DROP) with the head dim and whether dropout is on as compile-time constants */
 template <class F> static void flash_by_d(int64_t D, float p, F f) {
@@ -795,13 +800,20 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     TPK__CUDA_STATE(st, ctx, fn);
     if (flash_usable(st, dt, D, qkv, out)) {
         tpk_status s = TPK_OK;
+        bool rows16 = attn_env_is("rows16");
         flash_by_d(D, p, [&](auto d, auto drop) {
-            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(0, DD);
-            auto kernel = tpk__flash_fwd<DD, W, decltype(drop)::value>;
-            size_t bytes = tpk__flash_smem(0, DD);
-            if ((s = att_smem_attr(ctx, fn, st, D, kernel, bytes)) != TPK_OK) return;
-            dim3 fgrid((unsigned)((S + 16 * W - 1) / (16 * W)), (unsigned)Al, (unsigned)B);
-            kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed, stream);
+            constexpr int DD = decltype(d)::value, MT = tpk__fl_fwd_mt(DD), ROWS = tpk__fl_fwd_rows(DD);
+            /* W warps of MT 16-row blocks, ROWS rows a block (the same shared memory either way) */
+            auto launch = [&](auto w, auto mt) {
+                constexpr int W = decltype(w)::value;
+                auto kernel = tpk__flash_fwd<DD, W, decltype(mt)::value, decltype(drop)::value>;
+                size_t bytes = tpk__flash_smem(0, DD);
+                if ((s = att_smem_attr(ctx, fn, st, D, kernel, bytes)) != TPK_OK) return;
+                dim3 fgrid((unsigned)((S + ROWS - 1) / ROWS), (unsigned)Al, (unsigned)B);
+                kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed, stream);
+            };
+            if (MT == 2 && rows16) launch(std::integral_constant<int, 2 * tpk__fl_warps(0)>{}, std::integral_constant<int, 1>{});
+            else launch(std::integral_constant<int, tpk__fl_warps(0)>{}, std::integral_constant<int, MT>{});
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
@@ -979,7 +991,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B); /* dQ: 64 queries a block */
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
-            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(1, DD);
+            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(1);
             constexpr bool DROP = decltype(drop)::value;
             dim3 kvgrid((unsigned)((S + 16 * W - 1) / (16 * W)), (unsigned)Gl, (unsigned)B); /* dK, dV: one block row per key/value head */
             if (fused) {
