@@ -37,15 +37,15 @@ static const char *usage =
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
     "  parallel:  --tp 1 (--tp-weights 3,1: each TP rank's share) --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two) --recompute none|selective|full\n"
-    "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
-    "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --seed 1 --deterministic (same bits every run)\n"
+    "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
+    "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 --seed 1 --deterministic (same bits every run)\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
     "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ...) --load DIR\n"
     "             --csv FILE --sample N --log-every 1 --profile (every op's time per step, from step 2)\n";
 
 /* "--name value" parsing into o; 0, -1 for --help, or 1 with a message in err */
 static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
-    *o = (opts){.layers = 4, .hidden = 128, .heads = 4, .tp = 1, .batch = 8, .seq = 64, .accum = 1, .steps = 100, .warmup = 10, .eval_batches = 4,
+    *o = (opts){.layers = 4, .hidden = 128, .heads = 4, .tp = 1, .batch = 8, .seq = 0 /* 64, or a loaded model's positions if fewer */, .accum = 1, .steps = 100, .warmup = 10, .eval_batches = 4,
                 .log_every = 1, .lr = 1e-3f, .min_lr_frac = 0.1f, .wd = 0.1f, .clip = 1.0f, .b1 = 0.9f, .b2 = 0.95f, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL; char *end = NULL;
@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
     if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
     bool llama = cfg.arch == TPK_ARCH_LLAMA;
     cfg.gpt2.recompute = cfg.llama.recompute = o.rc;
-    int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab, *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions; if (!*P) *P = o.seq;
+    int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab, *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions; if (!o.seq) o.seq = o.load && *P && *P < 64 ? (int)*P : 64; if (!*P) *P = o.seq;
     FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)), "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load, tpk_arch_name(cfg.arch));
     FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");
     FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)", (long long)*V);

@@ -232,6 +232,10 @@ bad "unknown argument" "unknown argument" --text "$text" $small --frobnicate
 bad "missing checkpoint" "config.json: cannot open" --text "$text" $small --tp 2 --load "$T/nothing"
 bad "no arguments at all" "no arguments: --help lists the options"
 bad "--load alone says what it can do" "--load DIR alone can only --sample N" --load "$T/c5/step-5"
+# a checkpoint of 16 positions samples with --load and --sample alone (--seq-len defaults to them)
+tr 2 --load "$T/c5/step-5" --sample 8 --tp 2
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q -- '--- sample (8 tokens) ---'; then ok "--load DIR --sample N alone, a model of 16 positions (--seq-len defaults to them)"
+else fail "--load DIR --sample N alone, a model of 16 positions"; fi
 bad "--steps out of range" "expected an integer in \[0, 1000000000\], got \"99999999999999\" (out of range)" --text "$text" $small --steps 99999999999999
 rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/config.json" > "$T/cut/config.json"
 bad "config.json cut mid-file" "cut/config.json: byte 100: expected" --text "$text" $small --tp 2 --load "$T/cut"
