@@ -37,8 +37,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seq")) dst = &S;
         else if (!strcmp(argv[i], "--iters")) dst = &iters;
         else {
-            fprintf(stderr, "host_block: unknown argument %s\n", argv[i]);
-            return 2;
+            bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            if (!help) fprintf(stderr, "host_block: unknown argument %s\n", argv[i]);
+            fprintf(help ? stdout : stderr, "usage: %s [--hidden 768] [--heads 12] [--batch 1] [--seq 1024] [--iters 5] [--json]\n", argv[0]);
+            return help ? 0 : 2;
         }
         if (dst) {
             if (i + 1 >= argc || (*dst = strtol(argv[i + 1], NULL, 10)) < 1) {
