@@ -219,7 +219,8 @@ bench-gpt2: $(B)/gpt2_train
 	$(PYTHON) bench/gpt2_step.py --model 124M
 	$(PYTHON) bench/gpt2_step.py --model 350M
 
-# Fuzz the safetensors reader, the config.json parser and the token loaders (tests/fuzz/) with
+# Fuzz the safetensors reader, the GPT-2 and Llama config.json parsers with the shard index reader,
+# and the token loaders (tests/fuzz/) with
 # libFuzzer + ASan + UBSan for FUZZ_SECONDS each, from their corpora; installs Debian's clang and
 # its sanitizer/fuzzer runtime when missing; fails on a crash (the input is left in build/fuzz/). CI runs it for 30 s each.
 FUZZ_SECONDS ?= 60

@@ -2,8 +2,8 @@
  *
  * A tpk_comm is (vtable, implementation state, rank, size, counters). Every collective has a
  * blocking form (req == NULL) and a start form (req != NULL) finished by tpk_wait(). Buffers
- * live where the implementation says (`device`): host memory for MPI and self, device memory
- * for NCCL. Collectives (counts are elements of `dtype`):
+ * live where the implementation says (`device`): host memory for MPI (device buffers staged, or
+ * given to a CUDA-aware MPI), device memory for NCCL; self takes either (its context's memcpy). Collectives (counts are elements of `dtype`):
  *   allreduce       recv[i] = op over ranks of send[i]                         (count each)
  *   allgatherv      recv = concat over ranks q of send_q (counts[q] elements)   (rank-major)
  *   reduce_scatterv recv = rank r's block (counts[r]) of op over ranks of send   (send: sum counts)

@@ -10,9 +10,9 @@
  *                            ordered on one stream per process (tpk_cuda_stream); memcpy to or
  *                            from the host and sync wait for it.
  *   tpk_cuda_device_count()  usable devices; 0 without a device or a driver (never fails)
- *   tpk_comm_self_cuda()     the one-rank communicator on device buffers: pass it as the world
- *                            of a one-rank CUDA context (the default world, tpk_comm_self, copies
- *                            with memmove, which only host buffers allow)
+ *   tpk_comm_self_cuda()     the one-rank communicator on device buffers, its copies
+ *                            cudaMemcpyAsync on the backend's stream (tpk_comm_self, the default
+ *                            world, copies device buffers through the context's memcpy op)
  *   tpk_comm_nccl()          a tpk_comm over NCCL on device buffers from a unique id that the
  *                            caller distributes (tpk/nccl.h does it through MPI). Collectives
  *                            run on the communicator's own stream, ordered after the compute
@@ -39,9 +39,10 @@ tpk_status tpk_cuda_set_device(tpk_ctx *ctx, int device);
 void *tpk_cuda_stream(void);
 /* Let f32 GEMMs use TF32 tensor cores (default off: f32 GEMMs are exact f32 arithmetic). */
 void tpk_cuda_allow_tf32(bool allow);
-/* How many times the backend has made the host wait for its stream so far (a download, sync,
- * the sum of squares, growing its scratch). Uploads up to 4 MiB (token ids, targets) go through
- * pinned buffers and do not wait. A training step should wait only where it reads a value. */
+/* How many times the backend has made the host wait for its stream so far (a download, an
+ * upload over 4 MiB, sync, growing its scratch). Uploads up to 4 MiB (token ids, targets) go
+ * through 8 pinned slots and wait only for their slot's previous copy (not counted). A training
+ * step should wait only where it reads a value. */
 unsigned long long tpk_cuda_sync_count(void);
 
 /* Timing on the backend's stream, for benchmarks: an event, recorded in stream order;

@@ -9,7 +9,9 @@
  * global element index), so a shard holds exactly its slice of the unsharded tensor, and the
  * model is the same at every TP size. Layers keep parameter ids, never pointers: the flat
  * buffers grow (and move) while parameters are added. Each parameter starts at a multiple of
- * TPK_PARAM_ALIGN elements (64 bytes of f32, 32 of its bf16 copy), so a bias can feed a GEMM
+ * TPK_PARAM_ALIGN elements (64 bytes of f32, 32 of its bf16 copy) — except a later part of one
+ * strided shard (tpk_param_desc.follows: Llama's up_proj after gate_proj), which comes right
+ * after the part before —, so a bias can feed a GEMM
  * epilogue (cuBLASLt reads those vectors 16 bytes at a time); the few elements between two
  * parameters are zero and stay zero (their gradient is zero, no weight decay reaches them). */
 #ifndef TPK_PARAMS_H

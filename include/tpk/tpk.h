@@ -1,21 +1,27 @@
-/* tpk/tpk.h — the umbrella header: everything that needs neither MPI nor CUDA headers.
- * Add <tpk/mpi.h> for the MPI communicator (compile with mpicc), <tpk/cuda.h> and
- * <tpk/nccl.h> for the CUDA backend and the NCCL communicator.
+/* tpk/tpk.h — the umbrella header: the stack from core.h to the GPT-2 and Llama models, the host
+ * backend, and a trainer's AdamW, DP buckets, token data and sampling. Include yourself
+ * <tpk/train.h> and <tpk/log.h>, <tpk/safetensors.h>, <tpk/hf.h> and <tpk/model.h> (POSIX),
+ * <tpk/mpi.h> for the MPI communicator (compile with mpicc), <tpk/cuda.h> and <tpk/nccl.h> for the
+ * CUDA backend and the NCCL communicator.
  *
  * What includes what (each header includes only what it uses):
  *   core.h rng.h                       status, dtypes, layouts, tensor views; counter RNG
  *   comm.h ops.h                       the two interfaces: communicator, compute backend table
  *   ctx.h                              the context, errors, argument checks
- *   op.h buf.h                         the checked op front end; backend buffers
+ *   op.h buf.h                         the checked op front end (timed by profile.h); backend buffers
  *   coll.h comm_self.h init.h          checked collectives; one-rank comm; ctx lifecycle (mesh)
  *   host.h                             the host backend's table (the default backend)
  *   layout.h params.h                  layout conversions and region ops; the parameter registry
  *   act.h linear.h norm.h embed.h      layers
- *   xent.h resid.h mlp.h attn.h gpt2.h
+ *   xent.h resid.h mlp.h attn.h
+ *   gpt2.h llama.h                     the GPT-2 and Llama blocks and models (their stack of
+ *                                      blocks: recompute.h)
  *   optim.h dp.h data.h sample.h       a trainer's machinery: AdamW, norm, clipping, schedules; DP
  *                                      buckets; token data; sampling
- *   safetensors.h hf.h                 checkpoint files, Hugging Face GPT-2 layout (POSIX; not
- *                                      included here) */
+ *   train.h log.h                      a step's end (DP reduction, norm, clipping, AdamW); the loss
+ *                                      curve (not included here)
+ *   safetensors.h hf.h model.h         checkpoint files, Hugging Face GPT-2 and Llama layouts; one
+ *                                      handle over both models (POSIX; not included here) */
 #ifndef TPK_TPK_H
 #define TPK_TPK_H
 
