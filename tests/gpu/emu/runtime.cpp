@@ -346,7 +346,8 @@ struct Fiber {
     uint3 tid;
     int warp, lane;
     unsigned wseq;
-    std::vector<Copy> pending;
+    std::vector<Copy> pending; /* cp.async copies not landed yet, oldest first */
+    size_t committed;          /* the first `committed` of them are in closed groups (commit_group) */
     void *asan_fake;
 };
 struct Warp {
@@ -477,7 +478,7 @@ static void finish_warp(Warp &w, int wi) {
 static void fiber_exit() {
     Fiber &f = *S.cur;
     f.state = DONE;
-    f.pending.clear();
+    f.pending.clear(), f.committed = 0;
     S.live--;
     Warp &w = S.warps[f.warp];
     w.live--;
@@ -566,13 +567,21 @@ void tpk__fl_cp16(void *dst, const void *src, bool valid) {
     in_kernel("cp.async");
     S.cur->pending.push_back(Copy{dst, src, valid});
 }
+void tpk__fl_commit() {
+    in_kernel("cp.async.commit_group");
+    S.cur->committed = S.cur->pending.size();
+}
+/* wait_group 0: every committed group lands; copies issued after the last commit stay pending */
 void tpk__fl_wait_all() {
     in_kernel("cp.async.wait_group");
-    for (const Copy &c : S.cur->pending) {
+    Fiber &f = *S.cur;
+    for (size_t i = 0; i < f.committed; i++) {
+        const Copy &c = f.pending[i];
         if (c.valid) memcpy(c.dst, c.src, 16);
         else memset(c.dst, 0, 16);
     }
-    S.cur->pending.clear();
+    f.pending.erase(f.pending.begin(), f.pending.begin() + (std::ptrdiff_t)f.committed);
+    f.committed = 0;
 }
 void tpk_emu_ldsm_check(const void *row) {
     in_kernel("ldmatrix");
@@ -636,7 +645,7 @@ static bool run_block(bool reverse) {
         f.state = READY;
         f.tid = uint3{(unsigned)i % blockDim.x, (unsigned)i / blockDim.x % blockDim.y, (unsigned)i / (blockDim.x * blockDim.y)};
         f.warp = i / 32, f.lane = i % 32, f.wseq = 0;
-        f.pending.clear();
+        f.pending.clear(), f.committed = 0;
         fiber_start(f);
     }
     for (int w = 0; w < (n + 31) / 32; w++) {

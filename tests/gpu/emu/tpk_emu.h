@@ -349,10 +349,11 @@ static inline uint32_t tpk__fl_pack(float lo, float hi) {
     return r;
 }
 static inline float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-/* cp.async: the 16 bytes land at the thread's next wait_group 0 (as late as the instruction
- * allows), so a tile read before its wait and barrier reads the poison or the previous tile */
+/* cp.async: the 16 bytes land at the thread's next wait_group 0 after a commit_group closed the
+ * group holding them (as late as the instruction allows), so a tile read before its wait and
+ * barrier, or copied without a commit, reads the poison or the previous tile */
 void tpk__fl_cp16(void *dst, const void *src, bool valid);
-static inline void tpk__fl_commit() {}
+void tpk__fl_commit();
 void tpk__fl_wait_all();
 /* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16, from the PTX ISA: lane l posts the address of
  * row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned, in the block's dynamic shared memory); r[i]
