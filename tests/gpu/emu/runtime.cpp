@@ -565,6 +565,7 @@ void *tpk_emu_dyn_smem_raw() {
 
 void tpk__fl_cp16(void *dst, const void *src, bool valid) {
     in_kernel("cp.async");
+    if ((uintptr_t)dst % 16 || (valid && (uintptr_t)src % 16)) tpk_emu_fail("cp.async: 16 bytes from %p to %p, not 16-byte aligned", src, dst);
     S.cur->pending.push_back(Copy{dst, src, valid});
 }
 void tpk__fl_commit() {
