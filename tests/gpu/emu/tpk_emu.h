@@ -223,7 +223,9 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu) {
 static inline unsigned tpk_emu_laneid() {
     return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31u;
 }
-/* value of lane src (width: CUDA's segments; a source outside the caller's segment gives its own value) */
+/* value of lane src (width: CUDA's segments; a source outside the caller's segment gives its own value —
+ * for __shfl_xor_sync the programming guide lets an earlier segment be read: no kernel here shuffles
+ * with width < 32) */
 template <class T> static inline T tpk_emu_shfl(T v, int lane, int src, int width, const char *what) {
     static_assert(sizeof(T) <= TPK_EMU_SLOT && std::is_trivially_copyable<T>::value, "a shuffled value");
     unsigned seq;
