@@ -149,7 +149,8 @@ enum { TPK__FL_ROWS = 64 /* query rows of a streamed tile; the dQ kernel's rows 
  * forward's W warps own 16 MT rows each (tpk__fl_fwd_mt): at D = 64 MT = 2, FlashAttention-2's
  * 128-row blocks of 4 warps, each K and V fragment a warp loads from shared memory serving two
  * 16-row blocks (half the shared-memory reads per mma of MT = 1, which needed 0.14 bytes per
- * multiply-add: more than an SM's 128 bytes a clock feed at mma.sync's rate); at D = 128 MT = 1
+ * multiply-add: by estimate, not measured, more than an SM's 128 bytes a clock feed at mma.sync's
+ * rate on an H100); at D = 128 MT = 1
  * (O alone takes 64 registers a row block). The dQ kernel (deterministic) has 4 warps. */
 static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return kernel == 1 ? 8 : 4; }
 static constexpr int tpk__fl_fwd_mt(int D) { return D == 64 ? 2 : 1; }
