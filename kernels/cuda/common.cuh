@@ -157,6 +157,24 @@ template <bool VEC, class F> __device__ __forceinline__ void tpk__elementwise(si
     size_t i = nv * V + blockIdx.x * (size_t)blockDim.x + threadIdx.x; /* the tail: fewer than V elements */
     if (VEC && i < n) body(i, std::integral_constant<int, 1>{});
 }
+/* x rounded to T (the value a store to T and a load back give) */
+template <class T> __device__ __forceinline__ float tpk__round(float x) {
+    if constexpr (std::is_same<T, float>::value) return x;
+    else return __bfloat162float(__float2bfloat16_rn(x));
+}
+/* 2^x by one MUFU instruction on the GPU: ex2.approx.ftz.f32 (relative error about 2^-22, results
+ * below 2^-126 flushed to 0 — a term that cannot move an f32 sum of exponentials with a term of at
+ * least 1); exp2f in host code (the CUDA emulation). e^x = tpk__ex2(x log2 e). */
+__device__ __forceinline__ float tpk__ex2(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+#define TPK__LOG2E 1.4426950408889634f
 /* whether every pointer is 16-byte aligned (NULL counts as aligned) */
 static inline bool tpk__aligned16(std::initializer_list<const void *> ps) {
     for (const void *p : ps)

@@ -118,12 +118,105 @@ static tpk_status cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t row
 
 /* One set of kernels for both norms: RMS (RMSNorm) takes the mean as 0 (neither computed, nor
  * saved, nor read), has no bias (b, db untouched) and drops the mean(g) term of dx — the host's
- * ln_fwd_loop / ln_bwd_loop with their `rms` flag, as a template parameter. */
-enum { LN_WARPS = 4 };
+ * ln_fwd_loop / ln_bwd_loop with their `rms` flag, as a template parameter.
+ *
+ * Rows whose width is a multiple of 8, with every pointer 16-byte aligned, up to LN_VEC_COLS wide
+ * (the common case: GPT-2's 768 and 1024, Llama's 4096) take the register kernels: a team of TW
+ * warps (1, 2 or 4; ln_team) holds a row in registers, thread u of the team the 8-element vectors
+ * starting at columns 8 (k 32 TW + u), k < NV (NV <= 4), loaded and stored 16 bytes at a time, read
+ * from memory once. Other rows take the generic kernels (one element per lane, the row re-read
+ * from the cache). */
+enum { LN_WARPS = 4, LN_NV = 4, LN_VEC_COLS = 32 * 4 * 8 * LN_NV };
 
-/* one warp per row: mean, then the variance around it (two passes, as the host), then y.
- * With r (the fused residual): x1 = x + r is written first (rounded to T, as the host stores it)
- * and the row's statistics are taken from x1; each lane reads back only what it wrote. */
+/* the team of a row of cols (VEC kernels): the fewest warps whose threads hold the row in at most
+ * LN_NV vectors each, and that many vectors */
+struct ln_team {
+    int tw, nv;
+};
+static ln_team ln_team_for(int64_t cols) {
+    int tw = cols <= 32 * 8 * LN_NV ? 1 : cols <= 2 * 32 * 8 * LN_NV ? 2 : 4;
+    int64_t nv = (cols + 32 * 8 * tw - 1) / (32 * 8 * tw);
+    return ln_team{tw, nv < 1 ? 1 : (int)nv};
+}
+/* f(std::integral_constant<int, NV>) */
+template <class F> static void ln_by_nv(int nv, F f) {
+    switch (nv) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+    }
+}
+/* The sum of v over the team of tw warps (warps tw q .. tw q + tw - 1 of the block), in every
+ * thread: the warps' sums by butterflies, then (tw > 1) through sh[LN_WARPS] in warp order. A
+ * barrier when tw > 1 (tw is the same in the whole block); a later call must use another sh, or
+ * come after another barrier, before it writes sh again. */
+__device__ __forceinline__ float ln_team_sum(float v, float *sh, int tw) {
+    v = tpk__warp_sum(v);
+    if (tw == 1) return v;
+    int w = threadIdx.x >> 5, w0 = w / tw * tw;
+    if ((threadIdx.x & 31) == 0) sh[w] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int q = 0; q < tw; q++) s += sh[w0 + q];
+    return s;
+}
+/* 8 f32 at p (16-byte aligned) */
+__device__ __forceinline__ void ln_ld8f(const float *p, float *v) {
+    float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+/* Forward, the row in registers: mean, then the variance around it from the registers (the host's
+ * two passes: no cancellation, as sum and sum of squares would suffer when |mean| >> std, and no
+ * Welford merge per element), then y. With r (the fused residual): x1 = x + r is written and the
+ * row kept rounded to T, as the host stores and reads it back. Block LN_WARPS warps, LN_WARPS / tw
+ * rows. */
+template <class T, bool RMS, int NV>
+__global__ void __launch_bounds__(32 * LN_WARPS) ln_fwd_vec_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b,
+                                                                  int64_t rows, int cols, float eps, T *x1, const T *r, int tw) {
+    __shared__ float sh[2][LN_WARPS];
+    int nt = 32 * tw, q = threadIdx.x / nt, u = threadIdx.x - q * nt;
+    int64_t i = (int64_t)blockIdx.x * (LN_WARPS / tw) + q;
+    bool live = i < rows; /* no early return: the team's barriers */
+    size_t o = (size_t)(live ? i : 0) * (size_t)cols;
+    float v[NV][8], s = 0.0f;
+    for (int k = 0; k < NV; k++) {
+        int c = (k * nt + u) * 8;
+        for (int e = 0; e < 8; e++) v[k][e] = 0.0f;
+        if (live && c < cols) {
+            tpk__ldn<8>(x, o + c, v[k]);
+            if (r) {
+                float a[8];
+                tpk__ldn<8>(r, o + c, a);
+                for (int e = 0; e < 8; e++) v[k][e] = tpk__round<T>(v[k][e] + a[e]);
+                tpk__stn<8>(x1, o + c, v[k]);
+            }
+        }
+        for (int e = 0; e < 8; e++) s += v[k][e];
+    }
+    float m = RMS ? 0.0f : ln_team_sum(s, sh[0], tw) / (float)cols, s2 = 0.0f;
+    for (int k = 0; k < NV; k++)
+        if ((k * nt + u) * 8 < cols)
+            for (int e = 0; e < 8; e++) s2 += (v[k][e] - m) * (v[k][e] - m);
+    float rs = rsqrtf(ln_team_sum(s2, sh[1], tw) / (float)cols + eps);
+    for (int k = 0; k < NV; k++) {
+        int c = (k * nt + u) * 8;
+        if (!live || c >= cols) continue;
+        float wv[8], bv[8];
+        ln_ld8f(w + c, wv);
+        if (!RMS) ln_ld8f(b + c, bv);
+        for (int e = 0; e < 8; e++) v[k][e] = (v[k][e] - m) * rs * wv[e] + (RMS ? 0.0f : bv[e]);
+        tpk__stn<8>(y, o + c, v[k]);
+    }
+    if (live && u == 0) {
+        if (!RMS) mean[i] = m;
+        rstd[i] = rs;
+    }
+}
+/* Forward, any row: one warp per row, mean, then the variance around it (two passes over the row,
+ * as the host), then y; with r, x1 = x + r is written first and each lane reads back only what it
+ * wrote. */
 template <class T, bool RMS>
 __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b, int64_t rows, int64_t cols,
                               float eps, T *x1, const T *r) {
@@ -152,17 +245,30 @@ __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const 
         rstd[i] = rs;
     }
 }
+static bool ln_vec(int64_t cols, std::initializer_list<const void *> ps) { return cols % 8 == 0 && cols <= LN_VEC_COLS && tpk__aligned16(ps); }
 static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const void *r, void *y, float *mean, float *rstd, const void *x,
                                 const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt, bool rms) {
     bool any = rows > 0;
     if (!any) return TPK_OK;
-    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX, "grid: up to LN_WARPS rows a block"));
     TPK__CUDA_STATE(st, ctx, fn);
-    unsigned grid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
+    bool vec = ln_vec(cols, {x1, r, y, x, w, b});
+    ln_team tm = ln_team_for(cols);
+    int rpb = vec ? LN_WARPS / tm.tw : LN_WARPS; /* rows a block */
+    unsigned grid = (unsigned)((rows + rpb - 1) / rpb);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        auto kernel = rms ? ln_fwd_kernel<T, true> : ln_fwd_kernel<T, false>;
-        kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps, (T *)x1, (const T *)r);
+        if (!vec) {
+            auto kernel = rms ? ln_fwd_kernel<T, true> : ln_fwd_kernel<T, false>;
+            kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps, (T *)x1, (const T *)r);
+            return;
+        }
+        ln_by_nv(tm.nv, [&](auto nv) {
+            constexpr int NV = decltype(nv)::value;
+            auto kernel = rms ? ln_fwd_vec_kernel<T, true, NV> : ln_fwd_vec_kernel<T, false, NV>;
+            kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, (int)cols, eps, (T *)x1, (const T *)r,
+                                                          tm.tw);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -181,12 +287,121 @@ static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const voi
     return ln_fwd_launch(ctx, "cuda.rmsnorm_fwd", NULL, NULL, y, NULL, rstd, x, w, NULL, rows, cols, eps, dt, true);
 }
 
-/* dx of row i by one warp (the row's second read comes from the cache; dy is read before dx is
- * written); with pw, pb the row's dy xh and dy (RMS: dy xh only) are added into those column
- * partials (the one-pass kernel) */
+/* Backward, the register kernel: block c (LN_WARPS warps, teams of tw) takes the LN_BWD_ROWS rows
+ * of chunk c, each team a row at a time: dy and x held in registers as loaded (16-byte vectors,
+ * read once), mean(g) and mean(g xh) summed over the team, dx written (16-byte vectors), and the
+ * row's (dy xh, dy) added into the thread's column partials in registers (its columns are the same
+ * in every row). The teams' partials are added in team order through shared memory into
+ * part[c][NO][cols] (NO = 2: dw, db; RMS: 1, dw); ln_bwd_launch sums the chunks in parallel and in a fixed order (no atomics:
+ * deterministic). LN_BWD_ROWS = 12: 1366 blocks at GPT-2's 16384 rows, over two waves on an H100
+ * (bench/RESULTS.md has the figures from ptxas). */
+enum { LN_BWD_ROWS = 12 };
+template <class T, bool RMS, int NV>
+__global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float *part, const T *dy, const T *x, const float *w, const float *mean,
+                                                                  const float *rstd, int64_t rows, int cols, bool acc, int tw) {
+    extern __shared__ float ln_sm[]; /* [LN_WARPS / tw - 1][NO][cols]: the partials of teams 1.. */
+    constexpr int NO = RMS ? 1 : 2;      /* partials a column: dw (, db) */
+    __shared__ float sh[2][2][LN_WARPS]; /* the row sums, by row parity: one barrier a row */
+    constexpr int W = sizeof(T) == 2 ? 1 : 2; /* 16-byte words of 8 elements */
+    int nt = 32 * tw, teams = LN_WARPS / tw, q = threadIdx.x / nt, u = threadIdx.x - q * nt;
+    float pw[NV][8], pb[NV][8];
+    for (int k = 0; k < NV; k++)
+        for (int e = 0; e < 8; e++) pw[k][e] = pb[k][e] = 0.0f;
+    int64_t r0 = (int64_t)blockIdx.x * LN_BWD_ROWS;
+    for (int n = 0; n < (LN_BWD_ROWS + teams - 1) / teams; n++) { /* the same trips in every team: the barriers */
+        int64_t i = r0 + (int64_t)n * teams + q;
+        bool live = n * teams + q < LN_BWD_ROWS && i < rows;
+        size_t o = (size_t)(live ? i : 0) * (size_t)cols;
+        float mu = live && !RMS ? mean[i] : 0.0f, rs = live ? rstd[i] : 0.0f, mg = 0.0f, mgx = 0.0f;
+        uint4 dyr[NV][W], xr[NV][W]; /* the row's dy and x as loaded, all loads issued before the sums */
+        for (int k = 0; k < NV; k++) {
+            int c = (k * nt + u) * 8;
+            for (int h = 0; h < W; h++) dyr[k][h] = xr[k][h] = make_uint4(0, 0, 0, 0);
+            if (!live || c >= cols) continue;
+            for (int h = 0; h < W; h++) {
+                dyr[k][h] = reinterpret_cast<const uint4 *>(dy + o + c)[h];
+                xr[k][h] = reinterpret_cast<const uint4 *>(x + o + c)[h];
+            }
+        }
+        for (int k = 0; k < NV; k++) {
+            int c = (k * nt + u) * 8;
+            if (!live || c >= cols) continue;
+            float wv[8], g[8], xv[8];
+            ln_ld8f(w + c, wv);
+            tpk__ldn<8>(reinterpret_cast<const T *>(dyr[k]), 0, g);
+            tpk__ldn<8>(reinterpret_cast<const T *>(xr[k]), 0, xv);
+            for (int e = 0; e < 8; e++) {
+                float xh = (xv[e] - mu) * rs;
+                pw[k][e] += g[e] * xh;
+                if (!RMS) pb[k][e] += g[e];
+                if (!RMS) mg += g[e] * wv[e];
+                mgx += g[e] * wv[e] * xh;
+            }
+        }
+        mg = RMS ? 0.0f : ln_team_sum(mg, sh[n & 1][0], tw) / (float)cols;
+        mgx = ln_team_sum(mgx, sh[n & 1][1], tw) / (float)cols;
+        for (int k = 0; k < NV; k++) {
+            int c = (k * nt + u) * 8;
+            if (!live || c >= cols) continue;
+            float wv[8], g[8], xv[8], d[8];
+            ln_ld8f(w + c, wv);
+            tpk__ldn<8>(reinterpret_cast<const T *>(dyr[k]), 0, g);
+            tpk__ldn<8>(reinterpret_cast<const T *>(xr[k]), 0, xv);
+            if (acc) tpk__ldn<8>(dx, o + c, d);
+            for (int e = 0; e < 8; e++) {
+                float v = rs * (g[e] * wv[e] - mg - (xv[e] - mu) * rs * mgx);
+                d[e] = acc ? d[e] + v : v;
+            }
+            tpk__stn<8>(dx, o + c, d);
+        }
+    }
+    /* teams 1.. leave their partials in shared memory, team 0 adds them in team order */
+    if (teams > 1) {
+        if (q > 0)
+            for (int k = 0; k < NV; k++) {
+                int c = (k * nt + u) * 8;
+                if (c >= cols) continue;
+                float *p = ln_sm + (size_t)(q - 1) * NO * (size_t)cols + c;
+                for (int e = 0; e < 8; e++) {
+                    p[e] = pw[k][e];
+                    if (!RMS) p[cols + e] = pb[k][e];
+                }
+            }
+        __syncthreads();
+        if (q == 0)
+            for (int t = 1; t < teams; t++)
+                for (int k = 0; k < NV; k++) {
+                    int c = (k * nt + u) * 8;
+                    if (c >= cols) continue;
+                    const float *p = ln_sm + (size_t)(t - 1) * NO * (size_t)cols + c;
+                    for (int e = 0; e < 8; e++) {
+                        pw[k][e] += p[e];
+                        if (!RMS) pb[k][e] += p[cols + e];
+                    }
+                }
+    }
+    if (q == 0) {
+        float *pc = part + (size_t)blockIdx.x * NO * (size_t)cols;
+        for (int k = 0; k < NV; k++) {
+            int c = (k * nt + u) * 8;
+            if (c >= cols) continue;
+            reinterpret_cast<float4 *>(pc + c)[0] = make_float4(pw[k][0], pw[k][1], pw[k][2], pw[k][3]);
+            reinterpret_cast<float4 *>(pc + c)[1] = make_float4(pw[k][4], pw[k][5], pw[k][6], pw[k][7]);
+            if (!RMS) {
+                reinterpret_cast<float4 *>(pc + cols + c)[0] = make_float4(pb[k][0], pb[k][1], pb[k][2], pb[k][3]);
+                reinterpret_cast<float4 *>(pc + cols + c)[1] = make_float4(pb[k][4], pb[k][5], pb[k][6], pb[k][7]);
+            }
+        }
+    }
+}
+
+/* dx of row i by one warp (any row: the row's second read comes from the cache; dy is read before
+ * dx is written) */
 template <class T, bool RMS>
-__device__ __forceinline__ void ln_bwd_row(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t i,
-                                           int64_t cols, bool acc, float *pw, float *pb) {
+__global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t rows,
+                                 int64_t cols, bool acc) {
+    int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
+    if (i >= rows) return;
     int lane = threadIdx.x & 31;
     size_t r = (size_t)i * (size_t)cols;
     float mu = RMS ? 0.0f : mean[i], rs = rstd[i], mg = 0.0f, mgx = 0.0f;
@@ -197,22 +412,12 @@ __device__ __forceinline__ void ln_bwd_row(T *dx, const T *dy, const T *x, const
     }
     mg = RMS ? 0.0f : tpk__warp_sum(mg) / (float)cols, mgx = tpk__warp_sum(mgx) / (float)cols;
     for (int64_t j = lane; j < cols; j += 32) {
-        float xh = (tpk__ldf(x, r + j) - mu) * rs, d = tpk__ldf(dy, r + j), g = d * w[j];
+        float xh = (tpk__ldf(x, r + j) - mu) * rs, g = tpk__ldf(dy, r + j) * w[j];
         float v = rs * (g - mg - xh * mgx);
         tpk__stf(dx, r + j, acc ? tpk__ldf(dx, r + j) + v : v);
-        if (pw) {
-            pw[j] += d * xh;
-            if (!RMS) pb[j] += d;
-        }
     }
 }
-template <class T, bool RMS>
-__global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t rows,
-                                 int64_t cols, bool acc) {
-    int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
-    if (i < rows) ln_bwd_row<T, RMS>(dx, dy, x, w, mean, rstd, i, cols, acc, (float *)NULL, (float *)NULL);
-}
-/* (dy xh, dy) of element (i, j), for the dw, db column sums */
+/* (dy xh, dy) of element (i, j), for the dw, db column sums of any row */
 template <class T, bool RMS> struct ln_wb_elem {
     const T *dy, *x;
     const float *mean, *rstd;
@@ -224,45 +429,30 @@ template <class T, bool RMS> struct ln_wb_elem {
         v[1] = g;
     }
 };
-/* dw += the chunks' dw partials in chunk order, db likewise (not with RMS) */
-template <bool RMS> __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols) {
+/* element (c, j) of a [chunks][n] matrix of partials: the column sums over the chunks */
+struct ln_part_elem {
+    const float *part;
+    int64_t n;
+    __device__ void operator()(int64_t c, int64_t j, float *v) const { v[0] = part[(size_t)c * (size_t)n + (size_t)j]; }
+};
+/* dw += the chunks' dw partials in chunk order, db likewise (not with RMS); part [chunks][nout][cols] */
+template <bool RMS> __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols, int nout) {
     TPK__GRID_STRIDE(j, (size_t)cols) {
         float sw = 0.0f, sb = 0.0f;
         for (int64_t c = 0; c < chunks; c++) {
-            sw += part[((size_t)c * 2 + 0) * (size_t)cols + j];
-            if (!RMS) sb += part[((size_t)c * 2 + 1) * (size_t)cols + j];
+            sw += part[((size_t)c * nout + 0) * (size_t)cols + j];
+            if (!RMS) sb += part[((size_t)c * nout + 1) * (size_t)cols + j];
         }
         dw[j] += sw;
         if (!RMS) db[j] += sb;
     }
 }
-/* The whole backward in one pass over dy and x (rows of up to LN_ONEPASS_COLS): block c takes the
- * LN_CHUNK rows of chunk c, each warp one row at a time — dx of the row (its second read of the
- * row comes from the cache) and the row's (dy xh, dy) added into the warp's column partials in
- * shared memory; the block then adds its warps' partials in warp order into part[c][2][cols]
- * (ln_wb_final_kernel adds the chunks in order: deterministic). */
-enum { LN_CHUNK = 32, LN_ONEPASS_COLS = 1536 };
-template <class T, bool RMS>
-__global__ void ln_bwd_onepass_kernel(T *dx, float *part, const T *dy, const T *x, const float *w, const float *mean, const float *rstd,
-                                      int64_t rows, int64_t cols, bool acc) {
-    extern __shared__ float ln_sm[]; /* [LN_WARPS][2][cols] */
-    int wid = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *pw = ln_sm + (size_t)wid * 2 * (size_t)cols, *pb = pw + cols;
-    int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
-    for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) { /* uniform over the block */
-        for (int64_t j = lane; j < cols; j += 32) pw[j] = pb[j] = 0.0f;
-        int64_t r1 = (c + 1) * LN_CHUNK < rows ? (c + 1) * LN_CHUNK : rows;
-        for (int64_t i = c * LN_CHUNK + wid; i < r1; i += LN_WARPS) ln_bwd_row<T, RMS>(dx, dy, x, w, mean, rstd, i, cols, acc, pw, pb);
-        __syncthreads();
-        for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-            float sw = 0.0f, sb = 0.0f;
-            for (int q = 0; q < LN_WARPS; q++) sw += ln_sm[((size_t)q * 2 + 0) * (size_t)cols + j], sb += ln_sm[((size_t)q * 2 + 1) * (size_t)cols + j];
-            part[((size_t)c * 2 + 0) * (size_t)cols + j] = sw, part[((size_t)c * 2 + 1) * (size_t)cols + j] = sb;
-        }
-        __syncthreads(); /* the partials are read before the next chunk clears them */
-    }
-}
 
+/* VEC: the register kernel (part [chunks][nout][cols], chunks of LN_BWD_ROWS), then its partials as a
+ * [chunks, nout cols] matrix summed by tpk__colsum_partial_kernel over groups of TPK__COLSUM_ROWS
+ * chunks (a block per 32 columns and group: the GPU filled) into part2 [groups][nout][cols], and
+ * ln_wb_final_kernel adds the groups in order. Otherwise dw, db by the column-sum kernels over
+ * (dy xh, dy) and dx by ln_bwd_dx_kernel. Both orders are fixed by the shape: deterministic. */
 static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                 const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx, bool rms) {
     bool any = rows > 0;
@@ -270,18 +460,27 @@ static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *d
     TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     auto final_kernel = rms ? ln_wb_final_kernel<true> : ln_wb_final_kernel<false>;
-    if (cols <= LN_ONEPASS_COLS) { /* the one-pass kernel: its warps' column partials fit in 48 KB of shared memory */
-        int64_t chunks = (rows + LN_CHUNK - 1) / LN_CHUNK;
+    if (ln_vec(cols, {dx, dy, x, w})) {
+        ln_team tm = ln_team_for(cols);
+        int nout = rms ? 1 : 2; /* partials a column: dw (, db) */
+        int64_t chunks = (rows + LN_BWD_ROWS - 1) / LN_BWD_ROWS, groups = (chunks + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
+        size_t part_bytes = (sizeof(float) * (size_t)nout * (size_t)(chunks * cols) + 255) / 256 * 256;
         float *part;
-        TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols), (void **)&part));
-        size_t smem = sizeof(float) * 2 * LN_WARPS * (size_t)cols;
-        unsigned grid = (unsigned)(chunks < 65535 ? chunks : 65535);
+        TPK_TRY(tpk__cuda_scratch(ctx, fn, st, part_bytes + sizeof(float) * (size_t)nout * (size_t)(groups * cols), (void **)&part));
+        float *part2 = reinterpret_cast<float *>(reinterpret_cast<char *>(part) + part_bytes);
+        size_t smem = sizeof(float) * (size_t)nout * (size_t)cols * (size_t)(LN_WARPS / tm.tw - 1); /* <= 24 KiB */
         tpk__by_dtype(dt, [&](auto tag) {
             using T = decltype(tag);
-            auto kernel = rms ? ln_bwd_onepass_kernel<T, true> : ln_bwd_onepass_kernel<T, false>;
-            kernel<<<grid, 32 * LN_WARPS, smem, st->stream>>>((T *)dx, part, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols, accumulate_dx);
+            ln_by_nv(tm.nv, [&](auto nv) {
+                constexpr int NV = decltype(nv)::value;
+                auto kernel = rms ? ln_bwd_vec_kernel<T, true, NV> : ln_bwd_vec_kernel<T, false, NV>;
+                kernel<<<(unsigned)chunks, 32 * LN_WARPS, smem, st->stream>>>((T *)dx, part, (const T *)dy, (const T *)x, w, mean, rstd, rows,
+                                                                              (int)cols, accumulate_dx, tm.tw);
+            });
         });
-        final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
+        dim3 grid((unsigned)((nout * cols + 31) / 32), tpk__colsum_grid_y(groups)), block(32, 8);
+        tpk__colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(ln_part_elem{part, nout * cols}, chunks, nout * cols, part2);
+        final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part2, groups, cols, nout);
         return tpk__cuda_launched(ctx, fn);
     }
     int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
@@ -289,15 +488,13 @@ static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *d
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols), (void **)&part));
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        /* dw, db first: they read dy, which dx must not overwrite before (dx does not alias dy by
-         * contract, but the order costs nothing) */
         dim3 grid((unsigned)((cols + 31) / 32), tpk__colsum_grid_y(chunks)), block(32, 8);
         unsigned dgrid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
         auto by_rms = [&](auto r) {
             constexpr bool RMS = decltype(r)::value;
             tpk__colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T, RMS>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
                                                                      cols, part);
-            final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols);
+            final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols, 2);
             ln_bwd_dx_kernel<T, RMS><<<dgrid, 32 * LN_WARPS, 0, st->stream>>>((T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols,
                                                                               accumulate_dx);
         };
@@ -380,14 +577,33 @@ static tpk_status cuda_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const
 
 /* ---- embedding ------------------------------------------------------------------------------------ */
 
-template <class T>
+/* VEC (H a multiple of 8, y or dy and the table 16-byte aligned): a thread takes 8 columns at a
+ * time — one 16-byte vector of bf16 (two of f32) and two of the f32 table; otherwise one. */
+static bool embed_vec(int64_t H, std::initializer_list<const void *> ps) { return H % TPK__VEC == 0 && tpk__aligned16(ps); }
+/* threads of a block over a row of H columns: enough for the row's vectors, 32 to 256 */
+static int embed_block(int64_t H, bool vec) {
+    int64_t n = vec ? H / TPK__VEC : H, b = (n + 31) / 32 * 32;
+    return (int)(b < 32 ? 32 : b > 256 ? 256 : b);
+}
+/* y[t] = E[ids[t] - v0] (0 for an id outside the shard; acc: added to y): a block per token row
+ * (the blocks stride over the rows), its threads over the row's columns */
+template <class T, bool VEC>
 __global__ void embed_fwd_kernel(T *y, const int32_t *ids, const float *E, int64_t T_, int64_t H, int64_t v0, int64_t vrows, bool acc) {
-    size_t total = (size_t)T_ * (size_t)H;
-    TPK__GRID_STRIDE(k, total) {
-        int64_t t = (int64_t)(k / (size_t)H), j = (int64_t)(k % (size_t)H);
+    constexpr int N = VEC ? TPK__VEC : 1;
+    for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
         int64_t row = (int64_t)ids[t] - v0;
-        float e = row >= 0 && row < vrows ? E[row * H + j] : 0.0f;
-        tpk__stf(y, k, acc ? tpk__ldf(y, k) + e : e);
+        bool in = row >= 0 && row < vrows;
+        const float *er = E + (size_t)(in ? row : 0) * (size_t)H;
+        size_t o = (size_t)t * (size_t)H;
+        for (int64_t k = threadIdx.x; k < H / N; k += blockDim.x) {
+            float e[N] = {}, v[N];
+            if (in) tpk__ldn<N>(er, (size_t)k * N, e);
+            if (acc) {
+                tpk__ldn<N>(y, o + (size_t)k * N, v);
+                for (int q = 0; q < N; q++) e[q] += v[q];
+            }
+            tpk__stn<N>(y, o + (size_t)k * N, e);
+        }
     }
 }
 static tpk_status cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
@@ -395,10 +611,13 @@ static tpk_status cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, cons
     static const char *fn = "cuda.embed_fwd";
     if (T * H == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
-    size_t total = (size_t)T * (size_t)H;
+    bool vec = embed_vec(H, {y, table});
+    unsigned grid = (unsigned)(T < INT_MAX ? T : INT_MAX);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        embed_fwd_kernel<Tt><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((Tt *)y, ids, table, T, H, v0, vrows, accumulate);
+        tpk__by_vec(vec, [&](auto v) {
+            embed_fwd_kernel<Tt, decltype(v)::value><<<grid, embed_block(H, vec), 0, st->stream>>>((Tt *)y, ids, table, T, H, v0, vrows, accumulate);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -411,19 +630,26 @@ static __global__ void embed_keys_kernel(uint32_t *key, uint32_t *val, const int
         val[t] = (uint32_t)t;
     }
 }
-/* block b starts a run when key[b] differs from key[b-1]; it adds its tokens' rows in order */
-template <class T>
+/* block b starts a run when key[b] differs from key[b-1]; it adds its tokens' rows in token order,
+ * each column by one thread (VEC: 8 columns a thread, in 16-byte vectors) */
+template <class T, bool VEC>
 __global__ void embed_bwd_kernel(float *dE, const T *dy, const uint32_t *key, const uint32_t *tok, int64_t T_, int64_t H,
                                  int64_t vrows) {
+    constexpr int N = VEC ? TPK__VEC : 1;
     for (int64_t b = blockIdx.x; b < T_; b += gridDim.x) {
         uint32_t row = key[b];
         if ((int64_t)row >= vrows || (b > 0 && key[b - 1] == row)) continue;
         int64_t end = b + 1;
         while (end < T_ && key[end] == row) end++;
-        for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
-            float acc = dE[(int64_t)row * H + j];
-            for (int64_t s = b; s < end; s++) acc += tpk__ldf(dy, (size_t)tok[s] * (size_t)H + (size_t)j);
-            dE[(int64_t)row * H + j] = acc;
+        float *er = dE + (size_t)row * (size_t)H;
+        for (int64_t k = threadIdx.x; k < H / N; k += blockDim.x) {
+            float acc[N], g[N];
+            tpk__ldn<N>(er, (size_t)k * N, acc);
+            for (int64_t s = b; s < end; s++) {
+                tpk__ldn<N>(dy, (size_t)tok[s] * (size_t)H + (size_t)k * N, g);
+                for (int q = 0; q < N; q++) acc[q] += g[q];
+            }
+            tpk__stn<N>(er, (size_t)k * N, acc);
         }
     }
 }
@@ -450,9 +676,12 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
     e = cub::DeviceRadixSort::SortPairs(scratch + keys_bytes, sort_bytes, k_in, k_out, v_in, v_out, (int)T, 0, end_bit, st->stream);
     if (e != cudaSuccess) return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs", e);
     unsigned grid = T < 65535 ? (unsigned)T : 65535u;
+    bool vec = embed_vec(H, {dtable, dy});
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        embed_bwd_kernel<Tt><<<grid, 128, 0, st->stream>>>(dtable, (const Tt *)dy, k_out, v_out, T, H, vrows);
+        tpk__by_vec(vec, [&](auto v) {
+            embed_bwd_kernel<Tt, decltype(v)::value><<<grid, embed_block(H, vec), 0, st->stream>>>(dtable, (const Tt *)dy, k_out, v_out, T, H, vrows);
+        });
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -461,20 +690,24 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
 
 enum { XENT_THREADS = 256 };
 
-/* Row t's columns j < Vl in steps of V (8 with 16-byte loads when VEC: rows of ld, a multiple of 8,
- * 16-byte aligned — a padded vocabulary's), body(j, v) for each element; the loads stay inside
- * the row (j + 8 <= ld), the elements from Vl on are skipped. */
-template <bool VEC, class T, class F> __device__ __forceinline__ void xent_row(const T *z, int64_t t, int64_t Vl, int64_t ld, F body) {
-    constexpr int V = VEC ? TPK__VEC : 1;
-    for (int64_t j = (int64_t)threadIdx.x * V; j < Vl; j += (int64_t)blockDim.x * V) {
-        float v[V];
-        tpk__ldn<V>(z, (size_t)(t * ld + j), v);
-        for (int k = 0; k < V; k++)
-            if (j + k < Vl) body(j + k, v[k]);
-    }
-}
+/* Rows go to a block each. VEC (rows of ld, a multiple of 8, 16-byte aligned — a padded
+ * vocabulary's): thread u takes the 8-element vectors u, u + blockDim.x, ... of the row's Vl / 8
+ * whole ones in 16-byte loads, then the rest one element at a time; otherwise every element one at
+ * a time. The exponentials are 2^(z log2 e - m log2 e): one FFMA and one MUFU.EX2 (tpk__ex2) an
+ * element. */
 static bool xent_vec(const void *z, int64_t ld) { return ld % TPK__VEC == 0 && tpk__aligned16({z}); }
 
+/* Add N elements z[] to a thread's running max m, sum s of e^(z - m) and sum sz of z: the new
+ * max M first, s rescaled once by e^(m - M), then each element's e^(z - M) (nothing to rescale while
+ * every element so far is -inf: 2^-inf = 0) */
+template <int N> __device__ __forceinline__ void xent_acc(float &m, float &s, float &sz, const float *z) {
+    float M = m;
+    for (int e = 0; e < N; e++) M = fmaxf(M, z[e]);
+    float Ml = M == -INFINITY ? 0.0f : M * TPK__LOG2E;
+    s *= tpk__ex2(m * TPK__LOG2E - Ml);
+    for (int e = 0; e < N; e++) s += tpk__ex2(fmaf(z[e], TPK__LOG2E, -Ml)), sz += z[e];
+    m = M;
+}
 /* (m, s) += (m2, s2): the running (max, sum exp(z - max)) of two sets of elements; symmetric, so
  * both lanes of a butterfly get the same pair; two empty sets (-inf, 0) stay empty */
 __device__ __forceinline__ void xent_merge(float &m, float &s, float m2, float s2) {
@@ -494,18 +727,24 @@ __device__ __forceinline__ void xent_warp_merge(float &m, float &s) {
 template <bool VEC, class T>
 __device__ __forceinline__ void xent_stats_block(float p[4], const T *z, int64_t t, int64_t Vl, int64_t ld, int64_t c, float *sh) {
     float m = -INFINITY, s = 0.0f, sz = 0.0f;
-    xent_row<VEC>(z, t, Vl, ld, [&](int64_t, float v) {
-        if (v > m) s = s * expf(m - v) + 1.0f, m = v;
-        else s += expf(v - m);
-        sz += v;
-    });
+    const T *row = z + (size_t)t * (size_t)ld;
+    int nv = VEC ? (int)(Vl / TPK__VEC) : 0; /* whole vectors (columns in int: ld <= INT_MAX, the launchers) */
+    for (int k = threadIdx.x; k < nv; k += blockDim.x) {
+        float v[TPK__VEC];
+        tpk__ldn<TPK__VEC>(row, (size_t)k * TPK__VEC, v);
+        xent_acc<TPK__VEC>(m, s, sz, v);
+    }
+    for (int j = nv * TPK__VEC + threadIdx.x; j < (int)Vl; j += blockDim.x) {
+        float v = tpk__ldf(row, (size_t)j);
+        xent_acc<1>(m, s, sz, &v);
+    }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     xent_warp_merge(m, s);
     if (lane == 0) sh[w] = m, sh[32 + w] = s;
     __syncthreads();
     m = lane < nw ? sh[lane] : -INFINITY, s = lane < nw ? sh[32 + lane] : 0.0f;
     xent_warp_merge(m, s);
-    p[0] = m, p[1] = s, p[2] = c >= 0 && c < Vl ? tpk__ldf(z, (size_t)(t * ld + c)) : 0.0f, p[3] = tpk__block_sum(sz, sh + 64);
+    p[0] = m, p[1] = s, p[2] = c >= 0 && c < Vl ? tpk__ldf(row, (size_t)c) : 0.0f, p[3] = tpk__block_sum(sz, sh + 64);
 }
 template <class T, bool VEC>
 __global__ void __launch_bounds__(XENT_THREADS) xent_stats_kernel(float *part, const T *z, const int32_t *y, int64_t Vl, int64_t ld, int64_t v0) {
@@ -520,6 +759,7 @@ static tpk_status cuda_xent_stats(tpk_ctx *ctx, float *part, const void *z, cons
     static const char *fn = "cuda.xent_stats";
     if (T == 0) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "ld", ld, INT_MAX, "32-bit column indices"));
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
@@ -570,37 +810,70 @@ static tpk_status cuda_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, i
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* dz of one element (column j of a row with lse l, local target column c, dloss d) */
-__device__ __forceinline__ float xent_grad_elem(float z, float l, bool skip, int64_t j, int64_t c, float d, int64_t Vl, int64_t V, float eps) {
-    return skip || j >= Vl ? 0.0f : (expf(z - l) - (j == c ? 1.0f - eps : 0.0f) - eps / (float)V) * d;
+/* dz of one element: (e^(z - l) - eps/V - (1-eps) [target]) d, as e^(z - l) d - (eps/V) d, less
+ * (1-eps) d at the target (Ll = l log2 e, ed = (eps/V) d, td = (1-eps) d) */
+__device__ __forceinline__ float xent_dz(float z, float Ll, float d, float ed, float td, bool target) {
+    float v = fmaf(tpk__ex2(fmaf(z, TPK__LOG2E, -Ll)), d, -ed);
+    return target ? v - td : v;
 }
-/* z[k] is read before dz[k] is written by the same thread, so dz may alias z; with VEC the 8
- * elements of a vector share a row (ld a multiple of 8) */
+/* dz of row t by a block (l its lse, d its dloss, c its local target column, skip: ignored): the
+ * columns from Vl on zero; z[k] is read before dz[k] is written by the same thread, so dz may alias
+ * z. VEC: the whole vectors inside the row's Vl columns without a test of the target, then the
+ * vectors from there to ld (the padding) element by element; the thread whose whole vector holds
+ * the target reads z[c] first and writes dz[c] again, as the target's, after its vectors.
+ * Otherwise one element at a time. Columns in int (ld <= INT_MAX: the launchers). */
+template <bool VEC, class T>
+__device__ __forceinline__ void xent_grad_row(T *dz, const T *z, int Vl, int ld, float l, float d, bool skip, int64_t c, int64_t V, float eps) {
+    constexpr int N = VEC ? TPK__VEC : 1;
+    int nt = blockDim.x, u = threadIdx.x;
+    if (skip) { /* uniform over the block */
+        for (int k = u; k < ld / N; k += nt) {
+            float v[N] = {};
+            tpk__stn<N>(dz, (size_t)k * N, v);
+        }
+        return;
+    }
+    float Ll = l * TPK__LOG2E, ed = eps / (float)V * d, td = (1.0f - eps) * d;
+    int nv = VEC ? Vl / N : 0;                                            /* whole vectors inside the Vl columns */
+    bool owner = c >= 0 && c < (int64_t)nv * N && (int)(c / N) % nt == u; /* of the target's, among them */
+    float zc = owner ? tpk__ldf(z, (size_t)c) : 0.0f;
+    for (int k = u; k < nv; k += nt) {
+        float v[N];
+        tpk__ldn<N>(z, (size_t)k * N, v);
+        for (int e = 0; e < N; e++) v[e] = xent_dz(v[e], Ll, d, ed, td, false);
+        tpk__stn<N>(dz, (size_t)k * N, v);
+    }
+    if (owner) tpk__stf(dz, (size_t)c, xent_dz(zc, Ll, d, ed, td, true));
+    for (int k = nv + u; k < ld / N; k += nt) {
+        float v[N];
+        tpk__ldn<N>(z, (size_t)k * N, v);
+        for (int e = 0; e < N; e++) {
+            int64_t j = (int64_t)k * N + e;
+            v[e] = j >= Vl ? 0.0f : xent_dz(v[e], Ll, d, ed, td, j == c);
+        }
+        tpk__stn<N>(dz, (size_t)k * N, v);
+    }
+}
 template <class T, bool VEC>
-__global__ void xent_grad_kernel(T *dz, const T *z, const float *lse, const int32_t *y, const float *dloss, int64_t T_, int64_t Vl,
-                                 int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
-    tpk__elementwise<VEC>((size_t)T_ * (size_t)ld, [&](size_t k0, auto vn) {
-        constexpr int N = decltype(vn)::value;
-        int64_t t = (int64_t)(k0 / (size_t)ld), j0 = (int64_t)(k0 % (size_t)ld);
-        int32_t yt = y[t];
-        float l = lse[t], d = dloss[t], g[N];
-        tpk__ldn<N>(z, k0, g);
-        for (int e = 0; e < N; e++) g[e] = xent_grad_elem(g[e], l, yt == ignore, j0 + e, (int64_t)yt - v0, d, Vl, V, eps);
-        tpk__stn<N>(dz, k0, g);
-    });
+__global__ void __launch_bounds__(XENT_THREADS) xent_grad_kernel(T *dz, const T *z, const float *lse, const int32_t *y, const float *dloss,
+                                                                 int64_t Vl, int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
+    int64_t t = blockIdx.x;
+    int32_t yt = y[t];
+    size_t o = (size_t)t * (size_t)ld;
+    xent_grad_row<VEC>(dz + o, z + o, (int)Vl, (int)ld, lse[t], dloss[t], yt == ignore, (int64_t)yt - v0, V, eps);
 }
 static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
     static const char *fn = "cuda.xent_grad";
     if (T * ld == 0) return TPK_OK;
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "ld", ld, INT_MAX, "32-bit column indices"));
     TPK__CUDA_STATE(st, ctx, fn);
-    size_t total = (size_t)T * (size_t)ld;
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
-        bool vec = xent_vec(z, ld) && tpk__aligned16({dz});
-        tpk__by_vec(vec, [&](auto v) {
-            xent_grad_kernel<Tt, decltype(v)::value><<<tpk__grid_elementwise(total, vec), 256, 0, st->stream>>>(
-                (Tt *)dz, (const Tt *)z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index);
+        tpk__by_vec(xent_vec(z, ld) && tpk__aligned16({dz}), [&](auto v) {
+            xent_grad_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, Vl, ld,
+                                                                                                  v0, V, smoothing, ignore_index);
         });
     });
     return tpk__cuda_launched(ctx, fn);
@@ -615,7 +888,6 @@ static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
 template <class T, bool VEC>
 __global__ void __launch_bounds__(XENT_THREADS) xent_fused_kernel(T *dz, float *loss, float *lse, const T *z, const int32_t *y, int64_t V,
                                                                   int64_t ld, float eps, int32_t ignore, float g) {
-    constexpr int N = VEC ? TPK__VEC : 1;
     __shared__ float sh[96];
     int64_t t = blockIdx.x;
     int32_t yt = y[t];
@@ -625,18 +897,15 @@ __global__ void __launch_bounds__(XENT_THREADS) xent_fused_kernel(T *dz, float *
     float l = tpk__xent_loss_row(&lt, p, 1, 1, 0, skip, V, eps);
     if (threadIdx.x == 0) loss[t] = lt, lse[t] = l;
     __syncthreads(); /* every thread's reads of the row for the statistics precede any write of dz */
-    for (int64_t j = (int64_t)threadIdx.x * N; j < ld; j += (int64_t)blockDim.x * N) {
-        float v[N];
-        tpk__ldn<N>(z, (size_t)(t * ld + j), v);
-        for (int e = 0; e < N; e++) v[e] = xent_grad_elem(v[e], l, skip, j + e, yt, g, V, V, eps);
-        tpk__stn<N>(dz, (size_t)(t * ld + j), v);
-    }
+    size_t o = (size_t)t * (size_t)ld;
+    xent_grad_row<VEC>(dz + o, z + o, (int)V, (int)ld, l, g, skip, yt, V, eps);
 }
 static tpk_status cuda_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V,
                                   int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
     static const char *fn = "cuda.xent_fused";
     if (T == 0) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "grid: one block per row"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "ld", ld, INT_MAX, "32-bit column indices"));
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
@@ -836,12 +1105,45 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* Dr[b, h, i] = sum_e dO_i O_i (one warp per row; the warps stride over the rows, so the grid
- * stays within limits whatever B Al S is) */
+/* Dr[b, h, i] = sum_e dO_i O_i (rows r = (b Al + h) S + i; the warps stride over the rows, so the
+ * grid stays within limits whatever B Al S is). D a multiple of 8 and dO, O 16-byte aligned: a row's
+ * D / 8 16-byte vectors go to a group of L lanes (the power of two at or above D / 8, at most 32),
+ * a warp takes 32 / L rows at a time (4 at D = 64) and sums a group by butterflies within it;
+ * otherwise a warp a row, one element a lane. */
 template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, const T *out, int64_t B, int64_t S, int64_t Al, int64_t D) {
     int lane = threadIdx.x & 31;
-    int64_t nrows = B * Al * S;
-    for (int64_t r = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5); r < nrows; r += (int64_t)gridDim.x * ATT_WARPS) {
+    int64_t nrows = B * Al * S, warp = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5), nwarps = (int64_t)gridDim.x * ATT_WARPS;
+    if (D % TPK__VEC == 0 && ((uintptr_t)dout | (uintptr_t)out) % 16 == 0) { /* uniform over the grid */
+        int64_t nv = D / TPK__VEC;
+        int L = 1;
+        while (L < nv && L < 32) L *= 2;
+        int R = 32 / L, g = lane / L, li = lane % L;
+        bool small = nrows <= (int64_t)UINT32_MAX; /* 32-bit divisions (a 64-bit one costs about 10 times the instructions) */
+        for (int64_t r0 = warp * R; r0 < nrows; r0 += nwarps * R) { /* uniform over the warp */
+            int64_t r = r0 + g, bh, i;
+            if (small) {
+                uint32_t q = (uint32_t)r / (uint32_t)S;
+                bh = q, i = (int64_t)((uint32_t)r - q * (uint32_t)S);
+            } else {
+                bh = r / S, i = r - bh * S;
+            }
+            int64_t b = small ? (int64_t)((uint32_t)bh / (uint32_t)Al) : bh / Al, h = bh - b * Al; /* r = (b Al + h) S + i */
+            float s = 0.0f;
+            if (r < nrows) {
+                size_t base = (size_t)((b * S + i) * Al * D + h * D);
+                for (int64_t v = li; v < nv; v += L) {
+                    float a[TPK__VEC], o[TPK__VEC];
+                    tpk__ldn<TPK__VEC>(dout, base + (size_t)v * TPK__VEC, a);
+                    tpk__ldn<TPK__VEC>(out, base + (size_t)v * TPK__VEC, o);
+                    for (int e = 0; e < TPK__VEC; e++) s += a[e] * o[e];
+                }
+            }
+            for (int m = L / 2; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+            if (li == 0 && r < nrows) Dr[r] = s;
+        }
+        return;
+    }
+    for (int64_t r = warp; r < nrows; r += nwarps) {
         int64_t i = r % S, h = (r / S) % Al, b = r / (S * Al); /* r = (b Al + h) S + i */
         size_t base = (size_t)((b * S + i) * Al * D + h * D);
         float s = 0.0f;

@@ -256,9 +256,8 @@ static void test_linear_bwd_act(tpk_dtype dt) {
 }
 
 /* the fused residual + layernorm forward against the host op */
-static void test_residual_layernorm(tpk_dtype dt) {
-    TEST_CASE("residual_layernorm_fwd [%s]", tpk_dtype_name(dt)) {
-        int64_t rows = 300, cols = 77;
+static void test_residual_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
+    TEST_CASE("residual_layernorm_fwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
         size_t nx = (size_t)(rows * cols);
         pair x = pair_randn(&cd, nx, dt, 65, 2.0f), r = pair_randn(&cd, nx, dt, 66, 1.0f), x1 = pair_from(&cd, NULL, nx, dt), y = pair_from(&cd, NULL, nx, dt);
         pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 67, 1.0f), b = pair_randn(&cd, (size_t)cols, TPK_F32, 68, 1.0f);
@@ -274,7 +273,10 @@ static void test_residual_layernorm(tpk_dtype dt) {
     }
 }
 
-/* rows of 77 take the one-pass backward, rows of 2000 the column-sum kernels */
+/* rows of 77 (not a multiple of 8) take the generic kernels; rows of a multiple of 8 up to 4096 the
+ * register kernels: 64 and 768 a warp a row (one and three 16-byte vectors a lane), 1000 four
+ * vectors a lane with the last lanes idle, 2000 two warps a row, 4096 four; 4000 rows of 64 give
+ * 334 chunks of 12 rows, so the chunks' column partials are summed in two groups */
 static void test_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
     TEST_CASE("layernorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
         size_t nx = (size_t)(rows * cols);
@@ -384,9 +386,10 @@ static void test_rope_swiglu(tpk_dtype dt) {
     }
 }
 
-static void test_embed(tpk_dtype dt) {
-    TEST_CASE("embedding fwd/bwd (repeated and out-of-range ids) [%s]", tpk_dtype_name(dt)) {
-        int64_t T = 700, H = 40, v0 = 10, vrows = 25;
+/* H = 40: 16-byte vectors (5 a row); 37: one element at a time; 2056: vectors, several a thread */
+static void test_embed(tpk_dtype dt, int64_t H) {
+    TEST_CASE("embedding fwd/bwd (repeated and out-of-range ids) [%s] H = %lld", tpk_dtype_name(dt), (long long)H) {
+        int64_t T = 700, v0 = 10, vrows = 25;
         float idv[700];
         for (int t = 0; t < T; t++) idv[t] = (float)((t * 7919 + 13) % 41); /* 0..40: some below v0, some past v0 + vrows */
         pair ids = pair_from(&cd, idv, (size_t)T, TPK_I32);
@@ -415,15 +418,17 @@ static void *pair_bytes(pair *p) {
     return raw;
 }
 
-/* rows of ld = 576: a padded vocabulary's shard (59 padding columns, 16-byte loads); ld = 517:
- * unpadded. The statistics of two shards of the row (columns [0, 258) and [258, 517), as two TP
- * ranks hold them) go through xent_loss with P = 2; the fused op (one rank holding V = 517 of the
- * row) against the host's and, bit for bit, against the three device ops in turn. */
-static void test_xent(tpk_dtype dt, int64_t ld) {
-    TEST_CASE("cross-entropy pieces [%s] rows of %lld: statistics of two shards, loss over P = 2, gradient, fused", tpk_dtype_name(dt), (long long)ld) {
-        int64_t T = 33, Vl = 517, h0 = 258, v0 = 100, V = 1000;
+/* Vl = 517 columns in rows of ld = 576: a padded vocabulary's shard (59 padding columns, 16-byte
+ * loads); ld = 517: unpadded. The statistics of two shards of the row (columns [0, h0) and
+ * [h0, Vl), as two TP ranks hold them) go through xent_loss with P = 2; the fused op (one rank
+ * holding V = Vl of the row) against the host's and, bit for bit, against the three device ops in
+ * turn. Vl = 3001 in rows of 3008, h0 = 1504: both shards in 16-byte vectors, several a thread. */
+static void test_xent(tpk_dtype dt, int64_t ld, int64_t Vl, int64_t h0) {
+    TEST_CASE("cross-entropy pieces [%s] %lld columns in rows of %lld: statistics of two shards, loss over P = 2, gradient, fused", tpk_dtype_name(dt),
+              (long long)Vl, (long long)ld) {
+        int64_t T = 33, v0 = 100, V = v0 + Vl + 383;
         float yv[33];
-        for (int t = 0; t < T; t++) yv[t] = t == 5 ? -100.0f : (float)((t * 131) % 1000); /* in and out of the shard, one ignored */
+        for (int t = 0; t < T; t++) yv[t] = t == 5 ? -100.0f : (float)((t * 131 * (V / 1000)) % V); /* in and out of the shard, one ignored */
         pair y = pair_from(&cd, yv, (size_t)T, TPK_I32), z = pair_randn(&cd, (size_t)(T * ld), dt, 80, 3.0f);
         pair part = pair_from(&cd, NULL, (size_t)(8 * T), TPK_F32);
         pair_poison(&cd, &part);
@@ -701,12 +706,21 @@ int main(int argc, char **argv) {
         test_gemm_acc(dt);
         test_linear_fwd(dt);
         test_linear_bwd_act(dt);
-        test_residual_layernorm(dt);
+        test_residual_layernorm(dt, 300, 77);
+        test_residual_layernorm(dt, 100, 768);
+        test_residual_layernorm(dt, 30, 2048);
         test_layernorm(dt, 300, 77);
         test_layernorm(dt, 40, 2000);
-        test_embed(dt);
-        test_xent(dt, 576);
-        test_xent(dt, 517);
+        test_layernorm(dt, 1000, 768);
+        test_layernorm(dt, 4000, 64);
+        test_layernorm(dt, 29, 1000);
+        test_layernorm(dt, 20, 4096);
+        test_embed(dt, 40);
+        test_embed(dt, 37);
+        test_embed(dt, 2056);
+        test_xent(dt, 576, 517, 258);
+        test_xent(dt, 517, 517, 258);
+        test_xent(dt, 3008, 3001, 1504);
         test_attention(dt, 16, 45, 0.0f, 5, 5, 2, 2);
         test_attention(dt, 64, 45, 0.0f, 5, 5, 2, 2);
         test_attention(dt, 64, 130, 0.2f, 5, 5, 2, 2);
@@ -722,6 +736,8 @@ int main(int argc, char **argv) {
         test_attention(dt, 64, 333, 0.1f, 4, 2, 4, 0);  /* several 128-row blocks and 64-row tiles, the last ones partial */
         test_rmsnorm(dt, 300, 77);
         test_rmsnorm(dt, 40, 2000);
+        test_rmsnorm(dt, 1000, 768);
+        test_rmsnorm(dt, 20, 4096);
         test_rope_swiglu(dt);
     }
     test_xent_mean();
