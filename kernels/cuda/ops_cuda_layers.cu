@@ -6,26 +6,32 @@
  *   dropout    y = x keep / (1-p),  keep = dropout_u(seed, stream, global index) >= p: one Philox call
  *              per 4 consecutive global indices, a thread taking 8 elements (two calls) where the
  *              geometry is aligned, else one call's part of a row
- *   layernorm  y = (x - mean) rstd w + b, rstd = 1/sqrt(var + eps): one warp per row, two passes
- *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w: one warp per row;
- *              dw += sum_i dy xh, db += sum_i dy: per chunk of rows, then the chunks in order —
- *              rows up to 1536 in one pass with dx (the chunk's column partials in shared
- *              memory), wider rows by separate column-sum kernels
+ *   layernorm  y = (x - mean) rstd w + b, rstd = 1/sqrt(var + eps), the variance around the mean;
+ *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w; dw += sum_i dy xh, db += sum_i dy.
+ *              Rows of a multiple of 8 up to 4096, 16-byte aligned: a team of 1, 2 or 4 warps holds
+ *              a row in registers (16-byte loads, read once; the mean, then the variance from the
+ *              registers); the backward's team also adds the row's (dy xh, dy) into its threads'
+ *              column partials in registers, per chunk of 12 rows (a block), and the chunks'
+ *              partials are summed in parallel in a fixed order (column-sum kernel, then a final
+ *              pass). Other rows: one warp per row re-reading the row from the cache, dw and db by
+ *              the column-sum kernels
  *   rmsnorm    the same kernels with the template parameter RMS: the mean taken as 0 (not
  *              computed, saved or read), no bias (db untouched), dx = rstd (g - xh mean(g xh))
  *   rope       one thread per (row, head, pair j < D/2): (x_j, x_{j+D/2}) rotated by
  *              (row mod S) theta^(-2j/D), the angle in double as the host; y may be x
  *   swiglu     one thread per (row, j < F): h = silu(gate) up; backward dgate, dup written after
  *              both inputs are read (dgu may be gu)
- *   embedding  y[t] = E[ids[t] - v0];  backward: a stable radix sort of the token indices by row
- *              (out-of-range ids sort last), then one block per run of equal rows adds its
- *              tokens' dy in token order, each column by one thread: the host's sums, bit for bit,
- *              no atomics
+ *   embedding  y[t] = E[ids[t] - v0], a block per token row;  backward: a stable radix sort of
+ *              the token indices by row (out-of-range ids sort last), then one block per run of
+ *              equal rows adds its tokens' dy in token order, each column by one thread: the host's
+ *              sums, bit for bit, no atomics; both 8 columns a thread in 16-byte vectors where H is
+ *              a multiple of 8 and the buffers 16-byte aligned
  *   xent       per row (one block), one read: the running max m and sum exp(z - m) (online
  *              softmax, merged across threads by butterflies), z_target, sum z; the loss from the
  *              ranks' parts (double); the mean over the rows in one block (double, a fixed tree),
- *              left on the device; dz = (exp(z - lse) - (1-eps) onehot - eps/V) dloss
- *              elementwise; fused (one rank): statistics, loss and dz of a row in one block
+ *              left on the device; dz = (exp(z - lse) - (1-eps) onehot - eps/V) dloss, a block
+ *              per row; fused (one rank): statistics, loss and dz of a row in one block. Rows of a
+ *              padded vocabulary in 16-byte vectors; exp(x) = 2^(x log2 e) by ex2.approx.ftz
  *   attention  bf16 with head dim 64 or 128 on sm_80 and later: FlashAttention-2 on tensor cores
  *              (flash.cuh). Otherwise these generic kernels (f32, any head dim up to ATT_MAXD),
  *              flash-style, never an S x S matrix. Grouped-query: query head h reads key/value
@@ -331,15 +337,16 @@ __global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float 
             tpk__ldn<8>(reinterpret_cast<const T *>(dyr[k]), 0, g);
             tpk__ldn<8>(reinterpret_cast<const T *>(xr[k]), 0, xv);
             for (int e = 0; e < 8; e++) {
-                float xh = (xv[e] - mu) * rs;
-                pw[k][e] += g[e] * xh;
-                if (!RMS) pb[k][e] += g[e];
-                if (!RMS) mg += g[e] * wv[e];
-                mgx += g[e] * wv[e] * xh;
+                float xh = (xv[e] - mu) * rs, gw = g[e] * wv[e];
+                pw[k][e] = fmaf(g[e], xh, pw[k][e]);
+                if (!RMS) pb[k][e] += g[e], mg += gw;
+                mgx = fmaf(gw, xh, mgx);
             }
         }
         mg = RMS ? 0.0f : ln_team_sum(mg, sh[n & 1][0], tw) / (float)cols;
         mgx = ln_team_sum(mgx, sh[n & 1][1], tw) / (float)cols;
+        /* dx = rs (g w - mg - xh mgx) = (rs w) g + (x - mu) kx + k0: four instructions an element */
+        float kx = -rs * rs * mgx, k0 = -rs * mg;
         for (int k = 0; k < NV; k++) {
             int c = (k * nt + u) * 8;
             if (!live || c >= cols) continue;
@@ -349,7 +356,7 @@ __global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float 
             tpk__ldn<8>(reinterpret_cast<const T *>(xr[k]), 0, xv);
             if (acc) tpk__ldn<8>(dx, o + c, d);
             for (int e = 0; e < 8; e++) {
-                float v = rs * (g[e] * wv[e] - mg - (xv[e] - mu) * rs * mgx);
+                float v = fmaf(rs * wv[e], g[e], fmaf(xv[e] - mu, kx, k0));
                 d[e] = acc ? d[e] + v : v;
             }
             tpk__stn<8>(dx, o + c, d);
