@@ -298,10 +298,10 @@ static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const voi
  * read once), mean(g) and mean(g xh) summed over the team, dx written (16-byte vectors), and the
  * row's (dy xh, dy) added into the thread's column partials in registers (its columns are the same
  * in every row). The teams' partials are added in team order through shared memory into
- * part[c][NO][cols] (NO = 2: dw, db; RMS: 1, dw); ln_bwd_launch sums the chunks in parallel and in a fixed order (no atomics:
- * deterministic). LN_BWD_ROWS = 12: 1366 blocks at GPT-2's 16384 rows, over two waves on an H100
- * (bench/RESULTS.md has the figures from ptxas). */
-enum { LN_BWD_ROWS = 12 };
+ * part[c][NO][cols] (NO = 2: dw, db; RMS: 1, dw); ln_bwd_launch sums the chunks in parallel and in
+ * a fixed order (no atomics: deterministic). LN_BWD_ROWS = 12: 1366 blocks at GPT-2's 16384 rows,
+ * 2.6 waves on an H100 at H = 768 (bench/RESULTS.md has the figures from ptxas). */
+enum { LN_BWD_ROWS = 12, LN_GROUP = 64 /* chunks a column-sum block adds */ };
 template <class T, bool RMS, int NV>
 __global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float *part, const T *dy, const T *x, const float *w, const float *mean,
                                                                   const float *rstd, int64_t rows, int cols, bool acc, int tw) {
@@ -442,23 +442,29 @@ struct ln_part_elem {
     int64_t n;
     __device__ void operator()(int64_t c, int64_t j, float *v) const { v[0] = part[(size_t)c * (size_t)n + (size_t)j]; }
 };
-/* dw += the chunks' dw partials in chunk order, db likewise (not with RMS); part [chunks][nout][cols] */
+/* dw[j] += sum over the chunks c of part[c][0][j] (part [chunks][nout][cols]), db[j] likewise of
+ * part[c][1][j] (not with RMS): a warp per sum, its lanes over the chunks, then a fixed butterfly
+ * (deterministic) — every sum at once, where a thread per column adding the chunks one after
+ * another waited for each load */
 template <bool RMS> __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols, int nout) {
-    TPK__GRID_STRIDE(j, (size_t)cols) {
-        float sw = 0.0f, sb = 0.0f;
-        for (int64_t c = 0; c < chunks; c++) {
-            sw += part[((size_t)c * nout + 0) * (size_t)cols + j];
-            if (!RMS) sb += part[((size_t)c * nout + 1) * (size_t)cols + j];
-        }
-        dw[j] += sw;
-        if (!RMS) db[j] += sb;
+    int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
+    int64_t nsum = (RMS ? 1 : 2) * cols;
+    for (int64_t q = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); q < nsum; q += (int64_t)gridDim.x * wpb) { /* uniform over the warp */
+        int k = (int)(q / cols);
+        int64_t j = q - k * cols;
+        float s = 0.0f;
+        for (int64_t c = lane; c < chunks; c += 32) s += part[((size_t)c * nout + k) * (size_t)cols + (size_t)j];
+        s = tpk__warp_sum(s);
+        if (lane == 0) (k ? db : dw)[j] += s;
     }
 }
+/* the final kernel's grid: a warp per column sum, 8 warps a block */
+static unsigned ln_final_grid(int64_t cols, bool rms) { return tpk__grid_for((size_t)((rms ? 1 : 2) * cols), 8); }
 
 /* VEC: the register kernel (part [chunks][nout][cols], chunks of LN_BWD_ROWS), then its partials as a
- * [chunks, nout cols] matrix summed by tpk__colsum_partial_kernel over groups of TPK__COLSUM_ROWS
- * chunks (a block per 32 columns and group: the GPU filled) into part2 [groups][nout][cols], and
- * ln_wb_final_kernel adds the groups in order. Otherwise dw, db by the column-sum kernels over
+ * [chunks, nout cols] matrix summed by tpk__colsum_partial_kernel over groups of LN_GROUP chunks (a
+ * block per 32 columns and group: 1056 blocks at GPT-2 124M's 16384 rows) into
+ * part2 [groups][nout][cols], and ln_wb_final_kernel adds the groups, a warp per column sum. Otherwise dw, db by the column-sum kernels over
  * (dy xh, dy) and dx by ln_bwd_dx_kernel. Both orders are fixed by the shape: deterministic. */
 static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                 const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx, bool rms) {
@@ -470,7 +476,7 @@ static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *d
     if (ln_vec(cols, {dx, dy, x, w})) {
         ln_team tm = ln_team_for(cols);
         int nout = rms ? 1 : 2; /* partials a column: dw (, db) */
-        int64_t chunks = (rows + LN_BWD_ROWS - 1) / LN_BWD_ROWS, groups = (chunks + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
+        int64_t chunks = (rows + LN_BWD_ROWS - 1) / LN_BWD_ROWS, groups = (chunks + LN_GROUP - 1) / LN_GROUP;
         size_t part_bytes = (sizeof(float) * (size_t)nout * (size_t)(chunks * cols) + 255) / 256 * 256;
         float *part;
         TPK_TRY(tpk__cuda_scratch(ctx, fn, st, part_bytes + sizeof(float) * (size_t)nout * (size_t)(groups * cols), (void **)&part));
@@ -486,8 +492,9 @@ static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *d
             });
         });
         dim3 grid((unsigned)((nout * cols + 31) / 32), tpk__colsum_grid_y(groups)), block(32, 8);
-        tpk__colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(ln_part_elem{part, nout * cols}, chunks, nout * cols, part2);
-        final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part2, groups, cols, nout);
+        tpk__colsum_partial_kernel<1, ln_part_elem, LN_GROUP><<<grid, block, 0, st->stream>>>(ln_part_elem{part, nout * cols}, chunks, nout * cols,
+                                                                                              part2);
+        final_kernel<<<ln_final_grid(cols, rms), 256, 0, st->stream>>>(dw, db, part2, groups, cols, nout);
         return tpk__cuda_launched(ctx, fn);
     }
     int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
@@ -501,7 +508,7 @@ static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *d
             constexpr bool RMS = decltype(r)::value;
             tpk__colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T, RMS>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
                                                                      cols, part);
-            final_kernel<<<tpk__grid_for((size_t)cols, 256), 256, 0, st->stream>>>(dw, db, part, chunks, cols, 2);
+            final_kernel<<<ln_final_grid(cols, RMS), 256, 0, st->stream>>>(dw, db, part, chunks, cols, 2);
             ln_bwd_dx_kernel<T, RMS><<<dgrid, 32 * LN_WARPS, 0, st->stream>>>((T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols,
                                                                               accumulate_dx);
         };

@@ -276,7 +276,8 @@ static void test_residual_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
 /* rows of 77 (not a multiple of 8) take the generic kernels; rows of a multiple of 8 up to 4096 the
  * register kernels: 64 and 768 a warp a row (one and three 16-byte vectors a lane), 1000 four
  * vectors a lane with the last lanes idle, 2000 two warps a row, 4096 four; 4000 rows of 64 give
- * 334 chunks of 12 rows, so the chunks' column partials are summed in two groups */
+ * 334 chunks of 12 rows, whose column partials are summed in 6 groups of 64; 30000 rows of 8 give
+ * 40 groups, more than the final sum's 32 lanes */
 static void test_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
     TEST_CASE("layernorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
         size_t nx = (size_t)(rows * cols);
@@ -715,6 +716,7 @@ int main(int argc, char **argv) {
         test_layernorm(dt, 4000, 64);
         test_layernorm(dt, 29, 1000);
         test_layernorm(dt, 20, 4096);
+        test_layernorm(dt, 30000, 8);
         test_embed(dt, 40);
         test_embed(dt, 37);
         test_embed(dt, 2056);
