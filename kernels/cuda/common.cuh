@@ -223,20 +223,20 @@ __device__ __forceinline__ float tpk__block_max(float v, float *sh /* [32] */) {
 void tpk__cuda_layer_ops(tpk_ops *ops);
 
 /* Column sums over row chunks, deterministic (no atomics): part[c][k][j] = sum over rows i of
- * chunk c (ROWS rows, TPK__COLSUM_ROWS unless given) of f(i, j)[k] (NOUT outputs per element), then
+ * chunk c (crows rows, TPK__COLSUM_ROWS unless given) of f(i, j)[k] (NOUT outputs per element), then
  * out_k[j] (+)= sum_c part[c][k][j] in chunk order. Used by bias_grad and layernorm's dw, db (and
- * to add up the layernorm backward's per-block partials, ROWS = 64). Launch with grid
+ * to add up the layernorm backward's per-block partials, crows = 64). Launch with grid
  * (ceil(cols / 32), tpk__colsum_grid_y(chunks)), block (32, 8): gridDim.y is at most 65535, so a
- * block strides over the chunks (rows > 65535 * ROWS); a chunk's sum does not depend on which block
+ * block strides over the chunks (rows > 65535 * crows); a chunk's sum does not depend on which block
  * adds it. */
 enum { TPK__COLSUM_ROWS = 256 }; /* rows per chunk */
 static inline unsigned tpk__colsum_grid_y(int64_t chunks) { return (unsigned)(chunks < 65535 ? chunks : 65535); }
-template <int NOUT, class F, int ROWS = TPK__COLSUM_ROWS>
-__global__ void tpk__colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part) {
+template <int NOUT, class F>
+__global__ void tpk__colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part, int64_t crows = TPK__COLSUM_ROWS) {
     __shared__ float sh[NOUT][8][33];
-    int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, chunks = (rows + ROWS - 1) / ROWS;
+    int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, chunks = (rows + crows - 1) / crows;
     for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) { /* uniform over the block */
-        int64_t r0 = c * ROWS, r1 = r0 + ROWS < rows ? r0 + ROWS : rows;
+        int64_t r0 = c * crows, r1 = r0 + crows < rows ? r0 + crows : rows;
         float acc[NOUT];
         for (int k = 0; k < NOUT; k++) acc[k] = 0.0f;
         if (j < cols)

@@ -492,8 +492,7 @@ static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *d
             });
         });
         dim3 grid((unsigned)((nout * cols + 31) / 32), tpk__colsum_grid_y(groups)), block(32, 8);
-        tpk__colsum_partial_kernel<1, ln_part_elem, LN_GROUP><<<grid, block, 0, st->stream>>>(ln_part_elem{part, nout * cols}, chunks, nout * cols,
-                                                                                              part2);
+        tpk__colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(ln_part_elem{part, nout * cols}, chunks, nout * cols, part2, (int64_t)LN_GROUP);
         final_kernel<<<ln_final_grid(cols, rms), 256, 0, st->stream>>>(dw, db, part2, groups, cols, nout);
         return tpk__cuda_launched(ctx, fn);
     }
