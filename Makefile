@@ -6,6 +6,8 @@
 #   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
 #   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
 #   make bench-gpt2 GPT-2 124M and 350M training steps: tpk's trainer next to PyTorch eager and torch.compile
+#   make gpu-report a GPU's first hour in one command: build, test-gpu with compute-sanitizer, bench-gpu and
+#                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
 #   make bench      the host benchmarks (bench/)
 #   make install PREFIX=/usr/local
 #   make clean
@@ -55,7 +57,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-sanitize test-gpu cuda-check bench bench-gpu bench-gpt2 demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: all deps test test-sanitize test-gpu cuda-check bench bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 $(B)/host/%.o: kernels/host/%.c $(HEADERS)
@@ -187,7 +189,7 @@ deps:
 	@sh tools/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example
+	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example $(GPU_BENCH)
 	@TPK_BUILD=$(B) sh tests/run.sh
 
 # The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
@@ -197,7 +199,7 @@ test: deps
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-sanitize: deps
 	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
-	  $(patsubst $(B)/%,build/san/%,$(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example)
+	  $(patsubst $(B)/%,build/san/%,$(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example $(GPU_BENCH))
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
@@ -218,6 +220,18 @@ PYTHON ?= python3
 bench-gpt2: $(B)/gpt2_train
 	$(PYTHON) bench/gpt2_step.py --model 124M
 	$(PYTHON) bench/gpt2_step.py --model 350M
+
+# A GPU's first hour in one command, within TPK_REPORT_BUDGET seconds (570; one H100: under 10
+# minutes): the build, make test-gpu (the op tests also under compute-sanitizer memcheck, racecheck,
+# synccheck and initcheck), bench-gpu's and bench-gpt2's runs with --json, then one Markdown report,
+# $(B)/gpu-report.md (attention against SDPA, memory-bound kernels against copy bandwidth, LM-head
+# GEMMs against a plain GEMM, GPT-2 steps against PyTorch eager and torch.compile, each figure beside
+# its target: PASS or BELOW; every step that failed or did not run named) and the logs in
+# $(B)/gpu-report-logs.tar.gz (tools/gpu_report.sh, tools/gpu_report.py). Exits 1 when a test or a
+# sanitizer failed or did not run, the report written all the same; without a GPU it writes a report
+# saying "NO GPU" and exits 2. The make overrides (MK of the GPU machine's setup) reach the build.
+gpu-report:
+	@B=$(B) MAKE="$(MAKE)" PYTHON="$(PYTHON)" sh tools/gpu_report.sh
 
 # Fuzz the safetensors reader, the GPT-2 and Llama config.json parsers with the shard index reader,
 # and the token loaders (tests/fuzz/) with
