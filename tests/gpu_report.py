@@ -120,7 +120,7 @@ def case_fixtures(work):
     check(rc == 1, "generator: a racecheck finding fails the report (exit status %d, want 1)" % rc)
     missing = [s for s in SECTIONS if s + "\n" not in md]
     check(not missing, "generator: every section is in the report (missing: %s)" % missing)
-    check("**Tests and sanitizers: FAILED**" in md and "compute-sanitizer racecheck: 2 findings" in md,
+    check("**Tests and sanitizers: FAILED**" in md and "compute-sanitizer racecheck: 2 findings, 1 op cases failed" in md,
           "generator: the summary names the failed sanitizer")
     r = row(md, "racecheck")
     check(r is not None and r[1] == "2" and r[-1] == "**FAIL**", "generator: the racecheck row shows 2 findings, FAIL: %s" % r)

@@ -113,10 +113,13 @@ class Report:
         return "step %s %s%s" % (name, s[1], (": " + s[4]) if s[4] else "")
 
     def bench(self, name):
-        j = read_json(os.path.join(self.d, name + ".json"), self.problems)
+        problems = []
+        j = read_json(os.path.join(self.d, name + ".json"), problems)
         st = self.steps.get(name)
-        if j is None and (st is None or st[1] == "ok"):  # (a step that failed or did not run is listed as such)
-            self.missing.append((name, self.step_why(name)))
+        if st is None or st[1] == "ok":  # (a step that failed or did not run is listed as such)
+            self.problems += problems
+            if j is None:
+                self.missing.append((name, self.step_why(name)))
         return j
 
     # ---- sections ----------------------------------------------------------------------------
@@ -180,7 +183,8 @@ class Report:
                     continue
                 ok = r[2] == "0" and r[3] == "0" and r[5] == "0"
                 if not ok:
-                    fails.append("compute-sanitizer %s: %s findings, exit status %s" % (tool, r[5], r[3]))
+                    fails.append("compute-sanitizer %s: %s, %s op cases failed, exit status %s" %
+                                 (tool, "no summary" if r[5] == "none" else r[5] + " findings", r[2], r[3]))
                 rows.append([tool, r[5] if r[5] != "none" else "no summary", r[1], r[3], r[4] + " s", "PASS" if ok else "**FAIL**"])
             self.table(["tool", "findings", "op cases ok", "exit", "time", "result"], rows)
         return fails, ran

@@ -59,7 +59,7 @@ step() {
     left=$((budget - ($(date +%s) - start)))
     [ "$lim" -gt "$left" ] && lim=$left
     if [ "$lim" -lt 10 ]; then
-        printf '%s\tskipped\t0\t%d\tno time left in the %d s budget\n' "$name" "$lim" "$budget" >> "$steps"
+        printf '%s\tskipped\t0\t0\tno time left in the %d s budget\n' "$name" "$budget" >> "$steps"
         echo "gpu-report: $name skipped: no time left"; return 1
     fi
     echo "gpu-report: $name (limit $lim s)"
@@ -107,8 +107,11 @@ else
         # the sanitizers end 20 s before the step's limit, so their rows are written
         lim=240 left=$((budget - ($(date +%s) - start)))
         [ "$lim" -gt "$left" ] && lim=$left
+        rm -f "$B/tests/gpu/results.tsv" "$B/tests/gpu/log.txt" "$B"/tests/gpu/sanitizer-*.txt # (no rows of an earlier run)
         TPK_SANITIZER_TIMEOUT=$((lim - 20)) TPK_GPU_TIMEOUT=$((lim - 20)) step test-gpu "$lim" $MAKE --no-print-directory test-gpu
-        [ -f "$B/tests/gpu/results.tsv" ] && cp "$B/tests/gpu/results.tsv" "$B"/tests/gpu/sanitizer-*.txt "$dir/" 2>/dev/null
+        for f in "$B/tests/gpu/results.tsv" "$B/tests/gpu/log.txt" "$B"/tests/gpu/sanitizer-*.txt; do
+            [ -f "$f" ] && cp "$f" "$dir/"
+        done
         # the benchmarks, one at a time, each alone on the GPU (the runs of make bench-gpu, and the 350M attention shape)
         bench gemm-f32 45 "$B/bench/gemm" --json
         bench gemm-bf16 45 "$B/bench/gemm" --dtype bf16 --json

@@ -105,7 +105,8 @@ for tool in $tools; do
         awk '{ s += $1; c++ } END { print c ? s : "none" }')
     cp "$out" "$dir/out.txt"
     if [ "$n" = none ]; then
-        echo "FAIL $name: no summary from the tool (it did not finish)" >> "$dir/out.txt"
+        [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && why="stopped at its $slimit s limit" || why="exit status $rc"
+        echo "FAIL $name: no summary from the tool (it did not finish: $why)" >> "$dir/out.txt"
     elif [ "$n" -gt 0 ]; then
         echo "FAIL $name: $n findings (see $out)" >> "$dir/out.txt"
     fi
