@@ -64,7 +64,7 @@ step() {
     fi
     echo "gpu-report: $name (limit $lim s)"
     t0=$(date +%s)
-    TPK_STEP_LIMIT=$lim timeout -k 10 "$lim" "$@" > "$dir/$name.log" 2>&1
+    timeout -k 10 "$lim" "$@" > "$dir/$name.log" 2>&1
     rc=$?
     secs=$(($(date +%s) - t0))
     case $rc in
