@@ -98,7 +98,7 @@ elif [ "$mode" = host ]; then
     bench kernels-bf16-gpt2-124M 60 "$B/bench/kernels" --host --dtype bf16 --n 4096 --iters 1 --B 1 --S 64 --A 2 --D 64 --json
     skip kernels-bf16-gpt2-350M "host dry run: one bf16 shape"
     skip kernels-bf16-d128 "host dry run: one bf16 shape"
-    bench gpt2-124M 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/gpt2_train" --model tiny --device cpu --dtype f32 --vocab 300 --steps 1 --warmup 0 --json
+    bench gpt2-124M 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/gpt2_train" --model tiny --device cpu --dtype f32 --vocab 300 --steps 1 --warmup 0 --no-compile --json
     skip gpt2-350M "host dry run: one model"
 else
     built=
