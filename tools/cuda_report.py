@@ -11,7 +11,8 @@ architecture it prints:
   regs          registers per thread (ptxas)
   spill         bytes of spill stores / spill loads (ptxas); stack: bytes of stack frame
   smem          static shared memory (ptxas) + dynamic shared memory at launch
-  threads       threads per block at launch
+  threads       threads per block at launch, and where that figure comes from: lb (the kernel's
+                __launch_bounds__), src (its launch sites), code (--launch lines)
   blocks/SM     resident blocks per SM at that launch configuration, and what limits it
 
 Launch configuration, taken from the code, not written by hand:
@@ -692,7 +693,7 @@ def print_report(kernels, out):
         out.write("%-64s %4s %9s %5s %13s %8s %9s\n" % ("kernel", "regs", "spill B", "stack", "smem st+dyn", "threads", "blocks/SM"))
         for k in ks:
             dyn = "?" if k["dyn"] is None else str(k["dyn"])
-            thr = "?" if k["threads"] is None else "%d %s" % (k["threads"], "lb" if k["threads_from"] == "lb" else "src")
+            thr = "?" if k["threads"] is None else "%d %s" % (k["threads"], k["threads_from"].split()[0])
             blk = "?" if k["blocks"] is None else ("<=" if k.get("blocks_le") else "") + "%d %s" % (k["blocks"], k["why"])
             out.write("%-64s %4d %9s %5d %13s %8s %9s\n" % (short(k["name"], 64), k["regs"], "%d/%d" % (k["spill_st"], k["spill_ld"]),
                                                           k["stack"], "%d+%s" % (k["smem"], dyn), thr, blk))
@@ -729,7 +730,13 @@ def main(argv=None):
     ap.add_argument("--no-probe", action="store_true", help="do not compile the launch probe")
     ap.add_argument("--no-source", action="store_true", help="do not read launch sites from --src")
     ap.add_argument("--suggest", action="store_true", help="print budget lines with today's values where a kernel is past its target")
+    ap.add_argument("--find-tool", metavar="NAME", help="print where NAME (cuobjdump, nvdisasm) is found, exit 1 if nowhere")
     a = ap.parse_args(argv)
+    if a.find_tool:
+        p = find_tool(a.find_tool, a.nvcc)
+        if p:
+            print(p)
+        return 0 if p else 1
 
     res_t, sass_t, elf_t, launch = [], [], [], []
     for f in a.res + a.sass + a.elf + a.launch:
