@@ -701,17 +701,18 @@ def print_report(kernels, out):
         if not tc:
             continue
         out.write("\n-- %s tensor-core kernels, SASS: main loop (per m16n8k16 HMMA, shared-memory bytes per warp) | whole kernel --\n" % arch)
-        out.write("%-40s %6s %5s %5s %9s %10s %8s %6s | %6s %5s %9s %10s\n" % (
-            "kernel", "insn", "HMMA", "inner", "insn/HMMA", "smem B/HMMA", "cp.async", "local", "insn", "HMMA", "insn/HMMA", "smem B/HMMA"))
+        out.write("%-40s %6s %5s %5s %9s %10s %8s %6s | %6s %5s %9s %10s | %s\n" % (
+            "kernel", "insn", "HMMA", "inner", "insn/HMMA", "smem B/HMMA", "cp.async", "local", "insn", "HMMA", "insn/HMMA", "smem B/HMMA",
+            "main loop's header, last address"))
         for k in tc:
             t, l = k["sass"]["total"], k["sass"]["loop"]
             tot = "%6d %5g %9.2f %10.1f" % (t["insn"], t["hmma"], t["insn"] / t["hmma"], (t["smem"] + t["cpasync"]) / t["hmma"])
             if l is None:
                 out.write("%-40s %6s %5s %5s %9s %10s %8s %6s | %s\n" % (short(k["name"], 40), "-", "-", "-", "no loop", "-", "-", "-", tot))
                 continue
-            out.write("%-40s %6d %5g %5d %9.2f %10.1f %8.1f %6d | %s\n" % (
+            out.write("%-40s %6d %5g %5d %9.2f %10.1f %8.1f %6d | %s | %#06x %#06x\n" % (
                 short(k["name"], 40), l["insn"], l["hmma"], l["inner"], l["insn"] / l["hmma"], (l["smem"] + l["cpasync"]) / l["hmma"],
-                l["cpasync"] / l["hmma"], l["local"], tot))
+                l["cpasync"] / l["hmma"], l["local"], tot, l["addr"], l["end"]))
 
 
 def main(argv=None):
