@@ -619,10 +619,10 @@ def check_budget(kernels, rules):
                 if r["metric"] == "nvcc":
                     continue
                 if r["metric"] == metric and fnmatch.fnmatchcase(k["arch"], r["arch"]) and fnmatch.fnmatchcase(k["name"], r["glob"]):
+                    r["used"] = True  # the line matches a kernel, even where a later line overrides it
                     rule = r
             if rule is None:
                 continue
-            rule["used"] = True
             v = metric_value(k, metric)
             where = "%s %s: %s" % (k["arch"], k["name"], metric)
             if v is None:
