@@ -67,12 +67,12 @@ $(B)/libtpk_host.a: $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-# ptxas's resource usage (registers, spills, stack, shared memory per kernel and architecture) is
+# ptxas's resource usage (-Xptxas -v: registers, spills, stack, shared memory per kernel and architecture) is
 # kept beside each object in %.res.txt for make cuda-report (tools/cuda_report.py), which reads the
 # SASS from the object itself: the report compiles nothing again. Other compiler output is shown.
 $(B)/cuda/%.o $(B)/cuda/%.res.txt: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh kernels/cuda/flash.cuh
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) --resource-usage -c $< -o $(B)/cuda/$*.o > $(B)/cuda/$*.res.tmp 2>&1; rc=$$?; \
+	$(NVCC) $(NVCCFLAGS) -Xptxas -v -c $< -o $(B)/cuda/$*.o > $(B)/cuda/$*.res.tmp 2>&1; rc=$$?; \
 	  grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' -e '^ptxas.*Compile time' $(B)/cuda/$*.res.tmp >&2; \
 	  [ $$rc -eq 0 ] && mv $(B)/cuda/$*.res.tmp $(B)/cuda/$*.res.txt
 
