@@ -19,9 +19,10 @@ Launch configuration, taken from the code, not written by hand:
   threads       the kernel's __launch_bounds__ (EIATTR_MAX_THREADS in the cubin: what the compiler
                 allocated registers for; every tensor-core attention kernel is launched with exactly
                 its bound); else the block-size argument of the kernel's launch sites in
-                kernels/cuda (`name<...><<<grid, block, smem, stream>>>`), evaluated where it is a
-                constant expression of literals and the files' enum / #define / constexpr int
-                constants; else unknown ("?").
+                kernels/cuda (`name<...><<<grid, block, smem, stream>>>`, or a launch through
+                `auto kernel = name<...>;`), evaluated where it is a constant expression of literals
+                and the files' enum / #define / constexpr int constants (the largest where the sites
+                differ); else unknown ("?").
   dynamic smem  for the tensor-core attention kernels: tpk__flash_smem() of kernels/cuda/flash.cuh,
                 the function the launchers pass to <<<>>> and to cudaFuncSetAttribute, evaluated by
                 a small host program compiled against flash.cuh (its source is LAUNCH_PROBE below,
@@ -448,7 +449,7 @@ def cfg(insns):
     return blocks, succ
 
 
-def dominators(nb, succ):
+def dominators(succ):
     """immediate dominators of the blocks reachable from block 0 (Cooper, Harvey, Kennedy)"""
     order, seen, stack = [], {0}, [(0, iter(succ[0]))]
     while stack:
@@ -498,7 +499,7 @@ def dominates(idom, h, v):
 
 def natural_loops(blocks, succ):
     """{header block: set of blocks} for every loop (back edges to one header merged)"""
-    idom, preds = dominators(len(blocks), succ)
+    idom, preds = dominators(succ)
     loops = {}
     for v in idom:
         for h in succ[v]:
@@ -658,7 +659,7 @@ def collect(res, sass, elf, launch, src, names):
         dyn = None
         for pat, t, s in launch:
             if fnmatch.fnmatchcase(name, pat):
-                dyn, how_dyn = s, "code"
+                dyn = s
                 if thr is None and t is not None:
                     thr, how = t, "code"
         base = re.split(r"[<(]", name)[0].split("::")[-1]
