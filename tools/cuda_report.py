@@ -58,15 +58,20 @@ SASS figures, for every kernel with tensor-core instructions (the attention kern
             once — an inner loop inside it (e.g. a k loop unrolled by 2) once, not once per trip —
             so "insn/HMMA" is the body's instructions over the body's HMMAs and "smem B/HMMA" the
             body's shared-memory bytes (per warp) over its HMMAs (per m16n8k16, per warp).
+            The table also gives the number of inner loops holding HMMAs ("inner"), the local-memory
+            instructions in the body ("local": LDL/STL, spills), and the header's and the body's
+            last SASS address.
   totals    the same counts over the whole kernel.
 
 Budget (tools/cuda-budget.txt, --budget): lines `metric arch limit target kernel-glob`; the LAST
 line whose arch and glob match a kernel sets that metric's limit and target for it. Metrics:
 regs (max), spill (max bytes, stores + loads), blocks (min per SM), insn/hmma (max, main loop),
-smem/hmma (max, main loop). The limit is enforced: a kernel past it is a violation, named, and the
-report exits 1. The target is the issue's goal: a kernel past it is printed "over target" but does
-not fail. A budget line matching no kernel is a violation too (a renamed kernel must not lose its
-budget silently).
+smem/hmma (max, main loop, cp.async included). The limit is enforced: a kernel past it is a
+violation, named, and the report exits 1. The target is the issue's goal: a kernel past it is
+printed "over target" but does not fail. A budget line matching no kernel is a violation too (a
+renamed kernel must not lose its budget silently). A line `nvcc X.Y` says which compiler the limits
+were measured with: under another, violations are printed and not enforced. --suggest prints a
+budget line at the measured value for every figure past its target.
 
 Offline inputs for the self-test (tests/cuda_report.sh) and for reports from elsewhere:
 --res FILE (ptxas -v output), --sass FILE (cuobjdump -sass), --elf FILE (cuobjdump -elf),
