@@ -4,6 +4,7 @@
 #   make test-sanitize  the host suite built with AddressSanitizer + UBSan (in build/san)
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
 #   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
+#   make cuda-report  registers, spills, occupancy and SASS per HMMA of every CUDA kernel, against tools/cuda-budget.txt
 #   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
 #   make bench-gpt2 GPT-2 124M and 350M training steps: tpk's trainer next to PyTorch eager and torch.compile
 #   make gpu-report a GPU's first hour in one command: build, test-gpu with compute-sanitizer, bench-gpu and
@@ -57,7 +58,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-sanitize test-gpu cuda-check bench bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 $(B)/host/%.o: kernels/host/%.c $(HEADERS)
@@ -68,9 +69,14 @@ $(B)/libtpk_host.a: $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(B)/cuda/%.o: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh kernels/cuda/flash.cuh
+# ptxas's resource usage (-Xptxas -v: registers, spills, stack, shared memory per kernel and architecture) is
+# kept beside each object in %.res.txt for make cuda-report (tools/cuda_report.py), which reads the
+# SASS from the object itself: the report compiles nothing again. Other compiler output is shown.
+$(B)/cuda/%.o $(B)/cuda/%.res.txt: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh kernels/cuda/flash.cuh
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -Xptxas -v -c $< -o $(B)/cuda/$*.o > $(B)/cuda/$*.res.tmp 2>&1; rc=$$?; \
+	  grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' -e '^ptxas.*Compile time' $(B)/cuda/$*.res.tmp >&2; \
+	  [ $$rc -eq 0 ] && mv $(B)/cuda/$*.res.tmp $(B)/cuda/$*.res.txt
 
 # The CUDA archive: the CUDA backend, the NCCL communicator and the host backend's objects, so a
 # GPU program links this one archive (+ $(CUDA_LIBS) and OpenBLAS).
@@ -95,6 +101,18 @@ cuda-check:
 	 if [ -z "$$py" ]; then echo "cuda-check: numpy not found: tests/gpu/emulate.py skipped"; \
 	 else out=$$($$py tests/gpu/emulate.py) || { echo "$$out"; exit 1; }; \
 	 echo "cuda-check: CPU emulation of the attention tiling and the GEMM mapping (tests/gpu/emulate.py): $$(echo "$$out" | tail -1)"; fi
+
+# The static budget of the CUDA archive (tools/cuda_report.py, tools/cuda-budget.txt): per kernel and
+# architecture (sm_80, sm_90) registers, spills, shared memory, threads and blocks per SM at the
+# launch configuration the code uses, and for the tensor-core attention kernels SASS instructions and
+# shared-memory bytes per HMMA in the main loop; fails on any figure past its limit in the budget.
+# Reads the objects (and ptxas's log beside them) that cuda-check builds: nothing is compiled twice.
+CUDA_REPORT_OBJ = $(B)/cuda/ops_cuda.o $(B)/cuda/ops_cuda_layers.o
+cuda-report:
+	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-report: nvcc not found: nothing to report"; exit 1; fi
+	@$(MAKE) --no-print-directory $(CUDA_REPORT_OBJ:.o=.res.txt)
+	$(PYTHON) tools/cuda_report.py --budget tools/cuda-budget.txt --nvcc $(NVCC) --workdir $(B)/cuda-report \
+	  --nvccflags="$(filter -D%,$(NVCCFLAGS))" $(CUDA_REPORT_OBJ)
 
 $(B)/tests/%: tests/%.c tests/test.h tests/tp_layer.h $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)

@@ -135,6 +135,8 @@ script gpt2_train 1-4 tests/train.sh
 script faults 1-2 tests/faults.sh
 # the trainer on the emulated CUDA backend against the host's
 script gpt2_train_emu 2 tests/train_emu.sh
+# make cuda-report's figures and budget checks on a hand-counted ptxas log and SASS (no nvcc needed)
+script cuda_report 1 tests/cuda_report.sh
 
 # install into build/inst and build the README example against it with pkg-config (normal build only)
 inst="$PWD/build/inst"
