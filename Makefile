@@ -4,8 +4,11 @@
 #   make test-sanitize  the host suite built with AddressSanitizer + UBSan (in build/san)
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
 #   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
+#   make cuda-report  registers, spills, occupancy and SASS per HMMA of every CUDA kernel, against tools/cuda-budget.txt
 #   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
 #   make bench-gpt2 GPT-2 124M and 350M training steps: tpk's trainer next to PyTorch eager and torch.compile
+#   make gpu-report a GPU's first hour in one command: build, test-gpu with compute-sanitizer, bench-gpu and
+#                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
 #   make bench      the host benchmarks (bench/)
 #   make install PREFIX=/usr/local
 #   make clean
@@ -55,7 +58,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-sanitize test-gpu cuda-check bench bench-gpu bench-gpt2 demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 $(B)/host/%.o: kernels/host/%.c $(HEADERS)
@@ -66,9 +69,14 @@ $(B)/libtpk_host.a: $(HOST_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(B)/cuda/%.o: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh kernels/cuda/flash.cuh
+# ptxas's resource usage (-Xptxas -v: registers, spills, stack, shared memory per kernel and architecture) is
+# kept beside each object in %.res.txt for make cuda-report (tools/cuda_report.py), which reads the
+# SASS from the object itself: the report compiles nothing again. Other compiler output is shown.
+$(B)/cuda/%.o $(B)/cuda/%.res.txt: kernels/cuda/%.cu $(HEADERS) kernels/cuda/common.cuh kernels/cuda/flash.cuh
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -Xptxas -v -c $< -o $(B)/cuda/$*.o > $(B)/cuda/$*.res.tmp 2>&1; rc=$$?; \
+	  grep -v -e '^ptxas info' -e '^    [0-9]* bytes stack frame' -e '^ptxas.*Compile time' $(B)/cuda/$*.res.tmp >&2; \
+	  [ $$rc -eq 0 ] && mv $(B)/cuda/$*.res.tmp $(B)/cuda/$*.res.txt
 
 # The CUDA archive: the CUDA backend, the NCCL communicator and the host backend's objects, so a
 # GPU program links this one archive (+ $(CUDA_LIBS) and OpenBLAS).
@@ -93,6 +101,18 @@ cuda-check:
 	 if [ -z "$$py" ]; then echo "cuda-check: numpy not found: tests/gpu/emulate.py skipped"; \
 	 else out=$$($$py tests/gpu/emulate.py) || { echo "$$out"; exit 1; }; \
 	 echo "cuda-check: CPU emulation of the attention tiling and the GEMM mapping (tests/gpu/emulate.py): $$(echo "$$out" | tail -1)"; fi
+
+# The static budget of the CUDA archive (tools/cuda_report.py, tools/cuda-budget.txt): per kernel and
+# architecture (sm_80, sm_90) registers, spills, shared memory, threads and blocks per SM at the
+# launch configuration the code uses, and for the tensor-core attention kernels SASS instructions and
+# shared-memory bytes per HMMA in the main loop; fails on any figure past its limit in the budget.
+# Reads the objects (and ptxas's log beside them) that cuda-check builds: nothing is compiled twice.
+CUDA_REPORT_OBJ = $(B)/cuda/ops_cuda.o $(B)/cuda/ops_cuda_layers.o
+cuda-report:
+	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-report: nvcc not found: nothing to report"; exit 1; fi
+	@$(MAKE) --no-print-directory $(CUDA_REPORT_OBJ:.o=.res.txt)
+	$(PYTHON) tools/cuda_report.py --budget tools/cuda-budget.txt --nvcc $(NVCC) --workdir $(B)/cuda-report \
+	  --nvccflags="$(filter -D%,$(NVCCFLAGS))" $(CUDA_REPORT_OBJ)
 
 $(B)/tests/%: tests/%.c tests/test.h tests/tp_layer.h $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
@@ -187,7 +207,7 @@ deps:
 	@sh tools/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example
+	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example $(GPU_BENCH)
 	@TPK_BUILD=$(B) sh tests/run.sh
 
 # The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
@@ -197,7 +217,7 @@ test: deps
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-sanitize: deps
 	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
-	  $(patsubst $(B)/%,build/san/%,$(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example)
+	  $(patsubst $(B)/%,build/san/%,$(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example $(GPU_BENCH))
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
@@ -218,6 +238,18 @@ PYTHON ?= python3
 bench-gpt2: $(B)/gpt2_train
 	$(PYTHON) bench/gpt2_step.py --model 124M
 	$(PYTHON) bench/gpt2_step.py --model 350M
+
+# A GPU's first hour in one command, within TPK_REPORT_BUDGET seconds (570; one H100: under 10
+# minutes): the build, make test-gpu (the op tests also under compute-sanitizer memcheck, racecheck,
+# synccheck and initcheck), bench-gpu's and bench-gpt2's runs with --json, then one Markdown report,
+# $(B)/gpu-report.md (attention against SDPA, memory-bound kernels against copy bandwidth, LM-head
+# GEMMs against a plain GEMM, GPT-2 steps against PyTorch eager and torch.compile, each figure beside
+# its target: PASS or BELOW; every step that failed or did not run named) and the logs in
+# $(B)/gpu-report-logs.tar.gz (tools/gpu_report.sh, tools/gpu_report.py). Exits 1 when a test or a
+# sanitizer failed or did not run, the report written all the same; without a GPU it writes a report
+# saying "NO GPU" and exits 2. The make overrides (MK of the GPU machine's setup) reach the build.
+gpu-report:
+	@B=$(B) MAKE="$(MAKE)" PYTHON="$(PYTHON)" sh tools/gpu_report.sh
 
 # Fuzz the safetensors reader, the GPT-2 and Llama config.json parsers with the shard index reader,
 # and the token loaders (tests/fuzz/) with

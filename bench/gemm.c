@@ -23,7 +23,8 @@
  * GPU, the monotonic clock on the host.
  *
  *   gemm [--H 768] [--F 4H] [--tokens T] [--vocab 50257] [--dtype f32|bf16] [--t 1,2,4,8]
- *        [--iters N] [--host] [--tf32] [--json]
+ *        [--iters N] [--peak P] [--host] [--tf32] [--json]
+ * --peak: the size of the square GEMM that measures the peak (8192 on the GPU, 2048 on the host).
  * The CUDA backend is used when the program was built with it (-DTPK_WITH_CUDA) and a device is
  * present, unless --host. */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime */
@@ -157,6 +158,7 @@ int main(int argc, char **argv) {
     int64_t H = 768, F = 0, T = 0, V = 50257;
     tpk_dtype dt = TPK_F32;
     int ts[8] = {1, 2, 4, 8}, nt = 4, iters = 0;
+    int64_t P = 0; /* the peak's square GEMM */
     bool json = false, force_host = false, tf32 = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -168,6 +170,7 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--tokens")) T = atoll(v), i++;
         else if (v && !strcmp(a, "--vocab")) V = atoll(v), i++;
         else if (v && !strcmp(a, "--iters")) iters = atoi(v), i++;
+        else if (v && !strcmp(a, "--peak")) P = atoll(v), i++;
         else if (v && !strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? TPK_BF16 : TPK_F32, i++;
         else if (v && !strcmp(a, "--t")) {
             nt = 0;
@@ -178,7 +181,7 @@ int main(int argc, char **argv) {
             }
             i++;
         } else {
-            fprintf(stderr, "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] [--t 1,2,4,8] [--iters n] [--host] [--tf32] [--json]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] [--t 1,2,4,8] [--iters n] [--peak P] [--host] [--tf32] [--json]\n", argv[0]);
             return 2;
         }
     }
@@ -192,8 +195,9 @@ int main(int argc, char **argv) {
     if (!F) F = 4 * H;
     if (!T) T = gpu ? 8192 : 1024;
     if (!iters) iters = gpu ? 50 : 3;
-    if (H < 1 || F < 1 || T < 1 || V < 1 || iters < 1) {
-        fprintf(stderr, "bench/gemm: H, F, tokens, vocab and iters must be positive\n");
+    if (!P) P = gpu ? 8192 : 2048;
+    if (H < 1 || F < 1 || T < 1 || V < 1 || iters < 1 || P < 1) {
+        fprintf(stderr, "bench/gemm: H, F, tokens, vocab, iters and peak must be positive\n");
         return 2;
     }
     if (tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops}) != TPK_OK) {
@@ -205,7 +209,6 @@ int main(int argc, char **argv) {
     if (gpu && tpk_cuda_l2_bytes()) l2 = tpk_cuda_l2_bytes();
 #endif
     /* measured peak: a square GEMM through the plain path */
-    int64_t P = gpu ? 8192 : 2048;
     gemm_case pk = {false, false, P, P, P, gpu ? dt : TPK_F32, false, 0, 0, 0, 0, 0, 0};
     double pk_tpk, pk_plain;
     take_min = true;

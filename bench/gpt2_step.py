@@ -9,11 +9,17 @@ The same model, batch and dtype, in the same run, on the same device:
              f32 weights when --dtype bf16; each step synchronised, median after the warm-up;
   compile    the same module under torch.compile (where PyTorch has it, 2.0 and later).
 Every side trains on uniformly random tokens (the step's cost does not depend on them). Ratios
-are tpk's tokens/s over each reference's. --json prints one JSON object instead of the table.
+are tpk's tokens/s over each reference's. MFU: model flops per token 6 N + 12 L H S (N the
+parameters of the unpadded model, wte tied; the trainer's convention) times tokens/s over
+--peak-tflops (790: the bf16 dense rate cuBLASLt reaches on an H100, bench/gemm's 8192^3).
+Peak memory: tpk's buffers (the trainer's "peak memory" line), PyTorch's
+torch.cuda.max_memory_allocated (none on the CPU). --json prints one JSON object instead of the
+table. Stopped by SIGTERM (a time limit), it still prints what it measured, the rest under
+"skipped".
 
     python3 bench/gpt2_step.py [--model 124M|350M|tiny] [--batch B] [--seq S] [--steps N]
         [--warmup W] [--dtype bf16|f32] [--device cuda|cpu] [--vocab V] [--trainer PATH]
-        [--no-torch] [--no-compile] [--json]
+        [--no-torch] [--no-compile] [--peak-tflops T] [--json]
 """
 import argparse
 import json
@@ -21,6 +27,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import struct
 import subprocess
@@ -29,6 +36,20 @@ import tempfile
 import time
 
 MODELS = {"124M": (12, 768, 12), "350M": (24, 1024, 16), "tiny": (2, 64, 4)}  # layers, hidden, heads
+
+
+class Stopped(Exception):
+    """SIGTERM: the caller's time limit"""
+
+
+def on_term(signum, frame):
+    raise Stopped("stopped by SIGTERM (time limit)")
+
+
+def flops_per_token(L, H, V, S):
+    """6 N + 12 L H S: N = wte (tied) + wpe + L blocks (12 H^2 + 13 H) + ln_f"""
+    n = V * H + S * H + L * (12 * H * H + 13 * H) + 2 * H
+    return 6 * n + 12 * L * H * S
 
 
 def write_shard(path, n, vocab, seed=1):
@@ -54,13 +75,25 @@ def run_tpk(a, L, H, A):
             flags = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
             cmd = [mpirun] + flags + ["-np", "1"] + cmd
         env = dict(os.environ, OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            so, se = proc.communicate(timeout=3600)
+        except BaseException:  # stopped (SIGTERM) or too long: mpirun given time to stop the trainer
+            proc.terminate()
+            try:
+                proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            raise
+        out = subprocess.CompletedProcess(cmd, proc.returncode, so, se)
         if out.returncode != 0:
             raise RuntimeError("%s failed (%d): %s" % (a.trainer, out.returncode, (out.stdout + out.stderr)[-2000:]))
         ms = [float(m.group(2)) for m in re.finditer(r"^step\s+(\d+)/\d+ \|.*?\| ([0-9.]+) ms \|", out.stdout, re.M) if int(m.group(1)) > a.warmup]
         if len(ms) < 1:
             raise RuntimeError("no step times in the trainer's output:\n" + out.stdout[-2000:])
-        return statistics.median(ms), out.stdout
+        mem = re.search(r"peak memory ([0-9.]+) MB", out.stdout)
+        return statistics.median(ms), (float(mem.group(1)) if mem else None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -118,6 +151,8 @@ def run_torch(a, L, H, A, compiled):
     idx = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     tgt = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if a.dtype == "bf16" else torch.autocast(dev.type, enabled=False)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(a.warmup + a.steps):
         if dev.type == "cuda":
@@ -135,7 +170,9 @@ def run_torch(a, L, H, A, compiled):
             times.append(1e3 * (time.perf_counter() - t0))
     if not math.isfinite(loss.item()):
         raise RuntimeError("PyTorch's loss is not finite")
-    return statistics.median(times)
+    mem = torch.cuda.max_memory_allocated() / 1e6 if dev.type == "cuda" else None
+    del model, opt, step_model
+    return statistics.median(times), mem
 
 
 def main():
@@ -151,8 +188,10 @@ def main():
     p.add_argument("--trainer", default="build/gpt2_train")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, on_term)
     L, H, A = MODELS[a.model]
     small = a.model == "tiny"
     a.batch = a.batch or (4 if small else 16 if a.model == "124M" else 8)
@@ -167,10 +206,11 @@ def main():
     if a.steps < 1 or a.warmup < 0 or a.batch < 1 or a.seq < 1 or a.vocab < 1 or a.vocab > 65536:
         p.error("steps >= 1, warmup >= 0, batch, seq >= 1 and 1 <= vocab <= 65536 (uint16 tokens)")
     tokens = a.batch * a.seq
-    rows = {}
-    tpk_ms, _ = run_tpk(a, L, H, A)
-    rows["tpk"] = tpk_ms
-    skipped = {}
+    rows, mem, skipped = {}, {}, {}
+    try:
+        rows["tpk"], mem["tpk"] = run_tpk(a, L, H, A)
+    except Stopped as e:
+        skipped["tpk"] = str(e)
     try:
         import torch
 
@@ -181,22 +221,30 @@ def main():
         if a.no_torch or (compiled and a.no_compile):
             skipped[name] = "not asked for"
             continue
+        if skipped.get("tpk", "").startswith("stopped"):
+            skipped[name] = skipped["tpk"]
+            continue
         try:
-            rows[name] = run_torch(a, L, H, A, compiled)
-        except Exception as e:  # a missing PyTorch or feature is reported, not fatal
+            rows[name], mem[name] = run_torch(a, L, H, A, compiled)
+        except Exception as e:  # a missing PyTorch or feature, or the time limit, is reported, not fatal
             skipped[name] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    fpt = flops_per_token(L, H, a.vocab, a.seq)
     res = {"model": a.model, "layers": L, "hidden": H, "heads": A, "vocab": a.vocab, "batch": a.batch, "seq": a.seq, "dtype": a.dtype,
-           "device": a.device, "steps": a.steps, "warmup": a.warmup,
-           "rows": {k: {"ms": v, "tokens_per_s": tokens / (v * 1e-3)} for k, v in rows.items()},
-           "tpk_ratio": {k: rows[k] / tpk_ms for k in rows if k != "tpk"}, "skipped": skipped}
+           "device": a.device, "steps": a.steps, "warmup": a.warmup, "flops_per_token": fpt, "peak_tflops": a.peak_tflops,
+           "rows": {k: {"ms": v, "tokens_per_s": tokens / (v * 1e-3), "mfu": fpt * tokens / (v * 1e-3) / (a.peak_tflops * 1e12),
+                        "peak_mem_mb": mem.get(k)} for k, v in rows.items()},
+           "tpk_ratio": {k: rows[k] / rows["tpk"] for k in rows if k != "tpk" and "tpk" in rows}, "skipped": skipped}
     if a.json:
         print(json.dumps(res))
         return
     print("GPT-2 %s (L=%d H=%d A=%d V=%d), B=%d S=%d, %s on %s, median of %d steps after %d warm-up" %
           (a.model, L, H, A, a.vocab, a.batch, a.seq, a.dtype, a.device, a.steps, a.warmup))
-    print("%-22s %10s %12s %14s" % ("", "ms/step", "tokens/s", "tpk / this"))
-    for k, v in rows.items():
-        print("%-22s %10.1f %12.0f %13.3fx" % (k, v, tokens / (v * 1e-3), v / tpk_ms if k != "tpk" else 1.0))
+    print("%-22s %10s %12s %7s %12s %14s" % ("", "ms/step", "tokens/s", "MFU", "peak MB", "tpk / this"))
+    for k, r in res["rows"].items():
+        print("%-22s %10.1f %12.0f %6.1f%% %12s %13s" % (k, r["ms"], r["tokens_per_s"], 100 * r["mfu"],
+                                                      "%.0f" % r["peak_mem_mb"] if r["peak_mem_mb"] is not None else "-",
+                                                      "%.3fx" % res["tpk_ratio"][k] if k in res["tpk_ratio"] else "-"))
     for k, why in skipped.items():
         print("%-22s not measured (%s)" % (k, why))
 

@@ -197,8 +197,9 @@ int main(int argc, char **argv) {
                tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C, iters, (long long)AB, (long long)AS, (long long)AA, (long long)AD);
         printf("measured copy bandwidth: %.1f GB/s (read + write)\n\n%-16s %10s %10s %8s\n", copy_bw, "op", "ms", "GB/s", "% copy");
     } else {
-        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"copy_gbs\": %.3f, \"rows\": [", ops->name, tpk_dtype_name(dt), (long long)N,
-               copy_bw);
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"attn_shape\": {\"B\": %lld, \"S\": %lld, \"A\": %lld, \"D\": %lld}, "
+               "\"copy_gbs\": %.3f, \"rows\": [",
+               ops->name, tpk_dtype_name(dt), (long long)N, (long long)AB, (long long)AS, (long long)AA, (long long)AD, copy_bw);
     }
     for (int op = OP_FILL; op < OP_N; op++) {
         double ms = time_op(op, iters);

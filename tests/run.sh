@@ -106,6 +106,18 @@ else
     echo "torch_reference: skipped (Debian's python3-torch is not importable by $py; sudo apt-get install python3-torch)"
 fi
 
+# make gpu-report's report, checked on the CPU (tests/gpu_report.py): the generator on recorded GPU
+# figures at each target's edge, the command without a GPU, a host dry run of the whole pipeline
+py3=$(command -v python3 || echo /usr/bin/python3)
+out=$(timeout 300 "$py3" tests/gpu_report.py "$B" 2>&1)
+printf '%s\n' "$out" >> "$log"
+printf '%s\n' "$out" | grep '^FAIL' | head -20
+p=$(printf '%s\n' "$out" | grep -c '^ok ')
+f=$(printf '%s\n' "$out" | grep -c '^FAIL')
+[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { printf '%s\n' "$out" | tail -5; f=1; }
+printf '%-28s np=%s  %3d ok  %d failed\n' gpu_report 1 "$p" "$f"
+passed=$((passed + p)) failed=$((failed + f))
+
 # script NAME NP FILE: a test script's "ok"/"FAIL" lines counted as one row
 script() {
     out=$(sh "$3" 2>&1)
@@ -123,6 +135,8 @@ script gpt2_train 1-4 tests/train.sh
 script faults 1-2 tests/faults.sh
 # the trainer on the emulated CUDA backend against the host's
 script gpt2_train_emu 2 tests/train_emu.sh
+# make cuda-report's figures and budget checks on a hand-counted ptxas log and SASS (no nvcc needed)
+script cuda_report 1 tests/cuda_report.sh
 
 # install into build/inst and build the README example against it with pkg-config (normal build only)
 inst="$PWD/build/inst"

@@ -255,6 +255,75 @@ static void test_linear_bwd_act(tpk_dtype dt) {
     }
 }
 
+/* n elements at two device addresses, downloaded and compared (relative error < tol) */
+static void dev_close(const void *got, const void *want, size_t n, tpk_dtype dt, double tol, const char *what) {
+    size_t bytes = n * tpk_dtype_size(dt);
+    void *rg = malloc(bytes), *rw = malloc(bytes);
+    float *g = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
+    CHECK_OK(&cd, cd.ops->memcpy(&cd, rg, got, bytes, TPK_D2H));
+    CHECK_OK(&cd, cd.ops->memcpy(&cd, rw, want, bytes, TPK_D2H));
+    pair_load(g, dt, rg, n), pair_load(w, dt, rw, n);
+    CHECK_CLOSE(g, w, n, tol, what);
+    free(rg), free(rw), free(g), free(w);
+}
+
+/* Each fused cuBLASLt epilogue against the CUDA backend's own composed ops on the same inputs:
+ *   linear_fwd      BIAS, GELU_AUX, GELU_AUX_BIAS  = gemm (x W^T) + bias_add + act_fwd
+ *   linear_bwd_act  DGELU, DGELU_BGRAD             = gemm (dy W) + act_bwd(pre) + bias_grad
+ * (within rounding: the epilogue rounds once, the composition after each op); and, with the bias
+ * or the pre-activation one element past a 16-byte boundary, the backend's own composed path
+ * (an epilogue needs 16-byte vectors) against the same composition, bit for bit. Outputs
+ * poisoned first. x [T, k], W [n, k], pre / du [T, n], dy [T, k2], W2 [k2, n]. */
+static void test_epilogues_composed(tpk_dtype dt) {
+    TEST_CASE("linear_fwd, linear_bwd_act: each epilogue against gemm + bias_add + act_fwd / act_bwd + bias_grad on the GPU [%s]", tpk_dtype_name(dt)) {
+        int64_t T = 67, n = 96, k = 80, k2 = 48;
+        size_t es = tpk_dtype_size(dt), tn = (size_t)(T * n), pad = 8; /* pad: room for the copies at +1 element */
+        pair x = pair_randn(&cd, (size_t)(T * k), dt, 90, 1.0f), w = pair_randn(&cd, (size_t)(n * k), dt, 91, 0.2f);
+        pair b = pair_randn(&cd, (size_t)n + pad, dt, 92, 1.0f), dy = pair_randn(&cd, (size_t)(T * k2), dt, 93, 1.0f);
+        pair w2 = pair_randn(&cd, (size_t)(k2 * n), dt, 94, 0.2f), pre0 = pair_randn(&cd, tn + pad, dt, 95, 1.5f);
+        void *y, *pre, *yc, *prec, *db, *dbc; /* fused, composed: [T, n] + pad (db: [n] + pad) */
+        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &y)); CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &pre));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &yc)); CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &prec));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, ((size_t)n + pad) * es, &db)); CHECK_OK(&cd, cd.ops->alloc(&cd, ((size_t)n + pad) * es, &dbc));
+        char what[96];
+        for (int off = 0; off < 2; off++) { /* 0: the epilogue; 1: every vector at +1 element: the backend composes */
+            size_t o = (size_t)off * es;
+            void *bo = (char *)b.d + o, *yo = (char *)y + o, *po = (char *)pre + o, *yco = (char *)yc + o, *pco = (char *)prec + o;
+            double tol = off ? 1e-30 : tol_for(dt, TOL_SUM); /* off: the same calls, so equal bit for bit */
+            for (int v = 0; v < 4; v++) {
+                bool gelu = v & 1, bias = v & 2;
+                if (!gelu && !bias) continue; /* no epilogue: a plain gemm (test_gemm) */
+                tpk_act act = gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE;
+                CHECK_OK(&cd, cd.ops->fill(&cd, y, dt, tn + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, pre, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, yc, dt, tn + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, prec, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->linear_fwd(&cd, yo, po, x.d, w.d, bias ? bo : NULL, T, n, k, act, dt));
+                void *u = gelu ? pco : yco;
+                CHECK_OK(&cd, cd.ops->gemm(&cd, false, true, T, n, k, 1.0f, x.d, k, w.d, k, 0.0f, u, n, dt));
+                if (bias) CHECK_OK(&cd, cd.ops->bias_add(&cd, u, bo, T, n, dt));
+                if (gelu) CHECK_OK(&cd, cd.ops->act_fwd(&cd, act, yco, u, dt, tn));
+                snprintf(what, sizeof what, "linear_fwd %s%s%s", bias ? "bias" : "", gelu ? (bias ? "+gelu" : "gelu") : "", off ? " (composed: +1 element)" : "");
+                dev_close(yo, yco, tn, dt, tol, what);
+                if (gelu) dev_close(po, pco, tn, dt, tol, "linear_fwd pre-activation");
+            }
+            void *p0 = (char *)pre0.d + o, *duo = (char *)y + o, *duco = (char *)yc + o, *dbo = (char *)db + o, *dbco = (char *)dbc + o;
+            for (int with_db = 0; with_db < 2; with_db++) {
+                CHECK_OK(&cd, cd.ops->fill(&cd, y, dt, tn + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, yc, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, db, dt, (size_t)n + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, dbc, dt, (size_t)n + pad, NAN));
+                CHECK_OK(&cd, cd.ops->linear_bwd_act(&cd, duo, with_db ? dbo : NULL, dy.d, w2.d, p0, T, n, k2, TPK_ACT_GELU_TANH, dt));
+                CHECK_OK(&cd, cd.ops->gemm(&cd, false, false, T, n, k2, 1.0f, dy.d, k2, w2.d, n, 0.0f, duco, n, dt));
+                CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, duco, p0, duco, dt, tn));
+                if (with_db) CHECK_OK(&cd, cd.ops->bias_grad(&cd, dbco, duco, T, n, dt, dt, false));
+                snprintf(what, sizeof what, "linear_bwd_act du%s%s", with_db ? " (dgelu_bgrad)" : " (dgelu)", off ? " (composed: +1 element)" : "");
+                dev_close(duo, duco, tn, dt, tol, what);
+                if (with_db) dev_close(dbo, dbco, (size_t)n, dt, tol, off ? "linear_bwd_act db (composed: +1 element)" : "linear_bwd_act db");
+            }
+        }
+        void *bufs[] = {y, pre, yc, prec, db, dbc};
+        for (int i = 0; i < 6; i++) cd.ops->free(&cd, bufs[i]);
+        pair_free(&cd, &x), pair_free(&cd, &w), pair_free(&cd, &b), pair_free(&cd, &dy), pair_free(&cd, &w2), pair_free(&cd, &pre0);
+    }
+}
+
 /* the fused residual + layernorm forward against the host op */
 static void test_residual_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
     TEST_CASE("residual_layernorm_fwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
@@ -707,6 +776,7 @@ int main(int argc, char **argv) {
         test_gemm_acc(dt);
         test_linear_fwd(dt);
         test_linear_bwd_act(dt);
+        test_epilogues_composed(dt);
         test_residual_layernorm(dt, 300, 77);
         test_residual_layernorm(dt, 100, 768);
         test_residual_layernorm(dt, 30, 2048);
