@@ -8,7 +8,10 @@
  * same attention shape in PyTorch (bench/torch_attn.py: scaled_dot_product_attention where it
  * exists), in the same run, and tpk's speed as a percentage of PyTorch's.
  *
- *   kernels [--n N] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json] */
+ *   kernels [--n N] [--cols C] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]
+ *
+ * --cols: the row width of the row ops (layernorm, embedding, cross-entropy; default 1024, the
+ * rows N / C): 768 gives GPT-2 124M's layernorm. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, popen */
 #include <time.h>
 
@@ -150,6 +153,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--host")) force_host = true;
         else if (v && !strcmp(a, "--n")) n = atoll(v), i++;
+        else if (v && !strcmp(a, "--cols")) cols = atoll(v), i++;
         else if (v && !strcmp(a, "--iters")) iters = atoi(v), i++;
         else if (v && !strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? TPK_BF16 : TPK_F32, i++;
         else if (v && !strcmp(a, "--B")) AB = atoll(v), i++;
@@ -157,7 +161,7 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--A")) AA = atoll(v), i++;
         else if (v && !strcmp(a, "--D")) AD = atoll(v), i++;
         else {
-            fprintf(stderr, "usage: %s [--n N] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--n N] [--cols C] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n", argv[0]);
             return 2;
         }
     }
@@ -172,8 +176,8 @@ int main(int argc, char **argv) {
     if (!AB) AB = gpu ? 8 : 1;
     if (!AS) AS = gpu ? 1024 : 256;
     if (!AA) AA = gpu ? 12 : 4;
-    if (n < cols || iters < 1 || AB < 1 || AS < 1 || AA < 1 || AD < 1) {
-        fprintf(stderr, "bench/kernels: sizes must be positive (n >= 1024)\n");
+    if (cols < 1 || n < cols || iters < 1 || AB < 1 || AS < 1 || AA < 1 || AD < 1) {
+        fprintf(stderr, "bench/kernels: sizes must be positive (n >= cols)\n");
         return 2;
     }
     if (tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops}) != TPK_OK) {
