@@ -119,6 +119,9 @@ static inline unsigned tpk__grid_for(size_t n, int block) {
     size_t g = (n + (size_t)block - 1) / (size_t)block;
     if (g < 1) g = 1;
     if (g > 65535u * 8u) g = 65535u * 8u;
+#ifdef TPK_EMU
+    g = tpk_emu_grid_cap(g); /* the CPU emulation's TPK_EMU_GRID_CAP: fewer blocks, several trips of each grid-stride loop */
+#endif
     return (unsigned)g;
 }
 #define TPK__GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
