@@ -260,9 +260,13 @@ template <class T> static inline T __shfl_up_sync(unsigned mask, T v, unsigned d
 
 /* shared memory: a static __shared__ array is poisoned (NaN) when the block's first thread reaches
  * its declaration; the dynamic buffer (extern __shared__) is the launch's, poisoned at each block */
-void tpk_emu_shared(void *p, size_t bytes);
+void tpk_emu_shared(void *p, size_t bytes, const char *name);
 void *tpk_emu_dyn_smem_raw();
 template <class T> static inline T *tpk_emu_dyn_smem() { return static_cast<T *>(tpk_emu_dyn_smem_raw()); }
+
+/* the kernel's first statement (cu2cpp.pl inserts it, with the kernel's address): its accesses are
+ * checked from here on, and the launch's dynamic shared memory against the kernel's attribute */
+void tpk_emu_kernel_enter(const void *kernel);
 
 /* ---- launches ------------------------------------------------------------------------------------------ */
 struct tpk_emu_cfg_t {
@@ -278,6 +282,10 @@ template <class F> static inline void tpk_emu_launch(const char *name, const tpk
     typedef typename std::remove_reference<F>::type Fn;
     tpk_emu_run(name, cfg, [](void *p) { (*static_cast<Fn *>(p))(); }, (void *)&f);
 }
+
+/* the grid of a grid-stride launch (kernels/cuda/common.cuh's tpk__grid_for): g, or at most
+ * TPK_EMU_GRID_CAP blocks when that is set, so every grid-stride loop of a test takes several trips */
+size_t tpk_emu_grid_cap(size_t g);
 
 /* ---- the runtime API (runtime.cpp) ---------------------------------------------------------------- */
 cudaError_t cudaGetDeviceCount(int *n);
@@ -327,6 +335,13 @@ bool tpk_emu_check_device(const void *p, size_t bytes, const char *what);
 /* print "FAIL emu: ..." (counted by tests/run.sh) and count it */
 void tpk_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tpk_emu_set_error(cudaError_t e);
+/* the emulation's own tests (tests/gpu/emu/race_test.cpp): between begin and end a problem found is
+ * printed as "(expected) emu: ..." and counted, not failed; end returns the count and the first */
+void tpk_emu_expect_begin();
+int tpk_emu_expect_end(const char **first);
+/* set the schedule (a TPK_EMU_SCHED value) and the race detector, as the environment would; false
+ * (nothing changed) when the schedule is not one */
+bool tpk_emu_configure(const char *schedule, bool race);
 
 /* ---- the tensor-core attention's hooks (kernels/cuda/flash.cuh with TPK_FLASH_EMU) -------------------- */
 #ifdef TPK_FLASH_EMU
