@@ -213,7 +213,13 @@ void tpk__cuda_layer_ops(tpk_ops *ops);
  * tpk__colsum_grid_y(chunks)), block (32, 8): gridDim.y is at most 65535, so a block strides over the
  * chunks (rows > 65535 * TPK__COLSUM_ROWS); a chunk's sum does not depend on which block adds it. */
 enum { TPK__COLSUM_ROWS = 256 }; /* rows per chunk */
-static inline unsigned tpk__colsum_grid_y(int64_t chunks) { return (unsigned)(chunks < 65535 ? chunks : 65535); }
+static inline unsigned tpk__colsum_grid_y(int64_t chunks) {
+#ifdef TPK_EMU
+    return (unsigned)tpk_emu_grid_cap((size_t)(chunks < 65535 ? chunks : 65535)); /* TPK_EMU_GRID_CAP: blocks stride over several chunks */
+#else
+    return (unsigned)(chunks < 65535 ? chunks : 65535);
+#endif
+}
 template <int NOUT, class F>
 __global__ void tpk__colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part) {
     __shared__ float sh[NOUT][8][33];
