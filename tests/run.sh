@@ -65,6 +65,7 @@ fi
 # the CUDA layers and GPT-2 model (tests/gpu/layers.c) on the emulated backend against the host, ranks over MPI
 run gpu_emu_layers 2 $B/tests/gpu_emu_layers
 run gpu_emu_layers 3 $B/tests/gpu_emu_layers
+run gpu_emu_layers_race_desc 2 -x TPK_EMU_RACE=1 -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_layers
 
 # the kit from a CUDA C++ file (tests/cuda_cxx.cu): built where nvcc is found (make test / cuda-check)
 if [ -x $B/tests/cuda_cxx ]; then

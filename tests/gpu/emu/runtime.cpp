@@ -6,12 +6,21 @@
  *
  * The scheduler: a launch runs its blocks one after another; a block's threads are fibers with
  * their own stacks (a small context switch on x86-64, ucontext elsewhere; AddressSanitizer is told
- * about the switches), run one at a time until they reach a barrier or end. __syncthreads lets the
+ * about the switches), run one at a time until they reach a barrier or end, in the order
+ * TPK_EMU_SCHED picks (run_lockstep, run_warps). __syncthreads lets the
  * block go on when every live thread has arrived; a warp instruction when every live lane of the
  * warp has posted its operand (the exchange areas are double-buffered by the lane's count of warp
  * instructions, so one barrier per instruction suffices and a lane that is one instruction
  * ahead or behind is caught). A block whose threads all wait but at different barriers is reported
- * (it would hang on the GPU), as is a warp instruction after some of the warp's lanes exited. */
+ * (it would hang on the GPU), as is a warp instruction after some of the warp's lanes exited.
+ *
+ * The checks of memory accesses: the kernels are compiled with -fsanitize=thread, whose
+ * instrumentation calls __tsan_read4 (and the like) before each load and store; this file defines
+ * those callbacks (no sanitizer runtime is linked): a shared byte goes to the race detector
+ * (race_check: per byte the last write's barrier interval and warp, the interval's readers), any
+ * other address must be the thread's stack, the program's statics or a live allocation
+ * (global_check). The launching thread's accesses before the kernel's first statement (the launch's
+ * arguments) and host code are not checked. */
 #include "tpk_emu.h"
 
 #include <pthread.h>

@@ -9,13 +9,19 @@
  * fibers on one host thread (runtime.cpp), switched at __syncthreads and at the warp-synchronous
  * instructions (shuffles, __syncwarp, the tensor-core mma of flash.cuh), which are emulated from
  * their PTX definitions: each lane posts its operand, the warp waits for all its lanes, then each
- * lane reads what the instruction gives it. Between two barriers the threads run one after another,
- * in ascending or descending order (alternating by block), so a missing barrier reads the other
- * threads' data before it is written. Shared memory (static __shared__ arrays and the dynamic
- * buffer) is poisoned (NaN) at each block's start; the dynamic buffer has a NaN guard zone after
- * it, checked at the block's end. A block that cannot go on (threads waiting at different
- * barriers), a warp instruction with lanes missing, a divergent warp and a misuse of the runtime API
- * print a "FAIL emu: ..." line (counted by tests/run.sh) and make the launch fail. */
+ * lane reads what the instruction gives it. TPK_EMU_SCHED picks the order between barriers:
+ * lockstep (default; every ready thread in turn, ascending or descending by block) or asc / desc /
+ * random[:seed] (each warp alone from barrier to barrier, the warps in that order), so a missing
+ * barrier reads the other warps' data before it is written under some schedule. TPK_EMU_RACE=1
+ * turns on the shared-memory race detector: the converted kernels are compiled with the thread
+ * sanitizer's access instrumentation, and runtime.cpp's callbacks see every load and store (two
+ * warps on one shared byte between barriers, one writing: "FAIL emu: race ..."; a global access
+ * outside every live allocation: a FAIL line, always). Shared memory (static __shared__ arrays and
+ * the dynamic buffer) is poisoned (NaN) at each block's start; the dynamic buffer has a NaN guard
+ * zone after it, checked at the block's end. A block that cannot go on (threads waiting at
+ * different barriers), a warp instruction with lanes missing, a divergent warp, a launch the
+ * hardware refuses and a misuse of the runtime API print a "FAIL emu: ..." line (counted by
+ * tests/run.sh) and make the launch fail. docs/DESIGN.md section 7 says what is not emulated. */
 #ifndef TPK_EMU_H
 #define TPK_EMU_H
 
@@ -366,9 +372,10 @@ static inline uint32_t tpk__fl_pack(float lo, float hi) {
     return r;
 }
 static inline float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-/* cp.async: the 16 bytes land at the thread's next wait_group 0 after a commit_group closed the
- * group holding them (as late as the instruction allows), so a tile read before its wait and
- * barrier, or copied without a commit, reads the poison or the previous tile */
+/* cp.async: the destination reads as poison (NaN) from the issue, and the 16 bytes land at the
+ * thread's next wait_group 0 after a commit_group closed the group holding them (as late as the
+ * instruction allows), so a tile read before its wait and barrier, copied without a commit, or
+ * overwritten by the next tile's copy while still read (one buffer) reads NaN */
 void tpk__fl_cp16(void *dst, const void *src, bool valid);
 void tpk__fl_commit();
 void tpk__fl_wait_all();
