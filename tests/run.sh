@@ -52,8 +52,12 @@ run gpu_emu_ops_smem99 1 -x TPK_EMU_SMEM_OPTIN=101376 $B/tests/gpu_emu_ops
 # and under the shared-memory race detector with each warp alone from barrier to barrier, in
 # descending and in a seeded random order, the grid-stride launches capped at 3 blocks so every
 # loop takes several trips (a kernel whose answer depends on the schedule fails against the host)
-run gpu_emu_ops_race_desc 1 -x TPK_EMU_RACE=1 -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops
-run gpu_emu_ops_race_random 1 -x TPK_EMU_RACE=1 -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops
+# (the detector needs the kernels' access instrumentation, which the AddressSanitizer build cannot
+# take: there the schedules alone)
+race=TPK_EMU_RACE=1
+[ "$B" = build/san ] && race=TPK_EMU_RACE=0
+run gpu_emu_ops_race_desc 1 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops
+run gpu_emu_ops_race_random 1 -x $race -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops
 # the emulation's own test: faulty kernels it must catch (races, cp.async read in flight, launch
 # limits, reads past an allocation), their correct variants clean under every schedule; its
 # detector needs the access instrumentation, which the AddressSanitizer build (build/san) lacks
@@ -65,7 +69,7 @@ fi
 # the CUDA layers and GPT-2 model (tests/gpu/layers.c) on the emulated backend against the host, ranks over MPI
 run gpu_emu_layers 2 $B/tests/gpu_emu_layers
 run gpu_emu_layers 3 $B/tests/gpu_emu_layers
-run gpu_emu_layers_race_desc 2 -x TPK_EMU_RACE=1 -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_layers
+run gpu_emu_layers_race_desc 2 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_layers
 
 # the kit from a CUDA C++ file (tests/cuda_cxx.cu): built where nvcc is found (make test / cuda-check)
 if [ -x $B/tests/cuda_cxx ]; then
