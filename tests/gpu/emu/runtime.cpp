@@ -1086,7 +1086,8 @@ void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *
     static bool race_told;
     if (sched().race && !g_instrumented && !race_told) {
         race_told = true;
-        tpk_emu_fail("TPK_EMU_RACE=1, but the kernels were compiled without the access instrumentation (an AddressSanitizer build?)");
+        tpk_emu_fail("TPK_EMU_RACE=1, but the kernels were compiled without the access instrumentation (the checked build is "
+                     "libtpk_cuda_emu_chk.a, the tests' *_chk programs; not in an AddressSanitizer build)");
     }
     auto t0 = std::chrono::steady_clock::now();
     alloc_stacks((int)threads);

@@ -13,10 +13,10 @@
  * lockstep (default; every ready thread in turn, ascending or descending by block) or asc / desc /
  * random[:seed] (each warp alone from barrier to barrier, the warps in that order), so a missing
  * barrier reads the other warps' data before it is written under some schedule. TPK_EMU_RACE=1
- * turns on the shared-memory race detector: the converted kernels are compiled with the thread
- * sanitizer's access instrumentation, and runtime.cpp's callbacks see every load and store (two
- * warps on one shared byte between barriers, one writing: "FAIL emu: race ..."; a global access
- * outside every live allocation: a FAIL line, always). Shared memory (static __shared__ arrays and
+ * turns on the shared-memory race detector of the checked build (the converted kernels compiled
+ * with the thread sanitizer's access instrumentation: runtime.cpp's callbacks see every load and
+ * store; two warps on one shared byte between barriers, one writing: "FAIL emu: race ..."; there a
+ * global access outside every live allocation is a FAIL line too, always). Shared memory (static __shared__ arrays and
  * the dynamic buffer) is poisoned (NaN) at each block's start; the dynamic buffer has a NaN guard
  * zone after it, checked at the block's end. A block that cannot go on (threads waiting at
  * different barriers), a warp instruction with lanes missing, a divergent warp, a launch the
