@@ -704,6 +704,11 @@ int main(int argc, char **argv) {
         test_residual_layernorm(dt);
         test_layernorm(dt, 300, 77);
         test_layernorm(dt, 40, 2000);
+        /* more rows than a block's share: 4 column-sum chunks of 256 rows past LN_ONEPASS_COLS (a
+         * block strides over several under TPK_EMU_GRID_CAP=3), and 9000 rows, more than two waves
+         * of 132 blocks of 32 rows */
+        test_layernorm(dt, 800, 1540);
+        test_layernorm(dt, 9000, 40);
         test_embed(dt);
         test_xent(dt, 576);
         test_xent(dt, 517);

@@ -14,7 +14,7 @@
  * ahead or behind is caught). A block whose threads all wait but at different barriers is reported
  * (it would hang on the GPU), as is a warp instruction after some of the warp's lanes exited.
  *
- * The checks of memory accesses: the kernels are compiled with -fsanitize=thread, whose
+ * The checks of memory accesses: in the checked build the kernels are compiled with -fsanitize=thread, whose
  * instrumentation calls __tsan_read4 (and the like) before each load and store; this file defines
  * those callbacks (no sanitizer runtime is linked): a shared byte goes to the race detector
  * (race_check: per byte the last write's barrier interval and warp, the interval's readers), any
@@ -371,7 +371,7 @@ cudaError_t tpk_emu_func_attr(const void *f, cudaFuncAttribute attr, int value) 
  * A kernel whose result depends on the order (a missing barrier, a read of another warp's data
  * before it is written) gives different answers under different schedules.
  * TPK_EMU_RACE=1: the shared-memory race detector (needs the kernels compiled with the access
- * instrumentation, see the hooks below; the Makefile does so except in the AddressSanitizer build). */
+ * instrumentation, see the hooks below: the Makefile's checked build, libtpk_cuda_emu_chk.a). */
 enum SchedMode { SCHED_LOCKSTEP, SCHED_ASC, SCHED_DESC, SCHED_RANDOM };
 struct SchedCfg {
     SchedMode mode;
