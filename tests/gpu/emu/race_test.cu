@@ -12,6 +12,7 @@
  *   pipe_kernel<MODE>    the sum of reuse_kernel through a cp.async pipeline (warp 0 copies the
  *                        tiles, 16 bytes a thread): MODE 0 double-buffered (right), 1 single-buffered
  *                        (the next tile's copy lands on the tile being read), 2 read before the wait
+ *   warp_kernel          out[i] = 2 x[i] through shared memory within each warp (__syncwarp): clean
  *   copy_kernel          out[i] = x[i + off] through dynamic shared memory: the launch checks
  *   vec_kernel           the same with 16-byte loads: a vector read past the allocation
  * What is required: a race report naming the kernel for each missing barrier and the single
@@ -52,6 +53,20 @@ template <bool FIXED> __global__ void war_kernel(float *out, const float *x) {
     t[i] = 2.0f * v;
     __syncthreads();
     out[i] = t[i];
+}
+
+/* out[i] = 2 x[i], exchanged within each warp through its own 32 floats of shared memory, ordered
+ * by __syncwarp alone: lanes of one warp, no race across warps */
+__global__ void warp_kernel(float *out, const float *x) {
+    __shared__ float u[NT];
+    int i = threadIdx.x, base = i & ~31;
+    u[i] = x[i];
+    __syncwarp();
+    float v = u[base + ((i + 1) & 31)];
+    __syncwarp();
+    u[i] = 2.0f * v;
+    __syncwarp();
+    out[i] = u[base + ((i + 31) & 31)];
 }
 
 template <int MODE> __global__ void pipe_kernel(float *out, const float *x) {
@@ -142,6 +157,11 @@ int main() {
         poison_out();
         n = caught([&] { war_kernel<true><<<1, NT>>>(d_out, d_x); }, &msg);
         report(n == 0 && out_ok(dbl) && cudaGetLastError() == cudaSuccess, "emulation: war_kernel<true> (a barrier between the read and the store) right and race-free, schedule %s%s", sc, "");
+        float twice[NT];
+        for (int i = 0; i < NT; i++) twice[i] = 2.0f * g_x[i];
+        poison_out();
+        n = caught([&] { warp_kernel<<<1, NT>>>(d_out, d_x); }, &msg);
+        report(n == 0 && out_ok(twice) && cudaGetLastError() == cudaSuccess, "emulation: warp_kernel (lanes of one warp exchange through shared memory at __syncwarp) right and no race across warps, schedule %s%s", sc, "");
         poison_out();
         n = caught([&] { pipe_kernel<0><<<1, NT, 2 * tile>>>(d_out, d_x); }, &msg);
         report(n == 0 && out_ok(sum) && cudaGetLastError() == cudaSuccess, "emulation: pipe_kernel<0> (double-buffered cp.async) right and race-free, schedule %s%s", sc, "");
