@@ -49,9 +49,27 @@ run gpu_emu_ops_fallback 1 -x TPK_EMU_LT_NOALGO=1 $B/tests/gpu_emu_ops
 # and on a GPU that gives a block 99 KiB of shared memory (sm_86/89): the tensor-core attention at
 # D = 128 needs more, so the generic kernels run there
 run gpu_emu_ops_smem99 1 -x TPK_EMU_SMEM_OPTIN=101376 $B/tests/gpu_emu_ops
+# and on the checked build (every load and store of the kernels observed) under the shared-memory
+# race detector, with each warp alone from barrier to barrier in descending and in a seeded random
+# order, the grid-stride launches capped at 3 blocks so every loop takes several trips (a kernel
+# whose answer depends on the schedule fails against the host; a load or store outside every
+# allocation fails). The AddressSanitizer build cannot take the instrumentation: the schedules alone.
+race=TPK_EMU_RACE=1
+[ "$B" = build/san ] && race=TPK_EMU_RACE=0
+run gpu_emu_ops_race_desc 1 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
+run gpu_emu_ops_race_random 1 -x $race -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
+# the emulation's own test: faulty kernels it must catch (races, cp.async read in flight, launch
+# limits, reads past an allocation), their correct variants clean under every schedule; its
+# detector needs the access instrumentation, which the AddressSanitizer build (build/san) lacks
+if [ -x $B/tests/gpu_emu_race ]; then
+    run gpu_emu_race 1 $B/tests/gpu_emu_race
+elif [ "$B" = build ]; then
+    echo "FAIL gpu_emu_race: $B/tests/gpu_emu_race was not built"; failed=$((failed + 1))
+fi
 # the CUDA layers and GPT-2 model (tests/gpu/layers.c) on the emulated backend against the host, ranks over MPI
 run gpu_emu_layers 2 $B/tests/gpu_emu_layers
 run gpu_emu_layers 3 $B/tests/gpu_emu_layers
+run gpu_emu_layers_race_desc 2 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_layers_chk
 
 # the kit from a CUDA C++ file (tests/cuda_cxx.cu): built where nvcc is found (make test / cuda-check)
 if [ -x $B/tests/cuda_cxx ]; then

@@ -119,6 +119,9 @@ static inline unsigned tpk__grid_for(size_t n, int block) {
     size_t g = (n + (size_t)block - 1) / (size_t)block;
     if (g < 1) g = 1;
     if (g > 65535u * 8u) g = 65535u * 8u;
+#ifdef TPK_EMU
+    g = tpk_emu_grid_cap(g); /* the CPU emulation's TPK_EMU_GRID_CAP: fewer blocks, several trips of each grid-stride loop */
+#endif
     return (unsigned)g;
 }
 #define TPK__GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
@@ -230,7 +233,13 @@ void tpk__cuda_layer_ops(tpk_ops *ops);
  * block strides over the chunks (rows > 65535 * crows); a chunk's sum does not depend on which block
  * adds it. */
 enum { TPK__COLSUM_ROWS = 256 }; /* rows per chunk */
-static inline unsigned tpk__colsum_grid_y(int64_t chunks) { return (unsigned)(chunks < 65535 ? chunks : 65535); }
+static inline unsigned tpk__colsum_grid_y(int64_t chunks) {
+#ifdef TPK_EMU
+    return (unsigned)tpk_emu_grid_cap((size_t)(chunks < 65535 ? chunks : 65535)); /* TPK_EMU_GRID_CAP: blocks stride over several chunks */
+#else
+    return (unsigned)(chunks < 65535 ? chunks : 65535);
+#endif
+}
 template <int NOUT, class F>
 __global__ void tpk__colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part, int64_t crows = TPK__COLSUM_ROWS) {
     __shared__ float sh[NOUT][8][33];

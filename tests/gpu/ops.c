@@ -793,6 +793,11 @@ int main(int argc, char **argv) {
         test_xent(dt, 576, 517, 258);
         test_xent(dt, 517, 517, 258);
         test_xent(dt, 3008, 3001, 1504);
+        /* more rows than a block's share: a width off the register kernels' (not a multiple of 8), so
+         * the column-sum chunks of 256 rows run (a block strides over several under
+         * TPK_EMU_GRID_CAP=3), and 9000 rows, more than two waves of 132 blocks */
+        test_layernorm(dt, 800, 1540);
+        test_layernorm(dt, 9000, 40);
         test_attention(dt, 16, 45, 0.0f, 5, 5, 2, 2);
         test_attention(dt, 64, 45, 0.0f, 5, 5, 2, 2);
         test_attention(dt, 64, 130, 0.2f, 5, 5, 2, 2);

@@ -6,14 +6,24 @@
  *
  * The scheduler: a launch runs its blocks one after another; a block's threads are fibers with
  * their own stacks (a small context switch on x86-64, ucontext elsewhere; AddressSanitizer is told
- * about the switches), run one at a time until they reach a barrier or end. __syncthreads lets the
+ * about the switches), run one at a time until they reach a barrier or end, in the order
+ * TPK_EMU_SCHED picks (run_lockstep, run_warps). __syncthreads lets the
  * block go on when every live thread has arrived; a warp instruction when every live lane of the
  * warp has posted its operand (the exchange areas are double-buffered by the lane's count of warp
  * instructions, so one barrier per instruction suffices and a lane that is one instruction
  * ahead or behind is caught). A block whose threads all wait but at different barriers is reported
- * (it would hang on the GPU), as is a warp instruction after some of the warp's lanes exited. */
+ * (it would hang on the GPU), as is a warp instruction after some of the warp's lanes exited.
+ *
+ * The checks of memory accesses: in the checked build the kernels are compiled with -fsanitize=thread, whose
+ * instrumentation calls __tsan_read4 (and the like) before each load and store; this file defines
+ * those callbacks (no sanitizer runtime is linked): a shared byte goes to the race detector
+ * (race_check: per byte the last write's barrier interval and warp, the interval's readers), any
+ * other address must be the thread's stack, the program's statics or a live allocation
+ * (global_check). The launching thread's accesses before the kernel's first statement (the launch's
+ * arguments) and host code are not checked. */
 #include "tpk_emu.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -44,18 +54,41 @@ static void emu_summary() {
     if (g_fails) printf("FAIL emu: %d problem%s found by the CUDA emulation (the lines above)\n", g_fails, g_fails == 1 ? "" : "s");
     fflush(stdout);
 }
+static bool g_expecting;  /* tpk_emu_expect_begin .. _end: reports are the test's expectation */
+static int g_expected;
+static char g_expected_msg[512];
 void tpk_emu_fail(const char *fmt, ...) {
     static bool once;
-    if (!once) once = true, atexit(emu_summary);
-    if (++g_fails > 30) return;
     va_list ap;
     va_start(ap, fmt);
+    if (g_expecting) {
+        char msg[512];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        if (!g_expected++) snprintf(g_expected_msg, sizeof g_expected_msg, "%s", msg);
+        printf("  (expected) emu: %s\n", msg);
+        fflush(stdout);
+        return;
+    }
+    if (!once) once = true, atexit(emu_summary);
+    if (++g_fails > 30) {
+        va_end(ap);
+        return;
+    }
     fflush(stdout);
     printf("FAIL emu: ");
     vprintf(fmt, ap);
     printf("\n");
     fflush(stdout);
     va_end(ap);
+}
+void tpk_emu_expect_begin() {
+    g_expecting = true, g_expected = 0, g_expected_msg[0] = 0;
+}
+int tpk_emu_expect_end(const char **first) {
+    g_expecting = false;
+    if (first) *first = g_expected_msg;
+    return g_expected;
 }
 static thread_local cudaError_t g_last = cudaSuccess;
 void tpk_emu_set_error(cudaError_t e) {
@@ -326,6 +359,69 @@ cudaError_t tpk_emu_func_attr(const void *f, cudaFuncAttribute attr, int value) 
     return cudaSuccess;
 }
 
+/* ---- schedules, the race detector's switch -------------------------------------------------------------------- */
+
+/* TPK_EMU_SCHED: the order a block's threads run in between barriers.
+ *   lockstep (default): every ready thread in turn until it blocks (a barrier or a warp-synchronous
+ *     instruction), ascending or descending by block, so the warps stay within one warp instruction
+ *     of each other;
+ *   asc, desc, random[:seed]: each warp alone from one __syncthreads to the next (its lanes lined up
+ *     at its warp instructions), the warps in ascending, descending or a seeded random order drawn
+ *     anew at every barrier; blocks ascending, descending, or alternating as in lockstep.
+ * A kernel whose result depends on the order (a missing barrier, a read of another warp's data
+ * before it is written) gives different answers under different schedules.
+ * TPK_EMU_RACE=1: the shared-memory race detector (needs the kernels compiled with the access
+ * instrumentation, see the hooks below: the Makefile's checked build, libtpk_cuda_emu_chk.a). */
+enum SchedMode { SCHED_LOCKSTEP, SCHED_ASC, SCHED_DESC, SCHED_RANDOM };
+struct SchedCfg {
+    SchedMode mode;
+    uint64_t rng; /* random: splitmix64 state, from the seed */
+    bool race;
+};
+static SchedCfg g_sched_cfg;
+static bool g_sched_ready;
+/* parse a TPK_EMU_SCHED value into c.mode (and the seed); false when it is none */
+static bool sched_parse(const char *e, SchedCfg &c) {
+    if (!e || !*e || !strcmp(e, "lockstep")) c.mode = SCHED_LOCKSTEP;
+    else if (!strcmp(e, "asc")) c.mode = SCHED_ASC;
+    else if (!strcmp(e, "desc")) c.mode = SCHED_DESC;
+    else if (!strncmp(e, "random", 6) && (!e[6] || e[6] == ':')) c.mode = SCHED_RANDOM, c.rng = e[6] ? strtoull(e + 7, NULL, 0) : 1;
+    else return false;
+    return true;
+}
+/* the configuration (read from the environment at the first use) */
+static inline SchedCfg &sched() {
+    if (__builtin_expect(!g_sched_ready, 0)) {
+        g_sched_ready = true;
+        g_sched_cfg = SchedCfg{SCHED_LOCKSTEP, 1, false};
+        const char *e = getenv("TPK_EMU_SCHED"), *r = getenv("TPK_EMU_RACE");
+        if (!sched_parse(e, g_sched_cfg)) tpk_emu_fail("TPK_EMU_SCHED=%s: not lockstep, asc, desc or random[:seed]", e);
+        g_sched_cfg.race = r && *r && strcmp(r, "0") != 0;
+    }
+    return g_sched_cfg;
+}
+bool tpk_emu_configure(const char *schedule, bool race) {
+    SchedCfg c = sched();
+    if (!sched_parse(schedule, c)) return false;
+    c.race = race;
+    g_sched_cfg = c;
+    return true;
+}
+static uint64_t sched_rand() {
+    uint64_t z = (sched().rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+size_t tpk_emu_grid_cap(size_t g) {
+    static size_t cap = [] {
+        const char *e = getenv("TPK_EMU_GRID_CAP");
+        return e && atol(e) > 0 ? (size_t)atol(e) : (size_t)0;
+    }();
+    return cap && g > cap ? cap : g;
+}
+static bool g_instrumented; /* an instrumented object's constructor called __tsan_init */
+
 /* ---- fibers ------------------------------------------------------------------------------------------------------ */
 
 namespace {
@@ -348,7 +444,22 @@ struct Fiber {
     unsigned wseq;
     std::vector<Copy> pending; /* cp.async copies not landed yet, oldest first */
     size_t committed;          /* the first `committed` of them are in closed groups (commit_group) */
+    bool in_body;              /* past the kernel's entry (tpk_emu_kernel_enter): its accesses are checked */
     void *asan_fake;
+};
+/* a shared-memory range of the block: the dynamic buffer or one static __shared__ array */
+struct Region {
+    uintptr_t base;
+    size_t bytes, shadow; /* shadow: its first byte's index in Sched::shadow */
+    const char *name;
+};
+/* the race detector's record of one shared byte: the last write (barrier interval, warp, atomic?)
+ * and the reads of the current interval (the first reader and another one, or NONE) */
+enum { NONE = 0xffff };
+struct Shadow {
+    unsigned wep, rep;
+    uint16_t wwarp, rwarp, rwarp2;
+    bool watomic;
 };
 struct Warp {
     int size, live, arrived, kind;
@@ -374,7 +485,11 @@ struct Sched {
     bool abort, told_lanes, told_diverge, failed;
     std::vector<unsigned char> dyn; /* the dynamic shared memory + its guard zone */
     size_t dyn_bytes;
-    std::vector<void *> shared_seen;
+    std::vector<Region> regions; /* the block's shared memory: [0] the dynamic buffer, then the static arrays seen */
+    std::vector<Shadow> shadow;  /* the race detector's state of each shared byte (Region::shadow + offset) */
+    unsigned epoch;              /* barrier intervals: +1 at each __syncthreads that lets the block go on and each block start */
+    bool entered, told_race, told_oob;
+    uintptr_t host_lo, host_hi; /* the launching thread's stack (the launch's lambda and what it captures) */
     unsigned long long launches;
 };
 Sched S;
@@ -456,7 +571,7 @@ static void switch_out(bool exiting) {
 #endif
 }
 static void release_bar() {
-    S.arrived = 0;
+    S.arrived = 0, S.epoch++;
     for (int i = 0; i < S.nthreads; i++)
         if (S.fibers[i].state == WAIT_BAR) S.fibers[i].state = READY;
 }
@@ -497,9 +612,11 @@ void __syncthreads() {
     in_kernel("__syncthreads");
     if (++S.arrived == S.live) {
         release_bar();
-        return;
+        if (sched().mode == SCHED_LOCKSTEP) return;
+        S.cur->state = READY; /* the other schedules start the next interval with a new order of the warps */
+    } else {
+        S.cur->state = WAIT_BAR;
     }
-    S.cur->state = WAIT_BAR;
     switch_out(false);
 }
 const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes, void (*complete)(tpk_emu_xchg &), unsigned *seqp) {
@@ -552,20 +669,214 @@ void tpk_emu_misaligned(const void *p, const char *what) {
     tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %s at %p, not 16-byte aligned (a misaligned address on the GPU)", S.name, blockIdx.x,
                  blockIdx.y, blockIdx.z, threadIdx.x, what, p);
 }
-void tpk_emu_shared(void *p, size_t bytes) {
+/* ---- shared and global memory accesses: the race detector, the address checks ----------------------------------- */
+
+/* a static __shared__ array: poisoned and made a region of the block (its shadow bytes after the
+ * dynamic buffer's and the arrays seen before) when the block's first thread reaches it */
+void tpk_emu_shared(void *p, size_t bytes, const char *name) {
     in_kernel("a __shared__ declaration");
-    if (std::find(S.shared_seen.begin(), S.shared_seen.end(), p) != S.shared_seen.end()) return;
+    for (const Region &r : S.regions)
+        if (r.base == (uintptr_t)p) return;
     memset(p, 0xff, bytes);
-    S.shared_seen.push_back(p);
+    const Region &last = S.regions.back();
+    S.regions.push_back(Region{(uintptr_t)p, bytes, last.shadow + last.bytes, name});
+    if (S.shadow.size() < S.regions.back().shadow + bytes) S.shadow.resize(S.regions.back().shadow + bytes, Shadow{0, 0, NONE, NONE, NONE, false});
+    size_t total = 0;
+    for (const Region &r : S.regions) total += r.bytes;
+    if (total > (size_t)smem_optin() && !S.told_oob) {
+        S.told_oob = S.failed = true;
+        tpk_emu_fail("kernel %s: %zu bytes of shared memory (dynamic %zu + static), above the %d a block may have (too many resources on the GPU)", S.name,
+                     total, S.dyn_bytes, smem_optin());
+    }
 }
 void *tpk_emu_dyn_smem_raw() {
     in_kernel("extern __shared__");
     return S.dyn.data();
 }
 
+enum { ACC_READ, ACC_WRITE, ACC_ATOMIC };
+static const char *acc_name(int k) { return k == ACC_READ ? "read" : k == ACC_WRITE ? "wrote" : "atomically updated"; }
+static void race_report(const Region &r, size_t off, int warp, int kind, int other, int other_kind) {
+    if (S.told_race) return;
+    S.told_race = true;
+    tpk_emu_fail("race in kernel %s, block (%u, %u, %u): shared memory %s%s byte %zu: warp %d %s it and warp %d %s it in the same barrier "
+                 "interval (no __syncthreads between: %s)",
+                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, r.name ? "array " : "", r.name ? r.name : "(dynamic)", off, other, acc_name(other_kind), warp,
+                 acc_name(kind),
+                 other_kind == ACC_READ ? "write-after-read" : kind == ACC_READ ? "read-after-write" : "write-after-write");
+}
+/* racecheck's rule: two different warps touching one byte in one barrier interval, at least one
+ * writing, atomics with atomics aside; a warp's own lanes never race here (a warp's order is
+ * __syncwarp's business, and its lanes run lined up at the warp instructions) */
+static void race_check(const Region &r, size_t off, size_t n, int kind) {
+    int w = S.cur->warp;
+    unsigned ep = S.epoch;
+    for (size_t i = 0; i < n; i++) {
+        Shadow &b = S.shadow[r.shadow + off + i];
+        if (kind == ACC_READ) {
+            if (b.wep == ep && b.wwarp != w && !S.told_race) race_report(r, off + i, w, kind, b.wwarp, b.watomic ? ACC_ATOMIC : ACC_WRITE);
+            if (b.rep != ep) b.rep = ep, b.rwarp = (uint16_t)w, b.rwarp2 = NONE;
+            else if (b.rwarp != w) b.rwarp2 = (uint16_t)w;
+        } else {
+            if (b.wep == ep && b.wwarp != w && !(kind == ACC_ATOMIC && b.watomic)) race_report(r, off + i, w, kind, b.wwarp, b.watomic ? ACC_ATOMIC : ACC_WRITE);
+            else if (b.rep == ep && b.rwarp != w) race_report(r, off + i, w, kind, b.rwarp, ACC_READ);
+            else if (b.rep == ep && b.rwarp2 != NONE && b.rwarp2 != w) race_report(r, off + i, w, kind, b.rwarp2, ACC_READ);
+            b.wep = ep, b.wwarp = (uint16_t)w, b.watomic = kind == ACC_ATOMIC;
+        }
+    }
+}
+
+/* global memory: the ranges of live allocations found last (the launch clears them; nothing is
+ * freed during a launch) */
+static thread_local bool t_in_launch;
+/* the ranges of the allocations found last, most recent first (cleared at each launch) */
+enum { HITS = 16 };
+static struct {
+    uintptr_t lo, hi;
+} g_hits[HITS];
+extern "C" char __executable_start[], _end[];
+static void oob_report(uintptr_t a, size_t n, int kind, const char *where) {
+    S.failed = true;
+    if (S.told_oob) return;
+    S.told_oob = true;
+    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %zu-byte %s at %#lx, %s (an illegal address on the GPU)", S.name, blockIdx.x, blockIdx.y,
+                 blockIdx.z, threadIdx.x, n, kind == ACC_READ ? "read" : "write", (unsigned long)a, where);
+}
+static void global_check(uintptr_t a, size_t n, int kind) {
+    for (int i = 0; i < HITS; i++)
+        if (a - g_hits[i].lo < g_hits[i].hi - g_hits[i].lo && a + n <= g_hits[i].hi) {
+            if (i) std::swap(g_hits[i], g_hits[0]);
+            return;
+        }
+    /* the launching thread's stack (the arguments the launch's lambda captured) */
+    if (a >= S.host_lo && a + n <= S.host_hi) return;
+    if (a >= (uintptr_t)S.dyn.data() && a < (uintptr_t)S.dyn.data() + S.dyn.size()) return oob_report(a, n, kind, "past the block's dynamic shared memory");
+    std::lock_guard<std::mutex> lock(g_mem_mutex);
+    for (auto *m : {&g_dev, &g_pinned}) {
+        auto it = m->upper_bound(a);
+        if (it == m->begin()) continue;
+        --it;
+        if (a >= it->first && a + n <= it->first + it->second) {
+            memmove(&g_hits[1], &g_hits[0], sizeof g_hits - sizeof g_hits[0]);
+            g_hits[0] = {it->first, it->first + it->second};
+            return;
+        }
+    }
+    oob_report(a, n, kind, "outside every live cudaMalloc / cudaHostAlloc allocation");
+}
+/* every load and store of the kernels' code (compiled with the thread sanitizer's instrumentation,
+ * whose callbacks below come here instead of to a sanitizer runtime) once the thread has entered
+ * the kernel: its own stack passes, shared memory goes to the race detector, the rest must lie in
+ * a live allocation (or the program's statics) */
+static inline void on_access(const void *p, size_t n, int kind) {
+    if (!t_in_launch) return;
+    Fiber *f = S.cur;
+    if (!f || !f->in_body) return;
+    uintptr_t a = (uintptr_t)p;
+    if (a - (uintptr_t)f->stack < STACK) return;
+    /* shared memory: the dynamic buffer (on the heap) or a static array (in the program's image,
+     * where the other statics pass: threadIdx and the like, the emulation's warp exchanges) */
+    bool image = a - (uintptr_t)__executable_start < (uintptr_t)(_end - __executable_start);
+    for (size_t i = image ? 1 : 0, nr = image ? S.regions.size() : 1; i < nr; i++) {
+        const Region &r = S.regions[i];
+        if (a - r.base < r.bytes) {
+            if (a + n > r.base + r.bytes) return oob_report(a, n, kind, "past the end of a shared-memory array");
+            if (sched().race) race_check(r, a - r.base, n, kind);
+            return;
+        }
+    }
+    if (!image) global_check(a, n, kind);
+}
+extern "C" {
+void __tsan_init() { g_instrumented = true; }
+void __tsan_func_entry(void *) {}
+void __tsan_func_exit() {}
+#define TPK_EMU_HOOKS(N)                                                                                                                  \
+    void __tsan_read##N(void *p) { on_access(p, N, ACC_READ); }                                                                        \
+    void __tsan_write##N(void *p) { on_access(p, N, ACC_WRITE); }                                                                      \
+    void __tsan_unaligned_read##N(void *p) { on_access(p, N, ACC_READ); }                                                              \
+    void __tsan_unaligned_write##N(void *p) { on_access(p, N, ACC_WRITE); }
+TPK_EMU_HOOKS(1)
+TPK_EMU_HOOKS(2)
+TPK_EMU_HOOKS(4)
+TPK_EMU_HOOKS(8)
+TPK_EMU_HOOKS(16)
+#undef TPK_EMU_HOOKS
+void __tsan_read_range(void *p, unsigned long n) { on_access(p, n, ACC_READ); }
+void __tsan_write_range(void *p, unsigned long n) { on_access(p, n, ACC_WRITE); }
+void __tsan_vptr_read(void **p) { on_access(p, sizeof *p, ACC_READ); }
+void __tsan_vptr_update(void **p, void *) { on_access(p, sizeof *p, ACC_WRITE); }
+/* the atomics of the instrumented files (the host code's std::atomic; no kernel uses a shared-memory
+ * atomic today): done sequentially consistent, checked as atomic accesses */
+#define TPK_EMU_ATOMICS(N, T)                                                                                                             \
+    T __tsan_atomic##N##_load(const volatile T *p, int) {                                                                             \
+        on_access((const void *)p, sizeof(T), ACC_READ);                                                                               \
+        return __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                                                   \
+    }                                                                                                                                  \
+    void __tsan_atomic##N##_store(volatile T *p, T v, int) {                                                                           \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
+        __atomic_store_n(p, v, __ATOMIC_SEQ_CST);                                                                                      \
+    }                                                                                                                                  \
+    T __tsan_atomic##N##_exchange(volatile T *p, T v, int) {                                                                           \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
+        return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);                                                                            \
+    }                                                                                                                                  \
+    T __tsan_atomic##N##_fetch_add(volatile T *p, T v, int) {                                                                          \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
+        return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);                                                                             \
+    }                                                                                                                                  \
+    T __tsan_atomic##N##_fetch_sub(volatile T *p, T v, int) {                                                                          \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
+        return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST);                                                                             \
+    }                                                                                                                                  \
+    int __tsan_atomic##N##_compare_exchange_strong(volatile T *p, T *e, T v, int, int) {                                               \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
+        return __atomic_compare_exchange_n(p, e, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                                       \
+    }                                                                                                                                  \
+    int __tsan_atomic##N##_compare_exchange_weak(volatile T *p, T *e, T v, int, int) {                                                 \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
+        return __atomic_compare_exchange_n(p, e, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                                        \
+    }
+TPK_EMU_ATOMICS(8, uint8_t)
+TPK_EMU_ATOMICS(16, uint16_t)
+TPK_EMU_ATOMICS(32, uint32_t)
+TPK_EMU_ATOMICS(64, uint64_t)
+#undef TPK_EMU_ATOMICS
+void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+}
+
+/* the kernel's first statement (cu2cpp.pl puts it there): from here on the thread's accesses are
+ * the kernel's; the first thread checks the launch's dynamic shared memory against the kernel's
+ * cudaFuncAttributeMaxDynamicSharedMemorySize (above 48 KiB the GPU refuses the launch without it) */
+void tpk_emu_kernel_enter(const void *kernel) {
+    in_kernel("a kernel's entry");
+    S.cur->in_body = true;
+    if (S.entered) return;
+    S.entered = true;
+    if (S.dyn_bytes <= SMEM_DEFAULT) return;
+    auto it = g_func_smem.find(kernel);
+    int allowed = it == g_func_smem.end() ? SMEM_DEFAULT : it->second;
+    if ((size_t)allowed >= S.dyn_bytes) return;
+    tpk_emu_fail("kernel %s launched with %zu bytes of dynamic shared memory, above the %d its cudaFuncAttributeMaxDynamicSharedMemorySize "
+                 "allows (the launch fails on the GPU)",
+                 S.name, S.dyn_bytes, allowed);
+    S.abort = true;
+}
+
+/* cp.async: the destination reads as poison (NaN) from the issue until the copy lands at the
+ * thread's wait; a write of the issuing warp at both times for the race detector */
 void tpk__fl_cp16(void *dst, const void *src, bool valid) {
     in_kernel("cp.async");
     if ((uintptr_t)dst % 16 || (valid && (uintptr_t)src % 16)) tpk_emu_fail("cp.async: 16 bytes from %p to %p, not 16-byte aligned", src, dst);
+    uintptr_t d = (uintptr_t)dst, base = (uintptr_t)S.dyn.data();
+    if (d < base || d + 16 > base + S.dyn_bytes) {
+        oob_report(d, 16, ACC_WRITE, "a cp.async destination outside the block's dynamic shared memory");
+        return;
+    }
+    if (valid && S.cur->in_body) global_check((uintptr_t)src, 16, ACC_READ);
+    on_access(dst, 16, ACC_WRITE);
+    memset(dst, 0xff, 16);
     S.cur->pending.push_back(Copy{dst, src, valid});
 }
 void tpk__fl_commit() {
@@ -578,6 +889,7 @@ void tpk__fl_wait_all() {
     Fiber &f = *S.cur;
     for (size_t i = 0; i < f.committed; i++) {
         const Copy &c = f.pending[i];
+        on_access(c.dst, 16, ACC_WRITE);
         if (c.valid) memcpy(c.dst, c.src, 16);
         else memset(c.dst, 0, 16);
     }
@@ -638,6 +950,66 @@ static void alloc_stacks(int n) {
     }
 }
 
+/* the hang report: every live thread waits, but not all at one barrier or warp instruction */
+static void report_hang() {
+    int n = S.nthreads, bar = 0, warp = 0, first_warp = -1;
+    for (int i = 0; i < n; i++) {
+        bar += S.fibers[i].state == WAIT_BAR;
+        if (S.fibers[i].state == WAIT_WARP) warp++, first_warp = first_warp < 0 ? i : first_warp;
+    }
+    tpk_emu_fail("kernel %s, block (%u, %u, %u) cannot go on (a hang on the GPU): %d threads at __syncthreads, %d at warp instructions "
+                 "(thread %d first), %d ended",
+                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, bar, warp, first_warp, n - S.live);
+    S.abort = true;
+}
+static void resume(Fiber &f) {
+    S.cur = &f, threadIdx = f.tid, f.state = RUNNING;
+    switch_in(f);
+}
+/* lockstep: every ready thread in turn (ascending or descending) until it blocks, again and again */
+static void run_lockstep(bool reverse) {
+    int n = S.nthreads;
+    while (S.live > 0 && !S.abort) {
+        bool ran = false;
+        for (int k = 0; k < n && !S.abort; k++) {
+            Fiber &f = S.fibers[reverse ? n - 1 - k : k];
+            if (f.state != READY) continue;
+            resume(f);
+            ran = true;
+        }
+        S.cur = NULL;
+        if (!ran && !S.abort) report_hang();
+    }
+}
+/* asc, desc, random: per barrier interval, each warp alone until all its lanes wait at the barrier
+ * (or ended), its lanes in turn until each blocks; the warps in the schedule's order */
+static void run_warps(SchedMode mode) {
+    int nw = (S.nthreads + 31) / 32;
+    std::vector<int> order((size_t)nw);
+    while (S.live > 0 && !S.abort) {
+        for (int w = 0; w < nw; w++) order[(size_t)w] = mode == SCHED_DESC ? nw - 1 - w : w;
+        if (mode == SCHED_RANDOM)
+            for (int w = nw - 1; w > 0; w--) std::swap(order[(size_t)w], order[(size_t)(sched_rand() % (uint64_t)(w + 1))]);
+        unsigned ep = S.epoch;
+        bool ran = false;
+        for (int oi = 0; oi < nw && !S.abort && S.epoch == ep; oi++) {
+            Warp &W = S.warps[order[(size_t)oi]];
+            bool rev = mode == SCHED_DESC || (mode == SCHED_RANDOM && (sched_rand() & 1));
+            for (bool again = true; again && !S.abort && S.epoch == ep;) {
+                again = false;
+                for (int l = 0; l < W.size && !S.abort && S.epoch == ep; l++) {
+                    Fiber &f = S.fibers[32 * order[(size_t)oi] + (rev ? W.size - 1 - l : l)];
+                    if (f.state != READY) continue;
+                    resume(f);
+                    ran = again = true;
+                }
+            }
+        }
+        S.cur = NULL;
+        if (!ran && !S.abort) report_hang();
+    }
+}
+
 /* one block: every thread from its start until it ends; false when the block cannot go on */
 static bool run_block(bool reverse) {
     int n = S.nthreads;
@@ -646,7 +1018,7 @@ static bool run_block(bool reverse) {
         f.state = READY;
         f.tid = uint3{(unsigned)i % blockDim.x, (unsigned)i / blockDim.x % blockDim.y, (unsigned)i / (blockDim.x * blockDim.y)};
         f.warp = i / 32, f.lane = i % 32, f.wseq = 0;
-        f.pending.clear(), f.committed = 0;
+        f.pending.clear(), f.committed = 0, f.in_body = false;
         fiber_start(f);
     }
     for (int w = 0; w < (n + 31) / 32; w++) {
@@ -655,32 +1027,13 @@ static bool run_block(bool reverse) {
         W.arrived = 0, W.complete = NULL;
         for (auto &x : W.x) memset(x.seq, 0xff, sizeof x.seq);
     }
-    S.live = n, S.arrived = 0;
+    S.live = n, S.arrived = 0, S.epoch++;
     memset(S.dyn.data(), 0xff, S.dyn_bytes); /* NaN in f32 and bf16 */
     for (size_t k = S.dyn_bytes; k < S.dyn.size(); k++) S.dyn[k] = (k & 1) ? 0x7f : 0xc1;
-    S.shared_seen.clear();
-    while (S.live > 0 && !S.abort) {
-        bool ran = false;
-        for (int k = 0; k < n && !S.abort; k++) {
-            Fiber &f = S.fibers[reverse ? n - 1 - k : k];
-            if (f.state != READY) continue;
-            S.cur = &f, threadIdx = f.tid, f.state = RUNNING;
-            switch_in(f);
-            ran = true;
-        }
-        S.cur = NULL;
-        if (!ran && !S.abort) {
-            int bar = 0, warp = 0, first_warp = -1;
-            for (int i = 0; i < n; i++) {
-                bar += S.fibers[i].state == WAIT_BAR;
-                if (S.fibers[i].state == WAIT_WARP) warp++, first_warp = first_warp < 0 ? i : first_warp;
-            }
-            tpk_emu_fail("kernel %s, block (%u, %u, %u) cannot go on (a hang on the GPU): %d threads at __syncthreads, %d at warp instructions "
-                         "(thread %d first), %d ended",
-                         S.name, blockIdx.x, blockIdx.y, blockIdx.z, bar, warp, first_warp, n - S.live);
-            S.abort = true;
-        }
-    }
+    S.regions.assign(1, Region{(uintptr_t)S.dyn.data(), S.dyn_bytes, 0, NULL});
+    if (S.shadow.size() < S.dyn_bytes) S.shadow.resize(S.dyn_bytes, Shadow{0, 0, NONE, NONE, NONE, false});
+    if (sched().mode == SCHED_LOCKSTEP) run_lockstep(reverse);
+    else run_warps(sched().mode);
     S.cur = NULL;
     for (size_t k = S.dyn_bytes; k < S.dyn.size(); k++)
         if (S.dyn[k] != ((k & 1) ? 0x7f : 0xc1)) {
@@ -692,35 +1045,73 @@ static bool run_block(bool reverse) {
     return !S.abort;
 }
 
+/* the launching thread's stack: what the launch's lambda captures lives there */
+static void host_stack(uintptr_t *lo, uintptr_t *hi) {
+    static thread_local uintptr_t l, h;
+    if (!h) {
+        pthread_attr_t a;
+        void *base = NULL;
+        size_t size = 0;
+        if (pthread_getattr_np(pthread_self(), &a) == 0) {
+            pthread_attr_getstack(&a, &base, &size);
+            pthread_attr_destroy(&a);
+        }
+        l = (uintptr_t)base, h = (uintptr_t)base + size;
+    }
+    *lo = l, *hi = h;
+}
+
 void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *), void *arg) {
     std::lock_guard<std::mutex> lock(g_launch_mutex);
     if (S.name) {
         tpk_emu_fail("kernel %s launched from inside kernel %s", name, S.name);
         return tpk_emu_set_error(cudaErrorLaunchFailure);
     }
+    /* the hardware's launch limits: a block of at most 1024 threads (x, y <= 1024, z <= 64), a grid
+     * of x < 2^31, y, z <= 65535 blocks; dynamic shared memory up to the device's opt-in limit (and
+     * above 48 KiB only with the kernel's attribute: tpk_emu_kernel_enter) */
     const dim3 &g = cfg.grid, &b = cfg.block;
     unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
     if (!threads || threads > MAX_THREADS || b.x > 1024 || b.y > 1024 || b.z > 64 || !g.x || !g.y || !g.z || g.x > 0x7fffffffu || g.y > 65535 ||
-        g.z > 65535)
+        g.z > 65535) {
+        tpk_emu_fail("kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u): an invalid configuration", name, g.x, g.y, g.z, b.x, b.y, b.z);
         return tpk_emu_set_error(cudaErrorInvalidConfiguration);
-    if (cfg.smem > (size_t)smem_optin()) return tpk_emu_set_error(cudaErrorInvalidValue);
+    }
+    if (cfg.smem > (size_t)smem_optin()) {
+        tpk_emu_fail("kernel %s: launch with %zu bytes of dynamic shared memory, above the device's %d", name, cfg.smem, smem_optin());
+        return tpk_emu_set_error(cudaErrorInvalidValue);
+    }
     if (!stream_ok(cfg.stream, name)) return tpk_emu_set_error(cudaErrorInvalidResourceHandle);
     static bool prof = getenv("TPK_EMU_PROFILE") && atexit(prof_print) == 0;
+    static bool race_told;
+    if (sched().race && !g_instrumented && !race_told) {
+        race_told = true;
+        tpk_emu_fail("TPK_EMU_RACE=1, but the kernels were compiled without the access instrumentation (the checked build is "
+                     "libtpk_cuda_emu_chk.a, the tests' *_chk programs; not in an AddressSanitizer build)");
+    }
     auto t0 = std::chrono::steady_clock::now();
     alloc_stacks((int)threads);
     S.name = name, S.body = body, S.arg = arg, S.abort = S.told_lanes = S.told_diverge = S.failed = false;
+    S.entered = S.told_race = S.told_oob = false;
     S.nthreads = (int)threads, S.dyn_bytes = cfg.smem;
     S.dyn.assign(cfg.smem + SMEM_GUARD, 0);
+    host_stack(&S.host_lo, &S.host_hi);
+    for (auto &h : g_hits) h.lo = h.hi = 0;
+    t_in_launch = true;
     gridDim = g, blockDim = b;
     /* the blocks in ascending order, or descending in every other launch (a block that needs another
-     * block's results of the same launch gets them or not); a block's threads alternate too */
+     * block's results of the same launch gets them or not); a block's threads alternate too; asc and
+     * desc take the blocks in their own order */
     unsigned long long l = S.launches++, nb = (unsigned long long)g.x * g.y * g.z;
+    SchedMode mode = sched().mode;
     bool ok = true;
     for (unsigned long long k = 0; k < nb && ok; k++) {
-        unsigned long long q = (l & 1) ? nb - 1 - k : k;
+        bool down = mode == SCHED_ASC ? false : mode == SCHED_DESC ? true : (l & 1);
+        unsigned long long q = down ? nb - 1 - k : k;
         blockIdx = uint3{(unsigned)(q % g.x), (unsigned)(q / g.x % g.y), (unsigned)(q / ((unsigned long long)g.x * g.y))};
         ok = run_block(((l / 2 + q) & 1) != 0);
     }
+    t_in_launch = false;
     S.name = NULL;
     if (prof) g_prof[name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!ok || S.failed) tpk_emu_set_error(cudaErrorLaunchFailure);

@@ -9,13 +9,19 @@
  * fibers on one host thread (runtime.cpp), switched at __syncthreads and at the warp-synchronous
  * instructions (shuffles, __syncwarp, the tensor-core mma of flash.cuh), which are emulated from
  * their PTX definitions: each lane posts its operand, the warp waits for all its lanes, then each
- * lane reads what the instruction gives it. Between two barriers the threads run one after another,
- * in ascending or descending order (alternating by block), so a missing barrier reads the other
- * threads' data before it is written. Shared memory (static __shared__ arrays and the dynamic
- * buffer) is poisoned (NaN) at each block's start; the dynamic buffer has a NaN guard zone after
- * it, checked at the block's end. A block that cannot go on (threads waiting at different
- * barriers), a warp instruction with lanes missing, a divergent warp and a misuse of the runtime API
- * print a "FAIL emu: ..." line (counted by tests/run.sh) and make the launch fail. */
+ * lane reads what the instruction gives it. TPK_EMU_SCHED picks the order between barriers:
+ * lockstep (default; every ready thread in turn, ascending or descending by block) or asc / desc /
+ * random[:seed] (each warp alone from barrier to barrier, the warps in that order), so a missing
+ * barrier reads the other warps' data before it is written under some schedule. TPK_EMU_RACE=1
+ * turns on the shared-memory race detector of the checked build (the converted kernels compiled
+ * with the thread sanitizer's access instrumentation: runtime.cpp's callbacks see every load and
+ * store; two warps on one shared byte between barriers, one writing: "FAIL emu: race ..."; there a
+ * global access outside every live allocation is a FAIL line too, always). Shared memory (static __shared__ arrays and
+ * the dynamic buffer) is poisoned (NaN) at each block's start; the dynamic buffer has a NaN guard
+ * zone after it, checked at the block's end. A block that cannot go on (threads waiting at
+ * different barriers), a warp instruction with lanes missing, a divergent warp, a launch the
+ * hardware refuses and a misuse of the runtime API print a "FAIL emu: ..." line (counted by
+ * tests/run.sh) and make the launch fail. docs/DESIGN.md section 7 says what is not emulated. */
 #ifndef TPK_EMU_H
 #define TPK_EMU_H
 
@@ -260,9 +266,13 @@ template <class T> static inline T __shfl_up_sync(unsigned mask, T v, unsigned d
 
 /* shared memory: a static __shared__ array is poisoned (NaN) when the block's first thread reaches
  * its declaration; the dynamic buffer (extern __shared__) is the launch's, poisoned at each block */
-void tpk_emu_shared(void *p, size_t bytes);
+void tpk_emu_shared(void *p, size_t bytes, const char *name);
 void *tpk_emu_dyn_smem_raw();
 template <class T> static inline T *tpk_emu_dyn_smem() { return static_cast<T *>(tpk_emu_dyn_smem_raw()); }
+
+/* the kernel's first statement (cu2cpp.pl inserts it, with the kernel's address): its accesses are
+ * checked from here on, and the launch's dynamic shared memory against the kernel's attribute */
+void tpk_emu_kernel_enter(const void *kernel);
 
 /* ---- launches ------------------------------------------------------------------------------------------ */
 struct tpk_emu_cfg_t {
@@ -278,6 +288,10 @@ template <class F> static inline void tpk_emu_launch(const char *name, const tpk
     typedef typename std::remove_reference<F>::type Fn;
     tpk_emu_run(name, cfg, [](void *p) { (*static_cast<Fn *>(p))(); }, (void *)&f);
 }
+
+/* the grid of a grid-stride launch (kernels/cuda/common.cuh's tpk__grid_for): g, or at most
+ * TPK_EMU_GRID_CAP blocks when that is set, so every grid-stride loop of a test takes several trips */
+size_t tpk_emu_grid_cap(size_t g);
 
 /* ---- the runtime API (runtime.cpp) ---------------------------------------------------------------- */
 cudaError_t cudaGetDeviceCount(int *n);
@@ -327,6 +341,13 @@ bool tpk_emu_check_device(const void *p, size_t bytes, const char *what);
 /* print "FAIL emu: ..." (counted by tests/run.sh) and count it */
 void tpk_emu_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void tpk_emu_set_error(cudaError_t e);
+/* the emulation's own tests (tests/gpu/emu/race_test.cpp): between begin and end a problem found is
+ * printed as "(expected) emu: ..." and counted, not failed; end returns the count and the first */
+void tpk_emu_expect_begin();
+int tpk_emu_expect_end(const char **first);
+/* set the schedule (a TPK_EMU_SCHED value) and the race detector, as the environment would; false
+ * (nothing changed) when the schedule is not one */
+bool tpk_emu_configure(const char *schedule, bool race);
 
 /* ---- the tensor-core attention's hooks (kernels/cuda/flash.cuh with TPK_FLASH_EMU) -------------------- */
 #ifdef TPK_FLASH_EMU
@@ -351,9 +372,10 @@ static inline uint32_t tpk__fl_pack(float lo, float hi) {
     return r;
 }
 static inline float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-/* cp.async: the 16 bytes land at the thread's next wait_group 0 after a commit_group closed the
- * group holding them (as late as the instruction allows), so a tile read before its wait and
- * barrier, or copied without a commit, reads the poison or the previous tile */
+/* cp.async: the destination reads as poison (NaN) from the issue, and the 16 bytes land at the
+ * thread's next wait_group 0 after a commit_group closed the group holding them (as late as the
+ * instruction allows), so a tile read before its wait and barrier, copied without a commit, or
+ * overwritten by the next tile's copy while still read (one buffer) reads NaN */
 void tpk__fl_cp16(void *dst, const void *src, bool valid);
 void tpk__fl_commit();
 void tpk__fl_wait_all();
