@@ -66,6 +66,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include <tpk/rng.h>
 
 #ifndef TPK_FLASH_EMU
@@ -73,7 +75,6 @@
     extern __shared__ __align__(16) unsigned char tpk__fl_smem_raw[];                               \
     T *name = reinterpret_cast<T *>(tpk__fl_smem_raw)
 #define TPK__FL_UNROLL _Pragma("unroll")
-#define TPK__FL_UNROLL2 _Pragma("unroll 2") /* the k loop of S = Q K^T-shaped products: fully unrolled it spilled at D = 128 */
 
 /* D (16x8 f32) += A (16x16 bf16) B (16x8 bf16) over the warp */
 __device__ __forceinline__ void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -92,6 +93,13 @@ __device__ __forceinline__ uint32_t tpk__fl_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 __device__ __forceinline__ float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+/* 2^x by one MUFU.EX2: ex2.approx.ftz (results below 2^-126 flushed to 0; exp2f's denormal fix-up
+ * costs three more instructions an element); 2^-inf = 0 */
+__device__ __forceinline__ float tpk__fl_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 /* 16 bytes global -> shared without passing through registers (cp.async, sm_80); zeros when !valid */
 __device__ __forceinline__ void tpk__fl_cp16(void *dst, const void *src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -156,6 +164,9 @@ static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return
 static constexpr int tpk__fl_fwd_mt(int D) { return D == 64 ? 2 : 1; }
 /* query rows of a forward block */
 static constexpr int tpk__fl_fwd_rows(int D) { return 16 * tpk__fl_fwd_mt(D) * tpk__fl_warps(0); }
+/* whether the forward holds Q's fragments in registers (D = 128: 32 registers, and Q's tile staged in
+ * a key buffer, so a block takes 4 tiles of shared memory, not 5: two blocks fit an A100's SM) */
+static constexpr bool tpk__fl_fwd_qreg(int D) { return D == 128; }
 
 /* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q [tpk__fl_fwd_rows]; K, V [16 W];
  * Q, dO [64]) and two buffers of the streamed [64]-row ones (K, V; Q, dO, lse, Dr; K, V), the next
@@ -163,7 +174,7 @@ static constexpr int tpk__fl_fwd_rows(int D) { return 16 * tpk__fl_fwd_mt(D) * t
  * dS^T [16 W][64 + 8]. Rows of D + 8 bf16. */
 static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv with dQ */, int D) {
     size_t row = sizeof(uint16_t) * (size_t)(D + 8), tile = row * TPK__FL_ROWS;
-    if (kernel == 0) return row * (size_t)tpk__fl_fwd_rows(D) + 4 * tile;
+    if (kernel == 0) return (tpk__fl_fwd_qreg(D) ? 0 : row * (size_t)tpk__fl_fwd_rows(D)) + 4 * tile;
     if (kernel == 2) return 6 * tile;
     size_t keys = 16 * (size_t)tpk__fl_warps(1), dkv = 2 * row * keys + 4 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
     return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * keys * (size_t)(TPK__FL_ROWS + 8);
@@ -183,30 +194,73 @@ __device__ __forceinline__ float tpk__att_keep(float p, uint64_t seed, uint64_t 
     return tpk__att_keep_at(p, seed, stream, (uint64_t)((((b * A + hg) * S + i) * S) + j));
 }
 
+/* A thread's share of copying ROWS rows of a bf16 matrix (row stride ld) into a shared tile
+ * [ROWS][D + 8] in 16-byte pieces (cp.async) by the block's NT threads: thread x takes column
+ * 8 (x % (D / 8)) of rows x / (D / 8) + RSTEP k, k = 0 .. N - 1 (RSTEP = NT / (D / 8)). The 64-bit
+ * source address and the shared offset are formed once, when the copy is placed (seek); each piece
+ * is then a pointer step, a compare against the rows left and the cp.async (a fixed trip count: the
+ * compiler cannot bound threadIdx.x, so a loop over it rebuilt every address). */
+template <int D, int NT, int ROWS = TPK__FL_ROWS> struct tpk__fl_copy {
+    static constexpr int CPR = D / 8 /* pieces per row */, RSTEP = NT / CPR, N = ROWS / RSTEP;
+    static_assert(NT % CPR == 0 && ROWS % RSTEP == 0, "whole rows per pass, whole passes per tile");
+    const uint16_t *src; /* this thread's first piece of the rows to copy */
+    int64_t step;        /* RSTEP rows of the source */
+    int row, soff;       /* this thread's first row in the tile; its first piece's offset there */
+    __device__ __forceinline__ tpk__fl_copy() {
+        int x = (int)threadIdx.x;
+        row = x / CPR, soff = row * (D + 8) + (x % CPR) * 8;
+    }
+    /* place the copy at rows r0 .. r0 + ROWS - 1 of base (row stride ld) */
+    __device__ __forceinline__ void seek(const uint16_t *base, int64_t ld, int64_t r0) {
+        src = base + (r0 + row) * ld + (soff - row * (D + 8)), step = RSTEP * ld;
+    }
+    /* start the copies into dst; rows from `rows` on (the rows before S) as zeros; then move on by
+     * ROWS rows. TWO: the same rows of a second matrix at src + off into dst2 as well */
+    template <bool TWO = false>
+    __device__ __forceinline__ void run(uint16_t *dst, int rows, const uint16_t *base, uint16_t *dst2 = nullptr, int64_t off = 0) {
+        const uint16_t *s = src;
+        TPK__FL_UNROLL for (int k = 0; k < N; k++) {
+            bool valid = row + RSTEP * k < rows;
+            const uint16_t *p = valid ? s : base;
+            tpk__fl_cp16(dst + soff + RSTEP * k * (D + 8), p, valid);
+            if (TWO) tpk__fl_cp16(dst2 + soff + RSTEP * k * (D + 8), p + (valid ? off : 0), valid);
+            s += step;
+        }
+        src = s;
+    }
+};
+
+/* Key/value tiles streamed in order through two buffers: tile it (rows 64 it .. 64 it + 63 of K and
+ * of V = K + voff, row stride ld, rows >= S as zeros) into buffers it % 2 of Kb, Vb [2][64][D + 8]. */
+template <int D, int NT> struct tpk__fl_kv_stream {
+    tpk__fl_copy<D, NT> c;
+    const uint16_t *K;
+    int64_t voff;
+    int rows; /* S less the next tile's first row (clamped) */
+    __device__ __forceinline__ tpk__fl_kv_stream(const uint16_t *K_, int64_t voff_, int64_t ld, int64_t S) : K(K_), voff(voff_) {
+        c.seek(K, ld, 0);
+        rows = (int)(S < INT32_MAX ? S : INT32_MAX);
+    }
+    /* start the next tile (it) into its buffers when it < ntiles, then close the group of copies
+     * issued so far (cp.async.commit_group) */
+    __device__ __forceinline__ void next(uint16_t *Kb, uint16_t *Vb, int it, int ntiles) {
+        constexpr int TILE = TPK__FL_ROWS * (D + 8);
+        if (it < ntiles) {
+            c.template run<true>(Kb + (it & 1) * TILE, rows, K, Vb + (it & 1) * TILE, voff);
+            rows -= TPK__FL_KEYS;
+        }
+        tpk__fl_commit();
+    }
+};
+
 /* Start copying rows r0 .. r0 + ROWS - 1 of a bf16 matrix with row stride ld (rows >= S as zeros)
- * into dst [ROWS][D + 8], in 16-byte pieces by the block's NT threads; the data is there after
- * tpk__fl_wait_all and a barrier. */
+ * into dst [ROWS][D + 8] by the block's NT threads; the data is there after tpk__fl_wait_all and a
+ * barrier. */
 template <int D, int NT, int ROWS = TPK__FL_ROWS>
 __device__ __forceinline__ void tpk__fl_stage(uint16_t *dst, const uint16_t *src, int64_t ld, int64_t r0, int64_t S) {
-    constexpr int CPR = D / 8; /* pieces per row */
-    for (int c = (int)threadIdx.x; c < ROWS * CPR; c += NT) {
-        int r = c / CPR, e = (c % CPR) * 8;
-        bool valid = r0 + r < S;
-        tpk__fl_cp16(dst + r * (D + 8) + e, valid ? src + (r0 + r) * ld + e : src, valid);
-    }
-}
-
-/* Start copying key tile `it` (rows 64 it .. 64 it + 63) of K and V into buffers it % 2 of Kb, Vb
- * when it < ntiles, and close the group of copies issued so far (cp.async.commit_group). */
-template <int D, int NT>
-__device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, const uint16_t *K, const uint16_t *V, int64_t ld, int it, int ntiles,
-                                                 int64_t S) {
-    constexpr int TILE = TPK__FL_ROWS * (D + 8);
-    if (it < ntiles) {
-        tpk__fl_stage<D, NT>(Kb + (it & 1) * TILE, K, ld, (int64_t)it * TPK__FL_KEYS, S);
-        tpk__fl_stage<D, NT>(Vb + (it & 1) * TILE, V, ld, (int64_t)it * TPK__FL_KEYS, S);
-    }
-    tpk__fl_commit();
+    tpk__fl_copy<D, NT, ROWS> c;
+    c.seek(src, ld, r0);
+    c.run(dst, (int)(S - r0 < ROWS ? S - r0 : ROWS), src);
 }
 
 /* v clamped to [lo, hi]: a distance in a tile's 32-bit coordinates */
@@ -287,15 +341,16 @@ __device__ __forceinline__ void tpk__fl_drop_cols(float u[4], uint64_t seed, uin
     }
 }
 
-/* acc[8 m + nt] (MT row blocks of 16 x 64, each in eight 8-column C tiles) = A B^T with A = rows
- * a0 .. a0 + 16 MT - 1 of the shared tile `a` and B = rows 0 .. 63 of the shared tile `bt`, over D
- * columns: S = Q K^T, dP = dO V^T. Each B fragment loaded serves the MT row blocks. */
-template <int D, int MT = 1>
-__device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t *a, int a0, const uint16_t *bt, int lane) {
+/* acc[8 m + nt] (MT row blocks of 16 x 64, each in eight 8-column C tiles) = A B^T with A 16 MT x D
+ * (afrag(m, kk, af) makes the fragment of row block m, column block kk: from a shared tile or from
+ * registers) and B = rows 0 .. 63 of the shared tile `bt`, over D columns: S = Q K^T, dP = dO V^T.
+ * Each B fragment loaded serves the MT row blocks. */
+template <int D, int MT = 1, class F>
+__device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], F afrag, const uint16_t *bt, int lane) {
     TPK__FL_UNROLL for (int nt = 0; nt < 8 * MT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    TPK__FL_UNROLL2 for (int kk = 0; kk < D / 16; kk++) {
+    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
         uint32_t af[MT][4];
-        TPK__FL_UNROLL for (int m = 0; m < MT; m++) tpk__fl_frag_a(af[m], a, D + 8, a0 + 16 * m, 16 * kk, lane);
+        TPK__FL_UNROLL for (int m = 0; m < MT; m++) afrag(m, kk, af[m]);
         TPK__FL_UNROLL for (int nt = 0; nt < 8; nt += 2) {
             uint32_t bf[4];
             tpk__fl_frag_bt2(bf, bt, D + 8, 8 * nt, 16 * kk, lane);
@@ -358,14 +413,18 @@ __device__ __forceinline__ void tpk__fl_q_of(const tpk__fl_heads &hd, int64_t he
 /* grid (ceil(S / ROWS), Al, B), 32 W threads, ROWS = 16 MT W (tpk__fl_fwd_rows): block x owns
  * query rows q0 = (gridDim.x - 1 - x) ROWS .. q0 + ROWS - 1, the longest rows first; warp w the 16 MT
  * rows from q0 + 16 MT w, in MT blocks of 16 that share each K and V fragment the warp loads.
- * out [B, S, Al, D], lse [B, Al, S]. */
+ * The key tiles 0 .. q0 / 64 - 1 lie below every row of the block: a loop of mask-free steps; the
+ * one or two tiles the diagonal (or S) crosses follow, masked, each warp skipping a tile wholly
+ * above its rows. out [B, S, Al, D], lse [B, Al, S]. */
 template <int D, int W, int MT, bool DROP>
-__global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al, int64_t A,
-                                                         int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+__global__ void __launch_bounds__(32 * W, 2) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al, int64_t A,
+                                                            int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8, WR = 16 * MT /* rows of a warp */, ROWS = WR * W;
     constexpr int TILE = TPK__FL_ROWS * LD;
-    TPK__FL_SMEM(uint16_t, Qs); /* [ROWS][LD] */
-    uint16_t *Kb = Qs + ROWS * LD, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
+    constexpr bool QREG = D == 128; /* tpk__fl_fwd_qreg: Q's A fragments held in registers (its tile staged in K's buffer 1) */
+    static_assert(!QREG || ROWS == TPK__FL_ROWS, "Q staged in one key tile's buffer");
+    TPK__FL_SMEM(uint16_t, Kb); /* [2][64][LD] each: K, V of tile it in buffer it % 2 */
+    uint16_t *Vb = Kb + 2 * TILE, *Qs = QREG ? Kb + TILE : Vb + 2 * TILE; /* Q [ROWS][LD] */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * ROWS;
     int64_t ld3, kvo, vo; /* a row of qkv; the columns of K and V of the key/value head query head h reads */
@@ -373,68 +432,91 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *l
         tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
         ld3 = hd.ld, kvo = (Al + tpk__fl_kv_of(hd, head0, h)) * D, vo = (int64_t)hd.Gl * D;
     }
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo, *V = K + vo;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo;
     int64_t wrow = q0 + WR * w, last = (q0 + ROWS < S ? q0 + ROWS : S) - 1;
-    int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
+    int ntiles = (int)(last / TPK__FL_KEYS) + 1, nfree = (int)(q0 / TPK__FL_KEYS); /* key tiles 0 .. the block's last row; the mask-free ones */
+    tpk__fl_kv_stream<D, 32 * W> kvs(K, vo, ld3, S);
     tpk__fl_stage<D, 32 * W, ROWS>(Qs, Q, ld3, q0, S);
-    tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, 0, ntiles, S);
+    kvs.next(Kb, Vb, 0, ntiles);
     tpk__fl_wait_all();
     __syncthreads();
-    /* row block m of the warp: O in o[ND m ..], its rows g and g + 8 in m[2 m + r], l[2 m + r] */
+    uint32_t qf[D / 16][4]; /* QREG: this warp's Q, A fragments of its 16 rows */
+    if (QREG) {
+        TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) tpk__fl_frag_a(qf[kk], Qs, LD, WR * w, 16 * kk, lane);
+        __syncthreads(); /* Q read by every warp before key tile 1 lands on it */
+    }
+    auto qfrag = [&](int mt, int kk, uint32_t af[4]) {
+        if (QREG) af[0] = qf[kk][0], af[1] = qf[kk][1], af[2] = qf[kk][2], af[3] = qf[kk][3];
+        else tpk__fl_frag_a(af, Qs, LD, WR * w + 16 * mt, 16 * kk, lane);
+    };
+    /* row block mt of the warp: O in o[ND mt ..], its rows g and g + 8 in m[2 mt + r], l[2 mt + r] */
     float o[MT * ND][4], m[2 * MT], l[2 * MT];
     TPK__FL_UNROLL for (int dt = 0; dt < MT * ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     TPK__FL_UNROLL for (int r = 0; r < 2 * MT; r++) m[r] = -INFINITY, l[r] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
-    for (int it = 0; it < ntiles; it++) {
+    /* one key tile: S = Q K^T, the online softmax, O += P V; MASK: the causal and S masks */
+    auto step = [&](auto masked, int it) {
+        constexpr bool MASK = decltype(masked)::value;
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
-        if (j0 <= wrow) { /* not above this warp's diagonal (WR divides 64: a tile that starts after the warp's
-                           * first row starts after its last), so key j0 is in every row's reach (finite maxima) */
-            float s[MT * NT][4]; /* row block mt's 16 x 64 in s[NT mt ..] */
-            tpk__fl_mma_abt<D, MT>(s, Qs, WR * w, Ks, lane);
-            bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S; /* the diagonal or S crosses the tile */
-            /* the mask in the tile's 32-bit coordinates: key j0 + c of row wrow + r is masked when
-             * c > (wrow - j0) + r (above the diagonal) or c > S - 1 - j0 (past S), i.e. c > lim of
-             * the row; lim is taken less this lane's first column 2 t, so the test is against the
-             * compile-time 8 nt + (e & 1) */
+        float s[MT * NT][4]; /* row block mt's 16 x 64 in s[NT mt ..] */
+        tpk__fl_mma_abt<D, MT>(s, qfrag, Ks, lane);
+        /* MASK, in the tile's 32-bit coordinates: key j0 + c of row wrow + r is masked when
+         * c > (wrow - j0) + r (above the diagonal) or c > S - 1 - j0 (past S), i.e. c > lim of the
+         * row; lim is taken less this lane's first column 2 t, so the test is against the
+         * compile-time 8 nt + (e & 1) */
+        int lim[2 * MT];
+        if (MASK) {
             int diag = tpk__fl_clamp(wrow - j0, -WR, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
-            float corr[2 * MT];
-            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) {
-                int lim[2] = {tpk__fl_imin(diag + 16 * mt + g, send) - 2 * t, tpk__fl_imin(diag + 16 * mt + g + 8, send) - 2 * t};
-                float mx[2] = {m[2 * mt], m[2 * mt + 1]};
-                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                        if (edge && 8 * nt + (e & 1) > lim[e >> 1]) s[NT * mt + nt][e] = -INFINITY;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], s[NT * mt + nt][e]);
-                    }
-                TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-                    int i = 2 * mt + r;
-                    mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 is in the tile */
-                    corr[i] = exp2f((m[i] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
-                    m[i] = mx[r], l[i] *= corr[i];
+            TPK__FL_UNROLL for (int r = 0; r < 2 * MT; r++) lim[r] = tpk__fl_imin(diag + 8 * r + g, send) - 2 * t; /* row 16 (r / 2) + 8 (r % 2) + g */
+        }
+        float corr[2 * MT], msl[2 * MT];
+        TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) {
+            float mx[2] = {m[2 * mt], m[2 * mt + 1]};
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    if (MASK && 8 * nt + (e & 1) > lim[2 * mt + (e >> 1)]) s[NT * mt + nt][e] = -INFINITY;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[NT * mt + nt][e]);
+                }
+            TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+                int i = 2 * mt + r;
+                mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 is in every row's reach */
+                corr[i] = tpk__fl_exp2((m[i] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
+                m[i] = mx[r], l[i] *= corr[i], msl[i] = mx[r] * sl2;
+            }
+        }
+        TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                uint64_t dx = drow + (uint64_t)(16 * mt) * (uint64_t)S; /* row wrow + 16 mt + g */
+                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, dx + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    float pe = tpk__fl_exp2(fmaf(s[NT * mt + nt][e], sl2, -msl[2 * mt + (e >> 1)])); /* masked: 2^-inf = 0 */
+                    l[2 * mt + (e >> 1)] += pe;
+                    if (DROP && pe != 0.0f)
+                        pe *= grouped ? tpk__att_keep_u(p, u[e])
+                                      : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                    s[NT * mt + nt][e] = pe;
                 }
             }
-            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    uint64_t dx = drow + (uint64_t)(16 * mt) * (uint64_t)S; /* row wrow + 16 mt + g */
-                    if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, dx + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
-                    TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                        float pe = exp2f(s[NT * mt + nt][e] * sl2 - m[2 * mt + (e >> 1)] * sl2); /* masked: exp2(-inf) = 0 */
-                        l[2 * mt + (e >> 1)] += pe;
-                        if (DROP && pe != 0.0f)
-                            pe *= grouped ? tpk__att_keep_u(p, u[e])
-                                          : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
-                        s[NT * mt + nt][e] = pe;
-                    }
-                }
-            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++)
-                        o[ND * mt + dt][e] *= corr[2 * mt + (e >> 1)];
-            tpk__fl_mma_cb<D, MT>(o, s, Vs, lane);
-        }
+        TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++)
+                    o[ND * mt + dt][e] *= corr[2 * mt + (e >> 1)];
+        tpk__fl_mma_cb<D, MT>(o, s, Vs, lane);
+    };
+    int it = 0;
+    for (; it < nfree; it++) {
+        kvs.next(Kb, Vb, it + 1, ntiles); /* the next tile lands in the other buffers meanwhile */
+        step(std::false_type{}, it);
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+    }
+    for (; it < ntiles; it++) {
+        kvs.next(Kb, Vb, it + 1, ntiles);
+        /* not above this warp's diagonal (WR divides 64: a tile that starts after the warp's first row
+         * starts after its last), so key j0 is in every row's reach (finite maxima) */
+        if ((int64_t)it * TPK__FL_KEYS <= wrow) step(std::true_type{}, it);
+        tpk__fl_wait_all();
+        __syncthreads();
     }
     TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
             int64_t i = wrow + 16 * mt + g + 8 * r;
@@ -504,8 +586,8 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *
         bool live = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1 >= wkey;
         if (live) {
             float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
-            tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, lane);
-            tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, lane);
+            tpk__fl_mma_abt<D>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
+            tpk__fl_mma_abt<D>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
             bool edge = q0 < wkey + 16 || q0 + TPK__FL_ROWS > S; /* the diagonal crosses the tile, or S */
             /* in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when c >= (wkey - q0) + r
              * (on or below the diagonal), c < S - q0 and r < S - wkey */
@@ -520,7 +602,7 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *
                     int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
                     float P = 0.0f, ds = 0.0f;
                     if (!edge || (c >= diag + r && c < send && r < kend)) {
-                        P = exp2f(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
+                        P = tpk__fl_exp2(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
                         float keep = !DROP ? 1.0f
                                      : grouped ? tpk__att_keep_u(p, u[e])
                                                : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
@@ -586,7 +668,8 @@ __global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint1
     int ntiles = (int)(last / TPK__FL_KEYS) + 1;
     tpk__fl_stage<D, 128>(Qs, Q, ld3, q0, S);
     tpk__fl_stage<D, 128>(dOs, dO, ldo, q0, S);
-    tpk__fl_stage_kv<D, 128>(Kb, Vb, K, V, ld3, 0, ntiles, S);
+    tpk__fl_kv_stream<D, 128> kvs(K, V - K, ld3, S);
+    kvs.next(Kb, Vb, 0, ntiles);
     float L[2], Di[2], dq[ND][4];
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;
@@ -602,11 +685,11 @@ __global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint1
     for (int it = 0; it < ntiles; it++) {
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        tpk__fl_stage_kv<D, 128>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
+        kvs.next(Kb, Vb, it + 1, ntiles); /* the next tile lands in the other buffers meanwhile */
         if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
             float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
-            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, lane);
-            tpk__fl_mma_abt<D>(dp, dOs, 16 * w, Vs, lane);
+            tpk__fl_mma_abt<D>(s, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Qs, LD, 16 * w, 16 * kk, lane); }, Ks, lane);
+            tpk__fl_mma_abt<D>(dp, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dOs, LD, 16 * w, 16 * kk, lane); }, Vs, lane);
             bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
             int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1; /* the forward's mask */
             int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
@@ -617,7 +700,7 @@ __global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint1
                     int c = 8 * nt + 2 * t + (e & 1);
                     float ds = 0.0f;
                     if (!edge || 8 * nt + (e & 1) <= lim[e >> 1]) {
-                        float P = exp2f(s[nt][e] * sl2 - L[e >> 1] * TPK__FL_LOG2E);
+                        float P = tpk__fl_exp2(s[nt][e] * sl2 - L[e >> 1] * TPK__FL_LOG2E);
                         float keep = !DROP ? 1.0f : grouped ? tpk__att_keep_u(p, u[e]) : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + c));
                         ds = P * (dp[nt][e] * keep - Di[e >> 1]);
                     }
