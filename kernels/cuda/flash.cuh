@@ -160,7 +160,10 @@ enum { TPK__FL_ROWS = 64 /* query rows of a streamed tile; the dQ kernel's rows 
  * multiply-add: by estimate, not measured, more than an SM's 128 bytes a clock feed at mma.sync's
  * rate on an H100); at D = 128 MT = 1
  * (O alone takes 64 registers a row block). The dQ kernel (deterministic) has 4 warps. */
-static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return kernel == 1 ? 8 : 4; }
+static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return kernel == 1 ? 4 : 4; }
+/* the dK/dV kernel's Q, dO buffers: 2 (the next tile lands while this one is used) at D = 64, 1 at
+ * D = 128 (78 KB a block instead of 112: two blocks fit an A100's 164 KB) */
+static constexpr int tpk__fl_dkv_nbuf(int D) { return D == 128 ? 1 : 2; }
 static constexpr int tpk__fl_fwd_mt(int D) { return D == 64 ? 2 : 1; }
 /* query rows of a forward block */
 static constexpr int tpk__fl_fwd_rows(int D) { return 16 * tpk__fl_fwd_mt(D) * tpk__fl_warps(0); }
@@ -176,7 +179,8 @@ static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv wit
     size_t row = sizeof(uint16_t) * (size_t)(D + 8), tile = row * TPK__FL_ROWS;
     if (kernel == 0) return (tpk__fl_fwd_qreg(D) ? 0 : row * (size_t)tpk__fl_fwd_rows(D)) + 4 * tile;
     if (kernel == 2) return 6 * tile;
-    size_t keys = 16 * (size_t)tpk__fl_warps(1), dkv = 2 * row * keys + 4 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
+    size_t keys = 16 * (size_t)tpk__fl_warps(1), nbuf = (size_t)tpk__fl_dkv_nbuf(D);
+    size_t dkv = 2 * row * keys + nbuf * (2 * tile + 2 * sizeof(float) * TPK__FL_ROWS);
     return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * keys * (size_t)(TPK__FL_ROWS + 8);
 }
 
@@ -382,6 +386,14 @@ __device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)
     tpk__fl_mma_ab<D, D, 4, MT>(acc, [&](int m, int kk, uint32_t af[4]) { tpk__fl_c_to_a(af, c[8 * m + 2 * kk], c[8 * m + 2 * kk + 1]); }, b, 0, lane);
 }
 
+/* the same with C already rounded to bf16 A fragments: a[4 m + kk] the 16 x 16 block kk of row block m */
+template <int D, int MT = 1>
+__device__ __forceinline__ void tpk__fl_mma_pb(float (*acc)[4], const uint32_t (*a)[4], const uint16_t *b, int lane) {
+    tpk__fl_mma_ab<D, D, 4, MT>(
+        acc, [&](int m, int kk, uint32_t af[4]) { af[0] = a[4 * m + kk][0], af[1] = a[4 * m + kk][1], af[2] = a[4 * m + kk][2], af[3] = a[4 * m + kk][3]; }, b,
+        0, lane);
+}
+
 #define TPK__FL_LOG2E 1.4426950408889634f
 
 /* Grouped-query attention: the group size A / G, the first local key/value head g0 = head0 / grp
@@ -533,19 +545,22 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_fwd(uint16_t *out, float
 /* grid (ceil(S / 16 W), Gl, B), 32 W threads (W = tpk__fl_warps(1)): block x owns keys
  * k0 = 16 W x .. k0 + 16 W - 1 of local key/value head y (block 0 has the most query tiles and starts
  * first), warp w the keys k0 + 16 w .. + 15; the 64-query tiles from k0 on, of each local query head
- * reading head y in turn. A warp whose keys all lie after a tile's queries (or past S) skips it.
+ * reading head y in turn, through one pipeline. Per head the first tile (the diagonal's) and a last
+ * one cut by S are masked steps, the tiles between mask-free ones. With NBUF = 1 (D = 128: two
+ * blocks fit an A100's SM) the next Q, dO tile is copied into the one buffer once every warp has
+ * used this one (after dK's GEMM), landing while dQ's GEMM runs; with NBUF = 2 at the tile's start.
  * Writes dK, dV of dqkv; DQ: adds dS K into dq_acc [B, S, Al, D]. */
 template <int D, int W, bool DROP, bool DQ>
-__global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv, const float *lse,
-                                                         const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale,
-                                                         float p, uint64_t seed, uint64_t stream) {
+__global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv, const float *lse,
+                                                            const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale,
+                                                            float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8, KEYS = 16 * W, LDS = TPK__FL_ROWS + 8;
-    constexpr int NC = D * 4 / W; /* DQ: the columns of dQ each warp makes (4 warps per 16-query row block) */
-    static_assert(W % 4 == 0 && NC % 16 == 0, "warps in fours, dQ columns in 16s");
+    constexpr int NBUF = D == 128 ? 1 : 2; /* tpk__fl_dkv_nbuf */
+    static_assert(W == 4 && KEYS == TPK__FL_ROWS, "dQ's GEMM: 4 warps of 32 queries x D / 2 columns over the block's 64 keys");
     TPK__FL_SMEM(uint16_t, Ks); /* [KEYS][LD] each: K, V of the block's keys */
-    uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
-    float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
-    uint16_t *dSt = reinterpret_cast<uint16_t *>(Db + 2 * TPK__FL_ROWS); /* DQ: [KEYS][LDS] dS^T of the tile */
+    uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + NBUF * TILE; /* [NBUF][64][LD] each: Q, dO of query tile it in buffer it % NBUF */
+    float *Lb = reinterpret_cast<float *>(dOb + NBUF * TILE); /* [NBUF][64][2]: lse log2(e), Dr of the tile's query c at [c / 2][0..1], [c / 2][2..3] */
+    uint16_t *dSt = reinterpret_cast<uint16_t *>(Lb + NBUF * 2 * TPK__FL_ROWS); /* DQ: [KEYS][LDS] dS^T of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * KEYS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
@@ -553,21 +568,30 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *
     int h0, h1; /* the local query heads h0 .. h1 - 1 read this key/value head */
     tpk__fl_q_of(hd, head0, Al, kv, &h0, &h1);
     const uint16_t *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
-    int ntq = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1; /* query tiles k0 .. S - 1 of one query head */
-    int ntiles = ntq * (h1 - h0);                      /* over the local query heads h0 .. h1 - 1 reading this head */
-    auto stage_q = [&](int h, int tq, int buf) {      /* tile tq of query head h into buffer buf */
+    int ntq = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1;     /* query tiles k0 .. S - 1 of one query head */
+    int nfull = (int)((S - k0) / TPK__FL_ROWS);           /* tiles 1 .. nfull - 1 lie after the block's keys and before S */
+    int ntiles = ntq * (h1 - h0);                         /* over the local query heads h0 .. h1 - 1 reading this head */
+    tpk__fl_copy<D, 32 * W> cq, cdo;
+    /* the row terms of tile tq of query head h: thread x < 64 fetches lse of query q0 + x, thread
+     * 64 + x its Dr, into a register now, stored into shared memory at the tile's end (stash) */
+    int rt = (int)threadIdx.x & (TPK__FL_ROWS - 1), rdr = (int)threadIdx.x >> 6;
+    auto fetch_row = [&](int h, int tq) {
+        int64_t i = k0 + (int64_t)tq * TPK__FL_ROWS + rt;
+        const float *src = (rdr ? Dr : lse) + (b * Al + h) * S;
+        return i < S ? (rdr ? src[i] : src[i] * TPK__FL_LOG2E) : 0.0f;
+    };
+    auto stash_row = [&](float v, int buf) { Lb[buf * 2 * TPK__FL_ROWS + 4 * (rt >> 1) + 2 * rdr + (rt & 1)] = v; };
+    auto stage_q = [&](int h, int tq, int buf) { /* Q, dO of tile tq of query head h into buffer buf */
         int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
-        const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
-        tpk__fl_stage<D, 32 * W>(Qb + buf * TILE, qkv + b * S * ld3 + h * D, ld3, q0, S);
-        tpk__fl_stage<D, 32 * W>(dOb + buf * TILE, dout + b * S * ldo + h * D, ldo, q0, S);
-        for (int r = (int)threadIdx.x; r < TPK__FL_ROWS; r += 32 * W) {
-            Lb[buf * TPK__FL_ROWS + r] = q0 + r < S ? Lh[q0 + r] : 0.0f;
-            Db[buf * TPK__FL_ROWS + r] = q0 + r < S ? Dh[q0 + r] : 0.0f;
-        }
+        int rows = (int)(S - q0 < TPK__FL_ROWS ? S - q0 : TPK__FL_ROWS);
+        const uint16_t *Q = qkv + b * S * ld3 + h * D, *dO = dout + b * S * ldo + h * D;
+        cq.seek(Q, ld3, q0), cdo.seek(dO, ldo, q0);
+        cq.run(Qb + buf * TILE, rows, Q), cdo.run(dOb + buf * TILE, rows, dO);
     };
     tpk__fl_stage<D, 32 * W, KEYS>(Ks, K, ld3, k0, S);
     tpk__fl_stage<D, 32 * W, KEYS>(Vs, V, ld3, k0, S);
     stage_q(h0, 0, 0);
+    stash_row(fetch_row(h0, 0), 0);
     tpk__fl_commit();
     tpk__fl_wait_all();
     __syncthreads();
@@ -576,68 +600,92 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *
     const float sl2 = scale * TPK__FL_LOG2E;
     int64_t wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_cols) */
-    for (int it = 0, h = h0, tq = 0; it < ntiles; it++) { /* tile tq of query head h */
+    /* tile tq of query head h, the it-th of the pipeline; MASK: the causal and S masks */
+    auto step = [&](auto masked, int h, int tq, int it) {
+        constexpr bool MASK = decltype(masked)::value;
         int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
-        const uint16_t *Qs = Qb + (it & 1) * TILE, *dOs = dOb + (it & 1) * TILE;
-        const float *Ls = Lb + (it & 1) * TPK__FL_ROWS, *Ds = Db + (it & 1) * TPK__FL_ROWS;
-        if (it + 1 < ntiles) stage_q(tq + 1 < ntq ? h : h + 1, tq + 1 < ntq ? tq + 1 : 0, (it + 1) & 1); /* lands in the other buffer meanwhile */
-        tpk__fl_commit();
-        /* some query of the tile at or after this warp's first key, before S (uniform over the warp) */
-        bool live = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1 >= wkey;
+        int buf = NBUF == 2 ? it & 1 : 0;
+        const uint16_t *Qs = Qb + buf * TILE, *dOs = dOb + buf * TILE;
+        const float *Ls = Lb + buf * 2 * TPK__FL_ROWS;
+        bool more = it + 1 < ntiles;
+        int nh = tq + 1 < ntq ? h : h + 1, ntq1 = tq + 1 < ntq ? tq + 1 : 0; /* the next tile */
+        float row = more ? fetch_row(nh, ntq1) : 0.0f;
+        if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1); /* lands in the other buffer meanwhile */
+        /* MASK: some query of the tile at or after this warp's first key, before S (uniform over the warp) */
+        bool live = !MASK || (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1 >= wkey;
         if (live) {
             float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
+            uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
             tpk__fl_mma_abt<D>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
             tpk__fl_mma_abt<D>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
-            bool edge = q0 < wkey + 16 || q0 + TPK__FL_ROWS > S; /* the diagonal crosses the tile, or S */
-            /* in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when c >= (wkey - q0) + r
-             * (on or below the diagonal), c < S - q0 and r < S - wkey */
-            int diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS), kend = tpk__fl_clamp(S - wkey, 0, 16);
+            /* MASK, in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when
+             * c >= (wkey - q0) + r (on or below the diagonal), c < S - q0 and r < S - wkey */
+            int diag = 0, send = 0, kend = 0;
+            if (MASK)
+                diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS),
+                kend = tpk__fl_clamp(S - wkey, 0, 16);
             uint64_t dcol = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0; /* dropout index of (query q0 + 2 t, key wkey + g) */
             /* grouped: this lane draws query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
             uint64_t dgrp = dcol + (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
             TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
                 float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dgrp + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
+                float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
+                float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
                 TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                     int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
-                    float P = 0.0f, ds = 0.0f;
-                    if (!edge || (c >= diag + r && c < send && r < kend)) {
-                        P = tpk__fl_exp2(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
-                        float keep = !DROP ? 1.0f
-                                     : grouped ? tpk__att_keep_u(p, u[e])
-                                               : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
-                        ds = P * (dpt[nt][e] * keep - Ds[c]);
-                        P *= keep;
+                    float P = tpk__fl_exp2(fmaf(st[nt][e], sl2, -L2[e & 1]));
+                    float keep = !DROP ? 1.0f
+                                 : grouped ? tpk__att_keep_u(p, u[e])
+                                           : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
+                    float ds = P * fmaf(dpt[nt][e], keep, -Dq[e & 1]);
+                    P *= keep;
+                    if (MASK) {
+                        bool in = c >= diag + r && c < send && r < kend;
+                        P = in ? P : 0.0f, ds = in ? ds : 0.0f;
                     }
                     st[nt][e] = P, dpt[nt][e] = ds;
                 }
+                /* rounded to bf16 as they are made: the A fragments of P^T keep and dS^T (half the registers of the f32 tiles) */
+                pf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(st[nt][0], st[nt][1]), pf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(st[nt][2], st[nt][3]);
+                sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(dpt[nt][0], dpt[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
                 if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
                     uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
-                    *reinterpret_cast<uint32_t *>(srow) = tpk__fl_pack(dpt[nt][0], dpt[nt][1]);
-                    *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
+                    *reinterpret_cast<uint32_t *>(srow) = sf[nt >> 1][2 * (nt & 1)];
+                    *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sf[nt >> 1][2 * (nt & 1) + 1];
                 }
             }
-            tpk__fl_mma_cb<D>(dv, st, dOs, lane); /* dV += (P^T keep) dO */
-            tpk__fl_mma_cb<D>(dk, dpt, Qs, lane); /* dK += dS^T Q (scaled at the end) */
+            tpk__fl_mma_pb<D>(dv, pf, dOs, lane); /* dV += (P^T keep) dO */
+            tpk__fl_mma_pb<D>(dk, sf, Qs, lane);  /* dK += dS^T Q (scaled at the end) */
         } else if (DQ) { /* the warp's dS^T rows are zero */
             TPK__FL_UNROLL for (int r = 0; r < 16; r++) reinterpret_cast<uint32_t *>(dSt + (16 * w + r) * LDS)[lane] = 0u;
         }
-        if (DQ) { /* dQ [16 queries 16 (w % 4) .., NC columns from c0] += dS K over the block's keys, added into dq_acc */
-            __syncthreads(); /* dS written by every warp */
-            int qr = 16 * (w & 3), c0 = NC * (w >> 2);
-            float dq[NC / 8][4];
-            TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-            tpk__fl_mma_ab<D, NC, W>(dq, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr, 16 * kk, lane); }, Ks, c0, lane);
-            TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-                int64_t i = q0 + qr + g + 8 * r;
-                if (i >= S) continue;
-                float *qrow = dq_acc + ((b * S + i) * Al + h) * D + c0 + 2 * t;
-                TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) tpk__fl_red2(qrow + 8 * dt, dq[dt][2 * r], dq[dt][2 * r + 1]);
-            }
+        if (DQ || NBUF == 1) __syncthreads(); /* dS written by every warp; Q, dO read by every warp */
+        if (NBUF == 1 && more) stage_q(nh, ntq1, 0);
+        if (DQ) { /* dQ [32 queries 32 (w % 2) .., D / 2 columns from c0] += dS K over the block's keys, added into dq_acc */
+            constexpr int NC = D / 2;
+            int qr = 32 * (w & 1), c0 = NC * (w >> 1);
+            float dq[2 * NC / 8][4];
+            TPK__FL_UNROLL for (int dt = 0; dt < 2 * NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+            tpk__fl_mma_ab<D, NC, 4, 2>(dq, [&](int m, int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr + 16 * m, 16 * kk, lane); }, Ks, c0, lane);
+            TPK__FL_UNROLL for (int m = 0; m < 2; m++) TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+                    int64_t i = q0 + qr + 16 * m + g + 8 * r;
+                    if (i >= S) continue;
+                    float *qrow = dq_acc + ((b * S + i) * Al + h) * D + c0 + 2 * t;
+                    TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) tpk__fl_red2(qrow + 8 * dt, dq[(NC / 8) * m + dt][2 * r], dq[(NC / 8) * m + dt][2 * r + 1]);
+                }
         }
+        if (more) stash_row(row, (it + 1) % NBUF);
+        tpk__fl_commit();
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
-        if (++tq == ntq) tq = 0, h++;
+    };
+    for (int h = h0, it = 0; h < h1; h++) {
+        int tq = 0;
+        step(std::true_type{}, h, tq++, it++); /* the diagonal's tile */
+        for (; tq < nfull; tq++) step(std::false_type{}, h, tq, it++);
+        for (; tq < ntq; tq++) step(std::true_type{}, h, tq, it++); /* the one S cuts */
     }
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t j = wkey + g + 8 * r;
