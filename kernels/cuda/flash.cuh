@@ -11,21 +11,29 @@
  *
  * Forward (tpk__flash_fwd): a block of 4 warps owns 64 MT query rows of one (b, h) (MT = 2 at D = 64,
  * 1 at D = 128: tpk__fl_fwd_mt), warp w the rows 16 MT w .. 16 MT w + 16 MT - 1. Key/value tiles of
- * 64 rows are staged through shared memory, each serving the 4 warps; per tile, in registers:
- *   S = Q K^T (16 MT x 64)        m' = max(m, rowmax S)           P = exp(scale (S - m'))
- *   l' = l e^(scale (m - m')) + rowsum P                           O' = O e^(scale (m - m')) + (P keep) V
- * and at the end O / l and lse = scale m + ln l. Tiles above a warp's diagonal are skipped.
+ * 64 rows are staged through shared memory (cp.async, two buffers), each serving the 4 warps; per
+ * tile, in registers:
+ *   S = Q K^T (16 MT x 64)        m' = max(m, rowmax S)           P = 2^(scale log2(e) S - scale log2(e) m')
+ *   l' = l 2^(scale log2(e) (m - m')) + rowsum P                   O' = O 2^(scale log2(e) (m - m')) + (P keep) V
+ * and at the end O / l and lse = scale m + ln l. The key tiles below the block's first row run a
+ * mask-free step; the one or two the diagonal (or S) crosses a masked one (selects, no branch),
+ * tiles above a warp's rows skipped. At D = 128 Q's A fragments stay in registers (its tile staged
+ * in a key buffer), at D = 64 Q stays in shared memory ([128][72]).
  * Backward (after Dr):
- *   tpk__flash_dkv: a block of 8 warps owns 128 keys (16 per warp) of one key/value head and
+ *   tpk__flash_dkv: a block of 4 warps owns 64 keys (16 per warp) of one key/value head and
  *     streams the 64-query tiles at or after them, of every local query head that reads that head
  *     in turn (one pipeline over (head, tile)), so a shared head's dK, dV sum over its query heads
  *     in registers (a warp whose keys all come after a tile's queries skips it):
- *     P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
+ *     P^T = 2^(scale log2(e) K Q^T - lse log2(e)), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
  *     dV += (P^T keep) dO,  dK += scale dS^T Q
+ *     The row terms lse log2(e) and Dr of a tile's queries are staged beside it, interleaved so a
+ *     lane reads its 2 queries' 4 values of an 8-query tile in one 16-byte load; P^T keep and dS^T
+ *     are rounded to bf16 A fragments as they are made. Per query head, the diagonal's tile and a
+ *     last one S cuts are masked steps (selects), the tiles between mask-free.
  *   and dQ, by default, in the same pass (DQ, as FlashAttention-2): each warp writes its dS^T to
- *     shared memory as it holds it, dS^T [128 keys][64 queries] (a 32-bit store per pair), and after
- *     a barrier warp w adds dS [16 queries 16 (w % 4) .., 128 keys] K [128 keys, half of D] (dS's A
- *     fragments by ldmatrix.trans from dS^T) into dq_acc [B, S, Al, D]
+ *     shared memory as it holds it, dS^T [64 keys][64 queries] (a 32-bit store per pair), and after
+ *     a barrier warp w adds dS [32 queries 32 (w % 2) .., 64 keys] K [64 keys, D / 2 columns from
+ *     (D / 2) (w / 2)] (dS's A fragments by ldmatrix.trans from dS^T) into dq_acc [B, S, Al, D]
  *     (f32, zeroed) with atomic adds (two floats per reduction on sm_90); a last pass writes
  *     dQ = scale dq_acc as bf16.
  *     Five GEMMs in all, but the order of the atomic adds varies from run to run.
@@ -38,11 +46,16 @@
  * forward, dQ) or 4 lanes (the transposed fragment: dK, dV) hold: each of those lanes draws one call
  * per 4 elements and they trade outputs by shuffles (tpk__fl_drop_rows, tpk__fl_drop_cols); other S
  * draw each element alone.
- * Registers: the per-element work inside a tile is 32-bit (the causal and S masks as distances in the
- * tile's coordinates; the dropout index of a row or column formed once per tile plus constants; the
- * head mapping in unsigned 32-bit, tpk__fl_heads): 64-bit index arithmetic there took registers the
- * fragments need and made ptxas spill (check with -Xptxas -v: no spills, and the forward at D = 64
- * without dropout within 128 registers, 4 blocks per SM on sm_90).
+ * Exponentials are ex2.approx.ftz (tpk__fl_exp2): one MUFU.EX2, results under 2^-126 flushed to 0.
+ * Copies: each thread's 64-bit source address and shared offset are formed once (tpk__fl_copy), a
+ * 16-byte piece is then a pointer step, a compare and the cp.async, in a fixed trip count.
+ * Resources (ptxas of nvcc 13.0; bench/RESULTS.md gives the figures per kernel and arch): every
+ * kernel is __launch_bounds__(128, 2) — 4 warps, at most 255 registers, two blocks per SM on sm_80
+ * and sm_90 — and takes at most 78 KB of shared memory (tpk__flash_smem): D = 128 single-buffers
+ * the dK/dV kernel's Q, dO and the dQ kernel's K, V tiles so two blocks fit an A100's 164 KB. The
+ * per-element work inside a tile is 32-bit (the masks as distances in the tile's coordinates; the
+ * dropout index of a row or column formed once per tile plus constants; the head mapping in
+ * unsigned 32-bit, tpk__fl_heads). None of this has run on a GPU.
  *
  * Fragments (PTX ISA, mma.m16n8k16 with .bf16 inputs): lane = 4 g + t, g = lane / 4, t = lane % 4;
  * a register holds two bf16, the lower index in the low half.
@@ -152,18 +165,19 @@ __device__ __forceinline__ void tpk__fl_red2(float *p, float a, float b) {
 
 enum { TPK__FL_ROWS = 64 /* query rows of a streamed tile; the dQ kernel's rows per block */, TPK__FL_KEYS = 64 /* keys per tile */ };
 
-/* Warps per block: the dK/dV kernel's W warps own 16 W keys, so each Q, dO tile brought from L2
- * serves W warps — with W = 8 half the L2 traffic and half the dQ atomics of W = 4 per flop. The
- * forward's W warps own 16 MT rows each (tpk__fl_fwd_mt): at D = 64 MT = 2, FlashAttention-2's
+/* Warps per block: 4 in every kernel, so two blocks fit an SM's 65536 registers at up to 255 each
+ * (__launch_bounds__(128, 2)). The dK/dV kernel's 4 warps own 16 keys each (dK, dV alone take
+ * D registers a thread): 64 keys a block, each Q, dO tile brought from L2 serving 64 keys. The
+ * forward's warps own 16 MT rows each (tpk__fl_fwd_mt): at D = 64 MT = 2, FlashAttention-2's
  * 128-row blocks of 4 warps, each K and V fragment a warp loads from shared memory serving two
- * 16-row blocks (half the shared-memory reads per mma of MT = 1, which needed 0.14 bytes per
- * multiply-add: by estimate, not measured, more than an SM's 128 bytes a clock feed at mma.sync's
- * rate on an H100); at D = 128 MT = 1
- * (O alone takes 64 registers a row block). The dQ kernel (deterministic) has 4 warps. */
-static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return kernel == 1 ? 4 : 4; }
+ * 16-row blocks (half the shared-memory bytes per mma of MT = 1); at D = 128 MT = 1 (O alone takes
+ * 64 registers a row block). */
+static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return (void)kernel, 4; }
 /* the dK/dV kernel's Q, dO buffers: 2 (the next tile lands while this one is used) at D = 64, 1 at
  * D = 128 (78 KB a block instead of 112: two blocks fit an A100's 164 KB) */
 static constexpr int tpk__fl_dkv_nbuf(int D) { return D == 128 ? 1 : 2; }
+/* the deterministic dQ kernel's K, V buffers: likewise (68 KB a block at D = 128 instead of 102) */
+static constexpr int tpk__fl_dq_nbuf(int D) { return D == 128 ? 1 : 2; }
 static constexpr int tpk__fl_fwd_mt(int D) { return D == 64 ? 2 : 1; }
 /* query rows of a forward block */
 static constexpr int tpk__fl_fwd_rows(int D) { return 16 * tpk__fl_fwd_mt(D) * tpk__fl_warps(0); }
@@ -178,7 +192,7 @@ static constexpr bool tpk__fl_fwd_qreg(int D) { return D == 128; }
 static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv with dQ */, int D) {
     size_t row = sizeof(uint16_t) * (size_t)(D + 8), tile = row * TPK__FL_ROWS;
     if (kernel == 0) return (tpk__fl_fwd_qreg(D) ? 0 : row * (size_t)tpk__fl_fwd_rows(D)) + 4 * tile;
-    if (kernel == 2) return 6 * tile;
+    if (kernel == 2) return (2 + 2 * (size_t)tpk__fl_dq_nbuf(D)) * tile;
     size_t keys = 16 * (size_t)tpk__fl_warps(1), nbuf = (size_t)tpk__fl_dkv_nbuf(D);
     size_t dkv = 2 * row * keys + nbuf * (2 * tile + 2 * sizeof(float) * TPK__FL_ROWS);
     return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * keys * (size_t)(TPK__FL_ROWS + 8);
@@ -234,9 +248,9 @@ template <int D, int NT, int ROWS = TPK__FL_ROWS> struct tpk__fl_copy {
     }
 };
 
-/* Key/value tiles streamed in order through two buffers: tile it (rows 64 it .. 64 it + 63 of K and
- * of V = K + voff, row stride ld, rows >= S as zeros) into buffers it % 2 of Kb, Vb [2][64][D + 8]. */
-template <int D, int NT> struct tpk__fl_kv_stream {
+/* Key/value tiles streamed in order through NBUF buffers: tile it (rows 64 it .. 64 it + 63 of K and
+ * of V = K + voff, row stride ld, rows >= S as zeros) into buffers it % NBUF of Kb, Vb [NBUF][64][D + 8]. */
+template <int D, int NT, int NBUF = 2> struct tpk__fl_kv_stream {
     tpk__fl_copy<D, NT> c;
     const uint16_t *K;
     int64_t voff;
@@ -250,7 +264,7 @@ template <int D, int NT> struct tpk__fl_kv_stream {
     __device__ __forceinline__ void next(uint16_t *Kb, uint16_t *Vb, int it, int ntiles) {
         constexpr int TILE = TPK__FL_ROWS * (D + 8);
         if (it < ntiles) {
-            c.template run<true>(Kb + (it & 1) * TILE, rows, K, Vb + (it & 1) * TILE, voff);
+            c.template run<true>(Kb + (it % NBUF) * TILE, rows, K, Vb + (it % NBUF) * TILE, voff);
             rows -= TPK__FL_KEYS;
         }
         tpk__fl_commit();
@@ -571,7 +585,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     int ntq = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1;     /* query tiles k0 .. S - 1 of one query head */
     int nfull = (int)((S - k0) / TPK__FL_ROWS);           /* tiles 1 .. nfull - 1 lie after the block's keys and before S */
     int ntiles = ntq * (h1 - h0);                         /* over the local query heads h0 .. h1 - 1 reading this head */
-    tpk__fl_copy<D, 32 * W> cq, cdo;
+    tpk__fl_copy<D, 32 * W> cq;
     /* the row terms of tile tq of query head h: thread x < 64 fetches lse of query q0 + x, thread
      * 64 + x its Dr, into a register now, stored into shared memory at the tile's end (stash) */
     int rt = (int)threadIdx.x & (TPK__FL_ROWS - 1), rdr = (int)threadIdx.x >> 6;
@@ -585,8 +599,8 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
         int rows = (int)(S - q0 < TPK__FL_ROWS ? S - q0 : TPK__FL_ROWS);
         const uint16_t *Q = qkv + b * S * ld3 + h * D, *dO = dout + b * S * ldo + h * D;
-        cq.seek(Q, ld3, q0), cdo.seek(dO, ldo, q0);
-        cq.run(Qb + buf * TILE, rows, Q), cdo.run(dOb + buf * TILE, rows, dO);
+        cq.seek(Q, ld3, q0), cq.run(Qb + buf * TILE, rows, Q);
+        cq.seek(dO, ldo, q0), cq.run(dOb + buf * TILE, rows, dO);
     };
     tpk__fl_stage<D, 32 * W, KEYS>(Ks, K, ld3, k0, S);
     tpk__fl_stage<D, 32 * W, KEYS>(Vs, V, ld3, k0, S);
@@ -699,29 +713,32 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
 }
 
 /* grid (ceil(S / 64), Al, B), 128 threads: block x owns queries q0 .. q0 + 63 (the longest rows
- * first), warp w the rows q0 + 16 w .. + 15. Writes dQ of dqkv. */
+ * first), warp w the rows q0 + 16 w .. + 15; the key tiles before q0 mask-free, the diagonal's
+ * masked. NBUF = 2: the next K, V tile lands while this one is used; NBUF = 1 (D = 128: 68 KB a
+ * block, two fit an A100's SM) it is copied once every warp has used this one. Writes dQ of dqkv. */
 template <int D, bool DROP>
-__global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
-                                                                 const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G,
-                                                                 int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+__global__ void __launch_bounds__(128, 2) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse, const float *Dr,
+                                                        int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale, float p,
+                                                        uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, ND = D / 8;
+    constexpr int NBUF = D == 128 ? 1 : 2; /* tpk__fl_dq_nbuf */
     TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] each: Q, dO of the block's queries */
-    uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: K, V of key tile it in buffer it % 2 */
+    uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + NBUF * TILE; /* [NBUF][64][LD] each: K, V of key tile it in buffer it % NBUF */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
     int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D, *dO = dout + b * S * ldo + h * D;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *dO = dout + b * S * ldo + h * D;
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
-    int ntiles = (int)(last / TPK__FL_KEYS) + 1;
+    int ntiles = (int)(last / TPK__FL_KEYS) + 1, nfree = (int)(q0 / TPK__FL_KEYS); /* key tiles 0 .. the block's last row; the mask-free ones */
     tpk__fl_stage<D, 128>(Qs, Q, ld3, q0, S);
     tpk__fl_stage<D, 128>(dOs, dO, ldo, q0, S);
-    tpk__fl_kv_stream<D, 128> kvs(K, V - K, ld3, S);
+    tpk__fl_kv_stream<D, 128, NBUF> kvs(K, (int64_t)hd.Gl * D, ld3, S);
     kvs.next(Kb, Vb, 0, ntiles);
-    float L[2], Di[2], dq[ND][4];
+    float L2[2], Di[2], dq[ND][4]; /* rows g, g + 8: lse log2(e), Dr */
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;
-        L[r] = i < S ? lse[(b * Al + h) * S + i] : 0.0f;
+        L2[r] = i < S ? lse[(b * Al + h) * S + i] * TPK__FL_LOG2E : 0.0f;
         Di[r] = i < S ? Dr[(b * Al + h) * S + i] : 0.0f;
     }
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
@@ -730,35 +747,54 @@ __global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint1
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     tpk__fl_wait_all();
     __syncthreads();
-    for (int it = 0; it < ntiles; it++) {
+    /* key tile it: S = Q K^T, dP = dO V^T, dS = P (dP keep - Dr), dQ += dS K; MASK: the forward's masks */
+    auto step = [&](auto masked, int it) {
+        constexpr bool MASK = decltype(masked)::value;
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
-        const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        kvs.next(Kb, Vb, it + 1, ntiles); /* the next tile lands in the other buffers meanwhile */
-        if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
-            float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
-            tpk__fl_mma_abt<D>(s, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Qs, LD, 16 * w, 16 * kk, lane); }, Ks, lane);
-            tpk__fl_mma_abt<D>(dp, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dOs, LD, 16 * w, 16 * kk, lane); }, Vs, lane);
-            bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
-            int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1; /* the forward's mask */
-            int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
-                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    int c = 8 * nt + 2 * t + (e & 1);
-                    float ds = 0.0f;
-                    if (!edge || 8 * nt + (e & 1) <= lim[e >> 1]) {
-                        float P = tpk__fl_exp2(s[nt][e] * sl2 - L[e >> 1] * TPK__FL_LOG2E);
-                        float keep = !DROP ? 1.0f : grouped ? tpk__att_keep_u(p, u[e]) : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + c));
-                        ds = P * (dp[nt][e] * keep - Di[e >> 1]);
-                    }
-                    s[nt][e] = ds;
-                }
+        const uint16_t *Ks = Kb + (it % NBUF) * TILE, *Vs = Vb + (it % NBUF) * TILE;
+        float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
+        tpk__fl_mma_abt<D>(s, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Qs, LD, 16 * w, 16 * kk, lane); }, Ks, lane);
+        tpk__fl_mma_abt<D>(dp, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dOs, LD, 16 * w, 16 * kk, lane); }, Vs, lane);
+        int lim[2] = {0, 0}; /* MASK: key j0 + c of row wrow + g + 8 r is kept when 8 nt + (e & 1) = c - 2 t <= lim[r] */
+        if (MASK) {
+            int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
+            lim[0] = tpk__fl_imin(diag + g, send) - 2 * t, lim[1] = tpk__fl_imin(diag + g + 8, send) - 2 * t;
+        }
+        uint32_t sf[4][4]; /* dS as bf16 A fragments */
+        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+            float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+            TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                float P = tpk__fl_exp2(fmaf(s[nt][e], sl2, -L2[e >> 1]));
+                float keep = !DROP ? 1.0f
+                             : grouped ? tpk__att_keep_u(p, u[e])
+                                       : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                float ds = P * fmaf(dp[nt][e], keep, -Di[e >> 1]);
+                if (MASK) ds = 8 * nt + (e & 1) <= lim[e >> 1] ? ds : 0.0f;
+                s[nt][e] = ds;
             }
-            tpk__fl_mma_cb<D>(dq, s, Ks, lane); /* dQ += dS K (scaled at the end) */
+            sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(s[nt][0], s[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(s[nt][2], s[nt][3]);
+        }
+        tpk__fl_mma_pb<D>(dq, sf, Ks, lane); /* dQ += dS K (scaled at the end) */
+    };
+    auto end_tile = [&](int it) {
+        if (NBUF == 1) {
+            __syncthreads(); /* this tile read by everyone */
+            kvs.next(Kb, Vb, it + 1, ntiles);
         }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+    };
+    int it = 0;
+    for (; it < nfree; it++) {
+        if (NBUF == 2) kvs.next(Kb, Vb, it + 1, ntiles); /* the next tile lands in the other buffers meanwhile */
+        step(std::false_type{}, it);
+        end_tile(it);
+    }
+    for (; it < ntiles; it++) {
+        if (NBUF == 2) kvs.next(Kb, Vb, it + 1, ntiles);
+        if ((int64_t)it * TPK__FL_KEYS <= wrow + 15) step(std::true_type{}, it); /* not above this warp's diagonal (uniform over the warp) */
+        end_tile(it);
     }
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;

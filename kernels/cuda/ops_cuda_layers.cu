@@ -773,8 +773,8 @@ static bool attn_env_is(const char *v) {
     return env && strcmp(env, v) == 0;
 }
 /* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later where a block
- * may have the shared memory they need (not the 99 KiB of sm_86/89 at D = 128), rows 16-byte
- * aligned, unless TPK_ATTN=generic. */
+ * may have the shared memory they need (at most 78 KB: the 99 KiB of sm_86/89 suffice), rows
+ * 16-byte aligned, unless TPK_ATTN=generic. */
 static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
     if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || !tpk__aligned16({a, b})) return false;
     for (int k = 0; k < 4; k++)
