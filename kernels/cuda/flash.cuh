@@ -198,6 +198,11 @@ static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv wit
     return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * keys * (size_t)(TPK__FL_ROWS + 8);
 }
 
+/* whether the kernels' 32-bit indices hold for S rows of Al local query heads over Gl local key/value
+ * heads of head dim D: S < 2^30 (tile coordinates) and 16 rows of qkv [.., Al + 2 Gl, D] (and of
+ * dout) under 2^31 elements (copy strides) */
+static inline bool tpk__flash_fits(int64_t S, int64_t Al, int64_t Gl, int64_t D) { return S < ((int64_t)1 << 30) && 16 * (Al + 2 * Gl) * D < ((int64_t)1 << 31); }
+
 /* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p); one Philox call for
  * this element alone (tpk_dropout_u: output index % 4 of call index / 4) */
 __device__ __forceinline__ float tpk__att_keep_at(float p, uint64_t seed, uint64_t stream, uint64_t index) {
@@ -222,7 +227,7 @@ template <int D, int NT, int ROWS = TPK__FL_ROWS> struct tpk__fl_copy {
     static constexpr int CPR = D / 8 /* pieces per row */, RSTEP = NT / CPR, N = ROWS / RSTEP;
     static_assert(NT % CPR == 0 && ROWS % RSTEP == 0, "whole rows per pass, whole passes per tile");
     const uint16_t *src; /* this thread's first piece of the rows to copy */
-    int64_t step;        /* RSTEP rows of the source */
+    int step;            /* RSTEP rows of the source: 32-bit (tpk__flash_fits: 16 rows of qkv or dout under 2^31 elements) */
     int row, soff;       /* this thread's first row in the tile; its first piece's offset there */
     __device__ __forceinline__ tpk__fl_copy() {
         int x = (int)threadIdx.x;
@@ -230,7 +235,7 @@ template <int D, int NT, int ROWS = TPK__FL_ROWS> struct tpk__fl_copy {
     }
     /* place the copy at rows r0 .. r0 + ROWS - 1 of base (row stride ld) */
     __device__ __forceinline__ void seek(const uint16_t *base, int64_t ld, int64_t r0) {
-        src = base + (r0 + row) * ld + (soff - row * (D + 8)), step = RSTEP * ld;
+        src = base + (r0 + row) * ld + (soff - row * (D + 8)), step = RSTEP * (int)ld;
     }
     /* start the copies into dst; rows from `rows` on (the rows before S) as zeros; then move on by
      * ROWS rows. TWO: the same rows of a second matrix at src + off into dst2 as well */
@@ -576,29 +581,29 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     float *Lb = reinterpret_cast<float *>(dOb + NBUF * TILE); /* [NBUF][64][2]: lse log2(e), Dr of the tile's query c at [c / 2][0..1], [c / 2][2..3] */
     uint16_t *dSt = reinterpret_cast<uint16_t *>(Lb + NBUF * 2 * TPK__FL_ROWS); /* DQ: [KEYS][LDS] dS^T of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * KEYS;
+    const int Si = (int)S; /* tile coordinates in 32 bits (tpk__flash_fits: S < 2^30) */
+    int b = (int)blockIdx.z, kv = (int)blockIdx.y, k0 = (int)blockIdx.x * KEYS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
-    int64_t ld3 = hd.ld, ldo = Al * D;
+    int ld3 = (int)hd.ld, ldo = (int)Al * D; /* tpk__flash_fits */
     int h0, h1; /* the local query heads h0 .. h1 - 1 read this key/value head */
     tpk__fl_q_of(hd, head0, Al, kv, &h0, &h1);
-    const uint16_t *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
-    int ntq = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1;     /* query tiles k0 .. S - 1 of one query head */
-    int nfull = (int)((S - k0) / TPK__FL_ROWS);           /* tiles 1 .. nfull - 1 lie after the block's keys and before S */
+    const uint16_t *K = qkv + (int64_t)b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
+    int ntq = (Si - 1 - k0) / TPK__FL_ROWS + 1; /* query tiles k0 .. S - 1 of one query head */
+    int nfull = (Si - k0) / TPK__FL_ROWS;       /* tiles 1 .. nfull - 1 lie after the block's keys and before S */
     int ntiles = ntq * (h1 - h0);                         /* over the local query heads h0 .. h1 - 1 reading this head */
     tpk__fl_copy<D, 32 * W> cq;
     /* the row terms of tile tq of query head h: thread x < 64 fetches lse of query q0 + x, thread
      * 64 + x its Dr, into a register now, stored into shared memory at the tile's end (stash) */
     int rt = (int)threadIdx.x & (TPK__FL_ROWS - 1), rdr = (int)threadIdx.x >> 6;
     auto fetch_row = [&](int h, int tq) {
-        int64_t i = k0 + (int64_t)tq * TPK__FL_ROWS + rt;
+        int i = k0 + tq * TPK__FL_ROWS + rt;
         const float *src = (rdr ? Dr : lse) + (b * Al + h) * S;
-        return i < S ? (rdr ? src[i] : src[i] * TPK__FL_LOG2E) : 0.0f;
+        return i < Si ? (rdr ? src[i] : src[i] * TPK__FL_LOG2E) : 0.0f;
     };
     auto stash_row = [&](float v, int buf) { Lb[buf * 2 * TPK__FL_ROWS + 4 * (rt >> 1) + 2 * rdr + (rt & 1)] = v; };
     auto stage_q = [&](int h, int tq, int buf) { /* Q, dO of tile tq of query head h into buffer buf */
-        int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
-        int rows = (int)(S - q0 < TPK__FL_ROWS ? S - q0 : TPK__FL_ROWS);
-        const uint16_t *Q = qkv + b * S * ld3 + h * D, *dO = dout + b * S * ldo + h * D;
+        int q0 = k0 + tq * TPK__FL_ROWS, rows = tpk__fl_imin(Si - q0, TPK__FL_ROWS);
+        const uint16_t *Q = qkv + (int64_t)b * S * ld3 + h * D, *dO = dout + (int64_t)b * S * ldo + h * D;
         cq.seek(Q, ld3, q0), cq.run(Qb + buf * TILE, rows, Q);
         cq.seek(dO, ldo, q0), cq.run(dOb + buf * TILE, rows, dO);
     };
@@ -612,12 +617,12 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     float dk[ND][4], dv[ND][4];
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
-    int64_t wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
+    int wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_cols) */
     /* tile tq of query head h, the it-th of the pipeline; MASK: the causal and S masks */
     auto step = [&](auto masked, int h, int tq, int it) {
         constexpr bool MASK = decltype(masked)::value;
-        int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
+        int q0 = k0 + tq * TPK__FL_ROWS;
         int buf = NBUF == 2 ? it & 1 : 0;
         const uint16_t *Qs = Qb + buf * TILE, *dOs = dOb + buf * TILE;
         const float *Ls = Lb + buf * 2 * TPK__FL_ROWS;
@@ -626,7 +631,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         float row = more ? fetch_row(nh, ntq1) : 0.0f;
         if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1); /* lands in the other buffer meanwhile */
         /* MASK: some query of the tile at or after this warp's first key, before S (uniform over the warp) */
-        bool live = !MASK || (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1 >= wkey;
+        bool live = !MASK || tpk__fl_imin(q0 + TPK__FL_ROWS, Si) - 1 >= wkey;
         if (live) {
             float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
             uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
@@ -684,9 +689,9 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
             TPK__FL_UNROLL for (int dt = 0; dt < 2 * NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
             tpk__fl_mma_ab<D, NC, 4, 2>(dq, [&](int m, int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr + 16 * m, 16 * kk, lane); }, Ks, c0, lane);
             TPK__FL_UNROLL for (int m = 0; m < 2; m++) TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-                    int64_t i = q0 + qr + 16 * m + g + 8 * r;
-                    if (i >= S) continue;
-                    float *qrow = dq_acc + ((b * S + i) * Al + h) * D + c0 + 2 * t;
+                    int i = q0 + qr + 16 * m + g + 8 * r;
+                    if (i >= Si) continue;
+                    float *qrow = dq_acc + ((b * S + i) * Al + h) * D + c0 + 2 * t; /* dq_acc [B, S, Al, D] */
                     TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) tpk__fl_red2(qrow + 8 * dt, dq[(NC / 8) * m + dt][2 * r], dq[(NC / 8) * m + dt][2 * r + 1]);
                 }
         }
@@ -702,9 +707,9 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         for (; tq < ntq; tq++) step(std::true_type{}, h, tq, it++); /* the one S cuts */
     }
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-        int64_t j = wkey + g + 8 * r;
-        if (j >= S) continue;
-        uint16_t *krow = dqkv + (b * S + j) * ld3 + (Al + kv) * D + 2 * t, *vrow = krow + hd.Gl * D;
+        int j = wkey + g + 8 * r;
+        if (j >= Si) continue;
+        uint16_t *krow = dqkv + (b * S + j) * ld3 + (Al + kv) * D + 2 * t, *vrow = krow + hd.Gl * D; /* rows of ld3 */
         TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
             *reinterpret_cast<uint32_t *>(krow + 8 * dt) = tpk__fl_pack(scale * dk[dt][2 * r], scale * dk[dt][2 * r + 1]);
             *reinterpret_cast<uint32_t *>(vrow + 8 * dt) = tpk__fl_pack(dv[dt][2 * r], dv[dt][2 * r + 1]);

@@ -797,7 +797,7 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     TPK_TRY(att_check(ctx, fn, B, S, Al, D, A));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
-    if (flash_usable(st, dt, D, qkv, out)) {
+    if (flash_usable(st, dt, D, qkv, out) && tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
             constexpr int DD = decltype(d)::value, W = tpk__fl_warps(0), ROWS = tpk__fl_fwd_rows(DD);
@@ -966,7 +966,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     TPK__CUDA_STATE(st, ctx, fn);
     float *Dr;
     size_t nrows = (size_t)(B * Al * S);
-    if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout)) {
+    if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout) && tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
         /* Dr [B, Al, S]; unless deterministic, dq_acc [B, S, Al, D] f32, zeroed, that the dK/dV kernel
          * adds dS K into with atomics (FlashAttention-2); deterministic: the dQ kernel instead */
         bool fused = !ctx->deterministic;
