@@ -23,13 +23,13 @@
  *   tpk__flash_dkv: a block of 4 warps owns 64 keys (16 per warp) of one key/value head and
  *     streams the 64-query tiles at or after them, of every local query head that reads that head
  *     in turn (one pipeline over (head, tile)), so a shared head's dK, dV sum over its query heads
- *     in registers (a warp whose keys all come after a tile's queries skips it):
+ *     in registers (every warp's keys meet queries at or after them in every tile from k0 on):
  *     P^T = 2^(scale log2(e) K Q^T - lse log2(e)), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
  *     dV += (P^T keep) dO,  dK += scale dS^T Q
  *     The row terms lse log2(e) and Dr of a tile's queries are staged beside it, interleaved so a
  *     lane reads its 2 queries' 4 values of an 8-query tile in one 16-byte load; P^T keep and dS^T
- *     are rounded to bf16 A fragments as they are made. Per query head, the diagonal's tile and a
- *     last one S cuts are masked steps (selects), the tiles between mask-free.
+ *     are rounded to bf16 A fragments as they are made. Per query head the diagonal's tile is a
+ *     masked step (selects), the rest mask-free (rows past S are staged as zeros and add 0).
  *   and dQ, by default, in the same pass (DQ, as FlashAttention-2): each warp writes its dS^T to
  *     shared memory as it holds it, dS^T [64 keys][64 queries] (a 32-bit store per pair), and after
  *     a barrier warp w adds dS [32 queries 32 (w % 2) .., 64 keys] K [64 keys, D / 2 columns from
@@ -564,8 +564,8 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_fwd(uint16_t *out, float
 /* grid (ceil(S / 16 W), Gl, B), 32 W threads (W = tpk__fl_warps(1)): block x owns keys
  * k0 = 16 W x .. k0 + 16 W - 1 of local key/value head y (block 0 has the most query tiles and starts
  * first), warp w the keys k0 + 16 w .. + 15; the 64-query tiles from k0 on, of each local query head
- * reading head y in turn, through one pipeline. Per head the first tile (the diagonal's) and a last
- * one cut by S are masked steps, the tiles between mask-free ones. With NBUF = 1 (D = 128: two
+ * reading head y in turn, through one pipeline. Per head the first tile (the diagonal's) is a masked
+ * step, the others mask-free. With NBUF = 1 (D = 128: two
  * blocks fit an A100's SM) the next Q, dO tile is copied into the one buffer once every warp has
  * used this one (after dK's GEMM), landing while dQ's GEMM runs; with NBUF = 2 at the tile's start.
  * Writes dK, dV of dqkv; DQ: adds dS K into dq_acc [B, S, Al, D]. */
@@ -589,7 +589,6 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     tpk__fl_q_of(hd, head0, Al, kv, &h0, &h1);
     const uint16_t *K = qkv + (int64_t)b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
     int ntq = (Si - 1 - k0) / TPK__FL_ROWS + 1; /* query tiles k0 .. S - 1 of one query head */
-    int nfull = (Si - k0) / TPK__FL_ROWS;       /* tiles 1 .. nfull - 1 lie after the block's keys and before S */
     int ntiles = ntq * (h1 - h0);                         /* over the local query heads h0 .. h1 - 1 reading this head */
     tpk__fl_copy<D, 32 * W> cq;
     /* the row terms of tile tq of query head h: thread x < 64 fetches lse of query q0 + x, thread
@@ -628,27 +627,24 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         const float *Ls = Lb + buf * 2 * TPK__FL_ROWS;
         bool more = it + 1 < ntiles;
         int nh = tq + 1 < ntq ? h : h + 1, ntq1 = tq + 1 < ntq ? tq + 1 : 0; /* the next tile */
-        float row = more ? fetch_row(nh, ntq1) : 0.0f;
         if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1); /* lands in the other buffer meanwhile */
-        /* MASK: some query of the tile at or after this warp's first key, before S (uniform over the warp) */
-        bool live = !MASK || tpk__fl_imin(q0 + TPK__FL_ROWS, Si) - 1 >= wkey;
-        if (live) {
+        {
             float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
             uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
             tpk__fl_mma_abt<D>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
             tpk__fl_mma_abt<D>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
             /* MASK, in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when
-             * c >= (wkey - q0) + r (on or below the diagonal), c < S - q0 and r < S - wkey */
-            int diag = 0, send = 0, kend = 0;
-            if (MASK)
-                diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS),
-                kend = tpk__fl_clamp(S - wkey, 0, 16);
-            uint64_t dcol = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0; /* dropout index of (query q0 + 2 t, key wkey + g) */
-            /* grouped: this lane draws query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
-            uint64_t dgrp = dcol + (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
+             * c >= (wkey - q0) + r (on or below the diagonal). Past S no mask is needed: those
+             * rows of Q, dO, K, V and the row terms are staged as zeros, so a query past S adds
+             * P^T 0 to dV and dS^T = P^T (0 - 0) = 0 to dK and dQ, and a key past S is not written */
+            int diag = MASK ? tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS) : 0;
+            /* dropout index of (query q0 + 2 t, key wkey + g); grouped: of the call this lane draws,
+             * query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
+            uint64_t dx = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0;
+            if (DROP && grouped) dx += (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
             TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
                 float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dgrp + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
                 /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
                 float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
                 float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
@@ -657,11 +653,11 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
                     float P = tpk__fl_exp2(fmaf(st[nt][e], sl2, -L2[e & 1]));
                     float keep = !DROP ? 1.0f
                                  : grouped ? tpk__att_keep_u(p, u[e])
-                                           : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
+                                           : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
                     float ds = P * fmaf(dpt[nt][e], keep, -Dq[e & 1]);
                     P *= keep;
                     if (MASK) {
-                        bool in = c >= diag + r && c < send && r < kend;
+                        bool in = c >= diag + r;
                         P = in ? P : 0.0f, ds = in ? ds : 0.0f;
                     }
                     st[nt][e] = P, dpt[nt][e] = ds;
@@ -677,9 +673,9 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
             }
             tpk__fl_mma_pb<D>(dv, pf, dOs, lane); /* dV += (P^T keep) dO */
             tpk__fl_mma_pb<D>(dk, sf, Qs, lane);  /* dK += dS^T Q (scaled at the end) */
-        } else if (DQ) { /* the warp's dS^T rows are zero */
-            TPK__FL_UNROLL for (int r = 0; r < 16; r++) reinterpret_cast<uint32_t *>(dSt + (16 * w + r) * LDS)[lane] = 0u;
-        }
+        } /* a warp whose keys all lie past S (the last block) runs too: its K, V rows are zeros, so
+           * it adds dS 0 to dQ, and its dK, dV are not written */
+        float row = more ? fetch_row(nh, ntq1) : 0.0f; /* the next tile's row term, landing while dQ's GEMM runs */
         if (DQ || NBUF == 1) __syncthreads(); /* dS written by every warp; Q, dO read by every warp */
         if (NBUF == 1 && more) stage_q(nh, ntq1, 0);
         if (DQ) { /* dQ [32 queries 32 (w % 2) .., D / 2 columns from c0] += dS K over the block's keys, added into dq_acc */
@@ -700,11 +696,10 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
     };
-    for (int h = h0, it = 0; h < h1; h++) {
+    for (int h = h0, it = 0; it < ntiles; h++) { /* query heads h0 .. h1 - 1, ntq tiles each */
         int tq = 0;
         step(std::true_type{}, h, tq++, it++); /* the diagonal's tile */
-        for (; tq < nfull; tq++) step(std::false_type{}, h, tq, it++);
-        for (; tq < ntq; tq++) step(std::true_type{}, h, tq, it++); /* the one S cuts */
+        for (; tq < ntq; tq++) step(std::false_type{}, h, tq, it++);
     }
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int j = wkey + g + 8 * r;
