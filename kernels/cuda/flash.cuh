@@ -589,10 +589,10 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     tpk__fl_q_of(hd, head0, Al, kv, &h0, &h1);
     const uint16_t *K = qkv + (int64_t)b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
     int ntq = (Si - 1 - k0) / TPK__FL_ROWS + 1; /* query tiles k0 .. S - 1 of one query head */
-    int ntiles = ntq * (h1 - h0);                         /* over the local query heads h0 .. h1 - 1 reading this head */
+    int ntiles = ntq * (h1 - h0);               /* over the local query heads h0 .. h1 - 1 reading this head */
     tpk__fl_copy<D, 32 * W> cq;
     /* the row terms of tile tq of query head h: thread x < 64 fetches lse of query q0 + x, thread
-     * 64 + x its Dr, into a register now, stored into shared memory at the tile's end (stash) */
+     * 64 + x its Dr, into a register a tile ahead, stored into shared memory at the tile's end (stash) */
     int rt = (int)threadIdx.x & (TPK__FL_ROWS - 1), rdr = (int)threadIdx.x >> 6;
     auto fetch_row = [&](int h, int tq) {
         int i = k0 + tq * TPK__FL_ROWS + rt;
@@ -618,7 +618,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     const float sl2 = scale * TPK__FL_LOG2E;
     int wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_cols) */
-    /* tile tq of query head h, the it-th of the pipeline; MASK: the causal and S masks */
+    /* tile tq of query head h, the it-th of the pipeline; MASK: the causal mask (the diagonal's tile) */
     auto step = [&](auto masked, int h, int tq, int it) {
         constexpr bool MASK = decltype(masked)::value;
         int q0 = k0 + tq * TPK__FL_ROWS;
@@ -628,7 +628,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         bool more = it + 1 < ntiles;
         int nh = tq + 1 < ntq ? h : h + 1, ntq1 = tq + 1 < ntq ? tq + 1 : 0; /* the next tile */
         if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1); /* lands in the other buffer meanwhile */
-        {
+        { /* the tile's S^T, dP^T, P^T, dS^T live here only */
             float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
             uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
             tpk__fl_mma_abt<D>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
