@@ -88,6 +88,8 @@
     extern __shared__ __align__(16) unsigned char tpk__fl_smem_raw[];                               \
     T *name = reinterpret_cast<T *>(tpk__fl_smem_raw)
 #define TPK__FL_UNROLL _Pragma("unroll")
+#define TPK__FL_PRAGMA(x) _Pragma(#x)
+#define TPK__FL_UNROLL_N(n) TPK__FL_PRAGMA(unroll(n)) /* unrolled n times (n a constant expression) */
 
 /* D (16x8 f32) += A (16x16 bf16) B (16x8 bf16) over the warp */
 __device__ __forceinline__ void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -161,6 +163,8 @@ __device__ __forceinline__ void tpk__fl_red2(float *p, float a, float b) {
     atomicAdd(p, a), atomicAdd(p + 1, b);
 #endif
 }
+#else
+#define TPK__FL_UNROLL_N(n) /* the emulation runs the loops as written */
 #endif
 
 enum { TPK__FL_ROWS = 64 /* query rows of a streamed tile; the dQ kernel's rows per block */, TPK__FL_KEYS = 64 /* keys per tile */ };
@@ -367,11 +371,11 @@ __device__ __forceinline__ void tpk__fl_drop_cols(float u[4], uint64_t seed, uin
 /* acc[8 m + nt] (MT row blocks of 16 x 64, each in eight 8-column C tiles) = A B^T with A 16 MT x D
  * (afrag(m, kk, af) makes the fragment of row block m, column block kk: from a shared tile or from
  * registers) and B = rows 0 .. 63 of the shared tile `bt`, over D columns: S = Q K^T, dP = dO V^T.
- * Each B fragment loaded serves the MT row blocks. */
-template <int D, int MT = 1, class F>
+ * Each B fragment loaded serves the MT row blocks. The k loop unrolled UNR times (fully by default). */
+template <int D, int MT = 1, int UNR = D / 16, class F>
 __device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], F afrag, const uint16_t *bt, int lane) {
     TPK__FL_UNROLL for (int nt = 0; nt < 8 * MT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+    TPK__FL_UNROLL_N(UNR) for (int kk = 0; kk < D / 16; kk++) {
         uint32_t af[MT][4];
         TPK__FL_UNROLL for (int m = 0; m < MT; m++) afrag(m, kk, af[m]);
         TPK__FL_UNROLL for (int nt = 0; nt < 8; nt += 2) {
@@ -575,6 +579,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
                                                             float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8, KEYS = 16 * W, LDS = TPK__FL_ROWS + 8;
     constexpr int NBUF = D == 128 ? 1 : 2; /* tpk__fl_dkv_nbuf */
+    constexpr int KUNR = DROP && D == 128 ? 2 : D / 16; /* the unroll of S^T's and dP^T's k loops */
     static_assert(W == 4 && KEYS == TPK__FL_ROWS, "dQ's GEMM: 4 warps of 32 queries x D / 2 columns over the block's 64 keys");
     TPK__FL_SMEM(uint16_t, Ks); /* [KEYS][LD] each: K, V of the block's keys */
     uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + NBUF * TILE; /* [NBUF][64][LD] each: Q, dO of query tile it in buffer it % NBUF */
@@ -631,8 +636,10 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         { /* the tile's S^T, dP^T, P^T, dS^T live here only */
             float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
             uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
-            tpk__fl_mma_abt<D>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
-            tpk__fl_mma_abt<D>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
+            /* with dropout at D = 128 (dK, dV 128 registers, the Philox draws) the k loops are unrolled
+             * by 2: fully, ptxas spilled a word in the tile loop */
+            tpk__fl_mma_abt<D, 1, KUNR>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
+            tpk__fl_mma_abt<D, 1, KUNR>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
             /* MASK, in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when
              * c >= (wkey - q0) + r (on or below the diagonal). Past S no mask is needed: those
              * rows of Q, dO, K, V and the row terms are staged as zeros, so a query past S adds
