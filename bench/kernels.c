@@ -231,21 +231,16 @@ int main(int argc, char **argv) {
     }
     /* the CUDA backend's generic attention kernels on the same shape (TPK_ATTN=generic), for the
      * speed-up of the tensor-core ones (bf16, D = 64 or 128) */
-    double gen[2] = {-1, -1}, det_ms = -1, r16_ms = -1;
+    double gen[2] = {-1, -1}, det_ms = -1;
     if (gpu) {
         setenv("TPK_ATTN", "generic", 1);
         gen[0] = time_op(OP_ATT_F, iters), gen[1] = time_op(OP_ATT_B, iters);
-        setenv("TPK_ATTN", "rows16", 1); /* the tensor-core forward with 16 rows a warp (8 warps) at D = 64 */
-        if (dt == TPK_BF16 && AD == 64) r16_ms = time_op(OP_ATT_F, iters);
         unsetenv("TPK_ATTN");
         ctx.deterministic = true; /* the backward with a dQ kernel of its own instead of f32 atomics */
         det_ms = time_op(OP_ATT_B, iters);
         ctx.deterministic = false;
     }
     if (!json) {
-        if (r16_ms > 0)
-            printf("\nattention forward with 16 rows a warp (TPK_ATTN=rows16): %.3f ms, %.2fx the default's (32 rows a warp) time\n", r16_ms,
-                   r16_ms / att_ms[0]);
         if (det_ms > 0)
             printf("\nattention backward, deterministic (dQ in a kernel of its own, no atomics): %.3f ms, %.2fx the default's time\n", det_ms,
                    det_ms / att_ms[1]);
@@ -259,10 +254,8 @@ int main(int argc, char **argv) {
                    pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1], pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
         else printf("\nattention against PyTorch: not measured (no python with torch)\n");
     } else {
-        if (r16_ms > 0) printf("\n], \"attn_fwd_rows16_ms\": %.4f", r16_ms);
-        else printf("\n], \"attn_fwd_rows16_ms\": null");
-        if (det_ms > 0) printf(", \"attn_bwd_deterministic_ms\": %.4f, \"generic_attn\": ", det_ms);
-        else printf(", \"attn_bwd_deterministic_ms\": null, \"generic_attn\": ");
+        if (det_ms > 0) printf("\n], \"attn_bwd_deterministic_ms\": %.4f, \"generic_attn\": ", det_ms);
+        else printf("\n], \"attn_bwd_deterministic_ms\": null, \"generic_attn\": ");
         if (gen[0] > 0) printf("{\"fwd_ms\": %.4f, \"bwd_ms\": %.4f}, \"torch_attn\": ", gen[0], gen[1]);
         else printf("null, \"torch_attn\": ");
         if (pt[0] > 0) printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n", pname, pt[0], pt[1], att_ms[0], att_ms[1]);

@@ -224,7 +224,7 @@ class Report:
                                  ">= %.0f%%" % ATTN_TARGET if judged else "(f32: no target)",
                                  self.judge(pct, ATTN_TARGET) if judged else "-"])
             g = j.get("generic_attn") or {}
-            extra.append([label, fmt(j.get("attn_fwd_rows16_ms")), fmt(j.get("attn_bwd_deterministic_ms")),
+            extra.append([label, fmt(j.get("attn_bwd_deterministic_ms")),
                           fmt(g.get("fwd_ms")), fmt(g.get("bwd_ms"))])
         if rows:
             self.table(["run", "shape", "dtype", "timed", "tpk TFLOP/s", "tpk ms", "SDPA ms", "speed vs SDPA", "target", "result"], rows)
@@ -232,10 +232,9 @@ class Report:
             self.w("No attention figures.")
             self.w()
         if extra:
-            self.w("Other attention paths timed in the same runs (ms; `-`: not timed there): the 16-row forward "
-                   "(`TPK_ATTN=rows16`, bf16 D = 64), the deterministic backward, the generic kernels (`TPK_ATTN=generic`).")
+            self.w("Other attention paths timed in the same runs (ms; `-`: not timed there): the deterministic backward, the generic kernels (`TPK_ATTN=generic`).")
             self.w()
-            self.table(["run", "fwd rows16", "bwd deterministic", "generic fwd", "generic bwd"], extra)
+            self.table(["run", "bwd deterministic", "generic fwd", "generic bwd"], extra)
 
     def memory_section(self):
         self.w("## Memory-bound kernels vs copy bandwidth")

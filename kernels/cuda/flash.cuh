@@ -11,21 +11,29 @@
  *
  * Forward (tpk__flash_fwd): a block of 4 warps owns 64 MT query rows of one (b, h) (MT = 2 at D = 64,
  * 1 at D = 128: tpk__fl_fwd_mt), warp w the rows 16 MT w .. 16 MT w + 16 MT - 1. Key/value tiles of
- * 64 rows are staged through shared memory, each serving the 4 warps; per tile, in registers:
- *   S = Q K^T (16 MT x 64)        m' = max(m, rowmax S)           P = exp(scale (S - m'))
- *   l' = l e^(scale (m - m')) + rowsum P                           O' = O e^(scale (m - m')) + (P keep) V
- * and at the end O / l and lse = scale m + ln l. Tiles above a warp's diagonal are skipped.
+ * 64 rows are staged through shared memory (cp.async, two buffers), each serving the 4 warps; per
+ * tile, in registers:
+ *   S = Q K^T (16 MT x 64)        m' = max(m, rowmax S)           P = 2^(scale log2(e) S - scale log2(e) m')
+ *   l' = l 2^(scale log2(e) (m - m')) + rowsum P                   O' = O 2^(scale log2(e) (m - m')) + (P keep) V
+ * and at the end O / l and lse = scale m + ln l. The key tiles below the block's first row run a
+ * mask-free step; the one or two the diagonal (or S) crosses a masked one (selects, no branch),
+ * tiles above a warp's rows skipped. At D = 128 Q's A fragments stay in registers (its tile staged
+ * in a key buffer), at D = 64 Q stays in shared memory ([128][72]).
  * Backward (after Dr):
- *   tpk__flash_dkv: a block of 8 warps owns 128 keys (16 per warp) of one key/value head and
+ *   tpk__flash_dkv: a block of 4 warps owns 64 keys (16 per warp) of one key/value head and
  *     streams the 64-query tiles at or after them, of every local query head that reads that head
  *     in turn (one pipeline over (head, tile)), so a shared head's dK, dV sum over its query heads
- *     in registers (a warp whose keys all come after a tile's queries skips it):
- *     P^T = exp(scale K Q^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
+ *     in registers (every warp's keys meet queries at or after them in every tile from k0 on):
+ *     P^T = 2^(scale log2(e) K Q^T - lse log2(e)), dP^T = V dO^T, dS^T = P^T (dP^T keep - Dr),
  *     dV += (P^T keep) dO,  dK += scale dS^T Q
+ *     The row terms lse log2(e) and Dr of a tile's queries are staged beside it, interleaved so a
+ *     lane reads its 2 queries' 4 values of an 8-query tile in one 16-byte load; P^T keep and dS^T
+ *     are rounded to bf16 A fragments as they are made. Per query head the diagonal's tile is a
+ *     masked step (selects), the rest mask-free (rows past S are staged as zeros and add 0).
  *   and dQ, by default, in the same pass (DQ, as FlashAttention-2): each warp writes its dS^T to
- *     shared memory as it holds it, dS^T [128 keys][64 queries] (a 32-bit store per pair), and after
- *     a barrier warp w adds dS [16 queries 16 (w % 4) .., 128 keys] K [128 keys, half of D] (dS's A
- *     fragments by ldmatrix.trans from dS^T) into dq_acc [B, S, Al, D]
+ *     shared memory as it holds it, dS^T [64 keys][64 queries] (a 32-bit store per pair), and after
+ *     a barrier warp w adds dS [32 queries 32 (w % 2) .., 64 keys] K [64 keys, D / 2 columns from
+ *     (D / 2) (w / 2)] (dS's A fragments by ldmatrix.trans from dS^T) into dq_acc [B, S, Al, D]
  *     (f32, zeroed) with atomic adds (two floats per reduction on sm_90); a last pass writes
  *     dQ = scale dq_acc as bf16.
  *     Five GEMMs in all, but the order of the atomic adds varies from run to run.
@@ -38,11 +46,16 @@
  * forward, dQ) or 4 lanes (the transposed fragment: dK, dV) hold: each of those lanes draws one call
  * per 4 elements and they trade outputs by shuffles (tpk__fl_drop_rows, tpk__fl_drop_cols); other S
  * draw each element alone.
- * Registers: the per-element work inside a tile is 32-bit (the causal and S masks as distances in the
- * tile's coordinates; the dropout index of a row or column formed once per tile plus constants; the
- * head mapping in unsigned 32-bit, tpk__fl_heads): 64-bit index arithmetic there took registers the
- * fragments need and made ptxas spill (check with -Xptxas -v: no spills, and the forward at D = 64
- * without dropout within 128 registers, 4 blocks per SM on sm_90).
+ * Exponentials are ex2.approx.ftz (tpk__fl_exp2): one MUFU.EX2, results under 2^-126 flushed to 0.
+ * Copies: each thread's 64-bit source address and shared offset are formed once (tpk__fl_copy), a
+ * 16-byte piece is then a pointer step, a compare and the cp.async, in a fixed trip count.
+ * Resources (ptxas of nvcc 13.0; bench/RESULTS.md gives the figures per kernel and arch): every
+ * kernel is __launch_bounds__(128, 2) — 4 warps, at most 255 registers, two blocks per SM on sm_80
+ * and sm_90 — and takes at most 78 KB of shared memory (tpk__flash_smem): D = 128 single-buffers
+ * the dK/dV kernel's Q, dO and the dQ kernel's K, V tiles so two blocks fit an A100's 164 KB. The
+ * per-element work inside a tile is 32-bit (the masks as distances in the tile's coordinates; the
+ * dropout index of a row or column formed once per tile plus constants; the head mapping in
+ * unsigned 32-bit, tpk__fl_heads). None of this has run on a GPU.
  *
  * Fragments (PTX ISA, mma.m16n8k16 with .bf16 inputs): lane = 4 g + t, g = lane / 4, t = lane % 4;
  * a register holds two bf16, the lower index in the low half.
@@ -66,6 +79,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include <tpk/rng.h>
 
 #ifndef TPK_FLASH_EMU
@@ -73,7 +88,8 @@
     extern __shared__ __align__(16) unsigned char tpk__fl_smem_raw[];                               \
     T *name = reinterpret_cast<T *>(tpk__fl_smem_raw)
 #define TPK__FL_UNROLL _Pragma("unroll")
-#define TPK__FL_UNROLL2 _Pragma("unroll 2") /* the k loop of S = Q K^T-shaped products: fully unrolled it spilled at D = 128 */
+#define TPK__FL_PRAGMA(x) _Pragma(#x)
+#define TPK__FL_UNROLL_N(n) TPK__FL_PRAGMA(unroll(n)) /* unrolled n times (n a constant expression) */
 
 /* D (16x8 f32) += A (16x16 bf16) B (16x8 bf16) over the warp */
 __device__ __forceinline__ void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -92,6 +108,13 @@ __device__ __forceinline__ uint32_t tpk__fl_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 __device__ __forceinline__ float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+/* 2^x by one MUFU.EX2: ex2.approx.ftz (results below 2^-126 flushed to 0; exp2f's denormal fix-up
+ * costs three more instructions an element); 2^-inf = 0 */
+__device__ __forceinline__ float tpk__fl_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 /* 16 bytes global -> shared without passing through registers (cp.async, sm_80); zeros when !valid */
 __device__ __forceinline__ void tpk__fl_cp16(void *dst, const void *src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -140,22 +163,31 @@ __device__ __forceinline__ void tpk__fl_red2(float *p, float a, float b) {
     atomicAdd(p, a), atomicAdd(p + 1, b);
 #endif
 }
+#else
+#define TPK__FL_UNROLL_N(n) /* the emulation runs the loops as written */
 #endif
 
 enum { TPK__FL_ROWS = 64 /* query rows of a streamed tile; the dQ kernel's rows per block */, TPK__FL_KEYS = 64 /* keys per tile */ };
 
-/* Warps per block: the dK/dV kernel's W warps own 16 W keys, so each Q, dO tile brought from L2
- * serves W warps — with W = 8 half the L2 traffic and half the dQ atomics of W = 4 per flop. The
- * forward's W warps own 16 MT rows each (tpk__fl_fwd_mt): at D = 64 MT = 2, FlashAttention-2's
+/* Warps per block: 4 in every kernel, so two blocks fit an SM's 65536 registers at up to 255 each
+ * (__launch_bounds__(128, 2)). The dK/dV kernel's 4 warps own 16 keys each (dK, dV alone take
+ * D registers a thread): 64 keys a block, each Q, dO tile brought from L2 serving 64 keys. The
+ * forward's warps own 16 MT rows each (tpk__fl_fwd_mt): at D = 64 MT = 2, FlashAttention-2's
  * 128-row blocks of 4 warps, each K and V fragment a warp loads from shared memory serving two
- * 16-row blocks (half the shared-memory reads per mma of MT = 1, which needed 0.14 bytes per
- * multiply-add: by estimate, not measured, more than an SM's 128 bytes a clock feed at mma.sync's
- * rate on an H100); at D = 128 MT = 1
- * (O alone takes 64 registers a row block). The dQ kernel (deterministic) has 4 warps. */
-static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return kernel == 1 ? 8 : 4; }
+ * 16-row blocks (half the shared-memory bytes per mma of MT = 1); at D = 128 MT = 1 (O alone takes
+ * 64 registers a row block). */
+static constexpr int tpk__fl_warps(int kernel /* 0 fwd, 1 dkv, 2 dq */) { return (void)kernel, 4; }
+/* the dK/dV kernel's Q, dO buffers: 2 (the next tile lands while this one is used) at D = 64, 1 at
+ * D = 128 (78 KB a block instead of 112: two blocks fit an A100's 164 KB) */
+static constexpr int tpk__fl_dkv_nbuf(int D) { return D == 128 ? 1 : 2; }
+/* the deterministic dQ kernel's K, V buffers: likewise (68 KB a block at D = 128 instead of 102) */
+static constexpr int tpk__fl_dq_nbuf(int D) { return D == 128 ? 1 : 2; }
 static constexpr int tpk__fl_fwd_mt(int D) { return D == 64 ? 2 : 1; }
 /* query rows of a forward block */
 static constexpr int tpk__fl_fwd_rows(int D) { return 16 * tpk__fl_fwd_mt(D) * tpk__fl_warps(0); }
+/* whether the forward holds Q's fragments in registers (D = 128: 32 registers, and Q's tile staged in
+ * a key buffer, so a block takes 4 tiles of shared memory, not 5: two blocks fit an A100's SM) */
+static constexpr bool tpk__fl_fwd_qreg(int D) { return D == 128; }
 
 /* Shared memory of the kernels for head dim D, in bytes: the fixed tiles (Q [tpk__fl_fwd_rows]; K, V [16 W];
  * Q, dO [64]) and two buffers of the streamed [64]-row ones (K, V; Q, dO, lse, Dr; K, V), the next
@@ -163,11 +195,17 @@ static constexpr int tpk__fl_fwd_rows(int D) { return 16 * tpk__fl_fwd_mt(D) * t
  * dS^T [16 W][64 + 8]. Rows of D + 8 bf16. */
 static inline size_t tpk__flash_smem(int kernel /* 0 fwd, 1 dkv, 2 dq, 3 dkv with dQ */, int D) {
     size_t row = sizeof(uint16_t) * (size_t)(D + 8), tile = row * TPK__FL_ROWS;
-    if (kernel == 0) return row * (size_t)tpk__fl_fwd_rows(D) + 4 * tile;
-    if (kernel == 2) return 6 * tile;
-    size_t keys = 16 * (size_t)tpk__fl_warps(1), dkv = 2 * row * keys + 4 * tile + 4 * sizeof(float) * TPK__FL_ROWS;
+    if (kernel == 0) return (tpk__fl_fwd_qreg(D) ? 0 : row * (size_t)tpk__fl_fwd_rows(D)) + 4 * tile;
+    if (kernel == 2) return (2 + 2 * (size_t)tpk__fl_dq_nbuf(D)) * tile;
+    size_t keys = 16 * (size_t)tpk__fl_warps(1), nbuf = (size_t)tpk__fl_dkv_nbuf(D);
+    size_t dkv = 2 * row * keys + nbuf * (2 * tile + 2 * sizeof(float) * TPK__FL_ROWS);
     return kernel == 1 ? dkv : dkv + sizeof(uint16_t) * keys * (size_t)(TPK__FL_ROWS + 8);
 }
+
+/* whether the kernels' 32-bit indices hold for S rows of Al local query heads over Gl local key/value
+ * heads of head dim D: S < 2^30 (tile coordinates) and 16 rows of qkv [.., Al + 2 Gl, D] (and of
+ * dout) under 2^31 elements (copy strides) */
+static inline bool tpk__flash_fits(int64_t S, int64_t Al, int64_t Gl, int64_t D) { return S < ((int64_t)1 << 30) && 16 * (Al + 2 * Gl) * D < ((int64_t)1 << 31); }
 
 /* keep factor of the element with dropout index `index` (p > 0): 0 or 1/(1-p); one Philox call for
  * this element alone (tpk_dropout_u: output index % 4 of call index / 4) */
@@ -183,30 +221,73 @@ __device__ __forceinline__ float tpk__att_keep(float p, uint64_t seed, uint64_t 
     return tpk__att_keep_at(p, seed, stream, (uint64_t)((((b * A + hg) * S + i) * S) + j));
 }
 
+/* A thread's share of copying ROWS rows of a bf16 matrix (row stride ld) into a shared tile
+ * [ROWS][D + 8] in 16-byte pieces (cp.async) by the block's NT threads: thread x takes column
+ * 8 (x % (D / 8)) of rows x / (D / 8) + RSTEP k, k = 0 .. N - 1 (RSTEP = NT / (D / 8)). The 64-bit
+ * source address and the shared offset are formed once, when the copy is placed (seek); each piece
+ * is then a pointer step, a compare against the rows left and the cp.async (a fixed trip count: the
+ * compiler cannot bound threadIdx.x, so a loop over it rebuilt every address). */
+template <int D, int NT, int ROWS = TPK__FL_ROWS> struct tpk__fl_copy {
+    static constexpr int CPR = D / 8 /* pieces per row */, RSTEP = NT / CPR, N = ROWS / RSTEP;
+    static_assert(NT % CPR == 0 && ROWS % RSTEP == 0, "whole rows per pass, whole passes per tile");
+    const uint16_t *src; /* this thread's first piece of the rows to copy */
+    int step;            /* RSTEP rows of the source: 32-bit (tpk__flash_fits: 16 rows of qkv or dout under 2^31 elements) */
+    int row, soff;       /* this thread's first row in the tile; its first piece's offset there */
+    __device__ __forceinline__ tpk__fl_copy() {
+        int x = (int)threadIdx.x;
+        row = x / CPR, soff = row * (D + 8) + (x % CPR) * 8;
+    }
+    /* place the copy at rows r0 .. r0 + ROWS - 1 of base (row stride ld) */
+    __device__ __forceinline__ void seek(const uint16_t *base, int64_t ld, int64_t r0) {
+        src = base + (r0 + row) * ld + (soff - row * (D + 8)), step = RSTEP * (int)ld;
+    }
+    /* start the copies into dst; rows from `rows` on (the rows before S) as zeros; then move on by
+     * ROWS rows. TWO: the same rows of a second matrix at src + off into dst2 as well */
+    template <bool TWO = false>
+    __device__ __forceinline__ void run(uint16_t *dst, int rows, const uint16_t *base, uint16_t *dst2 = nullptr, int64_t off = 0) {
+        const uint16_t *s = src;
+        TPK__FL_UNROLL for (int k = 0; k < N; k++) {
+            bool valid = row + RSTEP * k < rows;
+            const uint16_t *p = valid ? s : base;
+            tpk__fl_cp16(dst + soff + RSTEP * k * (D + 8), p, valid);
+            if (TWO) tpk__fl_cp16(dst2 + soff + RSTEP * k * (D + 8), p + (valid ? off : 0), valid);
+            s += step;
+        }
+        src = s;
+    }
+};
+
+/* Key/value tiles streamed in order through NBUF buffers: tile it (rows 64 it .. 64 it + 63 of K and
+ * of V = K + voff, row stride ld, rows >= S as zeros) into buffers it % NBUF of Kb, Vb [NBUF][64][D + 8]. */
+template <int D, int NT, int NBUF = 2> struct tpk__fl_kv_stream {
+    tpk__fl_copy<D, NT> c;
+    const uint16_t *K;
+    int64_t voff;
+    int rows; /* S less the next tile's first row (clamped) */
+    __device__ __forceinline__ tpk__fl_kv_stream(const uint16_t *K_, int64_t voff_, int64_t ld, int64_t S) : K(K_), voff(voff_) {
+        c.seek(K, ld, 0);
+        rows = (int)(S < INT32_MAX ? S : INT32_MAX);
+    }
+    /* start the next tile (it) into its buffers when it < ntiles, then close the group of copies
+     * issued so far (cp.async.commit_group) */
+    __device__ __forceinline__ void next(uint16_t *Kb, uint16_t *Vb, int it, int ntiles) {
+        constexpr int TILE = TPK__FL_ROWS * (D + 8);
+        if (it < ntiles) {
+            c.template run<true>(Kb + (it % NBUF) * TILE, rows, K, Vb + (it % NBUF) * TILE, voff);
+            rows -= TPK__FL_KEYS;
+        }
+        tpk__fl_commit();
+    }
+};
+
 /* Start copying rows r0 .. r0 + ROWS - 1 of a bf16 matrix with row stride ld (rows >= S as zeros)
- * into dst [ROWS][D + 8], in 16-byte pieces by the block's NT threads; the data is there after
- * tpk__fl_wait_all and a barrier. */
+ * into dst [ROWS][D + 8] by the block's NT threads; the data is there after tpk__fl_wait_all and a
+ * barrier. */
 template <int D, int NT, int ROWS = TPK__FL_ROWS>
 __device__ __forceinline__ void tpk__fl_stage(uint16_t *dst, const uint16_t *src, int64_t ld, int64_t r0, int64_t S) {
-    constexpr int CPR = D / 8; /* pieces per row */
-    for (int c = (int)threadIdx.x; c < ROWS * CPR; c += NT) {
-        int r = c / CPR, e = (c % CPR) * 8;
-        bool valid = r0 + r < S;
-        tpk__fl_cp16(dst + r * (D + 8) + e, valid ? src + (r0 + r) * ld + e : src, valid);
-    }
-}
-
-/* Start copying key tile `it` (rows 64 it .. 64 it + 63) of K and V into buffers it % 2 of Kb, Vb
- * when it < ntiles, and close the group of copies issued so far (cp.async.commit_group). */
-template <int D, int NT>
-__device__ __forceinline__ void tpk__fl_stage_kv(uint16_t *Kb, uint16_t *Vb, const uint16_t *K, const uint16_t *V, int64_t ld, int it, int ntiles,
-                                                 int64_t S) {
-    constexpr int TILE = TPK__FL_ROWS * (D + 8);
-    if (it < ntiles) {
-        tpk__fl_stage<D, NT>(Kb + (it & 1) * TILE, K, ld, (int64_t)it * TPK__FL_KEYS, S);
-        tpk__fl_stage<D, NT>(Vb + (it & 1) * TILE, V, ld, (int64_t)it * TPK__FL_KEYS, S);
-    }
-    tpk__fl_commit();
+    tpk__fl_copy<D, NT, ROWS> c;
+    c.seek(src, ld, r0);
+    c.run(dst, (int)(S - r0 < ROWS ? S - r0 : ROWS), src);
 }
 
 /* v clamped to [lo, hi]: a distance in a tile's 32-bit coordinates */
@@ -287,15 +368,16 @@ __device__ __forceinline__ void tpk__fl_drop_cols(float u[4], uint64_t seed, uin
     }
 }
 
-/* acc[8 m + nt] (MT row blocks of 16 x 64, each in eight 8-column C tiles) = A B^T with A = rows
- * a0 .. a0 + 16 MT - 1 of the shared tile `a` and B = rows 0 .. 63 of the shared tile `bt`, over D
- * columns: S = Q K^T, dP = dO V^T. Each B fragment loaded serves the MT row blocks. */
-template <int D, int MT = 1>
-__device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], const uint16_t *a, int a0, const uint16_t *bt, int lane) {
+/* acc[8 m + nt] (MT row blocks of 16 x 64, each in eight 8-column C tiles) = A B^T with A 16 MT x D
+ * (afrag(m, kk, af) makes the fragment of row block m, column block kk: from a shared tile or from
+ * registers) and B = rows 0 .. 63 of the shared tile `bt`, over D columns: S = Q K^T, dP = dO V^T.
+ * Each B fragment loaded serves the MT row blocks. The k loop unrolled UNR times (fully by default). */
+template <int D, int MT = 1, int UNR = D / 16, class F>
+__device__ __forceinline__ void tpk__fl_mma_abt(float (*acc)[4], F afrag, const uint16_t *bt, int lane) {
     TPK__FL_UNROLL for (int nt = 0; nt < 8 * MT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-    TPK__FL_UNROLL2 for (int kk = 0; kk < D / 16; kk++) {
+    TPK__FL_UNROLL_N(UNR) for (int kk = 0; kk < D / 16; kk++) {
         uint32_t af[MT][4];
-        TPK__FL_UNROLL for (int m = 0; m < MT; m++) tpk__fl_frag_a(af[m], a, D + 8, a0 + 16 * m, 16 * kk, lane);
+        TPK__FL_UNROLL for (int m = 0; m < MT; m++) afrag(m, kk, af[m]);
         TPK__FL_UNROLL for (int nt = 0; nt < 8; nt += 2) {
             uint32_t bf[4];
             tpk__fl_frag_bt2(bf, bt, D + 8, 8 * nt, 16 * kk, lane);
@@ -325,6 +407,14 @@ __device__ __forceinline__ void tpk__fl_mma_ab(float (*acc)[4], F afrag, const u
 template <int D, int MT = 1>
 __device__ __forceinline__ void tpk__fl_mma_cb(float (*acc)[4], const float (*c)[4], const uint16_t *b, int lane) {
     tpk__fl_mma_ab<D, D, 4, MT>(acc, [&](int m, int kk, uint32_t af[4]) { tpk__fl_c_to_a(af, c[8 * m + 2 * kk], c[8 * m + 2 * kk + 1]); }, b, 0, lane);
+}
+
+/* the same with C already rounded to bf16 A fragments: a[4 m + kk] the 16 x 16 block kk of row block m */
+template <int D, int MT = 1>
+__device__ __forceinline__ void tpk__fl_mma_pb(float (*acc)[4], const uint32_t (*a)[4], const uint16_t *b, int lane) {
+    tpk__fl_mma_ab<D, D, 4, MT>(
+        acc, [&](int m, int kk, uint32_t af[4]) { af[0] = a[4 * m + kk][0], af[1] = a[4 * m + kk][1], af[2] = a[4 * m + kk][2], af[3] = a[4 * m + kk][3]; }, b,
+        0, lane);
 }
 
 #define TPK__FL_LOG2E 1.4426950408889634f
@@ -358,14 +448,18 @@ __device__ __forceinline__ void tpk__fl_q_of(const tpk__fl_heads &hd, int64_t he
 /* grid (ceil(S / ROWS), Al, B), 32 W threads, ROWS = 16 MT W (tpk__fl_fwd_rows): block x owns
  * query rows q0 = (gridDim.x - 1 - x) ROWS .. q0 + ROWS - 1, the longest rows first; warp w the 16 MT
  * rows from q0 + 16 MT w, in MT blocks of 16 that share each K and V fragment the warp loads.
- * out [B, S, Al, D], lse [B, Al, S]. */
+ * The key tiles 0 .. q0 / 64 - 1 lie below every row of the block: a loop of mask-free steps; the
+ * one or two tiles the diagonal (or S) crosses follow, masked, each warp skipping a tile wholly
+ * above its rows. out [B, S, Al, D], lse [B, Al, S]. */
 template <int D, int W, int MT, bool DROP>
-__global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al, int64_t A,
-                                                         int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+__global__ void __launch_bounds__(32 * W, 2) tpk__flash_fwd(uint16_t *out, float *lse, const uint16_t *qkv, int64_t S, int64_t Al, int64_t A,
+                                                            int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, NT = TPK__FL_KEYS / 8 /* 8-key tiles of S */, ND = D / 8, WR = 16 * MT /* rows of a warp */, ROWS = WR * W;
     constexpr int TILE = TPK__FL_ROWS * LD;
-    TPK__FL_SMEM(uint16_t, Qs); /* [ROWS][LD] */
-    uint16_t *Kb = Qs + ROWS * LD, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: tile it in buffer it % 2 */
+    constexpr bool QREG = D == 128; /* tpk__fl_fwd_qreg: Q's A fragments held in registers (its tile staged in K's buffer 1) */
+    static_assert(!QREG || ROWS == TPK__FL_ROWS, "Q staged in one key tile's buffer");
+    TPK__FL_SMEM(uint16_t, Kb); /* [2][64][LD] each: K, V of tile it in buffer it % 2 */
+    uint16_t *Vb = Kb + 2 * TILE, *Qs = QREG ? Kb + TILE : Vb + 2 * TILE; /* Q [ROWS][LD] */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * ROWS;
     int64_t ld3, kvo, vo; /* a row of qkv; the columns of K and V of the key/value head query head h reads */
@@ -373,68 +467,91 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *l
         tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
         ld3 = hd.ld, kvo = (Al + tpk__fl_kv_of(hd, head0, h)) * D, vo = (int64_t)hd.Gl * D;
     }
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo, *V = K + vo;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + kvo;
     int64_t wrow = q0 + WR * w, last = (q0 + ROWS < S ? q0 + ROWS : S) - 1;
-    int ntiles = (int)(last / TPK__FL_KEYS) + 1; /* key tiles 0 .. the block's last row */
+    int ntiles = (int)(last / TPK__FL_KEYS) + 1, nfree = (int)(q0 / TPK__FL_KEYS); /* key tiles 0 .. the block's last row; the mask-free ones */
+    tpk__fl_kv_stream<D, 32 * W> kvs(K, vo, ld3, S);
     tpk__fl_stage<D, 32 * W, ROWS>(Qs, Q, ld3, q0, S);
-    tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, 0, ntiles, S);
+    kvs.next(Kb, Vb, 0, ntiles);
     tpk__fl_wait_all();
     __syncthreads();
-    /* row block m of the warp: O in o[ND m ..], its rows g and g + 8 in m[2 m + r], l[2 m + r] */
+    uint32_t qf[D / 16][4]; /* QREG: this warp's Q, A fragments of its 16 rows */
+    if (QREG) {
+        TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) tpk__fl_frag_a(qf[kk], Qs, LD, WR * w, 16 * kk, lane);
+        __syncthreads(); /* Q read by every warp before key tile 1 lands on it */
+    }
+    auto qfrag = [&](int mt, int kk, uint32_t af[4]) {
+        if (QREG) af[0] = qf[kk][0], af[1] = qf[kk][1], af[2] = qf[kk][2], af[3] = qf[kk][3];
+        else tpk__fl_frag_a(af, Qs, LD, WR * w + 16 * mt, 16 * kk, lane);
+    };
+    /* row block mt of the warp: O in o[ND mt ..], its rows g and g + 8 in m[2 mt + r], l[2 mt + r] */
     float o[MT * ND][4], m[2 * MT], l[2 * MT];
     TPK__FL_UNROLL for (int dt = 0; dt < MT * ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     TPK__FL_UNROLL for (int r = 0; r < 2 * MT; r++) m[r] = -INFINITY, l[r] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
-    for (int it = 0; it < ntiles; it++) {
+    /* one key tile: S = Q K^T, the online softmax, O += P V; MASK: the causal and S masks */
+    auto step = [&](auto masked, int it) {
+        constexpr bool MASK = decltype(masked)::value;
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        tpk__fl_stage_kv<D, 32 * W>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
-        if (j0 <= wrow) { /* not above this warp's diagonal (WR divides 64: a tile that starts after the warp's
-                           * first row starts after its last), so key j0 is in every row's reach (finite maxima) */
-            float s[MT * NT][4]; /* row block mt's 16 x 64 in s[NT mt ..] */
-            tpk__fl_mma_abt<D, MT>(s, Qs, WR * w, Ks, lane);
-            bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S; /* the diagonal or S crosses the tile */
-            /* the mask in the tile's 32-bit coordinates: key j0 + c of row wrow + r is masked when
-             * c > (wrow - j0) + r (above the diagonal) or c > S - 1 - j0 (past S), i.e. c > lim of
-             * the row; lim is taken less this lane's first column 2 t, so the test is against the
-             * compile-time 8 nt + (e & 1) */
+        float s[MT * NT][4]; /* row block mt's 16 x 64 in s[NT mt ..] */
+        tpk__fl_mma_abt<D, MT>(s, qfrag, Ks, lane);
+        /* MASK, in the tile's 32-bit coordinates: key j0 + c of row wrow + r is masked when
+         * c > (wrow - j0) + r (above the diagonal) or c > S - 1 - j0 (past S), i.e. c > lim of the
+         * row; lim is taken less this lane's first column 2 t, so the test is against the
+         * compile-time 8 nt + (e & 1) */
+        int lim[2 * MT];
+        if (MASK) {
             int diag = tpk__fl_clamp(wrow - j0, -WR, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
-            float corr[2 * MT];
-            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) {
-                int lim[2] = {tpk__fl_imin(diag + 16 * mt + g, send) - 2 * t, tpk__fl_imin(diag + 16 * mt + g + 8, send) - 2 * t};
-                float mx[2] = {m[2 * mt], m[2 * mt + 1]};
-                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                        if (edge && 8 * nt + (e & 1) > lim[e >> 1]) s[NT * mt + nt][e] = -INFINITY;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], s[NT * mt + nt][e]);
-                    }
-                TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-                    int i = 2 * mt + r;
-                    mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 is in the tile */
-                    corr[i] = exp2f((m[i] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
-                    m[i] = mx[r], l[i] *= corr[i];
+            TPK__FL_UNROLL for (int r = 0; r < 2 * MT; r++) lim[r] = tpk__fl_imin(diag + 8 * r + g, send) - 2 * t; /* row 16 (r / 2) + 8 (r % 2) + g */
+        }
+        float corr[2 * MT], msl[2 * MT];
+        TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) {
+            float mx[2] = {m[2 * mt], m[2 * mt + 1]};
+            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    if (MASK && 8 * nt + (e & 1) > lim[2 * mt + (e >> 1)]) s[NT * mt + nt][e] = -INFINITY;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[NT * mt + nt][e]);
+                }
+            TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+                int i = 2 * mt + r;
+                mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 is in every row's reach */
+                corr[i] = tpk__fl_exp2((m[i] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
+                m[i] = mx[r], l[i] *= corr[i], msl[i] = mx[r] * sl2;
+            }
+        }
+        TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                uint64_t dx = drow + (uint64_t)(16 * mt) * (uint64_t)S; /* row wrow + 16 mt + g */
+                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, dx + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    float pe = tpk__fl_exp2(fmaf(s[NT * mt + nt][e], sl2, -msl[2 * mt + (e >> 1)])); /* masked: 2^-inf = 0 */
+                    l[2 * mt + (e >> 1)] += pe;
+                    if (DROP && pe != 0.0f)
+                        pe *= grouped ? tpk__att_keep_u(p, u[e])
+                                      : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                    s[NT * mt + nt][e] = pe;
                 }
             }
-            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    uint64_t dx = drow + (uint64_t)(16 * mt) * (uint64_t)S; /* row wrow + 16 mt + g */
-                    if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, dx + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
-                    TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                        float pe = exp2f(s[NT * mt + nt][e] * sl2 - m[2 * mt + (e >> 1)] * sl2); /* masked: exp2(-inf) = 0 */
-                        l[2 * mt + (e >> 1)] += pe;
-                        if (DROP && pe != 0.0f)
-                            pe *= grouped ? tpk__att_keep_u(p, u[e])
-                                          : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
-                        s[NT * mt + nt][e] = pe;
-                    }
-                }
-            TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++)
-                        o[ND * mt + dt][e] *= corr[2 * mt + (e >> 1)];
-            tpk__fl_mma_cb<D, MT>(o, s, Vs, lane);
-        }
+        TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++)
+                    o[ND * mt + dt][e] *= corr[2 * mt + (e >> 1)];
+        tpk__fl_mma_cb<D, MT>(o, s, Vs, lane);
+    };
+    int it = 0;
+    for (; it < nfree; it++) {
+        kvs.next(Kb, Vb, it + 1, ntiles); /* the next tile lands in the other buffers meanwhile */
+        step(std::false_type{}, it);
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+    }
+    for (; it < ntiles; it++) {
+        kvs.next(Kb, Vb, it + 1, ntiles);
+        /* not above this warp's diagonal (WR divides 64: a tile that starts after the warp's first row
+         * starts after its last), so key j0 is in every row's reach (finite maxima) */
+        if ((int64_t)it * TPK__FL_KEYS <= wrow) step(std::true_type{}, it);
+        tpk__fl_wait_all();
+        __syncthreads();
     }
     TPK__FL_UNROLL for (int mt = 0; mt < MT; mt++) TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
             int64_t i = wrow + 16 * mt + g + 8 * r;
@@ -451,116 +568,150 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_fwd(uint16_t *out, float *l
 /* grid (ceil(S / 16 W), Gl, B), 32 W threads (W = tpk__fl_warps(1)): block x owns keys
  * k0 = 16 W x .. k0 + 16 W - 1 of local key/value head y (block 0 has the most query tiles and starts
  * first), warp w the keys k0 + 16 w .. + 15; the 64-query tiles from k0 on, of each local query head
- * reading head y in turn. A warp whose keys all lie after a tile's queries (or past S) skips it.
+ * reading head y in turn, through one pipeline. Per head the first tile (the diagonal's) is a masked
+ * step, the others mask-free. With NBUF = 1 (D = 128: two
+ * blocks fit an A100's SM) the next Q, dO tile is copied into the one buffer once every warp has
+ * used this one (after dK's GEMM), landing while dQ's GEMM runs; with NBUF = 2 at the tile's start.
  * Writes dK, dV of dqkv; DQ: adds dS K into dq_acc [B, S, Al, D]. */
 template <int D, int W, bool DROP, bool DQ>
-__global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv, const float *lse,
-                                                         const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale,
-                                                         float p, uint64_t seed, uint64_t stream) {
+__global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, float *dq_acc, const uint16_t *dout, const uint16_t *qkv, const float *lse,
+                                                            const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale,
+                                                            float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8, KEYS = 16 * W, LDS = TPK__FL_ROWS + 8;
-    constexpr int NC = D * 4 / W; /* DQ: the columns of dQ each warp makes (4 warps per 16-query row block) */
-    static_assert(W % 4 == 0 && NC % 16 == 0, "warps in fours, dQ columns in 16s");
+    constexpr int NBUF = D == 128 ? 1 : 2; /* tpk__fl_dkv_nbuf */
+    constexpr int KUNR = DROP && D == 128 ? 2 : D / 16; /* the unroll of S^T's and dP^T's k loops */
+    static_assert(W == 4 && KEYS == TPK__FL_ROWS, "dQ's GEMM: 4 warps of 32 queries x D / 2 columns over the block's 64 keys");
     TPK__FL_SMEM(uint16_t, Ks); /* [KEYS][LD] each: K, V of the block's keys */
-    uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + 2 * TILE; /* [2][64][LD] each: Q, dO of query tile it in buffer it % 2 */
-    float *Lb = reinterpret_cast<float *>(dOb + 2 * TILE), *Db = Lb + 2 * TPK__FL_ROWS; /* [2][64] each: lse, Dr of the tile */
-    uint16_t *dSt = reinterpret_cast<uint16_t *>(Db + 2 * TPK__FL_ROWS); /* DQ: [KEYS][LDS] dS^T of the tile */
+    uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + NBUF * TILE; /* [NBUF][64][LD] each: Q, dO of query tile it in buffer it % NBUF */
+    float *Lb = reinterpret_cast<float *>(dOb + NBUF * TILE); /* [NBUF][64][2]: lse log2(e), Dr of the tile's query c at [c / 2][0..1], [c / 2][2..3] */
+    uint16_t *dSt = reinterpret_cast<uint16_t *>(Lb + NBUF * 2 * TPK__FL_ROWS); /* DQ: [KEYS][LDS] dS^T of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int64_t b = blockIdx.z, kv = blockIdx.y, k0 = (int64_t)blockIdx.x * KEYS;
+    const int Si = (int)S; /* tile coordinates in 32 bits (tpk__flash_fits: S < 2^30) */
+    int b = (int)blockIdx.z, kv = (int)blockIdx.y, k0 = (int)blockIdx.x * KEYS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
-    int64_t ld3 = hd.ld, ldo = Al * D;
+    int ld3 = (int)hd.ld, ldo = (int)Al * D; /* tpk__flash_fits */
     int h0, h1; /* the local query heads h0 .. h1 - 1 read this key/value head */
     tpk__fl_q_of(hd, head0, Al, kv, &h0, &h1);
-    const uint16_t *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
-    int ntq = (int)((S - 1 - k0) / TPK__FL_ROWS) + 1; /* query tiles k0 .. S - 1 of one query head */
-    int ntiles = ntq * (h1 - h0);                      /* over the local query heads h0 .. h1 - 1 reading this head */
-    auto stage_q = [&](int h, int tq, int buf) {      /* tile tq of query head h into buffer buf */
-        int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
-        const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
-        tpk__fl_stage<D, 32 * W>(Qb + buf * TILE, qkv + b * S * ld3 + h * D, ld3, q0, S);
-        tpk__fl_stage<D, 32 * W>(dOb + buf * TILE, dout + b * S * ldo + h * D, ldo, q0, S);
-        for (int r = (int)threadIdx.x; r < TPK__FL_ROWS; r += 32 * W) {
-            Lb[buf * TPK__FL_ROWS + r] = q0 + r < S ? Lh[q0 + r] : 0.0f;
-            Db[buf * TPK__FL_ROWS + r] = q0 + r < S ? Dh[q0 + r] : 0.0f;
-        }
+    const uint16_t *K = qkv + (int64_t)b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
+    int ntq = (Si - 1 - k0) / TPK__FL_ROWS + 1; /* query tiles k0 .. S - 1 of one query head */
+    int ntiles = ntq * (h1 - h0);               /* over the local query heads h0 .. h1 - 1 reading this head */
+    tpk__fl_copy<D, 32 * W> cq;
+    /* the row terms of tile tq of query head h: thread x < 64 fetches lse of query q0 + x, thread
+     * 64 + x its Dr, into a register a tile ahead, stored into shared memory at the tile's end (stash) */
+    int rt = (int)threadIdx.x & (TPK__FL_ROWS - 1), rdr = (int)threadIdx.x >> 6;
+    auto fetch_row = [&](int h, int tq) {
+        int i = k0 + tq * TPK__FL_ROWS + rt;
+        const float *src = (rdr ? Dr : lse) + (b * Al + h) * S;
+        return i < Si ? (rdr ? src[i] : src[i] * TPK__FL_LOG2E) : 0.0f;
+    };
+    auto stash_row = [&](float v, int buf) { Lb[buf * 2 * TPK__FL_ROWS + 4 * (rt >> 1) + 2 * rdr + (rt & 1)] = v; };
+    auto stage_q = [&](int h, int tq, int buf) { /* Q, dO of tile tq of query head h into buffer buf */
+        int q0 = k0 + tq * TPK__FL_ROWS, rows = tpk__fl_imin(Si - q0, TPK__FL_ROWS);
+        const uint16_t *Q = qkv + (int64_t)b * S * ld3 + h * D, *dO = dout + (int64_t)b * S * ldo + h * D;
+        cq.seek(Q, ld3, q0), cq.run(Qb + buf * TILE, rows, Q);
+        cq.seek(dO, ldo, q0), cq.run(dOb + buf * TILE, rows, dO);
     };
     tpk__fl_stage<D, 32 * W, KEYS>(Ks, K, ld3, k0, S);
     tpk__fl_stage<D, 32 * W, KEYS>(Vs, V, ld3, k0, S);
     stage_q(h0, 0, 0);
+    stash_row(fetch_row(h0, 0), 0);
     tpk__fl_commit();
     tpk__fl_wait_all();
     __syncthreads();
     float dk[ND][4], dv[ND][4];
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
-    int64_t wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
+    int wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_cols) */
-    for (int it = 0, h = h0, tq = 0; it < ntiles; it++) { /* tile tq of query head h */
-        int64_t q0 = k0 + (int64_t)tq * TPK__FL_ROWS;
-        const uint16_t *Qs = Qb + (it & 1) * TILE, *dOs = dOb + (it & 1) * TILE;
-        const float *Ls = Lb + (it & 1) * TPK__FL_ROWS, *Ds = Db + (it & 1) * TPK__FL_ROWS;
-        if (it + 1 < ntiles) stage_q(tq + 1 < ntq ? h : h + 1, tq + 1 < ntq ? tq + 1 : 0, (it + 1) & 1); /* lands in the other buffer meanwhile */
-        tpk__fl_commit();
-        /* some query of the tile at or after this warp's first key, before S (uniform over the warp) */
-        bool live = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1 >= wkey;
-        if (live) {
+    /* tile tq of query head h, the it-th of the pipeline; MASK: the causal mask (the diagonal's tile) */
+    auto step = [&](auto masked, int h, int tq, int it) {
+        constexpr bool MASK = decltype(masked)::value;
+        int q0 = k0 + tq * TPK__FL_ROWS;
+        int buf = NBUF == 2 ? it & 1 : 0;
+        const uint16_t *Qs = Qb + buf * TILE, *dOs = dOb + buf * TILE;
+        const float *Ls = Lb + buf * 2 * TPK__FL_ROWS;
+        bool more = it + 1 < ntiles;
+        int nh = tq + 1 < ntq ? h : h + 1, ntq1 = tq + 1 < ntq ? tq + 1 : 0; /* the next tile */
+        if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1); /* lands in the other buffer meanwhile */
+        { /* the tile's S^T, dP^T, P^T, dS^T live here only */
             float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
-            tpk__fl_mma_abt<D>(st, Ks, 16 * w, Qs, lane);
-            tpk__fl_mma_abt<D>(dpt, Vs, 16 * w, dOs, lane);
-            bool edge = q0 < wkey + 16 || q0 + TPK__FL_ROWS > S; /* the diagonal crosses the tile, or S */
-            /* in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when c >= (wkey - q0) + r
-             * (on or below the diagonal), c < S - q0 and r < S - wkey */
-            int diag = tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS), send = tpk__fl_clamp(S - q0, 0, TPK__FL_ROWS), kend = tpk__fl_clamp(S - wkey, 0, 16);
-            uint64_t dcol = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0; /* dropout index of (query q0 + 2 t, key wkey + g) */
-            /* grouped: this lane draws query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
-            uint64_t dgrp = dcol + (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
+            uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
+            /* with dropout at D = 128 (dK, dV 128 registers, the Philox draws) the k loops are unrolled
+             * by 2: fully, ptxas spilled a word in the tile loop */
+            tpk__fl_mma_abt<D, 1, KUNR>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
+            tpk__fl_mma_abt<D, 1, KUNR>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
+            /* MASK, in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when
+             * c >= (wkey - q0) + r (on or below the diagonal). Past S no mask is needed: those
+             * rows of Q, dO, K, V and the row terms are staged as zeros, so a query past S adds
+             * P^T 0 to dV and dS^T = P^T (0 - 0) = 0 to dK and dQ, and a key past S is not written */
+            int diag = MASK ? tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS) : 0;
+            /* dropout index of (query q0 + 2 t, key wkey + g); grouped: of the call this lane draws,
+             * query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
+            uint64_t dx = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0;
+            if (DROP && grouped) dx += (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
             TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
                 float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dgrp + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
+                float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
+                float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
                 TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                     int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
-                    float P = 0.0f, ds = 0.0f;
-                    if (!edge || (c >= diag + r && c < send && r < kend)) {
-                        P = exp2f(st[nt][e] * sl2 - Ls[c] * TPK__FL_LOG2E);
-                        float keep = !DROP ? 1.0f
-                                     : grouped ? tpk__att_keep_u(p, u[e])
-                                               : tpk__att_keep_at(p, seed, stream, dcol + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
-                        ds = P * (dpt[nt][e] * keep - Ds[c]);
-                        P *= keep;
+                    float P = tpk__fl_exp2(fmaf(st[nt][e], sl2, -L2[e & 1]));
+                    float keep = !DROP ? 1.0f
+                                 : grouped ? tpk__att_keep_u(p, u[e])
+                                           : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
+                    float ds = P * fmaf(dpt[nt][e], keep, -Dq[e & 1]);
+                    P *= keep;
+                    if (MASK) {
+                        bool in = c >= diag + r;
+                        P = in ? P : 0.0f, ds = in ? ds : 0.0f;
                     }
                     st[nt][e] = P, dpt[nt][e] = ds;
                 }
+                /* rounded to bf16 as they are made: the A fragments of P^T keep and dS^T (half the registers of the f32 tiles) */
+                pf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(st[nt][0], st[nt][1]), pf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(st[nt][2], st[nt][3]);
+                sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(dpt[nt][0], dpt[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
                 if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
                     uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
-                    *reinterpret_cast<uint32_t *>(srow) = tpk__fl_pack(dpt[nt][0], dpt[nt][1]);
-                    *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
+                    *reinterpret_cast<uint32_t *>(srow) = sf[nt >> 1][2 * (nt & 1)];
+                    *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sf[nt >> 1][2 * (nt & 1) + 1];
                 }
             }
-            tpk__fl_mma_cb<D>(dv, st, dOs, lane); /* dV += (P^T keep) dO */
-            tpk__fl_mma_cb<D>(dk, dpt, Qs, lane); /* dK += dS^T Q (scaled at the end) */
-        } else if (DQ) { /* the warp's dS^T rows are zero */
-            TPK__FL_UNROLL for (int r = 0; r < 16; r++) reinterpret_cast<uint32_t *>(dSt + (16 * w + r) * LDS)[lane] = 0u;
+            tpk__fl_mma_pb<D>(dv, pf, dOs, lane); /* dV += (P^T keep) dO */
+            tpk__fl_mma_pb<D>(dk, sf, Qs, lane);  /* dK += dS^T Q (scaled at the end) */
+        } /* a warp whose keys all lie past S (the last block) runs too: its K, V rows are zeros, so
+           * it adds dS 0 to dQ, and its dK, dV are not written */
+        float row = more ? fetch_row(nh, ntq1) : 0.0f; /* the next tile's row term, landing while dQ's GEMM runs */
+        if (DQ || NBUF == 1) __syncthreads(); /* dS written by every warp; Q, dO read by every warp */
+        if (NBUF == 1 && more) stage_q(nh, ntq1, 0);
+        if (DQ) { /* dQ [32 queries 32 (w % 2) .., D / 2 columns from c0] += dS K over the block's keys, added into dq_acc */
+            constexpr int NC = D / 2;
+            int qr = 32 * (w & 1), c0 = NC * (w >> 1);
+            float dq[2 * NC / 8][4];
+            TPK__FL_UNROLL for (int dt = 0; dt < 2 * NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
+            tpk__fl_mma_ab<D, NC, 4, 2>(dq, [&](int m, int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr + 16 * m, 16 * kk, lane); }, Ks, c0, lane);
+            TPK__FL_UNROLL for (int m = 0; m < 2; m++) TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
+                    int i = q0 + qr + 16 * m + g + 8 * r;
+                    if (i >= Si) continue;
+                    float *qrow = dq_acc + ((b * S + i) * Al + h) * D + c0 + 2 * t; /* dq_acc [B, S, Al, D] */
+                    TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) tpk__fl_red2(qrow + 8 * dt, dq[(NC / 8) * m + dt][2 * r], dq[(NC / 8) * m + dt][2 * r + 1]);
+                }
         }
-        if (DQ) { /* dQ [16 queries 16 (w % 4) .., NC columns from c0] += dS K over the block's keys, added into dq_acc */
-            __syncthreads(); /* dS written by every warp */
-            int qr = 16 * (w & 3), c0 = NC * (w >> 2);
-            float dq[NC / 8][4];
-            TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-            tpk__fl_mma_ab<D, NC, W>(dq, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_at(af, dSt, LDS, qr, 16 * kk, lane); }, Ks, c0, lane);
-            TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-                int64_t i = q0 + qr + g + 8 * r;
-                if (i >= S) continue;
-                float *qrow = dq_acc + ((b * S + i) * Al + h) * D + c0 + 2 * t;
-                TPK__FL_UNROLL for (int dt = 0; dt < NC / 8; dt++) tpk__fl_red2(qrow + 8 * dt, dq[dt][2 * r], dq[dt][2 * r + 1]);
-            }
-        }
+        if (more) stash_row(row, (it + 1) % NBUF);
+        tpk__fl_commit();
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
-        if (++tq == ntq) tq = 0, h++;
+    };
+    for (int h = h0, it = 0; it < ntiles; h++) { /* query heads h0 .. h1 - 1, ntq tiles each */
+        int tq = 0;
+        step(std::true_type{}, h, tq++, it++); /* the diagonal's tile */
+        for (; tq < ntq; tq++) step(std::false_type{}, h, tq, it++);
     }
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
-        int64_t j = wkey + g + 8 * r;
-        if (j >= S) continue;
-        uint16_t *krow = dqkv + (b * S + j) * ld3 + (Al + kv) * D + 2 * t, *vrow = krow + hd.Gl * D;
+        int j = wkey + g + 8 * r;
+        if (j >= Si) continue;
+        uint16_t *krow = dqkv + (b * S + j) * ld3 + (Al + kv) * D + 2 * t, *vrow = krow + hd.Gl * D; /* rows of ld3 */
         TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) {
             *reinterpret_cast<uint32_t *>(krow + 8 * dt) = tpk__fl_pack(scale * dk[dt][2 * r], scale * dk[dt][2 * r + 1]);
             *reinterpret_cast<uint32_t *>(vrow + 8 * dt) = tpk__fl_pack(dv[dt][2 * r], dv[dt][2 * r + 1]);
@@ -569,28 +720,32 @@ __global__ void __launch_bounds__(32 * W) tpk__flash_dkv(uint16_t *dqkv, float *
 }
 
 /* grid (ceil(S / 64), Al, B), 128 threads: block x owns queries q0 .. q0 + 63 (the longest rows
- * first), warp w the rows q0 + 16 w .. + 15. Writes dQ of dqkv. */
+ * first), warp w the rows q0 + 16 w .. + 15; the key tiles before q0 mask-free, the diagonal's
+ * masked. NBUF = 2: the next K, V tile lands while this one is used; NBUF = 1 (D = 128: 68 KB a
+ * block, two fit an A100's SM) it is copied once every warp has used this one. Writes dQ of dqkv. */
 template <int D, bool DROP>
-__global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse,
-                                                                 const float *Dr, int64_t S, int64_t Al, int64_t A, int64_t G,
-                                                                 int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+__global__ void __launch_bounds__(128, 2) tpk__flash_dq(uint16_t *dqkv, const uint16_t *dout, const uint16_t *qkv, const float *lse, const float *Dr,
+                                                        int64_t S, int64_t Al, int64_t A, int64_t G, int64_t head0, float scale, float p,
+                                                        uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, ND = D / 8;
+    constexpr int NBUF = D == 128 ? 1 : 2; /* tpk__fl_dq_nbuf */
     TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] each: Q, dO of the block's queries */
-    uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + 2 * TILE; /* [2][64][LD] each: K, V of key tile it in buffer it % 2 */
+    uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + NBUF * TILE; /* [NBUF][64][LD] each: K, V of key tile it in buffer it % NBUF */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y, q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
     int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
-    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D, *dO = dout + b * S * ldo + h * D;
+    const uint16_t *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *dO = dout + b * S * ldo + h * D;
     int64_t wrow = q0 + 16 * w, last = (q0 + TPK__FL_ROWS < S ? q0 + TPK__FL_ROWS : S) - 1;
-    int ntiles = (int)(last / TPK__FL_KEYS) + 1;
+    int ntiles = (int)(last / TPK__FL_KEYS) + 1, nfree = (int)(q0 / TPK__FL_KEYS); /* key tiles 0 .. the block's last row; the mask-free ones */
     tpk__fl_stage<D, 128>(Qs, Q, ld3, q0, S);
     tpk__fl_stage<D, 128>(dOs, dO, ldo, q0, S);
-    tpk__fl_stage_kv<D, 128>(Kb, Vb, K, V, ld3, 0, ntiles, S);
-    float L[2], Di[2], dq[ND][4];
+    tpk__fl_kv_stream<D, 128, NBUF> kvs(K, (int64_t)hd.Gl * D, ld3, S);
+    kvs.next(Kb, Vb, 0, ntiles);
+    float L2[2], Di[2], dq[ND][4]; /* rows g, g + 8: lse log2(e), Dr */
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;
-        L[r] = i < S ? lse[(b * Al + h) * S + i] : 0.0f;
+        L2[r] = i < S ? lse[(b * Al + h) * S + i] * TPK__FL_LOG2E : 0.0f;
         Di[r] = i < S ? Dr[(b * Al + h) * S + i] : 0.0f;
     }
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
@@ -599,35 +754,54 @@ __global__ void __launch_bounds__(128) tpk__flash_dq(uint16_t *dqkv, const uint1
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     tpk__fl_wait_all();
     __syncthreads();
-    for (int it = 0; it < ntiles; it++) {
+    /* key tile it: S = Q K^T, dP = dO V^T, dS = P (dP keep - Dr), dQ += dS K; MASK: the forward's masks */
+    auto step = [&](auto masked, int it) {
+        constexpr bool MASK = decltype(masked)::value;
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
-        const uint16_t *Ks = Kb + (it & 1) * TILE, *Vs = Vb + (it & 1) * TILE;
-        tpk__fl_stage_kv<D, 128>(Kb, Vb, K, V, ld3, it + 1, ntiles, S); /* the next tile lands in the other buffers meanwhile */
-        if (j0 <= wrow + 15) { /* not above this warp's diagonal (uniform over the warp) */
-            float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
-            tpk__fl_mma_abt<D>(s, Qs, 16 * w, Ks, lane);
-            tpk__fl_mma_abt<D>(dp, dOs, 16 * w, Vs, lane);
-            bool edge = j0 + TPK__FL_KEYS - 1 > wrow || j0 + TPK__FL_KEYS > S;
-            int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1; /* the forward's mask */
-            int lim[2] = {tpk__fl_imin(diag + g, send) - 2 * t, tpk__fl_imin(diag + g + 8, send) - 2 * t};
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
-                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    int c = 8 * nt + 2 * t + (e & 1);
-                    float ds = 0.0f;
-                    if (!edge || 8 * nt + (e & 1) <= lim[e >> 1]) {
-                        float P = exp2f(s[nt][e] * sl2 - L[e >> 1] * TPK__FL_LOG2E);
-                        float keep = !DROP ? 1.0f : grouped ? tpk__att_keep_u(p, u[e]) : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + c));
-                        ds = P * (dp[nt][e] * keep - Di[e >> 1]);
-                    }
-                    s[nt][e] = ds;
-                }
+        const uint16_t *Ks = Kb + (it % NBUF) * TILE, *Vs = Vb + (it % NBUF) * TILE;
+        float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
+        tpk__fl_mma_abt<D>(s, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Qs, LD, 16 * w, 16 * kk, lane); }, Ks, lane);
+        tpk__fl_mma_abt<D>(dp, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dOs, LD, 16 * w, 16 * kk, lane); }, Vs, lane);
+        int lim[2] = {0, 0}; /* MASK: key j0 + c of row wrow + g + 8 r is kept when 8 nt + (e & 1) = c - 2 t <= lim[r] */
+        if (MASK) {
+            int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
+            lim[0] = tpk__fl_imin(diag + g, send) - 2 * t, lim[1] = tpk__fl_imin(diag + g + 8, send) - 2 * t;
+        }
+        uint32_t sf[4][4]; /* dS as bf16 A fragments */
+        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+            float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+            TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                float P = tpk__fl_exp2(fmaf(s[nt][e], sl2, -L2[e >> 1]));
+                float keep = !DROP ? 1.0f
+                             : grouped ? tpk__att_keep_u(p, u[e])
+                                       : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                float ds = P * fmaf(dp[nt][e], keep, -Di[e >> 1]);
+                if (MASK) ds = 8 * nt + (e & 1) <= lim[e >> 1] ? ds : 0.0f;
+                s[nt][e] = ds;
             }
-            tpk__fl_mma_cb<D>(dq, s, Ks, lane); /* dQ += dS K (scaled at the end) */
+            sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(s[nt][0], s[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(s[nt][2], s[nt][3]);
+        }
+        tpk__fl_mma_pb<D>(dq, sf, Ks, lane); /* dQ += dS K (scaled at the end) */
+    };
+    auto end_tile = [&](int it) {
+        if (NBUF == 1) {
+            __syncthreads(); /* this tile read by everyone */
+            kvs.next(Kb, Vb, it + 1, ntiles);
         }
         tpk__fl_wait_all();
         __syncthreads(); /* the next tile is there for everyone, this one read by everyone */
+    };
+    int it = 0;
+    for (; it < nfree; it++) {
+        if (NBUF == 2) kvs.next(Kb, Vb, it + 1, ntiles); /* the next tile lands in the other buffers meanwhile */
+        step(std::false_type{}, it);
+        end_tile(it);
+    }
+    for (; it < ntiles; it++) {
+        if (NBUF == 2) kvs.next(Kb, Vb, it + 1, ntiles);
+        if ((int64_t)it * TPK__FL_KEYS <= wrow + 15) step(std::true_type{}, it); /* not above this warp's diagonal (uniform over the warp) */
+        end_tile(it);
     }
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;

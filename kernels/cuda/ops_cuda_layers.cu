@@ -1049,15 +1049,14 @@ __global__ void attn_dq_store_kernel(tpk__bf16 *dqkv, const float *dq_acc, size_
     }
 }
 
-/* TPK_ATTN in the environment (for benchmarks): "generic" selects the generic kernels, "rows16" the
- * tensor-core forward with 16 query rows a warp at D = 64 (8 warps, MT = 1) instead of 32 */
+/* TPK_ATTN=generic in the environment (for benchmarks) selects the generic kernels */
 static bool attn_env_is(const char *v) {
     const char *env = getenv("TPK_ATTN");
     return env && strcmp(env, v) == 0;
 }
 /* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later where a block
- * may have the shared memory they need (not the 99 KiB of sm_86/89 at D = 128), rows 16-byte
- * aligned, unless TPK_ATTN=generic. */
+ * may have the shared memory they need (at most 78 KB: the 99 KiB of sm_86/89 suffice), rows
+ * 16-byte aligned, unless TPK_ATTN=generic. */
 static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
     if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || !tpk__aligned16({a, b})) return false;
     for (int k = 0; k < 4; k++)
@@ -1080,22 +1079,15 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     TPK_TRY(att_check(ctx, fn, B, S, Al, D, A));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
-    if (flash_usable(st, dt, D, qkv, out)) {
+    if (flash_usable(st, dt, D, qkv, out) && tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
         tpk_status s = TPK_OK;
-        bool rows16 = attn_env_is("rows16");
         flash_by_d(D, p, [&](auto d, auto drop) {
-            constexpr int DD = decltype(d)::value, MT = tpk__fl_fwd_mt(DD), ROWS = tpk__fl_fwd_rows(DD);
-            /* W warps of MT 16-row blocks, ROWS rows a block (the same shared memory either way) */
-            auto launch = [&](auto w, auto mt) {
-                constexpr int W = decltype(w)::value;
-                auto kernel = tpk__flash_fwd<DD, W, decltype(mt)::value, decltype(drop)::value>;
-                size_t bytes = tpk__flash_smem(0, DD);
-                if ((s = att_smem_attr(ctx, fn, st, D, kernel, bytes)) != TPK_OK) return;
-                dim3 fgrid((unsigned)((S + ROWS - 1) / ROWS), (unsigned)Al, (unsigned)B);
-                kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed, stream);
-            };
-            if (MT == 2 && rows16) launch(std::integral_constant<int, 2 * tpk__fl_warps(0)>{}, std::integral_constant<int, 1>{});
-            else launch(std::integral_constant<int, tpk__fl_warps(0)>{}, std::integral_constant<int, MT>{});
+            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(0), ROWS = tpk__fl_fwd_rows(DD);
+            auto kernel = tpk__flash_fwd<DD, W, tpk__fl_fwd_mt(DD), decltype(drop)::value>;
+            size_t bytes = tpk__flash_smem(0, DD);
+            if ((s = att_smem_attr(ctx, fn, st, D, kernel, bytes)) != TPK_OK) return;
+            dim3 fgrid((unsigned)((S + ROWS - 1) / ROWS), (unsigned)Al, (unsigned)B);
+            kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed, stream);
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
@@ -1289,7 +1281,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     TPK__CUDA_STATE(st, ctx, fn);
     float *Dr;
     size_t nrows = (size_t)(B * Al * S);
-    if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout)) {
+    if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout) && tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
         /* Dr [B, Al, S]; unless deterministic, dq_acc [B, S, Al, D] f32, zeroed, that the dK/dV kernel
          * adds dS K into with atomics (FlashAttention-2); deterministic: the dQ kernel instead */
         bool fused = !ctx->deterministic;

@@ -588,16 +588,11 @@ static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t 
         float scale = 1.0f / sqrtf((float)D);
         size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
         pair qkv = pair_randn(&cd, nq, dt, 90, 1.0f), out = pair_from(&cd, NULL, no, dt), lse = pair_from(&cd, NULL, nl, TPK_F32);
-        /* TPK_ATTN=rows16: the tensor-core forward with 16 rows a warp at D = 64; then the default */
-        for (int rows16 = 1; rows16 >= 0; rows16--) {
-            if (rows16) setenv("TPK_ATTN", "rows16", 1);
-            pair_poison(&cd, &out), pair_poison(&cd, &lse);
-            CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
-            CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
-            unsetenv("TPK_ATTN");
-            pair_check(&cd, &out, tol_for(dt, TOL_SUM), rows16 ? "attn_fwd out (TPK_ATTN=rows16)" : "attn_fwd out");
-            pair_check(&cd, &lse, tol_for(dt, TOL_SUM), rows16 ? "attn_fwd lse (TPK_ATTN=rows16)" : "attn_fwd lse");
-        }
+        pair_poison(&cd, &out), pair_poison(&cd, &lse);
+        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
+        pair_check(&cd, &out, tol_for(dt, TOL_SUM), "attn_fwd out");
+        pair_check(&cd, &lse, tol_for(dt, TOL_SUM), "attn_fwd lse");
         pair_sync_down(&cd, &out), pair_sync_down(&cd, &lse);
         pair dout = pair_randn(&cd, no, dt, 91, 1.0f), dqkv = pair_from(&cd, NULL, nq, dt);
         pair_poison(&cd, &dqkv);
