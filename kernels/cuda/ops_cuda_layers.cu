@@ -1114,15 +1114,24 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
  * grid stays within limits whatever B Al S is). D a multiple of 8 and dO, O 16-byte aligned: a row's
  * D / 8 16-byte vectors go to a group of L lanes (the power of two at or above D / 8, at most 32),
  * a warp takes 32 / L rows at a time (4 at D = 64) and sums a group by butterflies within it;
- * otherwise a warp a row, one element a lane. */
+ * otherwise a warp a row, one element a lane. attn_dr_rows: the rows a warp takes at a time on the
+ * vector path, which the kernel and its launch grid share. */
+static __host__ __device__ inline int attn_dr_rows(int64_t D) {
+    int64_t nv = D / TPK__VEC;
+    int L = 1;
+    while (L < nv && L < 32) L *= 2;
+    return 32 / L;
+}
+static inline unsigned attn_dr_grid(int64_t nrows, int64_t D) {
+    int R = D % TPK__VEC == 0 ? attn_dr_rows(D) : 1;
+    return tpk__grid_for((size_t)((nrows + R - 1) / R), ATT_WARPS);
+}
 template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, const T *out, int64_t B, int64_t S, int64_t Al, int64_t D) {
     int lane = threadIdx.x & 31;
     int64_t nrows = B * Al * S, warp = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5), nwarps = (int64_t)gridDim.x * ATT_WARPS;
     if (D % TPK__VEC == 0 && ((uintptr_t)dout | (uintptr_t)out) % 16 == 0) { /* uniform over the grid */
         int64_t nv = D / TPK__VEC;
-        int L = 1;
-        while (L < nv && L < 32) L *= 2;
-        int R = 32 / L, g = lane / L, li = lane % L;
+        int R = attn_dr_rows(D), L = 32 / R, g = lane / L, li = lane % L;
         bool small = nrows <= (int64_t)UINT32_MAX; /* 32-bit divisions (a 64-bit one costs about 10 times the instructions) */
         for (int64_t r0 = warp * R; r0 < nrows; r0 += nwarps * R) { /* uniform over the warp */
             int64_t r = r0 + g, bh, i;
@@ -1292,7 +1301,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
             dq_acc = reinterpret_cast<float *>(reinterpret_cast<char *>(Dr) + dr_bytes);
             TPK__CUDA_TRY(ctx, fn, cudaMemsetAsync(dq_acc, 0, sizeof(float) * nq, st->stream));
         }
-        attn_dr_kernel<tpk__bf16><<<tpk__grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const tpk__bf16 *)dout,
+        attn_dr_kernel<tpk__bf16><<<attn_dr_grid(nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const tpk__bf16 *)dout,
                                                                                                      (const tpk__bf16 *)out, B, S, Al, D);
         int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL);
         dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B); /* dQ: 64 queries a block */
@@ -1331,7 +1340,7 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     tpk_status s = TPK_OK;
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        attn_dr_kernel<T><<<tpk__grid_for(nrows, ATT_WARPS), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const T *)dout,
+        attn_dr_kernel<T><<<attn_dr_grid(nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const T *)dout,
                                                                                                          (const T *)out, B, S, Al, D);
         tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) { /* failures recorded in s, as in attn_fwd */
             auto kq = attn_dq_kernel<T, decltype(ne)::value>;
