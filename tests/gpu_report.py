@@ -105,12 +105,16 @@ def fixtures(d, racecheck_findings):
 
 def run_generator(d):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "tools/gpu_report.py"), d, d + ".md"], capture_output=True, text=True)
+    return out.returncode, read_report(d + ".md"), out.stdout + out.stderr
+
+
+def read_report(path):
+    """the Markdown a run wrote ("" when it wrote none)"""
     try:
-        with open(d + ".md") as f:
-            md = f.read()
+        with open(path) as f:
+            return f.read()
     except OSError:
-        md = ""
-    return out.returncode, md, out.stdout + out.stderr
+        return ""
 
 
 def case_fixtures(work):
@@ -170,12 +174,7 @@ def case_fixtures(work):
 def run_script(env_extra, report_dir):
     env = dict(os.environ, B=B, TPK_REPORT_DIR=report_dir, PYTHON=sys.executable, **env_extra)
     out = subprocess.run(["sh", os.path.join(ROOT, "tools/gpu_report.sh")], capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
-    try:
-        with open(report_dir + ".md") as f:
-            md = f.read()
-    except OSError:
-        md = ""
-    return out.returncode, md, out.stdout + out.stderr
+    return out.returncode, read_report(report_dir + ".md"), out.stdout + out.stderr
 
 
 def case_nogpu(work):
