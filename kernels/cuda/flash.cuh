@@ -46,6 +46,9 @@
  *   tpk__flash_dq (tpk_ctx.deterministic): a block owns 64 queries and streams the key tiles at or
  *     before them, recomputing P and dP:  dQ += scale dS K  in f32 registers, every output written
  *     once — deterministic, bit for bit, for the price of recomputing two GEMMs (7 instead of 5).
+ *     The warp's Q, dO A fragments stay in registers; a key tile runs in 4 chunks of 16 keys, each
+ *     chunk's K fragments read from shared memory once (K^T, for S) and transposed in registers
+ *     (movmatrix) into dQ += dS K's B operand.
  * Dropout (DROP, p > 0): keep_ij from the counter RNG at index ((b A + head0 + h) S + i) S + j, as every
  * backend (tpk/rng.h: index x takes output x % 4 of Philox call x / 4); the kernels without it carry
  * no RNG. Where S % 4 = 0 every call covers 4 keys of one row, which 2 lanes (row-major fragments:
@@ -862,35 +865,56 @@ __global__ void __launch_bounds__(128, 2) tpk__flash_dq(uint16_t *dqkv, const ui
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     tpk__fl_wait_all();
     __syncthreads();
+    uint32_t qa[D / 16][4], da[D / 16][4]; /* the warp's Q, dO A fragments [16 rows][D], held for the whole kernel */
+    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) tpk__fl_frag_a(qa[kk], Qs, LD, 16 * w, 16 * kk, lane), tpk__fl_frag_a(da[kk], dOs, LD, 16 * w, 16 * kk, lane);
     /* key tile it: S = Q K^T, dP = dO V^T, dS = P (dP keep - Dr), dQ += dS K; MASK: the forward's masks */
     auto step = [&](auto masked, int it) {
         constexpr bool MASK = decltype(masked)::value;
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it % NBUF) * TILE, *Vs = Vb + (it % NBUF) * TILE;
-        float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
-        tpk__fl_mma_abt<D>(s, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Qs, LD, 16 * w, 16 * kk, lane); }, Ks, lane);
-        tpk__fl_mma_abt<D>(dp, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dOs, LD, 16 * w, 16 * kk, lane); }, Vs, lane);
         int lim[2] = {0, 0}; /* MASK: key j0 + c of row wrow + g + 8 r is kept when 8 nt + (e & 1) = c - 2 t <= lim[r] */
         if (MASK) {
             int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
             lim[0] = tpk__fl_imin(diag + g, send) - 2 * t, lim[1] = tpk__fl_imin(diag + g + 8, send) - 2 * t;
         }
-        uint32_t sf[4][4]; /* dS as bf16 A fragments */
-        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-            float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
-            TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                float P = tpk__fl_exp2(fmaf(s[nt][e], sl2, -L2[e >> 1]));
-                float keep = !DROP ? 1.0f
-                             : grouped ? tpk__att_keep_u(p, u[e])
-                                       : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
-                float ds = P * fmaf(dp[nt][e], keep, -Di[e >> 1]);
-                if (MASK) ds = 8 * nt + (e & 1) <= lim[e >> 1] ? ds : 0.0f;
-                s[nt][e] = ds;
+        /* the tile in 4 chunks of 16 keys: each chunk's K fragments are read from shared memory once,
+         * as the B operand of S = Q K^T (k along D), and transposed in registers (movmatrix) into that
+         * of dQ += dS K (k along the keys); Q's and dO's A fragments are in registers */
+        TPK__FL_UNROLL for (int c = 0; c < NT / 2; c++) {
+            uint32_t kf[D / 16][4]; /* the B fragments of keys 16 c .. + 15 (n) by D (k): K^T */
+            float s[2][4], dp[2][4]; /* S = Q K^T, dP = dO V^T: 16 queries x the chunk's 16 keys */
+            TPK__FL_UNROLL for (int j = 0; j < 2; j++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+            TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t vf[4];
+                tpk__fl_frag_bt2(kf[kk], Ks, LD, 16 * c, 16 * kk, lane);
+                tpk__fl_mma(s[0], qa[kk], kf[kk]), tpk__fl_mma(s[1], qa[kk], kf[kk] + 2);
+                tpk__fl_frag_bt2(vf, Vs, LD, 16 * c, 16 * kk, lane);
+                tpk__fl_mma(dp[0], da[kk], vf), tpk__fl_mma(dp[1], da[kk], vf + 2);
             }
-            sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(s[nt][0], s[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(s[nt][2], s[nt][3]);
+            uint32_t sa[4]; /* dS of the chunk as a bf16 A fragment (k = its 16 keys) */
+            TPK__FL_UNROLL for (int j = 0; j < 2; j++) {
+                int nt = 2 * c + j; /* the 8-key tile */
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    float P = tpk__fl_exp2(fmaf(s[j][e], sl2, -L2[e >> 1]));
+                    float keep = !DROP ? 1.0f
+                                 : grouped ? tpk__att_keep_u(p, u[e])
+                                           : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                    float ds = P * fmaf(dp[j][e], keep, -Di[e >> 1]);
+                    if (MASK) ds = 8 * nt + (e & 1) <= lim[e >> 1] ? ds : 0.0f;
+                    s[j][e] = ds;
+                }
+                sa[2 * j] = tpk__fl_pack(s[j][0], s[j][1]), sa[2 * j + 1] = tpk__fl_pack(s[j][2], s[j][3]);
+            }
+            /* dQ += dS K over the chunk's keys (scaled at the end): the transposed 8x8 blocks (keys 0-7,
+             * columns 16 kk ..) and (keys 8-15, 16 kk ..) are the B fragment of columns 16 kk .. + 7,
+             * those at 16 kk + 8 that of 16 kk + 8 .. + 15 */
+            TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t b0[2] = {tpk__fl_movt(kf[kk][0]), tpk__fl_movt(kf[kk][2])}, b1[2] = {tpk__fl_movt(kf[kk][1]), tpk__fl_movt(kf[kk][3])};
+                tpk__fl_mma(dq[2 * kk], sa, b0), tpk__fl_mma(dq[2 * kk + 1], sa, b1);
+            }
         }
-        tpk__fl_mma_pb<D>(dq, sf, Ks, lane); /* dQ += dS K (scaled at the end) */
     };
     auto end_tile = [&](int it) {
         if (NBUF == 1) {
