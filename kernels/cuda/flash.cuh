@@ -30,6 +30,12 @@
  *     lane reads its 2 queries' 4 values of an 8-query tile in one 16-byte load; P^T keep and dS^T
  *     are rounded to bf16 A fragments as they are made. Per query head the diagonal's tile is a
  *     masked step (selects), the rest mask-free (rows past S are staged as zeros and add 0).
+ *     At D = 64 a tile runs in 4 chunks of 16 queries (P needs no running max): a chunk's Q and dO
+ *     B fragments (k along D) are read from shared memory once (ldmatrix), serve S^T and dP^T, and
+ *     are transposed in registers (movmatrix.trans, tpk__fl_movt) into the B fragments of dK and
+ *     dV's products (k along the queries); the warp's K, V A fragments stay in registers for the
+ *     whole kernel. At D = 128 (dK, dV take 128 registers a thread) a tile's steps are whole: S^T
+ *     and dP^T of its 64 queries, then dV and dK with Q, dO read again (ldmatrix.trans).
  *   and dQ, by default, in the same pass (DQ, as FlashAttention-2): each warp writes its dS^T to
  *     shared memory as it holds it, dS^T [64 keys][64 queries] (a 32-bit store per pair), and after
  *     a barrier warp w adds dS [32 queries 32 (w % 2) .., 64 keys] K [64 keys, D / 2 columns from
@@ -40,6 +46,9 @@
  *   tpk__flash_dq (tpk_ctx.deterministic): a block owns 64 queries and streams the key tiles at or
  *     before them, recomputing P and dP:  dQ += scale dS K  in f32 registers, every output written
  *     once — deterministic, bit for bit, for the price of recomputing two GEMMs (7 instead of 5).
+ *     The warp's Q, dO A fragments stay in registers; a key tile runs in 4 chunks of 16 keys, each
+ *     chunk's K fragments read from shared memory once (K^T, for S) and transposed in registers
+ *     (movmatrix) into dQ += dS K's B operand.
  * Dropout (DROP, p > 0): keep_ij from the counter RNG at index ((b A + head0 + h) S + i) S + j, as every
  * backend (tpk/rng.h: index x takes output x % 4 of Philox call x / 4); the kernels without it carry
  * no RNG. Where S % 4 = 0 every call covers 4 keys of one row, which 2 lanes (row-major fragments:
@@ -151,6 +160,18 @@ template <bool TRANS> __device__ __forceinline__ void tpk__fl_ldsm4(uint32_t r[4
                      : "r"(a));
 #else
     (void)row, r[0] = r[1] = r[2] = r[3] = 0;
+#endif
+}
+/* movmatrix.m8n8.trans (sm_75+): the transpose of an 8x8 bf16 matrix held as a fragment (lane
+ * 4 r + c / 2 holds (r, c), (r, c + 1)), in the same layout: lane 4 g + t gets (2 t, g), (2 t + 1, g)
+ * — a B fragment loaded with k along one dimension becomes the one with k along the other */
+__device__ __forceinline__ uint32_t tpk__fl_movt(uint32_t a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+    return d;
+#else
+    return a;
 #endif
 }
 /* p[0] += a, p[1] += b in global memory, atomically (one 8-byte reduction on sm_90 where the toolkit
@@ -579,7 +600,13 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
                                                             float p, uint64_t seed, uint64_t stream) {
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_ROWS / 8 /* 8-query tiles */, ND = D / 8, KEYS = 16 * W, LDS = TPK__FL_ROWS + 8;
     constexpr int NBUF = D == 128 ? 1 : 2; /* tpk__fl_dkv_nbuf */
-    constexpr int KUNR = DROP && D == 128 ? 2 : D / 16; /* the unroll of S^T's and dP^T's k loops */
+    /* CHUNKED (D = 64): the tile in chunks of 16 queries, each chunk's Q and dO fragments read from
+     * shared memory once and transposed in registers, and the warp's K, V A fragments held in
+     * registers (32 a thread). At D = 128 dK, dV take 128 registers a thread and the chunks' Q, dO
+     * fragments 64 more: K, V could not stay in registers, re-reading them per chunk gave back most
+     * of the saving (about 290-300 bytes per HMMA), and ptxas spilled; D = 128 keeps the whole-tile steps */
+    constexpr bool CHUNKED = D == 64, KVREG = CHUNKED;
+    constexpr int KUNR = DROP && D == 128 ? 2 : D / 16; /* the whole-tile steps: the unroll of S^T's and dP^T's k loops */
     static_assert(W == 4 && KEYS == TPK__FL_ROWS, "dQ's GEMM: 4 warps of 32 queries x D / 2 columns over the block's 64 keys");
     TPK__FL_SMEM(uint16_t, Ks); /* [KEYS][LD] each: K, V of the block's keys */
     uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD, *dOb = Qb + NBUF * TILE; /* [NBUF][64][LD] each: Q, dO of query tile it in buffer it % NBUF */
@@ -619,6 +646,18 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     tpk__fl_wait_all();
     __syncthreads();
     float dk[ND][4], dv[ND][4];
+    uint32_t kreg[KVREG ? D / 16 : 1][4], vreg[KVREG ? D / 16 : 1][4]; /* KVREG: the A fragments of K, V [16 keys][D] */
+    if (KVREG) {
+        TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) tpk__fl_frag_a(kreg[kk], Ks, LD, 16 * w, 16 * kk, lane), tpk__fl_frag_a(vreg[kk], Vs, LD, 16 * w, 16 * kk, lane);
+    }
+    auto kfrag = [&](uint32_t af[4], int kk) { /* the A fragment of K [16 keys][columns 16 kk ..] */
+        if (KVREG) af[0] = kreg[kk][0], af[1] = kreg[kk][1], af[2] = kreg[kk][2], af[3] = kreg[kk][3];
+        else tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane);
+    };
+    auto vfrag = [&](uint32_t af[4], int kk) {
+        if (KVREG) af[0] = vreg[kk][0], af[1] = vreg[kk][1], af[2] = vreg[kk][2], af[3] = vreg[kk][3];
+        else tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane);
+    };
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
     const float sl2 = scale * TPK__FL_LOG2E;
     int wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
@@ -633,53 +672,125 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         bool more = it + 1 < ntiles;
         int nh = tq + 1 < ntq ? h : h + 1, ntq1 = tq + 1 < ntq ? tq + 1 : 0; /* the next tile */
         if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1); /* lands in the other buffer meanwhile */
-        { /* the tile's S^T, dP^T, P^T, dS^T live here only */
-            float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
-            uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
-            /* with dropout at D = 128 (dK, dV 128 registers, the Philox draws) the k loops are unrolled
-             * by 2: fully, ptxas spilled a word in the tile loop */
-            tpk__fl_mma_abt<D, 1, KUNR>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
-            tpk__fl_mma_abt<D, 1, KUNR>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
+        {
             /* MASK, in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when
              * c >= (wkey - q0) + r (on or below the diagonal). Past S no mask is needed: those
              * rows of Q, dO, K, V and the row terms are staged as zeros, so a query past S adds
              * P^T 0 to dV and dS^T = P^T (0 - 0) = 0 to dK and dQ, and a key past S is not written */
-            int diag = MASK ? tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS) : 0;
+            auto mask_diag = [&] { return MASK ? tpk__fl_clamp(wkey - q0, -TPK__FL_ROWS, TPK__FL_ROWS) : 0; };
             /* dropout index of (query q0 + 2 t, key wkey + g); grouped: of the call this lane draws,
-             * query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols) */
-            uint64_t dx = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0;
-            if (DROP && grouped) dx += (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
-            TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
-                /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
-                float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
-                float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
-                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
-                    float P = tpk__fl_exp2(fmaf(st[nt][e], sl2, -L2[e & 1]));
-                    float keep = !DROP ? 1.0f
-                                 : grouped ? tpk__att_keep_u(p, u[e])
-                                           : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
-                    float ds = P * fmaf(dpt[nt][e], keep, -Dq[e & 1]);
-                    P *= keep;
-                    if (MASK) {
-                        bool in = c >= diag + r;
-                        P = in ? P : 0.0f, ds = in ? ds : 0.0f;
+             * query q0 + 2 t + (g & 1), keys wkey + 4 (g >> 2) + 8 ((g >> 1) & 1) .. + 3 (tpk__fl_drop_cols).
+             * Both formed where the steps below first need them (before the whole-tile GEMMs at D = 128
+             * they cost ptxas a spill) */
+            auto drop_x = [&] {
+                uint64_t x = DROP ? (uint64_t)(((b * A + head0 + h) * S + q0 + 2 * t) * S + wkey + g) : 0;
+                if (DROP && grouped) x += (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
+                return x;
+            };
+            if (CHUNKED) {
+                int diag = mask_diag();
+                uint64_t dx = drop_x();
+                /* the tile in 4 chunks of 16 queries (P needs no running max): each chunk's Q and dO
+                 * fragments are read from shared memory once, as the B operands of S^T and dP^T (k along
+                 * D), and transposed in registers (movmatrix) into those of dK and dV (k along the queries) */
+                TPK__FL_UNROLL for (int c = 0; c < NT / 2; c++) {
+                    uint32_t qf[D / 16][4], of[D / 16][4]; /* the B fragments of queries 16 c .. + 15 (n) by D (k): Q^T, dO^T */
+                    float st[2][4], dpt[2][4];             /* S^T = K Q^T, dP^T = V dO^T: 16 keys x the chunk's 16 queries */
+                    TPK__FL_UNROLL for (int j = 0; j < 2; j++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) st[j][e] = dpt[j][e] = 0.0f;
+                    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+                        uint32_t af[4];
+                        tpk__fl_frag_bt2(qf[kk], Qs, LD, 16 * c, 16 * kk, lane);
+                        kfrag(af, kk);
+                        tpk__fl_mma(st[0], af, qf[kk]), tpk__fl_mma(st[1], af, qf[kk] + 2);
+                        tpk__fl_frag_bt2(of[kk], dOs, LD, 16 * c, 16 * kk, lane);
+                        vfrag(af, kk);
+                        tpk__fl_mma(dpt[0], af, of[kk]), tpk__fl_mma(dpt[1], af, of[kk] + 2);
                     }
-                    st[nt][e] = P, dpt[nt][e] = ds;
+                    uint32_t pa[4], sa[4]; /* P^T keep, dS^T of the chunk as bf16 A fragments (k = its 16 queries) */
+                    TPK__FL_UNROLL for (int j = 0; j < 2; j++) {
+                        int nt = 2 * c + j; /* the 8-query tile */
+                        float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                        /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
+                        float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
+                        float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
+                        TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                            int cq = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
+                            float P = tpk__fl_exp2(fmaf(st[j][e], sl2, -L2[e & 1]));
+                            float keep = !DROP ? 1.0f
+                                         : grouped ? tpk__att_keep_u(p, u[e])
+                                                   : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
+                            float ds = P * fmaf(dpt[j][e], keep, -Dq[e & 1]);
+                            P *= keep;
+                            if (MASK) {
+                                bool in = cq >= diag + r;
+                                P = in ? P : 0.0f, ds = in ? ds : 0.0f;
+                            }
+                            st[j][e] = P, dpt[j][e] = ds;
+                        }
+                        /* rounded to bf16 as they are made (the C fragments of 8-query tiles 2 c, 2 c + 1 are the A fragment of their 16) */
+                        pa[2 * j] = tpk__fl_pack(st[j][0], st[j][1]), pa[2 * j + 1] = tpk__fl_pack(st[j][2], st[j][3]);
+                        sa[2 * j] = tpk__fl_pack(dpt[j][0], dpt[j][1]), sa[2 * j + 1] = tpk__fl_pack(dpt[j][2], dpt[j][3]);
+                        if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
+                            uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
+                            *reinterpret_cast<uint32_t *>(srow) = sa[2 * j];
+                            *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sa[2 * j + 1];
+                        }
+                    }
+                    /* dV += (P^T keep) dO, dK += dS^T Q over the chunk's queries (dK scaled at the end). The 8x8
+                     * blocks of qf[kk] are (queries 0-7 | 8-15) x (columns 16 kk + 0-7 | 8-15) in the order
+                     * (0, 0), (0, 8), (8, 0), (8, 8); transposed, (0, 0) and (8, 0) are the B fragment of
+                     * columns 16 kk .. + 7, (0, 8) and (8, 8) that of 16 kk + 8 .. + 15 */
+                    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+                        uint32_t b0[2] = {tpk__fl_movt(of[kk][0]), tpk__fl_movt(of[kk][2])}, b1[2] = {tpk__fl_movt(of[kk][1]), tpk__fl_movt(of[kk][3])};
+                        tpk__fl_mma(dv[2 * kk], pa, b0), tpk__fl_mma(dv[2 * kk + 1], pa, b1);
+                    }
+                    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+                        uint32_t b0[2] = {tpk__fl_movt(qf[kk][0]), tpk__fl_movt(qf[kk][2])}, b1[2] = {tpk__fl_movt(qf[kk][1]), tpk__fl_movt(qf[kk][3])};
+                        tpk__fl_mma(dk[2 * kk], sa, b0), tpk__fl_mma(dk[2 * kk + 1], sa, b1);
+                    }
                 }
-                /* rounded to bf16 as they are made: the A fragments of P^T keep and dS^T (half the registers of the f32 tiles) */
-                pf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(st[nt][0], st[nt][1]), pf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(st[nt][2], st[nt][3]);
-                sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(dpt[nt][0], dpt[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
-                if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
-                    uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
-                    *reinterpret_cast<uint32_t *>(srow) = sf[nt >> 1][2 * (nt & 1)];
-                    *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sf[nt >> 1][2 * (nt & 1) + 1];
+            } else { /* D = 128: the whole tile's S^T, dP^T, then dV, dK with Q, dO read again, transposed (ldmatrix.trans) */
+                float st[NT][4], dpt[NT][4]; /* S^T = K Q^T, dP^T = V dO^T: 16 keys x 64 queries */
+                uint32_t pf[4][4], sf[4][4]; /* P^T keep, dS^T as bf16 A fragments, 16 queries each */
+                /* with dropout at D = 128 (dK, dV 128 registers, the Philox draws) the k loops are unrolled
+                 * by 2: fully, ptxas spilled a word in the tile loop */
+                tpk__fl_mma_abt<D, 1, KUNR>(st, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Ks, LD, 16 * w, 16 * kk, lane); }, Qs, lane);
+                tpk__fl_mma_abt<D, 1, KUNR>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
+                int diag = mask_diag();
+                uint64_t dx = drop_x();
+                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
+                    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                    /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
+                    float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
+                    float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
+                    TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                        int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
+                        float P = tpk__fl_exp2(fmaf(st[nt][e], sl2, -L2[e & 1]));
+                        float keep = !DROP ? 1.0f
+                                     : grouped ? tpk__att_keep_u(p, u[e])
+                                               : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
+                        float ds = P * fmaf(dpt[nt][e], keep, -Dq[e & 1]);
+                        P *= keep;
+                        if (MASK) {
+                            bool in = c >= diag + r;
+                            P = in ? P : 0.0f, ds = in ? ds : 0.0f;
+                        }
+                        st[nt][e] = P, dpt[nt][e] = ds;
+                    }
+                    /* rounded to bf16 as they are made: the A fragments of P^T keep and dS^T (half the registers of the f32 tiles) */
+                    pf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(st[nt][0], st[nt][1]), pf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(st[nt][2], st[nt][3]);
+                    sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(dpt[nt][0], dpt[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
+                    if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
+                        uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
+                        *reinterpret_cast<uint32_t *>(srow) = sf[nt >> 1][2 * (nt & 1)];
+                        *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sf[nt >> 1][2 * (nt & 1) + 1];
+                    }
                 }
+                tpk__fl_mma_pb<D>(dv, pf, dOs, lane); /* dV += (P^T keep) dO */
+                tpk__fl_mma_pb<D>(dk, sf, Qs, lane);  /* dK += dS^T Q (scaled at the end) */
             }
-            tpk__fl_mma_pb<D>(dv, pf, dOs, lane); /* dV += (P^T keep) dO */
-            tpk__fl_mma_pb<D>(dk, sf, Qs, lane);  /* dK += dS^T Q (scaled at the end) */
         } /* a warp whose keys all lie past S (the last block) runs too: its K, V rows are zeros, so
            * it adds dS 0 to dQ, and its dK, dV are not written */
         float row = more ? fetch_row(nh, ntq1) : 0.0f; /* the next tile's row term, landing while dQ's GEMM runs */
@@ -754,35 +865,56 @@ __global__ void __launch_bounds__(128, 2) tpk__flash_dq(uint16_t *dqkv, const ui
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     tpk__fl_wait_all();
     __syncthreads();
+    uint32_t qa[D / 16][4], da[D / 16][4]; /* the warp's Q, dO A fragments [16 rows][D], held for the whole kernel */
+    TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) tpk__fl_frag_a(qa[kk], Qs, LD, 16 * w, 16 * kk, lane), tpk__fl_frag_a(da[kk], dOs, LD, 16 * w, 16 * kk, lane);
     /* key tile it: S = Q K^T, dP = dO V^T, dS = P (dP keep - Dr), dQ += dS K; MASK: the forward's masks */
     auto step = [&](auto masked, int it) {
         constexpr bool MASK = decltype(masked)::value;
         int64_t j0 = (int64_t)it * TPK__FL_KEYS;
         const uint16_t *Ks = Kb + (it % NBUF) * TILE, *Vs = Vb + (it % NBUF) * TILE;
-        float s[NT][4], dp[NT][4]; /* S = Q K^T, dP = dO V^T: 16 queries x 64 keys */
-        tpk__fl_mma_abt<D>(s, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Qs, LD, 16 * w, 16 * kk, lane); }, Ks, lane);
-        tpk__fl_mma_abt<D>(dp, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, dOs, LD, 16 * w, 16 * kk, lane); }, Vs, lane);
         int lim[2] = {0, 0}; /* MASK: key j0 + c of row wrow + g + 8 r is kept when 8 nt + (e & 1) = c - 2 t <= lim[r] */
         if (MASK) {
             int diag = tpk__fl_clamp(wrow - j0, -16, TPK__FL_KEYS), send = tpk__fl_clamp(S - j0, 0, TPK__FL_KEYS) - 1;
             lim[0] = tpk__fl_imin(diag + g, send) - 2 * t, lim[1] = tpk__fl_imin(diag + g + 8, send) - 2 * t;
         }
-        uint32_t sf[4][4]; /* dS as bf16 A fragments */
-        TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-            float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
-            TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                float P = tpk__fl_exp2(fmaf(s[nt][e], sl2, -L2[e >> 1]));
-                float keep = !DROP ? 1.0f
-                             : grouped ? tpk__att_keep_u(p, u[e])
-                                       : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
-                float ds = P * fmaf(dp[nt][e], keep, -Di[e >> 1]);
-                if (MASK) ds = 8 * nt + (e & 1) <= lim[e >> 1] ? ds : 0.0f;
-                s[nt][e] = ds;
+        /* the tile in 4 chunks of 16 keys: each chunk's K fragments are read from shared memory once,
+         * as the B operand of S = Q K^T (k along D), and transposed in registers (movmatrix) into that
+         * of dQ += dS K (k along the keys); Q's and dO's A fragments are in registers */
+        TPK__FL_UNROLL for (int c = 0; c < NT / 2; c++) {
+            uint32_t kf[D / 16][4]; /* the B fragments of keys 16 c .. + 15 (n) by D (k): K^T */
+            float s[2][4], dp[2][4]; /* S = Q K^T, dP = dO V^T: 16 queries x the chunk's 16 keys */
+            TPK__FL_UNROLL for (int j = 0; j < 2; j++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+            TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t vf[4];
+                tpk__fl_frag_bt2(kf[kk], Ks, LD, 16 * c, 16 * kk, lane);
+                tpk__fl_mma(s[0], qa[kk], kf[kk]), tpk__fl_mma(s[1], qa[kk], kf[kk] + 2);
+                tpk__fl_frag_bt2(vf, Vs, LD, 16 * c, 16 * kk, lane);
+                tpk__fl_mma(dp[0], da[kk], vf), tpk__fl_mma(dp[1], da[kk], vf + 2);
             }
-            sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(s[nt][0], s[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(s[nt][2], s[nt][3]);
+            uint32_t sa[4]; /* dS of the chunk as a bf16 A fragment (k = its 16 keys) */
+            TPK__FL_UNROLL for (int j = 0; j < 2; j++) {
+                int nt = 2 * c + j; /* the 8-key tile */
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    float P = tpk__fl_exp2(fmaf(s[j][e], sl2, -L2[e >> 1]));
+                    float keep = !DROP ? 1.0f
+                                 : grouped ? tpk__att_keep_u(p, u[e])
+                                           : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));
+                    float ds = P * fmaf(dp[j][e], keep, -Di[e >> 1]);
+                    if (MASK) ds = 8 * nt + (e & 1) <= lim[e >> 1] ? ds : 0.0f;
+                    s[j][e] = ds;
+                }
+                sa[2 * j] = tpk__fl_pack(s[j][0], s[j][1]), sa[2 * j + 1] = tpk__fl_pack(s[j][2], s[j][3]);
+            }
+            /* dQ += dS K over the chunk's keys (scaled at the end): the transposed 8x8 blocks (keys 0-7,
+             * columns 16 kk ..) and (keys 8-15, 16 kk ..) are the B fragment of columns 16 kk .. + 7,
+             * those at 16 kk + 8 that of 16 kk + 8 .. + 15 */
+            TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++) {
+                uint32_t b0[2] = {tpk__fl_movt(kf[kk][0]), tpk__fl_movt(kf[kk][2])}, b1[2] = {tpk__fl_movt(kf[kk][1]), tpk__fl_movt(kf[kk][3])};
+                tpk__fl_mma(dq[2 * kk], sa, b0), tpk__fl_mma(dq[2 * kk + 1], sa, b1);
+            }
         }
-        tpk__fl_mma_pb<D>(dq, sf, Ks, lane); /* dQ += dS K (scaled at the end) */
     };
     auto end_tile = [&](int it) {
         if (NBUF == 1) {

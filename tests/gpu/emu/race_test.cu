@@ -15,6 +15,8 @@
  *   warp_kernel          out[i] = 2 x[i] through shared memory within each warp (__syncwarp): clean
  *   copy_kernel          out[i] = x[i + off] through dynamic shared memory: the launch checks
  *   vec_kernel           the same with 16-byte loads: a vector read past the allocation
+ *   movt_kernel          2 warps: out = the transposes of x's two 8x8 blocks (as bf16) by
+ *                        movmatrix.trans (tpk__fl_movt), against a plain transpose
  * What is required: a race report naming the kernel for each missing barrier and the single
  * buffer (TPK_EMU_RACE's detector), a wrong result (NaN: cp.async poison) for the single buffer and
  * the early read, a wrong result for the missing barrier under some schedule without the detector,
@@ -105,6 +107,17 @@ __global__ void vec_kernel(float4 *out, const float4 *x, int n, int off) {
 }
 
 /* ---- the driver --------------------------------------------------------------------------------------- */
+
+/* out[64 w + 8 r + c] = x[64 w + 8 c + r] rounded down to bf16 (its upper 16 bits), r, c < 8, w the
+ * warp: lane 4 r + c / 2 holds elements (r, c), (r, c + 1) of the warp's 8x8 matrix and tpk__fl_movt
+ * gives it those of the transpose */
+__global__ void movt_kernel(float *out, const float *x) {
+    int l = threadIdx.x; /* 64 w + 2 (lane): the warp's block, 2 lane its elements' offset */
+    uint32_t lo, hi;
+    memcpy(&lo, &x[2 * l], 4), memcpy(&hi, &x[2 * l + 1], 4);
+    uint32_t d = tpk__fl_movt(lo >> 16 | (hi >> 16) << 16), a = d << 16, b = d & 0xffff0000u;
+    memcpy(&out[2 * l], &a, 4), memcpy(&out[2 * l + 1], &b, 4);
+}
 
 static int g_failed;
 static void report(bool ok, const char *fmt, const char *a, const char *b) {
@@ -232,6 +245,21 @@ int main() {
            msg, "");
     n = caught([&] { vec_kernel<<<1, 32>>>((float4 *)d_out, (const float4 *)d_x, 1, nx / 4); }, &msg);
     report(n > 0 && strstr(msg, "16-byte read") && cudaGetLastError() != cudaSuccess, "emulation: a 16-byte read past an allocation is reported: %s%s", msg, "");
+
+    /* movmatrix.trans against a plain transpose, under each schedule */
+    for (const char *sc : scheds) {
+        tpk_emu_configure(sc, true);
+        float tr[NT];
+        for (int i = 0; i < NT; i++) {
+            uint32_t v;
+            memcpy(&v, &g_x[(i & ~63) + 8 * (i % 8) + (i % 64) / 8], 4);
+            v &= 0xffff0000u;
+            memcpy(&tr[i], &v, 4);
+        }
+        poison_out();
+        n = caught([&] { movt_kernel<<<1, NT / 2>>>(d_out, d_x); }, &msg);
+        report(n == 0 && out_ok(tr) && cudaGetLastError() == cudaSuccess, "emulation: movt_kernel (movmatrix.trans) gives the transpose of an 8x8 bf16 matrix, schedule %s%s", sc, "");
+    }
 
     cudaFree(d_x);
     cudaFree(d_out);

@@ -575,7 +575,9 @@ static void release_bar() {
     for (int i = 0; i < S.nthreads; i++)
         if (S.fibers[i].state == WAIT_BAR) S.fibers[i].state = READY;
 }
-static const char *kind_name(int k) { return k == TPK_EMU_SHFL ? "shuffle" : k == TPK_EMU_SYNCWARP ? "__syncwarp" : "mma.sync"; }
+static const char *kind_name(int k) {
+    return k == TPK_EMU_SHFL ? "shuffle" : k == TPK_EMU_SYNCWARP ? "__syncwarp" : k == TPK_EMU_LDSM ? "ldmatrix" : k == TPK_EMU_MOVM ? "movmatrix" : "mma.sync";
+}
 static void finish_warp(Warp &w, int wi) {
     if (w.live < 32 && !S.told_lanes) {
         S.told_lanes = true;

@@ -207,7 +207,7 @@ enum { warpSize = 32 };
 
 /* a warp's exchange area for one warp-synchronous instruction: each lane's posted bytes and, for
  * the mma, the 16x8 product the instruction's last lane computed for the warp */
-enum { TPK_EMU_SLOT = 32, TPK_EMU_SHFL = 1, TPK_EMU_SYNCWARP = 2, TPK_EMU_MMA = 3, TPK_EMU_LDSM = 4 };
+enum { TPK_EMU_SLOT = 32, TPK_EMU_SHFL = 1, TPK_EMU_SYNCWARP = 2, TPK_EMU_MMA = 3, TPK_EMU_LDSM = 4, TPK_EMU_MOVM = 5 };
 struct tpk_emu_xchg {
     unsigned char lane[32][TPK_EMU_SLOT];
     unsigned seq[32];   /* the lane's count of warp instructions when it posted: a lane that did not post is stale */
@@ -405,6 +405,23 @@ template <bool TRANS> static inline void tpk__fl_ldsm4(uint32_t r[4], const uint
         uint16_t lo = TRANS ? rows[2 * t][g] : rows[g][2 * t], hi = TRANS ? rows[2 * t + 1][g] : rows[g][2 * t + 1];
         r[i] = (uint32_t)lo | (uint32_t)hi << 16;
     }
+}
+/* movmatrix.sync.aligned.m8n8.trans.b16, from the PTX ISA: lane 4 r + c / 2 holds elements (r, c),
+ * (r, c + 1) of an 8x8 b16 matrix (c even, lower column in the low half); the result is the
+ * transpose in the same layout: lane 4 g + t gets (2 t, g), (2 t + 1, g) of the input */
+static inline uint32_t tpk__fl_movt(uint32_t a) {
+    unsigned seq;
+    const tpk_emu_xchg &x = tpk_emu_warp_op(TPK_EMU_MOVM, &a, sizeof a, NULL, &seq);
+    int lane = (int)tpk_emu_laneid(), g = lane >> 2, t = lane & 3;
+    uint32_t half[2];
+    for (int k = 0; k < 2; k++) { /* input row 2 t + k, column g: lane 4 (2 t + k) + g / 2, half g % 2 */
+        int src = 4 * (2 * t + k) + (g >> 1);
+        if (!tpk_emu_lane_ok(x, src, seq, "movmatrix")) return 0;
+        uint32_t v;
+        memcpy(&v, x.lane[src], sizeof v);
+        half[k] = (g & 1) ? v >> 16 : v & 0xffffu;
+    }
+    return half[0] | half[1] << 16;
 }
 /* atomicAdd of two neighbouring floats: the blocks of a launch run one at a time, so plain adds */
 static inline void tpk__fl_red2(float *p, float a, float b) { p[0] += a, p[1] += b; }
