@@ -687,6 +687,37 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
                 if (DROP && grouped) x += (uint64_t)((int64_t)(g & 1) * S + 8 * ((g >> 1) & 1) - (g & 3));
                 return x;
             };
+            /* 16 keys x the 8-query tile nt, in place: S^T -> P^T keep, dP^T -> dS^T = P^T (dP^T keep - Dr),
+             * zero above the diagonal under MASK; rounded to bf16 as they are made (pa, sa: two
+             * registers of an A fragment each), and dS^T stored for dQ as the fragment holds it */
+            auto tile8 = [&](float (&st)[4], float (&dpt)[4], uint32_t *pa, uint32_t *sa, int nt, int diag, uint64_t dx) {
+                float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
+                /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
+                float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
+                float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
+                TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
+                    int cq = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
+                    float P = tpk__fl_exp2(fmaf(st[e], sl2, -L2[e & 1]));
+                    float keep = !DROP ? 1.0f
+                                 : grouped ? tpk__att_keep_u(p, u[e])
+                                           : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
+                    float ds = P * fmaf(dpt[e], keep, -Dq[e & 1]);
+                    P *= keep;
+                    if (MASK) {
+                        bool in = cq >= diag + r;
+                        P = in ? P : 0.0f, ds = in ? ds : 0.0f;
+                    }
+                    st[e] = P, dpt[e] = ds;
+                }
+                pa[0] = tpk__fl_pack(st[0], st[1]), pa[1] = tpk__fl_pack(st[2], st[3]);
+                sa[0] = tpk__fl_pack(dpt[0], dpt[1]), sa[1] = tpk__fl_pack(dpt[2], dpt[3]);
+                if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1] */
+                    uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
+                    *reinterpret_cast<uint32_t *>(srow) = sa[0];
+                    *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sa[1];
+                }
+            };
             if (CHUNKED) {
                 int diag = mask_diag();
                 uint64_t dx = drop_x();
@@ -707,36 +738,8 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
                         tpk__fl_mma(dpt[0], af, of[kk]), tpk__fl_mma(dpt[1], af, of[kk] + 2);
                     }
                     uint32_t pa[4], sa[4]; /* P^T keep, dS^T of the chunk as bf16 A fragments (k = its 16 queries) */
-                    TPK__FL_UNROLL for (int j = 0; j < 2; j++) {
-                        int nt = 2 * c + j; /* the 8-query tile */
-                        float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
-                        /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
-                        float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
-                        float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
-                        TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                            int cq = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
-                            float P = tpk__fl_exp2(fmaf(st[j][e], sl2, -L2[e & 1]));
-                            float keep = !DROP ? 1.0f
-                                         : grouped ? tpk__att_keep_u(p, u[e])
-                                                   : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
-                            float ds = P * fmaf(dpt[j][e], keep, -Dq[e & 1]);
-                            P *= keep;
-                            if (MASK) {
-                                bool in = cq >= diag + r;
-                                P = in ? P : 0.0f, ds = in ? ds : 0.0f;
-                            }
-                            st[j][e] = P, dpt[j][e] = ds;
-                        }
-                        /* rounded to bf16 as they are made (the C fragments of 8-query tiles 2 c, 2 c + 1 are the A fragment of their 16) */
-                        pa[2 * j] = tpk__fl_pack(st[j][0], st[j][1]), pa[2 * j + 1] = tpk__fl_pack(st[j][2], st[j][3]);
-                        sa[2 * j] = tpk__fl_pack(dpt[j][0], dpt[j][1]), sa[2 * j + 1] = tpk__fl_pack(dpt[j][2], dpt[j][3]);
-                        if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
-                            uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
-                            *reinterpret_cast<uint32_t *>(srow) = sa[2 * j];
-                            *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sa[2 * j + 1];
-                        }
-                    }
+                    /* the C fragments of 8-query tiles 2 c, 2 c + 1 are the A fragment of their 16 */
+                    TPK__FL_UNROLL for (int j = 0; j < 2; j++) tile8(st[j], dpt[j], pa + 2 * j, sa + 2 * j, 2 * c + j, diag, dx);
                     /* dV += (P^T keep) dO, dK += dS^T Q over the chunk's queries (dK scaled at the end). The 8x8
                      * blocks of qf[kk] are (queries 0-7 | 8-15) x (columns 16 kk + 0-7 | 8-15) in the order
                      * (0, 0), (0, 8), (8, 0), (8, 8); transposed, (0, 0) and (8, 0) are the B fragment of
@@ -759,35 +762,8 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
                 tpk__fl_mma_abt<D, 1, KUNR>(dpt, [&](int, int kk, uint32_t af[4]) { tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane); }, dOs, lane);
                 int diag = mask_diag();
                 uint64_t dx = drop_x();
-                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) {
-                    float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    if (DROP && grouped) tpk__fl_drop_cols(u, seed, stream, dx + (uint64_t)(8 * nt) * (uint64_t)S, g);
-                    /* the row terms of queries 8 nt + 2 t, + 1: lse log2(e) in rt.x, .y, Dr in .z, .w */
-                    float4 rtm = *reinterpret_cast<const float4 *>(Ls + 4 * (4 * nt + t));
-                    float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
-                    TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                        int c = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
-                        float P = tpk__fl_exp2(fmaf(st[nt][e], sl2, -L2[e & 1]));
-                        float keep = !DROP ? 1.0f
-                                     : grouped ? tpk__att_keep_u(p, u[e])
-                                               : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
-                        float ds = P * fmaf(dpt[nt][e], keep, -Dq[e & 1]);
-                        P *= keep;
-                        if (MASK) {
-                            bool in = c >= diag + r;
-                            P = in ? P : 0.0f, ds = in ? ds : 0.0f;
-                        }
-                        st[nt][e] = P, dpt[nt][e] = ds;
-                    }
-                    /* rounded to bf16 as they are made: the A fragments of P^T keep and dS^T (half the registers of the f32 tiles) */
-                    pf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(st[nt][0], st[nt][1]), pf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(st[nt][2], st[nt][3]);
-                    sf[nt >> 1][2 * (nt & 1)] = tpk__fl_pack(dpt[nt][0], dpt[nt][1]), sf[nt >> 1][2 * (nt & 1) + 1] = tpk__fl_pack(dpt[nt][2], dpt[nt][3]);
-                    if (DQ) { /* dS^T [key 16 w + g (+ 8)][queries 8 nt + 2 t, + 1], as the fragment holds it */
-                        uint16_t *srow = dSt + (16 * w + g) * LDS + 8 * nt + 2 * t;
-                        *reinterpret_cast<uint32_t *>(srow) = sf[nt >> 1][2 * (nt & 1)];
-                        *reinterpret_cast<uint32_t *>(srow + 8 * LDS) = sf[nt >> 1][2 * (nt & 1) + 1];
-                    }
-                }
+                /* the A fragments of P^T keep and dS^T: half the registers of the f32 tiles */
+                TPK__FL_UNROLL for (int nt = 0; nt < NT; nt++) tile8(st[nt], dpt[nt], pf[nt >> 1] + 2 * (nt & 1), sf[nt >> 1] + 2 * (nt & 1), nt, diag, dx);
                 tpk__fl_mma_pb<D>(dv, pf, dOs, lane); /* dV += (P^T keep) dO */
                 tpk__fl_mma_pb<D>(dk, sf, Qs, lane);  /* dK += dS^T Q (scaled at the end) */
             }
