@@ -170,7 +170,7 @@ $(B)/libtpk_cuda_emu_chk.a: $(EMU_CU:%=$(B)/emu/chk/%.o) $(B)/emu/runtime.o $(B)
 $(B)/emu/src/race_test.cu: $(EMU)/race_test.cu $(EMU)/cu2cpp.pl
 	@mkdir -p $(@D)
 	perl $(EMU)/cu2cpp.pl $< $@ $<
-$(B)/emu/race_test.o: $(B)/emu/src/race_test.cu $(B)/emu/src/flash.cuh $(EMU_HDRS) $(HEADERS)
+$(B)/emu/race_test.o: $(B)/emu/src/race_test.cu $(B)/emu/src/flash.cuh $(B)/emu/src/common.cuh $(EMU_HDRS) $(HEADERS)
 	$(EMU_CXX) $(EMU_INIT) $(EMU_INSTR) -x c++ -c $< -o $@
 $(B)/tests/gpu_emu_race: $(B)/emu/race_test.o $(B)/emu/runtime.o
 	@mkdir -p $(@D)

@@ -166,15 +166,18 @@ template <class T> __device__ __forceinline__ float tpk__round(float x) {
     else return __bfloat162float(__float2bfloat16_rn(x));
 }
 /* 2^x by one MUFU instruction on the GPU: ex2.approx.ftz.f32 (relative error about 2^-22, results
- * below 2^-126 flushed to 0 — a term that cannot move an f32 sum of exponentials with a term of at
- * least 1); exp2f in host code (the CUDA emulation). e^x = tpk__ex2(x log2 e). */
+ * below 2^-126 and subnormal x flushed to 0 — a term that cannot move an f32 sum of exponentials
+ * with a term of at least 1; 2^-inf = 0); in host code (the CUDA emulation) exp2f with the same
+ * flushes. e^x = tpk__ex2(x log2 e). Every kernel's exponential (the attention, the cross-entropy). */
 __device__ __forceinline__ float tpk__ex2(float x) {
 #ifdef __CUDA_ARCH__
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 #else
-    return exp2f(x);
+    const float tiny = 0x1p-126f; /* the least normal float */
+    float y = exp2f(fabsf(x) < tiny ? 0.0f : x);
+    return y < tiny ? 0.0f : y;
 #endif
 }
 #define TPK__LOG2E 1.4426950408889634f

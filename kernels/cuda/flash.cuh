@@ -55,7 +55,8 @@
  * forward, dQ) or 4 lanes (the transposed fragment: dK, dV) hold: each of those lanes draws one call
  * per 4 elements and they trade outputs by shuffles (tpk__fl_drop_rows, tpk__fl_drop_cols); other S
  * draw each element alone.
- * Exponentials are ex2.approx.ftz (tpk__fl_exp2): one MUFU.EX2, results under 2^-126 flushed to 0.
+ * Exponentials are ex2.approx.ftz (tpk__ex2 of common.cuh, which this file follows): one MUFU.EX2,
+ * results under 2^-126 flushed to 0 (exp2f's denormal fix-up would cost three more an element).
  * Copies: each thread's 64-bit source address and shared offset are formed once (tpk__fl_copy), a
  * 16-byte piece is then a pointer step, a compare and the cp.async, in a fixed trip count.
  * Resources (ptxas of nvcc 13.0; bench/RESULTS.md gives the figures per kernel and arch): every
@@ -92,6 +93,8 @@
 
 #include <tpk/rng.h>
 
+#include "common.cuh" /* tpk__ex2, TPK__LOG2E */
+
 #ifndef TPK_FLASH_EMU
 #define TPK__FL_SMEM(T, name)                                                                       \
     extern __shared__ __align__(16) unsigned char tpk__fl_smem_raw[];                               \
@@ -117,13 +120,6 @@ __device__ __forceinline__ uint32_t tpk__fl_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 __device__ __forceinline__ float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-/* 2^x by one MUFU.EX2: ex2.approx.ftz (results below 2^-126 flushed to 0; exp2f's denormal fix-up
- * costs three more instructions an element); 2^-inf = 0 */
-__device__ __forceinline__ float tpk__fl_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 /* 16 bytes global -> shared without passing through registers (cp.async, sm_80); zeros when !valid */
 __device__ __forceinline__ void tpk__fl_cp16(void *dst, const void *src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -438,7 +434,6 @@ __device__ __forceinline__ void tpk__fl_mma_pb(float (*acc)[4], const uint32_t (
         0, lane);
 }
 
-#define TPK__FL_LOG2E 1.4426950408889634f
 
 /* Grouped-query attention: the group size A / G, the first local key/value head g0 = head0 / grp
  * and the local key/value heads Gl (tpk_attn_kv_heads), as the kernels need them. Head indices
@@ -509,7 +504,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_fwd(uint16_t *out, float
     float o[MT * ND][4], m[2 * MT], l[2 * MT];
     TPK__FL_UNROLL for (int dt = 0; dt < MT * ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
     TPK__FL_UNROLL for (int r = 0; r < 2 * MT; r++) m[r] = -INFINITY, l[r] = 0.0f;
-    const float sl2 = scale * TPK__FL_LOG2E;
+    const float sl2 = scale * TPK__LOG2E;
     uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     /* one key tile: S = Q K^T, the online softmax, O += P V; MASK: the causal and S masks */
@@ -538,7 +533,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_fwd(uint16_t *out, float
             TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
                 int i = 2 * mt + r;
                 mx[r] = tpk__fl_quad_max(mx[r]); /* finite: key j0 is in every row's reach */
-                corr[i] = tpk__fl_exp2((m[i] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
+                corr[i] = tpk__ex2((m[i] - mx[r]) * sl2); /* 0 on the first tile (m = -inf) */
                 m[i] = mx[r], l[i] *= corr[i], msl[i] = mx[r] * sl2;
             }
         }
@@ -547,7 +542,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_fwd(uint16_t *out, float
                 uint64_t dx = drow + (uint64_t)(16 * mt) * (uint64_t)S; /* row wrow + 16 mt + g */
                 if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, dx + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
                 TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    float pe = tpk__fl_exp2(fmaf(s[NT * mt + nt][e], sl2, -msl[2 * mt + (e >> 1)])); /* masked: 2^-inf = 0 */
+                    float pe = tpk__ex2(fmaf(s[NT * mt + nt][e], sl2, -msl[2 * mt + (e >> 1)])); /* masked: 2^-inf = 0 */
                     l[2 * mt + (e >> 1)] += pe;
                     if (DROP && pe != 0.0f)
                         pe *= grouped ? tpk__att_keep_u(p, u[e])
@@ -629,7 +624,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
     auto fetch_row = [&](int h, int tq) {
         int i = k0 + tq * TPK__FL_ROWS + rt;
         const float *src = (rdr ? Dr : lse) + (b * Al + h) * S;
-        return i < Si ? (rdr ? src[i] : src[i] * TPK__FL_LOG2E) : 0.0f;
+        return i < Si ? (rdr ? src[i] : src[i] * TPK__LOG2E) : 0.0f;
     };
     auto stash_row = [&](float v, int buf) { Lb[buf * 2 * TPK__FL_ROWS + 4 * (rt >> 1) + 2 * rdr + (rt & 1)] = v; };
     auto stage_q = [&](int h, int tq, int buf) { /* Q, dO of tile tq of query head h into buffer buf */
@@ -659,7 +654,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
         else tpk__fl_frag_a(af, Vs, LD, 16 * w, 16 * kk, lane);
     };
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) TPK__FL_UNROLL for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.0f;
-    const float sl2 = scale * TPK__FL_LOG2E;
+    const float sl2 = scale * TPK__LOG2E;
     int wkey = k0 + 16 * w; /* this warp's keys: wkey + g, wkey + g + 8 */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_cols) */
     /* tile tq of query head h, the it-th of the pipeline; MASK: the causal mask (the diagonal's tile) */
@@ -698,7 +693,7 @@ __global__ void __launch_bounds__(32 * W, 2) tpk__flash_dkv(uint16_t *dqkv, floa
                 float L2[2] = {rtm.x, rtm.y}, Dq[2] = {rtm.z, rtm.w};
                 TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
                     int cq = 8 * nt + 2 * t + (e & 1), r = g + 8 * (e >> 1);
-                    float P = tpk__fl_exp2(fmaf(st[e], sl2, -L2[e & 1]));
+                    float P = tpk__ex2(fmaf(st[e], sl2, -L2[e & 1]));
                     float keep = !DROP ? 1.0f
                                  : grouped ? tpk__att_keep_u(p, u[e])
                                            : tpk__att_keep_at(p, seed, stream, dx + (uint64_t)(8 * nt + (e & 1)) * (uint64_t)S + (uint64_t)(8 * (e >> 1)));
@@ -832,11 +827,11 @@ __global__ void __launch_bounds__(128, 2) tpk__flash_dq(uint16_t *dqkv, const ui
     float L2[2], Di[2], dq[ND][4]; /* rows g, g + 8: lse log2(e), Dr */
     TPK__FL_UNROLL for (int r = 0; r < 2; r++) {
         int64_t i = wrow + g + 8 * r;
-        L2[r] = i < S ? lse[(b * Al + h) * S + i] * TPK__FL_LOG2E : 0.0f;
+        L2[r] = i < S ? lse[(b * Al + h) * S + i] * TPK__LOG2E : 0.0f;
         Di[r] = i < S ? Dr[(b * Al + h) * S + i] : 0.0f;
     }
     TPK__FL_UNROLL for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.0f;
-    const float sl2 = scale * TPK__FL_LOG2E;
+    const float sl2 = scale * TPK__LOG2E;
     uint64_t drow = DROP ? (uint64_t)(((b * A + head0 + h) * S + wrow + g) * S) : 0; /* dropout index of (row wrow + g, key 0) */
     const bool grouped = (S & 3) == 0; /* dropout: one Philox call per 4 elements (tpk__fl_drop_rows) */
     tpk__fl_wait_all();
@@ -873,7 +868,7 @@ __global__ void __launch_bounds__(128, 2) tpk__flash_dq(uint16_t *dqkv, const ui
                 float u[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 if (DROP && grouped) tpk__fl_drop_rows(u, seed, stream, drow + (uint64_t)(8 * (t & 1) * S + j0 + 8 * nt + 4 * (t >> 1)), t);
                 TPK__FL_UNROLL for (int e = 0; e < 4; e++) {
-                    float P = tpk__fl_exp2(fmaf(s[j][e], sl2, -L2[e >> 1]));
+                    float P = tpk__ex2(fmaf(s[j][e], sl2, -L2[e >> 1]));
                     float keep = !DROP ? 1.0f
                                  : grouped ? tpk__att_keep_u(p, u[e])
                                            : tpk__att_keep_at(p, seed, stream, drow + (uint64_t)(8 * (e >> 1) * S + j0 + 8 * nt + 2 * t + (e & 1)));

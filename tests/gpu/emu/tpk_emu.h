@@ -372,13 +372,6 @@ static inline uint32_t tpk__fl_pack(float lo, float hi) {
     return r;
 }
 static inline float tpk__fl_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
-/* ex2.approx.ftz.f32: 2^x with results below 2^-126 (and subnormal x) flushed to zero; here exact
- * up to exp2f's rounding (the hardware's is within 2 ulp) */
-static inline float tpk__fl_exp2(float x) {
-    const float tiny = 0x1p-126f; /* the least normal float */
-    float y = exp2f(fabsf(x) < tiny ? 0.0f : x);
-    return y < tiny ? 0.0f : y;
-}
 /* cp.async: the destination reads as poison (NaN) from the issue, and the 16 bytes land at the
  * thread's next wait_group 0 after a commit_group closed the group holding them (as late as the
  * instruction allows), so a tile read before its wait and barrier, copied without a commit, or
