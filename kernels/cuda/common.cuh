@@ -237,11 +237,11 @@ void tpk__cuda_layer_ops(tpk_ops *ops);
  * adds it. */
 enum { TPK__COLSUM_ROWS = 256 }; /* rows per chunk */
 static inline unsigned tpk__colsum_grid_y(int64_t chunks) {
+    size_t g = (size_t)(chunks < 65535 ? chunks : 65535);
 #ifdef TPK_EMU
-    return (unsigned)tpk_emu_grid_cap((size_t)(chunks < 65535 ? chunks : 65535)); /* TPK_EMU_GRID_CAP: blocks stride over several chunks */
-#else
-    return (unsigned)(chunks < 65535 ? chunks : 65535);
+    g = tpk_emu_grid_cap(g); /* TPK_EMU_GRID_CAP: blocks stride over several chunks */
 #endif
+    return (unsigned)g;
 }
 template <int NOUT, class F>
 __global__ void tpk__colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part, int64_t crows = TPK__COLSUM_ROWS) {
