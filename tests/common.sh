@@ -2,6 +2,9 @@
 # build directory, mpirun's flags, a text every Debian system has, a small model, the fixtures
 # program, and T = build/tests/NAME made empty (NAME: the script's first argument to `setup`).
 cd "$(dirname "$0")/.." || exit 1
+# TPK_TIME_SCALE (a whole number, default 1) multiplies every time limit: a busy machine
+scale=${TPK_TIME_SCALE:-1}
+case "$scale" in '' | *[!0-9]* | 0) echo "TPK_TIME_SCALE: expected a whole number >= 1, got '$scale'" >&2; exit 1 ;; esac
 B=${TPK_BUILD:-build}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 mpiflags="--oversubscribe"

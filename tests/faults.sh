@@ -15,16 +15,27 @@ setup faults
 fail() { echo "FAIL $1"; [ -n "$2" ] && tail -8 "$2" | sed 's/^/    /'; }
 
 # start NAME ARGS...: mpirun -np 2 of the trainer in the background, output in $T/NAME.log, its exit
-# status in $T/NAME.rc when it ends; waits until the log holds a line matching $ready
+# status in $T/NAME.rc when it ends, the background job's PID in $T/NAME.pid; waits until the log
+# holds a line matching $ready
 start() {
     name=$1; shift
     rm -f "$T/$name.rc"
-    (timeout 300 mpirun $mpiflags -np 2 "$B/gpt2_train" "$@" > "$T/$name.log" 2>&1; echo $? > "$T/$name.rc") &
+    (timeout $((300 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" "$@" > "$T/$name.log" 2>&1; echo $? > "$T/$name.rc") &
+    echo $! > "$T/$name.pid"
     i=0
-    while [ $i -lt 600 ] && ! grep -q "$ready" "$T/$name.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+    while [ $i -lt $((600 * scale)) ] && ! grep -q "$ready" "$T/$name.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
 }
-# the PIDs of the ranks (not mpirun) of the run whose arguments contain TAG
-ranks() { pgrep -f "^$B/gpt2_train .*$1" ; }
+# descendants PID: every process below PID (by parent PID, never by name: another checkout's
+# suite may be running the same programs at the same time)
+descendants() {
+    for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done
+}
+# ranks NAME: the PIDs of the trainer's ranks (not mpirun) of the run started as NAME
+ranks() {
+    for p in $(descendants "$(cat "$T/$1.pid")"); do
+        [ "$(ps -o comm= -p "$p" 2>/dev/null)" = gpt2_train ] && echo "$p"
+    done
+}
 # wait until $T/NAME.rc exists, at most SECONDS; prints the seconds waited
 waitrc() {
     i=0
@@ -37,7 +48,7 @@ for mesh in tp dp; do
     [ $mesh = tp ] && m="--tp 2" || m="--tp 1"
     ready="^step"
     start kill_$mesh --text "$text" $small $m --steps 1000000 --csv "$T/kill_$mesh.csv"
-    pid=$(ranks "kill_$mesh.csv" | tail -1)
+    pid=$(ranks kill_$mesh | tail -1)
     if [ -z "$pid" ]; then fail "(a) rank killed at $mesh 2: the run did not start" "$T/kill_$mesh.log"; continue; fi
     kill -9 "$pid"
     waited=$(waitrc kill_$mesh 60)
@@ -47,7 +58,7 @@ for mesh in tp dp; do
     else
         fail "(a) a rank killed with SIGKILL at $mesh 2 (exit '$rc' after $waited s)" "$T/kill_$mesh.log"
     fi
-    pkill -9 -f "^$B/gpt2_train .*kill_$mesh.csv" 2>/dev/null
+    r=$(ranks kill_$mesh); [ -n "$r" ] && kill -9 $r 2>/dev/null
 done
 
 # ---- (b) the writer killed while saving ------------------------------------------------------------
@@ -57,8 +68,8 @@ for delay in 0.05 0.3 0.9; do
     ready="^saved"
     start save_$delay --text "$text" $mid --tp 2 --steps 1000000 --save "$d" --save-every 1
     sleep "$delay"
-    pid=$(ranks "save_$delay" | head -1)
-    [ -n "$pid" ] && kill -9 $(ranks "save_$delay")
+    pid=$(ranks save_$delay | head -1)
+    [ -n "$pid" ] && kill -9 $(ranks save_$delay)
     waitrc save_$delay 60 > /dev/null
     bad=0 tmp=0 newest=""
     for c in "$d"/step-*; do
