@@ -12,6 +12,16 @@
  *   model.safetensors.index.json): every parameter, both moments and the step equal; its sampling
  *   the same on every rank and unsharded; unknown model_type, unsupported Llama config values,
  *   a mis-shaped tensor and bad index files refused naming the fault;
+ *   a save over a checkpoint replaces it whole (the new weights load, a README and a
+ *   subdirectory carried over, nothing left beside it), and each state a stopped save leaves
+ *   (DIR missing with DIR.tpk-old, both, a half-written DIR.tpk-new) loads as one whole
+ *   checkpoint and is repaired by the next save; tpk_hf_remove keeps the user's files;
+ *   honest loads: files of two checkpoints (ids), steps that are not whole numbers or disagree,
+ *   no optimizer file (the step kept, fresh moments), a config with fewer layers than the file,
+ *   unknown tensors, Hugging Face's buffers, GPT-2's lm_head.weight tied or not, NaN / inf
+ *   weights and a negative second moment, each refused naming the tensor;
+ *   config.json: a 100-digit number read exactly, duplicate keys and invalid UTF-8 refused;
+ *   a save over a sharded Hugging Face folder: no stale index or shards, the saved weights load;
  *   the config.json fuzz corpus replayed through the fuzz target's checks. */
 #include "test.h"
 

@@ -6,24 +6,28 @@
  *                      vocab_size, n_positions, layer_norm_epsilon, ...) or LlamaForCausalLM's
  *                      (model_type "llama": num_hidden_layers, hidden_size, num_attention_heads,
  *                      num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
- *                      rms_norm_eps, rope_theta, tie_word_embeddings), plus tpk_step and tpk_seed
+ *                      rms_norm_eps, rope_theta, tie_word_embeddings), plus tpk_step, tpk_seed
+ *                      and tpk_checkpoint_id (16 hex digits, random per save)
  *   model.safetensors  every parameter as its GLOBAL tensor under Hugging Face names; GPT-2's
  *                      Conv1D weights (c_attn, c_proj, c_fc) stored [in, out] as Hugging Face
  *                      does (tpk keeps [out, in]); Llama's all [out, in]; metadata {"format": "pt",
- *                      "step": N}. Loading also reads Hugging Face's shards, model-K-of-N.safetensors
- *                      named by model.safetensors.index.json's weight_map.
+ *                      "step": N, "tpk_checkpoint_id": ID}. Loading also reads Hugging Face's
+ *                      shards, model-K-of-N.safetensors named by model.safetensors.index.json.
  *   optim.safetensors  the AdamW moments "<name>.exp_avg", "<name>.exp_avg_sq" (global,
- *                      [out, in]) and the step, when an optimizer is given
- * Saving gathers every tensor over TP (collective on every rank) and world rank 0 writes each
- * file atomically (tpk_st_write: temporary, fsync, rename); every rank gets the same status.
+ *                      [out, in]), the step and the id, when an optimizer is given
+ * Saving gathers every tensor over TP (collective on every rank); world rank 0 writes the files
+ * into DIR.tpk-new and swaps it in for DIR by rename, carrying over DIR's other files, so DIR is
+ * replaced whole or not at all (tpk__hf_commit; a load reads DIR.tpk-old when a save stopped
+ * between the renames, and the next save repairs); every rank gets the same status.
  * Loading reads the files on every rank and sets each rank's shard (no communication), so a
  * checkpoint saved at t = 2 loads at t = 4; it also reads a Hugging Face GPT-2 directory (names
- * with or without "transformer.", the attn.bias buffers ignored) or Llama directory. Shapes are
- * checked against the model; an optimizer file whose step differs from the model file's is
- * refused. tpk_hf_model_type tells the two apart (tpk/model.h builds either).
- * config.json is parsed as strict JSON (RFC 8259): a truncated or malformed file is an error
- * naming the file and the byte; what tpk's Llama does not compute (rope_scaling, biases, another
- * activation) is refused by name. */
+ * with or without "transformer.", the attn.bias buffers ignored) or Llama directory. Refused,
+ * naming the file: shapes unlike the model's, tensors it does not account for, non-finite values,
+ * steps or checkpoint ids that differ between the files. tpk_hf_model_type tells the two
+ * architectures apart (tpk/model.h builds either).
+ * config.json is parsed as strict JSON (RFC 8259: numbers read whole, each top-level key once,
+ * valid UTF-8): a truncated or malformed file is an error naming the file and the byte; what
+ * tpk's Llama does not compute (rope_scaling, biases, another activation) is refused by name. */
 #ifndef TPK_HF_H
 #define TPK_HF_H
 
