@@ -234,6 +234,9 @@ int main(int argc, char **argv) {
     FAIL_IF(o.zero && ctx.dp.size == 1, "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / --tp %d)", world_size, o.tp);
     TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));
     if (o.load) TRY(tpk_model_load(&ctx, &m, &opt, o.load));
+    bool steps_given = false; /* without --steps, --eval-only and --sample of a checkpoint past the default train nothing */
+    for (int i = 1; i < argc; i++) steps_given |= !strcmp(argv[i], "--steps");
+    if (o.load && o.sample && !steps_given && opt.step > o.steps) o.steps = (int)opt.step;
     FAIL_IF(!o.eval_only && o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
     if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
     if (o.load && opt.step && !o.eval_only && world_rank == 0) { /* no optim.safetensors: said, never a silent restart */

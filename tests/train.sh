@@ -280,6 +280,9 @@ tr 1 --text "$text" $small --steps 101 --save "$T/s101"
 tr 2 --eval-only --load "$T/s101" --text "$text" --batch 4 --seq-len 16 --eval-batches 1 --tp 2
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q '^val_loss'; then ok "--eval-only of a checkpoint at step 101 needs no --steps"
 else fail "--eval-only of a checkpoint at step 101 needs no --steps"; fi
+tr 2 --load "$T/s101" --text "$text" --batch 4 --seq-len 16 --sample 8 --tp 2
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q -- '--- sample (8 tokens) ---'; then ok "--sample of a checkpoint at step 101 (with data) needs no --steps"
+else fail "--sample of a checkpoint at step 101 (with data) needs no --steps"; fi
 rm -rf "$T/noopt" && cp -r "$T/c5/step-5" "$T/noopt" && rm "$T/noopt/optim.safetensors"
 tr 2 --text "$text" $small --tp 2 --steps 7 --load "$T/noopt"
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^optimizer state starts fresh at step 5 " && printf '%s\n' "$out" | grep -q "trained steps 6..7 in"; then
