@@ -410,6 +410,8 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         ss = tpk_gpt2_save(&sctx, &sm, NULL, f, NULL);
         CHECK(ss == TPK_ERR_IO && (me != 0 || strstr(tpk_last_error(&sctx), "/file: exists and is not a directory")), "a save over a file: %s", tpk_last_error(&sctx));
+        CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "build/tests/./", NULL), TPK_ERR_ARG, "not \".\"");
+        CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "/", NULL), TPK_ERR_ARG, "not \"/\"");
         tpk_gpt2_destroy(&sctx, &sm), tpk_ctx_destroy(&sctx);
         /* tpk_hf_remove: the checkpoint's files go, the user's stay (and the directory with them) */
         MPI_Barrier(MPI_COMM_WORLD);

@@ -585,6 +585,9 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
     tpk_status s = TPK_OK;
     tpk__hf_paths p;
     if (!tpk__hf_paths_of(dir, &p)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir \"%.40s\": expected a path of 1..1023 bytes", dir);
+    const char *last = strrchr(p.base, '/') ? strrchr(p.base, '/') + 1 : p.base; /* replaced by rename: a name, not "." or ".." or "/" */
+    if (!strcmp(last, ".") || !strcmp(last, "..") || !*last)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir \"%s\": expected a path ending in the checkpoint directory's name, not \"%s\"", p.base, *last ? last : "/");
     if (root) s = tpk__hf_begin(ctx, fn, &p);
     if (tpk_agree(ctx, ctx->world, s) != TPK_OK) return s != TPK_OK ? s : tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create the checkpoint directory", dir);
     float *om = NULL, *ov = NULL; /* the whole moments (ZeRO-1: gathered over DP) */
