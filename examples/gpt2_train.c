@@ -134,6 +134,7 @@ static tpk_status sample(tpk_ctx *ctx, tpk_model *m, int n, uint64_t seed) {
     return s;
 }
 
+static int cmp_ll(const void *a, const void *b) { long long x = *(const long long *)a, y = *(const long long *)b; return (x > y) - (x < y); }
 /* --keep N: remove the checkpoints DIR/step-K (K a whole number) beyond the newest n, oldest first, on
  * world rank 0 after a save succeeded (tpk_hf_remove: a user's other files stay). */
 static tpk_status keep_last(tpk_ctx *ctx, const char *dir, int n) {
@@ -141,21 +142,21 @@ static tpk_status keep_last(tpk_ctx *ctx, const char *dir, int n) {
     if (!d) return world_rank == 0 ? tpk_fail(ctx, TPK_ERR_IO, "--keep", "%s: cannot list: %s", dir, strerror(errno)) : TPK_OK;
     long long *k = NULL, v;
     size_t nk = 0, cap = 0;
+    bool nomem = false;
     char tail, num[32];
-    for (struct dirent *e; (e = readdir(d));)
+    for (struct dirent *e; !nomem && (e = readdir(d));)
         if (sscanf(e->d_name, "step-%lld%c", &v, &tail) == 1 && v >= 0 && !strcmp(e->d_name + 5, (snprintf(num, sizeof num, "%lld", v), num))) {
-            if (nk == cap && !(k = (long long *)realloc(k, sizeof *k * (cap = cap ? 2 * cap : 64)))) break;
-            k[nk++] = v;
+            long long *g = nk < cap ? k : (long long *)realloc(k, sizeof *k * (cap = cap ? 2 * cap : 64));
+            if (!g) nomem = true;
+            else k = g, k[nk++] = v;
         }
     closedir(d);
-    if (!k && nk) return tpk_fail(ctx, TPK_ERR_NOMEM, "--keep", "the list of %s's checkpoints", dir);
-    tpk_status s = TPK_OK;
-    for (size_t i = 0; i < nk && s == TPK_OK; i++) { /* remove k[i] when n or more are newer */
-        size_t newer = 0;
-        for (size_t j = 0; j < nk; j++) newer += k[j] > k[i];
+    tpk_status s = nomem ? tpk_fail(ctx, TPK_ERR_NOMEM, "--keep", "the list of %s's checkpoints", dir) : TPK_OK;
+    if (nk > 1) qsort(k, nk, sizeof *k, cmp_ll);
+    for (size_t i = 0; s == TPK_OK && i + (size_t)n < nk; i++) { /* the oldest nk - n */
         char sub[1100];
         snprintf(sub, sizeof sub, "%s/step-%lld", dir, k[i]);
-        if (newer >= (size_t)n) s = tpk_hf_remove(ctx, sub);
+        s = tpk_hf_remove(ctx, sub);
     }
     free(k);
     return s;
