@@ -10,6 +10,8 @@
  * resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2 or Llama layout (--load reads
  * config.json's model_type), loadable at any TP and DP size. A failure: one line `gpt2_train: error: ...`, every rank stops. */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <errno.h>
 #include <signal.h>
 #include <time.h>
 
@@ -25,7 +27,7 @@
 typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute, *tp_weights;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
-    int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every;
+    int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every, keep;
     bool sp, eval_only, profile, det; tpk_recompute rc; /* rc: --recompute parsed */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
@@ -40,7 +42,7 @@ static const char *usage =
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 --seed 1 --deterministic (same bits every run)\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
-    "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ...) --load DIR\n"
+    "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ... --keep N: only the last N of them) --load DIR\n"
     "             --csv FILE --sample N --log-every 1 --profile (every op's time per step, from step 2)\n";
 
 /* "--name value" parsing into o; 0, -1 for --help, or 1 with a message in err */
@@ -61,7 +63,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
         INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1) INT("--sample", sample, 0)
-        INT("--log-every", log_every, 1) INT("--save-every", save_every, 0) INT("--seed", seed, 0)
+        INT("--log-every", log_every, 1) INT("--save-every", save_every, 0) INT("--keep", keep, 1) INT("--seed", seed, 0)
         FLT("--lr", lr, 0, 10) FLT("--min-lr-frac", min_lr_frac, 0, 1) FLT("--weight-decay", wd, 0, 10) FLT("--clip", clip, 0, 1e9)
         FLT("--dropout", dropout, 0, 0.99) FLT("--label-smoothing", smoothing, 0, 0.99) FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
 #define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
@@ -132,6 +134,34 @@ static tpk_status sample(tpk_ctx *ctx, tpk_model *m, int n, uint64_t seed) {
     return s;
 }
 
+static int cmp_ll(const void *a, const void *b) { long long x = *(const long long *)a, y = *(const long long *)b; return (x > y) - (x < y); }
+/* --keep N: remove the checkpoints DIR/step-K (K a whole number) beyond the newest n, oldest first, on
+ * world rank 0 after a save succeeded (tpk_hf_remove: a user's other files stay). */
+static tpk_status keep_last(tpk_ctx *ctx, const char *dir, int n) {
+    DIR *d = world_rank == 0 ? opendir(dir) : NULL;
+    if (!d) return world_rank == 0 ? tpk_fail(ctx, TPK_ERR_IO, "--keep", "%s: cannot list: %s", dir, strerror(errno)) : TPK_OK;
+    long long *k = NULL, v;
+    size_t nk = 0, cap = 0;
+    bool nomem = false;
+    char tail, num[32];
+    for (struct dirent *e; !nomem && (e = readdir(d));)
+        if (sscanf(e->d_name, "step-%lld%c", &v, &tail) == 1 && v >= 0 && !strcmp(e->d_name + 5, (snprintf(num, sizeof num, "%lld", v), num))) {
+            long long *g = nk < cap ? k : (long long *)realloc(k, sizeof *k * (cap = cap ? 2 * cap : 64));
+            if (!g) nomem = true;
+            else k = g, k[nk++] = v;
+        }
+    closedir(d);
+    tpk_status s = nomem ? tpk_fail(ctx, TPK_ERR_NOMEM, "--keep", "the list of %s's checkpoints", dir) : TPK_OK;
+    if (nk > 1) qsort(k, nk, sizeof *k, cmp_ll);
+    for (size_t i = 0; s == TPK_OK && i + (size_t)n < nk; i++) { /* the oldest nk - n */
+        char sub[1100];
+        snprintf(sub, sizeof sub, "%s/step-%lld", dir, k[i]);
+        s = tpk_hf_remove(ctx, sub);
+    }
+    free(k);
+    return s;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     signal(SIGXFSZ, SIG_IGN); /* a full disk or a file-size limit: write fails (EFBIG), the save reports it */
@@ -154,6 +184,7 @@ int main(int argc, char **argv) {
         MPI_Allreduce(MPI_IN_PLACE, hh, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
         FAIL_IF(hh[0] != ~hh[1], "the ranks were started with different configurations (arguments differ between ranks)");
     }
+    FAIL_IF(o.keep && !(o.save && o.save_every), "--keep %d: applies to the checkpoints of --save DIR --save-every K", o.keep);
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
     double tw[64]; int ntw = o.tp_weights ? tpk_parse_weights(o.tp_weights, tw, 64) : o.tp; /* --tp-weights: the TP split's shares */
     FAIL_IF(ntw != o.tp, "--tp-weights: expected %d positive numbers separated by commas (one per TP rank), got \"%s\"", o.tp, o.tp_weights);
@@ -204,8 +235,15 @@ int main(int argc, char **argv) {
     FAIL_IF(o.zero && ctx.dp.size == 1, "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / --tp %d)", world_size, o.tp);
     TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));
     if (o.load) TRY(tpk_model_load(&ctx, &m, &opt, o.load));
-    FAIL_IF(o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
+    bool steps_given = false; /* without --steps, --eval-only and --sample of a checkpoint past the default train nothing */
+    for (int i = 1; i < argc; i++) steps_given |= !strcmp(argv[i], "--steps");
+    if (o.load && o.sample && !steps_given && opt.step > o.steps) o.steps = (int)opt.step;
+    FAIL_IF(!o.eval_only && o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
     if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
+    if (o.load && opt.step && !o.eval_only && world_rank == 0) { /* no optim.safetensors: said, never a silent restart */
+        tpk_hf_info info;
+        if (tpk_hf_info_read(&ctx, o.load, &info) == TPK_OK && !info.has_optim) printf("optimizer state starts fresh at step %lld (%s has no optim.safetensors)\n", (long long)opt.step, info.dir);
+    }
     int dp = ctx.dp.size; size_t nglobal = tpk_params_global_numel(&ctx);
     int64_t Bd, off, Btot; /* this DP rank's micro-batch, the sequences before it, the step's (HetSeq: --dp-batch) */
     TRY(tpk_data_dp_batches(&ctx, o.dp_batch, o.batch, &Bd, &off, &Btot));
@@ -263,6 +301,7 @@ int main(int argc, char **argv) {
             if (world_rank == 0) mkdir(o.save, 0755);
             TRY(tpk_model_save(&ctx, &m, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
             if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
+            if (o.keep) TRY(keep_last(&ctx, o.save, o.keep)); /* after the save succeeded: the newest --keep stay */
         }
         if (world_rank == 0 && (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
             double tok = (double)Btot * o.seq * o.accum;

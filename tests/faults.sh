@@ -3,12 +3,17 @@
 #   (a) one rank killed with SIGKILL in the middle of training, at TP 2 and at DP 2: the job ends
 #       within 30 s (mpirun takes the other rank down) and says which rank died of signal 9;
 #   (b) the checkpoint writer killed with SIGKILL while it saves every step (a model whose save
-#       takes most of a step, killed at three different moments): every file under a final name
-#       is whole (the strict reader accepts it), the newest complete checkpoint loads, and only
-#       temporaries (*.tmp.<pid>) may be left half-written;
-#   (c) the disk full during a save (a file-size limit, RLIMIT_FSIZE, on the ranks): one clear
-#       error line, a non-zero exit, the previous checkpoint byte for byte as it was and loadable;
-#   (d) ranks started with different configurations: tests/train.sh.
+#       takes most of a step, killed at three different moments): every file of every step-N
+#       directory is whole (the strict reader accepts it), the newest checkpoint loads, and only
+#       a save's temporary directory (step-N.tpk-new) may be left half-written;
+#   (c) the disk full during a save over a checkpoint (a file-size limit, RLIMIT_FSIZE, on the
+#       ranks): one clear error line, a non-zero exit, the previous checkpoint byte for byte as it
+#       was and loadable, no temporary left;
+#   (d) ranks started with different configurations: tests/train.sh;
+#   (e) the writer killed with SIGKILL at five moments while it saves over the checkpoint it
+#       resumed from (--load D --save D --save-every 1): D then loads as the old or the new
+#       checkpoint whole (its val_loss equals one of the two), and the next save repairs what the
+#       kill left (D keeps the user's README.md, nothing is left beside it).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup faults
@@ -71,19 +76,21 @@ for delay in 0.05 0.3 0.9; do
     pid=$(ranks save_$delay | head -1)
     [ -n "$pid" ] && kill -9 $(ranks save_$delay)
     waitrc save_$delay 60 > /dev/null
-    bad=0 tmp=0 newest=""
+    bad=0 tmp=0
     for c in "$d"/step-*; do
         [ -d "$c" ] || continue
+        case "${c##*/step-}" in *[!0-9]*) tmp=$((tmp + 1)); continue ;; esac # step-N.tpk-new: a stopped save's
+        for f in config.json model.safetensors optim.safetensors; do
+            [ -f "$c/$f" ] || { echo "    a checkpoint directory without $f: $c"; bad=1; }
+        done
         for f in model.safetensors optim.safetensors; do
             [ -f "$c/$f" ] && ! "$fx" check "$c/$f" > /dev/null 2>&1 && { echo "    partial file under a final name: $c/$f"; bad=1; }
         done
-        tmp=$((tmp + $(ls "$c" | grep -c '\.tmp\.')))
-        [ -f "$c/config.json" ] && newest="$c" # config.json is written last
     done
-    newest=$(for c in "$d"/step-*; do [ -f "$c/config.json" ] && echo "$c"; done | sort -t- -k2 -n | tail -1)
+    newest=$(for c in "$d"/step-*; do case "${c##*/step-}" in *[!0-9]*) ;; *) echo "$c" ;; esac; done | sort -t- -k2 -n | tail -1)
     out=$(timeout 120 mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$newest" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
     if [ -n "$newest" ] && [ $bad -eq 0 ] && printf '%s\n' "$out" | grep -q '^val_loss'; then
-        ok "(b) writer killed ${delay} s into saving every step: no partial file under a final name ($tmp temporaries left), the newest complete checkpoint $(basename "$newest") loads"
+        ok "(b) writer killed ${delay} s into saving every step: every step-N directory complete ($tmp temporary directories left), the newest $(basename "$newest") loads"
     else
         fail "(b) writer killed ${delay} s into saving every step (newest '$newest')" "$T/save_$delay.log"
         printf '%s\n' "$out" | tail -3 | sed 's/^/    /'
@@ -102,9 +109,56 @@ after=$(cat "$c"/*.safetensors "$c"/config.json 2>/dev/null | cksum)
 n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: ')
 load=$(timeout 120 mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$c" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q "File too large" && [ "$before" = "$after" ] &&
-   printf '%s\n' "$load" | grep -q '^val_loss' && ! ls "$c" | grep -q '\.tmp\.'; then
+   printf '%s\n' "$load" | grep -q '^val_loss' && ! ls "$c" | grep -q '\.tmp\.' && [ ! -e "$c.tpk-new" ] && [ ! -e "$c.tpk-old" ]; then
     ok "(c) the disk full during a save: one error line (File too large), the previous checkpoint unchanged and loadable, no temporary left"
 else
     echo "$out" > "$T/full.log"
     fail "(c) the disk full during a save (exit $rc, $n error lines, checkpoint $( [ "$before" = "$after" ] && echo unchanged || echo CHANGED))" "$T/full.log"
 fi
+
+# ---- (e) the writer killed while it saves over the checkpoint it resumed from ------------------------
+# a model whose save takes about a second (150 MB of files), killed when the save has reached one of
+# five points: its temporary directory made (the optimizer file being written), 0.1 s later, the
+# optimizer file done (the model file being written), the model file done (config.json, the swap),
+# the old checkpoint renamed aside (the swap; this window is short and may be missed, then the
+# kill lands after the save)
+e="$T/over"
+big="--layers 4 --hidden 512 --heads 4 --batch 2 --seq-len 16 --seed 5"
+mkdir -p "$e"
+# ev DIR: the val_loss text of DIR's checkpoint (empty when it does not load)
+ev() { timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$1" --text "$text" --batch 2 --seq-len 16 --eval-batches 2 2>&1 | sed -n 's/^val_loss //p'; }
+timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $big --tp 2 --steps 2 --save "$e/A" > "$T/overA.log" 2>&1
+cp -r "$e/A" "$e/B"
+timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $big --tp 2 --steps 4 --load "$e/B" --save "$e/B" --save-every 1 > "$T/overB.log" 2>&1
+vA=$(ev "$e/A") vB=$(ev "$e/B")
+k=0
+for point in "-d D.tpk-new" "-d D.tpk-new" "-f D.tpk-new/optim.safetensors" "-f D.tpk-new/model.safetensors" "-d D.tpk-old"; do
+    k=$((k + 1))
+    d="$e/d$k"
+    rm -rf "$d" "$d.tpk-old" "$d.tpk-new" && cp -r "$e/A" "$d" && echo notes > "$d/README.md"
+    ready="^step"
+    start over$k --text "$text" $big --tp 2 --steps 4 --load "$d" --save "$d" --save-every 1
+    cond=$(echo "$point" | sed "s|D|$d|")
+    i=0
+    while [ $i -lt $((6000 * scale)) ] && ! test $cond && [ ! -s "$T/over$k.rc" ]; do sleep 0.002; i=$((i + 1)); done
+    [ $k -eq 2 ] && sleep 0.1
+    r=$(ranks over$k)
+    [ -n "$r" ] && kill -9 $r
+    waitrc over$k 60 > /dev/null
+    left="$([ -d "$d.tpk-new" ] && printf ' D.tpk-new')$([ -d "$d.tpk-old" ] && printf ' D.tpk-old')$([ -e "$d" ] || printf ' (D missing)')"
+    v=$(ev "$d")
+    which=""
+    [ -n "$v" ] && [ "$v" = "$vA" ] && which=old
+    [ -n "$v" ] && [ "$v" = "$vB" ] && which=new
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $big --tp 2 --steps 5 --load "$d" --save "$d" 2>&1)
+    rc=$?
+    what="killed at $(echo "$point" | sed 's/^-[df] //')$([ $k -eq 2 ] && printf ' + 0.1 s')"
+    if [ -n "$vA" ] && [ "$vA" != "$vB" ] && [ -n "$which" ] && [ $rc -eq 0 ] && [ -f "$d/README.md" ] && [ -f "$d/config.json" ] && [ ! -e "$d.tpk-old" ] && [ ! -e "$d.tpk-new" ]; then
+        ok "(e) writer saving over the checkpoint it resumed from $what (left:${left:- nothing}): D loads as the $which checkpoint whole (val_loss $v), the next save repairs it"
+    else
+        fail "(e) writer saving over D $what (left:$left): val_loss '$v', old '$vA', new '$vB', the next save exit $rc" "$T/over$k.log"
+        printf '%s\n' "$out" | tail -3 | sed 's/^/    /'
+    fi
+    rm -rf "$d"
+done
+rm -rf "$e"

@@ -12,6 +12,16 @@
  *   model.safetensors.index.json): every parameter, both moments and the step equal; its sampling
  *   the same on every rank and unsharded; unknown model_type, unsupported Llama config values,
  *   a mis-shaped tensor and bad index files refused naming the fault;
+ *   a save over a checkpoint replaces it whole (the new weights load, a README and a
+ *   subdirectory carried over, nothing left beside it), and each state a stopped save leaves
+ *   (DIR missing with DIR.tpk-old, both, a half-written DIR.tpk-new) loads as one whole
+ *   checkpoint and is repaired by the next save; tpk_hf_remove keeps the user's files;
+ *   honest loads: files of two checkpoints (ids), steps that are not whole numbers or disagree,
+ *   no optimizer file (the step kept, fresh moments), a config with fewer layers than the file,
+ *   unknown tensors, Hugging Face's buffers, GPT-2's lm_head.weight tied or not, NaN / inf
+ *   weights and a negative second moment, each refused naming the tensor;
+ *   config.json: a 100-digit number read exactly, duplicate keys and invalid UTF-8 refused;
+ *   a save over a sharded Hugging Face folder: no stale index or shards, the saved weights load;
  *   the config.json fuzz corpus replayed through the fuzz target's checks. */
 #include "test.h"
 
@@ -35,6 +45,96 @@ static void write_text(const char *path, const char *text) {
     fputs(text, f);
     fclose(f);
 }
+static void copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    for (int ch; in && out && (ch = fgetc(in)) != EOF;) fputc(ch, out);
+    if (in) fclose(in);
+    if (out) fclose(out);
+}
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+/* the text of a file (malloc'd, NUL-terminated; "" when unreadable) */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *b = calloc(1, 1 << 16);
+    if (f && b) b[fread(b, 1, (1 << 16) - 1, f)] = 0;
+    if (f) fclose(f);
+    return b;
+}
+/* A copy of the safetensors file src at dst with metadata meta (key, value, ..., NULL), the tensor
+ * `drop` left out, and `poke` (when not NULL) setting element `at` of tensor `poke_name` to it;
+ * `add` / `add_from`: one more tensor named add, a copy of tensor add_from's bytes. */
+static void rewrite_st(const char *src, const char *dst, const char *const *meta, const char *drop, const char *poke_name, size_t at, const float *poke,
+                       const char *add, const char *add_from) {
+    tpk_ctx h;
+    tpk_st_file f;
+    if (tpk_ctx_init(&h, &(tpk_ctx_desc){.seed = 1}) != TPK_OK || tpk_st_read(&h, src, &f) != TPK_OK) { printf("  cannot read %s\n", src); return; }
+    tpk_st_entry *e = calloc((size_t)f.n + 1, sizeof *e);
+    uint8_t *copy = malloc(f.data_size + 1), *extra = NULL;
+    memcpy(copy, f.data, f.data_size);
+    int n = 0;
+    for (int i = 0; i < f.n; i++) {
+        const tpk_st_tensor *t = &f.tensors[i];
+        if (drop && !strcmp(t->name, drop)) continue;
+        e[n].name = t->name, e[n].dtype = t->dtype, e[n].ndim = t->ndim, e[n].shape = t->shape, e[n].data = copy + t->begin;
+        if (poke && !strcmp(t->name, poke_name)) memcpy(copy + t->begin + 4 * at, poke, 4);
+        n++;
+        if (add && !strcmp(t->name, add_from)) { /* its own copy of the bytes, poked when named */
+            extra = malloc(t->end - t->begin);
+            memcpy(extra, f.data + t->begin, t->end - t->begin);
+            e[n] = e[n - 1], e[n].name = add, e[n].data = extra;
+            if (poke && !strcmp(add, poke_name)) memcpy(extra + 4 * at, poke, 4);
+            n++;
+        }
+    }
+    if (tpk_st_write(&h, dst, e, n, meta) != TPK_OK) printf("  cannot write %s: %s\n", dst, tpk_last_error(&h));
+    free(e), free(copy), free(extra), tpk_st_close(&f), tpk_ctx_destroy(&h);
+}
+/* Save a GPT-2 of config() with weights drawn from `seed` to dir at t = ranks with zero moments and
+ * the given step (collective); its weights gathered into w[i] (free them). */
+static void save_seeded(const char *dir, uint64_t seed, int64_t step, float **w) {
+    tpk_ctx ctx;
+    tpk_gpt2 m;
+    tpk_adamw o;
+    tpk_gpt2_config c = config();
+    CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
+    CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &c));
+    CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
+    test_set_weights(&ctx, seed, 0.3f);
+    for (int i = 0; w && i < ctx.params.n; i++) {
+        w[i] = malloc(tpk_param_global_numel(&ctx, i) * 4);
+        CHECK_OK(&ctx, tpk_param_gather(&ctx, i, (const float *)ctx.params.data.p, w[i]));
+    }
+    o.step = step;
+    CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir, &(tpk_gpt2_save_desc){step, 1}));
+    tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+}
+/* Load dir into an unsharded GPT-2 of config `c` on this rank (with an optimizer): the status, the
+ * message in err[n], the step, and how many of the parameters differ from w (-1: no w). */
+static tpk_status load_cmp(const char *dir, tpk_gpt2_config c, float *const *w, int64_t *step, int *differ, char *err, size_t n) {
+    tpk_ctx ctx;
+    tpk_gpt2 m;
+    tpk_adamw o;
+    tpk_ctx_init(&ctx, &(tpk_ctx_desc){.seed = 99});
+    tpk_gpt2_init(&ctx, &m, &c);
+    tpk_adamw_init(&ctx, &o, NULL);
+    tpk_status s = tpk_gpt2_load(&ctx, &m, &o, dir);
+    snprintf(err, n, "%s", tpk_last_error(&ctx));
+    *step = o.step, *differ = w ? 0 : -1;
+    for (int i = 0; w && s == TPK_OK && i < ctx.params.n; i++) {
+        size_t gn = tpk_param_global_numel(&ctx, i);
+        float *g = malloc(gn * 4);
+        test_poison(g, gn);
+        tpk_param_gather(&ctx, i, (const float *)ctx.params.data.p, g);
+        *differ += memcmp(w[i], g, gn * 4) != 0;
+        free(g);
+    }
+    tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+    return s;
+}
+
 /* every parameter and both moments gathered: out[3 * i + k] */
 /* the token drawn from logits z[0..n) at temperature temp with uniform u, in double */
 static int ref_draw(const float *z, int n, float temp, double u) { /* z / temp in f32, as tpk_sample_logits */
@@ -210,11 +310,244 @@ int main(int argc, char **argv) {
             if (in) fclose(in);
             if (out) fclose(out);
         }
-        CHECK_FAILS(&ctx, tpk_gpt2_load(&ctx, &m, &o, mix), TPK_ERR_FORMAT, "optim.safetensors (step 7) does not belong to model.safetensors (step 1)");
+        CHECK_FAILS(&ctx, tpk_gpt2_load(&ctx, &m, &o, mix), TPK_ERR_FORMAT, "optim.safetensors (step 7) does not belong to config.json (tpk_step 1)");
         CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, NULL, mix)); /* the model alone loads */
         tpk_gpt2_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &o);
         tpk_ctx_destroy(&ctx);
     }
+    TEST_CASE("a save over a checkpoint replaces it whole: the new weights load, the user's files carried, nothing left beside it") {
+        char d[200], f[700], err[600];
+        snprintf(d, sizeof d, "build/tests/hf_swap_np%d", np);
+        float *wa[64] = {0}, *wb[64] = {0};
+        int differ = 0;
+        int64_t step = 0;
+        if (me == 0) { /* a Hugging Face folder's other files, a subdirectory, an old sharded index and shard */
+            snprintf(f, sizeof f, "rm -rf %s %s.tpk-old %s.tpk-new", d, d, d);
+            CHECK(system(f) == 0, "%s", f);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        save_seeded(d, 11, 3, wa);
+        if (me == 0) {
+            snprintf(f, sizeof f, "%s/README.md", d), write_text(f, "my notes\n");
+            snprintf(f, sizeof f, "%s/runs", d), mkdir(f, 0755);
+            snprintf(f, sizeof f, "%s/runs/log.txt", d), write_text(f, "log\n");
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        char *id_a = NULL, *id_b = NULL;
+        snprintf(f, sizeof f, "%s/config.json", d), id_a = slurp(f);
+        MPI_Barrier(MPI_COMM_WORLD);
+        save_seeded(d, 12, 4, wb);
+        snprintf(f, sizeof f, "%s/config.json", d), id_b = slurp(f);
+        CHECK(strstr(id_a, "\"tpk_checkpoint_id\": \"") && strstr(id_b, "\"tpk_checkpoint_id\": \"") &&
+                  strcmp(strstr(id_a, "tpk_checkpoint_id"), strstr(id_b, "tpk_checkpoint_id")),
+              "config.json carries a new tpk_checkpoint_id per save");
+        CHECK(load_cmp(d, config(), wb, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 4, "the second save loads: %d differ, step %lld: %s",
+              differ, (long long)step, err);
+        CHECK(load_cmp(d, config(), wa, &step, &differ, err, sizeof err) == TPK_OK && differ > 0, "the first save's weights are gone");
+        snprintf(f, sizeof f, "%s/README.md", d);
+        char f2[700];
+        snprintf(f2, sizeof f2, "%s/runs/log.txt", d);
+        CHECK(exists(f) && exists(f2), "the user's README.md and runs/log.txt carried over");
+        snprintf(f, sizeof f, "%s.tpk-old", d), snprintf(f2, sizeof f2, "%s.tpk-new", d);
+        CHECK(!exists(f) && !exists(f2), "no .tpk-old or .tpk-new left beside the checkpoint");
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* what a save stopped between its renames leaves: D missing, D.tpk-old the previous checkpoint */
+        if (me == 0) {
+            snprintf(f, sizeof f, "%s.tpk-old", d);
+            CHECK(rename(d, f) == 0, "rename");
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        CHECK(load_cmp(d, config(), wb, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 4,
+              "D missing, D.tpk-old present: the previous checkpoint loads (%d differ: %s)", differ, err);
+        tpk_ctx ictx;
+        tpk_hf_info info;
+        CHECK_OK(&ictx, tpk_ctx_init(&ictx, &(tpk_ctx_desc){.seed = 1}));
+        CHECK_OK(&ictx, tpk_hf_info_read(&ictx, d, &info));
+        CHECK(strstr(info.dir, ".tpk-old") && info.step == 4 && info.has_optim && strlen(info.id) == 16, "tpk_hf_info_read: %s step %lld id %s", info.dir,
+              (long long)info.step, info.id);
+        tpk_ctx_destroy(&ictx);
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* a save after it repairs first: then D = the new save, README carried, no .tpk-old */
+        float *wc[64] = {0};
+        if (me == 0) { /* and a stopped save's half-written temporary directory */
+            snprintf(f, sizeof f, "%s.tpk-new", d), mkdir(f, 0755);
+            snprintf(f, sizeof f, "%s.tpk-new/model.safetensors.tmp.123", d), write_text(f, "half");
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        save_seeded(d, 13, 5, wc);
+        CHECK(load_cmp(d, config(), wc, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 5, "after a repair the new save loads (%s)", err);
+        snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s.tpk-old", d);
+        char f3[700];
+        snprintf(f3, sizeof f3, "%s.tpk-new", d);
+        CHECK(exists(f) && !exists(f2) && !exists(f3), "README.md kept through the repair, nothing left beside D");
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* stopped after the swap: D the new checkpoint, D.tpk-old the old one holding the user's file */
+        if (me == 0) {
+            snprintf(f, sizeof f, "%s.tpk-old", d), mkdir(f, 0755);
+            snprintf(f2, sizeof f2, "%s/README.md", d), snprintf(f3, sizeof f3, "%s.tpk-old/README.md", d);
+            CHECK(rename(f2, f3) == 0, "rename");
+            snprintf(f2, sizeof f2, "%s/config.json", d), snprintf(f3, sizeof f3, "%s.tpk-old/config.json", d), copy_file(f2, f3);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        CHECK(load_cmp(d, config(), wc, &step, &differ, err, sizeof err) == TPK_OK && differ == 0, "D and D.tpk-old: D (the newer) loads");
+        MPI_Barrier(MPI_COMM_WORLD);
+        save_seeded(d, 13, 5, NULL);
+        snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s.tpk-old", d);
+        CHECK(exists(f) && !exists(f2), "the next save carries README.md back from D.tpk-old and removes it");
+        /* a save that fails (the path's parent missing) leaves nothing */
+        snprintf(f, sizeof f, "%s/no/such/dir", d);
+        tpk_ctx sctx;
+        tpk_gpt2 sm;
+        tpk_gpt2_config c = config();
+        CHECK_OK(&sctx, tpk_ctx_init(&sctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
+        CHECK_OK(&sctx, tpk_gpt2_init(&sctx, &sm, &c));
+        tpk_clear_error(&sctx);
+        tpk_status ss = tpk_gpt2_save(&sctx, &sm, NULL, f, NULL);
+        CHECK(ss == TPK_ERR_IO && (me != 0 || strstr(tpk_last_error(&sctx), "no/such/dir.tpk-new: cannot create")), "a save under a missing parent: %s",
+              tpk_last_error(&sctx));
+        snprintf(f, sizeof f, "%s/file", d);
+        if (me == 0) write_text(f, "x");
+        MPI_Barrier(MPI_COMM_WORLD);
+        ss = tpk_gpt2_save(&sctx, &sm, NULL, f, NULL);
+        CHECK(ss == TPK_ERR_IO && (me != 0 || strstr(tpk_last_error(&sctx), "/file: exists and is not a directory")), "a save over a file: %s", tpk_last_error(&sctx));
+        CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "build/tests/./", NULL), TPK_ERR_ARG, "not \".\"");
+        CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "/", NULL), TPK_ERR_ARG, "not \"/\"");
+        tpk_gpt2_destroy(&sctx, &sm), tpk_ctx_destroy(&sctx);
+        /* tpk_hf_remove: the checkpoint's files go, the user's stay (and the directory with them) */
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (me == 0) {
+            tpk_ctx rctx;
+            CHECK_OK(&rctx, tpk_ctx_init(&rctx, &(tpk_ctx_desc){.seed = 1}));
+            CHECK_OK(&rctx, tpk_hf_remove(&rctx, d));
+            snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s/model.safetensors", d), snprintf(f3, sizeof f3, "%s/config.json", d);
+            CHECK(exists(f) && !exists(f2) && !exists(f3), "tpk_hf_remove keeps README.md, removes the checkpoint's files");
+            snprintf(f, sizeof f, "%s/README.md", d), remove(f);
+            snprintf(f, sizeof f, "%s/file", d), remove(f);
+            snprintf(f, sizeof f, "%s/runs/log.txt", d), remove(f);
+            snprintf(f, sizeof f, "%s/runs", d), rmdir(f);
+            CHECK_OK(&rctx, tpk_hf_remove(&rctx, d));
+            CHECK(!exists(d), "tpk_hf_remove of a checkpoint with nothing else: the directory goes");
+            CHECK_OK(&rctx, tpk_hf_remove(&rctx, d)); /* missing: nothing to do */
+            tpk_ctx_destroy(&rctx);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int i = 0; i < 64; i++) free(wa[i]), free(wb[i]), free(wc[i]);
+        free(id_a), free(id_b);
+    }
+
+    TEST_CASE("honest loads: checkpoint ids, steps, a missing optimizer file, tensors the config does not account for, non-finite values") {
+        char d1[200], d2[200], b[200], f[700], g[700], err[600];
+        snprintf(d1, sizeof d1, "build/tests/hf_id1_np%d", np), snprintf(d2, sizeof d2, "build/tests/hf_id2_np%d", np);
+        snprintf(b, sizeof b, "build/tests/hf_honest_np%d_r%d", np, me);
+        float *w1[64] = {0};
+        int differ = 0;
+        int64_t step = 0;
+        save_seeded(d1, 21, 6, w1);
+        save_seeded(d2, 21, 6, NULL); /* the same weights and step, another checkpoint */
+        snprintf(f, sizeof f, "rm -rf %s && mkdir -p %s", b, b);
+        CHECK(system(f) == 0, "%s", f);
+#define B_FROM(dir, name) (snprintf(f, sizeof f, "%s/%s", dir, name), snprintf(g, sizeof g, "%s/%s", b, name), copy_file(f, g))
+        B_FROM(d1, "config.json"), B_FROM(d1, "model.safetensors"), B_FROM(d2, "optim.safetensors");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "optim.safetensors (tpk_checkpoint_id ") && strstr(err, "does not belong to config.json (tpk_checkpoint_id ") && strstr(err, "files of two checkpoints"),
+              "an optimizer file of another checkpoint at the same step refused: %s", err);
+        B_FROM(d2, "model.safetensors"), B_FROM(d1, "optim.safetensors");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "model.safetensors (tpk_checkpoint_id "),
+              "a model file of another checkpoint refused: %s", err);
+        /* no optimizer file: the step from the checkpoint, fresh moments */
+        B_FROM(d1, "model.safetensors");
+        snprintf(g, sizeof g, "%s/optim.safetensors", b), remove(g);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 6,
+              "no optimizer file: the weights and step 6 load (step %lld): %s", (long long)step, err);
+        /* steps: not a whole number; model file and config.json disagreeing */
+        snprintf(f, sizeof f, "%s/model.safetensors", d1), snprintf(g, sizeof g, "%s/model.safetensors", b);
+        const char *m_half[] = {"format", "pt", "step", "6.5", NULL}, *m_seven[] = {"format", "pt", "step", "7", NULL}, *m_plain[] = {"format", "pt", NULL};
+        rewrite_st(f, g, m_half, NULL, NULL, 0, NULL, NULL, NULL);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "model.safetensors: step \"6.5\": expected a whole number"),
+              "step metadata 6.5 refused: %s", err);
+        rewrite_st(f, g, m_seven, NULL, NULL, 0, NULL, NULL, NULL);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "model.safetensors (step 7) does not belong to config.json (tpk_step 6)"),
+              "model step 7 beside config.json's tpk_step 6 refused: %s", err);
+        char *cj = slurp((snprintf(f, sizeof f, "%s/config.json", d1), f)), *at = strstr(cj, "\"tpk_step\": 6,");
+        CHECK(at != NULL, "config.json has tpk_step 6");
+        if (at) {
+            char *fixed = malloc(strlen(cj) + 8);
+            snprintf(fixed, strlen(cj) + 8, "%.*s\"tpk_step\": \"6\",%s", (int)(at - cj), cj, at + strlen("\"tpk_step\": 6,"));
+            snprintf(g, sizeof g, "%s/config.json", b), write_text(g, fixed);
+            free(fixed);
+        }
+        free(cj);
+        snprintf(f, sizeof f, "%s/model.safetensors", d1), snprintf(g, sizeof g, "%s/model.safetensors", b), copy_file(f, g);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tpk_step: expected a whole number"),
+              "tpk_step as a string refused: %s", err);
+        B_FROM(d1, "config.json");
+        /* a config.json with fewer layers than the file: the file's layer 1 named */
+        tpk_gpt2_config one = config();
+        one.layers = 1;
+        CHECK(load_cmp(b, one, NULL, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tensor \"h.1.") &&
+                  strstr(err, "is not a parameter of the model config.json describes"),
+              "a file with 2 layers into a model of 1: %s", err);
+        /* an unknown tensor; Hugging Face's buffers ignored; a tied lm_head.weight equal to wte accepted, another refused */
+        snprintf(f, sizeof f, "%s/model.safetensors", d1), snprintf(g, sizeof g, "%s/model.safetensors", b);
+        rewrite_st(f, g, m_plain, NULL, NULL, 0, NULL, "h.0.mlp.extra.weight", "h.0.mlp.c_fc.weight");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tensor \"h.0.mlp.extra.weight\" is not a parameter"),
+              "an unknown tensor refused: %s", err);
+        rewrite_st(f, g, m_plain, NULL, NULL, 0, NULL, "h.0.attn.masked_bias", "h.0.ln_1.bias");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0, "Hugging Face's attn.masked_bias ignored: %s", err);
+        rewrite_st(f, g, m_plain, NULL, NULL, 0, NULL, "lm_head.weight", "wte.weight");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0, "lm_head.weight equal to wte.weight accepted: %s", err);
+        rewrite_st(f, g, m_plain, NULL, "lm_head.weight", 5, &(float){0.5f}, "lm_head.weight", "wte.weight");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "\"lm_head.weight\" differs from \"wte.weight\""),
+              "lm_head.weight other than wte.weight refused: %s", err);
+        /* non-finite weights and moments, named with the element */
+        rewrite_st(f, g, m_plain, NULL, "h.1.attn.c_proj.weight", 37, &(float){NAN}, NULL, NULL);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "model.safetensors: tensor \"h.1.attn.c_proj.weight\": element 37 is nan: expected a finite value"),
+              "a NaN weight refused: %s", err);
+        rewrite_st(f, g, m_plain, NULL, "ln_f.bias", 3, &(float){-INFINITY}, NULL, NULL);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tensor \"ln_f.bias\": element 3 is -inf"),
+              "an infinite weight refused: %s", err);
+        B_FROM(d1, "model.safetensors");
+        const char *o_meta[] = {"format", "tpk-adamw", "step", "6", NULL};
+        snprintf(f, sizeof f, "%s/optim.safetensors", d1), snprintf(g, sizeof g, "%s/optim.safetensors", b);
+        rewrite_st(f, g, o_meta, NULL, "wpe.weight.exp_avg_sq", 2, &(float){-1.0f}, NULL, NULL);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "optim.safetensors: tensor \"wpe.weight.exp_avg_sq\": element 2 is -1: expected a finite, non-negative value"),
+              "a negative second moment refused: %s", err);
+        rewrite_st(f, g, o_meta, NULL, NULL, 0, NULL, "h.5.ln_1.weight.exp_avg", "wpe.weight.exp_avg");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "optim.safetensors: tensor \"h.5.ln_1.weight.exp_avg\" is not a parameter"),
+              "an optimizer tensor of no parameter refused: %s", err);
+        rewrite_st(f, g, o_meta, NULL, NULL, 0, NULL, NULL, NULL);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 6, "the optimizer file without an id loads: %s", err);
+#undef B_FROM
+        for (int i = 0; i < 64; i++) free(w1[i]);
+    }
+
+    TEST_CASE("config.json strict: a long number read exactly, duplicate keys and invalid UTF-8 refused") {
+        tpk_ctx ctx;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.seed = 1}));
+        tpk_gpt2_config c = config();
+        char text[400], zeros[101];
+        memset(zeros, '0', 100), zeros[100] = 0;
+        /* 1.000...0001e-3 with 100 zeros: 1e-3 as a float (cut at 63 characters it read as 1.0) */
+        snprintf(text, sizeof text, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"layer_norm_epsilon\": 1.%s1e-3}", zeros);
+        CHECK_OK(&ctx, tpk_gpt2_config_parse(&ctx, (const uint8_t *)text, strlen(text), "long", &c));
+        CHECK(c.ln_eps == 1e-3f, "layer_norm_epsilon read as %g, expected 1e-3", (double)c.ln_eps);
+        static const struct { const char *text, *needle; } bad[] = {
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"n_layer\": 4}", "byte 79: the key \"n_layer\" appears twice"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"x\": 1, \"x\": 2}", "the key \"x\" appears twice"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"a\xff\"}", "byte 86: expected valid UTF-8 in a string"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"\xc3\x28\"}", "expected valid UTF-8 in a string"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"k\xed\xa0\x80\": 1}", "expected valid UTF-8 in a member name"},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
+            CHECK_FAILS(&ctx, tpk_gpt2_config_parse(&ctx, (const uint8_t *)bad[k].text, strlen(bad[k].text), "cfg", &c), TPK_ERR_FORMAT, bad[k].needle);
+        const char *ok_text = "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"x\": {\"a\": 1, \"a\": 2}, \"name\": \"caf\xc3\xa9 \xf0\x9f\x99\x82\"}";
+        CHECK_OK(&ctx, tpk_gpt2_config_parse(&ctx, (const uint8_t *)ok_text, strlen(ok_text), "ok", &c)); /* nested objects are not config.json's members */
+        tpk_ctx_destroy(&ctx);
+    }
+
     /* ---- Llama ---- */
     tpk_llama_config lc;
     memset(&lc, 0, sizeof lc);
@@ -295,6 +628,45 @@ int main(int argc, char **argv) {
         }
     }
 
+    TEST_CASE("a save over a sharded Hugging Face folder: no stale index or shards, the saved weights load, the tokenizer kept") {
+        char f[600];
+        if (me == 0) snprintf(f, sizeof f, "%s/tokenizer.json", sdir), write_text(f, "{}\n");
+        MPI_Barrier(MPI_COMM_WORLD);
+        tpk_ctx ctx;
+        tpk_llama m;
+        float *wl[64] = {0};
+        int nl = 0;
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
+        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
+        test_set_weights(&ctx, 77, 0.3f);
+        nl = ctx.params.n;
+        for (int i = 0; i < nl; i++) {
+            wl[i] = malloc(tpk_param_global_numel(&ctx, i) * 4);
+            CHECK_OK(&ctx, tpk_param_gather(&ctx, i, (const float *)ctx.params.data.p, wl[i]));
+        }
+        CHECK_OK(&ctx, tpk_llama_save(&ctx, &m, NULL, sdir, &(tpk_hf_save_desc){9, 1}));
+        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        static const char *const gone[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+        for (int k = 0; k < 3; k++) CHECK(!exists((snprintf(f, sizeof f, "%s/%s", sdir, gone[k]), f)), "%s left after the save", f);
+        CHECK(exists((snprintf(f, sizeof f, "%s/tokenizer.json", sdir), f)) && exists((snprintf(f, sizeof f, "%s/model.safetensors", sdir), f)),
+              "tokenizer.json kept, model.safetensors written");
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.seed = 99}));
+        CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
+        CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, NULL, sdir));
+        int bad = 0;
+        for (int i = 0; i < nl; i++) {
+            size_t gn = tpk_param_global_numel(&ctx, i);
+            float *g = malloc(gn * 4);
+            test_poison(g, gn);
+            CHECK_OK(&ctx, tpk_param_gather(&ctx, i, (const float *)ctx.params.data.p, g));
+            bad += memcmp(g, wl[i], gn * 4) != 0;
+            free(g), free(wl[i]);
+        }
+        CHECK(bad == 0, "%d of %d tensors differ from the saved weights (the old shards loaded?)", bad, nl);
+        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+
     TEST_CASE("Llama sampling at t = %d: the same tokens on every rank, equal to the unsharded model's", np) {
         int32_t tok[2][9];
         for (int pass = 0; pass < 2; pass++) {
@@ -360,9 +732,9 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_SHAPE, "\"model.layers.0.self_attn.k_proj.weight\" has shape [8, 24], config.json implies [12, 24]");
         tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx); /* a model's parameters stay in its context: a fresh one per model */
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
-        other = lc, other.tie_embeddings = true; /* no lm_head: loads (the file's extra tensor unused) */
+        other = lc, other.tie_embeddings = true; /* a tied head beside the file's trained lm_head.weight: refused, not dropped */
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &other));
-        CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir));
+        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_FORMAT, "model.safetensors: tensor \"lm_head.weight\" is not a parameter of the model config.json describes");
         tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));

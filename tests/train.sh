@@ -8,6 +8,8 @@
 #   bit-identical with a lower peak, evaluation identical at t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
+#   checkpoints (--save-every with --keep, --eval-only past the default --steps, a missing optimizer
+#   file, a config.json with fewer layers or a duplicate key, --load D --save D), and every
 #   bad input of the issues: a one-line error
 #   and a non-zero exit on every rank, never a hang.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
@@ -268,6 +270,35 @@ bad "--steps below the checkpoint's step" "--steps 3: the checkpoint .* is alrea
 tr 2 --text "$text" $small --tp 2 --steps 7 --load "$T/c5/step-5"
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "resumed from $T/c5/step-5 at step 5" && printf '%s\n' "$out" | grep -q "trained steps 6..7 in"; then ok "resume says where it resumed and which steps it trained"
 else fail "resume says where it resumed and which steps it trained"; fi
+# ---- checkpoints: --keep, --eval-only past the default --steps, a missing optimizer file, extra tensors ----
+tr 2 --text "$text" $small --tp 2 --steps 6 --save "$T/keep" --save-every 1 --keep 2
+kept=$(echo $(ls "$T/keep" | grep '^step-'))
+if [ $rc -eq 0 ] && [ "$kept" = "step-4 step-5" ] && [ -f "$T/keep/config.json" ] && [ ! -e "$T/keep.tpk-old" ]; then ok "--save-every 1 --keep 2: the newest two step directories kept ($kept) beside the final checkpoint"
+else fail "--save-every 1 --keep 2: kept '$kept'"; fi
+bad "--keep without --save-every" "--keep 2: applies to the checkpoints of --save DIR --save-every K" --text "$text" $small --tp 2 --keep 2 --save "$T/keep"
+tr 1 --text "$text" $small --steps 101 --save "$T/s101"
+tr 2 --eval-only --load "$T/s101" --text "$text" --batch 4 --seq-len 16 --eval-batches 1 --tp 2
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q '^val_loss'; then ok "--eval-only of a checkpoint at step 101 needs no --steps"
+else fail "--eval-only of a checkpoint at step 101 needs no --steps"; fi
+tr 2 --load "$T/s101" --text "$text" --batch 4 --seq-len 16 --sample 8 --tp 2
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q -- '--- sample (8 tokens) ---'; then ok "--sample of a checkpoint at step 101 (with data) needs no --steps"
+else fail "--sample of a checkpoint at step 101 (with data) needs no --steps"; fi
+rm -rf "$T/noopt" && cp -r "$T/c5/step-5" "$T/noopt" && rm "$T/noopt/optim.safetensors"
+tr 2 --text "$text" $small --tp 2 --steps 7 --load "$T/noopt"
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^optimizer state starts fresh at step 5 " && printf '%s\n' "$out" | grep -q "trained steps 6..7 in"; then
+    ok "a checkpoint without optim.safetensors: 'optimizer state starts fresh at step 5', steps 6..7 trained"
+else fail "a checkpoint without optim.safetensors"; fi
+rm -rf "$T/fewer" && cp -r "$T/c5/step-5" "$T/fewer" && sed -i 's/"n_layer": 2/"n_layer": 1/' "$T/fewer/config.json"
+bad "config.json with fewer layers than the file" "model.safetensors: tensor \"h.1.* is not a parameter of the model config.json describes" --text "$text" $small --tp 2 --load "$T/fewer"
+rm -rf "$T/dupkey" && cp -r "$T/c5/step-5" "$T/dupkey" && sed -i 's/"n_layer": 2,/"n_layer": 2, "n_layer": 4,/' "$T/dupkey/config.json"
+bad "config.json with a duplicate key" "the key \"n_layer\" appears twice" --text "$text" $small --tp 2 --load "$T/dupkey"
+# a save over the checkpoint it resumed from: the directory replaced whole, the user's file kept
+rm -rf "$T/over" && cp -r "$T/c5/step-5" "$T/over" && echo notes > "$T/over/README.md"
+tr 2 --text "$text" $small --tp 2 --steps 7 --load "$T/over" --save "$T/over"
+if [ $rc -eq 0 ] && grep -q '"tpk_step": 7' "$T/over/config.json" && [ -f "$T/over/README.md" ] && [ ! -e "$T/over.tpk-old" ] && [ ! -e "$T/over.tpk-new" ] &&
+    ! grep -q "$(sed -n 's/.*"tpk_checkpoint_id": "\(.*\)".*/\1/p' "$T/c5/step-5/config.json")" "$T/over/config.json"; then
+    ok "--load D --save D: D replaced whole (step 7, a new checkpoint id), README.md kept, nothing left beside it"
+else fail "--load D --save D"; fi
 # --csv FILE: FILE.png without .csv where gnuplot is installed, otherwise a line saying there is no plot
 tr 1 --text "$text" $small --steps 2 --csv "$T/curve.csv"
 if command -v gnuplot >/dev/null 2>&1; then want="plot: $T/curve.png"; else want="plot: gnuplot is not installed: the curve is in $T/curve.csv only"; fi

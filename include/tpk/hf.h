@@ -6,28 +6,34 @@
  *                      vocab_size, n_positions, layer_norm_epsilon, ...) or LlamaForCausalLM's
  *                      (model_type "llama": num_hidden_layers, hidden_size, num_attention_heads,
  *                      num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
- *                      rms_norm_eps, rope_theta, tie_word_embeddings), plus tpk_step and tpk_seed
+ *                      rms_norm_eps, rope_theta, tie_word_embeddings), plus tpk_step, tpk_seed
+ *                      and tpk_checkpoint_id (16 hex digits, random per save)
  *   model.safetensors  every parameter as its GLOBAL tensor under Hugging Face names; GPT-2's
  *                      Conv1D weights (c_attn, c_proj, c_fc) stored [in, out] as Hugging Face
  *                      does (tpk keeps [out, in]); Llama's all [out, in]; metadata {"format": "pt",
- *                      "step": N}. Loading also reads Hugging Face's shards, model-K-of-N.safetensors
- *                      named by model.safetensors.index.json's weight_map.
+ *                      "step": N, "tpk_checkpoint_id": ID}. Loading also reads Hugging Face's
+ *                      shards, model-K-of-N.safetensors named by model.safetensors.index.json.
  *   optim.safetensors  the AdamW moments "<name>.exp_avg", "<name>.exp_avg_sq" (global,
- *                      [out, in]) and the step, when an optimizer is given
- * Saving gathers every tensor over TP (collective on every rank) and world rank 0 writes each
- * file atomically (tpk_st_write: temporary, fsync, rename); every rank gets the same status.
+ *                      [out, in]), the step and the id, when an optimizer is given
+ * Saving gathers every tensor over TP (collective on every rank); world rank 0 writes the files
+ * into DIR.tpk-new and swaps it in for DIR by rename, carrying over DIR's other files, so DIR is
+ * replaced whole or not at all (tpk__hf_commit; a load reads DIR.tpk-old when a save stopped
+ * between the renames, and the next save repairs); every rank gets the same status.
  * Loading reads the files on every rank and sets each rank's shard (no communication), so a
  * checkpoint saved at t = 2 loads at t = 4; it also reads a Hugging Face GPT-2 directory (names
- * with or without "transformer.", the attn.bias buffers ignored) or Llama directory. Shapes are
- * checked against the model; an optimizer file whose step differs from the model file's is
- * refused. tpk_hf_model_type tells the two apart (tpk/model.h builds either).
- * config.json is parsed as strict JSON (RFC 8259): a truncated or malformed file is an error
- * naming the file and the byte; what tpk's Llama does not compute (rope_scaling, biases, another
- * activation) is refused by name. */
+ * with or without "transformer.", the attn.bias buffers ignored) or Llama directory. Refused,
+ * naming the file: shapes unlike the model's, tensors it does not account for, non-finite values,
+ * steps or checkpoint ids that differ between the files. tpk_hf_model_type tells the two
+ * architectures apart (tpk/model.h builds either).
+ * config.json is parsed as strict JSON (RFC 8259: numbers read whole, each top-level key once,
+ * valid UTF-8): a truncated or malformed file is an error naming the file and the byte; what
+ * tpk's Llama does not compute (rope_scaling, biases, another activation) is refused by name. */
 #ifndef TPK_HF_H
 #define TPK_HF_H
 
 #include <ctype.h>
+#include <dirent.h>
+#include <time.h>
 
 #include "data.h"
 #include "gpt2.h"
@@ -37,9 +43,9 @@
 
 /* ---- strict JSON: the top-level members of an object ------------------------------------------ */
 
-/* A top-level member's value: kind 0 (absent), 'n' number (num), 'b' true/false (num 1/0),
- * 's' string (its first 63 bytes, escapes as written, in str), 'z' null, 'o' object or array;
- * `at` is the byte offset where the value starts. */
+/* A top-level member's value: kind 0 (absent), 'n' number (num: the whole text read by strtod,
+ * however long), 'b' true/false (num 1/0), 's' string (its first 63 bytes, escapes as written, in
+ * str), 'z' null, 'o' object or array; `at` is the byte offset where the value starts. */
 typedef struct tpk__json_val {
     char kind;
     double num;
@@ -47,16 +53,40 @@ typedef struct tpk__json_val {
     size_t at;
 } tpk__json_val;
 
-/* Checks that text[0, n) is one JSON value (RFC 8259; nesting at most 64 deep) and, when it is an
- * object, describes the top-level members named keys[i] in vals[i]. On a syntax error returns
- * false with *at the byte offset and *what the expectation. */
+/* True when the top-level member name t[k0, k1) already appeared among the first *nseen (kept in
+ * *seen, grown as needed: offsets of each name's start and end); false after recording it, or
+ * with *seen NULL when out of memory. Sorted insertion keeps the search logarithmic. */
+static inline bool tpk__json_seen(const char *t, size_t k0, size_t k1, size_t (**seen)[2], size_t *nseen, size_t *cap) {
+    size_t lo = 0, hi = *nseen;
+    while (lo < hi) { /* the first name not below t[k0, k1) */
+        size_t mid = (lo + hi) / 2, a = (*seen)[mid][0], la = (*seen)[mid][1] - a, lb = k1 - k0;
+        int c = memcmp(t + a, t + k0, la < lb ? la : lb);
+        if (c < 0 || (c == 0 && la < lb)) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < *nseen && (*seen)[lo][1] - (*seen)[lo][0] == k1 - k0 && !memcmp(t + (*seen)[lo][0], t + k0, k1 - k0)) return true;
+    if (*nseen == *cap) {
+        size_t nc = *cap ? 2 * *cap : 32;
+        size_t(*g)[2] = (size_t(*)[2])realloc(*seen, nc * sizeof **seen);
+        if (!g) { free(*seen), *seen = NULL; return false; }
+        *seen = g, *cap = nc;
+    }
+    memmove(*seen + lo + 1, *seen + lo, (*nseen - lo) * sizeof **seen);
+    (*seen)[lo][0] = k0, (*seen)[lo][1] = k1, ++*nseen;
+    return false;
+}
+
+/* Checks that text[0, n) is one JSON value (RFC 8259: strings valid UTF-8; nesting at most 64
+ * deep; in the top-level object each member name once) and, when it is an object, describes the
+ * top-level members named keys[i] in vals[i]. On an error returns false with *at the byte offset
+ * and *what the expectation. */
 static inline bool tpk__json_top(const char *t, size_t n, const char *const *keys, int nkeys, tpk__json_val *vals, size_t *at, const char **what) {
     char stack[64]; /* '{' or '[' per open level */
     int depth = 0, key_index = -1;
-    size_t i = 0;
+    size_t i = 0, (*seen)[2] = NULL, nseen = 0, cap = 0; /* the top-level member names so far */
     bool top_object = false;
 #define TPK__WS() while (i < n && (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r')) i++
-#define TPK__FAIL(w) do { *at = i, *what = (w); return false; } while (0)
+#define TPK__FAIL(w) do { free(seen); *at = i, *what = (w); return false; } while (0)
     for (int k = 0; k < nkeys; k++) memset(&vals[k], 0, sizeof vals[k]);
     TPK__WS();
     for (;;) { /* parse one value at position i, then what follows it */
@@ -80,6 +110,12 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
                 unsigned char u = (unsigned char)t[i];
                 if (u == '"') break;
                 if (u < 0x20) TPK__FAIL("no control character in a string");
+                if (u >= 0x80) { /* a multi-byte character: valid UTF-8, as the safetensors reader requires */
+                    size_t k = tpk__st_utf8_len((const uint8_t *)t + i, (const uint8_t *)t + n);
+                    if (!k) TPK__FAIL("valid UTF-8 in a string");
+                    i += k - 1;
+                    continue;
+                }
                 if (u == '\\') {
                     if (++i >= n) TPK__FAIL("an escape");
                     if (t[i] == 'u') {
@@ -109,11 +145,12 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
                 if (i >= n || t[i] < '0' || t[i] > '9') TPK__FAIL("a digit in the exponent");
                 while (i < n && t[i] >= '0' && t[i] <= '9') i++;
             }
-            if (mine) {
-                char num[64];
-                size_t len = i - s0 < sizeof num - 1 ? i - s0 : sizeof num - 1;
-                memcpy(num, t + s0, len), num[len] = 0;
+            if (mine) { /* strtod on the whole text: a long mantissa keeps its exponent */
+                char small[64], *num = i - s0 < sizeof small ? small : (char *)malloc(i - s0 + 1);
+                if (!num) TPK__FAIL("a number short enough to copy (out of memory)");
+                memcpy(num, t + s0, i - s0), num[i - s0] = 0;
                 mine->num = strtod(num, NULL);
+                if (num != small) free(num);
             }
         } else if (n - i >= 4 && !strncmp(t + i, "true", 4)) {
             i += 4;
@@ -126,6 +163,7 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
         TPK__WS();
         if (depth == 0) {
             if (i != n) TPK__FAIL("the end of the text after the top-level value");
+            free(seen);
             if (!top_object) { *at = 0, *what = "an object at the top level"; return false; }
             return true;
         }
@@ -138,11 +176,14 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
         TPK__WS();
         if (i >= n || t[i] != '"') TPK__FAIL("a member name in double quotes");
         {
-            size_t k0 = ++i;
-            while (i < n && t[i] != '"' && (unsigned char)t[i] >= 0x20 && t[i] != '\\') i++;
+            size_t k0 = ++i, k;
+            for (; i < n && t[i] != '"' && (unsigned char)t[i] >= 0x20 && t[i] != '\\'; i += k)
+                if (!(k = tpk__st_utf8_len((const uint8_t *)t + i, (const uint8_t *)t + n))) TPK__FAIL("valid UTF-8 in a member name");
             if (i >= n || t[i] != '"') TPK__FAIL("a plain member name (no escapes)");
-            for (int k = 0; depth == 1 && k < nkeys; k++)
-                if (strlen(keys[k]) == i - k0 && !strncmp(t + k0, keys[k], i - k0)) key_index = k;
+            if (depth == 1 && tpk__json_seen(t, k0, i, &seen, &nseen, &cap)) { i = k0 - 1; TPK__FAIL("each member name once (a duplicate key)"); }
+            if (depth == 1 && !seen) TPK__FAIL("member names that fit in memory");
+            for (int q = 0; depth == 1 && q < nkeys; q++)
+                if (strlen(keys[q]) == i - k0 && !strncmp(t + k0, keys[q], i - k0)) key_index = q;
             i++;
         }
         TPK__WS();
@@ -164,7 +205,14 @@ static inline tpk_status tpk__config_members(tpk_ctx *ctx, const char *fn, const
                                              tpk__json_val *v) {
     size_t at = 0;
     const char *expect = "";
-    if (!tpk__json_top((const char *)b, n, keys, nkeys, v, &at, &expect)) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
+    if (tpk__json_top((const char *)b, n, keys, nkeys, v, &at, &expect)) return TPK_OK;
+    if (!strncmp(expect, "each member name once", 21)) { /* at: the duplicate's opening quote */
+        size_t e = at + 1;
+        while (e < n && b[e] != '"') e++;
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: the key \"%.*s\" appears twice (expected each key once)", what, at,
+                         (int)(e - at - 1 < 100 ? e - at - 1 : 100), (const char *)b + at + 1);
+    }
+    return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
     return TPK_OK;
 }
 /* A member that must be a number when present (`need`: and must be present). */
@@ -238,17 +286,51 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
     return TPK_OK;
 }
 
-/* dir/config.json's bytes (free them) and its path. */
+/* A checkpoint path's names, trailing slashes dropped: base (the checkpoint), base.tpk-old (the
+ * previous checkpoint while a save swaps the two), base.tpk-new (a save's files until the swap),
+ * and base's parent directory (fsynced after each rename). False when the path is empty or too long. */
+typedef struct tpk__hf_paths {
+    char base[1024], old[1040], tmp[1040], parent[1024];
+} tpk__hf_paths;
+static inline bool tpk__hf_paths_of(const char *dir, tpk__hf_paths *p) {
+    size_t n = dir ? strlen(dir) : 0;
+    while (n > 1 && dir[n - 1] == '/') n--;
+    if (n == 0 || n >= sizeof p->base) return false;
+    memcpy(p->base, dir, n), p->base[n] = 0;
+    snprintf(p->old, sizeof p->old, "%s.tpk-old", p->base), snprintf(p->tmp, sizeof p->tmp, "%s.tpk-new", p->base);
+    const char *slash = strrchr(p->base, '/');
+    if (!slash) snprintf(p->parent, sizeof p->parent, ".");
+    else snprintf(p->parent, sizeof p->parent, "%.*s", slash == p->base ? 1 : (int)(slash - p->base), p->base);
+    return true;
+}
+
+/* The directory a load reads for dir: dir when it holds config.json, else dir.tpk-old when that
+ * does (a save stopped between its two renames: the previous checkpoint is the checkpoint), else
+ * dir (whose error then names it). */
+static inline void tpk__hf_resolve(const char *dir, char *out, size_t n) {
+    tpk__hf_paths p;
+    char cj[1100];
+    snprintf(out, n, "%s", dir ? dir : "");
+    if (!tpk__hf_paths_of(dir, &p)) return;
+    snprintf(cj, sizeof cj, "%s/config.json", p.base);
+    if (access(cj, F_OK) == 0) return;
+    snprintf(cj, sizeof cj, "%s/config.json", p.old);
+    if (access(cj, F_OK) == 0) snprintf(out, n, "%s", p.old);
+}
+
+/* dir/config.json's bytes (free them) and its path (dir.tpk-old's after a stopped save: tpk__hf_resolve). */
 static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const char *dir, char *path, size_t np, uint8_t **b, size_t *n) {
     if (!ctx) return TPK_ERR_ARG;
     if (!dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: NULL");
-    snprintf(path, np, "%s/config.json", dir);
+    char d[1100];
+    tpk__hf_resolve(dir, d, sizeof d); /* a save stopped mid-swap: the previous checkpoint */
+    snprintf(path, np, "%s/config.json", d);
     return tpk__read_file(ctx, fn, path, b, n);
 }
 /* dir/config.json into *cfg, as tpk_gpt2_config_parse. */
 static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_config_read";
-    char path[1024];
+    char path[1200];
     uint8_t *b = NULL;
     size_t n = 0;
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
@@ -260,7 +342,7 @@ static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk
 /* dir/config.json into *cfg, as tpk_llama_config_parse. */
 static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir, tpk_llama_config *cfg) {
     static const char *fn = "tpk_llama_config_read";
-    char path[1024];
+    char path[1200];
     uint8_t *b = NULL;
     size_t n = 0;
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
@@ -273,7 +355,7 @@ static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir, tp
  * type[n]; any other (or none) is TPK_ERR_UNSUPPORTED naming it. */
 static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *type, size_t n) {
     static const char *fn = "tpk_hf_model_type";
-    char path[1024];
+    char path[1200];
     uint8_t *b = NULL;
     size_t len = 0;
     if (ctx && (!type || !n)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "type: NULL");
@@ -287,6 +369,106 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: model_type %s%s%s: expected \"gpt2\" or \"llama\"", path, v.kind == 's' ? "\"" : "",
                          v.kind == 's' ? v.str : v.kind ? "(not a string)" : "missing", v.kind == 's' ? "\"" : "");
     snprintf(type, n, "%.31s", v.str); /* "gpt2" or "llama" */
+    return TPK_OK;
+}
+
+/* ---- the checkpoint directory: replaced whole or not at all ------------------------------------------------ */
+
+/* Whether a directory entry is one of a checkpoint's files, replaced and removed with it:
+ * config.json, optim.safetensors, model*.safetensors (model.safetensors, Hugging Face's shards
+ * model-K-of-N.safetensors), model.safetensors.index.json, and a killed writer's temporaries
+ * "<one of these>.tmp.<pid>". Everything else in a checkpoint directory is the user's. */
+static inline bool tpk__hf_ckpt_file(const char *name) {
+    const char *t = strstr(name, ".tmp.");
+    size_t n = t ? (size_t)(t - name) : strlen(name);
+    if (t) {
+        const char *d = t + 5;
+        if (!*d) return false;
+        for (; *d; d++)
+            if (*d < '0' || *d > '9') return false;
+    }
+#define TPK__IS(lit) (n == sizeof(lit) - 1 && !strncmp(name, lit, n))
+    return TPK__IS("config.json") || TPK__IS("optim.safetensors") || TPK__IS("model.safetensors.index.json") ||
+           (n >= 17 && !strncmp(name, "model", 5) && !strncmp(name + n - 12, ".safetensors", 12));
+#undef TPK__IS
+}
+
+/* fsync a directory (its renames durable); EINVAL: a filesystem that cannot, accepted. */
+static inline bool tpk__hf_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY);
+    if (fd < 0) return false;
+    bool ok = fsync(fd) == 0 || errno == EINVAL;
+    close(fd);
+    return ok;
+}
+
+/* Remove dir's checkpoint files (tpk__hf_ckpt_file), then dir when nothing else is in it; *kept
+ * (may be NULL) tells whether dir stayed for the other entries. A missing dir: nothing to do. */
+static inline tpk_status tpk__hf_remove(tpk_ctx *ctx, const char *fn, const char *dir, bool *kept) {
+    DIR *d = opendir(dir);
+    if (kept) *kept = false;
+    if (!d) return errno == ENOENT ? TPK_OK : tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot list: %s", dir, strerror(errno));
+    int others = 0;
+    tpk_status s = TPK_OK;
+    char path[1400];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (!tpk__hf_ckpt_file(e->d_name)) { others++; continue; }
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) != 0 && errno != ENOENT && s == TPK_OK) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot remove: %s", path, strerror(errno));
+    }
+    closedir(d);
+    if (s == TPK_OK && !others && rmdir(dir) != 0) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot remove: %s", dir, strerror(errno));
+    if (kept) *kept = others > 0;
+    return s;
+}
+
+/* Remove the checkpoint saved in dir: its files (config.json, model and optimizer files), then dir
+ * when it holds nothing else; a user's other files, and dir with them, stay. For one rank (the
+ * trainer's --keep uses it on world rank 0). A missing dir is not an error. */
+static inline tpk_status tpk_hf_remove(tpk_ctx *ctx, const char *dir) {
+    static const char *fn = "tpk_hf_remove";
+    tpk__hf_paths p;
+    if (!ctx) return TPK_ERR_ARG;
+    if (!tpk__hf_paths_of(dir, &p)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected a path of 1..1023 bytes");
+    return tpk__hf_remove(ctx, fn, p.base, NULL);
+}
+
+/* Move every entry of `from` that is not a checkpoint file (a user's README, a Hugging Face
+ * folder's tokenizer files, the trainer's step-N directories) into `to`, where none of that name is. */
+static inline tpk_status tpk__hf_carry(tpk_ctx *ctx, const char *fn, const char *from, const char *to) {
+    DIR *d = opendir(from);
+    if (!d) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot list: %s", from, strerror(errno));
+    tpk_status s = TPK_OK;
+    char a[1400], b[1400];
+    struct stat st;
+    for (struct dirent *e; (e = readdir(d)) && s == TPK_OK;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || tpk__hf_ckpt_file(e->d_name)) continue;
+        snprintf(a, sizeof a, "%s/%s", from, e->d_name), snprintf(b, sizeof b, "%s/%s", to, e->d_name);
+        if (stat(b, &st) == 0) continue; /* `to` has its own: `from` keeps this one */
+        if (rename(a, b) != 0) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot move to %s: %s", a, b, strerror(errno));
+    }
+    closedir(d);
+    return s;
+}
+
+/* Finish or undo what a stopped save left, before the next save (one rank): base missing and
+ * base.tpk-old present: the old checkpoint renamed back; both present: the new checkpoint is in
+ * place, the old one's other entries are carried into it and the rest removed; base.tpk-new (never
+ * swapped in) removed. An old directory that cannot be emptied is an error naming it. */
+static inline tpk_status tpk__hf_repair(tpk_ctx *ctx, const char *fn, const tpk__hf_paths *p) {
+    struct stat st;
+    bool base = stat(p->base, &st) == 0, old = stat(p->old, &st) == 0, kept = false;
+    if (old && !base) {
+        if (rename(p->old, p->base) != 0) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename back to %s: %s", p->old, p->base, strerror(errno));
+        if (!tpk__hf_fsync_dir(p->parent)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: fsync failed: %s", p->parent, strerror(errno));
+    } else if (old) {
+        TPK_TRY(tpk__hf_carry(ctx, fn, p->old, p->base));
+        TPK_TRY(tpk__hf_remove(ctx, fn, p->old, &kept));
+        if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: left by an earlier save, holds entries %s also has: move or remove them", p->old, p->base);
+    }
+    TPK_TRY(tpk__hf_remove(ctx, fn, p->tmp, &kept));
+    if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: expected only a stopped save's files there (remove the directory)", p->tmp);
     return TPK_OK;
 }
 
@@ -322,14 +504,91 @@ typedef struct tpk_gpt2_save_desc {
 } tpk_gpt2_save_desc;
 typedef tpk_gpt2_save_desc tpk_hf_save_desc;
 
-/* Save every registered parameter (and opt's moments when opt is not NULL) to dir, with config
- * (config.json's text, written last). transposed(p): the parameter is stored [in, out] (GPT-2's
- * Conv1D), else as registered. Collective over ctx->world. */
+/* A random 64-bit checkpoint id as 16 hex digits: /dev/urandom, or the time, the PID and an
+ * address mixed where it cannot be read. */
+static inline void tpk__hf_new_id(char out[17]) {
+    uint64_t x = 0;
+    int fd = open("/dev/urandom", O_RDONLY);
+    bool ok = fd >= 0 && read(fd, &x, sizeof x) == (ssize_t)sizeof x;
+    if (fd >= 0) close(fd);
+    if (!ok) {
+        tpk_u32x4 r = tpk_philox((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32), (uint64_t)(uintptr_t)&x, (uint64_t)clock());
+        x = (uint64_t)r.v[0] << 32 | r.v[1];
+    }
+    snprintf(out, 17, "%016llx", (unsigned long long)x);
+}
+
+/* Start a save at p (one rank): what a stopped save left repaired (tpk__hf_repair) and an empty
+ * base.tpk-new made; base, when it exists, must be a directory. */
+static inline tpk_status tpk__hf_begin(tpk_ctx *ctx, const char *fn, const tpk__hf_paths *p) {
+    struct stat st;
+    TPK_TRY(tpk__hf_repair(ctx, fn, p));
+    if (stat(p->base, &st) == 0 && !S_ISDIR(st.st_mode))
+        return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: exists and is not a directory", p->base);
+    if (mkdir(p->tmp, 0755) != 0) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create: %s", p->tmp, strerror(errno));
+    return TPK_OK;
+}
+
+/* Rank 0's part of a save: the files (the optimizer file when nopt > 0, the model file, then
+ * config.json with a new tpk_checkpoint_id, also in each file's metadata) into base.tpk-new, each
+ * fsynced; then swapped in: base (when it exists) renamed to base.tpk-old, base.tpk-new to base,
+ * the parent fsynced, the old directory's other entries carried over, the old checkpoint removed.
+ * A failure before the swap leaves base as it was. */
+static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk__hf_paths *p, const tpk_st_entry *e, int n, int nopt, int64_t step,
+                                       const char *config) {
+    char path[1100], stepstr[32], id[17], *text = (char *)malloc(strlen(config) + 64);
+    if (!text) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "config.json's text");
+    tpk__hf_new_id(id);
+    size_t end = strlen(config);
+    while (end && config[end - 1] != '}') end--; /* config's closing brace: the id goes before it */
+    while (end > 1 && strchr(" \t\r\n", config[end - 2])) end--;
+    snprintf(text, strlen(config) + 64, "%.*s,\n  \"tpk_checkpoint_id\": \"%s\"\n}\n", end ? (int)end - 1 : 0, config, id);
+    snprintf(stepstr, sizeof stepstr, "%lld", (long long)step);
+    const char *meta[] = {"format", "pt", "step", stepstr, "tpk_checkpoint_id", id, NULL};
+    const char *ometa[] = {"format", "tpk-adamw", "step", stepstr, "tpk_checkpoint_id", id, NULL};
+    tpk_status s = TPK_OK;
+    snprintf(path, sizeof path, "%s/optim.safetensors", p->tmp);
+    if (nopt) s = tpk_st_write(ctx, path, e + n, nopt, ometa);
+    snprintf(path, sizeof path, "%s/model.safetensors", p->tmp);
+    if (s == TPK_OK) s = tpk_st_write(ctx, path, e, n, meta);
+    snprintf(path, sizeof path, "%s/config.json", p->tmp);
+    if (s == TPK_OK) s = tpk__write_text_atomic(ctx, fn, path, text);
+    free(text);
+    if (s == TPK_OK && !tpk__hf_fsync_dir(p->tmp)) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: fsync failed: %s", p->tmp, strerror(errno));
+    if (s != TPK_OK) return s;
+    struct stat st;
+    bool had = stat(p->base, &st) == 0;
+    if (had && rename(p->base, p->old) != 0) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename to %s: %s", p->base, p->old, strerror(errno));
+    if (rename(p->tmp, p->base) != 0) {
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename to %s: %s", p->tmp, p->base, strerror(errno));
+        if (had) rename(p->old, p->base);
+        return s;
+    }
+    if (!tpk__hf_fsync_dir(p->parent)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync of %s failed: %s", p->base, p->parent, strerror(errno));
+    if (!had) return TPK_OK;
+    bool kept = false;
+    TPK_TRY(tpk__hf_carry(ctx, fn, p->old, p->base));
+    if (!tpk__hf_fsync_dir(p->base)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync failed: %s", p->base, strerror(errno));
+    TPK_TRY(tpk__hf_remove(ctx, fn, p->old, &kept));
+    if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but %s keeps entries %s also has: move or remove them", p->base, p->old, p->base);
+    if (!tpk__hf_fsync_dir(p->parent)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync of %s failed: %s", p->base, p->parent, strerror(errno));
+    return TPK_OK;
+}
+
+/* Save every registered parameter (and opt's moments when opt is not NULL) to dir, replacing
+ * what dir held as one checkpoint (tpk__hf_commit), with config (config.json's text, written
+ * last). transposed(p): the parameter is stored [in, out] (GPT-2's Conv1D), else as registered.
+ * Collective over ctx->world. */
 static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_adamw *opt, const char *dir, int64_t step, const char *config,
                                       bool (*transposed)(const tpk_param *)) {
     bool root = ctx->world->rank == 0, made = false;
     tpk_status s = TPK_OK;
-    if (root && mkdir(dir, 0755) != 0 && errno != EEXIST) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create: %s", dir, strerror(errno));
+    tpk__hf_paths p;
+    if (!tpk__hf_paths_of(dir, &p)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir \"%.40s\": expected a path of 1..1023 bytes", dir);
+    const char *last = strrchr(p.base, '/') ? strrchr(p.base, '/') + 1 : p.base; /* replaced by rename: a name, not "." or ".." or "/" */
+    if (!strcmp(last, ".") || !strcmp(last, "..") || !*last)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir \"%s\": expected a path ending in the checkpoint directory's name, not \"%s\"", p.base, *last ? last : "/");
+    if (root) s = tpk__hf_begin(ctx, fn, &p);
     if (tpk_agree(ctx, ctx->world, s) != TPK_OK) return s != TPK_OK ? s : tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create the checkpoint directory", dir);
     float *om = NULL, *ov = NULL; /* the whole moments (ZeRO-1: gathered over DP) */
     if (opt) TPK_TRY(tpk__adamw_whole(ctx, opt, true, &om, &ov, &made));
@@ -364,18 +623,8 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
             o->name = names[i][k], o->dtype = TPK_ST_F32, o->ndim = p->ndim, o->shape = p->gshape, o->data = w[3 * i + 1 + k];
         }
     }
-    if (s == TPK_OK && root) { /* the optimizer file, the model file, then config.json: each atomically */
-        char path[1100], stepstr[32];
-        snprintf(stepstr, sizeof stepstr, "%lld", (long long)step);
-        const char *meta[] = {"format", "pt", "step", stepstr, NULL};
-        const char *ometa[] = {"format", "tpk-adamw", "step", stepstr, NULL};
-        snprintf(path, sizeof path, "%s/optim.safetensors", dir);
-        if (opt) s = tpk_st_write(ctx, path, e + n, 2 * n, ometa);
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (s == TPK_OK) s = tpk_st_write(ctx, path, e, n, meta);
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        if (s == TPK_OK) s = tpk__write_text_atomic(ctx, fn, path, config);
-    }
+    if (s == TPK_OK && root) s = tpk__hf_commit(ctx, fn, &p, e, n, opt ? 2 * n : 0, step, config);
+    if (s != TPK_OK && root) tpk__hf_remove(NULL, fn, p.tmp, NULL); /* a save stopped before its swap: its files go */
     for (int i = 0; w && i < 3 * n; i++) free(w[i]);
     free(w), free(e), free(shapes), free(names);
     if (made) tpk_op_free(ctx, om), tpk_op_free(ctx, ov);
@@ -461,7 +710,7 @@ static inline void tpk__hf_files_close(tpk__hf_files *f) {
 
 /* dir's index file into f (no index: the one file model.safetensors). */
 static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char *dir, tpk__hf_files *f) {
-    char path[1100];
+    char path[1200];
     memset(f, 0, sizeof *f);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, F_OK) != 0) {
@@ -530,7 +779,7 @@ static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *
         q = f->which[k];
     }
     if (!f->open[q]) {
-        char path[1100];
+        char path[1200];
         snprintf(path, sizeof path, "%s/%s", dir, f->file[q]);
         TPK_TRY(tpk_st_read(ctx, path, &f->st[q]));
         f->open[q] = true;
@@ -540,22 +789,159 @@ static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *
     return TPK_OK;
 }
 
-/* Set every parameter (and, when opt is given and dir has optim.safetensors, the moments and
- * opt->step) from dir: model.safetensors or its shards. `alt`: a prefix a name may also carry
- * ("transformer." for GPT-2). */
-static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *opt, const char *dir, bool (*transposed)(const tpk_param *),
+/* A step as written in a checkpoint ("step" metadata, tpk_step): a whole number 0..10^18 in
+ * decimal digits, nothing else. */
+static inline bool tpk__hf_step_text(const char *t, int64_t *out) {
+    int64_t v = 0;
+    if (!t || !*t || strlen(t) > 18) return false;
+    for (const char *c = t; *c; c++) {
+        if (*c < '0' || *c > '9') return false;
+        v = 10 * v + (*c - '0');
+    }
+    *out = v;
+    return true;
+}
+
+/* What a checkpoint's files say about themselves: a file's name, its step and its checkpoint id
+ * (each NULL when the file does not say). */
+typedef struct tpk__hf_stamp {
+    const char *file, *key, *step, *id; /* key: the step's name there ("step", "tpk_step") */
+} tpk__hf_stamp;
+
+/* The stamps of one checkpoint's files (config.json first) must agree: each step a whole number,
+ * every step given the same, every id given the same (files without an id: Hugging Face's, older
+ * tpk's, accepted). *step: the step they give (0 when none does). */
+static inline tpk_status tpk__hf_stamps_agree(tpk_ctx *ctx, const char *fn, const char *dir, const tpk__hf_stamp *st, int n, int64_t *step) {
+    int first_step = -1, first_id = -1;
+    *step = 0;
+    for (int k = 0; k < n; k++) {
+        if (st[k].step) {
+            int64_t v;
+            if (!tpk__hf_step_text(st[k].step, &v))
+                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: %s \"%.40s\": expected a whole number", dir, st[k].file, st[k].key, st[k].step);
+            if (first_step < 0) first_step = k, *step = v;
+            else if (strcmp(st[k].step, st[first_step].step))
+                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s (%s %s) does not belong to %s (%s %s)", dir, st[k].file, st[k].key, st[k].step,
+                                 st[first_step].file, st[first_step].key, st[first_step].step);
+        }
+        if (st[k].id) {
+            if (first_id < 0) first_id = k;
+            else if (strcmp(st[k].id, st[first_id].id))
+                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s (tpk_checkpoint_id %.40s) does not belong to %s (tpk_checkpoint_id %.40s): files of two checkpoints", dir,
+                                 st[k].file, st[k].id, st[first_id].file, st[first_id].id);
+        }
+    }
+    return TPK_OK;
+}
+
+/* The first element of w[n] that is not finite (or, `nonneg`, negative) as an error naming the
+ * tensor `name` of `file` and the element; TPK_OK when there is none. */
+static inline tpk_status tpk__hf_finite(tpk_ctx *ctx, const char *fn, const char *file, const char *name, const float *w, size_t n, bool nonneg) {
+    for (size_t j = 0; j < n; j++)
+        if (!isfinite(w[j]) || (nonneg && w[j] < 0))
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: tensor \"%s\": element %zu is %g: expected a finite%s value", file, name, j, (double)w[j],
+                             nonneg ? ", non-negative" : "");
+    return TPK_OK;
+}
+
+/* Whether the model-file tensor `name` is accounted for by the model: a parameter (sorted[n], also
+ * under the prefix alt) or a buffer Hugging Face's files carry and tpk computes itself (GPT-2's
+ * attention masks attn.bias and attn.masked_bias, Llama's rotary_emb.inv_freq). */
+static inline bool tpk__hf_known(const char *name, const char *const *sorted, int n, const char *alt) {
+    static const char *const buffers[] = {".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"};
+    size_t len = strlen(name);
+    for (int k = 0; k < 3; k++) {
+        size_t b = strlen(buffers[k]);
+        if (len > b && !strcmp(name + len - b, buffers[k])) return true;
+    }
+    if (alt && !strncmp(name, alt, strlen(alt))) name += strlen(alt);
+    return bsearch(&name, sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp) != NULL;
+}
+
+/* GPT-2's lm_head.weight, which Hugging Face's files may carry beside wte.weight: tpk ties the two,
+ * so it must equal the embedding as loaded (wte[n]), else an error naming it. */
+static inline tpk_status tpk__hf_tied_head(tpk_ctx *ctx, const char *fn, const char *dir, tpk__hf_files *files, const float *wte, size_t n) {
+    const tpk_st_tensor *t = NULL;
+    tpk_st_file *tf = NULL;
+    TPK_TRY(tpk__hf_find(ctx, fn, dir, files, "lm_head.weight", &t, &tf));
+    if (!t) return TPK_OK;
+    float *h = (float *)malloc(sizeof(float) * (n ? n : 1));
+    if (!h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", n);
+    tpk_status s = tpk_st_numel(t) == (int64_t)n ? tpk_st_get_f32(ctx, tf, t, h, n) : TPK_ERR_SHAPE;
+    if (s == TPK_OK && memcmp(h, wte, sizeof(float) * n)) s = TPK_ERR_FORMAT;
+    free(h);
+    if (s == TPK_ERR_SHAPE || s == TPK_ERR_FORMAT)
+        return tpk__fail(ctx, s, fn, "%s: \"lm_head.weight\" differs from \"wte.weight\": tpk's GPT-2 ties the head to the embedding (an untied head is not loaded)", dir);
+    return s;
+}
+
+/* Every tensor of dir's model files (files: each name in the index, or model.safetensors's) and of
+ * the optimizer file (of, when given: "<parameter>.exp_avg" and ".exp_avg_sq") accounted for by the
+ * model, else an error naming the first that is not: a file with more layers than config.json, an
+ * lm_head.weight beside tie_word_embeddings true. */
+static inline tpk_status tpk__hf_all_known(tpk_ctx *ctx, const char *fn, const char *dir, const tpk__hf_files *files, const tpk_st_file *of,
+                                           const char *alt) {
+    int n = ctx->params.n;
+    const char **sorted = (const char **)malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    if (!sorted) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the parameter names");
+    for (int i = 0; i < n; i++) sorted[i] = ctx->params.list[i].name;
+    if (n > 1) qsort(sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp);
+    const char *extra = NULL, *where = files->tensor ? "model.safetensors.index.json" : "model.safetensors";
+    int total = files->tensor ? files->nmap : files->st[0].n;
+    for (int k = 0; k < total && !extra; k++) {
+        const char *name = files->tensor ? files->tensor[k] : files->st[0].tensors[k].name;
+        if (!tpk__hf_known(name, sorted, n, alt) && !(alt && !strcmp(name, "lm_head.weight"))) extra = name;
+    }
+    for (int k = 0; of && k < of->n && !extra; k++) {
+        char base[256];
+        const char *name = of->tensors[k].name, *dot = strrchr(name, '.');
+        snprintf(base, sizeof base, "%.*s", dot ? (int)(dot - name) : 0, name);
+        const char *key = base;
+        if (!dot || (strcmp(dot, ".exp_avg") && strcmp(dot, ".exp_avg_sq")) || !bsearch(&key, sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp))
+            extra = name, where = "optim.safetensors";
+    }
+    free(sorted);
+    if (extra)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: tensor \"%s\" is not a parameter of the model config.json describes (a layer beyond its count, a head it ties?)",
+                         dir, where, extra);
+    return TPK_OK;
+}
+
+/* Set every parameter (and, when opt is given, the moments and opt->step) from dir: model.safetensors
+ * or its shards, optim.safetensors. Refused, naming the file and what is wrong: a tensor missing,
+ * mis-shaped, not finite, or not accounted for by the model; steps that are not whole numbers or
+ * disagree between config.json, the model files and the optimizer file; checkpoint ids that differ.
+ * No optimizer file: opt->step = the checkpoint's step, the moments as they were (fresh).
+ * `alt`: a prefix a name may also carry ("transformer." for GPT-2, whose lm_head.weight, when
+ * present, must equal wte.weight). */
+static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *opt, const char *dir_in, bool (*transposed)(const tpk_param *),
                                       const char *alt) {
-    char path[1100];
+    char path[1300], dir[1100];
     tpk_st_file of;
     tpk__hf_files files;
     memset(&of, 0, sizeof of);
+    tpk__hf_resolve(dir_in, dir, sizeof dir);
+    /* config.json's step and id */
+    uint8_t *cb = NULL;
+    size_t cn = 0;
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &cb, &cn));
+    static const char *const ckeys[] = {"tpk_step", "tpk_checkpoint_id"};
+    tpk__json_val cv[2];
+    char cstep[40] = "";
+    tpk_status s = tpk__config_members(ctx, fn, cb, cn, path, ckeys, 2, cv);
+    free(cb);
+    TPK_TRY(s);
+    if (cv[0].kind && (cv[0].kind != 'n' || !(cv[0].num >= 0 && cv[0].num <= 1e18) || cv[0].num != floor(cv[0].num)))
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: tpk_step: expected a whole number", path);
+    if (cv[0].kind) snprintf(cstep, sizeof cstep, "%.0f", cv[0].num);
+    if (cv[1].kind && cv[1].kind != 's') return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: tpk_checkpoint_id: expected a string", path);
     TPK_TRY(tpk__hf_index(ctx, fn, dir, &files));
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     bool have_opt = opt && access(path, F_OK) == 0, made = false;
-    float *om = NULL, *ov = NULL; /* the whole moments (ZeRO-1: made here, this rank's slice kept at the end) */
-    tpk_status s = have_opt ? tpk_st_read(ctx, path, &of) : TPK_OK;
+    float *om = NULL, *ov = NULL, *wte = NULL; /* the whole moments (ZeRO-1: made here, this rank's slice kept at the end) */
+    size_t nwte = 0;
+    s = have_opt ? tpk_st_read(ctx, path, &of) : TPK_OK;
     if (s == TPK_OK && have_opt) s = tpk__adamw_whole(ctx, opt, false, &om, &ov, &made);
-    const char *mstep = NULL;
     for (int i = 0; i < ctx->params.n && s == TPK_OK; i++) {
         const tpk_param *p = &ctx->params.list[i];
         char altname[160];
@@ -568,7 +954,6 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
         }
         if (s != TPK_OK) break;
         if (!t) { s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: no tensor \"%s\"", dir, files.tensor ? "model.safetensors.index.json" : "model.safetensors", p->name); break; }
-        if (!mstep) mstep = tpk_st_meta(tf, "step");
         bool conv = transposed && transposed(p);
         int64_t want[2] = {conv ? p->gshape[1] : p->gshape[0], conv ? p->gshape[0] : (p->ndim > 1 ? p->gshape[1] : 0)};
         if (t->ndim != p->ndim || t->shape[0] != want[0] || (p->ndim > 1 && t->shape[1] != want[1])) {
@@ -580,32 +965,80 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
         size_t gn = tpk_param_global_numel(ctx, i);
         float *w = (float *)malloc(sizeof(float) * (gn ? gn : 1)), *tw = conv ? (float *)malloc(sizeof(float) * (gn ? gn : 1)) : NULL;
         if (!w || (conv && !tw)) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
+        snprintf(path, sizeof path, "%s/%s", dir, files.file[tf - files.st]);
         if (s == TPK_OK) s = tpk_st_get_f32(ctx, tf, t, w, gn);
+        if (s == TPK_OK) s = tpk__hf_finite(ctx, fn, path, t->name, w, gn, false);
+        if (s == TPK_OK && alt && !strcmp(p->name, "wte.weight")) { /* kept for a tied lm_head.weight's check */
+            if ((wte = (float *)malloc(sizeof(float) * (gn ? gn : 1)))) memcpy(wte, w, sizeof(float) * gn), nwte = gn;
+            else s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
+        }
         if (s == TPK_OK && conv) tpk__transpose(w, tw, want[0], want[1]);
         if (s == TPK_OK) s = tpk_param_set_global(ctx, i, conv ? tw : w);
+        snprintf(path, sizeof path, "%s/optim.safetensors", dir);
         for (int k = 0; k < 2 && have_opt && s == TPK_OK; k++) {
             char on[160];
             snprintf(on, sizeof on, "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
             const tpk_st_tensor *ot = tpk_st_find(&of, on);
-            if (!ot) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/optim.safetensors: no tensor \"%s\"", dir, on);
+            if (!ot) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: no tensor \"%s\"", path, on);
             if (s == TPK_OK) s = tpk_st_get_f32(ctx, &of, ot, w, gn);
+            if (s == TPK_OK) s = tpk__hf_finite(ctx, fn, path, on, w, gn, k == 1);
             if (s == TPK_OK) s = tpk_param_scatter(ctx, i, w, k ? ov : om);
         }
         free(w), free(tw);
     }
-    if (s == TPK_OK && have_opt) {
-        const char *os = tpk_st_meta(&of, "step");
-        if (!os || (mstep && strcmp(mstep, os)))
-            s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: optim.safetensors (step %s) does not belong to model.safetensors (step %s)", dir, os ? os : "?",
-                          mstep ? mstep : "?");
-        else opt->step = strtoll(os, NULL, 10);
+    if (s == TPK_OK) s = tpk__hf_all_known(ctx, fn, dir, &files, have_opt ? &of : NULL, alt);
+    if (s == TPK_OK && wte) s = tpk__hf_tied_head(ctx, fn, dir, &files, wte, nwte);
+    tpk__hf_stamp st[66]; /* config.json, the model files read, the optimizer file */
+    int nst = 1;
+    st[0].file = "config.json", st[0].key = "tpk_step", st[0].step = cv[0].kind ? cstep : NULL, st[0].id = cv[1].kind ? cv[1].str : NULL;
+    for (int q = 0; q <= files.n; q++) { /* the model files (at most 64 of them), then the optimizer file */
+        tpk_st_file *sf = q < files.n ? (files.open[q] && nst < 65 ? &files.st[q] : NULL) : have_opt ? &of : NULL;
+        if (!sf) continue;
+        st[nst].file = q < files.n ? files.file[q] : "optim.safetensors", st[nst].key = "step";
+        st[nst].step = tpk_st_meta(sf, "step"), st[nst].id = tpk_st_meta(sf, "tpk_checkpoint_id"), nst++;
     }
+    if (have_opt && s == TPK_OK && !st[nst - 1].step) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/optim.safetensors: no step in its metadata", dir);
+    int64_t step = 0;
+    if (s == TPK_OK) s = tpk__hf_stamps_agree(ctx, fn, dir, st, nst, &step);
+    if (s == TPK_OK && opt) opt->step = step; /* no optimizer file: fresh moments from the checkpoint's step */
     if (made) {
         tpk_status k = tpk__adamw_keep_slice(ctx, opt, om, ov);
         if (s == TPK_OK) s = k;
     }
+    free(wte);
     tpk__hf_files_close(&files), tpk_st_close(&of);
     return s;
+}
+
+/* What a load of dir reads (the directory: dir, or dir.tpk-old left by a stopped save), whether
+ * it holds an optimizer file, and config.json's tpk_step and tpk_checkpoint_id (0 and "" when
+ * absent). A trainer says from it that the optimizer state starts fresh. Not collective. */
+typedef struct tpk_hf_info {
+    char dir[1100];
+    bool has_optim;
+    int64_t step;
+    char id[64];
+} tpk_hf_info;
+static inline tpk_status tpk_hf_info_read(tpk_ctx *ctx, const char *dir, tpk_hf_info *out) {
+    static const char *fn = "tpk_hf_info_read";
+    char path[1200];
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (!ctx) return TPK_ERR_ARG;
+    if (!dir || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "out");
+    memset(out, 0, sizeof *out);
+    tpk__hf_resolve(dir, out->dir, sizeof out->dir);
+    TPK_TRY(tpk__config_load(ctx, fn, out->dir, path, sizeof path, &b, &n));
+    static const char *const keys[] = {"tpk_step", "tpk_checkpoint_id"};
+    tpk__json_val v[2];
+    tpk_status s = tpk__config_members(ctx, fn, b, n, path, keys, 2, v);
+    free(b);
+    TPK_TRY(s);
+    if (v[0].kind == 'n' && v[0].num >= 0 && v[0].num <= 1e18) out->step = (int64_t)v[0].num;
+    if (v[1].kind == 's') snprintf(out->id, sizeof out->id, "%s", v[1].str);
+    snprintf(path, sizeof path, "%s/optim.safetensors", out->dir);
+    out->has_optim = access(path, F_OK) == 0;
+    return TPK_OK;
 }
 
 /* Set every parameter (and, when opt is given and dir has optim.safetensors, the moments and
