@@ -90,7 +90,7 @@ struct tpk_ctx {
     char err[512];
     tpk_profile *prof;    /* the profiler (tpk/profile.h), NULL when off */
     size_t mem, mem_peak; /* bytes held in the kit's buffers (tpk_buf: parameters, gradients, their bf16
-                             copy, activations, scratch) now and at most (tpk_mem_peak) */
+                             copy, activations, scratch; the optimizer's moments) now and at most (tpk_mem_peak) */
 };
 
 /* Record a failure: "fn: message" (the va_list form serves callers that format elsewhere). */
