@@ -8,10 +8,10 @@ log=$B/tests/log.txt
 : > "$log"
 passed=0 failed=0
 
-# run NAME NP CMD...: one program at one rank count
+# run NAME NP CMD...: one program at one rank count, within limit seconds (default 300) x TPK_TIME_SCALE
 run() {
     name=$1 np=$2; shift 2
-    out=$(timeout $((300 * scale)) mpirun $mpiflags -np "$np" "$@" 2>&1)
+    out=$(timeout $((${limit:-300} * scale)) mpirun $mpiflags -np "$np" "$@" 2>&1)
     rc=$?
     printf '%s\n' "$out" >> "$log"
     p=$(printf '%s\n' "$out" | grep -c '^ok ')
@@ -53,8 +53,12 @@ run gpu_emu_ops_smem99 1 -x TPK_EMU_SMEM_OPTIN=101376 $B/tests/gpu_emu_ops
 # allocation fails). The AddressSanitizer build cannot take the instrumentation: the schedules alone.
 race=TPK_EMU_RACE=1
 [ "$B" = build/san ] && race=TPK_EMU_RACE=0
+# (one warp at a time, every access observed: the slowest programs, 62 s and 66 s in build/ on 2 busy
+# cores, several times that under the sanitizers, where one used 87% of a 300 s limit: these get 900 s)
+limit=900
 run gpu_emu_ops_race_desc 1 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
 run gpu_emu_ops_race_random 1 -x $race -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
+limit=
 # the emulation's own test: faulty kernels it must catch (races, cp.async read in flight, launch
 # limits, reads past an allocation), their correct variants clean under every schedule; its
 # detector needs the access instrumentation, which the AddressSanitizer build (build/san) lacks

@@ -9,7 +9,11 @@
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
 #   bad input of the issues: a one-line error
-#   and a non-zero exit on every rank, never a hang.
+#   and a non-zero exit on every rank, never a hang; strict flags (empty values, flags as values, Llama
+#   flags with GPT-2, model flags against a loaded config.json); --save and --csv failing before step 1,
+#   the CSV and standard output on a full disk mid-run, a resume continuing the --csv curve; what the
+#   trainer prints (ETA, step line before its save, "trained no steps", "1 rank", --dp-batch's banner,
+#   ZeRO-1's lower peak). Every time limit x TPK_TIME_SCALE.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup train
