@@ -295,7 +295,7 @@ int main(int argc, char **argv) {
     tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
     if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum after the backward */
-    double t_start = now(), t_int = t_start, int_s = 0; int64_t t0step = opt.step, int_n = 0; /* int_: the reporting interval's step time, steps */
+    double t_start = now(), t_int = t_start, int_s = 0; int64_t t0step = opt.step, int_n = 0; /* the reporting interval's start, its steps' time and count */
     tpk_mem_peak(&ctx, true); /* the peak from here: training */
     for (int64_t step = opt.step; step < o.steps; step++) {
         double l = NAN, norm = 0, vl = NAN;
@@ -314,10 +314,10 @@ int main(int argc, char **argv) {
         bool eval = o.eval_every && (s1 % o.eval_every == 0 || s1 == o.steps), report = s1 % o.log_every == 0 || s1 == o.steps || eval || csv.path[0];
         TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f, report ? &norm : NULL)); /* DP reduction (weighted sum, or Adasum), norm, clip, AdamW */
         if (report) TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum, &l)); /* mean over micro-batches and DP ranks' tokens */
-        /* the mean step time since the last printed line (a step that does not report does not wait: the interval's wall time) */
-        double tnow = now();
-        int_s += report ? tnow - t_int : 0, int_n++;
-        if (report) t_int = tnow;
+        /* the mean step time since the last printed line: a step that does not report does not wait, so the wall time from the
+         * last reporting step's end to this one's loss, evaluations, lines and saves left out */
+        if (report) int_s += now() - t_int;
+        int_n++;
         if (eval) {
             TRY(tpk_model_set_dropout(&ctx, &m, 0));
             TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
@@ -348,6 +348,7 @@ int main(int argc, char **argv) {
             if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
         }
         if (o.profile) TRY(ctx.prof ? tpk_profile_step(&ctx) : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
+        if (report) t_int = now(); /* the next interval starts */
     }
     if (world_rank == 0 && o.steps > 0 && t0step >= o.steps) /* a resume at the last step */
         printf("trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute %s)\n", o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
