@@ -43,8 +43,9 @@ static const char *usage =
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 --seed 1 --deterministic (same bits every run)\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
-    "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ...) --load DIR\n"
-    "             --csv FILE --sample N --log-every 1 --profile (every op's time per step, from step 2)\n";
+    "  output:    --save DIR (made and checked writable before training; written at the end; --save-every K also writes DIR/step-K, ...) --load DIR\n"
+    "             --csv FILE (a resume continues it) --sample N --log-every 1 --profile (every op's time per step, from step 2)\n"
+    "  with --load the model's shape is its config.json's: a shape flag that differs is an error\n";
 
 static int parse(int argc, char **argv, opts *o, char *err, size_t n);
 /* Whether v is one of the trainer's flags: parsed alone, it is not an unknown argument. */
