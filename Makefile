@@ -10,6 +10,7 @@
 #   make gpu-report a GPU's first hour in one command: build, test-gpu with compute-sanitizer, bench-gpu and
 #                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
 #   make bench      the host benchmarks (bench/)
+#   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make install PREFIX=/usr/local
 #   make clean
 
@@ -59,7 +60,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 $(B)/host/%.o: kernels/host/%.c $(HEADERS)
@@ -210,6 +211,11 @@ $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 # The host benchmarks (one thread; PyTorch alongside where Debian's python3-torch is installed).
 bench: $(B)/bench/host_block
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(B)/bench/host_block
+
+# Model setup time against depth (a tiny GPT-2 at 1k, 4k, 16k layers): linear when the time per
+# layer stays flat (bench/setup.c; figures, not a timed test).
+bench-setup: $(B)/bench/setup
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(B)/bench/setup
 
 # The GPT-2 trainer, the project's main job (examples/gpt2_train.c).
 # Where nvcc is found it links the CUDA archive and uses a GPU per rank when one is present.

@@ -13,7 +13,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <tpk/tpk.h>
 #include <tpk/log.h>
@@ -42,20 +44,31 @@ static const char *usage =
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 --seed 1 --deterministic (same bits every run)\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
-    "  output:    --save DIR (at the end; --save-every K also writes DIR/step-K, ... --keep N: only the last N of them) --load DIR\n"
-    "             --csv FILE --sample N --log-every 1 --profile (every op's time per step, from step 2)\n";
+    "  output:    --save DIR (made and checked writable before training; written at the end; --save-every K also writes DIR/step-K, ... --keep N: only the last N of them) --load DIR\n"
+    "             --csv FILE (a resume continues it) --sample N --log-every 1 --profile (every op's time per step, from step 2)\n"
+    "  with --load the model's shape is its config.json's: a shape flag that differs is an error\n";
 
-/* "--name value" parsing into o; 0, -1 for --help, or 1 with a message in err */
+static int parse(int argc, char **argv, opts *o, char *err, size_t n);
+/* Whether v is one of the trainer's flags: parsed alone, it is not an unknown argument. */
+static bool is_flag(const char *v) {
+    opts o;
+    char e[256] = "", *args[2] = {(char *)"gpt2_train", (char *)v};
+    return v[0] == '-' && (parse(2, args, &o, e, sizeof e) < 0 || strncmp(e, "unknown argument", 16));
+}
+
+/* "--name value" parsing into o (model shape flags 0: not given, the default or the checkpoint's);
+ * 0, -1 for --help, or 1 with a message in err. A value is never empty nor one of the flags. */
 static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
-    *o = (opts){.layers = 4, .hidden = 128, .heads = 4, .tp = 1, .batch = 8, .seq = 0 /* 64, or a loaded model's positions if fewer */, .accum = 1, .steps = 100, .warmup = 10, .eval_batches = 4,
+    *o = (opts){.tp = 1, .batch = 8, .seq = 0 /* 64, or a loaded model's positions if fewer */, .accum = 1, .steps = 100, .warmup = 10, .eval_batches = 4,
                 .log_every = 1, .lr = 1e-3f, .min_lr_frac = 0.1f, .wd = 0.1f, .clip = 1.0f, .b1 = 0.9f, .b2 = 0.95f, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL; char *end = NULL;
-#define STR(flag, f) if (!strcmp(a, flag)) { if (!v) goto missing; o->f = v; i++; continue; }
-#define INT(flag, f, lo) if (!strcmp(a, flag)) { if (!v) goto missing; long long x = strtoll(v, &end, 10); \
+#define VALUE if (!v || !*v || is_flag(v)) goto missing;
+#define STR(flag, f) if (!strcmp(a, flag)) { VALUE o->f = v; i++; continue; }
+#define INT(flag, f, lo) if (!strcmp(a, flag)) { VALUE long long x = strtoll(v, &end, 10); \
         if (*end || x < (lo) || x > 1000000000) return snprintf(err, n, "%s: expected an integer in [%d, 1000000000], got \"%s\"%s", a, (int)(lo), v, *end ? "" : " (out of range)"), 1; \
         o->f = x; i++; continue; }
-#define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { if (!v) goto missing; double x = strtod(v, &end); \
+#define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { VALUE double x = strtod(v, &end); \
         if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
         o->f = (float)x; i++; continue; }
         STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute) STR("--tp-weights", tp_weights)
@@ -71,7 +84,8 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         return snprintf(err, n, "unknown argument \"%s\" (--help lists them)", a), 1;
     missing:
-        return snprintf(err, n, "%s: expects a value", a), 1;
+        if (!v) return snprintf(err, n, "%s: expects a value", a), 1;
+        return snprintf(err, n, "%s: expects a value, got %s%s", a, *v ? "the flag " : "an empty string", v), 1;
     }
     if (argc < 2) return snprintf(err, n, "no arguments: --help lists the options"), 1;
     if (!o->data && !o->text && !(o->load && o->sample && !o->eval_only))
@@ -83,6 +97,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     if (o->recompute && !tpk_recompute_parse(o->recompute, &o->rc)) return snprintf(err, n, "--recompute: expected none, selective or full, got \"%s\"", o->recompute), 1;
     if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d", o->zero), 1;
     if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama")) return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
+    if (o->save_every && !o->save) return snprintf(err, n, "--save-every %d: needs --save DIR (the checkpoints go to DIR/step-K)", o->save_every), 1;
     return 0;
 }
 
@@ -101,6 +116,45 @@ static char msg[1024];
 #define FAIL_IF(cond, ...) do { bool c_ = (cond); if (c_) snprintf(msg, sizeof msg, __VA_ARGS__); if (!agree(!c_, msg)) goto out; } while (0)
 #define TRY(call) do { tpk_status s_ = (call); FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); } while (0)
 static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; }
+
+/* --save DIR checked before training: DIR made with its parents (mkdir -p) and a probe file
+ * written, flushed and removed in it. false with a message in err. */
+static bool probe_dir(const char *dir, char *err, size_t n) {
+    char p[4096], f[4200];
+    if (strlen(dir) >= sizeof p) return snprintf(err, n, "--save: a path of at most %zu characters, got %zu", sizeof p - 1, strlen(dir)), false;
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *c = p + 1;; c++) /* each parent, then DIR */
+        if (*c == '/' || !*c) {
+            char end = *c;
+            *c = 0;
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) return snprintf(err, n, "--save: cannot create %.900s (%s)", p, strerror(errno)), false;
+            *c = end;
+            if (!end) break;
+        }
+    snprintf(f, sizeof f, "%s/.gpt2_train-probe-%ld", dir, (long)getpid());
+    FILE *pf = fopen(f, "w");
+    bool ok = pf && fputs("probe\n", pf) >= 0 && fflush(pf) == 0;
+    int e = errno;
+    if (pf) ok = fclose(pf) == 0 && ok, remove(f);
+    if (!ok) return snprintf(err, n, "--save %s: cannot write in it (%s)", dir, strerror(pf ? e : errno)), false;
+    return true;
+}
+
+/* A model shape flag given beside --load that differs from the checkpoint's config.json: its
+ * message in err, false; true when none does. */
+static bool shape_agrees(const opts *o, const tpk_model_config *c, char *err, size_t n) {
+    bool l = c->arch == TPK_ARCH_LLAMA;
+    struct { const char *flag; double given, has; } f[] = {
+        {"--layers", (double)o->layers, (double)(l ? c->llama.layers : c->gpt2.layers)}, {"--hidden", (double)o->hidden, (double)(l ? c->llama.hidden : c->gpt2.hidden)},
+        {"--heads", (double)o->heads, (double)(l ? c->llama.heads : c->gpt2.heads)}, {"--vocab", (double)o->vocab, (double)(l ? c->llama.vocab : c->gpt2.vocab)},
+        {"--positions", (double)o->positions, (double)(l ? c->llama.positions : c->gpt2.positions)}, {"--kv-heads", (double)o->kv_heads, (double)c->llama.kv_heads},
+        {"--ffn", (double)o->ffn, (double)c->llama.ffn}, {"--rope-theta", o->rope_theta, c->llama.rope_theta}, {"--norm-eps", o->norm_eps, c->llama.norm_eps}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].given && fabs(f[i].given - f[i].has) > 1e-6 * fabs(f[i].has))
+            return snprintf(err, n, "%s %g: the checkpoint %s has %g (a loaded model's shape is its config.json's: leave the flag out)", f[i].flag, f[i].given,
+                            o->load, f[i].has), false;
+    return true;
+}
 
 /* Mean loss of K validation batches, averaged over DP (dropout off). Collective. */
 static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, const tpk_tokens *val, const opts *o, int32_t *x, int32_t *y, double *out) {
@@ -188,12 +242,13 @@ int main(int argc, char **argv) {
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
     double tw[64]; int ntw = o.tp_weights ? tpk_parse_weights(o.tp_weights, tw, 64) : o.tp; /* --tp-weights: the TP split's shares */
     FAIL_IF(ntw != o.tp, "--tp-weights: expected %d positive numbers separated by commas (one per TP rank), got \"%s\"", o.tp, o.tp_weights);
+    if (!agree(world_rank || !o.save || probe_dir(o.save, msg, sizeof msg), msg)) goto out; /* a bad --save fails now, not after training */
     /* the model shape (from the checkpoint when loading) and the data */
-    int64_t V0 = o.vocab ? o.vocab : o.text ? 256 : 50257;
+    int64_t V0 = o.vocab ? o.vocab : o.text ? 256 : 50257, L0 = o.layers ? o.layers : 4, H0 = o.hidden ? o.hidden : 128, A0 = o.heads ? o.heads : 4;
     tpk_model_config cfg = {.arch = o.arch && !strcmp(o.arch, "llama") ? TPK_ARCH_LLAMA : TPK_ARCH_GPT2,
-                            .gpt2 = {.vocab = V0, .positions = o.positions, .layers = o.layers, .hidden = o.hidden, .heads = o.heads, .dropout = o.dropout,
+                            .gpt2 = {.vocab = V0, .positions = o.positions, .layers = L0, .hidden = H0, .heads = A0, .dropout = o.dropout,
                                      .label_smoothing = o.smoothing, .sequence_parallel = o.sp},
-                            .llama = {.vocab = V0, .positions = o.positions, .layers = o.layers, .hidden = o.hidden, .heads = o.heads, .kv_heads = o.kv_heads,
+                            .llama = {.vocab = V0, .positions = o.positions, .layers = L0, .hidden = H0, .heads = A0, .kv_heads = o.kv_heads,
                                       .ffn = o.ffn, .rope_theta = o.rope_theta, .norm_eps = o.norm_eps, .label_smoothing = o.smoothing, .sequence_parallel = o.sp}};
     if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
     bool llama = cfg.arch == TPK_ARCH_LLAMA;
@@ -201,6 +256,9 @@ int main(int argc, char **argv) {
     int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab, *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions; if (!o.seq) o.seq = o.load && *P && *P < 64 ? (int)*P : 64; if (!*P) *P = o.seq;
     FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)), "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load, tpk_arch_name(cfg.arch));
     FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");
+    FAIL_IF(!llama && (o.kv_heads || o.ffn || o.rope_theta || o.norm_eps), "%s: applies to --arch llama only (the model is GPT-2)",
+            o.kv_heads ? "--kv-heads" : o.ffn ? "--ffn" : o.rope_theta ? "--rope-theta" : "--norm-eps");
+    if (!agree(!o.load || shape_agrees(&o, &cfg, msg, sizeof msg), msg)) goto out;
     FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)", (long long)*V);
     FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq, (long long)*P);
     if (o.text) {
@@ -247,11 +305,14 @@ int main(int argc, char **argv) {
     int dp = ctx.dp.size; size_t nglobal = tpk_params_global_numel(&ctx);
     int64_t Bd, off, Btot; /* this DP rank's micro-batch, the sequences before it, the step's (HetSeq: --dp-batch) */
     TRY(tpk_data_dp_batches(&ctx, o.dp_batch, o.batch, &Bd, &off, &Btot));
+    char bmsg[160]; /* the banner's batch: --batch, or --dp-batch's sizes and their sum */
     if (world_rank == 0)
-        printf("gpt2_train: %d ranks = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld P=%lld%s, %.2fM parameters | B=%d S=%d accum %d\n", world_size,
-               o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", llama ? "Llama" : "GPT-2",
+        printf("gpt2_train: %d rank%s = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n", world_size,
+               world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", llama ? "Llama" : "GPT-2",
                (long long)tpk_model_layers(&m), (long long)tpk_model_hidden(&m), (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads), (long long)*V, (long long)*P,
-               llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads, (long long)m.llama.c.ffn), msg) : "", (double)nglobal * 1e-6, o.batch, o.seq, o.accum);
+               llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads, (long long)m.llama.c.ffn), msg) : "", (double)nglobal * 1e-6,
+               (o.dp_batch ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch, (long long)Btot) : snprintf(bmsg, sizeof bmsg, "%d", o.batch), bmsg),
+               o.seq, o.accum);
     size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq;
     FAIL_IF(!(x = malloc(bs)) || !(y = malloc(bs)), "out of memory for a batch");
     if (o.eval_only) {
@@ -261,19 +322,21 @@ int main(int argc, char **argv) {
         TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
         if (world_rank == 0) printf("val_loss %.6f\n", vl);
         if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
+        FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)), "standard output: cannot write (%s)", strerror(errno));
         rc = 0;
         goto out;
     }
-    TRY(tpk_log_open(&ctx, &csv, o.csv));
+    TRY(tpk_log_open(&ctx, &csv, o.csv, opt.step)); /* a resume keeps the curve up to its step and appends */
 
     /* training */
     tpk_lr_schedule sched = {TPK_LR_COSINE, o.lr, o.min_lr_frac, o.warmup, o.steps};
     tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
     if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum after the backward */
-    double t_start = now(); int64_t t0step = opt.step; tpk_mem_peak(&ctx, true); /* the peak from here: training */
+    double t_start = now(), t_int = t_start, int_s = 0; int64_t t0step = opt.step, int_n = 0; /* the reporting interval's start, its steps' time and count */
+    tpk_mem_peak(&ctx, true); /* the peak from here: training */
     for (int64_t step = opt.step; step < o.steps; step++) {
-        double t0 = now(), l = NAN, norm = 0, vl = NAN;
+        double l = NAN, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
         TRY(tpk_params_zero_grad(&ctx)); tpk_model_loss_reset(&m); /* the micro-batches' mean losses add up on the device */
         for (int k = 0; k < o.accum; k++) { /* DP communication only after the last micro-batch */
@@ -289,22 +352,18 @@ int main(int argc, char **argv) {
         bool eval = o.eval_every && (s1 % o.eval_every == 0 || s1 == o.steps), report = s1 % o.log_every == 0 || s1 == o.steps || eval || csv.path[0];
         TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f, report ? &norm : NULL)); /* DP reduction (weighted sum, or Adasum), norm, clip, AdamW */
         if (report) TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum, &l)); /* mean over micro-batches and DP ranks' tokens */
-        double ms = 1e3 * (now() - t0);
+        /* the mean step time since the last printed line: a step that does not report does not wait, so the wall time from the
+         * last reporting step's end to this one's loss, evaluations, lines and saves left out */
+        if (report) int_s += now() - t_int;
+        int_n++;
         if (eval) {
             TRY(tpk_model_set_dropout(&ctx, &m, 0));
             TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
             TRY(tpk_model_set_dropout(&ctx, &m, o.dropout));
         }
-        if (o.save && o.save_every && opt.step % o.save_every == 0 && opt.step < o.steps) { /* DIR/step-N */
-            char sub[1100];
-            snprintf(sub, sizeof sub, "%s/step-%lld", o.save, (long long)opt.step);
-            if (world_rank == 0) mkdir(o.save, 0755);
-            TRY(tpk_model_save(&ctx, &m, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
-            if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
-            if (o.keep) TRY(keep_last(&ctx, o.save, o.keep)); /* after the save succeeded: the newest --keep stay */
-        }
+        bool out_ok = true; /* rank 0's step line and --csv row written */
         if (world_rank == 0 && (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
-            double tok = (double)Btot * o.seq * o.accum;
+            double ms = 1e3 * int_s / (double)int_n, tok = (double)Btot * o.seq * o.accum, eta = (now() - t_start) / (double)(opt.step - t0step) * (double)(o.steps - opt.step);
             printf("step %5lld/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s", (long long)opt.step, o.steps, l, norm, (double)lr, ms,
                    tok / (ms * 1e-3));
             if (gpu) { /* model flops utilisation: 6 N + 12 L H S flops per token, against TPK_PEAK_TFLOPS (default 989, H100 bf16 dense) */
@@ -313,24 +372,39 @@ int main(int argc, char **argv) {
                 printf(" | MFU %.1f%%", 100.0 * fl / (ms * 1e-3) / ((pk ? atof(pk) : 989.0) * 1e12 * world_size));
             }
             if (isfinite(vl)) printf(" | val loss %.4f", vl);
-            printf("\n");
-            fflush(stdout);
+            printf(" | ETA %dm%02ds\n", (int)(eta / 60), (int)fmod(eta, 60.0));
+            out_ok = fflush(stdout) == 0 && !ferror(stdout);
+            int_s = 0, int_n = 0;
         }
-        tpk_log_row(&csv, opt.step, l, vl, lr, norm);
+        if (world_rank == 0 && !out_ok) snprintf(msg, sizeof msg, "standard output: cannot write (%s)", strerror(errno));
+        if (out_ok && tpk_log_row(&ctx, &csv, opt.step, l, vl, lr, norm) != TPK_OK) out_ok = false, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx));
+        if (report && !agree(out_ok, msg)) goto out; /* a failed write stops every rank (rank 0 alone writes) */
+        if (o.save && o.save_every && opt.step % o.save_every == 0 && opt.step < o.steps) { /* DIR/step-N, after its step line */
+            char sub[1100];
+            snprintf(sub, sizeof sub, "%s/step-%lld", o.save, (long long)opt.step);
+            TRY(tpk_model_save(&ctx, &m, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
+            if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
+            if (o.keep) TRY(keep_last(&ctx, o.save, o.keep)); /* after the save succeeded: the newest --keep stay */
+        }
         if (o.profile) TRY(ctx.prof ? tpk_profile_step(&ctx) : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
+        if (report) t_int = now(); /* the next interval starts */
     }
-    if (world_rank == 0 && o.steps > 0) /* the kit's buffers at most: parameters, gradients, activations, scratch (backend memory) */
+    if (world_rank == 0 && o.steps > 0 && t0step >= o.steps) /* a resume at the last step */
+        printf("trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute %s)\n", o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
+               tpk_recompute_name(cfg.gpt2.recompute));
+    else if (world_rank == 0 && o.steps > 0) /* the kit's buffers at most: parameters, gradients, optimizer moments, activations, scratch (backend memory) */
         printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n", (long long)(t0step + 1), o.steps, now() - t_start, tpk_mem_peak(&ctx, false) / 1e6, tpk_recompute_name(cfg.gpt2.recompute));
     if (ctx.prof && !ctx.prof->from_env && world_rank == 0) tpk_profile_print(&ctx, stdout); /* rank 0 only: no TRY (it agrees over ranks) */
-    tpk_log_close(&csv, true); /* and FILE.png where gnuplot is installed */
+    TRY(tpk_log_close(&ctx, &csv, true)); /* and FILE.png where gnuplot is installed */
     if (o.save) {
         TRY(tpk_model_save(&ctx, &m, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));
         if (world_rank == 0) printf("saved %s (step %lld)\n", o.save, (long long)opt.step);
     }
     if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
+    FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)), "standard output: cannot write (%s)", strerror(errno));
     rc = 0;
 out:
-    tpk_log_close(&csv, false);
+    tpk_log_close(&ctx, &csv, false);
     free(x), free(y), tpk_tokens_free(&train), tpk_tokens_free(&val), tpk_dp_destroy(&dp_b);
     if (ctx_up) tpk_adamw_destroy(&ctx, &opt), tpk_model_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
     if (world.vt) tpk_comm_destroy(&world);

@@ -44,7 +44,7 @@ ranks() {
 # wait until $T/NAME.rc exists, at most SECONDS; prints the seconds waited
 waitrc() {
     i=0
-    while [ $i -lt $(($2 * 10)) ] && [ ! -s "$T/$1.rc" ]; do sleep 0.1; i=$((i + 1)); done
+    while [ $i -lt $(($2 * 10 * scale)) ] && [ ! -s "$T/$1.rc" ]; do sleep 0.1; i=$((i + 1)); done
     echo $((i / 10))
 }
 
@@ -58,8 +58,8 @@ for mesh in tp dp; do
     kill -9 "$pid"
     waited=$(waitrc kill_$mesh 60)
     rc=$(cat "$T/kill_$mesh.rc" 2>/dev/null)
-    if [ -n "$rc" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$waited" -le 30 ] && grep -q "signal 9" "$T/kill_$mesh.log"; then
-        ok "(a) a rank killed with SIGKILL at $(echo $mesh | tr a-z A-Z) 2: the job ended in ${waited} s (limit 30 s) naming the rank and signal 9"
+    if [ -n "$rc" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$waited" -le $((30 * scale)) ] && grep -q "signal 9" "$T/kill_$mesh.log"; then
+        ok "(a) a rank killed with SIGKILL at $(echo $mesh | tr a-z A-Z) 2: the job ended in ${waited} s (limit $((30 * scale)) s) naming the rank and signal 9"
     else
         fail "(a) a rank killed with SIGKILL at $mesh 2 (exit '$rc' after $waited s)" "$T/kill_$mesh.log"
     fi
@@ -88,7 +88,7 @@ for delay in 0.05 0.3 0.9; do
         done
     done
     newest=$(for c in "$d"/step-*; do case "${c##*/step-}" in *[!0-9]*) ;; *) echo "$c" ;; esac; done | sort -t- -k2 -n | tail -1)
-    out=$(timeout 120 mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$newest" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$newest" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
     if [ -n "$newest" ] && [ $bad -eq 0 ] && printf '%s\n' "$out" | grep -q '^val_loss'; then
         ok "(b) writer killed ${delay} s into saving every step: every step-N directory complete ($tmp temporary directories left), the newest $(basename "$newest") loads"
     else
@@ -99,15 +99,15 @@ done
 
 # ---- (c) the disk full during a save ------------------------------------------------------------------
 c="$T/full"
-timeout 120 mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $small --tp 2 --steps 2 --save "$c" > "$T/full0.log" 2>&1
+timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $small --tp 2 --steps 2 --save "$c" > "$T/full0.log" 2>&1
 before=$(cat "$c"/*.safetensors "$c"/config.json 2>/dev/null | cksum)
 # the limit on the ranks only (64 blocks: below one checkpoint file); TCP between the ranks, since
 # shared-memory transports extend files of their own
-out=$(timeout 120 mpirun $mpiflags --mca btl self,tcp -np 2 sh -c "ulimit -f 64 && exec $B/gpt2_train --text $text $small --tp 2 --steps 4 --load $c --save $c" 2>&1)
+out=$(timeout $((120 * scale)) mpirun $mpiflags --mca btl self,tcp -np 2 sh -c "ulimit -f 64 && exec $B/gpt2_train --text $text $small --tp 2 --steps 4 --load $c --save $c" 2>&1)
 rc=$?
 after=$(cat "$c"/*.safetensors "$c"/config.json 2>/dev/null | cksum)
 n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: ')
-load=$(timeout 120 mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$c" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
+load=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$c" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q "File too large" && [ "$before" = "$after" ] &&
    printf '%s\n' "$load" | grep -q '^val_loss' && ! ls "$c" | grep -q '\.tmp\.' && [ ! -e "$c.tpk-new" ] && [ ! -e "$c.tpk-old" ]; then
     ok "(c) the disk full during a save: one error line (File too large), the previous checkpoint unchanged and loadable, no temporary left"

@@ -11,7 +11,11 @@
 #   checkpoints (--save-every with --keep, --eval-only past the default --steps, a missing optimizer
 #   file, a config.json with fewer layers or a duplicate key, --load D --save D), and every
 #   bad input of the issues: a one-line error
-#   and a non-zero exit on every rank, never a hang.
+#   and a non-zero exit on every rank, never a hang; strict flags (empty values, flags as values, Llama
+#   flags with GPT-2, model flags against a loaded config.json); --save and --csv failing before step 1,
+#   the CSV and standard output on a full disk mid-run, a resume continuing the --csv curve; what the
+#   trainer prints (ETA, step line before its save, "trained no steps", "1 rank", --dp-batch's banner,
+#   ZeRO-1's lower peak). Every time limit x TPK_TIME_SCALE.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup train
@@ -19,7 +23,7 @@ setup train
 # tr NP ARGS...: run the trainer, output in $out, status in $rc
 tr() {
     np=$1; shift
-    out=$(timeout 120 mpirun $mpiflags -np "$np" $B/gpt2_train "$@" 2>&1)
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np "$np" $B/gpt2_train "$@" 2>&1)
     rc=$?
 }
 fail() { echo "FAIL $1"; printf '%s\n' "$out" | tail -8 | sed 's/^/    /'; }
@@ -264,7 +268,7 @@ bad "--arch gpt2 with a Llama checkpoint" "--arch gpt2: the checkpoint .* holds 
 rm -rf "$T/mt" && cp -r "$T/l2/step-4" "$T/mt" && sed -i 's/"model_type": "llama"/"model_type": "falcon"/' "$T/mt/config.json"
 bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\" or \"llama\"" --text "$text" $small --tp 2 --load "$T/mt"
 rm -rf "$T/lmiss" && cp -r "$T/l2/step-4" "$T/lmiss" && sed -i 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$T/lmiss/config.json"
-bad "Llama checkpoint whose tensors do not match config.json" "k_proj.weight\" has shape \[16, 48\], config.json implies \[24, 48\]" --text "$text" $small --tp 2 --load "$T/lmiss"
+bad "Llama checkpoint whose tensors do not match config.json" "k_proj.weight\" has shape \[16, 48\], config.json implies \[24, 48\]" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/lmiss"
 bad "--steps below the checkpoint's step" "--steps 3: the checkpoint .* is already at step 5" --text "$text" $small --tp 2 --steps 3 --load "$T/c5/step-5"
 # an honest resume: it says where it resumed and which steps it trained
 tr 2 --text "$text" $small --tp 2 --steps 7 --load "$T/c5/step-5"
@@ -289,7 +293,7 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^optimizer state starts fres
     ok "a checkpoint without optim.safetensors: 'optimizer state starts fresh at step 5', steps 6..7 trained"
 else fail "a checkpoint without optim.safetensors"; fi
 rm -rf "$T/fewer" && cp -r "$T/c5/step-5" "$T/fewer" && sed -i 's/"n_layer": 2/"n_layer": 1/' "$T/fewer/config.json"
-bad "config.json with fewer layers than the file" "model.safetensors: tensor \"h.1.* is not a parameter of the model config.json describes" --text "$text" $small --tp 2 --load "$T/fewer"
+bad "config.json with fewer layers than the file" "model.safetensors: tensor \"h.1.* is not a parameter of the model config.json describes" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/fewer"
 rm -rf "$T/dupkey" && cp -r "$T/c5/step-5" "$T/dupkey" && sed -i 's/"n_layer": 2,/"n_layer": 2, "n_layer": 4,/' "$T/dupkey/config.json"
 bad "config.json with a duplicate key" "the key \"n_layer\" appears twice" --text "$text" $small --tp 2 --load "$T/dupkey"
 # a save over the checkpoint it resumed from: the directory replaced whole, the user's file kept
@@ -311,7 +315,7 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^profile: 3 steps, .* ms per
     printf '%s\n' "$out" | grep -Eq "^tp\.allreduce +[0-9.]+ " && printf '%s\n' "$out" | grep -Eq "^attn_fwd +2\.0 " &&
     [ "$(printf '%s\n' "$out" | grep -c '^profile:')" -eq 1 ]; then ok "--profile prints one table (rank 0) with ops and collectives"
 else fail "--profile prints one table (rank 0) with ops and collectives"; fi
-out=$(TPK_PROFILE=1 timeout 120 mpirun $mpiflags -np 2 -x TPK_PROFILE $B/gpt2_train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
+out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/gpt2_train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
     ok "TPK_PROFILE=1 prints the table when the context is destroyed"
 else fail "TPK_PROFILE=1 prints the table when the context is destroyed"; fi
@@ -327,7 +331,64 @@ done
 rm -rf "$T/bad_optim" && cp -r "$T/c5/step-5" "$T/bad_optim" && cp "$T/c3/step-4/optim.safetensors" "$T/bad_optim/optim.safetensors" 2>/dev/null
 bad "optimizer state from another checkpoint" "does not belong" --text "$text" $small --tp 2 --load "$T/bad_optim"
 # ranks started with different configurations (MPMD: the second rank gets another --hidden)
-out=$(timeout 120 mpirun $mpiflags -np 1 $B/gpt2_train --text "$text" $small --tp 2 : -np 1 $B/gpt2_train --text "$text" $small --hidden 48 --tp 2 2>&1)
+out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 $B/gpt2_train --text "$text" $small --tp 2 : -np 1 $B/gpt2_train --text "$text" $small --hidden 48 --tp 2 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "different configurations"; then ok "bad input: ranks started with different configurations"
 else fail "bad input: ranks started with different configurations (exit $rc)"; fi
+
+# ---- flags: no empty value, no flag taken as a value, no flag foreign to the architecture or the checkpoint ----
+bad "--steps with an empty value" "--steps: expects a value, got an empty string" --text "$text" $small --steps ""
+bad "--save given a flag as its value" "--save: expects a value, got the flag --sequence-parallel" --text "$text" $small --save --sequence-parallel
+[ ! -e ./--sequence-parallel ] && ok "--save --sequence-parallel made no directory of that name" || { rm -rf ./--sequence-parallel; fail "--save --sequence-parallel made a directory"; }
+for f in "--kv-heads 2" "--ffn 64" "--rope-theta 500" "--norm-eps 1e-5"; do
+    bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama only (the model is GPT-2)" --text "$text" $small $f
+done
+bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
+bad "--layers that conflicts with the checkpoint" "--layers 8: the checkpoint $T/c5/step-5 has 2 (a loaded model's shape is its config.json's: leave the flag out)" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --layers 8
+bad "--rope-theta that conflicts with a Llama checkpoint" "--rope-theta 1000: the checkpoint .* has 500" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/l2/step-4" --rope-theta 1000
+bad "--save-every without --save" "--save-every 2: needs --save DIR" --text "$text" $small --save-every 2
+
+# ---- fail before training: --save made (with its parents) and written to before step 1; --csv's writes checked ----
+: > "$T/plainfile"
+bad "--save under a regular file" "--save: cannot create $T/plainfile/sub (Not a directory)" --text "$text" $small --steps 3 --save "$T/plainfile/sub/ck"
+printf '%s\n' "$out" | grep -q '^step' && fail "--save under a regular file: trained before failing"
+tr 2 --text "$text" $small --tp 2 --steps 2 --save "$T/deep/er/ck"
+if [ $rc -eq 0 ] && [ -f "$T/deep/er/ck/config.json" ] && [ -z "$(ls -A "$T/deep/er/ck" | grep probe)" ]; then ok "--save DIR: its parents made (mkdir -p), no probe file left"
+else fail "--save DIR: its parents made (mkdir -p)"; fi
+bad "--csv on /dev/full" "/dev/full: cannot write (No space left on device)" --text "$text" $small --steps 3 --csv /dev/full
+printf '%s\n' "$out" | grep -q '^step' && fail "--csv /dev/full: trained before failing"
+# a file-size limit (a full disk) reached in the middle of the run: rank 0's row write fails, every rank stops (TCP: no shared-memory files under the limit)
+out=$(timeout $((120 * scale)) mpirun $mpiflags --mca btl self,tcp -np 2 sh -c "ulimit -f 2 && exec $B/gpt2_train --text $text $small --steps 60 --csv $T/lim.csv" 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "^gpt2_train: error: tpk_log_row: $T/lim.csv: cannot write (File too large)" && printf '%s\n' "$out" | grep -q '^step' &&
+    ! printf '%s\n' "$out" | grep -q '^step    60/60'; then ok "--csv on a full disk (ulimit -f) mid-run: an error and a non-zero exit"
+else fail "--csv on a full disk (ulimit -f) mid-run (exit $rc)"; fi
+# the step lines on a full disk: checked too (one rank, no mpirun: its standard output is the file)
+out=$(timeout $((120 * scale)) $B/gpt2_train --text "$text" $small --steps 3 2>&1 >/dev/full); rc=$?
+if [ $rc -ne 0 ] && printf '%s\n' "$out" | grep -q "^gpt2_train: error: standard output: cannot write"; then ok "standard output on a full disk: an error and a non-zero exit"
+else fail "standard output on a full disk (exit $rc)"; fi
+# a resume with the same --csv continues the curve: the file equals an uninterrupted run's (rows after the resumed step written again)
+tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --save "$T/cr" --save-every 5 --csv "$T/cr.csv"
+tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --load "$T/cr/step-5" --csv "$T/cr.csv"
+if [ $rc -eq 0 ] && [ -s "$T/full.csv" ] && cmp -s "$T/full.csv" "$T/cr.csv"; then ok "resume with the same --csv: the curve equals an uninterrupted run's (10 rows, one header)"
+else fail "resume with the same --csv: the curve differs from an uninterrupted run's"; diff "$T/full.csv" "$T/cr.csv" | head -5; fi
+echo "not,a,curve" > "$T/other.csv"
+bad "resume into a --csv that is not a loss curve" "other.csv: not a loss curve" --text "$text" $small --tp 2 --steps 10 --load "$T/cr/step-5" --csv "$T/other.csv"
+
+# ---- what the trainer prints ----
+tr 2 --text "$text" $small --tp 2 --steps 10 --load "$T/cr"
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^trained no steps: $T/cr is at step 10, --steps 10" && ! printf '%s\n' "$out" | grep -q "trained steps"; then ok "a resume at the last step says no step was trained"
+else fail "a resume at the last step says no step was trained"; fi
+tr 1 --text "$text" $small --steps 4 --log-every 2 --save "$T/order" --save-every 2
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -E '^(step|saved)' | head -2 | awk 'NR==1 && !/^step +2\/4/ {exit 1} NR==2 && !/^saved .*step-2/ {exit 1}' &&
+    printf '%s\n' "$out" | grep -q "^gpt2_train: 1 rank = TP 1 x DP 1" && printf '%s\n' "$out" | grep -Eq '^step +4/4 \|.*\| [0-9.]+ ms \| [0-9]+ tok/s \| ETA [0-9]+m[0-9][0-9]s$'; then
+    ok "step 2's line before its save, \"1 rank\", the step line's mean time and ETA"
+else fail "step 2's line before its save, \"1 rank\", the step line's mean time and ETA"; fi
+tr 2 --text "$text" $smallnb --tp 1 --steps 1 --dp-batch 8,4
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "| B=8,4 per DP rank = 12 S=16"; then ok "the banner's batch under --dp-batch: each DP rank's and the sum"
+else fail "the banner's batch under --dp-batch"; fi
+# the peak counts the optimizer's moments: ZeRO-1 at DP 2 holds half of them (and a slice of scratch)
+pk() { printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.*/\1/p'; }
+tr 2 --text "$text" $small --tp 1 --steps 2; p0=$(pk)
+tr 2 --text "$text" $small --tp 1 --steps 2 --zero 1; p1=$(pk)
+if [ $rc -eq 0 ] && [ -n "$p0" ] && [ -n "$p1" ] && awk -v a="$p0" -v b="$p1" 'BEGIN{exit !(b < a)}'; then ok "--zero 1 at DP 2 prints a lower peak than plain DP: $p1 < $p0 MB"
+else fail "--zero 1 at DP 2 prints a lower peak than plain DP: '$p1' vs '$p0' MB"; fi

@@ -19,7 +19,7 @@ values() { grep '^step' "$1" | sed 's/ | /\n/g' | grep -E '^(step|loss|grad norm
 
 run2() { # NAME BINARY ARGS...: two ranks
     name=$1 bin=$2; shift 2
-    timeout 600 mpirun $mpiflags -np 2 "$bin" "$@" > "$T/$name.log" 2>&1
+    timeout $((600 * scale)) mpirun $mpiflags -np 2 "$bin" "$@" > "$T/$name.log" 2>&1
 }
 # same NAME WHAT ARGS...: f32 at t = 2, every printed loss, gradient norm and validation loss equal to the host's
 same() {
@@ -47,7 +47,7 @@ else
 fi
 # one rank with one GPU in a build without NCCL: the world over MPI instead (no NCCL to ask for)
 one="--text $text --layers 2 --hidden 64 --heads 4 --batch 4 --seq-len 32 --steps 4 --lr 3e-3 --warmup 2 --log-every 2 --seed 3 --dtype f32"
-if timeout 600 mpirun $mpiflags -np 1 "$B/tests/gpt2_train_emu" $one > "$T/one_emu.log" 2>&1 && timeout 600 mpirun $mpiflags -np 1 "$B/gpt2_train" $one > "$T/one_host.log" 2>&1 &&
+if timeout $((600 * scale)) mpirun $mpiflags -np 1 "$B/tests/gpt2_train_emu" $one > "$T/one_emu.log" 2>&1 && timeout $((600 * scale)) mpirun $mpiflags -np 1 "$B/gpt2_train" $one > "$T/one_host.log" 2>&1 &&
    grep -q "cuda backend" "$T/one_emu.log" && [ "$(values "$T/one_emu.log")" = "$(values "$T/one_host.log")" ] && [ -n "$(values "$T/one_host.log")" ]; then
     ok "the trainer on the emulated CUDA backend, one rank in a build without NCCL: trains over MPI, the host's losses"
 else

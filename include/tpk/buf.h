@@ -18,13 +18,20 @@ static inline tpk_status tpk__buf_reserve(tpk_ctx *ctx, tpk_buf *b, size_t bytes
     if (ctx->mem > ctx->mem_peak) ctx->mem_peak = ctx->mem;
     return TPK_OK;
 }
+/* Count `bytes` more (grow) or fewer held outside a tpk_buf (the optimizer's moments) in ctx->mem
+ * and its peak. */
+static inline void tpk__mem_count(tpk_ctx *ctx, size_t bytes, bool grow) {
+    ctx->mem = grow ? ctx->mem + bytes : ctx->mem - bytes;
+    if (ctx->mem > ctx->mem_peak) ctx->mem_peak = ctx->mem;
+}
 static inline void tpk__buf_free(tpk_ctx *ctx, tpk_buf *b) {
     if (b->p) tpk_op_free(ctx, b->p), ctx->mem -= b->bytes;
     b->p = NULL, b->bytes = 0;
 }
 /* The most bytes the kit's buffers held at once since the context began (or since reset = true
- * last): parameters, gradients, activations and scratch — the allocator's high-water mark, in
- * backend memory (device memory on a GPU). The optimizer's moments are outside it. */
+ * last): parameters, gradients, activations, scratch and the optimizer's moments (this rank's
+ * slice of them under ZeRO-1) — the allocator's high-water mark, in backend memory (device memory
+ * on a GPU). */
 static inline size_t tpk_mem_peak(tpk_ctx *ctx, bool reset) {
     size_t p = ctx->mem_peak;
     if (reset) ctx->mem_peak = ctx->mem;

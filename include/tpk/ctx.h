@@ -42,6 +42,8 @@ typedef struct tpk_param {
 typedef struct tpk_params {
     tpk_param *list;
     int n, cap;
+    int *index, index_cap;   /* open-addressing hash table of ids by name (-1: empty), index_cap a power of two
+                                > 2 n: tpk_param_find in constant time, model setup linear in the parameters */
     size_t numel, cap_numel; /* local elements registered / allocated */
     tpk_buf data;            /* f32 [numel] master weights */
     tpk_buf grad;            /* f32 [numel] gradients */
@@ -88,7 +90,7 @@ struct tpk_ctx {
     char err[512];
     tpk_profile *prof;    /* the profiler (tpk/profile.h), NULL when off */
     size_t mem, mem_peak; /* bytes held in the kit's buffers (tpk_buf: parameters, gradients, their bf16
-                             copy, activations, scratch) now and at most (tpk_mem_peak) */
+                             copy, activations, scratch; the optimizer's moments) now and at most (tpk_mem_peak) */
 };
 
 /* Record a failure: "fn: message" (the va_list form serves callers that format elsewhere). */

@@ -115,7 +115,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
         tpk__buf_free(ctx, &ctx->params.data16);
         tpk__buf_free(ctx, &ctx->params.scratch);
     }
-    free(ctx->params.list);
+    free(ctx->params.list), free(ctx->params.index);
     free(ctx->tp_w);
     tpk_comm_destroy(&ctx->tp);
     tpk_comm_destroy(&ctx->dp);

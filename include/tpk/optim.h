@@ -130,7 +130,9 @@ typedef struct tpk_adamw {
 
 /* ZeRO-1's exchanges over ctx->dp of a flat buffer x [n] split tpk_split(n, dp, rank):
  * all-gather: every rank's slice of x into every rank's x; reduce-scatter: the DP sum of x's
- * slice into this rank's slice (the rest of x unchanged). Through scratch (no aliasing). */
+ * slice into this rank's slice (the rest of x unchanged). Through a scratch buffer of one slice
+ * (no aliasing): the all-gather sends a copy of this rank's slice and receives into x itself, so
+ * ZeRO-1's scratch is 1/dp of the parameters, not a second copy of them. */
 static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool gather) {
     int d = ctx->dp.size;
     size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)d);
@@ -138,11 +140,11 @@ static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool g
     for (int q = 0; q < d; q++) counts[q] = (size_t)tpk_split((int64_t)n, d, q).size;
     tpk_range me = tpk_split((int64_t)n, d, ctx->dp.rank);
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
-    tpk_status s = tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (gather ? n : (size_t)me.size) + 16);
+    tpk_status s = tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (size_t)me.size + 16);
     float *tmp = (float *)ctx->work[1].p;
-    if (s == TPK_OK && gather) s = tpk_allgatherv(ctx, &ctx->dp, x + me.off, (size_t)me.size, tmp, counts, n, TPK_F32);
+    if (s == TPK_OK && gather && me.size) s = tpk_op_memcpy(ctx, tmp, x + me.off, sizeof(float) * (size_t)me.size, dd);
+    if (s == TPK_OK && gather) s = tpk_allgatherv(ctx, &ctx->dp, tmp, (size_t)me.size, x, counts, n, TPK_F32);
     if (s == TPK_OK && !gather) s = tpk_reduce_scatterv(ctx, &ctx->dp, x, n, tmp, counts, TPK_F32, TPK_SUM);
-    if (s == TPK_OK && gather && n) s = tpk_op_memcpy(ctx, x, tmp, sizeof(float) * n, dd);
     if (s == TPK_OK && !gather && me.size) s = tpk_op_memcpy(ctx, x + me.off, tmp, sizeof(float) * (size_t)me.size, dd);
     free(counts);
     return s;
@@ -168,6 +170,7 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     size_t bytes = sizeof(float) * (o->sn ? o->sn : 1);
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->m));
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
+    tpk__mem_count(ctx, 2 * bytes, true); /* the moments in tpk_mem_peak: ZeRO-1's saving shows */
     /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
     int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)(ctx->params.n ? ctx->params.n : 1)), n = 0;
     if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
@@ -253,6 +256,7 @@ static inline tpk_status tpk__adamw_keep_slice(tpk_ctx *ctx, tpk_adamw *o, float
 
 static inline void tpk_adamw_destroy(tpk_ctx *ctx, tpk_adamw *o) {
     if (!ctx || !o) return;
+    if (o->m && o->v) tpk__mem_count(ctx, 2 * sizeof(float) * (o->sn ? o->sn : 1), false);
     tpk_op_free(ctx, o->m), tpk_op_free(ctx, o->v), tpk_op_free(ctx, o->decay);
     o->m = o->v = NULL, o->decay = NULL, o->nruns = 0;
 }

@@ -92,11 +92,39 @@ static inline void tpk__param_counted(const tpk_ctx *ctx, int id, size_t *lo, si
     }
 }
 
-/* Id of the parameter with this name, or -1. */
+/* The index's first slot for a name: FNV-1a, masked to the table. */
+static inline size_t tpk__param_slot(const char *name, int cap) {
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return (size_t)(h & (uint64_t)(cap - 1));
+}
+/* Id of the parameter with this name, or -1 (the hash index: constant time). */
 static inline int tpk_param_find(const tpk_ctx *ctx, const char *name) {
-    for (int i = 0; i < ctx->params.n; i++)
-        if (!strcmp(ctx->params.list[i].name, name)) return i;
-    return -1;
+    const tpk_params *P = &ctx->params;
+    if (!P->index_cap || !name) return -1;
+    for (size_t i = tpk__param_slot(name, P->index_cap);; i = (i + 1) & (size_t)(P->index_cap - 1)) {
+        int id = P->index[i];
+        if (id < 0) return -1;
+        if (!strcmp(P->list[id].name, name)) return id;
+    }
+}
+/* Put id (registered in list) into the index, doubling the table (rehashing every id) when it
+ * would be more than half full: amortised constant time per parameter. */
+static inline tpk_status tpk__param_index_add(tpk_ctx *ctx, const char *fn, int id) {
+    tpk_params *P = &ctx->params;
+    if (2 * (id + 1) >= P->index_cap) {
+        int cap = P->index_cap ? 2 * P->index_cap : 64;
+        int *t = (int *)malloc(sizeof(int) * (size_t)cap);
+        if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+        for (int i = 0; i < cap; i++) t[i] = -1;
+        free(P->index);
+        P->index = t, P->index_cap = cap;
+        for (int k = 0; k < id; k++) TPK_TRY(tpk__param_index_add(ctx, fn, k)); /* fits: no growth */
+    }
+    size_t i = tpk__param_slot(P->list[id].name, P->index_cap);
+    while (P->index[i] >= 0) i = (i + 1) & (size_t)(P->index_cap - 1);
+    P->index[i] = id;
+    return TPK_OK;
 }
 
 /* Draw a shard's slice of the global random tensor: the tensor is viewed as
@@ -219,6 +247,7 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     p.offset = desc->follows ? P->numel : (P->numel + TPK_PARAM_ALIGN - 1) / TPK_PARAM_ALIGN * TPK_PARAM_ALIGN; /* a gap: zeros */
     TPK_TRY(tpk__params_grow(ctx, p.offset + p.numel));
     P->list[P->n] = p;
+    TPK_TRY(tpk__param_index_add(ctx, fn, P->n));
     *id = P->n++;
     P->numel = p.offset + p.numel;
     P->stale16 = true;

@@ -24,7 +24,7 @@ mpiflags="--oversubscribe"
 dir=build/tests/gpu
 log=$dir/log.txt res=$dir/results.tsv
 : > "$log"; : > "$res"
-limit=${TPK_GPU_TIMEOUT:-600} slimit=${TPK_SANITIZER_TIMEOUT:-600}
+limit=$((${TPK_GPU_TIMEOUT:-600} * ${TPK_TIME_SCALE:-1})) slimit=$((${TPK_SANITIZER_TIMEOUT:-600} * ${TPK_TIME_SCALE:-1})) # TPK_TIME_SCALE: a busy machine
 passed=0 failed=0
 
 # count NAME RC SECONDS FILE [FINDINGS]: one program's "ok"/"FAIL" lines, its row
