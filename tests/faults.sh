@@ -8,7 +8,10 @@
 #       temporaries (*.tmp.<pid>) may be left half-written;
 #   (c) the disk full during a save (a file-size limit, RLIMIT_FSIZE, on the ranks): one clear
 #       error line, a non-zero exit, the previous checkpoint byte for byte as it was and loadable;
-#   (d) ranks started with different configurations: tests/train.sh.
+#   (d) ranks started with different configurations: tests/train.sh;
+#   (e) one rank stopped (SIGSTOP) in the middle of training, at TP 2 and at DP 2, with --timeout 5:
+#       the live rank prints one error line naming the timeout and the job ends non-zero within
+#       5 s plus a margin, the stopped rank gone with it (mpirun's abort kills it).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup faults
@@ -108,3 +111,24 @@ else
     echo "$out" > "$T/full.log"
     fail "(c) the disk full during a save (exit $rc, $n error lines, checkpoint $( [ "$before" = "$after" ] && echo unchanged || echo CHANGED))" "$T/full.log"
 fi
+
+# ---- (e) a rank stopped mid-training ------------------------------------------------------------
+for mesh in tp dp; do
+    [ $mesh = tp ] && m="--tp 2" || m="--tp 1"
+    ready="^step"
+    start stop_$mesh --text "$text" $small $m --steps 1000000 --timeout 5
+    pid=$(ranks stop_$mesh | tail -1)
+    if [ -z "$pid" ]; then fail "(e) rank stopped at $mesh 2: the run did not start" "$T/stop_$mesh.log"; continue; fi
+    kill -STOP "$pid"
+    waited=$(waitrc stop_$mesh $((60 * scale)))
+    rc=$(cat "$T/stop_$mesh.rc" 2>/dev/null)
+    n=$(grep -c "^gpt2_train: error: .*no answer from a peer within 5 s" "$T/stop_$mesh.log")
+    gone=1; kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != Z ] && gone=0
+    if [ -n "$rc" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && [ "$waited" -le $((5 + 15 * scale)) ] && [ $gone -eq 1 ]; then
+        ok "(e) a rank stopped with SIGSTOP at $(echo $mesh | tr a-z A-Z) 2 (--timeout 5): the live rank's one error line, exit $rc after ${waited} s (limit $((5 + 15 * scale)) s), the stopped rank gone"
+    else
+        fail "(e) a rank stopped with SIGSTOP at $mesh 2 (exit '$rc' after $waited s, $n error lines, stopped rank gone: $gone)" "$T/stop_$mesh.log"
+    fi
+    kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
+    r=$(ranks stop_$mesh); [ -n "$r" ] && kill -9 $r 2>/dev/null
+done

@@ -336,19 +336,28 @@ static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm ow
     return TPK_OK;
 }
 
+/* *timeout_s = the seconds a new MPI communicator's collectives wait: TPK_TIMEOUT from the
+ * environment when set (TPK_ERR_ARG when it is not a number in [0, 1e9]), else 600. */
+static inline tpk_status tpk_mpi_timeout_default(tpk_ctx *ctx, double *timeout_s) {
+    if (!timeout_s) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "timeout_s: NULL");
+    *timeout_s = TPK_MPI_TIMEOUT_DEFAULT;
+    const char *env = getenv("TPK_TIMEOUT");
+    if (!env) return TPK_OK;
+    char *end = NULL;
+    double t = strtod(env, &end);
+    if (!*env || *end || !(t >= 0 && t <= 1e9))
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "TPK_TIMEOUT: expected seconds in [0, 1e9] (0: none), got \"%s\"", env);
+    *timeout_s = t;
+    return TPK_OK;
+}
+
 /* A tpk communicator over (a duplicate of) `comm`; MPI must be initialised. ctx may be NULL.
- * Its collectives wait at most TPK_TIMEOUT seconds (the environment's), else 600 s. */
+ * Its collectives wait at most tpk_mpi_timeout_default's seconds (TPK_TIMEOUT, else 600). */
 static inline tpk_status tpk_comm_mpi(tpk_ctx *ctx, MPI_Comm comm, tpk_comm *out) {
     static const char *fn = "tpk_comm_mpi";
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
-    double timeout_s = TPK_MPI_TIMEOUT_DEFAULT;
-    const char *env = getenv("TPK_TIMEOUT");
-    if (env) {
-        char *end = NULL;
-        timeout_s = strtod(env, &end);
-        if (!*env || *end || !(timeout_s >= 0 && timeout_s <= 1e9))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "TPK_TIMEOUT: expected seconds in [0, 1e9] (0: none), got \"%s\"", env);
-    }
+    double timeout_s;
+    TPK_TRY(tpk_mpi_timeout_default(ctx, &timeout_s));
     int init = 0;
     MPI_Initialized(&init);
     if (!init) return tpk__fail(ctx, TPK_ERR_ARG, fn, "MPI is not initialised: call MPI_Init first");
