@@ -8,7 +8,9 @@
  * (tpk/optim.h); the losses summed on the device, read only on a step that reports them. Data
  * (tpk/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is window k*dp + d, so a
  * resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2 or Llama layout (--load reads
- * config.json's model_type), loadable at any TP and DP size. A failure: one line `gpt2_train: error: ...`, every rank stops. */
+ * config.json's model_type), loadable at any TP and DP size. A failure: one line `gpt2_train: error: ...`, every rank stops;
+ * a collective that fails or gets no answer within --timeout S (a stopped or dead rank) aborts the job
+ * after its line. Ranks compare digests of their arguments, data and checkpoint files before training. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <signal.h>

@@ -18,8 +18,10 @@
  *
  * Timeout (a watchdog, as NCCL's): every wait for a collective (the blocking forms, tpk_wait)
  * polls MPI_Test — busily for its first TPK__MPI_SPIN_S seconds, then sleeping 10 us doubling to
- * 1 ms between polls — until the collective finishes or timeout_s seconds have passed. Then it
- * returns TPK_ERR_COMM, "no answer from a peer within S s" naming the collective and the group
+ * 1 ms between polls — until the collective finishes or it has waited timeout_s seconds (a gap
+ * between two polls counts at most 1 s, so a rank that was itself stopped, on resuming, does not
+ * blame its peers at once). Then it returns TPK_ERR_COMM, "no answer from a peer within S s"
+ * naming the collective and the group
  * (TP, DP, world; its size): a rank is stopped, dead or far slower. The collective cannot be
  * cancelled (MPI forbids it for collectives), so its buffers are left to MPI and the communicator
  * is unusable afterwards: every later collective on it fails at once. The caller cannot agree
@@ -133,16 +135,19 @@ static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *
         rc = MPI_Wait(req, MPI_STATUS_IGNORE);
         return rc == MPI_SUCCESS ? TPK_OK : tpk__mpi_err(ctx, fn, rc);
     }
-    double t0 = MPI_Wtime(), t = t0;
+    double t = MPI_Wtime(), waited = 0; /* a gap between two polls counts at most 1 s: a rank that was itself stopped does not blame its peers when it resumes */
     long nap_ns = 10000;
     for (unsigned k = 0;; k++) {
         rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return tpk__mpi_err(ctx, fn, rc);
         if (done) return TPK_OK;
-        if (k % 64 == 0 || t - t0 >= TPK__MPI_SPIN_S) t = MPI_Wtime(); /* the clock read every 64 polls while busy */
-        if (t - t0 >= timeout_s)
+        if (k % 64 == 0 || waited >= TPK__MPI_SPIN_S) { /* the clock read every 64 polls while busy */
+            double t1 = MPI_Wtime();
+            waited += t1 - t < 1 ? t1 - t : 1, t = t1;
+        }
+        if (waited >= timeout_s)
             return tpk__fail(ctx, TPK_ERR_COMM, fn, "no answer from a peer within %g s on %s: a rank is stopped, dead or far slower", timeout_s, what);
-        if (t - t0 >= TPK__MPI_SPIN_S) {
+        if (waited >= TPK__MPI_SPIN_S) {
             struct timespec ts = {0, nap_ns};
             nanosleep(&ts, NULL);
             if (nap_ns < 1000000) nap_ns *= 2;
