@@ -220,6 +220,9 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, -1), TPK_ERR_ARG, "timeout_s");
         CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, NAN), TPK_ERR_ARG, "timeout_s");
         CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, NULL, 1), TPK_ERR_ARG, "comm");
+        MPI_Request none = MPI_REQUEST_NULL;
+        CHECK_FAILS(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, -2), TPK_ERR_ARG, "timeout_s");
+        CHECK_OK(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, 1)); /* a null request is finished */
         CHECK_OK(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, 0.2));
         x = me + 1, sum = 0;
         if (pair.size == 1) {

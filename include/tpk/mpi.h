@@ -63,10 +63,12 @@ typedef struct tpk__mpi {
     MPI_Op bf16_sum, bf16_max;
     double timeout_s; /* 0: none */
     bool broken;      /* a collective timed out: the communicator is unusable */
+    struct tpk__mpi_req *abandoned; /* the collectives that timed out, still MPI's (a list) */
 } tpk__mpi;
 
 typedef struct tpk__mpi_req {
     MPI_Request req;
+    struct tpk__mpi_req *next; /* in tpk__mpi.abandoned */
     int *counts, *displs; /* [size] each, for v-collectives */
     void *hsend, *hrecv;  /* host staging of device buffers (NULL when not staged) */
     void *drecv;          /* the device buffer the result goes back to */
@@ -177,7 +179,7 @@ static inline tpk_status tpk__mpi_await(tpk_ctx *ctx, tpk_comm *c, const char *f
     char what[64];
     tpk_status s = tpk_mpi_wait(ctx, fn, tpk__mpi_group(ctx, c, what, sizeof what), &r->req, m->timeout_s);
     if (s == TPK_OK) return tpk__mpi_done(ctx, r);
-    if (r->req != MPI_REQUEST_NULL) m->broken = true; /* still running: r stays allocated */
+    if (r->req != MPI_REQUEST_NULL) m->broken = true, r->next = m->abandoned, m->abandoned = r; /* still running: kept until destroy */
     else tpk__mpi_req_free(r);
     return s;
 }
@@ -293,6 +295,11 @@ static inline void tpk__mpi_destroy(tpk_comm *c) {
     if (!m) return;
     int fin = 0;
     MPI_Finalized(&fin);
+    for (tpk__mpi_req *r = m->abandoned, *next; r; r = next) { /* freed if MPI has finished them since; else left to MPI */
+        int done = 0;
+        next = r->next;
+        if (!fin && MPI_Test(&r->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) tpk__mpi_req_free(r);
+    }
     if (!fin) {
         MPI_Op_free(&m->bf16_sum);
         MPI_Op_free(&m->bf16_max);
