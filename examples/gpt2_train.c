@@ -8,7 +8,9 @@
  * (tpk/optim.h); the losses summed on the device, read only on a step that reports them. Data
  * (tpk/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is window k*dp + d, so a
  * resume is bit-identical. Checkpoints (tpk/hf.h): Hugging Face GPT-2 or Llama layout (--load reads
- * config.json's model_type), loadable at any TP and DP size. A failure: one line `gpt2_train: error: ...`, every rank stops. */
+ * config.json's model_type), loadable at any TP and DP size. A failure: one line `gpt2_train: error: ...`, every rank stops;
+ * a collective that fails or gets no answer within --timeout S (a stopped or dead rank) aborts the job
+ * after its line. Ranks compare digests of their arguments, data and checkpoint files before training. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <errno.h>
@@ -33,6 +35,7 @@ typedef struct opts {
     bool sp, eval_only, profile, det; tpk_recompute rc; /* rc: --recompute parsed */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
+    double timeout; /* --timeout S: how long a collective waits for the other ranks (0: no limit; -1: not given) */
 } opts;
 
 static const char *usage =
@@ -46,6 +49,7 @@ static const char *usage =
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
     "  output:    --save DIR (made and checked writable before training; written at the end; --save-every K also writes DIR/step-K, ... --keep N: only the last N of them) --load DIR\n"
     "             --csv FILE (a resume continues it) --sample N --log-every 1 --profile (every op's time per step, from step 2)\n"
+    "  failures:  --timeout 600 (seconds a collective waits for the other ranks, then the job stops; 0: no limit; default TPK_TIMEOUT or 600)\n"
     "  with --load the model's shape is its config.json's: a shape flag that differs is an error\n";
 
 static int parse(int argc, char **argv, opts *o, char *err, size_t n);
@@ -61,6 +65,7 @@ static bool is_flag(const char *v) {
 static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     *o = (opts){.tp = 1, .batch = 8, .seq = 0 /* 64, or a loaded model's positions if fewer */, .accum = 1, .steps = 100, .warmup = 10, .eval_batches = 4,
                 .log_every = 1, .lr = 1e-3f, .min_lr_frac = 0.1f, .wd = 0.1f, .clip = 1.0f, .b1 = 0.9f, .b2 = 0.95f, .seed = 1};
+    o->timeout = -1; /* not given: the library's default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL; char *end = NULL;
 #define VALUE if (!v || !*v || is_flag(v)) goto missing;
@@ -78,6 +83,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1) INT("--sample", sample, 0)
         INT("--log-every", log_every, 1) INT("--save-every", save_every, 0) INT("--keep", keep, 1) INT("--seed", seed, 0)
         FLT("--lr", lr, 0, 10) FLT("--min-lr-frac", min_lr_frac, 0, 1) FLT("--weight-decay", wd, 0, 10) FLT("--clip", clip, 0, 1e9)
+        FLT("--timeout", timeout, 0, 1e9)
         FLT("--dropout", dropout, 0, 0.99) FLT("--label-smoothing", smoothing, 0, 0.99) FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
 #define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
         BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile) BOOL("--deterministic", det)
@@ -101,20 +107,108 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     return 0;
 }
 
+static int world_rank, world_size;
+static double coll_timeout = 600; /* seconds a collective waits for the other ranks (--timeout; 0: no limit) */
+/* A collective failed or timed out: the ranks can no longer agree on stopping (a stopped peer
+ * never would), so this rank prints the error line and aborts the job (mpirun ends every rank). */
+static void comm_abort(const char *what) {
+    fflush(stdout);
+    fprintf(stderr, "gpt2_train: error: rank %d: %s\n", world_rank, what);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+/* MPI_Allreduce in place over the world, waiting at most coll_timeout (comm_abort after it). */
+static void world_allreduce(void *buf, int n, MPI_Datatype t, MPI_Op op) {
+    tpk_ctx e = {0}; /* the error message's home */
+    MPI_Request r;
+    MPI_Iallreduce(MPI_IN_PLACE, buf, n, t, op, MPI_COMM_WORLD, &r); /* the world's errors are fatal: no status to check */
+    char what[48];
+    snprintf(what, sizeof what, "the world (%d ranks)", world_size);
+    if (tpk_mpi_wait(&e, "MPI_Allreduce", what, &r, coll_timeout) != TPK_OK) comm_abort(tpk_last_error(&e));
+}
 /* Every rank passes its own ok flag and message; if any failed, the lowest failing rank prints
  * its message and every rank returns false, so all stop and none hangs. */
-static int world_rank, world_size;
 static bool agree(bool ok, const char *msg) {
-    int bad = ok ? world_size : world_rank, first = 0;
-    MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    int first = ok ? world_size : world_rank;
+    world_allreduce(&first, 1, MPI_INT, MPI_MIN);
     if (first == world_size) return true;
     fflush(stdout); /* what was printed before comes before the error */
     if (first == world_rank) fprintf(stderr, "gpt2_train: error: %s\n", msg && msg[0] ? msg : "failed");
     return false;
 }
 static char msg[1024];
+#define DIGEST0 0xcbf29ce484222325ull /* FNV-1a's offset basis */
+/* 64-bit FNV-1a over n bytes, 8-byte words at a time (then the tail bytes), continuing from h:
+ * the digests ranks compare. Each step is a bijection of h, so one differing word always shows. */
+static uint64_t digest(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+/* Whether every rank holds the same h[0..n) (one all-reduce of h and ~h, MAX: max h == ~min ~h). Collective. */
+static bool same_everywhere(const uint64_t *h, int n) {
+    uint64_t hh[64];
+    for (int i = 0; i < n; i++) hh[2 * i] = h[i], hh[2 * i + 1] = ~h[i];
+    world_allreduce(hh, 2 * n, MPI_UINT64_T, MPI_MAX);
+    for (int i = 0; i < n; i++)
+        if (hh[2 * i] != ~hh[2 * i + 1]) return false;
+    return true;
+}
+/* The digest of a file's bytes, read in pieces of 1 MiB (0 when it cannot be read: the load reports why). */
+static uint64_t file_digest(const char *path) {
+    static unsigned char buf[1 << 20];
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    uint64_t h = DIGEST0;
+    size_t n, total = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) h = digest(h, buf, n), total += n;
+    bool bad = ferror(f);
+    fclose(f);
+    return bad ? 0 : digest(h, &total, sizeof total);
+}
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static bool ends_with(const char *s, const char *tail) { size_t n = strlen(s), t = strlen(tail); return n >= t && !strcmp(s + n - t, tail); }
+/* Whether the ranks see the same checkpoint in dir (its *.json and *.safetensors files: config.json,
+ * the model's files, the optimizer's): 0 yes; 1 the lists of names differ; 2 a file's bytes
+ * differ (its path in bad). Collective. */
+static int differing_checkpoint(const char *dir, char *bad, size_t nbad) {
+    char **names = NULL;
+    int n = 0, cap = 0, res = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!ends_with(e->d_name, ".json") && !ends_with(e->d_name, ".safetensors")) continue;
+        if (n == cap) {
+            char **g = (char **)realloc(names, sizeof(char *) * (size_t)(cap = 2 * cap + 8));
+            if (!g) break;
+            names = g;
+        }
+        if (!(names[n] = strdup(e->d_name))) break;
+        n++;
+    }
+    if (d) closedir(d);
+    if (n > 1) qsort(names, (size_t)n, sizeof *names, cmp_names);
+    uint64_t h = digest(DIGEST0, &n, sizeof n);
+    for (int i = 0; i < n; i++) h = digest(h, names[i], strlen(names[i]) + 1);
+    if (!same_everywhere(&h, 1)) res = 1;
+    char path[4096];
+    for (int i = 0; !res && i < n; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        h = file_digest(path);
+        if (!same_everywhere(&h, 1) && (res = 2) && snprintf(bad, nbad, "%s", path) >= (int)nbad) bad[nbad - 1] = 0;
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return res;
+}
 #define FAIL_IF(cond, ...) do { bool c_ = (cond); if (c_) snprintf(msg, sizeof msg, __VA_ARGS__); if (!agree(!c_, msg)) goto out; } while (0)
-#define TRY(call) do { tpk_status s_ = (call); FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); } while (0)
+#define TRY(call) do { tpk_status s_ = (call); if (s_ == TPK_ERR_COMM) comm_abort(tpk_last_error(&ctx)); FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); } while (0)
 static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; }
 
 /* --save DIR checked before training: DIR made with its parents (mkdir -p) and a probe file
@@ -230,13 +324,22 @@ int main(int argc, char **argv) {
     int32_t *x = NULL, *y = NULL;
     tpk_log csv = {0}; bool ctx_up = false;
     if (pr < 0) { if (world_rank == 0) printf("%s", usage); MPI_Finalize(); return 0; }
+    if (tpk_mpi_timeout_default(&ctx, &coll_timeout) != TPK_OK && pr == 0) pr = 1, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx)); /* TPK_TIMEOUT */
+    if (o.timeout >= 0) coll_timeout = o.timeout; /* --timeout over TPK_TIMEOUT */
     if (!agree(pr == 0, msg)) goto out;
-    { /* every rank must have been started with the same arguments: compare a hash of them */
-        char cfgs[8192] = "";
-        for (int i = 1; i < argc; i++) snprintf(cfgs + strlen(cfgs), sizeof cfgs - strlen(cfgs), "%s\x1f", argv[i]);
-        uint64_t h = tpk_rng_stream(cfgs), hh[2] = {h, ~h}; /* max h and max ~h: ~(min h) */
-        MPI_Allreduce(MPI_IN_PLACE, hh, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-        FAIL_IF(hh[0] != ~hh[1], "the ranks were started with different configurations (arguments differ between ranks)");
+    { /* every rank must have been started with the same arguments: a digest of every byte of every argument and its length */
+        uint64_t h = digest(DIGEST0, &argc, sizeof argc);
+        for (int i = 1; i < argc; i++) {
+            size_t len = strlen(argv[i]);
+            h = digest(digest(h, &len, sizeof len), argv[i], len);
+        }
+        FAIL_IF(!same_everywhere(&h, 1), "the ranks were started with different configurations (arguments differ between ranks)");
+    }
+    if (o.load && world_size > 1) { /* the checkpoint's files: the same bytes on every rank, or the ranks build different models */
+        char bad[512];
+        int d = differing_checkpoint(o.load, bad, sizeof bad);
+        FAIL_IF(d, d == 1 ? "the ranks see different checkpoint files in --load %s (the lists of its .json and .safetensors files differ)"
+                          : "the ranks read different contents from %s: every rank must load the same checkpoint", d == 1 ? o.load : bad);
     }
     FAIL_IF(o.keep && !(o.save && o.save_every), "--keep %d: applies to the checkpoints of --save DIR --save-every K", o.keep);
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
@@ -271,6 +374,12 @@ int main(int argc, char **argv) {
         TRY(tpk_data_load_shard(&ctx, o.val_data ? o.val_data : o.data, *V, &val)); /* no --val-data: the training shard */
         FAIL_IF(train.n <= (int64_t)o.batch * o.seq || val.n <= (int64_t)o.batch * o.seq, "the data holds fewer than B x S + 1 = %lld tokens", (long long)o.batch * o.seq + 1);
     }
+    if (world_size > 1 && (o.text || o.data)) { /* the tokens every rank read: the same, or the ranks train on different batches */
+        uint64_t h[2] = {digest(DIGEST0, train.tok, sizeof(int32_t) * (size_t)train.n), digest(DIGEST0, val.tok, sizeof(int32_t) * (size_t)val.n)};
+        bool same = same_everywhere(h, 2), text_or_train = same || !same_everywhere(h, 1); /* which file differs */
+        FAIL_IF(!same, "the ranks read different contents from %s (%s): every rank must read the same data", o.text ? o.text : text_or_train ? o.data : o.val_data ? o.val_data : o.data,
+                o.text ? "--text" : text_or_train ? "--data" : o.val_data ? "--val-data" : "--data");
+    }
     /* the backend (a GPU per rank where one is present), the mesh, the model, the optimizer */
     const tpk_ops *ops = tpk_ops_host(); bool gpu = false;
 #ifdef TPK_WITH_CUDA
@@ -282,11 +391,12 @@ int main(int argc, char **argv) {
         MPI_Comm_rank(node, &local), MPI_Comm_size(node, &per_node), MPI_Comm_free(&node);
         TRY(tpk_cuda_set_device(&ctx, local % ndev));
         ops = tpk_ops_cuda(), gpu = true;
-        tpk_status ns = per_node <= ndev ? tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD, NULL, &world) : TPK_ERR_UNSUPPORTED; /* one GPU per rank */
+        tpk_status ns = per_node <= ndev ? tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD, &(tpk_nccl_desc){.timeout_s = coll_timeout, .no_poll = coll_timeout == 0}, &world) : TPK_ERR_UNSUPPORTED; /* one GPU per rank */
         TRY(ns == TPK_ERR_UNSUPPORTED ? tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world) : ns); /* ranks share GPUs, or a build without NCCL: MPI */
     }
 #endif
     if (!gpu) TRY(tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world));
+    if (!strcmp(world.vt->name, "mpi")) TRY(tpk_comm_mpi_set_timeout(&ctx, &world, coll_timeout)); /* inherited by the TP and DP groups */
     tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16) : gpu ? TPK_BF16 : TPK_F32; /* master weights stay f32 */
     TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt, .tp_weights = o.tp_weights ? tw : NULL, .deterministic = o.det})); ctx_up = true;
     TRY(tpk_model_init(&ctx, &m, &cfg));

@@ -14,6 +14,9 @@
 #       resumed from (--load D --save D --save-every 1): D then loads as the old or the new
 #       checkpoint whole (its val_loss equals one of the two), and the next save repairs what the
 #       kill left (D keeps the user's README.md, nothing is left beside it).
+#   (f) one rank stopped (SIGSTOP) in the middle of training, at TP 2 and at DP 2, with --timeout 5:
+#       the live rank prints one error line naming the timeout and the job ends non-zero within
+#       5 s plus a margin, the stopped rank gone with it (mpirun's abort kills it).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup faults
@@ -162,3 +165,24 @@ for point in "-d D.tpk-new" "-d D.tpk-new" "-f D.tpk-new/optim.safetensors" "-f 
     rm -rf "$d"
 done
 rm -rf "$e"
+
+# ---- (f) a rank stopped mid-training ------------------------------------------------------------
+for mesh in tp dp; do
+    [ $mesh = tp ] && m="--tp 2" || m="--tp 1"
+    ready="^step"
+    start stop_$mesh --text "$text" $small $m --steps 1000000 --timeout 5
+    pid=$(ranks stop_$mesh | tail -1)
+    if [ -z "$pid" ]; then fail "(f) rank stopped at $mesh 2: the run did not start" "$T/stop_$mesh.log"; continue; fi
+    kill -STOP "$pid"
+    waited=$(waitrc stop_$mesh $((60 * scale)))
+    rc=$(cat "$T/stop_$mesh.rc" 2>/dev/null)
+    n=$(grep -c "^gpt2_train: error: .*no answer from a peer within 5 s" "$T/stop_$mesh.log")
+    gone=1; kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != Z ] && gone=0
+    if [ -n "$rc" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && [ "$waited" -le $((5 + 15 * scale)) ] && [ $gone -eq 1 ]; then
+        ok "(f) a rank stopped with SIGSTOP at $(echo $mesh | tr a-z A-Z) 2 (--timeout 5): the live rank's one error line, exit $rc after ${waited} s (limit $((5 + 15 * scale)) s), the stopped rank gone"
+    else
+        fail "(f) a rank stopped with SIGSTOP at $mesh 2 (exit '$rc' after $waited s, $n error lines, stopped rank gone: $gone)" "$T/stop_$mesh.log"
+    fi
+    kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
+    r=$(ranks stop_$mesh); [ -n "$r" ] && kill -9 $r 2>/dev/null
+done

@@ -150,7 +150,7 @@ script() {
 }
 # the GPT-2 trainer end to end (resume, resharding, evaluation, Hugging Face import, bad input)
 script gpt2_train 1-4 tests/train.sh
-# faults: a rank killed, the checkpoint writer killed, the disk full
+# faults: a rank killed, the checkpoint writer killed, the disk full, a rank stopped (the collectives' timeout)
 script faults 1-2 tests/faults.sh
 # the trainer on the emulated CUDA backend against the host's
 script gpt2_train_emu 2 tests/train_emu.sh

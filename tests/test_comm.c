@@ -1,7 +1,8 @@
 /* tests/test_comm.c — the collectives of the MPI communicator against values computed
  * locally: all-reduce (sum, max; f32, bf16, i32; in place; started and waited),
  * all-gather and reduce-scatter with uneven counts (some zero), broadcast, barrier, the call
- * and byte counters, the TP x DP mesh, and bad arguments. Run at 1..4 ranks. */
+ * and byte counters, the TP x DP mesh, bad arguments, and the timeout: a peer that does not
+ * enter a collective gets its partner TPK_ERR_COMM, not a hang. Run at 1..4 ranks. */
 #include "test.h"
 
 /* rank q's value i: a function both sides can compute */
@@ -208,6 +209,51 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_reduce_scatterv(&ctx, &self, a, N, b, one, TPK_F32, TPK_SUM));
         CHECK(memcmp(a, b, sizeof(float) * N) == 0, "reduce_scatterv");
         CHECK(self.stats.calls[TPK_COLL_ALLREDUCE] == 1, "self counts its calls");
+    }
+    TEST_CASE("timeout: a peer that does not enter a collective is an error within the timeout, not a hang") {
+        /* pairs of ranks (an odd last rank alone: a self communicator, which never waits); in a
+         * pair the first waits with a 0.2 s timeout, the second enters only after being told the
+         * first has given up, then finishes the abandoned collective with it */
+        static int32_t x, sum; /* the abandoned collective's buffers stay valid to the end */
+        tpk_comm pair = {0};
+        CHECK_OK(&ctx, tpk_comm_split(&ctx, &world, me / 2, me, &pair));
+        CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, -1), TPK_ERR_ARG, "timeout_s");
+        CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, NAN), TPK_ERR_ARG, "timeout_s");
+        CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, NULL, 1), TPK_ERR_ARG, "comm");
+        MPI_Request none = MPI_REQUEST_NULL;
+        CHECK_FAILS(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, -2), TPK_ERR_ARG, "timeout_s");
+        CHECK_OK(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, 1)); /* a null request is finished */
+        CHECK_OK(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, 0.2));
+        x = me + 1, sum = 0;
+        if (pair.size == 1) {
+            CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM));
+            CHECK(sum == x, "self: %d, expected %d", (int)sum, (int)x);
+        } else if (pair.rank == 0) {
+            double t0 = MPI_Wtime();
+            CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM), TPK_ERR_COMM, "no answer from a peer within 0.2 s");
+            double waited = MPI_Wtime() - t0;
+            CHECK(strstr(tpk_last_error(&ctx), "tpk_allreduce") && strstr(tpk_last_error(&ctx), "(2 ranks)"), "message names the collective and group: %s", tpk_last_error(&ctx));
+            CHECK(waited >= 0.2 && waited < 30, "gave up after %.3f s, expected 0.2 s", waited);
+            int32_t y = 0; /* the communicator is unusable now: every collective fails at once */
+            CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &y, &y, 1, TPK_I32, TPK_SUM), TPK_ERR_COMM, "earlier collective");
+            tpk_request rq = {0};
+            CHECK_FAILS(&ctx, tpk_barrier_start(&ctx, &pair, &rq), TPK_ERR_COMM, "earlier collective");
+            int go = 1, seen = 0;
+            MPI_Send(&go, 1, MPI_INT, me + 1, 77, MPI_COMM_WORLD);
+            MPI_Request rr; /* the partner's answer: its collective finished with ours */
+            MPI_Irecv(&seen, 1, MPI_INT, me + 1, 78, MPI_COMM_WORLD, &rr);
+            CHECK_OK(&ctx, tpk_mpi_wait(&ctx, "test", "the world", &rr, 60));
+            CHECK(seen == (me + 1) + (me + 2), "partner's sum %d", seen);
+        } else {
+            int go = 0;
+            MPI_Recv(&go, 1, MPI_INT, me - 1, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            CHECK_OK(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, 60));
+            CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM)); /* the first rank's side is still under way */
+            CHECK(sum == me + (me + 1), "late sum %d, expected %d", (int)sum, me + (me + 1));
+            int seen = sum;
+            MPI_Send(&seen, 1, MPI_INT, me - 1, 78, MPI_COMM_WORLD);
+        }
+        tpk_comm_destroy(&pair);
     }
     free(a), free(b), free(want);
     tpk_ctx_destroy(&ctx);

@@ -15,7 +15,9 @@
 #   flags with GPT-2, model flags against a loaded config.json); --save and --csv failing before step 1,
 #   the CSV and standard output on a full disk mid-run, a resume continuing the --csv curve; what the
 #   trainer prints (ETA, step line before its save, "trained no steps", "1 rank", --dp-batch's banner,
-#   ZeRO-1's lower peak). Every time limit x TPK_TIME_SCALE.
+#   ZeRO-1's lower peak). Ranks that differ only past 8 KiB
+#   of arguments, and ranks that read different bytes under one file name (the data, a checkpoint).
+#   Every time limit x TPK_TIME_SCALE.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup train
@@ -392,3 +394,39 @@ tr 2 --text "$text" $small --tp 1 --steps 2; p0=$(pk)
 tr 2 --text "$text" $small --tp 1 --steps 2 --zero 1; p1=$(pk)
 if [ $rc -eq 0 ] && [ -n "$p0" ] && [ -n "$p1" ] && awk -v a="$p0" -v b="$p1" 'BEGIN{exit !(b < a)}'; then ok "--zero 1 at DP 2 prints a lower peak than plain DP: $p1 < $p0 MB"
 else fail "--zero 1 at DP 2 prints a lower peak than plain DP: '$p1' vs '$p0' MB"; fi
+
+# ---- --timeout, and ranks that disagree on what they run ----
+bad "--timeout negative" "--timeout: expected a number in \[0, 1e+09\], got \"-1\"" --text "$text" $small --timeout -1
+out=$(TPK_TIMEOUT=soon timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_TIMEOUT $B/gpt2_train --text "$text" $small --tp 2 --steps 1 2>&1); rc=$?
+n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: .*TPK_TIMEOUT: expected seconds in \[0, 1e9\] (0: none), got "soon"')
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: TPK_TIMEOUT not a number"; else fail "bad input: TPK_TIMEOUT not a number (exit $rc, $n error lines)"; fi
+# ranks whose arguments differ only past 8 KiB (a long but legal --seed, then another --hidden)
+long=$(head -c 9000 /dev/zero | tr '\0' 0)3
+out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 $B/gpt2_train --text "$text" --tp 2 --seed "$long" $small : -np 1 $B/gpt2_train --text "$text" --tp 2 --seed "$long" $small --hidden 48 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "different configurations"; then ok "bad input: ranks whose arguments differ only after 9 KB"
+else fail "bad input: ranks whose arguments differ only after 9 KB (exit $rc)"; fi
+# ranks that read different bytes under the same relative name: each rank in its own directory
+case $B in /*) prog=$B/gpt2_train ;; *) prog=$PWD/$B/gpt2_train ;; esac
+d1=$PWD/$T/wd1 d2=$PWD/$T/wd2
+rm -rf "$d1" "$d2" && mkdir -p "$d1" "$d2"
+# diff2 NAME WANT ARGS...: rank 0 runs in $d1, rank 1 in $d2, both with ARGS; one error line saying WANT
+diff2() {
+    name=$1 want=$2; shift 2
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 --wdir "$d1" "$prog" "$@" : -np 1 --wdir "$d2" "$prog" "$@" 2>&1)
+    rc=$?
+    n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: ')
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q -- "$want"; then ok "ranks that read different inputs: $name"
+    else fail "ranks that read different inputs: $name (exit $rc, $n error lines, expected \"$want\")"; fi
+}
+cp "$text" "$d1/data.txt" && sed '100s/a/b/' "$text" > "$d2/data.txt" # one byte apart, same length
+diff2 "a --text file" "different contents from data.txt (--text)" --text data.txt $small --tp 2 --steps 2
+$fx shard "$d1/train.bin" "$text" 20240520 1 && cp "$d1/train.bin" "$d2/train.bin"
+$fx shard "$d1/val.bin" "$text" 20240520 1 && $fx shard "$d2/val.bin" "$d2/data.txt" 20240520 1
+diff2 "a --val-data shard" "different contents from val.bin (--val-data)" --data train.bin --val-data val.bin --vocab 256 $small --steps 2
+cp -r "$T/c5/step-5" "$d1/ck" && cp -r "$T/c5/step-5" "$d2/ck"
+size=$(wc -c < "$d2/ck/model.safetensors")
+printf '\001' | dd of="$d2/ck/model.safetensors" bs=1 seek=$((size - 2)) conv=notrunc 2>/dev/null # a weight's byte
+diff2 "a --load checkpoint's model file" "different contents from ck/model.safetensors" --load ck --text "$text" $small --tp 2 --steps 6
+cp "$d1/ck/model.safetensors" "$d2/ck/model.safetensors" && cp "$d1/ck/config.json" "$d2/ck/extra.json"
+diff2 "a --load checkpoint with another file" "different checkpoint files in --load ck" --load ck --text "$text" $small --tp 2 --steps 6
