@@ -542,7 +542,8 @@ static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk_
     size_t end = strlen(config);
     while (end && config[end - 1] != '}') end--; /* config's closing brace: the id goes before it */
     while (end > 1 && strchr(" \t\r\n", config[end - 2])) end--;
-    snprintf(text, strlen(config) + 64, "%.*s,\n  \"tpk_checkpoint_id\": \"%s\"\n}\n", end ? (int)end - 1 : 0, config, id);
+    bool empty = end > 1 && config[end - 2] == '{'; /* "{}": the id is the only member, no comma */
+    snprintf(text, strlen(config) + 64, "%.*s%s\n  \"tpk_checkpoint_id\": \"%s\"\n}\n", end ? (int)end - 1 : 0, config, empty ? "" : ",", id);
     snprintf(stepstr, sizeof stepstr, "%lld", (long long)step);
     const char *meta[] = {"format", "pt", "step", stepstr, "tpk_checkpoint_id", id, NULL};
     const char *ometa[] = {"format", "tpk-adamw", "step", stepstr, "tpk_checkpoint_id", id, NULL};
