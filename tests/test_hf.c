@@ -747,6 +747,7 @@ int main(int argc, char **argv) {
             {"{\"weight_map\": {\"model.norm.weight\": 3}}", "weight_map: file: expected a string"},
             {"{\"weight_map\": {}}", "no tensor \"model.embed_tokens.weight\""},
             {"{\"weight_map\": {\"model.embed_tokens.weight\"", "byte"},
+            {"{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\", \"model.norm.weight\": \"b.safetensors\"}}", "the tensor \"model.norm.weight\" appears twice"},
         };
         for (size_t k = 0; k < sizeof icases / sizeof *icases; k++) {
             write_text(idx, icases[k].text);

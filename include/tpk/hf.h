@@ -700,12 +700,13 @@ typedef struct tpk__hf_files {
     int nmap;
     char (*tensor)[256];  /* [nmap] weight_map: tensor -> file index */
     int *which;
+    const char **byname;  /* [nmap] the rows of tensor sorted by name: tpk__hf_find's binary search */
 } tpk__hf_files;
 
 static inline void tpk__hf_files_close(tpk__hf_files *f) {
     for (int i = 0; f->open && i < f->n; i++)
         if (f->open[i]) tpk_st_close(&f->st[i]);
-    free(f->file), free(f->st), free(f->open), free(f->tensor), free(f->which);
+    free(f->file), free(f->st), free(f->open), free(f->tensor), free(f->which), free((void *)f->byname);
     memset(f, 0, sizeof *f);
 }
 
@@ -761,6 +762,11 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
         f->nmap = k;
     }
     free(b);
+    const char *dup = NULL;
+    if (s == TPK_OK && !(f->byname = (const char **)malloc(sizeof(char *) * (size_t)(f->nmap ? f->nmap : 1)))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map");
+    for (int k = 0; s == TPK_OK && k < f->nmap; k++) f->byname[k] = f->tensor[k];
+    if (s == TPK_OK && tpk__st_has_dup(f->byname, (size_t)f->nmap, &dup)) /* sorts byname */
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: weight_map: the tensor \"%.200s\" appears twice", path, dup);
     if (s == TPK_OK && !(f->st = (tpk_st_file *)calloc((size_t)(f->n ? f->n : 1), sizeof *f->st)))
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
     if (s == TPK_OK && !(f->open = (bool *)calloc((size_t)(f->n ? f->n : 1), 1))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
@@ -774,9 +780,14 @@ static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *
     int q = 0;
     *t = NULL;
     if (f->tensor) { /* sharded: the index names the file */
-        int k = 0;
-        while (k < f->nmap && strcmp(f->tensor[k], name)) k++;
-        if (k == f->nmap) return TPK_OK;
+        int lo = 0, hi = f->nmap, k = -1;
+        while (lo < hi && k < 0) {
+            int mid = lo + (hi - lo) / 2, c = strcmp(f->byname[mid], name);
+            if (!c) k = (int)((const char(*)[256])(const void *)f->byname[mid] - (const char(*)[256])f->tensor); /* its row */
+            else if (c < 0) lo = mid + 1;
+            else hi = mid;
+        }
+        if (k < 0) return TPK_OK;
         q = f->which[k];
     }
     if (!f->open[q]) {

@@ -433,8 +433,12 @@ static inline tpk_status tpk__st_header(tpk__st_json *j, tpk_st_file *f, char *p
 
 /* Owned memory: this block, then the tensors, the sort scratch, the metadata pointers and strings. */
 typedef struct tpk__st_block {
-    uint8_t *file; /* the file's bytes (tpk_st_read) or NULL */
+    uint8_t *file;                  /* the file's bytes (tpk_st_read) or NULL */
+    const tpk_st_tensor **by_name;  /* [n] the tensors sorted by name (the sort scratch, after the checks): tpk_st_find */
 } tpk__st_block;
+static inline int tpk__st_by_name(const void *a, const void *b) {
+    return strcmp((*(const tpk_st_tensor *const *)a)->name, (*(const tpk_st_tensor *const *)b)->name);
+}
 
 static inline int tpk__st_by_offset(const void *a, const void *b) {
     const tpk_st_tensor *x = *(const tpk_st_tensor *const *)a, *y = *(const tpk_st_tensor *const *)b;
@@ -511,9 +515,16 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
     j.p = j.start;
     tpk_status s = tpk__st_header(&j, out, (char *)block + off_pool, &nt, &nm, &mbytes); /* fill */
     out->n = (int)nt, out->n_meta = (int)nm;
-    if (s == TPK_OK) s = tpk__st_global(&j, out, (const tpk_st_tensor **)(void *)(block + off_sort));
-    if (s != TPK_OK) tpk_st_close(out);
-    return s;
+    const tpk_st_tensor **idx = (const tpk_st_tensor **)(void *)(block + off_sort);
+    if (s == TPK_OK) s = tpk__st_global(&j, out, idx);
+    if (s != TPK_OK) {
+        tpk_st_close(out);
+        return s;
+    }
+    for (size_t i = 0; i < nt; i++) idx[i] = &out->tensors[i]; /* the name index: lookups in O(log n) */
+    if (nt > 1) qsort(idx, nt, sizeof *idx, tpk__st_by_name);
+    ((tpk__st_block *)(void *)block)->by_name = idx;
+    return TPK_OK;
 }
 
 static inline tpk_status tpk_st_parse(tpk_ctx *ctx, const uint8_t *bytes, size_t size, const char *what, tpk_st_file *out) {
@@ -562,6 +573,17 @@ static inline tpk_status tpk_st_read(tpk_ctx *ctx, const char *path, tpk_st_file
 
 /* The tensor called name, or NULL. */
 static inline const tpk_st_tensor *tpk_st_find(const tpk_st_file *f, const char *name) {
+    const tpk__st_block *blk = f ? (const tpk__st_block *)f->owned : NULL;
+    if (blk && blk->by_name && name) { /* a parsed file: binary search of the name index */
+        int lo = 0, hi = f->n;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2, c = strcmp(blk->by_name[mid]->name, name);
+            if (!c) return blk->by_name[mid];
+            if (c < 0) lo = mid + 1;
+            else hi = mid;
+        }
+        return NULL;
+    }
     for (int i = 0; f && name && i < f->n; i++)
         if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
     return NULL;
