@@ -11,8 +11,9 @@ passed=0 failed=0
 # run NAME NP CMD...: one program at one rank count, within limit seconds (default 300) x TPK_TIME_SCALE
 run() {
     name=$1 np=$2; shift 2
-    out=$(timeout $((${limit:-300} * scale)) mpirun $mpiflags -np "$np" "$@" 2>&1)
-    rc=$?
+    lim=$((${limit:-300} * scale)) t0=$(date +%s)
+    out=$(timeout $lim mpirun $mpiflags -np "$np" "$@" 2>&1)
+    rc=$? secs=$(($(date +%s) - t0))
     printf '%s\n' "$out" >> "$log"
     p=$(printf '%s\n' "$out" | grep -c '^ok ')
     f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
@@ -24,7 +25,8 @@ run() {
     fi
     case "$name" in *_example) [ "$rc" -eq 0 ] && p=1 ;; esac  # a program, not a test: its exit status
     if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name [np=$np]: ran no test case"; f=1; fi
-    printf '%-28s np=%s  %3d ok  %d failed\n' "$name" "$np" "$p" "$f"
+    # the seconds taken against the limit: a program near its limit shows before it fails
+    printf '%-28s np=%s  %3d ok  %d failed  %4d s of %d\n' "$name" "$np" "$p" "$f" "$secs" "$lim"
     passed=$((passed + p)) failed=$((failed + f))
 }
 
