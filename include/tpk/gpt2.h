@@ -156,7 +156,6 @@ static inline int tpk__gpt2_block_bufs(tpk_gpt2_block *b, int set, tpk_buf **o) 
     if (set == TPK__SET_LENT) {
         o[n++] = &b->ln_1.y, o[n++] = &b->ln_2.y;
         n += tpk__attention_lent(&b->attn, o + n);
-        n += tpk__mlp_lent(&b->mlp, o + n);
     } else if (set == TPK__SET_KEPT) {
         tpk_buf *k[] = {&b->ln_1.mean, &b->ln_1.rstd, &b->ln_1.x1, &b->ln_2.mean, &b->ln_2.rstd, &b->ln_2.x1, &ca->y, &ca->y2, &ca->pre,
                         &cp->xb, &cp->pre, &fc->y, &fc->y2, &fc->pre, &mp->xb, &mp->y, &mp->y2, &mp->pre};

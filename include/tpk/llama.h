@@ -152,7 +152,7 @@ static inline int tpk__llama_block_bufs(tpk_llama_block *b, int set, tpk_buf **o
         n += tpk__swiglu_mlp_lent(&b->mlp, o + n);
     } else if (set == TPK__SET_KEPT) {
         tpk_linear *q = &a->q_proj, *k = &a->k_proj, *v = &a->v_proj, *op = &a->o_proj, *gu = &b->mlp.gate_up, *dn = &b->mlp.down;
-        tpk_buf *kept[] = {&b->norm_1.rstd, &b->norm_2.rstd, &a->qkv, &q->xb, &q->y2, &q->pre, &k->xb, &k->y2, &k->pre, &v->xb, &v->y2, &v->pre,
+        tpk_buf *kept[] = {&b->norm_1.rstd, &b->norm_2.rstd, &a->qkv, &q->y2, &q->pre, &k->y2, &k->pre, &v->y2, &v->pre,
                            &op->xb, &op->y, &op->y2, &op->pre, &gu->y, &gu->y2, &gu->pre, &dn->xb, &dn->y, &dn->y2, &dn->pre};
         for (size_t j = 0; j < sizeof kept / sizeof kept[0]; j++) o[n++] = kept[j];
     } else {
