@@ -13,7 +13,8 @@
  *   c_proj  row linear H -> H, in features split in units of D -> P -> all-reduce -> R (+ bias)
  * Layouts: x R [T, H] (S(0) under sequence parallelism) -> y R [T, H] (S(0)).
  * Collectives: forward 1 all-reduce of T H (SP: all-gather of x + reduce-scatter of y);
- * backward 1 all-reduce of T H (SP: all-gather of dy + reduce-scatter of dx). None inside
+ * backward 1 all-reduce of T H (SP: all-gather of dy + reduce-scatter of dx, and x all-gathered
+ * again for c_attn's weight gradient: the gathered x is not kept). None inside
  * the attention itself. T = B S tokens, sequence-major ([B, S] flattened). */
 #ifndef TPK_ATTN_H
 #define TPK_ATTN_H
@@ -154,7 +155,8 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
  *   attn    causal, each query head reading its key/value head in place (tpk_op_attn_fwd with G)
  *   o_proj  row [H, A D], in features in heads of D -> P -> all-reduce -> R (SP: reduce-scatter)
  * Collectives: forward 1 all-reduce of T H (SP: 1 all-gather + 1 reduce-scatter), backward the
- * same; none in the attention. Parameters "<name>.{q,k,v,o}_proj.weight" (and .bias with
+ * same (SP: and x all-gathered again, during the attention kernel's backward, for q, k, v's
+ * dW); none in the attention. Parameters "<name>.{q,k,v,o}_proj.weight" (and .bias with
  * desc.bias), [out, in], Hugging Face Llama's names below "model.layers.N.self_attn". */
 
 typedef struct tpk_gqa_attention_desc {
@@ -244,19 +246,7 @@ static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, const tpk_gqa_attention *a,
  * reading it) or, with req NULL, done. The projections' saved inputs are set to it. */
 static inline tpk_status tpk__gqa_input(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor *xg, tpk_request *req) {
     *xg = a->x;
-    if (a->sp) {
-        *xg = tpk_tensor_2d(NULL, ctx->dtype, a->x.gshape[0], a->H, TPK_R);
-        TPK_TRY(tpk__sp_view(ctx, xg));
-        if (req) {
-            size_t counts[64], *cnt;
-            TPK_TRY(tpk__token_counts(ctx, "tpk_gqa_attention_backward", xg->gshape[0], a->H, counts, &cnt));
-            tpk_status s = tpk_allgatherv_start(ctx, &ctx->tp, a->x.data, cnt[ctx->tp.rank], xg->data, cnt, (size_t)tpk_numel(xg), ctx->dtype, req);
-            if (cnt != counts) free(cnt);
-            TPK_TRY(s);
-        } else {
-            TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &a->x, xg));
-        }
-    }
+    if (a->sp) TPK_TRY(tpk__sp_gather(ctx, "tpk_gqa_attention", &a->x, xg, req));
     a->q_proj.x.data = a->k_proj.x.data = a->v_proj.x.data = xg->data;
     return TPK_OK;
 }

@@ -225,19 +225,24 @@ static inline tpk_status tpk__col_linear_input(tpk_ctx *ctx, const char *fn, tpk
     return TPK_OK;
 }
 
-/* Under sequence parallelism: the saved input's tokens all-gathered into the context's scratch,
- * *xg R [T, in] viewing it — started (req: finish it with tpk_wait before reading *xg) or, with req
- * NULL, done. Otherwise *xg is the saved input itself. */
-static inline tpk_status tpk__col_linear_gather(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor *xg, tpk_request *req) {
-    if (!l->d.sequence_parallel) return *xg = l->x, TPK_OK;
-    *xg = tpk_tensor_2d(NULL, ctx->dtype, l->T, l->in, TPK_R);
+/* x S(0) [T, w]'s tokens all-gathered into the context's scratch, *xg R [T, w] viewing it —
+ * started (req: finish it with tpk_wait before reading *xg) or, with req NULL, done. */
+static inline tpk_status tpk__sp_gather(tpk_ctx *ctx, const char *fn, const tpk_tensor *x, tpk_tensor *xg, tpk_request *req) {
+    int64_t T = x->gshape[0], w = x->gshape[1];
+    *xg = tpk_tensor_2d(NULL, ctx->dtype, T, w, TPK_R);
     TPK_TRY(tpk__sp_view(ctx, xg));
-    if (!req) return tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &l->x, xg);
+    if (!req) return tpk_region_forward(ctx, TPK_REGION_SP_GATHER, x, xg);
     size_t counts[64], *cnt;
-    TPK_TRY(tpk__token_counts(ctx, fn, l->T, l->in, counts, &cnt));
-    tpk_status s = tpk_allgatherv_start(ctx, &ctx->tp, l->x.data, cnt[ctx->tp.rank], xg->data, cnt, (size_t)(l->T * l->in), ctx->dtype, req);
+    TPK_TRY(tpk__token_counts(ctx, fn, T, w, counts, &cnt));
+    tpk_status s = tpk_allgatherv_start(ctx, &ctx->tp, x->data, cnt[ctx->tp.rank], xg->data, cnt, (size_t)(T * w), ctx->dtype, req);
     if (cnt != counts) free(cnt);
     return s;
+}
+/* A column linear's GEMM input *xg: under sequence parallelism its saved input gathered
+ * (tpk__sp_gather: started with req, done without), otherwise the saved input itself. */
+static inline tpk_status tpk__col_linear_gather(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor *xg, tpk_request *req) {
+    if (!l->d.sequence_parallel) return *xg = l->x, TPK_OK;
+    return tpk__sp_gather(ctx, fn, &l->x, xg, req);
 }
 
 /* Column forward: x R [T, in] (S(0) under sequence parallelism) -> *y S(-1) [T, out_r]

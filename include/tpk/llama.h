@@ -6,7 +6,7 @@
  *   y  = x1 + mlp(post_attention_layernorm(x1))   RMSNorm; SwiGLU (gate+up column, down row)
  *   backward mirrors it: dx1 = dy + rms_2'(mlp'(dy)), dx = dx1 + rms_1'(attn'(dx1)).
  *   Collectives per block: 2 all-reduces of T H forward and 2 backward (SP: 2 all-gathers + 2
- *   reduce-scatters each way), as GPT-2's; plus, once per step, the sums of the RMSNorm weight
+ *   reduce-scatters each way, and 2 more all-gathers backward: the projections' inputs again), as GPT-2's; plus, once per step, the sums of the RMSNorm weight
  *   gradients under SP and of the key/value weights held by several ranks
  *   (tpk_params_reduce_partial_grads).
  * Model: ids -> embed_tokens (vocabulary-parallel, no position table) -> L blocks -> norm ->
