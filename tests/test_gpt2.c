@@ -169,7 +169,9 @@ int main(int argc, char **argv) {
                     if (!run_model(&sh, &cfg, 4, &a) && !run_model(&ref, &unpadded, 4, &b)) {
                         test_compare_models(&sh, &a, &b, 1e-5, 1e-5);
                         /* per model: 2 per block + embedding (1) forward; the head, 2 per block
-                         * backward; plus the cross-entropy's all-gather forward (none at t = 1) */
+                         * backward; plus the cross-entropy's all-gather forward (none at t = 1);
+                         * under SP the backward also all-gathers the head's and each column
+                         * linear's input again (2 per block + 1) */
                         uint64_t L = 2, fwd = test_total_calls(&a.fwd), bwd = test_total_calls(&a.bwd), xg = np > 1;
                         if (!sp) {
                             CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && a.fwd.calls[TPK_COLL_ALLGATHER] == xg && fwd == 2 * L + 1 + xg,
@@ -181,7 +183,7 @@ int main(int argc, char **argv) {
                             CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 + xg && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 &&
                                       a.fwd.calls[TPK_COLL_ALLREDUCE] == 0 && fwd == 4 * L + 2 + xg,
                                   "SP forward: %llu collectives", (unsigned long long)fwd);
-                            CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 4 * L + 2,
+                            CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 4 * L + 2 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 6 * L + 3,
                                   "SP backward: %llu collectives", (unsigned long long)bwd);
                         }
                     }

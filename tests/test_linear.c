@@ -148,7 +148,8 @@ static void compare_w(net proto, const double *w) {
             CHECK_CLOSE(rs.grad[i], rr.grad[i], tpk_param_global_numel(&sh, i), 1e-5, what);
         }
         /* collectives: a column -> row pair does one all-reduce of T*H each way (under SP one
-         * all-gather and one reduce-scatter of T*H each way); nothing else */
+         * all-gather and one reduce-scatter of T*H each way, and in the backward a second
+         * all-gather: the column linear's input again, which it does not keep gathered); nothing else */
         if (proto.kind == PAIR) {
             uint64_t TH = (uint64_t)(proto.T * proto.in);
             const tpk_comm_stats *st[2] = {&rs.fwd, &rs.bwd};
@@ -160,8 +161,10 @@ static void compare_w(net proto, const double *w) {
                           way, (unsigned long long)s->calls[TPK_COLL_ALLREDUCE], (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], (unsigned long long)TH);
                     CHECK(s->calls[TPK_COLL_ALLGATHER] + s->calls[TPK_COLL_REDUCE_SCATTER] + s->calls[TPK_COLL_BROADCAST] == 0, "%s: other collectives", way);
                 } else {
-                    CHECK(s->calls[TPK_COLL_ALLGATHER] == 1 && s->elems[TPK_COLL_ALLGATHER] == TH, "%s: %llu all-gathers of %llu, expected 1 of %llu", way,
-                          (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->elems[TPK_COLL_ALLGATHER], (unsigned long long)TH);
+                    uint64_t ag = k ? 2 : 1;
+                    CHECK(s->calls[TPK_COLL_ALLGATHER] == ag && s->elems[TPK_COLL_ALLGATHER] == ag * TH, "%s: %llu all-gathers of %llu, expected %llu of %llu",
+                          way, (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->elems[TPK_COLL_ALLGATHER], (unsigned long long)ag,
+                          (unsigned long long)(ag * TH));
                     CHECK(s->calls[TPK_COLL_REDUCE_SCATTER] == 1 && s->elems[TPK_COLL_REDUCE_SCATTER] == TH, "%s: %llu reduce-scatters, expected 1", way,
                           (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER]);
                     CHECK(s->calls[TPK_COLL_ALLREDUCE] + s->calls[TPK_COLL_BROADCAST] == 0, "%s: other collectives", way);
@@ -249,6 +252,10 @@ static tpk_status tr_allreduce(tpk_ctx *c, tpk_comm *m, const void *s, void *r, 
     note(q ? "allreduce-start" : "allreduce");
     return real_vt->allreduce(c, m, s, r, n, d, o, q);
 }
+static tpk_status tr_ag(tpk_ctx *c, tpk_comm *m, const void *s, void *r, const size_t *n, tpk_dtype d, tpk_request *q) {
+    note(q ? "allgather-start" : "allgather");
+    return real_vt->allgatherv(c, m, s, r, n, d, q);
+}
 static tpk_status tr_rs(tpk_ctx *c, tpk_comm *m, const void *s, void *r, const size_t *n, tpk_dtype d, tpk_redop o, tpk_request *q) {
     note(q ? "reduce-scatter-start" : "reduce-scatter");
     return real_vt->reduce_scatterv(c, m, s, r, n, d, o, q);
@@ -306,14 +313,15 @@ int main(int argc, char **argv) {
         TEST_CASE("%s: finite differences", net_name(&r)) finite_differences(r);
     }
 
-    TEST_CASE("column backward starts the dx all-reduce before the weight-gradient GEMM, waits after") {
+    TEST_CASE("column backward starts the dx all-reduce before the weight-gradient GEMM, waits after; under SP it first starts the input's "
+              "all-gather again, runs the dx GEMM, then waits") {
         for (int sp = 0; sp < 2; sp++) {
             tpk_ctx ctx;
             tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
             static tpk_comm_vtable vt;
             static tpk_ops ops;
             real_vt = ctx.tp.vt, real_ops = ctx.ops;
-            vt = *real_vt, vt.allreduce = tr_allreduce, vt.reduce_scatterv = tr_rs, vt.wait = tr_wait;
+            vt = *real_vt, vt.allreduce = tr_allreduce, vt.allgatherv = tr_ag, vt.reduce_scatterv = tr_rs, vt.wait = tr_wait;
             ops = *real_ops, ops.gemm = tr_gemm;
             ctx.tp.vt = &vt, ctx.ops = &ops;
             net n = {.kind = COL, .sp = sp, .bias = true, .T = 6, .in = 4, .out = 8};
@@ -327,9 +335,11 @@ int main(int argc, char **argv) {
             dy.data = dyl.data;
             ntrace = 0;
             CHECK_OK(&ctx, net_backward(&ctx, &n, dy, &dx));
-            const char *want[] = {"gemm", sp ? "reduce-scatter-start" : "allreduce-start", "gemm-wgrad", "wait"};
-            CHECK(ntrace == 4, "%d events", ntrace);
-            for (int i = 0; i < 4 && i < ntrace; i++) CHECK(!strcmp(trace[i], want[i]), "event %d: %s, expected %s", i, trace[i], want[i]);
+            const char *want_sp[] = {"allgather-start", "gemm", "wait", "reduce-scatter-start", "gemm-wgrad", "wait"};
+            const char *want_r[] = {"gemm", "allreduce-start", "gemm-wgrad", "wait"}, **want = sp ? want_sp : want_r;
+            int nwant = sp ? 6 : 4;
+            CHECK(ntrace == nwant, "%d events, expected %d", ntrace, nwant);
+            for (int i = 0; i < nwant && i < ntrace; i++) CHECK(!strcmp(trace[i], want[i]), "event %d: %s, expected %s", i, trace[i], want[i]);
             ctx.tp.vt = real_vt, ctx.ops = real_ops;
             free(x.data), free(dyl.data);
             net_destroy(&ctx, &n);

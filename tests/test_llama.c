@@ -203,10 +203,10 @@ int main(int argc, char **argv) {
                         CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && a.fwd.calls[TPK_COLL_ALLGATHER] == xg && fwd == 2 * L + 1 + xg,
                               "forward: %llu collectives", (unsigned long long)fwd);
                         CHECK(a.bwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && bwd == 2 * L + 1, "backward: %llu collectives", (unsigned long long)bwd);
-                    } else {
+                    } else { /* the backward also all-gathers the inputs of the head and of each block's projections again */
                         CHECK(a.fwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 + xg && a.fwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && fwd == 4 * L + 2 + xg,
                               "SP forward: %llu collectives", (unsigned long long)fwd);
-                        CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 2 * L + 1 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 4 * L + 2,
+                        CHECK(a.bwd.calls[TPK_COLL_ALLGATHER] == 4 * L + 2 && a.bwd.calls[TPK_COLL_REDUCE_SCATTER] == 2 * L + 1 && bwd == 6 * L + 3,
                               "SP backward: %llu collectives", (unsigned long long)bwd);
                     }
                     int q = tpk_param_find(&sh, "model.layers.1.self_attn.k_proj.weight"), e = tpk_param_find(&sh, "lm_head.weight");

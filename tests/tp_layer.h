@@ -101,17 +101,19 @@ static inline uint64_t test_total_calls(const tpk_comm_stats *s) {
     return c;
 }
 /* The collectives of one layer in one direction: n all-reduces of TH elements, or under SP n
- * all-gathers and n reduce-scatters of TH each, and nothing else. */
+ * all-gathers and n reduce-scatters of TH each — in the backward 2 n all-gathers: each column
+ * linear gathers its input's tokens again rather than keeping them gathered — and nothing else. */
 static inline void test_check_counts(const tpk_comm_stats *s, bool sp, int n, uint64_t TH, const char *dir) {
     if (!sp) {
         CHECK(s->calls[TPK_COLL_ALLREDUCE] == (uint64_t)n && test_total_calls(s) == (uint64_t)n && s->elems[TPK_COLL_ALLREDUCE] == (uint64_t)n * TH,
               "%s: %llu collectives, %llu all-reduces of %llu elements; expected %d all-reduces of T H", dir, (unsigned long long)test_total_calls(s),
               (unsigned long long)s->calls[TPK_COLL_ALLREDUCE], (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], n);
     } else {
-        CHECK(s->calls[TPK_COLL_ALLGATHER] == (uint64_t)n && s->calls[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n && test_total_calls(s) == 2 * (uint64_t)n &&
-                  s->elems[TPK_COLL_ALLGATHER] == (uint64_t)n * TH && s->elems[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n * TH,
-              "%s: %llu collectives (%llu all-gathers, %llu reduce-scatters); expected %d + %d of T H", dir, (unsigned long long)test_total_calls(s),
-              (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER], n, n);
+        uint64_t ag = (uint64_t)n * (strcmp(dir, "backward") ? 1 : 2);
+        CHECK(s->calls[TPK_COLL_ALLGATHER] == ag && s->calls[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n && test_total_calls(s) == ag + (uint64_t)n &&
+                  s->elems[TPK_COLL_ALLGATHER] == ag * TH && s->elems[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n * TH,
+              "%s: %llu collectives (%llu all-gathers, %llu reduce-scatters); expected %llu + %d of T H", dir, (unsigned long long)test_total_calls(s),
+              (unsigned long long)s->calls[TPK_COLL_ALLGATHER], (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER], (unsigned long long)ag, n);
     }
 }
 

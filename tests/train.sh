@@ -5,7 +5,8 @@
 #   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, Adasum, heterogeneous DP
 #   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
 #   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
-#   bit-identical with a lower peak, evaluation identical at t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
+#   bit-identical with a lower peak, sequence parallelism's peak below the same run's without it
+#   (GPT-2 and Llama, every recompute mode), evaluation identical at t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
 #   checkpoints (--save-every with --keep, --eval-only past the default --steps, a missing optimizer
@@ -131,6 +132,25 @@ a=$(losses "$T/rc_none.csv" 1 5); b=$(losses "$T/rc_selective.csv" 1 5); c=$(los
 if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && printf '%s\n' "$peaks" | awk 'NF == 3 && $2 + 0 < $1 + 0 && $3 + 0 < $2 + 0 { ok = 1 } END { exit !ok }'; then
     ok "--recompute selective and full (dropout, SP, t=2): losses and gradient norms bit-identical to none over 5 steps; peak memory MB none, selective, full:$peaks"
 else fail "--recompute selective, full: bit-identical and less memory (peaks:$peaks)"; fi
+
+# ---- sequence parallelism keeps less: at t=2 its peak is below the same run's without it -------------
+# (each layer keeps its tokens' 1/t shard; the gathered inputs and partial sums live in one shared scratch)
+spm="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 32 --seed 3 --steps 2"
+for arch in gpt2 llama; do
+    res=""
+    for rcm in none selective full; do
+        tr 2 --text "$text" $spm --arch $arch --tp 2 --recompute $rcm
+        p0=$(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.*/\1/p'); r0=$rc
+        tr 2 --text "$text" $spm --arch $arch --tp 2 --recompute $rcm --sequence-parallel
+        p1=$(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.*/\1/p')
+        if [ $r0 -eq 0 ] && [ $rc -eq 0 ] && [ -n "$p0" ] && [ -n "$p1" ] && awk -v a="$p0" -v b="$p1" 'BEGIN{exit !(b < a)}'; then res="$res $rcm $p1 < $p0;"
+        else res="$res $rcm FAILED ($p1 vs $p0, rc $r0 $rc);"; fi
+    done
+    case "$res" in
+    *FAILED*) fail "--sequence-parallel at t=2 ($arch): peak memory MB with SP vs without:$res" ;;
+    *) ok "--sequence-parallel at t=2 ($arch): a lower peak than without it for every --recompute (MB):$res" ;;
+    esac
+done
 
 # ---- bf16 mixed precision (f32 master weights, bf16 copy remade after every step) -----------------
 tr 2 --text "$text" $small --tp 2 --steps 30 --dtype f32 --csv "$T/f32.csv"

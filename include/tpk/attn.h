@@ -13,7 +13,8 @@
  *   c_proj  row linear H -> H, in features split in units of D -> P -> all-reduce -> R (+ bias)
  * Layouts: x R [T, H] (S(0) under sequence parallelism) -> y R [T, H] (S(0)).
  * Collectives: forward 1 all-reduce of T H (SP: all-gather of x + reduce-scatter of y);
- * backward 1 all-reduce of T H (SP: all-gather of dy + reduce-scatter of dx). None inside
+ * backward 1 all-reduce of T H (SP: all-gather of dy + reduce-scatter of dx, and x all-gathered
+ * again for c_attn's weight gradient: the gathered x is not kept). None inside
  * the attention itself. T = B S tokens, sequence-major ([B, S] flattened). */
 #ifndef TPK_ATTN_H
 #define TPK_ATTN_H
@@ -87,12 +88,12 @@ static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk
 }
 
 /* Selective recompute (tpk/recompute.h): after its forward the attention lent out (to the other
- * blocks) c_attn's gathered input under SP, the output and log-sum-exp and c_proj's output (the
- * branch, consumed by the residual add); before its backward, with h = the layernorm's output
- * again, the gathered input and the attention's output are made again (no GEMM). */
+ * blocks) the output and log-sum-exp and c_proj's output (the branch, consumed by the residual
+ * add); before its backward, with h = the layernorm's output again (c_attn's saved input: under
+ * SP its backward gathers the tokens itself), the attention's output is made again (no GEMM). */
 static inline int tpk__attention_lent(tpk_attention *a, tpk_buf **b) {
-    b[0] = &a->c_attn.xb, b[1] = &a->out, b[2] = &a->lse, b[3] = &a->c_proj.y, b[4] = &a->c_proj.y2;
-    return 5;
+    b[0] = &a->out, b[1] = &a->lse, b[2] = &a->c_proj.y, b[3] = &a->c_proj.y2;
+    return 4;
 }
 static inline tpk_status tpk__attention_recompute(tpk_ctx *ctx, tpk_attention *a, tpk_tensor h) {
     tpk_tensor o;
@@ -154,7 +155,8 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
  *   attn    causal, each query head reading its key/value head in place (tpk_op_attn_fwd with G)
  *   o_proj  row [H, A D], in features in heads of D -> P -> all-reduce -> R (SP: reduce-scatter)
  * Collectives: forward 1 all-reduce of T H (SP: 1 all-gather + 1 reduce-scatter), backward the
- * same; none in the attention. Parameters "<name>.{q,k,v,o}_proj.weight" (and .bias with
+ * same (SP: and x all-gathered again, during the attention kernel's backward, for q, k, v's
+ * dW); none in the attention. Parameters "<name>.{q,k,v,o}_proj.weight" (and .bias with
  * desc.bias), [out, in], Hugging Face Llama's names below "model.layers.N.self_attn". */
 
 typedef struct tpk_gqa_attention_desc {
@@ -177,7 +179,8 @@ typedef struct tpk_gqa_attention {
     tpk_linear q_proj, k_proj, v_proj, o_proj;
     int64_t B, S;
     uint64_t stream;
-    tpk_buf xg, qkv, out, lse, dqkv, dq, dk, dv, dx;
+    tpk_tensor x;           /* the last forward's input (R, or S(0) under SP: gathered into ctx->sp when read) */
+    tpk_buf qkv, out, lse, dqkv, dq, dk, dv, dx;
 } tpk_gqa_attention;
 
 static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention *a, int64_t H, int64_t A, const tpk_gqa_attention_desc *desc) {
@@ -221,7 +224,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
 static inline void tpk_gqa_attention_destroy(tpk_ctx *ctx, tpk_gqa_attention *a) {
     tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj};
     for (int i = 0; i < 4; i++) tpk_linear_destroy(ctx, ls[i]);
-    tpk_buf *bs[] = {&a->xg, &a->qkv, &a->out, &a->lse, &a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx};
+    tpk_buf *bs[] = {&a->qkv, &a->out, &a->lse, &a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) tpk__buf_free(ctx, bs[i]);
 }
 
@@ -238,6 +241,16 @@ static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, const tpk_gqa_attention *a,
     return to_packed ? tpk_op_copy2d(ctx, p, ld, x, n, T, n, ctx->dtype) : tpk_op_copy2d(ctx, x, n, p, ld, T, n, ctx->dtype);
 }
 
+/* The three projections' input R [T, H]: the saved input itself, or under sequence parallelism its
+ * tokens all-gathered into the context's scratch (*xg views it) — started (req: tpk_wait before
+ * reading it) or, with req NULL, done. The projections' saved inputs are set to it. */
+static inline tpk_status tpk__gqa_input(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor *xg, tpk_request *req) {
+    *xg = a->x;
+    if (a->sp) TPK_TRY(tpk__sp_gather(ctx, "tpk_gqa_attention", &a->x, xg, req));
+    a->q_proj.x.data = a->k_proj.x.data = a->v_proj.x.data = xg->data;
+    return TPK_OK;
+}
+
 /* y = attention(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism),
  * y in the same layout. */
 static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
@@ -248,12 +261,8 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     if (B < 0 || S < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld", (long long)B, (long long)S);
     int64_t want[2] = {B * S, a->H};
     TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
-    if (a->sp) { /* gather the tokens once for the three projections */
-        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, B * S, a->H, TPK_R);
-        TPK_TRY(tpk__buf_view(ctx, &a->xg, &g));
-        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g));
-        x = g;
-    }
+    a->x = x;
+    TPK_TRY(tpk__gqa_input(ctx, a, &x, NULL)); /* SP: the tokens gathered once for the three projections */
     tpk_tensor q, k, v, o;
     TPK_TRY(tpk_col_linear_forward(ctx, &a->q_proj, x, &q)); /* [T, Al D] */
     TPK_TRY(tpk_col_linear_forward(ctx, &a->k_proj, x, &k)); /* [T, Gl D] */
@@ -269,22 +278,16 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     return tpk_row_linear_forward(ctx, &a->o_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
-/* Selective recompute (tpk/recompute.h): lent out after the forward are the gathered input (SP),
- * the projections' outputs (copied into the kept [Q | K | V] buffer, rotated), the attention's
- * output and log-sum-exp; before the backward, with h = the norm's output again, the input the
- * projections' weight gradients read and the attention's output are made again (no GEMM). */
+/* Selective recompute (tpk/recompute.h): lent out after the forward are the projections' outputs
+ * (copied into the kept [Q | K | V] buffer, rotated), the attention's output and log-sum-exp;
+ * before the backward, with h = the norm's output again (the saved input, which the backward
+ * gathers under SP), the attention's output is made again (no GEMM). */
 static inline int tpk__gqa_attention_lent(tpk_gqa_attention *a, tpk_buf **b) {
-    b[0] = &a->xg, b[1] = &a->q_proj.y, b[2] = &a->k_proj.y, b[3] = &a->v_proj.y, b[4] = &a->out, b[5] = &a->lse;
-    return 6;
+    b[0] = &a->q_proj.y, b[1] = &a->k_proj.y, b[2] = &a->v_proj.y, b[3] = &a->out, b[4] = &a->lse;
+    return 5;
 }
 static inline tpk_status tpk__gqa_attention_recompute(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor h) {
-    if (a->sp) { /* the tokens gathered again for the projections' weight gradients */
-        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, h.gshape[0], a->H, TPK_R);
-        TPK_TRY(tpk__buf_view(ctx, &a->xg, &g));
-        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &h, &g));
-        h = g;
-    }
-    a->q_proj.x.data = a->k_proj.x.data = a->v_proj.x.data = h.data;
+    a->x.data = h.data;
     tpk_tensor o;
     TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, a->B, a->S, a->A, a->G, a->a0, a->Al, a->D, a->p, a->stream, &o));
     a->o_proj.x.data = o.data; /* o_proj's saved input */
@@ -300,12 +303,19 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!a->o_proj.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
     int64_t B = a->B, S = a->S, T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
-    tpk_tensor dout;
+    tpk_tensor dout, xg;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->o_proj, dy, &dout)); /* S(-1) [T, Al D] */
     TPK_TRY(tpk__buf_reserve(ctx, &a->dqkv, (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
+    tpk_request req;
+    memset(&req, 0, sizeof req);
+    TPK_TRY(tpk__gqa_input(ctx, a, &xg, &req)); /* SP: the tokens gathered again for the weight gradients, during the attention's backward */
+    tpk_status s = TPK_OK;
     if (T && Al)
-        TPK_TRY(tpk_op_attn_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->G, a->a0,
-                                1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
+        s = tpk_op_attn_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->G, a->a0,
+                            1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype);
+    tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
+    TPK_TRY(s);
+    TPK_TRY(ws);
     tpk_tensor dq = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->A * D, TPK_S_EX(-1, 1, (int)D));
     tpk_tensor dk = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->G * D, tpk__col_out_layout(&a->k_proj)), dv = dk;
     TPK_TRY(tpk__buf_view(ctx, &a->dq, &dq));

@@ -45,6 +45,12 @@ static inline tpk_status tpk__buf_view(tpk_ctx *ctx, tpk_buf *b, tpk_tensor *t) 
     return TPK_OK;
 }
 
+/* A view of the context's sequence-parallel scratch (ctx->sp), grown to fit `t`: full-token
+ * activations that live only within one layer call (an all-gathered input or output gradient,
+ * partial sums before their reduce-scatter), so that no layer keeps a [T, features] copy of its
+ * own. Whatever it held before is overwritten. */
+static inline tpk_status tpk__sp_view(tpk_ctx *ctx, tpk_tensor *t) { return tpk__buf_view(ctx, &ctx->sp, t); }
+
 /* Copy host int32 data to backend memory. */
 static inline tpk_status tpk__upload_i32(tpk_ctx *ctx, tpk_buf *b, const int32_t *host, int64_t n) {
     TPK_TRY(tpk__buf_reserve(ctx, b, sizeof(int32_t) * (size_t)(n ? n : 1)));

@@ -83,6 +83,11 @@ struct tpk_ctx {
     uint64_t rng_step;    /* dropout masks are drawn from (seed, layer, rng_step): a trainer sets it
                              to a new value per micro-batch (e.g. the micro-step counter) */
     tpk_buf work[2];      /* scratch for layouts that must be rearranged */
+    tpk_buf sp;           /* sequence parallelism's one full-token scratch [T, features], shared by every
+                             layer and held only within one call: a column linear's all-gathered input
+                             (forward, and again in its backward), a row linear's or the embedding's
+                             partial sums before their reduce-scatter, their all-gathered output
+                             gradient (tpk__sp_view) */
     tpk_buf normsq;       /* f64 [2] in backend memory: the gradient's sum of squares, steps skipped (tpk/optim.h) */
     tpk_params params;
     int nauto;            /* counter for automatic layer names */

@@ -32,7 +32,7 @@ typedef struct tpk_embedding {
     int wte, wpe; /* wpe = -1 without positions */
     int64_t B, S;
     int64_t pos_T, pos_S; /* the positions in `pos` (uploaded once per shape) */
-    tpk_buf ids, pos, y, y2, dy;
+    tpk_buf ids, pos, y, y2; /* y: the partial sums without SP (under SP they live in ctx->sp) */
 } tpk_embedding;
 
 static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int64_t V, int64_t positions, int64_t H,
@@ -75,8 +75,8 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "ids[%lld] = %d: expected a token id in 0..%lld", (long long)i, ids[i], (long long)(e->V - 1));
     e->B = B, e->S = S;
     TPK_TRY(tpk__upload_i32(ctx, &e->ids, ids, T));
-    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P);
-    TPK_TRY(tpk__buf_view(ctx, &e->y, &yp));
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P); /* SP: only until its reduce-scatter, in the scratch */
+    TPK_TRY(e->sp ? tpk__sp_view(ctx, &yp) : tpk__buf_view(ctx, &e->y, &yp));
     if (T) TPK_TRY(tpk_op_embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p, tpk_param_data(ctx, e->wte), T, e->H, e->v0, e->vl, ctx->dtype, false));
     tpk_tensor o = yp;
     tpk_range rows = {0, T};
@@ -113,7 +113,7 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     if (e->sp) {
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_R);
-        TPK_TRY(tpk__buf_view(ctx, &e->dy, &g));
+        TPK_TRY(tpk__sp_view(ctx, &g)); /* read only within this call */
         TPK_TRY(tpk_convert(ctx, &dy, TPK_R, &g)); /* all-gather tokens */
         dy = g;
     }
@@ -124,8 +124,8 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
 }
 
 static inline void tpk_embedding_destroy(tpk_ctx *ctx, tpk_embedding *e) {
-    tpk_buf *b[] = {&e->ids, &e->pos, &e->y, &e->y2, &e->dy};
-    for (int i = 0; i < 5; i++) tpk__buf_free(ctx, b[i]);
+    tpk_buf *b[] = {&e->ids, &e->pos, &e->y, &e->y2};
+    for (int i = 0; i < 4; i++) tpk__buf_free(ctx, b[i]);
 }
 
 #endif /* TPK_EMBED_H */

@@ -9,7 +9,8 @@
  *   dropout a tpk_dropout; the block and the model call no op themselves.
  *   Collectives per block: 2 all-reduces of T H forward and 2 backward (the two row linears
  *   forward, the two column linears backward); under SP 2 all-gathers + 2 reduce-scatters of
- *   T H each way instead. Residual dropout masks are indexed by the global (token, feature)
+ *   T H each way instead, and 2 more all-gathers backward (the column linears' inputs again:
+ *   a layer keeps only its S(0) tokens, the gathered copies live in the shared ctx->sp). Residual dropout masks are indexed by the global (token, feature)
  *   and drawn from a TP-shared stream, so they are the same at every t and with SP on or off.
  * Model: ids -> wte (vocabulary-parallel) + wpe -> drop -> L blocks -> ln_f -> logits = h wteᵀ
  *   (the tied LM head: a column linear over wte's vocabulary shard, logits S(-1) [T, V_r])
@@ -156,7 +157,6 @@ static inline int tpk__gpt2_block_bufs(tpk_gpt2_block *b, int set, tpk_buf **o) 
     if (set == TPK__SET_LENT) {
         o[n++] = &b->ln_1.y, o[n++] = &b->ln_2.y;
         n += tpk__attention_lent(&b->attn, o + n);
-        n += tpk__mlp_lent(&b->mlp, o + n);
     } else if (set == TPK__SET_KEPT) {
         tpk_buf *k[] = {&b->ln_1.mean, &b->ln_1.rstd, &b->ln_1.x1, &b->ln_2.mean, &b->ln_2.rstd, &b->ln_2.x1, &ca->y, &ca->y2, &ca->pre,
                         &cp->xb, &cp->pre, &fc->y, &fc->y2, &fc->pre, &mp->xb, &mp->y, &mp->y2, &mp->pre};

@@ -109,6 +109,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     if (ctx->ops) {
         tpk__buf_free(ctx, &ctx->work[0]);
         tpk__buf_free(ctx, &ctx->work[1]);
+        tpk__buf_free(ctx, &ctx->sp);
         tpk__buf_free(ctx, &ctx->normsq);
         tpk__buf_free(ctx, &ctx->params.data);
         tpk__buf_free(ctx, &ctx->params.grad);

@@ -87,7 +87,8 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
     tpk__shard_counts(ctx, v, cnt);
     size_t total = (size_t)(v.outer * v.n * v.inner);
     const void *send = in->data;
-    tpk_status s = tpk__buf_reserve(ctx, &ctx->work[0], total * tpk_dtype_size(in->dtype));
+    bool staged = v.outer > 1 || send == out; /* the scratch only when it is needed (SP's reduce-scatters write elsewhere) */
+    tpk_status s = staged ? tpk__buf_reserve(ctx, &ctx->work[0], total * tpk_dtype_size(in->dtype)) : TPK_OK;
     if (s == TPK_OK && v.outer > 1) { /* pack rank-major */
         size_t dst = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {

@@ -6,18 +6,21 @@
  * Column linear: rank r holds rows (out features) o_r of W and b (stride s: its slice of
  * each of s blocks, which may be s parameters registered in a row: desc.parts; grouped: the
  * key/value heads its query heads read, desc.group).
- *   forward   x R [T, in] (SP: S(0), all-gathered first)
+ *   forward   x R [T, in] (SP: S(0), all-gathered first into the context's scratch ctx->sp, which
+ *             every layer shares: the layer keeps only its S(0) input, not the gathered copy)
  *             y_r = x W_r^T + b_r            -> S(-1) [T, out_r]; gather_output: all-gather -> R
  *             (.act: y_r = act(x W_r^T + b_r), fused: tpk_op_linear_fwd; backward first
  *             dy_r *= act'(pre))
  *   backward  dy S(-1) (gather_output: R, sliced to own columns)
+ *             (SP: the input's all-gather into ctx->sp started again, overlapped with the dx GEMM)
  *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0); partial_dx: none), started
  *             dW_r += dy_r^T x, db_r += colsum(dy_r)   while the collective runs; then wait
  * Row linear: rank r holds columns (in features) i_r of W; b is replicated.
  *   forward   x S(-1) [T, in_r] (or R [T, in], sliced to own columns)
  *             y = x_r W_r^T (+ b on rank 0, in the GEMM's epilogue) is P
- *                                            -> all-reduce -> R (SP: reduce-scatter -> S(0))
- *   backward  dy R (SP: S(0), all-gathered first)
+ *                                            -> all-reduce -> R (SP: reduce-scatter -> S(0); P
+ *                                            only in ctx->sp)
+ *   backward  dy R (SP: S(0), all-gathered first into ctx->sp)
  *             dx_r = dy W_r -> S(-1) (input was R: all-gathered -> R)
  *             dW_r += dy^T x_r, db += colsum(dy)   (the full dy: db is complete on every rank)
  * A layer keeps a view of its input for backward: the caller keeps that memory alive and
@@ -64,10 +67,10 @@ typedef struct tpk_linear {
     int64_t in_off;       /* row: first in feature of this rank */
     int w, b;             /* parameter ids (b = -1 without bias) */
     int64_t T;            /* token rows of the last forward (global) */
-    tpk_tensor x;         /* saved input: column R [T, in]; row S(-1) [T, in_r] */
+    tpk_tensor x;         /* saved input: column R [T, in] (SP: S(0), gathered into ctx->sp when read); row S(-1) [T, in_r] */
     bool x_was_R;         /* row: the input was R and was sliced */
     tpk_layout split;     /* how the features of W are split: column out, row in */
-    tpk_buf xb, y, y2, dy, dx, dx2, gw; /* gw: a bf16 context's bias gradient [n] */
+    tpk_buf xb, y, y2, dy, dx, dx2, gw; /* xb: a row linear's input sliced from R; gw: a bf16 context's bias gradient [n] */
     tpk_buf pre, du;      /* column with an activation: the pre-activation, and its gradient */
 } tpk_linear;
 
@@ -201,22 +204,45 @@ static inline tpk_layout tpk__col_out_layout(const tpk_linear *l) {
     return l->d.group > 1 ? TPK_S_GROUPED(-1, l->d.unit, l->d.group) : TPK_S_EX(-1, l->d.stride, l->d.unit);
 }
 
-/* A column linear's GEMM input, kept for backward (l->x, l->T): x itself (R), or under sequence
- * parallelism x's tokens all-gathered into l->xb. Selective recompute (tpk/recompute.h) calls it
- * again before the backward: the gathered copy is not kept between the two. */
+/* The counts of a token split of [T, width] over the TP group, rank by rank, into counts[64] or an
+ * allocated array (*cnt; free it when it is not counts). */
+static inline tpk_status tpk__token_counts(tpk_ctx *ctx, const char *fn, int64_t T, int64_t width, size_t *counts, size_t **cnt) {
+    int t = ctx->tp.size;
+    *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);
+    if (!*cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
+    for (int q = 0; q < t; q++) (*cnt)[q] = (size_t)(tpk_tp_split(ctx, T, q).size * width);
+    return TPK_OK;
+}
+
+/* A column linear's input, kept for backward (l->x, l->T): x itself, R [T, in], or under sequence
+ * parallelism this rank's tokens S(0) — the gathered [T, in] lives only in the context's scratch
+ * (tpk__col_linear_gather), in the forward and again in the backward. Selective recompute
+ * (tpk/recompute.h) calls it again before the backward with x made again. */
 static inline tpk_status tpk__col_linear_input(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor x) {
     int64_t want[2] = {-1, l->in};
-    if (l->d.sequence_parallel) {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_S(0), ctx->dtype, 2, want));
-        tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, x.gshape[0], l->in, TPK_R);
-        TPK_TRY(tpk__buf_view(ctx, &l->xb, &g));
-        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g)); /* all-gather tokens */
-        x = g;
-    } else {
-        TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want));
-    }
-    l->x = x, l->T = x.shape[0];
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, l->d.sequence_parallel ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
+    l->x = x, l->T = x.gshape[0];
     return TPK_OK;
+}
+
+/* x S(0) [T, w]'s tokens all-gathered into the context's scratch, *xg R [T, w] viewing it —
+ * started (req: finish it with tpk_wait before reading *xg) or, with req NULL, done. */
+static inline tpk_status tpk__sp_gather(tpk_ctx *ctx, const char *fn, const tpk_tensor *x, tpk_tensor *xg, tpk_request *req) {
+    int64_t T = x->gshape[0], w = x->gshape[1];
+    *xg = tpk_tensor_2d(NULL, ctx->dtype, T, w, TPK_R);
+    TPK_TRY(tpk__sp_view(ctx, xg));
+    if (!req) return tpk_region_forward(ctx, TPK_REGION_SP_GATHER, x, xg);
+    size_t counts[64], *cnt;
+    TPK_TRY(tpk__token_counts(ctx, fn, T, w, counts, &cnt));
+    tpk_status s = tpk_allgatherv_start(ctx, &ctx->tp, x->data, cnt[ctx->tp.rank], xg->data, cnt, (size_t)(T * w), ctx->dtype, req);
+    if (cnt != counts) free(cnt);
+    return s;
+}
+/* A column linear's GEMM input *xg: under sequence parallelism its saved input gathered
+ * (tpk__sp_gather: started with req, done without), otherwise the saved input itself. */
+static inline tpk_status tpk__col_linear_gather(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor *xg, tpk_request *req) {
+    if (!l->d.sequence_parallel) return *xg = l->x, TPK_OK;
+    return tpk__sp_gather(ctx, fn, &l->x, xg, req);
 }
 
 /* Column forward: x R [T, in] (S(0) under sequence parallelism) -> *y S(-1) [T, out_r]
@@ -226,8 +252,8 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", y));
     TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
     TPK_TRY(tpk__col_linear_input(ctx, fn, l, x));
+    TPK_TRY(tpk__col_linear_gather(ctx, fn, l, &x, NULL)); /* SP: all-gather tokens into the scratch */
     int64_t T = l->T, n = l->n_local;
-    x = l->x;
     tpk_tensor yl = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, tpk__col_out_layout(l));
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (l->d.act != TPK_ACT_NONE) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
@@ -251,7 +277,6 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
 static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx, bool fused) {
     static const char *fn = "tpk_col_linear_backward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", dx));
-    int t = ctx->tp.size;
     if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.gather_output) {
@@ -269,35 +294,39 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
         if (T && n) TPK_TRY(tpk_op_act_bwd(ctx, l->d.act, du.data, l->pre.p, dy.data, ctx->dtype, (size_t)(T * n)));
         dy = du;
     }
-    /* dx = dy_r W_r: a partial sum over ranks */
-    tpk_tensor dxp = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_P);
+    /* dx = dy_r W_r: a partial sum over ranks; under SP the input's tokens are gathered again
+     * meanwhile (for dW), as Megatron does, instead of a gathered copy kept since the forward */
+    tpk_tensor dxp = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_P), out = dxp, xg;
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxp));
-    if (n) TPK_TRY(tpk_op_gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype));
-    else TPK_TRY(tpk_op_fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f));
-    tpk_request req;
-    memset(&req, 0, sizeof req);
-    tpk_tensor out;
+    if (l->d.sequence_parallel) {
+        out = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S(0));
+        TPK_TRY(tpk__buf_view(ctx, &l->dx2, &out));
+    }
+    tpk_request greq, req;
+    memset(&greq, 0, sizeof greq), memset(&req, 0, sizeof req);
+    TPK_TRY(tpk__col_linear_gather(ctx, fn, l, &xg, &greq));
+    tpk_status s = n ? tpk_op_gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype)
+                     : tpk_op_fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f);
+    tpk_status ws = tpk_wait(ctx, &greq); /* always finish the collective */
+    TPK_TRY(s);
+    TPK_TRY(ws);
     if (l->d.partial_dx) { /* the caller reduces */
         out = dxp;
     } else if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
-        out = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S(0));
-        TPK_TRY(tpk__buf_view(ctx, &l->dx2, &out));
-        size_t counts[64], *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);
-        if (!cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
-        for (int q = 0; q < t; q++) cnt[q] = (size_t)(tpk_tp_split(ctx, T, q).size * l->in);
-        tpk_status s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt, ctx->dtype, TPK_SUM, &req);
+        size_t counts[64], *cnt;
+        TPK_TRY(tpk__token_counts(ctx, fn, T, l->in, counts, &cnt));
+        s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt, ctx->dtype, TPK_SUM, &req);
         if (cnt != counts) free(cnt);
         TPK_TRY(s);
     } else { /* P -> R: all-reduce in place, overlapped */
-        out = tpk_tensor_2d(dxp.data, ctx->dtype, T, l->in, TPK_R);
+        out.data = dxp.data, out.layout = TPK_R;
         TPK_TRY(tpk_allreduce_start(ctx, &ctx->tp, dxp.data, dxp.data, (size_t)(T * l->in), ctx->dtype, TPK_SUM, &req));
     }
-    tpk_status s = TPK_OK;
     if (n && T) {
-        s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, l->x.data, l->in);
+        s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, xg.data, l->in);
         if (s == TPK_OK && l->b >= 0 && !fused) s = tpk__grad_bias(ctx, l->b, dy.data, T, n);
     }
-    tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
+    ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
     TPK_TRY(ws);
     *dx = out;
@@ -332,8 +361,8 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P);
-    TPK_TRY(tpk__buf_view(ctx, &l->y, &yp));
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P); /* SP: only until its reduce-scatter, in the scratch */
+    TPK_TRY(l->d.sequence_parallel ? tpk__sp_view(ctx, &yp) : tpk__buf_view(ctx, &l->y, &yp));
     /* the partial sums P; the bias once in the sum: rank 0 adds it in the GEMM's epilogue (no pass of its own) */
     const void *bias = l->b >= 0 && ctx->tp.rank == 0 ? tpk__param_w(ctx, l->b) : NULL;
     if (n) {
@@ -371,7 +400,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     if (l->d.sequence_parallel) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), ctx->dtype, 2, want));
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
-        TPK_TRY(tpk__buf_view(ctx, &l->dy, &g));
+        TPK_TRY(tpk__sp_view(ctx, &g)); /* read only within this call */
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_SCATTER, &dy, &g)); /* all-gather tokens */
         dy = g;
     } else {

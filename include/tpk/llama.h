@@ -6,7 +6,7 @@
  *   y  = x1 + mlp(post_attention_layernorm(x1))   RMSNorm; SwiGLU (gate+up column, down row)
  *   backward mirrors it: dx1 = dy + rms_2'(mlp'(dy)), dx = dx1 + rms_1'(attn'(dx1)).
  *   Collectives per block: 2 all-reduces of T H forward and 2 backward (SP: 2 all-gathers + 2
- *   reduce-scatters each way), as GPT-2's; plus, once per step, the sums of the RMSNorm weight
+ *   reduce-scatters each way, and 2 more all-gathers backward: the projections' inputs again), as GPT-2's; plus, once per step, the sums of the RMSNorm weight
  *   gradients under SP and of the key/value weights held by several ranks
  *   (tpk_params_reduce_partial_grads).
  * Model: ids -> embed_tokens (vocabulary-parallel, no position table) -> L blocks -> norm ->
@@ -152,7 +152,7 @@ static inline int tpk__llama_block_bufs(tpk_llama_block *b, int set, tpk_buf **o
         n += tpk__swiglu_mlp_lent(&b->mlp, o + n);
     } else if (set == TPK__SET_KEPT) {
         tpk_linear *q = &a->q_proj, *k = &a->k_proj, *v = &a->v_proj, *op = &a->o_proj, *gu = &b->mlp.gate_up, *dn = &b->mlp.down;
-        tpk_buf *kept[] = {&b->norm_1.rstd, &b->norm_2.rstd, &a->qkv, &q->xb, &q->y2, &q->pre, &k->xb, &k->y2, &k->pre, &v->xb, &v->y2, &v->pre,
+        tpk_buf *kept[] = {&b->norm_1.rstd, &b->norm_2.rstd, &a->qkv, &q->y2, &q->pre, &k->y2, &k->pre, &v->y2, &v->pre,
                            &op->xb, &op->y, &op->y2, &op->pre, &gu->y, &gu->y2, &gu->pre, &dn->xb, &dn->y, &dn->y2, &dn->pre};
         for (size_t j = 0; j < sizeof kept / sizeof kept[0]; j++) o[n++] = kept[j];
     } else {

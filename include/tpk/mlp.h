@@ -66,10 +66,10 @@ static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x,
     return tpk_row_linear_forward(ctx, &m->c_proj, h, y);
 }
 
-/* Selective recompute (tpk/recompute.h): the MLP lends out only c_fc's gathered input (SP) —
- * c_fc's outputs (the pre-activation and the activation fused into the GEMM) are kept — and
- * gathers it again from h (the layernorm's output) before its backward. */
-static inline int tpk__mlp_lent(tpk_mlp *m, tpk_buf **b) { return b[0] = &m->c_fc.xb, 1; }
+/* Selective recompute (tpk/recompute.h): the MLP lends out nothing — c_fc's outputs (the
+ * pre-activation and the activation fused into the GEMM) are kept, and under SP c_fc gathers its
+ * input into the context's scratch in each call — and before its backward takes h (the
+ * layernorm's output, made again) as c_fc's saved input. */
 static inline tpk_status tpk__mlp_recompute(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor h) {
     return tpk__col_linear_input(ctx, "tpk_mlp (recompute)", &m->c_fc, h);
 }
@@ -156,13 +156,10 @@ static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m,
     return tpk_row_linear_forward(ctx, &m->down, h, y);
 }
 
-/* Selective recompute (tpk/recompute.h): lent out are gate_up's gathered input (SP) and the
- * product h (gate_up's output is kept); before the backward, from h = the norm's output again,
- * the gathered input and silu(gate) up are made again (no GEMM). */
-static inline int tpk__swiglu_mlp_lent(tpk_swiglu_mlp *m, tpk_buf **b) {
-    b[0] = &m->gate_up.xb, b[1] = &m->h;
-    return 2;
-}
+/* Selective recompute (tpk/recompute.h): lent out is the product h (gate_up's output is kept;
+ * under SP its input is gathered into the context's scratch in each call); before the backward,
+ * with x = the norm's output again as gate_up's saved input, silu(gate) up is made again (no GEMM). */
+static inline int tpk__swiglu_mlp_lent(tpk_swiglu_mlp *m, tpk_buf **b) { return b[0] = &m->h, 1; }
 static inline tpk_status tpk__swiglu_mlp_recompute(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x) {
     TPK_TRY(tpk__col_linear_input(ctx, "tpk_swiglu_mlp (recompute)", &m->gate_up, x));
     tpk_tensor h;

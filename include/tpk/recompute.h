@@ -5,16 +5,15 @@
  *   TPK_RECOMPUTE_SELECTIVE  every block keeps its GEMM outputs (QKV, the MLP's first projection
  *                            and its fused activation, the residual stream) and its inputs, but not
  *                            the cheap parts (Korthikanti et al. 2022): the norms' outputs, the
- *                            attention's output and log-sum-exp, the all-gathered inputs of the
- *                            column linears under sequence parallelism, a SwiGLU's product, the
- *                            branch outputs consumed by a residual add. Those buffers are "lent":
+ *                            attention's output and log-sum-exp, a SwiGLU's product, the branch
+ *                            outputs consumed by a residual add. Those buffers are "lent":
  *                            one set (the pool) serves every block — lent to block i for its
  *                            forward, and again for its backward, where the block first recomputes
  *                            them from what it kept (the norm forwards, the attention kernel from
- *                            the saved QKV, the all-gathers again, SwiGLU). Memory: one block's
- *                            cheap activations instead of L; the cost is those kernels again
- *                            (no GEMM) and, under sequence parallelism, one more all-gather of
- *                            T H per column linear's input in the backward.
+ *                            the saved QKV, SwiGLU). Memory: one block's cheap activations
+ *                            instead of L; the cost is those kernels again (no GEMM). (Under
+ *                            sequence parallelism no mode keeps a gathered input: the column
+ *                            linears gather theirs into the context's scratch in each call.)
  *   TPK_RECOMPUTE_FULL       forward: each block's input is copied into a checkpoint [T, H] (the
  *                            layout of the hidden states: R, or S(0) under sequence parallelism), the
  *                            block runs on buffers it borrows, its output is copied into the next
