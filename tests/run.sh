@@ -55,8 +55,8 @@ run gpu_emu_ops_smem99 1 -x TPK_EMU_SMEM_OPTIN=101376 $B/tests/gpu_emu_ops
 # allocation fails). The AddressSanitizer build cannot take the instrumentation: the schedules alone.
 race=TPK_EMU_RACE=1
 [ "$B" = build/san ] && race=TPK_EMU_RACE=0
-# (one warp at a time, every access observed: the slowest programs, 62 s and 66 s in build/ on 2 busy
-# cores, several times that under the sanitizers, where one used 87% of a 300 s limit: these get 900 s)
+# (one warp at a time, every access observed: the slowest programs, 49-66 s in build/ and 54 s in
+# build/san on 2 cores; on a busier machine one once took 87% of a 300 s limit: these get 900 s)
 limit=900
 run gpu_emu_ops_race_desc 1 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
 run gpu_emu_ops_race_random 1 -x $race -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
