@@ -32,7 +32,7 @@ typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute, *tp_weights;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every, keep;
-    bool sp, eval_only, profile, det; tpk_recompute rc; /* rc: --recompute parsed */
+    bool sp, eval_only, profile, det, steps_given; tpk_recompute rc; /* rc: --recompute parsed; steps_given: --steps was given */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
     double timeout; /* --timeout S: how long a collective waits for the other ranks (0: no limit; -1: not given) */
@@ -63,7 +63,7 @@ static bool is_flag(const char *v) {
 /* "--name value" parsing into o (model shape flags 0: not given, the default or the checkpoint's);
  * 0, -1 for --help, or 1 with a message in err. A value is never empty nor one of the flags. */
 static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
-    *o = (opts){.tp = 1, .batch = 8, .seq = 0 /* 64, or a loaded model's positions if fewer */, .accum = 1, .steps = 100, .warmup = 10, .eval_batches = 4,
+    *o = (opts){.tp = 1, .batch = 8, .seq = 0 /* 64, or a loaded model's positions if fewer */, .accum = 1, .steps = -1 /* 100 when not given */, .warmup = 10, .eval_batches = 4,
                 .log_every = 1, .lr = 1e-3f, .min_lr_frac = 0.1f, .wd = 0.1f, .clip = 1.0f, .b1 = 0.9f, .b2 = 0.95f, .seed = 1};
     o->timeout = -1; /* not given: the library's default */
     for (int i = 1; i < argc; i++) {
@@ -93,6 +93,8 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         if (!v) return snprintf(err, n, "%s: expects a value", a), 1;
         return snprintf(err, n, "%s: expects a value, got %s%s", a, *v ? "the flag " : "an empty string", v), 1;
     }
+    o->steps_given = o->steps >= 0;
+    if (!o->steps_given) o->steps = 100;
     if (argc < 2) return snprintf(err, n, "no arguments: --help lists the options"), 1;
     if (!o->data && !o->text && !(o->load && o->sample && !o->eval_only))
         return snprintf(err, n, "no data: give --text FILE or --data SHARD to train or evaluate (--load DIR alone can only --sample N)"), 1;
@@ -403,9 +405,8 @@ int main(int argc, char **argv) {
     FAIL_IF(o.zero && ctx.dp.size == 1, "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / --tp %d)", world_size, o.tp);
     TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));
     if (o.load) TRY(tpk_model_load(&ctx, &m, &opt, o.load));
-    bool steps_given = false; /* without --steps, --eval-only and --sample of a checkpoint past the default train nothing */
-    for (int i = 1; i < argc; i++) steps_given |= !strcmp(argv[i], "--steps");
-    if (o.load && o.sample && !steps_given && opt.step > o.steps) o.steps = (int)opt.step;
+    /* without --steps, --eval-only and --sample of a checkpoint past the default train nothing */
+    if (o.load && o.sample && !o.steps_given && opt.step > o.steps) o.steps = (int)opt.step;
     FAIL_IF(!o.eval_only && o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
     if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
     if (o.load && opt.step && !o.eval_only && world_rank == 0) { /* no optim.safetensors: said, never a silent restart */

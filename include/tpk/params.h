@@ -92,12 +92,8 @@ static inline void tpk__param_counted(const tpk_ctx *ctx, int id, size_t *lo, si
     }
 }
 
-/* The index's first slot for a name: FNV-1a, masked to the table. */
-static inline size_t tpk__param_slot(const char *name, int cap) {
-    uint64_t h = 1469598103934665603ull;
-    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 1099511628211ull;
-    return (size_t)(h & (uint64_t)(cap - 1));
-}
+/* The index's first slot for a name: its FNV-1a (tpk_rng_stream), masked to the table. */
+static inline size_t tpk__param_slot(const char *name, int cap) { return (size_t)(tpk_rng_stream(name) & (uint64_t)(cap - 1)); }
 /* Id of the parameter with this name, or -1 (the hash index: constant time). */
 static inline int tpk_param_find(const tpk_ctx *ctx, const char *name) {
     const tpk_params *P = &ctx->params;
