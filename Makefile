@@ -95,9 +95,10 @@ $(GPU_BENCH): $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
 	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
-cuda-check:
+# The objects are prerequisites, not a second make's targets: `make -j cuda-check build/gpt2_train`
+# then builds each object once (a recursive make would compile them twice at the same time).
+cuda-check: $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-check: nvcc not found: nothing to build"; exit 1; fi
-	@$(MAKE) --no-print-directory $(B)/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx
 	@echo "cuda-check: the CUDA archive, $(words $(GPU_TESTS)) GPU test programs, the CUDA C++ test (tests/cuda_cxx.cu) and the GPU benchmarks compile"
 	@py=; for c in python3 /usr/bin/python3; do $$c -c 'import numpy' 2>/dev/null && { py=$$c; break; }; done; \
 	 if [ -z "$$py" ]; then echo "cuda-check: numpy not found: tests/gpu/emulate.py skipped"; \
@@ -110,9 +111,8 @@ cuda-check:
 # shared-memory bytes per HMMA in the main loop; fails on any figure past its limit in the budget.
 # Reads the objects (and ptxas's log beside them) that cuda-check builds: nothing is compiled twice.
 CUDA_REPORT_OBJ = $(B)/cuda/ops_cuda.o $(B)/cuda/ops_cuda_layers.o
-cuda-report:
+cuda-report: $(if $(HAVE_CUDA),$(CUDA_REPORT_OBJ:.o=.res.txt))
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-report: nvcc not found: nothing to report"; exit 1; fi
-	@$(MAKE) --no-print-directory $(CUDA_REPORT_OBJ:.o=.res.txt)
 	$(PYTHON) tools/cuda_report.py --budget tools/cuda-budget.txt --nvcc $(NVCC) --workdir $(B)/cuda-report \
 	  --nvccflags="$(filter -D%,$(NVCCFLAGS))" $(CUDA_REPORT_OBJ)
 

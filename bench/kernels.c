@@ -8,10 +8,13 @@
  * same attention shape in PyTorch (bench/torch_attn.py: scaled_dot_product_attention where it
  * exists), in the same run, and tpk's speed as a percentage of PyTorch's.
  *
- *   kernels [--n N] [--cols C] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]
+ *   kernels [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]
  *
- * --cols: the row width of the row ops (layernorm, embedding, cross-entropy; default 1024, the
- * rows N / C): 768 gives GPT-2 124M's layernorm. */
+ * --cols: the row width of the layernorm and the embedding (default 1024, the rows N / C): 768
+ * gives GPT-2 124M's layernorm. The cross-entropy ops on their own logits [--xent-rows, --vocab]
+ * (default 4096 x 50304 on a GPU, GPT-2's padded vocabulary at t = 1, 50304 / t a rank's shard;
+ * 16 rows on the host): a block works on one row of logits, so rows of 1024 would time the
+ * block's reductions, and 1334 rows (N / 50304) a partly filled last wave, not the memory. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, popen */
 #include <time.h>
 
@@ -44,9 +47,10 @@ static int cmp_double(const void *a, const void *b) {
 
 /* the buffers every op works on */
 static size_t N;
-static int64_t R, C; /* N = R x C */
+static int64_t R, C;   /* N = R x C */
+static int64_t XR, XV; /* the cross-entropy's logits xl and their gradient xd: [XR, XV] */
 static tpk_dtype dt;
-static void *x, *y, *z, *ids, *tgt, *dl;
+static void *x, *y, *z, *ids, *tgt, *dl, *xl, *xd;
 static float *w, *b, *mean, *rstd, *m1, *v1, *xf, *gf, *part, *lse, *mx;
 static int64_t AB, AS, AA, AD;
 static void *qkv, *ao, *ado, *adqkv;
@@ -71,9 +75,9 @@ static void run_op(int op) {
     case OP_LN_F: TRY(tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
     case OP_LN_B: TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false)); break;
     case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
-    case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, x, tgt, R, C, C, 0, dt)); break;
-    case OP_XENT_G: TRY(tpk_op_xent_grad(&ctx, y, x, lse, tgt, dl, R, C, C, 0, C, 0.0f, -100, dt)); break;
-    case OP_XENT_F: TRY(tpk_op_xent_fused(&ctx, y, mx, lse, x, tgt, R, C, C, 0.0f, -100, 1.0f, dt)); break;
+    case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, xl, tgt, XR, XV, XV, 0, dt)); break;
+    case OP_XENT_G: TRY(tpk_op_xent_grad(&ctx, xd, xl, lse, tgt, dl, XR, XV, XV, 0, XV, 0.0f, -100, dt)); break;
+    case OP_XENT_F: TRY(tpk_op_xent_fused(&ctx, xd, mx, lse, xl, tgt, XR, XV, XV, 0.0f, -100, 1.0f, dt)); break;
     case OP_ADAMW: TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL, 0.0f, NULL, 0, NULL)); break;
     case OP_ATT_F: TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
     case OP_ATT_B: TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
@@ -81,16 +85,17 @@ static void run_op(int op) {
 }
 /* the fewest bytes an op moves */
 static double op_bytes(int op) {
-    double es = (double)tpk_dtype_size(dt), n = (double)N;
+    double es = (double)tpk_dtype_size(dt), n = (double)N, nx = (double)XR * (double)XV;
     switch (op) {
     case OP_COPY: return 2 * n * es;
     case OP_FILL: return n * es;
     case OP_CAST: return n * 6;
     case OP_AXPBY: return 3 * n * es;
     case OP_BIAS: case OP_GELU_F: case OP_DROPOUT: case OP_LN_F: return 2 * n * es;
-    case OP_GELU_B: case OP_LN_B: case OP_XENT_G: return 3 * n * es;
-    case OP_XENT_S: return n * es;     /* the logits read once (the [R, 4] statistics are noise) */
-    case OP_XENT_F: return 2 * n * es; /* the logits read once, their gradient written once */
+    case OP_GELU_B: case OP_LN_B: return 3 * n * es;
+    case OP_XENT_G: return 2 * nx * es; /* the logits read once, their gradient written once */
+    case OP_XENT_S: return nx * es;     /* the logits read once (the [XR, 4] statistics are noise) */
+    case OP_XENT_F: return 2 * nx * es; /* the logits read once, their gradient written once */
     case OP_EMBED: return n * (4 + es);
     case OP_ADAMW: return n * 28;
     }
@@ -142,8 +147,21 @@ static void *rnd(size_t n, tpk_dtype t, uint64_t stream, float a, float s) {
     return p;
 }
 
+/* n ids in [0, range), scattered by a multiplicative hash (i 2654435761 mod 2^32, mod range): the
+ * embedding reads distinct table rows, not one row from the cache */
+static void *ids_upload(size_t n, int64_t range) {
+    int32_t *h = malloc(n * 4);
+    if (!h) exit(1);
+    for (size_t i = 0; i < n; i++) h[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)range);
+    void *p = buf(n * 4);
+    TRY(tpk_op_memcpy(&ctx, p, h, n * 4, gpu ? TPK_H2D : TPK_H2H));
+    TRY(tpk_op_sync(&ctx));
+    free(h);
+    return p;
+}
+
 int main(int argc, char **argv) {
-    int64_t n = 0, cols = 1024;
+    int64_t n = 0, cols = 1024, vocab = 50304, xrows = 0;
     int iters = 0;
     bool json = false, force_host = false;
     dt = TPK_F32;
@@ -154,6 +172,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--host")) force_host = true;
         else if (v && !strcmp(a, "--n")) n = atoll(v), i++;
         else if (v && !strcmp(a, "--cols")) cols = atoll(v), i++;
+        else if (v && !strcmp(a, "--vocab")) vocab = atoll(v), i++;
+        else if (v && !strcmp(a, "--xent-rows")) xrows = atoll(v), i++;
         else if (v && !strcmp(a, "--iters")) iters = atoi(v), i++;
         else if (v && !strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? TPK_BF16 : TPK_F32, i++;
         else if (v && !strcmp(a, "--B")) AB = atoll(v), i++;
@@ -161,7 +181,7 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--A")) AA = atoll(v), i++;
         else if (v && !strcmp(a, "--D")) AD = atoll(v), i++;
         else {
-            fprintf(stderr, "usage: %s [--n N] [--cols C] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n", argv[0]);
             return 2;
         }
     }
@@ -176,7 +196,8 @@ int main(int argc, char **argv) {
     if (!AB) AB = gpu ? 8 : 1;
     if (!AS) AS = gpu ? 1024 : 256;
     if (!AA) AA = gpu ? 12 : 4;
-    if (cols < 1 || n < cols || iters < 1 || AB < 1 || AS < 1 || AA < 1 || AD < 1) {
+    if (!xrows) xrows = gpu ? 4096 : 16;
+    if (cols < 1 || n < cols || vocab < 1 || xrows < 1 || iters < 1 || AB < 1 || AS < 1 || AA < 1 || AD < 1) {
         fprintf(stderr, "bench/kernels: sizes must be positive (n >= cols)\n");
         return 2;
     }
@@ -184,26 +205,31 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench/kernels: %s\n", tpk_last_error(&ctx));
         return 1;
     }
-    C = cols, R = n / cols, N = (size_t)(R * C);
+    C = cols, R = n / cols, N = (size_t)(R * C), XV = vocab, XR = xrows;
     x = rnd(N, dt, 1, 0, 1), y = rnd(N, dt, 2, 0, 1), z = rnd(N, dt, 3, 0, 1);
     xf = rnd(N, TPK_F32, 4, 0, 1), gf = rnd(N, TPK_F32, 5, 0, 1), m1 = rnd(N, TPK_F32, 6, 0, 0.1f), v1 = rnd(N, TPK_F32, 7, 1, 0);
     w = rnd((size_t)C, TPK_F32, 8, 1, 0.1f), b = rnd((size_t)C, TPK_F32, 9, 0, 0.1f);
-    mean = rnd((size_t)R, TPK_F32, 10, 0, 0), rstd = rnd((size_t)R, TPK_F32, 11, 1, 0), lse = rnd((size_t)R, TPK_F32, 12, 8, 0);
-    dl = rnd((size_t)R, TPK_F32, 13, 1, 0), mx = buf((size_t)R * 4), part = buf((size_t)R * 16); /* mx: the fused op's losses */
-    ids = buf((size_t)R * 4), tgt = buf((size_t)R * 4); /* zero-filled: token 0, target 0 */
+    size_t RM = (size_t)(R > XR ? R : XR); /* rows of the per-row buffers */
+    mean = rnd((size_t)R, TPK_F32, 10, 0, 0), rstd = rnd((size_t)R, TPK_F32, 11, 1, 0), lse = rnd(RM, TPK_F32, 12, 8, 0);
+    dl = rnd(RM, TPK_F32, 13, 1, 0), mx = buf(RM * 4), part = buf(RM * 16); /* mx: the fused op's losses */
+    ids = ids_upload((size_t)R, R), tgt = ids_upload(RM, XV);
+    xl = rnd((size_t)(XR * XV), dt, 16, 0, 3), xd = buf((size_t)(XR * XV) * tpk_dtype_size(dt)); /* every token a different table row, the targets spread over the vocabulary */
     size_t nq = (size_t)(AB * AS * 3 * AA * AD), no = (size_t)(AB * AS * AA * AD);
     qkv = rnd(nq, dt, 14, 0, 1), ao = buf(no * tpk_dtype_size(dt)), ado = rnd(no, dt, 15, 0, 1), adqkv = buf(nq * tpk_dtype_size(dt));
     alse = buf((size_t)(AB * AA * AS) * 4);
     TRY(tpk_op_sync(&ctx));
     double copy_ms = time_op(OP_COPY, iters), copy_bw = op_bytes(OP_COPY) / (copy_ms * 1e-3) / 1e9;
     if (!json) {
-        printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), median of %d; attention B=%lld S=%lld A=%lld D=%lld\n", ops->name,
-               tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C, iters, (long long)AB, (long long)AS, (long long)AA, (long long)AD);
+        printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), cross-entropy [%lld, %lld], median of %d; attention B=%lld S=%lld A=%lld "
+               "D=%lld\n",
+               ops->name, tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C, (long long)XR, (long long)XV, iters, (long long)AB,
+               (long long)AS, (long long)AA, (long long)AD);
         printf("measured copy bandwidth: %.1f GB/s (read + write)\n\n%-16s %10s %10s %8s\n", copy_bw, "op", "ms", "GB/s", "% copy");
     } else {
-        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"attn_shape\": {\"B\": %lld, \"S\": %lld, \"A\": %lld, \"D\": %lld}, "
-               "\"copy_gbs\": %.3f, \"rows\": [",
-               ops->name, tpk_dtype_name(dt), (long long)N, (long long)AB, (long long)AS, (long long)AA, (long long)AD, copy_bw);
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"xent_shape\": [%lld, %lld], \"attn_shape\": {\"B\": %lld, \"S\": %lld, "
+               "\"A\": %lld, \"D\": %lld}, \"copy_gbs\": %.3f, \"rows\": [",
+               ops->name, tpk_dtype_name(dt), (long long)N, (long long)XR, (long long)XV, (long long)AB, (long long)AS, (long long)AA,
+               (long long)AD, copy_bw);
     }
     for (int op = OP_FILL; op < OP_N; op++) {
         double ms = time_op(op, iters);

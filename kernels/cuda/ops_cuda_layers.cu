@@ -65,15 +65,19 @@
  * 4k + 3 are one call's 4): a thread takes 8 elements — two calls, one 16-byte vector of bf16 or two
  * of f32 — the last n % 8 one by one (tpk_dropout_u). Otherwise a thread takes one call's part of
  * one row: item (i, q) is call q of row i counted from the one holding (i, 0), up to
- * (cols + 6) / 4 per row (items past the row's end do nothing). */
-template <class T, bool VEC>
+ * (cols + 6) / 4 per row (items past the row's end do nothing). SMALL (rows x cols < 2^32): element
+ * k's row and column by a 32-bit division — the 64-bit one is a call of some 60 instructions, as
+ * many as a Philox call's share of 8 bf16 elements, and held bf16 dropout at 70% of copy bandwidth. */
+template <class T, bool VEC, bool SMALL>
 __global__ void dropout_kernel(T *y, const T *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p,
                                uint64_t seed, uint64_t stream) {
     float scale = 1.0f / (1.0f - p);
     if constexpr (VEC) {
         tpk__elementwise<true>((size_t)rows * (size_t)cols, [&](size_t k, auto vn) {
             constexpr int V = decltype(vn)::value;
-            int64_t i = (int64_t)(k / (size_t)cols), j = (int64_t)(k - (size_t)i * (size_t)cols); /* element k = (i, j) */
+            int64_t i, j; /* element k = (i, j) */
+            if constexpr (SMALL) i = (uint32_t)k / (uint32_t)cols, j = (uint32_t)k - (uint32_t)i * (uint32_t)cols;
+            else i = (int64_t)(k / (size_t)cols), j = (int64_t)(k - (size_t)i * (size_t)cols);
             uint64_t g = (uint64_t)((row0 + i) * gcols + col0 + j);                              /* its global index */
             float v[V];
             tpk__ldn<V>(x, k, v);
@@ -114,7 +118,9 @@ static tpk_status cuda_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t row
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         tpk__by_vec(vec, [&](auto v) {
-            dropout_kernel<T, decltype(v)::value><<<grid, 256, 0, st->stream>>>((T *)y, (const T *)x, rows, cols, gcols, row0, col0, p, seed, stream);
+            constexpr bool V = decltype(v)::value;
+            auto kernel = total < ((size_t)1 << 32) ? dropout_kernel<T, V, true> : dropout_kernel<T, V, false>;
+            kernel<<<grid, 256, 0, st->stream>>>((T *)y, (const T *)x, rows, cols, gcols, row0, col0, p, seed, stream);
         });
     });
     return tpk__cuda_launched(ctx, fn);
@@ -701,7 +707,14 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
 
 /* ---- cross-entropy pieces ----------------------------------------------------------------------- */
 
-enum { XENT_THREADS = 256 };
+/* Rows go to a block each: XENT_THREADS for the statistics and the fused op (one constant: the same
+ * threads add the same elements in the same order, so both give the same bits), two blocks an SM
+ * (__launch_bounds__(XENT_THREADS, 2): at most 32 registers), XENT_GRAD_THREADS for the gradient
+ * alone (no sums: any block size gives the same bits). 1024 threads a row, not 256: the fused op
+ * reads its row twice, the second read from the L2 cache, and the rows in flight at once (264 on
+ * an H100, 100 KB each for GPT-2's bf16 row: 26 MB) stay inside its 50 MB; at 8 rows of 256 threads
+ * an SM they were 105 MB, and the second read went to memory (58% of copy bandwidth). */
+enum { XENT_THREADS = 1024, XENT_GRAD_THREADS = 256 };
 
 /* Rows go to a block each. VEC (rows of ld, a multiple of 8, 16-byte aligned — a padded
  * vocabulary's): thread u takes the 8-element vectors u, u + blockDim.x, ... of the row's Vl / 8
@@ -722,11 +735,14 @@ template <int N> __device__ __forceinline__ void xent_acc(float &m, float &s, fl
     m = M;
 }
 /* (m, s) += (m2, s2): the running (max, sum exp(z - max)) of two sets of elements; symmetric, so
- * both lanes of a butterfly get the same pair; two empty sets (-inf, 0) stay empty */
+ * both lanes of a butterfly get the same pair, bit for bit: the two products rounded apart
+ * (__fmul_rn) and added (commutative) — a contracted s * a + s2 * b is fma(s, a, s2 * b) in one lane
+ * and fma(s2, b, s * a) in the other, and the threads of a row would then hold lse one ulp apart
+ * (seen on an H100: xent_fused's dz off xent_grad's). Two empty sets (-inf, 0) stay empty. */
 __device__ __forceinline__ void xent_merge(float &m, float &s, float m2, float s2) {
     float M = fmaxf(m, m2);
     if (M == -INFINITY) return;
-    s = s * expf(m - M) + s2 * expf(m2 - M), m = M;
+    s = __fadd_rn(__fmul_rn(s, expf(m - M)), __fmul_rn(s2, expf(m2 - M))), m = M;
 }
 __device__ __forceinline__ void xent_warp_merge(float &m, float &s) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -760,7 +776,7 @@ __device__ __forceinline__ void xent_stats_block(float p[4], const T *z, int64_t
     p[0] = m, p[1] = s, p[2] = c >= 0 && c < Vl ? tpk__ldf(row, (size_t)c) : 0.0f, p[3] = tpk__block_sum(sz, sh + 64);
 }
 template <class T, bool VEC>
-__global__ void __launch_bounds__(XENT_THREADS) xent_stats_kernel(float *part, const T *z, const int32_t *y, int64_t Vl, int64_t ld, int64_t v0) {
+__global__ void __launch_bounds__(XENT_THREADS, 2) xent_stats_kernel(float *part, const T *z, const int32_t *y, int64_t Vl, int64_t ld, int64_t v0) {
     __shared__ float sh[96];
     int64_t t = blockIdx.x;
     float p[4];
@@ -868,7 +884,7 @@ __device__ __forceinline__ void xent_grad_row(T *dz, const T *z, int Vl, int ld,
     }
 }
 template <class T, bool VEC>
-__global__ void __launch_bounds__(XENT_THREADS) xent_grad_kernel(T *dz, const T *z, const float *lse, const int32_t *y, const float *dloss,
+__global__ void __launch_bounds__(XENT_GRAD_THREADS) xent_grad_kernel(T *dz, const T *z, const float *lse, const int32_t *y, const float *dloss,
                                                                  int64_t Vl, int64_t ld, int64_t v0, int64_t V, float eps, int32_t ignore) {
     int64_t t = blockIdx.x;
     int32_t yt = y[t];
@@ -885,7 +901,7 @@ static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
         tpk__by_vec(xent_vec(z, ld) && tpk__aligned16({dz}), [&](auto v) {
-            xent_grad_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_THREADS, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, Vl, ld,
+            xent_grad_kernel<Tt, decltype(v)::value><<<(unsigned)T, XENT_GRAD_THREADS, 0, st->stream>>>((Tt *)dz, (const Tt *)z, lse, targets, dloss, Vl, ld,
                                                                                                   v0, V, smoothing, ignore_index);
         });
     });
@@ -899,7 +915,7 @@ static tpk_status cuda_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const fl
  * xent_stats, xent_loss and xent_grad, so the same bits. dz may alias z (each element read
  * before the same thread writes it; the statistics are complete before any write). */
 template <class T, bool VEC>
-__global__ void __launch_bounds__(XENT_THREADS) xent_fused_kernel(T *dz, float *loss, float *lse, const T *z, const int32_t *y, int64_t V,
+__global__ void __launch_bounds__(XENT_THREADS, 2) xent_fused_kernel(T *dz, float *loss, float *lse, const T *z, const int32_t *y, int64_t V,
                                                                   int64_t ld, float eps, int32_t ignore, float g) {
     __shared__ float sh[96];
     int64_t t = blockIdx.x;

@@ -23,6 +23,10 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->fill(&ch, y.h, dt, n, -0.0f)); /* -0: the kernel, sign kept */
         CHECK_OK(&cd, cd.ops->fill(&cd, y.d, dt, n, -0.0f));
         pair_check(&cd, &y, TOL_SAME, "fill -0");
+        size_t es0 = tpk_dtype_size(dt); /* one element in: not 16-byte aligned, the element-wise path; the ends kept */
+        CHECK_OK(&ch, ch.ops->fill(&ch, (char *)y.h + es0, dt, n - 2, -1.5f));
+        CHECK_OK(&cd, cd.ops->fill(&cd, (char *)y.d + es0, dt, n - 2, -1.5f));
+        pair_check(&cd, &y, TOL_SAME, "fill unaligned");
         pair_poison(&cd, &y); /* b = 0 ignores NaN in y */
         CHECK_OK(&ch, ch.ops->axpby(&ch, y.h, 1.5f, x.h, 0.0f, dt, n));
         CHECK_OK(&cd, cd.ops->axpby(&cd, y.d, 1.5f, x.d, 0.0f, dt, n));
@@ -38,15 +42,18 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU_TANH, dy.h, x.h, dy.h, dt, n));
         CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, dy.d, x.d, dy.d, dt, n));
         pair_check(&cd, &dy, tol_for(dt, TOL_SAME), "gelu_bwd (in place)");
-        /* TPK_ACT_NONE: y = x, dx = dy (copies: exact) */
+        /* TPK_ACT_NONE: y = x, dx = dy (copies: exact; of a fresh dy, the same on both sides — the
+         * one above holds the host's and the GPU's GELU backward, a rounding apart) */
         pair_poison(&cd, &y);
         CHECK_OK(&ch, ch.ops->act_fwd(&ch, TPK_ACT_NONE, y.h, x.h, dt, n));
         CHECK_OK(&cd, cd.ops->act_fwd(&cd, TPK_ACT_NONE, y.d, x.d, dt, n));
         pair_check(&cd, &y, 1e-12, "act_fwd none");
+        pair dy1 = pair_randn(&cd, n, dt, 4, 1.0f);
         pair_poison(&cd, &y);
-        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_NONE, y.h, x.h, dy.h, dt, n));
-        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_NONE, y.d, x.d, dy.d, dt, n));
+        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_NONE, y.h, x.h, dy1.h, dt, n));
+        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_NONE, y.d, x.d, dy1.d, dt, n));
         pair_check(&cd, &y, 1e-12, "act_bwd none");
+        pair_free(&cd, &dy1);
         /* cast to the other float dtype and back */
         tpk_dtype other = dt == TPK_F32 ? TPK_BF16 : TPK_F32;
         pair c = pair_from(&cd, NULL, n, other);
@@ -492,7 +499,8 @@ static void *pair_bytes(pair *p) {
  * loads); ld = 517: unpadded. The statistics of two shards of the row (columns [0, h0) and
  * [h0, Vl), as two TP ranks hold them) go through xent_loss with P = 2; the fused op (one rank
  * holding V = Vl of the row) against the host's and, bit for bit, against the three device ops in
- * turn. Vl = 3001 in rows of 3008, h0 = 1504: both shards in 16-byte vectors, several a thread. */
+ * turn. Vl = 3001 in rows of 3008, h0 = 1504: both shards in 16-byte vectors, one a thread of the
+ * 1024 (XENT_THREADS); Vl = 20001 in rows of 20008, h0 = 10004: several vectors a thread. */
 static void test_xent(tpk_dtype dt, int64_t ld, int64_t Vl, int64_t h0) {
     TEST_CASE("cross-entropy pieces [%s] %lld columns in rows of %lld: statistics of two shards, loss over P = 2, gradient, fused", tpk_dtype_name(dt),
               (long long)Vl, (long long)ld) {
@@ -788,6 +796,7 @@ int main(int argc, char **argv) {
         test_xent(dt, 576, 517, 258);
         test_xent(dt, 517, 517, 258);
         test_xent(dt, 3008, 3001, 1504);
+        test_xent(dt, 20008, 20001, 10004);
         /* more rows than a block's share: a width off the register kernels' (not a multiple of 8), so
          * the column-sum chunks of 256 rows run (a block strides over several under
          * TPK_EMU_GRID_CAP=3), and 9000 rows, more than two waves of 132 blocks */
