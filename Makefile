@@ -224,14 +224,22 @@ $(B)/gpt2_train: examples/gpt2_train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
 	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
+# The trainer on the host backend alone: what make demo runs where no GPU is present, so a machine
+# with nvcc but no GPU does not spend minutes compiling the CUDA archive for a run that cannot use it.
+$(B)/demo/gpt2_train: examples/gpt2_train.c $(HEADERS) $(B)/libtpk_host.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
+
 # make demo: a 4-layer GPT-2 (hidden 128, 4 heads) trained at t = 2 on 2 ranks on the license
-# texts every Debian system ships (byte vocabulary), saved and sampled.
+# texts every Debian system ships (byte vocabulary), saved and sampled; with the CUDA trainer
+# ($(B)/gpt2_train) where nvcc is found and nvidia-smi lists a GPU, else the host one.
 DEMO_MPI = mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np 2 -x OPENBLAS_NUM_THREADS=1
+DEMO_TRAIN = $(if $(HAVE_CUDA),$(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),$(B)/gpt2_train,$(B)/demo/gpt2_train),$(B)/gpt2_train)
 demo: deps
-	@$(MAKE) --no-print-directory $(B)/gpt2_train
+	@$(MAKE) --no-print-directory $(DEMO_TRAIN)
 	@mkdir -p $(B)/demo
 	@find /usr/share/common-licenses -maxdepth 1 -type f | sort | xargs cat > $(B)/demo/text.txt
-	$(DEMO_MPI) $(B)/gpt2_train --text $(B)/demo/text.txt --tp 2 --layers 4 --hidden 128 --heads 4 \
+	$(DEMO_MPI) $(DEMO_TRAIN) --text $(B)/demo/text.txt --tp 2 --layers 4 --hidden 128 --heads 4 \
 	    --batch 8 --seq-len 64 --steps 1000 --lr 3e-3 --warmup 50 --eval-every 200 --log-every 50 \
 	    --csv $(B)/demo/loss.csv --save $(B)/demo/ckpt --sample 400
 
