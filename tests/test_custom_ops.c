@@ -1,10 +1,12 @@
-/* tests/test_custom_ops.c — a program that brings its own compute backend: a complete tpk_ops
+/* tests/test_custom_ops.c — a program that brings its own compute backend: a minimal tpk_ops
  * table of naive C kernels written here (GEMM as three loops; the ops a linear layer does not
  * use answer TPK_ERR_UNSUPPORTED), linked WITHOUT libtpk_host.a or any other tpk archive (the
- * Makefile links it with -lm only: the headers name no backend). On it, a column-parallel
+ * Makefile links it with -lm only: the headers name no backend). The table holds the core
+ * entries only (TPK__OPS_CORE): no layer op, no fusion — the column linear's fused forward is
+ * composed by the front end from this gemm and bias_add. On it, a column-parallel
  * linear with bias at t = ranks: y = x W^T + b and, backward, dx = dy W, dW = dy^T x, db =
  * colsum(dy) equal a double-precision computation from the gathered weights. Also: a table
- * with a NULL entry is refused naming the entry; desc->ops = NULL with no backend archive
+ * with a NULL core entry is refused naming the entry, a NULL layer op fails when called; desc->ops = NULL with no backend archive
  * linked is refused with a message saying so; the checked front end refuses bad arguments
  * before the user's kernel is reached. */
 #include "test.h"
@@ -80,13 +82,6 @@ static tpk_status my_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, i
         }
     return TPK_OK;
 }
-static tpk_status my_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n, int64_t k,
-                                tpk_act act, tpk_dtype dt) {
-    if (act != TPK_ACT_NONE) return tpk_fail(ctx, TPK_ERR_UNSUPPORTED, "my.linear_fwd", "act: only TPK_ACT_NONE in this backend");
-    TPK_TRY(my_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt));
-    return bias ? my_bias_add(ctx, y, bias, T, n, dt) : TPK_OK;
-}
-
 /* A partial backend, as a user's may be: the ops it does not provide answer TPK_ERR_UNSUPPORTED
  * (the contract's status for "valid, but this backend does not provide it"), naming themselves;
  * the test checks that this status comes back through the front end. */
@@ -97,37 +92,9 @@ static tpk_status not_provided(tpk_ctx *ctx, const char *op) {
 NOT_PROVIDED(cast, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n)
 NOT_PROVIDED(act_fwd, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n)
 NOT_PROVIDED(act_bwd, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n)
-NOT_PROVIDED(dropout, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed, uint64_t stream,
-     tpk_dtype dt)
-NOT_PROVIDED(layernorm_fwd, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt)
-NOT_PROVIDED(layernorm_bwd, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w, const float *mean, const float *rstd, int64_t rows,
-     int64_t cols, tpk_dtype dt, bool accumulate_dx)
-NOT_PROVIDED(embed_fwd, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate)
-NOT_PROVIDED(embed_bwd, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt)
-NOT_PROVIDED(xent_stats, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt)
-NOT_PROVIDED(xent_loss, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T, int64_t V, float smoothing,
-     int32_t ignore_index)
-NOT_PROVIDED(xent_fused, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V, int64_t ld, float smoothing,
-     int32_t ignore_index, float g, tpk_dtype dt)
-NOT_PROVIDED(xent_mean, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate)
-NOT_PROVIDED(xent_grad, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V,
-     float smoothing, int32_t ignore_index, tpk_dtype dt)
-NOT_PROVIDED(attn_fwd, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale,
-     float p, uint64_t seed, uint64_t stream, tpk_dtype dt)
-NOT_PROVIDED(attn_bwd, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D,
-     int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt)
-NOT_PROVIDED(rope, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D, float theta, bool inverse, tpk_dtype dt)
-NOT_PROVIDED(swiglu_fwd, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt)
-NOT_PROVIDED(swiglu_bwd, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt)
-NOT_PROVIDED(rmsnorm_fwd, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps, tpk_dtype dt)
-NOT_PROVIDED(rmsnorm_bwd, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
-     bool accumulate_dx)
 NOT_PROVIDED(adamw, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale,
              double *norm, float clip, const int64_t *decay, int64_t nruns, uint16_t *w16)
 NOT_PROVIDED(sumsq, double *out, const float *x, size_t n, bool accumulate)
-NOT_PROVIDED(linear_bwd_act, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n, int64_t k, tpk_act act, tpk_dtype dt)
-NOT_PROVIDED(residual_layernorm_fwd, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows,
-     int64_t cols, float eps, tpk_dtype dt)
 
 static tpk_ops my_table(void) {
     tpk_ops o;
@@ -135,12 +102,8 @@ static tpk_ops my_table(void) {
     o.name = "naive", o.device = false;
     o.alloc = my_alloc, o.free = my_free, o.memcpy = my_memcpy, o.sync = my_sync, o.fill = my_fill, o.copy2d = my_copy2d, o.cast = my_cast;
     o.axpby = my_axpby, o.gemm = my_gemm, o.gemm_acc = my_gemm_acc, o.bias_add = my_bias_add, o.bias_grad = my_bias_grad, o.act_fwd = my_act_fwd, o.act_bwd = my_act_bwd;
-    o.rng_2d = my_rng_2d, o.dropout = my_dropout, o.layernorm_fwd = my_layernorm_fwd, o.layernorm_bwd = my_layernorm_bwd;
-    o.embed_fwd = my_embed_fwd, o.embed_bwd = my_embed_bwd, o.xent_stats = my_xent_stats, o.xent_fused = my_xent_fused;
-    o.xent_loss = my_xent_loss, o.xent_mean = my_xent_mean, o.xent_grad = my_xent_grad, o.attn_fwd = my_attn_fwd, o.attn_bwd = my_attn_bwd, o.adamw = my_adamw;
-    o.sumsq = my_sumsq, o.linear_fwd = my_linear_fwd, o.linear_bwd_act = my_linear_bwd_act, o.residual_layernorm_fwd = my_residual_layernorm_fwd;
-    o.rope = my_rope, o.swiglu_fwd = my_swiglu_fwd, o.swiglu_bwd = my_swiglu_bwd, o.rmsnorm_fwd = my_rmsnorm_fwd, o.rmsnorm_bwd = my_rmsnorm_bwd;
-    return o;
+    o.rng_2d = my_rng_2d, o.adamw = my_adamw, o.sumsq = my_sumsq;
+    return o; /* the core entries only: no layer op (a call fails naming it), no fusion (the front end composes them) */
 }
 
 int main(int argc, char **argv) {
@@ -209,6 +172,10 @@ int main(int argc, char **argv) {
         CHECK(gemm_calls == before, "the user's gemm was called with a bad lda");
         /* an op this backend does not have: its own error comes back */
         CHECK_FAILS(&ctx, tpk_op_sumsq(&ctx, &(double){0}, x, 3, false), TPK_ERR_UNSUPPORTED, "my.sumsq");
+        /* a layer op the table leaves NULL: refused by the front end, naming it */
+        float o1[T * OUT], st[T];
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, o1, st, st, x, W, b, T, IN, 1e-5f, TPK_F32), TPK_ERR_UNSUPPORTED,
+                    "the backend \"naive\" has no layernorm_fwd entry");
         tpk_linear_destroy(&ctx, &l);
         tpk_ctx_destroy(&ctx);
     }

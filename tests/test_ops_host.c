@@ -728,20 +728,22 @@ struct ops_entry {
     const char *name;
     size_t at, size;
 };
-static const struct ops_entry ops_entries[] = {
-    OPS_ENTRY(alloc),       OPS_ENTRY(free),          OPS_ENTRY(memcpy),        OPS_ENTRY(sync),
-    OPS_ENTRY(fill),        OPS_ENTRY(copy2d),        OPS_ENTRY(cast),          OPS_ENTRY(axpby),
-    OPS_ENTRY(gemm),        OPS_ENTRY(gemm_acc),      OPS_ENTRY(bias_add),      OPS_ENTRY(bias_grad),     OPS_ENTRY(act_fwd),
-    OPS_ENTRY(act_bwd),     OPS_ENTRY(rng_2d),        OPS_ENTRY(dropout),       OPS_ENTRY(layernorm_fwd),
-    OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),   OPS_ENTRY(embed_bwd),     OPS_ENTRY(xent_stats),
-    OPS_ENTRY(xent_fused),   OPS_ENTRY(xent_loss),    OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),     OPS_ENTRY(attn_fwd),
-    OPS_ENTRY(attn_bwd),    OPS_ENTRY(rope),          OPS_ENTRY(swiglu_fwd),    OPS_ENTRY(swiglu_bwd),
-    OPS_ENTRY(rmsnorm_fwd), OPS_ENTRY(rmsnorm_bwd),   OPS_ENTRY(adamw),         OPS_ENTRY(sumsq),
-    OPS_ENTRY(linear_fwd),  OPS_ENTRY(linear_bwd_act), OPS_ENTRY(residual_layernorm_fwd),
+static const struct ops_entry ops_entries[] = { /* required (TPK__OPS_CORE) */
+    OPS_ENTRY(alloc),   OPS_ENTRY(free),     OPS_ENTRY(memcpy),   OPS_ENTRY(sync),   OPS_ENTRY(fill),   OPS_ENTRY(copy2d),
+    OPS_ENTRY(cast),    OPS_ENTRY(axpby),    OPS_ENTRY(gemm),     OPS_ENTRY(gemm_acc), OPS_ENTRY(bias_add), OPS_ENTRY(bias_grad),
+    OPS_ENTRY(act_fwd), OPS_ENTRY(act_bwd),  OPS_ENTRY(rng_2d),   OPS_ENTRY(adamw),  OPS_ENTRY(sumsq),
 };
 enum { OPS_N = sizeof ops_entries / sizeof *ops_entries };
-/* the optional entries: the profiler's timer (tpk/profile.h falls back to the host clock) */
-static const struct ops_entry optional_entries[] = {OPS_ENTRY(timer_mark), OPS_ENTRY(timer_ms)};
+/* the optional entries: the layers' ops (TPK__OPS_LAYERS: a call of a NULL one fails naming it),
+ * the fusions (TPK__OPS_FUSED: the front end composes them) and the profiler's timer (tpk/profile.h
+ * falls back to the host clock) */
+static const struct ops_entry optional_entries[] = {
+    OPS_ENTRY(dropout),     OPS_ENTRY(layernorm_fwd), OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),  OPS_ENTRY(embed_bwd),
+    OPS_ENTRY(xent_stats),  OPS_ENTRY(xent_loss),     OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),  OPS_ENTRY(attn_fwd),
+    OPS_ENTRY(attn_bwd),    OPS_ENTRY(rope),          OPS_ENTRY(swiglu_fwd),    OPS_ENTRY(swiglu_bwd), OPS_ENTRY(rmsnorm_fwd),
+    OPS_ENTRY(rmsnorm_bwd), OPS_ENTRY(linear_fwd),    OPS_ENTRY(linear_bwd_act), OPS_ENTRY(residual_layernorm_fwd),
+    OPS_ENTRY(xent_fused),  OPS_ENTRY(timer_mark),    OPS_ENTRY(timer_ms)};
+enum { OPTIONAL_N = sizeof optional_entries / sizeof *optional_entries };
 
 /* a user's table: the host's, with entries that count their calls (and then do the host's work) */
 static int user_calls;
@@ -771,10 +773,10 @@ static tpk_status user_layernorm_fwd(tpk_ctx *c, void *y, float *mean, float *rs
 }
 
 static void test_front_end(void) {
-    TEST_CASE("every tpk_ops entry is required: tpk_ctx_init refuses a table with one NULL entry, naming it") {
+    TEST_CASE("every required tpk_ops entry: tpk_ctx_init refuses a table with one NULL, naming it; layer ops, fusions, timer may be NULL") {
         size_t covered = 0;
         for (int e = 0; e < OPS_N; e++) covered += ops_entries[e].size;
-        for (int e = 0; e < 2; e++) covered += optional_entries[e].size;
+        for (int e = 0; e < OPTIONAL_N; e++) covered += optional_entries[e].size;
         CHECK(offsetof(tpk_ops, alloc) + covered == sizeof(tpk_ops),
               "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in ops_entries",
               sizeof(tpk_ops) - offsetof(tpk_ops, alloc), covered);
@@ -789,7 +791,7 @@ static void test_front_end(void) {
             CHECK(c.ops == NULL, "%s: a refused table stays in the context", ops_entries[e].name);
             tpk_ctx_destroy(&c);
         }
-        for (int e = 0; e < 2; e++) { /* the optional entries may be NULL (the host table has none) */
+        for (int e = 0; e < OPTIONAL_N; e++) { /* the optional entries may be NULL */
             static tpk_ops bare;
             bare = *tpk_ops_host();
             memset((char *)&bare + optional_entries[e].at, 0, optional_entries[e].size);

@@ -12,17 +12,26 @@
 #include "ctx.h"
 #include "profile.h"
 
-/* The first entry of a backend table that is NULL ("" for a complete table): tpk_ctx_init
- * refuses an incomplete table, naming the entry. */
+/* The first required entry (TPK__OPS_CORE) of a backend table that is NULL ("" for a complete
+ * table): tpk_ctx_init refuses an incomplete table, naming the entry. The layer ops
+ * (TPK__OPS_LAYERS) may be NULL — calling one fails, naming it (TPK__OP_LAYER) — and so may the
+ * fusions (TPK__OPS_FUSED): the front end composes them (tpk__compose_*, below). */
 static inline const char *tpk__ops_missing(const tpk_ops *ops) {
     if (!ops->name) return "name";
 #define TPK__OPS_MISSING(e) \
     if (!ops->e) return #e;
     TPK__OPS_CORE(TPK__OPS_MISSING)
-    TPK__OPS_LAYERS(TPK__OPS_MISSING)
 #undef TPK__OPS_MISSING
     return "";
 }
+
+/* A layer op (TPK__OPS_LAYERS) the table leaves NULL: a user's table needs the core ops only, and
+ * a layer op it lacks fails when called, naming it. TPK__OP_LAYER(e, args...) calls ctx->ops->e or
+ * fails so (inside an entry with ctx and fn). */
+static inline tpk_status tpk__op_no_entry(tpk_ctx *ctx, const char *fn, const char *entry) {
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "the backend \"%s\" has no %s entry (a layer op its table leaves NULL)", ctx->ops->name, entry);
+}
+#define TPK__OP_LAYER(e, ...) (ctx->ops->e ? ctx->ops->e(__VA_ARGS__) : tpk__op_no_entry(ctx, fn, #e))
 
 /* ---- argument checks, written once for every backend ------------------------------------------ */
 
@@ -212,7 +221,7 @@ static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, in
     TPK_TRY(tpk__op_prob(ctx, fn, p));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows * cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows * cols > 0));
-    return rows && cols ? TPK__PROF_OP(ctx, "dropout", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->dropout(ctx, y, x, rows, cols, gcols, row0, col0, p, seed, stream, dt)) : TPK_OK;
+    return rows && cols ? TPK__PROF_OP(ctx, "dropout", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(dropout, ctx, y, x, rows, cols, gcols, row0, col0, p, seed, stream, dt)) : TPK_OK;
 }
 
 /* ---- GEMM and the linear forward ----------------------------------------------------------------- */
@@ -258,6 +267,62 @@ static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
     return cols ? TPK__PROF_OP(ctx, "bias_grad", (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, db_dt, accumulate)) : TPK_OK;
 }
+/* ---- the fusions composed: what a NULL fused entry does (TPK__OPS_FUSED), written once for every
+ * backend from the required entries, as each fusion's contract in tpk/ops.h states it. The
+ * arguments are checked by the front-end entry that calls them. ---- */
+
+/* u = x W^T + bias; act = NONE: y = u, else pre = u, y = act(u) */
+static inline tpk_status tpk__compose_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T,
+                                                 int64_t n, int64_t k, tpk_act act, tpk_dtype dt) {
+    const tpk_ops *o = ctx->ops;
+    void *u = act != TPK_ACT_NONE ? pre : y;
+    TPK_TRY(o->gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, u, n, dt));
+    if (bias) TPK_TRY(o->bias_add(ctx, u, bias, T, n, dt));
+    return act != TPK_ACT_NONE ? o->act_fwd(ctx, act, y, u, dt, (size_t)(T * n)) : TPK_OK;
+}
+/* du = (dy W) act'(pre) (act_bwd in place), db = colsum(du) */
+static inline tpk_status tpk__compose_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T,
+                                                     int64_t n, int64_t k, tpk_act act, tpk_dtype dt) {
+    const tpk_ops *o = ctx->ops;
+    TPK_TRY(o->gemm(ctx, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt));
+    TPK_TRY(o->act_bwd(ctx, act, du, pre, du, dt, (size_t)(T * n)));
+    return db ? o->bias_grad(ctx, db, du, T, n, dt, dt, false) : TPK_OK;
+}
+/* x1 = x + r (axpby: 1 r + 1 x, the same sum in dt), then layernorm_fwd on x1 */
+static inline tpk_status tpk__compose_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x,
+                                                             const void *r, const float *w, const float *b, int64_t rows, int64_t cols,
+                                                             float eps, tpk_dtype dt) {
+    const tpk_ops *o = ctx->ops;
+    size_t n = (size_t)(rows * cols);
+    if (!o->layernorm_fwd) return tpk__op_no_entry(ctx, "tpk_op_residual_layernorm_fwd", "layernorm_fwd");
+    if (x1 == r) { /* x1 = 1 x + 1 x1 */
+        TPK_TRY(o->axpby(ctx, x1, 1.0f, x, 1.0f, dt, n));
+    } else {
+        if (x1 != x) TPK_TRY(o->memcpy(ctx, x1, x, n * tpk_dtype_size(dt), o->device ? TPK_D2D : TPK_H2H));
+        TPK_TRY(o->axpby(ctx, x1, 1.0f, r, 1.0f, dt, n)); /* x1 = 1 r + 1 x1 */
+    }
+    return o->layernorm_fwd(ctx, y, mean, rstd, x1, w, b, rows, cols, eps, dt);
+}
+/* xent_stats, xent_loss (P = 1) and xent_grad with dloss[t] = g, in turn — the bits of the three
+ * ops; the statistics [T, 4] and dloss [T] in backend memory allocated for the call */
+static inline tpk_status tpk__compose_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets,
+                                                 int64_t T, int64_t V, int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
+    const tpk_ops *o = ctx->ops;
+    const char *fn = "tpk_op_xent_fused";
+    if (!o->xent_stats || !o->xent_loss || !o->xent_grad)
+        return tpk__op_no_entry(ctx, fn, !o->xent_stats ? "xent_stats" : !o->xent_loss ? "xent_loss" : "xent_grad");
+    void *scratch = NULL;
+    TPK_TRY(o->alloc(ctx, sizeof(float) * 5 * (size_t)T, &scratch));
+    float *part = (float *)scratch, *dloss = part + 4 * T;
+    tpk_status s = o->fill(ctx, dloss, TPK_F32, (size_t)T, g);
+    if (s == TPK_OK) s = o->xent_stats(ctx, part, z, targets, T, V, ld, 0, dt);
+    if (s == TPK_OK) s = o->xent_loss(ctx, loss, lse, part, 1, targets, T, V, smoothing, ignore_index);
+    if (s == TPK_OK) s = o->xent_grad(ctx, dz, z, lse, targets, dloss, T, V, ld, 0, V, smoothing, ignore_index, dt);
+    if (s == TPK_OK) s = o->sync(ctx); /* the scratch is in use until the ops are done */
+    o->free(ctx, scratch);
+    return s;
+}
+
 static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                                            int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "tpk_op_linear_fwd";
@@ -272,7 +337,9 @@ static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, con
     TPK_TRY(tpk__op_ptr(ctx, fn, "pre", pre, act != TPK_ACT_NONE && any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any && k > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
-    return any ? TPK__PROF_OP(ctx, "linear_fwd", 0, 2.0 * (double)T * (double)n * (double)k, ctx->ops->linear_fwd(ctx, y, pre, x, w, bias, T, n, k, act, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "linear_fwd", 0, 2.0 * (double)T * (double)n * (double)k,
+                              (ctx->ops->linear_fwd ? ctx->ops->linear_fwd : tpk__compose_linear_fwd)(ctx, y, pre, x, w, bias, T, n, k, act, dt))
+               : TPK_OK;
 }
 /* du = (dy W) act'(pre), db = colsum(du) (see tpk_ops.linear_bwd_act) */
 static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
@@ -292,7 +359,8 @@ static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db,
     TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
     if (any && (du == dy || du == pre || du == w)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "du: must not alias dy, w or pre");
     if (!any) return db && n ? tpk_op_fill(ctx, db, dt, (size_t)n, 0.0f) : TPK_OK; /* no rows: db = 0 */
-    return TPK__PROF_OP(ctx, "linear_bwd_act", 0, 2.0 * (double)T * (double)n * (double)k, ctx->ops->linear_bwd_act(ctx, du, db, dy, w, pre, T, n, k, act, dt));
+    return TPK__PROF_OP(ctx, "linear_bwd_act", 0, 2.0 * (double)T * (double)n * (double)k,
+                        (ctx->ops->linear_bwd_act ? ctx->ops->linear_bwd_act : tpk__compose_linear_bwd_act)(ctx, du, db, dy, w, pre, T, n, k, act, dt));
 }
 
 /* ---- layernorm ------------------------------------------------------------------------------------- */
@@ -310,7 +378,7 @@ static inline tpk_status tpk_op_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean
     if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {y, mean, rstd, x, w, b};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "y,mean,rstd,x,w,b", ps, 6, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "layernorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->layernorm_fwd(ctx, y, mean, rstd, x, w, b, rows, cols, eps, dt)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "layernorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(layernorm_fwd, ctx, y, mean, rstd, x, w, b, rows, cols, eps, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                                        const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
@@ -319,7 +387,10 @@ static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, v
     if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {x1, y, mean, rstd, x, r, w, b};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "x1,y,mean,rstd,x,r,w,b", ps, 8, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "residual_layernorm_fwd", 4.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->residual_layernorm_fwd(ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "residual_layernorm_fwd", 4.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                               (ctx->ops->residual_layernorm_fwd ? ctx->ops->residual_layernorm_fwd
+                                                                 : tpk__compose_residual_layernorm_fwd)(ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt))
+                : TPK_OK;
 }
 static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
                                               const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
@@ -327,7 +398,7 @@ static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw,
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
     const void *ps[] = {dx, dw, db, dy, x, w, mean, rstd};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,db,dy,x,w,mean,rstd", ps, 8, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "layernorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->layernorm_bwd(ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "layernorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(layernorm_bwd, ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
 }
 static inline tpk_status tpk_op_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
                                             tpk_dtype dt) {
@@ -336,7 +407,7 @@ static inline tpk_status tpk_op_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, 
     if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {y, rstd, x, w};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "y,rstd,x,w", ps, 4, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "rmsnorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->rmsnorm_fwd(ctx, y, rstd, x, w, rows, cols, eps, dt)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "rmsnorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(rmsnorm_fwd, ctx, y, rstd, x, w, rows, cols, eps, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
                                             int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
@@ -344,7 +415,7 @@ static inline tpk_status tpk_op_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, c
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
     const void *ps[] = {dx, dw, dy, x, w, rstd};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,dy,x,w,rstd", ps, 6, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "rmsnorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->rmsnorm_bwd(ctx, dx, dw, dy, x, w, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "rmsnorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(rmsnorm_bwd, ctx, dx, dw, dy, x, w, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
 }
 
 /* ---- embedding --------------------------------------------------------------------------------------- */
@@ -360,7 +431,7 @@ static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, T * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "table", table, vrows * H > 0));
-    return T && H ? TPK__PROF_OP(ctx, "embed_fwd", 2.0 * (double)T * (double)H * (double)tpk_dtype_size(dt), 0, ctx->ops->embed_fwd(ctx, y, ids, table, T, H, v0, vrows, dt, accumulate)) : TPK_OK;
+    return T && H ? TPK__PROF_OP(ctx, "embed_fwd", 2.0 * (double)T * (double)H * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(embed_fwd, ctx, y, ids, table, T, H, v0, vrows, dt, accumulate)) : TPK_OK;
 }
 static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
                                           int64_t vrows, tpk_dtype dt) {
@@ -369,7 +440,7 @@ static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const voi
     TPK_TRY(tpk__op_ptr(ctx, fn, "dtable", dtable, vrows * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, T * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
-    return T && H && vrows ? TPK__PROF_OP(ctx, "embed_bwd", (double)T * (double)H * ((double)tpk_dtype_size(dt) + 8.0), 0, ctx->ops->embed_bwd(ctx, dtable, dy, ids, T, H, v0, vrows, dt)) : TPK_OK;
+    return T && H && vrows ? TPK__PROF_OP(ctx, "embed_bwd", (double)T * (double)H * ((double)tpk_dtype_size(dt) + 8.0), 0, TPK__OP_LAYER(embed_bwd, ctx, dtable, dy, ids, T, H, v0, vrows, dt)) : TPK_OK;
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------------------ */
@@ -389,7 +460,7 @@ static inline tpk_status tpk_op_xent_stats(tpk_ctx *ctx, float *part, const void
     TPK_TRY(tpk__op_ptrs(ctx, fn, "part,targets", ps, 2, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
     return T ? TPK__PROF_OP(ctx, "xent_stats", (double)T * ((double)Vl * (double)tpk_dtype_size(dt) + 16.0), 0,
-                            ctx->ops->xent_stats(ctx, part, z, targets, T, Vl, ld, v0, dt))
+                            TPK__OP_LAYER(xent_stats, ctx, part, z, targets, T, Vl, ld, v0, dt))
              : TPK_OK;
 }
 /* part f32 [P, T, 4]: the P ranks' xent_stats in rank order */
@@ -404,7 +475,7 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
     const void *ps[] = {loss, lse, part, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,part,targets", ps, 4, T > 0));
     return T ? TPK__PROF_OP(ctx, "xent_loss", (16.0 * (double)P + 12.0) * (double)T, 0,
-                            ctx->ops->xent_loss(ctx, loss, lse, part, P, targets, T, V, smoothing, ignore_index))
+                            TPK__OP_LAYER(xent_loss, ctx, loss, lse, part, P, targets, T, V, smoothing, ignore_index))
              : TPK_OK;
 }
 /* *acc (f64 in backend memory) = (accumulate ? *acc : 0) + mean of loss[0..T) over count positions */
@@ -416,7 +487,7 @@ static inline tpk_status tpk_op_xent_mean(tpk_ctx *ctx, double *acc, const float
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "count: expected 0 <= count <= T = %lld, got %lld", (long long)T, (long long)count);
     TPK_TRY(tpk__op_ptr(ctx, fn, "acc", acc, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "loss", loss, T > 0));
-    return TPK__PROF_OP(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0, ctx->ops->xent_mean(ctx, acc, loss, T, count, accumulate));
+    return TPK__PROF_OP(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0, TPK__OP_LAYER(xent_mean, ctx, acc, loss, T, count, accumulate));
 }
 static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
                                           int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index,
@@ -430,7 +501,7 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * ld > 0));
     const void *ps[] = {lse, targets, dloss};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "lse,targets,dloss", ps, 3, T > 0));
-    return T && ld ? TPK__PROF_OP(ctx, "xent_grad", 2.0 * (double)T * (double)ld * (double)tpk_dtype_size(dt), 0, ctx->ops->xent_grad(ctx, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index, dt)) : TPK_OK;
+    return T && ld ? TPK__PROF_OP(ctx, "xent_grad", 2.0 * (double)T * (double)ld * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(xent_grad, ctx, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index, dt)) : TPK_OK;
 }
 
 /* The loss and its gradient of logits z [T, ld] holding the whole vocabulary V (one rank): z read
@@ -448,7 +519,8 @@ static inline tpk_status tpk_op_xent_fused(tpk_ctx *ctx, void *dz, float *loss, 
     const void *ps[] = {loss, lse, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,targets", ps, 3, T > 0));
     return T ? TPK__PROF_OP(ctx, "xent_fused", (double)T * (2.0 * (double)ld * (double)tpk_dtype_size(dt) + 12.0), 0,
-                            ctx->ops->xent_fused(ctx, dz, loss, lse, z, targets, T, V, ld, smoothing, ignore_index, g, dt))
+                            (ctx->ops->xent_fused ? ctx->ops->xent_fused : tpk__compose_xent_fused)(ctx, dz, loss, lse, z, targets, T, V, ld,
+                                                                                                    smoothing, ignore_index, g, dt))
              : TPK_OK;
 }
 
@@ -472,7 +544,7 @@ static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, co
     bool any = B * S * Al > 0;
     const void *ps[] = {out, lse, qkv};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "out,lse,qkv", ps, 3, any));
-    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0, 2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_fwd(ctx, out, lse, qkv, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0, 2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, TPK__OP_LAYER(attn_fwd, ctx, out, lse, qkv, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B,
                                          int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed,
@@ -482,7 +554,7 @@ static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *d
     bool any = B * S * Al > 0;
     const void *ps[] = {dqkv, dout, qkv, out, lse};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dqkv,dout,qkv,out,lse", ps, 5, any));
-    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0, 5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, ctx->ops->attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0, 5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, TPK__OP_LAYER(attn_bwd, ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
 }
 
 /* ---- rotary embedding, SwiGLU, RMSNorm (Llama) --------------------------------------------------------- */
@@ -500,21 +572,21 @@ static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const v
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any));
     if (any && y == x && ldy != ldx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ldy: in place (y == x) expected ldx = %lld, got %lld", (long long)ldx, (long long)ldy);
-    return any ? TPK__PROF_OP(ctx, "rope", 2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt), 0, ctx->ops->rope(ctx, y, ldy, x, ldx, rows, S, heads, D, theta, inverse, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "rope", 2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(rope, ctx, y, ldy, x, ldx, rows, S, heads, D, theta, inverse, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
     static const char *fn = "tpk_op_swiglu_fwd";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
     const void *ps[] = {h, gu};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "h,gu", ps, 2, rows * F > 0));
-    return rows && F ? TPK__PROF_OP(ctx, "swiglu_fwd", 3.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, ctx->ops->swiglu_fwd(ctx, h, gu, rows, F, dt)) : TPK_OK;
+    return rows && F ? TPK__PROF_OP(ctx, "swiglu_fwd", 3.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(swiglu_fwd, ctx, h, gu, rows, F, dt)) : TPK_OK;
 }
 static inline tpk_status tpk_op_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
     static const char *fn = "tpk_op_swiglu_bwd";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
     const void *ps[] = {dgu, gu, dh};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dgu,gu,dh", ps, 3, rows * F > 0));
-    return rows && F ? TPK__PROF_OP(ctx, "swiglu_bwd", 5.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, ctx->ops->swiglu_bwd(ctx, dgu, gu, dh, rows, F, dt)) : TPK_OK;
+    return rows && F ? TPK__PROF_OP(ctx, "swiglu_bwd", 5.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(swiglu_bwd, ctx, dgu, gu, dh, rows, F, dt)) : TPK_OK;
 }
 
 /* ---- optimizer ----------------------------------------------------------------------------------------- */

@@ -61,16 +61,22 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
     return (float)l;
 }
 
-/* Every required entry of tpk_ops by name, in two lists (X(entry) each): tpk_ctx_init refuses a
- * table without one of them (tpk__ops_missing), and the backends fill their tables from the same
- * lists (o->entry = <backend>_entry), so a new op is named in one place. */
+/* Every entry of tpk_ops by name, in three lists (X(entry) each); the backends fill their tables
+ * from them (o->entry = <backend>_entry), so a new op is named in one place.
+ *   TPK__OPS_CORE    required: tpk_ctx_init refuses a table without one of them (tpk__ops_missing);
+ *   TPK__OPS_LAYERS  the layers' ops: a user's table may leave those its layers do not use NULL,
+ *                    and a call of a NULL one fails naming it (TPK_ERR_UNSUPPORTED);
+ *   TPK__OPS_FUSED   the fusions: a backend fills those it really fuses and leaves the others NULL,
+ *                    and the front end (tpk/op.h) composes a NULL one from the entries above, once
+ *                    for every backend. */
 #define TPK__OPS_CORE(X)                                                                               \
     X(alloc) X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) \
-    X(bias_grad) X(linear_fwd) X(linear_bwd_act) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
+    X(bias_grad) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
 #define TPK__OPS_LAYERS(X)                                                                              \
-    X(dropout) X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)   \
-    X(xent_stats) X(xent_loss) X(xent_fused) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)     \
+    X(dropout) X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)                              \
+    X(xent_stats) X(xent_loss) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)                \
     X(swiglu_fwd) X(swiglu_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)
+#define TPK__OPS_FUSED(X) X(linear_fwd) X(linear_bwd_act) X(residual_layernorm_fwd) X(xent_fused)
 
 typedef struct tpk_ops {
     const char *name;
@@ -236,6 +242,9 @@ typedef struct tpk_ops {
      * (n may be 0), accumulated in double; no host wait */
     tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate);
 
+    /* ---- the fusions (TPK__OPS_FUSED): optional; NULL, the front end composes each from the
+     * required entries as its contract says (tpk__compose_* in tpk/op.h) ---- */
+
     /* The forward of a linear layer in one pass where the backend can fuse it (cuBLASLt's bias
      * and GELU epilogues):  u = x W^T + bias  for x [T, k], W [n, k], bias [n] (NULL: none);
      * act = NONE: y = u;  otherwise pre = u and y = act(u), both [T, n]. All in dt; pre is not
@@ -257,7 +266,7 @@ typedef struct tpk_ops {
     tpk_status (*residual_layernorm_fwd)(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
                                          const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt);
 
-    /* Optional (the only entries that may be NULL): timer marks for the profiler (tpk/profile.h).
+    /* Optional as well: timer marks for the profiler (tpk/profile.h).
      * timer_mark records mark `slot` (0, 1, 2, ...) in the order of the ops' stream; timer_ms
      * waits for mark b and gives the milliseconds from mark a to mark b. Without them the
      * profiler reads the host clock around each call (exact for a synchronous backend). */

@@ -921,6 +921,7 @@ static tpk_ops cuda_table_make() {
 #define TPK__CUDA_ENTRY(e) o.e = cuda_##e;
     TPK__OPS_CORE(TPK__CUDA_ENTRY) /* o.alloc = cuda_alloc, ... */
 #undef TPK__CUDA_ENTRY
+    o.linear_fwd = cuda_linear_fwd, o.linear_bwd_act = cuda_linear_bwd_act; /* fusions (TPK__OPS_FUSED) */
     o.timer_mark = cuda_timer_mark, o.timer_ms = cuda_timer_ms;
     tpk__cuda_layer_ops(&o);
     return o;

@@ -1378,4 +1378,5 @@ void tpk__cuda_layer_ops(tpk_ops *o) {
 #define TPK__CUDA_ENTRY(e) o->e = cuda_##e;
     TPK__OPS_LAYERS(TPK__CUDA_ENTRY) /* o->dropout = cuda_dropout, ... */
 #undef TPK__CUDA_ENTRY
+    o->residual_layernorm_fwd = cuda_residual_layernorm_fwd, o->xent_fused = cuda_xent_fused; /* fusions (TPK__OPS_FUSED) */
 }

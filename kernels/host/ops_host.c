@@ -362,6 +362,7 @@ static void host_table_make(void) {
 #define TPK__HOST_ENTRY(e) o.e = host_##e;
     TPK__OPS_CORE(TPK__HOST_ENTRY) /* o.alloc = host_alloc, ... */
 #undef TPK__HOST_ENTRY
+    o.linear_fwd = host_linear_fwd, o.linear_bwd_act = host_linear_bwd_act;
     tpk__host_layer_ops(&o);
     host_table = o;
 }

@@ -435,4 +435,5 @@ void tpk__host_layer_ops(tpk_ops *o) {
 #define TPK__HOST_ENTRY(e) o->e = host_##e;
     TPK__OPS_LAYERS(TPK__HOST_ENTRY) /* o->dropout = host_dropout, ... */
 #undef TPK__HOST_ENTRY
+    o->residual_layernorm_fwd = host_residual_layernorm_fwd, o->xent_fused = host_xent_fused;
 }
