@@ -3,10 +3,11 @@
  * A table may leave linear_fwd, linear_bwd_act, residual_layernorm_fwd and xent_fused NULL; the
  * front end (tpk/op.h, tpk__compose_*) then runs each as its contract in tpk/ops.h states it, from
  * the required entries. Here the host table with its fusions removed is run against the host
- * table itself, in f32 and bf16, on random inputs with poisoned outputs: the same bytes (the host's
- * fusions are those compositions, and its fused cross-entropy equals xent_stats, xent_loss and
- * xent_grad in turn bit for bit), including the aliasings the contracts allow (x1 = x or r, dz =
- * z). */
+ * table itself, in f32 and bf16, on random inputs with poisoned outputs: the same bytes (the host
+ * fills xent_fused only, which equals xent_stats, xent_loss and xent_grad in turn bit for bit, so
+ * its other two tables' rows meet the compositions themselves; the GPU tests hold cuBLASLt's
+ * epilogues against the composed ops), including the aliasings the contracts allow (x1 = x or r,
+ * dz = z). And the host table is complete: every core and layer entry, assembled from its files. */
 #include "test.h"
 
 enum { T = 37, N = 29, K = 23, LD = 40, V = 35 }; /* V columns of logits in rows of LD: 5 padding columns */
@@ -31,21 +32,27 @@ static void *poisoned(size_t bytes) {
 
 static void test_linear(tpk_dtype dt) {
     size_t es = tpk_dtype_size(dt);
-    TEST_CASE("linear_fwd and linear_bwd_act composed by the front end equal the host's, bit for bit [%s]", tpk_dtype_name(dt)) {
+    TEST_CASE("linear_fwd, linear_bwd_act composed by the front end equal gemm, bias_add, act_fwd / act_bwd, bias_grad called apart, bit for bit [%s]",
+              tpk_dtype_name(dt)) {
         void *x = rnd((size_t)(T * K), dt, 1, 1.0f), *w = rnd((size_t)(N * K), dt, 2, 0.3f), *b = rnd(N, dt, 3, 0.5f);
         for (int act = 0; act < 2; act++)
             for (int bias = 0; bias < 2; bias++) {
                 void *y1 = poisoned((size_t)(T * N) * es), *y2 = poisoned((size_t)(T * N) * es);
                 void *p1 = poisoned((size_t)(T * N) * es), *p2 = poisoned((size_t)(T * N) * es);
                 tpk_act a = act ? TPK_ACT_GELU_TANH : TPK_ACT_NONE;
-                CHECK_OK(&full, tpk_op_linear_fwd(&full, y1, p1, x, w, bias ? b : NULL, T, N, K, a, dt));
+                void *u1 = act ? p1 : y1; /* the ops apart, as the contract states them */
+                CHECK_OK(&full, tpk_op_gemm(&full, false, true, T, N, K, 1.0f, x, K, w, K, 0.0f, u1, N, dt));
+                if (bias) CHECK_OK(&full, tpk_op_bias_add(&full, u1, b, T, N, dt));
+                if (act) CHECK_OK(&full, tpk_op_act_fwd(&full, a, y1, u1, dt, (size_t)(T * N)));
                 CHECK_OK(&bare, tpk_op_linear_fwd(&bare, y2, p2, x, w, bias ? b : NULL, T, N, K, a, dt));
                 CHECK(!memcmp(y1, y2, (size_t)(T * N) * es), "linear_fwd y differs (act %d, bias %d)", act, bias);
                 if (act) CHECK(!memcmp(p1, p2, (size_t)(T * N) * es), "linear_fwd pre differs (bias %d)", bias);
                 if (act) { /* the backward through that activation: dy [T, K] and the next weight W [K, N] */
                     void *dy = rnd((size_t)(T * K), dt, 4, 1.0f), *w2 = rnd((size_t)(K * N), dt, 5, 0.3f);
                     void *d1 = poisoned((size_t)(T * N) * es), *d2 = poisoned((size_t)(T * N) * es), *db1 = poisoned(N * es), *db2 = poisoned(N * es);
-                    CHECK_OK(&full, tpk_op_linear_bwd_act(&full, d1, bias ? db1 : NULL, dy, w2, p1, T, N, K, a, dt));
+                    CHECK_OK(&full, tpk_op_gemm(&full, false, false, T, N, K, 1.0f, dy, K, w2, N, 0.0f, d1, N, dt));
+                    CHECK_OK(&full, tpk_op_act_bwd(&full, a, d1, p1, d1, dt, (size_t)(T * N)));
+                    if (bias) CHECK_OK(&full, tpk_op_bias_grad(&full, db1, d1, T, N, dt, dt, false));
                     CHECK_OK(&bare, tpk_op_linear_bwd_act(&bare, d2, bias ? db2 : NULL, dy, w2, p1, T, N, K, a, dt));
                     CHECK(!memcmp(d1, d2, (size_t)(T * N) * es), "linear_bwd_act du differs (db %d)", bias);
                     if (bias) CHECK(!memcmp(db1, db2, N * es), "linear_bwd_act db differs");
@@ -59,7 +66,8 @@ static void test_linear(tpk_dtype dt) {
 
 static void test_residual_layernorm(tpk_dtype dt) {
     size_t es = tpk_dtype_size(dt), n = (size_t)(T * N);
-    TEST_CASE("residual_layernorm_fwd composed equals the host's, bit for bit: x1 apart, x1 = x, x1 = r [%s]", tpk_dtype_name(dt)) {
+    TEST_CASE("residual_layernorm_fwd composed equals x + r (a plain loop, rounded to dt) then layernorm_fwd, bit for bit: x1 apart, x1 = x, x1 = r [%s]",
+              tpk_dtype_name(dt)) {
         void *x = rnd(n, dt, 6, 1.0f), *r = rnd(n, dt, 7, 1.0f);
         float *w = rnd(N, TPK_F32, 8, 0.5f), *b = rnd(N, TPK_F32, 9, 0.5f);
         for (int alias = 0; alias < 3; alias++) { /* 0: x1 its own buffer, 1: x1 = x, 2: x1 = r */
@@ -70,8 +78,17 @@ static void test_residual_layernorm(tpk_dtype dt) {
                 memcpy(xs[c], x, n * es), memcpy(rs[c], r, n * es);
                 x1[c] = alias == 1 ? xs[c] : alias == 2 ? rs[c] : poisoned(n * es);
                 y[c] = poisoned(n * es), mean[c] = poisoned(T * 4), rstd[c] = poisoned(T * 4);
-                tpk_ctx *ctx = c ? &bare : &full;
-                CHECK_OK(ctx, tpk_op_residual_layernorm_fwd(ctx, x1[c], y[c], mean[c], rstd[c], xs[c], rs[c], w, b, T, N, 1e-5f, dt));
+                if (c) {
+                    CHECK_OK(&bare, tpk_op_residual_layernorm_fwd(&bare, x1[c], y[c], mean[c], rstd[c], xs[c], rs[c], w, b, T, N, 1e-5f, dt));
+                } else { /* the reference: the sum in f32, rounded to dt, then the layernorm */
+                    for (size_t i = 0; i < n; i++) {
+                        float v = dt == TPK_F32 ? ((float *)xs[c])[i] + ((float *)rs[c])[i]
+                                                : tpk_bf16_to_f32(((uint16_t *)xs[c])[i]) + tpk_bf16_to_f32(((uint16_t *)rs[c])[i]);
+                        if (dt == TPK_F32) ((float *)x1[c])[i] = v;
+                        else ((uint16_t *)x1[c])[i] = tpk_f32_to_bf16(v);
+                    }
+                    CHECK_OK(&full, tpk_op_layernorm_fwd(&full, y[c], mean[c], rstd[c], x1[c], w, b, T, N, 1e-5f, dt));
+                }
             }
             CHECK(!memcmp(x1[0], x1[1], n * es) && !memcmp(y[0], y[1], n * es), "x1 or y differs (alias %d)", alias);
             CHECK(!memcmp(mean[0], mean[1], T * 4) && !memcmp(rstd[0], rstd[1], T * 4), "mean or rstd differs (alias %d)", alias);
@@ -123,6 +140,15 @@ int main(int argc, char **argv) {
     if (tpk_ctx_init(&full, &(tpk_ctx_desc){.ops = tpk_ops_host()}) != TPK_OK || tpk_ctx_init(&bare, &(tpk_ctx_desc){.ops = &nofuse}) != TPK_OK) {
         fprintf(stderr, "test_ops_fusions: %s %s\n", tpk_last_error(&full), tpk_last_error(&bare));
         return 1;
+    }
+    TEST_CASE("the host table (kernels/host/table.c, each file's entries) fills every core and layer entry; of the fusions only xent_fused") {
+        const tpk_ops *h = tpk_ops_host();
+#define TPK__HAS_ENTRY(e) CHECK(h->e != NULL, "the host table has no " #e);
+        TPK__OPS_CORE(TPK__HAS_ENTRY)
+        TPK__OPS_LAYERS(TPK__HAS_ENTRY)
+#undef TPK__HAS_ENTRY
+        CHECK(h->xent_fused && !h->linear_fwd && !h->linear_bwd_act && !h->residual_layernorm_fwd,
+              "the host fuses the cross-entropy alone (its other fusions would be the front end's compositions again)");
     }
     const tpk_dtype dts[2] = {TPK_F32, TPK_BF16};
     for (int d = 0; d < 2; d++) {

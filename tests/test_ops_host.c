@@ -1,4 +1,4 @@
-/* tests/test_ops_host.c — the host backend (kernels/host/ops_host.c) against naive references.
+/* tests/test_ops_host.c — the host backend's core ops (kernels/host/) against naive references.
  *
  * Every op is run on random inputs (test_randn) into outputs poisoned with NaN, and compared
  * with a reference written here in double precision: GEMM in all four transpose combinations

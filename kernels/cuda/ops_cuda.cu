@@ -1,6 +1,6 @@
 /* kernels/cuda/ops_cuda.cu — the CUDA backend: state, memory, elementwise ops, GEMM, the table.
  *
- * Same contract as the host backend (tpk/ops.h, kernels/host/ops_host.c): f32 and bf16 storage,
+ * Same contract as the host backend (tpk/ops.h, kernels/host/): f32 and bf16 storage,
  * f32 arithmetic (bf16 widened on load, rounded to nearest even on store). Every op runs on the
  * backend's stream; every kernel is one template instantiated for float and bf16.
  *
@@ -847,8 +847,9 @@ static tpk_status cuda_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
 /* ---- fused linear forward ---------------------------------------------------------------------------------- */
 
 /* u = x W^T + bias, y = u or (pre = u, y = act(u)): one cuBLASLt call with the BIAS / GELU_AUX(_BIAS)
- * epilogue; where cuBLASLt has no fused algorithm (or the activation has no epilogue), gemm +
- * bias_add + act_fwd (the same result). */
+ * epilogue; where cuBLASLt has no fused algorithm (or the activation has no epilogue), the front
+ * end's composition (tpk__compose_linear_fwd, tpk/op.h: gemm + bias_add + act_fwd through this
+ * table; the same result). */
 static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                                   int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "cuda.linear_fwd";
@@ -859,18 +860,14 @@ static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *
         tpk_status s = gemm_run(ctx, fn, st, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt, dt, epi, bias, pre);
         if (s != TPK_ERR_UNSUPPORTED) return s;
     }
-    void *u = act != TPK_ACT_NONE ? pre : y; /* the composed path */
-    TPK_TRY(cuda_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, u, n, dt));
-    if (bias) TPK_TRY(cuda_bias_add(ctx, u, bias, T, n, dt));
-    if (act != TPK_ACT_NONE) TPK_TRY(cuda_act_fwd(ctx, act, y, u, dt, (size_t)T * (size_t)n));
-    return TPK_OK;
+    return tpk__compose_linear_fwd(ctx, y, pre, x, w, bias, T, n, k, act, dt);
 }
 
 /* du = (dy W) act'(pre), db = colsum(du): one cuBLASLt call with the DGELU(_BGRAD) epilogue, which
  * reads the pre-activation the forward's GELU_AUX epilogue kept (aux, D's shape: [T, n] row-major
  * is cuBLASLt's column-major [n, T]; the bias gradient, one value per row of D, is per feature);
- * where cuBLASLt has no fused algorithm (or the activation has no epilogue), gemm + act_bwd +
- * bias_grad (the same result). */
+ * where cuBLASLt has no fused algorithm (or the activation has no epilogue), the front end's
+ * composition (tpk__compose_linear_bwd_act: gemm + act_bwd + bias_grad; the same result). */
 static tpk_status cuda_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
                                       int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "cuda.linear_bwd_act";
@@ -880,9 +877,7 @@ static tpk_status cuda_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const vo
                                 const_cast<void *>(pre));
         if (s != TPK_ERR_UNSUPPORTED) return s;
     }
-    TPK_TRY(cuda_gemm(ctx, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt));
-    TPK_TRY(cuda_act_bwd(ctx, act, du, pre, du, dt, (size_t)T * (size_t)n));
-    return db ? cuda_bias_grad(ctx, db, du, T, n, dt, dt, false) : TPK_OK;
+    return tpk__compose_linear_bwd_act(ctx, du, db, dy, w, pre, T, n, k, act, dt);
 }
 
 /* ---- the table ---------------------------------------------------------------------------------------------- */

@@ -1,5 +1,5 @@
 /* kernels/cuda/ops_cuda_layers.cu — the transformer-layer ops of the CUDA backend (contracts in
- * tpk/ops.h, reference in kernels/host/ops_host_layers.c): dropout, layernorm and RMSNorm,
+ * tpk/ops.h, reference in kernels/host/): dropout, layernorm and RMSNorm,
  * rotary embeddings, SwiGLU, embedding, the cross-entropy pieces and flash-style causal attention
  * (grouped-query: a key/value head shared by several query heads read in place).
  *

@@ -41,7 +41,16 @@ static inline tpk_status tpk__host_nomem(tpk_ctx *ctx, const char *fn, size_t by
 }
 
 
-/* The layer ops (ops_host_layers.c) fill their entries of the table. */
-void tpk__host_layer_ops(tpk_ops *ops);
+/* Each file of the backend fills its entries of the table (table.c). */
+void tpk__host_state_ops(tpk_ops *o);
+void tpk__host_elementwise_ops(tpk_ops *o);
+void tpk__host_gemm_ops(tpk_ops *o);
+void tpk__host_optim_ops(tpk_ops *o);
+void tpk__host_rng_ops(tpk_ops *o);
+void tpk__host_norm_ops(tpk_ops *o);
+void tpk__host_rope_swiglu_ops(tpk_ops *o);
+void tpk__host_embed_ops(tpk_ops *o);
+void tpk__host_xent_ops(tpk_ops *o);
+void tpk__host_attn_ops(tpk_ops *o);
 
 #endif

@@ -226,7 +226,7 @@ static void test_linear_fwd(tpk_dtype dt) {
             pair_poison(&cd, &y), pair_poison(&cd, &pre);
             char what[64];
             snprintf(what, sizeof what, "linear_fwd gelu=%d bias=%d", gelu, bias);
-            CHECK_OK(&ch, ch.ops->linear_fwd(&ch, y.h, pre.h, x.h, w.h, bias ? b.h : NULL, T, n, k, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
+            CHECK_OK(&ch, tpk_op_linear_fwd(&ch, y.h, pre.h, x.h, w.h, bias ? b.h : NULL, T, n, k, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
             CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w.d, bias ? b.d : NULL, T, n, k, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
             pair_check(&cd, &y, tol_for(dt, TOL_SUM), what);
             if (gelu) pair_check(&cd, &pre, tol_for(dt, TOL_SUM), "linear_fwd pre-activation");
@@ -245,14 +245,14 @@ static void test_linear_bwd_act(tpk_dtype dt) {
         int64_t T = 67, n = 96, k = 80; /* the MLP's shapes: n = F_r, k = H */
         pair x = pair_randn(&cd, (size_t)(T * k), dt, 70, 1.0f), w1 = pair_randn(&cd, (size_t)(n * k), dt, 71, 0.2f), b1 = pair_randn(&cd, (size_t)n, dt, 72, 1.0f);
         pair y = pair_from(&cd, NULL, (size_t)(T * n), dt), pre = pair_from(&cd, NULL, (size_t)(T * n), dt);
-        CHECK_OK(&ch, ch.ops->linear_fwd(&ch, y.h, pre.h, x.h, w1.h, b1.h, T, n, k, TPK_ACT_GELU_TANH, dt));
+        CHECK_OK(&ch, tpk_op_linear_fwd(&ch, y.h, pre.h, x.h, w1.h, b1.h, T, n, k, TPK_ACT_GELU_TANH, dt));
         CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w1.d, b1.d, T, n, k, TPK_ACT_GELU_TANH, dt));
         pair_sync_down(&cd, &pre); /* both sides from the same pre-activation (the host's) */
         pair dy = pair_randn(&cd, (size_t)(T * k), dt, 73, 1.0f), w2 = pair_randn(&cd, (size_t)(k * n), dt, 74, 0.2f);
         for (int with_db = 0; with_db < 2; with_db++) {
             pair du = pair_from(&cd, NULL, (size_t)(T * n), dt), db = pair_from(&cd, NULL, (size_t)n, dt);
             pair_poison(&cd, &du), pair_poison(&cd, &db);
-            CHECK_OK(&ch, ch.ops->linear_bwd_act(&ch, du.h, with_db ? db.h : NULL, dy.h, w2.h, pre.h, T, n, k, TPK_ACT_GELU_TANH, dt));
+            CHECK_OK(&ch, tpk_op_linear_bwd_act(&ch, du.h, with_db ? db.h : NULL, dy.h, w2.h, pre.h, T, n, k, TPK_ACT_GELU_TANH, dt));
             CHECK_OK(&cd, cd.ops->linear_bwd_act(&cd, du.d, with_db ? db.d : NULL, dy.d, w2.d, pre.d, T, n, k, TPK_ACT_GELU_TANH, dt));
             pair_check(&cd, &du, tol_for(dt, TOL_SUM), with_db ? "linear_bwd_act du (with db)" : "linear_bwd_act du");
             if (with_db) pair_check(&cd, &db, tol_for(dt, TOL_SUM), "linear_bwd_act db");
@@ -339,7 +339,7 @@ static void test_residual_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
         pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 67, 1.0f), b = pair_randn(&cd, (size_t)cols, TPK_F32, 68, 1.0f);
         pair m = pair_from(&cd, NULL, (size_t)rows, TPK_F32), rs = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
         pair_poison(&cd, &x1), pair_poison(&cd, &y), pair_poison(&cd, &m), pair_poison(&cd, &rs);
-        CHECK_OK(&ch, ch.ops->residual_layernorm_fwd(&ch, x1.h, y.h, (float *)m.h, (float *)rs.h, x.h, r.h, (const float *)w.h, (const float *)b.h, rows, cols, 1e-5f, dt));
+        CHECK_OK(&ch, tpk_op_residual_layernorm_fwd(&ch, x1.h, y.h, (float *)m.h, (float *)rs.h, x.h, r.h, (const float *)w.h, (const float *)b.h, rows, cols, 1e-5f, dt));
         CHECK_OK(&cd, cd.ops->residual_layernorm_fwd(&cd, x1.d, y.d, (float *)m.d, (float *)rs.d, x.d, r.d, (const float *)w.d, (const float *)b.d, rows, cols, 1e-5f, dt));
         pair_check(&cd, &x1, tol_for(dt, TOL_SAME), "x1 = x + r");
         pair_check(&cd, &y, tol_for(dt, TOL_SUM), "y");
