@@ -110,7 +110,7 @@ cuda-check: $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH) $(B)/
 # launch configuration the code uses, and for the tensor-core attention kernels SASS instructions and
 # shared-memory bytes per HMMA in the main loop; fails on any figure past its limit in the budget.
 # Reads the objects (and ptxas's log beside them) that cuda-check builds: nothing is compiled twice.
-CUDA_REPORT_OBJ = $(B)/cuda/ops_cuda.o $(B)/cuda/ops_cuda_layers.o
+CUDA_REPORT_OBJ = $(filter-out $(B)/cuda/comm_%,$(CUDA_OBJ))
 cuda-report: $(if $(HAVE_CUDA),$(CUDA_REPORT_OBJ:.o=.res.txt))
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-report: nvcc not found: nothing to report"; exit 1; fi
 	$(PYTHON) tools/cuda_report.py --budget tools/cuda-budget.txt --nvcc $(NVCC) --workdir $(B)/cuda-report \
@@ -139,7 +139,7 @@ $(B)/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) $(B)/libtpk_host.a
 # gcc 12 at -O1 with sanitizers (make test-sanitize) warns of a maybe-uninitialized buffer in
 # gpu_test.h's pair_randn, which test_randn fills, hence -Wno-maybe-uninitialized for ops.c.
 EMU       = tests/gpu/emu
-EMU_CU    = ops_cuda ops_cuda_layers comm_self_cuda comm_nccl
+EMU_CU    = $(CUDA_SRC:kernels/cuda/%.cu=%)
 EMU_OBJ   = $(EMU_CU:%=$(B)/emu/%.o) $(B)/emu/runtime.o $(B)/emu/cublaslt.o
 EMU_HDRS  = $(wildcard $(EMU)/*.h) $(EMU)/cub/device/device_radix_sort.cuh
 EMU_CXX   = $(CXX) -std=c++17 -Wall -Wextra -Werror -fno-strict-aliasing -pthread $(CFLAGS) $(CPPFLAGS) -I$(EMU) -DTPK_NO_NCCL -DTPK_FLASH_EMU

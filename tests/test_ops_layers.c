@@ -1,4 +1,4 @@
-/* tests/test_ops_layers.c — the layer ops of the host backend (kernels/host/ops_host_layers.c)
+/* tests/test_ops_layers.c — the layer ops of the host backend (kernels/host/)
  * against references written here in double precision (naive loops, never the op under test).
  *
  * Every op runs on random inputs (test_randn) into outputs poisoned with NaN, so an element the

@@ -27,7 +27,7 @@ Launch configuration, taken from the code, not written by hand:
                 the function the launchers pass to <<<>>> and to cudaFuncSetAttribute, evaluated by
                 a small host program compiled against flash.cuh (its source is LAUNCH_PROBE below,
                 which also names which kernel gets which of the function's cases, as
-                ops_cuda_layers.cu's launchers do); for other kernels the third launch argument
+                attn.cu's launchers do); for other kernels the third launch argument
                 where it is a constant; else unknown ("?", and blocks/SM then counts static shared
                 memory only, printed as "<=N").
 

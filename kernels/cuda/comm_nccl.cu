@@ -7,8 +7,8 @@
  *           host goes on: the collective joins the communicator's list of pending ones. So
  *           collectives overlap with compute, and a training step does not stop the host at each
  *           one. Failures are caught by a watchdog that runs at every wait and at every host
- *           synchronisation of the CUDA backend (tpk__cuda_event_wait polls while communicators
- *           are alive): finished collectives leave the list; NCCL's asynchronous error, or a
+ *           synchronisation of the CUDA backend (tpk__cuda_event_wait polls and calls the wait
+ *           hook this file registers while communicators are alive): finished collectives leave the list; NCCL's asynchronous error, or a
  *           collective unfinished timeout_s after it started, aborts the communicator
  *           (ncclCommAbort) and that wait or synchronisation returns TPK_ERR_COMM — a bounded
  *           failure, never a hang. tpk_nccl_desc.blocking_wait: the host waits at each tpk_wait
@@ -123,11 +123,9 @@ static tpk_status nccl_check(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     return m->npend ? nccl_timed_out(ctx, fn, m, m->pend[m->head].t0) : TPK_OK;
 }
 
-bool tpk__nccl_live(void) {
-    std::lock_guard<std::mutex> lock(g_live_mu);
-    return g_live != NULL;
-}
-tpk_status tpk__nccl_watch(tpk_ctx *ctx, const char *fn) {
+/* The watchdog over every live communicator: the CUDA backend's wait hook while any is alive
+ * (registered and cleared with the list, under g_live_mu). */
+static tpk_status nccl_watch(tpk_ctx *ctx, const char *fn) {
     std::lock_guard<std::mutex> lock(g_live_mu);
     for (nccl_impl *m = g_live; m; m = m->next) TPK_TRY(nccl_check(ctx, fn, m));
     return TPK_OK;
@@ -287,6 +285,7 @@ static void nccl_destroy(tpk_comm *c) {
                 *p = m->next;
                 break;
             }
+        if (!g_live) tpk__cuda_set_wait_hook(NULL);
     }
     if (!m->aborted) {
         cudaStreamSynchronize(m->stream);
@@ -351,6 +350,7 @@ static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, doubl
     out->vt = nccl_vtable(), out->impl = m, out->rank = rank, out->size = size, out->device = true;
     std::lock_guard<std::mutex> lock(g_live_mu); /* on the watchdog's list */
     m->next = g_live, g_live = m;
+    tpk__cuda_set_wait_hook(nccl_watch);
     return TPK_OK;
 }
 
@@ -385,11 +385,6 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
 
 #else /* a build without NCCL */
 
-bool tpk__nccl_live(void) { return false; }
-tpk_status tpk__nccl_watch(tpk_ctx *ctx, const char *fn) {
-    (void)ctx, (void)fn;
-    return TPK_OK;
-}
 
 extern "C" tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id) {
     (void)id;

@@ -53,15 +53,15 @@ enum { TPK__CUDA_UPLOAD_SLOTS = 8 };
 /* The host waits for the compute stream: every such wait of the backend goes through here and
  * is counted (tpk_cuda_sync_count, tpk/cuda.h). */
 tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st);
-/* The host waits until `ev` has passed. While NCCL communicators are alive it polls and runs their
- * watchdog (tpk__nccl_watch) meanwhile, so a collective that never finishes ends the wait with
- * TPK_ERR_COMM (its communicator aborted) after the communicator's timeout instead of hanging. */
+/* The host waits until `ev` has passed. While a wait hook is registered it polls and runs the hook
+ * meanwhile, so a collective that never finishes ends the wait with the hook's error (TPK_ERR_COMM,
+ * its communicator aborted) after the communicator's timeout instead of hanging. */
 tpk_status tpk__cuda_event_wait(tpk_ctx *ctx, const char *fn, cudaEvent_t ev);
-/* The NCCL communicators' watchdog (comm_nccl.cu): for each live one, its finished collectives
- * released, NCCL's asynchronous error checked and the oldest unfinished collective's age compared
- * with the timeout (then the communicator is aborted: TPK_ERR_COMM). tpk__nccl_live: any alive. */
-tpk_status tpk__nccl_watch(tpk_ctx *ctx, const char *fn);
-bool tpk__nccl_live(void);
+/* The wait hook: a communicator that can leave a host wait hanging (comm_nccl.cu: its watchdog)
+ * registers one while any of its communicators are alive and clears it (NULL) when none is left.
+ * The backend calls it and never names a communicator: no call cycle between the .cu files. */
+typedef tpk_status (*tpk__cuda_wait_hook)(tpk_ctx *ctx, const char *fn);
+void tpk__cuda_set_wait_hook(tpk__cuda_wait_hook hook);
 /* cudaEventQuery that leaves no cudaErrorNotReady behind as the thread's last error (the launch
  * checks read it) */
 static inline cudaError_t tpk__event_query(cudaEvent_t ev) {
@@ -74,6 +74,8 @@ static inline cudaError_t tpk__event_query(cudaEvent_t ev) {
 tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn);
 /* A scratch buffer of at least `bytes` on the state's stream (valid until the next call). */
 tpk_status tpk__cuda_scratch(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, size_t bytes, void **out);
+/* whether f32 GEMMs may use TF32 (tpk_cuda_allow_tf32) */
+bool tpk__cuda_tf32(void);
 
 static inline tpk_status tpk__cuda_err(tpk_ctx *ctx, const char *fn, const char *what, cudaError_t e) {
     return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -225,8 +227,17 @@ __device__ __forceinline__ float tpk__block_max(float v, float *sh /* [32] */) {
     return tpk__warp_max(v);
 }
 
-/* The layer ops (ops_cuda_layers.cu) fill their entries of the table. */
-void tpk__cuda_layer_ops(tpk_ops *ops);
+/* Each file of the backend fills its entries of the table (table.cu). */
+void tpk__cuda_state_ops(tpk_ops *o);
+void tpk__cuda_elementwise_ops(tpk_ops *o);
+void tpk__cuda_gemm_ops(tpk_ops *o);
+void tpk__cuda_optim_ops(tpk_ops *o);
+void tpk__cuda_rng_ops(tpk_ops *o);
+void tpk__cuda_norm_ops(tpk_ops *o);
+void tpk__cuda_rope_swiglu_ops(tpk_ops *o);
+void tpk__cuda_embed_ops(tpk_ops *o);
+void tpk__cuda_xent_ops(tpk_ops *o);
+void tpk__cuda_attn_ops(tpk_ops *o);
 
 /* Column sums over row chunks, deterministic (no atomics): part[c][k][j] = sum over rows i of
  * chunk c (crows rows, TPK__COLSUM_ROWS unless given) of f(i, j)[k] (NOUT outputs per element), then

@@ -1,6 +1,6 @@
 /* kernels/cuda/flash.cuh — causal attention on tensor cores: FlashAttention-2 (Dao, 2023) with
  * bf16 storage, f32 accumulation and mma.sync m16n8k16 (sm_80 and later), head dims 64 and 128.
- * Included by ops_cuda_layers.cu, which keeps the generic kernels for f32 and other head dims.
+ * Included by attn.cu, which keeps the generic kernels for f32 and other head dims.
  *
  * Layouts (the op's contract, tpk/ops.h): qkv [B, S, Al + 2 Gl, D] (grouped-query: A query heads
  * over G key/value heads; the local query head h reads local key/value head kv(h) =

@@ -1,8 +1,8 @@
 # tests/gpu/emulate.py — CPU-side checks of the CUDA backend's index arithmetic, without a GPU:
-# the tiling of the flash-style attention kernels (kernels/cuda/ops_cuda_layers.cu: attn_fwd_kernel,
+# the tiling of the flash-style attention kernels (kernels/cuda/attn.cu: attn_fwd_kernel,
 # attn_dq_kernel, attn_dkv_kernel, lanes and warps written as loops, causal bounds, dropout keep
 # factors, S not a multiple of the tile) against dense attention, and the row-major -> column-major
-# operand mapping of cuda_gemm (kernels/cuda/ops_cuda.cu) and the indexing of its tiled fallback kernel
+# operand mapping of cuda_gemm (kernels/cuda/gemm.cu) and the indexing of its tiled fallback kernel
 # (gemm_fallback_kernel) for every transpose and padded strides, and the chunked column sums of
 # bias_grad / layernorm_bwd (colsum_partial_kernel, blocks striding over more chunks than gridDim.y).
 # Run: python3 tests/gpu/emulate.py (needs numpy); make cuda-check runs it where numpy is present.

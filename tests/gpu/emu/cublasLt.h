@@ -3,7 +3,7 @@
  * cuBLASLt's), the heuristic and cublasLtMatmul, implemented in cublaslt.cpp as plain loops that
  * accumulate in double, independently of the host backend. Column-major layouts (ORDER_COL), one
  * batch, f32 or bf16 A, B, C, D with f32 scaling, or bf16 A, B with f32 C, D (gemm_acc); epilogues
- * DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS (what kernels/cuda/ops_cuda.cu sets);
+ * DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS (what kernels/cuda/gemm.cu sets);
  * anything else is CUBLAS_STATUS_NOT_SUPPORTED. */
 #ifndef TPK_EMU_CUBLASLT_H
 #define TPK_EMU_CUBLASLT_H
