@@ -255,6 +255,28 @@ int main(int argc, char **argv) {
         }
         tpk_comm_destroy(&pair);
     }
+    TEST_CASE("a world whose vtable lacks an entry is refused, naming it (TPK__COMM_ENTRIES)") {
+        static const char *names[] = {"allreduce", "allgatherv", "reduce_scatterv", "bcast", "barrier", "wait", "split"};
+        for (int e = 0; e < 7; e++) {
+            tpk_comm_vtable vt = *world.vt;
+            switch (e) { /* the entry's function pointer, set to NULL */
+            case 0: vt.allreduce = NULL; break;
+            case 1: vt.allgatherv = NULL; break;
+            case 2: vt.reduce_scatterv = NULL; break;
+            case 3: vt.bcast = NULL; break;
+            case 4: vt.barrier = NULL; break;
+            case 5: vt.wait = NULL; break;
+            case 6: vt.split = NULL; break;
+            }
+            tpk_comm holed = world;
+            holed.vt = &vt;
+            tpk_ctx bad;
+            char want[96];
+            snprintf(want, sizeof want, "desc->world: the communicator \"mpi\" has no %s entry", names[e]);
+            CHECK_FAILS(&bad, tpk_ctx_init(&bad, &(tpk_ctx_desc){.world = &holed, .tp = np}), TPK_ERR_ARG, want);
+            tpk_ctx_destroy(&bad);
+        }
+    }
     free(a), free(b), free(want);
     tpk_ctx_destroy(&ctx);
     tpk_comm_destroy(&world);

@@ -66,6 +66,21 @@ typedef struct tpk_comm_vtable {
     void (*destroy)(tpk_comm *c);
 } tpk_comm_vtable;
 
+/* The vtable's required entries in its order (X(entry) each): each implementation fills its table
+ * with TPK__COMM_TABLE(prefix), prefix##allreduce, ..., prefix##split, then its destroy (NULL: nothing
+ * to free), so an entry is named in one place; tpk_ctx_init refuses a world whose vtable lacks one
+ * of them (tpk__comm_missing), naming it. */
+#define TPK__COMM_ENTRIES(X) X(allreduce) X(allgatherv) X(reduce_scatterv) X(bcast) X(barrier) X(wait) X(split)
+#define TPK__COMM_TABLE(prefix) prefix##allreduce, prefix##allgatherv, prefix##reduce_scatterv, prefix##bcast, prefix##barrier, prefix##wait, prefix##split
+static inline const char *tpk__comm_missing(const tpk_comm_vtable *vt) {
+    if (!vt->name) return "name";
+#define TPK__COMM_MISSING(e) \
+    if (!vt->e) return #e;
+    TPK__COMM_ENTRIES(TPK__COMM_MISSING)
+#undef TPK__COMM_MISSING
+    return "";
+}
+
 struct tpk_comm {
     const tpk_comm_vtable *vt;
     void *impl;

@@ -62,7 +62,7 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          "and none is linked (link libtpk_host.a with -Wl,-u,tpk_ops_default)");
     const char *missing = tpk__ops_missing(ctx->ops);
     if (missing[0]) {
-        tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: the table \"%s\" has no %s entry (every entry of tpk_ops is required)",
+        tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: the table \"%s\" has no %s entry (the core entries of tpk_ops, TPK__OPS_CORE, are required)",
                   ctx->ops->name ? ctx->ops->name : "?", missing);
         ctx->ops = NULL;
         return TPK_ERR_ARG;
@@ -71,6 +71,8 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
         return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "desc->dtype: expected TPK_F32 or TPK_BF16, got %s", tpk_dtype_name(d.dtype));
     if (!d.world) ctx->self_world = tpk_comm_self(ctx->ops->device), d.world = &ctx->self_world;
     if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised communicator");
+    const char *cmiss = tpk__comm_missing(d.world->vt);
+    if (*cmiss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: the communicator \"%s\" has no %s entry", d.world->vt->name ? d.world->vt->name : "?", cmiss);
     ctx->world = d.world;
     int tp = d.tp ? d.tp : 1, n = d.world->size;
     if (tp < 1 || tp > n || n % tp)

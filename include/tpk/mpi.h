@@ -324,8 +324,7 @@ static inline tpk_status tpk__mpi_split(tpk_ctx *ctx, tpk_comm *c, int color, in
 }
 
 static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
-    static const tpk_comm_vtable vt = {"mpi", tpk__mpi_allreduce, tpk__mpi_allgatherv, tpk__mpi_reduce_scatterv,
-                                       tpk__mpi_bcast, tpk__mpi_barrier, tpk__mpi_wait, tpk__mpi_split, tpk__mpi_destroy};
+    static const tpk_comm_vtable vt = {"mpi", TPK__COMM_TABLE(tpk__mpi_), tpk__mpi_destroy};
     return &vt;
 }
 

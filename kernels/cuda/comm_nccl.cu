@@ -311,8 +311,7 @@ static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
 }
 
 static const tpk_comm_vtable *nccl_vtable(void) {
-    static const tpk_comm_vtable vt = {"nccl",    nccl_allreduce, nccl_allgatherv, nccl_reduce_scatterv, nccl_bcast,
-                                       nccl_barrier, nccl_wait,   nccl_split,      nccl_destroy};
+    static const tpk_comm_vtable vt = {"nccl", TPK__COMM_TABLE(nccl_), nccl_destroy};
     return &vt;
 }
 

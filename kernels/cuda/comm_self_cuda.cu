@@ -46,8 +46,7 @@ static tpk_status self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
 }
 
 extern "C" tpk_comm tpk_comm_self_cuda(void) {
-    static const tpk_comm_vtable vt = {"cuda self", self_allreduce, self_allgatherv, self_reduce_scatterv, self_bcast,
-                                       self_barrier,  self_wait,     self_split,      NULL};
+    static const tpk_comm_vtable vt = {"cuda self", TPK__COMM_TABLE(self_), NULL};
     tpk_comm c;
     memset(&c, 0, sizeof c);
     c.vt = &vt, c.rank = 0, c.size = 1, c.device = true;
