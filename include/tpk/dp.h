@@ -3,7 +3,7 @@
  * runs; micro-steps of gradient accumulation do no DP communication.
  *
  *   tpk_dp_begin(ctx, b, last)   before a micro-step's backward; last = the step's last micro-batch
- *   tpk_dp_grad_ready            the model's grad_ready hook (tpk_gpt2.grad_ready, user = b):
+ *   tpk_dp_grad_ready            the model's grad_ready hook (tpk_gpt2.lm.grad_ready, user = b):
  *                                on the last micro-batch, starts the all-reduce of the gradients of
  *                                parameters first..last (contiguous in the flat buffer)
  *   tpk_dp_finish(ctx, b)        waits for every bucket; the gradients are then the DP sums, the

@@ -24,12 +24,9 @@
 #define TPK_GPT2_H
 
 #include "attn.h"
-#include "embed.h"
+#include "lm.h"
 #include "mlp.h"
 #include "norm.h"
-#include "recompute.h"
-#include "resid.h"
-#include "xent.h"
 
 /* ---- block ----------------------------------------------------------------------------------- */
 
@@ -201,45 +198,35 @@ typedef struct tpk_gpt2 {
     tpk_embedding wte;      /* wte and wpe */
     tpk_gpt2_block *h;      /* [L] */
     tpk_layernorm ln_f;
+    int head_w;             /* the LM head's weight: wte's id (tied) */
     tpk_linear lm_head;     /* column linear over wte's shard (tied) */
     tpk_xent ce;
-    int64_t B, S;
     tpk_dropout drop;       /* on the embedding's output ("drop") */
     tpk_tensor logits;      /* S(-1) [B S, Vp] of the last forward (gradient after backward); Vp =
                                wte.Vp >= V, the columns >= V padding (zero logits, not part of the
                                softmax: tpk_sample_logits takes V) */
-    bool have_loss;
-    /* Optional: called by tpk_gpt2_backward each time the gradients of parameters first..last
-     * (ids) are final for this backward — ln_f, then each block from the last, then wte and wpe
-     * (wte last: the tied head also feeds it) — so a trainer can start their data-parallel
-     * reduction while the rest of the backward runs. A failing status stops the backward. */
-    tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
-    void *grad_ready_user;
-    tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and the pools blocks borrow from */
+    tpk_lm lm;              /* the skeleton's state (tpk/lm.h): its grad_ready hook is called with
+                               ln_f, then each block from the last, then wte and wpe */
 } tpk_gpt2;
 
-/* The blocks as a stack (tpk/recompute.h). */
-static inline tpk_status tpk__gpt2_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x, tpk_tensor *y) {
-    tpk_gpt2 *g = (tpk_gpt2 *)m;
-    return tpk_gpt2_block_forward(ctx, &g->h[i], x, g->B, g->S, y);
+/* GPT-2 as a family of the skeleton (tpk/lm.h). */
+static inline tpk_status tpk__gpt2_lm_block_init(tpk_ctx *ctx, void *b, int64_t H, const char *name, const void *cfg) {
+    const tpk_gpt2_config *c = (const tpk_gpt2_config *)cfg;
+    tpk_gpt2_block_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.name = name, bd.heads = c->heads, bd.dropout = c->dropout, bd.ln_eps = c->ln_eps, bd.sequence_parallel = c->sequence_parallel;
+    bd.init_std = c->init_std, bd.proj_init_std = c->init_std / sqrtf(2.0f * (float)c->layers);
+    return tpk_gpt2_block_init(ctx, (tpk_gpt2_block *)b, H, &bd);
 }
-static inline tpk_status tpk__gpt2_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
-    return tpk__gpt2_block_backward(ctx, &((tpk_gpt2 *)m)->h[i], dy, dx, true); /* the stack's gradient buffer, in place */
+TPK__LM_ADAPTERS(gpt2, tpk_gpt2_block, layernorm, b)
+static inline tpk__lm_parts tpk__gpt2_lm(tpk_gpt2 *m) {
+    static const tpk_lm_family family = TPK__LM_FAMILY_ROW(gpt2, tpk_gpt2_block, "wte.weight", "wpe.weight", "h", "ln_f", "lm_head.weight");
+    tpk__lm_parts p = {&family, &m->lm, m->c.layers, m->c.recompute, &m->wte, &m->drop, m->h, &m->ln_f, &m->head_w, &m->lm_head, &m->ce, &m->logits};
+    return p;
 }
-static inline tpk_status tpk__gpt2_ready(tpk_ctx *ctx, void *m, int64_t i) {
-    tpk_gpt2 *g = (tpk_gpt2 *)m;
-    return g->grad_ready ? g->grad_ready(ctx, g->h[i].p0, g->h[i].p1, g->grad_ready_user) : TPK_OK;
-}
+
+/* Block i's buffers of one recompute set (the tests check that the pools hold them). */
 static inline int tpk__gpt2_bufs(void *m, int64_t i, int set, tpk_buf **o) { return tpk__gpt2_block_bufs(&((tpk_gpt2 *)m)->h[i], set, o); }
-static inline tpk_status tpk__gpt2_recompute(tpk_ctx *ctx, void *m, int64_t i) { return tpk__gpt2_block_recompute(ctx, &((tpk_gpt2 *)m)->h[i]); }
-static inline tpk__stack tpk__gpt2_stack(tpk_gpt2 *m) {
-    tpk__stack st;
-    memset(&st, 0, sizeof st);
-    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.b = &m->rc;
-    st.fwd = tpk__gpt2_fwd, st.bwd = tpk__gpt2_bwd, st.ready = tpk__gpt2_ready;
-    st.bufs = tpk__gpt2_bufs, st.recompute = tpk__gpt2_recompute;
-    return st;
-}
 
 static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_init";
@@ -248,59 +235,24 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
     memset(m, 0, sizeof *m);
     tpk_gpt2_config c = *cfg;
-    if (c.layers < 1 || c.layers > 100000) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->layers: expected 1..100000, got %lld", (long long)c.layers);
-    if (c.positions < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got %lld", (long long)c.positions);
-    if (c.heads < 1 || c.hidden < 1 || c.hidden % c.heads)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of cfg->heads = %lld, got %lld", (long long)c.heads,
-                         (long long)c.hidden);
+    TPK_TRY(tpk__lm_check_shape(ctx, fn, c.layers, c.positions, c.hidden, c.heads));
     if (!(c.dropout >= 0.0f && c.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->dropout: expected 0 <= p < 1, got %g", (double)c.dropout);
-    if ((unsigned)c.recompute >= (unsigned)TPK_RECOMPUTE_COUNT)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE, _SELECTIVE or _FULL, got %d", (int)c.recompute);
+    TPK_TRY(tpk__lm_check_recompute(ctx, fn, c.recompute));
     if (c.init_std <= 0) c.init_std = 0.02f;
     m->c = c;
-    TPK_TRY(tpk__stack_bufs_init(ctx, fn, &m->rc, c.layers));
-    bool sp = c.sequence_parallel;
-    tpk_embedding_desc ed;
-    memset(&ed, 0, sizeof ed);
-    ed.wte_name = "wte.weight", ed.wpe_name = "wpe.weight", ed.sequence_parallel = sp, ed.init_std = c.init_std;
-    ed.vocab_multiple = c.vocab_multiple == 0 ? 64 : c.vocab_multiple < 0 ? 0 : c.vocab_multiple;
-    TPK_TRY(tpk_embedding_init(ctx, &m->wte, c.vocab, c.positions, c.hidden, &ed));
-    m->h = (tpk_gpt2_block *)calloc((size_t)c.layers, sizeof *m->h);
-    if (!m->h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
-    for (int64_t i = 0; i < c.layers; i++) {
-        char n[32];
-        snprintf(n, sizeof n, "h.%lld", (long long)i);
-        tpk_gpt2_block_desc bd;
-        memset(&bd, 0, sizeof bd);
-        bd.name = n, bd.heads = c.heads, bd.dropout = c.dropout, bd.ln_eps = c.ln_eps, bd.sequence_parallel = sp;
-        bd.init_std = c.init_std, bd.proj_init_std = c.init_std / sqrtf(2.0f * (float)c.layers);
-        TPK_TRY(tpk_gpt2_block_init(ctx, &m->h[i], c.hidden, &bd));
-    }
-    tpk_layernorm_desc lnd;
-    memset(&lnd, 0, sizeof lnd);
-    lnd.name = "ln_f", lnd.eps = c.ln_eps, lnd.sequence_parallel = sp;
-    TPK_TRY(tpk_layernorm_init(ctx, &m->ln_f, c.hidden, &lnd));
-    tpk_linear_desc hd; /* the tied LM head: a column linear over wte's vocabulary shard */
-    memset(&hd, 0, sizeof hd);
-    hd.name = "lm_head", hd.weight = m->wte.wte + 1, hd.sequence_parallel = sp, hd.unit = tpk_tp_vocab_unit(ctx, m->wte.Vp);
-    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, m->wte.Vp, &hd));
-    tpk_dropout_desc dd;
-    memset(&dd, 0, sizeof dd);
-    dd.name = "drop", dd.p = c.dropout;
-    TPK_TRY(tpk_dropout_init(ctx, &m->drop, &dd));
-    tpk_xent_desc xd;
-    memset(&xd, 0, sizeof xd);
-    xd.label_smoothing = c.label_smoothing, xd.padded_vocab = m->wte.Vp;
-    return tpk_xent_init(ctx, &m->ce, c.vocab, &xd);
+    tpk__lm_dims d = {c.vocab, c.positions, c.layers, c.hidden, c.vocab_multiple, c.label_smoothing, c.init_std, c.ln_eps, c.dropout, c.sequence_parallel, true};
+    tpk__lm_parts p = tpk__gpt2_lm(m);
+    void *h = NULL;
+    tpk_status s = tpk__lm_init(ctx, fn, &p, &h, &d, &m->c);
+    m->h = (tpk_gpt2_block *)h;
+    return s;
 }
 
 static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
-    tpk_embedding_destroy(ctx, &m->wte);
-    for (int64_t i = 0; m->h && i < m->c.layers; i++) tpk_gpt2_block_destroy(ctx, &m->h[i]);
-    free(m->h), m->h = NULL;
-    tpk__stack_bufs_free(ctx, &m->rc, m->c.layers);
-    tpk_layernorm_destroy(ctx, &m->ln_f), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
-    tpk_dropout_destroy(ctx, &m->drop);
+    tpk__lm_parts p = tpk__gpt2_lm(m);
+    void *h = m->h;
+    tpk__lm_destroy(ctx, &p, &h);
+    m->h = NULL;
 }
 
 /* Set the dropout probability of every dropout site (0 for evaluation and sampling). */
@@ -319,48 +271,15 @@ static inline void tpk_gpt2_set_dropout(tpk_gpt2 *m, float p) {
  * (S(-1) [B S, V_r]); loss is then not touched. */
 static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S,
                                           float *loss) {
-    static const char *fn = "tpk_gpt2_forward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
-    TPK_TRY(tpk_xent_settle(ctx, &m->ce)); /* a deferred loss, before its logits are overwritten */
-    m->have_loss = false;
-    tpk_tensor x;
-    TPK_TRY(tpk_embedding_forward(ctx, &m->wte, ids, B, S, &x)); /* checks ids, S */
-    m->B = B, m->S = S;
-    TPK_TRY(tpk_dropout_forward(ctx, &m->drop, &x)); /* in place: the embedding does not keep its output */
-    tpk__stack st = tpk__gpt2_stack(m);
-    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or their GEMM outputs only, kept) */
-    TPK_TRY(tpk_layernorm_forward(ctx, &m->ln_f, x, &x));
-    TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, V_r] */
-    if (!targets) return TPK_OK;
-    /* loss = NULL: the loss is computed with its gradient by the backward (fused), or settled by the next forward or read */
-    TPK_TRY(loss ? tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss) : tpk_xent_forward_deferred(ctx, &m->ce, m->logits, targets));
-    m->have_loss = true;
-    return TPK_OK;
+    tpk__lm_parts p;
+    return tpk__lm_forward(ctx, "tpk_gpt2_forward", m && m->h ? (p = tpk__gpt2_lm(m), &p) : NULL, ids, targets, B, S, loss);
 }
 
 /* Accumulate the gradients of scale * (the loss of the last forward) into the flat gradient
  * buffer (zero it with tpk_params_zero_grad at the start of a step). */
 static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scale) {
-    static const char *fn = "tpk_gpt2_backward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
-    if (!m->have_loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward with targets first");
-    m->have_loss = false; /* the logits are overwritten by their gradient */
-    tpk_tensor g;
-    TPK_TRY(tpk_xent_backward(ctx, &m->ce, scale, &g));
-    TPK_TRY(tpk_col_linear_backward(ctx, &m->lm_head, g, &g)); /* into wte's gradient */
-    TPK_TRY(tpk_layernorm_backward(ctx, &m->ln_f, g, &g));
-    if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->ln_f.w, m->ln_f.b, m->grad_ready_user));
-    tpk__stack st = tpk__gpt2_stack(m);
-    TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its forward, or its cheap parts, again first) */
-    TPK_TRY(tpk_dropout_backward_inplace(ctx, &m->drop, &g)); /* g: block 0's input gradient, used only here */
-    TPK_TRY(tpk_embedding_backward(ctx, &m->wte, g));
-    if (m->grad_ready) {
-        int a = m->wte.wte, b = m->wte.wpe >= 0 ? m->wte.wpe : m->wte.wte;
-        TPK_TRY(m->grad_ready(ctx, a < b ? a : b, a < b ? b : a, m->grad_ready_user));
-    }
-    return TPK_OK;
+    tpk__lm_parts p;
+    return tpk__lm_backward(ctx, "tpk_gpt2_backward", m && m->h ? (p = tpk__gpt2_lm(m), &p) : NULL, scale);
 }
 
 #endif /* TPK_GPT2_H */

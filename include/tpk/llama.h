@@ -22,12 +22,9 @@
 #define TPK_LLAMA_H
 
 #include "attn.h"
-#include "embed.h"
+#include "lm.h"
 #include "mlp.h"
 #include "norm.h"
-#include "recompute.h"
-#include "resid.h"
-#include "xent.h"
 
 /* ---- block ----------------------------------------------------------------------------------- */
 
@@ -201,39 +198,26 @@ typedef struct tpk_llama {
     int head_w;             /* lm_head.weight's id (embed_tokens' when tied) */
     tpk_linear lm_head;
     tpk_xent ce;
-    int64_t B, S;
     tpk_tensor logits;      /* S(-1) [B S, Vp] of the last forward (gradient after backward) */
-    bool have_loss;
-    /* Optional, as tpk_gpt2's: called when the gradients of parameters first..last are final
-     * for this backward (lm_head when untied, norm, each layer from the last, embed_tokens). */
-    tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
-    void *grad_ready_user;
-    tpk__stack_bufs rc;      /* the stack's checkpoints (full recompute) and the pools blocks borrow from */
+    tpk_lm lm;              /* the skeleton's state (tpk/lm.h): its grad_ready hook is called with
+                               lm_head when untied, norm, each layer from the last, embed_tokens */
 } tpk_llama;
 
-/* The blocks as a stack (tpk/recompute.h). */
-static inline tpk_status tpk__llama_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x, tpk_tensor *y) {
-    tpk_llama *l = (tpk_llama *)m;
-    return tpk_llama_block_forward(ctx, &l->layers[i], x, l->B, l->S, y);
+/* Llama as a family of the skeleton (tpk/lm.h). */
+static inline tpk_status tpk__llama_lm_block_init(tpk_ctx *ctx, void *b, int64_t H, const char *name, const void *cfg) {
+    const tpk_llama_config *c = (const tpk_llama_config *)cfg;
+    tpk_llama_block_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.name = name, bd.heads = c->heads, bd.kv_heads = c->kv_heads, bd.ffn = c->ffn, bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps;
+    bd.sequence_parallel = c->sequence_parallel, bd.init_std = c->init_std;
+    return tpk_llama_block_init(ctx, (tpk_llama_block *)b, H, &bd);
 }
-static inline tpk_status tpk__llama_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
-    return tpk__llama_block_backward(ctx, &((tpk_llama *)m)->layers[i], dy, dx, true); /* the stack's gradient buffer, in place */
-}
-static inline tpk_status tpk__llama_ready(tpk_ctx *ctx, void *m, int64_t i) {
-    tpk_llama *l = (tpk_llama *)m;
-    return l->grad_ready ? l->grad_ready(ctx, l->layers[i].p0, l->layers[i].p1, l->grad_ready_user) : TPK_OK;
-}
-static inline int tpk__llama_bufs(void *m, int64_t i, int set, tpk_buf **o) { return tpk__llama_block_bufs(&((tpk_llama *)m)->layers[i], set, o); }
-static inline tpk_status tpk__llama_recompute(tpk_ctx *ctx, void *m, int64_t i) {
-    return tpk__llama_block_recompute(ctx, &((tpk_llama *)m)->layers[i]);
-}
-static inline tpk__stack tpk__llama_stack(tpk_llama *m) {
-    tpk__stack st;
-    memset(&st, 0, sizeof st);
-    st.m = m, st.L = m->c.layers, st.mode = m->c.recompute, st.b = &m->rc;
-    st.fwd = tpk__llama_fwd, st.bwd = tpk__llama_bwd, st.ready = tpk__llama_ready;
-    st.bufs = tpk__llama_bufs, st.recompute = tpk__llama_recompute;
-    return st;
+TPK__LM_ADAPTERS(llama, tpk_llama_block, rmsnorm, w)
+static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
+    static const tpk_lm_family family =
+        TPK__LM_FAMILY_ROW(llama, tpk_llama_block, "model.embed_tokens.weight", NULL, "model.layers", "model.norm", "lm_head.weight");
+    tpk__lm_parts p = {&family, &m->lm, m->c.layers, m->c.recompute, &m->embed, NULL, m->layers, &m->norm, &m->head_w, &m->lm_head, &m->ce, &m->logits};
+    return p;
 }
 
 /* Llama's default intermediate size for hidden H: 2/3 of 4 H, up to a multiple of 256. */
@@ -242,6 +226,9 @@ static inline int64_t tpk_llama_default_ffn(int64_t H) {
     return (f + 255) / 256 * 256;
 }
 
+/* Block i's buffers of one recompute set (the tests check that the pools hold them). */
+static inline int tpk__llama_bufs(void *m, int64_t i, int set, tpk_buf **o) { return tpk__llama_block_bufs(&((tpk_llama *)m)->layers[i], set, o); }
+
 static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_llama_config *cfg) {
     static const char *fn = "tpk_llama_init";
     if (!ctx) return TPK_ERR_ARG;
@@ -249,11 +236,7 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
     if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
     memset(m, 0, sizeof *m);
     tpk_llama_config c = *cfg;
-    if (c.layers < 1 || c.layers > 100000) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->layers: expected 1..100000, got %lld", (long long)c.layers);
-    if (c.positions < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got %lld", (long long)c.positions);
-    if (c.heads < 1 || c.hidden < 1 || c.hidden % c.heads)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of cfg->heads = %lld, got %lld", (long long)c.heads,
-                         (long long)c.hidden);
+    TPK_TRY(tpk__lm_check_shape(ctx, fn, c.layers, c.positions, c.hidden, c.heads));
     if (c.kv_heads == 0) c.kv_heads = c.heads;
     if (c.kv_heads < 1 || c.heads % c.kv_heads)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->kv_heads: expected a divisor of cfg->heads = %lld, got %lld", (long long)c.heads, (long long)c.kv_heads);
@@ -261,107 +244,45 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden / cfg->heads: rotary embeddings need an even head size, got %lld", (long long)(c.hidden / c.heads));
     if (c.ffn < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->ffn: expected >= 1 (0 = Llama's default), got %lld", (long long)c.ffn);
     if (!c.ffn) c.ffn = tpk_llama_default_ffn(c.hidden);
-    if ((unsigned)c.recompute >= (unsigned)TPK_RECOMPUTE_COUNT)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE, _SELECTIVE or _FULL, got %d", (int)c.recompute);
+    TPK_TRY(tpk__lm_check_recompute(ctx, fn, c.recompute));
     if (c.init_std <= 0) c.init_std = 0.02f;
     if (c.rope_theta == 0) c.rope_theta = 10000.0f;
     if (c.norm_eps == 0) c.norm_eps = 1e-6f;
     m->c = c;
-    TPK_TRY(tpk__stack_bufs_init(ctx, fn, &m->rc, c.layers));
-    bool sp = c.sequence_parallel;
-    tpk_embedding_desc ed;
-    memset(&ed, 0, sizeof ed);
-    ed.wte_name = "model.embed_tokens.weight", ed.sequence_parallel = sp, ed.init_std = c.init_std;
-    ed.vocab_multiple = c.vocab_multiple == 0 ? 64 : c.vocab_multiple < 0 ? 0 : c.vocab_multiple;
-    TPK_TRY(tpk_embedding_init(ctx, &m->embed, c.vocab, 0, c.hidden, &ed)); /* no position table */
-    m->layers = (tpk_llama_block *)calloc((size_t)c.layers, sizeof *m->layers);
-    if (!m->layers) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
-    for (int64_t i = 0; i < c.layers; i++) {
-        char n[48];
-        snprintf(n, sizeof n, "model.layers.%lld", (long long)i);
-        tpk_llama_block_desc bd;
-        memset(&bd, 0, sizeof bd);
-        bd.name = n, bd.heads = c.heads, bd.kv_heads = c.kv_heads, bd.ffn = c.ffn, bd.rope_theta = c.rope_theta, bd.norm_eps = c.norm_eps;
-        bd.sequence_parallel = sp, bd.init_std = c.init_std;
-        TPK_TRY(tpk_llama_block_init(ctx, &m->layers[i], c.hidden, &bd));
-    }
-    tpk_rmsnorm_desc nd;
-    memset(&nd, 0, sizeof nd);
-    nd.name = "model.norm", nd.eps = c.norm_eps, nd.sequence_parallel = sp;
-    TPK_TRY(tpk_rmsnorm_init(ctx, &m->norm, c.hidden, &nd));
-    m->head_w = m->embed.wte;
-    if (!c.tie_embeddings) { /* the untied head: its own [V, H] weight, vocabulary rows padded like the embedding's */
-        tpk_param_desc pd;
-        memset(&pd, 0, sizeof pd);
-        pd.name = "lm_head.weight", pd.ndim = 2, pd.shape[0] = c.vocab, pd.shape[1] = c.hidden;
-        pd.layout = tpk_tp_vocab_layout(ctx, m->embed.Vp, 0);
-        pd.init = TPK_INIT_NORMAL, pd.std = c.init_std, pd.decay = true, pd.padded_rows = m->embed.Vp;
-        TPK_TRY(tpk_param_add(ctx, &pd, &m->head_w));
-    }
-    tpk_linear_desc hd;
-    memset(&hd, 0, sizeof hd);
-    hd.name = "lm_head", hd.weight = m->head_w + 1, hd.sequence_parallel = sp, hd.unit = tpk_tp_vocab_unit(ctx, m->embed.Vp);
-    TPK_TRY(tpk_col_linear_init(ctx, &m->lm_head, c.hidden, m->embed.Vp, &hd));
-    tpk_xent_desc xd;
-    memset(&xd, 0, sizeof xd);
-    xd.label_smoothing = c.label_smoothing, xd.padded_vocab = m->embed.Vp;
-    return tpk_xent_init(ctx, &m->ce, c.vocab, &xd);
+    tpk__lm_dims d = {c.vocab, c.positions, c.layers, c.hidden, c.vocab_multiple, c.label_smoothing, c.init_std, c.norm_eps, 0.0f, c.sequence_parallel,
+                      c.tie_embeddings};
+    tpk__lm_parts p = tpk__llama_lm(m);
+    void *layers = NULL;
+    tpk_status s = tpk__lm_init(ctx, fn, &p, &layers, &d, &m->c);
+    m->layers = (tpk_llama_block *)layers;
+    return s;
 }
 
 static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
-    tpk_embedding_destroy(ctx, &m->embed);
-    for (int64_t i = 0; m->layers && i < m->c.layers; i++) tpk_llama_block_destroy(ctx, &m->layers[i]);
-    free(m->layers), m->layers = NULL;
-    tpk__stack_bufs_free(ctx, &m->rc, m->c.layers);
-    tpk_rmsnorm_destroy(ctx, &m->norm), tpk_linear_destroy(ctx, &m->lm_head), tpk_xent_destroy(ctx, &m->ce);
+    tpk__lm_parts p = tpk__llama_lm(m);
+    void *layers = m->layers;
+    tpk__lm_destroy(ctx, &p, &layers);
+    m->layers = NULL;
 }
 
 /* Forward B sequences of S tokens (S <= cfg.positions): ids [B S] and targets [B S] in host
  * memory (the same on every TP rank; a target may be the ignore index -100). *loss = mean
  * cross-entropy over the counted positions; loss = NULL keeps it in backend memory, added to the
  * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads, computed with the backward (fused;
- * as tpk_gpt2_forward). targets = NULL
- * only computes m->logits. */
+ * as tpk_gpt2_forward). targets = NULL only computes m->logits. */
 static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss) {
     static const char *fn = "tpk_llama_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
-    if (S > m->c.positions)
+    if (m && m->layers && S > m->c.positions)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got %lld", (long long)m->c.positions, (long long)S);
-    TPK_TRY(tpk_xent_settle(ctx, &m->ce)); /* a deferred loss, before its logits are overwritten */
-    m->have_loss = false;
-    tpk_tensor x;
-    TPK_TRY(tpk_embedding_forward(ctx, &m->embed, ids, B, S, &x)); /* checks ids, B, S */
-    m->B = B, m->S = S;
-    tpk__stack st = tpk__llama_stack(m);
-    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or their GEMM outputs only, kept) */
-    TPK_TRY(tpk_rmsnorm_forward(ctx, &m->norm, x, &x));
-    TPK_TRY(tpk_col_linear_forward(ctx, &m->lm_head, x, &m->logits)); /* S(-1) [T, Vp_r] */
-    if (!targets) return TPK_OK;
-    /* loss = NULL: the loss is computed with its gradient by the backward (fused), or settled by the next forward or read */
-    TPK_TRY(loss ? tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss) : tpk_xent_forward_deferred(ctx, &m->ce, m->logits, targets));
-    m->have_loss = true;
-    return TPK_OK;
+    tpk__lm_parts p;
+    return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, ids, targets, B, S, loss);
 }
 
 /* Accumulate the gradients of scale * (the loss of the last forward). */
 static inline tpk_status tpk_llama_backward(tpk_ctx *ctx, tpk_llama *m, float scale) {
-    static const char *fn = "tpk_llama_backward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
-    if (!m->have_loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward with targets first");
-    m->have_loss = false;
-    tpk_tensor g;
-    TPK_TRY(tpk_xent_backward(ctx, &m->ce, scale, &g));
-    TPK_TRY(tpk_col_linear_backward(ctx, &m->lm_head, g, &g));
-    if (m->grad_ready && !m->c.tie_embeddings) TPK_TRY(m->grad_ready(ctx, m->head_w, m->head_w, m->grad_ready_user));
-    TPK_TRY(tpk_rmsnorm_backward(ctx, &m->norm, g, &g));
-    if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->norm.w, m->norm.w, m->grad_ready_user));
-    tpk__stack st = tpk__llama_stack(m);
-    TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its forward, or its cheap parts, again first) */
-    TPK_TRY(tpk_embedding_backward(ctx, &m->embed, g));
-    if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, m->embed.wte, m->embed.wte, m->grad_ready_user)); /* tied: the head's too */
-    return TPK_OK;
+    tpk__lm_parts p;
+    return tpk__lm_backward(ctx, "tpk_llama_backward", m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, scale);
 }
 
 #endif /* TPK_LLAMA_H */

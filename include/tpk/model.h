@@ -45,7 +45,7 @@ typedef struct tpk_model_family {
 } tpk_model_family;
 
 /* The adapters of family F (functions tpk_F_*, types tpk_F and tpk_F_config, whose .c holds
- * vocab, positions, layers and hidden, .ce the cross-entropy and .grad_ready(_user) the hook):
+ * vocab, positions, layers and hidden, .ce the cross-entropy and .lm.grad_ready(_user) the hook):
  * each casts the void * and calls the family's own function. */
 #define TPK__MODEL_FAMILY(F)                                                                                                                  \
     static inline tpk_status tpk__##F##_fam_config_read(tpk_ctx *ctx, const char *dir, void *c) { return tpk_##F##_config_read(ctx, dir, (tpk_##F##_config *)c); } \
@@ -57,7 +57,7 @@ typedef struct tpk_model_family {
     }                                                                                                                                         \
     static inline tpk_xent *tpk__##F##_fam_ce(void *m) { return &((tpk_##F *)m)->ce; }                                                       \
     static inline void tpk__##F##_fam_set_grad_ready(void *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {                 \
-        ((tpk_##F *)m)->grad_ready = fn, ((tpk_##F *)m)->grad_ready_user = user;                                                             \
+        ((tpk_##F *)m)->lm.grad_ready = fn, ((tpk_##F *)m)->lm.grad_ready_user = user;                                                       \
     }                                                                                                                                         \
     static inline tpk_status tpk__##F##_fam_forward(tpk_ctx *ctx, void *m, const int32_t *ids, const int32_t *t, int64_t B, int64_t S, float *loss) { \
         return tpk_##F##_forward(ctx, (tpk_##F *)m, ids, t, B, S, loss);                                                                     \

@@ -70,15 +70,9 @@ static inline tpk_status tpk__sample_run(tpk_ctx *ctx, const char *fn, void *m, 
     }
     return TPK_OK;
 }
-static inline tpk_status tpk__gpt2_logits(tpk_ctx *ctx, void *m, const int32_t *ids, int64_t S, tpk_tensor *z) {
-    TPK_TRY(tpk_gpt2_forward(ctx, (tpk_gpt2 *)m, ids, NULL, 1, S, NULL));
-    *z = ((tpk_gpt2 *)m)->logits;
-    return TPK_OK;
-}
-static inline tpk_status tpk__llama_logits(tpk_ctx *ctx, void *m, const int32_t *ids, int64_t S, tpk_tensor *z) {
-    TPK_TRY(tpk_llama_forward(ctx, (tpk_llama *)m, ids, NULL, 1, S, NULL));
-    *z = ((tpk_llama *)m)->logits;
-    return TPK_OK;
+/* The logits callback for a model of the skeleton (tpk/lm.h): m is its tpk__lm_parts. */
+static inline tpk_status tpk__lm_sample_logits(tpk_ctx *ctx, void *m, const int32_t *ids, int64_t S, tpk_tensor *z) {
+    return tpk__lm_logits(ctx, "tpk_lm_sample", (tpk__lm_parts *)m, ids, S, z);
 }
 
 /* out[0] = start, out[1..n] = n tokens sampled one after another (set dropout to 0 first). */
@@ -86,14 +80,16 @@ static inline tpk_status tpk_gpt2_sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t star
     static const char *fn = "tpk_gpt2_sample";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->h || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
-    return tpk__sample_run(ctx, fn, m, tpk__gpt2_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
+    tpk__lm_parts p = tpk__gpt2_lm(m);
+    return tpk__sample_run(ctx, fn, &p, tpk__lm_sample_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
 }
 /* The same for a Llama. */
 static inline tpk_status tpk_llama_sample(tpk_ctx *ctx, tpk_llama *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
     static const char *fn = "tpk_llama_sample";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->layers || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
-    return tpk__sample_run(ctx, fn, m, tpk__llama_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
+    tpk__lm_parts p = tpk__llama_lm(m);
+    return tpk__sample_run(ctx, fn, &p, tpk__lm_sample_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
 }
 
 #endif /* TPK_SAMPLE_H */
