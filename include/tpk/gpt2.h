@@ -108,41 +108,6 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     return tpk_residual_forward(ctx, &b->res_2, x1, m, y);                 /* y = x1 + drop(m), in c_proj's output */
 }
 
-/* dx of the last forward from dy (the layout of y); accumulates every gradient of the block.
- * inplace: dy's buffer, which the caller gives up, receives dx — each layernorm backward adds its
- * input gradient onto the skip path's in the same pass (no add and no buffer of their own; the
- * model's stack of blocks passes one gradient buffer down so); otherwise dy is left unchanged and
- * dx is in ln_1's buffer. */
-static inline tpk_status tpk__gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {
-    static const char *fn = "tpk_gpt2_block_backward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
-    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
-    if (!b->ln_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->ln_1.x.layout, ctx->dtype, 2, b->ln_1.x.gshape));
-    tpk_tensor g, dh, dx1, da;
-    TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
-    TPK_TRY(tpk_mlp_backward(ctx, &b->mlp, g, &dh));
-    if (inplace) {
-        TPK_TRY(tpk_layernorm_backward_add(ctx, &b->ln_2, dh, dy)); /* dx1 = dy + ln_2's dx, in dy's buffer */
-        TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dy, &g));     /* drop'(dx1) into the attention branch */
-        TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
-        TPK_TRY(tpk_layernorm_backward_add(ctx, &b->ln_1, da, dy)); /* dx = dx1 + ln_1's dx */
-        *dx = dy;
-        return TPK_OK;
-    }
-    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_2, dh, &dx1));   /* in ln_2's buffer */
-    TPK_TRY(tpk_residual_backward_add(ctx, &b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
-    TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dx1, &g));     /* drop'(dx1) into the attention branch */
-    TPK_TRY(tpk_attention_backward(ctx, &b->attn, g, &da));
-    TPK_TRY(tpk_layernorm_backward(ctx, &b->ln_1, da, dx));     /* in ln_1's buffer */
-    return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
-}
-/* dx of the last forward from dy (the layout of y, left unchanged); accumulates every gradient of the block. */
-static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy, tpk_tensor *dx) {
-    return tpk__gpt2_block_backward(ctx, b, dy, dx, false);
-}
-
 /* The block's buffers by set (tpk/recompute.h): LENT ln_1's and ln_2's outputs and the
  * attention's and MLP's cheap buffers; KEPT the statistics, x1, the linears' GEMM outputs;
  * SCRATCH what only the backward uses. Selective recompute remakes LENT before the backward:
@@ -165,12 +130,14 @@ static inline int tpk__gpt2_block_bufs(tpk_gpt2_block *b, int set, tpk_buf **o) 
     }
     return n;
 }
-static inline tpk_status tpk__gpt2_block_recompute(tpk_ctx *ctx, tpk_gpt2_block *b) {
-    tpk_tensor h;
-    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_1, b->ln_1.x, &h));
-    TPK_TRY(tpk__attention_recompute(ctx, &b->attn, h));
-    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_2, b->ln_2.x, &h)); /* on x1, kept in ln_2's buffer */
-    return tpk__mlp_recompute(ctx, &b->mlp, h);
+
+/* The backward (tpk__gpt2_block_backward, in place or not) and the selective recompute are the
+ * skeleton's pre-norm residual block's (tpk/lm.h), through these adapters. */
+TPK__LM_ADAPTERS(gpt2, tpk_gpt2_block, ln_1, ln_2, layernorm, b, attention, mlp)
+
+/* dx of the last forward from dy (the layout of y, left unchanged); accumulates every gradient of the block. */
+static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk__gpt2_block_backward(ctx, b, dy, dx, false);
 }
 
 /* ---- model ----------------------------------------------------------------------------------- */
@@ -218,7 +185,6 @@ static inline tpk_status tpk__gpt2_lm_block_init(tpk_ctx *ctx, void *b, int64_t 
     bd.init_std = c->init_std, bd.proj_init_std = c->init_std / sqrtf(2.0f * (float)c->layers);
     return tpk_gpt2_block_init(ctx, (tpk_gpt2_block *)b, H, &bd);
 }
-TPK__LM_ADAPTERS(gpt2, tpk_gpt2_block, layernorm, b)
 static inline tpk__lm_parts tpk__gpt2_lm(tpk_gpt2 *m) {
     static const tpk_lm_family family = TPK__LM_FAMILY_ROW(gpt2, tpk_gpt2_block, "wte.weight", "wpe.weight", "h", "ln_f", "lm_head.weight");
     tpk__lm_parts p = {&family, &m->lm, m->c.layers, m->c.recompute, &m->wte, &m->drop, m->h, &m->ln_f, &m->head_w, &m->lm_head, &m->ce, &m->logits};

@@ -103,38 +103,6 @@ static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *
     return tpk_residual_forward(ctx, &b->res_2, x1, m, y); /* y = x1 + m, in down_proj's output */
 }
 
-/* dx of the last forward from dy (the layout of y); accumulates every gradient of the block. */
-static inline tpk_status tpk__llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {
-    static const char *fn = "tpk_llama_block_backward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
-    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
-    if (!b->norm_1.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
-    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->norm_1.x.layout, ctx->dtype, 2, b->norm_1.x.gshape));
-    tpk_tensor g, dh, dx1, da;
-    TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g)); /* the MLP branch's gradient (dy) */
-    TPK_TRY(tpk_swiglu_mlp_backward(ctx, &b->mlp, g, &dh));
-    if (inplace) { /* as GPT-2's: the norms' input gradients added onto dy's buffer, which becomes dx */
-        TPK_TRY(tpk_rmsnorm_backward_add(ctx, &b->norm_2, dh, dy));
-        TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dy, &g));
-        TPK_TRY(tpk_gqa_attention_backward(ctx, &b->attn, g, &da));
-        TPK_TRY(tpk_rmsnorm_backward_add(ctx, &b->norm_1, da, dy));
-        *dx = dy;
-        return TPK_OK;
-    }
-    TPK_TRY(tpk_rmsnorm_backward(ctx, &b->norm_2, dh, &dx1));    /* in norm_2's buffer */
-    TPK_TRY(tpk_residual_backward_add(ctx, &b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
-    TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dx1, &g));
-    TPK_TRY(tpk_gqa_attention_backward(ctx, &b->attn, g, &da));
-    TPK_TRY(tpk_rmsnorm_backward(ctx, &b->norm_1, da, dx));      /* in norm_1's buffer */
-    return tpk_residual_backward_add(ctx, &b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
-}
-/* dx of the last forward from dy (left unchanged); accumulates every gradient of the block (see
- * tpk__gpt2_block_backward for the in-place form the model uses). */
-static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx) {
-    return tpk__llama_block_backward(ctx, b, dy, dx, false);
-}
-
 /* The block's buffers by set (tpk/recompute.h): LENT the norms' outputs and the attention's and
  * MLP's cheap buffers; KEPT the statistics, [Q | K | V], the linears' GEMM outputs (x1 and the
  * block's output among them); SCRATCH what only the backward uses. Selective recompute remakes
@@ -160,12 +128,15 @@ static inline int tpk__llama_block_bufs(tpk_llama_block *b, int set, tpk_buf **o
     }
     return n;
 }
-static inline tpk_status tpk__llama_block_recompute(tpk_ctx *ctx, tpk_llama_block *b) {
-    tpk_tensor h;
-    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_1, b->norm_1.x, &h));
-    TPK_TRY(tpk__gqa_attention_recompute(ctx, &b->attn, h));
-    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_2, b->norm_2.x, &h)); /* on x1, kept in o_proj's output */
-    return tpk__swiglu_mlp_recompute(ctx, &b->mlp, h);
+
+/* The backward (tpk__llama_block_backward, in place or not) and the selective recompute are the
+ * skeleton's pre-norm residual block's (tpk/lm.h), through these adapters. */
+TPK__LM_ADAPTERS(llama, tpk_llama_block, norm_1, norm_2, rmsnorm, w, gqa_attention, swiglu_mlp)
+
+/* dx of the last forward from dy (left unchanged); accumulates every gradient of the block (see
+ * tpk__lm_block_backward for the in-place form the model uses). */
+static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx) {
+    return tpk__llama_block_backward(ctx, b, dy, dx, false);
 }
 
 /* ---- model ----------------------------------------------------------------------------------- */
@@ -212,7 +183,6 @@ static inline tpk_status tpk__llama_lm_block_init(tpk_ctx *ctx, void *b, int64_t
     bd.sequence_parallel = c->sequence_parallel, bd.init_std = c->init_std;
     return tpk_llama_block_init(ctx, (tpk_llama_block *)b, H, &bd);
 }
-TPK__LM_ADAPTERS(llama, tpk_llama_block, rmsnorm, w)
 static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
     static const tpk_lm_family family =
         TPK__LM_FAMILY_ROW(llama, tpk_llama_block, "model.embed_tokens.weight", NULL, "model.layers", "model.norm", "lm_head.weight");

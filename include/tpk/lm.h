@@ -251,20 +251,77 @@ static inline tpk_status tpk__lm_logits(tpk_ctx *ctx, const char *fn, tpk__lm_pa
     return TPK_OK;
 }
 
-/* The adapters of family F's block type BLOCK (functions tpk_F_block_destroy, _forward,
- * tpk__F_block_backward, _bufs, _recompute; its parameters ids p0..p1) and final norm NORM
- * (tpk_NORM with tpk_NORM_desc; its parameters ids w..LAST), each casting the void * and calling
- * the family's own function, and the family's table row. */
-#define TPK__LM_ADAPTERS(F, BLOCK, NORM, LAST)                                                                                               \
+/* ---- the pre-norm residual block ------------------------------------------------------------ */
+
+/* Every family's block is x1 = x + drop(attn(norm_1(x))), y = x1 + drop(mlp(norm_2(x1))); its
+ * forward is its own (GPT-2 fuses the first add into ln_2), its backward and its selective
+ * recompute are these, through the sublayers' calls (the family's adapters, TPK__LM_ADAPTERS). */
+typedef struct tpk__lm_sublayers {
+    const char *name;  /* the block's */
+    int64_t H;         /* 0: not initialised */
+    void *norm_1, *attn, *norm_2, *mlp;
+    tpk_residual *res_1, *res_2;
+    tpk_tensor *x1, *x2; /* norm_1's and norm_2's kept inputs (x, x1) */
+    tpk_status (*norm_forward)(tpk_ctx *ctx, void *n, tpk_tensor x, tpk_tensor *y);
+    tpk_status (*norm_backward)(tpk_ctx *ctx, void *n, tpk_tensor dy, tpk_tensor *dx);
+    tpk_status (*norm_backward_add)(tpk_ctx *ctx, void *n, tpk_tensor dy, tpk_tensor acc);
+    tpk_status (*attn_backward)(tpk_ctx *ctx, void *a, tpk_tensor dy, tpk_tensor *dx);
+    tpk_status (*mlp_backward)(tpk_ctx *ctx, void *m, tpk_tensor dy, tpk_tensor *dx);
+    tpk_status (*attn_recompute)(tpk_ctx *ctx, void *a, tpk_tensor h);
+    tpk_status (*mlp_recompute)(tpk_ctx *ctx, void *m, tpk_tensor h);
+} tpk__lm_sublayers;
+
+/* dx of the last forward from dy (the layout of y); accumulates every gradient of the block.
+ * inplace: dy's buffer, which the caller gives up, receives dx — each norm's backward adds its
+ * input gradient onto the skip path's in the same pass (no add and no buffer of their own; the
+ * stack of blocks passes one gradient buffer down so); otherwise dy is left unchanged and dx is in
+ * norm_1's buffer. b = NULL: no block. */
+static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn, const tpk__lm_sublayers *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
+    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
+    if (!b->x1->ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->x1->layout, ctx->dtype, 2, b->x1->gshape));
+    tpk_tensor g, dh, dx1, da;
+    TPK_TRY(tpk_residual_backward(ctx, b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
+    TPK_TRY(b->mlp_backward(ctx, b->mlp, g, &dh));
+    if (inplace) {
+        TPK_TRY(b->norm_backward_add(ctx, b->norm_2, dh, dy)); /* dx1 = dy + norm_2's dx, in dy's buffer */
+        TPK_TRY(tpk_residual_backward(ctx, b->res_1, dy, &g));  /* drop'(dx1) into the attention branch */
+        TPK_TRY(b->attn_backward(ctx, b->attn, g, &da));
+        TPK_TRY(b->norm_backward_add(ctx, b->norm_1, da, dy)); /* dx = dx1 + norm_1's dx */
+        *dx = dy;
+        return TPK_OK;
+    }
+    TPK_TRY(b->norm_backward(ctx, b->norm_2, dh, &dx1));       /* in norm_2's buffer */
+    TPK_TRY(tpk_residual_backward_add(ctx, b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
+    TPK_TRY(tpk_residual_backward(ctx, b->res_1, dx1, &g));     /* drop'(dx1) into the attention branch */
+    TPK_TRY(b->attn_backward(ctx, b->attn, g, &da));
+    TPK_TRY(b->norm_backward(ctx, b->norm_1, da, dx));         /* in norm_1's buffer */
+    return tpk_residual_backward_add(ctx, b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
+}
+/* Selective recompute: the norms forward again on their kept inputs (the same statistics, the
+ * same outputs), the attention and the MLP remake their lent buffers (tpk/recompute.h). */
+static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sublayers *b) {
+    tpk_tensor h;
+    TPK_TRY(b->norm_forward(ctx, b->norm_1, *b->x1, &h));
+    TPK_TRY(b->attn_recompute(ctx, b->attn, h));
+    TPK_TRY(b->norm_forward(ctx, b->norm_2, *b->x2, &h));
+    return b->mlp_recompute(ctx, b->mlp, h);
+}
+
+/* The adapters of family F: its block type BLOCK (members N1, attn, N2, mlp, res_1, res_2,
+ * name, H: the norms' member names are the family's; parameters ids p0..p1; functions tpk_F_block_destroy, _forward, tpk__F_block_bufs),
+ * its norm NORM (tpk_NORM with tpk_NORM_desc; parameters ids w..LAST), attention ATTN and MLP
+ * (tpk_ATTN_backward, tpk__ATTN_recompute, likewise MLP's): each casts the void * and calls the
+ * family's own function. They define tpk__F_block_backward and tpk__F_block_recompute (the
+ * skeleton's, above). */
+#define TPK__LM_ADAPTERS(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP)                                                                                             \
     static inline void tpk__##F##_lm_block_destroy(tpk_ctx *ctx, void *b) { tpk_##F##_block_destroy(ctx, (BLOCK *)b); }                      \
     static inline tpk_status tpk__##F##_lm_block_forward(tpk_ctx *ctx, void *b, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {         \
         return tpk_##F##_block_forward(ctx, (BLOCK *)b, x, B, S, y);                                                                         \
     }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_block_backward(tpk_ctx *ctx, void *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {              \
-        return tpk__##F##_block_backward(ctx, (BLOCK *)b, dy, dx, inplace);                                                                  \
-    }                                                                                                                                        \
     static inline int tpk__##F##_lm_block_bufs(void *b, int set, tpk_buf **o) { return tpk__##F##_block_bufs((BLOCK *)b, set, o); }          \
-    static inline tpk_status tpk__##F##_lm_block_recompute(tpk_ctx *ctx, void *b) { return tpk__##F##_block_recompute(ctx, (BLOCK *)b); }   \
     static inline void tpk__##F##_lm_block_params(const void *b, int *first, int *last) {                                                    \
         *first = ((const BLOCK *)b)->p0, *last = ((const BLOCK *)b)->p1;                                                                     \
     }                                                                                                                                        \
@@ -283,6 +340,34 @@ static inline tpk_status tpk__lm_logits(tpk_ctx *ctx, const char *fn, tpk__lm_pa
     }                                                                                                                                        \
     static inline void tpk__##F##_lm_norm_params(const void *n, int *first, int *last) {                                                     \
         *first = ((const tpk_##NORM *)n)->w, *last = ((const tpk_##NORM *)n)->LAST;                                                          \
+    }                                                                                                                                        \
+    static inline tpk_status tpk__##F##_lm_norm_backward_add(tpk_ctx *ctx, void *n, tpk_tensor dy, tpk_tensor acc) {                         \
+        return tpk_##NORM##_backward_add(ctx, (tpk_##NORM *)n, dy, acc);                                                                     \
+    }                                                                                                                                        \
+    static inline tpk_status tpk__##F##_lm_attn_backward(tpk_ctx *ctx, void *a, tpk_tensor dy, tpk_tensor *dx) {                             \
+        return tpk_##ATTN##_backward(ctx, (tpk_##ATTN *)a, dy, dx);                                                                          \
+    }                                                                                                                                        \
+    static inline tpk_status tpk__##F##_lm_mlp_backward(tpk_ctx *ctx, void *m, tpk_tensor dy, tpk_tensor *dx) {                              \
+        return tpk_##MLP##_backward(ctx, (tpk_##MLP *)m, dy, dx);                                                                            \
+    }                                                                                                                                        \
+    static inline tpk_status tpk__##F##_lm_attn_recompute(tpk_ctx *ctx, void *a, tpk_tensor h) { return tpk__##ATTN##_recompute(ctx, (tpk_##ATTN *)a, h); } \
+    static inline tpk_status tpk__##F##_lm_mlp_recompute(tpk_ctx *ctx, void *m, tpk_tensor h) { return tpk__##MLP##_recompute(ctx, (tpk_##MLP *)m, h); }     \
+    static inline tpk__lm_sublayers tpk__##F##_sublayers(BLOCK *b) {                                                                         \
+        tpk__lm_sublayers s = {b->name, b->H, &b->N1, &b->attn, &b->N2, &b->mlp, &b->res_1, &b->res_2, &b->N1.x, &b->N2.x,                   \
+                               tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_backward_add,                      \
+                               tpk__##F##_lm_attn_backward, tpk__##F##_lm_mlp_backward, tpk__##F##_lm_attn_recompute, tpk__##F##_lm_mlp_recompute}; \
+        return s;                                                                                                                            \
+    }                                                                                                                                        \
+    static inline tpk_status tpk__##F##_block_backward(tpk_ctx *ctx, BLOCK *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {                \
+        tpk__lm_sublayers s;                                                                                                                 \
+        return tpk__lm_block_backward(ctx, "tpk_" #F "_block_backward", b ? (s = tpk__##F##_sublayers(b), &s) : NULL, dy, dx, inplace);      \
+    }                                                                                                                                        \
+    static inline tpk_status tpk__##F##_lm_block_backward(tpk_ctx *ctx, void *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {              \
+        return tpk__##F##_block_backward(ctx, (BLOCK *)b, dy, dx, inplace);                                                                  \
+    }                                                                                                                                        \
+    static inline tpk_status tpk__##F##_lm_block_recompute(tpk_ctx *ctx, void *b) {                                                          \
+        tpk__lm_sublayers s = tpk__##F##_sublayers((BLOCK *)b);                                                                              \
+        return tpk__lm_block_recompute(ctx, &s);                                                                                             \
     }
 /* The row: names as in tpk_lm_family; block_init is tpk__F_lm_block_init (the family's own). */
 #define TPK__LM_FAMILY_ROW(F, BLOCK, EMBED, POS, BLOCKS, NORMNAME, HEAD)                                                                     \

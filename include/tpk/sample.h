@@ -74,22 +74,25 @@ static inline tpk_status tpk__sample_run(tpk_ctx *ctx, const char *fn, void *m, 
 static inline tpk_status tpk__lm_sample_logits(tpk_ctx *ctx, void *m, const int32_t *ids, int64_t S, tpk_tensor *z) {
     return tpk__lm_logits(ctx, "tpk_lm_sample", (tpk__lm_parts *)m, ids, S, z);
 }
+/* A model of the skeleton's sampling; p = NULL: not initialised. */
+static inline tpk_status tpk__lm_sample(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p, int64_t vocab, int64_t positions, int32_t start, int n,
+                                        float temperature, uint64_t seed, int32_t *out) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!p || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
+    return tpk__sample_run(ctx, fn, p, tpk__lm_sample_logits, vocab, positions, start, n, temperature, seed, out);
+}
 
 /* out[0] = start, out[1..n] = n tokens sampled one after another (set dropout to 0 first). */
 static inline tpk_status tpk_gpt2_sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
-    static const char *fn = "tpk_gpt2_sample";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
-    tpk__lm_parts p = tpk__gpt2_lm(m);
-    return tpk__sample_run(ctx, fn, &p, tpk__lm_sample_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
+    tpk__lm_parts p;
+    return tpk__lm_sample(ctx, "tpk_gpt2_sample", m && m->h ? (p = tpk__gpt2_lm(m), &p) : NULL, m ? m->c.vocab : 0, m ? m->c.positions : 0, start, n,
+                          temperature, seed, out);
 }
 /* The same for a Llama. */
 static inline tpk_status tpk_llama_sample(tpk_ctx *ctx, tpk_llama *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
-    static const char *fn = "tpk_llama_sample";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
-    tpk__lm_parts p = tpk__llama_lm(m);
-    return tpk__sample_run(ctx, fn, &p, tpk__lm_sample_logits, m->c.vocab, m->c.positions, start, n, temperature, seed, out);
+    tpk__lm_parts p;
+    return tpk__lm_sample(ctx, "tpk_llama_sample", m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, m ? m->c.vocab : 0, m ? m->c.positions : 0,
+                          start, n, temperature, seed, out);
 }
 
 #endif /* TPK_SAMPLE_H */
