@@ -14,7 +14,9 @@
  *   and drawn from a TP-shared stream, so they are the same at every t and with SP on or off.
  * Model: ids -> wte (vocabulary-parallel) + wpe -> drop -> L blocks -> ln_f -> logits = h wteᵀ
  *   (the tied LM head: a column linear over wte's vocabulary shard, logits S(-1) [T, V_r])
- *   -> vocabulary-parallel cross-entropy (mean over counted positions).
+ *   -> vocabulary-parallel cross-entropy (mean over counted positions): the skeleton of
+ *   tpk/lm.h, which also runs the block's backward and recompute; this file holds what is
+ *   GPT-2's own — the block's parts, init and forward, its buffer lists, the config, the names.
  * Parameter names are Hugging Face GPT-2's (without the "transformer." prefix): wte.weight, wpe.weight,
  * h.<i>.ln_1, h.<i>.attn.c_attn, h.<i>.attn.c_proj, h.<i>.ln_2, h.<i>.mlp.c_fc,
  * h.<i>.mlp.c_proj, ln_f; weights are stored [out, in] (Hugging Face's Conv1D is [in, out]).

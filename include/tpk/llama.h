@@ -13,7 +13,9 @@
  *   logits = h lm_headᵀ (a column linear over its own vocabulary shard, untied; tied with
  *   cfg.tie_embeddings) S(-1) [T, Vp] -> vocabulary-parallel cross-entropy (mean over counted
  *   positions). The vocabulary is padded as GPT-2's (cfg.vocab_multiple; the padding rows of
- *   embed_tokens and lm_head zero, never trained, never in checkpoints).
+ *   embed_tokens and lm_head zero, never trained, never in checkpoints). The skeleton of
+ *   tpk/lm.h, as GPT-2's; this file holds the block's parts, init and forward, its buffer lists,
+ *   the config and the names.
  * Parameter names are Hugging Face LlamaForCausalLM's, all [out, in]: model.embed_tokens.weight,
  * model.layers.<i>.input_layernorm.weight, model.layers.<i>.self_attn.{q,k,v,o}_proj.weight,
  * model.layers.<i>.post_attention_layernorm.weight, model.layers.<i>.mlp.{gate,up,down}_proj.weight,
