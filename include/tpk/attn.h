@@ -87,13 +87,23 @@ static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk
     return tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.data, a->B, a->S, a->A, a->A, a->a0, a->Al, a->D, a->p, a->stream, o);
 }
 
-/* Selective recompute (tpk/recompute.h): after its forward the attention lent out (to the other
+/* Its buffers by recompute set (tpk/buf.h), its linears' among them.
+ * Selective recompute (tpk/recompute.h): after its forward the attention lent out (to the other
  * blocks) the output and log-sum-exp and c_proj's output (the branch, consumed by the residual
  * add); before its backward, with h = the layernorm's output again (c_attn's saved input: under
  * SP its backward gathers the tokens itself), the attention's output is made again (no GEMM). */
-static inline int tpk__attention_lent(tpk_attention *a, tpk_buf **b) {
-    b[0] = &a->out, b[1] = &a->lse, b[2] = &a->c_proj.y, b[3] = &a->c_proj.y2;
-    return 4;
+static inline int tpk__attention_bufs(tpk_attention *a, int set, tpk_buf **o) {
+    tpk_linear *ca = &a->c_attn, *cp = &a->c_proj;
+    if (set == TPK__SET_LENT) {
+        tpk_buf *l[] = {&a->out, &a->lse, &cp->y, &cp->y2};
+        return tpk__bufs_list(o, l, 4);
+    }
+    if (set == TPK__SET_KEPT) { /* the GEMM outputs (c_attn's: QKV) */
+        tpk_buf *l[] = {&ca->y, &ca->y2, &ca->pre, &cp->xb, &cp->pre};
+        return tpk__bufs_list(o, l, 5);
+    }
+    o[0] = &a->dqkv;
+    return 1 + tpk__linear_scratch(ca, o + 1) + tpk__linear_scratch(cp, o + 6);
 }
 static inline tpk_status tpk__attention_recompute(tpk_ctx *ctx, tpk_attention *a, tpk_tensor h) {
     tpk_tensor o;
@@ -278,13 +288,26 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     return tpk_row_linear_forward(ctx, &a->o_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
-/* Selective recompute (tpk/recompute.h): lent out after the forward are the projections' outputs
+/* Its buffers by recompute set (tpk/buf.h), its linears' among them.
+ * Selective recompute (tpk/recompute.h): lent out after the forward are the projections' outputs
  * (copied into the kept [Q | K | V] buffer, rotated), the attention's output and log-sum-exp;
  * before the backward, with h = the norm's output again (the saved input, which the backward
  * gathers under SP), the attention's output is made again (no GEMM). */
-static inline int tpk__gqa_attention_lent(tpk_gqa_attention *a, tpk_buf **b) {
-    b[0] = &a->q_proj.y, b[1] = &a->k_proj.y, b[2] = &a->v_proj.y, b[3] = &a->out, b[4] = &a->lse;
-    return 5;
+static inline int tpk__gqa_attention_bufs(tpk_gqa_attention *a, int set, tpk_buf **o) {
+    tpk_linear *q = &a->q_proj, *k = &a->k_proj, *v = &a->v_proj, *op = &a->o_proj;
+    if (set == TPK__SET_LENT) {
+        tpk_buf *l[] = {&q->y, &k->y, &v->y, &a->out, &a->lse};
+        return tpk__bufs_list(o, l, 5);
+    }
+    if (set == TPK__SET_KEPT) { /* [Q | K | V], the GEMM outputs */
+        tpk_buf *l[] = {&a->qkv, &q->y2, &q->pre, &k->y2, &k->pre, &v->y2, &v->pre, &op->xb, &op->y, &op->y2, &op->pre};
+        return tpk__bufs_list(o, l, 11);
+    }
+    tpk_buf *l[] = {&a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx};
+    int n = tpk__bufs_list(o, l, 5);
+    tpk_linear *ls[] = {q, k, v, op};
+    for (int j = 0; j < 4; j++) n += tpk__linear_scratch(ls[j], o + n);
+    return n;
 }
 static inline tpk_status tpk__gqa_attention_recompute(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor h) {
     a->x.data = h.data;

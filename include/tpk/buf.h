@@ -7,6 +7,20 @@
 
 #include "op.h"
 
+/* A layer's buffers in three sets, for activation recompute (tpk/recompute.h):
+ *   LENT     what selective recompute remakes before the backward (the cheap activations)
+ *   KEPT     the rest of what the forward writes (GEMM outputs, statistics, the residual stream)
+ *   SCRATCH  what only the backward uses (input gradients, scratch)
+ * Each layer lists its own (tpk__<layer>_bufs(layer, set, out) -> how many), in the same order
+ * every time; a layer that owns others lists theirs with its own. */
+enum { TPK__SET_LENT = 1, TPK__SET_KEPT = 2, TPK__SET_SCRATCH = 4, TPK__SETS = 3, TPK__SET_MAX = 48 };
+
+/* out[0..n) = l[0..n); returns n (a layer's list of one set). */
+static inline int tpk__bufs_list(tpk_buf **out, tpk_buf *const *l, int n) {
+    for (int i = 0; i < n; i++) out[i] = l[i];
+    return n;
+}
+
 /* Grow a backend buffer to at least `bytes` (contents are not kept). */
 static inline tpk_status tpk__buf_reserve(tpk_ctx *ctx, tpk_buf *b, size_t bytes) {
     if (b->bytes >= bytes && b->p) return TPK_OK;

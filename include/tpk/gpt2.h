@@ -110,30 +110,9 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     return tpk_residual_forward(ctx, &b->res_2, x1, m, y);                 /* y = x1 + drop(m), in c_proj's output */
 }
 
-/* The block's buffers by set (tpk/recompute.h): LENT ln_1's and ln_2's outputs and the
- * attention's and MLP's cheap buffers; KEPT the statistics, x1, the linears' GEMM outputs;
- * SCRATCH what only the backward uses. Selective recompute remakes LENT before the backward:
- * ln_1 and ln_2 run forward again on their kept inputs (x and x1: the same statistics, the same
- * outputs), the attention and the MLP remake theirs. */
-static inline int tpk__gpt2_block_bufs(tpk_gpt2_block *b, int set, tpk_buf **o) {
-    int n = 0;
-    tpk_linear *ca = &b->attn.c_attn, *cp = &b->attn.c_proj, *fc = &b->mlp.c_fc, *mp = &b->mlp.c_proj;
-    if (set == TPK__SET_LENT) {
-        o[n++] = &b->ln_1.y, o[n++] = &b->ln_2.y;
-        n += tpk__attention_lent(&b->attn, o + n);
-    } else if (set == TPK__SET_KEPT) {
-        tpk_buf *k[] = {&b->ln_1.mean, &b->ln_1.rstd, &b->ln_1.x1, &b->ln_2.mean, &b->ln_2.rstd, &b->ln_2.x1, &ca->y, &ca->y2, &ca->pre,
-                        &cp->xb, &cp->pre, &fc->y, &fc->y2, &fc->pre, &mp->xb, &mp->y, &mp->y2, &mp->pre};
-        for (size_t j = 0; j < sizeof k / sizeof k[0]; j++) o[n++] = k[j];
-    } else {
-        o[n++] = &b->ln_1.dx, o[n++] = &b->ln_2.dx, o[n++] = &b->attn.dqkv, o[n++] = &b->res_1.drop.dx, o[n++] = &b->res_2.drop.dx;
-        tpk_linear *ls[] = {ca, cp, fc, mp};
-        for (int j = 0; j < 4; j++) n += tpk__linear_scratch(ls[j], o + n);
-    }
-    return n;
-}
 
-/* The backward (tpk__gpt2_block_backward, in place or not) and the selective recompute are the
+/* The backward (tpk__gpt2_block_backward, in place or not), the buffer lists by recompute set
+ * (tpk__gpt2_block_bufs: each layer's own, tpk/buf.h) and the selective recompute are the
  * skeleton's pre-norm residual block's (tpk/lm.h), through these adapters. */
 TPK__LM_ADAPTERS(gpt2, tpk_gpt2_block, ln_1, ln_2, layernorm, b, attention, mlp)
 

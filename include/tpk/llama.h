@@ -105,33 +105,9 @@ static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *
     return tpk_residual_forward(ctx, &b->res_2, x1, m, y); /* y = x1 + m, in down_proj's output */
 }
 
-/* The block's buffers by set (tpk/recompute.h): LENT the norms' outputs and the attention's and
- * MLP's cheap buffers; KEPT the statistics, [Q | K | V], the linears' GEMM outputs (x1 and the
- * block's output among them); SCRATCH what only the backward uses. Selective recompute remakes
- * LENT before the backward: the norms run forward again on their kept inputs (x and x1), the
- * attention and the MLP remake theirs. */
-static inline int tpk__llama_block_bufs(tpk_llama_block *b, int set, tpk_buf **o) {
-    int n = 0;
-    tpk_gqa_attention *a = &b->attn;
-    if (set == TPK__SET_LENT) {
-        o[n++] = &b->norm_1.y, o[n++] = &b->norm_2.y;
-        n += tpk__gqa_attention_lent(a, o + n);
-        n += tpk__swiglu_mlp_lent(&b->mlp, o + n);
-    } else if (set == TPK__SET_KEPT) {
-        tpk_linear *q = &a->q_proj, *k = &a->k_proj, *v = &a->v_proj, *op = &a->o_proj, *gu = &b->mlp.gate_up, *dn = &b->mlp.down;
-        tpk_buf *kept[] = {&b->norm_1.rstd, &b->norm_2.rstd, &a->qkv, &q->y2, &q->pre, &k->y2, &k->pre, &v->y2, &v->pre,
-                           &op->xb, &op->y, &op->y2, &op->pre, &gu->y, &gu->y2, &gu->pre, &dn->xb, &dn->y, &dn->y2, &dn->pre};
-        for (size_t j = 0; j < sizeof kept / sizeof kept[0]; j++) o[n++] = kept[j];
-    } else {
-        o[n++] = &b->norm_1.dx, o[n++] = &b->norm_2.dx, o[n++] = &b->res_1.drop.dx, o[n++] = &b->res_2.drop.dx, o[n++] = &b->mlp.dgu;
-        o[n++] = &a->dqkv, o[n++] = &a->dq, o[n++] = &a->dk, o[n++] = &a->dv, o[n++] = &a->dx;
-        tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj, &b->mlp.gate_up, &b->mlp.down};
-        for (int j = 0; j < 6; j++) n += tpk__linear_scratch(ls[j], o + n);
-    }
-    return n;
-}
 
-/* The backward (tpk__llama_block_backward, in place or not) and the selective recompute are the
+/* The backward (tpk__llama_block_backward, in place or not), the buffer lists by recompute set
+ * (tpk__llama_block_bufs: each layer's own, tpk/buf.h) and the selective recompute are the
  * skeleton's pre-norm residual block's (tpk/lm.h), through these adapters. */
 TPK__LM_ADAPTERS(llama, tpk_llama_block, norm_1, norm_2, rmsnorm, w, gqa_attention, swiglu_mlp)
 

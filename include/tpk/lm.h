@@ -269,6 +269,9 @@ typedef struct tpk__lm_sublayers {
     tpk_status (*mlp_backward)(tpk_ctx *ctx, void *m, tpk_tensor dy, tpk_tensor *dx);
     tpk_status (*attn_recompute)(tpk_ctx *ctx, void *a, tpk_tensor h);
     tpk_status (*mlp_recompute)(tpk_ctx *ctx, void *m, tpk_tensor h);
+    int (*norm_bufs)(void *n, int set, tpk_buf **o); /* each layer's own buffers by set (tpk/buf.h) */
+    int (*attn_bufs)(void *a, int set, tpk_buf **o);
+    int (*mlp_bufs)(void *m, int set, tpk_buf **o);
 } tpk__lm_sublayers;
 
 /* dx of the last forward from dy (the layout of y); accumulates every gradient of the block.
@@ -300,6 +303,15 @@ static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn, co
     TPK_TRY(b->norm_backward(ctx, b->norm_1, da, dx));         /* in norm_1's buffer */
     return tpk_residual_backward_add(ctx, b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
 }
+/* The block's buffers by set (tpk__stack.bufs): its layers' lists, one after another. */
+static inline int tpk__lm_block_bufs(const tpk__lm_sublayers *b, int set, tpk_buf **o) {
+    int n = b->norm_bufs(b->norm_1, set, o);
+    n += b->attn_bufs(b->attn, set, o + n);
+    n += b->norm_bufs(b->norm_2, set, o + n);
+    n += b->mlp_bufs(b->mlp, set, o + n);
+    n += tpk__residual_bufs(b->res_1, set, o + n);
+    return n + tpk__residual_bufs(b->res_2, set, o + n);
+}
 /* Selective recompute: the norms forward again on their kept inputs (the same statistics, the
  * same outputs), the attention and the MLP remake their lent buffers (tpk/recompute.h). */
 static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sublayers *b) {
@@ -311,17 +323,16 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
 }
 
 /* The adapters of family F: its block type BLOCK (members N1, attn, N2, mlp, res_1, res_2,
- * name, H: the norms' member names are the family's; parameters ids p0..p1; functions tpk_F_block_destroy, _forward, tpk__F_block_bufs),
+ * name, H: the norms' member names are the family's; parameters ids p0..p1; functions tpk_F_block_destroy, _forward),
  * its norm NORM (tpk_NORM with tpk_NORM_desc; parameters ids w..LAST), attention ATTN and MLP
- * (tpk_ATTN_backward, tpk__ATTN_recompute, likewise MLP's): each casts the void * and calls the
- * family's own function. They define tpk__F_block_backward and tpk__F_block_recompute (the
- * skeleton's, above). */
+ * (tpk_ATTN_backward, tpk__ATTN_recompute, tpk__ATTN_bufs, likewise MLP's and NORM's): each casts the void * and calls the
+ * family's own function. They define tpk__F_block_backward, tpk__F_block_bufs and the
+ * recompute (the skeleton's, above). */
 #define TPK__LM_ADAPTERS(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP)                                                                                             \
     static inline void tpk__##F##_lm_block_destroy(tpk_ctx *ctx, void *b) { tpk_##F##_block_destroy(ctx, (BLOCK *)b); }                      \
     static inline tpk_status tpk__##F##_lm_block_forward(tpk_ctx *ctx, void *b, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {         \
         return tpk_##F##_block_forward(ctx, (BLOCK *)b, x, B, S, y);                                                                         \
     }                                                                                                                                        \
-    static inline int tpk__##F##_lm_block_bufs(void *b, int set, tpk_buf **o) { return tpk__##F##_block_bufs((BLOCK *)b, set, o); }          \
     static inline void tpk__##F##_lm_block_params(const void *b, int *first, int *last) {                                                    \
         *first = ((const BLOCK *)b)->p0, *last = ((const BLOCK *)b)->p1;                                                                     \
     }                                                                                                                                        \
@@ -352,10 +363,14 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
     }                                                                                                                                        \
     static inline tpk_status tpk__##F##_lm_attn_recompute(tpk_ctx *ctx, void *a, tpk_tensor h) { return tpk__##ATTN##_recompute(ctx, (tpk_##ATTN *)a, h); } \
     static inline tpk_status tpk__##F##_lm_mlp_recompute(tpk_ctx *ctx, void *m, tpk_tensor h) { return tpk__##MLP##_recompute(ctx, (tpk_##MLP *)m, h); }     \
+    static inline int tpk__##F##_lm_norm_bufs(void *n, int set, tpk_buf **o) { return tpk__##NORM##_bufs((tpk_##NORM *)n, set, o); }         \
+    static inline int tpk__##F##_lm_attn_bufs(void *a, int set, tpk_buf **o) { return tpk__##ATTN##_bufs((tpk_##ATTN *)a, set, o); }         \
+    static inline int tpk__##F##_lm_mlp_bufs(void *m, int set, tpk_buf **o) { return tpk__##MLP##_bufs((tpk_##MLP *)m, set, o); }            \
     static inline tpk__lm_sublayers tpk__##F##_sublayers(BLOCK *b) {                                                                         \
         tpk__lm_sublayers s = {b->name, b->H, &b->N1, &b->attn, &b->N2, &b->mlp, &b->res_1, &b->res_2, &b->N1.x, &b->N2.x,                   \
                                tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_backward_add,                      \
-                               tpk__##F##_lm_attn_backward, tpk__##F##_lm_mlp_backward, tpk__##F##_lm_attn_recompute, tpk__##F##_lm_mlp_recompute}; \
+                               tpk__##F##_lm_attn_backward, tpk__##F##_lm_mlp_backward, tpk__##F##_lm_attn_recompute, tpk__##F##_lm_mlp_recompute, \
+                               tpk__##F##_lm_norm_bufs, tpk__##F##_lm_attn_bufs, tpk__##F##_lm_mlp_bufs};                               \
         return s;                                                                                                                            \
     }                                                                                                                                        \
     static inline tpk_status tpk__##F##_block_backward(tpk_ctx *ctx, BLOCK *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {                \
@@ -368,7 +383,12 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
     static inline tpk_status tpk__##F##_lm_block_recompute(tpk_ctx *ctx, void *b) {                                                          \
         tpk__lm_sublayers s = tpk__##F##_sublayers((BLOCK *)b);                                                                              \
         return tpk__lm_block_recompute(ctx, &s);                                                                                             \
-    }
+    }                                                                                                                                        \
+    static inline int tpk__##F##_block_bufs(BLOCK *b, int set, tpk_buf **o) {                                                                \
+        tpk__lm_sublayers s = tpk__##F##_sublayers(b);                                                                                       \
+        return tpk__lm_block_bufs(&s, set, o);                                                                                               \
+    }                                                                                                                                        \
+    static inline int tpk__##F##_lm_block_bufs(void *b, int set, tpk_buf **o) { return tpk__##F##_block_bufs((BLOCK *)b, set, o); }
 /* The row: names as in tpk_lm_family; block_init is tpk__F_lm_block_init (the family's own). */
 #define TPK__LM_FAMILY_ROW(F, BLOCK, EMBED, POS, BLOCKS, NORMNAME, HEAD)                                                                     \
     {#F, EMBED, POS, BLOCKS, NORMNAME, HEAD, sizeof(BLOCK), tpk__##F##_lm_block_init, tpk__##F##_lm_block_destroy,                           \

@@ -66,10 +66,20 @@ static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x,
     return tpk_row_linear_forward(ctx, &m->c_proj, h, y);
 }
 
-/* Selective recompute (tpk/recompute.h): the MLP lends out nothing — c_fc's outputs (the
+/* Its buffers by recompute set (tpk/buf.h): its linears'.
+ * Selective recompute (tpk/recompute.h): the MLP lends out nothing — c_fc's outputs (the
  * pre-activation and the activation fused into the GEMM) are kept, and under SP c_fc gathers its
  * input into the context's scratch in each call — and before its backward takes h (the
  * layernorm's output, made again) as c_fc's saved input. */
+static inline int tpk__mlp_bufs(tpk_mlp *m, int set, tpk_buf **o) {
+    tpk_linear *fc = &m->c_fc, *mp = &m->c_proj;
+    if (set == TPK__SET_LENT) return 0;
+    if (set == TPK__SET_KEPT) {
+        tpk_buf *l[] = {&fc->y, &fc->y2, &fc->pre, &mp->xb, &mp->y, &mp->y2, &mp->pre};
+        return tpk__bufs_list(o, l, 7);
+    }
+    return tpk__linear_scratch(fc, o) + tpk__linear_scratch(mp, o + 5);
+}
 static inline tpk_status tpk__mlp_recompute(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor h) {
     return tpk__col_linear_input(ctx, "tpk_mlp (recompute)", &m->c_fc, h);
 }
@@ -156,10 +166,20 @@ static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m,
     return tpk_row_linear_forward(ctx, &m->down, h, y);
 }
 
-/* Selective recompute (tpk/recompute.h): lent out is the product h (gate_up's output is kept;
+/* Its buffers by recompute set (tpk/buf.h), its linears' among them.
+ * Selective recompute (tpk/recompute.h): lent out is the product h (gate_up's output is kept;
  * under SP its input is gathered into the context's scratch in each call); before the backward,
  * with x = the norm's output again as gate_up's saved input, silu(gate) up is made again (no GEMM). */
-static inline int tpk__swiglu_mlp_lent(tpk_swiglu_mlp *m, tpk_buf **b) { return b[0] = &m->h, 1; }
+static inline int tpk__swiglu_mlp_bufs(tpk_swiglu_mlp *m, int set, tpk_buf **o) {
+    tpk_linear *gu = &m->gate_up, *dn = &m->down;
+    if (set == TPK__SET_LENT) return o[0] = &m->h, 1;
+    if (set == TPK__SET_KEPT) {
+        tpk_buf *l[] = {&gu->y, &gu->y2, &gu->pre, &dn->xb, &dn->y, &dn->y2, &dn->pre};
+        return tpk__bufs_list(o, l, 7);
+    }
+    o[0] = &m->dgu;
+    return 1 + tpk__linear_scratch(gu, o + 1) + tpk__linear_scratch(dn, o + 6);
+}
 static inline tpk_status tpk__swiglu_mlp_recompute(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x) {
     TPK_TRY(tpk__col_linear_input(ctx, "tpk_swiglu_mlp (recompute)", &m->gate_up, x));
     tpk_tensor h;

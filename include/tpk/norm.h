@@ -129,6 +129,14 @@ static inline tpk_status tpk_layernorm_backward_add(tpk_ctx *ctx, tpk_layernorm 
     return TPK_OK;
 }
 
+/* Its buffers by recompute set (tpk/buf.h): LENT the output; KEPT the statistics and the fused
+ * residual forward's sum; SCRATCH the input gradient. */
+static inline int tpk__layernorm_bufs(tpk_layernorm *l, int set, tpk_buf **o) {
+    if (set == TPK__SET_LENT) return o[0] = &l->y, 1;
+    if (set == TPK__SET_KEPT) return o[0] = &l->mean, o[1] = &l->rstd, o[2] = &l->x1, 3;
+    return o[0] = &l->dx, 1;
+}
+
 static inline void tpk_layernorm_destroy(tpk_ctx *ctx, tpk_layernorm *l) {
     tpk__buf_free(ctx, &l->y), tpk__buf_free(ctx, &l->mean), tpk__buf_free(ctx, &l->rstd), tpk__buf_free(ctx, &l->dx), tpk__buf_free(ctx, &l->x1);
 }
@@ -215,6 +223,13 @@ static inline tpk_status tpk_rmsnorm_backward_add(tpk_ctx *ctx, tpk_rmsnorm *l, 
         TPK_TRY(tpk_op_rmsnorm_bwd(ctx, acc.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data, tpk_param_data(ctx, l->w), (const float *)l->rstd.p,
                                    dy.shape[0], l->H, ctx->dtype, true));
     return TPK_OK;
+}
+
+/* Its buffers by recompute set (tpk/buf.h): LENT the output; KEPT rstd; SCRATCH the input gradient. */
+static inline int tpk__rmsnorm_bufs(tpk_rmsnorm *l, int set, tpk_buf **o) {
+    if (set == TPK__SET_LENT) return o[0] = &l->y, 1;
+    if (set == TPK__SET_KEPT) return o[0] = &l->rstd, 1;
+    return o[0] = &l->dx, 1;
 }
 
 static inline void tpk_rmsnorm_destroy(tpk_ctx *ctx, tpk_rmsnorm *l) {

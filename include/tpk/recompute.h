@@ -46,13 +46,10 @@ static inline bool tpk_recompute_parse(const char *name, tpk_recompute *r) {
     return false;
 }
 
-/* A block's buffers in three sets, each lent from a pool of the model's (one block at a time):
- *   LENT     what selective recompute remakes before the backward (the cheap activations)
- *   KEPT     the rest of what the forward writes (GEMM outputs, statistics, the residual stream)
- *   SCRATCH  what only the backward uses (input gradients, scratch)
- * NONE lends SCRATCH for each backward; SELECTIVE also LENT, for the forward and the backward;
- * FULL all three for both (nothing of a block outlives its forward or backward). */
-enum { TPK__SET_LENT = 1, TPK__SET_KEPT = 2, TPK__SET_SCRATCH = 4, TPK__SETS = 3, TPK__SET_MAX = 48 };
+/* A block's buffers come in three sets (TPK__SET_*, tpk/buf.h), each lent from a pool of the
+ * model's (one block at a time): NONE lends SCRATCH for each backward; SELECTIVE also LENT, for
+ * the forward and the backward; FULL all three for both (nothing of a block outlives its forward
+ * or backward). Each layer lists its own (tpk__<layer>_bufs), a block its layers'. */
 
 /* A model's buffers for its stack: the checkpoints (full), the gradient between two blocks, the
  * pools of lent buffers. */

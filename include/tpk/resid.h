@@ -169,6 +169,9 @@ static inline tpk_status tpk_residual_backward_add(tpk_ctx *ctx, tpk_residual *r
     return n ? tpk_op_axpby(ctx, dx.data, 1.0f, dy.data, 1.0f, ctx->dtype, n) : TPK_OK;
 }
 
+/* Its buffers by recompute set (tpk/buf.h): SCRATCH the dropout's gradient buffer. */
+static inline int tpk__residual_bufs(tpk_residual *r, int set, tpk_buf **o) { return set == TPK__SET_SCRATCH ? (o[0] = &r->drop.dx, 1) : 0; }
+
 static inline void tpk_residual_destroy(tpk_ctx *ctx, tpk_residual *r) { tpk_dropout_destroy(ctx, &r->drop); }
 
 /* The two residual connections of a pre-norm block named `block`: their dropout masks' streams
