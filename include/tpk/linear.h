@@ -272,8 +272,8 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
 
 /* Column backward: dy S(-1) [T, out_r] (R [T, out] with gather_output) -> *dx R [T, in]
  * (S(0) under sequence parallelism); accumulates dW_r, db_r. fused: dy is already the gradient
- * of the pre-activation and db_r already added (the row linear after this one did both in its dx
- * GEMM: tpk__row_linear_backward with this layer as `act_of`). */
+ * of the pre-activation and db_r already added (the layer owning this one and the row linear
+ * after it did both in the row linear's dx GEMM: tpk_mlp_backward). */
 static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx, bool fused) {
     static const char *fn = "tpk_col_linear_backward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", dx));
@@ -384,16 +384,19 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     return TPK_OK;
 }
 
+/* A row linear's dx GEMM taken over by the layer that owns it (an MLP fuses its activation's
+ * backward into it, tpk/mlp.h): dx [T, n] from dy [T, out] and W_r [out, n], in the row linear's
+ * buffers; user is the owner. */
+typedef struct tpk__row_dx {
+    tpk_status (*fn)(tpk_ctx *ctx, void *user, void *dx, const void *dy, const void *w, int64_t T, int64_t n, int64_t out);
+    void *user;
+} tpk__row_dx;
+
 /* Row backward: dy R [T, out] (S(0) under sequence parallelism) -> *dx S(-1) [T, in_r]
- * (R [T, in] when the forward input was R); accumulates dW_r and db. act_of (may be NULL): the
- * column linear with an activation whose output this layer took (an MLP's c_fc, the same
- * features): its act' and its bias gradient are then taken in this layer's dx GEMM
- * (tpk_op_linear_bwd_act; *dx is the gradient of its pre-activation, its db_r accumulated), and its
- * backward is tpk__col_linear_backward(..., fused = true). Returns 1 in *fused when that happened. */
-static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx, tpk_col_linear *act_of,
-                                                  bool *fused) {
+ * (R [T, in] when the forward input was R); accumulates dW_r and db. own_dx (may be NULL; only
+ * when the forward input was S(-1)): the owner's dx GEMM instead of the plain one. */
+static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx, const tpk__row_dx *own_dx) {
     static const char *fn = "tpk_row_linear_backward";
-    if (fused) *fused = false;
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &dy, "dy", dx));
     if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
@@ -408,22 +411,12 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     }
     tpk_tensor dxs = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit));
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
-    bool fuse = act_of && act_of->d.act != TPK_ACT_NONE && !l->x_was_R && !act_of->d.gather_output && act_of->n_local == n && act_of->T == T;
+    if (own_dx && l->x_was_R) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": an owner's dx GEMM needs an S(-1) input", l->name);
     if (n && T) {
-        if (fuse) { /* du = (dy W_r) act'(pre) and db_r = colsum(du) of the column linear before, in one op */
-            void *db = NULL;
-            if (act_of->b >= 0) {
-                TPK_TRY(tpk__buf_reserve(ctx, &act_of->gw, (size_t)n * tpk_dtype_size(ctx->dtype)));
-                db = act_of->gw.p;
-            }
-            TPK_TRY(tpk_op_linear_bwd_act(ctx, dxs.data, db, dy.data, tpk__param_w(ctx, l->w), act_of->pre.p, T, n, l->out, act_of->d.act, ctx->dtype));
-            if (db) TPK_TRY(tpk__grad_add(ctx, tpk_param_grad(ctx, act_of->b), db, (size_t)n));
-        } else {
-            TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
-        }
+        if (own_dx) TPK_TRY(own_dx->fn(ctx, own_dx->user, dxs.data, dy.data, tpk__param_w(ctx, l->w), T, n, l->out));
+        else TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
         TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n));
     }
-    if (fused) *fused = fuse; /* (no rows or no columns: du is empty, nothing to add either way) */
     if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out));
     if (l->x_was_R) {
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_R);
@@ -435,7 +428,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     return TPK_OK;
 }
 static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx) {
-    return tpk__row_linear_backward(ctx, l, dy, dx, NULL, NULL);
+    return tpk__row_linear_backward(ctx, l, dy, dx, NULL);
 }
 
 #endif /* TPK_LINEAR_H */

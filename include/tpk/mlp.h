@@ -84,15 +84,32 @@ static inline tpk_status tpk__mlp_recompute(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor
     return tpk__col_linear_input(ctx, "tpk_mlp (recompute)", &m->c_fc, h);
 }
 
+/* c_proj's dx GEMM with the activation's backward and c_fc's bias gradient in it (the MLP owns
+ * both linears): du = (dy W2_r) act'(pre) and db1_r = colsum(du) in one op (tpk_op_linear_bwd_act;
+ * cuBLASLt's DGELU_BGRAD epilogue), du in c_proj's dx buffer. */
+static inline tpk_status tpk__mlp_dx_act(tpk_ctx *ctx, void *user, void *du, const void *dy, const void *w, int64_t T, int64_t n, int64_t out) {
+    tpk_col_linear *fc = &((tpk_mlp *)user)->c_fc;
+    void *db = NULL;
+    if (fc->b >= 0) {
+        TPK_TRY(tpk__buf_reserve(ctx, &fc->gw, (size_t)n * tpk_dtype_size(ctx->dtype)));
+        db = fc->gw.p;
+    }
+    TPK_TRY(tpk_op_linear_bwd_act(ctx, du, db, dy, w, fc->pre.p, T, n, out, fc->d.act, ctx->dtype));
+    return db ? tpk__grad_add(ctx, tpk_param_grad(ctx, fc->b), db, (size_t)n) : TPK_OK;
+}
+
 /* dx of the last forward; accumulates the gradients of c_fc and c_proj. */
 static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_backward", "layer: expected an initialised MLP");
+    tpk_col_linear *fc = &m->c_fc;
+    tpk_row_linear *cp = &m->c_proj;
+    /* fused where c_proj took c_fc's activation as it was: the same features and rows, not gathered */
+    bool fuse = fc->d.act != TPK_ACT_NONE && !cp->x_was_R && !fc->d.gather_output && fc->n_local == cp->n_local && fc->T == cp->T;
+    tpk__row_dx own = {tpk__mlp_dx_act, m};
     tpk_tensor du;
-    bool fused;
-    /* du = (dy W2_r) act'(u_r) and db1_r in c_proj's dx GEMM (one op; cuBLASLt's DGELU_BGRAD epilogue) */
-    TPK_TRY(tpk__row_linear_backward(ctx, &m->c_proj, dy, &du, &m->c_fc, &fused)); /* S(-1) [T, F_r] */
-    return tpk__col_linear_backward(ctx, &m->c_fc, du, dx, fused);              /* then c_fc's GEMMs */
+    TPK_TRY(tpk__row_linear_backward(ctx, cp, dy, &du, fuse ? &own : NULL)); /* S(-1) [T, F_r] */
+    return tpk__col_linear_backward(ctx, fc, du, dx, fuse);                 /* then c_fc's GEMMs (the activation's backward when not fused) */
 }
 
 /* ---- SwiGLU MLP (Llama) ------------------------------------------------------------------------------
