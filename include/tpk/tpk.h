@@ -14,8 +14,9 @@
  *   layout.h params.h                  layout conversions and region ops; the parameter registry
  *   act.h linear.h norm.h embed.h      layers
  *   xent.h resid.h mlp.h attn.h
- *   gpt2.h llama.h                     the GPT-2 and Llama blocks and models (their stack of
- *                                      blocks: recompute.h)
+ *   lm.h                               the language-model skeleton: embedding, stack of blocks
+ *                                      (recompute.h), final norm, head, loss; a family's table
+ *   gpt2.h llama.h                     the GPT-2 and Llama blocks, configs and names
  *   optim.h dp.h data.h sample.h       a trainer's machinery: AdamW, norm, clipping, schedules; DP
  *                                      buckets; token data; sampling
  *   train.h log.h                      a step's end (DP reduction, norm, clipping, AdamW); the loss
@@ -46,6 +47,7 @@
 #include "mlp.h"
 #include "attn.h"
 #include "resid.h"
+#include "lm.h"
 #include "gpt2.h"
 #include "llama.h"
 #include "optim.h"
