@@ -10,11 +10,12 @@
  *   is final: the untied head, the final norm, each block from the last, the embedding.
  *
  * A family supplies what is its own through a table of functions (tpk_lm_family): its block
- * (init, forward, backward, its buffers by recompute set, selective recompute), its final norm
- * and the names of its parameters. The model's parts stay in the family's struct under the
- * family's names; tpk__lm_parts gathers pointers to them for each call. The recompute plumbing,
- * the forward and backward loops, the parameter walk of the hook, init and destroy live here
- * once. */
+ * (init from its config, forward), its final norm, its layers' types and the names of its
+ * parameters. The model's parts stay in the family's struct under the family's names;
+ * tpk__lm_parts gathers pointers to them for each call. Here, once: the recompute plumbing, the
+ * forward and backward loops, the parameter walk of the hook, init and destroy, and the pre-norm
+ * residual block's backward, buffer lists (each layer's own, tpk/buf.h) and selective recompute
+ * (tpk__lm_sublayers, filled by the family's adapters: TPK__LM_ADAPTERS). */
 #ifndef TPK_LM_H
 #define TPK_LM_H
 
