@@ -110,7 +110,6 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
     return tpk_residual_forward(ctx, &b->res_2, x1, m, y);                 /* y = x1 + drop(m), in c_proj's output */
 }
 
-
 /* The backward (tpk__gpt2_block_backward, in place or not), the buffer lists by recompute set
  * (tpk__gpt2_block_bufs: each layer's own, tpk/buf.h) and the selective recompute are the
  * skeleton's pre-norm residual block's (tpk/lm.h), through these adapters. */
