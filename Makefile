@@ -46,12 +46,12 @@ GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c)
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
 TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers $(B)/tests/gpu_emu_race \
             $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk \
-            $(B)/tests/gpt2_train_emu
+            $(B)/tests/train_cuda_emu
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
-HEADERS   = $(wildcard include/tpk/*.h)
+HEADERS   = $(wildcard include/tpk/*.h include/tpk/*/*.h)
 
-# The default backend (tpk_ops_default, tpk/init.h) is a weak reference in the headers: ask the
+# The default backend (tpk_ops_default, tpk/runtime/init.h) is a weak reference in the headers: ask the
 # linker to take it from the archive, so a context made with .ops = NULL gets the host backend.
 DEFAULT_OPS = -Wl,-u,tpk_ops_default
 
@@ -95,7 +95,7 @@ $(GPU_BENCH): $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
 	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
-# The objects are prerequisites, not a second make's targets: `make -j cuda-check build/gpt2_train`
+# The objects are prerequisites, not a second make's targets: `make -j cuda-check build/train`
 # then builds each object once (a recursive make would compile them twice at the same time).
 cuda-check: $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a $(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 	@if [ -z "$(HAVE_CUDA)" ]; then echo "cuda-check: nvcc not found: nothing to build"; exit 1; fi
@@ -186,7 +186,7 @@ $(B)/tests/gpu_emu_%_chk: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEAD
 	$(MPICC) $(WARN) -Wno-maybe-uninitialized $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda_emu_chk.a $(BLAS_LIBS) -lstdc++ -lm -pthread
 
 # The trainer on the emulated CUDA backend (tests/train_emu.sh: its losses against the host's)
-$(B)/tests/gpt2_train_emu: examples/gpt2_train.c $(HEADERS) $(B)/libtpk_cuda_emu.a
+$(B)/tests/train_cuda_emu: examples/train.c $(HEADERS) $(B)/libtpk_cuda_emu.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda_emu.a $(BLAS_LIBS) -lstdc++ -lm -pthread
 
@@ -217,24 +217,24 @@ bench: $(B)/bench/host_block
 bench-setup: $(B)/bench/setup
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(B)/bench/setup
 
-# The GPT-2 trainer, the project's main job (examples/gpt2_train.c).
+# The trainer (every model family: --arch), the project's main job (examples/train.c).
 # Where nvcc is found it links the CUDA archive and uses a GPU per rank when one is present.
-$(B)/gpt2_train: examples/gpt2_train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a)
+$(B)/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a)
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
 	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
 # The trainer on the host backend alone: what make demo runs where no GPU is present, so a machine
 # with nvcc but no GPU does not spend minutes compiling the CUDA archive for a run that cannot use it.
-$(B)/demo/gpt2_train: examples/gpt2_train.c $(HEADERS) $(B)/libtpk_host.a
+$(B)/demo/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
 # make demo: a 4-layer GPT-2 (hidden 128, 4 heads) trained at t = 2 on 2 ranks on the license
 # texts every Debian system ships (byte vocabulary), saved and sampled; with the CUDA trainer
-# ($(B)/gpt2_train) where nvcc is found and nvidia-smi lists a GPU, else the host one.
+# ($(B)/train) where nvcc is found and nvidia-smi lists a GPU, else the host one.
 DEMO_MPI = mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root) -np 2 -x OPENBLAS_NUM_THREADS=1
-DEMO_TRAIN = $(if $(HAVE_CUDA),$(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),$(B)/gpt2_train,$(B)/demo/gpt2_train),$(B)/gpt2_train)
+DEMO_TRAIN = $(if $(HAVE_CUDA),$(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),$(B)/train,$(B)/demo/train),$(B)/train)
 demo: deps
 	@$(MAKE) --no-print-directory $(DEMO_TRAIN)
 	@mkdir -p $(B)/demo
@@ -247,7 +247,7 @@ deps:
 	@sh tools/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example $(GPU_BENCH)
+	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/readme_example $(GPU_BENCH)
 	@TPK_BUILD=$(B) sh tests/run.sh
 
 # The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
@@ -257,12 +257,12 @@ test: deps
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-sanitize: deps
 	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
-	  $(patsubst $(B)/%,build/san/%,$(filter-out %/gpu_emu_race,$(TESTS)) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/gpt2_train $(B)/readme_example $(GPU_BENCH))
+	  $(patsubst $(B)/%,build/san/%,$(filter-out %/gpu_emu_race,$(TESTS)) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/readme_example $(GPU_BENCH))
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
 # t = 2, 3 (MPI, ranks sharing one GPU), compute-sanitizer on the op tests (tests/gpu/run.sh).
-test-gpu: $(if $(HAVE_CUDA),cuda-check $(B)/gpt2_train)
+test-gpu: $(if $(HAVE_CUDA),cuda-check $(B)/train)
 	@sh tests/gpu/run.sh
 
 bench-gpu: $(GPU_BENCH)
@@ -275,7 +275,7 @@ bench-gpu: $(GPU_BENCH)
 # tokens/s of a GPT-2 training step (B=16 S=1024 for 124M, B=8 for 350M, bf16), tpk's trainer next to
 # PyTorch eager and torch.compile of the same model in the same run (bench/gpt2_step.py; --json there).
 PYTHON ?= python3
-bench-gpt2: $(B)/gpt2_train
+bench-gpt2: $(B)/train
 	$(PYTHON) bench/gpt2_step.py --model 124M
 	$(PYTHON) bench/gpt2_step.py --model 350M
 
@@ -320,8 +320,8 @@ $(B)/tpk-cuda.pc:
 	  '$(PREFIX)' '$(BLAS_LIBS)' '$(CUDA_LIBS)' > $@
 
 install: all $(B)/tpk.pc $(if $(HAVE_CUDA),$(B)/tpk-cuda.pc)
-	install -d $(DESTDIR)$(PREFIX)/include/tpk $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/tpk/
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	for h in $(HEADERS); do install -D -m 644 $$h $(DESTDIR)$(PREFIX)/$$h || exit 1; done
 	install -m 644 $(LIBS) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 $(B)/tpk.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
 	$(if $(HAVE_CUDA),install -m 644 $(B)/tpk-cuda.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk-cuda.pc)

@@ -1,7 +1,7 @@
 """bench/gpt2_step.py: tokens/s of a GPT-2 training step, tpk's trainer next to PyTorch.
 
 The same model, batch and dtype, in the same run, on the same device:
-  tpk        build/gpt2_train (one rank) on a synthetic llm.c token shard: per-step times from
+  tpk        build/train (one rank) on a synthetic llm.c token shard: per-step times from
              its log (--log-every 1), median over the steps after the warm-up;
   eager      PyTorch: GPT-2 with a fused QKV linear, F.scaled_dot_product_attention (causal; before
              PyTorch 2.0 the plain masked softmax, labelled "no SDPA"),
@@ -185,7 +185,7 @@ def main():
     p.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None)
     p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--trainer", default="build/gpt2_train")
+    p.add_argument("--trainer", default="build/train")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--peak-tflops", type=float, default=790.0)

@@ -20,7 +20,7 @@
 
 #include <tpk/tpk.h>
 #ifdef TPK_WITH_CUDA
-#include <tpk/cuda.h>
+#include <tpk/runtime/cuda.h>
 #endif
 
 static tpk_ctx ctx;

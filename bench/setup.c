@@ -8,7 +8,7 @@
  * Not a timed test: it prints figures, it checks nothing but that setup succeeds. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <tpk/tpk.h>
-#include <tpk/model.h>
+#include <tpk/train/model.h>
 
 #include <time.h>
 

@@ -1,5 +1,5 @@
 // tests/cuda_cxx.cu — the kit from a CUDA C++ file (nvcc, -Xcompiler -Wall,-Wextra,-Werror), as a
-// trainer written in CUDA C++ would use it: <tpk/tpk.h> and <tpk/cuda.h> included directly, the
+// trainer written in CUDA C++ would use it: <tpk/tpk.h> and <tpk/runtime/cuda.h> included directly, the
 // layers called from host code, and a kernel of the user's own run on a tpk buffer on tpk's stream.
 //   host:  a small GPT-2 (L = 2, H = 32, A = 4, V = 67) forward and backward on the host backend;
 //          its loss equals the log-sum-exp recomputed here in double from its gathered logits.
@@ -7,7 +7,7 @@
 //          gradient equal the host's (relative 1e-4), and a user kernel reading the CUDA logits
 //          finds the same row maxima as the host logits.
 // Run by tests/run.sh where nvcc built it; prints "ok"/"FAIL" lines.
-#include <tpk/cuda.h>
+#include <tpk/runtime/cuda.h>
 #include <tpk/tpk.h>
 
 #include <cmath>

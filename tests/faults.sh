@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/faults.sh — the trainer (build/gpt2_train) when things break, on the host backend:
+# tests/faults.sh — the trainer (build/train) when things break, on the host backend:
 #   (a) one rank killed with SIGKILL in the middle of training, at TP 2 and at DP 2: the job ends
 #       within 30 s (mpirun takes the other rank down) and says which rank died of signal 9;
 #   (b) the checkpoint writer killed with SIGKILL while it saves every step (a model whose save
@@ -28,7 +28,7 @@ fail() { echo "FAIL $1"; [ -n "$2" ] && tail -8 "$2" | sed 's/^/    /'; }
 start() {
     name=$1; shift
     rm -f "$T/$name.rc"
-    (timeout $((300 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" "$@" > "$T/$name.log" 2>&1; echo $? > "$T/$name.rc") &
+    (timeout $((300 * scale)) mpirun $mpiflags -np 2 "$B/train" "$@" > "$T/$name.log" 2>&1; echo $? > "$T/$name.rc") &
     echo $! > "$T/$name.pid"
     i=0
     while [ $i -lt $((600 * scale)) ] && ! grep -q "$ready" "$T/$name.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
@@ -41,7 +41,7 @@ descendants() {
 # ranks NAME: the PIDs of the trainer's ranks (not mpirun) of the run started as NAME
 ranks() {
     for p in $(descendants "$(cat "$T/$1.pid")"); do
-        [ "$(ps -o comm= -p "$p" 2>/dev/null)" = gpt2_train ] && echo "$p"
+        [ "$(ps -o comm= -p "$p" 2>/dev/null)" = train ] && echo "$p"
     done
 }
 # wait until $T/NAME.rc exists, at most SECONDS; prints the seconds waited
@@ -91,7 +91,7 @@ for delay in 0.05 0.3 0.9; do
         done
     done
     newest=$(for c in "$d"/step-*; do case "${c##*/step-}" in *[!0-9]*) ;; *) echo "$c" ;; esac; done | sort -t- -k2 -n | tail -1)
-    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$newest" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/train" --eval-only --load "$newest" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
     if [ -n "$newest" ] && [ $bad -eq 0 ] && printf '%s\n' "$out" | grep -q '^val_loss'; then
         ok "(b) writer killed ${delay} s into saving every step: every step-N directory complete ($tmp temporary directories left), the newest $(basename "$newest") loads"
     else
@@ -102,15 +102,15 @@ done
 
 # ---- (c) the disk full during a save ------------------------------------------------------------------
 c="$T/full"
-timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $small --tp 2 --steps 2 --save "$c" > "$T/full0.log" 2>&1
+timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/train" --text "$text" $small --tp 2 --steps 2 --save "$c" > "$T/full0.log" 2>&1
 before=$(cat "$c"/*.safetensors "$c"/config.json 2>/dev/null | cksum)
 # the limit on the ranks only (64 blocks: below one checkpoint file); TCP between the ranks, since
 # shared-memory transports extend files of their own
-out=$(timeout $((120 * scale)) mpirun $mpiflags --mca btl self,tcp -np 2 sh -c "ulimit -f 64 && exec $B/gpt2_train --text $text $small --tp 2 --steps 4 --load $c --save $c" 2>&1)
+out=$(timeout $((120 * scale)) mpirun $mpiflags --mca btl self,tcp -np 2 sh -c "ulimit -f 64 && exec $B/train --text $text $small --tp 2 --steps 4 --load $c --save $c" 2>&1)
 rc=$?
 after=$(cat "$c"/*.safetensors "$c"/config.json 2>/dev/null | cksum)
-n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: ')
-load=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$c" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
+n=$(printf '%s\n' "$out" | grep -c '^train: error: ')
+load=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/train" --eval-only --load "$c" --text "$text" --batch 2 --seq-len 16 --eval-batches 1 2>&1)
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q "File too large" && [ "$before" = "$after" ] &&
    printf '%s\n' "$load" | grep -q '^val_loss' && ! ls "$c" | grep -q '\.tmp\.' && [ ! -e "$c.tpk-new" ] && [ ! -e "$c.tpk-old" ]; then
     ok "(c) the disk full during a save: one error line (File too large), the previous checkpoint unchanged and loadable, no temporary left"
@@ -129,10 +129,10 @@ e="$T/over"
 big="--layers 4 --hidden 512 --heads 4 --batch 2 --seq-len 16 --seed 5"
 mkdir -p "$e"
 # ev DIR: the val_loss text of DIR's checkpoint (empty when it does not load)
-ev() { timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/gpt2_train" --eval-only --load "$1" --text "$text" --batch 2 --seq-len 16 --eval-batches 2 2>&1 | sed -n 's/^val_loss //p'; }
-timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $big --tp 2 --steps 2 --save "$e/A" > "$T/overA.log" 2>&1
+ev() { timeout $((120 * scale)) mpirun $mpiflags -np 1 "$B/train" --eval-only --load "$1" --text "$text" --batch 2 --seq-len 16 --eval-batches 2 2>&1 | sed -n 's/^val_loss //p'; }
+timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/train" --text "$text" $big --tp 2 --steps 2 --save "$e/A" > "$T/overA.log" 2>&1
 cp -r "$e/A" "$e/B"
-timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $big --tp 2 --steps 4 --load "$e/B" --save "$e/B" --save-every 1 > "$T/overB.log" 2>&1
+timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/train" --text "$text" $big --tp 2 --steps 4 --load "$e/B" --save "$e/B" --save-every 1 > "$T/overB.log" 2>&1
 vA=$(ev "$e/A") vB=$(ev "$e/B")
 k=0
 for point in "-d D.tpk-new" "-d D.tpk-new" "-f D.tpk-new/optim.safetensors" "-f D.tpk-new/model.safetensors" "-d D.tpk-old"; do
@@ -153,7 +153,7 @@ for point in "-d D.tpk-new" "-d D.tpk-new" "-f D.tpk-new/optim.safetensors" "-f 
     which=""
     [ -n "$v" ] && [ "$v" = "$vA" ] && which=old
     [ -n "$v" ] && [ "$v" = "$vB" ] && which=new
-    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/gpt2_train" --text "$text" $big --tp 2 --steps 5 --load "$d" --save "$d" 2>&1)
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/train" --text "$text" $big --tp 2 --steps 5 --load "$d" --save "$d" 2>&1)
     rc=$?
     what="killed at $(echo "$point" | sed 's/^-[df] //')$([ $k -eq 2 ] && printf ' + 0.1 s')"
     if [ -n "$vA" ] && [ "$vA" != "$vB" ] && [ -n "$which" ] && [ $rc -eq 0 ] && [ -f "$d/README.md" ] && [ -f "$d/config.json" ] && [ ! -e "$d.tpk-old" ] && [ ! -e "$d.tpk-new" ]; then
@@ -176,7 +176,7 @@ for mesh in tp dp; do
     kill -STOP "$pid"
     waited=$(waitrc stop_$mesh $((60 * scale)))
     rc=$(cat "$T/stop_$mesh.rc" 2>/dev/null)
-    n=$(grep -c "^gpt2_train: error: .*no answer from a peer within 5 s" "$T/stop_$mesh.log")
+    n=$(grep -c "^train: error: .*no answer from a peer within 5 s" "$T/stop_$mesh.log")
     gone=1; kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != Z ] && gone=0
     if [ -n "$rc" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && [ "$waited" -le $((5 + 15 * scale)) ] && [ $gone -eq 1 ]; then
         ok "(f) a rank stopped with SIGSTOP at $(echo $mesh | tr a-z A-Z) 2 (--timeout 5): the live rank's one error line, exit $rc after ${waited} s (limit $((5 + 15 * scale)) s), the stopped rank gone"

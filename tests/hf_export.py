@@ -12,7 +12,7 @@ every tensor f32 [out, in] under LlamaForCausalLM's names; the files are read ba
 against the index before the loss is computed from what was read.
 Both also write an llm.c token shard DIR/tokens.bin (uint16, vocabulary 256) of TEXT's bytes,
 and print the PyTorch loss of the first K batches of B x S tokens, windows taken as llm.c's
-loader takes them (batch k: tokens[k B S .. (k+1) B S + 1)), averaged — what gpt2_train
+loader takes them (batch k: tokens[k B S .. (k+1) B S + 1)), averaged — what train
 --eval-only prints.
 
     python3 tests/hf_export.py DIR TEXT B S K [llama]

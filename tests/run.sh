@@ -114,7 +114,7 @@ FAIL torch_dump $args at np=$np"
         done
     done
     # make bench-gpt2's script end to end on a tiny model (its numbers are not checked: not a timed test)
-    out=$(timeout $((300 * scale)) "$py" bench/gpt2_step.py --trainer $B/gpt2_train --model tiny --device cpu --dtype f32 --vocab 300 --steps 2 --warmup 1 --json 2>&1)
+    out=$(timeout $((300 * scale)) "$py" bench/gpt2_step.py --trainer $B/train --model tiny --device cpu --dtype f32 --vocab 300 --steps 2 --warmup 1 --json 2>&1)
     printf '%s\n' "$out" >> "$log"
     if printf '%s\n' "$out" | "$py" -c 'import json, sys; r = json.loads(sys.stdin.read()); assert r["rows"]["tpk"]["tokens_per_s"] > 0 and any(k.startswith("torch eager") for k in r["rows"]), r' >/dev/null 2>&1; then
         echo "ok bench/gpt2_step.py runs tpk's trainer and PyTorch's eager model" >> "$log"; p=1 f=0
@@ -151,11 +151,11 @@ script() {
     passed=$((passed + p)) failed=$((failed + f))
 }
 # the GPT-2 trainer end to end (resume, resharding, evaluation, Hugging Face import, bad input)
-script gpt2_train 1-4 tests/train.sh
+script train 1-4 tests/train.sh
 # faults: a rank killed, the checkpoint writer killed, the disk full, a rank stopped (the collectives' timeout)
 script faults 1-2 tests/faults.sh
 # the trainer on the emulated CUDA backend against the host's
-script gpt2_train_emu 2 tests/train_emu.sh
+script train_emu 2 tests/train_emu.sh
 # make cuda-report's figures and budget checks on a hand-counted ptxas log and SASS (no nvcc needed)
 script cuda_report 1 tests/cuda_report.sh
 
@@ -173,18 +173,18 @@ fi
 
 # every header compiles alone with a plain C compiler, without MPI or CUDA headers
 hfail=0
-for h in include/tpk/*.h; do
+for h in include/tpk/*.h include/tpk/*/*.h; do
     case "$h" in */mpi.h) continue ;; esac
-    printf '#include <tpk/%s>\nint tpk_header_check;\n' "$(basename "$h")" |
+    printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
         ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude -x c -c - -o /dev/null || { echo "FAIL header $h"; hfail=1; }
 done
 if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CC:-cc} -std=c11 -Werror: ok"; else failed=$((failed + 1)); fi
 # ... and as C++17 (mpi.h with mpicxx, which brings <mpi.h>)
 hfail=0
-for h in include/tpk/*.h; do
+for h in include/tpk/*.h include/tpk/*/*.h; do
     cxx=${CXX:-g++}
     case "$h" in */mpi.h) cxx=mpicxx ;; esac
-    printf '#include <tpk/%s>\nint tpk_header_check;\n' "$(basename "$h")" |
+    printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
         $cxx -std=c++17 -Wall -Wextra -Werror -pedantic -Iinclude -x c++ -c - -o /dev/null || { echo "FAIL header $h as C++17"; hfail=1; }
 done
 if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CXX:-g++} -std=c++17 -pedantic -Werror: ok"; else failed=$((failed + 1)); fi

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <mpi.h>
 #include <tpk/tpk.h>
-#include <tpk/mpi.h>
+#include <tpk/runtime/mpi.h>
 
 static int test__rank, test__size, test__fails_case, test__fails_total, test__cases;
 static char test__name[160];
@@ -88,7 +88,7 @@ static inline double test_relerr(const float *got, const float *want, size_t n) 
         CHECK(test__e < (tol), "%s: relative error %.3g >= %.3g", (what), test__e, (double)(tol)); \
     } while (0)
 
-/* The dropout draw of index i written out from its definition (tpk/rng.h), independently of
+/* The dropout draw of index i written out from its definition (tpk/base/rng.h), independently of
  * tpk_dropout_u: output i % 4 of the Philox call on counter i / 4, bits >> 8 times 2^-24. */
 static inline float test_dropout_u(uint64_t seed, uint64_t stream, uint64_t i) {
     return (float)(tpk_philox(seed, stream, i / 4).v[i % 4] >> 8) / 16777216.0f;

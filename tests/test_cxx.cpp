@@ -4,7 +4,7 @@
 // and every gathered gradient of the sharded model equal the unsharded one (relative 1e-5).
 // A bad call is refused with the argument named, as from C. Prints "ok"/"FAIL" lines like the C
 // tests (tests/run.sh counts them).
-#include <tpk/mpi.h>
+#include <tpk/runtime/mpi.h>
 #include <tpk/tpk.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-/* tests/test_data.c — tpk/data.h: llm.c shards written here read back token for token; every
+/* tests/test_data.c — tpk/train/data.h: llm.c shards written here read back token for token; every
  * malformed shard (short header, bad magic, bad version, a count that disagrees with the file,
  * a token not below the vocabulary, a missing file, a directory) refused with the file named;
  * byte text split 90/10 with the byte-unigram entropy recomputed here; batch windows against

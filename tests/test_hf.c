@@ -1,4 +1,4 @@
-/* tests/test_hf.c — tpk/hf.h and tpk/sample.h at t = ranks:
+/* tests/test_hf.c — tpk/train/hf.h and tpk/models/sample.h at t = ranks:
  *   a GPT-2 (V = 61, uneven at every t > 1) with random weights and AdamW moments after one step,
  *   saved at t = ranks (collective, rank 0 writes), then loaded into a fresh model at t = ranks
  *   and into an unsharded one on every rank: every parameter, both moments and the step equal;
@@ -27,7 +27,7 @@
 
 #include <sys/stat.h>
 
-#include <tpk/model.h>
+#include <tpk/train/model.h>
 #define TPK_FUZZ_NO_MAIN
 #include "fuzz/fuzz_config.c"
 

@@ -1,7 +1,7 @@
 /* tests/test_ops_fusions.c — the fusions (TPK__OPS_FUSED) composed by the front end.
  *
  * A table may leave linear_fwd, linear_bwd_act, residual_layernorm_fwd and xent_fused NULL; the
- * front end (tpk/op.h, tpk__compose_*) then runs each as its contract in tpk/ops.h states it, from
+ * front end (tpk/runtime/op.h, tpk__compose_*) then runs each as its contract in tpk/base/ops.h states it, from
  * the required entries. Here the host table with its fusions removed is run against the host
  * table itself, in f32 and bf16, on random inputs with poisoned outputs: the same bytes (the host
  * fills xent_fused only, which equals xent_stats, xent_loss and xent_grad in turn bit for bit, so

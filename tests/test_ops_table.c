@@ -1,4 +1,4 @@
-/* tests/test_ops_table.c — the front end and the table (tpk/op.h, kernels/host/table.c): bad arguments
+/* tests/test_ops_table.c — the front end and the table (tpk/runtime/op.h, kernels/host/table.c): bad arguments
  * of every op fail naming the argument, before a backend entry is reached (the core ops, then
  * layernorm, embedding, cross-entropy); every required entry is required (tpk_ctx_init names a
  * NULL one), the optional ones may be NULL; a user's own table is checked before its entries are
@@ -103,7 +103,7 @@ static const struct ops_entry ops_entries[] = { /* required (TPK__OPS_CORE) */
 };
 enum { OPS_N = sizeof ops_entries / sizeof *ops_entries };
 /* the optional entries: the layers' ops (TPK__OPS_LAYERS: a call of a NULL one fails naming it),
- * the fusions (TPK__OPS_FUSED: the front end composes them) and the profiler's timer (tpk/profile.h
+ * the fusions (TPK__OPS_FUSED: the front end composes them) and the profiler's timer (tpk/runtime/profile.h
  * falls back to the host clock) */
 static const struct ops_entry optional_entries[] = {
     OPS_ENTRY(dropout),     OPS_ENTRY(layernorm_fwd), OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),  OPS_ENTRY(embed_bwd),

@@ -1,4 +1,4 @@
-/* tests/test_optim.c — the trainer headers tpk/optim.h and tpk/dp.h at t = ranks:
+/* tests/test_optim.c — the trainer headers tpk/train/optim.h and tpk/train/dp.h at t = ranks:
  *   AdamW (decayed and undecayed, sharded and replicated parameters, 3 steps, grad_scale)
  *     against a double-precision scalar reference on the gathered global tensors;
  *   the gradient norm against the unsharded norm (a replicated parameter counted once) and the
@@ -16,8 +16,8 @@
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
 
-#include <tpk/hf.h>
-#include <tpk/train.h>
+#include <tpk/train/hf.h>
+#include <tpk/train/train.h>
 
 static int me, np;
 static tpk_comm world;

@@ -1,4 +1,4 @@
-/* tests/test_resid.c — the dropout and residual layers (tpk/resid.h) at t = ranks, with and
+/* tests/test_resid.c — the dropout and residual layers (tpk/layers/resid.h) at t = ranks, with and
  * without sequence parallelism, against a reference computed here element by element from the
  * counter RNG: y = x + b * keep / (1 - p) with keep = uniform(seed, stream, row * H + col) >= p
  * over the GLOBAL (row, col), so every TP size and SP on/off give the same y; backward

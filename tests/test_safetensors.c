@@ -1,4 +1,4 @@
-/* tests/test_safetensors.c — the safetensors reader and writer (tpk/safetensors.h).
+/* tests/test_safetensors.c — the safetensors reader and writer (tpk/train/safetensors.h).
  *
  * Every rank runs every case on its own files under build/tests/st_r<rank>/:
  *   - round trip of F32, BF16, I32, U8 tensors (0-d and empty ones included) and metadata;
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 
 #include "test.h"
-#include <tpk/safetensors.h>
+#include <tpk/train/safetensors.h>
 #define TPK_FUZZ_NO_MAIN
 #include "fuzz/fuzz_safetensors.c"
 

@@ -3,14 +3,14 @@
  * activations (R, or this rank's S(0) rows under sequence parallelism), and the sharded run is
  * compared with the unsharded one (outputs, input gradients, every gathered parameter gradient,
  * the gradient norm), its collectives counted, and its backward checked by finite differences.
- * The same for a whole model (tpk/model.h: GPT-2 or Llama): loss, gradient norm, every gradient,
+ * The same for a whole model (tpk/train/model.h: GPT-2 or Llama): loss, gradient norm, every gradient,
  * and the padding of a padded vocabulary untouched. */
 #ifndef TPK_TEST_TP_LAYER_H
 #define TPK_TEST_TP_LAYER_H
 
 #include "test.h"
 
-#include <tpk/model.h>
+#include <tpk/train/model.h>
 
 /* A layer under test: `l` points at the caller's storage for it; kind and arg pick what init builds. */
 typedef struct test_layer {
@@ -273,7 +273,7 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
     o->n = test_gather_grads(ctx, o->grad, 64);
     for (int i = 0; i < o->n; i++) o->numel[i] = tpk_param_global_numel(ctx, i);
-    /* the blocks' buffers borrowed from the stack's pools (tpk/recompute.h) are back there: no block
+    /* the blocks' buffers borrowed from the stack's pools (tpk/layers/recompute.h) are back there: no block
      * holds any of the sets its mode borrows, and under full recompute no buffer at all (its
      * destroy frees nothing: every buffer is in one of its sets) */
     bool llama = m.arch == TPK_ARCH_LLAMA;

@@ -1,5 +1,5 @@
 #!/bin/sh
-# tests/train.sh — the trainer (build/gpt2_train; $TPK_BUILD/gpt2_train) end to end, on the host backend:
+# tests/train.sh — the trainer (build/train; $TPK_BUILD/train) end to end, on the host backend:
 #   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, ZeRO-1 (--zero 1) equal to
 #   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, Adasum, heterogeneous DP
@@ -26,7 +26,7 @@ setup train
 # tr NP ARGS...: run the trainer, output in $out, status in $rc
 tr() {
     np=$1; shift
-    out=$(timeout $((120 * scale)) mpirun $mpiflags -np "$np" $B/gpt2_train "$@" 2>&1)
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np "$np" $B/train "$@" 2>&1)
     rc=$?
 }
 fail() { echo "FAIL $1"; printf '%s\n' "$out" | tail -8 | sed 's/^/    /'; }
@@ -239,7 +239,7 @@ fi
 bad() {
     name=$1 want=$2; shift 2
     tr 2 "$@"
-    n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: ')
+    n=$(printf '%s\n' "$out" | grep -c '^train: error: ')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q -- "$want"; then ok "bad input: $name"
     else fail "bad input: $name (exit $rc, $n error lines, expected \"$want\")"; fi
 }
@@ -269,7 +269,7 @@ rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/co
 bad "config.json cut mid-file" "cut/config.json: byte 100: expected" --text "$text" $small --tp 2 --load "$T/cut"
 bad "--zero 1 with one DP rank" "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 1
 tr 3 --text "$text" $small --dp-reduce adasum
-n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: .*Adasum needs a power-of-two number of DP ranks, got 3')
+n=$(printf '%s\n' "$out" | grep -c '^train: error: .*Adasum needs a power-of-two number of DP ranks, got 3')
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: --dp-reduce adasum at DP 3"; else fail "bad input: --dp-reduce adasum at DP 3 (exit $rc)"; fi
 bad "--dp-reduce with ZeRO-1" "ZeRO-1 with Adasum" --text "$text" $small --tp 1 --dp-reduce adasum --zero 1
 bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
@@ -337,7 +337,7 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^profile: 3 steps, .* ms per
     printf '%s\n' "$out" | grep -Eq "^tp\.allreduce +[0-9.]+ " && printf '%s\n' "$out" | grep -Eq "^attn_fwd +2\.0 " &&
     [ "$(printf '%s\n' "$out" | grep -c '^profile:')" -eq 1 ]; then ok "--profile prints one table (rank 0) with ops and collectives"
 else fail "--profile prints one table (rank 0) with ops and collectives"; fi
-out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/gpt2_train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
+out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
     ok "TPK_PROFILE=1 prints the table when the context is destroyed"
 else fail "TPK_PROFILE=1 prints the table when the context is destroyed"; fi
@@ -353,7 +353,7 @@ done
 rm -rf "$T/bad_optim" && cp -r "$T/c5/step-5" "$T/bad_optim" && cp "$T/c3/step-4/optim.safetensors" "$T/bad_optim/optim.safetensors" 2>/dev/null
 bad "optimizer state from another checkpoint" "does not belong" --text "$text" $small --tp 2 --load "$T/bad_optim"
 # ranks started with different configurations (MPMD: the second rank gets another --hidden)
-out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 $B/gpt2_train --text "$text" $small --tp 2 : -np 1 $B/gpt2_train --text "$text" $small --hidden 48 --tp 2 2>&1)
+out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 $B/train --text "$text" $small --tp 2 : -np 1 $B/train --text "$text" $small --hidden 48 --tp 2 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "different configurations"; then ok "bad input: ranks started with different configurations"
 else fail "bad input: ranks started with different configurations (exit $rc)"; fi
@@ -380,13 +380,13 @@ else fail "--save DIR: its parents made (mkdir -p)"; fi
 bad "--csv on /dev/full" "/dev/full: cannot write (No space left on device)" --text "$text" $small --steps 3 --csv /dev/full
 printf '%s\n' "$out" | grep -q '^step' && fail "--csv /dev/full: trained before failing"
 # a file-size limit (a full disk) reached in the middle of the run: rank 0's row write fails, every rank stops (TCP: no shared-memory files under the limit)
-out=$(timeout $((120 * scale)) mpirun $mpiflags --mca btl self,tcp -np 2 sh -c "ulimit -f 2 && exec $B/gpt2_train --text $text $small --steps 60 --csv $T/lim.csv" 2>&1); rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "^gpt2_train: error: tpk_log_row: $T/lim.csv: cannot write (File too large)" && printf '%s\n' "$out" | grep -q '^step' &&
+out=$(timeout $((120 * scale)) mpirun $mpiflags --mca btl self,tcp -np 2 sh -c "ulimit -f 2 && exec $B/train --text $text $small --steps 60 --csv $T/lim.csv" 2>&1); rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "^train: error: tpk_log_row: $T/lim.csv: cannot write (File too large)" && printf '%s\n' "$out" | grep -q '^step' &&
     ! printf '%s\n' "$out" | grep -q '^step    60/60'; then ok "--csv on a full disk (ulimit -f) mid-run: an error and a non-zero exit"
 else fail "--csv on a full disk (ulimit -f) mid-run (exit $rc)"; fi
 # the step lines on a full disk: checked too (one rank, no mpirun: its standard output is the file)
-out=$(timeout $((120 * scale)) $B/gpt2_train --text "$text" $small --steps 3 2>&1 >/dev/full); rc=$?
-if [ $rc -ne 0 ] && printf '%s\n' "$out" | grep -q "^gpt2_train: error: standard output: cannot write"; then ok "standard output on a full disk: an error and a non-zero exit"
+out=$(timeout $((120 * scale)) $B/train --text "$text" $small --steps 3 2>&1 >/dev/full); rc=$?
+if [ $rc -ne 0 ] && printf '%s\n' "$out" | grep -q "^train: error: standard output: cannot write"; then ok "standard output on a full disk: an error and a non-zero exit"
 else fail "standard output on a full disk (exit $rc)"; fi
 # a resume with the same --csv continues the curve: the file equals an uninterrupted run's (rows after the resumed step written again)
 tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --save "$T/cr" --save-every 5 --csv "$T/cr.csv"
@@ -402,7 +402,7 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^trained no steps: $T/cr is 
 else fail "a resume at the last step says no step was trained"; fi
 tr 1 --text "$text" $small --steps 4 --log-every 2 --save "$T/order" --save-every 2
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -E '^(step|saved)' | head -2 | awk 'NR==1 && !/^step +2\/4/ {exit 1} NR==2 && !/^saved .*step-2/ {exit 1}' &&
-    printf '%s\n' "$out" | grep -q "^gpt2_train: 1 rank = TP 1 x DP 1" && printf '%s\n' "$out" | grep -Eq '^step +4/4 \|.*\| [0-9.]+ ms \| [0-9]+ tok/s \| ETA [0-9]+m[0-9][0-9]s$'; then
+    printf '%s\n' "$out" | grep -q "^train: 1 rank = TP 1 x DP 1" && printf '%s\n' "$out" | grep -Eq '^step +4/4 \|.*\| [0-9.]+ ms \| [0-9]+ tok/s \| ETA [0-9]+m[0-9][0-9]s$'; then
     ok "step 2's line before its save, \"1 rank\", the step line's mean time and ETA"
 else fail "step 2's line before its save, \"1 rank\", the step line's mean time and ETA"; fi
 tr 2 --text "$text" $smallnb --tp 1 --steps 1 --dp-batch 8,4
@@ -417,17 +417,17 @@ else fail "--zero 1 at DP 2 prints a lower peak than plain DP: '$p1' vs '$p0' MB
 
 # ---- --timeout, and ranks that disagree on what they run ----
 bad "--timeout negative" "--timeout: expected a number in \[0, 1e+09\], got \"-1\"" --text "$text" $small --timeout -1
-out=$(TPK_TIMEOUT=soon timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_TIMEOUT $B/gpt2_train --text "$text" $small --tp 2 --steps 1 2>&1); rc=$?
-n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: .*TPK_TIMEOUT: expected seconds in \[0, 1e9\] (0: none), got "soon"')
+out=$(TPK_TIMEOUT=soon timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_TIMEOUT $B/train --text "$text" $small --tp 2 --steps 1 2>&1); rc=$?
+n=$(printf '%s\n' "$out" | grep -c '^train: error: .*TPK_TIMEOUT: expected seconds in \[0, 1e9\] (0: none), got "soon"')
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: TPK_TIMEOUT not a number"; else fail "bad input: TPK_TIMEOUT not a number (exit $rc, $n error lines)"; fi
 # ranks whose arguments differ only past 8 KiB (a long but legal --seed, then another --hidden)
 long=$(head -c 9000 /dev/zero | tr '\0' 0)3
-out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 $B/gpt2_train --text "$text" --tp 2 --seed "$long" $small : -np 1 $B/gpt2_train --text "$text" --tp 2 --seed "$long" $small --hidden 48 2>&1)
+out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 $B/train --text "$text" --tp 2 --seed "$long" $small : -np 1 $B/train --text "$text" --tp 2 --seed "$long" $small --hidden 48 2>&1)
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && printf '%s\n' "$out" | grep -q "different configurations"; then ok "bad input: ranks whose arguments differ only after 9 KB"
 else fail "bad input: ranks whose arguments differ only after 9 KB (exit $rc)"; fi
 # ranks that read different bytes under the same relative name: each rank in its own directory
-case $B in /*) prog=$B/gpt2_train ;; *) prog=$PWD/$B/gpt2_train ;; esac
+case $B in /*) prog=$B/train ;; *) prog=$PWD/$B/train ;; esac
 d1=$PWD/$T/wd1 d2=$PWD/$T/wd2
 rm -rf "$d1" "$d2" && mkdir -p "$d1" "$d2"
 # diff2 NAME WANT ARGS...: rank 0 runs in $d1, rank 1 in $d2, both with ARGS; one error line saying WANT
@@ -435,7 +435,7 @@ diff2() {
     name=$1 want=$2; shift 2
     out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 --wdir "$d1" "$prog" "$@" : -np 1 --wdir "$d2" "$prog" "$@" 2>&1)
     rc=$?
-    n=$(printf '%s\n' "$out" | grep -c '^gpt2_train: error: ')
+    n=$(printf '%s\n' "$out" | grep -c '^train: error: ')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q -- "$want"; then ok "ranks that read different inputs: $name"
     else fail "ranks that read different inputs: $name (exit $rc, $n error lines, expected \"$want\")"; fi
 }

@@ -13,8 +13,8 @@
  *                     or, for a 1-D one, by halving dim 0 and adding a dim of 2)
  *       truncated     the file cut in the middle of the tensor data
  *   train_fixtures check FILE                      exit 0 when FILE is a whole, valid safetensors file
- * The corruptions edit the JSON header text; `check` uses the strict reader (tpk/safetensors.h). */
-#include <tpk/safetensors.h>
+ * The corruptions edit the JSON header text; `check` uses the strict reader (tpk/train/safetensors.h). */
+#include <tpk/train/safetensors.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
 # tools/gpu_report.sh — `make gpu-report`: a GPU's first hour in one command, within a time budget.
 # Runs, each step under a time limit cut to what is left of TPK_REPORT_BUDGET (570 s, so the whole
 # command ends within 10 minutes on one H100):
-#   build       make cuda-check, build/gpt2_train and the GPU benchmarks         (limit 180 s)
+#   build       make cuda-check, build/train and the GPU benchmarks         (limit 180 s)
 #   test-gpu    make test-gpu: every op against the host (the fused cuBLASLt epilogues against the
 #               composed ops among them), the layers at t = 1, 2, 3, the resume; the op tests under
 #               compute-sanitizer memcheck, racecheck, synccheck and initcheck, side by side
@@ -98,11 +98,11 @@ elif [ "$mode" = host ]; then
     bench kernels-bf16-gpt2-124M 60 "$B/bench/kernels" --host --dtype bf16 --n 4096 --iters 1 --B 1 --S 64 --A 2 --D 64 --json
     skip kernels-bf16-gpt2-350M "host dry run: one bf16 shape"
     skip kernels-bf16-d128 "host dry run: one bf16 shape"
-    bench gpt2-124M 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/gpt2_train" --model tiny --device cpu --dtype f32 --vocab 300 --steps 1 --warmup 0 --no-compile --json
+    bench gpt2-124M 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model tiny --device cpu --dtype f32 --vocab 300 --steps 1 --warmup 0 --no-compile --json
     skip gpt2-350M "host dry run: one model"
 else
     built=
-    step build 180 $MAKE --no-print-directory cuda-check "$B/gpt2_train" && built=1
+    step build 180 $MAKE --no-print-directory cuda-check "$B/train" && built=1
     if [ -n "$built" ]; then
         # the sanitizers end 20 s before the step's limit, so their rows are written
         lim=240 left=$((budget - ($(date +%s) - start)))
@@ -120,8 +120,8 @@ else
         bench kernels-bf16-gpt2-350M 40 "$B/bench/kernels" --dtype bf16 --B 8 --S 1024 --A 16 --D 64 --json
         bench kernels-bf16-d128 40 "$B/bench/kernels" --dtype bf16 --B 8 --S 2048 --A 16 --D 128 --json
         # make bench-gpt2's runs: tpk's trainer, PyTorch eager and torch.compile
-        bench gpt2-124M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/gpt2_train" --model 124M --json
-        bench gpt2-350M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/gpt2_train" --model 350M --json
+        bench gpt2-124M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model 124M --json
+        bench gpt2-350M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model 350M --json
     else
         for s in test-gpu gemm-f32 gemm-bf16 kernels-f32 kernels-bf16-gpt2-124M kernels-bf16-gpt2-350M kernels-bf16-d128 gpt2-124M gpt2-350M; do
             skip "$s" "the build failed"

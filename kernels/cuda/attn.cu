@@ -15,7 +15,7 @@
  *              dV_j = sum_h sum_i keep_ij P_ij dO_i,  dK_j = scale sum_h sum_i dS_ij Q_i,
  *              P_ij = exp(s_ij - lse_i),  dS_ij = P_ij (keep_ij dO_i . V_j - Dr_i)
  *              (summed in registers in a fixed order: deterministic, bit for bit).
- *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/rng.h), drawn here one
+ *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/base/rng.h), drawn here one
  *              Philox call per element (tpk_dropout_u: a lane holds one key of a row, so the 4 keys
  *              of a call sit in 4 lanes; the tensor-core kernels share a call between lanes). */
 #include <cstdlib>

@@ -1,6 +1,6 @@
 /* kernels/cuda/comm_self_cuda.cu — the one-rank communicator on device buffers.
  *
- * tpk_comm_self (tpk/comm_self.h) copies through the context's memcpy op; this one, for a CUDA
+ * tpk_comm_self (tpk/runtime/comm_self.h) copies through the context's memcpy op; this one, for a CUDA
  * context, calls the runtime directly: every collective of one rank is a copy of the
  * rank's own block (all-reduce: send -> recv; all-gather and reduce-scatter: counts[0]
  * elements), done with cudaMemcpyAsync on the backend's stream, so it is ordered with the ops. */

@@ -13,12 +13,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-/* The headers compile as C++17: the kernels record failures with tpk__fail (tpk/ctx.h) directly;
- * arguments arrive checked by the front end (tpk/op.h). */
-#include <tpk/comm.h>
-#include <tpk/cuda.h>
-#include <tpk/op.h>
-#include <tpk/rng.h>
+/* The headers compile as C++17: the kernels record failures with tpk__fail (tpk/base/ctx.h) directly;
+ * arguments arrive checked by the front end (tpk/runtime/op.h). */
+#include <tpk/base/comm.h>
+#include <tpk/runtime/cuda.h>
+#include <tpk/runtime/backend.h>
+#include <tpk/base/rng.h>
 
 typedef __nv_bfloat16 tpk__bf16;
 
@@ -38,7 +38,7 @@ struct tpk__cuda_state {
     int cc;          /* compute capability, 10 major + minor (80 = sm_80) */
     size_t smem_optin; /* the most dynamic shared memory a block may have (227 KiB on sm_90, 99 KiB on sm_86/89) */
     cudaEvent_t sync_ev; /* tpk__cuda_wait's mark on the stream, created on first use */
-    cudaEvent_t *ev; /* the profiler's timer marks (tpk/profile.h), created on first use */
+    cudaEvent_t *ev; /* the profiler's timer marks (tpk/runtime/profile.h), created on first use */
     int nev;
     /* small uploads go through a ring of pinned host slots, each free again when its event has
      * passed, so an upload never waits for the device (TPK__CUDA_UPLOAD_SLOTS x up to 4 MiB) */
@@ -51,7 +51,7 @@ enum { TPK__CUDA_UPLOAD_SLOTS = 8 };
 #define TPK__CUDA_UPLOAD_MAX ((size_t)4 << 20)
 
 /* The host waits for the compute stream: every such wait of the backend goes through here and
- * is counted (tpk_cuda_sync_count, tpk/cuda.h). */
+ * is counted (tpk_cuda_sync_count, tpk/runtime/cuda.h). */
 tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st);
 /* The host waits until `ev` has passed. While a wait hook is registered it polls and runs the hook
  * meanwhile, so a collective that never finishes ends the wait with the hook's error (TPK_ERR_COMM,
@@ -86,7 +86,7 @@ static inline tpk_status tpk__cuda_launched(tpk_ctx *ctx, const char *fn) {
     return e == cudaSuccess ? TPK_OK : tpk__cuda_err(ctx, fn, "kernel launch failed", e);
 }
 /* This backend's own size limits (grid dimensions, 32-bit counts and keys): TPK_ERR_ARG naming the
- * argument, the limit and why. The front end (tpk/op.h) has checked the contract itself. */
+ * argument, the limit and why. The front end (tpk/runtime/op.h) has checked the contract itself. */
 static inline tpk_status tpk__cuda_limit(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v, int64_t max, const char *why) {
     if (v <= max) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %lld (%s), got %lld", arg, (long long)max, why, (long long)v);

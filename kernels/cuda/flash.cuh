@@ -2,7 +2,7 @@
  * bf16 storage, f32 accumulation and mma.sync m16n8k16 (sm_80 and later), head dims 64 and 128.
  * Included by attn.cu, which keeps the generic kernels for f32 and other head dims.
  *
- * Layouts (the op's contract, tpk/ops.h): qkv [B, S, Al + 2 Gl, D] (grouped-query: A query heads
+ * Layouts (the op's contract, tpk/base/ops.h): qkv [B, S, Al + 2 Gl, D] (grouped-query: A query heads
  * over G key/value heads; the local query head h reads local key/value head kv(h) =
  * (head0 + h) / (A / G) - g0, g0 = head0 / (A / G); Q of h at column block h, K and V of kv at
  * Al + kv and Al + Gl + kv; G = A: Gl = Al, kv(h) = h), out [B, S, Al, D], lse [B, Al, S] =
@@ -50,7 +50,7 @@
  *     chunk's K fragments read from shared memory once (K^T, for S) and transposed in registers
  *     (movmatrix) into dQ += dS K's B operand.
  * Dropout (DROP, p > 0): keep_ij from the counter RNG at index ((b A + head0 + h) S + i) S + j, as every
- * backend (tpk/rng.h: index x takes output x % 4 of Philox call x / 4); the kernels without it carry
+ * backend (tpk/base/rng.h: index x takes output x % 4 of Philox call x / 4); the kernels without it carry
  * no RNG. Where S % 4 = 0 every call covers 4 keys of one row, which 2 lanes (row-major fragments:
  * forward, dQ) or 4 lanes (the transposed fragment: dK, dV) hold: each of those lanes draws one call
  * per 4 elements and they trade outputs by shuffles (tpk__fl_drop_rows, tpk__fl_drop_cols); other S
@@ -91,7 +91,7 @@
 
 #include <type_traits>
 
-#include <tpk/rng.h>
+#include <tpk/base/rng.h>
 
 #include "common.cuh" /* tpk__ex2, TPK__LOG2E */
 
@@ -347,7 +347,7 @@ __device__ __forceinline__ float tpk__fl_quad_sum(float v) {
     return v + tpk__fl_shfl_xor(v, 2);
 }
 
-/* ---- dropout draws, one Philox call per 4 elements (tpk/rng.h: index x takes output x % 4 of call
+/* ---- dropout draws, one Philox call per 4 elements (tpk/base/rng.h: index x takes output x % 4 of call
  * x / 4). With S a multiple of 4 every dropout row ((b A + head) S + i) S starts at a multiple of 4,
  * so keys 4m .. 4m + 3 of a row are one call; the lanes that hold those 4 elements draw one call
  * each and exchange the outputs with shuffles. Otherwise (S % 4 != 0) each element is drawn alone

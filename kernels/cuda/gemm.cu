@@ -10,7 +10,7 @@
  *   linear_fwd      x W^T + bias (+ GELU-tanh keeping the pre-activation) in one cuBLASLt call with
  *                   an epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS)
  *   linear_bwd_act  (dy W) gelu'(pre) and its column sums: the DGELU(_BGRAD) epilogue
- *   without an algorithm for an epilogue: the front end's compositions (tpk__compose_*, tpk/op.h) */
+ *   without an algorithm for an epilogue: the front end's compositions (tpk__compose_*, tpk/runtime/op.h) */
 #include <mutex>
 #include <type_traits>
 
@@ -260,7 +260,7 @@ extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_
 
 /* u = x W^T + bias, y = u or (pre = u, y = act(u)): one cuBLASLt call with the BIAS / GELU_AUX(_BIAS)
  * epilogue; where cuBLASLt has no fused algorithm (or the activation has no epilogue), the front
- * end's composition (tpk__compose_linear_fwd, tpk/op.h: gemm + bias_add + act_fwd through this
+ * end's composition (tpk__compose_linear_fwd, tpk/runtime/op.h: gemm + bias_add + act_fwd through this
  * table; the same result). */
 static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
                                   int64_t k, tpk_act act, tpk_dtype dt) {

@@ -1,6 +1,6 @@
-/* kernels/cuda/rng.cu — the CUDA backend's counter-based random numbers (tpk/rng.h: Philox4x32-10).
+/* kernels/cuda/rng.cu — the CUDA backend's counter-based random numbers (tpk/base/rng.h: Philox4x32-10).
  *
- *   rng_2d     x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/rng.h)
+ *   rng_2d     x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j)   (tpk/base/rng.h)
  *   dropout    y = x keep / (1-p),  keep = dropout_u(seed, stream, global index) >= p: one Philox call
  *              per 4 consecutive global indices, a thread taking 8 elements (two calls) where the
  *              geometry is aligned, else one call's part of a row */
@@ -38,7 +38,7 @@ static tpk_status cuda_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
 
 /* ---- dropout ------------------------------------------------------------------------------------- */
 
-/* One Philox call per 4 consecutive global indices (tpk/rng.h: index x takes output x % 4 of call
+/* One Philox call per 4 consecutive global indices (tpk/base/rng.h: index x takes output x % 4 of call
  * x / 4). VEC (x, y 16-byte aligned; cols, gcols and col0 multiples of 4, so local elements 4k ..
  * 4k + 3 are one call's 4): a thread takes 8 elements — two calls, one 16-byte vector of bf16 or two
  * of f32 — the last n % 8 one by one (tpk_dropout_u). Otherwise a thread takes one call's part of

@@ -4,7 +4,7 @@
  * scratch), made on first use (tpk__cuda_get). Memory is device memory (device = true): alloc
  * zero-filled, memcpy in every direction on the stream, sync waits for the stream (counted:
  * tpk_cuda_sync_count). The profiler's timer: CUDA events recorded on the stream, read when the
- * step closes (tpk/profile.h). The C API of tpk/cuda.h (device count, stream, events, L2 size). */
+ * step closes (tpk/runtime/profile.h). The C API of tpk/runtime/cuda.h (device count, stream, events, L2 size). */
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -204,7 +204,7 @@ static tpk_status cuda_sync(tpk_ctx *ctx) {
 }
 
 
-/* ---- the profiler's timer: CUDA events recorded on the stream (tpk/profile.h) ---------------------- */
+/* ---- the profiler's timer: CUDA events recorded on the stream (tpk/runtime/profile.h) ---------------------- */
 
 static tpk_status cuda_timer_mark(tpk_ctx *ctx, int slot) {
     static const char *fn = "cuda.timer_mark";

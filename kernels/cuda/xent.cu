@@ -104,7 +104,7 @@ static tpk_status cuda_xent_stats(tpk_ctx *ctx, float *part, const void *z, cons
     return tpk__cuda_launched(ctx, fn);
 }
 
-/* the loss and lse of each row: tpk__xent_loss_row (tpk/ops.h), the host's arithmetic */
+/* the loss and lse of each row: tpk__xent_loss_row (tpk/base/ops.h), the host's arithmetic */
 static __global__ void xent_loss_kernel(float *loss, float *lse, const float *part, int64_t P, const int32_t *y, int64_t T, int64_t V, float eps,
                                         int32_t ignore) {
     TPK__GRID_STRIDE(t, (size_t)T) lse[t] = tpk__xent_loss_row(loss + t, part, P, T, (int64_t)t, y[t] == ignore, V, eps);

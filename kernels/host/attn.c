@@ -1,7 +1,7 @@
 /* kernels/host/attn.c — the host backend's causal attention (grouped-query).
  *
  * Per (batch, query head; its key/value head): S = scale Q K^T (causal), P = softmax(S) (dropout
- * on P by tpk/rng.h's masks), O = P V, with Q K^T and P V through cblas_sgemm in blocks of query
+ * on P by tpk/base/rng.h's masks), O = P V, with Q K^T and P V through cblas_sgemm in blocks of query
  * rows that skip the masked keys; the backward recomputes P from the saved lse. Arithmetic is
  * f32 (row sums in double); bf16 is storage, widened on load. */
 #include <math.h>

@@ -4,7 +4,7 @@
  *             beta = 0 ignores C (NaN in C does not leak); k = 0 or alpha = 0 gives C = beta C
  *   gemm_acc  gemm into an f32 C whatever dt: bf16 A, B widened, C multiplied into in place
  * The fused linear ops (linear_fwd, linear_bwd_act) are left to the front end, which composes
- * them from gemm, bias_add, the activations and bias_grad (tpk/op.h). OpenBLAS takes int sizes:
+ * them from gemm, bias_add, the activations and bias_grad (tpk/runtime/op.h). OpenBLAS takes int sizes:
  * larger ones are refused, named. */
 #include <stdlib.h>
 

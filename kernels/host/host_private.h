@@ -1,14 +1,15 @@
 /* kernels/host/host_private.h — private helpers of the host backend: element access for both
  * dtypes, one-loop-per-op instantiation, OpenBLAS's int limit, out-of-memory errors. Arguments
- * are checked once, before an op is reached, by the front end (tpk/op.h). Not installed. */
+ * are checked once, before an op is reached, by the front end (tpk/runtime/op.h); the backend
+ * sees the context and the table through tpk/runtime/backend.h. Not installed. */
 #ifndef TPK_HOST_PRIVATE_H
 #define TPK_HOST_PRIVATE_H
 
 #include <limits.h>
 #include <math.h>
 
-#include <tpk/op.h>
-#include <tpk/rng.h>
+#include <tpk/runtime/backend.h>
+#include <tpk/base/rng.h>
 
 #if defined(__GNUC__)
 #define TPK__HOST_INLINE static inline __attribute__((always_inline))
@@ -31,7 +32,7 @@ TPK__HOST_INLINE void tpk__st(void *p, tpk_dtype dt, size_t i, float v) {
 
 /* ---- what only this backend can know ------------------------------------------------------------ */
 
-/* Arguments arrive checked by the front end (tpk/op.h); OpenBLAS takes int sizes. */
+/* Arguments arrive checked by the front end (tpk/runtime/op.h); OpenBLAS takes int sizes. */
 static inline tpk_status tpk__host_blas_int(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
     if (v <= INT_MAX) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %d (OpenBLAS int), got %lld", arg, INT_MAX, (long long)v);

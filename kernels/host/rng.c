@@ -1,4 +1,4 @@
-/* kernels/host/rng.c — the host backend's counter-based random numbers (tpk/rng.h: Philox4x32-10).
+/* kernels/host/rng.c — the host backend's counter-based random numbers (tpk/base/rng.h: Philox4x32-10).
  *
  *   rng_2d   x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j), normal or uniform
  *   dropout  y = x keep / (1-p),  keep = dropout_u(seed, stream, global index) >= p: one Philox

@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_config.c — fuzz target for the strict JSON readers of tpk/hf.h. Each input is
+/* tests/fuzz/fuzz_config.c — fuzz target for the strict JSON readers of tpk/train/hf.h. Each input is
  * given to
  *   tpk_gpt2_config_parse   GPT-2's config.json
  *   tpk_llama_config_parse  Llama's config.json
@@ -17,7 +17,7 @@
  * tests/test_hf.c includes this file (TPK_FUZZ_NO_MAIN) to replay tests/fuzz/corpus_config in
  * `make test` through all three: files named valid_* must parse as GPT-2 configs, bad_* must be
  * refused as such. */
-#include <tpk/hf.h>
+#include <tpk/train/hf.h>
 
 static tpk_status fuzz_llama_one(const uint8_t *data, size_t size) {
     static const char prefix[] = "tpk_llama_config_parse: input: ";

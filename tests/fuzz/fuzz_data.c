@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_data.c — fuzz target for the token loaders (tpk/data.h): each input is parsed
+/* tests/fuzz/fuzz_data.c — fuzz target for the token loaders (tpk/train/data.h): each input is parsed
  * as an llm.c shard (tpk_data_parse_shard, vocabulary 50257) and split as byte text
  * (tpk_data_split_text, a span from the first byte). Whatever the bytes: a status, no crash, no
  * read outside them; an accepted shard holds exactly (size - 1024) / 2 tokens, each below the
@@ -6,7 +6,7 @@
  * non-negative; refusals leave no tokens behind. A broken promise aborts.
  * tests/test_data.c includes this file (TPK_FUZZ_NO_MAIN) to replay tests/fuzz/corpus_data:
  * files named valid_shard_* must parse as shards, bad_* must be refused as shards. */
-#include <tpk/data.h>
+#include <tpk/train/data.h>
 
 static tpk_status fuzz_data_one(const uint8_t *data, size_t size) {
     tpk_ctx ctx;

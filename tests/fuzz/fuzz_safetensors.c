@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_safetensors.c — fuzz target for the safetensors reader (tpk/safetensors.h).
+/* tests/fuzz/fuzz_safetensors.c — fuzz target for the safetensors reader (tpk/train/safetensors.h).
  *
  * Each input is a whole file given to tpk_st_parse. Whatever the bytes, the parser must
  * return a status without crashing, reading out of bounds or leaking; when it accepts the
@@ -12,7 +12,7 @@
  * tests/test_safetensors.c includes this file (TPK_FUZZ_NO_MAIN) to replay the corpus in
  * `make test`. Corpus files named valid_* must parse, bad_* must be rejected as malformed;
  * others (e.g. inputs that once crashed) only must not crash. */
-#include <tpk/safetensors.h>
+#include <tpk/train/safetensors.h>
 
 /* Check one input; returns the parse status. */
 static tpk_status fuzz_safetensors_one(const uint8_t *data, size_t size) {

@@ -5,7 +5,7 @@
 #define TPK_GPU_TEST_H
 
 #include "test.h"
-#include <tpk/cuda.h>
+#include <tpk/runtime/cuda.h>
 
 /* Exit 0 with a note when there is no usable GPU (every rank agrees). */
 static inline void gpu_require(const char *prog) {

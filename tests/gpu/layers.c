@@ -1,13 +1,13 @@
 /* tests/gpu/layers.c — the TP layers and the GPT-2 model on the CUDA backend against the host
  * backend, at t = number of ranks: at one rank over NCCL, at t = 2, 3 over MPI with ranks sharing
- * one GPU (device buffers staged through host memory, tpk/mpi.h); at one rank the model also
+ * one GPU (device buffers staged through host memory, tpk/runtime/mpi.h); at one rank the model also
  * runs on the device-buffer self communicator (tpk_comm_self_cuda). For attention, the MLP, the
  * GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing): the
  * output, the input gradient and every gathered parameter gradient agree to relative 1e-4 (f32
  * storage; the GEMMs and sums are reordered). Skipped (exit 0) without a GPU. */
 #include "gpu_test.h"
-#include <tpk/nccl.h>
-#include <tpk/train.h>
+#include <tpk/runtime/nccl.h>
+#include <tpk/train/train.h>
 
 enum { B = 2, S = 9, T = B * S, H = 32, V = 301, A = 4 };
 

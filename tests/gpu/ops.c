@@ -1,7 +1,7 @@
 /* tests/gpu/ops.c — every CUDA op against the host op on the same random inputs, f32 and bf16:
  * outputs poisoned (NaN) before each run, so an unwritten element fails; relative error < 1e-5
  * where the arithmetic is the same, < 1e-4 where sums are reordered, < 1e-2 for bf16 storage.
- * Also: bad arguments on the CUDA context are refused by the front end (tpk/op.h), naming them. Runs at one rank; skipped
+ * Also: bad arguments on the CUDA context are refused by the front end (tpk/runtime/op.h), naming them. Runs at one rank; skipped
  * (exit 0) without a GPU. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "gpu_test.h"

@@ -70,15 +70,15 @@ for np in 1 2 3; do run "layers np=$np" mpirun $mpiflags -np "$np" build/tests/g
 # determinism: on the CUDA backend (bf16, dropout on, --deterministic; head dim 64: the tensor-core
 # attention) 10 steps straight equal 5 steps, save, load, 5 more — losses and gradient norms bit for bit
 t0=$(date +%s)
-if [ -x build/gpt2_train ]; then
+if [ -x build/train ]; then
     d=build/tests/gpu/resume
     rm -rf "$d" && mkdir -p "$d"
     text=/usr/share/common-licenses/GPL-3
     [ -f "$text" ] || text=README.md
     a="--text $text --layers 2 --hidden 128 --heads 2 --batch 4 --seq-len 96 --lr 3e-3 --warmup 2 --seed 3 --dropout 0.1 --dtype bf16 --steps 10 --deterministic"
-    mpirun $mpiflags -np 1 build/gpt2_train $a --csv "$d/full.csv" >> "$log" 2>&1
-    mpirun $mpiflags -np 1 build/gpt2_train $a --save "$d/c" --save-every 5 >> "$log" 2>&1
-    mpirun $mpiflags -np 1 build/gpt2_train $a --load "$d/c/step-5" --csv "$d/resume.csv" >> "$log" 2>&1
+    mpirun $mpiflags -np 1 build/train $a --csv "$d/full.csv" >> "$log" 2>&1
+    mpirun $mpiflags -np 1 build/train $a --save "$d/c" --save-every 5 >> "$log" 2>&1
+    mpirun $mpiflags -np 1 build/train $a --load "$d/c/step-5" --csv "$d/resume.csv" >> "$log" 2>&1
     x=$(awk -F, 'NR>1 && $1>=6 {print $1, $2, $5}' "$d/full.csv" 2>/dev/null)
     y=$(awk -F, 'NR>1 && $1>=6 {print $1, $2, $5}' "$d/resume.csv" 2>/dev/null)
     if [ -n "$x" ] && [ "$x" = "$y" ] && [ "$(printf '%s\n' "$x" | wc -l)" -eq 5 ]; then
@@ -87,7 +87,7 @@ if [ -x build/gpt2_train ]; then
         echo "FAIL resume on the CUDA backend is not bit-identical: [$x] vs [$y]" > "$dir/out.txt"
     fi
 else
-    echo "FAIL build/gpt2_train is not built" > "$dir/out.txt"
+    echo "FAIL build/train is not built" > "$dir/out.txt"
 fi
 count "resume" 0 $(($(date +%s) - t0)) "$dir/out.txt"
 

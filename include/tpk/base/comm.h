@@ -1,0 +1,92 @@
+/* tpk/base/comm.h — the communicator interface: a table of collectives over one group of ranks.
+ *
+ * A tpk_comm is (vtable, implementation state, rank, size, counters). Every collective has a
+ * blocking form (req == NULL) and a start form (req != NULL) finished by tpk_wait(). Buffers
+ * live where the implementation says (`device`): host memory for MPI (device buffers staged, or
+ * given to a CUDA-aware MPI), device memory for NCCL; self takes either (its context's memcpy). Collectives (counts are elements of `dtype`):
+ *   allreduce       recv[i] = op over ranks of send[i]                         (count each)
+ *   allgatherv      recv = concat over ranks q of send_q (counts[q] elements)   (rank-major)
+ *   reduce_scatterv recv = rank r's block (counts[r]) of op over ranks of send   (send: sum counts)
+ *   bcast           buf = root's buf
+ *   barrier
+ * send == recv is allowed for allreduce (in place). The wrappers that check arguments and
+ * count calls and bytes are in tpk/runtime/coll.h. */
+#ifndef TPK_COMM_H
+#define TPK_COMM_H
+
+#include "core.h"
+
+typedef struct tpk_ctx tpk_ctx;
+typedef struct tpk_comm tpk_comm;
+
+typedef enum tpk_redop { TPK_SUM = 0, TPK_MAX = 1 } tpk_redop;
+
+typedef enum tpk_coll_kind {
+    TPK_COLL_ALLREDUCE = 0,
+    TPK_COLL_ALLGATHER,
+    TPK_COLL_REDUCE_SCATTER,
+    TPK_COLL_BROADCAST,
+    TPK_COLL_BARRIER,
+    TPK_COLL_N
+} tpk_coll_kind;
+
+static inline const char *tpk_coll_name(tpk_coll_kind k) {
+    static const char *names[TPK_COLL_N] = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier"};
+    return (unsigned)k < TPK_COLL_N ? names[k] : "?";
+}
+
+/* Per-communicator counters: calls, elements and bytes each rank contributed, per kind.
+ * For all-gather the elements counted are the gathered total; for reduce-scatter the input. */
+typedef struct tpk_comm_stats {
+    uint64_t calls[TPK_COLL_N];
+    uint64_t elems[TPK_COLL_N];
+    uint64_t bytes[TPK_COLL_N];
+} tpk_comm_stats;
+
+/* An outstanding collective. `state` belongs to the implementation until tpk_wait(). */
+typedef struct tpk_request {
+    tpk_comm *comm;
+    void *state;
+    bool active;
+} tpk_request;
+
+typedef struct tpk_comm_vtable {
+    const char *name;
+    tpk_status (*allreduce)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt,
+                            tpk_redop op, tpk_request *req);
+    tpk_status (*allgatherv)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
+                             tpk_dtype dt, tpk_request *req);
+    tpk_status (*reduce_scatterv)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
+                                  tpk_dtype dt, tpk_redop op, tpk_request *req);
+    tpk_status (*bcast)(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req);
+    tpk_status (*barrier)(tpk_ctx *ctx, tpk_comm *c, tpk_request *req);
+    tpk_status (*wait)(tpk_ctx *ctx, tpk_request *req);
+    /* New communicator of the ranks with the same color, ordered by key (MPI_Comm_split). */
+    tpk_status (*split)(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out);
+    void (*destroy)(tpk_comm *c);
+} tpk_comm_vtable;
+
+/* The vtable's required entries in its order (X(entry) each): each implementation fills its table
+ * with TPK__COMM_TABLE(prefix), prefix##allreduce, ..., prefix##split, then its destroy (NULL: nothing
+ * to free), so an entry is named in one place; tpk_ctx_init refuses a world whose vtable lacks one
+ * of them (tpk__comm_missing), naming it. */
+#define TPK__COMM_ENTRIES(X) X(allreduce) X(allgatherv) X(reduce_scatterv) X(bcast) X(barrier) X(wait) X(split)
+#define TPK__COMM_TABLE(prefix) prefix##allreduce, prefix##allgatherv, prefix##reduce_scatterv, prefix##bcast, prefix##barrier, prefix##wait, prefix##split
+static inline const char *tpk__comm_missing(const tpk_comm_vtable *vt) {
+    if (!vt->name) return "name";
+#define TPK__COMM_MISSING(e) \
+    if (!vt->e) return #e;
+    TPK__COMM_ENTRIES(TPK__COMM_MISSING)
+#undef TPK__COMM_MISSING
+    return "";
+}
+
+struct tpk_comm {
+    const tpk_comm_vtable *vt;
+    void *impl;
+    int rank, size;
+    bool device; /* buffers are device memory */
+    tpk_comm_stats stats;
+};
+
+#endif /* TPK_COMM_H */

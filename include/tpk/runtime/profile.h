@@ -1,0 +1,168 @@
+/* tpk/runtime/profile.h — a built-in profiler: the time of every op and collective, per step.
+ *
+ * tpk_profile_start(ctx) (or TPK_PROFILE=1 in the environment, read by tpk_ctx_init) turns it on.
+ * Every op of the checked front end (tpk/runtime/op.h) and every collective (tpk/runtime/coll.h) is then timed:
+ * with the backend's timer marks where its table has them (the CUDA backend: CUDA events recorded
+ * on its stream around each op, read at the end of a step, so the step is not serialised), else
+ * with the host clock around the call (exact for the host backend, whose ops are synchronous).
+ * tpk_profile_step(ctx) closes a step (waiting for the device); tpk_profile_print writes one row
+ * per op name, heaviest first:
+ *   calls per step, ms per step, share of the step's wall time, and the achieved rate:
+ *   GB/s (the fewest bytes the op must move: each input read once, each output written once) or
+ *   TFLOP/s (GEMMs, the fused linear, attention: 2 m n k; 2 B A S^2 D forward, 5 backward).
+ * With TPK_PROFILE=1 the table goes to stderr from world rank 0 when the context is destroyed. */
+#ifndef TPK_PROFILE_H
+#define TPK_PROFILE_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../base/ctx.h"
+
+typedef struct tpk__prof_row {
+    const char *name; /* a string literal */
+    uint64_t calls;
+    double ms, bytes, flops;
+} tpk__prof_row;
+
+typedef struct tpk__prof_call { /* an op call of the current step, its time not read yet */
+    int row;                     /* -1 while the call runs */
+    double bytes, flops, t0, t1; /* host clock (ms) when the backend has no timer */
+} tpk__prof_call;
+
+struct tpk_profile {
+    tpk__prof_row rows[96];
+    int nrows;
+    tpk__prof_call *pend;
+    int npend, cap;
+    int open[16], depth; /* the calls running: a collective may stage through ops of its own */
+    double t_step, t_start, wall_ms; /* host ms: start of this step, of the profile; closed steps' wall time */
+    int steps;
+    bool from_env; /* printed by tpk_ctx_destroy */
+};
+
+static inline double tpk__now_ms(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static inline tpk_status tpk_profile_start(tpk_ctx *ctx) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (ctx->prof) return TPK_OK;
+    tpk_profile *p = (tpk_profile *)calloc(1, sizeof *p);
+    if (!p) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_profile_start", "out of host memory");
+    p->t_start = p->t_step = tpk__now_ms();
+    ctx->prof = p;
+    return TPK_OK;
+}
+
+/* Before an op: its call reserved, its start mark. */
+static inline void tpk__prof_begin(tpk_ctx *ctx) {
+    tpk_profile *p = ctx->prof;
+    int idx = -1;
+    if (p->npend == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 256;
+        tpk__prof_call *n = (tpk__prof_call *)realloc(p->pend, sizeof *n * (size_t)cap);
+        if (n) p->pend = n, p->cap = cap;
+    }
+    if (p->npend < p->cap) {
+        idx = p->npend++;
+        p->pend[idx].row = -1;
+        if (ctx->ops->timer_mark) ctx->ops->timer_mark(ctx, 2 * idx);
+        else p->pend[idx].t0 = tpk__now_ms();
+    }
+    if (p->depth < 16) p->open[p->depth] = idx;
+    p->depth++;
+}
+/* After an op: its end mark and its row; the call is read when the step closes. Returns s. */
+static inline tpk_status tpk__prof_end(tpk_ctx *ctx, const char *name, double bytes, double flops, tpk_status s) {
+    tpk_profile *p = ctx->prof;
+    if (p->depth == 0) return s;
+    int idx = --p->depth < 16 ? p->open[p->depth] : -1, r = 0;
+    if (idx < 0) return s; /* not recorded (out of memory or nested too deep) */
+    while (r < p->nrows && p->rows[r].name != name && strcmp(p->rows[r].name, name)) r++;
+    if (r == p->nrows && r < (int)(sizeof p->rows / sizeof p->rows[0])) {
+        p->rows[r].name = name;
+        p->rows[r].calls = 0, p->rows[r].ms = p->rows[r].bytes = p->rows[r].flops = 0;
+        p->nrows++;
+    }
+    tpk__prof_call *c = &p->pend[idx];
+    if (ctx->ops->timer_mark) ctx->ops->timer_mark(ctx, 2 * idx + 1);
+    else c->t1 = tpk__now_ms();
+    c->row = r < p->nrows ? r : -1, c->bytes = bytes, c->flops = flops;
+    return s;
+}
+/* The front end's dispatch: `call` (a backend entry) timed when the profiler is on. */
+#define TPK__PROF_OP(ctx, name, bytes, flops, call)                                                   \
+    ((ctx) && (ctx)->prof ? (tpk__prof_begin(ctx), tpk__prof_end((ctx), (name), (double)(bytes), (double)(flops), (call))) : (call))
+
+/* Read the pending calls' times into the rows (waits for the device). */
+static inline tpk_status tpk__prof_flush(tpk_ctx *ctx) {
+    tpk_profile *p = ctx->prof;
+    tpk_status s = TPK_OK;
+    for (int i = 0; i < p->npend; i++) {
+        tpk__prof_call *c = &p->pend[i];
+        if (c->row < 0) continue;
+        float ms = (float)(c->t1 - c->t0);
+        if (ctx->ops->timer_ms && s == TPK_OK) s = ctx->ops->timer_ms(ctx, 2 * i, 2 * i + 1, &ms);
+        tpk__prof_row *row = &p->rows[c->row];
+        row->calls++, row->ms += ms, row->bytes += c->bytes, row->flops += c->flops;
+    }
+    p->npend = 0, p->depth = 0;
+    return s;
+}
+
+/* Close a step: wait for the device, read the step's times, count its wall time. */
+static inline tpk_status tpk_profile_step(tpk_ctx *ctx) {
+    if (!ctx) return TPK_ERR_ARG;
+    tpk_profile *p = ctx->prof;
+    if (!p) return TPK_OK;
+    TPK_TRY(ctx->ops->sync(ctx));
+    TPK_TRY(tpk__prof_flush(ctx));
+    double now = tpk__now_ms();
+    p->wall_ms += now - p->t_step, p->t_step = now, p->steps++;
+    return TPK_OK;
+}
+
+/* The table (see the top of this file). Steps not closed by tpk_profile_step count as one. */
+static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
+    if (!ctx) return TPK_ERR_ARG;
+    tpk_profile *p = ctx->prof;
+    if (!p) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "the profiler is off (tpk_profile_start or TPK_PROFILE=1)");
+    if (!f) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "f: NULL");
+    if (p->npend || !p->steps) TPK_TRY(tpk_profile_step(ctx));
+    int order[96], n = p->nrows;
+    double timed = 0, step = p->wall_ms / p->steps;
+    for (int i = 0; i < n; i++) order[i] = i, timed += p->rows[i].ms;
+    for (int i = 1; i < n; i++) /* heaviest first */
+        for (int j = i; j > 0 && p->rows[order[j]].ms > p->rows[order[j - 1]].ms; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    fprintf(f, "profile: %d step%s, %.3f ms per step (wall), backend %s, %s\n", p->steps, p->steps == 1 ? "" : "s", step, ctx->ops->name,
+            ctx->ops->timer_mark ? "ops timed by the backend's timer in stream order" : "ops timed by the host clock");
+    fprintf(f, "%-26s %10s %10s %7s %16s\n", "op", "calls/step", "ms/step", "% step", "rate");
+    for (int k = 0; k < n; k++) {
+        const tpk__prof_row *r = &p->rows[order[k]];
+        char rate[32] = "";
+        double sec = r->ms * 1e-3;
+        if (r->flops > 0 && sec > 0) snprintf(rate, sizeof rate, "%.2f TFLOP/s", r->flops / sec * 1e-12);
+        else if (r->bytes > 0 && sec > 0) snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / sec * 1e-9);
+        fprintf(f, "%-26s %10.1f %10.3f %6.1f%% %16s\n", r->name, (double)r->calls / p->steps, r->ms / p->steps,
+                step > 0 ? 100.0 * r->ms / p->steps / step : 0.0, rate);
+    }
+    fprintf(f, "%-26s %10s %10.3f %6.1f%%\n", "all timed ops", "", timed / p->steps, step > 0 ? 100.0 * timed / p->steps / step : 0.0);
+    return TPK_OK;
+}
+
+static inline void tpk_profile_stop(tpk_ctx *ctx) {
+    if (!ctx || !ctx->prof) return;
+    free(ctx->prof->pend);
+    free(ctx->prof);
+    ctx->prof = NULL;
+}
+
+#endif /* TPK_PROFILE_H */
