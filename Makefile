@@ -11,6 +11,7 @@
 #                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
 #   make bench      the host benchmarks (bench/)
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
+#   make format-check  the C, C++ and CUDA sources' format: <= 100 columns, spaces, line ends
 #   make install PREFIX=/usr/local
 #   make clean
 
@@ -60,7 +61,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 $(B)/host/%.o: kernels/host/%.c $(HEADERS)
@@ -245,6 +246,11 @@ demo: deps
 
 deps:
 	@sh tools/deps.sh
+
+# The sources' format (.clang-format, .editorconfig): tools/format_check.py lists every line over
+# 100 characters, tab or trailing space, and fails on one. CI runs it first.
+format-check:
+	@python3 tools/format_check.py
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/readme_example $(GPU_BENCH)

@@ -17,10 +17,11 @@
  *   lm wgrad      dE[V_r, H] = dz^T x               m=V_r n=H   k=T
  * Each is timed through tpk_op_gemm (the checked front end, as a layer calls it; a weight gradient
  * in bf16 through tpk_op_gemm_acc into an f32 C with beta = 1, as tpk__grad_gemm does) after a
- * warm-up, rotating over buffer sets larger than the L2 cache, and reported as TFLOP/s (GFLOP/s on the host), % of the measured peak (a large square
- * GEMM, its fastest call) and the ratio to a plain GEMM of the same shape in the same process (cuBLASLt on packed
- * operands on the GPU, cblas_sgemm on the host). Median of the timed calls; CUDA events on the
- * GPU, the monotonic clock on the host.
+ * warm-up, rotating over buffer sets larger than the L2 cache, and reported as TFLOP/s (GFLOP/s on
+ * the host), % of the measured peak (a large square GEMM, its fastest call) and the ratio to a
+ * plain GEMM of the same shape in the same process (cuBLASLt on packed operands on the GPU,
+ * cblas_sgemm on the host). Median of the timed calls; CUDA events on the GPU, the monotonic clock
+ * on the host.
  *
  *   gemm [--H 768] [--F 4H] [--tokens T] [--vocab 50257] [--dtype f32|bf16] [--t 1,2,4,8]
  *        [--iters N] [--peak P] [--host] [--tf32] [--json]
@@ -98,7 +99,8 @@ typedef struct gemm_case {
     bool ta, tb;
     int64_t m, n, k;
     tpk_dtype dt;
-    bool acc;            /* a weight gradient: in bf16 added into an f32 C (tpk_op_gemm_acc, beta = 1) */
+    bool acc;            /* a weight gradient: in bf16 added into an f32 C (tpk_op_gemm_acc, beta =
+                            1) */
     void **a, **b, **c; /* [sets] each (c f32 when acc) */
     float *fa, *fb, *fc; /* host reference operands (f32) */
 } gemm_case;
@@ -107,41 +109,51 @@ static void call_tpk(void *arg, int set) {
     gemm_case *g = arg;
     int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
     if (g->acc && g->dt != TPK_F32)
-        TRY(tpk_op_gemm_acc(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, 1.0f, g->c[set], g->n, g->dt));
+        TRY(tpk_op_gemm_acc(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set],
+                            ldb, 1.0f, g->c[set], g->n, g->dt));
     else
-        TRY(tpk_op_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb, g->acc ? 1.0f : 0.0f, g->c[set], g->n, g->dt));
+        TRY(tpk_op_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1.0f, g->a[set], lda, g->b[set], ldb,
+                        g->acc ? 1.0f : 0.0f, g->c[set], g->n, g->dt));
 }
 static void call_plain(void *arg, int set) {
     gemm_case *g = arg;
 #ifdef TPK_WITH_CUDA
     if (gpu) {
-        TRY(tpk_cuda_plain_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, g->a[set], g->b[set], g->c[set], g->dt));
+        TRY(tpk_cuda_plain_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, g->a[set], g->b[set],
+                                g->c[set], g->dt));
         return;
     }
 #endif
     /* f32: the very buffers tpk_op_gemm used; bf16: f32 copies (cblas has no bf16) */
     bool f32 = g->dt == TPK_F32;
-    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (int)g->m, (int)g->n, (int)g->k, 1.0f,
-                f32 ? (const float *)g->a[set] : g->fa, (int)(g->ta ? g->m : g->k), f32 ? (const float *)g->b[set] : g->fb,
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+                (int)g->m, (int)g->n, (int)g->k, 1.0f, f32 ? (const float *)g->a[set] : g->fa,
+                (int)(g->ta ? g->m : g->k), f32 ? (const float *)g->b[set] : g->fb,
                 (int)(g->tb ? g->k : g->n), 0.0f, f32 ? (float *)g->c[set] : g->fc, (int)g->n);
 }
 
 static void *buf_rand(size_t n, tpk_dtype dt, uint64_t stream) {
     void *p;
     TRY(tpk_op_alloc(&ctx, n * tpk_dtype_size(dt), &p));
-    TRY(tpk_op_rng_2d(&ctx, p, dt, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, 0.0f, 1.0f));
+    TRY(tpk_op_rng_2d(&ctx, p, dt, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, 0.0f,
+                      1.0f));
     return p;
 }
 
 /* Time one shape: tpk and plain, in ms. */
 static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double *ms_plain) {
-    size_t es = tpk_dtype_size(g->dt), na = (size_t)(g->m * g->k), nb = (size_t)(g->k * g->n), nc = (size_t)(g->m * g->n);
+    size_t es = tpk_dtype_size(g->dt), na = (size_t)(g->m * g->k), nb = (size_t)(g->k * g->n),
+           nc = (size_t)(g->m * g->n);
     size_t set_bytes = (na + nb + nc) * es;
     int sets = (int)(2 * l2 / (set_bytes ? set_bytes : 1)) + 2;
     if (sets > 16) sets = 16;
-    g->a = calloc((size_t)sets, sizeof(void *)), g->b = calloc((size_t)sets, sizeof(void *)), g->c = calloc((size_t)sets, sizeof(void *));
-    tpk_dtype cdt = g->acc ? TPK_F32 : g->dt; /* (the plain GEMM writes its dt into the first half of an f32 C) */
-    for (int s = 0; s < sets; s++) g->a[s] = buf_rand(na, g->dt, 3 * s), g->b[s] = buf_rand(nb, g->dt, 3 * s + 1), g->c[s] = buf_rand(nc, cdt, 3 * s + 2);
+    g->a = calloc((size_t)sets, sizeof(void *)), g->b = calloc((size_t)sets, sizeof(void *)),
+    g->c = calloc((size_t)sets, sizeof(void *));
+    tpk_dtype cdt = g->acc ? TPK_F32 : g->dt; /* (the plain GEMM writes its dt into the first half
+                                                 of an f32 C) */
+    for (int s = 0; s < sets; s++)
+        g->a[s] = buf_rand(na, g->dt, 3 * s), g->b[s] = buf_rand(nb, g->dt, 3 * s + 1),
+        g->c[s] = buf_rand(nc, cdt, 3 * s + 2);
     g->fa = g->fb = g->fc = NULL;
     if (!gpu) {
         g->fa = malloc(na * 4), g->fb = malloc(nb * 4), g->fc = malloc(nc * 4);
@@ -150,7 +162,8 @@ static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double 
     }
     *ms_tpk = time_median(call_tpk, g, sets, gpu ? 5 : 1, iters);
     *ms_plain = time_median(call_plain, g, gpu || g->dt == TPK_F32 ? sets : 1, gpu ? 5 : 1, iters);
-    for (int s = 0; s < sets; s++) tpk_op_free(&ctx, g->a[s]), tpk_op_free(&ctx, g->b[s]), tpk_op_free(&ctx, g->c[s]);
+    for (int s = 0; s < sets; s++)
+        tpk_op_free(&ctx, g->a[s]), tpk_op_free(&ctx, g->b[s]), tpk_op_free(&ctx, g->c[s]);
     free(g->a), free(g->b), free(g->c), free(g->fa), free(g->fb), free(g->fc);
 }
 
@@ -181,7 +194,10 @@ int main(int argc, char **argv) {
             }
             i++;
         } else {
-            fprintf(stderr, "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] [--t 1,2,4,8] [--iters n] [--peak P] [--host] [--tf32] [--json]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] "
+                    "[--t 1,2,4,8] [--iters n] [--peak P] [--host] [--tf32] [--json]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -218,41 +234,56 @@ int main(int argc, char **argv) {
     const char *uname = gpu ? "TFLOP/s" : "GFLOP/s";
     double peak = 2.0 * P * P * P / (pk_plain * 1e-3) / unit;
     if (!json) {
-        printf("sharded GEMMs per rank: backend %s, dtype %s%s, H=%lld F=%lld V=%lld tokens=%lld, median of %d%s\n", ops->name, tpk_dtype_name(dt),
-               gpu && dt == TPK_F32 ? (tf32 ? " (TF32 allowed)" : " (exact f32)") : "", (long long)H, (long long)F, (long long)V, (long long)T, iters,
+        printf("sharded GEMMs per rank: backend %s, dtype %s%s, H=%lld F=%lld V=%lld tokens=%lld, "
+               "median of %d%s\n",
+               ops->name, tpk_dtype_name(dt),
+               gpu && dt == TPK_F32 ? (tf32 ? " (TF32 allowed)" : " (exact f32)") : "",
+               (long long)H, (long long)F, (long long)V, (long long)T, iters,
                dt == TPK_F32 ? "" : "; wgrad: gemm_acc into f32 (plain: a bf16 C)");
-        printf("measured peak: %.1f %s (%s %lld^3)\n\n", peak, uname, gpu ? "cuBLASLt" : "cblas_sgemm", (long long)P);
-        printf("%3s  %-14s %6s %6s %6s  %9s  %8s  %6s  %8s  %6s\n", "t", "gemm", "m", "n", "k", "ms", uname, "%peak", "plain", "ratio");
+        printf("measured peak: %.1f %s (%s %lld^3)\n\n", peak, uname,
+               gpu ? "cuBLASLt" : "cblas_sgemm", (long long)P);
+        printf("%3s  %-14s %6s %6s %6s  %9s  %8s  %6s  %8s  %6s\n", "t", "gemm", "m", "n", "k",
+               "ms", uname, "%peak", "plain", "ratio");
     } else {
-        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"H\": %lld, \"F\": %lld, \"V\": %lld, \"tokens\": %lld, \"unit\": \"%s\", \"peak\": %.3f, \"rows\": [",
-               ops->name, tpk_dtype_name(dt), (long long)H, (long long)F, (long long)V, (long long)T, uname, peak);
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"H\": %lld, \"F\": %lld, \"V\": %lld, "
+               "\"tokens\": %lld, \"unit\": \"%s\", \"peak\": %.3f, \"rows\": [",
+               ops->name, tpk_dtype_name(dt), (long long)H, (long long)F, (long long)V,
+               (long long)T, uname, peak);
     }
     int row = 0;
     for (int ti = 0; ti < nt; ti++) {
         int t = ts[ti];
         if (t < 1) continue;
-        int64_t Fr = tpk_split(F, t, 0).size, Vr = tpk_vocab_padded(V, 64, t) / t, Vu = tpk_split(V, t, 0).size;
+        int64_t Fr = tpk_split(F, t, 0).size, Vr = tpk_vocab_padded(V, 64, t) / t,
+                Vu = tpk_split(V, t, 0).size;
         struct {
             const char *name;
             bool ta, tb;
             int64_t m, n, k;
-        } g[12] = {{"column fwd", 0, 1, T, Fr, H}, {"column dgrad", 0, 0, T, H, Fr}, {"column wgrad", 1, 0, Fr, H, T},
-                   {"row fwd", 0, 1, T, H, Fr},    {"row dgrad", 0, 0, T, Fr, H},    {"row wgrad", 1, 0, H, Fr, T},
-                   {"lm fwd", 0, 1, T, Vr, H},     {"lm dgrad", 0, 0, T, H, Vr},     {"lm wgrad", 1, 0, Vr, H, T},
-                   {"lm fwd unpad", 0, 1, T, Vu, H}, {"lm dgrad unpad", 0, 0, T, H, Vu}, {"lm wgrad unpad", 1, 0, Vu, H, T}};
+        } g[12] = {{"column fwd", 0, 1, T, Fr, H},     {"column dgrad", 0, 0, T, H, Fr},
+                   {"column wgrad", 1, 0, Fr, H, T},   {"row fwd", 0, 1, T, H, Fr},
+                   {"row dgrad", 0, 0, T, Fr, H},      {"row wgrad", 1, 0, H, Fr, T},
+                   {"lm fwd", 0, 1, T, Vr, H},         {"lm dgrad", 0, 0, T, H, Vr},
+                   {"lm wgrad", 1, 0, Vr, H, T},       {"lm fwd unpad", 0, 1, T, Vu, H},
+                   {"lm dgrad unpad", 0, 0, T, H, Vu}, {"lm wgrad unpad", 1, 0, Vu, H, T}};
         for (int q = 0; q < 12; q++) {
             if (q >= 9 && Vu == Vr) continue; /* V already a multiple of 64 t */
-            gemm_case c = {g[q].ta, g[q].tb, g[q].m, g[q].n, g[q].k, dt, q % 3 == 2, 0, 0, 0, 0, 0, 0};
+            gemm_case c = {g[q].ta, g[q].tb, g[q].m, g[q].n, g[q].k, dt, q % 3 == 2,
+                           0,       0,       0,      0,      0,      0};
             double ms, ms_plain;
             run_case(&c, iters, l2, &ms, &ms_plain);
-            double fl = 2.0 * (double)c.m * (double)c.n * (double)c.k, rate = fl / (ms * 1e-3) / unit, prate = fl / (ms_plain * 1e-3) / unit;
+            double fl = 2.0 * (double)c.m * (double)c.n * (double)c.k,
+                   rate = fl / (ms * 1e-3) / unit, prate = fl / (ms_plain * 1e-3) / unit;
             if (!json)
-                printf("%3d  %-14s %6lld %6lld %6lld  %9.3f  %8.2f  %5.1f%%  %8.2f  %6.2f\n", t, g[q].name, (long long)c.m, (long long)c.n,
-                       (long long)c.k, ms, rate, 100.0 * rate / peak, prate, rate / prate);
+                printf("%3d  %-14s %6lld %6lld %6lld  %9.3f  %8.2f  %5.1f%%  %8.2f  %6.2f\n", t,
+                       g[q].name, (long long)c.m, (long long)c.n, (long long)c.k, ms, rate,
+                       100.0 * rate / peak, prate, rate / prate);
             else
-                printf("%s\n  {\"t\": %d, \"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ms\": %.4f, \"rate\": %.3f, \"pct_peak\": %.2f, "
+                printf("%s\n  {\"t\": %d, \"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+                       "\"ms\": %.4f, \"rate\": %.3f, \"pct_peak\": %.2f, "
                        "\"plain_rate\": %.3f, \"ratio\": %.3f}",
-                       row ? "," : "", t, g[q].name, (long long)c.m, (long long)c.n, (long long)c.k, ms, rate, 100.0 * rate / peak, prate, rate / prate);
+                       row ? "," : "", t, g[q].name, (long long)c.m, (long long)c.n, (long long)c.k,
+                       ms, rate, 100.0 * rate / peak, prate, rate / prate);
             row++;
         }
     }

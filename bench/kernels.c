@@ -8,7 +8,8 @@
  * same attention shape in PyTorch (bench/torch_attn.py: scaled_dot_product_attention where it
  * exists), in the same run, and tpk's speed as a percentage of PyTorch's.
  *
- *   kernels [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]
+ *   kernels [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B b --S s --A a
+ *   --D d] [--iters n] [--host] [--json]
  *
  * --cols: the row width of the layernorm and the embedding (default 1024, the rows N / C): 768
  * gives GPT-2 124M's layernorm. The cross-entropy ops on their own logits [--xent-rows, --vocab]
@@ -56,10 +57,30 @@ static int64_t AB, AS, AA, AD;
 static void *qkv, *ao, *ado, *adqkv;
 static float *alse;
 
-enum { OP_COPY, OP_FILL, OP_CAST, OP_AXPBY, OP_BIAS, OP_GELU_F, OP_GELU_B, OP_DROPOUT, OP_LN_F, OP_LN_B, OP_EMBED, OP_XENT_S, OP_XENT_G, OP_XENT_F, OP_ADAMW, OP_ATT_F,
-       OP_ATT_B, OP_N };
-static const char *op_name[OP_N] = {"memcpy D2D", "fill", "cast f32->bf16", "axpby", "bias_add", "act_fwd gelu", "act_bwd gelu", "dropout",
-                                    "layernorm_fwd", "layernorm_bwd", "embed_fwd", "xent_stats", "xent_grad", "xent_fused", "adamw", "attn_fwd", "attn_bwd"};
+enum {
+    OP_COPY,
+    OP_FILL,
+    OP_CAST,
+    OP_AXPBY,
+    OP_BIAS,
+    OP_GELU_F,
+    OP_GELU_B,
+    OP_DROPOUT,
+    OP_LN_F,
+    OP_LN_B,
+    OP_EMBED,
+    OP_XENT_S,
+    OP_XENT_G,
+    OP_XENT_F,
+    OP_ADAMW,
+    OP_ATT_F,
+    OP_ATT_B,
+    OP_N
+};
+static const char *op_name[OP_N] = {
+    "memcpy D2D",   "fill",       "cast f32->bf16", "axpby",         "bias_add",  "act_fwd gelu",
+    "act_bwd gelu", "dropout",    "layernorm_fwd",  "layernorm_bwd", "embed_fwd", "xent_stats",
+    "xent_grad",    "xent_fused", "adamw",          "attn_fwd",      "attn_bwd"};
 
 static void run_op(int op) {
     size_t es = tpk_dtype_size(dt);
@@ -73,14 +94,29 @@ static void run_op(int op) {
     case OP_GELU_B: TRY(tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, y, x, z, dt, N)); break;
     case OP_DROPOUT: TRY(tpk_op_dropout(&ctx, y, x, R, C, C, 0, 0, 0.1f, 1, 2, dt)); break;
     case OP_LN_F: TRY(tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
-    case OP_LN_B: TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false)); break;
+    case OP_LN_B:
+        TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false));
+        break;
     case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
     case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, xl, tgt, XR, XV, XV, 0, dt)); break;
-    case OP_XENT_G: TRY(tpk_op_xent_grad(&ctx, xd, xl, lse, tgt, dl, XR, XV, XV, 0, XV, 0.0f, -100, dt)); break;
-    case OP_XENT_F: TRY(tpk_op_xent_fused(&ctx, xd, mx, lse, xl, tgt, XR, XV, XV, 0.0f, -100, 1.0f, dt)); break;
-    case OP_ADAMW: TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL, 0.0f, NULL, 0, NULL)); break;
-    case OP_ATT_F: TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
-    case OP_ATT_B: TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2, dt)); break;
+    case OP_XENT_G:
+        TRY(tpk_op_xent_grad(&ctx, xd, xl, lse, tgt, dl, XR, XV, XV, 0, XV, 0.0f, -100, dt));
+        break;
+    case OP_XENT_F:
+        TRY(tpk_op_xent_fused(&ctx, xd, mx, lse, xl, tgt, XR, XV, XV, 0.0f, -100, 1.0f, dt));
+        break;
+    case OP_ADAMW:
+        TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL,
+                         0.0f, NULL, 0, NULL));
+        break;
+    case OP_ATT_F:
+        TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2,
+                            dt));
+        break;
+    case OP_ATT_B:
+        TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8,
+                            0.0f, 1, 2, dt));
+        break;
     }
 }
 /* the fewest bytes an op moves */
@@ -94,7 +130,8 @@ static double op_bytes(int op) {
     case OP_BIAS: case OP_GELU_F: case OP_DROPOUT: case OP_LN_F: return 2 * n * es;
     case OP_GELU_B: case OP_LN_B: return 3 * n * es;
     case OP_XENT_G: return 2 * nx * es; /* the logits read once, their gradient written once */
-    case OP_XENT_S: return nx * es;     /* the logits read once (the [XR, 4] statistics are noise) */
+    case OP_XENT_S: return nx * es;     /* the logits read once (the [XR, 4] statistics are
+                                           noise) */
     case OP_XENT_F: return 2 * nx * es; /* the logits read once, their gradient written once */
     case OP_EMBED: return n * (4 + es);
     case OP_ADAMW: return n * 28;
@@ -143,7 +180,9 @@ static void *buf(size_t bytes) {
 }
 static void *rnd(size_t n, tpk_dtype t, uint64_t stream, float a, float s) {
     void *p = buf(n * tpk_dtype_size(t));
-    if (n) TRY(tpk_op_rng_2d(&ctx, p, t, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, a, s));
+    if (n)
+        TRY(tpk_op_rng_2d(&ctx, p, t, 1, (int64_t)n, (int64_t)n, 0, 0, 1, stream, TPK_RNG_NORMAL, a,
+                          s));
     return p;
 }
 
@@ -152,7 +191,8 @@ static void *rnd(size_t n, tpk_dtype t, uint64_t stream, float a, float s) {
 static void *ids_upload(size_t n, int64_t range) {
     int32_t *h = malloc(n * 4);
     if (!h) exit(1);
-    for (size_t i = 0; i < n; i++) h[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)range);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (int32_t)((uint32_t)((uint64_t)i * 2654435761u) % (uint32_t)range);
     void *p = buf(n * 4);
     TRY(tpk_op_memcpy(&ctx, p, h, n * 4, gpu ? TPK_H2D : TPK_H2H));
     TRY(tpk_op_sync(&ctx));
@@ -181,7 +221,10 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--A")) AA = atoll(v), i++;
         else if (v && !strcmp(a, "--D")) AD = atoll(v), i++;
         else {
-            fprintf(stderr, "usage: %s [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype "
+                    "f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -197,7 +240,8 @@ int main(int argc, char **argv) {
     if (!AS) AS = gpu ? 1024 : 256;
     if (!AA) AA = gpu ? 12 : 4;
     if (!xrows) xrows = gpu ? 4096 : 16;
-    if (cols < 1 || n < cols || vocab < 1 || xrows < 1 || iters < 1 || AB < 1 || AS < 1 || AA < 1 || AD < 1) {
+    if (cols < 1 || n < cols || vocab < 1 || xrows < 1 || iters < 1 || AB < 1 || AS < 1 || AA < 1 ||
+        AD < 1) {
         fprintf(stderr, "bench/kernels: sizes must be positive (n >= cols)\n");
         return 2;
     }
@@ -207,29 +251,41 @@ int main(int argc, char **argv) {
     }
     C = cols, R = n / cols, N = (size_t)(R * C), XV = vocab, XR = xrows;
     x = rnd(N, dt, 1, 0, 1), y = rnd(N, dt, 2, 0, 1), z = rnd(N, dt, 3, 0, 1);
-    xf = rnd(N, TPK_F32, 4, 0, 1), gf = rnd(N, TPK_F32, 5, 0, 1), m1 = rnd(N, TPK_F32, 6, 0, 0.1f), v1 = rnd(N, TPK_F32, 7, 1, 0);
+    xf = rnd(N, TPK_F32, 4, 0, 1), gf = rnd(N, TPK_F32, 5, 0, 1), m1 = rnd(N, TPK_F32, 6, 0, 0.1f),
+    v1 = rnd(N, TPK_F32, 7, 1, 0);
     w = rnd((size_t)C, TPK_F32, 8, 1, 0.1f), b = rnd((size_t)C, TPK_F32, 9, 0, 0.1f);
     size_t RM = (size_t)(R > XR ? R : XR); /* rows of the per-row buffers */
-    mean = rnd((size_t)R, TPK_F32, 10, 0, 0), rstd = rnd((size_t)R, TPK_F32, 11, 1, 0), lse = rnd(RM, TPK_F32, 12, 8, 0);
-    dl = rnd(RM, TPK_F32, 13, 1, 0), mx = buf(RM * 4), part = buf(RM * 16); /* mx: the fused op's losses */
+    mean = rnd((size_t)R, TPK_F32, 10, 0, 0), rstd = rnd((size_t)R, TPK_F32, 11, 1, 0),
+    lse = rnd(RM, TPK_F32, 12, 8, 0);
+    dl = rnd(RM, TPK_F32, 13, 1, 0), mx = buf(RM * 4), part = buf(RM * 16); /* mx: the fused op's
+                                                                               losses */
     ids = ids_upload((size_t)R, R), tgt = ids_upload(RM, XV);
-    xl = rnd((size_t)(XR * XV), dt, 16, 0, 3), xd = buf((size_t)(XR * XV) * tpk_dtype_size(dt)); /* every token a different table row, the targets spread over the vocabulary */
+    xl = rnd((size_t)(XR * XV), dt, 16, 0, 3),
+    xd = buf(
+        (size_t)(XR * XV) *
+        tpk_dtype_size(
+            dt)); /* every token a different table row, the targets spread over the vocabulary */
     size_t nq = (size_t)(AB * AS * 3 * AA * AD), no = (size_t)(AB * AS * AA * AD);
-    qkv = rnd(nq, dt, 14, 0, 1), ao = buf(no * tpk_dtype_size(dt)), ado = rnd(no, dt, 15, 0, 1), adqkv = buf(nq * tpk_dtype_size(dt));
+    qkv = rnd(nq, dt, 14, 0, 1), ao = buf(no * tpk_dtype_size(dt)), ado = rnd(no, dt, 15, 0, 1),
+    adqkv = buf(nq * tpk_dtype_size(dt));
     alse = buf((size_t)(AB * AA * AS) * 4);
     TRY(tpk_op_sync(&ctx));
     double copy_ms = time_op(OP_COPY, iters), copy_bw = op_bytes(OP_COPY) / (copy_ms * 1e-3) / 1e9;
     if (!json) {
-        printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), cross-entropy [%lld, %lld], median of %d; attention B=%lld S=%lld A=%lld "
+        printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), cross-entropy [%lld, "
+               "%lld], median of %d; attention B=%lld S=%lld A=%lld "
                "D=%lld\n",
-               ops->name, tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C, (long long)XR, (long long)XV, iters, (long long)AB,
-               (long long)AS, (long long)AA, (long long)AD);
-        printf("measured copy bandwidth: %.1f GB/s (read + write)\n\n%-16s %10s %10s %8s\n", copy_bw, "op", "ms", "GB/s", "% copy");
+               ops->name, tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C,
+               (long long)XR, (long long)XV, iters, (long long)AB, (long long)AS, (long long)AA,
+               (long long)AD);
+        printf("measured copy bandwidth: %.1f GB/s (read + write)\n\n%-16s %10s %10s %8s\n",
+               copy_bw, "op", "ms", "GB/s", "% copy");
     } else {
-        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"xent_shape\": [%lld, %lld], \"attn_shape\": {\"B\": %lld, \"S\": %lld, "
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"xent_shape\": [%lld, "
+               "%lld], \"attn_shape\": {\"B\": %lld, \"S\": %lld, "
                "\"A\": %lld, \"D\": %lld}, \"copy_gbs\": %.3f, \"rows\": [",
-               ops->name, tpk_dtype_name(dt), (long long)N, (long long)XR, (long long)XV, (long long)AB, (long long)AS, (long long)AA,
-               (long long)AD, copy_bw);
+               ops->name, tpk_dtype_name(dt), (long long)N, (long long)XR, (long long)XV,
+               (long long)AB, (long long)AS, (long long)AA, (long long)AD, copy_bw);
     }
     for (int op = OP_FILL; op < OP_N; op++) {
         double ms = time_op(op, iters);
@@ -237,9 +293,12 @@ int main(int argc, char **argv) {
         double rate = att ? op_flops(op) / (ms * 1e-3) / 1e12 : op_bytes(op) / (ms * 1e-3) / 1e9;
         if (!json) {
             if (att) printf("%-16s %10.3f %10.3f TFLOP/s\n", op_name[op], ms, rate);
-            else printf("%-16s %10.3f %10.1f %7.1f%%\n", op_name[op], ms, rate, 100 * rate / copy_bw);
+            else
+                printf("%-16s %10.3f %10.1f %7.1f%%\n", op_name[op], ms, rate,
+                       100 * rate / copy_bw);
         } else {
-            printf("%s\n  {\"op\": \"%s\", \"ms\": %.4f, \"%s\": %.4f}", op == OP_FILL ? "" : ",", op_name[op], ms, att ? "tflops" : "gbs", rate);
+            printf("%s\n  {\"op\": \"%s\", \"ms\": %.4f, \"%s\": %.4f}", op == OP_FILL ? "" : ",",
+                   op_name[op], ms, att ? "tflops" : "gbs", rate);
         }
     }
     /* PyTorch's causal attention on the same shape, in the same run (the first python that
@@ -249,8 +308,9 @@ int main(int argc, char **argv) {
     const char *pys[] = {getenv("TPK_PYTHON"), "python3", "/usr/bin/python3"};
     for (int k = 0; k < 3 && pt[0] < 0; k++) {
         if (!pys[k]) continue;
-        snprintf(cmd, sizeof cmd, "%s bench/torch_attn.py %lld %lld %lld %lld %s %s %d 2>/dev/null", pys[k], (long long)AB, (long long)AS, (long long)AA,
-                 (long long)AD, tpk_dtype_name(dt), gpu ? "cuda" : "cpu", iters);
+        snprintf(cmd, sizeof cmd, "%s bench/torch_attn.py %lld %lld %lld %lld %s %s %d 2>/dev/null",
+                 pys[k], (long long)AB, (long long)AS, (long long)AA, (long long)AD,
+                 tpk_dtype_name(dt), gpu ? "cuda" : "cpu", iters);
         FILE *p = popen(cmd, "r");
         if (p && fscanf(p, "%lf %lf %63s", &pt[0], &pt[1], pname) != 3) pt[0] = pt[1] = -1;
         if (p) pclose(p);
@@ -262,32 +322,43 @@ int main(int argc, char **argv) {
         setenv("TPK_ATTN", "generic", 1);
         gen[0] = time_op(OP_ATT_F, iters), gen[1] = time_op(OP_ATT_B, iters);
         unsetenv("TPK_ATTN");
-        ctx.deterministic = true; /* the backward with a dQ kernel of its own instead of f32 atomics */
+        ctx.deterministic = true; /* the backward with a dQ kernel of its own instead of f32
+                                     atomics */
         det_ms = time_op(OP_ATT_B, iters);
         ctx.deterministic = false;
     }
     if (!json) {
         if (det_ms > 0)
-            printf("\nattention backward, deterministic (dQ in a kernel of its own, no atomics): %.3f ms, %.2fx the default's time\n", det_ms,
+            printf("\nattention backward, deterministic (dQ in a kernel of its own, no atomics): "
+                   "%.3f ms, %.2fx the default's time\n", det_ms,
                    det_ms / att_ms[1]);
         if (gen[0] > 0)
-            printf("\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, backward %.3f ms; the default path is %.2fx as fast "
+            printf("\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, "
+                   "backward %.3f ms; the default path is %.2fx as fast "
                    "(forward+backward)\n",
                    gen[0], gen[1], (gen[0] + gen[1]) / (att_ms[0] + att_ms[1]));
         if (pt[0] > 0)
-            printf("\nattention against PyTorch (%s, same shape and dtype): forward %.3f ms vs %.3f ms (%.0f%% of PyTorch's speed), "
+            printf("\nattention against PyTorch (%s, same shape and dtype): forward %.3f ms vs "
+                   "%.3f ms (%.0f%% of PyTorch's speed), "
                    "forward+backward %.3f ms vs %.3f ms (%.0f%%)\n",
-                   pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1], pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
+                   pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1],
+                   pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
         else printf("\nattention against PyTorch: not measured (no python with torch)\n");
     } else {
-        if (det_ms > 0) printf("\n], \"attn_bwd_deterministic_ms\": %.4f, \"generic_attn\": ", det_ms);
+        if (det_ms > 0)
+            printf("\n], \"attn_bwd_deterministic_ms\": %.4f, \"generic_attn\": ", det_ms);
         else printf("\n], \"attn_bwd_deterministic_ms\": null, \"generic_attn\": ");
-        if (gen[0] > 0) printf("{\"fwd_ms\": %.4f, \"bwd_ms\": %.4f}, \"torch_attn\": ", gen[0], gen[1]);
+        if (gen[0] > 0)
+            printf("{\"fwd_ms\": %.4f, \"bwd_ms\": %.4f}, \"torch_attn\": ", gen[0], gen[1]);
         else printf("null, \"torch_attn\": ");
-        if (pt[0] > 0) printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n", pname, pt[0], pt[1], att_ms[0], att_ms[1]);
+        if (pt[0] > 0)
+            printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, "
+                   "\"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n",
+                   pname, pt[0], pt[1], att_ms[0], att_ms[1]);
         else printf("null}\n");
     }
-    void *all[] = {x, y, z, xf, gf, m1, v1, w, b, mean, rstd, lse, dl, mx, part, ids, tgt, qkv, ao, ado, adqkv, alse};
+    void *all[] = {x,   y,  z,  xf,   gf,  m1,  v1,  w,  b,   mean,  rstd,
+                   lse, dl, mx, part, ids, tgt, qkv, ao, ado, adqkv, alse};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) tpk_op_free(&ctx, all[i]);
     tpk_ctx_destroy(&ctx);
     return 0;

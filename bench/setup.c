@@ -24,15 +24,24 @@ static tpk_status setup(tpk_arch arch, int64_t L, double *secs, char *err, size_
     tpk_ctx ctx = {0};
     tpk_model m = {0};
     tpk_adamw opt = {0};
-    tpk_model_config cfg = {.arch = arch,
-                            .gpt2 = {.vocab = 256, .positions = 8, .layers = L, .hidden = 8, .heads = 2},
-                            .llama = {.vocab = 256, .positions = 8, .layers = L, .hidden = 8, .heads = 2, .kv_heads = 2, .ffn = 16,
-                                      .rope_theta = 10000, .norm_eps = 1e-6f}};
+    tpk_model_config cfg = {
+        .arch = arch,
+        .gpt2 = {.vocab = 256, .positions = 8, .layers = L, .hidden = 8, .heads = 2},
+        .llama = {.vocab = 256,
+                  .positions = 8,
+                  .layers = L,
+                  .hidden = 8,
+                  .heads = 2,
+                  .kv_heads = 2,
+                  .ffn = 16,
+                  .rope_theta = 10000,
+                  .norm_eps = 1e-6f}};
     double t0 = now();
     tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_host(), .seed = 1});
     bool up = s == TPK_OK;
     if (s == TPK_OK) s = tpk_model_init(&ctx, &m, &cfg);
-    if (s == TPK_OK) s = tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f});
+    if (s == TPK_OK)
+        s = tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f});
     *secs = now() - t0;
     if (s != TPK_OK) snprintf(err, n, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s));
     if (up) tpk_adamw_destroy(&ctx, &opt), tpk_model_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
@@ -53,17 +62,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "setup: --arch: expected gpt2 or llama, got \"%s\"\n", arch);
         return 2;
     }
-    printf("model setup (context + %s, hidden 8, 2 heads + AdamW state; one rank, host backend)\n", arch);
+    printf("model setup (context + %s, hidden 8, 2 heads + AdamW state; one rank, host backend)\n",
+           arch);
     printf("%8s %10s %14s\n", "layers", "setup s", "us per layer");
     for (const char *p = layers; *p;) {
         char *end = NULL, err[1024] = "";
         long long L = strtoll(p, &end, 10);
         if (end == p || L < 1 || (*end && *end != ',')) {
-            fprintf(stderr, "setup: --layers: expected positive integers separated by commas, got \"%s\"\n", layers);
+            fprintf(stderr, "setup: --layers: expected positive integers separated by commas, got "
+                            "\"%s\"\n", layers);
             return 2;
         }
         double secs = 0;
-        if (setup(strcmp(arch, "llama") ? TPK_ARCH_GPT2 : TPK_ARCH_LLAMA, L, &secs, err, sizeof err) != TPK_OK) {
+        if (setup(strcmp(arch, "llama") ? TPK_ARCH_GPT2 : TPK_ARCH_LLAMA, L, &secs, err,
+                  sizeof err) != TPK_OK) {
             fprintf(stderr, "setup: %lld layers: %s\n", L, err);
             return 1;
         }

@@ -1,16 +1,18 @@
-/* examples/train.c — a Megatron-style trainer on tpk for every model family (--arch gpt2, llama): tensor
- * parallelism (TP) within groups of --tp consecutive ranks, data parallelism (DP) across them
- * (tpk/train/model.h: one handle for both models). The template to copy:
- *   mpirun -np 2 build/train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 --steps 500 --save ckpt --sample 200
+/* examples/train.c — a Megatron-style trainer on tpk for every model family (--arch gpt2, llama):
+ * tensor parallelism (TP) within groups of --tp consecutive ranks, data parallelism (DP) across
+ * them (tpk/train/model.h: one handle for both models). The template to copy:
+ *   mpirun -np 2 build/train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 --steps 500
+ *   --save ckpt --sample 200
  * A step: --grad-accum micro-batches (ctx.rng_step = the micro-batch: new dropout masks), forward,
  * backward x 1/accum, the last one starting each block's DP reduction as its backward ends
  * (tpk/train/dp.h); SP layernorm grads over TP; the global norm, clipping, AdamW and the schedule
  * (tpk/train/optim.h); the losses summed on the device, read only on a step that reports them. Data
- * (tpk/train/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is window k*dp + d, so a
- * resume is bit-identical. Checkpoints (tpk/train/hf.h): Hugging Face GPT-2 or Llama layout (--load reads
- * config.json's model_type), loadable at any TP and DP size. A failure: one line `train: error: ...`, every rank stops;
- * a collective that fails or gets no answer within --timeout S (a stopped or dead rank) aborts the job
- * after its line. Ranks compare digests of their arguments, data and checkpoint files before training. */
+ * (tpk/train/data.h): llm.c shards or a text file's bytes, batch k of DP rank d is window k*dp + d,
+ * so a resume is bit-identical. Checkpoints (tpk/train/hf.h): Hugging Face GPT-2 or Llama layout
+ * (--load reads config.json's model_type), loadable at any TP and DP size. A failure: one line
+ * `train: error: ...`, every rank stops; a collective that fails or gets no answer within --timeout
+ * S (a stopped or dead rank) aborts the job after its line. Ranks compare digests of their
+ * arguments, data and checkpoint files before training. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
 #include <errno.h>
@@ -29,27 +31,41 @@
 #endif
 
 typedef struct opts {
-    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch, *recompute, *tp_weights;
+    const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch,
+        *recompute, *tp_weights;
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
-    int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every, save_every, keep;
-    bool sp, eval_only, profile, det, steps_given; tpk_recompute rc; /* rc: --recompute parsed; steps_given: --steps was given */
+    int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every,
+        save_every, keep;
+    bool sp, eval_only, profile, det, steps_given; tpk_recompute rc; /* rc: --recompute parsed;
+                                                                        steps_given: --steps was
+                                                                        given */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
-    double timeout; /* --timeout S: how long a collective waits for the other ranks (0: no limit; -1: not given) */
+    double timeout; /* --timeout S: how long a collective waits for the other ranks (0: no limit;
+                       -1: not given) */
 } opts;
 
 static const char *usage =
     "usage: train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
-    "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P (default: --seq-len)\n"
-    "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta 10000 --norm-eps 1e-6\n"
-    "  parallel:  --tp 1 (--tp-weights 3,1: each TP rank's share) --sequence-parallel --dtype f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
-    "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a power of two) --recompute none|selective|full\n"
-    "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
-    "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 --seed 1 --deterministic (same bits every run)\n"
+    "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P "
+    "(default: --seq-len)\n"
+    "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta "
+    "10000 --norm-eps 1e-6\n"
+    "  parallel:  --tp 1 (--tp-weights 3,1: each TP rank's share) --sequence-parallel --dtype "
+    "f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
+    "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a "
+    "power of two) --recompute none|selective|full\n"
+    "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its "
+    "positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
+    "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 "
+    "--seed 1 --deterministic (same bits every run)\n"
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
-    "  output:    --save DIR (made and checked writable before training; written at the end; --save-every K also writes DIR/step-K, ... --keep N: only the last N of them) --load DIR\n"
-    "             --csv FILE (a resume continues it) --sample N --log-every 1 --profile (every op's time per step, from step 2)\n"
-    "  failures:  --timeout 600 (seconds a collective waits for the other ranks, then the job stops; 0: no limit; default TPK_TIMEOUT or 600)\n"
+    "  output:    --save DIR (made and checked writable before training; written at the end; "
+    "--save-every K also writes DIR/step-K, ... --keep N: only the last N of them) --load DIR\n"
+    "             --csv FILE (a resume continues it) --sample N --log-every 1 --profile (every "
+    "op's time per step, from step 2)\n"
+    "  failures:  --timeout 600 (seconds a collective waits for the other ranks, then the job "
+    "stops; 0: no limit; default TPK_TIMEOUT or 600)\n"
     "  with --load the model's shape is its config.json's: a shape flag that differs is an error\n";
 
 static int parse(int argc, char **argv, opts *o, char *err, size_t n);
@@ -57,60 +73,127 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n);
 static bool is_flag(const char *v) {
     opts o;
     char e[256] = "", *args[2] = {(char *)"train", (char *)v};
-    return v[0] == '-' && (parse(2, args, &o, e, sizeof e) < 0 || strncmp(e, "unknown argument", 16));
+    return v[0] == '-' &&
+           (parse(2, args, &o, e, sizeof e) < 0 || strncmp(e, "unknown argument", 16));
 }
 
 /* "--name value" parsing into o (model shape flags 0: not given, the default or the checkpoint's);
  * 0, -1 for --help, or 1 with a message in err. A value is never empty nor one of the flags. */
 static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
-    *o = (opts){.tp = 1, .batch = 8, .seq = 0 /* 64, or a loaded model's positions if fewer */, .accum = 1, .steps = -1 /* 100 when not given */, .warmup = 10, .eval_batches = 4,
-                .log_every = 1, .lr = 1e-3f, .min_lr_frac = 0.1f, .wd = 0.1f, .clip = 1.0f, .b1 = 0.9f, .b2 = 0.95f, .seed = 1};
+    *o = (opts){.tp = 1,
+                .batch = 8,
+                .seq = 0 /* 64, or a loaded model's positions if fewer */,
+                .accum = 1,
+                .steps = -1 /* 100 when not given */,
+                .warmup = 10,
+                .eval_batches = 4,
+                .log_every = 1,
+                .lr = 1e-3f,
+                .min_lr_frac = 0.1f,
+                .wd = 0.1f,
+                .clip = 1.0f,
+                .b1 = 0.9f,
+                .b2 = 0.95f,
+                .seed = 1};
     o->timeout = -1; /* not given: the library's default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL; char *end = NULL;
 #define VALUE if (!v || !*v || is_flag(v)) goto missing;
 #define STR(flag, f) if (!strcmp(a, flag)) { VALUE o->f = v; i++; continue; }
-#define INT(flag, f, lo) if (!strcmp(a, flag)) { VALUE long long x = strtoll(v, &end, 10); \
-        if (*end || x < (lo) || x > 1000000000) return snprintf(err, n, "%s: expected an integer in [%d, 1000000000], got \"%s\"%s", a, (int)(lo), v, *end ? "" : " (out of range)"), 1; \
-        o->f = x; i++; continue; }
-#define FLT(flag, f, lo, hi) if (!strcmp(a, flag)) { VALUE double x = strtod(v, &end); \
-        if (*end || !(x >= (lo) && x <= (hi))) return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, (double)(lo), (double)(hi), v), 1; \
-        o->f = (float)x; i++; continue; }
-        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv) STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute) STR("--tp-weights", tp_weights)
-        INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT("--positions", positions, 1)
-        INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1) FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
-        INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1) INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
-        INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1) INT("--sample", sample, 0)
-        INT("--log-every", log_every, 1) INT("--save-every", save_every, 0) INT("--keep", keep, 1) INT("--seed", seed, 0)
-        FLT("--lr", lr, 0, 10) FLT("--min-lr-frac", min_lr_frac, 0, 1) FLT("--weight-decay", wd, 0, 10) FLT("--clip", clip, 0, 1e9)
-        FLT("--timeout", timeout, 0, 1e9)
-        FLT("--dropout", dropout, 0, 0.99) FLT("--label-smoothing", smoothing, 0, 0.99) FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
+#define INT(flag, f, lo)                                                                         \
+    if (!strcmp(a, flag)) {                                                                      \
+        VALUE long long x = strtoll(v, &end, 10);                                                \
+        if (*end || x < (lo) || x > 1000000000)                                                  \
+            return snprintf(err, n, "%s: expected an integer in [%d, 1000000000], got \"%s\"%s", \
+                            a, (int)(lo), v, *end ? "" : " (out of range)"),                     \
+                   1;                                                                            \
+        o->f = x;                                                                                \
+        i++;                                                                                     \
+        continue;                                                                                \
+    }
+#define FLT(flag, f, lo, hi)                                                            \
+    if (!strcmp(a, flag)) {                                                             \
+        VALUE double x = strtod(v, &end);                                               \
+        if (*end || !(x >= (lo) && x <= (hi)))                                          \
+            return snprintf(err, n, "%s: expected a number in [%g, %g], got \"%s\"", a, \
+                            (double)(lo), (double)(hi), v),                             \
+                   1;                                                                   \
+        o->f = (float)x;                                                                \
+        i++;                                                                            \
+        continue;                                                                       \
+    }
+        STR("--arch", arch)
+        STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR(
+            "--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
+            STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR(
+                "--recompute", recompute) STR("--tp-weights", tp_weights) INT("--layers", layers, 1)
+                INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT(
+                    "--positions", positions, 1) INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1)
+                    FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30,
+                                                                      0.5) INT("--tp", tp, 1)
+                        INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1)
+                            INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
+                                INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT(
+                                    "--eval-batches", eval_batches,
+                                    1) INT("--sample", sample,
+                                           0) INT("--log-every", log_every, 1)
+                                    INT("--save-every", save_every, 0) INT("--keep", keep, 1)
+                                        INT("--seed", seed, 0) FLT("--lr", lr, 0, 10) FLT(
+                                            "--min-lr-frac", min_lr_frac,
+                                            0, 1) FLT("--weight-decay", wd, 0,
+                                                      10) FLT("--clip", clip, 0, 1e9)
+                                            FLT("--timeout", timeout, 0,
+                                                1e9) FLT("--dropout", dropout, 0, 0.99)
+                                                FLT("--label-smoothing", smoothing, 0,
+                                                    0.99) FLT("--beta1", b1, 0,
+                                                              0.9999) FLT("--beta2", b2, 0, 0.9999)
 #define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
-        BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile) BOOL("--deterministic", det)
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
+                                                    BOOL("--sequence-parallel",
+                                                         sp) BOOL("--eval-only", eval_only)
+                                                        BOOL("--profile", profile) BOOL(
+                                                            "--deterministic",
+                                                            det) if (!strcmp(a, "--help") ||
+                                                                     !strcmp(a, "-h")) return -1;
         return snprintf(err, n, "unknown argument \"%s\" (--help lists them)", a), 1;
     missing:
         if (!v) return snprintf(err, n, "%s: expects a value", a), 1;
-        return snprintf(err, n, "%s: expects a value, got %s%s", a, *v ? "the flag " : "an empty string", v), 1;
+        return snprintf(err, n, "%s: expects a value, got %s%s", a,
+                        *v ? "the flag " : "an empty string", v),
+               1;
     }
     o->steps_given = o->steps >= 0;
     if (!o->steps_given) o->steps = 100;
     if (argc < 2) return snprintf(err, n, "no arguments: --help lists the options"), 1;
     if (!o->data && !o->text && !(o->load && o->sample && !o->eval_only))
-        return snprintf(err, n, "no data: give --text FILE or --data SHARD to train or evaluate (--load DIR alone can only --sample N)"), 1;
+        return snprintf(err, n, "no data: give --text FILE or --data SHARD to train or evaluate "
+                                "(--load DIR alone can only --sample N)"), 1;
     if (o->data && o->text) return snprintf(err, n, "--data and --text: give one"), 1;
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
-    if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16")) return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
-    if (o->dp_reduce && strcmp(o->dp_reduce, "mean") && strcmp(o->dp_reduce, "adasum")) return snprintf(err, n, "--dp-reduce: expected mean or adasum, got \"%s\"", o->dp_reduce), 1;
-    if (o->recompute && !tpk_recompute_parse(o->recompute, &o->rc)) return snprintf(err, n, "--recompute: expected none, selective or full, got \"%s\"", o->recompute), 1;
-    if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d", o->zero), 1;
-    if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama")) return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
-    if (o->save_every && !o->save) return snprintf(err, n, "--save-every %d: needs --save DIR (the checkpoints go to DIR/step-K)", o->save_every), 1;
+    if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16"))
+        return snprintf(err, n, "--dtype: expected f32 or bf16, got \"%s\"", o->dtype), 1;
+    if (o->dp_reduce && strcmp(o->dp_reduce, "mean") && strcmp(o->dp_reduce, "adasum"))
+        return snprintf(err, n, "--dp-reduce: expected mean or adasum, got \"%s\"", o->dp_reduce),
+               1;
+    if (o->recompute && !tpk_recompute_parse(o->recompute, &o->rc))
+        return snprintf(err, n, "--recompute: expected none, selective or full, got \"%s\"",
+                        o->recompute),
+               1;
+    if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state "
+                                             "sharded over DP), got %d", o->zero), 1;
+    if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama"))
+        return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
+    if (o->save_every && !o->save)
+        return snprintf(err, n,
+                        "--save-every %d: needs --save DIR (the "
+                        "checkpoints go to DIR/step-K)",
+                        o->save_every),
+               1;
     return 0;
 }
 
 static int world_rank, world_size;
-static double coll_timeout = 600; /* seconds a collective waits for the other ranks (--timeout; 0: no limit) */
+static double coll_timeout = 600; /* seconds a collective waits for the other ranks (--timeout; 0:
+                                     no limit) */
 /* A collective failed or timed out: the ranks can no longer agree on stopping (a stopped peer
  * never would), so this rank prints the error line and aborts the job (mpirun ends every rank). */
 static void comm_abort(const char *what) {
@@ -124,10 +207,12 @@ static void comm_abort(const char *what) {
 static void world_allreduce(void *buf, int n, MPI_Datatype t, MPI_Op op) {
     tpk_ctx e = {0}; /* the error message's home */
     MPI_Request r;
-    MPI_Iallreduce(MPI_IN_PLACE, buf, n, t, op, MPI_COMM_WORLD, &r); /* the world's errors are fatal: no status to check */
+    MPI_Iallreduce(MPI_IN_PLACE, buf, n, t, op, MPI_COMM_WORLD, &r); /* the world's errors are
+                                                                        fatal: no status to check */
     char what[48];
     snprintf(what, sizeof what, "the world (%d ranks)", world_size);
-    if (tpk_mpi_wait(&e, "MPI_Allreduce", what, &r, coll_timeout) != TPK_OK) comm_abort(tpk_last_error(&e));
+    if (tpk_mpi_wait(&e, "MPI_Allreduce", what, &r, coll_timeout) != TPK_OK)
+        comm_abort(tpk_last_error(&e));
 }
 /* Every rank passes its own ok flag and message; if any failed, the lowest failing rank prints
  * its message and every rank returns false, so all stop and none hangs. */
@@ -154,7 +239,8 @@ static uint64_t digest(uint64_t h, const void *p, size_t n) {
     for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
-/* Whether every rank holds the same h[0..n) (one all-reduce of h and ~h, MAX: max h == ~min ~h). Collective. */
+/* Whether every rank holds the same h[0..n) (one all-reduce of h and ~h, MAX: max h == ~min ~h).
+ * Collective. */
 static bool same_everywhere(const uint64_t *h, int n) {
     uint64_t hh[64];
     for (int i = 0; i < n; i++) hh[2 * i] = h[i], hh[2 * i + 1] = ~h[i];
@@ -163,7 +249,8 @@ static bool same_everywhere(const uint64_t *h, int n) {
         if (hh[2 * i] != ~hh[2 * i + 1]) return false;
     return true;
 }
-/* The digest of a file's bytes, read in pieces of 1 MiB (0 when it cannot be read: the load reports why). */
+/* The digest of a file's bytes, read in pieces of 1 MiB (0 when it cannot be read: the load reports
+ * why). */
 static uint64_t file_digest(const char *path) {
     static unsigned char buf[1 << 20];
     FILE *f = fopen(path, "rb");
@@ -175,11 +262,16 @@ static uint64_t file_digest(const char *path) {
     fclose(f);
     return bad ? 0 : digest(h, &total, sizeof total);
 }
-static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-static bool ends_with(const char *s, const char *tail) { size_t n = strlen(s), t = strlen(tail); return n >= t && !strcmp(s + n - t, tail); }
-/* Whether the ranks see the same checkpoint in dir (its *.json and *.safetensors files: config.json,
- * the model's files, the optimizer's): 0 yes; 1 the lists of names differ; 2 a file's bytes
- * differ (its path in bad). Collective. */
+static int cmp_names(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+static bool ends_with(const char *s, const char *tail) {
+    size_t n = strlen(s), t = strlen(tail);
+    return n >= t && !strcmp(s + n - t, tail);
+}
+/* Whether the ranks see the same checkpoint in dir (its *.json and *.safetensors files:
+ * config.json, the model's files, the optimizer's): 0 yes; 1 the lists of names differ; 2 a file's
+ * bytes differ (its path in bad). Collective. */
 static int differing_checkpoint(const char *dir, char *bad, size_t nbad) {
     char **names = NULL;
     int n = 0, cap = 0, res = 0;
@@ -203,27 +295,49 @@ static int differing_checkpoint(const char *dir, char *bad, size_t nbad) {
     for (int i = 0; !res && i < n; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         h = file_digest(path);
-        if (!same_everywhere(&h, 1) && (res = 2) && snprintf(bad, nbad, "%s", path) >= (int)nbad) bad[nbad - 1] = 0;
+        if (!same_everywhere(&h, 1) && (res = 2) && snprintf(bad, nbad, "%s", path) >= (int)nbad)
+            bad[nbad - 1] = 0;
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
     return res;
 }
-#define FAIL_IF(cond, ...) do { bool c_ = (cond); if (c_) snprintf(msg, sizeof msg, __VA_ARGS__); if (!agree(!c_, msg)) goto out; } while (0)
-#define TRY(call) do { tpk_status s_ = (call); if (s_ == TPK_ERR_COMM) comm_abort(tpk_last_error(&ctx)); FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); } while (0)
-static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec; }
+#define FAIL_IF(cond, ...)                              \
+    do {                                                \
+        bool c_ = (cond);                               \
+        if (c_) snprintf(msg, sizeof msg, __VA_ARGS__); \
+        if (!agree(!c_, msg)) goto out;                 \
+    } while (0)
+#define TRY(call)                                                                   \
+    do {                                                                            \
+        tpk_status s_ = (call);                                                     \
+        if (s_ == TPK_ERR_COMM) comm_abort(tpk_last_error(&ctx));                   \
+        FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); \
+    } while (0)
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* --save DIR checked before training: DIR made with its parents (mkdir -p) and a probe file
  * written, flushed and removed in it. false with a message in err. */
 static bool probe_dir(const char *dir, char *err, size_t n) {
     char p[4096], f[4200];
-    if (strlen(dir) >= sizeof p) return snprintf(err, n, "--save: a path of at most %zu characters, got %zu", sizeof p - 1, strlen(dir)), false;
+    if (strlen(dir) >= sizeof p)
+        return snprintf(err, n,
+                        "--save: a path of at most %zu "
+                        "characters, got %zu",
+                        sizeof p - 1, strlen(dir)),
+               false;
     snprintf(p, sizeof p, "%s", dir);
     for (char *c = p + 1;; c++) /* each parent, then DIR */
         if (*c == '/' || !*c) {
             char end = *c;
             *c = 0;
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) return snprintf(err, n, "--save: cannot create %.900s (%s)", p, strerror(errno)), false;
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                return snprintf(err, n, "--save: cannot create %.900s (%s)", p, strerror(errno)),
+                       false;
             *c = end;
             if (!end) break;
         }
@@ -232,7 +346,10 @@ static bool probe_dir(const char *dir, char *err, size_t n) {
     bool ok = pf && fputs("probe\n", pf) >= 0 && fflush(pf) == 0;
     int e = errno;
     if (pf) ok = fclose(pf) == 0 && ok, remove(f);
-    if (!ok) return snprintf(err, n, "--save %s: cannot write in it (%s)", dir, strerror(pf ? e : errno)), false;
+    if (!ok)
+        return snprintf(err, n, "--save %s: cannot write in it (%s)", dir,
+                        strerror(pf ? e : errno)),
+               false;
     return true;
 }
 
@@ -240,20 +357,28 @@ static bool probe_dir(const char *dir, char *err, size_t n) {
  * message in err, false; true when none does. */
 static bool shape_agrees(const opts *o, const tpk_model_config *c, char *err, size_t n) {
     bool l = c->arch == TPK_ARCH_LLAMA;
-    struct { const char *flag; double given, has; } f[] = {
-        {"--layers", (double)o->layers, (double)(l ? c->llama.layers : c->gpt2.layers)}, {"--hidden", (double)o->hidden, (double)(l ? c->llama.hidden : c->gpt2.hidden)},
-        {"--heads", (double)o->heads, (double)(l ? c->llama.heads : c->gpt2.heads)}, {"--vocab", (double)o->vocab, (double)(l ? c->llama.vocab : c->gpt2.vocab)},
-        {"--positions", (double)o->positions, (double)(l ? c->llama.positions : c->gpt2.positions)}, {"--kv-heads", (double)o->kv_heads, (double)c->llama.kv_heads},
-        {"--ffn", (double)o->ffn, (double)c->llama.ffn}, {"--rope-theta", o->rope_theta, c->llama.rope_theta}, {"--norm-eps", o->norm_eps, c->llama.norm_eps}};
+    struct { const char *flag; double given, has;
+    } f[] = {
+        {"--layers", (double)o->layers, (double)(l ? c->llama.layers : c->gpt2.layers)},
+        {"--hidden", (double)o->hidden, (double)(l ? c->llama.hidden : c->gpt2.hidden)},
+        {"--heads", (double)o->heads, (double)(l ? c->llama.heads : c->gpt2.heads)},
+        {"--vocab", (double)o->vocab, (double)(l ? c->llama.vocab : c->gpt2.vocab)},
+        {"--positions", (double)o->positions, (double)(l ? c->llama.positions : c->gpt2.positions)},
+        {"--kv-heads", (double)o->kv_heads, (double)c->llama.kv_heads},
+        {"--ffn", (double)o->ffn, (double)c->llama.ffn},
+        {"--rope-theta", o->rope_theta, c->llama.rope_theta},
+        {"--norm-eps", o->norm_eps, c->llama.norm_eps}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given && fabs(f[i].given - f[i].has) > 1e-6 * fabs(f[i].has))
-            return snprintf(err, n, "%s %g: the checkpoint %s has %g (a loaded model's shape is its config.json's: leave the flag out)", f[i].flag, f[i].given,
+            return snprintf(err, n, "%s %g: the checkpoint %s has %g (a loaded model's shape is "
+                                    "its config.json's: leave the flag out)", f[i].flag, f[i].given,
                             o->load, f[i].has), false;
     return true;
 }
 
 /* Mean loss of K validation batches, averaged over DP (dropout off). Collective. */
-static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, const tpk_tokens *val, const opts *o, int32_t *x, int32_t *y, double *out) {
+static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, const tpk_tokens *val, const opts *o,
+                           int32_t *x, int32_t *y, double *out) {
     double sum = 0;
     for (int k = 0; k < o->eval_batches; k++) {
         float loss;
@@ -267,41 +392,57 @@ static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, const tpk_tokens *val, co
     return TPK_OK;
 }
 
-/* n tokens (dropout off) after a start token (newline for bytes, <|endoftext|> for GPT-2's vocabulary), printed on rank 0. */
+/* n tokens (dropout off) after a start token (newline for bytes, <|endoftext|> for GPT-2's
+ * vocabulary), printed on rank 0. */
 static tpk_status sample(tpk_ctx *ctx, tpk_model *m, int n, uint64_t seed) {
     int64_t V = tpk_model_vocab(m); bool bytes = V <= 256;
     int32_t *seq = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + 1));
     if (!seq) return tpk_fail(ctx, TPK_ERR_NOMEM, "sample", "%d tokens", n);
     tpk_status s = tpk_model_set_dropout(ctx, m, 0);
-    if (s == TPK_OK) s = tpk_model_sample(ctx, m, bytes ? '\n' : V > 50256 ? 50256 : 0, n, 1.0f, seed, seq);
+    if (s == TPK_OK)
+        s = tpk_model_sample(ctx, m, bytes ? '\n' : V > 50256 ? 50256 : 0, n, 1.0f, seed, seq);
     if (s == TPK_OK && world_rank == 0) {
         printf("--- sample (%d tokens) ---\n", n);
         for (int i = 1; i <= n; i++)
-            bytes ? putchar(seq[i] == '\n' || seq[i] == '\t' || (seq[i] >= 32 && seq[i] < 127) ? seq[i] : '?') : printf("%d ", seq[i]);
+            bytes ? putchar(seq[i] == '\n' || seq[i] == '\t' || (seq[i] >= 32 && seq[i] < 127)
+                                ? seq[i]
+                                : '?')
+                  : printf("%d ", seq[i]);
         printf("\n---\n");
     }
     free(seq);
     return s;
 }
 
-static int cmp_ll(const void *a, const void *b) { long long x = *(const long long *)a, y = *(const long long *)b; return (x > y) - (x < y); }
-/* --keep N: remove the checkpoints DIR/step-K (K a whole number) beyond the newest n, oldest first, on
+static int cmp_ll(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+/* --keep N: remove the checkpoints DIR/step-K (K a whole number) beyond the newest n, oldest first,
+ * on
  * world rank 0 after a save succeeded (tpk_hf_remove: a user's other files stay). */
 static tpk_status keep_last(tpk_ctx *ctx, const char *dir, int n) {
     DIR *d = world_rank == 0 ? opendir(dir) : NULL;
-    if (!d) return world_rank == 0 ? tpk_fail(ctx, TPK_ERR_IO, "--keep", "%s: cannot list: %s", dir, strerror(errno)) : TPK_OK;
+    if (!d)
+        return world_rank == 0 ? tpk_fail(ctx, TPK_ERR_IO, "--keep", "%s: cannot list: %s", dir,
+                                          strerror(errno))
+                               : TPK_OK;
     long long *k = NULL, v;
     size_t nk = 0, cap = 0;
     bool nomem = false;
     char tail, num[32];
     for (struct dirent *e; !nomem && (e = readdir(d));)
-        if (sscanf(e->d_name, "step-%lld%c", &v, &tail) == 1 && v >= 0 && !strcmp(e->d_name + 5, (snprintf(num, sizeof num, "%lld", v), num))) {
-            long long *g = nk < cap ? k : (long long *)realloc(k, sizeof *k * (cap = cap ? 2 * cap : 64));
+        if (sscanf(e->d_name, "step-%lld%c", &v, &tail) == 1 && v >= 0 &&
+            !strcmp(e->d_name + 5, (snprintf(num, sizeof num, "%lld", v), num))) {
+            long long *g =
+                nk < cap ? k : (long long *)realloc(k, sizeof *k * (cap = cap ? 2 * cap : 64));
             if (!g) nomem = true;
             else k = g, k[nk++] = v;
         }
     closedir(d);
-    tpk_status s = nomem ? tpk_fail(ctx, TPK_ERR_NOMEM, "--keep", "the list of %s's checkpoints", dir) : TPK_OK;
+    tpk_status s = nomem
+                       ? tpk_fail(ctx, TPK_ERR_NOMEM, "--keep", "the list of %s's checkpoints", dir)
+                       : TPK_OK;
     if (nk > 1) qsort(k, nk, sizeof *k, cmp_ll);
     for (size_t i = 0; s == TPK_OK && i + (size_t)n < nk; i++) { /* the oldest nk - n */
         char sub[1100];
@@ -314,7 +455,8 @@ static tpk_status keep_last(tpk_ctx *ctx, const char *dir, int n) {
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    signal(SIGXFSZ, SIG_IGN); /* a full disk or a file-size limit: write fails (EFBIG), the save reports it */
+    signal(SIGXFSZ, SIG_IGN); /* a full disk or a file-size limit: write fails (EFBIG), the save
+                                 reports it */
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank), MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     opts o;
     int rc = 1, pr = parse(argc, argv, &o, msg, sizeof msg);
@@ -326,61 +468,119 @@ int main(int argc, char **argv) {
     int32_t *x = NULL, *y = NULL;
     tpk_log csv = {0}; bool ctx_up = false;
     if (pr < 0) { if (world_rank == 0) printf("%s", usage); MPI_Finalize(); return 0; }
-    if (tpk_mpi_timeout_default(&ctx, &coll_timeout) != TPK_OK && pr == 0) pr = 1, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx)); /* TPK_TIMEOUT */
+    if (tpk_mpi_timeout_default(&ctx, &coll_timeout) != TPK_OK && pr == 0)
+        pr = 1, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx)); /* TPK_TIMEOUT */
     if (o.timeout >= 0) coll_timeout = o.timeout; /* --timeout over TPK_TIMEOUT */
     if (!agree(pr == 0, msg)) goto out;
-    { /* every rank must have been started with the same arguments: a digest of every byte of every argument and its length */
+    { /* every rank must have been started with the same arguments: a digest of every byte of every
+         argument and its length */
         uint64_t h = digest(DIGEST0, &argc, sizeof argc);
         for (int i = 1; i < argc; i++) {
             size_t len = strlen(argv[i]);
             h = digest(digest(h, &len, sizeof len), argv[i], len);
         }
-        FAIL_IF(!same_everywhere(&h, 1), "the ranks were started with different configurations (arguments differ between ranks)");
+        FAIL_IF(!same_everywhere(&h, 1), "the ranks were started with different configurations "
+                                         "(arguments differ between ranks)");
     }
-    if (o.load && world_size > 1) { /* the checkpoint's files: the same bytes on every rank, or the ranks build different models */
+    if (o.load && world_size > 1) { /* the checkpoint's files: the same bytes on every rank, or the
+                                       ranks build different models */
         char bad[512];
         int d = differing_checkpoint(o.load, bad, sizeof bad);
-        FAIL_IF(d, d == 1 ? "the ranks see different checkpoint files in --load %s (the lists of its .json and .safetensors files differ)"
-                          : "the ranks read different contents from %s: every rank must load the same checkpoint", d == 1 ? o.load : bad);
+        FAIL_IF(d, d == 1 ? "the ranks see different checkpoint files in --load %s (the lists of "
+                            "its .json and .safetensors files differ)"
+                          : "the ranks read different contents from %s: every rank must load the "
+                            "same checkpoint", d == 1 ? o.load : bad);
     }
-    FAIL_IF(o.keep && !(o.save && o.save_every), "--keep %d: applies to the checkpoints of --save DIR --save-every K", o.keep);
+    FAIL_IF(o.keep && !(o.save && o.save_every), "--keep %d: applies to the checkpoints of --save "
+                                                 "DIR --save-every K", o.keep);
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
-    double tw[64]; int ntw = o.tp_weights ? tpk_parse_weights(o.tp_weights, tw, 64) : o.tp; /* --tp-weights: the TP split's shares */
-    FAIL_IF(ntw != o.tp, "--tp-weights: expected %d positive numbers separated by commas (one per TP rank), got \"%s\"", o.tp, o.tp_weights);
-    if (!agree(world_rank || !o.save || probe_dir(o.save, msg, sizeof msg), msg)) goto out; /* a bad --save fails now, not after training */
+    double tw[64];
+    int ntw = o.tp_weights ? tpk_parse_weights(o.tp_weights, tw, 64)
+                           : o.tp; /* --tp-weights: the TP split's shares */
+    FAIL_IF(ntw != o.tp, "--tp-weights: expected %d positive numbers separated by commas (one per "
+                         "TP rank), got \"%s\"", o.tp, o.tp_weights);
+    if (!agree(world_rank || !o.save || probe_dir(o.save, msg, sizeof msg), msg))
+        goto out; /* a bad --save fails now, not after training */
     /* the model shape (from the checkpoint when loading) and the data */
-    int64_t V0 = o.vocab ? o.vocab : o.text ? 256 : 50257, L0 = o.layers ? o.layers : 4, H0 = o.hidden ? o.hidden : 128, A0 = o.heads ? o.heads : 4;
-    tpk_model_config cfg = {.arch = o.arch && !strcmp(o.arch, "llama") ? TPK_ARCH_LLAMA : TPK_ARCH_GPT2,
-                            .gpt2 = {.vocab = V0, .positions = o.positions, .layers = L0, .hidden = H0, .heads = A0, .dropout = o.dropout,
-                                     .label_smoothing = o.smoothing, .sequence_parallel = o.sp},
-                            .llama = {.vocab = V0, .positions = o.positions, .layers = L0, .hidden = H0, .heads = A0, .kv_heads = o.kv_heads,
-                                      .ffn = o.ffn, .rope_theta = o.rope_theta, .norm_eps = o.norm_eps, .label_smoothing = o.smoothing, .sequence_parallel = o.sp}};
+    int64_t V0 = o.vocab  ? o.vocab
+                 : o.text ? 256
+                          : 50257,
+            L0 = o.layers ? o.layers : 4, H0 = o.hidden ? o.hidden : 128,
+            A0 = o.heads ? o.heads : 4;
+    tpk_model_config cfg = {.arch =
+                                o.arch && !strcmp(o.arch, "llama") ? TPK_ARCH_LLAMA : TPK_ARCH_GPT2,
+                            .gpt2 = {.vocab = V0,
+                                     .positions = o.positions,
+                                     .layers = L0,
+                                     .hidden = H0,
+                                     .heads = A0,
+                                     .dropout = o.dropout,
+                                     .label_smoothing = o.smoothing,
+                                     .sequence_parallel = o.sp},
+                            .llama = {.vocab = V0,
+                                      .positions = o.positions,
+                                      .layers = L0,
+                                      .hidden = H0,
+                                      .heads = A0,
+                                      .kv_heads = o.kv_heads,
+                                      .ffn = o.ffn,
+                                      .rope_theta = o.rope_theta,
+                                      .norm_eps = o.norm_eps,
+                                      .label_smoothing = o.smoothing,
+                                      .sequence_parallel = o.sp}};
     if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
     bool llama = cfg.arch == TPK_ARCH_LLAMA;
     cfg.gpt2.recompute = cfg.llama.recompute = o.rc;
-    int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab, *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions; if (!o.seq) o.seq = o.load && *P && *P < 64 ? (int)*P : 64; if (!*P) *P = o.seq;
-    FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)), "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load, tpk_arch_name(cfg.arch));
+    int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab,
+            *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions;
+    if (!o.seq) o.seq = o.load && *P && *P < 64 ? (int)*P : 64;
+    if (!*P) *P = o.seq;
+    FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)),
+            "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load,
+            tpk_arch_name(cfg.arch));
     FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");
-    FAIL_IF(!llama && (o.kv_heads || o.ffn || o.rope_theta || o.norm_eps), "%s: applies to --arch llama only (the model is GPT-2)",
-            o.kv_heads ? "--kv-heads" : o.ffn ? "--ffn" : o.rope_theta ? "--rope-theta" : "--norm-eps");
+    FAIL_IF(!llama && (o.kv_heads || o.ffn || o.rope_theta || o.norm_eps),
+            "%s: applies to --arch llama only (the model is GPT-2)",
+            o.kv_heads     ? "--kv-heads"
+            : o.ffn        ? "--ffn"
+            : o.rope_theta ? "--rope-theta"
+                           : "--norm-eps");
     if (!agree(!o.load || shape_agrees(&o, &cfg, msg, sizeof msg), msg)) goto out;
-    FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)", (long long)*V);
-    FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq, (long long)*P);
+    FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)",
+            (long long)*V);
+    FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq,
+            (long long)*P);
     if (o.text) {
         double ent = 0;
         TRY(tpk_data_load_text(&ctx, o.text, (int64_t)o.batch * o.seq + 1, &train, &val, &ent));
         if (world_rank == 0)
-            printf("data: %s, %lld training and %lld validation bytes; byte-unigram entropy %.3f nats\n", o.text, (long long)train.n, (long long)val.n, ent);
+            printf("data: %s, %lld training and %lld validation bytes; byte-unigram entropy %.3f "
+                   "nats\n", o.text, (long long)train.n, (long long)val.n, ent);
     } else if (o.data) {
         TRY(tpk_data_load_shard(&ctx, o.data, *V, &train));
-        TRY(tpk_data_load_shard(&ctx, o.val_data ? o.val_data : o.data, *V, &val)); /* no --val-data: the training shard */
-        FAIL_IF(train.n <= (int64_t)o.batch * o.seq || val.n <= (int64_t)o.batch * o.seq, "the data holds fewer than B x S + 1 = %lld tokens", (long long)o.batch * o.seq + 1);
+        TRY(tpk_data_load_shard(&ctx, o.val_data ? o.val_data : o.data, *V,
+                                &val)); /* no --val-data: the training shard */
+        FAIL_IF(train.n <= (int64_t)o.batch * o.seq || val.n <= (int64_t)o.batch * o.seq,
+                "the data holds fewer than B x S + 1 = %lld tokens",
+                (long long)o.batch * o.seq + 1);
     }
-    if (world_size > 1 && (o.text || o.data)) { /* the tokens every rank read: the same, or the ranks train on different batches */
-        uint64_t h[2] = {digest(DIGEST0, train.tok, sizeof(int32_t) * (size_t)train.n), digest(DIGEST0, val.tok, sizeof(int32_t) * (size_t)val.n)};
-        bool same = same_everywhere(h, 2), text_or_train = same || !same_everywhere(h, 1); /* which file differs */
-        FAIL_IF(!same, "the ranks read different contents from %s (%s): every rank must read the same data", o.text ? o.text : text_or_train ? o.data : o.val_data ? o.val_data : o.data,
-                o.text ? "--text" : text_or_train ? "--data" : o.val_data ? "--val-data" : "--data");
+    if (world_size > 1 && (o.text || o.data)) { /* the tokens every rank read: the same, or the
+                                                   ranks train on different batches */
+        uint64_t h[2] = {digest(DIGEST0, train.tok, sizeof(int32_t) * (size_t)train.n),
+                         digest(DIGEST0, val.tok, sizeof(int32_t) * (size_t)val.n)};
+        bool same = same_everywhere(h, 2),
+             text_or_train = same || !same_everywhere(h, 1); /* which file differs */
+        FAIL_IF(!same,
+                "the ranks read different contents from %s (%s): every rank must read the "
+                "same data",
+                o.text          ? o.text
+                : text_or_train ? o.data
+                : o.val_data    ? o.val_data
+                                : o.data,
+                o.text          ? "--text"
+                : text_or_train ? "--data"
+                : o.val_data    ? "--val-data"
+                                : "--data");
     }
     /* the backend (a GPU per rank where one is present), the mesh, the model, the optimizer */
     const tpk_ops *ops = tpk_ops_host(); bool gpu = false;
@@ -393,36 +593,79 @@ int main(int argc, char **argv) {
         MPI_Comm_rank(node, &local), MPI_Comm_size(node, &per_node), MPI_Comm_free(&node);
         TRY(tpk_cuda_set_device(&ctx, local % ndev));
         ops = tpk_ops_cuda(), gpu = true;
-        tpk_status ns = per_node <= ndev ? tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD, &(tpk_nccl_desc){.timeout_s = coll_timeout, .no_poll = coll_timeout == 0}, &world) : TPK_ERR_UNSUPPORTED; /* one GPU per rank */
-        TRY(ns == TPK_ERR_UNSUPPORTED ? tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world) : ns); /* ranks share GPUs, or a build without NCCL: MPI */
+        tpk_status ns = per_node <= ndev
+                            ? tpk_comm_nccl_mpi(&ctx, MPI_COMM_WORLD,
+                                                &(tpk_nccl_desc){.timeout_s = coll_timeout,
+                                                                 .no_poll = coll_timeout == 0},
+                                                &world)
+                            : TPK_ERR_UNSUPPORTED; /* one GPU per rank */
+        TRY(ns == TPK_ERR_UNSUPPORTED ? tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world)
+                                      : ns); /* ranks share GPUs, or a build without NCCL: MPI */
     }
 #endif
     if (!gpu) TRY(tpk_comm_mpi(&ctx, MPI_COMM_WORLD, &world));
-    if (!strcmp(world.vt->name, "mpi")) TRY(tpk_comm_mpi_set_timeout(&ctx, &world, coll_timeout)); /* inherited by the TP and DP groups */
-    tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16) : gpu ? TPK_BF16 : TPK_F32; /* master weights stay f32 */
-    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops, .world = &world, .tp = o.tp, .seed = o.seed, .dtype = adt, .tp_weights = o.tp_weights ? tw : NULL, .deterministic = o.det})); ctx_up = true;
+    if (!strcmp(world.vt->name, "mpi"))
+        TRY(tpk_comm_mpi_set_timeout(&ctx, &world,
+                                     coll_timeout)); /* inherited by the TP and DP groups */
+    tpk_dtype adt = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16)
+                    : gpu   ? TPK_BF16
+                            : TPK_F32; /* master weights stay f32 */
+    TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops,
+                                           .world = &world,
+                                           .tp = o.tp,
+                                           .seed = o.seed,
+                                           .dtype = adt,
+                                           .tp_weights = o.tp_weights ? tw : NULL,
+                                           .deterministic = o.det}));
+    ctx_up = true;
     TRY(tpk_model_init(&ctx, &m, &cfg));
-    FAIL_IF(o.zero && ctx.dp.size == 1, "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / --tp %d)", world_size, o.tp);
-    TRY(tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));
+    FAIL_IF(o.zero && ctx.dp.size == 1,
+            "--zero 1: shards the optimizer over data parallelism, but "
+            "there is 1 DP rank (%d ranks / --tp %d)",
+            world_size, o.tp);
+    TRY(tpk_adamw_init(
+        &ctx, &opt,
+        &(tpk_adamw_desc){
+            .b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));
     if (o.load) TRY(tpk_model_load(&ctx, &m, &opt, o.load));
     /* without --steps, --eval-only and --sample of a checkpoint past the default train nothing */
     if (o.load && o.sample && !o.steps_given && opt.step > o.steps) o.steps = (int)opt.step;
-    FAIL_IF(!o.eval_only && o.steps && opt.step > o.steps, "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)", o.steps, o.load, (long long)opt.step);
-    if (o.load && opt.step && world_rank == 0) printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
-    if (o.load && opt.step && !o.eval_only && world_rank == 0) { /* no optim.safetensors: said, never a silent restart */
+    FAIL_IF(!o.eval_only && o.steps && opt.step > o.steps,
+            "--steps %d: the checkpoint %s is "
+            "already at step %lld (--steps counts "
+            "from 0)",
+            o.steps, o.load, (long long)opt.step);
+    if (o.load && opt.step && world_rank == 0)
+        printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
+    if (o.load && opt.step && !o.eval_only && world_rank == 0) { /* no optim.safetensors: said,
+                                                                    never a silent restart */
         tpk_hf_info info;
-        if (tpk_hf_info_read(&ctx, o.load, &info) == TPK_OK && !info.has_optim) printf("optimizer state starts fresh at step %lld (%s has no optim.safetensors)\n", (long long)opt.step, info.dir);
+        if (tpk_hf_info_read(&ctx, o.load, &info) == TPK_OK && !info.has_optim)
+            printf("optimizer state starts fresh at step %lld (%s has no optim.safetensors)\n",
+                   (long long)opt.step, info.dir);
     }
     int dp = ctx.dp.size; size_t nglobal = tpk_params_global_numel(&ctx);
-    int64_t Bd, off, Btot; /* this DP rank's micro-batch, the sequences before it, the step's (HetSeq: --dp-batch) */
+    int64_t Bd, off, Btot; /* this DP rank's micro-batch, the sequences before it, the step's
+                              (HetSeq: --dp-batch) */
     TRY(tpk_data_dp_batches(&ctx, o.dp_batch, o.batch, &Bd, &off, &Btot));
     char bmsg[160]; /* the banner's batch: --batch, or --dp-batch's sizes and their sum */
     if (world_rank == 0)
-        printf("train: %d rank%s = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n", world_size,
-               world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "", ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", llama ? "Llama" : "GPT-2",
-               (long long)tpk_model_layers(&m), (long long)tpk_model_hidden(&m), (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads), (long long)*V, (long long)*P,
-               llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads, (long long)m.llama.c.ffn), msg) : "", (double)nglobal * 1e-6,
-               (o.dp_batch ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch, (long long)Btot) : snprintf(bmsg, sizeof bmsg, "%d", o.batch), bmsg),
+        printf("train: %d rank%s = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld "
+               "V=%lld P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n",
+               world_size, world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "",
+               ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
+               llama ? "Llama" : "GPT-2", (long long)tpk_model_layers(&m),
+               (long long)tpk_model_hidden(&m),
+               (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads), (long long)*V, (long long)*P,
+               llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads,
+                                 (long long)m.llama.c.ffn),
+                        msg)
+                     : "",
+               (double)nglobal * 1e-6,
+               (o.dp_batch ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch,
+                                      (long long)Btot)
+                           : snprintf(bmsg, sizeof bmsg, "%d", o.batch),
+                bmsg),
                o.seq, o.accum);
     size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq;
     FAIL_IF(!(x = malloc(bs)) || !(y = malloc(bs)), "out of memory for a batch");
@@ -433,38 +676,57 @@ int main(int argc, char **argv) {
         TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
         if (world_rank == 0) printf("val_loss %.6f\n", vl);
         if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
-        FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)), "standard output: cannot write (%s)", strerror(errno));
+        FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)),
+                "standard output: cannot write (%s)", strerror(errno));
         rc = 0;
         goto out;
     }
-    TRY(tpk_log_open(&ctx, &csv, o.csv, opt.step)); /* a resume keeps the curve up to its step and appends */
+    TRY(tpk_log_open(&ctx, &csv, o.csv, opt.step)); /* a resume keeps the curve up to its step and
+                                                       appends */
 
     /* training */
     tpk_lr_schedule sched = {TPK_LR_COSINE, o.lr, o.min_lr_frac, o.warmup, o.steps};
     tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
-    if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum after the backward */
-    double t_start = now(), t_int = t_start, int_s = 0; int64_t t0step = opt.step, int_n = 0; /* the reporting interval's start, its steps' time and count */
+    if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum
+                                                         after the backward */
+    double t_start = now(), t_int = t_start, int_s = 0;
+    int64_t t0step = opt.step,
+            int_n = 0;        /* the reporting interval's start, its steps' time and count */
     tpk_mem_peak(&ctx, true); /* the peak from here: training */
     for (int64_t step = opt.step; step < o.steps; step++) {
         double l = NAN, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
-        TRY(tpk_params_zero_grad(&ctx)); tpk_model_loss_reset(&m); /* the micro-batches' mean losses add up on the device */
+        TRY(tpk_params_zero_grad(&ctx)); tpk_model_loss_reset(&m); /* the micro-batches' mean losses
+                                                                      add up on the device */
         for (int k = 0; k < o.accum; k++) { /* DP communication only after the last micro-batch */
             int64_t micro = step * o.accum + k;
             ctx.rng_step = (uint64_t)micro;
-            TRY(tpk_data_batch_seq(&ctx, &train, micro * Btot + off, Bd, o.seq, x, y)); /* = window micro * dp + rank with one --batch */
-            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, NULL)); /* the loss stays on the device: no wait */
-            TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero)); /* ZeRO-1: one reduce-scatter after the backward instead */
-            TRY(tpk_model_backward(&ctx, &m, (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot / (float)o.accum)); /* weighted by tokens */
+            TRY(tpk_data_batch_seq(&ctx, &train, micro * Btot + off, Bd, o.seq, x,
+                                   y)); /* = window micro * dp + rank with one --batch */
+            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, NULL)); /* the loss stays on the
+                                                                        device: no wait */
+            TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero)); /* ZeRO-1: one
+                                                                            reduce-scatter after the
+                                                                            backward instead */
+            TRY(tpk_model_backward(&ctx, &m,
+                                   (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
+                                       (float)o.accum)); /* weighted by tokens */
         }
-        /* the loss and the norm read (a wait) only on a step that reports them — printed, evaluated, a --csv row — on every rank alike */
+        /* the loss and the norm read (a wait) only on a step that reports them — printed,
+         * evaluated, a --csv row — on every rank alike */
         int64_t s1 = step + 1; /* opt.step after this step */
-        bool eval = o.eval_every && (s1 % o.eval_every == 0 || s1 == o.steps), report = s1 % o.log_every == 0 || s1 == o.steps || eval || csv.path[0];
-        TRY(tpk_train_step(&ctx, &opt, &dp_b, lr, o.clip, 1.0f, report ? &norm : NULL)); /* DP reduction (weighted sum, or Adasum), norm, clip, AdamW */
-        if (report) TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum, &l)); /* mean over micro-batches and DP ranks' tokens */
-        /* the mean step time since the last printed line: a step that does not report does not wait, so the wall time from the
-         * last reporting step's end to this one's loss, evaluations, lines and saves left out */
+        bool eval = o.eval_every && (s1 % o.eval_every == 0 || s1 == o.steps),
+             report = s1 % o.log_every == 0 || s1 == o.steps || eval || csv.path[0];
+        TRY(tpk_train_step(
+            &ctx, &opt, &dp_b, lr, o.clip, 1.0f,
+            report ? &norm : NULL)); /* DP reduction (weighted sum, or Adasum), norm, clip, AdamW */
+        if (report)
+            TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum,
+                                  &l)); /* mean over micro-batches and DP ranks' tokens */
+        /* the mean step time since the last printed line: a step that does not report does not
+         * wait, so the wall time from the last reporting step's end to this one's loss,
+         * evaluations, lines and saves left out */
         if (report) int_s += now() - t_int;
         int_n++;
         if (eval) {
@@ -473,46 +735,67 @@ int main(int argc, char **argv) {
             TRY(tpk_model_set_dropout(&ctx, &m, o.dropout));
         }
         bool out_ok = true; /* rank 0's step line and --csv row written */
-        if (world_rank == 0 && (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
-            double ms = 1e3 * int_s / (double)int_n, tok = (double)Btot * o.seq * o.accum, eta = (now() - t_start) / (double)(opt.step - t0step) * (double)(o.steps - opt.step);
-            printf("step %5lld/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s", (long long)opt.step, o.steps, l, norm, (double)lr, ms,
-                   tok / (ms * 1e-3));
-            if (gpu) { /* model flops utilisation: 6 N + 12 L H S flops per token, against TPK_PEAK_TFLOPS (default 989, H100 bf16 dense) */
+        if (world_rank == 0 &&
+            (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
+            double ms = 1e3 * int_s / (double)int_n, tok = (double)Btot * o.seq * o.accum,
+                   eta = (now() - t_start) / (double)(opt.step - t0step) *
+                         (double)(o.steps - opt.step);
+            printf("step %5lld/%d | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s",
+                   (long long)opt.step, o.steps, l, norm, (double)lr, ms, tok / (ms * 1e-3));
+            if (gpu) { /* model flops utilisation: 6 N + 12 L H S flops per token, against
+                          TPK_PEAK_TFLOPS (default 989, H100 bf16 dense) */
                 const char *pk = getenv("TPK_PEAK_TFLOPS");
-                double fl = (6.0 * (double)nglobal + 12.0 * (double)tpk_model_layers(&m) * (double)tpk_model_hidden(&m) * o.seq) * tok;
-                printf(" | MFU %.1f%%", 100.0 * fl / (ms * 1e-3) / ((pk ? atof(pk) : 989.0) * 1e12 * world_size));
+                double fl = (6.0 * (double)nglobal + 12.0 * (double)tpk_model_layers(&m) *
+                                                         (double)tpk_model_hidden(&m) * o.seq) *
+                            tok;
+                printf(" | MFU %.1f%%",
+                       100.0 * fl / (ms * 1e-3) / ((pk ? atof(pk) : 989.0) * 1e12 * world_size));
             }
             if (isfinite(vl)) printf(" | val loss %.4f", vl);
             printf(" | ETA %dm%02ds\n", (int)(eta / 60), (int)fmod(eta, 60.0));
             out_ok = fflush(stdout) == 0 && !ferror(stdout);
             int_s = 0, int_n = 0;
         }
-        if (world_rank == 0 && !out_ok) snprintf(msg, sizeof msg, "standard output: cannot write (%s)", strerror(errno));
-        if (out_ok && tpk_log_row(&ctx, &csv, opt.step, l, vl, lr, norm) != TPK_OK) out_ok = false, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx));
-        if (report && !agree(out_ok, msg)) goto out; /* a failed write stops every rank (rank 0 alone writes) */
-        if (o.save && o.save_every && opt.step % o.save_every == 0 && opt.step < o.steps) { /* DIR/step-N, after its step line */
+        if (world_rank == 0 && !out_ok) snprintf(msg, sizeof msg, "standard output: cannot write "
+                                                                  "(%s)", strerror(errno));
+        if (out_ok && tpk_log_row(&ctx, &csv, opt.step, l, vl, lr, norm) != TPK_OK)
+            out_ok = false, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx));
+        if (report && !agree(out_ok, msg)) goto out; /* a failed write stops every rank (rank 0
+                                                        alone writes) */
+        if (o.save && o.save_every && opt.step % o.save_every == 0 &&
+            opt.step < o.steps) { /* DIR/step-N, after its step line */
             char sub[1100];
             snprintf(sub, sizeof sub, "%s/step-%lld", o.save, (long long)opt.step);
             TRY(tpk_model_save(&ctx, &m, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
             if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
-            if (o.keep) TRY(keep_last(&ctx, o.save, o.keep)); /* after the save succeeded: the newest --keep stay */
+            if (o.keep) TRY(keep_last(&ctx, o.save, o.keep)); /* after the save succeeded: the
+                                                                 newest --keep stay */
         }
-        if (o.profile) TRY(ctx.prof ? tpk_profile_step(&ctx) : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
+        if (o.profile)
+            TRY(ctx.prof ? tpk_profile_step(&ctx)
+                         : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
         if (report) t_int = now(); /* the next interval starts */
     }
     if (world_rank == 0 && o.steps > 0 && t0step >= o.steps) /* a resume at the last step */
-        printf("trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute %s)\n", o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
+        printf("trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute "
+               "%s)\n", o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
                tpk_recompute_name(cfg.gpt2.recompute));
-    else if (world_rank == 0 && o.steps > 0) /* the kit's buffers at most: parameters, gradients, optimizer moments, activations, scratch (backend memory) */
-        printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n", (long long)(t0step + 1), o.steps, now() - t_start, tpk_mem_peak(&ctx, false) / 1e6, tpk_recompute_name(cfg.gpt2.recompute));
-    if (ctx.prof && !ctx.prof->from_env && world_rank == 0) tpk_profile_print(&ctx, stdout); /* rank 0 only: no TRY (it agrees over ranks) */
+    else if (world_rank == 0 && o.steps > 0) /* the kit's buffers at most: parameters, gradients,
+                                                optimizer moments, activations, scratch (backend
+                                                memory) */
+        printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n",
+               (long long)(t0step + 1), o.steps, now() - t_start, tpk_mem_peak(&ctx, false) / 1e6,
+               tpk_recompute_name(cfg.gpt2.recompute));
+    if (ctx.prof && !ctx.prof->from_env && world_rank == 0)
+        tpk_profile_print(&ctx, stdout);  /* rank 0 only: no TRY (it agrees over ranks) */
     TRY(tpk_log_close(&ctx, &csv, true)); /* and FILE.png where gnuplot is installed */
     if (o.save) {
         TRY(tpk_model_save(&ctx, &m, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));
         if (world_rank == 0) printf("saved %s (step %lld)\n", o.save, (long long)opt.step);
     }
     if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
-    FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)), "standard output: cannot write (%s)", strerror(errno));
+    FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)),
+            "standard output: cannot write (%s)", strerror(errno));
     rc = 0;
 out:
     tpk_log_close(&ctx, &csv, false);

@@ -1,6 +1,7 @@
 // tests/cuda_cxx.cu — the kit from a CUDA C++ file (nvcc, -Xcompiler -Wall,-Wextra,-Werror), as a
-// trainer written in CUDA C++ would use it: <tpk/tpk.h> and <tpk/runtime/cuda.h> included directly, the
-// layers called from host code, and a kernel of the user's own run on a tpk buffer on tpk's stream.
+// trainer written in CUDA C++ would use it: <tpk/tpk.h> and <tpk/runtime/cuda.h> included directly,
+// the layers called from host code, and a kernel of the user's own run on a tpk buffer on tpk's
+// stream.
 //   host:  a small GPT-2 (L = 2, H = 32, A = 4, V = 67) forward and backward on the host backend;
 //          its loss equals the log-sum-exp recomputed here in double from its gathered logits.
 //   GPU (where one is present): the same model on the CUDA backend (f32, TF32 off): loss and every
@@ -47,7 +48,9 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
     std::memset(&d, 0, sizeof d);
     d.ops = ops, d.world = world, d.seed = 8;
     auto ok = [&](tpk_status s, const char *what) {
-        if (s != TPK_OK) std::fprintf(stderr, "  %s: %s (%s)\n", what, tpk_last_error(&ctx), tpk_status_str(s)), fails++;
+        if (s != TPK_OK)
+            std::fprintf(stderr, "  %s: %s (%s)\n", what, tpk_last_error(&ctx), tpk_status_str(s)),
+                fails++;
         return s == TPK_OK;
     };
     if (!ok(tpk_ctx_init(&ctx, &d), "tpk_ctx_init")) return fails;
@@ -58,10 +61,14 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
     if (ok(tpk_gpt2_init(&ctx, &m, &cfg), "tpk_gpt2_init")) {
         std::vector<int32_t> ids(T), tg(T);
         for (int i = 0; i < T; i++) ids[i] = (13 * i + 5) % V, tg[i] = (29 * i + 2) % V;
-        if (ok(tpk_gpt2_forward(&ctx, &m, ids.data(), tg.data(), B, S, &r.loss), "tpk_gpt2_forward")) {
-            int ld = (int)m.logits.shape[1]; // the vocabulary padded to an aligned shard: columns >= V are padding
+        if (ok(tpk_gpt2_forward(&ctx, &m, ids.data(), tg.data(), B, S, &r.loss),
+               "tpk_gpt2_forward")) {
+            int ld = (int)m.logits.shape[1]; // the vocabulary padded to an aligned shard: columns
+                                             // >= V are padding
             std::vector<float> full((size_t)T * ld, NAN);
-            ok(tpk_op_memcpy(&ctx, full.data(), m.logits.data, sizeof(float) * T * ld, ops->device ? TPK_D2H : TPK_H2H), "logits");
+            ok(tpk_op_memcpy(&ctx, full.data(), m.logits.data, sizeof(float) * T * ld,
+                             ops->device ? TPK_D2H : TPK_H2H),
+               "logits");
             r.logits.assign((size_t)T * V, NAN);
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < V; j++) r.logits[(size_t)t * V + j] = full[(size_t)t * ld + j];
@@ -71,7 +78,8 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
                 cudaStream_t st = (cudaStream_t)tpk_cuda_stream();
                 if (cudaMalloc(&mx, sizeof(float) * T) == cudaSuccess) {
                     row_max<<<1, 64, 0, st>>>((const float *)m.logits.data, T, V, ld, mx);
-                    if (cudaMemcpyAsync(r.user_max.data(), mx, sizeof(float) * T, cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+                    if (cudaMemcpyAsync(r.user_max.data(), mx, sizeof(float) * T,
+                                        cudaMemcpyDeviceToHost, st) != cudaSuccess ||
                         cudaStreamSynchronize(st) != cudaSuccess)
                         fails++;
                     cudaFree(mx);
@@ -97,7 +105,8 @@ double relerr(const std::vector<float> &a, const std::vector<float> &b) {
     if (a.size() != b.size() || a.empty()) return INFINITY;
     for (size_t i = 0; i < a.size(); i++) {
         if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-        num = std::fmax(num, std::fabs((double)a[i] - b[i])), den = std::fmax(den, std::fabs((double)b[i]));
+        num = std::fmax(num, std::fabs((double)a[i] - b[i])),
+        den = std::fmax(den, std::fabs((double)b[i]));
     }
     return num / den;
 }
@@ -115,8 +124,10 @@ int main() {
         ref += mx + std::log(se) - host.logits[(size_t)t * V + (29 * t + 2) % V];
     }
     ref /= T;
-    if (!(std::fabs(host.loss - ref) < 1e-5 * std::fabs(ref))) std::fprintf(stderr, "  loss %.9g, recomputed %.9g\n", host.loss, ref), f++;
-    report("CUDA C++ file (nvcc): GPT-2 on the host backend, loss equals the double log-sum-exp of its logits", f);
+    if (!(std::fabs(host.loss - ref) < 1e-5 * std::fabs(ref)))
+        std::fprintf(stderr, "  loss %.9g, recomputed %.9g\n", host.loss, ref), f++;
+    report("CUDA C++ file (nvcc): GPT-2 on the host backend, loss equals the double log-sum-exp of "
+           "its logits", f);
     if (tpk_cuda_device_count() < 1) {
         std::printf("cuda_cxx: no GPU here: the CUDA backend part did not run\n");
         return fails_total ? 1 : 0;
@@ -125,16 +136,20 @@ int main() {
     tpk_comm cs = tpk_comm_self_cuda();
     f = run(tpk_ops_cuda(), &cs, gpu);
     double e = std::fabs((double)gpu.loss - host.loss) / std::fabs((double)host.loss);
-    if (!(e < 1e-4)) std::fprintf(stderr, "  CUDA loss %.9g, host %.9g\n", gpu.loss, host.loss), f++;
+    if (!(e < 1e-4))
+        std::fprintf(stderr, "  CUDA loss %.9g, host %.9g\n", gpu.loss, host.loss), f++;
     for (size_t i = 0; i < host.grads.size(); i++)
-        if (i >= gpu.grads.size() || !(relerr(gpu.grads[i], host.grads[i]) < 1e-4)) std::fprintf(stderr, "  gradient %zu differs\n", i), f++;
+        if (i >= gpu.grads.size() || !(relerr(gpu.grads[i], host.grads[i]) < 1e-4))
+            std::fprintf(stderr, "  gradient %zu differs\n", i), f++;
     std::vector<float> want(T);
     for (int t = 0; t < T; t++) {
         want[t] = -INFINITY;
         for (int j = 0; j < V; j++) want[t] = std::fmax(want[t], host.logits[(size_t)t * V + j]);
     }
-    if (!(relerr(gpu.user_max, want) < 1e-4)) std::fprintf(stderr, "  the user kernel's row maxima differ\n"), f++;
-    report("CUDA C++ file: GPT-2 on the CUDA backend equals the host backend; a user kernel reads tpk's logits on tpk's stream", f);
+    if (!(relerr(gpu.user_max, want) < 1e-4)) std::fprintf(stderr, "  the user kernel's row maxima "
+                                                                   "differ\n"), f++;
+    report("CUDA C++ file: GPT-2 on the CUDA backend equals the host backend; a user kernel reads "
+           "tpk's logits on tpk's stream", f);
     tpk_comm_destroy(&cs);
     return fails_total ? 1 : 0;
 }

@@ -1,7 +1,8 @@
 /* tests/ops_test.h — what the host backend's op tests (tests/test_ops_*.c, one per concern of
  * kernels/host/) share: the context they run on, buffers, bf16 conversions, double-precision
  * references used by more than one file (GEMM, GELU), finite-difference steps, and the
- * tolerances (macros, so that building with e.g. -DTOL_F32=0 prints the errors actually reached). */
+ * tolerances (macros, so that building with e.g. -DTOL_F32=0 prints the errors actually
+ * reached). */
 #ifndef TPK_OPS_TEST_H
 #define TPK_OPS_TEST_H
 
@@ -45,8 +46,9 @@ static inline float bits_f32(uint32_t u) {
 }
 
 /* out[m, n] (contiguous) = alpha op(A) op(B) + beta C, in double; beta = 0 ignores C. */
-static inline void ref_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const float *a, int64_t lda,
-                     const float *b, int64_t ldb, double beta, const float *c, int64_t ldc, float *out) {
+static inline void ref_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                            const float *a, int64_t lda, const float *b, int64_t ldb, double beta,
+                            const float *c, int64_t ldc, float *out) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double s = 0;

@@ -40,17 +40,18 @@ static inline int test_finish(void) {
     MPI_Finalize();
     return test__fails_total ? 1 : 0;
 }
-#define TEST_CASE(...) for (int test__once = (test_begin(__VA_ARGS__), 1); test__once; test__once = 0, test_end())
+#define TEST_CASE(...) \
+    for (int test__once = (test_begin(__VA_ARGS__), 1); test__once; test__once = 0, test_end())
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            test__fails_case++;                                                                    \
-            fprintf(stderr, "  [rank %d] %s:%d: %s: check failed: %s: ", test__rank, __FILE__, __LINE__, \
-                    test__name, #cond);                                                            \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
+#define CHECK(cond, ...)                                                                       \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            test__fails_case++;                                                                \
+            fprintf(stderr, "  [rank %d] %s:%d: %s: check failed: %s: ", test__rank, __FILE__, \
+                    __LINE__, test__name, #cond);                                              \
+            fprintf(stderr, __VA_ARGS__);                                                      \
+            fprintf(stderr, "\n");                                                             \
+        }                                                                                      \
     } while (0)
 
 /* A call that must succeed. */
@@ -61,14 +62,14 @@ static inline int test_finish(void) {
     } while (0)
 
 /* A call that must fail with `want` and a message containing `needle`. */
-#define CHECK_FAILS(ctx, call, want, needle)                                                       \
-    do {                                                                                           \
-        tpk_clear_error(ctx);                                                                      \
-        tpk_status test__s = (call);                                                               \
-        CHECK(test__s == (want), "got %s, expected %s (%s)", tpk_status_str(test__s), tpk_status_str(want), \
-              tpk_last_error(ctx));                                                                \
-        CHECK(strstr(tpk_last_error(ctx), (needle)) != NULL, "message \"%s\" does not name \"%s\"",  \
-              tpk_last_error(ctx), (needle));                                                      \
+#define CHECK_FAILS(ctx, call, want, needle)                                          \
+    do {                                                                              \
+        tpk_clear_error(ctx);                                                         \
+        tpk_status test__s = (call);                                                  \
+        CHECK(test__s == (want), "got %s, expected %s (%s)", tpk_status_str(test__s), \
+              tpk_status_str(want), tpk_last_error(ctx));                             \
+        CHECK(strstr(tpk_last_error(ctx), (needle)) != NULL,                          \
+              "message \"%s\" does not name \"%s\"", tpk_last_error(ctx), (needle));  \
     } while (0)
 
 /* max |got - want| / max(max |want|, 1e-30) over n elements; NaN anywhere gives INFINITY. */
@@ -109,7 +110,8 @@ static inline void test_set_weights(tpk_ctx *ctx, uint64_t seed, float scale) {
     for (int i = 0; i < ctx->params.n; i++) {
         size_t gn = tpk_param_global_numel(ctx, i);
         float *w = (float *)malloc(gn * sizeof(float));
-        for (size_t k = 0; k < gn; k++) w[k] = scale * tpk_rng_normal(seed, tpk_rng_stream(ctx->params.list[i].name), k);
+        for (size_t k = 0; k < gn; k++)
+            w[k] = scale * tpk_rng_normal(seed, tpk_rng_stream(ctx->params.list[i].name), k);
         tpk_param_set_global(ctx, i, w);
         free(w);
     }
@@ -127,7 +129,8 @@ static inline int test_gather_grads(tpk_ctx *ctx, float **grad, int max) {
         grad[i] = (float *)malloc(gn * sizeof(float));
         test_poison(grad[i], gn);
         tpk_status s = tpk_param_get_global(ctx, i, true, grad[i]);
-        CHECK(s == TPK_OK, "gathering the gradient of %s: %s", ctx->params.list[i].name, tpk_last_error(ctx));
+        CHECK(s == TPK_OK, "gathering the gradient of %s: %s", ctx->params.list[i].name,
+              tpk_last_error(ctx));
     }
     return n;
 }
@@ -139,7 +142,8 @@ static inline void test_free_grads(float **grad, int *n) {
 /* Replay a fuzz corpus (tests/fuzz/<dir>) through a fuzz target's checks (`one` aborts on a
  * broken promise): files named <valid>* must be accepted, bad* refused as TPK_ERR_FORMAT; at
  * least `min` files. */
-static inline void test_replay_corpus(const char *dir, tpk_status (*one)(const uint8_t *, size_t), const char *valid, int min) {
+static inline void test_replay_corpus(const char *dir, tpk_status (*one)(const uint8_t *, size_t),
+                                      const char *valid, int min) {
     DIR *d = opendir(dir);
     CHECK(d != NULL, "cannot open %s", dir);
     int files = 0;
@@ -152,11 +156,14 @@ static inline void test_replay_corpus(const char *dir, tpk_status (*one)(const u
         size_t size = f && b ? fread(b, 1, 1 << 16, f) : 0;
         if (f) fclose(f);
         CHECK(f && b, "cannot read %s", p);
-        uint8_t *exact = (uint8_t *)malloc(size ? size : 1); /* a read past the end is past the allocation */
+        uint8_t *exact = (uint8_t *)malloc(size ? size : 1); /* a read past the end is past the
+                                                                allocation */
         if (exact && b) memcpy(exact, b, size);
         tpk_status s = exact ? one(exact, size) : TPK_ERR_NOMEM;
-        if (!strncmp(de->d_name, valid, strlen(valid))) CHECK(s == TPK_OK, "%s: %s", p, tpk_status_str(s));
-        if (!strncmp(de->d_name, "bad", 3)) CHECK(s == TPK_ERR_FORMAT, "%s: %s", p, tpk_status_str(s));
+        if (!strncmp(de->d_name, valid, strlen(valid)))
+            CHECK(s == TPK_OK, "%s: %s", p, tpk_status_str(s));
+        if (!strncmp(de->d_name, "bad", 3))
+            CHECK(s == TPK_ERR_FORMAT, "%s: %s", p, tpk_status_str(s));
         free(b), free(exact);
         files++;
     }

@@ -13,13 +13,15 @@ int main(int argc, char **argv) {
     int me = test__rank, np = test__size;
     tpk_comm world;
     tpk_ctx ctx;
-    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK || tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}) != TPK_OK) {
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK ||
+        tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}) != TPK_OK) {
         fprintf(stderr, "setup failed: %s\n", tpk_last_error(&ctx));
         return 1;
     }
     tpk_comm *c = &ctx.tp;
     enum { N = 1000 };
-    float *a = malloc(sizeof(float) * N * 8), *b = malloc(sizeof(float) * N * 8), *want = malloc(sizeof(float) * N * 8);
+    float *a = malloc(sizeof(float) * N * 8), *b = malloc(sizeof(float) * N * 8),
+          *want = malloc(sizeof(float) * N * 8);
 
     TEST_CASE("allreduce f32 sum and max, blocking and in place") {
         for (int i = 0; i < N; i++) a[i] = val(me, i);
@@ -41,7 +43,8 @@ int main(int argc, char **argv) {
     TEST_CASE("allreduce bf16 and i32") {
         uint16_t *h = (uint16_t *)a, *hw = (uint16_t *)want;
         int32_t *k = (int32_t *)b;
-        for (int i = 0; i < N; i++) h[i] = tpk_f32_to_bf16((float)(me + 1) * 0.5f + (float)(i % 7)), k[i] = me * 1000 + i;
+        for (int i = 0; i < N; i++)
+            h[i] = tpk_f32_to_bf16((float)(me + 1) * 0.5f + (float)(i % 7)), k[i] = me * 1000 + i;
         CHECK_OK(&ctx, tpk_allreduce(&ctx, c, h, h, N, TPK_BF16, TPK_SUM));
         int bad = 0;
         for (int i = 0; i < N; i++) {
@@ -63,7 +66,8 @@ int main(int argc, char **argv) {
         CHECK(req.active, "request not active after start");
         double local = 0;
         for (int i = 0; i < N; i++) local += a[i] * a[i];
-        CHECK_FAILS(&ctx, tpk_allreduce_start(&ctx, c, a, b, N, TPK_F32, TPK_SUM, &req), TPK_ERR_ARG, "req");
+        CHECK_FAILS(&ctx, tpk_allreduce_start(&ctx, c, a, b, N, TPK_F32, TPK_SUM, &req),
+                    TPK_ERR_ARG, "req");
         CHECK_OK(&ctx, tpk_wait(&ctx, &req));
         CHECK(!req.active, "request active after wait");
         CHECK_OK(&ctx, tpk_wait(&ctx, &req)); /* waiting on a finished request is a no-op */
@@ -77,20 +81,24 @@ int main(int argc, char **argv) {
     }
     TEST_CASE("allgatherv with uneven counts, some zero, blocking and started") {
         size_t counts[8], total = 0;
-        for (int q = 0; q < np; q++) counts[q] = (size_t)((q * 7 + 3) % 5), total += counts[q]; /* 3, 0, 2, 4 */
+        for (int q = 0; q < np; q++)
+            counts[q] = (size_t)((q * 7 + 3) % 5), total += counts[q]; /* 3, 0, 2, 4 */
         for (size_t i = 0; i < counts[me]; i++) a[i] = val(me, (int)i);
         for (int pass = 0; pass < 2; pass++) {
             test_poison(b, total + 1);
             tpk_request req = {0};
-            if (pass == 0) CHECK_OK(&ctx, tpk_allgatherv(&ctx, c, a, counts[me], b, counts, total, TPK_F32));
+            if (pass == 0)
+                CHECK_OK(&ctx, tpk_allgatherv(&ctx, c, a, counts[me], b, counts, total, TPK_F32));
             else {
-                CHECK_OK(&ctx, tpk_allgatherv_start(&ctx, c, a, counts[me], b, counts, total, TPK_F32, &req));
+                CHECK_OK(&ctx, tpk_allgatherv_start(&ctx, c, a, counts[me], b, counts, total,
+                                                    TPK_F32, &req));
                 CHECK_OK(&ctx, tpk_wait(&ctx, &req));
             }
             size_t off = 0;
             for (int q = 0; q < np; q++)
                 for (size_t i = 0; i < counts[q]; i++) want[off++] = val(q, (int)i);
-            CHECK(memcmp(b, want, sizeof(float) * total) == 0, "gathered data differ (pass %d)", pass);
+            CHECK(memcmp(b, want, sizeof(float) * total) == 0, "gathered data differ (pass %d)",
+                  pass);
             CHECK(isnan(b[total]), "wrote past the end");
         }
     }
@@ -102,9 +110,11 @@ int main(int argc, char **argv) {
         for (int pass = 0; pass < 2; pass++) {
             test_poison(b, counts[me] + 1);
             tpk_request req = {0};
-            if (pass == 0) CHECK_OK(&ctx, tpk_reduce_scatterv(&ctx, c, a, total, b, counts, TPK_F32, TPK_SUM));
+            if (pass == 0)
+                CHECK_OK(&ctx, tpk_reduce_scatterv(&ctx, c, a, total, b, counts, TPK_F32, TPK_SUM));
             else {
-                CHECK_OK(&ctx, tpk_reduce_scatterv_start(&ctx, c, a, total, b, counts, TPK_F32, TPK_SUM, &req));
+                CHECK_OK(&ctx, tpk_reduce_scatterv_start(&ctx, c, a, total, b, counts, TPK_F32,
+                                                         TPK_SUM, &req));
                 CHECK_OK(&ctx, tpk_wait(&ctx, &req));
             }
             for (size_t i = 0; i < counts[me]; i++) {
@@ -136,16 +146,22 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_allreduce(&ctx, c, a, a, 100, TPK_F32, TPK_SUM));
         CHECK_OK(&ctx, tpk_allreduce(&ctx, c, a, a, 50, TPK_BF16, TPK_SUM));
         CHECK_OK(&ctx, tpk_allgatherv(&ctx, c, a, 5, b, counts, 5 * (size_t)np, TPK_F32));
-        CHECK_OK(&ctx, tpk_reduce_scatterv(&ctx, c, b, 5 * (size_t)np, a, counts, TPK_F32, TPK_SUM));
+        CHECK_OK(&ctx,
+                 tpk_reduce_scatterv(&ctx, c, b, 5 * (size_t)np, a, counts, TPK_F32, TPK_SUM));
         CHECK_OK(&ctx, tpk_bcast(&ctx, c, a, 7, TPK_F32, 0));
         CHECK_OK(&ctx, tpk_barrier(&ctx, c));
         tpk_comm_stats s = c->stats;
-        CHECK(s.calls[TPK_COLL_ALLREDUCE] == 2 && s.elems[TPK_COLL_ALLREDUCE] == 150 && s.bytes[TPK_COLL_ALLREDUCE] == 500,
-              "all-reduce: %llu calls %llu elems %llu bytes", (unsigned long long)s.calls[0], (unsigned long long)s.elems[0],
-              (unsigned long long)s.bytes[0]);
-        CHECK(s.calls[TPK_COLL_ALLGATHER] == 1 && s.elems[TPK_COLL_ALLGATHER] == 5 * (uint64_t)np, "all-gather counters");
-        CHECK(s.calls[TPK_COLL_REDUCE_SCATTER] == 1 && s.elems[TPK_COLL_REDUCE_SCATTER] == 5 * (uint64_t)np, "reduce-scatter counters");
-        CHECK(s.calls[TPK_COLL_BROADCAST] == 1 && s.bytes[TPK_COLL_BROADCAST] == 28, "broadcast counters");
+        CHECK(s.calls[TPK_COLL_ALLREDUCE] == 2 && s.elems[TPK_COLL_ALLREDUCE] == 150 &&
+                  s.bytes[TPK_COLL_ALLREDUCE] == 500,
+              "all-reduce: %llu calls %llu elems %llu bytes", (unsigned long long)s.calls[0],
+              (unsigned long long)s.elems[0], (unsigned long long)s.bytes[0]);
+        CHECK(s.calls[TPK_COLL_ALLGATHER] == 1 && s.elems[TPK_COLL_ALLGATHER] == 5 * (uint64_t)np,
+              "all-gather counters");
+        CHECK(s.calls[TPK_COLL_REDUCE_SCATTER] == 1 &&
+                  s.elems[TPK_COLL_REDUCE_SCATTER] == 5 * (uint64_t)np,
+              "reduce-scatter counters");
+        CHECK(s.calls[TPK_COLL_BROADCAST] == 1 && s.bytes[TPK_COLL_BROADCAST] == 28,
+              "broadcast counters");
         CHECK(s.calls[TPK_COLL_BARRIER] == 1, "barrier counter");
     }
     TEST_CASE("mesh: TP groups of consecutive ranks, DP groups across") {
@@ -153,13 +169,16 @@ int main(int argc, char **argv) {
             if (np % tp) {
                 tpk_ctx bad;
                 tpk_status s = tpk_ctx_init(&bad, &(tpk_ctx_desc){.world = &world, .tp = tp});
-                CHECK(s == TPK_ERR_ARG && strstr(tpk_last_error(&bad), "desc->tp"), "tp=%d of %d: %s", tp, np, tpk_last_error(&bad));
+                CHECK(s == TPK_ERR_ARG && strstr(tpk_last_error(&bad), "desc->tp"),
+                      "tp=%d of %d: %s", tp, np, tpk_last_error(&bad));
                 continue;
             }
             tpk_ctx m;
             CHECK_OK(&m, tpk_ctx_init(&m, &(tpk_ctx_desc){.world = &world, .tp = tp}));
-            CHECK(m.tp.size == tp && m.tp.rank == me % tp, "tp=%d: TP rank %d of %d", tp, m.tp.rank, m.tp.size);
-            CHECK(m.dp.size == np / tp && m.dp.rank == me / tp, "tp=%d: DP rank %d of %d", tp, m.dp.rank, m.dp.size);
+            CHECK(m.tp.size == tp && m.tp.rank == me % tp, "tp=%d: TP rank %d of %d", tp, m.tp.rank,
+                  m.tp.size);
+            CHECK(m.dp.size == np / tp && m.dp.rank == me / tp, "tp=%d: DP rank %d of %d", tp,
+                  m.dp.rank, m.dp.size);
             int x = me, sum = 0;
             CHECK_OK(&m, tpk_allreduce(&m, &m.tp, &x, &sum, 1, TPK_I32, TPK_SUM));
             int g = me / tp, expect = 0;
@@ -172,23 +191,35 @@ int main(int argc, char **argv) {
             tpk_ctx_destroy(&m);
         }
         tpk_ctx bad;
-        CHECK(tpk_ctx_init(&bad, &(tpk_ctx_desc){.world = &world, .tp = -1}) == TPK_ERR_ARG, "tp = -1 accepted");
+        CHECK(tpk_ctx_init(&bad, &(tpk_ctx_desc){.world = &world, .tp = -1}) == TPK_ERR_ARG,
+              "tp = -1 accepted");
     }
     TEST_CASE("bad arguments get a status and a message naming them") {
         size_t counts[8], total = 0;
         for (int q = 0; q < np; q++) counts[q] = 3, total += 3;
-        CHECK_FAILS(&ctx, tpk_allgatherv(&ctx, c, a, 3, b, counts, total + 1, TPK_F32), TPK_ERR_ARG, "recvcount");
-        CHECK_FAILS(&ctx, tpk_allgatherv(&ctx, c, a, 2, b, counts, total, TPK_F32), TPK_ERR_ARG, "counts[");
-        CHECK_FAILS(&ctx, tpk_allgatherv(&ctx, c, a, 3, b, NULL, total, TPK_F32), TPK_ERR_ARG, "counts");
-        CHECK_FAILS(&ctx, tpk_reduce_scatterv(&ctx, c, a, total - 1, b, counts, TPK_F32, TPK_SUM), TPK_ERR_ARG, "sendcount");
-        CHECK_FAILS(&ctx, tpk_reduce_scatterv(&ctx, c, a, total, a, counts, TPK_F32, TPK_SUM), TPK_ERR_ARG, "alias");
-        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, NULL, b, 4, TPK_F32, TPK_SUM), TPK_ERR_ARG, "send");
-        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, a, b, 4, TPK_F32, (tpk_redop)7), TPK_ERR_ARG, "op");
-        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, a, b, 4, (tpk_dtype)9, TPK_SUM), TPK_ERR_DTYPE, "dtype");
-        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, a, b, (size_t)INT_MAX + 1, TPK_F32, TPK_SUM), TPK_ERR_ARG, "count");
-        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, NULL, a, b, 4, TPK_F32, TPK_SUM), TPK_ERR_ARG, "comm");
+        CHECK_FAILS(&ctx, tpk_allgatherv(&ctx, c, a, 3, b, counts, total + 1, TPK_F32), TPK_ERR_ARG,
+                    "recvcount");
+        CHECK_FAILS(&ctx, tpk_allgatherv(&ctx, c, a, 2, b, counts, total, TPK_F32), TPK_ERR_ARG,
+                    "counts[");
+        CHECK_FAILS(&ctx, tpk_allgatherv(&ctx, c, a, 3, b, NULL, total, TPK_F32), TPK_ERR_ARG,
+                    "counts");
+        CHECK_FAILS(&ctx, tpk_reduce_scatterv(&ctx, c, a, total - 1, b, counts, TPK_F32, TPK_SUM),
+                    TPK_ERR_ARG, "sendcount");
+        CHECK_FAILS(&ctx, tpk_reduce_scatterv(&ctx, c, a, total, a, counts, TPK_F32, TPK_SUM),
+                    TPK_ERR_ARG, "alias");
+        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, NULL, b, 4, TPK_F32, TPK_SUM), TPK_ERR_ARG,
+                    "send");
+        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, a, b, 4, TPK_F32, (tpk_redop)7), TPK_ERR_ARG,
+                    "op");
+        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, a, b, 4, (tpk_dtype)9, TPK_SUM), TPK_ERR_DTYPE,
+                    "dtype");
+        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, a, b, (size_t)INT_MAX + 1, TPK_F32, TPK_SUM),
+                    TPK_ERR_ARG, "count");
+        CHECK_FAILS(&ctx, tpk_allreduce(&ctx, NULL, a, b, 4, TPK_F32, TPK_SUM), TPK_ERR_ARG,
+                    "comm");
         CHECK_FAILS(&ctx, tpk_bcast(&ctx, c, a, 4, TPK_F32, np), TPK_ERR_ARG, "root");
-        CHECK_FAILS(&ctx, tpk_allreduce_start(&ctx, c, a, b, 4, TPK_F32, TPK_SUM, NULL), TPK_ERR_ARG, "req");
+        CHECK_FAILS(&ctx, tpk_allreduce_start(&ctx, c, a, b, 4, TPK_F32, TPK_SUM, NULL),
+                    TPK_ERR_ARG, "req");
         CHECK_FAILS(&ctx, tpk_wait(&ctx, NULL), TPK_ERR_ARG, "req");
         /* after all these the communicator still works */
         float one = 1.f, n = 0.f;
@@ -210,7 +241,8 @@ int main(int argc, char **argv) {
         CHECK(memcmp(a, b, sizeof(float) * N) == 0, "reduce_scatterv");
         CHECK(self.stats.calls[TPK_COLL_ALLREDUCE] == 1, "self counts its calls");
     }
-    TEST_CASE("timeout: a peer that does not enter a collective is an error within the timeout, not a hang") {
+    TEST_CASE("timeout: a peer that does not enter a collective is an error within the timeout, "
+              "not a hang") {
         /* pairs of ranks (an odd last rank alone: a self communicator, which never waits); in a
          * pair the first waits with a 0.2 s timeout, the second enters only after being told the
          * first has given up, then finishes the abandoned collective with it */
@@ -222,7 +254,8 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, NULL, 1), TPK_ERR_ARG, "comm");
         MPI_Request none = MPI_REQUEST_NULL;
         CHECK_FAILS(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, -2), TPK_ERR_ARG, "timeout_s");
-        CHECK_OK(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, 1)); /* a null request is finished */
+        CHECK_OK(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, 1)); /* a null request is
+                                                                         finished */
         CHECK_OK(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, 0.2));
         x = me + 1, sum = 0;
         if (pair.size == 1) {
@@ -230,14 +263,19 @@ int main(int argc, char **argv) {
             CHECK(sum == x, "self: %d, expected %d", (int)sum, (int)x);
         } else if (pair.rank == 0) {
             double t0 = MPI_Wtime();
-            CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM), TPK_ERR_COMM, "no answer from a peer within 0.2 s");
+            CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM),
+                        TPK_ERR_COMM, "no answer from a peer within 0.2 s");
             double waited = MPI_Wtime() - t0;
-            CHECK(strstr(tpk_last_error(&ctx), "tpk_allreduce") && strstr(tpk_last_error(&ctx), "(2 ranks)"), "message names the collective and group: %s", tpk_last_error(&ctx));
+            CHECK(strstr(tpk_last_error(&ctx), "tpk_allreduce") &&
+                      strstr(tpk_last_error(&ctx), "(2 ranks)"),
+                  "message names the collective and group: %s", tpk_last_error(&ctx));
             CHECK(waited >= 0.2 && waited < 30, "gave up after %.3f s, expected 0.2 s", waited);
             int32_t y = 0; /* the communicator is unusable now: every collective fails at once */
-            CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &y, &y, 1, TPK_I32, TPK_SUM), TPK_ERR_COMM, "earlier collective");
+            CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &y, &y, 1, TPK_I32, TPK_SUM), TPK_ERR_COMM,
+                        "earlier collective");
             tpk_request rq = {0};
-            CHECK_FAILS(&ctx, tpk_barrier_start(&ctx, &pair, &rq), TPK_ERR_COMM, "earlier collective");
+            CHECK_FAILS(&ctx, tpk_barrier_start(&ctx, &pair, &rq), TPK_ERR_COMM,
+                        "earlier collective");
             int go = 1, seen = 0;
             MPI_Send(&go, 1, MPI_INT, me + 1, 77, MPI_COMM_WORLD);
             MPI_Request rr; /* the partner's answer: its collective finished with ours */
@@ -248,7 +286,8 @@ int main(int argc, char **argv) {
             int go = 0;
             MPI_Recv(&go, 1, MPI_INT, me - 1, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             CHECK_OK(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, 60));
-            CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM)); /* the first rank's side is still under way */
+            CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32,
+                                         TPK_SUM)); /* the first rank's side is still under way */
             CHECK(sum == me + (me + 1), "late sum %d, expected %d", (int)sum, me + (me + 1));
             int seen = sum;
             MPI_Send(&seen, 1, MPI_INT, me - 1, 78, MPI_COMM_WORLD);
@@ -256,7 +295,8 @@ int main(int argc, char **argv) {
         tpk_comm_destroy(&pair);
     }
     TEST_CASE("a world whose vtable lacks an entry is refused, naming it (TPK__COMM_ENTRIES)") {
-        static const char *names[] = {"allreduce", "allgatherv", "reduce_scatterv", "bcast", "barrier", "wait", "split"};
+        static const char *names[] = {
+            "allreduce", "allgatherv", "reduce_scatterv", "bcast", "barrier", "wait", "split"};
         for (int e = 0; e < 7; e++) {
             tpk_comm_vtable vt = *world.vt;
             switch (e) { /* the entry's function pointer, set to NULL */
@@ -272,8 +312,10 @@ int main(int argc, char **argv) {
             holed.vt = &vt;
             tpk_ctx bad;
             char want[96];
-            snprintf(want, sizeof want, "desc->world: the communicator \"mpi\" has no %s entry", names[e]);
-            CHECK_FAILS(&bad, tpk_ctx_init(&bad, &(tpk_ctx_desc){.world = &holed, .tp = np}), TPK_ERR_ARG, want);
+            snprintf(want, sizeof want, "desc->world: the communicator \"mpi\" has no %s entry",
+                     names[e]);
+            CHECK_FAILS(&bad, tpk_ctx_init(&bad, &(tpk_ctx_desc){.world = &holed, .tp = np}),
+                        TPK_ERR_ARG, want);
             tpk_ctx_destroy(&bad);
         }
     }

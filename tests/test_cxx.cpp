@@ -51,7 +51,8 @@ int run(Context &c, bool sp, Result &out) {
     int fails = 0;
     auto ok = [&](tpk_status s, const char *what) {
         if (s != TPK_OK) {
-            std::fprintf(stderr, "  [rank %d] %s: %s (%s)\n", rank_, what, tpk_last_error(&c.ctx), tpk_status_str(s));
+            std::fprintf(stderr, "  [rank %d] %s: %s (%s)\n", rank_, what, tpk_last_error(&c.ctx),
+                         tpk_status_str(s));
             fails++;
         }
         return s == TPK_OK;
@@ -59,16 +60,20 @@ int run(Context &c, bool sp, Result &out) {
     if (!ok(c.status, "tpk_ctx_init")) return fails;
     tpk_gpt2_config cfg;
     std::memset(&cfg, 0, sizeof cfg);
-    cfg.vocab = 61, cfg.positions = 8, cfg.layers = 2, cfg.hidden = 24, cfg.heads = 6, cfg.dropout = 0.1f, cfg.sequence_parallel = sp;
+    cfg.vocab = 61, cfg.positions = 8, cfg.layers = 2, cfg.hidden = 24, cfg.heads = 6,
+    cfg.dropout = 0.1f, cfg.sequence_parallel = sp;
     tpk_gpt2 m;
     if (!ok(tpk_gpt2_init(&c.ctx, &m, &cfg), "tpk_gpt2_init")) return fails;
     const int B = 2, S = 7;
     std::vector<int32_t> ids(B * S), targets(B * S);
-    for (int i = 0; i < B * S; i++) ids[i] = (7 * i + 3) % 61, targets[i] = i == 5 ? -100 : (11 * i + 1) % 61;
+    for (int i = 0; i < B * S; i++)
+        ids[i] = (7 * i + 3) % 61, targets[i] = i == 5 ? -100 : (11 * i + 1) % 61;
     c.ctx.rng_step = 3;
-    if (ok(tpk_gpt2_forward(&c.ctx, &m, ids.data(), targets.data(), B, S, &out.loss), "tpk_gpt2_forward") &&
+    if (ok(tpk_gpt2_forward(&c.ctx, &m, ids.data(), targets.data(), B, S, &out.loss),
+           "tpk_gpt2_forward") &&
         ok(tpk_gpt2_backward(&c.ctx, &m, 1.0f), "tpk_gpt2_backward") &&
-        ok(tpk_params_reduce_partial_grads(&c.ctx), "tpk_params_reduce_partial_grads")) { /* SP: layernorm grads */
+        ok(tpk_params_reduce_partial_grads(&c.ctx),
+           "tpk_params_reduce_partial_grads")) { /* SP: layernorm grads */
         for (int i = 0; i < c.ctx.params.n; i++) {
             std::vector<float> g(tpk_param_global_numel(&c.ctx, i), NAN);
             ok(tpk_param_get_global(&c.ctx, i, true, g.data()), "tpk_param_get_global");
@@ -83,7 +88,8 @@ double relerr(const std::vector<float> &a, const std::vector<float> &b) {
     double num = 0, den = 1e-30;
     for (size_t i = 0; i < a.size() && i < b.size(); i++) {
         if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-        num = std::fmax(num, std::fabs((double)a[i] - b[i])), den = std::fmax(den, std::fabs((double)b[i]));
+        num = std::fmax(num, std::fabs((double)a[i] - b[i])),
+        den = std::fmax(den, std::fabs((double)b[i]));
     }
     return a.size() == b.size() ? num / den : INFINITY;
 }
@@ -109,12 +115,19 @@ int main(int argc, char **argv) {
             fails += run(c, false, ref);
         }
         double e = std::fabs((double)sharded.loss - ref.loss) / std::fabs((double)ref.loss);
-        if (!(e < 1e-5)) std::fprintf(stderr, "  [rank %d] loss %.9g vs unsharded %.9g\n", rank_, sharded.loss, ref.loss), fails++;
+        if (!(e < 1e-5))
+            std::fprintf(stderr, "  [rank %d] loss %.9g vs unsharded %.9g\n", rank_, sharded.loss,
+                         ref.loss),
+                fails++;
         if (sharded.grads.size() != ref.grads.size() || ref.grads.empty()) fails++;
         for (size_t i = 0; i < sharded.grads.size() && i < ref.grads.size(); i++)
             if (!(relerr(sharded.grads[i], ref.grads[i]) < 1e-5))
-                std::fprintf(stderr, "  [rank %d] gradient %zu: relative error %g\n", rank_, i, relerr(sharded.grads[i], ref.grads[i])), fails++;
-        report(std::string("C++17: GPT-2 at t = ranks") + (sp ? " (sequence parallel)" : "") + " equals the unsharded model (loss, every gradient)", fails);
+                std::fprintf(stderr, "  [rank %d] gradient %zu: relative error %g\n", rank_, i,
+                             relerr(sharded.grads[i], ref.grads[i])),
+                    fails++;
+        report(std::string("C++17: GPT-2 at t = ranks") + (sp ? " (sequence parallel)" : "") +
+                   " equals the unsharded model (loss, every gradient)",
+               fails);
     }
     {
         Context c(&world, size_);
@@ -126,8 +139,11 @@ int main(int argc, char **argv) {
         std::vector<float> x(3 * 8, 0.5f);
         tpk_tensor tx = tpk_tensor_2d(x.data(), TPK_F32, 3, 8, TPK_P), ty;
         tpk_status s = tpk_col_linear_forward(&c.ctx, &l, tx, &ty);
-        if (s != TPK_ERR_LAYOUT || !std::strstr(tpk_last_error(&c.ctx), "x: expected layout R, got P"))
-            std::fprintf(stderr, "  [rank %d] misuse: %s: %s\n", rank_, tpk_status_str(s), tpk_last_error(&c.ctx)), fails++;
+        if (s != TPK_ERR_LAYOUT ||
+            !std::strstr(tpk_last_error(&c.ctx), "x: expected layout R, got P"))
+            std::fprintf(stderr, "  [rank %d] misuse: %s: %s\n", rank_, tpk_status_str(s),
+                         tpk_last_error(&c.ctx)),
+                fails++;
         tpk_linear_destroy(&c.ctx, &l);
         report("C++17: a P input to a column linear is refused (TPK_ERR_LAYOUT naming x)", fails);
     }

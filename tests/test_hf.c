@@ -66,11 +66,16 @@ static char *slurp(const char *path) {
 /* A copy of the safetensors file src at dst with metadata meta (key, value, ..., NULL), the tensor
  * `drop` left out, and `poke` (when not NULL) setting element `at` of tensor `poke_name` to it;
  * `add` / `add_from`: one more tensor named add, a copy of tensor add_from's bytes. */
-static void rewrite_st(const char *src, const char *dst, const char *const *meta, const char *drop, const char *poke_name, size_t at, const float *poke,
-                       const char *add, const char *add_from) {
+static void rewrite_st(const char *src, const char *dst, const char *const *meta, const char *drop,
+                       const char *poke_name, size_t at, const float *poke, const char *add,
+                       const char *add_from) {
     tpk_ctx h;
     tpk_st_file f;
-    if (tpk_ctx_init(&h, &(tpk_ctx_desc){.seed = 1}) != TPK_OK || tpk_st_read(&h, src, &f) != TPK_OK) { printf("  cannot read %s\n", src); return; }
+    if (tpk_ctx_init(&h, &(tpk_ctx_desc){.seed = 1}) != TPK_OK ||
+        tpk_st_read(&h, src, &f) != TPK_OK) {
+        printf("  cannot read %s\n", src);
+        return;
+    }
     tpk_st_entry *e = calloc((size_t)f.n + 1, sizeof *e);
     uint8_t *copy = malloc(f.data_size + 1), *extra = NULL;
     memcpy(copy, f.data, f.data_size);
@@ -78,7 +83,8 @@ static void rewrite_st(const char *src, const char *dst, const char *const *meta
     for (int i = 0; i < f.n; i++) {
         const tpk_st_tensor *t = &f.tensors[i];
         if (drop && !strcmp(t->name, drop)) continue;
-        e[n].name = t->name, e[n].dtype = t->dtype, e[n].ndim = t->ndim, e[n].shape = t->shape, e[n].data = copy + t->begin;
+        e[n].name = t->name, e[n].dtype = t->dtype, e[n].ndim = t->ndim, e[n].shape = t->shape,
+        e[n].data = copy + t->begin;
         if (poke && !strcmp(t->name, poke_name)) memcpy(copy + t->begin + 4 * at, poke, 4);
         n++;
         if (add && !strcmp(t->name, add_from)) { /* its own copy of the bytes, poked when named */
@@ -89,7 +95,8 @@ static void rewrite_st(const char *src, const char *dst, const char *const *meta
             n++;
         }
     }
-    if (tpk_st_write(&h, dst, e, n, meta) != TPK_OK) printf("  cannot write %s: %s\n", dst, tpk_last_error(&h));
+    if (tpk_st_write(&h, dst, e, n, meta) != TPK_OK)
+        printf("  cannot write %s: %s\n", dst, tpk_last_error(&h));
     free(e), free(copy), free(extra), tpk_st_close(&f), tpk_ctx_destroy(&h);
 }
 /* Save a GPT-2 of config() with weights drawn from `seed` to dir at t = ranks with zero moments and
@@ -113,7 +120,8 @@ static void save_seeded(const char *dir, uint64_t seed, int64_t step, float **w)
 }
 /* Load dir into an unsharded GPT-2 of config `c` on this rank (with an optimizer): the status, the
  * message in err[n], the step, and how many of the parameters differ from w (-1: no w). */
-static tpk_status load_cmp(const char *dir, tpk_gpt2_config c, float *const *w, int64_t *step, int *differ, char *err, size_t n) {
+static tpk_status load_cmp(const char *dir, tpk_gpt2_config c, float *const *w, int64_t *step,
+                           int *differ, char *err, size_t n) {
     tpk_ctx ctx;
     tpk_gpt2 m;
     tpk_adamw o;
@@ -137,7 +145,8 @@ static tpk_status load_cmp(const char *dir, tpk_gpt2_config c, float *const *w, 
 
 /* every parameter and both moments gathered: out[3 * i + k] */
 /* the token drawn from logits z[0..n) at temperature temp with uniform u, in double */
-static int ref_draw(const float *z, int n, float temp, double u) { /* z / temp in f32, as tpk_sample_logits */
+static int ref_draw(const float *z, int n, float temp, double u) { /* z / temp in f32, as
+                                                                      tpk_sample_logits */
     double mx = -INFINITY, s = 0, c = 0;
     for (int j = 0; j < n; j++) mx = fmax(mx, z[j] / temp);
     for (int j = 0; j < n; j++) s += exp(z[j] / temp - mx);
@@ -181,13 +190,15 @@ int main(int argc, char **argv) {
     int nparams = 0;
     float *before[3 * 64] = {0};
 
-    TEST_CASE("save at t = %d, load at t = %d and unsharded: parameters, moments and step equal", np, np) {
+    TEST_CASE("save at t = %d, load at t = %d and unsharded: parameters, moments and step equal",
+              np, np) {
         tpk_ctx ctx;
         tpk_gpt2 m;
         tpk_adamw o;
         tpk_model mm;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
-        CHECK_OK(&ctx, tpk_model_init(&ctx, &mm, &(tpk_model_config){.arch = TPK_ARCH_GPT2, .gpt2 = cfg}));
+        CHECK_OK(&ctx, tpk_model_init(&ctx, &mm,
+                                      &(tpk_model_config){.arch = TPK_ARCH_GPT2, .gpt2 = cfg}));
         CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
         one_step(&ctx, &mm, &o);
         nparams = ctx.params.n;
@@ -198,8 +209,12 @@ int main(int argc, char **argv) {
             tpk_gpt2_config rc = config();
             rc.layers = 1, rc.hidden = 8; /* overwritten from config.json */
             CHECK_OK(&ctx, tpk_gpt2_config_read(&ctx, dir, &rc));
-            CHECK(rc.layers == 2 && rc.hidden == 16 && rc.heads == 4 && rc.vocab == 61 && rc.positions == 12 && fabsf(rc.ln_eps - 1e-5f) < 1e-12f, "config.json read back");
-            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass ? &(tpk_ctx_desc){.seed = 99} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 99}));
+            CHECK(rc.layers == 2 && rc.hidden == 16 && rc.heads == 4 && rc.vocab == 61 &&
+                      rc.positions == 12 && fabsf(rc.ln_eps - 1e-5f) < 1e-12f,
+                  "config.json read back");
+            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass ? &(tpk_ctx_desc){.seed = 99}
+                                                   : &(tpk_ctx_desc){
+                                                         .world = &world, .tp = np, .seed = 99}));
             CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &rc));
             CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
             CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, &o, dir));
@@ -211,31 +226,39 @@ int main(int argc, char **argv) {
                 bad += memcmp(before[i], after[i], tpk_param_global_numel(&ctx, i / 3) * 4) != 0;
                 free(after[i]);
             }
-            CHECK(bad == 0, "%d of %d tensors differ after loading %s", bad, 3 * nparams, pass ? "unsharded" : "at t = ranks");
+            CHECK(bad == 0, "%d of %d tensors differ after loading %s", bad, 3 * nparams,
+                  pass ? "unsharded" : "at t = ranks");
             tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
         }
     }
 
-    TEST_CASE("sampling at t = %d: the same tokens on every rank, equal to the unsharded model's", np) {
+    TEST_CASE("sampling at t = %d: the same tokens on every rank, equal to the unsharded model's",
+              np) {
         int32_t tok[2][9];
         for (int pass = 0; pass < 2; pass++) {
             tpk_ctx ctx;
             tpk_gpt2 m;
-            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass ? &(tpk_ctx_desc){.seed = 1} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 1}));
+            CHECK_OK(&ctx, tpk_ctx_init(
+                               &ctx, pass ? &(tpk_ctx_desc){.seed = 1}
+                                          : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 1}));
             CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
             CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, NULL, dir));
             for (int i = 0; i < 9; i++) tok[pass][i] = -1;
             CHECK_OK(&ctx, tpk_gpt2_sample(&ctx, &m, 3, 8, 0.8f, 21, tok[pass]));
-            CHECK_FAILS(&ctx, tpk_gpt2_sample(&ctx, &m, 61, 2, 1.0f, 21, tok[pass]), TPK_ERR_ARG, "start: expected a token id in 0..60, got 61");
+            CHECK_FAILS(&ctx, tpk_gpt2_sample(&ctx, &m, 61, 2, 1.0f, 21, tok[pass]), TPK_ERR_ARG,
+                        "start: expected a token id in 0..60, got 61");
             tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
         }
         int lo[9], hi[9];
         MPI_Allreduce(tok[0], lo, 9, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         MPI_Allreduce(tok[0], hi, 9, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         CHECK(!memcmp(lo, hi, sizeof lo), "ranks drew different tokens");
-        CHECK(!memcmp(tok[0], tok[1], sizeof tok[0]), "t = %d drew %d %d %d ..., the unsharded model %d %d %d ...", np, tok[0][1], tok[0][2], tok[0][3], tok[1][1],
-              tok[1][2], tok[1][3]);
-        for (int i = 1; i < 9; i++) CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
+        CHECK(!memcmp(tok[0], tok[1], sizeof tok[0]),
+              "t = %d drew %d %d %d ..., the unsharded "
+              "model %d %d %d ...",
+              np, tok[0][1], tok[0][2], tok[0][3], tok[1][1], tok[1][2], tok[1][3]);
+        for (int i = 1; i < 9; i++)
+            CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
     }
 
     TEST_CASE("one draw from given logits (S(-1) over %d ranks) equals a double computation", np) {
@@ -244,9 +267,11 @@ int main(int argc, char **argv) {
         enum { T = 3, V = 29 };
         float z[T * V], loc[T * V];
         test_randn(z, T * V, 6, 2.0f);
-        tpk_tensor g = tpk_tensor_2d(z, TPK_F32, T, V, TPK_R), l = tpk_tensor_shard_2d(loc, TPK_F32, T, V, TPK_S(-1), np, me);
+        tpk_tensor g = tpk_tensor_2d(z, TPK_F32, T, V, TPK_R),
+                   l = tpk_tensor_shard_2d(loc, TPK_F32, T, V, TPK_S(-1), np, me);
         CHECK_OK(&ctx, tpk_convert(&ctx, &g, TPK_S(-1), &l));
-        /* all 29 columns, then a padded vocabulary: columns >= 20 padding, never drawn however large */
+        /* all 29 columns, then a padded vocabulary: columns >= 20 padding, never drawn however
+         * large */
         for (int pad = 0; pad < 2; pad++) {
             int n = pad ? 20 : V;
             if (pad) {
@@ -256,19 +281,26 @@ int main(int argc, char **argv) {
             for (uint64_t i = 0; i < 20; i++) {
                 int32_t got = -1;
                 CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, pad ? n : 0, 1, 0.7f, 5, i, &got));
-                int want = ref_draw(z + V, n, 0.7f, tpk_rng_uniform(5, tpk_rng_stream("sample"), i));
-                CHECK(got == want, "%sdraw %llu: %d, expected %d", pad ? "padded " : "", (unsigned long long)i, got, want);
+                int want =
+                    ref_draw(z + V, n, 0.7f, tpk_rng_uniform(5, tpk_rng_stream("sample"), i));
+                CHECK(got == want, "%sdraw %llu: %d, expected %d", pad ? "padded " : "",
+                      (unsigned long long)i, got, want);
             }
         }
         int32_t t;
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, V + 1, 0, 1.0f, 5, 0, &t), TPK_ERR_ARG, "vocab: expected 0..29 (the logits' columns), got 30");
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 3, 1.0f, 5, 0, &t), TPK_ERR_ARG, "row: expected 0..2, got 3");
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 0, 0.0f, 5, 0, &t), TPK_ERR_ARG, "temperature: expected > 0");
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, g, 0, 0, 1.0f, 5, 0, &t), TPK_ERR_LAYOUT, "logits: expected layout S(-1), got R");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, V + 1, 0, 1.0f, 5, 0, &t), TPK_ERR_ARG,
+                    "vocab: expected 0..29 (the logits' columns), got 30");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 3, 1.0f, 5, 0, &t), TPK_ERR_ARG,
+                    "row: expected 0..2, got 3");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 0, 0.0f, 5, 0, &t), TPK_ERR_ARG,
+                    "temperature: expected > 0");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, g, 0, 0, 1.0f, 5, 0, &t), TPK_ERR_LAYOUT,
+                    "logits: expected layout S(-1), got R");
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("config.json: truncated, bad syntax, missing key, implausible; optimizer of another step") {
+    TEST_CASE("config.json: truncated, bad syntax, missing key, implausible; optimizer of another "
+              "step") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         char bad[300];
@@ -276,22 +308,39 @@ int main(int argc, char **argv) {
         mkdir(bad, 0755);
         snprintf(path, sizeof path, "%s/config.json", bad);
         tpk_gpt2_config c = config();
-        static const struct { const char *text, *needle; } bad_configs[] = { /* each a TPK_ERR_FORMAT naming the fault */
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12\n", "config.json: byte 78: expected ',' or '}'"},
+        static const struct { const char *text, *needle;
+        } bad_configs[] = {
+            /* each a
+                                                                                TPK_ERR_FORMAT
+                                                                                naming the fault */
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12\n",
+             "config.json: byte 78: expected ',' or '}'"},
             {"{\"n_layer\": 2, \"n_embd\": 16 \"n_head\": 4}", "byte 28: expected ',' or '}'"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61}", "missing n_positions"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 5, \"vocab_size\": 61, \"n_positions\": 12, \"x\": [1, {\"a\": null}]}", "implausible configuration"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12} x", "the end of the text"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"a\\qb\"}", "expected an escape"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61}",
+             "missing n_positions"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 5, \"vocab_size\": 61, \"n_positions\": "
+             "12, \"x\": [1, {\"a\": null}]}",
+             "implausible configuration"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12} x",
+             "the end of the text"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12, \"s\": \"a\\qb\"}",
+             "expected an escape"},
         };
         for (size_t k = 0; k < sizeof bad_configs / sizeof *bad_configs; k++) {
             write_text(path, bad_configs[k].text);
-            CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT, bad_configs[k].needle);
+            CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT,
+                        bad_configs[k].needle);
         }
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"activation_function\": \"gelu_new\", \"n_inner\": null}");
+        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, "
+                         "\"n_positions\": 12, \"activation_function\": \"gelu_new\", \"n_inner\": "
+                         "null}");
         CHECK_OK(&ctx, tpk_gpt2_config_read(&ctx, bad, &c));
         snprintf(path, sizeof path, "%s/none", bad);
-        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, path, &c), TPK_ERR_IO, "config.json: cannot open");
+        CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, path, &c), TPK_ERR_IO,
+                    "config.json: cannot open");
         /* the saved checkpoint's model with the optimizer file of a checkpoint at step 7 */
         tpk_gpt2 m;
         tpk_adamw o;
@@ -299,29 +348,35 @@ int main(int argc, char **argv) {
         snprintf(dir7, sizeof dir7, "%s_step7", dir), snprintf(mix, sizeof mix, "%s/mix", bad);
         CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
         CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
-        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir7, &(tpk_gpt2_save_desc){7, 1})); /* collective */
+        CHECK_OK(&ctx,
+                 tpk_gpt2_save(&ctx, &m, &o, dir7, &(tpk_gpt2_save_desc){7, 1})); /* collective */
         mkdir(mix, 0755);
-        const char *from[3] = {dir, dir, dir7}, *file[3] = {"config.json", "model.safetensors", "optim.safetensors"};
+        const char *from[3] = {dir, dir, dir7},
+                   *file[3] = {"config.json", "model.safetensors", "optim.safetensors"};
         for (int k = 0; k < 3; k++) {
             char src[700], dst[700];
-            snprintf(src, sizeof src, "%s/%s", from[k], file[k]), snprintf(dst, sizeof dst, "%s/%s", mix, file[k]);
+            snprintf(src, sizeof src, "%s/%s", from[k], file[k]),
+                snprintf(dst, sizeof dst, "%s/%s", mix, file[k]);
             FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
             for (int ch; in && out && (ch = fgetc(in)) != EOF;) fputc(ch, out);
             if (in) fclose(in);
             if (out) fclose(out);
         }
-        CHECK_FAILS(&ctx, tpk_gpt2_load(&ctx, &m, &o, mix), TPK_ERR_FORMAT, "optim.safetensors (step 7) does not belong to config.json (tpk_step 1)");
+        CHECK_FAILS(&ctx, tpk_gpt2_load(&ctx, &m, &o, mix), TPK_ERR_FORMAT,
+                    "optim.safetensors (step 7) does not belong to config.json (tpk_step 1)");
         CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, NULL, mix)); /* the model alone loads */
         tpk_gpt2_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &o);
         tpk_ctx_destroy(&ctx);
     }
-    TEST_CASE("a save over a checkpoint replaces it whole: the new weights load, the user's files carried, nothing left beside it") {
+    TEST_CASE("a save over a checkpoint replaces it whole: the new weights load, the user's files "
+              "carried, nothing left beside it") {
         char d[200], f[700], err[600];
         snprintf(d, sizeof d, "build/tests/hf_swap_np%d", np);
         float *wa[64] = {0}, *wb[64] = {0};
         int differ = 0;
         int64_t step = 0;
-        if (me == 0) { /* a Hugging Face folder's other files, a subdirectory, an old sharded index and shard */
+        if (me == 0) { /* a Hugging Face folder's other files, a subdirectory, an old sharded index
+                          and shard */
             snprintf(f, sizeof f, "rm -rf %s %s.tpk-old %s.tpk-new", d, d, d);
             CHECK(system(f) == 0, "%s", f);
         }
@@ -338,12 +393,15 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         save_seeded(d, 12, 4, wb);
         snprintf(f, sizeof f, "%s/config.json", d), id_b = slurp(f);
-        CHECK(strstr(id_a, "\"tpk_checkpoint_id\": \"") && strstr(id_b, "\"tpk_checkpoint_id\": \"") &&
+        CHECK(strstr(id_a, "\"tpk_checkpoint_id\": \"") &&
+                  strstr(id_b, "\"tpk_checkpoint_id\": \"") &&
                   strcmp(strstr(id_a, "tpk_checkpoint_id"), strstr(id_b, "tpk_checkpoint_id")),
               "config.json carries a new tpk_checkpoint_id per save");
-        CHECK(load_cmp(d, config(), wb, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 4, "the second save loads: %d differ, step %lld: %s",
-              differ, (long long)step, err);
-        CHECK(load_cmp(d, config(), wa, &step, &differ, err, sizeof err) == TPK_OK && differ > 0, "the first save's weights are gone");
+        CHECK(load_cmp(d, config(), wb, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 &&
+                  step == 4,
+              "the second save loads: %d differ, step %lld: %s", differ, (long long)step, err);
+        CHECK(load_cmp(d, config(), wa, &step, &differ, err, sizeof err) == TPK_OK && differ > 0,
+              "the first save's weights are gone");
         snprintf(f, sizeof f, "%s/README.md", d);
         char f2[700];
         snprintf(f2, sizeof f2, "%s/runs/log.txt", d);
@@ -351,20 +409,24 @@ int main(int argc, char **argv) {
         snprintf(f, sizeof f, "%s.tpk-old", d), snprintf(f2, sizeof f2, "%s.tpk-new", d);
         CHECK(!exists(f) && !exists(f2), "no .tpk-old or .tpk-new left beside the checkpoint");
         MPI_Barrier(MPI_COMM_WORLD);
-        /* what a save stopped between its renames leaves: D missing, D.tpk-old the previous checkpoint */
+        /* what a save stopped between its renames leaves: D missing, D.tpk-old the previous
+         * checkpoint */
         if (me == 0) {
             snprintf(f, sizeof f, "%s.tpk-old", d);
             CHECK(rename(d, f) == 0, "rename");
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        CHECK(load_cmp(d, config(), wb, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 4,
-              "D missing, D.tpk-old present: the previous checkpoint loads (%d differ: %s)", differ, err);
+        CHECK(load_cmp(d, config(), wb, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 &&
+                  step == 4,
+              "D missing, D.tpk-old present: the previous checkpoint loads (%d differ: %s)", differ,
+              err);
         tpk_ctx ictx;
         tpk_hf_info info;
         CHECK_OK(&ictx, tpk_ctx_init(&ictx, &(tpk_ctx_desc){.seed = 1}));
         CHECK_OK(&ictx, tpk_hf_info_read(&ictx, d, &info));
-        CHECK(strstr(info.dir, ".tpk-old") && info.step == 4 && info.has_optim && strlen(info.id) == 16, "tpk_hf_info_read: %s step %lld id %s", info.dir,
-              (long long)info.step, info.id);
+        CHECK(strstr(info.dir, ".tpk-old") && info.step == 4 && info.has_optim &&
+                  strlen(info.id) == 16,
+              "tpk_hf_info_read: %s step %lld id %s", info.dir, (long long)info.step, info.id);
         tpk_ctx_destroy(&ictx);
         MPI_Barrier(MPI_COMM_WORLD);
         /* a save after it repairs first: then D = the new save, README carried, no .tpk-old */
@@ -375,25 +437,33 @@ int main(int argc, char **argv) {
         }
         MPI_Barrier(MPI_COMM_WORLD);
         save_seeded(d, 13, 5, wc);
-        CHECK(load_cmp(d, config(), wc, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 5, "after a repair the new save loads (%s)", err);
+        CHECK(load_cmp(d, config(), wc, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 &&
+                  step == 5,
+              "after a repair the new save loads (%s)", err);
         snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s.tpk-old", d);
         char f3[700];
         snprintf(f3, sizeof f3, "%s.tpk-new", d);
-        CHECK(exists(f) && !exists(f2) && !exists(f3), "README.md kept through the repair, nothing left beside D");
+        CHECK(exists(f) && !exists(f2) && !exists(f3), "README.md kept through the repair, nothing "
+                                                       "left beside D");
         MPI_Barrier(MPI_COMM_WORLD);
-        /* stopped after the swap: D the new checkpoint, D.tpk-old the old one holding the user's file */
+        /* stopped after the swap: D the new checkpoint, D.tpk-old the old one holding the user's
+         * file */
         if (me == 0) {
             snprintf(f, sizeof f, "%s.tpk-old", d), mkdir(f, 0755);
-            snprintf(f2, sizeof f2, "%s/README.md", d), snprintf(f3, sizeof f3, "%s.tpk-old/README.md", d);
+            snprintf(f2, sizeof f2, "%s/README.md", d),
+                snprintf(f3, sizeof f3, "%s.tpk-old/README.md", d);
             CHECK(rename(f2, f3) == 0, "rename");
-            snprintf(f2, sizeof f2, "%s/config.json", d), snprintf(f3, sizeof f3, "%s.tpk-old/config.json", d), copy_file(f2, f3);
+            snprintf(f2, sizeof f2, "%s/config.json", d),
+                snprintf(f3, sizeof f3, "%s.tpk-old/config.json", d), copy_file(f2, f3);
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        CHECK(load_cmp(d, config(), wc, &step, &differ, err, sizeof err) == TPK_OK && differ == 0, "D and D.tpk-old: D (the newer) loads");
+        CHECK(load_cmp(d, config(), wc, &step, &differ, err, sizeof err) == TPK_OK && differ == 0,
+              "D and D.tpk-old: D (the newer) loads");
         MPI_Barrier(MPI_COMM_WORLD);
         save_seeded(d, 13, 5, NULL);
         snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s.tpk-old", d);
-        CHECK(exists(f) && !exists(f2), "the next save carries README.md back from D.tpk-old and removes it");
+        CHECK(exists(f) && !exists(f2), "the next save carries README.md back from D.tpk-old and "
+                                        "removes it");
         /* a save that fails (the path's parent missing) leaves nothing */
         snprintf(f, sizeof f, "%s/no/such/dir", d);
         tpk_ctx sctx;
@@ -403,30 +473,39 @@ int main(int argc, char **argv) {
         CHECK_OK(&sctx, tpk_gpt2_init(&sctx, &sm, &c));
         tpk_clear_error(&sctx);
         tpk_status ss = tpk_gpt2_save(&sctx, &sm, NULL, f, NULL);
-        CHECK(ss == TPK_ERR_IO && (me != 0 || strstr(tpk_last_error(&sctx), "no/such/dir.tpk-new: cannot create")), "a save under a missing parent: %s",
-              tpk_last_error(&sctx));
+        CHECK(ss == TPK_ERR_IO &&
+                  (me != 0 || strstr(tpk_last_error(&sctx), "no/such/dir.tpk-new: cannot create")),
+              "a save under a missing parent: %s", tpk_last_error(&sctx));
         snprintf(f, sizeof f, "%s/file", d);
         if (me == 0) write_text(f, "x");
         MPI_Barrier(MPI_COMM_WORLD);
         ss = tpk_gpt2_save(&sctx, &sm, NULL, f, NULL);
-        CHECK(ss == TPK_ERR_IO && (me != 0 || strstr(tpk_last_error(&sctx), "/file: exists and is not a directory")), "a save over a file: %s", tpk_last_error(&sctx));
-        CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "build/tests/./", NULL), TPK_ERR_ARG, "not \".\"");
+        CHECK(ss == TPK_ERR_IO && (me != 0 || strstr(tpk_last_error(&sctx),
+                                                     "/file: exists and is not a directory")),
+              "a save over a file: %s", tpk_last_error(&sctx));
+        CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "build/tests/./", NULL), TPK_ERR_ARG,
+                    "not \".\"");
         CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "/", NULL), TPK_ERR_ARG, "not \"/\"");
         tpk_gpt2_destroy(&sctx, &sm), tpk_ctx_destroy(&sctx);
-        /* tpk_hf_remove: the checkpoint's files go, the user's stay (and the directory with them) */
+        /* tpk_hf_remove: the checkpoint's files go, the user's stay (and the directory with
+         * them) */
         MPI_Barrier(MPI_COMM_WORLD);
         if (me == 0) {
             tpk_ctx rctx;
             CHECK_OK(&rctx, tpk_ctx_init(&rctx, &(tpk_ctx_desc){.seed = 1}));
             CHECK_OK(&rctx, tpk_hf_remove(&rctx, d));
-            snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s/model.safetensors", d), snprintf(f3, sizeof f3, "%s/config.json", d);
-            CHECK(exists(f) && !exists(f2) && !exists(f3), "tpk_hf_remove keeps README.md, removes the checkpoint's files");
+            snprintf(f, sizeof f, "%s/README.md", d),
+                snprintf(f2, sizeof f2, "%s/model.safetensors", d),
+                snprintf(f3, sizeof f3, "%s/config.json", d);
+            CHECK(exists(f) && !exists(f2) && !exists(f3), "tpk_hf_remove keeps README.md, removes "
+                                                           "the checkpoint's files");
             snprintf(f, sizeof f, "%s/README.md", d), remove(f);
             snprintf(f, sizeof f, "%s/file", d), remove(f);
             snprintf(f, sizeof f, "%s/runs/log.txt", d), remove(f);
             snprintf(f, sizeof f, "%s/runs", d), rmdir(f);
             CHECK_OK(&rctx, tpk_hf_remove(&rctx, d));
-            CHECK(!exists(d), "tpk_hf_remove of a checkpoint with nothing else: the directory goes");
+            CHECK(!exists(d),
+                  "tpk_hf_remove of a checkpoint with nothing else: the directory goes");
             CHECK_OK(&rctx, tpk_hf_remove(&rctx, d)); /* missing: nothing to do */
             tpk_ctx_destroy(&rctx);
         }
@@ -435,9 +514,11 @@ int main(int argc, char **argv) {
         free(id_a), free(id_b);
     }
 
-    TEST_CASE("honest loads: checkpoint ids, steps, a missing optimizer file, tensors the config does not account for, non-finite values") {
+    TEST_CASE("honest loads: checkpoint ids, steps, a missing optimizer file, tensors the config "
+              "does not account for, non-finite values") {
         char d1[200], d2[200], b[200], f[700], g[700], err[600];
-        snprintf(d1, sizeof d1, "build/tests/hf_id1_np%d", np), snprintf(d2, sizeof d2, "build/tests/hf_id2_np%d", np);
+        snprintf(d1, sizeof d1, "build/tests/hf_id1_np%d", np),
+            snprintf(d2, sizeof d2, "build/tests/hf_id2_np%d", np);
         snprintf(b, sizeof b, "build/tests/hf_honest_np%d_r%d", np, me);
         float *w1[64] = {0};
         int differ = 0;
@@ -446,130 +527,186 @@ int main(int argc, char **argv) {
         save_seeded(d2, 21, 6, NULL); /* the same weights and step, another checkpoint */
         snprintf(f, sizeof f, "rm -rf %s && mkdir -p %s", b, b);
         CHECK(system(f) == 0, "%s", f);
-#define B_FROM(dir, name) (snprintf(f, sizeof f, "%s/%s", dir, name), snprintf(g, sizeof g, "%s/%s", b, name), copy_file(f, g))
+#define B_FROM(dir, name)                                                                \
+    (snprintf(f, sizeof f, "%s/%s", dir, name), snprintf(g, sizeof g, "%s/%s", b, name), \
+     copy_file(f, g))
         B_FROM(d1, "config.json"), B_FROM(d1, "model.safetensors"), B_FROM(d2, "optim.safetensors");
         CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                  strstr(err, "optim.safetensors (tpk_checkpoint_id ") && strstr(err, "does not belong to config.json (tpk_checkpoint_id ") && strstr(err, "files of two checkpoints"),
+                  strstr(err, "optim.safetensors (tpk_checkpoint_id ") &&
+                  strstr(err, "does not belong to config.json (tpk_checkpoint_id ") &&
+                  strstr(err, "files of two checkpoints"),
               "an optimizer file of another checkpoint at the same step refused: %s", err);
         B_FROM(d2, "model.safetensors"), B_FROM(d1, "optim.safetensors");
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "model.safetensors (tpk_checkpoint_id "),
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "model.safetensors (tpk_checkpoint_id "),
               "a model file of another checkpoint refused: %s", err);
         /* no optimizer file: the step from the checkpoint, fresh moments */
         B_FROM(d1, "model.safetensors");
         snprintf(g, sizeof g, "%s/optim.safetensors", b), remove(g);
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 6,
-              "no optimizer file: the weights and step 6 load (step %lld): %s", (long long)step, err);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 &&
+                  step == 6,
+              "no optimizer file: the weights and step 6 load (step %lld): %s", (long long)step,
+              err);
         /* steps: not a whole number; model file and config.json disagreeing */
-        snprintf(f, sizeof f, "%s/model.safetensors", d1), snprintf(g, sizeof g, "%s/model.safetensors", b);
-        const char *m_half[] = {"format", "pt", "step", "6.5", NULL}, *m_seven[] = {"format", "pt", "step", "7", NULL}, *m_plain[] = {"format", "pt", NULL};
+        snprintf(f, sizeof f, "%s/model.safetensors", d1),
+            snprintf(g, sizeof g, "%s/model.safetensors", b);
+        const char *m_half[] = {"format", "pt", "step", "6.5", NULL},
+                   *m_seven[] = {"format", "pt", "step", "7", NULL},
+                   *m_plain[] = {"format", "pt", NULL};
         rewrite_st(f, g, m_half, NULL, NULL, 0, NULL, NULL, NULL);
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "model.safetensors: step \"6.5\": expected a whole number"),
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "model.safetensors: step \"6.5\": expected a whole number"),
               "step metadata 6.5 refused: %s", err);
         rewrite_st(f, g, m_seven, NULL, NULL, 0, NULL, NULL, NULL);
         CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                  strstr(err, "model.safetensors (step 7) does not belong to config.json (tpk_step 6)"),
+                  strstr(err, "model.safetensors (step 7) does not belong to config.json (tpk_step "
+                              "6)"),
               "model step 7 beside config.json's tpk_step 6 refused: %s", err);
-        char *cj = slurp((snprintf(f, sizeof f, "%s/config.json", d1), f)), *at = strstr(cj, "\"tpk_step\": 6,");
+        char *cj = slurp((snprintf(f, sizeof f, "%s/config.json", d1), f)),
+             *at = strstr(cj, "\"tpk_step\": 6,");
         CHECK(at != NULL, "config.json has tpk_step 6");
         if (at) {
             char *fixed = malloc(strlen(cj) + 8);
-            snprintf(fixed, strlen(cj) + 8, "%.*s\"tpk_step\": \"6\",%s", (int)(at - cj), cj, at + strlen("\"tpk_step\": 6,"));
+            snprintf(fixed, strlen(cj) + 8, "%.*s\"tpk_step\": \"6\",%s", (int)(at - cj), cj,
+                     at + strlen("\"tpk_step\": 6,"));
             snprintf(g, sizeof g, "%s/config.json", b), write_text(g, fixed);
             free(fixed);
         }
         free(cj);
-        snprintf(f, sizeof f, "%s/model.safetensors", d1), snprintf(g, sizeof g, "%s/model.safetensors", b), copy_file(f, g);
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tpk_step: expected a whole number"),
+        snprintf(f, sizeof f, "%s/model.safetensors", d1),
+            snprintf(g, sizeof g, "%s/model.safetensors", b), copy_file(f, g);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "tpk_step: expected a whole number"),
               "tpk_step as a string refused: %s", err);
         B_FROM(d1, "config.json");
         /* a config.json with fewer layers than the file: the file's layer 1 named */
         tpk_gpt2_config one = config();
         one.layers = 1;
-        CHECK(load_cmp(b, one, NULL, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tensor \"h.1.") &&
+        CHECK(load_cmp(b, one, NULL, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "tensor \"h.1.") &&
                   strstr(err, "is not a parameter of the model config.json describes"),
               "a file with 2 layers into a model of 1: %s", err);
-        /* an unknown tensor; Hugging Face's buffers ignored; a tied lm_head.weight equal to wte accepted, another refused */
-        snprintf(f, sizeof f, "%s/model.safetensors", d1), snprintf(g, sizeof g, "%s/model.safetensors", b);
-        rewrite_st(f, g, m_plain, NULL, NULL, 0, NULL, "h.0.mlp.extra.weight", "h.0.mlp.c_fc.weight");
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tensor \"h.0.mlp.extra.weight\" is not a parameter"),
+        /* an unknown tensor; Hugging Face's buffers ignored; a tied lm_head.weight equal to wte
+         * accepted, another refused */
+        snprintf(f, sizeof f, "%s/model.safetensors", d1),
+            snprintf(g, sizeof g, "%s/model.safetensors", b);
+        rewrite_st(f, g, m_plain, NULL, NULL, 0, NULL, "h.0.mlp.extra.weight",
+                   "h.0.mlp.c_fc.weight");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "tensor \"h.0.mlp.extra.weight\" is not a parameter"),
               "an unknown tensor refused: %s", err);
         rewrite_st(f, g, m_plain, NULL, NULL, 0, NULL, "h.0.attn.masked_bias", "h.0.ln_1.bias");
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0, "Hugging Face's attn.masked_bias ignored: %s", err);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0,
+              "Hugging Face's attn.masked_bias ignored: %s", err);
         rewrite_st(f, g, m_plain, NULL, NULL, 0, NULL, "lm_head.weight", "wte.weight");
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0, "lm_head.weight equal to wte.weight accepted: %s", err);
-        rewrite_st(f, g, m_plain, NULL, "lm_head.weight", 5, &(float){0.5f}, "lm_head.weight", "wte.weight");
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "\"lm_head.weight\" differs from \"wte.weight\""),
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0,
+              "lm_head.weight equal to wte.weight accepted: %s", err);
+        rewrite_st(f, g, m_plain, NULL, "lm_head.weight", 5, &(float){0.5f}, "lm_head.weight",
+                   "wte.weight");
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "\"lm_head.weight\" differs from \"wte.weight\""),
               "lm_head.weight other than wte.weight refused: %s", err);
         /* non-finite weights and moments, named with the element */
         rewrite_st(f, g, m_plain, NULL, "h.1.attn.c_proj.weight", 37, &(float){NAN}, NULL, NULL);
         CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                  strstr(err, "model.safetensors: tensor \"h.1.attn.c_proj.weight\": element 37 is nan: expected a finite value"),
+                  strstr(err, "model.safetensors: tensor \"h.1.attn.c_proj.weight\": element 37 is "
+                              "nan: expected a finite value"),
               "a NaN weight refused: %s", err);
         rewrite_st(f, g, m_plain, NULL, "ln_f.bias", 3, &(float){-INFINITY}, NULL, NULL);
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "tensor \"ln_f.bias\": element 3 is -inf"),
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err, "tensor \"ln_f.bias\": element 3 is -inf"),
               "an infinite weight refused: %s", err);
         B_FROM(d1, "model.safetensors");
         const char *o_meta[] = {"format", "tpk-adamw", "step", "6", NULL};
-        snprintf(f, sizeof f, "%s/optim.safetensors", d1), snprintf(g, sizeof g, "%s/optim.safetensors", b);
+        snprintf(f, sizeof f, "%s/optim.safetensors", d1),
+            snprintf(g, sizeof g, "%s/optim.safetensors", b);
         rewrite_st(f, g, o_meta, NULL, "wpe.weight.exp_avg_sq", 2, &(float){-1.0f}, NULL, NULL);
         CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                  strstr(err, "optim.safetensors: tensor \"wpe.weight.exp_avg_sq\": element 2 is -1: expected a finite, non-negative value"),
+                  strstr(err, "optim.safetensors: tensor \"wpe.weight.exp_avg_sq\": element 2 is "
+                              "-1: expected a finite, non-negative value"),
               "a negative second moment refused: %s", err);
-        rewrite_st(f, g, o_meta, NULL, NULL, 0, NULL, "h.5.ln_1.weight.exp_avg", "wpe.weight.exp_avg");
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT && strstr(err, "optim.safetensors: tensor \"h.5.ln_1.weight.exp_avg\" is not a parameter"),
-              "an optimizer tensor of no parameter refused: %s", err);
+        rewrite_st(f, g, o_meta, NULL, NULL, 0, NULL, "h.5.ln_1.weight.exp_avg",
+                   "wpe.weight.exp_avg");
+        CHECK(
+            load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                strstr(err,
+                       "optim.safetensors: tensor \"h.5.ln_1.weight.exp_avg\" is not a parameter"),
+            "an optimizer tensor of no parameter refused: %s", err);
         rewrite_st(f, g, o_meta, NULL, NULL, 0, NULL, NULL, NULL);
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 && step == 6, "the optimizer file without an id loads: %s", err);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_OK && differ == 0 &&
+                  step == 6,
+              "the optimizer file without an id loads: %s", err);
 #undef B_FROM
         for (int i = 0; i < 64; i++) free(w1[i]);
     }
 
-    TEST_CASE("config.json strict: a long number read exactly, duplicate keys and invalid UTF-8 refused") {
+    TEST_CASE("config.json strict: a long number read exactly, duplicate keys and invalid UTF-8 "
+              "refused") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.seed = 1}));
         tpk_gpt2_config c = config();
         char text[400], zeros[101];
         memset(zeros, '0', 100), zeros[100] = 0;
         /* 1.000...0001e-3 with 100 zeros: 1e-3 as a float (cut at 63 characters it read as 1.0) */
-        snprintf(text, sizeof text, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"layer_norm_epsilon\": 1.%s1e-3}", zeros);
-        CHECK_OK(&ctx, tpk_gpt2_config_parse(&ctx, (const uint8_t *)text, strlen(text), "long", &c));
+        snprintf(text, sizeof text, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, "
+                                    "\"vocab_size\": 61, \"n_positions\": 12, "
+                                    "\"layer_norm_epsilon\": 1.%s1e-3}", zeros);
+        CHECK_OK(&ctx,
+                 tpk_gpt2_config_parse(&ctx, (const uint8_t *)text, strlen(text), "long", &c));
         CHECK(c.ln_eps == 1e-3f, "layer_norm_epsilon read as %g, expected 1e-3", (double)c.ln_eps);
         static const struct { const char *text, *needle; } bad[] = {
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"n_layer\": 4}", "byte 79: the key \"n_layer\" appears twice"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"x\": 1, \"x\": 2}", "the key \"x\" appears twice"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"a\xff\"}", "byte 86: expected valid UTF-8 in a string"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"s\": \"\xc3\x28\"}", "expected valid UTF-8 in a string"},
-            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"k\xed\xa0\x80\": 1}", "expected valid UTF-8 in a member name"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12, \"n_layer\": 4}", "byte 79: the key \"n_layer\" appears twice"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12, \"x\": 1, \"x\": 2}", "the key \"x\" appears twice"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12, \"s\": \"a\xff\"}", "byte 86: expected valid UTF-8 in a string"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12, \"s\": \"\xc3\x28\"}", "expected valid UTF-8 in a string"},
+            {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+             "12, \"k\xed\xa0\x80\": 1}", "expected valid UTF-8 in a member name"},
         };
         for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
-            CHECK_FAILS(&ctx, tpk_gpt2_config_parse(&ctx, (const uint8_t *)bad[k].text, strlen(bad[k].text), "cfg", &c), TPK_ERR_FORMAT, bad[k].needle);
-        const char *ok_text = "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": 12, \"x\": {\"a\": 1, \"a\": 2}, \"name\": \"caf\xc3\xa9 \xf0\x9f\x99\x82\"}";
-        CHECK_OK(&ctx, tpk_gpt2_config_parse(&ctx, (const uint8_t *)ok_text, strlen(ok_text), "ok", &c)); /* nested objects are not config.json's members */
+            CHECK_FAILS(&ctx,
+                        tpk_gpt2_config_parse(&ctx, (const uint8_t *)bad[k].text,
+                                              strlen(bad[k].text), "cfg", &c),
+                        TPK_ERR_FORMAT, bad[k].needle);
+        const char *ok_text = "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, "
+                              "\"n_positions\": 12, \"x\": {\"a\": 1, \"a\": 2}, \"name\": "
+                              "\"caf\xc3\xa9 \xf0\x9f\x99\x82\"}";
+        CHECK_OK(&ctx,
+                 tpk_gpt2_config_parse(&ctx, (const uint8_t *)ok_text, strlen(ok_text), "ok",
+                                       &c)); /* nested objects are not config.json's members */
         tpk_ctx_destroy(&ctx);
     }
 
     /* ---- Llama ---- */
     tpk_llama_config lc;
     memset(&lc, 0, sizeof lc);
-    lc.vocab = 61, lc.positions = 12, lc.layers = 2, lc.hidden = 24, lc.heads = 6, lc.kv_heads = 2, lc.ffn = 20, lc.rope_theta = 500.0f, lc.norm_eps = 1e-5f;
+    lc.vocab = 61, lc.positions = 12, lc.layers = 2, lc.hidden = 24, lc.heads = 6, lc.kv_heads = 2,
+    lc.ffn = 20, lc.rope_theta = 500.0f, lc.norm_eps = 1e-5f;
     char ldir[256], sdir[256];
-    snprintf(ldir, sizeof ldir, "build/tests/hf_llama_np%d", np), snprintf(sdir, sizeof sdir, "build/tests/hf_llama_sharded_np%d", np);
+    snprintf(ldir, sizeof ldir, "build/tests/hf_llama_np%d", np),
+        snprintf(sdir, sizeof sdir, "build/tests/hf_llama_sharded_np%d", np);
     float *lbefore[3 * 64] = {0};
     int lparams = 0;
-    TEST_CASE("Llama (A=6, G=2, untied) saved at t = %d; loaded at t = %d, unsharded, and from Hugging Face shards with an index: parameters, moments, step equal", np, np) {
+    TEST_CASE("Llama (A=6, G=2, untied) saved at t = %d; loaded at t = %d, unsharded, and from "
+              "Hugging Face shards with an index: parameters, moments, step equal", np, np) {
         tpk_ctx ctx;
         tpk_llama m;
         tpk_adamw o;
         tpk_model mm;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 4}));
-        CHECK_OK(&ctx, tpk_model_init(&ctx, &mm, &(tpk_model_config){.arch = TPK_ARCH_LLAMA, .llama = lc}));
+        CHECK_OK(&ctx, tpk_model_init(&ctx, &mm,
+                                      &(tpk_model_config){.arch = TPK_ARCH_LLAMA, .llama = lc}));
         CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
         one_step(&ctx, &mm, &o);
         lparams = ctx.params.n;
         gather_all(&ctx, &o, lbefore);
         CHECK_OK(&ctx, tpk_model_save(&ctx, &mm, &o, ldir, &(tpk_hf_save_desc){o.step, 4}));
         tpk_adamw_destroy(&ctx, &o), tpk_model_destroy(&ctx, &mm), tpk_ctx_destroy(&ctx);
-        if (me == 0) { /* the same checkpoint as Hugging Face shards it: two files and an index, no model.safetensors */
+        if (me == 0) { /* the same checkpoint as Hugging Face shards it: two files and an index, no
+                          model.safetensors */
             char p2[600];
             tpk_ctx h;
             tpk_st_file f;
@@ -581,9 +718,12 @@ int main(int argc, char **argv) {
             int n = f.n < 64 ? f.n : 64, half = n / 2;
             char idx[8192] = "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {";
             for (int i = 0; i < n; i++) {
-                e[i].name = f.tensors[i].name, e[i].dtype = f.tensors[i].dtype, e[i].ndim = f.tensors[i].ndim, e[i].shape = f.tensors[i].shape;
+                e[i].name = f.tensors[i].name, e[i].dtype = f.tensors[i].dtype,
+                e[i].ndim = f.tensors[i].ndim, e[i].shape = f.tensors[i].shape;
                 e[i].data = f.data + f.tensors[i].begin;
-                snprintf(idx + strlen(idx), sizeof idx - strlen(idx), "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "", e[i].name, i < half ? 1 : 2);
+                snprintf(idx + strlen(idx), sizeof idx - strlen(idx),
+                         "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "",
+                         e[i].name, i < half ? 1 : 2);
             }
             strcat(idx, "}}\n");
             const char *meta[] = {"format", "pt", NULL};
@@ -593,7 +733,8 @@ int main(int argc, char **argv) {
             CHECK_OK(&h, tpk_st_write(&h, p2, e + half, n - half, meta));
             snprintf(p2, sizeof p2, "%s/model.safetensors.index.json", sdir), write_text(p2, idx);
             char src[600];
-            snprintf(src, sizeof src, "%s/config.json", ldir), snprintf(p2, sizeof p2, "%s/config.json", sdir);
+            snprintf(src, sizeof src, "%s/config.json", ldir),
+                snprintf(p2, sizeof p2, "%s/config.json", sdir);
             FILE *in = fopen(src, "rb"), *out = fopen(p2, "wb");
             for (int ch; in && out && (ch = fgetc(in)) != EOF;) fputc(ch, out);
             if (in) fclose(in);
@@ -601,34 +742,46 @@ int main(int argc, char **argv) {
             tpk_st_close(&f), tpk_ctx_destroy(&h);
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        for (int pass = 0; pass < 3; pass++) { /* at t = np; unsharded; the shards at t = np (weights only) */
+        for (int pass = 0; pass < 3; pass++) { /* at t = np; unsharded; the shards at t = np
+                                                  (weights only) */
             tpk_llama_config rc;
             memset(&rc, 0, sizeof rc);
             char type[32] = "";
             CHECK_OK(&ctx, tpk_hf_model_type(&ctx, pass == 2 ? sdir : ldir, type, sizeof type));
             CHECK(!strcmp(type, "llama"), "model_type \"%s\"", type);
             CHECK_OK(&ctx, tpk_llama_config_read(&ctx, pass == 2 ? sdir : ldir, &rc));
-            CHECK(rc.layers == 2 && rc.hidden == 24 && rc.heads == 6 && rc.kv_heads == 2 && rc.ffn == 20 && rc.vocab == 61 && rc.positions == 12 &&
+            CHECK(rc.layers == 2 && rc.hidden == 24 && rc.heads == 6 && rc.kv_heads == 2 &&
+                      rc.ffn == 20 && rc.vocab == 61 && rc.positions == 12 &&
                       rc.rope_theta == 500.0f && rc.norm_eps == 1e-5f && !rc.tie_embeddings,
                   "config.json read back");
-            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass == 1 ? &(tpk_ctx_desc){.seed = 99} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 99}));
+            CHECK_OK(&ctx,
+                     tpk_ctx_init(
+                         &ctx, pass == 1 ? &(tpk_ctx_desc){.seed = 99}
+                                         : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 99}));
             CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &rc));
             CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
-            CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, pass == 2 ? NULL : &o, pass == 2 ? sdir : ldir));
+            CHECK_OK(&ctx,
+                     tpk_llama_load(&ctx, &m, pass == 2 ? NULL : &o, pass == 2 ? sdir : ldir));
             float *after[3 * 64];
             gather_all(&ctx, &o, after);
             int bad = 0;
             for (int i = 0; i < 3 * lparams; i++) {
-                if (pass < 2 || i % 3 == 0) bad += memcmp(lbefore[i], after[i], tpk_param_global_numel(&ctx, i / 3) * 4) != 0;
+                if (pass < 2 || i % 3 == 0)
+                    bad +=
+                        memcmp(lbefore[i], after[i], tpk_param_global_numel(&ctx, i / 3) * 4) != 0;
                 free(after[i]);
             }
-            CHECK(bad == 0, "%d tensors differ after loading %s", bad, pass == 0 ? "at t = ranks" : pass == 1 ? "unsharded" : "the shards");
+            CHECK(bad == 0, "%d tensors differ after loading %s", bad,
+                  pass == 0   ? "at t = ranks"
+                  : pass == 1 ? "unsharded"
+                              : "the shards");
             if (pass < 2) CHECK(o.step == 1, "step %lld", (long long)o.step);
             tpk_adamw_destroy(&ctx, &o), tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
         }
     }
 
-    TEST_CASE("a save over a sharded Hugging Face folder: no stale index or shards, the saved weights load, the tokenizer kept") {
+    TEST_CASE("a save over a sharded Hugging Face folder: no stale index or shards, the saved "
+              "weights load, the tokenizer kept") {
         char f[600];
         if (me == 0) snprintf(f, sizeof f, "%s/tokenizer.json", sdir), write_text(f, "{}\n");
         MPI_Barrier(MPI_COMM_WORLD);
@@ -646,9 +799,14 @@ int main(int argc, char **argv) {
         }
         CHECK_OK(&ctx, tpk_llama_save(&ctx, &m, NULL, sdir, &(tpk_hf_save_desc){9, 1}));
         tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
-        static const char *const gone[] = {"model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
-        for (int k = 0; k < 3; k++) CHECK(!exists((snprintf(f, sizeof f, "%s/%s", sdir, gone[k]), f)), "%s left after the save", f);
-        CHECK(exists((snprintf(f, sizeof f, "%s/tokenizer.json", sdir), f)) && exists((snprintf(f, sizeof f, "%s/model.safetensors", sdir), f)),
+        static const char *const gone[] = {"model.safetensors.index.json",
+                                           "model-00001-of-00002.safetensors",
+                                           "model-00002-of-00002.safetensors"};
+        for (int k = 0; k < 3; k++)
+            CHECK(!exists((snprintf(f, sizeof f, "%s/%s", sdir, gone[k]), f)),
+                  "%s left after the save", f);
+        CHECK(exists((snprintf(f, sizeof f, "%s/tokenizer.json", sdir), f)) &&
+                  exists((snprintf(f, sizeof f, "%s/model.safetensors", sdir), f)),
               "tokenizer.json kept, model.safetensors written");
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.seed = 99}));
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
@@ -662,17 +820,21 @@ int main(int argc, char **argv) {
             bad += memcmp(g, wl[i], gn * 4) != 0;
             free(g), free(wl[i]);
         }
-        CHECK(bad == 0, "%d of %d tensors differ from the saved weights (the old shards loaded?)", bad, nl);
+        CHECK(bad == 0, "%d of %d tensors differ from the saved weights (the old shards loaded?)",
+              bad, nl);
         tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
         MPI_Barrier(MPI_COMM_WORLD);
     }
 
-    TEST_CASE("Llama sampling at t = %d: the same tokens on every rank, equal to the unsharded model's", np) {
+    TEST_CASE("Llama sampling at t = %d: the same tokens on every rank, equal to the unsharded "
+              "model's", np) {
         int32_t tok[2][9];
         for (int pass = 0; pass < 2; pass++) {
             tpk_ctx ctx;
             tpk_llama m;
-            CHECK_OK(&ctx, tpk_ctx_init(&ctx, pass ? &(tpk_ctx_desc){.seed = 1} : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 1}));
+            CHECK_OK(&ctx, tpk_ctx_init(
+                               &ctx, pass ? &(tpk_ctx_desc){.seed = 1}
+                                          : &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 1}));
             CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
             CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir));
             for (int i = 0; i < 9; i++) tok[pass][i] = -1;
@@ -682,11 +844,14 @@ int main(int argc, char **argv) {
         int lo[9], hi[9];
         MPI_Allreduce(tok[0], lo, 9, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         MPI_Allreduce(tok[0], hi, 9, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        CHECK(!memcmp(lo, hi, sizeof lo) && !memcmp(tok[0], tok[1], sizeof tok[0]), "ranks or the unsharded model drew different tokens");
-        for (int i = 1; i < 9; i++) CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
+        CHECK(!memcmp(lo, hi, sizeof lo) && !memcmp(tok[0], tok[1], sizeof tok[0]),
+              "ranks or the unsharded model drew different tokens");
+        for (int i = 1; i < 9; i++)
+            CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
     }
 
-    TEST_CASE("Llama bad input: unknown model_type, unsupported config values, a mis-shaped or missing tensor, a bad index") {
+    TEST_CASE("Llama bad input: unknown model_type, unsupported config values, a mis-shaped or "
+              "missing tensor, a bad index") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         char bad[300], type[32];
@@ -694,73 +859,116 @@ int main(int argc, char **argv) {
         mkdir(bad, 0755);
         snprintf(path, sizeof path, "%s/config.json", bad);
         static const struct { const char *text, *needle; tpk_status want; } cases[] = {
-            {"{\"model_type\": \"mistral\"}", "model_type \"mistral\": expected \"gpt2\" or \"llama\"", TPK_ERR_UNSUPPORTED},
+            {"{\"model_type\": \"mistral\"}", "model_type \"mistral\": expected \"gpt2\" or "
+                                              "\"llama\"", TPK_ERR_UNSUPPORTED},
             {"{\"n_layer\": 2}", "model_type missing: expected", TPK_ERR_UNSUPPORTED},
             {"{\"model_type\": 7}", "model_type (not a string)", TPK_ERR_UNSUPPORTED},
         };
         for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
             write_text(path, cases[k].text);
-            CHECK_FAILS(&ctx, tpk_hf_model_type(&ctx, bad, type, sizeof type), cases[k].want, cases[k].needle);
+            CHECK_FAILS(&ctx, tpk_hf_model_type(&ctx, bad, type, sizeof type), cases[k].want,
+                        cases[k].needle);
         }
-#define LLAMA_CFG(extra) "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 24, \"num_attention_heads\": 6, \"vocab_size\": 61, " \
-                         "\"max_position_embeddings\": 12, \"intermediate_size\": 20" extra "}"
-        static const struct { const char *text, *needle; tpk_status want; } lcases[] = {
-            {LLAMA_CFG(", \"num_key_value_heads\": 4"), "num_key_value_heads 4: expected a divisor of num_attention_heads 6", TPK_ERR_FORMAT},
-            {LLAMA_CFG(", \"hidden_act\": \"gelu\""), "hidden_act \"gelu\": expected \"silu\"", TPK_ERR_UNSUPPORTED},
-            {LLAMA_CFG(", \"rope_scaling\": {\"type\": \"llama3\"}"), "rope_scaling: expected null", TPK_ERR_UNSUPPORTED},
-            {LLAMA_CFG(", \"attention_bias\": true"), "attention_bias / mlp_bias: expected false", TPK_ERR_UNSUPPORTED},
-            {LLAMA_CFG(", \"head_dim\": 8"), "head_dim 8: expected hidden_size / num_attention_heads = 4", TPK_ERR_UNSUPPORTED},
-            {LLAMA_CFG(", \"tie_word_embeddings\": 1"), "expected true or false for tie_word_embeddings", TPK_ERR_FORMAT},
+#define LLAMA_CFG(extra) \
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 24, "
+        "\"num_attention_heads\": 6, \"vocab_size\": 61, "
+        "\"max_position_embeddings\": 12, \"intermediate_size\": 20" extra "}" static const struct {
+            const char *text, *needle;
+            tpk_status want;
+        } lcases[] = {
+            {LLAMA_CFG(", \"num_key_value_heads\": 4"),
+             "num_key_value_heads 4: expected a divisor "
+             "of num_attention_heads 6",
+             TPK_ERR_FORMAT},
+            {LLAMA_CFG(", \"hidden_act\": \"gelu\""), "hidden_act \"gelu\": expected \"silu\"",
+             TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"rope_scaling\": {\"type\": \"llama3\"}"), "rope_scaling: expected null",
+             TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"attention_bias\": true"), "attention_bias / mlp_bias: expected false",
+             TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"head_dim\": 8"),
+             "head_dim 8: expected hidden_size / "
+             "num_attention_heads = 4",
+             TPK_ERR_UNSUPPORTED},
+            {LLAMA_CFG(", \"tie_word_embeddings\": 1"),
+             "expected true or false for "
+             "tie_word_embeddings",
+             TPK_ERR_FORMAT},
             {LLAMA_CFG(", \"rms_norm_eps\": -1"), "implausible configuration", TPK_ERR_FORMAT},
-            {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2}", "missing hidden_size", TPK_ERR_FORMAT},
-            {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 18, \"num_attention_heads\": 6, \"vocab_size\": 61, "
-             "\"max_position_embeddings\": 12, \"intermediate_size\": 20}", "expected an even head size", TPK_ERR_FORMAT},
+            {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2}", "missing hidden_size",
+             TPK_ERR_FORMAT},
+            {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 18, "
+             "\"num_attention_heads\": 6, \"vocab_size\": 61, "
+             "\"max_position_embeddings\": 12, \"intermediate_size\": 20}",
+             "expected an even head size", TPK_ERR_FORMAT},
         };
         tpk_llama_config c;
         for (size_t k = 0; k < sizeof lcases / sizeof *lcases; k++) {
             write_text(path, lcases[k].text);
-            CHECK_FAILS(&ctx, tpk_llama_config_read(&ctx, bad, &c), lcases[k].want, lcases[k].needle);
+            CHECK_FAILS(&ctx, tpk_llama_config_read(&ctx, bad, &c), lcases[k].want,
+                        lcases[k].needle);
         }
-        write_text(path, LLAMA_CFG(", \"num_key_value_heads\": 2, \"hidden_act\": \"silu\", \"rope_scaling\": null, \"tie_word_embeddings\": true, \"head_dim\": 4"));
+        write_text(path, LLAMA_CFG(", \"num_key_value_heads\": 2, \"hidden_act\": \"silu\", "
+                                   "\"rope_scaling\": null, \"tie_word_embeddings\": true, "
+                                   "\"head_dim\": 4"));
         CHECK_OK(&ctx, tpk_llama_config_read(&ctx, bad, &c));
-        CHECK(c.kv_heads == 2 && c.tie_embeddings && c.norm_eps == 1e-6f && c.rope_theta == 10000.0f, "defaults and booleans read");
+        CHECK(c.kv_heads == 2 && c.tie_embeddings && c.norm_eps == 1e-6f &&
+                  c.rope_theta == 10000.0f,
+              "defaults and booleans read");
         /* the saved checkpoint into a model of another shape, and without a tensor */
         tpk_llama m;
         tpk_llama_config other = lc;
         other.kv_heads = 3;
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &other));
-        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_SHAPE, "\"model.layers.0.self_attn.k_proj.weight\" has shape [8, 24], config.json implies [12, 24]");
-        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx); /* a model's parameters stay in its context: a fresh one per model */
+        CHECK_FAILS(
+            &ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_SHAPE,
+            "\"model.layers.0.self_attn.k_proj.weight\" has shape [8, 24], config.json implies "
+            "[12, 24]");
+        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx); /* a model's parameters stay in its
+                                                               context: a fresh one per model */
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
-        other = lc, other.tie_embeddings = true; /* a tied head beside the file's trained lm_head.weight: refused, not dropped */
+        other = lc, other.tie_embeddings = true; /* a tied head beside the file's trained
+                                                    lm_head.weight: refused, not dropped */
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &other));
-        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_FORMAT, "model.safetensors: tensor \"lm_head.weight\" is not a parameter of the model config.json describes");
+        CHECK_FAILS(
+            &ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_FORMAT,
+            "model.safetensors: tensor \"lm_head.weight\" is not a parameter of the model "
+            "config.json describes");
         tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
         char idx[700];
         snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", bad);
-        static const struct { const char *text, *needle; } icases[] = {
-            {"{\"weight_map\": {\"model.norm.weight\": \"../model-00001-of-00002.safetensors\"}}", "expected a file name ending in .safetensors in the same directory"},
-            {"{\"weight_map\": {\"model.norm.weight\": \"x.bin\"}}", "expected a file name ending in .safetensors"},
+        static const struct { const char *text, *needle;
+        } icases[] = {
+            {"{\"weight_map\": {\"model.norm.weight\": \"../model-00001-of-00002.safetensors\"}}",
+             "expected a file name ending in .safetensors in the same directory"},
+            {"{\"weight_map\": {\"model.norm.weight\": \"x.bin\"}}", "expected a file name ending "
+                                                                     "in .safetensors"},
             {"{\"weight_map\": [1]}", "expected an object \"weight_map\""},
             {"{\"weight_map\": {\"model.norm.weight\": 3}}", "weight_map: file: expected a string"},
             {"{\"weight_map\": {}}", "no tensor \"model.embed_tokens.weight\""},
             {"{\"weight_map\": {\"model.embed_tokens.weight\"", "byte"},
-            {"{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\", \"model.norm.weight\": \"b.safetensors\"}}", "the tensor \"model.norm.weight\" appears twice"},
+            {"{\"weight_map\": {\"model.norm.weight\": \"a.safetensors\", \"model.norm.weight\": "
+             "\"b.safetensors\"}}",
+             "the tensor \"model.norm.weight\" appears twice"},
         };
         for (size_t k = 0; k < sizeof icases / sizeof *icases; k++) {
             write_text(idx, icases[k].text);
-            CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_FORMAT, icases[k].needle);
+            CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_FORMAT,
+                        icases[k].needle);
         }
-        write_text(idx, "{\"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00001.safetensors\"}}");
-        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_IO, "model-00001-of-00001.safetensors");
+        write_text(idx, "{\"weight_map\": {\"model.embed_tokens.weight\": "
+                        "\"model-00001-of-00001.safetensors\"}}");
+        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_IO,
+                    "model-00001-of-00001.safetensors");
         tpk_llama_destroy(&ctx, &m);
         tpk_ctx_destroy(&ctx);
     }
     for (int i = 0; i < 3 * lparams; i++) free(lbefore[i]);
 
-    TEST_CASE("config.json fuzz corpus replay (tests/fuzz/corpus_config)") test_replay_corpus("tests/fuzz/corpus_config", fuzz_config_one, "valid", 7);
+    TEST_CASE("config.json fuzz corpus replay (tests/fuzz/corpus_config)")
+    test_replay_corpus("tests/fuzz/corpus_config", fuzz_config_one, "valid", 7);
     for (int i = 0; i < 3 * nparams; i++) free(before[i]);
     tpk_comm_destroy(&world);
     return test_finish();

@@ -1,5 +1,5 @@
-/* tests/test_ops_elementwise.c — the host backend's elementwise ops (kernels/host/elementwise.c) against
- * references in double: bias add and grad; GELU forward and backward (also against finite
+/* tests/test_ops_elementwise.c — the host backend's elementwise ops (kernels/host/elementwise.c)
+ * against references in double: bias add and grad; GELU forward and backward (also against finite
  * differences) and the identity activation; fill, copy2d, cast (bf16 rounding on hand-picked
  * halfway cases), axpby. Random inputs, outputs poisoned with NaN. Runs on one rank. */
 #include "ops_test.h"
@@ -14,7 +14,8 @@ static void test_bias(void) {
             size_t n = (size_t)(rows * cols);
             float *y = fbuf(n), *bias = fbuf((size_t)cols), *want = fbuf(n), *got = fbuf(n);
             float *db0 = fbuf((size_t)cols), *db = fbuf((size_t)cols), *dbw = fbuf((size_t)cols);
-            uint16_t *hy = malloc(n * 2), *hb = malloc((size_t)cols * 2), *hdb = malloc((size_t)cols * 2);
+            uint16_t *hy = malloc(n * 2), *hb = malloc((size_t)cols * 2),
+                     *hdb = malloc((size_t)cols * 2);
             for (int bf = 0; bf < 2; bf++) {
                 tpk_dtype dt = bf ? TPK_BF16 : TPK_F32;
                 double tol = bf ? 1e-2 : 1e-6;
@@ -25,7 +26,8 @@ static void test_bias(void) {
                     to_bf16(hb, bias, (size_t)cols), from_bf16(bias, hb, (size_t)cols);
                 }
                 for (int64_t i = 0; i < rows; i++)
-                    for (int64_t j = 0; j < cols; j++) want[i * cols + j] = (float)((double)y[i * cols + j] + bias[j]);
+                    for (int64_t j = 0; j < cols; j++)
+                        want[i * cols + j] = (float)((double)y[i * cols + j] + bias[j]);
                 if (bf) {
                     CHECK_OK(&ctx, tpk_op_bias_add(&ctx, hy, hb, rows, cols, dt));
                     from_bf16(got, hy, n);
@@ -33,8 +35,9 @@ static void test_bias(void) {
                     memcpy(got, y, n * sizeof(float));
                     CHECK_OK(&ctx, tpk_op_bias_add(&ctx, got, bias, rows, cols, dt));
                 }
-                CHECK(test_relerr(got, want, n) < tol, "bias_add %s %lldx%lld: relative error %.3g", tpk_dtype_name(dt),
-                      (long long)rows, (long long)cols, test_relerr(got, want, n));
+                CHECK(test_relerr(got, want, n) < tol, "bias_add %s %lldx%lld: relative error %.3g",
+                      tpk_dtype_name(dt), (long long)rows, (long long)cols,
+                      test_relerr(got, want, n));
 
                 /* bias_grad: dy = y; accumulate off (db poisoned) and on */
                 test_randn(db0, (size_t)cols, 420 + sh, 1.0f);
@@ -55,27 +58,33 @@ static void test_bias(void) {
                         CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, y, rows, cols, dt, dt, acc));
                     }
                     double e = test_relerr(db, dbw, (size_t)cols);
-                    CHECK(e < tol, "bias_grad %s %lldx%lld accumulate=%d: relative error %.3g", tpk_dtype_name(dt),
-                          (long long)rows, (long long)cols, acc, e);
-                    if (bf) { /* db in f32 from bf16 dy: the sums not rounded to bf16 (1e-6, where a bf16 db is off by ~4e-3) */
+                    CHECK(e < tol, "bias_grad %s %lldx%lld accumulate=%d: relative error %.3g",
+                          tpk_dtype_name(dt), (long long)rows, (long long)cols, acc, e);
+                    if (bf) { /* db in f32 from bf16 dy: the sums not rounded to bf16 (1e-6, where a
+                                 bf16 db is off by ~4e-3) */
                         if (acc) memcpy(db, db0, (size_t)cols * sizeof(float));
                         else test_poison(db, (size_t)cols);
-                        CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, hy, rows, cols, dt, TPK_F32, acc));
+                        CHECK_OK(&ctx,
+                                 tpk_op_bias_grad(&ctx, db, hy, rows, cols, dt, TPK_F32, acc));
                         e = test_relerr(db, dbw, (size_t)cols);
-                        CHECK(e < 1e-6, "bias_grad bf16 into f32 %lldx%lld accumulate=%d: relative error %.3g", (long long)rows, (long long)cols, acc, e);
+                        CHECK(e < 1e-6, "bias_grad bf16 into f32 %lldx%lld accumulate=%d: relative "
+                                        "error %.3g", (long long)rows, (long long)cols, acc, e);
                     }
                 }
             }
-            free(y), free(bias), free(want), free(got), free(db0), free(db), free(dbw), free(hy), free(hb), free(hdb);
+            free(y), free(bias), free(want), free(got), free(db0), free(db), free(dbw), free(hy),
+                free(hb), free(hdb);
         }
         /* rows = 0: db = 0 (or unchanged when accumulating) */
         float db[3];
         test_poison(db, 3);
         CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, TPK_F32, false));
-        CHECK(db[0] == 0 && db[1] == 0 && db[2] == 0, "rows = 0: db = %g %g %g", db[0], db[1], db[2]);
+        CHECK(db[0] == 0 && db[1] == 0 && db[2] == 0, "rows = 0: db = %g %g %g", db[0], db[1],
+              db[2]);
         db[0] = 1, db[1] = 2, db[2] = 3;
         CHECK_OK(&ctx, tpk_op_bias_grad(&ctx, db, NULL, 0, 3, TPK_F32, TPK_F32, true));
-        CHECK(db[0] == 1 && db[1] == 2 && db[2] == 3, "rows = 0, accumulate: db = %g %g %g", db[0], db[1], db[2]);
+        CHECK(db[0] == 1 && db[1] == 2 && db[2] == 3, "rows = 0, accumulate: db = %g %g %g", db[0],
+              db[1], db[2]);
     }
 }
 
@@ -84,7 +93,8 @@ static void test_bias(void) {
 static void test_gelu(void) {
     TEST_CASE("host gelu_fwd and gelu_bwd (reference, finite differences, dx aliasing dy, bf16)") {
         const size_t n = 1001;
-        float *x = fbuf(n), *dy = fbuf(n), *y = fbuf(n), *dx = fbuf(n), *want = fbuf(n), *fd = fbuf(n);
+        float *x = fbuf(n), *dy = fbuf(n), *y = fbuf(n), *dx = fbuf(n), *want = fbuf(n),
+              *fd = fbuf(n);
         test_randn(x, n, 500, 3.0f);
         x[0] = 0, x[1] = -10, x[2] = 10, x[3] = 1e-4f, x[4] = -6;
         test_randn(dy, n, 501, 1.0f);
@@ -99,7 +109,8 @@ static void test_gelu(void) {
         for (size_t i = 0; i < n; i++) {
             want[i] = (float)(dy[i] * gelu_grad_d(x[i]));
             double h = 1e-5;
-            fd[i] = (float)(dy[i] * (gelu_d((double)x[i] + h) - gelu_d((double)x[i] - h)) / (2 * h));
+            fd[i] =
+                (float)(dy[i] * (gelu_d((double)x[i] + h) - gelu_d((double)x[i] - h)) / (2 * h));
         }
         CHECK_CLOSE(dx, want, n, 1e-6, "gelu_bwd f32 vs analytic");
         CHECK_CLOSE(dx, fd, n, 1e-5, "gelu_bwd f32 vs finite differences of gelu");
@@ -108,7 +119,8 @@ static void test_gelu(void) {
         float *g = fbuf(n);
         memcpy(g, dy, n * sizeof(float));
         CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, g, x, g, TPK_F32, n));
-        CHECK(memcmp(g, dx, n * sizeof(float)) == 0, "gelu_bwd in place (dx == dy) differs from out of place");
+        CHECK(memcmp(g, dx, n * sizeof(float)) == 0, "gelu_bwd in place (dx == dy) differs from "
+                                                     "out of place");
 
         /* bf16: inputs rounded, output within bf16 precision */
         uint16_t *hx = malloc(n * 2), *hdy = malloc(n * 2), *hy = malloc(n * 2);
@@ -119,15 +131,17 @@ static void test_gelu(void) {
         from_bf16(y, hy, n);
         for (size_t i = 0; i < n; i++) want[i] = (float)gelu_d(xr[i]);
         CHECK_CLOSE(y, want, n, 1e-2, "gelu_fwd bf16");
-        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, hdy, hx, hdy, TPK_BF16, n)); /* in place */
+        CHECK_OK(&ctx,
+                 tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, hdy, hx, hdy, TPK_BF16, n)); /* in place */
         from_bf16(dx, hdy, n);
         for (size_t i = 0; i < n; i++) want[i] = (float)(dyr[i] * gelu_grad_d(xr[i]));
         CHECK_CLOSE(dx, want, n, 1e-2, "gelu_bwd bf16");
 
-        free(x), free(dy), free(y), free(dx), free(want), free(fd), free(g), free(hx), free(hdy), free(hy), free(xr),
-            free(dyr);
+        free(x), free(dy), free(y), free(dx), free(want), free(fd), free(g), free(hx), free(hdy),
+            free(hy), free(xr), free(dyr);
     }
-    TEST_CASE("host act_fwd and act_bwd with TPK_ACT_NONE: y = x and dx = dy exactly, in place too, f32 and bf16") {
+    TEST_CASE("host act_fwd and act_bwd with TPK_ACT_NONE: y = x and dx = dy exactly, in place "
+              "too, f32 and bf16") {
         const size_t n = 257;
         float x[257], dy[257], y[257], dx[257];
         test_randn(x, n, 510, 2.0f), test_randn(dy, n, 511, 1.0f);
@@ -138,16 +152,19 @@ static void test_gelu(void) {
         CHECK(memcmp(dx, dy, sizeof dy) == 0, "act_bwd none f32: dx != dy");
         CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_NONE, y, y, TPK_F32, n));
         CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_NONE, dx, x, dx, TPK_F32, n));
-        CHECK(memcmp(y, x, sizeof x) == 0 && memcmp(dx, dy, sizeof dy) == 0, "act none in place changed the values");
+        CHECK(memcmp(y, x, sizeof x) == 0 && memcmp(dx, dy, sizeof dy) == 0,
+              "act none in place changed the values");
         uint16_t hx[257], hy[257];
         to_bf16(hx, x, n);
         memset(hy, 0xff, sizeof hy);
         CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_NONE, hy, hx, TPK_BF16, n));
         CHECK(memcmp(hy, hx, sizeof hx) == 0, "act_fwd none bf16: y != x");
         memset(hy, 0xff, sizeof hy);
-        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_NONE, hy, NULL, hx, TPK_BF16, n)); /* x is not read: may be NULL */
+        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_NONE, hy, NULL, hx, TPK_BF16,
+                                      n)); /* x is not read: may be NULL */
         CHECK(memcmp(hy, hx, sizeof hx) == 0, "act_bwd none bf16: dx != dy");
-        CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, hy, NULL, hx, TPK_BF16, n), TPK_ERR_ARG, "tpk_op_act_bwd: x: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, hy, NULL, hx, TPK_BF16, n),
+                    TPK_ERR_ARG, "tpk_op_act_bwd: x: expected a buffer");
     }
 }
 
@@ -163,7 +180,8 @@ static void test_elementwise(void) {
         CHECK(bad == 0, "fill f32: %zu elements wrong", bad);
         CHECK(isnan(x[36]), "fill wrote past n");
         uint16_t h[9] = {0};
-        CHECK_OK(&ctx, tpk_op_fill(&ctx, h, TPK_BF16, 8, 1.0f + 1.0f / 256)); /* halfway: rounds to 1.0 */
+        CHECK_OK(&ctx, tpk_op_fill(&ctx, h, TPK_BF16, 8, 1.0f + 1.0f / 256)); /* halfway: rounds to
+                                                                                 1.0 */
         bad = 0;
         for (int i = 0; i < 8; i++) bad += h[i] != 0x3F80;
         CHECK(bad == 0 && h[8] == 0, "fill bf16: %zu wrong, h[8] = %#x", bad, h[8]);
@@ -192,8 +210,8 @@ static void test_elementwise(void) {
         CHECK(bad == 0, "copy2d bf16: %zu elements wrong", bad);
         int32_t is[2 * 3] = {1, -2, 3, 2147483647, -2147483647 - 1, 6}, id[2 * 2] = {0};
         CHECK_OK(&ctx, tpk_op_copy2d(&ctx, id, 2, is + 1, 3, 2, 2, TPK_I32));
-        CHECK(id[0] == -2 && id[1] == 3 && id[2] == -2147483647 - 1 && id[3] == 6, "copy2d i32: %d %d %d %d", id[0],
-              id[1], id[2], id[3]);
+        CHECK(id[0] == -2 && id[1] == 3 && id[2] == -2147483647 - 1 && id[3] == 6,
+              "copy2d i32: %d %d %d %d", id[0], id[1], id[2], id[3]);
         CHECK_OK(&ctx, tpk_op_copy2d(&ctx, NULL, 5, NULL, 5, 0, 5, TPK_F32));
 
         /* axpby: y = a x + b y; b = 0 ignores (NaN) y */
@@ -206,7 +224,8 @@ static void test_elementwise(void) {
             float a = ab[s][0], b = ab[s][1];
             if (b == 0) test_poison(y, n);
             else memcpy(y, y0, n * sizeof(float));
-            for (size_t i = 0; i < n; i++) want[i] = (float)((double)a * xx[i] + (b != 0 ? (double)b * y0[i] : 0.0));
+            for (size_t i = 0; i < n; i++)
+                want[i] = (float)((double)a * xx[i] + (b != 0 ? (double)b * y0[i] : 0.0));
             CHECK_OK(&ctx, tpk_op_axpby(&ctx, y, a, xx, b, TPK_F32, n));
             double e = test_relerr(y, want, n);
             CHECK(e < 1e-6, "axpby f32 a=%g b=%g: relative error %.3g", a, b, e);
@@ -250,7 +269,8 @@ static void test_elementwise(void) {
         h[nc] = 0xABCD;
         CHECK_OK(&ctx, tpk_op_cast(&ctx, h, TPK_BF16, f, TPK_F32, nc));
         for (size_t i = 0; i < nc; i++)
-            CHECK(h[i] == cases[i][1], "cast %#010x -> bf16: got %#06x, expected %#06x", cases[i][0], h[i], cases[i][1]);
+            CHECK(h[i] == cases[i][1], "cast %#010x -> bf16: got %#06x, expected %#06x",
+                  cases[i][0], h[i], cases[i][1]);
         CHECK(h[nc] == 0xABCD, "cast wrote past n");
 
         /* NaNs (including one whose payload is only in the low 16 bits) stay NaN */
@@ -260,8 +280,10 @@ static void test_elementwise(void) {
         for (int i = 0; i < 5; i++) fn[i] = bits_f32(nans[i]);
         CHECK_OK(&ctx, tpk_op_cast(&ctx, hn, TPK_BF16, fn, TPK_F32, 5));
         for (int i = 0; i < 5; i++) {
-            CHECK((hn[i] & 0x7F80u) == 0x7F80u && (hn[i] & 0x007Fu) != 0, "NaN %#010x -> %#06x is not NaN", nans[i], hn[i]);
-            CHECK((hn[i] & 0x8000u) == ((nans[i] >> 16) & 0x8000u), "NaN %#010x -> %#06x lost its sign", nans[i], hn[i]);
+            CHECK((hn[i] & 0x7F80u) == 0x7F80u && (hn[i] & 0x007Fu) != 0,
+                  "NaN %#010x -> %#06x is not NaN", nans[i], hn[i]);
+            CHECK((hn[i] & 0x8000u) == ((nans[i] >> 16) & 0x8000u), "NaN %#010x -> %#06x lost its "
+                                                                    "sign", nans[i], hn[i]);
         }
 
         /* bf16 -> f32 is exact for all 65536 patterns; f32 -> bf16 gives them back (NaN: a NaN) */

@@ -18,8 +18,8 @@ static const gemm_case gemm_cases[] = {{7, 5, 3}, {1, 1, 1}, {33, 17, 65}, {16, 
 /* One f32 or bf16 run of C = alpha op(A) op(B) + beta C against ref_gemm: gemm (C in dt) or, with
  * acc, gemm_acc (C f32, never rounded). pad > 0 makes every leading dimension larger than the
  * minimum; A's and B's padding is poisoned (a read shows in C) and C's must be left alone. */
-static void run_gemm(tpk_dtype dt, bool acc, bool ta, bool tb, gemm_case g, int pad, float alpha, float beta, uint64_t seed,
-                     double tol) {
+static void run_gemm(tpk_dtype dt, bool acc, bool ta, bool tb, gemm_case g, int pad, float alpha,
+                     float beta, uint64_t seed, double tol) {
     const char *op = acc ? "gemm_acc" : "gemm";
     int64_t m = g.m, n = g.n, k = g.k;
     int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
@@ -28,8 +28,8 @@ static void run_gemm(tpk_dtype dt, bool acc, bool ta, bool tb, gemm_case g, int 
     if (ldb < 1) ldb = 1;
     if (ldc < 1) ldc = 1;
     size_t na = (size_t)(ar * lda), nb = (size_t)(br * ldb), nc = (size_t)(m * ldc);
-    float *a = fbuf(na), *b = fbuf(nb), *c = fbuf(nc), *c0 = fbuf(nc), *want = fbuf((size_t)(m * n)),
-          *got = fbuf((size_t)(m * n));
+    float *a = fbuf(na), *b = fbuf(nb), *c = fbuf(nc), *c0 = fbuf(nc),
+          *want = fbuf((size_t)(m * n)), *got = fbuf((size_t)(m * n));
     test_randn(a, na, seed, 1.0f);
     test_randn(b, nb, seed + 1, 1.0f);
     test_randn(c0, nc, seed + 2, 1.0f);
@@ -48,29 +48,36 @@ static void run_gemm(tpk_dtype dt, bool acc, bool ta, bool tb, gemm_case g, int 
 
     tpk_status s;
     if (dt == TPK_F32) {
-        s = acc ? tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32)
+        s = acc ? tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                                  TPK_F32)
                 : tpk_op_gemm(&ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, TPK_F32);
     } else {
         uint16_t *ha = malloc(na * 2 + 2), *hb = malloc(nb * 2 + 2), *hc = malloc(nc * 2 + 2);
         to_bf16(ha, a, na), to_bf16(hb, b, nb), to_bf16(hc, c0, nc);
         if (acc) {
-            s = tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, c, ldc, TPK_BF16);
+            s = tpk_op_gemm_acc(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, c, ldc,
+                                TPK_BF16);
         } else {
-            s = tpk_op_gemm(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, hc, ldc, TPK_BF16);
+            s = tpk_op_gemm(&ctx, ta, tb, m, n, k, alpha, ha, lda, hb, ldb, beta, hc, ldc,
+                            TPK_BF16);
             from_bf16(c, hc, nc);
         }
         free(ha), free(hb), free(hc);
     }
-    CHECK(s == TPK_OK, "%s %s ta=%d tb=%d %lldx%lldx%lld: %s %s", tpk_dtype_name(dt), op, ta, tb, (long long)m,
-          (long long)n, (long long)k, tpk_status_str(s), tpk_last_error(&ctx));
+    CHECK(s == TPK_OK, "%s %s ta=%d tb=%d %lldx%lldx%lld: %s %s", tpk_dtype_name(dt), op, ta, tb,
+          (long long)m, (long long)n, (long long)k, tpk_status_str(s), tpk_last_error(&ctx));
     size_t touched = 0;
     for (int64_t i = 0; i < m; i++) {
         for (int64_t j = 0; j < n; j++) got[i * n + j] = c[i * ldc + j];
-        for (int64_t j = n; j < ldc; j++) touched += f32_bits(c[i * ldc + j]) != f32_bits(c0[i * ldc + j]);
+        for (int64_t j = n; j < ldc; j++)
+            touched += f32_bits(c[i * ldc + j]) != f32_bits(c0[i * ldc + j]);
     }
     double e = test_relerr(got, want, (size_t)(m * n));
-    CHECK(e < tol, "%s %s ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error %.3g >= %.3g",
-          tpk_dtype_name(dt), op, ta, tb, (long long)m, (long long)n, (long long)k, alpha, beta, pad, e, tol);
+    CHECK(e < tol,
+          "%s %s ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error "
+          "%.3g >= %.3g",
+          tpk_dtype_name(dt), op, ta, tb, (long long)m, (long long)n, (long long)k, alpha, beta,
+          pad, e, tol);
     CHECK(touched == 0, "%s wrote %zu elements of C's padding", op, touched);
     free(a), free(b), free(c), free(c0), free(want), free(got);
 }
@@ -83,14 +90,16 @@ static void test_gemm(void) {
             for (int t = 0; t < 4; t++)
                 for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
                     for (int pad = 0; pad <= 3; pad += 3)
-                        run_gemm(TPK_F32, false, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3, 1e-5);
+                        run_gemm(TPK_F32, false, t & 1, t & 2, gemm_cases[g], pad, ab[s][0],
+                                 ab[s][1], seed += 3, 1e-5);
     }
     TEST_CASE("host gemm bf16: 4 transposes x sizes x alpha/beta") {
         uint64_t seed = 200;
         for (size_t g = 0; g < sizeof gemm_cases / sizeof *gemm_cases; g++)
             for (int t = 0; t < 4; t++)
                 for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
-                    run_gemm(TPK_BF16, false, t & 1, t & 2, gemm_cases[g], 2, ab[s][0], ab[s][1], seed += 3, 1e-2);
+                    run_gemm(TPK_BF16, false, t & 1, t & 2, gemm_cases[g], 2, ab[s][0], ab[s][1],
+                             seed += 3, 1e-2);
     }
     TEST_CASE("host gemm: empty sizes, k = 0 and alpha = 0 give C = beta C") {
         const gemm_case empty[] = {{0, 5, 3}, {4, 0, 3}, {0, 0, 0}, {4, 5, 0}, {1, 1, 0}};
@@ -104,16 +113,21 @@ static void test_gemm(void) {
             }
         /* operands the product does not read may be NULL */
         float c[4] = {1, 2, 3, 4};
-        CHECK_OK(&ctx, tpk_op_gemm(&ctx, false, false, 0, 4, 3, 1.0f, NULL, 3, NULL, 4, 0.0f, NULL, 4, TPK_F32));
-        CHECK_OK(&ctx, tpk_op_gemm(&ctx, true, true, 3, 0, 2, 1.0f, NULL, 3, NULL, 2, 0.0f, NULL, 1, TPK_BF16));
-        CHECK_OK(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 0, 1.0f, NULL, 1, NULL, 2, 0.0f, c, 2, TPK_F32));
-        CHECK(c[0] == 0 && c[1] == 0 && c[2] == 0 && c[3] == 0, "k = 0, beta = 0: C = %g %g %g %g", c[0], c[1], c[2], c[3]);
+        CHECK_OK(&ctx, tpk_op_gemm(&ctx, false, false, 0, 4, 3, 1.0f, NULL, 3, NULL, 4, 0.0f, NULL,
+                                   4, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_gemm(&ctx, true, true, 3, 0, 2, 1.0f, NULL, 3, NULL, 2, 0.0f, NULL, 1,
+                                   TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 0, 1.0f, NULL, 1, NULL, 2, 0.0f, c, 2,
+                                   TPK_F32));
+        CHECK(c[0] == 0 && c[1] == 0 && c[2] == 0 && c[3] == 0, "k = 0, beta = 0: C = %g %g %g %g",
+              c[0], c[1], c[2], c[3]);
         /* alpha = 0: C = beta C even with NaN in A and B */
         float a[6], b[6], c2[4] = {1, 2, 3, 4};
         test_poison(a, 6), test_poison(b, 6);
-        CHECK_OK(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 3, 0.0f, a, 3, b, 2, 2.0f, c2, 2, TPK_F32));
-        CHECK(c2[0] == 2 && c2[1] == 4 && c2[2] == 6 && c2[3] == 8, "alpha = 0: C = %g %g %g %g", c2[0], c2[1], c2[2],
-              c2[3]);
+        CHECK_OK(&ctx,
+                 tpk_op_gemm(&ctx, false, false, 2, 2, 3, 0.0f, a, 3, b, 2, 2.0f, c2, 2, TPK_F32));
+        CHECK(c2[0] == 2 && c2[1] == 4 && c2[2] == 6 && c2[3] == 8, "alpha = 0: C = %g %g %g %g",
+              c2[0], c2[1], c2[2], c2[3]);
     }
 }
 
@@ -121,14 +135,16 @@ static void test_gemm(void) {
 
 static void test_gemm_acc(void) {
     const float ab[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 1.0f}, {1.5f, 0.25f}};
-    TEST_CASE("host gemm_acc f32 and bf16 operands into f32 C: 4 transposes x sizes x alpha/beta, padded leading dims") {
+    TEST_CASE("host gemm_acc f32 and bf16 operands into f32 C: 4 transposes x sizes x alpha/beta, "
+              "padded leading dims") {
         uint64_t seed = 700;
         for (int d = 0; d < 2; d++)
             for (size_t g = 0; g < sizeof gemm_cases / sizeof *gemm_cases; g++)
                 for (int t = 0; t < 4; t++)
                     for (size_t s = 0; s < sizeof ab / sizeof *ab; s++)
                         for (int pad = 0; pad <= 3; pad += 3)
-                            run_gemm(d ? TPK_BF16 : TPK_F32, true, t & 1, t & 2, gemm_cases[g], pad, ab[s][0], ab[s][1], seed += 3, 1e-5);
+                            run_gemm(d ? TPK_BF16 : TPK_F32, true, t & 1, t & 2, gemm_cases[g], pad,
+                                     ab[s][0], ab[s][1], seed += 3, 1e-5);
         const gemm_case empty[] = {{0, 5, 3}, {4, 0, 3}, {0, 0, 0}, {4, 5, 0}, {1, 1, 0}};
         for (size_t g = 0; g < sizeof empty / sizeof *empty; g++)
             for (int t = 0; t < 4; t++) {
@@ -136,13 +152,16 @@ static void test_gemm_acc(void) {
                 run_gemm(TPK_BF16, true, t & 1, t & 2, empty[g], 2, 1.0f, 1.0f, 810 + g, 1e-5);
                 run_gemm(TPK_F32, true, t & 1, t & 2, empty[g], 1, 2.0f, -3.0f, 820 + g, 1e-5);
             }
-        /* the sum carries f32 precision: most elements are not bf16 values (a rounded C would be) */
+        /* the sum carries f32 precision: most elements are not bf16 values (a rounded C would
+         * be) */
         enum { M = 33, N = 17, K = 65 };
         float a[M * K], b[K * N], c[M * N];
         uint16_t ha[M * K], hb[K * N];
-        test_randn(a, M * K, 900, 1.0f), test_randn(b, K * N, 901, 1.0f), test_randn(c, M * N, 902, 1.0f);
+        test_randn(a, M * K, 900, 1.0f), test_randn(b, K * N, 901, 1.0f),
+            test_randn(c, M * N, 902, 1.0f);
         to_bf16(ha, a, M * K), to_bf16(hb, b, K * N);
-        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, false, false, M, N, K, 1.0f, ha, K, hb, N, 1.0f, c, N, TPK_BF16));
+        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, false, false, M, N, K, 1.0f, ha, K, hb, N, 1.0f, c, N,
+                                       TPK_BF16));
         size_t exact = 0;
         for (int i = 0; i < M * N; i++) exact += c[i] == tpk_bf16_to_f32(tpk_f32_to_bf16(c[i]));
         CHECK(exact < (size_t)(M * N / 8), "%zu of %d elements of C are bf16 values", exact, M * N);
@@ -150,9 +169,12 @@ static void test_gemm_acc(void) {
         uint16_t na[6], nb[6];
         float c2[4] = {1, 2, 3, 4};
         for (int i = 0; i < 6; i++) na[i] = nb[i] = 0x7fc0; /* bf16 NaN */
-        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, false, false, 2, 2, 3, 0.0f, na, 3, nb, 2, 2.0f, c2, 2, TPK_BF16));
-        CHECK(c2[0] == 2 && c2[1] == 4 && c2[2] == 6 && c2[3] == 8, "alpha = 0: C = %g %g %g %g", c2[0], c2[1], c2[2], c2[3]);
-        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, true, true, 3, 0, 2, 1.0f, NULL, 3, NULL, 2, 0.0f, NULL, 1, TPK_BF16)); /* nothing touched */
+        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, false, false, 2, 2, 3, 0.0f, na, 3, nb, 2, 2.0f, c2, 2,
+                                       TPK_BF16));
+        CHECK(c2[0] == 2 && c2[1] == 4 && c2[2] == 6 && c2[3] == 8, "alpha = 0: C = %g %g %g %g",
+              c2[0], c2[1], c2[2], c2[3]);
+        CHECK_OK(&ctx, tpk_op_gemm_acc(&ctx, true, true, 3, 0, 2, 1.0f, NULL, 3, NULL, 2, 0.0f,
+                                       NULL, 1, TPK_BF16)); /* nothing touched */
     }
     TEST_CASE("host gemm_acc: bad arguments fail with a message naming them") {
         uint16_t a[64] = {0}, b[64] = {0};
@@ -164,24 +186,35 @@ static void test_gemm_acc(void) {
             int nul; /* 1: a, 2: b, 3: c NULL */
             const char *msg;
         } bad[] = {
-            {0, 0, -1, 4, 4, 4, 4, 4, 0, "m: expected >= 0, got -1"},  {0, 0, 4, -2, 4, 4, 4, 4, 0, "n: expected >= 0, got -2"},
-            {0, 0, 4, 4, -3, 4, 4, 4, 0, "k: expected >= 0, got -3"},  {0, 0, 4, 6, 5, 3, 6, 6, 0, "lda: expected >= 5, got 3"},
-            {1, 0, 4, 6, 5, 3, 6, 6, 0, "lda: expected >= 4, got 3"},  {0, 0, 4, 6, 5, 5, 5, 6, 0, "ldb: expected >= 6, got 5"},
-            {0, 1, 4, 6, 5, 5, 4, 6, 0, "ldb: expected >= 5, got 4"},  {0, 0, 4, 6, 5, 5, 6, 2, 0, "ldc: expected >= 6, got 2"},
-            {0, 0, 2, 2, 2, 2, 2, 2, 1, "a: expected a buffer, got NULL"}, {0, 0, 2, 2, 2, 2, 2, 2, 2, "b: expected a buffer, got NULL"},
+            {0, 0, -1, 4, 4, 4, 4, 4, 0, "m: expected >= 0, got -1"},
+            {0, 0, 4, -2, 4, 4, 4, 4, 0, "n: expected >= 0, got -2"},
+            {0, 0, 4, 4, -3, 4, 4, 4, 0, "k: expected >= 0, got -3"},
+            {0, 0, 4, 6, 5, 3, 6, 6, 0, "lda: expected >= 5, got 3"},
+            {1, 0, 4, 6, 5, 3, 6, 6, 0, "lda: expected >= 4, got 3"},
+            {0, 0, 4, 6, 5, 5, 5, 6, 0, "ldb: expected >= 6, got 5"},
+            {0, 1, 4, 6, 5, 5, 4, 6, 0, "ldb: expected >= 5, got 4"},
+            {0, 0, 4, 6, 5, 5, 6, 2, 0, "ldc: expected >= 6, got 2"},
+            {0, 0, 2, 2, 2, 2, 2, 2, 1, "a: expected a buffer, got NULL"},
+            {0, 0, 2, 2, 2, 2, 2, 2, 2, "b: expected a buffer, got NULL"},
             {0, 0, 2, 2, 2, 2, 2, 2, 3, "c: expected a buffer, got NULL"},
         };
         for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
             char want[96];
             snprintf(want, sizeof want, "%s%s", fn, bad[i].msg);
-            CHECK_FAILS(&ctx, tpk_op_gemm_acc(&ctx, bad[i].ta, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, 1, bad[i].nul == 1 ? NULL : a, bad[i].lda,
-                                              bad[i].nul == 2 ? NULL : b, bad[i].ldb, 0, bad[i].nul == 3 ? NULL : c, bad[i].ldc, TPK_BF16),
+            CHECK_FAILS(&ctx,
+                        tpk_op_gemm_acc(&ctx, bad[i].ta, bad[i].tb, bad[i].m, bad[i].n, bad[i].k, 1,
+                                        bad[i].nul == 1 ? NULL : a, bad[i].lda,
+                                        bad[i].nul == 2 ? NULL : b, bad[i].ldb, 0,
+                                        bad[i].nul == 3 ? NULL : c, bad[i].ldc, TPK_BF16),
                         TPK_ERR_ARG, want);
         }
-        CHECK_FAILS(&ctx, tpk_op_gemm_acc(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, TPK_I32), TPK_ERR_DTYPE,
-                    "tpk_op_gemm_acc: dt: expected f32 or bf16, got i32");
-        CHECK_FAILS(&ctx, tpk_op_gemm_acc(&ctx, false, false, (int64_t)1 << 32, 1, 1, 1, a, 1, b, 1, 0, c, 1, TPK_BF16), TPK_ERR_ARG,
-                    "host.gemm_acc: m: expected <= 2147483647");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_acc(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, TPK_I32),
+                    TPK_ERR_DTYPE, "tpk_op_gemm_acc: dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_acc(&ctx, false, false, (int64_t)1 << 32, 1, 1, 1, a, 1, b, 1, 0, c,
+                                    1, TPK_BF16),
+                    TPK_ERR_ARG, "host.gemm_acc: m: expected <= 2147483647");
         CHECK(c[0] == 0, "a refused call wrote C");
     }
 }
@@ -189,7 +222,8 @@ static void test_gemm_acc(void) {
 
 /* linear_fwd against gemm + bias_add (+ gelu_fwd), f32 and bf16, bias and GELU on and off */
 static void test_linear_fwd(void) {
-    TEST_CASE("host linear_fwd equals gemm + bias_add (+ gelu_fwd, pre-activation kept), f32 and bf16") {
+    TEST_CASE("host linear_fwd equals gemm + bias_add (+ gelu_fwd, pre-activation kept), f32 and "
+              "bf16") {
         enum { T = 9, N = 13, K = 11 };
         float x[T * K], w[N * K], b[N], y[T * N], pre[T * N], u[T * N], ref[T * N];
         test_randn(x, T * K, 70, 1.0f), test_randn(w, N * K, 71, 0.5f), test_randn(b, N, 72, 1.0f);
@@ -206,35 +240,51 @@ static void test_linear_fwd(void) {
                 xa = xh, wa = wh, ba = bh, ya = yh, pa = ph;
             }
             test_poison(y, T * N), test_poison(pre, T * N);
-            CHECK_OK(&ctx, tpk_op_linear_fwd(&ctx, ya, pa, xa, wa, bias ? ba : NULL, T, N, K, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
+            CHECK_OK(&ctx, tpk_op_linear_fwd(&ctx, ya, pa, xa, wa, bias ? ba : NULL, T, N, K,
+                                             gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
             /* the reference: double sums of the (rounded) inputs */
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < N; j++) {
                     double s = bias ? (dt == TPK_BF16 ? tpk_bf16_to_f32(bh[j]) : b[j]) : 0;
                     for (int q = 0; q < K; q++)
-                        s += (dt == TPK_BF16 ? (double)tpk_bf16_to_f32(xh[t * K + q]) * tpk_bf16_to_f32(wh[j * K + q]) : (double)x[t * K + q] * w[j * K + q]);
+                        s += (dt == TPK_BF16 ? (double)tpk_bf16_to_f32(xh[t * K + q]) *
+                                                   tpk_bf16_to_f32(wh[j * K + q])
+                                             : (double)x[t * K + q] * w[j * K + q]);
                     u[t * N + j] = (float)s;
-                    ref[t * N + j] = gelu ? (float)(0.5 * s * (1 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)))) : (float)s;
+                    ref[t * N + j] =
+                        gelu ? (float)(0.5 * s *
+                                       (1 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s))))
+                             : (float)s;
                 }
             if (dt == TPK_BF16)
-                for (int i = 0; i < T * N; i++) y[i] = tpk_bf16_to_f32(yh[i]), pre[i] = tpk_bf16_to_f32(ph[i]);
+                for (int i = 0; i < T * N; i++)
+                    y[i] = tpk_bf16_to_f32(yh[i]), pre[i] = tpk_bf16_to_f32(ph[i]);
             double tol = dt == TPK_BF16 ? 1e-2 : 1e-5;
             CHECK_CLOSE(y, ref, T * N, tol, gelu ? "gelu(x W^T + b)" : "x W^T + b");
             if (gelu) CHECK_CLOSE(pre, u, T * N, tol, "pre-activation");
         }
-        CHECK_FAILS(&ctx, tpk_op_linear_fwd(&ctx, NULL, NULL, x, w, b, T, N, K, TPK_ACT_NONE, TPK_F32), TPK_ERR_ARG, "y: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_linear_fwd(&ctx, y, NULL, x, w, b, T, N, K, TPK_ACT_GELU_TANH, TPK_F32), TPK_ERR_ARG, "pre: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_linear_fwd(&ctx, y, pre, x, w, b, T, N, K, TPK_ACT_GELU_TANH, TPK_I32), TPK_ERR_DTYPE, "dt:");
-        CHECK_FAILS(&ctx, tpk_op_linear_fwd(&ctx, y, pre, x, w, b, T, N, K, (tpk_act)7, TPK_F32), TPK_ERR_ARG, "act: expected TPK_ACT_NONE or TPK_ACT_GELU_TANH, got 7");
+        CHECK_FAILS(&ctx,
+                    tpk_op_linear_fwd(&ctx, NULL, NULL, x, w, b, T, N, K, TPK_ACT_NONE, TPK_F32),
+                    TPK_ERR_ARG, "y: expected a buffer");
+        CHECK_FAILS(&ctx,
+                    tpk_op_linear_fwd(&ctx, y, NULL, x, w, b, T, N, K, TPK_ACT_GELU_TANH, TPK_F32),
+                    TPK_ERR_ARG, "pre: expected a buffer");
+        CHECK_FAILS(&ctx,
+                    tpk_op_linear_fwd(&ctx, y, pre, x, w, b, T, N, K, TPK_ACT_GELU_TANH, TPK_I32),
+                    TPK_ERR_DTYPE, "dt:");
+        CHECK_FAILS(&ctx, tpk_op_linear_fwd(&ctx, y, pre, x, w, b, T, N, K, (tpk_act)7, TPK_F32),
+                    TPK_ERR_ARG, "act: expected TPK_ACT_NONE or TPK_ACT_GELU_TANH, got 7");
     }
 }
 
 /* linear_bwd_act against a double reference: du = (dy W) gelu'(pre), db = colsum(du) */
 static void test_linear_bwd_act(void) {
-    TEST_CASE("host linear_bwd_act: du = (dy W) gelu'(pre) and db = its column sums against double references, f32 and bf16, db or not; bad input") {
+    TEST_CASE("host linear_bwd_act: du = (dy W) gelu'(pre) and db = its column sums against double "
+              "references, f32 and bf16, db or not; bad input") {
         enum { T = 9, N = 13, K = 11 };
         float dy[T * K], w[K * N], pre[T * N], du[T * N], db[N], rdu[T * N], rdb[N];
-        test_randn(dy, T * K, 75, 1.0f), test_randn(w, K * N, 76, 0.5f), test_randn(pre, T * N, 77, 1.5f);
+        test_randn(dy, T * K, 75, 1.0f), test_randn(w, K * N, 76, 0.5f),
+            test_randn(pre, T * N, 77, 1.5f);
         for (int v = 0; v < 4; v++) {
             bool with_db = v & 1;
             tpk_dtype dt = (v & 2) ? TPK_BF16 : TPK_F32;
@@ -249,14 +299,18 @@ static void test_linear_bwd_act(void) {
             }
             test_poison(du, T * N), test_poison(db, N);
             if (dt == TPK_BF16) memset(duh, 0xff, sizeof duh), memset(dbh, 0xff, sizeof dbh);
-            CHECK_OK(&ctx, tpk_op_linear_bwd_act(&ctx, dua, with_db ? dba : NULL, dya, wa, pa, T, N, K, TPK_ACT_GELU_TANH, dt));
+            CHECK_OK(&ctx, tpk_op_linear_bwd_act(&ctx, dua, with_db ? dba : NULL, dya, wa, pa, T, N,
+                                                 K, TPK_ACT_GELU_TANH, dt));
             for (int j = 0; j < N; j++) rdb[j] = 0;
             double sdb[N] = {0};
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < N; j++) {
-                    double g = 0, u = dt == TPK_BF16 ? tpk_bf16_to_f32(ph[t * N + j]) : pre[t * N + j];
+                    double g = 0,
+                           u = dt == TPK_BF16 ? tpk_bf16_to_f32(ph[t * N + j]) : pre[t * N + j];
                     for (int q = 0; q < K; q++)
-                        g += dt == TPK_BF16 ? (double)tpk_bf16_to_f32(dyh[t * K + q]) * tpk_bf16_to_f32(wh[q * N + j]) : (double)dy[t * K + q] * w[q * N + j];
+                        g += dt == TPK_BF16 ? (double)tpk_bf16_to_f32(dyh[t * K + q]) *
+                                                  tpk_bf16_to_f32(wh[q * N + j])
+                                            : (double)dy[t * K + q] * w[q * N + j];
                     rdu[t * N + j] = (float)(g * gelu_grad_d(u)), sdb[j] += g * gelu_grad_d(u);
                 }
             for (int j = 0; j < N; j++) rdb[j] = (float)sdb[j];
@@ -267,14 +321,28 @@ static void test_linear_bwd_act(void) {
             double tol = dt == TPK_BF16 ? 2e-2 : 1e-5;
             CHECK_CLOSE(du, rdu, T * N, tol, "du = (dy W) gelu'(pre)");
             if (with_db) CHECK_CLOSE(db, rdb, N, tol, "db = column sums of du");
-            else CHECK(dt == TPK_BF16 ? dbh[0] == 0xffff : isnan(db[0]), "db written without being asked for");
+            else
+                CHECK(dt == TPK_BF16 ? dbh[0] == 0xffff : isnan(db[0]),
+                      "db written without being asked for");
         }
-        CHECK_OK(&ctx, tpk_op_linear_bwd_act(&ctx, NULL, db, NULL, NULL, NULL, 0, N, K, TPK_ACT_GELU_TANH, TPK_F32)); /* no rows: db = 0 */
+        CHECK_OK(&ctx, tpk_op_linear_bwd_act(&ctx, NULL, db, NULL, NULL, NULL, 0, N, K,
+                                             TPK_ACT_GELU_TANH, TPK_F32)); /* no rows: db = 0 */
         CHECK(db[0] == 0.0f && db[N - 1] == 0.0f, "no rows: db %g, expected 0", db[0]);
-        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, du, db, dy, w, pre, T, N, K, TPK_ACT_NONE, TPK_F32), TPK_ERR_ARG, "act: expected an activation");
-        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, pre, db, dy, w, pre, T, N, K, TPK_ACT_GELU_TANH, TPK_F32), TPK_ERR_ARG, "du: must not alias");
-        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, du, db, dy, w, NULL, T, N, K, TPK_ACT_GELU_TANH, TPK_F32), TPK_ERR_ARG, "pre: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_linear_bwd_act(&ctx, du, db, dy, w, pre, T, -1, K, TPK_ACT_GELU_TANH, TPK_F32), TPK_ERR_ARG, "n: expected >= 0");
+        CHECK_FAILS(&ctx,
+                    tpk_op_linear_bwd_act(&ctx, du, db, dy, w, pre, T, N, K, TPK_ACT_NONE, TPK_F32),
+                    TPK_ERR_ARG, "act: expected an activation");
+        CHECK_FAILS(
+            &ctx,
+            tpk_op_linear_bwd_act(&ctx, pre, db, dy, w, pre, T, N, K, TPK_ACT_GELU_TANH, TPK_F32),
+            TPK_ERR_ARG, "du: must not alias");
+        CHECK_FAILS(
+            &ctx,
+            tpk_op_linear_bwd_act(&ctx, du, db, dy, w, NULL, T, N, K, TPK_ACT_GELU_TANH, TPK_F32),
+            TPK_ERR_ARG, "pre: expected a buffer");
+        CHECK_FAILS(
+            &ctx,
+            tpk_op_linear_bwd_act(&ctx, du, db, dy, w, pre, T, -1, K, TPK_ACT_GELU_TANH, TPK_F32),
+            TPK_ERR_ARG, "n: expected >= 0");
     }
 }
 

@@ -1,24 +1,26 @@
-/* tests/test_ops_rope_swiglu.c — the host backend's Llama ops (kernels/host/rope_swiglu.c, and RMSNorm
- * of kernels/host/norm.c) against double references: RoPE forward and inverse, SwiGLU forward and
- * backward, RMSNorm forward and backward. Runs on one rank. */
+/* tests/test_ops_rope_swiglu.c — the host backend's Llama ops (kernels/host/rope_swiglu.c, and
+ * RMSNorm of kernels/host/norm.c) against double references: RoPE forward and inverse, SwiGLU
+ * forward and backward, RMSNorm forward and backward. Runs on one rank. */
 #include "ops_test.h"
 
-/* ---- rotary embedding, SwiGLU, RMSNorm (Llama) ------------------------------------------------ */
+/* ---- rotary embedding, SwiGLU, RMSNorm (Llama) ----------------------------------------------- */
 
 /* y = rope(x) in double: rows [rows, ld], heads of D at h D, position i mod S */
-static void rope_ref(const float *x, int64_t ld, int64_t rows, int64_t S, int64_t heads, int64_t D, double theta, bool inverse, double *y) {
+static void rope_ref(const float *x, int64_t ld, int64_t rows, int64_t S, int64_t heads, int64_t D,
+                     double theta, bool inverse, double *y) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t h = 0; h < heads; h++)
             for (int64_t j = 0; j < D / 2; j++) {
-                double a = (double)(i % S) * pow(theta, -2.0 * (double)j / (double)D), c = cos(a), n = inverse ? -sin(a) : sin(a);
+                double a = (double)(i % S) * pow(theta, -2.0 * (double)j / (double)D), c = cos(a),
+                       n = inverse ? -sin(a) : sin(a);
                 double x1 = x[i * ld + h * D + j], x2 = x[i * ld + h * D + j + D / 2];
                 y[i * heads * D + h * D + j] = x1 * c - x2 * n;
                 y[i * heads * D + h * D + j + D / 2] = x2 * c + x1 * n;
             }
 }
 /* RMSNorm in double: y, rstd; with dy: dx and dw */
-static void rms_ref(const float *x, const float *w, const float *dy, int64_t rows, int64_t cols, double eps, double *y, double *rstd, double *dx,
-                    double *dw) {
+static void rms_ref(const float *x, const float *w, const float *dy, int64_t rows, int64_t cols,
+                    double eps, double *y, double *rstd, double *dx, double *dw) {
     for (int64_t j = 0; dw && j < cols; j++) dw[j] = 0;
     for (int64_t i = 0; i < rows; i++) {
         double ss = 0, gx = 0;
@@ -27,7 +29,8 @@ static void rms_ref(const float *x, const float *w, const float *dy, int64_t row
         rstd[i] = r;
         for (int64_t j = 0; j < cols; j++) y[i * cols + j] = x[i * cols + j] * r * w[j];
         if (!dy) continue;
-        for (int64_t j = 0; j < cols; j++) gx += (double)dy[i * cols + j] * w[j] * x[i * cols + j] * r;
+        for (int64_t j = 0; j < cols; j++)
+            gx += (double)dy[i * cols + j] * w[j] * x[i * cols + j] * r;
         for (int64_t j = 0; j < cols; j++) {
             double xh = x[i * cols + j] * r;
             dx[i * cols + j] = r * (dy[i * cols + j] * w[j] - xh * gx / (double)cols);
@@ -38,7 +41,8 @@ static void rms_ref(const float *x, const float *w, const float *dy, int64_t row
 static double silu_d(double g) { return g / (1.0 + exp(-g)); }
 
 static void test_llama_ops(void) {
-    TEST_CASE("layers rope f32/bf16: the rotate-half formula per position, inverse undoes it, in place, strided rows, columns past the heads untouched") {
+    TEST_CASE("layers rope f32/bf16: the rotate-half formula per position, inverse undoes it, in "
+              "place, strided rows, columns past the heads untouched") {
         enum { R = 10, S = 4, NH = 3, D = 8, LD = NH * D + 5 };
         float x[R * LD], y[R * LD], z[R * LD], w[R * NH * D], back[R * LD];
         double ref[R * NH * D];
@@ -49,17 +53,22 @@ static void test_llama_ops(void) {
             rope_ref(x, LD, R, S, NH, D, 100.0, inv, ref);
             size_t nan_inside = 0, written_outside = 0;
             for (int i = 0; i < R; i++) {
-                for (int c = 0; c < NH * D; c++) w[i * NH * D + c] = y[i * LD + c], nan_inside += isnan(y[i * LD + c]);
+                for (int c = 0; c < NH * D; c++)
+                    w[i * NH * D + c] = y[i * LD + c], nan_inside += isnan(y[i * LD + c]);
                 for (int c = NH * D; c < LD; c++) written_outside += !isnan(y[i * LD + c]);
             }
             float wr[R * NH * D];
             d2f(wr, ref, R * NH * D);
             CHECK_CLOSE(w, wr, R * NH * D, 1e-6, inv ? "inverse rope vs double" : "rope vs double");
-            CHECK(nan_inside == 0 && written_outside == 0, "%zu heads' elements unwritten, %zu columns past the heads written", nan_inside, written_outside);
+            CHECK(nan_inside == 0 && written_outside == 0,
+                  "%zu heads' elements unwritten, %zu "
+                  "columns past the heads written",
+                  nan_inside, written_outside);
         }
         CHECK_OK(&ctx, tpk_op_rope(&ctx, y, LD, x, LD, R, S, NH, D, 100.0f, false, TPK_F32));
         memcpy(back, y, sizeof back);
-        CHECK_OK(&ctx, tpk_op_rope(&ctx, back, LD, back, LD, R, S, NH, D, 100.0f, true, TPK_F32)); /* in place */
+        CHECK_OK(&ctx, tpk_op_rope(&ctx, back, LD, back, LD, R, S, NH, D, 100.0f, true,
+                                   TPK_F32)); /* in place */
         for (int i = 0; i < R; i++)
             for (int c = NH * D; c < LD; c++) back[i * LD + c] = x[i * LD + c];
         CHECK_CLOSE(back, x, R * LD, 1e-6, "inverse(rope(x)) = x");
@@ -79,9 +88,11 @@ static void test_llama_ops(void) {
         CHECK_CLOSE(fy, wr, R * NH * D, 1e-2, "bf16 rope vs double on the rounded input");
     }
 
-    TEST_CASE("layers swiglu f32/bf16: h = silu(gate) up; backward vs the analytic gradient and finite differences; dgu may be gu") {
+    TEST_CASE("layers swiglu f32/bf16: h = silu(gate) up; backward vs the analytic gradient and "
+              "finite differences; dgu may be gu") {
         enum { R = 7, F = 9 };
-        float gu[R * 2 * F], h[R * F], dh[R * F], dgu[R * 2 * F], wh[R * F], wg[R * 2 * F], fd[R * 2 * F], tmp[R * F];
+        float gu[R * 2 * F], h[R * F], dh[R * F], dgu[R * 2 * F], wh[R * F], wg[R * 2 * F],
+            fd[R * 2 * F], tmp[R * F];
         test_randn(gu, R * 2 * F, 1210, 2.0f);
         test_randn(dh, R * F, 1211, 1.0f);
         test_poison(h, R * F), test_poison(dgu, R * 2 * F);
@@ -113,7 +124,8 @@ static void test_llama_ops(void) {
         uint16_t hg[R * 2 * F], hh[R * F], hd[R * F], hdg[R * 2 * F];
         float fh[R * F], fg[R * 2 * F];
         round_bf16(gu, R * 2 * F), round_bf16(dh, R * F);
-        to_bf16(hg, gu, R * 2 * F), to_bf16(hd, dh, R * F), poison_bf16(hh, R * F), poison_bf16(hdg, R * 2 * F);
+        to_bf16(hg, gu, R * 2 * F), to_bf16(hd, dh, R * F), poison_bf16(hh, R * F),
+            poison_bf16(hdg, R * 2 * F);
         CHECK_OK(&ctx, tpk_op_swiglu_fwd(&ctx, hh, hg, R, F, TPK_BF16));
         CHECK_OK(&ctx, tpk_op_swiglu_bwd(&ctx, hdg, hg, hd, R, F, TPK_BF16));
         from_bf16(fh, hh, R * F), from_bf16(fg, hdg, R * 2 * F);
@@ -125,9 +137,11 @@ static void test_llama_ops(void) {
 
     TEST_CASE("layers rmsnorm f32/bf16: reference, finite differences, accumulation") {
         enum { R = 6, C = 13 };
-        float x[R * C], w[C], dy[R * C], y[R * C], rstd[R], dx[R * C], dw[C], wy[R * C], wdx[R * C], wdw[C], wr[R], fd[R * C];
+        float x[R * C], w[C], dy[R * C], y[R * C], rstd[R], dx[R * C], dw[C], wy[R * C], wdx[R * C],
+            wdw[C], wr[R], fd[R * C];
         double ry[R * C], rr[R], rdx[R * C], rdw[C];
-        test_randn(x, R * C, 1220, 1.5f), test_randn(w, C, 1221, 1.0f), test_randn(dy, R * C, 1222, 1.0f);
+        test_randn(x, R * C, 1220, 1.5f), test_randn(w, C, 1221, 1.0f),
+            test_randn(dy, R * C, 1222, 1.0f);
         test_poison(y, R * C), test_poison(rstd, R), test_poison(dx, R * C);
         for (int j = 0; j < C; j++) dw[j] = 0.5f; /* accumulates */
         CHECK_OK(&ctx, tpk_op_rmsnorm_fwd(&ctx, y, rstd, x, w, R, C, 1e-5f, TPK_F32));
@@ -157,7 +171,8 @@ static void test_llama_ops(void) {
         uint16_t hx[R * C], hy[R * C], hdy[R * C], hdx[R * C];
         float fy[R * C], fdx[R * C];
         round_bf16(x, R * C), round_bf16(dy, R * C);
-        to_bf16(hx, x, R * C), to_bf16(hdy, dy, R * C), poison_bf16(hy, R * C), poison_bf16(hdx, R * C);
+        to_bf16(hx, x, R * C), to_bf16(hdy, dy, R * C), poison_bf16(hy, R * C),
+            poison_bf16(hdx, R * C);
         CHECK_OK(&ctx, tpk_op_rmsnorm_fwd(&ctx, hy, rstd, hx, w, R, C, 1e-5f, TPK_BF16));
         for (int j = 0; j < C; j++) dw[j] = 0;
         CHECK_OK(&ctx, tpk_op_rmsnorm_bwd(&ctx, hdx, dw, hdy, hx, w, rstd, R, C, TPK_BF16, false));
@@ -169,22 +184,37 @@ static void test_llama_ops(void) {
         CHECK_CLOSE(dw, wdw, C, 1e-5, "bf16 rmsnorm_bwd dw from the rounded inputs");
     }
 
-    TEST_CASE("layers rope, swiglu, rmsnorm: bad arguments fail naming them; empty sizes are no-ops") {
+    TEST_CASE(
+        "layers rope, swiglu, rmsnorm: bad arguments fail naming them; empty sizes are no-ops") {
         float a[64] = {0}, b[64] = {0};
-        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 7, 100.0f, false, TPK_F32), TPK_ERR_ARG, "D: expected an even head size >= 2");
-        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 8, 1.0f, false, TPK_F32), TPK_ERR_ARG, "theta: expected a finite base > 1");
-        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 6, 2, 2, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "ldx: expected >= 8, got 6");
-        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 16, a, 8, 2, 2, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "ldy: in place (y == x) expected ldx = 8, got 16");
-        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 0, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "S: expected >= 1");
-        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, NULL, 8, 2, 2, 1, 8, 100.0f, false, TPK_F32), TPK_ERR_ARG, "x: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 8, 100.0f, false, TPK_I32), TPK_ERR_DTYPE, "tpk_op_rope: dt:");
-        CHECK_FAILS(&ctx, tpk_op_swiglu_fwd(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG, "gu: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_swiglu_bwd(&ctx, a, b, NULL, 2, 3, TPK_F32), TPK_ERR_ARG, "dh: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_swiglu_fwd(&ctx, a, b, -2, 3, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_rmsnorm_fwd(&ctx, a, b, a, b, 2, 3, 0.0f, TPK_F32), TPK_ERR_ARG, "eps: expected > 0");
-        CHECK_FAILS(&ctx, tpk_op_rmsnorm_fwd(&ctx, a, NULL, a, b, 2, 3, 1e-5f, TPK_F32), TPK_ERR_ARG, "rstd: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_rmsnorm_bwd(&ctx, a, NULL, a, a, b, b, 2, 3, TPK_F32, false), TPK_ERR_ARG, "dw: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_rmsnorm_bwd(&ctx, a, b, a, a, b, b, 2, 0, TPK_F32, false), TPK_ERR_ARG, "cols: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 7, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "D: expected an even head size >= 2");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 8, 1.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "theta: expected a finite base > 1");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 6, 2, 2, 1, 8, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "ldx: expected >= 8, got 6");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 16, a, 8, 2, 2, 1, 8, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "ldy: in place (y == x) expected ldx = 8, got 16");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 0, 1, 8, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "S: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, NULL, 8, 2, 2, 1, 8, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "x: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 8, 100.0f, false, TPK_I32),
+                    TPK_ERR_DTYPE, "tpk_op_rope: dt:");
+        CHECK_FAILS(&ctx, tpk_op_swiglu_fwd(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG,
+                    "gu: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_swiglu_bwd(&ctx, a, b, NULL, 2, 3, TPK_F32), TPK_ERR_ARG,
+                    "dh: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_swiglu_fwd(&ctx, a, b, -2, 3, TPK_F32), TPK_ERR_ARG,
+                    "rows: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_fwd(&ctx, a, b, a, b, 2, 3, 0.0f, TPK_F32), TPK_ERR_ARG,
+                    "eps: expected > 0");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_fwd(&ctx, a, NULL, a, b, 2, 3, 1e-5f, TPK_F32),
+                    TPK_ERR_ARG, "rstd: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_bwd(&ctx, a, NULL, a, a, b, b, 2, 3, TPK_F32, false),
+                    TPK_ERR_ARG, "dw: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_rmsnorm_bwd(&ctx, a, b, a, a, b, b, 2, 0, TPK_F32, false),
+                    TPK_ERR_ARG, "cols: expected >= 1");
         CHECK_OK(&ctx, tpk_op_rope(&ctx, NULL, 8, NULL, 8, 0, 2, 1, 8, 100.0f, false, TPK_F32));
         CHECK_OK(&ctx, tpk_op_swiglu_fwd(&ctx, NULL, NULL, 0, 3, TPK_F32));
         CHECK_OK(&ctx, tpk_op_rmsnorm_fwd(&ctx, NULL, NULL, NULL, NULL, 0, 3, 1e-5f, TPK_F32));

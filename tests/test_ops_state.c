@@ -10,9 +10,9 @@ static void test_memory(void) {
         CHECK(ops == tpk_ops_host(), "ctx.ops is not the host table");
         CHECK(strcmp(ops->name, "host") == 0, "name = %s", ops->name);
         CHECK(!ops->device && ops->self == NULL, "device = %d", (int)ops->device);
-        CHECK(ops->alloc && ops->free && ops->memcpy && ops->sync && ops->fill && ops->copy2d && ops->cast &&
-                  ops->axpby && ops->gemm && ops->bias_add && ops->bias_grad && ops->act_fwd && ops->act_bwd &&
-                  ops->rng_2d,
+        CHECK(ops->alloc && ops->free && ops->memcpy && ops->sync && ops->fill && ops->copy2d &&
+                  ops->cast && ops->axpby && ops->gemm && ops->bias_add && ops->bias_grad &&
+                  ops->act_fwd && ops->act_bwd && ops->rng_2d,
               "an entry is NULL");
 
         size_t sizes[] = {0, 1, 3, 100, 4096, (size_t)1 << 22};
@@ -21,7 +21,8 @@ static void test_memory(void) {
             CHECK_OK(&ctx, tpk_op_alloc(&ctx, sizes[s], (void **)&p));
             CHECK(p != NULL, "alloc(%zu) gave NULL", sizes[s]);
             if (!p) continue;
-            CHECK(((uintptr_t)p & 63) == 0, "alloc(%zu) = %p is not 64-byte aligned", sizes[s], (void *)p);
+            CHECK(((uintptr_t)p & 63) == 0, "alloc(%zu) = %p is not 64-byte aligned", sizes[s],
+                  (void *)p);
             size_t nz = 0;
             for (size_t i = 0; i < sizes[s]; i++) nz += p[i] != 0;
             CHECK(nz == 0, "alloc(%zu): %zu bytes not zero", sizes[s], nz);
@@ -30,7 +31,8 @@ static void test_memory(void) {
         tpk_op_free(&ctx, NULL);
 
         void *huge = (void *)1;
-        CHECK_FAILS(&ctx, tpk_op_alloc(&ctx, (size_t)1 << 62, &huge), TPK_ERR_NOMEM, "4611686018427387904 bytes");
+        CHECK_FAILS(&ctx, tpk_op_alloc(&ctx, (size_t)1 << 62, &huge), TPK_ERR_NOMEM,
+                    "4611686018427387904 bytes");
         CHECK(huge == NULL, "failed alloc left %p", huge);
         CHECK_FAILS(&ctx, tpk_op_alloc(&ctx, SIZE_MAX, &huge), TPK_ERR_NOMEM, "bytes");
 

@@ -1,8 +1,8 @@
-/* tests/test_ops_table.c — the front end and the table (tpk/runtime/op.h, kernels/host/table.c): bad arguments
- * of every op fail naming the argument, before a backend entry is reached (the core ops, then
- * layernorm, embedding, cross-entropy); every required entry is required (tpk_ctx_init names a
- * NULL one), the optional ones may be NULL; a user's own table is checked before its entries are
- * reached; the profiler counts every op. Runs on one rank. */
+/* tests/test_ops_table.c — the front end and the table (tpk/runtime/op.h, kernels/host/table.c):
+ * bad arguments of every op fail naming the argument, before a backend entry is reached (the core
+ * ops, then layernorm, embedding, cross-entropy); every required entry is required (tpk_ctx_init
+ * names a NULL one), the optional ones may be NULL; a user's own table is checked before its
+ * entries are reached; the profiler counts every op. Runs on one rank. */
 #include "ops_test.h"
 
 #define IGNORE (-100) /* the cross-entropy's ignore index */
@@ -12,77 +12,116 @@
 static void test_errors(void) {
     float a[64] = {0}, b[64] = {0}, c[64] = {0};
     TEST_CASE("host gemm: bad arguments fail with a message naming them") {
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, -1, 4, 4, 1, a, 4, b, 4, 0, c, 4, TPK_F32), TPK_ERR_ARG,
-                    "m: expected >= 0, got -1");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, -2, 4, 1, a, 4, b, 4, 0, c, 4, TPK_F32), TPK_ERR_ARG,
-                    "n: expected >= 0, got -2");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, 4, -3, 1, a, 4, b, 4, 0, c, 4, TPK_F32), TPK_ERR_ARG,
-                    "k: expected >= 0, got -3");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, 6, 5, 1, a, 3, b, 6, 0, c, 6, TPK_F32), TPK_ERR_ARG,
-                    "lda: expected >= 5, got 3");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, true, false, 4, 6, 5, 1, a, 3, b, 6, 0, c, 6, TPK_F32), TPK_ERR_ARG,
-                    "lda: expected >= 4, got 3");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, 6, 5, 1, a, 5, b, 5, 0, c, 6, TPK_F32), TPK_ERR_ARG,
-                    "ldb: expected >= 6, got 5");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, true, 4, 6, 5, 1, a, 5, b, 4, 0, c, 6, TPK_F32), TPK_ERR_ARG,
-                    "ldb: expected >= 5, got 4");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, 6, 5, 1, a, 5, b, 6, 0, c, 2, TPK_F32), TPK_ERR_ARG,
-                    "ldc: expected >= 6, got 2");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 0, 0, 0, 1, a, 0, b, 1, 0, c, 1, TPK_F32), TPK_ERR_ARG,
-                    "lda: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, NULL, 2, b, 2, 0, c, 2, TPK_F32), TPK_ERR_ARG,
-                    "a: expected a buffer, got NULL");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, NULL, 2, 0, c, 2, TPK_F32), TPK_ERR_ARG,
-                    "b: expected a buffer, got NULL");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, NULL, 2, TPK_F32), TPK_ERR_ARG,
-                    "c: expected a buffer, got NULL");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, TPK_I32), TPK_ERR_DTYPE,
-                    "dt: expected f32 or bf16, got i32");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, (tpk_dtype)7), TPK_ERR_DTYPE,
-                    "got ? (7)");
-        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, (int64_t)1 << 32, 1, 1, 1, a, 1, b, 1, 0, c, 1, TPK_F32),
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, -1, 4, 4, 1, a, 4, b, 4, 0, c, 4, TPK_F32),
+                    TPK_ERR_ARG, "m: expected >= 0, got -1");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, 4, -2, 4, 1, a, 4, b, 4, 0, c, 4, TPK_F32),
+                    TPK_ERR_ARG, "n: expected >= 0, got -2");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, 4, 4, -3, 1, a, 4, b, 4, 0, c, 4, TPK_F32),
+                    TPK_ERR_ARG, "k: expected >= 0, got -3");
+        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, 6, 5, 1, a, 3, b, 6, 0, c, 6, TPK_F32),
+                    TPK_ERR_ARG, "lda: expected >= 5, got 3");
+        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, true, false, 4, 6, 5, 1, a, 3, b, 6, 0, c, 6, TPK_F32),
+                    TPK_ERR_ARG, "lda: expected >= 4, got 3");
+        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, 6, 5, 1, a, 5, b, 5, 0, c, 6, TPK_F32),
+                    TPK_ERR_ARG, "ldb: expected >= 6, got 5");
+        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, true, 4, 6, 5, 1, a, 5, b, 4, 0, c, 6, TPK_F32),
+                    TPK_ERR_ARG, "ldb: expected >= 5, got 4");
+        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 4, 6, 5, 1, a, 5, b, 6, 0, c, 2, TPK_F32),
+                    TPK_ERR_ARG, "ldc: expected >= 6, got 2");
+        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 0, 0, 0, 1, a, 0, b, 1, 0, c, 1, TPK_F32),
+                    TPK_ERR_ARG, "lda: expected >= 1, got 0");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, NULL, 2, b, 2, 0, c, 2, TPK_F32),
+                    TPK_ERR_ARG, "a: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, NULL, 2, 0, c, 2, TPK_F32),
+                    TPK_ERR_ARG, "b: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, NULL, 2, TPK_F32),
+                    TPK_ERR_ARG, "c: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, TPK_I32),
+                    TPK_ERR_DTYPE, "dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2, (tpk_dtype)7),
+                    TPK_ERR_DTYPE, "got ? (7)");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm(&ctx, false, false, (int64_t)1 << 32, 1, 1, 1, a, 1, b, 1, 0, c, 1,
+                                TPK_F32),
                     TPK_ERR_ARG, "m: expected <= 2147483647");
         /* valid for the front end; OpenBLAS's int limit is the host backend's own check */
-        CHECK(strncmp(tpk_last_error(&ctx), "host.gemm: ", 11) == 0, "message \"%s\" does not name host.gemm",
+        CHECK(strncmp(tpk_last_error(&ctx), "host.gemm: ", 11) == 0, "message \"%s\" does not name "
+                                                                     "host.gemm",
               tpk_last_error(&ctx));
     }
     TEST_CASE("host ops: bad arguments to the other entries") {
         void *p = NULL;
         CHECK_FAILS(&ctx, tpk_op_alloc(&ctx, 16, NULL), TPK_ERR_ARG, "out:");
-        CHECK_FAILS(&ctx, tpk_op_memcpy(&ctx, NULL, a, 4, TPK_H2D), TPK_ERR_ARG, "dst: expected a buffer, got NULL");
-        CHECK_FAILS(&ctx, tpk_op_memcpy(&ctx, b, NULL, 4, TPK_D2H), TPK_ERR_ARG, "src: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, tpk_op_memcpy(&ctx, NULL, a, 4, TPK_H2D), TPK_ERR_ARG,
+                    "dst: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx, tpk_op_memcpy(&ctx, b, NULL, 4, TPK_D2H), TPK_ERR_ARG,
+                    "src: expected a buffer, got NULL");
         CHECK_FAILS(&ctx, tpk_op_memcpy(&ctx, b, a, 4, (tpk_copy_dir)9), TPK_ERR_ARG, "dir:");
-        CHECK_FAILS(&ctx, tpk_op_fill(&ctx, NULL, TPK_F32, 3, 0), TPK_ERR_ARG, "x: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_fill(&ctx, a, TPK_I32, 3, 0), TPK_ERR_DTYPE, "dt: expected f32 or bf16, got i32");
-        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 4, b, 2, 2, 3, TPK_F32), TPK_ERR_ARG, "lds: expected >= 3, got 2");
-        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 2, b, 4, 2, 3, TPK_F32), TPK_ERR_ARG, "ldd: expected >= 3, got 2");
-        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 4, b, 4, -1, 3, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0, got -1");
-        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 4, b, 4, 1, 3, (tpk_dtype)5), TPK_ERR_DTYPE, "dt:");
-        CHECK_FAILS(&ctx, tpk_op_cast(&ctx, a, TPK_F32, b, TPK_I32, 3), TPK_ERR_DTYPE, "src_dt: expected f32 or bf16, got i32");
-        CHECK_FAILS(&ctx, tpk_op_cast(&ctx, a, TPK_I32, b, TPK_BF16, 3), TPK_ERR_DTYPE, "dst_dt: expected f32 or bf16, got i32");
-        CHECK_FAILS(&ctx, tpk_op_cast(&ctx, NULL, TPK_BF16, b, TPK_F32, 3), TPK_ERR_ARG, "dst: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_axpby(&ctx, a, 1, NULL, 1, TPK_F32, 3), TPK_ERR_ARG, "x: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_axpby(&ctx, a, 1, b, 1, TPK_I32, 3), TPK_ERR_DTYPE, "dt:");
-        CHECK_FAILS(&ctx, tpk_op_bias_add(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG, "bias: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_bias_add(&ctx, a, b, 2, -3, TPK_F32), TPK_ERR_ARG, "cols: expected >= 0, got -3");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, -2, 3, TPK_F32, TPK_F32, false), TPK_ERR_ARG, "rows: expected >= 0, got -2");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, NULL, b, 2, 3, TPK_F32, TPK_F32, false), TPK_ERR_ARG, "db: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_I32, TPK_I32, true), TPK_ERR_DTYPE, "got i32");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_F32, TPK_BF16, true), TPK_ERR_DTYPE, "db_dt: expected f32 or f32, got bf16");
-        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_BF16, TPK_I32, true), TPK_ERR_DTYPE, "db_dt: expected bf16 or f32, got i32");
-        CHECK_FAILS(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, a, NULL, TPK_F32, 3), TPK_ERR_ARG, "x: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, a, b, TPK_I32, 3), TPK_ERR_DTYPE, "tpk_op_act_fwd: dt:");
-        CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, a, b, NULL, TPK_F32, 3), TPK_ERR_ARG, "dy: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, a, b, c, (tpk_dtype)-1, 3), TPK_ERR_DTYPE, "tpk_op_act_bwd: dt:");
-        CHECK_FAILS(&ctx, tpk_op_rng_2d(&ctx, a, TPK_F32, 2, 3, 4, 0, 2, 1, 1, TPK_RNG_NORMAL, 0, 1), TPK_ERR_ARG,
-                    "gcols: expected >= col0 + cols = 5, got 4");
-        CHECK_FAILS(&ctx, tpk_op_rng_2d(&ctx, a, TPK_F32, 2, 3, 4, -1, 0, 1, 1, TPK_RNG_NORMAL, 0, 1), TPK_ERR_ARG,
-                    "row0: expected >= 0, got -1");
-        CHECK_FAILS(&ctx, tpk_op_rng_2d(&ctx, a, TPK_F32, 2, 3, 4, 0, 0, 1, 1, (tpk_rng_dist)3, 0, 1), TPK_ERR_ARG, "dist:");
-        CHECK_FAILS(&ctx, tpk_op_rng_2d(&ctx, NULL, TPK_F32, 2, 3, 4, 0, 0, 1, 1, TPK_RNG_UNIFORM, 0, 1), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_op_fill(&ctx, NULL, TPK_F32, 3, 0), TPK_ERR_ARG,
                     "x: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_rng_2d(&ctx, a, TPK_I32, 2, 3, 4, 0, 0, 1, 1, TPK_RNG_UNIFORM, 0, 1), TPK_ERR_DTYPE,
+        CHECK_FAILS(&ctx, tpk_op_fill(&ctx, a, TPK_I32, 3, 0), TPK_ERR_DTYPE,
+                    "dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 4, b, 2, 2, 3, TPK_F32), TPK_ERR_ARG,
+                    "lds: expected >= 3, got 2");
+        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 2, b, 4, 2, 3, TPK_F32), TPK_ERR_ARG,
+                    "ldd: expected >= 3, got 2");
+        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 4, b, 4, -1, 3, TPK_F32), TPK_ERR_ARG,
+                    "rows: expected >= 0, got -1");
+        CHECK_FAILS(&ctx, tpk_op_copy2d(&ctx, a, 4, b, 4, 1, 3, (tpk_dtype)5), TPK_ERR_DTYPE,
+                    "dt:");
+        CHECK_FAILS(&ctx, tpk_op_cast(&ctx, a, TPK_F32, b, TPK_I32, 3), TPK_ERR_DTYPE,
+                    "src_dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, tpk_op_cast(&ctx, a, TPK_I32, b, TPK_BF16, 3), TPK_ERR_DTYPE,
+                    "dst_dt: expected f32 or bf16, got i32");
+        CHECK_FAILS(&ctx, tpk_op_cast(&ctx, NULL, TPK_BF16, b, TPK_F32, 3), TPK_ERR_ARG,
+                    "dst: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_axpby(&ctx, a, 1, NULL, 1, TPK_F32, 3), TPK_ERR_ARG,
+                    "x: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_axpby(&ctx, a, 1, b, 1, TPK_I32, 3), TPK_ERR_DTYPE, "dt:");
+        CHECK_FAILS(&ctx, tpk_op_bias_add(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG,
+                    "bias: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_bias_add(&ctx, a, b, 2, -3, TPK_F32), TPK_ERR_ARG,
+                    "cols: expected >= 0, got -3");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, -2, 3, TPK_F32, TPK_F32, false), TPK_ERR_ARG,
+                    "rows: expected >= 0, got -2");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, NULL, b, 2, 3, TPK_F32, TPK_F32, false),
+                    TPK_ERR_ARG, "db: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_I32, TPK_I32, true), TPK_ERR_DTYPE,
                     "got i32");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_F32, TPK_BF16, true),
+                    TPK_ERR_DTYPE, "db_dt: expected f32 or f32, got bf16");
+        CHECK_FAILS(&ctx, tpk_op_bias_grad(&ctx, a, b, 2, 3, TPK_BF16, TPK_I32, true),
+                    TPK_ERR_DTYPE, "db_dt: expected bf16 or f32, got i32");
+        CHECK_FAILS(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, a, NULL, TPK_F32, 3), TPK_ERR_ARG,
+                    "x: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, a, b, TPK_I32, 3), TPK_ERR_DTYPE,
+                    "tpk_op_act_fwd: dt:");
+        CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, a, b, NULL, TPK_F32, 3),
+                    TPK_ERR_ARG, "dy: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, a, b, c, (tpk_dtype)-1, 3),
+                    TPK_ERR_DTYPE, "tpk_op_act_bwd: dt:");
+        CHECK_FAILS(&ctx,
+                    tpk_op_rng_2d(&ctx, a, TPK_F32, 2, 3, 4, 0, 2, 1, 1, TPK_RNG_NORMAL, 0, 1),
+                    TPK_ERR_ARG, "gcols: expected >= col0 + cols = 5, got 4");
+        CHECK_FAILS(&ctx,
+                    tpk_op_rng_2d(&ctx, a, TPK_F32, 2, 3, 4, -1, 0, 1, 1, TPK_RNG_NORMAL, 0, 1),
+                    TPK_ERR_ARG, "row0: expected >= 0, got -1");
+        CHECK_FAILS(&ctx,
+                    tpk_op_rng_2d(&ctx, a, TPK_F32, 2, 3, 4, 0, 0, 1, 1, (tpk_rng_dist)3, 0, 1),
+                    TPK_ERR_ARG, "dist:");
+        CHECK_FAILS(&ctx,
+                    tpk_op_rng_2d(&ctx, NULL, TPK_F32, 2, 3, 4, 0, 0, 1, 1, TPK_RNG_UNIFORM, 0, 1),
+                    TPK_ERR_ARG, "x: expected a buffer");
+        CHECK_FAILS(&ctx,
+                    tpk_op_rng_2d(&ctx, a, TPK_I32, 2, 3, 4, 0, 0, 1, 1, TPK_RNG_UNIFORM, 0, 1),
+                    TPK_ERR_DTYPE, "got i32");
         (void)p;
     }
 }
@@ -96,65 +135,95 @@ struct ops_entry {
     const char *name;
     size_t at, size;
 };
-static const struct ops_entry ops_entries[] = { /* required (TPK__OPS_CORE) */
-    OPS_ENTRY(alloc),   OPS_ENTRY(free),     OPS_ENTRY(memcpy),   OPS_ENTRY(sync),   OPS_ENTRY(fill),   OPS_ENTRY(copy2d),
-    OPS_ENTRY(cast),    OPS_ENTRY(axpby),    OPS_ENTRY(gemm),     OPS_ENTRY(gemm_acc), OPS_ENTRY(bias_add), OPS_ENTRY(bias_grad),
-    OPS_ENTRY(act_fwd), OPS_ENTRY(act_bwd),  OPS_ENTRY(rng_2d),   OPS_ENTRY(adamw),  OPS_ENTRY(sumsq),
+static const struct ops_entry ops_entries[] = {
+    /* required (TPK__OPS_CORE) */
+    OPS_ENTRY(alloc),   OPS_ENTRY(free),     OPS_ENTRY(memcpy),   OPS_ENTRY(sync),
+    OPS_ENTRY(fill),    OPS_ENTRY(copy2d),   OPS_ENTRY(cast),     OPS_ENTRY(axpby),
+    OPS_ENTRY(gemm),    OPS_ENTRY(gemm_acc), OPS_ENTRY(bias_add), OPS_ENTRY(bias_grad),
+    OPS_ENTRY(act_fwd), OPS_ENTRY(act_bwd),  OPS_ENTRY(rng_2d),   OPS_ENTRY(adamw),
+    OPS_ENTRY(sumsq),
 };
 enum { OPS_N = sizeof ops_entries / sizeof *ops_entries };
 /* the optional entries: the layers' ops (TPK__OPS_LAYERS: a call of a NULL one fails naming it),
- * the fusions (TPK__OPS_FUSED: the front end composes them) and the profiler's timer (tpk/runtime/profile.h
- * falls back to the host clock) */
-static const struct ops_entry optional_entries[] = {
-    OPS_ENTRY(dropout),     OPS_ENTRY(layernorm_fwd), OPS_ENTRY(layernorm_bwd), OPS_ENTRY(embed_fwd),  OPS_ENTRY(embed_bwd),
-    OPS_ENTRY(xent_stats),  OPS_ENTRY(xent_loss),     OPS_ENTRY(xent_mean),     OPS_ENTRY(xent_grad),  OPS_ENTRY(attn_fwd),
-    OPS_ENTRY(attn_bwd),    OPS_ENTRY(rope),          OPS_ENTRY(swiglu_fwd),    OPS_ENTRY(swiglu_bwd), OPS_ENTRY(rmsnorm_fwd),
-    OPS_ENTRY(rmsnorm_bwd), OPS_ENTRY(linear_fwd),    OPS_ENTRY(linear_bwd_act), OPS_ENTRY(residual_layernorm_fwd),
-    OPS_ENTRY(xent_fused),  OPS_ENTRY(timer_mark),    OPS_ENTRY(timer_ms)};
+ * the fusions (TPK__OPS_FUSED: the front end composes them) and the profiler's timer
+ * (tpk/runtime/profile.h falls back to the host clock) */
+static const struct ops_entry optional_entries[] = {OPS_ENTRY(dropout),
+                                                    OPS_ENTRY(layernorm_fwd),
+                                                    OPS_ENTRY(layernorm_bwd),
+                                                    OPS_ENTRY(embed_fwd),
+                                                    OPS_ENTRY(embed_bwd),
+                                                    OPS_ENTRY(xent_stats),
+                                                    OPS_ENTRY(xent_loss),
+                                                    OPS_ENTRY(xent_mean),
+                                                    OPS_ENTRY(xent_grad),
+                                                    OPS_ENTRY(attn_fwd),
+                                                    OPS_ENTRY(attn_bwd),
+                                                    OPS_ENTRY(rope),
+                                                    OPS_ENTRY(swiglu_fwd),
+                                                    OPS_ENTRY(swiglu_bwd),
+                                                    OPS_ENTRY(rmsnorm_fwd),
+                                                    OPS_ENTRY(rmsnorm_bwd),
+                                                    OPS_ENTRY(linear_fwd),
+                                                    OPS_ENTRY(linear_bwd_act),
+                                                    OPS_ENTRY(residual_layernorm_fwd),
+                                                    OPS_ENTRY(xent_fused),
+                                                    OPS_ENTRY(timer_mark),
+                                                    OPS_ENTRY(timer_ms)};
 enum { OPTIONAL_N = sizeof optional_entries / sizeof *optional_entries };
 
 /* a user's table: the host's, with entries that count their calls (and then do the host's work) */
 static int user_calls;
-static tpk_status user_gemm(tpk_ctx *c, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                            const void *b, int64_t ldb, float beta, void *cc, int64_t ldc, tpk_dtype dt) {
+static tpk_status user_gemm(tpk_ctx *c, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            float beta, void *cc, int64_t ldc, tpk_dtype dt) {
     user_calls++;
     return tpk_ops_host()->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cc, ldc, dt);
 }
-static tpk_status user_act_fwd(tpk_ctx *c, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
+static tpk_status user_act_fwd(tpk_ctx *c, tpk_act act, void *y, const void *x, tpk_dtype dt,
+                               size_t n) {
     user_calls++;
     return tpk_ops_host()->act_fwd(c, act, y, x, dt, n);
 }
-static tpk_status user_xent_loss(tpk_ctx *c, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets,
-                                 int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
+static tpk_status user_xent_loss(tpk_ctx *c, float *loss, float *lse, const float *part, int64_t P,
+                                 const int32_t *targets, int64_t T, int64_t V, float smoothing,
+                                 int32_t ignore_index) {
     user_calls++;
     return tpk_ops_host()->xent_loss(c, loss, lse, part, P, targets, T, V, smoothing, ignore_index);
 }
-static tpk_status user_attn_fwd(tpk_ctx *c, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                                int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+static tpk_status user_attn_fwd(tpk_ctx *c, void *out, float *lse, const void *qkv, int64_t B,
+                                int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G,
+                                int64_t head0, float scale, float p, uint64_t seed, uint64_t stream,
+                                tpk_dtype dt) {
     user_calls++;
-    return tpk_ops_host()->attn_fwd(c, out, lse, qkv, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt);
+    return tpk_ops_host()->attn_fwd(c, out, lse, qkv, B, S, Al, D, A, G, head0, scale, p, seed,
+                                    stream, dt);
 }
-static tpk_status user_layernorm_fwd(tpk_ctx *c, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
-                                     int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+static tpk_status user_layernorm_fwd(tpk_ctx *c, void *y, float *mean, float *rstd, const void *x,
+                                     const float *w, const float *b, int64_t rows, int64_t cols,
+                                     float eps, tpk_dtype dt) {
     user_calls++;
     return tpk_ops_host()->layernorm_fwd(c, y, mean, rstd, x, w, b, rows, cols, eps, dt);
 }
 
 static void test_front_end(void) {
-    TEST_CASE("every required tpk_ops entry: tpk_ctx_init refuses a table with one NULL, naming it; layer ops, fusions, timer may be NULL") {
+    TEST_CASE("every required tpk_ops entry: tpk_ctx_init refuses a table with one NULL, naming "
+              "it; layer ops, fusions, timer may be NULL") {
         size_t covered = 0;
         for (int e = 0; e < OPS_N; e++) covered += ops_entries[e].size;
         for (int e = 0; e < OPTIONAL_N; e++) covered += optional_entries[e].size;
         CHECK(offsetof(tpk_ops, alloc) + covered == sizeof(tpk_ops),
-              "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in ops_entries",
+              "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in "
+              "ops_entries",
               sizeof(tpk_ops) - offsetof(tpk_ops, alloc), covered);
         for (int e = 0; e < OPS_N; e++) {
             static tpk_ops holed;
             holed = *tpk_ops_host();
-            memset((char *)&holed + ops_entries[e].at, 0, ops_entries[e].size); /* a NULL function pointer */
+            memset((char *)&holed + ops_entries[e].at, 0,
+                   ops_entries[e].size); /* a NULL function pointer */
             tpk_ctx c;
             char want[160];
-            snprintf(want, sizeof want, "desc->ops: the table \"host\" has no %s entry", ops_entries[e].name);
+            snprintf(want, sizeof want, "desc->ops: the table \"host\" has no %s entry",
+                     ops_entries[e].name);
             CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &holed}), TPK_ERR_ARG, want);
             CHECK(c.ops == NULL, "%s: a refused table stays in the context", ops_entries[e].name);
             tpk_ctx_destroy(&c);
@@ -171,42 +240,59 @@ static void test_front_end(void) {
         unnamed = *tpk_ops_host();
         unnamed.name = NULL;
         tpk_ctx c;
-        CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &unnamed}), TPK_ERR_ARG, "has no name entry");
+        CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &unnamed}), TPK_ERR_ARG,
+                    "has no name entry");
         tpk_ctx_destroy(&c);
     }
-    TEST_CASE("the front end checks a user's own table: bad arguments never reach its entries; no context, no table") {
+    TEST_CASE("the front end checks a user's own table: bad arguments never reach its entries; no "
+              "context, no table") {
         static tpk_ops mine;
         mine = *tpk_ops_host();
         mine.name = "mine";
-        mine.gemm = user_gemm, mine.act_fwd = user_act_fwd, mine.xent_loss = user_xent_loss, mine.attn_fwd = user_attn_fwd;
+        mine.gemm = user_gemm, mine.act_fwd = user_act_fwd, mine.xent_loss = user_xent_loss,
+        mine.attn_fwd = user_attn_fwd;
         mine.layernorm_fwd = user_layernorm_fwd;
         tpk_ctx c;
         CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &mine}));
         float a[64] = {0}, b[64] = {0}, o[64] = {0};
         int32_t tg[4] = {0};
         user_calls = 0;
-        CHECK_FAILS(&c, tpk_op_gemm(&c, false, false, 4, 4, 4, 1, a, 3, b, 4, 0, o, 4, TPK_F32), TPK_ERR_ARG, "tpk_op_gemm: lda: expected >= 4, got 3");
-        CHECK_FAILS(&c, tpk_op_gemm(&c, false, false, 2, 2, 2, 1, NULL, 2, b, 2, 0, o, 2, TPK_F32), TPK_ERR_ARG, "tpk_op_gemm: a: expected a buffer");
-        CHECK_FAILS(&c, tpk_op_gemm(&c, true, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_I32), TPK_ERR_DTYPE, "tpk_op_gemm: dt:");
-        CHECK_FAILS(&c, tpk_op_act_fwd(&c, (tpk_act)5, o, a, TPK_F32, 4), TPK_ERR_ARG, "tpk_op_act_fwd: act:");
-        CHECK_FAILS(&c, tpk_op_xent_loss(&c, o, o, a, 1, tg, 2, 4, -0.5f, -100), TPK_ERR_ARG, "tpk_op_xent_loss: smoothing");
-        CHECK_FAILS(&c, tpk_op_attn_fwd(&c, o, o, a, 1, 2, 2, 4, 2, 2, 1, 1, 0, 0, 0, TPK_F32), TPK_ERR_ARG, "tpk_op_attn_fwd: head0");
-        CHECK_FAILS(&c, tpk_op_layernorm_fwd(&c, o, o, o, a, a, a, 2, 4, 0.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_layernorm_fwd: eps");
-        CHECK(user_calls == 0, "the user's entries were called %d times with bad arguments", user_calls);
+        CHECK_FAILS(&c, tpk_op_gemm(&c, false, false, 4, 4, 4, 1, a, 3, b, 4, 0, o, 4, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm: lda: expected >= 4, got 3");
+        CHECK_FAILS(&c, tpk_op_gemm(&c, false, false, 2, 2, 2, 1, NULL, 2, b, 2, 0, o, 2, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm: a: expected a buffer");
+        CHECK_FAILS(&c, tpk_op_gemm(&c, true, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_I32),
+                    TPK_ERR_DTYPE, "tpk_op_gemm: dt:");
+        CHECK_FAILS(&c, tpk_op_act_fwd(&c, (tpk_act)5, o, a, TPK_F32, 4), TPK_ERR_ARG,
+                    "tpk_op_act_fwd: act:");
+        CHECK_FAILS(&c, tpk_op_xent_loss(&c, o, o, a, 1, tg, 2, 4, -0.5f, -100), TPK_ERR_ARG,
+                    "tpk_op_xent_loss: smoothing");
+        CHECK_FAILS(&c, tpk_op_attn_fwd(&c, o, o, a, 1, 2, 2, 4, 2, 2, 1, 1, 0, 0, 0, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_attn_fwd: head0");
+        CHECK_FAILS(&c, tpk_op_layernorm_fwd(&c, o, o, o, a, a, a, 2, 4, 0.0f, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_layernorm_fwd: eps");
+        CHECK(user_calls == 0, "the user's entries were called %d times with bad arguments",
+              user_calls);
         /* empty work is done by the front end too: the entries are not called */
-        CHECK_OK(&c, tpk_op_gemm(&c, false, false, 0, 4, 4, 1, NULL, 4, NULL, 4, 0, NULL, 4, TPK_F32));
+        CHECK_OK(&c,
+                 tpk_op_gemm(&c, false, false, 0, 4, 4, 1, NULL, 4, NULL, 4, 0, NULL, 4, TPK_F32));
         CHECK_OK(&c, tpk_op_act_fwd(&c, TPK_ACT_GELU_TANH, NULL, NULL, TPK_F32, 0));
-        CHECK(user_calls == 0, "the user's entries were called %d times for empty work", user_calls);
+        CHECK(user_calls == 0, "the user's entries were called %d times for empty work",
+              user_calls);
         /* valid arguments reach them */
         CHECK_OK(&c, tpk_op_gemm(&c, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_F32));
         CHECK_OK(&c, tpk_op_act_fwd(&c, TPK_ACT_GELU_TANH, o, a, TPK_F32, 4));
-        CHECK(user_calls == 2, "the user's entries were called %d times for 2 valid calls", user_calls);
+        CHECK(user_calls == 2, "the user's entries were called %d times for 2 valid calls",
+              user_calls);
         tpk_ctx_destroy(&c);
         /* no context: TPK_ERR_ARG (nowhere to leave a message); a context without a table: named */
-        CHECK(tpk_op_gemm(NULL, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_F32) == TPK_ERR_ARG, "gemm without a context");
+        CHECK(tpk_op_gemm(NULL, false, false, 2, 2, 2, 1, a, 2, b, 2, 0, o, 2, TPK_F32) ==
+                  TPK_ERR_ARG,
+              "gemm without a context");
         tpk_ctx bare;
         memset(&bare, 0, sizeof bare);
-        CHECK_FAILS(&bare, tpk_op_fill(&bare, o, TPK_F32, 4, 0.0f), TPK_ERR_ARG, "tpk_op_fill: ctx->ops: expected a backend table, got NULL");
+        CHECK_FAILS(&bare, tpk_op_fill(&bare, o, TPK_F32, 4, 0.0f), TPK_ERR_ARG,
+                    "tpk_op_fill: ctx->ops: expected a backend table, got NULL");
         CHECK_FAILS(&bare, tpk_op_sync(&bare), TPK_ERR_ARG, "tpk_op_sync: ctx->ops");
         tpk_op_free(&bare, o); /* nothing to free it with: nothing happens */
     }
@@ -219,44 +305,86 @@ static void test_layer_errors(void) {
     TEST_CASE("layers layernorm, embedding, cross-entropy: bad arguments fail naming them") {
         float a[64] = {0}, b[64] = {0}, c[64] = {0}, m[8] = {0}, r[8] = {0}, w[16] = {0};
         int32_t ids[4] = {0, 1, 2, 3};
-        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, -1, 4, 1e-5f, TPK_F32), TPK_ERR_ARG, "rows: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 0.0f, TPK_F32), TPK_ERR_ARG, "eps: expected > 0");
-        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, NULL, b, w, w, 2, 4, 1e-5f, TPK_F32), TPK_ERR_ARG, "rstd: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 1e-5f, TPK_I32), TPK_ERR_DTYPE, "dt:");
-        CHECK_FAILS(&ctx, tpk_op_layernorm_bwd(&ctx, a, w, w, b, c, w, m, r, 2, 0, TPK_F32, false), TPK_ERR_ARG, "cols: expected >= 1");
-        CHECK_FAILS(&ctx, tpk_op_layernorm_bwd(&ctx, a, NULL, w, b, c, w, m, r, 2, 4, TPK_F32, false), TPK_ERR_ARG, "dw: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, NULL, w, 4, 2, 0, 8, TPK_F32, false), TPK_ERR_ARG, "ids: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, -2, 0, 8, TPK_F32, false), TPK_ERR_ARG, "H: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, 2, 0, -1, TPK_F32, false), TPK_ERR_ARG, "vrows: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, NULL, b, ids, 4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "dtable: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, w, b, ids, -4, 2, 0, 8, TPK_F32), TPK_ERR_ARG, "T: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, ids, 2, -3, 3, 0, TPK_F32), TPK_ERR_ARG, "Vl: expected >= 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, ids, 2, 3, 2, 0, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_stats: ld: expected >= Vl = 3, got 2");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 1, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_grad: ld: expected >= Vl = 3, got 1");
-        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, NULL, 2, 3, 3, 0, TPK_F32), TPK_ERR_ARG, "targets: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG, "V: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 0, ids, 2, 3, 0.0f, IGNORE), TPK_ERR_ARG, "tpk_op_xent_loss: P: expected >= 1, got 0");
-        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 3, 2, 0.0f, IGNORE, 1.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: ld: expected >= Vl = 3, got 2");
-        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 3, 3, 0.0f, IGNORE, NAN, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: g: expected a finite");
-        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, NULL, r, b, ids, 2, 3, 3, 0.0f, IGNORE, 1.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: loss");
-        CHECK_FAILS(&ctx, tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 0, 0, 0.0f, IGNORE, 1.0f, TPK_F32), TPK_ERR_ARG, "tpk_op_xent_fused: V: expected >= 1");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 0, 1e-5f, TPK_F32),
+                    TPK_ERR_ARG, "cols: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, -1, 4, 1e-5f, TPK_F32),
+                    TPK_ERR_ARG, "rows: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 0.0f, TPK_F32),
+                    TPK_ERR_ARG, "eps: expected > 0");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, NULL, b, w, w, 2, 4, 1e-5f, TPK_F32),
+                    TPK_ERR_ARG, "rstd: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_fwd(&ctx, a, m, r, b, w, w, 2, 4, 1e-5f, TPK_I32),
+                    TPK_ERR_DTYPE, "dt:");
+        CHECK_FAILS(&ctx, tpk_op_layernorm_bwd(&ctx, a, w, w, b, c, w, m, r, 2, 0, TPK_F32, false),
+                    TPK_ERR_ARG, "cols: expected >= 1");
+        CHECK_FAILS(&ctx,
+                    tpk_op_layernorm_bwd(&ctx, a, NULL, w, b, c, w, m, r, 2, 4, TPK_F32, false),
+                    TPK_ERR_ARG, "dw: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, NULL, w, 4, 2, 0, 8, TPK_F32, false),
+                    TPK_ERR_ARG, "ids: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, -2, 0, 8, TPK_F32, false),
+                    TPK_ERR_ARG, "H: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_embed_fwd(&ctx, a, ids, w, 4, 2, 0, -1, TPK_F32, false),
+                    TPK_ERR_ARG, "vrows: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, NULL, b, ids, 4, 2, 0, 8, TPK_F32), TPK_ERR_ARG,
+                    "dtable: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_embed_bwd(&ctx, w, b, ids, -4, 2, 0, 8, TPK_F32), TPK_ERR_ARG,
+                    "T: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, ids, 2, -3, 3, 0, TPK_F32), TPK_ERR_ARG,
+                    "Vl: expected >= 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, ids, 2, 3, 2, 0, TPK_F32), TPK_ERR_ARG,
+                    "tpk_op_xent_stats: ld: expected >= Vl = 3, got 2");
+        CHECK_FAILS(&ctx,
+                    tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 1, 0, 3, 0.0f, IGNORE, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_xent_grad: ld: expected >= Vl = 3, got 1");
+        CHECK_FAILS(&ctx, tpk_op_xent_stats(&ctx, c, a, NULL, 2, 3, 3, 0, TPK_F32), TPK_ERR_ARG,
+                    "targets: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 0, 0.0f, IGNORE), TPK_ERR_ARG,
+                    "V: expected >= 1, got 0");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 0, ids, 2, 3, 0.0f, IGNORE), TPK_ERR_ARG,
+                    "tpk_op_xent_loss: P: expected >= 1, got 0");
+        CHECK_FAILS(&ctx,
+                    tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 3, 2, 0.0f, IGNORE, 1.0f, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_xent_fused: ld: expected >= Vl = 3, got 2");
+        CHECK_FAILS(&ctx,
+                    tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 3, 3, 0.0f, IGNORE, NAN, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_xent_fused: g: expected a finite");
+        CHECK_FAILS(
+            &ctx, tpk_op_xent_fused(&ctx, a, NULL, r, b, ids, 2, 3, 3, 0.0f, IGNORE, 1.0f, TPK_F32),
+            TPK_ERR_ARG, "tpk_op_xent_fused: loss");
+        CHECK_FAILS(&ctx,
+                    tpk_op_xent_fused(&ctx, a, m, r, b, ids, 2, 0, 0, 0.0f, IGNORE, 1.0f, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_xent_fused: V: expected >= 1");
         double acc = 0;
-        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, 3, false), TPK_ERR_ARG, "tpk_op_xent_mean: count: expected 0 <= count <= T = 2, got 3");
-        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, -1, false), TPK_ERR_ARG, "count: expected 0 <= count");
-        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, -2, 0, false), TPK_ERR_ARG, "tpk_op_xent_mean: T: expected >= 0, got -2");
-        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, NULL, a, 2, 1, false), TPK_ERR_ARG, "tpk_op_xent_mean: acc: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 2, 1, true), TPK_ERR_ARG, "tpk_op_xent_mean: loss: expected a buffer");
-        CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 0, 0, false)); /* no rows: the mean is 0 */
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, 3, false), TPK_ERR_ARG,
+                    "tpk_op_xent_mean: count: expected 0 <= count <= T = 2, got 3");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, 2, -1, false), TPK_ERR_ARG,
+                    "count: expected 0 <= count");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, a, -2, 0, false), TPK_ERR_ARG,
+                    "tpk_op_xent_mean: T: expected >= 0, got -2");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, NULL, a, 2, 1, false), TPK_ERR_ARG,
+                    "tpk_op_xent_mean: acc: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 2, 1, true), TPK_ERR_ARG,
+                    "tpk_op_xent_mean: loss: expected a buffer");
+        CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 0, 0, false)); /* no rows: the mean is
+                                                                            0 */
         CHECK(acc == 0.0, "T = 0: mean %g", acc);
-        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG, "smoothing:");
-        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG, "smoothing:");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 0, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG, "V: expected >= 1");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 3, 0, 3, 0.0f, IGNORE, TPK_F32), TPK_ERR_ARG,
-                    "dloss: expected a buffer");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 3, 0.0f, IGNORE, TPK_I32), TPK_ERR_DTYPE, "tpk_op_xent_grad: dt:");
-        CHECK_FAILS(&ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 3, 1.5f, IGNORE, TPK_F32), TPK_ERR_ARG,
-                    "tpk_op_xent_grad: smoothing: expected 0..1, got 1.5");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG,
+                    "smoothing:");
+        CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 5, -0.1f, IGNORE), TPK_ERR_ARG,
+                    "smoothing:");
+        CHECK_FAILS(&ctx,
+                    tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 0, 0.0f, IGNORE, TPK_F32),
+                    TPK_ERR_ARG, "V: expected >= 1");
+        CHECK_FAILS(
+            &ctx, tpk_op_xent_grad(&ctx, a, b, m, ids, NULL, 2, 3, 3, 0, 3, 0.0f, IGNORE, TPK_F32),
+            TPK_ERR_ARG, "dloss: expected a buffer");
+        CHECK_FAILS(&ctx,
+                    tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 3, 0.0f, IGNORE, TPK_I32),
+                    TPK_ERR_DTYPE, "tpk_op_xent_grad: dt:");
+        CHECK_FAILS(&ctx,
+                    tpk_op_xent_grad(&ctx, a, b, m, ids, r, 2, 3, 3, 0, 3, 1.5f, IGNORE, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_xent_grad: smoothing: expected 0..1, got 1.5");
     }
 }
 
@@ -268,7 +396,8 @@ static const tpk__prof_row *prof_row(const tpk_ctx *c, const char *name) {
     return NULL;
 }
 static void test_profile(void) {
-    TEST_CASE("profiler: every op call and collective counted per step with its bytes or flops and a time; the table; off by default") {
+    TEST_CASE("profiler: every op call and collective counted per step with its bytes or flops and "
+              "a time; the table; off by default") {
         tpk_ctx c;
         CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = tpk_ops_host()}));
         CHECK(!c.prof || c.prof->from_env, "the profiler is on without being asked");
@@ -280,18 +409,25 @@ static void test_profile(void) {
         CHECK_OK(&c, tpk_profile_start(&c));
         for (int step = 0; step < 2; step++) {
             for (int i = 0; i < 3; i++) CHECK_OK(&c, tpk_op_fill(&c, x, TPK_F32, 100, (float)i));
-            for (int i = 0; i < 2; i++) CHECK_OK(&c, tpk_op_gemm(&c, false, false, 8, 4, 16, 1.0f, a, 16, b, 4, 0.0f, y, 4, TPK_F32));
+            for (int i = 0; i < 2; i++)
+                CHECK_OK(&c, tpk_op_gemm(&c, false, false, 8, 4, 16, 1.0f, a, 16, b, 4, 0.0f, y, 4,
+                                         TPK_F32));
             CHECK_OK(&c, tpk_allreduce(&c, &c.tp, x, x, 10, TPK_F32, TPK_SUM));
-            CHECK_FAILS(&c, tpk_op_fill(&c, NULL, TPK_F32, 5, 0.0f), TPK_ERR_ARG, "x:"); /* refused by the front end: not an op call */
+            CHECK_FAILS(&c, tpk_op_fill(&c, NULL, TPK_F32, 5, 0.0f), TPK_ERR_ARG,
+                        "x:"); /* refused by the front end: not an op call */
             CHECK_OK(&c, tpk_profile_step(&c));
         }
-        const tpk__prof_row *f = prof_row(&c, "fill"), *g = prof_row(&c, "gemm"), *r = prof_row(&c, "tp.allreduce");
+        const tpk__prof_row *f = prof_row(&c, "fill"), *g = prof_row(&c, "gemm"),
+                            *r = prof_row(&c, "tp.allreduce");
         CHECK(c.prof->steps == 2 && c.prof->wall_ms >= 0, "%d steps", c.prof->steps);
-        CHECK(f && f->calls == 6 && f->bytes == 6 * 100 * 4.0 && f->flops == 0 && f->ms >= 0, "fill: %llu calls, %g bytes",
-              f ? (unsigned long long)f->calls : 0ULL, f ? f->bytes : -1);
-        CHECK(g && g->calls == 4 && g->flops == 4 * 2.0 * 8 * 4 * 16 && g->ms >= 0, "gemm: %llu calls, %g flops", g ? (unsigned long long)g->calls : 0ULL,
+        CHECK(f && f->calls == 6 && f->bytes == 6 * 100 * 4.0 && f->flops == 0 && f->ms >= 0,
+              "fill: %llu calls, %g bytes", f ? (unsigned long long)f->calls : 0ULL,
+              f ? f->bytes : -1);
+        CHECK(g && g->calls == 4 && g->flops == 4 * 2.0 * 8 * 4 * 16 && g->ms >= 0,
+              "gemm: %llu calls, %g flops", g ? (unsigned long long)g->calls : 0ULL,
               g ? g->flops : -1);
-        CHECK(r && r->calls == 2 && r->bytes == 2 * 10 * 4.0, "tp.allreduce: %llu calls", r ? (unsigned long long)r->calls : 0ULL);
+        CHECK(r && r->calls == 2 && r->bytes == 2 * 10 * 4.0, "tp.allreduce: %llu calls",
+              r ? (unsigned long long)r->calls : 0ULL);
         FILE *t = tmpfile();
         CHECK_OK(&c, tpk_profile_print(&c, t));
         char text[4096] = "";
@@ -301,9 +437,18 @@ static void test_profile(void) {
             text[got] = 0;
             fclose(t);
         }
-        const char *want[] = {"profile: 2 steps", "backend host, ops timed by the host clock", "calls/step", "\nfill  ", "     3.0 ", "\ngemm  ",
-                              "TFLOP/s", "\ntp.allreduce  ", "GB/s", "all timed ops"};
-        for (int i = 0; i < 10; i++) CHECK(strstr(text, want[i]) != NULL, "the table lacks \"%s\":\n%s", want[i], text);
+        const char *want[] = {"profile: 2 steps",
+                              "backend host, ops timed by the host clock",
+                              "calls/step",
+                              "\nfill  ",
+                              "     3.0 ",
+                              "\ngemm  ",
+                              "TFLOP/s",
+                              "\ntp.allreduce  ",
+                              "GB/s",
+                              "all timed ops"};
+        for (int i = 0; i < 10; i++)
+            CHECK(strstr(text, want[i]) != NULL, "the table lacks \"%s\":\n%s", want[i], text);
         CHECK_FAILS(&c, tpk_profile_print(&c, NULL), TPK_ERR_ARG, "f: NULL");
         tpk_profile_stop(&c);
         CHECK(c.prof == NULL, "stopped");

@@ -23,17 +23,26 @@ static int me, np;
 static tpk_comm world;
 enum { NP = 4 };
 
-/* W [6, 10] split on dim 0 (decay), b [10] replicated (no decay), E [9, 4] split (decay), g [4] replicated (decay off) */
+/* W [6, 10] split on dim 0 (decay), b [10] replicated (no decay), E [9, 4] split (decay), g [4]
+ * replicated (decay off) */
 static void add_params(tpk_ctx *ctx, int *ids) {
-    static const struct { const char *name; int ndim; int64_t d0, d1; bool split, decay; } P[NP] = {
-        {"w", 2, 6, 10, true, true}, {"b", 1, 10, 0, false, false}, {"e", 2, 9, 4, true, true}, {"g", 1, 4, 0, false, false}};
-    for (int i = 0; i < NP; i++) CHECK_OK(ctx, tpk__param_add(ctx, P[i].name, P[i].ndim, P[i].d0, P[i].d1, P[i].split ? TPK_S(0) : TPK_R, TPK_INIT_NORMAL, 0.5f, P[i].decay, &ids[i]));
+    static const struct { const char *name; int ndim; int64_t d0, d1; bool split, decay;
+    } P[NP] = {{"w", 2, 6, 10, true, true},
+               {"b", 1, 10, 0, false, false},
+               {"e", 2, 9, 4, true, true},
+               {"g", 1, 4, 0, false, false}};
+    for (int i = 0; i < NP; i++)
+        CHECK_OK(ctx, tpk__param_add(ctx, P[i].name, P[i].ndim, P[i].d0, P[i].d1,
+                                     P[i].split ? TPK_S(0) : TPK_R, TPK_INIT_NORMAL, 0.5f,
+                                     P[i].decay, &ids[i]));
 }
-/* every parameter's gradient: N(0, 1) of (seed, name, global index), the same global tensor at every t */
+/* every parameter's gradient: N(0, 1) of (seed, name, global index), the same global tensor at
+ * every t */
 static void set_grads(tpk_ctx *ctx, uint64_t seed, float **glob) {
     for (int i = 0; i < ctx->params.n; i++) {
         size_t gn = tpk_param_global_numel(ctx, i);
-        for (size_t k = 0; k < gn; k++) glob[i][k] = tpk_rng_normal(seed, tpk_rng_stream(ctx->params.list[i].name), k);
+        for (size_t k = 0; k < gn; k++)
+            glob[i][k] = tpk_rng_normal(seed, tpk_rng_stream(ctx->params.list[i].name), k);
         CHECK_OK(ctx, tpk_param_scatter(ctx, i, glob[i], (float *)ctx->params.grad.p));
     }
 }
@@ -42,10 +51,15 @@ static void set_grads(tpk_ctx *ctx, uint64_t seed, float **glob) {
  * rank r's gradient (kind 0 random, 1 the same on every rank, 2 disjoint supports), this rank's
  * into mine, and the recursive-doubling result into want. */
 static void adasum_ref(int i, int kind, int d, int me_dp, size_t gn, float *mine, float *want) {
-    double *ref = malloc(sizeof(double) * gn * (size_t)d), *nx = malloc(sizeof(double) * gn * (size_t)d);
+    double *ref = malloc(sizeof(double) * gn * (size_t)d),
+           *nx = malloc(sizeof(double) * gn * (size_t)d);
     for (int r = 0; r < d; r++)
         for (size_t e = 0; e < gn; e++) {
-            double x = tpk_rng_normal(60 + (uint64_t)i, kind == 1 ? 0 : kind == 2 ? e % (size_t)d : (uint64_t)r, e);
+            double x = tpk_rng_normal(60 + (uint64_t)i,
+                                      kind == 1   ? 0
+                                      : kind == 2 ? e % (size_t)d
+                                                  : (uint64_t)r,
+                                      e);
             ref[(size_t)r * gn + e] = kind == 2 && (int)(e % (size_t)d) != r ? 0.0 : (float)x;
         }
     for (size_t e = 0; e < gn; e++) mine[e] = (float)ref[(size_t)me_dp * gn + e];
@@ -54,7 +68,9 @@ static void adasum_ref(int i, int kind, int d, int me_dp, size_t gn, float *mine
             const double *a = ref + (size_t)r * gn, *c = ref + (size_t)(r ^ lv) * gn;
             double aa = 0, cc = 0, ac = 0;
             for (size_t e = 0; e < gn; e++) aa += a[e] * a[e], cc += c[e] * c[e], ac += a[e] * c[e];
-            for (size_t e = 0; e < gn; e++) nx[(size_t)r * gn + e] = (aa > 0 ? 1 - ac / (2 * aa) : 1) * a[e] + (cc > 0 ? 1 - ac / (2 * cc) : 1) * c[e];
+            for (size_t e = 0; e < gn; e++)
+                nx[(size_t)r * gn + e] = (aa > 0 ? 1 - ac / (2 * aa) : 1) * a[e] +
+                                         (cc > 0 ? 1 - ac / (2 * cc) : 1) * c[e];
         }
         memcpy(ref, nx, sizeof(double) * gn * (size_t)d);
     }
@@ -68,10 +84,13 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
 
-    TEST_CASE("AdamW in a bf16 context writes the bf16 weight copy in the same pass when it is current (else marks it stale); "
+    TEST_CASE("AdamW in a bf16 context writes the bf16 weight copy in the same pass when it is "
+              "current (else marks it stale); "
               "the copy equals bf16 of the master weights, as a remake gives it") {
         tpk_ctx ctx;
-        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5, .dtype = TPK_BF16}));
+        CHECK_OK(&ctx,
+                 tpk_ctx_init(&ctx, &(tpk_ctx_desc){
+                                        .world = &world, .tp = np, .seed = 5, .dtype = TPK_BF16}));
         int ids[NP];
         add_params(&ctx, ids);
         float *g[NP];
@@ -81,18 +100,21 @@ int main(int argc, char **argv) {
         size_t n = ctx.params.numel;
         uint16_t *copy = malloc(2 * (n ? n : 1));
         for (int s = 0; s < 3; s++) {
-            bool current = s != 1; /* step 2 after tpk_params_updated: the copy is stale, the step leaves it so */
+            bool current = s != 1; /* step 2 after tpk_params_updated: the copy is stale, the step
+                                      leaves it so */
             CHECK_OK(&ctx, tpk__params_fresh(&ctx)); /* as a forward does */
             if (!current) tpk_params_updated(&ctx);
             set_grads(&ctx, 20 + s, g);
             CHECK_OK(&ctx, tpk_adamw_step(&ctx, &opt, 1e-2f, 1.0f));
-            CHECK(ctx.params.stale16 == !current, "step %d: the bf16 copy is %s, expected %s", s + 1, ctx.params.stale16 ? "stale" : "current",
-                  current ? "current" : "stale");
+            CHECK(ctx.params.stale16 == !current, "step %d: the bf16 copy is %s, expected %s",
+                  s + 1, ctx.params.stale16 ? "stale" : "current", current ? "current" : "stale");
             if (!current) continue;
             memcpy(copy, ctx.params.data16.p, 2 * n);
             int bad = 0;
-            for (size_t k = 0; k < n; k++) bad += copy[k] != tpk_f32_to_bf16(((const float *)ctx.params.data.p)[k]);
-            CHECK(bad == 0, "step %d: %d of %zu elements of the bf16 copy differ from bf16 of the master weights", s + 1, bad, n);
+            for (size_t k = 0; k < n; k++)
+                bad += copy[k] != tpk_f32_to_bf16(((const float *)ctx.params.data.p)[k]);
+            CHECK(bad == 0, "step %d: %d of %zu elements of the bf16 copy differ from bf16 of the "
+                            "master weights", s + 1, bad, n);
         }
         free(copy);
         tpk_adamw_destroy(&ctx, &opt);
@@ -100,7 +122,8 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("AdamW over sharded and replicated parameters equals a double reference (3 steps, decay mask, grad_scale)") {
+    TEST_CASE("AdamW over sharded and replicated parameters equals a double reference (3 steps, "
+              "decay mask, grad_scale)") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));
         int ids[NP];
@@ -109,12 +132,16 @@ int main(int argc, char **argv) {
         double *m[NP], *v[NP], *ref[NP];
         for (int i = 0; i < NP; i++) {
             size_t gn = tpk_param_global_numel(&ctx, i);
-            w[i] = malloc(gn * 4), g[i] = malloc(gn * 4), m[i] = calloc(gn, 8), v[i] = calloc(gn, 8), ref[i] = malloc(gn * 8);
+            w[i] = malloc(gn * 4), g[i] = malloc(gn * 4), m[i] = calloc(gn, 8),
+            v[i] = calloc(gn, 8), ref[i] = malloc(gn * 8);
             CHECK_OK(&ctx, tpk_param_get_global(&ctx, i, false, w[i]));
             for (size_t k = 0; k < gn; k++) ref[i][k] = w[i][k];
         }
         tpk_adamw opt;
-        CHECK_OK(&ctx, tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = 0.8f, .b2 = 0.9f, .eps = 1e-6f, .weight_decay = 0.1f}));
+        CHECK_OK(&ctx,
+                 tpk_adamw_init(&ctx, &opt,
+                                &(tpk_adamw_desc){
+                                    .b1 = 0.8f, .b2 = 0.9f, .eps = 1e-6f, .weight_decay = 0.1f}));
         const float lr[3] = {1e-2f, 5e-3f, 2e-3f}, scale[3] = {1.0f, 0.5f, 0.25f};
         for (int s = 0; s < 3; s++) {
             set_grads(&ctx, 10 + s, g);
@@ -125,7 +152,8 @@ int main(int argc, char **argv) {
                     double gi = (double)g[i][k] * scale[s];
                     m[i][k] = 0.8 * m[i][k] + 0.2 * gi, v[i][k] = 0.9 * v[i][k] + 0.1 * gi * gi;
                     double wd = ctx.params.list[i].decay ? 0.1 : 0.0;
-                    ref[i][k] -= lr[s] * (m[i][k] * c1 / (sqrt(v[i][k] * c2) + 1e-6) + wd * ref[i][k]);
+                    ref[i][k] -=
+                        lr[s] * (m[i][k] * c1 / (sqrt(v[i][k] * c2) + 1e-6) + wd * ref[i][k]);
                 }
         }
         CHECK(opt.step == 3, "step %lld", (long long)opt.step);
@@ -134,19 +162,26 @@ int main(int argc, char **argv) {
             size_t gn = tpk_param_global_numel(&ctx, i);
             test_poison(got, 64);
             CHECK_OK(&ctx, tpk_param_get_global(&ctx, i, false, got));
-            for (size_t k = 0; k < gn; k++) err = fmax(err, fabs(got[k] - ref[i][k]) / (fabs(ref[i][k]) + 1e-3));
+            for (size_t k = 0; k < gn; k++)
+                err = fmax(err, fabs(got[k] - ref[i][k]) / (fabs(ref[i][k]) + 1e-3));
             test_poison(got, 64);
-            CHECK_OK(&ctx, tpk_param_gather(&ctx, i, opt.m, got)); /* the moments are laid out like the parameters */
-            for (size_t k = 0; k < gn; k++) err_m = fmax(err_m, fabs(got[k] - m[i][k]) / (fabs(m[i][k]) + 1e-3));
+            CHECK_OK(&ctx, tpk_param_gather(&ctx, i, opt.m, got)); /* the moments are laid out like
+                                                                      the parameters */
+            for (size_t k = 0; k < gn; k++)
+                err_m = fmax(err_m, fabs(got[k] - m[i][k]) / (fabs(m[i][k]) + 1e-3));
         }
-        CHECK(err < 1e-5 && err_m < 1e-5, "relative errors: weights %g, first moments %g", err, err_m);
+        CHECK(err < 1e-5 && err_m < 1e-5, "relative errors: weights %g, first moments %g", err,
+              err_m);
         CHECK(ctx.params.stale16, "the step did not mark the weights updated");
         /* a parameter registered after the optimizer: refused */
         int late;
-        CHECK_OK(&ctx, tpk__param_add(&ctx, "late", 1, 3, 0, TPK_R, TPK_INIT_ZEROS, 0, false, &late));
-        CHECK_FAILS(&ctx, tpk_adamw_step(&ctx, &opt, 1e-3f, 1.0f), TPK_ERR_ARG, "register the model first");
+        CHECK_OK(&ctx,
+                 tpk__param_add(&ctx, "late", 1, 3, 0, TPK_R, TPK_INIT_ZEROS, 0, false, &late));
+        CHECK_FAILS(&ctx, tpk_adamw_step(&ctx, &opt, 1e-3f, 1.0f), TPK_ERR_ARG,
+                    "register the model first");
         tpk_adamw bad;
-        CHECK_FAILS(&ctx, tpk_adamw_init(&ctx, &bad, &(tpk_adamw_desc){.b1 = 1.0f}), TPK_ERR_ARG, "desc->b1, b2: expected in [0, 1)");
+        CHECK_FAILS(&ctx, tpk_adamw_init(&ctx, &bad, &(tpk_adamw_desc){.b1 = 1.0f}), TPK_ERR_ARG,
+                    "desc->b1, b2: expected in [0, 1)");
         CHECK_FAILS(&ctx, tpk_adamw_step(&ctx, NULL, 1e-3f, 1.0f), TPK_ERR_ARG, "opt:");
         tpk_adamw_destroy(&ctx, &opt);
         for (int i = 0; i < NP; i++) free(w[i]), free(g[i]), free(m[i]), free(v[i]), free(ref[i]);
@@ -154,7 +189,8 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("gradient norm at t = ranks equals the unsharded norm (replicated parameters once); clipping factor") {
+    TEST_CASE("gradient norm at t = ranks equals the unsharded norm (replicated parameters once); "
+              "clipping factor") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         int ids[NP];
@@ -164,18 +200,22 @@ int main(int argc, char **argv) {
         for (int i = 0; i < NP; i++) g[i] = malloc(tpk_param_global_numel(&ctx, i) * 4);
         set_grads(&ctx, 77, g);
         for (int i = 0; i < NP; i++)
-            for (size_t k = 0; k < tpk_param_global_numel(&ctx, i); k++) want += (double)g[i][k] * g[i][k];
+            for (size_t k = 0; k < tpk_param_global_numel(&ctx, i); k++)
+                want += (double)g[i][k] * g[i][k];
         want = sqrt(want) * 0.5;
         double norm = -1;
         CHECK_OK(&ctx, tpk_grad_norm(&ctx, 0.5f, &norm));
         CHECK(fabs(norm - want) <= 1e-12 * want, "norm %.17g, unsharded %.17g", norm, want);
-        CHECK(tpk_clip_factor(10.0, 1.0f) == 0.1f && tpk_clip_factor(0.5, 1.0f) == 1.0f && tpk_clip_factor(10.0, 0.0f) == 1.0f, "clip factors");
+        CHECK(tpk_clip_factor(10.0, 1.0f) == 0.1f && tpk_clip_factor(0.5, 1.0f) == 1.0f &&
+                  tpk_clip_factor(10.0, 0.0f) == 1.0f,
+              "clip factors");
         CHECK_FAILS(&ctx, tpk_grad_norm(&ctx, 1.0f, NULL), TPK_ERR_ARG, "norm: NULL");
         for (int i = 0; i < NP; i++) free(g[i]);
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("tpk_train_step at t = %d clips from the sum of squares left in backend memory: bit for bit tpk_grad_norm, tpk_clip_factor and "
+    TEST_CASE("tpk_train_step at t = %d clips from the sum of squares left in backend memory: bit "
+              "for bit tpk_grad_norm, tpk_clip_factor and "
               "tpk_adamw_step (3 steps, clipped and not)", np) {
         tpk_ctx c[2];
         tpk_adamw o[2];
@@ -183,48 +223,67 @@ int main(int argc, char **argv) {
         int ids[NP];
         float *g[NP];
         for (int z = 0; z < 2; z++) {
-            CHECK_OK(&c[z], tpk_ctx_init(&c[z], &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));
+            CHECK_OK(&c[z],
+                     tpk_ctx_init(&c[z], &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));
             add_params(&c[z], ids);
             CHECK_OK(&c[z], tpk_adamw_init(&c[z], &o[z], &(tpk_adamw_desc){.weight_decay = 0.1f}));
         }
         for (int i = 0; i < NP; i++) g[i] = malloc(tpk_param_global_numel(&c[0], i) * 4);
-        const float clip[3] = {1.0f, 100.0f, 0.0f}; /* the norm is about 4: clipped, within, no clipping */
+        const float clip[3] = {1.0f, 100.0f, 0.0f}; /* the norm is about 4: clipped, within, no
+                                                       clipping */
         for (int step = 0; step < 3; step++) {
             double n0 = -1, n1 = -2;
             set_grads(&c[0], 90 + (uint64_t)step, g), set_grads(&c[1], 90 + (uint64_t)step, g);
             CHECK_OK(&c[0], tpk_grad_norm(&c[0], 0.5f, &n0));
-            CHECK_OK(&c[0], tpk_adamw_step(&c[0], &o[0], 1e-2f, 0.5f * tpk_clip_factor(n0, clip[step])));
-            CHECK_OK(&c[1], tpk_train_step(&c[1], &o[1], &b[1], 1e-2f, clip[step], 0.5f, step == 1 ? &n1 : NULL));
+            CHECK_OK(&c[0],
+                     tpk_adamw_step(&c[0], &o[0], 1e-2f, 0.5f * tpk_clip_factor(n0, clip[step])));
+            CHECK_OK(&c[1], tpk_train_step(&c[1], &o[1], &b[1], 1e-2f, clip[step], 0.5f,
+                                           step == 1 ? &n1 : NULL));
             if (step != 1) CHECK_OK(&c[1], tpk_train_norm_read(&c[1], 0.5f, &n1));
-            CHECK(n0 == n1 && (step || n0 > clip[0]), "step %d: norm %.17g, from tpk_train_step %.17g", step, n0, n1);
+            CHECK(n0 == n1 && (step || n0 > clip[0]), "step %d: norm %.17g, from tpk_train_step "
+                                                      "%.17g", step, n0, n1);
         }
-        CHECK(!memcmp(c[0].params.data.p, c[1].params.data.p, c[0].params.numel * 4), "the weights differ after 3 steps");
-        CHECK(!memcmp(o[0].m, o[1].m, o[0].sn * 4) && !memcmp(o[0].v, o[1].v, o[0].sn * 4), "the moments differ after 3 steps");
+        CHECK(!memcmp(c[0].params.data.p, c[1].params.data.p, c[0].params.numel * 4),
+              "the weights differ after 3 steps");
+        CHECK(!memcmp(o[0].m, o[1].m, o[0].sn * 4) && !memcmp(o[0].v, o[1].v, o[0].sn * 4),
+              "the moments differ after 3 steps");
         for (int i = 0; i < NP; i++) free(g[i]);
-        for (int z = 0; z < 2; z++) tpk_adamw_destroy(&c[z], &o[z]), tpk_dp_destroy(&b[z]), tpk_ctx_destroy(&c[z]);
+        for (int z = 0; z < 2; z++)
+            tpk_adamw_destroy(&c[z], &o[z]), tpk_dp_destroy(&b[z]), tpk_ctx_destroy(&c[z]);
     }
 
     TEST_CASE("learning-rate schedules: warm-up, cosine, linear, constant") {
         tpk_lr_schedule c = {TPK_LR_COSINE, 1e-3f, 0.1f, 10, 110}, l = c, k = c;
         l.kind = TPK_LR_LINEAR, k.kind = TPK_LR_CONSTANT;
-        CHECK(fabsf(tpk_lr_at(&c, 0) - 1e-4f) < 1e-9f && fabsf(tpk_lr_at(&c, 9) - 1e-3f) < 1e-9f, "warm-up");
-        CHECK(fabsf(tpk_lr_at(&c, 10) - 1e-3f) < 1e-9f, "cosine start %g", (double)tpk_lr_at(&c, 10));
-        CHECK(fabsf(tpk_lr_at(&c, 60) - 5.5e-4f) < 1e-9f, "cosine middle %g (expected the mean of lr and lr * 0.1)", (double)tpk_lr_at(&c, 60));
-        CHECK(fabsf(tpk_lr_at(&c, 110) - 1e-4f) < 1e-9f && fabsf(tpk_lr_at(&c, 500) - 1e-4f) < 1e-9f, "cosine end");
-        CHECK(fabsf(tpk_lr_at(&l, 35) - (float)(1e-4 + 9e-4 * 0.75)) < 1e-9f, "linear at a quarter %g", (double)tpk_lr_at(&l, 35));
+        CHECK(fabsf(tpk_lr_at(&c, 0) - 1e-4f) < 1e-9f && fabsf(tpk_lr_at(&c, 9) - 1e-3f) < 1e-9f,
+              "warm-up");
+        CHECK(fabsf(tpk_lr_at(&c, 10) - 1e-3f) < 1e-9f, "cosine start %g",
+              (double)tpk_lr_at(&c, 10));
+        CHECK(fabsf(tpk_lr_at(&c, 60) - 5.5e-4f) < 1e-9f,
+              "cosine middle %g (expected the mean of "
+              "lr and lr * 0.1)",
+              (double)tpk_lr_at(&c, 60));
+        CHECK(fabsf(tpk_lr_at(&c, 110) - 1e-4f) < 1e-9f &&
+                  fabsf(tpk_lr_at(&c, 500) - 1e-4f) < 1e-9f,
+              "cosine end");
+        CHECK(fabsf(tpk_lr_at(&l, 35) - (float)(1e-4 + 9e-4 * 0.75)) < 1e-9f,
+              "linear at a quarter %g", (double)tpk_lr_at(&l, 35));
         CHECK(tpk_lr_at(&k, 50) == 1e-3f && fabsf(tpk_lr_at(&k, 5) - 6e-4f) < 1e-9f, "constant");
     }
 
-    TEST_CASE("DP buckets from the backward hook: sums over %d DP ranks, no communication on earlier micro-steps", np) {
+    TEST_CASE("DP buckets from the backward hook: sums over %d DP ranks, no communication on "
+              "earlier micro-steps", np) {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));
         int ids[NP];
         add_params(&ctx, ids);
         size_t n = ctx.params.numel;
         float *mine = calloc(n, 4), *want = calloc(n, 4), *got = malloc(n * 4);
-        for (int r = 0; r < np; r++) /* the parameters' elements (the gaps between them stay zero, as in training) */
+        for (int r = 0; r < np; r++) /* the parameters' elements (the gaps between them stay zero,
+                                        as in training) */
             for (int i = 0; i < NP; i++)
-                for (size_t k = ctx.params.list[i].offset; k < ctx.params.list[i].offset + ctx.params.list[i].numel; k++) {
+                for (size_t k = ctx.params.list[i].offset;
+                     k < ctx.params.list[i].offset + ctx.params.list[i].numel; k++) {
                     float x = tpk_rng_normal(5, (uint64_t)r, k);
                     want[k] += x;
                     if (r == me) mine[k] = x;
@@ -235,18 +294,25 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, false));
         CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, NP - 1, &b));
         CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
-        CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == 0 && !memcmp(ctx.params.grad.p, mine, n * 4), "a micro-step that is not the last communicated");
+        CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == 0 &&
+                  !memcmp(ctx.params.grad.p, mine, n * 4),
+              "a micro-step that is not the last communicated");
         CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, true));
-        CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 2, 3, &b)); /* buckets in the backward's order: the last parameters first */
+        CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 2, 3, &b)); /* buckets in the backward's order: the
+                                                              last parameters first */
         CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, 1, &b));
         if (np > 1) CHECK_FAILS(&ctx, tpk_dp_begin(&ctx, &b, true), TPK_ERR_ARG, "still running");
         CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
         memcpy(got, ctx.params.grad.p, n * 4);
         CHECK_CLOSE(got, want, n, 1e-6, "DP-reduced gradients");
-        CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == (np > 1 ? 2u : 0u), "%llu all-reduces", (unsigned long long)ctx.dp.stats.calls[TPK_COLL_ALLREDUCE]);
+        CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == (np > 1 ? 2u : 0u), "%llu all-reduces",
+              (unsigned long long)ctx.dp.stats.calls[TPK_COLL_ALLREDUCE]);
         CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, true));
-        if (np > 1) CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 3, 1, &b), TPK_ERR_ARG, "first, last: expected 0 <= first <= last < 4, got 3, 1");
-        CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 0, 1, NULL), TPK_ERR_ARG, "user: expected the tpk_dp_buckets");
+        if (np > 1)
+            CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 3, 1, &b), TPK_ERR_ARG,
+                        "first, last: expected 0 <= first <= last < 4, got 3, 1");
+        CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 0, 1, NULL), TPK_ERR_ARG,
+                    "user: expected the tpk_dp_buckets");
         CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
         tpk_dp_destroy(&b);
         free(mine), free(want), free(got);
@@ -254,44 +320,65 @@ int main(int argc, char **argv) {
     }
     for (int tp = 1; tp <= 2; tp++) {
         if (np % tp) continue;
-        TEST_CASE("ZeRO-1 at DP %d x TP %d: 5 steps of tpk_train_step equal plain DP (parameters, norms, moments); state 1/dp; saved and loaded", np / tp, tp) {
+        TEST_CASE("ZeRO-1 at DP %d x TP %d: 5 steps of tpk_train_step equal plain DP (parameters, "
+                  "norms, moments); state 1/dp; saved and loaded", np / tp, tp) {
             tpk_ctx c[2];
             tpk_adamw o[2];
             tpk_dp_buckets b[2] = {{0}, {0}};
             double norm[2][5];
             int ids[NP];
             for (int z = 0; z < 2; z++) {
-                CHECK_OK(&c[z], tpk_ctx_init(&c[z], &(tpk_ctx_desc){.world = &world, .tp = tp, .seed = 3}));
+                CHECK_OK(&c[z], tpk_ctx_init(
+                                    &c[z], &(tpk_ctx_desc){.world = &world, .tp = tp, .seed = 3}));
                 add_params(&c[z], ids);
-                CHECK_OK(&c[z], tpk_adamw_init(&c[z], &o[z], &(tpk_adamw_desc){.weight_decay = 0.1f, .zero = z == 1}));
+                CHECK_OK(&c[z],
+                         tpk_adamw_init(&c[z], &o[z],
+                                        &(tpk_adamw_desc){.weight_decay = 0.1f, .zero = z == 1}));
             }
             size_t n = c[0].params.numel;
             int d = c[1].dp.size;
             tpk_range sl = tpk_split((int64_t)n, d, c[1].dp.rank);
-            CHECK(o[1].s0 == (size_t)sl.off && o[1].sn == (size_t)sl.size && o[1].sn <= (n + (size_t)d - 1) / (size_t)d && o[0].sn == n,
-                  "ZeRO-1 keeps %zu of %zu elements' moments at DP rank %d of %d", o[1].sn, n, c[1].dp.rank, d);
+            CHECK(o[1].s0 == (size_t)sl.off && o[1].sn == (size_t)sl.size &&
+                      o[1].sn <= (n + (size_t)d - 1) / (size_t)d && o[0].sn == n,
+                  "ZeRO-1 keeps %zu of %zu elements' moments at DP rank %d of %d", o[1].sn, n,
+                  c[1].dp.rank, d);
             float *g = malloc(n * 4);
             for (int step = 0; step < 5; step++)
                 for (int z = 0; z < 2; z++) {
-                    for (int i = 0; i < NP; i++) { /* each DP rank its own gradient, the same global tensor on every TP rank */
+                    for (int i = 0; i < NP; i++) { /* each DP rank its own gradient, the same global
+                                                      tensor on every TP rank */
                         size_t gn = tpk_param_global_numel(&c[z], i);
                         float *gg = malloc(gn * 4);
-                        for (size_t k = 0; k < gn; k++) gg[k] = tpk_rng_normal(40 + (uint64_t)step, (uint64_t)(c[z].dp.rank * 16 + i), k);
-                        CHECK_OK(&c[z], tpk_param_scatter(&c[z], i, gg, (float *)c[z].params.grad.p));
+                        for (size_t k = 0; k < gn; k++)
+                            gg[k] = tpk_rng_normal(40 + (uint64_t)step,
+                                                   (uint64_t)(c[z].dp.rank * 16 + i), k);
+                        CHECK_OK(&c[z],
+                                 tpk_param_scatter(&c[z], i, gg, (float *)c[z].params.grad.p));
                         free(gg);
                     }
                     tpk_comm_stats_reset(&c[z].dp);
                     CHECK_OK(&c[z], tpk_dp_begin(&c[z], &b[z], z == 0));
-                    CHECK_OK(&c[z], tpk_dp_grad_ready(&c[z], 0, NP - 1, &b[z])); /* plain: the whole buffer in one bucket; ZeRO-1: nothing */
-                    CHECK_OK(&c[z], tpk_train_step(&c[z], &o[z], &b[z], 1e-2f, 0.5f, 1.0f / (float)d, &norm[z][step]));
+                    CHECK_OK(
+                        &c[z],
+                        tpk_dp_grad_ready(
+                            &c[z], 0, NP - 1,
+                            &b[z])); /* plain: the whole buffer in one bucket; ZeRO-1: nothing */
+                    CHECK_OK(&c[z], tpk_train_step(&c[z], &o[z], &b[z], 1e-2f, 0.5f,
+                                                   1.0f / (float)d, &norm[z][step]));
                     if (z == 1 && d > 1)
-                        CHECK(c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER] == 1 && c[1].dp.stats.calls[TPK_COLL_ALLGATHER] == 1 &&
-                                  c[1].dp.stats.calls[TPK_COLL_ALLREDUCE] == 1 && c[1].dp.stats.elems[TPK_COLL_REDUCE_SCATTER] == n,
-                              "ZeRO-1 step: %llu reduce-scatters, %llu all-gathers, %llu all-reduces (the norm)",
-                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER], (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLGATHER],
+                        CHECK(c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER] == 1 &&
+                                  c[1].dp.stats.calls[TPK_COLL_ALLGATHER] == 1 &&
+                                  c[1].dp.stats.calls[TPK_COLL_ALLREDUCE] == 1 &&
+                                  c[1].dp.stats.elems[TPK_COLL_REDUCE_SCATTER] == n,
+                              "ZeRO-1 step: %llu reduce-scatters, %llu all-gathers, %llu "
+                              "all-reduces (the norm)",
+                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER],
+                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLGATHER],
                               (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLREDUCE]);
                 }
-            for (int step = 0; step < 5; step++) CHECK(fabs(norm[0][step] - norm[1][step]) <= 1e-6 * norm[0][step], "step %d: norm %.9g, ZeRO-1 %.9g", step, norm[0][step], norm[1][step]);
+            for (int step = 0; step < 5; step++)
+                CHECK(fabs(norm[0][step] - norm[1][step]) <= 1e-6 * norm[0][step],
+                      "step %d: norm %.9g, ZeRO-1 %.9g", step, norm[0][step], norm[1][step]);
             for (int i = 0; i < NP; i++) {
                 size_t gn = tpk_param_global_numel(&c[0], i);
                 float *a = malloc(gn * 4), *z = malloc(gn * 4);
@@ -300,7 +387,8 @@ int main(int argc, char **argv) {
                 CHECK_CLOSE(z, a, gn, 1e-6, "parameter after 5 ZeRO-1 steps");
                 free(a), free(z);
             }
-            /* the moments: saved whole from ZeRO-1, loaded into a plain optimizer and into ZeRO-1 */
+            /* the moments: saved whole from ZeRO-1, loaded into a plain optimizer and into
+             * ZeRO-1 */
             char dir[128];
             snprintf(dir, sizeof dir, "build/tests/zero_np%d_tp%d", np, tp);
             CHECK_OK(&c[1], tpk__hf_save(&c[1], "test", &o[1], dir, o[1].step, "{}\n", NULL));
@@ -315,19 +403,27 @@ int main(int argc, char **argv) {
             memcpy(m1, back[0].m, n * 4);
             CHECK_CLOSE(m1, m0, n, 1e-6, "first moments saved under ZeRO-1, loaded whole");
             memcpy(l1, back[1].m, back[1].sn * 4);
-            CHECK(!memcmp(l1, (const float *)o[1].m, o[1].sn * 4), "ZeRO-1 slice of the first moments after save and load");
+            CHECK(!memcmp(l1, (const float *)o[1].m, o[1].sn * 4), "ZeRO-1 slice of the first "
+                                                                   "moments after save and load");
             free(m0), free(m1), free(l1), free(g);
-            for (int z = 0; z < 2; z++) tpk_adamw_destroy(&c[z], &back[z]), tpk_adamw_destroy(&c[z], &o[z]), tpk_dp_destroy(&b[z]), tpk_ctx_destroy(&c[z]);
+            for (int z = 0; z < 2; z++)
+                tpk_adamw_destroy(&c[z], &back[z]), tpk_adamw_destroy(&c[z], &o[z]),
+                    tpk_dp_destroy(&b[z]), tpk_ctx_destroy(&c[z]);
         }
     }
     for (int tp = 1; tp <= 2; tp++) {
         int d = np / tp;
         if (np % tp || (d & (d - 1))) continue;
         for (int kind = 0; kind < 3; kind++)
-            TEST_CASE("Adasum at DP %d x TP %d, %s gradients: the recursive formula on the whole tensors, in double", d, tp,
-                      kind == 0 ? "random" : kind == 1 ? "equal (gives that gradient)" : "orthogonal (gives their sum)") {
+            TEST_CASE("Adasum at DP %d x TP %d, %s gradients: the recursive formula on the whole "
+                      "tensors, in double",
+                      d, tp,
+                      kind == 0   ? "random"
+                      : kind == 1 ? "equal (gives that gradient)"
+                                  : "orthogonal (gives their sum)") {
                 tpk_ctx ctx;
-                CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = tp, .seed = 3}));
+                CHECK_OK(&ctx,
+                         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = tp, .seed = 3}));
                 int ids[NP];
                 add_params(&ctx, ids);
                 tpk_dp_buckets b = {0};
@@ -338,7 +434,9 @@ int main(int argc, char **argv) {
                     mine[i] = malloc(gn * 4), want[i] = malloc(gn * 4);
                     adasum_ref(i, kind, d, ctx.dp.rank, gn, mine[i], want[i]);
                     CHECK_OK(&ctx, tpk_param_scatter(&ctx, i, mine[i], (float *)ctx.params.grad.p));
-                    if (kind == 1) CHECK_CLOSE(want[i], mine[i], gn, 1e-6, "reference: equal gradients changed");
+                    if (kind == 1)
+                        CHECK_CLOSE(want[i], mine[i], gn, 1e-6,
+                                    "reference: equal gradients changed");
                 }
                 CHECK_OK(&ctx, tpk_dp_adasum(&ctx, &b));
                 for (int i = 0; i < NP; i++) {
@@ -350,8 +448,10 @@ int main(int argc, char **argv) {
                     snprintf(what, sizeof what, "Adasum of %s", ctx.params.list[i].name);
                     CHECK_CLOSE(got, want[i], gn, 1e-5, what);
                     if (kind == 2) { /* orthogonal: the sum of every rank's gradient */
-                        for (size_t e = 0; e < gn; e++) got[e] = (float)tpk_rng_normal(60 + (uint64_t)i, e % (size_t)d, e);
-                        CHECK_CLOSE(want[i], got, gn, 1e-6, "reference: orthogonal gradients are not summed");
+                        for (size_t e = 0; e < gn; e++)
+                            got[e] = (float)tpk_rng_normal(60 + (uint64_t)i, e % (size_t)d, e);
+                        CHECK_CLOSE(want[i], got, gn, 1e-6, "reference: orthogonal gradients are "
+                                                            "not summed");
                     }
                     free(got), free(mine[i]), free(want[i]);
                 }
@@ -363,8 +463,10 @@ int main(int argc, char **argv) {
             tpk_ctx ctx;
             CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));
             tpk_dp_buckets b = {0};
-            CHECK_FAILS(&ctx, tpk_dp_adasum_init(&ctx, &b), TPK_ERR_ARG, "ctx->dp: Adasum needs a power-of-two number of DP ranks, got 3");
-            CHECK_FAILS(&ctx, tpk_dp_adasum(&ctx, &b), TPK_ERR_ARG, "expected buckets made for Adasum");
+            CHECK_FAILS(&ctx, tpk_dp_adasum_init(&ctx, &b), TPK_ERR_ARG,
+                        "ctx->dp: Adasum needs a power-of-two number of DP ranks, got 3");
+            CHECK_FAILS(&ctx, tpk_dp_adasum(&ctx, &b), TPK_ERR_ARG, "expected buckets made for "
+                                                                    "Adasum");
             tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
         }
     TEST_CASE("tpk_train_step: bad input") {
@@ -375,28 +477,42 @@ int main(int argc, char **argv) {
         tpk_adamw o;
         tpk_dp_buckets b = {0};
         CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, &(tpk_adamw_desc){.zero = true}));
-        CHECK_FAILS(&ctx, tpk_train_step(&ctx, NULL, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "opt: expected an initialised optimizer");
-        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, NULL, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "buckets: NULL");
-        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, NAN, NULL), TPK_ERR_ARG, "grad_scale, clip: expected finite numbers");
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, NULL, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG,
+                    "opt: expected an initialised optimizer");
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, NULL, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG,
+                    "buckets: NULL");
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, NAN, NULL), TPK_ERR_ARG,
+                    "grad_scale, clip: expected finite numbers");
         if (np > 1) { /* under ZeRO-1 the buckets must not have started */
             CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, true));
             CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, NP - 1, &b));
-            CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG, "all-reduces started under ZeRO-1");
+            CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL), TPK_ERR_ARG,
+                        "all-reduces started under ZeRO-1");
             CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
         }
         double nrm = 0;
-        CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG, "tpk_train_norm_read: no training step has run");
+        CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG,
+                    "tpk_train_norm_read: no training step has run");
         float inf = INFINITY, *w0 = malloc(ctx.params.numel * 4);
         memcpy(w0, ctx.params.data.p, ctx.params.numel * 4);
-        memcpy(ctx.params.grad.p, &inf, sizeof inf); /* a gradient that is not finite (on every rank) */
-        /* without a norm pointer the step neither waits nor fails: it is skipped on the device, counted, and reported by the next read */
+        memcpy(ctx.params.grad.p, &inf, sizeof inf); /* a gradient that is not finite (on every
+                                                        rank) */
+        /* without a norm pointer the step neither waits nor fails: it is skipped on the device,
+         * counted, and reported by the next read */
         CHECK_OK(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL));
         CHECK_OK(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL));
-        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite gradient norm changed the weights");
-        CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG, "not finite (now inf) on 2 step(s) since it was last read, which were skipped");
-        CHECK_OK(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm)); /* reported: the count starts again */
-        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, &nrm), TPK_ERR_ARG, "tpk_train_norm_read: the gradient norm was not finite (now inf) on 1 step(s)");
-        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite gradient norm changed the weights");
+        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite "
+                                                                    "gradient norm changed the "
+                                                                    "weights");
+        CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG,
+                    "not finite (now inf) on 2 step(s) since it was last read, which were skipped");
+        CHECK_OK(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm)); /* reported: the count starts
+                                                                  again */
+        CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, &nrm), TPK_ERR_ARG,
+                    "tpk_train_norm_read: the gradient norm was not finite (now inf) on 1 step(s)");
+        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite "
+                                                                    "gradient norm changed the "
+                                                                    "weights");
         CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, NULL), TPK_ERR_ARG, "norm: NULL");
         free(w0);
         tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);

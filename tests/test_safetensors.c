@@ -48,7 +48,8 @@ static const char *tmp_of(char *buf, size_t n, const char *path) {
     return buf;
 }
 
-/* A file: the 8-byte length of `header` (as given, no padding) + header + `ndata` bytes 0..ndata-1. */
+/* A file: the 8-byte length of `header` (as given, no padding) + header + `ndata` bytes
+ * 0..ndata-1. */
 static uint8_t *mkfile(const char *header, size_t ndata, size_t *size) {
     size_t h = strlen(header);
     *size = 8 + h + ndata;
@@ -82,9 +83,12 @@ int main(int argc, char **argv) {
         uint8_t u8[5] = {0, 1, 128, 254, 255};
         int64_t sw[2] = {2, 3}, sbf[2] = {2, 2}, sid[1] = {3}, su8[1] = {5}, sempty[3] = {4, 0, 2};
         tpk_st_entry e[] = {
-            {"h.0.attn.c_attn.weight", TPK_ST_F32, 2, sw, w},  {"h.0.ln_1.bias", TPK_ST_BF16, 2, sbf, bf},
-            {"ids", TPK_ST_I32, 1, sid, ids},                   {"step", TPK_ST_I32, 0, NULL, &scalar},
-            {"empty", TPK_ST_F32, 3, sempty, NULL},            {"bytes \"quoted\" \\ \t é", TPK_ST_U8, 1, su8, u8},
+            {"h.0.attn.c_attn.weight", TPK_ST_F32, 2, sw, w},
+            {"h.0.ln_1.bias", TPK_ST_BF16, 2, sbf, bf},
+            {"ids", TPK_ST_I32, 1, sid, ids},
+            {"step", TPK_ST_I32, 0, NULL, &scalar},
+            {"empty", TPK_ST_F32, 3, sempty, NULL},
+            {"bytes \"quoted\" \\ \t é", TPK_ST_U8, 1, su8, u8},
         };
         const char *meta[] = {"format", "pt", "note", "line\nbreak \"q\" ü", NULL};
         path_of(p, sizeof p, "rt.safetensors");
@@ -94,20 +98,26 @@ int main(int argc, char **argv) {
         uint8_t *raw = slurp(p, &size);
         uint64_t hlen = 0;
         for (int i = 7; i >= 0; i--) hlen = hlen << 8 | raw[i];
-        CHECK(hlen % 8 == 0 && size == 8 + hlen + 24 + 8 + 12 + 4 + 0 + 5, "header %llu bytes, file %zu", (unsigned long long)hlen, size);
+        CHECK(hlen % 8 == 0 && size == 8 + hlen + 24 + 8 + 12 + 4 + 0 + 5,
+              "header %llu bytes, file %zu", (unsigned long long)hlen, size);
         free(raw);
 
         tpk_st_file f;
         CHECK_OK(&ctx, tpk_st_read(&ctx, p, &f));
-        CHECK(f.n == 6 && f.n_meta == 2 && f.data_size == 24 + 8 + 12 + 4 + 5, "n %d meta %d data %llu", f.n, f.n_meta, (unsigned long long)f.data_size);
+        CHECK(f.n == 6 && f.n_meta == 2 && f.data_size == 24 + 8 + 12 + 4 + 5,
+              "n %d meta %d data %llu", f.n, f.n_meta, (unsigned long long)f.data_size);
         uint64_t off = 0;
         for (int i = 0; i < f.n && i < 6; i++) {
             const tpk_st_tensor *t = &f.tensors[i];
-            CHECK(!strcmp(t->name, e[i].name) && t->dtype == e[i].dtype && t->ndim == e[i].ndim, "tensor %d: %s", i, t->name);
-            for (int d = 0; d < t->ndim; d++) CHECK(t->shape[d] == e[i].shape[d], "tensor %d dim %d", i, d);
+            CHECK(!strcmp(t->name, e[i].name) && t->dtype == e[i].dtype && t->ndim == e[i].ndim,
+                  "tensor %d: %s", i, t->name);
+            for (int d = 0; d < t->ndim; d++)
+                CHECK(t->shape[d] == e[i].shape[d], "tensor %d dim %d", i, d);
             uint64_t bytes = (uint64_t)tpk_st_numel(t) * tpk_st_dtype_size(t->dtype);
-            CHECK(t->begin == off && t->end == off + bytes, "tensor %d at [%llu, %llu)", i, (unsigned long long)t->begin, (unsigned long long)t->end);
-            if (bytes) CHECK(!memcmp(f.data + t->begin, e[i].data, bytes), "tensor %d bytes differ", i);
+            CHECK(t->begin == off && t->end == off + bytes, "tensor %d at [%llu, %llu)", i,
+                  (unsigned long long)t->begin, (unsigned long long)t->end);
+            if (bytes)
+                CHECK(!memcmp(f.data + t->begin, e[i].data, bytes), "tensor %d bytes differ", i);
             CHECK(tpk_st_find(&f, e[i].name) == t, "find %s", e[i].name);
             off += bytes;
         }
@@ -122,8 +132,10 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_st_get_f32(&ctx, &f, tpk_st_find(&f, e[1].name), got, 4));
         CHECK(!memcmp(got, bfv, sizeof bfv), "BF16 values differ");
         CHECK_OK(&ctx, tpk_st_get_f32(&ctx, &f, tpk_st_find(&f, "empty"), got, 0));
-        CHECK_FAILS(&ctx, tpk_st_get_f32(&ctx, &f, tpk_st_find(&f, "ids"), got, 3), TPK_ERR_DTYPE, "dtype I32");
-        CHECK_FAILS(&ctx, tpk_st_get_f32(&ctx, &f, tpk_st_find(&f, e[0].name), got, 5), TPK_ERR_SHAPE, "has 6 elements (shape [2, 3]), n is 5");
+        CHECK_FAILS(&ctx, tpk_st_get_f32(&ctx, &f, tpk_st_find(&f, "ids"), got, 3), TPK_ERR_DTYPE,
+                    "dtype I32");
+        CHECK_FAILS(&ctx, tpk_st_get_f32(&ctx, &f, tpk_st_find(&f, e[0].name), got, 5),
+                    TPK_ERR_SHAPE, "has 6 elements (shape [2, 3]), n is 5");
         tpk_st_close(&f);
         CHECK(f.tensors == NULL && f.owned == NULL, "close did not reset");
         tpk_st_close(&f); /* twice is harmless */
@@ -136,10 +148,13 @@ int main(int argc, char **argv) {
     }
 
     TEST_CASE("safetensors fixed file built byte by byte") {
-        /* name "aé😀" written with escapes; F16 1, -2, 2^-24 (subnormal), inf; BF16 -1.5; metadata */
+        /* name "aé😀" written with escapes; F16 1, -2, 2^-24 (subnormal), inf; BF16 -1.5;
+         * metadata */
         const char *h = " {\"__metadata__\": {\"k\\u00fc\": \"v\\/\"},\n"
-                        "  \"a\\u00e9\\ud83d\\ude00\": {\"shape\": [2, 2], \"dtype\": \"F16\", \"data_offsets\": [0, 8]},\n"
-                        "  \"b\": {\"data_offsets\": [8, 10], \"dtype\": \"BF16\", \"shape\": []}}\t\r\n ";
+                        "  \"a\\u00e9\\ud83d\\ude00\": {\"shape\": [2, 2], \"dtype\": \"F16\", "
+                        "\"data_offsets\": [0, 8]},\n"
+                        "  \"b\": {\"data_offsets\": [8, 10], \"dtype\": \"BF16\", \"shape\": "
+                        "[]}}\t\r\n ";
         size_t size;
         uint8_t *b = mkfile(h, 10, &size);
         const uint8_t data[10] = {0x00, 0x3c, 0x00, 0xc0, 0x01, 0x00, 0x00, 0x7c, 0xc0, 0xbf};
@@ -148,12 +163,15 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_st_parse(&ctx, b, size, "fixed", &f));
         CHECK(f.n == 2 && f.data == b + size - 10, "n %d, data not referenced in place", f.n);
         const tpk_st_tensor *a = tpk_st_find(&f, "a\xc3\xa9\xf0\x9f\x98\x80");
-        CHECK(a && a->dtype == TPK_ST_F16 && a->ndim == 2 && a->shape[0] == 2 && a->shape[1] == 2, "escaped name not decoded");
-        CHECK(tpk_st_meta(&f, "k\xc3\xbc") && !strcmp(tpk_st_meta(&f, "k\xc3\xbc"), "v/"), "metadata not decoded");
+        CHECK(a && a->dtype == TPK_ST_F16 && a->ndim == 2 && a->shape[0] == 2 && a->shape[1] == 2,
+              "escaped name not decoded");
+        CHECK(tpk_st_meta(&f, "k\xc3\xbc") && !strcmp(tpk_st_meta(&f, "k\xc3\xbc"), "v/"),
+              "metadata not decoded");
         float got[4], one;
         if (a) {
             CHECK_OK(&ctx, tpk_st_get_f32(&ctx, &f, a, got, 4));
-            CHECK(got[0] == 1.0f && got[1] == -2.0f && got[2] == 5.9604644775390625e-8f && isinf(got[3]) && got[3] > 0,
+            CHECK(got[0] == 1.0f && got[1] == -2.0f && got[2] == 5.9604644775390625e-8f &&
+                      isinf(got[3]) && got[3] > 0,
                   "F16: %g %g %g %g", got[0], got[1], got[2], got[3]);
         }
         CHECK_OK(&ctx, tpk_st_get_f32(&ctx, &f, tpk_st_find(&f, "b"), &one, 1));
@@ -170,53 +188,90 @@ int main(int argc, char **argv) {
             {"{\"a\" 1}", 0, "expected ':'"},
             {"{} x", 0, "unexpected bytes after the JSON object"},
             {"{}}", 0, "unexpected bytes after"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},}", 1, "expected a string"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2,
-             "\"a\" appears twice"},
-            {"{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "unknown dtype \"F33\""},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "shape[0]: -1 is negative"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, "fraction or exponent"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4, "leading zero"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, "more than 8 dimensions"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,4]}}", 4, "byte count overflows"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]}}", 4, "integer larger than"},
-            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, "needs 8 bytes, data_offsets [0, 4] hold 4"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 2, "lie outside the 2-byte data buffer"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[3,1]}}", 4, "begin is after end"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}", 4,
-             "overlaps tensor \"a\""},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}", 4, "hole in the data buffer: bytes [0, 2)"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 4, "2 bytes after the last tensor"},
-            {"{\"a\":{\"dtype\":5,\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "tensor \"a\": expected a string"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":1,\"data_offsets\":[0,1]}}", 1, "shape: expected an array"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":\"0\"}}", 1, "data_offsets: expected an array of 2 integers"},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1,2]}}", 1, "expected an array of 2 integers"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},}", 1,
+             "expected a string"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+             "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+             2, "\"a\" appears twice"},
+            {"{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+             "unknown dtype \"F33\""},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+             "shape[0]: -1 is negative"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4,
+             "fraction or exponent"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4,
+             "leading zero"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1,
+             "more than 8 dimensions"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
+             "\"data_offsets\":[0,4]}}",
+             4, "byte count overflows"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]}}",
+             4, "integer larger than"},
+            {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
+             "needs 8 bytes, data_offsets [0, 4] hold 4"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 2,
+             "lie outside the 2-byte data buffer"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[3,1]}}", 4,
+             "begin is after end"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+             "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}",
+             4, "overlaps tensor \"a\""},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}", 4,
+             "hole in the data buffer: bytes [0, 2)"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}", 4,
+             "2 bytes after the last tensor"},
+            {"{\"a\":{\"dtype\":5,\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "tensor \"a\": expected a string"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":1,\"data_offsets\":[0,1]}}", 1,
+             "shape: expected an array"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":\"0\"}}", 1,
+             "data_offsets: expected an array of 2 integers"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1,2]}}", 1,
+             "expected an array of 2 integers"},
             {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1]}}", 1, "missing field \"data_offsets\""},
-            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":1}}", 1, "unknown field \"x\""},
-            {"{\"a\":{\"dtype\":\"U8\",\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "field \"dtype\" appears twice"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":1}}", 1,
+             "unknown field \"x\""},
+            {"{\"a\":{\"dtype\":\"U8\",\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "field \"dtype\" appears twice"},
             {"{\"a\":[1]}", 0, "tensor \"a\": expected an object"},
-            {"{\"a\":{\"dtype\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}}", 0, "expected a string"},
-            {"{\"a\\u0000\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "\\u0000 in a string"},
-            {"{\"\\ud800x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "not followed by a low one"},
-            {"{\"\\udc00\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "lone low surrogate"},
-            {"{\"\\x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "invalid escape '\\x'"},
-            {"{\"\\u12G4\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "4 hex digits"},
-            {"{\"\xff\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "invalid UTF-8"},
-            {"{\"\xed\xa0\x80\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "invalid UTF-8"}, /* encoded surrogate */
-            {"{\"\xc0\xaf\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "invalid UTF-8"},         /* overlong */
-            {"{\"a\tb\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, "control character 0x09"},
+            {"{\"a\":{\"dtype\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+             "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}}",
+             0, "expected a string"},
+            {"{\"a\\u0000\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "\\u0000 in a string"},
+            {"{\"\\ud800x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "not followed by a low one"},
+            {"{\"\\udc00\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "lone low surrogate"},
+            {"{\"\\x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "invalid escape '\\x'"},
+            {"{\"\\u12G4\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "4 hex digits"},
+            {"{\"\xff\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "invalid UTF-8"},
+            {"{\"\xed\xa0\x80\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "invalid UTF-8"}, /* encoded surrogate */
+            {"{\"\xc0\xaf\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "invalid UTF-8"}, /* overlong */
+            {"{\"a\tb\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+             "control character 0x09"},
             {"{\"abc", 0, "unterminated string"},
             {"{\"__metadata__\":{\"k\":1}}", 0, "__metadata__ \"k\": expected a string"},
             {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "__metadata__ appears twice"},
-            {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, "__metadata__ key \"k\" appears twice"},
+            {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0,
+             "__metadata__ key \"k\" appears "
+             "twice"},
             {"{\"__metadata__\":[]}", 0, "__metadata__: expected an object"},
         };
         tpk_st_file f;
         size_t size;
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             uint8_t *b = mkfile(cases[i].header, cases[i].ndata, &size);
-            CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "hostile", &f), TPK_ERR_FORMAT, cases[i].needle);
-            CHECK(strstr(tpk_last_error(&ctx), "tpk_st_parse: hostile: ") == tpk_last_error(&ctx), "case %zu: message does not name the input", i);
+            CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "hostile", &f), TPK_ERR_FORMAT,
+                        cases[i].needle);
+            CHECK(strstr(tpk_last_error(&ctx), "tpk_st_parse: hostile: ") == tpk_last_error(&ctx),
+                  "case %zu: message does not name the input", i);
             CHECK(f.owned == NULL && f.tensors == NULL, "case %zu: out not cleared", i);
             free(b);
         }
@@ -224,21 +279,27 @@ int main(int argc, char **argv) {
         char h[600];
         char name[257];
         memset(name, 'n', 256), name[256] = 0;
-        snprintf(h, sizeof h, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", name);
+        snprintf(h, sizeof h, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+                 name);
         uint8_t *b = mkfile(h, 1, &size);
-        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "hostile", &f), TPK_ERR_FORMAT, "is 256 bytes, longer than 255");
+        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "hostile", &f), TPK_ERR_FORMAT,
+                    "is 256 bytes, longer than 255");
         free(b);
         /* the length field: short file, beyond the file, absurd */
         const uint8_t short5[5] = {1, 0, 0, 0, 0};
-        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, short5, 5, "short", &f), TPK_ERR_FORMAT, "5 bytes, shorter than the 8-byte header length");
+        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, short5, 5, "short", &f), TPK_ERR_FORMAT,
+                    "5 bytes, shorter than the 8-byte header length");
         b = mkfile("{}", 0, &size);
         b[0] = 3;
-        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "long", &f), TPK_ERR_FORMAT, "header length 3 exceeds the 2 bytes after it");
+        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "long", &f), TPK_ERR_FORMAT,
+                    "header length 3 exceeds the 2 bytes after it");
         b[0] = 0, b[4] = 1; /* 2^32 */
-        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "huge", &f), TPK_ERR_FORMAT, "header length 4294967296 is larger than the 100000000-byte limit");
+        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "huge", &f), TPK_ERR_FORMAT,
+                    "header length 4294967296 is larger than the 100000000-byte limit");
         free(b);
         /* files that cannot be read */
-        CHECK_FAILS(&ctx, tpk_st_read(&ctx, path_of(p, sizeof p, "no-such.safetensors"), &f), TPK_ERR_IO, "no-such.safetensors: cannot open");
+        CHECK_FAILS(&ctx, tpk_st_read(&ctx, path_of(p, sizeof p, "no-such.safetensors"), &f),
+                    TPK_ERR_IO, "no-such.safetensors: cannot open");
         CHECK_FAILS(&ctx, tpk_st_read(&ctx, dir, &f), TPK_ERR_IO, "not a regular file");
         CHECK_FAILS(&ctx, tpk_st_parse(&ctx, NULL, 8, "x", &f), TPK_ERR_ARG, "bytes is NULL");
     }
@@ -246,7 +307,9 @@ int main(int argc, char **argv) {
     TEST_CASE("safetensors: every truncation and single-byte change of a valid file is survived") {
         float w[3] = {1, 2, 3};
         int64_t s3[1] = {3}, s0[1] = {0};
-        tpk_st_entry e[] = {{"w\xc3\xa9", TPK_ST_F32, 1, s3, w}, {"e", TPK_ST_BF16, 1, s0, NULL}, {"x", TPK_ST_F16, 1, s3, w}};
+        tpk_st_entry e[] = {{"w\xc3\xa9", TPK_ST_F32, 1, s3, w},
+                            {"e", TPK_ST_BF16, 1, s0, NULL},
+                            {"x", TPK_ST_F16, 1, s3, w}};
         const char *meta[] = {"k", "v\\\"", NULL};
         path_of(p, sizeof p, "mut.safetensors");
         CHECK_OK(&ctx, tpk_st_write(&ctx, p, e, 3, meta));
@@ -254,12 +317,15 @@ int main(int argc, char **argv) {
         uint8_t *good = slurp(p, &size);
         CHECK(good && fuzz_safetensors_one(good, size) == TPK_OK, "the valid file does not parse");
         for (size_t n = 0; good && n < size; n++) {
-            uint8_t *cut = (uint8_t *)malloc(n ? n : 1); /* exact size, so a sanitizer sees any overread */
+            uint8_t *cut = (uint8_t *)malloc(n ? n : 1); /* exact size, so a sanitizer sees any
+                                                            overread */
             memcpy(cut, good, n);
-            CHECK(fuzz_safetensors_one(cut, n) == TPK_ERR_FORMAT, "truncated to %zu bytes: accepted", n);
+            CHECK(fuzz_safetensors_one(cut, n) == TPK_ERR_FORMAT,
+                  "truncated to %zu bytes: accepted", n);
             free(cut);
         }
-        static const uint8_t subst[] = {0, '"', '\\', '{', '}', '[', ']', ',', ':', '-', '9', 'e', 0x80, 0xff, ' '};
+        static const uint8_t subst[] = {0,   '"', '\\', '{', '}',  '[',  ']', ',',
+                                        ':', '-', '9',  'e', 0x80, 0xff, ' '};
         for (size_t i = 0; good && i < size; i++) {
             uint8_t keep = good[i];
             for (size_t k = 0; k < sizeof subst; k++) {
@@ -286,7 +352,8 @@ int main(int argc, char **argv) {
 
         /* a path in a missing directory */
         path_of(q, sizeof q, "missing-dir/x.safetensors");
-        CHECK_FAILS(&ctx, tpk_st_write(&ctx, q, &es, 1, NULL), TPK_ERR_IO, "create the temporary file");
+        CHECK_FAILS(&ctx, tpk_st_write(&ctx, q, &es, 1, NULL), TPK_ERR_IO,
+                    "create the temporary file");
         CHECK(!exists(q), "%s exists", q);
 
         /* a write that fails half way: a file-size limit below the file's size */
@@ -298,7 +365,8 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &eb, 1, NULL), TPK_ERR_IO, "write (");
         setrlimit(RLIMIT_FSIZE, &old);
         signal(SIGXFSZ, prev);
-        CHECK(strstr(tpk_last_error(&ctx), "the temporary was removed"), "%s", tpk_last_error(&ctx));
+        CHECK(strstr(tpk_last_error(&ctx), "the temporary was removed"), "%s",
+              tpk_last_error(&ctx));
         CHECK(!exists(tmp_of(q, sizeof q, p)), "temporary %s left behind", q);
         uint8_t *after = slurp(p, &n1);
         CHECK(after && n0 == n1 && !memcmp(before, after, n0), "the old file changed");
@@ -307,7 +375,8 @@ int main(int argc, char **argv) {
         /* a directory in the way: the rename fails */
         path_of(q, sizeof q, "a-directory");
         mkdir(q, 0755);
-        CHECK_FAILS(&ctx, tpk_st_write(&ctx, q, &es, 1, NULL), TPK_ERR_IO, "rename the temporary file over it");
+        CHECK_FAILS(&ctx, tpk_st_write(&ctx, q, &es, 1, NULL), TPK_ERR_IO,
+                    "rename the temporary file over it");
         char t[300];
         CHECK(!exists(tmp_of(t, sizeof t, q)), "temporary %s left behind", t);
 
@@ -316,9 +385,11 @@ int main(int argc, char **argv) {
         char longname[300];
         memset(longname, 'x', 299), longname[299] = 0;
         tpk_st_entry dup[2] = {es, es}, bad;
-        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, dup, 2, NULL), TPK_ERR_ARG, "name \"small\" appears twice");
+        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, dup, 2, NULL), TPK_ERR_ARG,
+                    "name \"small\" appears twice");
         bad = es, bad.shape = neg;
-        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &bad, 1, NULL), TPK_ERR_ARG, "shape[0] = -2 is negative");
+        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &bad, 1, NULL), TPK_ERR_ARG,
+                    "shape[0] = -2 is negative");
         bad = es, bad.ndim = 9, bad.shape = nine;
         CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &bad, 1, NULL), TPK_ERR_ARG, "ndim 9");
         bad = es, bad.data = NULL;
@@ -328,12 +399,14 @@ int main(int argc, char **argv) {
         bad = es, bad.name = "bad\xff";
         CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &bad, 1, NULL), TPK_ERR_ARG, "not valid UTF-8");
         bad = es, bad.name = longname;
-        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &bad, 1, NULL), TPK_ERR_ARG, "longer than 255 bytes");
+        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &bad, 1, NULL), TPK_ERR_ARG,
+                    "longer than 255 bytes");
         bad = es, bad.dtype = TPK_ST_NDTYPES;
         CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &bad, 1, NULL), TPK_ERR_ARG, "invalid dtype");
         const char *m1[] = {"k", NULL, NULL}, *m2[] = {"k", "1", "k", "2", NULL};
         CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &es, 1, m1), TPK_ERR_ARG, "key \"k\" has no value");
-        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &es, 1, m2), TPK_ERR_ARG, "key \"k\" appears twice");
+        CHECK_FAILS(&ctx, tpk_st_write(&ctx, p, &es, 1, m2), TPK_ERR_ARG,
+                    "key \"k\" appears twice");
         after = slurp(p, &n1);
         CHECK(after && n0 == n1 && !memcmp(before, after, n0), "the old file changed");
         CHECK(!exists(tmp_of(q, sizeof q, p)), "temporary %s left behind", q);
@@ -343,7 +416,8 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_st_write(&ctx, p, &eb, 1, NULL));
         tpk_st_file f;
         CHECK_OK(&ctx, tpk_st_read(&ctx, p, &f));
-        CHECK(f.n == 1 && !strcmp(f.tensors[0].name, "big") && f.data_size == sizeof big, "overwrite");
+        CHECK(f.n == 1 && !strcmp(f.tensors[0].name, "big") && f.data_size == sizeof big,
+              "overwrite");
         tpk_st_close(&f);
         CHECK(!exists(tmp_of(q, sizeof q, p)), "temporary %s left behind", q);
         free(before);
@@ -365,9 +439,12 @@ int main(int argc, char **argv) {
             tpk_st_file f;
             tpk_status r = tpk_st_read(&ctx, path, &f); /* the same through the file reader */
             tpk_st_close(&f);
-            CHECK(r == s, "%s: tpk_st_read %s, tpk_st_parse %s", path, tpk_status_str(r), tpk_status_str(s));
-            if (!strncmp(de->d_name, "valid", 5)) CHECK(s == TPK_OK, "%s: %s", path, tpk_last_error(&ctx));
-            if (!strncmp(de->d_name, "bad", 3)) CHECK(s == TPK_ERR_FORMAT, "%s: %s", path, tpk_status_str(s));
+            CHECK(r == s, "%s: tpk_st_read %s, tpk_st_parse %s", path, tpk_status_str(r),
+                  tpk_status_str(s));
+            if (!strncmp(de->d_name, "valid", 5))
+                CHECK(s == TPK_OK, "%s: %s", path, tpk_last_error(&ctx));
+            if (!strncmp(de->d_name, "bad", 3))
+                CHECK(s == TPK_ERR_FORMAT, "%s: %s", path, tpk_status_str(s));
             free(b);
             files++;
         }

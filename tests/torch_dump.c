@@ -56,9 +56,25 @@ int main(int argc, char **argv) {
     int rc = 0;
     memset(&m, 0, sizeof m), memset(&lm, 0, sizeof lm);
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
-    tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = L, .hidden = H, .heads = A, .label_smoothing = EPS, .sequence_parallel = sp};
-    tpk_llama_config lcfg = {.vocab = V, .positions = P, .layers = L, .hidden = H, .heads = A, .kv_heads = G, .ffn = F, .rope_theta = THETA,
-                             .norm_eps = RMS_EPS, .label_smoothing = EPS, .tie_embeddings = tied, .sequence_parallel = sp};
+    tpk_gpt2_config cfg = {.vocab = V,
+                           .positions = P,
+                           .layers = L,
+                           .hidden = H,
+                           .heads = A,
+                           .label_smoothing = EPS,
+                           .sequence_parallel = sp};
+    tpk_llama_config lcfg = {.vocab = V,
+                             .positions = P,
+                             .layers = L,
+                             .hidden = H,
+                             .heads = A,
+                             .kv_heads = G,
+                             .ffn = F,
+                             .rope_theta = THETA,
+                             .norm_eps = RMS_EPS,
+                             .label_smoothing = EPS,
+                             .tie_embeddings = tied,
+                             .sequence_parallel = sp};
     tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 17});
     if (s == TPK_OK) s = llama ? tpk_llama_init(&ctx, &lm, &lcfg) : tpk_gpt2_init(&ctx, &m, &cfg);
     if (s != TPK_OK) {
@@ -67,12 +83,16 @@ int main(int argc, char **argv) {
     }
     test_set_weights(&ctx, 23, 0.3f);
     int32_t ids[T], tg[T];
-    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 211 + 5) % V), tg[i] = (int32_t)((i * 89 + 41) % V);
+    for (int i = 0; i < T; i++)
+        ids[i] = (int32_t)((i * 211 + 5) % V), tg[i] = (int32_t)((i * 89 + 41) % V);
     tg[3] = -100, tg[T - 1] = -100;
     float loss = 0;
-    s = llama ? tpk_llama_forward(&ctx, &lm, ids, tg, B, S, &loss) : tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
-    if (s == TPK_OK) s = llama ? tpk_llama_backward(&ctx, &lm, 1.0f) : tpk_gpt2_backward(&ctx, &m, 1.0f);
-    if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx); /* SP norm weights; shared key/value heads */
+    s = llama ? tpk_llama_forward(&ctx, &lm, ids, tg, B, S, &loss)
+              : tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
+    if (s == TPK_OK)
+        s = llama ? tpk_llama_backward(&ctx, &lm, 1.0f) : tpk_gpt2_backward(&ctx, &m, 1.0f);
+    if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx); /* SP norm weights; shared key/value
+                                                                   heads */
     if (s != TPK_OK) {
         tpk_report(&ctx, s, "torch_dump");
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -82,21 +102,29 @@ int main(int argc, char **argv) {
     float *w = malloc(total * sizeof(float)), *g = malloc(total * sizeof(float));
     size_t off = 0;
     for (int i = 0; i < ctx.params.n; i++) {
-        if (tpk_param_get_global(&ctx, i, false, w + off) != TPK_OK || tpk_param_get_global(&ctx, i, true, g + off) != TPK_OK) rc = 1;
+        if (tpk_param_get_global(&ctx, i, false, w + off) != TPK_OK ||
+            tpk_param_get_global(&ctx, i, true, g + off) != TPK_OK)
+            rc = 1;
         off += tpk_param_global_numel(&ctx, i);
     }
     if (me == 0 && !rc) {
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) fprintf(stderr, "torch_dump: cannot create %s\n", dir), rc = 1;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) fprintf(stderr, "torch_dump: cannot create "
+                                                                      "%s\n", dir), rc = 1;
         char path[512];
         snprintf(path, sizeof path, "%s/model.txt", dir);
         FILE *f = rc ? NULL : fopen(path, "w");
         if (!f) rc = 1;
         else {
             if (llama)
-                fprintf(f, "config arch llama V %d P %d L %d H %d A %d kv_heads %d ffn %d rope_theta %.9g norm_eps %.9g tie %d B %d S %d smoothing %.9g tp %d sp %d\n",
-                        V, P, L, H, A, G, F, (double)THETA, (double)RMS_EPS, (int)tied, B, S, (double)EPS, np, (int)sp);
+                fprintf(f,
+                        "config arch llama V %d P %d L %d H %d A %d kv_heads %d ffn %d "
+                        "rope_theta %.9g norm_eps %.9g tie %d B %d S %d smoothing %.9g tp %d sp "
+                        "%d\n",
+                        V, P, L, H, A, G, F, (double)THETA, (double)RMS_EPS, (int)tied, B, S,
+                        (double)EPS, np, (int)sp);
             else
-                fprintf(f, "config arch gpt2 V %d P %d L %d H %d A %d B %d S %d smoothing %.9g ln_eps %.9g tp %d sp %d\n", V, P, L, H, A, B, S, (double)EPS, 1e-5,
+                fprintf(f, "config arch gpt2 V %d P %d L %d H %d A %d B %d S %d smoothing %.9g "
+                           "ln_eps %.9g tp %d sp %d\n", V, P, L, H, A, B, S, (double)EPS, 1e-5,
                         np, (int)sp);
             fprintf(f, "loss %.9g\n", (double)loss);
             off = 0;

@@ -12,8 +12,10 @@
  *                     config.json; its byte size is kept by swapping the dims of a 2-D tensor
  *                     or, for a 1-D one, by halving dim 0 and adding a dim of 2)
  *       truncated     the file cut in the middle of the tensor data
- *   train_fixtures check FILE                      exit 0 when FILE is a whole, valid safetensors file
- * The corruptions edit the JSON header text; `check` uses the strict reader (tpk/train/safetensors.h). */
+ *   train_fixtures check FILE                      exit 0 when FILE is a whole, valid safetensors
+ *   file
+ * The corruptions edit the JSON header text; `check` uses the strict reader
+ * (tpk/train/safetensors.h). */
 #include <tpk/train/safetensors.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,7 +41,8 @@ static int spit(const char *path, const void *a, size_t na, const void *b, size_
     return fclose(f) || bad;
 }
 
-static int shard(const char *out, const char *text, int32_t magic, int32_t version, int truncated, long big) {
+static int shard(const char *out, const char *text, int32_t magic, int32_t version, int truncated,
+                 long big) {
     size_t n;
     uint8_t *t = slurp(text, &n);
     if (!t) return fprintf(stderr, "cannot read %s\n", text), 1;
@@ -83,14 +86,24 @@ static int corrupt(const char *in, const char *out, const char *kind) {
         size_t cap = hl + 64;
         char *q = NULL, *e = NULL;
         if (!strcmp(kind, "dtype") && (p = nth(hdr, "\"F32\"", 0))) memcpy(p, "\"Q7\" ", 5);
-        else if (!strcmp(kind, "offsets") && (p = nth(hdr, "\"data_offsets\"", 0)) && (q = strchr(p, '[')) && (e = strchr(q, ']')))
-            snprintf(tmp, sizeof tmp, "[%llu,%llu]", (unsigned long long)nd * 2, (unsigned long long)nd * 2 + 4);
-        else if (!strcmp(kind, "overlap") && (p = nth(hdr, "\"data_offsets\"", 1)) && (q = strchr(p, '[')) && (e = strchr(q, ']'))) {
-            long b0 = strtol(q + 1, NULL, 10), b1 = strtol(strchr(q, ',') + 1, NULL, 10); /* shift it back over its predecessor by 4 bytes */
+        else if (!strcmp(kind, "offsets") && (p = nth(hdr, "\"data_offsets\"", 0)) &&
+                 (q = strchr(p, '[')) && (e = strchr(q, ']')))
+            snprintf(tmp, sizeof tmp, "[%llu,%llu]", (unsigned long long)nd * 2,
+                     (unsigned long long)nd * 2 + 4);
+        else if (!strcmp(kind, "overlap") && (p = nth(hdr, "\"data_offsets\"", 1)) &&
+                 (q = strchr(p, '[')) && (e = strchr(q, ']'))) {
+            long b0 = strtol(q + 1, NULL, 10),
+                 b1 = strtol(strchr(q, ',') + 1, NULL,
+                             10); /* shift it back over its predecessor by 4 bytes */
             snprintf(tmp, sizeof tmp, "[%ld,%ld]", b0 - 4, b1 - 4);
-        } else if (!strcmp(kind, "shape") && (p = nth(hdr, "\"shape\"", 0)) && (q = strchr(p, '[')) && (e = strchr(q, ']'))) {
-            long d0 = strtol(q + 1, NULL, 10), d1 = strchr(q, ',') && strchr(q, ',') < e ? strtol(strchr(q, ',') + 1, NULL, 10) : -1;
-            if (d1 >= 0) snprintf(tmp, sizeof tmp, "[%ld,%ld]", d0 / 2, d1 * 2); /* same bytes, another shape */
+        } else if (!strcmp(kind, "shape") && (p = nth(hdr, "\"shape\"", 0)) &&
+                   (q = strchr(p, '[')) && (e = strchr(q, ']'))) {
+            long d0 = strtol(q + 1, NULL, 10), d1 = strchr(q, ',') && strchr(q, ',') < e
+                                                        ? strtol(strchr(q, ',') + 1, NULL, 10)
+                                                        : -1;
+            if (d1 >= 0)
+                snprintf(tmp, sizeof tmp, "[%ld,%ld]", d0 / 2,
+                         d1 * 2); /* same bytes, another shape */
             else snprintf(tmp, sizeof tmp, "[%ld,2]", d0 / 2);
         } else if (strcmp(kind, "dtype")) {
             return fprintf(stderr, "unknown corruption %s\n", kind), 1;
@@ -109,7 +122,8 @@ static int corrupt(const char *in, const char *out, const char *kind) {
         uint8_t len8[8];
         memcpy(len8, &nl, 8);
         FILE *f = fopen(out, "wb");
-        rc = !f || fwrite(len8, 1, 8, f) != 8 || fwrite(nh, 1, nl, f) != nl || fwrite(b + 8 + hl, 1, nd, f) != nd;
+        rc = !f || fwrite(len8, 1, 8, f) != 8 || fwrite(nh, 1, nl, f) != nl ||
+             fwrite(b + 8 + hl, 1, nd, f) != nd;
         if (f && fclose(f)) rc = 1;
         free(nh);
     }
@@ -119,9 +133,12 @@ static int corrupt(const char *in, const char *out, const char *kind) {
 
 int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "shard"))
-        return shard(argv[2], argv[3], argc > 4 ? atoi(argv[4]) : 20240520, argc > 5 ? atoi(argv[5]) : 1, 0, -1);
-    if (argc == 4 && !strcmp(argv[1], "shard-truncated")) return shard(argv[2], argv[3], 20240520, 1, 1, -1);
-    if (argc == 5 && !strcmp(argv[1], "shard-big")) return shard(argv[2], argv[3], 20240520, 1, 0, atol(argv[4]));
+        return shard(argv[2], argv[3], argc > 4 ? atoi(argv[4]) : 20240520,
+                     argc > 5 ? atoi(argv[5]) : 1, 0, -1);
+    if (argc == 4 && !strcmp(argv[1], "shard-truncated"))
+        return shard(argv[2], argv[3], 20240520, 1, 1, -1);
+    if (argc == 5 && !strcmp(argv[1], "shard-big"))
+        return shard(argv[2], argv[3], 20240520, 1, 0, atol(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "corrupt")) return corrupt(argv[2], argv[3], argv[4]);
     if (argc == 3 && !strcmp(argv[1], "check")) {
         tpk_ctx ctx; /* only its error fields are used */

@@ -4,10 +4,12 @@
  *              (flash.cuh). Otherwise these generic kernels (f32, any head dim up to ATT_MAXD),
  *              flash-style, never an S x S matrix. Grouped-query: query head h reads key/value
  *              head (head0 + h) / (A / G) - g0 of qkv [Q (Al D) | K (Gl D) | V (Gl D)] in place
- *              (tpk__fl_heads, 32-bit head indices). Forward: a block of ATT_WARPS query rows of one
- *              (batch, head) walks the keys 0..i in tiles of 32 staged in shared memory; each lane
- *              scores one key of the tile, the warp keeps the running max m and sum l, and each
- *              lane accumulates its columns of O:  o = o e^(m - m') + sum_j keep_ij e^(s_ij - m') V_j,
+ *              (tpk__fl_heads, 32-bit head indices). Forward: a block of ATT_WARPS query rows of
+ *              one (batch, head) walks the keys 0..i in tiles of 32 staged in shared memory; each
+ *              lane scores one key of the tile, the warp keeps the running max m and sum l, and
+ *              each
+ *              lane accumulates its columns of O:  o = o e^(m - m') + sum_j keep_ij e^(s_ij - m')
+ *              V_j,
  *              O = o / l, lse = m + log l. Backward (no atomics, every output written once):
  *              Dr_i = dO_i . O_i;  dQ: one warp per query row over key tiles,
  *              dQ_i = scale sum_j dS_ij K_j;  dK, dV: one warp per key row of one key/value head,
@@ -15,29 +17,32 @@
  *              dV_j = sum_h sum_i keep_ij P_ij dO_i,  dK_j = scale sum_h sum_i dS_ij Q_i,
  *              P_ij = exp(s_ij - lse_i),  dS_ij = P_ij (keep_ij dO_i . V_j - Dr_i)
  *              (summed in registers in a fixed order: deterministic, bit for bit).
- *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/base/rng.h), drawn here one
- *              Philox call per element (tpk_dropout_u: a lane holds one key of a row, so the 4 keys
- *              of a call sit in 4 lanes; the tensor-core kernels share a call between lanes). */
+ *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/base/rng.h), drawn here
+ *              one Philox call per element (tpk_dropout_u: a lane holds one key of a row, so the 4
+ *              keys of a call sit in 4 lanes; the tensor-core kernels share a call between
+ *              lanes). */
 #include <cstdlib>
 #include <cstring>
 
 #include "common.cuh"
 #include "flash.cuh"
 
-/* ---- attention ------------------------------------------------------------------------------------ */
+/* ---- attention ------------------------------------------------------------------------------- */
 
 enum { ATT_WARPS = 8, ATT_TILE = 32, ATT_MAXD = 512 };
 
 /* Shared memory, in floats, of the three attention kernels for head dim D:
  * two padded [ATT_TILE][D+1] tiles, ATT_WARPS rows of 2 D, ATT_WARPS x ATT_TILE x 2 weights. */
 static inline size_t att_smem(int64_t D) {
-    return sizeof(float) * (size_t)(2 * ATT_TILE * (D + 1) + ATT_WARPS * 2 * D + ATT_WARPS * ATT_TILE * 2);
+    return sizeof(float) *
+           (size_t)(2 * ATT_TILE * (D + 1) + ATT_WARPS * 2 * D + ATT_WARPS * ATT_TILE * 2);
 }
 
 /* Stage rows [r0, r0 + ATT_TILE) (rows >= S as zeros) of column block `col` of qkv-like
  * storage (leading dimension ld) into dst [ATT_TILE][D+1] floats. */
 template <class T>
-__device__ __forceinline__ void att_stage(float *dst, const T *base, int64_t ld, int64_t r0, int64_t S, int64_t D) {
+__device__ __forceinline__ void att_stage(float *dst, const T *base, int64_t ld, int64_t r0,
+                                          int64_t S, int64_t D) {
     for (int64_t k = threadIdx.x; k < ATT_TILE * D; k += blockDim.x) {
         int64_t r = k / D, e = k % D;
         dst[r * (D + 1) + e] = r0 + r < S ? tpk__ldf(base, (size_t)((r0 + r) * ld + e)) : 0.0f;
@@ -47,20 +52,26 @@ __device__ __forceinline__ void att_stage(float *dst, const T *base, int64_t ld,
 /* grid (ceil(S / ATT_WARPS), Al, B); warp w handles query row i = blockIdx.x * ATT_WARPS + w.
  * Registers: o[NE] holds O_i columns lane + 32 e. */
 template <class T, int NE>
-__global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0,
-                                float scale, float p, uint64_t seed, uint64_t stream) {
+__global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int64_t Al, int64_t D,
+                                int64_t A, int64_t G, int64_t head0, float scale, float p,
+                                uint64_t seed, uint64_t stream) {
     extern __shared__ float sm[];
-    float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *qs = Vs + ATT_TILE * (D + 1), *ps = qs + ATT_WARPS * 2 * D;
+    float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *qs = Vs + ATT_TILE * (D + 1),
+          *ps = qs + ATT_WARPS * 2 * D;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
-    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D); /* query head h reads key/value head kv */
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D); /* query head h reads key/value head
+                                                                kv */
     int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
-    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D;
+    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D,
+            *V = K + (int64_t)hd.Gl * D;
     float *q = qs + w * 2 * D, *pw = ps + w * ATT_TILE;
-    for (int64_t e = lane; e < D; e += 32) q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) * scale : 0.0f;
+    for (int64_t e = lane; e < D; e += 32)
+        q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) * scale : 0.0f;
     float o[NE], m = -INFINITY, l = 0.0f;
     for (int e = 0; e < NE; e++) o[e] = 0.0f;
-    int64_t last = (i0 + ATT_WARPS - 1 < S - 1 ? i0 + ATT_WARPS - 1 : S - 1); /* the block's last query row */
+    int64_t last = (i0 + ATT_WARPS - 1 < S - 1 ? i0 + ATT_WARPS - 1 : S - 1); /* the block's last
+                                                                                 query row */
     for (int64_t j0 = 0; j0 <= last; j0 += ATT_TILE) {
         __syncthreads();
         att_stage(Ks, K, ld3, j0, S, D);
@@ -75,7 +86,8 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
             for (int64_t e = 0; e < D; e++) s += q[e] * Ks[lane * (D + 1) + e];
         }
         float mn = fmaxf(m, tpk__warp_max(s));
-        float pe = j <= i ? expf(s - mn) : 0.0f, corr = expf(m - mn); /* m = -inf at first: corr = 0 */
+        float pe = j <= i ? expf(s - mn) : 0.0f, corr = expf(m - mn); /* m = -inf at first: corr =
+                                                                         0 */
         l = l * corr + tpk__warp_sum(pe);
         pw[lane] = pe * (j <= i ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f);
         __syncwarp();
@@ -105,34 +117,46 @@ template <class F> static tpk_status att_by_ne(tpk_ctx *ctx, const char *fn, int
     else if (D <= 128) f(std::integral_constant<int, 4>{});
     else if (D <= 256) f(std::integral_constant<int, 8>{});
     else if (D <= ATT_MAXD) f(std::integral_constant<int, 16>{});
-    else return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
+    else return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got "
+                                                        "%lld", ATT_MAXD, (long long)D);
     return TPK_OK;
 }
 
 /* The front end checked the arguments; this backend's own limits are the head dim, the grid
  * (ceil(S / ATT_WARPS), Al, B) and 32-bit head indices (tpk__fl_heads). */
-static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A) {
+static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al,
+                            int64_t D, int64_t A) {
     if (D > ATT_MAXD)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got "
+                                                       "%lld", ATT_MAXD, (long long)D);
     TPK_TRY(tpk__cuda_limit(ctx, fn, "B", B, 65535, "grid z"));
     TPK_TRY(tpk__cuda_limit(ctx, fn, "Al", Al, 65535, "grid y"));
     TPK_TRY(tpk__cuda_limit(ctx, fn, "A", A, INT_MAX, "32-bit head indices"));
-    return tpk__cuda_limit(ctx, fn, "S", S, (int64_t)INT_MAX * ATT_WARPS, "grid x: ATT_WARPS query rows per block");
+    return tpk__cuda_limit(ctx, fn, "S", S, (int64_t)INT_MAX * ATT_WARPS,
+                           "grid x: ATT_WARPS query rows per block");
 }
 
 /* Allow the dynamic shared memory a kernel needs beyond the default 48 KiB; more than the GPU
  * gives a block is refused by name. */
-template <class K> static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn, const tpk__cuda_state *st, int64_t D, K kernel, size_t bytes) {
+template <class K>
+static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn, const tpk__cuda_state *st, int64_t D,
+                                K kernel, size_t bytes) {
     if (bytes > st->smem_optin)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dim %lld needs %zu bytes of shared memory per block, this GPU allows %zu", (long long)D,
-                         bytes, st->smem_optin);
-    if (bytes > 48 * 1024) TPK__CUDA_TRY(ctx, fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "D: head dim %lld needs %zu bytes of shared "
+                         "memory per block, this GPU allows %zu",
+                         (long long)D, bytes, st->smem_optin);
+    if (bytes > 48 * 1024)
+        TPK__CUDA_TRY(
+            ctx, fn,
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return TPK_OK;
 }
 
 /* dQ of dqkv (bf16, rows of ld3) = scale dq_acc (f32 [rows, AlD], the tensor-core backward's sums
  * of dS K), 8 elements per step: AlD is a multiple of 8 and both 16-byte aligned */
-__global__ void attn_dq_store_kernel(tpk__bf16 *dqkv, const float *dq_acc, size_t rows, int64_t AlD, int64_t ld3, float scale) {
+__global__ void attn_dq_store_kernel(tpk__bf16 *dqkv, const float *dq_acc, size_t rows, int64_t AlD,
+                                     int64_t ld3, float scale) {
     size_t per = (size_t)AlD / 8;
     TPK__GRID_STRIDE(j, rows * per) {
         size_t r = j / per, c = (j % per) * 8;
@@ -151,8 +175,10 @@ static bool attn_env_is(const char *v) {
 /* The tensor-core kernels (flash.cuh) take bf16 with D = 64 or 128 on sm_80 and later where a block
  * may have the shared memory they need (at most 78 KB: the 99 KiB of sm_86/89 suffice), rows
  * 16-byte aligned, unless TPK_ATTN=generic. */
-static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a, const void *b) {
-    if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || !tpk__aligned16({a, b})) return false;
+static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, const void *a,
+                         const void *b) {
+    if (dt != TPK_BF16 || (D != 64 && D != 128) || st->cc < 80 || !tpk__aligned16({a, b}))
+        return false;
     for (int k = 0; k < 4; k++)
         if (tpk__flash_smem(k, (int)D) > st->smem_optin) return false;
     return !attn_env_is("generic");
@@ -167,21 +193,27 @@ template <class F> static void flash_by_d(int64_t D, float p, F f) {
     else drop(std::integral_constant<int, 128>{});
 }
 
-static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                              int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B,
+                                int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G,
+                                int64_t head0, float scale, float p, uint64_t seed, uint64_t stream,
+                                tpk_dtype dt) {
     static const char *fn = "cuda.attn_fwd";
     TPK_TRY(att_check(ctx, fn, B, S, Al, D, A));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
-    if (flash_usable(st, dt, D, qkv, out) && tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
+    if (flash_usable(st, dt, D, qkv, out) &&
+        tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
-            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(0), ROWS = tpk__fl_fwd_rows(DD);
+            constexpr int DD = decltype(d)::value, W = tpk__fl_warps(0),
+                          ROWS = tpk__fl_fwd_rows(DD);
             auto kernel = tpk__flash_fwd<DD, W, tpk__fl_fwd_mt(DD), decltype(drop)::value>;
             size_t bytes = tpk__flash_smem(0, DD);
             if ((s = att_smem_attr(ctx, fn, st, D, kernel, bytes)) != TPK_OK) return;
             dim3 fgrid((unsigned)((S + ROWS - 1) / ROWS), (unsigned)Al, (unsigned)B);
-            kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse, (const uint16_t *)qkv, S, Al, A, G, head0, scale, p, seed, stream);
+            kernel<<<fgrid, 32 * W, bytes, st->stream>>>((uint16_t *)out, lse,
+                                                         (const uint16_t *)qkv, S, Al, A, G, head0,
+                                                         scale, p, seed, stream);
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
@@ -196,7 +228,8 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
         tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) {
             auto kernel = attn_fwd_kernel<T, decltype(ne)::value>;
             if ((s = att_smem_attr(ctx, fn, st, D, kernel, smem)) != TPK_OK) return;
-            kernel<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)out, lse, (const T *)qkv, S, Al, D, A, G, head0, scale, p, seed, stream);
+            kernel<<<grid, 32 * ATT_WARPS, smem, st->stream>>>(
+                (T *)out, lse, (const T *)qkv, S, Al, D, A, G, head0, scale, p, seed, stream);
         });
         if (s == TPK_OK) s = r;
     });
@@ -205,9 +238,9 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
 }
 
 /* Dr[b, h, i] = sum_e dO_i O_i (rows r = (b Al + h) S + i; the warps stride over the rows, so the
- * grid stays within limits whatever B Al S is). D a multiple of 8 and dO, O 16-byte aligned: a row's
- * D / 8 16-byte vectors go to a group of L lanes (the power of two at or above D / 8, at most 32),
- * a warp takes 32 / L rows at a time (4 at D = 64) and sums a group by butterflies within it;
+ * grid stays within limits whatever B Al S is). D a multiple of 8 and dO, O 16-byte aligned: a
+ * row's D / 8 16-byte vectors go to a group of L lanes (the power of two at or above D / 8, at most
+ * 32), a warp takes 32 / L rows at a time (4 at D = 64) and sums a group by butterflies within it;
  * otherwise a warp a row, one element a lane. attn_dr_rows: the rows a warp takes at a time on the
  * vector path, which the kernel and its launch grid share. */
 static __host__ __device__ inline int attn_dr_rows(int64_t D) {
@@ -220,13 +253,18 @@ static inline unsigned attn_dr_grid(int64_t nrows, int64_t D) {
     int R = D % TPK__VEC == 0 ? attn_dr_rows(D) : 1;
     return tpk__grid_for((size_t)((nrows + R - 1) / R), ATT_WARPS);
 }
-template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, const T *out, int64_t B, int64_t S, int64_t Al, int64_t D) {
+template <class T>
+__global__ void attn_dr_kernel(float *Dr, const T *dout, const T *out, int64_t B, int64_t S,
+                               int64_t Al, int64_t D) {
     int lane = threadIdx.x & 31;
-    int64_t nrows = B * Al * S, warp = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5), nwarps = (int64_t)gridDim.x * ATT_WARPS;
-    if (D % TPK__VEC == 0 && ((uintptr_t)dout | (uintptr_t)out) % 16 == 0) { /* uniform over the grid */
+    int64_t nrows = B * Al * S, warp = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5),
+            nwarps = (int64_t)gridDim.x * ATT_WARPS;
+    if (D % TPK__VEC == 0 && ((uintptr_t)dout | (uintptr_t)out) % 16 == 0) { /* uniform over the
+                                                                                grid */
         int64_t nv = D / TPK__VEC;
         int R = attn_dr_rows(D), L = 32 / R, g = lane / L, li = lane % L;
-        bool small = nrows <= (int64_t)UINT32_MAX; /* 32-bit divisions (a 64-bit one costs about 10 times the instructions) */
+        bool small = nrows <= (int64_t)UINT32_MAX; /* 32-bit divisions (a 64-bit one costs about 10
+                                                      times the instructions) */
         for (int64_t r0 = warp * R; r0 < nrows; r0 += nwarps * R) { /* uniform over the warp */
             int64_t r = r0 + g, bh, i;
             if (small) {
@@ -235,7 +273,8 @@ template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, cons
             } else {
                 bh = r / S, i = r - bh * S;
             }
-            int64_t b = small ? (int64_t)((uint32_t)bh / (uint32_t)Al) : bh / Al, h = bh - b * Al; /* r = (b Al + h) S + i */
+            int64_t b = small ? (int64_t)((uint32_t)bh / (uint32_t)Al) : bh / Al,
+                    h = bh - b * Al; /* r = (b Al + h) S + i */
             float s = 0.0f;
             if (r < nrows) {
                 size_t base = (size_t)((b * S + i) * Al * D + h * D);
@@ -255,23 +294,29 @@ template <class T> __global__ void attn_dr_kernel(float *Dr, const T *dout, cons
         int64_t i = r % S, h = (r / S) % Al, b = r / (S * Al); /* r = (b Al + h) S + i */
         size_t base = (size_t)((b * S + i) * Al * D + h * D);
         float s = 0.0f;
-        for (int64_t e = lane; e < D; e += 32) s += tpk__ldf(dout, base + e) * tpk__ldf(out, base + e);
+        for (int64_t e = lane; e < D; e += 32)
+            s += tpk__ldf(dout, base + e) * tpk__ldf(out, base + e);
         s = tpk__warp_sum(s); /* r is the same on every lane of the warp */
         if (lane == 0) Dr[r] = s;
     }
 }
 
-/* dQ: warp w owns query row i; over key tiles j0 <= i: lane j scores s = scale q.k_j, dp = dO_i.v_j */
+/* dQ: warp w owns query row i; over key tiles j0 <= i: lane j scores s = scale q.k_j, dp =
+ * dO_i.v_j */
 template <class T, int NE>
-__global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t D,
-                               int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+__global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse,
+                               const float *Dr, int64_t S, int64_t Al, int64_t D, int64_t A,
+                               int64_t G, int64_t head0, float scale, float p, uint64_t seed,
+                               uint64_t stream) {
     extern __shared__ float sm[];
-    float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *rows = Vs + ATT_TILE * (D + 1), *ps = rows + ATT_WARPS * 2 * D;
+    float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *rows = Vs + ATT_TILE * (D + 1),
+          *ps = rows + ATT_WARPS * 2 * D;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
     int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
-    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D, *V = K + (int64_t)hd.Gl * D, *dO = dout + b * S * ldo + h * D;
+    const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D,
+            *V = K + (int64_t)hd.Gl * D, *dO = dout + b * S * ldo + h * D;
     float *q = rows + w * 2 * D, *go = q + D, *dsw = ps + w * ATT_TILE;
     for (int64_t e = lane; e < D; e += 32) {
         q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) : 0.0f;
@@ -291,7 +336,8 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
         float ds = 0.0f;
         if (j <= i) {
             float s = 0.0f, dp = 0.0f;
-            for (int64_t e = 0; e < D; e++) s += q[e] * Ks[lane * (D + 1) + e], dp += go[e] * Vs[lane * (D + 1) + e];
+            for (int64_t e = 0; e < D; e++)
+                s += q[e] * Ks[lane * (D + 1) + e], dp += go[e] * Vs[lane * (D + 1) + e];
             float P = expf(scale * s - L);
             ds = P * (dp * tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) - Di);
         }
@@ -316,10 +362,13 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
  * the local query heads reading it and their query tiles i0 >= (block's first key, tile-aligned):
  * lane i scores s = scale q_i.k_j, dp = dO_i.v_j; dK, dV sum over those heads in registers */
 template <class T, int NE>
-__global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *Dr, int64_t S, int64_t Al, int64_t D,
-                                int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream) {
+__global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const float *lse,
+                                const float *Dr, int64_t S, int64_t Al, int64_t D, int64_t A,
+                                int64_t G, int64_t head0, float scale, float p, uint64_t seed,
+                                uint64_t stream) {
     extern __shared__ float sm[];
-    float *Qs = sm, *dOs = Qs + ATT_TILE * (D + 1), *rows = dOs + ATT_TILE * (D + 1), *ps = rows + ATT_WARPS * 2 * D;
+    float *Qs = sm, *dOs = Qs + ATT_TILE * (D + 1), *rows = dOs + ATT_TILE * (D + 1),
+          *ps = rows + ATT_WARPS * 2 * D;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, kv = blockIdx.y, j0 = (int64_t)blockIdx.x * ATT_WARPS, j = j0 + w;
     tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
@@ -347,8 +396,10 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
             float pd = 0.0f, ds = 0.0f;
             if (i < S && i >= j) {
                 float s = 0.0f, dp = 0.0f;
-                for (int64_t e = 0; e < D; e++) s += Qs[lane * (D + 1) + e] * k[e], dp += dOs[lane * (D + 1) + e] * v[e];
-                float P = expf(scale * s - Lh[i]), keep = tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j);
+                for (int64_t e = 0; e < D; e++)
+                    s += Qs[lane * (D + 1) + e] * k[e], dp += dOs[lane * (D + 1) + e] * v[e];
+                float P = expf(scale * s - Lh[i]),
+                      keep = tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j);
                 pd = P * keep;
                 ds = P * (dp * keep - Dh[i]);
             }
@@ -375,54 +426,65 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
     }
 }
 
-static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                              int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
-                              uint64_t seed, uint64_t stream, tpk_dtype dt) {
+static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv,
+                                const void *out, const float *lse, int64_t B, int64_t S, int64_t Al,
+                                int64_t D, int64_t A, int64_t G, int64_t head0, float scale,
+                                float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "cuda.attn_bwd";
     TPK_TRY(att_check(ctx, fn, B, S, Al, D, A));
     if (B == 0 || S == 0 || Al == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     float *Dr;
     size_t nrows = (size_t)(B * Al * S);
-    if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout) && tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
-        /* Dr [B, Al, S]; unless deterministic, dq_acc [B, S, Al, D] f32, zeroed, that the dK/dV kernel
-         * adds dS K into with atomics (FlashAttention-2); deterministic: the dQ kernel instead */
+    if (flash_usable(st, dt, D, qkv, out) && flash_usable(st, dt, D, dqkv, dout) &&
+        tpk__flash_fits(S, Al, tpk_attn_kv_heads(A, G, head0, Al, NULL), D)) {
+        /* Dr [B, Al, S]; unless deterministic, dq_acc [B, S, Al, D] f32, zeroed, that the dK/dV
+         * kernel adds dS K into with atomics (FlashAttention-2); deterministic: the dQ kernel
+         * instead */
         bool fused = !ctx->deterministic;
         size_t dr_bytes = (sizeof(float) * nrows + 255) / 256 * 256, nq = nrows * (size_t)D;
         float *dq_acc = NULL;
-        TPK_TRY(tpk__cuda_scratch(ctx, fn, st, dr_bytes + (fused ? sizeof(float) * nq : 0), (void **)&Dr));
+        TPK_TRY(tpk__cuda_scratch(ctx, fn, st, dr_bytes + (fused ? sizeof(float) * nq : 0),
+                                  (void **)&Dr));
         if (fused) {
             dq_acc = reinterpret_cast<float *>(reinterpret_cast<char *>(Dr) + dr_bytes);
             TPK__CUDA_TRY(ctx, fn, cudaMemsetAsync(dq_acc, 0, sizeof(float) * nq, st->stream));
         }
-        attn_dr_kernel<tpk__bf16><<<attn_dr_grid(nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const tpk__bf16 *)dout,
-                                                                                                     (const tpk__bf16 *)out, B, S, Al, D);
+        attn_dr_kernel<tpk__bf16><<<attn_dr_grid(nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(
+            Dr, (const tpk__bf16 *)dout, (const tpk__bf16 *)out, B, S, Al, D);
         int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL);
-        dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al, (unsigned)B); /* dQ: 64 queries a block */
+        dim3 fgrid((unsigned)((S + TPK__FL_ROWS - 1) / TPK__FL_ROWS), (unsigned)Al,
+                   (unsigned)B); /* dQ: 64 queries a block */
         tpk_status s = TPK_OK;
         flash_by_d(D, p, [&](auto d, auto drop) {
             constexpr int DD = decltype(d)::value, W = tpk__fl_warps(1);
             constexpr bool DROP = decltype(drop)::value;
-            dim3 kvgrid((unsigned)((S + 16 * W - 1) / (16 * W)), (unsigned)Gl, (unsigned)B); /* dK, dV: one block row per key/value head */
+            dim3 kvgrid((unsigned)((S + 16 * W - 1) / (16 * W)), (unsigned)Gl,
+                        (unsigned)B); /* dK, dV: one block row per key/value head */
             if (fused) {
                 auto kkv = tpk__flash_dkv<DD, W, DROP, true>;
                 size_t bkv = tpk__flash_smem(3, DD);
                 if ((s = att_smem_attr(ctx, fn, st, D, kkv, bkv)) != TPK_OK) return;
-                kkv<<<kvgrid, 32 * W, bkv, st->stream>>>((uint16_t *)dqkv, dq_acc, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A, G,
-                                                         head0, scale, p, seed, stream);
+                kkv<<<kvgrid, 32 * W, bkv, st->stream>>>(
+                    (uint16_t *)dqkv, dq_acc, (const uint16_t *)dout, (const uint16_t *)qkv, lse,
+                    Dr, S, Al, A, G, head0, scale, p, seed, stream);
                 int64_t ld3 = (Al + 2 * Gl) * DD;
-                attn_dq_store_kernel<<<tpk__grid_for(nq / 8, 256), 256, 0, st->stream>>>((tpk__bf16 *)dqkv, dq_acc, (size_t)(B * S), Al * DD, ld3,
-                                                                                         scale);
+                attn_dq_store_kernel<<<tpk__grid_for(nq / 8, 256), 256, 0, st->stream>>>(
+                    (tpk__bf16 *)dqkv, dq_acc, (size_t)(B * S), Al * DD, ld3, scale);
                 return;
             }
             auto kkv = tpk__flash_dkv<DD, W, DROP, false>;
             auto kq = tpk__flash_dq<DD, DROP>;
             size_t bkv = tpk__flash_smem(1, DD), bq = tpk__flash_smem(2, DD);
-            if ((s = att_smem_attr(ctx, fn, st, D, kkv, bkv)) != TPK_OK || (s = att_smem_attr(ctx, fn, st, D, kq, bq)) != TPK_OK) return;
-            kkv<<<kvgrid, 32 * W, bkv, st->stream>>>((uint16_t *)dqkv, (float *)NULL, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A,
-                                                     G, head0, scale, p, seed, stream);
-            kq<<<fgrid, 128, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout, (const uint16_t *)qkv, lse, Dr, S, Al, A, G, head0, scale, p,
-                                               seed, stream);
+            if ((s = att_smem_attr(ctx, fn, st, D, kkv, bkv)) != TPK_OK ||
+                (s = att_smem_attr(ctx, fn, st, D, kq, bq)) != TPK_OK)
+                return;
+            kkv<<<kvgrid, 32 * W, bkv, st->stream>>>(
+                (uint16_t *)dqkv, (float *)NULL, (const uint16_t *)dout, (const uint16_t *)qkv, lse,
+                Dr, S, Al, A, G, head0, scale, p, seed, stream);
+            kq<<<fgrid, 128, bq, st->stream>>>((uint16_t *)dqkv, (const uint16_t *)dout,
+                                               (const uint16_t *)qkv, lse, Dr, S, Al, A, G, head0,
+                                               scale, p, seed, stream);
         });
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
@@ -434,16 +496,21 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     tpk_status s = TPK_OK;
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        attn_dr_kernel<T><<<attn_dr_grid(nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(Dr, (const T *)dout,
-                                                                                                         (const T *)out, B, S, Al, D);
-        tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) { /* failures recorded in s, as in attn_fwd */
+        attn_dr_kernel<T><<<attn_dr_grid(nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(
+            Dr, (const T *)dout, (const T *)out, B, S, Al, D);
+        tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) { /* failures recorded in s, as in
+                                                               attn_fwd */
             auto kq = attn_dq_kernel<T, decltype(ne)::value>;
             auto kkv = attn_dkv_kernel<T, decltype(ne)::value>;
-            if ((s = att_smem_attr(ctx, fn, st, D, kq, smem)) != TPK_OK || (s = att_smem_attr(ctx, fn, st, D, kkv, smem)) != TPK_OK) return;
-            kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, G, head0, scale,
-                                                           p, seed, stream);
-            kkv<<<kvgrid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al, D, A, G, head0,
-                                                              scale, p, seed, stream);
+            if ((s = att_smem_attr(ctx, fn, st, D, kq, smem)) != TPK_OK ||
+                (s = att_smem_attr(ctx, fn, st, D, kkv, smem)) != TPK_OK)
+                return;
+            kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout,
+                                                           (const T *)qkv, lse, Dr, S, Al, D, A, G,
+                                                           head0, scale, p, seed, stream);
+            kkv<<<kvgrid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout,
+                                                              (const T *)qkv, lse, Dr, S, Al, D, A,
+                                                              G, head0, scale, p, seed, stream);
         });
         if (s == TPK_OK) s = r;
     });

@@ -8,11 +8,12 @@
  *           collectives overlap with compute, and a training step does not stop the host at each
  *           one. Failures are caught by a watchdog that runs at every wait and at every host
  *           synchronisation of the CUDA backend (tpk__cuda_event_wait polls and calls the wait
- *           hook this file registers while communicators are alive): finished collectives leave the list; NCCL's asynchronous error, or a
- *           collective unfinished timeout_s after it started, aborts the communicator
- *           (ncclCommAbort) and that wait or synchronisation returns TPK_ERR_COMM — a bounded
- *           failure, never a hang. tpk_nccl_desc.blocking_wait: the host waits at each tpk_wait
- *           instead (polling the same way); no_poll: no watchdog for this communicator.
+ *           hook this file registers while communicators are alive): finished collectives leave the
+ *           list; NCCL's asynchronous error, or a collective unfinished timeout_s after it started,
+ *           aborts the communicator (ncclCommAbort) and that wait or synchronisation returns
+ *           TPK_ERR_COMM — a bounded failure, never a hang. tpk_nccl_desc.blocking_wait: the host
+ *           waits at each tpk_wait instead (polling the same way); no_poll: no watchdog for this
+ *           communicator.
  * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
  * no v-collectives); even ones call ncclAllGather / ncclReduceScatter. bf16 reduces in NCCL's
  * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit.
@@ -64,13 +65,17 @@ static tpk_status nccl_fail(tpk_ctx *ctx, const char *fn, const char *what, nccl
     } while (0)
 
 static ncclDataType_t nccl_type(tpk_dtype dt) {
-    return dt == TPK_F32 ? ncclFloat32 : dt == TPK_BF16 ? ncclBfloat16 : dt == TPK_F64 ? ncclFloat64 : ncclInt32;
+    return dt == TPK_F32    ? ncclFloat32
+           : dt == TPK_BF16 ? ncclBfloat16
+           : dt == TPK_F64  ? ncclFloat64
+                            : ncclInt32;
 }
 static ncclRedOp_t nccl_op(tpk_redop op) { return op == TPK_MAX ? ncclMax : ncclSum; }
 
 /* Order the comm stream after the compute stream. */
 static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
-    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
+                                                            "earlier failure");
     TPK__CUDA_STATE(st, ctx, fn);
     TPK__CUDA_TRY(ctx, fn, cudaEventRecord(m->ready, st->stream));
     TPK__CUDA_TRY(ctx, fn, cudaStreamWaitEvent(m->stream, m->ready, 0));
@@ -81,26 +86,32 @@ static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
 static tpk_status nccl_abort(tpk_ctx *ctx, const char *fn, nccl_impl *m, const char *why) {
     ncclCommAbort(m->comm);
     m->aborted = true;
-    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--) cudaEventDestroy(m->pend[m->head].done);
-    return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s: communicator aborted (a rank stopped taking part, or the network failed)", why);
+    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--)
+        cudaEventDestroy(m->pend[m->head].done);
+    return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s: communicator aborted (a rank stopped taking part, "
+                                            "or the network failed)", why);
 }
 static tpk_status nccl_async_error(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     ncclResult_t async = ncclSuccess, q = ncclCommGetAsyncError(m->comm, &async);
     if (q == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return TPK_OK;
     char why[160];
-    snprintf(why, sizeof why, "asynchronous NCCL error: %s", ncclGetErrorString(q != ncclSuccess ? q : async));
+    snprintf(why, sizeof why, "asynchronous NCCL error: %s",
+             ncclGetErrorString(q != ncclSuccess ? q : async));
     return nccl_abort(ctx, fn, m, why);
 }
-static tpk_status nccl_timed_out(tpk_ctx *ctx, const char *fn, nccl_impl *m, tpk__clock::time_point t0) {
+static tpk_status nccl_timed_out(tpk_ctx *ctx, const char *fn, nccl_impl *m,
+                                 tpk__clock::time_point t0) {
     double waited = std::chrono::duration<double>(tpk__clock::now() - t0).count();
     if (waited <= m->timeout_s) return TPK_OK;
     char why[160];
-    snprintf(why, sizeof why, "a collective not finished %.1f s after it started (timeout %.1f s)", waited, m->timeout_s);
+    snprintf(why, sizeof why, "a collective not finished %.1f s after it started (timeout %.1f s)",
+             waited, m->timeout_s);
     return nccl_abort(ctx, fn, m, why);
 }
 
 /* The host waits for `done` (a collective started at t0), polling NCCL's error and the timeout. */
-static tpk_status nccl_poll(tpk_ctx *ctx, const char *fn, nccl_impl *m, cudaEvent_t done, tpk__clock::time_point t0) {
+static tpk_status nccl_poll(tpk_ctx *ctx, const char *fn, nccl_impl *m, cudaEvent_t done,
+                            tpk__clock::time_point t0) {
     for (int spins = 0;; spins++) {
         cudaError_t e = tpk__event_query(done);
         if (e == cudaSuccess) return TPK_OK;
@@ -137,7 +148,8 @@ static tpk_status nccl_watch(tpk_ctx *ctx, const char *fn) {
  * is freed: a request still outstanding then fails without calling into NCCL. */
 static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_req *r) {
     tpk_status s = TPK_OK;
-    if (m->aborted) s = tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    if (m->aborted) s = tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
+                                                         "earlier failure");
     tpk__cuda_state *st = s == TPK_OK ? tpk__cuda_get(ctx, fn) : NULL;
     if (s == TPK_OK && !st) s = TPK_ERR_BACKEND;
     cudaError_t e = s == TPK_OK ? cudaStreamWaitEvent(st->stream, r->done, 0) : cudaSuccess;
@@ -152,7 +164,8 @@ static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_r
     if (m->npend == NCCL_PENDING) { /* full: the oldest must finish first */
         nccl_pending *o = &m->pend[m->head];
         s = nccl_poll(ctx, fn, m, o->done, o->t0);
-        if (s == TPK_OK) cudaEventDestroy(o->done), m->head = (m->head + 1) % NCCL_PENDING, m->npend--;
+        if (s == TPK_OK)
+            cudaEventDestroy(o->done), m->head = (m->head + 1) % NCCL_PENDING, m->npend--;
     }
     if (s == TPK_OK) {
         m->pend[(m->head + m->npend) % NCCL_PENDING] = nccl_pending{r->done, r->t0};
@@ -165,7 +178,8 @@ static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_r
 }
 
 /* After the NCCL call(s): record `done`, then hand the request over or finish it. */
-static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResult_t rc, tpk_request *req) {
+static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResult_t rc,
+                           tpk_request *req) {
     if (rc != ncclSuccess) return nccl_fail(ctx, fn, "NCCL call", rc);
     nccl_req *r = (nccl_req *)calloc(1, sizeof *r);
     if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for a request");
@@ -186,8 +200,10 @@ static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResul
 }
 
 /* One rank: dst = src on the compute stream; no request to wait for. */
-static tpk_status nccl_one(tpk_ctx *ctx, const char *fn, nccl_impl *m, void *dst, const void *src, size_t bytes, tpk_request *req) {
-    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+static tpk_status nccl_one(tpk_ctx *ctx, const char *fn, nccl_impl *m, void *dst, const void *src,
+                           size_t bytes, tpk_request *req) {
+    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
+                                                            "earlier failure");
     if (req) req->state = NULL;
     if (!bytes || dst == src) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
@@ -195,17 +211,19 @@ static tpk_status nccl_one(tpk_ctx *ctx, const char *fn, nccl_impl *m, void *dst
     return TPK_OK;
 }
 
-static tpk_status nccl_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt, tpk_redop op,
-                                 tpk_request *req) {
+static tpk_status nccl_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                                 size_t count, tpk_dtype dt, tpk_redop op, tpk_request *req) {
     static const char *fn = "tpk_allreduce (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
     if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, count * tpk_dtype_size(dt), req);
     TPK_TRY(nccl_begin(ctx, fn, m));
-    return nccl_end(ctx, fn, m, ncclAllReduce(send, recv, count, nccl_type(dt), nccl_op(op), m->comm, m->stream), req);
+    return nccl_end(
+        ctx, fn, m,
+        ncclAllReduce(send, recv, count, nccl_type(dt), nccl_op(op), m->comm, m->stream), req);
 }
 
-static tpk_status nccl_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts, tpk_dtype dt,
-                                  tpk_request *req) {
+static tpk_status nccl_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                                  const size_t *counts, tpk_dtype dt, tpk_request *req) {
     static const char *fn = "tpk_allgatherv (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
     if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, counts[0] * tpk_dtype_size(dt), req);
@@ -219,7 +237,8 @@ static tpk_status nccl_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, v
         size_t es = tpk_dtype_size(dt), off = 0;
         rc = ncclGroupStart();
         for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
-            rc = ncclBroadcast(q == c->rank ? send : NULL, (char *)recv + off * es, counts[q], nccl_type(dt), q, m->comm, m->stream);
+            rc = ncclBroadcast(q == c->rank ? send : NULL, (char *)recv + off * es, counts[q],
+                               nccl_type(dt), q, m->comm, m->stream);
             off += counts[q];
         }
         ncclResult_t g = ncclGroupEnd();
@@ -228,8 +247,9 @@ static tpk_status nccl_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, v
     return nccl_end(ctx, fn, m, rc, req);
 }
 
-static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts, tpk_dtype dt,
-                                       tpk_redop op, tpk_request *req) {
+static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                                       const size_t *counts, tpk_dtype dt, tpk_redop op,
+                                       tpk_request *req) {
     static const char *fn = "tpk_reduce_scatterv (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
     if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, counts[0] * tpk_dtype_size(dt), req);
@@ -238,13 +258,14 @@ static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *se
     for (int q = 1; q < c->size; q++) even = even && counts[q] == counts[0];
     ncclResult_t rc;
     if (even) {
-        rc = ncclReduceScatter(send, recv, counts[0], nccl_type(dt), nccl_op(op), m->comm, m->stream);
+        rc = ncclReduceScatter(send, recv, counts[0], nccl_type(dt), nccl_op(op), m->comm,
+                               m->stream);
     } else {
         size_t es = tpk_dtype_size(dt), off = 0;
         rc = ncclGroupStart();
         for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
-            rc = ncclReduce((const char *)send + off * es, q == c->rank ? recv : NULL, counts[q], nccl_type(dt), nccl_op(op), q, m->comm,
-                            m->stream);
+            rc = ncclReduce((const char *)send + off * es, q == c->rank ? recv : NULL, counts[q],
+                            nccl_type(dt), nccl_op(op), q, m->comm, m->stream);
             off += counts[q];
         }
         ncclResult_t g = ncclGroupEnd();
@@ -253,12 +274,14 @@ static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *se
     return nccl_end(ctx, fn, m, rc, req);
 }
 
-static tpk_status nccl_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
+static tpk_status nccl_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt,
+                             int root, tpk_request *req) {
     static const char *fn = "tpk_bcast (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
     if (c->size == 1) return nccl_one(ctx, fn, m, buf, buf, 0, req);
     TPK_TRY(nccl_begin(ctx, fn, m));
-    return nccl_end(ctx, fn, m, ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream), req);
+    return nccl_end(ctx, fn, m,
+                    ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream), req);
 }
 
 static tpk_status nccl_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
@@ -266,7 +289,9 @@ static tpk_status nccl_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
     nccl_impl *m = (nccl_impl *)c->impl;
     if (c->size == 1) return nccl_one(ctx, fn, m, NULL, NULL, 0, req);
     TPK_TRY(nccl_begin(ctx, fn, m));
-    return nccl_end(ctx, fn, m, ncclAllReduce(m->one, m->one, 1, ncclFloat32, ncclSum, m->comm, m->stream), req);
+    return nccl_end(ctx, fn, m,
+                    ncclAllReduce(m->one, m->one, 1, ncclFloat32, ncclSum, m->comm, m->stream),
+                    req);
 }
 
 static tpk_status nccl_wait(tpk_ctx *ctx, tpk_request *req) {
@@ -291,7 +316,8 @@ static void nccl_destroy(tpk_comm *c) {
         cudaStreamSynchronize(m->stream);
         ncclCommDestroy(m->comm);
     }
-    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--) cudaEventDestroy(m->pend[m->head].done);
+    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--)
+        cudaEventDestroy(m->pend[m->head].done);
     cudaEventDestroy(m->ready);
     cudaStreamDestroy(m->stream);
     cudaFree(m->one);
@@ -299,12 +325,14 @@ static void nccl_destroy(tpk_comm *c) {
     c->impl = NULL;
 }
 
-static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, bool blocking, tpk_comm *out);
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s,
+                            bool no_poll, bool blocking, tpk_comm *out);
 
 static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
     static const char *fn = "tpk_comm_split (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
-    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an earlier failure");
+    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
+                                                            "earlier failure");
     ncclComm_t sub = NULL;
     NCCL_TRY(ctx, fn, ncclCommSplit(m->comm, color, key, &sub, NULL));
     return nccl_wrap(ctx, fn, sub, m->timeout_s, m->no_poll, m->blocking, out);
@@ -316,18 +344,21 @@ static const tpk_comm_vtable *nccl_vtable(void) {
 }
 
 /* Take ownership of `comm` and fill `out`. */
-static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s, bool no_poll, bool blocking, tpk_comm *out) {
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s,
+                            bool no_poll, bool blocking, tpk_comm *out) {
     memset(out, 0, sizeof *out);
     nccl_impl *m = (nccl_impl *)calloc(1, sizeof *m);
     if (!m) {
         ncclCommDestroy(comm);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
-    m->comm = comm, m->timeout_s = timeout_s > 0 ? timeout_s : 600.0, m->no_poll = no_poll, m->blocking = blocking;
+    m->comm = comm, m->timeout_s = timeout_s > 0 ? timeout_s : 600.0, m->no_poll = no_poll,
+    m->blocking = blocking;
     cudaError_t e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc(&m->one, sizeof(float));
-    /* on the communicator's stream: a legacy-stream memset is not ordered with a non-blocking stream */
+    /* on the communicator's stream: a legacy-stream memset is not ordered with a non-blocking
+     * stream */
     if (e == cudaSuccess) e = cudaMemsetAsync(m->one, 0, sizeof(float), m->stream);
     if (e != cudaSuccess) {
         ncclCommDestroy(comm);
@@ -364,13 +395,14 @@ extern "C" tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id) {
     return TPK_OK;
 }
 
-extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank, const tpk_nccl_desc *desc,
-                                    tpk_comm *out) {
+extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank,
+                                    const tpk_nccl_desc *desc, tpk_comm *out) {
     static const char *fn = "tpk_comm_nccl";
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a pointer, got NULL");
     if (!id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "id: expected a unique id, got NULL");
     if (nranks < 1 || rank < 0 || rank >= nranks)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "rank: expected 0 <= rank < nranks (nranks >= 1), got rank %d of %d", rank, nranks);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "rank: expected 0 <= rank < nranks (nranks >= 1), "
+                                               "got rank %d of %d", rank, nranks);
     TPK__CUDA_STATE(st, ctx, fn); /* the compute stream's device is the communicator's */
     (void)st;
     ncclUniqueId u;
@@ -387,12 +419,14 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
 
 extern "C" tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id) {
     (void)id;
-    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_nccl_unique_id", "this build of tpk has no NCCL (nccl.h was not found)");
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_nccl_unique_id", "this build of tpk has no "
+                                                                     "NCCL (nccl.h was not found)");
 }
-extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank, const tpk_nccl_desc *desc,
-                                    tpk_comm *out) {
+extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank,
+                                    const tpk_nccl_desc *desc, tpk_comm *out) {
     (void)id, (void)nranks, (void)rank, (void)desc, (void)out;
-    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_comm_nccl", "this build of tpk has no NCCL (nccl.h was not found)");
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_comm_nccl", "this build of tpk has no NCCL "
+                                                                "(nccl.h was not found)");
 }
 
 #endif

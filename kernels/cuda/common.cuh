@@ -1,6 +1,7 @@
 /* kernels/cuda/common.cuh — private helpers of the CUDA backend: the backend state (stream,
  * cuBLASLt handle, workspace, scratch), element access for both dtypes, one-kernel-per-op
- * dtype dispatch, launch error checks and warp/block reductions. Not installed. Names are tpk__-prefixed. */
+ * dtype dispatch, launch error checks and warp/block reductions. Not installed. Names are
+ * tpk__-prefixed. */
 #ifndef TPK_CUDA_COMMON_CUH
 #define TPK_CUDA_COMMON_CUH
 
@@ -13,8 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-/* The headers compile as C++17: the kernels record failures with tpk__fail (tpk/base/ctx.h) directly;
- * arguments arrive checked by the front end (tpk/runtime/op.h). */
+/* The headers compile as C++17: the kernels record failures with tpk__fail (tpk/base/ctx.h)
+ * directly; arguments arrive checked by the front end (tpk/runtime/op.h). */
 #include <tpk/base/comm.h>
 #include <tpk/runtime/cuda.h>
 #include <tpk/runtime/backend.h>
@@ -36,7 +37,8 @@ struct tpk__cuda_state {
     size_t scratch_bytes;
     bool tf32;
     int cc;          /* compute capability, 10 major + minor (80 = sm_80) */
-    size_t smem_optin; /* the most dynamic shared memory a block may have (227 KiB on sm_90, 99 KiB on sm_86/89) */
+    size_t smem_optin; /* the most dynamic shared memory a block may have (227 KiB on sm_90, 99 KiB
+                          on sm_86/89) */
     cudaEvent_t sync_ev; /* tpk__cuda_wait's mark on the stream, created on first use */
     cudaEvent_t *ev; /* the profiler's timer marks (tpk/runtime/profile.h), created on first use */
     int nev;
@@ -73,12 +75,15 @@ static inline cudaError_t tpk__event_query(cudaEvent_t ev) {
 /* The state, created lazily; NULL with an error in ctx when CUDA cannot be initialised. */
 tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn);
 /* A scratch buffer of at least `bytes` on the state's stream (valid until the next call). */
-tpk_status tpk__cuda_scratch(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, size_t bytes, void **out);
+tpk_status tpk__cuda_scratch(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, size_t bytes,
+                             void **out);
 /* whether f32 GEMMs may use TF32 (tpk_cuda_allow_tf32) */
 bool tpk__cuda_tf32(void);
 
-static inline tpk_status tpk__cuda_err(tpk_ctx *ctx, const char *fn, const char *what, cudaError_t e) {
-    return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+static inline tpk_status tpk__cuda_err(tpk_ctx *ctx, const char *fn, const char *what,
+                                       cudaError_t e) {
+    return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "%s: %s (%s)", what, cudaGetErrorString(e),
+                     cudaGetErrorName(e));
 }
 /* After a launch: a launch error becomes TPK_ERR_BACKEND naming the op. */
 static inline tpk_status tpk__cuda_launched(tpk_ctx *ctx, const char *fn) {
@@ -87,27 +92,33 @@ static inline tpk_status tpk__cuda_launched(tpk_ctx *ctx, const char *fn) {
 }
 /* This backend's own size limits (grid dimensions, 32-bit counts and keys): TPK_ERR_ARG naming the
  * argument, the limit and why. The front end (tpk/runtime/op.h) has checked the contract itself. */
-static inline tpk_status tpk__cuda_limit(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v, int64_t max, const char *why) {
+static inline tpk_status tpk__cuda_limit(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v,
+                                         int64_t max, const char *why) {
     if (v <= max) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %lld (%s), got %lld", arg, (long long)max, why, (long long)v);
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %lld (%s), got %lld", arg,
+                     (long long)max, why, (long long)v);
 }
-#define TPK__CUDA_TRY(ctx, fn, call)                                                                    \
-    do {                                                                                           \
-        cudaError_t tpk__cuda_e = (call);                                                              \
-        if (tpk__cuda_e != cudaSuccess) return tpk__cuda_err(ctx, fn, #call, tpk__cuda_e);                     \
+#define TPK__CUDA_TRY(ctx, fn, call)                                                       \
+    do {                                                                                   \
+        cudaError_t tpk__cuda_e = (call);                                                  \
+        if (tpk__cuda_e != cudaSuccess) return tpk__cuda_err(ctx, fn, #call, tpk__cuda_e); \
     } while (0)
 
 /* The state of an op, or return its failure. */
-#define TPK__CUDA_STATE(st, ctx, fn)                                                                    \
-    tpk__cuda_state *st = tpk__cuda_get(ctx, fn);                                                            \
+#define TPK__CUDA_STATE(st, ctx, fn)              \
+    tpk__cuda_state *st = tpk__cuda_get(ctx, fn); \
     if (!st) return TPK_ERR_BACKEND
 
-/* ---- element access ------------------------------------------------------------------------------ */
+/* ---- element access -------------------------------------------------------------------------- */
 
 __device__ __forceinline__ float tpk__ldf(const float *p, size_t i) { return p[i]; }
-__device__ __forceinline__ float tpk__ldf(const tpk__bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float tpk__ldf(const tpk__bf16 *p, size_t i) {
+    return __bfloat162float(p[i]);
+}
 __device__ __forceinline__ void tpk__stf(float *p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void tpk__stf(tpk__bf16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void tpk__stf(tpk__bf16 *p, size_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
 
 /* Call f(T{}) with T = float or bf16: a kernel written once as a template, launched for the
  * dtype at hand (the CUDA counterpart of the host's BY_DTYPE). */
@@ -122,36 +133,43 @@ static inline unsigned tpk__grid_for(size_t n, int block) {
     if (g < 1) g = 1;
     if (g > 65535u * 8u) g = 65535u * 8u;
 #ifdef TPK_EMU
-    g = tpk_emu_grid_cap(g); /* the CPU emulation's TPK_EMU_GRID_CAP: fewer blocks, several trips of each grid-stride loop */
+    g = tpk_emu_grid_cap(g); /* the CPU emulation's TPK_EMU_GRID_CAP: fewer blocks, several trips of
+                                each grid-stride loop */
 #endif
     return (unsigned)g;
 }
-#define TPK__GRID_STRIDE(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+#define TPK__GRID_STRIDE(i, n)                                              \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
+         i += (size_t)gridDim.x * blockDim.x)
 
-/* ---- 16-byte vectors for elementwise kernels --------------------------------------------------------
+/* ---- 16-byte vectors for elementwise kernels ----------------------------------------------------
  * An elementwise kernel written once handles V = 8 consecutive elements per step with 16-byte
  * loads and stores (one for 8 bf16, two for 8 f32) when its launcher found every pointer 16-byte
  * aligned (VEC), else one element per step; tpk__elementwise runs its body over n elements with a
  * grid-stride loop, the last n % 8 elements one by one. */
-template <int V, class T> __device__ __forceinline__ void tpk__ldn(const T *p, size_t i, float *out) {
+template <int V, class T>
+__device__ __forceinline__ void tpk__ldn(const T *p, size_t i, float *out) {
     if constexpr (V == 1) {
         out[0] = tpk__ldf(p, i);
     } else {
         static_assert(V * sizeof(T) % 16 == 0, "whole 16-byte vectors");
         uint4 u[V * sizeof(T) / 16];
-        for (int q = 0; q < (int)(V * sizeof(T) / 16); q++) u[q] = reinterpret_cast<const uint4 *>(p + i)[q];
+        for (int q = 0; q < (int)(V * sizeof(T) / 16); q++)
+            u[q] = reinterpret_cast<const uint4 *>(p + i)[q];
         const T *e = reinterpret_cast<const T *>(u);
         for (int k = 0; k < V; k++) out[k] = tpk__ldf(e, (size_t)k);
     }
 }
-template <int V, class T> __device__ __forceinline__ void tpk__stn(T *p, size_t i, const float *in) {
+template <int V, class T>
+__device__ __forceinline__ void tpk__stn(T *p, size_t i, const float *in) {
     if constexpr (V == 1) {
         tpk__stf(p, i, in[0]);
     } else {
         uint4 u[V * sizeof(T) / 16];
         T *e = reinterpret_cast<T *>(u);
         for (int k = 0; k < V; k++) tpk__stf(e, (size_t)k, in[k]);
-        for (int q = 0; q < (int)(V * sizeof(T) / 16); q++) reinterpret_cast<uint4 *>(p + i)[q] = u[q];
+        for (int q = 0; q < (int)(V * sizeof(T) / 16); q++)
+            reinterpret_cast<uint4 *>(p + i)[q] = u[q];
     }
 }
 enum { TPK__VEC = 8 };
@@ -159,7 +177,8 @@ template <bool VEC, class F> __device__ __forceinline__ void tpk__elementwise(si
     constexpr int V = VEC ? TPK__VEC : 1;
     size_t nv = n / V;
     TPK__GRID_STRIDE(j, nv) body(j * V, std::integral_constant<int, V>{});
-    size_t i = nv * V + blockIdx.x * (size_t)blockDim.x + threadIdx.x; /* the tail: fewer than V elements */
+    size_t i = nv * V + blockIdx.x * (size_t)blockDim.x + threadIdx.x; /* the tail: fewer than V
+                                                                          elements */
     if (VEC && i < n) body(i, std::integral_constant<int, 1>{});
 }
 /* x rounded to T (the value a store to T and a load back give) */
@@ -170,7 +189,8 @@ template <class T> __device__ __forceinline__ float tpk__round(float x) {
 /* 2^x by one MUFU instruction on the GPU: ex2.approx.ftz.f32 (relative error about 2^-22, results
  * below 2^-126 and subnormal x flushed to 0 — a term that cannot move an f32 sum of exponentials
  * with a term of at least 1; 2^-inf = 0); in host code (the CUDA emulation) exp2f with the same
- * flushes. e^x = tpk__ex2(x log2 e). Every kernel's exponential (the attention, the cross-entropy). */
+ * flushes. e^x = tpk__ex2(x log2 e). Every kernel's exponential (the attention, the
+ * cross-entropy). */
 __device__ __forceinline__ float tpk__ex2(float x) {
 #ifdef __CUDA_ARCH__
     float y;
@@ -190,14 +210,16 @@ static inline bool tpk__aligned16(std::initializer_list<const void *> ps) {
     return true;
 }
 /* launch grid of an elementwise kernel over n elements: vectors when vec */
-static inline unsigned tpk__grid_elementwise(size_t n, bool vec) { return tpk__grid_for(vec ? (n + TPK__VEC - 1) / TPK__VEC : n, 256); }
+static inline unsigned tpk__grid_elementwise(size_t n, bool vec) {
+    return tpk__grid_for(vec ? (n + TPK__VEC - 1) / TPK__VEC : n, 256);
+}
 /* Call f(std::bool_constant<vec>) */
 template <class F> static inline void tpk__by_vec(bool vec, F f) {
     if (vec) f(std::true_type{});
     else f(std::false_type{});
 }
 
-/* ---- reductions ------------------------------------------------------------------------------------ */
+/* ---- reductions ------------------------------------------------------------------------------ */
 
 __device__ __forceinline__ float tpk__warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -240,12 +262,12 @@ void tpk__cuda_xent_ops(tpk_ops *o);
 void tpk__cuda_attn_ops(tpk_ops *o);
 
 /* Column sums over row chunks, deterministic (no atomics): part[c][k][j] = sum over rows i of
- * chunk c (crows rows, TPK__COLSUM_ROWS unless given) of f(i, j)[k] (NOUT outputs per element), then
- * out_k[j] (+)= sum_c part[c][k][j] in chunk order. Used by bias_grad and layernorm's dw, db (and
- * to add up the layernorm backward's per-block partials, crows = 64). Launch with grid
+ * chunk c (crows rows, TPK__COLSUM_ROWS unless given) of f(i, j)[k] (NOUT outputs per element),
+ * then out_k[j] (+)= sum_c part[c][k][j] in chunk order. Used by bias_grad and layernorm's dw, db
+ * (and to add up the layernorm backward's per-block partials, crows = 64). Launch with grid
  * (ceil(cols / 32), tpk__colsum_grid_y(chunks)), block (32, 8): gridDim.y is at most 65535, so a
- * block strides over the chunks (rows > 65535 * crows); a chunk's sum does not depend on which block
- * adds it. */
+ * block strides over the chunks (rows > 65535 * crows); a chunk's sum does not depend on which
+ * block adds it. */
 enum { TPK__COLSUM_ROWS = 256 }; /* rows per chunk */
 static inline unsigned tpk__colsum_grid_y(int64_t chunks) {
     size_t g = (size_t)(chunks < 65535 ? chunks : 65535);
@@ -255,7 +277,8 @@ static inline unsigned tpk__colsum_grid_y(int64_t chunks) {
     return (unsigned)g;
 }
 template <int NOUT, class F>
-__global__ void tpk__colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part, int64_t crows = TPK__COLSUM_ROWS) {
+__global__ void tpk__colsum_partial_kernel(F f, int64_t rows, int64_t cols, float *part,
+                                           int64_t crows = TPK__COLSUM_ROWS) {
     __shared__ float sh[NOUT][8][33];
     int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x, chunks = (rows + crows - 1) / crows;
     for (int64_t c = blockIdx.y; c < chunks; c += gridDim.y) { /* uniform over the block */

@@ -9,11 +9,13 @@
 
 #include "common.cuh"
 
-/* ---- embedding ------------------------------------------------------------------------------------ */
+/* ---- embedding ------------------------------------------------------------------------------- */
 
 /* VEC (H a multiple of 8, y or dy and the table 16-byte aligned): a thread takes 8 columns at a
  * time — one 16-byte vector of bf16 (two of f32) and two of the f32 table; otherwise one. */
-static bool embed_vec(int64_t H, std::initializer_list<const void *> ps) { return H % TPK__VEC == 0 && tpk__aligned16(ps); }
+static bool embed_vec(int64_t H, std::initializer_list<const void *> ps) {
+    return H % TPK__VEC == 0 && tpk__aligned16(ps);
+}
 /* threads of a block over a row of H columns: enough for the row's vectors, 32 to 256 */
 static int embed_block(int64_t H, bool vec) {
     int64_t n = vec ? H / TPK__VEC : H, b = (n + 31) / 32 * 32;
@@ -22,7 +24,8 @@ static int embed_block(int64_t H, bool vec) {
 /* y[t] = E[ids[t] - v0] (0 for an id outside the shard; acc: added to y): a block per token row
  * (the blocks stride over the rows), its threads over the row's columns */
 template <class T, bool VEC>
-__global__ void embed_fwd_kernel(T *y, const int32_t *ids, const float *E, int64_t T_, int64_t H, int64_t v0, int64_t vrows, bool acc) {
+__global__ void embed_fwd_kernel(T *y, const int32_t *ids, const float *E, int64_t T_, int64_t H,
+                                 int64_t v0, int64_t vrows, bool acc) {
     constexpr int N = VEC ? TPK__VEC : 1;
     for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
         int64_t row = (int64_t)ids[t] - v0;
@@ -40,8 +43,9 @@ __global__ void embed_fwd_kernel(T *y, const int32_t *ids, const float *E, int64
         }
     }
 }
-static tpk_status cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
-                               int64_t vrows, tpk_dtype dt, bool accumulate) {
+static tpk_status cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table,
+                                 int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt,
+                                 bool accumulate) {
     static const char *fn = "cuda.embed_fwd";
     if (T * H == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
@@ -50,14 +54,16 @@ static tpk_status cuda_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, cons
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
         tpk__by_vec(vec, [&](auto v) {
-            embed_fwd_kernel<Tt, decltype(v)::value><<<grid, embed_block(H, vec), 0, st->stream>>>((Tt *)y, ids, table, T, H, v0, vrows, accumulate);
+            embed_fwd_kernel<Tt, decltype(v)::value><<<grid, embed_block(H, vec), 0, st->stream>>>(
+                (Tt *)y, ids, table, T, H, v0, vrows, accumulate);
         });
     });
     return tpk__cuda_launched(ctx, fn);
 }
 
 /* key[t] = ids[t] - v0 when in range, else vrows (sorts after every row); val[t] = t */
-static __global__ void embed_keys_kernel(uint32_t *key, uint32_t *val, const int32_t *ids, int64_t T, int64_t v0, int64_t vrows) {
+static __global__ void embed_keys_kernel(uint32_t *key, uint32_t *val, const int32_t *ids,
+                                         int64_t T, int64_t v0, int64_t vrows) {
     TPK__GRID_STRIDE(t, (size_t)T) {
         int64_t row = (int64_t)ids[t] - v0;
         key[t] = row >= 0 && row < vrows ? (uint32_t)row : (uint32_t)vrows;
@@ -67,8 +73,8 @@ static __global__ void embed_keys_kernel(uint32_t *key, uint32_t *val, const int
 /* block b starts a run when key[b] differs from key[b-1]; it adds its tokens' rows in token order,
  * each column by one thread (VEC: 8 columns a thread, in 16-byte vectors) */
 template <class T, bool VEC>
-__global__ void embed_bwd_kernel(float *dE, const T *dy, const uint32_t *key, const uint32_t *tok, int64_t T_, int64_t H,
-                                 int64_t vrows) {
+__global__ void embed_bwd_kernel(float *dE, const T *dy, const uint32_t *key, const uint32_t *tok,
+                                 int64_t T_, int64_t H, int64_t vrows) {
     constexpr int N = VEC ? TPK__VEC : 1;
     for (int64_t b = blockIdx.x; b < T_; b += gridDim.x) {
         uint32_t row = key[b];
@@ -87,8 +93,8 @@ __global__ void embed_bwd_kernel(float *dE, const T *dy, const uint32_t *key, co
         }
     }
 }
-static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
-                               int64_t vrows, tpk_dtype dt) {
+static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids,
+                                 int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt) {
     static const char *fn = "cuda.embed_bwd";
     if (T == 0 || H == 0 || vrows == 0) return TPK_OK;
     TPK_TRY(tpk__cuda_limit(ctx, fn, "T", T, INT_MAX, "tokens of one radix sort"));
@@ -97,9 +103,11 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
     int end_bit = 1;
     while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)vrows) end_bit++;
     size_t n = (size_t)T, sort_bytes = 0;
-    cudaError_t e = cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (uint32_t *)NULL, (uint32_t *)NULL, (uint32_t *)NULL,
-                                                    (uint32_t *)NULL, (int)T, 0, end_bit, st->stream);
-    if (e != cudaSuccess) return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs (size query)", e);
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(
+        NULL, sort_bytes, (uint32_t *)NULL, (uint32_t *)NULL, (uint32_t *)NULL, (uint32_t *)NULL,
+        (int)T, 0, end_bit, st->stream);
+    if (e != cudaSuccess) return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs (size "
+                                                        "query)", e);
     size_t keys_bytes = (4 * n * sizeof(uint32_t) + 255) / 256 * 256;
     char *scratch;
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, keys_bytes + sort_bytes, (void **)&scratch));
@@ -107,14 +115,16 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
     embed_keys_kernel<<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(k_in, v_in, ids, T, v0, vrows);
     TPK_TRY(tpk__cuda_launched(ctx, fn));
     /* LSD radix sort is stable: equal rows keep token order */
-    e = cub::DeviceRadixSort::SortPairs(scratch + keys_bytes, sort_bytes, k_in, k_out, v_in, v_out, (int)T, 0, end_bit, st->stream);
+    e = cub::DeviceRadixSort::SortPairs(scratch + keys_bytes, sort_bytes, k_in, k_out, v_in, v_out,
+                                        (int)T, 0, end_bit, st->stream);
     if (e != cudaSuccess) return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs", e);
     unsigned grid = T < 65535 ? (unsigned)T : 65535u;
     bool vec = embed_vec(H, {dtable, dy});
     tpk__by_dtype(dt, [&](auto tag) {
         using Tt = decltype(tag);
         tpk__by_vec(vec, [&](auto v) {
-            embed_bwd_kernel<Tt, decltype(v)::value><<<grid, embed_block(H, vec), 0, st->stream>>>(dtable, (const Tt *)dy, k_out, v_out, T, H, vrows);
+            embed_bwd_kernel<Tt, decltype(v)::value><<<grid, embed_block(H, vec), 0, st->stream>>>(
+                dtable, (const Tt *)dy, k_out, v_out, T, H, vrows);
         });
     });
     return tpk__cuda_launched(ctx, fn);

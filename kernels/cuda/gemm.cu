@@ -1,4 +1,5 @@
-/* kernels/cuda/gemm.cu — the CUDA backend's GEMMs (cuBLASLt) and the fused linear ops (its epilogues).
+/* kernels/cuda/gemm.cu — the CUDA backend's GEMMs (cuBLASLt) and the fused linear ops (its
+ * epilogues).
  *
  *   gemm      C = alpha op(A) op(B) + beta C    cuBLASLt. Row-major C[m, n] is column-major
  *             C^T[n, m] = op(B)^T op(A)^T, so B goes first with the transposes unchanged. The
@@ -10,16 +11,18 @@
  *   linear_fwd      x W^T + bias (+ GELU-tanh keeping the pre-activation) in one cuBLASLt call with
  *                   an epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS)
  *   linear_bwd_act  (dy W) gelu'(pre) and its column sums: the DGELU(_BGRAD) epilogue
- *   without an algorithm for an epilogue: the front end's compositions (tpk__compose_*, tpk/runtime/op.h) */
+ *   without an algorithm for an epilogue: the front end's compositions (tpk__compose_*,
+ *   tpk/runtime/op.h) */
 #include <mutex>
 #include <type_traits>
 
 #include "common.cuh"
 
-/* ---- gemm ---------------------------------------------------------------------------------------------- */
+/* ---- gemm ------------------------------------------------------------------------------------ */
 
 /* C = beta C over [m, n] with leading dimension ldc; beta = 0 writes zeros whatever C held. */
-template <class T> __global__ void scale2d_kernel(T *c, int64_t ldc, int64_t m, int64_t n, float beta) {
+template <class T>
+__global__ void scale2d_kernel(T *c, int64_t ldc, int64_t m, int64_t n, float beta) {
     size_t total = (size_t)m * (size_t)n;
     TPK__GRID_STRIDE(t, total) {
         size_t at = (t / (size_t)n) * (size_t)ldc + t % (size_t)n;
@@ -44,14 +47,19 @@ struct gemm_key {
     int64_t m, n, k, lda, ldb, ldc;
     uint32_t aa, ab, ac;
     int epi;
-    uint32_t abias, aaux; /* the epilogue's vectors' alignment: the heuristic chose for pointers of it */
+    uint32_t abias, aaux; /* the epilogue's vectors' alignment: the heuristic chose for pointers of
+                             it */
     bool operator==(const gemm_key &o) const {
-        return ta == o.ta && tb == o.tb && dt == o.dt && cdt == o.cdt && tf32 == o.tf32 && m == o.m && n == o.n && k == o.k && lda == o.lda &&
-               ldb == o.ldb && ldc == o.ldc && aa == o.aa && ab == o.ab && ac == o.ac && epi == o.epi && abias == o.abias && aaux == o.aaux;
+        return ta == o.ta && tb == o.tb && dt == o.dt && cdt == o.cdt && tf32 == o.tf32 &&
+               m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
+               aa == o.aa && ab == o.ab && ac == o.ac && epi == o.epi && abias == o.abias &&
+               aaux == o.aaux;
     }
 };
 /* whether an epilogue reads or writes the bias vector / the aux matrix */
-static inline bool epi_bias(int epi) { return epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS || epi == EPI_DGELU_BGRAD; }
+static inline bool epi_bias(int epi) {
+    return epi == EPI_BIAS || epi == EPI_GELU_AUX_BIAS || epi == EPI_DGELU_BGRAD;
+}
 static inline bool epi_aux(int epi) { return epi != EPI_NONE && epi != EPI_BIAS; }
 struct gemm_plan {
     gemm_key key;
@@ -77,7 +85,8 @@ static void plan_release(gemm_plan *p) {
 /* The cached plan of a shape, created (descriptors + heuristic) on first use; TPK_ERR_BACKEND
  * (no message) when cuBLASLt has no algorithm for it. The epilogue's bias and aux pointers are set
  * before the heuristic runs (it reads their alignment), and their alignment is part of the key. */
-static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const void *bias, const void *aux, gemm_plan **out) {
+static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const void *bias,
+                                const void *aux, gemm_plan **out) {
     for (int i = 0; i < GEMM_CACHE; i++)
         if (g_plans[i].used && g_plans[i].key == key) {
             *out = &g_plans[i];
@@ -87,15 +96,20 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
     g_plan_next = (g_plan_next + 1) % GEMM_CACHE;
     plan_release(p);
     p->key = key;
-    cudaDataType_t ty = key.dt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF, tc = key.cdt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF;
-    cublasComputeType_t ct = key.dt == TPK_F32 && key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cudaDataType_t ty = key.dt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF,
+                   tc = key.cdt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasComputeType_t ct =
+        key.dt == TPK_F32 && key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     /* column-major view: first operand = B's storage [tb ? k : n, tb ? n : k] ld ldb with op tb,
      * second = A's storage [ta ? m : k, ta ? k : m] ld lda with op ta, result [n, m] ld ldc */
-    cublasOperation_t opa = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opa = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      opb = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasStatus_t s = cublasLtMatmulDescCreate(&p->op, ct, CUDA_R_32F);
     bool made_op = s == CUBLAS_STATUS_SUCCESS, made_a = false, made_b = false, made_c = false;
-    if (made_op) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (made_op)
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
     if (s == CUBLAS_STATUS_SUCCESS && key.epi != EPI_NONE) {
         /* the result is column-major [n, m]: its rows are our output features, so the bias
          * (one value per row of D) is per feature; the aux (pre-activation) has D's shape */
@@ -107,19 +121,27 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
         s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e);
         if (s == CUBLAS_STATUS_SUCCESS && epi_aux(key.epi)) {
             int64_t ld = key.ldc;
-            s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
-            if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+            s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                               sizeof ld);
+            if (s == CUBLAS_STATUS_SUCCESS)
+                s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                   &aux, sizeof aux);
         }
         if (s == CUBLAS_STATUS_SUCCESS && epi_bias(key.epi))
-            s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+            s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof bias);
     }
     if (s == CUBLAS_STATUS_SUCCESS)
-        made_a = (s = cublasLtMatrixLayoutCreate(&p->la, ty, key.tb ? key.k : key.n, key.tb ? key.n : key.k, key.ldb)) ==
+        made_a = (s = cublasLtMatrixLayoutCreate(&p->la, ty, key.tb ? key.k : key.n,
+                                                 key.tb ? key.n : key.k, key.ldb)) ==
                  CUBLAS_STATUS_SUCCESS;
     if (s == CUBLAS_STATUS_SUCCESS)
-        made_b = (s = cublasLtMatrixLayoutCreate(&p->lb, ty, key.ta ? key.m : key.k, key.ta ? key.k : key.m, key.lda)) ==
+        made_b = (s = cublasLtMatrixLayoutCreate(&p->lb, ty, key.ta ? key.m : key.k,
+                                                 key.ta ? key.k : key.m, key.lda)) ==
                  CUBLAS_STATUS_SUCCESS;
-    if (s == CUBLAS_STATUS_SUCCESS) made_c = (s = cublasLtMatrixLayoutCreate(&p->lc, tc, key.n, key.m, key.ldc)) == CUBLAS_STATUS_SUCCESS;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        made_c = (s = cublasLtMatrixLayoutCreate(&p->lc, tc, key.n, key.m, key.ldc)) ==
+                 CUBLAS_STATUS_SUCCESS;
     int found = 0;
     cublasLtMatmulHeuristicResult_t res = {};
     if (s == CUBLAS_STATUS_SUCCESS) {
@@ -127,13 +149,19 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
         s = cublasLtMatmulPreferenceCreate(&pref);
         if (s == CUBLAS_STATUS_SUCCESS) {
             uint64_t ws = st->lt_ws_bytes;
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &ws, sizeof ws);
             /* A and B in cuBLASLt's order are our B and A */
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.ab, sizeof key.ab);
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.aa, sizeof key.aa);
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.ac, sizeof key.ac);
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.ac, sizeof key.ac);
-            s = cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                 &key.ab, sizeof key.ab);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                 &key.aa, sizeof key.aa);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                 &key.ac, sizeof key.ac);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                 &key.ac, sizeof key.ac);
+            s = cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                               &res, &found);
             cublasLtMatmulPreferenceDestroy(pref);
         }
     }
@@ -155,17 +183,20 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
  * beta = 0 does not read C. A, B of type T, C of type TC (T, or float: gemm_acc). */
 enum { FB_TILE = 16 };
 template <class T, class TC>
-__global__ void gemm_fallback_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const T *a, int64_t lda, const T *b,
-                                     int64_t ldb, float beta, TC *c, int64_t ldc) {
+__global__ void gemm_fallback_kernel(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                                     const T *a, int64_t lda, const T *b, int64_t ldb, float beta,
+                                     TC *c, int64_t ldc) {
     __shared__ float As[FB_TILE][FB_TILE + 1], Bs[FB_TILE][FB_TILE + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
     int64_t row = (int64_t)blockIdx.y * FB_TILE + ty, col = (int64_t)blockIdx.x * FB_TILE + tx;
     float acc = 0.0f;
     for (int64_t k0 = 0; k0 < k; k0 += FB_TILE) {
         int64_t ar = (int64_t)blockIdx.y * FB_TILE + ty, ak = k0 + tx; /* op(A)[ar, ak] */
-        As[ty][tx] = ar < m && ak < k ? tpk__ldf(a, (size_t)(ta ? ak * lda + ar : ar * lda + ak)) : 0.0f;
+        As[ty][tx] =
+            ar < m && ak < k ? tpk__ldf(a, (size_t)(ta ? ak * lda + ar : ar * lda + ak)) : 0.0f;
         int64_t bk = k0 + ty, bc = (int64_t)blockIdx.x * FB_TILE + tx; /* op(B)[bk, bc] */
-        Bs[ty][tx] = bk < k && bc < n ? tpk__ldf(b, (size_t)(tb ? bc * ldb + bk : bk * ldb + bc)) : 0.0f;
+        Bs[ty][tx] =
+            bk < k && bc < n ? tpk__ldf(b, (size_t)(tb ? bc * ldb + bk : bk * ldb + bc)) : 0.0f;
         __syncthreads();
         for (int q = 0; q < FB_TILE; q++) acc += As[ty][q] * Bs[q][tx];
         __syncthreads();
@@ -175,18 +206,21 @@ __global__ void gemm_fallback_kernel(bool ta, bool tb, int64_t m, int64_t n, int
         tpk__stf(c, at, beta == 0.0f ? alpha * acc : alpha * acc + beta * tpk__ldf(c, at));
     }
 }
-static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                                float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
-                                tpk_dtype dt, tpk_dtype cdt) {
+static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb,
+                                int64_t m, int64_t n, int64_t k, float alpha, const void *a,
+                                int64_t lda, const void *b, int64_t ldb, float beta, void *c,
+                                int64_t ldc, tpk_dtype dt, tpk_dtype cdt) {
     if ((m + FB_TILE - 1) / FB_TILE > 65535)
-        return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cuBLASLt has no algorithm and m = %lld is too large for the fallback", (long long)m);
-    dim3 grid((unsigned)((n + FB_TILE - 1) / FB_TILE), (unsigned)((m + FB_TILE - 1) / FB_TILE)), block(FB_TILE, FB_TILE);
+        return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cuBLASLt has no algorithm and m = %lld is too "
+                                                   "large for the fallback", (long long)m);
+    dim3 grid((unsigned)((n + FB_TILE - 1) / FB_TILE), (unsigned)((m + FB_TILE - 1) / FB_TILE)),
+        block(FB_TILE, FB_TILE);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         auto launch = [&](auto ctag) { /* C of type T, or f32 */
             using TC = decltype(ctag);
-            gemm_fallback_kernel<T, TC><<<grid, block, 0, st->stream>>>(ta, tb, m, n, k, alpha, (const T *)a, lda, (const T *)b, ldb, beta,
-                                                                        (TC *)c, ldc);
+            gemm_fallback_kernel<T, TC><<<grid, block, 0, st->stream>>>(
+                ta, tb, m, n, k, alpha, (const T *)a, lda, (const T *)b, ldb, beta, (TC *)c, ldc);
         };
         if (cdt == TPK_F32) launch(float{});
         else launch(T{});
@@ -198,34 +232,60 @@ static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, tpk__cuda_state *s
  * (the tiled kernel where it has no algorithm). With an epilogue (epi != EPI_NONE, linear_fwd
  * only): bias and aux pointers set per call; TPK_ERR_UNSUPPORTED without a message when cuBLASLt
  * has no fused algorithm (the caller composes the pieces instead). */
-static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                           float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
-                           tpk_dtype dt, tpk_dtype cdt, int epi = EPI_NONE, const void *bias = NULL, void *aux = NULL) {
-    gemm_key key = {ta, tb, (int)dt, (int)cdt, dt == TPK_F32 && tpk__cuda_tf32(), m, n, k, lda, ldb, ldc, ptr_align(a), ptr_align(b), ptr_align(c), epi,
-                    epi_bias(epi) ? ptr_align(bias) : 0, epi_aux(epi) ? ptr_align(aux) : 0};
-    /* an epilogue's vectors at less than 16 bytes: cuBLASLt's epilogue kernels load them 16 bytes at
-     * a time (a parameter's bias at an unaligned offset) — the caller composes instead */
-    if ((epi_bias(epi) && key.abias < 16) || (epi_aux(epi) && key.aaux < 16)) return TPK_ERR_UNSUPPORTED;
+static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool ta, bool tb,
+                           int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
+                           const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                           tpk_dtype dt, tpk_dtype cdt, int epi = EPI_NONE, const void *bias = NULL,
+                           void *aux = NULL) {
+    gemm_key key = {ta,
+                    tb,
+                    (int)dt,
+                    (int)cdt,
+                    dt == TPK_F32 && tpk__cuda_tf32(),
+                    m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldc,
+                    ptr_align(a),
+                    ptr_align(b),
+                    ptr_align(c),
+                    epi,
+                    epi_bias(epi) ? ptr_align(bias) : 0,
+                    epi_aux(epi) ? ptr_align(aux) : 0};
+    /* an epilogue's vectors at less than 16 bytes: cuBLASLt's epilogue kernels load them 16 bytes
+     * at a time (a parameter's bias at an unaligned offset) — the caller composes instead */
+    if ((epi_bias(epi) && key.abias < 16) || (epi_aux(epi) && key.aaux < 16))
+        return TPK_ERR_UNSUPPORTED;
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     gemm_plan *p = NULL;
     if (gemm_plan_get(st, key, bias, aux, &p) != TPK_OK) { /* no cuBLASLt algorithm */
         if (epi != EPI_NONE) return TPK_ERR_UNSUPPORTED;
-        return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, cdt); /* the tiled kernel */
+        return gemm_fallback(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt,
+                             cdt); /* the tiled kernel */
     }
     cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
     if (epi_bias(epi)) /* DGELU_BGRAD writes the bias gradient there */
-        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof bias);
     if (s == CUBLAS_STATUS_SUCCESS && epi_aux(epi))
-        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                           sizeof aux);
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc, &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream);
-    if (s != CUBLAS_STATUS_SUCCESS) return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cublasLtMatmul: %s", cublasLtGetStatusString(s));
+        s = cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
+                           &p->algo, st->lt_ws, st->lt_ws_bytes, st->stream);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cublasLtMatmul: %s",
+                         cublasLtGetStatusString(s));
     return TPK_OK;
 }
 
 /* gemm (cdt = dt) and gemm_acc (cdt = f32): one path */
-static tpk_status gemm_any(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                           int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt, tpk_dtype cdt) {
+static tpk_status gemm_any(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n,
+                           int64_t k, float alpha, const void *a, int64_t lda, const void *b,
+                           int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt,
+                           tpk_dtype cdt) {
     if (m == 0 || n == 0) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     if (k == 0 || alpha == 0.0f) { /* no product: C = beta C (and no reads of A, B) */
@@ -233,43 +293,53 @@ static tpk_status gemm_any(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64
         size_t total = (size_t)m * (size_t)n;
         tpk__by_dtype(cdt, [&](auto tag) {
             using T = decltype(tag);
-            scale2d_kernel<T><<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)c, ldc, m, n, beta);
+            scale2d_kernel<T>
+                <<<tpk__grid_for(total, 256), 256, 0, st->stream>>>((T *)c, ldc, m, n, beta);
         });
         return tpk__cuda_launched(ctx, fn);
     }
     return gemm_run(ctx, fn, st, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, cdt);
 }
-static tpk_status cuda_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                            const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
+static tpk_status cuda_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            float beta, void *c, int64_t ldc, tpk_dtype dt) {
     return gemm_any(ctx, "cuda.gemm", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, dt);
 }
-static tpk_status cuda_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                                const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
-    return gemm_any(ctx, "cuda.gemm_acc", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, TPK_F32);
+static tpk_status cuda_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc, tpk_dtype dt) {
+    return gemm_any(ctx, "cuda.gemm_acc", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt,
+                    TPK_F32);
 }
 
-extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
-                                          const void *b, void *c, tpk_dtype dt) {
+extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n,
+                                          int64_t k, const void *a, const void *b, void *c,
+                                          tpk_dtype dt) {
     static const char *fn = "tpk_cuda_plain_gemm";
     TPK__CUDA_STATE(st, ctx, fn);
-    return gemm_run(ctx, fn, st, ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f, c, n, dt, dt);
+    return gemm_run(ctx, fn, st, ta, tb, m, n, k, 1.0f, a, ta ? m : k, b, tb ? k : n, 0.0f, c, n,
+                    dt, dt);
 }
 
 
-/* ---- fused linear forward ---------------------------------------------------------------------------------- */
+/* ---- fused linear forward -------------------------------------------------------------------- */
 
-/* u = x W^T + bias, y = u or (pre = u, y = act(u)): one cuBLASLt call with the BIAS / GELU_AUX(_BIAS)
- * epilogue; where cuBLASLt has no fused algorithm (or the activation has no epilogue), the front
- * end's composition (tpk__compose_linear_fwd, tpk/runtime/op.h: gemm + bias_add + act_fwd through this
- * table; the same result). */
-static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
-                                  int64_t k, tpk_act act, tpk_dtype dt) {
+/* u = x W^T + bias, y = u or (pre = u, y = act(u)): one cuBLASLt call with the BIAS /
+ * GELU_AUX(_BIAS) epilogue; where cuBLASLt has no fused algorithm (or the activation has no
+ * epilogue), the front end's composition (tpk__compose_linear_fwd, tpk/runtime/op.h: gemm +
+ * bias_add + act_fwd through this table; the same result). */
+static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w,
+                                  const void *bias, int64_t T, int64_t n, int64_t k, tpk_act act,
+                                  tpk_dtype dt) {
     static const char *fn = "cuda.linear_fwd";
     TPK__CUDA_STATE(st, ctx, fn);
     bool gelu = act == TPK_ACT_GELU_TANH;
-    int epi = gelu ? (bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX) : act == TPK_ACT_NONE && bias ? EPI_BIAS : EPI_NONE;
+    int epi = gelu                          ? (bias ? EPI_GELU_AUX_BIAS : EPI_GELU_AUX)
+              : act == TPK_ACT_NONE && bias ? EPI_BIAS
+                                            : EPI_NONE;
     if (k > 0 && epi != EPI_NONE) {
-        tpk_status s = gemm_run(ctx, fn, st, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt, dt, epi, bias, pre);
+        tpk_status s = gemm_run(ctx, fn, st, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, y, n, dt,
+                                dt, epi, bias, pre);
         if (s != TPK_ERR_UNSUPPORTED) return s;
     }
     return tpk__compose_linear_fwd(ctx, y, pre, x, w, bias, T, n, k, act, dt);
@@ -280,13 +350,15 @@ static tpk_status cuda_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *
  * is cuBLASLt's column-major [n, T]; the bias gradient, one value per row of D, is per feature);
  * where cuBLASLt has no fused algorithm (or the activation has no epilogue), the front end's
  * composition (tpk__compose_linear_bwd_act: gemm + act_bwd + bias_grad; the same result). */
-static tpk_status cuda_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
+static tpk_status cuda_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy,
+                                      const void *w, const void *pre, int64_t T, int64_t n,
                                       int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "cuda.linear_bwd_act";
     TPK__CUDA_STATE(st, ctx, fn);
     if (k > 0 && act == TPK_ACT_GELU_TANH) {
-        tpk_status s = gemm_run(ctx, fn, st, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt, dt, db ? EPI_DGELU_BGRAD : EPI_DGELU, db,
-                                const_cast<void *>(pre));
+        tpk_status s =
+            gemm_run(ctx, fn, st, false, false, T, n, k, 1.0f, dy, k, w, n, 0.0f, du, n, dt, dt,
+                     db ? EPI_DGELU_BGRAD : EPI_DGELU, db, const_cast<void *>(pre));
         if (s != TPK_ERR_UNSUPPORTED) return s;
     }
     return tpk__compose_linear_bwd_act(ctx, du, db, dy, w, pre, T, n, k, act, dt);

@@ -1,21 +1,21 @@
 /* kernels/cuda/norm.cu — the CUDA backend's layernorm and RMSNorm.
  *
  *   layernorm  y = (x - mean) rstd w + b, rstd = 1/sqrt(var + eps), the variance around the mean;
- *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w; dw += sum_i dy xh, db += sum_i dy.
- *              Rows of a multiple of 8 up to 4096, 16-byte aligned: a team of 1, 2 or 4 warps holds
- *              a row in registers (16-byte loads, read once; the mean, then the variance from the
- *              registers); the backward's team also adds the row's (dy xh, dy) into its threads'
- *              column partials in registers, per chunk of 12 rows (a block), and the chunks'
- *              partials are summed in parallel in a fixed order (column-sum kernel, then a final
- *              pass). Other rows: one warp per row re-reading the row from the cache, dw and db by
- *              the column-sum kernels
+ *              dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w; dw += sum_i dy xh, db += sum_i
+ *              dy. Rows of a multiple of 8 up to 4096, 16-byte aligned: a team of 1, 2 or 4 warps
+ *              holds a row in registers (16-byte loads, read once; the mean, then the variance from
+ *              the registers); the backward's team also adds the row's (dy xh, dy) into its
+ *              threads' column partials in registers, per chunk of 12 rows (a block), and the
+ *              chunks' partials are summed in parallel in a fixed order (column-sum kernel, then a
+ *              final pass). Other rows: one warp per row re-reading the row from the cache, dw and
+ *              db by the column-sum kernels
  *   rmsnorm    the same kernels with the template parameter RMS: the mean taken as 0 (not
  *              computed, saved or read), no bias (db untouched), dx = rstd (g - xh mean(g xh)) */
 #include <type_traits>
 
 #include "common.cuh"
 
-/* ---- layernorm, RMSNorm ------------------------------------------------------------------------------ */
+/* ---- layernorm, RMSNorm ---------------------------------------------------------------------- */
 
 /* One set of kernels for both norms: RMS (RMSNorm) takes the mean as 0 (neither computed, nor
  * saved, nor read), has no bias (b, db untouched) and drops the mean(g) term of dx — the host's
@@ -74,8 +74,9 @@ __device__ __forceinline__ void ln_ld8f(const float *p, float *v) {
  * row kept rounded to T, as the host stores and reads it back. Block LN_WARPS warps, LN_WARPS / tw
  * rows. */
 template <class T, bool RMS, int NV>
-__global__ void __launch_bounds__(32 * LN_WARPS) ln_fwd_vec_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b,
-                                                                  int64_t rows, int cols, float eps, T *x1, const T *r, int tw) {
+__global__ void __launch_bounds__(32 * LN_WARPS)
+    ln_fwd_vec_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b,
+                      int64_t rows, int cols, float eps, T *x1, const T *r, int tw) {
     __shared__ float sh[2][LN_WARPS];
     int nt = 32 * tw, q = threadIdx.x / nt, u = threadIdx.x - q * nt;
     int64_t i = (int64_t)blockIdx.x * (LN_WARPS / tw) + q;
@@ -119,14 +120,16 @@ __global__ void __launch_bounds__(32 * LN_WARPS) ln_fwd_vec_kernel(T *y, float *
  * as the host), then y; with r, x1 = x + r is written first and each lane reads back only what it
  * wrote. */
 template <class T, bool RMS>
-__global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const float *w, const float *b, int64_t rows, int64_t cols,
-                              float eps, T *x1, const T *r) {
+__global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const float *w,
+                              const float *b, int64_t rows, int64_t cols, float eps, T *x1,
+                              const T *r) {
     int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (i >= rows) return;
     size_t o = (size_t)i * (size_t)cols;
     if (r) {
-        for (int64_t j = lane; j < cols; j += 32) tpk__stf(x1, o + j, tpk__ldf(x, o + j) + tpk__ldf(r, o + j));
+        for (int64_t j = lane; j < cols; j += 32)
+            tpk__stf(x1, o + j, tpk__ldf(x, o + j) + tpk__ldf(r, o + j));
         x = x1;
     }
     float m = 0.0f, s2 = 0.0f;
@@ -140,18 +143,24 @@ __global__ void ln_fwd_kernel(T *y, float *mean, float *rstd, const T *x, const 
         s2 += d * d;
     }
     float rs = rsqrtf(tpk__warp_sum(s2) / (float)cols + eps);
-    for (int64_t j = lane; j < cols; j += 32) tpk__stf(y, o + j, (tpk__ldf(x, o + j) - m) * rs * w[j] + (RMS ? 0.0f : b[j]));
+    for (int64_t j = lane; j < cols; j += 32)
+        tpk__stf(y, o + j, (tpk__ldf(x, o + j) - m) * rs * w[j] + (RMS ? 0.0f : b[j]));
     if (lane == 0) {
         if (!RMS) mean[i] = m;
         rstd[i] = rs;
     }
 }
-static bool ln_vec(int64_t cols, std::initializer_list<const void *> ps) { return cols % 8 == 0 && cols <= LN_VEC_COLS && tpk__aligned16(ps); }
-static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const void *r, void *y, float *mean, float *rstd, const void *x,
-                                const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt, bool rms) {
+static bool ln_vec(int64_t cols, std::initializer_list<const void *> ps) {
+    return cols % 8 == 0 && cols <= LN_VEC_COLS && tpk__aligned16(ps);
+}
+static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const void *r, void *y,
+                                float *mean, float *rstd, const void *x, const float *w,
+                                const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt,
+                                bool rms) {
     bool any = rows > 0;
     if (!any) return TPK_OK;
-    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX, "grid: up to LN_WARPS rows a block"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX, "grid: up to LN_WARPS rows a "
+                                                                     "block"));
     TPK__CUDA_STATE(st, ctx, fn);
     bool vec = ln_vec(cols, {x1, r, y, x, w, b});
     ln_team tm = ln_team_for(cols);
@@ -161,31 +170,39 @@ static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const vo
         using T = decltype(tag);
         if (!vec) {
             auto kernel = rms ? ln_fwd_kernel<T, true> : ln_fwd_kernel<T, false>;
-            kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, cols, eps, (T *)x1, (const T *)r);
+            kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b,
+                                                           rows, cols, eps, (T *)x1, (const T *)r);
             return;
         }
         ln_by_nv(tm.nv, [&](auto nv) {
             constexpr int NV = decltype(nv)::value;
             auto kernel = rms ? ln_fwd_vec_kernel<T, true, NV> : ln_fwd_vec_kernel<T, false, NV>;
-            kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b, rows, (int)cols, eps, (T *)x1, (const T *)r,
-                                                          tm.tw);
+            kernel<<<grid, 32 * LN_WARPS, 0, st->stream>>>((T *)y, mean, rstd, (const T *)x, w, b,
+                                                           rows, (int)cols, eps, (T *)x1,
+                                                           (const T *)r, tm.tw);
         });
     });
     return tpk__cuda_launched(ctx, fn);
 }
-static tpk_status cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
-                                   int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    return ln_fwd_launch(ctx, "cuda.layernorm_fwd", NULL, NULL, y, mean, rstd, x, w, b, rows, cols, eps, dt, false);
+static tpk_status cuda_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x,
+                                     const float *w, const float *b, int64_t rows, int64_t cols,
+                                     float eps, tpk_dtype dt) {
+    return ln_fwd_launch(ctx, "cuda.layernorm_fwd", NULL, NULL, y, mean, rstd, x, w, b, rows, cols,
+                         eps, dt, false);
 }
 /* x1 = x + r and the layernorm of x1 in one kernel (one read of x and r, no separate add pass) */
-static tpk_status cuda_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
-                                            const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+static tpk_status cuda_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean,
+                                              float *rstd, const void *x, const void *r,
+                                              const float *w, const float *b, int64_t rows,
+                                              int64_t cols, float eps, tpk_dtype dt) {
     static const char *fn = "cuda.residual_layernorm_fwd";
     return ln_fwd_launch(ctx, fn, x1, r, y, mean, rstd, x, w, b, rows, cols, eps, dt, false);
 }
-static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
+static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x,
+                                   const float *w, int64_t rows, int64_t cols, float eps,
                                    tpk_dtype dt) {
-    return ln_fwd_launch(ctx, "cuda.rmsnorm_fwd", NULL, NULL, y, NULL, rstd, x, w, NULL, rows, cols, eps, dt, true);
+    return ln_fwd_launch(ctx, "cuda.rmsnorm_fwd", NULL, NULL, y, NULL, rstd, x, w, NULL, rows, cols,
+                         eps, dt, true);
 }
 
 /* Backward, the register kernel: block c (LN_WARPS warps, teams of tw) takes the LN_BWD_ROWS rows
@@ -198,8 +215,10 @@ static tpk_status cuda_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const voi
  * 2.6 waves on an H100 at H = 768 (bench/RESULTS.md has the figures from ptxas). */
 enum { LN_BWD_ROWS = 12, LN_GROUP = 64 /* chunks a column-sum block adds */ };
 template <class T, bool RMS, int NV>
-__global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float *part, const T *dy, const T *x, const float *w, const float *mean,
-                                                                  const float *rstd, int64_t rows, int cols, bool acc, int tw) {
+__global__ void __launch_bounds__(32 * LN_WARPS)
+    ln_bwd_vec_kernel(T *dx, float *part, const T *dy, const T *x, const float *w,
+                      const float *mean, const float *rstd, int64_t rows, int cols, bool acc,
+                      int tw) {
     extern __shared__ float ln_sm[]; /* [LN_WARPS / tw - 1][NO][cols]: the partials of teams 1.. */
     constexpr int NO = RMS ? 1 : 2;      /* partials a column: dw (, db) */
     __shared__ float sh[2][2][LN_WARPS]; /* the row sums, by row parity: one barrier a row */
@@ -209,12 +228,14 @@ __global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float 
     for (int k = 0; k < NV; k++)
         for (int e = 0; e < 8; e++) pw[k][e] = pb[k][e] = 0.0f;
     int64_t r0 = (int64_t)blockIdx.x * LN_BWD_ROWS;
-    for (int n = 0; n < (LN_BWD_ROWS + teams - 1) / teams; n++) { /* the same trips in every team: the barriers */
+    for (int n = 0; n < (LN_BWD_ROWS + teams - 1) / teams; n++) { /* the same trips in every team:
+                                                                     the barriers */
         int64_t i = r0 + (int64_t)n * teams + q;
         bool live = n * teams + q < LN_BWD_ROWS && i < rows;
         size_t o = (size_t)(live ? i : 0) * (size_t)cols;
         float mu = live && !RMS ? mean[i] : 0.0f, rs = live ? rstd[i] : 0.0f, mg = 0.0f, mgx = 0.0f;
-        uint4 dyr[NV][W], xr[NV][W]; /* the row's dy and x as loaded, all loads issued before the sums */
+        uint4 dyr[NV][W], xr[NV][W]; /* the row's dy and x as loaded, all loads issued before the
+                                        sums */
         for (int k = 0; k < NV; k++) {
             int c = (k * nt + u) * 8;
             for (int h = 0; h < W; h++) dyr[k][h] = xr[k][h] = make_uint4(0, 0, 0, 0);
@@ -240,7 +261,8 @@ __global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float 
         }
         mg = RMS ? 0.0f : ln_team_sum(mg, sh[n & 1][0], tw) / (float)cols;
         mgx = ln_team_sum(mgx, sh[n & 1][1], tw) / (float)cols;
-        /* dx = rs (g w - mg - xh mgx) = (rs w) g + (x - mu) kx + k0: four instructions an element */
+        /* dx = rs (g w - mg - xh mgx) = (rs w) g + (x - mu) kx + k0: four instructions an
+         * element */
         float kx = -rs * rs * mgx, k0 = -rs * mg;
         for (int k = 0; k < NV; k++) {
             int c = (k * nt + u) * 8;
@@ -287,11 +309,15 @@ __global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float 
         for (int k = 0; k < NV; k++) {
             int c = (k * nt + u) * 8;
             if (c >= cols) continue;
-            reinterpret_cast<float4 *>(pc + c)[0] = make_float4(pw[k][0], pw[k][1], pw[k][2], pw[k][3]);
-            reinterpret_cast<float4 *>(pc + c)[1] = make_float4(pw[k][4], pw[k][5], pw[k][6], pw[k][7]);
+            reinterpret_cast<float4 *>(pc + c)[0] =
+                make_float4(pw[k][0], pw[k][1], pw[k][2], pw[k][3]);
+            reinterpret_cast<float4 *>(pc + c)[1] =
+                make_float4(pw[k][4], pw[k][5], pw[k][6], pw[k][7]);
             if (!RMS) {
-                reinterpret_cast<float4 *>(pc + cols + c)[0] = make_float4(pb[k][0], pb[k][1], pb[k][2], pb[k][3]);
-                reinterpret_cast<float4 *>(pc + cols + c)[1] = make_float4(pb[k][4], pb[k][5], pb[k][6], pb[k][7]);
+                reinterpret_cast<float4 *>(pc + cols + c)[0] =
+                    make_float4(pb[k][0], pb[k][1], pb[k][2], pb[k][3]);
+                reinterpret_cast<float4 *>(pc + cols + c)[1] =
+                    make_float4(pb[k][4], pb[k][5], pb[k][6], pb[k][7]);
             }
         }
     }
@@ -300,8 +326,8 @@ __global__ void __launch_bounds__(32 * LN_WARPS) ln_bwd_vec_kernel(T *dx, float 
 /* dx of row i by one warp (any row: the row's second read comes from the cache; dy is read before
  * dx is written) */
 template <class T, bool RMS>
-__global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w, const float *mean, const float *rstd, int64_t rows,
-                                 int64_t cols, bool acc) {
+__global__ void ln_bwd_dx_kernel(T *dx, const T *dy, const T *x, const float *w, const float *mean,
+                                 const float *rstd, int64_t rows, int64_t cols, bool acc) {
     int64_t i = (int64_t)blockIdx.x * LN_WARPS + (threadIdx.x >> 5);
     if (i >= rows) return;
     int lane = threadIdx.x & 31;
@@ -335,89 +361,118 @@ template <class T, bool RMS> struct ln_wb_elem {
 struct ln_part_elem {
     const float *part;
     int64_t n;
-    __device__ void operator()(int64_t c, int64_t j, float *v) const { v[0] = part[(size_t)c * (size_t)n + (size_t)j]; }
+    __device__ void operator()(int64_t c, int64_t j, float *v) const {
+        v[0] = part[(size_t)c * (size_t)n + (size_t)j];
+    }
 };
 /* dw[j] += sum over the chunks c of part[c][0][j] (part [chunks][nout][cols]), db[j] likewise of
  * part[c][1][j] (not with RMS): a warp per sum, its lanes over the chunks, then a fixed butterfly
  * (deterministic) — every sum at once, where a thread per column adding the chunks one after
  * another waited for each load */
-template <bool RMS> __global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks, int64_t cols, int nout) {
+template <bool RMS>
+__global__ void ln_wb_final_kernel(float *dw, float *db, const float *part, int64_t chunks,
+                                   int64_t cols, int nout) {
     int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
     int64_t nsum = (RMS ? 1 : 2) * cols;
-    for (int64_t q = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); q < nsum; q += (int64_t)gridDim.x * wpb) { /* uniform over the warp */
+    for (int64_t q = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); q < nsum;
+         q += (int64_t)gridDim.x * wpb) { /* uniform over the warp */
         int k = (int)(q / cols);
         int64_t j = q - k * cols;
         float s = 0.0f;
-        for (int64_t c = lane; c < chunks; c += 32) s += part[((size_t)c * nout + k) * (size_t)cols + (size_t)j];
+        for (int64_t c = lane; c < chunks; c += 32)
+            s += part[((size_t)c * nout + k) * (size_t)cols + (size_t)j];
         s = tpk__warp_sum(s);
         if (lane == 0) (k ? db : dw)[j] += s;
     }
 }
 /* the final kernel's grid: a warp per column sum, 8 warps a block */
-static unsigned ln_final_grid(int64_t cols, bool rms) { return tpk__grid_for((size_t)((rms ? 1 : 2) * cols), 8); }
+static unsigned ln_final_grid(int64_t cols, bool rms) {
+    return tpk__grid_for((size_t)((rms ? 1 : 2) * cols), 8);
+}
 
-/* VEC: the register kernel (part [chunks][nout][cols], chunks of LN_BWD_ROWS), then its partials as a
- * [chunks, nout cols] matrix summed by tpk__colsum_partial_kernel over groups of LN_GROUP chunks (a
- * block per 32 columns and group: 1056 blocks at GPT-2 124M's 16384 rows) into
- * part2 [groups][nout][cols], and ln_wb_final_kernel adds the groups, a warp per column sum. Otherwise dw, db by the column-sum kernels over
- * (dy xh, dy) and dx by ln_bwd_dx_kernel. Both orders are fixed by the shape: deterministic. */
-static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
-                                const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx, bool rms) {
+/* VEC: the register kernel (part [chunks][nout][cols], chunks of LN_BWD_ROWS), then its partials as
+ * a [chunks, nout cols] matrix summed by tpk__colsum_partial_kernel over groups of LN_GROUP chunks
+ * (a block per 32 columns and group: 1056 blocks at GPT-2 124M's 16384 rows) into
+ * part2 [groups][nout][cols], and ln_wb_final_kernel adds the groups, a warp per column sum.
+ * Otherwise dw, db by the column-sum kernels over (dy xh, dy) and dx by ln_bwd_dx_kernel. Both
+ * orders are fixed by the shape: deterministic. */
+static tpk_status ln_bwd_launch(tpk_ctx *ctx, const char *fn, void *dx, float *dw, float *db,
+                                const void *dy, const void *x, const float *w, const float *mean,
+                                const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
+                                bool accumulate_dx, bool rms) {
     bool any = rows > 0;
     if (!any) return TPK_OK;
-    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS, "grid: one warp per row"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX * LN_WARPS,
+                            "grid: one warp per row"));
     TPK__CUDA_STATE(st, ctx, fn);
     auto final_kernel = rms ? ln_wb_final_kernel<true> : ln_wb_final_kernel<false>;
     if (ln_vec(cols, {dx, dy, x, w})) {
         ln_team tm = ln_team_for(cols);
         int nout = rms ? 1 : 2; /* partials a column: dw (, db) */
-        int64_t chunks = (rows + LN_BWD_ROWS - 1) / LN_BWD_ROWS, groups = (chunks + LN_GROUP - 1) / LN_GROUP;
-        size_t part_bytes = (sizeof(float) * (size_t)nout * (size_t)(chunks * cols) + 255) / 256 * 256;
+        int64_t chunks = (rows + LN_BWD_ROWS - 1) / LN_BWD_ROWS,
+                groups = (chunks + LN_GROUP - 1) / LN_GROUP;
+        size_t part_bytes =
+            (sizeof(float) * (size_t)nout * (size_t)(chunks * cols) + 255) / 256 * 256;
         float *part;
-        TPK_TRY(tpk__cuda_scratch(ctx, fn, st, part_bytes + sizeof(float) * (size_t)nout * (size_t)(groups * cols), (void **)&part));
+        TPK_TRY(tpk__cuda_scratch(
+            ctx, fn, st, part_bytes + sizeof(float) * (size_t)nout * (size_t)(groups * cols),
+            (void **)&part));
         float *part2 = reinterpret_cast<float *>(reinterpret_cast<char *>(part) + part_bytes);
-        size_t smem = sizeof(float) * (size_t)nout * (size_t)cols * (size_t)(LN_WARPS / tm.tw - 1); /* <= 24 KiB */
+        size_t smem = sizeof(float) * (size_t)nout * (size_t)cols *
+                      (size_t)(LN_WARPS / tm.tw - 1); /* <= 24 KiB */
         tpk__by_dtype(dt, [&](auto tag) {
             using T = decltype(tag);
             ln_by_nv(tm.nv, [&](auto nv) {
                 constexpr int NV = decltype(nv)::value;
-                auto kernel = rms ? ln_bwd_vec_kernel<T, true, NV> : ln_bwd_vec_kernel<T, false, NV>;
-                kernel<<<(unsigned)chunks, 32 * LN_WARPS, smem, st->stream>>>((T *)dx, part, (const T *)dy, (const T *)x, w, mean, rstd, rows,
-                                                                              (int)cols, accumulate_dx, tm.tw);
+                auto kernel =
+                    rms ? ln_bwd_vec_kernel<T, true, NV> : ln_bwd_vec_kernel<T, false, NV>;
+                kernel<<<(unsigned)chunks, 32 * LN_WARPS, smem, st->stream>>>(
+                    (T *)dx, part, (const T *)dy, (const T *)x, w, mean, rstd, rows, (int)cols,
+                    accumulate_dx, tm.tw);
             });
         });
         dim3 grid((unsigned)((nout * cols + 31) / 32), tpk__colsum_grid_y(groups)), block(32, 8);
-        tpk__colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(ln_part_elem{part, nout * cols}, chunks, nout * cols, part2, (int64_t)LN_GROUP);
-        final_kernel<<<ln_final_grid(cols, rms), 256, 0, st->stream>>>(dw, db, part2, groups, cols, nout);
+        tpk__colsum_partial_kernel<1><<<grid, block, 0, st->stream>>>(
+            ln_part_elem{part, nout * cols}, chunks, nout * cols, part2, (int64_t)LN_GROUP);
+        final_kernel<<<ln_final_grid(cols, rms), 256, 0, st->stream>>>(dw, db, part2, groups, cols,
+                                                                       nout);
         return tpk__cuda_launched(ctx, fn);
     }
     int64_t chunks = (rows + TPK__COLSUM_ROWS - 1) / TPK__COLSUM_ROWS;
     float *part;
-    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols), (void **)&part));
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * 2 * (size_t)(chunks * cols),
+                              (void **)&part));
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
         dim3 grid((unsigned)((cols + 31) / 32), tpk__colsum_grid_y(chunks)), block(32, 8);
         unsigned dgrid = (unsigned)((rows + LN_WARPS - 1) / LN_WARPS);
         auto by_rms = [&](auto r) {
             constexpr bool RMS = decltype(r)::value;
-            tpk__colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(ln_wb_elem<T, RMS>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows,
-                                                                     cols, part);
-            final_kernel<<<ln_final_grid(cols, RMS), 256, 0, st->stream>>>(dw, db, part, chunks, cols, 2);
-            ln_bwd_dx_kernel<T, RMS><<<dgrid, 32 * LN_WARPS, 0, st->stream>>>((T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols,
-                                                                              accumulate_dx);
+            tpk__colsum_partial_kernel<2><<<grid, block, 0, st->stream>>>(
+                ln_wb_elem<T, RMS>{(const T *)dy, (const T *)x, mean, rstd, cols}, rows, cols,
+                part);
+            final_kernel<<<ln_final_grid(cols, RMS), 256, 0, st->stream>>>(dw, db, part, chunks,
+                                                                           cols, 2);
+            ln_bwd_dx_kernel<T, RMS><<<dgrid, 32 * LN_WARPS, 0, st->stream>>>(
+                (T *)dx, (const T *)dy, (const T *)x, w, mean, rstd, rows, cols, accumulate_dx);
         };
         if (rms) by_rms(std::true_type{});
         else by_rms(std::false_type{});
     });
     return tpk__cuda_launched(ctx, fn);
 }
-static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
-                                   const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
-    return ln_bwd_launch(ctx, "cuda.layernorm_bwd", dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx, false);
+static tpk_status cuda_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy,
+                                     const void *x, const float *w, const float *mean,
+                                     const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
+                                     bool accumulate_dx) {
+    return ln_bwd_launch(ctx, "cuda.layernorm_bwd", dx, dw, db, dy, x, w, mean, rstd, rows, cols,
+                         dt, accumulate_dx, false);
 }
-static tpk_status cuda_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
-                                   int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
-    return ln_bwd_launch(ctx, "cuda.rmsnorm_bwd", dx, dw, NULL, dy, x, w, NULL, rstd, rows, cols, dt, accumulate_dx, true);
+static tpk_status cuda_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x,
+                                   const float *w, const float *rstd, int64_t rows, int64_t cols,
+                                   tpk_dtype dt, bool accumulate_dx) {
+    return ln_bwd_launch(ctx, "cuda.rmsnorm_bwd", dx, dw, NULL, dy, x, w, NULL, rstd, rows, cols,
+                         dt, accumulate_dx, true);
 }
 
 /* this file's entries of the CUDA table (table.cu) */

@@ -8,14 +8,16 @@
 
 #include "common.cuh"
 
-/* ---- rotary embedding, SwiGLU ---------------------------------------------------------------------- */
+/* ---- rotary embedding, SwiGLU ---------------------------------------------------------------- */
 
 /* one thread per (row, head, pair j < D/2): the angle in double, as the host */
 template <class T>
-__global__ void rope_kernel(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D, float theta, bool inverse) {
+__global__ void rope_kernel(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t rows, int64_t S,
+                            int64_t heads, int64_t D, float theta, bool inverse) {
     int64_t half = D / 2;
     TPK__GRID_STRIDE(k, (size_t)(rows * heads * half)) {
-        int64_t j = (int64_t)(k % (size_t)half), h = (int64_t)(k / (size_t)half % (size_t)heads), i = (int64_t)(k / (size_t)(half * heads));
+        int64_t j = (int64_t)(k % (size_t)half), h = (int64_t)(k / (size_t)half % (size_t)heads),
+                i = (int64_t)(k / (size_t)(half * heads));
         double a = (double)(i % S) * pow((double)theta, -2.0 * (double)j / (double)D);
         float c = (float)cos(a), n = inverse ? -(float)sin(a) : (float)sin(a);
         size_t xi = (size_t)(i * ldx + h * D + j), yi = (size_t)(i * ldy + h * D + j);
@@ -24,15 +26,17 @@ __global__ void rope_kernel(T *y, int64_t ldy, const T *x, int64_t ldx, int64_t 
         tpk__stf(y, yi + half, x2 * c + x1 * n);
     }
 }
-static tpk_status cuda_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D,
-                            float theta, bool inverse, tpk_dtype dt) {
+static tpk_status cuda_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
+                            int64_t rows, int64_t S, int64_t heads, int64_t D, float theta,
+                            bool inverse, tpk_dtype dt) {
     static const char *fn = "cuda.rope";
     size_t n = (size_t)(rows * heads * (D / 2));
     if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        rope_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)y, ldy, (const T *)x, ldx, rows, S, heads, D, theta, inverse);
+        rope_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(
+            (T *)y, ldy, (const T *)x, ldx, rows, S, heads, D, theta, inverse);
     });
     return tpk__cuda_launched(ctx, fn);
 }
@@ -54,20 +58,24 @@ __global__ void swiglu_kernel(T *out, const T *gu, const T *dh, int64_t rows, in
         tpk__stf(out, a + F, d * g * sg);
     }
 }
-static tpk_status swiglu_launch(tpk_ctx *ctx, const char *fn, void *out, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+static tpk_status swiglu_launch(tpk_ctx *ctx, const char *fn, void *out, const void *gu,
+                                const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
     size_t n = (size_t)(rows * F);
     if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        swiglu_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)out, (const T *)gu, (const T *)dh, rows, F);
+        swiglu_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)out, (const T *)gu,
+                                                                        (const T *)dh, rows, F);
     });
     return tpk__cuda_launched(ctx, fn);
 }
-static tpk_status cuda_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
+static tpk_status cuda_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F,
+                                  tpk_dtype dt) {
     return swiglu_launch(ctx, "cuda.swiglu_fwd", h, gu, NULL, rows, F, dt);
 }
-static tpk_status cuda_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+static tpk_status cuda_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh,
+                                  int64_t rows, int64_t F, tpk_dtype dt) {
     return swiglu_launch(ctx, "cuda.swiglu_bwd", dgu, gu, dh, rows, F, dt);
 }
 

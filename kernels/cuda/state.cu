@@ -4,7 +4,8 @@
  * scratch), made on first use (tpk__cuda_get). Memory is device memory (device = true): alloc
  * zero-filled, memcpy in every direction on the stream, sync waits for the stream (counted:
  * tpk_cuda_sync_count). The profiler's timer: CUDA events recorded on the stream, read when the
- * step closes (tpk/runtime/profile.h). The C API of tpk/runtime/cuda.h (device count, stream, events, L2 size). */
+ * step closes (tpk/runtime/profile.h). The C API of tpk/runtime/cuda.h (device count, stream,
+ * events, L2 size). */
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -13,7 +14,7 @@
 
 #include "common.cuh"
 
-/* ---- state --------------------------------------------------------------------------------------- */
+/* ---- state ----------------------------------------------------------------------------------- */
 
 static tpk__cuda_state g_state;
 static std::atomic<bool> g_ready;
@@ -27,15 +28,19 @@ tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn) {
     tpk__cuda_state s = {};
     cudaError_t e = cudaGetDevice(&s.device);
     int major = 0, minor = 0;
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s.device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, s.device);
     s.cc = 10 * major + minor;
     int optin = 0;
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device);
     s.smem_optin = (size_t)optin;
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
-        tpk__cuda_err(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaDeviceGetAttribute, cudaStreamCreate)", e);
+        tpk__cuda_err(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaDeviceGetAttribute, "
+                               "cudaStreamCreate)", e);
         return NULL;
     }
     cublasStatus_t b = cublasLtCreate(&s.lt);
@@ -77,13 +82,15 @@ tpk_status tpk__cuda_event_wait(tpk_ctx *ctx, const char *fn, cudaEvent_t ev) {
 static std::atomic<unsigned long long> g_syncs;
 tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st) {
     g_syncs++;
-    if (!st->sync_ev) TPK__CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&st->sync_ev, cudaEventDisableTiming));
+    if (!st->sync_ev)
+        TPK__CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&st->sync_ev, cudaEventDisableTiming));
     TPK__CUDA_TRY(ctx, fn, cudaEventRecord(st->sync_ev, st->stream));
     return tpk__cuda_event_wait(ctx, fn, st->sync_ev);
 }
 extern "C" unsigned long long tpk_cuda_sync_count(void) { return g_syncs.load(); }
 
-tpk_status tpk__cuda_scratch(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, size_t bytes, void **out) {
+tpk_status tpk__cuda_scratch(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, size_t bytes,
+                             void **out) {
     if (st->scratch_bytes < bytes) {
         /* earlier kernels on the stream may still read the old buffer */
         TPK_TRY(tpk__cuda_wait(ctx, fn, st));
@@ -127,7 +134,8 @@ extern "C" void tpk_cuda_event_record(void *ev) {
 extern "C" float tpk_cuda_event_ms(void *start, void *end) {
     float ms = -1.0f;
     if (!start || !end || cudaEventSynchronize((cudaEvent_t)end) != cudaSuccess) return -1.0f;
-    if (cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end) != cudaSuccess) return -1.0f;
+    if (cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end) != cudaSuccess)
+        return -1.0f;
     return ms;
 }
 extern "C" void tpk_cuda_event_free(void *ev) {
@@ -135,11 +143,13 @@ extern "C" void tpk_cuda_event_free(void *ev) {
 }
 extern "C" size_t tpk_cuda_l2_bytes(void) {
     int dev = 0, l2 = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess) return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess)
+        return 0;
     return (size_t)l2;
 }
 
-/* ---- memory ----------------------------------------------------------------------------------------- */
+/* ---- memory ---------------------------------------------------------------------------------- */
 
 static tpk_status cuda_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
     static const char *fn = "cuda.alloc";
@@ -149,7 +159,9 @@ static tpk_status cuda_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "could not allocate %zu bytes of device memory: %s", bytes, cudaGetErrorString(e));
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn,
+                         "could not allocate %zu bytes of device memory: %s", bytes,
+                         cudaGetErrorString(e));
     }
     e = cudaMemsetAsync(p, 0, bytes ? bytes : 1, st->stream);
     if (e != cudaSuccess) {
@@ -165,7 +177,8 @@ static void cuda_free(tpk_ctx *ctx, void *p) {
     if (p) cudaFree(p); /* cudaFree waits for the device: no kernel still uses p */
 }
 
-static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
+static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes,
+                              tpk_copy_dir dir) {
     static const char *fn = "cuda.memcpy";
     if (!bytes || dst == src) return TPK_OK;
     if (dir == TPK_H2H) {
@@ -173,11 +186,15 @@ static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t b
         return TPK_OK;
     }
     TPK__CUDA_STATE(st, ctx, fn);
-    if (dir == TPK_H2D && bytes <= TPK__CUDA_UPLOAD_MAX) { /* token ids, targets, host values: through a pinned slot, no wait */
+    if (dir == TPK_H2D && bytes <= TPK__CUDA_UPLOAD_MAX) { /* token ids, targets, host values:
+                                                              through a pinned slot, no wait */
         int k = st->up_next;
         st->up_next = (k + 1) % TPK__CUDA_UPLOAD_SLOTS;
-        if (!st->up_done[k]) TPK__CUDA_TRY(ctx, fn, cudaEventCreateWithFlags(&st->up_done[k], cudaEventDisableTiming));
-        TPK_TRY(tpk__cuda_event_wait(ctx, fn, st->up_done[k])); /* its last copy has been done (long ago, as a rule) */
+        if (!st->up_done[k])
+            TPK__CUDA_TRY(ctx, fn,
+                          cudaEventCreateWithFlags(&st->up_done[k], cudaEventDisableTiming));
+        TPK_TRY(tpk__cuda_event_wait(ctx, fn, st->up_done[k])); /* its last copy has been done (long
+                                                                   ago, as a rule) */
         if (st->up_bytes[k] < bytes) {
             if (st->up[k]) cudaFreeHost(st->up[k]);
             st->up[k] = NULL, st->up_bytes[k] = 0;
@@ -186,11 +203,14 @@ static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t b
             st->up_bytes[k] = want;
         }
         memcpy(st->up[k], src, bytes); /* the caller may reuse src as soon as we return */
-        TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, st->up[k], bytes, cudaMemcpyHostToDevice, st->stream));
+        TPK__CUDA_TRY(ctx, fn,
+                      cudaMemcpyAsync(dst, st->up[k], bytes, cudaMemcpyHostToDevice, st->stream));
         TPK__CUDA_TRY(ctx, fn, cudaEventRecord(st->up_done[k], st->stream));
         return TPK_OK;
     }
-    cudaMemcpyKind k = dir == TPK_H2D ? cudaMemcpyHostToDevice : dir == TPK_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    cudaMemcpyKind k = dir == TPK_H2D   ? cudaMemcpyHostToDevice
+                       : dir == TPK_D2H ? cudaMemcpyDeviceToHost
+                                        : cudaMemcpyDeviceToDevice;
     TPK__CUDA_TRY(ctx, fn, cudaMemcpyAsync(dst, src, bytes, k, st->stream));
     /* the host side may be reused (large H2D) or read (D2H) as soon as we return */
     if (dir != TPK_D2D) TPK_TRY(tpk__cuda_wait(ctx, fn, st));
@@ -204,7 +224,7 @@ static tpk_status cuda_sync(tpk_ctx *ctx) {
 }
 
 
-/* ---- the profiler's timer: CUDA events recorded on the stream (tpk/runtime/profile.h) ---------------------- */
+/* ---- the profiler's timer: CUDA events recorded on the stream (tpk/runtime/profile.h) -------- */
 
 static tpk_status cuda_timer_mark(tpk_ctx *ctx, int slot) {
     static const char *fn = "cuda.timer_mark";
@@ -225,7 +245,8 @@ static tpk_status cuda_timer_ms(tpk_ctx *ctx, int a, int b, float *ms) {
     static const char *fn = "cuda.timer_ms";
     TPK__CUDA_STATE(st, ctx, fn);
     if (a < 0 || b < 0 || a >= st->nev || b >= st->nev)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "marks %d, %d: expected recorded marks 0..%d", a, b, st->nev - 1);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "marks %d, %d: expected recorded marks 0..%d", a, b,
+                         st->nev - 1);
     TPK__CUDA_TRY(ctx, fn, cudaEventSynchronize(st->ev[b]));
     TPK__CUDA_TRY(ctx, fn, cudaEventElapsedTime(ms, st->ev[a], st->ev[b]));
     return TPK_OK;

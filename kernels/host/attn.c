@@ -1,8 +1,8 @@
 /* kernels/host/attn.c — the host backend's causal attention (grouped-query).
  *
  * Per (batch, query head; its key/value head): S = scale Q K^T (causal), P = softmax(S) (dropout
- * on P by tpk/base/rng.h's masks), O = P V, with Q K^T and P V through cblas_sgemm in blocks of query
- * rows that skip the masked keys; the backward recomputes P from the saved lse. Arithmetic is
+ * on P by tpk/base/rng.h's masks), O = P V, with Q K^T and P V through cblas_sgemm in blocks of
+ * query rows that skip the masked keys; the backward recomputes P from the saved lse. Arithmetic is
  * f32 (row sums in double); bf16 is storage, widened on load. */
 #include <math.h>
 #include <stdlib.h>
@@ -15,7 +15,8 @@
 
 /* keep[j] = the keep factor of P[i][j] of head (b, global head g) for keys j < n: 0 or 1/(1-p)
  * (1 without dropout); P[i][j] has dropout index ((b A + g) S + i) S + j, one Philox call per 4 */
-static void attn_keep_row(float *keep, float p, uint64_t seed, uint64_t stream, int64_t b, int64_t A, int64_t g, int64_t S, int64_t i, int64_t n) {
+static void attn_keep_row(float *keep, float p, uint64_t seed, uint64_t stream, int64_t b,
+                          int64_t A, int64_t g, int64_t S, int64_t i, int64_t n) {
     if (p <= 0.0f) {
         for (int64_t j = 0; j < n; j++) keep[j] = 1.0f;
         return;
@@ -50,14 +51,17 @@ static void narrow(void *y, const float *f, size_t n, tpk_dtype dt) {
  * half of Q K^T is never computed. */
 enum { ATTN_ROWS = 64 };
 
-static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                              int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B,
+                                int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G,
+                                int64_t head0, float scale, float p, uint64_t seed, uint64_t stream,
+                                tpk_dtype dt) {
     static const char *fn = "host.attn_fwd";
     TPK_TRY(tpk__host_blas_int(ctx, fn, "S", S)); /* the attention GEMMs take int sizes */
     int64_t g0, Gl = tpk_attn_kv_heads(A, G, head0, Al, &g0), grp = A / G;
     size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D);
     if (!nq) return TPK_OK;
-    float *qo, *oo = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * S)), *kp = (float *)malloc(sizeof(float) * (size_t)S);
+    float *qo, *oo = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * S)),
+               *kp = (float *)malloc(sizeof(float) * (size_t)S);
     const float *q = widen(qkv, nq, dt, &qo);
     float *o = dt == TPK_F32 ? (float *)out : (oo = (float *)malloc(sizeof(float) * no));
     if (!q || !o || !P || !kp) {
@@ -68,11 +72,14 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Al; h++) { /* query head h reads key/value head kv */
             int64_t kv = (head0 + h) / grp - g0;
-            const float *Q = q + b * S * ld3 + h * D, *K = q + b * S * ld3 + (Al + kv) * D, *Vv = K + Gl * D;
+            const float *Q = q + b * S * ld3 + h * D, *K = q + b * S * ld3 + (Al + kv) * D,
+                        *Vv = K + Gl * D;
             float *O = o + b * S * ldo + h * D, *L = lse + (b * Al + h) * S;
             for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS) {
-                int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS), keys = (int)i0 + n; /* P [n, keys] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, scale, Q + i0 * ld3, ld3, K, ld3, 0.0f, P, keys);
+                int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS),
+                    keys = (int)i0 + n; /* P [n, keys] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, scale,
+                            Q + i0 * ld3, ld3, K, ld3, 0.0f, P, keys);
                 for (int r = 0; r < n; r++) {
                     int64_t i = i0 + r;
                     float *row = P + (size_t)r * (size_t)keys, m = -INFINITY;
@@ -85,7 +92,8 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
                     for (int64_t j = 0; j <= i; j++) row[j] *= inv * kp[j];
                     for (int64_t j = i + 1; j < keys; j++) row[j] = 0.0f;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, 1.0f, P, keys, Vv, ld3, 0.0f, O + i0 * ldo, ldo);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, 1.0f, P,
+                            keys, Vv, ld3, 0.0f, O + i0 * ldo, ldo);
             }
         }
     narrow(out, o, no, dt);
@@ -93,18 +101,22 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
     return TPK_OK;
 }
 
-static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                              int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
-                              uint64_t seed, uint64_t stream, tpk_dtype dt) {
+static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv,
+                                const void *out, const float *lse, int64_t B, int64_t S, int64_t Al,
+                                int64_t D, int64_t A, int64_t G, int64_t head0, float scale,
+                                float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "host.attn_bwd";
     TPK_TRY(tpk__host_blas_int(ctx, fn, "S", S)); /* the attention GEMMs take int sizes */
     int64_t g0, Gl = tpk_attn_kv_heads(A, G, head0, Al, &g0), grp = A / G;
-    size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D), ss = (size_t)(ATTN_ROWS * S);
+    size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D),
+           ss = (size_t)(ATTN_ROWS * S);
     if (!nq) return TPK_OK;
     float *o1, *o2, *o3, *o4 = NULL;
-    const float *q = widen(qkv, nq, dt, &o1), *dO = widen(dout, no, dt, &o2), *O = widen(out, no, dt, &o3);
+    const float *q = widen(qkv, nq, dt, &o1), *dO = widen(dout, no, dt, &o2),
+                *O = widen(out, no, dt, &o3);
     float *dq = dt == TPK_F32 ? (float *)dqkv : (o4 = (float *)malloc(sizeof(float) * nq));
-    float *P = (float *)malloc(sizeof(float) * ss), *dP = (float *)malloc(sizeof(float) * ss), *Dr = (float *)malloc(sizeof(float) * (size_t)S);
+    float *P = (float *)malloc(sizeof(float) * ss), *dP = (float *)malloc(sizeof(float) * ss),
+          *Dr = (float *)malloc(sizeof(float) * (size_t)S);
     float *kp = (float *)malloc(sizeof(float) * (size_t)S);
     if (!q || !dO || !O || !dq || !P || !dP || !Dr || !kp) {
         free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(Dr), free(kp);
@@ -112,18 +124,24 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     }
     int ld3 = (int)((Al + 2 * Gl) * D), ldo = (int)(Al * D);
     for (int64_t b = 0; b < B; b++) {
-        for (int64_t i = 0; i < S; i++) /* dK, dV accumulate over the row blocks and the query heads of a group */
+        for (int64_t i = 0; i < S; i++) /* dK, dV accumulate over the row blocks and the query heads
+                                           of a group */
             for (int64_t e = 0; e < 2 * Gl * D; e++) dq[(b * S + i) * ld3 + Al * D + e] = 0.0f;
         for (int64_t h = 0; h < Al; h++) {
             int64_t kv = (head0 + h) / grp - g0;
-            size_t qoff = (size_t)(b * S * ld3 + h * D), kvoff = (size_t)(b * S * ld3 + (Al + kv) * D), ooff = (size_t)(b * S * ldo + h * D);
-            const float *Q = q + qoff, *K = q + kvoff, *Vv = K + Gl * D, *L = lse + (b * Al + h) * S;
+            size_t qoff = (size_t)(b * S * ld3 + h * D),
+                   kvoff = (size_t)(b * S * ld3 + (Al + kv) * D),
+                   ooff = (size_t)(b * S * ldo + h * D);
+            const float *Q = q + qoff, *K = q + kvoff, *Vv = K + Gl * D,
+                        *L = lse + (b * Al + h) * S;
             const float *dOh = dO + ooff, *Oh = O + ooff;
             float *dQ = dq + qoff, *dK = dq + kvoff, *dV = dK + Gl * D;
             for (int64_t i0 = 0; i0 < S; i0 += ATTN_ROWS) {
-                int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS), keys = (int)i0 + n; /* P, dP [n, keys] */
+                int n = (int)(S - i0 < ATTN_ROWS ? S - i0 : ATTN_ROWS),
+                    keys = (int)i0 + n; /* P, dP [n, keys] */
                 /* P (without dropout) from lse; Dr_i = sum_d dO_i O_i */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, scale, Q + i0 * ld3, ld3, K, ld3, 0.0f, P, keys);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, scale,
+                            Q + i0 * ld3, ld3, K, ld3, 0.0f, P, keys);
                 for (int r = 0; r < n; r++) {
                     int64_t i = i0 + r;
                     float *row = P + (size_t)r * (size_t)keys;
@@ -133,7 +151,8 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
                     Dr[r] = (float)d;
                 }
                 /* dP = dO V^T (gradient w.r.t. the dropped probabilities), then through the mask */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, 1.0f, dOh + i0 * ldo, ldo, Vv, ld3, 0.0f, dP, keys);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, 1.0f,
+                            dOh + i0 * ldo, ldo, Vv, ld3, 0.0f, dP, keys);
                 for (int r = 0; r < n; r++) {
                     int64_t i = i0 + r;
                     attn_keep_row(kp, p, seed, stream, b, A, head0 + h, S, i, i + 1);
@@ -145,9 +164,12 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
                     }
                 }
                 /* dV[0:keys] += Pd^T dO, dQ = scale dS K, dK[0:keys] += scale dS^T Q */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, 1.0f, P, keys, dOh + i0 * ldo, ldo, 1.0f, dV, ld3);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, scale, dP, keys, K, ld3, 0.0f, dQ + i0 * ld3, ld3);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, scale, dP, keys, Q + i0 * ld3, ld3, 1.0f, dK, ld3);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, 1.0f, P, keys,
+                            dOh + i0 * ldo, ldo, 1.0f, dV, ld3);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, scale, dP,
+                            keys, K, ld3, 0.0f, dQ + i0 * ld3, ld3);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, scale, dP,
+                            keys, Q + i0 * ld3, ld3, 1.0f, dK, ld3);
             }
         }
     }

@@ -1,26 +1,30 @@
 /* kernels/host/gemm.c — the host backend's GEMMs through OpenBLAS (cblas_sgemm, row-major).
  *
- *   gemm      C = alpha op(A) op(B) + beta C: bf16 operands widened into f32 copies, C rounded back;
+ *   gemm      C = alpha op(A) op(B) + beta C: bf16 operands widened into f32 copies, C rounded
+ *   back;
  *             beta = 0 ignores C (NaN in C does not leak); k = 0 or alpha = 0 gives C = beta C
  *   gemm_acc  gemm into an f32 C whatever dt: bf16 A, B widened, C multiplied into in place
  * The fused linear ops (linear_fwd, linear_bwd_act) are left to the front end, which composes
- * them from gemm, bias_add, the activations and bias_grad (tpk/runtime/op.h). OpenBLAS takes int sizes:
- * larger ones are refused, named. */
+ * them from gemm, bias_add, the activations and bias_grad (tpk/runtime/op.h). OpenBLAS takes int
+ * sizes: larger ones are refused, named. */
 #include <stdlib.h>
 
 #include <cblas.h>
 
 #include "host_private.h"
 
-/* ---- gemm ---------------------------------------------------------------------------------------- */
+/* ---- gemm ------------------------------------------------------------------------------------ */
 
 /* dst[rows, cols] (contiguous f32) = src[rows, cols] with leading dimension ld. */
-TPK__HOST_INLINE void widen_loop(tpk_dtype dt, float *dst, const void *src, int64_t lds, int64_t rows, int64_t cols) {
+TPK__HOST_INLINE void widen_loop(tpk_dtype dt, float *dst, const void *src, int64_t lds,
+                                 int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) dst[i * cols + j] = tpk__ld(src, dt, (size_t)(i * lds + j));
+        for (int64_t j = 0; j < cols; j++)
+            dst[i * cols + j] = tpk__ld(src, dt, (size_t)(i * lds + j));
 }
 /* C = beta C over [m, n] with leading dimension ldc; beta = 0 writes zeros whatever C held. */
-TPK__HOST_INLINE void scale_loop(tpk_dtype dt, void *c, int64_t ldc, int64_t m, int64_t n, float beta) {
+TPK__HOST_INLINE void scale_loop(tpk_dtype dt, void *c, int64_t ldc, int64_t m, int64_t n,
+                                 float beta) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             size_t at = (size_t)(i * ldc + j);
@@ -29,8 +33,10 @@ TPK__HOST_INLINE void scale_loop(tpk_dtype dt, void *c, int64_t ldc, int64_t m, 
 }
 
 /* C = alpha op(A) op(B) + beta C with A, B in dt and C in cdt (dt, or f32 for gemm_acc). */
-static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                           int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt, tpk_dtype cdt) {
+static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n,
+                           int64_t k, float alpha, const void *a, int64_t lda, const void *b,
+                           int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt,
+                           tpk_dtype cdt) {
     /* stored shapes: A is [m, k] or [k, m] (ta), B is [k, n] or [n, k] (tb), C is [m, n] */
     int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
@@ -48,15 +54,17 @@ static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64
     }
     enum CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
     if (dt == TPK_F32) {
-        cblas_sgemm(CblasRowMajor, opa, opb, (int)m, (int)n, (int)k, alpha, (const float *)a, (int)lda,
-                    (const float *)b, (int)ldb, beta, (float *)c, (int)ldc);
+        cblas_sgemm(CblasRowMajor, opa, opb, (int)m, (int)n, (int)k, alpha, (const float *)a,
+                    (int)lda, (const float *)b, (int)ldb, beta, (float *)c, (int)ldc);
         return TPK_OK;
     }
     /* bf16: widen A, B into packed f32; an f32 C is multiplied into in place, a bf16 C is widened
      * (when read), multiplied into and rounded back */
     bool wide_c = cdt == TPK_BF16;
-    size_t na = (size_t)a_rows * (size_t)a_cols, nb = (size_t)b_rows * (size_t)b_cols, nc = wide_c ? (size_t)m * (size_t)n : 1;
-    float *fa = malloc(na * sizeof(float)), *fb = malloc(nb * sizeof(float)), *fc = wide_c ? malloc(nc * sizeof(float)) : (float *)c;
+    size_t na = (size_t)a_rows * (size_t)a_cols, nb = (size_t)b_rows * (size_t)b_cols,
+           nc = wide_c ? (size_t)m * (size_t)n : 1;
+    float *fa = malloc(na * sizeof(float)), *fb = malloc(nb * sizeof(float)),
+          *fc = wide_c ? malloc(nc * sizeof(float)) : (float *)c;
     if (!fa || !fb || !fc) {
         size_t want = !fa ? na : !fb ? nb : nc;
         free(fa), free(fb);
@@ -66,23 +74,27 @@ static tpk_status gemm_run(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64
     widen_loop(TPK_BF16, fa, a, lda, a_rows, a_cols);
     widen_loop(TPK_BF16, fb, b, ldb, b_rows, b_cols);
     if (wide_c && beta != 0.0f) widen_loop(TPK_BF16, fc, c, ldc, m, n);
-    cblas_sgemm(CblasRowMajor, opa, opb, (int)m, (int)n, (int)k, alpha, fa, (int)a_cols, fb, (int)b_cols, beta, fc,
-                wide_c ? (int)n : (int)ldc);
+    cblas_sgemm(CblasRowMajor, opa, opb, (int)m, (int)n, (int)k, alpha, fa, (int)a_cols, fb,
+                (int)b_cols, beta, fc, wide_c ? (int)n : (int)ldc);
     if (wide_c) {
         for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < n; j++) tpk__st(c, TPK_BF16, (size_t)(i * ldc + j), fc[i * n + j]);
+            for (int64_t j = 0; j < n; j++)
+                tpk__st(c, TPK_BF16, (size_t)(i * ldc + j), fc[i * n + j]);
         free(fc);
     }
     free(fa), free(fb);
     return TPK_OK;
 }
-static tpk_status host_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                            int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
+static tpk_status host_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                            float beta, void *c, int64_t ldc, tpk_dtype dt) {
     return gemm_run(ctx, "host.gemm", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, dt);
 }
-static tpk_status host_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                                int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
-    return gemm_run(ctx, "host.gemm_acc", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt, TPK_F32);
+static tpk_status host_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                                float beta, float *c, int64_t ldc, tpk_dtype dt) {
+    return gemm_run(ctx, "host.gemm_acc", ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt,
+                    TPK_F32);
 }
 
 /* this file's entries of the host table (table.c) */

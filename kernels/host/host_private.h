@@ -28,14 +28,17 @@ TPK__HOST_INLINE void tpk__st(void *p, tpk_dtype dt, size_t i, float v) {
 }
 
 /* Call f(TPK_F32, ...) or f(TPK_BF16, ...): a loop written once, compiled once per dtype. */
-#define TPK__BY_DTYPE(dt, f, ...) ((dt) == TPK_F32 ? f(TPK_F32, __VA_ARGS__) : f(TPK_BF16, __VA_ARGS__))
+#define TPK__BY_DTYPE(dt, f, ...) \
+    ((dt) == TPK_F32 ? f(TPK_F32, __VA_ARGS__) : f(TPK_BF16, __VA_ARGS__))
 
-/* ---- what only this backend can know ------------------------------------------------------------ */
+/* ---- what only this backend can know --------------------------------------------------------- */
 
 /* Arguments arrive checked by the front end (tpk/runtime/op.h); OpenBLAS takes int sizes. */
-static inline tpk_status tpk__host_blas_int(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
+static inline tpk_status tpk__host_blas_int(tpk_ctx *ctx, const char *fn, const char *arg,
+                                            int64_t v) {
     if (v <= INT_MAX) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %d (OpenBLAS int), got %lld", arg, INT_MAX, (long long)v);
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected <= %d (OpenBLAS int), got %lld", arg,
+                     INT_MAX, (long long)v);
 }
 static inline tpk_status tpk__host_nomem(tpk_ctx *ctx, const char *fn, size_t bytes) {
     return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "could not allocate %zu bytes of host memory", bytes);

@@ -9,13 +9,15 @@
 
 #include "host_private.h"
 
-/* ---- optimizer ------------------------------------------------------------------------------------ */
+/* ---- optimizer ------------------------------------------------------------------------------- */
 
-static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                             float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns,
-                             uint16_t *w16) {
+static tpk_status host_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n,
+                             float lr, float b1, float b2, float eps, float wd, int64_t step,
+                             float grad_scale, double *norm, float clip, const int64_t *decay,
+                             int64_t nruns, uint16_t *w16) {
     (void)ctx;
-    if (norm) { /* the gradient's norm from its sum of squares: skip a step whose norm is not finite, else clip */
+    if (norm) { /* the gradient's norm from its sum of squares: skip a step whose norm is not
+                   finite, else clip */
         double N = sqrt(norm[0]) * grad_scale;
         if (!isfinite(N)) return norm[1] += 1, TPK_OK;
         grad_scale *= TPK__CLIP_FACTOR(N, clip);

@@ -1,23 +1,27 @@
-/* kernels/host/rng.c — the host backend's counter-based random numbers (tpk/base/rng.h: Philox4x32-10).
+/* kernels/host/rng.c — the host backend's counter-based random numbers (tpk/base/rng.h:
+ * Philox4x32-10).
  *
  *   rng_2d   x[i, j] = a + b draw(seed, stream, (row0 + i) gcols + col0 + j), normal or uniform
  *   dropout  y = x keep / (1-p),  keep = dropout_u(seed, stream, global index) >= p: one Philox
  *            call per 4 consecutive global indices, the masks of every backend */
 #include "host_private.h"
 
-/* ---- counter-based random numbers ---------------------------------------------------------------- */
+/* ---- counter-based random numbers ------------------------------------------------------------ */
 
-TPK__HOST_INLINE void rng_loop(tpk_dtype dt, void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
-                          uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
+TPK__HOST_INLINE void rng_loop(tpk_dtype dt, void *x, int64_t rows, int64_t cols, int64_t gcols,
+                               int64_t row0, int64_t col0, uint64_t seed, uint64_t stream,
+                               tpk_rng_dist dist, float a, float b) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) {
             uint64_t index = (uint64_t)(row0 + i) * (uint64_t)gcols + (uint64_t)(col0 + j);
-            float draw = dist == TPK_RNG_NORMAL ? tpk_rng_normal(seed, stream, index) : tpk_rng_uniform(seed, stream, index);
+            float draw = dist == TPK_RNG_NORMAL ? tpk_rng_normal(seed, stream, index)
+                                                : tpk_rng_uniform(seed, stream, index);
             tpk__st(x, dt, (size_t)(i * cols + j), a + b * draw);
         }
 }
-static tpk_status host_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
-                              int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
+static tpk_status host_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols,
+                              int64_t gcols, int64_t row0, int64_t col0, uint64_t seed,
+                              uint64_t stream, tpk_rng_dist dist, float a, float b) {
     (void)ctx;
     TPK__BY_DTYPE(dt, rng_loop, x, rows, cols, gcols, row0, col0, seed, stream, dist, a, b);
     return TPK_OK;
@@ -25,8 +29,9 @@ static tpk_status host_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
 
 /* ---- dropout ------------------------------------------------------------------------------ */
 
-TPK__HOST_INLINE void dropout_loop(tpk_dtype dt, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
-                              int64_t col0, float p, uint64_t seed, uint64_t stream) {
+TPK__HOST_INLINE void dropout_loop(tpk_dtype dt, void *y, const void *x, int64_t rows, int64_t cols,
+                                   int64_t gcols, int64_t row0, int64_t col0, float p,
+                                   uint64_t seed, uint64_t stream) {
     float scale = 1.0f / (1.0f - p);
     for (int64_t i = 0; i < rows; i++) {
         uint64_t g0 = (uint64_t)((row0 + i) * gcols + col0); /* the global index of (i, 0) */
@@ -39,8 +44,9 @@ TPK__HOST_INLINE void dropout_loop(tpk_dtype dt, void *y, const void *x, int64_t
         }
     }
 }
-static tpk_status host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
-                             int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+static tpk_status host_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols,
+                               int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed,
+                               uint64_t stream, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, dropout_loop, y, x, rows, cols, gcols, row0, col0, p, seed, stream);
     return TPK_OK;

@@ -1,15 +1,17 @@
 /* kernels/host/rope_swiglu.c — the host backend's rotary embedding and SwiGLU (Llama).
  *
- *   rope    pairs (j, j + D/2) of each head rotated by (i mod S) theta^(-2j/D) (inverse: by minus it)
+ *   rope    pairs (j, j + D/2) of each head rotated by (i mod S) theta^(-2j/D) (inverse: by minus
+ *   it)
  *   swiglu  h = silu(gate) up over gu = [gate | up];  backward dgate, dup from both inputs */
 #include <math.h>
 
 #include "host_private.h"
 
-/* ---- rotary embedding, SwiGLU ------------------------------------------------------------------ */
+/* ---- rotary embedding, SwiGLU ---------------------------------------------------------------- */
 
-TPK__HOST_INLINE void rope_loop(tpk_dtype dt, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads,
-                                int64_t D, float theta, bool inverse) {
+TPK__HOST_INLINE void rope_loop(tpk_dtype dt, void *y, int64_t ldy, const void *x, int64_t ldx,
+                                int64_t rows, int64_t S, int64_t heads, int64_t D, float theta,
+                                bool inverse) {
     int64_t half = D / 2;
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < half; j++) {
@@ -23,16 +25,19 @@ TPK__HOST_INLINE void rope_loop(tpk_dtype dt, void *y, int64_t ldy, const void *
             }
         }
 }
-static tpk_status host_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D,
-                            float theta, bool inverse, tpk_dtype dt) {
+static tpk_status host_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
+                            int64_t rows, int64_t S, int64_t heads, int64_t D, float theta,
+                            bool inverse, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, rope_loop, y, ldy, x, ldx, rows, S, heads, D, theta, inverse);
     return TPK_OK;
 }
 
 TPK__HOST_INLINE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-/* fwd: h = silu(gate) up;  bwd (dh given): dgate = dh up sig (1 + gate (1 - sig)), dup = dh silu(gate) */
-TPK__HOST_INLINE void swiglu_loop(tpk_dtype dt, void *out, const void *gu, const void *dh, int64_t rows, int64_t F) {
+/* fwd: h = silu(gate) up;  bwd (dh given): dgate = dh up sig (1 + gate (1 - sig)), dup = dh
+ * silu(gate) */
+TPK__HOST_INLINE void swiglu_loop(tpk_dtype dt, void *out, const void *gu, const void *dh,
+                                  int64_t rows, int64_t F) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < F; j++) {
             size_t k = (size_t)(i * 2 * F + j);
@@ -46,12 +51,14 @@ TPK__HOST_INLINE void swiglu_loop(tpk_dtype dt, void *out, const void *gu, const
             tpk__st(out, dt, k + (size_t)F, d * g * sg);
         }
 }
-static tpk_status host_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
+static tpk_status host_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F,
+                                  tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, swiglu_loop, h, gu, NULL, rows, F);
     return TPK_OK;
 }
-static tpk_status host_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+static tpk_status host_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh,
+                                  int64_t rows, int64_t F, tpk_dtype dt) {
     (void)ctx;
     TPK__BY_DTYPE(dt, swiglu_loop, dgu, gu, dh, rows, F);
     return TPK_OK;

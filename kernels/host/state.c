@@ -5,7 +5,7 @@
  *   sync     nothing to wait for: every op has finished when it returns */
 #include "host_private.h"
 
-/* ---- memory ------------------------------------------------------------------------------------ */
+/* ---- memory ---------------------------------------------------------------------------------- */
 
 static tpk_status host_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
     static const char *fn = "host.alloc";
@@ -25,7 +25,8 @@ static void host_free(tpk_ctx *ctx, void *p) {
     free(p);
 }
 
-static tpk_status host_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
+static tpk_status host_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes,
+                              tpk_copy_dir dir) {
     (void)ctx, (void)dir;
     if (bytes && dst != src) memmove(dst, src, bytes);
     return TPK_OK;

@@ -1,5 +1,5 @@
-/* tests/fuzz/fuzz_config.c — fuzz target for the strict JSON readers of tpk/train/hf.h. Each input is
- * given to
+/* tests/fuzz/fuzz_config.c — fuzz target for the strict JSON readers of tpk/train/hf.h. Each input
+ * is given to
  *   tpk_gpt2_config_parse   GPT-2's config.json
  *   tpk_llama_config_parse  Llama's config.json
  *   tpk__hf_index           model.safetensors.index.json's weight_map (it reads a directory: the
@@ -26,13 +26,18 @@ static tpk_status fuzz_llama_one(const uint8_t *data, size_t size) {
     memset(&ctx, 0, sizeof ctx), memset(&c, 0, sizeof c);
     tpk_status s = tpk_llama_config_parse(&ctx, data, size, "input", &c);
     if (s != TPK_OK) {
-        if ((s != TPK_ERR_FORMAT && s != TPK_ERR_UNSUPPORTED) || strncmp(ctx.err, prefix, sizeof prefix - 1)) abort();
+        if ((s != TPK_ERR_FORMAT && s != TPK_ERR_UNSUPPORTED) ||
+            strncmp(ctx.err, prefix, sizeof prefix - 1))
+            abort();
         const char *rest = ctx.err + sizeof prefix - 1; /* a syntax error: "byte N: expected ..." */
-        if (s == TPK_ERR_FORMAT && !strncmp(rest, "byte ", 5) && strtoull(rest + 5, NULL, 10) > size) abort();
+        if (s == TPK_ERR_FORMAT && !strncmp(rest, "byte ", 5) &&
+            strtoull(rest + 5, NULL, 10) > size)
+            abort();
         return s;
     }
-    if (c.layers < 1 || c.hidden < 1 || c.heads < 1 || c.kv_heads < 1 || c.vocab < 1 || c.positions < 1 || c.ffn < 1 || c.heads > c.hidden ||
-        c.hidden % c.heads || (c.hidden / c.heads) % 2 || c.heads % c.kv_heads || !(c.norm_eps > 0 && c.norm_eps <= 1) ||
+    if (c.layers < 1 || c.hidden < 1 || c.heads < 1 || c.kv_heads < 1 || c.vocab < 1 ||
+        c.positions < 1 || c.ffn < 1 || c.heads > c.hidden || c.hidden % c.heads ||
+        (c.hidden / c.heads) % 2 || c.heads % c.kv_heads || !(c.norm_eps > 0 && c.norm_eps <= 1) ||
         !(c.rope_theta >= 1 && isfinite(c.rope_theta)))
         abort();
     return s;
@@ -44,14 +49,18 @@ static void fuzz__index_remove(void) { remove(fuzz__index), rmdir(fuzz__dir); }
 static tpk_status fuzz_index_one(const uint8_t *data, size_t size) {
     if (!fuzz__dir[0]) {
         const char *tmp = getenv("TMPDIR");
-        snprintf(fuzz__dir, sizeof fuzz__dir, "%s/tpk-fuzz-index.%ld", tmp && tmp[0] ? tmp : "/tmp", (long)getpid());
+        snprintf(fuzz__dir, sizeof fuzz__dir, "%s/tpk-fuzz-index.%ld", tmp && tmp[0] ? tmp : "/tmp",
+                 (long)getpid());
         snprintf(fuzz__index, sizeof fuzz__index, "%s/model.safetensors.index.json", fuzz__dir);
-        if (mkdir(fuzz__dir, 0700) != 0 && errno != EEXIST) fprintf(stderr, "fuzz_config: %s: cannot create\n", fuzz__dir), abort();
+        if (mkdir(fuzz__dir, 0700) != 0 && errno != EEXIST)
+            fprintf(stderr, "fuzz_config: %s: cannot create\n", fuzz__dir), abort();
         atexit(fuzz__index_remove);
     }
-    remove(fuzz__index); /* a new file: rewriting one in place (O_TRUNC) makes some file systems flush it at close */
+    remove(fuzz__index); /* a new file: rewriting one in place (O_TRUNC) makes some file systems
+                            flush it at close */
     FILE *f = fopen(fuzz__index, "wb");
-    if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0) fprintf(stderr, "fuzz_config: %s: cannot write\n", fuzz__index), abort();
+    if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0)
+        fprintf(stderr, "fuzz_config: %s: cannot write\n", fuzz__index), abort();
     tpk_ctx ctx;
     tpk__hf_files hf;
     memset(&ctx, 0, sizeof ctx);
@@ -68,12 +77,14 @@ static tpk_status fuzz_index_one(const uint8_t *data, size_t size) {
         if (b && strtoull(b, NULL, 10) > size) abort();
         return s;
     }
-    if (!hf.file || !hf.st || !hf.open || !hf.tensor || !hf.which || hf.n < 0 || hf.n > hf.nmap) abort();
+    if (!hf.file || !hf.st || !hf.open || !hf.tensor || !hf.which || hf.n < 0 || hf.n > hf.nmap)
+        abort();
     for (int k = 0; k < hf.nmap; k++)
         if (hf.which[k] < 0 || hf.which[k] >= hf.n || strlen(hf.tensor[k]) > 255) abort();
     for (int q = 0; q < hf.n; q++) {
         size_t len = strlen(hf.file[q]);
-        if (len < 13 || len > 127 || strchr(hf.file[q], '/') || hf.file[q][0] == '.' || strcmp(hf.file[q] + len - 12, ".safetensors") || hf.open[q])
+        if (len < 13 || len > 127 || strchr(hf.file[q], '/') || hf.file[q][0] == '.' ||
+            strcmp(hf.file[q] + len - 12, ".safetensors") || hf.open[q])
             abort();
         for (int r = 0; r < q; r++)
             if (!strcmp(hf.file[r], hf.file[q])) abort();
@@ -96,7 +107,9 @@ static tpk_status fuzz_config_one(const uint8_t *data, size_t size) {
         if (b && strtoull(b + 7, NULL, 10) > size) abort();
         return s;
     }
-    if (c.layers < 1 || c.hidden < 1 || c.heads < 1 || c.vocab < 1 || c.positions < 1 || c.hidden % c.heads || !(c.ln_eps > 0)) abort();
+    if (c.layers < 1 || c.hidden < 1 || c.heads < 1 || c.vocab < 1 || c.positions < 1 ||
+        c.hidden % c.heads || !(c.ln_eps > 0))
+        abort();
     return s;
 }
 

@@ -1,5 +1,5 @@
-/* tests/fuzz/fuzz_data.c — fuzz target for the token loaders (tpk/train/data.h): each input is parsed
- * as an llm.c shard (tpk_data_parse_shard, vocabulary 50257) and split as byte text
+/* tests/fuzz/fuzz_data.c — fuzz target for the token loaders (tpk/train/data.h): each input is
+ * parsed as an llm.c shard (tpk_data_parse_shard, vocabulary 50257) and split as byte text
  * (tpk_data_split_text, a span from the first byte). Whatever the bytes: a status, no crash, no
  * read outside them; an accepted shard holds exactly (size - 1024) / 2 tokens, each below the
  * vocabulary; an accepted text split covers every byte in order and its entropy is finite and
@@ -25,7 +25,8 @@ static tpk_status fuzz_data_one(const uint8_t *data, size_t size) {
     double ent = -1;
     tpk_status st = tpk_data_split_text(&ctx, data, size, "input", span, &tr, &va, &ent);
     if (st == TPK_OK) {
-        if (tr.n + va.n != (int64_t)size || va.n < span || !(ent >= 0 && ent <= log(256.0) + 1e-9)) abort();
+        if (tr.n + va.n != (int64_t)size || va.n < span || !(ent >= 0 && ent <= log(256.0) + 1e-9))
+            abort();
         for (int64_t i = 0; i < (int64_t)size; i++)
             if ((i < tr.n ? tr.tok[i] : va.tok[i - tr.n]) != data[i]) abort();
         tpk_tokens_free(&tr), tpk_tokens_free(&va);

@@ -7,7 +7,8 @@
  * tpk_st_meta every key. A broken promise aborts, so the fuzzer reports it as a crash.
  *
  *   make fuzz                      libFuzzer + ASan + UBSan for FUZZ_SECONDS (clang)
- *   cc -std=c11 -Iinclude tests/fuzz/fuzz_safetensors.c -o fuzz_replay && ./fuzz_replay tests/fuzz/corpus/valid_1 ...
+ *   cc -std=c11 -Iinclude tests/fuzz/fuzz_safetensors.c -o fuzz_replay && ./fuzz_replay
+ *   tests/fuzz/corpus/valid_1 ...
  *                                  the same checks over files, with any C compiler
  * tests/test_safetensors.c includes this file (TPK_FUZZ_NO_MAIN) to replay the corpus in
  * `make test`. Corpus files named valid_* must parse, bad_* must be rejected as malformed;
@@ -39,7 +40,9 @@ static tpk_status fuzz_safetensors_one(const uint8_t *data, size_t size) {
         free(out);
     }
     for (int i = 0; i < f.n_meta; i++)
-        if (!tpk_st_meta(&f, f.meta_keys[i]) || strcmp(tpk_st_meta(&f, f.meta_keys[i]), f.meta_vals[i])) abort();
+        if (!tpk_st_meta(&f, f.meta_keys[i]) ||
+            strcmp(tpk_st_meta(&f, f.meta_keys[i]), f.meta_vals[i]))
+            abort();
     tpk_st_close(&f);
     return s;
 }

@@ -38,7 +38,9 @@ static inline void pair_store(void *dst, tpk_dtype dt, const float *src, size_t 
 }
 static inline void pair_load(float *dst, tpk_dtype dt, const void *src, size_t n) {
     for (size_t i = 0; i < n; i++)
-        dst[i] = dt == TPK_F32 ? ((const float *)src)[i] : dt == TPK_BF16 ? tpk_bf16_to_f32(((const uint16_t *)src)[i]) : (float)((const int32_t *)src)[i];
+        dst[i] = dt == TPK_F32    ? ((const float *)src)[i]
+                 : dt == TPK_BF16 ? tpk_bf16_to_f32(((const uint16_t *)src)[i])
+                                  : (float)((const int32_t *)src)[i];
 }
 /* A pair holding `vals` (f32, rounded to dt). */
 static inline pair pair_from(tpk_ctx *cd, const float *vals, size_t n, tpk_dtype dt) {

@@ -1,8 +1,8 @@
 /* tests/gpu/layers.c — the TP layers and the GPT-2 model on the CUDA backend against the host
  * backend, at t = number of ranks: at one rank over NCCL, at t = 2, 3 over MPI with ranks sharing
- * one GPU (device buffers staged through host memory, tpk/runtime/mpi.h); at one rank the model also
- * runs on the device-buffer self communicator (tpk_comm_self_cuda). For attention, the MLP, the
- * GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing): the
+ * one GPU (device buffers staged through host memory, tpk/runtime/mpi.h); at one rank the model
+ * also runs on the device-buffer self communicator (tpk_comm_self_cuda). For attention, the MLP,
+ * the GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing): the
  * output, the input gradient and every gathered parameter gradient agree to relative 1e-4 (f32
  * storage; the GEMMs and sums are reordered). Skipped (exit 0) without a GPU. */
 #include "gpu_test.h"
@@ -48,32 +48,42 @@ static void gather_grads(tpk_ctx *ctx, result *o) {
 static void *upload(tpk_ctx *ctx, const float *x) {
     void *p = NULL;
     CHECK_OK(ctx, ctx->ops->alloc(ctx, sizeof(float) * T * H, &p));
-    CHECK_OK(ctx, ctx->ops->memcpy(ctx, p, x, sizeof(float) * T * H, ctx->ops->device ? TPK_H2D : TPK_H2H));
+    CHECK_OK(ctx, ctx->ops->memcpy(ctx, p, x, sizeof(float) * T * H,
+                                   ctx->ops->device ? TPK_H2D : TPK_H2H));
     return p;
 }
 static void download(tpk_ctx *ctx, tpk_tensor t, float *out) {
     test_poison(out, T * H);
-    CHECK(t.layout.kind == TPK_LAYOUT_R && tpk_numel(&t) == T * H, "expected a replicated [T, H] tensor");
-    CHECK_OK(ctx, ctx->ops->memcpy(ctx, out, t.data, sizeof(float) * T * H, ctx->ops->device ? TPK_D2H : TPK_H2H));
+    CHECK(t.layout.kind == TPK_LAYOUT_R && tpk_numel(&t) == T * H, "expected a replicated [T, H] "
+                                                                   "tensor");
+    CHECK_OK(ctx, ctx->ops->memcpy(ctx, out, t.data, sizeof(float) * T * H,
+                                   ctx->ops->device ? TPK_D2H : TPK_H2H));
 }
 
 static void run_layer(tpk_ctx *ctx, int kind, float p, result *o) {
     layer l;
     memset(&l, 0, sizeof l);
-    tpk_status s = kind == K_ATTN  ? tpk_attention_init(ctx, &l.a, H, A, &(tpk_attention_desc){.name = "attn", .dropout = p})
-                   : kind == K_MLP ? tpk_mlp_init(ctx, &l.m, H, &(tpk_mlp_desc){.name = "mlp"})
-                                   : tpk_gpt2_block_init(ctx, &l.b, H, &(tpk_gpt2_block_desc){.name = "h.0", .heads = A, .dropout = p});
+    tpk_status s =
+        kind == K_ATTN ? tpk_attention_init(ctx, &l.a, H, A,
+                                            &(tpk_attention_desc){.name = "attn", .dropout = p})
+        : kind == K_MLP
+            ? tpk_mlp_init(ctx, &l.m, H, &(tpk_mlp_desc){.name = "mlp"})
+            : tpk_gpt2_block_init(ctx, &l.b, H,
+                                  &(tpk_gpt2_block_desc){.name = "h.0", .heads = A, .dropout = p});
     CHECK_OK(ctx, s);
     if (s != TPK_OK) return;
     test_set_weights(ctx, 7, 0.3f);
     void *xd = upload(ctx, xin), *dyd = upload(ctx, dyin);
-    tpk_tensor x = tpk_tensor_2d(xd, TPK_F32, T, H, TPK_R), dy = tpk_tensor_2d(dyd, TPK_F32, T, H, TPK_R), y, dx;
-    s = kind == K_ATTN ? tpk_attention_forward(ctx, &l.a, x, B, S, &y) : kind == K_MLP ? tpk_mlp_forward(ctx, &l.m, x, &y)
-                                                                                       : tpk_gpt2_block_forward(ctx, &l.b, x, B, S, &y);
+    tpk_tensor x = tpk_tensor_2d(xd, TPK_F32, T, H, TPK_R),
+               dy = tpk_tensor_2d(dyd, TPK_F32, T, H, TPK_R), y, dx;
+    s = kind == K_ATTN  ? tpk_attention_forward(ctx, &l.a, x, B, S, &y)
+        : kind == K_MLP ? tpk_mlp_forward(ctx, &l.m, x, &y)
+                        : tpk_gpt2_block_forward(ctx, &l.b, x, B, S, &y);
     CHECK_OK(ctx, s);
     if (s == TPK_OK) download(ctx, y, o->y);
-    s = kind == K_ATTN ? tpk_attention_backward(ctx, &l.a, dy, &dx) : kind == K_MLP ? tpk_mlp_backward(ctx, &l.m, dy, &dx)
-                                                                                    : tpk_gpt2_block_backward(ctx, &l.b, dy, &dx);
+    s = kind == K_ATTN  ? tpk_attention_backward(ctx, &l.a, dy, &dx)
+        : kind == K_MLP ? tpk_mlp_backward(ctx, &l.m, dy, &dx)
+                        : tpk_gpt2_block_backward(ctx, &l.b, dy, &dx);
     CHECK_OK(ctx, s);
     if (s == TPK_OK) download(ctx, dx, o->dx);
     gather_grads(ctx, o);
@@ -85,8 +95,15 @@ static void run_layer(tpk_ctx *ctx, int kind, float p, result *o) {
 
 static void run_model(tpk_ctx *ctx, bool sp, float p, result *o) {
     tpk_gpt2 m;
-    tpk_status s = tpk_gpt2_init(ctx, &m, &(tpk_gpt2_config){.vocab = V, .positions = S, .layers = 2, .hidden = H, .heads = A,
-                                                              .dropout = p, .label_smoothing = 0.1f, .sequence_parallel = sp});
+    tpk_status s = tpk_gpt2_init(ctx, &m,
+                                 &(tpk_gpt2_config){.vocab = V,
+                                                    .positions = S,
+                                                    .layers = 2,
+                                                    .hidden = H,
+                                                    .heads = A,
+                                                    .dropout = p,
+                                                    .label_smoothing = 0.1f,
+                                                    .sequence_parallel = sp});
     CHECK_OK(ctx, s);
     if (s != TPK_OK) return;
     test_set_weights(ctx, 11, 0.2f);
@@ -113,9 +130,13 @@ static void compare(tpk_ctx *ch, const result *d, const result *h, bool outputs)
 }
 
 static bool contexts_on(tpk_ctx *ch, tpk_ctx *cd, tpk_comm *wd) {
-    tpk_status s = tpk_ctx_init(ch, &(tpk_ctx_desc){.ops = tpk_ops_host(), .world = &world_h, .tp = test__size, .seed = 3});
-    if (s == TPK_OK) s = tpk_ctx_init(cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = wd, .tp = test__size, .seed = 3});
-    if (s != TPK_OK) fprintf(stderr, "tpk_ctx_init: %s / %s\n", tpk_last_error(ch), tpk_last_error(cd));
+    tpk_status s = tpk_ctx_init(
+        ch, &(tpk_ctx_desc){.ops = tpk_ops_host(), .world = &world_h, .tp = test__size, .seed = 3});
+    if (s == TPK_OK)
+        s = tpk_ctx_init(
+            cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = wd, .tp = test__size, .seed = 3});
+    if (s != TPK_OK)
+        fprintf(stderr, "tpk_ctx_init: %s / %s\n", tpk_last_error(ch), tpk_last_error(cd));
     return s == TPK_OK;
 }
 static bool contexts(tpk_ctx *ch, tpk_ctx *cd) { return contexts_on(ch, cd, &world_d); }
@@ -127,7 +148,8 @@ int main(int argc, char **argv) {
     memset(&boot, 0, sizeof boot);
     if (tpk_comm_mpi(&boot, MPI_COMM_WORLD, &world_h) != TPK_OK) return 1;
     /* NCCL wants one GPU per rank: at one rank NCCL, else MPI with device staging */
-    tpk_status s = test__size == 1 ? tpk_comm_nccl_mpi(&boot, MPI_COMM_WORLD, NULL, &world_d) : tpk_comm_mpi(&boot, MPI_COMM_WORLD, &world_d);
+    tpk_status s = test__size == 1 ? tpk_comm_nccl_mpi(&boot, MPI_COMM_WORLD, NULL, &world_d)
+                                   : tpk_comm_mpi(&boot, MPI_COMM_WORLD, &world_d);
     if (s != TPK_OK) {
         fprintf(stderr, "world communicator: %s\n", tpk_last_error(&boot));
         return 1;
@@ -138,7 +160,8 @@ int main(int argc, char **argv) {
         for (int d = 0; d < 2; d++) {
             if (kind == K_MLP && d) continue;
             float p = d ? 0.2f : 0.0f;
-            TEST_CASE("%s, cuda (%s) vs host, t=%d, dropout %g", kind_name[kind], world_d.vt->name, test__size, (double)p) {
+            TEST_CASE("%s, cuda (%s) vs host, t=%d, dropout %g", kind_name[kind], world_d.vt->name,
+                      test__size, (double)p) {
                 tpk_ctx ch, cd;
                 if (contexts(&ch, &cd)) {
                     static result rh, rd;
@@ -153,32 +176,44 @@ int main(int argc, char **argv) {
     bool sp = test__size % 2 == 1 && test__size > 1;
     tpk_comm self_d = tpk_comm_self_cuda();
     for (int w = 0; w < (test__size == 1 ? 2 : 1); w++)
-    TEST_CASE("GPT-2 model, cuda (%s) vs host, t=%d%s, dropout 0.1", w ? self_d.vt->name : world_d.vt->name, test__size, sp ? ", SP" : "") {
-        tpk_ctx ch, cd;
-        if (contexts_on(&ch, &cd, w ? &self_d : &world_d)) {
-            static result rh, rd;
-            run_model(&ch, sp, 0.1f, &rh);
-            run_model(&cd, sp, 0.1f, &rd);
-            CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g", (double)rd.loss, (double)rh.loss);
-            compare(&ch, &rd, &rh, false);
-            result_free(&rh), result_free(&rd);
+        TEST_CASE("GPT-2 model, cuda (%s) vs host, t=%d%s, dropout 0.1",
+                  w ? self_d.vt->name : world_d.vt->name, test__size, sp ? ", SP" : "") {
+            tpk_ctx ch, cd;
+            if (contexts_on(&ch, &cd, w ? &self_d : &world_d)) {
+                static result rh, rd;
+                run_model(&ch, sp, 0.1f, &rh);
+                run_model(&cd, sp, 0.1f, &rd);
+                CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g",
+                      (double)rd.loss, (double)rh.loss);
+                compare(&ch, &rd, &rh, false);
+                result_free(&rh), result_free(&rd);
+            }
+            tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
         }
-        tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
-    }
     /* host waits per training step (no host synchronisation inside a step except reading values):
      * the loss is computed with the backward (deferred, xent_fused) and stays on the device, summed
      * (xent_mean); the gradient norm's sum of squares stays there too and AdamW clips from it
-     * (tpk_train_step with norm = NULL); a log step reads the loss (tpk_xent_loss_read) and the norm
-     * (tpk_train_norm_read): one download each */
+     * (tpk_train_step with norm = NULL); a log step reads the loss (tpk_xent_loss_read) and the
+     * norm (tpk_train_norm_read): one download each */
     if (test__size == 1)
-        TEST_CASE("a GPT-2 training step on the GPU (bf16, dropout 0.1, clipping) does not wait for the device; reading the loss and the norm waits once each") {
+        TEST_CASE("a GPT-2 training step on the GPU (bf16, dropout 0.1, clipping) does not wait "
+                  "for the device; reading the loss and the norm waits once each") {
             tpk_ctx cd;
             tpk_gpt2 m;
             tpk_adamw opt;
             tpk_dp_buckets b;
             memset(&m, 0, sizeof m), memset(&opt, 0, sizeof opt), memset(&b, 0, sizeof b);
-            CHECK_OK(&cd, tpk_ctx_init(&cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(), .world = &self_d, .seed = 3, .dtype = TPK_BF16}));
-            CHECK_OK(&cd, tpk_gpt2_init(&cd, &m, &(tpk_gpt2_config){.vocab = V, .positions = S, .layers = 2, .hidden = H, .heads = A, .dropout = 0.1f}));
+            CHECK_OK(&cd, tpk_ctx_init(&cd, &(tpk_ctx_desc){.ops = tpk_ops_cuda(),
+                                                            .world = &self_d,
+                                                            .seed = 3,
+                                                            .dtype = TPK_BF16}));
+            CHECK_OK(&cd, tpk_gpt2_init(&cd, &m,
+                                        &(tpk_gpt2_config){.vocab = V,
+                                                           .positions = S,
+                                                           .layers = 2,
+                                                           .hidden = H,
+                                                           .heads = A,
+                                                           .dropout = 0.1f}));
             CHECK_OK(&cd, tpk_adamw_init(&cd, &opt, NULL));
             int32_t ids[T], tg[T];
             for (int t = 0; t < T; t++) ids[t] = (t * 37 + 5) % V, tg[t] = (t * 53 + 1) % V;
@@ -190,9 +225,12 @@ int main(int argc, char **argv) {
                 cd.rng_step = (uint64_t)step;
                 CHECK_OK(&cd, tpk_params_zero_grad(&cd));
                 tpk_xent_loss_reset(&m.ce);
-                CHECK_OK(&cd, tpk_gpt2_forward(&cd, &m, ids, tg, B, S, NULL)); /* deferred: the loss comes with the backward */
+                CHECK_OK(&cd, tpk_gpt2_forward(&cd, &m, ids, tg, B, S, NULL)); /* deferred: the loss
+                                                                                  comes with the
+                                                                                  backward */
                 CHECK_OK(&cd, tpk_gpt2_backward(&cd, &m, 1.0f));
-                CHECK_OK(&cd, tpk_train_step(&cd, &opt, &b, 1e-3f, 0.5f, 1.0f, NULL)); /* norm, clip, AdamW on the device */
+                CHECK_OK(&cd, tpk_train_step(&cd, &opt, &b, 1e-3f, 0.5f, 1.0f,
+                                             NULL)); /* norm, clip, AdamW on the device */
                 waits = tpk_cuda_sync_count() - before;
                 before = tpk_cuda_sync_count();
                 CHECK_OK(&cd, tpk_xent_loss_read(&cd, &m.ce, &loss, &n)); /* a log step reads it */
@@ -200,11 +238,14 @@ int main(int argc, char **argv) {
                 before = tpk_cuda_sync_count();
                 CHECK_OK(&cd, tpk_train_norm_read(&cd, 1.0f, &norm));
                 norm_waits = tpk_cuda_sync_count() - before;
-                CHECK(n == 1 && isfinite(loss) && isfinite(norm) && norm > 0, "step %d: %lld forwards, loss %g, norm %g", step, (long long)n, loss, norm);
+                CHECK(n == 1 && isfinite(loss) && isfinite(norm) && norm > 0,
+                      "step %d: %lld forwards, loss %g, norm %g", step, (long long)n, loss, norm);
             }
             CHECK(waits == 0, "a training step waited %llu times for the device", waits);
-            CHECK(read_waits <= 1 && norm_waits <= 1, "reading the loss waited %llu times, the norm %llu", read_waits, norm_waits);
-            printf("  a training step waits %llu times for the device, reading its loss %llu more, its norm %llu\n", waits, read_waits, norm_waits);
+            CHECK(read_waits <= 1 && norm_waits <= 1, "reading the loss waited %llu times, the "
+                                                      "norm %llu", read_waits, norm_waits);
+            printf("  a training step waits %llu times for the device, reading its loss %llu more, "
+                   "its norm %llu\n", waits, read_waits, norm_waits);
             tpk_adamw_destroy(&cd, &opt), tpk_gpt2_destroy(&cd, &m), tpk_ctx_destroy(&cd);
         }
     tpk_comm_destroy(&world_d);

@@ -1,8 +1,8 @@
 /* tests/gpu/ops.c — every CUDA op against the host op on the same random inputs, f32 and bf16:
  * outputs poisoned (NaN) before each run, so an unwritten element fails; relative error < 1e-5
  * where the arithmetic is the same, < 1e-4 where sums are reordered, < 1e-2 for bf16 storage.
- * Also: bad arguments on the CUDA context are refused by the front end (tpk/runtime/op.h), naming them. Runs at one rank; skipped
- * (exit 0) without a GPU. */
+ * Also: bad arguments on the CUDA context are refused by the front end (tpk/runtime/op.h), naming
+ * them. Runs at one rank; skipped (exit 0) without a GPU. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "gpu_test.h"
 
@@ -23,7 +23,8 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->fill(&ch, y.h, dt, n, -0.0f)); /* -0: the kernel, sign kept */
         CHECK_OK(&cd, cd.ops->fill(&cd, y.d, dt, n, -0.0f));
         pair_check(&cd, &y, TOL_SAME, "fill -0");
-        size_t es0 = tpk_dtype_size(dt); /* one element in: not 16-byte aligned, the element-wise path; the ends kept */
+        size_t es0 = tpk_dtype_size(dt); /* one element in: not 16-byte aligned, the element-wise
+                                            path; the ends kept */
         CHECK_OK(&ch, ch.ops->fill(&ch, (char *)y.h + es0, dt, n - 2, -1.5f));
         CHECK_OK(&cd, cd.ops->fill(&cd, (char *)y.d + es0, dt, n - 2, -1.5f));
         pair_check(&cd, &y, TOL_SAME, "fill unaligned");
@@ -61,29 +62,37 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->cast(&ch, c.h, other, x.h, dt, n));
         CHECK_OK(&cd, cd.ops->cast(&cd, c.d, other, x.d, dt, n));
         pair_check(&cd, &c, TOL_SAME, "cast"); /* rounding to nearest even is exact arithmetic */
-        /* pointers off the 16-byte grid take the one-element path (n - 1 elements from element 1) */
+        /* pointers off the 16-byte grid take the one-element path (n - 1 elements from element
+         * 1) */
         size_t es = tpk_dtype_size(dt);
-        CHECK_OK(&ch, ch.ops->axpby(&ch, (char *)y.h + es, 0.5f, (char *)x.h + es, 0.5f, dt, n - 1));
-        CHECK_OK(&cd, cd.ops->axpby(&cd, (char *)y.d + es, 0.5f, (char *)x.d + es, 0.5f, dt, n - 1));
+        CHECK_OK(&ch,
+                 ch.ops->axpby(&ch, (char *)y.h + es, 0.5f, (char *)x.h + es, 0.5f, dt, n - 1));
+        CHECK_OK(&cd,
+                 cd.ops->axpby(&cd, (char *)y.d + es, 0.5f, (char *)x.d + es, 0.5f, dt, n - 1));
         pair_check(&cd, &y, tol_for(dt, TOL_SAME), "axpby unaligned");
-        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU_TANH, (char *)y.h + es, (char *)x.h + es, (char *)y.h + es, dt, n - 1));
-        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, (char *)y.d + es, (char *)x.d + es, (char *)y.d + es, dt, n - 1));
+        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU_TANH, (char *)y.h + es, (char *)x.h + es,
+                                      (char *)y.h + es, dt, n - 1));
+        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, (char *)y.d + es, (char *)x.d + es,
+                                      (char *)y.d + es, dt, n - 1));
         pair_check(&cd, &y, tol_for(dt, TOL_SAME), "gelu_bwd unaligned");
         /* bias over rows of 64: 8-element vectors */
-        pair yv = pair_randn(&cd, (size_t)(67 * 64), dt, 6, 1.0f), bv = pair_randn(&cd, 64, dt, 7, 1.0f);
+        pair yv = pair_randn(&cd, (size_t)(67 * 64), dt, 6, 1.0f),
+             bv = pair_randn(&cd, 64, dt, 7, 1.0f);
         CHECK_OK(&ch, ch.ops->bias_add(&ch, yv.h, bv.h, 67, 64, dt));
         CHECK_OK(&cd, cd.ops->bias_add(&cd, yv.d, bv.d, 67, 64, dt));
         pair_check(&cd, &yv, tol_for(dt, TOL_SAME), "bias_add (rows of 64)");
         pair_free(&cd, &yv), pair_free(&cd, &bv);
         /* bias over [rows, cols] */
         int64_t rows = 67, cols = 61;
-        pair yb = pair_randn(&cd, (size_t)(rows * cols), dt, 4, 1.0f), b = pair_randn(&cd, (size_t)cols, dt, 5, 1.0f);
+        pair yb = pair_randn(&cd, (size_t)(rows * cols), dt, 4, 1.0f),
+             b = pair_randn(&cd, (size_t)cols, dt, 5, 1.0f);
         CHECK_OK(&ch, ch.ops->bias_add(&ch, yb.h, b.h, rows, cols, dt));
         CHECK_OK(&cd, cd.ops->bias_add(&cd, yb.d, b.d, rows, cols, dt));
         pair_check(&cd, &yb, tol_for(dt, TOL_SAME), "bias_add");
         for (int acc = 0; acc < 2; acc++) {
             int64_t r2 = acc ? 600 : 37; /* several row chunks */
-            pair dyb = pair_randn(&cd, (size_t)(r2 * cols), dt, 6, 1.0f), db = pair_randn(&cd, (size_t)cols, dt, 7, 1.0f);
+            pair dyb = pair_randn(&cd, (size_t)(r2 * cols), dt, 6, 1.0f),
+                 db = pair_randn(&cd, (size_t)cols, dt, 7, 1.0f);
             if (!acc) pair_poison(&cd, &db);
             CHECK_OK(&ch, ch.ops->bias_grad(&ch, db.h, dyb.h, r2, cols, dt, dt, acc));
             CHECK_OK(&cd, cd.ops->bias_grad(&cd, db.d, dyb.d, r2, cols, dt, dt, acc));
@@ -93,28 +102,34 @@ static void test_elementwise(tpk_dtype dt) {
             if (!acc) pair_poison(&cd, &db32);
             CHECK_OK(&ch, ch.ops->bias_grad(&ch, db32.h, dyb.h, r2, cols, dt, TPK_F32, acc));
             CHECK_OK(&cd, cd.ops->bias_grad(&cd, db32.d, dyb.d, r2, cols, dt, TPK_F32, acc));
-            pair_check(&cd, &db32, TOL_SUM, acc ? "bias_grad into f32, accumulate" : "bias_grad into f32");
+            pair_check(&cd, &db32, TOL_SUM,
+                       acc ? "bias_grad into f32, accumulate" : "bias_grad into f32");
             pair_free(&cd, &dyb), pair_free(&cd, &db), pair_free(&cd, &db32);
         }
-        pair_free(&cd, &y), pair_free(&cd, &x), pair_free(&cd, &dy), pair_free(&cd, &c), pair_free(&cd, &yb), pair_free(&cd, &b);
+        pair_free(&cd, &y), pair_free(&cd, &x), pair_free(&cd, &dy), pair_free(&cd, &c),
+            pair_free(&cd, &yb), pair_free(&cd, &b);
     }
 }
 
 static void test_copy_rng_dropout(tpk_dtype dt) {
     TEST_CASE("copy2d, rng_2d, dropout [%s]", tpk_dtype_name(dt)) {
         int64_t rows = 19, cols = 23, lds = 31, ldd = 29;
-        pair src = pair_randn(&cd, (size_t)(rows * lds), dt, 8, 1.0f), dst = pair_randn(&cd, (size_t)(rows * ldd), dt, 9, 1.0f);
+        pair src = pair_randn(&cd, (size_t)(rows * lds), dt, 8, 1.0f),
+             dst = pair_randn(&cd, (size_t)(rows * ldd), dt, 9, 1.0f);
         CHECK_OK(&ch, ch.ops->copy2d(&ch, dst.h, ldd, src.h, lds, rows, cols, dt));
         CHECK_OK(&cd, cd.ops->copy2d(&cd, dst.d, ldd, src.d, lds, rows, cols, dt));
         pair_check(&cd, &dst, TOL_SAME, "copy2d");
         pair x = pair_from(&cd, NULL, (size_t)(rows * cols), dt);
         for (int dist = 0; dist < 2; dist++) {
             pair_poison(&cd, &x);
-            CHECK_OK(&ch, ch.ops->rng_2d(&ch, x.h, dt, rows, cols, 100, 5, 40, 42, 77, (tpk_rng_dist)dist, 0.5f, 2.0f));
-            CHECK_OK(&cd, cd.ops->rng_2d(&cd, x.d, dt, rows, cols, 100, 5, 40, 42, 77, (tpk_rng_dist)dist, 0.5f, 2.0f));
+            CHECK_OK(&ch, ch.ops->rng_2d(&ch, x.h, dt, rows, cols, 100, 5, 40, 42, 77,
+                                         (tpk_rng_dist)dist, 0.5f, 2.0f));
+            CHECK_OK(&cd, cd.ops->rng_2d(&cd, x.d, dt, rows, cols, 100, 5, 40, 42, 77,
+                                         (tpk_rng_dist)dist, 0.5f, 2.0f));
             pair_check(&cd, &x, tol_for(dt, TOL_SAME), dist ? "rng_2d uniform" : "rng_2d normal");
         }
-        pair xd = pair_randn(&cd, (size_t)(rows * cols), dt, 10, 1.0f), yd = pair_from(&cd, NULL, (size_t)(rows * cols), dt);
+        pair xd = pair_randn(&cd, (size_t)(rows * cols), dt, 10, 1.0f),
+             yd = pair_from(&cd, NULL, (size_t)(rows * cols), dt);
         pair_poison(&cd, &yd);
         CHECK_OK(&ch, ch.ops->dropout(&ch, yd.h, xd.h, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
         CHECK_OK(&cd, cd.ops->dropout(&cd, yd.d, xd.d, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
@@ -123,15 +138,18 @@ static void test_copy_rng_dropout(tpk_dtype dt) {
         CHECK_OK(&cd, cd.ops->dropout(&cd, xd.d, xd.d, rows, cols, 64, 3, 7, 0.3f, 11, 12, dt));
         pair_check(&cd, &xd, tol_for(dt, TOL_SAME), "dropout in place");
         /* the aligned geometry (cols, gcols, col0 multiples of 4: 8 elements, two Philox calls, per
-         * thread; cols % 8 = 4, so a thread's second 4 start the next row; n % 8 = 4 left one by one) */
+         * thread; cols % 8 = 4, so a thread's second 4 start the next row; n % 8 = 4 left one by
+         * one) */
         int64_t ar = 37, ac = 36;
-        pair xa = pair_randn(&cd, (size_t)(ar * ac), dt, 13, 1.0f), ya = pair_from(&cd, NULL, (size_t)(ar * ac), dt);
+        pair xa = pair_randn(&cd, (size_t)(ar * ac), dt, 13, 1.0f),
+             ya = pair_from(&cd, NULL, (size_t)(ar * ac), dt);
         pair_poison(&cd, &ya);
         CHECK_OK(&ch, ch.ops->dropout(&ch, ya.h, xa.h, ar, ac, 44, 2, 8, 0.3f, 11, 12, dt));
         CHECK_OK(&cd, cd.ops->dropout(&cd, ya.d, xa.d, ar, ac, 44, 2, 8, 0.3f, 11, 12, dt));
         pair_check(&cd, &ya, tol_for(dt, TOL_SAME), "dropout, aligned geometry");
         pair_free(&cd, &xa), pair_free(&cd, &ya);
-        pair_free(&cd, &src), pair_free(&cd, &dst), pair_free(&cd, &x), pair_free(&cd, &xd), pair_free(&cd, &yd);
+        pair_free(&cd, &src), pair_free(&cd, &dst), pair_free(&cd, &x), pair_free(&cd, &xd),
+            pair_free(&cd, &yd);
     }
 }
 
@@ -146,13 +164,17 @@ static void test_gemm(tpk_dtype dt) {
             pair c = pair_randn(&cd, (size_t)(m * ldc), dt, 40 + t, 1.0f);
             char what[64];
             snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=0.5", ta, tb);
-            CHECK_OK(&ch, ch.ops->gemm(&ch, ta, tb, m, n, k, 0.7f, a.h, lda, b.h, ldb, 0.5f, c.h, ldc, dt));
-            CHECK_OK(&cd, cd.ops->gemm(&cd, ta, tb, m, n, k, 0.7f, a.d, lda, b.d, ldb, 0.5f, c.d, ldc, dt));
+            CHECK_OK(&ch, ch.ops->gemm(&ch, ta, tb, m, n, k, 0.7f, a.h, lda, b.h, ldb, 0.5f, c.h,
+                                       ldc, dt));
+            CHECK_OK(&cd, cd.ops->gemm(&cd, ta, tb, m, n, k, 0.7f, a.d, lda, b.d, ldb, 0.5f, c.d,
+                                       ldc, dt));
             pair_check(&cd, &c, tol_for(dt, TOL_SUM), what);
             pair_poison(&cd, &c); /* beta = 0 ignores NaN in C (the padding stays NaN on both) */
             snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=0", ta, tb);
-            CHECK_OK(&ch, ch.ops->gemm(&ch, ta, tb, m, n, k, 1.0f, a.h, lda, b.h, ldb, 0.0f, c.h, ldc, dt));
-            CHECK_OK(&cd, cd.ops->gemm(&cd, ta, tb, m, n, k, 1.0f, a.d, lda, b.d, ldb, 0.0f, c.d, ldc, dt));
+            CHECK_OK(&ch, ch.ops->gemm(&ch, ta, tb, m, n, k, 1.0f, a.h, lda, b.h, ldb, 0.0f, c.h,
+                                       ldc, dt));
+            CHECK_OK(&cd, cd.ops->gemm(&cd, ta, tb, m, n, k, 1.0f, a.d, lda, b.d, ldb, 0.0f, c.d,
+                                       ldc, dt));
             {
                 /* compare the written [m, n] part only */
                 size_t nc = (size_t)(m * ldc);
@@ -160,14 +182,18 @@ static void test_gemm(tpk_dtype dt) {
                 float *got = malloc(nc * sizeof(float)), *want = malloc(nc * sizeof(float));
                 CHECK_OK(&cd, cd.ops->memcpy(&cd, raw, c.d, nc * tpk_dtype_size(dt), TPK_D2H));
                 pair_load(got, dt, raw, nc), pair_load(want, dt, c.h, nc);
-                for (int64_t i = 0; i < m; i++) CHECK_CLOSE(got + i * ldc, want + i * ldc, (size_t)n, tol_for(dt, TOL_SUM), what);
+                for (int64_t i = 0; i < m; i++)
+                    CHECK_CLOSE(got + i * ldc, want + i * ldc, (size_t)n, tol_for(dt, TOL_SUM),
+                                what);
                 free(raw), free(got), free(want);
             }
             pair_free(&cd, &a), pair_free(&cd, &b), pair_free(&cd, &c);
         }
         pair c = pair_randn(&cd, (size_t)(m * n), dt, 50, 1.0f);
-        CHECK_OK(&ch, ch.ops->gemm(&ch, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, c.h, n, dt));
-        CHECK_OK(&cd, cd.ops->gemm(&cd, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, c.d, n, dt));
+        CHECK_OK(&ch, ch.ops->gemm(&ch, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, c.h, n,
+                                   dt));
+        CHECK_OK(&cd, cd.ops->gemm(&cd, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, c.d, n,
+                                   dt));
         pair_check(&cd, &c, tol_for(dt, TOL_SAME), "gemm k=0 (C = beta C)");
         pair_free(&cd, &c);
     }
@@ -175,15 +201,17 @@ static void test_gemm(tpk_dtype dt) {
 
 /* gemm_acc: A, B in dt into an f32 C (cuBLASLt bf16 x bf16 -> f32, or the fallback kernel's f32
  * output), against the host. C is f32 on both sides and never rounded: TOL_SUM (1e-4) is far below
- * a bf16 rounding (4e-3), and C's values (N(0,1) next to products of size ~8) fail any beta ignored.
- * beta = 0: the [m, n] part of C poisoned (not read); the padding (ldc > n) compared too (not
- * written); one C at a 4-byte offset (the plan's alignment key). */
+ * a bf16 rounding (4e-3), and C's values (N(0,1) next to products of size ~8) fail any beta
+ * ignored. beta = 0: the [m, n] part of C poisoned (not read); the padding (ldc > n) compared too
+ * (not written); one C at a 4-byte offset (the plan's alignment key). */
 static void test_gemm_acc(tpk_dtype dt) {
-    TEST_CASE("gemm_acc: %s operands into f32 C, transposes, strides, beta 0 / 1 / 0.5, k = 0", tpk_dtype_name(dt)) {
+    TEST_CASE("gemm_acc: %s operands into f32 C, transposes, strides, beta 0 / 1 / 0.5, k = 0",
+              tpk_dtype_name(dt)) {
         int64_t m = 37, n = 53, k = 71;
         for (int t = 0; t < 4; t++) {
             bool ta = t & 1, tb = t & 2;
-            int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 5, off = t == 3; /* off: C one element in */
+            int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 5,
+                    off = t == 3; /* off: C one element in */
             size_t nc = (size_t)(m * ldc + off);
             pair a = pair_randn(&cd, (size_t)((ta ? k : m) * lda), dt, 120 + t, 1.0f);
             pair b = pair_randn(&cd, (size_t)((tb ? n : k) * ldb), dt, 130 + t, 1.0f);
@@ -197,17 +225,22 @@ static void test_gemm_acc(tpk_dtype dt) {
                 free(v);
                 float *hc = (float *)c.h + off, *dc = (float *)c.d + off;
                 char what[80];
-                snprintf(what, sizeof what, "gemm_acc ta=%d tb=%d alpha=%g beta=%g%s", ta, tb, ab[s][0], ab[s][1], off ? " (C at +4 bytes)" : "");
-                CHECK_OK(&ch, ch.ops->gemm_acc(&ch, ta, tb, m, n, k, ab[s][0], a.h, lda, b.h, ldb, ab[s][1], hc, ldc, dt));
-                CHECK_OK(&cd, cd.ops->gemm_acc(&cd, ta, tb, m, n, k, ab[s][0], a.d, lda, b.d, ldb, ab[s][1], dc, ldc, dt));
+                snprintf(what, sizeof what, "gemm_acc ta=%d tb=%d alpha=%g beta=%g%s", ta, tb,
+                         ab[s][0], ab[s][1], off ? " (C at +4 bytes)" : "");
+                CHECK_OK(&ch, ch.ops->gemm_acc(&ch, ta, tb, m, n, k, ab[s][0], a.h, lda, b.h, ldb,
+                                               ab[s][1], hc, ldc, dt));
+                CHECK_OK(&cd, cd.ops->gemm_acc(&cd, ta, tb, m, n, k, ab[s][0], a.d, lda, b.d, ldb,
+                                               ab[s][1], dc, ldc, dt));
                 pair_check(&cd, &c, TOL_SUM, what);
                 pair_free(&cd, &c);
             }
             pair_free(&cd, &a), pair_free(&cd, &b);
         }
         pair c = pair_randn(&cd, (size_t)(m * n), TPK_F32, 150, 1.0f);
-        CHECK_OK(&ch, ch.ops->gemm_acc(&ch, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, (float *)c.h, n, dt));
-        CHECK_OK(&cd, cd.ops->gemm_acc(&cd, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f, (float *)c.d, n, dt));
+        CHECK_OK(&ch, ch.ops->gemm_acc(&ch, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f,
+                                       (float *)c.h, n, dt));
+        CHECK_OK(&cd, cd.ops->gemm_acc(&cd, false, false, m, n, 0, 1.0f, NULL, 1, NULL, n, 0.5f,
+                                       (float *)c.d, n, dt));
         pair_check(&cd, &c, TOL_SAME, "gemm_acc k=0 (C = beta C)");
         pair_free(&cd, &c);
     }
@@ -216,18 +249,23 @@ static void test_gemm_acc(tpk_dtype dt) {
 /* the fused linear forward (cuBLASLt bias / GELU epilogues) against the host's composition,
  * with and without bias and GELU; outputs poisoned first */
 static void test_linear_fwd(tpk_dtype dt) {
-    TEST_CASE("linear_fwd: x W^T + bias, with the fused GELU and its pre-activation [%s]", tpk_dtype_name(dt)) {
+    TEST_CASE("linear_fwd: x W^T + bias, with the fused GELU and its pre-activation [%s]",
+              tpk_dtype_name(dt)) {
         int64_t T = 67, n = 96, k = 80;
-        pair x = pair_randn(&cd, (size_t)(T * k), dt, 60, 1.0f), w = pair_randn(&cd, (size_t)(n * k), dt, 61, 0.2f);
+        pair x = pair_randn(&cd, (size_t)(T * k), dt, 60, 1.0f),
+             w = pair_randn(&cd, (size_t)(n * k), dt, 61, 0.2f);
         pair b = pair_randn(&cd, (size_t)n, dt, 62, 1.0f);
         for (int v = 0; v < 4; v++) {
             bool gelu = v & 1, bias = v & 2;
-            pair y = pair_randn(&cd, (size_t)(T * n), dt, 63, 1.0f), pre = pair_randn(&cd, (size_t)(T * n), dt, 64, 1.0f);
+            pair y = pair_randn(&cd, (size_t)(T * n), dt, 63, 1.0f),
+                 pre = pair_randn(&cd, (size_t)(T * n), dt, 64, 1.0f);
             pair_poison(&cd, &y), pair_poison(&cd, &pre);
             char what[64];
             snprintf(what, sizeof what, "linear_fwd gelu=%d bias=%d", gelu, bias);
-            CHECK_OK(&ch, tpk_op_linear_fwd(&ch, y.h, pre.h, x.h, w.h, bias ? b.h : NULL, T, n, k, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
-            CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w.d, bias ? b.d : NULL, T, n, k, gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
+            CHECK_OK(&ch, tpk_op_linear_fwd(&ch, y.h, pre.h, x.h, w.h, bias ? b.h : NULL, T, n, k,
+                                            gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
+            CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w.d, bias ? b.d : NULL, T, n, k,
+                                             gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE, dt));
             pair_check(&cd, &y, tol_for(dt, TOL_SUM), what);
             if (gelu) pair_check(&cd, &pre, tol_for(dt, TOL_SUM), "linear_fwd pre-activation");
             pair_free(&cd, &y), pair_free(&cd, &pre);
@@ -243,27 +281,39 @@ static void test_linear_fwd(tpk_dtype dt) {
 static void test_linear_bwd_act(tpk_dtype dt) {
     TEST_CASE("linear_bwd_act: (dy W) gelu'(pre) and its column sums [%s]", tpk_dtype_name(dt)) {
         int64_t T = 67, n = 96, k = 80; /* the MLP's shapes: n = F_r, k = H */
-        pair x = pair_randn(&cd, (size_t)(T * k), dt, 70, 1.0f), w1 = pair_randn(&cd, (size_t)(n * k), dt, 71, 0.2f), b1 = pair_randn(&cd, (size_t)n, dt, 72, 1.0f);
-        pair y = pair_from(&cd, NULL, (size_t)(T * n), dt), pre = pair_from(&cd, NULL, (size_t)(T * n), dt);
-        CHECK_OK(&ch, tpk_op_linear_fwd(&ch, y.h, pre.h, x.h, w1.h, b1.h, T, n, k, TPK_ACT_GELU_TANH, dt));
-        CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w1.d, b1.d, T, n, k, TPK_ACT_GELU_TANH, dt));
+        pair x = pair_randn(&cd, (size_t)(T * k), dt, 70, 1.0f),
+             w1 = pair_randn(&cd, (size_t)(n * k), dt, 71, 0.2f),
+             b1 = pair_randn(&cd, (size_t)n, dt, 72, 1.0f);
+        pair y = pair_from(&cd, NULL, (size_t)(T * n), dt),
+             pre = pair_from(&cd, NULL, (size_t)(T * n), dt);
+        CHECK_OK(&ch, tpk_op_linear_fwd(&ch, y.h, pre.h, x.h, w1.h, b1.h, T, n, k,
+                                        TPK_ACT_GELU_TANH, dt));
+        CHECK_OK(&cd, cd.ops->linear_fwd(&cd, y.d, pre.d, x.d, w1.d, b1.d, T, n, k,
+                                         TPK_ACT_GELU_TANH, dt));
         pair_sync_down(&cd, &pre); /* both sides from the same pre-activation (the host's) */
-        pair dy = pair_randn(&cd, (size_t)(T * k), dt, 73, 1.0f), w2 = pair_randn(&cd, (size_t)(k * n), dt, 74, 0.2f);
+        pair dy = pair_randn(&cd, (size_t)(T * k), dt, 73, 1.0f),
+             w2 = pair_randn(&cd, (size_t)(k * n), dt, 74, 0.2f);
         for (int with_db = 0; with_db < 2; with_db++) {
-            pair du = pair_from(&cd, NULL, (size_t)(T * n), dt), db = pair_from(&cd, NULL, (size_t)n, dt);
+            pair du = pair_from(&cd, NULL, (size_t)(T * n), dt),
+                 db = pair_from(&cd, NULL, (size_t)n, dt);
             pair_poison(&cd, &du), pair_poison(&cd, &db);
-            CHECK_OK(&ch, tpk_op_linear_bwd_act(&ch, du.h, with_db ? db.h : NULL, dy.h, w2.h, pre.h, T, n, k, TPK_ACT_GELU_TANH, dt));
-            CHECK_OK(&cd, cd.ops->linear_bwd_act(&cd, du.d, with_db ? db.d : NULL, dy.d, w2.d, pre.d, T, n, k, TPK_ACT_GELU_TANH, dt));
-            pair_check(&cd, &du, tol_for(dt, TOL_SUM), with_db ? "linear_bwd_act du (with db)" : "linear_bwd_act du");
+            CHECK_OK(&ch, tpk_op_linear_bwd_act(&ch, du.h, with_db ? db.h : NULL, dy.h, w2.h, pre.h,
+                                                T, n, k, TPK_ACT_GELU_TANH, dt));
+            CHECK_OK(&cd, cd.ops->linear_bwd_act(&cd, du.d, with_db ? db.d : NULL, dy.d, w2.d,
+                                                 pre.d, T, n, k, TPK_ACT_GELU_TANH, dt));
+            pair_check(&cd, &du, tol_for(dt, TOL_SUM),
+                       with_db ? "linear_bwd_act du (with db)" : "linear_bwd_act du");
             if (with_db) pair_check(&cd, &db, tol_for(dt, TOL_SUM), "linear_bwd_act db");
             pair_free(&cd, &du), pair_free(&cd, &db);
         }
-        pair_free(&cd, &x), pair_free(&cd, &w1), pair_free(&cd, &b1), pair_free(&cd, &y), pair_free(&cd, &pre), pair_free(&cd, &dy), pair_free(&cd, &w2);
+        pair_free(&cd, &x), pair_free(&cd, &w1), pair_free(&cd, &b1), pair_free(&cd, &y),
+            pair_free(&cd, &pre), pair_free(&cd, &dy), pair_free(&cd, &w2);
     }
 }
 
 /* n elements at two device addresses, downloaded and compared (relative error < tol) */
-static void dev_close(const void *got, const void *want, size_t n, tpk_dtype dt, double tol, const char *what) {
+static void dev_close(const void *got, const void *want, size_t n, tpk_dtype dt, double tol,
+                      const char *what) {
     size_t bytes = n * tpk_dtype_size(dt);
     void *rg = malloc(bytes), *rw = malloc(bytes);
     float *g = malloc(n * sizeof(float)), *w = malloc(n * sizeof(float));
@@ -282,65 +332,101 @@ static void dev_close(const void *got, const void *want, size_t n, tpk_dtype dt,
  * (an epilogue needs 16-byte vectors) against the same composition, bit for bit. Outputs
  * poisoned first. x [T, k], W [n, k], pre / du [T, n], dy [T, k2], W2 [k2, n]. */
 static void test_epilogues_composed(tpk_dtype dt) {
-    TEST_CASE("linear_fwd, linear_bwd_act: each epilogue against gemm + bias_add + act_fwd / act_bwd + bias_grad on the GPU [%s]", tpk_dtype_name(dt)) {
+    TEST_CASE("linear_fwd, linear_bwd_act: each epilogue against gemm + bias_add + act_fwd / "
+              "act_bwd + bias_grad on the GPU [%s]", tpk_dtype_name(dt)) {
         int64_t T = 67, n = 96, k = 80, k2 = 48;
-        size_t es = tpk_dtype_size(dt), tn = (size_t)(T * n), pad = 8; /* pad: room for the copies at +1 element */
-        pair x = pair_randn(&cd, (size_t)(T * k), dt, 90, 1.0f), w = pair_randn(&cd, (size_t)(n * k), dt, 91, 0.2f);
-        pair b = pair_randn(&cd, (size_t)n + pad, dt, 92, 1.0f), dy = pair_randn(&cd, (size_t)(T * k2), dt, 93, 1.0f);
-        pair w2 = pair_randn(&cd, (size_t)(k2 * n), dt, 94, 0.2f), pre0 = pair_randn(&cd, tn + pad, dt, 95, 1.5f);
+        size_t es = tpk_dtype_size(dt), tn = (size_t)(T * n), pad = 8; /* pad: room for the copies
+                                                                          at +1 element */
+        pair x = pair_randn(&cd, (size_t)(T * k), dt, 90, 1.0f),
+             w = pair_randn(&cd, (size_t)(n * k), dt, 91, 0.2f);
+        pair b = pair_randn(&cd, (size_t)n + pad, dt, 92, 1.0f),
+             dy = pair_randn(&cd, (size_t)(T * k2), dt, 93, 1.0f);
+        pair w2 = pair_randn(&cd, (size_t)(k2 * n), dt, 94, 0.2f),
+             pre0 = pair_randn(&cd, tn + pad, dt, 95, 1.5f);
         void *y, *pre, *yc, *prec, *db, *dbc; /* fused, composed: [T, n] + pad (db: [n] + pad) */
-        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &y)); CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &pre));
-        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &yc)); CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &prec));
-        CHECK_OK(&cd, cd.ops->alloc(&cd, ((size_t)n + pad) * es, &db)); CHECK_OK(&cd, cd.ops->alloc(&cd, ((size_t)n + pad) * es, &dbc));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &y));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &pre));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &yc));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, (tn + pad) * es, &prec));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, ((size_t)n + pad) * es, &db));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, ((size_t)n + pad) * es, &dbc));
         char what[96];
-        for (int off = 0; off < 2; off++) { /* 0: the epilogue; 1: every vector at +1 element: the backend composes */
+        for (int off = 0; off < 2; off++) { /* 0: the epilogue; 1: every vector at +1 element: the
+                                               backend composes */
             size_t o = (size_t)off * es;
-            void *bo = (char *)b.d + o, *yo = (char *)y + o, *po = (char *)pre + o, *yco = (char *)yc + o, *pco = (char *)prec + o;
-            double tol = off ? 1e-30 : tol_for(dt, TOL_SUM); /* off: the same calls, so equal bit for bit */
+            void *bo = (char *)b.d + o, *yo = (char *)y + o, *po = (char *)pre + o,
+                 *yco = (char *)yc + o, *pco = (char *)prec + o;
+            double tol = off ? 1e-30 : tol_for(dt, TOL_SUM); /* off: the same calls, so equal bit
+                                                                for bit */
             for (int v = 0; v < 4; v++) {
                 bool gelu = v & 1, bias = v & 2;
                 if (!gelu && !bias) continue; /* no epilogue: a plain gemm (test_gemm) */
                 tpk_act act = gelu ? TPK_ACT_GELU_TANH : TPK_ACT_NONE;
-                CHECK_OK(&cd, cd.ops->fill(&cd, y, dt, tn + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, pre, dt, tn + pad, NAN));
-                CHECK_OK(&cd, cd.ops->fill(&cd, yc, dt, tn + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, prec, dt, tn + pad, NAN));
-                CHECK_OK(&cd, cd.ops->linear_fwd(&cd, yo, po, x.d, w.d, bias ? bo : NULL, T, n, k, act, dt));
+                CHECK_OK(&cd, cd.ops->fill(&cd, y, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, pre, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, yc, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, prec, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->linear_fwd(&cd, yo, po, x.d, w.d, bias ? bo : NULL, T, n, k,
+                                                 act, dt));
                 void *u = gelu ? pco : yco;
-                CHECK_OK(&cd, cd.ops->gemm(&cd, false, true, T, n, k, 1.0f, x.d, k, w.d, k, 0.0f, u, n, dt));
+                CHECK_OK(&cd, cd.ops->gemm(&cd, false, true, T, n, k, 1.0f, x.d, k, w.d, k, 0.0f, u,
+                                           n, dt));
                 if (bias) CHECK_OK(&cd, cd.ops->bias_add(&cd, u, bo, T, n, dt));
                 if (gelu) CHECK_OK(&cd, cd.ops->act_fwd(&cd, act, yco, u, dt, tn));
-                snprintf(what, sizeof what, "linear_fwd %s%s%s", bias ? "bias" : "", gelu ? (bias ? "+gelu" : "gelu") : "", off ? " (composed: +1 element)" : "");
+                snprintf(what, sizeof what, "linear_fwd %s%s%s", bias ? "bias" : "",
+                         gelu ? (bias ? "+gelu" : "gelu") : "",
+                         off ? " (composed: +1 element)" : "");
                 dev_close(yo, yco, tn, dt, tol, what);
                 if (gelu) dev_close(po, pco, tn, dt, tol, "linear_fwd pre-activation");
             }
-            void *p0 = (char *)pre0.d + o, *duo = (char *)y + o, *duco = (char *)yc + o, *dbo = (char *)db + o, *dbco = (char *)dbc + o;
+            void *p0 = (char *)pre0.d + o, *duo = (char *)y + o, *duco = (char *)yc + o,
+                 *dbo = (char *)db + o, *dbco = (char *)dbc + o;
             for (int with_db = 0; with_db < 2; with_db++) {
-                CHECK_OK(&cd, cd.ops->fill(&cd, y, dt, tn + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, yc, dt, tn + pad, NAN));
-                CHECK_OK(&cd, cd.ops->fill(&cd, db, dt, (size_t)n + pad, NAN)); CHECK_OK(&cd, cd.ops->fill(&cd, dbc, dt, (size_t)n + pad, NAN));
-                CHECK_OK(&cd, cd.ops->linear_bwd_act(&cd, duo, with_db ? dbo : NULL, dy.d, w2.d, p0, T, n, k2, TPK_ACT_GELU_TANH, dt));
-                CHECK_OK(&cd, cd.ops->gemm(&cd, false, false, T, n, k2, 1.0f, dy.d, k2, w2.d, n, 0.0f, duco, n, dt));
+                CHECK_OK(&cd, cd.ops->fill(&cd, y, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, yc, dt, tn + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, db, dt, (size_t)n + pad, NAN));
+                CHECK_OK(&cd, cd.ops->fill(&cd, dbc, dt, (size_t)n + pad, NAN));
+                CHECK_OK(&cd, cd.ops->linear_bwd_act(&cd, duo, with_db ? dbo : NULL, dy.d, w2.d, p0,
+                                                     T, n, k2, TPK_ACT_GELU_TANH, dt));
+                CHECK_OK(&cd, cd.ops->gemm(&cd, false, false, T, n, k2, 1.0f, dy.d, k2, w2.d, n,
+                                           0.0f, duco, n, dt));
                 CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, duco, p0, duco, dt, tn));
                 if (with_db) CHECK_OK(&cd, cd.ops->bias_grad(&cd, dbco, duco, T, n, dt, dt, false));
-                snprintf(what, sizeof what, "linear_bwd_act du%s%s", with_db ? " (dgelu_bgrad)" : " (dgelu)", off ? " (composed: +1 element)" : "");
+                snprintf(what, sizeof what, "linear_bwd_act du%s%s",
+                         with_db ? " (dgelu_bgrad)" : " (dgelu)",
+                         off ? " (composed: +1 element)" : "");
                 dev_close(duo, duco, tn, dt, tol, what);
-                if (with_db) dev_close(dbo, dbco, (size_t)n, dt, tol, off ? "linear_bwd_act db (composed: +1 element)" : "linear_bwd_act db");
+                if (with_db)
+                    dev_close(dbo, dbco, (size_t)n, dt, tol,
+                              off ? "linear_bwd_act db (composed: +1 element)"
+                                  : "linear_bwd_act db");
             }
         }
         void *bufs[] = {y, pre, yc, prec, db, dbc};
         for (int i = 0; i < 6; i++) cd.ops->free(&cd, bufs[i]);
-        pair_free(&cd, &x), pair_free(&cd, &w), pair_free(&cd, &b), pair_free(&cd, &dy), pair_free(&cd, &w2), pair_free(&cd, &pre0);
+        pair_free(&cd, &x), pair_free(&cd, &w), pair_free(&cd, &b), pair_free(&cd, &dy),
+            pair_free(&cd, &w2), pair_free(&cd, &pre0);
     }
 }
 
 /* the fused residual + layernorm forward against the host op */
 static void test_residual_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
-    TEST_CASE("residual_layernorm_fwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
+    TEST_CASE("residual_layernorm_fwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows,
+              (long long)cols) {
         size_t nx = (size_t)(rows * cols);
-        pair x = pair_randn(&cd, nx, dt, 65, 2.0f), r = pair_randn(&cd, nx, dt, 66, 1.0f), x1 = pair_from(&cd, NULL, nx, dt), y = pair_from(&cd, NULL, nx, dt);
-        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 67, 1.0f), b = pair_randn(&cd, (size_t)cols, TPK_F32, 68, 1.0f);
-        pair m = pair_from(&cd, NULL, (size_t)rows, TPK_F32), rs = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
+        pair x = pair_randn(&cd, nx, dt, 65, 2.0f), r = pair_randn(&cd, nx, dt, 66, 1.0f),
+             x1 = pair_from(&cd, NULL, nx, dt), y = pair_from(&cd, NULL, nx, dt);
+        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 67, 1.0f),
+             b = pair_randn(&cd, (size_t)cols, TPK_F32, 68, 1.0f);
+        pair m = pair_from(&cd, NULL, (size_t)rows, TPK_F32),
+             rs = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
         pair_poison(&cd, &x1), pair_poison(&cd, &y), pair_poison(&cd, &m), pair_poison(&cd, &rs);
-        CHECK_OK(&ch, tpk_op_residual_layernorm_fwd(&ch, x1.h, y.h, (float *)m.h, (float *)rs.h, x.h, r.h, (const float *)w.h, (const float *)b.h, rows, cols, 1e-5f, dt));
-        CHECK_OK(&cd, cd.ops->residual_layernorm_fwd(&cd, x1.d, y.d, (float *)m.d, (float *)rs.d, x.d, r.d, (const float *)w.d, (const float *)b.d, rows, cols, 1e-5f, dt));
+        CHECK_OK(&ch, tpk_op_residual_layernorm_fwd(&ch, x1.h, y.h, (float *)m.h, (float *)rs.h,
+                                                    x.h, r.h, (const float *)w.h,
+                                                    (const float *)b.h, rows, cols, 1e-5f, dt));
+        CHECK_OK(&cd, cd.ops->residual_layernorm_fwd(&cd, x1.d, y.d, (float *)m.d, (float *)rs.d,
+                                                     x.d, r.d, (const float *)w.d,
+                                                     (const float *)b.d, rows, cols, 1e-5f, dt));
         pair_check(&cd, &x1, tol_for(dt, TOL_SAME), "x1 = x + r");
         pair_check(&cd, &y, tol_for(dt, TOL_SUM), "y");
         pair_check(&cd, &m, TOL_SUM, "mean"), pair_check(&cd, &rs, TOL_SUM, "rstd");
@@ -355,39 +441,52 @@ static void test_residual_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
  * 334 chunks of 12 rows, whose column partials are summed in 6 groups of 64; 30000 rows of 8 give
  * 40 groups, more than the final sum's 32 lanes */
 static void test_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
-    TEST_CASE("layernorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
+    TEST_CASE("layernorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows,
+              (long long)cols) {
         size_t nx = (size_t)(rows * cols);
         pair x = pair_randn(&cd, nx, dt, 60, 2.0f), y = pair_from(&cd, NULL, nx, dt);
-        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 61, 1.0f), b = pair_randn(&cd, (size_t)cols, TPK_F32, 62, 1.0f);
-        pair mean = pair_from(&cd, NULL, (size_t)rows, TPK_F32), rstd = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
+        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 61, 1.0f),
+             b = pair_randn(&cd, (size_t)cols, TPK_F32, 62, 1.0f);
+        pair mean = pair_from(&cd, NULL, (size_t)rows, TPK_F32),
+             rstd = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
         pair_poison(&cd, &y), pair_poison(&cd, &mean), pair_poison(&cd, &rstd);
-        CHECK_OK(&ch, ch.ops->layernorm_fwd(&ch, y.h, mean.h, rstd.h, x.h, w.h, b.h, rows, cols, 1e-5f, dt));
-        CHECK_OK(&cd, cd.ops->layernorm_fwd(&cd, y.d, mean.d, rstd.d, x.d, w.d, b.d, rows, cols, 1e-5f, dt));
+        CHECK_OK(&ch, ch.ops->layernorm_fwd(&ch, y.h, mean.h, rstd.h, x.h, w.h, b.h, rows, cols,
+                                            1e-5f, dt));
+        CHECK_OK(&cd, cd.ops->layernorm_fwd(&cd, y.d, mean.d, rstd.d, x.d, w.d, b.d, rows, cols,
+                                            1e-5f, dt));
         pair_check(&cd, &y, tol_for(dt, TOL_SUM), "layernorm y");
         pair_check(&cd, &mean, TOL_SUM, "layernorm mean");
         pair_check(&cd, &rstd, TOL_SUM, "layernorm rstd");
-        pair_sync_down(&cd, &mean), pair_sync_down(&cd, &rstd); /* the same saved statistics for both */
+        pair_sync_down(&cd, &mean), pair_sync_down(&cd, &rstd); /* the same saved statistics for
+                                                                   both */
         for (int acc = 0; acc < 2; acc++) {
             pair dy = pair_randn(&cd, nx, dt, 63, 1.0f), dx = pair_randn(&cd, nx, dt, 64, 1.0f);
-            pair dw = pair_randn(&cd, (size_t)cols, TPK_F32, 65, 1.0f), db = pair_randn(&cd, (size_t)cols, TPK_F32, 66, 1.0f);
+            pair dw = pair_randn(&cd, (size_t)cols, TPK_F32, 65, 1.0f),
+                 db = pair_randn(&cd, (size_t)cols, TPK_F32, 66, 1.0f);
             if (!acc) pair_poison(&cd, &dx);
-            CHECK_OK(&ch, ch.ops->layernorm_bwd(&ch, dx.h, dw.h, db.h, dy.h, x.h, w.h, mean.h, rstd.h, rows, cols, dt, acc));
-            CHECK_OK(&cd, cd.ops->layernorm_bwd(&cd, dx.d, dw.d, db.d, dy.d, x.d, w.d, mean.d, rstd.d, rows, cols, dt, acc));
-            pair_check(&cd, &dx, tol_for(dt, TOL_SUM), acc ? "layernorm dx accumulate" : "layernorm dx");
+            CHECK_OK(&ch, ch.ops->layernorm_bwd(&ch, dx.h, dw.h, db.h, dy.h, x.h, w.h, mean.h,
+                                                rstd.h, rows, cols, dt, acc));
+            CHECK_OK(&cd, cd.ops->layernorm_bwd(&cd, dx.d, dw.d, db.d, dy.d, x.d, w.d, mean.d,
+                                                rstd.d, rows, cols, dt, acc));
+            pair_check(&cd, &dx, tol_for(dt, TOL_SUM),
+                       acc ? "layernorm dx accumulate" : "layernorm dx");
             pair_check(&cd, &dw, TOL_SUM, "layernorm dw");
             pair_check(&cd, &db, TOL_SUM, "layernorm db");
             pair_free(&cd, &dy), pair_free(&cd, &dx), pair_free(&cd, &dw), pair_free(&cd, &db);
         }
-        pair_free(&cd, &x), pair_free(&cd, &y), pair_free(&cd, &w), pair_free(&cd, &b), pair_free(&cd, &mean), pair_free(&cd, &rstd);
+        pair_free(&cd, &x), pair_free(&cd, &y), pair_free(&cd, &w), pair_free(&cd, &b),
+            pair_free(&cd, &mean), pair_free(&cd, &rstd);
     }
 }
 
 /* RMSNorm: the layernorm kernels with the mean taken as 0 */
 static void test_rmsnorm(tpk_dtype dt, int64_t rows, int64_t cols) {
-    TEST_CASE("rmsnorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows, (long long)cols) {
+    TEST_CASE("rmsnorm fwd/bwd [%s] %lld x %lld", tpk_dtype_name(dt), (long long)rows,
+              (long long)cols) {
         size_t nx = (size_t)(rows * cols);
         pair x = pair_randn(&cd, nx, dt, 160, 2.0f), y = pair_from(&cd, NULL, nx, dt);
-        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 161, 1.0f), rstd = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
+        pair w = pair_randn(&cd, (size_t)cols, TPK_F32, 161, 1.0f),
+             rstd = pair_from(&cd, NULL, (size_t)rows, TPK_F32);
         pair_poison(&cd, &y), pair_poison(&cd, &rstd);
         CHECK_OK(&ch, ch.ops->rmsnorm_fwd(&ch, y.h, rstd.h, x.h, w.h, rows, cols, 1e-6f, dt));
         CHECK_OK(&cd, cd.ops->rmsnorm_fwd(&cd, y.d, rstd.d, x.d, w.d, rows, cols, 1e-6f, dt));
@@ -395,11 +494,15 @@ static void test_rmsnorm(tpk_dtype dt, int64_t rows, int64_t cols) {
         pair_check(&cd, &rstd, TOL_SUM, "rmsnorm rstd");
         pair_sync_down(&cd, &rstd);
         for (int acc = 0; acc < 2; acc++) {
-            pair dy = pair_randn(&cd, nx, dt, 163, 1.0f), dx = pair_randn(&cd, nx, dt, 164, 1.0f), dw = pair_randn(&cd, (size_t)cols, TPK_F32, 165, 1.0f);
+            pair dy = pair_randn(&cd, nx, dt, 163, 1.0f), dx = pair_randn(&cd, nx, dt, 164, 1.0f),
+                 dw = pair_randn(&cd, (size_t)cols, TPK_F32, 165, 1.0f);
             if (!acc) pair_poison(&cd, &dx);
-            CHECK_OK(&ch, ch.ops->rmsnorm_bwd(&ch, dx.h, dw.h, dy.h, x.h, w.h, rstd.h, rows, cols, dt, acc));
-            CHECK_OK(&cd, cd.ops->rmsnorm_bwd(&cd, dx.d, dw.d, dy.d, x.d, w.d, rstd.d, rows, cols, dt, acc));
-            pair_check(&cd, &dx, tol_for(dt, TOL_SUM), acc ? "rmsnorm dx accumulate" : "rmsnorm dx");
+            CHECK_OK(&ch, ch.ops->rmsnorm_bwd(&ch, dx.h, dw.h, dy.h, x.h, w.h, rstd.h, rows, cols,
+                                              dt, acc));
+            CHECK_OK(&cd, cd.ops->rmsnorm_bwd(&cd, dx.d, dw.d, dy.d, x.d, w.d, rstd.d, rows, cols,
+                                              dt, acc));
+            pair_check(&cd, &dx, tol_for(dt, TOL_SUM),
+                       acc ? "rmsnorm dx accumulate" : "rmsnorm dx");
             pair_check(&cd, &dw, TOL_SUM, "rmsnorm dw");
             pair_free(&cd, &dy), pair_free(&cd, &dx), pair_free(&cd, &dw);
         }
@@ -409,7 +512,8 @@ static void test_rmsnorm(tpk_dtype dt, int64_t rows, int64_t cols) {
 
 /* rows x ld values from seed with the first `cols` columns of each row poisoned (NaN): an op that
  * writes those columns must write all of them and leave the rest as they were */
-static pair pair_rows_poisoned(int64_t rows, int64_t ld, int64_t cols, tpk_dtype dt, uint64_t seed) {
+static pair pair_rows_poisoned(int64_t rows, int64_t ld, int64_t cols, tpk_dtype dt,
+                               uint64_t seed) {
     size_t n = (size_t)(rows * ld);
     float *v = (float *)malloc(n * sizeof(float));
     test_randn(v, n, seed, 1.0f);
@@ -425,32 +529,43 @@ static void test_rope_swiglu(tpk_dtype dt) {
         int64_t rows = 300, S = 37, heads = 3, D = 64, ld = heads * D + 16, F = 200;
         pair x = pair_randn(&cd, (size_t)(rows * ld), dt, 170, 1.0f);
         for (int inv = 0; inv < 2; inv++) {
-            pair y = pair_rows_poisoned(rows, ld, heads * D, dt, 173); /* the heads poisoned, the 16 columns past them not */
-            CHECK_OK(&ch, ch.ops->rope(&ch, y.h, ld, x.h, ld, rows, S, heads, D, 10000.0f, inv, dt));
-            CHECK_OK(&cd, cd.ops->rope(&cd, y.d, ld, x.d, ld, rows, S, heads, D, 10000.0f, inv, dt));
-            pair_check(&cd, &y, tol_for(dt, TOL_SAME), inv ? "rope inverse (the columns past the heads left as they were)" : "rope");
+            pair y = pair_rows_poisoned(rows, ld, heads * D, dt, 173); /* the heads poisoned, the 16
+                                                                          columns past them not */
+            CHECK_OK(&ch,
+                     ch.ops->rope(&ch, y.h, ld, x.h, ld, rows, S, heads, D, 10000.0f, inv, dt));
+            CHECK_OK(&cd,
+                     cd.ops->rope(&cd, y.d, ld, x.d, ld, rows, S, heads, D, 10000.0f, inv, dt));
+            pair_check(&cd, &y, tol_for(dt, TOL_SAME), inv ? "rope inverse (the columns past the "
+                                                             "heads left as they were)" : "rope");
             pair_free(&cd, &y);
         }
         /* rows of another stride into a packed y: the inverse undoes the forward */
-        pair y = pair_rows_poisoned(rows, heads * D, heads * D, dt, 174), z = pair_rows_poisoned(rows, ld, heads * D, dt, 175);
-        CHECK_OK(&ch, ch.ops->rope(&ch, y.h, heads * D, x.h, ld, rows, S, heads, D, 10000.0f, false, dt));
-        CHECK_OK(&cd, cd.ops->rope(&cd, y.d, heads * D, x.d, ld, rows, S, heads, D, 10000.0f, false, dt));
+        pair y = pair_rows_poisoned(rows, heads * D, heads * D, dt, 174),
+             z = pair_rows_poisoned(rows, ld, heads * D, dt, 175);
+        CHECK_OK(&ch, ch.ops->rope(&ch, y.h, heads * D, x.h, ld, rows, S, heads, D, 10000.0f, false,
+                                   dt));
+        CHECK_OK(&cd, cd.ops->rope(&cd, y.d, heads * D, x.d, ld, rows, S, heads, D, 10000.0f, false,
+                                   dt));
         pair_check(&cd, &y, tol_for(dt, TOL_SAME), "rope ldy != ldx");
-        CHECK_OK(&ch, ch.ops->rope(&ch, z.h, ld, y.h, heads * D, rows, S, heads, D, 10000.0f, true, dt));
-        CHECK_OK(&cd, cd.ops->rope(&cd, z.d, ld, y.d, heads * D, rows, S, heads, D, 10000.0f, true, dt));
+        CHECK_OK(&ch,
+                 ch.ops->rope(&ch, z.h, ld, y.h, heads * D, rows, S, heads, D, 10000.0f, true, dt));
+        CHECK_OK(&cd,
+                 cd.ops->rope(&cd, z.d, ld, y.d, heads * D, rows, S, heads, D, 10000.0f, true, dt));
         pair_check(&cd, &z, tol_for(dt, TOL_SAME), "rope inverse, ldy != ldx");
         if (dt == TPK_F32) { /* the inverse rotation undoes the forward one: z's heads are x's */
             float *zf = (float *)z.h, *xf = (float *)x.h;
             double e = 0;
             for (int64_t i = 0; i < rows; i++)
-                for (int64_t j = 0; j < heads * D; j++) e = fmax(e, fabs(zf[i * ld + j] - xf[i * ld + j]));
+                for (int64_t j = 0; j < heads * D; j++)
+                    e = fmax(e, fabs(zf[i * ld + j] - xf[i * ld + j]));
             CHECK(e < 1e-5, "rope: inverse(forward(x)) - x = %.3g", e);
         }
         pair_free(&cd, &y), pair_free(&cd, &z);
         CHECK_OK(&ch, ch.ops->rope(&ch, x.h, ld, x.h, ld, rows, S, heads, D, 500.0f, false, dt));
         CHECK_OK(&cd, cd.ops->rope(&cd, x.d, ld, x.d, ld, rows, S, heads, D, 500.0f, false, dt));
         pair_check(&cd, &x, tol_for(dt, TOL_SAME), "rope in place");
-        pair gu = pair_randn(&cd, (size_t)(rows * 2 * F), dt, 171, 2.0f), h = pair_from(&cd, NULL, (size_t)(rows * F), dt);
+        pair gu = pair_randn(&cd, (size_t)(rows * 2 * F), dt, 171, 2.0f),
+             h = pair_from(&cd, NULL, (size_t)(rows * F), dt);
         pair dh = pair_randn(&cd, (size_t)(rows * F), dt, 172, 1.0f);
         pair_poison(&cd, &h);
         CHECK_OK(&ch, ch.ops->swiglu_fwd(&ch, h.h, gu.h, rows, F, dt));
@@ -465,23 +580,31 @@ static void test_rope_swiglu(tpk_dtype dt) {
 
 /* H = 40: 16-byte vectors (5 a row); 37: one element at a time; 2056: vectors, several a thread */
 static void test_embed(tpk_dtype dt, int64_t H) {
-    TEST_CASE("embedding fwd/bwd (repeated and out-of-range ids) [%s] H = %lld", tpk_dtype_name(dt), (long long)H) {
+    TEST_CASE("embedding fwd/bwd (repeated and out-of-range ids) [%s] H = %lld", tpk_dtype_name(dt),
+              (long long)H) {
         int64_t T = 700, v0 = 10, vrows = 25;
         float idv[700];
-        for (int t = 0; t < T; t++) idv[t] = (float)((t * 7919 + 13) % 41); /* 0..40: some below v0, some past v0 + vrows */
+        for (int t = 0; t < T; t++) idv[t] = (float)((t * 7919 + 13) % 41); /* 0..40: some below v0,
+                                                                               some past v0 +
+                                                                               vrows */
         pair ids = pair_from(&cd, idv, (size_t)T, TPK_I32);
         pair E = pair_randn(&cd, (size_t)(vrows * H), TPK_F32, 70, 1.0f);
         for (int acc = 0; acc < 2; acc++) {
             pair y = pair_randn(&cd, (size_t)(T * H), dt, 71, 1.0f);
             if (!acc) pair_poison(&cd, &y);
-            CHECK_OK(&ch, ch.ops->embed_fwd(&ch, y.h, (const int32_t *)ids.h, E.h, T, H, v0, vrows, dt, acc));
-            CHECK_OK(&cd, cd.ops->embed_fwd(&cd, y.d, (const int32_t *)ids.d, E.d, T, H, v0, vrows, dt, acc));
+            CHECK_OK(&ch, ch.ops->embed_fwd(&ch, y.h, (const int32_t *)ids.h, E.h, T, H, v0, vrows,
+                                            dt, acc));
+            CHECK_OK(&cd, cd.ops->embed_fwd(&cd, y.d, (const int32_t *)ids.d, E.d, T, H, v0, vrows,
+                                            dt, acc));
             pair_check(&cd, &y, tol_for(dt, TOL_SAME), acc ? "embed_fwd accumulate" : "embed_fwd");
             pair_free(&cd, &y);
         }
-        pair dy = pair_randn(&cd, (size_t)(T * H), dt, 72, 1.0f), dE = pair_randn(&cd, (size_t)(vrows * H), TPK_F32, 73, 1.0f);
-        CHECK_OK(&ch, ch.ops->embed_bwd(&ch, dE.h, dy.h, (const int32_t *)ids.h, T, H, v0, vrows, dt));
-        CHECK_OK(&cd, cd.ops->embed_bwd(&cd, dE.d, dy.d, (const int32_t *)ids.d, T, H, v0, vrows, dt));
+        pair dy = pair_randn(&cd, (size_t)(T * H), dt, 72, 1.0f),
+             dE = pair_randn(&cd, (size_t)(vrows * H), TPK_F32, 73, 1.0f);
+        CHECK_OK(&ch,
+                 ch.ops->embed_bwd(&ch, dE.h, dy.h, (const int32_t *)ids.h, T, H, v0, vrows, dt));
+        CHECK_OK(&cd,
+                 cd.ops->embed_bwd(&cd, dE.d, dy.d, (const int32_t *)ids.d, T, H, v0, vrows, dt));
         pair_check(&cd, &dE, 1e-7, "embed_bwd (token order: the host's sums exactly)");
         pair_free(&cd, &ids), pair_free(&cd, &E), pair_free(&cd, &dy), pair_free(&cd, &dE);
     }
@@ -502,55 +625,86 @@ static void *pair_bytes(pair *p) {
  * turn. Vl = 3001 in rows of 3008, h0 = 1504: both shards in 16-byte vectors, one a thread of the
  * 1024 (XENT_THREADS); Vl = 20001 in rows of 20008, h0 = 10004: several vectors a thread. */
 static void test_xent(tpk_dtype dt, int64_t ld, int64_t Vl, int64_t h0) {
-    TEST_CASE("cross-entropy pieces [%s] %lld columns in rows of %lld: statistics of two shards, loss over P = 2, gradient, fused", tpk_dtype_name(dt),
+    TEST_CASE("cross-entropy pieces [%s] %lld columns in rows of %lld: statistics of two shards, "
+              "loss over P = 2, gradient, fused", tpk_dtype_name(dt),
               (long long)Vl, (long long)ld) {
         int64_t T = 33, v0 = 100, V = v0 + Vl + 383;
         float yv[33];
-        for (int t = 0; t < T; t++) yv[t] = t == 5 ? -100.0f : (float)((t * 131 * (V / 1000)) % V); /* in and out of the shard, one ignored */
-        pair y = pair_from(&cd, yv, (size_t)T, TPK_I32), z = pair_randn(&cd, (size_t)(T * ld), dt, 80, 3.0f);
+        for (int t = 0; t < T; t++)
+            yv[t] = t == 5 ? -100.0f
+                           : (float)((t * 131 * (V / 1000)) %
+                                     V); /* in and out of the shard, one ignored */
+        pair y = pair_from(&cd, yv, (size_t)T, TPK_I32),
+             z = pair_randn(&cd, (size_t)(T * ld), dt, 80, 3.0f);
         pair part = pair_from(&cd, NULL, (size_t)(8 * T), TPK_F32);
         pair_poison(&cd, &part);
         size_t es = tpk_dtype_size(dt);
-        for (int q = 0; q < 2; q++) { /* shard q: columns [q h0, ...) of each row, rows still of ld */
+        for (int q = 0; q < 2; q++) { /* shard q: columns [q h0, ...) of each row, rows still of
+                                         ld */
             int64_t c0 = q ? h0 : 0, n = q ? Vl - h0 : h0;
-            CHECK_OK(&ch, ch.ops->xent_stats(&ch, (float *)part.h + 4 * T * q, (char *)z.h + (size_t)c0 * es, (const int32_t *)y.h, T, n, ld, v0 + c0, dt));
-            CHECK_OK(&cd, cd.ops->xent_stats(&cd, (float *)part.d + 4 * T * q, (char *)z.d + (size_t)c0 * es, (const int32_t *)y.d, T, n, ld, v0 + c0, dt));
+            CHECK_OK(&ch, ch.ops->xent_stats(&ch, (float *)part.h + 4 * T * q,
+                                             (char *)z.h + (size_t)c0 * es, (const int32_t *)y.h, T,
+                                             n, ld, v0 + c0, dt));
+            CHECK_OK(&cd, cd.ops->xent_stats(&cd, (float *)part.d + 4 * T * q,
+                                             (char *)z.d + (size_t)c0 * es, (const int32_t *)y.d, T,
+                                             n, ld, v0 + c0, dt));
         }
         pair_check(&cd, &part, TOL_SUM, "xent_stats (max and z_y exact, the sums within f32)");
         pair_sync_down(&cd, &part);
-        pair loss = pair_from(&cd, NULL, (size_t)T, TPK_F32), lse = pair_from(&cd, NULL, (size_t)T, TPK_F32);
+        pair loss = pair_from(&cd, NULL, (size_t)T, TPK_F32),
+             lse = pair_from(&cd, NULL, (size_t)T, TPK_F32);
         pair_poison(&cd, &loss), pair_poison(&cd, &lse);
-        CHECK_OK(&ch, ch.ops->xent_loss(&ch, loss.h, lse.h, part.h, 2, (const int32_t *)y.h, T, V, 0.1f, -100));
-        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, part.d, 2, (const int32_t *)y.d, T, V, 0.1f, -100));
+        CHECK_OK(&ch, ch.ops->xent_loss(&ch, loss.h, lse.h, part.h, 2, (const int32_t *)y.h, T, V,
+                                        0.1f, -100));
+        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, part.d, 2, (const int32_t *)y.d, T, V,
+                                        0.1f, -100));
         pair_check(&cd, &loss, TOL_SAME, "xent_loss (P = 2)");
         pair_check(&cd, &lse, TOL_SAME, "xent_loss lse (P = 2)");
-        pair dl = pair_randn(&cd, (size_t)T, TPK_F32, 81, 1.0f), z2 = pair_from(&cd, NULL, (size_t)(T * ld), dt);
+        pair dl = pair_randn(&cd, (size_t)T, TPK_F32, 81, 1.0f),
+             z2 = pair_from(&cd, NULL, (size_t)(T * ld), dt);
         memcpy(z2.h, z.h, (size_t)(T * ld) * es);
         CHECK_OK(&cd, cd.ops->memcpy(&cd, z2.d, z.d, (size_t)(T * ld) * es, TPK_D2D));
-        CHECK_OK(&ch, ch.ops->xent_grad(&ch, z.h, z.h, lse.h, (const int32_t *)y.h, dl.h, T, Vl, ld, v0, V, 0.1f, -100, dt));
-        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z.d, z.d, lse.d, (const int32_t *)y.d, dl.d, T, Vl, ld, v0, V, 0.1f, -100, dt));
-        pair_check(&cd, &z, tol_for(dt, TOL_SAME), "xent_grad (in place, the padding columns zero)");
+        CHECK_OK(&ch, ch.ops->xent_grad(&ch, z.h, z.h, lse.h, (const int32_t *)y.h, dl.h, T, Vl, ld,
+                                        v0, V, 0.1f, -100, dt));
+        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z.d, z.d, lse.d, (const int32_t *)y.d, dl.d, T, Vl, ld,
+                                        v0, V, 0.1f, -100, dt));
+        pair_check(&cd, &z, tol_for(dt, TOL_SAME),
+                   "xent_grad (in place, the padding columns zero)");
 
-        /* fused, one rank holding the whole vocabulary V = Vl (targets below Vl): against the host, and against stats, loss, grad apart */
+        /* fused, one rank holding the whole vocabulary V = Vl (targets below Vl): against the host,
+         * and against stats, loss, grad apart */
         float yf[33], g = 0.0625f, dg[33];
         for (int t = 0; t < T; t++) yf[t] = t == 7 ? -100.0f : (float)((t * 37) % Vl), dg[t] = g;
-        pair yy = pair_from(&cd, yf, (size_t)T, TPK_I32), gl = pair_from(&cd, dg, (size_t)T, TPK_F32), p1 = pair_from(&cd, NULL, (size_t)(4 * T), TPK_F32);
-        pair fl = pair_from(&cd, NULL, (size_t)T, TPK_F32), flse = pair_from(&cd, NULL, (size_t)T, TPK_F32), fz = pair_from(&cd, NULL, (size_t)(T * ld), dt);
+        pair yy = pair_from(&cd, yf, (size_t)T, TPK_I32),
+             gl = pair_from(&cd, dg, (size_t)T, TPK_F32),
+             p1 = pair_from(&cd, NULL, (size_t)(4 * T), TPK_F32);
+        pair fl = pair_from(&cd, NULL, (size_t)T, TPK_F32),
+             flse = pair_from(&cd, NULL, (size_t)T, TPK_F32),
+             fz = pair_from(&cd, NULL, (size_t)(T * ld), dt);
         pair_poison(&cd, &fl), pair_poison(&cd, &flse), pair_poison(&cd, &fz);
-        CHECK_OK(&ch, ch.ops->xent_fused(&ch, fz.h, fl.h, flse.h, z2.h, (const int32_t *)yy.h, T, Vl, ld, 0.1f, -100, g, dt));
-        CHECK_OK(&cd, cd.ops->xent_fused(&cd, fz.d, fl.d, flse.d, z2.d, (const int32_t *)yy.d, T, Vl, ld, 0.1f, -100, g, dt));
+        CHECK_OK(&ch, ch.ops->xent_fused(&ch, fz.h, fl.h, flse.h, z2.h, (const int32_t *)yy.h, T,
+                                         Vl, ld, 0.1f, -100, g, dt));
+        CHECK_OK(&cd, cd.ops->xent_fused(&cd, fz.d, fl.d, flse.d, z2.d, (const int32_t *)yy.d, T,
+                                         Vl, ld, 0.1f, -100, g, dt));
         pair_check(&cd, &fl, TOL_SAME, "xent_fused loss");
         pair_check(&cd, &flse, TOL_SAME, "xent_fused lse");
         pair_check(&cd, &fz, tol_for(dt, TOL_SAME), "xent_fused dz (the padding columns zero)");
         CHECK_OK(&cd, cd.ops->xent_stats(&cd, p1.d, z2.d, (const int32_t *)yy.d, T, Vl, ld, 0, dt));
-        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, p1.d, 1, (const int32_t *)yy.d, T, Vl, 0.1f, -100));
-        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z2.d, z2.d, lse.d, (const int32_t *)yy.d, gl.d, T, Vl, ld, 0, Vl, 0.1f, -100, dt));
-        void *a1 = pair_bytes(&fl), *a2 = pair_bytes(&loss), *b1 = pair_bytes(&flse), *b2 = pair_bytes(&lse), *c1 = pair_bytes(&fz), *c2 = pair_bytes(&z2);
-        CHECK(memcmp(a1, a2, (size_t)T * 4) == 0 && memcmp(b1, b2, (size_t)T * 4) == 0, "xent_fused: loss or lse differs from xent_stats + xent_loss");
-        CHECK(memcmp(c1, c2, (size_t)(T * ld) * es) == 0, "xent_fused: dz differs from xent_grad's");
+        CHECK_OK(&cd, cd.ops->xent_loss(&cd, loss.d, lse.d, p1.d, 1, (const int32_t *)yy.d, T, Vl,
+                                        0.1f, -100));
+        CHECK_OK(&cd, cd.ops->xent_grad(&cd, z2.d, z2.d, lse.d, (const int32_t *)yy.d, gl.d, T, Vl,
+                                        ld, 0, Vl, 0.1f, -100, dt));
+        void *a1 = pair_bytes(&fl), *a2 = pair_bytes(&loss), *b1 = pair_bytes(&flse),
+             *b2 = pair_bytes(&lse), *c1 = pair_bytes(&fz), *c2 = pair_bytes(&z2);
+        CHECK(memcmp(a1, a2, (size_t)T * 4) == 0 && memcmp(b1, b2, (size_t)T * 4) == 0,
+              "xent_fused: loss or lse differs from xent_stats + xent_loss");
+        CHECK(memcmp(c1, c2, (size_t)(T * ld) * es) == 0,
+              "xent_fused: dz differs from xent_grad's");
         free(a1), free(a2), free(b1), free(b2), free(c1), free(c2);
-        pair_free(&cd, &y), pair_free(&cd, &z), pair_free(&cd, &part), pair_free(&cd, &loss), pair_free(&cd, &lse), pair_free(&cd, &dl), pair_free(&cd, &z2);
-        pair_free(&cd, &yy), pair_free(&cd, &gl), pair_free(&cd, &p1), pair_free(&cd, &fl), pair_free(&cd, &flse), pair_free(&cd, &fz);
+        pair_free(&cd, &y), pair_free(&cd, &z), pair_free(&cd, &part), pair_free(&cd, &loss),
+            pair_free(&cd, &lse), pair_free(&cd, &dl), pair_free(&cd, &z2);
+        pair_free(&cd, &yy), pair_free(&cd, &gl), pair_free(&cd, &p1), pair_free(&cd, &fl),
+            pair_free(&cd, &flse), pair_free(&cd, &fz);
     }
 }
 
@@ -558,7 +712,8 @@ static void test_xent(tpk_dtype dt, int64_t ld, int64_t Vl, int64_t h0) {
  * double, the mean a float: equal up to one float rounding), a poisoned output written, running
  * sums, the same value on a second run (deterministic). */
 static void test_xent_mean(void) {
-    TEST_CASE("xent_mean: the mean loss in device memory against the host's, running sums, deterministic") {
+    TEST_CASE("xent_mean: the mean loss in device memory against the host's, running sums, "
+              "deterministic") {
         const int64_t Ts[4] = {0, 1, 333, 70000}, counts[4] = {0, 1, 300, 69999};
         for (int c = 0; c < 4; c++) {
             int64_t T = Ts[c], count = counts[c];
@@ -571,15 +726,21 @@ static void test_xent_mean(void) {
             CHECK_OK(&cd, cd.ops->memcpy(&cd, acc_d, &poison, sizeof poison, TPK_H2D));
             CHECK_OK(&ch, ch.ops->xent_mean(&ch, &hacc, (const float *)loss.h, T, count, false));
             for (int run = 0; run < 2; run++) {
-                CHECK_OK(&cd, cd.ops->xent_mean(&cd, acc_d, (const float *)loss.d, T, count, false));
+                CHECK_OK(&cd,
+                         cd.ops->xent_mean(&cd, acc_d, (const float *)loss.d, T, count, false));
                 CHECK_OK(&cd, cd.ops->memcpy(&cd, &dacc[run], acc_d, sizeof(double), TPK_D2H));
             }
-            CHECK(fabs(dacc[0] - hacc) <= 1.2e-7 * fabs(hacc), "T = %lld: device mean %.9g, host %.9g", (long long)T, dacc[0], hacc);
-            CHECK(memcmp(&dacc[0], &dacc[1], sizeof(double)) == 0, "T = %lld: two runs differ: %.17g, %.17g", (long long)T, dacc[0], dacc[1]);
+            CHECK(fabs(dacc[0] - hacc) <= 1.2e-7 * fabs(hacc), "T = %lld: device mean %.9g, host "
+                                                               "%.9g", (long long)T, dacc[0], hacc);
+            CHECK(memcmp(&dacc[0], &dacc[1], sizeof(double)) == 0,
+                  "T = %lld: two runs differ: "
+                  "%.17g, %.17g",
+                  (long long)T, dacc[0], dacc[1]);
             CHECK_OK(&ch, ch.ops->xent_mean(&ch, &hacc, (const float *)loss.h, T, count, true));
             CHECK_OK(&cd, cd.ops->xent_mean(&cd, acc_d, (const float *)loss.d, T, count, true));
             CHECK_OK(&cd, cd.ops->memcpy(&cd, &dacc[1], acc_d, sizeof(double), TPK_D2H));
-            CHECK(dacc[1] == 2.0 * dacc[0], "T = %lld: accumulated %.17g, expected %.17g", (long long)T, dacc[1], 2.0 * dacc[0]);
+            CHECK(dacc[1] == 2.0 * dacc[0], "T = %lld: accumulated %.17g, expected %.17g",
+                  (long long)T, dacc[1], 2.0 * dacc[0]);
             cd.ops->free(&cd, acc_d);
             pair_free(&cd, &loss);
             free(l);
@@ -589,54 +750,73 @@ static void test_xent_mean(void) {
 
 /* bf16 with D = 64 or 128 runs the tensor-core kernels (kernels/cuda/flash.cuh), the rest the
  * generic ones; S = 45, 130, 200 are not multiples of their 64-row tiles */
-static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t A, int64_t G, int64_t Al, int64_t head0) {
-    TEST_CASE("attention fwd/bwd D=%lld S=%lld p=%g, heads %lld..%lld of A=%lld over G=%lld key/value heads [%s]", (long long)D, (long long)S, (double)p,
-              (long long)head0, (long long)(head0 + Al - 1), (long long)A, (long long)G, tpk_dtype_name(dt)) {
+static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t A, int64_t G,
+                           int64_t Al, int64_t head0) {
+    TEST_CASE("attention fwd/bwd D=%lld S=%lld p=%g, heads %lld..%lld of A=%lld over G=%lld "
+              "key/value heads [%s]",
+              (long long)D, (long long)S, (double)p, (long long)head0, (long long)(head0 + Al - 1),
+              (long long)A, (long long)G, tpk_dtype_name(dt)) {
         int64_t B = 2, Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL);
         float scale = 1.0f / sqrtf((float)D);
-        size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D), nl = (size_t)(B * Al * S);
-        pair qkv = pair_randn(&cd, nq, dt, 90, 1.0f), out = pair_from(&cd, NULL, no, dt), lse = pair_from(&cd, NULL, nl, TPK_F32);
+        size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D),
+               nl = (size_t)(B * Al * S);
+        pair qkv = pair_randn(&cd, nq, dt, 90, 1.0f), out = pair_from(&cd, NULL, no, dt),
+             lse = pair_from(&cd, NULL, nl, TPK_F32);
         pair_poison(&cd, &out), pair_poison(&cd, &lse);
-        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
-        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&ch, ch.ops->attn_fwd(&ch, out.h, lse.h, qkv.h, B, S, Al, D, A, G, head0, scale, p,
+                                       5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_fwd(&cd, out.d, lse.d, qkv.d, B, S, Al, D, A, G, head0, scale, p,
+                                       5, 6, dt));
         pair_check(&cd, &out, tol_for(dt, TOL_SUM), "attn_fwd out");
         pair_check(&cd, &lse, tol_for(dt, TOL_SUM), "attn_fwd lse");
         pair_sync_down(&cd, &out), pair_sync_down(&cd, &lse);
         pair dout = pair_randn(&cd, no, dt, 91, 1.0f), dqkv = pair_from(&cd, NULL, nq, dt);
         pair_poison(&cd, &dqkv);
-        CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
-        /* by default (tensor cores: dQ added by the dK/dV kernel with f32 atomics) and deterministic
-         * (tensor cores: a dQ kernel of its own), each poisoned and checked against the host */
+        CHECK_OK(&ch, ch.ops->attn_bwd(&ch, dqkv.h, dout.h, qkv.h, out.h, lse.h, B, S, Al, D, A, G,
+                                       head0, scale, p, 5, 6, dt));
+        /* by default (tensor cores: dQ added by the dK/dV kernel with f32 atomics) and
+         * deterministic (tensor cores: a dQ kernel of its own), each poisoned and checked against
+         * the host */
         size_t bytes = nq * tpk_dtype_size(dt);
-        unsigned char *first = (unsigned char *)malloc(bytes), *second = (unsigned char *)malloc(bytes);
+        unsigned char *first = (unsigned char *)malloc(bytes),
+                      *second = (unsigned char *)malloc(bytes);
         for (int det = 0; det < 2; det++) {
             cd.deterministic = det;
             memset(first, 0xff, bytes); /* NaN in f32 and bf16 */
             CHECK_OK(&cd, cd.ops->memcpy(&cd, dqkv.d, first, bytes, TPK_H2D));
-            CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
-            pair_check(&cd, &dqkv, tol_for(dt, TOL_SUM), det ? "attn_bwd dqkv (deterministic)" : "attn_bwd dqkv");
+            CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A,
+                                           G, head0, scale, p, 5, 6, dt));
+            pair_check(&cd, &dqkv, tol_for(dt, TOL_SUM),
+                       det ? "attn_bwd dqkv (deterministic)" : "attn_bwd dqkv");
         }
         /* deterministic: a second run gives the same bits */
         CHECK_OK(&cd, cd.ops->memcpy(&cd, first, dqkv.d, bytes, TPK_D2H));
-        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, G, head0, scale, p, 5, 6, dt));
+        CHECK_OK(&cd, cd.ops->attn_bwd(&cd, dqkv.d, dout.d, qkv.d, out.d, lse.d, B, S, Al, D, A, G,
+                                       head0, scale, p, 5, 6, dt));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, second, dqkv.d, bytes, TPK_D2H));
         CHECK(memcmp(first, second, bytes) == 0, "attn_bwd: two deterministic runs differ");
         cd.deterministic = false;
         free(first), free(second);
-        pair_free(&cd, &qkv), pair_free(&cd, &out), pair_free(&cd, &lse), pair_free(&cd, &dout), pair_free(&cd, &dqkv);
+        pair_free(&cd, &qkv), pair_free(&cd, &out), pair_free(&cd, &lse), pair_free(&cd, &dout),
+            pair_free(&cd, &dqkv);
     }
 }
 
-/* The profiler on the CUDA backend: ops timed by CUDA events in stream order, read at the step's end. */
+/* The profiler on the CUDA backend: ops timed by CUDA events in stream order, read at the step's
+ * end. */
 static void test_profiler(void) {
-    TEST_CASE("profiler on the CUDA backend: CUDA events around each op, times read when the step closes") {
+    TEST_CASE("profiler on the CUDA backend: CUDA events around each op, times read when the step "
+              "closes") {
         int64_t m = 512, n = 512, k = 512;
-        pair a = pair_randn(&cd, (size_t)(m * k), TPK_BF16, 95, 1.0f), b = pair_randn(&cd, (size_t)(k * n), TPK_BF16, 96, 1.0f);
+        pair a = pair_randn(&cd, (size_t)(m * k), TPK_BF16, 95, 1.0f),
+             b = pair_randn(&cd, (size_t)(k * n), TPK_BF16, 96, 1.0f);
         pair c = pair_from(&cd, NULL, (size_t)(m * n), TPK_BF16);
         CHECK(cd.ops->timer_mark && cd.ops->timer_ms, "the CUDA table has the timer entries");
         CHECK_OK(&cd, tpk_profile_start(&cd));
         for (int step = 0; step < 3; step++) {
-            for (int i = 0; i < 4; i++) CHECK_OK(&cd, tpk_op_gemm(&cd, false, false, m, n, k, 1.0f, a.d, k, b.d, n, 0.0f, c.d, n, TPK_BF16));
+            for (int i = 0; i < 4; i++)
+                CHECK_OK(&cd, tpk_op_gemm(&cd, false, false, m, n, k, 1.0f, a.d, k, b.d, n, 0.0f,
+                                          c.d, n, TPK_BF16));
             CHECK_OK(&cd, tpk_op_fill(&cd, c.d, TPK_BF16, (size_t)(m * n), 0.5f));
             CHECK_OK(&cd, tpk_profile_step(&cd));
         }
@@ -645,9 +825,10 @@ static void test_profiler(void) {
             if (!strcmp(cd.prof->rows[i].name, "gemm")) g = &cd.prof->rows[i];
             if (!strcmp(cd.prof->rows[i].name, "fill")) f = &cd.prof->rows[i];
         }
-        CHECK(g && g->calls == 12 && g->ms > 0 && g->flops == 12 * 2.0 * m * n * k, "gemm: %llu calls, %g ms", g ? (unsigned long long)g->calls : 0ULL,
-              g ? g->ms : -1);
-        CHECK(f && f->calls == 3 && f->ms > 0, "fill: %llu calls", f ? (unsigned long long)f->calls : 0ULL);
+        CHECK(g && g->calls == 12 && g->ms > 0 && g->flops == 12 * 2.0 * m * n * k,
+              "gemm: %llu calls, %g ms", g ? (unsigned long long)g->calls : 0ULL, g ? g->ms : -1);
+        CHECK(f && f->calls == 3 && f->ms > 0, "fill: %llu calls",
+              f ? (unsigned long long)f->calls : 0ULL);
         CHECK(g && g->ms / 12 < cd.prof->wall_ms / 3, "a GEMM takes less than its step");
         CHECK_OK(&cd, tpk_profile_print(&cd, stdout));
         tpk_profile_stop(&cd);
@@ -663,19 +844,23 @@ static void test_optimizer(void) {
         float *vh = (float *)v.h;
         for (size_t i = 0; i < n; i++) vh[i] = fabsf(vh[i]);
         pair_sync_down(&cd, &v);
-        int64_t runs[6] = {3, 100, 500, 501, 2000, (int64_t)n}, *runs_d = NULL; /* decayed: three runs; step 3 everywhere */
+        int64_t runs[6] = {3, 100, 500, 501, 2000, (int64_t)n},
+                *runs_d = NULL; /* decayed: three runs; step 3 everywhere */
         CHECK_OK(&cd, cd.ops->alloc(&cd, sizeof runs, (void **)&runs_d));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, runs_d, runs, sizeof runs, TPK_H2D));
-        /* steps 1, 2 on decayed runs, 3 everywhere; 4 clipped from a sum of squares in device memory, 5 with an infinite one (skipped) */
+        /* steps 1, 2 on decayed runs, 3 everywhere; 4 clipped from a sum of squares in device
+         * memory, 5 with an infinite one (skipped) */
         double *nd = NULL, nh[2] = {0, 0};
         CHECK_OK(&cd, cd.ops->alloc(&cd, 2 * sizeof(double), (void **)&nd));
-        /* the bf16 copy of the weights written by steps 3..5 (5 is skipped: it stays); step 2 on the
-         * elements from 1 on (every pointer 4 bytes past 16-byte alignment: the unvectorised kernel) */
+        /* the bf16 copy of the weights written by steps 3..5 (5 is skipped: it stays); step 2 on
+         * the elements from 1 on (every pointer 4 bytes past 16-byte alignment: the unvectorised
+         * kernel) */
         pair w16 = pair_from(&cd, NULL, n, TPK_BF16);
         pair_poison(&cd, &w16);
         for (int step = 1; step <= 5; step++) {
             size_t o = step == 2;
-            uint16_t *h16 = step >= 3 ? (uint16_t *)w16.h : NULL, *d16 = step >= 3 ? (uint16_t *)w16.d : NULL;
+            uint16_t *h16 = step >= 3 ? (uint16_t *)w16.h : NULL,
+                     *d16 = step >= 3 ? (uint16_t *)w16.d : NULL;
             double *nhp = step < 4 ? NULL : nh, *ndp = step < 4 ? NULL : nd;
             if (step >= 4) {
                 CHECK_OK(&ch, ch.ops->sumsq(&ch, nh, g.h, n, false));
@@ -686,13 +871,17 @@ static void test_optimizer(void) {
                 nh[0] = inf;
                 CHECK_OK(&cd, cd.ops->memcpy(&cd, nd, &inf, sizeof inf, TPK_H2D));
             }
-            CHECK_OK(&ch, ch.ops->adamw(&ch, (float *)w.h + o, (float *)g.h + o, (float *)m.h + o, (float *)v.h + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                                        0.1f, step, 0.5f, nhp, 1.0f, step < 3 ? runs : NULL, step < 3 ? 3 : 0, h16));
-            CHECK_OK(&cd, cd.ops->adamw(&cd, (float *)w.d + o, (float *)g.d + o, (float *)m.d + o, (float *)v.d + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                                        0.1f, step, 0.5f, ndp, 1.0f, step < 3 ? runs_d : NULL, step < 3 ? 3 : 0, d16));
+            CHECK_OK(&ch,
+                     ch.ops->adamw(&ch, (float *)w.h + o, (float *)g.h + o, (float *)m.h + o,
+                                   (float *)v.h + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step,
+                                   0.5f, nhp, 1.0f, step < 3 ? runs : NULL, step < 3 ? 3 : 0, h16));
+            CHECK_OK(&cd, cd.ops->adamw(&cd, (float *)w.d + o, (float *)g.d + o, (float *)m.d + o,
+                                        (float *)v.d + o, n - o, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                        step, 0.5f, ndp, 1.0f, step < 3 ? runs_d : NULL,
+                                        step < 3 ? 3 : 0, d16));
         }
-        /* on each side every element of the copy is bf16 of that side's weights (the weights agree to
-         * TOL_SAME below; a last-bit difference may round the two sides' copies apart) */
+        /* on each side every element of the copy is bf16 of that side's weights (the weights agree
+         * to TOL_SAME below; a last-bit difference may round the two sides' copies apart) */
         float *wd = (float *)malloc(n * sizeof(float));
         uint16_t *d16 = (uint16_t *)malloc(n * sizeof(uint16_t));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, wd, w.d, n * sizeof(float), TPK_D2H));
@@ -702,7 +891,8 @@ static void test_optimizer(void) {
             bad16 += ((uint16_t *)w16.h)[i] != tpk_f32_to_bf16(((float *)w.h)[i]);
             badd16 += d16[i] != tpk_f32_to_bf16(wd[i]);
         }
-        CHECK(bad16 == 0 && badd16 == 0, "adamw's bf16 copy: %d (host), %d (device) of %zu elements are not bf16(w)", bad16, badd16, n);
+        CHECK(bad16 == 0 && badd16 == 0, "adamw's bf16 copy: %d (host), %d (device) of %zu "
+                                         "elements are not bf16(w)", bad16, badd16, n);
         free(wd), free(d16);
         pair_free(&cd, &w16);
         cd.ops->free(&cd, runs_d);
@@ -711,15 +901,18 @@ static void test_optimizer(void) {
         pair_check(&cd, &v, TOL_SAME, "adamw v");
         double got[2] = {0, 0};
         CHECK_OK(&cd, cd.ops->memcpy(&cd, got, nd, sizeof got, TPK_D2H));
-        CHECK(nh[1] == 1 && got[1] == 1, "skipped steps: host %g, device %g, expected 1", nh[1], got[1]);
+        CHECK(nh[1] == 1 && got[1] == 1, "skipped steps: host %g, device %g, expected 1", nh[1],
+              got[1]);
         double sh = -1, sd = -2, *sdd = nd;
         CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, n, false));
         CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, n, false));
-        CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, 1000, true)); /* accumulated: the first 1000 again */
+        CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, 1000, true)); /* accumulated: the first 1000
+                                                                    again */
         CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, 1000, true));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
         CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq: %.17g vs %.17g", sd, sh);
-        CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, (const float *)g.h + 1, n - 1, false)); /* 4 bytes past alignment: element by element */
+        CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, (const float *)g.h + 1, n - 1,
+                                    false)); /* 4 bytes past alignment: element by element */
         CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, (const float *)g.d + 1, n - 1, false));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
         CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq from element 1: %.17g vs %.17g", sd, sh);
@@ -729,35 +922,61 @@ static void test_optimizer(void) {
 }
 
 static void test_errors(void) {
-    TEST_CASE("bad arguments on the CUDA context: refused by the front end (tpk_op_*), the argument named") {
+    TEST_CASE("bad arguments on the CUDA context: refused by the front end (tpk_op_*), the "
+              "argument named") {
         void *p = NULL;
         CHECK_OK(&cd, tpk_op_alloc(&cd, 1024, &p));
-        CHECK_FAILS(&cd, tpk_op_gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 3, p, 4, 0.0f, p, 4, TPK_F32), TPK_ERR_ARG, "lda");
-        CHECK_FAILS(&cd, tpk_op_gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 4, p, 4, 0.0f, p, 4, TPK_I32), TPK_ERR_DTYPE, "dt");
-        CHECK_FAILS(&cd, tpk_op_dropout(&cd, p, p, 2, 2, 2, 0, 0, 1.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "p:");
-        CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32), TPK_ERR_ARG, "cols");
-        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG, "head0");
+        CHECK_FAILS(&cd,
+                    tpk_op_gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 3, p, 4, 0.0f, p, 4, TPK_F32),
+                    TPK_ERR_ARG, "lda");
+        CHECK_FAILS(&cd,
+                    tpk_op_gemm(&cd, false, false, 4, 4, 4, 1.0f, p, 4, p, 4, 0.0f, p, 4, TPK_I32),
+                    TPK_ERR_DTYPE, "dt");
+        CHECK_FAILS(&cd, tpk_op_dropout(&cd, p, p, 2, 2, 2, 0, 0, 1.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
+                    "p:");
+        CHECK_FAILS(&cd, tpk_op_layernorm_fwd(&cd, p, p, p, p, p, p, 2, 0, 1e-5f, TPK_F32),
+                    TPK_ERR_ARG, "cols");
+        CHECK_FAILS(&cd,
+                    tpk_op_attn_fwd(&cd, p, p, p, 1, 4, 2, 8, 2, 2, 1, 1.0f, 0.0f, 0, 0, TPK_F32),
+                    TPK_ERR_ARG, "head0");
         CHECK_FAILS(&cd, tpk_op_xent_loss(&cd, p, p, p, 1, p, 2, 0, 0.0f, -100), TPK_ERR_ARG, "V:");
-        CHECK_FAILS(&cd, tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL, 0.0f, NULL, 0, NULL), TPK_ERR_ARG, "step");
+        CHECK_FAILS(&cd,
+                    tpk_op_adamw(&cd, p, p, p, p, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 0, 1.0f, NULL,
+                                 0.0f, NULL, 0, NULL),
+                    TPK_ERR_ARG, "step");
         CHECK_FAILS(&cd, tpk_op_memcpy(&cd, p, NULL, 4, TPK_D2D), TPK_ERR_ARG, "src");
         CHECK_FAILS(&cd, tpk_op_act_fwd(&cd, (tpk_act)9, p, p, TPK_F32, 4), TPK_ERR_ARG, "act:");
-        CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 2, 0, 2, 1.5f, -100, TPK_F32), TPK_ERR_ARG, "smoothing");
+        CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 2, 0, 2, 1.5f, -100, TPK_F32),
+                    TPK_ERR_ARG, "smoothing");
     }
-    TEST_CASE("the CUDA backend's own limits (head dim, grid, 32-bit sort keys): refused before a launch, named") {
+    TEST_CASE("the CUDA backend's own limits (head dim, grid, 32-bit sort keys): refused before a "
+              "launch, named") {
         void *p = NULL;
         CHECK_OK(&cd, tpk_op_alloc(&cd, 1024, &p));
         /* valid for the front end; the buffers are never touched */
-        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 600, 1, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_UNSUPPORTED,
-                    "cuda.attn_fwd: D: head dims up to 512");
-        CHECK_FAILS(&cd, tpk_op_attn_bwd(&cd, p, p, p, p, p, 70000, 1, 1, 8, 1, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
-                    "cuda.attn_bwd: B: expected <= 65535");
-        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 70000, 8, 70000, 70000, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
-                    "Al: expected <= 65535");
-        CHECK_FAILS(&cd, tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 8, (int64_t)1 << 31, (int64_t)1 << 31, 0, 1.0f, 0.0f, 0, 0, TPK_F32), TPK_ERR_ARG,
-                    "cuda.attn_fwd: A: expected <= 2147483647");
-        CHECK_FAILS(&cd, tpk_op_xent_stats(&cd, p, p, p, (int64_t)1 << 31, 1, 1, 0, TPK_F32), TPK_ERR_ARG, "cuda.xent_stats: T: expected <= 2147483647");
-        CHECK_FAILS(&cd, tpk_op_xent_fused(&cd, p, p, p, p, p, (int64_t)1 << 31, 1, 1, 0.0f, -100, 1.0f, TPK_F32), TPK_ERR_ARG, "cuda.xent_fused: T: expected <= 2147483647");
-        CHECK_FAILS(&cd, tpk_op_embed_bwd(&cd, p, p, p, 4, 1, 0, (int64_t)1 << 32, TPK_F32), TPK_ERR_ARG, "cuda.embed_bwd: vrows");
+        CHECK_FAILS(&cd,
+                    tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 600, 1, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32),
+                    TPK_ERR_UNSUPPORTED, "cuda.attn_fwd: D: head dims up to 512");
+        CHECK_FAILS(
+            &cd,
+            tpk_op_attn_bwd(&cd, p, p, p, p, p, 70000, 1, 1, 8, 1, 1, 0, 1.0f, 0.0f, 0, 0, TPK_F32),
+            TPK_ERR_ARG, "cuda.attn_bwd: B: expected <= 65535");
+        CHECK_FAILS(&cd,
+                    tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 70000, 8, 70000, 70000, 0, 1.0f, 0.0f, 0, 0,
+                                    TPK_F32),
+                    TPK_ERR_ARG, "Al: expected <= 65535");
+        CHECK_FAILS(&cd,
+                    tpk_op_attn_fwd(&cd, p, p, p, 1, 1, 1, 8, (int64_t)1 << 31, (int64_t)1 << 31, 0,
+                                    1.0f, 0.0f, 0, 0, TPK_F32),
+                    TPK_ERR_ARG, "cuda.attn_fwd: A: expected <= 2147483647");
+        CHECK_FAILS(&cd, tpk_op_xent_stats(&cd, p, p, p, (int64_t)1 << 31, 1, 1, 0, TPK_F32),
+                    TPK_ERR_ARG, "cuda.xent_stats: T: expected <= 2147483647");
+        CHECK_FAILS(&cd,
+                    tpk_op_xent_fused(&cd, p, p, p, p, p, (int64_t)1 << 31, 1, 1, 0.0f, -100, 1.0f,
+                                      TPK_F32),
+                    TPK_ERR_ARG, "cuda.xent_fused: T: expected <= 2147483647");
+        CHECK_FAILS(&cd, tpk_op_embed_bwd(&cd, p, p, p, 4, 1, 0, (int64_t)1 << 32, TPK_F32),
+                    TPK_ERR_ARG, "cuda.embed_bwd: vrows");
         tpk_op_free(&cd, p);
     }
 }
@@ -797,8 +1016,8 @@ int main(int argc, char **argv) {
         test_xent(dt, 517, 517, 258);
         test_xent(dt, 3008, 3001, 1504);
         test_xent(dt, 20008, 20001, 10004);
-        /* more rows than a block's share: a width off the register kernels' (not a multiple of 8), so
-         * the column-sum chunks of 256 rows run (a block strides over several under
+        /* more rows than a block's share: a width off the register kernels' (not a multiple of 8),
+         * so the column-sum chunks of 256 rows run (a block strides over several under
          * TPK_EMU_GRID_CAP=3), and 9000 rows, more than two waves of 132 blocks */
         test_layernorm(dt, 800, 1540);
         test_layernorm(dt, 9000, 40);
@@ -808,13 +1027,19 @@ int main(int argc, char **argv) {
         test_attention(dt, 128, 200, 0.0f, 5, 5, 2, 2);
         test_attention(dt, 128, 45, 0.1f, 5, 5, 2, 2);
         test_attention(dt, 40, 45, 0.1f, 5, 5, 2, 2); /* D not a multiple of 32 */
-        test_attention(dt, 64, 130, 0.0f, 6, 2, 3, 2);  /* grouped-query: heads 2..4 over key/value heads 0 and 1 */
-        test_attention(dt, 128, 100, 0.1f, 8, 1, 4, 4); /* every query head reads the one key/value head */
+        test_attention(dt, 64, 130, 0.0f, 6, 2, 3, 2);  /* grouped-query: heads 2..4 over key/value
+                                                           heads 0 and 1 */
+        test_attention(dt, 128, 100, 0.1f, 8, 1, 4, 4); /* every query head reads the one key/value
+                                                           head */
         test_attention(dt, 40, 70, 0.0f, 6, 3, 4, 1);   /* the generic kernels, grouped */
-        test_attention(dt, 64, 200, 0.2f, 4, 1, 4, 0);  /* all four query heads over one key/value head, dropout */
-        test_attention(dt, 128, 130, 0.0f, 4, 2, 2, 1); /* heads 1, 2: one query head per key/value head, a group cut by the split */
-        test_attention(dt, 64, 64, 0.1f, 6, 2, 3, 3);   /* heads 3..5: the second key/value head alone, read by all three */
-        test_attention(dt, 64, 333, 0.1f, 4, 2, 4, 0);  /* several 128-row blocks and 64-row tiles, the last ones partial */
+        test_attention(dt, 64, 200, 0.2f, 4, 1, 4, 0);  /* all four query heads over one key/value
+                                                           head, dropout */
+        test_attention(dt, 128, 130, 0.0f, 4, 2, 2, 1); /* heads 1, 2: one query head per key/value
+                                                           head, a group cut by the split */
+        test_attention(dt, 64, 64, 0.1f, 6, 2, 3, 3);   /* heads 3..5: the second key/value head
+                                                           alone, read by all three */
+        test_attention(dt, 64, 333, 0.1f, 4, 2, 4, 0);  /* several 128-row blocks and 64-row tiles,
+                                                           the last ones partial */
         test_rmsnorm(dt, 300, 77);
         test_rmsnorm(dt, 40, 2000);
         test_rmsnorm(dt, 1000, 768);

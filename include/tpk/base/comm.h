@@ -3,7 +3,8 @@
  * A tpk_comm is (vtable, implementation state, rank, size, counters). Every collective has a
  * blocking form (req == NULL) and a start form (req != NULL) finished by tpk_wait(). Buffers
  * live where the implementation says (`device`): host memory for MPI (device buffers staged, or
- * given to a CUDA-aware MPI), device memory for NCCL; self takes either (its context's memcpy). Collectives (counts are elements of `dtype`):
+ * given to a CUDA-aware MPI), device memory for NCCL; self takes either (its context's memcpy).
+ * Collectives (counts are elements of `dtype`):
  *   allreduce       recv[i] = op over ranks of send[i]                         (count each)
  *   allgatherv      recv = concat over ranks q of send_q (counts[q] elements)   (rank-major)
  *   reduce_scatterv recv = rank r's block (counts[r]) of op over ranks of send   (send: sum counts)
@@ -31,7 +32,8 @@ typedef enum tpk_coll_kind {
 } tpk_coll_kind;
 
 static inline const char *tpk_coll_name(tpk_coll_kind k) {
-    static const char *names[TPK_COLL_N] = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier"};
+    static const char *names[TPK_COLL_N] = {"all-reduce", "all-gather", "reduce-scatter",
+                                            "broadcast", "barrier"};
     return (unsigned)k < TPK_COLL_N ? names[k] : "?";
 }
 
@@ -52,13 +54,15 @@ typedef struct tpk_request {
 
 typedef struct tpk_comm_vtable {
     const char *name;
-    tpk_status (*allreduce)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt,
-                            tpk_redop op, tpk_request *req);
-    tpk_status (*allgatherv)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
-                             tpk_dtype dt, tpk_request *req);
-    tpk_status (*reduce_scatterv)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
-                                  tpk_dtype dt, tpk_redop op, tpk_request *req);
-    tpk_status (*bcast)(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req);
+    tpk_status (*allreduce)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count,
+                            tpk_dtype dt, tpk_redop op, tpk_request *req);
+    tpk_status (*allgatherv)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                             const size_t *counts, tpk_dtype dt, tpk_request *req);
+    tpk_status (*reduce_scatterv)(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                                  const size_t *counts, tpk_dtype dt, tpk_redop op,
+                                  tpk_request *req);
+    tpk_status (*bcast)(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root,
+                        tpk_request *req);
     tpk_status (*barrier)(tpk_ctx *ctx, tpk_comm *c, tpk_request *req);
     tpk_status (*wait)(tpk_ctx *ctx, tpk_request *req);
     /* New communicator of the ranks with the same color, ordered by key (MPI_Comm_split). */
@@ -67,11 +71,14 @@ typedef struct tpk_comm_vtable {
 } tpk_comm_vtable;
 
 /* The vtable's required entries in its order (X(entry) each): each implementation fills its table
- * with TPK__COMM_TABLE(prefix), prefix##allreduce, ..., prefix##split, then its destroy (NULL: nothing
- * to free), so an entry is named in one place; tpk_ctx_init refuses a world whose vtable lacks one
- * of them (tpk__comm_missing), naming it. */
-#define TPK__COMM_ENTRIES(X) X(allreduce) X(allgatherv) X(reduce_scatterv) X(bcast) X(barrier) X(wait) X(split)
-#define TPK__COMM_TABLE(prefix) prefix##allreduce, prefix##allgatherv, prefix##reduce_scatterv, prefix##bcast, prefix##barrier, prefix##wait, prefix##split
+ * with TPK__COMM_TABLE(prefix), prefix##allreduce, ..., prefix##split, then its destroy (NULL:
+ * nothing to free), so an entry is named in one place; tpk_ctx_init refuses a world whose vtable
+ * lacks one of them (tpk__comm_missing), naming it. */
+#define TPK__COMM_ENTRIES(X) \
+    X(allreduce) X(allgatherv) X(reduce_scatterv) X(bcast) X(barrier) X(wait) X(split)
+#define TPK__COMM_TABLE(prefix)                                                    \
+    prefix##allreduce, prefix##allgatherv, prefix##reduce_scatterv, prefix##bcast, \
+        prefix##barrier, prefix##wait, prefix##split
 static inline const char *tpk__comm_missing(const tpk_comm_vtable *vt) {
     if (!vt->name) return "name";
 #define TPK__COMM_MISSING(e) \

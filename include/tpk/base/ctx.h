@@ -1,10 +1,11 @@
-/* tpk/base/ctx.h — the context: backend ops, TP and DP groups, seed, scratch, parameters, last error.
+/* tpk/base/ctx.h — the context: backend ops, TP and DP groups, seed, scratch, parameters, last
+ * error.
  *
  * Every public function takes the context first, returns a tpk_status and, on failure,
  * leaves one line in ctx->err naming the function, the argument and the expected value
  * (tpk_last_error). Creating and destroying a context is in tpk/runtime/init.h (it splits the world
- * communicator into groups); the checked ops are in tpk/runtime/op.h, the backend buffers in tpk/runtime/buf.h,
- * the parameter registry in tpk/layers/params.h. */
+ * communicator into groups); the checked ops are in tpk/runtime/op.h, the backend buffers in
+ * tpk/runtime/buf.h, the parameter registry in tpk/layers/params.h. */
 #ifndef TPK_CTX_H
 #define TPK_CTX_H
 
@@ -19,10 +20,10 @@ typedef struct tpk_buf {
     size_t bytes;
 } tpk_buf;
 
-/* One registered parameter (tpk/layers/params.h). The local shard of a parameter split on `split_dim`
- * with `stride` s: the dimension is s equal blocks, each split over the TP ranks (in groups of
- * the layout's unit), and the shard is the concatenation of this rank's slice of every block
- * (s = 3 for fused QKV). */
+/* One registered parameter (tpk/layers/params.h). The local shard of a parameter split on
+ * `split_dim` with `stride` s: the dimension is s equal blocks, each split over the TP ranks (in
+ * groups of the layout's unit), and the shard is the concatenation of this rank's slice of every
+ * block (s = 3 for fused QKV). */
 typedef struct tpk_param {
     char name[96];
     int ndim;
@@ -35,19 +36,21 @@ typedef struct tpk_param {
     size_t offset;                /* first element in the flat buffers */
     size_t numel;                 /* local elements */
     bool decay;                   /* weight decay applies (2-D weights) */
-    int64_t padded_rows;          /* dim 0 as stored and sharded: gshape[0] rows, then zero rows up to
-                                     this (a padded vocabulary; tpk/layers/params.h) */
+    int64_t padded_rows;          /* dim 0 as stored and sharded: gshape[0] rows, then zero rows up
+                                     to this (a padded vocabulary; tpk/layers/params.h) */
 } tpk_param;
 
 typedef struct tpk_params {
     tpk_param *list;
     int n, cap;
-    int *index, index_cap;   /* open-addressing hash table of ids by name (-1: empty), index_cap a power of two
-                                > 2 n: tpk_param_find in constant time, model setup linear in the parameters */
+    int *index, index_cap;   /* open-addressing hash table of ids by name (-1: empty), index_cap a
+                                power of two > 2 n: tpk_param_find in constant time, model setup
+                                linear in the parameters */
     size_t numel, cap_numel; /* local elements registered / allocated */
     tpk_buf data;            /* f32 [numel] master weights */
     tpk_buf grad;            /* f32 [numel] gradients */
-    tpk_buf data16;          /* bf16 [numel] copy of data, the weights a bf16 context computes with */
+    tpk_buf data16;          /* bf16 [numel] copy of data, the weights a bf16 context computes
+                                with */
     bool stale16;            /* data changed since data16 was made (tpk_params_updated) */
     tpk_buf scratch;         /* f32, for adding bf16 gradients into grad */
 } tpk_params;
@@ -76,30 +79,34 @@ struct tpk_ctx {
     tpk_comm *world;
     tpk_comm self_world;  /* used when desc.world is NULL */
     tpk_comm tp, dp;      /* owned groups */
-    double *tp_w;         /* [tp.size] the TP split's weights (tpk_ctx_desc.tp_weights); NULL: even */
+    double *tp_w;         /* [tp.size] the TP split's weights (tpk_ctx_desc.tp_weights); NULL:
+                             even */
     uint64_t seed;
     tpk_dtype dtype;      /* activation dtype (tpk_ctx_desc.dtype) */
     bool deterministic;   /* tpk_ctx_desc.deterministic; may be changed between steps */
     uint64_t rng_step;    /* dropout masks are drawn from (seed, layer, rng_step): a trainer sets it
                              to a new value per micro-batch (e.g. the micro-step counter) */
     tpk_buf work[2];      /* scratch for layouts that must be rearranged */
-    tpk_buf sp;           /* sequence parallelism's one full-token scratch [T, features], shared by every
-                             layer and held only within one call: a column linear's all-gathered input
-                             (forward, and again in its backward), a row linear's or the embedding's
-                             partial sums before their reduce-scatter, their all-gathered output
-                             gradient (tpk__sp_view) */
-    tpk_buf normsq;       /* f64 [2] in backend memory: the gradient's sum of squares, steps skipped (tpk/train/optim.h) */
+    tpk_buf sp;           /* sequence parallelism's one full-token scratch [T, features], shared by
+                             every layer and held only within one call: a column linear's
+                             all-gathered input (forward, and again in its backward), a row linear's
+                             or the embedding's partial sums before their reduce-scatter, their
+                             all-gathered output gradient (tpk__sp_view) */
+    tpk_buf normsq;       /* f64 [2] in backend memory: the gradient's sum of squares, steps skipped
+                             (tpk/train/optim.h) */
     tpk_params params;
     int nauto;            /* counter for automatic layer names */
     tpk_status last;
     char err[512];
     tpk_profile *prof;    /* the profiler (tpk/runtime/profile.h), NULL when off */
-    size_t mem, mem_peak; /* bytes held in the kit's buffers (tpk_buf: parameters, gradients, their bf16
-                             copy, activations, scratch; the optimizer's moments) now and at most (tpk_mem_peak) */
+    size_t mem, mem_peak; /* bytes held in the kit's buffers (tpk_buf: parameters, gradients, their
+                             bf16 copy, activations, scratch; the optimizer's moments) now and at
+                             most (tpk_mem_peak) */
 };
 
 /* Record a failure: "fn: message" (the va_list form serves callers that format elsewhere). */
-static inline tpk_status tpk__vfail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, va_list ap) {
+static inline tpk_status tpk__vfail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt,
+                                    va_list ap) {
     if (ctx) {
         int n = snprintf(ctx->err, sizeof ctx->err, "%s: ", fn);
         if (n < 0 || (size_t)n >= sizeof ctx->err) n = 0;
@@ -114,7 +121,8 @@ static inline tpk_status tpk__vfail(tpk_ctx *ctx, tpk_status s, const char *fn, 
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
-static inline tpk_status tpk_fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...) {
+static inline tpk_status
+tpk_fail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     tpk__vfail(ctx, s, fn, fmt, ap);
@@ -124,12 +132,15 @@ static inline tpk_status tpk_fail(tpk_ctx *ctx, tpk_status s, const char *fn, co
 #define tpk__fail tpk_fail
 
 /* The message of the last failure ("" when none). */
-static inline const char *tpk_last_error(const tpk_ctx *ctx) { return ctx ? ctx->err : "tpk: no context"; }
+static inline const char *tpk_last_error(const tpk_ctx *ctx) {
+    return ctx ? ctx->err : "tpk: no context";
+}
 static inline void tpk_clear_error(tpk_ctx *ctx) { ctx->err[0] = 0, ctx->last = TPK_OK; }
 
 /* Print "[where] message" to stderr and return the status, for use in programs. */
 static inline tpk_status tpk_report(const tpk_ctx *ctx, tpk_status s, const char *where) {
-    if (s != TPK_OK) fprintf(stderr, "%s: %s (%s)\n", where, tpk_last_error(ctx), tpk_status_str(s));
+    if (s != TPK_OK)
+        fprintf(stderr, "%s: %s (%s)\n", where, tpk_last_error(ctx), tpk_status_str(s));
     return s;
 }
 
@@ -137,17 +148,21 @@ static inline tpk_status tpk_report(const tpk_ctx *ctx, tpk_status s, const char
 static inline const char *tpk__shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
     size_t k = 0;
     k += (size_t)snprintf(buf + k, n - k, "[");
-    for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
     if (k < n) snprintf(buf + k, n - k, "]");
     return buf;
 }
 
-/* ---- the TP group's splits: even, or weighted by tpk_ctx_desc.tp_weights ---------------------- */
+/* ---- the TP group's splits: even, or weighted by tpk_ctx_desc.tp_weights --------------------- */
 
 /* Shard q of n elements over the TP group (rank q's features, heads, vocabulary rows or tokens). */
-static inline tpk_range tpk_tp_split(const tpk_ctx *ctx, int64_t n, int q) { return tpk_split_weighted(n, ctx->tp_w, ctx->tp.size, q); }
+static inline tpk_range tpk_tp_split(const tpk_ctx *ctx, int64_t n, int q) {
+    return tpk_split_weighted(n, ctx->tp_w, ctx->tp.size, q);
+}
 /* tpk_shard_run / _owned / _size on the TP group (core.h). */
-static inline tpk_range tpk_tp_shard_run(const tpk_ctx *ctx, int64_t n, tpk_layout l, int q, int b) {
+static inline tpk_range tpk_tp_shard_run(const tpk_ctx *ctx, int64_t n, tpk_layout l, int q,
+                                         int b) {
     return tpk_shard_run_w(n, l, ctx->tp.size, ctx->tp_w, q, b);
 }
 static inline tpk_range tpk_tp_shard_owned(const tpk_ctx *ctx, int64_t n, tpk_layout l, int q) {
@@ -157,13 +172,15 @@ static inline int64_t tpk_tp_shard_size(const tpk_ctx *ctx, int64_t n, tpk_layou
     return tpk_shard_size_w(n, l, ctx->tp.size, ctx->tp_w, q);
 }
 /* The vocabulary's split over the TP group: the rows of a (padded) vocabulary table of Vp rows, and
- * the columns of its logits. Even splits: tpk_tp_split. Weighted, with Vp a multiple of 64 (a padded
- * vocabulary, tpk_vocab_padded): Vp / 64 units of 64 rows split by weight, so every shard stays a
- * multiple of 64 rows and equal weights give the even split of a vocabulary padded for even
+ * the columns of its logits. Even splits: tpk_tp_split. Weighted, with Vp a multiple of 64 (a
+ * padded vocabulary, tpk_vocab_padded): Vp / 64 units of 64 rows split by weight, so every shard
+ * stays a multiple of 64 rows and equal weights give the even split of a vocabulary padded for even
  * shards. The unit is part of the layout — the table is tpk_tp_vocab_layout(ctx, Vp, 0), the
  * logits tpk_tp_vocab_layout(ctx, Vp, -1) — so the embedding, the LM head, the cross-entropy,
  * sampling and the parameter registry (gather, scatter, checkpoints) agree. */
-static inline int tpk_tp_vocab_unit(const tpk_ctx *ctx, int64_t Vp) { return ctx->tp_w && Vp > 0 && Vp % 64 == 0 ? 64 : 1; }
+static inline int tpk_tp_vocab_unit(const tpk_ctx *ctx, int64_t Vp) {
+    return ctx->tp_w && Vp > 0 && Vp % 64 == 0 ? 64 : 1;
+}
 static inline tpk_layout tpk_tp_vocab_layout(const tpk_ctx *ctx, int64_t Vp, int dim) {
     int u = tpk_tp_vocab_unit(ctx, Vp);
     return u > 1 ? TPK_S_EX(dim, 1, u) : TPK_S(dim);
@@ -173,7 +190,8 @@ static inline tpk_range tpk_tp_vocab_split(const tpk_ctx *ctx, int64_t Vp, int q
     return tpk_tp_shard_run(ctx, Vp, tpk_tp_vocab_layout(ctx, Vp, 0), q, 0);
 }
 /* This TP rank's shard of a 2-D tensor [rows, cols] in layout l. */
-static inline tpk_tensor tpk_tp_tensor_2d(const tpk_ctx *ctx, void *data, tpk_dtype dt, int64_t rows, int64_t cols, tpk_layout l) {
+static inline tpk_tensor tpk_tp_tensor_2d(const tpk_ctx *ctx, void *data, tpk_dtype dt,
+                                          int64_t rows, int64_t cols, tpk_layout l) {
     tpk_tensor t = tpk_tensor_2d(data, dt, rows, cols, l);
     int d = tpk_layout_dim(l, 2);
     if (d >= 0) t.shape[d] = tpk_tp_shard_size(ctx, d ? cols : rows, l, ctx->tp.rank);
@@ -183,45 +201,55 @@ static inline tpk_tensor tpk_tp_tensor_2d(const tpk_ctx *ctx, void *data, tpk_dt
 /* Check a tensor argument: data present, dtype, rank, layout, global shape (entries < 0 are
  * free), and a local shape consistent with the layout on this rank of the TP group (its split,
  * weighted when the context's is: tpk_tp_shard_size). */
-static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *arg, const tpk_tensor *t, tpk_layout want,
-                                    tpk_dtype dt, int ndim, const int64_t *gshape) {
+static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *arg,
+                                    const tpk_tensor *t, tpk_layout want, tpk_dtype dt, int ndim,
+                                    const int64_t *gshape) {
     char a[64], b[64];
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a tensor, got NULL", arg);
-    if (t->ndim != ndim) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected %d dimensions, got %d", arg, ndim, t->ndim);
+    if (t->ndim != ndim) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected %d dimensions, got "
+                                                                  "%d", arg, ndim, t->ndim);
     if (t->dtype != dt)
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype %s, got %s", arg, tpk_dtype_name(dt),
-                         tpk_dtype_name(t->dtype));
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype %s, got %s", arg,
+                         tpk_dtype_name(dt), tpk_dtype_name(t->dtype));
     if (!tpk_layout_eq(t->layout, want, ndim))
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout %s, got %s", arg, tpk_layout_str(want, a, sizeof a),
-                         tpk_layout_str(t->layout, b, sizeof b));
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout %s, got %s", arg,
+                         tpk_layout_str(want, a, sizeof a), tpk_layout_str(t->layout, b, sizeof b));
     char c[64];
     int sd = tpk_layout_dim(want, ndim);
     if (sd >= 0 && t->gshape[sd] % (tpk_layout_stride(want) * tpk_layout_unit(want)))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: dim %d (%lld) is not a multiple of the layout's stride x unit %d", arg, sd,
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: dim %d (%lld) is not a multiple of the "
+                                                 "layout's stride x unit %d", arg, sd,
                          (long long)t->gshape[sd], tpk_layout_stride(want) * tpk_layout_unit(want));
     for (int i = 0; i < ndim; i++) {
         if (gshape && gshape[i] >= 0 && t->gshape[i] != gshape[i]) {
             int64_t show[TPK_MAX_DIMS];
             for (int j = 0; j < ndim; j++) show[j] = gshape[j];
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected global shape %s (dim %d = %lld), got %s", arg,
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected global shape %s (dim %d = "
+                                                     "%lld), got %s", arg,
                              tpk__shape_str(show, ndim, a, sizeof a), i, (long long)gshape[i],
                              tpk__shape_str(t->gshape, ndim, c, sizeof c));
         }
-        int64_t local = i == sd ? tpk_tp_shard_size(ctx, t->gshape[i], want, ctx->tp.rank) : t->gshape[i];
+        int64_t local =
+            i == sd ? tpk_tp_shard_size(ctx, t->gshape[i], want, ctx->tp.rank) : t->gshape[i];
         if (t->shape[i] != local || t->shape[i] < 0)
             return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                             "%s: local shape %s does not match layout %s of global shape %s on rank %d of %d "
+                             "%s: local shape %s does not match layout %s of global shape %s on "
+                             "rank %d of %d "
                              "(dim %d should be %lld)",
-                             arg, tpk__shape_str(t->shape, ndim, a, sizeof a), tpk_layout_str(want, b, sizeof b),
-                             tpk__shape_str(t->gshape, ndim, c, sizeof c), ctx->tp.rank, ctx->tp.size, i, (long long)local);
+                             arg, tpk__shape_str(t->shape, ndim, a, sizeof a),
+                             tpk_layout_str(want, b, sizeof b),
+                             tpk__shape_str(t->gshape, ndim, c, sizeof c), ctx->tp.rank,
+                             ctx->tp.size, i, (long long)local);
     }
-    if (!t->data && tpk_numel(t) > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: data is NULL", arg);
+    if (!t->data && tpk_numel(t) > 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: data is NULL", arg);
     return TPK_OK;
 }
 
 /* The start of a layer's init: ctx and the layer present, the layer zeroed, the descriptor copy
  * *d = *desc (zeros when desc is NULL: every field has a default). */
-static inline tpk_status tpk__init_layer(tpk_ctx *ctx, const char *fn, void *layer, size_t size, void *d, const void *desc, size_t dsize) {
+static inline tpk_status tpk__init_layer(tpk_ctx *ctx, const char *fn, void *layer, size_t size,
+                                         void *d, const void *desc, size_t dsize) {
     memset(d, 0, dsize);
     if (!ctx) return TPK_ERR_ARG;
     if (!layer) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
@@ -247,12 +275,17 @@ static inline uint64_t tpk__dropout_stream(const tpk_ctx *ctx, const char *name)
 
 /* A layer's name into dst[n]: `given`, or "<prefix><counter>" when given is NULL. A name that
  * does not fit is an error naming desc->name. */
-static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst, size_t n, const char *given, const char *prefix) {
+static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst, size_t n,
+                                         const char *given, const char *prefix) {
     if (!given) {
         snprintf(dst, n, "%.16s%d", prefix, ctx->nauto++);
         return TPK_OK;
     }
-    if (strlen(given) >= n) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%.40s...\" is longer than %zu characters", given, n - 1);
+    if (strlen(given) >= n)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->name: \"%.40s...\" is "
+                         "longer than %zu characters",
+                         given, n - 1);
     memcpy(dst, given, strlen(given) + 1);
     return TPK_OK;
 }

@@ -1,8 +1,8 @@
 /* tpk/base/ops.h — the compute backend interface: a table of kernels over raw buffers.
  *
  * tpk_ops_host() (tpk/runtime/host.h; build/libtpk_host.a, OpenBLAS + plain C) and tpk_ops_cuda()
- * (tpk/runtime/cuda.h; build/libtpk_cuda.a) fill the same table with the same contract, so one layer runs on
- * either and a test can compare them. A user may fill a table with their own kernels.
+ * (tpk/runtime/cuda.h; build/libtpk_cuda.a) fill the same table with the same contract, so one
+ * layer runs on either and a test can compare them. A user may fill a table with their own kernels.
  * All matrices are row-major; leading dimensions are in elements. Buffers are in the
  * backend's memory (`device`); memcpy moves between host and backend memory.
  * Every entry reports failure as a status and a message in ctx (tpk__fail). Callers go through
@@ -24,7 +24,8 @@ typedef enum tpk_rng_dist { TPK_RNG_NORMAL = 0, TPK_RNG_UNIFORM = 1 } tpk_rng_di
 /* Elementwise activations (act_fwd, act_bwd, linear_fwd):
  *   TPK_ACT_NONE       y = x                                          dx = dy
  *   TPK_ACT_GELU_TANH  y = x/2 (1 + tanh(s (x + c x^3))), s = sqrt(2/pi), c = 0.044715 (GPT-2)
- *                      dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)), t = tanh(s (x + c x^3))
+ *                      dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)), t = tanh(s (x + c
+ *                      x^3))
  * New activations (SiLU, gated units) take the next values. */
 typedef enum tpk_act { TPK_ACT_NONE = 0, TPK_ACT_GELU_TANH = 1, TPK_ACT_COUNT } tpk_act;
 static inline const char *tpk_act_name(tpk_act a) {
@@ -33,7 +34,8 @@ static inline const char *tpk_act_name(tpk_act a) {
 
 /* Grouped-query attention: the key/value heads [*g0, *g0 + Gl) read by the query heads
  * [head0, head0 + Al) of A when there are G key/value heads (G divides A); returns Gl. */
-static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int64_t Al, int64_t *g0) {
+static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int64_t Al,
+                                        int64_t *g0) {
     int64_t q = G > 0 && A % G == 0 ? A / G : 1;
     if (g0) *g0 = head0 / q;
     return Al > 0 ? (head0 + Al - 1) / q - head0 / q + 1 : 0;
@@ -41,13 +43,15 @@ static inline int64_t tpk_attn_kv_heads(int64_t A, int64_t G, int64_t head0, int
 
 /* The factor that clips a gradient of norm N to `clip` (1 when clip <= 0 or N is within it): one
  * expression for the host (tpk_clip_factor) and every backend's adamw, device code included. */
-#define TPK__CLIP_FACTOR(N, clip) ((clip) > 0 && (N) > (double)(clip) ? (float)((double)(clip) / (N)) : 1.0f)
+#define TPK__CLIP_FACTOR(N, clip) \
+    ((clip) > 0 && (N) > (double)(clip) ? (float)((double)(clip) / (N)) : 1.0f)
 
 /* Row t's loss (*loss; 0 when skip: an ignored target) and lse (returned) from the P ranks'
  * statistics part [P, T, 4] of xent_stats: M = max_r m_r, lse = M + log sum_r s_r e^(m_r - M)
  * (ranks with no columns, s = 0, add nothing), in double, r ascending — xent_loss's and
  * xent_fused's arithmetic on every backend. */
-TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, int64_t P, int64_t T, int64_t t, bool skip, int64_t V, float eps) {
+TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, int64_t P, int64_t T,
+                                              int64_t t, bool skip, int64_t V, float eps) {
     float M = -INFINITY;
     for (int64_t r = 0; r < P; r++) M = fmaxf(M, part[4 * (r * T + t)]);
     double S = 0, zy = 0, sz = 0;
@@ -67,15 +71,17 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
  *   TPK__OPS_LAYERS  the layers' ops: a user's table may leave those its layers do not use NULL,
  *                    and a call of a NULL one fails naming it (TPK_ERR_UNSUPPORTED);
  *   TPK__OPS_FUSED   the fusions: a backend fills those it really fuses and leaves the others NULL,
- *                    and the front end (tpk/runtime/op.h) composes a NULL one from the entries above, once
- *                    for every backend. */
-#define TPK__OPS_CORE(X)                                                                               \
-    X(alloc) X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) \
-    X(bias_grad) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
-#define TPK__OPS_LAYERS(X)                                                                              \
-    X(dropout) X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd)                              \
-    X(xent_stats) X(xent_loss) X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope)                \
-    X(swiglu_fwd) X(swiglu_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd)
+ *                    and the front end (tpk/runtime/op.h) composes a NULL one from the entries
+ *                    above, once for every backend. */
+#define TPK__OPS_CORE(X)                                                                         \
+    X(alloc)                                                                                     \
+    X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) \
+        X(bias_grad) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
+#define TPK__OPS_LAYERS(X)                                                                    \
+    X(dropout)                                                                                \
+    X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss)    \
+        X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd) X(swiglu_bwd) \
+            X(rmsnorm_fwd) X(rmsnorm_bwd)
 #define TPK__OPS_FUSED(X) X(linear_fwd) X(linear_bwd_act) X(residual_layernorm_fwd) X(xent_fused)
 
 typedef struct tpk_ops {
@@ -92,92 +98,113 @@ typedef struct tpk_ops {
     /* x[0..n) = value */
     tpk_status (*fill)(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value);
     /* dst[i, j] = src[i, j] for i < rows, j < cols; ldd, lds in elements */
-    tpk_status (*copy2d)(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows,
-                         int64_t cols, tpk_dtype dt);
+    tpk_status (*copy2d)(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds,
+                         int64_t rows, int64_t cols, tpk_dtype dt);
     /* dst[i] = (dst dtype) src[i]; f32 -> bf16 rounds to nearest even */
-    tpk_status (*cast)(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n);
+    tpk_status (*cast)(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt,
+                       size_t n);
     /* y[i] = a * x[i] + b * y[i]; b = 0 ignores y (NaN in y does not leak) */
-    tpk_status (*axpby)(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n);
+    tpk_status (*axpby)(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt,
+                        size_t n);
 
     /* C[m, n] = alpha * op(A)[m, k] op(B)[k, n] + beta * C; op = transpose when ta / tb.
      * A is [m, k] (or [k, m] when ta), B is [k, n] (or [n, k] when tb). beta = 0 ignores C;
      * k = 0 or alpha = 0 gives C = beta C without reading A or B. */
-    tpk_status (*gemm)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                       int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt);
-    /* gemm with an f32 C whatever dt is: C_f32[m, n] = alpha op(A) op(B) + beta C_f32, A and B in dt,
-     * f32 accumulation, C neither read nor written in bf16 (no rounding). A weight gradient of a bf16
-     * model added straight into the f32 gradient (beta = 1; Megatron's gradient-accumulation
+    tpk_status (*gemm)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                       const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c,
+                       int64_t ldc, tpk_dtype dt);
+    /* gemm with an f32 C whatever dt is: C_f32[m, n] = alpha op(A) op(B) + beta C_f32, A and B in
+     * dt, f32 accumulation, C neither read nor written in bf16 (no rounding). A weight gradient of
+     * a bf16 model added straight into the f32 gradient (beta = 1; Megatron's gradient-accumulation
      * fusion). Same shapes and rules as gemm; with dt = f32 it is gemm. */
-    tpk_status (*gemm_acc)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a,
-                           int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt);
+    tpk_status (*gemm_acc)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                           float beta, float *c, int64_t ldc, tpk_dtype dt);
     /* y[i, j] += bias[j]  for y [rows, cols] */
-    tpk_status (*bias_add)(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt);
+    tpk_status (*bias_add)(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols,
+                           tpk_dtype dt);
     /* db[j] = sum_i dy[i, j] + (accumulate ? db[j] : 0)  for dy [rows, cols] in dt; db in db_dt:
      * dt, or TPK_F32 (a bf16 layer's bias gradient added straight into the f32 gradients) */
-    tpk_status (*bias_grad)(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
-                            bool accumulate);
+    tpk_status (*bias_grad)(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols,
+                            tpk_dtype dt, tpk_dtype db_dt, bool accumulate);
     /* y = act(x) elementwise (tpk_act above); y may alias x */
-    tpk_status (*act_fwd)(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n);
-    /* dx = dy * act'(x); dx may alias dy; with TPK_ACT_NONE, dx = dy and x is not read (may be NULL) */
-    tpk_status (*act_bwd)(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n);
+    tpk_status (*act_fwd)(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt,
+                          size_t n);
+    /* dx = dy * act'(x); dx may alias dy; with TPK_ACT_NONE, dx = dy and x is not read (may be
+     * NULL) */
+    tpk_status (*act_bwd)(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy,
+                          tpk_dtype dt, size_t n);
 
     /* Counter-based random numbers (tpk/base/rng.h): x[i, j] = a + b * draw(seed, stream,
      * index = (row0 + i) * gcols + col0 + j) for x [rows, cols], contiguous. NORMAL draws are
      * N(0,1), UNIFORM draws are in [0, 1). The value depends only on (seed, stream, index),
      * so a shard draws exactly its slice of the unsharded tensor. */
-    tpk_status (*rng_2d)(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols,
-                         int64_t row0, int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a,
-                         float b);
+    tpk_status (*rng_2d)(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols,
+                         int64_t gcols, int64_t row0, int64_t col0, uint64_t seed, uint64_t stream,
+                         tpk_rng_dist dist, float a, float b);
     /* y = x * keep / (1 - p), keep = (dropout_u(seed, stream, (row0 + i) * gcols + col0 + j) >= p)
      * for x, y [rows, cols] contiguous; y may alias x. The same call on dy gives dx. dropout_u
      * (tpk/base/rng.h, tpk_dropout_u): index k takes output k % 4 of Philox call k / 4. */
-    tpk_status (*dropout)(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0,
-                          int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
+    tpk_status (*dropout)(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols,
+                          int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed,
+                          uint64_t stream, tpk_dtype dt);
 
     /* Layernorm over the last dim of x [rows, cols]: mean, rstd = 1/sqrt(var + eps) (f32 [rows],
      * saved for backward), y = (x - mean) rstd w + b with w, b f32 [cols]. */
-    tpk_status (*layernorm_fwd)(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
-                                int64_t rows, int64_t cols, float eps, tpk_dtype dt);
+    tpk_status (*layernorm_fwd)(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x,
+                                const float *w, const float *b, int64_t rows, int64_t cols,
+                                float eps, tpk_dtype dt);
     /* xh = (x - mean) rstd, g = dy w:  dx (+)= rstd (g - mean_j(g) - xh mean_j(g xh));
      * dw += sum_i dy xh, db += sum_i dy (f32). accumulate_dx adds into dx. */
-    tpk_status (*layernorm_bwd)(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
-                                const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
+    tpk_status (*layernorm_bwd)(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy,
+                                const void *x, const float *w, const float *mean, const float *rstd,
+                                int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
 
     /* Rows [v0, v0 + vrows) of a table E f32 [vrows, H]: y[t] (+)= E[ids[t] - v0] where ids[t] is
      * in range, else 0 (unchanged with accumulate). y [T, H]; ids i32 [T] in backend memory. */
-    tpk_status (*embed_fwd)(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
-                            int64_t vrows, tpk_dtype dt, bool accumulate);
+    tpk_status (*embed_fwd)(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table,
+                            int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt,
+                            bool accumulate);
     /* dE[ids[t] - v0] += dy[t] for ids in range, in token order (deterministic). */
-    tpk_status (*embed_bwd)(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
-                            int64_t vrows, tpk_dtype dt);
+    tpk_status (*embed_bwd)(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids,
+                            int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt);
 
     /* Cross-entropy over logits z [T, ld] whose first Vl columns hold global columns [v0, v0 + Vl)
      * of V (columns Vl..ld-1: a padded vocabulary's padding, ignored; ld >= Vl):
      * xent_stats:   part[t] = (m = max_j z[t,j], s = sum_j exp(z[t,j] - m), z[t, y_t - v0] or 0,
      *               sum_j z[t,j])  f32 [T, 4], from one read of z; (-inf, 0, 0, 0) when Vl = 0
-     * xent_loss:    from the P ranks' stats of each row, part f32 [P, T, 4] in rank order (P = 1: one
+     * xent_loss:    from the P ranks' stats of each row, part f32 [P, T, 4] in rank order (P = 1:
+     * one
      *               rank holds all of V): M = max_r m_r, lse = M + log sum_r s_r exp(m_r - M) (in
      *               double, r ascending); loss[t] = lse - (1-eps) sum_r zy_r - eps sum_r sz_r / V
      *               (0 where y_t == ignore_index), lse saved f32 [T]
-     * xent_mean:    m = (float)(sum_{t<T} loss[t] / count), the sum in double in an order fixed by T
+     * xent_mean:    m = (float)(sum_{t<T} loss[t] / count), the sum in double in an order fixed by
+     * T
      *               alone (the host: t ascending; a device: a fixed tree), m = 0 when count = 0;
-     *               *acc (f64, one element in backend memory) = (accumulate ? *acc : 0) + (double)m:
-     *               the mean loss of a forward, or a running sum of them, left in backend memory
-     *               for the host to read when it asks (no host wait here)
+     *               *acc (f64, one element in backend memory) = (accumulate ? *acc : 0) +
+     *               (double)m: the mean loss of a forward, or a running sum of them, left in
+     *               backend memory for the host to read when it asks (no host wait here)
      * xent_grad:    dz = (exp(z - lse) - (1-eps) [j == y_t - v0] - eps / V) dloss[t]
-     *               (0 where y_t == ignore_index; 0 in the padding columns); dz [T, ld] may alias z.
+     *               (0 where y_t == ignore_index; 0 in the padding columns); dz [T, ld] may alias
+     *               z.
      * xent_fused:   one rank holding all V columns (v0 = 0, Vl = V): xent_stats, xent_loss (P = 1)
      *               and xent_grad with dloss[t] = g, row by row — the logits read once and the
-     *               gradient written once — equal bit for bit to the three ops in turn; dz may alias z. */
-    tpk_status (*xent_stats)(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld,
-                             int64_t v0, tpk_dtype dt);
-    tpk_status (*xent_loss)(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
-                            int64_t V, float smoothing, int32_t ignore_index);
-    tpk_status (*xent_mean)(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate);
-    tpk_status (*xent_grad)(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
-                            int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt);
-    tpk_status (*xent_fused)(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V,
-                             int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt);
+     *               gradient written once — equal bit for bit to the three ops in turn; dz may
+     *               alias z. */
+    tpk_status (*xent_stats)(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets,
+                             int64_t T, int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt);
+    tpk_status (*xent_loss)(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P,
+                            const int32_t *targets, int64_t T, int64_t V, float smoothing,
+                            int32_t ignore_index);
+    tpk_status (*xent_mean)(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count,
+                            bool accumulate);
+    tpk_status (*xent_grad)(tpk_ctx *ctx, void *dz, const void *z, const float *lse,
+                            const int32_t *targets, const float *dloss, int64_t T, int64_t Vl,
+                            int64_t ld, int64_t v0, int64_t V, float smoothing,
+                            int32_t ignore_index, tpk_dtype dt);
+    tpk_status (*xent_fused)(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z,
+                             const int32_t *targets, int64_t T, int64_t V, int64_t ld,
+                             float smoothing, int32_t ignore_index, float g, tpk_dtype dt);
 
     /* Causal self-attention, grouped-query: A query heads and G key/value heads of size D (G
      * divides A; query head a reads key/value head a / (A/G); G = A is multi-head attention).
@@ -186,16 +213,18 @@ typedef struct tpk_ops {
      * [Al D, (Al + Gl) D), V in [(Al + Gl) D, (Al + 2 Gl) D), local head h at offset h D of its
      * block; a shared key/value head is read in place, never copied.
      * s_ij = scale q_i . k_j for j <= i;  P = softmax_j(s);  lse f32 [B, Al, S] saved;
-     * dropout (p > 0): P_ij kept when dropout_u(seed, stream, ((b*A + head0 + h)*S + i)*S + j) >= p,
-     * scaled by 1/(1-p), so a head's mask does not depend on the rank that holds it.
+     * dropout (p > 0): P_ij kept when dropout_u(seed, stream, ((b*A + head0 + h)*S + i)*S + j) >=
+     * p, scaled by 1/(1-p), so a head's mask does not depend on the rank that holds it.
      * out [B*S, Al*D] = P V per head. Backward recomputes P from lse:
      * dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o O)), dQ = scale dS K, dK = scale dS^T Q;
      * dqkv has qkv's layout, and the dK, dV of a key/value head are the sums over the local query
      * heads that read it (in a fixed order: deterministic). */
-    tpk_status (*attn_fwd)(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D,
-                           int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
-    tpk_status (*attn_bwd)(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse,
-                           int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
+    tpk_status (*attn_fwd)(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B,
+                           int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0,
+                           float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt);
+    tpk_status (*attn_bwd)(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv,
+                           const void *out, const float *lse, int64_t B, int64_t S, int64_t Al,
+                           int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
                            uint64_t seed, uint64_t stream, tpk_dtype dt);
 
     /* Rotary position embedding (Hugging Face Llama's rotate-half convention) on `heads` heads of
@@ -204,23 +233,27 @@ typedef struct tpk_ops {
      * j < D/2, f_j = theta^(-2j/D), angle s f_j (computed in double), c = cos, n = sin:
      *   y[j] = x[j] c - x[j + D/2] n,  y[j + D/2] = x[j + D/2] c + x[j] n;
      * inverse: the rotation by -angle (the transpose: backward maps dy to dx with it). */
-    tpk_status (*rope)(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads,
-                       int64_t D, float theta, bool inverse, tpk_dtype dt);
+    tpk_status (*rope)(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows,
+                       int64_t S, int64_t heads, int64_t D, float theta, bool inverse,
+                       tpk_dtype dt);
 
     /* SwiGLU: gu [rows, 2F] holds gate in columns [0, F) and up in [F, 2F);
      * swiglu_fwd: h [rows, F] = silu(gate) up,  silu(x) = x sigmoid(x);
      * swiglu_bwd: dgate = dh up sigmoid(gate) (1 + gate (1 - sigmoid(gate))),  dup = dh silu(gate),
      *             into dgu [rows, 2F] (gu's layout; dgu may be gu). */
-    tpk_status (*swiglu_fwd)(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt);
-    tpk_status (*swiglu_bwd)(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt);
+    tpk_status (*swiglu_fwd)(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F,
+                             tpk_dtype dt);
+    tpk_status (*swiglu_bwd)(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows,
+                             int64_t F, tpk_dtype dt);
 
     /* RMSNorm over the last dim of x [rows, cols]: rstd = 1/sqrt(mean_j(x^2) + eps) (f32 [rows],
      * saved), y = x rstd w (w f32 [cols]). Backward, xh = x rstd, g = dy w:
      * dx (+)= rstd (g - xh mean_j(g xh)), dw += sum_i dy xh (f32). accumulate_dx adds into dx. */
-    tpk_status (*rmsnorm_fwd)(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
-                              tpk_dtype dt);
-    tpk_status (*rmsnorm_bwd)(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
-                              int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx);
+    tpk_status (*rmsnorm_fwd)(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w,
+                              int64_t rows, int64_t cols, float eps, tpk_dtype dt);
+    tpk_status (*rmsnorm_bwd)(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x,
+                              const float *w, const float *rstd, int64_t rows, int64_t cols,
+                              tpk_dtype dt, bool accumulate_dx);
 
     /* AdamW on n f32 elements (step >= 1; g is read as g * s):
      *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
@@ -235,9 +268,10 @@ typedef struct tpk_ops {
      * without a host wait. w16 (NULL: none): bf16 [n] that receives each updated weight rounded to
      * nearest even (a bf16 context's copy of the master weights, made in the same pass); a
      * skipped step writes nothing there either. */
-    tpk_status (*adamw)(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                        float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns,
-                        uint16_t *w16);
+    tpk_status (*adamw)(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n,
+                        float lr, float b1, float b2, float eps, float wd, int64_t step,
+                        float grad_scale, double *norm, float clip, const int64_t *decay,
+                        int64_t nruns, uint16_t *w16);
     /* *out (f64 in backend memory) = (accumulate ? *out : 0) + sum_i x[i]^2 over n f32 elements
      * (n may be 0), accumulated in double; no host wait */
     tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate);
@@ -249,22 +283,26 @@ typedef struct tpk_ops {
      * and GELU epilogues):  u = x W^T + bias  for x [T, k], W [n, k], bias [n] (NULL: none);
      * act = NONE: y = u;  otherwise pre = u and y = act(u), both [T, n]. All in dt; pre is not
      * touched with NONE. Equal to gemm + bias_add (+ act_fwd). */
-    tpk_status (*linear_fwd)(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
-                             int64_t k, tpk_act act, tpk_dtype dt);
+    tpk_status (*linear_fwd)(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w,
+                             const void *bias, int64_t T, int64_t n, int64_t k, tpk_act act,
+                             tpk_dtype dt);
     /* A data gradient through a GEMM, then back through the activation before it, in one pass
      * where the backend can fuse it (cuBLASLt's DGELU and BGRAD epilogues): for dy [T, k] and
      * W [k, n] (the next layer's weight, row-major [its out = k, its in = n]),
      *   du = (dy W) act'(pre)   [T, n], pre [T, n] the forward's pre-activation (act != NONE)
      *   db = sum_t du[t]        [n] (written, not accumulated; NULL: not computed)
      * all in dt; du aliases none of the inputs. Equal to gemm + act_bwd + bias_grad. */
-    tpk_status (*linear_bwd_act)(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
-                                 int64_t k, tpk_act act, tpk_dtype dt);
+    tpk_status (*linear_bwd_act)(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w,
+                                 const void *pre, int64_t T, int64_t n, int64_t k, tpk_act act,
+                                 tpk_dtype dt);
 
     /* The residual add and the layernorm after it in one pass:  x1 = x + r  (stored in dt; x1
      * may alias x), then exactly layernorm_fwd on x1 (y, mean, rstd). Equal to axpby +
      * layernorm_fwd. */
-    tpk_status (*residual_layernorm_fwd)(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
-                                         const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt);
+    tpk_status (*residual_layernorm_fwd)(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd,
+                                         const void *x, const void *r, const float *w,
+                                         const float *b, int64_t rows, int64_t cols, float eps,
+                                         tpk_dtype dt);
 
     /* Optional as well: timer marks for the profiler (tpk/runtime/profile.h).
      * timer_mark records mark `slot` (0, 1, 2, ...) in the order of the ops' stream; timer_ms

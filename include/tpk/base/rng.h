@@ -32,7 +32,8 @@
 typedef struct tpk_u32x4 { uint32_t v[4]; } tpk_u32x4;
 
 TPK_HD static inline tpk_u32x4 tpk_philox(uint64_t seed, uint64_t stream, uint64_t index) {
-    uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32), c2 = (uint32_t)stream, c3 = (uint32_t)(stream >> 32);
+    uint32_t c0 = (uint32_t)index, c1 = (uint32_t)(index >> 32), c2 = (uint32_t)stream,
+             c3 = (uint32_t)(stream >> 32);
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     for (int round = 0; round < 10; round++) {
         uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
@@ -51,10 +52,13 @@ TPK_HD static inline float tpk_rng_uniform(uint64_t seed, uint64_t stream, uint6
 
 /* The dropout draws (see above): the uniforms of indices 4 q .. 4 q + 3, and of index i alone. */
 typedef struct tpk_f32x4 { float v[4]; } tpk_f32x4;
-TPK_HD static inline float tpk_rng_u24(uint32_t bits) { return (float)(bits >> 8) * (1.0f / 16777216.0f); }
+TPK_HD static inline float tpk_rng_u24(uint32_t bits) {
+    return (float)(bits >> 8) * (1.0f / 16777216.0f);
+}
 TPK_HD static inline tpk_f32x4 tpk_rng_uniform4(uint64_t seed, uint64_t stream, uint64_t q) {
     tpk_u32x4 b = tpk_philox(seed, stream, q);
-    tpk_f32x4 r = {{tpk_rng_u24(b.v[0]), tpk_rng_u24(b.v[1]), tpk_rng_u24(b.v[2]), tpk_rng_u24(b.v[3])}};
+    tpk_f32x4 r = {
+        {tpk_rng_u24(b.v[0]), tpk_rng_u24(b.v[1]), tpk_rng_u24(b.v[2]), tpk_rng_u24(b.v[3])}};
     return r;
 }
 /* word i % 4 picked with selects, not an array index: a GPU kernel keeps it in registers */

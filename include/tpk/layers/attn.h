@@ -41,13 +41,21 @@ typedef struct tpk_attention {
     tpk_buf out, lse, dqkv;
 } tpk_attention;
 
-static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int64_t H, int64_t A, const tpk_attention_desc *desc) {
+static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int64_t H, int64_t A,
+                                            const tpk_attention_desc *desc) {
     static const char *fn = "tpk_attention_init";
     tpk_attention_desc d;
     TPK__INIT_LAYER(ctx, fn, a, d, desc);
-    if (A < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
-    if (H < 1 || H % A) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected a positive multiple of A = %lld, got %lld", (long long)A, (long long)H);
-    if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);
+    if (A < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
+    if (H < 1 || H % A)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "H: expected a positive multiple "
+                         "of A = %lld, got %lld",
+                         (long long)A, (long long)H);
+    if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g",
+                         (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
     a->H = H, a->A = A, a->D = H / A, a->p = d.dropout;
     tpk_range heads = tpk_tp_split(ctx, A, ctx->tp.rank);
@@ -56,8 +64,10 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     snprintf(pn, sizeof pn, "%s.c_attn", a->name);
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
-    ld.name = pn, ld.bias = true, ld.stride = 3, ld.unit = (int)a->D, ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
-    TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld)); /* [Wq; Wk; Wv]: stride 3, heads of D */
+    ld.name = pn, ld.bias = true, ld.stride = 3, ld.unit = (int)a->D,
+    ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
+    TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld)); /* [Wq; Wk; Wv]: stride 3, heads
+                                                                     of D */
     snprintf(pn, sizeof pn, "%s.c_proj", a->name);
     ld.stride = 0, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     TPK_TRY(tpk_row_linear_init(ctx, &a->c_proj, H, H, &ld));
@@ -72,26 +82,30 @@ static inline void tpk_attention_destroy(tpk_ctx *ctx, tpk_attention *a) {
 /* The attention kernel of B sequences of S tokens from qkv [T, (Al + 2 Gl) D] (query heads
  * [a0, a0 + Al) of A, key/value heads of G): *o S(-1) [T, A D] (unit D) in the buffer `out`, the
  * log-sum-exp [B, Al, S] in `lse`. Both attentions' forwards, and their selective recompute. */
-static inline tpk_status tpk__attn_core(tpk_ctx *ctx, tpk_buf *out, tpk_buf *lse, const void *qkv, int64_t B, int64_t S, int64_t A, int64_t G,
-                                        int64_t a0, int64_t Al, int64_t D, float p, uint64_t stream, tpk_tensor *o) {
+static inline tpk_status tpk__attn_core(tpk_ctx *ctx, tpk_buf *out, tpk_buf *lse, const void *qkv,
+                                        int64_t B, int64_t S, int64_t A, int64_t G, int64_t a0,
+                                        int64_t Al, int64_t D, float p, uint64_t stream,
+                                        tpk_tensor *o) {
     int64_t T = B * S;
     *o = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, A * D, TPK_S_EX(-1, 1, (int)D));
     TPK_TRY(tpk__buf_view(ctx, out, o));
     TPK_TRY(tpk__buf_reserve(ctx, lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
     if (T && Al)
-        TPK_TRY(tpk_op_attn_fwd(ctx, o->data, (float *)lse->p, qkv, B, S, Al, D, A, G, a0, 1.0f / sqrtf((float)D), p, ctx->seed, stream,
-                                ctx->dtype));
+        TPK_TRY(tpk_op_attn_fwd(ctx, o->data, (float *)lse->p, qkv, B, S, Al, D, A, G, a0,
+                                1.0f / sqrtf((float)D), p, ctx->seed, stream, ctx->dtype));
     return TPK_OK;
 }
 static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk_tensor *o) {
-    return tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.data, a->B, a->S, a->A, a->A, a->a0, a->Al, a->D, a->p, a->stream, o);
+    return tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.data, a->B, a->S, a->A, a->A, a->a0, a->Al,
+                          a->D, a->p, a->stream, o);
 }
 
 /* Its buffers by recompute set (tpk/runtime/buf.h), its linears' among them.
- * Selective recompute (tpk/layers/recompute.h): after its forward the attention lent out (to the other
- * blocks) the output and log-sum-exp and c_proj's output (the branch, consumed by the residual
- * add); before its backward, with h = the layernorm's output again (c_attn's saved input: under
- * SP its backward gathers the tokens itself), the attention's output is made again (no GEMM). */
+ * Selective recompute (tpk/layers/recompute.h): after its forward the attention lent out (to the
+ * other blocks) the output and log-sum-exp and c_proj's output (the branch, consumed by the
+ * residual add); before its backward, with h = the layernorm's output again (c_attn's saved input:
+ * under SP its backward gathers the tokens itself), the attention's output is made again (no
+ * GEMM). */
 static inline int tpk__attention_bufs(tpk_attention *a, int set, tpk_buf **o) {
     tpk_linear *ca = &a->c_attn, *cp = &a->c_proj;
     if (set == TPK__SET_LENT) {
@@ -115,14 +129,21 @@ static inline tpk_status tpk__attention_recompute(tpk_ctx *ctx, tpk_attention *a
 
 /* y = attention(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism),
  * y in the same layout. */
-static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
+static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, tpk_tensor x,
+                                               int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_attention_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
+    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                            "attention");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
-    if (B < 0 || S < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld", (long long)B, (long long)S);
+    if (B < 0 || S < 0)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "B, S: expected >= 0, got %lld, "
+                         "%lld",
+                         (long long)B, (long long)S);
     if (x.ndim == 2 && x.gshape[0] != B * S)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S = %lld token rows, got %lld", (long long)(B * S), (long long)x.gshape[0]);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S = %lld token rows, got %lld",
+                         (long long)(B * S), (long long)x.gshape[0]);
     tpk_tensor qkv, o;
     TPK_TRY(tpk_col_linear_forward(ctx, &a->c_attn, x, &qkv)); /* S(-1) [T, 3 Al D], stride 3 */
     a->B = B, a->S = S, a->qkv = qkv;
@@ -133,28 +154,32 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
 
 /* dx of the last forward from dy (the layout of y); accumulates the gradients of c_attn and
  * c_proj. */
-static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, tpk_tensor dy,
+                                                tpk_tensor *dx) {
     static const char *fn = "tpk_attention_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
+    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                            "attention");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
-    if (!a->qkv.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
+    if (!a->qkv.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
     tpk_tensor dout, dq;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->c_proj, dy, &dout)); /* S(-1) [T, Al D] */
     int64_t B = a->B, S = a->S, Al = a->Al, D = a->D;
     dq = a->qkv;
     TPK_TRY(tpk__buf_view(ctx, &a->dqkv, &dq));
     if (B * S > 0 && Al > 0)
-        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->qkv.data, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->A, a->a0,
-                                   1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
+        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->qkv.data, a->out.p,
+                                (const float *)a->lse.p, B, S, Al, D, a->A, a->A, a->a0,
+                                1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
     return tpk_col_linear_backward(ctx, &a->c_attn, dq, dx); /* all-reduce (SP: reduce-scatter) */
 }
 
-/* ---- grouped-query attention with rotary embeddings (Llama) ----------------------------------------
+/* ---- grouped-query attention with rotary embeddings (Llama) -------------------------------------
  *
  * A query heads, G key/value heads (G divides A; query head a reads key/value head a / (A/G)),
- * head size D = H / A. Rank r holds the query heads [a0, a0 + A_r) = tpk_tp_split(ctx, A, r) and the
- * key/value heads [g0, g0 + G_r) they read (TPK_S_GROUPED): when t > G, or when an uneven split
+ * head size D = H / A. Rank r holds the query heads [a0, a0 + A_r) = tpk_tp_split(ctx, A, r) and
+ * the key/value heads [g0, g0 + G_r) they read (TPK_S_GROUPED): when t > G, or when an uneven split
  * cuts a group, a key/value head is held by every rank whose query heads read it (replicated, as
  * Megatron does for t > G), and tpk_params_reduce_partial_grads sums its weight gradient over them.
  *   q_proj  column [A D, H] -> Q S(-1) [T, A_r D];  k_proj, v_proj  column [G D, H] (grouped) ->
@@ -189,24 +214,38 @@ typedef struct tpk_gqa_attention {
     tpk_linear q_proj, k_proj, v_proj, o_proj;
     int64_t B, S;
     uint64_t stream;
-    tpk_tensor x;           /* the last forward's input (R, or S(0) under SP: gathered into ctx->sp when read) */
+    tpk_tensor x;           /* the last forward's input (R, or S(0) under SP: gathered into ctx->sp
+                               when read) */
     tpk_buf qkv, out, lse, dqkv, dq, dk, dv, dx;
 } tpk_gqa_attention;
 
-static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention *a, int64_t H, int64_t A, const tpk_gqa_attention_desc *desc) {
+static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention *a, int64_t H,
+                                                int64_t A, const tpk_gqa_attention_desc *desc) {
     static const char *fn = "tpk_gqa_attention_init";
     tpk_gqa_attention_desc d;
     TPK__INIT_LAYER(ctx, fn, a, d, desc);
     int64_t G = d.kv_heads ? d.kv_heads : A;
-    if (A < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
-    if (H < 1 || H % A) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected a positive multiple of A = %lld, got %lld", (long long)A, (long long)H);
+    if (A < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
+    if (H < 1 || H % A)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "H: expected a positive multiple "
+                         "of A = %lld, got %lld",
+                         (long long)A, (long long)H);
     if (G < 1 || A % G)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->kv_heads: expected a divisor of A = %lld query heads, got %lld", (long long)A, (long long)G);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "desc->kv_heads: expected a divisor of A = %lld "
+                         "query heads, got %lld",
+                         (long long)A, (long long)G);
     if (d.rope_theta >= 0 && ((H / A) % 2))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H / A: rotary embeddings need an even head size, got %lld", (long long)(H / A));
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H / A: rotary embeddings need an even head size, "
+                                                 "got %lld", (long long)(H / A));
     if (d.rope_theta > 0 && !(d.rope_theta > 1.0f && !isinf(d.rope_theta)))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->rope_theta: expected a finite base > 1 (0 = 10000, < 0 = none), got %g", (double)d.rope_theta);
-    if (!(d.dropout >= 0.0f && d.dropout < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g", (double)d.dropout);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->rope_theta: expected a finite base > 1 (0 = "
+                                               "10000, < 0 = none), got %g", (double)d.rope_theta);
+    if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g",
+                         (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
     a->H = H, a->A = A, a->G = G, a->D = H / A, a->p = d.dropout, a->sp = d.sequence_parallel;
     a->theta = d.rope_theta < 0 ? 0.0f : d.rope_theta > 0 ? d.rope_theta : 10000.0f;
@@ -216,7 +255,8 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
     char pn[128];
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
-    ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.partial_dx = true, ld.init_std = d.init_std;
+    ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.partial_dx = true,
+    ld.init_std = d.init_std;
     snprintf(pn, sizeof pn, "%s.q_proj", a->name);
     TPK_TRY(tpk_col_linear_init(ctx, &a->q_proj, H, A * a->D, &ld));
     ld.group = (int)(A / G); /* K and V: the key/value heads this rank's query heads read */
@@ -240,21 +280,26 @@ static inline void tpk_gqa_attention_destroy(tpk_ctx *ctx, tpk_gqa_attention *a)
 
 /* rows of src [T, n] (ld n) into columns [c0, c0 + n) of dst [T, ld] (to_packed), or back; with
  * rope, rotated (forward) or rotated back (inverse) on the way. */
-static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, const tpk_gqa_attention *a, void *packed, int64_t ld, int64_t c0, void *x, int64_t heads,
-                                       bool rope, bool to_packed) {
+static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, const tpk_gqa_attention *a, void *packed,
+                                       int64_t ld, int64_t c0, void *x, int64_t heads, bool rope,
+                                       bool to_packed) {
     int64_t T = a->B * a->S, n = heads * a->D;
     if (!T || !n) return TPK_OK;
     void *p = TPK__AT(packed, c0, ctx->dtype);
     if (rope && a->theta > 0)
-        return to_packed ? tpk_op_rope(ctx, p, ld, x, n, T, a->S, heads, a->D, a->theta, false, ctx->dtype)
-                         : tpk_op_rope(ctx, x, n, p, ld, T, a->S, heads, a->D, a->theta, true, ctx->dtype);
-    return to_packed ? tpk_op_copy2d(ctx, p, ld, x, n, T, n, ctx->dtype) : tpk_op_copy2d(ctx, x, n, p, ld, T, n, ctx->dtype);
+        return to_packed ? tpk_op_rope(ctx, p, ld, x, n, T, a->S, heads, a->D, a->theta, false,
+                                       ctx->dtype)
+                         : tpk_op_rope(ctx, x, n, p, ld, T, a->S, heads, a->D, a->theta, true,
+                                       ctx->dtype);
+    return to_packed ? tpk_op_copy2d(ctx, p, ld, x, n, T, n, ctx->dtype)
+                     : tpk_op_copy2d(ctx, x, n, p, ld, T, n, ctx->dtype);
 }
 
 /* The three projections' input R [T, H]: the saved input itself, or under sequence parallelism its
  * tokens all-gathered into the context's scratch (*xg views it) — started (req: tpk_wait before
  * reading it) or, with req NULL, done. The projections' saved inputs are set to it. */
-static inline tpk_status tpk__gqa_input(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor *xg, tpk_request *req) {
+static inline tpk_status tpk__gqa_input(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor *xg,
+                                        tpk_request *req) {
     *xg = a->x;
     if (a->sp) TPK_TRY(tpk__sp_gather(ctx, "tpk_gqa_attention", &a->x, xg, req));
     a->q_proj.x.data = a->k_proj.x.data = a->v_proj.x.data = xg->data;
@@ -263,16 +308,23 @@ static inline tpk_status tpk__gqa_input(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_
 
 /* y = attention(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism),
  * y in the same layout. */
-static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
+static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor x,
+                                                   int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_gqa_attention_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
+    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                            "attention");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
-    if (B < 0 || S < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld", (long long)B, (long long)S);
+    if (B < 0 || S < 0)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "B, S: expected >= 0, got %lld, "
+                         "%lld",
+                         (long long)B, (long long)S);
     int64_t want[2] = {B * S, a->H};
     TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     a->x = x;
-    TPK_TRY(tpk__gqa_input(ctx, a, &x, NULL)); /* SP: the tokens gathered once for the three projections */
+    TPK_TRY(tpk__gqa_input(ctx, a, &x, NULL)); /* SP: the tokens gathered once for the three
+                                                  projections */
     tpk_tensor q, k, v, o;
     TPK_TRY(tpk_col_linear_forward(ctx, &a->q_proj, x, &q)); /* [T, Al D] */
     TPK_TRY(tpk_col_linear_forward(ctx, &a->k_proj, x, &k)); /* [T, Gl D] */
@@ -280,19 +332,22 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     int64_t T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
     a->B = B, a->S = S;
     a->stream = tpk__dropout_stream(ctx, a->name);
-    TPK_TRY(tpk__buf_reserve(ctx, &a->qkv, (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
-    TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, 0, q.data, Al, true, true)); /* [Q | K | V], Q and K rotated */
+    TPK_TRY(tpk__buf_reserve(ctx, &a->qkv,
+                             (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
+    TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, 0, q.data, Al, true, true)); /* [Q | K | V], Q and K
+                                                                                rotated */
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, Al * D, k.data, Gl, true, true));
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, (Al + Gl) * D, v.data, Gl, false, true));
-    TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, B, S, a->A, a->G, a->a0, Al, D, a->p, a->stream, &o));
+    TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, B, S, a->A, a->G, a->a0, Al, D, a->p,
+                           a->stream, &o));
     return tpk_row_linear_forward(ctx, &a->o_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
 /* Its buffers by recompute set (tpk/runtime/buf.h), its linears' among them.
- * Selective recompute (tpk/layers/recompute.h): lent out after the forward are the projections' outputs
- * (copied into the kept [Q | K | V] buffer, rotated), the attention's output and log-sum-exp;
- * before the backward, with h = the norm's output again (the saved input, which the backward
- * gathers under SP), the attention's output is made again (no GEMM). */
+ * Selective recompute (tpk/layers/recompute.h): lent out after the forward are the projections'
+ * outputs (copied into the kept [Q | K | V] buffer, rotated), the attention's output and
+ * log-sum-exp; before the backward, with h = the norm's output again (the saved input, which the
+ * backward gathers under SP), the attention's output is made again (no GEMM). */
 static inline int tpk__gqa_attention_bufs(tpk_gqa_attention *a, int set, tpk_buf **o) {
     tpk_linear *q = &a->q_proj, *k = &a->k_proj, *v = &a->v_proj, *op = &a->o_proj;
     if (set == TPK__SET_LENT) {
@@ -300,7 +355,8 @@ static inline int tpk__gqa_attention_bufs(tpk_gqa_attention *a, int set, tpk_buf
         return tpk__bufs_list(o, l, 5);
     }
     if (set == TPK__SET_KEPT) { /* [Q | K | V], the GEMM outputs */
-        tpk_buf *l[] = {&a->qkv, &q->y2, &q->pre, &k->y2, &k->pre, &v->y2, &v->pre, &op->xb, &op->y, &op->y2, &op->pre};
+        tpk_buf *l[] = {&a->qkv, &q->y2,  &q->pre, &k->y2,  &k->pre, &v->y2,
+                        &v->pre, &op->xb, &op->y,  &op->y2, &op->pre};
         return tpk__bufs_list(o, l, 11);
     }
     tpk_buf *l[] = {&a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx};
@@ -309,42 +365,53 @@ static inline int tpk__gqa_attention_bufs(tpk_gqa_attention *a, int set, tpk_buf
     for (int j = 0; j < 4; j++) n += tpk__linear_scratch(ls[j], o + n);
     return n;
 }
-static inline tpk_status tpk__gqa_attention_recompute(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor h) {
+static inline tpk_status tpk__gqa_attention_recompute(tpk_ctx *ctx, tpk_gqa_attention *a,
+                                                      tpk_tensor h) {
     a->x.data = h.data;
     tpk_tensor o;
-    TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, a->B, a->S, a->A, a->G, a->a0, a->Al, a->D, a->p, a->stream, &o));
+    TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, a->B, a->S, a->A, a->G, a->a0, a->Al,
+                           a->D, a->p, a->stream, &o));
     a->o_proj.x.data = o.data; /* o_proj's saved input */
     return TPK_OK;
 }
 
 /* dx of the last forward from dy (the layout of y); accumulates the four projections' gradients
  * (a shared key/value head's only partially: tpk_params_reduce_partial_grads completes it). */
-static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attention *a,
+                                                    tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_gqa_attention_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
+    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                            "attention");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
-    if (!a->o_proj.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
+    if (!a->o_proj.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
+                                                                  "forward", a->name);
     int64_t B = a->B, S = a->S, T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
     tpk_tensor dout, xg;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->o_proj, dy, &dout)); /* S(-1) [T, Al D] */
-    TPK_TRY(tpk__buf_reserve(ctx, &a->dqkv, (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
+    TPK_TRY(tpk__buf_reserve(ctx, &a->dqkv,
+                             (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
     tpk_request req;
     memset(&req, 0, sizeof req);
-    TPK_TRY(tpk__gqa_input(ctx, a, &xg, &req)); /* SP: the tokens gathered again for the weight gradients, during the attention's backward */
+    TPK_TRY(tpk__gqa_input(ctx, a, &xg, &req)); /* SP: the tokens gathered again for the weight
+                                                   gradients, during the attention's backward */
     tpk_status s = TPK_OK;
     if (T && Al)
-        s = tpk_op_attn_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->G, a->a0,
-                            1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype);
+        s = tpk_op_attn_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p,
+                            B, S, Al, D, a->A, a->G, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
+                            a->stream, ctx->dtype);
     tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
     TPK_TRY(ws);
     tpk_tensor dq = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->A * D, TPK_S_EX(-1, 1, (int)D));
-    tpk_tensor dk = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->G * D, tpk__col_out_layout(&a->k_proj)), dv = dk;
+    tpk_tensor dk = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->G * D,
+                                     tpk__col_out_layout(&a->k_proj)),
+               dv = dk;
     TPK_TRY(tpk__buf_view(ctx, &a->dq, &dq));
     TPK_TRY(tpk__buf_view(ctx, &a->dk, &dk));
     TPK_TRY(tpk__buf_view(ctx, &a->dv, &dv));
-    TPK_TRY(tpk__gqa_move(ctx, a, a->dqkv.p, ld, 0, dq.data, Al, true, false)); /* dQ, dK rotated back */
+    TPK_TRY(tpk__gqa_move(ctx, a, a->dqkv.p, ld, 0, dq.data, Al, true,
+                          false)); /* dQ, dK rotated back */
     TPK_TRY(tpk__gqa_move(ctx, a, a->dqkv.p, ld, Al * D, dk.data, Gl, true, false));
     TPK_TRY(tpk__gqa_move(ctx, a, a->dqkv.p, ld, (Al + Gl) * D, dv.data, Gl, false, false));
     tpk_tensor gq, gk, gv; /* each P [T, H] */
@@ -356,9 +423,11 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gk.data, 1.0f, ctx->dtype, n));
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gv.data, 1.0f, ctx->dtype, n));
     }
-    tpk_tensor out = a->sp ? tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->H, TPK_S(0)) : tpk_tensor_2d(NULL, ctx->dtype, T, a->H, TPK_R);
+    tpk_tensor out = a->sp ? tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->H, TPK_S(0))
+                           : tpk_tensor_2d(NULL, ctx->dtype, T, a->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &a->dx, &out));
-    TPK_TRY(tpk_region_backward(ctx, a->sp ? TPK_REGION_SP_GATHER : TPK_REGION_COPY, &gq, &out)); /* P -> reduce-scatter / all-reduce */
+    TPK_TRY(tpk_region_backward(ctx, a->sp ? TPK_REGION_SP_GATHER : TPK_REGION_COPY, &gq,
+                                &out)); /* P -> reduce-scatter / all-reduce */
     *dx = out;
     return TPK_OK;
 }

@@ -35,49 +35,74 @@ typedef struct tpk_embedding {
     tpk_buf ids, pos, y, y2; /* y: the partial sums without SP (under SP they live in ctx->sp) */
 } tpk_embedding;
 
-static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int64_t V, int64_t positions, int64_t H,
+static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int64_t V,
+                                            int64_t positions, int64_t H,
                                             const tpk_embedding_desc *desc) {
     static const char *fn = "tpk_embedding_init";
     tpk_embedding_desc d;
     TPK__INIT_LAYER(ctx, fn, e, d, desc);
-    if (V < 1 || V > INT32_MAX) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected 1..%d, got %lld", INT32_MAX, (long long)V);
+    if (V < 1 || V > INT32_MAX)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected 1..%d, got %lld", INT32_MAX,
+                         (long long)V);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
-    if (positions < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "positions: expected >= 0, got %lld", (long long)positions);
+    if (positions < 0)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "positions: expected >= 0, got %lld",
+                         (long long)positions);
     if (d.vocab_multiple < 0 || d.vocab_multiple > (1 << 20))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->vocab_multiple: expected 0..%d, got %lld", 1 << 20, (long long)d.vocab_multiple);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->vocab_multiple: expected 0..%d, got %lld",
+                         1 << 20, (long long)d.vocab_multiple);
     e->V = V, e->P = positions, e->H = H, e->sp = d.sequence_parallel, e->wpe = -1;
     e->Vp = tpk_vocab_padded(V, d.vocab_multiple, ctx->tp.size);
     tpk_range r = tpk_tp_vocab_split(ctx, e->Vp, ctx->tp.rank);
     e->v0 = r.off, e->vl = r.size;
     tpk_param_desc pd;
     memset(&pd, 0, sizeof pd);
-    pd.name = d.wte_name ? d.wte_name : "wte", pd.ndim = 2, pd.shape[0] = V, pd.shape[1] = H, pd.layout = tpk_tp_vocab_layout(ctx, e->Vp, 0);
-    pd.init = TPK_INIT_NORMAL, pd.std = d.init_std > 0 ? d.init_std : 0.02f, pd.decay = true, pd.padded_rows = e->Vp;
+    pd.name = d.wte_name ? d.wte_name : "wte", pd.ndim = 2, pd.shape[0] = V, pd.shape[1] = H,
+    pd.layout = tpk_tp_vocab_layout(ctx, e->Vp, 0);
+    pd.init = TPK_INIT_NORMAL, pd.std = d.init_std > 0 ? d.init_std : 0.02f, pd.decay = true,
+    pd.padded_rows = e->Vp;
     TPK_TRY(tpk_param_add(ctx, &pd, &e->wte));
-    if (positions) TPK_TRY(tpk__param_add(ctx, d.wpe_name ? d.wpe_name : "wpe", 2, positions, H, TPK_R, TPK_INIT_NORMAL, 0.01f, true, &e->wpe));
+    if (positions)
+        TPK_TRY(tpk__param_add(ctx, d.wpe_name ? d.wpe_name : "wpe", 2, positions, H, TPK_R,
+                               TPK_INIT_NORMAL, 0.01f, true, &e->wpe));
     return TPK_OK;
 }
 
 /* y = wte[ids] + wpe[position]: ids [B * S] token ids in host memory, the same on every TP rank;
  * y R [B*S, H] (S(0) under sequence parallelism). */
-static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, const int32_t *ids, int64_t B, int64_t S, tpk_tensor *y) {
+static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, const int32_t *ids,
+                                               int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_embedding_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
+    if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                            "embedding");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
-    if (B < 0 || S < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld", (long long)B, (long long)S);
+    if (B < 0 || S < 0)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "B, S: expected >= 0, got %lld, "
+                         "%lld",
+                         (long long)B, (long long)S);
     if (e->wpe >= 0 && S > e->P)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: sequence of %lld is longer than the position table (%lld positions)", (long long)S, (long long)e->P);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "S: sequence of %lld is longer than the position "
+                         "table (%lld positions)",
+                         (long long)S, (long long)e->P);
     int64_t T = B * S;
     if (T && !ids) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ids: NULL");
     for (int64_t i = 0; i < T; i++)
         if (ids[i] < 0 || ids[i] >= e->V)
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "ids[%lld] = %d: expected a token id in 0..%lld", (long long)i, ids[i], (long long)(e->V - 1));
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "ids[%lld] = %d: expected a token id in 0..%lld",
+                             (long long)i, ids[i], (long long)(e->V - 1));
     e->B = B, e->S = S;
     TPK_TRY(tpk__upload_i32(ctx, &e->ids, ids, T));
-    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P); /* SP: only until its reduce-scatter, in the scratch */
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P); /* SP: only until its
+                                                                        reduce-scatter, in the
+                                                                        scratch */
     TPK_TRY(e->sp ? tpk__sp_view(ctx, &yp) : tpk__buf_view(ctx, &e->y, &yp));
-    if (T) TPK_TRY(tpk_op_embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p, tpk_param_data(ctx, e->wte), T, e->H, e->v0, e->vl, ctx->dtype, false));
+    if (T)
+        TPK_TRY(tpk_op_embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p,
+                                 tpk_param_data(ctx, e->wte), T, e->H, e->v0, e->vl, ctx->dtype,
+                                 false));
     tpk_tensor o = yp;
     tpk_range rows = {0, T};
     if (e->sp) {
@@ -88,7 +113,8 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     } else {
         TPK_TRY(tpk_convert(ctx, &yp, TPK_R, &o)); /* all-reduce in place */
     }
-    if (e->pos_T != T || e->pos_S != S || !e->pos.p) { /* positions of all T rows (the backward uses them all), once per shape */
+    if (e->pos_T != T || e->pos_S != S || !e->pos.p) { /* positions of all T rows (the backward uses
+                                                          them all), once per shape */
         int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T ? T : 1));
         if (!pos) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "positions");
         for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)(i % (S ? S : 1));
@@ -98,8 +124,9 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
         e->pos_T = T, e->pos_S = S;
     }
     if (e->wpe >= 0 && rows.size)
-        TPK_TRY(tpk_op_embed_fwd(ctx, o.data, (const int32_t *)e->pos.p + rows.off, tpk_param_data(ctx, e->wpe), rows.size, e->H, 0, e->P,
-                                    ctx->dtype, true));
+        TPK_TRY(tpk_op_embed_fwd(ctx, o.data, (const int32_t *)e->pos.p + rows.off,
+                                 tpk_param_data(ctx, e->wpe), rows.size, e->H, 0, e->P, ctx->dtype,
+                                 true));
     *y = o;
     return TPK_OK;
 }
@@ -108,7 +135,8 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
 static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, tpk_tensor dy) {
     static const char *fn = "tpk_embedding_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
+    if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                            "embedding");
     int64_t T = e->B * e->S, want[2] = {T, e->H};
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     if (e->sp) {
@@ -118,8 +146,11 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
         dy = g;
     }
     if (!T) return TPK_OK;
-    TPK_TRY(tpk_op_embed_bwd(ctx, tpk_param_grad(ctx, e->wte), dy.data, (const int32_t *)e->ids.p, T, e->H, e->v0, e->vl, ctx->dtype));
-    if (e->wpe >= 0) TPK_TRY(tpk_op_embed_bwd(ctx, tpk_param_grad(ctx, e->wpe), dy.data, (const int32_t *)e->pos.p, T, e->H, 0, e->P, ctx->dtype));
+    TPK_TRY(tpk_op_embed_bwd(ctx, tpk_param_grad(ctx, e->wte), dy.data, (const int32_t *)e->ids.p,
+                             T, e->H, e->v0, e->vl, ctx->dtype));
+    if (e->wpe >= 0)
+        TPK_TRY(tpk_op_embed_bwd(ctx, tpk_param_grad(ctx, e->wpe), dy.data,
+                                 (const int32_t *)e->pos.p, T, e->H, 0, e->P, ctx->dtype));
     return TPK_OK;
 }
 

@@ -31,29 +31,36 @@ static inline tpk__dimview tpk__view_unit(const int64_t *gshape, int ndim, int d
     for (int i = d + 1; i < ndim; i++) v.inner *= gshape[i];
     return v;
 }
-static inline tpk__dimview tpk__view(const int64_t *gshape, int ndim, int d) { return tpk__view_unit(gshape, ndim, d, 1); }
+static inline tpk__dimview tpk__view(const int64_t *gshape, int ndim, int d) {
+    return tpk__view_unit(gshape, ndim, d, 1);
+}
 
 /* Element counts of every rank's shard of dim d (counts[q] = outer * n_q * inner). */
 static inline void tpk__shard_counts(const tpk_ctx *ctx, tpk__dimview v, size_t *counts) {
-    for (int q = 0; q < ctx->tp.size; q++) counts[q] = (size_t)(v.outer * tpk_tp_split(ctx, v.n, q).size * v.inner);
+    for (int q = 0; q < ctx->tp.size; q++)
+        counts[q] = (size_t)(v.outer * tpk_tp_split(ctx, v.n, q).size * v.inner);
 }
 
 #define TPK__MAXRANKS 4096
 #define TPK__AT(p, elems, dt) ((void *)((char *)(p) + (size_t)(elems) * tpk_dtype_size(dt)))
 
 static inline tpk_status tpk__check_group(tpk_ctx *ctx, const char *fn) {
-    if (ctx->tp.size > TPK__MAXRANKS) return tpk__fail(ctx, TPK_ERR_ARG, fn, "TP size %d: expected at most %d", ctx->tp.size, TPK__MAXRANKS);
+    if (ctx->tp.size > TPK__MAXRANKS)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "TP size %d: expected at most %d", ctx->tp.size,
+                         TPK__MAXRANKS);
     return TPK_OK;
 }
 
 /* S(d) -> R over the TP group: out [gshape] from every rank's shard `in`. */
-static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, int d, int unit, void *out) {
+static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, int d, int unit,
+                                            void *out) {
     static const char *fn = "tpk_convert (all-gather)";
     TPK_TRY(tpk__check_group(ctx, fn));
     int t = ctx->tp.size;
     tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
-    if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t))) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
+    if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t)))
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     tpk__shard_counts(ctx, v, cnt);
     size_t total = (size_t)(v.outer * v.n * v.inner), mine = cnt[ctx->tp.rank];
     tpk_status s;
@@ -62,13 +69,16 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
     } else {
         size_t esz = tpk_dtype_size(in->dtype);
         s = tpk__buf_reserve(ctx, &ctx->work[0], total * esz);
-        if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, in->data, mine, ctx->work[0].p, cnt, total, in->dtype);
+        if (s == TPK_OK)
+            s = tpk_allgatherv(ctx, &ctx->tp, in->data, mine, ctx->work[0].p, cnt, total,
+                               in->dtype);
         size_t src = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk_range r = tpk_tp_split(ctx, v.n, q);
             if (r.size && v.inner && v.outer)
                 s = tpk_op_copy2d(ctx, TPK__AT(out, r.off * v.inner, in->dtype), v.n * v.inner,
-                                 TPK__AT(ctx->work[0].p, src, in->dtype), r.size * v.inner, v.outer, r.size * v.inner, in->dtype);
+                                  TPK__AT(ctx->work[0].p, src, in->dtype), r.size * v.inner,
+                                  v.outer, r.size * v.inner, in->dtype);
             src += cnt[q];
         }
     }
@@ -77,58 +87,77 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
 }
 
 /* P -> S(d) over the TP group: out = this rank's shard of the sum of every rank's `in`. */
-static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor *in, int d, int unit, void *out) {
+static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor *in, int d,
+                                                 int unit, void *out) {
     static const char *fn = "tpk_convert (reduce-scatter)";
     TPK_TRY(tpk__check_group(ctx, fn));
     int t = ctx->tp.size;
     tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
-    if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t))) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
+    if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t)))
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     tpk__shard_counts(ctx, v, cnt);
     size_t total = (size_t)(v.outer * v.n * v.inner);
     const void *send = in->data;
-    bool staged = v.outer > 1 || send == out; /* the scratch only when it is needed (SP's reduce-scatters write elsewhere) */
-    tpk_status s = staged ? tpk__buf_reserve(ctx, &ctx->work[0], total * tpk_dtype_size(in->dtype)) : TPK_OK;
+    bool staged = v.outer > 1 || send == out; /* the scratch only when it is needed (SP's
+                                                 reduce-scatters write elsewhere) */
+    tpk_status s =
+        staged ? tpk__buf_reserve(ctx, &ctx->work[0], total * tpk_dtype_size(in->dtype)) : TPK_OK;
     if (s == TPK_OK && v.outer > 1) { /* pack rank-major */
         size_t dst = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk_range r = tpk_tp_split(ctx, v.n, q);
             if (r.size && v.inner && v.outer)
                 s = tpk_op_copy2d(ctx, TPK__AT(ctx->work[0].p, dst, in->dtype), r.size * v.inner,
-                                 TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner, v.outer, r.size * v.inner, in->dtype);
+                                  TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
+                                  v.outer, r.size * v.inner, in->dtype);
             dst += cnt[q];
         }
         send = ctx->work[0].p;
     } else if (s == TPK_OK && send == out) { /* recv must not alias send */
-        s = tpk_op_memcpy(ctx, ctx->work[0].p, send, total * tpk_dtype_size(in->dtype), ctx->ops->device ? TPK_D2D : TPK_H2H);
+        s = tpk_op_memcpy(ctx, ctx->work[0].p, send, total * tpk_dtype_size(in->dtype),
+                          ctx->ops->device ? TPK_D2D : TPK_H2H);
         send = ctx->work[0].p;
     }
-    if (s == TPK_OK) s = tpk_reduce_scatterv(ctx, &ctx->tp, send, total, out, cnt, in->dtype, TPK_SUM);
+    if (s == TPK_OK)
+        s = tpk_reduce_scatterv(ctx, &ctx->tp, send, total, out, cnt, in->dtype, TPK_SUM);
     if (cnt != counts) free(cnt);
     return s;
 }
 
 /* Convert `in` to layout `to` on the TP group; the result is written to out->data (the
  * caller's buffer) and out's shape and layout are set. */
-static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_layout to, tpk_tensor *out) {
+static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_layout to,
+                                     tpk_tensor *out) {
     static const char *fn = "tpk_convert";
     char a[64], b[64];
     if (!ctx) return TPK_ERR_ARG;
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
-    if (in->ndim < 1 || in->ndim > TPK_MAX_DIMS) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "in: expected 1..%d dimensions, got %d", TPK_MAX_DIMS, in->ndim);
+    if (in->ndim < 1 || in->ndim > TPK_MAX_DIMS)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "in: expected 1..%d dimensions, got %d",
+                         TPK_MAX_DIMS, in->ndim);
     if (in->layout.kind == TPK_LAYOUT_S && tpk_layout_dim(in->layout, in->ndim) < 0)
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "in: layout %s names no dimension of a %d-D tensor", tpk_layout_str(in->layout, a, sizeof a), in->ndim);
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
+                         "in: layout %s names no dimension of a %d-D "
+                         "tensor",
+                         tpk_layout_str(in->layout, a, sizeof a), in->ndim);
     if (to.kind == TPK_LAYOUT_S && tpk_layout_dim(to, in->ndim) < 0)
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "to: layout %s names no dimension of a %d-D tensor", tpk_layout_str(to, a, sizeof a), in->ndim);
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
+                         "to: layout %s names no dimension of a %d-D "
+                         "tensor",
+                         tpk_layout_str(to, a, sizeof a), in->ndim);
     if (to.kind == TPK_LAYOUT_S && in->gshape[tpk_layout_dim(to, in->ndim)] % tpk_layout_unit(to))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "to: dim %d (%lld) is not a multiple of the unit %d", tpk_layout_dim(to, in->ndim),
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "to: dim %d (%lld) is not a multiple of the unit "
+                                                 "%d", tpk_layout_dim(to, in->ndim),
                          (long long)in->gshape[tpk_layout_dim(to, in->ndim)], tpk_layout_unit(to));
     if (tpk_layout_stride(in->layout) > 1 || tpk_layout_stride(to) > 1)
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: strided shards are consumed where they are made (attention); no conversion",
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: strided shards are consumed where they are "
+                                                  "made (attention); no conversion",
                          tpk_layout_stride(to) > 1 ? "to" : "in");
     if (tpk_layout_group(in->layout) > 1 || tpk_layout_group(to) > 1)
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: grouped key/value shards are consumed where they are made (attention); no conversion",
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: grouped key/value shards are consumed where "
+                                                  "they are made (attention); no conversion",
                          tpk_layout_group(to) > 1 ? "to" : "in");
     TPK_TRY(tpk__check(ctx, fn, "in", in, in->layout, in->dtype, in->ndim, NULL));
     int din = tpk_layout_dim(in->layout, in->ndim), dto = tpk_layout_dim(to, in->ndim);
@@ -136,13 +165,18 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     o.data = out->data, o.layout = to;
     for (int i = 0; i < in->ndim; i++) o.shape[i] = in->gshape[i];
     if (dto >= 0) o.shape[dto] = tpk_tp_shard_size(ctx, in->gshape[dto], to, ctx->tp.rank);
-    if (!o.data && tpk_numel(&o) > 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out->data: NULL, expected a buffer of %lld elements", (long long)tpk_numel(&o));
+    if (!o.data && tpk_numel(&o) > 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "out->data: NULL, expected a buffer of %lld elements",
+                         (long long)tpk_numel(&o));
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = TPK_OK;
     if (tpk_layout_eq(in->layout, to, in->ndim)) { /* same layout: copy */
-        if (o.data != in->data && tpk_nbytes(in)) s = tpk_op_memcpy(ctx, o.data, in->data, tpk_nbytes(in), dd);
+        if (o.data != in->data && tpk_nbytes(in))
+            s = tpk_op_memcpy(ctx, o.data, in->data, tpk_nbytes(in), dd);
     } else if (in->layout.kind == TPK_LAYOUT_P && to.kind == TPK_LAYOUT_R) {
-        s = tpk_allreduce(ctx, &ctx->tp, in->data, o.data, (size_t)tpk_numel(in), in->dtype, TPK_SUM);
+        s = tpk_allreduce(ctx, &ctx->tp, in->data, o.data, (size_t)tpk_numel(in), in->dtype,
+                          TPK_SUM);
     } else if (in->layout.kind == TPK_LAYOUT_P && to.kind == TPK_LAYOUT_S) {
         s = tpk__reduce_scatter_dim(ctx, in, dto, tpk_layout_unit(to), o.data);
     } else if (in->layout.kind == TPK_LAYOUT_S && to.kind == TPK_LAYOUT_R) {
@@ -150,11 +184,15 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     } else if (in->layout.kind == TPK_LAYOUT_R && to.kind == TPK_LAYOUT_S) {
         tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, dto, tpk_layout_unit(to));
         tpk_range r = tpk_tp_split(ctx, v.n, ctx->tp.rank);
-        if (r.size && v.inner && v.outer) s = tpk_op_copy2d(ctx, o.data, r.size * v.inner, TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner,
-                                         v.outer, r.size * v.inner, in->dtype);
+        if (r.size && v.inner && v.outer)
+            s = tpk_op_copy2d(ctx, o.data, r.size * v.inner,
+                              TPK__AT(in->data, r.off * v.inner, in->dtype), v.n * v.inner, v.outer,
+                              r.size * v.inner, in->dtype);
     } else {
-        /* R -> P and S -> P are not conversions (a partial value is not determined), nor S(d) -> S(e) */
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "no conversion from %s to %s (expected to: R or S(d) from P, R from S(d), S(d) from R)",
+        /* R -> P and S -> P are not conversions (a partial value is not determined), nor S(d) ->
+         * S(e) */
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "no conversion from %s to %s (expected to: R or "
+                                                  "S(d) from P, R from S(d), S(d) from R)",
                          tpk_layout_str(in->layout, a, sizeof a), tpk_layout_str(to, b, sizeof b));
     }
     if (s == TPK_OK) *out = o;
@@ -163,42 +201,83 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
 
 /* ---- region ops ------------------------------------------------------------------------ */
 
-typedef enum tpk_region { TPK_REGION_COPY = 0, TPK_REGION_REDUCE, TPK_REGION_GATHER, TPK_REGION_SCATTER, TPK_REGION_SP_GATHER,
-                          TPK_REGION_SP_SCATTER, TPK_REGION_N } tpk_region;
+typedef enum tpk_region {
+    TPK_REGION_COPY = 0,
+    TPK_REGION_REDUCE,
+    TPK_REGION_GATHER,
+    TPK_REGION_SCATTER,
+    TPK_REGION_SP_GATHER,
+    TPK_REGION_SP_SCATTER,
+    TPK_REGION_N
+} tpk_region;
 
-typedef struct tpk__region_rule { const char *name; tpk_layout fwd_in, fwd_out, bwd_in, bwd_out; } tpk__region_rule;
+typedef struct tpk__region_rule {
+    const char *name;
+    tpk_layout fwd_in, fwd_out, bwd_in, bwd_out;
+} tpk__region_rule;
 
 static inline const tpk__region_rule *tpk__region_rules(tpk_region r) {
     static const tpk__region_rule rules[TPK_REGION_N] = {
-        {"copy", {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
-        {"reduce", {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
-        {"gather", {TPK_LAYOUT_S, -1, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0, 0}},
-        {"scatter", {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0, 0}, {TPK_LAYOUT_S, -1, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
-        {"sp_gather", {TPK_LAYOUT_S, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}, {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0, 0}},
-        {"sp_scatter", {TPK_LAYOUT_P, 0, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0, 0}, {TPK_LAYOUT_S, 0, 0, 0, 0}, {TPK_LAYOUT_R, 0, 0, 0, 0}},
+        {"copy",
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_P, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0}},
+        {"reduce",
+         {TPK_LAYOUT_P, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0}},
+        {"gather",
+         {TPK_LAYOUT_S, -1, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_S, -1, 0, 0, 0}},
+        {"scatter",
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_S, -1, 0, 0, 0},
+         {TPK_LAYOUT_S, -1, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0}},
+        {"sp_gather",
+         {TPK_LAYOUT_S, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0},
+         {TPK_LAYOUT_P, 0, 0, 0, 0},
+         {TPK_LAYOUT_S, 0, 0, 0, 0}},
+        {"sp_scatter",
+         {TPK_LAYOUT_P, 0, 0, 0, 0},
+         {TPK_LAYOUT_S, 0, 0, 0, 0},
+         {TPK_LAYOUT_S, 0, 0, 0, 0},
+         {TPK_LAYOUT_R, 0, 0, 0, 0}},
     };
     return (unsigned)r < TPK_REGION_N ? &rules[r] : NULL;
 }
 
-static inline tpk_status tpk__region(tpk_ctx *ctx, tpk_region r, bool backward, const tpk_tensor *in, tpk_tensor *out) {
+static inline tpk_status tpk__region(tpk_ctx *ctx, tpk_region r, bool backward,
+                                     const tpk_tensor *in, tpk_tensor *out) {
     const char *fn = backward ? "tpk_region_backward" : "tpk_region_forward";
     char a[64], b[64];
     if (!ctx) return TPK_ERR_ARG;
     const tpk__region_rule *rule = tpk__region_rules(r);
-    if (!rule) return tpk__fail(ctx, TPK_ERR_ARG, fn, "region: expected a tpk_region (0..%d), got %d", TPK_REGION_N - 1, (int)r);
+    if (!rule) return tpk__fail(ctx, TPK_ERR_ARG, fn, "region: expected a tpk_region (0..%d), got "
+                                                      "%d", TPK_REGION_N - 1, (int)r);
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
-    tpk_layout want = backward ? rule->bwd_in : rule->fwd_in, to = backward ? rule->bwd_out : rule->fwd_out;
+    tpk_layout want = backward ? rule->bwd_in : rule->fwd_in,
+               to = backward ? rule->bwd_out : rule->fwd_out;
     if (!tpk_layout_eq(in->layout, want, in->ndim))
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s %s: in: expected layout %s, got %s", rule->name, backward ? "backward" : "forward",
-                         tpk_layout_str(want, a, sizeof a), tpk_layout_str(in->layout, b, sizeof b));
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s %s: in: expected layout %s, got %s",
+                         rule->name, backward ? "backward" : "forward",
+                         tpk_layout_str(want, a, sizeof a),
+                         tpk_layout_str(in->layout, b, sizeof b));
     return tpk_convert(ctx, in, to, out);
 }
 /* Forward of a region op: checks the input layout, writes out->data, sets out's layout. */
-static inline tpk_status tpk_region_forward(tpk_ctx *ctx, tpk_region r, const tpk_tensor *in, tpk_tensor *out) {
+static inline tpk_status tpk_region_forward(tpk_ctx *ctx, tpk_region r, const tpk_tensor *in,
+                                            tpk_tensor *out) {
     return tpk__region(ctx, r, false, in, out);
 }
 /* Backward of a region op: `in` is the gradient of the forward output. */
-static inline tpk_status tpk_region_backward(tpk_ctx *ctx, tpk_region r, const tpk_tensor *in, tpk_tensor *out) {
+static inline tpk_status tpk_region_backward(tpk_ctx *ctx, tpk_region r, const tpk_tensor *in,
+                                             tpk_tensor *out) {
     return tpk__region(ctx, r, true, in, out);
 }
 

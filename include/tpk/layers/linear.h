@@ -13,7 +13,8 @@
  *             dy_r *= act'(pre))
  *   backward  dy S(-1) (gather_output: R, sliced to own columns)
  *             (SP: the input's all-gather into ctx->sp started again, overlapped with the dx GEMM)
- *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0); partial_dx: none), started
+ *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0); partial_dx:
+ *             none), started
  *             dW_r += dy_r^T x, db_r += colsum(dy_r)   while the collective runs; then wait
  * Row linear: rank r holds columns (in features) i_r of W; b is replicated.
  *   forward   x S(-1) [T, in_r] (or R [T, in], sliced to own columns)
@@ -32,7 +33,8 @@
 #include "params.h"
 
 typedef struct tpk_linear_desc {
-    const char *name;       /* parameter prefix ("<name>.weight", "<name>.bias"); default "linear<N>" */
+    const char *name;       /* parameter prefix ("<name>.weight", "<name>.bias"); default
+                               "linear<N>" */
     bool bias;              /* default: no bias */
     bool gather_output;     /* column: all-gather y to R */
     bool sequence_parallel; /* column: input S(0); row: output S(0) */
@@ -44,7 +46,8 @@ typedef struct tpk_linear_desc {
     int group;              /* column: > 1 for grouped-query attention's K or V projection: out is
                                key/value heads of `unit`, each read by `group` query heads, and
                                this rank holds the heads its query heads read (TPK_S_GROUPED;
-                               a head may be held by several ranks: tpk_params_reduce_partial_grads) */
+                               a head may be held by several ranks:
+                               tpk_params_reduce_partial_grads) */
     const char *parts[8];   /* column with stride s > 1: W (and b) registered as s parameters
                                "<name>.<parts[i]>.weight" [out / s, in] (S(0), unit), one after
                                another, so their shards side by side are the strided shard
@@ -67,56 +70,86 @@ typedef struct tpk_linear {
     int64_t in_off;       /* row: first in feature of this rank */
     int w, b;             /* parameter ids (b = -1 without bias) */
     int64_t T;            /* token rows of the last forward (global) */
-    tpk_tensor x;         /* saved input: column R [T, in] (SP: S(0), gathered into ctx->sp when read); row S(-1) [T, in_r] */
+    tpk_tensor x;         /* saved input: column R [T, in] (SP: S(0), gathered into ctx->sp when
+                             read); row S(-1) [T, in_r] */
     bool x_was_R;         /* row: the input was R and was sliced */
     tpk_layout split;     /* how the features of W are split: column out, row in */
-    tpk_buf xb, y, y2, dy, dx, dx2, gw; /* xb: a row linear's input sliced from R; gw: a bf16 context's bias gradient [n] */
+    tpk_buf xb, y, y2, dy, dx, dx2, gw; /* xb: a row linear's input sliced from R; gw: a bf16
+                                           context's bias gradient [n] */
     tpk_buf pre, du;      /* column with an activation: the pre-activation, and its gradient */
 } tpk_linear;
 
 typedef tpk_linear tpk_col_linear;
 typedef tpk_linear tpk_row_linear;
 
-/* One part of a strided shard (tpk_linear_desc.parts): split on dim 0 in units of u; the parts after
- * the first follow it in the flat buffer with no gap, so their shards are one strided shard. */
-static inline tpk_status tpk__linear_part(tpk_ctx *ctx, const char *name, int ndim, int64_t d0, int64_t d1, int u, tpk_init init, float std,
-                                         bool decay, bool follows, int *id) {
+/* One part of a strided shard (tpk_linear_desc.parts): split on dim 0 in units of u; the parts
+ * after the first follow it in the flat buffer with no gap, so their shards are one strided
+ * shard. */
+static inline tpk_status tpk__linear_part(tpk_ctx *ctx, const char *name, int ndim, int64_t d0,
+                                          int64_t d1, int u, tpk_init init, float std, bool decay,
+                                          bool follows, int *id) {
     tpk_param_desc d;
     memset(&d, 0, sizeof d);
-    d.name = name, d.ndim = ndim, d.shape[0] = d0, d.shape[1] = ndim > 1 ? d1 : 0, d.layout = TPK_S_EX(0, 1, u);
+    d.name = name, d.ndim = ndim, d.shape[0] = d0, d.shape[1] = ndim > 1 ? d1 : 0,
+    d.layout = TPK_S_EX(0, 1, u);
     d.init = init, d.std = std, d.decay = decay, d.follows = follows;
     return tpk_param_add(ctx, &d, id);
 }
 
-static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool column, int64_t in, int64_t out, const tpk_linear_desc *desc) {
+static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool column, int64_t in,
+                                          int64_t out, const tpk_linear_desc *desc) {
     const char *fn = column ? "tpk_col_linear_init" : "tpk_row_linear_init";
     if (!ctx) return TPK_ERR_ARG;
     if (!l) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
     memset(l, 0, sizeof *l);
     if (desc) l->d = *desc;
-    if (in < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "in: expected >= 1, got %lld", (long long)in);
-    if (out < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "out: expected >= 1, got %lld", (long long)out);
+    if (in < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "in: expected >= 1, got %lld", (long long)in);
+    if (out < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "out: expected >= 1, got %lld", (long long)out);
     int s = l->d.stride > 0 ? l->d.stride : 1, u = l->d.unit > 0 ? l->d.unit : 1;
-    if (s > 1 && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->stride: only a column linear has a stride, got %d", s);
+    if (s > 1 && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->stride: only a column "
+                                                                 "linear has a stride, got %d", s);
     if ((column ? out : in) % ((int64_t)s * u))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %lld is not a multiple of desc->stride x desc->unit = %d", column ? "out" : "in",
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %lld is not a multiple of desc->stride x "
+                                                 "desc->unit = %d", column ? "out" : "in",
                          (long long)(column ? out : in), s * u);
-    if (s > 1 && l->d.gather_output) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->stride %d (a strided shard is consumed in place)", s);
+    if (s > 1 && l->d.gather_output)
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->gather_output: not with desc->stride %d (a strided shard is consumed in place)",
+            s);
     if (l->d.gather_output && l->d.sequence_parallel)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with desc->sequence_parallel (the output stays S(-1))");
-    if (l->d.init_std < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g", (double)l->d.init_std);
-    if (l->d.weight && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->weight: only a column linear takes a shared weight");
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with "
+                                               "desc->sequence_parallel (the output stays S(-1))");
+    if (l->d.init_std < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, "
+                                                                  "got %g", (double)l->d.init_std);
+    if (l->d.weight && !column)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->weight: only a column linear takes a shared weight");
     if (l->d.group < 0 || (l->d.group > 1 && (!column || s > 1 || l->d.weight)))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->group: expected 0 or 1, or > 1 on a column linear without stride or shared weight, got %d", l->d.group);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->group: expected 0 or 1, or > 1 on a column "
+                         "linear without stride or shared weight, got %d",
+                         l->d.group);
     if (l->d.parts[0] && (!column || s < 2 || s > 8 || l->d.weight))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->parts: only a column linear with 2..8 stride blocks and its own weight registers parts");
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->parts: only a column linear with 2..8 stride "
+                                               "blocks and its own weight registers parts");
     for (int i = 0; l->d.parts[0] && i < s; i++)
-        if (!l->d.parts[i] || !l->d.parts[i][0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->parts[%d]: expected a name (one per stride block, %d)", i, s);
+        if (!l->d.parts[i] || !l->d.parts[i][0])
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "desc->parts[%d]: expected a name (one per stride block, %d)", i, s);
     if (l->d.partial_dx && (!column || l->d.sequence_parallel))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->partial_dx: only a column linear without sequence parallelism returns dx partial");
-    if ((unsigned)l->d.act >= (unsigned)TPK_ACT_COUNT) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d", (int)l->d.act);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->partial_dx: only a column linear without "
+                                               "sequence parallelism returns dx partial");
+    if ((unsigned)l->d.act >= (unsigned)TPK_ACT_COUNT)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d",
+                         (int)l->d.act);
     if (l->d.act != TPK_ACT_NONE && !column)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: only a column linear fuses an activation (its output is S(-1)), got %s", tpk_act_name(l->d.act));
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->act: only a column linear fuses an "
+                         "activation (its output is S(-1)), got %s",
+                         tpk_act_name(l->d.act));
     l->d.stride = s, l->d.unit = u;
     l->column = column, l->in = in, l->out = out, l->b = -1;
     int g = l->d.group > 1 ? l->d.group : 1;
@@ -132,15 +165,19 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         if (!p) return TPK_ERR_ARG;
         int64_t rows = p->ndim ? p->padded_rows : 0, cols = 1;
         for (int i = 1; i < p->ndim; i++) cols *= p->gshape[i];
-        if (rows != out || cols != in || p->split_dim != 0 || p->stride != s || tpk_layout_unit(p->layout) != u)
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->weight: \"%s\" is not an [%lld, %lld] weight split on dim 0 (stride %d, unit %d)",
+        if (rows != out || cols != in || p->split_dim != 0 || p->stride != s ||
+            tpk_layout_unit(p->layout) != u)
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->weight: \"%s\" is not an [%lld, %lld] "
+                                                     "weight split on dim 0 (stride %d, unit %d)",
                              p->name, (long long)out, (long long)in, s, u);
         l->w = l->d.weight - 1;
-    } else if (l->d.parts[0]) { /* s parameters registered in a row: their shards are the strided shard */
+    } else if (l->d.parts[0]) { /* s parameters registered in a row: their shards are the strided
+                                   shard */
         for (int i = 0; i < s; i++) {
             int id = -1;
             snprintf(pn, sizeof pn, "%s.%s.weight", l->name, l->d.parts[i]);
-            TPK_TRY(tpk__linear_part(ctx, pn, 2, out / s, in, u, TPK_INIT_NORMAL, std, true, i > 0, &id));
+            TPK_TRY(tpk__linear_part(ctx, pn, 2, out / s, in, u, TPK_INIT_NORMAL, std, true, i > 0,
+                                     &id));
             if (!i) l->w = id;
         }
     } else {
@@ -150,25 +187,30 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         for (int i = 0; i < s; i++) {
             int id = -1;
             snprintf(pn, sizeof pn, "%s.%s.bias", l->name, l->d.parts[i]);
-            TPK_TRY(tpk__linear_part(ctx, pn, 1, out / s, 0, u, TPK_INIT_ZEROS, 0, false, i > 0, &id));
+            TPK_TRY(
+                tpk__linear_part(ctx, pn, 1, out / s, 0, u, TPK_INIT_ZEROS, 0, false, i > 0, &id));
             if (!i) l->b = id;
         }
     } else if (l->d.bias) {
         snprintf(pn, sizeof pn, "%s.bias", l->name);
-        TPK_TRY(tpk__param_add(ctx, pn, 1, out, 0, column ? l->split : TPK_R, TPK_INIT_ZEROS, 0, false, &l->b));
+        TPK_TRY(tpk__param_add(ctx, pn, 1, out, 0, column ? l->split : TPK_R, TPK_INIT_ZEROS, 0,
+                               false, &l->b));
     }
-    for (int i = 0; l->d.parts[0] && i < 8; i++) l->d.parts[i] = NULL; /* the names need not outlive init */
+    for (int i = 0; l->d.parts[0] && i < 8; i++) l->d.parts[i] = NULL; /* the names need not outlive
+                                                                          init */
     l->n_local = tpk_tp_shard_size(ctx, column ? out : in, l->split, ctx->tp.rank);
     l->in_off = column ? 0 : tpk_tp_shard_run(ctx, in, l->split, ctx->tp.rank, 0).off;
     return TPK_OK;
 }
 
 /* Column-parallel linear [out, in]: W split by rows (out features) over the TP group. */
-static inline tpk_status tpk_col_linear_init(tpk_ctx *ctx, tpk_col_linear *l, int64_t in, int64_t out, const tpk_linear_desc *desc) {
+static inline tpk_status tpk_col_linear_init(tpk_ctx *ctx, tpk_col_linear *l, int64_t in,
+                                             int64_t out, const tpk_linear_desc *desc) {
     return tpk__linear_init(ctx, l, true, in, out, desc);
 }
 /* Row-parallel linear [out, in]: W split by columns (in features) over the TP group. */
-static inline tpk_status tpk_row_linear_init(tpk_ctx *ctx, tpk_row_linear *l, int64_t in, int64_t out, const tpk_linear_desc *desc) {
+static inline tpk_status tpk_row_linear_init(tpk_ctx *ctx, tpk_row_linear *l, int64_t in,
+                                             int64_t out, const tpk_linear_desc *desc) {
     return tpk__linear_init(ctx, l, false, in, out, desc);
 }
 
@@ -184,29 +226,40 @@ static inline void tpk_linear_destroy(tpk_ctx *ctx, tpk_linear *l) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tpk__buf_free(ctx, bufs[i]);
 }
 
-static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_linear *l, bool column, const tpk_tensor *x,
-                                            const char *arg, const tpk_tensor *out) {
+static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_linear *l,
+                                            bool column, const tpk_tensor *x, const char *arg,
+                                            const tpk_tensor *out) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!l || !l->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layer, got %s", l ? "an empty one" : "NULL");
+    if (!l || !l->name[0])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "layer: expected an initialised "
+                         "layer, got %s",
+                         l ? "an empty one" : "NULL");
     if (l->column != column)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: \"%s\" is a %s linear, expected a %s linear", l->name, l->column ? "column" : "row",
-                         column ? "column" : "row");
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: \"%s\" is a %s linear, expected a %s linear",
+                         l->name, l->column ? "column" : "row", column ? "column" : "row");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     if (!x) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);
-    if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
+    if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, "
+                                                               "features], got %d", arg, x->ndim);
     if (x->dtype != ctx->dtype)
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype %s (the context's dtype), got %s", arg, tpk_dtype_name(ctx->dtype), tpk_dtype_name(x->dtype));
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn,
+                         "%s: expected dtype %s (the context's dtype), got "
+                         "%s",
+                         arg, tpk_dtype_name(ctx->dtype), tpk_dtype_name(x->dtype));
     return TPK_OK;
 }
 
 /* The layout of a column linear's output: its weight's split, on the last dim. */
 static inline tpk_layout tpk__col_out_layout(const tpk_linear *l) {
-    return l->d.group > 1 ? TPK_S_GROUPED(-1, l->d.unit, l->d.group) : TPK_S_EX(-1, l->d.stride, l->d.unit);
+    return l->d.group > 1 ? TPK_S_GROUPED(-1, l->d.unit, l->d.group)
+                          : TPK_S_EX(-1, l->d.stride, l->d.unit);
 }
 
 /* The counts of a token split of [T, width] over the TP group, rank by rank, into counts[64] or an
  * allocated array (*cnt; free it when it is not counts). */
-static inline tpk_status tpk__token_counts(tpk_ctx *ctx, const char *fn, int64_t T, int64_t width, size_t *counts, size_t **cnt) {
+static inline tpk_status tpk__token_counts(tpk_ctx *ctx, const char *fn, int64_t T, int64_t width,
+                                           size_t *counts, size_t **cnt) {
     int t = ctx->tp.size;
     *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);
     if (!*cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
@@ -218,48 +271,56 @@ static inline tpk_status tpk__token_counts(tpk_ctx *ctx, const char *fn, int64_t
  * parallelism this rank's tokens S(0) — the gathered [T, in] lives only in the context's scratch
  * (tpk__col_linear_gather), in the forward and again in the backward. Selective recompute
  * (tpk/layers/recompute.h) calls it again before the backward with x made again. */
-static inline tpk_status tpk__col_linear_input(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor x) {
+static inline tpk_status tpk__col_linear_input(tpk_ctx *ctx, const char *fn, tpk_col_linear *l,
+                                               tpk_tensor x) {
     int64_t want[2] = {-1, l->in};
-    TPK_TRY(tpk__check(ctx, fn, "x", &x, l->d.sequence_parallel ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, l->d.sequence_parallel ? TPK_S(0) : TPK_R, ctx->dtype, 2,
+                       want));
     l->x = x, l->T = x.gshape[0];
     return TPK_OK;
 }
 
 /* x S(0) [T, w]'s tokens all-gathered into the context's scratch, *xg R [T, w] viewing it —
  * started (req: finish it with tpk_wait before reading *xg) or, with req NULL, done. */
-static inline tpk_status tpk__sp_gather(tpk_ctx *ctx, const char *fn, const tpk_tensor *x, tpk_tensor *xg, tpk_request *req) {
+static inline tpk_status tpk__sp_gather(tpk_ctx *ctx, const char *fn, const tpk_tensor *x,
+                                        tpk_tensor *xg, tpk_request *req) {
     int64_t T = x->gshape[0], w = x->gshape[1];
     *xg = tpk_tensor_2d(NULL, ctx->dtype, T, w, TPK_R);
     TPK_TRY(tpk__sp_view(ctx, xg));
     if (!req) return tpk_region_forward(ctx, TPK_REGION_SP_GATHER, x, xg);
     size_t counts[64], *cnt;
     TPK_TRY(tpk__token_counts(ctx, fn, T, w, counts, &cnt));
-    tpk_status s = tpk_allgatherv_start(ctx, &ctx->tp, x->data, cnt[ctx->tp.rank], xg->data, cnt, (size_t)(T * w), ctx->dtype, req);
+    tpk_status s = tpk_allgatherv_start(ctx, &ctx->tp, x->data, cnt[ctx->tp.rank], xg->data, cnt,
+                                        (size_t)(T * w), ctx->dtype, req);
     if (cnt != counts) free(cnt);
     return s;
 }
 /* A column linear's GEMM input *xg: under sequence parallelism its saved input gathered
  * (tpk__sp_gather: started with req, done without), otherwise the saved input itself. */
-static inline tpk_status tpk__col_linear_gather(tpk_ctx *ctx, const char *fn, tpk_col_linear *l, tpk_tensor *xg, tpk_request *req) {
+static inline tpk_status tpk__col_linear_gather(tpk_ctx *ctx, const char *fn, tpk_col_linear *l,
+                                                tpk_tensor *xg, tpk_request *req) {
     if (!l->d.sequence_parallel) return *xg = l->x, TPK_OK;
     return tpk__sp_gather(ctx, fn, &l->x, xg, req);
 }
 
 /* Column forward: x R [T, in] (S(0) under sequence parallelism) -> *y S(-1) [T, out_r]
  * (R [T, out] with gather_output). */
-static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x, tpk_tensor *y) {
+static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor x,
+                                                tpk_tensor *y) {
     static const char *fn = "tpk_col_linear_forward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &x, "x", y));
     TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
     TPK_TRY(tpk__col_linear_input(ctx, fn, l, x));
-    TPK_TRY(tpk__col_linear_gather(ctx, fn, l, &x, NULL)); /* SP: all-gather tokens into the scratch */
+    TPK_TRY(tpk__col_linear_gather(ctx, fn, l, &x, NULL)); /* SP: all-gather tokens into the
+                                                              scratch */
     int64_t T = l->T, n = l->n_local;
     tpk_tensor yl = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, tpk__col_out_layout(l));
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (l->d.act != TPK_ACT_NONE) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
     if (T && n) /* y_r = x W_r^T + b_r (act: pre = that, y_r = act(pre)), one fused op */
-        TPK_TRY(tpk_op_linear_fwd(ctx, yl.data, l->pre.p, x.data, tpk__param_w(ctx, l->w), l->b >= 0 ? tpk__param_w(ctx, l->b) : NULL, T, n, l->in,
-                                     l->d.act, ctx->dtype));
+        TPK_TRY(tpk_op_linear_fwd(ctx, yl.data, l->pre.p, x.data, tpk__param_w(ctx, l->w),
+                                  l->b >= 0 ? tpk__param_w(ctx, l->b) : NULL, T, n, l->in, l->d.act,
+                                  ctx->dtype));
     if (l->d.gather_output) {
         tpk_tensor yg = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yg));
@@ -274,14 +335,17 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
  * (S(0) under sequence parallelism); accumulates dW_r, db_r. fused: dy is already the gradient
  * of the pre-activation and db_r already added (the layer owning this one and the row linear
  * after it did both in the row linear's dx GEMM: tpk_mlp_backward). */
-static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx, bool fused) {
+static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy,
+                                                  tpk_tensor *dx, bool fused) {
     static const char *fn = "tpk_col_linear_backward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, true, &dy, "dy", dx));
-    if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (!l->x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.gather_output) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want));
-        tpk_tensor s = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, 1, l->d.unit));
+        tpk_tensor s =
+            tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S_EX(-1, 1, l->d.unit));
         TPK_TRY(tpk__buf_view(ctx, &l->dy, &s));
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_GATHER, &dy, &s)); /* slice own columns */
         dy = s;
@@ -291,7 +355,9 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     if (l->d.act != TPK_ACT_NONE && !fused) { /* through the fused activation: du = dy act'(pre) */
         tpk_tensor du = dy;
         TPK_TRY(tpk__buf_view(ctx, &l->du, &du));
-        if (T && n) TPK_TRY(tpk_op_act_bwd(ctx, l->d.act, du.data, l->pre.p, dy.data, ctx->dtype, (size_t)(T * n)));
+        if (T && n)
+            TPK_TRY(tpk_op_act_bwd(ctx, l->d.act, du.data, l->pre.p, dy.data, ctx->dtype,
+                                   (size_t)(T * n)));
         dy = du;
     }
     /* dx = dy_r W_r: a partial sum over ranks; under SP the input's tokens are gathered again
@@ -305,7 +371,8 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     tpk_request greq, req;
     memset(&greq, 0, sizeof greq), memset(&req, 0, sizeof req);
     TPK_TRY(tpk__col_linear_gather(ctx, fn, l, &xg, &greq));
-    tpk_status s = n ? tpk_op_gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype)
+    tpk_status s = n ? tpk_op_gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n,
+                                   tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype)
                      : tpk_op_fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f);
     tpk_status ws = tpk_wait(ctx, &greq); /* always finish the collective */
     TPK_TRY(s);
@@ -315,12 +382,14 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     } else if (l->d.sequence_parallel) { /* P -> S(0): reduce-scatter over token rows, overlapped */
         size_t counts[64], *cnt;
         TPK_TRY(tpk__token_counts(ctx, fn, T, l->in, counts, &cnt));
-        s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt, ctx->dtype, TPK_SUM, &req);
+        s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt,
+                                      ctx->dtype, TPK_SUM, &req);
         if (cnt != counts) free(cnt);
         TPK_TRY(s);
     } else { /* P -> R: all-reduce in place, overlapped */
         out.data = dxp.data, out.layout = TPK_R;
-        TPK_TRY(tpk_allreduce_start(ctx, &ctx->tp, dxp.data, dxp.data, (size_t)(T * l->in), ctx->dtype, TPK_SUM, &req));
+        TPK_TRY(tpk_allreduce_start(ctx, &ctx->tp, dxp.data, dxp.data, (size_t)(T * l->in),
+                                    ctx->dtype, TPK_SUM, &req));
     }
     if (n && T) {
         s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, xg.data, l->in);
@@ -332,13 +401,15 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     *dx = out;
     return TPK_OK;
 }
-static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy,
+                                                 tpk_tensor *dx) {
     return tpk__col_linear_backward(ctx, l, dy, dx, false);
 }
 
 /* Row forward: x S(-1) [T, in_r] (or R [T, in], sliced) -> *y R [T, out] (S(0) under
  * sequence parallelism). */
-static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor x, tpk_tensor *y) {
+static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor x,
+                                                tpk_tensor *y) {
     static const char *fn = "tpk_row_linear_forward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &x, "x", y));
     TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
@@ -346,7 +417,8 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
     if (l->x_was_R) {
         TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want));
-        tpk_tensor s = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit));
+        tpk_tensor s =
+            tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, x.shape[0], l->in, TPK_S_EX(-1, 1, l->d.unit));
         TPK_TRY(tpk__buf_view(ctx, &l->xb, &s));
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SCATTER, &x, &s)); /* slice own columns */
         x = s;
@@ -355,18 +427,23 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         char b[64];
         tpk_layout want_l = TPK_S_EX(-1, 1, l->d.unit);
         if (!tpk_layout_eq(x.layout, want_l, 2))
-            return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout %s (or R, sliced here), got %s", tpk_layout_str(want_l, b, sizeof b),
+            return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout %s (or R, sliced here), "
+                                                      "got %s", tpk_layout_str(want_l, b, sizeof b),
                              tpk_layout_str(x.layout, a, sizeof a));
         TPK_TRY(tpk__check(ctx, fn, "x", &x, want_l, ctx->dtype, 2, want));
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P); /* SP: only until its reduce-scatter, in the scratch */
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P); /* SP: only until its
+                                                                          reduce-scatter, in the
+                                                                          scratch */
     TPK_TRY(l->d.sequence_parallel ? tpk__sp_view(ctx, &yp) : tpk__buf_view(ctx, &l->y, &yp));
-    /* the partial sums P; the bias once in the sum: rank 0 adds it in the GEMM's epilogue (no pass of its own) */
+    /* the partial sums P; the bias once in the sum: rank 0 adds it in the GEMM's epilogue (no pass
+     * of its own) */
     const void *bias = l->b >= 0 && ctx->tp.rank == 0 ? tpk__param_w(ctx, l->b) : NULL;
     if (n) {
-        TPK_TRY(tpk_op_linear_fwd(ctx, yp.data, NULL, x.data, tpk__param_w(ctx, l->w), bias, T, l->out, n, TPK_ACT_NONE, ctx->dtype));
+        TPK_TRY(tpk_op_linear_fwd(ctx, yp.data, NULL, x.data, tpk__param_w(ctx, l->w), bias, T,
+                                  l->out, n, TPK_ACT_NONE, ctx->dtype));
     } else {
         TPK_TRY(tpk_op_fill(ctx, yp.data, ctx->dtype, (size_t)(T * l->out), 0.f));
         if (bias && T) TPK_TRY(tpk_op_bias_add(ctx, yp.data, bias, T, l->out, ctx->dtype));
@@ -375,7 +452,8 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     if (l->d.sequence_parallel) {
         yo = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S(0));
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yo));
-        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &yp, &yo)); /* reduce-scatter tokens */
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &yp, &yo)); /* reduce-scatter
+                                                                              tokens */
     } else {
         yo = yp;
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_REDUCE, &yp, &yo)); /* all-reduce in place */
@@ -385,20 +463,23 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
 }
 
 /* A row linear's dx GEMM taken over by the layer that owns it (an MLP fuses its activation's
- * backward into it, tpk/layers/mlp.h): dx [T, n] from dy [T, out] and W_r [out, n], in the row linear's
- * buffers; user is the owner. */
+ * backward into it, tpk/layers/mlp.h): dx [T, n] from dy [T, out] and W_r [out, n], in the row
+ * linear's buffers; user is the owner. */
 typedef struct tpk__row_dx {
-    tpk_status (*fn)(tpk_ctx *ctx, void *user, void *dx, const void *dy, const void *w, int64_t T, int64_t n, int64_t out);
+    tpk_status (*fn)(tpk_ctx *ctx, void *user, void *dx, const void *dy, const void *w, int64_t T,
+                     int64_t n, int64_t out);
     void *user;
 } tpk__row_dx;
 
 /* Row backward: dy R [T, out] (S(0) under sequence parallelism) -> *dx S(-1) [T, in_r]
  * (R [T, in] when the forward input was R); accumulates dW_r and db. own_dx (may be NULL; only
  * when the forward input was S(-1)): the owner's dx GEMM instead of the plain one. */
-static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx, const tpk__row_dx *own_dx) {
+static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy,
+                                                  tpk_tensor *dx, const tpk__row_dx *own_dx) {
     static const char *fn = "tpk_row_linear_backward";
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &dy, "dy", dx));
-    if (!l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (!l->x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
     if (l->d.sequence_parallel) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), ctx->dtype, 2, want));
@@ -411,11 +492,20 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     }
     tpk_tensor dxs = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S_EX(-1, 1, l->d.unit));
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
-    if (own_dx && l->x_was_R) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": an owner's dx GEMM needs an S(-1) input", l->name);
+    if (own_dx && l->x_was_R)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "layer \"%s\": an owner's dx "
+                         "GEMM needs an S(-1) input",
+                         l->name);
     if (n && T) {
-        if (own_dx) TPK_TRY(own_dx->fn(ctx, own_dx->user, dxs.data, dy.data, tpk__param_w(ctx, l->w), T, n, l->out));
-        else TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out, tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
-        TPK_TRY(tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n));
+        if (own_dx)
+            TPK_TRY(own_dx->fn(ctx, own_dx->user, dxs.data, dy.data, tpk__param_w(ctx, l->w), T, n,
+                               l->out));
+        else
+            TPK_TRY(tpk_op_gemm(ctx, false, false, T, n, l->out, 1.f, dy.data, l->out,
+                                tpk__param_w(ctx, l->w), n, 0.f, dxs.data, n, ctx->dtype));
+        TPK_TRY(
+            tpk__grad_gemm(ctx, l->w, true, false, l->out, n, T, dy.data, l->out, l->x.data, n));
     }
     if (l->b >= 0 && T) TPK_TRY(tpk__grad_bias(ctx, l->b, dy.data, T, l->out));
     if (l->x_was_R) {
@@ -427,7 +517,8 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     *dx = dxs;
     return TPK_OK;
 }
-static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy,
+                                                 tpk_tensor *dx) {
     return tpk__row_linear_backward(ctx, l, dy, dx, NULL);
 }
 

@@ -1,5 +1,5 @@
-/* tpk/layers/mlp.h — the tensor-parallel MLPs: GPT-2's (column c_fc H -> F, an activation on the shard,
- * GELU-tanh by default, row c_proj F -> H) and Llama's SwiGLU (below).
+/* tpk/layers/mlp.h — the tensor-parallel MLPs: GPT-2's (column c_fc H -> F, an activation on the
+ * shard, GELU-tanh by default, row c_proj F -> H) and Llama's SwiGLU (below).
  *
  *   forward   x R [T, H] (S(0) under sequence parallelism)
  *             h_r = act(x W1_rᵀ + b1_r)    S(-1) [T, F_r]     (no communication; one fused op,
@@ -32,13 +32,16 @@ typedef struct tpk_mlp {
     tpk_linear c_fc, c_proj; /* c_fc with the activation fused (tpk_linear_desc.act) */
 } tpk_mlp;
 
-static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const tpk_mlp_desc *desc) {
+static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H,
+                                      const tpk_mlp_desc *desc) {
     static const char *fn = "tpk_mlp_init";
     tpk_mlp_desc d;
     TPK__INIT_LAYER(ctx, fn, m, d, desc);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
-    if ((unsigned)d.act >= (unsigned)TPK_ACT_COUNT) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d", (int)d.act);
-    if (d.hidden < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (0 = 4 H), got %lld", (long long)d.hidden);
+    if ((unsigned)d.act >= (unsigned)TPK_ACT_COUNT)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d", (int)d.act);
+    if (d.hidden < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (0 = 4 "
+                                                               "H), got %lld", (long long)d.hidden);
     TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "mlp"));
     m->H = H, m->F = d.hidden ? d.hidden : 4 * H;
     char pn[128];
@@ -46,7 +49,8 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H, const
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
     m->act = d.act != TPK_ACT_NONE ? d.act : TPK_ACT_GELU_TANH;
-    ld.name = pn, ld.bias = true, ld.act = m->act, ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
+    ld.name = pn, ld.bias = true, ld.act = m->act, ld.sequence_parallel = d.sequence_parallel,
+    ld.init_std = d.init_std;
     TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F, &ld));
     snprintf(pn, sizeof pn, "%s.c_proj", m->name);
     ld.act = TPK_ACT_NONE, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
@@ -60,9 +64,11 @@ static inline void tpk_mlp_destroy(tpk_ctx *ctx, tpk_mlp *m) {
 /* y = c_proj(act(c_fc(x))): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
 static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x, tpk_tensor *y) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_forward", "layer: expected an initialised MLP");
+    if (!m || !m->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_forward", "layer: expected an initialised MLP");
     tpk_tensor h;
-    TPK_TRY(tpk_col_linear_forward(ctx, &m->c_fc, x, &h)); /* h = act(x W1_r^T + b1_r), S(-1) [T, F_r], one fused op */
+    TPK_TRY(tpk_col_linear_forward(ctx, &m->c_fc, x, &h)); /* h = act(x W1_r^T + b1_r), S(-1) [T,
+                                                              F_r], one fused op */
     return tpk_row_linear_forward(ctx, &m->c_proj, h, y);
 }
 
@@ -87,7 +93,8 @@ static inline tpk_status tpk__mlp_recompute(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor
 /* c_proj's dx GEMM with the activation's backward and c_fc's bias gradient in it (the MLP owns
  * both linears): du = (dy W2_r) act'(pre) and db1_r = colsum(du) in one op (tpk_op_linear_bwd_act;
  * cuBLASLt's DGELU_BGRAD epilogue), du in c_proj's dx buffer. */
-static inline tpk_status tpk__mlp_dx_act(tpk_ctx *ctx, void *user, void *du, const void *dy, const void *w, int64_t T, int64_t n, int64_t out) {
+static inline tpk_status tpk__mlp_dx_act(tpk_ctx *ctx, void *user, void *du, const void *dy,
+                                         const void *w, int64_t T, int64_t n, int64_t out) {
     tpk_col_linear *fc = &((tpk_mlp *)user)->c_fc;
     void *db = NULL;
     if (fc->b >= 0) {
@@ -101,23 +108,32 @@ static inline tpk_status tpk__mlp_dx_act(tpk_ctx *ctx, void *user, void *du, con
 /* dx of the last forward; accumulates the gradients of c_fc and c_proj. */
 static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_backward", "layer: expected an initialised MLP");
+    if (!m || !m->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mlp_backward",
+                         "layer: expected an initialised MLP");
     tpk_col_linear *fc = &m->c_fc;
     tpk_row_linear *cp = &m->c_proj;
-    /* fused where c_proj took c_fc's activation as it was: the same features and rows, not gathered */
-    bool fuse = fc->d.act != TPK_ACT_NONE && !cp->x_was_R && !fc->d.gather_output && fc->n_local == cp->n_local && fc->T == cp->T;
+    /* fused where c_proj took c_fc's activation as it was: the same features and rows, not
+     * gathered */
+    bool fuse = fc->d.act != TPK_ACT_NONE && !cp->x_was_R && !fc->d.gather_output &&
+                fc->n_local == cp->n_local && fc->T == cp->T;
     tpk__row_dx own = {tpk__mlp_dx_act, m};
     tpk_tensor du;
     TPK_TRY(tpk__row_linear_backward(ctx, cp, dy, &du, fuse ? &own : NULL)); /* S(-1) [T, F_r] */
-    return tpk__col_linear_backward(ctx, fc, du, dx, fuse);                 /* then c_fc's GEMMs (the activation's backward when not fused) */
+    return tpk__col_linear_backward(ctx, fc, du, dx, fuse);                 /* then c_fc's GEMMs
+                                                                               (the activation's
+                                                                               backward when not
+                                                                               fused) */
 }
 
-/* ---- SwiGLU MLP (Llama) ------------------------------------------------------------------------------
+/* ---- SwiGLU MLP (Llama) -------------------------------------------------------------------------
  *
- *   gate_up  column H -> 2F, stride 2: parameters "<name>.gate_proj.weight" and "<name>.up_proj.weight"
+ *   gate_up  column H -> 2F, stride 2: parameters "<name>.gate_proj.weight" and
+ *   "<name>.up_proj.weight"
  *            [F, H] registered in a row, so this rank's rows of each side by side are one strided
  *            shard: gu_r = x [W_gate,r; W_up,r]ᵀ  S(-1) [T, 2 F_r] = [gate_r | up_r]
- *   swiglu   h_r = silu(gate_r) up_r  S(-1) [T, F_r]                 (tpk_op_swiglu_fwd, no communication)
+ *   swiglu   h_r = silu(gate_r) up_r  S(-1) [T, F_r]                 (tpk_op_swiglu_fwd, no
+ *   communication)
  *   down     row "<name>.down_proj" F -> H: P -> all-reduce -> R (SP: reduce-scatter -> S(0))
  *   backward mirrors it (tpk_op_swiglu_bwd between the two linears).
  * One all-reduce of T H each way (SP: one all-gather and one reduce-scatter each way). */
@@ -139,23 +155,30 @@ typedef struct tpk_swiglu_mlp {
     tpk_buf h, dgu;
 } tpk_swiglu_mlp;
 
-static inline tpk_status tpk_swiglu_mlp_init(tpk_ctx *ctx, tpk_swiglu_mlp *m, int64_t H, const tpk_swiglu_mlp_desc *desc) {
+static inline tpk_status tpk_swiglu_mlp_init(tpk_ctx *ctx, tpk_swiglu_mlp *m, int64_t H,
+                                             const tpk_swiglu_mlp_desc *desc) {
     static const char *fn = "tpk_swiglu_mlp_init";
     tpk_swiglu_mlp_desc d;
     TPK__INIT_LAYER(ctx, fn, m, d, desc);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
-    if (d.hidden < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (the intermediate size F), got %lld", (long long)d.hidden);
+    if (d.hidden < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "desc->hidden: expected >= 1 (the "
+                         "intermediate size F), got %lld",
+                         (long long)d.hidden);
     TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "mlp"));
     m->H = H, m->F = d.hidden;
     char pn[128];
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
-    ld.name = m->name, ld.bias = d.bias, ld.stride = 2, ld.parts[0] = "gate_proj", ld.parts[1] = "up_proj";
+    ld.name = m->name, ld.bias = d.bias, ld.stride = 2, ld.parts[0] = "gate_proj",
+    ld.parts[1] = "up_proj";
     ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
     TPK_TRY(tpk_col_linear_init(ctx, &m->gate_up, H, 2 * m->F, &ld));
     memset(&ld, 0, sizeof ld);
     snprintf(pn, sizeof pn, "%s.down_proj", m->name);
-    ld.name = pn, ld.bias = d.bias, ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    ld.name = pn, ld.bias = d.bias, ld.sequence_parallel = d.sequence_parallel,
+    ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     return tpk_row_linear_init(ctx, &m->down, m->F, H, &ld);
 }
 
@@ -172,11 +195,14 @@ static inline tpk_status tpk__swiglu_product(tpk_ctx *ctx, tpk_swiglu_mlp *m, tp
     return tpk_op_swiglu_fwd(ctx, h->data, m->gu.data, T, Fl, ctx->dtype);
 }
 
-/* y = down(silu(gate(x)) up(x)): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
-static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x, tpk_tensor *y) {
+/* y = down(silu(gate(x)) up(x)): x R [T, H] (S(0) under sequence parallelism), y the same
+ * layout. */
+static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x,
+                                                tpk_tensor *y) {
     static const char *fn = "tpk_swiglu_mlp_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU MLP");
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU "
+                                                            "MLP");
     TPK_TRY(tpk_col_linear_forward(ctx, &m->gate_up, x, &m->gu)); /* [T, 2 F_r] = [gate_r | up_r] */
     tpk_tensor h;
     TPK_TRY(tpk__swiglu_product(ctx, m, &h));
@@ -184,9 +210,10 @@ static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m,
 }
 
 /* Its buffers by recompute set (tpk/runtime/buf.h), its linears' among them.
- * Selective recompute (tpk/layers/recompute.h): lent out is the product h (gate_up's output is kept;
- * under SP its input is gathered into the context's scratch in each call); before the backward,
- * with x = the norm's output again as gate_up's saved input, silu(gate) up is made again (no GEMM). */
+ * Selective recompute (tpk/layers/recompute.h): lent out is the product h (gate_up's output is
+ * kept; under SP its input is gathered into the context's scratch in each call); before the
+ * backward, with x = the norm's output again as gate_up's saved input, silu(gate) up is made again
+ * (no GEMM). */
 static inline int tpk__swiglu_mlp_bufs(tpk_swiglu_mlp *m, int set, tpk_buf **o) {
     tpk_linear *gu = &m->gate_up, *dn = &m->down;
     if (set == TPK__SET_LENT) return o[0] = &m->h, 1;
@@ -206,15 +233,19 @@ static inline tpk_status tpk__swiglu_mlp_recompute(tpk_ctx *ctx, tpk_swiglu_mlp 
 }
 
 /* dx of the last forward; accumulates the gradients of the three projections. */
-static inline tpk_status tpk_swiglu_mlp_backward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_swiglu_mlp_backward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor dy,
+                                                 tpk_tensor *dx) {
     static const char *fn = "tpk_swiglu_mlp_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU MLP");
-    if (!m->gu.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", m->name);
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU "
+                                                            "MLP");
+    if (!m->gu.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", m->name);
     tpk_tensor dh, dgu = m->gu;
     TPK_TRY(tpk_row_linear_backward(ctx, &m->down, dy, &dh)); /* S(-1) [T, F_r] */
     TPK_TRY(tpk__buf_view(ctx, &m->dgu, &dgu));
-    TPK_TRY(tpk_op_swiglu_bwd(ctx, dgu.data, m->gu.data, dh.data, m->gu.shape[0], m->gu.shape[1] / 2, ctx->dtype));
+    TPK_TRY(tpk_op_swiglu_bwd(ctx, dgu.data, m->gu.data, dh.data, m->gu.shape[0],
+                              m->gu.shape[1] / 2, ctx->dtype));
     return tpk_col_linear_backward(ctx, &m->gate_up, dgu, dx);
 }
 

@@ -32,12 +32,14 @@ typedef struct tpk_layernorm {
     tpk_buf y, mean, rstd, dx, x1; /* x1: the sum of the fused residual forward */
 } tpk_layernorm;
 
-static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int64_t H, const tpk_layernorm_desc *desc) {
+static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int64_t H,
+                                            const tpk_layernorm_desc *desc) {
     static const char *fn = "tpk_layernorm_init";
     tpk_layernorm_desc d;
     TPK__INIT_LAYER(ctx, fn, l, d, desc);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
-    if (d.eps < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0, got %g", (double)d.eps);
+    if (d.eps < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0, got %g", (double)d.eps);
     l->H = H, l->eps = d.eps > 0 ? d.eps : 1e-5f, l->sp = d.sequence_parallel;
     TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, d.name, "ln"));
     char pn[128];
@@ -49,17 +51,20 @@ static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int6
     return TPK_OK;
 }
 
-static inline tpk_status tpk__ln_check(tpk_ctx *ctx, const char *fn, tpk_layernorm *l, const tpk_tensor *x, const char *arg, const void *out,
+static inline tpk_status tpk__ln_check(tpk_ctx *ctx, const char *fn, tpk_layernorm *l,
+                                       const tpk_tensor *x, const char *arg, const void *out,
                                        int64_t T) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!l || !l->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layernorm");
+    if (!l || !l->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                            "layernorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
     return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want);
 }
 
 /* y = layernorm(x): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
-static inline tpk_status tpk_layernorm_forward(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor x, tpk_tensor *y) {
+static inline tpk_status tpk_layernorm_forward(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor x,
+                                               tpk_tensor *y) {
     static const char *fn = "tpk_layernorm_forward";
     TPK_TRY(tpk__ln_check(ctx, fn, l, &x, "x", y, -1));
     int64_t rows = x.shape[0];
@@ -68,8 +73,9 @@ static inline tpk_status tpk_layernorm_forward(tpk_ctx *ctx, tpk_layernorm *l, t
     TPK_TRY(tpk__buf_reserve(ctx, &l->mean, sizeof(float) * (size_t)(rows ? rows : 1)));
     TPK_TRY(tpk__buf_reserve(ctx, &l->rstd, sizeof(float) * (size_t)(rows ? rows : 1)));
     if (rows)
-        TPK_TRY(tpk_op_layernorm_fwd(ctx, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, tpk_param_data(ctx, l->w),
-                                        tpk_param_data(ctx, l->b), rows, l->H, l->eps, ctx->dtype));
+        TPK_TRY(tpk_op_layernorm_fwd(ctx, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data,
+                                     tpk_param_data(ctx, l->w), tpk_param_data(ctx, l->b), rows,
+                                     l->H, l->eps, ctx->dtype));
     l->x = x;
     *y = o;
     return TPK_OK;
@@ -78,7 +84,9 @@ static inline tpk_status tpk_layernorm_forward(tpk_ctx *ctx, tpk_layernorm *l, t
 /* The residual add fused with the layernorm after it: *x1 = x + r (in the layer's buffer, valid
  * until its next forward; it is the input backward uses) and *y = layernorm(x1), one pass
  * (ops->residual_layernorm_fwd). x, r: the layout of a plain forward's x. */
-static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor x, tpk_tensor r, tpk_tensor *x1, tpk_tensor *y) {
+static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layernorm *l,
+                                                        tpk_tensor x, tpk_tensor r, tpk_tensor *x1,
+                                                        tpk_tensor *y) {
     static const char *fn = "tpk_layernorm_forward_residual";
     TPK_TRY(tpk__ln_check(ctx, fn, l, &x, "x", y, -1));
     if (!x1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "x1: NULL");
@@ -90,47 +98,55 @@ static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layern
     TPK_TRY(tpk__buf_reserve(ctx, &l->mean, sizeof(float) * (size_t)(rows ? rows : 1)));
     TPK_TRY(tpk__buf_reserve(ctx, &l->rstd, sizeof(float) * (size_t)(rows ? rows : 1)));
     if (rows)
-        TPK_TRY(tpk_op_residual_layernorm_fwd(ctx, s.data, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, r.data, tpk_param_data(ctx, l->w),
-                                                 tpk_param_data(ctx, l->b), rows, l->H, l->eps, ctx->dtype));
+        TPK_TRY(tpk_op_residual_layernorm_fwd(
+            ctx, s.data, o.data, (float *)l->mean.p, (float *)l->rstd.p, x.data, r.data,
+            tpk_param_data(ctx, l->w), tpk_param_data(ctx, l->b), rows, l->H, l->eps, ctx->dtype));
     l->x = s;
     *x1 = s, *y = o;
     return TPK_OK;
 }
 
 /* dx of the last forward; accumulates dw, db. dy in the layout of y. */
-static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy,
+                                                tpk_tensor *dx) {
     static const char *fn = "tpk_layernorm_backward";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
+                                                                "forward", l->name);
     TPK_TRY(tpk__ln_check(ctx, fn, l, &dy, "dy", dx, l ? l->x.gshape[0] : 0));
     int64_t rows = dy.shape[0];
     tpk_tensor o = dy;
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &o));
     if (rows)
-        TPK_TRY(tpk_op_layernorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
-                                        tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p, rows, l->H, ctx->dtype,
-                                        false));
+        TPK_TRY(tpk_op_layernorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w),
+                                     tpk_param_grad(ctx, l->b), dy.data, l->x.data,
+                                     tpk_param_data(ctx, l->w), (const float *)l->mean.p,
+                                     (const float *)l->rstd.p, rows, l->H, ctx->dtype, false));
     *dx = o;
     return TPK_OK;
 }
 
-/* *acc += dx of the last forward, in one pass (the op adds its dx onto acc): a residual block's skip
- * gradient and its branch's gradient joined without a buffer or an add of their own. acc: the
+/* *acc += dx of the last forward, in one pass (the op adds its dx onto acc): a residual block's
+ * skip gradient and its branch's gradient joined without a buffer or an add of their own. acc: the
  * layout and shape of the forward's input; dy in the layout of y. */
-static inline tpk_status tpk_layernorm_backward_add(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy, tpk_tensor acc) {
+static inline tpk_status tpk_layernorm_backward_add(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy,
+                                                    tpk_tensor acc) {
     static const char *fn = "tpk_layernorm_backward_add";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
+                                                                "forward", l->name);
     TPK_TRY(tpk__ln_check(ctx, fn, l, &dy, "dy", &acc, l ? l->x.gshape[0] : 0));
     TPK_TRY(tpk__check(ctx, fn, "acc", &acc, dy.layout, ctx->dtype, 2, dy.gshape));
-    if (acc.data == dy.data && dy.shape[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "acc: must not alias dy");
+    if (acc.data == dy.data && dy.shape[0])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "acc: must not alias dy");
     if (dy.shape[0])
-        TPK_TRY(tpk_op_layernorm_bwd(ctx, acc.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
-                                     tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p, dy.shape[0], l->H, ctx->dtype,
-                                     true));
+        TPK_TRY(tpk_op_layernorm_bwd(
+            ctx, acc.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
+            tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p,
+            dy.shape[0], l->H, ctx->dtype, true));
     return TPK_OK;
 }
 
-/* Its buffers by recompute set (tpk/runtime/buf.h): LENT the output; KEPT the statistics and the fused
- * residual forward's sum; SCRATCH the input gradient. */
+/* Its buffers by recompute set (tpk/runtime/buf.h): LENT the output; KEPT the statistics and the
+ * fused residual forward's sum; SCRATCH the input gradient. */
 static inline int tpk__layernorm_bufs(tpk_layernorm *l, int set, tpk_buf **o) {
     if (set == TPK__SET_LENT) return o[0] = &l->y, 1;
     if (set == TPK__SET_KEPT) return o[0] = &l->mean, o[1] = &l->rstd, o[2] = &l->x1, 3;
@@ -138,10 +154,11 @@ static inline int tpk__layernorm_bufs(tpk_layernorm *l, int set, tpk_buf **o) {
 }
 
 static inline void tpk_layernorm_destroy(tpk_ctx *ctx, tpk_layernorm *l) {
-    tpk__buf_free(ctx, &l->y), tpk__buf_free(ctx, &l->mean), tpk__buf_free(ctx, &l->rstd), tpk__buf_free(ctx, &l->dx), tpk__buf_free(ctx, &l->x1);
+    tpk__buf_free(ctx, &l->y), tpk__buf_free(ctx, &l->mean), tpk__buf_free(ctx, &l->rstd),
+        tpk__buf_free(ctx, &l->dx), tpk__buf_free(ctx, &l->x1);
 }
 
-/* ---- RMSNorm ------------------------------------------------------------------------------------ */
+/* ---- RMSNorm --------------------------------------------------------------------------------- */
 
 typedef struct tpk_rmsnorm_desc {
     const char *name;       /* "<name>.weight"; default "rms<N>" */
@@ -159,12 +176,14 @@ typedef struct tpk_rmsnorm {
     tpk_buf y, rstd, dx;
 } tpk_rmsnorm;
 
-static inline tpk_status tpk_rmsnorm_init(tpk_ctx *ctx, tpk_rmsnorm *l, int64_t H, const tpk_rmsnorm_desc *desc) {
+static inline tpk_status tpk_rmsnorm_init(tpk_ctx *ctx, tpk_rmsnorm *l, int64_t H,
+                                          const tpk_rmsnorm_desc *desc) {
     static const char *fn = "tpk_rmsnorm_init";
     tpk_rmsnorm_desc d;
     TPK__INIT_LAYER(ctx, fn, l, d, desc);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
-    if (!(d.eps >= 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0 (0 = 1e-6), got %g", (double)d.eps);
+    if (!(d.eps >= 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0 (0 = 1e-6), "
+                                                              "got %g", (double)d.eps);
     l->H = H, l->eps = d.eps > 0 ? d.eps : 1e-6f, l->sp = d.sequence_parallel;
     TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, d.name, "rms"));
     char pn[128];
@@ -174,9 +193,12 @@ static inline tpk_status tpk_rmsnorm_init(tpk_ctx *ctx, tpk_rmsnorm *l, int64_t 
     return TPK_OK;
 }
 
-static inline tpk_status tpk__rms_check(tpk_ctx *ctx, const char *fn, tpk_rmsnorm *l, const tpk_tensor *x, const char *arg, const void *out, int64_t T) {
+static inline tpk_status tpk__rms_check(tpk_ctx *ctx, const char *fn, tpk_rmsnorm *l,
+                                        const tpk_tensor *x, const char *arg, const void *out,
+                                        int64_t T) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!l || !l->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised RMSNorm");
+    if (!l || !l->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised RMSNorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
     return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want);
@@ -184,48 +206,59 @@ static inline tpk_status tpk__rms_check(tpk_ctx *ctx, const char *fn, tpk_rmsnor
 
 /* y = rmsnorm(x): x R [T, H] (S(0) under sequence parallelism), y the same layout. x must stay
  * unchanged until backward. */
-static inline tpk_status tpk_rmsnorm_forward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor x, tpk_tensor *y) {
+static inline tpk_status tpk_rmsnorm_forward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor x,
+                                             tpk_tensor *y) {
     static const char *fn = "tpk_rmsnorm_forward";
     TPK_TRY(tpk__rms_check(ctx, fn, l, &x, "x", y, -1));
     int64_t rows = x.shape[0];
     tpk_tensor o = x;
     TPK_TRY(tpk__buf_view(ctx, &l->y, &o));
     TPK_TRY(tpk__buf_reserve(ctx, &l->rstd, sizeof(float) * (size_t)(rows ? rows : 1)));
-    if (rows) TPK_TRY(tpk_op_rmsnorm_fwd(ctx, o.data, (float *)l->rstd.p, x.data, tpk_param_data(ctx, l->w), rows, l->H, l->eps, ctx->dtype));
+    if (rows)
+        TPK_TRY(tpk_op_rmsnorm_fwd(ctx, o.data, (float *)l->rstd.p, x.data,
+                                   tpk_param_data(ctx, l->w), rows, l->H, l->eps, ctx->dtype));
     l->x = x;
     *y = o;
     return TPK_OK;
 }
 
 /* dx of the last forward; accumulates dw. dy in the layout of y. */
-static inline tpk_status tpk_rmsnorm_backward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_rmsnorm_backward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy,
+                                              tpk_tensor *dx) {
     static const char *fn = "tpk_rmsnorm_backward";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
+                                                                "forward", l->name);
     TPK_TRY(tpk__rms_check(ctx, fn, l, &dy, "dy", dx, l ? l->x.gshape[0] : 0));
     int64_t rows = dy.shape[0];
     tpk_tensor o = dy;
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &o));
     if (rows)
-        TPK_TRY(tpk_op_rmsnorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data, tpk_param_data(ctx, l->w), (const float *)l->rstd.p,
-                                   rows, l->H, ctx->dtype, false));
+        TPK_TRY(tpk_op_rmsnorm_bwd(ctx, o.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data,
+                                   tpk_param_data(ctx, l->w), (const float *)l->rstd.p, rows, l->H,
+                                   ctx->dtype, false));
     *dx = o;
     return TPK_OK;
 }
 
 /* *acc += dx of the last forward, in one pass (as tpk_layernorm_backward_add). */
-static inline tpk_status tpk_rmsnorm_backward_add(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy, tpk_tensor acc) {
+static inline tpk_status tpk_rmsnorm_backward_add(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy,
+                                                  tpk_tensor acc) {
     static const char *fn = "tpk_rmsnorm_backward_add";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
+    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
+                                                                "forward", l->name);
     TPK_TRY(tpk__rms_check(ctx, fn, l, &dy, "dy", &acc, l ? l->x.gshape[0] : 0));
     TPK_TRY(tpk__check(ctx, fn, "acc", &acc, dy.layout, ctx->dtype, 2, dy.gshape));
-    if (acc.data == dy.data && dy.shape[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "acc: must not alias dy");
+    if (acc.data == dy.data && dy.shape[0])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "acc: must not alias dy");
     if (dy.shape[0])
-        TPK_TRY(tpk_op_rmsnorm_bwd(ctx, acc.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data, tpk_param_data(ctx, l->w), (const float *)l->rstd.p,
-                                   dy.shape[0], l->H, ctx->dtype, true));
+        TPK_TRY(tpk_op_rmsnorm_bwd(ctx, acc.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data,
+                                   tpk_param_data(ctx, l->w), (const float *)l->rstd.p, dy.shape[0],
+                                   l->H, ctx->dtype, true));
     return TPK_OK;
 }
 
-/* Its buffers by recompute set (tpk/runtime/buf.h): LENT the output; KEPT rstd; SCRATCH the input gradient. */
+/* Its buffers by recompute set (tpk/runtime/buf.h): LENT the output; KEPT rstd; SCRATCH the input
+ * gradient. */
 static inline int tpk__rmsnorm_bufs(tpk_rmsnorm *l, int set, tpk_buf **o) {
     if (set == TPK__SET_LENT) return o[0] = &l->y, 1;
     if (set == TPK__SET_KEPT) return o[0] = &l->rstd, 1;
@@ -236,14 +269,16 @@ static inline void tpk_rmsnorm_destroy(tpk_ctx *ctx, tpk_rmsnorm *l) {
     tpk__buf_free(ctx, &l->y), tpk__buf_free(ctx, &l->rstd), tpk__buf_free(ctx, &l->dx);
 }
 
-/* ---- the partial gradients of a step -------------------------------------------------------------- */
+/* ---- the partial gradients of a step --------------------------------------------------------- */
 
 /* Whether some key/value head of grouped parameter p is held by two ranks (t > G, or uneven
  * query-head splits that cut a group): its gradient is then partial over the holders. */
 static inline bool tpk__param_shared(const tpk_ctx *ctx, const tpk_param *p) {
     if (tpk_layout_group(p->layout) == 1) return false;
     for (int q = 0; q < ctx->tp.size; q++)
-        if (tpk_tp_shard_owned(ctx, p->gshape[0], p->layout, q).size != tpk_tp_shard_size(ctx, p->gshape[0], p->layout, q)) return true;
+        if (tpk_tp_shard_owned(ctx, p->gshape[0], p->layout, q).size !=
+            tpk_tp_shard_size(ctx, p->gshape[0], p->layout, q))
+            return true;
     return false;
 }
 
@@ -257,7 +292,8 @@ static inline tpk_status tpk_params_reduce_partial_grads(tpk_ctx *ctx) {
     for (int i = 0; i < ctx->params.n; i++) {
         tpk_param *p = &ctx->params.list[i];
         if (p->tp_partial_grad && p->numel)
-            TPK_TRY(tpk_allreduce(ctx, &ctx->tp, tpk_param_grad(ctx, i), tpk_param_grad(ctx, i), p->numel, TPK_F32, TPK_SUM));
+            TPK_TRY(tpk_allreduce(ctx, &ctx->tp, tpk_param_grad(ctx, i), tpk_param_grad(ctx, i),
+                                  p->numel, TPK_F32, TPK_SUM));
         if (!tpk__param_shared(ctx, p)) continue;
         size_t gn = tpk__gnumel(p), inner = gn / (size_t)p->gshape[0];
         tpk_range r = tpk_tp_shard_run(ctx, p->gshape[0], p->layout, ctx->tp.rank, 0);
@@ -265,9 +301,13 @@ static inline tpk_status tpk_params_reduce_partial_grads(tpk_ctx *ctx) {
         float *g = (float *)ctx->work[1].p;
         tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
         TPK_TRY(tpk_op_fill(ctx, g, TPK_F32, gn, 0.f));
-        if (p->numel) TPK_TRY(tpk_op_memcpy(ctx, g + (size_t)r.off * inner, tpk_param_grad(ctx, i), p->numel * sizeof(float), dd));
+        if (p->numel)
+            TPK_TRY(tpk_op_memcpy(ctx, g + (size_t)r.off * inner, tpk_param_grad(ctx, i),
+                                  p->numel * sizeof(float), dd));
         TPK_TRY(tpk_allreduce(ctx, &ctx->tp, g, g, gn, TPK_F32, TPK_SUM));
-        if (p->numel) TPK_TRY(tpk_op_memcpy(ctx, tpk_param_grad(ctx, i), g + (size_t)r.off * inner, p->numel * sizeof(float), dd));
+        if (p->numel)
+            TPK_TRY(tpk_op_memcpy(ctx, tpk_param_grad(ctx, i), g + (size_t)r.off * inner,
+                                  p->numel * sizeof(float), dd));
     }
     return TPK_OK;
 }

@@ -32,20 +32,22 @@ typedef struct tpk_param_desc {
     tpk_init init;                 /* default zeros */
     float std;                     /* for TPK_INIT_NORMAL */
     bool decay;                    /* weight decay applies */
-    int64_t padded_rows;           /* 0: none. Else >= shape[0]: dim 0 is stored and sharded as this many
-                                      rows, the rows from shape[0] on zero padding (layout R or S(0) with
-                                      stride 1; a unit must divide it): never trained, not in
-                                      tpk_param_gather/scatter (nor in checkpoints); e.g. a vocabulary
-                                      padded to aligned shards (layout tpk_tp_vocab_layout) */
-    bool follows;                  /* placed right after the previous parameter, with no gap (the parts of
-                                      one strided shard: tpk_linear_desc.parts); else at the next multiple
-                                      of TPK_PARAM_ALIGN elements */
+    int64_t padded_rows;           /* 0: none. Else >= shape[0]: dim 0 is stored and sharded as this
+                                      many rows, the rows from shape[0] on zero padding (layout R or
+                                      S(0) with stride 1; a unit must divide it): never trained, not
+                                      in tpk_param_gather/scatter (nor in checkpoints); e.g. a
+                                      vocabulary padded to aligned shards (layout
+                                      tpk_tp_vocab_layout) */
+    bool follows;                  /* placed right after the previous parameter, with no gap (the
+                                      parts of one strided shard: tpk_linear_desc.parts); else at
+                                      the next multiple of TPK_PARAM_ALIGN elements */
 } tpk_param_desc;
 
 /* Calls f(ctx, arg, global_index_along_d, local_index_along_d, count) for each run of
  * consecutive indices along the split dim that this shard holds. */
 typedef struct tpk__run { int64_t g0, l0, n; } tpk__run;
-static inline int tpk__param_runs(const tpk_ctx *ctx, const tpk_param *p, int index, tpk__run *runs, int max) {
+static inline int tpk__param_runs(const tpk_ctx *ctx, const tpk_param *p, int index, tpk__run *runs,
+                                  int max) {
     if (p->split_dim < 0) {
         if (max > 0) runs[0] = TPK_LIT(tpk__run){0, 0, p->gshape[0]};
         return 1;
@@ -75,12 +77,17 @@ static inline tpk_param *tpk__param(tpk_ctx *ctx, const char *fn, int id) {
 }
 
 /* Pointers into the flat buffers (backend memory); valid until the next tpk_param_add. */
-static inline float *tpk_param_data(tpk_ctx *ctx, int id) { return (float *)ctx->params.data.p + ctx->params.list[id].offset; }
-static inline float *tpk_param_grad(tpk_ctx *ctx, int id) { return (float *)ctx->params.grad.p + ctx->params.list[id].offset; }
+static inline float *tpk_param_data(tpk_ctx *ctx, int id) {
+    return (float *)ctx->params.data.p + ctx->params.list[id].offset;
+}
+static inline float *tpk_param_grad(tpk_ctx *ctx, int id) {
+    return (float *)ctx->params.grad.p + ctx->params.list[id].offset;
+}
 
 /* The elements [*lo, *hi) of the flat buffers that this rank counts for parameter id in a sum over
- * the whole model (a norm, a dot product): a sharded parameter's whole shard, a replicated one on TP
- * rank 0 only (empty elsewhere), a grouped key/value weight the heads no lower rank also holds. */
+ * the whole model (a norm, a dot product): a sharded parameter's whole shard, a replicated one on
+ * TP rank 0 only (empty elsewhere), a grouped key/value weight the heads no lower rank also
+ * holds. */
 static inline void tpk__param_counted(const tpk_ctx *ctx, int id, size_t *lo, size_t *hi) {
     const tpk_param *p = &ctx->params.list[id];
     *lo = *hi = p->offset;
@@ -93,12 +100,15 @@ static inline void tpk__param_counted(const tpk_ctx *ctx, int id, size_t *lo, si
 }
 
 /* The index's first slot for a name: its FNV-1a (tpk_rng_stream), masked to the table. */
-static inline size_t tpk__param_slot(const char *name, int cap) { return (size_t)(tpk_rng_stream(name) & (uint64_t)(cap - 1)); }
+static inline size_t tpk__param_slot(const char *name, int cap) {
+    return (size_t)(tpk_rng_stream(name) & (uint64_t)(cap - 1));
+}
 /* Id of the parameter with this name, or -1 (the hash index: constant time). */
 static inline int tpk_param_find(const tpk_ctx *ctx, const char *name) {
     const tpk_params *P = &ctx->params;
     if (!P->index_cap || !name) return -1;
-    for (size_t i = tpk__param_slot(name, P->index_cap);; i = (i + 1) & (size_t)(P->index_cap - 1)) {
+    for (size_t i = tpk__param_slot(name, P->index_cap);;
+         i = (i + 1) & (size_t)(P->index_cap - 1)) {
         int id = P->index[i];
         if (id < 0) return -1;
         if (!strcmp(P->list[id].name, name)) return id;
@@ -115,7 +125,8 @@ static inline tpk_status tpk__param_index_add(tpk_ctx *ctx, const char *fn, int 
         for (int i = 0; i < cap; i++) t[i] = -1;
         free(P->index);
         P->index = t, P->index_cap = cap;
-        for (int k = 0; k < id; k++) TPK_TRY(tpk__param_index_add(ctx, fn, k)); /* fits: no growth */
+        for (int k = 0; k < id; k++)
+            TPK_TRY(tpk__param_index_add(ctx, fn, k)); /* fits: no growth */
     }
     size_t i = tpk__param_slot(P->list[id].name, P->index_cap);
     while (P->index[i] >= 0) i = (i + 1) & (size_t)(P->index_cap - 1);
@@ -143,8 +154,9 @@ static inline tpk_status tpk__param_draw(tpk_ctx *ctx, int id, tpk_init init, fl
         for (int64_t o = 0; o < (contiguous ? 1 : g.outer); o++) {
             int64_t rows = contiguous ? g.outer : 1;
             float *dst = x + (o * L + runs[k].l0) * g.inner;
-            TPK_TRY(tpk_op_rng_2d(ctx, dst, TPK_F32, rows, runs[k].n * g.inner, g.n * g.inner, o, runs[k].g0 * g.inner,
-                                     ctx->seed, stream, TPK_RNG_NORMAL, 0.f, std));
+            TPK_TRY(tpk_op_rng_2d(ctx, dst, TPK_F32, rows, runs[k].n * g.inner, g.n * g.inner, o,
+                                  runs[k].g0 * g.inner, ctx->seed, stream, TPK_RNG_NORMAL, 0.f,
+                                  std));
         }
     }
     return TPK_OK;
@@ -164,8 +176,8 @@ static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, fl
         int64_t first = p->gshape[0] - runs[k].g0; /* the run's first padding row */
         if (first < 0) first = 0;
         if (first < runs[k].n)
-            TPK_TRY(tpk_op_fill(ctx, tpk_param_data(ctx, id) + (size_t)(runs[k].l0 + first) * inner, TPK_F32,
-                                (size_t)(runs[k].n - first) * inner, 0.f));
+            TPK_TRY(tpk_op_fill(ctx, tpk_param_data(ctx, id) + (size_t)(runs[k].l0 + first) * inner,
+                                TPK_F32, (size_t)(runs[k].n - first) * inner, 0.f));
     }
     return TPK_OK;
 }
@@ -179,8 +191,10 @@ static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = tpk__buf_reserve(ctx, &nd, cap * sizeof(float));
     if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ng, cap * sizeof(float));
-    if (s == TPK_OK && P->numel) s = tpk_op_memcpy(ctx, nd.p, P->data.p, P->numel * sizeof(float), dd);
-    if (s == TPK_OK && P->numel) s = tpk_op_memcpy(ctx, ng.p, P->grad.p, P->numel * sizeof(float), dd);
+    if (s == TPK_OK && P->numel)
+        s = tpk_op_memcpy(ctx, nd.p, P->data.p, P->numel * sizeof(float), dd);
+    if (s == TPK_OK && P->numel)
+        s = tpk_op_memcpy(ctx, ng.p, P->grad.p, P->numel * sizeof(float), dd);
     if (s != TPK_OK) {
         tpk__buf_free(ctx, &nd), tpk__buf_free(ctx, &ng);
         return s;
@@ -197,20 +211,34 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     if (!ctx) return TPK_ERR_ARG;
     if (!desc || !id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", desc ? "id" : "desc");
     if (!desc->name || !desc->name[0] || strlen(desc->name) >= sizeof ctx->params.list[0].name)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: expected a name of 1..%zu characters", sizeof ctx->params.list[0].name - 1);
-    if (tpk_param_find(ctx, desc->name) >= 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%s\" is already registered", desc->name);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: expected a name of 1..%zu characters",
+                         sizeof ctx->params.list[0].name - 1);
+    if (tpk_param_find(ctx, desc->name) >= 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%s\" is already registered",
+                         desc->name);
     if (desc->ndim < 1 || desc->ndim > TPK_MAX_DIMS)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: ndim: expected 1..%d, got %d", desc->name, TPK_MAX_DIMS, desc->ndim);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: ndim: expected 1..%d, got %d", desc->name,
+                         TPK_MAX_DIMS, desc->ndim);
     for (int i = 0; i < desc->ndim; i++)
-        if (desc->shape[i] < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: shape[%d]: expected >= 0, got %lld", desc->name, i, (long long)desc->shape[i]);
-    if (desc->layout.kind == TPK_LAYOUT_P || (desc->layout.kind == TPK_LAYOUT_S && tpk_layout_dim(desc->layout, desc->ndim) < 0))
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: layout: expected R or S(d) with d a dimension, got %s", desc->name,
+        if (desc->shape[i] < 0)
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: shape[%d]: expected >= 0, got %lld",
+                             desc->name, i, (long long)desc->shape[i]);
+    if (desc->layout.kind == TPK_LAYOUT_P ||
+        (desc->layout.kind == TPK_LAYOUT_S && tpk_layout_dim(desc->layout, desc->ndim) < 0))
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: layout: expected R or S(d) with d a "
+                                                  "dimension, got %s", desc->name,
                          tpk_layout_str(desc->layout, a, sizeof a));
-    if (tpk_layout_group(desc->layout) > 1 && (tpk_layout_dim(desc->layout, desc->ndim) != 0 || tpk_layout_stride(desc->layout) != 1 || desc->padded_rows))
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: layout: a grouped layout must be on dim 0 with stride 1 and no padding, got %s", desc->name,
-                         tpk_layout_str(desc->layout, a, sizeof a));
-    if (desc->init != TPK_INIT_ZEROS && desc->init != TPK_INIT_ONES && desc->init != TPK_INIT_NORMAL)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: init: expected TPK_INIT_ZEROS, _ONES or _NORMAL, got %d", desc->name, (int)desc->init);
+    if (tpk_layout_group(desc->layout) > 1 &&
+        (tpk_layout_dim(desc->layout, desc->ndim) != 0 || tpk_layout_stride(desc->layout) != 1 ||
+         desc->padded_rows))
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
+                         "%s: layout: a grouped layout must be on dim 0 "
+                         "with stride 1 and no padding, got %s",
+                         desc->name, tpk_layout_str(desc->layout, a, sizeof a));
+    if (desc->init != TPK_INIT_ZEROS && desc->init != TPK_INIT_ONES &&
+        desc->init != TPK_INIT_NORMAL)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: init: expected TPK_INIT_ZEROS, _ONES or "
+                                               "_NORMAL, got %d", desc->name, (int)desc->init);
     tpk_param p;
     memset(&p, 0, sizeof p);
     snprintf(p.name, sizeof p.name, "%s", desc->name);
@@ -221,14 +249,20 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     p.numel = 1;
     for (int i = 0; i < p.ndim; i++) p.gshape[i] = p.shape[i] = desc->shape[i];
     p.padded_rows = desc->padded_rows ? desc->padded_rows : p.gshape[0];
-    if (desc->padded_rows && (desc->padded_rows < p.gshape[0] || p.split_dim > 0 || (p.split_dim == 0 && p.stride != 1)))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: padded_rows: expected >= shape[0] = %lld with layout R or S(0) (stride 1), got %lld with %s",
-                         desc->name, (long long)p.gshape[0], (long long)desc->padded_rows, tpk_layout_str(desc->layout, a, sizeof a));
+    if (desc->padded_rows &&
+        (desc->padded_rows < p.gshape[0] || p.split_dim > 0 || (p.split_dim == 0 && p.stride != 1)))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "%s: padded_rows: expected >= shape[0] = %lld with "
+                         "layout R or S(0) (stride 1), got %lld with %s",
+                         desc->name, (long long)p.gshape[0], (long long)desc->padded_rows,
+                         tpk_layout_str(desc->layout, a, sizeof a));
     p.shape[0] = p.padded_rows; /* stored rows; the split below shards them */
     if (p.split_dim >= 0) {
-        int64_t n = p.split_dim == 0 ? p.padded_rows : p.gshape[p.split_dim], su = (int64_t)p.stride * tpk_layout_unit(desc->layout);
+        int64_t n = p.split_dim == 0 ? p.padded_rows : p.gshape[p.split_dim],
+                su = (int64_t)p.stride * tpk_layout_unit(desc->layout);
         if (p.stride > 64 || n % su)
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: layout: dim %d (%lld) must be a multiple of stride x unit = %lld (stride at most 64)",
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: layout: dim %d (%lld) must be a multiple "
+                                                     "of stride x unit = %lld (stride at most 64)",
                              desc->name, p.split_dim, (long long)n, (long long)su);
         p.shape[p.split_dim] = tpk_tp_shard_size(ctx, n, desc->layout, ctx->tp.rank);
     }
@@ -240,7 +274,9 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
         if (!l) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
         P->list = l, P->cap = cap;
     }
-    p.offset = desc->follows ? P->numel : (P->numel + TPK_PARAM_ALIGN - 1) / TPK_PARAM_ALIGN * TPK_PARAM_ALIGN; /* a gap: zeros */
+    p.offset = desc->follows ? P->numel
+                             : (P->numel + TPK_PARAM_ALIGN - 1) / TPK_PARAM_ALIGN *
+                                   TPK_PARAM_ALIGN; /* a gap: zeros */
     TPK_TRY(tpk__params_grow(ctx, p.offset + p.numel));
     P->list[P->n] = p;
     TPK_TRY(tpk__param_index_add(ctx, fn, P->n));
@@ -251,11 +287,13 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
 }
 
 /* tpk_param_add of a 1-D [d0] or 2-D [d0, d1] parameter, the descriptor filled from arguments. */
-static inline tpk_status tpk__param_add(tpk_ctx *ctx, const char *name, int ndim, int64_t d0, int64_t d1, tpk_layout layout, tpk_init init,
-                                        float std, bool decay, int *id) {
+static inline tpk_status tpk__param_add(tpk_ctx *ctx, const char *name, int ndim, int64_t d0,
+                                        int64_t d1, tpk_layout layout, tpk_init init, float std,
+                                        bool decay, int *id) {
     tpk_param_desc d;
     memset(&d, 0, sizeof d);
-    d.name = name, d.ndim = ndim, d.shape[0] = d0, d.shape[1] = ndim > 1 ? d1 : 0, d.layout = layout;
+    d.name = name, d.ndim = ndim, d.shape[0] = d0, d.shape[1] = ndim > 1 ? d1 : 0,
+    d.layout = layout;
     d.init = init, d.std = std, d.decay = decay;
     return tpk_param_add(ctx, &d, id);
 }
@@ -278,7 +316,8 @@ static inline tpk_status tpk__params_fresh(tpk_ctx *ctx) {
 }
 /* Parameter id's weights in the context's dtype (the bf16 copy, or the f32 master). */
 static inline const void *tpk__param_w(tpk_ctx *ctx, int id) {
-    if (ctx->dtype == TPK_BF16) return (const uint16_t *)ctx->params.data16.p + ctx->params.list[id].offset;
+    if (ctx->dtype == TPK_BF16)
+        return (const uint16_t *)ctx->params.data16.p + ctx->params.list[id].offset;
     return tpk_param_data(ctx, id);
 }
 /* grad[off .. off + n) += src (n elements in ctx->dtype). */
@@ -291,15 +330,20 @@ static inline tpk_status tpk__grad_add(tpk_ctx *ctx, float *grad, const void *sr
 }
 /* grad(id) [m, n] += op(A) op(B), A and B in ctx->dtype, straight into the f32 gradient: bf16
  * operands through gemm_acc (f32 C, beta = 1: no bf16 product, no rounding, no extra pass). */
-static inline tpk_status tpk__grad_gemm(tpk_ctx *ctx, int id, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+static inline tpk_status tpk__grad_gemm(tpk_ctx *ctx, int id, bool ta, bool tb, int64_t m,
+                                        int64_t n, int64_t k, const void *a, int64_t lda,
                                         const void *b, int64_t ldb) {
     float *g = tpk_param_grad(ctx, id);
-    if (ctx->dtype == TPK_F32) return tpk_op_gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, TPK_F32);
+    if (ctx->dtype == TPK_F32)
+        return tpk_op_gemm(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, TPK_F32);
     return tpk_op_gemm_acc(ctx, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, g, n, ctx->dtype);
 }
-/* grad(id) [cols] += column sums of dy [rows, cols] (ctx->dtype), straight into the f32 gradient. */
-static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, int64_t rows, int64_t cols) {
-    return tpk_op_bias_grad(ctx, tpk_param_grad(ctx, id), dy, rows, cols, ctx->dtype, TPK_F32, true);
+/* grad(id) [cols] += column sums of dy [rows, cols] (ctx->dtype), straight into the f32
+ * gradient. */
+static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, int64_t rows,
+                                        int64_t cols) {
+    return tpk_op_bias_grad(ctx, tpk_param_grad(ctx, id), dy, rows, cols, ctx->dtype, TPK_F32,
+                            true);
 }
 
 /* Zero every gradient. */
@@ -310,7 +354,8 @@ static inline tpk_status tpk_params_zero_grad(tpk_ctx *ctx) {
 
 /* Copy between a shard (local, [shape]) and the global tensor on the host, per run of the
  * split dim. to_global: shard -> global, else global -> shard. */
-static inline void tpk__param_place(const tpk_ctx *ctx, const tpk_param *p, int index, float *global, float *local, bool to_global) {
+static inline void tpk__param_place(const tpk_ctx *ctx, const tpk_param *p, int index,
+                                    float *global, float *local, bool to_global) {
     int d = p->split_dim < 0 ? 0 : p->split_dim;
     tpk__dimview g = tpk__view(p->gshape, p->ndim, d);
     int64_t L = p->split_dim < 0 ? g.n : tpk_tp_shard_size(ctx, g.n, p->layout, index);
@@ -318,7 +363,8 @@ static inline void tpk__param_place(const tpk_ctx *ctx, const tpk_param *p, int 
     int nr = tpk__param_runs(ctx, p, index, runs, 64);
     for (int k = 0; k < nr; k++)
         for (int64_t o = 0; o < g.outer; o++) {
-            float *gp = global + (o * g.n + runs[k].g0) * g.inner, *lp = local + (o * L + runs[k].l0) * g.inner;
+            float *gp = global + (o * g.n + runs[k].g0) * g.inner,
+                  *lp = local + (o * L + runs[k].l0) * g.inner;
             size_t bytes = (size_t)(runs[k].n * g.inner) * sizeof(float);
             if (bytes) memcpy(to_global ? gp : lp, to_global ? lp : gp, bytes);
         }
@@ -330,7 +376,9 @@ static inline size_t tpk__gnumel(const tpk_param *p) {
     return n;
 }
 /* Global element count of a parameter (without padding rows). */
-static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) { return tpk__gnumel(&ctx->params.list[id]); }
+static inline size_t tpk_param_global_numel(const tpk_ctx *ctx, int id) {
+    return tpk__gnumel(&ctx->params.list[id]);
+}
 /* Elements of the whole (unsharded) model: every parameter's global size. */
 static inline size_t tpk_params_global_numel(const tpk_ctx *ctx) {
     size_t n = 0;
@@ -348,13 +396,18 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     int t = ctx->tp.size;
-    tpk_param ps = tpk__param_stored(p); /* gathered with its padding rows, which are then left out */
-    size_t gnumel = tpk__gnumel(p), snumel = tpk__gnumel(&ps), *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
-    float *host = (float *)malloc(sizeof(float) * (snumel ? snumel : 1)), *whole = (float *)malloc(sizeof(float) * (snumel ? snumel : 1));
-    tpk_status s = counts && host && whole ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    tpk_param ps = tpk__param_stored(p); /* gathered with its padding rows, which are then left
+                                            out */
+    size_t gnumel = tpk__gnumel(p), snumel = tpk__gnumel(&ps),
+           *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
+    float *host = (float *)malloc(sizeof(float) * (snumel ? snumel : 1)),
+          *whole = (float *)malloc(sizeof(float) * (snumel ? snumel : 1));
+    tpk_status s =
+        counts && host && whole ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     const float *src = flat + p->offset;
     if (s == TPK_OK && p->split_dim < 0) {
-        s = tpk_op_memcpy(ctx, out, src, gnumel * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H); /* the padding is last */
+        s = tpk_op_memcpy(ctx, out, src, gnumel * sizeof(float),
+                          ctx->ops->device ? TPK_D2H : TPK_H2H); /* the padding is last */
     } else if (s == TPK_OK) {
         size_t total = 0;
         for (int q = 0; q < t; q++) {
@@ -366,17 +419,23 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
         }
         if (total > snumel) { /* grouped: heads held by several ranks come more than once */
             free(host);
-            if (!(host = (float *)malloc(sizeof(float) * total))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+            if (!(host = (float *)malloc(sizeof(float) * total)))
+                s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
         }
         if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[1], total * sizeof(float));
-        if (s == TPK_OK) s = tpk_allgatherv(ctx, &ctx->tp, src, p->numel, ctx->work[1].p, counts, total, TPK_F32);
-        if (s == TPK_OK) s = tpk_op_memcpy(ctx, host, ctx->work[1].p, total * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H);
+        if (s == TPK_OK)
+            s = tpk_allgatherv(ctx, &ctx->tp, src, p->numel, ctx->work[1].p, counts, total,
+                               TPK_F32);
+        if (s == TPK_OK)
+            s = tpk_op_memcpy(ctx, host, ctx->work[1].p, total * sizeof(float),
+                              ctx->ops->device ? TPK_D2H : TPK_H2H);
         size_t off = 0;
         for (int q = 0; q < t && s == TPK_OK; q++) {
             tpk__param_place(ctx, &ps, q, whole, host + off, true);
             off += counts[q];
         }
-        if (s == TPK_OK) memcpy(out, whole, gnumel * sizeof(float)); /* dim 0 outermost: the padding rows are last */
+        if (s == TPK_OK) memcpy(out, whole, gnumel * sizeof(float)); /* dim 0 outermost: the padding
+                                                                        rows are last */
     }
     free(counts), free(host), free(whole);
     return s;
@@ -393,7 +452,8 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     tpk_param ps = tpk__param_stored(p); /* `in` is extended with the padding rows, zero */
     size_t gnumel = tpk__gnumel(p), snumel = tpk__gnumel(&ps);
-    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1)), *whole = (float *)calloc(snumel ? snumel : 1, sizeof(float));
+    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1)),
+          *whole = (float *)calloc(snumel ? snumel : 1, sizeof(float));
     if (!host || !whole) {
         free(host), free(whole);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
@@ -401,7 +461,8 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     memcpy(whole, in, gnumel * sizeof(float));
     if (flat == (float *)ctx->params.data.p) ctx->params.stale16 = true;
     tpk__param_place(ctx, &ps, ctx->tp.rank, whole, host, false);
-    tpk_status s = tpk_op_memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float), ctx->ops->device ? TPK_H2D : TPK_H2H);
+    tpk_status s = tpk_op_memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float),
+                                 ctx->ops->device ? TPK_H2D : TPK_H2H);
     free(host), free(whole);
     return s;
 }
@@ -409,7 +470,8 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
 /* The whole parameter (grad = false) or its gradient, gathered into host memory `out`. */
 static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, float *out) {
     if (!ctx) return TPK_ERR_ARG;
-    return tpk_param_gather(ctx, id, grad ? (const float *)ctx->params.grad.p : (const float *)ctx->params.data.p, out);
+    return tpk_param_gather(
+        ctx, id, grad ? (const float *)ctx->params.grad.p : (const float *)ctx->params.data.p, out);
 }
 /* Set this rank's shard of parameter `id` from the whole tensor `in` (host memory). */
 static inline tpk_status tpk_param_set_global(tpk_ctx *ctx, int id, const float *in) {

@@ -1,5 +1,5 @@
-/* tpk/layers/recompute.h — a model's stack of L blocks, forward and backward, with optional activation
- * recompute (GPT-2's and Llama's blocks go through it).
+/* tpk/layers/recompute.h — a model's stack of L blocks, forward and backward, with optional
+ * activation recompute (GPT-2's and Llama's blocks go through it).
  *
  *   TPK_RECOMPUTE_NONE       every block keeps what its backward needs (its layers' buffers).
  *   TPK_RECOMPUTE_SELECTIVE  every block keeps its GEMM outputs (QKV, the MLP's first projection
@@ -15,12 +15,13 @@
  *                            sequence parallelism no mode keeps a gathered input: the column
  *                            linears gather theirs into the context's scratch in each call.)
  *   TPK_RECOMPUTE_FULL       forward: each block's input is copied into a checkpoint [T, H] (the
- *                            layout of the hidden states: R, or S(0) under sequence parallelism), the
- *                            block runs on buffers it borrows, its output is copied into the next
- *                            checkpoint; backward, from the last block: the block's forward runs
- *                            again from its checkpoint, then its backward. Memory: L + 2 tensors of
- *                            [T, H] and one block's activations, instead of L blocks' activations;
- *                            the cost is one more forward of every block (and its collectives).
+ *                            layout of the hidden states: R, or S(0) under sequence parallelism),
+ *                            the block runs on buffers it borrows, its output is copied into the
+ *                            next checkpoint; backward, from the last block: the block's forward
+ *                            runs again from its checkpoint, then its backward. Memory: L + 2
+ *                            tensors of [T, H] and one block's activations, instead of L blocks'
+ *                            activations; the cost is one more forward of every block (and its
+ *                            collectives).
  * A block's buffers are borrowed from pools (below), never allocated per step: in every mode the
  * backward's own buffers (input gradients, scratch) are one set that serves each block's backward
  * in turn — the backward holds one block's, not L blocks' — and the gradient between two blocks is
@@ -35,26 +36,36 @@
 
 #include "../runtime/buf.h"
 
-typedef enum tpk_recompute { TPK_RECOMPUTE_NONE = 0, TPK_RECOMPUTE_FULL = 1, TPK_RECOMPUTE_SELECTIVE = 2, TPK_RECOMPUTE_COUNT } tpk_recompute;
+typedef enum tpk_recompute {
+    TPK_RECOMPUTE_NONE = 0,
+    TPK_RECOMPUTE_FULL = 1,
+    TPK_RECOMPUTE_SELECTIVE = 2,
+    TPK_RECOMPUTE_COUNT
+} tpk_recompute;
 static inline const char *tpk_recompute_name(tpk_recompute r) {
-    return r == TPK_RECOMPUTE_NONE ? "none" : r == TPK_RECOMPUTE_FULL ? "full" : r == TPK_RECOMPUTE_SELECTIVE ? "selective" : "?";
+    return r == TPK_RECOMPUTE_NONE        ? "none"
+           : r == TPK_RECOMPUTE_FULL      ? "full"
+           : r == TPK_RECOMPUTE_SELECTIVE ? "selective"
+                                          : "?";
 }
 /* "none", "selective" or "full" -> *r; false when the name is none of them */
 static inline bool tpk_recompute_parse(const char *name, tpk_recompute *r) {
     for (int i = 0; i < TPK_RECOMPUTE_COUNT; i++)
-        if (name && !strcmp(name, tpk_recompute_name((tpk_recompute)i))) return *r = (tpk_recompute)i, true;
+        if (name && !strcmp(name, tpk_recompute_name((tpk_recompute)i)))
+            return *r = (tpk_recompute)i, true;
     return false;
 }
 
-/* A block's buffers come in three sets (TPK__SET_*, tpk/runtime/buf.h), each lent from a pool of the
- * model's (one block at a time): NONE lends SCRATCH for each backward; SELECTIVE also LENT, for
+/* A block's buffers come in three sets (TPK__SET_*, tpk/runtime/buf.h), each lent from a pool of
+ * the model's (one block at a time): NONE lends SCRATCH for each backward; SELECTIVE also LENT, for
  * the forward and the backward; FULL all three for both (nothing of a block outlives its forward
  * or backward). Each layer lists its own (tpk__<layer>_bufs), a block its layers'. */
 
 /* A model's buffers for its stack: the checkpoints (full), the gradient between two blocks, the
  * pools of lent buffers. */
 typedef struct tpk__stack_bufs {
-    tpk_buf *ckpt;                             /* [L + 1] under FULL: block i's input, ckpt[L] the last output */
+    tpk_buf *ckpt;                             /* [L + 1] under FULL: block i's input, ckpt[L] the
+                                                  last output */
     tpk_buf grad;                              /* the gradient between two blocks */
     tpk_buf pool[TPK__SETS][TPK__SET_MAX];     /* a pool per set */
 } tpk__stack_bufs;
@@ -100,14 +111,17 @@ static inline tpk_status tpk__stack_keep(tpk_ctx *ctx, tpk_buf *b, tpk_tensor t,
 /* The sets a block borrows for its forward and for its backward. */
 static inline int tpk__stack_sets(tpk_recompute mode, bool backward) {
     if (mode == TPK_RECOMPUTE_FULL) return TPK__SET_LENT | TPK__SET_KEPT | TPK__SET_SCRATCH;
-    return (mode == TPK_RECOMPUTE_SELECTIVE ? TPK__SET_LENT : 0) | (backward ? TPK__SET_SCRATCH : 0);
+    return (mode == TPK_RECOMPUTE_SELECTIVE ? TPK__SET_LENT : 0) |
+           (backward ? TPK__SET_SCRATCH : 0);
 }
 
-static inline tpk_status tpk__stack_forward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor x, tpk_tensor *y) {
+static inline tpk_status tpk__stack_forward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor x,
+                                            tpk_tensor *y) {
     int sets = tpk__stack_sets(st->mode, false);
     bool full = st->mode == TPK_RECOMPUTE_FULL;
     for (int64_t i = 0; i < st->L; i++) {
-        if (full && !i) TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[0], x, &x)); /* later inputs are kept as outputs */
+        if (full && !i) TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[0], x, &x)); /* later inputs are
+                                                                                  kept as outputs */
         tpk__stack_lend(st, i, sets);
         tpk_status s = st->fwd(ctx, st->m, i, x, &x);
         if (s == TPK_OK && full) s = tpk__stack_keep(ctx, &st->b->ckpt[i + 1], x, &x);
@@ -122,14 +136,16 @@ static inline tpk_status tpk__stack_forward(tpk_ctx *ctx, tpk__stack *st, tpk_te
  * in place: each block's input gradient comes back in the buffer of its output gradient); *dx: of
  * the stack's input. A block that returns its input gradient elsewhere has it copied into one
  * buffer, so the next block's borrowed buffers may reuse that memory. */
-static inline tpk_status tpk__stack_backward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor g, tpk_tensor *dx) {
+static inline tpk_status tpk__stack_backward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor g,
+                                             tpk_tensor *dx) {
     int sets = tpk__stack_sets(st->mode, true);
     for (int64_t i = st->L - 1; i >= 0; i--) {
         tpk__stack_lend(st, i, sets);
         tpk_status s = TPK_OK;
         if (st->mode == TPK_RECOMPUTE_FULL) {
             tpk_tensor x = g, y;
-            x.data = st->b->ckpt[i].p;        /* block i's input: the hidden states' shape and layout */
+            x.data = st->b->ckpt[i].p;        /* block i's input: the hidden states' shape and
+                                                 layout */
             s = st->fwd(ctx, st->m, i, x, &y); /* the same forward again */
         } else if (st->mode == TPK_RECOMPUTE_SELECTIVE) {
             s = st->recompute(ctx, st->m, i); /* the lent buffers' contents again */
@@ -146,10 +162,12 @@ static inline tpk_status tpk__stack_backward(tpk_ctx *ctx, tpk__stack *st, tpk_t
 }
 
 /* A model's stack buffers for L blocks: the checkpoint array allocated (its buffers empty). */
-static inline tpk_status tpk__stack_bufs_init(tpk_ctx *ctx, const char *fn, tpk__stack_bufs *b, int64_t L) {
+static inline tpk_status tpk__stack_bufs_init(tpk_ctx *ctx, const char *fn, tpk__stack_bufs *b,
+                                              int64_t L) {
     memset(b, 0, sizeof *b);
     b->ckpt = (tpk_buf *)calloc((size_t)L + 1, sizeof *b->ckpt);
-    return b->ckpt ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld checkpoints", (long long)L + 1);
+    return b->ckpt ? TPK_OK
+                   : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld checkpoints", (long long)L + 1);
 }
 /* Free them: the checkpoints (ckpt [L + 1]), the gradient buffer, the pool. */
 static inline void tpk__stack_bufs_free(tpk_ctx *ctx, tpk__stack_bufs *b, int64_t L) {

@@ -32,23 +32,29 @@ typedef struct tpk_dropout {
     tpk_buf dx;
 } tpk_dropout;
 
-static inline tpk_status tpk_dropout_init(tpk_ctx *ctx, tpk_dropout *d, const tpk_dropout_desc *desc) {
+static inline tpk_status tpk_dropout_init(tpk_ctx *ctx, tpk_dropout *d,
+                                          const tpk_dropout_desc *desc) {
     static const char *fn = "tpk_dropout_init";
     tpk_dropout_desc dd;
     TPK__INIT_LAYER(ctx, fn, d, dd, desc);
-    if (!(dd.p >= 0.0f && dd.p < 1.0f)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->p: expected 0 <= p < 1, got %g", (double)dd.p);
+    if (!(dd.p >= 0.0f && dd.p < 1.0f))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->p: expected 0 <= p < 1, got %g",
+                         (double)dd.p);
     TPK_TRY(tpk__layer_name(ctx, fn, d->name, sizeof d->name, dd.name, "dropout"));
     d->p = dd.p;
     return TPK_OK;
 }
 
 /* x: a 2-D activation of the context's dtype, R or S(0) over the TP group. */
-static inline tpk_status tpk__dropout_check(tpk_ctx *ctx, const char *fn, const char *arg, const tpk_tensor *x) {
+static inline tpk_status tpk__dropout_check(tpk_ctx *ctx, const char *fn, const char *arg,
+                                            const tpk_tensor *x) {
     char a[64];
     if (!x) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);
     if (x->layout.kind != TPK_LAYOUT_R && !tpk_layout_eq(x->layout, TPK_S(0), x->ndim))
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout R or S(0), got %s", arg, tpk_layout_str(x->layout, a, sizeof a));
-    if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout R or S(0), got %s", arg,
+                         tpk_layout_str(x->layout, a, sizeof a));
+    if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, "
+                                                               "features], got %d", arg, x->ndim);
     return tpk__check(ctx, fn, arg, x, x->layout, ctx->dtype, 2, NULL);
 }
 
@@ -56,20 +62,25 @@ static inline tpk_status tpk__dropout_check(tpk_ctx *ctx, const char *fn, const 
 static inline tpk_status tpk_dropout_forward(tpk_ctx *ctx, tpk_dropout *d, tpk_tensor *x) {
     static const char *fn = "tpk_dropout_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!d || !d->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised dropout");
+    if (!d || !d->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                                  "dropout");
     TPK_TRY(tpk__dropout_check(ctx, fn, "x", x));
     d->stream = tpk__dropout_stream(ctx, d->name);
     d->layout = x->layout, d->T = x->gshape[0], d->rows = x->shape[0], d->H = x->shape[1];
     d->row0 = x->layout.kind == TPK_LAYOUT_S ? tpk_tp_split(ctx, d->T, ctx->tp.rank).off : 0;
     if (d->p > 0 && d->rows && d->H)
-        TPK_TRY(tpk_op_dropout(ctx, x->data, x->data, d->rows, d->H, d->H, d->row0, 0, d->p, ctx->seed, d->stream, ctx->dtype));
+        TPK_TRY(tpk_op_dropout(ctx, x->data, x->data, d->rows, d->H, d->H, d->row0, 0, d->p,
+                               ctx->seed, d->stream, ctx->dtype));
     return TPK_OK;
 }
 
-static inline tpk_status tpk__dropout_check_dy(tpk_ctx *ctx, const char *fn, tpk_dropout *d, const tpk_tensor *dy, const char *arg) {
+static inline tpk_status tpk__dropout_check_dy(tpk_ctx *ctx, const char *fn, tpk_dropout *d,
+                                               const tpk_tensor *dy, const char *arg) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!d || !d->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised dropout");
-    if (!d->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", d->name);
+    if (!d || !d->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
+                                                                  "dropout");
+    if (!d->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", d->name);
     if (!dy) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);
     int64_t want[2] = {d->T, d->H};
     return tpk__check(ctx, fn, arg, dy, d->layout, ctx->dtype, 2, want);
@@ -77,14 +88,17 @@ static inline tpk_status tpk__dropout_check_dy(tpk_ctx *ctx, const char *fn, tpk
 
 /* *dx = drop'(dy) with the last forward's mask, in the layer's buffer (dy is left as it is; with
  * p = 0, *dx is dy itself). */
-static inline tpk_status tpk_dropout_backward(tpk_ctx *ctx, tpk_dropout *d, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_dropout_backward(tpk_ctx *ctx, tpk_dropout *d, tpk_tensor dy,
+                                              tpk_tensor *dx) {
     static const char *fn = "tpk_dropout_backward";
     TPK_TRY(tpk__dropout_check_dy(ctx, fn, d, &dy, "dy"));
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     tpk_tensor o = dy;
     if (d->p > 0) {
         TPK_TRY(tpk__buf_view(ctx, &d->dx, &o));
-        if (d->rows && d->H) TPK_TRY(tpk_op_dropout(ctx, o.data, dy.data, d->rows, d->H, d->H, d->row0, 0, d->p, ctx->seed, d->stream, ctx->dtype));
+        if (d->rows && d->H)
+            TPK_TRY(tpk_op_dropout(ctx, o.data, dy.data, d->rows, d->H, d->H, d->row0, 0, d->p,
+                                   ctx->seed, d->stream, ctx->dtype));
     }
     *dx = o;
     return TPK_OK;
@@ -95,13 +109,14 @@ static inline tpk_status tpk_dropout_backward_inplace(tpk_ctx *ctx, tpk_dropout 
     static const char *fn = "tpk_dropout_backward_inplace";
     TPK_TRY(tpk__dropout_check_dy(ctx, fn, d, g, "g"));
     if (d->p > 0 && d->rows && d->H)
-        TPK_TRY(tpk_op_dropout(ctx, g->data, g->data, d->rows, d->H, d->H, d->row0, 0, d->p, ctx->seed, d->stream, ctx->dtype));
+        TPK_TRY(tpk_op_dropout(ctx, g->data, g->data, d->rows, d->H, d->H, d->row0, 0, d->p,
+                               ctx->seed, d->stream, ctx->dtype));
     return TPK_OK;
 }
 
 static inline void tpk_dropout_destroy(tpk_ctx *ctx, tpk_dropout *d) { tpk__buf_free(ctx, &d->dx); }
 
-/* ---- residual connection ------------------------------------------------------------------------ */
+/* ---- residual connection --------------------------------------------------------------------- */
 
 typedef struct tpk_residual_desc {
     const char *name; /* the dropout mask's stream; default "resid<N>" */
@@ -112,7 +127,8 @@ typedef struct tpk_residual {
     tpk_dropout drop;
 } tpk_residual;
 
-static inline tpk_status tpk_residual_init(tpk_ctx *ctx, tpk_residual *r, const tpk_residual_desc *desc) {
+static inline tpk_status tpk_residual_init(tpk_ctx *ctx, tpk_residual *r,
+                                           const tpk_residual_desc *desc) {
     static const char *fn = "tpk_residual_init";
     if (!ctx) return TPK_ERR_ARG;
     if (!r) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
@@ -136,7 +152,8 @@ static inline tpk_status tpk_residual_branch_forward(tpk_ctx *ctx, tpk_residual 
 
 /* *y = x + drop(b), written over b (b: a branch output its layer does not keep); x and b R or S(0)
  * [T, H], the same layout and shape. */
-static inline tpk_status tpk_residual_forward(tpk_ctx *ctx, tpk_residual *r, tpk_tensor x, tpk_tensor b, tpk_tensor *y) {
+static inline tpk_status tpk_residual_forward(tpk_ctx *ctx, tpk_residual *r, tpk_tensor x,
+                                              tpk_tensor b, tpk_tensor *y) {
     static const char *fn = "tpk_residual_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!r) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
@@ -152,14 +169,16 @@ static inline tpk_status tpk_residual_forward(tpk_ctx *ctx, tpk_residual *r, tpk
 
 /* *db = the branch's output gradient drop'(dy) (the layer's buffer; dy itself when p = 0). dy
  * stays unchanged: the skip path adds it with tpk_residual_backward_add. */
-static inline tpk_status tpk_residual_backward(tpk_ctx *ctx, tpk_residual *r, tpk_tensor dy, tpk_tensor *db) {
+static inline tpk_status tpk_residual_backward(tpk_ctx *ctx, tpk_residual *r, tpk_tensor dy,
+                                               tpk_tensor *db) {
     if (!ctx) return TPK_ERR_ARG;
     if (!r) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_residual_backward", "layer: NULL");
     return tpk_dropout_backward(ctx, &r->drop, dy, db);
 }
 
 /* dx += dy: the skip path's gradient joined to the gradient the branch gave its input. */
-static inline tpk_status tpk_residual_backward_add(tpk_ctx *ctx, tpk_residual *r, tpk_tensor dx, tpk_tensor dy) {
+static inline tpk_status tpk_residual_backward_add(tpk_ctx *ctx, tpk_residual *r, tpk_tensor dx,
+                                                   tpk_tensor dy) {
     static const char *fn = "tpk_residual_backward_add";
     if (!ctx) return TPK_ERR_ARG;
     if (!r) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
@@ -170,13 +189,18 @@ static inline tpk_status tpk_residual_backward_add(tpk_ctx *ctx, tpk_residual *r
 }
 
 /* Its buffers by recompute set (tpk/runtime/buf.h): SCRATCH the dropout's gradient buffer. */
-static inline int tpk__residual_bufs(tpk_residual *r, int set, tpk_buf **o) { return set == TPK__SET_SCRATCH ? (o[0] = &r->drop.dx, 1) : 0; }
+static inline int tpk__residual_bufs(tpk_residual *r, int set, tpk_buf **o) {
+    return set == TPK__SET_SCRATCH ? (o[0] = &r->drop.dx, 1) : 0;
+}
 
-static inline void tpk_residual_destroy(tpk_ctx *ctx, tpk_residual *r) { tpk_dropout_destroy(ctx, &r->drop); }
+static inline void tpk_residual_destroy(tpk_ctx *ctx, tpk_residual *r) {
+    tpk_dropout_destroy(ctx, &r->drop);
+}
 
 /* The two residual connections of a pre-norm block named `block`: their dropout masks' streams
  * are "<block>.resid_1" and "<block>.resid_2" (GPT-2's and Llama's blocks). */
-static inline tpk_status tpk__block_residuals(tpk_ctx *ctx, const char *block, float dropout, tpk_residual *r1, tpk_residual *r2) {
+static inline tpk_status tpk__block_residuals(tpk_ctx *ctx, const char *block, float dropout,
+                                              tpk_residual *r1, tpk_residual *r2) {
     char n[128];
     tpk_residual_desc rd;
     memset(&rd, 0, sizeof rd);

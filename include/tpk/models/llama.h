@@ -1,25 +1,27 @@
-/* tpk/models/llama.h — the Llama block and model, tensor-parallel, with optional sequence parallelism.
+/* tpk/models/llama.h — the Llama block and model, tensor-parallel, with optional sequence
+ * parallelism.
  *
  * Block (pre-norm), hidden states x R [T, H] (S(0) under sequence parallelism):
  *   x1 = x  + attn(input_layernorm(x))            RMSNorm; grouped-query attention with rotary
- *                                                 embeddings (q, k, v column, o row: tpk/layers/attn.h)
+ *                                                 embeddings (q, k, v column, o row:
+ *                                                 tpk/layers/attn.h)
  *   y  = x1 + mlp(post_attention_layernorm(x1))   RMSNorm; SwiGLU (gate+up column, down row)
  *   backward mirrors it: dx1 = dy + rms_2'(mlp'(dy)), dx = dx1 + rms_1'(attn'(dx1)).
  *   Collectives per block: 2 all-reduces of T H forward and 2 backward (SP: 2 all-gathers + 2
- *   reduce-scatters each way, and 2 more all-gathers backward: the projections' inputs again), as GPT-2's; plus, once per step, the sums of the RMSNorm weight
- *   gradients under SP and of the key/value weights held by several ranks
- *   (tpk_params_reduce_partial_grads).
+ *   reduce-scatters each way, and 2 more all-gathers backward: the projections' inputs again), as
+ *   GPT-2's; plus, once per step, the sums of the RMSNorm weight gradients under SP and of the
+ *   key/value weights held by several ranks (tpk_params_reduce_partial_grads).
  * Model: ids -> embed_tokens (vocabulary-parallel, no position table) -> L blocks -> norm ->
  *   logits = h lm_headᵀ (a column linear over its own vocabulary shard, untied; tied with
  *   cfg.tie_embeddings) S(-1) [T, Vp] -> vocabulary-parallel cross-entropy (mean over counted
  *   positions). The vocabulary is padded as GPT-2's (cfg.vocab_multiple; the padding rows of
  *   embed_tokens and lm_head zero, never trained, never in checkpoints). The skeleton of
- *   tpk/models/lm.h, as GPT-2's; this file holds the block's parts, init and forward, its buffer lists,
- *   the config and the names.
+ *   tpk/models/lm.h, as GPT-2's; this file holds the block's parts, init and forward, its buffer
+ *   lists, the config and the names.
  * Parameter names are Hugging Face LlamaForCausalLM's, all [out, in]: model.embed_tokens.weight,
  * model.layers.<i>.input_layernorm.weight, model.layers.<i>.self_attn.{q,k,v,o}_proj.weight,
- * model.layers.<i>.post_attention_layernorm.weight, model.layers.<i>.mlp.{gate,up,down}_proj.weight,
- * model.norm.weight, lm_head.weight. */
+ * model.layers.<i>.post_attention_layernorm.weight,
+ * model.layers.<i>.mlp.{gate,up,down}_proj.weight, model.norm.weight, lm_head.weight. */
 #ifndef TPK_LLAMA_H
 #define TPK_LLAMA_H
 
@@ -32,7 +34,8 @@
 /* ---- block ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_llama_block_desc {
-    const char *name;       /* default "layer<N>": parameters "<name>.input_layernorm.weight", ... */
+    const char *name;       /* default "layer<N>": parameters "<name>.input_layernorm.weight",
+                               ... */
     int64_t heads;          /* A (required) */
     int64_t kv_heads;       /* G, divides A; 0 = A */
     int64_t ffn;            /* F, the SwiGLU intermediate size (required) */
@@ -52,11 +55,13 @@ typedef struct tpk_llama_block {
     int p0, p1;                /* its parameters are ids p0..p1 */
 } tpk_llama_block;
 
-static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, int64_t H, const tpk_llama_block_desc *desc) {
+static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, int64_t H,
+                                              const tpk_llama_block_desc *desc) {
     static const char *fn = "tpk_llama_block_init";
     if (!ctx) return TPK_ERR_ARG;
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
-    if (!desc) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc: NULL (desc->heads and desc->ffn are required)");
+    if (!desc) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc: NULL (desc->heads and desc->ffn are "
+                                                      "required)");
     memset(b, 0, sizeof *b);
     tpk_llama_block_desc d = *desc;
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "layer"));
@@ -70,14 +75,16 @@ static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, 
     tpk_gqa_attention_desc ad;
     memset(&ad, 0, sizeof ad);
     snprintf(n, sizeof n, "%s.self_attn", b->name);
-    ad.name = n, ad.kv_heads = d.kv_heads, ad.rope_theta = d.rope_theta, ad.sequence_parallel = d.sequence_parallel, ad.init_std = d.init_std;
+    ad.name = n, ad.kv_heads = d.kv_heads, ad.rope_theta = d.rope_theta,
+    ad.sequence_parallel = d.sequence_parallel, ad.init_std = d.init_std;
     TPK_TRY(tpk_gqa_attention_init(ctx, &b->attn, H, d.heads, &ad));
     snprintf(n, sizeof n, "%s.post_attention_layernorm", b->name);
     TPK_TRY(tpk_rmsnorm_init(ctx, &b->norm_2, H, &nd));
     tpk_swiglu_mlp_desc md;
     memset(&md, 0, sizeof md);
     snprintf(n, sizeof n, "%s.mlp", b->name);
-    md.name = n, md.hidden = d.ffn, md.sequence_parallel = d.sequence_parallel, md.init_std = d.init_std;
+    md.name = n, md.hidden = d.ffn, md.sequence_parallel = d.sequence_parallel,
+    md.init_std = d.init_std;
     TPK_TRY(tpk_swiglu_mlp_init(ctx, &b->mlp, H, &md));
     TPK_TRY(tpk__block_residuals(ctx, b->name, 0.0f, &b->res_1, &b->res_2));
     b->p1 = ctx->params.n - 1;
@@ -92,7 +99,8 @@ static inline void tpk_llama_block_destroy(tpk_ctx *ctx, tpk_llama_block *b) {
 
 /* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
  * the same layout. x must stay unchanged until backward. */
-static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {
+static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor x,
+                                                 int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_llama_block_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
@@ -113,7 +121,8 @@ TPK__LM_ADAPTERS(llama, tpk_llama_block, norm_1, norm_2, rmsnorm, w, gqa_attenti
 
 /* dx of the last forward from dy (left unchanged); accumulates every gradient of the block (see
  * tpk__lm_block_backward for the in-place form the model uses). */
-static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy,
+                                                  tpk_tensor *dx) {
     return tpk__llama_block_backward(ctx, b, dy, dx, false);
 }
 
@@ -148,23 +157,28 @@ typedef struct tpk_llama {
     tpk_linear lm_head;
     tpk_xent ce;
     tpk_tensor logits;      /* S(-1) [B S, Vp] of the last forward (gradient after backward) */
-    tpk_lm lm;              /* the skeleton's state (tpk/models/lm.h): its grad_ready hook is called with
-                               lm_head when untied, norm, each layer from the last, embed_tokens */
+    tpk_lm lm;              /* the skeleton's state (tpk/models/lm.h): its grad_ready hook is called
+                               with lm_head when untied, norm, each layer from the last,
+                               embed_tokens */
 } tpk_llama;
 
 /* Llama as a family of the skeleton (tpk/models/lm.h). */
-static inline tpk_status tpk__llama_lm_block_init(tpk_ctx *ctx, void *b, int64_t H, const char *name, const void *cfg) {
+static inline tpk_status tpk__llama_lm_block_init(tpk_ctx *ctx, void *b, int64_t H,
+                                                  const char *name, const void *cfg) {
     const tpk_llama_config *c = (const tpk_llama_config *)cfg;
     tpk_llama_block_desc bd;
     memset(&bd, 0, sizeof bd);
-    bd.name = name, bd.heads = c->heads, bd.kv_heads = c->kv_heads, bd.ffn = c->ffn, bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps;
+    bd.name = name, bd.heads = c->heads, bd.kv_heads = c->kv_heads, bd.ffn = c->ffn,
+    bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps;
     bd.sequence_parallel = c->sequence_parallel, bd.init_std = c->init_std;
     return tpk_llama_block_init(ctx, (tpk_llama_block *)b, H, &bd);
 }
 static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
     static const tpk_lm_family family =
-        TPK__LM_FAMILY_ROW(llama, tpk_llama_block, "model.embed_tokens.weight", NULL, "model.layers", "model.norm", "lm_head.weight");
-    tpk__lm_parts p = {&family, &m->lm, m->c.layers, m->c.recompute, &m->embed, NULL, m->layers, &m->norm, &m->head_w, &m->lm_head, &m->ce, &m->logits};
+        TPK__LM_FAMILY_ROW(llama, tpk_llama_block, "model.embed_tokens.weight", NULL,
+                           "model.layers", "model.norm", "lm_head.weight");
+    tpk__lm_parts p = {&family,   &m->lm,   m->c.layers, m->c.recompute, &m->embed, NULL,
+                       m->layers, &m->norm, &m->head_w,  &m->lm_head,    &m->ce,    &m->logits};
     return p;
 }
 
@@ -175,7 +189,9 @@ static inline int64_t tpk_llama_default_ffn(int64_t H) {
 }
 
 /* Block i's buffers of one recompute set (the tests check that the pools hold them). */
-static inline int tpk__llama_bufs(void *m, int64_t i, int set, tpk_buf **o) { return tpk__llama_block_bufs(&((tpk_llama *)m)->layers[i], set, o); }
+static inline int tpk__llama_bufs(void *m, int64_t i, int set, tpk_buf **o) {
+    return tpk__llama_block_bufs(&((tpk_llama *)m)->layers[i], set, o);
+}
 
 static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_llama_config *cfg) {
     static const char *fn = "tpk_llama_init";
@@ -187,17 +203,25 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
     TPK_TRY(tpk__lm_check_shape(ctx, fn, c.layers, c.positions, c.hidden, c.heads));
     if (c.kv_heads == 0) c.kv_heads = c.heads;
     if (c.kv_heads < 1 || c.heads % c.kv_heads)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->kv_heads: expected a divisor of cfg->heads = %lld, got %lld", (long long)c.heads, (long long)c.kv_heads);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->kv_heads: expected a divisor of cfg->heads = "
+                         "%lld, got %lld",
+                         (long long)c.heads, (long long)c.kv_heads);
     if ((c.hidden / c.heads) % 2)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden / cfg->heads: rotary embeddings need an even head size, got %lld", (long long)(c.hidden / c.heads));
-    if (c.ffn < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->ffn: expected >= 1 (0 = Llama's default), got %lld", (long long)c.ffn);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->hidden / cfg->heads: rotary embeddings need "
+                         "an even head size, got %lld",
+                         (long long)(c.hidden / c.heads));
+    if (c.ffn < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->ffn: expected >= 1 (0 = Llama's "
+                                                          "default), got %lld", (long long)c.ffn);
     if (!c.ffn) c.ffn = tpk_llama_default_ffn(c.hidden);
     TPK_TRY(tpk__lm_check_recompute(ctx, fn, c.recompute));
     if (c.init_std <= 0) c.init_std = 0.02f;
     if (c.rope_theta == 0) c.rope_theta = 10000.0f;
     if (c.norm_eps == 0) c.norm_eps = 1e-6f;
     m->c = c;
-    tpk__lm_dims d = {c.vocab, c.positions, c.layers, c.hidden, c.vocab_multiple, c.label_smoothing, c.init_std, c.norm_eps, 0.0f, c.sequence_parallel,
+    tpk__lm_dims d = {c.vocab,           c.positions, c.layers,   c.hidden, c.vocab_multiple,
+                      c.label_smoothing, c.init_std,  c.norm_eps, 0.0f,     c.sequence_parallel,
                       c.tie_embeddings};
     tpk__lm_parts p = tpk__llama_lm(m);
     void *layers = NULL;
@@ -218,27 +242,34 @@ static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
  * cross-entropy over the counted positions; loss = NULL keeps it in backend memory, added to the
  * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads, computed with the backward (fused;
  * as tpk_gpt2_forward). targets = NULL only computes m->logits. */
-static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss) {
+static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int32_t *ids,
+                                           const int32_t *targets, int64_t B, int64_t S,
+                                           float *loss) {
     static const char *fn = "tpk_llama_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (m && m->layers && S > m->c.positions)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got %lld", (long long)m->c.positions, (long long)S);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got "
+                                                 "%lld", (long long)m->c.positions, (long long)S);
     tpk__lm_parts p;
-    return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, ids, targets, B, S, loss);
+    return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, ids,
+                           targets, B, S, loss);
 }
 
 /* Accumulate the gradients of scale * (the loss of the last forward). */
 static inline tpk_status tpk_llama_backward(tpk_ctx *ctx, tpk_llama *m, float scale) {
     tpk__lm_parts p;
-    return tpk__lm_backward(ctx, "tpk_llama_backward", m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, scale);
+    return tpk__lm_backward(ctx, "tpk_llama_backward",
+                            m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, scale);
 }
 
 /* out[0] = start, out[1..n] = n tokens sampled one after another (set dropout to 0 first). */
 
-static inline tpk_status tpk_llama_sample(tpk_ctx *ctx, tpk_llama *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
+static inline tpk_status tpk_llama_sample(tpk_ctx *ctx, tpk_llama *m, int32_t start, int n,
+                                          float temperature, uint64_t seed, int32_t *out) {
     tpk__lm_parts p;
-    return tpk__lm_sample(ctx, "tpk_llama_sample", m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, m ? m->c.vocab : 0, m ? m->c.positions : 0,
-                          start, n, temperature, seed, out);
+    return tpk__lm_sample(ctx, "tpk_llama_sample",
+                          m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, m ? m->c.vocab : 0,
+                          m ? m->c.positions : 0, start, n, temperature, seed, out);
 }
 
 #endif /* TPK_LLAMA_H */

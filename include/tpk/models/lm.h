@@ -1,5 +1,5 @@
-/* tpk/models/lm.h — the language-model skeleton every model family shares (GPT-2's tpk/models/gpt2.h, Llama's
- * tpk/models/llama.h):
+/* tpk/models/lm.h — the language-model skeleton every model family shares (GPT-2's
+ * tpk/models/gpt2.h, Llama's tpk/models/llama.h):
  *
  *   ids -> embedding (vocabulary-parallel; + a position table where the family has one)
  *       -> dropout (where the family has one) -> L blocks (a stack, tpk/layers/recompute.h)
@@ -14,8 +14,8 @@
  * parameters. The model's parts stay in the family's struct under the family's names;
  * tpk__lm_parts gathers pointers to them for each call. Here, once: the recompute plumbing, the
  * forward and backward loops, the parameter walk of the hook, init and destroy, and the pre-norm
- * residual block's backward, buffer lists (each layer's own, tpk/runtime/buf.h) and selective recompute
- * (tpk__lm_sublayers, filled by the family's adapters: TPK__LM_ADAPTERS). */
+ * residual block's backward, buffer lists (each layer's own, tpk/runtime/buf.h) and selective
+ * recompute (tpk__lm_sublayers, filled by the family's adapters: TPK__LM_ADAPTERS). */
 #ifndef TPK_LM_H
 #define TPK_LM_H
 
@@ -36,8 +36,10 @@ typedef struct tpk_lm_family {
     size_t block_size;
     tpk_status (*block_init)(tpk_ctx *ctx, void *b, int64_t H, const char *name, const void *cfg);
     void (*block_destroy)(tpk_ctx *ctx, void *b);
-    tpk_status (*block_forward)(tpk_ctx *ctx, void *b, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y);
-    tpk_status (*block_backward)(tpk_ctx *ctx, void *b, tpk_tensor dy, tpk_tensor *dx, bool inplace);
+    tpk_status (*block_forward)(tpk_ctx *ctx, void *b, tpk_tensor x, int64_t B, int64_t S,
+                                tpk_tensor *y);
+    tpk_status (*block_backward)(tpk_ctx *ctx, void *b, tpk_tensor dy, tpk_tensor *dx,
+                                 bool inplace);
     int (*block_bufs)(void *b, int set, tpk_buf **o);         /* tpk__stack.bufs */
     tpk_status (*block_recompute)(tpk_ctx *ctx, void *b);    /* tpk__stack.recompute */
     void (*block_params)(const void *b, int *first, int *last);
@@ -59,7 +61,8 @@ typedef struct tpk_lm {
      * the backward. */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
-    tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and the pools blocks borrow from */
+    tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and the pools blocks borrow
+                               from */
 } tpk_lm;
 
 /* A model's parts, pointers into the family's struct (gathered per call: the struct may move
@@ -87,32 +90,43 @@ typedef struct tpk__lm_dims {
     bool sequence_parallel, tie;
 } tpk__lm_dims;
 
-static inline void *tpk__lm_block(const tpk__lm_parts *p, int64_t i) { return (char *)p->blocks + (size_t)i * p->f->block_size; }
+static inline void *tpk__lm_block(const tpk__lm_parts *p, int64_t i) {
+    return (char *)p->blocks + (size_t)i * p->f->block_size;
+}
 
 /* The config checks every family makes, with the same words. */
-static inline tpk_status tpk__lm_check_shape(tpk_ctx *ctx, const char *fn, int64_t layers, int64_t positions, int64_t hidden, int64_t heads) {
-    if (layers < 1 || layers > 100000) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->layers: expected 1..100000, got %lld", (long long)layers);
-    if (positions < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got %lld", (long long)positions);
+static inline tpk_status tpk__lm_check_shape(tpk_ctx *ctx, const char *fn, int64_t layers,
+                                             int64_t positions, int64_t hidden, int64_t heads) {
+    if (layers < 1 || layers > 100000)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->layers: expected 1..100000, got %lld",
+                         (long long)layers);
+    if (positions < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got "
+                                                              "%lld", (long long)positions);
     if (heads < 1 || hidden < 1 || hidden % heads)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of cfg->heads = %lld, got %lld", (long long)heads,
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of "
+                                               "cfg->heads = %lld, got %lld", (long long)heads,
                          (long long)hidden);
     return TPK_OK;
 }
 static inline tpk_status tpk__lm_check_recompute(tpk_ctx *ctx, const char *fn, tpk_recompute r) {
     if ((unsigned)r >= (unsigned)TPK_RECOMPUTE_COUNT)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE, _SELECTIVE or _FULL, got %d", (int)r);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE, "
+                                               "_SELECTIVE or _FULL, got %d", (int)r);
     return TPK_OK;
 }
 
-/* ---- the stack of blocks (tpk/layers/recompute.h) --------------------------------------------------- */
+/* ---- the stack of blocks (tpk/layers/recompute.h) -------------------------------------------- */
 
-static inline tpk_status tpk__lm_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x, tpk_tensor *y) {
+static inline tpk_status tpk__lm_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x,
+                                     tpk_tensor *y) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
     return p->f->block_forward(ctx, tpk__lm_block(p, i), x, p->s->B, p->s->S, y);
 }
-static inline tpk_status tpk__lm_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx) {
+static inline tpk_status tpk__lm_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy,
+                                     tpk_tensor *dx) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
-    return p->f->block_backward(ctx, tpk__lm_block(p, i), dy, dx, true); /* the stack's gradient buffer, in place */
+    return p->f->block_backward(ctx, tpk__lm_block(p, i), dy, dx, true); /* the stack's gradient
+                                                                            buffer, in place */
 }
 static inline tpk_status tpk__lm_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
@@ -143,15 +157,18 @@ static inline tpk__stack tpk__lm_stack(tpk__lm_parts *p) {
 /* Build the parts in parameter order: the embedding, the L blocks (block_init with the family's
  * cfg), the final norm, the untied head's weight, the head, the dropout (where p->drop), the
  * cross-entropy. *blocks receives the array of blocks (p->blocks). */
-static inline tpk_status tpk__lm_init(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p, void **blocks, const tpk__lm_dims *d, const void *cfg) {
+static inline tpk_status tpk__lm_init(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p, void **blocks,
+                                      const tpk__lm_dims *d, const void *cfg) {
     const tpk_lm_family *f = p->f;
     bool sp = d->sequence_parallel;
     TPK_TRY(tpk__stack_bufs_init(ctx, fn, &p->s->rc, d->layers));
     tpk_embedding_desc ed;
     memset(&ed, 0, sizeof ed);
-    ed.wte_name = f->embed_name, ed.wpe_name = f->pos_name, ed.sequence_parallel = sp, ed.init_std = d->init_std;
+    ed.wte_name = f->embed_name, ed.wpe_name = f->pos_name, ed.sequence_parallel = sp,
+    ed.init_std = d->init_std;
     ed.vocab_multiple = d->vocab_multiple == 0 ? 64 : d->vocab_multiple < 0 ? 0 : d->vocab_multiple;
-    TPK_TRY(tpk_embedding_init(ctx, p->embed, d->vocab, f->pos_name ? d->positions : 0, d->hidden, &ed));
+    TPK_TRY(tpk_embedding_init(ctx, p->embed, d->vocab, f->pos_name ? d->positions : 0, d->hidden,
+                               &ed));
     *blocks = p->blocks = calloc((size_t)d->layers, f->block_size);
     if (!p->blocks) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)d->layers);
     for (int64_t i = 0; i < d->layers; i++) {
@@ -161,17 +178,20 @@ static inline tpk_status tpk__lm_init(tpk_ctx *ctx, const char *fn, tpk__lm_part
     }
     TPK_TRY(f->norm_init(ctx, p->norm, d->hidden, f->norm_name, d->norm_eps, sp));
     *p->head_w = p->embed->wte;
-    if (!d->tie) { /* the untied head: its own [V, H] weight, vocabulary rows padded like the embedding's */
+    if (!d->tie) { /* the untied head: its own [V, H] weight, vocabulary rows padded like the
+                      embedding's */
         tpk_param_desc pd;
         memset(&pd, 0, sizeof pd);
         pd.name = f->head_name, pd.ndim = 2, pd.shape[0] = d->vocab, pd.shape[1] = d->hidden;
         pd.layout = tpk_tp_vocab_layout(ctx, p->embed->Vp, 0);
-        pd.init = TPK_INIT_NORMAL, pd.std = d->init_std, pd.decay = true, pd.padded_rows = p->embed->Vp;
+        pd.init = TPK_INIT_NORMAL, pd.std = d->init_std, pd.decay = true,
+        pd.padded_rows = p->embed->Vp;
         TPK_TRY(tpk_param_add(ctx, &pd, p->head_w));
     }
     tpk_linear_desc hd; /* the LM head: a column linear over the vocabulary shard */
     memset(&hd, 0, sizeof hd);
-    hd.name = "lm_head", hd.weight = *p->head_w + 1, hd.sequence_parallel = sp, hd.unit = tpk_tp_vocab_unit(ctx, p->embed->Vp);
+    hd.name = "lm_head", hd.weight = *p->head_w + 1, hd.sequence_parallel = sp,
+    hd.unit = tpk_tp_vocab_unit(ctx, p->embed->Vp);
     TPK_TRY(tpk_col_linear_init(ctx, p->head, d->hidden, p->embed->Vp, &hd));
     if (p->drop) {
         tpk_dropout_desc dd;
@@ -191,7 +211,8 @@ static inline void tpk__lm_destroy(tpk_ctx *ctx, tpk__lm_parts *p, void **blocks
     for (int64_t i = 0; p->blocks && i < p->L; i++) p->f->block_destroy(ctx, tpk__lm_block(p, i));
     free(p->blocks), *blocks = p->blocks = NULL;
     tpk__stack_bufs_free(ctx, &p->s->rc, p->L);
-    p->f->norm_destroy(ctx, p->norm), tpk_linear_destroy(ctx, p->head), tpk_xent_destroy(ctx, p->ce);
+    p->f->norm_destroy(ctx, p->norm), tpk_linear_destroy(ctx, p->head),
+        tpk_xent_destroy(ctx, p->ce);
     if (p->drop) tpk_dropout_destroy(ctx, p->drop);
 }
 
@@ -199,7 +220,8 @@ static inline void tpk__lm_destroy(tpk_ctx *ctx, tpk__lm_parts *p, void **blocks
 
 /* The model's forward (tpk_gpt2_forward says what the arguments mean); p = NULL: the model is not
  * initialised. */
-static inline tpk_status tpk__lm_forward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p, const int32_t *ids, const int32_t *targets, int64_t B,
+static inline tpk_status tpk__lm_forward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
+                                         const int32_t *ids, const int32_t *targets, int64_t B,
                                          int64_t S, float *loss) {
     if (!ctx) return TPK_ERR_ARG;
     if (!p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
@@ -208,46 +230,58 @@ static inline tpk_status tpk__lm_forward(tpk_ctx *ctx, const char *fn, tpk__lm_p
     tpk_tensor x;
     TPK_TRY(tpk_embedding_forward(ctx, p->embed, ids, B, S, &x)); /* checks ids, B, S */
     p->s->B = B, p->s->S = S;
-    if (p->drop) TPK_TRY(tpk_dropout_forward(ctx, p->drop, &x)); /* in place: the embedding does not keep its output */
+    if (p->drop) TPK_TRY(tpk_dropout_forward(ctx, p->drop, &x)); /* in place: the embedding does not
+                                                                    keep its output */
     tpk__stack st = tpk__lm_stack(p);
-    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or their GEMM outputs only, kept) */
+    TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or
+                                                     their GEMM outputs only, kept) */
     TPK_TRY(p->f->norm_forward(ctx, p->norm, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, p->head, x, p->logits)); /* S(-1) [T, Vp_r] */
     if (!targets) return TPK_OK;
-    /* loss = NULL: the loss is computed with its gradient by the backward (fused), or settled by the next forward or read */
-    TPK_TRY(loss ? tpk_xent_forward(ctx, p->ce, *p->logits, targets, loss) : tpk_xent_forward_deferred(ctx, p->ce, *p->logits, targets));
+    /* loss = NULL: the loss is computed with its gradient by the backward (fused), or settled by
+     * the next forward or read */
+    TPK_TRY(loss ? tpk_xent_forward(ctx, p->ce, *p->logits, targets, loss)
+                 : tpk_xent_forward_deferred(ctx, p->ce, *p->logits, targets));
     p->s->have_loss = true;
     return TPK_OK;
 }
 
 /* The model's backward (tpk_gpt2_backward); p = NULL: not initialised. */
-static inline tpk_status tpk__lm_backward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p, float scale) {
+static inline tpk_status tpk__lm_backward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
+                                          float scale) {
     if (!ctx) return TPK_ERR_ARG;
     if (!p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
     tpk_lm *s = p->s;
-    if (!s->have_loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward with targets first");
+    if (!s->have_loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward "
+                                                              "with targets first");
     s->have_loss = false; /* the logits are overwritten by their gradient */
     tpk_tensor g;
     int a, b, w = p->embed->wte;
     TPK_TRY(tpk_xent_backward(ctx, p->ce, scale, &g));
     TPK_TRY(tpk_col_linear_backward(ctx, p->head, g, &g)); /* tied: into the embedding's gradient */
-    if (s->grad_ready && *p->head_w != w) TPK_TRY(s->grad_ready(ctx, *p->head_w, *p->head_w, s->grad_ready_user));
+    if (s->grad_ready && *p->head_w != w)
+        TPK_TRY(s->grad_ready(ctx, *p->head_w, *p->head_w, s->grad_ready_user));
     TPK_TRY(p->f->norm_backward(ctx, p->norm, g, &g));
     p->f->norm_params(p->norm, &a, &b);
     if (s->grad_ready) TPK_TRY(s->grad_ready(ctx, a, b, s->grad_ready_user));
     tpk__stack st = tpk__lm_stack(p);
-    TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its forward, or its cheap parts, again first) */
-    if (p->drop) TPK_TRY(tpk_dropout_backward_inplace(ctx, p->drop, &g)); /* g: block 0's input gradient, used only here */
+    TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its
+                                                      forward, or its cheap parts, again first) */
+    if (p->drop) TPK_TRY(tpk_dropout_backward_inplace(ctx, p->drop, &g)); /* g: block 0's input
+                                                                             gradient, used only
+                                                                             here */
     TPK_TRY(tpk_embedding_backward(ctx, p->embed, g));
     if (s->grad_ready) {
         int q = p->embed->wpe >= 0 ? p->embed->wpe : w;
-        TPK_TRY(s->grad_ready(ctx, w < q ? w : q, w < q ? q : w, s->grad_ready_user)); /* tied: the head's too */
+        TPK_TRY(s->grad_ready(ctx, w < q ? w : q, w < q ? q : w,
+                              s->grad_ready_user)); /* tied: the head's too */
     }
     return TPK_OK;
 }
 
 /* The logits of one sequence of S tokens (sampling): S(-1) [S, Vp_r]. */
-static inline tpk_status tpk__lm_logits(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p, const int32_t *ids, int64_t S, tpk_tensor *z) {
+static inline tpk_status tpk__lm_logits(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
+                                        const int32_t *ids, int64_t S, tpk_tensor *z) {
     TPK_TRY(tpk__lm_forward(ctx, fn, p, ids, NULL, 1, S, NULL));
     *z = *p->logits;
     return TPK_OK;
@@ -271,7 +305,8 @@ typedef struct tpk__lm_sublayers {
     tpk_status (*mlp_backward)(tpk_ctx *ctx, void *m, tpk_tensor dy, tpk_tensor *dx);
     tpk_status (*attn_recompute)(tpk_ctx *ctx, void *a, tpk_tensor h);
     tpk_status (*mlp_recompute)(tpk_ctx *ctx, void *m, tpk_tensor h);
-    int (*norm_bufs)(void *n, int set, tpk_buf **o); /* each layer's own buffers by set (tpk/runtime/buf.h) */
+    int (*norm_bufs)(void *n, int set, tpk_buf **o); /* each layer's own buffers by set
+                                                        (tpk/runtime/buf.h) */
     int (*attn_bufs)(void *a, int set, tpk_buf **o);
     int (*mlp_bufs)(void *m, int set, tpk_buf **o);
 } tpk__lm_sublayers;
@@ -281,18 +316,23 @@ typedef struct tpk__lm_sublayers {
  * input gradient onto the skip path's in the same pass (no add and no buffer of their own; the
  * stack of blocks passes one gradient buffer down so); otherwise dy is left unchanged and dx is in
  * norm_1's buffer. b = NULL: no block. */
-static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn, const tpk__lm_sublayers *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {
+static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn,
+                                                const tpk__lm_sublayers *b, tpk_tensor dy,
+                                                tpk_tensor *dx, bool inplace) {
     if (!ctx) return TPK_ERR_ARG;
     if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
-    if (!b->x1->ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
+    if (!b->x1->ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", b->name);
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, b->x1->layout, ctx->dtype, 2, b->x1->gshape));
     tpk_tensor g, dh, dx1, da;
     TPK_TRY(tpk_residual_backward(ctx, b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
     TPK_TRY(b->mlp_backward(ctx, b->mlp, g, &dh));
     if (inplace) {
-        TPK_TRY(b->norm_backward_add(ctx, b->norm_2, dh, dy)); /* dx1 = dy + norm_2's dx, in dy's buffer */
-        TPK_TRY(tpk_residual_backward(ctx, b->res_1, dy, &g));  /* drop'(dx1) into the attention branch */
+        TPK_TRY(b->norm_backward_add(ctx, b->norm_2, dh, dy)); /* dx1 = dy + norm_2's dx, in dy's
+                                                                  buffer */
+        TPK_TRY(tpk_residual_backward(ctx, b->res_1, dy, &g));  /* drop'(dx1) into the attention
+                                                                   branch */
         TPK_TRY(b->attn_backward(ctx, b->attn, g, &da));
         TPK_TRY(b->norm_backward_add(ctx, b->norm_1, da, dy)); /* dx = dx1 + norm_1's dx */
         *dx = dy;
@@ -300,7 +340,8 @@ static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn, co
     }
     TPK_TRY(b->norm_backward(ctx, b->norm_2, dh, &dx1));       /* in norm_2's buffer */
     TPK_TRY(tpk_residual_backward_add(ctx, b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
-    TPK_TRY(tpk_residual_backward(ctx, b->res_1, dx1, &g));     /* drop'(dx1) into the attention branch */
+    TPK_TRY(tpk_residual_backward(ctx, b->res_1, dx1, &g));     /* drop'(dx1) into the attention
+                                                                   branch */
     TPK_TRY(b->attn_backward(ctx, b->attn, g, &da));
     TPK_TRY(b->norm_backward(ctx, b->norm_1, da, dx));         /* in norm_1's buffer */
     return tpk_residual_backward_add(ctx, b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
@@ -325,77 +366,123 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
 }
 
 /* The adapters of family F: its block type BLOCK (members N1, attn, N2, mlp, res_1, res_2,
- * name, H: the norms' member names are the family's; parameters ids p0..p1; functions tpk_F_block_destroy, _forward),
- * its norm NORM (tpk_NORM with tpk_NORM_desc; parameters ids w..LAST), attention ATTN and MLP
- * (tpk_ATTN_backward, tpk__ATTN_recompute, tpk__ATTN_bufs, likewise MLP's and NORM's): each casts the void * and calls the
- * family's own function. They define tpk__F_block_backward, tpk__F_block_bufs and the
- * recompute (the skeleton's, above). */
-#define TPK__LM_ADAPTERS(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP)                                                                                             \
-    static inline void tpk__##F##_lm_block_destroy(tpk_ctx *ctx, void *b) { tpk_##F##_block_destroy(ctx, (BLOCK *)b); }                      \
-    static inline tpk_status tpk__##F##_lm_block_forward(tpk_ctx *ctx, void *b, tpk_tensor x, int64_t B, int64_t S, tpk_tensor *y) {         \
-        return tpk_##F##_block_forward(ctx, (BLOCK *)b, x, B, S, y);                                                                         \
-    }                                                                                                                                        \
-    static inline void tpk__##F##_lm_block_params(const void *b, int *first, int *last) {                                                    \
-        *first = ((const BLOCK *)b)->p0, *last = ((const BLOCK *)b)->p1;                                                                     \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_norm_init(tpk_ctx *ctx, void *n, int64_t H, const char *name, float eps, bool sp) {               \
-        tpk_##NORM##_desc d;                                                                                                                 \
-        memset(&d, 0, sizeof d);                                                                                                             \
-        d.name = name, d.eps = eps, d.sequence_parallel = sp;                                                                                \
-        return tpk_##NORM##_init(ctx, (tpk_##NORM *)n, H, &d);                                                                               \
-    }                                                                                                                                        \
-    static inline void tpk__##F##_lm_norm_destroy(tpk_ctx *ctx, void *n) { tpk_##NORM##_destroy(ctx, (tpk_##NORM *)n); }                     \
-    static inline tpk_status tpk__##F##_lm_norm_forward(tpk_ctx *ctx, void *n, tpk_tensor x, tpk_tensor *y) {                                \
-        return tpk_##NORM##_forward(ctx, (tpk_##NORM *)n, x, y);                                                                             \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_norm_backward(tpk_ctx *ctx, void *n, tpk_tensor dy, tpk_tensor *dx) {                             \
-        return tpk_##NORM##_backward(ctx, (tpk_##NORM *)n, dy, dx);                                                                          \
-    }                                                                                                                                        \
-    static inline void tpk__##F##_lm_norm_params(const void *n, int *first, int *last) {                                                     \
-        *first = ((const tpk_##NORM *)n)->w, *last = ((const tpk_##NORM *)n)->LAST;                                                          \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_norm_backward_add(tpk_ctx *ctx, void *n, tpk_tensor dy, tpk_tensor acc) {                         \
-        return tpk_##NORM##_backward_add(ctx, (tpk_##NORM *)n, dy, acc);                                                                     \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_attn_backward(tpk_ctx *ctx, void *a, tpk_tensor dy, tpk_tensor *dx) {                             \
-        return tpk_##ATTN##_backward(ctx, (tpk_##ATTN *)a, dy, dx);                                                                          \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_mlp_backward(tpk_ctx *ctx, void *m, tpk_tensor dy, tpk_tensor *dx) {                              \
-        return tpk_##MLP##_backward(ctx, (tpk_##MLP *)m, dy, dx);                                                                            \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_attn_recompute(tpk_ctx *ctx, void *a, tpk_tensor h) { return tpk__##ATTN##_recompute(ctx, (tpk_##ATTN *)a, h); } \
-    static inline tpk_status tpk__##F##_lm_mlp_recompute(tpk_ctx *ctx, void *m, tpk_tensor h) { return tpk__##MLP##_recompute(ctx, (tpk_##MLP *)m, h); }     \
-    static inline int tpk__##F##_lm_norm_bufs(void *n, int set, tpk_buf **o) { return tpk__##NORM##_bufs((tpk_##NORM *)n, set, o); }         \
-    static inline int tpk__##F##_lm_attn_bufs(void *a, int set, tpk_buf **o) { return tpk__##ATTN##_bufs((tpk_##ATTN *)a, set, o); }         \
-    static inline int tpk__##F##_lm_mlp_bufs(void *m, int set, tpk_buf **o) { return tpk__##MLP##_bufs((tpk_##MLP *)m, set, o); }            \
-    static inline tpk__lm_sublayers tpk__##F##_sublayers(BLOCK *b) {                                                                         \
-        tpk__lm_sublayers s = {b->name, b->H, &b->N1, &b->attn, &b->N2, &b->mlp, &b->res_1, &b->res_2, &b->N1.x, &b->N2.x,                   \
-                               tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_backward_add,                      \
-                               tpk__##F##_lm_attn_backward, tpk__##F##_lm_mlp_backward, tpk__##F##_lm_attn_recompute, tpk__##F##_lm_mlp_recompute, \
-                               tpk__##F##_lm_norm_bufs, tpk__##F##_lm_attn_bufs, tpk__##F##_lm_mlp_bufs};                               \
-        return s;                                                                                                                            \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_block_backward(tpk_ctx *ctx, BLOCK *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {                \
-        tpk__lm_sublayers s;                                                                                                                 \
-        return tpk__lm_block_backward(ctx, "tpk_" #F "_block_backward", b ? (s = tpk__##F##_sublayers(b), &s) : NULL, dy, dx, inplace);      \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_block_backward(tpk_ctx *ctx, void *b, tpk_tensor dy, tpk_tensor *dx, bool inplace) {              \
-        return tpk__##F##_block_backward(ctx, (BLOCK *)b, dy, dx, inplace);                                                                  \
-    }                                                                                                                                        \
-    static inline tpk_status tpk__##F##_lm_block_recompute(tpk_ctx *ctx, void *b) {                                                          \
-        tpk__lm_sublayers s = tpk__##F##_sublayers((BLOCK *)b);                                                                              \
-        return tpk__lm_block_recompute(ctx, &s);                                                                                             \
-    }                                                                                                                                        \
-    static inline int tpk__##F##_block_bufs(BLOCK *b, int set, tpk_buf **o) {                                                                \
-        tpk__lm_sublayers s = tpk__##F##_sublayers(b);                                                                                       \
-        return tpk__lm_block_bufs(&s, set, o);                                                                                               \
-    }                                                                                                                                        \
-    static inline int tpk__##F##_lm_block_bufs(void *b, int set, tpk_buf **o) { return tpk__##F##_block_bufs((BLOCK *)b, set, o); }
+ * name, H: the norms' member names are the family's; parameters ids p0..p1; functions
+ * tpk_F_block_destroy, _forward), its norm NORM (tpk_NORM with tpk_NORM_desc; parameters ids
+ * w..LAST), attention ATTN and MLP (tpk_ATTN_backward, tpk__ATTN_recompute, tpk__ATTN_bufs,
+ * likewise MLP's and NORM's): each casts the void * and calls the family's own function. They
+ * define tpk__F_block_backward, tpk__F_block_bufs and the recompute (the skeleton's, above). */
+#define TPK__LM_ADAPTERS(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP)                                  \
+    static inline void tpk__##F##_lm_block_destroy(tpk_ctx *ctx, void *b) {                        \
+        tpk_##F##_block_destroy(ctx, (BLOCK *)b);                                                  \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_block_forward(tpk_ctx *ctx, void *b, tpk_tensor x,      \
+                                                         int64_t B, int64_t S, tpk_tensor *y) {    \
+        return tpk_##F##_block_forward(ctx, (BLOCK *)b, x, B, S, y);                               \
+    }                                                                                              \
+    static inline void tpk__##F##_lm_block_params(const void *b, int *first, int *last) {          \
+        *first = ((const BLOCK *)b)->p0, *last = ((const BLOCK *)b)->p1;                           \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_norm_init(tpk_ctx *ctx, void *n, int64_t H,             \
+                                                     const char *name, float eps, bool sp) {       \
+        tpk_##NORM##_desc d;                                                                       \
+        memset(&d, 0, sizeof d);                                                                   \
+        d.name = name, d.eps = eps, d.sequence_parallel = sp;                                      \
+        return tpk_##NORM##_init(ctx, (tpk_##NORM *)n, H, &d);                                     \
+    }                                                                                              \
+    static inline void tpk__##F##_lm_norm_destroy(tpk_ctx *ctx, void *n) {                         \
+        tpk_##NORM##_destroy(ctx, (tpk_##NORM *)n);                                                \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_norm_forward(tpk_ctx *ctx, void *n, tpk_tensor x,       \
+                                                        tpk_tensor *y) {                           \
+        return tpk_##NORM##_forward(ctx, (tpk_##NORM *)n, x, y);                                   \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_norm_backward(tpk_ctx *ctx, void *n, tpk_tensor dy,     \
+                                                         tpk_tensor *dx) {                         \
+        return tpk_##NORM##_backward(ctx, (tpk_##NORM *)n, dy, dx);                                \
+    }                                                                                              \
+    static inline void tpk__##F##_lm_norm_params(const void *n, int *first, int *last) {           \
+        *first = ((const tpk_##NORM *)n)->w, *last = ((const tpk_##NORM *)n)->LAST;                \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_norm_backward_add(tpk_ctx *ctx, void *n, tpk_tensor dy, \
+                                                             tpk_tensor acc) {                     \
+        return tpk_##NORM##_backward_add(ctx, (tpk_##NORM *)n, dy, acc);                           \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_attn_backward(tpk_ctx *ctx, void *a, tpk_tensor dy,     \
+                                                         tpk_tensor *dx) {                         \
+        return tpk_##ATTN##_backward(ctx, (tpk_##ATTN *)a, dy, dx);                                \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_mlp_backward(tpk_ctx *ctx, void *m, tpk_tensor dy,      \
+                                                        tpk_tensor *dx) {                          \
+        return tpk_##MLP##_backward(ctx, (tpk_##MLP *)m, dy, dx);                                  \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_attn_recompute(tpk_ctx *ctx, void *a, tpk_tensor h) {   \
+        return tpk__##ATTN##_recompute(ctx, (tpk_##ATTN *)a, h);                                   \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_mlp_recompute(tpk_ctx *ctx, void *m, tpk_tensor h) {    \
+        return tpk__##MLP##_recompute(ctx, (tpk_##MLP *)m, h);                                     \
+    }                                                                                              \
+    static inline int tpk__##F##_lm_norm_bufs(void *n, int set, tpk_buf **o) {                     \
+        return tpk__##NORM##_bufs((tpk_##NORM *)n, set, o);                                        \
+    }                                                                                              \
+    static inline int tpk__##F##_lm_attn_bufs(void *a, int set, tpk_buf **o) {                     \
+        return tpk__##ATTN##_bufs((tpk_##ATTN *)a, set, o);                                        \
+    }                                                                                              \
+    static inline int tpk__##F##_lm_mlp_bufs(void *m, int set, tpk_buf **o) {                      \
+        return tpk__##MLP##_bufs((tpk_##MLP *)m, set, o);                                          \
+    }                                                                                              \
+    static inline tpk__lm_sublayers tpk__##F##_sublayers(BLOCK *b) {                               \
+        tpk__lm_sublayers s = {b->name,                                                            \
+                               b->H,                                                               \
+                               &b->N1,                                                             \
+                               &b->attn,                                                           \
+                               &b->N2,                                                             \
+                               &b->mlp,                                                            \
+                               &b->res_1,                                                          \
+                               &b->res_2,                                                          \
+                               &b->N1.x,                                                           \
+                               &b->N2.x,                                                           \
+                               tpk__##F##_lm_norm_forward,                                         \
+                               tpk__##F##_lm_norm_backward,                                        \
+                               tpk__##F##_lm_norm_backward_add,                                    \
+                               tpk__##F##_lm_attn_backward,                                        \
+                               tpk__##F##_lm_mlp_backward,                                         \
+                               tpk__##F##_lm_attn_recompute,                                       \
+                               tpk__##F##_lm_mlp_recompute,                                        \
+                               tpk__##F##_lm_norm_bufs,                                            \
+                               tpk__##F##_lm_attn_bufs,                                            \
+                               tpk__##F##_lm_mlp_bufs};                                            \
+        return s;                                                                                  \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_block_backward(tpk_ctx *ctx, BLOCK *b, tpk_tensor dy,      \
+                                                       tpk_tensor *dx, bool inplace) {             \
+        tpk__lm_sublayers s;                                                                       \
+        return tpk__lm_block_backward(ctx, "tpk_" #F "_block_backward",                            \
+                                      b ? (s = tpk__##F##_sublayers(b), &s) : NULL, dy, dx,        \
+                                      inplace);                                                    \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_block_backward(tpk_ctx *ctx, void *b, tpk_tensor dy,    \
+                                                          tpk_tensor *dx, bool inplace) {          \
+        return tpk__##F##_block_backward(ctx, (BLOCK *)b, dy, dx, inplace);                        \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_block_recompute(tpk_ctx *ctx, void *b) {                \
+        tpk__lm_sublayers s = tpk__##F##_sublayers((BLOCK *)b);                                    \
+        return tpk__lm_block_recompute(ctx, &s);                                                   \
+    }                                                                                              \
+    static inline int tpk__##F##_block_bufs(BLOCK *b, int set, tpk_buf **o) {                      \
+        tpk__lm_sublayers s = tpk__##F##_sublayers(b);                                             \
+        return tpk__lm_block_bufs(&s, set, o);                                                     \
+    }                                                                                              \
+    static inline int tpk__##F##_lm_block_bufs(void *b, int set, tpk_buf **o) {                    \
+        return tpk__##F##_block_bufs((BLOCK *)b, set, o);                                          \
+    }
 /* The row: names as in tpk_lm_family; block_init is tpk__F_lm_block_init (the family's own). */
-#define TPK__LM_FAMILY_ROW(F, BLOCK, EMBED, POS, BLOCKS, NORMNAME, HEAD)                                                                     \
-    {#F, EMBED, POS, BLOCKS, NORMNAME, HEAD, sizeof(BLOCK), tpk__##F##_lm_block_init, tpk__##F##_lm_block_destroy,                           \
-     tpk__##F##_lm_block_forward, tpk__##F##_lm_block_backward, tpk__##F##_lm_block_bufs, tpk__##F##_lm_block_recompute,                    \
-     tpk__##F##_lm_block_params, tpk__##F##_lm_norm_init, tpk__##F##_lm_norm_destroy, tpk__##F##_lm_norm_forward,                            \
-     tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_params}
+#define TPK__LM_FAMILY_ROW(F, BLOCK, EMBED, POS, BLOCKS, NORMNAME, HEAD)                           \
+    {                                                                                              \
+#F, EMBED, POS, BLOCKS, NORMNAME, HEAD, sizeof(BLOCK), tpk__##F##_lm_block_init,           \
+            tpk__##F##_lm_block_destroy, tpk__##F##_lm_block_forward,                              \
+            tpk__##F##_lm_block_backward, tpk__##F##_lm_block_bufs, tpk__##F##_lm_block_recompute, \
+            tpk__##F##_lm_block_params, tpk__##F##_lm_norm_init, tpk__##F##_lm_norm_destroy,       \
+            tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_params     \
+    }
 
 #endif /* TPK_LM_H */

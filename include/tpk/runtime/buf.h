@@ -13,7 +13,13 @@
  *   SCRATCH  what only the backward uses (input gradients, scratch)
  * Each layer lists its own (tpk__<layer>_bufs(layer, set, out) -> how many), in the same order
  * every time; a layer that owns others lists theirs with its own. */
-enum { TPK__SET_LENT = 1, TPK__SET_KEPT = 2, TPK__SET_SCRATCH = 4, TPK__SETS = 3, TPK__SET_MAX = 48 };
+enum {
+    TPK__SET_LENT = 1,
+    TPK__SET_KEPT = 2,
+    TPK__SET_SCRATCH = 4,
+    TPK__SETS = 3,
+    TPK__SET_MAX = 48
+};
 
 /* out[0..n) = l[0..n); returns n (a layer's list of one set). */
 static inline int tpk__bufs_list(tpk_buf **out, tpk_buf *const *l, int n) {
@@ -63,12 +69,16 @@ static inline tpk_status tpk__buf_view(tpk_ctx *ctx, tpk_buf *b, tpk_tensor *t) 
  * activations that live only within one layer call (an all-gathered input or output gradient,
  * partial sums before their reduce-scatter), so that no layer keeps a [T, features] copy of its
  * own. Whatever it held before is overwritten. */
-static inline tpk_status tpk__sp_view(tpk_ctx *ctx, tpk_tensor *t) { return tpk__buf_view(ctx, &ctx->sp, t); }
+static inline tpk_status tpk__sp_view(tpk_ctx *ctx, tpk_tensor *t) {
+    return tpk__buf_view(ctx, &ctx->sp, t);
+}
 
 /* Copy host int32 data to backend memory. */
 static inline tpk_status tpk__upload_i32(tpk_ctx *ctx, tpk_buf *b, const int32_t *host, int64_t n) {
     TPK_TRY(tpk__buf_reserve(ctx, b, sizeof(int32_t) * (size_t)(n ? n : 1)));
-    return n ? tpk_op_memcpy(ctx, b->p, host, sizeof(int32_t) * (size_t)n, ctx->ops->device ? TPK_H2D : TPK_H2H) : TPK_OK;
+    return n ? tpk_op_memcpy(ctx, b->p, host, sizeof(int32_t) * (size_t)n,
+                             ctx->ops->device ? TPK_H2D : TPK_H2H)
+             : TPK_OK;
 }
 
 #endif /* TPK_BUF_H */

@@ -23,55 +23,83 @@ static inline tpk_status tpk__started(tpk_request *req, tpk_status s) {
     return s;
 }
 
-static inline tpk_status tpk__check_comm(tpk_ctx *ctx, const char *fn, tpk_comm *c, tpk_dtype dt, tpk_request *req) {
-    if (!c || !c->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "comm: expected an initialised communicator, got %s", c ? "one with no table" : "NULL");
-    if (!tpk_dtype_valid(dt)) return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dtype: expected f32, bf16 or i32, got %d", (int)dt);
-    if (req && req->active) return tpk__fail(ctx, TPK_ERR_ARG, fn, "req: still holds an unfinished collective; tpk_wait it first");
+static inline tpk_status tpk__check_comm(tpk_ctx *ctx, const char *fn, tpk_comm *c, tpk_dtype dt,
+                                         tpk_request *req) {
+    if (!c || !c->vt)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "comm: expected an initialised "
+                         "communicator, got %s",
+                         c ? "one with no table" : "NULL");
+    if (!tpk_dtype_valid(dt))
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dtype: expected f32, bf16 or i32, got %d",
+                         (int)dt);
+    if (req && req->active) return tpk__fail(ctx, TPK_ERR_ARG, fn, "req: still holds an unfinished "
+                                                                   "collective; tpk_wait it first");
     return TPK_OK;
 }
 static inline tpk_status tpk__check_count(tpk_ctx *ctx, const char *fn, const char *arg, size_t n) {
-    if (n > (size_t)INT_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: %zu elements, expected at most %d per call", arg, n, INT_MAX);
+    if (n > (size_t)INT_MAX)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "%s: %zu elements, expected at "
+                         "most %d per call",
+                         arg, n, INT_MAX);
     return TPK_OK;
 }
 
 /* The profiler's name of a collective: kind (0 allreduce, 1 allgather, 2 reduce_scatter, 3 bcast,
  * 4 wait) on the TP group, the DP group or another communicator, started (req) or blocking. */
-static inline const char *tpk__coll_name(const tpk_ctx *ctx, const tpk_comm *c, int kind, const tpk_request *req) {
+static inline const char *tpk__coll_name(const tpk_ctx *ctx, const tpk_comm *c, int kind,
+                                         const tpk_request *req) {
     static const char *const names[3][2][5] = {
         {{"tp.allreduce", "tp.allgather", "tp.reduce_scatter", "tp.bcast", "tp.wait"},
-         {"tp.allreduce (start)", "tp.allgather (start)", "tp.reduce_scatter (start)", "tp.bcast (start)", "tp.wait"}},
+         {"tp.allreduce (start)", "tp.allgather (start)", "tp.reduce_scatter (start)",
+          "tp.bcast (start)", "tp.wait"}},
         {{"dp.allreduce", "dp.allgather", "dp.reduce_scatter", "dp.bcast", "dp.wait"},
-         {"dp.allreduce (start)", "dp.allgather (start)", "dp.reduce_scatter (start)", "dp.bcast (start)", "dp.wait"}},
+         {"dp.allreduce (start)", "dp.allgather (start)", "dp.reduce_scatter (start)",
+          "dp.bcast (start)", "dp.wait"}},
         {{"allreduce", "allgather", "reduce_scatter", "bcast", "wait"},
-         {"allreduce (start)", "allgather (start)", "reduce_scatter (start)", "bcast (start)", "wait"}}};
+         {"allreduce (start)", "allgather (start)", "reduce_scatter (start)", "bcast (start)",
+          "wait"}}};
     int g = c == &ctx->tp ? 0 : c == &ctx->dp ? 1 : 2;
     return names[g][req ? 1 : 0][kind];
 }
 
-static inline tpk_status tpk__allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count,
-                                        tpk_dtype dt, tpk_redop op, tpk_request *req, const char *fn) {
+static inline tpk_status tpk__allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                                        size_t count, tpk_dtype dt, tpk_redop op, tpk_request *req,
+                                        const char *fn) {
     TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
     TPK_TRY(tpk__check_count(ctx, fn, "count", count));
-    if (count && (!send || !recv)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer for %zu elements", send ? "recv" : "send", count);
-    if (op != TPK_SUM && op != TPK_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
+    if (count && (!send || !recv))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer for %zu elements",
+                         send ? "recv" : "send", count);
+    if (op != TPK_SUM && op != TPK_MAX)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
     tpk__count(c, TPK_COLL_ALLREDUCE, count, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 0, req), (double)count * (double)tpk_dtype_size(dt), 0,
-                                          c->vt->allreduce(ctx, c, send, recv, count, dt, op, req)));
+    return tpk__started(req,
+                        TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 0, req),
+                                     (double)count * (double)tpk_dtype_size(dt), 0,
+                                     c->vt->allreduce(ctx, c, send, recv, count, dt, op, req)));
 }
 /* recv = op over ranks of send (count elements); send may equal recv. */
-static inline tpk_status tpk_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt, tpk_redop op) {
+static inline tpk_status tpk_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                                       size_t count, tpk_dtype dt, tpk_redop op) {
     return tpk__allreduce(ctx, c, send, recv, count, dt, op, NULL, "tpk_allreduce");
 }
-static inline tpk_status tpk_allreduce_start(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count, tpk_dtype dt,
-                                             tpk_redop op, tpk_request *req) {
-    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allreduce_start", "req: expected a request, got NULL");
+static inline tpk_status tpk_allreduce_start(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                             void *recv, size_t count, tpk_dtype dt, tpk_redop op,
+                                             tpk_request *req) {
+    if (!req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allreduce_start",
+                         "req: expected a request, got NULL");
     return tpk__allreduce(ctx, c, send, recv, count, dt, op, req, "tpk_allreduce_start");
 }
 
-static inline tpk_status tpk__check_counts(tpk_ctx *ctx, const char *fn, tpk_comm *c, const size_t *counts, size_t total,
+static inline tpk_status tpk__check_counts(tpk_ctx *ctx, const char *fn, tpk_comm *c,
+                                           const size_t *counts, size_t total,
                                            const char *total_name) {
-    if (!counts) return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts: expected %d counts, got NULL", c->size);
+    if (!counts)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts: expected %d counts, got NULL", c->size);
     size_t sum = 0;
     for (int q = 0; q < c->size; q++) {
         TPK_TRY(tpk__check_count(ctx, fn, "counts[q]", counts[q]));
@@ -79,73 +107,106 @@ static inline tpk_status tpk__check_counts(tpk_ctx *ctx, const char *fn, tpk_com
     }
     TPK_TRY(tpk__check_count(ctx, fn, "sum of counts", sum));
     if (sum != total)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts: the %d counts add up to %zu, expected %s = %zu", c->size, sum, total_name, total);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts: the %d counts add up to %zu, expected %s = "
+                                               "%zu", c->size, sum, total_name, total);
     return TPK_OK;
 }
 
-static inline tpk_status tpk__allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
-                                         const size_t *counts, size_t recvcount, tpk_dtype dt, tpk_request *req, const char *fn) {
+static inline tpk_status tpk__allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                         size_t sendcount, void *recv, const size_t *counts,
+                                         size_t recvcount, tpk_dtype dt, tpk_request *req,
+                                         const char *fn) {
     TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
     TPK_TRY(tpk__check_counts(ctx, fn, c, counts, recvcount, "recvcount"));
     if (counts[c->rank] != sendcount)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts[%d]: is %zu, expected this rank's sendcount = %zu", c->rank, counts[c->rank], sendcount);
-    if ((sendcount && !send) || (recvcount && !recv)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", recv ? "send" : "recv");
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts[%d]: is %zu, expected this rank's sendcount "
+                                               "= %zu", c->rank, counts[c->rank], sendcount);
+    if ((sendcount && !send) || (recvcount && !recv))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", recv ? "send" : "recv");
     tpk__count(c, TPK_COLL_ALLGATHER, recvcount, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 1, req), (double)recvcount * (double)tpk_dtype_size(dt), 0,
+    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 1, req),
+                                          (double)recvcount * (double)tpk_dtype_size(dt), 0,
                                           c->vt->allgatherv(ctx, c, send, recv, counts, dt, req)));
 }
 /* recv[recvcount] = the ranks' send buffers concatenated in rank order; counts[q] is rank q's
  * count (counts[rank] == sendcount, sum == recvcount). Uneven counts are allowed. */
-static inline tpk_status tpk_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
-                                        const size_t *counts, size_t recvcount, tpk_dtype dt) {
-    return tpk__allgatherv(ctx, c, send, sendcount, recv, counts, recvcount, dt, NULL, "tpk_allgatherv");
+static inline tpk_status tpk_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                        size_t sendcount, void *recv, const size_t *counts,
+                                        size_t recvcount, tpk_dtype dt) {
+    return tpk__allgatherv(ctx, c, send, sendcount, recv, counts, recvcount, dt, NULL,
+                           "tpk_allgatherv");
 }
-static inline tpk_status tpk_allgatherv_start(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
-                                              const size_t *counts, size_t recvcount, tpk_dtype dt, tpk_request *req) {
-    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allgatherv_start", "req: expected a request, got NULL");
-    return tpk__allgatherv(ctx, c, send, sendcount, recv, counts, recvcount, dt, req, "tpk_allgatherv_start");
+static inline tpk_status tpk_allgatherv_start(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                              size_t sendcount, void *recv, const size_t *counts,
+                                              size_t recvcount, tpk_dtype dt, tpk_request *req) {
+    if (!req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_allgatherv_start",
+                         "req: expected a request, got NULL");
+    return tpk__allgatherv(ctx, c, send, sendcount, recv, counts, recvcount, dt, req,
+                           "tpk_allgatherv_start");
 }
 
-static inline tpk_status tpk__reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
-                                              const size_t *counts, tpk_dtype dt, tpk_redop op, tpk_request *req, const char *fn) {
+static inline tpk_status tpk__reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                              size_t sendcount, void *recv, const size_t *counts,
+                                              tpk_dtype dt, tpk_redop op, tpk_request *req,
+                                              const char *fn) {
     TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
     TPK_TRY(tpk__check_counts(ctx, fn, c, counts, sendcount, "sendcount"));
-    if ((sendcount && !send) || (counts[c->rank] && !recv)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", send ? "recv" : "send");
-    if (send == recv && sendcount) return tpk__fail(ctx, TPK_ERR_ARG, fn, "recv: must not alias send");
-    if (op != TPK_SUM && op != TPK_MAX) return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
+    if ((sendcount && !send) || (counts[c->rank] && !recv))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", send ? "recv" : "send");
+    if (send == recv && sendcount)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "recv: must not alias send");
+    if (op != TPK_SUM && op != TPK_MAX)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
     tpk__count(c, TPK_COLL_REDUCE_SCATTER, sendcount, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 2, req), (double)sendcount * (double)tpk_dtype_size(dt), 0,
-                                          c->vt->reduce_scatterv(ctx, c, send, recv, counts, dt, op, req)));
+    return tpk__started(
+        req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 2, req),
+                          (double)sendcount * (double)tpk_dtype_size(dt), 0,
+                          c->vt->reduce_scatterv(ctx, c, send, recv, counts, dt, op, req)));
 }
 /* send[sendcount] holds the ranks' blocks in rank order (counts[q] each, sum == sendcount);
  * recv[counts[rank]] = op over ranks of this rank's block. */
-static inline tpk_status tpk_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
-                                             const size_t *counts, tpk_dtype dt, tpk_redop op) {
-    return tpk__reduce_scatterv(ctx, c, send, sendcount, recv, counts, dt, op, NULL, "tpk_reduce_scatterv");
+static inline tpk_status tpk_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                             size_t sendcount, void *recv, const size_t *counts,
+                                             tpk_dtype dt, tpk_redop op) {
+    return tpk__reduce_scatterv(ctx, c, send, sendcount, recv, counts, dt, op, NULL,
+                                "tpk_reduce_scatterv");
 }
-static inline tpk_status tpk_reduce_scatterv_start(tpk_ctx *ctx, tpk_comm *c, const void *send, size_t sendcount, void *recv,
-                                                   const size_t *counts, tpk_dtype dt, tpk_redop op, tpk_request *req) {
-    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_reduce_scatterv_start", "req: expected a request, got NULL");
-    return tpk__reduce_scatterv(ctx, c, send, sendcount, recv, counts, dt, op, req, "tpk_reduce_scatterv_start");
+static inline tpk_status tpk_reduce_scatterv_start(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                                   size_t sendcount, void *recv,
+                                                   const size_t *counts, tpk_dtype dt, tpk_redop op,
+                                                   tpk_request *req) {
+    if (!req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_reduce_scatterv_start",
+                         "req: expected a request, got NULL");
+    return tpk__reduce_scatterv(ctx, c, send, sendcount, recv, counts, dt, op, req,
+                                "tpk_reduce_scatterv_start");
 }
 
-static inline tpk_status tpk__bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req, const char *fn) {
+static inline tpk_status tpk__bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count,
+                                    tpk_dtype dt, int root, tpk_request *req, const char *fn) {
     TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
     TPK_TRY(tpk__check_count(ctx, fn, "count", count));
-    if (count && !buf) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buf: NULL buffer for %zu elements", count);
-    if (root < 0 || root >= c->size) return tpk__fail(ctx, TPK_ERR_ARG, fn, "root: expected 0..%d, got %d", c->size - 1, root);
+    if (count && !buf)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "buf: NULL buffer for %zu elements", count);
+    if (root < 0 || root >= c->size)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "root: expected 0..%d, got %d", c->size - 1, root);
     tpk__count(c, TPK_COLL_BROADCAST, count, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 3, req), (double)count * (double)tpk_dtype_size(dt), 0,
+    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 3, req),
+                                          (double)count * (double)tpk_dtype_size(dt), 0,
                                           c->vt->bcast(ctx, c, buf, count, dt, root, req)));
 }
-static inline tpk_status tpk_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root) {
+static inline tpk_status tpk_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt,
+                                   int root) {
     return tpk__bcast(ctx, c, buf, count, dt, root, NULL, "tpk_bcast");
 }
-static inline tpk_status tpk_bcast_start(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root, tpk_request *req) {
-    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_bcast_start", "req: expected a request, got NULL");
+static inline tpk_status tpk_bcast_start(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count,
+                                         tpk_dtype dt, int root, tpk_request *req) {
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_bcast_start", "req: expected a request, got "
+                                                                    "NULL");
     return tpk__bcast(ctx, c, buf, count, dt, root, req, "tpk_bcast_start");
 }
 
@@ -155,7 +216,8 @@ static inline tpk_status tpk_barrier(tpk_ctx *ctx, tpk_comm *c) {
     return c->vt->barrier(ctx, c, NULL);
 }
 static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
-    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_barrier_start", "req: expected a request, got NULL");
+    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_barrier_start", "req: expected a request, "
+                                                                      "got NULL");
     TPK_TRY(tpk__check_comm(ctx, "tpk_barrier_start", c, TPK_F32, req));
     tpk__count(c, TPK_COLL_BARRIER, 0, TPK_F32);
     req->comm = c, req->state = NULL;
@@ -166,14 +228,18 @@ static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_reques
 static inline tpk_status tpk_wait(tpk_ctx *ctx, tpk_request *req) {
     if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_wait", "req: expected a request, got NULL");
     if (!req->active) return TPK_OK;
-    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, req->comm, 4, NULL), 0, 0, req->comm->vt->wait(ctx, req));
+    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, req->comm, 4, NULL), 0, 0,
+                                req->comm->vt->wait(ctx, req));
     req->active = false, req->state = NULL;
     return s;
 }
 
-static inline tpk_status tpk_comm_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
-    if (!c || !c->vt || !out) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_comm_split", "%s: NULL", !out ? "out" : "comm");
-    if (color < 0) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_comm_split", "color: expected >= 0, got %d", color);
+static inline tpk_status tpk_comm_split(tpk_ctx *ctx, tpk_comm *c, int color, int key,
+                                        tpk_comm *out) {
+    if (!c || !c->vt || !out)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_comm_split", "%s: NULL", !out ? "out" : "comm");
+    if (color < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_comm_split", "color: expected >= 0, got %d", color);
     return c->vt->split(ctx, c, color, key, out);
 }
 static inline void tpk_comm_destroy(tpk_comm *c) {
@@ -181,12 +247,13 @@ static inline void tpk_comm_destroy(tpk_comm *c) {
     if (c) memset(c, 0, sizeof *c);
 }
 
-/* ---- host values over a communicator --------------------------------------------------------------- */
+/* ---- host values over a communicator --------------------------------------------------------- */
 
 /* Collectives on a few values in host memory (a loss, a squared norm, a flag, a token): staged
  * through the context's backend memory (ctx->work[0]), so they run on any communicator, NCCL's
  * device-only ones included. vals[n] of dt; blocking. */
-static inline tpk_status tpk__host_coll(tpk_ctx *ctx, const char *fn, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, tpk_redop op, int root,
+static inline tpk_status tpk__host_coll(tpk_ctx *ctx, const char *fn, tpk_comm *c, void *vals,
+                                        size_t n, tpk_dtype dt, tpk_redop op, int root,
                                         bool bcast) {
     if (!ctx || !ctx->ops) return TPK_ERR_ARG;
     if (n && !vals) return tpk__fail(ctx, TPK_ERR_ARG, fn, "vals: NULL buffer for %zu elements", n);
@@ -198,10 +265,12 @@ static inline tpk_status tpk__host_coll(tpk_ctx *ctx, const char *fn, tpk_comm *
     TPK_TRY(bcast ? tpk_bcast(ctx, c, b, n, dt, root) : tpk_allreduce(ctx, c, b, b, n, dt, op));
     return dev ? tpk_op_memcpy(ctx, vals, b, bytes, TPK_D2H) : TPK_OK;
 }
-static inline tpk_status tpk_allreduce_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, tpk_redop op) {
+static inline tpk_status tpk_allreduce_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n,
+                                            tpk_dtype dt, tpk_redop op) {
     return tpk__host_coll(ctx, "tpk_allreduce_host", c, vals, n, dt, op, 0, false);
 }
-static inline tpk_status tpk_bcast_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n, tpk_dtype dt, int root) {
+static inline tpk_status tpk_bcast_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n,
+                                        tpk_dtype dt, int root) {
     return tpk__host_coll(ctx, "tpk_bcast_host", c, vals, n, dt, TPK_SUM, root, true);
 }
 /* Every rank of c passes its own status; all get TPK_OK only when all passed TPK_OK, else a

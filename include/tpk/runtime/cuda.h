@@ -14,10 +14,10 @@
  *                            cudaMemcpyAsync on the backend's stream (tpk_comm_self, the default
  *                            world, copies device buffers through the context's memcpy op)
  *   tpk_comm_nccl()          a tpk_comm over NCCL on device buffers from a unique id that the
- *                            caller distributes (tpk/runtime/nccl.h does it through MPI). Collectives
- *                            run on the communicator's own stream, ordered after the compute
- *                            stream by an event at start and before it by an event at wait, so
- *                            a started all-reduce overlaps the GEMMs issued before tpk_wait. */
+ *                            caller distributes (tpk/runtime/nccl.h does it through MPI).
+ *                            Collectives run on the communicator's own stream, ordered after the
+ *                            compute stream by an event at start and before it by an event at wait,
+ *                            so a started all-reduce overlaps the GEMMs issued before tpk_wait. */
 #ifndef TPK_CUDA_H
 #define TPK_CUDA_H
 
@@ -55,8 +55,8 @@ void tpk_cuda_event_free(void *ev);
 size_t tpk_cuda_l2_bytes(void);
 /* A plain cuBLASLt GEMM on packed row-major operands (lda = ta ? m : k, ldb = tb ? k : n,
  * ldc = n), without tpk's argument checks: the reference a benchmark compares ops->gemm to. */
-tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
-                               void *c, tpk_dtype dt);
+tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                               const void *a, const void *b, void *c, tpk_dtype dt);
 
 /* One rank on device buffers: collectives are device-to-device copies on the backend's stream.
  *     tpk_comm w = tpk_comm_self_cuda();
@@ -82,11 +82,13 @@ typedef struct tpk_nccl_desc {
                            reports them (a hung collective then hangs the next synchronisation) */
 } tpk_nccl_desc;
 
-/* A new unique id (on one rank; send it to the others). TPK_ERR_UNSUPPORTED in a build without NCCL. */
+/* A new unique id (on one rank; send it to the others). TPK_ERR_UNSUPPORTED in a build without
+ * NCCL. */
 tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id);
 /* Rank `rank` of `nranks` joins the communicator `id` on the current device (collective over
  * the ranks). desc may be NULL. Destroy with tpk_comm_destroy. */
-tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank, const tpk_nccl_desc *desc, tpk_comm *out);
+tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank,
+                         const tpk_nccl_desc *desc, tpk_comm *out);
 
 #ifdef __cplusplus
 }

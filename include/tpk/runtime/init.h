@@ -28,15 +28,19 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx);
 /* The TP split's weights into ctx->tp_w (NULL: even), after checking that every rank of the world
  * was given the same (one all-reduce of the weights and their negatives, MAX, over the world):
  * ranks that split differently would exchange mismatched shards. */
-static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const double *weights, int tp) {
+static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const double *weights,
+                                          int tp) {
     double *x = (double *)calloc((size_t)(2 * tp + 1), sizeof(double)); /* [w, -w, weighted] */
     if (!x) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d TP weights", tp);
     for (int q = 0; q < tp; q++) x[q] = weights ? weights[q] : 0, x[tp + q] = -x[q];
     x[2 * tp] = weights ? 1 : 0;
     tpk_status s = tpk_allreduce_host(ctx, ctx->world, x, (size_t)(2 * tp + 1), TPK_F64, TPK_MAX);
     bool same = true;
-    for (int q = 0; s == TPK_OK && q < tp; q++) same = same && x[q] == -x[tp + q] && x[q] == (weights ? weights[q] : 0);
-    if (s == TPK_OK && !same) s = tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights: the ranks were given different weights (or some none)");
+    for (int q = 0; s == TPK_OK && q < tp; q++)
+        same = same && x[q] == -x[tp + q] && x[q] == (weights ? weights[q] : 0);
+    if (s == TPK_OK && !same) s = tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights: the ranks "
+                                                                  "were given different weights "
+                                                                  "(or some none)");
     if (s == TPK_OK && weights) {
         ctx->tp_w = x; /* the first tp entries: the weights */
         return TPK_OK;
@@ -58,28 +62,39 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     ctx->seed = d.seed, ctx->dtype = d.dtype, ctx->deterministic = d.deterministic;
     if (!ctx->ops)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->ops: expected a backend table (tpk_ops_host(), tpk_ops_cuda() or your own); NULL asks for the default, "
+                         "desc->ops: expected a backend table (tpk_ops_host(), tpk_ops_cuda() or "
+                         "your own); NULL asks for the default, "
                          "and none is linked (link libtpk_host.a with -Wl,-u,tpk_ops_default)");
     const char *missing = tpk__ops_missing(ctx->ops);
     if (missing[0]) {
-        tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: the table \"%s\" has no %s entry (the core entries of tpk_ops, TPK__OPS_CORE, are required)",
+        tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: the table \"%s\" has no %s entry (the core "
+                                        "entries of tpk_ops, TPK__OPS_CORE, are required)",
                   ctx->ops->name ? ctx->ops->name : "?", missing);
         ctx->ops = NULL;
         return TPK_ERR_ARG;
     }
     if (d.dtype != TPK_F32 && d.dtype != TPK_BF16)
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "desc->dtype: expected TPK_F32 or TPK_BF16, got %s", tpk_dtype_name(d.dtype));
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn,
+                         "desc->dtype: expected TPK_F32 or TPK_BF16, got %s",
+                         tpk_dtype_name(d.dtype));
     if (!d.world) ctx->self_world = tpk_comm_self(ctx->ops->device), d.world = &ctx->self_world;
-    if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised communicator");
+    if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised "
+                                                             "communicator");
     const char *cmiss = tpk__comm_missing(d.world->vt);
-    if (*cmiss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: the communicator \"%s\" has no %s entry", d.world->vt->name ? d.world->vt->name : "?", cmiss);
+    if (*cmiss)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->world: the communicator \"%s\" has "
+                         "no %s entry",
+                         d.world->vt->name ? d.world->vt->name : "?", cmiss);
     ctx->world = d.world;
     int tp = d.tp ? d.tp : 1, n = d.world->size;
     if (tp < 1 || tp > n || n % tp)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp: expected a divisor of the world size %d, "
+                                               "got %d", n, d.tp);
     for (int q = 0; d.tp_weights && q < tp; q++)
         if (!(d.tp_weights[q] > 0) || isinf(d.tp_weights[q]))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q, d.tp_weights[q]);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights[%d]: expected a finite weight "
+                                                   "> 0, got %g", q, d.tp_weights[q]);
     int w = d.world->rank;
     tpk_status s = tpk_comm_split(ctx, d.world, w / tp, w % tp, &ctx->tp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, w % tp, w / tp, &ctx->dp);
@@ -92,7 +107,8 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
         ctx->last = s;
         return s;
     }
-    const char *prof = getenv("TPK_PROFILE"); /* TPK_PROFILE=1: the profiler on, its table printed by tpk_ctx_destroy */
+    const char *prof = getenv("TPK_PROFILE"); /* TPK_PROFILE=1: the profiler on, its table printed
+                                                 by tpk_ctx_destroy */
     if (prof && prof[0] && strcmp(prof, "0")) {
         TPK_TRY(tpk_profile_start(ctx));
         ctx->prof->from_env = true;
@@ -103,8 +119,8 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
 static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     if (!ctx) return;
     if (ctx->prof && ctx->prof->from_env && ctx->ops && ctx->world && ctx->world->rank == 0) {
-        fprintf(stderr, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d)\n", ctx->world->size, ctx->world->size == 1 ? "" : "s", ctx->tp.size,
-                ctx->dp.size);
+        fprintf(stderr, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d)\n", ctx->world->size,
+                ctx->world->size == 1 ? "" : "s", ctx->tp.size, ctx->dp.size);
         tpk_profile_print(ctx, stderr);
     }
     tpk_profile_stop(ctx);

@@ -50,7 +50,8 @@
 
 #include <time.h>
 #if !defined(__cplusplus) && !defined(_POSIX_C_SOURCE)
-int nanosleep(const struct timespec *req, struct timespec *rem); /* POSIX; strict C11's <time.h> hides it */
+int nanosleep(const struct timespec *req, struct timespec *rem); /* POSIX; strict C11's <time.h>
+                                                                    hides it */
 #endif
 
 #ifndef TPK_MPI_TIMEOUT_DEFAULT
@@ -86,12 +87,15 @@ static inline bool tpk__mpi_stage(const tpk_ctx *ctx, tpk_dtype dt, bool reducti
 }
 /* Host staging: `send_bytes` of device data at `send` copied into r->hsend, r->hrecv allocated
  * for `recv_bytes` that go back to `recv` when the collective finishes. */
-static inline tpk_status tpk__mpi_stage_in(tpk_ctx *ctx, const char *fn, tpk__mpi_req *r, const void *send, size_t send_bytes,
-                                           void *recv, size_t recv_bytes) {
+static inline tpk_status tpk__mpi_stage_in(tpk_ctx *ctx, const char *fn, tpk__mpi_req *r,
+                                           const void *send, size_t send_bytes, void *recv,
+                                           size_t recv_bytes) {
     r->hsend = malloc(send_bytes ? send_bytes : 1);
     r->hrecv = malloc(recv_bytes ? recv_bytes : 1);
     r->drecv = recv, r->recv_bytes = recv_bytes;
-    if (!r->hsend || !r->hrecv) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %zu staging bytes", send_bytes + recv_bytes);
+    if (!r->hsend || !r->hrecv)
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %zu staging bytes",
+                         send_bytes + recv_bytes);
     if (send_bytes) return tpk_op_memcpy(ctx, r->hsend, send, send_bytes, TPK_D2H);
     return TPK_OK;
 }
@@ -101,12 +105,14 @@ static inline void tpk__mpi_req_free(tpk__mpi_req *r) {
 /* A finished collective: copy a staged result back, free the request. */
 static inline tpk_status tpk__mpi_done(tpk_ctx *ctx, tpk__mpi_req *r) {
     tpk_status s = TPK_OK;
-    if (r->drecv && r->recv_bytes) s = tpk_op_memcpy(ctx, r->drecv, r->hrecv, r->recv_bytes, TPK_H2D);
+    if (r->drecv && r->recv_bytes)
+        s = tpk_op_memcpy(ctx, r->drecv, r->hrecv, r->recv_bytes, TPK_H2D);
     tpk__mpi_req_free(r);
     return s;
 }
 
-static inline void tpk__mpi_bf16_reduce(void *in, void *inout, int *len, MPI_Datatype *dt, bool is_max) {
+static inline void tpk__mpi_bf16_reduce(void *in, void *inout, int *len, MPI_Datatype *dt,
+                                        bool is_max) {
     (void)dt;
     const uint16_t *a = (const uint16_t *)in;
     uint16_t *b = (uint16_t *)inout;
@@ -115,40 +121,57 @@ static inline void tpk__mpi_bf16_reduce(void *in, void *inout, int *len, MPI_Dat
         b[i] = tpk_f32_to_bf16(is_max ? (x > y ? x : y) : x + y);
     }
 }
-static inline void tpk__mpi_bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) { tpk__mpi_bf16_reduce(in, inout, len, dt, false); }
-static inline void tpk__mpi_bf16_max(void *in, void *inout, int *len, MPI_Datatype *dt) { tpk__mpi_bf16_reduce(in, inout, len, dt, true); }
+static inline void tpk__mpi_bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    tpk__mpi_bf16_reduce(in, inout, len, dt, false);
+}
+static inline void tpk__mpi_bf16_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    tpk__mpi_bf16_reduce(in, inout, len, dt, true);
+}
 
 static inline tpk_status tpk__mpi_err(tpk_ctx *ctx, const char *fn, int rc) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
-    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "MPI error %d", rc);
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof msg, "MPI error %d", rc);
     return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s", msg);
 }
 
 /* Wait for `req` at most timeout_s seconds (0: MPI_Wait): MPI_Test busily for TPK__MPI_SPIN_S,
  * then with sleeps of 10 us doubling to 1 ms. TPK_ERR_COMM on an MPI error, or on the timeout
  * with a message naming `fn` and `what` (the group); the request is then left active. */
-static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *what, MPI_Request *req, double timeout_s) {
-    if (!fn || !what || !req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_wait", "%s: NULL", !fn ? "fn" : !what ? "what" : "req");
+static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *what,
+                                      MPI_Request *req, double timeout_s) {
+    if (!fn || !what || !req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_wait", "%s: NULL",
+                         !fn     ? "fn"
+                         : !what ? "what"
+                                 : "req");
     if (!(timeout_s >= 0) || timeout_s > 1e9)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "timeout_s: expected seconds in [0, 1e9] (0: none), "
+                                               "got %g", timeout_s);
     int rc, done = 0;
     if (timeout_s == 0) {
         rc = MPI_Wait(req, MPI_STATUS_IGNORE);
         return rc == MPI_SUCCESS ? TPK_OK : tpk__mpi_err(ctx, fn, rc);
     }
-    double t = MPI_Wtime(), waited = 0; /* a gap between two polls counts at most 1 s: a rank that was itself stopped does not blame its peers when it resumes */
+    double t = MPI_Wtime(), waited = 0; /* a gap between two polls counts at most 1 s: a rank that
+                                           was itself stopped does not blame its peers when it
+                                           resumes */
     long nap_ns = 10000;
     for (unsigned k = 0;; k++) {
         rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return tpk__mpi_err(ctx, fn, rc);
         if (done) return TPK_OK;
-        if (k % 64 == 0 || waited >= TPK__MPI_SPIN_S) { /* the clock read every 64 polls while busy */
+        if (k % 64 == 0 || waited >= TPK__MPI_SPIN_S) { /* the clock read every 64 polls while
+                                                           busy */
             double t1 = MPI_Wtime();
             waited += t1 - t < 1 ? t1 - t : 1, t = t1;
         }
         if (waited >= timeout_s)
-            return tpk__fail(ctx, TPK_ERR_COMM, fn, "no answer from a peer within %g s on %s: a rank is stopped, dead or far slower", timeout_s, what);
+            return tpk__fail(ctx, TPK_ERR_COMM, fn,
+                             "no answer from a peer within %g s on %s: a "
+                             "rank is stopped, dead or far slower",
+                             timeout_s, what);
         if (waited >= TPK__MPI_SPIN_S) {
             struct timespec ts = {0, nap_ns};
             nanosleep(&ts, NULL);
@@ -157,14 +180,21 @@ static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *
     }
 }
 /* The group a collective runs on, for messages: "the TP group (2 ranks)" and so on. */
-static inline const char *tpk__mpi_group(const tpk_ctx *ctx, const tpk_comm *c, char *buf, size_t n) {
-    const char *g = ctx && c == &ctx->tp ? "the TP group" : ctx && c == &ctx->dp ? "the DP group" : ctx && c == ctx->world ? "the world" : "a communicator";
+static inline const char *tpk__mpi_group(const tpk_ctx *ctx, const tpk_comm *c, char *buf,
+                                         size_t n) {
+    const char *g = ctx && c == &ctx->tp     ? "the TP group"
+                    : ctx && c == &ctx->dp   ? "the DP group"
+                    : ctx && c == ctx->world ? "the world"
+                                             : "a communicator";
     snprintf(buf, n, "%s (%d ranks)", g, c->size);
     return buf;
 }
 
 static inline MPI_Datatype tpk__mpi_type(tpk_dtype dt) {
-    return dt == TPK_F32 ? MPI_FLOAT : dt == TPK_I32 ? MPI_INT32_T : dt == TPK_F64 ? MPI_DOUBLE : MPI_UINT16_T;
+    return dt == TPK_F32   ? MPI_FLOAT
+           : dt == TPK_I32 ? MPI_INT32_T
+           : dt == TPK_F64 ? MPI_DOUBLE
+                           : MPI_UINT16_T;
 }
 static inline MPI_Op tpk__mpi_op(tpk__mpi *m, tpk_dtype dt, tpk_redop op) {
     if (dt == TPK_BF16) return op == TPK_MAX ? m->bf16_max : m->bf16_sum;
@@ -174,18 +204,23 @@ static inline MPI_Op tpk__mpi_op(tpk__mpi *m, tpk_dtype dt, tpk_redop op) {
 /* Wait for a started collective within the communicator's timeout and finish it. On a timeout
  * the request and its buffers are left to MPI (it may still write them) and the communicator is
  * marked unusable. */
-static inline tpk_status tpk__mpi_await(tpk_ctx *ctx, tpk_comm *c, const char *fn, tpk__mpi_req *r) {
+static inline tpk_status tpk__mpi_await(tpk_ctx *ctx, tpk_comm *c, const char *fn,
+                                        tpk__mpi_req *r) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     char what[64];
-    tpk_status s = tpk_mpi_wait(ctx, fn, tpk__mpi_group(ctx, c, what, sizeof what), &r->req, m->timeout_s);
+    tpk_status s =
+        tpk_mpi_wait(ctx, fn, tpk__mpi_group(ctx, c, what, sizeof what), &r->req, m->timeout_s);
     if (s == TPK_OK) return tpk__mpi_done(ctx, r);
-    if (r->req != MPI_REQUEST_NULL) m->broken = true, r->next = m->abandoned, m->abandoned = r; /* still running: kept until destroy */
+    if (r->req != MPI_REQUEST_NULL)
+        m->broken = true, r->next = m->abandoned,
+        m->abandoned = r; /* still running: kept until destroy */
     else tpk__mpi_req_free(r);
     return s;
 }
 /* Run a started MPI request to completion when the caller asked for the blocking form,
  * otherwise hand it to the tpk request. */
-static inline tpk_status tpk__mpi_finish(tpk_ctx *ctx, tpk_comm *c, const char *fn, int rc, tpk__mpi_req *r, tpk_request *req) {
+static inline tpk_status tpk__mpi_finish(tpk_ctx *ctx, tpk_comm *c, const char *fn, int rc,
+                                         tpk__mpi_req *r, tpk_request *req) {
     if (rc != MPI_SUCCESS) {
         tpk__mpi_req_free(r);
         return tpk__mpi_err(ctx, fn, rc);
@@ -198,16 +233,20 @@ static inline tpk_status tpk__mpi_finish(tpk_ctx *ctx, tpk_comm *c, const char *
 }
 /* *out = a request for a collective on c, with c->size counts and displacements when `counts`
  * is given; TPK_ERR_COMM when c is unusable (an earlier collective on it timed out). */
-static inline tpk_status tpk__mpi_req_new(tpk_ctx *ctx, const char *fn, tpk_comm *c, const size_t *counts, tpk__mpi_req **out) {
+static inline tpk_status tpk__mpi_req_new(tpk_ctx *ctx, const char *fn, tpk_comm *c,
+                                          const size_t *counts, tpk__mpi_req **out) {
     *out = NULL;
-    if (((tpk__mpi *)c->impl)->broken) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator is unusable: an earlier collective on it timed out");
+    if (((tpk__mpi *)c->impl)->broken)
+        return tpk__fail(ctx, TPK_ERR_COMM, fn,
+                         "the communicator is unusable: an earlier collective on it timed out");
     tpk__mpi_req *r = (tpk__mpi_req *)calloc(1, sizeof *r);
     if (r && counts) {
         r->counts = (int *)malloc(sizeof(int) * (size_t)c->size);
         r->displs = (int *)malloc(sizeof(int) * (size_t)c->size);
         if (r->counts && r->displs) {
             int off = 0;
-            for (int q = 0; q < c->size; q++) r->counts[q] = (int)counts[q], r->displs[q] = off, off += (int)counts[q];
+            for (int q = 0; q < c->size; q++)
+                r->counts[q] = (int)counts[q], r->displs[q] = off, off += (int)counts[q];
         } else {
             free(r->counts), free(r->displs), free(r), r = NULL;
         }
@@ -217,8 +256,9 @@ static inline tpk_status tpk__mpi_req_new(tpk_ctx *ctx, const char *fn, tpk_comm
     return TPK_OK;
 }
 
-static inline tpk_status tpk__mpi_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, size_t count,
-                                            tpk_dtype dt, tpk_redop op, tpk_request *req) {
+static inline tpk_status tpk__mpi_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
+                                            size_t count, tpk_dtype dt, tpk_redop op,
+                                            tpk_request *req) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r;
     TPK_TRY(tpk__mpi_req_new(ctx, "tpk_allreduce (mpi)", c, NULL, &r));
@@ -232,46 +272,53 @@ static inline tpk_status tpk__mpi_allreduce(tpk_ctx *ctx, tpk_comm *c, const voi
                             tpk__mpi_op(m, dt, op), m->comm, &r->req);
     return tpk__mpi_finish(ctx, c, "tpk_allreduce (mpi)", rc, r, req);
 }
-static inline tpk_status tpk__mpi_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv, const size_t *counts,
-                                             tpk_dtype dt, tpk_request *req) {
+static inline tpk_status tpk__mpi_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                             void *recv, const size_t *counts, tpk_dtype dt,
+                                             tpk_request *req) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r;
     TPK_TRY(tpk__mpi_req_new(ctx, "tpk_allgatherv (mpi)", c, counts, &r));
     if (tpk__mpi_stage(ctx, dt, false)) {
         size_t es = tpk_dtype_size(dt), total = 0;
         for (int q = 0; q < c->size; q++) total += counts[q];
-        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_allgatherv (mpi)", r, send, counts[c->rank] * es, recv, total * es);
+        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_allgatherv (mpi)", r, send, counts[c->rank] * es,
+                                         recv, total * es);
         if (s != TPK_OK) return tpk__mpi_req_free(r), s;
         send = r->hsend, recv = r->hrecv;
     }
     MPI_Datatype t = tpk__mpi_type(dt);
-    int rc = MPI_Iallgatherv(send, r->counts[c->rank], t, recv, r->counts, r->displs, t, m->comm, &r->req);
+    int rc = MPI_Iallgatherv(send, r->counts[c->rank], t, recv, r->counts, r->displs, t, m->comm,
+                             &r->req);
     return tpk__mpi_finish(ctx, c, "tpk_allgatherv (mpi)", rc, r, req);
 }
-static inline tpk_status tpk__mpi_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
-                                                  const size_t *counts, tpk_dtype dt, tpk_redop op, tpk_request *req) {
+static inline tpk_status tpk__mpi_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                                  void *recv, const size_t *counts, tpk_dtype dt,
+                                                  tpk_redop op, tpk_request *req) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r;
     TPK_TRY(tpk__mpi_req_new(ctx, "tpk_reduce_scatterv (mpi)", c, counts, &r));
     if (tpk__mpi_stage(ctx, dt, true)) {
         size_t es = tpk_dtype_size(dt), total = 0;
         for (int q = 0; q < c->size; q++) total += counts[q];
-        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_reduce_scatterv (mpi)", r, send, total * es, recv, counts[c->rank] * es);
+        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_reduce_scatterv (mpi)", r, send, total * es,
+                                         recv, counts[c->rank] * es);
         if (s != TPK_OK) return tpk__mpi_req_free(r), s;
         send = r->hsend, recv = r->hrecv;
     }
-    int rc = MPI_Ireduce_scatter(send, recv, r->counts, tpk__mpi_type(dt), tpk__mpi_op(m, dt, op), m->comm, &r->req);
+    int rc = MPI_Ireduce_scatter(send, recv, r->counts, tpk__mpi_type(dt), tpk__mpi_op(m, dt, op),
+                                 m->comm, &r->req);
     return tpk__mpi_finish(ctx, c, "tpk_reduce_scatterv (mpi)", rc, r, req);
 }
-static inline tpk_status tpk__mpi_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt, int root,
-                                        tpk_request *req) {
+static inline tpk_status tpk__mpi_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count,
+                                        tpk_dtype dt, int root, tpk_request *req) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     tpk__mpi_req *r;
     TPK_TRY(tpk__mpi_req_new(ctx, "tpk_bcast (mpi)", c, NULL, &r));
     if (tpk__mpi_stage(ctx, dt, false)) { /* the root sends from host; the others receive there */
         size_t bytes = count * tpk_dtype_size(dt);
         bool root_ = c->rank == root;
-        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_bcast (mpi)", r, buf, root_ ? bytes : 0, root_ ? NULL : buf, root_ ? 0 : bytes);
+        tpk_status s = tpk__mpi_stage_in(ctx, "tpk_bcast (mpi)", r, buf, root_ ? bytes : 0,
+                                         root_ ? NULL : buf, root_ ? 0 : bytes);
         if (s != TPK_OK) return tpk__mpi_req_free(r), s;
         buf = root_ ? r->hsend : r->hrecv;
     }
@@ -295,10 +342,12 @@ static inline void tpk__mpi_destroy(tpk_comm *c) {
     if (!m) return;
     int fin = 0;
     MPI_Finalized(&fin);
-    for (tpk__mpi_req *r = m->abandoned, *next; r; r = next) { /* freed if MPI has finished them since; else left to MPI */
+    for (tpk__mpi_req *r = m->abandoned, *next; r; r = next) { /* freed if MPI has finished them
+                                                                  since; else left to MPI */
         int done = 0;
         next = r->next;
-        if (!fin && MPI_Test(&r->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) tpk__mpi_req_free(r);
+        if (!fin && MPI_Test(&r->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
+            tpk__mpi_req_free(r);
     }
     if (!fin) {
         MPI_Op_free(&m->bf16_sum);
@@ -308,19 +357,23 @@ static inline void tpk__mpi_destroy(tpk_comm *c) {
     free(m);
     c->impl = NULL;
 }
-static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm owned, double timeout_s, tpk_comm *out);
-static inline tpk_status tpk__mpi_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
+static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm owned,
+                                       double timeout_s, tpk_comm *out);
+static inline tpk_status tpk__mpi_split(tpk_ctx *ctx, tpk_comm *c, int color, int key,
+                                        tpk_comm *out) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     MPI_Comm sub;
     int rc = MPI_Comm_split(m->comm, color, key, &sub), n = 0;
     if (rc != MPI_SUCCESS) return tpk__mpi_err(ctx, "tpk_comm_split (mpi)", rc);
     MPI_Comm_size(sub, &n);
-    if (n == 1) { /* one rank (the TP group at t = 1): its collectives are copies, no MPI call and no host staging */
+    if (n == 1) { /* one rank (the TP group at t = 1): its collectives are copies, no MPI call and
+                     no host staging */
         MPI_Comm_free(&sub);
         *out = tpk_comm_self(c->device);
         return TPK_OK;
     }
-    return tpk__mpi_wrap(ctx, "tpk_comm_split (mpi)", sub, m->timeout_s, out); /* the parent's timeout */
+    return tpk__mpi_wrap(ctx, "tpk_comm_split (mpi)", sub, m->timeout_s, out); /* the parent's
+                                                                                  timeout */
 }
 
 static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
@@ -330,7 +383,8 @@ static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
 
 /* Take ownership of `owned` (a communicator of our own) and fill `out`; collectives wait at most
  * timeout_s seconds. */
-static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm owned, double timeout_s, tpk_comm *out) {
+static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm owned,
+                                       double timeout_s, tpk_comm *out) {
     memset(out, 0, sizeof *out);
     tpk__mpi *m = (tpk__mpi *)calloc(1, sizeof *m);
     if (!m) {
@@ -350,14 +404,17 @@ static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm ow
 /* *timeout_s = the seconds a new MPI communicator's collectives wait: TPK_TIMEOUT from the
  * environment when set (TPK_ERR_ARG when it is not a number in [0, 1e9]), else 600. */
 static inline tpk_status tpk_mpi_timeout_default(tpk_ctx *ctx, double *timeout_s) {
-    if (!timeout_s) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "timeout_s: NULL");
+    if (!timeout_s)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "timeout_s: NULL");
     *timeout_s = TPK_MPI_TIMEOUT_DEFAULT;
     const char *env = getenv("TPK_TIMEOUT");
     if (!env) return TPK_OK;
     char *end = NULL;
     double t = strtod(env, &end);
     if (!*env || *end || !(t >= 0 && t <= 1e9))
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "TPK_TIMEOUT: expected seconds in [0, 1e9] (0: none), got \"%s\"", env);
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "TPK_TIMEOUT: expected "
+                                                                      "seconds in [0, 1e9] (0: "
+                                                                      "none), got \"%s\"", env);
     *timeout_s = t;
     return TPK_OK;
 }
@@ -371,7 +428,8 @@ static inline tpk_status tpk_comm_mpi(tpk_ctx *ctx, MPI_Comm comm, tpk_comm *out
     TPK_TRY(tpk_mpi_timeout_default(ctx, &timeout_s));
     int init = 0;
     MPI_Initialized(&init);
-    if (!init) return tpk__fail(ctx, TPK_ERR_ARG, fn, "MPI is not initialised: call MPI_Init first");
+    if (!init)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "MPI is not initialised: call MPI_Init first");
     if (comm == MPI_COMM_NULL) return tpk__fail(ctx, TPK_ERR_ARG, fn, "comm: MPI_COMM_NULL");
     MPI_Comm dup;
     int rc = MPI_Comm_dup(comm, &dup);
@@ -384,10 +442,21 @@ static inline tpk_status tpk_comm_mpi(tpk_ctx *ctx, MPI_Comm comm, tpk_comm *out
  * never waits (accepted, no effect). */
 static inline tpk_status tpk_comm_mpi_set_timeout(tpk_ctx *ctx, tpk_comm *c, double timeout_s) {
     static const char *fn = "tpk_comm_mpi_set_timeout";
-    if (!c || !c->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "comm: expected an initialised communicator, got %s", c ? "one with no table" : "NULL");
-    if (!(timeout_s >= 0 && timeout_s <= 1e9)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
+    if (!c || !c->vt)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "comm: expected an initialised "
+                         "communicator, got %s",
+                         c ? "one with no table" : "NULL");
+    if (!(timeout_s >= 0 && timeout_s <= 1e9))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
     if (c->vt == tpk__mpi_vtable()) ((tpk__mpi *)c->impl)->timeout_s = timeout_s;
-    else if (c->size != 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "comm: expected an MPI communicator, got \"%s\" (NCCL: tpk_nccl_desc.timeout_s)", c->vt->name);
+    else if (c->size != 1)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "comm: expected an MPI "
+                         "communicator, got \"%s\" (NCCL: "
+                         "tpk_nccl_desc.timeout_s)",
+                         c->vt->name);
     return TPK_OK;
 }
 

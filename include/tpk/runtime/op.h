@@ -1,8 +1,8 @@
 /* tpk/runtime/op.h — the checked front end of the compute backend: one inline entry per op.
  *
  * Layers and users call tpk_op_<name>(ctx, ...) with the arguments of the table entry
- * ctx->ops-><name> (contracts in tpk/base/ops.h). Each entry validates its arguments once, for every
- * backend (a user's own table included), naming the argument and the expected value in the
+ * ctx->ops-><name> (contracts in tpk/base/ops.h). Each entry validates its arguments once, for
+ * every backend (a user's own table included), naming the argument and the expected value in the
  * context's error, and then dispatches to the table. Backends hold kernels and launchers only. */
 #ifndef TPK_OP_H
 #define TPK_OP_H
@@ -28,9 +28,10 @@ static inline const char *tpk__ops_missing(const tpk_ops *ops) {
 /* A layer op (TPK__OPS_LAYERS) the table leaves NULL: a user's table needs the core ops only, and
  * a layer op it lacks fails when called, naming it (tpk__op_no_entry, tpk/runtime/backend.h).
  * TPK__OP_LAYER(e, args...) calls ctx->ops->e or fails so (inside an entry with ctx and fn). */
-#define TPK__OP_LAYER(e, ...) (ctx->ops->e ? ctx->ops->e(__VA_ARGS__) : tpk__op_no_entry(ctx, fn, #e))
+#define TPK__OP_LAYER(e, ...) \
+    (ctx->ops->e ? ctx->ops->e(__VA_ARGS__) : tpk__op_no_entry(ctx, fn, #e))
 
-/* ---- argument checks, written once for every backend ------------------------------------------ */
+/* ---- argument checks, written once for every backend ----------------------------------------- */
 
 /* a context with a backend (no message can be left without a context) */
 static inline tpk_status tpk__op_ctx(tpk_ctx *ctx, const char *fn) {
@@ -38,13 +39,16 @@ static inline tpk_status tpk__op_ctx(tpk_ctx *ctx, const char *fn) {
     if (ctx->ops) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "ctx->ops: expected a backend table, got NULL");
 }
-static inline tpk_status tpk__op_float(tpk_ctx *ctx, const char *fn, const char *arg, tpk_dtype dt) {
+static inline tpk_status tpk__op_float(tpk_ctx *ctx, const char *fn, const char *arg,
+                                       tpk_dtype dt) {
     if (dt == TPK_F32 || dt == TPK_BF16) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32 or bf16, got %s (%d)", arg, tpk_dtype_name(dt), (int)dt);
+    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32 or bf16, got %s (%d)", arg,
+                     tpk_dtype_name(dt), (int)dt);
 }
 static inline tpk_status tpk__op_any(tpk_ctx *ctx, const char *fn, const char *arg, tpk_dtype dt) {
     if (tpk_dtype_valid(dt)) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32, bf16, i32 or f64, got %s (%d)", arg, tpk_dtype_name(dt), (int)dt);
+    return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected f32, bf16, i32 or f64, got %s (%d)", arg,
+                     tpk_dtype_name(dt), (int)dt);
 }
 static inline tpk_status tpk__op_nonneg(tpk_ctx *ctx, const char *fn, const char *arg, int64_t v) {
     if (v >= 0) return TPK_OK;
@@ -55,19 +59,22 @@ static inline tpk_status tpk__op_pos(tpk_ctx *ctx, const char *fn, const char *a
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= 1, got %lld", arg, (long long)v);
 }
 /* the context, a compute dtype and two sizes >= 0 (named a and b) */
-static inline tpk_status tpk__op_dims(tpk_ctx *ctx, const char *fn, tpk_dtype dt, const char *a, int64_t va, const char *b, int64_t vb) {
+static inline tpk_status tpk__op_dims(tpk_ctx *ctx, const char *fn, tpk_dtype dt, const char *a,
+                                      int64_t va, const char *b, int64_t vb) {
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, a, va));
     return tpk__op_nonneg(ctx, fn, b, vb);
 }
 /* a buffer that the op touches (needed) must be present */
-static inline tpk_status tpk__op_ptr(tpk_ctx *ctx, const char *fn, const char *arg, const void *p, bool needed) {
+static inline tpk_status tpk__op_ptr(tpk_ctx *ctx, const char *fn, const char *arg, const void *p,
+                                     bool needed) {
     if (p || !needed) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a buffer, got NULL", arg);
 }
 /* every buffer of a list, named by a comma-separated list of names */
-static inline tpk_status tpk__op_ptrs(tpk_ctx *ctx, const char *fn, const char *names, const void *const *ps, int n, bool needed) {
+static inline tpk_status tpk__op_ptrs(tpk_ctx *ctx, const char *fn, const char *names,
+                                      const void *const *ps, int n, bool needed) {
     for (int k = 0; k < n; k++, names = strchr(names, ',') ? strchr(names, ',') + 1 : names) {
         if (ps[k] || !needed) continue;
         char arg[32];
@@ -78,10 +85,12 @@ static inline tpk_status tpk__op_ptrs(tpk_ctx *ctx, const char *fn, const char *
     return TPK_OK;
 }
 /* leading dimension: ld >= max(1, min) */
-static inline tpk_status tpk__op_ld(tpk_ctx *ctx, const char *fn, const char *arg, int64_t ld, int64_t min) {
+static inline tpk_status tpk__op_ld(tpk_ctx *ctx, const char *fn, const char *arg, int64_t ld,
+                                    int64_t min) {
     if (min < 1) min = 1;
     if (ld >= min) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= %lld, got %lld", arg, (long long)min, (long long)ld);
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected >= %lld, got %lld", arg, (long long)min,
+                     (long long)ld);
 }
 static inline tpk_status tpk__op_prob(tpk_ctx *ctx, const char *fn, float p) {
     if (p >= 0.0f && p < 1.0f) return TPK_OK;
@@ -94,20 +103,23 @@ static inline tpk_status tpk__op_smoothing(tpk_ctx *ctx, const char *fn, float s
 }
 static inline tpk_status tpk__op_act(tpk_ctx *ctx, const char *fn, tpk_act act) {
     if ((unsigned)act < (unsigned)TPK_ACT_COUNT) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "act: expected TPK_ACT_NONE or TPK_ACT_GELU_TANH, got %d", (int)act);
+    return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                     "act: expected TPK_ACT_NONE or TPK_ACT_GELU_TANH, got %d", (int)act);
 }
 /* the window [row0, row0 + rows) x [col0, col0 + cols) of a tensor with gcols columns */
-static inline tpk_status tpk__op_window(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0) {
+static inline tpk_status tpk__op_window(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols,
+                                        int64_t gcols, int64_t row0, int64_t col0) {
     TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "row0", row0));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "col0", col0));
     if (gcols < col0 + cols)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "gcols: expected >= col0 + cols = %lld, got %lld", (long long)(col0 + cols), (long long)gcols);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "gcols: expected >= col0 + cols = %lld, got %lld",
+                         (long long)(col0 + cols), (long long)gcols);
     return TPK_OK;
 }
 
-/* ---- memory ------------------------------------------------------------------------------------ */
+/* ---- memory ---------------------------------------------------------------------------------- */
 
 /* *out = a zero-filled buffer of `bytes` in backend memory */
 static inline tpk_status tpk_op_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
@@ -120,31 +132,38 @@ static inline tpk_status tpk_op_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
 static inline void tpk_op_free(tpk_ctx *ctx, void *p) {
     if (ctx && ctx->ops && p) ctx->ops->free(ctx, p);
 }
-static inline tpk_status tpk_op_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes, tpk_copy_dir dir) {
+static inline tpk_status tpk_op_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes,
+                                       tpk_copy_dir dir) {
     static const char *fn = "tpk_op_memcpy";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     if (dir != TPK_H2D && dir != TPK_D2H && dir != TPK_D2D && dir != TPK_H2H)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or "
+                                               "TPK_H2H, got %d", (int)dir);
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, bytes > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, bytes > 0));
-    return bytes ? TPK__PROF_OP(ctx, "memcpy", bytes, 0, ctx->ops->memcpy(ctx, dst, src, bytes, dir)) : TPK_OK;
+    return bytes
+               ? TPK__PROF_OP(ctx, "memcpy", bytes, 0, ctx->ops->memcpy(ctx, dst, src, bytes, dir))
+               : TPK_OK;
 }
 static inline tpk_status tpk_op_sync(tpk_ctx *ctx) {
     TPK_TRY(tpk__op_ctx(ctx, "tpk_op_sync"));
     return ctx->ops->sync(ctx);
 }
 
-/* ---- elementwise --------------------------------------------------------------------------------- */
+/* ---- elementwise ----------------------------------------------------------------------------- */
 
 static inline tpk_status tpk_op_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
     static const char *fn = "tpk_op_fill";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? TPK__PROF_OP(ctx, "fill", (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->fill(ctx, x, dt, n, value)) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "fill", (double)n * (double)tpk_dtype_size(dt), 0,
+                            ctx->ops->fill(ctx, x, dt, n, value))
+             : TPK_OK;
 }
 /* rows move as bytes: every dtype is copied exactly */
-static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
+static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src,
+                                       int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_op_copy2d";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_any(ctx, fn, "dt", dt));
@@ -155,10 +174,14 @@ static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, con
     bool any = rows > 0 && cols > 0;
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, any));
-    return any ? TPK__PROF_OP(ctx, "copy2d", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->copy2d(ctx, dst, ldd, src, lds, rows, cols, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "copy2d",
+                              2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                              ctx->ops->copy2d(ctx, dst, ldd, src, lds, rows, cols, dt))
+               : TPK_OK;
 }
 /* a conversion takes f32 and bf16; a same-dtype cast (a copy) takes any dtype */
-static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
+static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src,
+                                     tpk_dtype src_dt, size_t n) {
     static const char *fn = "tpk_op_cast";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_any(ctx, fn, "dst_dt", dst_dt));
@@ -169,47 +192,69 @@ static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, 
     }
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, n > 0));
-    return n ? TPK__PROF_OP(ctx, "cast", (double)n * (double)(tpk_dtype_size(dst_dt) + tpk_dtype_size(src_dt)), 0, ctx->ops->cast(ctx, dst, dst_dt, src, src_dt, n)) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "cast",
+                            (double)n * (double)(tpk_dtype_size(dst_dt) + tpk_dtype_size(src_dt)),
+                            0, ctx->ops->cast(ctx, dst, dst_dt, src, src_dt, n))
+             : TPK_OK;
 }
-static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
+static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b,
+                                      tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_axpby";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? TPK__PROF_OP(ctx, "axpby", (b != 0.0f ? 3.0 : 2.0) * (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->axpby(ctx, y, a, x, b, dt, n)) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "axpby",
+                            (b != 0.0f ? 3.0 : 2.0) * (double)n * (double)tpk_dtype_size(dt), 0,
+                            ctx->ops->axpby(ctx, y, a, x, b, dt, n))
+             : TPK_OK;
 }
-static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
+static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x,
+                                        tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_act_fwd";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_act(ctx, fn, act));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? TPK__PROF_OP(ctx, "act_fwd", 2.0 * (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->act_fwd(ctx, act, y, x, dt, n)) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "act_fwd", 2.0 * (double)n * (double)tpk_dtype_size(dt), 0,
+                            ctx->ops->act_fwd(ctx, act, y, x, dt, n))
+             : TPK_OK;
 }
-static inline tpk_status tpk_op_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
+static inline tpk_status tpk_op_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x,
+                                        const void *dy, tpk_dtype dt, size_t n) {
     static const char *fn = "tpk_op_act_bwd";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_act(ctx, fn, act));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dx", dx, n > 0));
-    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0 && act != TPK_ACT_NONE)); /* NONE: dx = dy, x not read */
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0 && act != TPK_ACT_NONE)); /* NONE: dx = dy, x not
+                                                                            read */
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, n > 0));
-    return n ? TPK__PROF_OP(ctx, "act_bwd", 3.0 * (double)n * (double)tpk_dtype_size(dt), 0, ctx->ops->act_bwd(ctx, act, dx, x, dy, dt, n)) : TPK_OK;
+    return n ? TPK__PROF_OP(ctx, "act_bwd", 3.0 * (double)n * (double)tpk_dtype_size(dt), 0,
+                            ctx->ops->act_bwd(ctx, act, dx, x, dy, dt, n))
+             : TPK_OK;
 }
-static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
-                                       uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
+static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
+                                       int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
+                                       uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a,
+                                       float b) {
     static const char *fn = "tpk_op_rng_2d";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_window(ctx, fn, rows, cols, gcols, row0, col0));
     if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, "
+                                               "got %d", (int)dist);
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
-    return rows && cols ? TPK__PROF_OP(ctx, "rng_2d", (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->rng_2d(ctx, x, dt, rows, cols, gcols, row0, col0, seed, stream, dist, a, b)) : TPK_OK;
+    return rows && cols ? TPK__PROF_OP(ctx, "rng_2d",
+                                       (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                                       ctx->ops->rng_2d(ctx, x, dt, rows, cols, gcols, row0, col0,
+                                                        seed, stream, dist, a, b))
+                        : TPK_OK;
 }
-static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
+static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows,
+                                        int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
                                         float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "tpk_op_dropout";
     TPK_TRY(tpk__op_ctx(ctx, fn));
@@ -218,15 +263,22 @@ static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, in
     TPK_TRY(tpk__op_prob(ctx, fn, p));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows * cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows * cols > 0));
-    return rows && cols ? TPK__PROF_OP(ctx, "dropout", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(dropout, ctx, y, x, rows, cols, gcols, row0, col0, p, seed, stream, dt)) : TPK_OK;
+    return rows && cols
+               ? TPK__PROF_OP(ctx, "dropout",
+                              2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                              TPK__OP_LAYER(dropout, ctx, y, x, rows, cols, gcols, row0, col0, p,
+                                            seed, stream, dt))
+               : TPK_OK;
 }
 
-/* ---- GEMM and the linear forward ----------------------------------------------------------------- */
+/* ---- GEMM and the linear forward ------------------------------------------------------------- */
 
 /* stored shapes: A is [m, k] or [k, m] (ta), B is [k, n] or [n, k] (tb), C is [m, n]; an operand
  * may be NULL only when the product does not touch it (an empty C, or k = 0) */
-static inline tpk_status tpk__op_gemm_check(tpk_ctx *ctx, const char *fn, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                                            const void *b, int64_t ldb, const void *c, int64_t ldc, tpk_dtype dt) {
+static inline tpk_status tpk__op_gemm_check(tpk_ctx *ctx, const char *fn, bool ta, bool tb,
+                                            int64_t m, int64_t n, int64_t k, const void *a,
+                                            int64_t lda, const void *b, int64_t ldb, const void *c,
+                                            int64_t ldc, tpk_dtype dt) {
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "m", m, "n", n));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "k", k));
     TPK_TRY(tpk__op_ld(ctx, fn, "lda", lda, ta ? m : k));
@@ -236,38 +288,60 @@ static inline tpk_status tpk__op_gemm_check(tpk_ctx *ctx, const char *fn, bool t
     TPK_TRY(tpk__op_ptr(ctx, fn, "b", b, m > 0 && n > 0 && k > 0));
     return tpk__op_ptr(ctx, fn, "c", c, m > 0 && n > 0);
 }
-static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                                     const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
+static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n,
+                                     int64_t k, float alpha, const void *a, int64_t lda,
+                                     const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
+                                     tpk_dtype dt) {
     TPK_TRY(tpk__op_gemm_check(ctx, "tpk_op_gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
-    return m && n ? TPK__PROF_OP(ctx, "gemm", 0, 2.0 * (double)m * (double)n * (double)k, ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt)) : TPK_OK;
+    return m && n ? TPK__PROF_OP(ctx, "gemm", 0, 2.0 * (double)m * (double)n * (double)k,
+                                 ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
+                                                c, ldc, dt))
+                  : TPK_OK;
 }
 /* C (f32) = alpha op(A) op(B) + beta C, A and B in dt (see tpk_ops.gemm_acc) */
-static inline tpk_status tpk_op_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda,
-                                         const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
-    TPK_TRY(tpk__op_gemm_check(ctx, "tpk_op_gemm_acc", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
-    return m && n ? TPK__PROF_OP(ctx, "gemm_acc", 0, 2.0 * (double)m * (double)n * (double)k, ctx->ops->gemm_acc(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, dt)) : TPK_OK;
+static inline tpk_status tpk_op_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n,
+                                         int64_t k, float alpha, const void *a, int64_t lda,
+                                         const void *b, int64_t ldb, float beta, float *c,
+                                         int64_t ldc, tpk_dtype dt) {
+    TPK_TRY(
+        tpk__op_gemm_check(ctx, "tpk_op_gemm_acc", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
+    return m && n ? TPK__PROF_OP(ctx, "gemm_acc", 0, 2.0 * (double)m * (double)n * (double)k,
+                                 ctx->ops->gemm_acc(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb,
+                                                    beta, c, ldc, dt))
+                  : TPK_OK;
 }
-static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
+static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows,
+                                         int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_op_bias_add";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
-    return rows && cols ? TPK__PROF_OP(ctx, "bias_add", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_add(ctx, y, bias, rows, cols, dt)) : TPK_OK;
+    return rows && cols
+               ? TPK__PROF_OP(ctx, "bias_add",
+                              2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                              ctx->ops->bias_add(ctx, y, bias, rows, cols, dt))
+               : TPK_OK;
 }
-static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
+static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows,
+                                          int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
                                           bool accumulate) {
     static const char *fn = "tpk_op_bias_grad";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
     if (db_dt != dt && db_dt != TPK_F32)
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "db_dt: expected %s or f32, got %s", tpk_dtype_name(dt), tpk_dtype_name(db_dt));
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "db_dt: expected %s or f32, got %s",
+                         tpk_dtype_name(dt), tpk_dtype_name(db_dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "db", db, cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
-    return cols ? TPK__PROF_OP(ctx, "bias_grad", (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, db_dt, accumulate)) : TPK_OK;
+    return cols ? TPK__PROF_OP(ctx, "bias_grad",
+                               (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                               ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, db_dt, accumulate))
+                : TPK_OK;
 }
 /* ---- the fusions: a NULL fused entry (TPK__OPS_FUSED) is composed from the required entries
  * (tpk__compose_*, tpk/runtime/backend.h) ---- */
 
-static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n,
+static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x,
+                                           const void *w, const void *bias, int64_t T, int64_t n,
                                            int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "tpk_op_linear_fwd";
     TPK_TRY(tpk__op_ctx(ctx, fn));
@@ -281,18 +355,22 @@ static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, con
     TPK_TRY(tpk__op_ptr(ctx, fn, "pre", pre, act != TPK_ACT_NONE && any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any && k > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
-    return any ? TPK__PROF_OP(ctx, "linear_fwd", 0, 2.0 * (double)T * (double)n * (double)k,
-                              (ctx->ops->linear_fwd ? ctx->ops->linear_fwd : tpk__compose_linear_fwd)(ctx, y, pre, x, w, bias, T, n, k, act, dt))
+    return any ? TPK__PROF_OP(
+                     ctx, "linear_fwd", 0, 2.0 * (double)T * (double)n * (double)k,
+                     (ctx->ops->linear_fwd ? ctx->ops->linear_fwd : tpk__compose_linear_fwd)(
+                         ctx, y, pre, x, w, bias, T, n, k, act, dt))
                : TPK_OK;
 }
 /* du = (dy W) act'(pre), db = colsum(du) (see tpk_ops.linear_bwd_act) */
-static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n,
+static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy,
+                                               const void *w, const void *pre, int64_t T, int64_t n,
                                                int64_t k, tpk_act act, tpk_dtype dt) {
     static const char *fn = "tpk_op_linear_bwd_act";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_act(ctx, fn, act));
-    if (act == TPK_ACT_NONE) return tpk__fail(ctx, TPK_ERR_ARG, fn, "act: expected an activation, got none (use tpk_op_gemm)");
+    if (act == TPK_ACT_NONE) return tpk__fail(ctx, TPK_ERR_ARG, fn, "act: expected an activation, "
+                                                                    "got none (use tpk_op_gemm)");
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "n", n));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "k", k));
@@ -301,115 +379,165 @@ static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db,
     TPK_TRY(tpk__op_ptrs(ctx, fn, "du,pre", ps, 2, any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, any && k > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
-    if (any && (du == dy || du == pre || du == w)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "du: must not alias dy, w or pre");
-    if (!any) return db && n ? tpk_op_fill(ctx, db, dt, (size_t)n, 0.0f) : TPK_OK; /* no rows: db = 0 */
-    return TPK__PROF_OP(ctx, "linear_bwd_act", 0, 2.0 * (double)T * (double)n * (double)k,
-                        (ctx->ops->linear_bwd_act ? ctx->ops->linear_bwd_act : tpk__compose_linear_bwd_act)(ctx, du, db, dy, w, pre, T, n, k, act, dt));
+    if (any && (du == dy || du == pre || du == w))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "du: must not alias dy, w or pre");
+    if (!any)
+        return db && n ? tpk_op_fill(ctx, db, dt, (size_t)n, 0.0f) : TPK_OK; /* no rows: db = 0 */
+    return TPK__PROF_OP(
+        ctx, "linear_bwd_act", 0, 2.0 * (double)T * (double)n * (double)k,
+        (ctx->ops->linear_bwd_act ? ctx->ops->linear_bwd_act : tpk__compose_linear_bwd_act)(
+            ctx, du, db, dy, w, pre, T, n, k, act, dt));
 }
 
-/* ---- layernorm ------------------------------------------------------------------------------------- */
+/* ---- layernorm ------------------------------------------------------------------------------- */
 
-static inline tpk_status tpk__op_rows_cols(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols, tpk_dtype dt) {
+static inline tpk_status tpk__op_rows_cols(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols,
+                                           tpk_dtype dt) {
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
     return tpk__op_pos(ctx, fn, "cols", cols);
 }
-static inline tpk_status tpk_op_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b,
+static inline tpk_status tpk_op_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd,
+                                              const void *x, const float *w, const float *b,
                                               int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
     static const char *fn = "tpk_op_layernorm_fwd";
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
-    if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
+    if (!(eps > 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {y, mean, rstd, x, w, b};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "y,mean,rstd,x,w,b", ps, 6, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "layernorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(layernorm_fwd, ctx, y, mean, rstd, x, w, b, rows, cols, eps, dt)) : TPK_OK;
-}
-static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r,
-                                                       const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    static const char *fn = "tpk_op_residual_layernorm_fwd";
-    TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
-    if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
-    const void *ps[] = {x1, y, mean, rstd, x, r, w, b};
-    TPK_TRY(tpk__op_ptrs(ctx, fn, "x1,y,mean,rstd,x,r,w,b", ps, 8, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "residual_layernorm_fwd", 4.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
-                               (ctx->ops->residual_layernorm_fwd ? ctx->ops->residual_layernorm_fwd
-                                                                 : tpk__compose_residual_layernorm_fwd)(ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt))
+    return rows ? TPK__PROF_OP(ctx, "layernorm_fwd",
+                               2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                               TPK__OP_LAYER(layernorm_fwd, ctx, y, mean, rstd, x, w, b, rows, cols,
+                                             eps, dt))
                 : TPK_OK;
 }
-static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w,
-                                              const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean,
+                                                       float *rstd, const void *x, const void *r,
+                                                       const float *w, const float *b, int64_t rows,
+                                                       int64_t cols, float eps, tpk_dtype dt) {
+    static const char *fn = "tpk_op_residual_layernorm_fwd";
+    TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
+    if (!(eps > 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
+    const void *ps[] = {x1, y, mean, rstd, x, r, w, b};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "x1,y,mean,rstd,x,r,w,b", ps, 8, rows > 0));
+    return rows ? TPK__PROF_OP(ctx, "residual_layernorm_fwd",
+                               4.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                               (ctx->ops->residual_layernorm_fwd
+                                    ? ctx->ops->residual_layernorm_fwd
+                                    : tpk__compose_residual_layernorm_fwd)(
+                                   ctx, x1, y, mean, rstd, x, r, w, b, rows, cols, eps, dt))
+                : TPK_OK;
+}
+static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db,
+                                              const void *dy, const void *x, const float *w,
+                                              const float *mean, const float *rstd, int64_t rows,
+                                              int64_t cols, tpk_dtype dt, bool accumulate_dx) {
     static const char *fn = "tpk_op_layernorm_bwd";
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
     const void *ps[] = {dx, dw, db, dy, x, w, mean, rstd};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,db,dy,x,w,mean,rstd", ps, 8, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "layernorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(layernorm_bwd, ctx, dx, dw, db, dy, x, w, mean, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "layernorm_bwd",
+                               3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                               TPK__OP_LAYER(layernorm_bwd, ctx, dx, dw, db, dy, x, w, mean, rstd,
+                                             rows, cols, dt, accumulate_dx))
+                : TPK_OK;
 }
-static inline tpk_status tpk_op_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps,
+static inline tpk_status tpk_op_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x,
+                                            const float *w, int64_t rows, int64_t cols, float eps,
                                             tpk_dtype dt) {
     static const char *fn = "tpk_op_rmsnorm_fwd";
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
-    if (!(eps > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
+    if (!(eps > 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {y, rstd, x, w};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "y,rstd,x,w", ps, 4, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "rmsnorm_fwd", 2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(rmsnorm_fwd, ctx, y, rstd, x, w, rows, cols, eps, dt)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "rmsnorm_fwd",
+                               2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                               TPK__OP_LAYER(rmsnorm_fwd, ctx, y, rstd, x, w, rows, cols, eps, dt))
+                : TPK_OK;
 }
-static inline tpk_status tpk_op_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd,
-                                            int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+static inline tpk_status tpk_op_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy,
+                                            const void *x, const float *w, const float *rstd,
+                                            int64_t rows, int64_t cols, tpk_dtype dt,
+                                            bool accumulate_dx) {
     static const char *fn = "tpk_op_rmsnorm_bwd";
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
     const void *ps[] = {dx, dw, dy, x, w, rstd};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,dy,x,w,rstd", ps, 6, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "rmsnorm_bwd", 3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(rmsnorm_bwd, ctx, dx, dw, dy, x, w, rstd, rows, cols, dt, accumulate_dx)) : TPK_OK;
+    return rows ? TPK__PROF_OP(ctx, "rmsnorm_bwd",
+                               3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
+                               TPK__OP_LAYER(rmsnorm_bwd, ctx, dx, dw, dy, x, w, rstd, rows, cols,
+                                             dt, accumulate_dx))
+                : TPK_OK;
 }
 
-/* ---- embedding --------------------------------------------------------------------------------------- */
+/* ---- embedding ------------------------------------------------------------------------------- */
 
-static inline tpk_status tpk__op_embed_check(tpk_ctx *ctx, const char *fn, int64_t T, int64_t H, int64_t vrows, tpk_dtype dt) {
+static inline tpk_status tpk__op_embed_check(tpk_ctx *ctx, const char *fn, int64_t T, int64_t H,
+                                             int64_t vrows, tpk_dtype dt) {
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "H", H));
     return tpk__op_nonneg(ctx, fn, "vrows", vrows);
 }
-static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0,
+static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids,
+                                          const float *table, int64_t T, int64_t H, int64_t v0,
                                           int64_t vrows, tpk_dtype dt, bool accumulate) {
     static const char *fn = "tpk_op_embed_fwd";
     TPK_TRY(tpk__op_embed_check(ctx, fn, T, H, vrows, dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, T * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "table", table, vrows * H > 0));
-    return T && H ? TPK__PROF_OP(ctx, "embed_fwd", 2.0 * (double)T * (double)H * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(embed_fwd, ctx, y, ids, table, T, H, v0, vrows, dt, accumulate)) : TPK_OK;
+    return T && H
+               ? TPK__PROF_OP(
+                     ctx, "embed_fwd", 2.0 * (double)T * (double)H * (double)tpk_dtype_size(dt), 0,
+                     TPK__OP_LAYER(embed_fwd, ctx, y, ids, table, T, H, v0, vrows, dt, accumulate))
+               : TPK_OK;
 }
-static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0,
+static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy,
+                                          const int32_t *ids, int64_t T, int64_t H, int64_t v0,
                                           int64_t vrows, tpk_dtype dt) {
     static const char *fn = "tpk_op_embed_bwd";
     TPK_TRY(tpk__op_embed_check(ctx, fn, T, H, vrows, dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dtable", dtable, vrows * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, T * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
-    return T && H && vrows ? TPK__PROF_OP(ctx, "embed_bwd", (double)T * (double)H * ((double)tpk_dtype_size(dt) + 8.0), 0, TPK__OP_LAYER(embed_bwd, ctx, dtable, dy, ids, T, H, v0, vrows, dt)) : TPK_OK;
+    return T && H && vrows
+               ? TPK__PROF_OP(ctx, "embed_bwd",
+                              (double)T * (double)H * ((double)tpk_dtype_size(dt) + 8.0), 0,
+                              TPK__OP_LAYER(embed_bwd, ctx, dtable, dy, ids, T, H, v0, vrows, dt))
+               : TPK_OK;
 }
 
-/* ---- cross-entropy ------------------------------------------------------------------------------------ */
+/* ---- cross-entropy --------------------------------------------------------------------------- */
 
 /* the logits' row stride: ld >= Vl (columns Vl..ld-1 are a padded vocabulary's padding) */
 static inline tpk_status tpk__op_xent_ld(tpk_ctx *ctx, const char *fn, int64_t Vl, int64_t ld) {
-    if (ld < Vl) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ld: expected >= Vl = %lld, got %lld", (long long)Vl, (long long)ld);
+    if (ld < Vl)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "ld: expected >= Vl = %lld, got %lld", (long long)Vl,
+                         (long long)ld);
     return TPK_OK;
 }
 /* part f32 [T, 4]: one read of z (the bytes counted for the profiler) */
-static inline tpk_status tpk_op_xent_stats(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld,
-                                           int64_t v0, tpk_dtype dt) {
+static inline tpk_status tpk_op_xent_stats(tpk_ctx *ctx, float *part, const void *z,
+                                           const int32_t *targets, int64_t T, int64_t Vl,
+                                           int64_t ld, int64_t v0, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_stats";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
     TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
     const void *ps[] = {part, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "part,targets", ps, 2, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? TPK__PROF_OP(ctx, "xent_stats", (double)T * ((double)Vl * (double)tpk_dtype_size(dt) + 16.0), 0,
+    return T ? TPK__PROF_OP(ctx, "xent_stats",
+                            (double)T * ((double)Vl * (double)tpk_dtype_size(dt) + 16.0), 0,
                             TPK__OP_LAYER(xent_stats, ctx, part, z, targets, T, Vl, ld, v0, dt))
              : TPK_OK;
 }
 /* part f32 [P, T, 4]: the P ranks' xent_stats in rank order */
-static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T,
-                                          int64_t V, float smoothing, int32_t ignore_index) {
+static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part,
+                                          int64_t P, const int32_t *targets, int64_t T, int64_t V,
+                                          float smoothing, int32_t ignore_index) {
     static const char *fn = "tpk_op_xent_loss";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
@@ -419,23 +547,29 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
     const void *ps[] = {loss, lse, part, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,part,targets", ps, 4, T > 0));
     return T ? TPK__PROF_OP(ctx, "xent_loss", (16.0 * (double)P + 12.0) * (double)T, 0,
-                            TPK__OP_LAYER(xent_loss, ctx, loss, lse, part, P, targets, T, V, smoothing, ignore_index))
+                            TPK__OP_LAYER(xent_loss, ctx, loss, lse, part, P, targets, T, V,
+                                          smoothing, ignore_index))
              : TPK_OK;
 }
-/* *acc (f64 in backend memory) = (accumulate ? *acc : 0) + mean of loss[0..T) over count positions */
-static inline tpk_status tpk_op_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
+/* *acc (f64 in backend memory) = (accumulate ? *acc : 0) + mean of loss[0..T) over count
+ * positions */
+static inline tpk_status tpk_op_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T,
+                                          int64_t count, bool accumulate) {
     static const char *fn = "tpk_op_xent_mean";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     if (count < 0 || count > T)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "count: expected 0 <= count <= T = %lld, got %lld", (long long)T, (long long)count);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "count: expected 0 <= count <= T = %lld, got %lld",
+                         (long long)T, (long long)count);
     TPK_TRY(tpk__op_ptr(ctx, fn, "acc", acc, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "loss", loss, T > 0));
-    return TPK__PROF_OP(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0, TPK__OP_LAYER(xent_mean, ctx, acc, loss, T, count, accumulate));
+    return TPK__PROF_OP(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0,
+                        TPK__OP_LAYER(xent_mean, ctx, acc, loss, T, count, accumulate));
 }
-static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss,
-                                          int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index,
-                                          tpk_dtype dt) {
+static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse,
+                                          const int32_t *targets, const float *dloss, int64_t T,
+                                          int64_t Vl, int64_t ld, int64_t v0, int64_t V,
+                                          float smoothing, int32_t ignore_index, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_grad";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "Vl", Vl));
     TPK_TRY(tpk__op_xent_ld(ctx, fn, Vl, ld));
@@ -445,122 +579,178 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * ld > 0));
     const void *ps[] = {lse, targets, dloss};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "lse,targets,dloss", ps, 3, T > 0));
-    return T && ld ? TPK__PROF_OP(ctx, "xent_grad", 2.0 * (double)T * (double)ld * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(xent_grad, ctx, dz, z, lse, targets, dloss, T, Vl, ld, v0, V, smoothing, ignore_index, dt)) : TPK_OK;
+    return T && ld ? TPK__PROF_OP(ctx, "xent_grad",
+                                  2.0 * (double)T * (double)ld * (double)tpk_dtype_size(dt), 0,
+                                  TPK__OP_LAYER(xent_grad, ctx, dz, z, lse, targets, dloss, T, Vl,
+                                                ld, v0, V, smoothing, ignore_index, dt))
+                   : TPK_OK;
 }
 
 /* The loss and its gradient of logits z [T, ld] holding the whole vocabulary V (one rank): z read
  * once, dz (may alias z) written once; dloss = g for every row. */
-static inline tpk_status tpk_op_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T,
-                                           int64_t V, int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
+static inline tpk_status tpk_op_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse,
+                                           const void *z, const int32_t *targets, int64_t T,
+                                           int64_t V, int64_t ld, float smoothing,
+                                           int32_t ignore_index, float g, tpk_dtype dt) {
     static const char *fn = "tpk_op_xent_fused";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "V", V));
     TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
     TPK_TRY(tpk__op_xent_ld(ctx, fn, V, ld));
     TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
-    if (!isfinite(g)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "g: expected a finite gradient scale, got %g", (double)g);
+    if (!isfinite(g)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "g: expected a finite gradient scale, "
+                                                             "got %g", (double)g);
     TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T > 0));
     const void *ps[] = {loss, lse, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,targets", ps, 3, T > 0));
-    return T ? TPK__PROF_OP(ctx, "xent_fused", (double)T * (2.0 * (double)ld * (double)tpk_dtype_size(dt) + 12.0), 0,
-                            (ctx->ops->xent_fused ? ctx->ops->xent_fused : tpk__compose_xent_fused)(ctx, dz, loss, lse, z, targets, T, V, ld,
-                                                                                                    smoothing, ignore_index, g, dt))
+    return T ? TPK__PROF_OP(
+                   ctx, "xent_fused",
+                   (double)T * (2.0 * (double)ld * (double)tpk_dtype_size(dt) + 12.0), 0,
+                   (ctx->ops->xent_fused ? ctx->ops->xent_fused : tpk__compose_xent_fused)(
+                       ctx, dz, loss, lse, z, targets, T, V, ld, smoothing, ignore_index, g, dt))
              : TPK_OK;
 }
 
-/* ---- attention ---------------------------------------------------------------------------------------- */
+/* ---- attention ------------------------------------------------------------------------------- */
 
-static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G,
+static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S,
+                                            int64_t Al, int64_t D, int64_t A, int64_t G,
                                             int64_t head0, float p, tpk_dtype dt) {
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "B", B, "S", S));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "Al", Al));
     TPK_TRY(tpk__op_pos(ctx, fn, "D", D));
     if (G < 1 || G > A || A % G)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "G: expected a divisor of A = %lld (key/value heads), got %lld", (long long)A, (long long)G);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "G: expected a divisor of A = %lld (key/value "
+                                               "heads), got %lld", (long long)A, (long long)G);
     if (head0 < 0 || head0 + Al > A)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "head0: expected 0 <= head0 and head0 + Al <= A = %lld, got %lld", (long long)A, (long long)head0);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "head0: expected 0 <= head0 and head0 + Al <= A = "
+                                               "%lld, got %lld", (long long)A, (long long)head0);
     return tpk__op_prob(ctx, fn, p);
 }
-static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A,
-                                         int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv,
+                                         int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A,
+                                         int64_t G, int64_t head0, float scale, float p,
+                                         uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "tpk_op_attn_fwd";
     TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, G, head0, p, dt));
     bool any = B * S * Al > 0;
     const void *ps[] = {out, lse, qkv};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "out,lse,qkv", ps, 3, any));
-    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0, 2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, TPK__OP_LAYER(attn_fwd, ctx, out, lse, qkv, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0,
+                              2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D,
+                              TPK__OP_LAYER(attn_fwd, ctx, out, lse, qkv, B, S, Al, D, A, G, head0,
+                                            scale, p, seed, stream, dt))
+               : TPK_OK;
 }
-static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B,
-                                         int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed,
-                                         uint64_t stream, tpk_dtype dt) {
+static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout,
+                                         const void *qkv, const void *out, const float *lse,
+                                         int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A,
+                                         int64_t G, int64_t head0, float scale, float p,
+                                         uint64_t seed, uint64_t stream, tpk_dtype dt) {
     static const char *fn = "tpk_op_attn_bwd";
     TPK_TRY(tpk__op_attn_check(ctx, fn, B, S, Al, D, A, G, head0, p, dt));
     bool any = B * S * Al > 0;
     const void *ps[] = {dqkv, dout, qkv, out, lse};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dqkv,dout,qkv,out,lse", ps, 5, any));
-    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0, 5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D, TPK__OP_LAYER(attn_bwd, ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, G, head0, scale, p, seed, stream, dt)) : TPK_OK;
+    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0,
+                              5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D,
+                              TPK__OP_LAYER(attn_bwd, ctx, dqkv, dout, qkv, out, lse, B, S, Al, D,
+                                            A, G, head0, scale, p, seed, stream, dt))
+               : TPK_OK;
 }
 
-/* ---- rotary embedding, SwiGLU, RMSNorm (Llama) --------------------------------------------------------- */
+/* ---- rotary embedding, SwiGLU, RMSNorm (Llama) ----------------------------------------------- */
 
-static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D,
-                                     float theta, bool inverse, tpk_dtype dt) {
+static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
+                                     int64_t rows, int64_t S, int64_t heads, int64_t D, float theta,
+                                     bool inverse, tpk_dtype dt) {
     static const char *fn = "tpk_op_rope";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "heads", heads));
     TPK_TRY(tpk__op_pos(ctx, fn, "S", S));
-    if (D < 2 || D % 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "D: expected an even head size >= 2 (rotate-half pairs j, j + D/2), got %lld", (long long)D);
-    if (!(theta > 1.0f) || isinf(theta)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "theta: expected a finite base > 1 (e.g. 10000), got %g", (double)theta);
+    if (D < 2 || D % 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "D: expected an even head size >= 2 "
+                                                               "(rotate-half pairs j, j + D/2), "
+                                                               "got %lld", (long long)D);
+    if (!(theta > 1.0f) || isinf(theta))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "theta: expected a finite base > 1 (e.g. 10000), got %g", (double)theta);
     TPK_TRY(tpk__op_ld(ctx, fn, "ldx", ldx, heads * D));
     TPK_TRY(tpk__op_ld(ctx, fn, "ldy", ldy, heads * D));
     bool any = rows * heads > 0;
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any));
-    if (any && y == x && ldy != ldx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ldy: in place (y == x) expected ldx = %lld, got %lld", (long long)ldx, (long long)ldy);
-    return any ? TPK__PROF_OP(ctx, "rope", 2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(rope, ctx, y, ldy, x, ldx, rows, S, heads, D, theta, inverse, dt)) : TPK_OK;
+    if (any && y == x && ldy != ldx)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "ldy: in place (y == x) expected ldx = %lld, got %lld", (long long)ldx,
+                         (long long)ldy);
+    return any ? TPK__PROF_OP(ctx, "rope",
+                              2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt),
+                              0,
+                              TPK__OP_LAYER(rope, ctx, y, ldy, x, ldx, rows, S, heads, D, theta,
+                                            inverse, dt))
+               : TPK_OK;
 }
-static inline tpk_status tpk_op_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
+static inline tpk_status tpk_op_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows,
+                                           int64_t F, tpk_dtype dt) {
     static const char *fn = "tpk_op_swiglu_fwd";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
     const void *ps[] = {h, gu};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "h,gu", ps, 2, rows * F > 0));
-    return rows && F ? TPK__PROF_OP(ctx, "swiglu_fwd", 3.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(swiglu_fwd, ctx, h, gu, rows, F, dt)) : TPK_OK;
+    return rows && F ? TPK__PROF_OP(ctx, "swiglu_fwd",
+                                    3.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0,
+                                    TPK__OP_LAYER(swiglu_fwd, ctx, h, gu, rows, F, dt))
+                     : TPK_OK;
 }
-static inline tpk_status tpk_op_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+static inline tpk_status tpk_op_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh,
+                                           int64_t rows, int64_t F, tpk_dtype dt) {
     static const char *fn = "tpk_op_swiglu_bwd";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
     const void *ps[] = {dgu, gu, dh};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dgu,gu,dh", ps, 3, rows * F > 0));
-    return rows && F ? TPK__PROF_OP(ctx, "swiglu_bwd", 5.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0, TPK__OP_LAYER(swiglu_bwd, ctx, dgu, gu, dh, rows, F, dt)) : TPK_OK;
+    return rows && F ? TPK__PROF_OP(ctx, "swiglu_bwd",
+                                    5.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0,
+                                    TPK__OP_LAYER(swiglu_bwd, ctx, dgu, gu, dh, rows, F, dt))
+                     : TPK_OK;
 }
 
-/* ---- optimizer ----------------------------------------------------------------------------------------- */
+/* ---- optimizer ------------------------------------------------------------------------------- */
 
-static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps,
-                                      float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns,
-                                      uint16_t *w16) {
+static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v,
+                                      size_t n, float lr, float b1, float b2, float eps, float wd,
+                                      int64_t step, float grad_scale, double *norm, float clip,
+                                      const int64_t *decay, int64_t nruns, uint16_t *w16) {
     static const char *fn = "tpk_op_adamw";
     TPK_TRY(tpk__op_ctx(ctx, fn));
-    if (step < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
-    if (nruns < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 0, got %lld", (long long)nruns);
-    if (decay && !nruns) return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 1 runs with a decay table (NULL: decay everywhere)");
+    if (step < 1)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
+    if (nruns < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 0, got %lld", (long long)nruns);
+    if (decay && !nruns) return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 1 runs with a "
+                                                                "decay table (NULL: decay "
+                                                                "everywhere)");
     if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1, (double)b2);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1,
+                         (double)b2);
     if (!isfinite(grad_scale) || isnan(clip))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, %g", (double)grad_scale, (double)clip);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, "
+                                               "%g", (double)grad_scale, (double)clip);
     const void *ps[] = {w, g, m, v};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
     return n ? TPK__PROF_OP(ctx, "adamw", (w16 ? 30.0 : 28.0) * (double)n, 0,
-                            ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step, grad_scale, norm, clip, decay, nruns, w16))
+                            ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step,
+                                            grad_scale, norm, clip, decay, nruns, w16))
              : TPK_OK;
 }
-/* *out (f64 in backend memory) = (accumulate ? *out : 0) + the sum of squares, in double; no host wait */
-static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate) {
+/* *out (f64 in backend memory) = (accumulate ? *out : 0) + the sum of squares, in double; no host
+ * wait */
+static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n,
+                                      bool accumulate) {
     static const char *fn = "tpk_op_sumsq";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_ptr(ctx, fn, "out", out, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
     if (!n && accumulate) return TPK_OK;
-    return TPK__PROF_OP(ctx, "sumsq", 4.0 * (double)n, 0, ctx->ops->sumsq(ctx, out, x, n, accumulate));
+    return TPK__PROF_OP(ctx, "sumsq", 4.0 * (double)n, 0,
+                        ctx->ops->sumsq(ctx, out, x, n, accumulate));
 }
 
 #endif /* TPK_OP_H */

@@ -1,12 +1,12 @@
 /* tpk/runtime/profile.h — a built-in profiler: the time of every op and collective, per step.
  *
  * tpk_profile_start(ctx) (or TPK_PROFILE=1 in the environment, read by tpk_ctx_init) turns it on.
- * Every op of the checked front end (tpk/runtime/op.h) and every collective (tpk/runtime/coll.h) is then timed:
- * with the backend's timer marks where its table has them (the CUDA backend: CUDA events recorded
- * on its stream around each op, read at the end of a step, so the step is not serialised), else
- * with the host clock around the call (exact for the host backend, whose ops are synchronous).
- * tpk_profile_step(ctx) closes a step (waiting for the device); tpk_profile_print writes one row
- * per op name, heaviest first:
+ * Every op of the checked front end (tpk/runtime/op.h) and every collective (tpk/runtime/coll.h) is
+ * then timed: with the backend's timer marks where its table has them (the CUDA backend: CUDA
+ * events recorded on its stream around each op, read at the end of a step, so the step is not
+ * serialised), else with the host clock around the call (exact for the host backend, whose ops are
+ * synchronous). tpk_profile_step(ctx) closes a step (waiting for the device); tpk_profile_print
+ * writes one row per op name, heaviest first:
  *   calls per step, ms per step, share of the step's wall time, and the achieved rate:
  *   GB/s (the fewest bytes the op must move: each input read once, each output written once) or
  *   TFLOP/s (GEMMs, the fused linear, attention: 2 m n k; 2 B A S^2 D forward, 5 backward).
@@ -38,7 +38,8 @@ struct tpk_profile {
     tpk__prof_call *pend;
     int npend, cap;
     int open[16], depth; /* the calls running: a collective may stage through ops of its own */
-    double t_step, t_start, wall_ms; /* host ms: start of this step, of the profile; closed steps' wall time */
+    double t_step, t_start, wall_ms; /* host ms: start of this step, of the profile; closed steps'
+                                        wall time */
     int steps;
     bool from_env; /* printed by tpk_ctx_destroy */
 };
@@ -78,7 +79,8 @@ static inline void tpk__prof_begin(tpk_ctx *ctx) {
     p->depth++;
 }
 /* After an op: its end mark and its row; the call is read when the step closes. Returns s. */
-static inline tpk_status tpk__prof_end(tpk_ctx *ctx, const char *name, double bytes, double flops, tpk_status s) {
+static inline tpk_status tpk__prof_end(tpk_ctx *ctx, const char *name, double bytes, double flops,
+                                       tpk_status s) {
     tpk_profile *p = ctx->prof;
     if (p->depth == 0) return s;
     int idx = --p->depth < 16 ? p->open[p->depth] : -1, r = 0;
@@ -96,8 +98,10 @@ static inline tpk_status tpk__prof_end(tpk_ctx *ctx, const char *name, double by
     return s;
 }
 /* The front end's dispatch: `call` (a backend entry) timed when the profiler is on. */
-#define TPK__PROF_OP(ctx, name, bytes, flops, call)                                                   \
-    ((ctx) && (ctx)->prof ? (tpk__prof_begin(ctx), tpk__prof_end((ctx), (name), (double)(bytes), (double)(flops), (call))) : (call))
+#define TPK__PROF_OP(ctx, name, bytes, flops, call)                                              \
+    ((ctx) && (ctx)->prof ? (tpk__prof_begin(ctx), tpk__prof_end((ctx), (name), (double)(bytes), \
+                                                                 (double)(flops), (call)))       \
+                          : (call))
 
 /* Read the pending calls' times into the rows (waits for the device). */
 static inline tpk_status tpk__prof_flush(tpk_ctx *ctx) {
@@ -131,7 +135,9 @@ static inline tpk_status tpk_profile_step(tpk_ctx *ctx) {
 static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
     if (!ctx) return TPK_ERR_ARG;
     tpk_profile *p = ctx->prof;
-    if (!p) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "the profiler is off (tpk_profile_start or TPK_PROFILE=1)");
+    if (!p) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "the profiler is off "
+                                                                    "(tpk_profile_start or "
+                                                                    "TPK_PROFILE=1)");
     if (!f) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "f: NULL");
     if (p->npend || !p->steps) TPK_TRY(tpk_profile_step(ctx));
     int order[96], n = p->nrows;
@@ -142,19 +148,24 @@ static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
             int t = order[j];
             order[j] = order[j - 1], order[j - 1] = t;
         }
-    fprintf(f, "profile: %d step%s, %.3f ms per step (wall), backend %s, %s\n", p->steps, p->steps == 1 ? "" : "s", step, ctx->ops->name,
-            ctx->ops->timer_mark ? "ops timed by the backend's timer in stream order" : "ops timed by the host clock");
+    fprintf(f, "profile: %d step%s, %.3f ms per step (wall), backend %s, %s\n", p->steps,
+            p->steps == 1 ? "" : "s", step, ctx->ops->name,
+            ctx->ops->timer_mark ? "ops timed by the backend's timer in stream order"
+                                 : "ops timed by the host clock");
     fprintf(f, "%-26s %10s %10s %7s %16s\n", "op", "calls/step", "ms/step", "% step", "rate");
     for (int k = 0; k < n; k++) {
         const tpk__prof_row *r = &p->rows[order[k]];
         char rate[32] = "";
         double sec = r->ms * 1e-3;
-        if (r->flops > 0 && sec > 0) snprintf(rate, sizeof rate, "%.2f TFLOP/s", r->flops / sec * 1e-12);
-        else if (r->bytes > 0 && sec > 0) snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / sec * 1e-9);
-        fprintf(f, "%-26s %10.1f %10.3f %6.1f%% %16s\n", r->name, (double)r->calls / p->steps, r->ms / p->steps,
-                step > 0 ? 100.0 * r->ms / p->steps / step : 0.0, rate);
+        if (r->flops > 0 && sec > 0)
+            snprintf(rate, sizeof rate, "%.2f TFLOP/s", r->flops / sec * 1e-12);
+        else if (r->bytes > 0 && sec > 0)
+            snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / sec * 1e-9);
+        fprintf(f, "%-26s %10.1f %10.3f %6.1f%% %16s\n", r->name, (double)r->calls / p->steps,
+                r->ms / p->steps, step > 0 ? 100.0 * r->ms / p->steps / step : 0.0, rate);
     }
-    fprintf(f, "%-26s %10s %10.3f %6.1f%%\n", "all timed ops", "", timed / p->steps, step > 0 ? 100.0 * timed / p->steps / step : 0.0);
+    fprintf(f, "%-26s %10s %10.3f %6.1f%%\n", "all timed ops", "", timed / p->steps,
+            step > 0 ? 100.0 * timed / p->steps / step : 0.0);
     return TPK_OK;
 }
 

@@ -1,5 +1,5 @@
-/* tpk/train/hf.h — GPT-2 and Llama checkpoints in Hugging Face's layout, saved and loaded at any TP and
- * DP size.
+/* tpk/train/hf.h — GPT-2 and Llama checkpoints in Hugging Face's layout, saved and loaded at any TP
+ * and DP size.
  *
  * A checkpoint directory holds
  *   config.json        GPT2LMHeadModel's config (model_type "gpt2": n_layer, n_embd, n_head,
@@ -41,7 +41,7 @@
 #include "optim.h"
 #include "safetensors.h"
 
-/* ---- strict JSON: the top-level members of an object ------------------------------------------ */
+/* ---- strict JSON: the top-level members of an object ----------------------------------------- */
 
 /* A top-level member's value: kind 0 (absent), 'n' number (num: the whole text read by strtod,
  * however long), 'b' true/false (num 1/0), 's' string (its first 63 bytes, escapes as written, in
@@ -56,7 +56,8 @@ typedef struct tpk__json_val {
 /* True when the top-level member name t[k0, k1) already appeared among the first *nseen (kept in
  * *seen, grown as needed: offsets of each name's start and end); false after recording it, or
  * with *seen NULL when out of memory. Sorted insertion keeps the search logarithmic. */
-static inline bool tpk__json_seen(const char *t, size_t k0, size_t k1, size_t (**seen)[2], size_t *nseen, size_t *cap) {
+static inline bool tpk__json_seen(const char *t, size_t k0, size_t k1, size_t (**seen)[2],
+                                  size_t *nseen, size_t *cap) {
     size_t lo = 0, hi = *nseen;
     while (lo < hi) { /* the first name not below t[k0, k1) */
         size_t mid = (lo + hi) / 2, a = (*seen)[mid][0], la = (*seen)[mid][1] - a, lb = k1 - k0;
@@ -64,7 +65,9 @@ static inline bool tpk__json_seen(const char *t, size_t k0, size_t k1, size_t (*
         if (c < 0 || (c == 0 && la < lb)) lo = mid + 1;
         else hi = mid;
     }
-    if (lo < *nseen && (*seen)[lo][1] - (*seen)[lo][0] == k1 - k0 && !memcmp(t + (*seen)[lo][0], t + k0, k1 - k0)) return true;
+    if (lo < *nseen && (*seen)[lo][1] - (*seen)[lo][0] == k1 - k0 &&
+        !memcmp(t + (*seen)[lo][0], t + k0, k1 - k0))
+        return true;
     if (*nseen == *cap) {
         size_t nc = *cap ? 2 * *cap : 32;
         size_t(*g)[2] = (size_t(*)[2])realloc(*seen, nc * sizeof **seen);
@@ -80,7 +83,8 @@ static inline bool tpk__json_seen(const char *t, size_t k0, size_t k1, size_t (*
  * deep; in the top-level object each member name once) and, when it is an object, describes the
  * top-level members named keys[i] in vals[i]. On an error returns false with *at the byte offset
  * and *what the expectation. */
-static inline bool tpk__json_top(const char *t, size_t n, const char *const *keys, int nkeys, tpk__json_val *vals, size_t *at, const char **what) {
+static inline bool tpk__json_top(const char *t, size_t n, const char *const *keys, int nkeys,
+                                 tpk__json_val *vals, size_t *at, const char **what) {
     char stack[64]; /* '{' or '[' per open level */
     int depth = 0, key_index = -1;
     size_t i = 0, (*seen)[2] = NULL, nseen = 0, cap = 0; /* the top-level member names so far */
@@ -94,7 +98,12 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
         if (i >= n) TPK__FAIL("a value");
         char c = t[i];
         tpk__json_val *mine = depth == 1 && key_index >= 0 ? &vals[key_index] : NULL;
-        if (mine) mine->at = i, mine->kind = c == '{' || c == '[' ? 'o' : c == '"' ? 's' : c == 't' || c == 'f' ? 'b' : c == 'n' ? 'z' : 'n';
+        if (mine)
+            mine->at = i, mine->kind = c == '{' || c == '['   ? 'o'
+                                       : c == '"'             ? 's'
+                                       : c == 't' || c == 'f' ? 'b'
+                                       : c == 'n'             ? 'z'
+                                                              : 'n';
         if (c == '{' || c == '[') {
             if (depth == 64) TPK__FAIL("nesting at most 64 deep");
             if (depth == 0 && c == '{') top_object = true;
@@ -110,7 +119,8 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
                 unsigned char u = (unsigned char)t[i];
                 if (u == '"') break;
                 if (u < 0x20) TPK__FAIL("no control character in a string");
-                if (u >= 0x80) { /* a multi-byte character: valid UTF-8, as the safetensors reader requires */
+                if (u >= 0x80) { /* a multi-byte character: valid UTF-8, as the safetensors reader
+                                    requires */
                     size_t k = tpk__st_utf8_len((const uint8_t *)t + i, (const uint8_t *)t + n);
                     if (!k) TPK__FAIL("valid UTF-8 in a string");
                     i += k - 1;
@@ -120,23 +130,28 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
                     if (++i >= n) TPK__FAIL("an escape");
                     if (t[i] == 'u') {
                         for (int h = 1; h <= 4; h++)
-                            if (i + h >= n || !isxdigit((unsigned char)t[i + h])) TPK__FAIL("four hex digits after \\u");
+                            if (i + h >= n || !isxdigit((unsigned char)t[i + h]))
+                                TPK__FAIL("four hex digits after \\u");
                         i += 4;
                     } else if (!strchr("\"\\/bfnrt", t[i])) {
                         TPK__FAIL("an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
                     }
                 }
             }
-            if (mine) snprintf(mine->str, sizeof mine->str, "%.*s", (int)(i - s0 < 63 ? i - s0 : 63), t + s0);
+            if (mine)
+                snprintf(mine->str, sizeof mine->str, "%.*s", (int)(i - s0 < 63 ? i - s0 : 63),
+                         t + s0);
             i++;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             size_t s0 = i;
             if (t[i] == '-') i++;
             if (i < n && t[i] == '0') i++;
-            else if (i < n && t[i] >= '1' && t[i] <= '9') while (i < n && t[i] >= '0' && t[i] <= '9') i++;
+            else if (i < n && t[i] >= '1' && t[i] <= '9')
+                while (i < n && t[i] >= '0' && t[i] <= '9') i++;
             else TPK__FAIL("a digit");
             if (i < n && t[i] == '.') {
-                if (++i >= n || t[i] < '0' || t[i] > '9') TPK__FAIL("a digit after the decimal point");
+                if (++i >= n || t[i] < '0' || t[i] > '9') TPK__FAIL("a digit after the decimal "
+                                                                    "point");
                 while (i < n && t[i] >= '0' && t[i] <= '9') i++;
             }
             if (i < n && (t[i] == 'e' || t[i] == 'E')) {
@@ -178,9 +193,13 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
         {
             size_t k0 = ++i, k;
             for (; i < n && t[i] != '"' && (unsigned char)t[i] >= 0x20 && t[i] != '\\'; i += k)
-                if (!(k = tpk__st_utf8_len((const uint8_t *)t + i, (const uint8_t *)t + n))) TPK__FAIL("valid UTF-8 in a member name");
+                if (!(k = tpk__st_utf8_len((const uint8_t *)t + i, (const uint8_t *)t + n)))
+                    TPK__FAIL("valid UTF-8 in a member name");
             if (i >= n || t[i] != '"') TPK__FAIL("a plain member name (no escapes)");
-            if (depth == 1 && tpk__json_seen(t, k0, i, &seen, &nseen, &cap)) { i = k0 - 1; TPK__FAIL("each member name once (a duplicate key)"); }
+            if (depth == 1 && tpk__json_seen(t, k0, i, &seen, &nseen, &cap)) {
+                i = k0 - 1;
+                TPK__FAIL("each member name once (a duplicate key)");
+            }
             if (depth == 1 && !seen) TPK__FAIL("member names that fit in memory");
             for (int q = 0; depth == 1 && q < nkeys; q++)
                 if (strlen(keys[q]) == i - k0 && !strncmp(t + k0, keys[q], i - k0)) key_index = q;
@@ -198,46 +217,60 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
 #undef TPK__FAIL
 }
 
-/* ---- config.json ------------------------------------------------------------------------------------------ */
+/* ---- config.json ----------------------------------------------------------------------------- */
 
-/* Parse bytes[n] (named `what` in errors) as strict JSON and describe its top-level members keys[i]. */
-static inline tpk_status tpk__config_members(tpk_ctx *ctx, const char *fn, const uint8_t *b, size_t n, const char *what, const char *const *keys, int nkeys,
-                                             tpk__json_val *v) {
+/* Parse bytes[n] (named `what` in errors) as strict JSON and describe its top-level members
+ * keys[i]. */
+static inline tpk_status tpk__config_members(tpk_ctx *ctx, const char *fn, const uint8_t *b,
+                                             size_t n, const char *what, const char *const *keys,
+                                             int nkeys, tpk__json_val *v) {
     size_t at = 0;
     const char *expect = "";
     if (tpk__json_top((const char *)b, n, keys, nkeys, v, &at, &expect)) return TPK_OK;
     if (!strncmp(expect, "each member name once", 21)) { /* at: the duplicate's opening quote */
         size_t e = at + 1;
         while (e < n && b[e] != '"') e++;
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: the key \"%.*s\" appears twice (expected each key once)", what, at,
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: the key \"%.*s\" appears twice "
+                                                  "(expected each key once)", what, at,
                          (int)(e - at - 1 < 100 ? e - at - 1 : 100), (const char *)b + at + 1);
     }
     return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
     return TPK_OK;
 }
 /* A member that must be a number when present (`need`: and must be present). */
-static inline tpk_status tpk__config_number(tpk_ctx *ctx, const char *fn, const char *what, const char *key, const tpk__json_val *v, bool need) {
+static inline tpk_status tpk__config_number(tpk_ctx *ctx, const char *fn, const char *what,
+                                            const char *key, const tpk__json_val *v, bool need) {
     if (v->kind == 'n' || (!v->kind && !need)) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s %s (a number)", what, v->kind ? "expected a number for" : "missing", key);
+    return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s %s (a number)", what,
+                     v->kind ? "expected a number for" : "missing", key);
 }
 
 /* A config.json held in memory (bytes[n], named `what` in errors) into *cfg (vocab, positions,
  * layers, hidden, heads, ln_eps; the other fields untouched). */
-static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n, const char *what, tpk_gpt2_config *cfg) {
+static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
+                                               const char *what, tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_config_parse";
     if (!ctx) return TPK_ERR_ARG;
-    if (!cfg || !what || (n && !b)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
-    static const char *const keys[] = {"n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "layer_norm_epsilon"};
+    if (!cfg || !what || (n && !b))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
+    static const char *const keys[] = {"n_layer",    "n_embd",      "n_head",
+                                       "vocab_size", "n_positions", "layer_norm_epsilon"};
     tpk__json_val v[6];
     TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, 6, v));
     for (int k = 0; k < 6; k++) TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k < 5));
-    double L = v[0].num, H = v[1].num, A = v[2].num, V = v[3].num, P = v[4].num, eps = v[5].kind ? v[5].num : 1e-5;
-    if (!(L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && L <= 1e5 && H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8) || L != floor(L) ||
-        H != floor(H) || A != floor(A) || V != floor(V) || P != floor(P) || (int64_t)H % (int64_t)A || !(eps >= 1e-30 && eps < 1)) /* eps must stay positive as an f32 */
+    double L = v[0].num, H = v[1].num, A = v[2].num, V = v[3].num, P = v[4].num,
+           eps = v[5].kind ? v[5].num : 1e-5;
+    if (!(L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && L <= 1e5 && H <= 1e6 && A <= H &&
+          V <= 1e8 && P <= 1e8) ||
+        L != floor(L) || H != floor(H) || A != floor(A) || V != floor(V) || P != floor(P) ||
+        (int64_t)H % (int64_t)A ||
+        !(eps >= 1e-30 && eps < 1)) /* eps must stay positive as an f32 */
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: implausible configuration (n_layer %g, n_embd %g, n_head %g, vocab_size %g, n_positions %g, layer_norm_epsilon %g)", what, L,
+                         "%s: implausible configuration (n_layer %g, n_embd %g, n_head %g, "
+                         "vocab_size %g, n_positions %g, layer_norm_epsilon %g)", what, L,
                          H, A, V, P, eps);
-    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A, cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P;
+    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A,
+    cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P;
     cfg->ln_eps = (float)eps;
     return TPK_OK;
 }
@@ -246,49 +279,87 @@ static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, s
  * layers, hidden, heads, kv_heads, ffn, rope_theta, norm_eps, tie_embeddings; the other fields
  * untouched). What tpk's Llama does not compute is refused by name: a hidden_act other than
  * silu, attention or MLP biases, rope_scaling, a head_dim other than hidden / heads. */
-static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n, const char *what, tpk_llama_config *cfg) {
+static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
+                                                const char *what, tpk_llama_config *cfg) {
     static const char *fn = "tpk_llama_config_parse";
     if (!ctx) return TPK_ERR_ARG;
-    if (!cfg || !what || (n && !b)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
+    if (!cfg || !what || (n && !b))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
     enum { NL, NH, NA, NV, NP, NF, NG, NEPS, NTH, NTIE, NACT, NAB, NMB, NRS, NHD, NK };
-    static const char *const keys[] = {"num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "max_position_embeddings",
-                                       "intermediate_size", "num_key_value_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
-                                       "hidden_act", "attention_bias", "mlp_bias", "rope_scaling", "head_dim"};
+    static const char *const keys[] = {"num_hidden_layers",
+                                       "hidden_size",
+                                       "num_attention_heads",
+                                       "vocab_size",
+                                       "max_position_embeddings",
+                                       "intermediate_size",
+                                       "num_key_value_heads",
+                                       "rms_norm_eps",
+                                       "rope_theta",
+                                       "tie_word_embeddings",
+                                       "hidden_act",
+                                       "attention_bias",
+                                       "mlp_bias",
+                                       "rope_scaling",
+                                       "head_dim"};
     tpk__json_val v[NK];
     TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, NK, v));
-    for (int k = 0; k <= NTH; k++) TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k <= NF));
+    for (int k = 0; k <= NTH; k++)
+        TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k <= NF));
     TPK_TRY(tpk__config_number(ctx, fn, what, keys[NHD], &v[NHD], false));
     for (int k = NTIE; k <= NMB; k += k == NTIE ? 2 : 1)
-        if (v[k].kind && v[k].kind != 'b') return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected true or false for %s", what, keys[k]);
+        if (v[k].kind && v[k].kind != 'b')
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected true or false for %s", what,
+                             keys[k]);
     double L = v[NL].num, H = v[NH].num, A = v[NA].num, V = v[NV].num, P = v[NP].num, F = v[NF].num;
-    double G = v[NG].kind ? v[NG].num : A, eps = v[NEPS].kind ? v[NEPS].num : 1e-6, theta = v[NTH].kind ? v[NTH].num : 10000;
-    bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && F >= 1 && G >= 1 && L <= 1e5 && H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 &&
-              F <= 1e7 && L == floor(L) && H == floor(H) && A == floor(A) && V == floor(V) && P == floor(P) && F == floor(F) && G == floor(G) &&
-              eps >= 1e-30 && eps < 1 && theta > 1 && theta < 1e30;
+    double G = v[NG].kind ? v[NG].num : A, eps = v[NEPS].kind ? v[NEPS].num : 1e-6,
+           theta = v[NTH].kind ? v[NTH].num : 10000;
+    bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && F >= 1 && G >= 1 && L <= 1e5 &&
+              H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 && F <= 1e7 && L == floor(L) &&
+              H == floor(H) && A == floor(A) && V == floor(V) && P == floor(P) && F == floor(F) &&
+              G == floor(G) && eps >= 1e-30 && eps < 1 && theta > 1 && theta < 1e30;
     if (!ok)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: implausible configuration (num_hidden_layers %g, hidden_size %g, num_attention_heads %g, num_key_value_heads %g, "
-                         "vocab_size %g, max_position_embeddings %g, intermediate_size %g, rms_norm_eps %g, rope_theta %g)",
+                         "%s: implausible configuration (num_hidden_layers %g, hidden_size %g, "
+                         "num_attention_heads %g, num_key_value_heads %g, "
+                         "vocab_size %g, max_position_embeddings %g, intermediate_size %g, "
+                         "rms_norm_eps %g, rope_theta %g)",
                          what, L, H, A, G, V, P, F, eps, theta);
     if ((int64_t)H % (int64_t)A || ((int64_t)H / (int64_t)A) % 2)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: hidden_size %g over num_attention_heads %g: expected an even head size (rotary embeddings)", what, H, A);
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: hidden_size %g over num_attention_heads %g: "
+                         "expected an even head size (rotary embeddings)",
+                         what, H, A);
     if ((int64_t)A % (int64_t)G)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: num_key_value_heads %g: expected a divisor of num_attention_heads %g", what, G, A);
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: num_key_value_heads %g: expected a divisor "
+                                                  "of num_attention_heads %g", what, G, A);
     if (v[NHD].kind && v[NHD].num != H / A)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: head_dim %g: expected hidden_size / num_attention_heads = %g", what, v[NHD].num, H / A);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: head_dim %g: expected hidden_size / "
+                         "num_attention_heads = %g",
+                         what, v[NHD].num, H / A);
     if (v[NACT].kind && (v[NACT].kind != 's' || strcmp(v[NACT].str, "silu")))
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: hidden_act \"%s\": expected \"silu\" (SwiGLU)", what, v[NACT].str);
-    if (v[NAB].num || v[NMB].num) return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: attention_bias / mlp_bias: expected false (Llama has no biases)", what);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: hidden_act \"%s\": expected \"silu\" "
+                                                       "(SwiGLU)", what, v[NACT].str);
+    if (v[NAB].num || v[NMB].num)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: attention_bias / mlp_bias: expected false (Llama has no biases)",
+                         what);
     if (v[NRS].kind && v[NRS].kind != 'z')
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: rope_scaling: expected null (scaled rotary embeddings are not implemented)", what);
-    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A, cfg->kv_heads = (int64_t)G, cfg->vocab = (int64_t)V;
-    cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F, cfg->norm_eps = (float)eps, cfg->rope_theta = (float)theta, cfg->tie_embeddings = v[NTIE].num != 0;
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: rope_scaling: expected null (scaled "
+                         "rotary embeddings are not implemented)",
+                         what);
+    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A,
+    cfg->kv_heads = (int64_t)G, cfg->vocab = (int64_t)V;
+    cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F, cfg->norm_eps = (float)eps,
+    cfg->rope_theta = (float)theta, cfg->tie_embeddings = v[NTIE].num != 0;
     return TPK_OK;
 }
 
 /* A checkpoint path's names, trailing slashes dropped: base (the checkpoint), base.tpk-old (the
  * previous checkpoint while a save swaps the two), base.tpk-new (a save's files until the swap),
- * and base's parent directory (fsynced after each rename). False when the path is empty or too long. */
+ * and base's parent directory (fsynced after each rename). False when the path is empty or too
+ * long. */
 typedef struct tpk__hf_paths {
     char base[1024], old[1040], tmp[1040], parent[1024];
 } tpk__hf_paths;
@@ -297,10 +368,13 @@ static inline bool tpk__hf_paths_of(const char *dir, tpk__hf_paths *p) {
     while (n > 1 && dir[n - 1] == '/') n--;
     if (n == 0 || n >= sizeof p->base) return false;
     memcpy(p->base, dir, n), p->base[n] = 0;
-    snprintf(p->old, sizeof p->old, "%s.tpk-old", p->base), snprintf(p->tmp, sizeof p->tmp, "%s.tpk-new", p->base);
+    snprintf(p->old, sizeof p->old, "%s.tpk-old", p->base),
+        snprintf(p->tmp, sizeof p->tmp, "%s.tpk-new", p->base);
     const char *slash = strrchr(p->base, '/');
     if (!slash) snprintf(p->parent, sizeof p->parent, ".");
-    else snprintf(p->parent, sizeof p->parent, "%.*s", slash == p->base ? 1 : (int)(slash - p->base), p->base);
+    else
+        snprintf(p->parent, sizeof p->parent, "%.*s", slash == p->base ? 1 : (int)(slash - p->base),
+                 p->base);
     return true;
 }
 
@@ -318,8 +392,10 @@ static inline void tpk__hf_resolve(const char *dir, char *out, size_t n) {
     if (access(cj, F_OK) == 0) snprintf(out, n, "%s", p.old);
 }
 
-/* dir/config.json's bytes (free them) and its path (dir.tpk-old's after a stopped save: tpk__hf_resolve). */
-static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const char *dir, char *path, size_t np, uint8_t **b, size_t *n) {
+/* dir/config.json's bytes (free them) and its path (dir.tpk-old's after a stopped save:
+ * tpk__hf_resolve). */
+static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const char *dir, char *path,
+                                          size_t np, uint8_t **b, size_t *n) {
     if (!ctx) return TPK_ERR_ARG;
     if (!dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: NULL");
     char d[1100];
@@ -340,7 +416,8 @@ static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk
     return s;
 }
 /* dir/config.json into *cfg, as tpk_llama_config_parse. */
-static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir, tpk_llama_config *cfg) {
+static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
+                                               tpk_llama_config *cfg) {
     static const char *fn = "tpk_llama_config_read";
     char path[1200];
     uint8_t *b = NULL;
@@ -366,13 +443,19 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     free(b);
     TPK_TRY(s);
     if (v.kind != 's' || (strcmp(v.str, "gpt2") && strcmp(v.str, "llama")))
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: model_type %s%s%s: expected \"gpt2\" or \"llama\"", path, v.kind == 's' ? "\"" : "",
-                         v.kind == 's' ? v.str : v.kind ? "(not a string)" : "missing", v.kind == 's' ? "\"" : "");
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: model_type %s%s%s: expected \"gpt2\" "
+                         "or \"llama\"",
+                         path, v.kind == 's' ? "\"" : "",
+                         v.kind == 's' ? v.str
+                         : v.kind      ? "(not a string)"
+                                       : "missing",
+                         v.kind == 's' ? "\"" : "");
     snprintf(type, n, "%.31s", v.str); /* "gpt2" or "llama" */
     return TPK_OK;
 }
 
-/* ---- the checkpoint directory: replaced whole or not at all ------------------------------------------------ */
+/* ---- the checkpoint directory: replaced whole or not at all ---------------------------------- */
 
 /* Whether a directory entry is one of a checkpoint's files, replaced and removed with it:
  * config.json, optim.safetensors, model*.safetensors (model.safetensors, Hugging Face's shards
@@ -388,7 +471,8 @@ static inline bool tpk__hf_ckpt_file(const char *name) {
             if (*d < '0' || *d > '9') return false;
     }
 #define TPK__IS(lit) (n == sizeof(lit) - 1 && !strncmp(name, lit, n))
-    return TPK__IS("config.json") || TPK__IS("optim.safetensors") || TPK__IS("model.safetensors.index.json") ||
+    return TPK__IS("config.json") || TPK__IS("optim.safetensors") ||
+           TPK__IS("model.safetensors.index.json") ||
            (n >= 17 && !strncmp(name, "model", 5) && !strncmp(name + n - 12, ".safetensors", 12));
 #undef TPK__IS
 }
@@ -407,7 +491,10 @@ static inline bool tpk__hf_fsync_dir(const char *dir) {
 static inline tpk_status tpk__hf_remove(tpk_ctx *ctx, const char *fn, const char *dir, bool *kept) {
     DIR *d = opendir(dir);
     if (kept) *kept = false;
-    if (!d) return errno == ENOENT ? TPK_OK : tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot list: %s", dir, strerror(errno));
+    if (!d)
+        return errno == ENOENT
+                   ? TPK_OK
+                   : tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot list: %s", dir, strerror(errno));
     int others = 0;
     tpk_status s = TPK_OK;
     char path[1400];
@@ -415,10 +502,12 @@ static inline tpk_status tpk__hf_remove(tpk_ctx *ctx, const char *fn, const char
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         if (!tpk__hf_ckpt_file(e->d_name)) { others++; continue; }
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (unlink(path) != 0 && errno != ENOENT && s == TPK_OK) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot remove: %s", path, strerror(errno));
+        if (unlink(path) != 0 && errno != ENOENT && s == TPK_OK)
+            s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot remove: %s", path, strerror(errno));
     }
     closedir(d);
-    if (s == TPK_OK && !others && rmdir(dir) != 0) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot remove: %s", dir, strerror(errno));
+    if (s == TPK_OK && !others && rmdir(dir) != 0)
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot remove: %s", dir, strerror(errno));
     if (kept) *kept = others > 0;
     return s;
 }
@@ -430,23 +519,29 @@ static inline tpk_status tpk_hf_remove(tpk_ctx *ctx, const char *dir) {
     static const char *fn = "tpk_hf_remove";
     tpk__hf_paths p;
     if (!ctx) return TPK_ERR_ARG;
-    if (!tpk__hf_paths_of(dir, &p)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected a path of 1..1023 bytes");
+    if (!tpk__hf_paths_of(dir, &p))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected a path of 1..1023 bytes");
     return tpk__hf_remove(ctx, fn, p.base, NULL);
 }
 
 /* Move every entry of `from` that is not a checkpoint file (a user's README, a Hugging Face
- * folder's tokenizer files, the trainer's step-N directories) into `to`, where none of that name is. */
-static inline tpk_status tpk__hf_carry(tpk_ctx *ctx, const char *fn, const char *from, const char *to) {
+ * folder's tokenizer files, the trainer's step-N directories) into `to`, where none of that name
+ * is. */
+static inline tpk_status tpk__hf_carry(tpk_ctx *ctx, const char *fn, const char *from,
+                                       const char *to) {
     DIR *d = opendir(from);
     if (!d) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot list: %s", from, strerror(errno));
     tpk_status s = TPK_OK;
     char a[1400], b[1400];
     struct stat st;
     for (struct dirent *e; (e = readdir(d)) && s == TPK_OK;) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || tpk__hf_ckpt_file(e->d_name)) continue;
-        snprintf(a, sizeof a, "%s/%s", from, e->d_name), snprintf(b, sizeof b, "%s/%s", to, e->d_name);
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || tpk__hf_ckpt_file(e->d_name))
+            continue;
+        snprintf(a, sizeof a, "%s/%s", from, e->d_name),
+            snprintf(b, sizeof b, "%s/%s", to, e->d_name);
         if (stat(b, &st) == 0) continue; /* `to` has its own: `from` keeps this one */
-        if (rename(a, b) != 0) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot move to %s: %s", a, b, strerror(errno));
+        if (rename(a, b) != 0)
+            s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot move to %s: %s", a, b, strerror(errno));
     }
     closedir(d);
     return s;
@@ -460,32 +555,42 @@ static inline tpk_status tpk__hf_repair(tpk_ctx *ctx, const char *fn, const tpk_
     struct stat st;
     bool base = stat(p->base, &st) == 0, old = stat(p->old, &st) == 0, kept = false;
     if (old && !base) {
-        if (rename(p->old, p->base) != 0) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename back to %s: %s", p->old, p->base, strerror(errno));
-        if (!tpk__hf_fsync_dir(p->parent)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: fsync failed: %s", p->parent, strerror(errno));
+        if (rename(p->old, p->base) != 0)
+            return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename back to %s: %s", p->old,
+                             p->base, strerror(errno));
+        if (!tpk__hf_fsync_dir(p->parent))
+            return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: fsync failed: %s", p->parent,
+                             strerror(errno));
     } else if (old) {
         TPK_TRY(tpk__hf_carry(ctx, fn, p->old, p->base));
         TPK_TRY(tpk__hf_remove(ctx, fn, p->old, &kept));
-        if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: left by an earlier save, holds entries %s also has: move or remove them", p->old, p->base);
+        if (kept)
+            return tpk__fail(ctx, TPK_ERR_IO, fn,
+                             "%s: left by an earlier save, holds "
+                             "entries %s also has: move or remove them",
+                             p->old, p->base);
     }
     TPK_TRY(tpk__hf_remove(ctx, fn, p->tmp, &kept));
-    if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: expected only a stopped save's files there (remove the directory)", p->tmp);
+    if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: expected only a stopped save's files "
+                                                    "there (remove the directory)", p->tmp);
     return TPK_OK;
 }
 
-/* ---- save ------------------------------------------------------------------------------------------------- */
+/* ---- save ------------------------------------------------------------------------------------ */
 
 /* Conv1D weights are stored [in, out] by Hugging Face, [out, in] here. */
 static inline bool tpk__hf_is_conv1d(const tpk_param *p) {
     size_t n = strlen(p->name);
-    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") && strncmp(p->name, "wte", 3) && strncmp(p->name, "wpe", 3) &&
-           !strstr(p->name, "ln_");
+    return p->ndim == 2 && n > 7 && !strcmp(p->name + n - 7, ".weight") &&
+           strncmp(p->name, "wte", 3) && strncmp(p->name, "wpe", 3) && !strstr(p->name, "ln_");
 }
 static inline void tpk__transpose(const float *in, float *out, int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) out[j * rows + i] = in[i * cols + j];
 }
 /* text to path atomically: a temporary written, fsynced and renamed over path */
-static inline tpk_status tpk__write_text_atomic(tpk_ctx *ctx, const char *fn, const char *path, const char *text) {
+static inline tpk_status tpk__write_text_atomic(tpk_ctx *ctx, const char *fn, const char *path,
+                                                const char *text) {
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -512,7 +617,8 @@ static inline void tpk__hf_new_id(char out[17]) {
     bool ok = fd >= 0 && read(fd, &x, sizeof x) == (ssize_t)sizeof x;
     if (fd >= 0) close(fd);
     if (!ok) {
-        tpk_u32x4 r = tpk_philox((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32), (uint64_t)(uintptr_t)&x, (uint64_t)clock());
+        tpk_u32x4 r = tpk_philox((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32),
+                                 (uint64_t)(uintptr_t)&x, (uint64_t)clock());
         x = (uint64_t)r.v[0] << 32 | r.v[1];
     }
     snprintf(out, 17, "%016llx", (unsigned long long)x);
@@ -525,7 +631,8 @@ static inline tpk_status tpk__hf_begin(tpk_ctx *ctx, const char *fn, const tpk__
     TPK_TRY(tpk__hf_repair(ctx, fn, p));
     if (stat(p->base, &st) == 0 && !S_ISDIR(st.st_mode))
         return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: exists and is not a directory", p->base);
-    if (mkdir(p->tmp, 0755) != 0) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create: %s", p->tmp, strerror(errno));
+    if (mkdir(p->tmp, 0755) != 0)
+        return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create: %s", p->tmp, strerror(errno));
     return TPK_OK;
 }
 
@@ -534,8 +641,9 @@ static inline tpk_status tpk__hf_begin(tpk_ctx *ctx, const char *fn, const tpk__
  * fsynced; then swapped in: base (when it exists) renamed to base.tpk-old, base.tpk-new to base,
  * the parent fsynced, the old directory's other entries carried over, the old checkpoint removed.
  * A failure before the swap leaves base as it was. */
-static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk__hf_paths *p, const tpk_st_entry *e, int n, int nopt, int64_t step,
-                                       const char *config) {
+static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk__hf_paths *p,
+                                        const tpk_st_entry *e, int n, int nopt, int64_t step,
+                                        const char *config) {
     char path[1100], stepstr[32], id[17], *text = (char *)malloc(strlen(config) + 64);
     if (!text) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "config.json's text");
     tpk__hf_new_id(id);
@@ -543,7 +651,8 @@ static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk_
     while (end && config[end - 1] != '}') end--; /* config's closing brace: the id goes before it */
     while (end > 1 && strchr(" \t\r\n", config[end - 2])) end--;
     bool empty = end > 1 && config[end - 2] == '{'; /* "{}": the id is the only member, no comma */
-    snprintf(text, strlen(config) + 64, "%.*s%s\n  \"tpk_checkpoint_id\": \"%s\"\n}\n", end ? (int)end - 1 : 0, config, empty ? "" : ",", id);
+    snprintf(text, strlen(config) + 64, "%.*s%s\n  \"tpk_checkpoint_id\": \"%s\"\n}\n",
+             end ? (int)end - 1 : 0, config, empty ? "" : ",", id);
     snprintf(stepstr, sizeof stepstr, "%lld", (long long)step);
     const char *meta[] = {"format", "pt", "step", stepstr, "tpk_checkpoint_id", id, NULL};
     const char *ometa[] = {"format", "tpk-adamw", "step", stepstr, "tpk_checkpoint_id", id, NULL};
@@ -555,24 +664,38 @@ static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk_
     snprintf(path, sizeof path, "%s/config.json", p->tmp);
     if (s == TPK_OK) s = tpk__write_text_atomic(ctx, fn, path, text);
     free(text);
-    if (s == TPK_OK && !tpk__hf_fsync_dir(p->tmp)) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: fsync failed: %s", p->tmp, strerror(errno));
+    if (s == TPK_OK && !tpk__hf_fsync_dir(p->tmp))
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: fsync failed: %s", p->tmp, strerror(errno));
     if (s != TPK_OK) return s;
     struct stat st;
     bool had = stat(p->base, &st) == 0;
-    if (had && rename(p->base, p->old) != 0) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename to %s: %s", p->base, p->old, strerror(errno));
+    if (had && rename(p->base, p->old) != 0)
+        return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename to %s: %s", p->base, p->old,
+                         strerror(errno));
     if (rename(p->tmp, p->base) != 0) {
-        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename to %s: %s", p->tmp, p->base, strerror(errno));
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot rename to %s: %s", p->tmp, p->base,
+                      strerror(errno));
         if (had) rename(p->old, p->base);
         return s;
     }
-    if (!tpk__hf_fsync_dir(p->parent)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync of %s failed: %s", p->base, p->parent, strerror(errno));
+    if (!tpk__hf_fsync_dir(p->parent))
+        return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync of %s failed: %s", p->base,
+                         p->parent, strerror(errno));
     if (!had) return TPK_OK;
     bool kept = false;
     TPK_TRY(tpk__hf_carry(ctx, fn, p->old, p->base));
-    if (!tpk__hf_fsync_dir(p->base)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync failed: %s", p->base, strerror(errno));
+    if (!tpk__hf_fsync_dir(p->base))
+        return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync failed: %s", p->base,
+                         strerror(errno));
     TPK_TRY(tpk__hf_remove(ctx, fn, p->old, &kept));
-    if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but %s keeps entries %s also has: move or remove them", p->base, p->old, p->base);
-    if (!tpk__hf_fsync_dir(p->parent)) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync of %s failed: %s", p->base, p->parent, strerror(errno));
+    if (kept)
+        return tpk__fail(ctx, TPK_ERR_IO, fn,
+                         "%s: saved, but %s keeps entries %s also has: "
+                         "move or remove them",
+                         p->base, p->old, p->base);
+    if (!tpk__hf_fsync_dir(p->parent))
+        return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync of %s failed: %s", p->base,
+                         p->parent, strerror(errno));
     return TPK_OK;
 }
 
@@ -580,17 +703,28 @@ static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk_
  * what dir held as one checkpoint (tpk__hf_commit), with config (config.json's text, written
  * last). transposed(p): the parameter is stored [in, out] (GPT-2's Conv1D), else as registered.
  * Collective over ctx->world. */
-static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_adamw *opt, const char *dir, int64_t step, const char *config,
+static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_adamw *opt,
+                                      const char *dir, int64_t step, const char *config,
                                       bool (*transposed)(const tpk_param *)) {
     bool root = ctx->world->rank == 0, made = false;
     tpk_status s = TPK_OK;
     tpk__hf_paths p;
-    if (!tpk__hf_paths_of(dir, &p)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir \"%.40s\": expected a path of 1..1023 bytes", dir);
-    const char *last = strrchr(p.base, '/') ? strrchr(p.base, '/') + 1 : p.base; /* replaced by rename: a name, not "." or ".." or "/" */
+    if (!tpk__hf_paths_of(dir, &p))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir \"%.40s\": expected a path of 1..1023 bytes",
+                         dir);
+    const char *last = strrchr(p.base, '/')
+                           ? strrchr(p.base, '/') + 1
+                           : p.base; /* replaced by rename: a name, not "." or ".." or "/" */
     if (!strcmp(last, ".") || !strcmp(last, "..") || !*last)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir \"%s\": expected a path ending in the checkpoint directory's name, not \"%s\"", p.base, *last ? last : "/");
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "dir \"%s\": expected a path ending in the "
+                         "checkpoint directory's name, not \"%s\"",
+                         p.base, *last ? last : "/");
     if (root) s = tpk__hf_begin(ctx, fn, &p);
-    if (tpk_agree(ctx, ctx->world, s) != TPK_OK) return s != TPK_OK ? s : tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot create the checkpoint directory", dir);
+    if (tpk_agree(ctx, ctx->world, s) != TPK_OK)
+        return s != TPK_OK ? s
+                           : tpk__fail(ctx, TPK_ERR_IO, fn,
+                                       "%s: cannot create the checkpoint directory", dir);
     float *om = NULL, *ov = NULL; /* the whole moments (ZeRO-1: gathered over DP) */
     if (opt) TPK_TRY(tpk__adamw_whole(ctx, opt, true, &om, &ov, &made));
     int n = ctx->params.n, k3 = opt ? 3 : 1;
@@ -598,13 +732,15 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
     tpk_st_entry *e = (tpk_st_entry *)calloc((size_t)n * 3, sizeof *e);
     int64_t(*shapes)[2] = (int64_t(*)[2])calloc((size_t)n, sizeof *shapes);
     char(*names)[2][112] = (char(*)[2][112])calloc((size_t)n, sizeof *names);
-    if (!w || !e || !shapes || !names) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
+    if (!w || !e || !shapes || !names)
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
     for (int i = 0; i < n && s == TPK_OK; i++) {
         const tpk_param *p = &ctx->params.list[i];
         size_t gn = tpk_param_global_numel(ctx, i);
         const float *flat[3] = {(const float *)ctx->params.data.p, om, ov};
         for (int k = 0; k < k3 && s == TPK_OK; k++) {
-            if (!(w[3 * i + k] = (float *)malloc(sizeof(float) * (gn ? gn : 1)))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
+            if (!(w[3 * i + k] = (float *)malloc(sizeof(float) * (gn ? gn : 1))))
+                s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
             else s = tpk_param_gather(ctx, i, flat[k], w[3 * i + k]); /* collective over TP */
         }
         if (s != TPK_OK) break;
@@ -617,41 +753,53 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
         } else {
             shapes[i][0] = p->gshape[0], shapes[i][1] = p->ndim > 1 ? p->gshape[1] : 0;
         }
-        e[i].name = p->name, e[i].dtype = TPK_ST_F32, e[i].ndim = p->ndim, e[i].shape = shapes[i], e[i].data = w[3 * i];
+        e[i].name = p->name, e[i].dtype = TPK_ST_F32, e[i].ndim = p->ndim, e[i].shape = shapes[i],
+        e[i].data = w[3 * i];
         for (int k = 0; k < 2 && opt; k++) {
-            snprintf(names[i][k], sizeof names[i][k], "%s.%s", p->name, k ? "exp_avg_sq" : "exp_avg");
+            snprintf(names[i][k], sizeof names[i][k], "%s.%s", p->name,
+                     k ? "exp_avg_sq" : "exp_avg");
             tpk_st_entry *o = &e[n + 2 * i + k];
-            o->name = names[i][k], o->dtype = TPK_ST_F32, o->ndim = p->ndim, o->shape = p->gshape, o->data = w[3 * i + 1 + k];
+            o->name = names[i][k], o->dtype = TPK_ST_F32, o->ndim = p->ndim, o->shape = p->gshape,
+            o->data = w[3 * i + 1 + k];
         }
     }
     if (s == TPK_OK && root) s = tpk__hf_commit(ctx, fn, &p, e, n, opt ? 2 * n : 0, step, config);
-    if (s != TPK_OK && root) tpk__hf_remove(NULL, fn, p.tmp, NULL); /* a save stopped before its swap: its files go */
+    if (s != TPK_OK && root) tpk__hf_remove(NULL, fn, p.tmp, NULL); /* a save stopped before its
+                                                                       swap: its files go */
     for (int i = 0; w && i < 3 * n; i++) free(w[i]);
     free(w), free(e), free(shapes), free(names);
     if (made) tpk_op_free(ctx, om), tpk_op_free(ctx, ov);
     tpk_status all = tpk_agree(ctx, ctx->world, s);
-    if (all != TPK_OK && s == TPK_OK) return tpk__fail(ctx, all, fn, "%s: writing the checkpoint failed on another rank", dir);
+    if (all != TPK_OK && s == TPK_OK) return tpk__fail(ctx, all, fn, "%s: writing the checkpoint "
+                                                                     "failed on another rank", dir);
     return s;
 }
 
 /* Save the model (and opt's moments when opt is not NULL) to dir. Collective over ctx->world. */
-static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tpk_adamw *opt, const char *dir, const tpk_gpt2_save_desc *desc) {
+static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tpk_adamw *opt,
+                                       const char *dir, const tpk_gpt2_save_desc *desc) {
     static const char *fn = "tpk_gpt2_save";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    if (!m || !m->h || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     tpk_gpt2_save_desc d;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     char cfg[1400];
     const tpk_gpt2_config *c = &m->c;
     snprintf(cfg, sizeof cfg,
-             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  \"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
-             "  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  \"n_inner\": null,\n"
-             "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n  \"resid_pdrop\": %g,\n  \"embd_pdrop\": %g,\n"
-             "  \"attn_pdrop\": %g,\n  \"tie_word_embeddings\": true,\n  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu\n}\n",
-             (long long)c->vocab, (long long)c->positions, (long long)c->positions, (long long)c->hidden, (long long)c->layers, (long long)c->heads,
-             (double)(c->ln_eps > 0 ? c->ln_eps : 1e-5f), (double)c->dropout, (double)c->dropout, (double)c->dropout, (long long)d.step,
-             (unsigned long long)d.seed);
+             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  "
+             "\"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
+             "  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n "
+             " \"n_inner\": null,\n"
+             "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n  "
+             "\"resid_pdrop\": %g,\n  \"embd_pdrop\": %g,\n"
+             "  \"attn_pdrop\": %g,\n  \"tie_word_embeddings\": true,\n  \"tpk_step\": %lld,\n  "
+             "\"tpk_seed\": %llu\n}\n",
+             (long long)c->vocab, (long long)c->positions, (long long)c->positions,
+             (long long)c->hidden, (long long)c->layers, (long long)c->heads,
+             (double)(c->ln_eps > 0 ? c->ln_eps : 1e-5f), (double)c->dropout, (double)c->dropout,
+             (double)c->dropout, (long long)d.step, (unsigned long long)d.seed);
     return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, tpk__hf_is_conv1d);
 }
 
@@ -667,28 +815,37 @@ static inline const char *tpk__float_text(float f, char *buf, size_t n) {
 /* Save a Llama (and opt's moments when opt is not NULL) to dir in Hugging Face's LlamaForCausalLM
  * layout: config.json (model_type "llama"), model.safetensors with every tensor [out, in]
  * (lm_head.weight absent when tied). Collective over ctx->world. */
-static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const tpk_adamw *opt, const char *dir, const tpk_hf_save_desc *desc) {
+static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const tpk_adamw *opt,
+                                        const char *dir, const tpk_hf_save_desc *desc) {
     static const char *fn = "tpk_llama_save";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    if (!m || !m->layers || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     tpk_hf_save_desc d;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     char cfg[1400], e1[32], e2[32];
     const tpk_llama_config *c = &m->c;
     snprintf(cfg, sizeof cfg,
-             "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": %lld,\n"
-             "  \"max_position_embeddings\": %lld,\n  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
-             "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n  \"hidden_act\": \"silu\",\n"
-             "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  \"attention_bias\": false,\n  \"mlp_bias\": false,\n"
-             "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\",\n  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu\n}\n",
-             (long long)c->vocab, (long long)c->positions, (long long)c->hidden, (long long)c->ffn, (long long)c->layers, (long long)c->heads,
-             (long long)c->kv_heads, (long long)(c->hidden / c->heads), tpk__float_text(c->norm_eps, e1, sizeof e1), tpk__float_text(c->rope_theta, e2, sizeof e2), c->tie_embeddings ? "true" : "false",
+             "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  "
+             "\"vocab_size\": %lld,\n"
+             "  \"max_position_embeddings\": %lld,\n  \"hidden_size\": %lld,\n  "
+             "\"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
+             "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": "
+             "%lld,\n  \"hidden_act\": \"silu\",\n"
+             "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  "
+             "\"attention_bias\": false,\n  \"mlp_bias\": false,\n"
+             "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\",\n  \"tpk_step\": "
+             "%lld,\n  \"tpk_seed\": %llu\n}\n",
+             (long long)c->vocab, (long long)c->positions, (long long)c->hidden, (long long)c->ffn,
+             (long long)c->layers, (long long)c->heads, (long long)c->kv_heads,
+             (long long)(c->hidden / c->heads), tpk__float_text(c->norm_eps, e1, sizeof e1),
+             tpk__float_text(c->rope_theta, e2, sizeof e2), c->tie_embeddings ? "true" : "false",
              (long long)d.step, (unsigned long long)d.seed);
     return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, NULL);
 }
 
-/* ---- load ------------------------------------------------------------------------------------------------- */
+/* ---- load ------------------------------------------------------------------------------------ */
 
 /* The model's files: model.safetensors, or Hugging Face's shards model-K-of-N.safetensors named
  * by model.safetensors.index.json's weight_map ({"tensor name": "file", ...}). */
@@ -700,24 +857,29 @@ typedef struct tpk__hf_files {
     int nmap;
     char (*tensor)[256];  /* [nmap] weight_map: tensor -> file index */
     int *which;
-    const char **byname;  /* [nmap] the rows of tensor sorted by name: tpk__hf_find's binary search */
+    const char **byname;  /* [nmap] the rows of tensor sorted by name: tpk__hf_find's binary
+                             search */
 } tpk__hf_files;
 
 static inline void tpk__hf_files_close(tpk__hf_files *f) {
     for (int i = 0; f->open && i < f->n; i++)
         if (f->open[i]) tpk_st_close(&f->st[i]);
-    free(f->file), free(f->st), free(f->open), free(f->tensor), free(f->which), free((void *)f->byname);
+    free(f->file), free(f->st), free(f->open), free(f->tensor), free(f->which),
+        free((void *)f->byname);
     memset(f, 0, sizeof *f);
 }
 
 /* dir's index file into f (no index: the one file model.safetensors). */
-static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char *dir, tpk__hf_files *f) {
+static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char *dir,
+                                       tpk__hf_files *f) {
     char path[1200];
     memset(f, 0, sizeof *f);
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, F_OK) != 0) {
-        f->n = 1, f->file = (char(*)[128])calloc(1, 128), f->st = (tpk_st_file *)calloc(1, sizeof *f->st), f->open = (bool *)calloc(1, 1);
-        if (!f->file || !f->st || !f->open) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
+        f->n = 1, f->file = (char(*)[128])calloc(1, 128),
+        f->st = (tpk_st_file *)calloc(1, sizeof *f->st), f->open = (bool *)calloc(1, 1);
+        if (!f->file || !f->st || !f->open)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
         snprintf(f->file[0], 128, "model.safetensors");
         return TPK_OK;
     }
@@ -727,7 +889,8 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
     static const char *const keys[] = {"weight_map"};
     tpk__json_val v;
     tpk_status s = tpk__config_members(ctx, fn, b, n, path, keys, 1, &v);
-    if (s == TPK_OK && (v.kind != 'o' || b[v.at] != '{')) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected an object \"weight_map\"", path);
+    if (s == TPK_OK && (v.kind != 'o' || b[v.at] != '{'))
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected an object \"weight_map\"", path);
     tpk__st_json j;
     memset(&j, 0, sizeof j);
     j.start = b, j.end = b + n, j.ctx = ctx, j.fn = fn, j.what = path;
@@ -735,19 +898,28 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
         j.p = b + v.at + 1;
         int m = 0, k = 0;
         if (pass) {
-            f->tensor = (char(*)[256])calloc((size_t)(f->nmap ? f->nmap : 1), 256), f->which = (int *)calloc((size_t)(f->nmap ? f->nmap : 1), sizeof(int));
+            f->tensor = (char(*)[256])calloc((size_t)(f->nmap ? f->nmap : 1), 256),
+            f->which = (int *)calloc((size_t)(f->nmap ? f->nmap : 1), sizeof(int));
             f->file = (char(*)[128])calloc((size_t)(f->nmap ? f->nmap : 1), 128);
-            if (!f->tensor || !f->which || !f->file) { s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map"); break; }
+            if (!f->tensor || !f->which || !f->file) {
+                s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map");
+                break;
+            }
         }
         if (!tpk__st_eat(&j, '}')) do {
             char name[256], file[128];
             size_t len;
-            if ((s = tpk__st_string(&j, "weight_map: key", name, sizeof name, &len)) != TPK_OK) break;
-            if (len >= sizeof name) { s = tpk__st_bad(&j, "weight_map: a tensor name longer than %zu bytes", sizeof name - 1); break; }
+            if ((s = tpk__st_string(&j, "weight_map: key", name, sizeof name, &len)) != TPK_OK)
+                break;
+            if (len >= sizeof name) { s = tpk__st_bad(&j, "weight_map: a tensor name longer than "
+                                                          "%zu bytes", sizeof name - 1); break; }
             if (!tpk__st_eat(&j, ':')) { s = tpk__st_bad(&j, "weight_map: expected ':'"); break; }
-            if ((s = tpk__st_string(&j, "weight_map: file", file, sizeof file, &len)) != TPK_OK) break;
-            if (len >= sizeof file || len < 13 || strchr(file, '/') || strcmp(file + len - 12, ".safetensors") || file[0] == '.') {
-                s = tpk__st_bad(&j, "weight_map: \"%.100s\": expected a file name ending in .safetensors in the same directory", file);
+            if ((s = tpk__st_string(&j, "weight_map: file", file, sizeof file, &len)) != TPK_OK)
+                break;
+            if (len >= sizeof file || len < 13 || strchr(file, '/') ||
+                strcmp(file + len - 12, ".safetensors") || file[0] == '.') {
+                s = tpk__st_bad(&j, "weight_map: \"%.100s\": expected a file name ending in "
+                                    ".safetensors in the same directory", file);
                 break;
             }
             if (pass) {
@@ -763,19 +935,24 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
     }
     free(b);
     const char *dup = NULL;
-    if (s == TPK_OK && !(f->byname = (const char **)malloc(sizeof(char *) * (size_t)(f->nmap ? f->nmap : 1)))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map");
+    if (s == TPK_OK &&
+        !(f->byname = (const char **)malloc(sizeof(char *) * (size_t)(f->nmap ? f->nmap : 1))))
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map");
     for (int k = 0; s == TPK_OK && k < f->nmap; k++) f->byname[k] = f->tensor[k];
     if (s == TPK_OK && tpk__st_has_dup(f->byname, (size_t)f->nmap, &dup)) /* sorts byname */
-        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: weight_map: the tensor \"%.200s\" appears twice", path, dup);
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                      "%s: weight_map: the tensor \"%.200s\" appears twice", path, dup);
     if (s == TPK_OK && !(f->st = (tpk_st_file *)calloc((size_t)(f->n ? f->n : 1), sizeof *f->st)))
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
-    if (s == TPK_OK && !(f->open = (bool *)calloc((size_t)(f->n ? f->n : 1), 1))) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
+    if (s == TPK_OK && !(f->open = (bool *)calloc((size_t)(f->n ? f->n : 1), 1)))
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
     if (s != TPK_OK) tpk__hf_files_close(f);
     return s;
 }
 
 /* The tensor `name` of dir's model files (NULL if absent); *file its file. */
-static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *dir, tpk__hf_files *f, const char *name, const tpk_st_tensor **t,
+static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *dir,
+                                      tpk__hf_files *f, const char *name, const tpk_st_tensor **t,
                                       tpk_st_file **file) {
     int q = 0;
     *t = NULL;
@@ -783,7 +960,9 @@ static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *
         int lo = 0, hi = f->nmap, k = -1;
         while (lo < hi && k < 0) {
             int mid = lo + (hi - lo) / 2, c = strcmp(f->byname[mid], name);
-            if (!c) k = (int)((const char(*)[256])(const void *)f->byname[mid] - (const char(*)[256])f->tensor); /* its row */
+            if (!c)
+                k = (int)((const char(*)[256])(const void *)f->byname[mid] -
+                          (const char(*)[256])f->tensor); /* its row */
             else if (c < 0) lo = mid + 1;
             else hi = mid;
         }
@@ -797,7 +976,12 @@ static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *
         f->open[q] = true;
     }
     *t = tpk_st_find(&f->st[q], name), *file = &f->st[q];
-    if (!*t && f->tensor) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: no tensor \"%s\" (model.safetensors.index.json puts it there)", dir, f->file[q], name);
+    if (!*t && f->tensor)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s/%s: no tensor \"%s\" "
+                         "(model.safetensors.index.json "
+                         "puts it there)",
+                         dir, f->file[q], name);
     return TPK_OK;
 }
 
@@ -823,23 +1007,32 @@ typedef struct tpk__hf_stamp {
 /* The stamps of one checkpoint's files (config.json first) must agree: each step a whole number,
  * every step given the same, every id given the same (files without an id: Hugging Face's, older
  * tpk's, accepted). *step: the step they give (0 when none does). */
-static inline tpk_status tpk__hf_stamps_agree(tpk_ctx *ctx, const char *fn, const char *dir, const tpk__hf_stamp *st, int n, int64_t *step) {
+static inline tpk_status tpk__hf_stamps_agree(tpk_ctx *ctx, const char *fn, const char *dir,
+                                              const tpk__hf_stamp *st, int n, int64_t *step) {
     int first_step = -1, first_id = -1;
     *step = 0;
     for (int k = 0; k < n; k++) {
         if (st[k].step) {
             int64_t v;
             if (!tpk__hf_step_text(st[k].step, &v))
-                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: %s \"%.40s\": expected a whole number", dir, st[k].file, st[k].key, st[k].step);
+                return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                                 "%s/%s: %s \"%.40s\": expected a whole "
+                                 "number",
+                                 dir, st[k].file, st[k].key, st[k].step);
             if (first_step < 0) first_step = k, *step = v;
             else if (strcmp(st[k].step, st[first_step].step))
-                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s (%s %s) does not belong to %s (%s %s)", dir, st[k].file, st[k].key, st[k].step,
-                                 st[first_step].file, st[first_step].key, st[first_step].step);
+                return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                                 "%s: %s (%s %s) does not belong to %s "
+                                 "(%s %s)",
+                                 dir, st[k].file, st[k].key, st[k].step, st[first_step].file,
+                                 st[first_step].key, st[first_step].step);
         }
         if (st[k].id) {
             if (first_id < 0) first_id = k;
             else if (strcmp(st[k].id, st[first_id].id))
-                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s (tpk_checkpoint_id %.40s) does not belong to %s (tpk_checkpoint_id %.40s): files of two checkpoints", dir,
+                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s (tpk_checkpoint_id %.40s) does "
+                                                          "not belong to %s (tpk_checkpoint_id "
+                                                          "%.40s): files of two checkpoints", dir,
                                  st[k].file, st[k].id, st[first_id].file, st[first_id].id);
         }
     }
@@ -848,19 +1041,24 @@ static inline tpk_status tpk__hf_stamps_agree(tpk_ctx *ctx, const char *fn, cons
 
 /* The first element of w[n] that is not finite (or, `nonneg`, negative) as an error naming the
  * tensor `name` of `file` and the element; TPK_OK when there is none. */
-static inline tpk_status tpk__hf_finite(tpk_ctx *ctx, const char *fn, const char *file, const char *name, const float *w, size_t n, bool nonneg) {
+static inline tpk_status tpk__hf_finite(tpk_ctx *ctx, const char *fn, const char *file,
+                                        const char *name, const float *w, size_t n, bool nonneg) {
     for (size_t j = 0; j < n; j++)
         if (!isfinite(w[j]) || (nonneg && w[j] < 0))
-            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: tensor \"%s\": element %zu is %g: expected a finite%s value", file, name, j, (double)w[j],
-                             nonneg ? ", non-negative" : "");
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                             "%s: tensor \"%s\": element %zu is %g: "
+                             "expected a finite%s value",
+                             file, name, j, (double)w[j], nonneg ? ", non-negative" : "");
     return TPK_OK;
 }
 
 /* Whether the model-file tensor `name` is accounted for by the model: a parameter (sorted[n], also
  * under the prefix alt) or a buffer Hugging Face's files carry and tpk computes itself (GPT-2's
  * attention masks attn.bias and attn.masked_bias, Llama's rotary_emb.inv_freq). */
-static inline bool tpk__hf_known(const char *name, const char *const *sorted, int n, const char *alt) {
-    static const char *const buffers[] = {".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq"};
+static inline bool tpk__hf_known(const char *name, const char *const *sorted, int n,
+                                 const char *alt) {
+    static const char *const buffers[] = {".attn.bias", ".attn.masked_bias",
+                                          ".rotary_emb.inv_freq"};
     size_t len = strlen(name);
     for (int k = 0; k < 3; k++) {
         size_t b = strlen(buffers[k]);
@@ -872,7 +1070,8 @@ static inline bool tpk__hf_known(const char *name, const char *const *sorted, in
 
 /* GPT-2's lm_head.weight, which Hugging Face's files may carry beside wte.weight: tpk ties the two,
  * so it must equal the embedding as loaded (wte[n]), else an error naming it. */
-static inline tpk_status tpk__hf_tied_head(tpk_ctx *ctx, const char *fn, const char *dir, tpk__hf_files *files, const float *wte, size_t n) {
+static inline tpk_status tpk__hf_tied_head(tpk_ctx *ctx, const char *fn, const char *dir,
+                                           tpk__hf_files *files, const float *wte, size_t n) {
     const tpk_st_tensor *t = NULL;
     tpk_st_file *tf = NULL;
     TPK_TRY(tpk__hf_find(ctx, fn, dir, files, "lm_head.weight", &t, &tf));
@@ -883,7 +1082,9 @@ static inline tpk_status tpk__hf_tied_head(tpk_ctx *ctx, const char *fn, const c
     if (s == TPK_OK && memcmp(h, wte, sizeof(float) * n)) s = TPK_ERR_FORMAT;
     free(h);
     if (s == TPK_ERR_SHAPE || s == TPK_ERR_FORMAT)
-        return tpk__fail(ctx, s, fn, "%s: \"lm_head.weight\" differs from \"wte.weight\": tpk's GPT-2 ties the head to the embedding (an untied head is not loaded)", dir);
+        return tpk__fail(ctx, s, fn, "%s: \"lm_head.weight\" differs from \"wte.weight\": tpk's "
+                                     "GPT-2 ties the head to the embedding (an untied head is not "
+                                     "loaded)", dir);
     return s;
 }
 
@@ -891,42 +1092,49 @@ static inline tpk_status tpk__hf_tied_head(tpk_ctx *ctx, const char *fn, const c
  * the optimizer file (of, when given: "<parameter>.exp_avg" and ".exp_avg_sq") accounted for by the
  * model, else an error naming the first that is not: a file with more layers than config.json, an
  * lm_head.weight beside tie_word_embeddings true. */
-static inline tpk_status tpk__hf_all_known(tpk_ctx *ctx, const char *fn, const char *dir, const tpk__hf_files *files, const tpk_st_file *of,
+static inline tpk_status tpk__hf_all_known(tpk_ctx *ctx, const char *fn, const char *dir,
+                                           const tpk__hf_files *files, const tpk_st_file *of,
                                            const char *alt) {
     int n = ctx->params.n;
     const char **sorted = (const char **)malloc(sizeof(char *) * (size_t)(n ? n : 1));
     if (!sorted) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the parameter names");
     for (int i = 0; i < n; i++) sorted[i] = ctx->params.list[i].name;
     if (n > 1) qsort(sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp);
-    const char *extra = NULL, *where = files->tensor ? "model.safetensors.index.json" : "model.safetensors";
+    const char *extra = NULL,
+               *where = files->tensor ? "model.safetensors.index.json" : "model.safetensors";
     int total = files->tensor ? files->nmap : files->st[0].n;
     for (int k = 0; k < total && !extra; k++) {
         const char *name = files->tensor ? files->tensor[k] : files->st[0].tensors[k].name;
-        if (!tpk__hf_known(name, sorted, n, alt) && !(alt && !strcmp(name, "lm_head.weight"))) extra = name;
+        if (!tpk__hf_known(name, sorted, n, alt) && !(alt && !strcmp(name, "lm_head.weight")))
+            extra = name;
     }
     for (int k = 0; of && k < of->n && !extra; k++) {
         char base[256];
         const char *name = of->tensors[k].name, *dot = strrchr(name, '.');
         snprintf(base, sizeof base, "%.*s", dot ? (int)(dot - name) : 0, name);
         const char *key = base;
-        if (!dot || (strcmp(dot, ".exp_avg") && strcmp(dot, ".exp_avg_sq")) || !bsearch(&key, sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp))
+        if (!dot || (strcmp(dot, ".exp_avg") && strcmp(dot, ".exp_avg_sq")) ||
+            !bsearch(&key, sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp))
             extra = name, where = "optim.safetensors";
     }
     free(sorted);
     if (extra)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: tensor \"%s\" is not a parameter of the model config.json describes (a layer beyond its count, a head it ties?)",
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: tensor \"%s\" is not a parameter of the "
+                                                  "model config.json describes (a layer beyond its "
+                                                  "count, a head it ties?)",
                          dir, where, extra);
     return TPK_OK;
 }
 
-/* Set every parameter (and, when opt is given, the moments and opt->step) from dir: model.safetensors
- * or its shards, optim.safetensors. Refused, naming the file and what is wrong: a tensor missing,
- * mis-shaped, not finite, or not accounted for by the model; steps that are not whole numbers or
- * disagree between config.json, the model files and the optimizer file; checkpoint ids that differ.
- * No optimizer file: opt->step = the checkpoint's step, the moments as they were (fresh).
- * `alt`: a prefix a name may also carry ("transformer." for GPT-2, whose lm_head.weight, when
- * present, must equal wte.weight). */
-static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *opt, const char *dir_in, bool (*transposed)(const tpk_param *),
+/* Set every parameter (and, when opt is given, the moments and opt->step) from dir:
+ * model.safetensors or its shards, optim.safetensors. Refused, naming the file and what is wrong: a
+ * tensor missing, mis-shaped, not finite, or not accounted for by the model; steps that are not
+ * whole numbers or disagree between config.json, the model files and the optimizer file; checkpoint
+ * ids that differ. No optimizer file: opt->step = the checkpoint's step, the moments as they were
+ * (fresh). `alt`: a prefix a name may also carry ("transformer." for GPT-2, whose lm_head.weight,
+ * when present, must equal wte.weight). */
+static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *opt,
+                                      const char *dir_in, bool (*transposed)(const tpk_param *),
                                       const char *alt) {
     char path[1300], dir[1100];
     tpk_st_file of;
@@ -943,14 +1151,17 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
     tpk_status s = tpk__config_members(ctx, fn, cb, cn, path, ckeys, 2, cv);
     free(cb);
     TPK_TRY(s);
-    if (cv[0].kind && (cv[0].kind != 'n' || !(cv[0].num >= 0 && cv[0].num <= 1e18) || cv[0].num != floor(cv[0].num)))
+    if (cv[0].kind && (cv[0].kind != 'n' || !(cv[0].num >= 0 && cv[0].num <= 1e18) ||
+                       cv[0].num != floor(cv[0].num)))
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: tpk_step: expected a whole number", path);
     if (cv[0].kind) snprintf(cstep, sizeof cstep, "%.0f", cv[0].num);
-    if (cv[1].kind && cv[1].kind != 's') return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: tpk_checkpoint_id: expected a string", path);
+    if (cv[1].kind && cv[1].kind != 's')
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: tpk_checkpoint_id: expected a string", path);
     TPK_TRY(tpk__hf_index(ctx, fn, dir, &files));
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     bool have_opt = opt && access(path, F_OK) == 0, made = false;
-    float *om = NULL, *ov = NULL, *wte = NULL; /* the whole moments (ZeRO-1: made here, this rank's slice kept at the end) */
+    float *om = NULL, *ov = NULL, *wte = NULL; /* the whole moments (ZeRO-1: made here, this rank's
+                                                  slice kept at the end) */
     size_t nwte = 0;
     s = have_opt ? tpk_st_read(ctx, path, &of) : TPK_OK;
     if (s == TPK_OK && have_opt) s = tpk__adamw_whole(ctx, opt, false, &om, &ov, &made);
@@ -965,23 +1176,36 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
             s = tpk__hf_find(ctx, fn, dir, &files, altname, &t, &tf);
         }
         if (s != TPK_OK) break;
-        if (!t) { s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: no tensor \"%s\"", dir, files.tensor ? "model.safetensors.index.json" : "model.safetensors", p->name); break; }
+        if (!t) {
+            s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: no tensor \"%s\"", dir,
+                          files.tensor ? "model.safetensors.index.json" : "model.safetensors",
+                          p->name);
+            break;
+        }
         bool conv = transposed && transposed(p);
-        int64_t want[2] = {conv ? p->gshape[1] : p->gshape[0], conv ? p->gshape[0] : (p->ndim > 1 ? p->gshape[1] : 0)};
-        if (t->ndim != p->ndim || t->shape[0] != want[0] || (p->ndim > 1 && t->shape[1] != want[1])) {
-            s = tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: \"%s\" has shape [%lld%s%lld], config.json implies [%lld%s%lld]", dir, t->name,
-                          (long long)t->shape[0], t->ndim > 1 ? ", " : "", t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)want[0],
+        int64_t want[2] = {conv ? p->gshape[1] : p->gshape[0],
+                           conv ? p->gshape[0] : (p->ndim > 1 ? p->gshape[1] : 0)};
+        if (t->ndim != p->ndim || t->shape[0] != want[0] ||
+            (p->ndim > 1 && t->shape[1] != want[1])) {
+            s = tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                          "%s: \"%s\" has shape [%lld%s%lld], config.json "
+                          "implies [%lld%s%lld]",
+                          dir, t->name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                          t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)want[0],
                           p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)want[1] : 0LL);
             break;
         }
         size_t gn = tpk_param_global_numel(ctx, i);
-        float *w = (float *)malloc(sizeof(float) * (gn ? gn : 1)), *tw = conv ? (float *)malloc(sizeof(float) * (gn ? gn : 1)) : NULL;
+        float *w = (float *)malloc(sizeof(float) * (gn ? gn : 1)),
+              *tw = conv ? (float *)malloc(sizeof(float) * (gn ? gn : 1)) : NULL;
         if (!w || (conv && !tw)) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
         snprintf(path, sizeof path, "%s/%s", dir, files.file[tf - files.st]);
         if (s == TPK_OK) s = tpk_st_get_f32(ctx, tf, t, w, gn);
         if (s == TPK_OK) s = tpk__hf_finite(ctx, fn, path, t->name, w, gn, false);
-        if (s == TPK_OK && alt && !strcmp(p->name, "wte.weight")) { /* kept for a tied lm_head.weight's check */
-            if ((wte = (float *)malloc(sizeof(float) * (gn ? gn : 1)))) memcpy(wte, w, sizeof(float) * gn), nwte = gn;
+        if (s == TPK_OK && alt && !strcmp(p->name, "wte.weight")) { /* kept for a tied
+                                                                       lm_head.weight's check */
+            if ((wte = (float *)malloc(sizeof(float) * (gn ? gn : 1))))
+                memcpy(wte, w, sizeof(float) * gn), nwte = gn;
             else s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
         }
         if (s == TPK_OK && conv) tpk__transpose(w, tw, want[0], want[1]);
@@ -1002,17 +1226,25 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
     if (s == TPK_OK && wte) s = tpk__hf_tied_head(ctx, fn, dir, &files, wte, nwte);
     tpk__hf_stamp st[66]; /* config.json, the model files read, the optimizer file */
     int nst = 1;
-    st[0].file = "config.json", st[0].key = "tpk_step", st[0].step = cv[0].kind ? cstep : NULL, st[0].id = cv[1].kind ? cv[1].str : NULL;
-    for (int q = 0; q <= files.n; q++) { /* the model files (at most 64 of them), then the optimizer file */
-        tpk_st_file *sf = q < files.n ? (files.open[q] && nst < 65 ? &files.st[q] : NULL) : have_opt ? &of : NULL;
+    st[0].file = "config.json", st[0].key = "tpk_step", st[0].step = cv[0].kind ? cstep : NULL,
+    st[0].id = cv[1].kind ? cv[1].str : NULL;
+    for (int q = 0; q <= files.n; q++) { /* the model files (at most 64 of them), then the optimizer
+                                            file */
+        tpk_st_file *sf = q < files.n ? (files.open[q] && nst < 65 ? &files.st[q] : NULL)
+                          : have_opt  ? &of
+                                      : NULL;
         if (!sf) continue;
         st[nst].file = q < files.n ? files.file[q] : "optim.safetensors", st[nst].key = "step";
-        st[nst].step = tpk_st_meta(sf, "step"), st[nst].id = tpk_st_meta(sf, "tpk_checkpoint_id"), nst++;
+        st[nst].step = tpk_st_meta(sf, "step"), st[nst].id = tpk_st_meta(sf, "tpk_checkpoint_id"),
+        nst++;
     }
-    if (have_opt && s == TPK_OK && !st[nst - 1].step) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/optim.safetensors: no step in its metadata", dir);
+    if (have_opt && s == TPK_OK && !st[nst - 1].step)
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/optim.safetensors: no step in its metadata",
+                      dir);
     int64_t step = 0;
     if (s == TPK_OK) s = tpk__hf_stamps_agree(ctx, fn, dir, st, nst, &step);
-    if (s == TPK_OK && opt) opt->step = step; /* no optimizer file: fresh moments from the checkpoint's step */
+    if (s == TPK_OK && opt) opt->step = step; /* no optimizer file: fresh moments from the
+                                                 checkpoint's step */
     if (made) {
         tpk_status k = tpk__adamw_keep_slice(ctx, opt, om, ov);
         if (s == TPK_OK) s = k;
@@ -1058,15 +1290,18 @@ static inline tpk_status tpk_hf_info_read(tpk_ctx *ctx, const char *dir, tpk_hf_
 static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt, const char *dir) {
     static const char *fn = "tpk_gpt2_load";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    if (!m || !m->h || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     return tpk__hf_load(ctx, fn, opt, dir, tpk__hf_is_conv1d, "transformer.");
 }
 /* The same for a Llama: Hugging Face's LlamaForCausalLM files, one model.safetensors or shards
  * with model.safetensors.index.json. Every rank reads. */
-static inline tpk_status tpk_llama_load(tpk_ctx *ctx, tpk_llama *m, tpk_adamw *opt, const char *dir) {
+static inline tpk_status tpk_llama_load(tpk_ctx *ctx, tpk_llama *m, tpk_adamw *opt,
+                                        const char *dir) {
     static const char *fn = "tpk_llama_load";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    if (!m || !m->layers || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     return tpk__hf_load(ctx, fn, opt, dir, NULL, NULL);
 }
 

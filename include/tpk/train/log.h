@@ -1,9 +1,10 @@
-/* tpk/train/log.h — a training run's loss curve: a CSV file (step, train_loss, val_loss, lr, grad_norm;
- * every f32 exactly, %.9g) written by world rank 0, and when it is closed a PNG of the curve
- * beside it (FILE.csv -> FILE.png) where gnuplot is installed, or a line saying there is none.
- * A resumed run appends to the curve of the run it resumes (its rows after the resumed step
+/* tpk/train/log.h — a training run's loss curve: a CSV file (step, train_loss, val_loss, lr,
+ * grad_norm; every f32 exactly, %.9g) written by world rank 0, and when it is closed a PNG of the
+ * curve beside it (FILE.csv -> FILE.png) where gnuplot is installed, or a line saying there is
+ * none. A resumed run appends to the curve of the run it resumes (its rows after the resumed step
  * dropped). Every write is checked: a failure is TPK_ERR_IO naming the file.
- * Collective over ctx->world only in tpk_log_open (every rank learns whether rank 0 could write). */
+ * Collective over ctx->world only in tpk_log_open (every rank learns whether rank 0 could
+ * write). */
 #ifndef TPK_LOG_H
 #define TPK_LOG_H
 
@@ -30,19 +31,25 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     tpk_status s = TPK_OK;
     if (!fgets(line, sizeof line, in) || strcmp(line, tpk__log_header))
-        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: not a loss curve (its first line is not \"step,train_loss,...\"): give another --csv, or remove it", path);
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: not a loss curve (its first line is not "
+                                           "\"step,train_loss,...\"): give another --csv, or "
+                                           "remove it", path);
     else if (!(out = fopen(tmp, "w")) || fputs(tpk__log_header, out) < 0)
         s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
     while (s == TPK_OK && fgets(line, sizeof line, in)) {
         char *end = NULL;
         long long step = strtoll(line, &end, 10);
-        if (end == line || *end != ',' || step > from) continue; /* after the resumed step: written again */
-        if (fputs(line, out) < 0) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
+        if (end == line || *end != ',' || step > from) continue; /* after the resumed step: written
+                                                                    again */
+        if (fputs(line, out) < 0)
+            s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
     }
     if (s == TPK_OK && ferror(in)) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot read", path);
     fclose(in);
-    if (out && fclose(out) != 0 && s == TPK_OK) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
-    if (s == TPK_OK && rename(tmp, path) != 0) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot replace it (%s)", path, strerror(errno));
+    if (out && fclose(out) != 0 && s == TPK_OK)
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
+    if (s == TPK_OK && rename(tmp, path) != 0)
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot replace it (%s)", path, strerror(errno));
     if (s != TPK_OK && out) remove(tmp);
     return s;
 }
@@ -57,8 +64,12 @@ static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *pa
     if (!log) return tpk__fail(ctx, TPK_ERR_ARG, fn, "log: NULL");
     memset(log, 0, sizeof *log);
     if (!path || !path[0]) return TPK_OK;
-    if (strlen(path) >= sizeof log->path) return tpk__fail(ctx, TPK_ERR_ARG, fn, "path: longer than %zu characters", sizeof log->path - 1);
-    if (from < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "from: expected a step >= 0, got %lld", (long long)from);
+    if (strlen(path) >= sizeof log->path)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "path: longer than %zu characters",
+                         sizeof log->path - 1);
+    if (from < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "from: expected a step >= 0, got %lld",
+                         (long long)from);
     snprintf(log->path, sizeof log->path, "%s", path);
     tpk_status s = TPK_OK;
     if (ctx->world->rank == 0) {
@@ -69,24 +80,29 @@ static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *pa
             if (old) fclose(old);
             s = tpk__log_keep(ctx, path, from);
         }
-        if (s == TPK_OK && !(log->f = fopen(path, append ? "a" : "w"))) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", path, strerror(errno));
+        if (s == TPK_OK && !(log->f = fopen(path, append ? "a" : "w")))
+            s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", path, strerror(errno));
         if (s == TPK_OK && ((!append && fputs(tpk__log_header, log->f) < 0) || fflush(log->f) != 0))
             s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", path, strerror(errno));
         if (s != TPK_OK && log->f) fclose(log->f), log->f = NULL;
     }
-    if (tpk_agree(ctx, ctx->world, s) != TPK_OK && s == TPK_OK) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (on world rank 0)", path);
+    if (tpk_agree(ctx, ctx->world, s) != TPK_OK && s == TPK_OK)
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (on world rank 0)", path);
     return s;
 }
 /* One row, flushed (a full disk shows at once); val_loss NaN: not evaluated at this step (an
  * empty field). Not collective: it fails on world rank 0 only, with TPK_ERR_IO naming the file. */
-static inline tpk_status tpk_log_row(tpk_ctx *ctx, tpk_log *log, int64_t step, double loss, double val_loss, double lr, double norm) {
+static inline tpk_status tpk_log_row(tpk_ctx *ctx, tpk_log *log, int64_t step, double loss,
+                                     double val_loss, double lr, double norm) {
     if (!ctx) return TPK_ERR_ARG;
     if (!log) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_log_row", "log: NULL");
     if (!log->f) return TPK_OK;
     char v[32] = "";
     if (isfinite(val_loss)) snprintf(v, sizeof v, "%.9g", val_loss);
-    if (fprintf(log->f, "%lld,%.9g,%s,%.9g,%.17g\n", (long long)step, loss, v, lr, norm) < 0 || fflush(log->f) != 0)
-        return tpk__fail(ctx, TPK_ERR_IO, "tpk_log_row", "%s: cannot write (%s)", log->path, strerror(errno));
+    if (fprintf(log->f, "%lld,%.9g,%s,%.9g,%.17g\n", (long long)step, loss, v, lr, norm) < 0 ||
+        fflush(log->f) != 0)
+        return tpk__fail(ctx, TPK_ERR_IO, "tpk_log_row", "%s: cannot write (%s)", log->path,
+                         strerror(errno));
     return TPK_OK;
 }
 /* Close the file (TPK_ERR_IO when its last write fails); with plot, make FILE.png with gnuplot
@@ -95,15 +111,22 @@ static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
     if (!log || !log->f) return TPK_OK;
     bool bad = fclose(log->f) != 0;
     log->f = NULL;
-    if (bad) return ctx ? tpk__fail(ctx, TPK_ERR_IO, "tpk_log_close", "%s: cannot write (%s)", log->path, strerror(errno)) : TPK_ERR_IO;
+    if (bad)
+        return ctx ? tpk__fail(ctx, TPK_ERR_IO, "tpk_log_close", "%s: cannot write (%s)", log->path,
+                               strerror(errno))
+                   : TPK_ERR_IO;
     if (!plot) return TPK_OK;
     char cmd[4400], png[600];
     size_t n = strlen(log->path);
-    snprintf(png, sizeof png, "%.*s.png", (int)(n > 4 && !strcmp(log->path + n - 4, ".csv") ? n - 4 : n), log->path);
+    snprintf(png, sizeof png, "%.*s.png",
+             (int)(n > 4 && !strcmp(log->path + n - 4, ".csv") ? n - 4 : n), log->path);
     snprintf(cmd, sizeof cmd,
-             "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size 800,500; set output '%s'; set datafile "
-             "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot '%s' using 1:2 with lines title 'train', '' using "
-             "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is not installed: the curve is in %s only'; fi",
+             "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size "
+             "800,500; set output '%s'; set datafile "
+             "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; "
+             "plot '%s' using 1:2 with lines title 'train', '' using "
+             "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is "
+             "not installed: the curve is in %s only'; fi",
              png, log->path, png, log->path);
     fflush(stdout);
     if (system(cmd) != 0) fprintf(stderr, "plot: gnuplot failed for %s\n", log->path);

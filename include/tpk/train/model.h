@@ -1,9 +1,9 @@
-/* tpk/train/model.h — one handle over the kit's two models, GPT-2 (tpk/models/gpt2.h) and Llama (tpk/models/llama.h),
- * for a trainer that takes either: the architecture chosen by a flag or by a checkpoint's
- * config.json ("model_type"), then the same calls for both — forward, backward, the data-parallel
- * hook, dropout, sampling, Hugging Face checkpoints. Each call goes through the family's row of
- * a table (tpk_model_family) to the model's own function; nothing here computes. Needs POSIX
- * (tpk/train/hf.h). */
+/* tpk/train/model.h — one handle over the kit's two models, GPT-2 (tpk/models/gpt2.h) and Llama
+ * (tpk/models/llama.h), for a trainer that takes either: the architecture chosen by a flag or by a
+ * checkpoint's config.json ("model_type"), then the same calls for both — forward, backward, the
+ * data-parallel hook, dropout, sampling, Hugging Face checkpoints. Each call goes through the
+ * family's row of a table (tpk_model_family) to the model's own function; nothing here computes.
+ * Needs POSIX (tpk/train/hf.h). */
 #ifndef TPK_MODEL_H
 #define TPK_MODEL_H
 
@@ -33,47 +33,72 @@ typedef struct tpk_model_family {
     tpk_status (*config_read)(tpk_ctx *ctx, const char *dir, void *cfg);
     tpk_status (*init)(tpk_ctx *ctx, void *m, const void *cfg);
     void (*destroy)(tpk_ctx *ctx, void *m);
-    void (*dims)(const void *m, int64_t *vocab, int64_t *positions, int64_t *layers, int64_t *hidden);
+    void (*dims)(const void *m, int64_t *vocab, int64_t *positions, int64_t *layers,
+                 int64_t *hidden);
     tpk_xent *(*ce)(void *m);
     void (*set_grad_ready)(void *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user);
     tpk_status (*set_dropout)(tpk_ctx *ctx, void *m, float p);
-    tpk_status (*forward)(tpk_ctx *ctx, void *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss);
+    tpk_status (*forward)(tpk_ctx *ctx, void *m, const int32_t *ids, const int32_t *targets,
+                          int64_t B, int64_t S, float *loss);
     tpk_status (*backward)(tpk_ctx *ctx, void *m, float scale);
-    tpk_status (*sample)(tpk_ctx *ctx, void *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out);
-    tpk_status (*save)(tpk_ctx *ctx, const void *m, const tpk_adamw *opt, const char *dir, const tpk_hf_save_desc *desc);
+    tpk_status (*sample)(tpk_ctx *ctx, void *m, int32_t start, int n, float temperature,
+                         uint64_t seed, int32_t *out);
+    tpk_status (*save)(tpk_ctx *ctx, const void *m, const tpk_adamw *opt, const char *dir,
+                       const tpk_hf_save_desc *desc);
     tpk_status (*load)(tpk_ctx *ctx, void *m, tpk_adamw *opt, const char *dir);
 } tpk_model_family;
 
 /* The adapters of family F (functions tpk_F_*, types tpk_F and tpk_F_config, whose .c holds
  * vocab, positions, layers and hidden, .ce the cross-entropy and .lm.grad_ready(_user) the hook):
  * each casts the void * and calls the family's own function. */
-#define TPK__MODEL_FAMILY(F)                                                                                                                  \
-    static inline tpk_status tpk__##F##_fam_config_read(tpk_ctx *ctx, const char *dir, void *c) { return tpk_##F##_config_read(ctx, dir, (tpk_##F##_config *)c); } \
-    static inline tpk_status tpk__##F##_fam_init(tpk_ctx *ctx, void *m, const void *c) { return tpk_##F##_init(ctx, (tpk_##F *)m, (const tpk_##F##_config *)c); } \
-    static inline void tpk__##F##_fam_destroy(tpk_ctx *ctx, void *m) { tpk_##F##_destroy(ctx, (tpk_##F *)m); }                            \
-    static inline void tpk__##F##_fam_dims(const void *m, int64_t *v, int64_t *p, int64_t *l, int64_t *h) {                                \
-        const tpk_##F *x = (const tpk_##F *)m;                                                                                               \
-        *v = x->c.vocab, *p = x->c.positions, *l = x->c.layers, *h = x->c.hidden;                                                            \
-    }                                                                                                                                         \
-    static inline tpk_xent *tpk__##F##_fam_ce(void *m) { return &((tpk_##F *)m)->ce; }                                                       \
-    static inline void tpk__##F##_fam_set_grad_ready(void *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {                 \
-        ((tpk_##F *)m)->lm.grad_ready = fn, ((tpk_##F *)m)->lm.grad_ready_user = user;                                                       \
-    }                                                                                                                                         \
-    static inline tpk_status tpk__##F##_fam_forward(tpk_ctx *ctx, void *m, const int32_t *ids, const int32_t *t, int64_t B, int64_t S, float *loss) { \
-        return tpk_##F##_forward(ctx, (tpk_##F *)m, ids, t, B, S, loss);                                                                     \
-    }                                                                                                                                         \
-    static inline tpk_status tpk__##F##_fam_backward(tpk_ctx *ctx, void *m, float scale) { return tpk_##F##_backward(ctx, (tpk_##F *)m, scale); } \
-    static inline tpk_status tpk__##F##_fam_sample(tpk_ctx *ctx, void *m, int32_t start, int n, float temp, uint64_t seed, int32_t *out) {   \
-        return tpk_##F##_sample(ctx, (tpk_##F *)m, start, n, temp, seed, out);                                                               \
-    }                                                                                                                                         \
-    static inline tpk_status tpk__##F##_fam_save(tpk_ctx *ctx, const void *m, const tpk_adamw *opt, const char *dir, const tpk_hf_save_desc *d) { \
-        return tpk_##F##_save(ctx, (const tpk_##F *)m, opt, dir, d);                                                                         \
-    }                                                                                                                                         \
-    static inline tpk_status tpk__##F##_fam_load(tpk_ctx *ctx, void *m, tpk_adamw *opt, const char *dir) { return tpk_##F##_load(ctx, (tpk_##F *)m, opt, dir); }
-#define TPK__MODEL_FAMILY_ROW(F)                                                                                                      \
-    {#F, tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy, tpk__##F##_fam_dims, tpk__##F##_fam_ce, \
-     tpk__##F##_fam_set_grad_ready, tpk__##F##_fam_set_dropout, tpk__##F##_fam_forward, tpk__##F##_fam_backward, tpk__##F##_fam_sample, \
-     tpk__##F##_fam_save, tpk__##F##_fam_load}
+#define TPK__MODEL_FAMILY(F)                                                                      \
+    static inline tpk_status tpk__##F##_fam_config_read(tpk_ctx *ctx, const char *dir, void *c) { \
+        return tpk_##F##_config_read(ctx, dir, (tpk_##F##_config *)c);                            \
+    }                                                                                             \
+    static inline tpk_status tpk__##F##_fam_init(tpk_ctx *ctx, void *m, const void *c) {          \
+        return tpk_##F##_init(ctx, (tpk_##F *)m, (const tpk_##F##_config *)c);                    \
+    }                                                                                             \
+    static inline void tpk__##F##_fam_destroy(tpk_ctx *ctx, void *m) {                            \
+        tpk_##F##_destroy(ctx, (tpk_##F *)m);                                                     \
+    }                                                                                             \
+    static inline void tpk__##F##_fam_dims(const void *m, int64_t *v, int64_t *p, int64_t *l,     \
+                                           int64_t *h) {                                          \
+        const tpk_##F *x = (const tpk_##F *)m;                                                    \
+        *v = x->c.vocab, *p = x->c.positions, *l = x->c.layers, *h = x->c.hidden;                 \
+    }                                                                                             \
+    static inline tpk_xent *tpk__##F##_fam_ce(void *m) { return &((tpk_##F *)m)->ce; }            \
+    static inline void tpk__##F##_fam_set_grad_ready(                                             \
+        void *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {                     \
+        ((tpk_##F *)m)->lm.grad_ready = fn, ((tpk_##F *)m)->lm.grad_ready_user = user;            \
+    }                                                                                             \
+    static inline tpk_status tpk__##F##_fam_forward(tpk_ctx *ctx, void *m, const int32_t *ids,    \
+                                                    const int32_t *t, int64_t B, int64_t S,       \
+                                                    float *loss) {                                \
+        return tpk_##F##_forward(ctx, (tpk_##F *)m, ids, t, B, S, loss);                          \
+    }                                                                                             \
+    static inline tpk_status tpk__##F##_fam_backward(tpk_ctx *ctx, void *m, float scale) {        \
+        return tpk_##F##_backward(ctx, (tpk_##F *)m, scale);                                      \
+    }                                                                                             \
+    static inline tpk_status tpk__##F##_fam_sample(tpk_ctx *ctx, void *m, int32_t start, int n,   \
+                                                   float temp, uint64_t seed, int32_t *out) {     \
+        return tpk_##F##_sample(ctx, (tpk_##F *)m, start, n, temp, seed, out);                    \
+    }                                                                                             \
+    static inline tpk_status tpk__##F##_fam_save(tpk_ctx *ctx, const void *m,                     \
+                                                 const tpk_adamw *opt, const char *dir,           \
+                                                 const tpk_hf_save_desc *d) {                     \
+        return tpk_##F##_save(ctx, (const tpk_##F *)m, opt, dir, d);                              \
+    }                                                                                             \
+    static inline tpk_status tpk__##F##_fam_load(tpk_ctx *ctx, void *m, tpk_adamw *opt,           \
+                                                 const char *dir) {                               \
+        return tpk_##F##_load(ctx, (tpk_##F *)m, opt, dir);                                       \
+    }
+#define TPK__MODEL_FAMILY_ROW(F)                                                         \
+    {                                                                                    \
+#F, tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy,     \
+            tpk__##F##_fam_dims, tpk__##F##_fam_ce, tpk__##F##_fam_set_grad_ready,       \
+            tpk__##F##_fam_set_dropout, tpk__##F##_fam_forward, tpk__##F##_fam_backward, \
+            tpk__##F##_fam_sample, tpk__##F##_fam_save, tpk__##F##_fam_load              \
+    }
 
 TPK__MODEL_FAMILY(gpt2)
 TPK__MODEL_FAMILY(llama)
@@ -86,23 +111,33 @@ static inline tpk_status tpk__gpt2_fam_set_dropout(tpk_ctx *ctx, void *m, float 
 static inline tpk_status tpk__llama_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {
     (void)m;
     if (p != 0)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_set_dropout", "p: the Llama model has no dropout, expected 0, got %g", (double)p);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_set_dropout",
+                         "p: the Llama model has no dropout, expected 0, got %g", (double)p);
     return TPK_OK;
 }
 
 /* The families, indexed by tpk_arch; each one's config and model member. */
 static inline const tpk_model_family *tpk__model_family(tpk_arch a) {
-    static const tpk_model_family families[2] = {TPK__MODEL_FAMILY_ROW(gpt2), TPK__MODEL_FAMILY_ROW(llama)};
+    static const tpk_model_family families[2] = {TPK__MODEL_FAMILY_ROW(gpt2),
+                                                 TPK__MODEL_FAMILY_ROW(llama)};
     return (unsigned)a < 2 ? &families[a] : NULL;
 }
-static inline void *tpk__model_cfg(tpk_model_config *c) { return c->arch == TPK_ARCH_LLAMA ? (void *)&c->llama : (void *)&c->gpt2; }
-static inline void *tpk__model_of(const tpk_model *m) { return m->arch == TPK_ARCH_LLAMA ? (void *)&m->llama : (void *)&m->gpt2; }
+static inline void *tpk__model_cfg(tpk_model_config *c) {
+    return c->arch == TPK_ARCH_LLAMA ? (void *)&c->llama : (void *)&c->gpt2;
+}
+static inline void *tpk__model_of(const tpk_model *m) {
+    return m->arch == TPK_ARCH_LLAMA ? (void *)&m->llama : (void *)&m->gpt2;
+}
 #define TPK__FAM(m) tpk__model_family((m)->arch)
 
-static inline const char *tpk_arch_name(tpk_arch a) { return tpk__model_family(a) ? tpk__model_family(a)->name : "?"; }
+static inline const char *tpk_arch_name(tpk_arch a) {
+    return tpk__model_family(a) ? tpk__model_family(a)->name : "?";
+}
 
-/* cfg->arch and that architecture's config from dir/config.json (model_type "llama", else GPT-2). */
-static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir, tpk_model_config *cfg) {
+/* cfg->arch and that architecture's config from dir/config.json (model_type "llama", else
+ * GPT-2). */
+static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir,
+                                               tpk_model_config *cfg) {
     char type[32];
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_config_read", "cfg: NULL");
     TPK_TRY(tpk_hf_model_type(ctx, dir, type, sizeof type));
@@ -116,7 +151,11 @@ static inline tpk_status tpk_model_init(tpk_ctx *ctx, tpk_model *m, const tpk_mo
     if (!m || !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", m ? "cfg" : "model");
     memset(m, 0, sizeof *m);
     m->arch = cfg->arch;
-    if (!TPK__FAM(cfg)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->arch: expected TPK_ARCH_GPT2 or TPK_ARCH_LLAMA, got %d", (int)cfg->arch);
+    if (!TPK__FAM(cfg))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->arch: expected TPK_ARCH_GPT2 "
+                         "or TPK_ARCH_LLAMA, got %d",
+                         (int)cfg->arch);
     return TPK__FAM(m)->init(ctx, tpk__model_of(m), tpk__model_cfg((tpk_model_config *)cfg));
 }
 static inline void tpk_model_destroy(tpk_ctx *ctx, tpk_model *m) {
@@ -134,7 +173,9 @@ static inline int64_t tpk_model_positions(const tpk_model *m) { return tpk__mode
 static inline int64_t tpk_model_layers(const tpk_model *m) { return tpk__model_dim(m, 2); }
 static inline int64_t tpk_model_hidden(const tpk_model *m) { return tpk__model_dim(m, 3); }
 
-static inline tpk_status tpk_model_forward(tpk_ctx *ctx, tpk_model *m, const int32_t *ids, const int32_t *targets, int64_t B, int64_t S, float *loss) {
+static inline tpk_status tpk_model_forward(tpk_ctx *ctx, tpk_model *m, const int32_t *ids,
+                                           const int32_t *targets, int64_t B, int64_t S,
+                                           float *loss) {
     return TPK__FAM(m)->forward(ctx, tpk__model_of(m), ids, targets, B, S, loss);
 }
 /* The running loss sum of the forwards made with loss = NULL since the last read or reset, in
@@ -143,30 +184,41 @@ static inline tpk_status tpk_model_forward(tpk_ctx *ctx, tpk_model *m, const int
 static inline tpk_status tpk_model_loss_read(tpk_ctx *ctx, tpk_model *m, double *sum, int64_t *n) {
     return tpk_xent_loss_read(ctx, TPK__FAM(m)->ce(tpk__model_of(m)), sum, n);
 }
-static inline void tpk_model_loss_reset(tpk_model *m) { tpk_xent_loss_reset(TPK__FAM(m)->ce(tpk__model_of(m))); }
+static inline void tpk_model_loss_reset(tpk_model *m) {
+    tpk_xent_loss_reset(TPK__FAM(m)->ce(tpk__model_of(m)));
+}
 /* A step's loss over data parallelism: the device's running sum of mean losses (one download,
  * tpk_model_loss_read; the sum restarts) times `weight` — this DP rank's share, e.g. its tokens /
- * the step's tokens / micro-batches — summed over ctx->dp into *out. Collective over the DP group. */
+ * the step's tokens / micro-batches — summed over ctx->dp into *out. Collective over the DP
+ * group. */
 static inline tpk_status tpk_model_loss_dp(tpk_ctx *ctx, tpk_model *m, double weight, double *out) {
     double sum = 0;
     TPK_TRY(tpk_model_loss_read(ctx, m, &sum, NULL));
     *out = sum * weight;
     return tpk_allreduce_host(ctx, &ctx->dp, out, 1, TPK_F64, TPK_SUM);
 }
-static inline tpk_status tpk_model_backward(tpk_ctx *ctx, tpk_model *m, float scale) { return TPK__FAM(m)->backward(ctx, tpk__model_of(m), scale); }
+static inline tpk_status tpk_model_backward(tpk_ctx *ctx, tpk_model *m, float scale) {
+    return TPK__FAM(m)->backward(ctx, tpk__model_of(m), scale);
+}
 /* The data-parallel hook (tpk/train/dp.h: tpk_dp_grad_ready) of the model. */
-static inline void tpk_model_set_grad_ready(tpk_model *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {
+static inline void
+tpk_model_set_grad_ready(tpk_model *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {
     TPK__FAM(m)->set_grad_ready(tpk__model_of(m), fn, user);
 }
 /* Every dropout probability (GPT-2's; Llama has no dropout, p must be 0 there). */
-static inline tpk_status tpk_model_set_dropout(tpk_ctx *ctx, tpk_model *m, float p) { return TPK__FAM(m)->set_dropout(ctx, tpk__model_of(m), p); }
-static inline tpk_status tpk_model_sample(tpk_ctx *ctx, tpk_model *m, int32_t start, int n, float temperature, uint64_t seed, int32_t *out) {
+static inline tpk_status tpk_model_set_dropout(tpk_ctx *ctx, tpk_model *m, float p) {
+    return TPK__FAM(m)->set_dropout(ctx, tpk__model_of(m), p);
+}
+static inline tpk_status tpk_model_sample(tpk_ctx *ctx, tpk_model *m, int32_t start, int n,
+                                          float temperature, uint64_t seed, int32_t *out) {
     return TPK__FAM(m)->sample(ctx, tpk__model_of(m), start, n, temperature, seed, out);
 }
-static inline tpk_status tpk_model_save(tpk_ctx *ctx, const tpk_model *m, const tpk_adamw *opt, const char *dir, const tpk_hf_save_desc *desc) {
+static inline tpk_status tpk_model_save(tpk_ctx *ctx, const tpk_model *m, const tpk_adamw *opt,
+                                        const char *dir, const tpk_hf_save_desc *desc) {
     return TPK__FAM(m)->save(ctx, tpk__model_of(m), opt, dir, desc);
 }
-static inline tpk_status tpk_model_load(tpk_ctx *ctx, tpk_model *m, tpk_adamw *opt, const char *dir) {
+static inline tpk_status tpk_model_load(tpk_ctx *ctx, tpk_model *m, tpk_adamw *opt,
+                                        const char *dir) {
     return TPK__FAM(m)->load(ctx, tpk__model_of(m), opt, dir);
 }
 

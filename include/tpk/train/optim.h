@@ -1,8 +1,9 @@
-/* tpk/train/optim.h — what a trainer's step needs after the backward: the gradient norm over the mesh,
- * clipping, AdamW with f32 master weights, learning-rate schedules.
+/* tpk/train/optim.h — what a trainer's step needs after the backward: the gradient norm over the
+ * mesh, clipping, AdamW with f32 master weights, learning-rate schedules.
  *
  * Gradient norm  |g|^2 = sum over TP ranks of ( sum over sharded parameters |g_r|^2
- *                                              + sum over replicated parameters |g|^2 on TP rank 0 )
+ *                                              + sum over replicated parameters |g|^2 on TP rank 0
+ *                                              )
  *   so a sharded parameter counts once per shard and a replicated one once in all (a grouped
  *   key/value weight: each head on the lowest rank holding it, tpk_shard_owned); DP replicas
  *   hold the same (reduced) gradient, so there is no DP sum. Squares are summed in double, one
@@ -27,7 +28,7 @@
 
 #include "../layers/params.h"
 
-/* ---- gradient norm and clipping ----------------------------------------------------------------- */
+/* ---- gradient norm and clipping -------------------------------------------------------------- */
 
 /* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts
  * (a sharded parameter's whole shard, a replicated one on TP rank 0 only, a grouped key/value
@@ -44,7 +45,8 @@ static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, dou
             tpk__param_counted(ctx, i, &a, &b);
             a = a < lo ? lo : a > hi ? hi : a, b = b < a ? a : b > hi ? hi : b;
             if (a == b) continue;
-            /* extends the run: it goes on from here, or only the zero gap before this parameter lies between */
+            /* extends the run: it goes on from here, or only the zero gap before this parameter
+             * lies between */
             if (r1 > r0 && (a == r1 || (last == i - 1 && a == p->offset))) {
                 r1 = b, last = b == p->offset + p->numel ? i : -1;
                 continue;
@@ -84,9 +86,11 @@ static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) 
 
 /* The factor that clips a gradient of norm `norm` to max_norm (1 when max_norm <= 0 or the
  * norm is within it). */
-static inline float tpk_clip_factor(double norm, float max_norm) { return TPK__CLIP_FACTOR(norm, max_norm); }
+static inline float tpk_clip_factor(double norm, float max_norm) {
+    return TPK__CLIP_FACTOR(norm, max_norm);
+}
 
-/* ---- learning-rate schedules ------------------------------------------------------------------------ */
+/* ---- learning-rate schedules ----------------------------------------------------------------- */
 
 typedef enum tpk_lr_kind { TPK_LR_COSINE = 0, TPK_LR_LINEAR, TPK_LR_CONSTANT } tpk_lr_kind;
 
@@ -102,13 +106,15 @@ typedef struct tpk_lr_schedule {
 static inline float tpk_lr_at(const tpk_lr_schedule *s, int64_t step) {
     if (step < s->warmup) return s->lr * (float)(step + 1) / (float)s->warmup;
     if (s->kind == TPK_LR_CONSTANT) return s->lr;
-    double span = s->steps > s->warmup ? (double)(s->steps - s->warmup) : 1.0, r = (double)(step - s->warmup) / span;
+    double span = s->steps > s->warmup ? (double)(s->steps - s->warmup) : 1.0,
+           r = (double)(step - s->warmup) / span;
     if (r > 1) r = 1;
-    double c = s->kind == TPK_LR_LINEAR ? 1 - r : 0.5 * (1 + cos(3.141592653589793 * r)), lo = s->lr * s->min_lr_frac;
+    double c = s->kind == TPK_LR_LINEAR ? 1 - r : 0.5 * (1 + cos(3.141592653589793 * r)),
+           lo = s->lr * s->min_lr_frac;
     return (float)(lo + (s->lr - lo) * c);
 }
 
-/* ---- AdamW ------------------------------------------------------------------------------------------------ */
+/* ---- AdamW ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_adamw_desc {
     float b1, b2;       /* default 0.9, 0.95 (0 = default) */
@@ -116,16 +122,19 @@ typedef struct tpk_adamw_desc {
     float weight_decay; /* on decayed parameters; 0 = none */
     bool zero;          /* ZeRO-1 (the distributed optimizer) over ctx->dp: this DP rank keeps the
                            moments of, and updates, only its slice tpk_split(numel, dp, dp_rank) of
-                           the flat parameter buffer; see tpk/train/train.h. With one DP rank: as without */
+                           the flat parameter buffer; see tpk/train/train.h. With one DP rank: as
+                           without */
 } tpk_adamw_desc;
 
 typedef struct tpk_adamw {
     tpk_adamw_desc d;
-    float *m, *v;  /* f32 [sn] moments in backend memory, laid out like elements [s0, s0 + sn) of the parameters */
+    float *m, *v;  /* f32 [sn] moments in backend memory, laid out like elements [s0, s0 + sn) of
+                      the parameters */
     size_t numel;  /* the flat parameter buffer's elements */
     size_t s0, sn; /* this rank's slice of it: everything, or under ZeRO-1 its DP rank's share */
     int64_t step;  /* optimizer steps done */
-    int64_t *decay, nruns; /* [2 nruns] in backend memory: the element runs [start, end) of the decayed parameters */
+    int64_t *decay, nruns; /* [2 nruns] in backend memory: the element runs [start, end) of the
+                              decayed parameters */
 } tpk_adamw;
 
 /* ZeRO-1's exchanges over ctx->dp of a flat buffer x [n] split tpk_split(n, dp, rank):
@@ -142,14 +151,20 @@ static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool g
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (size_t)me.size + 16);
     float *tmp = (float *)ctx->work[1].p;
-    if (s == TPK_OK && gather && me.size) s = tpk_op_memcpy(ctx, tmp, x + me.off, sizeof(float) * (size_t)me.size, dd);
-    if (s == TPK_OK && gather) s = tpk_allgatherv(ctx, &ctx->dp, tmp, (size_t)me.size, x, counts, n, TPK_F32);
-    if (s == TPK_OK && !gather) s = tpk_reduce_scatterv(ctx, &ctx->dp, x, n, tmp, counts, TPK_F32, TPK_SUM);
-    if (s == TPK_OK && !gather && me.size) s = tpk_op_memcpy(ctx, x + me.off, tmp, sizeof(float) * (size_t)me.size, dd);
+    if (s == TPK_OK && gather && me.size)
+        s = tpk_op_memcpy(ctx, tmp, x + me.off, sizeof(float) * (size_t)me.size, dd);
+    if (s == TPK_OK && gather)
+        s = tpk_allgatherv(ctx, &ctx->dp, tmp, (size_t)me.size, x, counts, n, TPK_F32);
+    if (s == TPK_OK && !gather)
+        s = tpk_reduce_scatterv(ctx, &ctx->dp, x, n, tmp, counts, TPK_F32, TPK_SUM);
+    if (s == TPK_OK && !gather && me.size)
+        s = tpk_op_memcpy(ctx, x + me.off, tmp, sizeof(float) * (size_t)me.size, dd);
     free(counts);
     return s;
 }
-static inline tpk_status tpk__dp_allgather_slices(tpk_ctx *ctx, float *x, size_t n) { return tpk__dp_slices(ctx, x, n, true); }
+static inline tpk_status tpk__dp_allgather_slices(tpk_ctx *ctx, float *x, size_t n) {
+    return tpk__dp_slices(ctx, x, n, true);
+}
 
 /* Moments for every parameter registered so far (register the model first), zeroed. */
 static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_adamw_desc *desc) {
@@ -157,22 +172,27 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     tpk_adamw_desc d;
     TPK__INIT_LAYER(ctx, fn, o, d, desc);
     if (!(d.b1 >= 0 && d.b1 < 1) || !(d.b2 >= 0 && d.b2 < 1))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->b1, b2: expected in [0, 1), got %g, %g", (double)d.b1, (double)d.b2);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->b1, b2: expected in [0, 1), got %g, %g",
+                         (double)d.b1, (double)d.b2);
     if (!(d.eps >= 0) || !(d.weight_decay >= 0))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps, weight_decay: expected >= 0, got %g, %g", (double)d.eps, (double)d.weight_decay);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps, weight_decay: expected >= 0, got %g, %g",
+                         (double)d.eps, (double)d.weight_decay);
     o->d = d;
     if (!o->d.b1) o->d.b1 = 0.9f;
     if (!o->d.b2) o->d.b2 = 0.95f;
     if (!o->d.eps) o->d.eps = 1e-8f;
     o->numel = ctx->params.numel;
-    tpk_range sl = d.zero ? tpk_split((int64_t)o->numel, ctx->dp.size, ctx->dp.rank) : TPK_LIT(tpk_range){0, (int64_t)o->numel};
+    tpk_range sl = d.zero ? tpk_split((int64_t)o->numel, ctx->dp.size, ctx->dp.rank)
+                          : TPK_LIT(tpk_range){0, (int64_t)o->numel};
     o->s0 = (size_t)sl.off, o->sn = (size_t)sl.size;
     size_t bytes = sizeof(float) * (o->sn ? o->sn : 1);
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->m));
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
     tpk__mem_count(ctx, 2 * bytes, true); /* the moments in tpk_mem_peak: ZeRO-1's saving shows */
     /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
-    int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)(ctx->params.n ? ctx->params.n : 1)), n = 0;
+    int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * 2 *
+                                      (size_t)(ctx->params.n ? ctx->params.n : 1)),
+            n = 0;
     if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     int last = -1; /* the last decayed parameter, when it ends the last run */
     for (int i = 0; i < ctx->params.n; i++) { /* within the slice, relative to its start */
@@ -180,14 +200,17 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
         int64_t a = (int64_t)p->offset - (int64_t)o->s0, b = a + (int64_t)p->numel;
         a = a < 0 ? 0 : a, b = b > (int64_t)o->sn ? (int64_t)o->sn : b;
         if (!p->decay || b <= a) continue;
-        /* merged across the zero gap between two decayed parameters (decay leaves a zero at zero) */
+        /* merged across the zero gap between two decayed parameters (decay leaves a zero at
+         * zero) */
         if (n && (runs[2 * n - 1] == a || last == i - 1)) runs[2 * n - 1] = b;
         else runs[2 * n] = a, runs[2 * n + 1] = b, n++;
         last = i;
     }
     tpk_status s = TPK_OK;
     if (n) s = tpk_op_alloc(ctx, sizeof(int64_t) * 2 * (size_t)n, (void **)&o->decay);
-    if (s == TPK_OK && n) s = tpk_op_memcpy(ctx, o->decay, runs, sizeof(int64_t) * 2 * (size_t)n, ctx->ops->device ? TPK_H2D : TPK_H2H);
+    if (s == TPK_OK && n)
+        s = tpk_op_memcpy(ctx, o->decay, runs, sizeof(int64_t) * 2 * (size_t)n,
+                          ctx->ops->device ? TPK_H2D : TPK_H2H);
     free(runs);
     o->nruns = n;
     return s;
@@ -197,22 +220,31 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
  * (norm = NULL), or from the gradient's sum of squares left in backend memory (norm, f64 [2]: see
  * tpk_ops.adamw — clipped to `clip`, a step whose norm is not finite skipped and counted in
  * norm[1]). The weights change: a bf16 context remakes its copy before the next forward. */
-static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, float grad_scale, double *norm, float clip, const char *fn) {
+static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, float grad_scale,
+                                         double *norm, float clip, const char *fn) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!o || !o->m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
+    if (!o || !o->m)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
     if (o->numel != ctx->params.numel)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: made for %zu parameter elements, the context has %zu (register the model first)", o->numel,
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: made for %zu parameter elements, the context "
+                                               "has %zu (register the model first)", o->numel,
                          ctx->params.numel);
-    if (!(lr >= 0) || !isfinite(grad_scale)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "lr, grad_scale: expected lr >= 0 and a finite scale, got %g, %g", (double)lr, (double)grad_scale);
+    if (!(lr >= 0) || !isfinite(grad_scale))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "lr, grad_scale: expected lr >= 0 and a finite scale, got %g, %g",
+                         (double)lr, (double)grad_scale);
     o->step++;
     float *w = (float *)ctx->params.data.p + o->s0;
-    /* a bf16 context's weight copy made by the update itself when it is current (a skipped step then
-     * leaves both as they were) and no DP rank updates only a slice (ZeRO-1 gathers f32 weights) */
+    /* a bf16 context's weight copy made by the update itself when it is current (a skipped step
+     * then leaves both as they were) and no DP rank updates only a slice (ZeRO-1 gathers f32
+     * weights) */
     tpk_params *P = &ctx->params;
-    bool fuse16 = ctx->dtype == TPK_BF16 && o->sn == o->numel && !P->stale16 && P->data16.p && P->data16.bytes >= 2 * P->numel;
+    bool fuse16 = ctx->dtype == TPK_BF16 && o->sn == o->numel && !P->stale16 && P->data16.p &&
+                  P->data16.bytes >= 2 * P->numel;
     if (o->sn) /* no decayed parameter: no decay anywhere (wd 0 with a NULL table) */
-        TPK_TRY(tpk_op_adamw(ctx, w, (const float *)ctx->params.grad.p + o->s0, o->m, o->v, o->sn, lr, o->d.b1, o->d.b2, o->d.eps,
-                             o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, norm, clip, o->decay, o->nruns,
+        TPK_TRY(tpk_op_adamw(ctx, w, (const float *)ctx->params.grad.p + o->s0, o->m, o->v, o->sn,
+                             lr, o->d.b1, o->d.b2, o->d.eps, o->nruns ? o->d.weight_decay : 0.0f,
+                             o->step, grad_scale, norm, clip, o->decay, o->nruns,
                              fuse16 ? (uint16_t *)P->data16.p + o->s0 : NULL));
     if (!fuse16) tpk_params_updated(ctx);
     if (o->sn == o->numel) return TPK_OK;
@@ -228,7 +260,8 @@ static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, fl
 /* The moments of the whole flat buffer in backend memory: the optimizer's own, or under ZeRO-1
  * (a slice per DP rank) buffers made for it (*made set; free them with tpk_op_free): zeros, and
  * with gather = true every DP rank's slice gathered in (collective over ctx->dp). */
-static inline tpk_status tpk__adamw_whole(tpk_ctx *ctx, const tpk_adamw *o, bool gather, float **m, float **v, bool *made) {
+static inline tpk_status tpk__adamw_whole(tpk_ctx *ctx, const tpk_adamw *o, bool gather, float **m,
+                                          float **v, bool *made) {
     *m = o->m, *v = o->v, *made = o->sn != o->numel;
     if (!*made) return TPK_OK;
     *m = *v = NULL;

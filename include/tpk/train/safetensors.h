@@ -1,4 +1,5 @@
-/* tpk/train/safetensors.h — a strict safetensors reader and an atomic writer (checkpoints, docs/DESIGN.md section 4).
+/* tpk/train/safetensors.h — a strict safetensors reader and an atomic writer (checkpoints,
+ * docs/DESIGN.md section 4).
  *
  * The format:
  *   bytes [0, 8)        N, the header length, a little-endian u64
@@ -100,16 +101,23 @@ typedef struct tpk__st_dtype_info {
 
 static inline const tpk__st_dtype_info *tpk__st_dtypes(void) {
     static const tpk__st_dtype_info t[TPK_ST_NDTYPES] = {
-        {"F32", 4}, {"BF16", 2}, {"F16", 2}, {"I32", 4}, {"I64", 8}, {"U8", 1}, {"F64", 8}, {"I8", 1},
-        {"I16", 2}, {"U16", 2}, {"U32", 4}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+        {"F32", 4}, {"BF16", 2}, {"F16", 2},  {"I32", 4},     {"I64", 8},
+        {"U8", 1},  {"F64", 8},  {"I8", 1},   {"I16", 2},     {"U16", 2},
+        {"U32", 4}, {"U64", 8},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
     };
     return t;
 }
-static inline bool tpk_st_dtype_valid(tpk_st_dtype dt) { return (unsigned)dt < (unsigned)TPK_ST_NDTYPES; }
+static inline bool tpk_st_dtype_valid(tpk_st_dtype dt) {
+    return (unsigned)dt < (unsigned)TPK_ST_NDTYPES;
+}
 /* "F32", "BF16", ... as in the header; "?" for an invalid value. */
-static inline const char *tpk_st_dtype_name(tpk_st_dtype dt) { return tpk_st_dtype_valid(dt) ? tpk__st_dtypes()[dt].name : "?"; }
+static inline const char *tpk_st_dtype_name(tpk_st_dtype dt) {
+    return tpk_st_dtype_valid(dt) ? tpk__st_dtypes()[dt].name : "?";
+}
 /* Bytes per element; 0 for an invalid value. */
-static inline size_t tpk_st_dtype_size(tpk_st_dtype dt) { return tpk_st_dtype_valid(dt) ? tpk__st_dtypes()[dt].size : 0; }
+static inline size_t tpk_st_dtype_size(tpk_st_dtype dt) {
+    return tpk_st_dtype_valid(dt) ? tpk__st_dtypes()[dt].size : 0;
+}
 
 /* Elements of a checked tensor (1 for 0-d; 0 when a dimension is 0, whatever the others). */
 static inline int64_t tpk_st_numel(const tpk_st_tensor *t) {
@@ -138,7 +146,8 @@ static inline float tpk_st_f16_to_f32(uint16_t h) {
 
 /* Bytes of a tensor of `shape` in dtype `dt` into *bytes; false when it overflows 64 bits.
  * A zero dimension makes the tensor empty whatever the other dimensions are. */
-static inline bool tpk__st_nbytes(const int64_t *shape, int ndim, tpk_st_dtype dt, uint64_t *bytes) {
+static inline bool tpk__st_nbytes(const int64_t *shape, int ndim, tpk_st_dtype dt,
+                                  uint64_t *bytes) {
     uint64_t n = tpk_st_dtype_size(dt);
     for (int i = 0; i < ndim; i++)
         if (shape[i] == 0) return *bytes = 0, true;
@@ -151,15 +160,18 @@ static inline bool tpk__st_nbytes(const int64_t *shape, int ndim, tpk_st_dtype d
     return true;
 }
 
-/* Length of the valid UTF-8 sequence at s (shortest form, no surrogates, <= U+10FFFF), 0 if invalid. */
+/* Length of the valid UTF-8 sequence at s (shortest form, no surrogates, <= U+10FFFF), 0 if
+ * invalid. */
 static inline size_t tpk__st_utf8_len(const uint8_t *s, const uint8_t *end) {
     uint8_t c = s[0];
     size_t n;
     uint8_t lo = 0x80, hi = 0xbf; /* the range of the second byte */
     if (c < 0x80) return 1;
     if (c >= 0xc2 && c <= 0xdf) n = 2;
-    else if (c >= 0xe0 && c <= 0xef) n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c >= 0xf0 && c <= 0xf4) n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
     else return 0;
     if ((size_t)(end - s) < n || s[1] < lo || s[1] > hi) return 0;
     for (size_t i = 2; i < n; i++)
@@ -174,7 +186,9 @@ static inline bool tpk__st_utf8_valid(const char *s) {
 }
 
 /* True when two of the n strings are equal; *dup is one of them. Sorts `s`. */
-static inline int tpk__st_strcmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+static inline int tpk__st_strcmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
 static inline bool tpk__st_has_dup(const char **s, size_t n, const char **dup) {
     if (n > 1) qsort(s, n, sizeof *s, tpk__st_strcmp);
     for (size_t i = 1; i < n; i++)
@@ -200,11 +214,13 @@ static inline tpk_status tpk__st_bad(tpk__st_json *j, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: %s (header byte %zu)", j->what, msg, (size_t)(j->p - j->start));
+    return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: %s (header byte %zu)", j->what, msg,
+                     (size_t)(j->p - j->start));
 }
 
 static inline void tpk__st_ws(tpk__st_json *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
 }
 /* Skip whitespace; true (and consume it) when the next byte is c. */
 static inline bool tpk__st_eat(tpk__st_json *j, char c) {
@@ -212,7 +228,8 @@ static inline bool tpk__st_eat(tpk__st_json *j, char c) {
     if (j->p < j->end && *j->p == (uint8_t)c) return j->p++, true;
     return false;
 }
-/* After an element of an object or array: ',' (returns 1), the closing byte (returns 0), else an error (-1). */
+/* After an element of an object or array: ',' (returns 1), the closing byte (returns 0), else an
+ * error (-1). */
 static inline int tpk__st_next(tpk__st_json *j, char close, const char *where) {
     if (tpk__st_eat(j, ',')) return 1;
     if (tpk__st_eat(j, close)) return 0;
@@ -224,7 +241,10 @@ static inline int tpk__st_hex4(const uint8_t *p, const uint8_t *end) {
     int v = 0;
     if (end - p < 4) return -1;
     for (int i = 0; i < 4; i++) {
-        int c = p[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int c = p[i], d = c >= '0' && c <= '9'   ? c - '0'
+                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                 : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -233,7 +253,8 @@ static inline int tpk__st_hex4(const uint8_t *p, const uint8_t *end) {
 
 /* A JSON string, decoded to UTF-8: writes min(length, cap - 1) bytes and a NUL to dst (when
  * cap > 0) and returns the whole decoded length in *len. `where` names it in errors. */
-static inline tpk_status tpk__st_string(tpk__st_json *j, const char *where, char *dst, size_t cap, size_t *len) {
+static inline tpk_status tpk__st_string(tpk__st_json *j, const char *where, char *dst, size_t cap,
+                                        size_t *len) {
     size_t n = 0;
 #define TPK__ST_PUT(b) (n + 1 < cap ? (void)(dst[n] = (char)(b)) : (void)0, n++)
     tpk__st_ws(j);
@@ -266,25 +287,37 @@ static inline tpk_status tpk__st_string(tpk__st_json *j, const char *where, char
         case 'r': TPK__ST_PUT('\r'); continue;
         case 't': TPK__ST_PUT('\t'); continue;
         case 'u': break;
-        default: j->p--; return tpk__st_bad(j, "%s: invalid escape '\\%c'", where, c >= 0x20 && c < 0x7f ? c : '?');
+        default:
+            j->p--;
+            return tpk__st_bad(j, "%s: invalid escape '\\%c'", where,
+                               c >= 0x20 && c < 0x7f ? c : '?');
         }
         long cp = tpk__st_hex4(j->p, j->end);
         if (cp < 0) return tpk__st_bad(j, "%s: \\u needs 4 hex digits", where);
         j->p += 4;
-        if (cp >= 0xdc00 && cp <= 0xdfff) return tpk__st_bad(j, "%s: lone low surrogate \\u%04lx", where, cp);
+        if (cp >= 0xdc00 && cp <= 0xdfff)
+            return tpk__st_bad(j, "%s: lone low surrogate \\u%04lx", where, cp);
         if (cp >= 0xd800 && cp <= 0xdbff) {
-            long lo = j->end - j->p >= 2 && j->p[0] == '\\' && j->p[1] == 'u' ? tpk__st_hex4(j->p + 2, j->end) : -1;
-            if (lo < 0xdc00 || lo > 0xdfff) return tpk__st_bad(j, "%s: high surrogate \\u%04lx not followed by a low one", where, cp);
+            long lo = j->end - j->p >= 2 && j->p[0] == '\\' && j->p[1] == 'u'
+                          ? tpk__st_hex4(j->p + 2, j->end)
+                          : -1;
+            if (lo < 0xdc00 || lo > 0xdfff)
+                return tpk__st_bad(j,
+                                   "%s: high surrogate \\u%04lx not "
+                                   "followed by a low one",
+                                   where, cp);
             j->p += 6;
             cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
         }
         if (cp == 0) return tpk__st_bad(j, "%s: \\u0000 in a string", where);
         if (cp < 0x80) TPK__ST_PUT(cp);
         else if (cp < 0x800) TPK__ST_PUT(0xc0 | cp >> 6), TPK__ST_PUT(0x80 | (cp & 0x3f));
-        else if (cp < 0x10000) TPK__ST_PUT(0xe0 | cp >> 12), TPK__ST_PUT(0x80 | (cp >> 6 & 0x3f)), TPK__ST_PUT(0x80 | (cp & 0x3f));
-        else
-            TPK__ST_PUT(0xf0 | cp >> 18), TPK__ST_PUT(0x80 | (cp >> 12 & 0x3f)), TPK__ST_PUT(0x80 | (cp >> 6 & 0x3f)),
+        else if (cp < 0x10000)
+            TPK__ST_PUT(0xe0 | cp >> 12), TPK__ST_PUT(0x80 | (cp >> 6 & 0x3f)),
                 TPK__ST_PUT(0x80 | (cp & 0x3f));
+        else
+            TPK__ST_PUT(0xf0 | cp >> 18), TPK__ST_PUT(0x80 | (cp >> 12 & 0x3f)),
+                TPK__ST_PUT(0x80 | (cp >> 6 & 0x3f)), TPK__ST_PUT(0x80 | (cp & 0x3f));
     }
 #undef TPK__ST_PUT
     j->p++;
@@ -294,19 +327,24 @@ static inline tpk_status tpk__st_string(tpk__st_json *j, const char *where, char
 }
 
 /* A non-negative JSON integer <= max (no fraction, no exponent). */
-static inline tpk_status tpk__st_uint(tpk__st_json *j, const char *where, uint64_t max, uint64_t *v) {
+static inline tpk_status tpk__st_uint(tpk__st_json *j, const char *where, uint64_t max,
+                                      uint64_t *v) {
     tpk__st_ws(j);
     bool neg = j->p < j->end && *j->p == '-';
     const uint8_t *p = j->p + neg;
-    if (p >= j->end || *p < '0' || *p > '9') return tpk__st_bad(j, "%s: expected a non-negative integer", where);
-    if (*p == '0' && p + 1 < j->end && p[1] >= '0' && p[1] <= '9') return tpk__st_bad(j, "%s: number with a leading zero", where);
+    if (p >= j->end || *p < '0' || *p > '9') return tpk__st_bad(j, "%s: expected a non-negative "
+                                                                   "integer", where);
+    if (*p == '0' && p + 1 < j->end && p[1] >= '0' && p[1] <= '9')
+        return tpk__st_bad(j, "%s: number with a leading zero", where);
     uint64_t x = 0;
     for (; p < j->end && *p >= '0' && *p <= '9'; p++) {
         unsigned d = *p - '0';
-        if (x > (max - d) / 10) return tpk__st_bad(j, "%s: integer larger than %llu", where, (unsigned long long)max);
+        if (x > (max - d) / 10)
+            return tpk__st_bad(j, "%s: integer larger than %llu", where, (unsigned long long)max);
         x = x * 10 + d;
     }
-    if (p < j->end && (*p == '.' || *p == 'e' || *p == 'E')) return tpk__st_bad(j, "%s: expected an integer, got a fraction or exponent", where);
+    if (p < j->end && (*p == '.' || *p == 'e' || *p == 'E'))
+        return tpk__st_bad(j, "%s: expected an integer, got a fraction or exponent", where);
     if (neg && x) return tpk__st_bad(j, "%s: -%llu is negative", where, (unsigned long long)x);
     j->p = p;
     *v = x;
@@ -325,57 +363,81 @@ static inline tpk_status tpk__st_entry(tpk__st_json *j, tpk_st_tensor *t) {
     if (!tpk__st_eat(j, '}')) do {
         TPK_TRY(tpk__st_string(j, where, key, sizeof key, &len));
         if (!tpk__st_eat(j, ':')) return tpk__st_bad(j, "%s: expected ':' after a key", where);
-        unsigned bit = len >= sizeof key ? 0 : !strcmp(key, "dtype") ? 1 : !strcmp(key, "shape") ? 2 : !strcmp(key, "data_offsets") ? 4 : 0;
-        if (!bit) return tpk__st_bad(j, "%s: unknown field \"%.15s%s\"", where, key, len >= sizeof key ? "..." : "");
+        unsigned bit = len >= sizeof key              ? 0
+                       : !strcmp(key, "dtype")        ? 1
+                       : !strcmp(key, "shape")        ? 2
+                       : !strcmp(key, "data_offsets") ? 4
+                                                      : 0;
+        if (!bit)
+            return tpk__st_bad(j, "%s: unknown field \"%.15s%s\"", where, key,
+                               len >= sizeof key ? "..." : "");
         if (seen & bit) return tpk__st_bad(j, "%s: field \"%s\" appears twice", where, key);
         seen |= bit;
         if (bit == 1) {
             TPK_TRY(tpk__st_string(j, where, dt, sizeof dt, &len));
             int k = 0;
-            while (k < TPK_ST_NDTYPES && (len >= sizeof dt || strcmp(dt, tpk__st_dtypes()[k].name))) k++;
-            if (k == TPK_ST_NDTYPES) return tpk__st_bad(j, "%s: unknown dtype \"%.15s%s\"", where, dt, len >= sizeof dt ? "..." : "");
+            while (k < TPK_ST_NDTYPES && (len >= sizeof dt || strcmp(dt, tpk__st_dtypes()[k].name)))
+                k++;
+            if (k == TPK_ST_NDTYPES)
+                return tpk__st_bad(j, "%s: unknown dtype \"%.15s%s\"", where, dt,
+                                   len >= sizeof dt ? "..." : "");
             t->dtype = (tpk_st_dtype)k;
         } else if (bit == 2) {
             snprintf(w, sizeof w, "%s: shape", where);
             if (!tpk__st_eat(j, '[')) return tpk__st_bad(j, "%s: expected an array", w);
             int e = 0;
             if (!tpk__st_eat(j, ']')) do {
-                if (t->ndim == TPK_ST_MAX_DIMS) return tpk__st_bad(j, "%s: more than %d dimensions", w, TPK_ST_MAX_DIMS);
-                snprintf(w, sizeof w, "%s: shape[%d]", where, t->ndim);
-                TPK_TRY(tpk__st_uint(j, w, INT64_MAX, &v));
-                t->shape[t->ndim++] = (int64_t)v;
-                snprintf(w, sizeof w, "%s: shape", where);
+                    if (t->ndim == TPK_ST_MAX_DIMS)
+                        return tpk__st_bad(j, "%s: more than %d dimensions", w, TPK_ST_MAX_DIMS);
+                    snprintf(w, sizeof w, "%s: shape[%d]", where, t->ndim);
+                    TPK_TRY(tpk__st_uint(j, w, INT64_MAX, &v));
+                    t->shape[t->ndim++] = (int64_t)v;
+                    snprintf(w, sizeof w, "%s: shape", where);
             } while ((e = tpk__st_next(j, ']', w)) == 1);
             if (e < 0) return TPK_ERR_FORMAT;
         } else {
             snprintf(w, sizeof w, "%s: data_offsets", where);
-            if (!tpk__st_eat(j, '[')) return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
+            if (!tpk__st_eat(j, '['))
+                return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
             TPK_TRY(tpk__st_uint(j, w, UINT64_MAX, &t->begin));
-            if (!tpk__st_eat(j, ',')) return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
+            if (!tpk__st_eat(j, ','))
+                return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
             TPK_TRY(tpk__st_uint(j, w, UINT64_MAX, &t->end));
-            if (!tpk__st_eat(j, ']')) return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
+            if (!tpk__st_eat(j, ']'))
+                return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
         }
     } while ((m = tpk__st_next(j, '}', where)) == 1);
     if (m < 0) return TPK_ERR_FORMAT;
-    if (seen != 7) return tpk__st_bad(j, "%s: missing field \"%s\"", where, !(seen & 1) ? "dtype" : !(seen & 2) ? "shape" : "data_offsets");
+    if (seen != 7)
+        return tpk__st_bad(j, "%s: missing field \"%s\"", where,
+                           !(seen & 1)   ? "dtype"
+                           : !(seen & 2) ? "shape"
+                                         : "data_offsets");
     tpk__shape_str(t->shape, t->ndim, shp, sizeof shp);
     if (t->begin > t->end)
-        return tpk__st_bad(j, "%s: data_offsets [%llu, %llu]: begin is after end", where, (unsigned long long)t->begin, (unsigned long long)t->end);
+        return tpk__st_bad(j, "%s: data_offsets [%llu, %llu]: begin is after end", where,
+                           (unsigned long long)t->begin, (unsigned long long)t->end);
     if (t->end > j->data_size)
-        return tpk__st_bad(j, "%s: data_offsets [%llu, %llu] lie outside the %llu-byte data buffer", where,
-                           (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)j->data_size);
+        return tpk__st_bad(j, "%s: data_offsets [%llu, %llu] lie outside the %llu-byte data buffer",
+                           where, (unsigned long long)t->begin, (unsigned long long)t->end,
+                           (unsigned long long)j->data_size);
     uint64_t bytes;
     if (!tpk__st_nbytes(t->shape, t->ndim, t->dtype, &bytes))
-        return tpk__st_bad(j, "%s: shape %s of %s: the byte count overflows", where, shp, tpk_st_dtype_name(t->dtype));
+        return tpk__st_bad(j, "%s: shape %s of %s: the byte count overflows", where, shp,
+                           tpk_st_dtype_name(t->dtype));
     if (bytes != t->end - t->begin)
-        return tpk__st_bad(j, "%s: shape %s of %s needs %llu bytes, data_offsets [%llu, %llu] hold %llu", where, shp,
-                           tpk_st_dtype_name(t->dtype), (unsigned long long)bytes, (unsigned long long)t->begin,
-                           (unsigned long long)t->end, (unsigned long long)(t->end - t->begin));
+        return tpk__st_bad(j,
+                           "%s: shape %s of %s needs %llu bytes, data_offsets [%llu, %llu] hold "
+                           "%llu",
+                           where, shp, tpk_st_dtype_name(t->dtype), (unsigned long long)bytes,
+                           (unsigned long long)t->begin, (unsigned long long)t->end,
+                           (unsigned long long)(t->end - t->begin));
     return TPK_OK;
 }
 
 /* The "__metadata__" object: counts pairs and string bytes; stores them when keys != NULL. */
-static inline tpk_status tpk__st_metadata(tpk__st_json *j, char **keys, char **vals, char *pool, size_t *n, size_t *bytes) {
+static inline tpk_status tpk__st_metadata(tpk__st_json *j, char **keys, char **vals, char *pool,
+                                          size_t *n, size_t *bytes) {
     char where[300];
     size_t len;
     if (!tpk__st_eat(j, '{')) return tpk__st_bad(j, "__metadata__: expected an object");
@@ -398,7 +460,8 @@ static inline tpk_status tpk__st_metadata(tpk__st_json *j, char **keys, char **v
 
 /* The whole header. Without f->tensors it only counts (tensors, metadata pairs, metadata
  * bytes) and checks; with them it fills f->tensors and the metadata. */
-static inline tpk_status tpk__st_header(tpk__st_json *j, tpk_st_file *f, char *pool, size_t *nt, size_t *nm, size_t *mbytes) {
+static inline tpk_status tpk__st_header(tpk__st_json *j, tpk_st_file *f, char *pool, size_t *nt,
+                                        size_t *nm, size_t *mbytes) {
     tpk_st_tensor scratch;
     char name[sizeof scratch.name];
     size_t len;
@@ -417,7 +480,8 @@ static inline tpk_status tpk__st_header(tpk__st_json *j, tpk_st_file *f, char *p
             TPK_TRY(tpk__st_metadata(j, f->meta_keys, f->meta_vals, pool, nm, mbytes));
         } else {
             if (len > TPK_ST_MAX_NAME)
-                return tpk__st_bad(j, "tensor name \"%.40s...\" is %zu bytes, longer than %d", name, len, TPK_ST_MAX_NAME);
+                return tpk__st_bad(j, "tensor name \"%.40s...\" is %zu bytes, longer than %d", name,
+                                   len, TPK_ST_MAX_NAME);
             tpk_st_tensor *t = f->tensors ? &f->tensors[*nt] : &scratch;
             memset(t, 0, sizeof *t);
             memcpy(t->name, name, sizeof t->name);
@@ -431,22 +495,29 @@ static inline tpk_status tpk__st_header(tpk__st_json *j, tpk_st_file *f, char *p
     return TPK_OK;
 }
 
-/* Owned memory: this block, then the tensors, the sort scratch, the metadata pointers and strings. */
+/* Owned memory: this block, then the tensors, the sort scratch, the metadata pointers and
+ * strings. */
 typedef struct tpk__st_block {
     uint8_t *file;                  /* the file's bytes (tpk_st_read) or NULL */
-    const tpk_st_tensor **by_name;  /* [n] the tensors sorted by name (the sort scratch, after the checks): tpk_st_find */
+    const tpk_st_tensor **by_name;  /* [n] the tensors sorted by name (the sort scratch, after the
+                                       checks): tpk_st_find */
 } tpk__st_block;
 static inline int tpk__st_by_name(const void *a, const void *b) {
-    return strcmp((*(const tpk_st_tensor *const *)a)->name, (*(const tpk_st_tensor *const *)b)->name);
+    return strcmp((*(const tpk_st_tensor *const *)a)->name,
+                  (*(const tpk_st_tensor *const *)b)->name);
 }
 
 static inline int tpk__st_by_offset(const void *a, const void *b) {
-    const tpk_st_tensor *x = *(const tpk_st_tensor *const *)a, *y = *(const tpk_st_tensor *const *)b;
-    return x->begin != y->begin ? (x->begin < y->begin ? -1 : 1) : x->end != y->end ? (x->end < y->end ? -1 : 1) : 0;
+    const tpk_st_tensor *x = *(const tpk_st_tensor *const *)a,
+                        *y = *(const tpk_st_tensor *const *)b;
+    return x->begin != y->begin ? (x->begin < y->begin ? -1 : 1)
+           : x->end != y->end   ? (x->end < y->end ? -1 : 1)
+                                : 0;
 }
 
 /* Checks over all tensors: unique names, unique metadata keys, the data buffer tiled exactly. */
-static inline tpk_status tpk__st_global(tpk__st_json *j, tpk_st_file *f, const tpk_st_tensor **sorted) {
+static inline tpk_status tpk__st_global(tpk__st_json *j, tpk_st_file *f,
+                                        const tpk_st_tensor **sorted) {
     const char *dup;
     for (int i = 0; i < f->n; i++) sorted[i] = &f->tensors[i];
     qsort(sorted, (size_t)f->n, sizeof *sorted, tpk__st_by_offset);
@@ -454,24 +525,38 @@ static inline tpk_status tpk__st_global(tpk__st_json *j, tpk_st_file *f, const t
     for (int i = 0; i < f->n; i++) {
         const tpk_st_tensor *t = sorted[i];
         if (t->begin < pos)
-            return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: tensor \"%.200s\" (data_offsets [%llu, %llu]) overlaps tensor \"%.200s\" [%llu, %llu]",
-                             j->what, t->name, (unsigned long long)t->begin, (unsigned long long)t->end, sorted[i - 1]->name,
-                             (unsigned long long)sorted[i - 1]->begin, (unsigned long long)sorted[i - 1]->end);
+            return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
+                             "%s: tensor \"%.200s\" (data_offsets "
+                             "[%llu, %llu]) overlaps tensor "
+                             "\"%.200s\" [%llu, %llu]",
+                             j->what, t->name, (unsigned long long)t->begin,
+                             (unsigned long long)t->end, sorted[i - 1]->name,
+                             (unsigned long long)sorted[i - 1]->begin,
+                             (unsigned long long)sorted[i - 1]->end);
         if (t->begin > pos)
-            return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: hole in the data buffer: bytes [%llu, %llu) before tensor \"%.200s\" belong to no tensor",
-                             j->what, (unsigned long long)pos, (unsigned long long)t->begin, t->name);
+            return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
+                             "%s: hole in the data buffer: bytes "
+                             "[%llu, %llu) before tensor \"%.200s\" "
+                             "belong to no tensor",
+                             j->what, (unsigned long long)pos, (unsigned long long)t->begin,
+                             t->name);
         pos = t->end;
     }
     if (pos != f->data_size)
-        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: the data buffer has %llu bytes after the last tensor (it ends at %llu of %llu)",
-                         j->what, (unsigned long long)(f->data_size - pos), (unsigned long long)pos, (unsigned long long)f->data_size);
+        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
+                         "%s: the data buffer has %llu bytes after "
+                         "the last tensor (it ends at %llu of %llu)",
+                         j->what, (unsigned long long)(f->data_size - pos), (unsigned long long)pos,
+                         (unsigned long long)f->data_size);
     const char **names = (const char **)(void *)sorted;
     for (int i = 0; i < f->n; i++) names[i] = f->tensors[i].name;
     if (tpk__st_has_dup(names, (size_t)f->n, &dup))
-        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: tensor name \"%.200s\" appears twice", j->what, dup);
+        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: tensor name \"%.200s\" appears twice",
+                         j->what, dup);
     for (int i = 0; i < f->n_meta; i++) names[i] = f->meta_keys[i];
     if (tpk__st_has_dup(names, (size_t)f->n_meta, &dup))
-        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: __metadata__ key \"%.200s\" appears twice", j->what, dup);
+        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: __metadata__ key \"%.200s\" appears "
+                                                        "twice", j->what, dup);
     return TPK_OK;
 }
 
@@ -484,28 +569,37 @@ static inline void tpk_st_close(tpk_st_file *f) {
 /* Parse a file held in memory. Nothing is copied: out->data points into `bytes`, which must
  * outlive *out (the tensor table and the metadata strings are out's own). `what` names the
  * bytes in errors (a path; NULL gives "<memory>"). */
-static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8_t *bytes, size_t size, const char *what, tpk_st_file *out) {
+static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8_t *bytes,
+                                       size_t size, const char *what, tpk_st_file *out) {
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a tpk_st_file, got NULL");
     memset(out, 0, sizeof *out);
     if (!what) what = "<memory>";
     if (!bytes && size) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: bytes is NULL", what);
-    if (size < 8) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the 8-byte header length", what, size);
+    if (size < 8) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the "
+                                                            "8-byte header length", what, size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | bytes[i];
     if (hlen > TPK_ST_MAX_HEADER)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header length %llu is larger than the %u-byte limit", what, (unsigned long long)hlen, TPK_ST_MAX_HEADER);
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: header length %llu is larger than the "
+                         "%u-byte limit",
+                         what, (unsigned long long)hlen, TPK_ST_MAX_HEADER);
     if (hlen > size - 8)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header length %llu exceeds the %zu bytes after it (truncated file?)", what,
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header length %llu exceeds the %zu bytes "
+                                                  "after it (truncated file?)", what,
                          (unsigned long long)hlen, size - 8);
     tpk__st_json j = {bytes + 8, bytes + 8, bytes + 8 + hlen, size - 8 - hlen, ctx, fn, what};
     size_t nt, nm, mbytes;
     TPK_TRY(tpk__st_header(&j, out, NULL, &nt, &nm, &mbytes)); /* count and check */
     size_t nsort = nt > nm ? nt : nm;
-    size_t off_tensors = (sizeof(tpk__st_block) + 7) / 8 * 8; /* every part is 8-byte aligned but the strings */
-    size_t off_sort = off_tensors + nt * sizeof(tpk_st_tensor), off_meta = off_sort + nsort * sizeof(void *);
+    size_t off_tensors = (sizeof(tpk__st_block) + 7) / 8 * 8; /* every part is 8-byte aligned but
+                                                                 the strings */
+    size_t off_sort = off_tensors + nt * sizeof(tpk_st_tensor),
+           off_meta = off_sort + nsort * sizeof(void *);
     size_t off_pool = off_meta + 2 * nm * sizeof(char *);
     uint8_t *block = (uint8_t *)calloc(1, off_pool + mbytes);
-    if (!block) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %zu bytes for %zu tensors", what, off_pool + mbytes, nt);
+    if (!block) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %zu bytes for %zu "
+                                                         "tensors", what, off_pool + mbytes, nt);
     out->owned = block;
     out->tensors = (tpk_st_tensor *)(void *)(block + off_tensors);
     out->meta_keys = (char **)(void *)(block + off_meta);
@@ -521,13 +615,15 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
         tpk_st_close(out);
         return s;
     }
-    for (size_t i = 0; i < nt; i++) idx[i] = &out->tensors[i]; /* the name index: lookups in O(log n) */
+    for (size_t i = 0; i < nt; i++) idx[i] = &out->tensors[i]; /* the name index: lookups in O(log
+                                                                  n) */
     if (nt > 1) qsort(idx, nt, sizeof *idx, tpk__st_by_name);
     ((tpk__st_block *)(void *)block)->by_name = idx;
     return TPK_OK;
 }
 
-static inline tpk_status tpk_st_parse(tpk_ctx *ctx, const uint8_t *bytes, size_t size, const char *what, tpk_st_file *out) {
+static inline tpk_status tpk_st_parse(tpk_ctx *ctx, const uint8_t *bytes, size_t size,
+                                      const char *what, tpk_st_file *out) {
     return tpk__st_parse(ctx, "tpk_st_parse", bytes, size, what, out);
 }
 
@@ -541,7 +637,8 @@ static inline tpk_status tpk_st_read(tpk_ctx *ctx, const char *path, tpk_st_file
     struct stat st;
     bool stat_failed = fstat(fd, &st) != 0;
     if (stat_failed || !S_ISREG(st.st_mode)) {
-        tpk_status s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: %s", path, stat_failed ? strerror(errno) : "not a regular file");
+        tpk_status s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: %s", path,
+                                 stat_failed ? strerror(errno) : "not a regular file");
         close(fd);
         return s;
     }
@@ -549,7 +646,8 @@ static inline tpk_status tpk_st_read(tpk_ctx *ctx, const char *path, tpk_st_file
     uint8_t *buf = size <= SIZE_MAX - 1 ? (uint8_t *)malloc((size_t)size + 1) : NULL;
     if (!buf) {
         close(fd);
-        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %llu bytes for the file", path, (unsigned long long)size);
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %llu bytes for the file",
+                         path, (unsigned long long)size);
     }
     size_t got = 0;
     while (got < size) {
@@ -557,7 +655,10 @@ static inline tpk_status tpk_st_read(tpk_ctx *ctx, const char *path, tpk_st_file
         ssize_t r = read(fd, buf + got, want);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-            tpk_status s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: read failed after %zu of %llu bytes: %s", path, got, (unsigned long long)size,
+            tpk_status s = tpk__fail(ctx, TPK_ERR_IO, fn,
+                                     "%s: read failed after %zu of %llu "
+                                     "bytes: %s",
+                                     path, got, (unsigned long long)size,
                                      r < 0 ? strerror(errno) : "unexpected end of file");
             close(fd), free(buf);
             return s;
@@ -596,27 +697,34 @@ static inline const char *tpk_st_meta(const tpk_st_file *f, const char *key) {
     return NULL;
 }
 
-/* Tensor t of f converted to f32 (F32, BF16, F16; others TPK_ERR_DTYPE); n must be its element count. */
-static inline tpk_status tpk_st_get_f32(tpk_ctx *ctx, const tpk_st_file *f, const tpk_st_tensor *t, float *out, size_t n) {
+/* Tensor t of f converted to f32 (F32, BF16, F16; others TPK_ERR_DTYPE); n must be its element
+ * count. */
+static inline tpk_status tpk_st_get_f32(tpk_ctx *ctx, const tpk_st_file *f, const tpk_st_tensor *t,
+                                        float *out, size_t n) {
     const char *fn = "tpk_st_get_f32";
     char shp[200];
     uint64_t bytes;
     if (!f || !t) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s is NULL", f ? "t" : "f");
-    if (t->ndim < 0 || t->ndim > TPK_ST_MAX_DIMS || !tpk_st_dtype_valid(t->dtype) || !tpk__st_nbytes(t->shape, t->ndim, t->dtype, &bytes) ||
-        t->begin > t->end || t->end > f->data_size || bytes != t->end - t->begin)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "tensor \"%.200s\" does not describe bytes of this file", t->name);
+    if (t->ndim < 0 || t->ndim > TPK_ST_MAX_DIMS || !tpk_st_dtype_valid(t->dtype) ||
+        !tpk__st_nbytes(t->shape, t->ndim, t->dtype, &bytes) || t->begin > t->end ||
+        t->end > f->data_size || bytes != t->end - t->begin)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "tensor \"%.200s\" does not describe bytes of this "
+                                               "file", t->name);
     if (t->dtype != TPK_ST_F32 && t->dtype != TPK_ST_BF16 && t->dtype != TPK_ST_F16)
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "tensor \"%.200s\": dtype %s does not convert to f32 (expected F32, BF16 or F16)", t->name,
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "tensor \"%.200s\": dtype %s does not convert to "
+                                                 "f32 (expected F32, BF16 or F16)", t->name,
                          tpk_st_dtype_name(t->dtype));
     size_t numel = (size_t)(bytes / tpk_st_dtype_size(t->dtype));
     if (n != numel)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "tensor \"%.200s\" has %zu elements (shape %s), n is %zu", t->name, numel,
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "tensor \"%.200s\" has %zu elements (shape %s), n "
+                                                 "is %zu", t->name, numel,
                          tpk__shape_str(t->shape, t->ndim, shp, sizeof shp), n);
     if (n && !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out is NULL");
     const uint8_t *p = f->data + t->begin;
     for (size_t i = 0; i < n; i++) {
         if (t->dtype == TPK_ST_F32) {
-            uint32_t u = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
+            uint32_t u = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 |
+                         (uint32_t)p[4 * i + 2] << 16 | (uint32_t)p[4 * i + 3] << 24;
             memcpy(&out[i], &u, 4);
         } else {
             uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8);
@@ -686,38 +794,49 @@ static inline bool tpk__st_write_all(int fd, const void *b, size_t n) {
 
 /* Check the entries and the metadata (TPK_ERR_ARG) and build the header, padded with spaces to
  * a multiple of 8 bytes, into h; *total is the size of the data buffer. */
-static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, const tpk_st_entry *e, int n, const char *const *meta_kv,
-                                              tpk__st_str *h, uint64_t *total) {
+static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, const tpk_st_entry *e,
+                                              int n, const char *const *meta_kv, tpk__st_str *h,
+                                              uint64_t *total) {
     size_t nmeta = 0;
     const char *dup;
     *total = 0;
-    if (n < 0 || (n > 0 && !e)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries: %s", n < 0 ? "n is negative" : "NULL with n > 0");
+    if (n < 0 || (n > 0 && !e))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries: %s",
+                         n < 0 ? "n is negative" : "NULL with n > 0");
     for (; meta_kv && meta_kv[2 * nmeta]; nmeta++) {
         const char *k = meta_kv[2 * nmeta], *v = meta_kv[2 * nmeta + 1];
         if (!v) return tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: key \"%.200s\" has no value", k);
         if (!tpk__st_utf8_valid(k) || !tpk__st_utf8_valid(v))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: \"%.200s\": key or value is not valid UTF-8", k);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: \"%.200s\": key or value is not valid "
+                                                   "UTF-8", k);
     }
     for (int i = 0; i < n; i++) {
         const tpk_st_entry *t = &e[i];
         uint64_t bytes = 0;
         if (!t->name) return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name is NULL", i);
         if (strlen(t->name) > TPK_ST_MAX_NAME)
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name \"%.40s...\" is longer than %d bytes", i, t->name, TPK_ST_MAX_NAME);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name \"%.40s...\" is longer than "
+                                                   "%d bytes", i, t->name, TPK_ST_MAX_NAME);
         if (!strcmp(t->name, "__metadata__") || !tpk__st_utf8_valid(t->name))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name \"%.200s\" is reserved or not valid UTF-8", i, t->name);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name \"%.200s\" is reserved or not "
+                                                   "valid UTF-8", i, t->name);
         if (!tpk_st_dtype_valid(t->dtype))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": invalid dtype %d", i, t->name, (int)t->dtype);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": invalid dtype %d", i,
+                             t->name, (int)t->dtype);
         if (t->ndim < 0 || t->ndim > TPK_ST_MAX_DIMS || (t->ndim && !t->shape))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": ndim %d (expected 0..%d, with a shape)", i, t->name, t->ndim,
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": ndim %d (expected "
+                                                   "0..%d, with a shape)", i, t->name, t->ndim,
                              TPK_ST_MAX_DIMS);
         for (int d = 0; d < t->ndim; d++)
             if (t->shape[d] < 0)
-                return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": shape[%d] = %lld is negative", i, t->name, d,
+                return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": shape[%d] = %lld "
+                                                       "is negative", i, t->name, d,
                                  (long long)t->shape[d]);
         if (!tpk__st_nbytes(t->shape, t->ndim, t->dtype, &bytes) || bytes > UINT64_MAX - *total)
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": the byte count overflows", i, t->name);
-        if (bytes && !t->data) return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": data is NULL", i, t->name);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": the byte count "
+                                                   "overflows", i, t->name);
+        if (bytes && !t->data) return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": "
+                                                                      "data is NULL", i, t->name);
         *total += bytes;
     }
     /* unique tensor names and metadata keys */
@@ -730,11 +849,14 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
         for (int i = 0; i < n; i++) names[i] = e[i].name;
         dup_name = tpk__st_has_dup(names, (size_t)n, &dup);
     }
-    tpk_status s = dup_meta ? tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: key \"%.200s\" appears twice", dup)
-                 : dup_name ? tpk__fail(ctx, TPK_ERR_ARG, fn, "entries: name \"%.200s\" appears twice", dup) : TPK_OK;
+    tpk_status s = dup_meta ? tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: key \"%.200s\" appears "
+                                                              "twice", dup)
+                 : dup_name ? tpk__fail(ctx, TPK_ERR_ARG, fn, "entries: name \"%.200s\" appears "
+                                                              "twice", dup) : TPK_OK;
     free(names);
     if (s != TPK_OK) return s;
-    /* {"__metadata__":{"k":"v",...},"name":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},...} */
+    /* {"__metadata__":{"k":"v",...},
+     *  "name":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},...} */
     tpk__st_put(h, "{", 1);
     if (nmeta) {
         tpk__st_put(h, "\"__metadata__\":{", 16);
@@ -751,31 +873,38 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
         if (i || nmeta) tpk__st_put(h, ",", 1);
         tpk__st_put_json(h, e[i].name);
         tpk__st_putf(h, ":{\"dtype\":\"%s\",\"shape\":[", tpk_st_dtype_name(e[i].dtype));
-        for (int d = 0; d < e[i].ndim; d++) tpk__st_putf(h, d ? ",%lld" : "%lld", (long long)e[i].shape[d]);
+        for (int d = 0; d < e[i].ndim; d++)
+            tpk__st_putf(h, d ? ",%lld" : "%lld", (long long)e[i].shape[d]);
         tpk__st_nbytes(e[i].shape, e[i].ndim, e[i].dtype, &bytes);
-        tpk__st_putf(h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + bytes));
+        tpk__st_putf(h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                     (unsigned long long)(off + bytes));
         off += bytes;
     }
     tpk__st_put(h, "}", 1);
     while (!h->oom && h->n % 8) tpk__st_put(h, " ", 1);
     if (h->oom) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "cannot allocate the header");
     if (h->n > TPK_ST_MAX_HEADER)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "the header would be %zu bytes, over the %u-byte limit", h->n, TPK_ST_MAX_HEADER);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "the header would be %zu bytes, over the %u-byte "
+                                               "limit", h->n, TPK_ST_MAX_HEADER);
     return TPK_OK;
 }
 
 /* Write tensors atomically to path (see the top of this file). data[i] holds the raw
  * little-endian bytes of entry i; meta_kv is key, value, ..., NULL (or NULL for none). */
-static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_st_entry *entries, int n, const char *const *meta_kv) {
+static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_st_entry *entries,
+                                      int n, const char *const *meta_kv) {
     const char *fn = "tpk_st_write";
-    if (!path || !*path) return tpk__fail(ctx, TPK_ERR_ARG, fn, "path is %s", path ? "empty" : "NULL");
+    if (!path || !*path)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "path is %s", path ? "empty" : "NULL");
     tpk__st_str h;
     memset(&h, 0, sizeof h);
     uint64_t total;
     tpk_status s = tpk__st_build_header(ctx, fn, entries, n, meta_kv, &h, &total);
     size_t plen = strlen(path);
-    char *tmp = s == TPK_OK ? (char *)malloc(plen + 32) : NULL, *dir = tmp ? (char *)malloc(plen + 2) : NULL;
-    if (s == TPK_OK && !dir) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate a path", path);
+    char *tmp = s == TPK_OK ? (char *)malloc(plen + 32) : NULL,
+         *dir = tmp ? (char *)malloc(plen + 2) : NULL;
+    if (s == TPK_OK && !dir)
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate a path", path);
     if (s != TPK_OK) {
         free(h.p), free(tmp);
         return s;
@@ -798,8 +927,10 @@ static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_
     if (!step && rename(tmp, path) != 0) step = "rename the temporary file over it", err = errno;
     if (step) {
         if (fd >= 0) unlink(tmp);
-        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: %s (%s) failed: %s; %s", path, step, tmp, strerror(err),
-                      fd >= 0 ? "the temporary was removed and the file left as it was" : "nothing was written");
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: %s (%s) failed: %s; %s", path, step, tmp,
+                      strerror(err),
+                      fd >= 0 ? "the temporary was removed and the file left as it was"
+                              : "nothing was written");
     } else {
         /* make the rename durable: fsync the directory (EINVAL: a filesystem that cannot) */
         const char *slash = strrchr(path, '/');
@@ -808,7 +939,8 @@ static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_
         dir[dlen] = 0;
         int dfd = open(dir, O_RDONLY);
         if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL))
-            s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: written, but fsync of the directory %s failed: %s", path, dir, strerror(errno));
+            s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: written, but fsync of the directory %s failed: "
+                                               "%s", path, dir, strerror(errno));
         if (dfd >= 0) close(dfd);
     }
     free(h.p), free(tmp), free(dir);

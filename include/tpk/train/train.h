@@ -1,7 +1,8 @@
 /* tpk/train/train.h — a training step's end in one call, after its last backward:
  *
  *   1. the data-parallel reduction of the gradients:
- *        plain       the all-reduce buckets the model's backward started (tpk/train/dp.h) are waited for;
+ *        plain       the all-reduce buckets the model's backward started (tpk/train/dp.h) are
+ *        waited for;
  *        ZeRO-1      (tpk_adamw_desc.zero) one reduce-scatter of the whole gradient buffer over DP:
  *                    each DP rank gets the DP sum of its slice tpk_split(numel, dp, rank) — the
  *                    buckets must not have been started (tpk_dp_begin(..., false));
@@ -9,7 +10,8 @@
  *                    pass grad_scale 1: Adasum does not sum;
  *   2. the gradients partial over TP summed (tpk_params_reduce_partial_grads: SP norm weights,
  *      shared key/value heads) — after the buckets, before Adasum and ZeRO-1's reduce-scatter;
- *   3. the norm of grad_scale x the gradient over the whole model (tpk/train/optim.h's counting; under
+ *   3. the norm of grad_scale x the gradient over the whole model (tpk/train/optim.h's counting;
+ *   under
  *      ZeRO-1 each rank counts its slice and the squares are summed over DP and TP: the same
  *      norm);
  *   4. clipping to `clip` (<= 0: none), folded into AdamW's gradient scale;
@@ -39,39 +41,55 @@ static inline tpk_status tpk_train_norm_read(tpk_ctx *ctx, float grad_scale, dou
     static const char *fn = "tpk_train_norm_read";
     if (!ctx) return TPK_ERR_ARG;
     if (!norm) return tpk__fail(ctx, TPK_ERR_ARG, fn, "norm: NULL");
-    if (!ctx->normsq.p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "no training step has run (tpk_train_step)");
+    if (!ctx->normsq.p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "no training step has run "
+                                                               "(tpk_train_step)");
     double h[2] = {0, 0}, *sq = (double *)ctx->normsq.p;
     TPK_TRY(tpk_op_memcpy(ctx, h, sq, sizeof h, ctx->ops->device ? TPK_D2H : TPK_H2H));
     *norm = sqrt(h[0]) * grad_scale;
     if (h[1] == 0) return TPK_OK;
     const double restart[2] = {h[0], 0};
-    TPK_TRY(tpk_op_memcpy(ctx, sq, restart, sizeof restart, ctx->ops->device ? TPK_H2D : TPK_H2H)); /* the count starts again */
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "the gradient norm was not finite (now %g) on %.0f step(s) since it was last read, which were skipped: "
+    TPK_TRY(tpk_op_memcpy(ctx, sq, restart, sizeof restart,
+                          ctx->ops->device ? TPK_H2D : TPK_H2H)); /* the count starts again */
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "the gradient norm was not finite (now %g) on %.0f "
+                                           "step(s) since it was last read, which were skipped: "
                      "the loss diverged or a gradient is not finite", *norm, h[1]);
 }
 
-/* See above. *norm (may be NULL: no host wait; tpk_train_norm_read reads it later) = |grad_scale g| before clipping. Collective over
- * ctx's mesh. */
-static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buckets *b, float lr, float clip, float grad_scale, double *norm) {
+/* See above. *norm (may be NULL: no host wait; tpk_train_norm_read reads it later) = |grad_scale g|
+ * before clipping. Collective over ctx's mesh. */
+static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buckets *b, float lr,
+                                        float clip, float grad_scale, double *norm) {
     static const char *fn = "tpk_train_step";
     if (!ctx) return TPK_ERR_ARG;
-    if (!opt || !opt->m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
+    if (!opt || !opt->m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised "
+                                                                "optimizer");
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
     if (!isfinite(grad_scale) || isnan(clip))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, %g", (double)grad_scale, (double)clip);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, "
+                                               "%g", (double)grad_scale, (double)clip);
     bool zero = opt->sn != opt->numel;
-    if (zero && b->n) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: %d all-reduces started under ZeRO-1 (call tpk_dp_begin with last = false)", b->n);
-    if (zero && b->adasum) return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "opt: ZeRO-1 with Adasum (a reduce-scatter cannot carry Adasum's per-tensor combination)");
+    if (zero && b->n) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: %d all-reduces started "
+                                                             "under ZeRO-1 (call tpk_dp_begin with "
+                                                             "last = false)", b->n);
+    if (zero && b->adasum)
+        return tpk__fail(
+            ctx, TPK_ERR_UNSUPPORTED, fn,
+            "opt: ZeRO-1 with Adasum (a reduce-scatter cannot carry Adasum's per-tensor "
+            "combination)");
     TPK_TRY(tpk_dp_finish(ctx, b));
-    TPK_TRY(tpk_params_reduce_partial_grads(ctx)); /* whole tensors first: Adasum's dot products need them */
+    TPK_TRY(tpk_params_reduce_partial_grads(ctx)); /* whole tensors first: Adasum's dot products
+                                                      need them */
     if (b->adasum) TPK_TRY(tpk_dp_adasum(ctx, b));
-    if (zero && opt->numel) TPK_TRY(tpk__dp_slices(ctx, (float *)ctx->params.grad.p, opt->numel, false)); /* reduce-scatter */
+    if (zero && opt->numel)
+        TPK_TRY(tpk__dp_slices(ctx, (float *)ctx->params.grad.p, opt->numel,
+                               false)); /* reduce-scatter */
     double *sq;
     TPK_TRY(tpk__normsq(ctx, &sq));
     TPK_TRY(tpk__grad_sumsq(ctx, opt->s0, opt->s0 + opt->sn, sq));
     if (zero) TPK_TRY(tpk_allreduce(ctx, &ctx->dp, sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
-    TPK_TRY(tpk__adamw_step(ctx, opt, lr, grad_scale, sq, clip, fn)); /* clipped from sq, in backend memory */
+    TPK_TRY(tpk__adamw_step(ctx, opt, lr, grad_scale, sq, clip, fn)); /* clipped from sq, in backend
+                                                                         memory */
     return norm ? tpk_train_norm_read(ctx, grad_scale, norm) : TPK_OK;
 }
 

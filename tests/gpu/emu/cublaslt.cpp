@@ -73,23 +73,41 @@ template <class T> static cublasStatus_t destroy(T *p, const char *what) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { return destroy(h, "cublasLtDestroy"); }
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
-    *d = new tpk_emu_lt_desc{(int32_t)compute, (int32_t)scale, 0, CUBLAS_OP_N, CUBLAS_OP_N, CUBLAS_OP_N, -1, -1, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0};
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+    *d = new tpk_emu_lt_desc{(int32_t)compute,
+                             (int32_t)scale,
+                             0,
+                             CUBLAS_OP_N,
+                             CUBLAS_OP_N,
+                             CUBLAS_OP_N,
+                             -1,
+                             -1,
+                             CUBLASLT_EPILOGUE_DEFAULT,
+                             NULL,
+                             NULL,
+                             0};
     g_live.insert(*d);
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { return destroy(d, "cublasLtMatmulDescDestroy"); }
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    return destroy(d, "cublasLtMatmulDescDestroy");
+}
 
 /* copy an attribute of exactly `want` bytes (cuBLASLt refuses another size) */
-static cublasStatus_t attr(void *dst, size_t want, const void *buf, size_t bytes, const char *what, int a) {
+static cublasStatus_t attr(void *dst, size_t want, const void *buf, size_t bytes, const char *what,
+                           int a) {
     if (bytes != want || !buf) {
-        tpk_emu_fail("%s(attribute %d): %zu bytes given, the attribute has %zu", what, a, bytes, want);
+        tpk_emu_fail("%s(attribute %d): %zu bytes given, the attribute has %zu", what, a, bytes,
+                     want);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     memcpy(dst, buf, want);
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *buf, size_t bytes) {
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void *buf,
+                                              size_t bytes) {
     static const char *fn = "cublasLtMatmulDescSetAttribute";
     if (!live(d, fn)) return CUBLAS_STATUS_INVALID_VALUE;
     switch (a) {
@@ -100,21 +118,31 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_TRANSB: return attr(&d->transb, 4, buf, bytes, fn, a);
     case CUBLASLT_MATMUL_DESC_TRANSC: return attr(&d->transc, 4, buf, bytes, fn, a);
     case CUBLASLT_MATMUL_DESC_EPILOGUE: return attr(&d->epi, 4, buf, bytes, fn, a);
-    case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return attr(&d->bias, sizeof(void *), buf, bytes, fn, a);
-    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return attr(&d->aux, sizeof(void *), buf, bytes, fn, a);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+        return attr(&d->bias, sizeof(void *), buf, bytes, fn, a);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        return attr(&d->aux, sizeof(void *), buf, bytes, fn, a);
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return attr(&d->aux_ld, 8, buf, bytes, fn, a);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return attr(&d->bias_type, 4, buf, bytes, fn, a);
-    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return attr(&d->aux_type, 4, buf, bytes, fn, a);
-    default: tpk_emu_fail("%s: attribute %d is not emulated", fn, (int)a); return CUBLAS_STATUS_NOT_SUPPORTED;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
+        return attr(&d->aux_type, 4, buf, bytes, fn, a);
+    default:
+        tpk_emu_fail("%s: attribute %d is not emulated", fn, (int)a);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     }
 }
-cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld) {
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
     *l = new tpk_emu_lt_layout{(int32_t)type, CUBLASLT_ORDER_COL, 1, rows, cols, ld};
     g_live.insert(*l);
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { return destroy(l, "cublasLtMatrixLayoutDestroy"); }
-cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, const void *buf, size_t bytes) {
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    return destroy(l, "cublasLtMatrixLayoutDestroy");
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
+                                                cublasLtMatrixLayoutAttribute_t a, const void *buf,
+                                                size_t bytes) {
     static const char *fn = "cublasLtMatrixLayoutSetAttribute";
     if (!live(l, fn)) return CUBLAS_STATUS_INVALID_VALUE;
     switch (a) {
@@ -124,31 +152,43 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublas
     case CUBLASLT_MATRIX_LAYOUT_COLS: return attr(&l->cols, 8, buf, bytes, fn, a);
     case CUBLASLT_MATRIX_LAYOUT_LD: return attr(&l->ld, 8, buf, bytes, fn, a);
     case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return attr(&l->batch, 4, buf, bytes, fn, a);
-    default: tpk_emu_fail("%s: attribute %d is not emulated", fn, (int)a); return CUBLAS_STATUS_NOT_SUPPORTED;
+    default:
+        tpk_emu_fail("%s: attribute %d is not emulated", fn, (int)a);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     }
 }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
-    *p = new tpk_emu_lt_pref{0, {256, 256, 256, 256}}; /* cuBLASLt's defaults: no workspace, 256-byte alignment */
+    *p = new tpk_emu_lt_pref{0, {256, 256, 256, 256}}; /* cuBLASLt's defaults: no workspace,
+                                                          256-byte alignment */
     g_live.insert(*p);
     return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { return destroy(p, "cublasLtMatmulPreferenceDestroy"); }
-cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a, const void *buf,
-                                                    size_t bytes) {
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    return destroy(p, "cublasLtMatmulPreferenceDestroy");
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *buf, size_t bytes) {
     static const char *fn = "cublasLtMatmulPreferenceSetAttribute";
     if (!live(p, fn)) return CUBLAS_STATUS_INVALID_VALUE;
     switch (a) {
     case CUBLASLT_MATMUL_PREF_SEARCH_MODE: return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return attr(&p->ws, 8, buf, bytes, fn, a);
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return attr(&p->align[0], 4, buf, bytes, fn, a);
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return attr(&p->align[1], 4, buf, bytes, fn, a);
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return attr(&p->align[2], 4, buf, bytes, fn, a);
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return attr(&p->align[3], 4, buf, bytes, fn, a);
-    default: tpk_emu_fail("%s: attribute %d is not emulated", fn, (int)a); return CUBLAS_STATUS_NOT_SUPPORTED;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+        return attr(&p->align[0], 4, buf, bytes, fn, a);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+        return attr(&p->align[1], 4, buf, bytes, fn, a);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+        return attr(&p->align[2], 4, buf, bytes, fn, a);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+        return attr(&p->align[3], 4, buf, bytes, fn, a);
+    default:
+        tpk_emu_fail("%s: attribute %d is not emulated", fn, (int)a);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     }
 }
 
-/* ---- the problem a descriptor set describes ----------------------------------------------------------------- */
+/* ---- the problem a descriptor set describes -------------------------------------------------- */
 
 struct problem {
     int64_t m, n, k;
@@ -163,10 +203,12 @@ static uint32_t align_of(const void *p) {
     return a;
 }
 /* CUBLAS_STATUS_SUCCESS with p filled, INVALID_VALUE (why: the reason) or NOT_SUPPORTED */
-static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
+static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A,
+                               cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
                                cublasLtMatrixLayout_t D, problem &p, std::string &why) {
     char buf[256];
-    if (!live(op, "matmul descriptor") || !live(A, "layout A") || !live(B, "layout B") || !live(C, "layout C") || !live(D, "layout D")) {
+    if (!live(op, "matmul descriptor") || !live(A, "layout A") || !live(B, "layout B") ||
+        !live(C, "layout C") || !live(D, "layout D")) {
         why = "a dead descriptor";
         return CUBLAS_STATUS_INVALID_VALUE;
     }
@@ -174,27 +216,38 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
     for (const tpk_emu_lt_layout *l : L) {
         if (l->order != CUBLASLT_ORDER_COL || l->batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;
         if (l->rows > 0 && l->cols > 0 && l->ld < (int64_t)l->rows) {
-            snprintf(buf, sizeof buf, "ld %lld < rows %llu", (long long)l->ld, (unsigned long long)l->rows);
+            snprintf(buf, sizeof buf, "ld %lld < rows %llu", (long long)l->ld,
+                     (unsigned long long)l->rows);
             why = buf;
             return CUBLAS_STATUS_INVALID_VALUE;
         }
     }
     /* A, B and C, D alike in f32 or bf16, or bf16 A, B with f32 C, D (no epilogue) */
     bool mixed = A->type == CUDA_R_16BF && D->type == CUDA_R_32F;
-    if (A->type != B->type || C->type != D->type || (A->type != D->type && !mixed) || (D->type != CUDA_R_32F && D->type != CUDA_R_16BF))
+    if (A->type != B->type || C->type != D->type || (A->type != D->type && !mixed) ||
+        (D->type != CUDA_R_32F && D->type != CUDA_R_16BF))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (mixed && op->epi != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (op->scale != CUDA_R_32F || op->pointer_mode != 0 || op->transc != CUBLAS_OP_N) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (op->compute != CUBLAS_COMPUTE_32F && !(op->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && A->type == CUDA_R_32F && D->type == CUDA_R_32F)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if ((op->transa != CUBLAS_OP_N && op->transa != CUBLAS_OP_T) || (op->transb != CUBLAS_OP_N && op->transb != CUBLAS_OP_T)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    p.ta = op->transa == CUBLAS_OP_T, p.tb = op->transb == CUBLAS_OP_T, p.type = A->type, p.ctype = D->type;
+    if (op->scale != CUDA_R_32F || op->pointer_mode != 0 || op->transc != CUBLAS_OP_N)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (op->compute != CUBLAS_COMPUTE_32F && !(op->compute == CUBLAS_COMPUTE_32F_FAST_TF32 &&
+                                               A->type == CUDA_R_32F && D->type == CUDA_R_32F))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((op->transa != CUBLAS_OP_N && op->transa != CUBLAS_OP_T) ||
+        (op->transb != CUBLAS_OP_N && op->transb != CUBLAS_OP_T))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    p.ta = op->transa == CUBLAS_OP_T, p.tb = op->transb == CUBLAS_OP_T, p.type = A->type,
+    p.ctype = D->type;
     p.m = (int64_t)D->rows, p.n = (int64_t)D->cols;
     int64_t am = (int64_t)(p.ta ? A->cols : A->rows), ak = (int64_t)(p.ta ? A->rows : A->cols);
     int64_t bk = (int64_t)(p.tb ? B->cols : B->rows), bn = (int64_t)(p.tb ? B->rows : B->cols);
     p.k = ak;
     if (am != p.m || bn != p.n || ak != bk || C->rows != D->rows || C->cols != D->cols) {
-        snprintf(buf, sizeof buf, "shapes disagree: op(A) %lld x %lld (trans %d), op(B) %lld x %lld (trans %d), C %llu x %llu, D %llu x %llu",
-                 (long long)am, (long long)ak, p.ta, (long long)bk, (long long)bn, p.tb, (unsigned long long)C->rows, (unsigned long long)C->cols,
+        snprintf(buf, sizeof buf,
+                 "shapes disagree: op(A) %lld x %lld (trans %d), op(B) %lld x "
+                 "%lld (trans %d), C %llu x %llu, D %llu x %llu",
+                 (long long)am, (long long)ak, p.ta, (long long)bk, (long long)bn, p.tb,
+                 (unsigned long long)C->rows, (unsigned long long)C->cols,
                  (unsigned long long)D->rows, (unsigned long long)D->cols);
         why = buf;
         return CUBLAS_STATUS_INVALID_VALUE;
@@ -202,7 +255,9 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
     p.dgelu = p.bgrad = false;
     switch (op->epi) {
     case CUBLASLT_EPILOGUE_DGELU: p.dgelu = p.aux = true, p.bias = p.gelu = false; break;
-    case CUBLASLT_EPILOGUE_DGELU_BGRAD: p.dgelu = p.aux = p.bgrad = p.bias = true, p.gelu = false; break;
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD:
+        p.dgelu = p.aux = p.bgrad = p.bias = true, p.gelu = false;
+        break;
     case CUBLASLT_EPILOGUE_DEFAULT: p.bias = p.gelu = p.aux = false; break;
     case CUBLASLT_EPILOGUE_BIAS: p.bias = true, p.gelu = p.aux = false; break;
     case CUBLASLT_EPILOGUE_GELU: p.gelu = true, p.bias = p.aux = false; break;
@@ -211,19 +266,31 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: p.gelu = p.aux = p.bias = true; break;
     default: return CUBLAS_STATUS_NOT_SUPPORTED;
     }
-    if ((op->bias_type >= 0 && op->bias_type != D->type) || (op->aux_type >= 0 && op->aux_type != D->type)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (p.aux && (op->aux_ld % 8 != 0 || op->aux_ld < p.m)) return CUBLAS_STATUS_NOT_SUPPORTED; /* "must be divisible by 8 and >= rows" */
+    if ((op->bias_type >= 0 && op->bias_type != D->type) ||
+        (op->aux_type >= 0 && op->aux_type != D->type))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (p.aux && (op->aux_ld % 8 != 0 || op->aux_ld < p.m))
+        return CUBLAS_STATUS_NOT_SUPPORTED; /* "must be divisible by 8 and >= rows" */
     uint64_t h = 1469598103934665603ull;
-    int64_t v[] = {p.m, p.n, p.k, p.type, p.ctype, p.ta, p.tb, (int64_t)op->epi, A->ld, B->ld, C->ld, D->ld, op->compute, p.aux ? op->aux_ld : 0};
+    int64_t v[] = {p.m,         p.n,
+                   p.k,         p.type,
+                   p.ctype,     p.ta,
+                   p.tb,        (int64_t)op->epi,
+                   A->ld,       B->ld,
+                   C->ld,       D->ld,
+                   op->compute, p.aux ? op->aux_ld : 0};
     for (int64_t x : v) h = (h ^ (uint64_t)x) * 1099511628211ull;
     p.hash = h;
     return CUBLAS_STATUS_SUCCESS;
 }
 
 enum { ALGO_MAGIC = 0x74706b656d75ull & 0xffffffff };
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int requested,
-                                              cublasLtMatmulHeuristicResult_t *results, int *returned) {
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t op,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t *results,
+                                              int *returned) {
     static const char *fn = "cublasLtMatmulAlgoGetHeuristic";
     *returned = 0;
     if (!live(h, fn) || !live(pref, fn) || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
@@ -238,28 +305,34 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     uint64_t *q = results[0].algo.data;
     q[0] = ALGO_MAGIC, q[1] = p.hash;
     for (int i = 0; i < 4; i++) q[2 + i] = pref->align[i];
-    /* "routines that don't dereference this pointer, like cublasLtMatmulAlgoGetHeuristic(), depend on
-     * its value to determine expected pointer alignment": the bias and aux pointers now */
+    /* "routines that don't dereference this pointer, like cublasLtMatmulAlgoGetHeuristic(), depend
+     * on its value to determine expected pointer alignment": the bias and aux pointers now */
     q[6] = align_of(op->bias), q[7] = align_of(op->aux);
-    results[0].workspaceSize = 0, results[0].state = CUBLAS_STATUS_SUCCESS, results[0].wavesCount = 1.0f;
+    results[0].workspaceSize = 0, results[0].state = CUBLAS_STATUS_SUCCESS,
+    results[0].wavesCount = 1.0f;
     *returned = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
 
 static double load(const void *p, int type, size_t i) {
-    return type == CUDA_R_32F ? (double)((const float *)p)[i] : (double)tpk_emu_bf2f(((const uint16_t *)p)[i]);
+    return type == CUDA_R_32F ? (double)((const float *)p)[i]
+                              : (double)tpk_emu_bf2f(((const uint16_t *)p)[i]);
 }
 static void store(void *p, int type, size_t i, float v) {
     if (type == CUDA_R_32F) ((float *)p)[i] = v;
     else ((uint16_t *)p)[i] = tpk_emu_f2bf(v);
 }
 static size_t span(int64_t rows, int64_t cols, int64_t ld, int type) {
-    return rows > 0 && cols > 0 ? (size_t)(ld * (cols - 1) + rows) * (type == CUDA_R_32F ? 4 : 2) : 0;
+    return rows > 0 && cols > 0 ? (size_t)(ld * (cols - 1) + rows) * (type == CUDA_R_32F ? 4 : 2)
+                                : 0;
 }
 
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha, const void *A, cublasLtMatrixLayout_t la,
-                              const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D,
-                              cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes, cudaStream_t stream) {
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t la, const void *B,
+                              cublasLtMatrixLayout_t lb, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+                              cudaStream_t stream) {
     static const char *fn = "cublasLtMatmul";
     (void)stream;
     if (!live(h, fn)) return CUBLAS_STATUS_NOT_INITIALIZED;
@@ -270,7 +343,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     if (s != CUBLAS_STATUS_SUCCESS) return s;
     if (!alpha || !beta || !D || (p.k > 0 && (!A || !B))) return CUBLAS_STATUS_INVALID_VALUE;
     if (algo && (algo->data[0] != ALGO_MAGIC || algo->data[1] != p.hash)) {
-        tpk_emu_fail("%s: the algorithm was found for another problem (shape, layouts, epilogue)", fn);
+        tpk_emu_fail("%s: the algorithm was found for another problem (shape, layouts, epilogue)",
+                     fn);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (algo) {
@@ -281,35 +355,47 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
              * heuristic saw (NULL: any alignment) asks for min(its alignment, 16) */
             uint64_t need = i < 4 ? algo->data[2 + i] : std::min<uint64_t>(algo->data[2 + i], 16);
             if ((i < 4 || (i == 4 ? p.bias : p.aux)) && align_of(ptr[i]) < need) {
-                static const char *lax = getenv("TPK_EMU_LT_ALIGN"); /* "warn": a note on stderr, the product computed */
+                static const char *lax = getenv("TPK_EMU_LT_ALIGN"); /* "warn": a note on stderr,
+                                                                        the product computed */
                 if (lax && !strcmp(lax, "warn")) {
-                    fprintf(stderr, "emu note: cublasLtMatmul: %s = %p is %u-byte aligned, the algorithm was chosen for %llu\n", names[i], ptr[i],
+                    fprintf(stderr, "emu note: cublasLtMatmul: %s = %p is %u-byte aligned, the "
+                                    "algorithm was chosen for %llu\n", names[i], ptr[i],
                             align_of(ptr[i]), (unsigned long long)need);
                     continue;
                 }
-                tpk_emu_fail("%s: %s = %p is %u-byte aligned, the algorithm was chosen for %llu-byte alignment (%s)", fn, names[i], ptr[i],
+                tpk_emu_fail("%s: %s = %p is %u-byte aligned, the algorithm was chosen for "
+                             "%llu-byte alignment (%s)", fn, names[i], ptr[i],
                              align_of(ptr[i]), (unsigned long long)need,
-                             i < 4 ? "MIN_ALIGNMENT preference" : "the descriptor's pointer when the heuristic ran");
+                             i < 4 ? "MIN_ALIGNMENT preference" : "the descriptor's pointer when "
+                                                                  "the heuristic ran");
                 return CUBLAS_STATUS_NOT_SUPPORTED;
             }
         }
     }
-    if (ws_bytes && !tpk_emu_check_device(ws, ws_bytes, "cublasLtMatmul workspace")) return CUBLAS_STATUS_INVALID_VALUE;
+    if (ws_bytes && !tpk_emu_check_device(ws, ws_bytes, "cublasLtMatmul workspace"))
+        return CUBLAS_STATUS_INVALID_VALUE;
     float al, be;
     memcpy(&al, alpha, 4), memcpy(&be, beta, 4);
     int t = p.type, tc = p.ctype; /* A, B; C, D */
     bool ok = tpk_emu_check_device(A, span(la->rows, la->cols, la->ld, t), "cublasLtMatmul A") &&
               tpk_emu_check_device(B, span(lb->rows, lb->cols, lb->ld, t), "cublasLtMatmul B") &&
               tpk_emu_check_device(D, span(ld->rows, ld->cols, ld->ld, tc), "cublasLtMatmul D") &&
-              (be == 0.0f || tpk_emu_check_device(C, span(lc->rows, lc->cols, lc->ld, tc), "cublasLtMatmul C"));
-    if (ok && p.bias) ok = op->bias && tpk_emu_check_device(op->bias, (size_t)p.m * (tc == CUDA_R_32F ? 4 : 2), "cublasLtMatmul bias");
-    if (ok && p.aux) ok = op->aux && tpk_emu_check_device(op->aux, span(p.m, p.n, op->aux_ld, tc), "cublasLtMatmul aux");
+              (be == 0.0f ||
+               tpk_emu_check_device(C, span(lc->rows, lc->cols, lc->ld, tc), "cublasLtMatmul C"));
+    if (ok && p.bias)
+        ok = op->bias && tpk_emu_check_device(op->bias, (size_t)p.m * (tc == CUDA_R_32F ? 4 : 2),
+                                              "cublasLtMatmul bias");
+    if (ok && p.aux)
+        ok = op->aux &&
+             tpk_emu_check_device(op->aux, span(p.m, p.n, op->aux_ld, tc), "cublasLtMatmul aux");
     if (!ok) return CUBLAS_STATUS_INVALID_VALUE;
     /* op(A) column-major [m][k] as floats: Ac[q * m + i] = op(A)(i, q) */
     int64_t m = p.m, n = p.n, k = p.k;
     std::vector<float> Ac((size_t)(m * k));
     for (int64_t q = 0; q < k; q++)
-        for (int64_t i = 0; i < m; i++) Ac[(size_t)(q * m + i)] = (float)load(A, t, (size_t)(p.ta ? i * la->ld + q : q * la->ld + i));
+        for (int64_t i = 0; i < m; i++)
+            Ac[(size_t)(q * m + i)] =
+                (float)load(A, t, (size_t)(p.ta ? i * la->ld + q : q * la->ld + i));
     std::vector<double> acc((size_t)m), bsum((size_t)m, 0.0);
     for (int64_t j = 0; j < n; j++) {
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -323,19 +409,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
             if (be != 0.0f) v += (double)be * load(C, tc, (size_t)(j * lc->ld + i));
             float x = (float)v;
             if (p.dgelu) { /* the gradient through GELU-tanh at the forward's pre-activation */
-                float u = (float)load(op->aux, tc, (size_t)(j * op->aux_ld + i)), th = tanhf(0.7978845608028654f * (u + 0.044715f * u * u * u));
-                x *= 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * u * u);
+                float u = (float)load(op->aux, tc, (size_t)(j * op->aux_ld + i)),
+                      th = tanhf(0.7978845608028654f * (u + 0.044715f * u * u * u));
+                x *= 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * 0.7978845608028654f *
+                                              (1.0f + 3.0f * 0.044715f * u * u);
                 store(D, tc, (size_t)(j * ld->ld + i), x);
                 bsum[(size_t)i] += (double)load(D, tc, (size_t)(j * ld->ld + i));
                 continue;
             }
             if (p.bias) x += (float)load(op->bias, tc, (size_t)i);
             if (p.aux) store(op->aux, tc, (size_t)(j * op->aux_ld + i), x);
-            if (p.gelu) x = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+            if (p.gelu)
+                x = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
             store(D, tc, (size_t)(j * ld->ld + i), x);
         }
     }
     if (p.bgrad)
-        for (int64_t i = 0; i < m; i++) store(const_cast<void *>(op->bias), tc, (size_t)i, (float)bsum[(size_t)i]); /* BGRAD writes it */
+        for (int64_t i = 0; i < m; i++)
+            store(const_cast<void *>(op->bias), tc, (size_t)i,
+                  (float)bsum[(size_t)i]); /* BGRAD writes it */
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -10,8 +10,9 @@
  *   war_kernel<FIXED>    out[i] = 2 x[(i + 32) % NT], shifted in place in a static __shared__
  *                        array; without FIXED the barrier between the read and the store is missing
  *   pipe_kernel<MODE>    the sum of reuse_kernel through a cp.async pipeline (warp 0 copies the
- *                        tiles, 16 bytes a thread): MODE 0 double-buffered (right), 1 single-buffered
- *                        (the next tile's copy lands on the tile being read), 2 read before the wait
+ *                        tiles, 16 bytes a thread): MODE 0 double-buffered (right), 1
+ *                        single-buffered (the next tile's copy lands on the tile being read), 2
+ *                        read before the wait
  *   warp_kernel          out[i] = 2 x[i] through shared memory within each warp (__syncwarp): clean
  *   copy_kernel          out[i] = x[i + off] through dynamic shared memory: the launch checks
  *   vec_kernel           the same with 16-byte loads: a vector read past the allocation
@@ -21,7 +22,8 @@
  * buffer (TPK_EMU_RACE's detector), a wrong result (NaN: cp.async poison) for the single buffer and
  * the early read, a wrong result for the missing barrier under some schedule without the detector,
  * a launch refused for each configuration the hardware refuses (block size, grid, shared memory
- * without the attribute or above the device's limit) and a report for reads outside an allocation. */
+ * without the attribute or above the device's limit) and a report for reads outside an
+ * allocation. */
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -106,11 +108,11 @@ __global__ void vec_kernel(float4 *out, const float4 *x, int n, int off) {
     if (i < n) out[i] = x[i + off];
 }
 
-/* ---- the driver --------------------------------------------------------------------------------------- */
+/* ---- the driver ------------------------------------------------------------------------------ */
 
 /* out[64 w + 8 r + c] = x[64 w + 8 c + r] rounded down to bf16 (its upper 16 bits), r, c < 8, w the
- * warp: lane 4 r + c / 2 holds elements (r, c), (r, c + 1) of the warp's 8x8 matrix and tpk__fl_movt
- * gives it those of the transpose */
+ * warp: lane 4 r + c / 2 holds elements (r, c), (r, c + 1) of the warp's 8x8 matrix and
+ * tpk__fl_movt gives it those of the transpose */
 __global__ void movt_kernel(float *out, const float *x) {
     int l = threadIdx.x; /* 64 w + 2 (lane): the warp's block, 2 lane its elements' offset */
     uint32_t lo, hi;
@@ -148,7 +150,8 @@ static void poison_out() { cudaMemset(d_out, 0xff, sizeof g_out); }
 
 int main() {
     unsigned r = 12345u;
-    for (float &v : g_x) r = r * 1664525u + 1013904223u, v = (float)(r >> 8) / (float)(1u << 24) - 0.5f;
+    for (float &v : g_x)
+        r = r * 1664525u + 1013904223u, v = (float)(r >> 8) / (float)(1u << 24) - 0.5f;
     float sum[NT], dbl[NT];
     for (int i = 0; i < NT; i++) {
         sum[i] = 0.0f, dbl[i] = 2.0f * g_x[(i + 32) % NT];
@@ -166,18 +169,34 @@ int main() {
         tpk_emu_configure(sc, true);
         poison_out();
         int n = caught([&] { reuse_kernel<true><<<1, NT, tile>>>(d_out, d_x); }, &msg);
-        report(n == 0 && out_ok(sum) && cudaGetLastError() == cudaSuccess, "emulation: reuse_kernel<true> (a barrier before the tile's reuse) right and race-free, schedule %s%s", sc, "");
+        report(
+            n == 0 && out_ok(sum) && cudaGetLastError() == cudaSuccess,
+            "emulation: reuse_kernel<true> (a barrier before the tile's reuse) right and "
+            "race-free, schedule %s%s",
+            sc, "");
         poison_out();
         n = caught([&] { war_kernel<true><<<1, NT>>>(d_out, d_x); }, &msg);
-        report(n == 0 && out_ok(dbl) && cudaGetLastError() == cudaSuccess, "emulation: war_kernel<true> (a barrier between the read and the store) right and race-free, schedule %s%s", sc, "");
+        report(
+            n == 0 && out_ok(dbl) && cudaGetLastError() == cudaSuccess,
+            "emulation: war_kernel<true> (a barrier between the read and the store) right and "
+            "race-free, schedule %s%s",
+            sc, "");
         float twice[NT];
         for (int i = 0; i < NT; i++) twice[i] = 2.0f * g_x[i];
         poison_out();
         n = caught([&] { warp_kernel<<<1, NT>>>(d_out, d_x); }, &msg);
-        report(n == 0 && out_ok(twice) && cudaGetLastError() == cudaSuccess, "emulation: warp_kernel (lanes of one warp exchange through shared memory at __syncwarp) right and no race across warps, schedule %s%s", sc, "");
+        report(
+            n == 0 && out_ok(twice) && cudaGetLastError() == cudaSuccess,
+            "emulation: warp_kernel (lanes of one warp exchange through shared memory at "
+            "__syncwarp) right and no race across warps, schedule %s%s",
+            sc, "");
         poison_out();
         n = caught([&] { pipe_kernel<0><<<1, NT, 2 * tile>>>(d_out, d_x); }, &msg);
-        report(n == 0 && out_ok(sum) && cudaGetLastError() == cudaSuccess, "emulation: pipe_kernel<0> (double-buffered cp.async) right and race-free, schedule %s%s", sc, "");
+        report(
+            n == 0 && out_ok(sum) && cudaGetLastError() == cudaSuccess,
+            "emulation: pipe_kernel<0> (double-buffered cp.async) right and race-free, schedule "
+            "%s%s",
+            sc, "");
     }
 
     /* the faults, each caught by the race detector (whatever the schedule: lockstep and desc) */
@@ -186,25 +205,33 @@ int main() {
         tpk_emu_configure(sc, true);
         int n = caught([&] { reuse_kernel<false><<<1, NT, tile>>>(d_out, d_x); }, &msg);
         cudaGetLastError();
-        report(n > 0 && strstr(msg, "race in kernel reuse_kernel<false>") && strstr(msg, "shared memory (dynamic) byte"),
-               "emulation: the race detector reports a missing barrier before a tile's reuse (schedule %s): %s", sc, msg);
+        report(n > 0 && strstr(msg, "race in kernel reuse_kernel<false>") &&
+                   strstr(msg, "shared memory (dynamic) byte"),
+               "emulation: the race detector reports a missing barrier before a tile's reuse "
+               "(schedule %s): %s",
+               sc, msg);
         n = caught([&] { war_kernel<false><<<1, NT>>>(d_out, d_x); }, &msg);
         cudaGetLastError();
-        report(n > 0 && strstr(msg, "race in kernel war_kernel<false>") && strstr(msg, "array t byte") && (strcmp(sc, "lockstep") || strstr(msg, "write-after-read")),
-               "emulation: the race detector reports the read and overwrite of a static shared array (write-after-read in lockstep; schedule %s): %s", sc,
-               msg);
+        report(n > 0 && strstr(msg, "race in kernel war_kernel<false>") &&
+                   strstr(msg, "array t byte") &&
+                   (strcmp(sc, "lockstep") || strstr(msg, "write-after-read")),
+               "emulation: the race detector reports the read and overwrite of a static shared "
+               "array (write-after-read in lockstep; schedule %s): %s",
+               sc, msg);
         poison_out();
         n = caught([&] { pipe_kernel<1><<<1, NT, 2 * tile>>>(d_out, d_x); }, &msg);
         cudaGetLastError();
         report(n > 0 && strstr(msg, "race in kernel pipe_kernel<1>") && !out_ok(sum),
-               "emulation: a single-buffered cp.async pipeline: a race reported and the in-flight tile read as poison (schedule %s): %s", sc, msg);
+               "emulation: a single-buffered cp.async pipeline: a race reported and the in-flight "
+               "tile read as poison (schedule %s): %s", sc, msg);
     }
     /* a tile read before its copy's wait reads the poison, not the data */
     tpk_emu_configure("lockstep", true);
     poison_out();
     int n = caught([&] { pipe_kernel<2><<<1, NT, 2 * tile>>>(d_out, d_x); }, &msg);
     cudaGetLastError();
-    report(!out_ok(sum), "emulation: a cp.async tile read before its wait reads the poison (NaN), not the data (reports: %s%s)", n ? msg : "none", "");
+    report(!out_ok(sum), "emulation: a cp.async tile read before its wait reads the poison (NaN), "
+                         "not the data (reports: %s%s)", n ? msg : "none", "");
 
     /* without the detector, the missing barrier gives a wrong answer under some schedule */
     int wrong = 0;
@@ -217,34 +244,47 @@ int main() {
         caught([&] { war_kernel<false><<<1, NT>>>(d_out, d_x); }, &msg);
         wrong += !out_ok(dbl);
     }
-    report(wrong == 4, "emulation: the missing barriers give wrong answers under the asc and desc schedules (%s of 4 runs wrong)%s",
+    report(wrong == 4, "emulation: the missing barriers give wrong answers under the asc and desc "
+                       "schedules (%s of 4 runs wrong)%s",
            wrong == 0 ? "none" : wrong == 1 ? "1" : wrong == 2 ? "2" : wrong == 3 ? "3" : "4", "");
     tpk_emu_configure("lockstep", true);
 
     /* launch checks */
     int nx = CHUNKS * NT;
     n = caught([&] { copy_kernel<<<1, 1025, 0>>>(d_out, d_x, NT, 0); }, &msg);
-    report(n > 0 && cudaGetLastError() == cudaErrorInvalidConfiguration, "emulation: a block of 1025 threads is refused: %s%s", msg, "");
+    report(n > 0 && cudaGetLastError() == cudaErrorInvalidConfiguration,
+           "emulation: a block of 1025 threads is refused: %s%s", msg, "");
     n = caught([&] { copy_kernel<<<dim3(1, 65536), 32, 0>>>(d_out, d_x, NT, 0); }, &msg);
-    report(n > 0 && cudaGetLastError() == cudaErrorInvalidConfiguration, "emulation: a grid of 65536 blocks in y is refused: %s%s", msg, "");
+    report(n > 0 && cudaGetLastError() == cudaErrorInvalidConfiguration,
+           "emulation: a grid of 65536 blocks in y is refused: %s%s", msg, "");
     n = caught([&] { copy_kernel<<<1, NT, 64 << 10>>>(d_out, d_x, NT, 0); }, &msg);
-    report(n > 0 && strstr(msg, "cudaFuncAttributeMaxDynamicSharedMemorySize") && cudaGetLastError() != cudaSuccess,
-           "emulation: 64 KiB of dynamic shared memory without the kernel's attribute is refused: %s%s", msg, "");
+    report(n > 0 && strstr(msg, "cudaFuncAttributeMaxDynamicSharedMemorySize") &&
+               cudaGetLastError() != cudaSuccess,
+           "emulation: 64 KiB of dynamic shared memory without the kernel's attribute is refused: "
+           "%s%s",
+           msg, "");
     cudaFuncSetAttribute(copy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10);
     poison_out();
     n = caught([&] { copy_kernel<<<1, NT, 64 << 10>>>(d_out, d_x, NT, 0); }, &msg);
-    report(n == 0 && cudaGetLastError() == cudaSuccess && out_ok(g_x), "emulation: 64 KiB of dynamic shared memory with the attribute runs%s%s", "", "");
+    report(n == 0 && cudaGetLastError() == cudaSuccess && out_ok(g_x),
+           "emulation: 64 KiB of dynamic shared memory with the attribute runs%s%s", "", "");
     n = caught([&] { copy_kernel<<<1, NT, 240 << 10>>>(d_out, d_x, NT, 0); }, &msg);
-    report(n > 0 && cudaGetLastError() != cudaSuccess, "emulation: 240 KiB of dynamic shared memory (above sm_90's 227) is refused: %s%s", msg, "");
+    report(n > 0 && cudaGetLastError() != cudaSuccess,
+           "emulation: 240 KiB of dynamic shared "
+           "memory (above sm_90's 227) is refused: %s%s",
+           msg, "");
 
     /* global accesses outside every allocation: a float and a 16-byte vector one past the end */
     n = caught([&] { copy_kernel<<<3, NT, tile>>>(d_out, d_x, nx - NT, NT); }, &msg);
-    report(n == 0 && cudaGetLastError() == cudaSuccess, "emulation: reads up to an allocation's last element pass%s%s", "", "");
+    report(n == 0 && cudaGetLastError() == cudaSuccess, "emulation: reads up to an allocation's "
+                                                        "last element pass%s%s", "", "");
     n = caught([&] { copy_kernel<<<3, NT, tile>>>(d_out, d_x, nx - NT + 1, NT); }, &msg);
-    report(n > 0 && strstr(msg, "outside every live") && cudaGetLastError() != cudaSuccess, "emulation: a read one float past an allocation is reported: %s%s",
-           msg, "");
-    n = caught([&] { vec_kernel<<<1, 32>>>((float4 *)d_out, (const float4 *)d_x, 1, nx / 4); }, &msg);
-    report(n > 0 && strstr(msg, "16-byte read") && cudaGetLastError() != cudaSuccess, "emulation: a 16-byte read past an allocation is reported: %s%s", msg, "");
+    report(n > 0 && strstr(msg, "outside every live") && cudaGetLastError() != cudaSuccess,
+           "emulation: a read one float past an allocation is reported: %s%s", msg, "");
+    n = caught([&] { vec_kernel<<<1, 32>>>((float4 *)d_out, (const float4 *)d_x, 1, nx / 4); },
+               &msg);
+    report(n > 0 && strstr(msg, "16-byte read") && cudaGetLastError() != cudaSuccess,
+           "emulation: a 16-byte read past an allocation is reported: %s%s", msg, "");
 
     /* movmatrix.trans against a plain transpose, under each schedule */
     for (const char *sc : scheds) {
@@ -258,7 +298,11 @@ int main() {
         }
         poison_out();
         n = caught([&] { movt_kernel<<<1, NT / 2>>>(d_out, d_x); }, &msg);
-        report(n == 0 && out_ok(tr) && cudaGetLastError() == cudaSuccess, "emulation: movt_kernel (movmatrix.trans) gives the transpose of an 8x8 bf16 matrix, schedule %s%s", sc, "");
+        report(
+            n == 0 && out_ok(tr) && cudaGetLastError() == cudaSuccess,
+            "emulation: movt_kernel (movmatrix.trans) gives the transpose of an 8x8 bf16 matrix, "
+            "schedule %s%s",
+            sc, "");
     }
 
     cudaFree(d_x);

@@ -14,8 +14,9 @@
  * ahead or behind is caught). A block whose threads all wait but at different barriers is reported
  * (it would hang on the GPU), as is a warp instruction after some of the warp's lanes exited.
  *
- * The checks of memory accesses: in the checked build the kernels are compiled with -fsanitize=thread, whose
- * instrumentation calls __tsan_read4 (and the like) before each load and store; this file defines
+ * The checks of memory accesses: in the checked build the kernels are compiled with
+ * -fsanitize=thread, whose instrumentation calls __tsan_read4 (and the like) before each load and
+ * store; this file defines
  * those callbacks (no sanitizer runtime is linked): a shared byte goes to the race detector
  * (race_check: per byte the last write's barrier interval and warp, the interval's readers), any
  * other address must be the thread's stack, the program's statics or a live allocation
@@ -46,12 +47,15 @@
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
-/* ---- reports ------------------------------------------------------------------------------------------ */
+/* ---- reports --------------------------------------------------------------------------------- */
 
 static int g_fails;
-static unsigned long long g_mma; /* mma.sync instructions emulated (per warp), for TPK_EMU_PROFILE */
+static unsigned long long g_mma; /* mma.sync instructions emulated (per warp), for
+                                    TPK_EMU_PROFILE */
 static void emu_summary() {
-    if (g_fails) printf("FAIL emu: %d problem%s found by the CUDA emulation (the lines above)\n", g_fails, g_fails == 1 ? "" : "s");
+    if (g_fails)
+        printf("FAIL emu: %d problem%s found by the CUDA emulation (the lines above)\n", g_fails,
+               g_fails == 1 ? "" : "s");
     fflush(stdout);
 }
 static bool g_expecting;  /* tpk_emu_expect_begin .. _end: reports are the test's expectation */
@@ -107,12 +111,16 @@ cudaError_t cudaPeekAtLastError() { return g_last; }
 
 const char *cudaGetErrorName(cudaError_t e) {
     switch (e) {
-#define N(x)                                                                                                                              \
+#define N(x) \
     case x: return #x;
-        N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation) N(cudaErrorInitializationError) N(cudaErrorInvalidConfiguration)
-        N(cudaErrorInvalidPitchValue) N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidMemcpyDirection) N(cudaErrorNoDevice)
-        N(cudaErrorInvalidDevice) N(cudaErrorInvalidResourceHandle) N(cudaErrorNotReady) N(cudaErrorIllegalAddress)
-        N(cudaErrorLaunchOutOfResources) N(cudaErrorLaunchTimeout) N(cudaErrorLaunchFailure)
+        N(cudaSuccess)
+        N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation) N(cudaErrorInitializationError)
+            N(cudaErrorInvalidConfiguration) N(cudaErrorInvalidPitchValue)
+                N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidMemcpyDirection)
+                    N(cudaErrorNoDevice) N(cudaErrorInvalidDevice) N(cudaErrorInvalidResourceHandle)
+                        N(cudaErrorNotReady) N(cudaErrorIllegalAddress)
+                            N(cudaErrorLaunchOutOfResources) N(cudaErrorLaunchTimeout)
+                                N(cudaErrorLaunchFailure)
 #undef N
     }
     return "cudaErrorUnknown";
@@ -127,13 +135,14 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
-    case cudaErrorLaunchFailure: return "unspecified launch failure (emulation: see the FAIL emu line)";
+    case cudaErrorLaunchFailure: return "unspecified launch failure (emulation: see the FAIL emu "
+                                        "line)";
     case cudaErrorLaunchTimeout: return "the launch timed out (emulation: the block cannot go on)";
     default: return cudaGetErrorName(e);
     }
 }
 
-/* ---- device ------------------------------------------------------------------------------------------- */
+/* ---- device ---------------------------------------------------------------------------------- */
 
 /* shared memory per block: 48 KiB without opting in, up to 227 KiB (sm_90) with it; a smaller GPU's
  * limit from TPK_EMU_SMEM_OPTIN (bytes, e.g. 101376: the 99 KiB of sm_86/89) */
@@ -163,8 +172,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
     if (device != 0) return ret(cudaErrorInvalidDevice);
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "tpk CPU emulation of an sm_90 GPU (H100 limits)");
-    p->totalGlobalMem = (size_t)80 << 30, p->sharedMemPerBlock = SMEM_DEFAULT, p->sharedMemPerBlockOptin = smem_optin();
-    p->warpSize = 32, p->maxThreadsPerBlock = 1024, p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->l2CacheSize = 50 << 20;
+    p->totalGlobalMem = (size_t)80 << 30, p->sharedMemPerBlock = SMEM_DEFAULT,
+    p->sharedMemPerBlockOptin = smem_optin();
+    p->warpSize = 32, p->maxThreadsPerBlock = 1024, p->major = 9, p->minor = 0,
+    p->multiProcessorCount = 132, p->l2CacheSize = 50 << 20;
     p->maxGridSize[0] = 0x7fffffff, p->maxGridSize[1] = p->maxGridSize[2] = 65535;
     p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
     return cudaSuccess;
@@ -187,7 +198,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int device) {
 }
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
-/* ---- memory --------------------------------------------------------------------------------------------- */
+/* ---- memory ---------------------------------------------------------------------------------- */
 
 static std::mutex g_mem_mutex;
 static std::map<uintptr_t, size_t> g_dev, g_pinned; /* base -> bytes */
@@ -203,7 +214,8 @@ static bool in_alloc(const std::map<uintptr_t, size_t> &m, const void *p, size_t
 bool tpk_emu_check_device(const void *p, size_t bytes, const char *what) {
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     if (!bytes || in_alloc(g_dev, p, bytes)) return true;
-    tpk_emu_fail("%s: device range %p + %zu bytes is not inside one cudaMalloc allocation", what, p, bytes);
+    tpk_emu_fail("%s: device range %p + %zu bytes is not inside one cudaMalloc allocation", what, p,
+                 bytes);
     return false;
 }
 cudaError_t cudaMalloc(void **p, size_t bytes) {
@@ -250,7 +262,7 @@ cudaError_t cudaFreeHost(void *p) {
     return cudaSuccess;
 }
 
-/* ---- streams, events -------------------------------------------------------------------------------------- */
+/* ---- streams, events ------------------------------------------------------------------------- */
 
 struct CUstream_st {
     unsigned flags;
@@ -285,60 +297,94 @@ template <class H> static cudaError_t handle_delete(std::vector<H> &live, H h) {
     delete h;
     return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) { return handle_new(g_streams, s, new CUstream_st{flags}); }
-cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    return handle_new(g_streams, s, new CUstream_st{flags});
+}
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    return cudaStreamCreateWithFlags(s, cudaStreamDefault);
+}
 cudaError_t cudaStreamDestroy(cudaStream_t s) { return handle_delete(g_streams, s); }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_ok(s, "cudaStreamSynchronize") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
-cudaError_t cudaStreamQuery(cudaStream_t s) { return stream_ok(s, "cudaStreamQuery") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    return stream_ok(s, "cudaStreamSynchronize") ? cudaSuccess
+                                                 : ret(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    return stream_ok(s, "cudaStreamQuery") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     (void)flags;
-    return stream_ok(s, "cudaStreamWaitEvent") && event_ok(e, "cudaStreamWaitEvent") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+    return stream_ok(s, "cudaStreamWaitEvent") && event_ok(e, "cudaStreamWaitEvent")
+               ? cudaSuccess
+               : ret(cudaErrorInvalidResourceHandle);
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) { return handle_new(g_events, e, new CUevent_st{flags, false, {}}); }
-cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    return handle_new(g_events, e, new CUevent_st{flags, false, {}});
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    return cudaEventCreateWithFlags(e, cudaEventDefault);
+}
 cudaError_t cudaEventDestroy(cudaEvent_t e) { return handle_delete(g_events, e); }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    if (!event_ok(e, "cudaEventRecord") || !stream_ok(s, "cudaEventRecord")) return ret(cudaErrorInvalidResourceHandle);
+    if (!event_ok(e, "cudaEventRecord") || !stream_ok(s, "cudaEventRecord"))
+        return ret(cudaErrorInvalidResourceHandle);
     e->recorded = true, e->t = std::chrono::steady_clock::now();
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return event_ok(e, "cudaEventSynchronize") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return event_ok(e, "cudaEventQuery") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    return event_ok(e, "cudaEventSynchronize") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    return event_ok(e, "cudaEventQuery") ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
-    if (!event_ok(a, "cudaEventElapsedTime") || !event_ok(b, "cudaEventElapsedTime")) return ret(cudaErrorInvalidResourceHandle);
-    if ((a->flags | b->flags) & cudaEventDisableTiming) return ret(cudaErrorInvalidResourceHandle); /* as CUDA: no timing on such events */
+    if (!event_ok(a, "cudaEventElapsedTime") || !event_ok(b, "cudaEventElapsedTime"))
+        return ret(cudaErrorInvalidResourceHandle);
+    if ((a->flags | b->flags) & cudaEventDisableTiming)
+        return ret(cudaErrorInvalidResourceHandle); /* as CUDA: no timing on such events */
     if (!a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
     *ms = (float)std::chrono::duration<double, std::milli>(b->t - a->t).count();
     return cudaSuccess;
 }
 
-/* ---- copies -------------------------------------------------------------------------------------------------- */
+/* ---- copies ---------------------------------------------------------------------------------- */
 
-static bool ranges_ok(void *dst, const void *src, size_t dbytes, size_t sbytes, cudaMemcpyKind kind, const char *what) {
+static bool ranges_ok(void *dst, const void *src, size_t dbytes, size_t sbytes, cudaMemcpyKind kind,
+                      const char *what) {
     bool ok = true;
-    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) ok &= tpk_emu_check_device(dst, dbytes, what);
-    if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice) ok &= tpk_emu_check_device(src, sbytes, what);
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
+        ok &= tpk_emu_check_device(dst, dbytes, what);
+    if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
+        ok &= tpk_emu_check_device(src, sbytes, what);
     return ok;
 }
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s) {
     if (!stream_ok(s, "cudaMemcpyAsync")) return ret(cudaErrorInvalidResourceHandle);
     if ((unsigned)kind > cudaMemcpyDefault) return ret(cudaErrorInvalidMemcpyDirection);
     if (!bytes) return cudaSuccess;
     if (!dst || !src) return ret(cudaErrorInvalidValue);
-    if (!ranges_ok(dst, src, bytes, bytes, kind, "cudaMemcpyAsync")) return ret(cudaErrorInvalidValue);
+    if (!ranges_ok(dst, src, bytes, bytes, kind, "cudaMemcpyAsync"))
+        return ret(cudaErrorInvalidValue);
     uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
-    if (dst != src && d < r + bytes && r < d + bytes) tpk_emu_fail("cudaMemcpyAsync: overlapping ranges %p, %p (%zu bytes): undefined", dst, src, bytes);
+    if (dst != src && d < r + bytes && r < d + bytes) tpk_emu_fail("cudaMemcpyAsync: overlapping "
+                                                                   "ranges %p, %p (%zu bytes): "
+                                                                   "undefined", dst, src, bytes);
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) { return cudaMemcpyAsync(dst, src, bytes, kind, 0); }
-cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height, cudaMemcpyKind kind,
-                              cudaStream_t s) {
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+    return cudaMemcpyAsync(dst, src, bytes, kind, 0);
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s) {
     if (!stream_ok(s, "cudaMemcpy2DAsync")) return ret(cudaErrorInvalidResourceHandle);
     if (width > dpitch || width > spitch) return ret(cudaErrorInvalidPitchValue);
     if (!width || !height) return cudaSuccess;
-    if (!ranges_ok(dst, src, dpitch * (height - 1) + width, spitch * (height - 1) + width, kind, "cudaMemcpy2DAsync")) return ret(cudaErrorInvalidValue);
-    for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    if (!ranges_ok(dst, src, dpitch * (height - 1) + width, spitch * (height - 1) + width, kind,
+                   "cudaMemcpy2DAsync"))
+        return ret(cudaErrorInvalidValue);
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
@@ -359,13 +405,14 @@ cudaError_t tpk_emu_func_attr(const void *f, cudaFuncAttribute attr, int value) 
     return cudaSuccess;
 }
 
-/* ---- schedules, the race detector's switch -------------------------------------------------------------------- */
+/* ---- schedules, the race detector's switch --------------------------------------------------- */
 
 /* TPK_EMU_SCHED: the order a block's threads run in between barriers.
  *   lockstep (default): every ready thread in turn until it blocks (a barrier or a warp-synchronous
  *     instruction), ascending or descending by block, so the warps stay within one warp instruction
  *     of each other;
- *   asc, desc, random[:seed]: each warp alone from one __syncthreads to the next (its lanes lined up
+ *   asc, desc, random[:seed]: each warp alone from one __syncthreads to the next (its lanes lined
+ *   up
  *     at its warp instructions), the warps in ascending, descending or a seeded random order drawn
  *     anew at every barrier; blocks ascending, descending, or alternating as in lockstep.
  * A kernel whose result depends on the order (a missing barrier, a read of another warp's data
@@ -385,7 +432,8 @@ static bool sched_parse(const char *e, SchedCfg &c) {
     if (!e || !*e || !strcmp(e, "lockstep")) c.mode = SCHED_LOCKSTEP;
     else if (!strcmp(e, "asc")) c.mode = SCHED_ASC;
     else if (!strcmp(e, "desc")) c.mode = SCHED_DESC;
-    else if (!strncmp(e, "random", 6) && (!e[6] || e[6] == ':')) c.mode = SCHED_RANDOM, c.rng = e[6] ? strtoull(e + 7, NULL, 0) : 1;
+    else if (!strncmp(e, "random", 6) && (!e[6] || e[6] == ':'))
+        c.mode = SCHED_RANDOM, c.rng = e[6] ? strtoull(e + 7, NULL, 0) : 1;
     else return false;
     return true;
 }
@@ -395,7 +443,8 @@ static inline SchedCfg &sched() {
         g_sched_ready = true;
         g_sched_cfg = SchedCfg{SCHED_LOCKSTEP, 1, false};
         const char *e = getenv("TPK_EMU_SCHED"), *r = getenv("TPK_EMU_RACE");
-        if (!sched_parse(e, g_sched_cfg)) tpk_emu_fail("TPK_EMU_SCHED=%s: not lockstep, asc, desc or random[:seed]", e);
+        if (!sched_parse(e, g_sched_cfg)) tpk_emu_fail("TPK_EMU_SCHED=%s: not lockstep, asc, desc "
+                                                       "or random[:seed]", e);
         g_sched_cfg.race = r && *r && strcmp(r, "0") != 0;
     }
     return g_sched_cfg;
@@ -422,7 +471,7 @@ size_t tpk_emu_grid_cap(size_t g) {
 }
 static bool g_instrumented; /* an instrumented object's constructor called __tsan_init */
 
-/* ---- fibers ------------------------------------------------------------------------------------------------------ */
+/* ---- fibers ---------------------------------------------------------------------------------- */
 
 namespace {
 enum State { READY, RUNNING, WAIT_BAR, WAIT_WARP, DONE };
@@ -443,8 +492,10 @@ struct Fiber {
     int warp, lane;
     unsigned wseq;
     std::vector<Copy> pending; /* cp.async copies not landed yet, oldest first */
-    size_t committed;          /* the first `committed` of them are in closed groups (commit_group) */
-    bool in_body;              /* past the kernel's entry (tpk_emu_kernel_enter): its accesses are checked */
+    size_t committed;          /* the first `committed` of them are in closed groups
+                                  (commit_group) */
+    bool in_body;              /* past the kernel's entry (tpk_emu_kernel_enter): its accesses are
+                                  checked */
     void *asan_fake;
 };
 /* a shared-memory range of the block: the dynamic buffer or one static __shared__ array */
@@ -485,11 +536,15 @@ struct Sched {
     bool abort, told_lanes, told_diverge, failed;
     std::vector<unsigned char> dyn; /* the dynamic shared memory + its guard zone */
     size_t dyn_bytes;
-    std::vector<Region> regions; /* the block's shared memory: [0] the dynamic buffer, then the static arrays seen */
-    std::vector<Shadow> shadow;  /* the race detector's state of each shared byte (Region::shadow + offset) */
-    unsigned epoch;              /* barrier intervals: +1 at each __syncthreads that lets the block go on and each block start */
+    std::vector<Region> regions; /* the block's shared memory: [0] the dynamic buffer, then the
+                                    static arrays seen */
+    std::vector<Shadow> shadow;  /* the race detector's state of each shared byte (Region::shadow +
+                                    offset) */
+    unsigned epoch;              /* barrier intervals: +1 at each __syncthreads that lets the block
+                                    go on and each block start */
     bool entered, told_race, told_oob;
-    uintptr_t host_lo, host_hi; /* the launching thread's stack (the launch's lambda and what it captures) */
+    uintptr_t host_lo, host_hi; /* the launching thread's stack (the launch's lambda and what it
+                                   captures) */
     unsigned long long launches;
 };
 Sched S;
@@ -576,12 +631,17 @@ static void release_bar() {
         if (S.fibers[i].state == WAIT_BAR) S.fibers[i].state = READY;
 }
 static const char *kind_name(int k) {
-    return k == TPK_EMU_SHFL ? "shuffle" : k == TPK_EMU_SYNCWARP ? "__syncwarp" : k == TPK_EMU_LDSM ? "ldmatrix" : k == TPK_EMU_MOVM ? "movmatrix" : "mma.sync";
+    return k == TPK_EMU_SHFL       ? "shuffle"
+           : k == TPK_EMU_SYNCWARP ? "__syncwarp"
+           : k == TPK_EMU_LDSM     ? "ldmatrix"
+           : k == TPK_EMU_MOVM     ? "movmatrix"
+                                   : "mma.sync";
 }
 static void finish_warp(Warp &w, int wi) {
     if (w.live < 32 && !S.told_lanes) {
         S.told_lanes = true;
-        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: a %s with %d of 32 lanes present (lanes exited, or a partial warp): "
+        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: a %s with %d of 32 lanes present "
+                     "(lanes exited, or a partial warp): "
                      "undefined with a full mask",
                      S.name, blockIdx.x, blockIdx.y, blockIdx.z, wi, kind_name(w.kind), w.live);
     }
@@ -615,13 +675,15 @@ void __syncthreads() {
     if (++S.arrived == S.live) {
         release_bar();
         if (sched().mode == SCHED_LOCKSTEP) return;
-        S.cur->state = READY; /* the other schedules start the next interval with a new order of the warps */
+        S.cur->state = READY; /* the other schedules start the next interval with a new order of the
+                                 warps */
     } else {
         S.cur->state = WAIT_BAR;
     }
     switch_out(false);
 }
-const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes, void (*complete)(tpk_emu_xchg &), unsigned *seqp) {
+const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes,
+                                    void (*complete)(tpk_emu_xchg &), unsigned *seqp) {
     in_kernel("a warp instruction");
     Fiber &f = *S.cur;
     Warp &w = S.warps[f.warp];
@@ -634,9 +696,11 @@ const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes, vo
         w.seq = seq, w.kind = kind, w.complete = complete;
     } else if ((w.seq != seq || w.kind != kind) && !S.told_diverge) {
         S.told_diverge = true;
-        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: lanes at different warp instructions (lane %d: %s number %u; an earlier lane: "
+        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: lanes at different warp instructions "
+                     "(lane %d: %s number %u; an earlier lane: "
                      "%s number %u): a divergent warp-synchronous instruction",
-                     S.name, blockIdx.x, blockIdx.y, blockIdx.z, f.warp, f.lane, kind_name(kind), seq, kind_name(w.kind), w.seq);
+                     S.name, blockIdx.x, blockIdx.y, blockIdx.z, f.warp, f.lane, kind_name(kind),
+                     seq, kind_name(w.kind), w.seq);
         S.abort = true;
     }
     if (++w.arrived == w.live) {
@@ -651,7 +715,8 @@ bool tpk_emu_lane_ok(const tpk_emu_xchg &x, int src, unsigned seq, const char *w
     if (x.seq[src] == seq) return true;
     if (!S.told_lanes) {
         S.told_lanes = true;
-        tpk_emu_fail("kernel %s, block (%u, %u, %u): %s reads lane %d, which did not take part (exited)", S.name, blockIdx.x, blockIdx.y, blockIdx.z,
+        tpk_emu_fail("kernel %s, block (%u, %u, %u): %s reads lane %d, which did not take part "
+                     "(exited)", S.name, blockIdx.x, blockIdx.y, blockIdx.z,
                      what, src);
     }
     return false;
@@ -660,7 +725,8 @@ void tpk_emu_check_mask(unsigned mask, const char *what) {
     static bool told;
     if (mask == 0xffffffffu || told) return;
     told = true;
-    tpk_emu_fail("kernel %s: %s with mask %#x: the emulation takes full masks only", S.name ? S.name : "?", what, mask);
+    tpk_emu_fail("kernel %s: %s with mask %#x: the emulation takes full masks only",
+                 S.name ? S.name : "?", what, mask);
 }
 void tpk_emu_misaligned(const void *p, const char *what) {
     static std::string told;
@@ -668,10 +734,11 @@ void tpk_emu_misaligned(const void *p, const char *what) {
     S.failed = true;
     if (told == S.name) return;
     told = S.name;
-    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %s at %p, not 16-byte aligned (a misaligned address on the GPU)", S.name, blockIdx.x,
+    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %s at %p, not 16-byte aligned (a "
+                 "misaligned address on the GPU)", S.name, blockIdx.x,
                  blockIdx.y, blockIdx.z, threadIdx.x, what, p);
 }
-/* ---- shared and global memory accesses: the race detector, the address checks ----------------------------------- */
+/* ---- shared and global memory accesses: the race detector, the address checks ---------------- */
 
 /* a static __shared__ array: poisoned and made a region of the block (its shadow bytes after the
  * dynamic buffer's and the arrays seen before) when the block's first thread reaches it */
@@ -682,12 +749,14 @@ void tpk_emu_shared(void *p, size_t bytes, const char *name) {
     memset(p, 0xff, bytes);
     const Region &last = S.regions.back();
     S.regions.push_back(Region{(uintptr_t)p, bytes, last.shadow + last.bytes, name});
-    if (S.shadow.size() < S.regions.back().shadow + bytes) S.shadow.resize(S.regions.back().shadow + bytes, Shadow{0, 0, NONE, NONE, NONE, false});
+    if (S.shadow.size() < S.regions.back().shadow + bytes)
+        S.shadow.resize(S.regions.back().shadow + bytes, Shadow{0, 0, NONE, NONE, NONE, false});
     size_t total = 0;
     for (const Region &r : S.regions) total += r.bytes;
     if (total > (size_t)smem_optin() && !S.told_oob) {
         S.told_oob = S.failed = true;
-        tpk_emu_fail("kernel %s: %zu bytes of shared memory (dynamic %zu + static), above the %d a block may have (too many resources on the GPU)", S.name,
+        tpk_emu_fail("kernel %s: %zu bytes of shared memory (dynamic %zu + static), above the %d a "
+                     "block may have (too many resources on the GPU)", S.name,
                      total, S.dyn_bytes, smem_optin());
     }
 }
@@ -697,15 +766,22 @@ void *tpk_emu_dyn_smem_raw() {
 }
 
 enum { ACC_READ, ACC_WRITE, ACC_ATOMIC };
-static const char *acc_name(int k) { return k == ACC_READ ? "read" : k == ACC_WRITE ? "wrote" : "atomically updated"; }
-static void race_report(const Region &r, size_t off, int warp, int kind, int other, int other_kind) {
+static const char *acc_name(int k) {
+    return k == ACC_READ ? "read" : k == ACC_WRITE ? "wrote" : "atomically updated";
+}
+static void race_report(const Region &r, size_t off, int warp, int kind, int other,
+                        int other_kind) {
     if (S.told_race) return;
     S.told_race = true;
-    tpk_emu_fail("race in kernel %s, block (%u, %u, %u): shared memory %s%s byte %zu: warp %d %s it and warp %d %s it in the same barrier "
+    tpk_emu_fail("race in kernel %s, block (%u, %u, %u): shared memory %s%s byte %zu: warp %d %s "
+                 "it and warp %d %s it in the same barrier "
                  "interval (no __syncthreads between: %s)",
-                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, r.name ? "array " : "", r.name ? r.name : "(dynamic)", off, other, acc_name(other_kind), warp,
+                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, r.name ? "array " : "",
+                 r.name ? r.name : "(dynamic)", off, other, acc_name(other_kind), warp,
                  acc_name(kind),
-                 other_kind == ACC_READ ? "write-after-read" : kind == ACC_READ ? "read-after-write" : "write-after-write");
+                 other_kind == ACC_READ ? "write-after-read"
+                 : kind == ACC_READ     ? "read-after-write"
+                                        : "write-after-write");
 }
 /* racecheck's rule: two different warps touching one byte in one barrier interval, at least one
  * writing, atomics with atomics aside; a warp's own lanes never race here (a warp's order is
@@ -716,13 +792,17 @@ static void race_check(const Region &r, size_t off, size_t n, int kind) {
     for (size_t i = 0; i < n; i++) {
         Shadow &b = S.shadow[r.shadow + off + i];
         if (kind == ACC_READ) {
-            if (b.wep == ep && b.wwarp != w && !S.told_race) race_report(r, off + i, w, kind, b.wwarp, b.watomic ? ACC_ATOMIC : ACC_WRITE);
+            if (b.wep == ep && b.wwarp != w && !S.told_race)
+                race_report(r, off + i, w, kind, b.wwarp, b.watomic ? ACC_ATOMIC : ACC_WRITE);
             if (b.rep != ep) b.rep = ep, b.rwarp = (uint16_t)w, b.rwarp2 = NONE;
             else if (b.rwarp != w) b.rwarp2 = (uint16_t)w;
         } else {
-            if (b.wep == ep && b.wwarp != w && !(kind == ACC_ATOMIC && b.watomic)) race_report(r, off + i, w, kind, b.wwarp, b.watomic ? ACC_ATOMIC : ACC_WRITE);
-            else if (b.rep == ep && b.rwarp != w) race_report(r, off + i, w, kind, b.rwarp, ACC_READ);
-            else if (b.rep == ep && b.rwarp2 != NONE && b.rwarp2 != w) race_report(r, off + i, w, kind, b.rwarp2, ACC_READ);
+            if (b.wep == ep && b.wwarp != w && !(kind == ACC_ATOMIC && b.watomic))
+                race_report(r, off + i, w, kind, b.wwarp, b.watomic ? ACC_ATOMIC : ACC_WRITE);
+            else if (b.rep == ep && b.rwarp != w)
+                race_report(r, off + i, w, kind, b.rwarp, ACC_READ);
+            else if (b.rep == ep && b.rwarp2 != NONE && b.rwarp2 != w)
+                race_report(r, off + i, w, kind, b.rwarp2, ACC_READ);
             b.wep = ep, b.wwarp = (uint16_t)w, b.watomic = kind == ACC_ATOMIC;
         }
     }
@@ -741,8 +821,10 @@ static void oob_report(uintptr_t a, size_t n, int kind, const char *where) {
     S.failed = true;
     if (S.told_oob) return;
     S.told_oob = true;
-    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %zu-byte %s at %#lx, %s (an illegal address on the GPU)", S.name, blockIdx.x, blockIdx.y,
-                 blockIdx.z, threadIdx.x, n, kind == ACC_READ ? "read" : "write", (unsigned long)a, where);
+    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %zu-byte %s at %#lx, %s (an illegal "
+                 "address on the GPU)",
+                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, n,
+                 kind == ACC_READ ? "read" : "write", (unsigned long)a, where);
 }
 static void global_check(uintptr_t a, size_t n, int kind) {
     for (int i = 0; i < HITS; i++)
@@ -752,7 +834,8 @@ static void global_check(uintptr_t a, size_t n, int kind) {
         }
     /* the launching thread's stack (the arguments the launch's lambda captured) */
     if (a >= S.host_lo && a + n <= S.host_hi) return;
-    if (a >= (uintptr_t)S.dyn.data() && a < (uintptr_t)S.dyn.data() + S.dyn.size()) return oob_report(a, n, kind, "past the block's dynamic shared memory");
+    if (a >= (uintptr_t)S.dyn.data() && a < (uintptr_t)S.dyn.data() + S.dyn.size())
+        return oob_report(a, n, kind, "past the block's dynamic shared memory");
     std::lock_guard<std::mutex> lock(g_mem_mutex);
     for (auto *m : {&g_dev, &g_pinned}) {
         auto it = m->upper_bound(a);
@@ -782,7 +865,8 @@ static inline void on_access(const void *p, size_t n, int kind) {
     for (size_t i = image ? 1 : 0, nr = image ? S.regions.size() : 1; i < nr; i++) {
         const Region &r = S.regions[i];
         if (a - r.base < r.bytes) {
-            if (a + n > r.base + r.bytes) return oob_report(a, n, kind, "past the end of a shared-memory array");
+            if (a + n > r.base + r.bytes)
+                return oob_report(a, n, kind, "past the end of a shared-memory array");
             if (sched().race) race_check(r, a - r.base, n, kind);
             return;
         }
@@ -793,10 +877,10 @@ extern "C" {
 void __tsan_init() { g_instrumented = true; }
 void __tsan_func_entry(void *) {}
 void __tsan_func_exit() {}
-#define TPK_EMU_HOOKS(N)                                                                                                                  \
-    void __tsan_read##N(void *p) { on_access(p, N, ACC_READ); }                                                                        \
-    void __tsan_write##N(void *p) { on_access(p, N, ACC_WRITE); }                                                                      \
-    void __tsan_unaligned_read##N(void *p) { on_access(p, N, ACC_READ); }                                                              \
+#define TPK_EMU_HOOKS(N)                                                  \
+    void __tsan_read##N(void *p) { on_access(p, N, ACC_READ); }           \
+    void __tsan_write##N(void *p) { on_access(p, N, ACC_WRITE); }         \
+    void __tsan_unaligned_read##N(void *p) { on_access(p, N, ACC_READ); } \
     void __tsan_unaligned_write##N(void *p) { on_access(p, N, ACC_WRITE); }
 TPK_EMU_HOOKS(1)
 TPK_EMU_HOOKS(2)
@@ -808,36 +892,36 @@ void __tsan_read_range(void *p, unsigned long n) { on_access(p, n, ACC_READ); }
 void __tsan_write_range(void *p, unsigned long n) { on_access(p, n, ACC_WRITE); }
 void __tsan_vptr_read(void **p) { on_access(p, sizeof *p, ACC_READ); }
 void __tsan_vptr_update(void **p, void *) { on_access(p, sizeof *p, ACC_WRITE); }
-/* the atomics of the instrumented files (the host code's std::atomic; no kernel uses a shared-memory
- * atomic today): done sequentially consistent, checked as atomic accesses */
-#define TPK_EMU_ATOMICS(N, T)                                                                                                             \
-    T __tsan_atomic##N##_load(const volatile T *p, int) {                                                                             \
-        on_access((const void *)p, sizeof(T), ACC_READ);                                                                               \
-        return __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                                                   \
-    }                                                                                                                                  \
-    void __tsan_atomic##N##_store(volatile T *p, T v, int) {                                                                           \
-        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
-        __atomic_store_n(p, v, __ATOMIC_SEQ_CST);                                                                                      \
-    }                                                                                                                                  \
-    T __tsan_atomic##N##_exchange(volatile T *p, T v, int) {                                                                           \
-        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
-        return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);                                                                            \
-    }                                                                                                                                  \
-    T __tsan_atomic##N##_fetch_add(volatile T *p, T v, int) {                                                                          \
-        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
-        return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);                                                                             \
-    }                                                                                                                                  \
-    T __tsan_atomic##N##_fetch_sub(volatile T *p, T v, int) {                                                                          \
-        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
-        return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST);                                                                             \
-    }                                                                                                                                  \
-    int __tsan_atomic##N##_compare_exchange_strong(volatile T *p, T *e, T v, int, int) {                                               \
-        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
-        return __atomic_compare_exchange_n(p, e, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                                       \
-    }                                                                                                                                  \
-    int __tsan_atomic##N##_compare_exchange_weak(volatile T *p, T *e, T v, int, int) {                                                 \
-        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                                                             \
-        return __atomic_compare_exchange_n(p, e, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                                        \
+/* the atomics of the instrumented files (the host code's std::atomic; no kernel uses a
+ * shared-memory atomic today): done sequentially consistent, checked as atomic accesses */
+#define TPK_EMU_ATOMICS(N, T)                                                                   \
+    T __tsan_atomic##N##_load(const volatile T *p, int) {                                       \
+        on_access((const void *)p, sizeof(T), ACC_READ);                                        \
+        return __atomic_load_n(p, __ATOMIC_SEQ_CST);                                            \
+    }                                                                                           \
+    void __tsan_atomic##N##_store(volatile T *p, T v, int) {                                    \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                      \
+        __atomic_store_n(p, v, __ATOMIC_SEQ_CST);                                               \
+    }                                                                                           \
+    T __tsan_atomic##N##_exchange(volatile T *p, T v, int) {                                    \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                      \
+        return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);                                     \
+    }                                                                                           \
+    T __tsan_atomic##N##_fetch_add(volatile T *p, T v, int) {                                   \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                      \
+        return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);                                      \
+    }                                                                                           \
+    T __tsan_atomic##N##_fetch_sub(volatile T *p, T v, int) {                                   \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                      \
+        return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST);                                      \
+    }                                                                                           \
+    int __tsan_atomic##N##_compare_exchange_strong(volatile T *p, T *e, T v, int, int) {        \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                      \
+        return __atomic_compare_exchange_n(p, e, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
+    }                                                                                           \
+    int __tsan_atomic##N##_compare_exchange_weak(volatile T *p, T *e, T v, int, int) {          \
+        on_access((const void *)p, sizeof(T), ACC_ATOMIC);                                      \
+        return __atomic_compare_exchange_n(p, e, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
     }
 TPK_EMU_ATOMICS(8, uint8_t)
 TPK_EMU_ATOMICS(16, uint16_t)
@@ -850,7 +934,8 @@ void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); 
 
 /* the kernel's first statement (cu2cpp.pl puts it there): from here on the thread's accesses are
  * the kernel's; the first thread checks the launch's dynamic shared memory against the kernel's
- * cudaFuncAttributeMaxDynamicSharedMemorySize (above 48 KiB the GPU refuses the launch without it) */
+ * cudaFuncAttributeMaxDynamicSharedMemorySize (above 48 KiB the GPU refuses the launch without
+ * it) */
 void tpk_emu_kernel_enter(const void *kernel) {
     in_kernel("a kernel's entry");
     S.cur->in_body = true;
@@ -860,7 +945,8 @@ void tpk_emu_kernel_enter(const void *kernel) {
     auto it = g_func_smem.find(kernel);
     int allowed = it == g_func_smem.end() ? SMEM_DEFAULT : it->second;
     if ((size_t)allowed >= S.dyn_bytes) return;
-    tpk_emu_fail("kernel %s launched with %zu bytes of dynamic shared memory, above the %d its cudaFuncAttributeMaxDynamicSharedMemorySize "
+    tpk_emu_fail("kernel %s launched with %zu bytes of dynamic shared memory, above the %d its "
+                 "cudaFuncAttributeMaxDynamicSharedMemorySize "
                  "allows (the launch fails on the GPU)",
                  S.name, S.dyn_bytes, allowed);
     S.abort = true;
@@ -870,10 +956,12 @@ void tpk_emu_kernel_enter(const void *kernel) {
  * thread's wait; a write of the issuing warp at both times for the race detector */
 void tpk__fl_cp16(void *dst, const void *src, bool valid) {
     in_kernel("cp.async");
-    if ((uintptr_t)dst % 16 || (valid && (uintptr_t)src % 16)) tpk_emu_fail("cp.async: 16 bytes from %p to %p, not 16-byte aligned", src, dst);
+    if ((uintptr_t)dst % 16 || (valid && (uintptr_t)src % 16))
+        tpk_emu_fail("cp.async: 16 bytes from %p to %p, not 16-byte aligned", src, dst);
     uintptr_t d = (uintptr_t)dst, base = (uintptr_t)S.dyn.data();
     if (d < base || d + 16 > base + S.dyn_bytes) {
-        oob_report(d, 16, ACC_WRITE, "a cp.async destination outside the block's dynamic shared memory");
+        oob_report(d, 16, ACC_WRITE, "a cp.async destination outside the block's dynamic shared "
+                                     "memory");
         return;
     }
     if (valid && S.cur->in_body) global_check((uintptr_t)src, 16, ACC_READ);
@@ -900,9 +988,11 @@ void tpk__fl_wait_all() {
 }
 void tpk_emu_ldsm_check(const void *row) {
     in_kernel("ldmatrix");
-    const unsigned char *p = static_cast<const unsigned char *>(row), *base = static_cast<const unsigned char *>(tpk_emu_dyn_smem_raw());
+    const unsigned char *p = static_cast<const unsigned char *>(row),
+                        *base = static_cast<const unsigned char *>(tpk_emu_dyn_smem_raw());
     if ((uintptr_t)p % 16) tpk_emu_fail("ldmatrix: a row address %p not 16-byte aligned", row);
-    if (p < base || p + 16 > base + S.dyn_bytes) tpk_emu_fail("ldmatrix: a row address outside the block's dynamic shared memory");
+    if (p < base || p + 16 > base + S.dyn_bytes) tpk_emu_fail("ldmatrix: a row address outside the "
+                                                              "block's dynamic shared memory");
 }
 /* D (16x8) = A (16x16) B (16x8) from the lanes' registers, bf16 inputs, f32 products and sums */
 void tpk_emu_mma_complete(tpk_emu_xchg &x) {
@@ -929,9 +1019,10 @@ void tpk_emu_mma_complete(tpk_emu_xchg &x) {
         }
 }
 
-/* ---- launches ------------------------------------------------------------------------------------------------------- */
+/* ---- launches -------------------------------------------------------------------------------- */
 
-static std::map<std::string, double> g_prof; /* TPK_EMU_PROFILE=1: seconds per kernel, printed at exit */
+static std::map<std::string, double> g_prof; /* TPK_EMU_PROFILE=1: seconds per kernel, printed at
+                                                exit */
 static void prof_print() {
     fprintf(stderr, "emu profile: %llu warp mma.sync instructions\n", g_mma);
     std::vector<std::pair<double, std::string>> v;
@@ -942,12 +1033,14 @@ static void prof_print() {
 
 static void alloc_stacks(int n) {
     for (; S.nstacks < n; S.nstacks++) {
-        void *m = mmap(NULL, STACK + GUARD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *m =
+            mmap(NULL, STACK + GUARD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             perror("tpk emu: mmap of a fiber stack");
             abort();
         }
-        mprotect(m, GUARD, PROT_NONE); /* an overflow faults instead of overwriting the next stack */
+        mprotect(m, GUARD, PROT_NONE); /* an overflow faults instead of overwriting the next
+                                          stack */
         S.fibers[S.nstacks].stack = (unsigned char *)m + GUARD;
     }
 }
@@ -959,7 +1052,8 @@ static void report_hang() {
         bar += S.fibers[i].state == WAIT_BAR;
         if (S.fibers[i].state == WAIT_WARP) warp++, first_warp = first_warp < 0 ? i : first_warp;
     }
-    tpk_emu_fail("kernel %s, block (%u, %u, %u) cannot go on (a hang on the GPU): %d threads at __syncthreads, %d at warp instructions "
+    tpk_emu_fail("kernel %s, block (%u, %u, %u) cannot go on (a hang on the GPU): %d threads at "
+                 "__syncthreads, %d at warp instructions "
                  "(thread %d first), %d ended",
                  S.name, blockIdx.x, blockIdx.y, blockIdx.z, bar, warp, first_warp, n - S.live);
     S.abort = true;
@@ -968,7 +1062,8 @@ static void resume(Fiber &f) {
     S.cur = &f, threadIdx = f.tid, f.state = RUNNING;
     switch_in(f);
 }
-/* lockstep: every ready thread in turn (ascending or descending) until it blocks, again and again */
+/* lockstep: every ready thread in turn (ascending or descending) until it blocks, again and
+ * again */
 static void run_lockstep(bool reverse) {
     int n = S.nthreads;
     while (S.live > 0 && !S.abort) {
@@ -991,7 +1086,8 @@ static void run_warps(SchedMode mode) {
     while (S.live > 0 && !S.abort) {
         for (int w = 0; w < nw; w++) order[(size_t)w] = mode == SCHED_DESC ? nw - 1 - w : w;
         if (mode == SCHED_RANDOM)
-            for (int w = nw - 1; w > 0; w--) std::swap(order[(size_t)w], order[(size_t)(sched_rand() % (uint64_t)(w + 1))]);
+            for (int w = nw - 1; w > 0; w--)
+                std::swap(order[(size_t)w], order[(size_t)(sched_rand() % (uint64_t)(w + 1))]);
         unsigned ep = S.epoch;
         bool ran = false;
         for (int oi = 0; oi < nw && !S.abort && S.epoch == ep; oi++) {
@@ -1018,7 +1114,8 @@ static bool run_block(bool reverse) {
     for (int i = 0; i < n; i++) {
         Fiber &f = S.fibers[i];
         f.state = READY;
-        f.tid = uint3{(unsigned)i % blockDim.x, (unsigned)i / blockDim.x % blockDim.y, (unsigned)i / (blockDim.x * blockDim.y)};
+        f.tid = uint3{(unsigned)i % blockDim.x, (unsigned)i / blockDim.x % blockDim.y,
+                      (unsigned)i / (blockDim.x * blockDim.y)};
         f.warp = i / 32, f.lane = i % 32, f.wseq = 0;
         f.pending.clear(), f.committed = 0, f.in_body = false;
         fiber_start(f);
@@ -1033,13 +1130,15 @@ static bool run_block(bool reverse) {
     memset(S.dyn.data(), 0xff, S.dyn_bytes); /* NaN in f32 and bf16 */
     for (size_t k = S.dyn_bytes; k < S.dyn.size(); k++) S.dyn[k] = (k & 1) ? 0x7f : 0xc1;
     S.regions.assign(1, Region{(uintptr_t)S.dyn.data(), S.dyn_bytes, 0, NULL});
-    if (S.shadow.size() < S.dyn_bytes) S.shadow.resize(S.dyn_bytes, Shadow{0, 0, NONE, NONE, NONE, false});
+    if (S.shadow.size() < S.dyn_bytes)
+        S.shadow.resize(S.dyn_bytes, Shadow{0, 0, NONE, NONE, NONE, false});
     if (sched().mode == SCHED_LOCKSTEP) run_lockstep(reverse);
     else run_warps(sched().mode);
     S.cur = NULL;
     for (size_t k = S.dyn_bytes; k < S.dyn.size(); k++)
         if (S.dyn[k] != ((k & 1) ? 0x7f : 0xc1)) {
-            tpk_emu_fail("kernel %s, block (%u, %u, %u): wrote byte %zu of its dynamic shared memory, past the %zu bytes of the launch", S.name,
+            tpk_emu_fail("kernel %s, block (%u, %u, %u): wrote byte %zu of its dynamic shared "
+                         "memory, past the %zu bytes of the launch", S.name,
                          blockIdx.x, blockIdx.y, blockIdx.z, k, S.dyn_bytes);
             S.abort = true;
             break;
@@ -1074,13 +1173,15 @@ void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *
      * above 48 KiB only with the kernel's attribute: tpk_emu_kernel_enter) */
     const dim3 &g = cfg.grid, &b = cfg.block;
     unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
-    if (!threads || threads > MAX_THREADS || b.x > 1024 || b.y > 1024 || b.z > 64 || !g.x || !g.y || !g.z || g.x > 0x7fffffffu || g.y > 65535 ||
-        g.z > 65535) {
-        tpk_emu_fail("kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u): an invalid configuration", name, g.x, g.y, g.z, b.x, b.y, b.z);
+    if (!threads || threads > MAX_THREADS || b.x > 1024 || b.y > 1024 || b.z > 64 || !g.x || !g.y ||
+        !g.z || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
+        tpk_emu_fail("kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u): an invalid "
+                     "configuration", name, g.x, g.y, g.z, b.x, b.y, b.z);
         return tpk_emu_set_error(cudaErrorInvalidConfiguration);
     }
     if (cfg.smem > (size_t)smem_optin()) {
-        tpk_emu_fail("kernel %s: launch with %zu bytes of dynamic shared memory, above the device's %d", name, cfg.smem, smem_optin());
+        tpk_emu_fail("kernel %s: launch with %zu bytes of dynamic shared memory, above the "
+                     "device's %d", name, cfg.smem, smem_optin());
         return tpk_emu_set_error(cudaErrorInvalidValue);
     }
     if (!stream_ok(cfg.stream, name)) return tpk_emu_set_error(cudaErrorInvalidResourceHandle);
@@ -1088,12 +1189,15 @@ void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *
     static bool race_told;
     if (sched().race && !g_instrumented && !race_told) {
         race_told = true;
-        tpk_emu_fail("TPK_EMU_RACE=1, but the kernels were compiled without the access instrumentation (the checked build is "
-                     "libtpk_cuda_emu_chk.a, the tests' *_chk programs; not in an AddressSanitizer build)");
+        tpk_emu_fail("TPK_EMU_RACE=1, but the kernels were compiled without the access "
+                     "instrumentation (the checked build is "
+                     "libtpk_cuda_emu_chk.a, the tests' *_chk programs; not in an AddressSanitizer "
+                     "build)");
     }
     auto t0 = std::chrono::steady_clock::now();
     alloc_stacks((int)threads);
-    S.name = name, S.body = body, S.arg = arg, S.abort = S.told_lanes = S.told_diverge = S.failed = false;
+    S.name = name, S.body = body, S.arg = arg,
+    S.abort = S.told_lanes = S.told_diverge = S.failed = false;
     S.entered = S.told_race = S.told_oob = false;
     S.nthreads = (int)threads, S.dyn_bytes = cfg.smem;
     S.dyn.assign(cfg.smem + SMEM_GUARD, 0);
@@ -1101,20 +1205,23 @@ void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *
     for (auto &h : g_hits) h.lo = h.hi = 0;
     t_in_launch = true;
     gridDim = g, blockDim = b;
-    /* the blocks in ascending order, or descending in every other launch (a block that needs another
-     * block's results of the same launch gets them or not); a block's threads alternate too; asc and
-     * desc take the blocks in their own order */
+    /* the blocks in ascending order, or descending in every other launch (a block that needs
+     * another block's results of the same launch gets them or not); a block's threads alternate
+     * too; asc and desc take the blocks in their own order */
     unsigned long long l = S.launches++, nb = (unsigned long long)g.x * g.y * g.z;
     SchedMode mode = sched().mode;
     bool ok = true;
     for (unsigned long long k = 0; k < nb && ok; k++) {
         bool down = mode == SCHED_ASC ? false : mode == SCHED_DESC ? true : (l & 1);
         unsigned long long q = down ? nb - 1 - k : k;
-        blockIdx = uint3{(unsigned)(q % g.x), (unsigned)(q / g.x % g.y), (unsigned)(q / ((unsigned long long)g.x * g.y))};
+        blockIdx = uint3{(unsigned)(q % g.x), (unsigned)(q / g.x % g.y),
+                         (unsigned)(q / ((unsigned long long)g.x * g.y))};
         ok = run_block(((l / 2 + q) & 1) != 0);
     }
     t_in_launch = false;
     S.name = NULL;
-    if (prof) g_prof[name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (prof)
+        g_prof[name] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!ok || S.failed) tpk_emu_set_error(cudaErrorLaunchFailure);
 }

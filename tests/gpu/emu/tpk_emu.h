@@ -16,12 +16,13 @@
  * turns on the shared-memory race detector of the checked build (the converted kernels compiled
  * with the thread sanitizer's access instrumentation: runtime.cpp's callbacks see every load and
  * store; two warps on one shared byte between barriers, one writing: "FAIL emu: race ..."; there a
- * global access outside every live allocation is a FAIL line too, always). Shared memory (static __shared__ arrays and
- * the dynamic buffer) is poisoned (NaN) at each block's start; the dynamic buffer has a NaN guard
- * zone after it, checked at the block's end. A block that cannot go on (threads waiting at
- * different barriers), a warp instruction with lanes missing, a divergent warp, a launch the
- * hardware refuses and a misuse of the runtime API print a "FAIL emu: ..." line (counted by
- * tests/run.sh) and make the launch fail. docs/DESIGN.md section 7 says what is not emulated. */
+ * global access outside every live allocation is a FAIL line too, always). Shared memory (static
+ * __shared__ arrays and the dynamic buffer) is poisoned (NaN) at each block's start; the dynamic
+ * buffer has a NaN guard zone after it, checked at the block's end. A block that cannot go on
+ * (threads waiting at different barriers), a warp instruction with lanes missing, a divergent warp,
+ * a launch the hardware refuses and a misuse of the runtime API print a "FAIL emu: ..." line
+ * (counted by tests/run.sh) and make the launch fail. docs/DESIGN.md section 7 says what is not
+ * emulated. */
 #ifndef TPK_EMU_H
 #define TPK_EMU_H
 
@@ -49,7 +50,7 @@
 #define __shared__ static
 #define TPK_EMU 1
 
-/* ---- errors, handles --------------------------------------------------------------------------- */
+/* ---- errors, handles ------------------------------------------------------------------------- */
 enum cudaError_t {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
@@ -90,7 +91,13 @@ enum cudaFuncAttribute {
     cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
     cudaFuncAttributePreferredSharedMemoryCarveout = 9,
 };
-enum cudaDataType_t { CUDA_R_16F = 2, CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16BF = 14, CUDA_R_32I = 10 };
+enum cudaDataType_t {
+    CUDA_R_16F = 2,
+    CUDA_R_32F = 0,
+    CUDA_R_64F = 1,
+    CUDA_R_16BF = 14,
+    CUDA_R_32I = 10
+};
 typedef cudaDataType_t cudaDataType;
 #define cudaStreamDefault 0x00u
 #define cudaStreamNonBlocking 0x01u
@@ -108,10 +115,11 @@ typedef CUevent_st *cudaEvent_t;
 struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin;
-    int warpSize, maxThreadsPerBlock, maxGridSize[3], maxThreadsDim[3], major, minor, multiProcessorCount, l2CacheSize;
+    int warpSize, maxThreadsPerBlock, maxGridSize[3], maxThreadsDim[3], major, minor,
+        multiProcessorCount, l2CacheSize;
 };
 
-/* ---- vector types ------------------------------------------------------------------------------ */
+/* ---- vector types ---------------------------------------------------------------------------- */
 struct uint3 {
     unsigned x, y, z;
 };
@@ -144,14 +152,17 @@ typedef tpk_emu_vec4<float> float4;
 struct __attribute__((aligned(8))) uint2 { unsigned x, y; };
 struct __attribute__((aligned(8))) int2 { int x, y; };
 struct __attribute__((aligned(8))) float2 { float x, y; };
-static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+    return uint4{x, y, z, w};
+}
 static inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 static inline int2 make_int2(int x, int y) { return int2{x, y}; }
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
-/* ---- bf16 (cuda_bf16.h): round to nearest even; NaN -> the canonical 0x7fff, as cvt.rn.bf16.f32 ---- */
+/* ---- bf16 (cuda_bf16.h): round to nearest even; NaN -> the canonical 0x7fff, as cvt.rn.bf16.f32
+ * ---- */
 static inline unsigned short tpk_emu_f2bf(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -181,11 +192,17 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 static inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
 static inline float __bfloat162float(__nv_bfloat16 h) { return tpk_emu_bf2f(h.__x); }
-static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)}; }
-static inline __nv_bfloat162 __float22bfloat162_rn(float2 f) { return __floats2bfloat162_rn(f.x, f.y); }
-static inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
+static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
+    return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
+}
+static inline __nv_bfloat162 __float22bfloat162_rn(float2 f) {
+    return __floats2bfloat162_rn(f.x, f.y);
+}
+static inline float2 __bfloat1622float2(__nv_bfloat162 h) {
+    return float2{__bfloat162float(h.x), __bfloat162float(h.y)};
+}
 
-/* ---- math intrinsics (device functions with a host counterpart) -------------------------------------- */
+/* ---- math intrinsics (device functions with a host counterpart) ------------------------------ */
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
@@ -201,7 +218,7 @@ static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); re
 static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 
-/* ---- the kernel side -------------------------------------------------------------------------------- */
+/* ---- the kernel side ------------------------------------------------------------------------- */
 /* the running thread's coordinates (set by the block scheduler before it resumes a thread) */
 extern uint3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
@@ -209,16 +226,25 @@ enum { warpSize = 32 };
 
 /* a warp's exchange area for one warp-synchronous instruction: each lane's posted bytes and, for
  * the mma, the 16x8 product the instruction's last lane computed for the warp */
-enum { TPK_EMU_SLOT = 32, TPK_EMU_SHFL = 1, TPK_EMU_SYNCWARP = 2, TPK_EMU_MMA = 3, TPK_EMU_LDSM = 4, TPK_EMU_MOVM = 5 };
+enum {
+    TPK_EMU_SLOT = 32,
+    TPK_EMU_SHFL = 1,
+    TPK_EMU_SYNCWARP = 2,
+    TPK_EMU_MMA = 3,
+    TPK_EMU_LDSM = 4,
+    TPK_EMU_MOVM = 5
+};
 struct tpk_emu_xchg {
     unsigned char lane[32][TPK_EMU_SLOT];
-    unsigned seq[32];   /* the lane's count of warp instructions when it posted: a lane that did not post is stale */
+    unsigned seq[32];   /* the lane's count of warp instructions when it posted: a lane that did not
+                           post is stale */
     int kind[32];
     float result[16][8];
 };
 /* post `bytes` of this lane for instruction `kind`, wait for every lane of the warp, and return the
  * exchange (complete: run once, by the last lane, on the posted data); *seq: this lane's count */
-const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes, void (*complete)(tpk_emu_xchg &), unsigned *seq);
+const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes,
+                                    void (*complete)(tpk_emu_xchg &), unsigned *seq);
 /* this lane's partner `src` posted for the same instruction (else: a FAIL line, and false) */
 bool tpk_emu_lane_ok(const tpk_emu_xchg &x, int src, unsigned seq, const char *what);
 void tpk_emu_check_mask(unsigned mask, const char *what);
@@ -231,11 +257,13 @@ static inline void __syncwarp(unsigned mask = 0xffffffffu) {
 static inline unsigned tpk_emu_laneid() {
     return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) & 31u;
 }
-/* value of lane src (width: CUDA's segments; a source outside the caller's segment gives its own value —
- * for __shfl_xor_sync the programming guide lets an earlier segment be read: no kernel here shuffles
- * with width < 32) */
-template <class T> static inline T tpk_emu_shfl(T v, int lane, int src, int width, const char *what) {
-    static_assert(sizeof(T) <= TPK_EMU_SLOT && std::is_trivially_copyable<T>::value, "a shuffled value");
+/* value of lane src (width: CUDA's segments; a source outside the caller's segment gives its own
+ * value — for __shfl_xor_sync the programming guide lets an earlier segment be read: no kernel here
+ * shuffles with width < 32) */
+template <class T>
+static inline T tpk_emu_shfl(T v, int lane, int src, int width, const char *what) {
+    static_assert(sizeof(T) <= TPK_EMU_SLOT && std::is_trivially_copyable<T>::value,
+                  "a shuffled value");
     unsigned seq;
     const tpk_emu_xchg &x = tpk_emu_warp_op(TPK_EMU_SHFL, &v, sizeof v, NULL, &seq);
     int seg = lane & ~(width - 1);
@@ -255,7 +283,8 @@ template <class T> static inline T __shfl_sync(unsigned mask, T v, int src, int 
     int lane = (int)tpk_emu_laneid();
     return tpk_emu_shfl(v, lane, (lane & ~(width - 1)) + (src & (width - 1)), width, "__shfl_sync");
 }
-template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+template <class T>
+static inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
     tpk_emu_check_mask(mask, "__shfl_down_sync");
     int lane = (int)tpk_emu_laneid();
     return tpk_emu_shfl(v, lane, lane + (int)d, width, "__shfl_down_sync");
@@ -267,35 +296,44 @@ template <class T> static inline T __shfl_up_sync(unsigned mask, T v, unsigned d
 }
 
 /* shared memory: a static __shared__ array is poisoned (NaN) when the block's first thread reaches
- * its declaration; the dynamic buffer (extern __shared__) is the launch's, poisoned at each block */
+ * its declaration; the dynamic buffer (extern __shared__) is the launch's, poisoned at each
+ * block */
 void tpk_emu_shared(void *p, size_t bytes, const char *name);
 void *tpk_emu_dyn_smem_raw();
-template <class T> static inline T *tpk_emu_dyn_smem() { return static_cast<T *>(tpk_emu_dyn_smem_raw()); }
+template <class T>
+static inline T *tpk_emu_dyn_smem() {
+    return static_cast<T *>(tpk_emu_dyn_smem_raw());
+}
 
 /* the kernel's first statement (cu2cpp.pl inserts it, with the kernel's address): its accesses are
  * checked from here on, and the launch's dynamic shared memory against the kernel's attribute */
 void tpk_emu_kernel_enter(const void *kernel);
 
-/* ---- launches ------------------------------------------------------------------------------------------ */
+/* ---- launches -------------------------------------------------------------------------------- */
 struct tpk_emu_cfg_t {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
 };
-static inline tpk_emu_cfg_t tpk_emu_cfg(dim3 grid, dim3 block, size_t smem = 0, cudaStream_t stream = 0) { return tpk_emu_cfg_t{grid, block, smem, stream}; }
+static inline tpk_emu_cfg_t tpk_emu_cfg(dim3 grid, dim3 block, size_t smem = 0,
+                                        cudaStream_t stream = 0) {
+    return tpk_emu_cfg_t{grid, block, smem, stream};
+}
 /* runs body(arg) as every thread of every block; a bad configuration or a failed block sets the
  * error cudaGetLastError returns */
 void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *), void *arg);
-template <class F> static inline void tpk_emu_launch(const char *name, const tpk_emu_cfg_t &cfg, F &&f) {
+template <class F>
+static inline void tpk_emu_launch(const char *name, const tpk_emu_cfg_t &cfg, F &&f) {
     typedef typename std::remove_reference<F>::type Fn;
     tpk_emu_run(name, cfg, [](void *p) { (*static_cast<Fn *>(p))(); }, (void *)&f);
 }
 
 /* the grid of a grid-stride launch (kernels/cuda/common.cuh's tpk__grid_for): g, or at most
- * TPK_EMU_GRID_CAP blocks when that is set, so every grid-stride loop of a test takes several trips */
+ * TPK_EMU_GRID_CAP blocks when that is set, so every grid-stride loop of a test takes several
+ * trips */
 size_t tpk_emu_grid_cap(size_t g);
 
-/* ---- the runtime API (runtime.cpp) ---------------------------------------------------------------- */
+/* ---- the runtime API (runtime.cpp) ----------------------------------------------------------- */
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaGetDevice(int *d);
 cudaError_t cudaSetDevice(int d);
@@ -307,16 +345,23 @@ cudaError_t cudaPeekAtLastError();
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);
 cudaError_t cudaMalloc(void **p, size_t bytes);
-template <class T> static inline cudaError_t cudaMalloc(T **p, size_t bytes) { return cudaMalloc(reinterpret_cast<void **>(p), bytes); }
+template <class T>
+static inline cudaError_t cudaMalloc(T **p, size_t bytes) {
+    return cudaMalloc(reinterpret_cast<void **>(p), bytes);
+}
 cudaError_t cudaFree(void *p);
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags);
-template <class T> static inline cudaError_t cudaHostAlloc(T **p, size_t bytes, unsigned flags) { return cudaHostAlloc(reinterpret_cast<void **>(p), bytes, flags); }
+template <class T>
+static inline cudaError_t cudaHostAlloc(T **p, size_t bytes, unsigned flags) {
+    return cudaHostAlloc(reinterpret_cast<void **>(p), bytes, flags);
+}
 cudaError_t cudaMallocHost(void **p, size_t bytes);
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s = 0);
-cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height, cudaMemcpyKind kind,
-                              cudaStream_t s = 0);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s = 0);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t s = 0);
 cudaError_t cudaMemset(void *p, int v, size_t bytes);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s = 0);
 cudaError_t cudaStreamCreate(cudaStream_t *s);
@@ -333,7 +378,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t tpk_emu_func_attr(const void *f, cudaFuncAttribute attr, int value);
-template <class T> static inline cudaError_t cudaFuncSetAttribute(T *f, cudaFuncAttribute attr, int value) {
+template <class T>
+static inline cudaError_t cudaFuncSetAttribute(T *f, cudaFuncAttribute attr, int value) {
     return tpk_emu_func_attr(reinterpret_cast<const void *>(f), attr, value);
 }
 
@@ -351,19 +397,21 @@ int tpk_emu_expect_end(const char **first);
  * (nothing changed) when the schedule is not one */
 bool tpk_emu_configure(const char *schedule, bool race);
 
-/* ---- the tensor-core attention's hooks (kernels/cuda/flash.cuh with TPK_FLASH_EMU) -------------------- */
+/* ---- the tensor-core attention's hooks (kernels/cuda/flash.cuh with TPK_FLASH_EMU) ----------- */
 #ifdef TPK_FLASH_EMU
 #define TPK__FL_SMEM(T, name) T *name = tpk_emu_dyn_smem<T>()
 #define TPK__FL_UNROLL
 #define TPK__FL_UNROLL2
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, from the PTX ISA's fragment layouts
  * (lane = 4 g + t): A 16x16 a0 (g, 2t..2t+1) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..);
- * B 16x8 b0 (k = 2t..2t+1, n = g) b1 (k = 2t+8.., n = g); C c0, c1 (g, 2t..2t+1) c2, c3 (g+8, ..) */
+ * B 16x8 b0 (k = 2t..2t+1, n = g) b1 (k = 2t+8.., n = g); C c0, c1 (g, 2t..2t+1) c2, c3 (g+8,
+ * ..) */
 void tpk_emu_mma_complete(tpk_emu_xchg &x);
 static inline void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
     uint32_t regs[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
     unsigned seq;
-    const tpk_emu_xchg &x = tpk_emu_warp_op(TPK_EMU_MMA, regs, sizeof regs, tpk_emu_mma_complete, &seq);
+    const tpk_emu_xchg &x =
+        tpk_emu_warp_op(TPK_EMU_MMA, regs, sizeof regs, tpk_emu_mma_complete, &seq);
     int lane = (int)tpk_emu_laneid(), g = lane >> 2, t = lane & 3;
     for (int e = 0; e < 4; e++) d[e] += x.result[g + 8 * (e >> 1)][2 * t + (e & 1)];
 }
@@ -397,7 +445,8 @@ template <bool TRANS> static inline void tpk__fl_ldsm4(uint32_t r[4], const uint
             if (!tpk_emu_lane_ok(x, 8 * i + j, seq, "ldmatrix")) return;
             memcpy(&rows[j], x.lane[8 * i + j], sizeof rows[j]);
         }
-        uint16_t lo = TRANS ? rows[2 * t][g] : rows[g][2 * t], hi = TRANS ? rows[2 * t + 1][g] : rows[g][2 * t + 1];
+        uint16_t lo = TRANS ? rows[2 * t][g] : rows[g][2 * t],
+                 hi = TRANS ? rows[2 * t + 1][g] : rows[g][2 * t + 1];
         r[i] = (uint32_t)lo | (uint32_t)hi << 16;
     }
 }
@@ -409,7 +458,8 @@ static inline uint32_t tpk__fl_movt(uint32_t a) {
     const tpk_emu_xchg &x = tpk_emu_warp_op(TPK_EMU_MOVM, &a, sizeof a, NULL, &seq);
     int lane = (int)tpk_emu_laneid(), g = lane >> 2, t = lane & 3;
     uint32_t half[2];
-    for (int k = 0; k < 2; k++) { /* input row 2 t + k, column g: lane 4 (2 t + k) + g / 2, half g % 2 */
+    for (int k = 0; k < 2; k++) { /* input row 2 t + k, column g: lane 4 (2 t + k) + g / 2, half g %
+                                     2 */
         int src = 4 * (2 * t + k) + (g >> 1);
         if (!tpk_emu_lane_ok(x, src, seq, "movmatrix")) return 0;
         uint32_t v;

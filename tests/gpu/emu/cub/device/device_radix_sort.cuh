@@ -14,8 +14,9 @@
 namespace cub {
 struct DeviceRadixSort {
     template <class K, class V, class N>
-    static cudaError_t SortPairs(void *temp, size_t &temp_bytes, const K *keys_in, K *keys_out, const V *values_in, V *values_out, N num_items,
-                                 int begin_bit = 0, int end_bit = (int)sizeof(K) * 8, cudaStream_t stream = 0) {
+    static cudaError_t SortPairs(void *temp, size_t &temp_bytes, const K *keys_in, K *keys_out,
+                                 const V *values_in, V *values_out, N num_items, int begin_bit = 0,
+                                 int end_bit = (int)sizeof(K) * 8, cudaStream_t stream = 0) {
         (void)stream;
         static_assert(std::is_unsigned<K>::value, "the emulation sorts unsigned keys");
         enum { TEMP = 256 };
@@ -24,17 +25,23 @@ struct DeviceRadixSort {
             return cudaSuccess;
         }
         size_t n = (size_t)num_items;
-        if (num_items < 0 || temp_bytes < TEMP || begin_bit < 0 || end_bit > (int)sizeof(K) * 8 || begin_bit > end_bit) {
-            tpk_emu_fail("cub::DeviceRadixSort::SortPairs: bad arguments (n %lld, temp_bytes %zu, bits [%d, %d))", (long long)num_items, temp_bytes,
+        if (num_items < 0 || temp_bytes < TEMP || begin_bit < 0 || end_bit > (int)sizeof(K) * 8 ||
+            begin_bit > end_bit) {
+            tpk_emu_fail("cub::DeviceRadixSort::SortPairs: bad arguments (n %lld, temp_bytes %zu, "
+                         "bits [%d, %d))", (long long)num_items, temp_bytes,
                          begin_bit, end_bit);
             return cudaErrorInvalidValue;
         }
-        if (!tpk_emu_check_device(temp, temp_bytes, "SortPairs temp") || !tpk_emu_check_device(keys_in, n * sizeof(K), "SortPairs keys_in") ||
-            !tpk_emu_check_device(keys_out, n * sizeof(K), "SortPairs keys_out") || !tpk_emu_check_device(values_in, n * sizeof(V), "SortPairs values_in") ||
+        if (!tpk_emu_check_device(temp, temp_bytes, "SortPairs temp") ||
+            !tpk_emu_check_device(keys_in, n * sizeof(K), "SortPairs keys_in") ||
+            !tpk_emu_check_device(keys_out, n * sizeof(K), "SortPairs keys_out") ||
+            !tpk_emu_check_device(values_in, n * sizeof(V), "SortPairs values_in") ||
             !tpk_emu_check_device(values_out, n * sizeof(V), "SortPairs values_out"))
             return cudaErrorInvalidValue;
         memset(temp, 0xff, temp_bytes);
-        K mask = end_bit - begin_bit >= (int)sizeof(K) * 8 ? (K)~(K)0 : (K)(((K)1 << (end_bit - begin_bit)) - 1);
+        K mask = end_bit - begin_bit >= (int)sizeof(K) * 8
+                     ? (K) ~(K)0
+                     : (K)(((K)1 << (end_bit - begin_bit)) - 1);
         std::vector<size_t> idx(n);
         for (size_t i = 0; i < n; i++) idx[i] = i;
         std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
