@@ -869,10 +869,11 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_hf_model_type(&ctx, bad, type, sizeof type), cases[k].want,
                         cases[k].needle);
         }
-#define LLAMA_CFG(extra) \
-    "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 24, "
-        "\"num_attention_heads\": 6, \"vocab_size\": 61, "
-        "\"max_position_embeddings\": 12, \"intermediate_size\": 20" extra "}" static const struct {
+#define LLAMA_CFG(extra)                                                                           \
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 24, "                 \
+    "\"num_attention_heads\": 6, \"vocab_size\": 61, "                                             \
+    "\"max_position_embeddings\": 12, \"intermediate_size\": 20" extra "}"
+        static const struct {
             const char *text, *needle;
             tpk_status want;
         } lcases[] = {

@@ -28,9 +28,9 @@ my $s = do { local $/; <$fh> };
 close $fh;
 
 my $launches = 0;
-# the kernel: a name with optional template arguments (no nested <>), then <<< ... >>> and the
-# argument list (balanced parentheses, any number of lines)
-$s =~ s{\b([A-Za-z_]\w*(?:<[^<>;{}\n]*>)?)<<<(.*?)>>>(\s*)(?<args>\((?:[^()]++|(?&args))*\))}{
+# the kernel: a name with optional template arguments (no nested <>), then (after any spaces or
+# line breaks) <<< ... >>> and the argument list (balanced parentheses, any number of lines)
+$s =~ s{\b([A-Za-z_]\w*(?:<[^<>;{}\n]*>)?)\s*<<<(.*?)>>>(\s*)(?<args>\((?:[^()]++|(?&args))*\))}{
     $launches++;
     "tpk_emu_launch(\"$1\", tpk_emu_cfg($2),$3\[&] { $1$+{args}; })"
 }gse;
