@@ -194,10 +194,11 @@ int main(int argc, char **argv) {
             }
             i++;
         } else {
-            fprintf(stderr,
-                    "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] "
-                    "[--t 1,2,4,8] [--iters n] [--peak P] [--host] [--tf32] [--json]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] [--t "
+                "1,2,4,8] [--iters n] [--peak P] [--host] [--tf32] [--json]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -234,21 +235,23 @@ int main(int argc, char **argv) {
     const char *uname = gpu ? "TFLOP/s" : "GFLOP/s";
     double peak = 2.0 * P * P * P / (pk_plain * 1e-3) / unit;
     if (!json) {
-        printf("sharded GEMMs per rank: backend %s, dtype %s%s, H=%lld F=%lld V=%lld tokens=%lld, "
-               "median of %d%s\n",
-               ops->name, tpk_dtype_name(dt),
-               gpu && dt == TPK_F32 ? (tf32 ? " (TF32 allowed)" : " (exact f32)") : "",
-               (long long)H, (long long)F, (long long)V, (long long)T, iters,
-               dt == TPK_F32 ? "" : "; wgrad: gemm_acc into f32 (plain: a bf16 C)");
+        printf(
+            "sharded GEMMs per rank: backend %s, dtype %s%s, H=%lld F=%lld V=%lld tokens=%lld, "
+            "median of %d%s\n",
+            ops->name, tpk_dtype_name(dt),
+            gpu && dt == TPK_F32 ? (tf32 ? " (TF32 allowed)" : " (exact f32)") : "", (long long)H,
+            (long long)F, (long long)V, (long long)T, iters,
+            dt == TPK_F32 ? "" : "; wgrad: gemm_acc into f32 (plain: a bf16 C)");
         printf("measured peak: %.1f %s (%s %lld^3)\n\n", peak, uname,
                gpu ? "cuBLASLt" : "cblas_sgemm", (long long)P);
         printf("%3s  %-14s %6s %6s %6s  %9s  %8s  %6s  %8s  %6s\n", "t", "gemm", "m", "n", "k",
                "ms", uname, "%peak", "plain", "ratio");
     } else {
-        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"H\": %lld, \"F\": %lld, \"V\": %lld, "
-               "\"tokens\": %lld, \"unit\": \"%s\", \"peak\": %.3f, \"rows\": [",
-               ops->name, tpk_dtype_name(dt), (long long)H, (long long)F, (long long)V,
-               (long long)T, uname, peak);
+        printf(
+            "{\"backend\": \"%s\", \"dtype\": \"%s\", \"H\": %lld, \"F\": %lld, \"V\": %lld, "
+            "\"tokens\": %lld, \"unit\": \"%s\", \"peak\": %.3f, \"rows\": [",
+            ops->name, tpk_dtype_name(dt), (long long)H, (long long)F, (long long)V, (long long)T,
+            uname, peak);
     }
     int row = 0;
     for (int ti = 0; ti < nt; ti++) {
@@ -279,11 +282,12 @@ int main(int argc, char **argv) {
                        g[q].name, (long long)c.m, (long long)c.n, (long long)c.k, ms, rate,
                        100.0 * rate / peak, prate, rate / prate);
             else
-                printf("%s\n  {\"t\": %d, \"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
-                       "\"ms\": %.4f, \"rate\": %.3f, \"pct_peak\": %.2f, "
-                       "\"plain_rate\": %.3f, \"ratio\": %.3f}",
-                       row ? "," : "", t, g[q].name, (long long)c.m, (long long)c.n, (long long)c.k,
-                       ms, rate, 100.0 * rate / peak, prate, rate / prate);
+                printf(
+                    "%s\n  {\"t\": %d, \"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+                    "\"ms\": %.4f, \"rate\": %.3f, \"pct_peak\": %.2f, "
+                    "\"plain_rate\": %.3f, \"ratio\": %.3f}",
+                    row ? "," : "", t, g[q].name, (long long)c.m, (long long)c.n, (long long)c.k,
+                    ms, rate, 100.0 * rate / peak, prate, rate / prate);
             row++;
         }
     }

@@ -39,8 +39,11 @@ int main(int argc, char **argv) {
         else {
             bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             if (!help) fprintf(stderr, "host_block: unknown argument %s\n", argv[i]);
-            fprintf(help ? stdout : stderr, "usage: %s [--hidden 768] [--heads 12] [--batch 1] "
-                                            "[--seq 1024] [--iters 5] [--json]\n", argv[0]);
+            fprintf(
+                help ? stdout : stderr,
+                "usage: %s [--hidden 768] [--heads 12] [--batch 1] [--seq 1024] [--iters 5] "
+                "[--json]\n",
+                argv[0]);
             return help ? 0 : 2;
         }
         if (dst) {
@@ -52,9 +55,11 @@ int main(int argc, char **argv) {
         }
     }
     const char *threads = getenv("OPENBLAS_NUM_THREADS");
-    if (!threads || strcmp(threads, "1")) fprintf(stderr, "host_block: note: OPENBLAS_NUM_THREADS "
-                                                          "is not 1; the comparison assumes one "
-                                                          "thread each\n");
+    if (!threads || strcmp(threads, "1"))
+        fprintf(
+            stderr,
+            "host_block: note: OPENBLAS_NUM_THREADS is not 1; the comparison assumes one thread "
+            "each\n");
     long T = B * S;
     tpk_ctx ctx;
     tpk_gpt2_block blk;
@@ -100,16 +105,20 @@ int main(int argc, char **argv) {
     }
     double ours = fwd + bwd, theirs = pf + pb;
     if (json) {
-        printf("{\"bench\": \"host_block\", \"H\": %ld, \"A\": %ld, \"B\": %ld, \"S\": %ld, "
-               "\"iters\": %ld, \"tpk_fwd_ms\": %.3f, \"tpk_bwd_ms\": %.3f, "
-               "\"tpk_gflops\": %.2f",
-               H, A, B, S, iters, 1e3 * fwd, 1e3 * bwd, flops / ours * 1e-9);
-        if (pf >= 0) printf(", \"torch_fwd_ms\": %.3f, \"torch_bwd_ms\": %.3f, \"torch_over_tpk\": "
-                            "%.3f", 1e3 * pf, 1e3 * pb, theirs / ours);
+        printf(
+            "{\"bench\": \"host_block\", \"H\": %ld, \"A\": %ld, \"B\": %ld, \"S\": %ld, "
+            "\"iters\": %ld, \"tpk_fwd_ms\": %.3f, \"tpk_bwd_ms\": %.3f, "
+            "\"tpk_gflops\": %.2f",
+            H, A, B, S, iters, 1e3 * fwd, 1e3 * bwd, flops / ours * 1e-9);
+        if (pf >= 0)
+            printf(", \"torch_fwd_ms\": %.3f, \"torch_bwd_ms\": %.3f, \"torch_over_tpk\": %.3f",
+                   1e3 * pf, 1e3 * pb, theirs / ours);
         printf("}\n");
     } else {
-        printf("GPT-2 block forward+backward, H=%ld A=%ld B=%ld S=%ld (T=%ld), t=1, one thread, "
-               "median of %ld\n", H, A, B, S, T, iters);
+        printf(
+            "GPT-2 block forward+backward, H=%ld A=%ld B=%ld S=%ld (T=%ld), t=1, one thread, "
+            "median of %ld\n",
+            H, A, B, S, T, iters);
         printf("%-22s %10s %10s %10s %9s\n", "", "fwd ms", "bwd ms", "total ms", "GFLOP/s");
         printf("%-22s %10.1f %10.1f %10.1f %9.1f\n", "tpk host backend", 1e3 * fwd, 1e3 * bwd,
                1e3 * ours, flops / ours * 1e-9);

@@ -221,10 +221,11 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--A")) AA = atoll(v), i++;
         else if (v && !strcmp(a, "--D")) AD = atoll(v), i++;
         else {
-            fprintf(stderr,
-                    "usage: %s [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype "
-                    "f32|bf16] [--B b --S s --A a --D d] [--iters n] [--host] [--json]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B "
+                "b --S s --A a --D d] [--iters n] [--host] [--json]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -272,20 +273,21 @@ int main(int argc, char **argv) {
     TRY(tpk_op_sync(&ctx));
     double copy_ms = time_op(OP_COPY, iters), copy_bw = op_bytes(OP_COPY) / (copy_ms * 1e-3) / 1e9;
     if (!json) {
-        printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), cross-entropy [%lld, "
-               "%lld], median of %d; attention B=%lld S=%lld A=%lld "
-               "D=%lld\n",
-               ops->name, tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C,
-               (long long)XR, (long long)XV, iters, (long long)AB, (long long)AS, (long long)AA,
-               (long long)AD);
+        printf(
+            "kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), cross-entropy [%lld, "
+            "%lld], median of %d; attention B=%lld S=%lld A=%lld "
+            "D=%lld\n",
+            ops->name, tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C, (long long)XR,
+            (long long)XV, iters, (long long)AB, (long long)AS, (long long)AA, (long long)AD);
         printf("measured copy bandwidth: %.1f GB/s (read + write)\n\n%-16s %10s %10s %8s\n",
                copy_bw, "op", "ms", "GB/s", "% copy");
     } else {
-        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"xent_shape\": [%lld, "
-               "%lld], \"attn_shape\": {\"B\": %lld, \"S\": %lld, "
-               "\"A\": %lld, \"D\": %lld}, \"copy_gbs\": %.3f, \"rows\": [",
-               ops->name, tpk_dtype_name(dt), (long long)N, (long long)XR, (long long)XV,
-               (long long)AB, (long long)AS, (long long)AA, (long long)AD, copy_bw);
+        printf(
+            "{\"backend\": \"%s\", \"dtype\": \"%s\", \"n\": %lld, \"xent_shape\": [%lld, %lld], "
+            "\"attn_shape\": {\"B\": %lld, \"S\": %lld, "
+            "\"A\": %lld, \"D\": %lld}, \"copy_gbs\": %.3f, \"rows\": [",
+            ops->name, tpk_dtype_name(dt), (long long)N, (long long)XR, (long long)XV,
+            (long long)AB, (long long)AS, (long long)AA, (long long)AD, copy_bw);
     }
     for (int op = OP_FILL; op < OP_N; op++) {
         double ms = time_op(op, iters);
@@ -329,20 +331,23 @@ int main(int argc, char **argv) {
     }
     if (!json) {
         if (det_ms > 0)
-            printf("\nattention backward, deterministic (dQ in a kernel of its own, no atomics): "
-                   "%.3f ms, %.2fx the default's time\n", det_ms,
-                   det_ms / att_ms[1]);
+            printf(
+                "\nattention backward, deterministic (dQ in a kernel of its own, no atomics): %.3f "
+                "ms, %.2fx the default's time\n",
+                det_ms, det_ms / att_ms[1]);
         if (gen[0] > 0)
-            printf("\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, "
-                   "backward %.3f ms; the default path is %.2fx as fast "
-                   "(forward+backward)\n",
-                   gen[0], gen[1], (gen[0] + gen[1]) / (att_ms[0] + att_ms[1]));
+            printf(
+                "\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, "
+                "backward %.3f ms; the default path is %.2fx as fast "
+                "(forward+backward)\n",
+                gen[0], gen[1], (gen[0] + gen[1]) / (att_ms[0] + att_ms[1]));
         if (pt[0] > 0)
-            printf("\nattention against PyTorch (%s, same shape and dtype): forward %.3f ms vs "
-                   "%.3f ms (%.0f%% of PyTorch's speed), "
-                   "forward+backward %.3f ms vs %.3f ms (%.0f%%)\n",
-                   pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1],
-                   pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
+            printf(
+                "\nattention against PyTorch (%s, same shape and dtype): forward %.3f ms vs %.3f "
+                "ms (%.0f%% of PyTorch's speed), "
+                "forward+backward %.3f ms vs %.3f ms (%.0f%%)\n",
+                pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1],
+                pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
         else printf("\nattention against PyTorch: not measured (no python with torch)\n");
     } else {
         if (det_ms > 0)
@@ -352,9 +357,10 @@ int main(int argc, char **argv) {
             printf("{\"fwd_ms\": %.4f, \"bwd_ms\": %.4f}, \"torch_attn\": ", gen[0], gen[1]);
         else printf("null, \"torch_attn\": ");
         if (pt[0] > 0)
-            printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, "
-                   "\"tpk_fwd_ms\": %.4f, \"tpk_bwd_ms\": %.4f}}\n",
-                   pname, pt[0], pt[1], att_ms[0], att_ms[1]);
+            printf(
+                "{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, "
+                "\"tpk_bwd_ms\": %.4f}}\n",
+                pname, pt[0], pt[1], att_ms[0], att_ms[1]);
         else printf("null}\n");
     }
     void *all[] = {x,   y,  z,  xf,   gf,  m1,  v1,  w,  b,   mean,  rstd,

@@ -69,8 +69,9 @@ int main(int argc, char **argv) {
         char *end = NULL, err[1024] = "";
         long long L = strtoll(p, &end, 10);
         if (end == p || L < 1 || (*end && *end != ',')) {
-            fprintf(stderr, "setup: --layers: expected positive integers separated by commas, got "
-                            "\"%s\"\n", layers);
+            fprintf(stderr,
+                    "setup: --layers: expected positive integers separated by commas, got \"%s\"\n",
+                    layers);
             return 2;
         }
         double secs = 0;

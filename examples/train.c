@@ -165,8 +165,11 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     if (!o->steps_given) o->steps = 100;
     if (argc < 2) return snprintf(err, n, "no arguments: --help lists the options"), 1;
     if (!o->data && !o->text && !(o->load && o->sample && !o->eval_only))
-        return snprintf(err, n, "no data: give --text FILE or --data SHARD to train or evaluate "
-                                "(--load DIR alone can only --sample N)"), 1;
+        return snprintf(
+                   err, n,
+                   "no data: give --text FILE or --data SHARD to train or evaluate (--load DIR "
+                   "alone can only --sample N)"),
+               1;
     if (o->data && o->text) return snprintf(err, n, "--data and --text: give one"), 1;
     if (!o->data && !o->text) o->steps = 0; /* --load DIR --sample N: sample only */
     if (o->dtype && strcmp(o->dtype, "f32") && strcmp(o->dtype, "bf16"))
@@ -178,14 +181,17 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         return snprintf(err, n, "--recompute: expected none, selective or full, got \"%s\"",
                         o->recompute),
                1;
-    if (o->zero > 1) return snprintf(err, n, "--zero: expected 0 or 1 (ZeRO-1: the optimizer state "
-                                             "sharded over DP), got %d", o->zero), 1;
+    if (o->zero > 1)
+        return snprintf(
+                   err, n,
+                   "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d",
+                   o->zero),
+               1;
     if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama"))
         return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
     if (o->save_every && !o->save)
         return snprintf(err, n,
-                        "--save-every %d: needs --save DIR (the "
-                        "checkpoints go to DIR/step-K)",
+                        "--save-every %d: needs --save DIR (the checkpoints go to DIR/step-K)",
                         o->save_every),
                1;
     return 0;
@@ -325,10 +331,8 @@ static double now(void) {
 static bool probe_dir(const char *dir, char *err, size_t n) {
     char p[4096], f[4200];
     if (strlen(dir) >= sizeof p)
-        return snprintf(err, n,
-                        "--save: a path of at most %zu "
-                        "characters, got %zu",
-                        sizeof p - 1, strlen(dir)),
+        return snprintf(err, n, "--save: a path of at most %zu characters, got %zu", sizeof p - 1,
+                        strlen(dir)),
                false;
     snprintf(p, sizeof p, "%s", dir);
     for (char *c = p + 1;; c++) /* each parent, then DIR */
@@ -370,9 +374,12 @@ static bool shape_agrees(const opts *o, const tpk_model_config *c, char *err, si
         {"--norm-eps", o->norm_eps, c->llama.norm_eps}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given && fabs(f[i].given - f[i].has) > 1e-6 * fabs(f[i].has))
-            return snprintf(err, n, "%s %g: the checkpoint %s has %g (a loaded model's shape is "
-                                    "its config.json's: leave the flag out)", f[i].flag, f[i].given,
-                            o->load, f[i].has), false;
+            return snprintf(
+                       err, n,
+                       "%s %g: the checkpoint %s has %g (a loaded model's shape is its "
+                       "config.json's: leave the flag out)",
+                       f[i].flag, f[i].given, o->load, f[i].has),
+                   false;
     return true;
 }
 
@@ -479,26 +486,35 @@ int main(int argc, char **argv) {
             size_t len = strlen(argv[i]);
             h = digest(digest(h, &len, sizeof len), argv[i], len);
         }
-        FAIL_IF(!same_everywhere(&h, 1), "the ranks were started with different configurations "
-                                         "(arguments differ between ranks)");
+        FAIL_IF(
+            !same_everywhere(&h, 1),
+            "the ranks were started with different configurations (arguments differ between "
+            "ranks)");
     }
     if (o.load && world_size > 1) { /* the checkpoint's files: the same bytes on every rank, or the
                                        ranks build different models */
         char bad[512];
         int d = differing_checkpoint(o.load, bad, sizeof bad);
-        FAIL_IF(d, d == 1 ? "the ranks see different checkpoint files in --load %s (the lists of "
-                            "its .json and .safetensors files differ)"
-                          : "the ranks read different contents from %s: every rank must load the "
-                            "same checkpoint", d == 1 ? o.load : bad);
+        FAIL_IF(
+            d,
+            d == 1
+                ? "the ranks see different checkpoint files in --load %s (the lists of its .json "
+                  "and .safetensors files differ)"
+                : "the ranks read different contents from %s: every rank must load the same "
+                  "checkpoint",
+            d == 1 ? o.load : bad);
     }
-    FAIL_IF(o.keep && !(o.save && o.save_every), "--keep %d: applies to the checkpoints of --save "
-                                                 "DIR --save-every K", o.keep);
+    FAIL_IF(o.keep && !(o.save && o.save_every),
+            "--keep %d: applies to the checkpoints of --save DIR --save-every K", o.keep);
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
     double tw[64];
     int ntw = o.tp_weights ? tpk_parse_weights(o.tp_weights, tw, 64)
                            : o.tp; /* --tp-weights: the TP split's shares */
-    FAIL_IF(ntw != o.tp, "--tp-weights: expected %d positive numbers separated by commas (one per "
-                         "TP rank), got \"%s\"", o.tp, o.tp_weights);
+    FAIL_IF(
+        ntw != o.tp,
+        "--tp-weights: expected %d positive numbers separated by commas (one per TP rank), got "
+        "\"%s\"",
+        o.tp, o.tp_weights);
     if (!agree(world_rank || !o.save || probe_dir(o.save, msg, sizeof msg), msg))
         goto out; /* a bad --save fails now, not after training */
     /* the model shape (from the checkpoint when loading) and the data */
@@ -554,8 +570,10 @@ int main(int argc, char **argv) {
         double ent = 0;
         TRY(tpk_data_load_text(&ctx, o.text, (int64_t)o.batch * o.seq + 1, &train, &val, &ent));
         if (world_rank == 0)
-            printf("data: %s, %lld training and %lld validation bytes; byte-unigram entropy %.3f "
-                   "nats\n", o.text, (long long)train.n, (long long)val.n, ent);
+            printf(
+                "data: %s, %lld training and %lld validation bytes; byte-unigram entropy %.3f "
+                "nats\n",
+                o.text, (long long)train.n, (long long)val.n, ent);
     } else if (o.data) {
         TRY(tpk_data_load_shard(&ctx, o.data, *V, &train));
         TRY(tpk_data_load_shard(&ctx, o.val_data ? o.val_data : o.data, *V,
@@ -570,17 +588,17 @@ int main(int argc, char **argv) {
                          digest(DIGEST0, val.tok, sizeof(int32_t) * (size_t)val.n)};
         bool same = same_everywhere(h, 2),
              text_or_train = same || !same_everywhere(h, 1); /* which file differs */
-        FAIL_IF(!same,
-                "the ranks read different contents from %s (%s): every rank must read the "
-                "same data",
-                o.text          ? o.text
-                : text_or_train ? o.data
-                : o.val_data    ? o.val_data
-                                : o.data,
-                o.text          ? "--text"
-                : text_or_train ? "--data"
-                : o.val_data    ? "--val-data"
-                                : "--data");
+        FAIL_IF(
+            !same,
+            "the ranks read different contents from %s (%s): every rank must read the same data",
+            o.text          ? o.text
+            : text_or_train ? o.data
+            : o.val_data    ? o.val_data
+                            : o.data,
+            o.text          ? "--text"
+            : text_or_train ? "--data"
+            : o.val_data    ? "--val-data"
+                            : "--data");
     }
     /* the backend (a GPU per rank where one is present), the mesh, the model, the optimizer */
     const tpk_ops *ops = tpk_ops_host(); bool gpu = false;
@@ -619,10 +637,11 @@ int main(int argc, char **argv) {
                                            .deterministic = o.det}));
     ctx_up = true;
     TRY(tpk_model_init(&ctx, &m, &cfg));
-    FAIL_IF(o.zero && ctx.dp.size == 1,
-            "--zero 1: shards the optimizer over data parallelism, but "
-            "there is 1 DP rank (%d ranks / --tp %d)",
-            world_size, o.tp);
+    FAIL_IF(
+        o.zero && ctx.dp.size == 1,
+        "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / "
+        "--tp %d)",
+        world_size, o.tp);
     TRY(tpk_adamw_init(
         &ctx, &opt,
         &(tpk_adamw_desc){
@@ -631,9 +650,7 @@ int main(int argc, char **argv) {
     /* without --steps, --eval-only and --sample of a checkpoint past the default train nothing */
     if (o.load && o.sample && !o.steps_given && opt.step > o.steps) o.steps = (int)opt.step;
     FAIL_IF(!o.eval_only && o.steps && opt.step > o.steps,
-            "--steps %d: the checkpoint %s is "
-            "already at step %lld (--steps counts "
-            "from 0)",
+            "--steps %d: the checkpoint %s is already at step %lld (--steps counts from 0)",
             o.steps, o.load, (long long)opt.step);
     if (o.load && opt.step && world_rank == 0)
         printf("resumed from %s at step %lld\n", o.load, (long long)opt.step);
@@ -650,23 +667,24 @@ int main(int argc, char **argv) {
     TRY(tpk_data_dp_batches(&ctx, o.dp_batch, o.batch, &Bd, &off, &Btot));
     char bmsg[160]; /* the banner's batch: --batch, or --dp-batch's sizes and their sum */
     if (world_rank == 0)
-        printf("train: %d rank%s = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld "
-               "V=%lld P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n",
-               world_size, world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "",
-               ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
-               llama ? "Llama" : "GPT-2", (long long)tpk_model_layers(&m),
-               (long long)tpk_model_hidden(&m),
-               (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads), (long long)*V, (long long)*P,
-               llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads,
-                                 (long long)m.llama.c.ffn),
-                        msg)
-                     : "",
-               (double)nglobal * 1e-6,
-               (o.dp_batch ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch,
-                                      (long long)Btot)
-                           : snprintf(bmsg, sizeof bmsg, "%d", o.batch),
-                bmsg),
-               o.seq, o.accum);
+        printf(
+            "train: %d rank%s = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld "
+            "P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n",
+            world_size, world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "",
+            ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
+            llama ? "Llama" : "GPT-2", (long long)tpk_model_layers(&m),
+            (long long)tpk_model_hidden(&m), (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads),
+            (long long)*V, (long long)*P,
+            llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads,
+                              (long long)m.llama.c.ffn),
+                     msg)
+                  : "",
+            (double)nglobal * 1e-6,
+            (o.dp_batch
+                 ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch, (long long)Btot)
+                 : snprintf(bmsg, sizeof bmsg, "%d", o.batch),
+             bmsg),
+            o.seq, o.accum);
     size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq;
     FAIL_IF(!(x = malloc(bs)) || !(y = malloc(bs)), "out of memory for a batch");
     if (o.eval_only) {
@@ -756,8 +774,8 @@ int main(int argc, char **argv) {
             out_ok = fflush(stdout) == 0 && !ferror(stdout);
             int_s = 0, int_n = 0;
         }
-        if (world_rank == 0 && !out_ok) snprintf(msg, sizeof msg, "standard output: cannot write "
-                                                                  "(%s)", strerror(errno));
+        if (world_rank == 0 && !out_ok)
+            snprintf(msg, sizeof msg, "standard output: cannot write (%s)", strerror(errno));
         if (out_ok && tpk_log_row(&ctx, &csv, opt.step, l, vl, lr, norm) != TPK_OK)
             out_ok = false, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx));
         if (report && !agree(out_ok, msg)) goto out; /* a failed write stops every rank (rank 0
@@ -777,9 +795,11 @@ int main(int argc, char **argv) {
         if (report) t_int = now(); /* the next interval starts */
     }
     if (world_rank == 0 && o.steps > 0 && t0step >= o.steps) /* a resume at the last step */
-        printf("trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute "
-               "%s)\n", o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
-               tpk_recompute_name(cfg.gpt2.recompute));
+        printf(
+            "trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute "
+            "%s)\n",
+            o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
+            tpk_recompute_name(cfg.gpt2.recompute));
     else if (world_rank == 0 && o.steps > 0) /* the kit's buffers at most: parameters, gradients,
                                                 optimizer moments, activations, scratch (backend
                                                 memory) */

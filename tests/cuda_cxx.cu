@@ -126,8 +126,10 @@ int main() {
     ref /= T;
     if (!(std::fabs(host.loss - ref) < 1e-5 * std::fabs(ref)))
         std::fprintf(stderr, "  loss %.9g, recomputed %.9g\n", host.loss, ref), f++;
-    report("CUDA C++ file (nvcc): GPT-2 on the host backend, loss equals the double log-sum-exp of "
-           "its logits", f);
+    report(
+        "CUDA C++ file (nvcc): GPT-2 on the host backend, loss equals the double log-sum-exp of "
+        "its logits",
+        f);
     if (tpk_cuda_device_count() < 1) {
         std::printf("cuda_cxx: no GPU here: the CUDA backend part did not run\n");
         return fails_total ? 1 : 0;
@@ -146,10 +148,12 @@ int main() {
         want[t] = -INFINITY;
         for (int j = 0; j < V; j++) want[t] = std::fmax(want[t], host.logits[(size_t)t * V + j]);
     }
-    if (!(relerr(gpu.user_max, want) < 1e-4)) std::fprintf(stderr, "  the user kernel's row maxima "
-                                                                   "differ\n"), f++;
-    report("CUDA C++ file: GPT-2 on the CUDA backend equals the host backend; a user kernel reads "
-           "tpk's logits on tpk's stream", f);
+    if (!(relerr(gpu.user_max, want) < 1e-4))
+        std::fprintf(stderr, "  the user kernel's row maxima differ\n"), f++;
+    report(
+        "CUDA C++ file: GPT-2 on the CUDA backend equals the host backend; a user kernel reads "
+        "tpk's logits on tpk's stream",
+        f);
     tpk_comm_destroy(&cs);
     return fails_total ? 1 : 0;
 }

@@ -241,8 +241,9 @@ int main(int argc, char **argv) {
         CHECK(memcmp(a, b, sizeof(float) * N) == 0, "reduce_scatterv");
         CHECK(self.stats.calls[TPK_COLL_ALLREDUCE] == 1, "self counts its calls");
     }
-    TEST_CASE("timeout: a peer that does not enter a collective is an error within the timeout, "
-              "not a hang") {
+    TEST_CASE(
+        "timeout: a peer that does not enter a collective is an error within the timeout, not a "
+        "hang") {
         /* pairs of ranks (an odd last rank alone: a self communicator, which never waits); in a
          * pair the first waits with a 0.2 s timeout, the second enters only after being told the
          * first has given up, then finishes the abandoned collective with it */

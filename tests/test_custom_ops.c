@@ -139,8 +139,9 @@ int main(int argc, char **argv) {
     table = my_table();
     enum { T = 5, IN = 6, OUT = 11 }; /* 11 out features: uneven at t = 2, 3, 4 */
 
-    TEST_CASE("a user's own ops table (no tpk archive linked): column linear + bias at t = ranks "
-              "equals a double computation") {
+    TEST_CASE(
+        "a user's own ops table (no tpk archive linked): column linear + bias at t = ranks equals "
+        "a double computation") {
         tpk_ctx ctx;
         CHECK_OK(&ctx,
                  tpk_ctx_init(
@@ -194,8 +195,8 @@ int main(int argc, char **argv) {
                 edw = fmax(edw, fabs(dW[o * IN + i] - s));
             }
         }
-        CHECK(ey < 1e-5 && edx < 1e-5 && edw < 1e-5 && edb < 1e-5, "max errors: y %g, dx %g, dW "
-                                                                   "%g, db %g", ey, edx, edw, edb);
+        CHECK(ey < 1e-5 && edx < 1e-5 && edw < 1e-5 && edb < 1e-5,
+              "max errors: y %g, dx %g, dW %g, db %g", ey, edx, edw, edb);
         CHECK(gemm_calls >= 3, "the user's gemm ran %d times", gemm_calls);
         /* the front end checks before the user's kernel is reached */
         int before = gemm_calls;
@@ -215,8 +216,8 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("an incomplete table is refused naming the entry; no default backend without an "
-              "archive") {
+    TEST_CASE(
+        "an incomplete table is refused naming the entry; no default backend without an archive") {
         tpk_ctx ctx;
         static tpk_ops holed;
         holed = my_table();

@@ -129,8 +129,9 @@ int main(int argc, char **argv) {
                     "expected buffers");
         tpk_tokens_free(&t);
     }
-    TEST_CASE("heterogeneous DP micro-batches (tpk_data_dp_batches, tpk_data_batch_seq): sizes, "
-              "offsets, the group reads one batch; bad lists") {
+    TEST_CASE(
+        "heterogeneous DP micro-batches (tpk_data_dp_batches, tpk_data_batch_seq): sizes, offsets, "
+        "the group reads one batch; bad lists") {
         tpk_tokens t = {0};
         t.n = N, t.tok = malloc(sizeof(int32_t) * N);
         for (int i = 0; i < N; i++) t.tok[i] = i;

@@ -107,10 +107,11 @@ int main(int argc, char **argv) {
                 int64_t As[2] = {6, 2};
                 for (int ai = 0; ai < (kind == K_MLP ? 1 : 2); ai++) {
                     int64_t A = As[ai];
-                    TEST_CASE("%s%s, A=%lld, dropout %.1f: output, dx and every gradient match the "
-                              "unsharded layer; %s collectives",
-                              kind_name[kind], sp ? " SP" : "", (long long)A, (double)p,
-                              kind == K_BLOCK ? "2+2" : "1+1") {
+                    TEST_CASE(
+                        "%s%s, A=%lld, dropout %.1f: output, dx and every gradient match the "
+                        "unsharded layer; %s collectives",
+                        kind_name[kind], sp ? " SP" : "", (long long)A, (double)p,
+                        kind == K_BLOCK ? "2+2" : "1+1") {
                         tpk_ctx sh, ref;
                         tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
                         tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 5});
@@ -144,15 +145,18 @@ int main(int argc, char **argv) {
 
     for (int sp = 0; sp < 2; sp++)
         for (int pi = 0; pi < 2; pi++)
-            TEST_CASE("GPT-2 block%s, dropout %.1f: the backward in place (the model's: each norm "
-                      "adds its dx onto dy's buffer, no add and no copy) equals "
-                      "the backward apart bit for bit", sp ? " SP" : "", pi ? 0.1 : 0.0) {
+            TEST_CASE(
+                "GPT-2 block%s, dropout %.1f: the backward in place (the model's: each norm adds "
+                "its dx onto dy's buffer, no add and no copy) equals "
+                "the backward apart bit for bit",
+                sp ? " SP" : "", pi ? 0.1 : 0.0) {
                 test_block_inplace(&world, np, layer_case(K_BLOCK, 6, sp, pi ? 0.1f : 0.0f),
                                    &block_inplace, xin, dyin);
             }
 
-    TEST_CASE("GPT-2 block with dropout 0.1: SP on and off give the same numbers; the masks change "
-              "with the step") {
+    TEST_CASE(
+        "GPT-2 block with dropout 0.1: SP on and off give the same numbers; the masks change with "
+        "the step") {
         tpk_ctx c1, c2, c3;
         tpk_ctx_init(&c1, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
         tpk_ctx_init(&c2, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
@@ -176,10 +180,11 @@ int main(int argc, char **argv) {
             for (int si = 0; si < 2; si++) {
                 float p = pi ? 0.1f : 0.0f, eps = si ? 0.1f : 0.0f;
                 if (pi && si) continue;
-                TEST_CASE("GPT-2 model (L=2, H=%d, A=6, V=%d padded to shards of a multiple of "
-                          "64)%s, dropout %.1f, smoothing %.1f: loss and every "
-                          "gradient match the unsharded, unpadded model",
-                          H, V, sp ? " SP" : "", (double)p, (double)eps) {
+                TEST_CASE(
+                    "GPT-2 model (L=2, H=%d, A=6, V=%d padded to shards of a multiple of 64)%s, "
+                    "dropout %.1f, smoothing %.1f: loss and every "
+                    "gradient match the unsharded, unpadded model",
+                    H, V, sp ? " SP" : "", (double)p, (double)eps) {
                     tpk_gpt2_config cfg = {.vocab = V,
                                            .positions = P,
                                            .layers = 2,
@@ -203,13 +208,13 @@ int main(int argc, char **argv) {
                         uint64_t L = 2, fwd = test_total_calls(&a.fwd),
                                  bwd = test_total_calls(&a.bwd), xg = np > 1;
                         if (!sp) {
-                            CHECK(a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 &&
-                                      a.fwd.calls[TPK_COLL_ALLGATHER] == xg &&
-                                      fwd == 2 * L + 1 + xg,
-                                  "forward: %llu collectives, expected %llu all-reduces and %llu "
-                                  "all-gather",
-                                  (unsigned long long)fwd, (unsigned long long)(2 * L + 1),
-                                  (unsigned long long)xg);
+                            CHECK(
+                                a.fwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 &&
+                                    a.fwd.calls[TPK_COLL_ALLGATHER] == xg && fwd == 2 * L + 1 + xg,
+                                "forward: %llu collectives, expected %llu all-reduces and %llu "
+                                "all-gather",
+                                (unsigned long long)fwd, (unsigned long long)(2 * L + 1),
+                                (unsigned long long)xg);
                             CHECK(a.bwd.calls[TPK_COLL_ALLREDUCE] == 2 * L + 1 && bwd == 2 * L + 1,
                                   "backward: %llu collectives, expected %llu all-reduces",
                                   (unsigned long long)bwd, (unsigned long long)(2 * L + 1));
@@ -231,10 +236,11 @@ int main(int argc, char **argv) {
 
     for (int sp = 0; sp < 2; sp++)
         for (int pad = 0; pad < 2; pad++)
-            TEST_CASE("GPT-2 model (L=2, A=6, V=%d %s, dropout 0.1)%s over TP weights 2 | 3:1 | "
-                      "3:1:2 | 1:2:3:4 at t=%d: the heads and the vocabulary "
-                      "split by weight; loss and every gradient match the unsharded model",
-                      V, pad ? "padded: units of 64 rows" : "unpadded", sp ? " SP" : "", np) {
+            TEST_CASE(
+                "GPT-2 model (L=2, A=6, V=%d %s, dropout 0.1)%s over TP weights 2 | 3:1 | 3:1:2 | "
+                "1:2:3:4 at t=%d: the heads and the vocabulary "
+                "split by weight; loss and every gradient match the unsharded model",
+                V, pad ? "padded: units of 64 rows" : "unpadded", sp ? " SP" : "", np) {
                 tpk_model_config mc, ref;
                 memset(&mc, 0, sizeof mc);
                 mc.arch = TPK_ARCH_GPT2;
@@ -251,8 +257,10 @@ int main(int argc, char **argv) {
                 test_weighted(&world, np, &mc, &ref, ids, tg, B, S);
             }
 
-    TEST_CASE("GPT-2 model with dropout 0.1: SP on = SP off; dropout changes the loss; t > A (A=%d "
-              "heads) works", np > 1 ? np - 1 : 1) {
+    TEST_CASE(
+        "GPT-2 model with dropout 0.1: SP on = SP off; dropout changes the loss; t > A (A=%d "
+        "heads) works",
+        np > 1 ? np - 1 : 1) {
         tpk_gpt2_config cfg = {
             .vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 6, .dropout = 0.1f};
         tpk_ctx c1, c2;
@@ -300,10 +308,11 @@ int main(int argc, char **argv) {
     for (int rc = TPK_RECOMPUTE_FULL; rc <= TPK_RECOMPUTE_SELECTIVE; rc++)
         for (int sp = 0; sp < 2; sp++)
             for (int bf = 0; bf < 2; bf++)
-                TEST_CASE("GPT-2 model (L=4, dropout 0.1%s%s) with %s activation recompute at "
-                          "t=%d: loss and every gradient bit-identical, peak memory lower",
-                          sp ? ", SP" : "", bf ? ", bf16" : "",
-                          tpk_recompute_name((tpk_recompute)rc), np) {
+                TEST_CASE(
+                    "GPT-2 model (L=4, dropout 0.1%s%s) with %s activation recompute at t=%d: loss "
+                    "and every gradient bit-identical, peak memory lower",
+                    sp ? ", SP" : "", bf ? ", bf16" : "", tpk_recompute_name((tpk_recompute)rc),
+                    np) {
                     tpk_model_config mc;
                     memset(&mc, 0, sizeof mc);
                     mc.arch = TPK_ARCH_GPT2;
@@ -320,9 +329,10 @@ int main(int argc, char **argv) {
 
     for (int sp = 0; sp < 2; sp++)
         for (int bf = 0; bf < 2; bf++)
-            TEST_CASE("GPT-2 model (L=2, dropout 0.1%s%s) at t=%d: the loss deferred to the "
-                      "backward (fused) equals forward then backward bit for bit",
-                      sp ? ", SP" : "", bf ? ", bf16" : "", np) {
+            TEST_CASE(
+                "GPT-2 model (L=2, dropout 0.1%s%s) at t=%d: the loss deferred to the backward "
+                "(fused) equals forward then backward bit for bit",
+                sp ? ", SP" : "", bf ? ", bf16" : "", np) {
                 tpk_model_config mc;
                 memset(&mc, 0, sizeof mc);
                 mc.arch = TPK_ARCH_GPT2;
@@ -338,8 +348,10 @@ int main(int argc, char **argv) {
             }
 
     for (int sp = 0; sp < 2; sp++)
-        TEST_CASE("GPT-2 model in bf16 (mixed precision)%s at t=%d: loss and every gradient within "
-                  "bf16 tolerance of the f32 model", sp ? " SP" : "", np) {
+        TEST_CASE(
+            "GPT-2 model in bf16 (mixed precision)%s at t=%d: loss and every gradient within bf16 "
+            "tolerance of the f32 model",
+            sp ? " SP" : "", np) {
             tpk_gpt2_config cfg = {.vocab = V,
                                    .positions = P,
                                    .layers = 2,
@@ -354,15 +366,16 @@ int main(int argc, char **argv) {
             test_model_result a = {0}, b = {0};
             if (!run_model(&c16, &cfg, 4, &a) && !run_model(&c32, &cfg, 4, &b)) {
                 test_compare_models(&c16, &a, &b, 1e-2, 5e-2);
-                CHECK(fabsf(a.loss - b.loss) > 0, "the bf16 loss equals the f32 loss exactly: is "
-                                                  "bf16 in use?");
+                CHECK(fabsf(a.loss - b.loss) > 0,
+                      "the bf16 loss equals the f32 loss exactly: is bf16 in use?");
             }
             test_model_result_free(&a), test_model_result_free(&b);
             tpk_ctx_destroy(&c16), tpk_ctx_destroy(&c32);
         }
 
-    TEST_CASE("bad input: heads, hidden sizes, token rows, model config, labels, sequence length, "
-              "backward before forward") {
+    TEST_CASE(
+        "bad input: heads, hidden sizes, token rows, model config, labels, sequence length, "
+        "backward before forward") {
         tpk_ctx ctx;
         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
         tpk_attention at;

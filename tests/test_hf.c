@@ -254,9 +254,8 @@ int main(int argc, char **argv) {
         MPI_Allreduce(tok[0], hi, 9, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         CHECK(!memcmp(lo, hi, sizeof lo), "ranks drew different tokens");
         CHECK(!memcmp(tok[0], tok[1], sizeof tok[0]),
-              "t = %d drew %d %d %d ..., the unsharded "
-              "model %d %d %d ...",
-              np, tok[0][1], tok[0][2], tok[0][3], tok[1][1], tok[1][2], tok[1][3]);
+              "t = %d drew %d %d %d ..., the unsharded model %d %d %d ...", np, tok[0][1],
+              tok[0][2], tok[0][3], tok[1][1], tok[1][2], tok[1][3]);
         for (int i = 1; i < 9; i++)
             CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
     }
@@ -299,8 +298,8 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("config.json: truncated, bad syntax, missing key, implausible; optimizer of another "
-              "step") {
+    TEST_CASE(
+        "config.json: truncated, bad syntax, missing key, implausible; optimizer of another step") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         char bad[300];
@@ -334,9 +333,10 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, bad, &c), TPK_ERR_FORMAT,
                         bad_configs[k].needle);
         }
-        write_text(path, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, "
-                         "\"n_positions\": 12, \"activation_function\": \"gelu_new\", \"n_inner\": "
-                         "null}");
+        write_text(
+            path,
+            "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+            "12, \"activation_function\": \"gelu_new\", \"n_inner\": null}");
         CHECK_OK(&ctx, tpk_gpt2_config_read(&ctx, bad, &c));
         snprintf(path, sizeof path, "%s/none", bad);
         CHECK_FAILS(&ctx, tpk_gpt2_config_read(&ctx, path, &c), TPK_ERR_IO,
@@ -368,8 +368,9 @@ int main(int argc, char **argv) {
         tpk_gpt2_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &o);
         tpk_ctx_destroy(&ctx);
     }
-    TEST_CASE("a save over a checkpoint replaces it whole: the new weights load, the user's files "
-              "carried, nothing left beside it") {
+    TEST_CASE(
+        "a save over a checkpoint replaces it whole: the new weights load, the user's files "
+        "carried, nothing left beside it") {
         char d[200], f[700], err[600];
         snprintf(d, sizeof d, "build/tests/hf_swap_np%d", np);
         float *wa[64] = {0}, *wb[64] = {0};
@@ -443,8 +444,8 @@ int main(int argc, char **argv) {
         snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s.tpk-old", d);
         char f3[700];
         snprintf(f3, sizeof f3, "%s.tpk-new", d);
-        CHECK(exists(f) && !exists(f2) && !exists(f3), "README.md kept through the repair, nothing "
-                                                       "left beside D");
+        CHECK(exists(f) && !exists(f2) && !exists(f3),
+              "README.md kept through the repair, nothing left beside D");
         MPI_Barrier(MPI_COMM_WORLD);
         /* stopped after the swap: D the new checkpoint, D.tpk-old the old one holding the user's
          * file */
@@ -462,8 +463,8 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         save_seeded(d, 13, 5, NULL);
         snprintf(f, sizeof f, "%s/README.md", d), snprintf(f2, sizeof f2, "%s.tpk-old", d);
-        CHECK(exists(f) && !exists(f2), "the next save carries README.md back from D.tpk-old and "
-                                        "removes it");
+        CHECK(exists(f) && !exists(f2),
+              "the next save carries README.md back from D.tpk-old and removes it");
         /* a save that fails (the path's parent missing) leaves nothing */
         snprintf(f, sizeof f, "%s/no/such/dir", d);
         tpk_ctx sctx;
@@ -497,8 +498,8 @@ int main(int argc, char **argv) {
             snprintf(f, sizeof f, "%s/README.md", d),
                 snprintf(f2, sizeof f2, "%s/model.safetensors", d),
                 snprintf(f3, sizeof f3, "%s/config.json", d);
-            CHECK(exists(f) && !exists(f2) && !exists(f3), "tpk_hf_remove keeps README.md, removes "
-                                                           "the checkpoint's files");
+            CHECK(exists(f) && !exists(f2) && !exists(f3),
+                  "tpk_hf_remove keeps README.md, removes the checkpoint's files");
             snprintf(f, sizeof f, "%s/README.md", d), remove(f);
             snprintf(f, sizeof f, "%s/file", d), remove(f);
             snprintf(f, sizeof f, "%s/runs/log.txt", d), remove(f);
@@ -514,8 +515,9 @@ int main(int argc, char **argv) {
         free(id_a), free(id_b);
     }
 
-    TEST_CASE("honest loads: checkpoint ids, steps, a missing optimizer file, tensors the config "
-              "does not account for, non-finite values") {
+    TEST_CASE(
+        "honest loads: checkpoint ids, steps, a missing optimizer file, tensors the config does "
+        "not account for, non-finite values") {
         char d1[200], d2[200], b[200], f[700], g[700], err[600];
         snprintf(d1, sizeof d1, "build/tests/hf_id1_np%d", np),
             snprintf(d2, sizeof d2, "build/tests/hf_id2_np%d", np);
@@ -559,8 +561,8 @@ int main(int argc, char **argv) {
               "step metadata 6.5 refused: %s", err);
         rewrite_st(f, g, m_seven, NULL, NULL, 0, NULL, NULL, NULL);
         CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                  strstr(err, "model.safetensors (step 7) does not belong to config.json (tpk_step "
-                              "6)"),
+                  strstr(err,
+                         "model.safetensors (step 7) does not belong to config.json (tpk_step 6)"),
               "model step 7 beside config.json's tpk_step 6 refused: %s", err);
         char *cj = slurp((snprintf(f, sizeof f, "%s/config.json", d1), f)),
              *at = strstr(cj, "\"tpk_step\": 6,");
@@ -608,10 +610,13 @@ int main(int argc, char **argv) {
               "lm_head.weight other than wte.weight refused: %s", err);
         /* non-finite weights and moments, named with the element */
         rewrite_st(f, g, m_plain, NULL, "h.1.attn.c_proj.weight", 37, &(float){NAN}, NULL, NULL);
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                  strstr(err, "model.safetensors: tensor \"h.1.attn.c_proj.weight\": element 37 is "
-                              "nan: expected a finite value"),
-              "a NaN weight refused: %s", err);
+        CHECK(
+            load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                strstr(
+                    err,
+                    "model.safetensors: tensor \"h.1.attn.c_proj.weight\": element 37 is nan: "
+                    "expected a finite value"),
+            "a NaN weight refused: %s", err);
         rewrite_st(f, g, m_plain, NULL, "ln_f.bias", 3, &(float){-INFINITY}, NULL, NULL);
         CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
                   strstr(err, "tensor \"ln_f.bias\": element 3 is -inf"),
@@ -621,10 +626,13 @@ int main(int argc, char **argv) {
         snprintf(f, sizeof f, "%s/optim.safetensors", d1),
             snprintf(g, sizeof g, "%s/optim.safetensors", b);
         rewrite_st(f, g, o_meta, NULL, "wpe.weight.exp_avg_sq", 2, &(float){-1.0f}, NULL, NULL);
-        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                  strstr(err, "optim.safetensors: tensor \"wpe.weight.exp_avg_sq\": element 2 is "
-                              "-1: expected a finite, non-negative value"),
-              "a negative second moment refused: %s", err);
+        CHECK(
+            load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                strstr(
+                    err,
+                    "optim.safetensors: tensor \"wpe.weight.exp_avg_sq\": element 2 is -1: "
+                    "expected a finite, non-negative value"),
+            "a negative second moment refused: %s", err);
         rewrite_st(f, g, o_meta, NULL, NULL, 0, NULL, "h.5.ln_1.weight.exp_avg",
                    "wpe.weight.exp_avg");
         CHECK(
@@ -640,40 +648,49 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 64; i++) free(w1[i]);
     }
 
-    TEST_CASE("config.json strict: a long number read exactly, duplicate keys and invalid UTF-8 "
-              "refused") {
+    TEST_CASE(
+        "config.json strict: a long number read exactly, duplicate keys and invalid UTF-8 "
+        "refused") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.seed = 1}));
         tpk_gpt2_config c = config();
         char text[400], zeros[101];
         memset(zeros, '0', 100), zeros[100] = 0;
         /* 1.000...0001e-3 with 100 zeros: 1e-3 as a float (cut at 63 characters it read as 1.0) */
-        snprintf(text, sizeof text, "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, "
-                                    "\"vocab_size\": 61, \"n_positions\": 12, "
-                                    "\"layer_norm_epsilon\": 1.%s1e-3}", zeros);
+        snprintf(
+            text, sizeof text,
+            "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+            "12, \"layer_norm_epsilon\": 1.%s1e-3}",
+            zeros);
         CHECK_OK(&ctx,
                  tpk_gpt2_config_parse(&ctx, (const uint8_t *)text, strlen(text), "long", &c));
         CHECK(c.ln_eps == 1e-3f, "layer_norm_epsilon read as %g, expected 1e-3", (double)c.ln_eps);
-        static const struct { const char *text, *needle; } bad[] = {
+        static const struct { const char *text, *needle;
+        } bad[] = {
             {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
-             "12, \"n_layer\": 4}", "byte 79: the key \"n_layer\" appears twice"},
+             "12, \"n_layer\": 4}",
+             "byte 79: the key \"n_layer\" appears twice"},
             {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
-             "12, \"x\": 1, \"x\": 2}", "the key \"x\" appears twice"},
+             "12, \"x\": 1, \"x\": 2}",
+             "the key \"x\" appears twice"},
             {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
-             "12, \"s\": \"a\xff\"}", "byte 86: expected valid UTF-8 in a string"},
+             "12, \"s\": \"a\xff\"}",
+             "byte 86: expected valid UTF-8 in a string"},
             {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
-             "12, \"s\": \"\xc3\x28\"}", "expected valid UTF-8 in a string"},
+             "12, \"s\": \"\xc3\x28\"}",
+             "expected valid UTF-8 in a string"},
             {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
-             "12, \"k\xed\xa0\x80\": 1}", "expected valid UTF-8 in a member name"},
+             "12, \"k\xed\xa0\x80\": 1}",
+             "expected valid UTF-8 in a member name"},
         };
         for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
             CHECK_FAILS(&ctx,
                         tpk_gpt2_config_parse(&ctx, (const uint8_t *)bad[k].text,
                                               strlen(bad[k].text), "cfg", &c),
                         TPK_ERR_FORMAT, bad[k].needle);
-        const char *ok_text = "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, "
-                              "\"n_positions\": 12, \"x\": {\"a\": 1, \"a\": 2}, \"name\": "
-                              "\"caf\xc3\xa9 \xf0\x9f\x99\x82\"}";
+        const char *ok_text =
+            "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+            "12, \"x\": {\"a\": 1, \"a\": 2}, \"name\": \"caf\xc3\xa9 \xf0\x9f\x99\x82\"}";
         CHECK_OK(&ctx,
                  tpk_gpt2_config_parse(&ctx, (const uint8_t *)ok_text, strlen(ok_text), "ok",
                                        &c)); /* nested objects are not config.json's members */
@@ -690,8 +707,10 @@ int main(int argc, char **argv) {
         snprintf(sdir, sizeof sdir, "build/tests/hf_llama_sharded_np%d", np);
     float *lbefore[3 * 64] = {0};
     int lparams = 0;
-    TEST_CASE("Llama (A=6, G=2, untied) saved at t = %d; loaded at t = %d, unsharded, and from "
-              "Hugging Face shards with an index: parameters, moments, step equal", np, np) {
+    TEST_CASE(
+        "Llama (A=6, G=2, untied) saved at t = %d; loaded at t = %d, unsharded, and from Hugging "
+        "Face shards with an index: parameters, moments, step equal",
+        np, np) {
         tpk_ctx ctx;
         tpk_llama m;
         tpk_adamw o;
@@ -780,8 +799,9 @@ int main(int argc, char **argv) {
         }
     }
 
-    TEST_CASE("a save over a sharded Hugging Face folder: no stale index or shards, the saved "
-              "weights load, the tokenizer kept") {
+    TEST_CASE(
+        "a save over a sharded Hugging Face folder: no stale index or shards, the saved weights "
+        "load, the tokenizer kept") {
         char f[600];
         if (me == 0) snprintf(f, sizeof f, "%s/tokenizer.json", sdir), write_text(f, "{}\n");
         MPI_Barrier(MPI_COMM_WORLD);
@@ -826,8 +846,9 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
     }
 
-    TEST_CASE("Llama sampling at t = %d: the same tokens on every rank, equal to the unsharded "
-              "model's", np) {
+    TEST_CASE(
+        "Llama sampling at t = %d: the same tokens on every rank, equal to the unsharded model's",
+        np) {
         int32_t tok[2][9];
         for (int pass = 0; pass < 2; pass++) {
             tpk_ctx ctx;
@@ -850,17 +871,19 @@ int main(int argc, char **argv) {
             CHECK(tok[0][i] >= 0 && tok[0][i] < 61, "token %d = %d", i, tok[0][i]);
     }
 
-    TEST_CASE("Llama bad input: unknown model_type, unsupported config values, a mis-shaped or "
-              "missing tensor, a bad index") {
+    TEST_CASE(
+        "Llama bad input: unknown model_type, unsupported config values, a mis-shaped or missing "
+        "tensor, a bad index") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         char bad[300], type[32];
         snprintf(bad, sizeof bad, "build/tests/hf_llama_bad_np%d_r%d", np, me);
         mkdir(bad, 0755);
         snprintf(path, sizeof path, "%s/config.json", bad);
-        static const struct { const char *text, *needle; tpk_status want; } cases[] = {
-            {"{\"model_type\": \"mistral\"}", "model_type \"mistral\": expected \"gpt2\" or "
-                                              "\"llama\"", TPK_ERR_UNSUPPORTED},
+        static const struct { const char *text, *needle; tpk_status want;
+        } cases[] = {
+            {"{\"model_type\": \"mistral\"}",
+             "model_type \"mistral\": expected \"gpt2\" or \"llama\"", TPK_ERR_UNSUPPORTED},
             {"{\"n_layer\": 2}", "model_type missing: expected", TPK_ERR_UNSUPPORTED},
             {"{\"model_type\": 7}", "model_type (not a string)", TPK_ERR_UNSUPPORTED},
         };
@@ -878,9 +901,7 @@ int main(int argc, char **argv) {
             tpk_status want;
         } lcases[] = {
             {LLAMA_CFG(", \"num_key_value_heads\": 4"),
-             "num_key_value_heads 4: expected a divisor "
-             "of num_attention_heads 6",
-             TPK_ERR_FORMAT},
+             "num_key_value_heads 4: expected a divisor of num_attention_heads 6", TPK_ERR_FORMAT},
             {LLAMA_CFG(", \"hidden_act\": \"gelu\""), "hidden_act \"gelu\": expected \"silu\"",
              TPK_ERR_UNSUPPORTED},
             {LLAMA_CFG(", \"rope_scaling\": {\"type\": \"llama3\"}"), "rope_scaling: expected null",
@@ -888,13 +909,9 @@ int main(int argc, char **argv) {
             {LLAMA_CFG(", \"attention_bias\": true"), "attention_bias / mlp_bias: expected false",
              TPK_ERR_UNSUPPORTED},
             {LLAMA_CFG(", \"head_dim\": 8"),
-             "head_dim 8: expected hidden_size / "
-             "num_attention_heads = 4",
-             TPK_ERR_UNSUPPORTED},
+             "head_dim 8: expected hidden_size / num_attention_heads = 4", TPK_ERR_UNSUPPORTED},
             {LLAMA_CFG(", \"tie_word_embeddings\": 1"),
-             "expected true or false for "
-             "tie_word_embeddings",
-             TPK_ERR_FORMAT},
+             "expected true or false for tie_word_embeddings", TPK_ERR_FORMAT},
             {LLAMA_CFG(", \"rms_norm_eps\": -1"), "implausible configuration", TPK_ERR_FORMAT},
             {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2}", "missing hidden_size",
              TPK_ERR_FORMAT},
@@ -909,9 +926,11 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_llama_config_read(&ctx, bad, &c), lcases[k].want,
                         lcases[k].needle);
         }
-        write_text(path, LLAMA_CFG(", \"num_key_value_heads\": 2, \"hidden_act\": \"silu\", "
-                                   "\"rope_scaling\": null, \"tie_word_embeddings\": true, "
-                                   "\"head_dim\": 4"));
+        write_text(
+            path,
+            LLAMA_CFG(
+                ", \"num_key_value_heads\": 2, \"hidden_act\": \"silu\", \"rope_scaling\": null, "
+                "\"tie_word_embeddings\": true, \"head_dim\": 4"));
         CHECK_OK(&ctx, tpk_llama_config_read(&ctx, bad, &c));
         CHECK(c.kv_heads == 2 && c.tie_embeddings && c.norm_eps == 1e-6f &&
                   c.rope_theta == 10000.0f,
@@ -944,8 +963,8 @@ int main(int argc, char **argv) {
         } icases[] = {
             {"{\"weight_map\": {\"model.norm.weight\": \"../model-00001-of-00002.safetensors\"}}",
              "expected a file name ending in .safetensors in the same directory"},
-            {"{\"weight_map\": {\"model.norm.weight\": \"x.bin\"}}", "expected a file name ending "
-                                                                     "in .safetensors"},
+            {"{\"weight_map\": {\"model.norm.weight\": \"x.bin\"}}",
+             "expected a file name ending in .safetensors"},
             {"{\"weight_map\": [1]}", "expected an object \"weight_map\""},
             {"{\"weight_map\": {\"model.norm.weight\": 3}}", "weight_map: file: expected a string"},
             {"{\"weight_map\": {}}", "no tensor \"model.embed_tokens.weight\""},
@@ -959,8 +978,10 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_FORMAT,
                         icases[k].needle);
         }
-        write_text(idx, "{\"weight_map\": {\"model.embed_tokens.weight\": "
-                        "\"model-00001-of-00001.safetensors\"}}");
+        write_text(
+            idx,
+            "{\"weight_map\": {\"model.embed_tokens.weight\": "
+            "\"model-00001-of-00001.safetensors\"}}");
         CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_IO,
                     "model-00001-of-00001.safetensors");
         tpk_llama_destroy(&ctx, &m);

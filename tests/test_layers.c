@@ -108,8 +108,8 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
         CHECK_OK(ctx, tpk_xent_forward_deferred(ctx, &c.ce, z, tg));
         CHECK_OK(ctx, tpk_xent_forward(ctx, &c.ce, z, tg, NULL));
         CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
-        CHECK(n == 2 && sum == 2.0 * (double)o->loss, "a deferred forward settled by the next: "
-                                                      "%lld forwards, %.17g", (long long)n, sum);
+        CHECK(n == 2 && sum == 2.0 * (double)o->loss,
+              "a deferred forward settled by the next: %lld forwards, %.17g", (long long)n, sum);
         CHECK_OK(ctx, tpk_xent_forward_deferred(ctx, &c.ce, z, tg));
         tpk_xent_loss_reset(&c.ce);
         CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
@@ -119,8 +119,8 @@ static int run_chain(tpk_ctx *ctx, bool sp, float eps, const int32_t *ids, const
         CHECK_OK(ctx, tpk_xent_settle(ctx, &c.ce));
         CHECK_OK(ctx, tpk_xent_settle(ctx, &c.ce)); /* nothing pending: nothing done */
         CHECK_OK(ctx, tpk_xent_loss_read(ctx, &c.ce, &sum, &n));
-        CHECK(n == 1 && sum == (double)o->loss, "a deferred forward settled alone: %lld forwards, "
-                                                "%.17g", (long long)n, sum);
+        CHECK(n == 1 && sum == (double)o->loss,
+              "a deferred forward settled alone: %lld forwards, %.17g", (long long)n, sum);
     }
     tpk_comm_stats_reset(&ctx->tp);
     CHECK_OK(ctx, tpk_xent_backward(ctx, &c.ce, 1.0f, &dz));
@@ -155,9 +155,10 @@ int main(int argc, char **argv) {
     for (int sp = 0; sp < 2; sp++)
         for (int k = 0; k < 2; k++) {
             float eps = k ? 0.1f : 0.0f;
-            TEST_CASE("embedding -> layernorm -> tied head -> cross-entropy, V=%d%s, smoothing "
-                      "%.1f: matches the unsharded chain", V, sp ? " SP" : "",
-                      (double)eps) {
+            TEST_CASE(
+                "embedding -> layernorm -> tied head -> cross-entropy, V=%d%s, smoothing %.1f: "
+                "matches the unsharded chain",
+                V, sp ? " SP" : "", (double)eps) {
                 tpk_ctx sh, ref;
                 tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np});
                 tpk_ctx_init(&ref, &(tpk_ctx_desc){0});
@@ -223,8 +224,9 @@ int main(int argc, char **argv) {
             }
         }
 
-    TEST_CASE("label smoothing over the global vocabulary: the loss is the same at t = %d as at t "
-              "= 1", np) {
+    TEST_CASE(
+        "label smoothing over the global vocabulary: the loss is the same at t = %d as at t = 1",
+        np) {
         /* the per-shard mistake (mean over the local vocabulary) would change the loss with t */
         tpk_ctx sh, ref;
         tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np});

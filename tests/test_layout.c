@@ -97,9 +97,8 @@ int main(int argc, char **argv) {
                 CHECK(s == TPK_OK, "case %zu: %s", k, tpk_last_error(&ctx));
                 CHECK(tpk_layout_eq(y.layout, cases[k].lout, nd), "case %zu: output layout", k);
                 CHECK(tpk_numel(&y) == (int64_t)nout,
-                      "case %zu: output holds %lld elements, "
-                      "expected %zu",
-                      k, (long long)tpk_numel(&y), nout);
+                      "case %zu: output holds %lld elements, expected %zu", k,
+                      (long long)tpk_numel(&y), nout);
                 CHECK_CLOSE(out, want, nout, 1e-6, "values");
                 CHECK(nout == n || isnan(out[nout]), "case %zu: wrote past its shard", k);
                 /* every other input layout is refused, naming the expected one */
@@ -197,8 +196,9 @@ int main(int argc, char **argv) {
                   !strcmp(tpk_layout_str(TPK_P, buf, sizeof buf), "P"),
               "names");
     }
-    TEST_CASE("weighted split arithmetic: NULL weights = the even split; shards tile [0, n) in "
-              "order, each within one element of n w_i / W") {
+    TEST_CASE(
+        "weighted split arithmetic: NULL weights = the even split; shards tile [0, n) in order, "
+        "each within one element of n w_i / W") {
         int bad = 0;
         double w[9];
         for (int64_t n = 0; n < 60; n++)
@@ -235,8 +235,9 @@ int main(int argc, char **argv) {
                   tpk_shard_size_w(24, TPK_S_EX(0, 3, 2), 2, a, 1) == 6,
               "strided, units");
     }
-    TEST_CASE("weighted TP split (weights 3:1:2:1...): conversions R -> S(d) -> R, P -> S(0) "
-              "against the weighted slices of the global tensor") {
+    TEST_CASE(
+        "weighted TP split (weights 3:1:2:1...): conversions R -> S(d) -> R, P -> S(0) against the "
+        "weighted slices of the global tensor") {
         double w[8] = {3, 1, 2, 1, 5, 1, 1, 2};
         tpk_ctx wc;
         CHECK_OK(&wc,
@@ -278,8 +279,9 @@ int main(int argc, char **argv) {
         }
         tpk_ctx_destroy(&wc);
     }
-    TEST_CASE("bad TP weights: zero, negative, NaN, infinite, or different on different ranks: a "
-              "clear error on every rank") {
+    TEST_CASE(
+        "bad TP weights: zero, negative, NaN, infinite, or different on different ranks: a clear "
+        "error on every rank") {
         double bads[4] = {0.0, -1.0, NAN, INFINITY};
         for (int k = 0; k < 4; k++) {
             double w[8] = {1, 1, 1, 1, 1, 1, 1, 1};

@@ -258,8 +258,8 @@ static void finite_differences(net proto) {
             Xp[i] = X[i] - eps;
             double lm = net_loss(&sh, &a, Xp, dY);
             double fd = (lp - lm) / (2 * eps), an = r.dx[i];
-            CHECK(fabs(fd - an) / fmax(1.0, fabs(an)) < 1e-2, "x[%zu]: finite difference %.6g, "
-                                                              "backward %.6g", i, fd, an);
+            CHECK(fabs(fd - an) / fmax(1.0, fabs(an)) < 1e-2,
+                  "x[%zu]: finite difference %.6g, backward %.6g", i, fd, an);
         }
         free(Xp);
     }
@@ -365,8 +365,11 @@ int main(int argc, char **argv) {
         }
     for (int sp = 0; sp < 2; sp++) {
         net p = {.kind = PAIR, .sp = sp, .bias = true, .T = 7, .in = 6, .hid = 10, .out = 6};
-        TEST_CASE("%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 matches the unsharded MLP; "
-                  "collective counts", net_name(&p)) compare_w(p, tw);
+        TEST_CASE(
+            "%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 matches the unsharded MLP; collective "
+            "counts",
+            net_name(&p))
+        compare_w(p, tw);
     }
     {
         net c = {.kind = COL, .bias = true, .T = 4, .in = 5, .out = 7};
@@ -375,9 +378,10 @@ int main(int argc, char **argv) {
         TEST_CASE("%s: finite differences", net_name(&r)) finite_differences(r);
     }
 
-    TEST_CASE("column backward starts the dx all-reduce before the weight-gradient GEMM, waits "
-              "after; under SP it first starts the input's "
-              "all-gather again, runs the dx GEMM, then waits") {
+    TEST_CASE(
+        "column backward starts the dx all-reduce before the weight-gradient GEMM, waits after; "
+        "under SP it first starts the input's "
+        "all-gather again, runs the dx GEMM, then waits") {
         for (int sp = 0; sp < 2; sp++) {
             tpk_ctx ctx;
             tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
@@ -556,9 +560,11 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&other), tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref);
     }
 
-    TEST_CASE("a padded vocabulary table (509 rows padded for %d shards of a multiple of 64) over "
-              "TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4: shards of whole "
-              "64-row units by weight, the unsharded draw, zero padding, scatter and gather", np) {
+    TEST_CASE(
+        "a padded vocabulary table (509 rows padded for %d shards of a multiple of 64) over TP "
+        "weights 2 | 3:1 | 3:1:2 | 1:2:3:4: shards of whole "
+        "64-row units by weight, the unsharded draw, zero padding, scatter and gather",
+        np) {
         tpk_ctx sh, ref, eq;
         double ones[4] = {1, 1, 1, 1};
         CHECK_OK(&sh,
@@ -575,14 +581,11 @@ int main(int argc, char **argv) {
         tpk_range r = tpk_tp_vocab_split(&sh, Vp, me), e = tpk_tp_vocab_split(&eq, Vp, me),
                   u = tpk_split(Vp, np, me);
         CHECK(r.off == lo && r.size == hi - lo && r.size % 64 == 0,
-              "rank %d: vocabulary rows "
-              "[%lld, +%lld), expected "
-              "[%lld, %lld)",
-              me, (long long)r.off, (long long)r.size, (long long)lo, (long long)hi);
+              "rank %d: vocabulary rows [%lld, +%lld), expected [%lld, %lld)", me, (long long)r.off,
+              (long long)r.size, (long long)lo, (long long)hi);
         CHECK(e.off == u.off && e.size == u.size,
-              "equal weights: rows [%lld, +%lld), the even "
-              "split [%lld, +%lld)",
-              (long long)e.off, (long long)e.size, (long long)u.off, (long long)u.size);
+              "equal weights: rows [%lld, +%lld), the even split [%lld, +%lld)", (long long)e.off,
+              (long long)e.size, (long long)u.off, (long long)u.size);
         CHECK(tpk_tp_vocab_split(&sh, 509, me).size == tpk_split_weighted(509, tw, np, me).size,
               "unpadded: the plain weighted split");
         int is, ir;
@@ -617,8 +620,11 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < p->shape[0]; i++)
             for (int c = 0; c < 3; c++)
                 bad += loc[i * 3 + c] != (lo + i < 509 ? x[(lo + i) * 3 + c] : 0.0f);
-        CHECK(bad == 0, "%d stored elements after scatter differ from the table's rows [%lld, "
-                        "%lld) (or non-zero padding)", bad, (long long)lo, (long long)hi);
+        CHECK(
+            bad == 0,
+            "%d stored elements after scatter differ from the table's rows [%lld, %lld) (or "
+            "non-zero padding)",
+            bad, (long long)lo, (long long)hi);
         free(g), free(a), free(x);
         tpk_ctx_destroy(&sh), tpk_ctx_destroy(&ref), tpk_ctx_destroy(&eq);
     }

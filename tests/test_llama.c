@@ -113,8 +113,9 @@ int main(int argc, char **argv) {
         ids[t] = (int32_t)((t * 131 + 7) % V), tg[t] = (int32_t)((t * 57 + 300) % V);
     tg[5] = -100;
 
-    TEST_CASE("grouped layout: A=6 query heads over G=2 key/value heads at t=1..6: each rank holds "
-              "the heads its queries read, each head owned once") {
+    TEST_CASE(
+        "grouped layout: A=6 query heads over G=2 key/value heads at t=1..6: each rank holds the "
+        "heads its queries read, each head owned once") {
         for (int t = 1; t <= 6; t++)
             for (int64_t G = 1; G <= 6; G++) {
                 if (6 % G) continue;
@@ -124,10 +125,10 @@ int main(int argc, char **argv) {
                     tpk_range q = tpk_split(6, t, r), kv = tpk_shard_run(G * 4, l, t, r, 0),
                               own = tpk_shard_owned(G * 4, l, t, r);
                     int64_t g0, Gl = tpk_attn_kv_heads(6, G, q.off, q.size, &g0);
-                    CHECK(kv.off == g0 * 4 && kv.size == Gl * 4, "t=%d G=%lld rank %d: rows [%lld, "
-                                                                 "+%lld), expected heads [%lld, "
-                                                                 "+%lld)", t, (long long)G, r,
-                          (long long)kv.off, (long long)kv.size, (long long)g0, (long long)Gl);
+                    CHECK(kv.off == g0 * 4 && kv.size == Gl * 4,
+                          "t=%d G=%lld rank %d: rows [%lld, +%lld), expected heads [%lld, +%lld)",
+                          t, (long long)G, r, (long long)kv.off, (long long)kv.size, (long long)g0,
+                          (long long)Gl);
                     for (int64_t h = q.off; h < q.off + q.size; h++)
                         CHECK(h / (6 / G) * 4 >= kv.off && h / (6 / G) * 4 < kv.off + kv.size,
                               "head %lld unread", (long long)h);
@@ -144,16 +145,17 @@ int main(int argc, char **argv) {
             for (int gi = 0; gi < (kind >= K_ATTN ? 3 : 1); gi++) {
                 int64_t G = Gs[gi];
                 if (kind == K_BLOCK && gi == 2) continue;
-                TEST_CASE("%s%s%s: output, dx, every gradient and the gradient norm match the "
-                          "unsharded layer; %s collectives",
-                          kind_name[kind], sp ? " SP" : "",
-                          kind >= K_ATTN ? (G == 2   ? ", A=6 G=2"
-                                            : G == 1 ? ", A=6 G=1"
-                                                     : ", A=6 G=6")
-                                         : "",
-                          kind == K_BLOCK ? "2+2"
-                          : kind == K_RMS ? "no"
-                                          : "1+1") {
+                TEST_CASE(
+                    "%s%s%s: output, dx, every gradient and the gradient norm match the unsharded "
+                    "layer; %s collectives",
+                    kind_name[kind], sp ? " SP" : "",
+                    kind >= K_ATTN ? (G == 2   ? ", A=6 G=2"
+                                      : G == 1 ? ", A=6 G=1"
+                                               : ", A=6 G=6")
+                                   : "",
+                    kind == K_BLOCK ? "2+2"
+                    : kind == K_RMS ? "no"
+                                    : "1+1") {
                     tpk_ctx sh, ref;
                     tpk_ctx_init(&sh, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
                     tpk_ctx_init(&ref, &(tpk_ctx_desc){.seed = 5});
@@ -190,15 +192,18 @@ int main(int argc, char **argv) {
 
     for (int sp = 0; sp < 2; sp++)
         for (int pi = 0; pi < 1; pi++)
-            TEST_CASE("Llama block%s, dropout %.1f: the backward in place (the model's: each norm "
-                      "adds its dx onto dy's buffer, no add and no copy) equals "
-                      "the backward apart bit for bit", sp ? " SP" : "", pi ? 0.1 : 0.0) {
+            TEST_CASE(
+                "Llama block%s, dropout %.1f: the backward in place (the model's: each norm adds "
+                "its dx onto dy's buffer, no add and no copy) equals "
+                "the backward apart bit for bit",
+                sp ? " SP" : "", pi ? 0.1 : 0.0) {
                 test_block_inplace(&world, np, layer_case(K_BLOCK, 2, sp), &block_inplace, xin,
                                    dyin);
             }
 
-    TEST_CASE("GQA attention: rope_theta < 0 turns the rotary embedding off (the first token, at "
-              "position 0, is unrotated either way)") {
+    TEST_CASE(
+        "GQA attention: rope_theta < 0 turns the rotary embedding off (the first token, at "
+        "position 0, is unrotated either way)") {
         tpk_ctx c;
         tpk_ctx_init(&c, &(tpk_ctx_desc){.seed = 5});
         tpk_gqa_attention a1, a2;
@@ -231,11 +236,11 @@ int main(int argc, char **argv) {
     /* the whole model */
     for (int sp = 0; sp < 2; sp++)
         for (int ti = 0; ti < 2; ti++)
-            TEST_CASE("Llama model (L=2, H=%d, A=6, G=2, F=%d, V=%d padded)%s%s: loss, gradient "
-                      "norm and every gradient match the unsharded, unpadded model; "
-                      "collectives as GPT-2's",
-                      H, F, V, sp ? " SP" : "",
-                      ti ? ", tied head, smoothing 0.1" : ", untied head") {
+            TEST_CASE(
+                "Llama model (L=2, H=%d, A=6, G=2, F=%d, V=%d padded)%s%s: loss, gradient norm and "
+                "every gradient match the unsharded, unpadded model; "
+                "collectives as GPT-2's",
+                H, F, V, sp ? " SP" : "", ti ? ", tied head, smoothing 0.1" : ", untied head") {
                 tpk_llama_config cfg = {.vocab = V,
                                         .positions = P,
                                         .layers = 2,
@@ -290,11 +295,11 @@ int main(int argc, char **argv) {
 
     for (int sp = 0; sp < 2; sp++)
         for (int pad = 0; pad < 2; pad++)
-            TEST_CASE("Llama model (L=2, A=6, G=2, V=%d %s)%s over TP weights 2 | 3:1 | 3:1:2 | "
-                      "1:2:3:4 at t=%d: the heads and the vocabulary split by "
-                      "weight, shared key/value heads; loss and every gradient match the unsharded "
-                      "model", V, pad ? "padded: units of 64 rows" : "unpadded",
-                      sp ? " SP" : "", np) {
+            TEST_CASE(
+                "Llama model (L=2, A=6, G=2, V=%d %s)%s over TP weights 2 | 3:1 | 3:1:2 | 1:2:3:4 "
+                "at t=%d: the heads and the vocabulary split by "
+                "weight, shared key/value heads; loss and every gradient match the unsharded model",
+                V, pad ? "padded: units of 64 rows" : "unpadded", sp ? " SP" : "", np) {
                 tpk_model_config mc, ref;
                 memset(&mc, 0, sizeof mc);
                 mc.arch = TPK_ARCH_LLAMA;
@@ -314,9 +319,10 @@ int main(int argc, char **argv) {
 
     for (int rc = TPK_RECOMPUTE_FULL; rc <= TPK_RECOMPUTE_SELECTIVE; rc++)
         for (int sp = 0; sp < 2; sp++)
-            TEST_CASE("Llama model (L=4, G=2%s) with %s activation recompute at t=%d: loss and "
-                      "every gradient bit-identical, peak memory lower", sp ? ", SP" : "",
-                      tpk_recompute_name((tpk_recompute)rc), np) {
+            TEST_CASE(
+                "Llama model (L=4, G=2%s) with %s activation recompute at t=%d: loss and every "
+                "gradient bit-identical, peak memory lower",
+                sp ? ", SP" : "", tpk_recompute_name((tpk_recompute)rc), np) {
                 tpk_model_config mc;
                 memset(&mc, 0, sizeof mc);
                 mc.arch = TPK_ARCH_LLAMA;
@@ -332,8 +338,10 @@ int main(int argc, char **argv) {
             }
 
     for (int sp = 0; sp < 2; sp++)
-        TEST_CASE("Llama model (L=2, G=2%s) at t=%d: the loss deferred to the backward (fused) "
-                  "equals forward then backward bit for bit", sp ? ", SP" : "", np) {
+        TEST_CASE(
+            "Llama model (L=2, G=2%s) at t=%d: the loss deferred to the backward (fused) equals "
+            "forward then backward bit for bit",
+            sp ? ", SP" : "", np) {
             tpk_model_config mc;
             memset(&mc, 0, sizeof mc);
             mc.arch = TPK_ARCH_LLAMA;
@@ -348,8 +356,10 @@ int main(int argc, char **argv) {
             test_deferred(&world, np, TPK_F32, &mc, ids, tg, B, S);
         }
 
-    TEST_CASE("Llama model in bf16 (mixed precision) at t=%d: loss and every gradient within bf16 "
-              "tolerance of the f32 model", np) {
+    TEST_CASE(
+        "Llama model in bf16 (mixed precision) at t=%d: loss and every gradient within bf16 "
+        "tolerance of the f32 model",
+        np) {
         tpk_llama_config cfg = {.vocab = V,
                                 .positions = P,
                                 .layers = 2,
@@ -373,8 +383,9 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&c16), tpk_ctx_destroy(&c32);
     }
 
-    TEST_CASE("bad input: A not divisible by G, odd head size for RoPE, rope_theta, F, sequence "
-              "length, backward before forward") {
+    TEST_CASE(
+        "bad input: A not divisible by G, odd head size for RoPE, rope_theta, F, sequence length, "
+        "backward before forward") {
         tpk_ctx ctx;
         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
         tpk_gqa_attention at;

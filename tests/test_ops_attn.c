@@ -190,9 +190,9 @@ static void attn_check_f32(const attn_shape *s, float p, uint64_t seed, uint64_t
             double d = isnan(gb[k]) ? INFINITY : fabs((double)gb[k] - wb[k]);
             num = d > num ? d : num, den = fabs(wb[k]) > den ? fabs(wb[k]) : den;
         }
-        CHECK(num / den < TOL_ATTN, "attn_bwd %s block vs analytic reference: relative error %.3g "
-                                    ">= %.3g", blk[c], num / den,
-              (double)TOL_ATTN);
+        CHECK(num / den < TOL_ATTN,
+              "attn_bwd %s block vs analytic reference: relative error %.3g >= %.3g", blk[c],
+              num / den, (double)TOL_ATTN);
         free(gb), free(wb);
     }
 
@@ -221,12 +221,14 @@ static void test_attention(void) {
     const attn_shape s0 = {.B = 2, .S = 5, .Al = 2, .D = 4, .A = 3, .head0 = 1};
     const uint64_t seed = 2024, stream = 5;
 
-    TEST_CASE("layers attention f32 B=2 S=5 Al=2 of A=3 head0=1 D=4: forward, backward, finite "
-              "differences") {
+    TEST_CASE(
+        "layers attention f32 B=2 S=5 Al=2 of A=3 head0=1 D=4: forward, backward, finite "
+        "differences") {
         attn_check_f32(&s0, 0.0f, seed, stream, 1100, true);
     }
-    TEST_CASE("layers attention f32 with dropout p = 0.25: same mask formula, backward vs finite "
-              "differences") {
+    TEST_CASE(
+        "layers attention f32 with dropout p = 0.25: same mask formula, backward vs finite "
+        "differences") {
         /* the test's premise: the mask drops some causal entries and keeps others */
         size_t kept = 0, dropped = 0;
         for (int64_t b = 0; b < s0.B; b++)
@@ -239,8 +241,9 @@ static void test_attention(void) {
         CHECK(kept > 0 && dropped > 0, "premise: kept %zu, dropped %zu", kept, dropped);
         attn_check_f32(&s0, 0.25f, seed, stream, 1110, true);
     }
-    TEST_CASE("layers attention f32 larger (B=1 S=37 Al=3 of A=5 head0=2 D=8; B=2 S=150), with and "
-              "without dropout") {
+    TEST_CASE(
+        "layers attention f32 larger (B=1 S=37 Al=3 of A=5 head0=2 D=8; B=2 S=150), with and "
+        "without dropout") {
         const attn_shape s1 = {.B = 1, .S = 37, .Al = 3, .D = 8, .A = 5, .head0 = 2};
         attn_check_f32(&s1, 0.0f, seed, stream, 1120, false);
         attn_check_f32(&s1, 0.1f, seed, stream, 1130, false);
@@ -256,9 +259,10 @@ static void test_attention(void) {
         attn_check_f32(&s2, 0.0f, seed, stream, 1140, true);
     }
 
-    TEST_CASE("layers attention, grouped-query: A=6 query heads over G=2 and G=1 key/value heads, "
-              "a shared head read in place; "
-              "forward, backward (dK, dV summed over the group) and finite differences") {
+    TEST_CASE(
+        "layers attention, grouped-query: A=6 query heads over G=2 and G=1 key/value heads, a "
+        "shared head read in place; "
+        "forward, backward (dK, dV summed over the group) and finite differences") {
         const attn_shape g1 = {.B = 2,
                                .S = 5,
                                .Al = 3,
@@ -312,9 +316,11 @@ static void test_attention(void) {
             }
             for (int64_t b = 0; b < B; b++)
                 for (int64_t i = 0; i < S; i++) xl[b * S + i] = lse[(b * Al + 1) * S + i];
-            CHECK(bitdiff(out1, xo, no1) == 0, "p = %g: Al = 1, head0 = 2 out differs from head 1 "
-                                               "of (Al = 2, head0 = 1) in %zu elements",
-                  (double)p, bitdiff(out1, xo, no1));
+            CHECK(
+                bitdiff(out1, xo, no1) == 0,
+                "p = %g: Al = 1, head0 = 2 out differs from head 1 of (Al = 2, head0 = 1) in %zu "
+                "elements",
+                (double)p, bitdiff(out1, xo, no1));
             CHECK(bitdiff(lse1, xl, nl1) == 0, "p = %g: lse differs in %zu elements", (double)p,
                   bitdiff(lse1, xl, nl1));
             CHECK(bitdiff(dq1, xd, nq1) == 0, "p = %g: dqkv differs in %zu elements", (double)p,
@@ -333,8 +339,9 @@ static void test_attention(void) {
         free(xo), free(xl), free(xd), free(alt), free(altl);
     }
 
-    TEST_CASE("layers attention bf16 storage (p = 0 and 0.25): within 1e-2 of the reference on "
-              "rounded inputs") {
+    TEST_CASE(
+        "layers attention bf16 storage (p = 0 and 0.25): within 1e-2 of the reference on rounded "
+        "inputs") {
         const size_t nq = attn_nq(&s0), no = attn_no(&s0), nl = attn_nl(&s0);
         const float scale = 0.5f;
         float *qkv = fbuf(nq), *R = fbuf(no), *out = fbuf(no), *lse = fbuf(nl), *dq = fbuf(nq),
@@ -349,8 +356,9 @@ static void test_attention(void) {
             attn_run_fwd(&s0, qkv, scale, p, seed, stream, TPK_BF16, out, lse);
             CHECK_CLOSE(out, wo, no, TOL_BF16,
                         pi ? "bf16 attn_fwd out, p = 0.25" : "bf16 attn_fwd out, p = 0");
-            CHECK_CLOSE(lse, wl, nl, TOL_ATTN, pi ? "bf16 attn_fwd lse (f32 on exact bf16 inputs), "
-                                                    "p = 0.25" : "bf16 attn_fwd lse, p = 0");
+            CHECK_CLOSE(lse, wl, nl, TOL_ATTN,
+                        pi ? "bf16 attn_fwd lse (f32 on exact bf16 inputs), p = 0.25"
+                           : "bf16 attn_fwd lse, p = 0");
             attn_run_bwd(&s0, qkv, R, out, lse, scale, p, seed, stream, TPK_BF16, dq);
             CHECK_CLOSE(dq, wd, nq, TOL_BF16,
                         pi ? "bf16 attn_bwd dqkv, p = 0.25" : "bf16 attn_bwd dqkv, p = 0");

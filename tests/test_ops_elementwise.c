@@ -67,8 +67,10 @@ static void test_bias(void) {
                         CHECK_OK(&ctx,
                                  tpk_op_bias_grad(&ctx, db, hy, rows, cols, dt, TPK_F32, acc));
                         e = test_relerr(db, dbw, (size_t)cols);
-                        CHECK(e < 1e-6, "bias_grad bf16 into f32 %lldx%lld accumulate=%d: relative "
-                                        "error %.3g", (long long)rows, (long long)cols, acc, e);
+                        CHECK(
+                            e < 1e-6,
+                            "bias_grad bf16 into f32 %lldx%lld accumulate=%d: relative error %.3g",
+                            (long long)rows, (long long)cols, acc, e);
                     }
                 }
             }
@@ -119,8 +121,8 @@ static void test_gelu(void) {
         float *g = fbuf(n);
         memcpy(g, dy, n * sizeof(float));
         CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, g, x, g, TPK_F32, n));
-        CHECK(memcmp(g, dx, n * sizeof(float)) == 0, "gelu_bwd in place (dx == dy) differs from "
-                                                     "out of place");
+        CHECK(memcmp(g, dx, n * sizeof(float)) == 0,
+              "gelu_bwd in place (dx == dy) differs from out of place");
 
         /* bf16: inputs rounded, output within bf16 precision */
         uint16_t *hx = malloc(n * 2), *hdy = malloc(n * 2), *hy = malloc(n * 2);
@@ -140,8 +142,9 @@ static void test_gelu(void) {
         free(x), free(dy), free(y), free(dx), free(want), free(fd), free(g), free(hx), free(hdy),
             free(hy), free(xr), free(dyr);
     }
-    TEST_CASE("host act_fwd and act_bwd with TPK_ACT_NONE: y = x and dx = dy exactly, in place "
-              "too, f32 and bf16") {
+    TEST_CASE(
+        "host act_fwd and act_bwd with TPK_ACT_NONE: y = x and dx = dy exactly, in place too, f32 "
+        "and bf16") {
         const size_t n = 257;
         float x[257], dy[257], y[257], dx[257];
         test_randn(x, n, 510, 2.0f), test_randn(dy, n, 511, 1.0f);
@@ -282,8 +285,8 @@ static void test_elementwise(void) {
         for (int i = 0; i < 5; i++) {
             CHECK((hn[i] & 0x7F80u) == 0x7F80u && (hn[i] & 0x007Fu) != 0,
                   "NaN %#010x -> %#06x is not NaN", nans[i], hn[i]);
-            CHECK((hn[i] & 0x8000u) == ((nans[i] >> 16) & 0x8000u), "NaN %#010x -> %#06x lost its "
-                                                                    "sign", nans[i], hn[i]);
+            CHECK((hn[i] & 0x8000u) == ((nans[i] >> 16) & 0x8000u),
+                  "NaN %#010x -> %#06x lost its sign", nans[i], hn[i]);
         }
 
         /* bf16 -> f32 is exact for all 65536 patterns; f32 -> bf16 gives them back (NaN: a NaN) */

@@ -23,8 +23,9 @@ static void test_embedding(void) {
     enum { T = 9, H = 5, VROWS = 6, V0 = 4, VTOT = 14 };
     const int32_t ids[T] = {5, 4, 9, 10, 3, 5, -100, 5, 7};
     const size_t ny = T * H, ne = VROWS * H;
-    TEST_CASE("layers embed_fwd/embed_bwd f32: lookup, out-of-range zeros, accumulate, repeated "
-              "ids, shards") {
+    TEST_CASE(
+        "layers embed_fwd/embed_bwd f32: lookup, out-of-range zeros, accumulate, repeated ids, "
+        "shards") {
         float E[VROWS * H], y[T * H], y0[T * H], want[T * H], dy[T * H], dE[VROWS * H],
             dE0[VROWS * H], wdE[VROWS * H];
         test_randn(E, ne, 900, 1.0f);
@@ -86,8 +87,8 @@ static void test_embedding(void) {
         /* id 5 (row 1) three times: dE0 + dy[0] + dy[5] + dy[7] */
         for (int j = 0; j < H; j++) {
             double w3 = (double)dE0[H + j] + dy[0 * H + j] + dy[5 * H + j] + dy[7 * H + j];
-            CHECK(fabs(dE[H + j] - w3) <= 1e-6 * (fabs(w3) + 1), "repeated id 5, j = %d: %g, "
-                                                                 "expected %g", j, dE[H + j], w3);
+            CHECK(fabs(dE[H + j] - w3) <= 1e-6 * (fabs(w3) + 1),
+                  "repeated id 5, j = %d: %g, expected %g", j, dE[H + j], w3);
         }
 
         /* empty */

@@ -35,9 +35,10 @@ static void *poisoned(size_t bytes) {
 
 static void test_linear(tpk_dtype dt) {
     size_t es = tpk_dtype_size(dt);
-    TEST_CASE("linear_fwd, linear_bwd_act composed by the front end equal gemm, bias_add, act_fwd "
-              "/ act_bwd, bias_grad called apart, bit for bit [%s]",
-              tpk_dtype_name(dt)) {
+    TEST_CASE(
+        "linear_fwd, linear_bwd_act composed by the front end equal gemm, bias_add, act_fwd / "
+        "act_bwd, bias_grad called apart, bit for bit [%s]",
+        tpk_dtype_name(dt)) {
         void *x = rnd((size_t)(T * K), dt, 1, 1.0f), *w = rnd((size_t)(N * K), dt, 2, 0.3f),
              *b = rnd(N, dt, 3, 0.5f);
         for (int act = 0; act < 2; act++)
@@ -52,10 +53,11 @@ static void test_linear(tpk_dtype dt) {
                 if (act) CHECK_OK(&full, tpk_op_act_fwd(&full, a, y1, u1, dt, (size_t)(T * N)));
                 CHECK_OK(&bare,
                          tpk_op_linear_fwd(&bare, y2, p2, x, w, bias ? b : NULL, T, N, K, a, dt));
-                CHECK(!memcmp(y1, y2, (size_t)(T * N) * es), "linear_fwd y differs (act %d, bias "
-                                                             "%d)", act, bias);
-                if (act) CHECK(!memcmp(p1, p2, (size_t)(T * N) * es), "linear_fwd pre differs "
-                                                                      "(bias %d)", bias);
+                CHECK(!memcmp(y1, y2, (size_t)(T * N) * es),
+                      "linear_fwd y differs (act %d, bias %d)", act, bias);
+                if (act)
+                    CHECK(!memcmp(p1, p2, (size_t)(T * N) * es), "linear_fwd pre differs (bias %d)",
+                          bias);
                 if (act) { /* the backward through that activation: dy [T, K] and the next weight W
                               [K, N] */
                     void *dy = rnd((size_t)(T * K), dt, 4, 1.0f),
@@ -82,9 +84,10 @@ static void test_linear(tpk_dtype dt) {
 
 static void test_residual_layernorm(tpk_dtype dt) {
     size_t es = tpk_dtype_size(dt), n = (size_t)(T * N);
-    TEST_CASE("residual_layernorm_fwd composed equals x + r (a plain loop, rounded to dt) then "
-              "layernorm_fwd, bit for bit: x1 apart, x1 = x, x1 = r [%s]",
-              tpk_dtype_name(dt)) {
+    TEST_CASE(
+        "residual_layernorm_fwd composed equals x + r (a plain loop, rounded to dt) then "
+        "layernorm_fwd, bit for bit: x1 apart, x1 = x, x1 = r [%s]",
+        tpk_dtype_name(dt)) {
         void *x = rnd(n, dt, 6, 1.0f), *r = rnd(n, dt, 7, 1.0f);
         float *w = rnd(N, TPK_F32, 8, 0.5f), *b = rnd(N, TPK_F32, 9, 0.5f);
         for (int alias = 0; alias < 3; alias++) { /* 0: x1 its own buffer, 1: x1 = x, 2: x1 = r */
@@ -126,8 +129,10 @@ static void test_residual_layernorm(tpk_dtype dt) {
 
 static void test_xent(tpk_dtype dt) {
     size_t es = tpk_dtype_size(dt), n = (size_t)(T * LD);
-    TEST_CASE("xent_fused composed (stats, loss, grad) equals the host's fused op, bit for bit, dz "
-              "apart and dz = z [%s]", tpk_dtype_name(dt)) {
+    TEST_CASE(
+        "xent_fused composed (stats, loss, grad) equals the host's fused op, bit for bit, dz apart "
+        "and dz = z [%s]",
+        tpk_dtype_name(dt)) {
         void *z = rnd(n, dt, 10, 3.0f);
         int32_t y[T];
         for (int t = 0; t < T; t++) y[t] = t == 4 ? -100 : (t * 13) % V; /* one ignored row */
@@ -168,16 +173,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_ops_fusions: %s %s\n", tpk_last_error(&full), tpk_last_error(&bare));
         return 1;
     }
-    TEST_CASE("the host table (kernels/host/table.c, each file's entries) fills every core and "
-              "layer entry; of the fusions only xent_fused") {
+    TEST_CASE(
+        "the host table (kernels/host/table.c, each file's entries) fills every core and layer "
+        "entry; of the fusions only xent_fused") {
         const tpk_ops *h = tpk_ops_host();
 #define TPK__HAS_ENTRY(e) CHECK(h->e != NULL, "the host table has no " #e);
         TPK__OPS_CORE(TPK__HAS_ENTRY)
         TPK__OPS_LAYERS(TPK__HAS_ENTRY)
 #undef TPK__HAS_ENTRY
-        CHECK(h->xent_fused && !h->linear_fwd && !h->linear_bwd_act && !h->residual_layernorm_fwd,
-              "the host fuses the cross-entropy alone (its other fusions would be the front end's "
-              "compositions again)");
+        CHECK(
+            h->xent_fused && !h->linear_fwd && !h->linear_bwd_act && !h->residual_layernorm_fwd,
+            "the host fuses the cross-entropy alone (its other fusions would be the front end's "
+            "compositions again)");
     }
     const tpk_dtype dts[2] = {TPK_F32, TPK_BF16};
     for (int d = 0; d < 2; d++) {

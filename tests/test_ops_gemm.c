@@ -73,11 +73,12 @@ static void run_gemm(tpk_dtype dt, bool acc, bool ta, bool tb, gemm_case g, int 
             touched += f32_bits(c[i * ldc + j]) != f32_bits(c0[i * ldc + j]);
     }
     double e = test_relerr(got, want, (size_t)(m * n));
-    CHECK(e < tol,
-          "%s %s ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error "
-          "%.3g >= %.3g",
-          tpk_dtype_name(dt), op, ta, tb, (long long)m, (long long)n, (long long)k, alpha, beta,
-          pad, e, tol);
+    CHECK(
+        e < tol,
+        "%s %s ta=%d tb=%d m=%lld n=%lld k=%lld alpha=%g beta=%g pad=%d: relative error %.3g >= "
+        "%.3g",
+        tpk_dtype_name(dt), op, ta, tb, (long long)m, (long long)n, (long long)k, alpha, beta, pad,
+        e, tol);
     CHECK(touched == 0, "%s wrote %zu elements of C's padding", op, touched);
     free(a), free(b), free(c), free(c0), free(want), free(got);
 }
@@ -135,8 +136,9 @@ static void test_gemm(void) {
 
 static void test_gemm_acc(void) {
     const float ab[][2] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {-0.5f, 1.0f}, {1.5f, 0.25f}};
-    TEST_CASE("host gemm_acc f32 and bf16 operands into f32 C: 4 transposes x sizes x alpha/beta, "
-              "padded leading dims") {
+    TEST_CASE(
+        "host gemm_acc f32 and bf16 operands into f32 C: 4 transposes x sizes x alpha/beta, padded "
+        "leading dims") {
         uint64_t seed = 700;
         for (int d = 0; d < 2; d++)
             for (size_t g = 0; g < sizeof gemm_cases / sizeof *gemm_cases; g++)
@@ -222,8 +224,8 @@ static void test_gemm_acc(void) {
 
 /* linear_fwd against gemm + bias_add (+ gelu_fwd), f32 and bf16, bias and GELU on and off */
 static void test_linear_fwd(void) {
-    TEST_CASE("host linear_fwd equals gemm + bias_add (+ gelu_fwd, pre-activation kept), f32 and "
-              "bf16") {
+    TEST_CASE(
+        "host linear_fwd equals gemm + bias_add (+ gelu_fwd, pre-activation kept), f32 and bf16") {
         enum { T = 9, N = 13, K = 11 };
         float x[T * K], w[N * K], b[N], y[T * N], pre[T * N], u[T * N], ref[T * N];
         test_randn(x, T * K, 70, 1.0f), test_randn(w, N * K, 71, 0.5f), test_randn(b, N, 72, 1.0f);
@@ -279,8 +281,9 @@ static void test_linear_fwd(void) {
 
 /* linear_bwd_act against a double reference: du = (dy W) gelu'(pre), db = colsum(du) */
 static void test_linear_bwd_act(void) {
-    TEST_CASE("host linear_bwd_act: du = (dy W) gelu'(pre) and db = its column sums against double "
-              "references, f32 and bf16, db or not; bad input") {
+    TEST_CASE(
+        "host linear_bwd_act: du = (dy W) gelu'(pre) and db = its column sums against double "
+        "references, f32 and bf16, db or not; bad input") {
         enum { T = 9, N = 13, K = 11 };
         float dy[T * K], w[K * N], pre[T * N], du[T * N], db[N], rdu[T * N], rdb[N];
         test_randn(dy, T * K, 75, 1.0f), test_randn(w, K * N, 76, 0.5f),

@@ -80,9 +80,9 @@ static void test_layernorm(void) {
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
         const int64_t rows = shapes[sh][0], cols = shapes[sh][1];
         const size_t n = (size_t)(rows * cols), nc = (size_t)cols, nr = (size_t)rows;
-        TEST_CASE("layers layernorm f32 rows %lld cols %lld: reference, finite differences, "
-                  "accumulation", (long long)rows,
-                  (long long)cols) {
+        TEST_CASE(
+            "layers layernorm f32 rows %lld cols %lld: reference, finite differences, accumulation",
+            (long long)rows, (long long)cols) {
             float *x = fbuf(n), *w = fbuf(nc), *b = fbuf(nc), *R = fbuf(n), *y = fbuf(n),
                   *mean = fbuf(nr), *rstd = fbuf(nr);
             float *dx = fbuf(n), *dw = fbuf(nc), *db = fbuf(nc), *dx0 = fbuf(n), *fx = fbuf(n),
@@ -222,8 +222,9 @@ static void test_layernorm(void) {
 /* residual_layernorm_fwd: x1 = x + r, then exactly layernorm_fwd of x1 (f32 and bf16, x1 aliasing
  * x) */
 static void test_residual_layernorm(void) {
-    TEST_CASE("layers residual_layernorm_fwd equals the add then layernorm_fwd (f32, bf16, x1 "
-              "aliasing x)") {
+    TEST_CASE(
+        "layers residual_layernorm_fwd equals the add then layernorm_fwd (f32, bf16, x1 aliasing "
+        "x)") {
         enum { R = 7, C = 19 };
         float x[R * C], r[R * C], w[C], b[C], x1[R * C], y[R * C], m[R], rs[R], xr[R * C],
             yr[R * C], mr[R], rsr[R];

@@ -5,8 +5,9 @@
 
 /* AdamW and sum of squares against a double reference over 3 steps */
 static void test_optimizer(void) {
-    TEST_CASE("host adamw (3 steps, grad_scale, weight decay on runs of elements, then on all) and "
-              "sumsq against double references") {
+    TEST_CASE(
+        "host adamw (3 steps, grad_scale, weight decay on runs of elements, then on all) and sumsq "
+        "against double references") {
         enum { N = 257 };
         const int64_t runs[4] = {3, 10, 20, 257}; /* decayed: [3, 10) and [20, 257) */
         float w[N], g[N], m[N] = {0}, v[N] = {0};

@@ -64,9 +64,9 @@ static void test_rng(void) {
             for (int64_t i = 0; i < sr; i++)
                 for (int64_t j = 0; j < sc; j++)
                     diff += f32_bits(blk[i * sc + j]) != f32_bits(ref[(r0 + i) * cols + c0 + j]);
-            CHECK(diff == 0, "block rows %lld+%lld cols %lld+%lld: %zu elements differ from the "
-                             "full draw", (long long)r0,
-                  (long long)sr, (long long)c0, (long long)sc, diff);
+            CHECK(diff == 0,
+                  "block rows %lld+%lld cols %lld+%lld: %zu elements differ from the full draw",
+                  (long long)r0, (long long)sr, (long long)c0, (long long)sc, diff);
             free(blk);
         }
 
@@ -85,8 +85,9 @@ static void test_rng(void) {
 /* ---- dropout ------------------------------------------------------------------------------- */
 
 static void test_dropout(void) {
-    TEST_CASE("the dropout draw: Philox4x32-10 known answers; dropout_u(i) = output i %% 4 of call "
-              "i / 4; parameter draws unchanged") {
+    TEST_CASE(
+        "the dropout draw: Philox4x32-10 known answers; dropout_u(i) = output i %% 4 of call i / "
+        "4; parameter draws unchanged") {
         /* Random123's known-answer vectors (counter, key) -> output: key = seed, counter = (index,
          * stream) */
         static const uint64_t kat[3][3] = {
@@ -113,12 +114,15 @@ static void test_dropout(void) {
             badp += tpk_rng_uniform(seed, stream, idx) !=
                     (float)(tpk_philox(seed, stream, idx).v[0] >> 8) / 16777216.0f;
         }
-        CHECK(bad == 0 && bad4 == 0, "%zu tpk_dropout_u, %zu tpk_rng_uniform4 draws differ from "
-                                     "output i %% 4 of call i / 4", bad, bad4);
+        CHECK(
+            bad == 0 && bad4 == 0,
+            "%zu tpk_dropout_u, %zu tpk_rng_uniform4 draws differ from output i %% 4 of call i / 4",
+            bad, bad4);
         CHECK(badp == 0, "%zu tpk_rng_uniform draws are not output 0 of call i", badp);
     }
-    TEST_CASE("layers dropout f32: p = 0 identity; p = 0.3 mask formula, values, drop rate, "
-              "sub-blocks, aliasing") {
+    TEST_CASE(
+        "layers dropout f32: p = 0 identity; p = 0.3 mask formula, values, drop rate, sub-blocks, "
+        "aliasing") {
         const int64_t rows = 250, cols = 400; /* 1e5 elements */
         const size_t n = (size_t)(rows * cols);
         const uint64_t seed = 1234, stream = 99;
@@ -177,8 +181,8 @@ static void test_dropout(void) {
             test_poison(yb, nb);
             CHECK_OK(&ctx,
                      tpk_op_dropout(&ctx, yb, xb, sr, sc, cols, r0, c0, p, seed, stream, TPK_F32));
-            CHECK(bitdiff(yb, ref, nb) == 0, "block rows %lld+%lld cols %lld+%lld: %zu elements "
-                                             "differ from the full call",
+            CHECK(bitdiff(yb, ref, nb) == 0,
+                  "block rows %lld+%lld cols %lld+%lld: %zu elements differ from the full call",
                   (long long)r0, (long long)sr, (long long)c0, (long long)sc, bitdiff(yb, ref, nb));
             free(xb), free(yb), free(ref);
         }

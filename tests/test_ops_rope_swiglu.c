@@ -41,8 +41,9 @@ static void rms_ref(const float *x, const float *w, const float *dy, int64_t row
 static double silu_d(double g) { return g / (1.0 + exp(-g)); }
 
 static void test_llama_ops(void) {
-    TEST_CASE("layers rope f32/bf16: the rotate-half formula per position, inverse undoes it, in "
-              "place, strided rows, columns past the heads untouched") {
+    TEST_CASE(
+        "layers rope f32/bf16: the rotate-half formula per position, inverse undoes it, in place, "
+        "strided rows, columns past the heads untouched") {
         enum { R = 10, S = 4, NH = 3, D = 8, LD = NH * D + 5 };
         float x[R * LD], y[R * LD], z[R * LD], w[R * NH * D], back[R * LD];
         double ref[R * NH * D];
@@ -61,9 +62,8 @@ static void test_llama_ops(void) {
             d2f(wr, ref, R * NH * D);
             CHECK_CLOSE(w, wr, R * NH * D, 1e-6, inv ? "inverse rope vs double" : "rope vs double");
             CHECK(nan_inside == 0 && written_outside == 0,
-                  "%zu heads' elements unwritten, %zu "
-                  "columns past the heads written",
-                  nan_inside, written_outside);
+                  "%zu heads' elements unwritten, %zu columns past the heads written", nan_inside,
+                  written_outside);
         }
         CHECK_OK(&ctx, tpk_op_rope(&ctx, y, LD, x, LD, R, S, NH, D, 100.0f, false, TPK_F32));
         memcpy(back, y, sizeof back);
@@ -88,8 +88,9 @@ static void test_llama_ops(void) {
         CHECK_CLOSE(fy, wr, R * NH * D, 1e-2, "bf16 rope vs double on the rounded input");
     }
 
-    TEST_CASE("layers swiglu f32/bf16: h = silu(gate) up; backward vs the analytic gradient and "
-              "finite differences; dgu may be gu") {
+    TEST_CASE(
+        "layers swiglu f32/bf16: h = silu(gate) up; backward vs the analytic gradient and finite "
+        "differences; dgu may be gu") {
         enum { R = 7, F = 9 };
         float gu[R * 2 * F], h[R * F], dh[R * F], dgu[R * 2 * F], wh[R * F], wg[R * 2 * F],
             fd[R * 2 * F], tmp[R * F];

@@ -52,9 +52,8 @@ static void test_errors(void) {
                                 TPK_F32),
                     TPK_ERR_ARG, "m: expected <= 2147483647");
         /* valid for the front end; OpenBLAS's int limit is the host backend's own check */
-        CHECK(strncmp(tpk_last_error(&ctx), "host.gemm: ", 11) == 0, "message \"%s\" does not name "
-                                                                     "host.gemm",
-              tpk_last_error(&ctx));
+        CHECK(strncmp(tpk_last_error(&ctx), "host.gemm: ", 11) == 0,
+              "message \"%s\" does not name host.gemm", tpk_last_error(&ctx));
     }
     TEST_CASE("host ops: bad arguments to the other entries") {
         void *p = NULL;
@@ -206,15 +205,17 @@ static tpk_status user_layernorm_fwd(tpk_ctx *c, void *y, float *mean, float *rs
 }
 
 static void test_front_end(void) {
-    TEST_CASE("every required tpk_ops entry: tpk_ctx_init refuses a table with one NULL, naming "
-              "it; layer ops, fusions, timer may be NULL") {
+    TEST_CASE(
+        "every required tpk_ops entry: tpk_ctx_init refuses a table with one NULL, naming it; "
+        "layer ops, fusions, timer may be NULL") {
         size_t covered = 0;
         for (int e = 0; e < OPS_N; e++) covered += ops_entries[e].size;
         for (int e = 0; e < OPTIONAL_N; e++) covered += optional_entries[e].size;
-        CHECK(offsetof(tpk_ops, alloc) + covered == sizeof(tpk_ops),
-              "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in "
-              "ops_entries",
-              sizeof(tpk_ops) - offsetof(tpk_ops, alloc), covered);
+        CHECK(
+            offsetof(tpk_ops, alloc) + covered == sizeof(tpk_ops),
+            "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in "
+            "ops_entries",
+            sizeof(tpk_ops) - offsetof(tpk_ops, alloc), covered);
         for (int e = 0; e < OPS_N; e++) {
             static tpk_ops holed;
             holed = *tpk_ops_host();
@@ -244,8 +245,9 @@ static void test_front_end(void) {
                     "has no name entry");
         tpk_ctx_destroy(&c);
     }
-    TEST_CASE("the front end checks a user's own table: bad arguments never reach its entries; no "
-              "context, no table") {
+    TEST_CASE(
+        "the front end checks a user's own table: bad arguments never reach its entries; no "
+        "context, no table") {
         static tpk_ops mine;
         mine = *tpk_ops_host();
         mine.name = "mine";
@@ -396,8 +398,9 @@ static const tpk__prof_row *prof_row(const tpk_ctx *c, const char *name) {
     return NULL;
 }
 static void test_profile(void) {
-    TEST_CASE("profiler: every op call and collective counted per step with its bytes or flops and "
-              "a time; the table; off by default") {
+    TEST_CASE(
+        "profiler: every op call and collective counted per step with its bytes or flops and a "
+        "time; the table; off by default") {
         tpk_ctx c;
         CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = tpk_ops_host()}));
         CHECK(!c.prof || c.prof->from_env, "the profiler is on without being asked");

@@ -60,15 +60,16 @@ static void xent_forward(const float *z, int64_t T, int64_t V, int nsh, const in
             float m = -INFINITY;
             for (int64_t j = 0; j < r.size; j++)
                 m = z[t * V + r.off + j] > m ? z[t * V + r.off + j] : m;
-            CHECK(memcmp(&m, &pq[4 * t], 4) == 0, "xent_stats shard %d row %lld: max %g, expected "
-                                                  "%g", q, (long long)t, pq[4 * t], m);
+            CHECK(memcmp(&m, &pq[4 * t], 4) == 0,
+                  "xent_stats shard %d row %lld: max %g, expected %g", q, (long long)t, pq[4 * t],
+                  m);
             double se = 0, sz = 0;
             for (int64_t j = 0; j < r.size; j++)
                 se += exp((double)z[t * V + r.off + j] - m), sz += z[t * V + r.off + j];
             w1[t] = (float)se, w3[t] = (float)sz, g1[t] = pq[4 * t + 1], g3[t] = pq[4 * t + 3];
             float zy = y[t] >= r.off && y[t] < r.off + r.size ? z[t * V + y[t]] : 0.0f;
-            CHECK(memcmp(&zy, &pq[4 * t + 2], 4) == 0, "xent_stats shard %d row %lld: z_y part %g, "
-                                                       "expected %g", q, (long long)t,
+            CHECK(memcmp(&zy, &pq[4 * t + 2], 4) == 0,
+                  "xent_stats shard %d row %lld: z_y part %g, expected %g", q, (long long)t,
                   pq[4 * t + 2], zy);
         }
         CHECK_CLOSE(g1, w1, (size_t)(T < 64 ? T : 64), TOL_F32, "xent_stats sum exp(z - max)");
@@ -103,8 +104,8 @@ static void xent_backward(const float *z, const float *lse, const float *dloss, 
             memcpy(aq, zq, nq * esz);
             CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, aq, aq, lse, y, dloss, T, r.size, r.size, r.off,
                                             V, eps, IGNORE, dt));
-            CHECK(memcmp(aq, dq, nq * esz) == 0, "xent_grad shard %d: dz aliasing z differs from "
-                                                 "out of place", q);
+            CHECK(memcmp(aq, dq, nq * esz) == 0,
+                  "xent_grad shard %d: dz aliasing z differs from out of place", q);
         }
     }
     free(zq), free(dq), free(aq);
@@ -118,9 +119,10 @@ static void test_xent(void) {
     const float epss[] = {0.0f, 0.1f};
     for (int e = 0; e < 2; e++) {
         const float eps = epss[e];
-        TEST_CASE("layers cross-entropy f32 smoothing %g: 3 vocab shards, loss, ignore index, "
-                  "grad, finite differences, aliasing",
-                  (double)eps) {
+        TEST_CASE(
+            "layers cross-entropy f32 smoothing %g: 3 vocab shards, loss, ignore index, grad, "
+            "finite differences, aliasing",
+            (double)eps) {
             float z[T * V], dloss[T], loss[T], lse[T], wl[T], wlse[T], dz[T * V], wdz[T * V],
                 fd[T * V];
             double rl[T], rlse[T], rdz[T * V];
@@ -176,8 +178,9 @@ static void test_xent(void) {
         CHECK_CLOSE(dz, wdz, n, TOL_BF16, "bf16 xent_grad");
     }
 
-    TEST_CASE("layers cross-entropy: a padded shard (rows of ld > Vl) ignores its padding and gets "
-              "a zero gradient there") {
+    TEST_CASE(
+        "layers cross-entropy: a padded shard (rows of ld > Vl) ignores its padding and gets a "
+        "zero gradient there") {
         enum { LD = 9 };
         tpk_range r = tpk_split(V, NSH, 1); /* columns [4, 8) */
         float z[T * V], zs[T * 4], zp[T * LD], dloss[T], part[4 * T], partp[4 * T], lse[T], loss[T],
@@ -192,8 +195,8 @@ static void test_xent(void) {
             }
         CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, part, zs, y, T, r.size, r.size, r.off, TPK_F32));
         CHECK_OK(&ctx, tpk_op_xent_stats(&ctx, partp, zp, y, T, r.size, LD, r.off, TPK_F32));
-        CHECK(memcmp(part, partp, sizeof part) == 0, "xent_stats of the padded rows differs from "
-                                                     "the unpadded");
+        CHECK(memcmp(part, partp, sizeof part) == 0,
+              "xent_stats of the padded rows differs from the unpadded");
         CHECK_OK(&ctx, tpk_op_xent_loss(&ctx, loss, lse, part, 1, y, T, V, 0.1f, IGNORE));
         test_poison(dz, T * 4), test_poison(dzp, T * LD);
         CHECK_OK(&ctx, tpk_op_xent_grad(&ctx, dz, zs, lse, y, dloss, T, r.size, r.size, r.off, V,
@@ -205,12 +208,16 @@ static void test_xent(void) {
             for (int j = 0; j < LD; j++)
                 bad += j < r.size ? memcmp(&dz[t * r.size + j], &dzp[t * LD + j], 4) != 0
                                   : dzp[t * LD + j] != 0.0f;
-        CHECK(bad == 0, "xent_grad of the padded rows: %d elements differ from the unpadded or are "
-                        "not zero in the padding", bad);
+        CHECK(
+            bad == 0,
+            "xent_grad of the padded rows: %d elements differ from the unpadded or are not zero in "
+            "the padding",
+            bad);
     }
 
-    TEST_CASE("layers cross-entropy: an empty shard (Vl = 0) gives (-inf, 0, 0, 0) and adds "
-              "nothing to the loss") {
+    TEST_CASE(
+        "layers cross-entropy: an empty shard (Vl = 0) gives (-inf, 0, 0, 0) and adds nothing to "
+        "the loss") {
         float part[12], z[3 * V], loss[3], lse[3], loss2[3], lse2[3], two[2 * 12];
         const int32_t yy[3] = {0, 5, IGNORE};
         test_poison(part, 12);
@@ -230,9 +237,10 @@ static void test_xent(void) {
               "an empty rank's parts changed the loss: %g vs %g", loss[0], loss2[0]);
     }
 
-    TEST_CASE("layers cross-entropy: xent_fused (one rank) equals xent_stats, xent_loss and "
-              "xent_grad bit for bit, in place and not, "
-              "padded rows, ignore index, f32 and bf16") {
+    TEST_CASE(
+        "layers cross-entropy: xent_fused (one rank) equals xent_stats, xent_loss and xent_grad "
+        "bit for bit, in place and not, "
+        "padded rows, ignore index, f32 and bf16") {
         enum { LD = 16 };
         for (int d = 0; d < 2; d++) {
             tpk_dtype dt = d ? TPK_BF16 : TPK_F32;
@@ -274,8 +282,9 @@ static void test_xent(void) {
         }
     }
 
-    TEST_CASE("layers cross-entropy: xent_mean (the mean loss in backend memory) against a long "
-              "double sum; running sums; poisoned output") {
+    TEST_CASE(
+        "layers cross-entropy: xent_mean (the mean loss in backend memory) against a long double "
+        "sum; running sums; poisoned output") {
         enum { NT = 4 };
         const int64_t Ts[NT] = {0, 1, 333, 20000}, counts[NT] = {0, 1, 300, 19999};
         for (int c = 0; c < NT; c++) {

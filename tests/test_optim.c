@@ -84,9 +84,10 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
 
-    TEST_CASE("AdamW in a bf16 context writes the bf16 weight copy in the same pass when it is "
-              "current (else marks it stale); "
-              "the copy equals bf16 of the master weights, as a remake gives it") {
+    TEST_CASE(
+        "AdamW in a bf16 context writes the bf16 weight copy in the same pass when it is current "
+        "(else marks it stale); "
+        "the copy equals bf16 of the master weights, as a remake gives it") {
         tpk_ctx ctx;
         CHECK_OK(&ctx,
                  tpk_ctx_init(&ctx, &(tpk_ctx_desc){
@@ -113,8 +114,11 @@ int main(int argc, char **argv) {
             int bad = 0;
             for (size_t k = 0; k < n; k++)
                 bad += copy[k] != tpk_f32_to_bf16(((const float *)ctx.params.data.p)[k]);
-            CHECK(bad == 0, "step %d: %d of %zu elements of the bf16 copy differ from bf16 of the "
-                            "master weights", s + 1, bad, n);
+            CHECK(
+                bad == 0,
+                "step %d: %d of %zu elements of the bf16 copy differ from bf16 of the master "
+                "weights",
+                s + 1, bad, n);
         }
         free(copy);
         tpk_adamw_destroy(&ctx, &opt);
@@ -122,8 +126,9 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("AdamW over sharded and replicated parameters equals a double reference (3 steps, "
-              "decay mask, grad_scale)") {
+    TEST_CASE(
+        "AdamW over sharded and replicated parameters equals a double reference (3 steps, decay "
+        "mask, grad_scale)") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));
         int ids[NP];
@@ -189,8 +194,9 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("gradient norm at t = ranks equals the unsharded norm (replicated parameters once); "
-              "clipping factor") {
+    TEST_CASE(
+        "gradient norm at t = ranks equals the unsharded norm (replicated parameters once); "
+        "clipping factor") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         int ids[NP];
@@ -214,9 +220,11 @@ int main(int argc, char **argv) {
         tpk_ctx_destroy(&ctx);
     }
 
-    TEST_CASE("tpk_train_step at t = %d clips from the sum of squares left in backend memory: bit "
-              "for bit tpk_grad_norm, tpk_clip_factor and "
-              "tpk_adamw_step (3 steps, clipped and not)", np) {
+    TEST_CASE(
+        "tpk_train_step at t = %d clips from the sum of squares left in backend memory: bit for "
+        "bit tpk_grad_norm, tpk_clip_factor and "
+        "tpk_adamw_step (3 steps, clipped and not)",
+        np) {
         tpk_ctx c[2];
         tpk_adamw o[2];
         tpk_dp_buckets b[2] = {{0}, {0}};
@@ -240,8 +248,8 @@ int main(int argc, char **argv) {
             CHECK_OK(&c[1], tpk_train_step(&c[1], &o[1], &b[1], 1e-2f, clip[step], 0.5f,
                                            step == 1 ? &n1 : NULL));
             if (step != 1) CHECK_OK(&c[1], tpk_train_norm_read(&c[1], 0.5f, &n1));
-            CHECK(n0 == n1 && (step || n0 > clip[0]), "step %d: norm %.17g, from tpk_train_step "
-                                                      "%.17g", step, n0, n1);
+            CHECK(n0 == n1 && (step || n0 > clip[0]),
+                  "step %d: norm %.17g, from tpk_train_step %.17g", step, n0, n1);
         }
         CHECK(!memcmp(c[0].params.data.p, c[1].params.data.p, c[0].params.numel * 4),
               "the weights differ after 3 steps");
@@ -260,9 +268,7 @@ int main(int argc, char **argv) {
         CHECK(fabsf(tpk_lr_at(&c, 10) - 1e-3f) < 1e-9f, "cosine start %g",
               (double)tpk_lr_at(&c, 10));
         CHECK(fabsf(tpk_lr_at(&c, 60) - 5.5e-4f) < 1e-9f,
-              "cosine middle %g (expected the mean of "
-              "lr and lr * 0.1)",
-              (double)tpk_lr_at(&c, 60));
+              "cosine middle %g (expected the mean of lr and lr * 0.1)", (double)tpk_lr_at(&c, 60));
         CHECK(fabsf(tpk_lr_at(&c, 110) - 1e-4f) < 1e-9f &&
                   fabsf(tpk_lr_at(&c, 500) - 1e-4f) < 1e-9f,
               "cosine end");
@@ -271,8 +277,10 @@ int main(int argc, char **argv) {
         CHECK(tpk_lr_at(&k, 50) == 1e-3f && fabsf(tpk_lr_at(&k, 5) - 6e-4f) < 1e-9f, "constant");
     }
 
-    TEST_CASE("DP buckets from the backward hook: sums over %d DP ranks, no communication on "
-              "earlier micro-steps", np) {
+    TEST_CASE(
+        "DP buckets from the backward hook: sums over %d DP ranks, no communication on earlier "
+        "micro-steps",
+        np) {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));
         int ids[NP];
@@ -320,8 +328,10 @@ int main(int argc, char **argv) {
     }
     for (int tp = 1; tp <= 2; tp++) {
         if (np % tp) continue;
-        TEST_CASE("ZeRO-1 at DP %d x TP %d: 5 steps of tpk_train_step equal plain DP (parameters, "
-                  "norms, moments); state 1/dp; saved and loaded", np / tp, tp) {
+        TEST_CASE(
+            "ZeRO-1 at DP %d x TP %d: 5 steps of tpk_train_step equal plain DP (parameters, norms, "
+            "moments); state 1/dp; saved and loaded",
+            np / tp, tp) {
             tpk_ctx c[2];
             tpk_adamw o[2];
             tpk_dp_buckets b[2] = {{0}, {0}};
@@ -366,15 +376,16 @@ int main(int argc, char **argv) {
                     CHECK_OK(&c[z], tpk_train_step(&c[z], &o[z], &b[z], 1e-2f, 0.5f,
                                                    1.0f / (float)d, &norm[z][step]));
                     if (z == 1 && d > 1)
-                        CHECK(c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER] == 1 &&
-                                  c[1].dp.stats.calls[TPK_COLL_ALLGATHER] == 1 &&
-                                  c[1].dp.stats.calls[TPK_COLL_ALLREDUCE] == 1 &&
-                                  c[1].dp.stats.elems[TPK_COLL_REDUCE_SCATTER] == n,
-                              "ZeRO-1 step: %llu reduce-scatters, %llu all-gathers, %llu "
-                              "all-reduces (the norm)",
-                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER],
-                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLGATHER],
-                              (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLREDUCE]);
+                        CHECK(
+                            c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER] == 1 &&
+                                c[1].dp.stats.calls[TPK_COLL_ALLGATHER] == 1 &&
+                                c[1].dp.stats.calls[TPK_COLL_ALLREDUCE] == 1 &&
+                                c[1].dp.stats.elems[TPK_COLL_REDUCE_SCATTER] == n,
+                            "ZeRO-1 step: %llu reduce-scatters, %llu all-gathers, %llu all-reduces "
+                            "(the norm)",
+                            (unsigned long long)c[1].dp.stats.calls[TPK_COLL_REDUCE_SCATTER],
+                            (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLGATHER],
+                            (unsigned long long)c[1].dp.stats.calls[TPK_COLL_ALLREDUCE]);
                 }
             for (int step = 0; step < 5; step++)
                 CHECK(fabs(norm[0][step] - norm[1][step]) <= 1e-6 * norm[0][step],
@@ -403,8 +414,8 @@ int main(int argc, char **argv) {
             memcpy(m1, back[0].m, n * 4);
             CHECK_CLOSE(m1, m0, n, 1e-6, "first moments saved under ZeRO-1, loaded whole");
             memcpy(l1, back[1].m, back[1].sn * 4);
-            CHECK(!memcmp(l1, (const float *)o[1].m, o[1].sn * 4), "ZeRO-1 slice of the first "
-                                                                   "moments after save and load");
+            CHECK(!memcmp(l1, (const float *)o[1].m, o[1].sn * 4),
+                  "ZeRO-1 slice of the first moments after save and load");
             free(m0), free(m1), free(l1), free(g);
             for (int z = 0; z < 2; z++)
                 tpk_adamw_destroy(&c[z], &back[z]), tpk_adamw_destroy(&c[z], &o[z]),
@@ -415,12 +426,13 @@ int main(int argc, char **argv) {
         int d = np / tp;
         if (np % tp || (d & (d - 1))) continue;
         for (int kind = 0; kind < 3; kind++)
-            TEST_CASE("Adasum at DP %d x TP %d, %s gradients: the recursive formula on the whole "
-                      "tensors, in double",
-                      d, tp,
-                      kind == 0   ? "random"
-                      : kind == 1 ? "equal (gives that gradient)"
-                                  : "orthogonal (gives their sum)") {
+            TEST_CASE(
+                "Adasum at DP %d x TP %d, %s gradients: the recursive formula on the whole "
+                "tensors, in double",
+                d, tp,
+                kind == 0   ? "random"
+                : kind == 1 ? "equal (gives that gradient)"
+                            : "orthogonal (gives their sum)") {
                 tpk_ctx ctx;
                 CHECK_OK(&ctx,
                          tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = tp, .seed = 3}));
@@ -450,8 +462,8 @@ int main(int argc, char **argv) {
                     if (kind == 2) { /* orthogonal: the sum of every rank's gradient */
                         for (size_t e = 0; e < gn; e++)
                             got[e] = (float)tpk_rng_normal(60 + (uint64_t)i, e % (size_t)d, e);
-                        CHECK_CLOSE(want[i], got, gn, 1e-6, "reference: orthogonal gradients are "
-                                                            "not summed");
+                        CHECK_CLOSE(want[i], got, gn, 1e-6,
+                                    "reference: orthogonal gradients are not summed");
                     }
                     free(got), free(mine[i]), free(want[i]);
                 }
@@ -465,8 +477,8 @@ int main(int argc, char **argv) {
             tpk_dp_buckets b = {0};
             CHECK_FAILS(&ctx, tpk_dp_adasum_init(&ctx, &b), TPK_ERR_ARG,
                         "ctx->dp: Adasum needs a power-of-two number of DP ranks, got 3");
-            CHECK_FAILS(&ctx, tpk_dp_adasum(&ctx, &b), TPK_ERR_ARG, "expected buckets made for "
-                                                                    "Adasum");
+            CHECK_FAILS(&ctx, tpk_dp_adasum(&ctx, &b), TPK_ERR_ARG,
+                        "expected buckets made for Adasum");
             tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
         }
     TEST_CASE("tpk_train_step: bad input") {
@@ -501,18 +513,16 @@ int main(int argc, char **argv) {
          * counted, and reported by the next read */
         CHECK_OK(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL));
         CHECK_OK(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, NULL));
-        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite "
-                                                                    "gradient norm changed the "
-                                                                    "weights");
+        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4),
+              "a step with an infinite gradient norm changed the weights");
         CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG,
                     "not finite (now inf) on 2 step(s) since it was last read, which were skipped");
         CHECK_OK(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm)); /* reported: the count starts
                                                                   again */
         CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, &nrm), TPK_ERR_ARG,
                     "tpk_train_norm_read: the gradient norm was not finite (now inf) on 1 step(s)");
-        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4), "a step with an infinite "
-                                                                    "gradient norm changed the "
-                                                                    "weights");
+        CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4),
+              "a step with an infinite gradient norm changed the weights");
         CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, NULL), TPK_ERR_ARG, "norm: NULL");
         free(w0);
         tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);

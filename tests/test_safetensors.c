@@ -150,11 +150,11 @@ int main(int argc, char **argv) {
     TEST_CASE("safetensors fixed file built byte by byte") {
         /* name "aé😀" written with escapes; F16 1, -2, 2^-24 (subnormal), inf; BF16 -1.5;
          * metadata */
-        const char *h = " {\"__metadata__\": {\"k\\u00fc\": \"v\\/\"},\n"
-                        "  \"a\\u00e9\\ud83d\\ude00\": {\"shape\": [2, 2], \"dtype\": \"F16\", "
-                        "\"data_offsets\": [0, 8]},\n"
-                        "  \"b\": {\"data_offsets\": [8, 10], \"dtype\": \"BF16\", \"shape\": "
-                        "[]}}\t\r\n ";
+        const char *h =
+            " {\"__metadata__\": {\"k\\u00fc\": \"v\\/\"},\n"
+            "  \"a\\u00e9\\ud83d\\ude00\": {\"shape\": [2, 2], \"dtype\": \"F16\", "
+            "\"data_offsets\": [0, 8]},\n"
+            "  \"b\": {\"data_offsets\": [8, 10], \"dtype\": \"BF16\", \"shape\": []}}\t\r\n ";
         size_t size;
         uint8_t *b = mkfile(h, 10, &size);
         const uint8_t data[10] = {0x00, 0x3c, 0x00, 0xc0, 0x01, 0x00, 0x00, 0x7c, 0xc0, 0xbf};
@@ -260,8 +260,7 @@ int main(int argc, char **argv) {
             {"{\"__metadata__\":{\"k\":1}}", 0, "__metadata__ \"k\": expected a string"},
             {"{\"__metadata__\":{},\"__metadata__\":{}}", 0, "__metadata__ appears twice"},
             {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0,
-             "__metadata__ key \"k\" appears "
-             "twice"},
+             "__metadata__ key \"k\" appears twice"},
             {"{\"__metadata__\":[]}", 0, "__metadata__: expected an object"},
         };
         tpk_st_file f;

@@ -108,24 +108,26 @@ int main(int argc, char **argv) {
         off += tpk_param_global_numel(&ctx, i);
     }
     if (me == 0 && !rc) {
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST) fprintf(stderr, "torch_dump: cannot create "
-                                                                      "%s\n", dir), rc = 1;
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            fprintf(stderr, "torch_dump: cannot create %s\n", dir), rc = 1;
         char path[512];
         snprintf(path, sizeof path, "%s/model.txt", dir);
         FILE *f = rc ? NULL : fopen(path, "w");
         if (!f) rc = 1;
         else {
             if (llama)
-                fprintf(f,
-                        "config arch llama V %d P %d L %d H %d A %d kv_heads %d ffn %d "
-                        "rope_theta %.9g norm_eps %.9g tie %d B %d S %d smoothing %.9g tp %d sp "
-                        "%d\n",
-                        V, P, L, H, A, G, F, (double)THETA, (double)RMS_EPS, (int)tied, B, S,
-                        (double)EPS, np, (int)sp);
+                fprintf(
+                    f,
+                    "config arch llama V %d P %d L %d H %d A %d kv_heads %d ffn %d rope_theta %.9g "
+                    "norm_eps %.9g tie %d B %d S %d smoothing %.9g tp %d sp %d\n",
+                    V, P, L, H, A, G, F, (double)THETA, (double)RMS_EPS, (int)tied, B, S,
+                    (double)EPS, np, (int)sp);
             else
-                fprintf(f, "config arch gpt2 V %d P %d L %d H %d A %d B %d S %d smoothing %.9g "
-                           "ln_eps %.9g tp %d sp %d\n", V, P, L, H, A, B, S, (double)EPS, 1e-5,
-                        np, (int)sp);
+                fprintf(
+                    f,
+                    "config arch gpt2 V %d P %d L %d H %d A %d B %d S %d smoothing %.9g ln_eps "
+                    "%.9g tp %d sp %d\n",
+                    V, P, L, H, A, B, S, (double)EPS, 1e-5, np, (int)sp);
             fprintf(f, "loss %.9g\n", (double)loss);
             off = 0;
             for (int i = 0; i < ctx.params.n; i++) {

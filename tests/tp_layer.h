@@ -111,25 +111,27 @@ static inline uint64_t test_total_calls(const tpk_comm_stats *s) {
 static inline void test_check_counts(const tpk_comm_stats *s, bool sp, int n, uint64_t TH,
                                      const char *dir) {
     if (!sp) {
-        CHECK(s->calls[TPK_COLL_ALLREDUCE] == (uint64_t)n && test_total_calls(s) == (uint64_t)n &&
-                  s->elems[TPK_COLL_ALLREDUCE] == (uint64_t)n * TH,
-              "%s: %llu collectives, %llu all-reduces of %llu elements; expected %d all-reduces of "
-              "T H",
-              dir, (unsigned long long)test_total_calls(s),
-              (unsigned long long)s->calls[TPK_COLL_ALLREDUCE],
-              (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], n);
+        CHECK(
+            s->calls[TPK_COLL_ALLREDUCE] == (uint64_t)n && test_total_calls(s) == (uint64_t)n &&
+                s->elems[TPK_COLL_ALLREDUCE] == (uint64_t)n * TH,
+            "%s: %llu collectives, %llu all-reduces of %llu elements; expected %d all-reduces of T "
+            "H",
+            dir, (unsigned long long)test_total_calls(s),
+            (unsigned long long)s->calls[TPK_COLL_ALLREDUCE],
+            (unsigned long long)s->elems[TPK_COLL_ALLREDUCE], n);
     } else {
         uint64_t ag = (uint64_t)n * (strcmp(dir, "backward") ? 1 : 2);
-        CHECK(s->calls[TPK_COLL_ALLGATHER] == ag &&
-                  s->calls[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n &&
-                  test_total_calls(s) == ag + (uint64_t)n &&
-                  s->elems[TPK_COLL_ALLGATHER] == ag * TH &&
-                  s->elems[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n * TH,
-              "%s: %llu collectives (%llu all-gathers, %llu reduce-scatters); expected %llu + %d "
-              "of T H",
-              dir, (unsigned long long)test_total_calls(s),
-              (unsigned long long)s->calls[TPK_COLL_ALLGATHER],
-              (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER], (unsigned long long)ag, n);
+        CHECK(
+            s->calls[TPK_COLL_ALLGATHER] == ag &&
+                s->calls[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n &&
+                test_total_calls(s) == ag + (uint64_t)n &&
+                s->elems[TPK_COLL_ALLGATHER] == ag * TH &&
+                s->elems[TPK_COLL_REDUCE_SCATTER] == (uint64_t)n * TH,
+            "%s: %llu collectives (%llu all-gathers, %llu reduce-scatters); expected %llu + %d of "
+            "T H",
+            dir, (unsigned long long)test_total_calls(s),
+            (unsigned long long)s->calls[TPK_COLL_ALLGATHER],
+            (unsigned long long)s->calls[TPK_COLL_REDUCE_SCATTER], (unsigned long long)ag, n);
     }
 }
 
@@ -203,8 +205,8 @@ static inline void test_layer_fd(tpk_ctx *ctx, const test_layer *L, float *xin, 
         }
         free(w);
     }
-    if (getenv("TPK_TEST_VERBOSE") && test__rank == 0) printf("  worst finite-difference error "
-                                                              "%.3g\n", worst);
+    if (getenv("TPK_TEST_VERBOSE") && test__rank == 0)
+        printf("  worst finite-difference error %.3g\n", worst);
     free(xp);
     test_layer_result_free(&an);
     L->destroy(ctx, L->l);
@@ -262,11 +264,13 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
         double sum = NAN;
         int64_t n = 0;
         CHECK_OK(ctx, tpk_model_loss_read(ctx, &m, &sum, &n));
-        CHECK(n == test_model_deferred, "deferred forwards: %lld losses in the running sum, "
-                                        "expected %d", (long long)n, test_model_deferred);
+        CHECK(n == test_model_deferred,
+              "deferred forwards: %lld losses in the running sum, expected %d", (long long)n,
+              test_model_deferred);
         o->loss = (float)(sum - other); /* exact: two floats added in double */
-        CHECK(sum - other == (double)o->loss, "the running sum %.17g is not the other tokens' loss "
-                                              "%.9g plus a float", sum, (double)other);
+        CHECK(sum - other == (double)o->loss,
+              "the running sum %.17g is not the other tokens' loss %.9g plus a float", sum,
+              (double)other);
     }
     o->peak = tpk_mem_peak(ctx, false);
     int64_t V = tpk_model_vocab(&m);
@@ -304,8 +308,9 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
                     ((const float *)ctx->params.grad.p)[k] != 0.0f;
         end = p->offset + p->numel;
     }
-    CHECK(misplaced == 0 && gaps == 0, "%d parameters off the alignment, %d non-zero elements "
-                                       "between parameters", misplaced, gaps);
+    CHECK(misplaced == 0 && gaps == 0,
+          "%d parameters off the alignment, %d non-zero elements between parameters", misplaced,
+          gaps);
     CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
     CHECK_OK(ctx, tpk_grad_norm(ctx, 1.0f, &o->norm));
     o->n = test_gather_grads(ctx, o->grad, 64);
@@ -412,9 +417,7 @@ static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt,
         CHECK(peak[1] < peak[0], "peak memory %zu bytes with %s recompute, %zu without", peak[1],
               name, peak[0]);
         if (getenv("TPK_TEST_VERBOSE") && test__rank == 0)
-            printf("  peak memory: %zu bytes, %zu "
-                   "with %s recompute\n",
-                   peak[0], peak[1], name);
+            printf("  peak memory: %zu bytes, %zu with %s recompute\n", peak[0], peak[1], name);
     }
     test_model_result_free(&r[0]), test_model_result_free(&r[1]);
 }

@@ -117,8 +117,9 @@ template <class F> static tpk_status att_by_ne(tpk_ctx *ctx, const char *fn, int
     else if (D <= 128) f(std::integral_constant<int, 4>{});
     else if (D <= 256) f(std::integral_constant<int, 8>{});
     else if (D <= ATT_MAXD) f(std::integral_constant<int, 16>{});
-    else return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got "
-                                                        "%lld", ATT_MAXD, (long long)D);
+    else
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
     return TPK_OK;
 }
 
@@ -127,8 +128,8 @@ template <class F> static tpk_status att_by_ne(tpk_ctx *ctx, const char *fn, int
 static tpk_status att_check(tpk_ctx *ctx, const char *fn, int64_t B, int64_t S, int64_t Al,
                             int64_t D, int64_t A) {
     if (D > ATT_MAXD)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "D: head dims up to %d are supported, got "
-                                                       "%lld", ATT_MAXD, (long long)D);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "D: head dims up to %d are supported, got %lld", ATT_MAXD, (long long)D);
     TPK_TRY(tpk__cuda_limit(ctx, fn, "B", B, 65535, "grid z"));
     TPK_TRY(tpk__cuda_limit(ctx, fn, "Al", Al, 65535, "grid y"));
     TPK_TRY(tpk__cuda_limit(ctx, fn, "A", A, INT_MAX, "32-bit head indices"));
@@ -142,10 +143,10 @@ template <class K>
 static tpk_status att_smem_attr(tpk_ctx *ctx, const char *fn, const tpk__cuda_state *st, int64_t D,
                                 K kernel, size_t bytes) {
     if (bytes > st->smem_optin)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "D: head dim %lld needs %zu bytes of shared "
-                         "memory per block, this GPU allows %zu",
-                         (long long)D, bytes, st->smem_optin);
+        return tpk__fail(
+            ctx, TPK_ERR_UNSUPPORTED, fn,
+            "D: head dim %lld needs %zu bytes of shared memory per block, this GPU allows %zu",
+            (long long)D, bytes, st->smem_optin);
     if (bytes > 48 * 1024)
         TPK__CUDA_TRY(
             ctx, fn,

@@ -74,8 +74,9 @@ static ncclRedOp_t nccl_op(tpk_redop op) { return op == TPK_MAX ? ncclMax : nccl
 
 /* Order the comm stream after the compute stream. */
 static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
-    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
-                                                            "earlier failure");
+    if (m->aborted)
+        return tpk__fail(ctx, TPK_ERR_COMM, fn,
+                         "the communicator was aborted after an earlier failure");
     TPK__CUDA_STATE(st, ctx, fn);
     TPK__CUDA_TRY(ctx, fn, cudaEventRecord(m->ready, st->stream));
     TPK__CUDA_TRY(ctx, fn, cudaStreamWaitEvent(m->stream, m->ready, 0));
@@ -88,8 +89,9 @@ static tpk_status nccl_abort(tpk_ctx *ctx, const char *fn, nccl_impl *m, const c
     m->aborted = true;
     for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--)
         cudaEventDestroy(m->pend[m->head].done);
-    return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s: communicator aborted (a rank stopped taking part, "
-                                            "or the network failed)", why);
+    return tpk__fail(ctx, TPK_ERR_COMM, fn,
+                     "%s: communicator aborted (a rank stopped taking part, or the network failed)",
+                     why);
 }
 static tpk_status nccl_async_error(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     ncclResult_t async = ncclSuccess, q = ncclCommGetAsyncError(m->comm, &async);
@@ -148,8 +150,9 @@ static tpk_status nccl_watch(tpk_ctx *ctx, const char *fn) {
  * is freed: a request still outstanding then fails without calling into NCCL. */
 static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_req *r) {
     tpk_status s = TPK_OK;
-    if (m->aborted) s = tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
-                                                         "earlier failure");
+    if (m->aborted)
+        s = tpk__fail(ctx, TPK_ERR_COMM, fn,
+                      "the communicator was aborted after an earlier failure");
     tpk__cuda_state *st = s == TPK_OK ? tpk__cuda_get(ctx, fn) : NULL;
     if (s == TPK_OK && !st) s = TPK_ERR_BACKEND;
     cudaError_t e = s == TPK_OK ? cudaStreamWaitEvent(st->stream, r->done, 0) : cudaSuccess;
@@ -202,8 +205,9 @@ static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResul
 /* One rank: dst = src on the compute stream; no request to wait for. */
 static tpk_status nccl_one(tpk_ctx *ctx, const char *fn, nccl_impl *m, void *dst, const void *src,
                            size_t bytes, tpk_request *req) {
-    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
-                                                            "earlier failure");
+    if (m->aborted)
+        return tpk__fail(ctx, TPK_ERR_COMM, fn,
+                         "the communicator was aborted after an earlier failure");
     if (req) req->state = NULL;
     if (!bytes || dst == src) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
@@ -331,8 +335,9 @@ static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, doubl
 static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
     static const char *fn = "tpk_comm_split (nccl)";
     nccl_impl *m = (nccl_impl *)c->impl;
-    if (m->aborted) return tpk__fail(ctx, TPK_ERR_COMM, fn, "the communicator was aborted after an "
-                                                            "earlier failure");
+    if (m->aborted)
+        return tpk__fail(ctx, TPK_ERR_COMM, fn,
+                         "the communicator was aborted after an earlier failure");
     ncclComm_t sub = NULL;
     NCCL_TRY(ctx, fn, ncclCommSplit(m->comm, color, key, &sub, NULL));
     return nccl_wrap(ctx, fn, sub, m->timeout_s, m->no_poll, m->blocking, out);
@@ -401,8 +406,9 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: expected a pointer, got NULL");
     if (!id) return tpk__fail(ctx, TPK_ERR_ARG, fn, "id: expected a unique id, got NULL");
     if (nranks < 1 || rank < 0 || rank >= nranks)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "rank: expected 0 <= rank < nranks (nranks >= 1), "
-                                               "got rank %d of %d", rank, nranks);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "rank: expected 0 <= rank < nranks (nranks >= 1), got rank %d of %d", rank,
+                         nranks);
     TPK__CUDA_STATE(st, ctx, fn); /* the compute stream's device is the communicator's */
     (void)st;
     ncclUniqueId u;
@@ -419,14 +425,14 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
 
 extern "C" tpk_status tpk_nccl_unique_id(tpk_ctx *ctx, tpk_nccl_id *id) {
     (void)id;
-    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_nccl_unique_id", "this build of tpk has no "
-                                                                     "NCCL (nccl.h was not found)");
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_nccl_unique_id",
+                     "this build of tpk has no NCCL (nccl.h was not found)");
 }
 extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nranks, int rank,
                                     const tpk_nccl_desc *desc, tpk_comm *out) {
     (void)id, (void)nranks, (void)rank, (void)desc, (void)out;
-    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_comm_nccl", "this build of tpk has no NCCL "
-                                                                "(nccl.h was not found)");
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_comm_nccl",
+                     "this build of tpk has no NCCL (nccl.h was not found)");
 }
 
 #endif

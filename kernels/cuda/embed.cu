@@ -106,8 +106,8 @@ static tpk_status cuda_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, co
     cudaError_t e = cub::DeviceRadixSort::SortPairs(
         NULL, sort_bytes, (uint32_t *)NULL, (uint32_t *)NULL, (uint32_t *)NULL, (uint32_t *)NULL,
         (int)T, 0, end_bit, st->stream);
-    if (e != cudaSuccess) return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs (size "
-                                                        "query)", e);
+    if (e != cudaSuccess)
+        return tpk__cuda_err(ctx, fn, "cub::DeviceRadixSort::SortPairs (size query)", e);
     size_t keys_bytes = (4 * n * sizeof(uint32_t) + 255) / 256 * 256;
     char *scratch;
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, keys_bytes + sort_bytes, (void **)&scratch));

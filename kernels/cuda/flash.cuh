@@ -110,11 +110,12 @@
 /* D (16x8 f32) += A (16x16 bf16) B (16x8 bf16) over the warp */
 __device__ __forceinline__ void tpk__fl_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, "
-                 "%6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #else
     (void)d, (void)a, (void)b; /* never launched below sm_80 (tpk__flash_usable) */
 #endif
@@ -696,8 +697,8 @@ __global__ void __launch_bounds__(32 * W, 2)
     constexpr bool CHUNKED = D == 64, KVREG = CHUNKED;
     constexpr int KUNR = DROP && D == 128 ? 2 : D / 16; /* the whole-tile steps: the unroll of S^T's
                                                            and dP^T's k loops */
-    static_assert(W == 4 && KEYS == TPK__FL_ROWS, "dQ's GEMM: 4 warps of 32 queries x D / 2 "
-                                                  "columns over the block's 64 keys");
+    static_assert(W == 4 && KEYS == TPK__FL_ROWS,
+                  "dQ's GEMM: 4 warps of 32 queries x D / 2 columns over the block's 64 keys");
     TPK__FL_SMEM(uint16_t, Ks); /* [KEYS][LD] each: K, V of the block's keys */
     uint16_t *Vs = Ks + KEYS * LD, *Qb = Vs + KEYS * LD,
              *dOb =

@@ -211,8 +211,9 @@ static tpk_status gemm_fallback(tpk_ctx *ctx, const char *fn, tpk__cuda_state *s
                                 int64_t lda, const void *b, int64_t ldb, float beta, void *c,
                                 int64_t ldc, tpk_dtype dt, tpk_dtype cdt) {
     if ((m + FB_TILE - 1) / FB_TILE > 65535)
-        return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cuBLASLt has no algorithm and m = %lld is too "
-                                                   "large for the fallback", (long long)m);
+        return tpk__fail(ctx, TPK_ERR_BACKEND, fn,
+                         "cuBLASLt has no algorithm and m = %lld is too large for the fallback",
+                         (long long)m);
     dim3 grid((unsigned)((n + FB_TILE - 1) / FB_TILE), (unsigned)((m + FB_TILE - 1) / FB_TILE)),
         block(FB_TILE, FB_TILE);
     tpk__by_dtype(dt, [&](auto tag) {

@@ -159,8 +159,8 @@ static tpk_status ln_fwd_launch(tpk_ctx *ctx, const char *fn, void *x1, const vo
                                 bool rms) {
     bool any = rows > 0;
     if (!any) return TPK_OK;
-    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX, "grid: up to LN_WARPS rows a "
-                                                                     "block"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "rows", rows, (int64_t)INT_MAX,
+                            "grid: up to LN_WARPS rows a block"));
     TPK__CUDA_STATE(st, ctx, fn);
     bool vec = ln_vec(cols, {x1, r, y, x, w, b});
     ln_team tm = ln_team_for(cols);

@@ -39,8 +39,9 @@ tpk__cuda_state *tpk__cuda_get(tpk_ctx *ctx, const char *fn) {
     s.smem_optin = (size_t)optin;
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
-        tpk__cuda_err(ctx, fn, "CUDA initialisation (cudaGetDevice, cudaDeviceGetAttribute, "
-                               "cudaStreamCreate)", e);
+        tpk__cuda_err(
+            ctx, fn,
+            "CUDA initialisation (cudaGetDevice, cudaDeviceGetAttribute, cudaStreamCreate)", e);
         return NULL;
     }
     cublasStatus_t b = cublasLtCreate(&s.lt);

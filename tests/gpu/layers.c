@@ -54,8 +54,8 @@ static void *upload(tpk_ctx *ctx, const float *x) {
 }
 static void download(tpk_ctx *ctx, tpk_tensor t, float *out) {
     test_poison(out, T * H);
-    CHECK(t.layout.kind == TPK_LAYOUT_R && tpk_numel(&t) == T * H, "expected a replicated [T, H] "
-                                                                   "tensor");
+    CHECK(t.layout.kind == TPK_LAYOUT_R && tpk_numel(&t) == T * H,
+          "expected a replicated [T, H] tensor");
     CHECK_OK(ctx, ctx->ops->memcpy(ctx, out, t.data, sizeof(float) * T * H,
                                    ctx->ops->device ? TPK_D2H : TPK_H2H));
 }
@@ -196,8 +196,9 @@ int main(int argc, char **argv) {
      * (tpk_train_step with norm = NULL); a log step reads the loss (tpk_xent_loss_read) and the
      * norm (tpk_train_norm_read): one download each */
     if (test__size == 1)
-        TEST_CASE("a GPT-2 training step on the GPU (bf16, dropout 0.1, clipping) does not wait "
-                  "for the device; reading the loss and the norm waits once each") {
+        TEST_CASE(
+            "a GPT-2 training step on the GPU (bf16, dropout 0.1, clipping) does not wait for the "
+            "device; reading the loss and the norm waits once each") {
             tpk_ctx cd;
             tpk_gpt2 m;
             tpk_adamw opt;
@@ -242,10 +243,12 @@ int main(int argc, char **argv) {
                       "step %d: %lld forwards, loss %g, norm %g", step, (long long)n, loss, norm);
             }
             CHECK(waits == 0, "a training step waited %llu times for the device", waits);
-            CHECK(read_waits <= 1 && norm_waits <= 1, "reading the loss waited %llu times, the "
-                                                      "norm %llu", read_waits, norm_waits);
-            printf("  a training step waits %llu times for the device, reading its loss %llu more, "
-                   "its norm %llu\n", waits, read_waits, norm_waits);
+            CHECK(read_waits <= 1 && norm_waits <= 1,
+                  "reading the loss waited %llu times, the norm %llu", read_waits, norm_waits);
+            printf(
+                "  a training step waits %llu times for the device, reading its loss %llu more, "
+                "its norm %llu\n",
+                waits, read_waits, norm_waits);
             tpk_adamw_destroy(&cd, &opt), tpk_gpt2_destroy(&cd, &m), tpk_ctx_destroy(&cd);
         }
     tpk_comm_destroy(&world_d);

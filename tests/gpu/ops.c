@@ -332,8 +332,10 @@ static void dev_close(const void *got, const void *want, size_t n, tpk_dtype dt,
  * (an epilogue needs 16-byte vectors) against the same composition, bit for bit. Outputs
  * poisoned first. x [T, k], W [n, k], pre / du [T, n], dy [T, k2], W2 [k2, n]. */
 static void test_epilogues_composed(tpk_dtype dt) {
-    TEST_CASE("linear_fwd, linear_bwd_act: each epilogue against gemm + bias_add + act_fwd / "
-              "act_bwd + bias_grad on the GPU [%s]", tpk_dtype_name(dt)) {
+    TEST_CASE(
+        "linear_fwd, linear_bwd_act: each epilogue against gemm + bias_add + act_fwd / act_bwd + "
+        "bias_grad on the GPU [%s]",
+        tpk_dtype_name(dt)) {
         int64_t T = 67, n = 96, k = 80, k2 = 48;
         size_t es = tpk_dtype_size(dt), tn = (size_t)(T * n), pad = 8; /* pad: room for the copies
                                                                           at +1 element */
@@ -535,8 +537,9 @@ static void test_rope_swiglu(tpk_dtype dt) {
                      ch.ops->rope(&ch, y.h, ld, x.h, ld, rows, S, heads, D, 10000.0f, inv, dt));
             CHECK_OK(&cd,
                      cd.ops->rope(&cd, y.d, ld, x.d, ld, rows, S, heads, D, 10000.0f, inv, dt));
-            pair_check(&cd, &y, tol_for(dt, TOL_SAME), inv ? "rope inverse (the columns past the "
-                                                             "heads left as they were)" : "rope");
+            pair_check(&cd, &y, tol_for(dt, TOL_SAME),
+                       inv ? "rope inverse (the columns past the heads left as they were)"
+                           : "rope");
             pair_free(&cd, &y);
         }
         /* rows of another stride into a packed y: the inverse undoes the forward */
@@ -625,9 +628,10 @@ static void *pair_bytes(pair *p) {
  * turn. Vl = 3001 in rows of 3008, h0 = 1504: both shards in 16-byte vectors, one a thread of the
  * 1024 (XENT_THREADS); Vl = 20001 in rows of 20008, h0 = 10004: several vectors a thread. */
 static void test_xent(tpk_dtype dt, int64_t ld, int64_t Vl, int64_t h0) {
-    TEST_CASE("cross-entropy pieces [%s] %lld columns in rows of %lld: statistics of two shards, "
-              "loss over P = 2, gradient, fused", tpk_dtype_name(dt),
-              (long long)Vl, (long long)ld) {
+    TEST_CASE(
+        "cross-entropy pieces [%s] %lld columns in rows of %lld: statistics of two shards, loss "
+        "over P = 2, gradient, fused",
+        tpk_dtype_name(dt), (long long)Vl, (long long)ld) {
         int64_t T = 33, v0 = 100, V = v0 + Vl + 383;
         float yv[33];
         for (int t = 0; t < T; t++)
@@ -712,8 +716,9 @@ static void test_xent(tpk_dtype dt, int64_t ld, int64_t Vl, int64_t h0) {
  * double, the mean a float: equal up to one float rounding), a poisoned output written, running
  * sums, the same value on a second run (deterministic). */
 static void test_xent_mean(void) {
-    TEST_CASE("xent_mean: the mean loss in device memory against the host's, running sums, "
-              "deterministic") {
+    TEST_CASE(
+        "xent_mean: the mean loss in device memory against the host's, running sums, "
+        "deterministic") {
         const int64_t Ts[4] = {0, 1, 333, 70000}, counts[4] = {0, 1, 300, 69999};
         for (int c = 0; c < 4; c++) {
             int64_t T = Ts[c], count = counts[c];
@@ -730,12 +735,10 @@ static void test_xent_mean(void) {
                          cd.ops->xent_mean(&cd, acc_d, (const float *)loss.d, T, count, false));
                 CHECK_OK(&cd, cd.ops->memcpy(&cd, &dacc[run], acc_d, sizeof(double), TPK_D2H));
             }
-            CHECK(fabs(dacc[0] - hacc) <= 1.2e-7 * fabs(hacc), "T = %lld: device mean %.9g, host "
-                                                               "%.9g", (long long)T, dacc[0], hacc);
+            CHECK(fabs(dacc[0] - hacc) <= 1.2e-7 * fabs(hacc),
+                  "T = %lld: device mean %.9g, host %.9g", (long long)T, dacc[0], hacc);
             CHECK(memcmp(&dacc[0], &dacc[1], sizeof(double)) == 0,
-                  "T = %lld: two runs differ: "
-                  "%.17g, %.17g",
-                  (long long)T, dacc[0], dacc[1]);
+                  "T = %lld: two runs differ: %.17g, %.17g", (long long)T, dacc[0], dacc[1]);
             CHECK_OK(&ch, ch.ops->xent_mean(&ch, &hacc, (const float *)loss.h, T, count, true));
             CHECK_OK(&cd, cd.ops->xent_mean(&cd, acc_d, (const float *)loss.d, T, count, true));
             CHECK_OK(&cd, cd.ops->memcpy(&cd, &dacc[1], acc_d, sizeof(double), TPK_D2H));
@@ -752,10 +755,11 @@ static void test_xent_mean(void) {
  * generic ones; S = 45, 130, 200 are not multiples of their 64-row tiles */
 static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t A, int64_t G,
                            int64_t Al, int64_t head0) {
-    TEST_CASE("attention fwd/bwd D=%lld S=%lld p=%g, heads %lld..%lld of A=%lld over G=%lld "
-              "key/value heads [%s]",
-              (long long)D, (long long)S, (double)p, (long long)head0, (long long)(head0 + Al - 1),
-              (long long)A, (long long)G, tpk_dtype_name(dt)) {
+    TEST_CASE(
+        "attention fwd/bwd D=%lld S=%lld p=%g, heads %lld..%lld of A=%lld over G=%lld key/value "
+        "heads [%s]",
+        (long long)D, (long long)S, (double)p, (long long)head0, (long long)(head0 + Al - 1),
+        (long long)A, (long long)G, tpk_dtype_name(dt)) {
         int64_t B = 2, Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL);
         float scale = 1.0f / sqrtf((float)D);
         size_t nq = (size_t)(B * S * (Al + 2 * Gl) * D), no = (size_t)(B * S * Al * D),
@@ -805,8 +809,9 @@ static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t 
 /* The profiler on the CUDA backend: ops timed by CUDA events in stream order, read at the step's
  * end. */
 static void test_profiler(void) {
-    TEST_CASE("profiler on the CUDA backend: CUDA events around each op, times read when the step "
-              "closes") {
+    TEST_CASE(
+        "profiler on the CUDA backend: CUDA events around each op, times read when the step "
+        "closes") {
         int64_t m = 512, n = 512, k = 512;
         pair a = pair_randn(&cd, (size_t)(m * k), TPK_BF16, 95, 1.0f),
              b = pair_randn(&cd, (size_t)(k * n), TPK_BF16, 96, 1.0f);
@@ -891,8 +896,9 @@ static void test_optimizer(void) {
             bad16 += ((uint16_t *)w16.h)[i] != tpk_f32_to_bf16(((float *)w.h)[i]);
             badd16 += d16[i] != tpk_f32_to_bf16(wd[i]);
         }
-        CHECK(bad16 == 0 && badd16 == 0, "adamw's bf16 copy: %d (host), %d (device) of %zu "
-                                         "elements are not bf16(w)", bad16, badd16, n);
+        CHECK(bad16 == 0 && badd16 == 0,
+              "adamw's bf16 copy: %d (host), %d (device) of %zu elements are not bf16(w)", bad16,
+              badd16, n);
         free(wd), free(d16);
         pair_free(&cd, &w16);
         cd.ops->free(&cd, runs_d);
@@ -922,8 +928,9 @@ static void test_optimizer(void) {
 }
 
 static void test_errors(void) {
-    TEST_CASE("bad arguments on the CUDA context: refused by the front end (tpk_op_*), the "
-              "argument named") {
+    TEST_CASE(
+        "bad arguments on the CUDA context: refused by the front end (tpk_op_*), the argument "
+        "named") {
         void *p = NULL;
         CHECK_OK(&cd, tpk_op_alloc(&cd, 1024, &p));
         CHECK_FAILS(&cd,
@@ -949,8 +956,9 @@ static void test_errors(void) {
         CHECK_FAILS(&cd, tpk_op_xent_grad(&cd, p, p, p, p, p, 2, 2, 2, 0, 2, 1.5f, -100, TPK_F32),
                     TPK_ERR_ARG, "smoothing");
     }
-    TEST_CASE("the CUDA backend's own limits (head dim, grid, 32-bit sort keys): refused before a "
-              "launch, named") {
+    TEST_CASE(
+        "the CUDA backend's own limits (head dim, grid, 32-bit sort keys): refused before a "
+        "launch, named") {
         void *p = NULL;
         CHECK_OK(&cd, tpk_op_alloc(&cd, 1024, &p));
         /* valid for the front end; the buffers are never touched */

@@ -206,8 +206,9 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
                                     const int64_t *gshape) {
     char a[64], b[64];
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected a tensor, got NULL", arg);
-    if (t->ndim != ndim) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected %d dimensions, got "
-                                                                  "%d", arg, ndim, t->ndim);
+    if (t->ndim != ndim)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected %d dimensions, got %d", arg, ndim,
+                         t->ndim);
     if (t->dtype != dt)
         return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "%s: expected dtype %s, got %s", arg,
                          tpk_dtype_name(dt), tpk_dtype_name(t->dtype));
@@ -217,29 +218,29 @@ static inline tpk_status tpk__check(tpk_ctx *ctx, const char *fn, const char *ar
     char c[64];
     int sd = tpk_layout_dim(want, ndim);
     if (sd >= 0 && t->gshape[sd] % (tpk_layout_stride(want) * tpk_layout_unit(want)))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: dim %d (%lld) is not a multiple of the "
-                                                 "layout's stride x unit %d", arg, sd,
-                         (long long)t->gshape[sd], tpk_layout_stride(want) * tpk_layout_unit(want));
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "%s: dim %d (%lld) is not a multiple of the layout's stride x unit %d",
+                         arg, sd, (long long)t->gshape[sd],
+                         tpk_layout_stride(want) * tpk_layout_unit(want));
     for (int i = 0; i < ndim; i++) {
         if (gshape && gshape[i] >= 0 && t->gshape[i] != gshape[i]) {
             int64_t show[TPK_MAX_DIMS];
             for (int j = 0; j < ndim; j++) show[j] = gshape[j];
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected global shape %s (dim %d = "
-                                                     "%lld), got %s", arg,
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                             "%s: expected global shape %s (dim %d = %lld), got %s", arg,
                              tpk__shape_str(show, ndim, a, sizeof a), i, (long long)gshape[i],
                              tpk__shape_str(t->gshape, ndim, c, sizeof c));
         }
         int64_t local =
             i == sd ? tpk_tp_shard_size(ctx, t->gshape[i], want, ctx->tp.rank) : t->gshape[i];
         if (t->shape[i] != local || t->shape[i] < 0)
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                             "%s: local shape %s does not match layout %s of global shape %s on "
-                             "rank %d of %d "
-                             "(dim %d should be %lld)",
-                             arg, tpk__shape_str(t->shape, ndim, a, sizeof a),
-                             tpk_layout_str(want, b, sizeof b),
-                             tpk__shape_str(t->gshape, ndim, c, sizeof c), ctx->tp.rank,
-                             ctx->tp.size, i, (long long)local);
+            return tpk__fail(
+                ctx, TPK_ERR_SHAPE, fn,
+                "%s: local shape %s does not match layout %s of global shape %s on rank %d of %d "
+                "(dim %d should be %lld)",
+                arg, tpk__shape_str(t->shape, ndim, a, sizeof a), tpk_layout_str(want, b, sizeof b),
+                tpk__shape_str(t->gshape, ndim, c, sizeof c), ctx->tp.rank, ctx->tp.size, i,
+                (long long)local);
     }
     if (!t->data && tpk_numel(t) > 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: data is NULL", arg);
@@ -283,9 +284,7 @@ static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst
     }
     if (strlen(given) >= n)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->name: \"%.40s...\" is "
-                         "longer than %zu characters",
-                         given, n - 1);
+                         "desc->name: \"%.40s...\" is longer than %zu characters", given, n - 1);
     memcpy(dst, given, strlen(given) + 1);
     return TPK_OK;
 }

@@ -29,9 +29,8 @@ static inline tpk_status tpk__act_check(tpk_ctx *ctx, const char *fn, tpk_activa
                          (int)g->act);
     if (x->layout.kind == TPK_LAYOUT_P)
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
-                         "%s: expected layout R or S(d), got %s (reduce "
-                         "it first)",
-                         arg, tpk_layout_str(x->layout, a, sizeof a));
+                         "%s: expected layout R or S(d), got %s (reduce it first)", arg,
+                         tpk_layout_str(x->layout, a, sizeof a));
     if (x->ndim < 1 || x->ndim > TPK_MAX_DIMS)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 1..%d dimensions, got %d", arg,
                          TPK_MAX_DIMS, x->ndim);

@@ -50,9 +50,8 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
     if (H < 1 || H % A)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "H: expected a positive multiple "
-                         "of A = %lld, got %lld",
-                         (long long)A, (long long)H);
+                         "H: expected a positive multiple of A = %lld, got %lld", (long long)A,
+                         (long long)H);
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g",
                          (double)d.dropout);
@@ -133,13 +132,11 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
                                                int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_attention_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                            "attention");
+    if (!a || !a->A)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
     if (B < 0 || S < 0)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "B, S: expected >= 0, got %lld, "
-                         "%lld",
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
     if (x.ndim == 2 && x.gshape[0] != B * S)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S = %lld token rows, got %lld",
@@ -158,8 +155,8 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
                                                 tpk_tensor *dx) {
     static const char *fn = "tpk_attention_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                            "attention");
+    if (!a || !a->A)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!a->qkv.ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
@@ -229,20 +226,21 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "A: expected >= 1 heads, got %lld", (long long)A);
     if (H < 1 || H % A)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "H: expected a positive multiple "
-                         "of A = %lld, got %lld",
-                         (long long)A, (long long)H);
+                         "H: expected a positive multiple of A = %lld, got %lld", (long long)A,
+                         (long long)H);
     if (G < 1 || A % G)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "desc->kv_heads: expected a divisor of A = %lld "
-                         "query heads, got %lld",
+                         "desc->kv_heads: expected a divisor of A = %lld query heads, got %lld",
                          (long long)A, (long long)G);
     if (d.rope_theta >= 0 && ((H / A) % 2))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H / A: rotary embeddings need an even head size, "
-                                                 "got %lld", (long long)(H / A));
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "H / A: rotary embeddings need an even head size, got %lld",
+                         (long long)(H / A));
     if (d.rope_theta > 0 && !(d.rope_theta > 1.0f && !isinf(d.rope_theta)))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->rope_theta: expected a finite base > 1 (0 = "
-                                               "10000, < 0 = none), got %g", (double)d.rope_theta);
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->rope_theta: expected a finite base > 1 (0 = 10000, < 0 = none), got %g",
+            (double)d.rope_theta);
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g",
                          (double)d.dropout);
@@ -312,13 +310,11 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
                                                    int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_gqa_attention_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                            "attention");
+    if (!a || !a->A)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
     if (B < 0 || S < 0)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "B, S: expected >= 0, got %lld, "
-                         "%lld",
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
     int64_t want[2] = {B * S, a->H};
     TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
@@ -381,11 +377,11 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
                                                     tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_gqa_attention_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!a || !a->A) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                            "attention");
+    if (!a || !a->A)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised attention");
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
-    if (!a->o_proj.x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
-                                                                  "forward", a->name);
+    if (!a->o_proj.x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
     int64_t B = a->B, S = a->S, T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
     tpk_tensor dout, xg;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->o_proj, dy, &dout)); /* S(-1) [T, Al D] */

@@ -74,18 +74,15 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
                                                int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_embedding_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                            "embedding");
+    if (!e || !e->V)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
     if (B < 0 || S < 0)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "B, S: expected >= 0, got %lld, "
-                         "%lld",
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
     if (e->wpe >= 0 && S > e->P)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "S: sequence of %lld is longer than the position "
-                         "table (%lld positions)",
+                         "S: sequence of %lld is longer than the position table (%lld positions)",
                          (long long)S, (long long)e->P);
     int64_t T = B * S;
     if (T && !ids) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ids: NULL");
@@ -135,8 +132,8 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
 static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, tpk_tensor dy) {
     static const char *fn = "tpk_embedding_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!e || !e->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                            "embedding");
+    if (!e || !e->V)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
     int64_t T = e->B * e->S, want[2] = {T, e->H};
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     if (e->sp) {

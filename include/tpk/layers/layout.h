@@ -139,26 +139,28 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
                          TPK_MAX_DIMS, in->ndim);
     if (in->layout.kind == TPK_LAYOUT_S && tpk_layout_dim(in->layout, in->ndim) < 0)
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
-                         "in: layout %s names no dimension of a %d-D "
-                         "tensor",
+                         "in: layout %s names no dimension of a %d-D tensor",
                          tpk_layout_str(in->layout, a, sizeof a), in->ndim);
     if (to.kind == TPK_LAYOUT_S && tpk_layout_dim(to, in->ndim) < 0)
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
-                         "to: layout %s names no dimension of a %d-D "
-                         "tensor",
+                         "to: layout %s names no dimension of a %d-D tensor",
                          tpk_layout_str(to, a, sizeof a), in->ndim);
     if (to.kind == TPK_LAYOUT_S && in->gshape[tpk_layout_dim(to, in->ndim)] % tpk_layout_unit(to))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "to: dim %d (%lld) is not a multiple of the unit "
-                                                 "%d", tpk_layout_dim(to, in->ndim),
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "to: dim %d (%lld) is not a multiple of the unit %d",
+                         tpk_layout_dim(to, in->ndim),
                          (long long)in->gshape[tpk_layout_dim(to, in->ndim)], tpk_layout_unit(to));
     if (tpk_layout_stride(in->layout) > 1 || tpk_layout_stride(to) > 1)
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: strided shards are consumed where they are "
-                                                  "made (attention); no conversion",
-                         tpk_layout_stride(to) > 1 ? "to" : "in");
+        return tpk__fail(
+            ctx, TPK_ERR_LAYOUT, fn,
+            "%s: strided shards are consumed where they are made (attention); no conversion",
+            tpk_layout_stride(to) > 1 ? "to" : "in");
     if (tpk_layout_group(in->layout) > 1 || tpk_layout_group(to) > 1)
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: grouped key/value shards are consumed where "
-                                                  "they are made (attention); no conversion",
-                         tpk_layout_group(to) > 1 ? "to" : "in");
+        return tpk__fail(
+            ctx, TPK_ERR_LAYOUT, fn,
+            "%s: grouped key/value shards are consumed where they are made (attention); no "
+            "conversion",
+            tpk_layout_group(to) > 1 ? "to" : "in");
     TPK_TRY(tpk__check(ctx, fn, "in", in, in->layout, in->dtype, in->ndim, NULL));
     int din = tpk_layout_dim(in->layout, in->ndim), dto = tpk_layout_dim(to, in->ndim);
     tpk_tensor o = *in;
@@ -191,9 +193,10 @@ static inline tpk_status tpk_convert(tpk_ctx *ctx, const tpk_tensor *in, tpk_lay
     } else {
         /* R -> P and S -> P are not conversions (a partial value is not determined), nor S(d) ->
          * S(e) */
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "no conversion from %s to %s (expected to: R or "
-                                                  "S(d) from P, R from S(d), S(d) from R)",
-                         tpk_layout_str(in->layout, a, sizeof a), tpk_layout_str(to, b, sizeof b));
+        return tpk__fail(
+            ctx, TPK_ERR_LAYOUT, fn,
+            "no conversion from %s to %s (expected to: R or S(d) from P, R from S(d), S(d) from R)",
+            tpk_layout_str(in->layout, a, sizeof a), tpk_layout_str(to, b, sizeof b));
     }
     if (s == TPK_OK) *out = o;
     return s;
@@ -258,8 +261,9 @@ static inline tpk_status tpk__region(tpk_ctx *ctx, tpk_region r, bool backward,
     char a[64], b[64];
     if (!ctx) return TPK_ERR_ARG;
     const tpk__region_rule *rule = tpk__region_rules(r);
-    if (!rule) return tpk__fail(ctx, TPK_ERR_ARG, fn, "region: expected a tpk_region (0..%d), got "
-                                                      "%d", TPK_REGION_N - 1, (int)r);
+    if (!rule)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "region: expected a tpk_region (0..%d), got %d",
+                         TPK_REGION_N - 1, (int)r);
     if (!in) return tpk__fail(ctx, TPK_ERR_ARG, fn, "in: NULL");
     tpk_layout want = backward ? rule->bwd_in : rule->fwd_in,
                to = backward ? rule->bwd_out : rule->fwd_out;

@@ -108,48 +108,56 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
     if (out < 1)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "out: expected >= 1, got %lld", (long long)out);
     int s = l->d.stride > 0 ? l->d.stride : 1, u = l->d.unit > 0 ? l->d.unit : 1;
-    if (s > 1 && !column) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->stride: only a column "
-                                                                 "linear has a stride, got %d", s);
+    if (s > 1 && !column)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->stride: only a column linear has a stride, got %d", s);
     if ((column ? out : in) % ((int64_t)s * u))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %lld is not a multiple of desc->stride x "
-                                                 "desc->unit = %d", column ? "out" : "in",
-                         (long long)(column ? out : in), s * u);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "%s: %lld is not a multiple of desc->stride x desc->unit = %d",
+                         column ? "out" : "in", (long long)(column ? out : in), s * u);
     if (s > 1 && l->d.gather_output)
         return tpk__fail(
             ctx, TPK_ERR_ARG, fn,
             "desc->gather_output: not with desc->stride %d (a strided shard is consumed in place)",
             s);
     if (l->d.gather_output && l->d.sequence_parallel)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->gather_output: not with "
-                                               "desc->sequence_parallel (the output stays S(-1))");
-    if (l->d.init_std < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, "
-                                                                  "got %g", (double)l->d.init_std);
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->gather_output: not with desc->sequence_parallel (the output stays S(-1))");
+    if (l->d.init_std < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g",
+                         (double)l->d.init_std);
     if (l->d.weight && !column)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->weight: only a column linear takes a shared weight");
     if (l->d.group < 0 || (l->d.group > 1 && (!column || s > 1 || l->d.weight)))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->group: expected 0 or 1, or > 1 on a column "
-                         "linear without stride or shared weight, got %d",
-                         l->d.group);
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->group: expected 0 or 1, or > 1 on a column linear without stride or shared "
+            "weight, got %d",
+            l->d.group);
     if (l->d.parts[0] && (!column || s < 2 || s > 8 || l->d.weight))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->parts: only a column linear with 2..8 stride "
-                                               "blocks and its own weight registers parts");
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->parts: only a column linear with 2..8 stride blocks and its own weight "
+            "registers parts");
     for (int i = 0; l->d.parts[0] && i < s; i++)
         if (!l->d.parts[i] || !l->d.parts[i][0])
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "desc->parts[%d]: expected a name (one per stride block, %d)", i, s);
     if (l->d.partial_dx && (!column || l->d.sequence_parallel))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->partial_dx: only a column linear without "
-                                               "sequence parallelism returns dx partial");
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->partial_dx: only a column linear without sequence parallelism returns dx "
+            "partial");
     if ((unsigned)l->d.act >= (unsigned)TPK_ACT_COUNT)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d",
                          (int)l->d.act);
     if (l->d.act != TPK_ACT_NONE && !column)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->act: only a column linear fuses an "
-                         "activation (its output is S(-1)), got %s",
-                         tpk_act_name(l->d.act));
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->act: only a column linear fuses an activation (its output is S(-1)), got %s",
+            tpk_act_name(l->d.act));
     l->d.stride = s, l->d.unit = u;
     l->column = column, l->in = in, l->out = out, l->b = -1;
     int g = l->d.group > 1 ? l->d.group : 1;
@@ -167,9 +175,11 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         for (int i = 1; i < p->ndim; i++) cols *= p->gshape[i];
         if (rows != out || cols != in || p->split_dim != 0 || p->stride != s ||
             tpk_layout_unit(p->layout) != u)
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->weight: \"%s\" is not an [%lld, %lld] "
-                                                     "weight split on dim 0 (stride %d, unit %d)",
-                             p->name, (long long)out, (long long)in, s, u);
+            return tpk__fail(
+                ctx, TPK_ERR_SHAPE, fn,
+                "desc->weight: \"%s\" is not an [%lld, %lld] weight split on dim 0 (stride %d, "
+                "unit %d)",
+                p->name, (long long)out, (long long)in, s, u);
         l->w = l->d.weight - 1;
     } else if (l->d.parts[0]) { /* s parameters registered in a row: their shards are the strided
                                    shard */
@@ -231,22 +241,20 @@ static inline tpk_status tpk__linear_common(tpk_ctx *ctx, const char *fn, tpk_li
                                             const tpk_tensor *out) {
     if (!ctx) return TPK_ERR_ARG;
     if (!l || !l->name[0])
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "layer: expected an initialised "
-                         "layer, got %s",
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layer, got %s",
                          l ? "an empty one" : "NULL");
     if (l->column != column)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: \"%s\" is a %s linear, expected a %s linear",
                          l->name, l->column ? "column" : "row", column ? "column" : "row");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     if (!x) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);
-    if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, "
-                                                               "features], got %d", arg, x->ndim);
+    if (x->ndim != 2)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
     if (x->dtype != ctx->dtype)
         return tpk__fail(ctx, TPK_ERR_DTYPE, fn,
-                         "%s: expected dtype %s (the context's dtype), got "
-                         "%s",
-                         arg, tpk_dtype_name(ctx->dtype), tpk_dtype_name(x->dtype));
+                         "%s: expected dtype %s (the context's dtype), got %s", arg,
+                         tpk_dtype_name(ctx->dtype), tpk_dtype_name(x->dtype));
     return TPK_OK;
 }
 
@@ -427,9 +435,9 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         char b[64];
         tpk_layout want_l = TPK_S_EX(-1, 1, l->d.unit);
         if (!tpk_layout_eq(x.layout, want_l, 2))
-            return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "x: expected layout %s (or R, sliced here), "
-                                                      "got %s", tpk_layout_str(want_l, b, sizeof b),
-                             tpk_layout_str(x.layout, a, sizeof a));
+            return tpk__fail(
+                ctx, TPK_ERR_LAYOUT, fn, "x: expected layout %s (or R, sliced here), got %s",
+                tpk_layout_str(want_l, b, sizeof b), tpk_layout_str(x.layout, a, sizeof a));
         TPK_TRY(tpk__check(ctx, fn, "x", &x, want_l, ctx->dtype, 2, want));
     }
     int64_t T = x.shape[0], n = l->n_local;
@@ -494,9 +502,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxs));
     if (own_dx && l->x_was_R)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "layer \"%s\": an owner's dx "
-                         "GEMM needs an S(-1) input",
-                         l->name);
+                         "layer \"%s\": an owner's dx GEMM needs an S(-1) input", l->name);
     if (n && T) {
         if (own_dx)
             TPK_TRY(own_dx->fn(ctx, own_dx->user, dxs.data, dy.data, tpk__param_w(ctx, l->w), T, n,

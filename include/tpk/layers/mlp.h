@@ -40,8 +40,9 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H,
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if ((unsigned)d.act >= (unsigned)TPK_ACT_COUNT)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d", (int)d.act);
-    if (d.hidden < 0) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (0 = 4 "
-                                                               "H), got %lld", (long long)d.hidden);
+    if (d.hidden < 0)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "desc->hidden: expected >= 1 (0 = 4 H), got %lld",
+                         (long long)d.hidden);
     TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "mlp"));
     m->H = H, m->F = d.hidden ? d.hidden : 4 * H;
     char pn[128];
@@ -163,8 +164,7 @@ static inline tpk_status tpk_swiglu_mlp_init(tpk_ctx *ctx, tpk_swiglu_mlp *m, in
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (d.hidden < 1)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "desc->hidden: expected >= 1 (the "
-                         "intermediate size F), got %lld",
+                         "desc->hidden: expected >= 1 (the intermediate size F), got %lld",
                          (long long)d.hidden);
     TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "mlp"));
     m->H = H, m->F = d.hidden;
@@ -201,8 +201,8 @@ static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m,
                                                 tpk_tensor *y) {
     static const char *fn = "tpk_swiglu_mlp_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU "
-                                                            "MLP");
+    if (!m || !m->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU MLP");
     TPK_TRY(tpk_col_linear_forward(ctx, &m->gate_up, x, &m->gu)); /* [T, 2 F_r] = [gate_r | up_r] */
     tpk_tensor h;
     TPK_TRY(tpk__swiglu_product(ctx, m, &h));
@@ -237,8 +237,8 @@ static inline tpk_status tpk_swiglu_mlp_backward(tpk_ctx *ctx, tpk_swiglu_mlp *m
                                                  tpk_tensor *dx) {
     static const char *fn = "tpk_swiglu_mlp_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU "
-                                                            "MLP");
+    if (!m || !m->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised SwiGLU MLP");
     if (!m->gu.ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", m->name);
     tpk_tensor dh, dgu = m->gu;

@@ -55,8 +55,8 @@ static inline tpk_status tpk__ln_check(tpk_ctx *ctx, const char *fn, tpk_layerno
                                        const tpk_tensor *x, const char *arg, const void *out,
                                        int64_t T) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!l || !l->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                            "layernorm");
+    if (!l || !l->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layernorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
     return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want);
@@ -110,8 +110,8 @@ static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layern
 static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy,
                                                 tpk_tensor *dx) {
     static const char *fn = "tpk_layernorm_backward";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
-                                                                "forward", l->name);
+    if (l && !l->x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     TPK_TRY(tpk__ln_check(ctx, fn, l, &dy, "dy", dx, l ? l->x.gshape[0] : 0));
     int64_t rows = dy.shape[0];
     tpk_tensor o = dy;
@@ -131,8 +131,8 @@ static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, 
 static inline tpk_status tpk_layernorm_backward_add(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy,
                                                     tpk_tensor acc) {
     static const char *fn = "tpk_layernorm_backward_add";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
-                                                                "forward", l->name);
+    if (l && !l->x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     TPK_TRY(tpk__ln_check(ctx, fn, l, &dy, "dy", &acc, l ? l->x.gshape[0] : 0));
     TPK_TRY(tpk__check(ctx, fn, "acc", &acc, dy.layout, ctx->dtype, 2, dy.gshape));
     if (acc.data == dy.data && dy.shape[0])
@@ -182,8 +182,9 @@ static inline tpk_status tpk_rmsnorm_init(tpk_ctx *ctx, tpk_rmsnorm *l, int64_t 
     tpk_rmsnorm_desc d;
     TPK__INIT_LAYER(ctx, fn, l, d, desc);
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
-    if (!(d.eps >= 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0 (0 = 1e-6), "
-                                                              "got %g", (double)d.eps);
+    if (!(d.eps >= 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0 (0 = 1e-6), got %g",
+                         (double)d.eps);
     l->H = H, l->eps = d.eps > 0 ? d.eps : 1e-6f, l->sp = d.sequence_parallel;
     TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, d.name, "rms"));
     char pn[128];
@@ -226,8 +227,8 @@ static inline tpk_status tpk_rmsnorm_forward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_t
 static inline tpk_status tpk_rmsnorm_backward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy,
                                               tpk_tensor *dx) {
     static const char *fn = "tpk_rmsnorm_backward";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
-                                                                "forward", l->name);
+    if (l && !l->x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     TPK_TRY(tpk__rms_check(ctx, fn, l, &dy, "dy", dx, l ? l->x.gshape[0] : 0));
     int64_t rows = dy.shape[0];
     tpk_tensor o = dy;
@@ -244,8 +245,8 @@ static inline tpk_status tpk_rmsnorm_backward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_
 static inline tpk_status tpk_rmsnorm_backward_add(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy,
                                                   tpk_tensor acc) {
     static const char *fn = "tpk_rmsnorm_backward_add";
-    if (l && !l->x.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before "
-                                                                "forward", l->name);
+    if (l && !l->x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     TPK_TRY(tpk__rms_check(ctx, fn, l, &dy, "dy", &acc, l ? l->x.gshape[0] : 0));
     TPK_TRY(tpk__check(ctx, fn, "acc", &acc, dy.layout, ctx->dtype, 2, dy.gshape));
     if (acc.data == dy.data && dy.shape[0])

@@ -225,20 +225,21 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
                              desc->name, i, (long long)desc->shape[i]);
     if (desc->layout.kind == TPK_LAYOUT_P ||
         (desc->layout.kind == TPK_LAYOUT_S && tpk_layout_dim(desc->layout, desc->ndim) < 0))
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: layout: expected R or S(d) with d a "
-                                                  "dimension, got %s", desc->name,
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
+                         "%s: layout: expected R or S(d) with d a dimension, got %s", desc->name,
                          tpk_layout_str(desc->layout, a, sizeof a));
     if (tpk_layout_group(desc->layout) > 1 &&
         (tpk_layout_dim(desc->layout, desc->ndim) != 0 || tpk_layout_stride(desc->layout) != 1 ||
          desc->padded_rows))
-        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
-                         "%s: layout: a grouped layout must be on dim 0 "
-                         "with stride 1 and no padding, got %s",
-                         desc->name, tpk_layout_str(desc->layout, a, sizeof a));
+        return tpk__fail(
+            ctx, TPK_ERR_LAYOUT, fn,
+            "%s: layout: a grouped layout must be on dim 0 with stride 1 and no padding, got %s",
+            desc->name, tpk_layout_str(desc->layout, a, sizeof a));
     if (desc->init != TPK_INIT_ZEROS && desc->init != TPK_INIT_ONES &&
         desc->init != TPK_INIT_NORMAL)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: init: expected TPK_INIT_ZEROS, _ONES or "
-                                               "_NORMAL, got %d", desc->name, (int)desc->init);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "%s: init: expected TPK_INIT_ZEROS, _ONES or _NORMAL, got %d", desc->name,
+                         (int)desc->init);
     tpk_param p;
     memset(&p, 0, sizeof p);
     snprintf(p.name, sizeof p.name, "%s", desc->name);
@@ -251,19 +252,22 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     p.padded_rows = desc->padded_rows ? desc->padded_rows : p.gshape[0];
     if (desc->padded_rows &&
         (desc->padded_rows < p.gshape[0] || p.split_dim > 0 || (p.split_dim == 0 && p.stride != 1)))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "%s: padded_rows: expected >= shape[0] = %lld with "
-                         "layout R or S(0) (stride 1), got %lld with %s",
-                         desc->name, (long long)p.gshape[0], (long long)desc->padded_rows,
-                         tpk_layout_str(desc->layout, a, sizeof a));
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "%s: padded_rows: expected >= shape[0] = %lld with layout R or S(0) (stride 1), got "
+            "%lld with %s",
+            desc->name, (long long)p.gshape[0], (long long)desc->padded_rows,
+            tpk_layout_str(desc->layout, a, sizeof a));
     p.shape[0] = p.padded_rows; /* stored rows; the split below shards them */
     if (p.split_dim >= 0) {
         int64_t n = p.split_dim == 0 ? p.padded_rows : p.gshape[p.split_dim],
                 su = (int64_t)p.stride * tpk_layout_unit(desc->layout);
         if (p.stride > 64 || n % su)
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: layout: dim %d (%lld) must be a multiple "
-                                                     "of stride x unit = %lld (stride at most 64)",
-                             desc->name, p.split_dim, (long long)n, (long long)su);
+            return tpk__fail(
+                ctx, TPK_ERR_SHAPE, fn,
+                "%s: layout: dim %d (%lld) must be a multiple of stride x unit = %lld (stride at "
+                "most 64)",
+                desc->name, p.split_dim, (long long)n, (long long)su);
         p.shape[p.split_dim] = tpk_tp_shard_size(ctx, n, desc->layout, ctx->tp.rank);
     }
     for (int i = 0; i < p.ndim; i++) p.numel *= (size_t)p.shape[i];

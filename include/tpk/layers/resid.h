@@ -53,8 +53,9 @@ static inline tpk_status tpk__dropout_check(tpk_ctx *ctx, const char *fn, const 
     if (x->layout.kind != TPK_LAYOUT_R && !tpk_layout_eq(x->layout, TPK_S(0), x->ndim))
         return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected layout R or S(0), got %s", arg,
                          tpk_layout_str(x->layout, a, sizeof a));
-    if (x->ndim != 2) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected 2 dimensions [tokens, "
-                                                               "features], got %d", arg, x->ndim);
+    if (x->ndim != 2)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "%s: expected 2 dimensions [tokens, features], got %d", arg, x->ndim);
     return tpk__check(ctx, fn, arg, x, x->layout, ctx->dtype, 2, NULL);
 }
 
@@ -62,8 +63,8 @@ static inline tpk_status tpk__dropout_check(tpk_ctx *ctx, const char *fn, const 
 static inline tpk_status tpk_dropout_forward(tpk_ctx *ctx, tpk_dropout *d, tpk_tensor *x) {
     static const char *fn = "tpk_dropout_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!d || !d->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                                  "dropout");
+    if (!d || !d->name[0])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised dropout");
     TPK_TRY(tpk__dropout_check(ctx, fn, "x", x));
     d->stream = tpk__dropout_stream(ctx, d->name);
     d->layout = x->layout, d->T = x->gshape[0], d->rows = x->shape[0], d->H = x->shape[1];
@@ -77,8 +78,8 @@ static inline tpk_status tpk_dropout_forward(tpk_ctx *ctx, tpk_dropout *d, tpk_t
 static inline tpk_status tpk__dropout_check_dy(tpk_ctx *ctx, const char *fn, tpk_dropout *d,
                                                const tpk_tensor *dy, const char *arg) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!d || !d->name[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised "
-                                                                  "dropout");
+    if (!d || !d->name[0])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised dropout");
     if (!d->H)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", d->name);
     if (!dy) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg);

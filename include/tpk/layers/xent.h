@@ -62,17 +62,16 @@ static inline tpk_status tpk_xent_init(tpk_ctx *ctx, tpk_xent *ce, int64_t V,
     TPK__INIT_LAYER(ctx, fn, ce, d, desc);
     if (V < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "V: expected >= 1, got %lld", (long long)V);
     if (!(d.label_smoothing >= 0 && d.label_smoothing < 1))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->label_smoothing: expected 0 <= eps < 1, got "
-                                               "%g", (double)d.label_smoothing);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->label_smoothing: expected 0 <= eps < 1, got %g",
+                         (double)d.label_smoothing);
     if (d.padded_vocab && d.padded_vocab < V)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "desc->padded_vocab: expected >= V = %lld (or 0), "
-                         "got %lld",
-                         (long long)V, (long long)d.padded_vocab);
+                         "desc->padded_vocab: expected >= V = %lld (or 0), got %lld", (long long)V,
+                         (long long)d.padded_vocab);
     if (d.chunk_rows < 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->chunk_rows: expected >= 0 "
-                         "(0: all rows at once), got %lld",
+                         "desc->chunk_rows: expected >= 0 (0: all rows at once), got %lld",
                          (long long)d.chunk_rows);
     ce->counts = (size_t *)calloc((size_t)ctx->tp.size, sizeof(size_t));
     if (!ce->counts) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts: out of host memory");
@@ -140,9 +139,10 @@ static inline tpk_status tpk__xent_prepare(tpk_ctx *ctx, tpk_xent *ce, tpk_tenso
     for (int64_t i = 0; i < T; i++) {
         if (targets[i] == ce->ignore) continue;
         if (targets[i] < 0 || targets[i] >= ce->V)
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets[%lld] = %d: expected a token id in "
-                                                   "0..%lld or the ignore index %d", (long long)i,
-                             targets[i], (long long)(ce->V - 1), ce->ignore);
+            return tpk__fail(
+                ctx, TPK_ERR_ARG, fn,
+                "targets[%lld] = %d: expected a token id in 0..%lld or the ignore index %d",
+                (long long)i, targets[i], (long long)(ce->V - 1), ce->ignore);
         counted++;
     }
     size_t f = sizeof(float), n = (size_t)(T ? T : 1), P = (size_t)ctx->tp.size;
@@ -164,8 +164,8 @@ static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor
                                           const int32_t *targets, float *loss) {
     static const char *fn = "tpk_xent_forward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised "
-                                                              "cross-entropy");
+    if (!ce || !ce->V)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
     TPK_TRY(tpk_xent_settle(ctx, ce));
     TPK_TRY(tpk__xent_prepare(ctx, ce, z, targets, fn));
     TPK_TRY(tpk__xent_rows(ctx, ce, 0, ce->T));
@@ -188,8 +188,8 @@ static inline tpk_status tpk_xent_forward_deferred(tpk_ctx *ctx, tpk_xent *ce, t
                                                    const int32_t *targets) {
     static const char *fn = "tpk_xent_forward_deferred";
     if (!ctx) return TPK_ERR_ARG;
-    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised "
-                                                              "cross-entropy");
+    if (!ce || !ce->V)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
     TPK_TRY(tpk_xent_settle(ctx, ce));
     TPK_TRY(tpk__xent_prepare(ctx, ce, z, targets, fn));
     ce->pending = ce->pending_sum = true;
@@ -203,8 +203,8 @@ static inline tpk_status tpk_xent_forward_deferred(tpk_ctx *ctx, tpk_xent *ce, t
 static inline tpk_status tpk_xent_loss_read(tpk_ctx *ctx, tpk_xent *ce, double *sum, int64_t *n) {
     static const char *fn = "tpk_xent_loss_read";
     if (!ctx) return TPK_ERR_ARG;
-    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised "
-                                                              "cross-entropy");
+    if (!ce || !ce->V)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
     if (!sum) return tpk__fail(ctx, TPK_ERR_ARG, fn, "sum: NULL");
     TPK_TRY(tpk_xent_settle(ctx, ce));
     double v = 0;
@@ -227,12 +227,13 @@ static inline tpk_status tpk_xent_backward(tpk_ctx *ctx, tpk_xent *ce, float sca
                                            tpk_tensor *dz) {
     static const char *fn = "tpk_xent_backward";
     if (!ctx) return TPK_ERR_ARG;
-    if (!ce || !ce->V) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised "
-                                                              "cross-entropy");
+    if (!ce || !ce->V)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "ce: expected an initialised cross-entropy");
     if (!dz) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dz: NULL");
     if (!ce->z.ndim) return tpk__fail(ctx, TPK_ERR_ARG, fn, "backward before forward");
-    if (!isfinite(scale)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "scale: expected a finite number, "
-                                                                 "got %g", (double)scale);
+    if (!isfinite(scale))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "scale: expected a finite number, got %g",
+                         (double)scale);
     int64_t T = ce->T, ld = ce->z.shape[1], v0, Vl;
     tpk__xent_cols(ctx, ce, &v0, &Vl);
     float g = ce->counted ? scale / (float)ce->counted : 0.0f;

@@ -60,8 +60,9 @@ static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, 
     static const char *fn = "tpk_llama_block_init";
     if (!ctx) return TPK_ERR_ARG;
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: NULL");
-    if (!desc) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc: NULL (desc->heads and desc->ffn are "
-                                                      "required)");
+    if (!desc)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc: NULL (desc->heads and desc->ffn are required)");
     memset(b, 0, sizeof *b);
     tpk_llama_block_desc d = *desc;
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "layer"));
@@ -204,16 +205,17 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
     if (c.kv_heads == 0) c.kv_heads = c.heads;
     if (c.kv_heads < 1 || c.heads % c.kv_heads)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->kv_heads: expected a divisor of cfg->heads = "
-                         "%lld, got %lld",
+                         "cfg->kv_heads: expected a divisor of cfg->heads = %lld, got %lld",
                          (long long)c.heads, (long long)c.kv_heads);
     if ((c.hidden / c.heads) % 2)
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "cfg->hidden / cfg->heads: rotary embeddings need an even head size, got %lld",
+            (long long)(c.hidden / c.heads));
+    if (c.ffn < 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->hidden / cfg->heads: rotary embeddings need "
-                         "an even head size, got %lld",
-                         (long long)(c.hidden / c.heads));
-    if (c.ffn < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->ffn: expected >= 1 (0 = Llama's "
-                                                          "default), got %lld", (long long)c.ffn);
+                         "cfg->ffn: expected >= 1 (0 = Llama's default), got %lld",
+                         (long long)c.ffn);
     if (!c.ffn) c.ffn = tpk_llama_default_ffn(c.hidden);
     TPK_TRY(tpk__lm_check_recompute(ctx, fn, c.recompute));
     if (c.init_std <= 0) c.init_std = 0.02f;
@@ -248,8 +250,9 @@ static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int
     static const char *fn = "tpk_llama_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (m && m->layers && S > m->c.positions)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got "
-                                                 "%lld", (long long)m->c.positions, (long long)S);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "S: expected at most cfg->positions = %lld, got %lld",
+                         (long long)m->c.positions, (long long)S);
     tpk__lm_parts p;
     return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, ids,
                            targets, B, S, loss);

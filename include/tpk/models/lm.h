@@ -100,18 +100,20 @@ static inline tpk_status tpk__lm_check_shape(tpk_ctx *ctx, const char *fn, int64
     if (layers < 1 || layers > 100000)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->layers: expected 1..100000, got %lld",
                          (long long)layers);
-    if (positions < 1) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got "
-                                                              "%lld", (long long)positions);
+    if (positions < 1)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->positions: expected >= 1, got %lld",
+                         (long long)positions);
     if (heads < 1 || hidden < 1 || hidden % heads)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->hidden: expected a positive multiple of "
-                                               "cfg->heads = %lld, got %lld", (long long)heads,
-                         (long long)hidden);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->hidden: expected a positive multiple of cfg->heads = %lld, got %lld",
+                         (long long)heads, (long long)hidden);
     return TPK_OK;
 }
 static inline tpk_status tpk__lm_check_recompute(tpk_ctx *ctx, const char *fn, tpk_recompute r) {
     if ((unsigned)r >= (unsigned)TPK_RECOMPUTE_COUNT)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->recompute: expected TPK_RECOMPUTE_NONE, "
-                                               "_SELECTIVE or _FULL, got %d", (int)r);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->recompute: expected TPK_RECOMPUTE_NONE, _SELECTIVE or _FULL, got %d",
+                         (int)r);
     return TPK_OK;
 }
 
@@ -252,8 +254,9 @@ static inline tpk_status tpk__lm_backward(tpk_ctx *ctx, const char *fn, tpk__lm_
     if (!ctx) return TPK_ERR_ARG;
     if (!p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
     tpk_lm *s = p->s;
-    if (!s->have_loss) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward "
-                                                              "with targets first");
+    if (!s->have_loss)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "model: backward needs a forward with targets first");
     s->have_loss = false; /* the logits are overwritten by their gradient */
     tpk_tensor g;
     int a, b, w = p->embed->wte;
@@ -478,11 +481,11 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
 /* The row: names as in tpk_lm_family; block_init is tpk__F_lm_block_init (the family's own). */
 #define TPK__LM_FAMILY_ROW(F, BLOCK, EMBED, POS, BLOCKS, NORMNAME, HEAD)                           \
     {                                                                                              \
-#F, EMBED, POS, BLOCKS, NORMNAME, HEAD, sizeof(BLOCK), tpk__##F##_lm_block_init,           \
-            tpk__##F##_lm_block_destroy, tpk__##F##_lm_block_forward,                              \
-            tpk__##F##_lm_block_backward, tpk__##F##_lm_block_bufs, tpk__##F##_lm_block_recompute, \
-            tpk__##F##_lm_block_params, tpk__##F##_lm_norm_init, tpk__##F##_lm_norm_destroy,       \
-            tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_params     \
+        /* name */ #F, EMBED, POS, BLOCKS, NORMNAME, HEAD, sizeof(BLOCK),                          \
+        tpk__##F##_lm_block_init, tpk__##F##_lm_block_destroy, tpk__##F##_lm_block_forward,        \
+        tpk__##F##_lm_block_backward, tpk__##F##_lm_block_bufs, tpk__##F##_lm_block_recompute,     \
+        tpk__##F##_lm_block_params, tpk__##F##_lm_norm_init, tpk__##F##_lm_norm_destroy,           \
+        tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_params         \
     }
 
 #endif /* TPK_LM_H */

@@ -22,8 +22,9 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     static const char *fn = "tpk_sample_logits";
     if (!ctx) return TPK_ERR_ARG;
     if (!tok) return tpk__fail(ctx, TPK_ERR_ARG, fn, "tok: NULL");
-    if (!(temperature > 0)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "temperature: expected > 0, got "
-                                                                   "%g", (double)temperature);
+    if (!(temperature > 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "temperature: expected > 0, got %g",
+                         (double)temperature);
     int64_t want[2] = {-1, -1};
     TPK_TRY(tpk__check(ctx, fn, "logits", &logits, tpk_tp_vocab_layout(ctx, logits.gshape[1], -1),
                        logits.dtype, 2, want));
@@ -35,8 +36,7 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
                          (long long)logits.shape[0] - 1, (long long)row);
     if (vocab < 0 || vocab > logits.gshape[1])
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "vocab: expected 0..%lld (the logits' columns), got "
-                         "%lld",
+                         "vocab: expected 0..%lld (the logits' columns), got %lld",
                          (long long)logits.gshape[1], (long long)vocab);
     int t = ctx->tp.size;
     int64_t V = logits.gshape[1], Vl = logits.shape[1],

@@ -11,8 +11,9 @@
 
 /* A layer op (TPK__OPS_LAYERS) the table leaves NULL, called: the error names it. */
 static inline tpk_status tpk__op_no_entry(tpk_ctx *ctx, const char *fn, const char *entry) {
-    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "the backend \"%s\" has no %s entry (a layer op "
-                                                   "its table leaves NULL)", ctx->ops->name, entry);
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                     "the backend \"%s\" has no %s entry (a layer op its table leaves NULL)",
+                     ctx->ops->name, entry);
 }
 
 /* ---- the fusions composed: what a NULL fused entry does (TPK__OPS_FUSED), written once for every

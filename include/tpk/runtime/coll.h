@@ -26,22 +26,19 @@ static inline tpk_status tpk__started(tpk_request *req, tpk_status s) {
 static inline tpk_status tpk__check_comm(tpk_ctx *ctx, const char *fn, tpk_comm *c, tpk_dtype dt,
                                          tpk_request *req) {
     if (!c || !c->vt)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "comm: expected an initialised "
-                         "communicator, got %s",
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "comm: expected an initialised communicator, got %s",
                          c ? "one with no table" : "NULL");
     if (!tpk_dtype_valid(dt))
         return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "dtype: expected f32, bf16 or i32, got %d",
                          (int)dt);
-    if (req && req->active) return tpk__fail(ctx, TPK_ERR_ARG, fn, "req: still holds an unfinished "
-                                                                   "collective; tpk_wait it first");
+    if (req && req->active)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "req: still holds an unfinished collective; tpk_wait it first");
     return TPK_OK;
 }
 static inline tpk_status tpk__check_count(tpk_ctx *ctx, const char *fn, const char *arg, size_t n) {
     if (n > (size_t)INT_MAX)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "%s: %zu elements, expected at "
-                         "most %d per call",
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: %zu elements, expected at most %d per call",
                          arg, n, INT_MAX);
     return TPK_OK;
 }
@@ -107,8 +104,9 @@ static inline tpk_status tpk__check_counts(tpk_ctx *ctx, const char *fn, tpk_com
     }
     TPK_TRY(tpk__check_count(ctx, fn, "sum of counts", sum));
     if (sum != total)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts: the %d counts add up to %zu, expected %s = "
-                                               "%zu", c->size, sum, total_name, total);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "counts: the %d counts add up to %zu, expected %s = %zu", c->size, sum,
+                         total_name, total);
     return TPK_OK;
 }
 
@@ -119,8 +117,9 @@ static inline tpk_status tpk__allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *
     TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
     TPK_TRY(tpk__check_counts(ctx, fn, c, counts, recvcount, "recvcount"));
     if (counts[c->rank] != sendcount)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "counts[%d]: is %zu, expected this rank's sendcount "
-                                               "= %zu", c->rank, counts[c->rank], sendcount);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "counts[%d]: is %zu, expected this rank's sendcount = %zu", c->rank,
+                         counts[c->rank], sendcount);
     if ((sendcount && !send) || (recvcount && !recv))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", recv ? "send" : "recv");
     tpk__count(c, TPK_COLL_ALLGATHER, recvcount, dt);
@@ -205,8 +204,8 @@ static inline tpk_status tpk_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t 
 }
 static inline tpk_status tpk_bcast_start(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count,
                                          tpk_dtype dt, int root, tpk_request *req) {
-    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_bcast_start", "req: expected a request, got "
-                                                                    "NULL");
+    if (!req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_bcast_start", "req: expected a request, got NULL");
     return tpk__bcast(ctx, c, buf, count, dt, root, req, "tpk_bcast_start");
 }
 
@@ -216,8 +215,9 @@ static inline tpk_status tpk_barrier(tpk_ctx *ctx, tpk_comm *c) {
     return c->vt->barrier(ctx, c, NULL);
 }
 static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
-    if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_barrier_start", "req: expected a request, "
-                                                                      "got NULL");
+    if (!req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_barrier_start",
+                         "req: expected a request, got NULL");
     TPK_TRY(tpk__check_comm(ctx, "tpk_barrier_start", c, TPK_F32, req));
     tpk__count(c, TPK_COLL_BARRIER, 0, TPK_F32);
     req->comm = c, req->state = NULL;

@@ -38,9 +38,9 @@ static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const do
     bool same = true;
     for (int q = 0; s == TPK_OK && q < tp; q++)
         same = same && x[q] == -x[tp + q] && x[q] == (weights ? weights[q] : 0);
-    if (s == TPK_OK && !same) s = tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights: the ranks "
-                                                                  "were given different weights "
-                                                                  "(or some none)");
+    if (s == TPK_OK && !same)
+        s = tpk__fail(ctx, TPK_ERR_ARG, fn,
+                      "desc->tp_weights: the ranks were given different weights (or some none)");
     if (s == TPK_OK && weights) {
         ctx->tp_w = x; /* the first tp entries: the weights */
         return TPK_OK;
@@ -61,15 +61,18 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     ctx->ops = d.ops ? d.ops : TPK__DEFAULT_OPS();
     ctx->seed = d.seed, ctx->dtype = d.dtype, ctx->deterministic = d.deterministic;
     if (!ctx->ops)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->ops: expected a backend table (tpk_ops_host(), tpk_ops_cuda() or "
-                         "your own); NULL asks for the default, "
-                         "and none is linked (link libtpk_host.a with -Wl,-u,tpk_ops_default)");
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->ops: expected a backend table (tpk_ops_host(), tpk_ops_cuda() or your own); "
+            "NULL asks for the default, "
+            "and none is linked (link libtpk_host.a with -Wl,-u,tpk_ops_default)");
     const char *missing = tpk__ops_missing(ctx->ops);
     if (missing[0]) {
-        tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->ops: the table \"%s\" has no %s entry (the core "
-                                        "entries of tpk_ops, TPK__OPS_CORE, are required)",
-                  ctx->ops->name ? ctx->ops->name : "?", missing);
+        tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->ops: the table \"%s\" has no %s entry (the core entries of tpk_ops, "
+            "TPK__OPS_CORE, are required)",
+            ctx->ops->name ? ctx->ops->name : "?", missing);
         ctx->ops = NULL;
         return TPK_ERR_ARG;
     }
@@ -78,23 +81,23 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          "desc->dtype: expected TPK_F32 or TPK_BF16, got %s",
                          tpk_dtype_name(d.dtype));
     if (!d.world) ctx->self_world = tpk_comm_self(ctx->ops->device), d.world = &ctx->self_world;
-    if (!d.world->vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised "
-                                                             "communicator");
+    if (!d.world->vt)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->world: expected an initialised communicator");
     const char *cmiss = tpk__comm_missing(d.world->vt);
     if (*cmiss)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->world: the communicator \"%s\" has "
-                         "no %s entry",
+                         "desc->world: the communicator \"%s\" has no %s entry",
                          d.world->vt->name ? d.world->vt->name : "?", cmiss);
     ctx->world = d.world;
     int tp = d.tp ? d.tp : 1, n = d.world->size;
     if (tp < 1 || tp > n || n % tp)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp: expected a divisor of the world size %d, "
-                                               "got %d", n, d.tp);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
     for (int q = 0; d.tp_weights && q < tp; q++)
         if (!(d.tp_weights[q] > 0) || isinf(d.tp_weights[q]))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->tp_weights[%d]: expected a finite weight "
-                                                   "> 0, got %g", q, d.tp_weights[q]);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q,
+                             d.tp_weights[q]);
     int w = d.world->rank;
     tpk_status s = tpk_comm_split(ctx, d.world, w / tp, w % tp, &ctx->tp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, w % tp, w / tp, &ctx->dp);

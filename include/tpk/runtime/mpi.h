@@ -147,8 +147,8 @@ static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *
                          : !what ? "what"
                                  : "req");
     if (!(timeout_s >= 0) || timeout_s > 1e9)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "timeout_s: expected seconds in [0, 1e9] (0: none), "
-                                               "got %g", timeout_s);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
     int rc, done = 0;
     if (timeout_s == 0) {
         rc = MPI_Wait(req, MPI_STATUS_IGNORE);
@@ -168,10 +168,10 @@ static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *
             waited += t1 - t < 1 ? t1 - t : 1, t = t1;
         }
         if (waited >= timeout_s)
-            return tpk__fail(ctx, TPK_ERR_COMM, fn,
-                             "no answer from a peer within %g s on %s: a "
-                             "rank is stopped, dead or far slower",
-                             timeout_s, what);
+            return tpk__fail(
+                ctx, TPK_ERR_COMM, fn,
+                "no answer from a peer within %g s on %s: a rank is stopped, dead or far slower",
+                timeout_s, what);
         if (waited >= TPK__MPI_SPIN_S) {
             struct timespec ts = {0, nap_ns};
             nanosleep(&ts, NULL);
@@ -412,9 +412,8 @@ static inline tpk_status tpk_mpi_timeout_default(tpk_ctx *ctx, double *timeout_s
     char *end = NULL;
     double t = strtod(env, &end);
     if (!*env || *end || !(t >= 0 && t <= 1e9))
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "TPK_TIMEOUT: expected "
-                                                                      "seconds in [0, 1e9] (0: "
-                                                                      "none), got \"%s\"", env);
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default",
+                         "TPK_TIMEOUT: expected seconds in [0, 1e9] (0: none), got \"%s\"", env);
     *timeout_s = t;
     return TPK_OK;
 }
@@ -443,20 +442,17 @@ static inline tpk_status tpk_comm_mpi(tpk_ctx *ctx, MPI_Comm comm, tpk_comm *out
 static inline tpk_status tpk_comm_mpi_set_timeout(tpk_ctx *ctx, tpk_comm *c, double timeout_s) {
     static const char *fn = "tpk_comm_mpi_set_timeout";
     if (!c || !c->vt)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "comm: expected an initialised "
-                         "communicator, got %s",
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "comm: expected an initialised communicator, got %s",
                          c ? "one with no table" : "NULL");
     if (!(timeout_s >= 0 && timeout_s <= 1e9))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
     if (c->vt == tpk__mpi_vtable()) ((tpk__mpi *)c->impl)->timeout_s = timeout_s;
     else if (c->size != 1)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "comm: expected an MPI "
-                         "communicator, got \"%s\" (NCCL: "
-                         "tpk_nccl_desc.timeout_s)",
-                         c->vt->name);
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "comm: expected an MPI communicator, got \"%s\" (NCCL: tpk_nccl_desc.timeout_s)",
+            c->vt->name);
     return TPK_OK;
 }
 

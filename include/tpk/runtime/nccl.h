@@ -36,11 +36,12 @@ static inline tpk_status tpk_comm_nccl_mpi(tpk_ctx *ctx, MPI_Comm comm, const tp
     memset(&msg, 0, sizeof msg);
     if (rank == 0) msg.status = (int)tpk_nccl_unique_id(ctx, &msg.id);
     int rc = MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, comm);
-    if (rc != MPI_SUCCESS) return tpk__fail(ctx, TPK_ERR_COMM, fn, "MPI_Bcast of the NCCL id "
-                                                                   "failed (MPI error %d)", rc);
+    if (rc != MPI_SUCCESS)
+        return tpk__fail(ctx, TPK_ERR_COMM, fn, "MPI_Bcast of the NCCL id failed (MPI error %d)",
+                         rc);
     if (msg.status != TPK_OK) {
-        if (rank != 0) tpk__fail(ctx, (tpk_status)msg.status, fn, "rank 0 could not create an NCCL "
-                                                                  "id");
+        if (rank != 0)
+            tpk__fail(ctx, (tpk_status)msg.status, fn, "rank 0 could not create an NCCL id");
         return (tpk_status)msg.status;
     }
     return tpk_comm_nccl(ctx, &msg.id, size, rank, desc, out);

@@ -137,8 +137,8 @@ static inline tpk_status tpk_op_memcpy(tpk_ctx *ctx, void *dst, const void *src,
     static const char *fn = "tpk_op_memcpy";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     if (dir != TPK_H2D && dir != TPK_D2H && dir != TPK_D2D && dir != TPK_H2H)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or "
-                                               "TPK_H2H, got %d", (int)dir);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "dir: expected TPK_H2D, TPK_D2H, TPK_D2D or TPK_H2H, got %d", (int)dir);
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, bytes > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, bytes > 0));
     return bytes
@@ -244,8 +244,8 @@ static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int6
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_window(ctx, fn, rows, cols, gcols, row0, col0));
     if (dist != TPK_RNG_NORMAL && dist != TPK_RNG_UNIFORM)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, "
-                                               "got %d", (int)dist);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
     return rows && cols ? TPK__PROF_OP(ctx, "rng_2d",
                                        (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
@@ -369,8 +369,9 @@ static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db,
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_act(ctx, fn, act));
-    if (act == TPK_ACT_NONE) return tpk__fail(ctx, TPK_ERR_ARG, fn, "act: expected an activation, "
-                                                                    "got none (use tpk_op_gemm)");
+    if (act == TPK_ACT_NONE)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "act: expected an activation, got none (use tpk_op_gemm)");
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "n", n));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "k", k));
@@ -597,8 +598,9 @@ static inline tpk_status tpk_op_xent_fused(tpk_ctx *ctx, void *dz, float *loss, 
     TPK_TRY(tpk__op_pos(ctx, fn, "V", V));
     TPK_TRY(tpk__op_xent_ld(ctx, fn, V, ld));
     TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
-    if (!isfinite(g)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "g: expected a finite gradient scale, "
-                                                             "got %g", (double)g);
+    if (!isfinite(g))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "g: expected a finite gradient scale, got %g",
+                         (double)g);
     TPK_TRY(tpk__op_ptr(ctx, fn, "dz", dz, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T > 0));
     const void *ps[] = {loss, lse, targets};
@@ -620,11 +622,13 @@ static inline tpk_status tpk__op_attn_check(tpk_ctx *ctx, const char *fn, int64_
     TPK_TRY(tpk__op_nonneg(ctx, fn, "Al", Al));
     TPK_TRY(tpk__op_pos(ctx, fn, "D", D));
     if (G < 1 || G > A || A % G)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "G: expected a divisor of A = %lld (key/value "
-                                               "heads), got %lld", (long long)A, (long long)G);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "G: expected a divisor of A = %lld (key/value heads), got %lld",
+                         (long long)A, (long long)G);
     if (head0 < 0 || head0 + Al > A)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "head0: expected 0 <= head0 and head0 + Al <= A = "
-                                               "%lld, got %lld", (long long)A, (long long)head0);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "head0: expected 0 <= head0 and head0 + Al <= A = %lld, got %lld",
+                         (long long)A, (long long)head0);
     return tpk__op_prob(ctx, fn, p);
 }
 static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv,
@@ -667,9 +671,11 @@ static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const v
     static const char *fn = "tpk_op_rope";
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "heads", heads));
     TPK_TRY(tpk__op_pos(ctx, fn, "S", S));
-    if (D < 2 || D % 2) return tpk__fail(ctx, TPK_ERR_ARG, fn, "D: expected an even head size >= 2 "
-                                                               "(rotate-half pairs j, j + D/2), "
-                                                               "got %lld", (long long)D);
+    if (D < 2 || D % 2)
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "D: expected an even head size >= 2 (rotate-half pairs j, j + D/2), got %lld",
+            (long long)D);
     if (!(theta > 1.0f) || isinf(theta))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "theta: expected a finite base > 1 (e.g. 10000), got %g", (double)theta);
@@ -724,15 +730,16 @@ static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, fl
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "step: expected >= 1, got %lld", (long long)step);
     if (nruns < 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 0, got %lld", (long long)nruns);
-    if (decay && !nruns) return tpk__fail(ctx, TPK_ERR_ARG, fn, "nruns: expected >= 1 runs with a "
-                                                                "decay table (NULL: decay "
-                                                                "everywhere)");
+    if (decay && !nruns)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "nruns: expected >= 1 runs with a decay table (NULL: decay everywhere)");
     if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "b1, b2: expected in [0, 1), got %g, %g", (double)b1,
                          (double)b2);
     if (!isfinite(grad_scale) || isnan(clip))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, "
-                                               "%g", (double)grad_scale, (double)clip);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "grad_scale, clip: expected finite numbers, got %g, %g",
+                         (double)grad_scale, (double)clip);
     const void *ps[] = {w, g, m, v};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
     return n ? TPK__PROF_OP(ctx, "adamw", (w16 ? 30.0 : 28.0) * (double)n, 0,

@@ -135,9 +135,9 @@ static inline tpk_status tpk_profile_step(tpk_ctx *ctx) {
 static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
     if (!ctx) return TPK_ERR_ARG;
     tpk_profile *p = ctx->prof;
-    if (!p) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "the profiler is off "
-                                                                    "(tpk_profile_start or "
-                                                                    "TPK_PROFILE=1)");
+    if (!p)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print",
+                         "the profiler is off (tpk_profile_start or TPK_PROFILE=1)");
     if (!f) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "f: NULL");
     if (p->npend || !p->steps) TPK_TRY(tpk_profile_step(ctx));
     int order[96], n = p->nrows;

@@ -65,19 +65,20 @@ static inline tpk_status tpk_data_parse_shard(tpk_ctx *ctx, const uint8_t *b, si
     if (!t || (n && !b) || !what) return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, t: NULL");
     memset(t, 0, sizeof *t);
     int32_t h[256];
-    if (n < sizeof h) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the "
-                                                                "1024-byte llm.c header", what, n);
+    if (n < sizeof h)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: %zu bytes, shorter than the 1024-byte llm.c header", what, n);
     memcpy(h, b, sizeof h);
     if (h[0] != 20240520)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: bad magic 0x%08x, expected 0x%08x "
-                         "(20240520: an llm.c token shard)",
+                         "%s: bad magic 0x%08x, expected 0x%08x (20240520: an llm.c token shard)",
                          what, (unsigned)h[0], 20240520u);
     if (h[1] != 1)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: version %d, expected 1", what, h[1]);
     if (h[2] < 2 || (size_t)h[2] * 2 != n - sizeof h)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header says %d tokens, the file holds %zu "
-                                                  "bytes of tokens", what, h[2], n - sizeof h);
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: header says %d tokens, the file holds %zu bytes of tokens", what,
+                         h[2], n - sizeof h);
     if (!(t->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)h[2])))
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d tokens", h[2]);
     for (int64_t i = 0; i < h[2]; i++) {
@@ -87,9 +88,8 @@ static inline tpk_status tpk_data_parse_shard(tpk_ctx *ctx, const uint8_t *b, si
         if (x >= vocab) {
             tpk_tokens_free(t);
             return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                             "%s: token %lld is %u, not below the model's "
-                             "vocabulary of %lld",
-                             what, (long long)i, x, (long long)vocab);
+                             "%s: token %lld is %u, not below the model's vocabulary of %lld", what,
+                             (long long)i, x, (long long)vocab);
         }
     }
     t->n = h[2];
@@ -126,8 +126,9 @@ static inline tpk_status tpk_data_split_text(tpk_ctx *ctx, const uint8_t *b, siz
                          (long long)span);
     memset(train, 0, sizeof *train), memset(val, 0, sizeof *val);
     if (span > INT64_MAX / 10 || (int64_t)n < 10 * span)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %zu bytes, too short for batches of %lld "
-                                                 "tokens", what, n, (long long)span);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "%s: %zu bytes, too short for batches of %lld tokens", what, n,
+                         (long long)span);
     int64_t nv = (int64_t)n / 10 > span ? (int64_t)n / 10 : span;
     train->n = (int64_t)n - nv, val->n = nv;
     train->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)train->n),
@@ -180,9 +181,8 @@ static inline tpk_status tpk_data_batch_seq(tpk_ctx *ctx, const tpk_tokens *t, i
     int64_t span = B * S;
     if (t->n < span + 1)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "the data holds %lld tokens, "
-                         "fewer than B x S + 1 = %lld",
-                         (long long)t->n, (long long)span + 1);
+                         "the data holds %lld tokens, fewer than B x S + 1 = %lld", (long long)t->n,
+                         (long long)span + 1);
     int64_t windows = (t->n - 1) / span;
     const int32_t *p = t->tok + (q % (windows * B)) * S;
     for (int64_t i = 0; i < span; i++) x[i] = p[i], y[i] = p[i + 1];
@@ -192,10 +192,10 @@ static inline tpk_status tpk_data_batch_seq(tpk_ctx *ctx, const tpk_tokens *t, i
 static inline tpk_status tpk_data_batch(tpk_ctx *ctx, const tpk_tokens *t, int64_t k, int dp, int d,
                                         int64_t B, int64_t S, int32_t *x, int32_t *y) {
     if (ctx && (dp < 1 || d < 0 || d >= dp || k < 0))
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_data_batch", "B, S, k, dp, d: expected B, S >= 1, "
-                                                             "k >= 0, 0 <= d < dp, got %lld, %lld, "
-                                                             "%lld, %d, %d", (long long)B,
-                         (long long)S, (long long)k, dp, d);
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, "tpk_data_batch",
+            "B, S, k, dp, d: expected B, S >= 1, k >= 0, 0 <= d < dp, got %lld, %lld, %lld, %d, %d",
+            (long long)B, (long long)S, (long long)k, dp, d);
     return tpk_data_batch_seq(ctx, t, (k * dp + d) * B, B, S, x, y);
 }
 
@@ -219,9 +219,11 @@ static inline tpk_status tpk_data_dp_batches(tpk_ctx *ctx, const char *list, int
         char *end = NULL;
         long long v = strtoll(p, &end, 10);
         if (end == p || v < 1 || v > 1000000 || (*end && *end != ','))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "list \"%s\": expected %d comma-separated "
-                                                   "micro-batch sizes of 1..1000000 (one per DP "
-                                                   "rank)", list, d);
+            return tpk__fail(
+                ctx, TPK_ERR_ARG, fn,
+                "list \"%s\": expected %d comma-separated micro-batch sizes of 1..1000000 (one per "
+                "DP rank)",
+                list, d);
         if (n == r) *Bd = v, *off = *Btot;
         *Btot += v;
         if (!*end) break;

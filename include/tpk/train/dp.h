@@ -42,9 +42,7 @@ static inline tpk_status tpk_dp_begin(tpk_ctx *ctx, tpk_dp_buckets *b, bool last
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_begin", "buckets: NULL");
     if (b->n)
         return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_begin",
-                         "buckets: %d reductions still "
-                         "running; tpk_dp_finish them first",
-                         b->n);
+                         "buckets: %d reductions still running; tpk_dp_finish them first", b->n);
     b->active = last_micro_step && ctx->dp.size > 1 && !b->adasum;
     return TPK_OK;
 }
@@ -57,8 +55,9 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "user: expected the tpk_dp_buckets, got NULL");
     if (!b->active) return TPK_OK;
     if (first < 0 || last < first || last >= ctx->params.n)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "first, last: expected 0 <= first <= last < %d, got "
-                                               "%d, %d", ctx->params.n, first, last);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "first, last: expected 0 <= first <= last < %d, got %d, %d", ctx->params.n,
+                         first, last);
     if (b->n == b->cap) {
         int cap = b->cap ? 2 * b->cap : 64;
         tpk_request *r = (tpk_request *)realloc(b->req, sizeof *r * (size_t)cap);
@@ -100,8 +99,9 @@ static inline tpk_status tpk_dp_adasum_init(tpk_ctx *ctx, tpk_dp_buckets *b) {
     if (!ctx) return TPK_ERR_ARG;
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
     int d = ctx->dp.size, r = ctx->dp.rank, levels = 0;
-    if (d & (d - 1)) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ctx->dp: Adasum needs a power-of-two "
-                                                            "number of DP ranks, got %d", d);
+    if (d & (d - 1))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "ctx->dp: Adasum needs a power-of-two number of DP ranks, got %d", d);
     while ((1 << levels) < d) levels++;
     b->pairs = (tpk_comm *)calloc((size_t)(levels ? levels : 1), sizeof *b->pairs);
     if (!b->pairs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d communicators", levels);
@@ -116,8 +116,9 @@ static inline tpk_status tpk_dp_adasum_init(tpk_ctx *ctx, tpk_dp_buckets *b) {
 static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
     static const char *fn = "tpk_dp_adasum";
     if (!ctx) return TPK_ERR_ARG;
-    if (!b || !b->adasum) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: expected buckets made "
-                                                                 "for Adasum (tpk_dp_adasum_init)");
+    if (!b || !b->adasum)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "buckets: expected buckets made for Adasum (tpk_dp_adasum_init)");
     size_t n = ctx->params.numel;
     int np = ctx->params.n;
     double *sums = (double *)malloc(sizeof(double) * 3 * (size_t)(np ? np : 1));

@@ -150,8 +150,8 @@ static inline bool tpk__json_top(const char *t, size_t n, const char *const *key
                 while (i < n && t[i] >= '0' && t[i] <= '9') i++;
             else TPK__FAIL("a digit");
             if (i < n && t[i] == '.') {
-                if (++i >= n || t[i] < '0' || t[i] > '9') TPK__FAIL("a digit after the decimal "
-                                                                    "point");
+                if (++i >= n || t[i] < '0' || t[i] > '9')
+                    TPK__FAIL("a digit after the decimal point");
                 while (i < n && t[i] >= '0' && t[i] <= '9') i++;
             }
             if (i < n && (t[i] == 'e' || t[i] == 'E')) {
@@ -230,9 +230,10 @@ static inline tpk_status tpk__config_members(tpk_ctx *ctx, const char *fn, const
     if (!strncmp(expect, "each member name once", 21)) { /* at: the duplicate's opening quote */
         size_t e = at + 1;
         while (e < n && b[e] != '"') e++;
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: the key \"%.*s\" appears twice "
-                                                  "(expected each key once)", what, at,
-                         (int)(e - at - 1 < 100 ? e - at - 1 : 100), (const char *)b + at + 1);
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: byte %zu: the key \"%.*s\" appears twice (expected each key once)",
+                         what, at, (int)(e - at - 1 < 100 ? e - at - 1 : 100),
+                         (const char *)b + at + 1);
     }
     return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
     return TPK_OK;
@@ -265,10 +266,11 @@ static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, s
         L != floor(L) || H != floor(H) || A != floor(A) || V != floor(V) || P != floor(P) ||
         (int64_t)H % (int64_t)A ||
         !(eps >= 1e-30 && eps < 1)) /* eps must stay positive as an f32 */
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: implausible configuration (n_layer %g, n_embd %g, n_head %g, "
-                         "vocab_size %g, n_positions %g, layer_norm_epsilon %g)", what, L,
-                         H, A, V, P, eps);
+        return tpk__fail(
+            ctx, TPK_ERR_FORMAT, fn,
+            "%s: implausible configuration (n_layer %g, n_embd %g, n_head %g, vocab_size %g, "
+            "n_positions %g, layer_norm_epsilon %g)",
+            what, L, H, A, V, P, eps);
     cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A,
     cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P;
     cfg->ln_eps = (float)eps;
@@ -318,37 +320,38 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
               H == floor(H) && A == floor(A) && V == floor(V) && P == floor(P) && F == floor(F) &&
               G == floor(G) && eps >= 1e-30 && eps < 1 && theta > 1 && theta < 1e30;
     if (!ok)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: implausible configuration (num_hidden_layers %g, hidden_size %g, "
-                         "num_attention_heads %g, num_key_value_heads %g, "
-                         "vocab_size %g, max_position_embeddings %g, intermediate_size %g, "
-                         "rms_norm_eps %g, rope_theta %g)",
-                         what, L, H, A, G, V, P, F, eps, theta);
+        return tpk__fail(
+            ctx, TPK_ERR_FORMAT, fn,
+            "%s: implausible configuration (num_hidden_layers %g, hidden_size %g, "
+            "num_attention_heads %g, num_key_value_heads %g, "
+            "vocab_size %g, max_position_embeddings %g, intermediate_size %g, rms_norm_eps %g, "
+            "rope_theta %g)",
+            what, L, H, A, G, V, P, F, eps, theta);
     if ((int64_t)H % (int64_t)A || ((int64_t)H / (int64_t)A) % 2)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: hidden_size %g over num_attention_heads %g: "
-                         "expected an even head size (rotary embeddings)",
-                         what, H, A);
+        return tpk__fail(
+            ctx, TPK_ERR_FORMAT, fn,
+            "%s: hidden_size %g over num_attention_heads %g: expected an even head size (rotary "
+            "embeddings)",
+            what, H, A);
     if ((int64_t)A % (int64_t)G)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: num_key_value_heads %g: expected a divisor "
-                                                  "of num_attention_heads %g", what, G, A);
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: num_key_value_heads %g: expected a divisor of num_attention_heads %g",
+                         what, G, A);
     if (v[NHD].kind && v[NHD].num != H / A)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: head_dim %g: expected hidden_size / "
-                         "num_attention_heads = %g",
-                         what, v[NHD].num, H / A);
+                         "%s: head_dim %g: expected hidden_size / num_attention_heads = %g", what,
+                         v[NHD].num, H / A);
     if (v[NACT].kind && (v[NACT].kind != 's' || strcmp(v[NACT].str, "silu")))
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: hidden_act \"%s\": expected \"silu\" "
-                                                       "(SwiGLU)", what, v[NACT].str);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: hidden_act \"%s\": expected \"silu\" (SwiGLU)", what, v[NACT].str);
     if (v[NAB].num || v[NMB].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: attention_bias / mlp_bias: expected false (Llama has no biases)",
                          what);
     if (v[NRS].kind && v[NRS].kind != 'z')
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: rope_scaling: expected null (scaled "
-                         "rotary embeddings are not implemented)",
-                         what);
+        return tpk__fail(
+            ctx, TPK_ERR_UNSUPPORTED, fn,
+            "%s: rope_scaling: expected null (scaled rotary embeddings are not implemented)", what);
     cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A,
     cfg->kv_heads = (int64_t)G, cfg->vocab = (int64_t)V;
     cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F, cfg->norm_eps = (float)eps,
@@ -444,9 +447,8 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     TPK_TRY(s);
     if (v.kind != 's' || (strcmp(v.str, "gpt2") && strcmp(v.str, "llama")))
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: model_type %s%s%s: expected \"gpt2\" "
-                         "or \"llama\"",
-                         path, v.kind == 's' ? "\"" : "",
+                         "%s: model_type %s%s%s: expected \"gpt2\" or \"llama\"", path,
+                         v.kind == 's' ? "\"" : "",
                          v.kind == 's' ? v.str
                          : v.kind      ? "(not a string)"
                                        : "missing",
@@ -565,14 +567,16 @@ static inline tpk_status tpk__hf_repair(tpk_ctx *ctx, const char *fn, const tpk_
         TPK_TRY(tpk__hf_carry(ctx, fn, p->old, p->base));
         TPK_TRY(tpk__hf_remove(ctx, fn, p->old, &kept));
         if (kept)
-            return tpk__fail(ctx, TPK_ERR_IO, fn,
-                             "%s: left by an earlier save, holds "
-                             "entries %s also has: move or remove them",
-                             p->old, p->base);
+            return tpk__fail(
+                ctx, TPK_ERR_IO, fn,
+                "%s: left by an earlier save, holds entries %s also has: move or remove them",
+                p->old, p->base);
     }
     TPK_TRY(tpk__hf_remove(ctx, fn, p->tmp, &kept));
-    if (kept) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: expected only a stopped save's files "
-                                                    "there (remove the directory)", p->tmp);
+    if (kept)
+        return tpk__fail(ctx, TPK_ERR_IO, fn,
+                         "%s: expected only a stopped save's files there (remove the directory)",
+                         p->tmp);
     return TPK_OK;
 }
 
@@ -690,8 +694,7 @@ static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk_
     TPK_TRY(tpk__hf_remove(ctx, fn, p->old, &kept));
     if (kept)
         return tpk__fail(ctx, TPK_ERR_IO, fn,
-                         "%s: saved, but %s keeps entries %s also has: "
-                         "move or remove them",
+                         "%s: saved, but %s keeps entries %s also has: move or remove them",
                          p->base, p->old, p->base);
     if (!tpk__hf_fsync_dir(p->parent))
         return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: saved, but fsync of %s failed: %s", p->base,
@@ -716,10 +719,10 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
                            ? strrchr(p.base, '/') + 1
                            : p.base; /* replaced by rename: a name, not "." or ".." or "/" */
     if (!strcmp(last, ".") || !strcmp(last, "..") || !*last)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "dir \"%s\": expected a path ending in the "
-                         "checkpoint directory's name, not \"%s\"",
-                         p.base, *last ? last : "/");
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "dir \"%s\": expected a path ending in the checkpoint directory's name, not \"%s\"",
+            p.base, *last ? last : "/");
     if (root) s = tpk__hf_begin(ctx, fn, &p);
     if (tpk_agree(ctx, ctx->world, s) != TPK_OK)
         return s != TPK_OK ? s
@@ -770,8 +773,8 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
     free(w), free(e), free(shapes), free(names);
     if (made) tpk_op_free(ctx, om), tpk_op_free(ctx, ov);
     tpk_status all = tpk_agree(ctx, ctx->world, s);
-    if (all != TPK_OK && s == TPK_OK) return tpk__fail(ctx, all, fn, "%s: writing the checkpoint "
-                                                                     "failed on another rank", dir);
+    if (all != TPK_OK && s == TPK_OK)
+        return tpk__fail(ctx, all, fn, "%s: writing the checkpoint failed on another rank", dir);
     return s;
 }
 
@@ -787,19 +790,20 @@ static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tp
     if (desc) d = *desc;
     char cfg[1400];
     const tpk_gpt2_config *c = &m->c;
-    snprintf(cfg, sizeof cfg,
-             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  "
-             "\"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
-             "  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n "
-             " \"n_inner\": null,\n"
-             "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n  "
-             "\"resid_pdrop\": %g,\n  \"embd_pdrop\": %g,\n"
-             "  \"attn_pdrop\": %g,\n  \"tie_word_embeddings\": true,\n  \"tpk_step\": %lld,\n  "
-             "\"tpk_seed\": %llu\n}\n",
-             (long long)c->vocab, (long long)c->positions, (long long)c->positions,
-             (long long)c->hidden, (long long)c->layers, (long long)c->heads,
-             (double)(c->ln_eps > 0 ? c->ln_eps : 1e-5f), (double)c->dropout, (double)c->dropout,
-             (double)c->dropout, (long long)d.step, (unsigned long long)d.seed);
+    snprintf(
+        cfg, sizeof cfg,
+        "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n  "
+        "\"vocab_size\": %lld,\n  \"n_positions\": %lld,\n"
+        "  \"n_ctx\": %lld,\n  \"n_embd\": %lld,\n  \"n_layer\": %lld,\n  \"n_head\": %lld,\n  "
+        "\"n_inner\": null,\n"
+        "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": %g,\n  "
+        "\"resid_pdrop\": %g,\n  \"embd_pdrop\": %g,\n"
+        "  \"attn_pdrop\": %g,\n  \"tie_word_embeddings\": true,\n  \"tpk_step\": %lld,\n  "
+        "\"tpk_seed\": %llu\n}\n",
+        (long long)c->vocab, (long long)c->positions, (long long)c->positions, (long long)c->hidden,
+        (long long)c->layers, (long long)c->heads, (double)(c->ln_eps > 0 ? c->ln_eps : 1e-5f),
+        (double)c->dropout, (double)c->dropout, (double)c->dropout, (long long)d.step,
+        (unsigned long long)d.seed);
     return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, tpk__hf_is_conv1d);
 }
 
@@ -826,22 +830,23 @@ static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const 
     if (desc) d = *desc;
     char cfg[1400], e1[32], e2[32];
     const tpk_llama_config *c = &m->c;
-    snprintf(cfg, sizeof cfg,
-             "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  "
-             "\"vocab_size\": %lld,\n"
-             "  \"max_position_embeddings\": %lld,\n  \"hidden_size\": %lld,\n  "
-             "\"intermediate_size\": %lld,\n  \"num_hidden_layers\": %lld,\n"
-             "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": "
-             "%lld,\n  \"hidden_act\": \"silu\",\n"
-             "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  "
-             "\"attention_bias\": false,\n  \"mlp_bias\": false,\n"
-             "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\",\n  \"tpk_step\": "
-             "%lld,\n  \"tpk_seed\": %llu\n}\n",
-             (long long)c->vocab, (long long)c->positions, (long long)c->hidden, (long long)c->ffn,
-             (long long)c->layers, (long long)c->heads, (long long)c->kv_heads,
-             (long long)(c->hidden / c->heads), tpk__float_text(c->norm_eps, e1, sizeof e1),
-             tpk__float_text(c->rope_theta, e2, sizeof e2), c->tie_embeddings ? "true" : "false",
-             (long long)d.step, (unsigned long long)d.seed);
+    snprintf(
+        cfg, sizeof cfg,
+        "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  "
+        "\"vocab_size\": %lld,\n"
+        "  \"max_position_embeddings\": %lld,\n  \"hidden_size\": %lld,\n  \"intermediate_size\": "
+        "%lld,\n  \"num_hidden_layers\": %lld,\n"
+        "  \"num_attention_heads\": %lld,\n  \"num_key_value_heads\": %lld,\n  \"head_dim\": "
+        "%lld,\n  \"hidden_act\": \"silu\",\n"
+        "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n  "
+        "\"attention_bias\": false,\n  \"mlp_bias\": false,\n"
+        "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\",\n  \"tpk_step\": %lld,\n  "
+        "\"tpk_seed\": %llu\n}\n",
+        (long long)c->vocab, (long long)c->positions, (long long)c->hidden, (long long)c->ffn,
+        (long long)c->layers, (long long)c->heads, (long long)c->kv_heads,
+        (long long)(c->hidden / c->heads), tpk__float_text(c->norm_eps, e1, sizeof e1),
+        tpk__float_text(c->rope_theta, e2, sizeof e2), c->tie_embeddings ? "true" : "false",
+        (long long)d.step, (unsigned long long)d.seed);
     return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, NULL);
 }
 
@@ -911,15 +916,21 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
             size_t len;
             if ((s = tpk__st_string(&j, "weight_map: key", name, sizeof name, &len)) != TPK_OK)
                 break;
-            if (len >= sizeof name) { s = tpk__st_bad(&j, "weight_map: a tensor name longer than "
-                                                          "%zu bytes", sizeof name - 1); break; }
+            if (len >= sizeof name) {
+                s = tpk__st_bad(&j, "weight_map: a tensor name longer than %zu bytes",
+                                sizeof name - 1);
+                break;
+            }
             if (!tpk__st_eat(&j, ':')) { s = tpk__st_bad(&j, "weight_map: expected ':'"); break; }
             if ((s = tpk__st_string(&j, "weight_map: file", file, sizeof file, &len)) != TPK_OK)
                 break;
             if (len >= sizeof file || len < 13 || strchr(file, '/') ||
                 strcmp(file + len - 12, ".safetensors") || file[0] == '.') {
-                s = tpk__st_bad(&j, "weight_map: \"%.100s\": expected a file name ending in "
-                                    ".safetensors in the same directory", file);
+                s = tpk__st_bad(
+                    &j,
+                    "weight_map: \"%.100s\": expected a file name ending in .safetensors in the "
+                    "same directory",
+                    file);
                 break;
             }
             if (pass) {
@@ -978,9 +989,7 @@ static inline tpk_status tpk__hf_find(tpk_ctx *ctx, const char *fn, const char *
     *t = tpk_st_find(&f->st[q], name), *file = &f->st[q];
     if (!*t && f->tensor)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s/%s: no tensor \"%s\" "
-                         "(model.safetensors.index.json "
-                         "puts it there)",
+                         "%s/%s: no tensor \"%s\" (model.safetensors.index.json puts it there)",
                          dir, f->file[q], name);
     return TPK_OK;
 }
@@ -1016,24 +1025,23 @@ static inline tpk_status tpk__hf_stamps_agree(tpk_ctx *ctx, const char *fn, cons
             int64_t v;
             if (!tpk__hf_step_text(st[k].step, &v))
                 return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                                 "%s/%s: %s \"%.40s\": expected a whole "
-                                 "number",
-                                 dir, st[k].file, st[k].key, st[k].step);
+                                 "%s/%s: %s \"%.40s\": expected a whole number", dir, st[k].file,
+                                 st[k].key, st[k].step);
             if (first_step < 0) first_step = k, *step = v;
             else if (strcmp(st[k].step, st[first_step].step))
                 return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                                 "%s: %s (%s %s) does not belong to %s "
-                                 "(%s %s)",
-                                 dir, st[k].file, st[k].key, st[k].step, st[first_step].file,
-                                 st[first_step].key, st[first_step].step);
+                                 "%s: %s (%s %s) does not belong to %s (%s %s)", dir, st[k].file,
+                                 st[k].key, st[k].step, st[first_step].file, st[first_step].key,
+                                 st[first_step].step);
         }
         if (st[k].id) {
             if (first_id < 0) first_id = k;
             else if (strcmp(st[k].id, st[first_id].id))
-                return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s (tpk_checkpoint_id %.40s) does "
-                                                          "not belong to %s (tpk_checkpoint_id "
-                                                          "%.40s): files of two checkpoints", dir,
-                                 st[k].file, st[k].id, st[first_id].file, st[first_id].id);
+                return tpk__fail(
+                    ctx, TPK_ERR_FORMAT, fn,
+                    "%s: %s (tpk_checkpoint_id %.40s) does not belong to %s (tpk_checkpoint_id "
+                    "%.40s): files of two checkpoints",
+                    dir, st[k].file, st[k].id, st[first_id].file, st[first_id].id);
         }
     }
     return TPK_OK;
@@ -1046,8 +1054,7 @@ static inline tpk_status tpk__hf_finite(tpk_ctx *ctx, const char *fn, const char
     for (size_t j = 0; j < n; j++)
         if (!isfinite(w[j]) || (nonneg && w[j] < 0))
             return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                             "%s: tensor \"%s\": element %zu is %g: "
-                             "expected a finite%s value",
+                             "%s: tensor \"%s\": element %zu is %g: expected a finite%s value",
                              file, name, j, (double)w[j], nonneg ? ", non-negative" : "");
     return TPK_OK;
 }
@@ -1082,9 +1089,11 @@ static inline tpk_status tpk__hf_tied_head(tpk_ctx *ctx, const char *fn, const c
     if (s == TPK_OK && memcmp(h, wte, sizeof(float) * n)) s = TPK_ERR_FORMAT;
     free(h);
     if (s == TPK_ERR_SHAPE || s == TPK_ERR_FORMAT)
-        return tpk__fail(ctx, s, fn, "%s: \"lm_head.weight\" differs from \"wte.weight\": tpk's "
-                                     "GPT-2 ties the head to the embedding (an untied head is not "
-                                     "loaded)", dir);
+        return tpk__fail(
+            ctx, s, fn,
+            "%s: \"lm_head.weight\" differs from \"wte.weight\": tpk's GPT-2 ties the head to the "
+            "embedding (an untied head is not loaded)",
+            dir);
     return s;
 }
 
@@ -1119,10 +1128,11 @@ static inline tpk_status tpk__hf_all_known(tpk_ctx *ctx, const char *fn, const c
     }
     free(sorted);
     if (extra)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/%s: tensor \"%s\" is not a parameter of the "
-                                                  "model config.json describes (a layer beyond its "
-                                                  "count, a head it ties?)",
-                         dir, where, extra);
+        return tpk__fail(
+            ctx, TPK_ERR_FORMAT, fn,
+            "%s/%s: tensor \"%s\" is not a parameter of the model config.json describes (a layer "
+            "beyond its count, a head it ties?)",
+            dir, where, extra);
     return TPK_OK;
 }
 
@@ -1188,8 +1198,7 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
         if (t->ndim != p->ndim || t->shape[0] != want[0] ||
             (p->ndim > 1 && t->shape[1] != want[1])) {
             s = tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                          "%s: \"%s\" has shape [%lld%s%lld], config.json "
-                          "implies [%lld%s%lld]",
+                          "%s: \"%s\" has shape [%lld%s%lld], config.json implies [%lld%s%lld]",
                           dir, t->name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
                           t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)want[0],
                           p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)want[1] : 0LL);

@@ -31,9 +31,11 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     tpk_status s = TPK_OK;
     if (!fgets(line, sizeof line, in) || strcmp(line, tpk__log_header))
-        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: not a loss curve (its first line is not "
-                                           "\"step,train_loss,...\"): give another --csv, or "
-                                           "remove it", path);
+        s = tpk__fail(
+            ctx, TPK_ERR_IO, fn,
+            "%s: not a loss curve (its first line is not \"step,train_loss,...\"): give another "
+            "--csv, or remove it",
+            path);
     else if (!(out = fopen(tmp, "w")) || fputs(tpk__log_header, out) < 0)
         s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
     while (s == TPK_OK && fgets(line, sizeof line, in)) {
@@ -120,14 +122,15 @@ static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
     size_t n = strlen(log->path);
     snprintf(png, sizeof png, "%.*s.png",
              (int)(n > 4 && !strcmp(log->path + n - 4, ".csv") ? n - 4 : n), log->path);
-    snprintf(cmd, sizeof cmd,
-             "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size "
-             "800,500; set output '%s'; set datafile "
-             "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; "
-             "plot '%s' using 1:2 with lines title 'train', '' using "
-             "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is "
-             "not installed: the curve is in %s only'; fi",
-             png, log->path, png, log->path);
+    snprintf(
+        cmd, sizeof cmd,
+        "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size 800,500; "
+        "set output '%s'; set datafile "
+        "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot "
+        "'%s' using 1:2 with lines title 'train', '' using "
+        "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is not "
+        "installed: the curve is in %s only'; fi",
+        png, log->path, png, log->path);
     fflush(stdout);
     if (system(cmd) != 0) fprintf(stderr, "plot: gnuplot failed for %s\n", log->path);
     return TPK_OK;

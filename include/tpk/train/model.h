@@ -92,12 +92,12 @@ typedef struct tpk_model_family {
                                                  const char *dir) {                               \
         return tpk_##F##_load(ctx, (tpk_##F *)m, opt, dir);                                       \
     }
-#define TPK__MODEL_FAMILY_ROW(F)                                                         \
-    {                                                                                    \
-#F, tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy,     \
-            tpk__##F##_fam_dims, tpk__##F##_fam_ce, tpk__##F##_fam_set_grad_ready,       \
-            tpk__##F##_fam_set_dropout, tpk__##F##_fam_forward, tpk__##F##_fam_backward, \
-            tpk__##F##_fam_sample, tpk__##F##_fam_save, tpk__##F##_fam_load              \
+#define TPK__MODEL_FAMILY_ROW(F)                                                                   \
+    {                                                                                              \
+        /* name */ #F, tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy,    \
+        tpk__##F##_fam_dims, tpk__##F##_fam_ce, tpk__##F##_fam_set_grad_ready,                     \
+        tpk__##F##_fam_set_dropout, tpk__##F##_fam_forward, tpk__##F##_fam_backward,               \
+        tpk__##F##_fam_sample, tpk__##F##_fam_save, tpk__##F##_fam_load                            \
     }
 
 TPK__MODEL_FAMILY(gpt2)
@@ -153,8 +153,7 @@ static inline tpk_status tpk_model_init(tpk_ctx *ctx, tpk_model *m, const tpk_mo
     m->arch = cfg->arch;
     if (!TPK__FAM(cfg))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->arch: expected TPK_ARCH_GPT2 "
-                         "or TPK_ARCH_LLAMA, got %d",
+                         "cfg->arch: expected TPK_ARCH_GPT2 or TPK_ARCH_LLAMA, got %d",
                          (int)cfg->arch);
     return TPK__FAM(m)->init(ctx, tpk__model_of(m), tpk__model_cfg((tpk_model_config *)cfg));
 }

@@ -226,9 +226,10 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
     if (!o || !o->m)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
     if (o->numel != ctx->params.numel)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: made for %zu parameter elements, the context "
-                                               "has %zu (register the model first)", o->numel,
-                         ctx->params.numel);
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "opt: made for %zu parameter elements, the context has %zu (register the model first)",
+            o->numel, ctx->params.numel);
     if (!(lr >= 0) || !isfinite(grad_scale))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "lr, grad_scale: expected lr >= 0 and a finite scale, got %g, %g",

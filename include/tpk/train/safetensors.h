@@ -302,9 +302,7 @@ static inline tpk_status tpk__st_string(tpk__st_json *j, const char *where, char
                           ? tpk__st_hex4(j->p + 2, j->end)
                           : -1;
             if (lo < 0xdc00 || lo > 0xdfff)
-                return tpk__st_bad(j,
-                                   "%s: high surrogate \\u%04lx not "
-                                   "followed by a low one",
+                return tpk__st_bad(j, "%s: high surrogate \\u%04lx not followed by a low one",
                                    where, cp);
             j->p += 6;
             cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
@@ -332,8 +330,8 @@ static inline tpk_status tpk__st_uint(tpk__st_json *j, const char *where, uint64
     tpk__st_ws(j);
     bool neg = j->p < j->end && *j->p == '-';
     const uint8_t *p = j->p + neg;
-    if (p >= j->end || *p < '0' || *p > '9') return tpk__st_bad(j, "%s: expected a non-negative "
-                                                                   "integer", where);
+    if (p >= j->end || *p < '0' || *p > '9')
+        return tpk__st_bad(j, "%s: expected a non-negative integer", where);
     if (*p == '0' && p + 1 < j->end && p[1] >= '0' && p[1] <= '9')
         return tpk__st_bad(j, "%s: number with a leading zero", where);
     uint64_t x = 0;
@@ -426,12 +424,11 @@ static inline tpk_status tpk__st_entry(tpk__st_json *j, tpk_st_tensor *t) {
         return tpk__st_bad(j, "%s: shape %s of %s: the byte count overflows", where, shp,
                            tpk_st_dtype_name(t->dtype));
     if (bytes != t->end - t->begin)
-        return tpk__st_bad(j,
-                           "%s: shape %s of %s needs %llu bytes, data_offsets [%llu, %llu] hold "
-                           "%llu",
-                           where, shp, tpk_st_dtype_name(t->dtype), (unsigned long long)bytes,
-                           (unsigned long long)t->begin, (unsigned long long)t->end,
-                           (unsigned long long)(t->end - t->begin));
+        return tpk__st_bad(
+            j, "%s: shape %s of %s needs %llu bytes, data_offsets [%llu, %llu] hold %llu", where,
+            shp, tpk_st_dtype_name(t->dtype), (unsigned long long)bytes,
+            (unsigned long long)t->begin, (unsigned long long)t->end,
+            (unsigned long long)(t->end - t->begin));
     return TPK_OK;
 }
 
@@ -525,29 +522,27 @@ static inline tpk_status tpk__st_global(tpk__st_json *j, tpk_st_file *f,
     for (int i = 0; i < f->n; i++) {
         const tpk_st_tensor *t = sorted[i];
         if (t->begin < pos)
-            return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
-                             "%s: tensor \"%.200s\" (data_offsets "
-                             "[%llu, %llu]) overlaps tensor "
-                             "\"%.200s\" [%llu, %llu]",
-                             j->what, t->name, (unsigned long long)t->begin,
-                             (unsigned long long)t->end, sorted[i - 1]->name,
-                             (unsigned long long)sorted[i - 1]->begin,
-                             (unsigned long long)sorted[i - 1]->end);
+            return tpk__fail(
+                j->ctx, TPK_ERR_FORMAT, j->fn,
+                "%s: tensor \"%.200s\" (data_offsets [%llu, %llu]) overlaps tensor \"%.200s\" "
+                "[%llu, %llu]",
+                j->what, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                sorted[i - 1]->name, (unsigned long long)sorted[i - 1]->begin,
+                (unsigned long long)sorted[i - 1]->end);
         if (t->begin > pos)
-            return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
-                             "%s: hole in the data buffer: bytes "
-                             "[%llu, %llu) before tensor \"%.200s\" "
-                             "belong to no tensor",
-                             j->what, (unsigned long long)pos, (unsigned long long)t->begin,
-                             t->name);
+            return tpk__fail(
+                j->ctx, TPK_ERR_FORMAT, j->fn,
+                "%s: hole in the data buffer: bytes [%llu, %llu) before tensor \"%.200s\" belong "
+                "to no tensor",
+                j->what, (unsigned long long)pos, (unsigned long long)t->begin, t->name);
         pos = t->end;
     }
     if (pos != f->data_size)
-        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
-                         "%s: the data buffer has %llu bytes after "
-                         "the last tensor (it ends at %llu of %llu)",
-                         j->what, (unsigned long long)(f->data_size - pos), (unsigned long long)pos,
-                         (unsigned long long)f->data_size);
+        return tpk__fail(
+            j->ctx, TPK_ERR_FORMAT, j->fn,
+            "%s: the data buffer has %llu bytes after the last tensor (it ends at %llu of %llu)",
+            j->what, (unsigned long long)(f->data_size - pos), (unsigned long long)pos,
+            (unsigned long long)f->data_size);
     const char **names = (const char **)(void *)sorted;
     for (int i = 0; i < f->n; i++) names[i] = f->tensors[i].name;
     if (tpk__st_has_dup(names, (size_t)f->n, &dup))
@@ -555,8 +550,8 @@ static inline tpk_status tpk__st_global(tpk__st_json *j, tpk_st_file *f,
                          j->what, dup);
     for (int i = 0; i < f->n_meta; i++) names[i] = f->meta_keys[i];
     if (tpk__st_has_dup(names, (size_t)f->n_meta, &dup))
-        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: __metadata__ key \"%.200s\" appears "
-                                                        "twice", j->what, dup);
+        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
+                         "%s: __metadata__ key \"%.200s\" appears twice", j->what, dup);
     return TPK_OK;
 }
 
@@ -575,19 +570,19 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
     memset(out, 0, sizeof *out);
     if (!what) what = "<memory>";
     if (!bytes && size) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: bytes is NULL", what);
-    if (size < 8) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %zu bytes, shorter than the "
-                                                            "8-byte header length", what, size);
+    if (size < 8)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: %zu bytes, shorter than the 8-byte header length", what, size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | bytes[i];
     if (hlen > TPK_ST_MAX_HEADER)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: header length %llu is larger than the "
-                         "%u-byte limit",
-                         what, (unsigned long long)hlen, TPK_ST_MAX_HEADER);
+                         "%s: header length %llu is larger than the %u-byte limit", what,
+                         (unsigned long long)hlen, TPK_ST_MAX_HEADER);
     if (hlen > size - 8)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: header length %llu exceeds the %zu bytes "
-                                                  "after it (truncated file?)", what,
-                         (unsigned long long)hlen, size - 8);
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: header length %llu exceeds the %zu bytes after it (truncated file?)",
+                         what, (unsigned long long)hlen, size - 8);
     tpk__st_json j = {bytes + 8, bytes + 8, bytes + 8 + hlen, size - 8 - hlen, ctx, fn, what};
     size_t nt, nm, mbytes;
     TPK_TRY(tpk__st_header(&j, out, NULL, &nt, &nm, &mbytes)); /* count and check */
@@ -598,8 +593,9 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
            off_meta = off_sort + nsort * sizeof(void *);
     size_t off_pool = off_meta + 2 * nm * sizeof(char *);
     uint8_t *block = (uint8_t *)calloc(1, off_pool + mbytes);
-    if (!block) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %zu bytes for %zu "
-                                                         "tensors", what, off_pool + mbytes, nt);
+    if (!block)
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %zu bytes for %zu tensors",
+                         what, off_pool + mbytes, nt);
     out->owned = block;
     out->tensors = (tpk_st_tensor *)(void *)(block + off_tensors);
     out->meta_keys = (char **)(void *)(block + off_meta);
@@ -655,11 +651,9 @@ static inline tpk_status tpk_st_read(tpk_ctx *ctx, const char *path, tpk_st_file
         ssize_t r = read(fd, buf + got, want);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-            tpk_status s = tpk__fail(ctx, TPK_ERR_IO, fn,
-                                     "%s: read failed after %zu of %llu "
-                                     "bytes: %s",
-                                     path, got, (unsigned long long)size,
-                                     r < 0 ? strerror(errno) : "unexpected end of file");
+            tpk_status s = tpk__fail(
+                ctx, TPK_ERR_IO, fn, "%s: read failed after %zu of %llu bytes: %s", path, got,
+                (unsigned long long)size, r < 0 ? strerror(errno) : "unexpected end of file");
             close(fd), free(buf);
             return s;
         }
@@ -708,16 +702,17 @@ static inline tpk_status tpk_st_get_f32(tpk_ctx *ctx, const tpk_st_file *f, cons
     if (t->ndim < 0 || t->ndim > TPK_ST_MAX_DIMS || !tpk_st_dtype_valid(t->dtype) ||
         !tpk__st_nbytes(t->shape, t->ndim, t->dtype, &bytes) || t->begin > t->end ||
         t->end > f->data_size || bytes != t->end - t->begin)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "tensor \"%.200s\" does not describe bytes of this "
-                                               "file", t->name);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "tensor \"%.200s\" does not describe bytes of this file", t->name);
     if (t->dtype != TPK_ST_F32 && t->dtype != TPK_ST_BF16 && t->dtype != TPK_ST_F16)
-        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "tensor \"%.200s\": dtype %s does not convert to "
-                                                 "f32 (expected F32, BF16 or F16)", t->name,
-                         tpk_st_dtype_name(t->dtype));
+        return tpk__fail(
+            ctx, TPK_ERR_DTYPE, fn,
+            "tensor \"%.200s\": dtype %s does not convert to f32 (expected F32, BF16 or F16)",
+            t->name, tpk_st_dtype_name(t->dtype));
     size_t numel = (size_t)(bytes / tpk_st_dtype_size(t->dtype));
     if (n != numel)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "tensor \"%.200s\" has %zu elements (shape %s), n "
-                                                 "is %zu", t->name, numel,
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "tensor \"%.200s\" has %zu elements (shape %s), n is %zu", t->name, numel,
                          tpk__shape_str(t->shape, t->ndim, shp, sizeof shp), n);
     if (n && !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out is NULL");
     const uint8_t *p = f->data + t->begin;
@@ -807,36 +802,39 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
         const char *k = meta_kv[2 * nmeta], *v = meta_kv[2 * nmeta + 1];
         if (!v) return tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: key \"%.200s\" has no value", k);
         if (!tpk__st_utf8_valid(k) || !tpk__st_utf8_valid(v))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: \"%.200s\": key or value is not valid "
-                                                   "UTF-8", k);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "meta_kv: \"%.200s\": key or value is not valid UTF-8", k);
     }
     for (int i = 0; i < n; i++) {
         const tpk_st_entry *t = &e[i];
         uint64_t bytes = 0;
         if (!t->name) return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name is NULL", i);
         if (strlen(t->name) > TPK_ST_MAX_NAME)
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name \"%.40s...\" is longer than "
-                                                   "%d bytes", i, t->name, TPK_ST_MAX_NAME);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "entries[%d].name \"%.40s...\" is longer than %d bytes", i, t->name,
+                             TPK_ST_MAX_NAME);
         if (!strcmp(t->name, "__metadata__") || !tpk__st_utf8_valid(t->name))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d].name \"%.200s\" is reserved or not "
-                                                   "valid UTF-8", i, t->name);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "entries[%d].name \"%.200s\" is reserved or not valid UTF-8", i,
+                             t->name);
         if (!tpk_st_dtype_valid(t->dtype))
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": invalid dtype %d", i,
                              t->name, (int)t->dtype);
         if (t->ndim < 0 || t->ndim > TPK_ST_MAX_DIMS || (t->ndim && !t->shape))
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": ndim %d (expected "
-                                                   "0..%d, with a shape)", i, t->name, t->ndim,
-                             TPK_ST_MAX_DIMS);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "entries[%d] \"%.200s\": ndim %d (expected 0..%d, with a shape)", i,
+                             t->name, t->ndim, TPK_ST_MAX_DIMS);
         for (int d = 0; d < t->ndim; d++)
             if (t->shape[d] < 0)
-                return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": shape[%d] = %lld "
-                                                       "is negative", i, t->name, d,
-                                 (long long)t->shape[d]);
+                return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                                 "entries[%d] \"%.200s\": shape[%d] = %lld is negative", i, t->name,
+                                 d, (long long)t->shape[d]);
         if (!tpk__st_nbytes(t->shape, t->ndim, t->dtype, &bytes) || bytes > UINT64_MAX - *total)
-            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": the byte count "
-                                                   "overflows", i, t->name);
-        if (bytes && !t->data) return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": "
-                                                                      "data is NULL", i, t->name);
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "entries[%d] \"%.200s\": the byte count overflows", i, t->name);
+        if (bytes && !t->data)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "entries[%d] \"%.200s\": data is NULL", i,
+                             t->name);
         *total += bytes;
     }
     /* unique tensor names and metadata keys */
@@ -849,10 +847,10 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
         for (int i = 0; i < n; i++) names[i] = e[i].name;
         dup_name = tpk__st_has_dup(names, (size_t)n, &dup);
     }
-    tpk_status s = dup_meta ? tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: key \"%.200s\" appears "
-                                                              "twice", dup)
-                 : dup_name ? tpk__fail(ctx, TPK_ERR_ARG, fn, "entries: name \"%.200s\" appears "
-                                                              "twice", dup) : TPK_OK;
+    tpk_status s =
+        dup_meta   ? tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: key \"%.200s\" appears twice", dup)
+        : dup_name ? tpk__fail(ctx, TPK_ERR_ARG, fn, "entries: name \"%.200s\" appears twice", dup)
+                   : TPK_OK;
     free(names);
     if (s != TPK_OK) return s;
     /* {"__metadata__":{"k":"v",...},
@@ -884,8 +882,9 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
     while (!h->oom && h->n % 8) tpk__st_put(h, " ", 1);
     if (h->oom) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "cannot allocate the header");
     if (h->n > TPK_ST_MAX_HEADER)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "the header would be %zu bytes, over the %u-byte "
-                                               "limit", h->n, TPK_ST_MAX_HEADER);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "the header would be %zu bytes, over the %u-byte limit", h->n,
+                         TPK_ST_MAX_HEADER);
     return TPK_OK;
 }
 
@@ -939,8 +938,9 @@ static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_
         dir[dlen] = 0;
         int dfd = open(dir, O_RDONLY);
         if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL))
-            s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: written, but fsync of the directory %s failed: "
-                                               "%s", path, dir, strerror(errno));
+            s = tpk__fail(ctx, TPK_ERR_IO, fn,
+                          "%s: written, but fsync of the directory %s failed: %s", path, dir,
+                          strerror(errno));
         if (dfd >= 0) close(dfd);
     }
     free(h.p), free(tmp), free(dir);

@@ -41,8 +41,8 @@ static inline tpk_status tpk_train_norm_read(tpk_ctx *ctx, float grad_scale, dou
     static const char *fn = "tpk_train_norm_read";
     if (!ctx) return TPK_ERR_ARG;
     if (!norm) return tpk__fail(ctx, TPK_ERR_ARG, fn, "norm: NULL");
-    if (!ctx->normsq.p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "no training step has run "
-                                                               "(tpk_train_step)");
+    if (!ctx->normsq.p)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "no training step has run (tpk_train_step)");
     double h[2] = {0, 0}, *sq = (double *)ctx->normsq.p;
     TPK_TRY(tpk_op_memcpy(ctx, h, sq, sizeof h, ctx->ops->device ? TPK_D2H : TPK_H2H));
     *norm = sqrt(h[0]) * grad_scale;
@@ -50,9 +50,12 @@ static inline tpk_status tpk_train_norm_read(tpk_ctx *ctx, float grad_scale, dou
     const double restart[2] = {h[0], 0};
     TPK_TRY(tpk_op_memcpy(ctx, sq, restart, sizeof restart,
                           ctx->ops->device ? TPK_H2D : TPK_H2H)); /* the count starts again */
-    return tpk__fail(ctx, TPK_ERR_ARG, fn, "the gradient norm was not finite (now %g) on %.0f "
-                                           "step(s) since it was last read, which were skipped: "
-                     "the loss diverged or a gradient is not finite", *norm, h[1]);
+    return tpk__fail(
+        ctx, TPK_ERR_ARG, fn,
+        "the gradient norm was not finite (now %g) on %.0f step(s) since it was last read, which "
+        "were skipped: "
+        "the loss diverged or a gradient is not finite",
+        *norm, h[1]);
 }
 
 /* See above. *norm (may be NULL: no host wait; tpk_train_norm_read reads it later) = |grad_scale g|
@@ -61,16 +64,19 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
                                         float clip, float grad_scale, double *norm) {
     static const char *fn = "tpk_train_step";
     if (!ctx) return TPK_ERR_ARG;
-    if (!opt || !opt->m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised "
-                                                                "optimizer");
+    if (!opt || !opt->m)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
     if (!isfinite(grad_scale) || isnan(clip))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "grad_scale, clip: expected finite numbers, got %g, "
-                                               "%g", (double)grad_scale, (double)clip);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "grad_scale, clip: expected finite numbers, got %g, %g",
+                         (double)grad_scale, (double)clip);
     bool zero = opt->sn != opt->numel;
-    if (zero && b->n) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: %d all-reduces started "
-                                                             "under ZeRO-1 (call tpk_dp_begin with "
-                                                             "last = false)", b->n);
+    if (zero && b->n)
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "buckets: %d all-reduces started under ZeRO-1 (call tpk_dp_begin with last = false)",
+            b->n);
     if (zero && b->adasum)
         return tpk__fail(
             ctx, TPK_ERR_UNSUPPORTED, fn,

@@ -243,12 +243,13 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
     int64_t bk = (int64_t)(p.tb ? B->cols : B->rows), bn = (int64_t)(p.tb ? B->rows : B->cols);
     p.k = ak;
     if (am != p.m || bn != p.n || ak != bk || C->rows != D->rows || C->cols != D->cols) {
-        snprintf(buf, sizeof buf,
-                 "shapes disagree: op(A) %lld x %lld (trans %d), op(B) %lld x "
-                 "%lld (trans %d), C %llu x %llu, D %llu x %llu",
-                 (long long)am, (long long)ak, p.ta, (long long)bk, (long long)bn, p.tb,
-                 (unsigned long long)C->rows, (unsigned long long)C->cols,
-                 (unsigned long long)D->rows, (unsigned long long)D->cols);
+        snprintf(
+            buf, sizeof buf,
+            "shapes disagree: op(A) %lld x %lld (trans %d), op(B) %lld x %lld (trans %d), C %llu x "
+            "%llu, D %llu x %llu",
+            (long long)am, (long long)ak, p.ta, (long long)bk, (long long)bn, p.tb,
+            (unsigned long long)C->rows, (unsigned long long)C->cols, (unsigned long long)D->rows,
+            (unsigned long long)D->cols);
         why = buf;
         return CUBLAS_STATUS_INVALID_VALUE;
     }
@@ -358,16 +359,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
                 static const char *lax = getenv("TPK_EMU_LT_ALIGN"); /* "warn": a note on stderr,
                                                                         the product computed */
                 if (lax && !strcmp(lax, "warn")) {
-                    fprintf(stderr, "emu note: cublasLtMatmul: %s = %p is %u-byte aligned, the "
-                                    "algorithm was chosen for %llu\n", names[i], ptr[i],
-                            align_of(ptr[i]), (unsigned long long)need);
+                    fprintf(
+                        stderr,
+                        "emu note: cublasLtMatmul: %s = %p is %u-byte aligned, the algorithm was "
+                        "chosen for %llu\n",
+                        names[i], ptr[i], align_of(ptr[i]), (unsigned long long)need);
                     continue;
                 }
-                tpk_emu_fail("%s: %s = %p is %u-byte aligned, the algorithm was chosen for "
-                             "%llu-byte alignment (%s)", fn, names[i], ptr[i],
-                             align_of(ptr[i]), (unsigned long long)need,
-                             i < 4 ? "MIN_ALIGNMENT preference" : "the descriptor's pointer when "
-                                                                  "the heuristic ran");
+                tpk_emu_fail(
+                    "%s: %s = %p is %u-byte aligned, the algorithm was chosen for %llu-byte "
+                    "alignment (%s)",
+                    fn, names[i], ptr[i], align_of(ptr[i]), (unsigned long long)need,
+                    i < 4 ? "MIN_ALIGNMENT preference"
+                          : "the descriptor's pointer when the heuristic ran");
                 return CUBLAS_STATUS_NOT_SUPPORTED;
             }
         }

@@ -205,33 +205,40 @@ int main() {
         tpk_emu_configure(sc, true);
         int n = caught([&] { reuse_kernel<false><<<1, NT, tile>>>(d_out, d_x); }, &msg);
         cudaGetLastError();
-        report(n > 0 && strstr(msg, "race in kernel reuse_kernel<false>") &&
-                   strstr(msg, "shared memory (dynamic) byte"),
-               "emulation: the race detector reports a missing barrier before a tile's reuse "
-               "(schedule %s): %s",
-               sc, msg);
+        report(
+            n > 0 && strstr(msg, "race in kernel reuse_kernel<false>") &&
+                strstr(msg, "shared memory (dynamic) byte"),
+            "emulation: the race detector reports a missing barrier before a tile's reuse "
+            "(schedule %s): %s",
+            sc, msg);
         n = caught([&] { war_kernel<false><<<1, NT>>>(d_out, d_x); }, &msg);
         cudaGetLastError();
-        report(n > 0 && strstr(msg, "race in kernel war_kernel<false>") &&
-                   strstr(msg, "array t byte") &&
-                   (strcmp(sc, "lockstep") || strstr(msg, "write-after-read")),
-               "emulation: the race detector reports the read and overwrite of a static shared "
-               "array (write-after-read in lockstep; schedule %s): %s",
-               sc, msg);
+        report(
+            n > 0 && strstr(msg, "race in kernel war_kernel<false>") &&
+                strstr(msg, "array t byte") &&
+                (strcmp(sc, "lockstep") || strstr(msg, "write-after-read")),
+            "emulation: the race detector reports the read and overwrite of a static shared array "
+            "(write-after-read in lockstep; schedule %s): %s",
+            sc, msg);
         poison_out();
         n = caught([&] { pipe_kernel<1><<<1, NT, 2 * tile>>>(d_out, d_x); }, &msg);
         cudaGetLastError();
-        report(n > 0 && strstr(msg, "race in kernel pipe_kernel<1>") && !out_ok(sum),
-               "emulation: a single-buffered cp.async pipeline: a race reported and the in-flight "
-               "tile read as poison (schedule %s): %s", sc, msg);
+        report(
+            n > 0 && strstr(msg, "race in kernel pipe_kernel<1>") && !out_ok(sum),
+            "emulation: a single-buffered cp.async pipeline: a race reported and the in-flight "
+            "tile read as poison (schedule %s): %s",
+            sc, msg);
     }
     /* a tile read before its copy's wait reads the poison, not the data */
     tpk_emu_configure("lockstep", true);
     poison_out();
     int n = caught([&] { pipe_kernel<2><<<1, NT, 2 * tile>>>(d_out, d_x); }, &msg);
     cudaGetLastError();
-    report(!out_ok(sum), "emulation: a cp.async tile read before its wait reads the poison (NaN), "
-                         "not the data (reports: %s%s)", n ? msg : "none", "");
+    report(
+        !out_ok(sum),
+        "emulation: a cp.async tile read before its wait reads the poison (NaN), not the data "
+        "(reports: %s%s)",
+        n ? msg : "none", "");
 
     /* without the detector, the missing barrier gives a wrong answer under some schedule */
     int wrong = 0;
@@ -244,9 +251,16 @@ int main() {
         caught([&] { war_kernel<false><<<1, NT>>>(d_out, d_x); }, &msg);
         wrong += !out_ok(dbl);
     }
-    report(wrong == 4, "emulation: the missing barriers give wrong answers under the asc and desc "
-                       "schedules (%s of 4 runs wrong)%s",
-           wrong == 0 ? "none" : wrong == 1 ? "1" : wrong == 2 ? "2" : wrong == 3 ? "3" : "4", "");
+    report(
+        wrong == 4,
+        "emulation: the missing barriers give wrong answers under the asc and desc schedules (%s "
+        "of 4 runs wrong)%s",
+        wrong == 0   ? "none"
+        : wrong == 1 ? "1"
+        : wrong == 2 ? "2"
+        : wrong == 3 ? "3"
+                     : "4",
+        "");
     tpk_emu_configure("lockstep", true);
 
     /* launch checks */
@@ -258,11 +272,12 @@ int main() {
     report(n > 0 && cudaGetLastError() == cudaErrorInvalidConfiguration,
            "emulation: a grid of 65536 blocks in y is refused: %s%s", msg, "");
     n = caught([&] { copy_kernel<<<1, NT, 64 << 10>>>(d_out, d_x, NT, 0); }, &msg);
-    report(n > 0 && strstr(msg, "cudaFuncAttributeMaxDynamicSharedMemorySize") &&
-               cudaGetLastError() != cudaSuccess,
-           "emulation: 64 KiB of dynamic shared memory without the kernel's attribute is refused: "
-           "%s%s",
-           msg, "");
+    report(
+        n > 0 && strstr(msg, "cudaFuncAttributeMaxDynamicSharedMemorySize") &&
+            cudaGetLastError() != cudaSuccess,
+        "emulation: 64 KiB of dynamic shared memory without the kernel's attribute is refused: "
+        "%s%s",
+        msg, "");
     cudaFuncSetAttribute(copy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10);
     poison_out();
     n = caught([&] { copy_kernel<<<1, NT, 64 << 10>>>(d_out, d_x, NT, 0); }, &msg);
@@ -270,14 +285,13 @@ int main() {
            "emulation: 64 KiB of dynamic shared memory with the attribute runs%s%s", "", "");
     n = caught([&] { copy_kernel<<<1, NT, 240 << 10>>>(d_out, d_x, NT, 0); }, &msg);
     report(n > 0 && cudaGetLastError() != cudaSuccess,
-           "emulation: 240 KiB of dynamic shared "
-           "memory (above sm_90's 227) is refused: %s%s",
-           msg, "");
+           "emulation: 240 KiB of dynamic shared memory (above sm_90's 227) is refused: %s%s", msg,
+           "");
 
     /* global accesses outside every allocation: a float and a 16-byte vector one past the end */
     n = caught([&] { copy_kernel<<<3, NT, tile>>>(d_out, d_x, nx - NT, NT); }, &msg);
-    report(n == 0 && cudaGetLastError() == cudaSuccess, "emulation: reads up to an allocation's "
-                                                        "last element pass%s%s", "", "");
+    report(n == 0 && cudaGetLastError() == cudaSuccess,
+           "emulation: reads up to an allocation's last element pass%s%s", "", "");
     n = caught([&] { copy_kernel<<<3, NT, tile>>>(d_out, d_x, nx - NT + 1, NT); }, &msg);
     report(n > 0 && strstr(msg, "outside every live") && cudaGetLastError() != cudaSuccess,
            "emulation: a read one float past an allocation is reported: %s%s", msg, "");

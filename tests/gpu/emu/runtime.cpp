@@ -135,8 +135,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
-    case cudaErrorLaunchFailure: return "unspecified launch failure (emulation: see the FAIL emu "
-                                        "line)";
+    case cudaErrorLaunchFailure:
+        return "unspecified launch failure (emulation: see the FAIL emu line)";
     case cudaErrorLaunchTimeout: return "the launch timed out (emulation: the block cannot go on)";
     default: return cudaGetErrorName(e);
     }
@@ -366,9 +366,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
     if (!ranges_ok(dst, src, bytes, bytes, kind, "cudaMemcpyAsync"))
         return ret(cudaErrorInvalidValue);
     uintptr_t d = (uintptr_t)dst, r = (uintptr_t)src;
-    if (dst != src && d < r + bytes && r < d + bytes) tpk_emu_fail("cudaMemcpyAsync: overlapping "
-                                                                   "ranges %p, %p (%zu bytes): "
-                                                                   "undefined", dst, src, bytes);
+    if (dst != src && d < r + bytes && r < d + bytes)
+        tpk_emu_fail("cudaMemcpyAsync: overlapping ranges %p, %p (%zu bytes): undefined", dst, src,
+                     bytes);
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -443,8 +443,8 @@ static inline SchedCfg &sched() {
         g_sched_ready = true;
         g_sched_cfg = SchedCfg{SCHED_LOCKSTEP, 1, false};
         const char *e = getenv("TPK_EMU_SCHED"), *r = getenv("TPK_EMU_RACE");
-        if (!sched_parse(e, g_sched_cfg)) tpk_emu_fail("TPK_EMU_SCHED=%s: not lockstep, asc, desc "
-                                                       "or random[:seed]", e);
+        if (!sched_parse(e, g_sched_cfg))
+            tpk_emu_fail("TPK_EMU_SCHED=%s: not lockstep, asc, desc or random[:seed]", e);
         g_sched_cfg.race = r && *r && strcmp(r, "0") != 0;
     }
     return g_sched_cfg;
@@ -640,10 +640,11 @@ static const char *kind_name(int k) {
 static void finish_warp(Warp &w, int wi) {
     if (w.live < 32 && !S.told_lanes) {
         S.told_lanes = true;
-        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: a %s with %d of 32 lanes present "
-                     "(lanes exited, or a partial warp): "
-                     "undefined with a full mask",
-                     S.name, blockIdx.x, blockIdx.y, blockIdx.z, wi, kind_name(w.kind), w.live);
+        tpk_emu_fail(
+            "kernel %s, block (%u, %u, %u), warp %d: a %s with %d of 32 lanes present (lanes "
+            "exited, or a partial warp): "
+            "undefined with a full mask",
+            S.name, blockIdx.x, blockIdx.y, blockIdx.z, wi, kind_name(w.kind), w.live);
     }
     if (w.complete) w.complete(w.x[w.seq & 1]);
     w.arrived = 0;
@@ -696,11 +697,12 @@ const tpk_emu_xchg &tpk_emu_warp_op(int kind, const void *data, size_t bytes,
         w.seq = seq, w.kind = kind, w.complete = complete;
     } else if ((w.seq != seq || w.kind != kind) && !S.told_diverge) {
         S.told_diverge = true;
-        tpk_emu_fail("kernel %s, block (%u, %u, %u), warp %d: lanes at different warp instructions "
-                     "(lane %d: %s number %u; an earlier lane: "
-                     "%s number %u): a divergent warp-synchronous instruction",
-                     S.name, blockIdx.x, blockIdx.y, blockIdx.z, f.warp, f.lane, kind_name(kind),
-                     seq, kind_name(w.kind), w.seq);
+        tpk_emu_fail(
+            "kernel %s, block (%u, %u, %u), warp %d: lanes at different warp instructions (lane "
+            "%d: %s number %u; an earlier lane: "
+            "%s number %u): a divergent warp-synchronous instruction",
+            S.name, blockIdx.x, blockIdx.y, blockIdx.z, f.warp, f.lane, kind_name(kind), seq,
+            kind_name(w.kind), w.seq);
         S.abort = true;
     }
     if (++w.arrived == w.live) {
@@ -715,9 +717,9 @@ bool tpk_emu_lane_ok(const tpk_emu_xchg &x, int src, unsigned seq, const char *w
     if (x.seq[src] == seq) return true;
     if (!S.told_lanes) {
         S.told_lanes = true;
-        tpk_emu_fail("kernel %s, block (%u, %u, %u): %s reads lane %d, which did not take part "
-                     "(exited)", S.name, blockIdx.x, blockIdx.y, blockIdx.z,
-                     what, src);
+        tpk_emu_fail(
+            "kernel %s, block (%u, %u, %u): %s reads lane %d, which did not take part (exited)",
+            S.name, blockIdx.x, blockIdx.y, blockIdx.z, what, src);
     }
     return false;
 }
@@ -734,9 +736,10 @@ void tpk_emu_misaligned(const void *p, const char *what) {
     S.failed = true;
     if (told == S.name) return;
     told = S.name;
-    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %s at %p, not 16-byte aligned (a "
-                 "misaligned address on the GPU)", S.name, blockIdx.x,
-                 blockIdx.y, blockIdx.z, threadIdx.x, what, p);
+    tpk_emu_fail(
+        "kernel %s, block (%u, %u, %u), thread %u: a %s at %p, not 16-byte aligned (a misaligned "
+        "address on the GPU)",
+        S.name, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, what, p);
 }
 /* ---- shared and global memory accesses: the race detector, the address checks ---------------- */
 
@@ -755,9 +758,10 @@ void tpk_emu_shared(void *p, size_t bytes, const char *name) {
     for (const Region &r : S.regions) total += r.bytes;
     if (total > (size_t)smem_optin() && !S.told_oob) {
         S.told_oob = S.failed = true;
-        tpk_emu_fail("kernel %s: %zu bytes of shared memory (dynamic %zu + static), above the %d a "
-                     "block may have (too many resources on the GPU)", S.name,
-                     total, S.dyn_bytes, smem_optin());
+        tpk_emu_fail(
+            "kernel %s: %zu bytes of shared memory (dynamic %zu + static), above the %d a block "
+            "may have (too many resources on the GPU)",
+            S.name, total, S.dyn_bytes, smem_optin());
     }
 }
 void *tpk_emu_dyn_smem_raw() {
@@ -773,15 +777,15 @@ static void race_report(const Region &r, size_t off, int warp, int kind, int oth
                         int other_kind) {
     if (S.told_race) return;
     S.told_race = true;
-    tpk_emu_fail("race in kernel %s, block (%u, %u, %u): shared memory %s%s byte %zu: warp %d %s "
-                 "it and warp %d %s it in the same barrier "
-                 "interval (no __syncthreads between: %s)",
-                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, r.name ? "array " : "",
-                 r.name ? r.name : "(dynamic)", off, other, acc_name(other_kind), warp,
-                 acc_name(kind),
-                 other_kind == ACC_READ ? "write-after-read"
-                 : kind == ACC_READ     ? "read-after-write"
-                                        : "write-after-write");
+    tpk_emu_fail(
+        "race in kernel %s, block (%u, %u, %u): shared memory %s%s byte %zu: warp %d %s it and "
+        "warp %d %s it in the same barrier "
+        "interval (no __syncthreads between: %s)",
+        S.name, blockIdx.x, blockIdx.y, blockIdx.z, r.name ? "array " : "",
+        r.name ? r.name : "(dynamic)", off, other, acc_name(other_kind), warp, acc_name(kind),
+        other_kind == ACC_READ ? "write-after-read"
+        : kind == ACC_READ     ? "read-after-write"
+                               : "write-after-write");
 }
 /* racecheck's rule: two different warps touching one byte in one barrier interval, at least one
  * writing, atomics with atomics aside; a warp's own lanes never race here (a warp's order is
@@ -821,10 +825,11 @@ static void oob_report(uintptr_t a, size_t n, int kind, const char *where) {
     S.failed = true;
     if (S.told_oob) return;
     S.told_oob = true;
-    tpk_emu_fail("kernel %s, block (%u, %u, %u), thread %u: a %zu-byte %s at %#lx, %s (an illegal "
-                 "address on the GPU)",
-                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, n,
-                 kind == ACC_READ ? "read" : "write", (unsigned long)a, where);
+    tpk_emu_fail(
+        "kernel %s, block (%u, %u, %u), thread %u: a %zu-byte %s at %#lx, %s (an illegal address "
+        "on the GPU)",
+        S.name, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, n,
+        kind == ACC_READ ? "read" : "write", (unsigned long)a, where);
 }
 static void global_check(uintptr_t a, size_t n, int kind) {
     for (int i = 0; i < HITS; i++)
@@ -945,10 +950,11 @@ void tpk_emu_kernel_enter(const void *kernel) {
     auto it = g_func_smem.find(kernel);
     int allowed = it == g_func_smem.end() ? SMEM_DEFAULT : it->second;
     if ((size_t)allowed >= S.dyn_bytes) return;
-    tpk_emu_fail("kernel %s launched with %zu bytes of dynamic shared memory, above the %d its "
-                 "cudaFuncAttributeMaxDynamicSharedMemorySize "
-                 "allows (the launch fails on the GPU)",
-                 S.name, S.dyn_bytes, allowed);
+    tpk_emu_fail(
+        "kernel %s launched with %zu bytes of dynamic shared memory, above the %d its "
+        "cudaFuncAttributeMaxDynamicSharedMemorySize "
+        "allows (the launch fails on the GPU)",
+        S.name, S.dyn_bytes, allowed);
     S.abort = true;
 }
 
@@ -960,8 +966,8 @@ void tpk__fl_cp16(void *dst, const void *src, bool valid) {
         tpk_emu_fail("cp.async: 16 bytes from %p to %p, not 16-byte aligned", src, dst);
     uintptr_t d = (uintptr_t)dst, base = (uintptr_t)S.dyn.data();
     if (d < base || d + 16 > base + S.dyn_bytes) {
-        oob_report(d, 16, ACC_WRITE, "a cp.async destination outside the block's dynamic shared "
-                                     "memory");
+        oob_report(d, 16, ACC_WRITE,
+                   "a cp.async destination outside the block's dynamic shared memory");
         return;
     }
     if (valid && S.cur->in_body) global_check((uintptr_t)src, 16, ACC_READ);
@@ -991,8 +997,8 @@ void tpk_emu_ldsm_check(const void *row) {
     const unsigned char *p = static_cast<const unsigned char *>(row),
                         *base = static_cast<const unsigned char *>(tpk_emu_dyn_smem_raw());
     if ((uintptr_t)p % 16) tpk_emu_fail("ldmatrix: a row address %p not 16-byte aligned", row);
-    if (p < base || p + 16 > base + S.dyn_bytes) tpk_emu_fail("ldmatrix: a row address outside the "
-                                                              "block's dynamic shared memory");
+    if (p < base || p + 16 > base + S.dyn_bytes)
+        tpk_emu_fail("ldmatrix: a row address outside the block's dynamic shared memory");
 }
 /* D (16x8) = A (16x16) B (16x8) from the lanes' registers, bf16 inputs, f32 products and sums */
 void tpk_emu_mma_complete(tpk_emu_xchg &x) {
@@ -1052,10 +1058,11 @@ static void report_hang() {
         bar += S.fibers[i].state == WAIT_BAR;
         if (S.fibers[i].state == WAIT_WARP) warp++, first_warp = first_warp < 0 ? i : first_warp;
     }
-    tpk_emu_fail("kernel %s, block (%u, %u, %u) cannot go on (a hang on the GPU): %d threads at "
-                 "__syncthreads, %d at warp instructions "
-                 "(thread %d first), %d ended",
-                 S.name, blockIdx.x, blockIdx.y, blockIdx.z, bar, warp, first_warp, n - S.live);
+    tpk_emu_fail(
+        "kernel %s, block (%u, %u, %u) cannot go on (a hang on the GPU): %d threads at "
+        "__syncthreads, %d at warp instructions "
+        "(thread %d first), %d ended",
+        S.name, blockIdx.x, blockIdx.y, blockIdx.z, bar, warp, first_warp, n - S.live);
     S.abort = true;
 }
 static void resume(Fiber &f) {
@@ -1137,9 +1144,10 @@ static bool run_block(bool reverse) {
     S.cur = NULL;
     for (size_t k = S.dyn_bytes; k < S.dyn.size(); k++)
         if (S.dyn[k] != ((k & 1) ? 0x7f : 0xc1)) {
-            tpk_emu_fail("kernel %s, block (%u, %u, %u): wrote byte %zu of its dynamic shared "
-                         "memory, past the %zu bytes of the launch", S.name,
-                         blockIdx.x, blockIdx.y, blockIdx.z, k, S.dyn_bytes);
+            tpk_emu_fail(
+                "kernel %s, block (%u, %u, %u): wrote byte %zu of its dynamic shared memory, past "
+                "the %zu bytes of the launch",
+                S.name, blockIdx.x, blockIdx.y, blockIdx.z, k, S.dyn_bytes);
             S.abort = true;
             break;
         }
@@ -1175,13 +1183,15 @@ void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *
     unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
     if (!threads || threads > MAX_THREADS || b.x > 1024 || b.y > 1024 || b.z > 64 || !g.x || !g.y ||
         !g.z || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
-        tpk_emu_fail("kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u): an invalid "
-                     "configuration", name, g.x, g.y, g.z, b.x, b.y, b.z);
+        tpk_emu_fail(
+            "kernel %s: launch of grid (%u, %u, %u) x block (%u, %u, %u): an invalid configuration",
+            name, g.x, g.y, g.z, b.x, b.y, b.z);
         return tpk_emu_set_error(cudaErrorInvalidConfiguration);
     }
     if (cfg.smem > (size_t)smem_optin()) {
-        tpk_emu_fail("kernel %s: launch with %zu bytes of dynamic shared memory, above the "
-                     "device's %d", name, cfg.smem, smem_optin());
+        tpk_emu_fail(
+            "kernel %s: launch with %zu bytes of dynamic shared memory, above the device's %d",
+            name, cfg.smem, smem_optin());
         return tpk_emu_set_error(cudaErrorInvalidValue);
     }
     if (!stream_ok(cfg.stream, name)) return tpk_emu_set_error(cudaErrorInvalidResourceHandle);
@@ -1189,10 +1199,10 @@ void tpk_emu_run(const char *name, const tpk_emu_cfg_t &cfg, void (*body)(void *
     static bool race_told;
     if (sched().race && !g_instrumented && !race_told) {
         race_told = true;
-        tpk_emu_fail("TPK_EMU_RACE=1, but the kernels were compiled without the access "
-                     "instrumentation (the checked build is "
-                     "libtpk_cuda_emu_chk.a, the tests' *_chk programs; not in an AddressSanitizer "
-                     "build)");
+        tpk_emu_fail(
+            "TPK_EMU_RACE=1, but the kernels were compiled without the access instrumentation (the "
+            "checked build is "
+            "libtpk_cuda_emu_chk.a, the tests' *_chk programs; not in an AddressSanitizer build)");
     }
     auto t0 = std::chrono::steady_clock::now();
     alloc_stacks((int)threads);

@@ -27,9 +27,10 @@ struct DeviceRadixSort {
         size_t n = (size_t)num_items;
         if (num_items < 0 || temp_bytes < TEMP || begin_bit < 0 || end_bit > (int)sizeof(K) * 8 ||
             begin_bit > end_bit) {
-            tpk_emu_fail("cub::DeviceRadixSort::SortPairs: bad arguments (n %lld, temp_bytes %zu, "
-                         "bits [%d, %d))", (long long)num_items, temp_bytes,
-                         begin_bit, end_bit);
+            tpk_emu_fail(
+                "cub::DeviceRadixSort::SortPairs: bad arguments (n %lld, temp_bytes %zu, bits [%d, "
+                "%d))",
+                (long long)num_items, temp_bytes, begin_bit, end_bit);
             return cudaErrorInvalidValue;
         }
         if (!tpk_emu_check_device(temp, temp_bytes, "SortPairs temp") ||
