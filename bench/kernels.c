@@ -258,8 +258,8 @@ int main(int argc, char **argv) {
     size_t RM = (size_t)(R > XR ? R : XR); /* rows of the per-row buffers */
     mean = rnd((size_t)R, TPK_F32, 10, 0, 0), rstd = rnd((size_t)R, TPK_F32, 11, 1, 0),
     lse = rnd(RM, TPK_F32, 12, 8, 0);
-    dl = rnd(RM, TPK_F32, 13, 1, 0), mx = buf(RM * 4), part = buf(RM * 16); /* mx: the fused op's
-                                                                               losses */
+    /* mx: the fused op's losses */
+    dl = rnd(RM, TPK_F32, 13, 1, 0), mx = buf(RM * 4), part = buf(RM * 16);
     ids = ids_upload((size_t)R, R), tgt = ids_upload(RM, XV);
     xl = rnd((size_t)(XR * XV), dt, 16, 0, 3),
     xd = buf(

@@ -36,9 +36,8 @@ typedef struct opts {
     int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every,
         save_every, keep;
-    bool sp, eval_only, profile, det, steps_given; tpk_recompute rc; /* rc: --recompute parsed;
-                                                                        steps_given: --steps was
-                                                                        given */
+    /* rc: --recompute parsed; steps_given: --steps was given */
+    bool sp, eval_only, profile, det, steps_given; tpk_recompute rc;
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
     uint64_t seed;
     double timeout; /* --timeout S: how long a collective waits for the other ranks (0: no limit;
@@ -213,8 +212,8 @@ static void comm_abort(const char *what) {
 static void world_allreduce(void *buf, int n, MPI_Datatype t, MPI_Op op) {
     tpk_ctx e = {0}; /* the error message's home */
     MPI_Request r;
-    MPI_Iallreduce(MPI_IN_PLACE, buf, n, t, op, MPI_COMM_WORLD, &r); /* the world's errors are
-                                                                        fatal: no status to check */
+    /* the world's errors are fatal: no status to check */
+    MPI_Iallreduce(MPI_IN_PLACE, buf, n, t, op, MPI_COMM_WORLD, &r);
     char what[48];
     snprintf(what, sizeof what, "the world (%d ranks)", world_size);
     if (tpk_mpi_wait(&e, "MPI_Allreduce", what, &r, coll_timeout) != TPK_OK)
@@ -715,18 +714,17 @@ int main(int argc, char **argv) {
     for (int64_t step = opt.step; step < o.steps; step++) {
         double l = NAN, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
-        TRY(tpk_params_zero_grad(&ctx)); tpk_model_loss_reset(&m); /* the micro-batches' mean losses
-                                                                      add up on the device */
+        /* the micro-batches' mean losses add up on the device */
+        TRY(tpk_params_zero_grad(&ctx)); tpk_model_loss_reset(&m);
         for (int k = 0; k < o.accum; k++) { /* DP communication only after the last micro-batch */
             int64_t micro = step * o.accum + k;
             ctx.rng_step = (uint64_t)micro;
             TRY(tpk_data_batch_seq(&ctx, &train, micro * Btot + off, Bd, o.seq, x,
                                    y)); /* = window micro * dp + rank with one --batch */
-            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, NULL)); /* the loss stays on the
-                                                                        device: no wait */
-            TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero)); /* ZeRO-1: one
-                                                                            reduce-scatter after the
-                                                                            backward instead */
+            /* the loss stays on the device: no wait */
+            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, NULL));
+            /* ZeRO-1: one reduce-scatter after the backward instead */
+            TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero));
             TRY(tpk_model_backward(&ctx, &m,
                                    (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
                                        (float)o.accum)); /* weighted by tokens */
@@ -786,8 +784,8 @@ int main(int argc, char **argv) {
             snprintf(sub, sizeof sub, "%s/step-%lld", o.save, (long long)opt.step);
             TRY(tpk_model_save(&ctx, &m, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
             if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
-            if (o.keep) TRY(keep_last(&ctx, o.save, o.keep)); /* after the save succeeded: the
-                                                                 newest --keep stay */
+            /* after the save succeeded: the newest --keep stay */
+            if (o.keep) TRY(keep_last(&ctx, o.save, o.keep));
         }
         if (o.profile)
             TRY(ctx.prof ? tpk_profile_step(&ctx)
@@ -800,9 +798,9 @@ int main(int argc, char **argv) {
             "%s)\n",
             o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
             tpk_recompute_name(cfg.gpt2.recompute));
-    else if (world_rank == 0 && o.steps > 0) /* the kit's buffers at most: parameters, gradients,
-                                                optimizer moments, activations, scratch (backend
-                                                memory) */
+    /* the kit's buffers at most: parameters, gradients, optimizer moments, activations, scratch
+     * (backend memory) */
+    else if (world_rank == 0 && o.steps > 0)
         printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n",
                (long long)(t0step + 1), o.steps, now() - t_start, tpk_mem_peak(&ctx, false) / 1e6,
                tpk_recompute_name(cfg.gpt2.recompute));

@@ -156,8 +156,8 @@ static inline void test_replay_corpus(const char *dir, tpk_status (*one)(const u
         size_t size = f && b ? fread(b, 1, 1 << 16, f) : 0;
         if (f) fclose(f);
         CHECK(f && b, "cannot read %s", p);
-        uint8_t *exact = (uint8_t *)malloc(size ? size : 1); /* a read past the end is past the
-                                                                allocation */
+        /* a read past the end is past the allocation */
+        uint8_t *exact = (uint8_t *)malloc(size ? size : 1);
         if (exact && b) memcpy(exact, b, size);
         tpk_status s = exact ? one(exact, size) : TPK_ERR_NOMEM;
         if (!strncmp(de->d_name, valid, strlen(valid)))

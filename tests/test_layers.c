@@ -279,8 +279,8 @@ int main(int argc, char **argv) {
                     "z: expected layout S(-1), got R");
         CHECK_FAILS(&ctx, tpk_xent_loss_read(&ctx, &ce, NULL, NULL), TPK_ERR_ARG,
                     "tpk_xent_loss_read: sum: NULL");
-        tpk_tensor narrow = tpk_tensor_2d(zb, TPK_F32, T, 6, TPK_R); /* hidden 6, the layernorm has
-                                                                        8 */
+        /* hidden 6, the layernorm has 8 */
+        tpk_tensor narrow = tpk_tensor_2d(zb, TPK_F32, T, 6, TPK_R);
         CHECK_FAILS(&ctx, tpk_layernorm_forward(&ctx, &ln, narrow, &y), TPK_ERR_SHAPE,
                     "x: expected global shape");
         CHECK_FAILS(&ctx, tpk_xent_init(&ctx, &ce, V, &(tpk_xent_desc){.label_smoothing = 1.5f}),

@@ -92,9 +92,8 @@ static void attn_ref(const attn_shape *s, const float *qkv, const float *dout, d
                     for (int64_t r = i; r < S; r++)
                         gv += P[r * S + i] * K[r * S + i] * dOe(r, d); /* dV_i = sum_r Pk_ri dO_r */
                     dqkv[(b * S + i) * ld3 + h * D + d] = scale * gq;
-                    dqkv[(b * S + i) * ld3 + (Al + kv) * D + d] += scale * gk; /* summed over the
-                                                                                  query heads of a
-                                                                                  group */
+                    /* summed over the query heads of a group */
+                    dqkv[(b * S + i) * ld3 + (Al + kv) * D + d] += scale * gk;
                     dqkv[(b * S + i) * ld3 + (Al + Gl + kv) * D + d] += gv;
                 }
 #undef Qe

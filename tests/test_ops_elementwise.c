@@ -183,8 +183,8 @@ static void test_elementwise(void) {
         CHECK(bad == 0, "fill f32: %zu elements wrong", bad);
         CHECK(isnan(x[36]), "fill wrote past n");
         uint16_t h[9] = {0};
-        CHECK_OK(&ctx, tpk_op_fill(&ctx, h, TPK_BF16, 8, 1.0f + 1.0f / 256)); /* halfway: rounds to
-                                                                                 1.0 */
+        /* halfway: rounds to 1.0 */
+        CHECK_OK(&ctx, tpk_op_fill(&ctx, h, TPK_BF16, 8, 1.0f + 1.0f / 256));
         bad = 0;
         for (int i = 0; i < 8; i++) bad += h[i] != 0x3F80;
         CHECK(bad == 0 && h[8] == 0, "fill bf16: %zu wrong, h[8] = %#x", bad, h[8]);

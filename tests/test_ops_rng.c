@@ -105,8 +105,8 @@ static void test_dropout(void) {
         size_t bad = 0, bad4 = 0, badp = 0;
         const uint64_t seed = 0x1234567890abcull, stream = 0xfeedull << 40;
         for (uint64_t i = 0; i < 4096; i++) {
-            uint64_t idx = i < 2048 ? i : (1ull << 40) - 2048 + i; /* the low and a high index range
-                                                                      (64-bit counters) */
+            /* the low and a high index range (64-bit counters) */
+            uint64_t idx = i < 2048 ? i : (1ull << 40) - 2048 + i;
             bad += tpk_dropout_u(seed, stream, idx) != test_dropout_u(seed, stream, idx);
             bad4 += tpk_rng_uniform4(seed, stream, idx >> 2).v[idx & 3] !=
                     test_dropout_u(seed, stream, idx);

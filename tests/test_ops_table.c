@@ -368,8 +368,8 @@ static void test_layer_errors(void) {
                     "tpk_op_xent_mean: acc: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 2, 1, true), TPK_ERR_ARG,
                     "tpk_op_xent_mean: loss: expected a buffer");
-        CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 0, 0, false)); /* no rows: the mean is
-                                                                            0 */
+        /* no rows: the mean is 0 */
+        CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, NULL, 0, 0, false));
         CHECK(acc == 0.0, "T = 0: mean %g", acc);
         CHECK_FAILS(&ctx, tpk_op_xent_loss(&ctx, a, b, c, 1, ids, 2, 5, 1.5f, IGNORE), TPK_ERR_ARG,
                     "smoothing:");

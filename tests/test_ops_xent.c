@@ -127,8 +127,8 @@ static void test_xent(void) {
                 fd[T * V];
             double rl[T], rlse[T], rdz[T * V];
             test_randn(z, n, 1000 + e, 3.0f);
-            for (int j = 0; j < V; j++) z[4 * V + j] += 30.0f; /* a row far from 0: the max must be
-                                                                  subtracted */
+            /* a row far from 0: the max must be subtracted */
+            for (int j = 0; j < V; j++) z[4 * V + j] += 30.0f;
             test_randn(dloss, T, 1010 + e, 1.0f);
 
             xent_forward(z, T, V, NSH, y, eps, TPK_F32, loss, lse, true);
@@ -305,8 +305,8 @@ static void test_xent(void) {
             CHECK(acc == (double)(float)acc, "T = %lld: the mean is a float (%.17g)", (long long)T,
                   acc);
             double m = acc;
-            CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, l, T, count, true)); /* a running sum: acc +
-                                                                                m */
+            /* a running sum: acc + m */
+            CHECK_OK(&ctx, tpk_op_xent_mean(&ctx, &acc, l, T, count, true));
             CHECK(acc == 2.0 * m, "T = %lld: accumulated %.17g, expected %.17g", (long long)T, acc,
                   2.0 * m);
             acc = 0.25;

@@ -170,8 +170,8 @@ int main(int argc, char **argv) {
             for (size_t k = 0; k < gn; k++)
                 err = fmax(err, fabs(got[k] - ref[i][k]) / (fabs(ref[i][k]) + 1e-3));
             test_poison(got, 64);
-            CHECK_OK(&ctx, tpk_param_gather(&ctx, i, opt.m, got)); /* the moments are laid out like
-                                                                      the parameters */
+            /* the moments are laid out like the parameters */
+            CHECK_OK(&ctx, tpk_param_gather(&ctx, i, opt.m, got));
             for (size_t k = 0; k < gn; k++)
                 err_m = fmax(err_m, fabs(got[k] - m[i][k]) / (fabs(m[i][k]) + 1e-3));
         }
@@ -517,8 +517,8 @@ int main(int argc, char **argv) {
               "a step with an infinite gradient norm changed the weights");
         CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm), TPK_ERR_ARG,
                     "not finite (now inf) on 2 step(s) since it was last read, which were skipped");
-        CHECK_OK(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm)); /* reported: the count starts
-                                                                  again */
+        /* reported: the count starts again */
+        CHECK_OK(&ctx, tpk_train_norm_read(&ctx, 1.0f, &nrm));
         CHECK_FAILS(&ctx, tpk_train_step(&ctx, &o, &b, 1e-3f, 1.0f, 1.0f, &nrm), TPK_ERR_ARG,
                     "tpk_train_norm_read: the gradient norm was not finite (now inf) on 1 step(s)");
         CHECK(!memcmp(w0, ctx.params.data.p, ctx.params.numel * 4),

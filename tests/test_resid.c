@@ -37,8 +37,8 @@ static void run(bool sp, float p) {
     for (uint64_t step = 0; step < 2; step++) {
         ctx.rng_step = step;
         test_poison(bl, T * H);
-        memcpy(bl, b + rows.off * H, sizeof(float) * rows.size * H); /* the branch output,
-                                                                        overwritten by y */
+        /* the branch output, overwritten by y */
+        memcpy(bl, b + rows.off * H, sizeof(float) * rows.size * H);
         tpk_tensor tx = tpk_tensor_shard_2d(x + rows.off * H, TPK_F32, T, H, lay, np, me);
         tpk_tensor tb = tpk_tensor_shard_2d(bl, TPK_F32, T, H, lay, np, me), ty = {0},
                    tdb = {

@@ -91,8 +91,8 @@ int main(int argc, char **argv) {
               : tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
     if (s == TPK_OK)
         s = llama ? tpk_llama_backward(&ctx, &lm, 1.0f) : tpk_gpt2_backward(&ctx, &m, 1.0f);
-    if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx); /* SP norm weights; shared key/value
-                                                                   heads */
+    /* SP norm weights; shared key/value heads */
+    if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx);
     if (s != TPK_OK) {
         tpk_report(&ctx, s, "torch_dump");
         MPI_Abort(MPI_COMM_WORLD, 1);

@@ -292,9 +292,8 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     for (int64_t t = 0; t < z->shape[0] && ctx->dtype == TPK_F32; t++)
         for (int64_t c = 0; c < ld; c++)
             bad += v0 + c >= V && ((const float *)z->data)[t * ld + c] != 0.0f;
-    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD); /* every rank fails
-                                                                               alike: no rank skips
-                                                                               a collective */
+    /* every rank fails alike: no rank skips a collective */
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     CHECK(bad == 0, "%d non-zero gradients in the vocabulary's padding", bad);
     /* every parameter at a multiple of TPK_PARAM_ALIGN elements (or right after the one before it:
      * the parts of a strided shard), the gaps between them zero in the weights and the gradients */

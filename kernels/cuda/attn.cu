@@ -60,8 +60,8 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
           *ps = qs + ATT_WARPS * 2 * D;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
-    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D); /* query head h reads key/value head
-                                                                kv */
+    /* query head h reads key/value head kv */
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
     int64_t ld3 = hd.ld, ldo = Al * D, kv = tpk__fl_kv_of(hd, head0, h);
     const T *Q = qkv + b * S * ld3 + h * D, *K = qkv + b * S * ld3 + (Al + kv) * D,
             *V = K + (int64_t)hd.Gl * D;
@@ -70,8 +70,8 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
         q[e] = i < S ? tpk__ldf(Q, (size_t)(i * ld3 + e)) * scale : 0.0f;
     float o[NE], m = -INFINITY, l = 0.0f;
     for (int e = 0; e < NE; e++) o[e] = 0.0f;
-    int64_t last = (i0 + ATT_WARPS - 1 < S - 1 ? i0 + ATT_WARPS - 1 : S - 1); /* the block's last
-                                                                                 query row */
+    /* the block's last query row */
+    int64_t last = (i0 + ATT_WARPS - 1 < S - 1 ? i0 + ATT_WARPS - 1 : S - 1);
     for (int64_t j0 = 0; j0 <= last; j0 += ATT_TILE) {
         __syncthreads();
         att_stage(Ks, K, ld3, j0, S, D);
@@ -86,8 +86,8 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
             for (int64_t e = 0; e < D; e++) s += q[e] * Ks[lane * (D + 1) + e];
         }
         float mn = fmaxf(m, tpk__warp_max(s));
-        float pe = j <= i ? expf(s - mn) : 0.0f, corr = expf(m - mn); /* m = -inf at first: corr =
-                                                                         0 */
+        /* m = -inf at first: corr = 0 */
+        float pe = j <= i ? expf(s - mn) : 0.0f, corr = expf(m - mn);
         l = l * corr + tpk__warp_sum(pe);
         pw[lane] = pe * (j <= i ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f);
         __syncwarp();

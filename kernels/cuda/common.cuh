@@ -177,8 +177,8 @@ template <bool VEC, class F> __device__ __forceinline__ void tpk__elementwise(si
     constexpr int V = VEC ? TPK__VEC : 1;
     size_t nv = n / V;
     TPK__GRID_STRIDE(j, nv) body(j * V, std::integral_constant<int, V>{});
-    size_t i = nv * V + blockIdx.x * (size_t)blockDim.x + threadIdx.x; /* the tail: fewer than V
-                                                                          elements */
+    /* the tail: fewer than V elements */
+    size_t i = nv * V + blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (VEC && i < n) body(i, std::integral_constant<int, 1>{});
 }
 /* x rounded to T (the value a store to T and a load back give) */

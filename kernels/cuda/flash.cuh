@@ -704,9 +704,8 @@ __global__ void __launch_bounds__(32 * W, 2)
              *dOb =
                  Qb +
                  NBUF * TILE; /* [NBUF][64][LD] each: Q, dO of query tile it in buffer it % NBUF */
-    float *Lb = reinterpret_cast<float *>(dOb + NBUF * TILE); /* [NBUF][64][2]: lse log2(e), Dr of
-                                                                 the tile's query c at [c /
-                                                                 2][0..1], [c / 2][2..3] */
+    /* [NBUF][64][2]: lse log2(e), Dr of the tile's query c at [c / 2][0..1], [c / 2][2..3] */
+    float *Lb = reinterpret_cast<float *>(dOb + NBUF * TILE);
     uint16_t *dSt = reinterpret_cast<uint16_t *>(
         Lb + NBUF * 2 * TPK__FL_ROWS); /* DQ: [KEYS][LDS] dS^T of the tile */
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -749,8 +748,8 @@ __global__ void __launch_bounds__(32 * W, 2)
     tpk__fl_wait_all();
     __syncthreads();
     float dk[ND][4], dv[ND][4];
-    uint32_t kreg[KVREG ? D / 16 : 1][4], vreg[KVREG ? D / 16 : 1][4]; /* KVREG: the A fragments of
-                                                                          K, V [16 keys][D] */
+    /* KVREG: the A fragments of K, V [16 keys][D] */
+    uint32_t kreg[KVREG ? D / 16 : 1][4], vreg[KVREG ? D / 16 : 1][4];
     if (KVREG) {
         TPK__FL_UNROLL for (int kk = 0; kk < D / 16; kk++)
             tpk__fl_frag_a(kreg[kk], Ks, LD, 16 * w, 16 * kk, lane),
@@ -785,8 +784,8 @@ __global__ void __launch_bounds__(32 * W, 2)
         const float *Ls = Lb + buf * 2 * TPK__FL_ROWS;
         bool more = it + 1 < ntiles;
         int nh = tq + 1 < ntq ? h : h + 1, ntq1 = tq + 1 < ntq ? tq + 1 : 0; /* the next tile */
-        if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1); /* lands in the other buffer
-                                                                   meanwhile */
+        /* lands in the other buffer meanwhile */
+        if (NBUF == 2 && more) stage_q(nh, ntq1, (it + 1) & 1);
         {
             /* MASK, in the tile's 32-bit coordinates: query q0 + c, key wkey + r is kept when
              * c >= (wkey - q0) + r (on or below the diagonal). Past S no mask is needed: those
@@ -986,9 +985,8 @@ __global__ void __launch_bounds__(128, 2)
     constexpr int LD = D + 8, TILE = TPK__FL_ROWS * LD, NT = TPK__FL_KEYS / 8, ND = D / 8;
     constexpr int NBUF = D == 128 ? 1 : 2; /* tpk__fl_dq_nbuf */
     TPK__FL_SMEM(uint16_t, Qs); /* [64][LD] each: Q, dO of the block's queries */
-    uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + NBUF * TILE; /* [NBUF][64][LD] each: K,
-                                                                            V of key tile it in
-                                                                            buffer it % NBUF */
+    /* [NBUF][64][LD] each: K, V of key tile it in buffer it % NBUF */
+    uint16_t *dOs = Qs + TILE, *Kb = dOs + TILE, *Vb = Kb + NBUF * TILE;
     int w = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int64_t b = blockIdx.z, h = blockIdx.y,
             q0 = ((int64_t)gridDim.x - 1 - blockIdx.x) * TPK__FL_ROWS;

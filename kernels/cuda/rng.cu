@@ -72,8 +72,8 @@ __global__ void dropout_kernel(T *y, const T *x, int64_t rows, int64_t cols, int
             } else {
                 for (int h = 0; h < V / 4; h++) { /* elements k + 4h .. + 3: one call, from a
                                                      multiple of 4 */
-                    if (h && j + 4 >= cols) g += (uint64_t)(gcols - cols); /* the second 4 start the
-                                                                              next row */
+                    /* the second 4 start the next row */
+                    if (h && j + 4 >= cols) g += (uint64_t)(gcols - cols);
                     tpk_f32x4 u = tpk_rng_uniform4(seed, stream, (g + 4 * (uint64_t)h) >> 2);
                     for (int e = 0; e < 4; e++)
                         v[4 * h + e] = u.v[e] >= p ? v[4 * h + e] * scale : 0.0f;

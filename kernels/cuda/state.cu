@@ -194,8 +194,8 @@ static tpk_status cuda_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t b
         if (!st->up_done[k])
             TPK__CUDA_TRY(ctx, fn,
                           cudaEventCreateWithFlags(&st->up_done[k], cudaEventDisableTiming));
-        TPK_TRY(tpk__cuda_event_wait(ctx, fn, st->up_done[k])); /* its last copy has been done (long
-                                                                   ago, as a rule) */
+        /* its last copy has been done (long ago, as a rule) */
+        TPK_TRY(tpk__cuda_event_wait(ctx, fn, st->up_done[k]));
         if (st->up_bytes[k] < bytes) {
             if (st->up[k]) cudaFreeHost(st->up[k]);
             st->up[k] = NULL, st->up_bytes[k] = 0;

@@ -186,10 +186,10 @@ __device__ __forceinline__ void xent_grad_row(T *dz, const T *z, int Vl, int ld,
         return;
     }
     float Ll = l * TPK__LOG2E, ed = eps / (float)V * d, td = (1.0f - eps) * d;
-    int nv = VEC ? Vl / N : 0;                                            /* whole vectors inside
-                                                                             the Vl columns */
-    bool owner = c >= 0 && c < (int64_t)nv * N && (int)(c / N) % nt == u; /* of the target's, among
-                                                                             them */
+    /* whole vectors inside the Vl columns */
+    int nv = VEC ? Vl / N : 0;
+    /* of the target's, among them */
+    bool owner = c >= 0 && c < (int64_t)nv * N && (int)(c / N) % nt == u;
     float zc = owner ? tpk__ldf(z, (size_t)c) : 0.0f;
     for (int k = u; k < nv; k += nt) {
         float v[N];

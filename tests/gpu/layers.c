@@ -226,9 +226,8 @@ int main(int argc, char **argv) {
                 cd.rng_step = (uint64_t)step;
                 CHECK_OK(&cd, tpk_params_zero_grad(&cd));
                 tpk_xent_loss_reset(&m.ce);
-                CHECK_OK(&cd, tpk_gpt2_forward(&cd, &m, ids, tg, B, S, NULL)); /* deferred: the loss
-                                                                                  comes with the
-                                                                                  backward */
+                /* deferred: the loss comes with the backward */
+                CHECK_OK(&cd, tpk_gpt2_forward(&cd, &m, ids, tg, B, S, NULL));
                 CHECK_OK(&cd, tpk_gpt2_backward(&cd, &m, 1.0f));
                 CHECK_OK(&cd, tpk_train_step(&cd, &opt, &b, 1e-3f, 0.5f, 1.0f,
                                              NULL)); /* norm, clip, AdamW on the device */

@@ -337,8 +337,8 @@ static void test_epilogues_composed(tpk_dtype dt) {
         "bias_grad on the GPU [%s]",
         tpk_dtype_name(dt)) {
         int64_t T = 67, n = 96, k = 80, k2 = 48;
-        size_t es = tpk_dtype_size(dt), tn = (size_t)(T * n), pad = 8; /* pad: room for the copies
-                                                                          at +1 element */
+        /* pad: room for the copies at +1 element */
+        size_t es = tpk_dtype_size(dt), tn = (size_t)(T * n), pad = 8;
         pair x = pair_randn(&cd, (size_t)(T * k), dt, 90, 1.0f),
              w = pair_randn(&cd, (size_t)(n * k), dt, 91, 0.2f);
         pair b = pair_randn(&cd, (size_t)n + pad, dt, 92, 1.0f),
@@ -358,8 +358,8 @@ static void test_epilogues_composed(tpk_dtype dt) {
             size_t o = (size_t)off * es;
             void *bo = (char *)b.d + o, *yo = (char *)y + o, *po = (char *)pre + o,
                  *yco = (char *)yc + o, *pco = (char *)prec + o;
-            double tol = off ? 1e-30 : tol_for(dt, TOL_SUM); /* off: the same calls, so equal bit
-                                                                for bit */
+            /* off: the same calls, so equal bit for bit */
+            double tol = off ? 1e-30 : tol_for(dt, TOL_SUM);
             for (int v = 0; v < 4; v++) {
                 bool gelu = v & 1, bias = v & 2;
                 if (!gelu && !bias) continue; /* no epilogue: a plain gemm (test_gemm) */
@@ -459,8 +459,8 @@ static void test_layernorm(tpk_dtype dt, int64_t rows, int64_t cols) {
         pair_check(&cd, &y, tol_for(dt, TOL_SUM), "layernorm y");
         pair_check(&cd, &mean, TOL_SUM, "layernorm mean");
         pair_check(&cd, &rstd, TOL_SUM, "layernorm rstd");
-        pair_sync_down(&cd, &mean), pair_sync_down(&cd, &rstd); /* the same saved statistics for
-                                                                   both */
+        /* the same saved statistics for both */
+        pair_sync_down(&cd, &mean), pair_sync_down(&cd, &rstd);
         for (int acc = 0; acc < 2; acc++) {
             pair dy = pair_randn(&cd, nx, dt, 63, 1.0f), dx = pair_randn(&cd, nx, dt, 64, 1.0f);
             pair dw = pair_randn(&cd, (size_t)cols, TPK_F32, 65, 1.0f),
@@ -531,8 +531,8 @@ static void test_rope_swiglu(tpk_dtype dt) {
         int64_t rows = 300, S = 37, heads = 3, D = 64, ld = heads * D + 16, F = 200;
         pair x = pair_randn(&cd, (size_t)(rows * ld), dt, 170, 1.0f);
         for (int inv = 0; inv < 2; inv++) {
-            pair y = pair_rows_poisoned(rows, ld, heads * D, dt, 173); /* the heads poisoned, the 16
-                                                                          columns past them not */
+            /* the heads poisoned, the 16 columns past them not */
+            pair y = pair_rows_poisoned(rows, ld, heads * D, dt, 173);
             CHECK_OK(&ch,
                      ch.ops->rope(&ch, y.h, ld, x.h, ld, rows, S, heads, D, 10000.0f, inv, dt));
             CHECK_OK(&cd,
@@ -587,9 +587,8 @@ static void test_embed(tpk_dtype dt, int64_t H) {
               (long long)H) {
         int64_t T = 700, v0 = 10, vrows = 25;
         float idv[700];
-        for (int t = 0; t < T; t++) idv[t] = (float)((t * 7919 + 13) % 41); /* 0..40: some below v0,
-                                                                               some past v0 +
-                                                                               vrows */
+        /* 0..40: some below v0, some past v0 + vrows */
+        for (int t = 0; t < T; t++) idv[t] = (float)((t * 7919 + 13) % 41);
         pair ids = pair_from(&cd, idv, (size_t)T, TPK_I32);
         pair E = pair_randn(&cd, (size_t)(vrows * H), TPK_F32, 70, 1.0f);
         for (int acc = 0; acc < 2; acc++) {
@@ -912,8 +911,8 @@ static void test_optimizer(void) {
         double sh = -1, sd = -2, *sdd = nd;
         CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, n, false));
         CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, n, false));
-        CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, 1000, true)); /* accumulated: the first 1000
-                                                                    again */
+        /* accumulated: the first 1000 again */
+        CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, g.d, 1000, true));
         CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, g.h, 1000, true));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
         CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq: %.17g vs %.17g", sd, sh);

@@ -65,8 +65,8 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     memset(&ld, 0, sizeof ld);
     ld.name = pn, ld.bias = true, ld.stride = 3, ld.unit = (int)a->D,
     ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
-    TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld)); /* [Wq; Wk; Wv]: stride 3, heads
-                                                                     of D */
+    /* [Wq; Wk; Wv]: stride 3, heads of D */
+    TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld));
     snprintf(pn, sizeof pn, "%s.c_proj", a->name);
     ld.stride = 0, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     TPK_TRY(tpk_row_linear_init(ctx, &a->c_proj, H, H, &ld));
@@ -330,8 +330,8 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     a->stream = tpk__dropout_stream(ctx, a->name);
     TPK_TRY(tpk__buf_reserve(ctx, &a->qkv,
                              (size_t)(T * ld > 0 ? T * ld : 1) * tpk_dtype_size(ctx->dtype)));
-    TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, 0, q.data, Al, true, true)); /* [Q | K | V], Q and K
-                                                                                rotated */
+    /* [Q | K | V], Q and K rotated */
+    TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, 0, q.data, Al, true, true));
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, Al * D, k.data, Gl, true, true));
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, (Al + Gl) * D, v.data, Gl, false, true));
     TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, B, S, a->A, a->G, a->a0, Al, D, a->p,

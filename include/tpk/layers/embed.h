@@ -92,9 +92,8 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
                              (long long)i, ids[i], (long long)(e->V - 1));
     e->B = B, e->S = S;
     TPK_TRY(tpk__upload_i32(ctx, &e->ids, ids, T));
-    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P); /* SP: only until its
-                                                                        reduce-scatter, in the
-                                                                        scratch */
+    /* SP: only until its reduce-scatter, in the scratch */
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_P);
     TPK_TRY(e->sp ? tpk__sp_view(ctx, &yp) : tpk__buf_view(ctx, &e->y, &yp));
     if (T)
         TPK_TRY(tpk_op_embed_fwd(ctx, yp.data, (const int32_t *)e->ids.p,

@@ -206,8 +206,8 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         TPK_TRY(tpk__param_add(ctx, pn, 1, out, 0, column ? l->split : TPK_R, TPK_INIT_ZEROS, 0,
                                false, &l->b));
     }
-    for (int i = 0; l->d.parts[0] && i < 8; i++) l->d.parts[i] = NULL; /* the names need not outlive
-                                                                          init */
+    /* the names need not outlive init */
+    for (int i = 0; l->d.parts[0] && i < 8; i++) l->d.parts[i] = NULL;
     l->n_local = tpk_tp_shard_size(ctx, column ? out : in, l->split, ctx->tp.rank);
     l->in_off = column ? 0 : tpk_tp_shard_run(ctx, in, l->split, ctx->tp.rank, 0).off;
     return TPK_OK;
@@ -442,9 +442,8 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P); /* SP: only until its
-                                                                          reduce-scatter, in the
-                                                                          scratch */
+    /* SP: only until its reduce-scatter, in the scratch */
+    tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P);
     TPK_TRY(l->d.sequence_parallel ? tpk__sp_view(ctx, &yp) : tpk__buf_view(ctx, &l->y, &yp));
     /* the partial sums P; the bias once in the sum: rank 0 adds it in the GEMM's epilogue (no pass
      * of its own) */
@@ -460,8 +459,8 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     if (l->d.sequence_parallel) {
         yo = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S(0));
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yo));
-        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &yp, &yo)); /* reduce-scatter
-                                                                              tokens */
+        /* reduce-scatter tokens */
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &yp, &yo));
     } else {
         yo = yp;
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_REDUCE, &yp, &yo)); /* all-reduce in place */

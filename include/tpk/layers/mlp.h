@@ -121,10 +121,8 @@ static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor d
     tpk__row_dx own = {tpk__mlp_dx_act, m};
     tpk_tensor du;
     TPK_TRY(tpk__row_linear_backward(ctx, cp, dy, &du, fuse ? &own : NULL)); /* S(-1) [T, F_r] */
-    return tpk__col_linear_backward(ctx, fc, du, dx, fuse);                 /* then c_fc's GEMMs
-                                                                               (the activation's
-                                                                               backward when not
-                                                                               fused) */
+    /* then c_fc's GEMMs (the activation's backward when not fused) */
+    return tpk__col_linear_backward(ctx, fc, du, dx, fuse);
 }
 
 /* ---- SwiGLU MLP (Llama) -------------------------------------------------------------------------

@@ -438,8 +438,8 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
             tpk__param_place(ctx, &ps, q, whole, host + off, true);
             off += counts[q];
         }
-        if (s == TPK_OK) memcpy(out, whole, gnumel * sizeof(float)); /* dim 0 outermost: the padding
-                                                                        rows are last */
+        /* dim 0 outermost: the padding rows are last */
+        if (s == TPK_OK) memcpy(out, whole, gnumel * sizeof(float));
     }
     free(counts), free(host), free(whole);
     return s;

@@ -120,8 +120,8 @@ static inline tpk_status tpk__stack_forward(tpk_ctx *ctx, tpk__stack *st, tpk_te
     int sets = tpk__stack_sets(st->mode, false);
     bool full = st->mode == TPK_RECOMPUTE_FULL;
     for (int64_t i = 0; i < st->L; i++) {
-        if (full && !i) TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[0], x, &x)); /* later inputs are
-                                                                                  kept as outputs */
+        /* later inputs are kept as outputs */
+        if (full && !i) TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[0], x, &x));
         tpk__stack_lend(st, i, sets);
         tpk_status s = st->fwd(ctx, st->m, i, x, &x);
         if (s == TPK_OK && full) s = tpk__stack_keep(ctx, &st->b->ckpt[i + 1], x, &x);

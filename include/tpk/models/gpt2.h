@@ -107,20 +107,17 @@ static inline void tpk_gpt2_block_destroy(tpk_ctx *ctx, tpk_gpt2_block *b) {
 static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor x,
                                                 int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_gpt2_block_forward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
-    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    TPK_TRY(tpk__lm_block_args(ctx, fn, b ? b->H : 0, y));
     tpk_tensor h, a, x1, m;
     TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_1, x, &h)); /* checks x: layout, [T, H] */
     TPK_TRY(tpk_attention_forward(ctx, &b->attn, h, B, S, &a));
-    TPK_TRY(tpk_residual_branch_forward(ctx, &b->res_1, &a));             /* drop(a) in place:
-                                                                             c_proj's output, not
-                                                                             kept */
-    TPK_TRY(tpk_layernorm_forward_residual(ctx, &b->ln_2, x, a, &x1, &h)); /* x1 = x + drop(a), h =
-                                                                              ln_2(x1): one pass */
+    /* drop(a) in place: c_proj's output, not kept */
+    TPK_TRY(tpk_residual_branch_forward(ctx, &b->res_1, &a));
+    /* x1 = x + drop(a), h = ln_2(x1): one pass */
+    TPK_TRY(tpk_layernorm_forward_residual(ctx, &b->ln_2, x, a, &x1, &h));
     TPK_TRY(tpk_mlp_forward(ctx, &b->mlp, h, &m));
-    return tpk_residual_forward(ctx, &b->res_2, x1, m, y);                 /* y = x1 + drop(m), in
-                                                                              c_proj's output */
+    /* y = x1 + drop(m), in c_proj's output */
+    return tpk_residual_forward(ctx, &b->res_2, x1, m, y);
 }
 
 /* The backward (tpk__gpt2_block_backward, in place or not), the buffer lists by recompute set
@@ -192,16 +189,13 @@ static inline tpk__lm_parts tpk__gpt2_lm(tpk_gpt2 *m) {
     return p;
 }
 
-/* Block i's buffers of one recompute set (the tests check that the pools hold them). */
-static inline int tpk__gpt2_bufs(void *m, int64_t i, int set, tpk_buf **o) {
-    return tpk__gpt2_block_bufs(&((tpk_gpt2 *)m)->h[i], set, o);
-}
+/* tpk_gpt2_destroy, tpk_gpt2_backward and tpk_gpt2_sample (and tpk__gpt2_lm_init,
+ * tpk__gpt2_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+TPK__LM_MODEL_ENTRIES(gpt2, h)
 
 static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
-    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__lm_init_args(ctx, fn, m, cfg));
     memset(m, 0, sizeof *m);
     tpk_gpt2_config c = *cfg;
     TPK_TRY(tpk__lm_check_shape(ctx, fn, c.layers, c.positions, c.hidden, c.heads));
@@ -214,18 +208,7 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     tpk__lm_dims d = {c.vocab,          c.positions,         c.layers,   c.hidden,
                       c.vocab_multiple, c.label_smoothing,   c.init_std, c.ln_eps,
                       c.dropout,        c.sequence_parallel, true};
-    tpk__lm_parts p = tpk__gpt2_lm(m);
-    void *h = NULL;
-    tpk_status s = tpk__lm_init(ctx, fn, &p, &h, &d, &m->c);
-    m->h = (tpk_gpt2_block *)h;
-    return s;
-}
-
-static inline void tpk_gpt2_destroy(tpk_ctx *ctx, tpk_gpt2 *m) {
-    tpk__lm_parts p = tpk__gpt2_lm(m);
-    void *h = m->h;
-    tpk__lm_destroy(ctx, &p, &h);
-    m->h = NULL;
+    return tpk__gpt2_lm_init(ctx, fn, m, &d);
 }
 
 /* Set the dropout probability of every dropout site (0 for evaluation and sampling). */
@@ -249,23 +232,6 @@ static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32
     tpk__lm_parts p;
     return tpk__lm_forward(ctx, "tpk_gpt2_forward", m && m->h ? (p = tpk__gpt2_lm(m), &p) : NULL,
                            ids, targets, B, S, loss);
-}
-
-/* Accumulate the gradients of scale * (the loss of the last forward) into the flat gradient
- * buffer (zero it with tpk_params_zero_grad at the start of a step). */
-static inline tpk_status tpk_gpt2_backward(tpk_ctx *ctx, tpk_gpt2 *m, float scale) {
-    tpk__lm_parts p;
-    return tpk__lm_backward(ctx, "tpk_gpt2_backward", m && m->h ? (p = tpk__gpt2_lm(m), &p) : NULL,
-                            scale);
-}
-
-/* out[0] = start, out[1..n] = n tokens sampled one after another (set dropout to 0 first). */
-static inline tpk_status tpk_gpt2_sample(tpk_ctx *ctx, tpk_gpt2 *m, int32_t start, int n,
-                                         float temperature, uint64_t seed, int32_t *out) {
-    tpk__lm_parts p;
-    return tpk__lm_sample(ctx, "tpk_gpt2_sample", m && m->h ? (p = tpk__gpt2_lm(m), &p) : NULL,
-                          m ? m->c.vocab : 0, m ? m->c.positions : 0, start, n, temperature, seed,
-                          out);
 }
 
 #endif /* TPK_GPT2_H */

@@ -103,9 +103,7 @@ static inline void tpk_llama_block_destroy(tpk_ctx *ctx, tpk_llama_block *b) {
 static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor x,
                                                  int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_llama_block_forward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!b || !b->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
-    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    TPK_TRY(tpk__lm_block_args(ctx, fn, b ? b->H : 0, y));
     tpk_tensor h, a, x1, m;
     TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_1, x, &h)); /* checks x: layout, [T, H] */
     TPK_TRY(tpk_gqa_attention_forward(ctx, &b->attn, h, B, S, &a));
@@ -183,22 +181,19 @@ static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
     return p;
 }
 
+/* tpk_llama_destroy, tpk_llama_backward and tpk_llama_sample (and tpk__llama_lm_init,
+ * tpk__llama_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+TPK__LM_MODEL_ENTRIES(llama, layers)
+
 /* Llama's default intermediate size for hidden H: 2/3 of 4 H, up to a multiple of 256. */
 static inline int64_t tpk_llama_default_ffn(int64_t H) {
     int64_t f = 8 * H / 3;
     return (f + 255) / 256 * 256;
 }
 
-/* Block i's buffers of one recompute set (the tests check that the pools hold them). */
-static inline int tpk__llama_bufs(void *m, int64_t i, int set, tpk_buf **o) {
-    return tpk__llama_block_bufs(&((tpk_llama *)m)->layers[i], set, o);
-}
-
 static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_llama_config *cfg) {
     static const char *fn = "tpk_llama_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
-    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__lm_init_args(ctx, fn, m, cfg));
     memset(m, 0, sizeof *m);
     tpk_llama_config c = *cfg;
     TPK_TRY(tpk__lm_check_shape(ctx, fn, c.layers, c.positions, c.hidden, c.heads));
@@ -225,18 +220,7 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
     tpk__lm_dims d = {c.vocab,           c.positions, c.layers,   c.hidden, c.vocab_multiple,
                       c.label_smoothing, c.init_std,  c.norm_eps, 0.0f,     c.sequence_parallel,
                       c.tie_embeddings};
-    tpk__lm_parts p = tpk__llama_lm(m);
-    void *layers = NULL;
-    tpk_status s = tpk__lm_init(ctx, fn, &p, &layers, &d, &m->c);
-    m->layers = (tpk_llama_block *)layers;
-    return s;
-}
-
-static inline void tpk_llama_destroy(tpk_ctx *ctx, tpk_llama *m) {
-    tpk__lm_parts p = tpk__llama_lm(m);
-    void *layers = m->layers;
-    tpk__lm_destroy(ctx, &p, &layers);
-    m->layers = NULL;
+    return tpk__llama_lm_init(ctx, fn, m, &d);
 }
 
 /* Forward B sequences of S tokens (S <= cfg.positions): ids [B S] and targets [B S] in host
@@ -256,23 +240,6 @@ static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int
     tpk__lm_parts p;
     return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, ids,
                            targets, B, S, loss);
-}
-
-/* Accumulate the gradients of scale * (the loss of the last forward). */
-static inline tpk_status tpk_llama_backward(tpk_ctx *ctx, tpk_llama *m, float scale) {
-    tpk__lm_parts p;
-    return tpk__lm_backward(ctx, "tpk_llama_backward",
-                            m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, scale);
-}
-
-/* out[0] = start, out[1..n] = n tokens sampled one after another (set dropout to 0 first). */
-
-static inline tpk_status tpk_llama_sample(tpk_ctx *ctx, tpk_llama *m, int32_t start, int n,
-                                          float temperature, uint64_t seed, int32_t *out) {
-    tpk__lm_parts p;
-    return tpk__lm_sample(ctx, "tpk_llama_sample",
-                          m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, m ? m->c.vocab : 0,
-                          m ? m->c.positions : 0, start, n, temperature, seed, out);
 }
 
 #endif /* TPK_LLAMA_H */

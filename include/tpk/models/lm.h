@@ -117,6 +117,23 @@ static inline tpk_status tpk__lm_check_recompute(tpk_ctx *ctx, const char *fn, t
     return TPK_OK;
 }
 
+/* The argument checks of a family's init (the model and its config) and of a block's forward
+ * (an initialised block, an output), with the same words. */
+static inline tpk_status tpk__lm_init_args(tpk_ctx *ctx, const char *fn, const void *m,
+                                           const void *cfg) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
+    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    return TPK_OK;
+}
+static inline tpk_status tpk__lm_block_args(tpk_ctx *ctx, const char *fn, int64_t H,
+                                            const tpk_tensor *y) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised block");
+    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    return TPK_OK;
+}
+
 /* ---- the stack of blocks (tpk/layers/recompute.h) -------------------------------------------- */
 
 static inline tpk_status tpk__lm_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x,
@@ -127,8 +144,8 @@ static inline tpk_status tpk__lm_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tenso
 static inline tpk_status tpk__lm_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy,
                                      tpk_tensor *dx) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
-    return p->f->block_backward(ctx, tpk__lm_block(p, i), dy, dx, true); /* the stack's gradient
-                                                                            buffer, in place */
+    /* the stack's gradient buffer, in place */
+    return p->f->block_backward(ctx, tpk__lm_block(p, i), dy, dx, true);
 }
 static inline tpk_status tpk__lm_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
@@ -232,8 +249,8 @@ static inline tpk_status tpk__lm_forward(tpk_ctx *ctx, const char *fn, tpk__lm_p
     tpk_tensor x;
     TPK_TRY(tpk_embedding_forward(ctx, p->embed, ids, B, S, &x)); /* checks ids, B, S */
     p->s->B = B, p->s->S = S;
-    if (p->drop) TPK_TRY(tpk_dropout_forward(ctx, p->drop, &x)); /* in place: the embedding does not
-                                                                    keep its output */
+    /* in place: the embedding does not keep its output */
+    if (p->drop) TPK_TRY(tpk_dropout_forward(ctx, p->drop, &x));
     tpk__stack st = tpk__lm_stack(p);
     TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or
                                                      their GEMM outputs only, kept) */
@@ -270,9 +287,8 @@ static inline tpk_status tpk__lm_backward(tpk_ctx *ctx, const char *fn, tpk__lm_
     tpk__stack st = tpk__lm_stack(p);
     TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its
                                                       forward, or its cheap parts, again first) */
-    if (p->drop) TPK_TRY(tpk_dropout_backward_inplace(ctx, p->drop, &g)); /* g: block 0's input
-                                                                             gradient, used only
-                                                                             here */
+    /* g: block 0's input gradient, used only here */
+    if (p->drop) TPK_TRY(tpk_dropout_backward_inplace(ctx, p->drop, &g));
     TPK_TRY(tpk_embedding_backward(ctx, p->embed, g));
     if (s->grad_ready) {
         int q = p->embed->wpe >= 0 ? p->embed->wpe : w;
@@ -332,10 +348,10 @@ static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn,
     TPK_TRY(tpk_residual_backward(ctx, b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
     TPK_TRY(b->mlp_backward(ctx, b->mlp, g, &dh));
     if (inplace) {
-        TPK_TRY(b->norm_backward_add(ctx, b->norm_2, dh, dy)); /* dx1 = dy + norm_2's dx, in dy's
-                                                                  buffer */
-        TPK_TRY(tpk_residual_backward(ctx, b->res_1, dy, &g));  /* drop'(dx1) into the attention
-                                                                   branch */
+        /* dx1 = dy + norm_2's dx, in dy's buffer */
+        TPK_TRY(b->norm_backward_add(ctx, b->norm_2, dh, dy));
+        /* drop'(dx1) into the attention branch */
+        TPK_TRY(tpk_residual_backward(ctx, b->res_1, dy, &g));
         TPK_TRY(b->attn_backward(ctx, b->attn, g, &da));
         TPK_TRY(b->norm_backward_add(ctx, b->norm_1, da, dy)); /* dx = dx1 + norm_1's dx */
         *dx = dy;
@@ -343,8 +359,8 @@ static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn,
     }
     TPK_TRY(b->norm_backward(ctx, b->norm_2, dh, &dx1));       /* in norm_2's buffer */
     TPK_TRY(tpk_residual_backward_add(ctx, b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
-    TPK_TRY(tpk_residual_backward(ctx, b->res_1, dx1, &g));     /* drop'(dx1) into the attention
-                                                                   branch */
+    /* drop'(dx1) into the attention branch */
+    TPK_TRY(tpk_residual_backward(ctx, b->res_1, dx1, &g));
     TPK_TRY(b->attn_backward(ctx, b->attn, g, &da));
     TPK_TRY(b->norm_backward(ctx, b->norm_1, da, dx));         /* in norm_1's buffer */
     return tpk_residual_backward_add(ctx, b->res_1, *dx, dx1);  /* dx += dx1: the skip path */
@@ -486,6 +502,49 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
         tpk__##F##_lm_block_backward, tpk__##F##_lm_block_bufs, tpk__##F##_lm_block_recompute,     \
         tpk__##F##_lm_block_params, tpk__##F##_lm_norm_init, tpk__##F##_lm_norm_destroy,           \
         tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward, tpk__##F##_lm_norm_params         \
+    }
+
+/* A family's model entries over the skeleton (sampling: tpk/models/sample.h), for a model tpk_F
+ * with its config in m->c (vocab, positions, layers), its blocks in m->BLOCKS and its parts
+ * gathered by tpk__F_lm(m):
+ *   tpk__F_lm_init(ctx, fn, m, d)   the skeleton's init into m->BLOCKS (cfg checked before)
+ *   tpk_F_destroy(ctx, m)           frees what init made
+ *   tpk_F_backward(ctx, m, scale)   accumulates the gradients of scale * (the last forward's loss)
+ *                                   into the flat gradient buffer (tpk_params_zero_grad first)
+ *   tpk_F_sample(ctx, m, start, n, temperature, seed, out)   out[0] = start, out[1..n]: n tokens
+ *                                   sampled one after another (set dropout to 0 first)
+ *   tpk__F_bufs(m, i, set, o)       block i's buffers of one recompute set (the tests check the
+ *                                   pools hold them) */
+#define TPK__LM_MODEL_ENTRIES(F, BLOCKS)                                                           \
+    static inline tpk_status tpk__##F##_lm_init(tpk_ctx *ctx, const char *fn, tpk_##F *m,          \
+                                                const tpk__lm_dims *d) {                           \
+        tpk__lm_parts p = tpk__##F##_lm(m);                                                        \
+        void *blocks = NULL;                                                                       \
+        tpk_status s = tpk__lm_init(ctx, fn, &p, &blocks, d, &m->c);                               \
+        m->BLOCKS = (tpk_##F##_block *)blocks;                                                     \
+        return s;                                                                                  \
+    }                                                                                              \
+    static inline void tpk_##F##_destroy(tpk_ctx *ctx, tpk_##F *m) {                               \
+        tpk__lm_parts p = tpk__##F##_lm(m);                                                        \
+        void *blocks = m->BLOCKS;                                                                  \
+        tpk__lm_destroy(ctx, &p, &blocks);                                                         \
+        m->BLOCKS = NULL;                                                                          \
+    }                                                                                              \
+    static inline tpk_status tpk_##F##_backward(tpk_ctx *ctx, tpk_##F *m, float scale) {           \
+        tpk__lm_parts p;                                                                           \
+        return tpk__lm_backward(ctx, "tpk_" #F "_backward",                                        \
+                                m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale);        \
+    }                                                                                              \
+    static inline tpk_status tpk_##F##_sample(tpk_ctx *ctx, tpk_##F *m, int32_t start, int n,      \
+                                              float temperature, uint64_t seed, int32_t *out) {    \
+        tpk__lm_parts p;                                                                           \
+        return tpk__lm_sample(ctx, "tpk_" #F "_sample",                                            \
+                              m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL,                  \
+                              m ? m->c.vocab : 0, m ? m->c.positions : 0, start, n, temperature,   \
+                              seed, out);                                                          \
+    }                                                                                              \
+    static inline int tpk__##F##_bufs(void *m, int64_t i, int set, tpk_buf **o) {                  \
+        return tpk__##F##_block_bufs(&((tpk_##F *)m)->BLOCKS[i], set, o);                          \
     }
 
 #endif /* TPK_LM_H */

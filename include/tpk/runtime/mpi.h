@@ -50,8 +50,8 @@
 
 #include <time.h>
 #if !defined(__cplusplus) && !defined(_POSIX_C_SOURCE)
-int nanosleep(const struct timespec *req, struct timespec *rem); /* POSIX; strict C11's <time.h>
-                                                                    hides it */
+/* POSIX; strict C11's <time.h> hides it */
+int nanosleep(const struct timespec *req, struct timespec *rem);
 #endif
 
 #ifndef TPK_MPI_TIMEOUT_DEFAULT
@@ -154,9 +154,9 @@ static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *
         rc = MPI_Wait(req, MPI_STATUS_IGNORE);
         return rc == MPI_SUCCESS ? TPK_OK : tpk__mpi_err(ctx, fn, rc);
     }
-    double t = MPI_Wtime(), waited = 0; /* a gap between two polls counts at most 1 s: a rank that
-                                           was itself stopped does not blame its peers when it
-                                           resumes */
+    /* a gap between two polls counts at most 1 s: a rank that was itself stopped does not blame its
+     * peers when it resumes */
+    double t = MPI_Wtime(), waited = 0;
     long nap_ns = 10000;
     for (unsigned k = 0;; k++) {
         rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);

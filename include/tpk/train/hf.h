@@ -767,8 +767,8 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
         }
     }
     if (s == TPK_OK && root) s = tpk__hf_commit(ctx, fn, &p, e, n, opt ? 2 * n : 0, step, config);
-    if (s != TPK_OK && root) tpk__hf_remove(NULL, fn, p.tmp, NULL); /* a save stopped before its
-                                                                       swap: its files go */
+    /* a save stopped before its swap: its files go */
+    if (s != TPK_OK && root) tpk__hf_remove(NULL, fn, p.tmp, NULL);
     for (int i = 0; w && i < 3 * n; i++) free(w[i]);
     free(w), free(e), free(shapes), free(names);
     if (made) tpk_op_free(ctx, om), tpk_op_free(ctx, ov);

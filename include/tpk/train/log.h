@@ -41,8 +41,8 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
     while (s == TPK_OK && fgets(line, sizeof line, in)) {
         char *end = NULL;
         long long step = strtoll(line, &end, 10);
-        if (end == line || *end != ',' || step > from) continue; /* after the resumed step: written
-                                                                    again */
+        /* after the resumed step: written again */
+        if (end == line || *end != ',' || step > from) continue;
         if (fputs(line, out) < 0)
             s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
     }

@@ -587,8 +587,8 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
     size_t nt, nm, mbytes;
     TPK_TRY(tpk__st_header(&j, out, NULL, &nt, &nm, &mbytes)); /* count and check */
     size_t nsort = nt > nm ? nt : nm;
-    size_t off_tensors = (sizeof(tpk__st_block) + 7) / 8 * 8; /* every part is 8-byte aligned but
-                                                                 the strings */
+    /* every part is 8-byte aligned but the strings */
+    size_t off_tensors = (sizeof(tpk__st_block) + 7) / 8 * 8;
     size_t off_sort = off_tensors + nt * sizeof(tpk_st_tensor),
            off_meta = off_sort + nsort * sizeof(void *);
     size_t off_pool = off_meta + 2 * nm * sizeof(char *);
@@ -611,8 +611,8 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
         tpk_st_close(out);
         return s;
     }
-    for (size_t i = 0; i < nt; i++) idx[i] = &out->tensors[i]; /* the name index: lookups in O(log
-                                                                  n) */
+    /* the name index: lookups in O(log n) */
+    for (size_t i = 0; i < nt; i++) idx[i] = &out->tensors[i];
     if (nt > 1) qsort(idx, nt, sizeof *idx, tpk__st_by_name);
     ((tpk__st_block *)(void *)block)->by_name = idx;
     return TPK_OK;

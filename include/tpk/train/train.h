@@ -94,8 +94,8 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     TPK_TRY(tpk__grad_sumsq(ctx, opt->s0, opt->s0 + opt->sn, sq));
     if (zero) TPK_TRY(tpk_allreduce(ctx, &ctx->dp, sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
-    TPK_TRY(tpk__adamw_step(ctx, opt, lr, grad_scale, sq, clip, fn)); /* clipped from sq, in backend
-                                                                         memory */
+    /* clipped from sq, in backend memory */
+    TPK_TRY(tpk__adamw_step(ctx, opt, lr, grad_scale, sq, clip, fn));
     return norm ? tpk_train_norm_read(ctx, grad_scale, norm) : TPK_OK;
 }
 
