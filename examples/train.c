@@ -1,4 +1,4 @@
-/* examples/train.c — a Megatron-style trainer on tpk for every model family (--arch gpt2, llama):
+/* examples/train.c — a Megatron-style trainer on tpk for every model family (--arch gpt2, llama, neox):
  * tensor parallelism (TP) within groups of --tp consecutive ranks, data parallelism (DP) across
  * them (tpk/train/model.h: one handle for both models). The template to copy:
  *   mpirun -np 2 build/train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 --steps 500
@@ -38,7 +38,7 @@ typedef struct opts {
         save_every, keep;
     /* rc: --recompute parsed; steps_given: --steps was given */
     bool sp, eval_only, profile, det, steps_given; tpk_recompute rc;
-    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps;
+    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps, rotary_pct;
     uint64_t seed;
     double timeout; /* --timeout S: how long a collective waits for the other ranks (0: no limit;
                        -1: not given) */
@@ -46,10 +46,11 @@ typedef struct opts {
 
 static const char *usage =
     "usage: train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
-    "  model:     --arch gpt2|llama --layers 4 --hidden 128 --heads 4 --vocab V --positions P "
+    "  model:     --arch gpt2|llama|neox --layers 4 --hidden 128 --heads 4 --vocab V --positions P "
     "(default: --seq-len)\n"
     "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta "
     "10000 --norm-eps 1e-6\n"
+    "  neox:      --ffn F (default 4H) --rotary-pct 0.25 --rope-theta 10000 --norm-eps 1e-5\n"
     "  parallel:  --tp 1 (--tp-weights 3,1: each TP rank's share) --sequence-parallel --dtype "
     "f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a "
@@ -121,38 +122,32 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         i++;                                                                            \
         continue;                                                                       \
     }
-        STR("--arch", arch)
-        STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data) STR(
-            "--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
-            STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR(
-                "--recompute", recompute) STR("--tp-weights", tp_weights) INT("--layers", layers, 1)
-                INT("--hidden", hidden, 1) INT("--heads", heads, 1) INT("--vocab", vocab, 1) INT(
-                    "--positions", positions, 1) INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1)
-                    FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30,
-                                                                      0.5) INT("--tp", tp, 1)
-                        INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1)
-                            INT("--grad-accum", accum, 1) INT("--steps", steps, 0)
-                                INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT(
-                                    "--eval-batches", eval_batches,
-                                    1) INT("--sample", sample,
-                                           0) INT("--log-every", log_every, 1)
-                                    INT("--save-every", save_every, 0) INT("--keep", keep, 1)
-                                        INT("--seed", seed, 0) FLT("--lr", lr, 0, 10) FLT(
-                                            "--min-lr-frac", min_lr_frac,
-                                            0, 1) FLT("--weight-decay", wd, 0,
-                                                      10) FLT("--clip", clip, 0, 1e9)
-                                            FLT("--timeout", timeout, 0,
-                                                1e9) FLT("--dropout", dropout, 0, 0.99)
-                                                FLT("--label-smoothing", smoothing, 0,
-                                                    0.99) FLT("--beta1", b1, 0,
-                                                              0.9999) FLT("--beta2", b2, 0, 0.9999)
+        /* the flags, a table (clang-format would break it into a staircase) */
+        /* clang-format off */
+        STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data)
+        STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
+        STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute)
+        STR("--tp-weights", tp_weights)
+        INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1)
+        INT("--vocab", vocab, 1) INT("--positions", positions, 1)
+        INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1)
+        FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
+        FLT("--rotary-pct", rotary_pct, 1e-6, 1)
+        INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1)
+        INT("--grad-accum", accum, 1) INT("--steps", steps, 0) INT("--warmup", warmup, 0)
+        INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1)
+        INT("--sample", sample, 0) INT("--log-every", log_every, 1)
+        INT("--save-every", save_every, 0) INT("--keep", keep, 1) INT("--seed", seed, 0)
+        FLT("--lr", lr, 0, 10) FLT("--min-lr-frac", min_lr_frac, 0, 1)
+        FLT("--weight-decay", wd, 0, 10) FLT("--clip", clip, 0, 1e9)
+        FLT("--timeout", timeout, 0, 1e9)
+        FLT("--dropout", dropout, 0, 0.99) FLT("--label-smoothing", smoothing, 0, 0.99)
+        FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
 #define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
-                                                    BOOL("--sequence-parallel",
-                                                         sp) BOOL("--eval-only", eval_only)
-                                                        BOOL("--profile", profile) BOOL(
-                                                            "--deterministic",
-                                                            det) if (!strcmp(a, "--help") ||
-                                                                     !strcmp(a, "-h")) return -1;
+        BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile)
+        BOOL("--deterministic", det)
+        /* clang-format on */
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         return snprintf(err, n, "unknown argument \"%s\" (--help lists them)", a), 1;
     missing:
         if (!v) return snprintf(err, n, "%s: expects a value", a), 1;
@@ -186,8 +181,9 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
                    "--zero: expected 0 or 1 (ZeRO-1: the optimizer state sharded over DP), got %d",
                    o->zero),
                1;
-    if (o->arch && strcmp(o->arch, "gpt2") && strcmp(o->arch, "llama"))
-        return snprintf(err, n, "--arch: expected gpt2 or llama, got \"%s\"", o->arch), 1;
+    tpk_arch arch;
+    if (o->arch && !tpk_arch_from_name(o->arch, false, &arch))
+        return snprintf(err, n, "--arch: expected gpt2, llama or neox, got \"%s\"", o->arch), 1;
     if (o->save_every && !o->save)
         return snprintf(err, n,
                         "--save-every %d: needs --save DIR (the checkpoints go to DIR/step-K)",
@@ -358,19 +354,20 @@ static bool probe_dir(const char *dir, char *err, size_t n) {
 
 /* A model shape flag given beside --load that differs from the checkpoint's config.json: its
  * message in err, false; true when none does. */
-static bool shape_agrees(const opts *o, const tpk_model_config *c, char *err, size_t n) {
-    bool l = c->arch == TPK_ARCH_LLAMA;
-    struct { const char *flag; double given, has;
-    } f[] = {
-        {"--layers", (double)o->layers, (double)(l ? c->llama.layers : c->gpt2.layers)},
-        {"--hidden", (double)o->hidden, (double)(l ? c->llama.hidden : c->gpt2.hidden)},
-        {"--heads", (double)o->heads, (double)(l ? c->llama.heads : c->gpt2.heads)},
-        {"--vocab", (double)o->vocab, (double)(l ? c->llama.vocab : c->gpt2.vocab)},
-        {"--positions", (double)o->positions, (double)(l ? c->llama.positions : c->gpt2.positions)},
+static bool shape_agrees(const opts *o, const tpk_model_config *c, int64_t *const sh[5], char *err,
+                         size_t n) {
+    bool x = c->arch == TPK_ARCH_NEOX;
+    struct { const char *flag; double given, has; } f[] = {
+        {"--layers", (double)o->layers, (double)*sh[2]},
+        {"--hidden", (double)o->hidden, (double)*sh[3]},
+        {"--heads", (double)o->heads, (double)*sh[4]},
+        {"--vocab", (double)o->vocab, (double)*sh[0]},
+        {"--positions", (double)o->positions, (double)*sh[1]},
         {"--kv-heads", (double)o->kv_heads, (double)c->llama.kv_heads},
-        {"--ffn", (double)o->ffn, (double)c->llama.ffn},
-        {"--rope-theta", o->rope_theta, c->llama.rope_theta},
-        {"--norm-eps", o->norm_eps, c->llama.norm_eps}};
+        {"--ffn", (double)o->ffn, (double)(x ? c->neox.ffn : c->llama.ffn)},
+        {"--rope-theta", o->rope_theta, x ? c->neox.rope_theta : c->llama.rope_theta},
+        {"--norm-eps", o->norm_eps, x ? c->neox.ln_eps : c->llama.norm_eps},
+        {"--rotary-pct", o->rotary_pct, c->neox.rotary_pct}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given && fabs(f[i].given - f[i].has) > 1e-6 * fabs(f[i].has))
             return snprintf(
@@ -522,45 +519,33 @@ int main(int argc, char **argv) {
                           : 50257,
             L0 = o.layers ? o.layers : 4, H0 = o.hidden ? o.hidden : 128,
             A0 = o.heads ? o.heads : 4;
-    tpk_model_config cfg = {.arch =
-                                o.arch && !strcmp(o.arch, "llama") ? TPK_ARCH_LLAMA : TPK_ARCH_GPT2,
-                            .gpt2 = {.vocab = V0,
-                                     .positions = o.positions,
-                                     .layers = L0,
-                                     .hidden = H0,
-                                     .heads = A0,
-                                     .dropout = o.dropout,
-                                     .label_smoothing = o.smoothing,
-                                     .sequence_parallel = o.sp},
-                            .llama = {.vocab = V0,
-                                      .positions = o.positions,
-                                      .layers = L0,
-                                      .hidden = H0,
-                                      .heads = A0,
-                                      .kv_heads = o.kv_heads,
-                                      .ffn = o.ffn,
-                                      .rope_theta = o.rope_theta,
-                                      .norm_eps = o.norm_eps,
-                                      .label_smoothing = o.smoothing,
-                                      .sequence_parallel = o.sp}};
+    tpk_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    if (!o.arch || !tpk_arch_from_name(o.arch, false, &cfg.arch)) cfg.arch = TPK_ARCH_GPT2;
+    cfg.gpt2.dropout = cfg.neox.dropout = o.dropout;
+    cfg.llama.kv_heads = o.kv_heads, cfg.llama.ffn = cfg.neox.ffn = o.ffn;
+    cfg.llama.rope_theta = cfg.neox.rope_theta = o.rope_theta;
+    cfg.llama.norm_eps = cfg.neox.ln_eps = o.norm_eps, cfg.neox.rotary_pct = o.rotary_pct;
     if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
-    bool llama = cfg.arch == TPK_ARCH_LLAMA;
-    cfg.gpt2.recompute = cfg.llama.recompute = o.rc;
-    int64_t *V = llama ? &cfg.llama.vocab : &cfg.gpt2.vocab,
-            *P = llama ? &cfg.llama.positions : &cfg.gpt2.positions;
+    bool llama = cfg.arch == TPK_ARCH_LLAMA, neox = cfg.arch == TPK_ARCH_NEOX;
+    int64_t *sh[5]; /* the family's vocab, positions, layers, hidden, heads */
+    tpk_model_config_common(&cfg, sh, o.smoothing, o.sp, o.rc);
+    if (!o.load) *sh[0] = V0, *sh[1] = o.positions, *sh[2] = L0, *sh[3] = H0, *sh[4] = A0;
+    int64_t *V = sh[0], *P = sh[1];
     if (!o.seq) o.seq = o.load && *P && *P < 64 ? (int)*P : 64;
     if (!*P) *P = o.seq;
     FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)),
             "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load,
             tpk_arch_name(cfg.arch));
     FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");
-    FAIL_IF(!llama && (o.kv_heads || o.ffn || o.rope_theta || o.norm_eps),
-            "%s: applies to --arch llama only (the model is GPT-2)",
-            o.kv_heads     ? "--kv-heads"
-            : o.ffn        ? "--ffn"
-            : o.rope_theta ? "--rope-theta"
-                           : "--norm-eps");
-    if (!agree(!o.load || shape_agrees(&o, &cfg, msg, sizeof msg), msg)) goto out;
+    FAIL_IF(!llama && o.kv_heads, "--kv-heads: applies to --arch llama only (the model is %s)",
+            tpk_arch_name(cfg.arch));
+    FAIL_IF(!neox && o.rotary_pct, "--rotary-pct: applies to --arch neox only (the model is %s)",
+            tpk_arch_name(cfg.arch));
+    FAIL_IF(!llama && !neox && (o.ffn || o.rope_theta || o.norm_eps),
+            "%s: applies to --arch llama or neox only (the model is GPT-2)",
+            o.ffn ? "--ffn" : o.rope_theta ? "--rope-theta" : "--norm-eps");
+    if (!agree(!o.load || shape_agrees(&o, &cfg, sh, msg, sizeof msg), msg)) goto out;
     FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)",
             (long long)*V);
     FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq,
@@ -671,13 +656,17 @@ int main(int argc, char **argv) {
             "P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n",
             world_size, world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "",
             ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
-            llama ? "Llama" : "GPT-2", (long long)tpk_model_layers(&m),
-            (long long)tpk_model_hidden(&m), (long long)(llama ? cfg.llama.heads : cfg.gpt2.heads),
-            (long long)*V, (long long)*P,
-            llama ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads,
-                              (long long)m.llama.c.ffn),
-                     msg)
-                  : "",
+            llama ? "Llama" : neox ? "GPT-NeoX" : "GPT-2", (long long)tpk_model_layers(&m),
+            (long long)tpk_model_hidden(&m), (long long)*sh[4], (long long)*V, (long long)*P,
+            llama  ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads,
+                               (long long)m.llama.c.ffn),
+                      msg)
+            : neox ? (snprintf(msg, sizeof msg, " F=%lld rotary %lld of %lld",
+                               (long long)m.neox.c.ffn,
+                               (long long)m.neox.layers[0].attn.rot,
+                               (long long)(m.neox.c.hidden / m.neox.c.heads)),
+                      msg)
+                   : "",
             (double)nglobal * 1e-6,
             (o.dp_batch
                  ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch, (long long)Btot)

@@ -86,8 +86,8 @@ fi
 # the PyTorch reference: where Debian's python3 (not another one first on PATH) imports torch
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
-    # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied
-    for model in gpt2 llama llama_tied; do
+    # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied; GPT-NeoX
+    for model in gpt2 llama llama_tied neox; do
         for np in 1 2 3 4; do
             odd=""; even=""
             if [ $((np % 2)) = 1 ]; then odd=sp; else even=sp; fi
@@ -95,6 +95,7 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
             gpt2) args="$odd" row=torch_reference ;;
             llama) args="$odd llama" row=torch_reference_llama ;;
             llama_tied) args="$even llama tied" row=torch_reference_llama_tied ;;
+            neox) args="$odd neox" row=torch_reference_neox ;;
             esac
             dir=$B/tests/torch_${model}_np$np
             rm -rf "$dir"

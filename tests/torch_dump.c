@@ -1,11 +1,12 @@
-/* tests/torch_dump.c — one forward and backward of a small GPT-2 or Llama at t = ranks, written
+/* tests/torch_dump.c — one forward and backward of a small GPT-2, Llama or GPT-NeoX at t = ranks, written
  * out for the PyTorch reference (tests/torch_ref.py), which rebuilds the model from the same
  * global weights with PyTorch's own layers and compares the loss and every gradient.
  *
- *   mpirun -np N build/tests/torch_dump DIR [sp] [llama] [tied]
+ *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox]
  * sp: sequence parallelism; llama: the Llama model (A = 6 query heads, G = 2 key/value heads,
  * SwiGLU F = 40, rope_theta 1000, RMSNorm eps 1e-5) instead of GPT-2; tied: the Llama's LM head
- * reuses embed_tokens (GPT-2's always does). Writes DIR/model.txt (config — arch and, for Llama,
+ * reuses embed_tokens (GPT-2's always does); neox: GPT-NeoX (H = 48, A = 6: heads of 8, half of
+ * each rotated, F = 40, rotary base 1000, parallel residual, untied). Writes DIR/model.txt (config — arch and, for Llama,
  * kv_heads, ffn, rope_theta, norm_eps, tie —, loss, and per parameter: name, global shape,
  * offset in floats), DIR/weights.bin and DIR/grads.bin (f32, global tensors in registry order),
  * DIR/ids.bin and DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored positions, no
@@ -17,6 +18,8 @@
 
 enum { V = 509, P = 16, L = 2, H = 24, A = 6, B = 2, S = 9, T = B * S };
 enum { G = 2, F = 40 }; /* Llama: key/value heads, SwiGLU intermediate size */
+enum { HN = 48 };        /* GPT-NeoX: hidden size (heads of 8) */
+static const float PCT = 0.5f; /* GPT-NeoX: the rotated fraction of a head */
 static const float EPS = 0.1f, THETA = 1000.0f, RMS_EPS = 1e-5f;
 
 static int write_file(const char *dir, const char *name, const void *p, size_t bytes) {
@@ -36,15 +39,16 @@ int main(int argc, char **argv) {
     int me, np;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    bool sp = false, llama = false, tied = false, bad = argc < 2;
+    bool sp = false, llama = false, tied = false, neox = false, bad = argc < 2;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "sp")) sp = true;
         else if (!strcmp(argv[i], "llama")) llama = true;
         else if (!strcmp(argv[i], "tied")) tied = true;
+        else if (!strcmp(argv[i], "neox")) neox = true;
         else bad = true;
     }
-    if (bad || (tied && !llama)) {
-        if (me == 0) fprintf(stderr, "usage: torch_dump DIR [sp] [llama [tied]]\n");
+    if (bad || (tied && !llama) || (neox && llama)) {
+        if (me == 0) fprintf(stderr, "usage: torch_dump DIR [sp] [llama [tied] | neox]\n");
         MPI_Finalize();
         return 2;
     }
@@ -53,8 +57,9 @@ int main(int argc, char **argv) {
     tpk_ctx ctx;
     tpk_gpt2 m;
     tpk_llama lm;
+    tpk_neox nm;
     int rc = 0;
-    memset(&m, 0, sizeof m), memset(&lm, 0, sizeof lm);
+    memset(&m, 0, sizeof m), memset(&lm, 0, sizeof lm), memset(&nm, 0, sizeof nm);
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
     tpk_gpt2_config cfg = {.vocab = V,
                            .positions = P,
@@ -75,8 +80,14 @@ int main(int argc, char **argv) {
                              .label_smoothing = EPS,
                              .tie_embeddings = tied,
                              .sequence_parallel = sp};
+    tpk_neox_config ncfg = {.vocab = V, .positions = P, .layers = L, .hidden = HN, .heads = A,
+                            .ffn = F, .rotary_pct = PCT, .rope_theta = THETA,
+                            .label_smoothing = EPS, .sequence_parallel = sp};
     tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 17});
-    if (s == TPK_OK) s = llama ? tpk_llama_init(&ctx, &lm, &lcfg) : tpk_gpt2_init(&ctx, &m, &cfg);
+    if (s == TPK_OK)
+        s = llama ? tpk_llama_init(&ctx, &lm, &lcfg)
+            : neox ? tpk_neox_init(&ctx, &nm, &ncfg)
+                   : tpk_gpt2_init(&ctx, &m, &cfg);
     if (s != TPK_OK) {
         tpk_report(&ctx, s, "torch_dump");
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -87,10 +98,13 @@ int main(int argc, char **argv) {
         ids[i] = (int32_t)((i * 211 + 5) % V), tg[i] = (int32_t)((i * 89 + 41) % V);
     tg[3] = -100, tg[T - 1] = -100;
     float loss = 0;
-    s = llama ? tpk_llama_forward(&ctx, &lm, ids, tg, B, S, &loss)
-              : tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
+    s = llama  ? tpk_llama_forward(&ctx, &lm, ids, tg, B, S, &loss)
+        : neox ? tpk_neox_forward(&ctx, &nm, ids, tg, B, S, &loss)
+               : tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
     if (s == TPK_OK)
-        s = llama ? tpk_llama_backward(&ctx, &lm, 1.0f) : tpk_gpt2_backward(&ctx, &m, 1.0f);
+        s = llama  ? tpk_llama_backward(&ctx, &lm, 1.0f)
+            : neox ? tpk_neox_backward(&ctx, &nm, 1.0f)
+                   : tpk_gpt2_backward(&ctx, &m, 1.0f);
     /* SP norm weights; shared key/value heads */
     if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx);
     if (s != TPK_OK) {
@@ -122,6 +136,12 @@ int main(int argc, char **argv) {
                     "norm_eps %.9g tie %d B %d S %d smoothing %.9g tp %d sp %d\n",
                     V, P, L, H, A, G, F, (double)THETA, (double)RMS_EPS, (int)tied, B, S,
                     (double)EPS, np, (int)sp);
+            else if (neox)
+                fprintf(f,
+                        "config arch neox V %d P %d L %d H %d A %d ffn %d rotary_pct %.9g "
+                        "rope_theta %.9g ln_eps %.9g B %d S %d smoothing %.9g tp %d sp %d\n",
+                        V, P, L, HN, A, F, (double)PCT, (double)THETA, 1e-5, B, S, (double)EPS,
+                        np, (int)sp);
             else
                 fprintf(
                     f,
@@ -147,6 +167,7 @@ int main(int argc, char **argv) {
     free(w), free(g);
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (llama) tpk_llama_destroy(&ctx, &lm);
+    else if (neox) tpk_neox_destroy(&ctx, &nm);
     else tpk_gpt2_destroy(&ctx, &m);
     tpk_ctx_destroy(&ctx);
     tpk_comm_destroy(&world);

@@ -1,4 +1,4 @@
-"""tests/torch_ref.py: the PyTorch reference for the GPT-2 and Llama models.
+"""tests/torch_ref.py: the PyTorch reference for the GPT-2, Llama and GPT-NeoX models.
 
 Reads what tests/torch_dump.c wrote (the global weights of a tensor-parallel run, its tokens,
 its loss and its gathered gradients), rebuilds the same model in float64 with PyTorch's own
@@ -9,6 +9,9 @@ the largest reference value). model.txt's config says which model ("arch", GPT-2
   Llama: written out as Hugging Face's LlamaForCausalLM computes it (without importing it):
          LlamaRMSNorm, rotary embeddings in the rotate-half convention, grouped-query attention
          (repeat_kv), the SwiGLU MLP, the untied (or tied) LM head;
+  GPT-NeoX: written out as Hugging Face's GPTNeoXForCausalLM computes it (use_parallel_residual,
+         the per-head [q | k | v] rows of query_key_value, rotary embeddings on the first
+         rotary_pct of each head, GELU's tanh form: hidden_act "gelu_new"), the untied embed_out;
 both F.cross_entropy with ignore_index=-100 and label_smoothing.
 Prints "ok ..." or "FAIL ..." (counted by tests/run.sh); exit status 1 on failure.
 
@@ -131,11 +134,52 @@ def llama_loss(cfg, W, ids, targets):
     return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
 
 
+def neox_loss(cfg, W, ids, targets):
+    L, H, A = int(cfg["L"]), int(cfg["H"]), int(cfg["A"])
+    B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["ln_eps"]
+    D = H // A
+    R = int(D * cfg["rotary_pct"])  # Hugging Face's rotary_ndims
+    ids = ids.view(B, S)
+    x = F.embedding(ids, W["gpt_neox.embed_in.weight"])
+    cos, sin = rope_cos_sin(S, R, cfg["rope_theta"])
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+
+    def rot(t):
+        r, rest = t[..., :R], t[..., R:]
+        return torch.cat((r * cos + rotate_half(r) * sin, rest), dim=-1)
+
+    def ln(t, name):
+        return F.layer_norm(t, (H,), W[name + ".weight"], W[name + ".bias"], eps)
+
+    def lin(t, name):
+        return F.linear(t, W[name + ".weight"], W[name + ".bias"])
+
+    for i in range(L):
+        p = "gpt_neox.layers.%d." % i
+        qkv = lin(ln(x, p + "input_layernorm"), p + "attention.query_key_value")
+        qkv = qkv.view(B, S, A, 3 * D).permute(0, 2, 1, 3)  # per head [q | k | v]
+        q, k, v = rot(qkv[..., :D]), rot(qkv[..., D:2 * D]), qkv[..., 2 * D:]
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, S, H)
+        a = lin(y, p + "attention.dense")
+        h = ln(x, p + "post_attention_layernorm")  # the parallel residual: from x
+        m = lin(F.gelu(lin(h, p + "mlp.dense_h_to_4h"), approximate="tanh"), p + "mlp.dense_4h_to_h")
+        x = x + a + m
+    x = ln(x, "gpt_neox.final_layer_norm")
+    logits = F.linear(x, W["embed_out.weight"])
+    return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
+
+
 def main():
     d = sys.argv[1]
     cfg, c_loss, W, G, ids, targets = load(d)
     where = " at t=%d%s, smoothing %.1f" % (cfg["tp"], " SP" if cfg["sp"] else "", cfg["smoothing"])
-    if cfg.get("arch", "gpt2") == "llama":
+    if cfg.get("arch") == "neox":
+        what = "PyTorch reference: GPT-NeoX (L=%d, H=%d, A=%d, F=%d, V=%d, rotary_pct %g, base %g)%s" % (
+            cfg["L"], cfg["H"], cfg["A"], cfg["ffn"], cfg["V"], cfg["rotary_pct"], cfg["rope_theta"], where)
+        loss = neox_loss(cfg, W, ids, targets)
+    elif cfg.get("arch", "gpt2") == "llama":
         what = "PyTorch reference: Llama (L=%d, H=%d, A=%d, G=%d, F=%d, V=%d, rope_theta %g, %s head)%s" % (
             cfg["L"], cfg["H"], cfg["A"], cfg["kv_heads"], cfg["ffn"], cfg["V"], cfg["rope_theta"],
             "tied" if cfg["tie"] else "untied", where)

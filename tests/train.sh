@@ -282,13 +282,13 @@ bad "--tp-weights zero" "--tp-weights: expected 2 positive numbers" --text "$tex
 bad "--tp-weights not numbers" "--tp-weights: expected 2 positive numbers" --text "$text" $small --tp 2 --tp-weights 3,x
 bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
 bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
-bad "--arch unknown" "--arch: expected gpt2 or llama, got \"mamba\"" --text "$text" $small --arch mamba
+bad "--arch unknown" "--arch: expected gpt2, llama or neox, got \"mamba\"" --text "$text" $small --arch mamba
 bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2
 bad "--arch llama: odd head size" "rotary embeddings need an even head size" --text "$text" $small --arch llama --hidden 36 --heads 4 --tp 2
 bad "--arch llama with --dropout" "the Llama model has no dropout" --text "$text" $small --arch llama --dropout 0.1 --tp 2
 bad "--arch gpt2 with a Llama checkpoint" "--arch gpt2: the checkpoint .* holds a llama model" --text "$text" $small --tp 2 --arch gpt2 --load "$T/l2/step-4"
 rm -rf "$T/mt" && cp -r "$T/l2/step-4" "$T/mt" && sed -i 's/"model_type": "llama"/"model_type": "falcon"/' "$T/mt/config.json"
-bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\" or \"llama\"" --text "$text" $small --tp 2 --load "$T/mt"
+bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\", \"llama\" or \"gpt_neox\"" --text "$text" $small --tp 2 --load "$T/mt"
 rm -rf "$T/lmiss" && cp -r "$T/l2/step-4" "$T/lmiss" && sed -i 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$T/lmiss/config.json"
 bad "Llama checkpoint whose tensors do not match config.json" "k_proj.weight\" has shape \[16, 48\], config.json implies \[24, 48\]" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/lmiss"
 bad "--steps below the checkpoint's step" "--steps 3: the checkpoint .* is already at step 5" --text "$text" $small --tp 2 --steps 3 --load "$T/c5/step-5"
@@ -362,8 +362,11 @@ else fail "bad input: ranks started with different configurations (exit $rc)"; f
 bad "--steps with an empty value" "--steps: expects a value, got an empty string" --text "$text" $small --steps ""
 bad "--save given a flag as its value" "--save: expects a value, got the flag --sequence-parallel" --text "$text" $small --save --sequence-parallel
 [ ! -e ./--sequence-parallel ] && ok "--save --sequence-parallel made no directory of that name" || { rm -rf ./--sequence-parallel; fail "--save --sequence-parallel made a directory"; }
-for f in "--kv-heads 2" "--ffn 64" "--rope-theta 500" "--norm-eps 1e-5"; do
-    bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama only (the model is GPT-2)" --text "$text" $small $f
+bad "--kv-heads with GPT-2" "--kv-heads: applies to --arch llama only (the model is gpt2)" --text "$text" $small --kv-heads 2
+bad "--kv-heads with GPT-NeoX" "--kv-heads: applies to --arch llama only (the model is neox)" --text "$text" $small --arch neox --kv-heads 2
+bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
+for f in "--ffn 64" "--rope-theta 500" "--norm-eps 1e-5"; do
+    bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama or neox only (the model is GPT-2)" --text "$text" $small $f
 done
 bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
 bad "--layers that conflicts with the checkpoint" "--layers 8: the checkpoint $T/c5/step-5 has 2 (a loaded model's shape is its config.json's: leave the flag out)" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --layers 8

@@ -51,6 +51,7 @@
 #include "models/sample.h"
 #include "models/gpt2.h"
 #include "models/llama.h"
+#include "models/neox.h"
 #include "train/optim.h"
 #include "train/dp.h"
 #include "train/data.h"

@@ -11,6 +11,11 @@
  *           by (b, global head, i, j), so it does not depend on which rank holds the head;
  *           O = P V  -> S(-1) [T, A_r D] (unit D); log-sum-exp saved, P recomputed in backward
  *   c_proj  row linear H -> H, in features split in units of D -> P -> all-reduce -> R (+ bias)
+ * GPT-NeoX's variant (desc.qkv_per_head, desc.rotary_dim): W's rows grouped per head,
+ * [q_h; k_h; v_h] (unit 3D, stride 1: the shard is its heads' groups), so the output holds per head
+ * [q_h | k_h | v_h]; it is packed into [Q_r | K_r | V_r] (a buffer of its own) with the first
+ * rotary_dim of each head of Q and K rotated (rotate-half, position s = row mod S, tpk_op_rope on
+ * rotary_dim), and the packed gradient is rotated back and unpacked into W's layout.
  * Layouts: x R [T, H] (S(0) under sequence parallelism) -> y R [T, H] (S(0)).
  * Collectives: forward 1 all-reduce of T H (SP: all-gather of x + reduce-scatter of y);
  * backward 1 all-reduce of T H (SP: all-gather of dy + reduce-scatter of dx, and x all-gathered
@@ -23,6 +28,12 @@
 
 typedef struct tpk_attention_desc {
     const char *name;       /* parameters "<name>.c_attn.*", "<name>.c_proj.*"; default "attn<N>" */
+    const char *qkv_name;   /* the fused projection's name below `name`; default "c_attn" */
+    const char *proj_name;  /* the output projection's; default "c_proj" */
+    bool qkv_per_head;      /* W's rows per head [q_h; k_h; v_h] (GPT-NeoX), else [Wq; Wk; Wv] */
+    int64_t rotary_dim;     /* rotate the first rotary_dim (even, <= D) of each head of Q and K;
+                               0: none (GPT-2) */
+    float rope_theta;       /* the rotation's base; 0 = 10000 */
     bool sequence_parallel; /* x and y S(0) */
     float dropout;          /* on the attention probabilities; 0 = none */
     float init_std;         /* c_attn weight N(0, std^2); default 0.02 */
@@ -34,11 +45,16 @@ typedef struct tpk_attention {
     int64_t H, A, D;
     int64_t Al, a0;   /* local heads [a0, a0 + Al) */
     float p;
+    bool pack;        /* qkv_per_head or rotary_dim: the attention reads pk */
+    bool per_head;
+    int64_t rot;      /* rotary_dim */
+    float theta;
     tpk_linear c_attn, c_proj;
     int64_t B, S;     /* of the last forward */
     uint64_t stream;  /* dropout stream of the last forward */
     tpk_tensor qkv;   /* S(-1) [T, 3 Al D], owned by c_attn */
     tpk_buf out, lse, dqkv;
+    tpk_buf pk, dpk;  /* pack: [T, 3 Al D] = [Q | K | V] rotated; the gradient in c_attn's layout */
 } tpk_attention;
 
 static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int64_t H, int64_t A,
@@ -55,20 +71,32 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g",
                          (double)d.dropout);
+    if (d.rotary_dim < 0 || d.rotary_dim > H / A || d.rotary_dim % 2)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->rotary_dim: expected an even number in 0..%lld (the head size), "
+                         "got %lld", (long long)(H / A), (long long)d.rotary_dim);
+    if (d.rope_theta != 0 && !(d.rope_theta > 1.0f && !isinf(d.rope_theta)))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->rope_theta: expected a finite base > 1 (0 = 10000), got %g",
+                         (double)d.rope_theta);
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
     a->H = H, a->A = A, a->D = H / A, a->p = d.dropout;
+    a->per_head = d.qkv_per_head, a->rot = d.rotary_dim, a->pack = a->per_head || a->rot > 0;
+    a->theta = d.rope_theta > 0 ? d.rope_theta : 10000.0f;
     tpk_range heads = tpk_tp_split(ctx, A, ctx->tp.rank);
     a->a0 = heads.off, a->Al = heads.size;
     char pn[128];
-    snprintf(pn, sizeof pn, "%s.c_attn", a->name);
+    snprintf(pn, sizeof pn, "%s.%s", a->name, d.qkv_name ? d.qkv_name : "c_attn");
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
     ld.name = pn, ld.bias = true, ld.stride = 3, ld.unit = (int)a->D,
     ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
-    /* [Wq; Wk; Wv]: stride 3, heads of D */
+    /* [Wq; Wk; Wv]: stride 3, heads of D; per head: [q_h; k_h; v_h] groups of 3 D */
+    if (a->per_head) ld.stride = 0, ld.unit = (int)(3 * a->D);
     TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld));
-    snprintf(pn, sizeof pn, "%s.c_proj", a->name);
-    ld.stride = 0, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    snprintf(pn, sizeof pn, "%s.%s", a->name, d.proj_name ? d.proj_name : "c_proj");
+    ld.stride = 0, ld.unit = (int)a->D;
+    ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     TPK_TRY(tpk_row_linear_init(ctx, &a->c_proj, H, H, &ld));
     return TPK_OK;
 }
@@ -76,6 +104,37 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
 static inline void tpk_attention_destroy(tpk_ctx *ctx, tpk_attention *a) {
     tpk_linear_destroy(ctx, &a->c_attn), tpk_linear_destroy(ctx, &a->c_proj);
     tpk__buf_free(ctx, &a->out), tpk__buf_free(ctx, &a->lse), tpk__buf_free(ctx, &a->dqkv);
+    tpk__buf_free(ctx, &a->pk), tpk__buf_free(ctx, &a->dpk);
+}
+
+/* GPT-NeoX's packing (a->pack): c_attn's output qkv [T, 3 Al D] (per head [q_h | k_h | v_h], or
+ * [Q | K | V]) into pk = [Q | K | V] with the first rot columns of each head of Q and K rotated;
+ * back = true: the packed gradient dpk_packed (in dqkv) rotated back into c_attn's layout (dpk).
+ * One rope and one copy per head and block: the heads' columns are not one strided matrix. */
+static inline tpk_status tpk__attention_pack(tpk_ctx *ctx, tpk_attention *a, bool back) {
+    int64_t T = a->B * a->S, Al = a->Al, D = a->D, n3 = 3 * Al * D, r = a->rot;
+    tpk_buf *pb = back ? &a->dqkv : &a->pk, *cb = back ? &a->dpk : NULL;
+    if (!back) TPK_TRY(tpk__buf_reserve(ctx, pb, (size_t)(T * n3 > 0 ? T * n3 : 1) *
+                                                     tpk_dtype_size(ctx->dtype)));
+    else TPK_TRY(tpk__buf_reserve(ctx, cb, (size_t)(T * n3 > 0 ? T * n3 : 1) *
+                                               tpk_dtype_size(ctx->dtype)));
+    if (!T || !Al) return TPK_OK;
+    void *packed = pb->p, *layer = back ? cb->p : a->qkv.data;
+    for (int64_t h = 0; h < Al; h++)
+        for (int64_t k = 0; k < 3; k++) {
+            int64_t rk = k < 2 ? r : 0; /* Q and K rotated */
+            void *p = TPK__AT(packed, k * Al * D + h * D, ctx->dtype);
+            void *c = TPK__AT(layer, a->per_head ? h * 3 * D + k * D : k * Al * D + h * D,
+                              ctx->dtype);
+            void *dst = back ? c : p, *src = back ? p : c;
+            if (rk)
+                TPK_TRY(tpk_op_rope(ctx, dst, n3, src, n3, T, a->S, 1, rk, a->theta, back,
+                                    ctx->dtype));
+            if (rk < D)
+                TPK_TRY(tpk_op_copy2d(ctx, TPK__AT(dst, rk, ctx->dtype), n3,
+                                      TPK__AT(src, rk, ctx->dtype), n3, T, D - rk, ctx->dtype));
+        }
+    return TPK_OK;
 }
 
 /* The attention kernel of B sequences of S tokens from qkv [T, (Al + 2 Gl) D] (query heads
@@ -94,9 +153,11 @@ static inline tpk_status tpk__attn_core(tpk_ctx *ctx, tpk_buf *out, tpk_buf *lse
                                 1.0f / sqrtf((float)D), p, ctx->seed, stream, ctx->dtype));
     return TPK_OK;
 }
+/* The attention's input: c_attn's output, or (a->pack) packed and rotated into pk first. */
 static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk_tensor *o) {
-    return tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.data, a->B, a->S, a->A, a->A, a->a0, a->Al,
-                          a->D, a->p, a->stream, o);
+    if (a->pack) TPK_TRY(tpk__attention_pack(ctx, a, false));
+    return tpk__attn_core(ctx, &a->out, &a->lse, a->pack ? a->pk.p : a->qkv.data, a->B, a->S, a->A,
+                          a->A, a->a0, a->Al, a->D, a->p, a->stream, o);
 }
 
 /* Its buffers by recompute set (tpk/runtime/buf.h), its linears' among them.
@@ -107,16 +168,19 @@ static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk
  * GEMM). */
 static inline int tpk__attention_bufs(tpk_attention *a, int set, tpk_buf **o) {
     tpk_linear *ca = &a->c_attn, *cp = &a->c_proj;
-    if (set == TPK__SET_LENT) {
-        tpk_buf *l[] = {&a->out, &a->lse, &cp->y, &cp->y2};
-        return tpk__bufs_list(o, l, 4);
+    if (set == TPK__SET_LENT) { /* (pk: remade from c_attn's output with the attention) */
+        tpk_buf *l[] = {&a->out, &a->lse, &cp->y, &cp->y2, &a->pk};
+        return tpk__bufs_list(o, l, 5);
     }
     if (set == TPK__SET_KEPT) { /* the GEMM outputs (c_attn's: QKV) */
         tpk_buf *l[] = {&ca->y, &ca->y2, &ca->pre, &cp->xb, &cp->pre};
         return tpk__bufs_list(o, l, 5);
     }
     o[0] = &a->dqkv;
-    return 1 + tpk__linear_scratch(ca, o + 1) + tpk__linear_scratch(cp, o + 6);
+    int n = 1 + tpk__linear_scratch(ca, o + 1);
+    n += tpk__linear_scratch(cp, o + n);
+    o[n] = &a->dpk;
+    return n + 1;
 }
 static inline tpk_status tpk__attention_recompute(tpk_ctx *ctx, tpk_attention *a, tpk_tensor h) {
     tpk_tensor o;
@@ -166,9 +230,13 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
     dq = a->qkv;
     TPK_TRY(tpk__buf_view(ctx, &a->dqkv, &dq));
     if (B * S > 0 && Al > 0)
-        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->qkv.data, a->out.p,
-                                (const float *)a->lse.p, B, S, Al, D, a->A, a->A, a->a0,
+        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->pack ? a->pk.p : a->qkv.data,
+                                a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->A, a->a0,
                                 1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
+    if (a->pack) { /* [dQ | dK | dV] rotated back into c_attn's layout */
+        TPK_TRY(tpk__attention_pack(ctx, a, true));
+        dq.data = a->dpk.p;
+    }
     return tpk_col_linear_backward(ctx, &a->c_attn, dq, dx); /* all-reduce (SP: reduce-scatter) */
 }
 

@@ -17,6 +17,8 @@
 
 typedef struct tpk_mlp_desc {
     const char *name;       /* parameters "<name>.c_fc.*", "<name>.c_proj.*"; default "mlp<N>" */
+    const char *fc_name;    /* the first linear's name below `name`; default "c_fc" */
+    const char *proj_name;  /* the second's; default "c_proj" */
     int64_t hidden;         /* F; default 4 H */
     bool sequence_parallel;
     float init_std;         /* c_fc weight; default 0.02 */
@@ -46,14 +48,14 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H,
     TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "mlp"));
     m->H = H, m->F = d.hidden ? d.hidden : 4 * H;
     char pn[128];
-    snprintf(pn, sizeof pn, "%s.c_fc", m->name);
+    snprintf(pn, sizeof pn, "%s.%s", m->name, d.fc_name ? d.fc_name : "c_fc");
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
     m->act = d.act != TPK_ACT_NONE ? d.act : TPK_ACT_GELU_TANH;
     ld.name = pn, ld.bias = true, ld.act = m->act, ld.sequence_parallel = d.sequence_parallel,
     ld.init_std = d.init_std;
     TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F, &ld));
-    snprintf(pn, sizeof pn, "%s.c_proj", m->name);
+    snprintf(pn, sizeof pn, "%s.%s", m->name, d.proj_name ? d.proj_name : "c_proj");
     ld.act = TPK_ACT_NONE, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     return tpk_row_linear_init(ctx, &m->c_proj, m->F, H, &ld);
 }

@@ -308,7 +308,8 @@ static inline tpk_status tpk__lm_logits(tpk_ctx *ctx, const char *fn, tpk__lm_pa
 
 /* ---- the pre-norm residual block ------------------------------------------------------------ */
 
-/* Every family's block is x1 = x + drop(attn(norm_1(x))), y = x1 + drop(mlp(norm_2(x1))); its
+/* Every family's block is x1 = x + drop(attn(norm_1(x))), y = x1 + drop(mlp(norm_2(x1))), or with
+ * the parallel residual (GPT-NeoX) y = x + drop(attn(norm_1(x))) + drop(mlp(norm_2(x))); its
  * forward is its own (GPT-2 fuses the first add into ln_2), its backward and its selective
  * recompute are these, through the sublayers' calls (the family's adapters, TPK__LM_ADAPTERS). */
 typedef struct tpk__lm_sublayers {
@@ -328,6 +329,7 @@ typedef struct tpk__lm_sublayers {
                                                         (tpk/runtime/buf.h) */
     int (*attn_bufs)(void *a, int set, tpk_buf **o);
     int (*mlp_bufs)(void *m, int set, tpk_buf **o);
+    bool parallel; /* the parallel residual: both branches read x, dy flows into both */
 } tpk__lm_sublayers;
 
 /* dx of the last forward from dy (the layout of y); accumulates every gradient of the block.
@@ -347,6 +349,21 @@ static inline tpk_status tpk__lm_block_backward(tpk_ctx *ctx, const char *fn,
     tpk_tensor g, dh, dx1, da;
     TPK_TRY(tpk_residual_backward(ctx, b->res_2, dy, &g));      /* drop'(dy) into the MLP branch */
     TPK_TRY(b->mlp_backward(ctx, b->mlp, g, &dh));
+    if (b->parallel) {
+        /* both branches from dy, before dy (inplace: its buffer) takes the sum */
+        TPK_TRY(tpk_residual_backward(ctx, b->res_1, dy, &g));
+        TPK_TRY(b->attn_backward(ctx, b->attn, g, &da));
+        if (inplace) { /* dx = dy + norm_2's dx + norm_1's dx, in dy's buffer */
+            TPK_TRY(b->norm_backward_add(ctx, b->norm_2, dh, dy));
+            TPK_TRY(b->norm_backward_add(ctx, b->norm_1, da, dy));
+            *dx = dy;
+            return TPK_OK;
+        }
+        TPK_TRY(b->norm_backward(ctx, b->norm_2, dh, &dx1));       /* in norm_2's buffer */
+        TPK_TRY(tpk_residual_backward_add(ctx, b->res_2, dx1, dy)); /* dx1 += dy: the skip path */
+        TPK_TRY(b->norm_backward(ctx, b->norm_1, da, dx));         /* in norm_1's buffer */
+        return tpk_residual_backward_add(ctx, b->res_1, *dx, dx1);  /* dx += dx1 */
+    }
     if (inplace) {
         /* dx1 = dy + norm_2's dx, in dy's buffer */
         TPK_TRY(b->norm_backward_add(ctx, b->norm_2, dh, dy));
@@ -391,6 +408,9 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
  * likewise MLP's and NORM's): each casts the void * and calls the family's own function. They
  * define tpk__F_block_backward, tpk__F_block_bufs and the recompute (the skeleton's, above). */
 #define TPK__LM_ADAPTERS(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP)                                  \
+    TPK__LM_ADAPTERS_EX(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP, false)
+/* The same with the parallel residual (PARALLEL true: GPT-NeoX's block). */
+#define TPK__LM_ADAPTERS_EX(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP, PARALLEL)                     \
     static inline void tpk__##F##_lm_block_destroy(tpk_ctx *ctx, void *b) {                        \
         tpk_##F##_block_destroy(ctx, (BLOCK *)b);                                                  \
     }                                                                                              \
@@ -469,7 +489,8 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
                                tpk__##F##_lm_mlp_recompute,                                        \
                                tpk__##F##_lm_norm_bufs,                                            \
                                tpk__##F##_lm_attn_bufs,                                            \
-                               tpk__##F##_lm_mlp_bufs};                                            \
+                               tpk__##F##_lm_mlp_bufs,                                             \
+                               PARALLEL};                                                          \
         return s;                                                                                  \
     }                                                                                              \
     static inline tpk_status tpk__##F##_block_backward(tpk_ctx *ctx, BLOCK *b, tpk_tensor dy,      \

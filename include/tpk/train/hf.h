@@ -6,7 +6,9 @@
  *                      vocab_size, n_positions, layer_norm_epsilon, ...) or LlamaForCausalLM's
  *                      (model_type "llama": num_hidden_layers, hidden_size, num_attention_heads,
  *                      num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
- *                      rms_norm_eps, rope_theta, tie_word_embeddings), plus tpk_step, tpk_seed
+ *                      rms_norm_eps, rope_theta, tie_word_embeddings) or GPTNeoXForCausalLM's
+ *                      (model_type "gpt_neox": the same sizes, rotary_pct, rotary_emb_base,
+ *                      layer_norm_eps, use_parallel_residual), plus tpk_step, tpk_seed
  *                      and tpk_checkpoint_id (16 hex digits, random per save)
  *   model.safetensors  every parameter as its GLOBAL tensor under Hugging Face names; GPT-2's
  *                      Conv1D weights (c_attn, c_proj, c_fc) stored [in, out] as Hugging Face
@@ -38,6 +40,7 @@
 #include "data.h"
 #include "../models/gpt2.h"
 #include "../models/llama.h"
+#include "../models/neox.h"
 #include "optim.h"
 #include "safetensors.h"
 
@@ -431,6 +434,91 @@ static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
     free(b);
     return s;
 }
+
+/* GPTNeoXForCausalLM's config.json: the sizes, rotary_pct (or partial_rotary_factor),
+ * rotary_emb_base (or rope_theta), layer_norm_eps; refused: another activation than GELU's tanh
+ * form, a sequential residual, biases off, a tied head, scaled rotary embeddings. */
+static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
+                                               const char *what, tpk_neox_config *cfg) {
+    static const char *fn = "tpk_neox_config_parse";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!cfg || !what || (n && !b))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
+    enum { NL, NH, NA, NV, NP, NF, NPCT, NPRF, NBASE, NTH, NEPS, NPAR, NTIE, NAB, NACT, NRS, NK };
+    static const char *const keys[] = {
+        "num_hidden_layers", "hidden_size",     "num_attention_heads",   "vocab_size",
+        "max_position_embeddings", "intermediate_size", "rotary_pct", "partial_rotary_factor",
+        "rotary_emb_base",   "rope_theta",      "layer_norm_eps",        "use_parallel_residual",
+        "tie_word_embeddings", "attention_bias", "hidden_act",           "rope_scaling"};
+    tpk__json_val v[NK];
+    TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, NK, v));
+    for (int k = 0; k <= NEPS; k++)
+        TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k <= NV || k == NP));
+    for (int k = NPAR; k <= NAB; k++)
+        if (v[k].kind && v[k].kind != 'b')
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected true or false for %s", what,
+                             keys[k]);
+    double L = v[NL].num, H = v[NH].num, A = v[NA].num, V = v[NV].num, P = v[NP].num;
+    double F = v[NF].kind ? v[NF].num : 4 * H;
+    double pct = v[NPCT].kind ? v[NPCT].num : v[NPRF].kind ? v[NPRF].num : 0.25;
+    double base = v[NBASE].kind ? v[NBASE].num : v[NTH].kind ? v[NTH].num : 10000;
+    double eps = v[NEPS].kind ? v[NEPS].num : 1e-5;
+    bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && F >= 1 && L <= 1e5 &&
+              H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 && F <= 1e7 && L == floor(L) &&
+              H == floor(H) && A == floor(A) && V == floor(V) && P == floor(P) && F == floor(F) &&
+              pct > 0 && pct <= 1 && base > 1 && base < 1e30 && eps >= 1e-30 && eps < 1;
+    if (!ok)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: implausible configuration (num_hidden_layers %g, hidden_size %g, "
+                         "num_attention_heads %g, vocab_size %g, max_position_embeddings %g, "
+                         "intermediate_size %g, rotary_pct %g, rotary_emb_base %g, "
+                         "layer_norm_eps %g)",
+                         what, L, H, A, V, P, F, pct, base, eps);
+    if ((int64_t)H % (int64_t)A ||
+        tpk_neox_rotary_dim((int64_t)H / (int64_t)A, (float)pct) < 2)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: hidden_size %g over num_attention_heads %g with rotary_pct %g: "
+                         "expected whole heads with at least one rotated pair",
+                         what, H, A, pct);
+    if (v[NACT].kind && (v[NACT].kind != 's' || (strcmp(v[NACT].str, "gelu_new") &&
+                                                 strcmp(v[NACT].str, "gelu_pytorch_tanh"))))
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: hidden_act \"%s\": expected \"gelu_new\" or \"gelu_pytorch_tanh\" "
+                         "(tpk's GELU is the tanh form; Pythia's exact \"gelu\" is not implemented)",
+                         what, v[NACT].kind == 's' ? v[NACT].str : "(not a string)");
+    if (v[NPAR].kind && !v[NPAR].num)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: use_parallel_residual: expected true (the sequential residual is "
+                         "not implemented for GPT-NeoX)", what);
+    if (v[NTIE].num)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: tie_word_embeddings: expected false (GPT-NeoX's head is untied)",
+                         what);
+    if (v[NAB].kind && !v[NAB].num)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: attention_bias: expected true (GPT-NeoX's projections have biases)",
+                         what);
+    if (v[NRS].kind && v[NRS].kind != 'z')
+        return tpk__fail(
+            ctx, TPK_ERR_UNSUPPORTED, fn,
+            "%s: rope_scaling: expected null (scaled rotary embeddings are not implemented)", what);
+    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A;
+    cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F;
+    cfg->rotary_pct = (float)pct, cfg->rope_theta = (float)base, cfg->ln_eps = (float)eps;
+    return TPK_OK;
+}
+static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir,
+                                              tpk_neox_config *cfg) {
+    static const char *fn = "tpk_neox_config_read";
+    char path[1200];
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
+    tpk_status s = tpk_neox_config_parse(ctx, b, n, path, cfg);
+    free(b);
+    return s;
+}
 /* The architecture of dir's checkpoint: config.json's model_type, "gpt2" or "llama", into
  * type[n]; any other (or none) is TPK_ERR_UNSUPPORTED naming it. */
 static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *type, size_t n) {
@@ -445,15 +533,17 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     tpk_status s = tpk__config_members(ctx, fn, b, len, path, keys, 1, &v);
     free(b);
     TPK_TRY(s);
-    if (v.kind != 's' || (strcmp(v.str, "gpt2") && strcmp(v.str, "llama")))
+    if (v.kind != 's' || (strcmp(v.str, "gpt2") && strcmp(v.str, "llama") &&
+                          strcmp(v.str, "gpt_neox")))
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: model_type %s%s%s: expected \"gpt2\" or \"llama\"", path,
+                         "%s: model_type %s%s%s: expected \"gpt2\", \"llama\" or \"gpt_neox\"",
+                         path,
                          v.kind == 's' ? "\"" : "",
                          v.kind == 's' ? v.str
                          : v.kind      ? "(not a string)"
                                        : "missing",
                          v.kind == 's' ? "\"" : "");
-    snprintf(type, n, "%.31s", v.str); /* "gpt2" or "llama" */
+    snprintf(type, n, "%.31s", v.str); /* "gpt2", "llama" or "gpt_neox" */
     return TPK_OK;
 }
 
@@ -847,6 +937,42 @@ static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const 
         (long long)(c->hidden / c->heads), tpk__float_text(c->norm_eps, e1, sizeof e1),
         tpk__float_text(c->rope_theta, e2, sizeof e2), c->tie_embeddings ? "true" : "false",
         (long long)d.step, (unsigned long long)d.seed);
+    return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, NULL);
+}
+
+/* Save a GPT-NeoX (and opt's moments when opt is not NULL) to dir in Hugging Face's
+ * GPTNeoXForCausalLM layout: config.json (model_type "gpt_neox", hidden_act "gelu_new"),
+ * model.safetensors with every tensor [out, in] (query_key_value's rows per head, as tpk holds
+ * them). Collective over ctx->world. */
+static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tpk_adamw *opt,
+                                       const char *dir, const tpk_hf_save_desc *desc) {
+    static const char *fn = "tpk_neox_save";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->layers || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    tpk_hf_save_desc d;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    char cfg[1600], e1[32], e2[32], e3[32];
+    const tpk_neox_config *c = &m->c;
+    tpk__float_text(c->rotary_pct, e3, sizeof e3);
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"GPTNeoXForCausalLM\"],\n  \"model_type\": \"gpt_neox\",\n"
+             "  \"vocab_size\": %lld,\n  \"max_position_embeddings\": %lld,\n"
+             "  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+             "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
+             "  \"rotary_pct\": %s,\n  \"partial_rotary_factor\": %s,\n"
+             "  \"rotary_emb_base\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n"
+             "  \"hidden_act\": \"gelu_new\",\n  \"layer_norm_eps\": %s,\n"
+             "  \"use_parallel_residual\": true,\n  \"attention_bias\": true,\n"
+             "  \"hidden_dropout\": %g,\n  \"attention_dropout\": %g,\n"
+             "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"float32\",\n"
+             "  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu\n}\n",
+             (long long)c->vocab, (long long)c->positions, (long long)c->hidden,
+             (long long)c->ffn, (long long)c->layers, (long long)c->heads, e3, e3,
+             tpk__float_text(c->rope_theta, e1, sizeof e1), e1,
+             tpk__float_text(c->ln_eps, e2, sizeof e2), (double)c->dropout, (double)c->dropout,
+             (long long)d.step, (unsigned long long)d.seed);
     return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, NULL);
 }
 
@@ -1308,6 +1434,14 @@ static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt
 static inline tpk_status tpk_llama_load(tpk_ctx *ctx, tpk_llama *m, tpk_adamw *opt,
                                         const char *dir) {
     static const char *fn = "tpk_llama_load";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->layers || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    return tpk__hf_load(ctx, fn, opt, dir, NULL, NULL);
+}
+static inline tpk_status tpk_neox_load(tpk_ctx *ctx, tpk_neox *m, tpk_adamw *opt,
+                                       const char *dir) {
+    static const char *fn = "tpk_neox_load";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->layers || !dir)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");

@@ -1,40 +1,53 @@
-/* tpk/train/model.h — one handle over the kit's two models, GPT-2 (tpk/models/gpt2.h) and Llama
- * (tpk/models/llama.h), for a trainer that takes either: the architecture chosen by a flag or by a
- * checkpoint's config.json ("model_type"), then the same calls for both — forward, backward, the
- * data-parallel hook, dropout, sampling, Hugging Face checkpoints. Each call goes through the
- * family's row of a table (tpk_model_family) to the model's own function; nothing here computes.
- * Needs POSIX (tpk/train/hf.h). */
+/* tpk/train/model.h — one handle over the kit's model families, GPT-2 (tpk/models/gpt2.h), Llama
+ * (tpk/models/llama.h) and GPT-NeoX (tpk/models/neox.h), for a trainer that takes any: the family
+ * chosen by a flag or by a checkpoint's config.json ("model_type"), then the same calls for all —
+ * forward, backward, the data-parallel hook, dropout, sampling, Hugging Face checkpoints. Each
+ * call goes through the family's row of a table (tpk_model_family) to the model's own function;
+ * nothing here computes. Needs POSIX (tpk/train/hf.h). */
 #ifndef TPK_MODEL_H
 #define TPK_MODEL_H
 
 #include "hf.h"
 #include "../models/sample.h"
 
-typedef enum tpk_arch { TPK_ARCH_GPT2 = 0, TPK_ARCH_LLAMA = 1 } tpk_arch;
+typedef enum tpk_arch {
+    TPK_ARCH_GPT2 = 0,
+    TPK_ARCH_LLAMA = 1,
+    TPK_ARCH_NEOX = 2,
+    TPK_ARCH_COUNT
+} tpk_arch;
 
 typedef struct tpk_model_config {
     tpk_arch arch;
     tpk_gpt2_config gpt2;   /* arch == TPK_ARCH_GPT2 */
     tpk_llama_config llama; /* arch == TPK_ARCH_LLAMA */
+    tpk_neox_config neox;   /* arch == TPK_ARCH_NEOX */
 } tpk_model_config;
 
 typedef struct tpk_model {
     tpk_arch arch;
     tpk_gpt2 gpt2;
     tpk_llama llama;
+    tpk_neox neox;
 } tpk_model;
 
 /* A model family: the calls a trainer makes, each on the family's own config and model (void *:
  * the tpk_model_config / tpk_model member of that family). Every tpk_model_* call below is one
- * line through this table; a new family is a new row (its adapters, TPK__MODEL_FAMILY) and its
- * members in the two structs, and nothing here changes. */
+ * line through this table; a new family is a new row (its adapters, TPK__MODEL_FAMILY; its row,
+ * TPK__MODEL_FAMILY_ROW), its tpk_arch and its members in the two structs. */
 typedef struct tpk_model_family {
-    const char *name; /* --arch, config.json's model_type */
+    const char *name;       /* --arch */
+    const char *model_type; /* config.json's */
+    size_t cfg_off, model_off; /* the family's members of tpk_model_config and tpk_model */
     tpk_status (*config_read)(tpk_ctx *ctx, const char *dir, void *cfg);
     tpk_status (*init)(tpk_ctx *ctx, void *m, const void *cfg);
     void (*destroy)(tpk_ctx *ctx, void *m);
     void (*dims)(const void *m, int64_t *vocab, int64_t *positions, int64_t *layers,
                  int64_t *hidden);
+    /* pointers to the config's vocab, positions, layers, hidden, heads, label_smoothing,
+       sequence_parallel and recompute (every family's config has them) */
+    void (*cfg_common)(void *cfg, int64_t *shape[5], float **smoothing, bool **sp,
+                       tpk_recompute **recompute);
     tpk_xent *(*ce)(void *m);
     void (*set_grad_ready)(void *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user);
     tpk_status (*set_dropout)(tpk_ctx *ctx, void *m, float p);
@@ -66,6 +79,13 @@ typedef struct tpk_model_family {
         const tpk_##F *x = (const tpk_##F *)m;                                                    \
         *v = x->c.vocab, *p = x->c.positions, *l = x->c.layers, *h = x->c.hidden;                 \
     }                                                                                             \
+    static inline void tpk__##F##_fam_cfg_common(void *cfg, int64_t *shape[5], float **ls,        \
+                                                 bool **sp, tpk_recompute **rc) {                 \
+        tpk_##F##_config *c = (tpk_##F##_config *)cfg;                                            \
+        shape[0] = &c->vocab, shape[1] = &c->positions, shape[2] = &c->layers;                    \
+        shape[3] = &c->hidden, shape[4] = &c->heads;                                              \
+        *ls = &c->label_smoothing, *sp = &c->sequence_parallel, *rc = &c->recompute;              \
+    }                                                                                             \
     static inline tpk_xent *tpk__##F##_fam_ce(void *m) { return &((tpk_##F *)m)->ce; }            \
     static inline void tpk__##F##_fam_set_grad_ready(                                             \
         void *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {                     \
@@ -92,20 +112,28 @@ typedef struct tpk_model_family {
                                                  const char *dir) {                               \
         return tpk_##F##_load(ctx, (tpk_##F *)m, opt, dir);                                       \
     }
-#define TPK__MODEL_FAMILY_ROW(F)                                                                   \
+#define TPK__MODEL_FAMILY_ROW(F, TYPE)                                                             \
     {                                                                                              \
-        /* name */ #F, tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy,    \
-        tpk__##F##_fam_dims, tpk__##F##_fam_ce, tpk__##F##_fam_set_grad_ready,                     \
+        /* name */ #F, TYPE, offsetof(tpk_model_config, F), offsetof(tpk_model, F),                \
+        tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy,                   \
+        tpk__##F##_fam_dims, tpk__##F##_fam_cfg_common, tpk__##F##_fam_ce,                         \
+        tpk__##F##_fam_set_grad_ready,                                                             \
         tpk__##F##_fam_set_dropout, tpk__##F##_fam_forward, tpk__##F##_fam_backward,               \
         tpk__##F##_fam_sample, tpk__##F##_fam_save, tpk__##F##_fam_load                            \
     }
 
 TPK__MODEL_FAMILY(gpt2)
 TPK__MODEL_FAMILY(llama)
-/* dropout: GPT-2's every probability; Llama has none, so p must be 0 */
+TPK__MODEL_FAMILY(neox)
+/* dropout: GPT-2's and GPT-NeoX's every probability; Llama has none, so p must be 0 */
 static inline tpk_status tpk__gpt2_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {
     (void)ctx;
     tpk_gpt2_set_dropout((tpk_gpt2 *)m, p);
+    return TPK_OK;
+}
+static inline tpk_status tpk__neox_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {
+    (void)ctx;
+    tpk_neox_set_dropout((tpk_neox *)m, p);
     return TPK_OK;
 }
 static inline tpk_status tpk__llama_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {
@@ -118,30 +146,54 @@ static inline tpk_status tpk__llama_fam_set_dropout(tpk_ctx *ctx, void *m, float
 
 /* The families, indexed by tpk_arch; each one's config and model member. */
 static inline const tpk_model_family *tpk__model_family(tpk_arch a) {
-    static const tpk_model_family families[2] = {TPK__MODEL_FAMILY_ROW(gpt2),
-                                                 TPK__MODEL_FAMILY_ROW(llama)};
-    return (unsigned)a < 2 ? &families[a] : NULL;
+    static const tpk_model_family families[TPK_ARCH_COUNT] = {
+        TPK__MODEL_FAMILY_ROW(gpt2, "gpt2"), TPK__MODEL_FAMILY_ROW(llama, "llama"),
+        TPK__MODEL_FAMILY_ROW(neox, "gpt_neox")};
+    return (unsigned)a < TPK_ARCH_COUNT ? &families[a] : NULL;
 }
 static inline void *tpk__model_cfg(tpk_model_config *c) {
-    return c->arch == TPK_ARCH_LLAMA ? (void *)&c->llama : (void *)&c->gpt2;
+    return (char *)c + tpk__model_family(c->arch)->cfg_off;
 }
 static inline void *tpk__model_of(const tpk_model *m) {
-    return m->arch == TPK_ARCH_LLAMA ? (void *)&m->llama : (void *)&m->gpt2;
+    return (char *)m + tpk__model_family(m->arch)->model_off;
+}
+/* The family named `name` (--arch) or, by_type, whose config.json model_type is `name`. */
+static inline bool tpk_arch_from_name(const char *name, bool by_type, tpk_arch *a) {
+    for (int i = 0; name && i < TPK_ARCH_COUNT; i++) {
+        const tpk_model_family *f = tpk__model_family((tpk_arch)i);
+        if (!strcmp(name, by_type ? f->model_type : f->name)) return *a = (tpk_arch)i, true;
+    }
+    return false;
 }
 #define TPK__FAM(m) tpk__model_family((m)->arch)
+
+/* The fields every family's config has, of cfg->arch's config: shape[0..4] = vocab, positions,
+ * layers, hidden, heads (pointers into it); and its label smoothing, sequence parallelism and
+ * recompute mode set. */
+static inline void tpk_model_config_common(tpk_model_config *cfg, int64_t *shape[5],
+                                           float label_smoothing, bool sequence_parallel,
+                                           tpk_recompute recompute) {
+    float *ls;
+    bool *sp;
+    tpk_recompute *rc;
+    TPK__FAM(cfg)->cfg_common(tpk__model_cfg(cfg), shape, &ls, &sp, &rc);
+    *ls = label_smoothing, *sp = sequence_parallel, *rc = recompute;
+}
 
 static inline const char *tpk_arch_name(tpk_arch a) {
     return tpk__model_family(a) ? tpk__model_family(a)->name : "?";
 }
 
-/* cfg->arch and that architecture's config from dir/config.json (model_type "llama", else
- * GPT-2). */
+/* cfg->arch and that family's config from dir/config.json (its model_type: "gpt2", "llama",
+ * "gpt_neox"). */
 static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir,
                                                tpk_model_config *cfg) {
     char type[32];
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_config_read", "cfg: NULL");
     TPK_TRY(tpk_hf_model_type(ctx, dir, type, sizeof type));
-    cfg->arch = strcmp(type, "llama") ? TPK_ARCH_GPT2 : TPK_ARCH_LLAMA;
+    if (!tpk_arch_from_name(type, true, &cfg->arch))
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_config_read",
+                         "%s: model_type \"%s\": no family of the kit", dir, type);
     return TPK__FAM(cfg)->config_read(ctx, dir, tpk__model_cfg(cfg));
 }
 
@@ -153,7 +205,7 @@ static inline tpk_status tpk_model_init(tpk_ctx *ctx, tpk_model *m, const tpk_mo
     m->arch = cfg->arch;
     if (!TPK__FAM(cfg))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->arch: expected TPK_ARCH_GPT2 or TPK_ARCH_LLAMA, got %d",
+                         "cfg->arch: expected TPK_ARCH_GPT2, _LLAMA or _NEOX, got %d",
                          (int)cfg->arch);
     return TPK__FAM(m)->init(ctx, tpk__model_of(m), tpk__model_cfg((tpk_model_config *)cfg));
 }
@@ -204,7 +256,7 @@ static inline void
 tpk_model_set_grad_ready(tpk_model *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {
     TPK__FAM(m)->set_grad_ready(tpk__model_of(m), fn, user);
 }
-/* Every dropout probability (GPT-2's; Llama has no dropout, p must be 0 there). */
+/* Every dropout probability (GPT-2's, GPT-NeoX's; Llama has no dropout, p must be 0 there). */
 static inline tpk_status tpk_model_set_dropout(tpk_ctx *ctx, tpk_model *m, float p) {
     return TPK__FAM(m)->set_dropout(ctx, tpk__model_of(m), p);
 }
