@@ -1,6 +1,6 @@
-/* examples/train.c — a Megatron-style trainer on tpk for every model family (--arch gpt2, llama, neox):
- * tensor parallelism (TP) within groups of --tp consecutive ranks, data parallelism (DP) across
- * them (tpk/train/model.h: one handle for both models). The template to copy:
+/* examples/train.c — a Megatron-style trainer on tpk for every model family (--arch gpt2, llama,
+ * neox): tensor parallelism (TP) within groups of --tp consecutive ranks, data parallelism (DP)
+ * across them (tpk/train/model.h: one handle for every family). The template to copy:
  *   mpirun -np 2 build/train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 --steps 500
  *   --save ckpt --sample 200
  * A step: --grad-accum micro-batches (ctx.rng_step = the micro-batch: new dropout masks), forward,

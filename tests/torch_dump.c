@@ -1,16 +1,16 @@
-/* tests/torch_dump.c — one forward and backward of a small GPT-2, Llama or GPT-NeoX at t = ranks, written
- * out for the PyTorch reference (tests/torch_ref.py), which rebuilds the model from the same
- * global weights with PyTorch's own layers and compares the loss and every gradient.
+/* tests/torch_dump.c — one forward and backward of a small GPT-2, Llama or GPT-NeoX at t = ranks,
+ * written out for the PyTorch reference (tests/torch_ref.py), which rebuilds the model from the
+ * same global weights with PyTorch's own layers and compares the loss and every gradient.
  *
  *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox]
  * sp: sequence parallelism; llama: the Llama model (A = 6 query heads, G = 2 key/value heads,
  * SwiGLU F = 40, rope_theta 1000, RMSNorm eps 1e-5) instead of GPT-2; tied: the Llama's LM head
  * reuses embed_tokens (GPT-2's always does); neox: GPT-NeoX (H = 48, A = 6: heads of 8, half of
- * each rotated, F = 40, rotary base 1000, parallel residual, untied). Writes DIR/model.txt (config — arch and, for Llama,
- * kv_heads, ffn, rope_theta, norm_eps, tie —, loss, and per parameter: name, global shape,
- * offset in floats), DIR/weights.bin and DIR/grads.bin (f32, global tensors in registry order),
- * DIR/ids.bin and DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored positions, no
- * dropout. */
+ * each rotated, F = 40, rotary base 1000, parallel residual, untied). Writes DIR/model.txt (config
+ * — arch and, for Llama, kv_heads, ffn, rope_theta, norm_eps, tie —, loss, and per parameter: name,
+ * global shape, offset in floats), DIR/weights.bin and DIR/grads.bin (f32, global tensors in
+ * registry order), DIR/ids.bin and DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored
+ * positions, no dropout. */
 #include "test.h"
 
 #include <errno.h>

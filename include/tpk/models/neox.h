@@ -237,7 +237,8 @@ static inline tpk_status tpk_neox_forward(tpk_ctx *ctx, tpk_neox *m, const int32
     static const char *fn = "tpk_neox_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (m && m->layers && S > m->c.positions)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "S: expected at most cfg->positions = %lld, got %lld",
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "S: expected at most cfg->positions = %lld, got %lld",
                          (long long)m->c.positions, (long long)S);
     tpk__lm_parts p;
     return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__neox_lm(m), &p) : NULL, ids,

@@ -482,10 +482,11 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
                          what, H, A, pct);
     if (v[NACT].kind && (v[NACT].kind != 's' || (strcmp(v[NACT].str, "gelu_new") &&
                                                  strcmp(v[NACT].str, "gelu_pytorch_tanh"))))
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: hidden_act \"%s\": expected \"gelu_new\" or \"gelu_pytorch_tanh\" "
-                         "(tpk's GELU is the tanh form; Pythia's exact \"gelu\" is not implemented)",
-                         what, v[NACT].kind == 's' ? v[NACT].str : "(not a string)");
+        return tpk__fail(
+            ctx, TPK_ERR_UNSUPPORTED, fn,
+            "%s: hidden_act \"%s\": expected \"gelu_new\" or \"gelu_pytorch_tanh\" "
+            "(tpk's GELU is the tanh form; Pythia's exact \"gelu\" is not implemented)",
+            what, v[NACT].kind == 's' ? v[NACT].str : "(not a string)");
     if (v[NPAR].kind && !v[NPAR].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: use_parallel_residual: expected true (the sequential residual is "
