@@ -234,6 +234,26 @@ else
     echo "train: Hugging Face Llama import test skipped (Debian's python3-torch is not importable by $py)"
 fi
 
+# ---- GPT-NeoX (--arch neox): trains, resumes at another TP size, evaluates at every t, samples ----
+neox="--arch neox --layers 2 --hidden 48 --heads 6 --ffn 64 --rotary-pct 0.5 --rope-theta 500 --batch 4 --seq-len 16"
+tr 2 --text "$text" $neox --tp 2 --steps 8 --save "$T/n2" --save-every 4 --csv "$T/nfull.csv"
+rcn=$rc
+tr 3 --text "$text" $neox --tp 3 --steps 8 --load "$T/n2/step-4" --csv "$T/n3.csv"
+r=$(relmax "$(losses "$T/nfull.csv" 5 8)" "$(losses "$T/n3.csv" 5 8)")
+first=$(losses "$T/nfull.csv" 1 1 | awk '{print $2}'); last=$(losses "$T/nfull.csv" 8 8 | awk '{print $2}')
+if [ $rcn -eq 0 ] && [ $rc -eq 0 ] && grep -q '"model_type": "gpt_neox"' "$T/n2/step-4/config.json" && awk -v r="$r" -v a="$first" -v b="$last" 'BEGIN{exit !(r < 1e-5 && b < a)}'; then
+    ok "GPT-NeoX (A=6, half of each head rotated) trains (loss $first -> $last), saved at t=2, resumed at t=3: losses of steps 5-8 equal continuing at t=2 (max relative difference $r)"
+else fail "GPT-NeoX saved at t=2, resumed at t=3 (loss $first -> $last, max relative difference $r)"; fi
+vals=""
+for np in 1 2 3 4; do
+    tr $np --eval-only --load "$T/n2/step-4" --data "$T/tok.bin" --batch 4 --seq-len 16 --eval-batches 3 --tp $np --sample 8
+    v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
+    [ $rc -eq 0 ] && [ -n "$v" ] && printf '%s\n' "$out" | grep -q "GPT-NeoX L=2 H=48 A=6 V=256 P=16 F=64 rotary 4 of 8" && printf '%s\n' "$out" | grep -q -- "--- sample (8 tokens) ---" || v="error"
+    vals="$vals $v"
+done
+if printf '%s\n' "$vals" | awk '{for(i=1;i<=NF;i++){ if ($i=="error") exit 1; d=$i-$1; if (d<0) d=-d; if (d > 1e-5*$1) exit 1 } }'; then ok "GPT-NeoX --load (model_type gpt_neox) --eval-only val_loss the same at t=1,2,3,4, and samples:$vals"
+else fail "GPT-NeoX --eval-only val_loss the same at t=1,2,3,4:$vals"; fi
+
 # ---- bad input: one line, non-zero exit on every rank, no hang ---------------------------------------
 # bad NAME EXPECTED-TEXT ARGS...: 2 ranks; the run must fail within the timeout and say EXPECTED-TEXT
 bad() {

@@ -1,5 +1,5 @@
-/* tpk/tpk.h — the umbrella header: the stack from base/core.h to the GPT-2 and Llama models, the
- * host backend, and a trainer's AdamW, DP buckets and token data. Include yourself
+/* tpk/tpk.h — the umbrella header: the stack from base/core.h to the GPT-2, Llama and GPT-NeoX
+ * models, the host backend, and a trainer's AdamW, DP buckets and token data. Include yourself
  * <tpk/train/train.h>, <tpk/train/log.h>, <tpk/train/safetensors.h>, <tpk/train/hf.h> and
  * <tpk/train/model.h> (POSIX), <tpk/runtime/mpi.h> for the MPI communicator (compile with mpicc),
  * <tpk/runtime/cuda.h> and <tpk/runtime/nccl.h> for the CUDA backend and the NCCL communicator.
@@ -17,7 +17,7 @@
  *             act.h linear.h norm.h embed.h xent.h resid.h mlp.h attn.h
  *             recompute.h           a stack of blocks, activation recompute
  *   models/   lm.h sample.h         the language-model skeleton, a family's table; sampling
- *             gpt2.h llama.h        the GPT-2 and Llama families
+ *             gpt2.h llama.h neox.h the GPT-2, Llama and GPT-NeoX families
  *   train/    optim.h dp.h data.h   AdamW, norm, clipping, schedules; DP buckets; token data
  *             train.h log.h         a step's end (DP reduction, norm, clipping, AdamW); the loss
  *                                   curve (not included here)
