@@ -70,6 +70,11 @@ static inline double gelu_grad_d(double x) {
     double t = tanh(s * (x + c * x * x * x));
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * c * x * x);
 }
+/* the exact GELU: x Phi(x), and its slope Phi(x) + x phi(x) */
+static inline double gelu_erf_d(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+static inline double gelu_erf_grad_d(double x) {
+    return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * 3.141592653589793);
+}
 static inline double *dbuf(size_t n) { return malloc((n ? n : 1) * sizeof(double)); }
 static inline uint16_t *hbuf(size_t n) { return malloc((n ? n : 1) * sizeof(uint16_t)); }
 

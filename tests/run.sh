@@ -87,7 +87,7 @@ fi
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
     # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied; GPT-NeoX
-    for model in gpt2 llama llama_tied neox; do
+    for model in gpt2 llama llama_tied neox neox_tanh; do
         for np in 1 2 3 4; do
             odd=""; even=""
             if [ $((np % 2)) = 1 ]; then odd=sp; else even=sp; fi
@@ -96,6 +96,7 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
             llama) args="$odd llama" row=torch_reference_llama ;;
             llama_tied) args="$even llama tied" row=torch_reference_llama_tied ;;
             neox) args="$odd neox" row=torch_reference_neox ;;
+            neox_tanh) args="$even neox tanh" row=torch_reference_neox_tanh ;;
             esac
             dir=$B/tests/torch_${model}_np$np
             rm -rf "$dir"

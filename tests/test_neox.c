@@ -276,7 +276,8 @@ int main(int argc, char **argv) {
         CHECK_OK(&un, tpk_model_config_read(&un, dir, &rd));
         CHECK(rd.arch == TPK_ARCH_NEOX && rd.neox.layers == 2 && rd.neox.hidden == H &&
                   rd.neox.heads == A && rd.neox.ffn == F && rd.neox.vocab == V &&
-                  rd.neox.rotary_pct == 0.25f && rd.neox.rope_theta == 1000.0f,
+                  rd.neox.rotary_pct == 0.25f && rd.neox.rope_theta == 1000.0f &&
+                  rd.neox.act == TPK_ACT_GELU,
               "config.json read back as arch %d L %lld H %lld A %lld F %lld V %lld pct %g base %g",
               (int)rd.arch, (long long)rd.neox.layers, (long long)rd.neox.hidden,
               (long long)rd.neox.heads, (long long)rd.neox.ffn, (long long)rd.neox.vocab,
@@ -298,8 +299,8 @@ int main(int argc, char **argv) {
         }
     }
 
-    TEST_CASE("bad input: rotary_pct, rotary_dim, ffn, sequence length, a sequential-residual "
-              "or exact-GELU config.json, backward before forward") {
+    TEST_CASE("bad input: rotary_pct, rotary_dim, ffn, act, sequence length, a config.json with "
+              "a sequential residual or another activation, backward before forward") {
         tpk_ctx ctx;
         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
         tpk_attention at;
@@ -323,7 +324,10 @@ int main(int argc, char **argv) {
                     "of a head of 8 rotates no pair");
         mc.neox.rotary_pct = 0.25f, mc.neox.ffn = -1;
         CHECK_FAILS(&ctx, tpk_neox_init(&ctx, &m, &mc.neox), TPK_ERR_ARG, "cfg->ffn");
-        mc.neox.ffn = F;
+        mc.neox.ffn = F, mc.neox.act = (tpk_act)7;
+        CHECK_FAILS(&ctx, tpk_neox_init(&ctx, &m, &mc.neox), TPK_ERR_ARG,
+                    "cfg->act: expected TPK_ACT_GELU or TPK_ACT_GELU_TANH");
+        mc.neox.act = TPK_ACT_NONE;
         CHECK_OK(&ctx, tpk_neox_init(&ctx, &m, &mc.neox));
         float loss;
         CHECK_FAILS(&ctx, tpk_neox_backward(&ctx, &m, 1.0f), TPK_ERR_ARG,
@@ -335,7 +339,7 @@ int main(int argc, char **argv) {
             const char *extra, *needle;
         } bad[] = {
             {", \"use_parallel_residual\": false", "use_parallel_residual: expected true"},
-            {", \"hidden_act\": \"gelu\"", "hidden_act \"gelu\": expected \"gelu_new\""},
+            {", \"hidden_act\": \"relu\"", "hidden_act \"relu\": expected \"gelu\" (exact)"},
             {", \"tie_word_embeddings\": true", "tie_word_embeddings: expected false"},
             {", \"rotary_pct\": 0.01", "expected whole heads with at least one rotated pair"},
             {", \"rope_scaling\": {\"type\": \"linear\"}", "rope_scaling: expected null"},

@@ -93,54 +93,59 @@ static void test_bias(void) {
 /* ---- GELU ---------------------------------------------------------------------------------- */
 
 static void test_gelu(void) {
-    TEST_CASE("host gelu_fwd and gelu_bwd (reference, finite differences, dx aliasing dy, bf16)") {
-        const size_t n = 1001;
-        float *x = fbuf(n), *dy = fbuf(n), *y = fbuf(n), *dx = fbuf(n), *want = fbuf(n),
-              *fd = fbuf(n);
-        test_randn(x, n, 500, 3.0f);
-        x[0] = 0, x[1] = -10, x[2] = 10, x[3] = 1e-4f, x[4] = -6;
-        test_randn(dy, n, 501, 1.0f);
+    for (int ai = 0; ai < 2; ai++) {
+        tpk_act act = ai ? TPK_ACT_GELU : TPK_ACT_GELU_TANH;
+        double (*ref)(double) = ai ? gelu_erf_d : gelu_d,
+               (*slope)(double) = ai ? gelu_erf_grad_d : gelu_grad_d;
+        TEST_CASE(
+            "host act_fwd and act_bwd, %s (reference, finite differences, dx aliasing dy, bf16)",
+            tpk_act_name(act)) {
+            const size_t n = 1001;
+            float *x = fbuf(n), *dy = fbuf(n), *y = fbuf(n), *dx = fbuf(n), *want = fbuf(n),
+                  *fd = fbuf(n);
+            test_randn(x, n, 500, 3.0f);
+            x[0] = 0, x[1] = -10, x[2] = 10, x[3] = 1e-4f, x[4] = -6;
+            test_randn(dy, n, 501, 1.0f);
 
-        test_poison(y, n);
-        CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, y, x, TPK_F32, n));
-        for (size_t i = 0; i < n; i++) want[i] = (float)gelu_d(x[i]);
-        CHECK_CLOSE(y, want, n, 1e-6, "gelu_fwd f32");
+            test_poison(y, n);
+            CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, act, y, x, TPK_F32, n));
+            for (size_t i = 0; i < n; i++) want[i] = (float)ref(x[i]);
+            CHECK_CLOSE(y, want, n, 1e-6, "gelu_fwd f32");
 
-        test_poison(dx, n);
-        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, dx, x, dy, TPK_F32, n));
-        for (size_t i = 0; i < n; i++) {
-            want[i] = (float)(dy[i] * gelu_grad_d(x[i]));
-            double h = 1e-5;
-            fd[i] =
-                (float)(dy[i] * (gelu_d((double)x[i] + h) - gelu_d((double)x[i] - h)) / (2 * h));
+            test_poison(dx, n);
+            CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, act, dx, x, dy, TPK_F32, n));
+            for (size_t i = 0; i < n; i++) {
+                want[i] = (float)(dy[i] * slope(x[i]));
+                double h = 1e-5;
+                fd[i] = (float)(dy[i] * (ref((double)x[i] + h) - ref((double)x[i] - h)) / (2 * h));
+            }
+            CHECK_CLOSE(dx, want, n, 1e-6, "gelu_bwd f32 vs analytic");
+            CHECK_CLOSE(dx, fd, n, 1e-5, "gelu_bwd f32 vs finite differences of gelu");
+
+            /* dx aliasing dy */
+            float *g = fbuf(n);
+            memcpy(g, dy, n * sizeof(float));
+            CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, act, g, x, g, TPK_F32, n));
+            CHECK(memcmp(g, dx, n * sizeof(float)) == 0,
+                  "gelu_bwd in place (dx == dy) differs from out of place");
+
+            /* bf16: inputs rounded, output within bf16 precision */
+            uint16_t *hx = malloc(n * 2), *hdy = malloc(n * 2), *hy = malloc(n * 2);
+            to_bf16(hx, x, n), to_bf16(hdy, dy, n);
+            float *xr = fbuf(n), *dyr = fbuf(n);
+            from_bf16(xr, hx, n), from_bf16(dyr, hdy, n);
+            CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, act, hy, hx, TPK_BF16, n));
+            from_bf16(y, hy, n);
+            for (size_t i = 0; i < n; i++) want[i] = (float)ref(xr[i]);
+            CHECK_CLOSE(y, want, n, 1e-2, "gelu_fwd bf16");
+            CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, act, hdy, hx, hdy, TPK_BF16, n)); /* in place */
+            from_bf16(dx, hdy, n);
+            for (size_t i = 0; i < n; i++) want[i] = (float)(dyr[i] * slope(xr[i]));
+            CHECK_CLOSE(dx, want, n, 1e-2, "gelu_bwd bf16");
+
+            free(x), free(dy), free(y), free(dx), free(want), free(fd), free(g), free(hx),
+                free(hdy), free(hy), free(xr), free(dyr);
         }
-        CHECK_CLOSE(dx, want, n, 1e-6, "gelu_bwd f32 vs analytic");
-        CHECK_CLOSE(dx, fd, n, 1e-5, "gelu_bwd f32 vs finite differences of gelu");
-
-        /* dx aliasing dy */
-        float *g = fbuf(n);
-        memcpy(g, dy, n * sizeof(float));
-        CHECK_OK(&ctx, tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, g, x, g, TPK_F32, n));
-        CHECK(memcmp(g, dx, n * sizeof(float)) == 0,
-              "gelu_bwd in place (dx == dy) differs from out of place");
-
-        /* bf16: inputs rounded, output within bf16 precision */
-        uint16_t *hx = malloc(n * 2), *hdy = malloc(n * 2), *hy = malloc(n * 2);
-        to_bf16(hx, x, n), to_bf16(hdy, dy, n);
-        float *xr = fbuf(n), *dyr = fbuf(n);
-        from_bf16(xr, hx, n), from_bf16(dyr, hdy, n);
-        CHECK_OK(&ctx, tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, hy, hx, TPK_BF16, n));
-        from_bf16(y, hy, n);
-        for (size_t i = 0; i < n; i++) want[i] = (float)gelu_d(xr[i]);
-        CHECK_CLOSE(y, want, n, 1e-2, "gelu_fwd bf16");
-        CHECK_OK(&ctx,
-                 tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, hdy, hx, hdy, TPK_BF16, n)); /* in place */
-        from_bf16(dx, hdy, n);
-        for (size_t i = 0; i < n; i++) want[i] = (float)(dyr[i] * gelu_grad_d(xr[i]));
-        CHECK_CLOSE(dx, want, n, 1e-2, "gelu_bwd bf16");
-
-        free(x), free(dy), free(y), free(dx), free(want), free(fd), free(g), free(hx), free(hdy),
-            free(hy), free(xr), free(dyr);
     }
     TEST_CASE(
         "host act_fwd and act_bwd with TPK_ACT_NONE: y = x and dx = dy exactly, in place too, f32 "

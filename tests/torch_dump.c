@@ -2,11 +2,12 @@
  * written out for the PyTorch reference (tests/torch_ref.py), which rebuilds the model from the
  * same global weights with PyTorch's own layers and compares the loss and every gradient.
  *
- *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox]
+ *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox [tanh]]
  * sp: sequence parallelism; llama: the Llama model (A = 6 query heads, G = 2 key/value heads,
  * SwiGLU F = 40, rope_theta 1000, RMSNorm eps 1e-5) instead of GPT-2; tied: the Llama's LM head
  * reuses embed_tokens (GPT-2's always does); neox: GPT-NeoX (H = 48, A = 6: heads of 8, half of
- * each rotated, F = 40, rotary base 1000, parallel residual, untied). Writes DIR/model.txt (config
+ * each rotated, F = 40, rotary base 1000, parallel residual, untied; the exact GELU, or its tanh
+ * form with tanh). Writes DIR/model.txt (config
  * — arch and, for Llama, kv_heads, ffn, rope_theta, norm_eps, tie —, loss, and per parameter: name,
  * global shape, offset in floats), DIR/weights.bin and DIR/grads.bin (f32, global tensors in
  * registry order), DIR/ids.bin and DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored
@@ -39,16 +40,17 @@ int main(int argc, char **argv) {
     int me, np;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
-    bool sp = false, llama = false, tied = false, neox = false, bad = argc < 2;
+    bool sp = false, llama = false, tied = false, neox = false, tanh_gelu = false, bad = argc < 2;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "sp")) sp = true;
         else if (!strcmp(argv[i], "llama")) llama = true;
         else if (!strcmp(argv[i], "tied")) tied = true;
         else if (!strcmp(argv[i], "neox")) neox = true;
+        else if (!strcmp(argv[i], "tanh")) tanh_gelu = true;
         else bad = true;
     }
-    if (bad || (tied && !llama) || (neox && llama)) {
-        if (me == 0) fprintf(stderr, "usage: torch_dump DIR [sp] [llama [tied] | neox]\n");
+    if (bad || (tied && !llama) || (neox && llama) || (tanh_gelu && !neox)) {
+        if (me == 0) fprintf(stderr, "usage: torch_dump DIR [sp] [llama [tied] | neox [tanh]]\n");
         MPI_Finalize();
         return 2;
     }
@@ -82,7 +84,8 @@ int main(int argc, char **argv) {
                              .sequence_parallel = sp};
     tpk_neox_config ncfg = {.vocab = V, .positions = P, .layers = L, .hidden = HN, .heads = A,
                             .ffn = F, .rotary_pct = PCT, .rope_theta = THETA,
-                            .label_smoothing = EPS, .sequence_parallel = sp};
+                            .label_smoothing = EPS, .sequence_parallel = sp,
+                            .act = tanh_gelu ? TPK_ACT_GELU_TANH : TPK_ACT_GELU};
     tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 17});
     if (s == TPK_OK)
         s = llama ? tpk_llama_init(&ctx, &lm, &lcfg)
@@ -139,9 +142,10 @@ int main(int argc, char **argv) {
             else if (neox)
                 fprintf(f,
                         "config arch neox V %d P %d L %d H %d A %d ffn %d rotary_pct %.9g "
-                        "rope_theta %.9g ln_eps %.9g B %d S %d smoothing %.9g tp %d sp %d\n",
-                        V, P, L, HN, A, F, (double)PCT, (double)THETA, 1e-5, B, S, (double)EPS,
-                        np, (int)sp);
+                        "rope_theta %.9g ln_eps %.9g gelu_tanh %d B %d S %d smoothing %.9g tp %d "
+                        "sp %d\n",
+                        V, P, L, HN, A, F, (double)PCT, (double)THETA, 1e-5, (int)tanh_gelu, B, S,
+                        (double)EPS, np, (int)sp);
             else
                 fprintf(
                     f,

@@ -11,7 +11,7 @@ the largest reference value). model.txt's config says which model ("arch", GPT-2
          (repeat_kv), the SwiGLU MLP, the untied (or tied) LM head;
   GPT-NeoX: written out as Hugging Face's GPTNeoXForCausalLM computes it (use_parallel_residual,
          the per-head [q | k | v] rows of query_key_value, rotary embeddings on the first
-         rotary_pct of each head, GELU's tanh form: hidden_act "gelu_new"), the untied embed_out;
+         rotary_pct of each head, the exact GELU or its tanh form), the untied embed_out;
 both F.cross_entropy with ignore_index=-100 and label_smoothing.
 Prints "ok ..." or "FAIL ..." (counted by tests/run.sh); exit status 1 on failure.
 
@@ -164,7 +164,8 @@ def neox_loss(cfg, W, ids, targets):
         y = (att @ v).transpose(1, 2).reshape(B, S, H)
         a = lin(y, p + "attention.dense")
         h = ln(x, p + "post_attention_layernorm")  # the parallel residual: from x
-        m = lin(F.gelu(lin(h, p + "mlp.dense_h_to_4h"), approximate="tanh"), p + "mlp.dense_4h_to_h")
+        approx = "tanh" if cfg.get("gelu_tanh") else "none"
+        m = lin(F.gelu(lin(h, p + "mlp.dense_h_to_4h"), approximate=approx), p + "mlp.dense_4h_to_h")
         x = x + a + m
     x = ln(x, "gpt_neox.final_layer_norm")
     logits = F.linear(x, W["embed_out.weight"])
@@ -176,8 +177,9 @@ def main():
     cfg, c_loss, W, G, ids, targets = load(d)
     where = " at t=%d%s, smoothing %.1f" % (cfg["tp"], " SP" if cfg["sp"] else "", cfg["smoothing"])
     if cfg.get("arch") == "neox":
-        what = "PyTorch reference: GPT-NeoX (L=%d, H=%d, A=%d, F=%d, V=%d, rotary_pct %g, base %g)%s" % (
-            cfg["L"], cfg["H"], cfg["A"], cfg["ffn"], cfg["V"], cfg["rotary_pct"], cfg["rope_theta"], where)
+        what = "PyTorch reference: GPT-NeoX (L=%d, H=%d, A=%d, F=%d, V=%d, rotary_pct %g, base %g, %s GELU)%s" % (
+            cfg["L"], cfg["H"], cfg["A"], cfg["ffn"], cfg["V"], cfg["rotary_pct"], cfg["rope_theta"],
+            "tanh" if cfg.get("gelu_tanh") else "exact", where)
         loss = neox_loss(cfg, W, ids, targets)
     elif cfg.get("arch", "gpt2") == "llama":
         what = "PyTorch reference: Llama (L=%d, H=%d, A=%d, G=%d, F=%d, V=%d, rope_theta %g, %s head)%s" % (

@@ -6,8 +6,9 @@
  *                                                 by row chunks, chunks added in order:
  *                                                 deterministic)
  *   act       one kernel per direction, the activation (tpk_act) a template parameter:
- *             GELU-tanh: y = x sigmoid(2 s (x + c x^3)),  dx = dy (sg + 2 x sg (1 - sg) s (1 + 3 c
- *             x^2));
+ *             GELU-tanh: y = x sigmoid(2 s (x + c x^3)),
+ *                        dx = dy (sg + 2 x sg (1 - sg) s (1 + 3 c x^2));
+ *             GELU:      y = x Phi(x), dx = dy (Phi(x) + x phi(x))  (erff, expf);
  *             NONE: a copy
  * f32 arithmetic, bf16 widened on load and rounded to nearest even on store. */
 #include <cmath>
@@ -216,11 +217,16 @@ __device__ __forceinline__ float gelu_sig(float v) {
 }
 
 /* act(v) and act'(v); GELU-tanh: 1 - t^2 = 4 sg (1 - sg) */
+#define GELU_RSQRT2 0.7071067811865476f  /* 1 / sqrt(2) */
+#define GELU_RSQRT2PI 0.3989422804014327f /* 1 / sqrt(2 pi) */
 template <tpk_act A> __device__ __forceinline__ float act_value(float v) {
+    if constexpr (A == TPK_ACT_GELU) return 0.5f * v * (1.0f + erff(v * GELU_RSQRT2));
     if constexpr (A == TPK_ACT_GELU_TANH) return v * gelu_sig(v);
     else return v;
 }
 template <tpk_act A> __device__ __forceinline__ float act_slope(float v) {
+    if constexpr (A == TPK_ACT_GELU)
+        return 0.5f * (1.0f + erff(v * GELU_RSQRT2)) + v * GELU_RSQRT2PI * expf(-0.5f * v * v);
     if constexpr (A == TPK_ACT_GELU_TANH) {
         float sg = gelu_sig(v);
         return sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
@@ -254,6 +260,7 @@ __global__ void act_bwd_kernel(T *dx, const T *x, const T *dy, size_t n) {
 template <class F> static inline void by_act(tpk_act act, F f) {
     switch (act) {
     case TPK_ACT_GELU_TANH: f(std::integral_constant<tpk_act, TPK_ACT_GELU_TANH>{}); break;
+    case TPK_ACT_GELU: f(std::integral_constant<tpk_act, TPK_ACT_GELU>{}); break;
     default: break;
     }
 }

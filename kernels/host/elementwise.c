@@ -1,15 +1,15 @@
 /* kernels/host/elementwise.c — the host backend's elementwise ops, one loop per op for both dtypes
  * (TPK__BY_DTYPE; bf16 widened to f32 on load, rounded to nearest even on store).
  *
- *   fill      x = value;  copy2d: rows of cols elements between leading dimensions (bytes: any
- *   dtype)
- *   cast      dst = src in another dtype;  axpby: y = a x + b y  (b = 0 ignores y, like beta in
- *   gemm)
+ *   fill      x = value
+ *   copy2d    rows of cols elements between leading dimensions (bytes: any dtype)
+ *   cast      dst = src in another dtype
+ *   axpby     y = a x + b y  (b = 0 ignores y, like beta in gemm)
  *   bias_add  y[i, j] += bias[j];  bias_grad: db[j] = sum_i dy[i, j] (+ db[j]), summed in double
- *   act_fwd   GELU-tanh: y = x/2 (1 + tanh(s (x + c x^3)))    s = sqrt(2/pi), c = 0.044715;  NONE:
- *   y = x
- *   act_bwd   GELU-tanh: dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)), t = tanh(s (x + c
- *   x^3)) */
+ *   act_fwd   GELU-tanh: y = x/2 (1 + tanh(s (x + c x^3))), s = sqrt(2/pi), c = 0.044715;
+ *             GELU: y = x Phi(x) = x/2 (1 + erf(x / sqrt 2));  NONE: y = x
+ *   act_bwd   GELU-tanh: dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)),
+ *             t = tanh(s (x + c x^3));  GELU: dx = dy (Phi(x) + x phi(x)) */
 #include <math.h>
 
 #include "host_private.h"
@@ -115,10 +115,14 @@ static inline float gelu_sig(float v) {
     return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v)));
 }
 
-/* act(v) and act'(v); GELU-tanh: 1 - t^2 = 4 sg (1 - sg) */
+#define GELU_RSQRT2 0.7071067811865476f  /* 1 / sqrt(2) */
+#define GELU_RSQRT2PI 0.3989422804014327f /* 1 / sqrt(2 pi) */
+
+/* act(v) and act'(v); GELU-tanh: 1 - t^2 = 4 sg (1 - sg); GELU: Phi(v) = (1 + erf(v/sqrt2)) / 2 */
 TPK__HOST_INLINE float act_value(tpk_act act, float v) {
     switch (act) {
     case TPK_ACT_GELU_TANH: return v * gelu_sig(v);
+    case TPK_ACT_GELU: return 0.5f * v * (1.0f + erff(v * GELU_RSQRT2));
     default: return v;
     }
 }
@@ -128,6 +132,8 @@ TPK__HOST_INLINE float act_slope(tpk_act act, float v) {
         float sg = gelu_sig(v);
         return sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
     }
+    case TPK_ACT_GELU:
+        return 0.5f * (1.0f + erff(v * GELU_RSQRT2)) + v * GELU_RSQRT2PI * expf(-0.5f * v * v);
     default: return 1.0f;
     }
 }

@@ -43,6 +43,15 @@ static void test_elementwise(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU_TANH, dy.h, x.h, dy.h, dt, n));
         CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU_TANH, dy.d, x.d, dy.d, dt, n));
         pair_check(&cd, &dy, tol_for(dt, TOL_SAME), "gelu_bwd (in place)");
+        pair_poison(&cd, &y); /* the exact GELU (erf) */
+        CHECK_OK(&ch, ch.ops->act_fwd(&ch, TPK_ACT_GELU, y.h, x.h, dt, n));
+        CHECK_OK(&cd, cd.ops->act_fwd(&cd, TPK_ACT_GELU, y.d, x.d, dt, n));
+        pair_check(&cd, &y, tol_for(dt, TOL_SAME), "gelu (erf) fwd");
+        pair dye = pair_randn(&cd, n, dt, 5, 1.0f);
+        CHECK_OK(&ch, ch.ops->act_bwd(&ch, TPK_ACT_GELU, dye.h, x.h, dye.h, dt, n));
+        CHECK_OK(&cd, cd.ops->act_bwd(&cd, TPK_ACT_GELU, dye.d, x.d, dye.d, dt, n));
+        pair_check(&cd, &dye, tol_for(dt, TOL_SAME), "gelu (erf) bwd (in place)");
+        pair_free(&cd, &dye);
         /* TPK_ACT_NONE: y = x, dx = dy (copies: exact; of a fresh dy, the same on both sides — the
          * one above holds the host's and the GPU's GELU backward, a rounding apart) */
         pair_poison(&cd, &y);

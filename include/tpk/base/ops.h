@@ -26,10 +26,20 @@ typedef enum tpk_rng_dist { TPK_RNG_NORMAL = 0, TPK_RNG_UNIFORM = 1 } tpk_rng_di
  *   TPK_ACT_GELU_TANH  y = x/2 (1 + tanh(s (x + c x^3))), s = sqrt(2/pi), c = 0.044715 (GPT-2)
  *                      dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)), t = tanh(s (x + c
  *                      x^3))
+ *   TPK_ACT_GELU       y = x Phi(x) = x/2 (1 + erf(x / sqrt 2))  (the exact GELU: GPT-NeoX, BERT)
+ *                      dx = dy (Phi(x) + x phi(x)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
  * New activations (SiLU, gated units) take the next values. */
-typedef enum tpk_act { TPK_ACT_NONE = 0, TPK_ACT_GELU_TANH = 1, TPK_ACT_COUNT } tpk_act;
+typedef enum tpk_act {
+    TPK_ACT_NONE = 0,
+    TPK_ACT_GELU_TANH = 1,
+    TPK_ACT_GELU = 2,
+    TPK_ACT_COUNT
+} tpk_act;
 static inline const char *tpk_act_name(tpk_act a) {
-    return a == TPK_ACT_NONE ? "none" : a == TPK_ACT_GELU_TANH ? "gelu_tanh" : "?";
+    return a == TPK_ACT_NONE        ? "none"
+           : a == TPK_ACT_GELU_TANH ? "gelu_tanh"
+           : a == TPK_ACT_GELU      ? "gelu"
+                                    : "?";
 }
 
 /* Grouped-query attention: the key/value heads [*g0, *g0 + Gl) read by the query heads

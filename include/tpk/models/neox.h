@@ -7,7 +7,8 @@
  *           (unit 3 D), packed into [Q | K | V] with the first rotary_dim = rotary_pct D of each
  *           head of Q and K rotated (rotate-half, base rotary_emb_base), causal attention, the
  *           row linear dense (tpk/layers/attn.h, qkv_per_head and rotary_dim)
- *     mlp:  dense_h_to_4h column, GELU-tanh, dense_4h_to_h row (tpk/layers/mlp.h)
+ *     mlp:  dense_h_to_4h column, GELU (exact; or its tanh form), dense_4h_to_h row
+ *           (tpk/layers/mlp.h)
  *   backward: dx = dy + ln_2'(mlp'(drop(dy))) + ln_1'(attn'(drop(dy))) (the skeleton's block
  *   backward with the parallel residual, tpk/models/lm.h). Collectives as GPT-2's block.
  * Model: ids -> embed_in (vocabulary-parallel, no position table) -> drop -> L blocks ->
@@ -18,8 +19,8 @@
  * gpt_neox.layers.<i>.{input_layernorm,post_attention_layernorm}.{weight,bias},
  * gpt_neox.layers.<i>.attention.{query_key_value,dense}.{weight,bias},
  * gpt_neox.layers.<i>.mlp.{dense_h_to_4h,dense_4h_to_h}.{weight,bias},
- * gpt_neox.final_layer_norm.{weight,bias}, embed_out.weight. The activation is GELU's tanh form
- * (Hugging Face's "gelu_new"); Pythia's exact "gelu" differs from it by up to about 1e-3. */
+ * gpt_neox.final_layer_norm.{weight,bias}, embed_out.weight. The activation is the exact GELU
+ * (Pythia's "gelu"), or its tanh form (cfg.act = TPK_ACT_GELU_TANH: Hugging Face's "gelu_new"). */
 #ifndef TPK_NEOX_H
 #define TPK_NEOX_H
 
@@ -39,6 +40,7 @@ typedef struct tpk_neox_block_desc {
     float rope_theta;      /* 0 = 10000 */
     float ln_eps;          /* 0 = 1e-5 */
     float dropout;         /* attention probabilities and both branches */
+    tpk_act act;           /* the MLP's; 0 (TPK_ACT_NONE) = TPK_ACT_GELU, the exact GELU */
     bool sequence_parallel;
     float init_std;        /* every weight N(0, std^2); default 0.02 */
 } tpk_neox_block_desc;
@@ -83,6 +85,7 @@ static inline tpk_status tpk_neox_block_init(tpk_ctx *ctx, tpk_neox_block *b, in
     snprintf(n, sizeof n, "%s.mlp", b->name);
     md.name = n, md.fc_name = "dense_h_to_4h", md.proj_name = "dense_4h_to_h", md.hidden = d.ffn;
     md.sequence_parallel = d.sequence_parallel, md.init_std = d.init_std;
+    md.act = d.act != TPK_ACT_NONE ? d.act : TPK_ACT_GELU;
     TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H, &md));
     TPK_TRY(tpk__block_residuals(ctx, b->name, d.dropout, &b->res_1, &b->res_2));
     b->p1 = ctx->params.n - 1;
@@ -133,6 +136,8 @@ typedef struct tpk_neox_config {
     float rope_theta;       /* rotary_emb_base; 0 = 10000 */
     float ln_eps;           /* layer_norm_eps; 0 = 1e-5 */
     float dropout;          /* embedding, attention and both branches; 0 = none (Pythia) */
+    tpk_act act;            /* the MLP's activation; 0 = TPK_ACT_GELU (exact, Pythia's "gelu"),
+                               TPK_ACT_GELU_TANH ("gelu_new") */
     float label_smoothing;  /* over the global vocabulary */
     bool sequence_parallel;
     float init_std;         /* default 0.02 (Hugging Face's initializer_range) */
@@ -171,6 +176,7 @@ static inline tpk_status tpk__neox_lm_block_init(tpk_ctx *ctx, void *b, int64_t 
     bd.name = name, bd.heads = c->heads, bd.ffn = c->ffn, bd.rope_theta = c->rope_theta;
     bd.rotary_dim = tpk_neox_rotary_dim(c->hidden / c->heads, c->rotary_pct);
     bd.ln_eps = c->ln_eps, bd.dropout = c->dropout, bd.sequence_parallel = c->sequence_parallel;
+    bd.act = c->act;
     bd.init_std = c->init_std;
     return tpk_neox_block_init(ctx, (tpk_neox_block *)b, H, &bd);
 }
@@ -209,6 +215,11 @@ static inline tpk_status tpk_neox_init(tpk_ctx *ctx, tpk_neox *m, const tpk_neox
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->dropout: expected 0 <= p < 1, got %g",
                          (double)c.dropout);
     TPK_TRY(tpk__lm_check_recompute(ctx, fn, c.recompute));
+    if (c.act == TPK_ACT_NONE) c.act = TPK_ACT_GELU;
+    if (c.act != TPK_ACT_GELU && c.act != TPK_ACT_GELU_TANH)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->act: expected TPK_ACT_GELU or TPK_ACT_GELU_TANH (0: GELU), got %d",
+                         (int)c.act);
     if (!c.ffn) c.ffn = 4 * c.hidden;
     if (c.init_std <= 0) c.init_std = 0.02f;
     if (c.rope_theta == 0) c.rope_theta = 10000.0f;

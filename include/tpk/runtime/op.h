@@ -104,7 +104,8 @@ static inline tpk_status tpk__op_smoothing(tpk_ctx *ctx, const char *fn, float s
 static inline tpk_status tpk__op_act(tpk_ctx *ctx, const char *fn, tpk_act act) {
     if ((unsigned)act < (unsigned)TPK_ACT_COUNT) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                     "act: expected TPK_ACT_NONE or TPK_ACT_GELU_TANH, got %d", (int)act);
+                     "act: expected TPK_ACT_NONE, TPK_ACT_GELU_TANH or TPK_ACT_GELU, got %d",
+                     (int)act);
 }
 /* the window [row0, row0 + rows) x [col0, col0 + cols) of a tensor with gcols columns */
 static inline tpk_status tpk__op_window(tpk_ctx *ctx, const char *fn, int64_t rows, int64_t cols,

@@ -436,8 +436,9 @@ static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
 }
 
 /* GPTNeoXForCausalLM's config.json: the sizes, rotary_pct (or partial_rotary_factor),
- * rotary_emb_base (or rope_theta), layer_norm_eps; refused: another activation than GELU's tanh
- * form, a sequential residual, biases off, a tied head, scaled rotary embeddings. */
+ * rotary_emb_base (or rope_theta), layer_norm_eps, hidden_act ("gelu": exact; "gelu_new",
+ * "gelu_pytorch_tanh", "gelu_fast": the tanh form); refused: another activation, a sequential
+ * residual, biases off, a tied head, scaled rotary embeddings. */
 static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
                                                const char *what, tpk_neox_config *cfg) {
     static const char *fn = "tpk_neox_config_parse";
@@ -480,13 +481,15 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
                          "%s: hidden_size %g over num_attention_heads %g with rotary_pct %g: "
                          "expected whole heads with at least one rotated pair",
                          what, H, A, pct);
-    if (v[NACT].kind && (v[NACT].kind != 's' || (strcmp(v[NACT].str, "gelu_new") &&
-                                                 strcmp(v[NACT].str, "gelu_pytorch_tanh"))))
-        return tpk__fail(
-            ctx, TPK_ERR_UNSUPPORTED, fn,
-            "%s: hidden_act \"%s\": expected \"gelu_new\" or \"gelu_pytorch_tanh\" "
-            "(tpk's GELU is the tanh form; Pythia's exact \"gelu\" is not implemented)",
-            what, v[NACT].kind == 's' ? v[NACT].str : "(not a string)");
+    const char *act = v[NACT].kind == 's' ? v[NACT].str : v[NACT].kind ? "" : "gelu";
+    bool exact = !strcmp(act, "gelu"), tanh_form = !strcmp(act, "gelu_new") ||
+                                                   !strcmp(act, "gelu_pytorch_tanh") ||
+                                                   !strcmp(act, "gelu_fast");
+    if (!exact && !tanh_form)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: hidden_act \"%s\": expected \"gelu\" (exact) or \"gelu_new\", "
+                         "\"gelu_pytorch_tanh\", \"gelu_fast\" (the tanh form)",
+                         what, *act ? act : "(not a string)");
     if (v[NPAR].kind && !v[NPAR].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: use_parallel_residual: expected true (the sequential residual is "
@@ -506,6 +509,7 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A;
     cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F;
     cfg->rotary_pct = (float)pct, cfg->rope_theta = (float)base, cfg->ln_eps = (float)eps;
+    cfg->act = exact ? TPK_ACT_GELU : TPK_ACT_GELU_TANH;
     return TPK_OK;
 }
 static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir,
@@ -942,7 +946,7 @@ static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const 
 }
 
 /* Save a GPT-NeoX (and opt's moments when opt is not NULL) to dir in Hugging Face's
- * GPTNeoXForCausalLM layout: config.json (model_type "gpt_neox", hidden_act "gelu_new"),
+ * GPTNeoXForCausalLM layout: config.json (model_type "gpt_neox", hidden_act "gelu" or "gelu_new"),
  * model.safetensors with every tensor [out, in] (query_key_value's rows per head, as tpk holds
  * them). Collective over ctx->world. */
 static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tpk_adamw *opt,
@@ -964,7 +968,7 @@ static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tp
              "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
              "  \"rotary_pct\": %s,\n  \"partial_rotary_factor\": %s,\n"
              "  \"rotary_emb_base\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n"
-             "  \"hidden_act\": \"gelu_new\",\n  \"layer_norm_eps\": %s,\n"
+             "  \"hidden_act\": \"%s\",\n  \"layer_norm_eps\": %s,\n"
              "  \"use_parallel_residual\": true,\n  \"attention_bias\": true,\n"
              "  \"hidden_dropout\": %g,\n  \"attention_dropout\": %g,\n"
              "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"float32\",\n"
@@ -972,6 +976,7 @@ static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tp
              (long long)c->vocab, (long long)c->positions, (long long)c->hidden,
              (long long)c->ffn, (long long)c->layers, (long long)c->heads, e3, e3,
              tpk__float_text(c->rope_theta, e1, sizeof e1), e1,
+             c->act == TPK_ACT_GELU_TANH ? "gelu_new" : "gelu",
              tpk__float_text(c->ln_eps, e2, sizeof e2), (double)c->dropout, (double)c->dropout,
              (long long)d.step, (unsigned long long)d.seed);
     return tpk__hf_save(ctx, fn, opt, dir, d.step, cfg, NULL);
