@@ -33,24 +33,26 @@
 typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch,
         *recompute, *tp_weights;
-    int64_t layers, hidden, heads, vocab, positions, kv_heads, ffn;
+    int64_t layers, hidden, heads, vocab, positions;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every,
         save_every, keep;
     /* rc: --recompute parsed; steps_given: --steps was given */
     bool sp, eval_only, profile, det, steps_given; tpk_recompute rc;
-    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, rope_theta, norm_eps, rotary_pct;
+    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing;
+    /* a family's config flags (tpk_lm_flag: --kv-heads, --ffn, --rotary-pct, ...), as given */
+    struct { const char *flag, *value; } fam[16];
+    int nfam;
     uint64_t seed;
     double timeout; /* --timeout S: how long a collective waits for the other ranks (0: no limit;
                        -1: not given) */
 } opts;
 
-static const char *usage =
+/* the usage; each family's own flags (tpk_lm_flag) are printed between model and parallel */
+static const char *usage_model =
     "usage: train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) [options]\n"
-    "  model:     --arch gpt2|llama|neox --layers 4 --hidden 128 --heads 4 --vocab V --positions P "
-    "(default: --seq-len)\n"
-    "  llama:     --kv-heads G (default --heads) --ffn F (default 8H/3 up to 256) --rope-theta "
-    "10000 --norm-eps 1e-6\n"
-    "  neox:      --ffn F (default 4H) --rotary-pct 0.25 --rope-theta 10000 --norm-eps 1e-5\n"
+    "  model:     --arch NAME (%s) --layers 4 --hidden 128 --heads 4 --vocab V --positions P "
+    "(default: --seq-len)\n";
+static const char *usage =
     "  parallel:  --tp 1 (--tp-weights 3,1: each TP rank's share) --sequence-parallel --dtype "
     "f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a "
@@ -67,6 +69,95 @@ static const char *usage =
     "  failures:  --timeout 600 (seconds a collective waits for the other ranks, then the job "
     "stops; 0: no limit; default TPK_TIMEOUT or 600)\n"
     "  with --load the model's shape is its config.json's: a shape flag that differs is an error\n";
+
+/* The families' --arch names, joined by sep ("gpt2|llama|neox"). */
+static const char *arch_names(char *buf, size_t n, const char *sep) {
+    buf[0] = 0;
+    for (int k = 0; k < TPK_ARCH_COUNT; k++)
+        snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", k ? sep : "",
+                 tpk__model_family((tpk_arch)k)->name);
+    return buf;
+}
+/* Family a's config flag named `flag`; a = TPK_ARCH_COUNT: any family's. NULL: none. */
+static const tpk_lm_flag *family_flag(tpk_arch a, const char *flag) {
+    int k0 = a == TPK_ARCH_COUNT ? 0 : (int)a, k1 = a == TPK_ARCH_COUNT ? (int)a : (int)a + 1;
+    for (int k = k0; k < k1; k++) {
+        int n = 0;
+        const tpk_lm_flag *f = tpk__model_family((tpk_arch)k)->flags(&n);
+        for (int i = 0; i < n; i++)
+            if (!strcmp(f[i].flag, flag)) return &f[i];
+    }
+    return NULL;
+}
+/* The family's labelled config flags of the built model, " G=2 F=64", for the banner. */
+static const char *family_banner(tpk_model *m, char *buf, size_t n) {
+    int nf = 0;
+    const tpk_lm_flag *f = TPK__FAM(m)->flags(&nf);
+    const char *c = (const char *)TPK__FAM(m)->model_config(tpk__model_of(m));
+    buf[0] = 0;
+    for (int i = 0; i < nf; i++) {
+        size_t at = strlen(buf);
+        if (!f[i].label) continue;
+        if (f[i].is_int)
+            snprintf(buf + at, n - at, " %s=%lld", f[i].label,
+                     (long long)*(const int64_t *)(c + f[i].off));
+        else
+            snprintf(buf + at, n - at, " %s=%g", f[i].label,
+                     (double)*(const float *)(c + f[i].off));
+    }
+    return buf;
+}
+static void print_usage(void) {
+    char names[96];
+    printf(usage_model, arch_names(names, sizeof names, "|"));
+    for (int k = 0; k < TPK_ARCH_COUNT; k++) {
+        int n = 0;
+        const tpk_lm_flag *f = tpk__model_family((tpk_arch)k)->flags(&n);
+        if (!n) continue;
+        char label[32];
+        snprintf(label, sizeof label, "%s:", tpk__model_family((tpk_arch)k)->name);
+        printf("  %-10s", label);
+        for (int i = 0; i < n; i++) printf(" %s %s", f[i].flag, f[i].help);
+        printf("\n");
+    }
+    printf("%s", usage);
+}
+/* Sets (or, loading, checks against the checkpoint's) cfg's fields of the family flags given:
+ * false with the message in err for a flag the family has not, a bad value, or a value that
+ * differs from a loaded config.json's. */
+static bool family_flags(const opts *o, tpk_model_config *cfg, char *err, size_t n) {
+    for (int k = 0; k < o->nfam; k++) {
+        const char *a = o->fam[k].flag, *v = o->fam[k].value;
+        const tpk_lm_flag *f = family_flag(cfg->arch, a);
+        if (!f) {
+            char who[64] = "";
+            for (int q = 0; q < TPK_ARCH_COUNT; q++)
+                if (family_flag((tpk_arch)q, a))
+                    snprintf(who + strlen(who), sizeof who - strlen(who), "%s%s",
+                             *who ? " or " : "", tpk__model_family((tpk_arch)q)->name);
+            return snprintf(err, n, "%s: applies to --arch %s only (the model is %s)", a, who,
+                            tpk_arch_name(cfg->arch)),
+                   false;
+        }
+        char *end = NULL;
+        double x = f->is_int ? (double)strtoll(v, &end, 10) : strtod(v, &end);
+        if (*end || !(x >= f->lo && x <= f->hi))
+            return snprintf(err, n, "%s: expected %s in [%g, %g], got \"%s\"", a,
+                            f->is_int ? "an integer" : "a number", f->lo, f->hi, v),
+                   false;
+        void *field = (char *)tpk__model_cfg(cfg) + f->off;
+        double has = f->is_int ? (double)*(int64_t *)field : (double)*(float *)field;
+        if (o->load && fabs(x - has) > 1e-6 * fabs(has))
+            return snprintf(err, n,
+                            "%s %g: the checkpoint %s has %g (a loaded model's shape is its "
+                            "config.json's: leave the flag out)",
+                            a, x, o->load, has),
+                   false;
+        if (f->is_int) *(int64_t *)field = (int64_t)x;
+        else *(float *)field = (float)x;
+    }
+    return true;
+}
 
 static int parse(int argc, char **argv, opts *o, char *err, size_t n);
 /* Whether v is one of the trainer's flags: parsed alone, it is not an unknown argument. */
@@ -130,9 +221,6 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         STR("--tp-weights", tp_weights)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1)
         INT("--vocab", vocab, 1) INT("--positions", positions, 1)
-        INT("--kv-heads", kv_heads, 1) INT("--ffn", ffn, 1)
-        FLT("--rope-theta", rope_theta, 1.0001, 1e30) FLT("--norm-eps", norm_eps, 1e-30, 0.5)
-        FLT("--rotary-pct", rotary_pct, 1e-6, 1)
         INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1)
         INT("--grad-accum", accum, 1) INT("--steps", steps, 0) INT("--warmup", warmup, 0)
         INT("--eval-every", eval_every, 0) INT("--eval-batches", eval_batches, 1)
@@ -147,6 +235,12 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile)
         BOOL("--deterministic", det)
         /* clang-format on */
+        if (family_flag(TPK_ARCH_COUNT, a)) { /* checked when the family is known */
+            VALUE if (o->nfam == 16) return snprintf(err, n, "%s: too many model flags", a), 1;
+            o->fam[o->nfam].flag = a, o->fam[o->nfam++].value = v;
+            i++;
+            continue;
+        }
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         return snprintf(err, n, "unknown argument \"%s\" (--help lists them)", a), 1;
     missing:
@@ -182,8 +276,11 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
                    o->zero),
                1;
     tpk_arch arch;
+    char names[96];
     if (o->arch && !tpk_arch_from_name(o->arch, false, &arch))
-        return snprintf(err, n, "--arch: expected gpt2, llama or neox, got \"%s\"", o->arch), 1;
+        return snprintf(err, n, "--arch: expected one of %s, got \"%s\"",
+                        arch_names(names, sizeof names, ", "), o->arch),
+               1;
     if (o->save_every && !o->save)
         return snprintf(err, n,
                         "--save-every %d: needs --save DIR (the checkpoints go to DIR/step-K)",
@@ -354,20 +451,13 @@ static bool probe_dir(const char *dir, char *err, size_t n) {
 
 /* A model shape flag given beside --load that differs from the checkpoint's config.json: its
  * message in err, false; true when none does. */
-static bool shape_agrees(const opts *o, const tpk_model_config *c, int64_t *const sh[5], char *err,
-                         size_t n) {
-    bool x = c->arch == TPK_ARCH_NEOX;
+static bool shape_agrees(const opts *o, int64_t *const sh[5], char *err, size_t n) {
     struct { const char *flag; double given, has; } f[] = {
         {"--layers", (double)o->layers, (double)*sh[2]},
         {"--hidden", (double)o->hidden, (double)*sh[3]},
         {"--heads", (double)o->heads, (double)*sh[4]},
         {"--vocab", (double)o->vocab, (double)*sh[0]},
-        {"--positions", (double)o->positions, (double)*sh[1]},
-        {"--kv-heads", (double)o->kv_heads, (double)c->llama.kv_heads},
-        {"--ffn", (double)o->ffn, (double)(x ? c->neox.ffn : c->llama.ffn)},
-        {"--rope-theta", o->rope_theta, x ? c->neox.rope_theta : c->llama.rope_theta},
-        {"--norm-eps", o->norm_eps, x ? c->neox.ln_eps : c->llama.norm_eps},
-        {"--rotary-pct", o->rotary_pct, c->neox.rotary_pct}};
+        {"--positions", (double)o->positions, (double)*sh[1]}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].given && fabs(f[i].given - f[i].has) > 1e-6 * fabs(f[i].has))
             return snprintf(
@@ -470,7 +560,7 @@ int main(int argc, char **argv) {
     tpk_tokens train = {0}, val = {0};
     int32_t *x = NULL, *y = NULL;
     tpk_log csv = {0}; bool ctx_up = false;
-    if (pr < 0) { if (world_rank == 0) printf("%s", usage); MPI_Finalize(); return 0; }
+    if (pr < 0) { if (world_rank == 0) print_usage(); MPI_Finalize(); return 0; }
     if (tpk_mpi_timeout_default(&ctx, &coll_timeout) != TPK_OK && pr == 0)
         pr = 1, snprintf(msg, sizeof msg, "%s", tpk_last_error(&ctx)); /* TPK_TIMEOUT */
     if (o.timeout >= 0) coll_timeout = o.timeout; /* --timeout over TPK_TIMEOUT */
@@ -522,12 +612,8 @@ int main(int argc, char **argv) {
     tpk_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
     if (!o.arch || !tpk_arch_from_name(o.arch, false, &cfg.arch)) cfg.arch = TPK_ARCH_GPT2;
-    cfg.gpt2.dropout = cfg.neox.dropout = o.dropout;
-    cfg.llama.kv_heads = o.kv_heads, cfg.llama.ffn = cfg.neox.ffn = o.ffn;
-    cfg.llama.rope_theta = cfg.neox.rope_theta = o.rope_theta;
-    cfg.llama.norm_eps = cfg.neox.ln_eps = o.norm_eps, cfg.neox.rotary_pct = o.rotary_pct;
     if (o.load) TRY(tpk_model_config_read(&ctx, o.load, &cfg));
-    bool llama = cfg.arch == TPK_ARCH_LLAMA, neox = cfg.arch == TPK_ARCH_NEOX;
+    const tpk_model_family *fam = tpk__model_family(cfg.arch);
     int64_t *sh[5]; /* the family's vocab, positions, layers, hidden, heads */
     tpk_model_config_common(&cfg, sh, o.smoothing, o.sp, o.rc);
     if (!o.load) *sh[0] = V0, *sh[1] = o.positions, *sh[2] = L0, *sh[3] = H0, *sh[4] = A0;
@@ -537,15 +623,10 @@ int main(int argc, char **argv) {
     FAIL_IF(o.load && o.arch && strcmp(o.arch, tpk_arch_name(cfg.arch)),
             "--arch %s: the checkpoint %s holds a %s model", o.arch, o.load,
             tpk_arch_name(cfg.arch));
-    FAIL_IF(llama && o.dropout > 0, "--dropout: the Llama model has no dropout");
-    FAIL_IF(!llama && o.kv_heads, "--kv-heads: applies to --arch llama only (the model is %s)",
-            tpk_arch_name(cfg.arch));
-    FAIL_IF(!neox && o.rotary_pct, "--rotary-pct: applies to --arch neox only (the model is %s)",
-            tpk_arch_name(cfg.arch));
-    FAIL_IF(!llama && !neox && (o.ffn || o.rope_theta || o.norm_eps),
-            "%s: applies to --arch llama or neox only (the model is GPT-2)",
-            o.ffn ? "--ffn" : o.rope_theta ? "--rope-theta" : "--norm-eps");
-    if (!agree(!o.load || shape_agrees(&o, &cfg, sh, msg, sizeof msg), msg)) goto out;
+    FAIL_IF(!fam->dropout && o.dropout > 0, "--dropout: the %s model has no dropout",
+            fam->title);
+    if (!agree(family_flags(&o, &cfg, msg, sizeof msg), msg)) goto out;
+    if (!agree(!o.load || shape_agrees(&o, sh, msg, sizeof msg), msg)) goto out;
     FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)",
             (long long)*V);
     FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq,
@@ -621,6 +702,7 @@ int main(int argc, char **argv) {
                                            .deterministic = o.det}));
     ctx_up = true;
     TRY(tpk_model_init(&ctx, &m, &cfg));
+    TRY(tpk_model_set_dropout(&ctx, &m, o.dropout)); /* every site (refused above where none) */
     FAIL_IF(
         o.zero && ctx.dp.size == 1,
         "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / "
@@ -656,17 +738,8 @@ int main(int argc, char **argv) {
             "P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n",
             world_size, world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "",
             ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
-            llama ? "Llama" : neox ? "GPT-NeoX" : "GPT-2", (long long)tpk_model_layers(&m),
-            (long long)tpk_model_hidden(&m), (long long)*sh[4], (long long)*V, (long long)*P,
-            llama  ? (snprintf(msg, sizeof msg, " G=%lld F=%lld", (long long)m.llama.c.kv_heads,
-                               (long long)m.llama.c.ffn),
-                      msg)
-            : neox ? (snprintf(msg, sizeof msg, " F=%lld rotary %lld of %lld",
-                               (long long)m.neox.c.ffn,
-                               (long long)m.neox.layers[0].attn.rot,
-                               (long long)(m.neox.c.hidden / m.neox.c.heads)),
-                      msg)
-                   : "",
+            fam->title, (long long)tpk_model_layers(&m), (long long)tpk_model_hidden(&m),
+            (long long)*sh[4], (long long)*V, (long long)*P, family_banner(&m, msg, sizeof msg),
             (double)nglobal * 1e-6,
             (o.dp_batch
                  ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch, (long long)Btot)
@@ -786,13 +859,13 @@ int main(int argc, char **argv) {
             "trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute "
             "%s)\n",
             o.load, (long long)t0step, o.steps, tpk_mem_peak(&ctx, false) / 1e6,
-            tpk_recompute_name(cfg.gpt2.recompute));
+            tpk_recompute_name(o.rc));
     /* the kit's buffers at most: parameters, gradients, optimizer moments, activations, scratch
      * (backend memory) */
     else if (world_rank == 0 && o.steps > 0)
         printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n",
                (long long)(t0step + 1), o.steps, now() - t_start, tpk_mem_peak(&ctx, false) / 1e6,
-               tpk_recompute_name(cfg.gpt2.recompute));
+               tpk_recompute_name(o.rc));
     if (ctx.prof && !ctx.prof->from_env && world_rank == 0)
         tpk_profile_print(&ctx, stdout);  /* rank 0 only: no TRY (it agrees over ranks) */
     TRY(tpk_log_close(&ctx, &csv, true)); /* and FILE.png where gnuplot is installed */

@@ -248,7 +248,7 @@ vals=""
 for np in 1 2 3 4; do
     tr $np --eval-only --load "$T/n2/step-4" --data "$T/tok.bin" --batch 4 --seq-len 16 --eval-batches 3 --tp $np --sample 8
     v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
-    [ $rc -eq 0 ] && [ -n "$v" ] && printf '%s\n' "$out" | grep -q "GPT-NeoX L=2 H=48 A=6 V=256 P=16 F=64 rotary 4 of 8" && printf '%s\n' "$out" | grep -q -- "--- sample (8 tokens) ---" || v="error"
+    [ $rc -eq 0 ] && [ -n "$v" ] && printf '%s\n' "$out" | grep -q "GPT-NeoX L=2 H=48 A=6 V=256 P=16 F=64 rotary=0.5" && printf '%s\n' "$out" | grep -q -- "--- sample (8 tokens) ---" || v="error"
     vals="$vals $v"
 done
 if printf '%s\n' "$vals" | awk '{for(i=1;i<=NF;i++){ if ($i=="error") exit 1; d=$i-$1; if (d<0) d=-d; if (d > 1e-5*$1) exit 1 } }'; then ok "GPT-NeoX --load (model_type gpt_neox) --eval-only val_loss the same at t=1,2,3,4, and samples:$vals"
@@ -302,7 +302,7 @@ bad "--tp-weights zero" "--tp-weights: expected 2 positive numbers" --text "$tex
 bad "--tp-weights not numbers" "--tp-weights: expected 2 positive numbers" --text "$text" $small --tp 2 --tp-weights 3,x
 bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
 bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
-bad "--arch unknown" "--arch: expected gpt2, llama or neox, got \"mamba\"" --text "$text" $small --arch mamba
+bad "--arch unknown" "--arch: expected one of gpt2, llama, neox, got \"mamba\"" --text "$text" $small --arch mamba
 bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2
 bad "--arch llama: odd head size" "rotary embeddings need an even head size" --text "$text" $small --arch llama --hidden 36 --heads 4 --tp 2
 bad "--arch llama with --dropout" "the Llama model has no dropout" --text "$text" $small --arch llama --dropout 0.1 --tp 2
@@ -385,8 +385,10 @@ bad "--save given a flag as its value" "--save: expects a value, got the flag --
 bad "--kv-heads with GPT-2" "--kv-heads: applies to --arch llama only (the model is gpt2)" --text "$text" $small --kv-heads 2
 bad "--kv-heads with GPT-NeoX" "--kv-heads: applies to --arch llama only (the model is neox)" --text "$text" $small --arch neox --kv-heads 2
 bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
+bad "--rotary-pct out of range" "--rotary-pct: expected a number in \[1e-06, 1\], got \"2\"" --text "$text" $small --arch neox --rotary-pct 2
+bad "--kv-heads not a number" "--kv-heads: expected an integer in \[1, 1e+09\], got \"two\"" --text "$text" $small --arch llama --kv-heads two
 for f in "--ffn 64" "--rope-theta 500" "--norm-eps 1e-5"; do
-    bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama or neox only (the model is GPT-2)" --text "$text" $small $f
+    bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small $f
 done
 bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
 bad "--layers that conflicts with the checkpoint" "--layers 8: the checkpoint $T/c5/step-5 has 2 (a loaded model's shape is its config.json's: leave the flag out)" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --layers 8

@@ -17,7 +17,7 @@
  *             act.h linear.h norm.h embed.h xent.h resid.h mlp.h attn.h
  *             recompute.h           a stack of blocks, activation recompute
  *   models/   lm.h sample.h         the language-model skeleton, a family's table; sampling
- *             gpt2.h llama.h neox.h the GPT-2, Llama and GPT-NeoX families
+ *             gpt2.h llama.h neox.h the GPT-2, Llama and GPT-NeoX families (families.h: the list)
  *   train/    optim.h dp.h data.h   AdamW, norm, clipping, schedules; DP buckets; token data
  *             train.h log.h         a step's end (DP reduction, norm, clipping, AdamW); the loss
  *                                   curve (not included here)
@@ -49,9 +49,7 @@
 #include "layers/resid.h"
 #include "models/lm.h"
 #include "models/sample.h"
-#include "models/gpt2.h"
-#include "models/llama.h"
-#include "models/neox.h"
+#include "models/families.h"
 #include "train/optim.h"
 #include "train/dp.h"
 #include "train/data.h"

@@ -211,6 +211,11 @@ static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2
     return tpk__gpt2_lm_init(ctx, fn, m, &d);
 }
 
+/* The config fields a trainer sets by flag (tpk_lm_flag): none beyond the shape. */
+static inline const tpk_lm_flag *tpk_gpt2_flags(int *n) {
+    return *n = 0, (const tpk_lm_flag *)NULL;
+}
+
 /* Set the dropout probability of every dropout site (0 for evaluation and sampling). */
 static inline void tpk_gpt2_set_dropout(tpk_gpt2 *m, float p) {
     m->c.dropout = p;

@@ -185,6 +185,22 @@ static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
  * tpk__llama_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
 TPK__LM_MODEL_ENTRIES(llama, layers)
 
+/* The config fields a trainer sets by flag (tpk_lm_flag). */
+static inline const tpk_lm_flag *tpk_llama_flags(int *n) {
+    static const tpk_lm_flag f[] = {
+        {"--kv-heads", offsetof(tpk_llama_config, kv_heads), true, 1, 1e9, "G",
+         "G (default --heads)"},
+        {"--ffn", offsetof(tpk_llama_config, ffn), true, 1, 1e9, "F", "F (default 8H/3 up to 256)"},
+        {"--rope-theta", offsetof(tpk_llama_config, rope_theta), false, 1.0001, 1e30, NULL,
+         "10000"},
+        {"--norm-eps", offsetof(tpk_llama_config, norm_eps), false, 1e-30, 0.5, NULL, "1e-6"}};
+    *n = (int)(sizeof f / sizeof f[0]);
+    return f;
+}
+
+/* Llama has no dropout site (tpk/models/families.h: tpk_model_set_dropout refuses p > 0). */
+static inline void tpk_llama_set_dropout(tpk_llama *m, float p) { (void)m, (void)p; }
+
 /* Llama's default intermediate size for hidden H: 2/3 of 4 H, up to a multiple of 256. */
 static inline int64_t tpk_llama_default_ffn(int64_t H) {
     int64_t f = 8 * H / 3;

@@ -50,6 +50,17 @@ typedef struct tpk_lm_family {
     void (*norm_params)(const void *n, int *first, int *last);
 } tpk_lm_family;
 
+/* A field of a family's config a trainer sets from its command line ("--flag value"; the kit's
+ * trainer, examples/train.c, takes every family's through tpk/train/model.h). */
+typedef struct tpk_lm_flag {
+    const char *flag;  /* "--rotary-pct" */
+    size_t off;        /* of the field in the family's config */
+    bool is_int;       /* an int64_t field, else a float */
+    double lo, hi;     /* the values accepted */
+    const char *label; /* its name in the trainer's banner ("F"); NULL: not shown */
+    const char *help;  /* what the usage says after the flag */
+} tpk_lm_flag;
+
 /* The skeleton's own state, a member of every family's model. */
 typedef struct tpk_lm {
     int64_t B, S;           /* of the last forward */

@@ -231,6 +231,17 @@ static inline tpk_status tpk_neox_init(tpk_ctx *ctx, tpk_neox *m, const tpk_neox
     return tpk__neox_lm_init(ctx, fn, m, &d);
 }
 
+/* The config fields a trainer sets by flag (tpk_lm_flag). */
+static inline const tpk_lm_flag *tpk_neox_flags(int *n) {
+    static const tpk_lm_flag f[] = {
+        {"--ffn", offsetof(tpk_neox_config, ffn), true, 1, 1e9, "F", "F (default 4H)"},
+        {"--rotary-pct", offsetof(tpk_neox_config, rotary_pct), false, 1e-6, 1, "rotary", "0.25"},
+        {"--rope-theta", offsetof(tpk_neox_config, rope_theta), false, 1.0001, 1e30, NULL, "10000"},
+        {"--norm-eps", offsetof(tpk_neox_config, ln_eps), false, 1e-30, 0.5, NULL, "1e-5"}};
+    *n = (int)(sizeof f / sizeof f[0]);
+    return f;
+}
+
 /* Set the dropout probability of every dropout site (0 for evaluation and sampling). */
 static inline void tpk_neox_set_dropout(tpk_neox *m, float p) {
     m->c.dropout = p;

@@ -38,9 +38,7 @@
 #include <time.h>
 
 #include "data.h"
-#include "../models/gpt2.h"
-#include "../models/llama.h"
-#include "../models/neox.h"
+#include "../models/families.h"
 #include "optim.h"
 #include "safetensors.h"
 

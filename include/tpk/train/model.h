@@ -1,43 +1,47 @@
-/* tpk/train/model.h — one handle over the kit's model families, GPT-2 (tpk/models/gpt2.h), Llama
- * (tpk/models/llama.h) and GPT-NeoX (tpk/models/neox.h), for a trainer that takes any: the family
- * chosen by a flag or by a checkpoint's config.json ("model_type"), then the same calls for all —
- * forward, backward, the data-parallel hook, dropout, sampling, Hugging Face checkpoints. Each
- * call goes through the family's row of a table (tpk_model_family) to the model's own function;
- * nothing here computes. Needs POSIX (tpk/train/hf.h). */
+/* tpk/train/model.h — one handle over the kit's model families (tpk/models/families.h: GPT-2,
+ * Llama, GPT-NeoX), for a trainer that takes any: the family chosen by a flag or by a checkpoint's
+ * config.json ("model_type"), then the same calls for all — forward, backward, the data-parallel
+ * hook, dropout, sampling, Hugging Face checkpoints. Each call goes through the family's row of a
+ * table (tpk_model_family) to the model's own function; the enum, the members and the rows are
+ * made from the list of families (TPK__FAMILIES), so nothing here names a family. Nothing here
+ * computes. Needs POSIX (tpk/train/hf.h). */
 #ifndef TPK_MODEL_H
 #define TPK_MODEL_H
 
 #include "hf.h"
 #include "../models/sample.h"
 
-typedef enum tpk_arch {
-    TPK_ARCH_GPT2 = 0,
-    TPK_ARCH_LLAMA = 1,
-    TPK_ARCH_NEOX = 2,
-    TPK_ARCH_COUNT
-} tpk_arch;
+/* TPK_ARCH_GPT2, TPK_ARCH_LLAMA, TPK_ARCH_NEOX, ...: one per family, in the list's order */
+#define TPK__ARCH_ENUM(f, F, type, dropout, title) TPK_ARCH_##F,
+typedef enum tpk_arch { TPK__FAMILIES(TPK__ARCH_ENUM) TPK_ARCH_COUNT } tpk_arch;
+#undef TPK__ARCH_ENUM
 
+/* One member per family (.gpt2, .llama, .neox, ...): the one of cfg->arch is used. */
+#define TPK__CONFIG_MEMBER(f, F, type, dropout, title) tpk_##f##_config f;
+#define TPK__MODEL_MEMBER(f, F, type, dropout, title) tpk_##f f;
 typedef struct tpk_model_config {
     tpk_arch arch;
-    tpk_gpt2_config gpt2;   /* arch == TPK_ARCH_GPT2 */
-    tpk_llama_config llama; /* arch == TPK_ARCH_LLAMA */
-    tpk_neox_config neox;   /* arch == TPK_ARCH_NEOX */
+    TPK__FAMILIES(TPK__CONFIG_MEMBER)
 } tpk_model_config;
 
 typedef struct tpk_model {
     tpk_arch arch;
-    tpk_gpt2 gpt2;
-    tpk_llama llama;
-    tpk_neox neox;
+    TPK__FAMILIES(TPK__MODEL_MEMBER)
 } tpk_model;
+#undef TPK__CONFIG_MEMBER
+#undef TPK__MODEL_MEMBER
 
 /* A model family: the calls a trainer makes, each on the family's own config and model (void *:
  * the tpk_model_config / tpk_model member of that family). Every tpk_model_* call below is one
- * line through this table; a new family is a new row (its adapters, TPK__MODEL_FAMILY; its row,
- * TPK__MODEL_FAMILY_ROW), its tpk_arch and its members in the two structs. */
+ * line through this table, made from the list of families (TPK__FAMILIES): the adapters by
+ * TPK__MODEL_FAMILY, the rows by TPK__MODEL_FAMILY_ROW. */
 typedef struct tpk_model_family {
     const char *name;       /* --arch */
     const char *model_type; /* config.json's */
+    const char *title;      /* in print: "GPT-2" */
+    bool dropout;           /* has dropout sites */
+    const tpk_lm_flag *(*flags)(int *n); /* its config fields set by a trainer's flags */
+    void *(*model_config)(void *m);      /* the built model's config (defaults applied) */
     size_t cfg_off, model_off; /* the family's members of tpk_model_config and tpk_model */
     tpk_status (*config_read)(tpk_ctx *ctx, const char *dir, void *cfg);
     tpk_status (*init)(tpk_ctx *ctx, void *m, const void *cfg);
@@ -64,7 +68,7 @@ typedef struct tpk_model_family {
 /* The adapters of family F (functions tpk_F_*, types tpk_F and tpk_F_config, whose .c holds
  * vocab, positions, layers and hidden, .ce the cross-entropy and .lm.grad_ready(_user) the hook):
  * each casts the void * and calls the family's own function. */
-#define TPK__MODEL_FAMILY(F)                                                                      \
+#define TPK__MODEL_FAMILY(F, FF, TYPE, DROPOUT, TITLE)                                            \
     static inline tpk_status tpk__##F##_fam_config_read(tpk_ctx *ctx, const char *dir, void *c) { \
         return tpk_##F##_config_read(ctx, dir, (tpk_##F##_config *)c);                            \
     }                                                                                             \
@@ -87,6 +91,15 @@ typedef struct tpk_model_family {
         *ls = &c->label_smoothing, *sp = &c->sequence_parallel, *rc = &c->recompute;              \
     }                                                                                             \
     static inline tpk_xent *tpk__##F##_fam_ce(void *m) { return &((tpk_##F *)m)->ce; }            \
+    static inline void *tpk__##F##_fam_model_config(void *m) { return &((tpk_##F *)m)->c; }       \
+    static inline tpk_status tpk__##F##_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {         \
+        if (!(DROPOUT) && p != 0)                                                                 \
+            return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_set_dropout",                   \
+                             "p: the %s model has no dropout, expected 0, got %g", TITLE,         \
+                             (double)p);                                                          \
+        tpk_##F##_set_dropout((tpk_##F *)m, p);                                                   \
+        return TPK_OK;                                                                            \
+    }                                                                                             \
     static inline void tpk__##F##_fam_set_grad_ready(                                             \
         void *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {                     \
         ((tpk_##F *)m)->lm.grad_ready = fn, ((tpk_##F *)m)->lm.grad_ready_user = user;            \
@@ -112,43 +125,23 @@ typedef struct tpk_model_family {
                                                  const char *dir) {                               \
         return tpk_##F##_load(ctx, (tpk_##F *)m, opt, dir);                                       \
     }
-#define TPK__MODEL_FAMILY_ROW(F, TYPE)                                                             \
+#define TPK__MODEL_FAMILY_ROW(F, FF, TYPE, DROPOUT, TITLE)                                         \
     {                                                                                              \
-        /* name */ #F, TYPE, offsetof(tpk_model_config, F), offsetof(tpk_model, F),                \
+        /* name */ #F, TYPE, TITLE, DROPOUT, tpk_##F##_flags, tpk__##F##_fam_model_config,         \
+        offsetof(tpk_model_config, F), offsetof(tpk_model, F),                                     \
         tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy,                   \
         tpk__##F##_fam_dims, tpk__##F##_fam_cfg_common, tpk__##F##_fam_ce,                         \
         tpk__##F##_fam_set_grad_ready,                                                             \
         tpk__##F##_fam_set_dropout, tpk__##F##_fam_forward, tpk__##F##_fam_backward,               \
         tpk__##F##_fam_sample, tpk__##F##_fam_save, tpk__##F##_fam_load                            \
-    }
+    },
 
-TPK__MODEL_FAMILY(gpt2)
-TPK__MODEL_FAMILY(llama)
-TPK__MODEL_FAMILY(neox)
-/* dropout: GPT-2's and GPT-NeoX's every probability; Llama has none, so p must be 0 */
-static inline tpk_status tpk__gpt2_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {
-    (void)ctx;
-    tpk_gpt2_set_dropout((tpk_gpt2 *)m, p);
-    return TPK_OK;
-}
-static inline tpk_status tpk__neox_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {
-    (void)ctx;
-    tpk_neox_set_dropout((tpk_neox *)m, p);
-    return TPK_OK;
-}
-static inline tpk_status tpk__llama_fam_set_dropout(tpk_ctx *ctx, void *m, float p) {
-    (void)m;
-    if (p != 0)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_set_dropout",
-                         "p: the Llama model has no dropout, expected 0, got %g", (double)p);
-    return TPK_OK;
-}
+TPK__FAMILIES(TPK__MODEL_FAMILY)
 
 /* The families, indexed by tpk_arch; each one's config and model member. */
 static inline const tpk_model_family *tpk__model_family(tpk_arch a) {
     static const tpk_model_family families[TPK_ARCH_COUNT] = {
-        TPK__MODEL_FAMILY_ROW(gpt2, "gpt2"), TPK__MODEL_FAMILY_ROW(llama, "llama"),
-        TPK__MODEL_FAMILY_ROW(neox, "gpt_neox")};
+        TPK__FAMILIES(TPK__MODEL_FAMILY_ROW)};
     return (unsigned)a < TPK_ARCH_COUNT ? &families[a] : NULL;
 }
 static inline void *tpk__model_cfg(tpk_model_config *c) {
@@ -205,8 +198,8 @@ static inline tpk_status tpk_model_init(tpk_ctx *ctx, tpk_model *m, const tpk_mo
     m->arch = cfg->arch;
     if (!TPK__FAM(cfg))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->arch: expected TPK_ARCH_GPT2, _LLAMA or _NEOX, got %d",
-                         (int)cfg->arch);
+                         "cfg->arch: expected a family, 0..%d (tpk_arch), got %d",
+                         (int)TPK_ARCH_COUNT - 1, (int)cfg->arch);
     return TPK__FAM(m)->init(ctx, tpk__model_of(m), tpk__model_cfg((tpk_model_config *)cfg));
 }
 static inline void tpk_model_destroy(tpk_ctx *ctx, tpk_model *m) {
