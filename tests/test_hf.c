@@ -883,7 +883,8 @@ int main(int argc, char **argv) {
         static const struct { const char *text, *needle; tpk_status want;
         } cases[] = {
             {"{\"model_type\": \"mistral\"}",
-             "model_type \"mistral\": expected \"gpt2\" or \"llama\"", TPK_ERR_UNSUPPORTED},
+             "model_type \"mistral\": expected \"gpt2\", \"llama\" or \"gpt_neox\"",
+             TPK_ERR_UNSUPPORTED},
             {"{\"n_layer\": 2}", "model_type missing: expected", TPK_ERR_UNSUPPORTED},
             {"{\"model_type\": 7}", "model_type (not a string)", TPK_ERR_UNSUPPORTED},
         };

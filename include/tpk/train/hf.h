@@ -536,17 +536,25 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     tpk_status s = tpk__config_members(ctx, fn, b, len, path, keys, 1, &v);
     free(b);
     TPK_TRY(s);
-    if (v.kind != 's' || (strcmp(v.str, "gpt2") && strcmp(v.str, "llama") &&
-                          strcmp(v.str, "gpt_neox")))
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: model_type %s%s%s: expected \"gpt2\", \"llama\" or \"gpt_neox\"",
-                         path,
+    /* the families' model_type (tpk/models/families.h) */
+#define TPK__MODEL_TYPE(f, F, type, dropout, title) type,
+    static const char *const types[] = {TPK__FAMILIES(TPK__MODEL_TYPE)};
+#undef TPK__MODEL_TYPE
+    int nt = (int)(sizeof types / sizeof types[0]), k = 0;
+    while (v.kind == 's' && k < nt && strcmp(v.str, types[k])) k++;
+    if (v.kind != 's' || k == nt) {
+        char want[160] = "";
+        for (int i = 0; i < nt; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s\"%s\"",
+                     i == 0 ? "" : i == nt - 1 ? " or " : ", ", types[i]);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: model_type %s%s%s: expected %s", path,
                          v.kind == 's' ? "\"" : "",
                          v.kind == 's' ? v.str
                          : v.kind      ? "(not a string)"
                                        : "missing",
-                         v.kind == 's' ? "\"" : "");
-    snprintf(type, n, "%.31s", v.str); /* "gpt2", "llama" or "gpt_neox" */
+                         v.kind == 's' ? "\"" : "", want);
+    }
+    snprintf(type, n, "%.31s", v.str); /* one of the families' */
     return TPK_OK;
 }
 
