@@ -96,12 +96,6 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     return TPK_OK;
 }
 
-static inline void tpk_gpt2_block_destroy(tpk_ctx *ctx, tpk_gpt2_block *b) {
-    tpk_layernorm_destroy(ctx, &b->ln_1), tpk_layernorm_destroy(ctx, &b->ln_2);
-    tpk_attention_destroy(ctx, &b->attn), tpk_mlp_destroy(ctx, &b->mlp);
-    tpk_residual_destroy(ctx, &b->res_1), tpk_residual_destroy(ctx, &b->res_2);
-}
-
 /* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
  * the same layout. x must stay unchanged until backward. */
 static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor x,
@@ -125,21 +119,10 @@ static inline tpk_status tpk_gpt2_block_forward(tpk_ctx *ctx, tpk_gpt2_block *b,
  * skeleton's pre-norm residual block's (tpk/models/lm.h), through these adapters. */
 TPK__LM_ADAPTERS(gpt2, tpk_gpt2_block, ln_1, ln_2, layernorm, b, attention, mlp)
 
-/* dx of the last forward from dy (the layout of y, left unchanged); accumulates every gradient of
- * the block. */
-static inline tpk_status tpk_gpt2_block_backward(tpk_ctx *ctx, tpk_gpt2_block *b, tpk_tensor dy,
-                                                 tpk_tensor *dx) {
-    return tpk__gpt2_block_backward(ctx, b, dy, dx, false);
-}
-
 /* ---- model ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_gpt2_config {
-    int64_t vocab;          /* V (need not divide t) */
-    int64_t positions;      /* the longest sequence */
-    int64_t layers;         /* L */
-    int64_t hidden;         /* H */
-    int64_t heads;          /* A (need not divide t) */
+    TPK__LM_CONFIG_SHAPE /* vocab, positions, layers, hidden, heads */
     float dropout;          /* embedding, attention and residual dropout; 0 = none */
     float ln_eps;           /* default 1e-5 */
     float label_smoothing;  /* over the global vocabulary */
@@ -189,8 +172,8 @@ static inline tpk__lm_parts tpk__gpt2_lm(tpk_gpt2 *m) {
     return p;
 }
 
-/* tpk_gpt2_destroy, tpk_gpt2_backward and tpk_gpt2_sample (and tpk__gpt2_lm_init,
- * tpk__gpt2_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+/* tpk_gpt2_forward, _backward, _sample and _destroy (and tpk__gpt2_lm_init, tpk__gpt2_bufs) are
+ * the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
 TPK__LM_MODEL_ENTRIES(gpt2, h)
 
 static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2_config *cfg) {
@@ -222,21 +205,6 @@ static inline void tpk_gpt2_set_dropout(tpk_gpt2 *m, float p) {
     m->drop.p = p;
     for (int64_t i = 0; m->h && i < m->c.layers; i++)
         m->h[i].attn.p = m->h[i].res_1.drop.p = m->h[i].res_2.drop.p = p;
-}
-
-/* Forward B sequences of S tokens: ids [B S] and targets [B S] in host memory (the same on every
- * TP rank; a target may be the ignore index -100). *loss = mean cross-entropy over the counted
- * positions (a download: the host waits); loss = NULL keeps it in backend memory, added to the
- * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads (tpk_model_loss_read), and defers it:
- * tpk_gpt2_backward computes the loss with the logits' gradient in one pass (tpk/layers/xent.h,
- * fused), or the next forward or read computes it alone. targets = NULL only computes m->logits
- * (S(-1) [B S, V_r]); loss is then not touched. */
-static inline tpk_status tpk_gpt2_forward(tpk_ctx *ctx, tpk_gpt2 *m, const int32_t *ids,
-                                          const int32_t *targets, int64_t B, int64_t S,
-                                          float *loss) {
-    tpk__lm_parts p;
-    return tpk__lm_forward(ctx, "tpk_gpt2_forward", m && m->h ? (p = tpk__gpt2_lm(m), &p) : NULL,
-                           ids, targets, B, S, loss);
 }
 
 #endif /* TPK_GPT2_H */

@@ -92,47 +92,18 @@ static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, 
     return TPK_OK;
 }
 
-static inline void tpk_llama_block_destroy(tpk_ctx *ctx, tpk_llama_block *b) {
-    tpk_rmsnorm_destroy(ctx, &b->norm_1), tpk_rmsnorm_destroy(ctx, &b->norm_2);
-    tpk_gqa_attention_destroy(ctx, &b->attn), tpk_swiglu_mlp_destroy(ctx, &b->mlp);
-    tpk_residual_destroy(ctx, &b->res_1), tpk_residual_destroy(ctx, &b->res_2);
-}
-
-/* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
- * the same layout. x must stay unchanged until backward. */
-static inline tpk_status tpk_llama_block_forward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor x,
-                                                 int64_t B, int64_t S, tpk_tensor *y) {
-    static const char *fn = "tpk_llama_block_forward";
-    TPK_TRY(tpk__lm_block_args(ctx, fn, b ? b->H : 0, y));
-    tpk_tensor h, a, x1, m;
-    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_1, x, &h)); /* checks x: layout, [T, H] */
-    TPK_TRY(tpk_gqa_attention_forward(ctx, &b->attn, h, B, S, &a));
-    TPK_TRY(tpk_residual_forward(ctx, &b->res_1, x, a, &x1)); /* x1 = x + a, in o_proj's output */
-    TPK_TRY(tpk_rmsnorm_forward(ctx, &b->norm_2, x1, &h));
-    TPK_TRY(tpk_swiglu_mlp_forward(ctx, &b->mlp, h, &m));
-    return tpk_residual_forward(ctx, &b->res_2, x1, m, y); /* y = x1 + m, in down_proj's output */
-}
-
 /* The backward (tpk__llama_block_backward, in place or not), the buffer lists by recompute set
  * (tpk__llama_block_bufs: each layer's own, tpk/runtime/buf.h) and the selective recompute are the
  * skeleton's pre-norm residual block's (tpk/models/lm.h), through these adapters. */
 TPK__LM_ADAPTERS(llama, tpk_llama_block, norm_1, norm_2, rmsnorm, w, gqa_attention, swiglu_mlp)
-
-/* dx of the last forward from dy (left unchanged); accumulates every gradient of the block (see
- * tpk__lm_block_backward for the in-place form the model uses). */
-static inline tpk_status tpk_llama_block_backward(tpk_ctx *ctx, tpk_llama_block *b, tpk_tensor dy,
-                                                  tpk_tensor *dx) {
-    return tpk__llama_block_backward(ctx, b, dy, dx, false);
-}
+/* y = block(x) (tpk_llama_block_forward): the skeleton's, x1 = x + attn(input_layernorm(x)),
+ * y = x1 + mlp(post_attention_layernorm(x1)); destroy likewise (tpk_llama_block_destroy). */
+TPK__LM_BLOCK_FORWARD(llama, tpk_llama_block)
 
 /* ---- model ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_llama_config {
-    int64_t vocab;          /* V (need not divide t) */
-    int64_t positions;      /* the longest sequence (max_position_embeddings); no table */
-    int64_t layers;         /* L */
-    int64_t hidden;         /* H */
-    int64_t heads;          /* A (need not divide t) */
+    TPK__LM_CONFIG_SHAPE /* vocab, positions, layers, hidden, heads */
     int64_t kv_heads;       /* G, divides A; 0 = A */
     int64_t ffn;            /* F, SwiGLU's intermediate size; 0 = Llama's rule: 2/3 of 4 H
                                rounded up to a multiple of 256 */
@@ -181,8 +152,8 @@ static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
     return p;
 }
 
-/* tpk_llama_destroy, tpk_llama_backward and tpk_llama_sample (and tpk__llama_lm_init,
- * tpk__llama_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+/* tpk_llama_forward, _backward, _sample and _destroy (and tpk__llama_lm_init, tpk__llama_bufs) are
+ * the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
 TPK__LM_MODEL_ENTRIES(llama, layers)
 
 /* The config fields a trainer sets by flag (tpk_lm_flag). */
@@ -237,25 +208,6 @@ static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_ll
                       c.label_smoothing, c.init_std,  c.norm_eps, 0.0f,     c.sequence_parallel,
                       c.tie_embeddings};
     return tpk__llama_lm_init(ctx, fn, m, &d);
-}
-
-/* Forward B sequences of S tokens (S <= cfg.positions): ids [B S] and targets [B S] in host
- * memory (the same on every TP rank; a target may be the ignore index -100). *loss = mean
- * cross-entropy over the counted positions; loss = NULL keeps it in backend memory, added to the
- * running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads, computed with the backward (fused;
- * as tpk_gpt2_forward). targets = NULL only computes m->logits. */
-static inline tpk_status tpk_llama_forward(tpk_ctx *ctx, tpk_llama *m, const int32_t *ids,
-                                           const int32_t *targets, int64_t B, int64_t S,
-                                           float *loss) {
-    static const char *fn = "tpk_llama_forward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (m && m->layers && S > m->c.positions)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "S: expected at most cfg->positions = %lld, got %lld",
-                         (long long)m->c.positions, (long long)S);
-    tpk__lm_parts p;
-    return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__llama_lm(m), &p) : NULL, ids,
-                           targets, B, S, loss);
 }
 
 #endif /* TPK_LLAMA_H */

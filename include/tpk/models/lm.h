@@ -93,6 +93,14 @@ typedef struct tpk__lm_parts {
     tpk_tensor *logits;
 } tpk__lm_parts;
 
+/* The fields every family's config starts with (tpk/train/model.h reads them by name). */
+#define TPK__LM_CONFIG_SHAPE                                                                       \
+    int64_t vocab;     /* V (need not divide t) */                                                 \
+    int64_t positions; /* the longest sequence (a position table's rows, where there is one) */   \
+    int64_t layers;    /* L */                                                                     \
+    int64_t hidden;    /* H */                                                                     \
+    int64_t heads;     /* A (need not divide t) */
+
 /* The sizes and switches init needs, from the family's config. */
 typedef struct tpk__lm_dims {
     int64_t vocab, positions, layers, hidden;
@@ -341,7 +349,36 @@ typedef struct tpk__lm_sublayers {
     int (*attn_bufs)(void *a, int set, tpk_buf **o);
     int (*mlp_bufs)(void *m, int set, tpk_buf **o);
     bool parallel; /* the parallel residual: both branches read x, dy flows into both */
+    tpk_status (*attn_forward)(tpk_ctx *ctx, void *a, tpk_tensor x, int64_t B, int64_t S,
+                               tpk_tensor *y);
+    tpk_status (*mlp_forward)(tpk_ctx *ctx, void *m, tpk_tensor x, tpk_tensor *y);
+    void (*norm_destroy)(tpk_ctx *ctx, void *n);
+    void (*attn_destroy)(tpk_ctx *ctx, void *a);
+    void (*mlp_destroy)(tpk_ctx *ctx, void *m);
 } tpk__lm_sublayers;
+
+/* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y the
+ * same layout; x must stay unchanged until backward. norm_1, attn, the first residual (x1 = x +
+ * drop(a), in a's buffer), norm_2 on x1 (or on x: the parallel residual), mlp, the second (y = x1
+ * + drop(m), in m's). b = NULL: no block. */
+static inline tpk_status tpk__lm_block_forward(tpk_ctx *ctx, const char *fn,
+                                               const tpk__lm_sublayers *b, tpk_tensor x, int64_t B,
+                                               int64_t S, tpk_tensor *y) {
+    TPK_TRY(tpk__lm_block_args(ctx, fn, b ? b->H : 0, y));
+    tpk_tensor h, a, x1, m;
+    TPK_TRY(b->norm_forward(ctx, b->norm_1, x, &h)); /* checks x: layout, [T, H] */
+    TPK_TRY(b->attn_forward(ctx, b->attn, h, B, S, &a));
+    TPK_TRY(tpk_residual_forward(ctx, b->res_1, x, a, &x1));
+    TPK_TRY(b->norm_forward(ctx, b->norm_2, b->parallel ? x : x1, &h));
+    TPK_TRY(b->mlp_forward(ctx, b->mlp, h, &m));
+    return tpk_residual_forward(ctx, b->res_2, x1, m, y);
+}
+/* Frees the block's buffers (its parameters stay in the context). */
+static inline void tpk__lm_block_destroy(tpk_ctx *ctx, const tpk__lm_sublayers *b) {
+    b->norm_destroy(ctx, b->norm_1), b->norm_destroy(ctx, b->norm_2);
+    b->attn_destroy(ctx, b->attn), b->mlp_destroy(ctx, b->mlp);
+    tpk_residual_destroy(ctx, b->res_1), tpk_residual_destroy(ctx, b->res_2);
+}
 
 /* dx of the last forward from dy (the layout of y); accumulates every gradient of the block.
  * inplace: dy's buffer, which the caller gives up, receives dx — each norm's backward adds its
@@ -413,18 +450,21 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
 }
 
 /* The adapters of family F: its block type BLOCK (members N1, attn, N2, mlp, res_1, res_2,
- * name, H: the norms' member names are the family's; parameters ids p0..p1; functions
- * tpk_F_block_destroy, _forward), its norm NORM (tpk_NORM with tpk_NORM_desc; parameters ids
- * w..LAST), attention ATTN and MLP (tpk_ATTN_backward, tpk__ATTN_recompute, tpk__ATTN_bufs,
- * likewise MLP's and NORM's): each casts the void * and calls the family's own function. They
- * define tpk__F_block_backward, tpk__F_block_bufs and the recompute (the skeleton's, above). */
+ * name, H: the norms' member names are the family's; parameters ids p0..p1), its norm NORM
+ * (tpk_NORM with tpk_NORM_desc; parameters ids w..LAST), attention ATTN and MLP (tpk_ATTN_forward,
+ * _backward, _destroy, tpk__ATTN_recompute, tpk__ATTN_bufs, likewise MLP's and NORM's): each
+ * casts the void * and calls the layer's own function. They define the block's destroy
+ * (tpk_F_block_destroy), backward (tpk_F_block_backward: dx of the last forward from dy, left
+ * unchanged, every gradient of the block accumulated; tpk__F_block_backward with `inplace`, the
+ * model's form), buffer lists (tpk__F_block_bufs) and
+ * recompute — the skeleton's, above —, and declare tpk_F_block_forward: the family's own, or the
+ * skeleton's through TPK__LM_BLOCK_FORWARD. */
 #define TPK__LM_ADAPTERS(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP)                                  \
     TPK__LM_ADAPTERS_EX(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP, false)
 /* The same with the parallel residual (PARALLEL true: GPT-NeoX's block). */
 #define TPK__LM_ADAPTERS_EX(F, BLOCK, N1, N2, NORM, LAST, ATTN, MLP, PARALLEL)                     \
-    static inline void tpk__##F##_lm_block_destroy(tpk_ctx *ctx, void *b) {                        \
-        tpk_##F##_block_destroy(ctx, (BLOCK *)b);                                                  \
-    }                                                                                              \
+    static inline tpk_status tpk_##F##_block_forward(tpk_ctx *ctx, BLOCK *b, tpk_tensor x,         \
+                                                     int64_t B, int64_t S, tpk_tensor *y);         \
     static inline tpk_status tpk__##F##_lm_block_forward(tpk_ctx *ctx, void *b, tpk_tensor x,      \
                                                          int64_t B, int64_t S, tpk_tensor *y) {    \
         return tpk_##F##_block_forward(ctx, (BLOCK *)b, x, B, S, y);                               \
@@ -480,29 +520,38 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
     static inline int tpk__##F##_lm_mlp_bufs(void *m, int set, tpk_buf **o) {                      \
         return tpk__##MLP##_bufs((tpk_##MLP *)m, set, o);                                          \
     }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_attn_forward(tpk_ctx *ctx, void *a, tpk_tensor x,       \
+                                                        int64_t B, int64_t S, tpk_tensor *y) {     \
+        return tpk_##ATTN##_forward(ctx, (tpk_##ATTN *)a, x, B, S, y);                             \
+    }                                                                                              \
+    static inline tpk_status tpk__##F##_lm_mlp_forward(tpk_ctx *ctx, void *m, tpk_tensor x,        \
+                                                       tpk_tensor *y) {                            \
+        return tpk_##MLP##_forward(ctx, (tpk_##MLP *)m, x, y);                                     \
+    }                                                                                              \
+    static inline void tpk__##F##_lm_attn_destroy(tpk_ctx *ctx, void *a) {                         \
+        tpk_##ATTN##_destroy(ctx, (tpk_##ATTN *)a);                                                \
+    }                                                                                              \
+    static inline void tpk__##F##_lm_mlp_destroy(tpk_ctx *ctx, void *m) {                          \
+        tpk_##MLP##_destroy(ctx, (tpk_##MLP *)m);                                                  \
+    }                                                                                              \
     static inline tpk__lm_sublayers tpk__##F##_sublayers(BLOCK *b) {                               \
-        tpk__lm_sublayers s = {b->name,                                                            \
-                               b->H,                                                               \
-                               &b->N1,                                                             \
-                               &b->attn,                                                           \
-                               &b->N2,                                                             \
-                               &b->mlp,                                                            \
-                               &b->res_1,                                                          \
-                               &b->res_2,                                                          \
-                               &b->N1.x,                                                           \
-                               &b->N2.x,                                                           \
-                               tpk__##F##_lm_norm_forward,                                         \
-                               tpk__##F##_lm_norm_backward,                                        \
-                               tpk__##F##_lm_norm_backward_add,                                    \
-                               tpk__##F##_lm_attn_backward,                                        \
-                               tpk__##F##_lm_mlp_backward,                                         \
-                               tpk__##F##_lm_attn_recompute,                                       \
-                               tpk__##F##_lm_mlp_recompute,                                        \
-                               tpk__##F##_lm_norm_bufs,                                            \
-                               tpk__##F##_lm_attn_bufs,                                            \
-                               tpk__##F##_lm_mlp_bufs,                                             \
-                               PARALLEL};                                                          \
+        tpk__lm_sublayers s = {                                                                    \
+            b->name, b->H, &b->N1, &b->attn, &b->N2, &b->mlp, &b->res_1, &b->res_2, &b->N1.x,      \
+            &b->N2.x, tpk__##F##_lm_norm_forward, tpk__##F##_lm_norm_backward,                     \
+            tpk__##F##_lm_norm_backward_add, tpk__##F##_lm_attn_backward,                          \
+            tpk__##F##_lm_mlp_backward,                                                            \
+            tpk__##F##_lm_attn_recompute, tpk__##F##_lm_mlp_recompute, tpk__##F##_lm_norm_bufs,    \
+            tpk__##F##_lm_attn_bufs, tpk__##F##_lm_mlp_bufs, PARALLEL, tpk__##F##_lm_attn_forward, \
+            tpk__##F##_lm_mlp_forward, tpk__##F##_lm_norm_destroy, tpk__##F##_lm_attn_destroy,     \
+            tpk__##F##_lm_mlp_destroy};                                                            \
         return s;                                                                                  \
+    }                                                                                              \
+    static inline void tpk_##F##_block_destroy(tpk_ctx *ctx, BLOCK *b) {                           \
+        tpk__lm_sublayers s = tpk__##F##_sublayers(b);                                             \
+        tpk__lm_block_destroy(ctx, &s);                                                            \
+    }                                                                                              \
+    static inline void tpk__##F##_lm_block_destroy(tpk_ctx *ctx, void *b) {                        \
+        tpk_##F##_block_destroy(ctx, (BLOCK *)b);                                                  \
     }                                                                                              \
     static inline tpk_status tpk__##F##_block_backward(tpk_ctx *ctx, BLOCK *b, tpk_tensor dy,      \
                                                        tpk_tensor *dx, bool inplace) {             \
@@ -510,6 +559,10 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
         return tpk__lm_block_backward(ctx, "tpk_" #F "_block_backward",                            \
                                       b ? (s = tpk__##F##_sublayers(b), &s) : NULL, dy, dx,        \
                                       inplace);                                                    \
+    }                                                                                              \
+    static inline tpk_status tpk_##F##_block_backward(tpk_ctx *ctx, BLOCK *b, tpk_tensor dy,       \
+                                                      tpk_tensor *dx) {                            \
+        return tpk__##F##_block_backward(ctx, b, dy, dx, false);                                   \
     }                                                                                              \
     static inline tpk_status tpk__##F##_lm_block_backward(tpk_ctx *ctx, void *b, tpk_tensor dy,    \
                                                           tpk_tensor *dx, bool inplace) {          \
@@ -526,6 +579,16 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
     static inline int tpk__##F##_lm_block_bufs(void *b, int set, tpk_buf **o) {                    \
         return tpk__##F##_block_bufs((BLOCK *)b, set, o);                                          \
     }
+/* The block's forward for a family whose block is the skeleton's (tpk__lm_block_forward): defines
+ * tpk_F_block_forward (after TPK__LM_ADAPTERS or _EX). GPT-2 writes its own (it fuses the first
+ * residual add into ln_2). */
+#define TPK__LM_BLOCK_FORWARD(F, BLOCK)                                                            \
+    static inline tpk_status tpk_##F##_block_forward(tpk_ctx *ctx, BLOCK *b, tpk_tensor x,         \
+                                                     int64_t B, int64_t S, tpk_tensor *y) {        \
+        tpk__lm_sublayers s;                                                                       \
+        return tpk__lm_block_forward(ctx, "tpk_" #F "_block_forward",                              \
+                                     b ? (s = tpk__##F##_sublayers(b), &s) : NULL, x, B, S, y);    \
+    }
 /* The row: names as in tpk_lm_family; block_init is tpk__F_lm_block_init (the family's own). */
 #define TPK__LM_FAMILY_ROW(F, BLOCK, EMBED, POS, BLOCKS, NORMNAME, HEAD)                           \
     {                                                                                              \
@@ -540,6 +603,16 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
  * with its config in m->c (vocab, positions, layers), its blocks in m->BLOCKS and its parts
  * gathered by tpk__F_lm(m):
  *   tpk__F_lm_init(ctx, fn, m, d)   the skeleton's init into m->BLOCKS (cfg checked before)
+ *   tpk_F_forward(ctx, m, ids, targets, B, S, loss)   B sequences of S tokens (S <= cfg.positions):
+ *                                   ids [B S] and targets [B S] in host memory (the same on every
+ *                                   TP rank; a target may be the ignore index -100). *loss = the
+ *                                   mean cross-entropy over the counted positions (a download: the
+ *                                   host waits); loss = NULL keeps it in backend memory, added to
+ *                                   the running sum tpk_xent_loss_read(ctx, &m->ce, ...) reads, and
+ *                                   defers it: the backward computes it with the logits' gradient
+ *                                   in one pass (tpk/layers/xent.h, fused), or the next forward or
+ *                                   read alone. targets = NULL only computes m->logits (S(-1)
+ *                                   [B S, Vp_r]); loss is then not touched
  *   tpk_F_destroy(ctx, m)           frees what init made
  *   tpk_F_backward(ctx, m, scale)   accumulates the gradients of scale * (the last forward's loss)
  *                                   into the flat gradient buffer (tpk_params_zero_grad first)
@@ -548,6 +621,19 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
  *   tpk__F_bufs(m, i, set, o)       block i's buffers of one recompute set (the tests check the
  *                                   pools hold them) */
 #define TPK__LM_MODEL_ENTRIES(F, BLOCKS)                                                           \
+    static inline tpk_status tpk_##F##_forward(tpk_ctx *ctx, tpk_##F *m, const int32_t *ids,       \
+                                               const int32_t *targets, int64_t B, int64_t S,       \
+                                               float *loss) {                                      \
+        static const char *fn = "tpk_" #F "_forward";                                              \
+        tpk__lm_parts p;                                                                           \
+        if (!ctx) return TPK_ERR_ARG;                                                              \
+        if (m && m->BLOCKS && S > m->c.positions && !tpk__##F##_lm(m).f->pos_name)                 \
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,                                               \
+                             "S: expected at most cfg->positions = %lld, got %lld",                \
+                             (long long)m->c.positions, (long long)S);                             \
+        return tpk__lm_forward(ctx, fn, m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids,   \
+                               targets, B, S, loss);                                               \
+    }                                                                                              \
     static inline tpk_status tpk__##F##_lm_init(tpk_ctx *ctx, const char *fn, tpk_##F *m,          \
                                                 const tpk__lm_dims *d) {                           \
         tpk__lm_parts p = tpk__##F##_lm(m);                                                        \

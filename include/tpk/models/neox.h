@@ -92,45 +92,18 @@ static inline tpk_status tpk_neox_block_init(tpk_ctx *ctx, tpk_neox_block *b, in
     return TPK_OK;
 }
 
-static inline void tpk_neox_block_destroy(tpk_ctx *ctx, tpk_neox_block *b) {
-    tpk_layernorm_destroy(ctx, &b->ln_1), tpk_layernorm_destroy(ctx, &b->ln_2);
-    tpk_attention_destroy(ctx, &b->attn), tpk_mlp_destroy(ctx, &b->mlp);
-    tpk_residual_destroy(ctx, &b->res_1), tpk_residual_destroy(ctx, &b->res_2);
-}
-
-/* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y
- * the same layout. x must stay unchanged until backward (both norms keep it). */
-static inline tpk_status tpk_neox_block_forward(tpk_ctx *ctx, tpk_neox_block *b, tpk_tensor x,
-                                                int64_t B, int64_t S, tpk_tensor *y) {
-    static const char *fn = "tpk_neox_block_forward";
-    TPK_TRY(tpk__lm_block_args(ctx, fn, b ? b->H : 0, y));
-    tpk_tensor h, a, x1, m;
-    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_1, x, &h)); /* checks x: layout, [T, H] */
-    TPK_TRY(tpk_attention_forward(ctx, &b->attn, h, B, S, &a));
-    TPK_TRY(tpk_residual_forward(ctx, &b->res_1, x, a, &x1)); /* x1 = x + drop(a), in a's buffer */
-    TPK_TRY(tpk_layernorm_forward(ctx, &b->ln_2, x, &h));     /* from x: the parallel residual */
-    TPK_TRY(tpk_mlp_forward(ctx, &b->mlp, h, &m));
-    return tpk_residual_forward(ctx, &b->res_2, x1, m, y);    /* y = x1 + drop(m), in m's */
-}
-
 /* The backward with the parallel residual (tpk__neox_block_backward, in place or not), the buffer
  * lists by recompute set and the selective recompute are the skeleton's (tpk/models/lm.h). */
 TPK__LM_ADAPTERS_EX(neox, tpk_neox_block, ln_1, ln_2, layernorm, b, attention, mlp, true)
-
-/* dx of the last forward from dy (left unchanged); accumulates every gradient of the block. */
-static inline tpk_status tpk_neox_block_backward(tpk_ctx *ctx, tpk_neox_block *b, tpk_tensor dy,
-                                                 tpk_tensor *dx) {
-    return tpk__neox_block_backward(ctx, b, dy, dx, false);
-}
+/* y = block(x) (tpk_neox_block_forward): the skeleton's with the parallel residual, y = x +
+ * drop(attn(input_layernorm(x))) + drop(mlp(post_attention_layernorm(x))) (x must stay unchanged
+ * until backward: both norms keep it); destroy likewise (tpk_neox_block_destroy). */
+TPK__LM_BLOCK_FORWARD(neox, tpk_neox_block)
 
 /* ---- model ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_neox_config {
-    int64_t vocab;          /* V (need not divide t) */
-    int64_t positions;      /* the longest sequence (max_position_embeddings); no table */
-    int64_t layers;         /* L */
-    int64_t hidden;         /* H */
-    int64_t heads;          /* A (need not divide t) */
+    TPK__LM_CONFIG_SHAPE /* vocab, positions, layers, hidden, heads */
     int64_t ffn;            /* intermediate_size; 0 = 4 H */
     float rotary_pct;       /* the rotated fraction of each head; 0 = 0.25 (Pythia) */
     float rope_theta;       /* rotary_emb_base; 0 = 10000 */
@@ -189,8 +162,8 @@ static inline tpk__lm_parts tpk__neox_lm(tpk_neox *m) {
     return p;
 }
 
-/* tpk_neox_destroy, tpk_neox_backward and tpk_neox_sample (and tpk__neox_lm_init,
- * tpk__neox_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+/* tpk_neox_forward, _backward, _sample and _destroy (and tpk__neox_lm_init, tpk__neox_bufs) are
+ * the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
 TPK__LM_MODEL_ENTRIES(neox, layers)
 
 static inline tpk_status tpk_neox_init(tpk_ctx *ctx, tpk_neox *m, const tpk_neox_config *cfg) {
@@ -248,23 +221,6 @@ static inline void tpk_neox_set_dropout(tpk_neox *m, float p) {
     m->drop.p = p;
     for (int64_t i = 0; m->layers && i < m->c.layers; i++)
         m->layers[i].attn.p = m->layers[i].res_1.drop.p = m->layers[i].res_2.drop.p = p;
-}
-
-/* Forward B sequences of S tokens (S <= cfg.positions): ids [B S] and targets [B S] in host
- * memory, as tpk_gpt2_forward (loss = NULL: kept in backend memory; targets = NULL: only the
- * logits). */
-static inline tpk_status tpk_neox_forward(tpk_ctx *ctx, tpk_neox *m, const int32_t *ids,
-                                          const int32_t *targets, int64_t B, int64_t S,
-                                          float *loss) {
-    static const char *fn = "tpk_neox_forward";
-    if (!ctx) return TPK_ERR_ARG;
-    if (m && m->layers && S > m->c.positions)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "S: expected at most cfg->positions = %lld, got %lld",
-                         (long long)m->c.positions, (long long)S);
-    tpk__lm_parts p;
-    return tpk__lm_forward(ctx, fn, m && m->layers ? (p = tpk__neox_lm(m), &p) : NULL, ids,
-                           targets, B, S, loss);
 }
 
 #endif /* TPK_NEOX_H */
