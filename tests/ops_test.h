@@ -10,6 +10,20 @@
 
 static tpk_ctx ctx;
 
+/* An op test file's main: the host context, the file's tests in order, the summary. */
+static inline int ops_test_run(int *argc, char ***argv, void (*const *tests)(void), int n) {
+    test_init(argc, argv);
+    if (test_host_ctx(&ctx) != TPK_OK) return 1;
+    for (int i = 0; i < n; i++) tests[i]();
+    tpk_ctx_destroy(&ctx);
+    return test_finish();
+}
+#define OPS_TEST_MAIN(...)                                                                         \
+    int main(int argc, char **argv) {                                                              \
+        void (*const tests[])(void) = {__VA_ARGS__};                                               \
+        return ops_test_run(&argc, &argv, tests, (int)(sizeof tests / sizeof tests[0]));           \
+    }
+
 #ifndef TOL_F32
 #define TOL_F32 1e-5 /* f32 op vs double reference: dropout, embedding, cross-entropy */
 #endif

@@ -350,13 +350,4 @@ static void test_linear_bwd_act(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    test_init(&argc, &argv);
-    if (test_host_ctx(&ctx) != TPK_OK) return 1;
-    test_gemm();
-    test_gemm_acc();
-    test_linear_fwd();
-    test_linear_bwd_act();
-    tpk_ctx_destroy(&ctx);
-    return test_finish();
-}
+OPS_TEST_MAIN(test_gemm, test_gemm_acc, test_linear_fwd, test_linear_bwd_act)

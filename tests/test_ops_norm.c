@@ -271,11 +271,4 @@ static void test_residual_layernorm(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    test_init(&argc, &argv);
-    if (test_host_ctx(&ctx) != TPK_OK) return 1;
-    test_layernorm();
-    test_residual_layernorm();
-    tpk_ctx_destroy(&ctx);
-    return test_finish();
-}
+OPS_TEST_MAIN(test_layernorm, test_residual_layernorm)

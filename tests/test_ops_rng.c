@@ -290,11 +290,4 @@ static void test_dropout(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    test_init(&argc, &argv);
-    if (test_host_ctx(&ctx) != TPK_OK) return 1;
-    test_rng();
-    test_dropout();
-    tpk_ctx_destroy(&ctx);
-    return test_finish();
-}
+OPS_TEST_MAIN(test_rng, test_dropout)

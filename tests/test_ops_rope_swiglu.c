@@ -222,10 +222,4 @@ static void test_llama_ops(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    test_init(&argc, &argv);
-    if (test_host_ctx(&ctx) != TPK_OK) return 1;
-    test_llama_ops();
-    tpk_ctx_destroy(&ctx);
-    return test_finish();
-}
+OPS_TEST_MAIN(test_llama_ops)

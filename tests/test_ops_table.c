@@ -459,13 +459,4 @@ static void test_profile(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    test_init(&argc, &argv);
-    if (test_host_ctx(&ctx) != TPK_OK) return 1;
-    test_errors();
-    test_layer_errors();
-    test_front_end();
-    test_profile();
-    tpk_ctx_destroy(&ctx);
-    return test_finish();
-}
+OPS_TEST_MAIN(test_errors, test_layer_errors, test_front_end, test_profile)

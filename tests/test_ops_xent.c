@@ -317,10 +317,4 @@ static void test_xent(void) {
     }
 }
 
-int main(int argc, char **argv) {
-    test_init(&argc, &argv);
-    if (test_host_ctx(&ctx) != TPK_OK) return 1;
-    test_xent();
-    tpk_ctx_destroy(&ctx);
-    return test_finish();
-}
+OPS_TEST_MAIN(test_xent)
