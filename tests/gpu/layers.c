@@ -2,11 +2,14 @@
  * backend, at t = number of ranks: at one rank over NCCL, at t = 2, 3 over MPI with ranks sharing
  * one GPU (device buffers staged through host memory, tpk/runtime/mpi.h); at one rank the model
  * also runs on the device-buffer self communicator (tpk_comm_self_cuda). For attention, the MLP,
- * the GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing): the
+ * the GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing), and
+ * the Llama (grouped-query, RoPE, SwiGLU, RMSNorm) and GPT-NeoX (parallel residual, per-head fused
+ * QKV with partial rotary embeddings, the exact GELU) models through tpk/train/model.h: the
  * output, the input gradient and every gathered parameter gradient agree to relative 1e-4 (f32
  * storage; the GEMMs and sums are reordered). Skipped (exit 0) without a GPU. */
 #include "gpu_test.h"
 #include <tpk/runtime/nccl.h>
+#include <tpk/train/model.h>
 #include <tpk/train/train.h>
 
 enum { B = 2, S = 9, T = B * S, H = 32, V = 301, A = 4 };
@@ -116,6 +119,30 @@ static void run_model(tpk_ctx *ctx, bool sp, float p, result *o) {
     tpk_gpt2_destroy(ctx, &m);
 }
 
+/* Llama (A = 4 over G = 2) or GPT-NeoX (half of each head rotated), L = 2, through the handle */
+static void run_family(tpk_ctx *ctx, tpk_arch arch, bool sp, result *o) {
+    tpk_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = arch;
+    int64_t *sh[5];
+    tpk_model_config_common(&c, sh, 0.1f, sp, TPK_RECOMPUTE_NONE);
+    *sh[0] = V, *sh[1] = S, *sh[2] = 2, *sh[3] = H, *sh[4] = A;
+    c.llama.kv_heads = 2, c.llama.ffn = 64, c.neox.ffn = 64, c.neox.rotary_pct = 0.5f;
+    tpk_model m;
+    tpk_status s = tpk_model_init(ctx, &m, &c);
+    CHECK_OK(ctx, s);
+    if (s != TPK_OK) return;
+    test_set_weights(ctx, 11, 0.2f);
+    int32_t ids[T], tg[T];
+    for (int t = 0; t < T; t++) ids[t] = (t * 37 + 5) % V, tg[t] = t == 3 ? -100 : (t * 53 + 1) % V;
+    CHECK_OK(ctx, tpk_params_zero_grad(ctx));
+    CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids, tg, B, S, &o->loss));
+    CHECK_OK(ctx, tpk_model_backward(ctx, &m, 1.0f));
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    gather_grads(ctx, o);
+    tpk_model_destroy(ctx, &m);
+}
+
 static void compare(tpk_ctx *ch, const result *d, const result *h, bool outputs) {
     if (outputs) {
         CHECK_CLOSE(d->y, h->y, T * H, 1e-4, "output");
@@ -183,6 +210,21 @@ int main(int argc, char **argv) {
                 static result rh, rd;
                 run_model(&ch, sp, 0.1f, &rh);
                 run_model(&cd, sp, 0.1f, &rd);
+                CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g",
+                      (double)rd.loss, (double)rh.loss);
+                compare(&ch, &rd, &rh, false);
+                result_free(&rh), result_free(&rd);
+            }
+            tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
+        }
+    for (int a = TPK_ARCH_LLAMA; a <= TPK_ARCH_NEOX; a++)
+        TEST_CASE("%s model, cuda (%s) vs host, t=%d%s", tpk__model_family((tpk_arch)a)->title,
+                  world_d.vt->name, test__size, sp ? ", SP" : "") {
+            tpk_ctx ch, cd;
+            if (contexts(&ch, &cd)) {
+                static result rh, rd;
+                run_family(&ch, (tpk_arch)a, sp, &rh);
+                run_family(&cd, (tpk_arch)a, sp, &rd);
                 CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g",
                       (double)rd.loss, (double)rh.loss);
                 compare(&ch, &rd, &rh, false);
