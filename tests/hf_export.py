@@ -1,4 +1,4 @@
-"""tests/hf_export.py: a Hugging Face-style GPT-2 or Llama checkpoint written from PyTorch, and its loss.
+"""tests/hf_export.py: a Hugging Face-style GPT-2, Llama or GPT-NeoX checkpoint written from PyTorch, and its loss.
 
 GPT-2 (the default): writes DIR/config.json and DIR/model.safetensors the way Hugging Face's
 GPT2LMHeadModel saves them: names with the "transformer." prefix, Conv1D weights stored [in, out],
@@ -10,12 +10,17 @@ them: DIR/model-00001-of-00002.safetensors, DIR/model-00002-of-00002.safetensors
 DIR/model.safetensors.index.json ({"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}),
 every tensor f32 [out, in] under LlamaForCausalLM's names; the files are read back and checked
 against the index before the loss is computed from what was read.
-Both also write an llm.c token shard DIR/tokens.bin (uint16, vocabulary 256) of TEXT's bytes,
+GPT-NeoX (a last argument "neox"): DIR/config.json (model_type "gpt_neox", GPTNeoXForCausalLM; L=2,
+H=32, A=4 heads of 8, rotary_pct 0.5, rotary_emb_base 10000, F=4H, hidden_act "gelu" as Pythia's,
+use_parallel_residual) and DIR/model.safetensors under its names, query_key_value in its per-head
+[q | k | v] row order, and the buffers older transformers versions saved beside them (each
+layer's attention.bias and attention.masked_bias masks and rotary_emb.inv_freq).
+All also write an llm.c token shard DIR/tokens.bin (uint16, vocabulary 256) of TEXT's bytes,
 and print the PyTorch loss of the first K batches of B x S tokens, windows taken as llm.c's
 loader takes them (batch k: tokens[k B S .. (k+1) B S + 1)), averaged — what train
 --eval-only prints.
 
-    python3 tests/hf_export.py DIR TEXT B S K [llama]
+    python3 tests/hf_export.py DIR TEXT B S K [llama | neox]
 """
 import json
 import math
@@ -26,7 +31,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_ref import gpt2_loss, llama_loss  # noqa: E402  (the same PyTorch models as the reference test)
+from torch_ref import gpt2_loss, llama_loss, neox_loss  # noqa: E402  (the same PyTorch models as the reference test)
 
 L, H, A, V, P = 2, 32, 4, 256, 64
 
@@ -136,14 +141,56 @@ def llama(d, text, B, S, K):
     print("%.8f" % windows_loss(llama_loss, cfg, {k: t.double() for k, t in R.items()}, toks, B, S, K))
 
 
+def neox(d, text, B, S, K):
+    L, H, A, F, V, P, pct, theta, eps = 2, 32, 4, 128, 256, 64, 0.5, 10000.0, 1e-5
+    R = int(H // A * pct)
+    g = torch.Generator().manual_seed(9)
+    W = {"gpt_neox.embed_in.weight": torch.randn(V, H, generator=g) * 0.3}
+    shapes = {"input_layernorm.weight": (H,), "input_layernorm.bias": (H,),
+              "post_attention_layernorm.weight": (H,), "post_attention_layernorm.bias": (H,),
+              "attention.query_key_value.weight": (3 * H, H), "attention.query_key_value.bias": (3 * H,),
+              "attention.dense.weight": (H, H), "attention.dense.bias": (H,),
+              "mlp.dense_h_to_4h.weight": (F, H), "mlp.dense_h_to_4h.bias": (F,),
+              "mlp.dense_4h_to_h.weight": (H, F), "mlp.dense_4h_to_h.bias": (H,)}
+    for i in range(L):
+        for k, s in shapes.items():
+            t = torch.randn(*s, generator=g) * 0.2
+            W["gpt_neox.layers.%d.%s" % (i, k)] = 1 + t if k.endswith("layernorm.weight") else t
+    W["gpt_neox.final_layer_norm.weight"] = 1 + 0.2 * torch.randn(H, generator=g)
+    W["gpt_neox.final_layer_norm.bias"] = 0.2 * torch.randn(H, generator=g)
+    W["embed_out.weight"] = torch.randn(V, H, generator=g) * 0.2
+    out = dict(W)
+    for i in range(L):  # the buffers older transformers versions saved: recomputed, not parameters
+        p = "gpt_neox.layers.%d.attention." % i
+        out[p + "bias"] = torch.ones(P, P).tril().view(1, 1, P, P)
+        out[p + "masked_bias"] = torch.tensor(-1e9)
+        out[p + "rotary_emb.inv_freq"] = 1.0 / (theta ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
+    write_safetensors(os.path.join(d, "model.safetensors"), out)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": V,
+                   "hidden_size": H, "intermediate_size": F, "num_hidden_layers": L, "num_attention_heads": A,
+                   "max_position_embeddings": P, "rotary_pct": pct, "rotary_emb_base": theta,
+                   "layer_norm_eps": eps, "hidden_act": "gelu", "use_parallel_residual": True,
+                   "tie_word_embeddings": False, "initializer_range": 0.02, "bos_token_id": 0,
+                   "eos_token_id": 0, "torch_dtype": "float32"}, f, indent=2)
+        f.write("\n")
+    back, _ = read_safetensors(os.path.join(d, "model.safetensors"))
+    assert set(back) == set(out) and all(torch.equal(back[n], out[n]) for n in out)
+    cfg = {"L": L, "H": H, "A": A, "ln_eps": eps, "rope_theta": theta, "rotary_pct": pct, "smoothing": 0.0}
+    toks = write_tokens(d, text)
+    print("%.8f" % windows_loss(neox_loss, cfg, {k: t.double() for k, t in W.items()}, toks, B, S, K))
+
+
 def main():
     d, text, B, S, K = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     arch = sys.argv[6] if len(sys.argv) > 6 else "gpt2"
-    if arch not in ("gpt2", "llama"):
-        sys.exit("hf_export.py: expected gpt2 or llama, got %r" % arch)
+    if arch not in ("gpt2", "llama", "neox"):
+        sys.exit("hf_export.py: expected gpt2, llama or neox, got %r" % arch)
     os.makedirs(d, exist_ok=True)
     if arch == "llama":
         return llama(d, text, B, S, K)
+    if arch == "neox":
+        return neox(d, text, B, S, K)
     g = torch.Generator().manual_seed(5)
     W = {"wte.weight": torch.randn(V, H, generator=g) * 0.3, "wpe.weight": torch.randn(P, H, generator=g) * 0.1}
     shapes = {"ln_1.weight": (H,), "ln_1.bias": (H,), "attn.c_attn.weight": (3 * H, H), "attn.c_attn.bias": (3 * H,),

@@ -253,6 +253,19 @@ for np in 1 2 3 4; do
 done
 if printf '%s\n' "$vals" | awk '{for(i=1;i<=NF;i++){ if ($i=="error") exit 1; d=$i-$1; if (d<0) d=-d; if (d > 1e-5*$1) exit 1 } }'; then ok "GPT-NeoX --load (model_type gpt_neox) --eval-only val_loss the same at t=1,2,3,4, and samples:$vals"
 else fail "GPT-NeoX --eval-only val_loss the same at t=1,2,3,4:$vals"; fi
+if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
+    ref=$("$py" tests/hf_export.py "$T/hfn" "$text" 4 16 3 neox 2>&1)
+    for np in 1 2 3 4; do
+        tr $np --eval-only --load "$T/hfn" --data "$T/hfn/tokens.bin" --batch 4 --seq-len 16 --eval-batches 3 --tp $np
+        v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
+        if [ $rc -eq 0 ] && [ -n "$v" ] && printf '%s\n' "$out" | grep -q '| GPT-NeoX L=2 H=32 A=4 V=256 P=64 F=128 rotary=0.5' &&
+            awk -v a="$v" -v b="$ref" 'BEGIN{d=a-b; if (d<0) d=-d; exit !(d <= 1e-4*b)}'; then
+            ok "Hugging Face GPT-NeoX checkpoint from PyTorch (Pythia's config: exact GELU; per-head query_key_value; the attention.bias, masked_bias and rotary_emb.inv_freq buffers) at t=$np: val_loss $v = PyTorch $ref"
+        else fail "Hugging Face GPT-NeoX checkpoint from PyTorch at t=$np: val_loss '$v', PyTorch '$ref'"; fi
+    done
+else
+    echo "train: Hugging Face GPT-NeoX import test skipped (Debian's python3-torch is not importable by $py)"
+fi
 
 # ---- bad input: one line, non-zero exit on every rank, no hang ---------------------------------------
 # bad NAME EXPECTED-TEXT ARGS...: 2 ranks; the run must fail within the timeout and say EXPECTED-TEXT

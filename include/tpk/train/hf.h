@@ -1198,14 +1198,16 @@ static inline tpk_status tpk__hf_finite(tpk_ctx *ctx, const char *fn, const char
 }
 
 /* Whether the model-file tensor `name` is accounted for by the model: a parameter (sorted[n], also
- * under the prefix alt) or a buffer Hugging Face's files carry and tpk computes itself (GPT-2's
- * attention masks attn.bias and attn.masked_bias, Llama's rotary_emb.inv_freq). */
+ * under the prefix alt) or a buffer Hugging Face's files carry and tpk computes itself (the causal
+ * masks: GPT-2's attn.bias and attn.masked_bias, GPT-NeoX's attention.bias and
+ * attention.masked_bias in files of older transformers versions; the rotary frequencies
+ * rotary_emb.inv_freq of Llama and GPT-NeoX). */
 static inline bool tpk__hf_known(const char *name, const char *const *sorted, int n,
                                  const char *alt) {
-    static const char *const buffers[] = {".attn.bias", ".attn.masked_bias",
-                                          ".rotary_emb.inv_freq"};
+    static const char *const buffers[] = {".attn.bias", ".attn.masked_bias", ".attention.bias",
+                                          ".attention.masked_bias", ".rotary_emb.inv_freq"};
     size_t len = strlen(name);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < (int)(sizeof buffers / sizeof buffers[0]); k++) {
         size_t b = strlen(buffers[k]);
         if (len > b && !strcmp(name + len - b, buffers[k])) return true;
     }
