@@ -2,15 +2,18 @@
  * is given to
  *   tpk_gpt2_config_parse   GPT-2's config.json
  *   tpk_llama_config_parse  Llama's config.json
+ *   tpk_neox_config_parse   GPT-NeoX's config.json
  *   tpk__hf_index           model.safetensors.index.json's weight_map (it reads a directory: the
  *                           input is written to the index file of a directory of this process's
  *                           own under $TMPDIR, else /tmp, removed at exit; it reads the file back
  *                           into a buffer of at least 64 KiB, so ASan sees only reads past that)
  * Whatever the bytes, each must return a status without crashing or reading outside them; a
- * refusal is TPK_ERR_FORMAT (the Llama parser: or TPK_ERR_UNSUPPORTED, for a value it names)
+ * refusal is TPK_ERR_FORMAT (the Llama and GPT-NeoX parsers: or TPK_ERR_UNSUPPORTED, for a value
+ * it names)
  * with a message naming the input and, for a syntax error, a byte offset inside it, and the index
  * reader leaves nothing allocated; an acceptance gives a plausible configuration (positive sizes,
- * hidden a multiple of heads; Llama: an even head size, kv_heads dividing heads) or a weight map
+ * hidden a multiple of heads; Llama: an even head size, kv_heads dividing heads; GPT-NeoX: a
+ * rotated fraction in (0, 1] that rotates a pair, an activation it has) or a weight map
  * whose every tensor names one of its files, each a ".safetensors" name in the same directory.
  * A broken promise aborts (a crash to the fuzzer).
  *   make fuzz                      libFuzzer + ASan + UBSan, each target for FUZZ_SECONDS (clang)
@@ -39,6 +42,34 @@ static tpk_status fuzz_llama_one(const uint8_t *data, size_t size) {
         c.positions < 1 || c.ffn < 1 || c.heads > c.hidden || c.hidden % c.heads ||
         (c.hidden / c.heads) % 2 || c.heads % c.kv_heads || !(c.norm_eps > 0 && c.norm_eps <= 1) ||
         !(c.rope_theta >= 1 && isfinite(c.rope_theta)))
+        abort();
+    return s;
+}
+
+/* A syntax error's byte offset, where the message has one, lies inside the input. */
+static void fuzz__offset_inside(const char *rest, size_t size) {
+    if (!strncmp(rest, "byte ", 5) && strtoull(rest + 5, NULL, 10) > size) abort();
+}
+
+static tpk_status fuzz_neox_one(const uint8_t *data, size_t size) {
+    static const char prefix[] = "tpk_neox_config_parse: input: ";
+    tpk_ctx ctx;
+    tpk_neox_config c;
+    memset(&ctx, 0, sizeof ctx), memset(&c, 0, sizeof c);
+    tpk_status s = tpk_neox_config_parse(&ctx, data, size, "input", &c);
+    if (s != TPK_OK) {
+        if ((s != TPK_ERR_FORMAT && s != TPK_ERR_UNSUPPORTED) ||
+            strncmp(ctx.err, prefix, sizeof prefix - 1))
+            abort();
+        fuzz__offset_inside(ctx.err + sizeof prefix - 1, size);
+        return s;
+    }
+    if (c.layers < 1 || c.hidden < 1 || c.heads < 1 || c.vocab < 1 || c.positions < 1 ||
+        c.ffn < 1 || c.heads > c.hidden || c.hidden % c.heads ||
+        tpk_neox_rotary_dim(c.hidden / c.heads, c.rotary_pct) < 2 ||
+        !(c.rotary_pct > 0 && c.rotary_pct <= 1) || !(c.ln_eps > 0 && c.ln_eps < 1) ||
+        !(c.rope_theta > 1 && isfinite(c.rope_theta)) ||
+        (c.act != TPK_ACT_GELU && c.act != TPK_ACT_GELU_TANH))
         abort();
     return s;
 }
@@ -93,13 +124,14 @@ static tpk_status fuzz_index_one(const uint8_t *data, size_t size) {
     return s;
 }
 
-/* The GPT-2 parser's status (the replay's verdict); the other two readers are checked as well. */
+/* The GPT-2 parser's status (the replay's verdict); the other readers are checked as well. */
 static tpk_status fuzz_config_one(const uint8_t *data, size_t size) {
     tpk_ctx ctx; /* only its error fields are used */
     tpk_gpt2_config c;
     memset(&ctx, 0, sizeof ctx), memset(&c, 0, sizeof c);
     tpk_status s = tpk_gpt2_config_parse(&ctx, data, size, "input", &c);
     fuzz_llama_one(data, size);
+    fuzz_neox_one(data, size);
     fuzz_index_one(data, size);
     if (s != TPK_OK) {
         if (s != TPK_ERR_FORMAT || strncmp(ctx.err, "tpk_gpt2_config_parse: input: ", 30)) abort();

@@ -407,31 +407,6 @@ static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const ch
     snprintf(path, np, "%s/config.json", d);
     return tpk__read_file(ctx, fn, path, b, n);
 }
-/* dir/config.json into *cfg, as tpk_gpt2_config_parse. */
-static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk_gpt2_config *cfg) {
-    static const char *fn = "tpk_gpt2_config_read";
-    char path[1200];
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
-    tpk_status s = tpk_gpt2_config_parse(ctx, b, n, path, cfg);
-    free(b);
-    return s;
-}
-/* dir/config.json into *cfg, as tpk_llama_config_parse. */
-static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
-                                               tpk_llama_config *cfg) {
-    static const char *fn = "tpk_llama_config_read";
-    char path[1200];
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
-    tpk_status s = tpk_llama_config_parse(ctx, b, n, path, cfg);
-    free(b);
-    return s;
-}
 
 /* GPTNeoXForCausalLM's config.json: the sizes, rotary_pct (or partial_rotary_factor),
  * rotary_emb_base (or rope_theta), layer_norm_eps, hidden_act ("gelu": exact; "gelu_new",
@@ -510,20 +485,26 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     cfg->act = exact ? TPK_ACT_GELU : TPK_ACT_GELU_TANH;
     return TPK_OK;
 }
-static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir,
-                                              tpk_neox_config *cfg) {
-    static const char *fn = "tpk_neox_config_read";
-    char path[1200];
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
-    tpk_status s = tpk_neox_config_parse(ctx, b, n, path, cfg);
-    free(b);
-    return s;
-}
-/* The architecture of dir's checkpoint: config.json's model_type, "gpt2" or "llama", into
- * type[n]; any other (or none) is TPK_ERR_UNSUPPORTED naming it. */
+/* tpk_F_config_read(ctx, dir, cfg) for every family F (tpk/models/families.h): dir/config.json
+ * (of the checkpoint dir holds, tpk__hf_resolve) into *cfg, as tpk_F_config_parse. */
+#define TPK__HF_CONFIG_READ(F, FF, TYPE, DROPOUT, TITLE)                                           \
+    static inline tpk_status tpk_##F##_config_read(tpk_ctx *ctx, const char *dir,                  \
+                                                   tpk_##F##_config *cfg) {                        \
+        static const char *fn = "tpk_" #F "_config_read";                                          \
+        char path[1200];                                                                           \
+        uint8_t *b = NULL;                                                                         \
+        size_t n = 0;                                                                              \
+        if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");                      \
+        TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));                        \
+        tpk_status s = tpk_##F##_config_parse(ctx, b, n, path, cfg);                               \
+        free(b);                                                                                   \
+        return s;                                                                                  \
+    }
+TPK__FAMILIES(TPK__HF_CONFIG_READ)
+#undef TPK__HF_CONFIG_READ
+
+/* The family of dir's checkpoint: config.json's model_type (one of the families',
+ * tpk/models/families.h) into type[n]; any other (or none) is TPK_ERR_UNSUPPORTED naming it. */
 static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *type, size_t n) {
     static const char *fn = "tpk_hf_model_type";
     char path[1200];
