@@ -21,6 +21,7 @@ table. Stopped by SIGTERM (a time limit), it still prints what it measured, the 
         [--warmup W] [--dtype bf16|f32] [--device cuda|cpu] [--vocab V] [--trainer PATH]
         [--no-torch] [--no-compile] [--peak-tflops T] [--json]
 """
+
 import argparse
 import json
 import math
@@ -35,7 +36,11 @@ import sys
 import tempfile
 import time
 
-MODELS = {"124M": (12, 768, 12), "350M": (24, 1024, 16), "tiny": (2, 64, 4)}  # layers, hidden, heads
+MODELS = {
+    "124M": (12, 768, 12),
+    "350M": (24, 1024, 16),
+    "tiny": (2, 64, 4),
+}  # layers, hidden, heads
 
 
 class Stopped(Exception):
@@ -67,18 +72,50 @@ def run_tpk(a, L, H, A):
     try:
         shard = os.path.join(tmp, "tokens.bin")
         write_shard(shard, a.batch * a.seq * 4 + 1, a.vocab)
-        cmd = [a.trainer, "--data", shard, "--layers", str(L), "--hidden", str(H), "--heads", str(A), "--vocab", str(a.vocab),
-               "--positions", str(a.seq), "--batch", str(a.batch), "--seq-len", str(a.seq), "--steps", str(a.warmup + a.steps),
-               "--log-every", "1", "--dtype", a.dtype, "--eval-every", "0", "--warmup", "1", "--lr", "1e-4"]
+        cmd = [
+            a.trainer,
+            "--data",
+            shard,
+            "--layers",
+            str(L),
+            "--hidden",
+            str(H),
+            "--heads",
+            str(A),
+            "--vocab",
+            str(a.vocab),
+            "--positions",
+            str(a.seq),
+            "--batch",
+            str(a.batch),
+            "--seq-len",
+            str(a.seq),
+            "--steps",
+            str(a.warmup + a.steps),
+            "--log-every",
+            "1",
+            "--dtype",
+            a.dtype,
+            "--eval-every",
+            "0",
+            "--warmup",
+            "1",
+            "--lr",
+            "1e-4",
+        ]
         mpirun = shutil.which("mpirun")
         if mpirun:
             flags = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
             cmd = [mpirun] + flags + ["-np", "1"] + cmd
         env = dict(os.environ, OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         try:
             so, se = proc.communicate(timeout=3600)
-        except BaseException:  # stopped (SIGTERM) or too long: mpirun given time to stop the trainer
+        except (
+            BaseException
+        ):  # stopped (SIGTERM) or too long: mpirun given time to stop the trainer
             proc.terminate()
             try:
                 proc.communicate(timeout=10)
@@ -88,8 +125,15 @@ def run_tpk(a, L, H, A):
             raise
         out = subprocess.CompletedProcess(cmd, proc.returncode, so, se)
         if out.returncode != 0:
-            raise RuntimeError("%s failed (%d): %s" % (a.trainer, out.returncode, (out.stdout + out.stderr)[-2000:]))
-        ms = [float(m.group(2)) for m in re.finditer(r"^step\s+(\d+)/\d+ \|.*?\| ([0-9.]+) ms \|", out.stdout, re.M) if int(m.group(1)) > a.warmup]
+            raise RuntimeError(
+                "%s failed (%d): %s"
+                % (a.trainer, out.returncode, (out.stdout + out.stderr)[-2000:])
+            )
+        ms = [
+            float(m.group(2))
+            for m in re.finditer(r"^step\s+(\d+)/\d+ \|.*?\| ([0-9.]+) ms \|", out.stdout, re.M)
+            if int(m.group(1)) > a.warmup
+        ]
         if len(ms) < 1:
             raise RuntimeError("no step times in the trainer's output:\n" + out.stdout[-2000:])
         mem = re.search(r"peak memory ([0-9.]+) MB", out.stdout)
@@ -110,12 +154,23 @@ def torch_model(torch, L, H, A, V, P):
 
         def forward(self, x):
             B, S, _ = x.shape
-            q, k, v = (t.view(B, S, A, H // A).transpose(1, 2) for t in self.c_attn(self.ln_1(x)).split(H, dim=-1))
+            q, k, v = (
+                t.view(B, S, A, H // A).transpose(1, 2)
+                for t in self.c_attn(self.ln_1(x)).split(H, dim=-1)
+            )
             if hasattr(F, "scaled_dot_product_attention"):
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:  # PyTorch before 2.0: the plain causal softmax
                 mask = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
-                y = F.softmax(((q @ k.transpose(-2, -1)) / math.sqrt(H // A)).masked_fill(~mask, float("-inf")), dim=-1) @ v
+                y = (
+                    F.softmax(
+                        ((q @ k.transpose(-2, -1)) / math.sqrt(H // A)).masked_fill(
+                            ~mask, float("-inf")
+                        ),
+                        dim=-1,
+                    )
+                    @ v
+                )
             y = y.transpose(1, 2).reshape(B, S, H)
             x = x + self.attn_proj(y)
             return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
@@ -150,7 +205,11 @@ def run_torch(a, L, H, A, compiled):
     step_model = torch.compile(model) if compiled else model
     idx = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     tgt = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
-    ctx = torch.autocast(dev.type, dtype=torch.bfloat16) if a.dtype == "bf16" else torch.autocast(dev.type, enabled=False)
+    ctx = (
+        torch.autocast(dev.type, dtype=torch.bfloat16)
+        if a.dtype == "bf16"
+        else torch.autocast(dev.type, enabled=False)
+    )
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
@@ -217,7 +276,10 @@ def main():
         sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
     except ImportError:
         sdpa = True
-    for name, compiled in (("torch eager" if sdpa else "torch eager (no SDPA)", False), ("torch.compile", True)):
+    for name, compiled in (
+        ("torch eager" if sdpa else "torch eager (no SDPA)", False),
+        ("torch.compile", True),
+    ):
         if a.no_torch or (compiled and a.no_compile):
             skipped[name] = "not asked for"
             continue
@@ -226,25 +288,61 @@ def main():
             continue
         try:
             rows[name], mem[name] = run_torch(a, L, H, A, compiled)
-        except Exception as e:  # a missing PyTorch or feature, or the time limit, is reported, not fatal
+        except (
+            Exception
+        ) as e:  # a missing PyTorch or feature, or the time limit, is reported, not fatal
             skipped[name] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     fpt = flops_per_token(L, H, a.vocab, a.seq)
-    res = {"model": a.model, "layers": L, "hidden": H, "heads": A, "vocab": a.vocab, "batch": a.batch, "seq": a.seq, "dtype": a.dtype,
-           "device": a.device, "steps": a.steps, "warmup": a.warmup, "flops_per_token": fpt, "peak_tflops": a.peak_tflops,
-           "rows": {k: {"ms": v, "tokens_per_s": tokens / (v * 1e-3), "mfu": fpt * tokens / (v * 1e-3) / (a.peak_tflops * 1e12),
-                        "peak_mem_mb": mem.get(k)} for k, v in rows.items()},
-           "tpk_ratio": {k: rows[k] / rows["tpk"] for k in rows if k != "tpk" and "tpk" in rows}, "skipped": skipped}
+    res = {
+        "model": a.model,
+        "layers": L,
+        "hidden": H,
+        "heads": A,
+        "vocab": a.vocab,
+        "batch": a.batch,
+        "seq": a.seq,
+        "dtype": a.dtype,
+        "device": a.device,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "flops_per_token": fpt,
+        "peak_tflops": a.peak_tflops,
+        "rows": {
+            k: {
+                "ms": v,
+                "tokens_per_s": tokens / (v * 1e-3),
+                "mfu": fpt * tokens / (v * 1e-3) / (a.peak_tflops * 1e12),
+                "peak_mem_mb": mem.get(k),
+            }
+            for k, v in rows.items()
+        },
+        "tpk_ratio": {k: rows[k] / rows["tpk"] for k in rows if k != "tpk" and "tpk" in rows},
+        "skipped": skipped,
+    }
     if a.json:
         print(json.dumps(res))
         return
-    print("GPT-2 %s (L=%d H=%d A=%d V=%d), B=%d S=%d, %s on %s, median of %d steps after %d warm-up" %
-          (a.model, L, H, A, a.vocab, a.batch, a.seq, a.dtype, a.device, a.steps, a.warmup))
-    print("%-22s %10s %12s %7s %12s %14s" % ("", "ms/step", "tokens/s", "MFU", "peak MB", "tpk / this"))
+    print(
+        "GPT-2 %s (L=%d H=%d A=%d V=%d), B=%d S=%d, %s on %s, median of %d steps after %d warm-up"
+        % (a.model, L, H, A, a.vocab, a.batch, a.seq, a.dtype, a.device, a.steps, a.warmup)
+    )
+    print(
+        "%-22s %10s %12s %7s %12s %14s"
+        % ("", "ms/step", "tokens/s", "MFU", "peak MB", "tpk / this")
+    )
     for k, r in res["rows"].items():
-        print("%-22s %10.1f %12.0f %6.1f%% %12s %13s" % (k, r["ms"], r["tokens_per_s"], 100 * r["mfu"],
-                                                      "%.0f" % r["peak_mem_mb"] if r["peak_mem_mb"] is not None else "-",
-                                                      "%.3fx" % res["tpk_ratio"][k] if k in res["tpk_ratio"] else "-"))
+        print(
+            "%-22s %10.1f %12.0f %6.1f%% %12s %13s"
+            % (
+                k,
+                r["ms"],
+                r["tokens_per_s"],
+                100 * r["mfu"],
+                "%.0f" % r["peak_mem_mb"] if r["peak_mem_mb"] is not None else "-",
+                "%.3fx" % res["tpk_ratio"][k] if k in res["tpk_ratio"] else "-",
+            )
+        )
     for k, why in skipped.items():
         print("%-22s not measured (%s)" % (k, why))
 

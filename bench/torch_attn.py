@@ -7,6 +7,7 @@ Prints "fwd_ms bwd_ms backend-name".
 
     python3 bench/torch_attn.py B S A D f32|bf16 cpu|cuda ITERS
 """
+
 import math
 import statistics
 import sys
@@ -31,7 +32,9 @@ def main():
     dev, iters = sys.argv[6], int(sys.argv[7])
     if dev == "cpu":
         torch.set_num_threads(1)
-    q, k, v = (torch.randn(B, A, S, D, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(B, A, S, D, device=dev, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
     do = torch.randn(B, A, S, D, device=dev, dtype=dtype)
 
     def clock():

@@ -6,6 +6,7 @@ separately, median over ITERS after one warm-up iteration. Prints "fwd_seconds b
 
     python3 bench/torch_block.py H A B S ITERS
 """
+
 import math
 import statistics
 import sys

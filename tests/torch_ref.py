@@ -17,6 +17,7 @@ Prints "ok ..." or "FAIL ..." (counted by tests/run.sh); exit status 1 on failur
 
     python3 tests/torch_ref.py DIR
 """
+
 import math
 import os
 import sys
@@ -33,12 +34,15 @@ def load(d):
         for line in f:
             w = line.split()
             if w[0] == "config":
-                cfg = {w[i]: (w[i + 1] if w[i] == "arch" else float(w[i + 1])) for i in range(1, len(w), 2)}
+                cfg = {
+                    w[i]: (w[i + 1] if w[i] == "arch" else float(w[i + 1]))
+                    for i in range(1, len(w), 2)
+                }
             elif w[0] == "loss":
                 loss = float(w[1])
             elif w[0] == "param":
                 ndim = int(w[3])
-                params.append((w[1], int(w[2]), [int(x) for x in w[4:4 + ndim]]))
+                params.append((w[1], int(w[2]), [int(x) for x in w[4 : 4 + ndim]]))
 
     def floats(name):
         with open(os.path.join(d, name), "rb") as f:
@@ -52,8 +56,8 @@ def load(d):
     W, G = {}, {}
     for name, off, shape in params:
         n = math.prod(shape)
-        W[name] = wflat[off:off + n].reshape(shape).double().clone().requires_grad_(True)
-        G[name] = gflat[off:off + n].reshape(shape).double()
+        W[name] = wflat[off : off + n].reshape(shape).double().clone().requires_grad_(True)
+        G[name] = gflat[off : off + n].reshape(shape).double()
     return cfg, loss, W, G, ints("ids.bin"), ints("targets.bin")
 
 
@@ -74,11 +78,15 @@ def gpt2_loss(cfg, W, ids, targets):
         y = (att @ v).transpose(1, 2).reshape(B, S, H)
         x = x + F.linear(y, W[p + "attn.c_proj.weight"], W[p + "attn.c_proj.bias"])
         h = F.layer_norm(x, (H,), W[p + "ln_2.weight"], W[p + "ln_2.bias"], eps)
-        u = F.gelu(F.linear(h, W[p + "mlp.c_fc.weight"], W[p + "mlp.c_fc.bias"]), approximate="tanh")
+        u = F.gelu(
+            F.linear(h, W[p + "mlp.c_fc.weight"], W[p + "mlp.c_fc.bias"]), approximate="tanh"
+        )
         x = x + F.linear(u, W[p + "mlp.c_proj.weight"], W[p + "mlp.c_proj.bias"])
     x = F.layer_norm(x, (H,), W["ln_f.weight"], W["ln_f.bias"], eps)
     logits = x @ W["wte.weight"].t()  # the tied LM head
-    return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
+    return F.cross_entropy(
+        logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"]
+    )
 
 
 def rms_norm(x, w, eps):
@@ -87,7 +95,7 @@ def rms_norm(x, w, eps):
 
 
 def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -126,12 +134,16 @@ def llama_loss(cfg, W, ids, targets):
         y = (att @ v).transpose(1, 2).reshape(B, S, H)
         x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        u = F.silu(F.linear(h, W[p + "mlp.gate_proj.weight"])) * F.linear(h, W[p + "mlp.up_proj.weight"])
+        u = F.silu(F.linear(h, W[p + "mlp.gate_proj.weight"])) * F.linear(
+            h, W[p + "mlp.up_proj.weight"]
+        )
         x = x + F.linear(u, W[p + "mlp.down_proj.weight"])
     x = rms_norm(x, W["model.norm.weight"], eps)
     head = W["model.embed_tokens.weight"] if cfg.get("tie") else W["lm_head.weight"]
     logits = F.linear(x, head)
-    return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
+    return F.cross_entropy(
+        logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"]
+    )
 
 
 def neox_loss(cfg, W, ids, targets):
@@ -158,18 +170,22 @@ def neox_loss(cfg, W, ids, targets):
         p = "gpt_neox.layers.%d." % i
         qkv = lin(ln(x, p + "input_layernorm"), p + "attention.query_key_value")
         qkv = qkv.view(B, S, A, 3 * D).permute(0, 2, 1, 3)  # per head [q | k | v]
-        q, k, v = rot(qkv[..., :D]), rot(qkv[..., D:2 * D]), qkv[..., 2 * D:]
+        q, k, v = rot(qkv[..., :D]), rot(qkv[..., D : 2 * D]), qkv[..., 2 * D :]
         att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
         att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, S, H)
         a = lin(y, p + "attention.dense")
         h = ln(x, p + "post_attention_layernorm")  # the parallel residual: from x
         approx = "tanh" if cfg.get("gelu_tanh") else "none"
-        m = lin(F.gelu(lin(h, p + "mlp.dense_h_to_4h"), approximate=approx), p + "mlp.dense_4h_to_h")
+        m = lin(
+            F.gelu(lin(h, p + "mlp.dense_h_to_4h"), approximate=approx), p + "mlp.dense_4h_to_h"
+        )
         x = x + a + m
     x = ln(x, "gpt_neox.final_layer_norm")
     logits = F.linear(x, W["embed_out.weight"])
-    return F.cross_entropy(logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"])
+    return F.cross_entropy(
+        logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"]
+    )
 
 
 def main():
@@ -177,17 +193,47 @@ def main():
     cfg, c_loss, W, G, ids, targets = load(d)
     where = " at t=%d%s, smoothing %.1f" % (cfg["tp"], " SP" if cfg["sp"] else "", cfg["smoothing"])
     if cfg.get("arch") == "neox":
-        what = "PyTorch reference: GPT-NeoX (L=%d, H=%d, A=%d, F=%d, V=%d, rotary_pct %g, base %g, %s GELU)%s" % (
-            cfg["L"], cfg["H"], cfg["A"], cfg["ffn"], cfg["V"], cfg["rotary_pct"], cfg["rope_theta"],
-            "tanh" if cfg.get("gelu_tanh") else "exact", where)
+        what = (
+            "PyTorch reference: GPT-NeoX (L=%d, H=%d, A=%d, F=%d, V=%d, rotary_pct %g, base %g, %s "
+            "GELU)%s"
+            % (
+                cfg["L"],
+                cfg["H"],
+                cfg["A"],
+                cfg["ffn"],
+                cfg["V"],
+                cfg["rotary_pct"],
+                cfg["rope_theta"],
+                "tanh" if cfg.get("gelu_tanh") else "exact",
+                where,
+            )
+        )
         loss = neox_loss(cfg, W, ids, targets)
     elif cfg.get("arch", "gpt2") == "llama":
-        what = "PyTorch reference: Llama (L=%d, H=%d, A=%d, G=%d, F=%d, V=%d, rope_theta %g, %s head)%s" % (
-            cfg["L"], cfg["H"], cfg["A"], cfg["kv_heads"], cfg["ffn"], cfg["V"], cfg["rope_theta"],
-            "tied" if cfg["tie"] else "untied", where)
+        what = (
+            "PyTorch reference: Llama (L=%d, H=%d, A=%d, G=%d, F=%d, V=%d, rope_theta %g, %s "
+            "head)%s"
+            % (
+                cfg["L"],
+                cfg["H"],
+                cfg["A"],
+                cfg["kv_heads"],
+                cfg["ffn"],
+                cfg["V"],
+                cfg["rope_theta"],
+                "tied" if cfg["tie"] else "untied",
+                where,
+            )
+        )
         loss = llama_loss(cfg, W, ids, targets)
     else:
-        what = "PyTorch reference: GPT-2 (L=%d, H=%d, A=%d, V=%d)%s" % (cfg["L"], cfg["H"], cfg["A"], cfg["V"], where)
+        what = "PyTorch reference: GPT-2 (L=%d, H=%d, A=%d, V=%d)%s" % (
+            cfg["L"],
+            cfg["H"],
+            cfg["A"],
+            cfg["V"],
+            where,
+        )
         loss = gpt2_loss(cfg, W, ids, targets)
     loss.backward()
     fails = []
@@ -206,7 +252,10 @@ def main():
             fails.append("gradient of %s: relative error %.3g" % (name, err))
     for f in fails:
         print("  " + f)
-    print("%s %s: loss and %d gradients match (worst relative error %.2g)" % ("FAIL" if fails else "ok", what, len(W), worst))
+    print(
+        "%s %s: loss and %d gradients match (worst relative error %.2g)"
+        % ("FAIL" if fails else "ok", what, len(W), worst)
+    )
     return 1 if fails else 0
 
 

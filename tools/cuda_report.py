@@ -78,6 +78,7 @@ Offline inputs for the self-test (tests/cuda_report.sh) and for reports from els
 --launch FILE (lines `threads dynamic-smem kernel-glob`, threads "-" for unknown; the format
 LAUNCH_PROBE prints), with --no-probe --no-source.
 """
+
 import argparse
 import fnmatch
 import glob
@@ -122,6 +123,7 @@ def die(msg):
 
 # ---- tools ------------------------------------------------------------------------------------
 
+
 def find_tool(name, nvcc=None):
     """name on PATH, beside nvcc, in $CUDA_HOME/bin, or in the bin folders of Python's `nvidia`
     packages (PyPI's nvidia-cuda-cuobjdump puts it in site-packages/nvidia/cu13/bin)"""
@@ -138,6 +140,7 @@ def find_tool(name, nvcc=None):
             return os.path.join(d, name)
     try:
         import nvidia  # a namespace package: every install location
+
         for root in list(nvidia.__path__):
             for cand in sorted(glob.glob(os.path.join(root, "*", "bin", name)), reverse=True):
                 if os.access(cand, os.X_OK):
@@ -148,7 +151,9 @@ def find_tool(name, nvcc=None):
 
 
 def run(cmd, **kw):
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, **kw)
+    r = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, **kw
+    )
     if r.returncode != 0:
         die("%s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()[-2000:]))
     return r.stdout
@@ -160,7 +165,9 @@ def demangle_all(names):
     out = {n: n for n in names}
     cf = shutil.which("c++filt")
     if cf and names:
-        r = subprocess.run([cf], input="\n".join(names) + "\n", stdout=subprocess.PIPE, universal_newlines=True)
+        r = subprocess.run(
+            [cf], input="\n".join(names) + "\n", stdout=subprocess.PIPE, universal_newlines=True
+        )
         lines = r.stdout.splitlines()
         if len(lines) == len(names):
             for n, d in zip(names, lines):
@@ -183,6 +190,7 @@ def strip_params(d):
 
 # ---- parsers ----------------------------------------------------------------------------------
 
+
 def parse_res(text):
     """ptxas -v output -> {(mangled, arch): {regs, spill_st, spill_ld, stack, smem}}"""
     res, cur, props = {}, None, None
@@ -198,9 +206,13 @@ def parse_res(text):
         if m:
             props = m.group(1)  # the entry's, or a called function's (not counted)
             continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        m = re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
+        )
         if m and props == cur[0]:
-            res[cur]["stack"], res[cur]["spill_st"], res[cur]["spill_ld"] = (int(x) for x in m.groups())
+            res[cur]["stack"], res[cur]["spill_st"], res[cur]["spill_ld"] = (
+                int(x) for x in m.groups()
+            )
             continue
         m = re.search(r"Used (\d+) registers", line)
         if m:
@@ -277,9 +289,14 @@ def parse_launch(text):
 
 # ---- launch sites in the source -----------------------------------------------------------------
 
+
 def source_constants(texts):
     consts = {}
-    pats = [r"\benum\s*\{([^}]*)\}", r"#define\s+([A-Z_][A-Z0-9_]*)\s+([0-9][0-9xa-fA-F]*)\b", r"constexpr\s+int\s+(\w+)\s*=\s*([^;,]+)[;,]"]
+    pats = [
+        r"\benum\s*\{([^}]*)\}",
+        r"#define\s+([A-Z_][A-Z0-9_]*)\s+([0-9][0-9xa-fA-F]*)\b",
+        r"constexpr\s+int\s+(\w+)\s*=\s*([^;,]+)[;,]",
+    ]
     for t in texts:
         for body in re.findall(pats[0], t):
             body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
@@ -308,6 +325,7 @@ def eval_const(expr, consts, depth=0):
         if r is None:
             raise KeyError(m.group(0))
         return str(r)
+
     try:
         e = re.sub(r"\b[A-Za-z_]\w*\b", sub, expr)
     except KeyError:
@@ -342,7 +360,9 @@ def source_launches(src_dir):
     """{kernel base name: set of (threads or None, dynamic smem or None)} from its launch sites
     (a launch through a variable, `auto kernel = name<...>;`, counts for name)"""
     texts = []
-    for f in sorted(glob.glob(os.path.join(src_dir, "*.cu")) + glob.glob(os.path.join(src_dir, "*.cuh"))):
+    for f in sorted(
+        glob.glob(os.path.join(src_dir, "*.cu")) + glob.glob(os.path.join(src_dir, "*.cuh"))
+    ):
         with open(f) as fh:
             texts.append(fh.read())
     consts = source_constants(texts)
@@ -355,8 +375,15 @@ def source_launches(src_dir):
             thr = eval_const(args[1], consts)
             smem = eval_const(args[2], consts) if len(args) > 2 else 0
             name = m.group(1)
-            alias = list(re.finditer(r"\bauto\s+%s\s*=\s*(?:[\w.>-]+\s*\?\s*)?([A-Za-z_]\w*)" % re.escape(name), t[: m.start()]))
-            if alias:  # `auto kernel = some_kernel<...>;` ... kernel<<<...>>>: the nearest one before
+            alias = list(
+                re.finditer(
+                    r"\bauto\s+%s\s*=\s*(?:[\w.>-]+\s*\?\s*)?([A-Za-z_]\w*)" % re.escape(name),
+                    t[: m.start()],
+                )
+            )
+            if (
+                alias
+            ):  # `auto kernel = some_kernel<...>;` ... kernel<<<...>>>: the nearest one before
                 name = alias[-1].group(1)
             out.setdefault(name, set()).add((thr, smem))
     return out
@@ -367,15 +394,26 @@ def probe_launch(nvcc, src_dir, include_dir, workdir, nvccflags):
     src, exe = os.path.join(workdir, "flash_launch.cu"), os.path.join(workdir, "flash_launch")
     with open(src, "w") as f:
         f.write(LAUNCH_PROBE)
-    cmd = [nvcc, "-std=c++17", "-arch=sm_80", "-I" + src_dir, "-I" + include_dir] + nvccflags + [src, "-o", exe]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    cmd = (
+        [nvcc, "-std=c++17", "-arch=sm_80", "-I" + src_dir, "-I" + include_dir]
+        + nvccflags
+        + [src, "-o", exe]
+    )
+    r = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True
+    )
     if r.returncode != 0:
-        die("the launch probe (the attention kernels' shared memory, from flash.cuh's tpk__flash_smem) did not "
-            "compile: update LAUNCH_PROBE in tools/cuda_report.py to the launchers' code\n" + r.stdout[-3000:])
+        die(
+            "the launch probe (the attention kernels' shared memory, from flash.cuh's "
+            "tpk__flash_smem) did not "
+            "compile: update LAUNCH_PROBE in tools/cuda_report.py to the launchers' code\n"
+            + r.stdout[-3000:]
+        )
     return parse_launch(run([exe]))
 
 
 # ---- SASS analysis ------------------------------------------------------------------------------
+
 
 def hmma_weight(op):
     m = re.match(r"HMMA\.(16)(8)(16|8|32)\b", op)
@@ -388,7 +426,8 @@ WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "32": 4, "64": 8, "128": 16}
 
 
 def smem_bytes(op):
-    """(bytes per warp between registers and shared memory, bytes per warp global -> shared) of one instruction"""
+    """(bytes per warp between registers and shared memory, bytes per warp global -> shared) of
+    one instruction"""
     parts = op.split(".")
     base = parts[0]
     if base in ("LDSM", "STSM"):
@@ -555,13 +594,17 @@ def analyze_sass(insns):
     if best is not None:  # inner loops with HMMAs inside the main loop: counted once each
         best["inner"] = 0
         for h, body in natural_loops(blocks, succ).items():
-            if body < best["body"] and count(insns, [i for b in body for i in range(*blocks[b])])["hmma"] > 0:
+            if (
+                body < best["body"]
+                and count(insns, [i for b in body for i in range(*blocks[b])])["hmma"] > 0
+            ):
                 best["inner"] += 1
         del best["body"]
     return {"total": total, "loop": best}
 
 
 # ---- occupancy --------------------------------------------------------------------------------
+
 
 def occupancy(arch, regs, smem_static, smem_dyn, threads):
     """(blocks per SM, the limiting resource); smem_dyn None: static only ('<=')"""
@@ -582,6 +625,7 @@ def occupancy(arch, regs, smem_static, smem_dyn, threads):
 
 # ---- budget -----------------------------------------------------------------------------------
 
+
 def parse_budget(text, path):
     rules = []
     for no, line in enumerate(text.splitlines(), 1):
@@ -593,12 +637,25 @@ def parse_budget(text, path):
             rules.append({"line": no, "metric": "nvcc", "version": f[1], "used": True})
             continue
         if len(f) != 5 or f[0] not in METRICS:
-            die("%s:%d: expected `metric arch limit target kernel-glob` (metric one of %s): %s" % (path, no, ", ".join(METRICS), line))
+            die(
+                "%s:%d: expected `metric arch limit target kernel-glob` (metric one of %s): %s"
+                % (path, no, ", ".join(METRICS), line)
+            )
         try:
             lim, tgt = float(f[2]), (None if f[3] == "-" else float(f[3]))
         except ValueError:
             die("%s:%d: limit and target must be numbers (target may be -): %s" % (path, no, line))
-        rules.append({"line": no, "metric": f[0], "arch": f[1], "limit": lim, "target": tgt, "glob": f[4], "used": False})
+        rules.append(
+            {
+                "line": no,
+                "metric": f[0],
+                "arch": f[1],
+                "limit": lim,
+                "target": tgt,
+                "glob": f[4],
+                "used": False,
+            }
+        )
     return rules
 
 
@@ -612,11 +669,16 @@ def metric_value(k, metric):
     loop = k["sass"]["loop"] if k.get("sass") else None
     if loop is None or loop["hmma"] == 0:
         return None
-    return loop["insn"] / loop["hmma"] if metric == "insn/hmma" else (loop["smem"] + loop["cpasync"]) / loop["hmma"]
+    return (
+        loop["insn"] / loop["hmma"]
+        if metric == "insn/hmma"
+        else (loop["smem"] + loop["cpasync"]) / loop["hmma"]
+    )
 
 
 def check_budget(kernels, rules):
-    """(violations, over-target notes, suggested lines: the measured value as the limit where past the target)"""
+    """(violations, over-target notes, suggested lines: the measured value as the limit where past
+    the target)"""
     bad, over, suggest = [], [], []
     for k in kernels:
         for metric in METRICS:
@@ -624,8 +686,14 @@ def check_budget(kernels, rules):
             for r in rules:
                 if r["metric"] == "nvcc":
                     continue
-                if r["metric"] == metric and fnmatch.fnmatchcase(k["arch"], r["arch"]) and fnmatch.fnmatchcase(k["name"], r["glob"]):
-                    r["used"] = True  # the line matches a kernel, even where a later line overrides it
+                if (
+                    r["metric"] == metric
+                    and fnmatch.fnmatchcase(k["arch"], r["arch"])
+                    and fnmatch.fnmatchcase(k["name"], r["glob"])
+                ):
+                    r["used"] = (
+                        True  # the line matches a kernel, even where a later line overrides it
+                    )
                     rule = r
             if rule is None:
                 continue
@@ -639,23 +707,40 @@ def check_budget(kernels, rules):
             fmt = "%g" if metric in ("regs", "spill", "blocks") else "%.2f"
             rel = "<" if lo else ">"
             if past(rule["limit"]):
-                bad.append(("%s " + fmt + " %s limit %g (budget line %d)") % (where, v, rel, rule["limit"], rule["line"]))
+                bad.append(
+                    ("%s " + fmt + " %s limit %g (budget line %d)")
+                    % (where, v, rel, rule["limit"], rule["line"])
+                )
             elif past(rule["target"]):
-                over.append(("%s " + fmt + " %s target %g (limit %g, budget line %d)") % (where, v, rel, rule["target"], rule["limit"], rule["line"]))
+                over.append(
+                    ("%s " + fmt + " %s target %g (limit %g, budget line %d)")
+                    % (where, v, rel, rule["target"], rule["limit"], rule["line"])
+                )
             if past(rule["target"]):
-                lim = v if lo or fmt == "%g" else math.ceil(v * 100 - 1e-9) / 100  # rounded up: the value passes
-                suggest.append("%-10s %s %8s %5g  %s" % (metric, k["arch"], fmt % lim, rule["target"], k["name"]))
+                lim = (
+                    v if lo or fmt == "%g" else math.ceil(v * 100 - 1e-9) / 100
+                )  # rounded up: the value passes
+                suggest.append(
+                    "%-10s %s %8s %5g  %s"
+                    % (metric, k["arch"], fmt % lim, rule["target"], k["name"])
+                )
     for r in rules:
         if not r["used"]:
-            bad.append("budget line %d (%s %s %s) matches no kernel" % (r["line"], r["metric"], r["arch"], r["glob"]))
+            bad.append(
+                "budget line %d (%s %s %s) matches no kernel"
+                % (r["line"], r["metric"], r["arch"], r["glob"])
+            )
     return bad, over, suggest
 
 
 # ---- the report -------------------------------------------------------------------------------
 
+
 def collect(res, sass, elf, launch, src, names):
     kernels = []
-    for (mangled, arch), r in sorted(res.items(), key=lambda kv: (kv[0][1], names.get(kv[0][0], kv[0][0]))):
+    for (mangled, arch), r in sorted(
+        res.items(), key=lambda kv: (kv[0][1], names.get(kv[0][0], kv[0][0]))
+    ):
         if arch not in ARCHS:
             continue
         name = names.get(mangled, mangled)
@@ -694,50 +779,135 @@ def print_report(kernels, out):
     for arch in sorted({k["arch"] for k in kernels}):
         ks = [k for k in kernels if k["arch"] == arch]
         a = ARCHS[arch]
-        out.write("\n== %s: %d kernels; per SM 65536 registers, %d KiB shared memory, 2048 threads, 32 blocks ==\n"
-                  % (arch, len(ks), a["smem_sm"] // 1024))
-        out.write("%-64s %4s %9s %5s %13s %8s %9s\n" % ("kernel", "regs", "spill B", "stack", "smem st+dyn", "threads", "blocks/SM"))
+        out.write(
+            "\n== %s: %d kernels; per SM 65536 registers, %d KiB shared memory, 2048 threads, 32 "
+            "blocks ==\n"
+            % (arch, len(ks), a["smem_sm"] // 1024)
+        )
+        out.write(
+            "%-64s %4s %9s %5s %13s %8s %9s\n"
+            % ("kernel", "regs", "spill B", "stack", "smem st+dyn", "threads", "blocks/SM")
+        )
         for k in ks:
             dyn = "?" if k["dyn"] is None else str(k["dyn"])
-            thr = "?" if k["threads"] is None else "%d %s" % (k["threads"], k["threads_from"].split()[0])
-            blk = "?" if k["blocks"] is None else ("<=" if k.get("blocks_le") else "") + "%d %s" % (k["blocks"], k["why"])
-            out.write("%-64s %4d %9s %5d %13s %8s %9s\n" % (short(k["name"], 64), k["regs"], "%d/%d" % (k["spill_st"], k["spill_ld"]),
-                                                          k["stack"], "%d+%s" % (k["smem"], dyn), thr, blk))
+            thr = (
+                "?"
+                if k["threads"] is None
+                else "%d %s" % (k["threads"], k["threads_from"].split()[0])
+            )
+            blk = (
+                "?"
+                if k["blocks"] is None
+                else ("<=" if k.get("blocks_le") else "") + "%d %s" % (k["blocks"], k["why"])
+            )
+            out.write(
+                "%-64s %4d %9s %5d %13s %8s %9s\n"
+                % (
+                    short(k["name"], 64),
+                    k["regs"],
+                    "%d/%d" % (k["spill_st"], k["spill_ld"]),
+                    k["stack"],
+                    "%d+%s" % (k["smem"], dyn),
+                    thr,
+                    blk,
+                )
+            )
         tc = [k for k in ks if k["sass"]]
         if not tc:
             continue
-        out.write("\n-- %s tensor-core kernels, SASS: main loop (per m16n8k16 HMMA, shared-memory bytes per warp) | whole kernel --\n" % arch)
-        out.write("%-40s %6s %5s %5s %9s %10s %8s %6s | %6s %5s %9s %10s | %s\n" % (
-            "kernel", "insn", "HMMA", "inner", "insn/HMMA", "smem B/HMMA", "cp.async", "local", "insn", "HMMA", "insn/HMMA", "smem B/HMMA",
-            "main loop's header, last address"))
+        out.write(
+            "\n-- %s tensor-core kernels, SASS: main loop (per m16n8k16 HMMA, shared-memory bytes "
+            "per warp) | whole kernel --\n"
+            % arch
+        )
+        out.write(
+            "%-40s %6s %5s %5s %9s %10s %8s %6s | %6s %5s %9s %10s | %s\n"
+            % (
+                "kernel",
+                "insn",
+                "HMMA",
+                "inner",
+                "insn/HMMA",
+                "smem B/HMMA",
+                "cp.async",
+                "local",
+                "insn",
+                "HMMA",
+                "insn/HMMA",
+                "smem B/HMMA",
+                "main loop's header, last address",
+            )
+        )
         for k in tc:
             t, l = k["sass"]["total"], k["sass"]["loop"]
-            tot = "%6d %5g %9.2f %10.1f" % (t["insn"], t["hmma"], t["insn"] / t["hmma"], (t["smem"] + t["cpasync"]) / t["hmma"])
+            tot = "%6d %5g %9.2f %10.1f" % (
+                t["insn"],
+                t["hmma"],
+                t["insn"] / t["hmma"],
+                (t["smem"] + t["cpasync"]) / t["hmma"],
+            )
             if l is None:
-                out.write("%-40s %6s %5s %5s %9s %10s %8s %6s | %s\n" % (short(k["name"], 40), "-", "-", "-", "no loop", "-", "-", "-", tot))
+                out.write(
+                    "%-40s %6s %5s %5s %9s %10s %8s %6s | %s\n"
+                    % (short(k["name"], 40), "-", "-", "-", "no loop", "-", "-", "-", tot)
+                )
                 continue
-            out.write("%-40s %6d %5g %5d %9.2f %10.1f %8.1f %6d | %s | %#06x %#06x\n" % (
-                short(k["name"], 40), l["insn"], l["hmma"], l["inner"], l["insn"] / l["hmma"], (l["smem"] + l["cpasync"]) / l["hmma"],
-                l["cpasync"] / l["hmma"], l["local"], tot, l["addr"], l["end"]))
+            out.write(
+                "%-40s %6d %5g %5d %9.2f %10.1f %8.1f %6d | %s | %#06x %#06x\n"
+                % (
+                    short(k["name"], 40),
+                    l["insn"],
+                    l["hmma"],
+                    l["inner"],
+                    l["insn"] / l["hmma"],
+                    (l["smem"] + l["cpasync"]) / l["hmma"],
+                    l["cpasync"] / l["hmma"],
+                    l["local"],
+                    tot,
+                    l["addr"],
+                    l["end"],
+                )
+            )
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("objects", nargs="*", help="nvcc objects (a ptxas log FILE.res.txt beside FILE.o)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "objects", nargs="*", help="nvcc objects (a ptxas log FILE.res.txt beside FILE.o)"
+    )
     ap.add_argument("--budget", help="the budget file (tools/cuda-budget.txt)")
     ap.add_argument("--nvcc", default=os.environ.get("NVCC") or shutil.which("nvcc"))
-    ap.add_argument("--src", default="kernels/cuda", help="the CUDA sources (launch sites, flash.cuh)")
+    ap.add_argument(
+        "--src", default="kernels/cuda", help="the CUDA sources (launch sites, flash.cuh)"
+    )
     ap.add_argument("--include", default="include")
-    ap.add_argument("--nvccflags", default="", help="extra flags for the launch probe (e.g. -DTPK_NO_NCCL)")
+    ap.add_argument(
+        "--nvccflags", default="", help="extra flags for the launch probe (e.g. -DTPK_NO_NCCL)"
+    )
     ap.add_argument("--workdir", default="build/cuda-report")
     ap.add_argument("--res", action="append", default=[], help="ptxas -v output (offline)")
     ap.add_argument("--sass", action="append", default=[], help="cuobjdump -sass output (offline)")
     ap.add_argument("--elf", action="append", default=[], help="cuobjdump -elf output (offline)")
-    ap.add_argument("--launch", action="append", default=[], help="`threads dynamic-smem kernel-glob` lines (offline)")
+    ap.add_argument(
+        "--launch",
+        action="append",
+        default=[],
+        help="`threads dynamic-smem kernel-glob` lines (offline)",
+    )
     ap.add_argument("--no-probe", action="store_true", help="do not compile the launch probe")
     ap.add_argument("--no-source", action="store_true", help="do not read launch sites from --src")
-    ap.add_argument("--suggest", action="store_true", help="print budget lines with today's values where a kernel is past its target")
-    ap.add_argument("--find-tool", metavar="NAME", help="print where NAME (cuobjdump, nvdisasm) is found, exit 1 if nowhere")
+    ap.add_argument(
+        "--suggest",
+        action="store_true",
+        help="print budget lines with today's values where a kernel is past its target",
+    )
+    ap.add_argument(
+        "--find-tool",
+        metavar="NAME",
+        help="print where NAME (cuobjdump, nvdisasm) is found, exit 1 if nowhere",
+    )
     a = ap.parse_args(argv)
     if a.find_tool:
         p = find_tool(a.find_tool, a.nvcc)
@@ -757,7 +927,10 @@ def main(argv=None):
     if a.objects:
         cuobjdump = find_tool("cuobjdump", a.nvcc)
         if not cuobjdump:
-            die("cuobjdump not found (PATH, beside nvcc, $CUDA_HOME/bin, Python's nvidia packages): sh tools/cuda-deps.sh installs it")
+            die(
+                "cuobjdump not found (PATH, beside nvcc, $CUDA_HOME/bin, Python's nvidia "
+                "packages): sh tools/cuda-deps.sh installs it"
+            )
         for o in a.objects:
             r = os.path.splitext(o)[0] + ".res.txt"
             if not os.path.exists(o) or not os.path.exists(r):
@@ -788,14 +961,21 @@ def main(argv=None):
     if a.nvcc and a.objects:
         ver = re.findall(r"release ([\d.]+)", run([a.nvcc, "--version"]))
         nvcc_version = ver[0] if ver else "?"
-        out.write("cuda-report: %s (nvcc %s), %s\n" % (", ".join(a.objects), nvcc_version, ", ".join(sorted({k['arch'] for k in kernels}))))
+        out.write(
+            "cuda-report: %s (nvcc %s), %s\n"
+            % (", ".join(a.objects), nvcc_version, ", ".join(sorted({k["arch"] for k in kernels})))
+        )
     print_report(kernels, out)
     if not a.budget:
         return 0
     rules = parse_budget(open(a.budget).read(), a.budget)
     bad, over, suggest = check_budget(kernels, rules)
     if a.suggest:
-        out.write("\n== budget lines at today's values, for every kernel past its target ==\n" + "\n".join(suggest) + "\n")
+        out.write(
+            "\n== budget lines at today's values, for every kernel past its target ==\n"
+            + "\n".join(suggest)
+            + "\n"
+        )
     rules_n = sum(1 for r in rules if r["metric"] != "nvcc")
     out.write("\n== budget %s: %d lines ==\n" % (a.budget, rules_n))
     for s in over:
@@ -805,9 +985,15 @@ def main(argv=None):
     want = [r["version"] for r in rules if r["metric"] == "nvcc"]
     lenient = bool(want and nvcc_version and not nvcc_version.startswith(want[0]))
     if lenient and bad:
-        out.write("cuda-report: the budget was measured with nvcc %s, this is nvcc %s: the violations above are not enforced "
-                  "(registers and SASS differ between compilers)\n" % (want[0], nvcc_version))
-    out.write("cuda-report: %d kernels, %d budget lines: %d violations, %d over target\n" % (len(kernels), rules_n, len(bad), len(over)))
+        out.write(
+            "cuda-report: the budget was measured with nvcc %s, this is nvcc %s: the violations "
+            "above are not enforced "
+            "(registers and SASS differ between compilers)\n" % (want[0], nvcc_version)
+        )
+    out.write(
+        "cuda-report: %d kernels, %d budget lines: %d violations, %d over target\n"
+        % (len(kernels), rules_n, len(bad), len(over))
+    )
     return 1 if bad and not lenient else 0
 
 

@@ -1,15 +1,17 @@
-"""tools/format_check.py — make format-check: the C, C++ and CUDA sources follow the project's format
-(.clang-format, .editorconfig) where a machine can check it without a particular clang-format:
-lines of at most 100 characters, no tab, no trailing space, a final newline, UTF-8. Prints each
-offending line as FILE:LINE: what, and exits 1 when there is one.
+"""tools/format_check.py — make format-check: the C, C++, CUDA and Python sources follow the
+project's format (.clang-format, .editorconfig; Python as black -l 100 writes it) where a machine
+can check it without a particular formatter: lines of at most 100 characters, no tab, no
+trailing space, a final newline, UTF-8. Prints each offending line as FILE:LINE: what, and exits
+1 when there is one.
 
-    python3 tools/format_check.py [FILE...]    (default: every tracked *.c *.h *.cu *.cuh *.cpp)
+    python3 tools/format_check.py [FILE...]   (default: every tracked *.c *.h *.cu *.cuh *.cpp *.py)
 """
+
 import subprocess
 import sys
 
 WIDTH = 100
-PATTERNS = ["*.c", "*.h", "*.cu", "*.cuh", "*.cpp"]
+PATTERNS = ["*.c", "*.h", "*.cu", "*.cuh", "*.cpp", "*.py"]
 
 
 def check(path):

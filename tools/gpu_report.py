@@ -4,11 +4,14 @@ left in DIR.
     python3 tools/gpu_report.py DIR OUT.md
 
 Reads (any may be missing; the report then names what is):
-  env.tsv         mode (gpu, nogpu, host: a dry run on the host backend), date, commit, gpu, nvcc, torch
+  env.tsv         mode (gpu, nogpu, host: a dry run on the host backend), date, commit, gpu,
+                  nvcc, torch
   steps.tsv       one row a step: name, status (ok, failed, timeout, skipped), seconds, limit, note
   results.tsv     tests/gpu/run.sh's rows: name, passed, failed, exit status, seconds, findings
-  gemm-*.json     bench/gemm --json           (the LM-head GEMMs against a plain GEMM of the same shape)
-  kernels-*.json  bench/kernels --json        (memory-bound ops against copy bandwidth, attention against SDPA)
+  gemm-*.json     bench/gemm --json           (the LM-head GEMMs against a plain GEMM of the
+                                              same shape)
+  kernels-*.json  bench/kernels --json        (memory-bound ops against copy bandwidth,
+                                              attention against SDPA)
   gpt2-*.json     bench/gpt2_step.py --json   (GPT-2 steps against PyTorch eager and torch.compile)
 Targets (the project's GPU-speed issue): attention at >= 70% of PyTorch SDPA's speed, forward and
 forward+backward (bf16); each memory-bound kernel at >= 80% of the measured copy bandwidth (bytes
@@ -20,6 +23,7 @@ Exit status: 1 when a GPU test or a sanitizer failed or did not run (or, in a dr
 failed), 2 without a GPU, else 0. A figure BELOW its target does not fail: it is a measurement.
 Standard library only.
 """
+
 import json
 import os
 import re
@@ -31,8 +35,12 @@ GPT2_TARGET = 1.0  # x torch.compile's tokens/s (124M)
 LM_TARGET = 0.85  # x a plain GEMM (padded LM head)
 TESTS = ["ops", "layers np=1", "layers np=2", "layers np=3", "resume"]
 TOOLS = ["memcheck", "racecheck", "synccheck", "initcheck"]
-KERNEL_RUNS = [("kernels-bf16-gpt2-124M", "GPT-2 124M"), ("kernels-bf16-gpt2-350M", "GPT-2 350M"),
-               ("kernels-bf16-d128", "head dim 128"), ("kernels-f32", "f32 default shape")]
+KERNEL_RUNS = [
+    ("kernels-bf16-gpt2-124M", "GPT-2 124M"),
+    ("kernels-bf16-gpt2-350M", "GPT-2 350M"),
+    ("kernels-bf16-d128", "head dim 128"),
+    ("kernels-f32", "f32 default shape"),
+]
 GPT2_RUNS = [("gpt2-124M", "124M"), ("gpt2-350M", "350M")]
 
 
@@ -127,7 +135,10 @@ class Report:
     def steps_section(self):
         self.w("## Steps")
         self.w()
-        rows = [[n, s[1] if s[1] == "ok" else "**%s**" % s[1], s[2] + " s", s[3] + " s", s[4] or ""] for n, s in self.steps.items()]
+        rows = [
+            [n, s[1] if s[1] == "ok" else "**%s**" % s[1], s[2] + " s", s[3] + " s", s[4] or ""]
+            for n, s in self.steps.items()
+        ]
         if not rows:
             self.w("No step recorded (steps.tsv missing).")
             self.w()
@@ -136,15 +147,21 @@ class Report:
 
     def tests_section(self):
         """make test-gpu's programs and the sanitizers; returns the failures"""
-        res = {r[0]: r + ["-"] * (6 - len(r)) for r in read_tsv(os.path.join(self.d, "results.tsv"))}
+        res = {
+            r[0]: r + ["-"] * (6 - len(r)) for r in read_tsv(os.path.join(self.d, "results.tsv"))
+        }
         fails = []
         st = self.steps.get("test-gpu")
         ran = st is not None and st[1] != "skipped"
         self.w("## Tests (make test-gpu)")
         self.w()
-        self.w("Every CUDA op against the host op (the fused cuBLASLt epilogues against the composed ops among them), "
-               "the layers and GPT-2 at t = 1 (NCCL) and t = 2, 3 (MPI, ranks sharing the GPU), a bit-identical resume "
-               "(tests/gpu/run.sh; counts of `ok` / `FAIL` lines).")
+        self.w(
+            "Every CUDA op against the host op (the fused cuBLASLt epilogues against the composed "
+            "ops among them), "
+            "the layers and GPT-2 at t = 1 (NCCL) and t = 2, 3 (MPI, ranks sharing the GPU), a "
+            "bit-identical resume "
+            "(tests/gpu/run.sh; counts of `ok` / `FAIL` lines)."
+        )
         self.w()
         if not ran:
             self.w("Not run: %s." % self.step_why("test-gpu"))
@@ -153,7 +170,9 @@ class Report:
             if st[1] != "ok":
                 fails.append("make test-gpu " + st[1] + (" (" + st[4] + ")" if st[4] else ""))
             rows = []
-            for name in TESTS + sorted(n for n in res if n not in TESTS and not n.startswith("ops under compute-sanitizer")):
+            for name in TESTS + sorted(
+                n for n in res if n not in TESTS and not n.startswith("ops under compute-sanitizer")
+            ):
                 r = res.get(name)
                 if r is None:
                     rows.append([name, "-", "-", "-", "-", "**did not run**"])
@@ -166,8 +185,12 @@ class Report:
             self.table(["program", "ok", "failed", "exit", "time", "result"], rows)
         self.w("## Sanitizers (compute-sanitizer on tests/gpu/ops)")
         self.w()
-        self.w("Each tool over the whole op suite; any finding (racecheck: errors and warnings), a non-zero exit or a "
-               "missing summary (the tool did not finish) is a failure. Outputs: sanitizer-TOOL.txt in the logs.")
+        self.w(
+            "Each tool over the whole op suite; any finding (racecheck: errors and warnings), a "
+            "non-zero exit or a "
+            "missing summary (the tool did not finish) is a failure. Outputs: sanitizer-TOOL.txt "
+            "in the logs."
+        )
         self.w()
         if not ran:
             self.w("Not run: %s." % self.step_why("test-gpu"))
@@ -183,18 +206,33 @@ class Report:
                     continue
                 ok = r[2] == "0" and r[3] == "0" and r[5] == "0"
                 if not ok:
-                    fails.append("compute-sanitizer %s: %s, %s op cases failed, exit status %s" %
-                                 (tool, "no summary" if r[5] == "none" else r[5] + " findings", r[2], r[3]))
-                rows.append([tool, r[5] if r[5] != "none" else "no summary", r[1], r[3], r[4] + " s", "PASS" if ok else "**FAIL**"])
+                    fails.append(
+                        "compute-sanitizer %s: %s, %s op cases failed, exit status %s"
+                        % (tool, "no summary" if r[5] == "none" else r[5] + " findings", r[2], r[3])
+                    )
+                rows.append(
+                    [
+                        tool,
+                        r[5] if r[5] != "none" else "no summary",
+                        r[1],
+                        r[3],
+                        r[4] + " s",
+                        "PASS" if ok else "**FAIL**",
+                    ]
+                )
             self.table(["tool", "findings", "op cases ok", "exit", "time", "result"], rows)
         return fails, ran
 
     def attention_section(self):
         self.w("## Attention vs PyTorch SDPA")
         self.w()
-        self.w("bench/kernels: tpk's causal attention and `F.scaled_dot_product_attention(is_causal=True)` "
-               "(bench/torch_attn.py) on the same shape and dtype in the same run, median times; speed = 100 x SDPA's time / tpk's. "
-               "Target: >= %.0f%% of SDPA's speed (bf16), forward and forward+backward." % ATTN_TARGET)
+        self.w(
+            "bench/kernels: tpk's causal attention and "
+            "`F.scaled_dot_product_attention(is_causal=True)` "
+            "(bench/torch_attn.py) on the same shape and dtype in the same run, median times; "
+            "speed = 100 x SDPA's time / tpk's. "
+            "Target: >= %.0f%% of SDPA's speed (bf16), forward and forward+backward." % ATTN_TARGET
+        )
         self.w()
         rows, extra = [], []
         for name, label in KERNEL_RUNS:
@@ -202,49 +240,123 @@ class Report:
             judged = not name.startswith("kernels-f32")
             if j is None:
                 for part in ("fwd", "fwd+bwd"):
-                    rows.append([label, "-", "bf16" if judged else "f32", part, "-", "-", "-", "-",
-                                 ">= %.0f%%" % ATTN_TARGET if judged else "(f32: no target)", self.judge(None, 0) if judged else "not measured"])
+                    rows.append(
+                        [
+                            label,
+                            "-",
+                            "bf16" if judged else "f32",
+                            part,
+                            "-",
+                            "-",
+                            "-",
+                            "-",
+                            ">= %.0f%%" % ATTN_TARGET if judged else "(f32: no target)",
+                            self.judge(None, 0) if judged else "not measured",
+                        ]
+                    )
                 continue
             sh = j.get("attn_shape") or {}
-            shape = "B=%s S=%s A=%s D=%s" % (sh.get("B", "?"), sh.get("S", "?"), sh.get("A", "?"), sh.get("D", "?"))
+            shape = "B=%s S=%s A=%s D=%s" % (
+                sh.get("B", "?"),
+                sh.get("S", "?"),
+                sh.get("A", "?"),
+                sh.get("D", "?"),
+            )
             tf = {r["op"]: r.get("tflops") for r in j.get("rows", []) if "tflops" in r}
             t = j.get("torch_attn")
             if not t:
                 why = "PyTorch not measured: bench/kernels found no python that imports torch"
                 for part in ("fwd", "fwd+bwd"):
-                    rows.append([label, shape, j.get("dtype"), part, fmt(tf.get("attn_fwd") if part == "fwd" else None, "%.1f"), "-", "-", "-",
-                                 ">= %.0f%%" % ATTN_TARGET if judged else "(f32: no target)",
-                                 self.judge(None, 0) if judged else "not measured"])
+                    rows.append(
+                        [
+                            label,
+                            shape,
+                            j.get("dtype"),
+                            part,
+                            fmt(tf.get("attn_fwd") if part == "fwd" else None, "%.1f"),
+                            "-",
+                            "-",
+                            "-",
+                            ">= %.0f%%" % ATTN_TARGET if judged else "(f32: no target)",
+                            self.judge(None, 0) if judged else "not measured",
+                        ]
+                    )
                 self.missing.append(("attention vs SDPA, %s (%s)" % (label, shape), why))
             else:
-                for part, ours, theirs, rate in (("fwd", t["tpk_fwd_ms"], t["fwd_ms"], tf.get("attn_fwd")),
-                                                 ("fwd+bwd", t["tpk_fwd_ms"] + t["tpk_bwd_ms"], t["fwd_ms"] + t["bwd_ms"], None)):
+                for part, ours, theirs, rate in (
+                    ("fwd", t["tpk_fwd_ms"], t["fwd_ms"], tf.get("attn_fwd")),
+                    ("fwd+bwd", t["tpk_fwd_ms"] + t["tpk_bwd_ms"], t["fwd_ms"] + t["bwd_ms"], None),
+                ):
                     pct = 100.0 * theirs / ours if ours else None
-                    rows.append([label, shape, j.get("dtype"), part, fmt(rate, "%.1f"), fmt(ours, "%.3f"), fmt(theirs, "%.3f") + " (%s)" % t.get("impl", "?"), fmt(pct, "%.1f%%"),
-                                 ">= %.0f%%" % ATTN_TARGET if judged else "(f32: no target)",
-                                 self.judge(pct, ATTN_TARGET) if judged else "-"])
+                    rows.append(
+                        [
+                            label,
+                            shape,
+                            j.get("dtype"),
+                            part,
+                            fmt(rate, "%.1f"),
+                            fmt(ours, "%.3f"),
+                            fmt(theirs, "%.3f") + " (%s)" % t.get("impl", "?"),
+                            fmt(pct, "%.1f%%"),
+                            ">= %.0f%%" % ATTN_TARGET if judged else "(f32: no target)",
+                            self.judge(pct, ATTN_TARGET) if judged else "-",
+                        ]
+                    )
             g = j.get("generic_attn") or {}
-            extra.append([label, fmt(j.get("attn_bwd_deterministic_ms")),
-                          fmt(g.get("fwd_ms")), fmt(g.get("bwd_ms"))])
+            extra.append(
+                [
+                    label,
+                    fmt(j.get("attn_bwd_deterministic_ms")),
+                    fmt(g.get("fwd_ms")),
+                    fmt(g.get("bwd_ms")),
+                ]
+            )
         if rows:
-            self.table(["run", "shape", "dtype", "timed", "tpk TFLOP/s", "tpk ms", "SDPA ms", "speed vs SDPA", "target", "result"], rows)
+            self.table(
+                [
+                    "run",
+                    "shape",
+                    "dtype",
+                    "timed",
+                    "tpk TFLOP/s",
+                    "tpk ms",
+                    "SDPA ms",
+                    "speed vs SDPA",
+                    "target",
+                    "result",
+                ],
+                rows,
+            )
         else:
             self.w("No attention figures.")
             self.w()
         if extra:
-            self.w("Other attention paths timed in the same runs (ms; `-`: not timed there): the deterministic backward, the generic kernels (`TPK_ATTN=generic`).")
+            self.w(
+                "Other attention paths timed in the same runs (ms; `-`: not timed there): the "
+                "deterministic backward, the generic kernels (`TPK_ATTN=generic`)."
+            )
             self.w()
             self.table(["run", "bwd deterministic", "generic fwd", "generic bwd"], extra)
 
     def memory_section(self):
         self.w("## Memory-bound kernels vs copy bandwidth")
         self.w()
-        self.w("bench/kernels: the fewest bytes each op must move over its median time, against a device-to-device "
-               "copy's bandwidth (read + write) measured in the same run. Target: >= %.0f%% of copy bandwidth." % MEM_TARGET)
+        self.w(
+            "bench/kernels: the fewest bytes each op must move over its median time, against a "
+            "device-to-device "
+            "copy's bandwidth (read + write) measured in the same run. Target: >= %.0f%% of copy "
+            "bandwidth."
+            % MEM_TARGET
+        )
         self.w()
         runs = [("kernels-f32", "f32")]
-        for name, _ in KERNEL_RUNS:  # the first bf16 run (every bf16 run times the same elementwise sizes)
-            if name.startswith("kernels-bf16") and os.path.exists(os.path.join(self.d, name + ".json")):
+        for (
+            name,
+            _,
+        ) in KERNEL_RUNS:  # the first bf16 run (every bf16 run times the same elementwise sizes)
+            if name.startswith("kernels-bf16") and os.path.exists(
+                os.path.join(self.d, name + ".json")
+            ):
                 runs.append((name, "bf16"))
                 break
         else:
@@ -253,83 +365,207 @@ class Report:
         for name, dt in runs:
             j = read_json(os.path.join(self.d, name + ".json"), [])
             if j is None:  # (already listed by attention_section)
-                rows.append(["-", dt, "all", "-", "-", "-", ">= %.0f%%" % MEM_TARGET, self.judge(None, 0)])
+                rows.append(
+                    ["-", dt, "all", "-", "-", "-", ">= %.0f%%" % MEM_TARGET, self.judge(None, 0)]
+                )
                 continue
             copy = j.get("copy_gbs")
             for r in j.get("rows", []):
                 if "gbs" not in r:
                     continue
                 pct = 100.0 * r["gbs"] / copy if copy and r.get("gbs") is not None else None
-                rows.append([fmt(copy, "%.0f"), j.get("dtype", dt), r["op"], fmt(r.get("ms"), "%.4f"), fmt(r.get("gbs"), "%.1f"),
-                             fmt(pct, "%.1f%%"), ">= %.0f%%" % MEM_TARGET, self.judge(pct, MEM_TARGET)])
-        self.table(["copy GB/s", "dtype", "op", "ms", "GB/s", "% of copy", "target", "result"], rows)
+                rows.append(
+                    [
+                        fmt(copy, "%.0f"),
+                        j.get("dtype", dt),
+                        r["op"],
+                        fmt(r.get("ms"), "%.4f"),
+                        fmt(r.get("gbs"), "%.1f"),
+                        fmt(pct, "%.1f%%"),
+                        ">= %.0f%%" % MEM_TARGET,
+                        self.judge(pct, MEM_TARGET),
+                    ]
+                )
+        self.table(
+            ["copy GB/s", "dtype", "op", "ms", "GB/s", "% of copy", "target", "result"], rows
+        )
 
     def gemm_section(self):
         self.w("## LM-head GEMMs vs a plain GEMM")
         self.w()
-        self.w("bench/gemm: the vocabulary-parallel LM head's three GEMMs per rank at t = 1, 2, 4, 8 through the op front end "
-               "(bf16 weight gradient through gemm_acc into f32), against a plain cuBLASLt GEMM of the same shape (the same "
-               "flops) on packed operands in the same process; the padded shard (Vp / t) is judged, the unpadded one shown "
-               "for comparison. Target: >= %.2fx the plain GEMM (the earlier GPU-speed target, bench/RESULTS.md)." % LM_TARGET)
+        self.w(
+            "bench/gemm: the vocabulary-parallel LM head's three GEMMs per rank at t = 1, 2, 4, 8 "
+            "through the op front end "
+            "(bf16 weight gradient through gemm_acc into f32), against a plain cuBLASLt GEMM of "
+            "the same shape (the same "
+            "flops) on packed operands in the same process; the padded shard (Vp / t) is judged, "
+            "the unpadded one shown "
+            "for comparison. Target: >= %.2fx the plain GEMM (the earlier GPU-speed target, "
+            "bench/RESULTS.md)."
+            % LM_TARGET
+        )
         self.w()
         rows = []
         for name in ("gemm-bf16", "gemm-f32"):
             j = self.bench(name)
             if j is None:
-                rows.append([name[5:], "-", "all", "-", "-", "-", "-", "-", ">= %.2fx" % LM_TARGET, self.judge(None, 0)])
+                rows.append(
+                    [
+                        name[5:],
+                        "-",
+                        "all",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        ">= %.2fx" % LM_TARGET,
+                        self.judge(None, 0),
+                    ]
+                )
                 continue
-            self.w("%s: measured peak %s %s (a large square GEMM, its fastest call), backend %s." %
-                   (j.get("dtype"), fmt(j.get("peak"), "%.1f"), j.get("unit", ""), j.get("backend")))
+            self.w(
+                "%s: measured peak %s %s (a large square GEMM, its fastest call), backend %s."
+                % (j.get("dtype"), fmt(j.get("peak"), "%.1f"), j.get("unit", ""), j.get("backend"))
+            )
             self.w()
             for r in j.get("rows", []):
                 if not r.get("gemm", "").startswith("lm"):
                     continue
                 padded = "unpad" not in r["gemm"]
-                rows.append([j.get("dtype"), r["t"], r["gemm"], "%d x %d x %d" % (r["m"], r["n"], r["k"]), fmt(r.get("rate"), "%.1f"),
-                             fmt(r.get("pct_peak"), "%.0f%%"), fmt(r.get("plain_rate"), "%.1f"), fmt(r.get("ratio"), "%.2fx"),
-                             ">= %.2fx" % LM_TARGET if padded else "(comparison)",
-                             self.judge(r.get("ratio"), LM_TARGET) if padded else "-"])
-        self.table(["dtype", "t", "gemm", "m x n x k", "rate", "% peak", "plain rate", "vs plain", "target", "result"], rows)
+                rows.append(
+                    [
+                        j.get("dtype"),
+                        r["t"],
+                        r["gemm"],
+                        "%d x %d x %d" % (r["m"], r["n"], r["k"]),
+                        fmt(r.get("rate"), "%.1f"),
+                        fmt(r.get("pct_peak"), "%.0f%%"),
+                        fmt(r.get("plain_rate"), "%.1f"),
+                        fmt(r.get("ratio"), "%.2fx"),
+                        ">= %.2fx" % LM_TARGET if padded else "(comparison)",
+                        self.judge(r.get("ratio"), LM_TARGET) if padded else "-",
+                    ]
+                )
+        self.table(
+            [
+                "dtype",
+                "t",
+                "gemm",
+                "m x n x k",
+                "rate",
+                "% peak",
+                "plain rate",
+                "vs plain",
+                "target",
+                "result",
+            ],
+            rows,
+        )
 
     def gpt2_section(self):
         self.w("## GPT-2 training step vs PyTorch")
         self.w()
-        self.w("bench/gpt2_step.py: tpk's trainer (one rank) next to PyTorch eager and torch.compile of the same model "
-               "(fused QKV, SDPA, tied head, fused AdamW, bf16 autocast) in the same run, median step after the warm-up. "
-               "MFU: (6 N + 12 L H S) flops per token x tokens/s over the peak given (790 TFLOP/s: bf16 dense, as cuBLASLt "
-               "reaches it on an H100). Peak memory: tpk's buffers (its trainer's `peak memory`), "
-               "PyTorch's `torch.cuda.max_memory_allocated`. Target: GPT-2 124M at >= %.1fx torch.compile's tokens/s." % GPT2_TARGET)
+        self.w(
+            "bench/gpt2_step.py: tpk's trainer (one rank) next to PyTorch eager and torch.compile "
+            "of the same model "
+            "(fused QKV, SDPA, tied head, fused AdamW, bf16 autocast) in the same run, median step "
+            "after the warm-up. "
+            "MFU: (6 N + 12 L H S) flops per token x tokens/s over the peak given (790 TFLOP/s: "
+            "bf16 dense, as cuBLASLt "
+            "reaches it on an H100). Peak memory: tpk's buffers (its trainer's `peak memory`), "
+            "PyTorch's `torch.cuda.max_memory_allocated`. Target: GPT-2 124M at >= %.1fx "
+            "torch.compile's tokens/s."
+            % GPT2_TARGET
+        )
         self.w()
         rows = []
         for name, model in GPT2_RUNS:
             j = self.bench(name)
             if j is None:
-                rows.append([model, "all", "-", "-", "-", "-", "-", ">= %.1fx torch.compile" % GPT2_TARGET if model == "124M" else "-",
-                             self.judge(None, 0) if model == "124M" else "not measured"])
+                rows.append(
+                    [
+                        model,
+                        "all",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        ">= %.1fx torch.compile" % GPT2_TARGET if model == "124M" else "-",
+                        self.judge(None, 0) if model == "124M" else "not measured",
+                    ]
+                )
                 continue
-            shape = "%s B=%s S=%s %s on %s" % (j.get("model"), j.get("batch"), j.get("seq"), j.get("dtype"), j.get("device"))
+            shape = "%s B=%s S=%s %s on %s" % (
+                j.get("model"),
+                j.get("batch"),
+                j.get("seq"),
+                j.get("dtype"),
+                j.get("device"),
+            )
             rr, ratio, skipped = j.get("rows", {}), j.get("tpk_ratio", {}), j.get("skipped", {})
             for impl in ("tpk", "torch eager", "torch eager (no SDPA)", "torch.compile"):
                 r = rr.get(impl)
                 if r is None:
                     if impl in skipped:
-                        rows.append([shape, impl, "-", "-", "-", "-", "-", "", "not measured: " + skipped[impl]])
+                        rows.append(
+                            [
+                                shape,
+                                impl,
+                                "-",
+                                "-",
+                                "-",
+                                "-",
+                                "-",
+                                "",
+                                "not measured: " + skipped[impl],
+                            ]
+                        )
                         self.missing.append(("GPT-2 %s, %s" % (model, impl), skipped[impl]))
                     continue
                 target, res = "", ""
                 if impl == "tpk" and model == "124M":
                     target = ">= %.1fx torch.compile" % GPT2_TARGET
                     res = self.judge(ratio.get("torch.compile"), GPT2_TARGET)
-                rows.append([shape, impl, fmt(r.get("ms"), "%.1f"), fmt(r.get("tokens_per_s"), "%.0f"), fmt(r["mfu"] * 100 if r.get("mfu") is not None else None, "%.1f%%"),
-                             fmt(r.get("peak_mem_mb"), "%.0f"), fmt(ratio.get(impl), "%.2fx") if impl != "tpk" else "1.00x", target, res])
+                rows.append(
+                    [
+                        shape,
+                        impl,
+                        fmt(r.get("ms"), "%.1f"),
+                        fmt(r.get("tokens_per_s"), "%.0f"),
+                        fmt(r["mfu"] * 100 if r.get("mfu") is not None else None, "%.1f%%"),
+                        fmt(r.get("peak_mem_mb"), "%.0f"),
+                        fmt(ratio.get(impl), "%.2fx") if impl != "tpk" else "1.00x",
+                        target,
+                        res,
+                    ]
+                )
             if model == "124M" and "tpk" not in rr:
                 self.judge(None, 0)
-        self.table(["model", "implementation", "ms/step", "tokens/s", "MFU", "peak MB", "tpk tokens/s / this", "target", "result"], rows)
+        self.table(
+            [
+                "model",
+                "implementation",
+                "ms/step",
+                "tokens/s",
+                "MFU",
+                "peak MB",
+                "tpk tokens/s / this",
+                "target",
+                "result",
+            ],
+            rows,
+        )
 
     def missing_section(self):
         self.w("## Not measured, failed or skipped")
         self.w()
-        items = ["step %s: %s%s" % (n, s[1], (" (" + s[4] + ")") if s[4] else "") for n, s in self.steps.items() if s[1] != "ok"]
+        items = [
+            "step %s: %s%s" % (n, s[1], (" (" + s[4] + ")") if s[4] else "")
+            for n, s in self.steps.items()
+            if s[1] != "ok"
+        ]
         items += ["%s: %s" % m for m in self.missing]
         items += ["unreadable: %s" % p for p in self.problems]
         if items:
@@ -354,15 +590,31 @@ class Report:
         self.w("# GPU report")
         self.w()
         if self.mode == "nogpu":
-            self.w("**NO GPU**: no GPU was found on this machine (nvidia-smi lists none), so nothing was built, tested or "
-                   "measured; every step below is skipped. Run `make gpu-report` on a machine with a GPU.")
+            self.w(
+                "**NO GPU**: no GPU was found on this machine (nvidia-smi lists none), so nothing "
+                "was built, tested or "
+                "measured; every step below is skipped. Run `make gpu-report` on a machine with a "
+                "GPU."
+            )
             self.w()
         elif self.mode == "host":
-            self.w("**HOST DRY RUN**: the benchmarks ran on the host backend at tiny sizes to check this report's pipeline; "
-                   "none of these figures is a GPU figure, and the GPU tests did not run.")
+            self.w(
+                "**HOST DRY RUN**: the benchmarks ran on the host backend at tiny sizes to check "
+                "this report's pipeline; "
+                "none of these figures is a GPU figure, and the GPU tests did not run."
+            )
             self.w()
-        self.w("%s; commit %s; GPU: %s; %s; PyTorch %s; time budget %s s." %
-               (e.get("date", "?"), e.get("commit", "?"), e.get("gpu", "none"), e.get("nvcc") or "no nvcc", e.get("torch", "?"), e.get("budget", "?")))
+        self.w(
+            "%s; commit %s; GPU: %s; %s; PyTorch %s; time budget %s s."
+            % (
+                e.get("date", "?"),
+                e.get("commit", "?"),
+                e.get("gpu", "none"),
+                e.get("nvcc") or "no nvcc",
+                e.get("torch", "?"),
+                e.get("budget", "?"),
+            )
+        )
         self.w()
         failed_steps = [n for n, s in self.steps.items() if s[1] in ("failed", "timeout")]
         if self.mode == "gpu":
@@ -372,16 +624,28 @@ class Report:
             if build is None or build[1] != "ok":
                 fails.insert(0, "the build %s" % (build[1] if build else "did not run"))
             ok = not fails
-            self.w("**Tests and sanitizers: %s**%s" % ("PASS" if ok else "FAILED", "" if ok else " — " + "; ".join(fails)))
+            self.w(
+                "**Tests and sanitizers: %s**%s"
+                % ("PASS" if ok else "FAILED", "" if ok else " — " + "; ".join(fails))
+            )
         elif self.mode == "host":
             ok = not failed_steps
-            self.w("**Dry run: %s**%s" % ("the steps that ran succeeded" if ok else "FAILED", "" if ok else " — " + ", ".join(failed_steps)))
+            self.w(
+                "**Dry run: %s**%s"
+                % (
+                    "the steps that ran succeeded" if ok else "FAILED",
+                    "" if ok else " — " + ", ".join(failed_steps),
+                )
+            )
         else:
             ok = False
             self.w("**Tests and sanitizers: not run (no GPU)**")
         self.w()
         c = self.counts
-        self.w("Figures against their targets: %d PASS, %d BELOW, %d not measured." % (c["PASS"], c["BELOW"], c["not measured"]))
+        self.w(
+            "Figures against their targets: %d PASS, %d BELOW, %d not measured."
+            % (c["PASS"], c["BELOW"], c["not measured"])
+        )
         self.w()
         self.out += body
         with open(path, "w") as f:
@@ -396,9 +660,20 @@ def main():
         sys.exit("usage: python3 tools/gpu_report.py DIR OUT.md")
     rep = Report(sys.argv[1])
     rc = rep.write(sys.argv[2])
-    print("gpu-report: %s: %d PASS, %d BELOW, %d not measured%s" %
-          (sys.argv[2], rep.counts["PASS"], rep.counts["BELOW"], rep.counts["not measured"],
-           {0: "", 1: "; a test, sanitizer or step failed (exit status 1)", 2: "; no GPU (exit status 2)"}[rc]))
+    print(
+        "gpu-report: %s: %d PASS, %d BELOW, %d not measured%s"
+        % (
+            sys.argv[2],
+            rep.counts["PASS"],
+            rep.counts["BELOW"],
+            rep.counts["not measured"],
+            {
+                0: "",
+                1: "; a test, sanitizer or step failed (exit status 1)",
+                2: "; no GPU (exit status 2)",
+            }[rc],
+        )
+    )
     return rc
 
 

@@ -4,7 +4,8 @@
 # factors, S not a multiple of the tile) against dense attention, and the row-major -> column-major
 # operand mapping of cuda_gemm (kernels/cuda/gemm.cu) and the indexing of its tiled fallback kernel
 # (gemm_fallback_kernel) for every transpose and padded strides, and the chunked column sums of
-# bias_grad / layernorm_bwd (colsum_partial_kernel, blocks striding over more chunks than gridDim.y).
+# bias_grad / layernorm_bwd (colsum_partial_kernel, blocks striding over more chunks than
+# gridDim.y).
 # Run: python3 tests/gpu/emulate.py (needs numpy); make cuda-check runs it where numpy is present.
 import sys
 
@@ -70,7 +71,9 @@ def attention(S, D, p, TILE=32, WARPS=8, seed=0):
                 acc += sum(ds[t] * K[j0 + t] for t in range(min(i - j0 + 1, TILE)))
             dQe[i] = scale * acc
     dKe, dVe = np.zeros((S, D)), np.zeros((S, D))
-    for j0 in range(0, S, WARPS):  # attn_dkv_kernel: block of WARPS key rows, query tiles from j0's tile
+    for j0 in range(
+        0, S, WARPS
+    ):  # attn_dkv_kernel: block of WARPS key rows, query tiles from j0's tile
         for j in range(j0, min(j0 + WARPS, S)):
             dk, dv = np.zeros(D), np.zeros(D)
             for q0 in range(j0 // TILE * TILE, S, TILE):
@@ -84,7 +87,13 @@ def attention(S, D, p, TILE=32, WARPS=8, seed=0):
                         dk += Pij * ((dO[i] @ V[j]) * keepm[i, j] - Dre[i]) * Q[i]
             dKe[j], dVe[j] = scale * dk, dv
     tag = f"attention S={S} D={D} p={p}"
-    for name, got, want in (("out", Oe, O), ("lse", Le, L), ("dQ", dQe, dQ), ("dK", dKe, dK), ("dV", dVe, dV)):
+    for name, got, want in (
+        ("out", Oe, O),
+        ("lse", Le, L),
+        ("dQ", dQe, dQ),
+        ("dK", dKe, dK),
+        ("dV", dVe, dV),
+    ):
         check(f"{tag} {name}", np.abs(got - want).max())
 
 
@@ -99,16 +108,26 @@ def gemm(m, n, k, seed=1):
             lda, ldb, ldc = (m if ta else k) + 2, (k if tb else n) + 1, n + 3
             a_rows, b_rows = (k if ta else m), (n if tb else k)
             A, B = rng.standard_normal(a_rows * lda), rng.standard_normal(b_rows * ldb)
-            Am, Bm = A.reshape(a_rows, lda)[:, : (m if ta else k)], B.reshape(b_rows, ldb)[:, : (k if tb else n)]
+            Am, Bm = (
+                A.reshape(a_rows, lda)[:, : (m if ta else k)],
+                B.reshape(b_rows, ldb)[:, : (k if tb else n)],
+            )
             want = (Am.T if ta else Am) @ (Bm.T if tb else Bm)
-            F = colmajor(B, k if tb else n, n if tb else k, ldb)  # first operand: B's storage, op tb
-            G = colmajor(A, m if ta else k, k if ta else m, lda)  # second operand: A's storage, op ta
+            F = colmajor(
+                B, k if tb else n, n if tb else k, ldb
+            )  # first operand: B's storage, op tb
+            G = colmajor(
+                A, m if ta else k, k if ta else m, lda
+            )  # second operand: A's storage, op ta
             Dp = (F.T if tb else F) @ (G.T if ta else G)  # [n, m], column-major, ld ldc
             C = np.zeros(m * ldc)
             for r in range(n):
                 for c in range(m):
                     C[c * ldc + r] = Dp[r, c]
-            check(f"gemm operand mapping ta={ta} tb={tb}", np.abs(C.reshape(m, ldc)[:, :n] - want).max())
+            check(
+                f"gemm operand mapping ta={ta} tb={tb}",
+                np.abs(C.reshape(m, ldc)[:, :n] - want).max(),
+            )
 
 
 def gemm_fallback(m, n, k, T=16, seed=2):
@@ -148,9 +167,10 @@ def gemm_fallback(m, n, k, T=16, seed=2):
 
 
 def colsum(rows, cols, grid_y, ROWS=256, seed=3):
-    """colsum_partial_kernel (kernels/cuda/common.cuh): grid (ceil(cols / 32), grid_y), block (32, 8);
-    block y strides over the row chunks, thread (x, y) sums rows r0 + y, r0 + y + 8, ... of its
-    chunk, the 8 sums are added in y order; the final kernel adds the chunks in order."""
+    """colsum_partial_kernel (kernels/cuda/common.cuh): grid (ceil(cols / 32), grid_y),
+    block (32, 8); block y strides over the row chunks, thread (x, y) sums rows r0 + y,
+    r0 + y + 8, ... of its chunk, the 8 sums are added in y order; the final kernel adds the
+    chunks in order."""
     rng = np.random.default_rng(seed)
     dy = rng.standard_normal((rows, cols))
     chunks = -(-rows // ROWS)
@@ -164,7 +184,9 @@ def colsum(rows, cols, grid_y, ROWS=256, seed=3):
                     if j < cols:
                         part[c, j] = sum(dy[r0 + ty : r1 : 8, j].sum() for ty in range(8))
     got = part.sum(0) if chunks else np.zeros(cols)
-    check(f"column sums rows={rows} cols={cols} grid_y={grid_y}", np.abs(got - dy.sum(0)).max(), 1e-9)
+    check(
+        f"column sums rows={rows} cols={cols} grid_y={grid_y}", np.abs(got - dy.sum(0)).max(), 1e-9
+    )
 
 
 attention(45, 40, 0.2)
@@ -173,7 +195,9 @@ attention(9, 64, 0.1)
 gemm(5, 7, 3)
 gemm_fallback(19, 35, 21)
 colsum(1100, 70, 5)  # 5 chunks, every block of the grid's y dimension covering one
-colsum(1100, 70, 2)  # fewer blocks than chunks (the 65535 cap scaled down): blocks stride over chunks
+colsum(
+    1100, 70, 2
+)  # fewer blocks than chunks (the 65535 cap scaled down): blocks stride over chunks
 colsum(0, 33, 1)
 print(f"{fails} failed")
 sys.exit(1 if fails else 0)
