@@ -11,7 +11,7 @@
 #                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
 #   make bench      the host benchmarks (bench/)
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
-#   make format-check  the C, C++ and CUDA sources' format: <= 100 columns, spaces, line ends
+#   make format-check  the C, C++, CUDA and Python sources' format: <= 100 columns, spaces, line ends
 #   make install PREFIX=/usr/local
 #   make clean
 
