@@ -352,7 +352,7 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
     if (v[NRS].kind && v[NRS].kind != 'z')
         return tpk__fail(
             ctx, TPK_ERR_UNSUPPORTED, fn,
-            "%s: rope_scaling: expected null (scaled rotary embeddings are not implemented)", what);
+            "%s: rope_scaling: expected null (tpk computes the unscaled rotary embedding)", what);
     cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A,
     cfg->kv_heads = (int64_t)G, cfg->vocab = (int64_t)V;
     cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F, cfg->norm_eps = (float)eps,
@@ -465,8 +465,8 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
                          what, *act ? act : "(not a string)");
     if (v[NPAR].kind && !v[NPAR].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: use_parallel_residual: expected true (the sequential residual is "
-                         "not implemented for GPT-NeoX)", what);
+                         "%s: use_parallel_residual: expected true (tpk's GPT-NeoX block is the "
+                         "parallel one)", what);
     if (v[NTIE].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: tie_word_embeddings: expected false (GPT-NeoX's head is untied)",
@@ -478,7 +478,7 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     if (v[NRS].kind && v[NRS].kind != 'z')
         return tpk__fail(
             ctx, TPK_ERR_UNSUPPORTED, fn,
-            "%s: rope_scaling: expected null (scaled rotary embeddings are not implemented)", what);
+            "%s: rope_scaling: expected null (tpk computes the unscaled rotary embedding)", what);
     cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A;
     cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F;
     cfg->rotary_pct = (float)pct, cfg->rope_theta = (float)base, cfg->ln_eps = (float)eps;
@@ -860,16 +860,23 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
     return s;
 }
 
+/* A family save's arguments: the model initialised (have), dir, and the descriptor into *d
+ * (desc NULL: zeros). */
+static inline tpk_status tpk__hf_save_args(tpk_ctx *ctx, const char *fn, bool have, const char *dir,
+                                           const tpk_hf_save_desc *desc, tpk_hf_save_desc *d) {
+    memset(d, 0, sizeof *d);
+    if (!ctx) return TPK_ERR_ARG;
+    if (!have || !dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    if (desc) *d = *desc;
+    return TPK_OK;
+}
+
 /* Save the model (and opt's moments when opt is not NULL) to dir. Collective over ctx->world. */
 static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tpk_adamw *opt,
                                        const char *dir, const tpk_gpt2_save_desc *desc) {
     static const char *fn = "tpk_gpt2_save";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h || !dir)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
-    tpk_gpt2_save_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    tpk_hf_save_desc d;
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->h, dir, desc, &d));
     char cfg[1400];
     const tpk_gpt2_config *c = &m->c;
     snprintf(
@@ -904,12 +911,8 @@ static inline const char *tpk__float_text(float f, char *buf, size_t n) {
 static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const tpk_adamw *opt,
                                         const char *dir, const tpk_hf_save_desc *desc) {
     static const char *fn = "tpk_llama_save";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers || !dir)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     tpk_hf_save_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->layers, dir, desc, &d));
     char cfg[1400], e1[32], e2[32];
     const tpk_llama_config *c = &m->c;
     snprintf(
@@ -939,12 +942,8 @@ static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const 
 static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tpk_adamw *opt,
                                        const char *dir, const tpk_hf_save_desc *desc) {
     static const char *fn = "tpk_neox_save";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers || !dir)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     tpk_hf_save_desc d;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->layers, dir, desc, &d));
     char cfg[1600], e1[32], e2[32], e3[32];
     const tpk_neox_config *c = &m->c;
     tpk__float_text(c->rotary_pct, e3, sizeof e3);
