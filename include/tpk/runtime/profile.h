@@ -157,10 +157,13 @@ static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
         const tpk__prof_row *r = &p->rows[order[k]];
         char rate[32] = "";
         double sec = r->ms * 1e-3;
+        /* (a time below the clock's resolution: "-" for the rate, the unit kept) */
         if (r->flops > 0 && sec > 0)
             snprintf(rate, sizeof rate, "%.2f TFLOP/s", r->flops / sec * 1e-12);
+        else if (r->flops > 0) snprintf(rate, sizeof rate, "- TFLOP/s");
         else if (r->bytes > 0 && sec > 0)
             snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / sec * 1e-9);
+        else if (r->bytes > 0) snprintf(rate, sizeof rate, "- GB/s");
         fprintf(f, "%-26s %10.1f %10.3f %6.1f%% %16s\n", r->name, (double)r->calls / p->steps,
                 r->ms / p->steps, step > 0 ? 100.0 * r->ms / p->steps / step : 0.0, rate);
     }
