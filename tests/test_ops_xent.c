@@ -1,7 +1,10 @@
 /* tests/test_ops_xent.c — the host backend's cross-entropy pieces (kernels/host/xent.c) over three
  * vocabulary shards: the loss with and without label smoothing and an ignored target, the
- * gradient against a double reference and finite differences, aliasing, bf16. Runs on one rank. */
+ * gradient against a double reference and finite differences, aliasing, bf16; and the backend's
+ * vector exponential (kernels/host/vec.h) against exp in double. Runs on one rank. */
 #include "ops_test.h"
+
+#include "../kernels/host/vec.h" /* tpk__vexp: the backend's exponential, tested below */
 
 /* ---- cross-entropy ------------------------------------------------------------------------- */
 
@@ -317,4 +320,59 @@ static void test_xent(void) {
     }
 }
 
-OPS_TEST_MAIN(test_xent)
+/* ---- the vector exponential ------------------------------------------------------------------ */
+
+/* the distance of f from the exact e in units of the float spacing at e */
+static double ulps(float f, double e) {
+    int ex;
+    frexp(e, &ex);
+    double u = ldexp(1.0, (ex - 24 < -149 ? -149 : ex - 24)); /* the spacing of floats at e */
+    return fabs((double)f - e) / u;
+}
+
+/* tpk__vexp against exp in double on every 31st float of [-87, 88] (as bit patterns: every binade
+ * alike, about 68 million values), lanes permuted so each lane sees every kind of value, then the
+ * edges: overflow, underflow to subnormals and zero, infinities, NaN. Bound: 2 ulp. */
+static void test_exp(void) {
+    TEST_CASE("vector exp within 2 ulp of exp on [-87, 88]");
+    double worst = 0;
+    float at = 0;
+    for (int side = 0; side < 2; side++) {
+        uint32_t end = f32_bits(side ? 88.0f : -87.0f), sign = side ? 0 : 0x80000000u;
+        for (uint32_t b = 0; b <= (end & 0x7fffffffu); b += 31 * TPK__VL) {
+            tpk__v8f x;
+            for (int k = 0; k < TPK__VL; k++) {
+                uint32_t u = b + 31u * (uint32_t)((k * 3) % TPK__VL);
+                x[k] = bits_f32(sign | (u > (end & 0x7fffffffu) ? 0u : u));
+            }
+            tpk__v8f r = tpk__vexp(x);
+            for (int k = 0; k < TPK__VL; k++) {
+                double e = ulps(r[k], exp((double)x[k]));
+                if (e > worst) worst = e, at = x[k];
+            }
+        }
+    }
+    CHECK(worst <= 2.0, "exp: %.2f ulp at x = %.9g (bound 2)", worst, (double)at);
+    printf("  vector exp: worst %.2f ulp at x = %.9g over [-87, 88]\n", worst, (double)at);
+    const float xs[] = {88.72f,      88.7228f, 89.0f,     1000.0f,  INFINITY, -88.0f,
+                        -100.0f,     -103.9f,  -104.0f,   -1000.0f, -INFINITY, 0.0f,
+                        -0.0f,       1e-30f,   -1e-30f,   NAN};
+    for (size_t i = 0; i < sizeof xs / sizeof xs[0]; i++) {
+        float x = xs[i], r = tpk__exp1(x);
+        double e = exp((double)x);
+        bool ok = isnan(x)             ? isnan(r)
+                  : e > 3.4028234e38   ? isinf(r) && r > 0
+                  : e < 1.1754944e-38  ? fabs((double)r - e) <= 1.5e-45 /* subnormal: 1 step */
+                                       : ulps(r, e) <= 2.0;
+        CHECK(ok, "exp(%.9g) = %.9g, expected %.9g", (double)x, (double)r, e);
+    }
+    /* lanes are independent: one value alone and among others gives the same bits */
+    tpk__v8f mix = {-3.5f, 2.25f, NAN, -1e4f, 80.0f, -0.5f, 1e-7f, 0.75f};
+    tpk__v8f r = tpk__vexp(mix);
+    for (int k = 0; k < TPK__VL; k++) {
+        float one = tpk__exp1(mix[k]);
+        CHECK(memcmp(&one, &r[k], 4) == 0, "exp lane %d differs from the value alone", k);
+    }
+}
+
+OPS_TEST_MAIN(test_xent, test_exp)

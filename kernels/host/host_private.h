@@ -44,6 +44,16 @@ static inline tpk_status tpk__host_nomem(tpk_ctx *ctx, const char *fn, size_t by
     return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "could not allocate %zu bytes of host memory", bytes);
 }
 
+/* ---- threads (pool.c) ------------------------------------------------------------------------ */
+
+enum { TPK__HOST_MAX_THREADS = 64 };
+/* one part of an op's loop: the elements, rows or chunks [lo, hi) */
+typedef void (*tpk__host_part_fn)(void *arg, int64_t lo, int64_t hi);
+/* the threads an op's loop is split over (OpenBLAS's count, at most the CPUs allowed) */
+int tpk__host_threads(void);
+/* fn(arg, lo, hi) over [0, n) in contiguous parts of at least grain, one per thread, the caller
+ * taking the first; returns when every part has run */
+void tpk__host_par(int64_t n, int64_t grain, tpk__host_part_fn fn, void *arg);
 
 /* Each file of the backend fills its entries of the table (table.c). */
 void tpk__host_state_ops(tpk_ops *o);
