@@ -40,6 +40,8 @@ MODELS = {
     "124M": (12, 768, 12),
     "350M": (24, 1024, 16),
     "tiny": (2, 64, 4),
+    "L4C256": (4, 256, 4),  # the CPU comparison (make bench-cpu): B=4 S=256
+    "L6C384": (6, 384, 6),
 }  # layers, hidden, heads
 
 
@@ -106,8 +108,11 @@ def run_tpk(a, L, H, A):
         mpirun = shutil.which("mpirun")
         if mpirun:
             flags = ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+            if a.threads:  # the rank's threads on every core, not bound to one
+                flags += ["--bind-to", "none"]
             cmd = [mpirun] + flags + ["-np", "1"] + cmd
-        env = dict(os.environ, OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+        threads = str(a.threads) if a.threads else os.environ.get("OPENBLAS_NUM_THREADS", "1")
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=threads)
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
@@ -198,6 +203,8 @@ def run_torch(a, L, H, A, compiled):
     if compiled and not hasattr(torch, "compile"):
         raise RuntimeError("PyTorch %s has no torch.compile" % torch.__version__)
     dev = torch.device(a.device)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = torch_model(torch, L, H, A, a.vocab, a.seq).to(dev)
     fused = {"fused": True} if dev.type == "cuda" else {}
@@ -234,6 +241,23 @@ def run_torch(a, L, H, A, compiled):
     return statistics.median(times), mem
 
 
+def run_torch_child(a, compiled, policy):
+    """PyTorch in its own process, so OMP_WAIT_POLICY (read when PyTorch starts its OpenMP threads)
+    takes effect: policy None leaves it unset (OpenMP's default: idle threads spin), "PASSIVE"
+    makes idle threads sleep. Returns (median ms, peak MB or None)."""
+    cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--torch-child"]
+    cmd += ["compile" if compiled else "eager"]
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError((out.stderr or out.stdout).strip().splitlines()[-1])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return r["ms"], r["mem"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="124M")
@@ -249,12 +273,15 @@ def main():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--torch-child", choices=["eager", "compile"], help=argparse.SUPPRESS)
     a = p.parse_args()
     signal.signal(signal.SIGTERM, on_term)
     L, H, A = MODELS[a.model]
     small = a.model == "tiny"
-    a.batch = a.batch or (4 if small else 16 if a.model == "124M" else 8)
-    a.seq = a.seq or (64 if small else 1024)
+    cpu_model = a.model.startswith("L")
+    a.batch = a.batch or (4 if small or cpu_model else 16 if a.model == "124M" else 8)
+    a.seq = a.seq or (64 if small else 256 if cpu_model else 1024)
     if a.device is None:
         try:
             import torch
@@ -265,6 +292,10 @@ def main():
     if a.steps < 1 or a.warmup < 0 or a.batch < 1 or a.seq < 1 or a.vocab < 1 or a.vocab > 65536:
         p.error("steps >= 1, warmup >= 0, batch, seq >= 1 and 1 <= vocab <= 65536 (uint16 tokens)")
     tokens = a.batch * a.seq
+    if a.torch_child:  # one PyTorch measurement for run_torch_child
+        ms, m = run_torch(a, L, H, A, a.torch_child == "compile")
+        print(json.dumps({"ms": ms, "mem": m}))
+        return
     rows, mem, skipped = {}, {}, {}
     try:
         rows["tpk"], mem["tpk"] = run_tpk(a, L, H, A)
@@ -276,10 +307,12 @@ def main():
         sdpa = hasattr(torch.nn.functional, "scaled_dot_product_attention")
     except ImportError:
         sdpa = True
-    for name, compiled in (
-        ("torch eager" if sdpa else "torch eager (no SDPA)", False),
-        ("torch.compile", True),
-    ):
+    eager = "torch eager" if sdpa else "torch eager (no SDPA)"
+    runs = [(eager, False, None), ("torch.compile", True, None)]
+    if a.device == "cpu":  # both OpenMP wait policies, each in its own process
+        policies = (("", None), (" PASSIVE", "PASSIVE"))
+        runs = [(n + s, c, pol) for n, c, _ in runs for s, pol in policies]
+    for name, compiled, policy in runs:
         if a.no_torch or (compiled and a.no_compile):
             skipped[name] = "not asked for"
             continue
@@ -287,7 +320,10 @@ def main():
             skipped[name] = skipped["tpk"]
             continue
         try:
-            rows[name], mem[name] = run_torch(a, L, H, A, compiled)
+            if a.device == "cpu":
+                rows[name], mem[name] = run_torch_child(a, compiled, policy)
+            else:
+                rows[name], mem[name] = run_torch(a, L, H, A, compiled)
         except (
             Exception
         ) as e:  # a missing PyTorch or feature, or the time limit, is reported, not fatal
@@ -304,6 +340,7 @@ def main():
         "seq": a.seq,
         "dtype": a.dtype,
         "device": a.device,
+        "threads": a.threads or None,
         "steps": a.steps,
         "warmup": a.warmup,
         "flops_per_token": fpt,

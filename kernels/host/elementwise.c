@@ -9,38 +9,82 @@
  *   act_fwd   GELU-tanh: y = x/2 (1 + tanh(s (x + c x^3))), s = sqrt(2/pi), c = 0.044715;
  *             GELU: y = x Phi(x) = x/2 (1 + erf(x / sqrt 2));  NONE: y = x
  *   act_bwd   GELU-tanh: dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)),
- *             t = tanh(s (x + c x^3));  GELU: dx = dy (Phi(x) + x phi(x)) */
+ *             t = tanh(s (x + c x^3));  GELU: dx = dy (Phi(x) + x phi(x))
+ * Element loops run in 8-lane vectors (vec.h; a tail through the same vector code) over the pool's
+ * threads (pool.c); bias_grad splits the columns, each summing its rows in order: every result is
+ * the same at any thread count. */
 #include <math.h>
 
-#include "host_private.h"
+#include "vec.h"
+
+enum { GRAIN = 1 << 14 }; /* the fewest elements a thread is given */
+
+/* the arguments of one elementwise op, for its parts */
+typedef struct ew_job {
+    tpk_dtype dt, sdt; /* the output's dtype; cast: the source's */
+    tpk_act act;
+    void *y;
+    const void *x, *z; /* act_bwd: x the input, z the output's gradient */
+    float a, b;
+    int64_t cols;
+    bool accumulate;
+} ew_job;
 
 /* ---- fill, copy2d, cast, axpby --------------------------------------------------------------- */
 
-TPK__HOST_INLINE void fill_loop(tpk_dtype dt, void *x, size_t n, float value) {
-    for (size_t i = 0; i < n; i++) tpk__st(x, dt, i, value);
+TPK__HOST_INLINE void fill_range(tpk_dtype dt, const ew_job *j, int64_t lo, int64_t hi) {
+    tpk__v8f v = tpk__vsplat(j->a);
+    int64_t i = lo;
+    for (; i + TPK__VL <= hi; i += TPK__VL) tpk__vst(j->y, dt, (size_t)i, v);
+    tpk__vst_n(j->y, dt, (size_t)i, v, hi - i);
+}
+TPK__HOST_SIMD static void fill_part(void *p, int64_t lo, int64_t hi) {
+    const ew_job *j = (const ew_job *)p;
+    TPK__BY_DTYPE(j->dt, fill_range, j, lo, hi);
 }
 static tpk_status host_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, fill_loop, x, n, value);
+    ew_job j;
+    memset(&j, 0, sizeof j);
+    j.dt = dt, j.y = x, j.a = value;
+    tpk__host_par((int64_t)n, GRAIN, fill_part, &j);
     return TPK_OK;
 }
 
-/* Rows are moved as bytes, so every dtype (i32 too) is copied exactly. */
+/* Rows are moved as bytes, so every dtype (i32 too) is copied exactly; rows over the threads when
+ * no row overlaps another's destination (dst == src or apart), else in order as memmove. */
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+    size_t ldd, lds, row;
+} copy_job;
+static void copy2d_part(void *p, int64_t lo, int64_t hi) {
+    const copy_job *c = (const copy_job *)p;
+    for (int64_t i = lo; i < hi; i++)
+        memmove(c->dst + (size_t)i * c->ldd, c->src + (size_t)i * c->lds, c->row);
+}
 static tpk_status host_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds,
                               int64_t rows, int64_t cols, tpk_dtype dt) {
     (void)ctx;
-    bool any = rows > 0 && cols > 0;
-    if (!any) return TPK_OK;
-    size_t es = tpk_dtype_size(dt), row = (size_t)cols * es;
-    for (int64_t i = 0; i < rows; i++)
-        memmove((char *)dst + (size_t)i * (size_t)ldd * es,
-                (const char *)src + (size_t)i * (size_t)lds * es, row);
+    if (rows <= 0 || cols <= 0) return TPK_OK;
+    size_t es = tpk_dtype_size(dt);
+    copy_job c = {(char *)dst, (const char *)src, (size_t)ldd * es, (size_t)lds * es,
+                  (size_t)cols * es};
+    size_t span_d = c.ldd * (size_t)(rows - 1) + c.row, span_s = c.lds * (size_t)(rows - 1) + c.row;
+    bool apart = c.dst + span_d <= c.src || c.src + span_s <= c.dst;
+    tpk__host_par(rows, apart ? 1 + GRAIN / (int64_t)c.row : rows, copy2d_part, &c);
     return TPK_OK;
 }
 
-TPK__HOST_INLINE void cast_loop(tpk_dtype ddt, void *dst, const void *src, tpk_dtype sdt,
-                                size_t n) {
-    for (size_t i = 0; i < n; i++) tpk__st(dst, ddt, i, tpk__ld(src, sdt, i));
+TPK__HOST_INLINE void cast_range(tpk_dtype dt, const ew_job *j, int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    for (; i + TPK__VL <= hi; i += TPK__VL)
+        tpk__vst(j->y, dt, (size_t)i, tpk__vld(j->x, j->sdt, (size_t)i));
+    tpk__vst_n(j->y, dt, (size_t)i, tpk__vld_n(j->x, j->sdt, (size_t)i, hi - i), hi - i);
+}
+TPK__HOST_SIMD static void cast_part(void *p, int64_t lo, int64_t hi) {
+    const ew_job *j = (const ew_job *)p;
+    TPK__BY_DTYPE(j->dt, cast_range, j, lo, hi);
 }
 static tpk_status host_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src,
                             tpk_dtype src_dt, size_t n) {
@@ -51,57 +95,103 @@ static tpk_status host_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const voi
         return TPK_OK;
     }
     /* f32 -> bf16 rounds to nearest even; bf16 -> f32 is exact */
-    TPK__BY_DTYPE(dst_dt, cast_loop, dst, src, src_dt, n);
+    ew_job j;
+    memset(&j, 0, sizeof j);
+    j.dt = dst_dt, j.sdt = src_dt, j.y = dst, j.x = src;
+    tpk__host_par((int64_t)n, GRAIN, cast_part, &j);
     return TPK_OK;
 }
 
-TPK__HOST_INLINE void axpby_loop(tpk_dtype dt, void *y, float a, const void *x, float b, size_t n) {
-    if (b == 0.0f)
-        for (size_t i = 0; i < n; i++) tpk__st(y, dt, i, a * tpk__ld(x, dt, i));
-    else
-        for (size_t i = 0; i < n; i++)
-            tpk__st(y, dt, i, a * tpk__ld(x, dt, i) + b * tpk__ld(y, dt, i));
+/* y = a x + b y; b = 0: y is not read */
+TPK__HOST_INLINE tpk__v8f axpby_v(const ew_job *j, tpk__v8f x, tpk__v8f y) {
+    return j->b == 0.0f ? x * j->a : x * j->a + y * j->b;
+}
+TPK__HOST_INLINE void axpby_range(tpk_dtype dt, const ew_job *j, int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    bool rd = j->b != 0.0f;
+    for (; i + TPK__VL <= hi; i += TPK__VL)
+        tpk__vst(j->y, dt, (size_t)i,
+                 axpby_v(j, tpk__vld(j->x, dt, (size_t)i),
+                         rd ? tpk__vld(j->y, dt, (size_t)i) : tpk__vsplat(0.0f)));
+    int64_t n = hi - i;
+    tpk__vst_n(j->y, dt, (size_t)i,
+               axpby_v(j, tpk__vld_n(j->x, dt, (size_t)i, n),
+                       rd ? tpk__vld_n(j->y, dt, (size_t)i, n) : tpk__vsplat(0.0f)),
+               n);
+}
+TPK__HOST_SIMD static void axpby_part(void *p, int64_t lo, int64_t hi) {
+    const ew_job *j = (const ew_job *)p;
+    TPK__BY_DTYPE(j->dt, axpby_range, j, lo, hi);
 }
 static tpk_status host_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt,
                              size_t n) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, axpby_loop, y, a, x, b, n);
+    ew_job j;
+    memset(&j, 0, sizeof j);
+    j.dt = dt, j.y = y, j.x = x, j.a = a, j.b = b;
+    tpk__host_par((int64_t)n, GRAIN, axpby_part, &j);
     return TPK_OK;
 }
 
 /* ---- bias ------------------------------------------------------------------------------------ */
 
-TPK__HOST_INLINE void bias_add_loop(tpk_dtype dt, void *y, const void *bias, int64_t rows,
-                                    int64_t cols) {
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) {
-            size_t at = (size_t)(i * cols + j);
-            tpk__st(y, dt, at, tpk__ld(y, dt, at) + tpk__ld(bias, dt, (size_t)j));
-        }
+/* rows [lo, hi) of y [rows, cols] += bias */
+TPK__HOST_INLINE void bias_add_rows(tpk_dtype dt, const ew_job *j, int64_t lo, int64_t hi) {
+    int64_t C = j->cols, nv = C / TPK__VL * TPK__VL;
+    for (int64_t i = lo; i < hi; i++) {
+        size_t r = (size_t)(i * C);
+        int64_t c = 0;
+        for (; c < nv; c += TPK__VL)
+            tpk__vst(j->y, dt, r + (size_t)c,
+                     tpk__vld(j->y, dt, r + (size_t)c) + tpk__vld(j->x, dt, (size_t)c));
+        tpk__vst_n(j->y, dt, r + (size_t)c,
+                   tpk__vld_n(j->y, dt, r + (size_t)c, C - c) +
+                       tpk__vld_n(j->x, dt, (size_t)c, C - c),
+                   C - c);
+    }
+}
+TPK__HOST_SIMD static void bias_add_part(void *p, int64_t lo, int64_t hi) {
+    const ew_job *j = (const ew_job *)p;
+    TPK__BY_DTYPE(j->dt, bias_add_rows, j, lo, hi);
 }
 static tpk_status host_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols,
                                 tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, bias_add_loop, y, bias, rows, cols);
+    if (cols <= 0) return TPK_OK;
+    ew_job j;
+    memset(&j, 0, sizeof j);
+    j.dt = dt, j.y = y, j.x = bias, j.cols = cols;
+    tpk__host_par(rows, 1 + GRAIN / cols, bias_add_part, &j);
     return TPK_OK;
 }
 
-/* acc[cols] (double) sums dy row by row, so dy is read in memory order. */
-TPK__HOST_INLINE void bias_grad_loop(tpk_dtype dt, void *db, const void *dy, int64_t rows,
-                                     int64_t cols, tpk_dtype db_dt, bool accumulate, double *acc) {
-    for (int64_t j = 0; j < cols; j++) acc[j] = accumulate ? tpk__ld(db, db_dt, (size_t)j) : 0.0;
-    for (int64_t i = 0; i < rows; i++)
-        for (int64_t j = 0; j < cols; j++) acc[j] += tpk__ld(dy, dt, (size_t)(i * cols + j));
-    for (int64_t j = 0; j < cols; j++) tpk__st(db, db_dt, (size_t)j, (float)acc[j]);
+/* columns [lo, hi) of db: dy's rows summed in double, in row order (a thread owns its columns) */
+TPK__HOST_INLINE void bias_grad_cols(tpk_dtype dt, const ew_job *j, int64_t lo, int64_t hi) {
+    enum { W = 64 };
+    double acc[W];
+    int64_t rows = (int64_t)j->a, C = j->cols;
+    for (int64_t c0 = lo; c0 < hi; c0 += W) {
+        int64_t w = hi - c0 < W ? hi - c0 : W;
+        for (int64_t c = 0; c < w; c++)
+            acc[c] = j->accumulate ? tpk__ld(j->y, j->sdt, (size_t)(c0 + c)) : 0.0;
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t c = 0; c < w; c++) acc[c] += tpk__ld(j->x, dt, (size_t)(i * C + c0 + c));
+        for (int64_t c = 0; c < w; c++) tpk__st(j->y, j->sdt, (size_t)(c0 + c), (float)acc[c]);
+    }
+}
+TPK__HOST_SIMD static void bias_grad_part(void *p, int64_t lo, int64_t hi) {
+    const ew_job *j = (const ew_job *)p;
+    TPK__BY_DTYPE(j->dt, bias_grad_cols, j, lo, hi);
 }
 static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols,
                                  tpk_dtype dt, tpk_dtype db_dt, bool accumulate) {
-    static const char *fn = "host.bias_grad";
+    (void)ctx;
     if (cols == 0) return TPK_OK;
-    double *acc = malloc((size_t)cols * sizeof(double));
-    if (!acc) return tpk__host_nomem(ctx, fn, (size_t)cols * sizeof(double));
-    TPK__BY_DTYPE(dt, bias_grad_loop, db, dy, rows, cols, db_dt, accumulate, acc);
-    free(acc);
+    ew_job j;
+    memset(&j, 0, sizeof j);
+    j.dt = dt, j.sdt = db_dt, j.y = db, j.x = dy, j.a = (float)rows, j.cols = cols,
+    j.accumulate = accumulate;
+    tpk__host_par(cols, 64, bias_grad_part, &j);
     return TPK_OK;
 }
 
@@ -109,37 +199,64 @@ static tpk_status host_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t
 
 #define GELU_S 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_C 0.044715f
-
-/* 1/2 (1 + tanh(u)) = sigmoid(2u): one expf, no tanhf (expf(-2u) = inf gives 0, not NaN) */
-static inline float gelu_sig(float v) {
-    return 1.0f / (1.0f + expf(-2.0f * GELU_S * (v + GELU_C * v * v * v)));
-}
-
-#define GELU_RSQRT2 0.7071067811865476f  /* 1 / sqrt(2) */
+#define GELU_RSQRT2 0.7071067811865476f   /* 1 / sqrt(2) */
 #define GELU_RSQRT2PI 0.3989422804014327f /* 1 / sqrt(2 pi) */
 
-/* act(v) and act'(v); GELU-tanh: 1 - t^2 = 4 sg (1 - sg); GELU: Phi(v) = (1 + erf(v/sqrt2)) / 2 */
-TPK__HOST_INLINE float act_value(tpk_act act, float v) {
+/* 1/2 (1 + tanh(u)) = sigmoid(2u): one exp, no tanh (exp(-2u) = inf gives 0, not NaN) */
+TPK__HOST_INLINE tpk__v8f gelu_sig(tpk__v8f v) {
+    return 1.0f / (1.0f + tpk__vexp(-2.0f * GELU_S * (v + GELU_C * v * v * v)));
+}
+/* Phi(v) = (1 + erf(v / sqrt 2)) / 2, lane by lane (the C library's erff) */
+TPK__HOST_INLINE tpk__v8f gelu_phi(tpk__v8f v) {
+    for (int k = 0; k < TPK__VL; k++) v[k] = 0.5f * (1.0f + erff(v[k] * GELU_RSQRT2));
+    return v;
+}
+
+/* act(v) and act'(v); GELU-tanh: 1 - t^2 = 4 sg (1 - sg) */
+TPK__HOST_INLINE tpk__v8f act_value(tpk_act act, tpk__v8f v) {
     switch (act) {
-    case TPK_ACT_GELU_TANH: return v * gelu_sig(v);
-    case TPK_ACT_GELU: return 0.5f * v * (1.0f + erff(v * GELU_RSQRT2));
-    default: return v;
+        case TPK_ACT_GELU_TANH: return v * gelu_sig(v);
+        case TPK_ACT_GELU: return v * gelu_phi(v);
+        default: return v;
     }
 }
-TPK__HOST_INLINE float act_slope(tpk_act act, float v) {
+TPK__HOST_INLINE tpk__v8f act_slope(tpk_act act, tpk__v8f v) {
     switch (act) {
-    case TPK_ACT_GELU_TANH: {
-        float sg = gelu_sig(v);
-        return sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
-    }
-    case TPK_ACT_GELU:
-        return 0.5f * (1.0f + erff(v * GELU_RSQRT2)) + v * GELU_RSQRT2PI * expf(-0.5f * v * v);
-    default: return 1.0f;
+        case TPK_ACT_GELU_TANH: {
+            tpk__v8f sg = gelu_sig(v);
+            return sg + 2.0f * v * sg * (1.0f - sg) * GELU_S * (1.0f + 3.0f * GELU_C * v * v);
+        }
+        case TPK_ACT_GELU: return gelu_phi(v) + v * GELU_RSQRT2PI * tpk__vexp(-0.5f * v * v);
+        default: return tpk__vsplat(1.0f);
     }
 }
 
-TPK__HOST_INLINE void act_fwd_loop(tpk_dtype dt, tpk_act act, void *y, const void *x, size_t n) {
-    for (size_t i = 0; i < n; i++) tpk__st(y, dt, i, act_value(act, tpk__ld(x, dt, i)));
+/* y = act(x); with z (act_bwd): y = z act'(x) (z is read before y is written: y may alias z) */
+TPK__HOST_INLINE void act_range(tpk_dtype dt, const ew_job *j, int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    for (; i + TPK__VL <= hi; i += TPK__VL) {
+        tpk__v8f x = tpk__vld(j->x, dt, (size_t)i);
+        tpk__vst(j->y, dt, (size_t)i,
+                 j->z ? tpk__vld(j->z, dt, (size_t)i) * act_slope(j->act, x)
+                      : act_value(j->act, x));
+    }
+    int64_t n = hi - i;
+    tpk__v8f x = tpk__vld_n(j->x, dt, (size_t)i, n);
+    tpk__vst_n(
+        j->y, dt, (size_t)i,
+        j->z ? tpk__vld_n(j->z, dt, (size_t)i, n) * act_slope(j->act, x) : act_value(j->act, x), n);
+}
+TPK__HOST_SIMD static void act_part(void *p, int64_t lo, int64_t hi) {
+    const ew_job *j = (const ew_job *)p;
+    TPK__BY_DTYPE(j->dt, act_range, j, lo, hi);
+}
+static tpk_status act_run(tpk_act act, void *y, const void *x, const void *dy, tpk_dtype dt,
+                          size_t n) {
+    ew_job j;
+    memset(&j, 0, sizeof j);
+    j.dt = dt, j.act = act, j.y = y, j.x = x, j.z = dy;
+    tpk__host_par((int64_t)n, GRAIN / 4, act_part, &j);
+    return TPK_OK;
 }
 /* NONE is a copy (nothing in place) */
 static tpk_status host_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt,
@@ -149,17 +266,7 @@ static tpk_status host_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x
         if (y != x) memmove(y, x, n * tpk_dtype_size(dt));
         return TPK_OK;
     }
-    TPK__BY_DTYPE(dt, act_fwd_loop, act, y, x, n);
-    return TPK_OK;
-}
-
-/* dy[i] is read before dx[i] is written, so dx may alias dy. */
-TPK__HOST_INLINE void act_bwd_loop(tpk_dtype dt, tpk_act act, void *dx, const void *x,
-                                   const void *dy, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float v = tpk__ld(x, dt, i), g = tpk__ld(dy, dt, i);
-        tpk__st(dx, dt, i, g * act_slope(act, v));
-    }
+    return act_run(act, y, x, NULL, dt, n);
 }
 /* NONE: dx = dy */
 static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy,
@@ -169,8 +276,7 @@ static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
         if (dx != dy) memmove(dx, dy, n * tpk_dtype_size(dt));
         return TPK_OK;
     }
-    TPK__BY_DTYPE(dt, act_bwd_loop, act, dx, x, dy, n);
-    return TPK_OK;
+    return act_run(act, dx, x, dy, dt, n);
 }
 
 /* this file's entries of the host table (table.c) */

@@ -4,89 +4,192 @@
  *              dx = rstd (g - mean(g) - xh mean(g xh)),  g = dy w,  xh = (x - mean) rstd;
  *              dw += sum over the rows of dy xh, db += sum over the rows of dy (accumulated)
  *   rmsnorm    the same loops with mean = 0 and no bias: dx = rstd (g - xh mean(g xh))
- * The residual add before a layernorm is composed by the front end (axpby, layernorm_fwd). */
+ * The residual add before a layernorm is composed by the front end (axpby, layernorm_fwd).
+ * A row's sums run in 8 float lanes (vec.h) added in double, lane order; rows over the pool's
+ * threads (pool.c). The backward goes by chunks of 32 rows, each with its own partial dw and db
+ * (float, rows in order), then adds the chunks' partials in double in chunk order: the chunks are
+ * fixed by the row count, so the results do not depend on the thread count. */
 #include <math.h>
 
-#include "host_private.h"
+#include "vec.h"
 
-/* ---- layernorm ------------------------------------------------------------------------------ */
+typedef struct ln_job {
+    tpk_dtype dt;
+    void *y;            /* fwd: y; bwd: dx */
+    float *mean, *rstd; /* fwd: written; bwd: read */
+    float *dw, *db;
+    float *part; /* bwd: the chunks' partial dw, db [chunks, 2, cols] */
+    const void *x, *dy;
+    const float *w, *b;
+    int64_t rows, cols;
+    float eps;
+    bool rms, acc;
+} ln_job;
+
+/* ---- forward: rows -------------------------------------------------------------------------- */
 
 /* One loop for both norms: rms (RMSNorm) takes the mean as 0 and has no bias (mean, b unused). */
-TPK__HOST_INLINE void ln_fwd_loop(tpk_dtype dt, void *y, float *mean, float *rstd, const void *x,
-                                  const float *w, const float *b, int64_t rows, int64_t cols,
-                                  float eps, bool rms) {
-    for (int64_t i = 0; i < rows; i++) {
-        size_t r = (size_t)(i * cols);
-        double s = 0, s2 = 0;
-        for (int64_t j = 0; j < cols && !rms; j++) s += tpk__ld(x, dt, r + (size_t)j);
-        double m = s / (double)cols;
-        for (int64_t j = 0; j < cols; j++) {
-            double d = tpk__ld(x, dt, r + (size_t)j) - m;
-            s2 += d * d;
+TPK__HOST_INLINE void ln_fwd_rows(tpk_dtype dt, const ln_job *a, int64_t lo, int64_t hi) {
+    int64_t C = a->cols, nv = C / TPK__VL * TPK__VL, tail = C - nv;
+    for (int64_t i = lo; i < hi; i++) {
+        size_t r = (size_t)(i * C);
+        tpk__v8f s = tpk__vsplat(0.0f);
+        if (!a->rms) {
+            for (int64_t j = 0; j < nv; j += TPK__VL) s += tpk__vld(a->x, dt, r + (size_t)j);
+            s += tpk__vld_n(a->x, dt, r + (size_t)nv, tail);
         }
-        float rs = (float)(1.0 / sqrt(s2 / (double)cols + eps));
-        for (int64_t j = 0; j < cols; j++)
-            tpk__st(y, dt, r + (size_t)j,
-                    (tpk__ld(x, dt, r + (size_t)j) - (float)m) * rs * w[j] + (rms ? 0.0f : b[j]));
-        if (!rms) mean[i] = (float)m;
-        rstd[i] = rs;
+        double m = tpk__vhsum(s) / (double)C;
+        tpk__v8f vm = tpk__vsplat((float)m), s2 = tpk__vsplat(0.0f), d;
+        for (int64_t j = 0; j < nv; j += TPK__VL)
+            d = tpk__vld(a->x, dt, r + (size_t)j) - vm, s2 += d * d;
+        d = tpk__vld_n(a->x, dt, r + (size_t)nv, tail) - vm;
+        for (int64_t k = tail; k < TPK__VL; k++) d[k] = 0.0f; /* the lanes past the row */
+        s2 += d * d;
+        float rs = (float)(1.0 / sqrt(tpk__vhsum(s2) / (double)C + a->eps));
+        tpk__v8f vr = tpk__vsplat(rs), zero = tpk__vsplat(0.0f);
+        int64_t j = 0;
+        for (; j < nv; j += TPK__VL)
+            tpk__vst(a->y, dt, r + (size_t)j,
+                     (tpk__vld(a->x, dt, r + (size_t)j) - vm) * vr *
+                             tpk__vld(a->w, TPK_F32, (size_t)j) +
+                         (a->rms ? zero : tpk__vld(a->b, TPK_F32, (size_t)j)));
+        tpk__vst_n(a->y, dt, r + (size_t)j,
+                   (tpk__vld_n(a->x, dt, r + (size_t)j, tail) - vm) * vr *
+                           tpk__vld_n(a->w, TPK_F32, (size_t)j, tail) +
+                       (a->rms ? zero : tpk__vld_n(a->b, TPK_F32, (size_t)j, tail)),
+                   tail);
+        if (!a->rms) a->mean[i] = (float)m;
+        a->rstd[i] = rs;
     }
+}
+TPK__HOST_SIMD static void ln_fwd_part(void *p, int64_t lo, int64_t hi) {
+    const ln_job *a = (const ln_job *)p;
+    TPK__BY_DTYPE(a->dt, ln_fwd_rows, a, lo, hi);
+}
+static void ln_fwd(ln_job *a) {
+    tpk__host_par(a->rows, 1 + 4096 / (a->cols ? a->cols : 1), ln_fwd_part, a);
 }
 static tpk_status host_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x,
                                      const float *w, const float *b, int64_t rows, int64_t cols,
                                      float eps, tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, ln_fwd_loop, y, mean, rstd, x, w, b, rows, cols, eps, false);
-    return TPK_OK;
-}
-
-TPK__HOST_INLINE void ln_bwd_loop(tpk_dtype dt, void *dx, float *dw, float *db, const void *dy,
-                                  const void *x, const float *w, const float *mean,
-                                  const float *rstd, int64_t rows, int64_t cols, bool acc,
-                                  bool rms) {
-    for (int64_t i = 0; i < rows; i++) {
-        size_t r = (size_t)(i * cols);
-        double mg = 0, mgx = 0;
-        float mu = rms ? 0.0f : mean[i];
-        for (int64_t j = 0; j < cols; j++) {
-            float xh = (tpk__ld(x, dt, r + (size_t)j) - mu) * rstd[i],
-                  g = tpk__ld(dy, dt, r + (size_t)j);
-            mg += g * w[j], mgx += g * w[j] * xh;
-            dw[j] += g * xh;
-            if (!rms) db[j] += g;
-        }
-        mg = rms ? 0 : mg / (double)cols, mgx /= (double)cols;
-        for (int64_t j = 0; j < cols; j++) {
-            float xh = (tpk__ld(x, dt, r + (size_t)j) - mu) * rstd[i],
-                  g = tpk__ld(dy, dt, r + (size_t)j) * w[j];
-            float v = rstd[i] * (g - (float)mg - xh * (float)mgx);
-            tpk__st(dx, dt, r + (size_t)j, acc ? tpk__ld(dx, dt, r + (size_t)j) + v : v);
-        }
-    }
-}
-static tpk_status host_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy,
-                                     const void *x, const float *w, const float *mean,
-                                     const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
-                                     bool accumulate_dx) {
-    (void)ctx;
-    TPK__BY_DTYPE(dt, ln_bwd_loop, dx, dw, db, dy, x, w, mean, rstd, rows, cols, accumulate_dx,
-                  false);
+    ln_job a;
+    memset(&a, 0, sizeof a);
+    a.dt = dt, a.y = y, a.mean = mean, a.rstd = rstd, a.x = x, a.w = w, a.b = b, a.rows = rows,
+    a.cols = cols, a.eps = eps;
+    ln_fwd(&a);
     return TPK_OK;
 }
 static tpk_status host_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x,
                                    const float *w, int64_t rows, int64_t cols, float eps,
                                    tpk_dtype dt) {
     (void)ctx;
-    TPK__BY_DTYPE(dt, ln_fwd_loop, y, NULL, rstd, x, w, NULL, rows, cols, eps, true);
+    ln_job a;
+    memset(&a, 0, sizeof a);
+    a.dt = dt, a.y = y, a.rstd = rstd, a.x = x, a.w = w, a.rows = rows, a.cols = cols, a.eps = eps,
+    a.rms = true;
+    ln_fwd(&a);
     return TPK_OK;
+}
+
+/* ---- backward: chunks of rows, then their partial dw, db summed ----------------------------- */
+
+/* xh = (x - mean) rstd of 8 columns of row i */
+TPK__HOST_INLINE tpk__v8f ln_xh(const ln_job *a, int64_t i, tpk__v8f x) {
+    return (x - tpk__vsplat(a->rms ? 0.0f : a->mean[i])) * tpk__vsplat(a->rstd[i]);
+}
+enum { ROWS = 32 }; /* the rows of one chunk of the backward: its own partial dw, db */
+
+/* chunk c's rows: dx, and the chunk's sums of dy xh and dy into part[c] = [dw | db] [2, cols] */
+TPK__HOST_INLINE void ln_bwd_chunk(tpk_dtype dt, const ln_job *a, int64_t c) {
+    int64_t C = a->cols, nv = C / TPK__VL * TPK__VL, tail = C - nv;
+    int64_t i1 = (c + 1) * ROWS < a->rows ? (c + 1) * ROWS : a->rows;
+    float *pw = a->part + (size_t)(2 * c * C), *pb = pw + C;
+    memset(pw, 0, sizeof(float) * (size_t)(2 * C));
+    for (int64_t i = c * ROWS; i < i1; i++) {
+        size_t r = (size_t)(i * C);
+        tpk__v8f mg = tpk__vsplat(0.0f), mgx = mg; /* sum g w, sum g w xh (lanes past C: 0) */
+        for (int64_t j = 0; j < nv; j += TPK__VL) {
+            tpk__v8f xh = ln_xh(a, i, tpk__vld(a->x, dt, r + (size_t)j)),
+                     gw = tpk__vld(a->dy, dt, r + (size_t)j) * tpk__vld(a->w, TPK_F32, (size_t)j);
+            mg += gw, mgx += gw * xh;
+        }
+        tpk__v8f gt = tpk__vld_n(a->dy, dt, r + (size_t)nv, tail) *
+                      tpk__vld_n(a->w, TPK_F32, (size_t)nv, tail);
+        mg += gt, mgx += gt * ln_xh(a, i, tpk__vld_n(a->x, dt, r + (size_t)nv, tail));
+        float m1 = a->rms ? 0.0f : (float)(tpk__vhsum(mg) / (double)C),
+              m2 = (float)(tpk__vhsum(mgx) / (double)C);
+        tpk__v8f vm1 = tpk__vsplat(m1), vm2 = tpk__vsplat(m2), vr = tpk__vsplat(a->rstd[i]);
+        for (int64_t j = 0; j < C; j += TPK__VL) {
+            int64_t n = C - j < TPK__VL ? C - j : TPK__VL;
+            bool full = n == TPK__VL;
+            size_t k = r + (size_t)j;
+            tpk__v8f g = full ? tpk__vld(a->dy, dt, k) : tpk__vld_n(a->dy, dt, k, n),
+                     xh = ln_xh(a, i, full ? tpk__vld(a->x, dt, k) : tpk__vld_n(a->x, dt, k, n)),
+                     w = full ? tpk__vld(a->w, TPK_F32, (size_t)j)
+                              : tpk__vld_n(a->w, TPK_F32, (size_t)j, n);
+            tpk__v8f v = vr * (g * w - vm1 - xh * vm2);
+            if (a->acc) v += full ? tpk__vld(a->y, dt, k) : tpk__vld_n(a->y, dt, k, n);
+            if (full) {
+                tpk__vst(a->y, dt, k, v);
+                tpk__vst(pw, TPK_F32, (size_t)j, tpk__vld(pw, TPK_F32, (size_t)j) + g * xh);
+                if (!a->rms) tpk__vst(pb, TPK_F32, (size_t)j, tpk__vld(pb, TPK_F32, (size_t)j) + g);
+            } else {
+                tpk__vst_n(a->y, dt, k, v, n);
+                tpk__vst_n(pw, TPK_F32, (size_t)j, tpk__vld_n(pw, TPK_F32, (size_t)j, n) + g * xh,
+                           n);
+                if (!a->rms)
+                    tpk__vst_n(pb, TPK_F32, (size_t)j, tpk__vld_n(pb, TPK_F32, (size_t)j, n) + g,
+                               n);
+            }
+        }
+    }
+}
+TPK__HOST_SIMD static void ln_bwd_part(void *p, int64_t lo, int64_t hi) {
+    const ln_job *a = (const ln_job *)p;
+    for (int64_t c = lo; c < hi; c++) TPK__BY_DTYPE(a->dt, ln_bwd_chunk, a, c);
+}
+/* columns [lo, hi): dw += the chunks' partial sums, added in double in chunk order (db alike) */
+static void ln_sum_part(void *p, int64_t lo, int64_t hi) {
+    const ln_job *a = (const ln_job *)p;
+    int64_t C = a->cols, chunks = (a->rows + ROWS - 1) / ROWS;
+    for (int64_t j = lo; j < hi; j++) {
+        double w = 0, b = 0;
+        for (int64_t c = 0; c < chunks; c++)
+            w += a->part[2 * c * C + j], b += a->part[(2 * c + 1) * C + j];
+        a->dw[j] += (float)w;
+        if (!a->rms) a->db[j] += (float)b;
+    }
+}
+static tpk_status ln_bwd(tpk_ctx *ctx, ln_job *a) {
+    int64_t chunks = (a->rows + ROWS - 1) / ROWS;
+    size_t bytes = sizeof(float) * (size_t)(2 * chunks * a->cols);
+    if (!bytes) return TPK_OK;
+    if (!(a->part = (float *)malloc(bytes)))
+        return tpk__host_nomem(ctx, "host.layernorm_bwd", bytes);
+    tpk__host_par(chunks, 1, ln_bwd_part, a);
+    tpk__host_par(a->cols, 256, ln_sum_part, a);
+    free(a->part);
+    return TPK_OK;
+}
+static tpk_status host_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy,
+                                     const void *x, const float *w, const float *mean,
+                                     const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt,
+                                     bool accumulate_dx) {
+    ln_job a;
+    memset(&a, 0, sizeof a);
+    a.dt = dt, a.y = dx, a.dw = dw, a.db = db, a.dy = dy, a.x = x, a.w = w, a.mean = (float *)mean,
+    a.rstd = (float *)rstd, a.rows = rows, a.cols = cols, a.acc = accumulate_dx;
+    return ln_bwd(ctx, &a);
 }
 static tpk_status host_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x,
                                    const float *w, const float *rstd, int64_t rows, int64_t cols,
                                    tpk_dtype dt, bool accumulate_dx) {
-    (void)ctx;
-    TPK__BY_DTYPE(dt, ln_bwd_loop, dx, dw, NULL, dy, x, w, NULL, rstd, rows, cols, accumulate_dx,
-                  true);
-    return TPK_OK;
+    ln_job a;
+    memset(&a, 0, sizeof a);
+    a.dt = dt, a.y = dx, a.dw = dw, a.dy = dy, a.x = x, a.w = w, a.rstd = (float *)rstd,
+    a.rows = rows, a.cols = cols, a.acc = accumulate_dx, a.rms = true;
+    return ln_bwd(ctx, &a);
 }
 
 /* this file's entries of the host table (table.c) */

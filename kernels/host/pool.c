@@ -3,8 +3,9 @@
  *
  *   threads   TPK_NUM_THREADS where set, else OpenBLAS's thread count (openblas_get_num_threads:
  *             OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, else the cores) and at most the CPUs this
- *             process may run on; at most TPK__HOST_MAX_THREADS. The pool and OpenBLAS never run at once (an op is either a
- *             GEMM or a loop here), so the two never oversubscribe the cores.
+ *             process may run on; at most TPK__HOST_MAX_THREADS. The pool and OpenBLAS never run
+ *             at once (an op is either a GEMM or a loop here), so they never oversubscribe the
+ *             cores.
  *   par       part k of T is [n k / T, n (k + 1) / T). The ops give each element, row or fixed
  *             chunk of a reduction to exactly one part and combine the chunks' partial sums in
  *             chunk order afterwards, so results do not depend on T: every number is the same at
@@ -26,22 +27,32 @@
 enum { SPIN = 1 << 14 }; /* a worker's polls of the job counter before it sleeps */
 
 typedef struct pool {
-    pthread_mutex_t busy;  /* held by the dispatching caller */
-    pthread_mutex_t lock;  /* guards the sleep and the wake-up */
-    pthread_cond_t wake;   /* a new job */
-    pthread_cond_t done;   /* the last worker finished */
-    atomic_uint job;       /* incremented per job */
-    atomic_int pending;    /* workers still running the job */
-    int started;           /* workers created */
+    pthread_mutex_t busy;                 /* held by the dispatching caller */
+    pthread_mutex_t lock;                 /* guards the sleep and the wake-up */
+    pthread_cond_t wake;                  /* a new job */
+    pthread_cond_t done;                  /* the last worker finished */
+    atomic_uint job;                      /* incremented per job */
+    atomic_int pending;                   /* workers still running the job */
+    int started;                          /* workers created */
     unsigned born[TPK__HOST_MAX_THREADS]; /* the job counter when worker k was created */
-    int parts;             /* the job's T */
-    int64_t n;             /* the job's range */
-    tpk__host_part_fn fn;  /* the job */
+    int parts;                            /* the job's T */
+    int64_t n;                            /* the job's range */
+    tpk__host_part_fn fn;                 /* the job */
     void *arg;
 } pool;
 
-static pool P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                 PTHREAD_COND_INITIALIZER, 0, 0, 0, {0}, 0, 0, NULL, NULL};
+static pool P = {PTHREAD_MUTEX_INITIALIZER,
+                 PTHREAD_MUTEX_INITIALIZER,
+                 PTHREAD_COND_INITIALIZER,
+                 PTHREAD_COND_INITIALIZER,
+                 0,
+                 0,
+                 0,
+                 {0},
+                 0,
+                 0,
+                 NULL,
+                 NULL};
 
 static void run_part(int k) {
     int64_t lo = P.n * k / P.parts, hi = P.n * (k + 1) / P.parts;
@@ -49,7 +60,7 @@ static void run_part(int k) {
 }
 
 static void *worker(void *a) {
-    int k = (int)(intptr_t)a; /* this worker's part: 1 .. */
+    int k = (int)(intptr_t)a;  /* this worker's part: 1 .. */
     unsigned seen = P.born[k]; /* a job posted after its creation is one to run */
     for (;;) {
         unsigned j = seen;
@@ -76,8 +87,7 @@ int tpk__host_threads(void) {
     if (t <= 0) {
         t = openblas_get_num_threads();
         cpu_set_t set;
-        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < t)
-            t = CPU_COUNT(&set);
+        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < t) t = CPU_COUNT(&set);
     }
     return t < 1 ? 1 : t > TPK__HOST_MAX_THREADS ? TPK__HOST_MAX_THREADS : t;
 }

@@ -32,6 +32,8 @@ enum { TPK__VL = 8 }; /* lanes */
 typedef float tpk__v8f __attribute__((vector_size(32)));
 typedef int32_t tpk__v8i __attribute__((vector_size(32)));
 typedef uint16_t tpk__v8h __attribute__((vector_size(16)));
+typedef float tpk__v4f __attribute__((vector_size(16)));
+typedef double tpk__v4d __attribute__((vector_size(32))); /* 8 double lanes are two of these */
 
 TPK__HOST_INLINE tpk__v8f tpk__vsplat(float v) {
     tpk__v8f r = {v, v, v, v, v, v, v, v};
@@ -74,10 +76,26 @@ TPK__HOST_INLINE void tpk__vst(void *p, tpk_dtype dt, size_t i, tpk__v8f v) {
     for (int k = 0; k < TPK__VL; k++) ((uint16_t *)p)[i + (size_t)k] = tpk_f32_to_bf16(v[k]);
 }
 
+/* the last n < 8 elements: the lanes past n read as 0 and are not written, so a row's tail runs
+ * the vector code (the same bits as the full vectors) */
+TPK__HOST_INLINE tpk__v8f tpk__vld_n(const void *p, tpk_dtype dt, size_t i, int64_t n) {
+    tpk__v8f r = tpk__vsplat(0.0f);
+    for (int64_t k = 0; k < n; k++) r[k] = tpk__ld(p, dt, i + (size_t)k);
+    return r;
+}
+TPK__HOST_INLINE void tpk__vst_n(void *p, tpk_dtype dt, size_t i, tpk__v8f v, int64_t n) {
+    for (int64_t k = 0; k < n; k++) tpk__st(p, dt, i + (size_t)k, v[k]);
+}
+/* per lane: sqrt (the compiler's scalar square root, lane by lane), 1 / x */
+TPK__HOST_INLINE tpk__v8f tpk__vsqrt(tpk__v8f x) {
+    for (int k = 0; k < TPK__VL; k++) x[k] = sqrtf(x[k]);
+    return x;
+}
+
 TPK__HOST_INLINE tpk__v8f tpk__vexp(tpk__v8f x) {
     const tpk__v8f hi = tpk__vsplat(88.7228394f), lo = tpk__vsplat(-103.972084f);
     tpk__v8f c = tpk__vsel(x > hi, hi, tpk__vsel(x < lo, lo, x)); /* NaN: lo, restored below */
-    const tpk__v8f magic = tpk__vsplat(12582912.0f);             /* 1.5 2^23: round to integer */
+    const tpk__v8f magic = tpk__vsplat(12582912.0f);              /* 1.5 2^23: round to integer */
     tpk__v8f n = (c * 1.44269504088896341f + magic) - magic;
     tpk__v8f r = c - n * 0.693359375f - n * -2.12194440e-4f; /* ln2 in two parts */
     tpk__v8f p = tpk__vsplat(1.9875691500e-4f);
