@@ -9,7 +9,7 @@
 #   make bench-gpt2 GPT-2 124M and 350M training steps: tpk's trainer next to PyTorch eager and torch.compile
 #   make gpu-report a GPU's first hour in one command: build, test-gpu with compute-sanitizer, bench-gpu and
 #                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
-#   make bench      the host benchmarks (bench/)
+#   make bench      the host benchmarks (bench/), PyTorch on the CPU beside them: a block, the ops, whole steps
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make format-check  the C, C++, CUDA and Python sources' format: <= 100 columns, spaces, line ends
 #   make install PREFIX=/usr/local
@@ -65,8 +65,9 @@ endif
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
-# vector loops of kernels/host/vec.h stay vector loops). Their headers are private to kernels/host.
-HOST_CFLAGS = -fno-math-errno
+# vector loops of kernels/host/vec.h stay vector loops); no note on the vector ABI (every function
+# passing vectors is inlined). Their headers are private to kernels/host.
+HOST_CFLAGS = -fno-math-errno -Wno-psabi
 $(B)/host/%.o: kernels/host/%.c kernels/host/host_private.h kernels/host/vec.h $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(HOST_CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) -c $< -o $@
@@ -212,9 +213,17 @@ $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
-# The host benchmarks (one thread; PyTorch alongside where Debian's python3-torch is installed).
-bench: $(B)/bench/host_block
+# The host benchmarks, PyTorch on the CPU alongside where Debian's python3-torch is installed:
+# one GPT-2 block at one thread (bench/host_block.c); the memory-bound ops against copy bandwidth
+# and the cross-entropy against F.cross_entropy at CPU_THREADS threads (bench/kernels.c --host);
+# whole training steps of two small GPT-2s at CPU_THREADS threads next to PyTorch with either
+# OpenMP wait policy (bench/gpt2_step.py --device cpu). Figures, not a timed test.
+CPU_THREADS ?= $(shell nproc 2>/dev/null || echo 1)
+bench: $(B)/bench/host_block $(B)/bench/kernels $(B)/demo/train
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(B)/bench/host_block
+	OPENBLAS_NUM_THREADS=$(CPU_THREADS) $(B)/bench/kernels --host --n 67108864 --xent-rows 1024 --vocab 50257
+	$(PYTHON) bench/gpt2_step.py --model L4C256 --device cpu --dtype f32 --threads $(CPU_THREADS) --trainer $(B)/demo/train
+	$(PYTHON) bench/gpt2_step.py --model L6C384 --device cpu --dtype f32 --threads $(CPU_THREADS) --trainer $(B)/demo/train
 
 # Model setup time against depth (a tiny GPT-2 at 1k, 4k, 16k layers): linear when the time per
 # layer stays flat (bench/setup.c; figures, not a timed test).

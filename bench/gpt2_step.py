@@ -241,11 +241,20 @@ def run_torch(a, L, H, A, compiled):
     return statistics.median(times), mem
 
 
+def torch_python():
+    """the first of $TPK_PYTHON, this interpreter and Debian's /usr/bin/python3 that imports torch
+    (as bench/kernels and bench/host_block choose)"""
+    for py in (os.environ.get("TPK_PYTHON"), sys.executable, "/usr/bin/python3"):
+        if py and subprocess.run([py, "-c", "import torch"], capture_output=True).returncode == 0:
+            return py
+    return sys.executable
+
+
 def run_torch_child(a, compiled, policy):
     """PyTorch in its own process, so OMP_WAIT_POLICY (read when PyTorch starts its OpenMP threads)
     takes effect: policy None leaves it unset (OpenMP's default: idle threads spin), "PASSIVE"
     makes idle threads sleep. Returns (median ms, peak MB or None)."""
-    cmd = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--torch-child"]
+    cmd = [torch_python(), os.path.abspath(__file__)] + sys.argv[1:] + ["--torch-child"]
     cmd += ["compile" if compiled else "eager"]
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)

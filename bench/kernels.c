@@ -6,7 +6,8 @@
  * plus written). Attention: TFLOP/s of the causal forward (2 B A S^2 D: half of Q K^T and of P V)
  * and backward (5 B A S^2 D). CUDA events on the GPU, the monotonic clock on the host. Then the
  * same attention shape in PyTorch (bench/torch_attn.py: scaled_dot_product_attention where it
- * exists), in the same run, and tpk's speed as a percentage of PyTorch's.
+ * exists), in the same run, and tpk's speed as a percentage of PyTorch's; likewise the
+ * cross-entropy (xent_fused against F.cross_entropy forward + backward, bench/torch_xent.py).
  *
  *   kernels [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B b --S s --A a
  *   --D d] [--iters n] [--host] [--json]
@@ -27,13 +28,13 @@
 static tpk_ctx ctx;
 static bool gpu;
 
-#define TRY(call)                                                                                  \
-    do {                                                                                           \
-        tpk_status s__ = (call);                                                                   \
-        if (s__ != TPK_OK) {                                                                       \
-            fprintf(stderr, "bench/kernels: %s: %s\n", #call, tpk_last_error(&ctx));               \
-            exit(1);                                                                               \
-        }                                                                                          \
+#define TRY(call)                                                                    \
+    do {                                                                             \
+        tpk_status s__ = (call);                                                     \
+        if (s__ != TPK_OK) {                                                         \
+            fprintf(stderr, "bench/kernels: %s: %s\n", #call, tpk_last_error(&ctx)); \
+            exit(1);                                                                 \
+        }                                                                            \
     } while (0)
 
 static double now_ms(void) {
@@ -85,56 +86,63 @@ static const char *op_name[OP_N] = {
 static void run_op(int op) {
     size_t es = tpk_dtype_size(dt);
     switch (op) {
-    case OP_COPY: TRY(tpk_op_memcpy(&ctx, y, x, N * es, gpu ? TPK_D2D : TPK_H2H)); break;
-    case OP_FILL: TRY(tpk_op_fill(&ctx, y, dt, N, 1.0f)); break;
-    case OP_CAST: TRY(tpk_op_cast(&ctx, z, TPK_BF16, xf, TPK_F32, N)); break;
-    case OP_AXPBY: TRY(tpk_op_axpby(&ctx, y, 0.5f, x, 0.5f, dt, N)); break;
-    case OP_BIAS: TRY(tpk_op_bias_add(&ctx, y, x, R, C, dt)); break;
-    case OP_GELU_F: TRY(tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, y, x, dt, N)); break;
-    case OP_GELU_B: TRY(tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, y, x, z, dt, N)); break;
-    case OP_DROPOUT: TRY(tpk_op_dropout(&ctx, y, x, R, C, C, 0, 0, 0.1f, 1, 2, dt)); break;
-    case OP_LN_F: TRY(tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt)); break;
-    case OP_LN_B:
-        TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false));
-        break;
-    case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
-    case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, xl, tgt, XR, XV, XV, 0, dt)); break;
-    case OP_XENT_G:
-        TRY(tpk_op_xent_grad(&ctx, xd, xl, lse, tgt, dl, XR, XV, XV, 0, XV, 0.0f, -100, dt));
-        break;
-    case OP_XENT_F:
-        TRY(tpk_op_xent_fused(&ctx, xd, mx, lse, xl, tgt, XR, XV, XV, 0.0f, -100, 1.0f, dt));
-        break;
-    case OP_ADAMW:
-        TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f, NULL,
-                         0.0f, NULL, 0, NULL));
-        break;
-    case OP_ATT_F:
-        TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1, 2,
-                            dt));
-        break;
-    case OP_ATT_B:
-        TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8,
-                            0.0f, 1, 2, dt));
-        break;
+        case OP_COPY: TRY(tpk_op_memcpy(&ctx, y, x, N * es, gpu ? TPK_D2D : TPK_H2H)); break;
+        case OP_FILL: TRY(tpk_op_fill(&ctx, y, dt, N, 1.0f)); break;
+        case OP_CAST: TRY(tpk_op_cast(&ctx, z, TPK_BF16, xf, TPK_F32, N)); break;
+        case OP_AXPBY: TRY(tpk_op_axpby(&ctx, y, 0.5f, x, 0.5f, dt, N)); break;
+        case OP_BIAS: TRY(tpk_op_bias_add(&ctx, y, x, R, C, dt)); break;
+        case OP_GELU_F: TRY(tpk_op_act_fwd(&ctx, TPK_ACT_GELU_TANH, y, x, dt, N)); break;
+        case OP_GELU_B: TRY(tpk_op_act_bwd(&ctx, TPK_ACT_GELU_TANH, y, x, z, dt, N)); break;
+        case OP_DROPOUT: TRY(tpk_op_dropout(&ctx, y, x, R, C, C, 0, 0, 0.1f, 1, 2, dt)); break;
+        case OP_LN_F:
+            TRY(tpk_op_layernorm_fwd(&ctx, y, mean, rstd, x, w, b, R, C, 1e-5f, dt));
+            break;
+        case OP_LN_B:
+            TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false));
+            break;
+        case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
+        case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, xl, tgt, XR, XV, XV, 0, dt)); break;
+        case OP_XENT_G:
+            TRY(tpk_op_xent_grad(&ctx, xd, xl, lse, tgt, dl, XR, XV, XV, 0, XV, 0.0f, -100, dt));
+            break;
+        case OP_XENT_F:
+            TRY(tpk_op_xent_fused(&ctx, xd, mx, lse, xl, tgt, XR, XV, XV, 0.0f, -100, 1.0f, dt));
+            break;
+        case OP_ADAMW:
+            TRY(tpk_op_adamw(&ctx, xf, gf, m1, v1, N, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 1.0f,
+                             NULL, 0.0f, NULL, 0, NULL));
+            break;
+        case OP_ATT_F:
+            TRY(tpk_op_attn_fwd(&ctx, ao, alse, qkv, AB, AS, AA, AD, AA, AA, 0, 1.0f / 8, 0.0f, 1,
+                                2, dt));
+            break;
+        case OP_ATT_B:
+            TRY(tpk_op_attn_bwd(&ctx, adqkv, ado, qkv, ao, alse, AB, AS, AA, AD, AA, AA, 0,
+                                1.0f / 8, 0.0f, 1, 2, dt));
+            break;
     }
 }
 /* the fewest bytes an op moves */
 static double op_bytes(int op) {
     double es = (double)tpk_dtype_size(dt), n = (double)N, nx = (double)XR * (double)XV;
     switch (op) {
-    case OP_COPY: return 2 * n * es;
-    case OP_FILL: return n * es;
-    case OP_CAST: return n * 6;
-    case OP_AXPBY: return 3 * n * es;
-    case OP_BIAS: case OP_GELU_F: case OP_DROPOUT: case OP_LN_F: return 2 * n * es;
-    case OP_GELU_B: case OP_LN_B: return 3 * n * es;
-    case OP_XENT_G: return 2 * nx * es; /* the logits read once, their gradient written once */
-    case OP_XENT_S: return nx * es;     /* the logits read once (the [XR, 4] statistics are
+        case OP_COPY: return 2 * n * es;
+        case OP_FILL: return n * es;
+        case OP_CAST: return n * 6;
+        case OP_AXPBY: return 3 * n * es;
+        case OP_BIAS:
+        case OP_GELU_F:
+        case OP_DROPOUT:
+        case OP_LN_F: return 2 * n * es;
+        case OP_GELU_B:
+        case OP_LN_B: return 3 * n * es;
+        case OP_XENT_G: return 2 * nx * es; /* the logits read once, their gradient written once */
+        case OP_XENT_S:
+            return nx * es;                 /* the logits read once (the [XR, 4] statistics are
                                            noise) */
-    case OP_XENT_F: return 2 * nx * es; /* the logits read once, their gradient written once */
-    case OP_EMBED: return n * (4 + es);
-    case OP_ADAMW: return n * 28;
+        case OP_XENT_F: return 2 * nx * es; /* the logits read once, their gradient written once */
+        case OP_EMBED: return n * (4 + es);
+        case OP_ADAMW: return n * 28;
     }
     return 0;
 }
@@ -273,12 +281,12 @@ int main(int argc, char **argv) {
     TRY(tpk_op_sync(&ctx));
     double copy_ms = time_op(OP_COPY, iters), copy_bw = op_bytes(OP_COPY) / (copy_ms * 1e-3) / 1e9;
     if (!json) {
-        printf(
-            "kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), cross-entropy [%lld, "
-            "%lld], median of %d; attention B=%lld S=%lld A=%lld "
-            "D=%lld\n",
-            ops->name, tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C, (long long)XR,
-            (long long)XV, iters, (long long)AB, (long long)AS, (long long)AA, (long long)AD);
+        printf("kernels: backend %s, dtype %s, %lld elements ([%lld, %lld]), cross-entropy [%lld, "
+               "%lld], median of %d; attention B=%lld S=%lld A=%lld "
+               "D=%lld\n",
+               ops->name, tpk_dtype_name(dt), (long long)N, (long long)R, (long long)C,
+               (long long)XR, (long long)XV, iters, (long long)AB, (long long)AS, (long long)AA,
+               (long long)AD);
         printf("measured copy bandwidth: %.1f GB/s (read + write)\n\n%-16s %10s %10s %8s\n",
                copy_bw, "op", "ms", "GB/s", "% copy");
     } else {
@@ -317,6 +325,20 @@ int main(int argc, char **argv) {
         if (p && fscanf(p, "%lf %lf %63s", &pt[0], &pt[1], pname) != 3) pt[0] = pt[1] = -1;
         if (p) pclose(p);
     }
+    /* PyTorch's F.cross_entropy forward + backward on the same logits [XR, XV], against
+     * xent_fused (the loss and the gradient of one rank holding the vocabulary), in the same run:
+     * the thread count OpenBLAS has (PyTorch's default otherwise) */
+    double xent_ms = time_op(OP_XENT_F, iters), ptx = -1;
+    const char *thr = getenv("OPENBLAS_NUM_THREADS");
+    for (int k = 0; k < 3 && ptx < 0; k++) {
+        if (!pys[k]) continue;
+        snprintf(cmd, sizeof cmd, "%s bench/torch_xent.py %lld %lld %s %s %d %d 2>/dev/null",
+                 pys[k], (long long)XR, (long long)XV, tpk_dtype_name(dt), gpu ? "cuda" : "cpu",
+                 iters, thr ? atoi(thr) : 0);
+        FILE *p = popen(cmd, "r");
+        if (p && fscanf(p, "%lf", &ptx) != 1) ptx = -1;
+        if (p) pclose(p);
+    }
     /* the CUDA backend's generic attention kernels on the same shape (TPK_ATTN=generic), for the
      * speed-up of the tensor-core ones (bf16, D = 64 or 128) */
     double gen[2] = {-1, -1}, det_ms = -1;
@@ -336,11 +358,10 @@ int main(int argc, char **argv) {
                 "ms, %.2fx the default's time\n",
                 det_ms, det_ms / att_ms[1]);
         if (gen[0] > 0)
-            printf(
-                "\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, "
-                "backward %.3f ms; the default path is %.2fx as fast "
-                "(forward+backward)\n",
-                gen[0], gen[1], (gen[0] + gen[1]) / (att_ms[0] + att_ms[1]));
+            printf("\nattention with the generic kernels (TPK_ATTN=generic): forward %.3f ms, "
+                   "backward %.3f ms; the default path is %.2fx as fast "
+                   "(forward+backward)\n",
+                   gen[0], gen[1], (gen[0] + gen[1]) / (att_ms[0] + att_ms[1]));
         if (pt[0] > 0)
             printf(
                 "\nattention against PyTorch (%s, same shape and dtype): forward %.3f ms vs %.3f "
@@ -349,6 +370,12 @@ int main(int argc, char **argv) {
                 pname, att_ms[0], pt[0], 100 * pt[0] / att_ms[0], att_ms[0] + att_ms[1],
                 pt[0] + pt[1], 100 * (pt[0] + pt[1]) / (att_ms[0] + att_ms[1]));
         else printf("\nattention against PyTorch: not measured (no python with torch)\n");
+        if (ptx > 0)
+            printf("cross-entropy against PyTorch (F.cross_entropy forward + backward, [%lld, %lld]"
+                   " %s): xent_fused %.3f ms vs %.3f ms (%.0f%% of PyTorch's speed)\n",
+                   (long long)XR, (long long)XV, tpk_dtype_name(dt), xent_ms, ptx,
+                   100 * ptx / xent_ms);
+        else printf("cross-entropy against PyTorch: not measured (no python with torch)\n");
     } else {
         if (det_ms > 0)
             printf("\n], \"attn_bwd_deterministic_ms\": %.4f, \"generic_attn\": ", det_ms);
@@ -357,11 +384,12 @@ int main(int argc, char **argv) {
             printf("{\"fwd_ms\": %.4f, \"bwd_ms\": %.4f}, \"torch_attn\": ", gen[0], gen[1]);
         else printf("null, \"torch_attn\": ");
         if (pt[0] > 0)
-            printf(
-                "{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, "
-                "\"tpk_bwd_ms\": %.4f}}\n",
-                pname, pt[0], pt[1], att_ms[0], att_ms[1]);
-        else printf("null}\n");
+            printf("{\"impl\": \"%s\", \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, \"tpk_fwd_ms\": %.4f, "
+                   "\"tpk_bwd_ms\": %.4f}",
+                   pname, pt[0], pt[1], att_ms[0], att_ms[1]);
+        else printf("null");
+        if (ptx > 0) printf(", \"torch_xent\": {\"ms\": %.4f, \"tpk_ms\": %.4f}}\n", ptx, xent_ms);
+        else printf(", \"torch_xent\": null}\n");
     }
     void *all[] = {x,   y,  z,  xf,   gf,  m1,  v1,  w,  b,   mean,  rstd,
                    lse, dl, mx, part, ids, tgt, qkv, ao, ado, adqkv, alse};

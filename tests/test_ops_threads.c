@@ -15,7 +15,8 @@ typedef struct outs {
 } outs;
 enum { CAP = 32 << 20 }; /* every output fits: a slot never moves */
 static void *slot(outs *o, size_t bytes) {
-    if (!o->p) o->p = (unsigned char *)malloc(o->cap = CAP);
+    if (!o->p) o->p = (unsigned char *)calloc(o->cap = CAP, 1);
+    o->n = (o->n + 15) & ~(size_t)15; /* every slot 16-byte aligned (the gaps stay 0) */
     if (!o->p || o->n + bytes > o->cap) {
         fprintf(stderr, "test_ops_threads: the outputs exceed %d bytes\n", CAP);
         exit(1);

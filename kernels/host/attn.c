@@ -3,13 +3,14 @@
  * Per (batch, query head; its key/value head): S = scale Q K^T (causal), P = softmax(S) (dropout
  * on P by tpk/base/rng.h's masks), O = P V, with Q K^T and P V through cblas_sgemm in blocks of
  * query rows that skip the masked keys; the backward recomputes P from the saved lse. Arithmetic is
- * f32 (row sums in double); bf16 is storage, widened on load. */
+ * f32 (row sums in float lanes and double, vec.h's exponential); bf16 is storage, widened on load.
+ * The GEMMs use OpenBLAS's threads; the softmax runs on the calling thread. */
 #include <math.h>
 #include <stdlib.h>
 
 #include <cblas.h>
 
-#include "host_private.h"
+#include "vec.h"
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
@@ -29,6 +30,36 @@ static void attn_keep_row(float *keep, float p, uint64_t seed, uint64_t stream, 
         if (j > 0 && (x & 3) == 0) u = tpk_rng_uniform4(seed, stream, x >> 2);
         keep[j] = u.v[x & 3] >= p ? scale : 0.0f;
     }
+}
+
+/* row[j] = exp(row[j] - sub) for j < n (vec.h's exponential); returns their sum (float lanes over
+ * blocks of 256, double across) */
+TPK__HOST_SIMD static double exp_row(float *row, int64_t n, float sub) {
+    tpk__v8f vs = tpk__vsplat(sub);
+    double sum = 0;
+    for (int64_t j0 = 0; j0 < n; j0 += 256) {
+        int64_t j1 = j0 + 256 < n ? j0 + 256 : n, j = j0;
+        tpk__v8f acc = tpk__vsplat(0.0f), e;
+        for (; j + TPK__VL <= j1; j += TPK__VL)
+            e = tpk__vexp(tpk__vld(row, TPK_F32, (size_t)j) - vs), acc += e,
+            tpk__vst(row, TPK_F32, (size_t)j, e);
+        e = tpk__vexp(tpk__vld_n(row, TPK_F32, (size_t)j, j1 - j) - vs);
+        for (int k = (int)(j1 - j); k < TPK__VL; k++) e[k] = 0.0f; /* the lanes past the row */
+        tpk__vst_n(row, TPK_F32, (size_t)j, e, j1 - j);
+        sum += tpk__vhsum(acc + e);
+    }
+    return sum;
+}
+/* row[0, n) = exp(row - max) and *lse = max + log(sum); returns the sum */
+TPK__HOST_SIMD static double softmax_row(float *row, int64_t n, float *lse) {
+    int64_t j = 0;
+    tpk__v8f vm = tpk__vsplat(-INFINITY);
+    for (; j + TPK__VL <= n; j += TPK__VL) vm = tpk__vmax(vm, tpk__vld(row, TPK_F32, (size_t)j));
+    float m = tpk__vhmax(vm);
+    for (; j < n; j++) m = fmaxf(m, row[j]);
+    double sum = exp_row(row, n, m);
+    *lse = m + (float)log(sum);
+    return sum;
 }
 
 /* Widen a [n] buffer of dtype dt into f32 scratch (or use it in place when f32). */
@@ -82,11 +113,8 @@ static tpk_status host_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
                             Q + i0 * ld3, ld3, K, ld3, 0.0f, P, keys);
                 for (int r = 0; r < n; r++) {
                     int64_t i = i0 + r;
-                    float *row = P + (size_t)r * (size_t)keys, m = -INFINITY;
-                    for (int64_t j = 0; j <= i; j++) m = fmaxf(m, row[j]);
-                    double sum = 0;
-                    for (int64_t j = 0; j <= i; j++) sum += row[j] = expf(row[j] - m);
-                    L[i] = m + (float)log(sum);
+                    float *row = P + (size_t)r * (size_t)keys;
+                    double sum = softmax_row(row, i + 1, &L[i]);
                     float inv = (float)(1.0 / sum);
                     attn_keep_row(kp, p, seed, stream, b, A, head0 + h, S, i, i + 1);
                     for (int64_t j = 0; j <= i; j++) row[j] *= inv * kp[j];
@@ -145,7 +173,8 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
                 for (int r = 0; r < n; r++) {
                     int64_t i = i0 + r;
                     float *row = P + (size_t)r * (size_t)keys;
-                    for (int64_t j = 0; j < keys; j++) row[j] = j <= i ? expf(row[j] - L[i]) : 0.0f;
+                    exp_row(row, i + 1, L[i]);
+                    for (int64_t j = i + 1; j < keys; j++) row[j] = 0.0f;
                     double d = 0;
                     for (int64_t e = 0; e < D; e++) d += (double)dOh[i * ldo + e] * Oh[i * ldo + e];
                     Dr[r] = (float)d;

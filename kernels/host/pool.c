@@ -10,8 +10,9 @@
  *             chunk of a reduction to exactly one part and combine the chunks' partial sums in
  *             chunk order afterwards, so results do not depend on T: every number is the same at
  *             1 thread and at 16.
- *   waiting   an idle worker spins briefly (the next op usually follows within microseconds), then
- *             sleeps on a condition variable: idle threads do not take the cores from OpenBLAS.
+ *   waiting   an idle worker polls for 50 us (the next op usually follows within microseconds),
+ *             then sleeps on a condition variable: idle threads do not take the cores from
+ *             OpenBLAS's.
  *   busy      a second caller (another thread using the backend, or an op's part calling
  *             tpk__host_par again) runs its loop alone instead of waiting: same results. */
 #define _GNU_SOURCE
@@ -19,12 +20,11 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <cblas.h>
 
 #include "host_private.h"
-
-enum { SPIN = 1 << 14 }; /* a worker's polls of the job counter before it sleeps */
 
 typedef struct pool {
     pthread_mutex_t busy;                 /* held by the dispatching caller */
@@ -54,6 +54,39 @@ static pool P = {PTHREAD_MUTEX_INITIALIZER,
                  NULL,
                  NULL};
 
+/* how long a waiting thread polls before it sleeps: long enough for the next op of a step (a few
+ * microseconds away), short against a GEMM (milliseconds, OpenBLAS's threads on the cores) */
+enum { SPIN_NS = 50 * 1000 };
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+static void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+/* poll until done(arg) or SPIN_NS have passed; true when done */
+static bool spin(bool (*done)(const void *), const void *arg) {
+    int64_t end = 0;
+    for (int s = 0;; s++) {
+        if (done(arg)) return true;
+        if ((s & 63) == 0) { /* the clock every 64 polls */
+            int64_t t = now_ns();
+            if (!end) end = t + SPIN_NS;
+            else if (t > end) return false;
+        }
+        relax();
+    }
+}
+static bool job_moved(const void *seen) { return atomic_load(&P.job) != *(const unsigned *)seen; }
+static bool all_done(const void *unused) {
+    (void)unused;
+    return atomic_load(&P.pending) == 0;
+}
+
 static void run_part(int k) {
     int64_t lo = P.n * k / P.parts, hi = P.n * (k + 1) / P.parts;
     if (lo < hi) P.fn(P.arg, lo, hi);
@@ -63,14 +96,12 @@ static void *worker(void *a) {
     int k = (int)(intptr_t)a;  /* this worker's part: 1 .. */
     unsigned seen = P.born[k]; /* a job posted after its creation is one to run */
     for (;;) {
-        unsigned j = seen;
-        for (int s = 0; s < SPIN && (j = atomic_load(&P.job)) == seen; s++) sched_yield();
-        if (j == seen) {
+        if (!spin(job_moved, &seen)) {
             pthread_mutex_lock(&P.lock);
-            while ((j = atomic_load(&P.job)) == seen) pthread_cond_wait(&P.wake, &P.lock);
+            while (atomic_load(&P.job) == seen) pthread_cond_wait(&P.wake, &P.lock);
             pthread_mutex_unlock(&P.lock);
         }
-        seen = j;
+        seen = atomic_load(&P.job); /* one job at a time: the next waits for this one's end */
         if (k < P.parts) run_part(k);
         if (atomic_fetch_sub(&P.pending, 1) == 1) {
             pthread_mutex_lock(&P.lock);
@@ -125,7 +156,7 @@ void tpk__host_par(int64_t n, int64_t grain, tpk__host_part_fn fn, void *arg) {
     pthread_cond_broadcast(&P.wake);
     pthread_mutex_unlock(&P.lock);
     run_part(0);
-    for (int s = 0; s < SPIN && atomic_load(&P.pending) > 0; s++) sched_yield();
+    spin(all_done, NULL);
     pthread_mutex_lock(&P.lock);
     while (atomic_load(&P.pending) > 0) pthread_cond_wait(&P.done, &P.lock);
     pthread_mutex_unlock(&P.lock);

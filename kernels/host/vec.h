@@ -16,13 +16,14 @@
 
 #include "host_private.h"
 
-/* the functions here are inlined: no vector crosses a call, so the ABI note does not apply */
+/* the functions here are inlined: no vector crosses a call, so the ABI warning does not apply */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 /* A loop's outermost function (an op's part, pool.c) compiled twice, for AVX2 and for the base
  * instruction set, the one to run chosen when the program starts: the same operations on the same
- * 8 lanes, so both give the same bits (no FMA contraction under -std=c11). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+ * 8 lanes, so both give the same bits (no FMA contraction under -std=c11). Not under
+ * ThreadSanitizer, whose run time is not up when the choice is made. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define TPK__HOST_SIMD __attribute__((target_clones("avx2", "default")))
 #else
 #define TPK__HOST_SIMD
