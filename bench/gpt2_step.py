@@ -358,7 +358,11 @@ def main():
             k: {
                 "ms": v,
                 "tokens_per_s": tokens / (v * 1e-3),
-                "mfu": fpt * tokens / (v * 1e-3) / (a.peak_tflops * 1e12),
+                "mfu": (
+                    fpt * tokens / (v * 1e-3) / (a.peak_tflops * 1e12)
+                    if a.device != "cpu"
+                    else None  # --peak-tflops is a GPU's
+                ),
                 "peak_mem_mb": mem.get(k),
             }
             for k, v in rows.items()
@@ -374,23 +378,23 @@ def main():
         % (a.model, L, H, A, a.vocab, a.batch, a.seq, a.dtype, a.device, a.steps, a.warmup)
     )
     print(
-        "%-22s %10s %12s %7s %12s %14s"
+        "%-30s %10s %12s %7s %12s %14s"
         % ("", "ms/step", "tokens/s", "MFU", "peak MB", "tpk / this")
     )
     for k, r in res["rows"].items():
         print(
-            "%-22s %10.1f %12.0f %6.1f%% %12s %13s"
+            "%-30s %10.1f %12.0f %7s %12s %13s"
             % (
                 k,
                 r["ms"],
                 r["tokens_per_s"],
-                100 * r["mfu"],
+                "%.1f%%" % (100 * r["mfu"]) if r["mfu"] is not None else "-",
                 "%.0f" % r["peak_mem_mb"] if r["peak_mem_mb"] is not None else "-",
                 "%.3fx" % res["tpk_ratio"][k] if k in res["tpk_ratio"] else "-",
             )
         )
     for k, why in skipped.items():
-        print("%-22s not measured (%s)" % (k, why))
+        print("%-30s not measured (%s)" % (k, why))
 
 
 if __name__ == "__main__":

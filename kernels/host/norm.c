@@ -6,7 +6,8 @@
  *   rmsnorm    the same loops with mean = 0 and no bias: dx = rstd (g - xh mean(g xh))
  * The residual add before a layernorm is composed by the front end (axpby, layernorm_fwd).
  * A row's sums run in 8 float lanes (vec.h) added in double, lane order; rows over the pool's
- * threads (pool.c). The backward goes by chunks of 32 rows, each with its own partial dw and db
+ * threads (pool.c). The backward goes by chunks of rows (32, or rows / 64 when more), each with its
+ * own partial dw and db
  * (float, rows in order), then adds the chunks' partials in double in chunk order: the chunks are
  * fixed by the row count, so the results do not depend on the thread count. */
 #include <math.h>
@@ -98,15 +99,20 @@ static tpk_status host_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const voi
 TPK__HOST_INLINE tpk__v8f ln_xh(const ln_job *a, int64_t i, tpk__v8f x) {
     return (x - tpk__vsplat(a->rms ? 0.0f : a->mean[i])) * tpk__vsplat(a->rstd[i]);
 }
-enum { ROWS = 32 }; /* the rows of one chunk of the backward: its own partial dw, db */
+/* The rows of one chunk of the backward, each chunk with its own partial dw, db: at least 32, and
+ * at most 64 chunks (the partials stay small); a function of the row count alone. */
+static int64_t chunk_rows(int64_t rows) {
+    int64_t r = (rows + 63) / 64;
+    return r < 32 ? 32 : r;
+}
 
 /* chunk c's rows: dx, and the chunk's sums of dy xh and dy into part[c] = [dw | db] [2, cols] */
 TPK__HOST_INLINE void ln_bwd_chunk(tpk_dtype dt, const ln_job *a, int64_t c) {
     int64_t C = a->cols, nv = C / TPK__VL * TPK__VL, tail = C - nv;
-    int64_t i1 = (c + 1) * ROWS < a->rows ? (c + 1) * ROWS : a->rows;
+    int64_t R = chunk_rows(a->rows), i1 = (c + 1) * R < a->rows ? (c + 1) * R : a->rows;
     float *pw = a->part + (size_t)(2 * c * C), *pb = pw + C;
     memset(pw, 0, sizeof(float) * (size_t)(2 * C));
-    for (int64_t i = c * ROWS; i < i1; i++) {
+    for (int64_t i = c * R; i < i1; i++) {
         size_t r = (size_t)(i * C);
         tpk__v8f mg = tpk__vsplat(0.0f), mgx = mg; /* sum g w, sum g w xh (lanes past C: 0) */
         for (int64_t j = 0; j < nv; j += TPK__VL) {
@@ -120,28 +126,28 @@ TPK__HOST_INLINE void ln_bwd_chunk(tpk_dtype dt, const ln_job *a, int64_t c) {
         float m1 = a->rms ? 0.0f : (float)(tpk__vhsum(mg) / (double)C),
               m2 = (float)(tpk__vhsum(mgx) / (double)C);
         tpk__v8f vm1 = tpk__vsplat(m1), vm2 = tpk__vsplat(m2), vr = tpk__vsplat(a->rstd[i]);
-        for (int64_t j = 0; j < C; j += TPK__VL) {
-            int64_t n = C - j < TPK__VL ? C - j : TPK__VL;
-            bool full = n == TPK__VL;
+        int64_t j = 0;
+        for (; j < nv; j += TPK__VL) { /* full vectors */
             size_t k = r + (size_t)j;
-            tpk__v8f g = full ? tpk__vld(a->dy, dt, k) : tpk__vld_n(a->dy, dt, k, n),
-                     xh = ln_xh(a, i, full ? tpk__vld(a->x, dt, k) : tpk__vld_n(a->x, dt, k, n)),
-                     w = full ? tpk__vld(a->w, TPK_F32, (size_t)j)
-                              : tpk__vld_n(a->w, TPK_F32, (size_t)j, n);
-            tpk__v8f v = vr * (g * w - vm1 - xh * vm2);
-            if (a->acc) v += full ? tpk__vld(a->y, dt, k) : tpk__vld_n(a->y, dt, k, n);
-            if (full) {
-                tpk__vst(a->y, dt, k, v);
-                tpk__vst(pw, TPK_F32, (size_t)j, tpk__vld(pw, TPK_F32, (size_t)j) + g * xh);
-                if (!a->rms) tpk__vst(pb, TPK_F32, (size_t)j, tpk__vld(pb, TPK_F32, (size_t)j) + g);
-            } else {
-                tpk__vst_n(a->y, dt, k, v, n);
-                tpk__vst_n(pw, TPK_F32, (size_t)j, tpk__vld_n(pw, TPK_F32, (size_t)j, n) + g * xh,
-                           n);
-                if (!a->rms)
-                    tpk__vst_n(pb, TPK_F32, (size_t)j, tpk__vld_n(pb, TPK_F32, (size_t)j, n) + g,
-                               n);
-            }
+            tpk__v8f g = tpk__vld(a->dy, dt, k), xh = ln_xh(a, i, tpk__vld(a->x, dt, k));
+            tpk__v8f v = vr * (g * tpk__vld(a->w, TPK_F32, (size_t)j) - vm1 - xh * vm2);
+            if (a->acc) v += tpk__vld(a->y, dt, k);
+            tpk__vst(a->y, dt, k, v);
+            tpk__vst(pw, TPK_F32, (size_t)j, tpk__vld(pw, TPK_F32, (size_t)j) + g * xh);
+            if (!a->rms) tpk__vst(pb, TPK_F32, (size_t)j, tpk__vld(pb, TPK_F32, (size_t)j) + g);
+        }
+        if (tail) { /* the tail through the same vector code */
+            size_t k = r + (size_t)j;
+            tpk__v8f g = tpk__vld_n(a->dy, dt, k, tail),
+                     xh = ln_xh(a, i, tpk__vld_n(a->x, dt, k, tail));
+            tpk__v8f v = vr * (g * tpk__vld_n(a->w, TPK_F32, (size_t)j, tail) - vm1 - xh * vm2);
+            if (a->acc) v += tpk__vld_n(a->y, dt, k, tail);
+            tpk__vst_n(a->y, dt, k, v, tail);
+            tpk__vst_n(pw, TPK_F32, (size_t)j, tpk__vld_n(pw, TPK_F32, (size_t)j, tail) + g * xh,
+                       tail);
+            if (!a->rms)
+                tpk__vst_n(pb, TPK_F32, (size_t)j, tpk__vld_n(pb, TPK_F32, (size_t)j, tail) + g,
+                           tail);
         }
     }
 }
@@ -152,7 +158,7 @@ TPK__HOST_SIMD static void ln_bwd_part(void *p, int64_t lo, int64_t hi) {
 /* columns [lo, hi): dw += the chunks' partial sums, added in double in chunk order (db alike) */
 static void ln_sum_part(void *p, int64_t lo, int64_t hi) {
     const ln_job *a = (const ln_job *)p;
-    int64_t C = a->cols, chunks = (a->rows + ROWS - 1) / ROWS;
+    int64_t C = a->cols, chunks = (a->rows + chunk_rows(a->rows) - 1) / chunk_rows(a->rows);
     for (int64_t j = lo; j < hi; j++) {
         double w = 0, b = 0;
         for (int64_t c = 0; c < chunks; c++)
@@ -162,7 +168,7 @@ static void ln_sum_part(void *p, int64_t lo, int64_t hi) {
     }
 }
 static tpk_status ln_bwd(tpk_ctx *ctx, ln_job *a) {
-    int64_t chunks = (a->rows + ROWS - 1) / ROWS;
+    int64_t chunks = (a->rows + chunk_rows(a->rows) - 1) / chunk_rows(a->rows);
     size_t bytes = sizeof(float) * (size_t)(2 * chunks * a->cols);
     if (!bytes) return TPK_OK;
     if (!(a->part = (float *)malloc(bytes)))
