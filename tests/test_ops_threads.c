@@ -2,9 +2,13 @@
  * (kernels/host/pool.c): every op split over the pool runs on random inputs, with shapes that give
  * several parts and ragged tails, at 1 thread and at 2, 3 and 7 (TPK_NUM_THREADS), both dtypes
  * where the op has them; every output must be the same bits as at 1 thread. Outputs start
- * poisoned (NaN), so an element no part wrote shows too. Runs on one rank. */
-#define _POSIX_C_SOURCE 200809L /* setenv, strdup */
+ * poisoned (NaN), so an element no part wrote shows too. And a child of fork() gets a pool of its
+ * own. Runs on one rank. */
+#define _POSIX_C_SOURCE 200809L /* setenv, strdup, fork */
 #include "ops_test.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 enum { N = 100003, R = 77, C = 1031, XT = 13, XV = 5003, ER = 211, EH = 389 };
 
@@ -161,4 +165,31 @@ static void test_threads(void) {
     }
 }
 
-OPS_TEST_MAIN(test_threads)
+/* A child of fork() after the pool has started has no workers: it must make its own, not wait on
+ * the parent's (an alarm turns a hang into a failure). */
+static void test_fork(void) {
+    TEST_CASE("host ops: the pool in a child process of fork()") {
+        enum { M = 1 << 16 };
+        float *a = fbuf(M), *b = fbuf(M), *c = fbuf(M);
+        test_randn(a, M, 8, 1.0f);
+        setenv("TPK_NUM_THREADS", "3", 1);
+        CHECK_OK(&ctx, ctx.ops->act_fwd(&ctx, TPK_ACT_GELU_TANH, b, a, TPK_F32, M));
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) { /* the child: the same op again, over a pool of its own */
+            alarm(60);
+            tpk_status st = ctx.ops->act_fwd(&ctx, TPK_ACT_GELU_TANH, c, a, TPK_F32, M);
+            _exit(st == TPK_OK && memcmp(b, c, sizeof(float) * M) == 0 ? 0 : 3);
+        }
+        int status = 0;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork or waitpid failed");
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's op %s (status %d)",
+              WIFSIGNALED(status) ? "hung or crashed" : "gave other bits", status);
+        CHECK_OK(&ctx, ctx.ops->act_fwd(&ctx, TPK_ACT_GELU_TANH, c, a, TPK_F32, M));
+        CHECK(memcmp(b, c, sizeof(float) * M) == 0, "the parent's pool after the fork differs");
+        unsetenv("TPK_NUM_THREADS");
+        free(a), free(b), free(c);
+    }
+}
+
+OPS_TEST_MAIN(test_threads, test_fork)

@@ -14,7 +14,8 @@
  *             then sleeps on a condition variable: idle threads do not take the cores from
  *             OpenBLAS's.
  *   busy      a second caller (another thread using the backend, or an op's part calling
- *             tpk__host_par again) runs its loop alone instead of waiting: same results. */
+ *             tpk__host_par again) runs its loop alone instead of waiting: same results.
+ *   fork      a child process starts without workers and creates its own when it needs them. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -112,6 +113,14 @@ static void *worker(void *a) {
     return NULL;
 }
 
+/* A child of fork() has none of the workers: it starts the pool afresh (its locks unheld). */
+static void forked_child(void) {
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t c = PTHREAD_COND_INITIALIZER;
+    P.busy = m, P.lock = m, P.wake = c, P.done = c, P.started = 0;
+    atomic_store(&P.pending, 0);
+}
+
 int tpk__host_threads(void) {
     const char *e = getenv("TPK_NUM_THREADS");
     int t = e && *e ? atoi(e) : 0;
@@ -131,6 +140,8 @@ void tpk__host_par(int64_t n, int64_t grain, tpk__host_part_fn fn, void *arg) {
         if (n > 0) fn(arg, 0, n);
         return;
     }
+    static bool atfork; /* the handler, registered once (a child inherits it) */
+    if (!atfork) atfork = pthread_atfork(NULL, NULL, forked_child) == 0;
     while (P.started < T - 1) { /* workers 1 .. T-1, created once */
         pthread_t th;
         pthread_attr_t at;
