@@ -6,7 +6,8 @@
 #   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
 #   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
 #   bit-identical with a lower peak, sequence parallelism's peak below the same run's without it
-#   (GPT-2 and Llama, every recompute mode), evaluation identical at t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
+#   (GPT-2 and Llama, every recompute mode), the same bits with the host ops on 1 and 3 threads,
+#   evaluation identical at t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
 #   checkpoints (--save-every with --keep, --eval-only past the default --steps, a missing optimizer
@@ -197,6 +198,21 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
 else
     echo "train: Hugging Face import test skipped (Debian's python3-torch is not importable by $py)"
 fi
+
+# ---- the host backend's thread count: the same bits at 1 and 3 threads -----------------------------------
+# (TPK_NUM_THREADS splits every non-GEMM op over the pool; OpenBLAS stays at one thread)
+same=1
+for m in "$small --dropout 0.1" "--arch llama --layers 2 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --batch 4 --seq-len 16"; do
+    for nt in 1 3; do
+        out=$(timeout $((120 * scale)) mpirun $mpiflags -x TPK_NUM_THREADS=$nt -np 2 $B/train --text "$text" \
+            $m --tp 2 --steps 4 --sequence-parallel --csv "$T/thr$nt.csv" 2>&1)
+        [ $? -eq 0 ] || same=0
+    done
+    a=$(losses "$T/thr1.csv" 1 4); b=$(losses "$T/thr3.csv" 1 4); rm -f "$T/thr1.csv" "$T/thr3.csv"
+    { [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 4 ]; } || same=0
+done
+if [ $same -eq 1 ]; then ok "GPT-2 (dropout) and Llama at t=2 (SP): losses and gradient norms bit-identical with the host ops on 1 and on 3 threads (TPK_NUM_THREADS) over 4 steps"
+else fail "host ops on 1 and 3 threads: the same losses ([$a] vs [$b])"; fi
 
 # ---- Llama (--arch llama): resume at another TP size, evaluation at every t, Hugging Face import ----
 llama="--arch llama --layers 2 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --rope-theta 500 --batch 4 --seq-len 16"
