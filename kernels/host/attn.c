@@ -23,13 +23,8 @@ static void attn_keep_row(float *keep, float p, uint64_t seed, uint64_t stream, 
         return;
     }
     float scale = 1.0f / (1.0f - p);
-    uint64_t x0 = (uint64_t)(((b * A + g) * S + i) * S);
-    tpk_f32x4 u = tpk_rng_uniform4(seed, stream, x0 >> 2);
-    for (int64_t j = 0; j < n; j++) {
-        uint64_t x = x0 + (uint64_t)j;
-        if (j > 0 && (x & 3) == 0) u = tpk_rng_uniform4(seed, stream, x >> 2);
-        keep[j] = u.v[x & 3] >= p ? scale : 0.0f;
-    }
+    tpk__host_dropout_u(seed, stream, (uint64_t)(((b * A + g) * S + i) * S), n, keep);
+    for (int64_t j = 0; j < n; j++) keep[j] = keep[j] >= p ? scale : 0.0f;
 }
 
 /* row[j] = exp(row[j] - sub) for j < n (vec.h's exponential); returns their sum (float lanes over

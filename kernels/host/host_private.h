@@ -55,6 +55,10 @@ int tpk__host_threads(void);
  * taking the first; returns when every part has run */
 void tpk__host_par(int64_t n, int64_t grain, tpk__host_part_fn fn, void *arg);
 
+/* u[j] = tpk_dropout_u(seed, stream, x0 + j) for j < n: Philox 8 calls at a time with AVX2
+ * (rng.c) */
+void tpk__host_dropout_u(uint64_t seed, uint64_t stream, uint64_t x0, int64_t n, float *u);
+
 /* Each file of the backend fills its entries of the table (table.c). */
 void tpk__host_state_ops(tpk_ops *o);
 void tpk__host_elementwise_ops(tpk_ops *o);
