@@ -28,13 +28,13 @@
 static tpk_ctx ctx;
 static bool gpu;
 
-#define TRY(call)                                                                    \
-    do {                                                                             \
-        tpk_status s__ = (call);                                                     \
-        if (s__ != TPK_OK) {                                                         \
-            fprintf(stderr, "bench/kernels: %s: %s\n", #call, tpk_last_error(&ctx)); \
-            exit(1);                                                                 \
-        }                                                                            \
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        tpk_status s__ = (call);                                                                   \
+        if (s__ != TPK_OK) {                                                                       \
+            fprintf(stderr, "bench/kernels: %s: %s\n", #call, tpk_last_error(&ctx));               \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 static double now_ms(void) {
