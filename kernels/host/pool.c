@@ -126,8 +126,11 @@ int tpk__host_threads(void) {
     int t = e && *e ? atoi(e) : 0;
     if (t <= 0) {
         t = openblas_get_num_threads();
-        cpu_set_t set;
-        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < t) t = CPU_COUNT(&set);
+        if (t > 1) { /* a system call: only where there is a choice */
+            cpu_set_t set;
+            if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < t)
+                t = CPU_COUNT(&set);
+        }
     }
     return t < 1 ? 1 : t > TPK__HOST_MAX_THREADS ? TPK__HOST_MAX_THREADS : t;
 }
