@@ -1,5 +1,6 @@
 /* tpk/tpk.h — the umbrella header: the stack from base/core.h to the GPT-2, Llama and GPT-NeoX
- * models, the host backend, and a trainer's AdamW, DP buckets and token data. Include yourself
+ * models, the host backend, and a trainer's AdamW, DP buckets, pipeline schedules and token
+ * data. Include yourself
  * <tpk/train/train.h>, <tpk/train/log.h>, <tpk/train/safetensors.h>, <tpk/train/hf.h> and
  * <tpk/train/model.h> (POSIX), <tpk/runtime/mpi.h> for the MPI communicator (compile with mpicc),
  * <tpk/runtime/cuda.h> and <tpk/runtime/nccl.h> for the CUDA backend and the NCCL communicator.
@@ -19,6 +20,8 @@
  *   models/   lm.h sample.h         the language-model skeleton, a family's table; sampling
  *             gpt2.h llama.h neox.h the GPT-2, Llama and GPT-NeoX families (families.h: the list)
  *   train/    optim.h dp.h data.h   AdamW, norm, clipping, schedules; DP buckets; token data
+ *             schedule.h pipeline.h pipeline parallelism: schedules as data; the split of blocks
+ *                                   over stages and the executor
  *             train.h log.h         a step's end (DP reduction, norm, clipping, AdamW); the loss
  *                                   curve (not included here)
  *             safetensors.h hf.h    checkpoint files, Hugging Face layouts; one handle over every
@@ -52,6 +55,8 @@
 #include "models/families.h"
 #include "train/optim.h"
 #include "train/dp.h"
+#include "train/schedule.h"
+#include "train/pipeline.h"
 #include "train/data.h"
 
 #endif /* TPK_TPK_H */

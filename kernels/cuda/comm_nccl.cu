@@ -16,7 +16,8 @@
  *           communicator.
  * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
  * no v-collectives); even ones call ncclAllGather / ncclReduceScatter. bf16 reduces in NCCL's
- * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit.
+ * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit. A point-to-point
+ * batch is one group of ncclSend / ncclRecv.
  * A communicator of one rank (the TP group at t = 1) calls no NCCL: each collective is a copy on
  * the compute stream, with nothing for the host to wait for. */
 #include <chrono>
@@ -298,6 +299,23 @@ static tpk_status nccl_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
                     req);
 }
 
+/* A point-to-point batch: one NCCL group of ncclSend / ncclRecv (no tags in NCCL: between two
+ * ranks the parts match in the order posted). */
+static tpk_status nccl_p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n, tpk_request *req) {
+    static const char *fn = "tpk_p2p (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    TPK_TRY(nccl_begin(ctx, fn, m));
+    ncclResult_t rc = ncclGroupStart();
+    for (int i = 0; i < n && rc == ncclSuccess; i++)
+        rc = ops[i].send ? ncclSend(ops[i].buf, ops[i].count, nccl_type(ops[i].dtype), ops[i].peer,
+                                    m->comm, m->stream)
+                         : ncclRecv(ops[i].buf, ops[i].count, nccl_type(ops[i].dtype), ops[i].peer,
+                                    m->comm, m->stream);
+    ncclResult_t g = ncclGroupEnd();
+    if (rc == ncclSuccess) rc = g;
+    return nccl_end(ctx, fn, m, rc, req);
+}
+
 static tpk_status nccl_wait(tpk_ctx *ctx, tpk_request *req) {
     nccl_req *r = (nccl_req *)req->state;
     if (!r) return TPK_OK;
@@ -344,7 +362,8 @@ static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
 }
 
 static const tpk_comm_vtable *nccl_vtable(void) {
-    static const tpk_comm_vtable vt = {"nccl", TPK__COMM_TABLE(nccl_), nccl_destroy};
+    static const tpk_comm_vtable vt = {"nccl", TPK__COMM_TABLE(nccl_), nccl_destroy,
+                                       TPK__COMM_P2P(nccl_)};
     return &vt;
 }
 

@@ -51,7 +51,7 @@ static tpk_status self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
 }
 
 extern "C" tpk_comm tpk_comm_self_cuda(void) {
-    static const tpk_comm_vtable vt = {"cuda self", TPK__COMM_TABLE(self_), NULL};
+    static const tpk_comm_vtable vt = {"cuda self", TPK__COMM_TABLE(self_), NULL, NULL};
     tpk_comm c;
     memset(&c, 0, sizeof c);
     c.vt = &vt, c.rank = 0, c.size = 1, c.device = true;

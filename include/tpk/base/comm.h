@@ -10,8 +10,13 @@
  *   reduce_scatterv recv = rank r's block (counts[r]) of op over ranks of send   (send: sum counts)
  *   bcast           buf = root's buf
  *   barrier
- * send == recv is allowed for allreduce (in place). The wrappers that check arguments and
- * count calls and bytes are in tpk/runtime/coll.h. */
+ * send == recv is allowed for allreduce (in place).
+ * Point-to-point (optional entry, for pipeline parallelism): p2p runs a batch of sends and receives
+ * to and from other ranks of the group as one operation (torch.distributed's batch_isend_irecv,
+ * NCCL's ncclGroupStart/End around ncclSend/ncclRecv); a send matches the peer's receive of the
+ * same tag, and between a pair of ranks sends of one tag match receives in the order posted (NCCL
+ * has no tags: there the order alone matches them). The batch finishes when all its parts have.
+ * The wrappers that check arguments and count calls and bytes are in tpk/runtime/coll.h. */
 #ifndef TPK_COMM_H
 #define TPK_COMM_H
 
@@ -28,12 +33,14 @@ typedef enum tpk_coll_kind {
     TPK_COLL_REDUCE_SCATTER,
     TPK_COLL_BROADCAST,
     TPK_COLL_BARRIER,
+    TPK_COLL_SEND, /* point-to-point: elements sent */
+    TPK_COLL_RECV, /* elements received */
     TPK_COLL_N
 } tpk_coll_kind;
 
 static inline const char *tpk_coll_name(tpk_coll_kind k) {
-    static const char *names[TPK_COLL_N] = {"all-reduce", "all-gather", "reduce-scatter",
-                                            "broadcast", "barrier"};
+    static const char *names[TPK_COLL_N] = {
+        "all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier", "send", "receive"};
     return (unsigned)k < TPK_COLL_N ? names[k] : "?";
 }
 
@@ -44,6 +51,18 @@ typedef struct tpk_comm_stats {
     uint64_t elems[TPK_COLL_N];
     uint64_t bytes[TPK_COLL_N];
 } tpk_comm_stats;
+
+/* One part of a point-to-point batch: count elements of dtype sent from buf to rank `peer` of the
+ * group (send) or received from it into buf. tag >= 0 tells messages between the same pair apart
+ * (the pipeline's: activation or gradient, model chunk, micro-batch). */
+typedef struct tpk_p2p {
+    void *buf;
+    size_t count;
+    tpk_dtype dtype;
+    int peer;
+    int tag;
+    bool send;
+} tpk_p2p;
 
 /* An outstanding collective. `state` belongs to the implementation until tpk_wait(). */
 typedef struct tpk_request {
@@ -68,6 +87,9 @@ typedef struct tpk_comm_vtable {
     /* New communicator of the ranks with the same color, ordered by key (MPI_Comm_split). */
     tpk_status (*split)(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out);
     void (*destroy)(tpk_comm *c);
+    /* Optional (NULL: none; tpk_p2p fails naming the communicator): the batch ops[n] of sends and
+     * receives, every peer another rank of c (TPK__COMM_P2P in a table's initialiser). */
+    tpk_status (*p2p)(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n, tpk_request *req);
 } tpk_comm_vtable;
 
 /* The vtable's required entries in its order (X(entry) each): each implementation fills its table
@@ -79,6 +101,8 @@ typedef struct tpk_comm_vtable {
 #define TPK__COMM_TABLE(prefix)                                                    \
     prefix##allreduce, prefix##allgatherv, prefix##reduce_scatterv, prefix##bcast, \
         prefix##barrier, prefix##wait, prefix##split
+/* The optional entries after destroy: {TPK__COMM_TABLE(p), destroy, TPK__COMM_P2P(p)}. */
+#define TPK__COMM_P2P(prefix) prefix##p2p
 static inline const char *tpk__comm_missing(const tpk_comm_vtable *vt) {
     if (!vt->name) return "name";
 #define TPK__COMM_MISSING(e) \

@@ -1,4 +1,4 @@
-/* tpk/base/ctx.h — the context: backend ops, TP and DP groups, seed, scratch, parameters, last
+/* tpk/base/ctx.h — the context: backend ops, TP, DP and PP groups, seed, scratch, parameters, last
  * error.
  *
  * Every public function takes the context first, returns a tpk_status and, on failure,
@@ -61,6 +61,9 @@ typedef struct tpk_ctx_desc {
     const tpk_ops *ops; /* default: tpk_ops_default() (the host backend, tpk/runtime/init.h) */
     tpk_comm *world;    /* default: one rank (self) */
     int tp;             /* TP group size, consecutive ranks; default 1 */
+    int pp;             /* pipeline stages (PP group size), the slowest index of the mesh (world
+                           rank = tp rank + t (dp rank + d pp rank)); default 1. The DP size is
+                           what is left: world size / (tp pp) */
     uint64_t seed;      /* initialisation and dropout seed */
     tpk_dtype dtype;    /* activations and GEMM operands: TPK_F32 (default) or TPK_BF16 (mixed
                            precision: weights used through a bf16 copy of the f32 master weights,
@@ -78,7 +81,9 @@ struct tpk_ctx {
     const tpk_ops *ops;
     tpk_comm *world;
     tpk_comm self_world;  /* used when desc.world is NULL */
-    tpk_comm tp, dp;      /* owned groups */
+    tpk_comm tp, dp, pp;  /* owned groups: TP (consecutive ranks), DP (the same TP rank and
+                             stage), PP (the same TP and DP rank: the stages of one pipeline,
+                             ranked by stage) */
     double *tp_w;         /* [tp.size] the TP split's weights (tpk_ctx_desc.tp_weights); NULL:
                              even */
     uint64_t seed;

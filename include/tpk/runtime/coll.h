@@ -2,8 +2,9 @@
  *
  * tpk_allreduce & co. check their arguments (null buffers, count arrays that do not add up,
  * counts past INT_MAX), count calls/elements/bytes in comm->stats, then call the table.
- * The *_start forms return at once; tpk_wait finishes them. tpk_comm_split makes sub-groups
- * (the context's TP x DP mesh, tpk/runtime/init.h). */
+ * The *_start forms return at once; tpk_wait finishes them. Point-to-point batches (tpk_p2p_run,
+ * tpk_send, tpk_recv) the same way. tpk_comm_split makes sub-groups (the context's TP x DP x PP
+ * mesh, tpk/runtime/init.h). */
 #ifndef TPK_COLL_H
 #define TPK_COLL_H
 
@@ -222,6 +223,74 @@ static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_reques
     tpk__count(c, TPK_COLL_BARRIER, 0, TPK_F32);
     req->comm = c, req->state = NULL;
     return tpk__started(req, c->vt->barrier(ctx, c, req));
+}
+
+/* ---- point-to-point ------------------------------------------------------------------------- */
+
+#define TPK_P2P_MAX 16        /* parts of one batch */
+#define TPK_P2P_TAG_MAX 32767 /* the largest tag (the least MPI_TAG_UB an MPI may have) */
+
+static inline tpk_status tpk__p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n,
+                                  tpk_request *req, const char *fn) {
+    TPK_TRY(tpk__check_comm(ctx, fn, c, TPK_F32, req));
+    if (n < 0 || n > TPK_P2P_MAX || (n && !ops))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "n: expected 0..%d parts%s, got %d", TPK_P2P_MAX,
+                         n && !ops ? " and ops" : "", n);
+    for (int i = 0; i < n; i++) {
+        const tpk_p2p *o = &ops[i];
+        if (!tpk_dtype_valid(o->dtype))
+            return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "ops[%d].dtype: expected a dtype, got %d", i,
+                             (int)o->dtype);
+        TPK_TRY(tpk__check_count(ctx, fn, "ops[i].count", o->count));
+        if (o->count && !o->buf)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "ops[%d].buf: NULL buffer for %zu elements", i,
+                             o->count);
+        if (o->peer < 0 || o->peer >= c->size || o->peer == c->rank)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "ops[%d].peer: expected a rank of 0..%d other than this rank %d, "
+                             "got %d",
+                             i, c->size - 1, c->rank, o->peer);
+        if (o->tag < 0 || o->tag > TPK_P2P_TAG_MAX)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "ops[%d].tag: expected 0..%d, got %d", i,
+                             TPK_P2P_TAG_MAX, o->tag);
+    }
+    if (!c->vt->p2p)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "comm: the communicator \"%s\" has no point-to-point entry (p2p)",
+                         c->vt->name ? c->vt->name : "?");
+    double bytes = 0;
+    for (int i = 0; i < n; i++) {
+        tpk__count(c, ops[i].send ? TPK_COLL_SEND : TPK_COLL_RECV, ops[i].count, ops[i].dtype);
+        bytes += (double)ops[i].count * (double)tpk_dtype_size(ops[i].dtype);
+    }
+    if (req) req->comm = c, req->state = NULL;
+    if (!n) return TPK_OK;
+    return tpk__started(req, TPK__PROF_OP(ctx, req ? "p2p (start)" : "p2p", bytes, 0,
+                                          c->vt->p2p(ctx, c, ops, n, req)));
+}
+/* Run the batch ops[n] of sends and receives (tpk_p2p, tpk/base/comm.h) and wait for all of it:
+ * each peer a rank of c other than this one, tags 0..TPK_P2P_TAG_MAX; counted in c->stats as
+ * TPK_COLL_SEND and TPK_COLL_RECV. A batch is what NCCL runs as one group: a send and the receive
+ * its peer posts in its own batch at the same point do not wait for each other. */
+static inline tpk_status tpk_p2p_run(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n) {
+    return tpk__p2p(ctx, c, ops, n, NULL, "tpk_p2p_run");
+}
+static inline tpk_status tpk_p2p_start(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n,
+                                       tpk_request *req) {
+    if (!req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_p2p_start", "req: expected a request, got NULL");
+    return tpk__p2p(ctx, c, ops, n, req, "tpk_p2p_start");
+}
+/* One part: a blocking send of count elements to `peer`, and a blocking receive from it. */
+static inline tpk_status tpk_send(tpk_ctx *ctx, tpk_comm *c, const void *buf, size_t count,
+                                  tpk_dtype dt, int peer, int tag) {
+    tpk_p2p o = {(void *)buf, count, dt, peer, tag, true};
+    return tpk__p2p(ctx, c, &o, 1, NULL, "tpk_send");
+}
+static inline tpk_status tpk_recv(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt,
+                                  int peer, int tag) {
+    tpk_p2p o = {buf, count, dt, peer, tag, false};
+    return tpk__p2p(ctx, c, &o, 1, NULL, "tpk_recv");
 }
 
 /* Finish a started collective. Waiting on a request that holds nothing is a no-op. */

@@ -50,7 +50,7 @@ static inline tpk_status tpk__self_wait(tpk_ctx *ctx, tpk_request *req) {
 static inline tpk_status tpk__self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key,
                                          tpk_comm *out);
 static inline const tpk_comm_vtable *tpk__self_vtable(void) {
-    static const tpk_comm_vtable vt = {"self", TPK__COMM_TABLE(tpk__self_), NULL};
+    static const tpk_comm_vtable vt = {"self", TPK__COMM_TABLE(tpk__self_), NULL, NULL};
     return &vt;
 }
 /* A communicator of one rank on host memory (or device memory: `device`), for unsharded runs. */

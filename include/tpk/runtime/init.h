@@ -1,10 +1,16 @@
 /* tpk/runtime/init.h — the context's lifecycle: tpk_ctx_init and tpk_ctx_destroy.
  *
  * tpk_ctx_init takes the backend table (desc->ops; NULL: the default backend, tpk_ops_default,
- * which the host archive defines), the world communicator (NULL: one rank, `self`) and the TP
- * size t, and splits the world into a mesh: consecutive ranks form a TP group, so world rank w
- * is TP rank w % t of TP group w / t, and DP rank w / t of DP group w % t. A table with a
- * missing entry is refused, naming the entry. */
+ * which the host archive defines), the world communicator (NULL: one rank, `self`), the TP size t
+ * and the pipeline's stage count p, and splits the world of n = t d p ranks into a mesh, TP
+ * fastest, then DP, then PP (Megatron-LM's order):
+ *   world rank w = tp + t (dp + d pp):  TP rank w % t, DP rank (w / t) % d, stage w / (t d)
+ * TP's collectives run in every layer and want the fastest links (consecutive ranks: one node);
+ * DP's gradient reduction runs once a step, its buckets under the backward; the pipeline sends one
+ * activation per micro-batch and stage and tolerates the slowest links, so its stages lie
+ * farthest apart (a stage's TP group stays in a node, the stages across nodes). With p = 1 the
+ * mesh is the TP x DP one of before (DP rank w / t). A table with a missing entry is refused,
+ * naming the entry; p > 1 needs a world with point-to-point (its p2p entry). */
 #ifndef TPK_INIT_H
 #define TPK_INIT_H
 
@@ -50,7 +56,8 @@ static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const do
 }
 
 /* Create a context: ops (default: the host backend when linked), world (default self), TP groups
- * of desc->tp consecutive ranks (world size must be a multiple), DP groups across them. */
+ * of desc->tp consecutive ranks, desc->pp pipeline stages, DP groups across them (the world size
+ * must be tp x pp x a whole DP size). */
 static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     static const char *fn = "tpk_ctx_init";
     if (!ctx) return TPK_ERR_ARG;
@@ -89,18 +96,30 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          "desc->world: the communicator \"%s\" has no %s entry",
                          d.world->vt->name ? d.world->vt->name : "?", cmiss);
     ctx->world = d.world;
-    int tp = d.tp ? d.tp : 1, n = d.world->size;
+    int tp = d.tp ? d.tp : 1, pp = d.pp ? d.pp : 1, n = d.world->size;
     if (tp < 1 || tp > n || n % tp)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
+    if (pp < 1 || pp > n / tp || (n / tp) % pp)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->pp: expected a divisor of world size / tp = %d / %d = %d (the "
+                         "world is TP x DP x PP), got %d",
+                         n, tp, n / tp, d.pp);
+    if (pp > 1 && !d.world->vt->p2p)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->pp: %d stages need point-to-point, and the world communicator "
+                         "\"%s\" has no p2p entry",
+                         pp, d.world->vt->name ? d.world->vt->name : "?");
     for (int q = 0; d.tp_weights && q < tp; q++)
         if (!(d.tp_weights[q] > 0) || isinf(d.tp_weights[q]))
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q,
                              d.tp_weights[q]);
-    int w = d.world->rank;
-    tpk_status s = tpk_comm_split(ctx, d.world, w / tp, w % tp, &ctx->tp);
-    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, w % tp, w / tp, &ctx->dp);
+    int w = d.world->rank, dp = n / tp / pp;
+    int tr = w % tp, dr = w / tp % dp, pr = w / (tp * dp); /* this rank's TP, DP and PP ranks */
+    tpk_status s = tpk_comm_split(ctx, d.world, w / tp, tr, &ctx->tp);
+    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, pr * tp + tr, dr, &ctx->dp);
+    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, dr * tp + tr, pr, &ctx->pp);
     if (s == TPK_OK) s = tpk__ctx_weights(ctx, fn, d.tp_weights, tp);
     if (s != TPK_OK) {
         char keep[sizeof ctx->err];
@@ -122,8 +141,9 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
 static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     if (!ctx) return;
     if (ctx->prof && ctx->prof->from_env && ctx->ops && ctx->world && ctx->world->rank == 0) {
-        fprintf(stderr, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d)\n", ctx->world->size,
-                ctx->world->size == 1 ? "" : "s", ctx->tp.size, ctx->dp.size);
+        fprintf(stderr, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d x PP %d)\n",
+                ctx->world->size, ctx->world->size == 1 ? "" : "s", ctx->tp.size, ctx->dp.size,
+                ctx->pp.size);
         tpk_profile_print(ctx, stderr);
     }
     tpk_profile_stop(ctx);
@@ -141,6 +161,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     free(ctx->tp_w);
     tpk_comm_destroy(&ctx->tp);
     tpk_comm_destroy(&ctx->dp);
+    tpk_comm_destroy(&ctx->pp);
     const tpk_ops *ops = ctx->ops;
     memset(ctx, 0, sizeof *ctx);
     ctx->ops = ops;

@@ -2,7 +2,8 @@
  *
  * tpk_comm_mpi() wraps a duplicate of an MPI communicator with errors returned, not fatal.
  * Collectives map one to one: MPI_Iallreduce, MPI_Iallgatherv, MPI_Ireduce_scatter,
- * MPI_Ibcast, MPI_Ibarrier; the blocking forms start and wait. bf16 travels as 16-bit words
+ * MPI_Ibcast, MPI_Ibarrier, and point-to-point batches as MPI_Isend / MPI_Irecv (tags as given);
+ * the blocking forms start and wait. bf16 travels as 16-bit words
  * and is reduced by user operations that add (or take the max) in f32 and round to nearest
  * even. The count and displacement arrays of a v-collective live in the request until
  * tpk_wait, as MPI requires.
@@ -70,6 +71,7 @@ typedef struct tpk__mpi {
 typedef struct tpk__mpi_req {
     MPI_Request req;
     struct tpk__mpi_req *next; /* in tpk__mpi.abandoned */
+    struct tpk__mpi_req *more; /* the next part of a point-to-point batch (tpk__mpi_p2p) */
     int *counts, *displs; /* [size] each, for v-collectives */
     void *hsend, *hrecv;  /* host staging of device buffers (NULL when not staged) */
     void *drecv;          /* the device buffer the result goes back to */
@@ -208,13 +210,23 @@ static inline tpk_status tpk__mpi_await(tpk_ctx *ctx, tpk_comm *c, const char *f
                                         tpk__mpi_req *r) {
     tpk__mpi *m = (tpk__mpi *)c->impl;
     char what[64];
-    tpk_status s =
-        tpk_mpi_wait(ctx, fn, tpk__mpi_group(ctx, c, what, sizeof what), &r->req, m->timeout_s);
-    if (s == TPK_OK) return tpk__mpi_done(ctx, r);
-    if (r->req != MPI_REQUEST_NULL)
-        m->broken = true, r->next = m->abandoned,
-        m->abandoned = r; /* still running: kept until destroy */
-    else tpk__mpi_req_free(r);
+    tpk_status s = TPK_OK;
+    for (tpk__mpi_req *more; r; r = more) { /* a point-to-point batch: each part in turn */
+        more = r->more, r->more = NULL;
+        tpk_status si = s != TPK_OK
+                            ? s
+                            : tpk_mpi_wait(ctx, fn, tpk__mpi_group(ctx, c, what, sizeof what),
+                                           &r->req, m->timeout_s);
+        if (si == TPK_OK) {
+            s = tpk__mpi_done(ctx, r);
+        } else {
+            s = si;
+            if (r->req != MPI_REQUEST_NULL)
+                m->broken = true, r->next = m->abandoned,
+                m->abandoned = r; /* still running: kept until destroy */
+            else tpk__mpi_req_free(r);
+        }
+    }
     return s;
 }
 /* Run a started MPI request to completion when the caller asked for the blocking form,
@@ -332,6 +344,50 @@ static inline tpk_status tpk__mpi_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request
     int rc = MPI_Ibarrier(m->comm, &r->req);
     return tpk__mpi_finish(ctx, c, "tpk_barrier (mpi)", rc, r, req);
 }
+/* A batch of sends and receives: MPI_Isend / MPI_Irecv each (device buffers staged: a send's data
+ * copied to the host first, a receive's copied back when it finishes), chained in one request. */
+static inline tpk_status tpk__mpi_p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n,
+                                      tpk_request *req) {
+    static const char *fn = "tpk_p2p (mpi)";
+    tpk__mpi *m = (tpk__mpi *)c->impl;
+    tpk__mpi_req *first = NULL, **tail = &first;
+    int rc = MPI_SUCCESS;
+    tpk_status s = TPK_OK;
+    for (int i = 0; i < n && s == TPK_OK && rc == MPI_SUCCESS; i++) {
+        tpk__mpi_req *r;
+        s = tpk__mpi_req_new(ctx, fn, c, NULL, &r);
+        if (s != TPK_OK) break;
+        *tail = r, tail = &r->more;
+        void *buf = ops[i].buf;
+        size_t bytes = ops[i].count * tpk_dtype_size(ops[i].dtype);
+        if (tpk__mpi_stage(ctx, ops[i].dtype, false)) {
+            s = ops[i].send ? tpk__mpi_stage_in(ctx, fn, r, buf, bytes, NULL, 0)
+                            : tpk__mpi_stage_in(ctx, fn, r, NULL, 0, buf, bytes);
+            if (s != TPK_OK) break;
+            buf = ops[i].send ? r->hsend : r->hrecv;
+        }
+        MPI_Datatype t = tpk__mpi_type(ops[i].dtype);
+        rc = ops[i].send
+                 ? MPI_Isend(buf, (int)ops[i].count, t, ops[i].peer, ops[i].tag, m->comm, &r->req)
+                 : MPI_Irecv(buf, (int)ops[i].count, t, ops[i].peer, ops[i].tag, m->comm, &r->req);
+    }
+    if (s == TPK_OK && rc != MPI_SUCCESS) s = tpk__mpi_err(ctx, fn, rc);
+    if (s != TPK_OK) { /* the parts already started stay MPI's (their peers may never post the
+                          match): the communicator is unusable, as after a timeout */
+        for (tpk__mpi_req *r = first, *more; r; r = more) {
+            more = r->more, r->more = NULL;
+            if (r->req != MPI_REQUEST_NULL)
+                m->broken = true, r->next = m->abandoned, m->abandoned = r;
+            else tpk__mpi_req_free(r);
+        }
+        return s;
+    }
+    if (req) {
+        req->state = first;
+        return TPK_OK;
+    }
+    return tpk__mpi_await(ctx, c, fn, first);
+}
 static inline tpk_status tpk__mpi_wait(tpk_ctx *ctx, tpk_request *req) {
     tpk__mpi_req *r = (tpk__mpi_req *)req->state;
     if (!r) return TPK_OK;
@@ -377,7 +433,8 @@ static inline tpk_status tpk__mpi_split(tpk_ctx *ctx, tpk_comm *c, int color, in
 }
 
 static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
-    static const tpk_comm_vtable vt = {"mpi", TPK__COMM_TABLE(tpk__mpi_), tpk__mpi_destroy};
+    static const tpk_comm_vtable vt = {"mpi", TPK__COMM_TABLE(tpk__mpi_), tpk__mpi_destroy,
+                                       TPK__COMM_P2P(tpk__mpi_)};
     return &vt;
 }
 
