@@ -6,6 +6,7 @@
 // tests (tests/run.sh counts them).
 #include <tpk/runtime/mpi.h>
 #include <tpk/tpk.h>
+#include <tpk/train/pipe_model.h>
 
 #include <cmath>
 #include <cstdio>

@@ -53,6 +53,10 @@ typedef struct tpk_params {
                                 with */
     bool stale16;            /* data changed since data16 was made (tpk_params_updated) */
     tpk_buf scratch;         /* f32, for adding bf16 gradients into grad */
+    bool reuse;              /* tpk_param_add of a name already registered, with the same shape
+                                and layout, gives its id (and leaves its values): another copy of
+                                a model over the same parameters (a pipeline stage keeps one per
+                                micro-batch in flight, tpk/train/pipe_model.h) */
 } tpk_params;
 
 typedef struct tpk_profile tpk_profile; /* tpk/runtime/profile.h */

@@ -213,9 +213,17 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     if (!desc->name || !desc->name[0] || strlen(desc->name) >= sizeof ctx->params.list[0].name)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: expected a name of 1..%zu characters",
                          sizeof ctx->params.list[0].name - 1);
-    if (tpk_param_find(ctx, desc->name) >= 0)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%s\" is already registered",
-                         desc->name);
+    int old = tpk_param_find(ctx, desc->name);
+    if (old >= 0 && ctx->params.reuse) { /* another copy of a model: the same parameter */
+        const tpk_param *q = &ctx->params.list[old];
+        bool same = q->ndim == desc->ndim && tpk_layout_eq(q->layout, desc->layout, q->ndim) &&
+                    q->padded_rows == (desc->padded_rows ? desc->padded_rows : desc->shape[0]);
+        for (int i = 0; same && i < q->ndim; i++) same = q->gshape[i] == desc->shape[i];
+        if (same) return *id = old, TPK_OK;
+    }
+    if (old >= 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%s\" is already registered%s",
+                         desc->name, ctx->params.reuse ? " with another shape or layout" : "");
     if (desc->ndim < 1 || desc->ndim > TPK_MAX_DIMS)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: ndim: expected 1..%d, got %d", desc->name,
                          TPK_MAX_DIMS, desc->ndim);

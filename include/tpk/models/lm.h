@@ -74,6 +74,10 @@ typedef struct tpk_lm {
     void *grad_ready_user;
     tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and the pools blocks borrow
                                from */
+    int64_t lo, hi;         /* the blocks built: lo .. hi - 1 (tpk_lm_part; all: 0, L) */
+    bool embed, head;       /* the embedding; the final norm, head and loss, are built */
+    bool sp;                /* sequence parallelism: hidden states S(0) */
+    int64_t H;
 } tpk_lm;
 
 /* A model's parts, pointers into the family's struct (gathered per call: the struct may move
@@ -93,13 +97,24 @@ typedef struct tpk__lm_parts {
     tpk_tensor *logits;
 } tpk__lm_parts;
 
+/* The part of the model a rank builds (pipeline parallelism: one virtual stage's, tpk/train/
+ * pipeline.h); zeros: the whole model. Blocks lo .. hi - 1 (hi = 0: all L); the embedding (and its
+ * dropout) unless no_embed, the final norm, the LM head and the loss unless no_head. A tied head
+ * without the embedding registers the embedding's weight under its name (a copy: Megatron's
+ * word_embeddings_for_head; the pipeline sums the two copies' gradients). */
+typedef struct tpk_lm_part {
+    int64_t lo, hi;
+    bool no_embed, no_head;
+} tpk_lm_part;
+
 /* The fields every family's config starts with (tpk/train/model.h reads them by name). */
-#define TPK__LM_CONFIG_SHAPE                                                                       \
-    int64_t vocab;     /* V (need not divide t) */                                                 \
-    int64_t positions; /* the longest sequence (a position table's rows, where there is one) */   \
-    int64_t layers;    /* L */                                                                     \
-    int64_t hidden;    /* H */                                                                     \
-    int64_t heads;     /* A (need not divide t) */
+#define TPK__LM_CONFIG_SHAPE                                                                    \
+    int64_t vocab;     /* V (need not divide t) */                                              \
+    int64_t positions; /* the longest sequence (a position table's rows, where there is one) */ \
+    int64_t layers;    /* L */                                                                  \
+    int64_t hidden;    /* H */                                                                  \
+    int64_t heads;     /* A (need not divide t) */                                              \
+    tpk_lm_part part;  /* the part built (pipeline stages); zeros: all */
 
 /* The sizes and switches init needs, from the family's config. */
 typedef struct tpk__lm_dims {
@@ -155,36 +170,37 @@ static inline tpk_status tpk__lm_block_args(tpk_ctx *ctx, const char *fn, int64_
 
 /* ---- the stack of blocks (tpk/layers/recompute.h) -------------------------------------------- */
 
+/* The stack's block i is the model's block lo + i (the part built). */
 static inline tpk_status tpk__lm_fwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x,
                                      tpk_tensor *y) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
-    return p->f->block_forward(ctx, tpk__lm_block(p, i), x, p->s->B, p->s->S, y);
+    return p->f->block_forward(ctx, tpk__lm_block(p, p->s->lo + i), x, p->s->B, p->s->S, y);
 }
 static inline tpk_status tpk__lm_bwd(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy,
                                      tpk_tensor *dx) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
     /* the stack's gradient buffer, in place */
-    return p->f->block_backward(ctx, tpk__lm_block(p, i), dy, dx, true);
+    return p->f->block_backward(ctx, tpk__lm_block(p, p->s->lo + i), dy, dx, true);
 }
 static inline tpk_status tpk__lm_ready(tpk_ctx *ctx, void *m, int64_t i) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
     int a, b;
     if (!p->s->grad_ready) return TPK_OK;
-    p->f->block_params(tpk__lm_block(p, i), &a, &b);
+    p->f->block_params(tpk__lm_block(p, p->s->lo + i), &a, &b);
     return p->s->grad_ready(ctx, a, b, p->s->grad_ready_user);
 }
 static inline int tpk__lm_bufs(void *m, int64_t i, int set, tpk_buf **o) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
-    return p->f->block_bufs(tpk__lm_block(p, i), set, o);
+    return p->f->block_bufs(tpk__lm_block(p, p->s->lo + i), set, o);
 }
 static inline tpk_status tpk__lm_recompute(tpk_ctx *ctx, void *m, int64_t i) {
     tpk__lm_parts *p = (tpk__lm_parts *)m;
-    return p->f->block_recompute(ctx, tpk__lm_block(p, i));
+    return p->f->block_recompute(ctx, tpk__lm_block(p, p->s->lo + i));
 }
 static inline tpk__stack tpk__lm_stack(tpk__lm_parts *p) {
     tpk__stack st;
     memset(&st, 0, sizeof st);
-    st.m = p, st.L = p->L, st.mode = p->mode, st.b = &p->s->rc;
+    st.m = p, st.L = p->s->hi - p->s->lo, st.mode = p->mode, st.b = &p->s->rc;
     st.fwd = tpk__lm_fwd, st.bwd = tpk__lm_bwd, st.ready = tpk__lm_ready;
     st.bufs = tpk__lm_bufs, st.recompute = tpk__lm_recompute;
     return st;
@@ -196,24 +212,44 @@ static inline tpk__stack tpk__lm_stack(tpk__lm_parts *p) {
  * cfg), the final norm, the untied head's weight, the head, the dropout (where p->drop), the
  * cross-entropy. *blocks receives the array of blocks (p->blocks). */
 static inline tpk_status tpk__lm_init(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p, void **blocks,
-                                      const tpk__lm_dims *d, const void *cfg) {
+                                      const tpk__lm_dims *d, const void *cfg,
+                                      const tpk_lm_part *part) {
     const tpk_lm_family *f = p->f;
     bool sp = d->sequence_parallel;
-    TPK_TRY(tpk__stack_bufs_init(ctx, fn, &p->s->rc, d->layers));
+    tpk_lm *s = p->s;
+    s->lo = part->lo, s->hi = part->hi ? part->hi : d->layers;
+    s->embed = !part->no_embed, s->head = !part->no_head, s->sp = sp, s->H = d->hidden;
+    if (s->lo < 0 || s->hi <= s->lo || s->hi > d->layers)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->part: blocks %lld .. %lld, expected 0 <= lo < hi <= layers = %lld",
+                         (long long)part->lo, (long long)s->hi - 1, (long long)d->layers);
+    TPK_TRY(tpk__stack_bufs_init(ctx, fn, &s->rc, d->layers));
     tpk_embedding_desc ed;
     memset(&ed, 0, sizeof ed);
     ed.wte_name = f->embed_name, ed.wpe_name = f->pos_name, ed.sequence_parallel = sp,
     ed.init_std = d->init_std;
     ed.vocab_multiple = d->vocab_multiple == 0 ? 64 : d->vocab_multiple < 0 ? 0 : d->vocab_multiple;
-    TPK_TRY(tpk_embedding_init(ctx, p->embed, d->vocab, f->pos_name ? d->positions : 0, d->hidden,
-                               &ed));
+    /* without the embedding: its weight alone for a tied head, else only its sizes (Vp) */
+    if (s->embed || (s->head && d->tie))
+        TPK_TRY(tpk_embedding_init(ctx, p->embed, d->vocab,
+                                   f->pos_name && s->embed ? d->positions : 0, d->hidden, &ed));
+    else
+        p->embed->V = d->vocab, p->embed->H = d->hidden, p->embed->wte = p->embed->wpe = -1,
+        p->embed->Vp = tpk_vocab_padded(d->vocab, ed.vocab_multiple, ctx->tp.size);
     *blocks = p->blocks = calloc((size_t)d->layers, f->block_size);
     if (!p->blocks) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)d->layers);
-    for (int64_t i = 0; i < d->layers; i++) {
+    for (int64_t i = s->lo; i < s->hi; i++) {
         char n[64];
         snprintf(n, sizeof n, "%s.%lld", f->block_name, (long long)i);
         TPK_TRY(f->block_init(ctx, tpk__lm_block(p, i), d->hidden, n, cfg));
     }
+    if (p->drop && s->embed) {
+        tpk_dropout_desc dd;
+        memset(&dd, 0, sizeof dd);
+        dd.name = "drop", dd.p = d->dropout;
+        TPK_TRY(tpk_dropout_init(ctx, p->drop, &dd));
+    }
+    if (!s->head) return TPK_OK;
     TPK_TRY(f->norm_init(ctx, p->norm, d->hidden, f->norm_name, d->norm_eps, sp));
     *p->head_w = p->embed->wte;
     if (!d->tie) { /* the untied head: its own [V, H] weight, vocabulary rows padded like the
@@ -231,12 +267,6 @@ static inline tpk_status tpk__lm_init(tpk_ctx *ctx, const char *fn, tpk__lm_part
     hd.name = "lm_head", hd.weight = *p->head_w + 1, hd.sequence_parallel = sp,
     hd.unit = tpk_tp_vocab_unit(ctx, p->embed->Vp);
     TPK_TRY(tpk_col_linear_init(ctx, p->head, d->hidden, p->embed->Vp, &hd));
-    if (p->drop) {
-        tpk_dropout_desc dd;
-        memset(&dd, 0, sizeof dd);
-        dd.name = "drop", dd.p = d->dropout;
-        TPK_TRY(tpk_dropout_init(ctx, p->drop, &dd));
-    }
     tpk_xent_desc xd;
     memset(&xd, 0, sizeof xd);
     xd.label_smoothing = d->label_smoothing, xd.padded_vocab = p->embed->Vp;
@@ -246,33 +276,60 @@ static inline tpk_status tpk__lm_init(tpk_ctx *ctx, const char *fn, tpk__lm_part
 /* Free every part; *blocks (the array) becomes NULL. */
 static inline void tpk__lm_destroy(tpk_ctx *ctx, tpk__lm_parts *p, void **blocks) {
     tpk_embedding_destroy(ctx, p->embed);
-    for (int64_t i = 0; p->blocks && i < p->L; i++) p->f->block_destroy(ctx, tpk__lm_block(p, i));
+    for (int64_t i = p->s->lo; p->blocks && i < p->s->hi; i++)
+        p->f->block_destroy(ctx, tpk__lm_block(p, i));
     free(p->blocks), *blocks = p->blocks = NULL;
     tpk__stack_bufs_free(ctx, &p->s->rc, p->L);
-    p->f->norm_destroy(ctx, p->norm), tpk_linear_destroy(ctx, p->head),
-        tpk_xent_destroy(ctx, p->ce);
+    if (p->s->head)
+        p->f->norm_destroy(ctx, p->norm), tpk_linear_destroy(ctx, p->head),
+            tpk_xent_destroy(ctx, p->ce);
     if (p->drop) tpk_dropout_destroy(ctx, p->drop);
 }
 
 /* ---- forward, backward ----------------------------------------------------------------------- */
 
-/* The model's forward (tpk_gpt2_forward says what the arguments mean); p = NULL: the model is not
- * initialised. */
-static inline tpk_status tpk__lm_forward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
-                                         const int32_t *ids, const int32_t *targets, int64_t B,
-                                         int64_t S, float *loss) {
+/* The hidden states [B S, H] at x in the stack's layout: R, or S(0) under sequence parallelism. */
+static inline tpk_tensor tpk__lm_hidden(tpk_ctx *ctx, const tpk_lm *s, const void *x, int64_t T) {
+    return tpk_tp_tensor_2d(ctx, (void *)x, ctx->dtype, T, s->H, s->sp ? TPK_S(0) : TPK_R);
+}
+
+/* The forward of the part built (tpk_F_stage_forward): from ids (the embedding), or from x_in, the
+ * hidden states of the part before ([B S, H] in the stack's layout, backend memory, unchanged until
+ * the backward); through its blocks; then the head and loss (tpk_gpt2_forward says what targets and
+ * loss mean), or *y = the last block's output for the part after. p = NULL: not initialised. */
+static inline tpk_status tpk__lm_stage_forward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
+                                               const int32_t *ids, const void *x_in,
+                                               const int32_t *targets, int64_t B, int64_t S,
+                                               float *loss, tpk_tensor *y) {
     if (!ctx) return TPK_ERR_ARG;
     if (!p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
-    TPK_TRY(tpk_xent_settle(ctx, p->ce)); /* a deferred loss, before its logits are overwritten */
-    p->s->have_loss = false;
+    tpk_lm *s = p->s;
+    if (s->head)
+        TPK_TRY(tpk_xent_settle(ctx, p->ce)); /* a deferred loss, before its logits are
+                                                          overwritten */
+    s->have_loss = false;
     tpk_tensor x;
-    TPK_TRY(tpk_embedding_forward(ctx, p->embed, ids, B, S, &x)); /* checks ids, B, S */
-    p->s->B = B, p->s->S = S;
-    /* in place: the embedding does not keep its output */
-    if (p->drop) TPK_TRY(tpk_dropout_forward(ctx, p->drop, &x));
+    if (s->embed) {
+        TPK_TRY(tpk_embedding_forward(ctx, p->embed, ids, B, S, &x)); /* checks ids, B, S */
+        /* in place: the embedding does not keep its output */
+        if (p->drop) TPK_TRY(tpk_dropout_forward(ctx, p->drop, &x));
+    } else {
+        if (B < 0 || S < 0 || !x_in)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "x: expected the hidden states from the stage before (B, S >= 0), "
+                             "got %s with B = %lld, S = %lld",
+                             x_in ? "data" : "NULL", (long long)B, (long long)S);
+        x = tpk__lm_hidden(ctx, s, x_in, B * S);
+    }
+    s->B = B, s->S = S;
     tpk__stack st = tpk__lm_stack(p);
     TPK_TRY(tpk__stack_forward(ctx, &st, x, &x)); /* the blocks (recompute: their inputs only, or
                                                      their GEMM outputs only, kept) */
+    if (!s->head) {
+        if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL (this part has no head)");
+        *y = x;
+        return TPK_OK;
+    }
     TPK_TRY(p->f->norm_forward(ctx, p->norm, x, &x));
     TPK_TRY(tpk_col_linear_forward(ctx, p->head, x, p->logits)); /* S(-1) [T, Vp_r] */
     if (!targets) return TPK_OK;
@@ -280,32 +337,62 @@ static inline tpk_status tpk__lm_forward(tpk_ctx *ctx, const char *fn, tpk__lm_p
      * the next forward or read */
     TPK_TRY(loss ? tpk_xent_forward(ctx, p->ce, *p->logits, targets, loss)
                  : tpk_xent_forward_deferred(ctx, p->ce, *p->logits, targets));
-    p->s->have_loss = true;
+    s->have_loss = true;
     return TPK_OK;
 }
+/* The model's forward (tpk_gpt2_forward says what the arguments mean). */
+static inline tpk_status tpk__lm_forward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
+                                         const int32_t *ids, const int32_t *targets, int64_t B,
+                                         int64_t S, float *loss) {
+    if (ctx && p && (!p->s->embed || !p->s->head))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "model: built as a pipeline stage's part (cfg->part): use its stage "
+                         "forward");
+    return tpk__lm_stage_forward(ctx, fn, p, ids, NULL, targets, B, S, loss, NULL);
+}
 
-/* The model's backward (tpk_gpt2_backward); p = NULL: not initialised. */
-static inline tpk_status tpk__lm_backward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
-                                          float scale) {
+/* The backward of the part built (tpk_F_stage_backward): from the loss of the last forward, or from
+ * dy_in, the gradient of the part's output (the stack's layout; its buffer is taken over: it
+ * receives the gradients between blocks); accumulates the gradients of scale * (the loss) into the
+ * flat gradient buffer; then the embedding's, or *dx = the gradient of the part's input for the
+ * part before (valid until the next backward). p = NULL: not initialised. */
+static inline tpk_status tpk__lm_stage_backward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
+                                                float scale, void *dy_in, tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
     if (!p) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
     tpk_lm *s = p->s;
-    if (!s->have_loss)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "model: backward needs a forward with targets first");
-    s->have_loss = false; /* the logits are overwritten by their gradient */
     tpk_tensor g;
     int a, b, w = p->embed->wte;
-    TPK_TRY(tpk_xent_backward(ctx, p->ce, scale, &g));
-    TPK_TRY(tpk_col_linear_backward(ctx, p->head, g, &g)); /* tied: into the embedding's gradient */
-    if (s->grad_ready && *p->head_w != w)
-        TPK_TRY(s->grad_ready(ctx, *p->head_w, *p->head_w, s->grad_ready_user));
-    TPK_TRY(p->f->norm_backward(ctx, p->norm, g, &g));
-    p->f->norm_params(p->norm, &a, &b);
-    if (s->grad_ready) TPK_TRY(s->grad_ready(ctx, a, b, s->grad_ready_user));
+    if (s->head) {
+        if (!s->have_loss)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "model: backward needs a forward with targets first");
+        s->have_loss = false; /* the logits are overwritten by their gradient */
+        TPK_TRY(tpk_xent_backward(ctx, p->ce, scale, &g));
+        TPK_TRY(tpk_col_linear_backward(ctx, p->head, g, &g)); /* tied: into the embedding's
+                                                                  gradient */
+        /* the untied head's weight, or the tied one's copy on a stage without the embedding */
+        if (s->grad_ready && (*p->head_w != w || !s->embed))
+            TPK_TRY(s->grad_ready(ctx, *p->head_w, *p->head_w, s->grad_ready_user));
+        TPK_TRY(p->f->norm_backward(ctx, p->norm, g, &g));
+        p->f->norm_params(p->norm, &a, &b);
+        if (s->grad_ready) TPK_TRY(s->grad_ready(ctx, a, b, s->grad_ready_user));
+    } else {
+        if (!dy_in)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "dy: expected the gradient from the stage after, got NULL");
+        if (!s->B && !s->S)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward first");
+        g = tpk__lm_hidden(ctx, s, dy_in, s->B * s->S);
+    }
     tpk__stack st = tpk__lm_stack(p);
     TPK_TRY(tpk__stack_backward(ctx, &st, g, &g)); /* each block from the last (recompute: its
                                                       forward, or its cheap parts, again first) */
+    if (!s->embed) {
+        if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL (this part has no embedding)");
+        *dx = g;
+        return TPK_OK;
+    }
     /* g: block 0's input gradient, used only here */
     if (p->drop) TPK_TRY(tpk_dropout_backward_inplace(ctx, p->drop, &g));
     TPK_TRY(tpk_embedding_backward(ctx, p->embed, g));
@@ -315,6 +402,15 @@ static inline tpk_status tpk__lm_backward(tpk_ctx *ctx, const char *fn, tpk__lm_
                               s->grad_ready_user)); /* tied: the head's too */
     }
     return TPK_OK;
+}
+/* The model's backward (tpk_gpt2_backward). */
+static inline tpk_status tpk__lm_backward(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
+                                          float scale) {
+    if (ctx && p && (!p->s->embed || !p->s->head))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "model: built as a pipeline stage's part (cfg->part): use its stage "
+                         "backward");
+    return tpk__lm_stage_backward(ctx, fn, p, scale, NULL, NULL);
 }
 
 /* The logits of one sequence of S tokens (sampling): S(-1) [S, Vp_r]. */
@@ -616,53 +712,73 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
  *   tpk_F_destroy(ctx, m)           frees what init made
  *   tpk_F_backward(ctx, m, scale)   accumulates the gradients of scale * (the last forward's loss)
  *                                   into the flat gradient buffer (tpk_params_zero_grad first)
+ *   tpk_F_stage_forward(ctx, m, ids, x, targets, B, S, loss, y), tpk_F_stage_backward(ctx, m,
+ *                                   scale, dy, dx)   the same for a part (cfg.part: a pipeline
+ *                                   stage's): from x, the hidden states of the part before, unless
+ *                                   it has the embedding; *y its output unless it has the head; the
+ *                                   backward from dy unless it has the head, *dx unless it has the
+ *                                   embedding (tpk__lm_stage_forward, _backward)
  *   tpk_F_sample(ctx, m, start, n, temperature, seed, out)   out[0] = start, out[1..n]: n tokens
  *                                   sampled one after another (set dropout to 0 first)
  *   tpk__F_bufs(m, i, set, o)       block i's buffers of one recompute set (the tests check the
  *                                   pools hold them) */
-#define TPK__LM_MODEL_ENTRIES(F, BLOCKS)                                                           \
-    static inline tpk_status tpk_##F##_forward(tpk_ctx *ctx, tpk_##F *m, const int32_t *ids,       \
-                                               const int32_t *targets, int64_t B, int64_t S,       \
-                                               float *loss) {                                      \
-        static const char *fn = "tpk_" #F "_forward";                                              \
-        tpk__lm_parts p;                                                                           \
-        if (!ctx) return TPK_ERR_ARG;                                                              \
-        if (m && m->BLOCKS && S > m->c.positions && !tpk__##F##_lm(m).f->pos_name)                 \
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,                                               \
-                             "S: expected at most cfg->positions = %lld, got %lld",                \
-                             (long long)m->c.positions, (long long)S);                             \
-        return tpk__lm_forward(ctx, fn, m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids,   \
-                               targets, B, S, loss);                                               \
-    }                                                                                              \
-    static inline tpk_status tpk__##F##_lm_init(tpk_ctx *ctx, const char *fn, tpk_##F *m,          \
-                                                const tpk__lm_dims *d) {                           \
-        tpk__lm_parts p = tpk__##F##_lm(m);                                                        \
-        void *blocks = NULL;                                                                       \
-        tpk_status s = tpk__lm_init(ctx, fn, &p, &blocks, d, &m->c);                               \
-        m->BLOCKS = (tpk_##F##_block *)blocks;                                                     \
-        return s;                                                                                  \
-    }                                                                                              \
-    static inline void tpk_##F##_destroy(tpk_ctx *ctx, tpk_##F *m) {                               \
-        tpk__lm_parts p = tpk__##F##_lm(m);                                                        \
-        void *blocks = m->BLOCKS;                                                                  \
-        tpk__lm_destroy(ctx, &p, &blocks);                                                         \
-        m->BLOCKS = NULL;                                                                          \
-    }                                                                                              \
-    static inline tpk_status tpk_##F##_backward(tpk_ctx *ctx, tpk_##F *m, float scale) {           \
-        tpk__lm_parts p;                                                                           \
-        return tpk__lm_backward(ctx, "tpk_" #F "_backward",                                        \
-                                m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale);        \
-    }                                                                                              \
-    static inline tpk_status tpk_##F##_sample(tpk_ctx *ctx, tpk_##F *m, int32_t start, int n,      \
-                                              float temperature, uint64_t seed, int32_t *out) {    \
-        tpk__lm_parts p;                                                                           \
-        return tpk__lm_sample(ctx, "tpk_" #F "_sample",                                            \
-                              m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL,                  \
-                              m ? m->c.vocab : 0, m ? m->c.positions : 0, start, n, temperature,   \
-                              seed, out);                                                          \
-    }                                                                                              \
-    static inline int tpk__##F##_bufs(void *m, int64_t i, int set, tpk_buf **o) {                  \
-        return tpk__##F##_block_bufs(&((tpk_##F *)m)->BLOCKS[i], set, o);                          \
+#define TPK__LM_MODEL_ENTRIES(F, BLOCKS)                                                         \
+    static inline tpk_status tpk_##F##_forward(tpk_ctx *ctx, tpk_##F *m, const int32_t *ids,     \
+                                               const int32_t *targets, int64_t B, int64_t S,     \
+                                               float *loss) {                                    \
+        static const char *fn = "tpk_" #F "_forward";                                            \
+        tpk__lm_parts p;                                                                         \
+        if (!ctx) return TPK_ERR_ARG;                                                            \
+        if (m && m->BLOCKS && S > m->c.positions && !tpk__##F##_lm(m).f->pos_name)               \
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,                                             \
+                             "S: expected at most cfg->positions = %lld, got %lld",              \
+                             (long long)m->c.positions, (long long)S);                           \
+        return tpk__lm_forward(ctx, fn, m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids, \
+                               targets, B, S, loss);                                             \
+    }                                                                                            \
+    static inline tpk_status tpk__##F##_lm_init(tpk_ctx *ctx, const char *fn, tpk_##F *m,        \
+                                                const tpk__lm_dims *d) {                         \
+        tpk__lm_parts p = tpk__##F##_lm(m);                                                      \
+        void *blocks = NULL;                                                                     \
+        tpk_status s = tpk__lm_init(ctx, fn, &p, &blocks, d, &m->c, &m->c.part);                 \
+        m->BLOCKS = (tpk_##F##_block *)blocks;                                                   \
+        return s;                                                                                \
+    }                                                                                            \
+    static inline void tpk_##F##_destroy(tpk_ctx *ctx, tpk_##F *m) {                             \
+        tpk__lm_parts p = tpk__##F##_lm(m);                                                      \
+        void *blocks = m->BLOCKS;                                                                \
+        tpk__lm_destroy(ctx, &p, &blocks);                                                       \
+        m->BLOCKS = NULL;                                                                        \
+    }                                                                                            \
+    static inline tpk_status tpk_##F##_backward(tpk_ctx *ctx, tpk_##F *m, float scale) {         \
+        tpk__lm_parts p;                                                                         \
+        return tpk__lm_backward(ctx, "tpk_" #F "_backward",                                      \
+                                m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale);      \
+    }                                                                                            \
+    static inline tpk_status tpk_##F##_stage_forward(                                            \
+        tpk_ctx *ctx, tpk_##F *m, const int32_t *ids, const void *x, const int32_t *targets,     \
+        int64_t B, int64_t S, float *loss, tpk_tensor *y) {                                      \
+        tpk__lm_parts p;                                                                         \
+        return tpk__lm_stage_forward(ctx, "tpk_" #F "_stage_forward",                            \
+                                     m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids, x, \
+                                     targets, B, S, loss, y);                                    \
+    }                                                                                            \
+    static inline tpk_status tpk_##F##_stage_backward(tpk_ctx *ctx, tpk_##F *m, float scale,     \
+                                                      void *dy, tpk_tensor *dx) {                \
+        tpk__lm_parts p;                                                                         \
+        return tpk__lm_stage_backward(ctx, "tpk_" #F "_stage_backward",                          \
+                                      m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale, \
+                                      dy, dx);                                                   \
+    }                                                                                            \
+    static inline tpk_status tpk_##F##_sample(tpk_ctx *ctx, tpk_##F *m, int32_t start, int n,    \
+                                              float temperature, uint64_t seed, int32_t *out) {  \
+        tpk__lm_parts p;                                                                         \
+        return tpk__lm_sample(                                                                   \
+            ctx, "tpk_" #F "_sample", m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL,        \
+            m ? m->c.vocab : 0, m ? m->c.positions : 0, start, n, temperature, seed, out);       \
+    }                                                                                            \
+    static inline int tpk__##F##_bufs(void *m, int64_t i, int set, tpk_buf **o) {                \
+        return tpk__##F##_block_bufs(&((tpk_##F *)m)->BLOCKS[i], set, o);                        \
     }
 
 #endif /* TPK_LM_H */

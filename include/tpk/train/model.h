@@ -63,6 +63,8 @@ typedef struct tpk_model_family {
     tpk_status (*save)(tpk_ctx *ctx, const void *m, const tpk_adamw *opt, const char *dir,
                        const tpk_hf_save_desc *desc);
     tpk_status (*load)(tpk_ctx *ctx, void *m, tpk_adamw *opt, const char *dir);
+    tpk__lm_parts (*parts)(void *m); /* the skeleton's view (a pipeline stage's calls) */
+    tpk_lm_part *(*part)(void *cfg); /* the config's part (tpk_lm_part) */
 } tpk_model_family;
 
 /* The adapters of family F (functions tpk_F_*, types tpk_F and tpk_F_config, whose .c holds
@@ -124,17 +126,37 @@ typedef struct tpk_model_family {
     static inline tpk_status tpk__##F##_fam_load(tpk_ctx *ctx, void *m, tpk_adamw *opt,           \
                                                  const char *dir) {                               \
         return tpk_##F##_load(ctx, (tpk_##F *)m, opt, dir);                                       \
+    }                                                                                             \
+    static inline tpk__lm_parts tpk__##F##_fam_parts(void *m) {                                   \
+        return tpk__##F##_lm((tpk_##F *)m);                                                       \
+    }                                                                                             \
+    static inline tpk_lm_part *tpk__##F##_fam_part(void *c) {                                     \
+        return &((tpk_##F##_config *)c)->part;                                                    \
     }
-#define TPK__MODEL_FAMILY_ROW(F, FF, TYPE, DROPOUT, TITLE)                                         \
-    {                                                                                              \
-        /* name */ #F, TYPE, TITLE, DROPOUT, tpk_##F##_flags, tpk__##F##_fam_model_config,         \
-        offsetof(tpk_model_config, F), offsetof(tpk_model, F),                                     \
-        tpk__##F##_fam_config_read, tpk__##F##_fam_init, tpk__##F##_fam_destroy,                   \
-        tpk__##F##_fam_dims, tpk__##F##_fam_cfg_common, tpk__##F##_fam_ce,                         \
-        tpk__##F##_fam_set_grad_ready,                                                             \
-        tpk__##F##_fam_set_dropout, tpk__##F##_fam_forward, tpk__##F##_fam_backward,               \
-        tpk__##F##_fam_sample, tpk__##F##_fam_save, tpk__##F##_fam_load                            \
-    },
+#define TPK__MODEL_FAMILY_ROW(F, FF, TYPE, DROPOUT, TITLE) \
+    {/* name */ #F,                                        \
+     TYPE,                                                 \
+     TITLE,                                                \
+     DROPOUT,                                              \
+     tpk_##F##_flags,                                      \
+     tpk__##F##_fam_model_config,                          \
+     offsetof(tpk_model_config, F),                        \
+     offsetof(tpk_model, F),                               \
+     tpk__##F##_fam_config_read,                           \
+     tpk__##F##_fam_init,                                  \
+     tpk__##F##_fam_destroy,                               \
+     tpk__##F##_fam_dims,                                  \
+     tpk__##F##_fam_cfg_common,                            \
+     tpk__##F##_fam_ce,                                    \
+     tpk__##F##_fam_set_grad_ready,                        \
+     tpk__##F##_fam_set_dropout,                           \
+     tpk__##F##_fam_forward,                               \
+     tpk__##F##_fam_backward,                              \
+     tpk__##F##_fam_sample,                                \
+     tpk__##F##_fam_save,                                  \
+     tpk__##F##_fam_load,                                  \
+     tpk__##F##_fam_parts,                                 \
+     tpk__##F##_fam_part},
 
 TPK__FAMILIES(TPK__MODEL_FAMILY)
 
@@ -243,6 +265,24 @@ static inline tpk_status tpk_model_loss_dp(tpk_ctx *ctx, tpk_model *m, double we
 }
 static inline tpk_status tpk_model_backward(tpk_ctx *ctx, tpk_model *m, float scale) {
     return TPK__FAM(m)->backward(ctx, tpk__model_of(m), scale);
+}
+/* The config's part (cfg->arch's family): the blocks and ends a pipeline stage builds. */
+static inline tpk_lm_part *tpk_model_config_part(tpk_model_config *cfg) {
+    return TPK__FAM(cfg)->part(tpk__model_cfg(cfg));
+}
+/* A part's forward and backward (tpk_F_stage_forward, _backward: tpk/models/lm.h). */
+static inline tpk_status tpk_model_stage_forward(tpk_ctx *ctx, tpk_model *m, const int32_t *ids,
+                                                 const void *x, const int32_t *targets, int64_t B,
+                                                 int64_t S, float *loss, tpk_tensor *y) {
+    tpk__lm_parts p = TPK__FAM(m)->parts(tpk__model_of(m));
+    return tpk__lm_stage_forward(ctx, "tpk_model_stage_forward", p.blocks ? &p : NULL, ids, x,
+                                 targets, B, S, loss, y);
+}
+static inline tpk_status tpk_model_stage_backward(tpk_ctx *ctx, tpk_model *m, float scale, void *dy,
+                                                  tpk_tensor *dx) {
+    tpk__lm_parts p = TPK__FAM(m)->parts(tpk__model_of(m));
+    return tpk__lm_stage_backward(ctx, "tpk_model_stage_backward", p.blocks ? &p : NULL, scale, dy,
+                                  dx);
 }
 /* The data-parallel hook (tpk/train/dp.h: tpk_dp_grad_ready) of the model. */
 static inline void

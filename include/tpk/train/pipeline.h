@@ -132,6 +132,7 @@ typedef struct tpk_pipe {
     tpk_buf *slot; /* [nslot] receive buffers */
     bool *busy;    /* [nslot] */
     int nslot;
+    int done[4], ndone; /* slots freed by the last backwards, reusable after the next batch */
     int *act, *grad; /* [V M] the slot holding (chunk, mb)'s input and its output's gradient; -1 */
     int cells;
     double t_compute, t_wait; /* host seconds of the last run: in compute steps, in messages */
@@ -193,6 +194,7 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
     }
     for (int i = 0; i < cells; i++) p->act[i] = p->grad[i] = -1;
     for (int i = 0; i < p->nslot; i++) p->busy[i] = false;
+    p->ndone = 0;
     size_t bytes = stage->count * tpk_dtype_size(stage->dtype);
     const void *out[2] = {NULL, NULL}; /* the last forward's output, the last backward's dx */
     tpk_pipe_step last[2];             /* and their steps */
@@ -208,6 +210,9 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
         double t0 = tpk__pipe_now();
         if (x.action == TPK_PIPE_F || x.action == TPK_PIPE_B) {
             bool f = x.action == TPK_PIPE_F;
+            /* no batch since the last backward: nothing of its is being sent */
+            for (int k = 0; k < p->ndone; k++) p->busy[p->done[k]] = false;
+            p->ndone = 0;
             int a = p->act[cell], g = p->grad[cell];
             const void *in = f ? (a >= 0 ? p->slot[a].p : NULL) : (g >= 0 ? p->slot[g].p : NULL);
             if (f ? !first && a < 0 : !lastv && g < 0)
@@ -219,9 +224,10 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
             out[!f] = NULL;
             TPK_TRY(f ? stage->forward(ctx, stage->user, x.chunk, x.mb, in, &out[0])
                       : stage->backward(ctx, stage->user, x.chunk, x.mb, in, &out[1]));
-            if (!f) { /* the input and the gradient of (chunk, mb) are done with */
-                if (a >= 0) p->busy[a] = false, p->act[cell] = -1;
-                if (g >= 0) p->busy[g] = false, p->grad[cell] = -1;
+            if (!f) { /* the input and the gradient of (chunk, mb) are done with once the batch
+                         after this step has gone (dx may be in the gradient's buffer) */
+                if (a >= 0) p->done[p->ndone++] = a, p->act[cell] = -1;
+                if (g >= 0) p->done[p->ndone++] = g, p->grad[cell] = -1;
             }
             last[!f] = x;
             p->t_compute += tpk__pipe_now() - t0;
@@ -262,6 +268,8 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
         if (end || nops == TPK_P2P_MAX) {
             tpk_status st = tpk_p2p_run(ctx, &ctx->pp, ops, nops);
             nops = 0;
+            for (int k = 0; k < p->ndone; k++) p->busy[p->done[k]] = false;
+            p->ndone = 0;
             p->t_wait += tpk__pipe_now() - t0;
             TPK_TRY(st);
         }

@@ -1,0 +1,237 @@
+/* tpk/train/pipe_model.h — a model (any family, tpk/train/model.h) as this rank's pipeline stage:
+ * its chunks' parts, one copy of each part per micro-batch in flight, and the executor's calls.
+ *
+ * tpk_pipe_model_init splits the model's L blocks over the P V virtual stages (tpk_pipe_split:
+ * even, a list or by cost) and builds, for each of this stage's V chunks, the part of virtual
+ * stage u = chunk P + stage (cfg.part: its blocks; the embedding on u = 0, the final norm, head
+ * and loss on u = P V - 1; a tied head's weight copied there). A layer keeps what its backward
+ * needs in its own buffers and views, so a part serves one micro-batch at a time; the schedule
+ * keeps up to P - s micro-batches of a chunk alive between their forward and backward (1F1B;
+ * GPipe M), so each chunk has that many copies of its part — models over the same parameters
+ * (ctx->params.reuse), each with its own activations — and a micro-batch holds one copy from its
+ * forward to its backward. Memory: the copies' activations, which the schedule needs anyway.
+ *
+ * tpk_pipe_model_step runs the schedule over M micro-batches (ids and targets [M][B S] in host
+ * memory, the same on every rank of the pipeline): each forward and backward of micro-batch k runs
+ * with ctx->rng_step = rng_step + k (the dropout masks of a run without a pipeline that sets the
+ * micro-batch's index so), the backward with `scale` (1 / M for a mean over micro-batches); the
+ * gradients are summed into the flat gradient buffer (zero it first), each parameter over the
+ * micro-batches in order: the bits of the same micro-batches run one after another without a
+ * pipeline. Then the tied embedding's two copies (first and last stage) are summed over the
+ * embedding group, so both hold the whole gradient. losses (may be NULL): the last stage's loss of
+ * each micro-batch ([M], host; each a download); else the losses add up on the device
+ * (tpk_pipe_model_loss_read). */
+#ifndef TPK_PIPE_MODEL_H
+#define TPK_PIPE_MODEL_H
+
+#include "model.h"
+#include "pipeline.h"
+
+typedef struct tpk_pipe_model {
+    tpk_model_config cfg; /* the whole model's */
+    tpk_pipe_schedule sched;
+    int P, V, M, stage;
+    int64_t *first;  /* [P V + 1] the split */
+    tpk_model *copy; /* [V][K] each chunk's copies */
+    int K;           /* copies per chunk (the most micro-batches of a chunk alive) */
+    int *held;       /* [V M]: the copy holding (chunk, mb); -1 */
+    bool *busy;      /* [V K] */
+    bool tied;       /* the head's weight is the embedding's (copies on stages 0 and P - 1) */
+    int wte;         /* its id on this rank (-1 when this stage holds neither copy) */
+    tpk_comm embed;  /* stages 0 and P - 1 of this pipeline (when tied and P > 1) */
+    tpk_pipe exec;
+    /* the step's arguments, for the callbacks */
+    const int32_t *ids, *targets;
+    int64_t B, S;
+    float scale, *losses;
+    uint64_t rng_step;
+} tpk_pipe_model;
+
+/* The parameters of this stage are the copies' (chunk 0's first, then chunk 1's, ...). */
+static inline void tpk_pipe_model_destroy(tpk_ctx *ctx, tpk_pipe_model *pm) {
+    if (!pm) return;
+    for (int i = 0; pm->copy && i < pm->V * pm->K; i++)
+        tpk_model_destroy(ctx, &pm->copy[i]); /* (one not built is zeros: nothing to free) */
+    free(pm->copy), free(pm->held), free(pm->busy), free(pm->first);
+    tpk_pipe_free(ctx, &pm->exec);
+    tpk_pipe_schedule_free(&pm->sched);
+    tpk_comm_destroy(&pm->embed);
+    memset(pm, 0, sizeof *pm);
+}
+
+/* Build this rank's stage (ctx->pp.rank of ctx->pp.size) of the model cfg for schedule `kind`
+ * over M micro-batches with V chunks a stage; counts (may be NULL): blocks per virtual stage;
+ * cost (may be NULL): per block, with cost_first and cost_last (tpk_pipe_split). */
+static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
+                                             const tpk_model_config *cfg, tpk_pipe_kind kind, int M,
+                                             int V, const int64_t *counts, const double *cost,
+                                             double cost_first, double cost_last) {
+    static const char *fn = "tpk_pipe_model_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!pm || !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", pm ? "cfg" : "model");
+    memset(pm, 0, sizeof *pm);
+    pm->wte = -1;
+    if (!tpk__model_family(cfg->arch))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->arch: expected a family, got %d",
+                         (int)cfg->arch);
+    int P = ctx->pp.size, s = ctx->pp.rank;
+    pm->cfg = *cfg, pm->P = P, pm->V = V, pm->M = M, pm->stage = s;
+    tpk_status st = tpk_pipe_schedule_make(ctx, &pm->sched, kind, P, M, V);
+    int64_t *shape[5];
+    float *ls;
+    bool *sp;
+    tpk_recompute *rc;
+    tpk__model_family(cfg->arch)->cfg_common(tpk__model_cfg(&pm->cfg), shape, &ls, &sp, &rc);
+    int64_t L = *shape[2];
+    if (st == TPK_OK) {
+        pm->first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(P * V + 1));
+        st = pm->first
+                 ? tpk_pipe_split(ctx, L, P * V, counts, cost, cost_first, cost_last, pm->first)
+                 : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    }
+    /* the copies a chunk needs: the most of its micro-batches alive at once on this stage */
+    for (int c = 0; st == TPK_OK && c < V; c++) {
+        int live = 0;
+        for (int i = 0; i < pm->sched.n[s]; i++) {
+            tpk_pipe_step x = pm->sched.step[s][i];
+            if (x.chunk != c) continue;
+            live += x.action == TPK_PIPE_F, live -= x.action == TPK_PIPE_B;
+            if (live > pm->K) pm->K = live;
+        }
+    }
+    if (st == TPK_OK) {
+        pm->copy = (tpk_model *)calloc((size_t)(V * pm->K), sizeof *pm->copy);
+        pm->busy = (bool *)calloc((size_t)(V * pm->K), sizeof *pm->busy);
+        pm->held = (int *)malloc(sizeof(int) * (size_t)(V * M));
+        if (!pm->copy || !pm->busy || !pm->held)
+            st = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    }
+    bool reuse = ctx->params.reuse;
+    int n0 = ctx->params.n;
+    for (int c = 0; st == TPK_OK && c < V; c++) {
+        int u = c * P + s;
+        tpk_model_config pc = pm->cfg;
+        tpk_lm_part *part = tpk_model_config_part(&pc);
+        part->lo = pm->first[u], part->hi = pm->first[u + 1];
+        part->no_embed = u != 0, part->no_head = u != P * V - 1;
+        for (int k = 0; st == TPK_OK && k < pm->K; k++) {
+            int before = ctx->params.n;
+            ctx->params.reuse = k > 0; /* the copies share the first's parameters */
+            st = tpk_model_init(ctx, &pm->copy[c * pm->K + k], &pc);
+            if (st == TPK_OK && k > 0 && ctx->params.n != before)
+                st = tpk__fail(ctx, TPK_ERR_ARG, fn,
+                               "a copy of chunk %d registered %d parameters of its own (a layer "
+                               "without a name?)",
+                               c, ctx->params.n - before);
+        }
+    }
+    ctx->params.reuse = reuse;
+    /* the tied embedding: its weight on the first stage (the embedding), on the last (the head) */
+    if (st == TPK_OK) {
+        tpk__lm_parts p = tpk__model_family(cfg->arch)->parts(tpk__model_of(&pm->copy[0]));
+        tpk__lm_parts q =
+            tpk__model_family(cfg->arch)->parts(tpk__model_of(&pm->copy[(V - 1) * pm->K]));
+        const char *name = p.f->embed_name;
+        /* tied: the head's weight is the embedding's on the whole model (probe: stage 0 alone
+           cannot tell; the last stage's head says it by its weight's name) */
+        int last_tied =
+            (s == P - 1 && *q.head_w >= 0 && !strcmp(ctx->params.list[*q.head_w].name, name)) ? 1
+                                                                                              : 0;
+        int32_t t = last_tied;
+        st = tpk_allreduce_host(ctx, &ctx->pp, &t, 1, TPK_I32, TPK_MAX);
+        pm->tied = t != 0;
+        if (st == TPK_OK && pm->tied) pm->wte = tpk_param_find(ctx, name);
+        if (st == TPK_OK && pm->tied && P > 1)
+            st = tpk_comm_split(ctx, &ctx->pp, s == 0 || s == P - 1 ? 0 : 1, s, &pm->embed);
+    }
+    (void)n0;
+    if (st != TPK_OK) {
+        char keep[sizeof ctx->err];
+        memcpy(keep, ctx->err, sizeof keep);
+        tpk_pipe_model_destroy(ctx, pm);
+        memcpy(ctx->err, keep, sizeof keep);
+    }
+    return st;
+}
+
+static inline tpk_status tpk__pipe_model_fwd(tpk_ctx *ctx, void *user, int chunk, int mb,
+                                             const void *x, const void **y) {
+    tpk_pipe_model *pm = (tpk_pipe_model *)user;
+    int k = 0;
+    while (k < pm->K && pm->busy[chunk * pm->K + k]) k++;
+    if (k == pm->K)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_pipe_model_step",
+                         "chunk %d: more micro-batches alive than its %d copies", chunk, pm->K);
+    int i = chunk * pm->K + k, u = chunk * pm->P + pm->stage;
+    size_t off = (size_t)mb * (size_t)(pm->B * pm->S);
+    pm->busy[i] = true, pm->held[chunk * pm->M + mb] = i;
+    ctx->rng_step = pm->rng_step + (uint64_t)mb;
+    bool last = u == pm->P * pm->V - 1;
+    tpk_tensor out;
+    memset(&out, 0, sizeof out);
+    TPK_TRY(tpk_model_stage_forward(ctx, &pm->copy[i], u == 0 ? pm->ids + off : NULL, x,
+                                    last ? pm->targets + off : NULL, pm->B, pm->S,
+                                    last && pm->losses ? &pm->losses[mb] : NULL, &out));
+    *y = out.data;
+    return TPK_OK;
+}
+static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk, int mb,
+                                             const void *dy, const void **dx) {
+    tpk_pipe_model *pm = (tpk_pipe_model *)user;
+    int i = pm->held[chunk * pm->M + mb];
+    if (i < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_pipe_model_step",
+                         "micro-batch %d, chunk %d: backward without its forward", mb, chunk);
+    ctx->rng_step = pm->rng_step + (uint64_t)mb;
+    tpk_tensor g;
+    memset(&g, 0, sizeof g);
+    TPK_TRY(tpk_model_stage_backward(ctx, &pm->copy[i], pm->scale, (void *)dy, &g));
+    pm->busy[i] = false, pm->held[chunk * pm->M + mb] = -1;
+    *dx = g.data;
+    return TPK_OK;
+}
+
+/* One step's forwards and backwards over the pipeline (the header says what the arguments mean). */
+static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, const int32_t *ids,
+                                             const int32_t *targets, int64_t B, int64_t S,
+                                             float scale, uint64_t rng_step, float *losses) {
+    static const char *fn = "tpk_pipe_model_step";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!pm || !pm->copy)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised one");
+    if (B < 1 || S < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 1, got %lld, %lld",
+                         (long long)B, (long long)S);
+    if (!ids || !targets)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", ids ? "targets" : "ids");
+    pm->ids = ids, pm->targets = targets, pm->B = B, pm->S = S, pm->scale = scale;
+    pm->rng_step = rng_step, pm->losses = losses;
+    for (int i = 0; i < pm->V * pm->M; i++) pm->held[i] = -1;
+    for (int i = 0; i < pm->V * pm->K; i++) pm->busy[i] = false;
+    int64_t H = tpk_model_hidden(&pm->copy[0]), T = B * S;
+    bool sp = false;
+    {
+        int64_t *shape[5];
+        float *ls;
+        bool *spp;
+        tpk_recompute *rc;
+        tpk__model_family(pm->cfg.arch)
+            ->cfg_common(tpk__model_cfg(&pm->cfg), shape, &ls, &spp, &rc);
+        sp = *spp;
+    }
+    tpk_pipe_stage st;
+    memset(&st, 0, sizeof st);
+    /* a message: this TP rank's hidden states, all T rows or its S(0) slice under SP */
+    st.count = (size_t)((sp ? tpk_tp_split(ctx, T, ctx->tp.rank).size : T) * H);
+    st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
+    st.user = pm;
+    TPK_TRY(tpk_pipe_run(ctx, &pm->exec, &pm->sched, &st));
+    if (pm->tied && pm->P > 1 && pm->wte >= 0) { /* the two copies' gradients summed */
+        const tpk_param *q = &ctx->params.list[pm->wte];
+        float *g = (float *)ctx->params.grad.p + q->offset;
+        TPK_TRY(tpk_allreduce(ctx, &pm->embed, g, g, q->numel, TPK_F32, TPK_SUM));
+    }
+    return TPK_OK;
+}
+
+#endif /* TPK_PIPE_MODEL_H */

@@ -1,0 +1,179 @@
+/* tests/test_pipeline_lm.c — GPT-2 and Llama under pipeline parallelism (tpk/train/pipe_model.h)
+ * against the same model without a pipeline on the same TP group: for every mesh TP x PP of the
+ * ranks (DP 1), every schedule (GPipe, 1F1B, interleaved with 2 chunks a stage where it applies),
+ * with and without sequence parallelism, dropout (GPT-2) and each recompute mode, the losses of the
+ * M micro-batches and every gradient after the step equal the reference's: to the bit, except the
+ * tied embedding's (its two copies' gradients are summed in another order: within 1e-6). And the
+ * messages: the schedule's count, each this TP rank's hidden states (1/t of them under SP). Bad
+ * splits are refused. Run at 1..4 ranks. */
+#include <tpk/train/pipe_model.h>
+
+#include "test.h"
+
+enum { V = 97, P = 16, H = 24, B = 2, S = 8, M = 4, MAXL = 8 };
+
+static int32_t ids[M * B * S], tg[M * B * S];
+
+/* the reference: the whole model on this rank's TP group, micro-batch after micro-batch */
+static void reference(tpk_comm *tpw, int tp, const tpk_model_config *mc, tpk_ctx *r, tpk_model *m,
+                      float *loss) {
+    CHECK_OK(r, tpk_ctx_init(r, &(tpk_ctx_desc){.world = tpw, .tp = tp, .seed = 5}));
+    CHECK_OK(r, tpk_model_init(r, m, mc));
+    CHECK_OK(r, tpk_params_zero_grad(r));
+    for (int k = 0; k < M; k++) {
+        r->rng_step = (uint64_t)k;
+        CHECK_OK(r, tpk_model_forward(r, m, ids + k * B * S, tg + k * B * S, B, S, &loss[k]));
+        CHECK_OK(r, tpk_model_backward(r, m, 1.0f / M));
+    }
+}
+
+static void run(tpk_comm *world, tpk_comm *tpw, int tp, int pp, const tpk_model_config *mc,
+                tpk_pipe_kind kind, int Vc, const char *what) {
+    tpk_ctx c, r;
+    tpk_model ref;
+    float lr[M], la[M];
+    reference(tpw, tp, mc, &r, &ref, lr);
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = world, .tp = tp, .pp = pp, .seed = 5}));
+    tpk_pipe_model pm;
+    CHECK_OK(&c, tpk_pipe_model_init(&c, &pm, mc, kind, M, Vc, NULL, NULL, 0, 0));
+    CHECK_OK(&c, tpk_params_zero_grad(&c));
+    tpk_comm_stats_reset(&c.pp);
+    CHECK_OK(&c, tpk_pipe_model_step(&c, &pm, ids, tg, B, S, 1.0f / M, 0, la));
+    int bad = 0, tied = 0;
+    double worst = 0;
+    for (int i = 0; i < c.params.n; i++) {
+        const tpk_param *q = &c.params.list[i];
+        int j = tpk_param_find(&r, q->name);
+        if (j < 0 || r.params.list[j].numel != q->numel) {
+            bad++;
+            continue;
+        }
+        const float *a = (const float *)c.params.grad.p + q->offset;
+        const float *b = (const float *)r.params.grad.p + r.params.list[j].offset;
+        if (i == pm.wte && pp > 1) { /* the tied embedding: two copies summed */
+            double d = 0, n = 0;
+            for (size_t e = 0; e < q->numel; e++)
+                d += ((double)a[e] - b[e]) * ((double)a[e] - b[e]), n += (double)b[e] * b[e];
+            worst = sqrt(d / (n > 0 ? n : 1));
+            tied++;
+            continue;
+        }
+        bad += memcmp(a, b, sizeof(float) * q->numel) != 0;
+    }
+    if (c.pp.rank == pp - 1) bad += memcmp(la, lr, sizeof la) != 0;
+    int sends, recvs;
+    tpk_pipe_messages(&pm.sched, c.pp.rank, &sends, &recvs);
+    int64_t T = B * S;
+    uint64_t rows = (uint64_t)(mc->gpt2.sequence_parallel || mc->llama.sequence_parallel
+                                   ? tpk_tp_split(&c, T, c.tp.rank).size
+                                   : T);
+    CHECK(bad == 0 && worst < 1e-6,
+          "%s %s tp=%d pp=%d V=%d: %d gradients or losses differ (tied embedding: %g relative)",
+          what, tpk_pipe_kind_name(kind), tp, pp, Vc, bad, worst);
+    CHECK(c.pp.stats.calls[TPK_COLL_SEND] == (uint64_t)sends &&
+              c.pp.stats.elems[TPK_COLL_SEND] == (uint64_t)sends * rows * H,
+          "%s: %llu sends of %llu elements, expected %d of %llu", what,
+          (unsigned long long)c.pp.stats.calls[TPK_COLL_SEND],
+          (unsigned long long)c.pp.stats.elems[TPK_COLL_SEND], sends,
+          (unsigned long long)((uint64_t)sends * rows * H));
+    CHECK(pp == 1 || c.params.n < r.params.n || c.pp.size == 1, "stage holds the whole model");
+    tpk_pipe_model_destroy(&c, &pm);
+    tpk_model_destroy(&r, &ref);
+    tpk_ctx_destroy(&c);
+    tpk_ctx_destroy(&r);
+}
+
+int main(int argc, char **argv) {
+    test_init(&argc, &argv);
+    int me = test__rank, np = test__size;
+    tpk_comm world;
+    if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+    for (int i = 0; i < M * B * S; i++)
+        ids[i] = (int32_t)(tpk_rng_uniform(11, 0, (uint64_t)i) * V) % V,
+        tg[i] = (int32_t)(tpk_rng_uniform(12, 0, (uint64_t)i) * V) % V;
+
+    for (int fam = 0; fam < 2; fam++)
+        for (int sp = 0; sp < 2; sp++)
+            TEST_CASE("%s (L=%d)%s: every mesh and schedule equals the run without a pipeline",
+                      fam ? "Llama" : "GPT-2 (dropout 0.1)", MAXL, sp ? " SP" : "") {
+                for (int tp = 1; tp <= np; tp++) {
+                    int pp = np / tp;
+                    if (np % tp) continue;
+                    /* this rank's TP group as a world of its own, for the reference */
+                    MPI_Comm sub;
+                    MPI_Comm_split(MPI_COMM_WORLD, me / tp, me % tp, &sub);
+                    tpk_comm tpw;
+                    CHECK_OK(NULL, tpk_comm_mpi(NULL, sub, &tpw));
+                    MPI_Comm_free(&sub);
+                    for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++)
+                        for (int kind = 0; kind < TPK_PIPE_KINDS; kind++) {
+                            if (kind == TPK_PIPE_INTERLEAVED && (pp < 2 || M % pp)) continue;
+                            if (rc && kind != TPK_PIPE_1F1B) continue; /* recompute: one schedule */
+                            tpk_model_config mc;
+                            memset(&mc, 0, sizeof mc);
+                            if (fam == 0) {
+                                mc.arch = TPK_ARCH_GPT2;
+                                mc.gpt2 = (tpk_gpt2_config){.vocab = V,
+                                                            .positions = P,
+                                                            .layers = MAXL,
+                                                            .hidden = H,
+                                                            .heads = 4,
+                                                            .dropout = 0.1f,
+                                                            .sequence_parallel = sp,
+                                                            .recompute = (tpk_recompute)rc};
+                            } else {
+                                mc.arch = TPK_ARCH_LLAMA;
+                                mc.llama = (tpk_llama_config){.vocab = V,
+                                                              .positions = P,
+                                                              .layers = MAXL,
+                                                              .hidden = H,
+                                                              .heads = 4,
+                                                              .kv_heads = 2,
+                                                              .ffn = 40,
+                                                              .sequence_parallel = sp,
+                                                              .recompute = (tpk_recompute)rc};
+                            }
+                            char what[64];
+                            snprintf(what, sizeof what, "%s recompute %s", fam ? "llama" : "gpt2",
+                                     tpk_recompute_name((tpk_recompute)rc));
+                            run(&world, &tpw, tp, pp, &mc, (tpk_pipe_kind)kind,
+                                kind == TPK_PIPE_INTERLEAVED ? 2 : 1, what);
+                        }
+                    tpk_comm_destroy(&tpw);
+                }
+            }
+
+    TEST_CASE("bad splits: more stages than blocks, a list with a zero or the wrong sum") {
+        tpk_ctx c;
+        CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .pp = np}));
+        tpk_model_config mc;
+        memset(&mc, 0, sizeof mc);
+        mc.arch = TPK_ARCH_GPT2;
+        mc.gpt2 =
+            (tpk_gpt2_config){.vocab = V, .positions = P, .layers = 2, .hidden = H, .heads = 4};
+        tpk_pipe_model pm;
+        if (np > 2) {
+            CHECK(tpk_pipe_model_init(&c, &pm, &mc, TPK_PIPE_1F1B, M, 1, NULL, NULL, 0, 0) ==
+                          TPK_ERR_ARG &&
+                      strstr(tpk_last_error(&c), "for 2 blocks"),
+                  "%s", tpk_last_error(&c));
+        }
+        mc.gpt2.layers = 8; /* a list: np entries, one of them 0, or a wrong sum */
+        int64_t counts[4] = {8, 0, 0, 0};
+        if (np > 1)
+            CHECK(tpk_pipe_model_init(&c, &pm, &mc, TPK_PIPE_1F1B, M, 1, counts, NULL, 0, 0) ==
+                          TPK_ERR_ARG &&
+                      strstr(tpk_last_error(&c), "entry 1 is 0"),
+                  "%s", tpk_last_error(&c));
+        for (int u = 0; u < np; u++) counts[u] = u ? 1 : 9 - np + 1;
+        CHECK(tpk_pipe_model_init(&c, &pm, &mc, TPK_PIPE_1F1B, M, 1, counts, NULL, 0, 0) ==
+                      TPK_ERR_ARG &&
+                  strstr(tpk_last_error(&c), "add up to 9"),
+              "%s", tpk_last_error(&c));
+        CHECK(c.params.n == 0, "a failed init left %d parameters", c.params.n);
+        tpk_ctx_destroy(&c);
+    }
+
+    tpk_comm_destroy(&world);
+    return test_finish();
+}
