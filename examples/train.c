@@ -24,6 +24,7 @@
 #include <tpk/tpk.h>
 #include <tpk/train/log.h>
 #include <tpk/train/model.h>
+#include <tpk/train/pipe_model.h>
 #include <tpk/train/train.h>
 #include <tpk/runtime/mpi.h>
 #ifdef TPK_WITH_CUDA /* built where nvcc is found: the GPU when one is present */
@@ -32,12 +33,14 @@
 
 typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch,
-        *recompute, *tp_weights;
+        *recompute, *tp_weights, *schedule, *pp_layers;
     int64_t layers, hidden, heads, vocab, positions;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every,
-        save_every, keep;
+        save_every, keep, pp, micro, vstages;
     /* rc: --recompute parsed; steps_given: --steps was given */
-    bool sp, eval_only, profile, det, steps_given; tpk_recompute rc;
+    bool sp, eval_only, profile, det, steps_given, print_schedule;
+    tpk_recompute rc;
+    tpk_pipe_kind kind; /* --schedule parsed (1f1b by default) */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing;
     /* a family's config flags (tpk_lm_flag: --kv-heads, --ffn, --rotary-pct, ...), as given */
     struct { const char *flag, *value; } fam[16];
@@ -57,6 +60,10 @@ static const char *usage =
     "f32|bf16 (default: bf16 on a GPU, f32 on the host)\n"
     "             --zero 1 (ZeRO-1: the optimizer sharded over DP) --dp-reduce mean|adasum (DP a "
     "power of two) --recompute none|selective|full\n"
+    "  pipeline:  --pp 1 (stages; the world is TP x DP x PP) --micro-batches M (a step's "
+    "micro-batches, as --grad-accum) --schedule gpipe|1f1b|interleaved\n"
+    "             --virtual-stages 2 (interleaved: chunks a stage) --pp-layers 5,7 (blocks per "
+    "virtual stage) --print-schedule\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its "
     "positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 "
@@ -172,6 +179,8 @@ static bool is_flag(const char *v) {
  * 0, -1 for --help, or 1 with a message in err. A value is never empty nor one of the flags. */
 static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     *o = (opts){.tp = 1,
+                .pp = 1,
+                .kind = TPK_PIPE_1F1B,
                 .batch = 8,
                 .seq = 0 /* 64, or a loaded model's positions if fewer */,
                 .accum = 1,
@@ -218,7 +227,8 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         STR("--arch", arch) STR("--dtype", dtype) STR("--data", data) STR("--val-data", val_data)
         STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
         STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute)
-        STR("--tp-weights", tp_weights)
+        STR("--tp-weights", tp_weights) STR("--schedule", schedule) STR("--pp-layers", pp_layers)
+        INT("--pp", pp, 1) INT("--micro-batches", micro, 1) INT("--virtual-stages", vstages, 1)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1)
         INT("--vocab", vocab, 1) INT("--positions", positions, 1)
         INT("--tp", tp, 1) INT("--zero", zero, 0) INT("--batch", batch, 1) INT("--seq-len", seq, 1)
@@ -233,9 +243,9 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
 #define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
         BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile)
-        BOOL("--deterministic", det)
-        /* clang-format on */
-        if (family_flag(TPK_ARCH_COUNT, a)) { /* checked when the family is known */
+        BOOL("--deterministic", det) BOOL("--print-schedule", print_schedule)
+            /* clang-format on */
+            if (family_flag(TPK_ARCH_COUNT, a)) { /* checked when the family is known */
             VALUE if (o->nfam == 16) return snprintf(err, n, "%s: too many model flags", a), 1;
             o->fam[o->nfam].flag = a, o->fam[o->nfam++].value = v;
             i++;
@@ -269,6 +279,22 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         return snprintf(err, n, "--recompute: expected none, selective or full, got \"%s\"",
                         o->recompute),
                1;
+    if (o->schedule && !tpk_pipe_kind_parse(o->schedule, &o->kind))
+        return snprintf(err, n, "--schedule: expected gpipe, 1f1b or interleaved, got \"%s\"",
+                        o->schedule),
+               1;
+    if (o->micro && o->accum != 1 && o->accum != o->micro)
+        return snprintf(err, n, "--micro-batches %d and --grad-accum %d: the same count, give one",
+                        o->micro, o->accum),
+               1;
+    if (o->micro) o->accum = o->micro;
+    if (o->vstages && o->kind != TPK_PIPE_INTERLEAVED && o->vstages != 1)
+        return snprintf(err, n,
+                        "--virtual-stages %d: only the interleaved schedule has several chunks a "
+                        "stage (--schedule interleaved)",
+                        o->vstages),
+               1;
+    if (!o->vstages) o->vstages = o->kind == TPK_PIPE_INTERLEAVED ? 2 : 1;
     if (o->zero > 1)
         return snprintf(
                    err, n,
@@ -556,6 +582,8 @@ int main(int argc, char **argv) {
     tpk_comm world = {0};
     tpk_ctx ctx = {0}; /* errors before tpk_ctx_init land in it too */
     tpk_model m = {0};
+    tpk_pipe_model pm = {0}; /* --pp > 1 (or a --schedule): this rank's stage, instead of m */
+    int64_t ppl[256];        /* --pp-layers */
     tpk_adamw opt = {0}; tpk_dp_buckets dp_b = {0};
     tpk_tokens train = {0}, val = {0};
     int32_t *x = NULL, *y = NULL;
@@ -593,6 +621,34 @@ int main(int argc, char **argv) {
     FAIL_IF(o.keep && !(o.save && o.save_every),
             "--keep %d: applies to the checkpoints of --save DIR --save-every K", o.keep);
     FAIL_IF(world_size % o.tp, "--tp %d does not divide the %d ranks", o.tp, world_size);
+    FAIL_IF(world_size % (o.tp * o.pp),
+            "--pp %d: the %d ranks are not TP x DP x PP with --tp %d (expected a multiple of %d "
+            "ranks)",
+            o.pp, world_size, o.tp, o.tp * o.pp);
+    bool piped = o.pp > 1 || o.schedule || o.pp_layers;
+    FAIL_IF(piped && (o.load || o.save || o.eval_every || o.eval_only || o.sample),
+            "%s: not supported with pipeline stages yet (--pp %d): checkpoints, evaluation and "
+            "sampling run without --pp",
+            o.load     ? "--load"
+            : o.save   ? "--save"
+            : o.sample ? "--sample"
+                       : "--eval-every/--eval-only",
+            o.pp);
+    int nppl = 0;
+    if (o.pp_layers) { /* a comma-separated list of block counts, one per virtual stage */
+        const char *c = o.pp_layers;
+        char *end = NULL;
+        bool good = true;
+        while (good && *c && nppl < 256) {
+            long long v = strtoll(c, &end, 10);
+            good = end != c && (*end == ',' || !*end);
+            ppl[nppl++] = v, c = *end ? end + 1 : end;
+        }
+        FAIL_IF(!good || nppl != o.pp * o.vstages,
+                "--pp-layers: expected %d whole numbers separated by commas (one per virtual "
+                "stage: --pp %d x --virtual-stages %d), got \"%s\"",
+                o.pp * o.vstages, o.pp, o.vstages, o.pp_layers);
+    }
     double tw[64];
     int ntw = o.tp_weights ? tpk_parse_weights(o.tp_weights, tw, 64)
                            : o.tp; /* --tp-weights: the TP split's shares */
@@ -696,13 +752,21 @@ int main(int argc, char **argv) {
     TRY(tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops,
                                            .world = &world,
                                            .tp = o.tp,
+                                           .pp = o.pp,
                                            .seed = o.seed,
                                            .dtype = adt,
                                            .tp_weights = o.tp_weights ? tw : NULL,
                                            .deterministic = o.det}));
     ctx_up = true;
-    TRY(tpk_model_init(&ctx, &m, &cfg));
-    TRY(tpk_model_set_dropout(&ctx, &m, o.dropout)); /* every site (refused above where none) */
+    if (piped) {
+        TRY(tpk_pipe_model_init(&ctx, &pm, &cfg, o.kind, o.accum, o.vstages,
+                                o.pp_layers ? ppl : NULL, NULL, 0, 0));
+        TRY(tpk_pipe_model_set_dropout(&ctx, &pm, o.dropout));
+    } else {
+        TRY(tpk_model_init(&ctx, &m, &cfg));
+        TRY(tpk_model_set_dropout(&ctx, &m, o.dropout)); /* every site (refused above where none) */
+    }
+    tpk_model *mm = piped ? &pm.copy[0] : &m; /* the model's sizes */
     FAIL_IF(
         o.zero && ctx.dp.size == 1,
         "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (%d ranks / "
@@ -728,25 +792,51 @@ int main(int argc, char **argv) {
                    (long long)opt.step, info.dir);
     }
     int dp = ctx.dp.size; size_t nglobal = tpk_params_global_numel(&ctx);
+    if (piped) { /* every stage's, the tied embedding's copy once */
+        double ng = 0;
+        for (int i = 0; i < ctx.params.n; i++)
+            if (!ctx.params.list[i].pp_copy) ng += (double)tpk_param_global_numel(&ctx, i);
+        TRY(tpk_allreduce_host(&ctx, &ctx.pp, &ng, 1, TPK_F64, TPK_SUM));
+        nglobal = (size_t)ng;
+    }
     int64_t Bd, off, Btot; /* this DP rank's micro-batch, the sequences before it, the step's
                               (HetSeq: --dp-batch) */
     TRY(tpk_data_dp_batches(&ctx, o.dp_batch, o.batch, &Bd, &off, &Btot));
     char bmsg[160]; /* the banner's batch: --batch, or --dp-batch's sizes and their sum */
+    char fbuf[160]; /* the family's banner flags; a stage's chunk */
     if (world_rank == 0)
         printf(
-            "train: %d rank%s = TP %d x DP %d%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld "
-            "P=%lld%s, %.2fM parameters | B=%s S=%d accum %d\n",
-            world_size, world_size == 1 ? "" : "s", o.tp, dp, o.sp ? " (sequence parallel)" : "",
-            ctx.ops->name, adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
-            fam->title, (long long)tpk_model_layers(&m), (long long)tpk_model_hidden(&m),
-            (long long)*sh[4], (long long)*V, (long long)*P, family_banner(&m, msg, sizeof msg),
+            "train: %d rank%s = TP %d x DP %d%s%s, %s backend, %s | %s L=%lld H=%lld A=%lld V=%lld "
+            "P=%lld%s, %.2fM parameters | B=%s S=%d %s %d\n",
+            world_size, world_size == 1 ? "" : "s", o.tp, dp,
+            piped ? (snprintf(msg, sizeof msg, " x PP %d (%s, %d chunk%s a stage)", o.pp,
+                              tpk_pipe_kind_name(o.kind), o.vstages, o.vstages > 1 ? "s" : ""),
+                     msg)
+                  : "",
+            o.sp ? " (sequence parallel)" : "", ctx.ops->name,
+            adt == TPK_BF16 ? "bf16 (f32 master weights)" : "f32", fam->title,
+            (long long)tpk_model_layers(mm), (long long)tpk_model_hidden(mm), (long long)*sh[4],
+            (long long)*V, (long long)*P, family_banner(mm, fbuf, sizeof fbuf),
             (double)nglobal * 1e-6,
             (o.dp_batch
                  ? snprintf(bmsg, sizeof bmsg, "%s per DP rank = %lld", o.dp_batch, (long long)Btot)
                  : snprintf(bmsg, sizeof bmsg, "%d", o.batch),
              bmsg),
-            o.seq, o.accum);
-    size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq;
+            o.seq, piped ? "micro-batches" : "accum", o.accum);
+    if (piped && world_rank == 0) { /* the stage map: each virtual stage's blocks and ends */
+        printf("stages:");
+        for (int u = 0; u < o.pp * o.vstages; u++)
+            printf("%s %d%s: blocks %lld-%lld%s%s", u ? " |" : "", u % o.pp,
+                   o.vstages > 1 ? (snprintf(fbuf, sizeof fbuf, ".%d", u / o.pp), fbuf) : "",
+                   (long long)pm.first[u], (long long)pm.first[u + 1] - 1,
+                   u == 0 ? " + embedding" : "",
+                   u == o.pp * o.vstages - 1 ? " + norm, head, loss" : "");
+        printf("\n");
+        if (o.print_schedule) tpk_pipe_print(&pm.sched, false, stdout);
+    }
+    /* a micro-batch's tokens (with stages: the step's M micro-batches, one after another) */
+    size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq *
+                (size_t)(piped ? o.accum : 1);
     FAIL_IF(!(x = malloc(bs)) || !(y = malloc(bs)), "out of memory for a batch");
     if (o.eval_only) {
         double vl = 0;
@@ -765,7 +855,7 @@ int main(int argc, char **argv) {
 
     /* training */
     tpk_lr_schedule sched = {TPK_LR_COSINE, o.lr, o.min_lr_frac, o.warmup, o.steps};
-    tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
+    if (!piped) tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
     if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum
                                                          after the backward */
@@ -777,8 +867,24 @@ int main(int argc, char **argv) {
         double l = NAN, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
         /* the micro-batches' mean losses add up on the device */
-        TRY(tpk_params_zero_grad(&ctx)); tpk_model_loss_reset(&m);
-        for (int k = 0; k < o.accum; k++) { /* DP communication only after the last micro-batch */
+        TRY(tpk_params_zero_grad(&ctx));
+        if (!piped) tpk_model_loss_reset(&m);
+        if (piped) { /* the pipeline over the step's micro-batches, then one DP bucket */
+            size_t mbt = (size_t)Bd * (size_t)o.seq;
+            for (int k = 0; k < o.accum; k++)
+                TRY(tpk_data_batch_seq(&ctx, &train, (step * o.accum + k) * Btot + off, Bd, o.seq,
+                                       x + (size_t)k * mbt, y + (size_t)k * mbt));
+            TRY(tpk_pipe_model_step(&ctx, &pm, x, y, Bd, o.seq,
+                                    (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
+                                        (float)o.accum,
+                                    (uint64_t)(step * o.accum), NULL));
+            if (!o.zero && !adasum && ctx.params.n) { /* the whole gradient in one all-reduce */
+                TRY(tpk_dp_begin(&ctx, &dp_b, true));
+                TRY(tpk_dp_grad_ready(&ctx, 0, ctx.params.n - 1, &dp_b));
+            }
+        }
+        for (int k = 0; !piped && k < o.accum; k++) { /* DP communication only after the last
+                                                         micro-batch */
             int64_t micro = step * o.accum + k;
             ctx.rng_step = (uint64_t)micro;
             TRY(tpk_data_batch_seq(&ctx, &train, micro * Btot + off, Bd, o.seq, x,
@@ -799,9 +905,15 @@ int main(int argc, char **argv) {
         TRY(tpk_train_step(
             &ctx, &opt, &dp_b, lr, o.clip, 1.0f,
             report ? &norm : NULL)); /* DP reduction (weighted sum, or Adasum), norm, clip, AdamW */
-        if (report)
+        if (report && !piped)
             TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum,
                                   &l)); /* mean over micro-batches and DP ranks' tokens */
+        if (report && piped) {          /* the last stage's, given to every stage, then over DP */
+            double sum = 0;
+            TRY(tpk_pipe_model_loss_read(&ctx, &pm, &sum, NULL));
+            l = sum * (double)Bd / (double)Btot / o.accum;
+            TRY(tpk_allreduce_host(&ctx, &ctx.dp, &l, 1, TPK_F64, TPK_SUM));
+        }
         /* the mean step time since the last printed line: a step that does not report does not
          * wait, so the wall time from the last reporting step's end to this one's loss,
          * evaluations, lines and saves left out */
@@ -823,8 +935,8 @@ int main(int argc, char **argv) {
             if (gpu) { /* model flops utilisation: 6 N + 12 L H S flops per token, against
                           TPK_PEAK_TFLOPS (default 989, H100 bf16 dense) */
                 const char *pk = getenv("TPK_PEAK_TFLOPS");
-                double fl = (6.0 * (double)nglobal + 12.0 * (double)tpk_model_layers(&m) *
-                                                         (double)tpk_model_hidden(&m) * o.seq) *
+                double fl = (6.0 * (double)nglobal + 12.0 * (double)tpk_model_layers(mm) *
+                                                         (double)tpk_model_hidden(mm) * o.seq) *
                             tok;
                 printf(" | MFU %.1f%%",
                        100.0 * fl / (ms * 1e-3) / ((pk ? atof(pk) : 989.0) * 1e12 * world_size));
@@ -854,7 +966,7 @@ int main(int argc, char **argv) {
                          : tpk_profile_start(&ctx)); /* the first step (warm-up) not profiled */
         if (report) t_int = now(); /* the next interval starts */
     }
-    if (world_rank == 0 && o.steps > 0 && t0step >= o.steps) /* a resume at the last step */
+    if (o.steps > 0 && t0step >= o.steps && world_rank == 0) /* a resume at the last step */
         printf(
             "trained no steps: %s is at step %lld, --steps %d | peak memory %.2f MB (recompute "
             "%s)\n",
@@ -862,10 +974,25 @@ int main(int argc, char **argv) {
             tpk_recompute_name(o.rc));
     /* the kit's buffers at most: parameters, gradients, optimizer moments, activations, scratch
      * (backend memory) */
-    else if (world_rank == 0 && o.steps > 0)
-        printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n",
-               (long long)(t0step + 1), o.steps, now() - t_start, tpk_mem_peak(&ctx, false) / 1e6,
-               tpk_recompute_name(o.rc));
+    else if (o.steps > 0 && t0step < o.steps) {
+        /* the peak of each stage (its largest over its TP and DP ranks) */
+        double peaks[64] = {0}, mine = tpk_mem_peak(&ctx, false) / 1e6;
+        if (ctx.pp.rank < 64) peaks[ctx.pp.rank] = mine;
+        world_allreduce(peaks, 64, MPI_DOUBLE, MPI_MAX);
+        char per[600] = "";
+        for (int q = 0; piped && q < o.pp && q < 64; q++)
+            snprintf(per + strlen(per), sizeof per - strlen(per), "%s%.2f", q ? ", " : "",
+                     peaks[q]);
+        if (world_rank == 0 && piped)
+            printf("trained steps %lld..%d in %.1f s | peak memory per stage %s MB (recompute "
+                   "%s)\n",
+                   (long long)(t0step + 1), o.steps, now() - t_start, per,
+                   tpk_recompute_name(o.rc));
+        else if (world_rank == 0)
+            printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n",
+                   (long long)(t0step + 1), o.steps, now() - t_start, mine,
+                   tpk_recompute_name(o.rc));
+    }
     if (ctx.prof && !ctx.prof->from_env && world_rank == 0)
         tpk_profile_print(&ctx, stdout);  /* rank 0 only: no TRY (it agrees over ranks) */
     TRY(tpk_log_close(&ctx, &csv, true)); /* and FILE.png where gnuplot is installed */
@@ -880,7 +1007,9 @@ int main(int argc, char **argv) {
 out:
     tpk_log_close(&ctx, &csv, false);
     free(x), free(y), tpk_tokens_free(&train), tpk_tokens_free(&val), tpk_dp_destroy(&dp_b);
-    if (ctx_up) tpk_adamw_destroy(&ctx, &opt), tpk_model_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+    if (ctx_up)
+        tpk_adamw_destroy(&ctx, &opt), tpk_pipe_model_destroy(&ctx, &pm),
+            tpk_model_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
     if (world.vt) tpk_comm_destroy(&world);
     MPI_Finalize();
     return rc;

@@ -7,7 +7,9 @@
 #   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
 #   bit-identical with a lower peak, sequence parallelism's peak below the same run's without it
 #   (GPT-2 and Llama, every recompute mode), the same bits with the host ops on 1 and 3 threads,
-#   evaluation identical at t = 1..4, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
+#   evaluation identical at t = 1..4, pipeline parallelism (--pp: GPT-2 and Llama, 1F1B, GPipe and
+#   interleaved, with TP and SP, DP and ZeRO-1, recompute, --pp-layers) giving the losses of the run
+#   without stages, and its bad input, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
 #   checkpoints (--save-every with --keep, --eval-only past the default --steps, a missing optimizer
@@ -283,6 +285,36 @@ else
     echo "train: Hugging Face GPT-NeoX import test skipped (Debian's python3-torch is not importable by $py)"
 fi
 
+# ---- pipeline parallelism: the losses and gradient norms of the same run without stages ------------------
+# pp NAME NP-REF NP-PP "REF ARGS" "PP ARGS" [tied]: 5 steps each; the losses equal to every digit the
+# CSV keeps (Llama: the same sums in the same order), or within 1e-6 with GPT-2's tied embedding (its
+# two copies' gradients are added in another order, so AdamW moves it by other ulps from step 2 on);
+# gradient norms within 1e-6 (the stages add the squares in another order)
+pp() {
+    name=$1; tr "$2" --text "$text" $4 --steps 5 --csv "$T/ppref.csv"; r1=$rc
+    tr "$3" --text "$text" $4 $5 --steps 5 --csv "$T/pp.csv"
+    a=$(losses "$T/ppref.csv" 1 5 | awk '{print $1, $2}'); b=$(losses "$T/pp.csv" 1 5 | awk '{print $1, $2}')
+    r=$(relmax "$(losses "$T/ppref.csv" 1 5 | awk '{print $1, $3}')" "$(losses "$T/pp.csv" 1 5 | awk '{print $1, $3}')")
+    rl=$(relmax "$a" "$b"); same=0 how="to every digit of the CSV"
+    if [ -n "$6" ]; then awk -v r="$rl" 'BEGIN{exit !(r < 1e-6)}' && same=1; how="within $rl"; else [ "$a" = "$b" ] && same=1; fi
+    if [ $r1 -eq 0 ] && [ $rc -eq 0 ] && [ -n "$a" ] && [ $same -eq 1 ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 5 ] &&
+        awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "pipeline: $name: the losses of the run without stages over 5 steps ($how), gradient norms within $r"
+    else fail "pipeline: $name: losses [$a] vs [$b] ($rl), norms $r"; fi
+    rm -f "$T/ppref.csv" "$T/pp.csv"
+}
+pl="--layers 4 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
+ll="--arch llama --layers 4 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2"
+pp "GPT-2 (dropout 0.1) PP 2, 1F1B, 4 micro-batches" 1 2 "$pl --dropout 0.1 --grad-accum 4" "--pp 2" tied
+pp "GPT-2 TP 2 x PP 2 (SP), GPipe, 3 micro-batches" 2 4 "$pl --tp 2 --sequence-parallel --grad-accum 3" "--pp 2 --schedule gpipe" tied
+pp "Llama PP 2 interleaved (2 chunks a stage), 4 micro-batches" 1 2 "$ll --micro-batches 4" "--pp 2 --schedule interleaved"
+pp "GPT-2 DP 2 x PP 2, ZeRO-1, full recompute" 2 4 "$pl --dropout 0.1 --zero 1 --recompute full --grad-accum 2" "--pp 2" tied
+pp "Llama PP 2 with --pp-layers 3,1, selective recompute" 1 2 "$ll --recompute selective --grad-accum 2" "--pp 2 --pp-layers 3,1"
+tr 2 --text "$text" $pl --pp 2 --micro-batches 4 --steps 1 --print-schedule
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "x PP 2 (1f1b" && printf '%s\n' "$out" | grep -q "stages: 0: blocks 0-1 + embedding | 1: blocks 2-3 + norm, head, loss" &&
+    printf '%s\n' "$out" | grep -q "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" && printf '%s\n' "$out" | grep -q "peak memory per stage [0-9.]*, [0-9.]* MB"; then
+    ok "pipeline: the banner's mesh and stage map, --print-schedule's lists, the peak memory per stage"
+else fail "pipeline: the banner, stage map, schedule and per-stage peak"; fi
+
 # ---- bad input: one line, non-zero exit on every rank, no hang ---------------------------------------
 # bad NAME EXPECTED-TEXT ARGS...: 2 ranks; the run must fail within the timeout and say EXPECTED-TEXT
 bad() {
@@ -298,6 +330,15 @@ $fx shard-truncated "$T/trunc.bin" "$text"
 $fx shard-big "$T/big.bin" "$text" 300
 printf 'x' > "$T/tiny.txt"
 bad "missing text file" "cannot open" --text "$T/none.txt" $small --tp 2
+bad "--pp not dividing the ranks" "not TP x DP x PP" --text "$text" $small --pp 3
+bad "--pp-layers with a zero" "entry 1 is 0" --text "$text" $small --pp 2 --pp-layers 2,0
+bad "--pp-layers not summing to L" "add up to 3" --text "$text" $small --pp 2 --pp-layers 2,1
+bad "--pp-layers of the wrong length" "expected 2 whole numbers" --text "$text" $small --pp 2 --pp-layers 1,1,1
+bad "more stages than blocks" "for 1 blocks" --text "$text" $small --layers 1 --pp 2
+bad "interleaving with M not a multiple of P" "multiple of the 2 stages, got 3" --text "$text" $small --pp 2 --schedule interleaved --micro-batches 3
+bad "an unknown schedule" "expected gpipe, 1f1b or interleaved" --text "$text" $small --pp 2 --schedule zigzag
+bad "--virtual-stages without interleaving" "only the interleaved schedule" --text "$text" $small --pp 2 --virtual-stages 2
+bad "--save with stages (not yet)" "not supported with pipeline stages yet" --text "$text" $small --pp 2 --save "$T/ppsave"
 bad "unreadable data (a directory)" "cannot read" --data "$T" --vocab 256 $small --tp 2
 bad "wrong magic (in hex)" "bad magic 0x00003039, expected 0x0134d888" --data "$T/magic.bin" --vocab 256 $small --tp 2
 bad "wrong version" "version 7" --data "$T/version.bin" --vocab 256 $small --tp 2
@@ -387,7 +428,7 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^profile: 3 steps, .* ms per
     [ "$(printf '%s\n' "$out" | grep -c '^profile:')" -eq 1 ]; then ok "--profile prints one table (rank 0) with ops and collectives"
 else fail "--profile prints one table (rank 0) with ops and collectives"; fi
 out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
-if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1 x PP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
     ok "TPK_PROFILE=1 prints the table when the context is destroyed"
 else fail "TPK_PROFILE=1 prints the table when the context is destroyed"; fi
 for kind in header-len offsets overlap dtype shape truncated; do

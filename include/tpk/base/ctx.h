@@ -38,6 +38,9 @@ typedef struct tpk_param {
     bool decay;                   /* weight decay applies (2-D weights) */
     int64_t padded_rows;          /* dim 0 as stored and sharded: gshape[0] rows, then zero rows up
                                      to this (a padded vocabulary; tpk/layers/params.h) */
+    bool pp_copy;                 /* a copy of a parameter another pipeline stage holds and counts
+                                     (the tied embedding's on the last stage): not counted in the
+                                     gradient norm here */
 } tpk_param;
 
 typedef struct tpk_params {

@@ -91,6 +91,7 @@ static inline float *tpk_param_grad(tpk_ctx *ctx, int id) {
 static inline void tpk__param_counted(const tpk_ctx *ctx, int id, size_t *lo, size_t *hi) {
     const tpk_param *p = &ctx->params.list[id];
     *lo = *hi = p->offset;
+    if (p->pp_copy) return; /* counted on the stage that holds the original */
     if (p->split_dim >= 0 || ctx->tp.rank == 0) *hi = p->offset + p->numel;
     if (tpk_layout_group(p->layout) > 1) {
         tpk_range own = tpk_tp_shard_owned(ctx, p->gshape[0], p->layout, ctx->tp.rank);

@@ -69,8 +69,8 @@ static inline tpk_status tpk__normsq(tpk_ctx *ctx, double **sq) {
     return TPK_OK;
 }
 
-/* *norm = scale * |g| over the whole model (collective over ctx->tp; DP replicas hold the same
- * reduced gradient, so no DP sum). One download: the host waits. */
+/* *norm = scale * |g| over the whole model (collective over ctx->tp, and ctx->pp: the stages;
+ * DP replicas hold the same reduced gradient, so no DP sum). One download: the host waits. */
 static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) {
     static const char *fn = "tpk_grad_norm";
     if (!ctx) return TPK_ERR_ARG;
@@ -79,6 +79,7 @@ static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) 
     TPK_TRY(tpk__normsq(ctx, &sq));
     TPK_TRY(tpk__grad_sumsq(ctx, 0, ctx->params.numel, sq));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
+    if (ctx->pp.size > 1) TPK_TRY(tpk_allreduce(ctx, &ctx->pp, sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_op_memcpy(ctx, &local, sq, sizeof local, ctx->ops->device ? TPK_D2H : TPK_H2H));
     *norm = sqrt(local) * scale;
     return TPK_OK;

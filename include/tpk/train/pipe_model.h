@@ -141,6 +141,8 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
         st = tpk_allreduce_host(ctx, &ctx->pp, &t, 1, TPK_I32, TPK_MAX);
         pm->tied = t != 0;
         if (st == TPK_OK && pm->tied) pm->wte = tpk_param_find(ctx, name);
+        if (st == TPK_OK && pm->wte >= 0 && P > 1 && s == P - 1) /* counted on stage 0 */
+            ctx->params.list[pm->wte].pp_copy = true;
         if (st == TPK_OK && pm->tied && P > 1)
             st = tpk_comm_split(ctx, &ctx->pp, s == 0 || s == P - 1 ? 0 : 1, s, &pm->embed);
     }
@@ -231,6 +233,33 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
         float *g = (float *)ctx->params.grad.p + q->offset;
         TPK_TRY(tpk_allreduce(ctx, &pm->embed, g, g, q->numel, TPK_F32, TPK_SUM));
     }
+    return TPK_OK;
+}
+
+/* Every dropout probability of every copy (tpk_model_set_dropout). */
+static inline tpk_status tpk_pipe_model_set_dropout(tpk_ctx *ctx, tpk_pipe_model *pm, float p) {
+    for (int i = 0; pm && i < pm->V * pm->K; i++)
+        TPK_TRY(tpk_model_set_dropout(ctx, &pm->copy[i], p));
+    return TPK_OK;
+}
+/* *sum = the mean losses of the steps' micro-batches since the last read, added up on the last
+ * stage (its last chunk's copies, each one download) and given to every stage (an all-reduce over
+ * ctx->pp); *n (may be NULL) how many. Collective over the pipeline. */
+static inline tpk_status tpk_pipe_model_loss_read(tpk_ctx *ctx, tpk_pipe_model *pm, double *sum,
+                                                  int64_t *n) {
+    double v[2] = {0, 0};
+    if (!pm || !pm->copy || !sum)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_pipe_model_loss_read", "%s: NULL",
+                         !sum ? "sum" : "model");
+    for (int k = 0; pm->stage == pm->P - 1 && k < pm->K; k++) {
+        double s = 0;
+        int64_t c = 0;
+        TPK_TRY(tpk_model_loss_read(ctx, &pm->copy[(pm->V - 1) * pm->K + k], &s, &c));
+        v[0] += s, v[1] += (double)c;
+    }
+    if (pm->P > 1) TPK_TRY(tpk_allreduce_host(ctx, &ctx->pp, v, 2, TPK_F64, TPK_SUM));
+    *sum = v[0];
+    if (n) *n = (int64_t)v[1];
     return TPK_OK;
 }
 

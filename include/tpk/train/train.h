@@ -11,9 +11,8 @@
  *   2. the gradients partial over TP summed (tpk_params_reduce_partial_grads: SP norm weights,
  *      shared key/value heads) — after the buckets, before Adasum and ZeRO-1's reduce-scatter;
  *   3. the norm of grad_scale x the gradient over the whole model (tpk/train/optim.h's counting;
- *   under
- *      ZeRO-1 each rank counts its slice and the squares are summed over DP and TP: the same
- *      norm);
+ *      under ZeRO-1 each rank counts its slice and the squares are summed over DP and TP: the same
+ *      norm; with pipeline stages, summed over PP too, the tied embedding's copy not counted);
  *   4. clipping to `clip` (<= 0: none), folded into AdamW's gradient scale;
  *   5. AdamW on the f32 master weights (ZeRO-1: on this rank's slice, with its moments only, then
  *      one all-gather of the parameters over DP).
@@ -94,6 +93,8 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     TPK_TRY(tpk__grad_sumsq(ctx, opt->s0, opt->s0 + opt->sn, sq));
     if (zero) TPK_TRY(tpk_allreduce(ctx, &ctx->dp, sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
+    /* pipeline stages: each holds its blocks' gradients */
+    if (ctx->pp.size > 1) TPK_TRY(tpk_allreduce(ctx, &ctx->pp, sq, sq, 1, TPK_F64, TPK_SUM));
     /* clipped from sq, in backend memory */
     TPK_TRY(tpk__adamw_step(ctx, opt, lr, grad_scale, sq, clip, fn));
     return norm ? tpk_train_norm_read(ctx, grad_scale, norm) : TPK_OK;
