@@ -11,6 +11,7 @@
 #                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
 #   make bench      the host benchmarks (bench/), PyTorch on the CPU beside them: a block, the ops, whole steps
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
+#   make bench-pipeline the pipeline's bubble and activation memory per stage at 2 and 4 stages
 #   make format-check  the C, C++, CUDA and Python sources' format: <= 100 columns, spaces, line ends
 #   make install PREFIX=/usr/local
 #   make clean
@@ -61,7 +62,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -212,6 +213,16 @@ $(B)/readme_example: $(B)/readme_example.c $(HEADERS) $(B)/libtpk_host.a
 $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
+$(B)/bench/pipeline: bench/pipeline.c $(HEADERS) $(B)/libtpk_host.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
+
+# The pipeline's bubble and activation memory per stage (bench/pipeline.c): a GPT-2 over 2 and 4
+# stages, 1F1B and interleaved at 4, 8 and 16 micro-batches, measured next to the schedule played
+# and the theory. Figures, not a timed test (4 stages on fewer cores wait for the CPU too).
+bench-pipeline: $(B)/bench/pipeline
+	$(subst -np 2,-np 2,$(DEMO_MPI)) $(B)/bench/pipeline
+	$(subst -np 2,-np 4,$(DEMO_MPI)) $(B)/bench/pipeline
 
 # The host benchmarks, PyTorch on the CPU alongside where Debian's python3-torch is installed:
 # one GPT-2 block at one thread (bench/host_block.c); the memory-bound ops against copy bandwidth

@@ -63,7 +63,7 @@ static const char *usage =
     "  pipeline:  --pp 1 (stages; the world is TP x DP x PP) --micro-batches M (a step's "
     "micro-batches, as --grad-accum) --schedule gpipe|1f1b|interleaved\n"
     "             --virtual-stages 2 (interleaved: chunks a stage) --pp-layers 5,7 (blocks per "
-    "virtual stage) --print-schedule\n"
+    "virtual stage; auto: balanced by a flop estimate, the head's too) --print-schedule\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its "
     "positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 "
@@ -635,7 +635,9 @@ int main(int argc, char **argv) {
                        : "--eval-every/--eval-only",
             o.pp);
     int nppl = 0;
-    if (o.pp_layers) { /* a comma-separated list of block counts, one per virtual stage */
+    bool pp_auto = o.pp_layers && !strcmp(o.pp_layers, "auto"); /* balanced by cost */
+    if (o.pp_layers && !pp_auto) { /* a comma-separated list of block counts, one per virtual
+                                      stage */
         const char *c = o.pp_layers;
         char *end = NULL;
         bool good = true;
@@ -759,8 +761,14 @@ int main(int argc, char **argv) {
                                            .deterministic = o.det}));
     ctx_up = true;
     if (piped) {
-        TRY(tpk_pipe_model_init(&ctx, &pm, &cfg, o.kind, o.accum, o.vstages,
-                                o.pp_layers ? ppl : NULL, NULL, 0, 0));
+        double *cost = NULL, cf = 0, cl = 0;
+        FAIL_IF(pp_auto && !(cost = (double *)malloc(sizeof(double) * (size_t)(*sh[2] + 1))),
+                "out of memory for %lld costs", (long long)*sh[2]);
+        if (pp_auto) tpk_pipe_model_costs(&cfg, o.seq, cost, &cf, &cl);
+        tpk_status ps = tpk_pipe_model_init(&ctx, &pm, &cfg, o.kind, o.accum, o.vstages,
+                                            o.pp_layers && !pp_auto ? ppl : NULL, cost, cf, cl);
+        free(cost);
+        TRY(ps);
         TRY(tpk_pipe_model_set_dropout(&ctx, &pm, o.dropout));
     } else {
         TRY(tpk_model_init(&ctx, &m, &cfg));

@@ -314,6 +314,12 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "x PP 2 (1f1b" && printf '%s\
     printf '%s\n' "$out" | grep -q "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" && printf '%s\n' "$out" | grep -q "peak memory per stage [0-9.]*, [0-9.]* MB"; then
     ok "pipeline: the banner's mesh and stage map, --print-schedule's lists, the peak memory per stage"
 else fail "pipeline: the banner, stage map, schedule and per-stage peak"; fi
+# --pp-layers auto: a block costs 72 H^2 + 12 S H = 21504 flops a token, the head 6 V H = 24576: 4,2
+# (86016 against 67584) beats the even 3,3 (64512 against 89088)
+tr 2 --text "$text" --layers 6 --hidden 16 --heads 4 --batch 4 --seq-len 16 --pp 2 --micro-batches 2 --steps 1 --pp-layers auto
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "stages: 0: blocks 0-3 + embedding | 1: blocks 4-5 + norm, head, loss"; then
+    ok "pipeline: --pp-layers auto gives the first stage the block the head's cost displaces (4,2 for 6 blocks)"
+else fail "pipeline: --pp-layers auto: 4,2"; fi
 
 # ---- bad input: one line, non-zero exit on every rank, no hang ---------------------------------------
 # bad NAME EXPECTED-TEXT ARGS...: 2 ranks; the run must fail within the timeout and say EXPECTED-TEXT

@@ -59,6 +59,24 @@ static inline void tpk_pipe_model_destroy(tpk_ctx *ctx, tpk_pipe_model *pm) {
     memset(pm, 0, sizeof *pm);
 }
 
+/* A cost per block and the two ends' extras for a balanced split (tpk_pipe_split), in flops per
+ * token of a forward and backward: a pre-norm block holds about 12 H^2 weights (GPT-2's 4 H^2
+ * attention and 8 H^2 MLP; Llama's 4 H^2 and 3 H F with F = 8/3 H) at 6 flops each, and its
+ * attention 12 S H (Q K^T and P V, forward and backward); the last stage's head 6 V H; the first
+ * stage's embedding a gather (0). cost[L] filled; *first, *last the ends'. */
+static inline void tpk_pipe_model_costs(const tpk_model_config *cfg, int64_t S, double *cost,
+                                        double *first, double *last) {
+    int64_t *shape[5];
+    float *ls;
+    bool *sp;
+    tpk_recompute *rc;
+    tpk_model_config c = *cfg;
+    tpk__model_family(c.arch)->cfg_common(tpk__model_cfg(&c), shape, &ls, &sp, &rc);
+    double V = (double)*shape[0], L = (double)*shape[2], H = (double)*shape[3];
+    for (int64_t i = 0; i < (int64_t)L; i++) cost[i] = 6 * 12 * H * H + 12 * (double)S * H;
+    *first = 0, *last = 6 * V * H;
+}
+
 /* Build this rank's stage (ctx->pp.rank of ctx->pp.size) of the model cfg for schedule `kind`
  * over M micro-batches with V chunks a stage; counts (may be NULL): blocks per virtual stage;
  * cost (may be NULL): per block, with cost_first and cost_last (tpk_pipe_split). */
