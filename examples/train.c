@@ -626,14 +626,10 @@ int main(int argc, char **argv) {
             "ranks)",
             o.pp, world_size, o.tp, o.tp * o.pp);
     bool piped = o.pp > 1 || o.schedule || o.pp_layers;
-    FAIL_IF(piped && (o.load || o.save || o.eval_every || o.eval_only || o.sample),
-            "%s: not supported with pipeline stages yet (--pp %d): checkpoints, evaluation and "
-            "sampling run without --pp",
-            o.load     ? "--load"
-            : o.save   ? "--save"
-            : o.sample ? "--sample"
-                       : "--eval-every/--eval-only",
-            o.pp);
+    FAIL_IF(piped && (o.eval_every || o.eval_only || o.sample),
+            "%s: not supported with pipeline stages yet (--pp %d): evaluation and sampling run "
+            "without --pp (save with --pp, then --load the checkpoint without it)",
+            o.sample ? "--sample" : "--eval-every/--eval-only", o.pp);
     int nppl = 0;
     bool pp_auto = o.pp_layers && !strcmp(o.pp_layers, "auto"); /* balanced by cost */
     if (o.pp_layers && !pp_auto) { /* a comma-separated list of block counts, one per virtual
@@ -784,7 +780,7 @@ int main(int argc, char **argv) {
         &ctx, &opt,
         &(tpk_adamw_desc){
             .b1 = o.b1, .b2 = o.b2, .eps = 1e-8f, .weight_decay = o.wd, .zero = o.zero > 0}));
-    if (o.load) TRY(tpk_model_load(&ctx, &m, &opt, o.load));
+    if (o.load) TRY(tpk_model_load(&ctx, mm, &opt, o.load)); /* stages: each sets its own */
     /* without --steps, --eval-only and --sample of a checkpoint past the default train nothing */
     if (o.load && o.sample && !o.steps_given && opt.step > o.steps) o.steps = (int)opt.step;
     FAIL_IF(!o.eval_only && o.steps && opt.step > o.steps,
@@ -864,6 +860,10 @@ int main(int argc, char **argv) {
     /* training */
     tpk_lr_schedule sched = {TPK_LR_COSINE, o.lr, o.min_lr_frac, o.warmup, o.steps};
     if (!piped) tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &dp_b);
+    else
+        tpk_pipe_model_set_dp(&pm, o.zero || (o.dp_reduce && !strcmp(o.dp_reduce, "adasum"))
+                                       ? NULL
+                                       : &dp_b); /* the buckets under the last micro-batch */
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
     if (adasum) TRY(tpk_dp_adasum_init(&ctx, &dp_b)); /* the buckets then start nothing: Adasum
                                                          after the backward */
@@ -877,7 +877,8 @@ int main(int argc, char **argv) {
         /* the micro-batches' mean losses add up on the device */
         TRY(tpk_params_zero_grad(&ctx));
         if (!piped) tpk_model_loss_reset(&m);
-        if (piped) { /* the pipeline over the step's micro-batches, then one DP bucket */
+        if (piped) { /* the pipeline over the step's micro-batches (the DP buckets under each
+                        chunk's last backward) */
             size_t mbt = (size_t)Bd * (size_t)o.seq;
             for (int k = 0; k < o.accum; k++)
                 TRY(tpk_data_batch_seq(&ctx, &train, (step * o.accum + k) * Btot + off, Bd, o.seq,
@@ -886,10 +887,6 @@ int main(int argc, char **argv) {
                                     (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
                                         (float)o.accum,
                                     (uint64_t)(step * o.accum), NULL));
-            if (!o.zero && !adasum && ctx.params.n) { /* the whole gradient in one all-reduce */
-                TRY(tpk_dp_begin(&ctx, &dp_b, true));
-                TRY(tpk_dp_grad_ready(&ctx, 0, ctx.params.n - 1, &dp_b));
-            }
         }
         for (int k = 0; !piped && k < o.accum; k++) { /* DP communication only after the last
                                                          micro-batch */
@@ -964,7 +961,7 @@ int main(int argc, char **argv) {
             opt.step < o.steps) { /* DIR/step-N, after its step line */
             char sub[1100];
             snprintf(sub, sizeof sub, "%s/step-%lld", o.save, (long long)opt.step);
-            TRY(tpk_model_save(&ctx, &m, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
+            TRY(tpk_model_save(&ctx, mm, &opt, sub, &(tpk_hf_save_desc){opt.step, o.seed}));
             if (world_rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
             /* after the save succeeded: the newest --keep stay */
             if (o.keep) TRY(keep_last(&ctx, o.save, o.keep));
@@ -1005,7 +1002,7 @@ int main(int argc, char **argv) {
         tpk_profile_print(&ctx, stdout);  /* rank 0 only: no TRY (it agrees over ranks) */
     TRY(tpk_log_close(&ctx, &csv, true)); /* and FILE.png where gnuplot is installed */
     if (o.save) {
-        TRY(tpk_model_save(&ctx, &m, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));
+        TRY(tpk_model_save(&ctx, mm, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));
         if (world_rank == 0) printf("saved %s (step %lld)\n", o.save, (long long)opt.step);
     }
     if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));

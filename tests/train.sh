@@ -9,7 +9,8 @@
 #   (GPT-2 and Llama, every recompute mode), the same bits with the host ops on 1 and 3 threads,
 #   evaluation identical at t = 1..4, pipeline parallelism (--pp: GPT-2 and Llama, 1F1B, GPipe and
 #   interleaved, with TP and SP, DP and ZeRO-1, recompute, --pp-layers) giving the losses of the run
-#   without stages, and its bad input, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
+#   without stages, checkpoints saved at PP 2 and 4 resumed at other PP and TP sizes, and its bad
+#   input, a Hugging Face GPT-2 checkpoint written from PyTorch giving PyTorch's loss (where
 #   Debian's python3-torch is importable), the same for Llama (--arch llama: resume 2 -> 3, evaluation
 #   at t = 1..4, a Hugging Face Llama checkpoint in two shards from PyTorch at t = 1..4), and every
 #   checkpoints (--save-every with --keep, --eval-only past the default --steps, a missing optimizer
@@ -307,6 +308,7 @@ ll="--arch llama --layers 4 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --batch 
 pp "GPT-2 (dropout 0.1) PP 2, 1F1B, 4 micro-batches" 1 2 "$pl --dropout 0.1 --grad-accum 4" "--pp 2" tied
 pp "GPT-2 TP 2 x PP 2 (SP), GPipe, 3 micro-batches" 2 4 "$pl --tp 2 --sequence-parallel --grad-accum 3" "--pp 2 --schedule gpipe" tied
 pp "Llama PP 2 interleaved (2 chunks a stage), 4 micro-batches" 1 2 "$ll --micro-batches 4" "--pp 2 --schedule interleaved"
+pp "GPT-2 DP 2 x PP 2 interleaved: the DP buckets under each chunk's last micro-batch" 2 4 "$pl --dropout 0.1 --grad-accum 4" "--pp 2 --schedule interleaved" tied
 pp "GPT-2 DP 2 x PP 2, ZeRO-1, full recompute" 2 4 "$pl --dropout 0.1 --zero 1 --recompute full --grad-accum 2" "--pp 2" tied
 pp "Llama PP 2 with --pp-layers 3,1, selective recompute" 1 2 "$ll --recompute selective --grad-accum 2" "--pp 2 --pp-layers 3,1"
 tr 2 --text "$text" $pl --pp 2 --micro-batches 4 --steps 1 --print-schedule
@@ -314,6 +316,31 @@ if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "x PP 2 (1f1b" && printf '%s\
     printf '%s\n' "$out" | grep -q "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" && printf '%s\n' "$out" | grep -q "peak memory per stage [0-9.]*, [0-9.]* MB"; then
     ok "pipeline: the banner's mesh and stage map, --print-schedule's lists, the peak memory per stage"
 else fail "pipeline: the banner, stage map, schedule and per-stage peak"; fi
+# checkpoints reshard across stages: saved at PP 2, resumed at PP 1, PP 3 (2,1,1) and TP 2 x PP 2 —
+# Llama to every CSV digit of the uninterrupted run; GPT-2 saved at PP 4, resumed at TP 2 x PP 2 and
+# at PP 1 within 1e-6 (the tied embedding's copies)
+tr 2 --text "$text" $ll --grad-accum 2 --pp 2 --steps 6 --csv "$T/ppfull.csv"
+tr 2 --text "$text" $ll --grad-accum 2 --pp 2 --steps 6 --save "$T/ppc" --save-every 3
+res=$rc; a=$(losses "$T/ppfull.csv" 4 6); same=1
+for m in "1" "3 --pp 3 --pp-layers 2,1,1" "4 --tp 2 --pp 2"; do
+    tr ${m%% *} --text "$text" $ll --grad-accum 2 $(printf '%s' "$m" | cut -s -d' ' -f2-) --steps 6 --load "$T/ppc/step-3" --csv "$T/ppr.csv"
+    b=$(losses "$T/ppr.csv" 4 6); rm -f "$T/ppr.csv"
+    { [ $rc -eq 0 ] && [ -n "$a" ] && [ "$(printf '%s\n' "$a" | awk '{print $1, $2}')" = "$(printf '%s\n' "$b" | awk '{print $1, $2}')" ]; } || same=0
+done
+if [ $res -eq 0 ] && [ $same -eq 1 ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 3 ]; then
+    ok "pipeline: Llama saved at PP 2, resumed at PP 1, PP 3 and TP 2 x PP 2: the losses of steps 4-6 of the uninterrupted run, to every CSV digit"
+else fail "pipeline: Llama saved at PP 2 and resumed at PP 1, 3, TP 2 x PP 2 ([$a] vs [$b])"; fi
+tr 4 --text "$text" $pl --dropout 0.1 --grad-accum 4 --pp 4 --steps 6 --csv "$T/ppfull.csv" --save "$T/ppg" --save-every 3
+a=$(losses "$T/ppfull.csv" 4 6 | awk '{print $1, $2}'); r=inf
+for m in "4 --tp 2 --pp 2" "1"; do
+    tr ${m%% *} --text "$text" $pl --dropout 0.1 --grad-accum 4 $(printf '%s' "$m" | cut -s -d' ' -f2-) --steps 6 --load "$T/ppg/step-3" --csv "$T/ppr.csv"
+    r1=$(relmax "$a" "$(losses "$T/ppr.csv" 4 6 | awk '{print $1, $2}')"); rm -f "$T/ppr.csv"
+    [ $rc -eq 0 ] || r1=inf
+    r=$(awk -v a="$r" -v b="$r1" 'BEGIN{ if (a=="inf") print b; else if (b=="inf") print b; else print (a>b?a:b) }')
+done
+if awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "pipeline: GPT-2 (dropout) saved at PP 4, resumed at TP 2 x PP 2 and at PP 1: losses of steps 4-6 within $r of the uninterrupted run"
+else fail "pipeline: GPT-2 saved at PP 4, resumed at TP 2 x PP 2 and PP 1 ($r)"; fi
+rm -rf "$T/ppc" "$T/ppg" "$T/ppfull.csv"
 # --pp-layers auto: a block costs 72 H^2 + 12 S H = 21504 flops a token, the head 6 V H = 24576: 4,2
 # (86016 against 67584) beats the even 3,3 (64512 against 89088)
 tr 2 --text "$text" --layers 6 --hidden 16 --heads 4 --batch 4 --seq-len 16 --pp 2 --micro-batches 2 --steps 1 --pp-layers auto
@@ -344,7 +371,7 @@ bad "more stages than blocks" "for 1 blocks" --text "$text" $small --layers 1 --
 bad "interleaving with M not a multiple of P" "multiple of the 2 stages, got 3" --text "$text" $small --pp 2 --schedule interleaved --micro-batches 3
 bad "an unknown schedule" "expected gpipe, 1f1b or interleaved" --text "$text" $small --pp 2 --schedule zigzag
 bad "--virtual-stages without interleaving" "only the interleaved schedule" --text "$text" $small --pp 2 --virtual-stages 2
-bad "--save with stages (not yet)" "not supported with pipeline stages yet" --text "$text" $small --pp 2 --save "$T/ppsave"
+bad "--sample with stages (not yet)" "not supported with pipeline stages yet" --text "$text" $small --pp 2 --sample 10
 bad "unreadable data (a directory)" "cannot read" --data "$T" --vocab 256 $small --tp 2
 bad "wrong magic (in hex)" "bad magic 0x00003039, expected 0x0134d888" --data "$T/magic.bin" --vocab 256 $small --tp 2
 bad "wrong version" "version 7" --data "$T/version.bin" --vocab 256 $small --tp 2

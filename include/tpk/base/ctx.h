@@ -56,6 +56,9 @@ typedef struct tpk_params {
                                 with */
     bool stale16;            /* data changed since data16 was made (tpk_params_updated) */
     tpk_buf scratch;         /* f32, for adding bf16 gradients into grad */
+    int mark_lo, mark_hi;    /* the least and greatest id tpk_param_add gave since
+                                tpk__params_mark (a block's parameters: its range, new or
+                                reused) */
     bool reuse;              /* tpk_param_add of a name already registered, with the same shape
                                 and layout, gives its id (and leaves its values): another copy of
                                 a model over the same parameters (a pipeline stage keeps one per

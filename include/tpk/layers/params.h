@@ -220,7 +220,12 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
         bool same = q->ndim == desc->ndim && tpk_layout_eq(q->layout, desc->layout, q->ndim) &&
                     q->padded_rows == (desc->padded_rows ? desc->padded_rows : desc->shape[0]);
         for (int i = 0; same && i < q->ndim; i++) same = q->gshape[i] == desc->shape[i];
-        if (same) return *id = old, TPK_OK;
+        if (same) {
+            *id = old;
+            if (old < ctx->params.mark_lo) ctx->params.mark_lo = old;
+            if (old > ctx->params.mark_hi) ctx->params.mark_hi = old;
+            return TPK_OK;
+        }
     }
     if (old >= 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->name: \"%s\" is already registered%s",
@@ -294,9 +299,23 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     P->list[P->n] = p;
     TPK_TRY(tpk__param_index_add(ctx, fn, P->n));
     *id = P->n++;
+    if (*id < P->mark_lo) P->mark_lo = *id;
+    if (*id > P->mark_hi) P->mark_hi = *id;
     P->numel = p.offset + p.numel;
     P->stale16 = true;
     return tpk__param_init(ctx, *id, desc->init, desc->std);
+}
+
+/* Start recording the ids tpk_param_add gives (ctx->params.mark_lo, _hi); tpk__params_marked then
+ * gives the range registered — or reused, in another copy of a model — since: a block's
+ * parameters (first..last; first = the count and last = first - 1 when none). */
+static inline void tpk__params_mark(tpk_ctx *ctx) {
+    ctx->params.mark_lo = INT_MAX, ctx->params.mark_hi = -1;
+}
+static inline void tpk__params_marked(const tpk_ctx *ctx, int *first, int *last) {
+    bool none = ctx->params.mark_hi < 0;
+    *first = none ? ctx->params.n : ctx->params.mark_lo;
+    *last = none ? ctx->params.n - 1 : ctx->params.mark_hi;
 }
 
 /* tpk_param_add of a 1-D [d0] or 2-D [d0, d1] parameter, the descriptor filled from arguments. */

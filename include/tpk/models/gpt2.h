@@ -70,7 +70,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
                          (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "h"));
     b->H = H, b->sp = d.sequence_parallel;
-    b->p0 = ctx->params.n;
+    tpk__params_mark(ctx); /* the block's ids, new or (a copy) reused */
     char n[128];
     snprintf(n, sizeof n, "%s.ln_1", b->name);
     tpk_layernorm_desc lnd;
@@ -92,7 +92,7 @@ static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_gpt2_block *b, in
     md.init_std = d.init_std, md.proj_init_std = d.proj_init_std;
     TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H, &md));
     TPK_TRY(tpk__block_residuals(ctx, b->name, d.dropout, &b->res_1, &b->res_2));
-    b->p1 = ctx->params.n - 1;
+    tpk__params_marked(ctx, &b->p0, &b->p1);
     return TPK_OK;
 }
 

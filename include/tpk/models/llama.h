@@ -66,7 +66,8 @@ static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, 
     memset(b, 0, sizeof *b);
     tpk_llama_block_desc d = *desc;
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "layer"));
-    b->H = H, b->p0 = ctx->params.n;
+    b->H = H;
+    tpk__params_mark(ctx); /* the block's ids, new or (a copy) reused */
     char n[128];
     tpk_rmsnorm_desc nd;
     memset(&nd, 0, sizeof nd);
@@ -88,7 +89,7 @@ static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, 
     md.init_std = d.init_std;
     TPK_TRY(tpk_swiglu_mlp_init(ctx, &b->mlp, H, &md));
     TPK_TRY(tpk__block_residuals(ctx, b->name, 0.0f, &b->res_1, &b->res_2));
-    b->p1 = ctx->params.n - 1;
+    tpk__params_marked(ctx, &b->p0, &b->p1);
     return TPK_OK;
 }
 

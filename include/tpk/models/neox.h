@@ -64,7 +64,8 @@ static inline tpk_status tpk_neox_block_init(tpk_ctx *ctx, tpk_neox_block *b, in
     memset(b, 0, sizeof *b);
     tpk_neox_block_desc d = *desc;
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "layer"));
-    b->H = H, b->p0 = ctx->params.n;
+    b->H = H;
+    tpk__params_mark(ctx); /* the block's ids, new or (a copy) reused */
     char n[128];
     tpk_layernorm_desc lnd;
     memset(&lnd, 0, sizeof lnd);
@@ -88,7 +89,7 @@ static inline tpk_status tpk_neox_block_init(tpk_ctx *ctx, tpk_neox_block *b, in
     md.act = d.act != TPK_ACT_NONE ? d.act : TPK_ACT_GELU;
     TPK_TRY(tpk_mlp_init(ctx, &b->mlp, H, &md));
     TPK_TRY(tpk__block_residuals(ctx, b->name, d.dropout, &b->res_1, &b->res_2));
-    b->p1 = ctx->params.n - 1;
+    tpk__params_marked(ctx, &b->p0, &b->p1);
     return TPK_OK;
 }
 

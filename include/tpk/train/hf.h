@@ -784,6 +784,147 @@ static inline tpk_status tpk__hf_commit(tpk_ctx *ctx, const char *fn, const tpk_
     return TPK_OK;
 }
 
+/* Pipeline stages: host values to or from pp rank `peer` (staged through backend memory where the
+ * PP group's communicator takes device buffers). */
+static inline tpk_status tpk__hf_pp_xfer(tpk_ctx *ctx, void *host, size_t n, tpk_dtype dt, int peer,
+                                         bool send) {
+    size_t bytes = n * tpk_dtype_size(dt);
+    if (!ctx->pp.device || !bytes)
+        return send ? tpk_send(ctx, &ctx->pp, host, n, dt, peer, 0)
+                    : tpk_recv(ctx, &ctx->pp, host, n, dt, peer, 0);
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[1], bytes));
+    if (send) TPK_TRY(tpk_op_memcpy(ctx, ctx->work[1].p, host, bytes, TPK_H2D));
+    TPK_TRY(send ? tpk_send(ctx, &ctx->pp, ctx->work[1].p, n, dt, peer, 0)
+                 : tpk_recv(ctx, &ctx->pp, ctx->work[1].p, n, dt, peer, 0));
+    return send ? TPK_OK : tpk_op_memcpy(ctx, host, ctx->work[1].p, bytes, TPK_D2H);
+}
+
+/* A checkpoint's tensors gathered from the pipeline stages: the model's entries and (k3 = 3) the
+ * optimizer's, the buffers they point into. */
+typedef struct tpk__hf_all {
+    tpk_st_entry *e; /* [n] model, then [2 n] optimizer when with moments */
+    int n;
+    char (*names)[3][112];
+    int64_t (*shapes)[2][2]; /* the model entry's (maybe transposed) and the optimizer's */
+    float **data;            /* [3 n] */
+} tpk__hf_all;
+static inline void tpk__hf_all_free(tpk__hf_all *a) {
+    for (int i = 0; a->data && i < 3 * a->n; i++) free(a->data[i]);
+    free(a->e), free(a->names), free(a->shapes), free(a->data);
+    memset(a, 0, sizeof *a);
+}
+/* Under pipeline stages (ctx->pp.size > 1), the leaders of the stages (TP and DP rank 0) send
+ * their entries e[n] (model) and e[n + 2 i + k] (moments, when k3 = 3) — except the copies another
+ * stage holds (pp_copy) — to stage 0's leader, world rank 0, which gathers all of them in stage
+ * order into *all; the others send nothing. Per tensor: its header (ndim, the two shapes, the
+ * name), then its data and moments. */
+static inline tpk_status tpk__hf_save_stages(tpk_ctx *ctx, const char *fn, const tpk_st_entry *e,
+                                             int n, int k3, tpk__hf_all *all) {
+    memset(all, 0, sizeof *all);
+    bool lead = ctx->tp.rank == 0 && ctx->dp.rank == 0, root = lead && ctx->pp.rank == 0;
+    if (!lead) return TPK_OK;
+    enum { HDR = 5 + 28 };
+    int32_t hdr[HDR];
+    if (!root) { /* a stage's leader: its tensors to the root */
+        int32_t cnt = 0;
+        for (int i = 0; i < n; i++) cnt += !ctx->params.list[i].pp_copy;
+        TPK_TRY(tpk__hf_pp_xfer(ctx, &cnt, 1, TPK_I32, 0, true));
+        for (int i = 0; i < n; i++) {
+            if (ctx->params.list[i].pp_copy) continue;
+            const tpk_st_entry *m = &e[i];
+            memset(hdr, 0, sizeof hdr);
+            hdr[0] = m->ndim, hdr[1] = (int32_t)m->shape[0],
+            hdr[2] = m->ndim > 1 ? (int32_t)m->shape[1] : 0;
+            hdr[3] = (int32_t)ctx->params.list[i].gshape[0],
+            hdr[4] = m->ndim > 1 ? (int32_t)ctx->params.list[i].gshape[1] : 0;
+            snprintf((char *)&hdr[5], 112, "%s", m->name);
+            TPK_TRY(tpk__hf_pp_xfer(ctx, hdr, HDR, TPK_I32, 0, true));
+            size_t gn = (size_t)hdr[1] * (size_t)(m->ndim > 1 ? hdr[2] : 1);
+            for (int k = 0; k < k3; k++)
+                TPK_TRY(tpk__hf_pp_xfer(ctx, (void *)(k ? e[n + 2 * i + k - 1].data : m->data), gn,
+                                        TPK_F32, 0, true));
+        }
+        return TPK_OK;
+    }
+    int cap = n + 16; /* the root: its own, then each stage's in turn */
+    all->e = (tpk_st_entry *)calloc((size_t)cap * 3, sizeof *all->e);
+    all->names = (char(*)[3][112])calloc((size_t)cap, sizeof *all->names);
+    all->shapes = (int64_t(*)[2][2])calloc((size_t)cap, sizeof *all->shapes);
+    all->data = (float **)calloc((size_t)cap * 3, sizeof *all->data);
+    if (!all->e || !all->names || !all->shapes || !all->data)
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
+    tpk_status s = TPK_OK;
+    for (int q = 0; q < ctx->pp.size && s == TPK_OK; q++) {
+        int32_t cnt = 0;
+        if (q == 0)
+            for (int i = 0; i < n; i++) cnt += !ctx->params.list[i].pp_copy;
+        else s = tpk__hf_pp_xfer(ctx, &cnt, 1, TPK_I32, q, false);
+        for (int i = 0, j = 0; s == TPK_OK && j < cnt; i++) {
+            if (q == 0 && ctx->params.list[i].pp_copy) continue;
+            j++;
+            if (all->n == cap) { /* grow the tables */
+                int nc = 2 * cap;
+                tpk_st_entry *ne = (tpk_st_entry *)realloc(all->e, sizeof *ne * (size_t)nc * 3);
+                if (ne) all->e = ne;
+                char(*nn)[3][112] =
+                    ne ? (char(*)[3][112])realloc(all->names, sizeof *nn * (size_t)nc) : NULL;
+                if (nn) all->names = nn;
+                int64_t(*ns)[2][2] =
+                    nn ? (int64_t(*)[2][2])realloc(all->shapes, sizeof *ns * (size_t)nc) : NULL;
+                if (ns) all->shapes = ns;
+                float **nd = ns ? (float **)realloc(all->data, sizeof *nd * (size_t)nc * 3) : NULL;
+                if (!nd) {
+                    s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
+                    break;
+                }
+                all->data = nd, cap = nc;
+            }
+            int a = all->n;
+            size_t gn;
+            if (q == 0) {
+                const tpk_param *p = &ctx->params.list[i];
+                hdr[0] = e[i].ndim, hdr[1] = (int32_t)e[i].shape[0],
+                hdr[2] = e[i].ndim > 1 ? (int32_t)e[i].shape[1] : 0;
+                hdr[3] = (int32_t)p->gshape[0], hdr[4] = p->ndim > 1 ? (int32_t)p->gshape[1] : 0;
+                snprintf((char *)&hdr[5], 112, "%s", e[i].name);
+            } else {
+                s = tpk__hf_pp_xfer(ctx, hdr, HDR, TPK_I32, q, false);
+            }
+            if (s != TPK_OK) break;
+            ((char *)&hdr[5])[111] = 0;
+            gn = (size_t)hdr[1] * (size_t)(hdr[0] > 1 ? hdr[2] : 1);
+            for (int k = 0; k < k3 && s == TPK_OK; k++) {
+                float *d = (float *)malloc(sizeof(float) * (gn ? gn : 1));
+                all->data[3 * a + k] = d;
+                if (!d) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
+                else if (q == 0)
+                    memcpy(d, k ? e[n + 2 * i + k - 1].data : e[i].data, sizeof(float) * gn);
+                else s = tpk__hf_pp_xfer(ctx, d, gn, TPK_F32, q, false);
+            }
+            all->n++;
+            snprintf(all->names[a][0], 112, "%.111s", (char *)&hdr[5]);
+            for (int k = 1; k < 3; k++)
+                snprintf(all->names[a][k], 112, "%.90s.%s", (char *)&hdr[5],
+                         k == 2 ? "exp_avg_sq" : "exp_avg");
+            all->shapes[a][0][0] = hdr[1], all->shapes[a][0][1] = hdr[2];
+            all->shapes[a][1][0] = hdr[3], all->shapes[a][1][1] = hdr[4];
+        }
+    }
+    if (s != TPK_OK) return s;
+    tpk_st_entry *m = all->e; /* the model's entries, then the moments' */
+    for (int a = 0; a < all->n; a++) {
+        m[a].name = all->names[a][0], m[a].dtype = TPK_ST_F32,
+        m[a].ndim = all->shapes[a][0][1] ? 2 : 1;
+        m[a].shape = all->shapes[a][0], m[a].data = all->data[3 * a];
+        for (int k = 0; k < 2 && k3 == 3; k++) {
+            tpk_st_entry *o = &m[all->n + 2 * a + k];
+            o->name = all->names[a][1 + k], o->dtype = TPK_ST_F32, o->ndim = m[a].ndim;
+            o->shape = all->shapes[a][1], o->data = all->data[3 * a + 1 + k];
+        }
+    }
+    return TPK_OK;
+}
+
 /* Save every registered parameter (and opt's moments when opt is not NULL) to dir, replacing
  * what dir held as one checkpoint (tpk__hf_commit), with config (config.json's text, written
  * last). transposed(p): the parameter is stored [in, out] (GPT-2's Conv1D), else as registered.
@@ -848,7 +989,17 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
             o->data = w[3 * i + 1 + k];
         }
     }
-    if (s == TPK_OK && root) s = tpk__hf_commit(ctx, fn, &p, e, n, opt ? 2 * n : 0, step, config);
+    tpk__hf_all staged; /* under pipeline stages: every stage's tensors, on world rank 0 */
+    memset(&staged, 0, sizeof staged);
+    if (ctx->pp.size > 1) { /* once every rank has its own */
+        s = tpk_agree(ctx, ctx->world, s);
+        if (s == TPK_OK) s = tpk__hf_save_stages(ctx, fn, e, n, k3, &staged);
+    }
+    if (s == TPK_OK && root)
+        s = ctx->pp.size > 1 ? tpk__hf_commit(ctx, fn, &p, staged.e, staged.n,
+                                              opt ? 2 * staged.n : 0, step, config)
+                             : tpk__hf_commit(ctx, fn, &p, e, n, opt ? 2 * n : 0, step, config);
+    tpk__hf_all_free(&staged);
     /* a save stopped before its swap: its files go */
     if (s != TPK_OK && root) tpk__hf_remove(NULL, fn, p.tmp, NULL);
     for (int i = 0; w && i < 3 * n; i++) free(w[i]);
@@ -1220,40 +1371,54 @@ static inline tpk_status tpk__hf_tied_head(tpk_ctx *ctx, const char *fn, const c
 /* Every tensor of dir's model files (files: each name in the index, or model.safetensors's) and of
  * the optimizer file (of, when given: "<parameter>.exp_avg" and ".exp_avg_sq") accounted for by the
  * model, else an error naming the first that is not: a file with more layers than config.json, an
- * lm_head.weight beside tie_word_embeddings true. */
+ * lm_head.weight beside tie_word_embeddings true. Under pipeline stages a tensor is accounted for
+ * when some stage has it: each stage marks its own, and the marks are combined over ctx->pp (a
+ * collective: every rank calls it, `mine` its status so far, which it returns when failing). */
 static inline tpk_status tpk__hf_all_known(tpk_ctx *ctx, const char *fn, const char *dir,
                                            const tpk__hf_files *files, const tpk_st_file *of,
-                                           const char *alt) {
-    int n = ctx->params.n;
+                                           const char *alt, tpk_status mine) {
+    int n = ctx->params.n, total = files->tensor ? files->nmap : files->st[0].n,
+        nopt = of ? of->n : 0;
     const char **sorted = (const char **)malloc(sizeof(char *) * (size_t)(n ? n : 1));
-    if (!sorted) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the parameter names");
-    for (int i = 0; i < n; i++) sorted[i] = ctx->params.list[i].name;
-    if (n > 1) qsort(sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp);
-    const char *extra = NULL,
-               *where = files->tensor ? "model.safetensors.index.json" : "model.safetensors";
-    int total = files->tensor ? files->nmap : files->st[0].n;
-    for (int k = 0; k < total && !extra; k++) {
+    int32_t *known = (int32_t *)calloc((size_t)(total + nopt + 1), sizeof(int32_t));
+    tpk_status s = mine;
+    if ((!sorted || !known) && s == TPK_OK)
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the parameter names");
+    for (int i = 0; sorted && i < n; i++) sorted[i] = ctx->params.list[i].name;
+    if (sorted && n > 1) qsort(sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp);
+    for (int k = 0; s == TPK_OK && k < total; k++) {
         const char *name = files->tensor ? files->tensor[k] : files->st[0].tensors[k].name;
-        if (!tpk__hf_known(name, sorted, n, alt) && !(alt && !strcmp(name, "lm_head.weight")))
-            extra = name;
+        known[k] = tpk__hf_known(name, sorted, n, alt) || (alt && !strcmp(name, "lm_head.weight"));
     }
-    for (int k = 0; of && k < of->n && !extra; k++) {
+    for (int k = 0; s == TPK_OK && k < nopt; k++) {
         char base[256];
         const char *name = of->tensors[k].name, *dot = strrchr(name, '.');
         snprintf(base, sizeof base, "%.*s", dot ? (int)(dot - name) : 0, name);
         const char *key = base;
-        if (!dot || (strcmp(dot, ".exp_avg") && strcmp(dot, ".exp_avg_sq")) ||
-            !bsearch(&key, sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp))
-            extra = name, where = "optim.safetensors";
+        known[total + k] = dot && (!strcmp(dot, ".exp_avg") || !strcmp(dot, ".exp_avg_sq")) &&
+                           bsearch(&key, sorted, (size_t)n, sizeof *sorted, tpk__st_strcmp);
     }
-    free(sorted);
-    if (extra)
+    if (ctx->pp.size > 1 && known) { /* every rank of the pipeline takes part, failed or not */
+        tpk_status c =
+            tpk_allreduce_host(ctx, &ctx->pp, known, (size_t)(total + nopt), TPK_I32, TPK_MAX);
+        if (s == TPK_OK) s = c;
+    }
+    const char *extra = NULL,
+               *where = files->tensor ? "model.safetensors.index.json" : "model.safetensors";
+    for (int k = 0; s == TPK_OK && k < total + nopt && !extra; k++)
+        if (!known[k]) {
+            extra = k < total ? (files->tensor ? files->tensor[k] : files->st[0].tensors[k].name)
+                              : of->tensors[k - total].name;
+            if (k >= total) where = "optim.safetensors";
+        }
+    free(sorted), free(known);
+    if (s == TPK_OK && extra)
         return tpk__fail(
             ctx, TPK_ERR_FORMAT, fn,
             "%s/%s: tensor \"%s\" is not a parameter of the model config.json describes (a layer "
             "beyond its count, a head it ties?)",
             dir, where, extra);
-    return TPK_OK;
+    return s;
 }
 
 /* Set every parameter (and, when opt is given, the moments and opt->step) from dir:
@@ -1351,7 +1516,7 @@ static inline tpk_status tpk__hf_load(tpk_ctx *ctx, const char *fn, tpk_adamw *o
         }
         free(w), free(tw);
     }
-    if (s == TPK_OK) s = tpk__hf_all_known(ctx, fn, dir, &files, have_opt ? &of : NULL, alt);
+    s = tpk__hf_all_known(ctx, fn, dir, &files, have_opt ? &of : NULL, alt, s);
     if (s == TPK_OK && wte) s = tpk__hf_tied_head(ctx, fn, dir, &files, wte, nwte);
     tpk__hf_stamp st[66]; /* config.json, the model files read, the optimizer file */
     int nst = 1;

@@ -24,6 +24,7 @@
 #ifndef TPK_PIPE_MODEL_H
 #define TPK_PIPE_MODEL_H
 
+#include "dp.h"
 #include "model.h"
 #include "pipeline.h"
 
@@ -45,6 +46,8 @@ typedef struct tpk_pipe_model {
     int64_t B, S;
     float scale, *losses;
     uint64_t rng_step;
+    tpk_dp_buckets *dp; /* tpk_pipe_model_set_dp: the DP buckets the last micro-batch's backward of
+                           each chunk starts (NULL: none) */
 } tpk_pipe_model;
 
 /* The parameters of this stage are the copies' (chunk 0's first, then chunk 1's, ...). */
@@ -205,7 +208,12 @@ static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk
     ctx->rng_step = pm->rng_step + (uint64_t)mb;
     tpk_tensor g;
     memset(&g, 0, sizeof g);
-    TPK_TRY(tpk_model_stage_backward(ctx, &pm->copy[i], pm->scale, (void *)dy, &g));
+    /* the chunk's last micro-batch: each block's DP all-reduce starts as its backward ends */
+    bool reduce = pm->dp && mb == pm->M - 1 && ctx->dp.size > 1 && !pm->dp->adasum;
+    if (reduce) pm->dp->active = true;
+    tpk_status s = tpk_model_stage_backward(ctx, &pm->copy[i], pm->scale, (void *)dy, &g);
+    if (reduce) pm->dp->active = false;
+    TPK_TRY(s);
     pm->busy[i] = false, pm->held[chunk * pm->M + mb] = -1;
     *dx = g.data;
     return TPK_OK;
@@ -246,12 +254,23 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
     st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
     st.user = pm;
     TPK_TRY(tpk_pipe_run(ctx, &pm->exec, &pm->sched, &st));
-    if (pm->tied && pm->P > 1 && pm->wte >= 0) { /* the two copies' gradients summed */
+    if (pm->tied && pm->P > 1 && pm->wte >= 0) { /* the two copies' gradients summed (after their
+                                                    DP reductions: they write them) */
+        if (pm->dp) TPK_TRY(tpk_dp_finish(ctx, pm->dp));
         const tpk_param *q = &ctx->params.list[pm->wte];
         float *g = (float *)ctx->params.grad.p + q->offset;
         TPK_TRY(tpk_allreduce(ctx, &pm->embed, g, g, q->numel, TPK_F32, TPK_SUM));
     }
     return TPK_OK;
+}
+
+/* The data-parallel buckets (tpk/train/dp.h) that each chunk's last micro-batch starts, as its
+ * backward finishes each block's gradients (every copy's grad_ready hook); b = NULL: none (the
+ * caller reduces after the step: ZeRO-1, Adasum). tpk_train_step waits for them. */
+static inline void tpk_pipe_model_set_dp(tpk_pipe_model *pm, tpk_dp_buckets *b) {
+    pm->dp = b;
+    for (int i = 0; i < pm->V * pm->K; i++)
+        tpk_model_set_grad_ready(&pm->copy[i], b ? tpk_dp_grad_ready : NULL, b);
 }
 
 /* Every dropout probability of every copy (tpk_model_set_dropout). */
