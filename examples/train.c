@@ -871,6 +871,7 @@ int main(int argc, char **argv) {
     int64_t t0step = opt.step,
             int_n = 0;        /* the reporting interval's start, its steps' time and count */
     tpk_mem_peak(&ctx, true); /* the peak from here: training */
+    double pp_busy = 0, pp_wait = 0; /* stages: seconds in compute steps, waiting in messages */
     for (int64_t step = opt.step; step < o.steps; step++) {
         double l = NAN, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
@@ -887,6 +888,7 @@ int main(int argc, char **argv) {
                                     (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
                                         (float)o.accum,
                                     (uint64_t)(step * o.accum), NULL));
+            pp_busy += pm.exec.t_compute, pp_wait += pm.exec.t_wait; /* the executor's host times */
         }
         for (int k = 0; !piped && k < o.accum; k++) { /* DP communication only after the last
                                                          micro-batch */
@@ -981,18 +983,24 @@ int main(int argc, char **argv) {
      * (backend memory) */
     else if (o.steps > 0 && t0step < o.steps) {
         /* the peak of each stage (its largest over its TP and DP ranks) */
-        double peaks[64] = {0}, mine = tpk_mem_peak(&ctx, false) / 1e6;
-        if (ctx.pp.rank < 64) peaks[ctx.pp.rank] = mine;
-        world_allreduce(peaks, 64, MPI_DOUBLE, MPI_MAX);
-        char per[600] = "";
-        for (int q = 0; piped && q < o.pp && q < 64; q++)
+        /* and each stage's idle fraction: its time waiting in messages over the pipeline's time */
+        double peaks[128] = {0}, mine = tpk_mem_peak(&ctx, false) / 1e6;
+        if (ctx.pp.rank < 64)
+            peaks[ctx.pp.rank] = mine,
+            peaks[64 + ctx.pp.rank] = pp_busy + pp_wait > 0 ? pp_wait / (pp_busy + pp_wait) : 0;
+        world_allreduce(peaks, 128, MPI_DOUBLE, MPI_MAX);
+        char per[600] = "", idle[600] = "";
+        for (int q = 0; piped && q < o.pp && q < 64; q++) {
             snprintf(per + strlen(per), sizeof per - strlen(per), "%s%.2f", q ? ", " : "",
                      peaks[q]);
+            snprintf(idle + strlen(idle), sizeof idle - strlen(idle), "%s%.3f", q ? ", " : "",
+                     peaks[64 + q]);
+        }
         if (world_rank == 0 && piped)
             printf("trained steps %lld..%d in %.1f s | peak memory per stage %s MB (recompute "
-                   "%s)\n",
-                   (long long)(t0step + 1), o.steps, now() - t_start, per,
-                   tpk_recompute_name(o.rc));
+                   "%s) | idle per stage %s (the bubble: waiting in messages)\n",
+                   (long long)(t0step + 1), o.steps, now() - t_start, per, tpk_recompute_name(o.rc),
+                   idle);
         else if (world_rank == 0)
             printf("trained steps %lld..%d in %.1f s | peak memory %.2f MB (recompute %s)\n",
                    (long long)(t0step + 1), o.steps, now() - t_start, mine,

@@ -309,12 +309,13 @@ pp "GPT-2 (dropout 0.1) PP 2, 1F1B, 4 micro-batches" 1 2 "$pl --dropout 0.1 --gr
 pp "GPT-2 TP 2 x PP 2 (SP), GPipe, 3 micro-batches" 2 4 "$pl --tp 2 --sequence-parallel --grad-accum 3" "--pp 2 --schedule gpipe" tied
 pp "Llama PP 2 interleaved (2 chunks a stage), 4 micro-batches" 1 2 "$ll --micro-batches 4" "--pp 2 --schedule interleaved"
 pp "GPT-2 DP 2 x PP 2 interleaved: the DP buckets under each chunk's last micro-batch" 2 4 "$pl --dropout 0.1 --grad-accum 4" "--pp 2 --schedule interleaved" tied
+pp "GPT-2 TP 2 x PP 2 x DP 2 (8 ranks, SP)" 4 8 "$pl --tp 2 --sequence-parallel --dropout 0.1 --grad-accum 2" "--pp 2" tied
 pp "GPT-2 DP 2 x PP 2, ZeRO-1, full recompute" 2 4 "$pl --dropout 0.1 --zero 1 --recompute full --grad-accum 2" "--pp 2" tied
 pp "Llama PP 2 with --pp-layers 3,1, selective recompute" 1 2 "$ll --recompute selective --grad-accum 2" "--pp 2 --pp-layers 3,1"
 tr 2 --text "$text" $pl --pp 2 --micro-batches 4 --steps 1 --print-schedule
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "x PP 2 (1f1b" && printf '%s\n' "$out" | grep -q "stages: 0: blocks 0-1 + embedding | 1: blocks 2-3 + norm, head, loss" &&
-    printf '%s\n' "$out" | grep -q "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" && printf '%s\n' "$out" | grep -q "peak memory per stage [0-9.]*, [0-9.]* MB"; then
-    ok "pipeline: the banner's mesh and stage map, --print-schedule's lists, the peak memory per stage"
+    printf '%s\n' "$out" | grep -q "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" && printf '%s\n' "$out" | grep -q "peak memory per stage [0-9.]*, [0-9.]* MB.*idle per stage 0\.[0-9]*, 0\.[0-9]*"; then
+    ok "pipeline: the banner's mesh and stage map, --print-schedule's lists, the peak memory and idle fraction per stage"
 else fail "pipeline: the banner, stage map, schedule and per-stage peak"; fi
 # checkpoints reshard across stages: saved at PP 2, resumed at PP 1, PP 3 (2,1,1) and TP 2 x PP 2 —
 # Llama to every CSV digit of the uninterrupted run; GPT-2 saved at PP 4, resumed at TP 2 x PP 2 and
