@@ -495,15 +495,27 @@ static bool shape_agrees(const opts *o, int64_t *const sh[5], char *err, size_t 
     return true;
 }
 
-/* Mean loss of K validation batches, averaged over DP (dropout off). Collective. */
-static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, const tpk_tokens *val, const opts *o,
-                           int32_t *x, int32_t *y, double *out) {
+/* Mean loss of K validation batches, averaged over DP (dropout off). Collective. With stages (pm):
+ * the K batches go through the pipeline as micro-batches, forwards alone. */
+static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, tpk_pipe_model *pm, const tpk_tokens *val,
+                           const opts *o, int32_t *x, int32_t *y, double *out) {
     double sum = 0;
+    size_t bt = (size_t)o->batch * (size_t)o->seq;
     for (int k = 0; k < o->eval_batches; k++) {
         float loss;
-        TPK_TRY(tpk_data_batch(ctx, val, k, ctx->dp.size, ctx->dp.rank, o->batch, o->seq, x, y));
+        TPK_TRY(tpk_data_batch(ctx, val, k, ctx->dp.size, ctx->dp.rank, o->batch, o->seq,
+                               x + (pm ? (size_t)k * bt : 0), y + (pm ? (size_t)k * bt : 0)));
+        if (pm) continue;
         TPK_TRY(tpk_model_forward(ctx, m, x, y, o->batch, o->seq, &loss));
         sum += loss;
+    }
+    if (pm) {
+        float *l = (float *)malloc(sizeof(float) * (size_t)o->eval_batches);
+        if (!l) return tpk_fail(ctx, TPK_ERR_NOMEM, "evaluate", "%d losses", o->eval_batches);
+        tpk_status s = tpk_pipe_model_eval(ctx, pm, x, y, o->batch, o->seq, o->eval_batches, l);
+        for (int k = 0; s == TPK_OK && k < o->eval_batches; k++) sum += l[k];
+        free(l);
+        TPK_TRY(s);
     }
     sum /= o->eval_batches;
     TPK_TRY(tpk_allreduce_host(ctx, &ctx->dp, &sum, 1, TPK_F64, TPK_SUM));
@@ -626,10 +638,15 @@ int main(int argc, char **argv) {
             "ranks)",
             o.pp, world_size, o.tp, o.tp * o.pp);
     bool piped = o.pp > 1 || o.schedule || o.pp_layers;
-    FAIL_IF(piped && (o.eval_every || o.eval_only || o.sample),
-            "%s: not supported with pipeline stages yet (--pp %d): evaluation and sampling run "
-            "without --pp (save with --pp, then --load the checkpoint without it)",
-            o.sample ? "--sample" : "--eval-every/--eval-only", o.pp);
+    FAIL_IF(piped && o.kind == TPK_PIPE_INTERLEAVED && (o.eval_every || o.eval_only) &&
+                o.eval_batches % o.pp,
+            "--eval-batches %d: the interleaved schedule evaluates through the stages a multiple "
+            "of the %d stages of batches",
+            o.eval_batches, o.pp);
+    FAIL_IF(piped && o.sample,
+            "--sample: not supported with pipeline stages yet (--pp %d): save with --pp, then "
+            "--load the checkpoint without it to sample",
+            o.pp);
     int nppl = 0;
     bool pp_auto = o.pp_layers && !strcmp(o.pp_layers, "auto"); /* balanced by cost */
     if (o.pp_layers && !pp_auto) { /* a comma-separated list of block counts, one per virtual
@@ -840,13 +857,13 @@ int main(int argc, char **argv) {
     }
     /* a micro-batch's tokens (with stages: the step's M micro-batches, one after another) */
     size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq *
-                (size_t)(piped ? o.accum : 1);
+                (size_t)(piped ? (o.accum > o.eval_batches ? o.accum : o.eval_batches) : 1);
     FAIL_IF(!(x = malloc(bs)) || !(y = malloc(bs)), "out of memory for a batch");
     if (o.eval_only) {
         double vl = 0;
         FAIL_IF(!val.tok, "--eval-only needs --data or --text");
-        TRY(tpk_model_set_dropout(&ctx, &m, 0));
-        TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
+        TRY(piped ? tpk_pipe_model_set_dropout(&ctx, &pm, 0) : tpk_model_set_dropout(&ctx, &m, 0));
+        TRY(evaluate(&ctx, &m, piped ? &pm : NULL, &val, &o, x, y, &vl));
         if (world_rank == 0) printf("val_loss %.6f\n", vl);
         if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
         FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)),
@@ -927,9 +944,11 @@ int main(int argc, char **argv) {
         if (report) int_s += now() - t_int;
         int_n++;
         if (eval) {
-            TRY(tpk_model_set_dropout(&ctx, &m, 0));
-            TRY(evaluate(&ctx, &m, &val, &o, x, y, &vl));
-            TRY(tpk_model_set_dropout(&ctx, &m, o.dropout));
+            TRY(piped ? tpk_pipe_model_set_dropout(&ctx, &pm, 0)
+                      : tpk_model_set_dropout(&ctx, &m, 0));
+            TRY(evaluate(&ctx, &m, piped ? &pm : NULL, &val, &o, x, y, &vl));
+            TRY(piped ? tpk_pipe_model_set_dropout(&ctx, &pm, o.dropout)
+                      : tpk_model_set_dropout(&ctx, &m, o.dropout));
         }
         bool out_ok = true; /* rank 0's step line and --csv row written */
         if (world_rank == 0 &&

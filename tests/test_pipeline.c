@@ -235,7 +235,8 @@ int main(int argc, char **argv) {
         tpk_pipe_schedule_free(&s);
     }
 
-    TEST_CASE("schedules: every one plays through; bubble against theory; 1F1B's live bound") {
+    TEST_CASE("schedules: every one plays through (and its forwards alone); bubble against theory; "
+              "1F1B's live bound") {
         int bad = 0, runs = 0;
         for (int kind = 0; kind < TPK_PIPE_KINDS; kind++)
             for (int P = 1; P <= 5; P++)
@@ -284,6 +285,20 @@ int main(int argc, char **argv) {
                             }
                             if (most > (P - r < M ? P - r : M)) bad++;
                         }
+                        tpk_pipe_schedule_free(&s);
+                        /* and the forwards alone (evaluation) */
+                        if (tpk_pipe_schedule_forward(&ctx, &s, (tpk_pipe_kind)kind, P, M, V) !=
+                                TPK_OK ||
+                            tpk_pipe_check(&ctx, &s, 1, 2, NULL, NULL) != TPK_OK) {
+                            bad++;
+                            fprintf(stderr, "  forward-only %s P=%d M=%d V=%d: %s\n",
+                                    tpk_pipe_kind_name((tpk_pipe_kind)kind), P, M, V,
+                                    tpk_last_error(&ctx));
+                        }
+                        for (int r = 0; s.n && r < P; r++)
+                            for (int i = 0; i < s.n[r]; i++)
+                                bad += s.step[r][i].action == TPK_PIPE_B ||
+                                       s.step[r][i].action >= TPK_PIPE_RECV_GRAD;
                         tpk_pipe_schedule_free(&s);
                     }
         CHECK(bad == 0 && runs > 100, "%d of %d schedules failed", bad, runs);

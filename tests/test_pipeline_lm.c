@@ -4,7 +4,8 @@
  * with and without sequence parallelism, dropout (GPT-2) and each recompute mode, the losses of the
  * M micro-batches and every gradient after the step equal the reference's: to the bit, except the
  * tied embedding's (its two copies' gradients are summed in another order: within 1e-6). And the
- * messages: the schedule's count, each this TP rank's hidden states (1/t of them under SP). Bad
+ * messages: the schedule's count, each this TP rank's hidden states (1/t of them under SP); and an
+ * evaluation through the stages (forwards alone) gives the reference's losses on every stage. Bad
  * splits are refused. Run at 1..4 ranks. */
 #include <tpk/train/pipe_model.h>
 
@@ -77,6 +78,15 @@ static void run(tpk_comm *world, tpk_comm *tpw, int tp, int pp, const tpk_model_
           (unsigned long long)c.pp.stats.elems[TPK_COLL_SEND], sends,
           (unsigned long long)((uint64_t)sends * rows * H));
     CHECK(pp == 1 || c.params.n < r.params.n || c.pp.size == 1, "stage holds the whole model");
+    /* evaluation through the stages, forwards alone, dropout off: the reference's losses */
+    float er[M], ea[M];
+    CHECK_OK(&r, tpk_model_set_dropout(&r, &ref, 0));
+    for (int k = 0; k < M; k++)
+        CHECK_OK(&r, tpk_model_forward(&r, &ref, ids + k * B * S, tg + k * B * S, B, S, &er[k]));
+    CHECK_OK(&c, tpk_pipe_model_set_dropout(&c, &pm, 0));
+    CHECK_OK(&c, tpk_pipe_model_eval(&c, &pm, ids, tg, B, S, M, ea));
+    CHECK(!memcmp(ea, er, sizeof ea), "%s %s pp=%d: evaluation %g vs %g (first micro-batch)", what,
+          tpk_pipe_kind_name(kind), pp, (double)ea[0], (double)er[0]);
     tpk_pipe_model_destroy(&c, &pm);
     tpk_model_destroy(&r, &ref);
     tpk_ctx_destroy(&c);

@@ -342,6 +342,17 @@ done
 if awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "pipeline: GPT-2 (dropout) saved at PP 4, resumed at TP 2 x PP 2 and at PP 1: losses of steps 4-6 within $r of the uninterrupted run"
 else fail "pipeline: GPT-2 saved at PP 4, resumed at TP 2 x PP 2 and PP 1 ($r)"; fi
 rm -rf "$T/ppc" "$T/ppg" "$T/ppfull.csv"
+# evaluation through the stages (forwards alone): the validation losses of the run without stages
+vals() { awk -F, 'NR>1 && $3!="" {print $1, $3}' "$1" 2>/dev/null; }
+same=1
+for m in "--pp 2|3" "--pp 2 --schedule interleaved|4"; do
+    tr 1 --text "$text" $ll --grad-accum 2 --steps 4 --eval-every 2 --eval-batches ${m#*|} --csv "$T/ev1.csv"; r1=$rc
+    tr 2 --text "$text" $ll --grad-accum 2 ${m%|*} --steps 4 --eval-every 2 --eval-batches ${m#*|} --csv "$T/ev2.csv"
+    a=$(vals "$T/ev1.csv"); b=$(vals "$T/ev2.csv"); rm -f "$T/ev1.csv" "$T/ev2.csv"
+    { [ $r1 -eq 0 ] && [ $rc -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 2 ]; } || same=0
+done
+if [ $same -eq 1 ]; then ok "pipeline: evaluation through the stages (Llama, 1F1B and interleaved): the validation losses of the run without stages, to every CSV digit"
+else fail "pipeline: evaluation through the stages ([$a] vs [$b])"; fi
 # --pp-layers auto: a block costs 72 H^2 + 12 S H = 21504 flops a token, the head 6 V H = 24576: 4,2
 # (86016 against 67584) beats the even 3,3 (64512 against 89088)
 tr 2 --text "$text" --layers 6 --hidden 16 --heads 4 --batch 4 --seq-len 16 --pp 2 --micro-batches 2 --steps 1 --pp-layers auto
@@ -373,6 +384,7 @@ bad "interleaving with M not a multiple of P" "multiple of the 2 stages, got 3" 
 bad "an unknown schedule" "expected gpipe, 1f1b or interleaved" --text "$text" $small --pp 2 --schedule zigzag
 bad "--virtual-stages without interleaving" "only the interleaved schedule" --text "$text" $small --pp 2 --virtual-stages 2
 bad "--sample with stages (not yet)" "not supported with pipeline stages yet" --text "$text" $small --pp 2 --sample 10
+bad "interleaved evaluation of M not a multiple of P" "--eval-batches 3: the interleaved schedule evaluates" --text "$text" $small --layers 4 --pp 2 --schedule interleaved --micro-batches 2 --eval-every 1 --eval-batches 3 --steps 1
 bad "unreadable data (a directory)" "cannot read" --data "$T" --vocab 256 $small --tp 2
 bad "wrong magic (in hex)" "bad magic 0x00003039, expected 0x0134d888" --data "$T/magic.bin" --vocab 256 $small --tp 2
 bad "wrong version" "version 7" --data "$T/version.bin" --vocab 256 $small --tp 2

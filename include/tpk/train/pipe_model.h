@@ -48,6 +48,9 @@ typedef struct tpk_pipe_model {
     uint64_t rng_step;
     tpk_dp_buckets *dp; /* tpk_pipe_model_set_dp: the DP buckets the last micro-batch's backward of
                            each chunk starts (NULL: none) */
+    tpk_pipe_schedule eval; /* the forwards alone over eval_m micro-batches (tpk_pipe_model_eval) */
+    int eval_m;
+    bool evaluating;
 } tpk_pipe_model;
 
 /* The parameters of this stage are the copies' (chunk 0's first, then chunk 1's, ...). */
@@ -58,6 +61,7 @@ static inline void tpk_pipe_model_destroy(tpk_ctx *ctx, tpk_pipe_model *pm) {
     free(pm->copy), free(pm->held), free(pm->busy), free(pm->first);
     tpk_pipe_free(ctx, &pm->exec);
     tpk_pipe_schedule_free(&pm->sched);
+    tpk_pipe_schedule_free(&pm->eval);
     tpk_comm_destroy(&pm->embed);
     memset(pm, 0, sizeof *pm);
 }
@@ -187,7 +191,9 @@ static inline tpk_status tpk__pipe_model_fwd(tpk_ctx *ctx, void *user, int chunk
                          "chunk %d: more micro-batches alive than its %d copies", chunk, pm->K);
     int i = chunk * pm->K + k, u = chunk * pm->P + pm->stage;
     size_t off = (size_t)mb * (size_t)(pm->B * pm->S);
-    pm->busy[i] = true, pm->held[chunk * pm->M + mb] = i;
+    if (!pm->evaluating)
+        pm->busy[i] = true, pm->held[chunk * pm->M + mb] = i; /* until its
+                                                                                 backward */
     ctx->rng_step = pm->rng_step + (uint64_t)mb;
     bool last = u == pm->P * pm->V - 1;
     tpk_tensor out;
@@ -262,6 +268,59 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
         TPK_TRY(tpk_allreduce(ctx, &pm->embed, g, g, q->numel, TPK_F32, TPK_SUM));
     }
     return TPK_OK;
+}
+
+/* The mean losses of M micro-batches (ids, targets [M][B S], host) through the stages, forwards
+ * alone (tpk_pipe_schedule_forward of the model's kind; a micro-batch's activations dropped after
+ * its forward): losses[M] on every stage (the last stage's, given to all over ctx->pp). Set the
+ * dropout to 0 first for an evaluation. Collective over the pipeline. */
+static inline tpk_status tpk_pipe_model_eval(tpk_ctx *ctx, tpk_pipe_model *pm, const int32_t *ids,
+                                             const int32_t *targets, int64_t B, int64_t S, int M,
+                                             float *losses) {
+    static const char *fn = "tpk_pipe_model_eval";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!pm || !pm->copy)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised one");
+    if (!ids || !targets || !losses)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL",
+                         !ids       ? "ids"
+                         : !targets ? "targets"
+                                    : "losses");
+    if (B < 1 || S < 1 || M < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S, M: expected >= 1, got %lld, %lld, %d",
+                         (long long)B, (long long)S, M);
+    if (pm->eval_m != M) {
+        tpk_pipe_schedule_free(&pm->eval);
+        pm->eval_m = 0;
+        tpk_pipe_kind k = pm->sched.kind;
+        if (k == TPK_PIPE_INTERLEAVED && M % pm->P) k = TPK_PIPE_GPIPE; /* (V = 1 below) */
+        TPK_TRY(tpk_pipe_schedule_forward(ctx, &pm->eval, k, pm->P, M,
+                                          k == TPK_PIPE_INTERLEAVED ? pm->V : 1));
+        pm->eval_m = M;
+    }
+    if (pm->eval.V != pm->V)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "M: %d micro-batches cannot run through %d chunks a stage (the "
+                         "interleaved schedule needs a multiple of the %d stages)",
+                         M, pm->V, pm->P);
+    pm->ids = ids, pm->targets = targets, pm->B = B, pm->S = S, pm->losses = losses;
+    pm->evaluating = true;
+    for (int k = 0; k < M; k++) losses[k] = 0;
+    int64_t *shape[5], H = tpk_model_hidden(&pm->copy[0]), T = B * S;
+    float *ls;
+    bool *sp;
+    tpk_recompute *rc;
+    tpk__model_family(pm->cfg.arch)->cfg_common(tpk__model_cfg(&pm->cfg), shape, &ls, &sp, &rc);
+    tpk_pipe_stage st;
+    memset(&st, 0, sizeof st);
+    st.count = (size_t)((*sp ? tpk_tp_split(ctx, T, ctx->tp.rank).size : T) * H);
+    st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
+    st.user = pm;
+    tpk_status s = tpk_pipe_run(ctx, &pm->exec, &pm->eval, &st);
+    pm->evaluating = false, pm->losses = NULL;
+    TPK_TRY(s);
+    return pm->P > 1 ? tpk_allreduce_host(ctx, &ctx->pp, losses, (size_t)M, TPK_F32, TPK_SUM)
+                     : TPK_OK;
 }
 
 /* The data-parallel buckets (tpk/train/dp.h) that each chunk's last micro-batch starts, as its

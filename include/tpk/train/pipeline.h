@@ -229,6 +229,8 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
                 if (a >= 0) p->done[p->ndone++] = a, p->act[cell] = -1;
                 if (g >= 0) p->done[p->ndone++] = g, p->grad[cell] = -1;
             }
+            if (f && s->forward_only && a >= 0) /* no backward: its input is done with */
+                p->done[p->ndone++] = a, p->act[cell] = -1;
             last[!f] = x;
             p->t_compute += tpk__pipe_now() - t0;
             continue;

@@ -64,6 +64,7 @@ typedef struct tpk_pipe_step {
 typedef struct tpk_pipe_schedule {
     tpk_pipe_kind kind;
     int P, M, V;
+    bool forward_only;    /* forwards alone (evaluation: tpk_pipe_schedule_forward) */
     int *n;               /* [P] steps of each stage */
     tpk_pipe_step **step; /* [P][n[s]] */
 } tpk_pipe_schedule;
@@ -126,7 +127,16 @@ static inline void tpk__pipe_order(const tpk_pipe_schedule *s, int r, tpk_pipe_s
     int P = s->P, M = s->M, V = s->V, n = 0;
     tpk_pipe_step x;
     x.chunk = 0;
-    for (int i = 0; i < 2 * M * V; i++) join[i] = false;
+    for (int i = 0; i < (s->forward_only ? 1 : 2) * M * V; i++) join[i] = false;
+    if (s->forward_only) { /* the kind's forwards alone (interleaved: in its order of chunks) */
+        for (int i = 0; i < M * V; i++) {
+            int g = i % (P * V);
+            x.action = TPK_PIPE_F, x.chunk = V > 1 ? g / P : 0;
+            x.mb = V > 1 ? (i / (P * V)) * P + g % P : i;
+            c[n++] = x;
+        }
+        return;
+    }
     if (s->kind == TPK_PIPE_GPIPE) {
         for (int k = 0; k < M; k++) x.action = TPK_PIPE_F, x.mb = k, c[n++] = x;
         for (int k = 0; k < M; k++) x.action = TPK_PIPE_B, x.mb = k, c[n++] = x;
@@ -156,11 +166,12 @@ static inline void tpk__pipe_order(const tpk_pipe_schedule *s, int r, tpk_pipe_s
 /* Build a schedule (tpk_pipe_schedule_free frees it). GPIPE and 1F1B take V = 1; INTERLEAVED
  * takes V >= 2, P >= 2 and M a multiple of P. Any M >= 1 for the others (M < P leaves stages
  * idle). */
-static inline tpk_status tpk_pipe_schedule_make(tpk_ctx *ctx, tpk_pipe_schedule *s,
-                                                tpk_pipe_kind kind, int P, int M, int V) {
-    static const char *fn = "tpk_pipe_schedule_make";
+static inline tpk_status tpk__pipe_schedule_make(tpk_ctx *ctx, const char *fn, tpk_pipe_schedule *s,
+                                                 tpk_pipe_kind kind, int P, int M, int V,
+                                                 bool forward_only) {
     if (!s) return tpk__fail(ctx, TPK_ERR_ARG, fn, "schedule: NULL");
     memset(s, 0, sizeof *s);
+    s->forward_only = forward_only;
     if ((unsigned)kind >= (unsigned)TPK_PIPE_KINDS)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "kind: expected TPK_PIPE_GPIPE, _1F1B or _INTERLEAVED, got %d", (int)kind);
@@ -188,8 +199,10 @@ static inline tpk_status tpk_pipe_schedule_make(tpk_ctx *ctx, tpk_pipe_schedule 
                          P, M);
     if ((double)M * V * 2 * 2 > (double)INT_MAX / 2)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "M x V: %d x %d steps are too many", M, V);
-    s->kind = kind, s->P = P, s->M = M, s->V = V;
-    int nc = 2 * M * V;
+    bool fo = s->forward_only; /* (set by tpk_pipe_schedule_forward) */
+    memset(s, 0, sizeof *s);
+    s->kind = kind, s->P = P, s->M = M, s->V = V, s->forward_only = fo;
+    int nc = (fo ? 1 : 2) * M * V;
     s->n = (int *)calloc((size_t)P, sizeof *s->n);
     s->step = (tpk_pipe_step **)calloc((size_t)P, sizeof *s->step);
     tpk_pipe_step *c = (tpk_pipe_step *)malloc(sizeof *c * (size_t)nc);
@@ -231,6 +244,16 @@ static inline tpk_status tpk_pipe_schedule_make(tpk_ctx *ctx, tpk_pipe_schedule 
     }
     free(c), free(join);
     return TPK_OK;
+}
+static inline tpk_status tpk_pipe_schedule_make(tpk_ctx *ctx, tpk_pipe_schedule *s,
+                                                tpk_pipe_kind kind, int P, int M, int V) {
+    return tpk__pipe_schedule_make(ctx, "tpk_pipe_schedule_make", s, kind, P, M, V, false);
+}
+/* The forwards of the kind's schedule alone, and their messages (evaluation: no backward, a
+ * micro-batch's activations dropped after its forward); the same conditions on P, M, V. */
+static inline tpk_status tpk_pipe_schedule_forward(tpk_ctx *ctx, tpk_pipe_schedule *s,
+                                                   tpk_pipe_kind kind, int P, int M, int V) {
+    return tpk__pipe_schedule_make(ctx, "tpk_pipe_schedule_forward", s, kind, P, M, V, true);
 }
 
 /* The messages a stage sends and receives in one run of the schedule. */
@@ -417,12 +440,12 @@ static inline tpk_status tpk_pipe_check(tpk_ctx *ctx, const tpk_pipe_schedule *s
         }
     }
     for (size_t i = 0; st == TPK_OK && i < cells; i++)
-        if (state[i] != 2) {
+        if (state[i] != (s->forward_only ? 1 : 2)) {
             int r = (int)(i / ((size_t)M * V)), c = (int)(i / (size_t)M % (size_t)V),
                 k = (int)(i % (size_t)M);
             st = tpk__fail(ctx, TPK_ERR_ARG, fn,
-                           "stage %d: micro-batch %d of chunk %d does not run forward and backward",
-                           r, k, c);
+                           "stage %d: micro-batch %d of chunk %d does not run forward%s", r, k, c,
+                           s->forward_only ? "" : " and backward");
         }
     if (st == TPK_OK) {
         double mk = 0;
