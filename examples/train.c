@@ -1025,8 +1025,19 @@ int main(int argc, char **argv) {
                    (long long)(t0step + 1), o.steps, now() - t_start, mine,
                    tpk_recompute_name(o.rc));
     }
-    if (ctx.prof && !ctx.prof->from_env && world_rank == 0)
-        tpk_profile_print(&ctx, stdout);  /* rank 0 only: no TRY (it agrees over ranks) */
+    if (ctx.prof && !ctx.prof->from_env && world_rank == 0 && !piped)
+        tpk_profile_print(&ctx, stdout); /* rank 0 only: no TRY (it agrees over ranks) */
+    for (int q = 0; ctx.prof && !ctx.prof->from_env && piped && q < o.pp; q++) {
+        /* each stage's table from its first rank (its ops, its messages: the "p2p" rows), headed
+           by its stage (mpirun may pass the ranks' lines on in another order) */
+        if (ctx.pp.rank == q && ctx.tp.rank == 0 && ctx.dp.rank == 0) {
+            printf("stage %d of %d:\n", q, o.pp);
+            tpk_profile_print(&ctx, stdout);
+            fflush(stdout);
+        }
+        int one = 1;
+        world_allreduce(&one, 1, MPI_INT, MPI_SUM); /* the next stage prints after this one */
+    }
     TRY(tpk_log_close(&ctx, &csv, true)); /* and FILE.png where gnuplot is installed */
     if (o.save) {
         TRY(tpk_model_save(&ctx, mm, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));

@@ -353,6 +353,11 @@ for m in "--pp 2|3" "--pp 2 --schedule interleaved|4"; do
 done
 if [ $same -eq 1 ]; then ok "pipeline: evaluation through the stages (Llama, 1F1B and interleaved): the validation losses of the run without stages, to every CSV digit"
 else fail "pipeline: evaluation through the stages ([$a] vs [$b])"; fi
+# --profile with stages: each stage's table (its ops and its messages' "p2p" rows)
+tr 2 --text "$text" $pl --pp 2 --micro-batches 4 --steps 3 --profile
+if [ $rc -eq 0 ] && [ "$(printf '%s\n' "$out" | grep -c '^profile:')" -eq 2 ] && printf '%s\n' "$out" | grep -q "^stage 1 of 2:" &&
+    [ "$(printf '%s\n' "$out" | grep -Ec '^p2p +[0-9.]+ ')" -eq 2 ]; then ok "pipeline: --profile prints each stage's table, its point-to-point rows among the ops"
+else fail "pipeline: --profile with stages"; fi
 # --pp-layers auto: a block costs 72 H^2 + 12 S H = 21504 flops a token, the head 6 V H = 24576: 4,2
 # (86016 against 67584) beats the even 3,3 (64512 against 89088)
 tr 2 --text "$text" --layers 6 --hidden 16 --heads 4 --batch 4 --seq-len 16 --pp 2 --micro-batches 2 --steps 1 --pp-layers auto
