@@ -132,7 +132,6 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
             st = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
     bool reuse = ctx->params.reuse;
-    int n0 = ctx->params.n;
     for (int c = 0; st == TPK_OK && c < V; c++) {
         int u = c * P + s;
         tpk_model_config pc = pm->cfg;
@@ -171,7 +170,6 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
         if (st == TPK_OK && pm->tied && P > 1)
             st = tpk_comm_split(ctx, &ctx->pp, s == 0 || s == P - 1 ? 0 : 1, s, &pm->embed);
     }
-    (void)n0;
     if (st != TPK_OK) {
         char keep[sizeof ctx->err];
         memcpy(keep, ctx->err, sizeof keep);
@@ -225,6 +223,18 @@ static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk
     return TPK_OK;
 }
 
+/* The executor's view of this stage: a message is this TP rank's hidden states of T tokens, all T
+ * rows or its S(0) slice under sequence parallelism (the parts' own layout, tpk_lm). */
+static inline tpk_pipe_stage tpk__pipe_model_stage(tpk_ctx *ctx, tpk_pipe_model *pm, int64_t T) {
+    tpk__lm_parts p = tpk__model_family(pm->cfg.arch)->parts(tpk__model_of(&pm->copy[0]));
+    tpk_pipe_stage st;
+    memset(&st, 0, sizeof st);
+    st.count = (size_t)((p.s->sp ? tpk_tp_split(ctx, T, ctx->tp.rank).size : T) * p.s->H);
+    st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
+    st.user = pm;
+    return st;
+}
+
 /* One step's forwards and backwards over the pipeline (the header says what the arguments mean). */
 static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, const int32_t *ids,
                                              const int32_t *targets, int64_t B, int64_t S,
@@ -242,23 +252,7 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
     pm->rng_step = rng_step, pm->losses = losses;
     for (int i = 0; i < pm->V * pm->M; i++) pm->held[i] = -1;
     for (int i = 0; i < pm->V * pm->K; i++) pm->busy[i] = false;
-    int64_t H = tpk_model_hidden(&pm->copy[0]), T = B * S;
-    bool sp = false;
-    {
-        int64_t *shape[5];
-        float *ls;
-        bool *spp;
-        tpk_recompute *rc;
-        tpk__model_family(pm->cfg.arch)
-            ->cfg_common(tpk__model_cfg(&pm->cfg), shape, &ls, &spp, &rc);
-        sp = *spp;
-    }
-    tpk_pipe_stage st;
-    memset(&st, 0, sizeof st);
-    /* a message: this TP rank's hidden states, all T rows or its S(0) slice under SP */
-    st.count = (size_t)((sp ? tpk_tp_split(ctx, T, ctx->tp.rank).size : T) * H);
-    st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
-    st.user = pm;
+    tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, B * S);
     TPK_TRY(tpk_pipe_run(ctx, &pm->exec, &pm->sched, &st));
     if (pm->tied && pm->P > 1 && pm->wte >= 0) { /* the two copies' gradients summed (after their
                                                     DP reductions: they write them) */
@@ -306,16 +300,7 @@ static inline tpk_status tpk_pipe_model_eval(tpk_ctx *ctx, tpk_pipe_model *pm, c
     pm->ids = ids, pm->targets = targets, pm->B = B, pm->S = S, pm->losses = losses;
     pm->evaluating = true;
     for (int k = 0; k < M; k++) losses[k] = 0;
-    int64_t *shape[5], H = tpk_model_hidden(&pm->copy[0]), T = B * S;
-    float *ls;
-    bool *sp;
-    tpk_recompute *rc;
-    tpk__model_family(pm->cfg.arch)->cfg_common(tpk__model_cfg(&pm->cfg), shape, &ls, &sp, &rc);
-    tpk_pipe_stage st;
-    memset(&st, 0, sizeof st);
-    st.count = (size_t)((*sp ? tpk_tp_split(ctx, T, ctx->tp.rank).size : T) * H);
-    st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
-    st.user = pm;
+    tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, B * S);
     tpk_status s = tpk_pipe_run(ctx, &pm->exec, &pm->eval, &st);
     pm->evaluating = false, pm->losses = NULL;
     TPK_TRY(s);

@@ -29,6 +29,25 @@
 
 /* ---- the split of L blocks over U virtual stages --------------------------------------------- */
 
+/* The greedy split under a bound on a stage's cost: each stage takes blocks while it stays within
+ * the bound (at least one, and leaving one for each later stage), the last all that are left;
+ * first[U + 1] filled. Whether every stage stays within the bound. */
+static inline bool tpk__pipe_greedy(int64_t L, int U, const double *cost, double cost_first,
+                                    double cost_last, double bound, int64_t *first) {
+    bool fits = true;
+    int64_t i = 0;
+    first[0] = 0;
+    for (int u = 0; u < U; u++) {
+        double c = (u == 0 ? cost_first : 0) + (u == U - 1 ? cost_last : 0);
+        int64_t n = 0;
+        while (i < L - (U - 1 - u) && (n == 0 || u == U - 1 || c + cost[i] <= bound))
+            c += cost[i++], n++;
+        fits = fits && c <= bound;
+        first[u + 1] = i;
+    }
+    return fits;
+}
+
 /* first[U + 1]: the first block of each virtual stage. counts (may be NULL): the list; cost (may be
  * NULL): cost[L] per block, cost_first and cost_last the first and last stage's extra. With
  * neither, even. The arguments named in errors are the trainer's (--pp, --virtual-stages,
@@ -76,35 +95,15 @@ static inline tpk_status tpk_pipe_split(tpk_ctx *ctx, int64_t L, int U, const in
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "cost_first, cost_last: expected finite costs >= 0, got %g, %g",
                          cost_first, cost_last);
-    /* the least bound B on a stage's cost such that a greedy split (each stage takes blocks while
-       it stays within B, leaving one for each later stage) fits U stages: bisection on B */
+    /* the least bound on a stage's cost that the greedy split fits: bisection */
     double lo = 0, hi = cost_first + cost_last;
     for (int64_t i = 0; i < L; i++) hi += cost[i];
     for (int it = 0; it < 200 && hi - lo > 1e-12 * (hi > 1 ? hi : 1); it++) {
         double mid = (lo + hi) / 2;
-        int64_t i = 0;
-        bool fits = true;
-        for (int u = 0; u < U && fits; u++) {
-            double c = (u == 0 ? cost_first : 0) + (u == U - 1 ? cost_last : 0);
-            int64_t n = 0;
-            while (i < L - (U - 1 - u) && (n == 0 || c + cost[i] <= mid)) {
-                if (n == 0 && c + cost[i] > mid) fits = false;
-                c += cost[i++], n++;
-            }
-            if (u == U - 1 && (i < L || c > mid)) fits = false;
-        }
-        if (fits) hi = mid;
+        if (tpk__pipe_greedy(L, U, cost, cost_first, cost_last, mid, first)) hi = mid;
         else lo = mid;
     }
-    int64_t i = 0;
-    for (int u = 0; u < U; u++) {
-        double c = (u == 0 ? cost_first : 0) + (u == U - 1 ? cost_last : 0);
-        int64_t n = 0;
-        while (i < L - (U - 1 - u) && (n == 0 || c + cost[i] <= hi || u == U - 1))
-            c += cost[i++], n++;
-        first[u + 1] = i;
-    }
-    first[U] = L;
+    tpk__pipe_greedy(L, U, cost, cost_first, cost_last, hi, first);
     return TPK_OK;
 }
 

@@ -99,9 +99,9 @@ static inline int tpk_pipe_peer(const tpk_pipe_schedule *s, int stage, int actio
     bool next = action == TPK_PIPE_SEND_ACT || action == TPK_PIPE_RECV_GRAD;
     return next ? (stage + 1) % s->P : (stage + s->P - 1) % s->P;
 }
-/* A message's tag: the kind (activation or gradient), the chunk and the micro-batch of the sender's
- * virtual stage... named by the receiving step's (chunk, mb) on both sides: an activation by the
- * sender's chunk, a gradient by the receiver's. Unique per pair of stages within a schedule. */
+/* A message's tag, the same on the sending and the receiving step: its kind (activation or
+ * gradient), the micro-batch and the chunk of the virtual stage it leaves. Unique per pair of
+ * stages within a schedule (modulo the largest tag, past which the order alone matches). */
 static inline int tpk_pipe_tag(const tpk_pipe_schedule *s, int stage, tpk_pipe_step st) {
     bool act = st.action == TPK_PIPE_SEND_ACT || st.action == TPK_PIPE_RECV_ACT;
     /* the virtual stage the message leaves: the sender's */
