@@ -248,6 +248,12 @@ $(B)/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
 	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
 
+# The configuration planner (examples/plan.c, tpk/plan): a dry run of the kit's code per TP x PP x DP,
+# micro-batch, recompute, ZeRO-1 and SP choice on a hardware profile; --calibrate measures this machine.
+$(B)/plan: examples/plan.c $(HEADERS) $(B)/libtpk_host.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
+
 # The trainer on the host backend alone: what make demo runs where no GPU is present, so a machine
 # with nvcc but no GPU does not spend minutes compiling the CUDA archive for a run that cannot use it.
 $(B)/demo/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a

@@ -24,8 +24,7 @@
 #include <tpk/tpk.h>
 #include <tpk/train/log.h>
 #include <tpk/train/model.h>
-#include <tpk/train/pipe_model.h>
-#include <tpk/train/train.h>
+#include <tpk/train/step.h>
 #include <tpk/runtime/mpi.h>
 #ifdef TPK_WITH_CUDA /* built where nvcc is found: the GPU when one is present */
 #include <tpk/runtime/nccl.h>
@@ -85,17 +84,6 @@ static const char *arch_names(char *buf, size_t n, const char *sep) {
                  tpk__model_family((tpk_arch)k)->name);
     return buf;
 }
-/* Family a's config flag named `flag`; a = TPK_ARCH_COUNT: any family's. NULL: none. */
-static const tpk_lm_flag *family_flag(tpk_arch a, const char *flag) {
-    int k0 = a == TPK_ARCH_COUNT ? 0 : (int)a, k1 = a == TPK_ARCH_COUNT ? (int)a : (int)a + 1;
-    for (int k = k0; k < k1; k++) {
-        int n = 0;
-        const tpk_lm_flag *f = tpk__model_family((tpk_arch)k)->flags(&n);
-        for (int i = 0; i < n; i++)
-            if (!strcmp(f[i].flag, flag)) return &f[i];
-    }
-    return NULL;
-}
 /* The family's labelled config flags of the built model, " G=2 F=64", for the banner. */
 static const char *family_banner(tpk_model *m, char *buf, size_t n) {
     int nf = 0;
@@ -135,11 +123,11 @@ static void print_usage(void) {
 static bool family_flags(const opts *o, tpk_model_config *cfg, char *err, size_t n) {
     for (int k = 0; k < o->nfam; k++) {
         const char *a = o->fam[k].flag, *v = o->fam[k].value;
-        const tpk_lm_flag *f = family_flag(cfg->arch, a);
+        const tpk_lm_flag *f = tpk_model_flag(cfg->arch, a);
         if (!f) {
             char who[64] = "";
             for (int q = 0; q < TPK_ARCH_COUNT; q++)
-                if (family_flag((tpk_arch)q, a))
+                if (tpk_model_flag((tpk_arch)q, a))
                     snprintf(who + strlen(who), sizeof who - strlen(who), "%s%s",
                              *who ? " or " : "", tpk__model_family((tpk_arch)q)->name);
             return snprintf(err, n, "%s: applies to --arch %s only (the model is %s)", a, who,
@@ -245,7 +233,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile)
         BOOL("--deterministic", det) BOOL("--print-schedule", print_schedule)
             /* clang-format on */
-            if (family_flag(TPK_ARCH_COUNT, a)) { /* checked when the family is known */
+            if (tpk_model_flag(TPK_ARCH_COUNT, a)) { /* checked when the family is known */
             VALUE if (o->nfam == 16) return snprintf(err, n, "%s: too many model flags", a), 1;
             o->fam[o->nfam].flag = a, o->fam[o->nfam++].value = v;
             i++;
@@ -857,7 +845,7 @@ int main(int argc, char **argv) {
     }
     /* a micro-batch's tokens (with stages: the step's M micro-batches, one after another) */
     size_t bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * o.seq *
-                (size_t)(piped ? (o.accum > o.eval_batches ? o.accum : o.eval_batches) : 1);
+                (size_t)(o.accum > o.eval_batches ? o.accum : o.eval_batches);
     FAIL_IF(!(x = malloc(bs)) || !(y = malloc(bs)), "out of memory for a batch");
     if (o.eval_only) {
         double vl = 0;
@@ -892,43 +880,25 @@ int main(int argc, char **argv) {
     for (int64_t step = opt.step; step < o.steps; step++) {
         double l = NAN, norm = 0, vl = NAN;
         float lr = tpk_lr_at(&sched, step);
-        /* the micro-batches' mean losses add up on the device */
-        TRY(tpk_params_zero_grad(&ctx));
-        if (!piped) tpk_model_loss_reset(&m);
-        if (piped) { /* the pipeline over the step's micro-batches (the DP buckets under each
-                        chunk's last backward) */
-            size_t mbt = (size_t)Bd * (size_t)o.seq;
-            for (int k = 0; k < o.accum; k++)
-                TRY(tpk_data_batch_seq(&ctx, &train, (step * o.accum + k) * Btot + off, Bd, o.seq,
-                                       x + (size_t)k * mbt, y + (size_t)k * mbt));
-            TRY(tpk_pipe_model_step(&ctx, &pm, x, y, Bd, o.seq,
-                                    (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
-                                        (float)o.accum,
-                                    (uint64_t)(step * o.accum), NULL));
-            pp_busy += pm.exec.t_compute, pp_wait += pm.exec.t_wait; /* the executor's host times */
-        }
-        for (int k = 0; !piped && k < o.accum; k++) { /* DP communication only after the last
-                                                         micro-batch */
-            int64_t micro = step * o.accum + k;
-            ctx.rng_step = (uint64_t)micro;
-            TRY(tpk_data_batch_seq(&ctx, &train, micro * Btot + off, Bd, o.seq, x,
-                                   y)); /* = window micro * dp + rank with one --batch */
-            /* the loss stays on the device: no wait */
-            TRY(tpk_model_forward(&ctx, &m, x, y, Bd, o.seq, NULL));
-            /* ZeRO-1: one reduce-scatter after the backward instead */
-            TRY(tpk_dp_begin(&ctx, &dp_b, k == o.accum - 1 && !o.zero));
-            TRY(tpk_model_backward(&ctx, &m,
-                                   (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
-                                       (float)o.accum)); /* weighted by tokens */
-        }
+        /* the step's micro-batches, one after another in x, y */
+        size_t mbt = (size_t)Bd * (size_t)o.seq;
+        for (int k = 0; k < o.accum; k++) /* = window micro * dp + rank with one --batch */
+            TRY(tpk_data_batch_seq(&ctx, &train, (step * o.accum + k) * Btot + off, Bd, o.seq,
+                                   x + (size_t)k * mbt, y + (size_t)k * mbt));
         /* the loss and the norm read (a wait) only on a step that reports them — printed,
          * evaluated, a --csv row — on every rank alike */
         int64_t s1 = step + 1; /* opt.step after this step */
         bool eval = o.eval_every && (s1 % o.eval_every == 0 || s1 == o.steps),
              report = s1 % o.log_every == 0 || s1 == o.steps || eval || csv.path[0];
-        TRY(tpk_train_step(
-            &ctx, &opt, &dp_b, lr, o.clip, 1.0f,
-            report ? &norm : NULL)); /* DP reduction (weighted sum, or Adasum), norm, clip, AdamW */
+        /* the micro-batches' forwards and backwards (the losses add up on the device; with
+           stages, the pipeline, the DP buckets under each chunk's last backward), then the DP
+           reduction (weighted sum, or Adasum), norm, clip, AdamW: tpk/train/step.h */
+        TRY(tpk_model_train_step(&ctx, piped ? NULL : &m, piped ? &pm : NULL, &opt, &dp_b, x, y, Bd,
+                                 o.seq, o.accum,
+                                 (adasum ? (float)dp : 1.0f) * (float)Bd / (float)Btot /
+                                     (float)o.accum, /* weighted by tokens */
+                                 (uint64_t)(step * o.accum), lr, o.clip, report ? &norm : NULL));
+        if (piped) pp_busy += pm.exec.t_compute, pp_wait += pm.exec.t_wait; /* the executor's */
         if (report && !piped)
             TRY(tpk_model_loss_dp(&ctx, &m, (double)Bd / (double)Btot / o.accum,
                                   &l)); /* mean over micro-batches and DP ranks' tokens */

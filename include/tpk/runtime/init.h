@@ -55,6 +55,16 @@ static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const do
     return s;
 }
 
+/* The mesh's groups as splits of the world (tpk_ctx_init; a counting world replays them, tpk/plan):
+ * world rank w = tp rank + tp (dp rank + dp pp rank); group g = 0 (TP: consecutive ranks, keyed by
+ * TP rank), 1 (DP: the same TP rank and stage, keyed by DP rank) or 2 (PP: the same TP and DP rank,
+ * keyed by stage) -> the color and key w passes. */
+static inline void tpk__mesh_split(int w, int tp, int dp, int g, int *color, int *key) {
+    int tr = w % tp, dr = w / tp % dp, pr = w / (tp * dp); /* this rank's TP, DP and PP ranks */
+    *color = g == 0 ? w / tp : g == 1 ? pr * tp + tr : dr * tp + tr;
+    *key = g == 0 ? tr : g == 1 ? dr : pr;
+}
+
 /* Create a context: ops (default: the host backend when linked), world (default self), TP groups
  * of desc->tp consecutive ranks, desc->pp pipeline stages, DP groups across them (the world size
  * must be tp x pp x a whole DP size). */
@@ -115,11 +125,11 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q,
                              d.tp_weights[q]);
-    int w = d.world->rank, dp = n / tp / pp;
-    int tr = w % tp, dr = w / tp % dp, pr = w / (tp * dp); /* this rank's TP, DP and PP ranks */
-    tpk_status s = tpk_comm_split(ctx, d.world, w / tp, tr, &ctx->tp);
-    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, pr * tp + tr, dr, &ctx->dp);
-    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, dr * tp + tr, pr, &ctx->pp);
+    int w = d.world->rank, dp = n / tp / pp, c[3], k[3];
+    for (int g = 0; g < 3; g++) tpk__mesh_split(w, tp, dp, g, &c[g], &k[g]);
+    tpk_status s = tpk_comm_split(ctx, d.world, c[0], k[0], &ctx->tp);
+    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, c[1], k[1], &ctx->dp);
+    if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, c[2], k[2], &ctx->pp);
     if (s == TPK_OK) s = tpk__ctx_weights(ctx, fn, d.tp_weights, tp);
     if (s != TPK_OK) {
         char keep[sizeof ctx->err];

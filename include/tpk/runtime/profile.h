@@ -42,6 +42,10 @@ struct tpk_profile {
                                         wall time */
     int steps;
     bool from_env; /* printed by tpk_ctx_destroy */
+    /* a dry run's sink (tpk/plan/count.h; NULL: none): when set, each outermost op and collective
+     * is handed to it with the bytes and flops above when it returns, and nothing is timed */
+    void (*hook)(tpk_ctx *ctx, void *user, const char *name, double bytes, double flops);
+    void *hook_user;
 };
 
 static inline double tpk__now_ms(void) {
@@ -63,6 +67,10 @@ static inline tpk_status tpk_profile_start(tpk_ctx *ctx) {
 /* Before an op: its call reserved, its start mark. */
 static inline void tpk__prof_begin(tpk_ctx *ctx) {
     tpk_profile *p = ctx->prof;
+    if (p->hook) {
+        p->depth++;
+        return;
+    }
     int idx = -1;
     if (p->npend == p->cap) {
         int cap = p->cap ? 2 * p->cap : 256;
@@ -83,6 +91,10 @@ static inline tpk_status tpk__prof_end(tpk_ctx *ctx, const char *name, double by
                                        tpk_status s) {
     tpk_profile *p = ctx->prof;
     if (p->depth == 0) return s;
+    if (p->hook) {
+        if (--p->depth == 0) p->hook(ctx, p->hook_user, name, bytes, flops);
+        return s;
+    }
     int idx = --p->depth < 16 ? p->open[p->depth] : -1, r = 0;
     if (idx < 0) return s; /* not recorded (out of memory or nested too deep) */
     while (r < p->nrows && p->rows[r].name != name && strcmp(p->rows[r].name, name)) r++;

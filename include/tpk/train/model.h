@@ -195,6 +195,19 @@ static inline void tpk_model_config_common(tpk_model_config *cfg, int64_t *shape
     *ls = label_smoothing, *sp = sequence_parallel, *rc = recompute;
 }
 
+/* Family a's config flag named `flag` (tpk_lm_flag: "--kv-heads", ...); a = TPK_ARCH_COUNT: any
+ * family's. NULL: none. */
+static inline const tpk_lm_flag *tpk_model_flag(tpk_arch a, const char *flag) {
+    int k0 = a == TPK_ARCH_COUNT ? 0 : (int)a, k1 = a == TPK_ARCH_COUNT ? (int)a : (int)a + 1;
+    for (int k = k0; k < k1; k++) {
+        int n = 0;
+        const tpk_lm_flag *f = tpk__model_family((tpk_arch)k)->flags(&n);
+        for (int i = 0; i < n; i++)
+            if (!strcmp(f[i].flag, flag)) return &f[i];
+    }
+    return NULL;
+}
+
 static inline const char *tpk_arch_name(tpk_arch a) {
     return tpk__model_family(a) ? tpk__model_family(a)->name : "?";
 }

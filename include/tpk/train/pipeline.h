@@ -134,7 +134,11 @@ typedef struct tpk_pipe {
     int done[4], ndone; /* slots freed by the last backwards, reusable after the next batch */
     int *act, *grad; /* [V M] the slot holding (chunk, mb)'s input and its output's gradient; -1 */
     int cells;
-    double t_compute, t_wait; /* host seconds of the last run: in compute steps, in messages */
+    double t_compute, t_wait; /* seconds of the last run: in compute steps, in messages */
+    double t_f, t_b;          /* of which in forwards, in backwards */
+    double (*clock)(void *user); /* the clock (NULL: the host's, seconds; a dry run's modelled
+                                    one, tpk/plan) */
+    void *clock_user;
 } tpk_pipe;
 
 static inline void tpk_pipe_free(tpk_ctx *ctx, tpk_pipe *p) {
@@ -201,12 +205,12 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
     last[0].action = last[1].action = -1;
     tpk_p2p ops[TPK_P2P_MAX];
     int nops = 0;
-    p->t_compute = p->t_wait = 0;
+    p->t_compute = p->t_wait = p->t_f = p->t_b = 0;
     for (int i = 0; i < s->n[r]; i++) {
         tpk_pipe_step x = s->step[r][i];
         int cell = x.chunk * s->M + x.mb;
         bool first = tpk__pipe_first(s, r, x.chunk), lastv = tpk__pipe_last(s, r, x.chunk);
-        double t0 = tpk__pipe_now();
+        double t0 = p->clock ? p->clock(p->clock_user) : tpk__pipe_now();
         if (x.action == TPK_PIPE_F || x.action == TPK_PIPE_B) {
             bool f = x.action == TPK_PIPE_F;
             /* no batch since the last backward: nothing of its is being sent */
@@ -231,7 +235,8 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
             if (f && s->forward_only && a >= 0) /* no backward: its input is done with */
                 p->done[p->ndone++] = a, p->act[cell] = -1;
             last[!f] = x;
-            p->t_compute += tpk__pipe_now() - t0;
+            double dt = (p->clock ? p->clock(p->clock_user) : tpk__pipe_now()) - t0;
+            p->t_compute += dt, *(f ? &p->t_f : &p->t_b) += dt;
             continue;
         }
         tpk_p2p *o = &ops[nops];
@@ -271,7 +276,7 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
             nops = 0;
             for (int k = 0; k < p->ndone; k++) p->busy[p->done[k]] = false;
             p->ndone = 0;
-            p->t_wait += tpk__pipe_now() - t0;
+            p->t_wait += (p->clock ? p->clock(p->clock_user) : tpk__pipe_now()) - t0;
             TPK_TRY(st);
         }
     }

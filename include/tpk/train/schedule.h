@@ -308,8 +308,9 @@ static inline void tpk_pipe_print(const tpk_pipe_schedule *s, bool messages, FIL
  * input arrived (RECV_ACT before F unless first, RECV_GRAD before B unless last); else TPK_ERR_ARG
  * naming the first fault (a deadlock: the steps each stage waits at). idle[P] (may be NULL): each
  * stage's time waiting, over the makespan *span (may be NULL). */
-static inline tpk_status tpk_pipe_check(tpk_ctx *ctx, const tpk_pipe_schedule *s, double cost_f,
-                                        double cost_b, double *idle, double *span) {
+static inline tpk_status tpk__pipe_play(tpk_ctx *ctx, const tpk_pipe_schedule *s, double cost_f,
+                                        double cost_b, const double *cf, const double *cb,
+                                        double *idle, double *span) {
     static const char *fn = "tpk_pipe_check";
     if (!s || !s->n || !s->step)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "schedule: expected a built schedule");
@@ -360,7 +361,7 @@ static inline tpk_status tpk_pipe_check(tpk_ctx *ctx, const tpk_pipe_schedule *s
                                    f ? "input" : "output gradient");
                 if (st != TPK_OK) break;
                 state[id] = f ? 1 : 2;
-                double c = f ? cost_f : cost_b;
+                double c = f ? (cf ? cf[r] : cost_f) : (cb ? cb[r] : cost_b);
                 t[r] += c, busy[r] += c, pc[r]++, progress = true;
                 continue;
             }
@@ -457,6 +458,19 @@ done:
     free(pc), free(in), free(part), free(t), free(busy), free(nsend), free(nrecv), free(tags),
         free(tsend), free(trecv), free(state), free(got);
     return st;
+}
+static inline tpk_status tpk_pipe_check(tpk_ctx *ctx, const tpk_pipe_schedule *s, double cost_f,
+                                        double cost_b, double *idle, double *span) {
+    return tpk__pipe_play(ctx, s, cost_f, cost_b, NULL, NULL, idle, span);
+}
+/* tpk_pipe_check with each stage's own costs: a forward on stage r takes cost_f[r], a backward
+ * cost_b[r] (a planner's: the first stage holds the embedding, the last the head and the loss). */
+static inline tpk_status tpk_pipe_check_costs(tpk_ctx *ctx, const tpk_pipe_schedule *s,
+                                              const double *cost_f, const double *cost_b,
+                                              double *idle, double *span) {
+    if (!cost_f || !cost_b)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_pipe_check_costs", "cost_f, cost_b: NULL");
+    return tpk__pipe_play(ctx, s, 0, 0, cost_f, cost_b, idle, span);
 }
 
 #endif /* TPK_SCHEDULE_H */

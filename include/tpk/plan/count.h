@@ -1,0 +1,438 @@
+/* tpk/plan/count.h — a counting backend and a counting communicator: the kit's real code walked
+ * without memory and without arithmetic (the planner's dry run, tpk/plan/plan.h).
+ *
+ * The backend (tpk_count_ops) allocates no memory: alloc gives each buffer an address of its own in
+ * a range that is never mapped (a dereference faults), so a layer's pointer tests work and any host
+ * access to a buffer would show at once; every op does nothing; a copy to the host writes zeros.
+ * It says it is a device (device = true), so the front end never reads its buffers. What it counts
+ * is the context's own: ctx->mem and ctx->mem_peak (tpk/runtime/buf.h) move exactly as in a real
+ * run, because the same calls grow and free the same tpk_bufs — the planned peak is the run's.
+ *
+ * The communicator is one rank of a world of N = tp dp pp ranks (its mesh), gpus_per_node to a node.
+ * Its splits replay tpk_ctx_init's (tpk__mesh_split) and the pipeline's tied-embedding group
+ * (stages 0 and P - 1 of the PP group); another split is an error naming it. A group knows its
+ * members' world ranks, so whether it spans nodes. Collectives move nothing.
+ *
+ * Time: with tpk_count_attach the profiler's hook (tpk/runtime/profile.h) hands every op's name,
+ * bytes and flops to the cost model (tpk/plan/hw.h), which advances the compute clock t; each
+ * collective is costed on its group's channel: a blocking one starts when both the clock and the
+ * channel are free and holds the clock until it ends; a started one (a request) runs on the channel
+ * while compute goes on, and tpk_wait moves the clock to its end (the overlap the code schedules:
+ * the TP all-reduce of dgrad under wgrad, DP buckets under the backward). */
+#ifndef TPK_COUNT_H
+#define TPK_COUNT_H
+
+#include <stdint.h>
+
+#include "../runtime/init.h"
+#include "../runtime/profile.h"
+#include "hw.h"
+
+typedef struct tpk_count {
+    tpk_ops ops;                   /* the table (tpk_count_init) */
+    const tpk_hw *hw;              /* the cost model (NULL: memory only) */
+    uintptr_t next;                /* the next address alloc gives */
+    int world, rank, tp, dp, pp;   /* the mesh and this rank */
+    int gpus_per_node;
+    int splits;                    /* the world's splits so far (tpk_ctx_init's three) */
+    double t;                      /* the compute clock, seconds */
+    double t_ops, t_coll, t_exposed; /* compute, collectives' own time, and the part of it the
+                                        clock waited for */
+    double flops, bytes;           /* counted by the ops */
+    bool coll;                     /* a collective's entry ran: the hook skips its record */
+} tpk_count;
+
+typedef struct tpk__count_comm {
+    tpk_count *c;
+    int *members;   /* [size] world ranks, by rank in the group */
+    bool world;     /* the counting world itself */
+    bool inter;     /* the members span nodes */
+    double free_at; /* when its channel is free */
+} tpk__count_comm;
+
+static inline tpk_count *tpk__count_of(tpk_ctx *ctx) { return (tpk_count *)ctx->ops->self; }
+
+/* ---- the backend -------------------------------------------------------------------------- */
+
+static inline tpk_status tpk__count_alloc(tpk_ctx *ctx, size_t bytes, void **out) {
+    tpk_count *c = tpk__count_of(ctx);
+    *out = (void *)c->next;
+    c->next += (bytes + 255) / 256 * 256 + 256; /* distinct, aligned, never mapped */
+    return TPK_OK;
+}
+static inline void tpk__count_free(tpk_ctx *ctx, void *p) { (void)ctx, (void)p; }
+static inline tpk_status tpk__count_memcpy(tpk_ctx *ctx, void *dst, const void *src, size_t bytes,
+                                           tpk_copy_dir dir) {
+    (void)ctx;
+    if (dir == TPK_D2H) memset(dst, 0, bytes); /* the host reads zeros */
+    else if (dir == TPK_H2H) memmove(dst, src, bytes);
+    return TPK_OK;
+}
+
+/* every other entry: nothing to do */
+static inline tpk_status tpk__count_sync(tpk_ctx *ctx) {
+    (void)ctx;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
+    (void)ctx; (void)x; (void)dt; (void)n; (void)value;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
+    (void)ctx; (void)dst; (void)ldd; (void)src; (void)lds; (void)rows; (void)cols; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
+    (void)ctx; (void)dst; (void)dst_dt; (void)src; (void)src_dt; (void)n;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
+    (void)ctx; (void)y; (void)a; (void)x; (void)b; (void)dt; (void)n;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
+    (void)ctx; (void)ta; (void)tb; (void)m; (void)n; (void)k; (void)alpha; (void)a; (void)lda; (void)b; (void)ldb; (void)beta; (void)c; (void)ldc; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
+    (void)ctx; (void)ta; (void)tb; (void)m; (void)n; (void)k; (void)alpha; (void)a; (void)lda; (void)b; (void)ldb; (void)beta; (void)c; (void)ldc; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
+    (void)ctx; (void)y; (void)bias; (void)rows; (void)cols; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt, bool accumulate) {
+    (void)ctx; (void)db; (void)dy; (void)rows; (void)cols; (void)dt; (void)db_dt; (void)accumulate;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
+    (void)ctx; (void)act; (void)y; (void)x; (void)dt; (void)n;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
+    (void)ctx; (void)act; (void)dx; (void)x; (void)dy; (void)dt; (void)n;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
+    (void)ctx; (void)x; (void)dt; (void)rows; (void)cols; (void)gcols; (void)row0; (void)col0; (void)seed; (void)stream; (void)dist; (void)a; (void)b;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    (void)ctx; (void)y; (void)x; (void)rows; (void)cols; (void)gcols; (void)row0; (void)col0; (void)p; (void)seed; (void)stream; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    (void)ctx; (void)y; (void)mean; (void)rstd; (void)x; (void)w; (void)b; (void)rows; (void)cols; (void)eps; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w, const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+    (void)ctx; (void)dx; (void)dw; (void)db; (void)dy; (void)x; (void)w; (void)mean; (void)rstd; (void)rows; (void)cols; (void)dt; (void)accumulate_dx;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate) {
+    (void)ctx; (void)y; (void)ids; (void)table; (void)T; (void)H; (void)v0; (void)vrows; (void)dt; (void)accumulate;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt) {
+    (void)ctx; (void)dtable; (void)dy; (void)ids; (void)T; (void)H; (void)v0; (void)vrows; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_xent_stats(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt) {
+    (void)ctx; (void)part; (void)z; (void)targets; (void)T; (void)Vl; (void)ld; (void)v0; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
+    (void)ctx; (void)loss; (void)lse; (void)part; (void)P; (void)targets; (void)T; (void)V; (void)smoothing; (void)ignore_index;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
+    (void)ctx; (void)acc; (void)loss; (void)T; (void)count; (void)accumulate;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
+    (void)ctx; (void)dz; (void)z; (void)lse; (void)targets; (void)dloss; (void)T; (void)Vl; (void)ld; (void)v0; (void)V; (void)smoothing; (void)ignore_index; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V, int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
+    (void)ctx; (void)dz; (void)loss; (void)lse; (void)z; (void)targets; (void)T; (void)V; (void)ld; (void)smoothing; (void)ignore_index; (void)g; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    (void)ctx; (void)out; (void)lse; (void)qkv; (void)B; (void)S; (void)Al; (void)D; (void)A; (void)G; (void)head0; (void)scale; (void)p; (void)seed; (void)stream; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    (void)ctx; (void)dqkv; (void)dout; (void)qkv; (void)out; (void)lse; (void)B; (void)S; (void)Al; (void)D; (void)A; (void)G; (void)head0; (void)scale; (void)p; (void)seed; (void)stream; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D, float theta, bool inverse, tpk_dtype dt) {
+    (void)ctx; (void)y; (void)ldy; (void)x; (void)ldx; (void)rows; (void)S; (void)heads; (void)D; (void)theta; (void)inverse; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
+    (void)ctx; (void)h; (void)gu; (void)rows; (void)F; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
+    (void)ctx; (void)dgu; (void)gu; (void)dh; (void)rows; (void)F; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    (void)ctx; (void)y; (void)rstd; (void)x; (void)w; (void)rows; (void)cols; (void)eps; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
+    (void)ctx; (void)dx; (void)dw; (void)dy; (void)x; (void)w; (void)rstd; (void)rows; (void)cols; (void)dt; (void)accumulate_dx;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns, uint16_t *w16) {
+    (void)ctx; (void)w; (void)g; (void)m; (void)v; (void)n; (void)lr; (void)b1; (void)b2; (void)eps; (void)wd; (void)step; (void)grad_scale; (void)norm; (void)clip; (void)decay; (void)nruns; (void)w16;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate) {
+    (void)ctx; (void)out; (void)x; (void)n; (void)accumulate;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n, int64_t k, tpk_act act, tpk_dtype dt) {
+    (void)ctx; (void)y; (void)pre; (void)x; (void)w; (void)bias; (void)T; (void)n; (void)k; (void)act; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n, int64_t k, tpk_act act, tpk_dtype dt) {
+    (void)ctx; (void)du; (void)db; (void)dy; (void)w; (void)pre; (void)T; (void)n; (void)k; (void)act; (void)dt;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
+    (void)ctx; (void)x1; (void)y; (void)mean; (void)rstd; (void)x; (void)r; (void)w; (void)b; (void)rows; (void)cols; (void)eps; (void)dt;
+    return TPK_OK;
+}
+
+/* The table into c->ops: every entry, the fused ones where `like` has them (like NULL: all, as the
+ * CUDA backend; the host backend composes the fused linear and residual-layernorm), so that the
+ * same ops are counted as the backend planned for runs. */
+static inline void tpk__count_table(tpk_count *c, const tpk_ops *like) {
+    tpk_ops *o = &c->ops;
+    memset(o, 0, sizeof *o);
+    o->name = "count", o->self = c, o->device = true;
+#define TPK__COUNT_ENTRY(e) o->e = tpk__count_##e;
+    TPK__OPS_CORE(TPK__COUNT_ENTRY)
+    TPK__OPS_LAYERS(TPK__COUNT_ENTRY)
+    TPK__OPS_FUSED(TPK__COUNT_ENTRY)
+#undef TPK__COUNT_ENTRY
+#define TPK__COUNT_LIKE(e) \
+    if (like && !like->e) o->e = NULL;
+    TPK__OPS_FUSED(TPK__COUNT_LIKE)
+#undef TPK__COUNT_LIKE
+}
+
+/* ---- the communicator --------------------------------------------------------------------- */
+
+/* A collective of `kind` moving `bytes` on group g: its time on g's channel (see the top). */
+static inline tpk_status tpk__count_coll(tpk_ctx *ctx, tpk_comm *g, tpk_coll_kind kind,
+                                         double bytes, tpk_request *req) {
+    tpk__count_comm *cc = (tpk__count_comm *)g->impl;
+    tpk_count *c = cc->c;
+    c->coll = true;
+    (void)ctx;
+    if (!c->hw) return TPK_OK;
+    double sec = tpk_hw_coll_seconds(c->hw, kind, bytes, g->size, cc->inter),
+           start = c->t > cc->free_at ? c->t : cc->free_at;
+    cc->free_at = start + sec;
+    c->t_coll += sec;
+    if (req) { /* its end, for tpk_wait */
+        double *end = (double *)malloc(sizeof(double));
+        if (!end)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_count (collective)", "out of host memory");
+        *end = cc->free_at, req->state = end;
+    } else
+        c->t_exposed += cc->free_at - c->t, c->t = cc->free_at;
+    return TPK_OK;
+}
+static inline tpk_status tpk__count_c_allreduce(tpk_ctx *ctx, tpk_comm *g, const void *send,
+                                                void *recv, size_t count, tpk_dtype dt,
+                                                tpk_redop op, tpk_request *req) {
+    (void)send, (void)recv, (void)op;
+    return tpk__count_coll(ctx, g, TPK_COLL_ALLREDUCE, (double)count * tpk_dtype_size(dt), req);
+}
+static inline double tpk__count_sum(const tpk_comm *g, const size_t *counts, tpk_dtype dt) {
+    double n = 0;
+    for (int q = 0; q < g->size; q++) n += (double)counts[q];
+    return n * (double)tpk_dtype_size(dt);
+}
+static inline tpk_status tpk__count_c_allgatherv(tpk_ctx *ctx, tpk_comm *g, const void *send,
+                                                 void *recv, const size_t *counts, tpk_dtype dt,
+                                                 tpk_request *req) {
+    (void)send, (void)recv;
+    return tpk__count_coll(ctx, g, TPK_COLL_ALLGATHER, tpk__count_sum(g, counts, dt), req);
+}
+static inline tpk_status tpk__count_c_reduce_scatterv(tpk_ctx *ctx, tpk_comm *g, const void *send,
+                                                      void *recv, const size_t *counts,
+                                                      tpk_dtype dt, tpk_redop op,
+                                                      tpk_request *req) {
+    (void)send, (void)recv, (void)op;
+    return tpk__count_coll(ctx, g, TPK_COLL_REDUCE_SCATTER, tpk__count_sum(g, counts, dt), req);
+}
+static inline tpk_status tpk__count_c_bcast(tpk_ctx *ctx, tpk_comm *g, void *buf, size_t count,
+                                            tpk_dtype dt, int root, tpk_request *req) {
+    (void)buf, (void)root;
+    return tpk__count_coll(ctx, g, TPK_COLL_BROADCAST, (double)count * tpk_dtype_size(dt), req);
+}
+static inline tpk_status tpk__count_c_barrier(tpk_ctx *ctx, tpk_comm *g, tpk_request *req) {
+    tpk_status s = tpk__count_coll(ctx, g, TPK_COLL_BARRIER, 0, req);
+    ((tpk__count_comm *)g->impl)->c->coll = false; /* not profiled: no record to skip */
+    return s;
+}
+static inline tpk_status tpk__count_c_wait(tpk_ctx *ctx, tpk_request *req) {
+    tpk_count *c = tpk__count_of(ctx);
+    c->coll = true;
+    double *end = (double *)req->state;
+    if (end && *end > c->t) c->t_exposed += *end - c->t, c->t = *end;
+    free(end);
+    req->state = NULL;
+    return TPK_OK;
+}
+/* A batch of sends and receives: the larger direction's bytes, one latency (the pipeline's peer
+ * waits are the schedule's, played by the planner: tpk_pipe_check_costs). */
+static inline tpk_status tpk__count_c_p2p(tpk_ctx *ctx, tpk_comm *g, const tpk_p2p *ops, int n,
+                                          tpk_request *req) {
+    tpk__count_comm *cc = (tpk__count_comm *)g->impl;
+    double sent = 0, got = 0;
+    bool inter = false;
+    for (int i = 0; i < n; i++) {
+        double b = (double)ops[i].count * (double)tpk_dtype_size(ops[i].dtype);
+        *(ops[i].send ? &sent : &got) += b;
+        int gpn = cc->c->gpus_per_node;
+        inter = inter || cc->members[ops[i].peer] / gpn != cc->members[g->rank] / gpn;
+    }
+    bool keep = cc->inter;
+    cc->inter = inter;
+    tpk_status s = tpk__count_coll(ctx, g, TPK_COLL_SEND, sent > got ? sent : got, req);
+    cc->inter = keep;
+    return s;
+}
+static inline void tpk__count_c_destroy(tpk_comm *g) {
+    tpk__count_comm *cc = (tpk__count_comm *)g->impl;
+    if (cc) free(cc->members);
+    free(cc);
+    g->impl = NULL;
+}
+static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
+                                            tpk_comm *out);
+static const tpk_comm_vtable tpk__count_comm_vt = {
+    "count", TPK__COMM_TABLE(tpk__count_c_), tpk__count_c_destroy, TPK__COMM_P2P(tpk__count_c_)};
+
+/* A group of `n` members (world ranks, by rank), this rank among them. */
+static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int *members, int n,
+                                          bool world, tpk_comm *out) {
+    tpk__count_comm *cc = (tpk__count_comm *)calloc(1, sizeof *cc);
+    int *m = (int *)malloc(sizeof(int) * (size_t)n);
+    if (!cc || !m) {
+        free(cc), free(m);
+        return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_count", "out of host memory");
+    }
+    memcpy(m, members, sizeof(int) * (size_t)n);
+    cc->c = c, cc->members = m, cc->world = world;
+    memset(out, 0, sizeof *out);
+    out->vt = &tpk__count_comm_vt, out->impl = cc, out->size = n, out->device = true;
+    for (int i = 0; i < n; i++) {
+        if (m[i] == c->rank) out->rank = i;
+        cc->inter = cc->inter || m[i] / c->gpus_per_node != m[0] / c->gpus_per_node;
+    }
+    return TPK_OK;
+}
+
+/* The splits a dry run meets: of the world, tpk_ctx_init's three (TP, DP, PP, in that order:
+ * tpk__mesh_split); of a group of P ranks, the tied embedding's (ranks 0 and P - 1: color 0, the
+ * others 1, key = rank). Each is checked against the rule it replays. */
+static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
+                                            tpk_comm *out) {
+    static const char *fn = "tpk_comm_split (count)";
+    tpk__count_comm *cc = (tpk__count_comm *)g->impl;
+    tpk_count *c = cc->c;
+    int n = g->size, *m = (int *)malloc(sizeof(int) * (size_t)(n > 0 ? n : 1)), k = 0;
+    if (!m) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    bool known = false;
+    if (cc->world && c->splits < 3) {
+        int gi = c->splits++, want_c, want_k;
+        tpk__mesh_split(c->rank, c->tp, c->dp, gi, &want_c, &want_k);
+        known = want_c == color && want_k == key;
+        for (int w = 0; known && w < n; w++) { /* ordered by key: by the group's rank */
+            int cw, kw;
+            tpk__mesh_split(w, c->tp, c->dp, gi, &cw, &kw);
+            if (cw == color) m[kw] = w, k++;
+        }
+    } else if (!cc->world && key == g->rank &&
+               color == (g->rank == 0 || g->rank == n - 1 ? 0 : 1)) {
+        known = true;
+        for (int r = 0; r < n; r++)
+            if ((r == 0 || r == n - 1 ? 0 : 1) == color) m[k++] = cc->members[r];
+    }
+    tpk_status s = known ? tpk__count_group(ctx, c, m, k, false, out)
+                         : tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                                     "color %d, key %d on rank %d of %d: not a split the counting "
+                                     "communicator replays (tpk_ctx_init's mesh, the tied "
+                                     "embedding's group)",
+                                     color, key, g->rank, n);
+    free(m);
+    return s;
+}
+
+/* ---- setup -------------------------------------------------------------------------------- */
+
+/* Count for rank `rank` of a world of tp x dp x pp ranks, gpus_per_node to a node, ops like `like`
+ * (NULL: every fused entry), costed by hw (NULL: memory alone). Addresses start at 2^56: above
+ * every mapping of a 64-bit process (the dry run needs 64-bit pointers). */
+static inline tpk_status tpk_count_init(tpk_ctx *err, tpk_count *c, const tpk_hw *hw,
+                                        const tpk_ops *like, int tp, int dp, int pp, int rank,
+                                        int gpus_per_node) {
+    static const char *fn = "tpk_count_init";
+    memset(c, 0, sizeof *c);
+    if (sizeof(void *) < 8)
+        return tpk__fail(err, TPK_ERR_UNSUPPORTED, fn, "the dry run needs 64-bit pointers");
+    if (tp < 1 || dp < 1 || pp < 1 || rank < 0 || rank >= tp * dp * pp || gpus_per_node < 1)
+        return tpk__fail(err, TPK_ERR_ARG, fn,
+                         "expected tp, dp, pp, gpus_per_node >= 1 and 0 <= rank < tp dp pp, got "
+                         "%d, %d, %d, %d, rank %d",
+                         tp, dp, pp, gpus_per_node, rank);
+    tpk__count_table(c, like);
+    c->hw = hw, c->next = (uintptr_t)1 << 56;
+    c->world = tp * dp * pp, c->rank = rank, c->tp = tp, c->dp = dp, c->pp = pp;
+    c->gpus_per_node = gpus_per_node;
+    return TPK_OK;
+}
+/* The world communicator of c (tpk_comm_destroy frees it). */
+static inline tpk_status tpk_count_world(tpk_ctx *err, tpk_count *c, tpk_comm *out) {
+    int *m = (int *)malloc(sizeof(int) * (size_t)c->world);
+    if (!m) return tpk__fail(err, TPK_ERR_NOMEM, "tpk_count_world", "out of host memory");
+    for (int w = 0; w < c->world; w++) m[w] = w;
+    tpk_status s = tpk__count_group(err, c, m, c->world, true, out);
+    free(m);
+    return s;
+}
+
+/* The profiler's hook: an op advances the clock by its modelled time; a collective's record is
+ * skipped (its entry costed it). */
+static inline void tpk__count_hook(tpk_ctx *ctx, void *user, const char *name, double bytes,
+                                   double flops) {
+    tpk_count *c = (tpk_count *)user;
+    (void)ctx;
+    if (c->coll) {
+        c->coll = false;
+        return;
+    }
+    c->flops += flops, c->bytes += bytes;
+    if (!c->hw) return;
+    double s = tpk_hw_op_seconds(c->hw, name, bytes, flops);
+    c->t += s, c->t_ops += s;
+}
+/* The modelled clock (a pipeline executor's: tpk_pipe.clock). */
+static inline double tpk__count_clock(void *user) { return ((tpk_count *)user)->t; }
+
+/* Time the context's ops and collectives on c's model (after tpk_ctx_init on c's table). */
+static inline tpk_status tpk_count_attach(tpk_ctx *ctx, tpk_count *c) {
+    TPK_TRY(tpk_profile_start(ctx));
+    ctx->prof->hook = tpk__count_hook, ctx->prof->hook_user = c;
+    return TPK_OK;
+}
+
+#endif /* TPK_COUNT_H */

@@ -1,0 +1,343 @@
+/* tpk/plan/plan.h — the configuration planner: memory per rank and step time of every TP x PP x DP
+ * x micro-batch x recompute x ZeRO-1 x sequence-parallel choice for a model, a global batch and a
+ * cluster, by a dry run of the real code.
+ *
+ * tpk_plan_run: one configuration. For each pipeline stage s (one stage without PP), rank
+ * (TP 0, DP 0, stage s) of the mesh is walked on the counting backend and communicator
+ * (tpk/plan/count.h) through exactly the trainer's calls: tpk_ctx_init, the model (or the stage's
+ * parts, tpk_pipe_model_init, 1F1B, blocks split evenly), AdamW (ZeRO-1 sharded), the DP buckets,
+ * then two steps of tpk_model_train_step (tpk/train/step.h) over M = B / (dp mb) micro-batches.
+ * peak_bytes = the largest tpk_mem_peak over the stages from the first step on: the figure the
+ * trainer prints as its peak memory (parameters, gradients, bf16 copies, activations under the
+ * recompute mode, the optimizer's moments or their ZeRO-1 slice, the SP scratch, the pipeline's
+ * live micro-batches and receive buffers), counted by the same code, not a formula beside it.
+ * The second step's modelled time (tpk/plan/hw.h) is the step time: without PP, the stage's clock
+ * (ops, plus the collectives' time not hidden under compute); with PP, each stage's mean forward and
+ * backward (their messages shared among them) played through the schedule
+ * (tpk_pipe_check_costs: the bubble), plus the slowest stage's time after its last backward (the
+ * DP reduction left exposed, the norm, AdamW).
+ *
+ * tpk_plan: every configuration of `gpus` ranks: tp | gpus with tp <= gpus_per_node (a TP group
+ * inside a node), pp | gpus / tp with pp <= layers, dp = gpus / (tp pp) dividing the global batch,
+ * micro-batches mb | B / dp, recompute none / selective / full, ZeRO-1 when dp > 1, SP when tp > 1;
+ * each either planned or rejected with its reason (does not divide, exceeds the node, does not fit:
+ * peak + the profile's reserve over its memory, or the model's own error). Sorted: the fitting
+ * ones fastest first (then the smaller peak), then the rejected. */
+#ifndef TPK_PLAN_H
+#define TPK_PLAN_H
+
+#include "../train/step.h"
+#include "count.h"
+
+typedef struct tpk_plan_desc {
+    tpk_model_config model; /* the family's config (shape, positions; its sp and recompute are
+                               set per configuration) */
+    int64_t seq;            /* tokens a sequence */
+    int64_t batch;          /* the global batch, sequences a step */
+    int gpus, gpus_per_node;
+    const tpk_hw *hw;
+    const tpk_ops *like;    /* the backend to count like (its fused ops; NULL: the CUDA
+                               backend's) */
+    tpk_dtype dtype;        /* activations: TPK_BF16 on a GPU, TPK_F32 on the host */
+    /* restrictions (0 or -1: every value) */
+    int tp, pp, micro_batch, zero, sp;
+    int recompute; /* -1: all; else a tpk_recompute */
+} tpk_plan_desc;
+
+typedef struct tpk_plan_cfg {
+    int tp, pp, dp, micro_batch, accum; /* accum: micro-batches a step per DP rank */
+    tpk_recompute recompute;
+    bool zero, sp;
+    bool fits;
+    double peak_bytes;   /* per rank, the largest over stages (tpk_mem_peak) */
+    double step_seconds; /* modelled */
+    double tokens_per_s, mfu;
+    double compute_s, exposed_comm_s, bubble; /* the step's parts: compute (the slowest stage's),
+                                                 collectives the clock waited for, the pipeline's
+                                                 idle share */
+    char reason[200];    /* why rejected ("" when it fits) */
+} tpk_plan_cfg;
+
+/* Parameters of the model (unsharded, each once): dry-run on one rank without parallelism. */
+static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c, tpk_comm *world,
+                                       const tpk_plan_desc *d, int tp, int dp, int pp, int rank) {
+    TPK_TRY(tpk_count_init(err, c, d->hw, d->like, tp, dp, pp, rank,
+                           d->gpus_per_node > 0 ? d->gpus_per_node : 1));
+    TPK_TRY(tpk_count_world(err, c, world));
+    tpk_status s = tpk_ctx_init(
+        ctx, &(tpk_ctx_desc){.ops = &c->ops, .world = world, .tp = tp, .pp = pp, .seed = 1,
+                             .dtype = d->dtype});
+    if (s != TPK_OK) {
+        snprintf(err->err, sizeof err->err, "%s", ctx->err);
+        tpk_comm_destroy(world);
+        return err->last = s;
+    }
+    if (d->hw) s = tpk_count_attach(ctx, c);
+    return s;
+}
+
+/* Parameters in the whole model (the tied embedding once), for MFU: 6 N + 12 L H S flops a token. */
+static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
+    tpk_count c;
+    tpk_comm world;
+    tpk_ctx ctx;
+    tpk_plan_desc one = *d;
+    one.hw = NULL;
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 0));
+    tpk_model m;
+    tpk_status s = tpk_model_init(&ctx, &m, &d->model);
+    if (s == TPK_OK) *n = (double)tpk_params_global_numel(&ctx), tpk_model_destroy(&ctx, &m);
+    else snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
+    tpk_ctx_destroy(&ctx);
+    tpk_comm_destroy(&world);
+    return s;
+}
+
+/* One stage's dry run: its peak, the second step's time and, with stages, its forwards' and
+ * backwards' time, its messages' and the schedule. */
+typedef struct tpk__plan_stage {
+    double peak, step, f, b, msg, tail, compute, exposed;
+} tpk__plan_stage;
+
+static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *d,
+                                             tpk_plan_cfg *p, int stage, tpk__plan_stage *out,
+                                             tpk_pipe_schedule *sched) {
+    tpk_count c;
+    tpk_comm world;
+    tpk_ctx ctx;
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, p->dp, p->pp,
+                          stage * p->tp * p->dp));
+    tpk_model_config cfg = d->model;
+    int64_t *sh[5];
+    tpk_model_config_common(&cfg, sh, 0.0f, p->sp, p->recompute);
+    tpk_model m;
+    tpk_pipe_model pm;
+    tpk_adamw opt;
+    tpk_dp_buckets b;
+    memset(&m, 0, sizeof m), memset(&pm, 0, sizeof pm), memset(&opt, 0, sizeof opt);
+    memset(&b, 0, sizeof b);
+    bool piped = p->pp > 1;
+    size_t ntok = (size_t)p->accum * (size_t)p->micro_batch * (size_t)d->seq;
+    int32_t *ids = (int32_t *)calloc(ntok ? ntok : 1, sizeof(int32_t));
+    tpk_status s = ids ? TPK_OK
+                       : tpk__fail(&ctx, TPK_ERR_NOMEM, "tpk_plan", "out of host memory");
+    if (s == TPK_OK)
+        s = piped ? tpk_pipe_model_init(&ctx, &pm, &cfg, TPK_PIPE_1F1B, p->accum, 1, NULL, NULL, 0,
+                                        0)
+                  : tpk_model_init(&ctx, &m, &cfg);
+    if (s == TPK_OK)
+        s = tpk_adamw_init(&ctx, &opt,
+                           &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f,
+                                             .weight_decay = 0.1f, .zero = p->zero});
+    if (s == TPK_OK) {
+        if (piped) tpk_pipe_model_set_dp(&pm, p->zero ? NULL : &b), pm.exec.clock = tpk__count_clock,
+                   pm.exec.clock_user = &c;
+        else tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
+        tpk_mem_peak(&ctx, true); /* the trainer's peak: from the first step */
+    }
+    double t0 = 0, e0 = 0, o0 = 0;
+    for (int step = 0; s == TPK_OK && step < 2; step++) {
+        t0 = c.t, e0 = c.t_exposed, o0 = c.t_ops;
+        s = tpk_model_train_step(&ctx, piped ? NULL : &m, piped ? &pm : NULL, &opt, &b, ids, ids,
+                                 p->micro_batch, d->seq, p->accum,
+                                 1.0f / (float)p->accum / (float)p->dp, (uint64_t)step * 1000u,
+                                 1e-4f, 1.0f, NULL);
+    }
+    if (s == TPK_OK) {
+        out->peak = (double)tpk_mem_peak(&ctx, false);
+        out->step = c.t - t0, out->exposed = c.t_exposed - e0, out->compute = c.t_ops - o0;
+        if (piped) {
+            int steps = pm.M * pm.V;
+            out->f = pm.exec.t_f / steps, out->b = pm.exec.t_b / steps;
+            out->msg = pm.exec.t_wait;
+            out->tail = out->step - pm.exec.t_compute - pm.exec.t_wait;
+            if (sched && !sched->n) { /* the schedule, for the planner's play */
+                s = tpk_pipe_schedule_make(&ctx, sched, TPK_PIPE_1F1B, p->pp, p->accum, 1);
+            }
+        }
+    } else
+        snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
+    free(ids);
+    if (piped) tpk_pipe_model_destroy(&ctx, &pm);
+    else tpk_model_destroy(&ctx, &m);
+    tpk_adamw_destroy(&ctx, &opt);
+    tpk_dp_destroy(&b);
+    tpk_ctx_destroy(&ctx);
+    tpk_comm_destroy(&world);
+    return s;
+}
+
+/* Plan configuration p (its tp, pp, dp, micro_batch, accum, recompute, zero, sp set): its peak,
+ * time and fit; the model's own refusal (a shape that does not divide) lands in p->reason and
+ * returns TPK_OK with fits = false; params: tpk_plan_model_params's. */
+static inline tpk_status tpk_plan_run(tpk_ctx *err, const tpk_plan_desc *d, double params,
+                                      tpk_plan_cfg *p) {
+    tpk__plan_stage st[1024];
+    memset(st, 0, sizeof st[0]);
+    int P = p->pp;
+    if (P > 1024)
+        return tpk__fail(err, TPK_ERR_ARG, "tpk_plan_run", "pp: at most 1024, got %d", P);
+    tpk_pipe_schedule sched;
+    memset(&sched, 0, sizeof sched);
+    p->fits = false, p->reason[0] = 0, p->peak_bytes = 0, p->step_seconds = 0;
+    double pf[1024], pb[1024], tail = 0, compute = 0, exposed = 0;
+    for (int s = 0; s < P; s++) {
+        tpk_status r = tpk__plan_stage_run(err, d, p, s, &st[s], &sched);
+        if (r == TPK_ERR_NOMEM) return r;
+        if (r != TPK_OK) { /* the model's refusal: this configuration's reason */
+            snprintf(p->reason, sizeof p->reason, "%.199s", err->err);
+            tpk_clear_error(err);
+            tpk_pipe_schedule_free(&sched);
+            return TPK_OK;
+        }
+        if (st[s].peak > p->peak_bytes) p->peak_bytes = st[s].peak;
+        pf[s] = st[s].f + st[s].msg / (2.0 * p->accum), pb[s] = st[s].b + st[s].msg / (2.0 * p->accum);
+        if (st[s].tail > tail) tail = st[s].tail;
+        if (st[s].compute > compute) compute = st[s].compute;
+        if (st[s].exposed > exposed) exposed = st[s].exposed;
+    }
+    double span = st[0].step, idle[1024];
+    p->bubble = 0;
+    if (P > 1) {
+        tpk_status r = tpk_pipe_check_costs(err, &sched, pf, pb, idle, &span);
+        tpk_pipe_schedule_free(&sched);
+        TPK_TRY(r);
+        double worst = 0;
+        for (int s = 0; s < P; s++) worst = idle[s] > worst ? idle[s] : worst;
+        p->bubble = span > 0 ? worst / span : 0;
+        span += tail;
+    }
+    p->step_seconds = span, p->compute_s = compute, p->exposed_comm_s = exposed;
+    double tok = (double)d->batch * (double)d->seq;
+    int64_t *sh[5];
+    tpk_model_config cfg = d->model;
+    tpk_model_config_common(&cfg, sh, 0.0f, false, TPK_RECOMPUTE_NONE);
+    double flops = (6.0 * params + 12.0 * (double)*sh[2] * (double)*sh[3] * (double)d->seq) * tok;
+    p->tokens_per_s = span > 0 ? tok / span : 0;
+    p->mfu = d->hw && span > 0 ? flops / span / (d->hw->peak_tflops * 1e12 * d->gpus) : 0;
+    double need = p->peak_bytes + (d->hw ? d->hw->reserve_gb * 1e9 : 0);
+    p->fits = !d->hw || need <= d->hw->mem_gb * 1e9;
+    if (!p->fits)
+        snprintf(p->reason, sizeof p->reason,
+                 "does not fit: %.2f GB per rank + %.1f GB reserved > %.0f GB", p->peak_bytes / 1e9,
+                 d->hw->reserve_gb, d->hw->mem_gb);
+    return TPK_OK;
+}
+
+static inline int tpk__plan_cmp(const void *a, const void *b) {
+    const tpk_plan_cfg *x = (const tpk_plan_cfg *)a, *y = (const tpk_plan_cfg *)b;
+    if (x->fits != y->fits) return x->fits ? -1 : 1;
+    if (x->fits && x->step_seconds != y->step_seconds)
+        return x->step_seconds < y->step_seconds ? -1 : 1;
+    if (x->peak_bytes != y->peak_bytes) return x->peak_bytes < y->peak_bytes ? -1 : 1;
+    return 0;
+}
+
+/* Every configuration (see the top) into *out (n of them; free it), sorted. */
+static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan_cfg **out,
+                                  int *n) {
+    static const char *fn = "tpk_plan";
+    if (!err) return TPK_ERR_ARG;
+    if (!d || !out || !n) return tpk__fail(err, TPK_ERR_ARG, fn, "desc, out, n: NULL");
+    *out = NULL, *n = 0;
+    if (d->gpus < 1)
+        return tpk__fail(err, TPK_ERR_ARG, fn, "gpus: expected at least 1 rank, got %d", d->gpus);
+    if (d->gpus_per_node < 1)
+        return tpk__fail(err, TPK_ERR_ARG, fn, "gpus_per_node: expected >= 1, got %d",
+                         d->gpus_per_node);
+    if (d->batch < 1 || d->seq < 1)
+        return tpk__fail(err, TPK_ERR_ARG, fn,
+                         "batch, seq: expected a global batch and a sequence length >= 1, got "
+                         "%lld, %lld",
+                         (long long)d->batch, (long long)d->seq);
+    double params = 0;
+    TPK_TRY(tpk_plan_model_params(err, d, &params));
+    int64_t *sh[5];
+    tpk_model_config cfg = d->model;
+    tpk_model_config_common(&cfg, sh, 0.0f, false, TPK_RECOMPUTE_NONE);
+    int64_t L = *sh[2];
+    int cap = 0, cnt = 0;
+    tpk_plan_cfg *v = NULL;
+    for (int tp = 1; tp <= d->gpus; tp++) {
+        if (d->gpus % tp || (d->tp > 0 && tp != d->tp)) continue;
+        for (int pp = 1; pp <= d->gpus / tp; pp++) {
+            if ((d->gpus / tp) % pp || (d->pp > 0 && pp != d->pp)) continue;
+            int dp = d->gpus / tp / pp;
+            int64_t Bd = d->batch % dp ? 0 : d->batch / dp;
+            char why[200] = ""; /* a mesh rejected before any dry run: one row */
+            if (tp > d->gpus_per_node)
+                snprintf(why, sizeof why,
+                         "TP %d exceeds a node's %d GPUs (a TP group stays inside a node)", tp,
+                         d->gpus_per_node);
+            else if (pp > L)
+                snprintf(why, sizeof why, "PP %d: more stages than the %lld blocks", pp,
+                         (long long)L);
+            else if (!Bd)
+                snprintf(why, sizeof why, "does not divide: the global batch %lld over DP %d",
+                         (long long)d->batch, dp);
+            for (int64_t mb = 1; mb <= (Bd ? Bd : 1); mb++) {
+                if (Bd && Bd % mb) continue;
+                if (!why[0] && d->micro_batch > 0 && mb != d->micro_batch) continue;
+                for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
+                    if (!why[0] && d->recompute >= 0 && rc != d->recompute) continue;
+                    for (int z = 0; z <= (dp > 1); z++) {
+                        if (!why[0] && d->zero >= 0 && z != d->zero) continue;
+                        for (int sp = 0; sp <= (tp > 1); sp++) {
+                            if (!why[0] && d->sp >= 0 && sp != d->sp) continue;
+                            if (cnt == cap) {
+                                cap = cap ? 2 * cap : 256;
+                                tpk_plan_cfg *w =
+                                    (tpk_plan_cfg *)realloc(v, sizeof *w * (size_t)cap);
+                                if (!w) {
+                                    free(v);
+                                    return tpk__fail(err, TPK_ERR_NOMEM, fn, "out of memory");
+                                }
+                                v = w;
+                            }
+                            tpk_plan_cfg *p = &v[cnt++];
+                            memset(p, 0, sizeof *p);
+                            p->tp = tp, p->pp = pp, p->dp = dp, p->micro_batch = why[0] ? 0 : (int)mb;
+                            p->accum = why[0] ? 0 : (int)(Bd / mb);
+                            p->recompute = (tpk_recompute)rc, p->zero = z, p->sp = sp;
+                            if (why[0]) {
+                                snprintf(p->reason, sizeof p->reason, "%s", why);
+                                goto next_mesh;
+                            }
+                            tpk_status s = tpk_plan_run(err, d, params, p);
+                            if (s != TPK_OK) {
+                                free(v);
+                                return s;
+                            }
+                        }
+                    }
+                }
+            }
+        next_mesh:;
+        }
+    }
+    qsort(v, (size_t)cnt, sizeof *v, tpk__plan_cmp);
+    *out = v, *n = cnt;
+    return TPK_OK;
+}
+
+/* One configuration as a JSON object (the keys of build/plan --json). */
+static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
+    fprintf(f,
+            "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"micro_batch\": %d, \"accum\": %d, "
+            "\"recompute\": \"%s\", \"zero\": %d, \"sp\": %s, \"peak_bytes\": %.0f, "
+            "\"step_seconds\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.4f, \"bubble\": %.4f, "
+            "\"fits\": %s",
+            p->tp, p->pp, p->dp, p->micro_batch, p->accum, tpk_recompute_name(p->recompute),
+            p->zero ? 1 : 0, p->sp ? "true" : "false", p->peak_bytes, p->step_seconds,
+            p->tokens_per_s, p->mfu, p->bubble, p->fits ? "true" : "false");
+    if (p->reason[0]) {
+        fprintf(f, ", \"reason\": \"");
+        for (const char *c = p->reason; *c; c++)
+            if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+            else if ((unsigned char)*c >= 0x20) fputc(*c, f);
+        fprintf(f, "\"");
+    }
+    fprintf(f, "}");
+}
+
+#endif /* TPK_PLAN_H */
