@@ -282,7 +282,7 @@ format-check:
 	@python3 tools/format_check.py
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/readme_example $(GPU_BENCH)
+	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/plan $(B)/readme_example $(GPU_BENCH)
 	@TPK_BUILD=$(B) sh tests/run.sh
 
 # The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
@@ -292,7 +292,7 @@ test: deps
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-sanitize: deps
 	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
-	  $(patsubst $(B)/%,build/san/%,$(filter-out %/gpu_emu_race,$(TESTS)) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/readme_example $(GPU_BENCH))
+	  $(patsubst $(B)/%,build/san/%,$(filter-out %/gpu_emu_race,$(TESTS)) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/plan $(B)/readme_example $(GPU_BENCH))
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and

@@ -25,6 +25,7 @@
 #include <tpk/train/log.h>
 #include <tpk/train/model.h>
 #include <tpk/train/step.h>
+#include <tpk/plan/plan.h>
 #include <tpk/runtime/mpi.h>
 #ifdef TPK_WITH_CUDA /* built where nvcc is found: the GPU when one is present */
 #include <tpk/runtime/nccl.h>
@@ -32,12 +33,12 @@
 
 typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch,
-        *recompute, *tp_weights, *schedule, *pp_layers;
+        *recompute, *tp_weights, *schedule, *pp_layers, *plan_profile;
     int64_t layers, hidden, heads, vocab, positions;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every,
         save_every, keep, pp, micro, vstages;
     /* rc: --recompute parsed; steps_given: --steps was given */
-    bool sp, eval_only, profile, det, steps_given, print_schedule;
+    bool sp, eval_only, profile, det, steps_given, print_schedule, plan;
     tpk_recompute rc;
     tpk_pipe_kind kind; /* --schedule parsed (1f1b by default) */
     float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing;
@@ -63,6 +64,10 @@ static const char *usage =
     "micro-batches, as --grad-accum) --schedule gpipe|1f1b|interleaved\n"
     "             --virtual-stages 2 (interleaved: chunks a stage) --pp-layers 5,7 (blocks per "
     "virtual stage; auto: balanced by a flop estimate, the head's too) --print-schedule\n"
+    "  plan:      --plan (TP, PP, the micro-batch, recompute, ZeRO-1 and SP chosen by the planner for "
+    "these ranks: the fastest that fits; the step keeps --batch x --grad-accum x DP sequences)\n"
+    "             --plan-profile NAME|FILE (its hardware: h100 on a GPU, cpu on the host; a file of "
+    "plan --calibrate)\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its "
     "positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 "
@@ -216,6 +221,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
         STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute)
         STR("--tp-weights", tp_weights) STR("--schedule", schedule) STR("--pp-layers", pp_layers)
+        STR("--plan-profile", plan_profile)
         INT("--pp", pp, 1) INT("--micro-batches", micro, 1) INT("--virtual-stages", vstages, 1)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1)
         INT("--vocab", vocab, 1) INT("--positions", positions, 1)
@@ -231,7 +237,7 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         FLT("--beta1", b1, 0, 0.9999) FLT("--beta2", b2, 0, 0.9999)
 #define BOOL(flag, f) if (!strcmp(a, flag)) { o->f = true; continue; }
         BOOL("--sequence-parallel", sp) BOOL("--eval-only", eval_only) BOOL("--profile", profile)
-        BOOL("--deterministic", det) BOOL("--print-schedule", print_schedule)
+        BOOL("--deterministic", det) BOOL("--print-schedule", print_schedule) BOOL("--plan", plan)
             /* clang-format on */
             if (tpk_model_flag(TPK_ARCH_COUNT, a)) { /* checked when the family is known */
             VALUE if (o->nfam == 16) return snprintf(err, n, "%s: too many model flags", a), 1;
@@ -426,6 +432,14 @@ static int differing_checkpoint(const char *dir, char *bad, size_t nbad) {
         if (s_ == TPK_ERR_COMM) comm_abort(tpk_last_error(&ctx));                   \
         FAIL_IF(s_ != TPK_OK, "%s (%s)", tpk_last_error(&ctx), tpk_status_str(s_)); \
     } while (0)
+/* A GPU this process can use (the CUDA trainer on a machine that has one). */
+static bool gpu_present(void) {
+#ifdef TPK_WITH_CUDA
+    return tpk_cuda_device_count() > 0;
+#else
+    return false;
+#endif
+}
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -690,6 +704,66 @@ int main(int argc, char **argv) {
             (long long)*V);
     FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq,
             (long long)*P);
+    if (o.plan) { /* the planner's choice (tpk/plan/plan.h) replaces the mesh and the step's
+                     shape; the step's sequences stay --batch x --grad-accum x DP as given */
+        FAIL_IF(o.tp_weights || o.dp_batch || o.pp_layers || o.schedule || o.dp_reduce,
+                "--plan: chooses the mesh itself; leave out %s",
+                o.tp_weights  ? "--tp-weights"
+                : o.dp_batch  ? "--dp-batch"
+                : o.pp_layers ? "--pp-layers"
+                : o.schedule  ? "--schedule"
+                              : "--dp-reduce");
+        tpk_hw hw;
+        const char *prof = o.plan_profile ? o.plan_profile : gpu_present() ? "h100" : "cpu";
+        bool have = tpk_hw_builtin(prof, &hw) || tpk_hw_read(prof, &hw, msg, sizeof msg);
+        if (!agree(have, msg)) goto out;
+        MPI_Comm node;
+        int per_node = 1;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node);
+        MPI_Comm_size(node, &per_node), MPI_Comm_free(&node);
+        MPI_Allreduce(MPI_IN_PLACE, &per_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        tpk_plan_desc pd;
+        memset(&pd, 0, sizeof pd);
+        pd.model = cfg, pd.seq = o.seq, pd.gpus = world_size, pd.gpus_per_node = per_node;
+        pd.batch = (int64_t)o.batch * o.accum * (world_size / (o.tp * o.pp)), pd.hw = &hw;
+        pd.like = gpu_present() ? NULL : tpk_ops_host();
+        pd.dtype = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16)
+                   : gpu_present() ? TPK_BF16
+                                   : TPK_F32;
+        pd.zero = pd.sp = pd.recompute = -1;
+        tpk_plan_cfg *pv = NULL;
+        int pn = 0, fit = 0;
+        TRY(tpk_plan(&ctx, &pd, &pv, &pn));
+        for (int i = 0; i < pn; i++) fit += pv[i].fits;
+        if (!fit) {
+            char why[200];
+            snprintf(why, sizeof why, "%s", pn ? pv[pn - 1].reason : "none");
+            free(pv);
+            FAIL_IF(true,
+                    "--plan: no configuration of %lld sequences of %d tokens fits %d ranks of %.0f "
+                    "GB (%s)",
+                    (long long)pd.batch, o.seq, world_size, hw.mem_gb, why);
+        }
+        tpk_plan_cfg b = pv[0];
+        if (world_rank == 0) {
+            printf("plan: TP %d x PP %d x DP %d, micro-batch %d x %d a step, recompute %s, ZeRO-1 "
+                   "%s, SP %s: the fastest of %d configurations that fit (%d planned) on %s: %.4f "
+                   "s a step, peak %.2f MB a rank",
+                   b.tp, b.pp, b.dp, b.micro_batch, b.accum, tpk_recompute_name(b.recompute),
+                   b.zero ? "on" : "off", b.sp ? "on" : "off", fit, pn, hw.name, b.step_seconds,
+                   b.peak_bytes / 1e6);
+            if (fit > 1)
+                printf("; the next: TP %d x PP %d x DP %d, micro-batch %d, recompute %s, %.4f s",
+                       pv[1].tp, pv[1].pp, pv[1].dp, pv[1].micro_batch,
+                       tpk_recompute_name(pv[1].recompute), pv[1].step_seconds);
+            printf("\n");
+        }
+        free(pv);
+        o.tp = b.tp, o.pp = b.pp, o.batch = b.micro_batch, o.accum = b.accum;
+        o.rc = b.recompute, o.zero = b.zero, o.sp = b.sp;
+        tpk_model_config_common(&cfg, sh, o.smoothing, o.sp, o.rc);
+        piped = o.pp > 1;
+    }
     if (o.text) {
         double ent = 0;
         TRY(tpk_data_load_text(&ctx, o.text, (int64_t)o.batch * o.seq + 1, &train, &val, &ent));

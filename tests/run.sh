@@ -154,6 +154,8 @@ script() {
 }
 # the GPT-2 trainer end to end (resume, resharding, evaluation, Hugging Face import, bad input)
 script train 1-4 tests/train.sh
+# the configuration planner against real runs (memory), its table, --json, --calibrate and bad input
+script plan 1-4 tests/plan.sh
 # faults: a rank killed, the checkpoint writer killed, the disk full, a rank stopped (the collectives' timeout)
 script faults 1-2 tests/faults.sh
 # the trainer on the emulated CUDA backend against the host's

@@ -1,0 +1,100 @@
+#!/bin/sh
+# tests/plan.sh — the configuration planner (build/plan, tpk/plan) against real runs, on the host:
+#   memory: for 14 configurations (GPT-2 and Llama; TP, DP, PP, gradient accumulation, every
+#   recompute mode, ZeRO-1, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
+#   (--json peak_bytes, the largest over stages) is within 2% of the trainer's measured peak of a
+#   real 2-step run (its "peak memory" line; with stages, the largest stage's);
+#   --json's keys and rejected rows' reasons (a TP group past a node, a batch that does not divide,
+#   3 heads over TP 2 planned as the uneven split it is); the trainer's --plan trains with the configuration it prints;
+#   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
+#   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
+# Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
+. "$(dirname "$0")/common.sh"
+setup plan
+py=$(command -v python3 || echo /usr/bin/python3)
+fail() { echo "FAIL $1"; printf '%s\n' "$out" | tail -6 | sed 's/^/    /'; }
+M="--layers 2 --hidden 32 --heads 4 --seq-len 16"
+
+# mem NAME NP "trainer flags" "plan flags": the trainer's peak (MB, largest stage) against the plan's
+mem() {
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np "$2" $B/train --text "$text" --steps 2 $3 2>&1)
+    run=$(printf '%s\n' "$out" | grep -o 'peak memory[a-z ]* [0-9., ]* MB' | grep -o '[0-9][0-9.]*' |
+          sort -g | tail -1)
+    out="$out
+$($B/plan --profile cpu --vocab 256 --gpus "$2" --gpus-per-node "$2" $4 --json 2>&1)"
+    planned=$(printf '%s\n' "$out" | grep -c '"peak_bytes"')
+    pk=$(printf '%s\n' "$out" | grep -o '"peak_bytes": [0-9]*' | grep -o '[0-9]*$')
+    if [ -n "$run" ] && [ "$planned" = 1 ] &&
+       awk -v r="$run" -v p="$pk" 'BEGIN { d = p / 1e6 - r; if (d < 0) d = -d; exit !(d <= 0.02 * r) }'; then
+        ok "plan_memory_$1 (trainer $run MB, planned $(awk -v p="$pk" 'BEGIN { printf "%.2f", p / 1e6 }') MB)"
+    else
+        fail "plan_memory_$1: trainer '$run' MB, planned '$pk' bytes ($planned rows)"
+    fi
+}
+mem gpt2_1 1 "$M --batch 4" "$M --batch 4 --micro-batch 4 --recompute none"
+mem gpt2_accum 1 "$M --batch 2 --grad-accum 3 --recompute selective" "$M --batch 6 --micro-batch 2 --recompute selective"
+mem gpt2_tp2 2 "$M --tp 2 --batch 4" "$M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
+mem gpt2_tp2_sp_sel 2 "$M --tp 2 --batch 4 --sequence-parallel --recompute selective" "$M --tp 2 --batch 4 --micro-batch 4 --recompute selective --sequence-parallel 1"
+mem gpt2_dp2_full 2 "$M --batch 4 --recompute full" "$M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 0"
+mem gpt2_dp2_zero 2 "$M --batch 4 --zero 1 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 1"
+mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
+mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
+mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
+mem llama_1 1 "--arch llama $M --batch 4 --recompute selective" "--arch llama $M --batch 4 --micro-batch 4 --recompute selective"
+mem llama_tp2_gqa 2 "--arch llama $M --tp 2 --batch 4 --kv-heads 2" "--arch llama --kv-heads 2 $M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
+mem llama_dp2_zero_full 2 "--arch llama $M --batch 4 --zero 1 --recompute full" "--arch llama $M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 1"
+mem llama_tp2_pp2_sp_full 4 "--arch llama $M --tp 2 --pp 2 --batch 2 --grad-accum 4 --sequence-parallel --recompute full" "--arch llama $M --tp 2 --pp 2 --batch 8 --micro-batch 2 --recompute full --sequence-parallel 1"
+mem llama_pp2_sel 2 "--arch llama $M --pp 2 --batch 2 --grad-accum 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 4 --micro-batch 2 --recompute selective"
+
+# --json: every configuration an object with the issue's keys; rejected ones carry their reason
+out=$($B/plan --profile h100 --gpus 16 --gpus-per-node 8 --layers 4 --hidden 96 --heads 3 --seq-len 64 --batch 12 --json 2>&1)
+if printf '%s\n' "$out" | "$py" -c '
+import json, sys
+rows = json.load(sys.stdin)
+keys = {"tp", "pp", "dp", "micro_batch", "recompute", "zero", "sp", "peak_bytes", "step_seconds"}
+assert rows and all(keys <= set(r) for r in rows), "keys"
+fit = [r for r in rows if r["fits"]]
+rej = [r for r in rows if not r["fits"]]
+assert fit and all(r["tp"] * r["pp"] * r["dp"] == 16 for r in rows)
+assert all(r.get("reason") for r in rej) and not any("reason" in r for r in fit)
+why = " | ".join(r["reason"] for r in rej)
+assert "exceeds a node" in why and "does not divide" in why, why
+assert any(r["tp"] == 2 for r in fit)   # 3 heads over TP 2: an uneven split, planned
+assert [r["step_seconds"] for r in fit] == sorted(r["step_seconds"] for r in fit)
+assert all(r["peak_bytes"] > 0 and r["step_seconds"] > 0 for r in fit)
+' 2>&1; then ok plan_json_keys_and_reasons; else fail plan_json_keys_and_reasons; fi
+
+# the table and the guideline answers
+out=$($B/plan --profile h100 --gpus 8 --layers 12 --hidden 768 --heads 12 --seq-len 1024 --batch 64 --tokens 1e10 --target 6e6 2>&1)
+if printf '%s\n' "$out" | grep -q '^best: TP' && printf '%s\n' "$out" | grep -q '^largest micro-batch that fits: 64' &&
+   printf '%s\n' "$out" | grep -q '^time to train 1e+10 tokens' && printf '%s\n' "$out" | grep -q '^GPUs for 6000000 tokens/s: [0-9]'; then
+    ok plan_table_answers
+else fail plan_table_answers; fi
+
+# the trainer's --plan: prints its choice, then trains with it
+out=$(timeout $((120 * scale)) mpirun $mpiflags -np 2 $B/train --text "$text" $small --steps 2 --plan 2>&1)
+choice=$(printf '%s\n' "$out" | sed -n 's/^plan: TP \([0-9]*\) x PP \([0-9]*\) x DP \([0-9]*\).*/TP \1 x DP \3 x PP \2/p' | sed 's/ x PP 1$//')
+if [ -n "$choice" ] && printf '%s\n' "$out" | grep -q "= $choice" && printf '%s\n' "$out" | grep -q '^step     2/2'; then
+    ok "train_plan ($choice)"
+else fail "train_plan ($choice)"; fi
+
+# --calibrate on 2 ranks writes a profile; plan reads it back
+out=$(timeout $((300 * scale)) mpirun $mpiflags -np 2 $B/plan --calibrate "$T/host.prof" $M --batch 4 2>&1)
+if [ -s "$T/host.prof" ] && grep -q '^op layernorm_fwd gbs' "$T/host.prof" &&
+   out=$($B/plan --profile "$T/host.prof" --vocab 256 $M --batch 4 --gpus 2 2>&1) && printf '%s\n' "$out" | grep -q '^best: '; then
+    ok plan_calibrate_roundtrip
+else fail plan_calibrate_roundtrip; fi
+
+# bad input: a clear message, a non-zero exit
+bad() {
+    name=$1 want=$2; shift 2
+    out=$($B/plan "$@" 2>&1); rc=$?
+    if [ $rc -ne 0 ] && printf '%s\n' "$out" | grep -q -- "$want"; then ok "plan_bad_$name"; else fail "plan_bad_$name (rc $rc)"; fi
+}
+bad zero_gpus "--gpus 0: expected at least 1" --gpus 0
+bad not_nodes "not a whole number of nodes" --gpus 12 --gpus-per-node 8
+bad fits_nowhere "nothing fits: the smallest peak" --arch llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 --seq-len 4096 --batch 8 --gpus 1
+sed '/^inter_gbs/d' "$T/host.prof" > "$T/missing.prof" 2>/dev/null || printf 'name x\n' > "$T/missing.prof"
+bad profile_missing_key 'has no "inter_gbs"' --profile "$T/missing.prof"
+bad unknown_profile "not a built-in profile" --profile h300
+bad seq_past_positions "longer than the model's" --positions 128 --seq-len 256
