@@ -12,6 +12,7 @@
 #   make bench      the host benchmarks (bench/), PyTorch on the CPU beside them: a block, the ops, whole steps
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make bench-pipeline the pipeline's bubble and activation memory per stage at 2 and 4 stages
+#   make bench-plan the planner's step times next to measured ones (this machine calibrated)
 #   make format-check  the C, C++, CUDA and Python sources' format: <= 100 columns, spaces, line ends
 #   make install PREFIX=/usr/local
 #   make clean
@@ -62,7 +63,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -223,6 +224,10 @@ $(B)/bench/pipeline: bench/pipeline.c $(HEADERS) $(B)/libtpk_host.a
 bench-pipeline: $(B)/bench/pipeline
 	$(subst -np 2,-np 2,$(DEMO_MPI)) $(B)/bench/pipeline
 	$(subst -np 2,-np 4,$(DEMO_MPI)) $(B)/bench/pipeline
+
+# The planner's step times against the trainer's on this machine (bench/plan.sh: --calibrate first).
+bench-plan: $(B)/plan $(B)/train
+	TPK_BUILD=$(B) sh bench/plan.sh
 
 # The host benchmarks, PyTorch on the CPU alongside where Debian's python3-torch is installed:
 # one GPT-2 block at one thread (bench/host_block.c); the memory-bound ops against copy bandwidth

@@ -231,33 +231,44 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         h.op_us = sec * 1e6;
         tpk_op_free(&ctx, x), tpk_op_free(&ctx, y);
     }
-    { /* each op's rate in a real step of the model given (one rank, f32), by the profiler */
-        tpk_model_config cfg;
-        tpk_model m;
-        tpk_adamw opt = {0};
-        tpk_dp_buckets b = {0};
-        if (!model_config(&ctx, o, &cfg)) return 1;
-        int64_t B = o->mb ? o->mb : 4, S = o->seq, M = 1;
+    { /* each op's rate in real steps of every family at the shape given (one rank, f32), by
+         the profiler: the ops of GPT-2, Llama and GPT-NeoX all measured */
+        int64_t B = o->mb ? o->mb : 4, S = o->seq;
         int32_t *ids = (int32_t *)calloc((size_t)(B * S), sizeof(int32_t));
         for (int64_t i = 0; ids && i < B * S; i++) ids[i] = (int32_t)((i * 7919) % 97);
-        if (!ids || tpk_model_init(&ctx, &m, &cfg) ||
-            tpk_adamw_init(&ctx, &opt, &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f}))
-            return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&ctx)), 1;
-        tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
-        for (int step = 0; step < 4; step++) {
-            if (step == 1 && tpk_profile_start(&ctx)) return 1; /* after a warm-up step */
-            if (tpk_model_train_step(&ctx, &m, NULL, &opt, &b, ids, ids, B, S, (int)M, 1.0f,
-                                     (uint64_t)step, 1e-4f, 1.0f, NULL) ||
-                (step && tpk_profile_step(&ctx)))
+        if (!ids) return 1;
+        for (int a = 0; a < TPK_ARCH_COUNT; a++) {
+            opts fo = *o;
+            tpk_model_config cfg;
+            tpk_model m;
+            tpk_adamw opt = {0};
+            tpk_dp_buckets b = {0};
+            fo.arch = tpk_arch_name((tpk_arch)a), fo.load = NULL;
+            if (o->arch && strcmp(o->arch, fo.arch)) fo.nfam = 0; /* its flags: its family's */
+            if (!o->arch && a != TPK_ARCH_GPT2) fo.nfam = 0;
+            if (!model_config(&ctx, &fo, &cfg)) return 1;
+            if (tpk_model_init(&ctx, &m, &cfg) ||
+                tpk_adamw_init(&ctx, &opt,
+                               &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f}))
                 return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&ctx)), 1;
+            tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
+            for (int step = 0; step < 4; step++) {
+                if (step == 1 && tpk_profile_start(&ctx)) return 1; /* after a warm-up step */
+                if (tpk_model_train_step(&ctx, &m, NULL, &opt, &b, ids, ids, B, S, 1, 1.0f,
+                                         (uint64_t)step, 1e-4f, 1.0f, NULL) ||
+                    (ctx.prof && tpk_profile_step(&ctx)))
+                    return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&ctx)), 1;
+            }
+            tpk_model_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &opt), tpk_dp_destroy(&b);
         }
+        free(ids);
         tpk_profile *p = ctx.prof;
         for (int r = 0; r < p->nrows && h.nops < TPK_HW_OPS; r++) {
             const tpk__prof_row *row = &p->rows[r];
-            bool attn = !strncmp(row->name, "attn", 4);
             if (row->ms <= 0 || strchr(row->name, '.') || strchr(row->name, ' ') ||
-                (row->flops > 0 && !attn) || strlen(row->name) >= sizeof h.op[0].name)
-                continue; /* GEMMs by class; collectives apart */
+                !strcmp(row->name, "gemm") || !strcmp(row->name, "gemm_acc") ||
+                strlen(row->name) >= sizeof h.op[0].name)
+                continue; /* plain GEMMs by class; collectives apart */
             tpk_hw_op *q = &h.op[h.nops];
             snprintf(q->name, sizeof q->name, "%s", row->name);
             /* the rate net of the fixed cost each call pays */
@@ -268,11 +279,8 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
             else continue;
             h.nops++;
         }
-        if (tpk_op_sync(&ctx) != TPK_OK) return 1;
         const tpk_hw_op *af = tpk__hw_find(&h, "attn_fwd");
         if (af) h.attn_tflops = af->tflops;
-        tpk_model_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &opt), tpk_dp_destroy(&b);
-        free(ids);
     }
     tpk_ctx_destroy(&ctx);
     /* collectives: all-reduce over the world at 4 KB .. 16 MB, t = a + b S fitted:
@@ -281,9 +289,9 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         tpk_ctx c2;
         if (tpk_ctx_init(&c2, &(tpk_ctx_desc){.ops = tpk_ops_host(), .world = world}) != TPK_OK)
             return fprintf(stderr, "plan: %s\n", tpk_last_error(&c2)), 1;
-        double sx = 0, sy = 0, sxx = 0, sxy = 0;
+        double t[8] = {0}, sz[8] = {0};
         int np = 0;
-        for (size_t bytes = 4096; bytes <= (16u << 20); bytes *= 4) {
+        for (size_t bytes = 4096; bytes <= (16u << 20) && np < 8; bytes *= 4) {
             float *buf = (float *)calloc(bytes / 4, sizeof(float));
             double sec = 0;
             if (!buf) return 1;
@@ -298,13 +306,14 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
             /* every rank the slowest's time: they leave together */
             tpk_allreduce_host(&c2, world, &sec, 1, TPK_F64, TPK_MAX);
             free(buf);
-            sx += (double)bytes, sy += sec, sxx += (double)bytes * bytes, sxy += (double)bytes * sec;
-            np++;
+            t[np] = sec, sz[np++] = (double)bytes;
         }
-        double b = (np * sxy - sx * sy) / (np * sxx - sx * sx), a = (sy - b * sx) / np;
-        if (a < 0) a = 0;
-        h.intra_us = a / (2.0 * (size - 1)) * 1e6;
-        h.intra_gbs = b > 0 ? 2.0 * (size - 1) / size / b * 1e-9 : h.intra_gbs;
+        /* ring: t = 2 (n - 1) alpha + 2 (n - 1) / n S / bandwidth: the bandwidth from the two
+           largest sizes' slope, alpha from the smallest size's time less its bytes' */
+        double f = 2.0 * (size - 1) / size, slope = (t[np - 1] - t[np - 2]) / (sz[np - 1] - sz[np - 2]);
+        if (slope > 0) h.intra_gbs = f / slope * 1e-9;
+        double lat = t[0] - f * sz[0] / (h.intra_gbs * 1e9);
+        h.intra_us = lat > 0 ? lat / (2.0 * (size - 1)) * 1e6 : 0;
         h.inter_us = h.intra_us, h.inter_gbs = h.intra_gbs;
         tpk_ctx_destroy(&c2);
     }

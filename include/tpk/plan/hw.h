@@ -6,7 +6,8 @@
  *     attention (attn_*): flops / attn_tflops;
  *   any other op: bytes / mem_gbs (the fewest bytes it must move, as the profiler counts them);
  *   plus op_us per op (a kernel launch; the host's call);
- *   an op the profile measured (--calibrate: op.NAME) at its own rate;
+ *   an op the profile measured (--calibrate: "op NAME"; plain GEMMs stay by class) at its own
+ *     rate (a fused linear's: its GEMM, bias and activation together);
  *   a collective over n ranks of S bytes (alpha: the link's latency per step, beta = 1 / its bus
  *     bandwidth; intra inside a node, inter when the group spans nodes, the slowest link bounds):
  *       all-reduce      min(ring 2 (n-1) alpha + 2 (n-1)/n S beta, tree 2 log2(n) alpha + 2 S beta)
@@ -131,7 +132,7 @@ static inline double tpk_hw_op_seconds(const tpk_hw *h, const char *name, double
     const tpk_hw_op *m = tpk__hw_find(h, name);
     bool attn = !strncmp(name, "attn", 4);
     double s;
-    if (m && flops > 0 && m->tflops > 0 && attn) s = flops / (m->tflops * 1e12);
+    if (m && flops > 0 && m->tflops > 0) s = flops / (m->tflops * 1e12);
     else if (flops > 0)
         s = flops / ((attn ? h->attn_tflops : h->gemm_tflops[tpk__hw_class(flops)]) * 1e12);
     else if (m && m->gbs > 0) s = bytes / (m->gbs * 1e9);
