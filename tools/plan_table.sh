@@ -15,7 +15,7 @@ row() {
         for (i = 1; i < NF; i++) { k = $i; gsub(/[ "{]/, "", k); v[k] = $(i + 1); gsub(/[ "}]/, "", v[k]) }
         printf "| %s | %d | %s | %dx%dx%d | %d x %d | %s | %s | %s | %.1f | %.3f | %.0f | %.1f%% | %.1f%% |\n",
             n, g, gb, v["tp"], v["pp"], v["dp"], v["micro_batch"], v["accum"], v["recompute"],
-            v["zero"] ? "on" : "off", v["sp"] == "true" ? "on" : "off", v["peak_bytes"] / 1e9,
+            v["zero"] + 0 ? "on" : "off", v["sp"] == "true" ? "on" : "off", v["peak_bytes"] / 1e9,
             v["step_seconds"], v["tokens_per_s"] / g, 100 * v["mfu"], 100 * v["bubble"] }'
 }
 for g in 8 64; do
