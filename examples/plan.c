@@ -41,7 +41,9 @@ typedef struct opts {
     int gpus, gpn, top, tp, pp, mb, zero, sp;
     bool json, all;
     double tokens, target;
-    struct { const char *flag, *value; } fam[16];
+    struct {
+        const char *flag, *value;
+    } fam[16];
     int nfam;
 } opts;
 
@@ -60,18 +62,30 @@ static bool num(const char *v, double lo, double hi, double *x) {
 }
 
 static int parse(int argc, char **argv, opts *o) {
-    *o = (opts){.profile = "h100", .seq = 1024, .batch = 512, .gpus = 8, .top = 10, .tp = 0,
-                .zero = -1, .sp = -1};
+    *o = (opts){.profile = "h100",
+                .seq = 1024,
+                .batch = 512,
+                .gpus = 8,
+                .top = 10,
+                .tp = 0,
+                .zero = -1,
+                .sp = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double x = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
-        if (!strcmp(a, "--json")) { o->json = true; continue; }
-        if (!strcmp(a, "--all")) { o->all = true; continue; }
-        const char **str[] = {&o->arch, &o->load, &o->profile, &o->dtype, &o->calibrate,
-                              &o->recompute};
-        const char *sname[] = {"--arch", "--load", "--profile", "--dtype", "--calibrate",
-                               "--recompute"};
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (!strcmp(a, "--all")) {
+            o->all = true;
+            continue;
+        }
+        const char **str[] = {&o->arch,  &o->load,      &o->profile,
+                              &o->dtype, &o->calibrate, &o->recompute};
+        const char *sname[] = {"--arch",  "--load",      "--profile",
+                               "--dtype", "--calibrate", "--recompute"};
         int k = 0;
         while (k < 6 && strcmp(a, sname[k])) k++;
         if (k < 6) {
@@ -79,24 +93,29 @@ static int parse(int argc, char **argv, opts *o) {
             *str[k] = v, i++;
             continue;
         }
-        struct { const char *n; double lo, hi; int64_t *i64; int *i32; double *d; } nums[] = {
-            {"--layers", 1, 1e6, &o->layers, NULL, NULL},
-            {"--hidden", 1, 1e7, &o->hidden, NULL, NULL},
-            {"--heads", 1, 1e5, &o->heads, NULL, NULL},
-            {"--vocab", 1, 1e8, &o->vocab, NULL, NULL},
-            {"--positions", 1, 1e8, &o->positions, NULL, NULL},
-            {"--seq-len", 1, 1e8, &o->seq, NULL, NULL},
-            {"--batch", 1, 1e9, &o->batch, NULL, NULL},
-            {"--gpus", -1e9, 1e9, NULL, &o->gpus, NULL},
-            {"--gpus-per-node", -1e9, 1e6, NULL, &o->gpn, NULL},
-            {"--top", 0, 1e9, NULL, &o->top, NULL},
-            {"--tp", 1, 1e6, NULL, &o->tp, NULL},
-            {"--pp", 1, 1e6, NULL, &o->pp, NULL},
-            {"--micro-batch", 1, 1e9, NULL, &o->mb, NULL},
-            {"--zero", 0, 1, NULL, &o->zero, NULL},
-            {"--sequence-parallel", 0, 1, NULL, &o->sp, NULL},
-            {"--tokens", 1, 1e20, NULL, NULL, &o->tokens},
-            {"--target", 1, 1e20, NULL, NULL, &o->target}};
+        struct {
+            const char *n;
+            double lo, hi;
+            int64_t *i64;
+            int *i32;
+            double *d;
+        } nums[] = {{"--layers", 1, 1e6, &o->layers, NULL, NULL},
+                    {"--hidden", 1, 1e7, &o->hidden, NULL, NULL},
+                    {"--heads", 1, 1e5, &o->heads, NULL, NULL},
+                    {"--vocab", 1, 1e8, &o->vocab, NULL, NULL},
+                    {"--positions", 1, 1e8, &o->positions, NULL, NULL},
+                    {"--seq-len", 1, 1e8, &o->seq, NULL, NULL},
+                    {"--batch", 1, 1e9, &o->batch, NULL, NULL},
+                    {"--gpus", -1e9, 1e9, NULL, &o->gpus, NULL},
+                    {"--gpus-per-node", -1e9, 1e6, NULL, &o->gpn, NULL},
+                    {"--top", 0, 1e9, NULL, &o->top, NULL},
+                    {"--tp", 1, 1e6, NULL, &o->tp, NULL},
+                    {"--pp", 1, 1e6, NULL, &o->pp, NULL},
+                    {"--micro-batch", 1, 1e9, NULL, &o->mb, NULL},
+                    {"--zero", 0, 1, NULL, &o->zero, NULL},
+                    {"--sequence-parallel", 0, 1, NULL, &o->sp, NULL},
+                    {"--tokens", 1, 1e20, NULL, NULL, &o->tokens},
+                    {"--target", 1, 1e20, NULL, NULL, &o->target}};
         int nn = (int)(sizeof nums / sizeof nums[0]);
         for (k = 0; k < nn && strcmp(a, nums[k].n); k++) {}
         if (k < nn) {
@@ -177,19 +196,19 @@ static double now(void) {
 /* ---- --calibrate ----------------------------------------------------------------------------- */
 
 /* Seconds per call of fn(arg), the best of a few rounds of about 0.05 s. */
-#define TIME_CALLS(sec, call)                                          \
-    do {                                                               \
-        double best = 1e30;                                            \
-        for (int round = 0; round < 3; round++) {                      \
-            int reps = 0;                                              \
-            double t0 = now(), t1 = t0;                                \
-            while (t1 - t0 < 0.05 || reps < 2) {                       \
-                if ((call) != TPK_OK) return 1;                        \
-                reps++, t1 = now();                                    \
-            }                                                          \
-            best = (t1 - t0) / reps < best ? (t1 - t0) / reps : best;  \
-        }                                                              \
-        sec = best;                                                    \
+#define TIME_CALLS(sec, call)                                         \
+    do {                                                              \
+        double best = 1e30;                                           \
+        for (int round = 0; round < 3; round++) {                     \
+            int reps = 0;                                             \
+            double t0 = now(), t1 = t0;                               \
+            while (t1 - t0 < 0.05 || reps < 2) {                      \
+                if ((call) != TPK_OK) return 1;                       \
+                reps++, t1 = now();                                   \
+            }                                                         \
+            best = (t1 - t0) / reps < best ? (t1 - t0) / reps : best; \
+        }                                                             \
+        sec = best;                                                   \
     } while (0)
 
 static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
@@ -212,8 +231,8 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
             return fprintf(stderr, "plan: %s\n", tpk_last_error(&ctx)), 1;
         tpk_op_fill(&ctx, a, TPK_F32, (size_t)(n * n), 0.5f);
         tpk_op_fill(&ctx, b, TPK_F32, (size_t)(n * n), 0.25f);
-        TIME_CALLS(sec, tpk_op_gemm(&ctx, false, true, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n,
-                                    TPK_F32));
+        TIME_CALLS(sec,
+                   tpk_op_gemm(&ctx, false, true, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n, TPK_F32));
         h.gemm_tflops[k] = 2.0 * (double)(n * n * n) / sec * 1e-12;
         best = h.gemm_tflops[k] > best ? h.gemm_tflops[k] : best;
         tpk_op_free(&ctx, a), tpk_op_free(&ctx, b), tpk_op_free(&ctx, c);
@@ -310,7 +329,8 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         }
         /* ring: t = 2 (n - 1) alpha + 2 (n - 1) / n S / bandwidth: the bandwidth from the two
            largest sizes' slope, alpha from the smallest size's time less its bytes' */
-        double f = 2.0 * (size - 1) / size, slope = (t[np - 1] - t[np - 2]) / (sz[np - 1] - sz[np - 2]);
+        double f = 2.0 * (size - 1) / size,
+               slope = (t[np - 1] - t[np - 2]) / (sz[np - 1] - sz[np - 2]);
         if (slope > 0) h.intra_gbs = f / slope * 1e-9;
         double lat = t[0] - f * sz[0] / (h.intra_gbs * 1e9);
         h.intra_us = lat > 0 ? lat / (2.0 * (size - 1)) * 1e6 : 0;
@@ -389,8 +409,7 @@ int main(int argc, char **argv) {
     if (o.gpus < 1)
         return fprintf(stderr, "plan: --gpus %d: expected at least 1 GPU (rank)\n", o.gpus), 2;
     int gpn = o.gpn ? o.gpn : hw.gpus_per_node;
-    if (gpn < 1)
-        return fprintf(stderr, "plan: --gpus-per-node %d: expected at least 1\n", gpn), 2;
+    if (gpn < 1) return fprintf(stderr, "plan: --gpus-per-node %d: expected at least 1\n", gpn), 2;
     if (gpn > o.gpus) gpn = o.gpus;
     if (o.gpus % gpn)
         return fprintf(stderr,
@@ -407,7 +426,7 @@ int main(int argc, char **argv) {
     if (!model_config(&err, &o, &d.model)) return 2;
     d.seq = o.seq, d.batch = o.batch, d.gpus = o.gpus, d.gpus_per_node = gpn, d.hw = &hw;
     d.like = hw.host ? tpk_ops_host() : NULL;
-    d.dtype = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16)
+    d.dtype = o.dtype   ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16)
               : hw.host ? TPK_F32
                         : TPK_BF16;
     d.tp = o.tp, d.pp = o.pp, d.micro_batch = o.mb, d.zero = o.zero, d.sp = o.sp;
@@ -438,9 +457,9 @@ int main(int argc, char **argv) {
     printf("plan: %s L=%lld H=%lld A=%lld V=%lld, %.1fM parameters | S=%lld, global batch %lld "
            "sequences (%.0f tokens) | %d GPUs = %d node%s x %d | %s %s\n",
            tpk__model_family(d.model.arch)->title, (long long)*sh[2], (long long)*sh[3],
-           (long long)*sh[4], (long long)*sh[0], params / 1e6, (long long)d.seq,
-           (long long)d.batch, (double)d.batch * d.seq, d.gpus, d.gpus / gpn,
-           d.gpus / gpn == 1 ? "" : "s", gpn, hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
+           (long long)*sh[4], (long long)*sh[0], params / 1e6, (long long)d.seq, (long long)d.batch,
+           (double)d.batch * d.seq, d.gpus, d.gpus / gpn, d.gpus / gpn == 1 ? "" : "s", gpn,
+           hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
     printf("profile: %s\n", hw.source);
     printf("%d configurations, %d fit (dry runs in %.1f s)\n", n, fit, now() - t0);
     printf("rank  TPxPPxDP       mb     M  recompute ZeRO  SP   GB/rank     s/step     tokens/s "
@@ -502,8 +521,8 @@ int main(int argc, char **argv) {
             if (d2.batch % (g / (d.tp ? d.tp : 1)) && best == 0 && g > d.batch * 8) break;
         }
         if (best >= o.target)
-            printf("GPUs for %.0f tokens/s: %d (%.0f tokens/s; global batch %lld kept)\n",
-                   o.target, g, best, (long long)d.batch);
+            printf("GPUs for %.0f tokens/s: %d (%.0f tokens/s; global batch %lld kept)\n", o.target,
+                   g, best, (long long)d.batch);
         else
             printf("GPUs for %.0f tokens/s: not reached up to %d GPUs with a global batch of "
                    "%lld\n",

@@ -64,10 +64,11 @@ static const char *usage =
     "micro-batches, as --grad-accum) --schedule gpipe|1f1b|interleaved\n"
     "             --virtual-stages 2 (interleaved: chunks a stage) --pp-layers 5,7 (blocks per "
     "virtual stage; auto: balanced by a flop estimate, the head's too) --print-schedule\n"
-    "  plan:      --plan (TP, PP, the micro-batch, recompute, ZeRO-1 and SP chosen by the planner for "
-    "these ranks: the fastest that fits; the step keeps --batch x --grad-accum x DP sequences)\n"
-    "             --plan-profile NAME|FILE (its hardware: h100 on a GPU, cpu on the host; a file of "
-    "plan --calibrate)\n"
+    "  plan:      --plan (TP, PP, the micro-batch, recompute, ZeRO-1 and SP chosen by the planner "
+    "for these ranks: the fastest that fits; the step keeps --batch x --grad-accum x DP "
+    "sequences)\n"
+    "             --plan-profile NAME|FILE (its hardware: h100 on a GPU, cpu on the host; a file "
+    "of plan --calibrate)\n"
     "  training:  --batch 8 (--dp-batch 8,8,4: one per DP rank) --seq-len 64 (--load: at most its "
     "positions) --grad-accum 1 --steps 100 --lr 1e-3 --warmup 10\n"
     "             --min-lr-frac 0.1 --weight-decay 0.1 --clip 1.0 --dropout 0 --label-smoothing 0 "
@@ -727,7 +728,7 @@ int main(int argc, char **argv) {
         pd.model = cfg, pd.seq = o.seq, pd.gpus = world_size, pd.gpus_per_node = per_node;
         pd.batch = (int64_t)o.batch * o.accum * (world_size / (o.tp * o.pp)), pd.hw = &hw;
         pd.like = gpu_present() ? NULL : tpk_ops_host();
-        pd.dtype = o.dtype ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16)
+        pd.dtype = o.dtype         ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16)
                    : gpu_present() ? TPK_BF16
                                    : TPK_F32;
         pd.zero = pd.sp = pd.recompute = -1;

@@ -4,7 +4,8 @@
 #   recompute mode, ZeRO-1, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
 #   (--json peak_bytes, the largest over stages) is within 2% of the trainer's measured peak of a
 #   real 2-step run (its "peak memory" line; with stages, the largest stage's);
-#   --json's keys and rejected rows' reasons (a TP group past a node, a batch that does not divide,
+#   --load DIR (a Hugging Face config.json) planned as the same flags; --json's keys and rejected
+#   rows' reasons (a TP group past a node, a batch that does not divide,
 #   3 heads over TP 2 planned as the uneven split it is); the trainer's --plan trains with the configuration it prints;
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
@@ -70,6 +71,15 @@ if printf '%s\n' "$out" | grep -q '^best: TP' && printf '%s\n' "$out" | grep -q 
    printf '%s\n' "$out" | grep -q '^time to train 1e+10 tokens' && printf '%s\n' "$out" | grep -q '^GPUs for 6000000 tokens/s: [0-9]'; then
     ok plan_table_answers
 else fail plan_table_answers; fi
+
+# --load DIR: the model of a Hugging Face checkpoint's config.json (a Llama saved by the trainer)
+out=$(timeout $((120 * scale)) mpirun $mpiflags -np 1 $B/train --text "$text" --arch llama $M --batch 4 --steps 1 --save "$T/ck" 2>&1)
+out="$out
+$($B/plan --load "$T/ck" --profile cpu --seq-len 16 --batch 4 --gpus 1 --micro-batch 4 --recompute none --json 2>&1)"
+pk=$(printf '%s\n' "$out" | grep -o '"peak_bytes": [0-9]*' | grep -o '[0-9]*$')
+want=$($B/plan --arch llama --vocab 256 $M --profile cpu --batch 4 --gpus 1 --micro-batch 4 --recompute none --json 2>&1 |
+       grep -o '"peak_bytes": [0-9]*' | grep -o '[0-9]*$')
+if [ -n "$pk" ] && [ "$pk" = "$want" ]; then ok "plan_load_config ($pk bytes)"; else fail "plan_load_config ('$pk' vs '$want')"; fi
 
 # the trainer's --plan: prints its choice, then trains with it
 out=$(timeout $((120 * scale)) mpirun $mpiflags -np 2 $B/train --text "$text" $small --steps 2 --plan 2>&1)

@@ -6,6 +6,7 @@
 // tests (tests/run.sh counts them).
 #include <tpk/runtime/mpi.h>
 #include <tpk/tpk.h>
+#include <tpk/plan/plan.h>
 #include <tpk/train/pipe_model.h>
 
 #include <cmath>
@@ -147,6 +148,30 @@ int main(int argc, char **argv) {
                 fails++;
         tpk_linear_destroy(&c.ctx, &l);
         report("C++17: a P input to a column linear is refused (TPK_ERR_LAYOUT naming x)", fails);
+    }
+    { /* the planner from C++: a GPT-2 planned on 2 H100s, every row planned or given a reason */
+        tpk_ctx err;
+        std::memset(&err, 0, sizeof err);
+        tpk_hw hw;
+        tpk_plan_desc d;
+        std::memset(&d, 0, sizeof d);
+        int64_t *sh[5];
+        d.model.arch = TPK_ARCH_GPT2;
+        tpk_model_config_common(&d.model, sh, 0, false, TPK_RECOMPUTE_NONE);
+        *sh[0] = 256, *sh[1] = 64, *sh[2] = 2, *sh[3] = 64, *sh[4] = 4;
+        d.seq = 64, d.batch = 4, d.gpus = 2, d.gpus_per_node = 2, d.hw = &hw, d.dtype = TPK_BF16;
+        d.tp = d.pp = d.micro_batch = 0, d.zero = d.sp = d.recompute = -1;
+        tpk_plan_cfg *v = nullptr;
+        int n = 0, fails = !tpk_hw_builtin("h100", &hw);
+        if (tpk_plan(&err, &d, &v, &n) != TPK_OK || n < 1 || !v[0].fits || !(v[0].peak_bytes > 0))
+            std::fprintf(stderr, "  [rank %d] plan: %s (%d rows)\n", rank_, tpk_last_error(&err), n),
+                fails++;
+        for (int i = 0; i < n; i++)
+            if (!v[i].fits && !v[i].reason[0]) fails++;
+        std::free(v);
+        report("C++17: tpk_plan plans a GPT-2 on 2 GPUs (every configuration planned or rejected "
+               "with a reason)",
+               fails);
     }
     tpk_comm_destroy(&world);
     MPI_Finalize();

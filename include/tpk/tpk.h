@@ -25,7 +25,12 @@
  *             train.h log.h         a step's end (DP reduction, norm, clipping, AdamW); the loss
  *                                   curve (not included here)
  *             safetensors.h hf.h    checkpoint files, Hugging Face layouts; one handle over every
- *             model.h               family (POSIX; not included here) */
+ *             model.h               family (POSIX; not included here)
+ *             step.h                the trainer's optimizer step over M micro-batches (POSIX; not
+ *                                   included here)
+ *   plan/     hw.h count.h plan.h   the configuration planner: hardware profiles and the cost
+ *                                   model; the counting backend and communicator; the dry runs
+ *                                   and the search (POSIX; not included here) */
 #ifndef TPK_TPK_H
 #define TPK_TPK_H
 

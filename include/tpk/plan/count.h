@@ -8,7 +8,7 @@
  * is the context's own: ctx->mem and ctx->mem_peak (tpk/runtime/buf.h) move exactly as in a real
  * run, because the same calls grow and free the same tpk_bufs — the planned peak is the run's.
  *
- * The communicator is one rank of a world of N = tp dp pp ranks (its mesh), gpus_per_node to a node.
+ * The communicator is one rank of a world of N = tp dp pp ranks (its mesh), gpus_per_node a node.
  * Its splits replay tpk_ctx_init's (tpk__mesh_split) and the pipeline's tied-embedding group
  * (stages 0 and P - 1 of the PP group); another split is an error naming it. A group knows its
  * members' world ranks, so whether it spans nodes. Collectives move nothing.
@@ -29,17 +29,17 @@
 #include "hw.h"
 
 typedef struct tpk_count {
-    tpk_ops ops;                   /* the table (tpk_count_init) */
-    const tpk_hw *hw;              /* the cost model (NULL: memory only) */
-    uintptr_t next;                /* the next address alloc gives */
-    int world, rank, tp, dp, pp;   /* the mesh and this rank */
+    tpk_ops ops;                 /* the table (tpk_count_init) */
+    const tpk_hw *hw;            /* the cost model (NULL: memory only) */
+    uintptr_t next;              /* the next address alloc gives */
+    int world, rank, tp, dp, pp; /* the mesh and this rank */
     int gpus_per_node;
-    int splits;                    /* the world's splits so far (tpk_ctx_init's three) */
-    double t;                      /* the compute clock, seconds */
+    int splits;                      /* the world's splits so far (tpk_ctx_init's three) */
+    double t;                        /* the compute clock, seconds */
     double t_ops, t_coll, t_exposed; /* compute, collectives' own time, and the part of it the
                                         clock waited for */
-    double flops, bytes;           /* counted by the ops */
-    bool coll;                     /* a collective's entry ran: the hook skips its record */
+    double flops, bytes;             /* counted by the ops */
+    bool coll;                       /* a collective's entry ran: the hook skips its record */
 } tpk_count;
 
 typedef struct tpk__count_comm {
@@ -74,136 +74,518 @@ static inline tpk_status tpk__count_sync(tpk_ctx *ctx) {
     (void)ctx;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n, float value) {
-    (void)ctx; (void)x; (void)dt; (void)n; (void)value;
+static inline tpk_status tpk__count_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t n,
+                                         float value) {
+    (void)ctx;
+    (void)x;
+    (void)dt;
+    (void)n;
+    (void)value;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src, int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
-    (void)ctx; (void)dst; (void)ldd; (void)src; (void)lds; (void)rows; (void)cols; (void)dt;
+static inline tpk_status tpk__count_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, const void *src,
+                                           int64_t lds, int64_t rows, int64_t cols, tpk_dtype dt) {
+    (void)ctx;
+    (void)dst;
+    (void)ldd;
+    (void)src;
+    (void)lds;
+    (void)rows;
+    (void)cols;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src, tpk_dtype src_dt, size_t n) {
-    (void)ctx; (void)dst; (void)dst_dt; (void)src; (void)src_dt; (void)n;
+static inline tpk_status tpk__count_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, const void *src,
+                                         tpk_dtype src_dt, size_t n) {
+    (void)ctx;
+    (void)dst;
+    (void)dst_dt;
+    (void)src;
+    (void)src_dt;
+    (void)n;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b, tpk_dtype dt, size_t n) {
-    (void)ctx; (void)y; (void)a; (void)x; (void)b; (void)dt; (void)n;
+static inline tpk_status tpk__count_axpby(tpk_ctx *ctx, void *y, float a, const void *x, float b,
+                                          tpk_dtype dt, size_t n) {
+    (void)ctx;
+    (void)y;
+    (void)a;
+    (void)x;
+    (void)b;
+    (void)dt;
+    (void)n;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, void *c, int64_t ldc, tpk_dtype dt) {
-    (void)ctx; (void)ta; (void)tb; (void)m; (void)n; (void)k; (void)alpha; (void)a; (void)lda; (void)b; (void)ldb; (void)beta; (void)c; (void)ldc; (void)dt;
+static inline tpk_status tpk__count_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n,
+                                         int64_t k, float alpha, const void *a, int64_t lda,
+                                         const void *b, int64_t ldb, float beta, void *c,
+                                         int64_t ldc, tpk_dtype dt) {
+    (void)ctx;
+    (void)ta;
+    (void)tb;
+    (void)m;
+    (void)n;
+    (void)k;
+    (void)alpha;
+    (void)a;
+    (void)lda;
+    (void)b;
+    (void)ldb;
+    (void)beta;
+    (void)c;
+    (void)ldc;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void *a, int64_t lda, const void *b, int64_t ldb, float beta, float *c, int64_t ldc, tpk_dtype dt) {
-    (void)ctx; (void)ta; (void)tb; (void)m; (void)n; (void)k; (void)alpha; (void)a; (void)lda; (void)b; (void)ldb; (void)beta; (void)c; (void)ldc; (void)dt;
+static inline tpk_status tpk__count_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n,
+                                             int64_t k, float alpha, const void *a, int64_t lda,
+                                             const void *b, int64_t ldb, float beta, float *c,
+                                             int64_t ldc, tpk_dtype dt) {
+    (void)ctx;
+    (void)ta;
+    (void)tb;
+    (void)m;
+    (void)n;
+    (void)k;
+    (void)alpha;
+    (void)a;
+    (void)lda;
+    (void)b;
+    (void)ldb;
+    (void)beta;
+    (void)c;
+    (void)ldc;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows, int64_t cols, tpk_dtype dt) {
-    (void)ctx; (void)y; (void)bias; (void)rows; (void)cols; (void)dt;
+static inline tpk_status tpk__count_bias_add(tpk_ctx *ctx, void *y, const void *bias, int64_t rows,
+                                             int64_t cols, tpk_dtype dt) {
+    (void)ctx;
+    (void)y;
+    (void)bias;
+    (void)rows;
+    (void)cols;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows, int64_t cols, tpk_dtype dt, tpk_dtype db_dt, bool accumulate) {
-    (void)ctx; (void)db; (void)dy; (void)rows; (void)cols; (void)dt; (void)db_dt; (void)accumulate;
+static inline tpk_status tpk__count_bias_grad(tpk_ctx *ctx, void *db, const void *dy, int64_t rows,
+                                              int64_t cols, tpk_dtype dt, tpk_dtype db_dt,
+                                              bool accumulate) {
+    (void)ctx;
+    (void)db;
+    (void)dy;
+    (void)rows;
+    (void)cols;
+    (void)dt;
+    (void)db_dt;
+    (void)accumulate;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x, tpk_dtype dt, size_t n) {
-    (void)ctx; (void)act; (void)y; (void)x; (void)dt; (void)n;
+static inline tpk_status tpk__count_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, const void *x,
+                                            tpk_dtype dt, size_t n) {
+    (void)ctx;
+    (void)act;
+    (void)y;
+    (void)x;
+    (void)dt;
+    (void)n;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x, const void *dy, tpk_dtype dt, size_t n) {
-    (void)ctx; (void)act; (void)dx; (void)x; (void)dy; (void)dt; (void)n;
+static inline tpk_status tpk__count_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *x,
+                                            const void *dy, tpk_dtype dt, size_t n) {
+    (void)ctx;
+    (void)act;
+    (void)dx;
+    (void)x;
+    (void)dy;
+    (void)dt;
+    (void)n;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, uint64_t seed, uint64_t stream, tpk_rng_dist dist, float a, float b) {
-    (void)ctx; (void)x; (void)dt; (void)rows; (void)cols; (void)gcols; (void)row0; (void)col0; (void)seed; (void)stream; (void)dist; (void)a; (void)b;
+static inline tpk_status tpk__count_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int64_t rows,
+                                           int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
+                                           uint64_t seed, uint64_t stream, tpk_rng_dist dist,
+                                           float a, float b) {
+    (void)ctx;
+    (void)x;
+    (void)dt;
+    (void)rows;
+    (void)cols;
+    (void)gcols;
+    (void)row0;
+    (void)col0;
+    (void)seed;
+    (void)stream;
+    (void)dist;
+    (void)a;
+    (void)b;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows, int64_t cols, int64_t gcols, int64_t row0, int64_t col0, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
-    (void)ctx; (void)y; (void)x; (void)rows; (void)cols; (void)gcols; (void)row0; (void)col0; (void)p; (void)seed; (void)stream; (void)dt;
+static inline tpk_status tpk__count_dropout(tpk_ctx *ctx, void *y, const void *x, int64_t rows,
+                                            int64_t cols, int64_t gcols, int64_t row0, int64_t col0,
+                                            float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    (void)ctx;
+    (void)y;
+    (void)x;
+    (void)rows;
+    (void)cols;
+    (void)gcols;
+    (void)row0;
+    (void)col0;
+    (void)p;
+    (void)seed;
+    (void)stream;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd, const void *x, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    (void)ctx; (void)y; (void)mean; (void)rstd; (void)x; (void)w; (void)b; (void)rows; (void)cols; (void)eps; (void)dt;
+static inline tpk_status tpk__count_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean, float *rstd,
+                                                  const void *x, const float *w, const float *b,
+                                                  int64_t rows, int64_t cols, float eps,
+                                                  tpk_dtype dt) {
+    (void)ctx;
+    (void)y;
+    (void)mean;
+    (void)rstd;
+    (void)x;
+    (void)w;
+    (void)b;
+    (void)rows;
+    (void)cols;
+    (void)eps;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db, const void *dy, const void *x, const float *w, const float *mean, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
-    (void)ctx; (void)dx; (void)dw; (void)db; (void)dy; (void)x; (void)w; (void)mean; (void)rstd; (void)rows; (void)cols; (void)dt; (void)accumulate_dx;
+static inline tpk_status tpk__count_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw, float *db,
+                                                  const void *dy, const void *x, const float *w,
+                                                  const float *mean, const float *rstd,
+                                                  int64_t rows, int64_t cols, tpk_dtype dt,
+                                                  bool accumulate_dx) {
+    (void)ctx;
+    (void)dx;
+    (void)dw;
+    (void)db;
+    (void)dy;
+    (void)x;
+    (void)w;
+    (void)mean;
+    (void)rstd;
+    (void)rows;
+    (void)cols;
+    (void)dt;
+    (void)accumulate_dx;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids, const float *table, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt, bool accumulate) {
-    (void)ctx; (void)y; (void)ids; (void)table; (void)T; (void)H; (void)v0; (void)vrows; (void)dt; (void)accumulate;
+static inline tpk_status tpk__count_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *ids,
+                                              const float *table, int64_t T, int64_t H, int64_t v0,
+                                              int64_t vrows, tpk_dtype dt, bool accumulate) {
+    (void)ctx;
+    (void)y;
+    (void)ids;
+    (void)table;
+    (void)T;
+    (void)H;
+    (void)v0;
+    (void)vrows;
+    (void)dt;
+    (void)accumulate;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy, const int32_t *ids, int64_t T, int64_t H, int64_t v0, int64_t vrows, tpk_dtype dt) {
-    (void)ctx; (void)dtable; (void)dy; (void)ids; (void)T; (void)H; (void)v0; (void)vrows; (void)dt;
+static inline tpk_status tpk__count_embed_bwd(tpk_ctx *ctx, float *dtable, const void *dy,
+                                              const int32_t *ids, int64_t T, int64_t H, int64_t v0,
+                                              int64_t vrows, tpk_dtype dt) {
+    (void)ctx;
+    (void)dtable;
+    (void)dy;
+    (void)ids;
+    (void)T;
+    (void)H;
+    (void)v0;
+    (void)vrows;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_xent_stats(tpk_ctx *ctx, float *part, const void *z, const int32_t *targets, int64_t T, int64_t Vl, int64_t ld, int64_t v0, tpk_dtype dt) {
-    (void)ctx; (void)part; (void)z; (void)targets; (void)T; (void)Vl; (void)ld; (void)v0; (void)dt;
+static inline tpk_status tpk__count_xent_stats(tpk_ctx *ctx, float *part, const void *z,
+                                               const int32_t *targets, int64_t T, int64_t Vl,
+                                               int64_t ld, int64_t v0, tpk_dtype dt) {
+    (void)ctx;
+    (void)part;
+    (void)z;
+    (void)targets;
+    (void)T;
+    (void)Vl;
+    (void)ld;
+    (void)v0;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_xent_loss(tpk_ctx *ctx, float *loss, float *lse, const float *part, int64_t P, const int32_t *targets, int64_t T, int64_t V, float smoothing, int32_t ignore_index) {
-    (void)ctx; (void)loss; (void)lse; (void)part; (void)P; (void)targets; (void)T; (void)V; (void)smoothing; (void)ignore_index;
+static inline tpk_status tpk__count_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
+                                              const float *part, int64_t P, const int32_t *targets,
+                                              int64_t T, int64_t V, float smoothing,
+                                              int32_t ignore_index) {
+    (void)ctx;
+    (void)loss;
+    (void)lse;
+    (void)part;
+    (void)P;
+    (void)targets;
+    (void)T;
+    (void)V;
+    (void)smoothing;
+    (void)ignore_index;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T, int64_t count, bool accumulate) {
-    (void)ctx; (void)acc; (void)loss; (void)T; (void)count; (void)accumulate;
+static inline tpk_status tpk__count_xent_mean(tpk_ctx *ctx, double *acc, const float *loss,
+                                              int64_t T, int64_t count, bool accumulate) {
+    (void)ctx;
+    (void)acc;
+    (void)loss;
+    (void)T;
+    (void)count;
+    (void)accumulate;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse, const int32_t *targets, const float *dloss, int64_t T, int64_t Vl, int64_t ld, int64_t v0, int64_t V, float smoothing, int32_t ignore_index, tpk_dtype dt) {
-    (void)ctx; (void)dz; (void)z; (void)lse; (void)targets; (void)dloss; (void)T; (void)Vl; (void)ld; (void)v0; (void)V; (void)smoothing; (void)ignore_index; (void)dt;
+static inline tpk_status tpk__count_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
+                                              const float *lse, const int32_t *targets,
+                                              const float *dloss, int64_t T, int64_t Vl, int64_t ld,
+                                              int64_t v0, int64_t V, float smoothing,
+                                              int32_t ignore_index, tpk_dtype dt) {
+    (void)ctx;
+    (void)dz;
+    (void)z;
+    (void)lse;
+    (void)targets;
+    (void)dloss;
+    (void)T;
+    (void)Vl;
+    (void)ld;
+    (void)v0;
+    (void)V;
+    (void)smoothing;
+    (void)ignore_index;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse, const void *z, const int32_t *targets, int64_t T, int64_t V, int64_t ld, float smoothing, int32_t ignore_index, float g, tpk_dtype dt) {
-    (void)ctx; (void)dz; (void)loss; (void)lse; (void)z; (void)targets; (void)T; (void)V; (void)ld; (void)smoothing; (void)ignore_index; (void)g; (void)dt;
+static inline tpk_status tpk__count_xent_fused(tpk_ctx *ctx, void *dz, float *loss, float *lse,
+                                               const void *z, const int32_t *targets, int64_t T,
+                                               int64_t V, int64_t ld, float smoothing,
+                                               int32_t ignore_index, float g, tpk_dtype dt) {
+    (void)ctx;
+    (void)dz;
+    (void)loss;
+    (void)lse;
+    (void)z;
+    (void)targets;
+    (void)T;
+    (void)V;
+    (void)ld;
+    (void)smoothing;
+    (void)ignore_index;
+    (void)g;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
-    (void)ctx; (void)out; (void)lse; (void)qkv; (void)B; (void)S; (void)Al; (void)D; (void)A; (void)G; (void)head0; (void)scale; (void)p; (void)seed; (void)stream; (void)dt;
+static inline tpk_status tpk__count_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void *qkv,
+                                             int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A,
+                                             int64_t G, int64_t head0, float scale, float p,
+                                             uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    (void)ctx;
+    (void)out;
+    (void)lse;
+    (void)qkv;
+    (void)B;
+    (void)S;
+    (void)Al;
+    (void)D;
+    (void)A;
+    (void)G;
+    (void)head0;
+    (void)scale;
+    (void)p;
+    (void)seed;
+    (void)stream;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv, const void *out, const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p, uint64_t seed, uint64_t stream, tpk_dtype dt) {
-    (void)ctx; (void)dqkv; (void)dout; (void)qkv; (void)out; (void)lse; (void)B; (void)S; (void)Al; (void)D; (void)A; (void)G; (void)head0; (void)scale; (void)p; (void)seed; (void)stream; (void)dt;
+static inline tpk_status tpk__count_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout,
+                                             const void *qkv, const void *out, const float *lse,
+                                             int64_t B, int64_t S, int64_t Al, int64_t D, int64_t A,
+                                             int64_t G, int64_t head0, float scale, float p,
+                                             uint64_t seed, uint64_t stream, tpk_dtype dt) {
+    (void)ctx;
+    (void)dqkv;
+    (void)dout;
+    (void)qkv;
+    (void)out;
+    (void)lse;
+    (void)B;
+    (void)S;
+    (void)Al;
+    (void)D;
+    (void)A;
+    (void)G;
+    (void)head0;
+    (void)scale;
+    (void)p;
+    (void)seed;
+    (void)stream;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows, int64_t S, int64_t heads, int64_t D, float theta, bool inverse, tpk_dtype dt) {
-    (void)ctx; (void)y; (void)ldy; (void)x; (void)ldx; (void)rows; (void)S; (void)heads; (void)D; (void)theta; (void)inverse; (void)dt;
+static inline tpk_status tpk__count_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x,
+                                         int64_t ldx, int64_t rows, int64_t S, int64_t heads,
+                                         int64_t D, float theta, bool inverse, tpk_dtype dt) {
+    (void)ctx;
+    (void)y;
+    (void)ldy;
+    (void)x;
+    (void)ldx;
+    (void)rows;
+    (void)S;
+    (void)heads;
+    (void)D;
+    (void)theta;
+    (void)inverse;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows, int64_t F, tpk_dtype dt) {
-    (void)ctx; (void)h; (void)gu; (void)rows; (void)F; (void)dt;
+static inline tpk_status tpk__count_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows,
+                                               int64_t F, tpk_dtype dt) {
+    (void)ctx;
+    (void)h;
+    (void)gu;
+    (void)rows;
+    (void)F;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu, const void *dh, int64_t rows, int64_t F, tpk_dtype dt) {
-    (void)ctx; (void)dgu; (void)gu; (void)dh; (void)rows; (void)F; (void)dt;
+static inline tpk_status tpk__count_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *gu,
+                                               const void *dh, int64_t rows, int64_t F,
+                                               tpk_dtype dt) {
+    (void)ctx;
+    (void)dgu;
+    (void)gu;
+    (void)dh;
+    (void)rows;
+    (void)F;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x, const float *w, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    (void)ctx; (void)y; (void)rstd; (void)x; (void)w; (void)rows; (void)cols; (void)eps; (void)dt;
+static inline tpk_status tpk__count_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, const void *x,
+                                                const float *w, int64_t rows, int64_t cols,
+                                                float eps, tpk_dtype dt) {
+    (void)ctx;
+    (void)y;
+    (void)rstd;
+    (void)x;
+    (void)w;
+    (void)rows;
+    (void)cols;
+    (void)eps;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy, const void *x, const float *w, const float *rstd, int64_t rows, int64_t cols, tpk_dtype dt, bool accumulate_dx) {
-    (void)ctx; (void)dx; (void)dw; (void)dy; (void)x; (void)w; (void)rstd; (void)rows; (void)cols; (void)dt; (void)accumulate_dx;
+static inline tpk_status tpk__count_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, const void *dy,
+                                                const void *x, const float *w, const float *rstd,
+                                                int64_t rows, int64_t cols, tpk_dtype dt,
+                                                bool accumulate_dx) {
+    (void)ctx;
+    (void)dx;
+    (void)dw;
+    (void)dy;
+    (void)x;
+    (void)w;
+    (void)rstd;
+    (void)rows;
+    (void)cols;
+    (void)dt;
+    (void)accumulate_dx;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_adamw(tpk_ctx *ctx, float *w, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int64_t step, float grad_scale, double *norm, float clip, const int64_t *decay, int64_t nruns, uint16_t *w16) {
-    (void)ctx; (void)w; (void)g; (void)m; (void)v; (void)n; (void)lr; (void)b1; (void)b2; (void)eps; (void)wd; (void)step; (void)grad_scale; (void)norm; (void)clip; (void)decay; (void)nruns; (void)w16;
+static inline tpk_status tpk__count_adamw(tpk_ctx *ctx, float *w, const float *g, float *m,
+                                          float *v, size_t n, float lr, float b1, float b2,
+                                          float eps, float wd, int64_t step, float grad_scale,
+                                          double *norm, float clip, const int64_t *decay,
+                                          int64_t nruns, uint16_t *w16) {
+    (void)ctx;
+    (void)w;
+    (void)g;
+    (void)m;
+    (void)v;
+    (void)n;
+    (void)lr;
+    (void)b1;
+    (void)b2;
+    (void)eps;
+    (void)wd;
+    (void)step;
+    (void)grad_scale;
+    (void)norm;
+    (void)clip;
+    (void)decay;
+    (void)nruns;
+    (void)w16;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate) {
-    (void)ctx; (void)out; (void)x; (void)n; (void)accumulate;
+static inline tpk_status tpk__count_sumsq(tpk_ctx *ctx, double *out, const float *x, size_t n,
+                                          bool accumulate) {
+    (void)ctx;
+    (void)out;
+    (void)x;
+    (void)n;
+    (void)accumulate;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w, const void *bias, int64_t T, int64_t n, int64_t k, tpk_act act, tpk_dtype dt) {
-    (void)ctx; (void)y; (void)pre; (void)x; (void)w; (void)bias; (void)T; (void)n; (void)k; (void)act; (void)dt;
+static inline tpk_status tpk__count_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x,
+                                               const void *w, const void *bias, int64_t T,
+                                               int64_t n, int64_t k, tpk_act act, tpk_dtype dt) {
+    (void)ctx;
+    (void)y;
+    (void)pre;
+    (void)x;
+    (void)w;
+    (void)bias;
+    (void)T;
+    (void)n;
+    (void)k;
+    (void)act;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy, const void *w, const void *pre, int64_t T, int64_t n, int64_t k, tpk_act act, tpk_dtype dt) {
-    (void)ctx; (void)du; (void)db; (void)dy; (void)w; (void)pre; (void)T; (void)n; (void)k; (void)act; (void)dt;
+static inline tpk_status tpk__count_linear_bwd_act(tpk_ctx *ctx, void *du, void *db, const void *dy,
+                                                   const void *w, const void *pre, int64_t T,
+                                                   int64_t n, int64_t k, tpk_act act,
+                                                   tpk_dtype dt) {
+    (void)ctx;
+    (void)du;
+    (void)db;
+    (void)dy;
+    (void)w;
+    (void)pre;
+    (void)T;
+    (void)n;
+    (void)k;
+    (void)act;
+    (void)dt;
     return TPK_OK;
 }
-static inline tpk_status tpk__count_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y, float *mean, float *rstd, const void *x, const void *r, const float *w, const float *b, int64_t rows, int64_t cols, float eps, tpk_dtype dt) {
-    (void)ctx; (void)x1; (void)y; (void)mean; (void)rstd; (void)x; (void)r; (void)w; (void)b; (void)rows; (void)cols; (void)eps; (void)dt;
+static inline tpk_status tpk__count_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, void *y,
+                                                           float *mean, float *rstd, const void *x,
+                                                           const void *r, const float *w,
+                                                           const float *b, int64_t rows,
+                                                           int64_t cols, float eps, tpk_dtype dt) {
+    (void)ctx;
+    (void)x1;
+    (void)y;
+    (void)mean;
+    (void)rstd;
+    (void)x;
+    (void)r;
+    (void)w;
+    (void)b;
+    (void)rows;
+    (void)cols;
+    (void)eps;
+    (void)dt;
     return TPK_OK;
 }
 
@@ -244,8 +626,7 @@ static inline tpk_status tpk__count_coll(tpk_ctx *ctx, tpk_comm *g, tpk_coll_kin
         if (!end)
             return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_count (collective)", "out of host memory");
         *end = cc->free_at, req->state = end;
-    } else
-        c->t_exposed += cc->free_at - c->t, c->t = cc->free_at;
+    } else c->t_exposed += cc->free_at - c->t, c->t = cc->free_at;
     return TPK_OK;
 }
 static inline tpk_status tpk__count_c_allreduce(tpk_ctx *ctx, tpk_comm *g, const void *send,

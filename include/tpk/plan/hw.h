@@ -71,13 +71,14 @@ static inline void tpk__hw_gpu(tpk_hw *h, const char *name, const char *what, do
                                double tflops, double gbs, double nvlink_gbs, double nic_gbs) {
     memset(h, 0, sizeof *h);
     snprintf(h->name, sizeof h->name, "%s", name);
-    snprintf(h->source, sizeof h->source,
-             "published: %s, %.0f GB, %.0f TFLOP/s bf16 dense, %.0f GB/s memory, NVLink %.0f GB/s "
-             "a direction, %.0f GB/s network per GPU; efficiencies (H100-measured, links assumed): GEMM "
-             "%.0f-%.0f%%, attention %.0f%%, memory %.0f%%, links %.0f%% of those",
-             what, mem_gb, tflops, gbs, nvlink_gbs, nic_gbs, 100 * tpk__hw_gemm_eff[0],
-             100 * tpk__hw_gemm_eff[TPK_HW_GEMM_N - 1], 100 * TPK__HW_ATTN_EFF,
-             100 * TPK__HW_MEM_EFF, 100 * TPK__HW_LINK_EFF);
+    snprintf(
+        h->source, sizeof h->source,
+        "published: %s, %.0f GB, %.0f TFLOP/s bf16 dense, %.0f GB/s memory, NVLink %.0f GB/s "
+        "a direction, %.0f GB/s network per GPU; efficiencies (H100-measured, links assumed): GEMM "
+        "%.0f-%.0f%%, attention %.0f%%, memory %.0f%%, links %.0f%% of those",
+        what, mem_gb, tflops, gbs, nvlink_gbs, nic_gbs, 100 * tpk__hw_gemm_eff[0],
+        100 * tpk__hw_gemm_eff[TPK_HW_GEMM_N - 1], 100 * TPK__HW_ATTN_EFF, 100 * TPK__HW_MEM_EFF,
+        100 * TPK__HW_LINK_EFF);
     h->mem_gb = mem_gb, h->reserve_gb = 4, h->peak_tflops = tflops;
     for (int k = 0; k < TPK_HW_GEMM_N; k++) h->gemm_tflops[k] = tflops * tpk__hw_gemm_eff[k];
     h->attn_tflops = tflops * TPK__HW_ATTN_EFF, h->mem_gbs = gbs * TPK__HW_MEM_EFF, h->op_us = 3;
@@ -110,8 +111,7 @@ static inline bool tpk_hw_builtin(const char *name, tpk_hw *h) {
         h->attn_tflops = 0.01, h->mem_gbs = 3, h->op_us = 2;
         h->intra_gbs = 3, h->intra_us = 5, h->inter_gbs = 1, h->inter_us = 30;
         h->gpus_per_node = 1, h->host = 1;
-    } else
-        return false;
+    } else return false;
     return true;
 }
 static inline const char *tpk_hw_builtin_names(void) { return "a100-40, a100-80, h100, h200, cpu"; }
@@ -152,15 +152,15 @@ static inline double tpk_hw_coll_seconds(const tpk_hw *h, tpk_coll_kind kind, do
     if (kind == TPK_COLL_SEND || kind == TPK_COLL_RECV) return a + bytes * b;
     if (n <= 1) return 0;
     switch (kind) {
-    case TPK_COLL_ALLREDUCE: {
-        double ring = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * bytes * b,
-               tree = 2.0 * ceil(lg) * a + 2.0 * bytes * b;
-        return ring < tree ? ring : tree;
-    }
-    case TPK_COLL_ALLGATHER:
-    case TPK_COLL_REDUCE_SCATTER: return (n - 1) * a + (double)(n - 1) / n * bytes * b;
-    case TPK_COLL_BROADCAST: return ceil(lg) * a + bytes * b;
-    default: return ceil(lg) * a; /* barrier */
+        case TPK_COLL_ALLREDUCE: {
+            double ring = 2.0 * (n - 1) * a + 2.0 * (n - 1) / n * bytes * b,
+                   tree = 2.0 * ceil(lg) * a + 2.0 * bytes * b;
+            return ring < tree ? ring : tree;
+        }
+        case TPK_COLL_ALLGATHER:
+        case TPK_COLL_REDUCE_SCATTER: return (n - 1) * a + (double)(n - 1) / n * bytes * b;
+        case TPK_COLL_BROADCAST: return ceil(lg) * a + bytes * b;
+        default: return ceil(lg) * a; /* barrier */
     }
 }
 
@@ -184,10 +184,9 @@ static inline bool tpk_hw_write(const tpk_hw *h, FILE *f) {
 
 /* Read a profile file into *h; false with err[n] naming the file, the line or the missing key. */
 static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n) {
-    static const char *const keys[] = {"name",      "mem_gb",    "reserve_gb", "peak_tflops",
-                                       "gemm_tflops", "attn_tflops", "mem_gbs", "op_us",
-                                       "intra_gbs", "intra_us",  "inter_gbs",  "inter_us",
-                                       "gpus_per_node"};
+    static const char *const keys[] = {
+        "name",  "mem_gb",    "reserve_gb", "peak_tflops", "gemm_tflops", "attn_tflops",  "mem_gbs",
+        "op_us", "intra_gbs", "intra_us",   "inter_gbs",   "inter_us",    "gpus_per_node"};
     enum { NKEYS = sizeof keys / sizeof keys[0] };
     bool seen[NKEYS] = {false};
     FILE *f = fopen(path, "r");
@@ -263,9 +262,18 @@ static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n)
                      rest);
             break;
         }
-        double *dst[NKEYS] = {NULL,           &h->mem_gb,    &h->reserve_gb, &h->peak_tflops,
-                              h->gemm_tflops, &h->attn_tflops, &h->mem_gbs,  &h->op_us,
-                              &h->intra_gbs,  &h->intra_us,  &h->inter_gbs,  &h->inter_us,
+        double *dst[NKEYS] = {NULL,
+                              &h->mem_gb,
+                              &h->reserve_gb,
+                              &h->peak_tflops,
+                              h->gemm_tflops,
+                              &h->attn_tflops,
+                              &h->mem_gbs,
+                              &h->op_us,
+                              &h->intra_gbs,
+                              &h->intra_us,
+                              &h->inter_gbs,
+                              &h->inter_us,
                               NULL};
         if (k == NKEYS - 1) h->gpus_per_node = (int)x[0];
         else memcpy(dst[k], x, sizeof(double) * (size_t)want);

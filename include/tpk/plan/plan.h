@@ -12,8 +12,8 @@
  * recompute mode, the optimizer's moments or their ZeRO-1 slice, the SP scratch, the pipeline's
  * live micro-batches and receive buffers), counted by the same code, not a formula beside it.
  * The second step's modelled time (tpk/plan/hw.h) is the step time: without PP, the stage's clock
- * (ops, plus the collectives' time not hidden under compute); with PP, each stage's mean forward and
- * backward (their messages shared among them) played through the schedule
+ * (ops, plus the collectives' time not hidden under compute); with PP, each stage's mean forward
+ * and backward (their messages shared among them) played through the schedule
  * (tpk_pipe_check_costs: the bubble), plus the slowest stage's time after its last backward (the
  * DP reduction left exposed, the norm, AdamW).
  *
@@ -36,9 +36,9 @@ typedef struct tpk_plan_desc {
     int64_t batch;          /* the global batch, sequences a step */
     int gpus, gpus_per_node;
     const tpk_hw *hw;
-    const tpk_ops *like;    /* the backend to count like (its fused ops; NULL: the CUDA
+    const tpk_ops *like; /* the backend to count like (its fused ops; NULL: the CUDA
                                backend's) */
-    tpk_dtype dtype;        /* activations: TPK_BF16 on a GPU, TPK_F32 on the host */
+    tpk_dtype dtype;     /* activations: TPK_BF16 on a GPU, TPK_F32 on the host */
     /* restrictions (0 or -1: every value) */
     int tp, pp, micro_batch, zero, sp;
     int recompute; /* -1: all; else a tpk_recompute */
@@ -55,18 +55,19 @@ typedef struct tpk_plan_cfg {
     double compute_s, exposed_comm_s, bubble; /* the step's parts: compute (the slowest stage's),
                                                  collectives the clock waited for, the pipeline's
                                                  idle share */
-    char reason[200];    /* why rejected ("" when it fits) */
+    char reason[200];                         /* why rejected ("" when it fits) */
 } tpk_plan_cfg;
 
-/* Parameters of the model (unsharded, each once): dry-run on one rank without parallelism. */
+/* A counting context: rank `rank` of a tp x dp x pp world on d's profile (timed when it has one). */
 static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c, tpk_comm *world,
                                        const tpk_plan_desc *d, int tp, int dp, int pp, int rank) {
     TPK_TRY(tpk_count_init(err, c, d->hw, d->like, tp, dp, pp, rank,
                            d->gpus_per_node > 0 ? d->gpus_per_node : 1));
     TPK_TRY(tpk_count_world(err, c, world));
-    tpk_status s = tpk_ctx_init(
-        ctx, &(tpk_ctx_desc){.ops = &c->ops, .world = world, .tp = tp, .pp = pp, .seed = 1,
-                             .dtype = d->dtype});
+    tpk_ctx_desc cd;
+    memset(&cd, 0, sizeof cd);
+    cd.ops = &c->ops, cd.world = world, cd.tp = tp, cd.pp = pp, cd.seed = 1, cd.dtype = d->dtype;
+    tpk_status s = tpk_ctx_init(ctx, &cd);
     if (s != TPK_OK) {
         snprintf(err->err, sizeof err->err, "%s", ctx->err);
         tpk_comm_destroy(world);
@@ -76,7 +77,7 @@ static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c,
     return s;
 }
 
-/* Parameters in the whole model (the tied embedding once), for MFU: 6 N + 12 L H S flops a token. */
+/* Parameters of the whole model (the tied embedding once), for MFU: 6 N + 12 L H S flops a token */
 static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
     tpk_count c;
     tpk_comm world;
@@ -99,14 +100,13 @@ typedef struct tpk__plan_stage {
     double peak, step, f, b, msg, tail, compute, exposed;
 } tpk__plan_stage;
 
-static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *d,
-                                             tpk_plan_cfg *p, int stage, tpk__plan_stage *out,
+static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan_cfg *p,
+                                             int stage, tpk__plan_stage *out,
                                              tpk_pipe_schedule *sched) {
     tpk_count c;
     tpk_comm world;
     tpk_ctx ctx;
-    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, p->dp, p->pp,
-                          stage * p->tp * p->dp));
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, p->dp, p->pp, stage * p->tp * p->dp));
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
     tpk_model_config_common(&cfg, sh, 0.0f, p->sp, p->recompute);
@@ -119,19 +119,19 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     bool piped = p->pp > 1;
     size_t ntok = (size_t)p->accum * (size_t)p->micro_batch * (size_t)d->seq;
     int32_t *ids = (int32_t *)calloc(ntok ? ntok : 1, sizeof(int32_t));
-    tpk_status s = ids ? TPK_OK
-                       : tpk__fail(&ctx, TPK_ERR_NOMEM, "tpk_plan", "out of host memory");
+    tpk_status s = ids ? TPK_OK : tpk__fail(&ctx, TPK_ERR_NOMEM, "tpk_plan", "out of host memory");
     if (s == TPK_OK)
-        s = piped ? tpk_pipe_model_init(&ctx, &pm, &cfg, TPK_PIPE_1F1B, p->accum, 1, NULL, NULL, 0,
-                                        0)
-                  : tpk_model_init(&ctx, &m, &cfg);
-    if (s == TPK_OK)
-        s = tpk_adamw_init(&ctx, &opt,
-                           &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f,
-                                             .weight_decay = 0.1f, .zero = p->zero});
+        s = piped
+                ? tpk_pipe_model_init(&ctx, &pm, &cfg, TPK_PIPE_1F1B, p->accum, 1, NULL, NULL, 0, 0)
+                : tpk_model_init(&ctx, &m, &cfg);
+    tpk_adamw_desc ad; /* the trainer's defaults; the moments' size is what counts */
+    memset(&ad, 0, sizeof ad);
+    ad.b1 = 0.9f, ad.b2 = 0.95f, ad.eps = 1e-8f, ad.weight_decay = 0.1f, ad.zero = p->zero;
+    if (s == TPK_OK) s = tpk_adamw_init(&ctx, &opt, &ad);
     if (s == TPK_OK) {
-        if (piped) tpk_pipe_model_set_dp(&pm, p->zero ? NULL : &b), pm.exec.clock = tpk__count_clock,
-                   pm.exec.clock_user = &c;
+        if (piped)
+            tpk_pipe_model_set_dp(&pm, p->zero ? NULL : &b), pm.exec.clock = tpk__count_clock,
+                                                             pm.exec.clock_user = &c;
         else tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
         tpk_mem_peak(&ctx, true); /* the trainer's peak: from the first step */
     }
@@ -155,8 +155,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
                 s = tpk_pipe_schedule_make(&ctx, sched, TPK_PIPE_1F1B, p->pp, p->accum, 1);
             }
         }
-    } else
-        snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
+    } else snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
     free(ids);
     if (piped) tpk_pipe_model_destroy(&ctx, &pm);
     else tpk_model_destroy(&ctx, &m);
@@ -175,8 +174,7 @@ static inline tpk_status tpk_plan_run(tpk_ctx *err, const tpk_plan_desc *d, doub
     tpk__plan_stage st[1024];
     memset(st, 0, sizeof st[0]);
     int P = p->pp;
-    if (P > 1024)
-        return tpk__fail(err, TPK_ERR_ARG, "tpk_plan_run", "pp: at most 1024, got %d", P);
+    if (P > 1024) return tpk__fail(err, TPK_ERR_ARG, "tpk_plan_run", "pp: at most 1024, got %d", P);
     tpk_pipe_schedule sched;
     memset(&sched, 0, sizeof sched);
     p->fits = false, p->reason[0] = 0, p->peak_bytes = 0, p->step_seconds = 0;
@@ -191,7 +189,8 @@ static inline tpk_status tpk_plan_run(tpk_ctx *err, const tpk_plan_desc *d, doub
             return TPK_OK;
         }
         if (st[s].peak > p->peak_bytes) p->peak_bytes = st[s].peak;
-        pf[s] = st[s].f + st[s].msg / (2.0 * p->accum), pb[s] = st[s].b + st[s].msg / (2.0 * p->accum);
+        pf[s] = st[s].f + st[s].msg / (2.0 * p->accum),
+        pb[s] = st[s].b + st[s].msg / (2.0 * p->accum);
         if (st[s].tail > tail) tail = st[s].tail;
         if (st[s].compute > compute) compute = st[s].compute;
         if (st[s].exposed > exposed) exposed = st[s].exposed;
@@ -296,7 +295,8 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
                             }
                             tpk_plan_cfg *p = &v[cnt++];
                             memset(p, 0, sizeof *p);
-                            p->tp = tp, p->pp = pp, p->dp = dp, p->micro_batch = why[0] ? 0 : (int)mb;
+                            p->tp = tp, p->pp = pp, p->dp = dp,
+                            p->micro_batch = why[0] ? 0 : (int)mb;
                             p->accum = why[0] ? 0 : (int)(Bd / mb);
                             p->recompute = (tpk_recompute)rc, p->zero = z, p->sp = sp;
                             if (why[0]) {

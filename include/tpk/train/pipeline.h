@@ -134,8 +134,8 @@ typedef struct tpk_pipe {
     int done[4], ndone; /* slots freed by the last backwards, reusable after the next batch */
     int *act, *grad; /* [V M] the slot holding (chunk, mb)'s input and its output's gradient; -1 */
     int cells;
-    double t_compute, t_wait; /* seconds of the last run: in compute steps, in messages */
-    double t_f, t_b;          /* of which in forwards, in backwards */
+    double t_compute, t_wait;    /* seconds of the last run: in compute steps, in messages */
+    double t_f, t_b;             /* of which in forwards, in backwards */
     double (*clock)(void *user); /* the clock (NULL: the host's, seconds; a dry run's modelled
                                     one, tpk/plan) */
     void *clock_user;

@@ -13,8 +13,8 @@
  *   3. tpk_train_step: the DP reduction, the norm, clipping and AdamW (norm: as there).
  * `scale` weighs a micro-batch's mean loss in the step's (1 / M for a plain mean over M equal
  * micro-batches and one DP rank; the trainer's: tokens of this DP rank's micro-batch over the
- * step's, and x DP under Adasum). The model's grad_ready hook must be the buckets' (tpk_dp_grad_ready)
- * without stages. Needs POSIX (tpk/train/model.h). */
+ * step's, and x DP under Adasum). The model's grad_ready hook must be the buckets'
+ * (tpk_dp_grad_ready) without stages. Needs POSIX (tpk/train/model.h). */
 #ifndef TPK_STEP_H
 #define TPK_STEP_H
 
@@ -22,10 +22,10 @@
 #include "train.h"
 
 static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pipe_model *pm,
-                                              tpk_adamw *opt, tpk_dp_buckets *b,
-                                              const int32_t *ids, const int32_t *targets, int64_t B,
-                                              int64_t S, int M, float scale, uint64_t rng_step,
-                                              float lr, float clip, double *norm) {
+                                              tpk_adamw *opt, tpk_dp_buckets *b, const int32_t *ids,
+                                              const int32_t *targets, int64_t B, int64_t S, int M,
+                                              float scale, uint64_t rng_step, float lr, float clip,
+                                              double *norm) {
     static const char *fn = "tpk_model_train_step";
     if (!ctx) return TPK_ERR_ARG;
     if ((!m && !pm) || !opt || !b || !ids || !targets)
@@ -37,7 +37,7 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
     if (M < 1 || B < 1 || S < 1)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "M, B, S: expected >= 1, got %d, %lld, %lld", M,
                          (long long)B, (long long)S);
-    bool zero = opt->sn != opt->numel; /* ZeRO-1: no buckets during the backward */
+    bool zero = opt->sn != opt->numel;  /* ZeRO-1: no buckets during the backward */
     size_t mbt = (size_t)B * (size_t)S; /* a micro-batch's tokens */
     TPK_TRY(tpk_params_zero_grad(ctx));
     if (pm) {
