@@ -508,7 +508,8 @@ int main(int argc, char **argv) {
     if (o.target > 0) { /* nodes doubled until the best reaches the target */
         int g = o.gpus;
         double best = b->tokens_per_s;
-        while (best < o.target && g <= (1 << 20)) {
+        while (best < o.target && g < (1 << 16)) {
+            double before = best;
             g *= 2;
             tpk_plan_desc d2 = d;
             d2.gpus = g;
@@ -518,7 +519,7 @@ int main(int argc, char **argv) {
                 return fprintf(stderr, "plan: %s\n", tpk_last_error(&err)), 1;
             best = m && w[0].fits ? w[0].tokens_per_s : 0;
             free(w);
-            if (d2.batch % (g / (d.tp ? d.tp : 1)) && best == 0 && g > d.batch * 8) break;
+            if (best == 0 && before > 0) break; /* past what the global batch can use */
         }
         if (best >= o.target)
             printf("GPUs for %.0f tokens/s: %d (%.0f tokens/s; global batch %lld kept)\n", o.target,
