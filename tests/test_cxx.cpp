@@ -164,7 +164,8 @@ int main(int argc, char **argv) {
         tpk_plan_cfg *v = nullptr;
         int n = 0, fails = !tpk_hw_builtin("h100", &hw);
         if (tpk_plan(&err, &d, &v, &n) != TPK_OK || n < 1 || !v[0].fits || !(v[0].peak_bytes > 0))
-            std::fprintf(stderr, "  [rank %d] plan: %s (%d rows)\n", rank_, tpk_last_error(&err), n),
+            std::fprintf(stderr, "  [rank %d] plan: %s (%d rows)\n", rank_, tpk_last_error(&err),
+                         n),
                 fails++;
         for (int i = 0; i < n; i++)
             if (!v[i].fits && !v[i].reason[0]) fails++;

@@ -58,7 +58,7 @@ typedef struct tpk_plan_cfg {
     char reason[200];                         /* why rejected ("" when it fits) */
 } tpk_plan_cfg;
 
-/* A counting context: rank `rank` of a tp x dp x pp world on d's profile (timed when it has one). */
+/* A counting context: rank `rank` of a tp x dp x pp world, timed on d's profile where it has one */
 static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c, tpk_comm *world,
                                        const tpk_plan_desc *d, int tp, int dp, int pp, int rank) {
     TPK_TRY(tpk_count_init(err, c, d->hw, d->like, tp, dp, pp, rank,
