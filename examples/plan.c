@@ -499,6 +499,10 @@ int main(int argc, char **argv) {
            b->tp, b->pp, b->dp, b->micro_batch, b->accum, tpk_recompute_name(b->recompute),
            b->zero ? "on" : "off", b->sp ? "on" : "off", b->step_seconds, b->tokens_per_s,
            100 * b->mfu, b->peak_bytes / 1e9);
+    printf("its %.2f GB a GPU: weights %.2f (f32 and bf16), gradients %.2f, AdamW's moments %.2f, "
+           "activations and scratch %.2f\n",
+           b->peak_bytes / 1e9, b->weights_bytes / 1e9, b->grads_bytes / 1e9, b->optim_bytes / 1e9,
+           b->activ_bytes / 1e9);
     printf("largest micro-batch that fits: %d\n", mbmax);
     if (o.tokens > 0) {
         char t[64];

@@ -63,6 +63,12 @@ assert "exceeds a node" in why and "does not divide" in why, why
 assert any(r["tp"] == 2 for r in fit)   # 3 heads over TP 2: an uneven split, planned
 assert [r["step_seconds"] for r in fit] == sorted(r["step_seconds"] for r in fit)
 assert all(r["peak_bytes"] > 0 and r["step_seconds"] > 0 for r in fit)
+parts = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activation_bytes")
+for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shards the moments
+    assert all(r[k] > 0 for k in parts) and sum(r[k] for k in parts) == r["peak_bytes"], r
+    twin = [q for q in fit if q["zero"] != r["zero"] and all(q[k] == r[k] for k in
+            ("tp", "pp", "dp", "micro_batch", "recompute", "sp"))]
+    assert all(q["optimizer_bytes"] < r["optimizer_bytes"] for q in twin if q["zero"]), (r, twin)
 ' 2>&1; then ok plan_json_keys_and_reasons; else fail plan_json_keys_and_reasons; fi
 
 # the table and the guideline answers

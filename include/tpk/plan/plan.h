@@ -49,8 +49,12 @@ typedef struct tpk_plan_cfg {
     tpk_recompute recompute;
     bool zero, sp;
     bool fits;
-    double peak_bytes;   /* per rank, the largest over stages (tpk_mem_peak) */
-    double step_seconds; /* modelled */
+    double peak_bytes; /* per rank, the largest over stages (tpk_mem_peak) */
+    double weights_bytes, grads_bytes, optim_bytes, activ_bytes; /* that stage's peak in parts: the
+                            f32 master weights and their bf16 copy, the f32 gradients (and a bf16
+                            model's scratch for adding into them), AdamW's moments (ZeRO-1: the
+                            slice), and the rest: activations, receive buffers, scratch */
+    double step_seconds;                                         /* modelled */
     double tokens_per_s, mfu;
     double compute_s, exposed_comm_s, bubble; /* the step's parts: compute (the slowest stage's),
                                                  collectives the clock waited for, the pipeline's
@@ -97,7 +101,7 @@ static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc
 /* One stage's dry run: its peak, the second step's time and, with stages, its forwards' and
  * backwards' time, its messages' and the schedule. */
 typedef struct tpk__plan_stage {
-    double peak, step, f, b, msg, tail, compute, exposed;
+    double peak, step, f, b, msg, tail, compute, exposed, weights, grads, optim;
 } tpk__plan_stage;
 
 static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan_cfg *p,
@@ -145,6 +149,10 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     }
     if (s == TPK_OK) {
         out->peak = (double)tpk_mem_peak(&ctx, false);
+        const tpk_params *q = &ctx.params; /* held from the setup on: their share of the peak */
+        out->weights = (double)(q->data.bytes + q->data16.bytes);
+        out->grads = (double)(q->grad.bytes + q->scratch.bytes);
+        out->optim = 2.0 * sizeof(float) * (double)(opt.sn ? opt.sn : 1);
         out->step = c.t - t0, out->exposed = c.t_exposed - e0, out->compute = c.t_ops - o0;
         if (piped) {
             int steps = pm.M * pm.V;
@@ -188,7 +196,11 @@ static inline tpk_status tpk_plan_run(tpk_ctx *err, const tpk_plan_desc *d, doub
             tpk_pipe_schedule_free(&sched);
             return TPK_OK;
         }
-        if (st[s].peak > p->peak_bytes) p->peak_bytes = st[s].peak;
+        if (st[s].peak > p->peak_bytes) {
+            p->peak_bytes = st[s].peak, p->weights_bytes = st[s].weights;
+            p->grads_bytes = st[s].grads, p->optim_bytes = st[s].optim;
+            p->activ_bytes = st[s].peak - st[s].weights - st[s].grads - st[s].optim;
+        }
         pf[s] = st[s].f + st[s].msg / (2.0 * p->accum),
         pb[s] = st[s].b + st[s].msg / (2.0 * p->accum);
         if (st[s].tail > tail) tail = st[s].tail;
@@ -325,11 +337,13 @@ static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
     fprintf(f,
             "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"micro_batch\": %d, \"accum\": %d, "
             "\"recompute\": \"%s\", \"zero\": %d, \"sp\": %s, \"peak_bytes\": %.0f, "
-            "\"step_seconds\": %.6g, \"tokens_per_s\": %.6g, \"mfu\": %.4f, \"bubble\": %.4f, "
-            "\"fits\": %s",
+            "\"weights_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, "
+            "\"activation_bytes\": %.0f, \"step_seconds\": %.6g, \"tokens_per_s\": %.6g, "
+            "\"mfu\": %.4f, \"bubble\": %.4f, \"fits\": %s",
             p->tp, p->pp, p->dp, p->micro_batch, p->accum, tpk_recompute_name(p->recompute),
-            p->zero ? 1 : 0, p->sp ? "true" : "false", p->peak_bytes, p->step_seconds,
-            p->tokens_per_s, p->mfu, p->bubble, p->fits ? "true" : "false");
+            p->zero ? 1 : 0, p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes,
+            p->grads_bytes, p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s,
+            p->mfu, p->bubble, p->fits ? "true" : "false");
     if (p->reason[0]) {
         fprintf(f, ", \"reason\": \"");
         for (const char *c = p->reason; *c; c++)
