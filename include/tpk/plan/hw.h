@@ -257,9 +257,9 @@ static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n)
         if (ok && k != 1 && k != 2 && k != 9 && k != 11) /* rates > 0; memory, latency >= 0 */
             for (int i = 0; ok && i < got; i++) ok = x[i] > 0;
         if (!ok) {
-            snprintf(err, n, "%s:%d: %s: expected %d %s number%s, got \"%.80s\"", path, ln, key, want,
-                     k == 2 || k == 9 || k == 11 ? "non-negative" : "positive", want > 1 ? "s" : "",
-                     rest);
+            snprintf(err, n, "%s:%d: %s: expected %d %s number%s, got \"%.80s\"", path, ln, key,
+                     want, k == 2 || k == 9 || k == 11 ? "non-negative" : "positive",
+                     want > 1 ? "s" : "", rest);
             break;
         }
         double *dst[NKEYS] = {NULL,
