@@ -183,11 +183,9 @@ static inline tpk_status tpk__param_init(tpk_ctx *ctx, int id, tpk_init init, fl
     return TPK_OK;
 }
 
-static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
+/* The flat buffers moved to room for cap elements, the values and gradients kept. */
+static inline tpk_status tpk__params_realloc(tpk_ctx *ctx, size_t cap) {
     tpk_params *P = &ctx->params;
-    if (need <= P->cap_numel && P->data.p) return TPK_OK;
-    size_t cap = P->cap_numel ? P->cap_numel : 1024;
-    while (cap < need) cap *= 2;
     tpk_buf nd = {0, 0}, ng = {0, 0};
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = tpk__buf_reserve(ctx, &nd, cap * sizeof(float));
@@ -203,6 +201,23 @@ static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
     tpk__buf_free(ctx, &P->data), tpk__buf_free(ctx, &P->grad);
     P->data = nd, P->grad = ng, P->cap_numel = cap;
     return TPK_OK;
+}
+/* Room for `need` elements: the capacity doubled until it fits (registration: amortised). */
+static inline tpk_status tpk__params_grow(tpk_ctx *ctx, size_t need) {
+    tpk_params *P = &ctx->params;
+    if (need <= P->cap_numel && P->data.p) return TPK_OK;
+    size_t cap = P->cap_numel ? P->cap_numel : 1024;
+    while (cap < need) cap *= 2;
+    return tpk__params_realloc(ctx, cap);
+}
+/* The flat buffers cut to the registered elements. Registration doubles them (up to twice the
+ * parameters, in the f32 weights and again in their gradients), and a model would keep that slack
+ * all its life: tpk_adamw_init trims, the parameter set being final once an optimizer holds it. */
+static inline tpk_status tpk_params_trim(tpk_ctx *ctx) {
+    if (!ctx) return TPK_ERR_ARG;
+    tpk_params *P = &ctx->params;
+    if (!P->data.p || P->cap_numel <= (P->numel ? P->numel : 1)) return TPK_OK;
+    return tpk__params_realloc(ctx, P->numel ? P->numel : 1);
 }
 
 /* Register a parameter, allocate its shard (its gradient zeroed) and initialise it. */

@@ -182,6 +182,7 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     if (!o->d.b1) o->d.b1 = 0.9f;
     if (!o->d.b2) o->d.b2 = 0.95f;
     if (!o->d.eps) o->d.eps = 1e-8f;
+    TPK_TRY(tpk_params_trim(ctx)); /* the registration's slack freed */
     o->numel = ctx->params.numel;
     tpk_range sl = d.zero ? tpk_split((int64_t)o->numel, ctx->dp.size, ctx->dp.rank)
                           : TPK_LIT(tpk_range){0, (int64_t)o->numel};
