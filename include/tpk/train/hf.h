@@ -316,8 +316,8 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
     double L = v[NL].num, H = v[NH].num, A = v[NA].num, V = v[NV].num, P = v[NP].num, F = v[NF].num;
     double G = v[NG].kind ? v[NG].num : A, eps = v[NEPS].kind ? v[NEPS].num : 1e-6,
            theta = v[NTH].kind ? v[NTH].num : 10000;
-    bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && F >= 1 && G >= 1 && L <= 1e5 &&
-              H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 && F <= 1e7 && L == floor(L) &&
+    bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && F >= 1 && G >= 1 && G <= A &&
+              L <= 1e5 && H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 && F <= 1e7 && L == floor(L) &&
               H == floor(H) && A == floor(A) && V == floor(V) && P == floor(P) && F == floor(F) &&
               G == floor(G) && eps >= 1e-30 && eps < 1 && theta > 1 && theta < 1e30;
     if (!ok)
