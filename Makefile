@@ -13,6 +13,7 @@
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make bench-pipeline the pipeline's bubble and activation memory per stage at 2 and 4 stages
 #   make bench-plan the planner's step times next to measured ones (this machine calibrated)
+#   make bench-tokenizer the tokenizer's MB/s on one core next to Hugging Face tokenizers'
 #   make format-check  the C, C++, CUDA and Python sources' format: <= 100 columns, spaces, line ends
 #   make install PREFIX=/usr/local
 #   make clean
@@ -63,7 +64,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -229,6 +230,11 @@ bench-pipeline: $(B)/bench/pipeline
 bench-plan: $(B)/plan $(B)/train
 	TPK_BUILD=$(B) sh bench/plan.sh
 
+# The tokenizer's encoding speed on one core next to Hugging Face tokenizers' on the same text
+# (bench/tokenizer.py: a byte-level BPE trained on the license texts; build/pylib from make deps).
+bench-tokenizer: $(B)/bench/tokenizer
+	PYTHONPATH=build/pylib $(PYTHON) bench/tokenizer.py $(B)/bench/tokenizer
+
 # The host benchmarks, PyTorch on the CPU alongside where Debian's python3-torch is installed:
 # one GPT-2 block at one thread (bench/host_block.c); the memory-bound ops against copy bandwidth
 # and the cross-entropy against F.cross_entropy at CPU_THREADS threads (bench/kernels.c --host);
@@ -259,6 +265,18 @@ $(B)/plan: examples/plan.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
+# The Unicode support of the tokenizer (tpk/text/unicode.h) as a filter for tests/unicode.sh, which
+# checks it against Python's unicodedata. Plain C: no MPI, no backend.
+$(B)/tests/unicode_check: tests/unicode_check.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@
+
+# The tokenizer tool (examples/tokenize.c, tpk/text/tokenizer.h): text files to llm.c token shards,
+# --print FILE (ids), --decode FILE (text). Plain C: no MPI, no backend.
+$(B)/tokenize: examples/tokenize.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ -lm
+
 # The trainer on the host backend alone: what make demo runs where no GPU is present, so a machine
 # with nvcc but no GPU does not spend minutes compiling the CUDA archive for a run that cannot use it.
 $(B)/demo/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a
@@ -278,8 +296,11 @@ demo: deps
 	    --batch 8 --seq-len 64 --steps 1000 --lr 3e-3 --warmup 50 --eval-every 200 --log-every 50 \
 	    --csv $(B)/demo/loss.csv --save $(B)/demo/ckpt --sample 400
 
+# the Debian packages; then, where pip and PyPI are reachable, Hugging Face's tokenizers into
+# build/pylib for the optional tokenizer reference test (tools/pydeps.sh; skipped quietly otherwise)
 deps:
 	@sh tools/deps.sh
+	@sh tools/pydeps.sh
 
 # The sources' format (.clang-format, .editorconfig): tools/format_check.py lists every line over
 # 100 characters, tab or trailing space, and fails on one. CI runs it first.
@@ -287,7 +308,7 @@ format-check:
 	@python3 tools/format_check.py
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/plan $(B)/readme_example $(GPU_BENCH)
+	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/tests/tokenizer_check $(B)/train $(B)/plan $(B)/tests/unicode_check $(B)/tokenize $(B)/readme_example $(GPU_BENCH)
 	@TPK_BUILD=$(B) sh tests/run.sh
 
 # The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
@@ -297,7 +318,7 @@ test: deps
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-sanitize: deps
 	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
-	  $(patsubst $(B)/%,build/san/%,$(filter-out %/gpu_emu_race,$(TESTS)) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/train $(B)/plan $(B)/readme_example $(GPU_BENCH))
+	  $(patsubst $(B)/%,build/san/%,$(filter-out %/gpu_emu_race,$(TESTS)) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/tests/tokenizer_check $(B)/train $(B)/plan $(B)/tests/unicode_check $(B)/tokenize $(B)/readme_example $(GPU_BENCH))
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and

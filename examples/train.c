@@ -33,7 +33,7 @@
 
 typedef struct opts {
     const char *data, *val_data, *text, *save, *load, *csv, *dtype, *arch, *dp_reduce, *dp_batch,
-        *recompute, *tp_weights, *schedule, *pp_layers, *plan_profile;
+        *recompute, *tp_weights, *schedule, *pp_layers, *plan_profile, *tokenizer, *prompt;
     int64_t layers, hidden, heads, vocab, positions;
     int tp, zero, batch, seq, accum, steps, warmup, eval_every, eval_batches, sample, log_every,
         save_every, keep, pp, micro, vstages;
@@ -41,7 +41,8 @@ typedef struct opts {
     bool sp, eval_only, profile, det, steps_given, print_schedule, plan;
     tpk_recompute rc;
     tpk_pipe_kind kind; /* --schedule parsed (1f1b by default) */
-    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing;
+    float dropout, lr, min_lr_frac, wd, clip, b1, b2, smoothing, temperature, top_p;
+    int top_k;
     /* a family's config flags (tpk_lm_flag: --kv-heads, --ffn, --rotary-pct, ...), as given */
     struct { const char *flag, *value; } fam[16];
     int nfam;
@@ -76,8 +77,12 @@ static const char *usage =
     "  eval:      --eval-every 0 --eval-batches 4 --eval-only\n"
     "  output:    --save DIR (made and checked writable before training; written at the end; "
     "--save-every K also writes DIR/step-K, ... --keep N: only the last N of them) --load DIR\n"
-    "             --csv FILE (a resume continues it) --sample N --log-every 1 --profile (every "
-    "op's time per step, from step 2)\n"
+    "             --csv FILE (a resume continues it; FILE.svg: the loss curves) --log-every 1 "
+    "--profile (every op's time per step, from step 2)\n"
+    "  text:      --tokenizer DIR (tokenizer.json, or vocab.json + merges.txt; default: --load "
+    "DIR's) for --text and samples\n"
+    "             --sample N (tokens after --prompt TEXT, else after end-of-text) --temperature 1 "
+    "(0: the most likely) --top-k 0 (off) --top-p 1 (off) --seed\n"
     "  failures:  --timeout 600 (seconds a collective waits for the other ranks, then the job "
     "stops; 0: no limit; default TPK_TIMEOUT or 600)\n"
     "  with --load the model's shape is its config.json's: a shape flag that differs is an error\n";
@@ -188,6 +193,8 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
                 .clip = 1.0f,
                 .b1 = 0.9f,
                 .b2 = 0.95f,
+                .temperature = 1,
+                .top_p = 1,
                 .seed = 1};
     o->timeout = -1; /* not given: the library's default */
     for (int i = 1; i < argc; i++) {
@@ -222,7 +229,9 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
         STR("--text", text) STR("--save", save) STR("--load", load) STR("--csv", csv)
         STR("--dp-reduce", dp_reduce) STR("--dp-batch", dp_batch) STR("--recompute", recompute)
         STR("--tp-weights", tp_weights) STR("--schedule", schedule) STR("--pp-layers", pp_layers)
-        STR("--plan-profile", plan_profile)
+        STR("--plan-profile", plan_profile) STR("--tokenizer", tokenizer) STR("--prompt", prompt)
+        INT("--top-k", top_k, 0) FLT("--temperature", temperature, 0, 1e3)
+        FLT("--top-p", top_p, 0, 1)
         INT("--pp", pp, 1) INT("--micro-batches", micro, 1) INT("--virtual-stages", vstages, 1)
         INT("--layers", layers, 1) INT("--hidden", hidden, 1) INT("--heads", heads, 1)
         INT("--vocab", vocab, 1) INT("--positions", positions, 1)
@@ -257,6 +266,8 @@ static int parse(int argc, char **argv, opts *o, char *err, size_t n) {
     o->steps_given = o->steps >= 0;
     if (!o->steps_given) o->steps = 100;
     if (argc < 2) return snprintf(err, n, "no arguments: --help lists the options"), 1;
+    if (!(o->top_p > 0)) return snprintf(err, n, "--top-p: expected a number in (0, 1], got 0"), 1;
+    if (o->prompt && !o->sample) o->sample = 128; /* a prompt asks for a sample */
     if (!o->data && !o->text && !(o->load && o->sample && !o->eval_only))
         return snprintf(
                    err, n,
@@ -526,26 +537,89 @@ static tpk_status evaluate(tpk_ctx *ctx, tpk_model *m, tpk_pipe_model *pm, const
     return TPK_OK;
 }
 
-/* n tokens (dropout off) after a start token (newline for bytes, <|endoftext|> for GPT-2's
- * vocabulary), printed on rank 0. */
-static tpk_status sample(tpk_ctx *ctx, tpk_model *m, int n, uint64_t seed) {
-    int64_t V = tpk_model_vocab(m); bool bytes = V <= 256;
-    int32_t *seq = (int32_t *)malloc(sizeof(int32_t) * (size_t)(n + 1));
-    if (!seq) return tpk_fail(ctx, TPK_ERR_NOMEM, "sample", "%d tokens", n);
-    tpk_status s = tpk_model_set_dropout(ctx, m, 0);
-    if (s == TPK_OK)
-        s = tpk_model_sample(ctx, m, bytes ? '\n' : V > 50256 ? 50256 : 0, n, 1.0f, seed, seq);
+/* --sample N tokens (dropout off) after the prompt — --prompt's ids (the tokenizer's, or its bytes
+ * with the byte vocabulary), else one end-of-text token (the tokenizer's; newline for bytes;
+ * <|endoftext|> for GPT-2's vocabulary) — under --temperature, --top-k, --top-p; printed on rank 0:
+ * the prompt and the continuation as text (a tokenizer's decode, or bytes), else as ids. */
+static tpk_status sample(tpk_ctx *ctx, tpk_model *m, const opts *o, tpk_tokenizer *tk) {
+    int64_t V = tpk_model_vocab(m);
+    bool bytes = !tk && V <= 256;
+    int n = o->sample;
+    size_t np = 0, pl = o->prompt ? strlen(o->prompt) : 0;
+    int32_t *prompt = NULL, *seq = NULL;
+    char *text = NULL;
+    tpk_status s = TPK_OK;
+    if (pl && tk) s = tpk_tokenizer_encode(ctx, tk, o->prompt, pl, &prompt, &np);
+    else if (pl && (prompt = (int32_t *)malloc(sizeof(int32_t) * pl)))
+        for (np = 0; np < pl; np++) prompt[np] = (uint8_t)o->prompt[np];
+    bool start = !np; /* no prompt: one end-of-text token, not printed */
+    if (s == TPK_OK && start && !(prompt = (int32_t *)malloc(sizeof(int32_t))))
+        s = tpk_fail(ctx, TPK_ERR_NOMEM, "sample", "a prompt");
+    if (s == TPK_OK && start)
+        np = 1, prompt[0] = tk && tk->eot >= 0 ? tk->eot : bytes ? '\n' : V > 50256 ? 50256 : 0;
+    if (s == TPK_OK && !(seq = (int32_t *)malloc(sizeof(int32_t) * (np + (size_t)n))))
+        s = tpk_fail(ctx, TPK_ERR_NOMEM, "sample", "%zu tokens", np + (size_t)n);
+    if (s == TPK_OK) s = tpk_model_set_dropout(ctx, m, 0);
+    tpk_sample_opts so = {o->temperature, o->top_k, o->top_p};
+    if (s == TPK_OK) s = tpk_model_generate(ctx, m, prompt, (int)np, n, &so, o->seed, seq);
+    const int32_t *shown = seq + (start ? 1 : 0);
+    size_t ns = np + (size_t)n - (start ? 1 : 0), tn = 0;
+    if (s == TPK_OK && tk) s = tpk_tokenizer_decode(ctx, tk, shown, ns, false, &text, &tn);
     if (s == TPK_OK && world_rank == 0) {
-        printf("--- sample (%d tokens) ---\n", n);
-        for (int i = 1; i <= n; i++)
-            bytes ? putchar(seq[i] == '\n' || seq[i] == '\t' || (seq[i] >= 32 && seq[i] < 127)
-                                ? seq[i]
-                                : '?')
-                  : printf("%d ", seq[i]);
+        printf("--- sample (%d tokens%s) ---\n", n, start ? "" : " after the prompt");
+        if (tk) fwrite(text, 1, tn, stdout);
+        for (size_t i = 0; !tk && i < ns; i++) {
+            int c = shown[i];
+            bytes ? putchar(c == '\n' || c == '\t' || (c >= 32 && c < 127) ? c : '?')
+                  : printf("%d ", c);
+        }
         printf("\n---\n");
     }
-    free(seq);
+    free(prompt), free(seq), free(text);
     return s;
+}
+/* --tokenizer DIR, else --load DIR's own (tokenizer.json, or vocab.json and merges.txt); *path: the
+ * folder or file it came from (NULL: none). */
+static tpk_status load_tokenizer(tpk_ctx *ctx, const opts *o, tpk_tokenizer **tk,
+                                 const char **path) {
+    *tk = NULL, *path = o->tokenizer;
+    char a[1100], b[1100];
+    if (!*path && o->load) {
+        snprintf(a, sizeof a, "%.1000s/tokenizer.json", o->load);
+        snprintf(b, sizeof b, "%.1000s/merges.txt", o->load);
+        if (access(a, R_OK) == 0 || access(b, R_OK) == 0) *path = o->load;
+    }
+    return *path ? tpk_tokenizer_load(ctx, *path, tk) : TPK_OK;
+}
+/* Copy the tokenizer's files (tokenizer.json, or vocab.json and merges.txt, from a folder or the
+ * file itself) into the saved checkpoint dir, where it has none: the checkpoint samples text.
+ * World rank 0. */
+static tpk_status save_tokenizer(tpk_ctx *ctx, const char *from, const char *dir) {
+    static const char *const names[3] = {"tokenizer.json", "vocab.json", "merges.txt"};
+    struct stat st;
+    char a[1100], b[1100];
+    bool folder = stat(from, &st) == 0 && S_ISDIR(st.st_mode);
+    snprintf(a, sizeof a, "%.1000s/tokenizer.json", from);
+    int k0 = !folder || stat(a, &st) == 0 ? 0 : 1, k1 = k0 ? 3 : 1; /* which files to copy */
+    for (int k = k0; k < k1; k++) {
+        if (folder) snprintf(a, sizeof a, "%.1000s/%s", from, names[k]);
+        else snprintf(a, sizeof a, "%.1000s", from);
+        snprintf(b, sizeof b, "%.1000s/%s", dir, names[k]);
+        if (stat(b, &st) == 0) continue; /* the checkpoint's folder has its own */
+        uint8_t *buf = NULL;
+        size_t n = 0;
+        TPK_TRY(tpk__read_file(ctx, "save_tokenizer", a, &buf, &n));
+        FILE *f = fopen(b, "wb");
+        bool ok = f && fwrite(buf, 1, n, f) == n;
+        ok = (f && fclose(f) == 0) && ok;
+        free(buf);
+        if (!ok) {
+            remove(b);
+            return tpk_fail(ctx, TPK_ERR_IO, "save_tokenizer", "%s: cannot write: %s", b,
+                            strerror(errno));
+        }
+    }
+    return TPK_OK;
 }
 
 static int cmp_ll(const void *a, const void *b) {
@@ -601,6 +675,8 @@ int main(int argc, char **argv) {
     int64_t ppl[256];        /* --pp-layers */
     tpk_adamw opt = {0}; tpk_dp_buckets dp_b = {0};
     tpk_tokens train = {0}, val = {0};
+    tpk_tokenizer *tk = NULL; /* --tokenizer, or --load DIR's */
+    const char *tk_path = NULL;
     int32_t *x = NULL, *y = NULL;
     tpk_log csv = {0}; bool ctx_up = false;
     if (pr < 0) { if (world_rank == 0) print_usage(); MPI_Finalize(); return 0; }
@@ -677,8 +753,11 @@ int main(int argc, char **argv) {
         o.tp, o.tp_weights);
     if (!agree(world_rank || !o.save || probe_dir(o.save, msg, sizeof msg), msg))
         goto out; /* a bad --save fails now, not after training */
-    /* the model shape (from the checkpoint when loading) and the data */
+    /* the tokenizer of --text and the samples; the model shape (from the checkpoint when
+     * loading) and the data */
+    TRY(load_tokenizer(&ctx, &o, &tk, &tk_path));
     int64_t V0 = o.vocab  ? o.vocab
+                 : tk     ? tk->vocab_size
                  : o.text ? 256
                           : 50257,
             L0 = o.layers ? o.layers : 4, H0 = o.hidden ? o.hidden : 128,
@@ -701,7 +780,13 @@ int main(int argc, char **argv) {
             fam->title);
     if (!agree(family_flags(&o, &cfg, msg, sizeof msg), msg)) goto out;
     if (!agree(!o.load || shape_agrees(&o, sh, msg, sizeof msg), msg)) goto out;
-    FAIL_IF(o.text && *V < 256, "--text needs a vocabulary of at least 256 (the model has %lld)",
+    FAIL_IF(o.text && !tk && *V < 256,
+            "--text needs a vocabulary of at least 256 (the model has %lld)", (long long)*V);
+    FAIL_IF(tk && tk->vocab_size > *V,
+            "--tokenizer %s: %lld tokens, more than the model's vocabulary of %lld", tk_path,
+            (long long)tk->vocab_size, (long long)*V);
+    FAIL_IF(o.prompt && !tk && *V > 256,
+            "--prompt: needs a tokenizer (--tokenizer DIR) for a vocabulary of %lld tokens",
             (long long)*V);
     FAIL_IF(o.seq > *P, "--seq-len %d is longer than the model's %lld positions", o.seq,
             (long long)*P);
@@ -765,7 +850,24 @@ int main(int argc, char **argv) {
         tpk_model_config_common(&cfg, sh, o.smoothing, o.sp, o.rc);
         piped = o.pp > 1;
     }
-    if (o.text) {
+    if (o.text && tk) { /* the tokenizer's ids */
+        double ent = 0;
+        uint8_t *b = NULL;
+        size_t n = 0, nids = 0;
+        int32_t *ids = NULL;
+        tpk_status ts = tpk__read_file(&ctx, "--text", o.text, &b, &n);
+        if (ts == TPK_OK) ts = tpk_tokenizer_encode(&ctx, tk, (const char *)b, n, &ids, &nids);
+        if (ts == TPK_OK)
+            ts = tpk_data_split_tokens(&ctx, ids, nids, o.text, "tokens",
+                                       (int64_t)o.batch * o.seq + 1, &train, &val, &ent);
+        free(b), free(ids);
+        TRY(ts);
+        if (world_rank == 0)
+            printf("data: %s, %zu bytes: %lld training and %lld validation tokens (%s, %.2f bytes "
+                   "a token); token-unigram entropy %.3f nats\n",
+                   o.text, n, (long long)train.n, (long long)val.n, tk_path,
+                   (double)n / (double)(train.n + val.n), ent);
+    } else if (o.text) {
         double ent = 0;
         TRY(tpk_data_load_text(&ctx, o.text, (int64_t)o.batch * o.seq + 1, &train, &val, &ent));
         if (world_rank == 0)
@@ -928,7 +1030,7 @@ int main(int argc, char **argv) {
         TRY(piped ? tpk_pipe_model_set_dropout(&ctx, &pm, 0) : tpk_model_set_dropout(&ctx, &m, 0));
         TRY(evaluate(&ctx, &m, piped ? &pm : NULL, &val, &o, x, y, &vl));
         if (world_rank == 0) printf("val_loss %.6f\n", vl);
-        if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
+        if (o.sample) TRY(sample(&ctx, &m, &o, tk));
         FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)),
                 "standard output: cannot write (%s)", strerror(errno));
         rc = 0;
@@ -1086,15 +1188,18 @@ int main(int argc, char **argv) {
     TRY(tpk_log_close(&ctx, &csv, true)); /* and FILE.png where gnuplot is installed */
     if (o.save) {
         TRY(tpk_model_save(&ctx, mm, &opt, o.save, &(tpk_hf_save_desc){opt.step, o.seed}));
+        /* the tokenizer beside it, so that --load DIR samples text */
+        TRY(world_rank == 0 && tk ? save_tokenizer(&ctx, tk_path, o.save) : TPK_OK);
         if (world_rank == 0) printf("saved %s (step %lld)\n", o.save, (long long)opt.step);
     }
-    if (o.sample) TRY(sample(&ctx, &m, o.sample, o.seed));
+    if (o.sample) TRY(sample(&ctx, &m, &o, tk));
     FAIL_IF(world_rank == 0 && (fflush(stdout) != 0 || ferror(stdout)),
             "standard output: cannot write (%s)", strerror(errno));
     rc = 0;
 out:
     tpk_log_close(&ctx, &csv, false);
     free(x), free(y), tpk_tokens_free(&train), tpk_tokens_free(&val), tpk_dp_destroy(&dp_b);
+    tpk_tokenizer_free(tk);
     if (ctx_up)
         tpk_adamw_destroy(&ctx, &opt), tpk_pipe_model_destroy(&ctx, &pm),
             tpk_model_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);

@@ -156,6 +156,10 @@ script() {
 script train 1-4 tests/train.sh
 # the configuration planner against real runs (memory), its table, --json, --calibrate and bad input
 script plan 1-4 tests/plan.sh
+# text: Unicode classes, NFC and UTF-8 against Python (tests/unicode.sh); the tokenizer against
+# Hugging Face tokenizers, build/tokenize, the trainer's --tokenizer, --prompt, sampling flags
+script unicode 1 tests/unicode.sh
+script tokenizer 1-2 tests/tokenizer.sh
 # faults: a rank killed, the checkpoint writer killed, the disk full, a rank stopped (the collectives' timeout)
 script faults 1-2 tests/faults.sh
 # the trainer on the emulated CUDA backend against the host's

@@ -291,8 +291,8 @@ int main(int argc, char **argv) {
                     "vocab: expected 0..29 (the logits' columns), got 30");
         CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 3, 1.0f, 5, 0, &t), TPK_ERR_ARG,
                     "row: expected 0..2, got 3");
-        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 0, 0.0f, 5, 0, &t), TPK_ERR_ARG,
-                    "temperature: expected > 0");
+        CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, l, 0, 0, -1.0f, 5, 0, &t), TPK_ERR_ARG,
+                    "temperature: expected a finite value >= 0");
         CHECK_FAILS(&ctx, tpk_sample_logits(&ctx, g, 0, 0, 1.0f, 5, 0, &t), TPK_ERR_LAYOUT,
                     "logits: expected layout S(-1), got R");
         tpk_ctx_destroy(&ctx);

@@ -466,11 +466,15 @@ if [ $rc -eq 0 ] && grep -q '"tpk_step": 7' "$T/over/config.json" && [ -f "$T/ov
     ! grep -q "$(sed -n 's/.*"tpk_checkpoint_id": "\(.*\)".*/\1/p' "$T/c5/step-5/config.json")" "$T/over/config.json"; then
     ok "--load D --save D: D replaced whole (step 7, a new checkpoint id), README.md kept, nothing left beside it"
 else fail "--load D --save D"; fi
-# --csv FILE: FILE.png without .csv where gnuplot is installed, otherwise a line saying there is no plot
+# --csv FILE: FILE.svg without .csv (drawn by the kit, tpk/train/plot.h), and FILE.png where gnuplot is
+# installed, otherwise a line saying there is no PNG
 tr 1 --text "$text" $small --steps 2 --csv "$T/curve.csv"
 if command -v gnuplot >/dev/null 2>&1; then want="plot: $T/curve.png"; else want="plot: gnuplot is not installed: the curve is in $T/curve.csv only"; fi
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -qF "$want" && { ! command -v gnuplot >/dev/null 2>&1 || [ -s "$T/curve.png" ]; }; then ok "--csv: $want"
 else fail "--csv: expected \"$want\""; fi
+if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -qxF "plot: $T/curve.svg" && tail -1 "$T/curve.svg" | grep -qx '</svg>' &&
+    grep -q '<polyline class="train"' "$T/curve.svg"; then ok "--csv: plot: $T/curve.svg, the training curve in it"
+else fail "--csv: expected \"plot: $T/curve.svg\" and the SVG"; fi
 # --profile: a table of every op and collective per step (steps 2.. of 4), on rank 0; TPK_PROFILE=1 for any program
 tr 2 --text "$text" $small --tp 2 --steps 4 --profile
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^profile: 3 steps, .* ms per step (wall), backend host" &&

@@ -30,7 +30,9 @@
  *                                   included here)
  *   plan/     hw.h count.h plan.h   the configuration planner: hardware profiles and the cost
  *                                   model; the counting backend and communicator; the dry runs
- *                                   and the search (POSIX; not included here) */
+ *                                   and the search (POSIX; not included here)
+ *   text/     json.h unicode.h      a JSON reader; UTF-8, Unicode classes and NFC (above base/
+ *             tokenizer.h           alone): byte-level BPE, Hugging Face's tokenizer files */
 #ifndef TPK_TPK_H
 #define TPK_TPK_H
 
@@ -63,5 +65,6 @@
 #include "train/schedule.h"
 #include "train/pipeline.h"
 #include "train/data.h"
+#include "text/tokenizer.h"
 
 #endif /* TPK_TPK_H */

@@ -9,6 +9,8 @@
 #ifndef TPK_CTX_H
 #define TPK_CTX_H
 
+#include <errno.h>
+
 #include "comm.h"
 #include "core.h"
 #include "ops.h"
@@ -301,6 +303,32 @@ static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->name: \"%.40s...\" is longer than %zu characters", given, n - 1);
     memcpy(dst, given, strlen(given) + 1);
+    return TPK_OK;
+}
+
+/* The whole file into *out (malloc'd, *n bytes). */
+static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path,
+                                        uint8_t **out, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    uint8_t *b = (uint8_t *)malloc(cap);
+    for (size_t r; b && (r = fread(b + len, 1, cap - len, f)) > 0;) {
+        len += r;
+        if (len == cap) {
+            uint8_t *nb = (uint8_t *)realloc(b, cap *= 2);
+            if (!nb) free(b);
+            b = nb;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!b || bad) {
+        free(b);
+        return tpk__fail(ctx, b ? TPK_ERR_IO : TPK_ERR_NOMEM, fn, "%s: cannot read%s", path,
+                         b ? "" : " (out of memory)");
+    }
+    *out = b, *n = len;
     return TPK_OK;
 }
 

@@ -172,8 +172,8 @@ static inline tpk__lm_parts tpk__gpt2_lm(tpk_gpt2 *m) {
     return p;
 }
 
-/* tpk_gpt2_forward, _backward, _sample and _destroy (and tpk__gpt2_lm_init, tpk__gpt2_bufs) are
- * the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+/* tpk_gpt2_forward, _backward, _generate, _sample and _destroy (and tpk__gpt2_lm_init,
+ * tpk__gpt2_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
 TPK__LM_MODEL_ENTRIES(gpt2, h)
 
 static inline tpk_status tpk_gpt2_init(tpk_ctx *ctx, tpk_gpt2 *m, const tpk_gpt2_config *cfg) {

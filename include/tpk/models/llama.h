@@ -153,8 +153,8 @@ static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
     return p;
 }
 
-/* tpk_llama_forward, _backward, _sample and _destroy (and tpk__llama_lm_init, tpk__llama_bufs) are
- * the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+/* tpk_llama_forward, _backward, _generate, _sample and _destroy (and tpk__llama_lm_init,
+ * tpk__llama_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
 TPK__LM_MODEL_ENTRIES(llama, layers)
 
 /* The config fields a trainer sets by flag (tpk_lm_flag). */

@@ -718,67 +718,79 @@ static inline tpk_status tpk__lm_block_recompute(tpk_ctx *ctx, const tpk__lm_sub
  *                                   it has the embedding; *y its output unless it has the head; the
  *                                   backward from dy unless it has the head, *dx unless it has the
  *                                   embedding (tpk__lm_stage_forward, _backward)
- *   tpk_F_sample(ctx, m, start, n, temperature, seed, out)   out[0] = start, out[1..n]: n tokens
- *                                   sampled one after another (set dropout to 0 first)
+ *   tpk_F_generate(ctx, m, prompt, n_prompt, n, opts, seed, out)   out[0..n_prompt) = prompt,
+ *                                   then n tokens sampled one after another under opts
+ *                                   (tpk_sample_opts: temperature, top_k, top_p; NULL: plain
+ *                                   sampling) (set dropout to 0 first)
+ *   tpk_F_sample(ctx, m, start, n, temperature, seed, out)   the same from a 1-token prompt at a
+ *                                   temperature alone: out[0] = start, out[1..n]
  *   tpk__F_bufs(m, i, set, o)       block i's buffers of one recompute set (the tests check the
  *                                   pools hold them) */
-#define TPK__LM_MODEL_ENTRIES(F, BLOCKS)                                                         \
-    static inline tpk_status tpk_##F##_forward(tpk_ctx *ctx, tpk_##F *m, const int32_t *ids,     \
-                                               const int32_t *targets, int64_t B, int64_t S,     \
-                                               float *loss) {                                    \
-        static const char *fn = "tpk_" #F "_forward";                                            \
-        tpk__lm_parts p;                                                                         \
-        if (!ctx) return TPK_ERR_ARG;                                                            \
-        if (m && m->BLOCKS && S > m->c.positions && !tpk__##F##_lm(m).f->pos_name)               \
-            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,                                             \
-                             "S: expected at most cfg->positions = %lld, got %lld",              \
-                             (long long)m->c.positions, (long long)S);                           \
-        return tpk__lm_forward(ctx, fn, m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids, \
-                               targets, B, S, loss);                                             \
-    }                                                                                            \
-    static inline tpk_status tpk__##F##_lm_init(tpk_ctx *ctx, const char *fn, tpk_##F *m,        \
-                                                const tpk__lm_dims *d) {                         \
-        tpk__lm_parts p = tpk__##F##_lm(m);                                                      \
-        void *blocks = NULL;                                                                     \
-        tpk_status s = tpk__lm_init(ctx, fn, &p, &blocks, d, &m->c, &m->c.part);                 \
-        m->BLOCKS = (tpk_##F##_block *)blocks;                                                   \
-        return s;                                                                                \
-    }                                                                                            \
-    static inline void tpk_##F##_destroy(tpk_ctx *ctx, tpk_##F *m) {                             \
-        tpk__lm_parts p = tpk__##F##_lm(m);                                                      \
-        void *blocks = m->BLOCKS;                                                                \
-        tpk__lm_destroy(ctx, &p, &blocks);                                                       \
-        m->BLOCKS = NULL;                                                                        \
-    }                                                                                            \
-    static inline tpk_status tpk_##F##_backward(tpk_ctx *ctx, tpk_##F *m, float scale) {         \
-        tpk__lm_parts p;                                                                         \
-        return tpk__lm_backward(ctx, "tpk_" #F "_backward",                                      \
-                                m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale);      \
-    }                                                                                            \
-    static inline tpk_status tpk_##F##_stage_forward(                                            \
-        tpk_ctx *ctx, tpk_##F *m, const int32_t *ids, const void *x, const int32_t *targets,     \
-        int64_t B, int64_t S, float *loss, tpk_tensor *y) {                                      \
-        tpk__lm_parts p;                                                                         \
-        return tpk__lm_stage_forward(ctx, "tpk_" #F "_stage_forward",                            \
-                                     m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids, x, \
-                                     targets, B, S, loss, y);                                    \
-    }                                                                                            \
-    static inline tpk_status tpk_##F##_stage_backward(tpk_ctx *ctx, tpk_##F *m, float scale,     \
-                                                      void *dy, tpk_tensor *dx) {                \
-        tpk__lm_parts p;                                                                         \
-        return tpk__lm_stage_backward(ctx, "tpk_" #F "_stage_backward",                          \
-                                      m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale, \
-                                      dy, dx);                                                   \
-    }                                                                                            \
-    static inline tpk_status tpk_##F##_sample(tpk_ctx *ctx, tpk_##F *m, int32_t start, int n,    \
-                                              float temperature, uint64_t seed, int32_t *out) {  \
-        tpk__lm_parts p;                                                                         \
-        return tpk__lm_sample(                                                                   \
-            ctx, "tpk_" #F "_sample", m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL,        \
-            m ? m->c.vocab : 0, m ? m->c.positions : 0, start, n, temperature, seed, out);       \
-    }                                                                                            \
-    static inline int tpk__##F##_bufs(void *m, int64_t i, int set, tpk_buf **o) {                \
-        return tpk__##F##_block_bufs(&((tpk_##F *)m)->BLOCKS[i], set, o);                        \
+#define TPK__LM_MODEL_ENTRIES(F, BLOCKS)                                                          \
+    static inline tpk_status tpk_##F##_forward(tpk_ctx *ctx, tpk_##F *m, const int32_t *ids,      \
+                                               const int32_t *targets, int64_t B, int64_t S,      \
+                                               float *loss) {                                     \
+        static const char *fn = "tpk_" #F "_forward";                                             \
+        tpk__lm_parts p;                                                                          \
+        if (!ctx) return TPK_ERR_ARG;                                                             \
+        if (m && m->BLOCKS && S > m->c.positions && !tpk__##F##_lm(m).f->pos_name)                \
+            return tpk__fail(ctx, TPK_ERR_SHAPE, fn,                                              \
+                             "S: expected at most cfg->positions = %lld, got %lld",               \
+                             (long long)m->c.positions, (long long)S);                            \
+        return tpk__lm_forward(ctx, fn, m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids,  \
+                               targets, B, S, loss);                                              \
+    }                                                                                             \
+    static inline tpk_status tpk__##F##_lm_init(tpk_ctx *ctx, const char *fn, tpk_##F *m,         \
+                                                const tpk__lm_dims *d) {                          \
+        tpk__lm_parts p = tpk__##F##_lm(m);                                                       \
+        void *blocks = NULL;                                                                      \
+        tpk_status s = tpk__lm_init(ctx, fn, &p, &blocks, d, &m->c, &m->c.part);                  \
+        m->BLOCKS = (tpk_##F##_block *)blocks;                                                    \
+        return s;                                                                                 \
+    }                                                                                             \
+    static inline void tpk_##F##_destroy(tpk_ctx *ctx, tpk_##F *m) {                              \
+        tpk__lm_parts p = tpk__##F##_lm(m);                                                       \
+        void *blocks = m->BLOCKS;                                                                 \
+        tpk__lm_destroy(ctx, &p, &blocks);                                                        \
+        m->BLOCKS = NULL;                                                                         \
+    }                                                                                             \
+    static inline tpk_status tpk_##F##_backward(tpk_ctx *ctx, tpk_##F *m, float scale) {          \
+        tpk__lm_parts p;                                                                          \
+        return tpk__lm_backward(ctx, "tpk_" #F "_backward",                                       \
+                                m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale);       \
+    }                                                                                             \
+    static inline tpk_status tpk_##F##_stage_forward(                                             \
+        tpk_ctx *ctx, tpk_##F *m, const int32_t *ids, const void *x, const int32_t *targets,      \
+        int64_t B, int64_t S, float *loss, tpk_tensor *y) {                                       \
+        tpk__lm_parts p;                                                                          \
+        return tpk__lm_stage_forward(ctx, "tpk_" #F "_stage_forward",                             \
+                                     m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, ids, x,  \
+                                     targets, B, S, loss, y);                                     \
+    }                                                                                             \
+    static inline tpk_status tpk_##F##_stage_backward(tpk_ctx *ctx, tpk_##F *m, float scale,      \
+                                                      void *dy, tpk_tensor *dx) {                 \
+        tpk__lm_parts p;                                                                          \
+        return tpk__lm_stage_backward(ctx, "tpk_" #F "_stage_backward",                           \
+                                      m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL, scale,  \
+                                      dy, dx);                                                    \
+    }                                                                                             \
+    static inline tpk_status tpk_##F##_generate(tpk_ctx *ctx, tpk_##F *m, const int32_t *prompt,  \
+                                                int n_prompt, int n, const tpk_sample_opts *opts, \
+                                                uint64_t seed, int32_t *out) {                    \
+        tpk__lm_parts p;                                                                          \
+        return tpk__lm_generate(                                                                  \
+            ctx, "tpk_" #F "_generate", m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL,       \
+            m ? m->c.vocab : 0, m ? m->c.positions : 0, prompt, n_prompt, n, opts, seed, out);    \
+    }                                                                                             \
+    static inline tpk_status tpk_##F##_sample(tpk_ctx *ctx, tpk_##F *m, int32_t start, int n,     \
+                                              float temperature, uint64_t seed, int32_t *out) {   \
+        tpk__lm_parts p;                                                                          \
+        return tpk__lm_sample(                                                                    \
+            ctx, "tpk_" #F "_sample", m && m->BLOCKS ? (p = tpk__##F##_lm(m), &p) : NULL,         \
+            m ? m->c.vocab : 0, m ? m->c.positions : 0, start, n, temperature, seed, out);        \
+    }                                                                                             \
+    static inline int tpk__##F##_bufs(void *m, int64_t i, int set, tpk_buf **o) {                 \
+        return tpk__##F##_block_bufs(&((tpk_##F *)m)->BLOCKS[i], set, o);                         \
     }
 
 #endif /* TPK_LM_H */

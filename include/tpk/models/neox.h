@@ -163,8 +163,8 @@ static inline tpk__lm_parts tpk__neox_lm(tpk_neox *m) {
     return p;
 }
 
-/* tpk_neox_forward, _backward, _sample and _destroy (and tpk__neox_lm_init, tpk__neox_bufs) are
- * the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
+/* tpk_neox_forward, _backward, _generate, _sample and _destroy (and tpk__neox_lm_init,
+ * tpk__neox_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
 TPK__LM_MODEL_ENTRIES(neox, layers)
 
 static inline tpk_status tpk_neox_init(tpk_ctx *ctx, tpk_neox *m, const tpk_neox_config *cfg) {

@@ -3,8 +3,8 @@
  *
  * llm.c shard: a header of 256 little-endian int32 (magic 20240520, version 1, token count n),
  *   then n uint16 tokens; every token must be below the model's vocabulary.
- * Byte text: any file, one token per byte (vocabulary 256); the last 10% (at least one batch
- *   window) is the validation split.
+ * Text: any file, one token per byte (vocabulary 256), or the ids of a tokenizer
+ *   (tpk/text/tokenizer.h); the last 10% (at least one batch window) is the validation split.
  * Batches (llm.c's loader): batch k of DP rank d of dp ranks reads the B*S + 1 tokens at
  *   window w = (k dp + d) mod W, W = (n - 1) / (B S) windows, offset w B S; inputs are tokens
  *   [i, i + B S), targets the next token of each. Batch k is a function of k alone, so a
@@ -28,32 +28,6 @@ typedef struct tpk_tokens {
 
 static inline void tpk_tokens_free(tpk_tokens *t) {
     if (t) free(t->tok), t->tok = NULL, t->n = 0;
-}
-
-/* The whole file into *out (malloc'd, *n bytes). */
-static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path,
-                                        uint8_t **out, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, len = 0;
-    uint8_t *b = (uint8_t *)malloc(cap);
-    for (size_t r; b && (r = fread(b + len, 1, cap - len, f)) > 0;) {
-        len += r;
-        if (len == cap) {
-            uint8_t *nb = (uint8_t *)realloc(b, cap *= 2);
-            if (!nb) free(b);
-            b = nb;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!b || bad) {
-        free(b);
-        return tpk__fail(ctx, b ? TPK_ERR_IO : TPK_ERR_NOMEM, fn, "%s: cannot read%s", path,
-                         b ? "" : " (out of memory)");
-    }
-    *out = b, *n = len;
-    return TPK_OK;
 }
 
 /* An llm.c token shard held in memory (bytes[n], named `what` in errors) into *t, every token
@@ -111,42 +85,64 @@ static inline tpk_status tpk_data_load_shard(tpk_ctx *ctx, const char *path, int
     return s;
 }
 
-/* Bytes as tokens (bytes[n], named `what` in errors): *train the first 90%, *val the rest (at
- * least `span` = B S + 1 tokens, one batch window); *entropy (may be NULL) the byte-unigram
- * entropy of the training split in nats, the loss a model must beat. */
-static inline tpk_status tpk_data_split_text(tpk_ctx *ctx, const uint8_t *b, size_t n,
-                                             const char *what, int64_t span, tpk_tokens *train,
-                                             tpk_tokens *val, double *entropy) {
-    static const char *fn = "tpk_data_split_text";
+/* Tokens (tok[n], named `what` in errors, `unit` their name: "bytes", "tokens"): *train the
+ * first 90%, *val the rest (at least `span` = B S + 1 tokens, one batch window); *entropy (may be
+ * NULL) the unigram entropy of the training split in nats, the loss a model must beat. */
+static inline tpk_status tpk_data_split_tokens(tpk_ctx *ctx, const int32_t *tok, size_t n,
+                                               const char *what, const char *unit, int64_t span,
+                                               tpk_tokens *train, tpk_tokens *val,
+                                               double *entropy) {
+    static const char *fn = "tpk_data_split_tokens";
     if (!ctx) return TPK_ERR_ARG;
-    if (!train || !val || !what || (n && !b))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, train, val: NULL");
+    if (!train || !val || !what || !unit || (n && !tok))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "tok, what, unit, train, val: NULL");
     if (span < 2)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "span: expected >= 2 (B x S + 1), got %lld",
                          (long long)span);
     memset(train, 0, sizeof *train), memset(val, 0, sizeof *val);
     if (span > INT64_MAX / 10 || (int64_t)n < 10 * span)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "%s: %zu bytes, too short for batches of %lld tokens", what, n,
-                         (long long)span);
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: %zu %s, too short for batches of %lld tokens",
+                         what, n, unit, (long long)span);
+    int32_t top = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (tok[i] < 0)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: token %zu is %d (expected >= 0)", what, i,
+                             (int)tok[i]);
+        top = tok[i] > top ? tok[i] : top;
+    }
     int64_t nv = (int64_t)n / 10 > span ? (int64_t)n / 10 : span;
     train->n = (int64_t)n - nv, val->n = nv;
     train->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)train->n),
     val->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)val->n);
-    if (!train->tok || !val->tok) {
-        tpk_tokens_free(train), tpk_tokens_free(val);
+    double *cnt = entropy ? (double *)calloc((size_t)top + 1, sizeof(double)) : NULL;
+    if (!train->tok || !val->tok || (entropy && !cnt)) {
+        tpk_tokens_free(train), tpk_tokens_free(val), free(cnt);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu tokens", n);
     }
-    for (int64_t i = 0; i < (int64_t)n; i++)
-        *(i < train->n ? &train->tok[i] : &val->tok[i - train->n]) = b[i];
+    memcpy(train->tok, tok, sizeof(int32_t) * (size_t)train->n);
+    memcpy(val->tok, tok + train->n, sizeof(int32_t) * (size_t)val->n);
     if (entropy) {
-        double cnt[256] = {0}, e = 0;
+        double e = 0;
         for (int64_t i = 0; i < train->n; i++) cnt[train->tok[i]] += 1;
-        for (int i = 0; i < 256; i++)
+        for (int32_t i = 0; i <= top; i++)
             if (cnt[i] > 0) e -= cnt[i] / (double)train->n * log(cnt[i] / (double)train->n);
         *entropy = e;
     }
+    free(cnt);
     return TPK_OK;
+}
+/* Bytes as tokens (bytes[n]), one token per byte, split as tpk_data_split_tokens. */
+static inline tpk_status tpk_data_split_text(tpk_ctx *ctx, const uint8_t *b, size_t n,
+                                             const char *what, int64_t span, tpk_tokens *train,
+                                             tpk_tokens *val, double *entropy) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (n && !b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_data_split_text", "bytes: NULL");
+    int32_t *t = (int32_t *)malloc(sizeof(int32_t) * (n ? n : 1));
+    if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_data_split_text", "%zu tokens", n);
+    for (size_t i = 0; i < n; i++) t[i] = b[i];
+    tpk_status s = tpk_data_split_tokens(ctx, t, n, what, "bytes", span, train, val, entropy);
+    free(t);
+    return s;
 }
 
 /* A file's bytes as tokens, split as tpk_data_split_text. */

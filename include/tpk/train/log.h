@@ -1,8 +1,9 @@
 /* tpk/train/log.h — a training run's loss curve: a CSV file (step, train_loss, val_loss, lr,
- * grad_norm; every f32 exactly, %.9g) written by world rank 0, and when it is closed a PNG of the
- * curve beside it (FILE.csv -> FILE.png) where gnuplot is installed, or a line saying there is
- * none. A resumed run appends to the curve of the run it resumes (its rows after the resumed step
- * dropped). Every write is checked: a failure is TPK_ERR_IO naming the file.
+ * grad_norm; every f32 exactly, %.9g) written by world rank 0, and when it is closed an SVG of the
+ * curve beside it drawn by the kit (FILE.csv -> FILE.svg, tpk/train/plot.h), and a PNG (FILE.png)
+ * where gnuplot is installed, or a line saying there is none. A resumed run appends to the curve
+ * of the run it resumes (its rows after the resumed step dropped). Every write is checked: a
+ * failure is TPK_ERR_IO naming the file.
  * Collective over ctx->world only in tpk_log_open (every rank learns whether rank 0 could
  * write). */
 #ifndef TPK_LOG_H
@@ -12,6 +13,7 @@
 #include <math.h>
 
 #include "../runtime/coll.h"
+#include "plot.h"
 
 typedef struct tpk_log {
     FILE *f;        /* world rank 0's file; NULL elsewhere or without a log */
@@ -107,8 +109,9 @@ static inline tpk_status tpk_log_row(tpk_ctx *ctx, tpk_log *log, int64_t step, d
                          strerror(errno));
     return TPK_OK;
 }
-/* Close the file (TPK_ERR_IO when its last write fails); with plot, make FILE.png with gnuplot
- * where it is installed (a line on stdout says which). Not collective. */
+/* Close the file (TPK_ERR_IO when its last write fails); with plot, write FILE.svg from the file
+ * (tpk_plot_svg: TPK_ERR_IO naming FILE.svg when it cannot be written; the CSV stays) and make
+ * FILE.png with gnuplot where it is installed (a line on stdout says each). Not collective. */
 static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
     if (!log || !log->f) return TPK_OK;
     bool bad = fclose(log->f) != 0;
@@ -118,10 +121,13 @@ static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
                                strerror(errno))
                    : TPK_ERR_IO;
     if (!plot) return TPK_OK;
-    char cmd[4400], png[600];
+    char cmd[4400], png[600], svg[600];
     size_t n = strlen(log->path);
-    snprintf(png, sizeof png, "%.*s.png",
-             (int)(n > 4 && !strcmp(log->path + n - 4, ".csv") ? n - 4 : n), log->path);
+    int stem = (int)(n > 4 && !strcmp(log->path + n - 4, ".csv") ? n - 4 : n);
+    snprintf(png, sizeof png, "%.*s.png", stem, log->path);
+    snprintf(svg, sizeof svg, "%.*s.svg", stem, log->path);
+    tpk_status s = tpk_plot_svg(ctx, log->path, svg);
+    if (s == TPK_OK) printf("plot: %s\n", svg);
     snprintf(
         cmd, sizeof cmd,
         "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size 800,500; "
@@ -133,7 +139,7 @@ static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
         png, log->path, png, log->path);
     fflush(stdout);
     if (system(cmd) != 0) fprintf(stderr, "plot: gnuplot failed for %s\n", log->path);
-    return TPK_OK;
+    return s;
 }
 
 #endif /* TPK_LOG_H */

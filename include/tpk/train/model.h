@@ -60,6 +60,8 @@ typedef struct tpk_model_family {
     tpk_status (*backward)(tpk_ctx *ctx, void *m, float scale);
     tpk_status (*sample)(tpk_ctx *ctx, void *m, int32_t start, int n, float temperature,
                          uint64_t seed, int32_t *out);
+    tpk_status (*generate)(tpk_ctx *ctx, void *m, const int32_t *prompt, int n_prompt, int n,
+                           const tpk_sample_opts *opts, uint64_t seed, int32_t *out);
     tpk_status (*save)(tpk_ctx *ctx, const void *m, const tpk_adamw *opt, const char *dir,
                        const tpk_hf_save_desc *desc);
     tpk_status (*load)(tpk_ctx *ctx, void *m, tpk_adamw *opt, const char *dir);
@@ -118,6 +120,11 @@ typedef struct tpk_model_family {
                                                    float temp, uint64_t seed, int32_t *out) {     \
         return tpk_##F##_sample(ctx, (tpk_##F *)m, start, n, temp, seed, out);                    \
     }                                                                                             \
+    static inline tpk_status tpk__##F##_fam_generate(                                             \
+        tpk_ctx *ctx, void *m, const int32_t *prompt, int n_prompt, int n,                        \
+        const tpk_sample_opts *opts, uint64_t seed, int32_t *out) {                               \
+        return tpk_##F##_generate(ctx, (tpk_##F *)m, prompt, n_prompt, n, opts, seed, out);       \
+    }                                                                                             \
     static inline tpk_status tpk__##F##_fam_save(tpk_ctx *ctx, const void *m,                     \
                                                  const tpk_adamw *opt, const char *dir,           \
                                                  const tpk_hf_save_desc *d) {                     \
@@ -153,6 +160,7 @@ typedef struct tpk_model_family {
      tpk__##F##_fam_forward,                               \
      tpk__##F##_fam_backward,                              \
      tpk__##F##_fam_sample,                                \
+     tpk__##F##_fam_generate,                              \
      tpk__##F##_fam_save,                                  \
      tpk__##F##_fam_load,                                  \
      tpk__##F##_fam_parts,                                 \
@@ -306,6 +314,17 @@ tpk_model_set_grad_ready(tpk_model *m, tpk_status (*fn)(tpk_ctx *, int, int, voi
 static inline tpk_status tpk_model_set_dropout(tpk_ctx *ctx, tpk_model *m, float p) {
     return TPK__FAM(m)->set_dropout(ctx, tpk__model_of(m), p);
 }
+/* out[0..n_prompt) = prompt (n_prompt >= 1 token ids below the vocabulary), then n tokens sampled
+ * one after another under opts (tpk_sample_opts: temperature, 0 greedy; top_k, 0 off; top_p, 1
+ * off; NULL: tpk_sample_defaults()), each from the logits of the last `positions` tokens; draw i
+ * (of seed) gives out[n_prompt + i], the same on every rank. Set dropout to 0 first. Collective
+ * over TP. */
+static inline tpk_status tpk_model_generate(tpk_ctx *ctx, tpk_model *m, const int32_t *prompt,
+                                            int n_prompt, int n, const tpk_sample_opts *opts,
+                                            uint64_t seed, int32_t *out) {
+    return TPK__FAM(m)->generate(ctx, tpk__model_of(m), prompt, n_prompt, n, opts, seed, out);
+}
+/* The same from a 1-token prompt, out[0] = start, at a temperature alone (no filter). */
 static inline tpk_status tpk_model_sample(tpk_ctx *ctx, tpk_model *m, int32_t start, int n,
                                           float temperature, uint64_t seed, int32_t *out) {
     return TPK__FAM(m)->sample(ctx, tpk__model_of(m), start, n, temperature, seed, out);
