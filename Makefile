@@ -353,13 +353,13 @@ gpu-report:
 	@B=$(B) MAKE="$(MAKE)" PYTHON="$(PYTHON)" sh tools/gpu_report.sh
 
 # Fuzz the safetensors reader, the GPT-2 and Llama config.json parsers with the shard index reader,
-# and the token loaders (tests/fuzz/) with
+# the token loaders and the tokenizer (tokenizer.json, encode, decode: tests/fuzz/) with
 # libFuzzer + ASan + UBSan for FUZZ_SECONDS each, from their corpora; installs Debian's clang and
-# its sanitizer/fuzzer runtime when missing; fails on a crash (the input is left in build/fuzz/). CI runs it for 30 s each.
+# its sanitizer/fuzzer runtime when missing; fails on a crash (the input is left in build/fuzz/). CI runs it for 25 s each.
 FUZZ_SECONDS ?= 60
 fuzz:
 	@TPK_EXTRA_PKGS="clang libclang-rt-dev" sh tools/deps.sh # libFuzzer's runtime is only a recommendation of clang
-	@for t in safetensors:corpus config:corpus_config data:corpus_data; do n=$${t%%:*}; c=$${t#*:}; \
+	@for t in safetensors:corpus config:corpus_config data:corpus_data tokenizer:corpus_tokenizer; do n=$${t%%:*}; c=$${t#*:}; \
 	  mkdir -p $(B)/fuzz/$$n && \
 	  clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DTPK_FUZZ_LIBFUZZER \
 	    $(CPPFLAGS) tests/fuzz/fuzz_$$n.c -o $(B)/fuzz/fuzz_$$n -lm && \

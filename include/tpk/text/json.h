@@ -78,24 +78,26 @@ static inline tpk_status tpk__jstring(tpk__jparser *p, const char **out, size_t 
         }
         if (p->at + 1 >= p->n) return tpk__jerr(p, "an unterminated escape");
         char e = p->s[p->at + 1];
+        size_t esc = p->at; /* errors point at the escape */
         p->at += 2;
         const char *simple = strchr("\"\\/bfnrt", e);
         if (e && simple) {
             *o++ = "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"];
             continue;
         }
-        if (e != 'u') return p->at -= 2, tpk__jerr(p, "an unknown escape");
+        if (e != 'u') return p->at = esc, tpk__jerr(p, "an unknown escape");
         if (p->at + 4 > p->n) return tpk__jerr(p, "a truncated \\u escape");
         int u = tpk__jhex4(p->s + p->at);
         if (u < 0) return tpk__jerr(p, "a \\u escape without 4 hex digits");
         p->at += 4;
         unsigned cp = (unsigned)u;
-        if (cp >= 0xDC00 && cp < 0xE000) return tpk__jerr(p, "a lone low surrogate");
+        if (cp >= 0xDC00 && cp < 0xE000) return p->at = esc, tpk__jerr(p, "a lone low surrogate");
         if (cp >= 0xD800 && cp < 0xDC00) {
             int lo = p->at + 6 <= p->n && p->s[p->at] == '\\' && p->s[p->at + 1] == 'u'
                          ? tpk__jhex4(p->s + p->at + 2)
                          : -1;
-            if (lo < 0xDC00 || lo >= 0xE000) return tpk__jerr(p, "a lone high surrogate");
+            if (lo < 0xDC00 || lo >= 0xE000)
+                return p->at = esc, tpk__jerr(p, "a lone high surrogate");
             p->at += 6;
             cp = 0x10000 + ((cp - 0xD800) << 10) + ((unsigned)lo - 0xDC00);
         }
@@ -227,6 +229,16 @@ static inline const tpk__json *tpk__json_get(const tpk__json *v, const char *key
     for (size_t i = 0; i < v->len; i++)
         if (v->kids[i].key_len == k && !memcmp(v->kids[i].key, key, k)) r = &v->kids[i];
     return r;
+}
+
+/* Whether v is a whole number in [lo, hi] (checked before any conversion: no undefined behaviour
+ * for 1e300 or NaN); *out its value. */
+static inline bool tpk__json_int(const tpk__json *v, double lo, double hi, int64_t *out) {
+    if (!v || v->type != TPK__JNUM || !(v->num >= lo && v->num <= hi) ||
+        v->num != (double)(int64_t)v->num)
+        return false;
+    *out = (int64_t)v->num;
+    return true;
 }
 
 #endif /* TPK_TEXT_JSON_H */

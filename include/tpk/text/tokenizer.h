@@ -285,8 +285,8 @@ static inline tpk_status tpk__tok_bpe(tpk_ctx *ctx, tpk_tokenizer *t, const uint
         }
         c->hash[slot] = h, c->klen[slot] = (uint8_t)n, c->nid[slot] = (uint8_t)k;
         c->koff[slot] = (uint32_t)c->kused, c->ioff[slot] = (uint32_t)c->iused;
-        memcpy(c->keys + c->kused, w, n),
-            memcpy(c->ids + c->iused, out->p + at0, k * sizeof(int32_t));
+        memcpy(c->keys + c->kused, w, n);
+        if (k) memcpy(c->ids + c->iused, out->p + at0, k * sizeof(int32_t)); /* none: p NULL */
         c->kused += n, c->iused += k, c->count++;
     }
     return TPK_OK;
@@ -573,8 +573,10 @@ static inline tpk_status tpk__tok_vocab(tpk__tok_load *L, size_t n, const char *
     for (size_t i = 0; i < n; i++) {
         if (t->name_len[id[i]] != UINT32_MAX) {
             char m[200];
-            snprintf(m, sizeof m, "vocabulary: id %lld given to \"%.40s\" and to \"%.40s\"",
-                     (long long)id[i], t->names + t->name_off[id[i]], tok[i]);
+            uint32_t k = t->name_len[id[i]]; /* the names are not NUL-terminated */
+            snprintf(m, sizeof m, "vocabulary: id %lld given to \"%.*s\" and to \"%.40s\"",
+                     (long long)id[i], (int)(k < 40 ? k : 40), t->names + t->name_off[id[i]],
+                     tok[i]);
             return tpk__tok_bad(L, TPK_ERR_FORMAT, m);
         }
         if (tpk__tok_find(t, tok[i], len[i]) >= 0) {
@@ -624,6 +626,27 @@ static inline tpk_status tpk__tok_vocab(tpk__tok_load *L, size_t n, const char *
         t->byte_id[b] = tpk__tok_find(t, (const char *)u, tpk__utf8_encode(t->byte_cp[b], u));
     }
     return TPK_OK;
+}
+/* A vocabulary object {"token": id, ...} (`what` in messages) into t's tables. */
+static inline tpk_status tpk__tok_vocab_json(tpk__tok_load *L, const tpk__json *v,
+                                             const char *what) {
+    size_t nv = v->len;
+    const char **tok = (const char **)malloc((nv + 1) * sizeof *tok);
+    size_t *len = (size_t *)malloc((nv + 1) * sizeof *len);
+    int64_t *ids = (int64_t *)malloc((nv + 1) * sizeof *ids);
+    tpk_status st = tok && len && ids ? TPK_OK : tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == TPK_OK && i < nv; i++) {
+        const tpk__json *e = &v->kids[i];
+        tok[i] = e->key, len[i] = e->key_len;
+        if (!tpk__json_int(e, 0, (1 << 30) - 1, &ids[i])) {
+            char m[160];
+            snprintf(m, sizeof m, "%s \"%.40s\": expected an id 0..2^30-1", what, e->key);
+            st = tpk__tok_bad(L, TPK_ERR_FORMAT, m);
+        }
+    }
+    if (st == TPK_OK) st = tpk__tok_vocab(L, nv, tok, len, ids);
+    free(tok), free(len), free(ids);
+    return st;
 }
 /* Merge i (tokens a[0..na), b[0..nb)) with rank i into the table (sized by tpk__tok_merges0). */
 static inline tpk_status tpk__tok_merge_add(tpk__tok_load *L, size_t i, const char *a, size_t na,
@@ -813,8 +836,8 @@ static inline tpk_status tpk__tok_from_json(tpk__tok_load *L, const tpk__json *r
     for (size_t i = 0; i < na; i++) {
         const tpk__json *a = &added->kids[i], *c = tpk__json_get(a, "content"),
                         *id = tpk__json_get(a, "id");
-        if (!c || c->type != TPK__JSTR || !c->len || !id || id->type != TPK__JNUM ||
-            id->num != (double)(int64_t)id->num || id->num < 0 || id->num >= (1 << 30)) {
+        int64_t idv = 0;
+        if (!c || c->type != TPK__JSTR || !c->len || !tpk__json_int(id, 0, (1 << 30) - 1, &idv)) {
             snprintf(m, sizeof m,
                      "added_tokens[%zu]: expected a non-empty \"content\" and an id 0..2^30-1", i);
             return tpk__tok_bad(L, TPK_ERR_FORMAT, m);
@@ -824,7 +847,7 @@ static inline tpk_status tpk__tok_from_json(tpk__tok_load *L, const tpk__json *r
         d->special = tpk__tok_flag(a, "special", false);
         d->lstrip = tpk__tok_flag(a, "lstrip", false),
         d->rstrip = tpk__tok_flag(a, "rstrip", false);
-        d->single_word = tpk__tok_flag(a, "single_word", false), d->id = (int32_t)id->num;
+        d->single_word = tpk__tok_flag(a, "single_word", false), d->id = (int32_t)idv;
         if (!(d->content = (char *)malloc(c->len + 1)))
             return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
         memcpy(d->content, c->str, c->len + 1), d->len = c->len;
@@ -838,24 +861,7 @@ static inline tpk_status tpk__tok_from_json(tpk__tok_load *L, const tpk__json *r
             z1[zn] = 0, free(d->content), d->content = (char *)z1, d->len = zn;
         }
     }
-    /* the vocabulary */
-    size_t nv = vocab->len;
-    const char **tok = (const char **)malloc((nv + 1) * sizeof *tok);
-    size_t *len = (size_t *)malloc((nv + 1) * sizeof *len);
-    int64_t *ids = (int64_t *)malloc((nv + 1) * sizeof *ids);
-    tpk_status st = tok && len && ids ? TPK_OK : tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; st == TPK_OK && i < nv; i++) {
-        const tpk__json *e = &vocab->kids[i];
-        tok[i] = e->key, len[i] = e->key_len;
-        if (e->type != TPK__JNUM || e->num != (double)(int64_t)e->num) {
-            snprintf(m, sizeof m, "model.vocab \"%.40s\": expected an integer id", e->key);
-            st = tpk__tok_bad(L, TPK_ERR_FORMAT, m);
-        }
-        ids[i] = st == TPK_OK ? (int64_t)e->num : 0;
-    }
-    if (st == TPK_OK) st = tpk__tok_vocab(L, nv, tok, len, ids);
-    free(tok), free(len), free(ids);
-    TPK_TRY(st);
+    TPK_TRY(tpk__tok_vocab_json(L, vocab, "model.vocab"));
     TPK_TRY(tpk__tok_merges0(L, merges->len));
     for (size_t i = 0; i < merges->len; i++) {
         const tpk__json *e = &merges->kids[i];
@@ -878,7 +884,7 @@ static inline tpk_status tpk__tok_from_files(tpk__tok_load *L, const char *vpath
                                              const char *mpath) {
     tpk_tokenizer *t = L->t;
     uint8_t *b = NULL, *mb = NULL;
-    size_t n, mn;
+    size_t n = 0, mn = 0;
     char *arena = NULL;
     tpk__json root;
     memset(&root, 0, sizeof root);
@@ -888,24 +894,7 @@ static inline tpk_status tpk__tok_from_files(tpk__tok_load *L, const char *vpath
     if (st == TPK_OK && root.type != TPK__JOBJ)
         st = tpk__tok_bad(L, TPK_ERR_FORMAT, "expected a JSON object {\"token\": id, ...}");
     t->add_prefix_space = false, t->use_regex = true;
-    if (st == TPK_OK) {
-        size_t nv = root.len;
-        const char **tok = (const char **)malloc((nv + 1) * sizeof *tok);
-        size_t *len = (size_t *)malloc((nv + 1) * sizeof *len);
-        int64_t *ids = (int64_t *)malloc((nv + 1) * sizeof *ids);
-        st = tok && len && ids ? TPK_OK : tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
-        for (size_t i = 0; st == TPK_OK && i < nv; i++) {
-            const tpk__json *e = &root.kids[i];
-            tok[i] = e->key, len[i] = e->key_len, ids[i] = (int64_t)e->num;
-            if (e->type != TPK__JNUM || e->num != (double)(int64_t)e->num) {
-                char m[160];
-                snprintf(m, sizeof m, "\"%.40s\": expected an integer id", e->key);
-                st = tpk__tok_bad(L, TPK_ERR_FORMAT, m);
-            }
-        }
-        if (st == TPK_OK) st = tpk__tok_vocab(L, nv, tok, len, ids);
-        free(tok), free(len), free(ids);
-    }
+    if (st == TPK_OK) st = tpk__tok_vocab_json(L, &root, "vocabulary");
     int32_t eot = st == TPK_OK ? tpk__tok_find(t, "<|endoftext|>", 13) : -1;
     if (eot >= 0) { /* GPT-2's one special token */
         t->added = (tpk__tok_added *)calloc(1, sizeof *t->added);
@@ -938,6 +927,18 @@ static inline tpk_status tpk__tok_from_files(tpk__tok_load *L, const char *vpath
     if (st == TPK_OK) st = tpk__tok_finish(L);
     tpk__json_free(&root, &arena);
     free(b), free(mb);
+    return st;
+}
+
+/* tokenizer.json's text (s[0..n), from `file`) parsed into L->t. */
+static inline tpk_status tpk__tok_json_text(tpk__tok_load *L, const char *file, const char *s,
+                                            size_t n) {
+    char *arena = NULL;
+    tpk__json root;
+    L->file = file;
+    tpk_status st = tpk__json_parse(L->ctx, file, s, n, &root, &arena);
+    if (st == TPK_OK) st = tpk__tok_from_json(L, &root);
+    tpk__json_free(&root, &arena);
     return st;
 }
 
@@ -976,18 +977,33 @@ static inline tpk_status tpk_tokenizer_load(tpk_ctx *ctx, const char *path, tpk_
     else {
         const char *file = dir ? j : path;
         uint8_t *b = NULL;
-        size_t n;
-        char *arena = NULL;
-        tpk__json root;
-        memset(&root, 0, sizeof root);
-        L.file = file;
+        size_t n = 0;
         st = tpk__read_file(ctx, fn, file, &b, &n);
-        if (st == TPK_OK) st = tpk__json_parse(ctx, file, (const char *)b, n, &root, &arena);
-        if (st == TPK_OK) st = tpk__tok_from_json(&L, &root);
-        tpk__json_free(&root, &arena);
+        if (st == TPK_OK) st = tpk__tok_json_text(&L, file, (const char *)b, n);
         free(b);
     }
     free(j), free(v), free(mg);
+    if (st != TPK_OK) return tpk_tokenizer_free(t), st;
+    *out = t;
+    return TPK_OK;
+}
+
+/* A tokenizer from a tokenizer.json held in memory (json[0..n), named `name` in errors). *out: free
+ * with tpk_tokenizer_free. */
+static inline tpk_status tpk_tokenizer_parse(tpk_ctx *ctx, const char *json, size_t n,
+                                             const char *name, tpk_tokenizer **out) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!out || !name || (!json && n))
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_tokenizer_parse", "%s: NULL",
+                         !out    ? "out"
+                         : !name ? "name"
+                                 : "json");
+    *out = NULL;
+    tpk_tokenizer *t = (tpk_tokenizer *)calloc(1, sizeof *t);
+    if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_tokenizer_parse", "a tokenizer");
+    tpk__tok_bytes_map(t);
+    tpk__tok_load L = {ctx, name, t};
+    tpk_status st = tpk__tok_json_text(&L, name, json ? json : "", n);
     if (st != TPK_OK) return tpk_tokenizer_free(t), st;
     *out = t;
     return TPK_OK;
