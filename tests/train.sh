@@ -469,7 +469,7 @@ else fail "--load D --save D"; fi
 # --csv FILE: FILE.svg without .csv (drawn by the kit, tpk/train/plot.h), and FILE.png where gnuplot is
 # installed, otherwise a line saying there is no PNG
 tr 1 --text "$text" $small --steps 2 --csv "$T/curve.csv"
-if command -v gnuplot >/dev/null 2>&1; then want="plot: $T/curve.png"; else want="plot: gnuplot is not installed: the curve is in $T/curve.csv only"; fi
+if command -v gnuplot >/dev/null 2>&1; then want="plot: $T/curve.png"; else want="plot: gnuplot is not installed: no $T/curve.png (the SVG has the curve)"; fi
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -qF "$want" && { ! command -v gnuplot >/dev/null 2>&1 || [ -s "$T/curve.png" ]; }; then ok "--csv: $want"
 else fail "--csv: expected \"$want\""; fi
 if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -qxF "plot: $T/curve.svg" && tail -1 "$T/curve.svg" | grep -qx '</svg>' &&

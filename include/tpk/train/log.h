@@ -135,8 +135,8 @@ static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
         "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot "
         "'%s' using 1:2 with lines title 'train', '' using "
         "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is not "
-        "installed: the curve is in %s only'; fi",
-        png, log->path, png, log->path);
+        "installed: no %s (the SVG has the curve)'; fi",
+        png, log->path, png, png);
     fflush(stdout);
     if (system(cmd) != 0) fprintf(stderr, "plot: gnuplot failed for %s\n", log->path);
     return s;
