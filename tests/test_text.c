@@ -1,10 +1,10 @@
-/* tests/test_text.c — tpk/text by hand-worked cases, independent of Hugging Face (tests/tokenizer.sh
- * compares with the library itself): the JSON reader's escapes (surrogate pairs into UTF-8), its
- * refusals with a byte offset (a lone surrogate, a control character, nesting past 64 levels,
- * trailing characters, a bad number, truncation); BPE's order on a tokenizer written here: the
- * lowest rank first, the leftmost of equal ranks ("aaa" -> "aa a"), a merge of merges, a byte
- * without a token dropped, ignore_merges taking a whole-word token, an added token cut out of the
- * text before the words (and single_word refusing one inside a word); decode turning bytes that
+/* tests/test_text.c — tpk/text by hand-worked cases, independent of Hugging Face
+ * (tests/tokenizer.sh compares with the library itself): the JSON reader's escapes (surrogate pairs
+ * into UTF-8), its refusals with a byte offset (a lone surrogate, a control character, nesting past
+ * 64 levels, trailing characters, a bad number, truncation); BPE's order on a tokenizer written
+ * here: the lowest rank first, the leftmost of equal ranks ("aaa" -> "aa a"), a merge of merges, a
+ * byte without a token dropped, ignore_merges taking a whole-word token, an added token cut out of
+ * the text before the words (and single_word refusing one inside a word); decode turning bytes that
  * are not UTF-8 into U+FFFD; bad arguments. The tokenizer fuzz corpus (tests/fuzz/corpus_tokenizer)
  * is replayed through the fuzz target's checks. Every rank runs the same cases. */
 #include "test.h"
