@@ -1,20 +1,18 @@
-/* tpk/models/sample.h — sampling from a vocabulary-parallel LM head.
- *
- * The logits of one position are split over TP (rank r holds columns [v0, v0 + V_r)): they are
- * gathered over ctx->tp into the whole row, of which the first `vocab` columns are drawn from (the
- * rest a padded vocabulary's padding, never drawn). The controls (tpk_sample_opts) are Hugging
- * Face generate's: temperature 0 is greedy (the largest logit, ties to the lowest id); else
- * p = softmax(z / temperature) in double, top_k keeps the k largest logits (ties to the lower
- * id), top_p then the nucleus (in descending order, each token whose predecessors' probability
- * is below top_p: HF's TopPLogitsWarper; at least one), p renormalised over what is kept; the
- * token is the first kept j (in id order) with sum_{kept i <= j} p_i > u,
- * u = uniform(seed, stream("sample"), i) — the same draw on every rank, so every rank of every
- * group picks the same token without another collective. Filters off (top_k 0, top_p 1), the
- * sum runs over every column as it did before the filters: the same token, bit for bit.
- * A family's generation (tpk_gpt2_generate, tpk_gpt2_sample, ... in its own header, through
- * tpk__lm_generate) continues a prompt token by token, the last `positions` tokens as the
- * context (a sliding window), recomputing the forward each step; draw i gives the prompt's
- * i-th new token. */
+/* tpk/models/sample.h — sampling from a vocabulary-parallel LM head.  The logits of one position
+ * are split over TP (rank r holds columns [v0, v0 + V_r)): they are gathered over ctx->tp into the
+ * whole row, of which the first `vocab` columns are drawn from (the rest a padded vocabulary's
+ * padding, never drawn). The controls (tpk_sample_opts) are Hugging Face generate's: temperature 0
+ * is greedy (the largest logit, ties to the lowest id); else p = softmax(z / temperature) in
+ * double, top_k keeps the logits at least the k-th largest (HF's TopKLogitsWarper: every logit
+ * equal to the k-th too), top_p then the nucleus (in descending order, each token whose
+ * predecessors' probability is below top_p: HF's TopPLogitsWarper; at least one), p renormalised
+ * over what is kept; the token is the first kept j (in id order) with sum_{kept i <= j} p_i > u, u
+ * = uniform(seed, stream("sample"), i) — the same draw on every rank, so every rank of every group
+ * picks the same token without another collective. Filters off (top_k 0, top_p 1), the sum runs
+ * over every column as it did before the filters: the same token, bit for bit. A family's
+ * generation (tpk_gpt2_generate, tpk_gpt2_sample, ... in its own header, through tpk__lm_generate)
+ * continues a prompt token by token, the last `positions` tokens as the context (a sliding window),
+ * recomputing the forward each step; draw i gives the prompt's i-th new token. */
 #ifndef TPK_SAMPLE_H
 #define TPK_SAMPLE_H
 
@@ -23,7 +21,7 @@
 /* The sampling controls (HF generate's temperature, top_k, top_p). */
 typedef struct tpk_sample_opts {
     float temperature; /* > 0: softmax(z / temperature); 0: greedy (argmax, ties: lowest id) */
-    int top_k;         /* 0: off; k: only the k largest logits (ties: the lower id first) */
+    int top_k;         /* 0: off; k: only the logits >= the k-th largest (ties kept, as HF's) */
     float top_p;       /* 1: off; 0 < p < 1: only the nucleus of probability p (after top_k) */
 } tpk_sample_opts;
 
@@ -85,6 +83,7 @@ static inline int32_t tpk__sample_draw(const float *z, int64_t V, const tpk_samp
     }
     for (int64_t j = 0; j < V; j++) r[j].z = z[j], r[j].id = (int32_t)j;
     qsort(r, (size_t)V, sizeof *r, tpk__sample_rank_cmp);
+    while (k < V && r[k].z == r[k - 1].z) k++; /* top_k keeps every logit equal to the k-th */
     double mx = -INFINITY;
     for (int64_t j = 0; j < V; j++) mx = fmax(mx, z[j] / T);
     if (o->top_p < 1) { /* the nucleus of the top k: while the mass before stays below top_p */
