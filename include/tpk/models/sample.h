@@ -1,18 +1,20 @@
-/* tpk/models/sample.h — sampling from a vocabulary-parallel LM head.  The logits of one position
- * are split over TP (rank r holds columns [v0, v0 + V_r)): they are gathered over ctx->tp into the
- * whole row, of which the first `vocab` columns are drawn from (the rest a padded vocabulary's
- * padding, never drawn). The controls (tpk_sample_opts) are Hugging Face generate's: temperature 0
- * is greedy (the largest logit, ties to the lowest id); else p = softmax(z / temperature) in
- * double, top_k keeps the logits at least the k-th largest (HF's TopKLogitsWarper: every logit
- * equal to the k-th too), top_p then the nucleus (in descending order, each token whose
- * predecessors' probability is below top_p: HF's TopPLogitsWarper; at least one), p renormalised
- * over what is kept; the token is the first kept j (in id order) with sum_{kept i <= j} p_i > u, u
- * = uniform(seed, stream("sample"), i) — the same draw on every rank, so every rank of every group
- * picks the same token without another collective. Filters off (top_k 0, top_p 1), the sum runs
- * over every column as it did before the filters: the same token, bit for bit. A family's
- * generation (tpk_gpt2_generate, tpk_gpt2_sample, ... in its own header, through tpk__lm_generate)
- * continues a prompt token by token, the last `positions` tokens as the context (a sliding window),
- * recomputing the forward each step; draw i gives the prompt's i-th new token. */
+/* tpk/models/sample.h — sampling from a vocabulary-parallel LM head.
+ *
+ * The logits of one position are split over TP (rank r holds columns [v0, v0 + V_r)): they are
+ * gathered over ctx->tp into the whole row, of which the first `vocab` columns are drawn from (the
+ * rest a padded vocabulary's padding, never drawn). The controls (tpk_sample_opts) are Hugging Face
+ * generate's: temperature 0 is greedy (the largest logit, ties to the lowest id); else p =
+ * softmax(z / temperature) in double, top_k keeps the logits at least the k-th largest (HF's
+ * TopKLogitsWarper: every logit equal to the k-th too), top_p then the nucleus (in descending
+ * order, each token whose predecessors' probability is below top_p: HF's TopPLogitsWarper; at least
+ * one), p renormalised over what is kept; the token is the first kept j (in id order) with
+ * sum_{kept i <= j} p_i > u, u = uniform(seed, stream("sample"), i) — the same draw on every rank,
+ * so every rank of every group picks the same token without another collective. Filters off (top_k
+ * 0, top_p 1), the sum runs over every column as it did before the filters: the same token, bit for
+ * bit. A family's generation (tpk_gpt2_generate, tpk_gpt2_sample, ... in its own header, through
+ * tpk__lm_generate) continues a prompt token by token, the last `positions` tokens as the context
+ * (a sliding window), recomputing the forward each step; draw i gives the prompt's i-th new
+ * token. */
 #ifndef TPK_SAMPLE_H
 #define TPK_SAMPLE_H
 
