@@ -30,18 +30,8 @@ static int failed(void) {
 }
 /* The whole of path ("-": standard input) into *b, *n. */
 static tpk_status read_all(const char *path, uint8_t **b, size_t *n) {
-    if (strcmp(path, "-")) return tpk__read_file(&ctx, "tokenize", path, b, n);
-    size_t cap = 1 << 16, len = 0;
-    uint8_t *p = (uint8_t *)malloc(cap);
-    for (size_t r; p && (r = fread(p + len, 1, cap - len, stdin)) > 0;)
-        if ((len += r) == cap) {
-            uint8_t *q = (uint8_t *)realloc(p, cap *= 2);
-            if (!q) free(p);
-            p = q;
-        }
-    if (!p) return tpk_fail(&ctx, TPK_ERR_NOMEM, "tokenize", "standard input: out of memory");
-    *b = p, *n = len;
-    return TPK_OK;
+    return strcmp(path, "-") ? tpk__read_file(&ctx, "tokenize", path, b, n)
+                             : tpk__read_stream(&ctx, "tokenize", "standard input", stdin, b, n);
 }
 /* ids[0..n) as an llm.c shard (version 1: uint16 tokens). */
 static tpk_status write_shard(const char *path, const int32_t *ids, size_t n) {
@@ -103,10 +93,9 @@ int main(int argc, char **argv) {
         else files[nfiles++] = a;
     }
     if (!tok)
-        return die(
-            "%s",
-            "--tokenizer DIR: required (a folder with tokenizer.json, or vocab.json and "
-            "merges.txt)");
+        return die("%s",
+                   "--tokenizer DIR: required (a folder with tokenizer.json, or vocab.json and "
+                   "merges.txt)");
     if (!!print + !!decode + !!out != 1)
         return die("%s", "give one of --out PREFIX FILE..., --print FILE, --decode FILE");
     if (out && !nfiles) return die("%s", "--out: expected text files after the flags");

@@ -139,6 +139,16 @@ static inline void test_free_grads(float **grad, int *n) {
     *n = 0;
 }
 
+/* The token drawn from logits z[0..n) at temperature temp with uniform u, without filters, in
+ * double (z / temp in f32): what tpk_sample_logits computes, for the sampling tests. */
+static inline int test_plain_draw(const float *z, int n, float temp, double u) {
+    double mx = -INFINITY, s = 0, c = 0;
+    for (int j = 0; j < n; j++) mx = fmax(mx, z[j] / temp);
+    for (int j = 0; j < n; j++) s += exp(z[j] / temp - mx);
+    for (int j = 0; j < n; j++)
+        if ((c += exp(z[j] / temp - mx) / s) > u) return j;
+    return n - 1;
+}
 /* Replay a fuzz corpus (tests/fuzz/<dir>) through a fuzz target's checks (`one` aborts on a
  * broken promise): files named <valid>* must be accepted, bad* refused as TPK_ERR_FORMAT; at
  * least `min` files. */

@@ -144,16 +144,6 @@ static tpk_status load_cmp(const char *dir, tpk_gpt2_config c, float *const *w, 
 }
 
 /* every parameter and both moments gathered: out[3 * i + k] */
-/* the token drawn from logits z[0..n) at temperature temp with uniform u, in double */
-static int ref_draw(const float *z, int n, float temp, double u) { /* z / temp in f32, as
-                                                                      tpk_sample_logits */
-    double mx = -INFINITY, s = 0, c = 0;
-    for (int j = 0; j < n; j++) mx = fmax(mx, z[j] / temp);
-    for (int j = 0; j < n; j++) s += exp(z[j] / temp - mx);
-    for (int j = 0; j < n; j++)
-        if ((c += exp(z[j] / temp - mx) / s) > u) return j;
-    return n - 1;
-}
 /* One training step of model m (either architecture) on fixed tokens, then every parameter
  * and both moments gathered into out[3 i + k]. */
 static void one_step(tpk_ctx *ctx, tpk_model *m, tpk_adamw *o) {
@@ -280,8 +270,8 @@ int main(int argc, char **argv) {
             for (uint64_t i = 0; i < 20; i++) {
                 int32_t got = -1;
                 CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, pad ? n : 0, 1, 0.7f, 5, i, &got));
-                int want =
-                    ref_draw(z + V, n, 0.7f, tpk_rng_uniform(5, tpk_rng_stream("sample"), i));
+                int want = test_plain_draw(z + V, n, 0.7f,
+                                           tpk_rng_uniform(5, tpk_rng_stream("sample"), i));
                 CHECK(got == want, "%sdraw %llu: %d, expected %d", pad ? "padded " : "",
                       (unsigned long long)i, got, want);
             }

@@ -65,15 +65,6 @@ static int ref_draw(const float *z, int n, float T, int k, float p, double u, bo
     free(rank), free(order), free(keep), free(e);
     return tok;
 }
-/* the draw without filters, as tpk_sample_logits computed it before they existed */
-static int plain_draw(const float *z, int n, float temp, double u) {
-    double mx = -INFINITY, s = 0, c = 0;
-    for (int j = 0; j < n; j++) mx = fmax(mx, z[j] / temp);
-    for (int j = 0; j < n; j++) s += exp(z[j] / temp - mx);
-    for (int j = 0; j < n; j++)
-        if ((c += exp(z[j] / temp - mx) / s) > u) return j;
-    return n - 1;
-}
 static double u_of(uint64_t seed, uint64_t i) {
     return tpk_rng_uniform(seed, tpk_rng_stream("sample"), i);
 }
@@ -155,8 +146,8 @@ int main(int argc, char **argv) {
             CHECK_OK(&ctx, tpk_sample_logits_opts(&ctx, l, N, 1, &o, 9, i, &b));
             CHECK_OK(&ctx, tpk_sample_logits(&ctx, l, N, 1, 0.7f, 9, i, &c));
             CHECK_OK(&ctx, tpk_sample_logits_opts(&ctx, l, 0, 0, NULL, 9, i, &d));
-            int w = plain_draw(z + V, N, 0.7f, u_of(9, i));
-            plain += a != w || b != w || c != w || d != plain_draw(z, V, 1.0f, u_of(9, i));
+            int w = test_plain_draw(z + V, N, 0.7f, u_of(9, i));
+            plain += a != w || b != w || c != w || d != test_plain_draw(z, V, 1.0f, u_of(9, i));
         }
         CHECK(plain == 0, "%d of 50 unfiltered draws differ from the plain draw", plain);
         /* the nucleus' edge: two tokens of probability 1/2 exactly (the rest exp(-1000) = 0):

@@ -14,10 +14,10 @@ tpk/text/unicode.h, from Python's unicodedata (standard library only):
     python3 tools/unicode_tables.py --check    exit 1 when the header differs from what it writes
     --any-version                              accept a unicodedata other than Unicode 16.0.0
 
-The Unicode version is the one of Hugging Face tokenizers' regex engine (tokenizers 0.21 and later:
-Oniguruma 6.9.10, Unicode 16.0.0). Debian 12's Python has Unicode 14.0.0: the data then comes from
-PyPI's unicodedata2 16.0.0 (make deps installs it into build/pylib; PYTHONPATH=build/pylib);
-another version's tables would silently differ, so it is refused.
+The Unicode version is the one of Hugging Face tokenizers' regex engine (tokenizers 0.23.3, probed
+with characters new in Unicode 15 and 16: 16.0.0). Debian 12's Python has Unicode 14.0.0: the data
+then comes from PyPI's unicodedata2 16.0.0 (make deps installs it into build/pylib;
+PYTHONPATH=build/pylib); another version's tables would silently differ, so it is refused.
 """
 
 import os

@@ -306,11 +306,9 @@ static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst
     return TPK_OK;
 }
 
-/* The whole file into *out (malloc'd, *n bytes). */
-static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path,
-                                        uint8_t **out, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot open: %s", path, strerror(errno));
+/* The rest of stream f (named path in errors) into *out (malloc'd, *n bytes); f stays open. */
+static inline tpk_status tpk__read_stream(tpk_ctx *ctx, const char *fn, const char *path, FILE *f,
+                                          uint8_t **out, size_t *n) {
     size_t cap = 1 << 16, len = 0;
     uint8_t *b = (uint8_t *)malloc(cap);
     for (size_t r; b && (r = fread(b + len, 1, cap - len, f)) > 0;) {
@@ -322,14 +320,23 @@ static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char
         }
     }
     int bad = ferror(f);
-    fclose(f);
     if (!b || bad) {
+        bool nomem = !b;
         free(b);
-        return tpk__fail(ctx, b ? TPK_ERR_IO : TPK_ERR_NOMEM, fn, "%s: cannot read%s", path,
-                         b ? "" : " (out of memory)");
+        return tpk__fail(ctx, nomem ? TPK_ERR_NOMEM : TPK_ERR_IO, fn, "%s: cannot read%s", path,
+                         nomem ? " (out of memory)" : "");
     }
     *out = b, *n = len;
     return TPK_OK;
+}
+/* The whole file into *out (malloc'd, *n bytes). */
+static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path,
+                                        uint8_t **out, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot open: %s", path, strerror(errno));
+    tpk_status s = tpk__read_stream(ctx, fn, path, f, out, n);
+    fclose(f);
+    return s;
 }
 
 #endif /* TPK_CTX_H */

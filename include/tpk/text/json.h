@@ -49,14 +49,16 @@ static inline void tpk__jws(tpk__jparser *p) {
                             p->s[p->at] == '\r'))
         p->at++;
 }
-static inline int tpk__jhex4(const char *s) {
+/* The value of the 4 hex digits at p (avail bytes there), -1 when they are not (\uXXXX; also the
+ * safetensors header's reader). */
+static inline int tpk__hex4(const uint8_t *p, size_t avail) {
     int v = 0;
+    if (avail < 4) return -1;
     for (int i = 0; i < 4; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9'   ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : -1;
+        int c = p[i], d = c >= '0' && c <= '9'   ? c - '0'
+                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                 : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -87,14 +89,14 @@ static inline tpk_status tpk__jstring(tpk__jparser *p, const char **out, size_t 
         }
         if (e != 'u') return p->at = esc, tpk__jerr(p, "an unknown escape");
         if (p->at + 4 > p->n) return tpk__jerr(p, "a truncated \\u escape");
-        int u = tpk__jhex4(p->s + p->at);
+        int u = tpk__hex4((const uint8_t *)p->s + p->at, 4);
         if (u < 0) return tpk__jerr(p, "a \\u escape without 4 hex digits");
         p->at += 4;
         unsigned cp = (unsigned)u;
         if (cp >= 0xDC00 && cp < 0xE000) return p->at = esc, tpk__jerr(p, "a lone low surrogate");
         if (cp >= 0xD800 && cp < 0xDC00) {
             int lo = p->at + 6 <= p->n && p->s[p->at] == '\\' && p->s[p->at + 1] == 'u'
-                         ? tpk__jhex4(p->s + p->at + 2)
+                         ? tpk__hex4((const uint8_t *)p->s + p->at + 2, 4)
                          : -1;
             if (lo < 0xDC00 || lo >= 0xE000)
                 return p->at = esc, tpk__jerr(p, "a lone high surrogate");

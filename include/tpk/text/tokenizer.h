@@ -348,8 +348,7 @@ static inline tpk_status tpk__tok_piece(tpk_ctx *ctx, tpk_tokenizer *t, const ui
 /* Whether the character before s[p] / at s[p] (p < n) is a word character (\w), for single_word. */
 static inline bool tpk__tok_word_before(const uint8_t *s, size_t p) {
     if (!p) return false;
-    size_t b = p - 1;
-    while (b && (s[b] & 0xC0) == 0x80) b--;
+    size_t b = tpk__utf8_back(s, p - 1, 0);
     uint32_t cp;
     tpk__utf8_decode(s + b, p - b, &cp);
     return tpk__uc_word(cp);
@@ -401,8 +400,7 @@ static inline tpk_status tpk__tok_split(tpk_ctx *ctx, tpk_tokenizer *t, const ui
         if (a->lstrip) {
             size_t b = start;
             while (b > 0) {
-                size_t c0 = b - 1;
-                while (c0 && (s[c0] & 0xC0) == 0x80) c0--;
+                size_t c0 = tpk__utf8_back(s, b - 1, 0);
                 int c;
                 tpk__tok_next(s, n, c0, &c);
                 if (c != TPK__UC_SPACE) break;

@@ -1,5 +1,5 @@
 /* tpk/text/unicode.h — the Unicode a byte-level BPE tokenizer needs, as Hugging Face `tokenizers`
- * sees it (Unicode 16.0: its regex engine Oniguruma 6.9.10's since tokenizers 0.21): a code point's
+ * sees it (Unicode 16.0: its regex engine's in tokenizers 0.23.3, probed): a code point's
  * class for GPT-2's pre-tokenizer pattern (\p{L}, \p{N}, \s) and whether it is a word character
  * (\w, for added tokens' single_word), UTF-8 decoding that turns each ill-formed sequence into
  * U+FFFD as Rust's String::from_utf8_lossy does, UTF-8 encoding, and NFC normalization equal to
@@ -83,6 +83,12 @@ static inline size_t tpk__utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) 
 
 /* Writes code point cp as UTF-8 into out; returns the bytes written (1-4). A value that is not a
  * scalar value (a surrogate D800..DFFF, above U+10FFFF) is written as U+FFFD. */
+/* The start of the character holding byte i of s: i moved back over continuation bytes, not below
+ * lo. */
+static inline size_t tpk__utf8_back(const uint8_t *s, size_t i, size_t lo) {
+    while (i > lo && (s[i] & 0xC0) == 0x80) i--;
+    return i;
+}
 static inline size_t tpk__utf8_encode(uint32_t cp, uint8_t out[4]) {
     if (cp < 0x80) return out[0] = (uint8_t)cp, 1;
     if (cp < 0x800) {
@@ -307,15 +313,14 @@ static inline tpk_status tpk__nfc(tpk_ctx *ctx, const uint8_t *s, size_t n, uint
      * below U+0300: at the last of them), bad: it fails the quick check, last: the ccc of its last
      * character */
     size_t done = 0, cs = p;
-    if (cs > 0)
-        for (cs--; cs > 0 && (s[cs] & 0xC0) == 0x80;) cs--;
+    if (cs > 0) cs = tpk__utf8_back(s, cs - 1, 0);
     uint32_t last = 0;
     while (ok && p < n) {
         if (s[p] < 0xCC) { /* a run of characters below U+0300: each one starts a chunk */
             if (bad) ok = tpk__nfc_flush(&b, s, &done, cs, p), bad = false;
             size_t q = p + 1;
             while (q < n && s[q] < 0xCC) q++;
-            for (cs = q - 1; cs > p && (s[cs] & 0xC0) == 0x80;) cs--;
+            cs = tpk__utf8_back(s, q - 1, p);
             p = q, last = 0;
             continue;
         }

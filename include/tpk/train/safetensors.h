@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "../base/ctx.h"
+#include "../text/json.h"
 
 #define TPK_ST_MAX_HEADER 100000000u /* the longest header accepted, in bytes */
 #define TPK_ST_MAX_DIMS 8
@@ -238,17 +239,7 @@ static inline int tpk__st_next(tpk__st_json *j, char close, const char *where) {
 }
 
 static inline int tpk__st_hex4(const uint8_t *p, const uint8_t *end) {
-    int v = 0;
-    if (end - p < 4) return -1;
-    for (int i = 0; i < 4; i++) {
-        int c = p[i], d = c >= '0' && c <= '9'   ? c - '0'
-                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                                 : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
-    }
-    return v;
+    return p <= end ? tpk__hex4(p, (size_t)(end - p)) : -1;
 }
 
 /* A JSON string, decoded to UTF-8: writes min(length, cap - 1) bytes and a NUL to dst (when
