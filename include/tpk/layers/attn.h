@@ -20,7 +20,11 @@
  * Collectives: forward 1 all-reduce of T H (SP: all-gather of x + reduce-scatter of y);
  * backward 1 all-reduce of T H (SP: all-gather of dy + reduce-scatter of dx, and x all-gathered
  * again for c_attn's weight gradient: the gathered x is not kept). None inside
- * the attention itself. T = B S tokens, sequence-major ([B, S] flattened). */
+ * the attention itself. T = B S tokens, sequence-major ([B, S] flattened).
+ * Partial outputs (a parallel residual block sums two branches and reduces once): with
+ * desc.partial_output y is c_proj's P [T, H] (no collective; the bias on TP rank 0 only) and the
+ * backward takes dy R [T, H]; with desc.partial_dx dx is c_attn's P [T, H] (no collective). Both
+ * also under sequence parallelism (x S(0), gathered by c_attn). Both attentions alike. */
 #ifndef TPK_ATTN_H
 #define TPK_ATTN_H
 
@@ -38,6 +42,9 @@ typedef struct tpk_attention_desc {
     float dropout;          /* on the attention probabilities; 0 = none */
     float init_std;         /* c_attn weight N(0, std^2); default 0.02 */
     float proj_init_std;    /* c_proj weight; default init_std (GPT-2 uses 0.02 / sqrt(2 layers)) */
+    bool partial_output;    /* y P [T, H], not reduced (c_proj's tpk_linear_desc.partial_output);
+                               backward's dy then R [T, H] */
+    bool partial_dx;        /* backward's dx P [T, H], not reduced (c_attn's partial_dx) */
 } tpk_attention_desc;
 
 typedef struct tpk_attention {
@@ -91,11 +98,12 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     memset(&ld, 0, sizeof ld);
     ld.name = pn, ld.bias = true, ld.stride = 3, ld.unit = (int)a->D,
     ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
+    ld.partial_dx = d.partial_dx;
     /* [Wq; Wk; Wv]: stride 3, heads of D; per head: [q_h; k_h; v_h] groups of 3 D */
     if (a->per_head) ld.stride = 0, ld.unit = (int)(3 * a->D);
     TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld));
     snprintf(pn, sizeof pn, "%s.%s", a->name, d.proj_name ? d.proj_name : "c_proj");
-    ld.stride = 0, ld.unit = (int)a->D;
+    ld.stride = 0, ld.unit = (int)a->D, ld.partial_dx = false, ld.partial_output = d.partial_output;
     ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     TPK_TRY(tpk_row_linear_init(ctx, &a->c_proj, H, H, &ld));
     return TPK_OK;
@@ -191,7 +199,7 @@ static inline tpk_status tpk__attention_recompute(tpk_ctx *ctx, tpk_attention *a
 }
 
 /* y = attention(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism),
- * y in the same layout. */
+ * y in the same layout (partial_output: P [B S, H]). */
 static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, tpk_tensor x,
                                                int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_attention_forward";
@@ -213,8 +221,8 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
     return tpk_row_linear_forward(ctx, &a->c_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
-/* dx of the last forward from dy (the layout of y); accumulates the gradients of c_attn and
- * c_proj. */
+/* dx of the last forward from dy (the layout of y; partial_output: R [T, H]), in the layout of x
+ * (partial_dx: P [T, H]); accumulates the gradients of c_attn and c_proj. */
 static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, tpk_tensor dy,
                                                 tpk_tensor *dx) {
     static const char *fn = "tpk_attention_backward";
@@ -237,7 +245,8 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
         TPK_TRY(tpk__attention_pack(ctx, a, true));
         dq.data = a->dpk.p;
     }
-    return tpk_col_linear_backward(ctx, &a->c_attn, dq, dx); /* all-reduce (SP: reduce-scatter) */
+    return tpk_col_linear_backward(ctx, &a->c_attn, dq, dx); /* all-reduce (SP: reduce-scatter;
+                                                                partial_dx: none) */
 }
 
 /* ---- grouped-query attention with rotary embeddings (Llama) -------------------------------------
@@ -257,7 +266,9 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
  * Collectives: forward 1 all-reduce of T H (SP: 1 all-gather + 1 reduce-scatter), backward the
  * same (SP: and x all-gathered again, during the attention kernel's backward, for q, k, v's
  * dW); none in the attention. Parameters "<name>.{q,k,v,o}_proj.weight" (and .bias with
- * desc.bias), [out, in], Hugging Face Llama's names below "model.layers.N.self_attn". */
+ * desc.bias), [out, in], Hugging Face Llama's names below "model.layers.N.self_attn".
+ * desc.partial_output: y is o_proj's P [T, H] and dy R [T, H]; desc.partial_dx: dx is the sum of
+ * the three projections' P [T, H], not reduced (no all-reduce, under SP no reduce-scatter). */
 
 typedef struct tpk_gqa_attention_desc {
     const char *name;       /* default "attn<N>" */
@@ -268,6 +279,8 @@ typedef struct tpk_gqa_attention_desc {
     float dropout;          /* on the attention probabilities */
     float init_std;         /* q, k, v weights N(0, std^2); default 0.02 */
     float proj_init_std;    /* o_proj; default init_std */
+    bool partial_output;    /* y P [T, H], not reduced (o_proj's partial_output); dy then R */
+    bool partial_dx;        /* backward's dx P [T, H], not reduced */
 } tpk_gqa_attention_desc;
 
 typedef struct tpk_gqa_attention {
@@ -276,6 +289,7 @@ typedef struct tpk_gqa_attention {
     int64_t Al, a0, Gl, g0; /* local query heads [a0, a0 + Al), key/value heads [g0, g0 + Gl) */
     float p, theta;
     bool sp;
+    bool partial_dx; /* desc.partial_dx */
     tpk_linear q_proj, k_proj, v_proj, o_proj;
     int64_t B, S;
     uint64_t stream;
@@ -314,6 +328,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
                          (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
     a->H = H, a->A = A, a->G = G, a->D = H / A, a->p = d.dropout, a->sp = d.sequence_parallel;
+    a->partial_dx = d.partial_dx;
     a->theta = d.rope_theta < 0 ? 0.0f : d.rope_theta > 0 ? d.rope_theta : 10000.0f;
     tpk_range heads = tpk_tp_split(ctx, A, ctx->tp.rank);
     a->a0 = heads.off, a->Al = heads.size;
@@ -332,6 +347,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
     TPK_TRY(tpk_col_linear_init(ctx, &a->v_proj, H, G * a->D, &ld));
     memset(&ld, 0, sizeof ld);
     ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.sequence_parallel = d.sequence_parallel;
+    ld.partial_output = d.partial_output;
     ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     snprintf(pn, sizeof pn, "%s.o_proj", a->name);
     return tpk_row_linear_init(ctx, &a->o_proj, A * a->D, H, &ld);
@@ -373,7 +389,7 @@ static inline tpk_status tpk__gqa_input(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_
 }
 
 /* y = attention(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism),
- * y in the same layout. */
+ * y in the same layout (partial_output: P [B S, H]). */
 static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attention *a, tpk_tensor x,
                                                    int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_gqa_attention_forward";
@@ -439,8 +455,9 @@ static inline tpk_status tpk__gqa_attention_recompute(tpk_ctx *ctx, tpk_gqa_atte
     return TPK_OK;
 }
 
-/* dx of the last forward from dy (the layout of y); accumulates the four projections' gradients
- * (a shared key/value head's only partially: tpk_params_reduce_partial_grads completes it). */
+/* dx of the last forward from dy (the layout of y; partial_output: R [T, H]), in the layout of x
+ * (partial_dx: P [T, H]); accumulates the four projections' gradients (a shared key/value head's
+ * only partially: tpk_params_reduce_partial_grads completes it). */
 static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attention *a,
                                                     tpk_tensor dy, tpk_tensor *dx) {
     static const char *fn = "tpk_gqa_attention_backward";
@@ -487,6 +504,7 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gk.data, 1.0f, ctx->dtype, n));
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gv.data, 1.0f, ctx->dtype, n));
     }
+    if (a->partial_dx) return *dx = gq, TPK_OK; /* the caller reduces */
     tpk_tensor out = a->sp ? tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->H, TPK_S(0))
                            : tpk_tensor_2d(NULL, ctx->dtype, T, a->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &a->dx, &out));

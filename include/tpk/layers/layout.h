@@ -15,7 +15,9 @@
  *   scatter     R -> S(-1)        | grad S(-1) -> R  (all-gather)
  *   sp_gather   S(0) -> R (a-g)   | grad P -> S(0)   (reduce-scatter)
  *   sp_scatter  P -> S(0) (r-s)   | grad S(0) -> R   (all-gather)
- * Output buffers are the caller's: out->data must hold the output's local elements. */
+ * Output buffers are the caller's: out->data must hold the output's local elements.
+ * The residual stream's crossings (tpk_stream, at the end): a block's branches summed while partial
+ * and reduced once, forward and backward. */
 #ifndef TPK_LAYOUT_H
 #define TPK_LAYOUT_H
 
@@ -283,6 +285,149 @@ static inline tpk_status tpk_region_forward(tpk_ctx *ctx, tpk_region r, const tp
 static inline tpk_status tpk_region_backward(tpk_ctx *ctx, tpk_region r, const tpk_tensor *in,
                                              tpk_tensor *out) {
     return tpk__region(ctx, r, true, in, out);
+}
+
+/* ---- the residual stream's crossings: branches summed while partial -------------------------
+ *
+ * A block whose branches each begin with column linears and end with a row linear (a parallel
+ * residual block, y = x + attn(n1(x)) + mlp(n2(x)): GPT-J, GPT-NeoX) adds its branches' partial
+ * outputs and reduces once. The residual stream is R [T, H] (S(0) under sequence parallelism):
+ *   gather  forward   stream -> R [T, H]: x itself (SP: its tokens all-gathered into the helper's
+ *                     buffer, which the norms read until the backward)
+ *           backward  P [T, H] (the norms' partial input gradients, added) -> stream: all-reduce
+ *                     (SP: reduce-scatter), + skip (the residual's dy) when given
+ *   reduce  forward   P [T, H] (the branches' partial outputs, added) -> stream: all-reduce
+ *                     (SP: reduce-scatter), + skip (the residual x) when given
+ *           backward  dy stream -> R [T, H], the gradient of the partial sum on every rank: dy
+ *                     itself (SP: its tokens all-gathered into the helper's buffer)
+ * They are the region ops copy / sp_gather and reduce / sp_scatter with buffers of their own and
+ * the residual add. A block, forward:
+ *     xr = gather(x); a = attn(n1(xr)) P; m = mlp(n2(xr)) P; a += m; y = reduce(a, skip x)
+ * backward: dr = reduce'(dy); da = attn'(dr) P; dm = mlp'(dr) P; dn = n1'(da) P;
+ *     dn += n2'(dm) (backward_add); dx = gather'(dn, skip dy)
+ * (the norms with partial_dy, the branches with partial_output and partial_dx, none of them
+ * sequence parallel: under SP only the stream is S(0)). One all-reduce each way (SP: one
+ * all-gather and one reduce-scatter each way); the norms' weight gradients are partial over TP
+ * (tpk_params_reduce_partial_grads, once per step). */
+
+typedef struct tpk_stream_desc {
+    bool sequence_parallel; /* the stream S(0) (token rows), else R */
+} tpk_stream_desc;
+
+typedef struct tpk_stream {
+    int64_t H;
+    bool sp;
+    int64_t T, Ty;          /* token rows of the last gather forward, of the last reduce forward */
+    tpk_buf xg, dx, y, dp;  /* gather's output and input gradient, reduce's */
+} tpk_stream;
+
+/* A crossing of a residual stream of H features (no parameters). */
+static inline tpk_status tpk_stream_init(tpk_ctx *ctx, tpk_stream *s, int64_t H,
+                                         const tpk_stream_desc *desc) {
+    static const char *fn = "tpk_stream_init";
+    tpk_stream_desc d;
+    TPK__INIT_LAYER(ctx, fn, s, d, desc);
+    if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
+    s->H = H, s->sp = d.sequence_parallel, s->T = s->Ty = -1;
+    return TPK_OK;
+}
+
+static inline void tpk_stream_destroy(tpk_ctx *ctx, tpk_stream *s) {
+    tpk__buf_free(ctx, &s->xg), tpk__buf_free(ctx, &s->dx), tpk__buf_free(ctx, &s->y),
+        tpk__buf_free(ctx, &s->dp);
+}
+
+static inline tpk_status tpk__stream_check(tpk_ctx *ctx, const char *fn, const tpk_stream *s,
+                                           const void *out, const char *out_name) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!s || !s->H)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "stream: expected an initialised tpk_stream");
+    if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out_name);
+    return TPK_OK;
+}
+/* *out += skip, skip in out's layout and global shape (NULL: nothing). */
+static inline tpk_status tpk__stream_skip(tpk_ctx *ctx, const char *fn, tpk_tensor *out,
+                                          const tpk_tensor *skip) {
+    if (!skip) return TPK_OK;
+    TPK_TRY(tpk__check(ctx, fn, "skip", skip, out->layout, ctx->dtype, 2, out->gshape));
+    size_t n = (size_t)tpk_numel(out);
+    return n ? tpk_op_axpby(ctx, out->data, 1.0f, skip->data, 1.0f, ctx->dtype, n) : TPK_OK;
+}
+
+/* x R [T, H] (S(0) under sequence parallelism) -> *xr R [T, H]: x itself, or (SP) its tokens
+ * all-gathered into the stream's buffer, valid until its next gather forward. */
+static inline tpk_status tpk_stream_gather_forward(tpk_ctx *ctx, tpk_stream *s, tpk_tensor x,
+                                                   tpk_tensor *xr) {
+    static const char *fn = "tpk_stream_gather_forward";
+    TPK_TRY(tpk__stream_check(ctx, fn, s, xr, "xr"));
+    int64_t want[2] = {-1, s->H};
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, s->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
+    s->T = x.gshape[0];
+    if (!s->sp) return *xr = x, TPK_OK;
+    tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, s->T, s->H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &s->xg, &g));
+    TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g)); /* all-gather tokens */
+    *xr = g;
+    return TPK_OK;
+}
+
+/* The gradient of the last gather forward: dp P [T, H] -> *dx R [T, H] (all-reduce; S(0) under
+ * sequence parallelism: reduce-scatter), plus skip (the stream's layout; NULL: none), in the
+ * stream's buffer, valid until its next gather backward. */
+static inline tpk_status tpk_stream_gather_backward(tpk_ctx *ctx, tpk_stream *s, tpk_tensor dp,
+                                                    const tpk_tensor *skip, tpk_tensor *dx) {
+    static const char *fn = "tpk_stream_gather_backward";
+    TPK_TRY(tpk__stream_check(ctx, fn, s, dx, "dx"));
+    if (s->T < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "stream: backward before forward");
+    int64_t want[2] = {s->T, s->H};
+    TPK_TRY(tpk__check(ctx, fn, "dp", &dp, TPK_P, ctx->dtype, 2, want));
+    tpk_tensor o = s->sp ? tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, s->T, s->H, TPK_S(0))
+                         : tpk_tensor_2d(NULL, ctx->dtype, s->T, s->H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &s->dx, &o));
+    /* P -> reduce-scatter (SP) / all-reduce */
+    TPK_TRY(tpk_region_backward(ctx, s->sp ? TPK_REGION_SP_GATHER : TPK_REGION_COPY, &dp, &o));
+    TPK_TRY(tpk__stream_skip(ctx, fn, &o, skip));
+    *dx = o;
+    return TPK_OK;
+}
+
+/* p P [T, H] -> *y R [T, H] (all-reduce; S(0) under sequence parallelism: reduce-scatter), plus
+ * skip (the stream's layout; NULL: none), in the stream's buffer, valid until its next reduce
+ * forward. */
+static inline tpk_status tpk_stream_reduce_forward(tpk_ctx *ctx, tpk_stream *s, tpk_tensor p,
+                                                   const tpk_tensor *skip, tpk_tensor *y) {
+    static const char *fn = "tpk_stream_reduce_forward";
+    TPK_TRY(tpk__stream_check(ctx, fn, s, y, "y"));
+    int64_t want[2] = {-1, s->H};
+    TPK_TRY(tpk__check(ctx, fn, "p", &p, TPK_P, ctx->dtype, 2, want));
+    int64_t T = p.gshape[0];
+    tpk_tensor o = s->sp ? tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, s->H, TPK_S(0))
+                         : tpk_tensor_2d(NULL, ctx->dtype, T, s->H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &s->y, &o));
+    /* reduce-scatter (SP) / all-reduce */
+    TPK_TRY(tpk_region_forward(ctx, s->sp ? TPK_REGION_SP_SCATTER : TPK_REGION_REDUCE, &p, &o));
+    TPK_TRY(tpk__stream_skip(ctx, fn, &o, skip));
+    s->Ty = T;
+    *y = o;
+    return TPK_OK;
+}
+
+/* The gradient of the last reduce forward's partial input: dy R [T, H] (S(0) under sequence
+ * parallelism) -> *dp R [T, H]: dy itself, or (SP) its tokens all-gathered into the stream's
+ * buffer, valid until its next reduce backward. Every branch's backward reads it. */
+static inline tpk_status tpk_stream_reduce_backward(tpk_ctx *ctx, tpk_stream *s, tpk_tensor dy,
+                                                    tpk_tensor *dp) {
+    static const char *fn = "tpk_stream_reduce_backward";
+    TPK_TRY(tpk__stream_check(ctx, fn, s, dp, "dp"));
+    if (s->Ty < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "stream: backward before forward");
+    int64_t want[2] = {s->Ty, s->H};
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, s->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
+    if (!s->sp) return *dp = dy, TPK_OK;
+    tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, s->Ty, s->H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &s->dp, &g));
+    TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_SCATTER, &dy, &g)); /* all-gather tokens */
+    *dp = g;
+    return TPK_OK;
 }
 
 #endif /* TPK_LAYOUT_H */

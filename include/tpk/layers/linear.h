@@ -13,15 +13,20 @@
  *             dy_r *= act'(pre))
  *   backward  dy S(-1) (gather_output: R, sliced to own columns)
  *             (SP: the input's all-gather into ctx->sp started again, overlapped with the dx GEMM)
- *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0); partial_dx:
- *             none), started
+ *             dx = dy_r W_r  is P            -> all-reduce (SP: reduce-scatter -> S(0)), started;
+ *             partial_dx: none, dx stays P [T, in] (also under SP: the caller sums several
+ *             branches' and reduces once, tpk_stream_gather_backward)
  *             dW_r += dy_r^T x, db_r += colsum(dy_r)   while the collective runs; then wait
  * Row linear: rank r holds columns (in features) i_r of W; b is replicated.
  *   forward   x S(-1) [T, in_r] (or R [T, in], sliced to own columns)
  *             y = x_r W_r^T (+ b on rank 0, in the GEMM's epilogue) is P
  *                                            -> all-reduce -> R (SP: reduce-scatter -> S(0); P
  *                                            only in ctx->sp)
- *   backward  dy R (SP: S(0), all-gathered first into ctx->sp)
+ *             partial_output: no collective (with or without SP), y stays P [T, out]: the
+ *             caller adds several branches' and reduces once (tpk_stream_reduce_forward)
+ *   backward  dy R (SP: S(0), all-gathered first into ctx->sp; partial_output: R [T, out], the
+ *             gradient of a partial sum being the same on every rank — under SP the caller
+ *             all-gathers it, tpk_stream_reduce_backward)
  *             dx_r = dy W_r -> S(-1) (input was R: all-gathered -> R)
  *             dW_r += dy^T x_r, db += colsum(dy)   (the full dy: db is complete on every rank)
  * A layer keeps a view of its input for backward: the caller keeps that memory alive and
@@ -53,7 +58,11 @@ typedef struct tpk_linear_desc {
                                another, so their shards side by side are the strided shard
                                (Llama's gate_proj and up_proj as one linear); NULL: one parameter */
     bool partial_dx;        /* column: backward returns dx as P [T, in] with no collective (the
-                               caller sums several and reduces once); not with sequence_parallel */
+                               caller sums several and reduces once), with or without
+                               sequence_parallel (no reduce-scatter either) */
+    bool partial_output;    /* row: forward returns y as P [T, out] with no collective (the bias
+                               on TP rank 0 only, once in the sum), with or without
+                               sequence_parallel; backward then takes dy R [T, out] */
     int weight;             /* column: use this registered [out, in] parameter as W (tied
                                weights) instead of registering one; 0 = register. Give id + 1.
                                A padded parameter (tpk_param_desc.padded_rows) is [padded_rows,
@@ -145,11 +154,14 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
         if (!l->d.parts[i] || !l->d.parts[i][0])
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "desc->parts[%d]: expected a name (one per stride block, %d)", i, s);
-    if (l->d.partial_dx && (!column || l->d.sequence_parallel))
-        return tpk__fail(
-            ctx, TPK_ERR_ARG, fn,
-            "desc->partial_dx: only a column linear without sequence parallelism returns dx "
-            "partial");
+    if (l->d.partial_dx && !column)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->partial_dx: only a column linear returns dx partial (a row "
+                         "linear's dx is S(-1))");
+    if (l->d.partial_output && column)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->partial_output: only a row linear returns y partial (a column "
+                         "linear's y is S(-1))");
     if ((unsigned)l->d.act >= (unsigned)TPK_ACT_COUNT)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->act: expected a tpk_act, got %d",
                          (int)l->d.act);
@@ -340,9 +352,9 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
 }
 
 /* Column backward: dy S(-1) [T, out_r] (R [T, out] with gather_output) -> *dx R [T, in]
- * (S(0) under sequence parallelism); accumulates dW_r, db_r. fused: dy is already the gradient
- * of the pre-activation and db_r already added (the layer owning this one and the row linear
- * after it did both in the row linear's dx GEMM: tpk_mlp_backward). */
+ * (S(0) under sequence parallelism; P [T, in] with partial_dx); accumulates dW_r, db_r. fused: dy
+ * is already the gradient of the pre-activation and db_r already added (the layer owning this one
+ * and the row linear after it did both in the row linear's dx GEMM: tpk_mlp_backward). */
 static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy,
                                                   tpk_tensor *dx, bool fused) {
     static const char *fn = "tpk_col_linear_backward";
@@ -372,7 +384,7 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
      * meanwhile (for dW), as Megatron does, instead of a gathered copy kept since the forward */
     tpk_tensor dxp = tpk_tensor_2d(NULL, ctx->dtype, T, l->in, TPK_P), out = dxp, xg;
     TPK_TRY(tpk__buf_view(ctx, &l->dx, &dxp));
-    if (l->d.sequence_parallel) {
+    if (l->d.sequence_parallel && !l->d.partial_dx) {
         out = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->in, TPK_S(0));
         TPK_TRY(tpk__buf_view(ctx, &l->dx2, &out));
     }
@@ -415,7 +427,7 @@ static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l
 }
 
 /* Row forward: x S(-1) [T, in_r] (or R [T, in], sliced) -> *y R [T, out] (S(0) under
- * sequence parallelism). */
+ * sequence parallelism; P [T, out] with partial_output, in the layer's buffer). */
 static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor x,
                                                 tpk_tensor *y) {
     static const char *fn = "tpk_row_linear_forward";
@@ -442,9 +454,10 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     }
     int64_t T = x.shape[0], n = l->n_local;
     l->x = x, l->T = T;
-    /* SP: only until its reduce-scatter, in the scratch */
+    /* SP: only until its reduce-scatter, in the scratch (partial_output: the output itself) */
     tpk_tensor yp = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_P);
-    TPK_TRY(l->d.sequence_parallel ? tpk__sp_view(ctx, &yp) : tpk__buf_view(ctx, &l->y, &yp));
+    TPK_TRY(l->d.sequence_parallel && !l->d.partial_output ? tpk__sp_view(ctx, &yp)
+                                                           : tpk__buf_view(ctx, &l->y, &yp));
     /* the partial sums P; the bias once in the sum: rank 0 adds it in the GEMM's epilogue (no pass
      * of its own) */
     const void *bias = l->b >= 0 && ctx->tp.rank == 0 ? tpk__param_w(ctx, l->b) : NULL;
@@ -456,7 +469,9 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         if (bias && T) TPK_TRY(tpk_op_bias_add(ctx, yp.data, bias, T, l->out, ctx->dtype));
     }
     tpk_tensor yo;
-    if (l->d.sequence_parallel) {
+    if (l->d.partial_output) { /* the caller reduces */
+        yo = yp;
+    } else if (l->d.sequence_parallel) {
         yo = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, TPK_S(0));
         TPK_TRY(tpk__buf_view(ctx, &l->y2, &yo));
         /* reduce-scatter tokens */
@@ -478,7 +493,8 @@ typedef struct tpk__row_dx {
     void *user;
 } tpk__row_dx;
 
-/* Row backward: dy R [T, out] (S(0) under sequence parallelism) -> *dx S(-1) [T, in_r]
+/* Row backward: dy R [T, out] (S(0) under sequence parallelism; R [T, out] with partial_output,
+ * with or without it) -> *dx S(-1) [T, in_r]
  * (R [T, in] when the forward input was R); accumulates dW_r and db. own_dx (may be NULL; only
  * when the forward input was S(-1)): the owner's dx GEMM instead of the plain one. */
 static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy,
@@ -488,7 +504,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     if (!l->x.ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
-    if (l->d.sequence_parallel) {
+    if (l->d.sequence_parallel && !l->d.partial_output) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), ctx->dtype, 2, want));
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
         TPK_TRY(tpk__sp_view(ctx, &g)); /* read only within this call */

@@ -9,7 +9,11 @@
  *             dW2_r += dyᵀ h_r; db2 += colsum(dy)
  *             dx = du_r W1_r  P -> all-reduce (SP: reduce-scatter),
  *             overlapped with dW1_r += du_rᵀ x, db1_r += colsum(du_r)
- * One all-reduce of T H each way (SP: one all-gather and one reduce-scatter each way). */
+ * One all-reduce of T H each way (SP: one all-gather and one reduce-scatter each way).
+ * Partial outputs (both MLPs; a parallel residual block sums two branches and reduces once):
+ * desc.partial_output leaves y as the second linear's P [T, H] (no collective; its bias on TP
+ * rank 0 only) and the backward takes dy R [T, H]; desc.partial_dx leaves dx as the first linear's
+ * P [T, H] (no collective). Both also under sequence parallelism (x S(0), gathered). */
 #ifndef TPK_MLP_H
 #define TPK_MLP_H
 
@@ -25,6 +29,8 @@ typedef struct tpk_mlp_desc {
     float proj_init_std;    /* c_proj weight; default init_std */
     tpk_act act;            /* between c_fc and c_proj; TPK_ACT_NONE (zero) selects the default,
                                GELU-tanh (without one the MLP would be a single linear map) */
+    bool partial_output;    /* y P [T, H], not reduced (c_proj's partial_output); dy then R */
+    bool partial_dx;        /* backward's dx P [T, H], not reduced (c_fc's partial_dx) */
 } tpk_mlp_desc;
 
 typedef struct tpk_mlp {
@@ -53,10 +59,11 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H,
     memset(&ld, 0, sizeof ld);
     m->act = d.act != TPK_ACT_NONE ? d.act : TPK_ACT_GELU_TANH;
     ld.name = pn, ld.bias = true, ld.act = m->act, ld.sequence_parallel = d.sequence_parallel,
-    ld.init_std = d.init_std;
+    ld.init_std = d.init_std, ld.partial_dx = d.partial_dx;
     TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F, &ld));
     snprintf(pn, sizeof pn, "%s.%s", m->name, d.proj_name ? d.proj_name : "c_proj");
     ld.act = TPK_ACT_NONE, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    ld.partial_dx = false, ld.partial_output = d.partial_output;
     return tpk_row_linear_init(ctx, &m->c_proj, m->F, H, &ld);
 }
 
@@ -64,7 +71,8 @@ static inline void tpk_mlp_destroy(tpk_ctx *ctx, tpk_mlp *m) {
     tpk_linear_destroy(ctx, &m->c_fc), tpk_linear_destroy(ctx, &m->c_proj);
 }
 
-/* y = c_proj(act(c_fc(x))): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
+/* y = c_proj(act(c_fc(x))): x R [T, H] (S(0) under sequence parallelism), y the same layout
+ * (partial_output: P [T, H]). */
 static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x, tpk_tensor *y) {
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H)
@@ -108,7 +116,8 @@ static inline tpk_status tpk__mlp_dx_act(tpk_ctx *ctx, void *user, void *du, con
     return db ? tpk__grad_add(ctx, tpk_param_grad(ctx, fc->b), db, (size_t)n) : TPK_OK;
 }
 
-/* dx of the last forward; accumulates the gradients of c_fc and c_proj. */
+/* dx of the last forward from dy (the layout of y; partial_output: R [T, H]), in the layout of x
+ * (partial_dx: P [T, H]); accumulates the gradients of c_fc and c_proj. */
 static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor dy, tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H)
@@ -146,6 +155,8 @@ typedef struct tpk_swiglu_mlp_desc {
     bool sequence_parallel;
     float init_std;         /* gate and up weights; default 0.02 */
     float proj_init_std;    /* down_proj; default init_std */
+    bool partial_output;    /* y P [T, H], not reduced (down's partial_output); dy then R */
+    bool partial_dx;        /* backward's dx P [T, H], not reduced (gate_up's partial_dx) */
 } tpk_swiglu_mlp_desc;
 
 typedef struct tpk_swiglu_mlp {
@@ -174,11 +185,13 @@ static inline tpk_status tpk_swiglu_mlp_init(tpk_ctx *ctx, tpk_swiglu_mlp *m, in
     ld.name = m->name, ld.bias = d.bias, ld.stride = 2, ld.parts[0] = "gate_proj",
     ld.parts[1] = "up_proj";
     ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
+    ld.partial_dx = d.partial_dx;
     TPK_TRY(tpk_col_linear_init(ctx, &m->gate_up, H, 2 * m->F, &ld));
     memset(&ld, 0, sizeof ld);
     snprintf(pn, sizeof pn, "%s.down_proj", m->name);
     ld.name = pn, ld.bias = d.bias, ld.sequence_parallel = d.sequence_parallel,
     ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
+    ld.partial_output = d.partial_output;
     return tpk_row_linear_init(ctx, &m->down, m->F, H, &ld);
 }
 
@@ -196,7 +209,7 @@ static inline tpk_status tpk__swiglu_product(tpk_ctx *ctx, tpk_swiglu_mlp *m, tp
 }
 
 /* y = down(silu(gate(x)) up(x)): x R [T, H] (S(0) under sequence parallelism), y the same
- * layout. */
+ * layout (partial_output: P [T, H]). */
 static inline tpk_status tpk_swiglu_mlp_forward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor x,
                                                 tpk_tensor *y) {
     static const char *fn = "tpk_swiglu_mlp_forward";
@@ -232,7 +245,8 @@ static inline tpk_status tpk__swiglu_mlp_recompute(tpk_ctx *ctx, tpk_swiglu_mlp 
     return TPK_OK;
 }
 
-/* dx of the last forward; accumulates the gradients of the three projections. */
+/* dx of the last forward from dy (the layout of y; partial_output: R [T, H]), in the layout of x
+ * (partial_dx: P [T, H]); accumulates the gradients of the three projections. */
 static inline tpk_status tpk_swiglu_mlp_backward(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor dy,
                                                  tpk_tensor *dx) {
     static const char *fn = "tpk_swiglu_mlp_backward";

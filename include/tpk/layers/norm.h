@@ -6,11 +6,17 @@
  *   backward  dx = rstd (g - mean(g) - xh mean(g xh)), g = dy w;  dw += sum dy xh, db += sum dy
  * tpk_layernorm_forward_residual fuses the residual add before it: x1 = x + r, y = LN(x1).
  * RMSNorm (Llama): y = x rstd w, rstd = 1/sqrt(mean(x^2) + eps); dx = rstd (g - xh mean(g xh)),
- *   dw += sum dy xh (xh = x rstd). Same layouts.
+ *   dw += sum dy xh (xh = x rstd). Same layouts, same partial_dy.
  * No communication. Under sequence parallelism each rank sees only its token rows, so the weight
  * gradients are partial sums over TP: the parameters are marked tp_partial_grad and
  * tpk_params_reduce_partial_grads() all-reduces them once per step (it also sums the grouped
- * key/value weights that several ranks hold, tpk/layers/attn.h). */
+ * key/value weights that several ranks hold, tpk/layers/attn.h).
+ * Partial gradients (desc.partial_dy; the input R, not with sequence parallelism): the backward
+ * takes dy P [T, H] and returns dx P. Given the forward's saved statistics the backward is linear
+ * in dy, dx = J^T dy, so each rank's dx_r = J^T dy_r sums to the true dx (a parallel residual
+ * block adds both norms' and reduces once, tpk_stream_gather_backward); the weight (and bias)
+ * gradients sum dy_r xh and dy_r, partial over TP likewise, so the parameters are marked
+ * tp_partial_grad and summed once per step as under SP. */
 #ifndef TPK_NORM_H
 #define TPK_NORM_H
 
@@ -20,6 +26,8 @@ typedef struct tpk_layernorm_desc {
     const char *name;       /* "<name>.weight", "<name>.bias"; default "ln<N>" */
     float eps;              /* default 1e-5 */
     bool sequence_parallel; /* input S(0) */
+    bool partial_dy;        /* backward: dy P [T, H] -> dx P (input R; not with
+                               sequence_parallel); the weight and bias gradients partial over TP */
 } tpk_layernorm_desc;
 
 typedef struct tpk_layernorm {
@@ -27,6 +35,7 @@ typedef struct tpk_layernorm {
     int64_t H;
     float eps;
     bool sp;
+    bool partial; /* desc.partial_dy */
     int w, b;
     tpk_tensor x; /* saved input */
     tpk_buf y, mean, rstd, dx, x1; /* x1: the sum of the fused residual forward */
@@ -40,14 +49,20 @@ static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int6
     if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
     if (d.eps < 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0, got %g", (double)d.eps);
+    if (d.partial_dy && d.sequence_parallel)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->partial_dy: not with desc->sequence_parallel (a partial gradient "
+                         "is whole-shaped [T, H]: the input must be R)");
     l->H = H, l->eps = d.eps > 0 ? d.eps : 1e-5f, l->sp = d.sequence_parallel;
+    l->partial = d.partial_dy;
     TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, d.name, "ln"));
     char pn[128];
     snprintf(pn, sizeof pn, "%s.weight", l->name);
     TPK_TRY(tpk__param_add(ctx, pn, 1, H, 0, TPK_R, TPK_INIT_ONES, 0, false, &l->w));
     snprintf(pn, sizeof pn, "%s.bias", l->name);
     TPK_TRY(tpk__param_add(ctx, pn, 1, H, 0, TPK_R, TPK_INIT_ZEROS, 0, false, &l->b));
-    ctx->params.list[l->w].tp_partial_grad = ctx->params.list[l->b].tp_partial_grad = l->sp;
+    ctx->params.list[l->w].tp_partial_grad = ctx->params.list[l->b].tp_partial_grad =
+        l->sp || l->partial;
     return TPK_OK;
 }
 
@@ -59,7 +74,8 @@ static inline tpk_status tpk__ln_check(tpk_ctx *ctx, const char *fn, tpk_layerno
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised layernorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
-    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want);
+    tpk_layout lay = l->sp ? TPK_S(0) : l->partial && arg[0] != 'x' ? TPK_P : TPK_R;
+    return tpk__check(ctx, fn, arg, x, lay, ctx->dtype, 2, want);
 }
 
 /* y = layernorm(x): x R [T, H] (S(0) under sequence parallelism), y the same layout. */
@@ -106,7 +122,8 @@ static inline tpk_status tpk_layernorm_forward_residual(tpk_ctx *ctx, tpk_layern
     return TPK_OK;
 }
 
-/* dx of the last forward; accumulates dw, db. dy in the layout of y. */
+/* dx of the last forward; accumulates dw, db. dy in the layout of y (partial_dy: dy P [T, H],
+ * dx P, dw and db partial over TP). */
 static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, tpk_tensor dy,
                                                 tpk_tensor *dx) {
     static const char *fn = "tpk_layernorm_backward";
@@ -164,6 +181,7 @@ typedef struct tpk_rmsnorm_desc {
     const char *name;       /* "<name>.weight"; default "rms<N>" */
     float eps;              /* default 1e-6 (Llama's rms_norm_eps) */
     bool sequence_parallel; /* input S(0) */
+    bool partial_dy;        /* backward: dy P [T, H] -> dx P (as tpk_layernorm_desc's) */
 } tpk_rmsnorm_desc;
 
 typedef struct tpk_rmsnorm {
@@ -171,6 +189,7 @@ typedef struct tpk_rmsnorm {
     int64_t H;
     float eps;
     bool sp;
+    bool partial; /* desc.partial_dy */
     int w;
     tpk_tensor x; /* saved input */
     tpk_buf y, rstd, dx;
@@ -185,12 +204,17 @@ static inline tpk_status tpk_rmsnorm_init(tpk_ctx *ctx, tpk_rmsnorm *l, int64_t 
     if (!(d.eps >= 0))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->eps: expected > 0 (0 = 1e-6), got %g",
                          (double)d.eps);
+    if (d.partial_dy && d.sequence_parallel)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->partial_dy: not with desc->sequence_parallel (a partial gradient "
+                         "is whole-shaped [T, H]: the input must be R)");
     l->H = H, l->eps = d.eps > 0 ? d.eps : 1e-6f, l->sp = d.sequence_parallel;
+    l->partial = d.partial_dy;
     TPK_TRY(tpk__layer_name(ctx, fn, l->name, sizeof l->name, d.name, "rms"));
     char pn[128];
     snprintf(pn, sizeof pn, "%s.weight", l->name);
     TPK_TRY(tpk__param_add(ctx, pn, 1, H, 0, TPK_R, TPK_INIT_ONES, 0, false, &l->w));
-    ctx->params.list[l->w].tp_partial_grad = l->sp;
+    ctx->params.list[l->w].tp_partial_grad = l->sp || l->partial;
     return TPK_OK;
 }
 
@@ -202,7 +226,8 @@ static inline tpk_status tpk__rms_check(tpk_ctx *ctx, const char *fn, tpk_rmsnor
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised RMSNorm");
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", arg[0] == 'x' ? "y" : "dx");
     int64_t want[2] = {T, l->H};
-    return tpk__check(ctx, fn, arg, x, l->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want);
+    tpk_layout lay = l->sp ? TPK_S(0) : l->partial && arg[0] != 'x' ? TPK_P : TPK_R;
+    return tpk__check(ctx, fn, arg, x, lay, ctx->dtype, 2, want);
 }
 
 /* y = rmsnorm(x): x R [T, H] (S(0) under sequence parallelism), y the same layout. x must stay
@@ -223,7 +248,8 @@ static inline tpk_status tpk_rmsnorm_forward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_t
     return TPK_OK;
 }
 
-/* dx of the last forward; accumulates dw. dy in the layout of y. */
+/* dx of the last forward; accumulates dw. dy in the layout of y (partial_dy: dy P [T, H], dx P,
+ * dw partial over TP). */
 static inline tpk_status tpk_rmsnorm_backward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_tensor dy,
                                               tpk_tensor *dx) {
     static const char *fn = "tpk_rmsnorm_backward";
@@ -284,7 +310,8 @@ static inline bool tpk__param_shared(const tpk_ctx *ctx, const tpk_param *p) {
 }
 
 /* Sum over TP the gradients that are partial sums there, once per step after the last backward:
- *   - layernorm / RMSNorm weights under sequence parallelism (tp_partial_grad): all-reduce;
+ *   - layernorm / RMSNorm weights under sequence parallelism or with partial_dy
+ *     (tp_partial_grad): all-reduce;
  *   - grouped-query key/value weights whose heads are held by several ranks: every rank places
  *     its rows in a zeroed global-shaped buffer, one all-reduce sums them, and each takes back
  *     its rows: a shared head's gradient becomes the sum over the ranks that hold it.
