@@ -5,7 +5,16 @@
  * leaves one line in ctx->err naming the function, the argument and the expected value
  * (tpk_last_error). Creating and destroying a context is in tpk/runtime/init.h (it splits the world
  * communicator into groups); the checked ops are in tpk/runtime/op.h, the backend buffers in
- * tpk/runtime/buf.h, the parameter registry in tpk/layers/params.h. */
+ * tpk/runtime/buf.h, the parameter registry in tpk/layers/params.h.
+ *
+ * The context's two hooks (tpk_ctx_desc.allocator, .logger), as stb, sokol and miniaudio have
+ * them: every host allocation the headers make for a context goes through its allocator
+ * (tpk__malloc, tpk__calloc, tpk__realloc, tpk__free; default the C library's malloc, realloc and
+ * free), and every message the kit prints goes through its logger (tpk_logf; default one line on
+ * stderr). Backend memory — parameters, activations, scratch in tpk_buf — is the backend table's
+ * (tpk_ops.alloc, .free), and the compiled archives' own host memory (the host backend's buffers,
+ * its thread pool and per-op scratch; the CUDA backend's state) is theirs: replace the table to
+ * place those. */
 #ifndef TPK_CTX_H
 #define TPK_CTX_H
 
@@ -15,6 +24,7 @@
 #include "core.h"
 #include "ops.h"
 #include "rng.h"
+#include "version.h"
 
 /* A growable buffer in backend memory. */
 typedef struct tpk_buf {
@@ -65,9 +75,42 @@ typedef struct tpk_params {
                                 and layout, gives its id (and leaves its values): another copy of
                                 a model over the same parameters (a pipeline stage keeps one per
                                 micro-batch in flight, tpk/train/pipe_model.h) */
+    bool dp_open;            /* the gradients' data-parallel reduction is begun and not finished
+                                (tpk/train/dp.h): no optimizer step reads them until it is */
 } tpk_params;
 
 typedef struct tpk_profile tpk_profile; /* tpk/runtime/profile.h */
+
+/* Host memory for the headers' allocations (tpk_ctx_desc.allocator). All zero: the C library's
+ * malloc, realloc and free. alloc_fn and free_fn go together; realloc_fn is optional (NULL: the
+ * kit allocates anew, copies and frees). alloc_fn returns memory aligned as malloc's, or NULL
+ * (the kit then fails with TPK_ERR_NOMEM); the kit never asks for 0 bytes and never frees NULL.
+ * They are called from the threads that call the kit, never from the host backend's workers. */
+typedef struct tpk_allocator {
+    void *(*alloc_fn)(size_t bytes, void *user_data);
+    void (*free_fn)(void *p, void *user_data);
+    void *(*realloc_fn)(void *p, size_t bytes, void *user_data); /* p != NULL, bytes > 0; NULL
+                                                                    on failure, p kept */
+    void *user_data;
+} tpk_allocator;
+
+/* How much a message matters (tpk_logger). */
+typedef enum tpk_log_level {
+    TPK_LOG_ERROR = 1, /* a failure reported: tpk_report */
+    TPK_LOG_WARN = 2,  /* something went wrong that the call survived (gnuplot failed) */
+    TPK_LOG_INFO = 3,  /* what the kit was asked to print: the profile table (TPK_PROFILE=1), the
+                          plot files tpk_log_close wrote */
+    TPK_LOG_DEBUG = 4  /* every failure as it is recorded (tpk_fail), before the caller has seen
+                          it: a caller may still handle it (the planner's refused configurations);
+                          not printed by default */
+} tpk_log_level;
+
+/* Where the kit's messages go (tpk_ctx_desc.logger). func NULL: ERROR, WARN and INFO each one line
+ * on stderr, DEBUG dropped. A message is one line without its newline. */
+typedef struct tpk_logger {
+    void (*func)(tpk_log_level level, const char *message, void *user_data);
+    void *user_data;
+} tpk_logger;
 
 typedef struct tpk_ctx_desc {
     const tpk_ops *ops; /* default: tpk_ops_default() (the host backend, tpk/runtime/init.h) */
@@ -87,6 +130,8 @@ typedef struct tpk_ctx_desc {
     bool deterministic; /* every op gives the same bits on every run (a backend otherwise may sum
                            in a run-dependent order: the CUDA tensor-core attention backward adds
                            dQ with f32 atomics by default, as FlashAttention-2 does) */
+    tpk_allocator allocator; /* the headers' host allocations (zero: the C library's) */
+    tpk_logger logger;       /* the kit's messages (zero: stderr) */
 } tpk_ctx_desc;
 
 struct tpk_ctx {
@@ -119,7 +164,84 @@ struct tpk_ctx {
     size_t mem, mem_peak; /* bytes held in the kit's buffers (tpk_buf: parameters, gradients, their
                              bf16 copy, activations, scratch; the optimizer's moments) now and at
                              most (tpk_mem_peak) */
+    tpk_allocator allocator; /* tpk_ctx_desc.allocator; a zeroed context (before tpk_ctx_init):
+                                the C library's, or what the program sets here first */
+    tpk_logger logger;       /* tpk_ctx_desc.logger (likewise) */
 };
+
+/* ---- the hooks: messages and host memory --------------------------------------------------- */
+
+/* Pass one message to the context's logger (ctx NULL, or no logger: the default, above). */
+static inline void tpk__log_msg(const tpk_ctx *ctx, tpk_log_level level, const char *msg) {
+    if (ctx && ctx->logger.func) ctx->logger.func(level, msg, ctx->logger.user_data);
+    else if (level != TPK_LOG_DEBUG) fprintf(stderr, "%s\n", msg);
+}
+/* A message, printf-style, through the context's logger: the kit's own (every message it prints)
+ * and yours. One line, without its newline; at most 1023 bytes are kept. */
+static inline void tpk_vlogf(const tpk_ctx *ctx, tpk_log_level level, const char *fmt, va_list ap) {
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    tpk__log_msg(ctx, level, msg);
+}
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static inline void
+tpk_logf(const tpk_ctx *ctx, tpk_log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tpk_vlogf(ctx, level, fmt, ap);
+    va_end(ap);
+}
+
+/* Allocator a (NULL or zero: the C library's): bytes (0 asks for 1) ... */
+static inline void *tpk__al_malloc(const tpk_allocator *a, size_t bytes) {
+    if (!bytes) bytes = 1;
+    return a && a->alloc_fn ? a->alloc_fn(bytes, a->user_data) : malloc(bytes);
+}
+/* ... n x size zeroed bytes (NULL when the product overflows) ... */
+static inline void *tpk__al_calloc(const tpk_allocator *a, size_t n, size_t size) {
+    if (size && n > SIZE_MAX / size) return NULL;
+    if (!(a && a->alloc_fn)) return calloc(n ? n : 1, size ? size : 1);
+    size_t bytes = n * size;
+    void *p = tpk__al_malloc(a, bytes);
+    if (p) memset(p, 0, bytes > 0 ? bytes : 1);
+    return p;
+}
+/* ... p (holding old_bytes; NULL: none) grown or shrunk to bytes, its contents kept up to the
+ * smaller; NULL on failure, p then kept ... */
+static inline void *tpk__al_realloc(const tpk_allocator *a, void *p, size_t old_bytes,
+                                    size_t bytes) {
+    if (!bytes) bytes = 1;
+    if (!p) return tpk__al_malloc(a, bytes);
+    if (!(a && a->alloc_fn)) return realloc(p, bytes);
+    if (a->realloc_fn) return a->realloc_fn(p, bytes, a->user_data);
+    void *q = a->alloc_fn(bytes, a->user_data);
+    if (q) memcpy(q, p, old_bytes < bytes ? old_bytes : bytes), a->free_fn(p, a->user_data);
+    return q;
+}
+/* ... and p given back (NULL: nothing). */
+static inline void tpk__al_free(const tpk_allocator *a, void *p) {
+    if (!p) return;
+    if (a && a->alloc_fn) a->free_fn(p, a->user_data);
+    else free(p);
+}
+/* The same with the context's allocator (ctx NULL: the C library's): what the kit's code calls. */
+static inline void *tpk__malloc(const tpk_ctx *ctx, size_t bytes) {
+    return tpk__al_malloc(ctx ? &ctx->allocator : NULL, bytes);
+}
+static inline void *tpk__calloc(const tpk_ctx *ctx, size_t n, size_t size) {
+    return tpk__al_calloc(ctx ? &ctx->allocator : NULL, n, size);
+}
+static inline void *tpk__realloc(const tpk_ctx *ctx, void *p, size_t old_bytes, size_t bytes) {
+    return tpk__al_realloc(ctx ? &ctx->allocator : NULL, p, old_bytes, bytes);
+}
+static inline void tpk__free(const tpk_ctx *ctx, void *p) {
+    tpk__al_free(ctx ? &ctx->allocator : NULL, p);
+}
+/* Free memory the kit handed to you (tpk_tokenizer_encode's ids, tpk_tokenizer_decode's text,
+ * tpk_plan's list): with the allocator of the context you passed it. */
+static inline void tpk_free(const tpk_ctx *ctx, void *p) { tpk__free(ctx, p); }
 
 /* Record a failure: "fn: message" (the va_list form serves callers that format elsewhere). */
 static inline tpk_status tpk__vfail(tpk_ctx *ctx, tpk_status s, const char *fn, const char *fmt,
@@ -129,6 +251,7 @@ static inline tpk_status tpk__vfail(tpk_ctx *ctx, tpk_status s, const char *fn, 
         if (n < 0 || (size_t)n >= sizeof ctx->err) n = 0;
         vsnprintf(ctx->err + n, sizeof ctx->err - (size_t)n, fmt, ap);
         ctx->last = s;
+        if (ctx->logger.func) ctx->logger.func(TPK_LOG_DEBUG, ctx->err, ctx->logger.user_data);
     }
     return s;
 }
@@ -154,10 +277,11 @@ static inline const char *tpk_last_error(const tpk_ctx *ctx) {
 }
 static inline void tpk_clear_error(tpk_ctx *ctx) { ctx->err[0] = 0, ctx->last = TPK_OK; }
 
-/* Print "[where] message" to stderr and return the status, for use in programs. */
+/* Report a failure, "where: message (status)", through the context's logger (TPK_LOG_ERROR; by
+ * default on stderr) and return the status, for use in programs. */
 static inline tpk_status tpk_report(const tpk_ctx *ctx, tpk_status s, const char *where) {
     if (s != TPK_OK)
-        fprintf(stderr, "%s: %s (%s)\n", where, tpk_last_error(ctx), tpk_status_str(s));
+        tpk_logf(ctx, TPK_LOG_ERROR, "%s: %s (%s)", where, tpk_last_error(ctx), tpk_status_str(s));
     return s;
 }
 
@@ -306,37 +430,48 @@ static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst
     return TPK_OK;
 }
 
-/* The rest of stream f (named path in errors) into *out (malloc'd, *n bytes); f stays open. */
-static inline tpk_status tpk__read_stream(tpk_ctx *ctx, const char *fn, const char *path, FILE *f,
-                                          uint8_t **out, size_t *n) {
+/* The rest of stream f (named path in errors) into *out (*n bytes, from allocator al: NULL, the C
+ * library's malloc, freed with free()); f stays open. */
+static inline tpk_status tpk__read_stream_al(tpk_ctx *ctx, const tpk_allocator *al, const char *fn,
+                                             const char *path, FILE *f, uint8_t **out, size_t *n) {
     size_t cap = 1 << 16, len = 0;
-    uint8_t *b = (uint8_t *)malloc(cap);
+    uint8_t *b = (uint8_t *)tpk__al_malloc(al, cap);
     for (size_t r; b && (r = fread(b + len, 1, cap - len, f)) > 0;) {
         len += r;
         if (len == cap) {
-            uint8_t *nb = (uint8_t *)realloc(b, cap *= 2);
-            if (!nb) free(b);
-            b = nb;
+            uint8_t *nb = (uint8_t *)tpk__al_realloc(al, b, cap, 2 * cap);
+            if (!nb) tpk__al_free(al, b);
+            b = nb, cap *= 2;
         }
     }
     int bad = ferror(f);
     if (!b || bad) {
         bool nomem = !b;
-        free(b);
+        tpk__al_free(al, b);
         return tpk__fail(ctx, nomem ? TPK_ERR_NOMEM : TPK_ERR_IO, fn, "%s: cannot read%s", path,
                          nomem ? " (out of memory)" : "");
     }
     *out = b, *n = len;
     return TPK_OK;
 }
-/* The whole file into *out (malloc'd, *n bytes). */
-static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path,
-                                        uint8_t **out, size_t *n) {
+/* The whole file into *out (*n bytes, from allocator al as above). */
+static inline tpk_status tpk__read_file_al(tpk_ctx *ctx, const tpk_allocator *al, const char *fn,
+                                           const char *path, uint8_t **out, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot open: %s", path, strerror(errno));
-    tpk_status s = tpk__read_stream(ctx, fn, path, f, out, n);
+    tpk_status s = tpk__read_stream_al(ctx, al, fn, path, f, out, n);
     fclose(f);
     return s;
+}
+/* The same into memory from the C library's malloc (free() it): what tpk/train's readers and the
+ * example programs free today; the text readers use the context's allocator (the _al forms). */
+static inline tpk_status tpk__read_stream(tpk_ctx *ctx, const char *fn, const char *path, FILE *f,
+                                          uint8_t **out, size_t *n) {
+    return tpk__read_stream_al(ctx, NULL, fn, path, f, out, n);
+}
+static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path,
+                                        uint8_t **out, size_t *n) {
+    return tpk__read_file_al(ctx, NULL, fn, path, out, n);
 }
 
 #endif /* TPK_CTX_H */

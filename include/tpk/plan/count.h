@@ -40,6 +40,7 @@ typedef struct tpk_count {
                                         clock waited for */
     double flops, bytes;             /* counted by the ops */
     bool coll;                       /* a collective's entry ran: the hook skips its record */
+    tpk_allocator al; /* the host memory of its communicators: tpk_count_init's context's */
 } tpk_count;
 
 typedef struct tpk__count_comm {
@@ -622,7 +623,7 @@ static inline tpk_status tpk__count_coll(tpk_ctx *ctx, tpk_comm *g, tpk_coll_kin
     cc->free_at = start + sec;
     c->t_coll += sec;
     if (req) { /* its end, for tpk_wait */
-        double *end = (double *)malloc(sizeof(double));
+        double *end = (double *)tpk__al_malloc(&c->al, sizeof(double));
         if (!end)
             return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_count (collective)", "out of host memory");
         *end = cc->free_at, req->state = end;
@@ -668,7 +669,7 @@ static inline tpk_status tpk__count_c_wait(tpk_ctx *ctx, tpk_request *req) {
     c->coll = true;
     double *end = (double *)req->state;
     if (end && *end > c->t) c->t_exposed += *end - c->t, c->t = *end;
-    free(end);
+    tpk__al_free(&c->al, end);
     req->state = NULL;
     return TPK_OK;
 }
@@ -693,8 +694,7 @@ static inline tpk_status tpk__count_c_p2p(tpk_ctx *ctx, tpk_comm *g, const tpk_p
 }
 static inline void tpk__count_c_destroy(tpk_comm *g) {
     tpk__count_comm *cc = (tpk__count_comm *)g->impl;
-    if (cc) free(cc->members);
-    free(cc);
+    if (cc) tpk__al_free(&cc->c->al, cc->members), tpk__al_free(&cc->c->al, cc);
     g->impl = NULL;
 }
 static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
@@ -705,10 +705,10 @@ static const tpk_comm_vtable tpk__count_comm_vt = {
 /* A group of `n` members (world ranks, by rank), this rank among them. */
 static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int *members, int n,
                                           bool world, tpk_comm *out) {
-    tpk__count_comm *cc = (tpk__count_comm *)calloc(1, sizeof *cc);
-    int *m = (int *)malloc(sizeof(int) * (size_t)n);
+    tpk__count_comm *cc = (tpk__count_comm *)tpk__al_calloc(&c->al, 1, sizeof *cc);
+    int *m = (int *)tpk__al_malloc(&c->al, sizeof(int) * (size_t)n);
     if (!cc || !m) {
-        free(cc), free(m);
+        tpk__al_free(&c->al, cc), tpk__al_free(&c->al, m);
         return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_count", "out of host memory");
     }
     memcpy(m, members, sizeof(int) * (size_t)n);
@@ -730,7 +730,8 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
     static const char *fn = "tpk_comm_split (count)";
     tpk__count_comm *cc = (tpk__count_comm *)g->impl;
     tpk_count *c = cc->c;
-    int n = g->size, *m = (int *)malloc(sizeof(int) * (size_t)(n > 0 ? n : 1)), k = 0;
+    int n = g->size, k = 0;
+    int *m = (int *)tpk__al_malloc(&c->al, sizeof(int) * (size_t)(n > 0 ? n : 1));
     if (!m) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     bool known = false;
     if (cc->world && c->splits < 3) {
@@ -754,7 +755,7 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
                                      "communicator replays (tpk_ctx_init's mesh, the tied "
                                      "embedding's group)",
                                      color, key, g->rank, n);
-    free(m);
+    tpk__al_free(&c->al, m);
     return s;
 }
 
@@ -779,15 +780,16 @@ static inline tpk_status tpk_count_init(tpk_ctx *err, tpk_count *c, const tpk_hw
     c->hw = hw, c->next = (uintptr_t)1 << 56;
     c->world = tp * dp * pp, c->rank = rank, c->tp = tp, c->dp = dp, c->pp = pp;
     c->gpus_per_node = gpus_per_node;
+    if (err) c->al = err->allocator;
     return TPK_OK;
 }
 /* The world communicator of c (tpk_comm_destroy frees it). */
 static inline tpk_status tpk_count_world(tpk_ctx *err, tpk_count *c, tpk_comm *out) {
-    int *m = (int *)malloc(sizeof(int) * (size_t)c->world);
+    int *m = (int *)tpk__al_malloc(&c->al, sizeof(int) * (size_t)c->world);
     if (!m) return tpk__fail(err, TPK_ERR_NOMEM, "tpk_count_world", "out of host memory");
     for (int w = 0; w < c->world; w++) m[w] = w;
     tpk_status s = tpk__count_group(err, c, m, c->world, true, out);
-    free(m);
+    tpk__al_free(&c->al, m);
     return s;
 }
 

@@ -71,6 +71,7 @@ static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c,
     tpk_ctx_desc cd;
     memset(&cd, 0, sizeof cd);
     cd.ops = &c->ops, cd.world = world, cd.tp = tp, cd.pp = pp, cd.seed = 1, cd.dtype = d->dtype;
+    cd.allocator = err->allocator, cd.logger = err->logger; /* the caller's hooks */
     tpk_status s = tpk_ctx_init(ctx, &cd);
     if (s != TPK_OK) {
         snprintf(err->err, sizeof err->err, "%s", ctx->err);
@@ -122,7 +123,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     memset(&b, 0, sizeof b);
     bool piped = p->pp > 1;
     size_t ntok = (size_t)p->accum * (size_t)p->micro_batch * (size_t)d->seq;
-    int32_t *ids = (int32_t *)calloc(ntok ? ntok : 1, sizeof(int32_t));
+    int32_t *ids = (int32_t *)tpk__calloc(&ctx, ntok, sizeof(int32_t));
     tpk_status s = ids ? TPK_OK : tpk__fail(&ctx, TPK_ERR_NOMEM, "tpk_plan", "out of host memory");
     if (s == TPK_OK)
         s = piped
@@ -164,7 +165,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
             }
         }
     } else snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
-    free(ids);
+    tpk__free(&ctx, ids);
     if (piped) tpk_pipe_model_destroy(&ctx, &pm);
     else tpk_model_destroy(&ctx, &m);
     tpk_adamw_destroy(&ctx, &opt);
@@ -244,7 +245,7 @@ static inline int tpk__plan_cmp(const void *a, const void *b) {
     return 0;
 }
 
-/* Every configuration (see the top) into *out (n of them; free it), sorted. */
+/* Every configuration (see the top) into *out (n of them; tpk_free(err, *out) frees it), sorted. */
 static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan_cfg **out,
                                   int *n) {
     static const char *fn = "tpk_plan";
@@ -296,14 +297,14 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
                         for (int sp = 0; sp <= (tp > 1); sp++) {
                             if (!why[0] && d->sp >= 0 && sp != d->sp) continue;
                             if (cnt == cap) {
-                                cap = cap ? 2 * cap : 256;
-                                tpk_plan_cfg *w =
-                                    (tpk_plan_cfg *)realloc(v, sizeof *w * (size_t)cap);
+                                int nc = cap ? 2 * cap : 256;
+                                tpk_plan_cfg *w = (tpk_plan_cfg *)tpk__realloc(
+                                    err, v, sizeof *w * (size_t)cap, sizeof *w * (size_t)nc);
                                 if (!w) {
-                                    free(v);
+                                    tpk__free(err, v);
                                     return tpk__fail(err, TPK_ERR_NOMEM, fn, "out of memory");
                                 }
-                                v = w;
+                                v = w, cap = nc;
                             }
                             tpk_plan_cfg *p = &v[cnt++];
                             memset(p, 0, sizeof *p);
@@ -317,7 +318,7 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
                             }
                             tpk_status s = tpk_plan_run(err, d, params, p);
                             if (s != TPK_OK) {
-                                free(v);
+                                tpk__free(err, v);
                                 return s;
                             }
                         }

@@ -36,7 +36,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx);
  * ranks that split differently would exchange mismatched shards. */
 static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const double *weights,
                                           int tp) {
-    double *x = (double *)calloc((size_t)(2 * tp + 1), sizeof(double)); /* [w, -w, weighted] */
+    double *x = (double *)tpk__calloc(ctx, (size_t)(2 * tp + 1), sizeof(double)); /* [w, -w, 1] */
     if (!x) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d TP weights", tp);
     for (int q = 0; q < tp; q++) x[q] = weights ? weights[q] : 0, x[tp + q] = -x[q];
     x[2 * tp] = weights ? 1 : 0;
@@ -51,7 +51,7 @@ static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const do
         ctx->tp_w = x; /* the first tp entries: the weights */
         return TPK_OK;
     }
-    free(x);
+    tpk__free(ctx, x);
     return s;
 }
 
@@ -67,7 +67,8 @@ static inline void tpk__mesh_split(int w, int tp, int dp, int g, int *color, int
 
 /* Create a context: ops (default: the host backend when linked), world (default self), TP groups
  * of desc->tp consecutive ranks, desc->pp pipeline stages, DP groups across them (the world size
- * must be tp x pp x a whole DP size). */
+ * must be tp x pp x a whole DP size); desc->allocator and desc->logger its hooks (tpk/base/ctx.h),
+ * in place before anything is allocated or recorded. */
 static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     static const char *fn = "tpk_ctx_init";
     if (!ctx) return TPK_ERR_ARG;
@@ -75,6 +76,15 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     tpk_ctx_desc d;
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
+    ctx->logger = d.logger;
+    const tpk_allocator *al = &d.allocator;
+    if (!al->alloc_fn != !al->free_fn || (al->realloc_fn && !al->alloc_fn))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->allocator: expected alloc_fn and free_fn both set (realloc_fn "
+                         "optional) or all NULL, got alloc_fn %s, free_fn %s, realloc_fn %s",
+                         al->alloc_fn ? "set" : "NULL", al->free_fn ? "set" : "NULL",
+                         al->realloc_fn ? "set" : "NULL");
+    ctx->allocator = d.allocator;
     ctx->ops = d.ops ? d.ops : TPK__DEFAULT_OPS();
     ctx->seed = d.seed, ctx->dtype = d.dtype, ctx->deterministic = d.deterministic;
     if (!ctx->ops)
@@ -151,10 +161,10 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
 static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     if (!ctx) return;
     if (ctx->prof && ctx->prof->from_env && ctx->ops && ctx->world && ctx->world->rank == 0) {
-        fprintf(stderr, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d x PP %d)\n",
-                ctx->world->size, ctx->world->size == 1 ? "" : "s", ctx->tp.size, ctx->dp.size,
-                ctx->pp.size);
-        tpk_profile_print(ctx, stderr);
+        tpk_logf(ctx, TPK_LOG_INFO, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d x PP %d)",
+                 ctx->world->size, ctx->world->size == 1 ? "" : "s", ctx->tp.size, ctx->dp.size,
+                 ctx->pp.size);
+        tpk_profile_log(ctx);
     }
     tpk_profile_stop(ctx);
     if (ctx->ops) {
@@ -167,14 +177,18 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
         tpk__buf_free(ctx, &ctx->params.data16);
         tpk__buf_free(ctx, &ctx->params.scratch);
     }
+    /* the registry's list and index: the C library's, as tpk/layers/params.h allocates them (they
+     * move to tpk__free when it moves to tpk__realloc) */
     free(ctx->params.list), free(ctx->params.index);
-    free(ctx->tp_w);
+    tpk__free(ctx, ctx->tp_w);
     tpk_comm_destroy(&ctx->tp);
     tpk_comm_destroy(&ctx->dp);
     tpk_comm_destroy(&ctx->pp);
     const tpk_ops *ops = ctx->ops;
+    tpk_allocator al = ctx->allocator;
+    tpk_logger lg = ctx->logger;
     memset(ctx, 0, sizeof *ctx);
-    ctx->ops = ops;
+    ctx->ops = ops, ctx->allocator = al, ctx->logger = lg; /* kept: the hooks of what follows */
 }
 
 #endif /* TPK_INIT_H */

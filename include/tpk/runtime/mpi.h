@@ -66,6 +66,7 @@ typedef struct tpk__mpi {
     double timeout_s; /* 0: none */
     bool broken;      /* a collective timed out: the communicator is unusable */
     struct tpk__mpi_req *abandoned; /* the collectives that timed out, still MPI's (a list) */
+    tpk_allocator al; /* this state's allocator: the creating context's (tpk_comm_mpi, split) */
 } tpk__mpi;
 
 typedef struct tpk__mpi_req {
@@ -76,6 +77,7 @@ typedef struct tpk__mpi_req {
     void *hsend, *hrecv;  /* host staging of device buffers (NULL when not staged) */
     void *drecv;          /* the device buffer the result goes back to */
     size_t recv_bytes;
+    tpk_allocator al; /* the request's allocator: the context that started it */
 } tpk__mpi_req;
 
 /* Whether a collective on this context's buffers goes through host staging buffers. */
@@ -92,8 +94,8 @@ static inline bool tpk__mpi_stage(const tpk_ctx *ctx, tpk_dtype dt, bool reducti
 static inline tpk_status tpk__mpi_stage_in(tpk_ctx *ctx, const char *fn, tpk__mpi_req *r,
                                            const void *send, size_t send_bytes, void *recv,
                                            size_t recv_bytes) {
-    r->hsend = malloc(send_bytes ? send_bytes : 1);
-    r->hrecv = malloc(recv_bytes ? recv_bytes : 1);
+    r->hsend = tpk__al_malloc(&r->al, send_bytes);
+    r->hrecv = tpk__al_malloc(&r->al, recv_bytes);
     r->drecv = recv, r->recv_bytes = recv_bytes;
     if (!r->hsend || !r->hrecv)
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %zu staging bytes",
@@ -102,7 +104,9 @@ static inline tpk_status tpk__mpi_stage_in(tpk_ctx *ctx, const char *fn, tpk__mp
     return TPK_OK;
 }
 static inline void tpk__mpi_req_free(tpk__mpi_req *r) {
-    free(r->counts), free(r->displs), free(r->hsend), free(r->hrecv), free(r);
+    tpk_allocator al = r->al;
+    tpk__al_free(&al, r->counts), tpk__al_free(&al, r->displs);
+    tpk__al_free(&al, r->hsend), tpk__al_free(&al, r->hrecv), tpk__al_free(&al, r);
 }
 /* A finished collective: copy a staged result back, free the request. */
 static inline tpk_status tpk__mpi_done(tpk_ctx *ctx, tpk__mpi_req *r) {
@@ -251,16 +255,17 @@ static inline tpk_status tpk__mpi_req_new(tpk_ctx *ctx, const char *fn, tpk_comm
     if (((tpk__mpi *)c->impl)->broken)
         return tpk__fail(ctx, TPK_ERR_COMM, fn,
                          "the communicator is unusable: an earlier collective on it timed out");
-    tpk__mpi_req *r = (tpk__mpi_req *)calloc(1, sizeof *r);
+    tpk__mpi_req *r = (tpk__mpi_req *)tpk__calloc(ctx, 1, sizeof *r);
+    if (r && ctx) r->al = ctx->allocator;
     if (r && counts) {
-        r->counts = (int *)malloc(sizeof(int) * (size_t)c->size);
-        r->displs = (int *)malloc(sizeof(int) * (size_t)c->size);
+        r->counts = (int *)tpk__al_malloc(&r->al, sizeof(int) * (size_t)c->size);
+        r->displs = (int *)tpk__al_malloc(&r->al, sizeof(int) * (size_t)c->size);
         if (r->counts && r->displs) {
             int off = 0;
             for (int q = 0; q < c->size; q++)
                 r->counts[q] = (int)counts[q], r->displs[q] = off, off += (int)counts[q];
         } else {
-            free(r->counts), free(r->displs), free(r), r = NULL;
+            tpk__mpi_req_free(r), r = NULL;
         }
     }
     if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for a request");
@@ -410,7 +415,8 @@ static inline void tpk__mpi_destroy(tpk_comm *c) {
         MPI_Op_free(&m->bf16_max);
         MPI_Comm_free(&m->comm);
     }
-    free(m);
+    tpk_allocator al = m->al;
+    tpk__al_free(&al, m);
     c->impl = NULL;
 }
 static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm owned,
@@ -443,12 +449,13 @@ static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
 static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm owned,
                                        double timeout_s, tpk_comm *out) {
     memset(out, 0, sizeof *out);
-    tpk__mpi *m = (tpk__mpi *)calloc(1, sizeof *m);
+    tpk__mpi *m = (tpk__mpi *)tpk__calloc(ctx, 1, sizeof *m);
     if (!m) {
         MPI_Comm_free(&owned);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
     m->comm = owned, m->timeout_s = timeout_s;
+    if (ctx) m->al = ctx->allocator;
     MPI_Comm_set_errhandler(owned, MPI_ERRORS_RETURN);
     MPI_Op_create(tpk__mpi_bf16_sum, 1, &m->bf16_sum);
     MPI_Op_create(tpk__mpi_bf16_max, 1, &m->bf16_max);
@@ -475,7 +482,10 @@ static inline tpk_status tpk_mpi_timeout_default(tpk_ctx *ctx, double *timeout_s
     return TPK_OK;
 }
 
-/* A tpk communicator over (a duplicate of) `comm`; MPI must be initialised. ctx may be NULL.
+/* A tpk communicator over (a duplicate of) `comm`; MPI must be initialised. ctx may be NULL (or
+ * zeroed, before tpk_ctx_init): the communicator's state comes from ctx's allocator (NULL or
+ * zeroed: the C library's; set ctx->allocator first to place it), each collective's request from
+ * the allocator of the context that runs it.
  * Its collectives wait at most tpk_mpi_timeout_default's seconds (TPK_TIMEOUT, else 600). */
 static inline tpk_status tpk_comm_mpi(tpk_ctx *ctx, MPI_Comm comm, tpk_comm *out) {
     static const char *fn = "tpk_comm_mpi";

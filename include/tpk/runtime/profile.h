@@ -10,7 +10,8 @@
  *   calls per step, ms per step, share of the step's wall time, and the achieved rate:
  *   GB/s (the fewest bytes the op must move: each input read once, each output written once) or
  *   TFLOP/s (GEMMs, the fused linear, attention: 2 m n k; 2 B A S^2 D forward, 5 backward).
- * With TPK_PROFILE=1 the table goes to stderr from world rank 0 when the context is destroyed. */
+ * tpk_profile_log passes the same lines to the context's logger (tpk_logf, TPK_LOG_INFO; by default
+ * stderr): with TPK_PROFILE=1 world rank 0 does so when the context is destroyed. */
 #ifndef TPK_PROFILE_H
 #define TPK_PROFILE_H
 
@@ -57,7 +58,7 @@ static inline double tpk__now_ms(void) {
 static inline tpk_status tpk_profile_start(tpk_ctx *ctx) {
     if (!ctx) return TPK_ERR_ARG;
     if (ctx->prof) return TPK_OK;
-    tpk_profile *p = (tpk_profile *)calloc(1, sizeof *p);
+    tpk_profile *p = (tpk_profile *)tpk__calloc(ctx, 1, sizeof *p);
     if (!p) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_profile_start", "out of host memory");
     p->t_start = p->t_step = tpk__now_ms();
     ctx->prof = p;
@@ -74,7 +75,8 @@ static inline void tpk__prof_begin(tpk_ctx *ctx) {
     int idx = -1;
     if (p->npend == p->cap) {
         int cap = p->cap ? 2 * p->cap : 256;
-        tpk__prof_call *n = (tpk__prof_call *)realloc(p->pend, sizeof *n * (size_t)cap);
+        tpk__prof_call *n = (tpk__prof_call *)tpk__realloc(ctx, p->pend, sizeof *n * (size_t)p->cap,
+                                                           sizeof *n * (size_t)cap);
         if (n) p->pend = n, p->cap = cap;
     }
     if (p->npend < p->cap) {
@@ -143,14 +145,27 @@ static inline tpk_status tpk_profile_step(tpk_ctx *ctx) {
     return TPK_OK;
 }
 
-/* The table (see the top of this file). Steps not closed by tpk_profile_step count as one. */
-static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
+/* One line of the table: to f, or (f NULL) to the context's logger. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static inline void
+tpk__prof_line(tpk_ctx *ctx, FILE *f, const char *fmt, ...) {
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (f) fprintf(f, "%s\n", line);
+    else tpk_logf(ctx, TPK_LOG_INFO, "%s", line);
+}
+/* The table to f, or (f NULL) to the logger (tpk_profile_print, tpk_profile_log). */
+static inline tpk_status tpk__prof_table(tpk_ctx *ctx, FILE *f, const char *fn) {
     if (!ctx) return TPK_ERR_ARG;
     tpk_profile *p = ctx->prof;
     if (!p)
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print",
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "the profiler is off (tpk_profile_start or TPK_PROFILE=1)");
-    if (!f) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "f: NULL");
     if (p->npend || !p->steps) TPK_TRY(tpk_profile_step(ctx));
     int order[96], n = p->nrows;
     double timed = 0, step = p->wall_ms / p->steps;
@@ -160,11 +175,12 @@ static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
             int t = order[j];
             order[j] = order[j - 1], order[j - 1] = t;
         }
-    fprintf(f, "profile: %d step%s, %.3f ms per step (wall), backend %s, %s\n", p->steps,
-            p->steps == 1 ? "" : "s", step, ctx->ops->name,
-            ctx->ops->timer_mark ? "ops timed by the backend's timer in stream order"
-                                 : "ops timed by the host clock");
-    fprintf(f, "%-26s %10s %10s %7s %16s\n", "op", "calls/step", "ms/step", "% step", "rate");
+    tpk__prof_line(ctx, f, "profile: %d step%s, %.3f ms per step (wall), backend %s, %s",
+                   p->steps, p->steps == 1 ? "" : "s", step, ctx->ops->name,
+                   ctx->ops->timer_mark ? "ops timed by the backend's timer in stream order"
+                                        : "ops timed by the host clock");
+    tpk__prof_line(ctx, f, "%-26s %10s %10s %7s %16s", "op", "calls/step", "ms/step", "% step",
+                   "rate");
     for (int k = 0; k < n; k++) {
         const tpk__prof_row *r = &p->rows[order[k]];
         char rate[32] = "";
@@ -176,18 +192,28 @@ static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
         else if (r->bytes > 0 && sec > 0)
             snprintf(rate, sizeof rate, "%.1f GB/s", r->bytes / sec * 1e-9);
         else if (r->bytes > 0) snprintf(rate, sizeof rate, "- GB/s");
-        fprintf(f, "%-26s %10.1f %10.3f %6.1f%% %16s\n", r->name, (double)r->calls / p->steps,
-                r->ms / p->steps, step > 0 ? 100.0 * r->ms / p->steps / step : 0.0, rate);
+        tpk__prof_line(ctx, f, "%-26s %10.1f %10.3f %6.1f%% %16s", r->name,
+                       (double)r->calls / p->steps, r->ms / p->steps,
+                       step > 0 ? 100.0 * r->ms / p->steps / step : 0.0, rate);
     }
-    fprintf(f, "%-26s %10s %10.3f %6.1f%%\n", "all timed ops", "", timed / p->steps,
-            step > 0 ? 100.0 * timed / p->steps / step : 0.0);
+    tpk__prof_line(ctx, f, "%-26s %10s %10.3f %6.1f%%", "all timed ops", "", timed / p->steps,
+                   step > 0 ? 100.0 * timed / p->steps / step : 0.0);
     return TPK_OK;
+}
+/* The table (see the top of this file) to f. Steps not closed by tpk_profile_step count as one. */
+static inline tpk_status tpk_profile_print(tpk_ctx *ctx, FILE *f) {
+    if (ctx && ctx->prof && !f) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_profile_print", "f: NULL");
+    return tpk__prof_table(ctx, f, "tpk_profile_print");
+}
+/* The same table through the context's logger, one message a line (TPK_LOG_INFO). */
+static inline tpk_status tpk_profile_log(tpk_ctx *ctx) {
+    return tpk__prof_table(ctx, NULL, "tpk_profile_log");
 }
 
 static inline void tpk_profile_stop(tpk_ctx *ctx) {
     if (!ctx || !ctx->prof) return;
-    free(ctx->prof->pend);
-    free(ctx->prof);
+    tpk__free(ctx, ctx->prof->pend);
+    tpk__free(ctx, ctx->prof);
     ctx->prof = NULL;
 }
 
