@@ -33,7 +33,10 @@
  * skip_special.
  *
  * Memory: the vocabulary and merges, a word cache of at most 65,536 entries and ~4 MB (emptied when
- * full), scratch linear in the longest word. One thread at a time per tokenizer (the cache). */
+ * full), scratch linear in the longest word, all from the allocator of the context that loaded it
+ * (kept in the tokenizer for tpk_tokenizer_free); the ids and text handed back, and each call's
+ * scratch, from the allocator of the context passed (tpk_free). One thread at a time per tokenizer
+ * (the cache). */
 #ifndef TPK_TEXT_TOKENIZER_H
 #define TPK_TEXT_TOKENIZER_H
 
@@ -88,6 +91,7 @@ typedef struct tpk_tokenizer {
     int32_t *sym, *prev, *next; /* one word's symbols [scap] */
     tpk__tok_merge *heap;       /* [scap] */
     size_t scap;
+    tpk_allocator al; /* its memory's: the loading context's allocator (tpk/base/ctx.h) */
 } tpk_tokenizer;
 
 /* ---- tables --------------------------------------------------------------------------------- */
@@ -173,7 +177,7 @@ static inline tpk_status tpk__ids_push(tpk_ctx *ctx, tpk__ids *v, const int32_t 
     if (v->n + k > v->cap) {
         size_t c = v->cap ? v->cap : 1024;
         while (c < v->n + k) c *= 2;
-        int32_t *p = (int32_t *)realloc(v->p, c * sizeof *p);
+        int32_t *p = (int32_t *)tpk__realloc(ctx, v->p, v->cap * sizeof *p, c * sizeof *p);
         if (!p) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_tokenizer_encode", "%zu ids", c);
         v->p = p, v->cap = c;
     }
@@ -252,13 +256,15 @@ static inline tpk_status tpk__tok_bpe(tpk_ctx *ctx, tpk_tokenizer *t, const uint
     }
     if (n > t->scap) {
         size_t k = n > 2 * t->scap ? n : 2 * t->scap;
-        int32_t *a = (int32_t *)realloc(t->sym, k * sizeof *a);
+        size_t was = t->scap;
+        int32_t *a = (int32_t *)tpk__al_realloc(&t->al, t->sym, was * 4, k * 4);
         if (a) t->sym = a;
-        int32_t *b = (int32_t *)realloc(t->prev, k * sizeof *b);
+        int32_t *b = (int32_t *)tpk__al_realloc(&t->al, t->prev, was * 4, k * 4);
         if (b) t->prev = b;
-        int32_t *d = (int32_t *)realloc(t->next, k * sizeof *d);
+        int32_t *d = (int32_t *)tpk__al_realloc(&t->al, t->next, was * 4, k * 4);
         if (d) t->next = d;
-        tpk__tok_merge *e = (tpk__tok_merge *)realloc(t->heap, 2 * k * sizeof *e);
+        tpk__tok_merge *e = (tpk__tok_merge *)tpk__al_realloc(&t->al, t->heap, 2 * was * sizeof *e,
+                                                              2 * k * sizeof *e);
         if (e) t->heap = e;
         if (!a || !b || !d || !e)
             return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a word of %zu bytes", n);
@@ -294,8 +300,8 @@ static inline tpk_status tpk__tok_bpe(tpk_ctx *ctx, tpk_tokenizer *t, const uint
 
 /* ---- encoding ------------------------------------------------------------------------------- */
 
-/* s[0..n) with every ill-formed UTF-8 sequence replaced by U+FFFD into *out (malloc'd, *m bytes);
- * *out = NULL when s is already UTF-8. */
+/* s[0..n) with every ill-formed UTF-8 sequence replaced by U+FFFD into *out (3 n + 1 bytes from
+ * the context's allocator, *m used); *out = NULL when s is already UTF-8. */
 static inline tpk_status tpk__utf8_lossy(tpk_ctx *ctx, const char *fn, const uint8_t *s, size_t n,
                                          uint8_t **out, size_t *m) {
     *out = NULL;
@@ -314,7 +320,7 @@ static inline tpk_status tpk__utf8_lossy(tpk_ctx *ctx, const char *fn, const uin
         p += k;
     }
     if (!bad) return TPK_OK;
-    uint8_t *o = (uint8_t *)malloc(3 * n + 1); /* one U+FFFD (3 bytes) per byte at most */
+    uint8_t *o = (uint8_t *)tpk__malloc(ctx, 3 * n + 1); /* one U+FFFD (3 bytes) a byte at most */
     if (!o) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu bytes", 3 * n);
     memcpy(o, s, p);
     size_t j = p;
@@ -333,7 +339,7 @@ static inline tpk_status tpk__tok_piece(tpk_ctx *ctx, tpk_tokenizer *t, const ui
     if (!n) return TPK_OK;
     uint8_t *sp = NULL;
     if (t->add_prefix_space && s[0] != ' ') {
-        if (!(sp = (uint8_t *)malloc(n + 1)))
+        if (!(sp = (uint8_t *)tpk__malloc(ctx, n + 1)))
             return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_tokenizer_encode", "%zu bytes", n + 1);
         sp[0] = ' ', memcpy(sp + 1, s, n), s = sp, n++;
     }
@@ -342,7 +348,7 @@ static inline tpk_status tpk__tok_piece(tpk_ctx *ctx, tpk_tokenizer *t, const ui
         q = t->use_regex ? tpk__tok_word(s, n, p) : n;
         st = tpk__tok_bpe(ctx, t, s + p, q - p, out);
     }
-    free(sp);
+    tpk__free(ctx, sp);
     return st;
 }
 /* Whether the character before s[p] / at s[p] (p < n) is a word character (\w), for single_word. */
@@ -374,7 +380,7 @@ static inline tpk_status tpk__tok_text(tpk_ctx *ctx, tpk_tokenizer *t, const uin
     size_t m;
     TPK_TRY(tpk__nfc(ctx, s, n, &z, &m));
     tpk_status st = tpk__tok_split(ctx, t, z, m, 1, out);
-    free(z);
+    tpk__free(ctx, z);
     return st;
 }
 static inline tpk_status tpk__tok_split(tpk_ctx *ctx, tpk_tokenizer *t, const uint8_t *s, size_t n,
@@ -416,9 +422,10 @@ static inline tpk_status tpk__tok_split(tpk_ctx *ctx, tpk_tokenizer *t, const ui
     return done < n ? tpk__tok_text(ctx, t, s + done, n - done, k, out) : TPK_OK;
 }
 
-/* text[0..n) (any bytes; not UTF-8 becomes U+FFFD) encoded; the ids appended to *ids (malloc'd,
- * NULL for a new array; *n_ids in: the ids there, out: with the new ones). No special tokens are
- * added. Not thread-safe on one tokenizer (its word cache). */
+/* text[0..n) (any bytes; not UTF-8 becomes U+FFFD) encoded; the ids appended to *ids (from the
+ * context's allocator: tpk_free(ctx, *ids); NULL for a new array; *n_ids in: the ids there, out:
+ * with the new ones). No special tokens are added. Not thread-safe on one tokenizer (its word
+ * cache). */
 static inline tpk_status tpk_tokenizer_encode(tpk_ctx *ctx, tpk_tokenizer *t, const char *text,
                                               size_t n, int32_t **ids, size_t *n_ids) {
     static const char *fn = "tpk_tokenizer_encode";
@@ -435,13 +442,14 @@ static inline tpk_status tpk_tokenizer_encode(tpk_ctx *ctx, tpk_tokenizer *t, co
     TPK_TRY(tpk__utf8_lossy(ctx, fn, (const uint8_t *)text, n, &fixed, &m));
     tpk_status st = fixed ? tpk__tok_split(ctx, t, fixed, m, 0, &out)
                           : tpk__tok_split(ctx, t, (const uint8_t *)text, n, 0, &out);
-    free(fixed);
+    tpk__free(ctx, fixed);
     *ids = out.p, *n_ids = out.n;
     return st;
 }
 
-/* ids[0..n) decoded to UTF-8 text: *out (malloc'd, NUL-terminated, *out_n bytes without it). An id
- * outside the vocabulary is TPK_ERR_ARG. skip_special: special added tokens left out. */
+/* ids[0..n) decoded to UTF-8 text: *out (from the context's allocator: tpk_free(ctx, *out);
+ * NUL-terminated, *out_n bytes without it). An id outside the vocabulary is TPK_ERR_ARG.
+ * skip_special: special added tokens left out. */
 static inline tpk_status tpk_tokenizer_decode(tpk_ctx *ctx, const tpk_tokenizer *t,
                                               const int32_t *ids, size_t n, bool skip_special,
                                               char **out, size_t *out_n) {
@@ -461,7 +469,7 @@ static inline tpk_status tpk_tokenizer_decode(tpk_ctx *ctx, const tpk_tokenizer 
                              (int)ids[i], (long long)t->vocab_size - 1);
         if (!(skip_special && t->special[ids[i]])) len += t->dec_len[ids[i]];
     }
-    uint8_t *b = (uint8_t *)malloc(len + 1);
+    uint8_t *b = (uint8_t *)tpk__malloc(ctx, len + 1);
     if (!b) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu bytes", len + 1);
     size_t j = 0;
     for (size_t i = 0; i < n; i++)
@@ -470,10 +478,10 @@ static inline tpk_status tpk_tokenizer_decode(tpk_ctx *ctx, const tpk_tokenizer 
     uint8_t *fixed;
     size_t m;
     tpk_status st = tpk__utf8_lossy(ctx, fn, b, j, &fixed, &m);
-    if (st != TPK_OK) return free(b), st;
-    if (fixed) {
-        uint8_t *g = (uint8_t *)realloc(fixed, m + 1);
-        free(b), b = g ? g : fixed, j = m;
+    if (st != TPK_OK) return tpk__free(ctx, b), st;
+    if (fixed) { /* fixed holds 3 j + 1 >= m + 1 bytes: trimmed to m + 1 */
+        uint8_t *g = (uint8_t *)tpk__realloc(ctx, fixed, m, m + 1);
+        tpk__free(ctx, b), b = g ? g : fixed, j = m;
     }
     b[j] = 0;
     *out = (char *)b, *out_n = j;
@@ -503,13 +511,17 @@ static inline tpk_status tpk_tokenizer_token_id(tpk_ctx *ctx, const tpk_tokenize
 
 static inline void tpk_tokenizer_free(tpk_tokenizer *t) {
     if (!t) return;
-    free(t->names), free(t->dec), free(t->name_off), free(t->name_len), free(t->dec_off);
-    free(t->dec_len), free(t->special), free(t->vslot), free(t->mkey), free(t->mrank), free(t->mid);
-    for (int i = 0; i < t->nadded; i++) free(t->added[i].content);
-    free(t->added);
+    tpk_allocator al = t->al;
+    void *own[] = {t->names,   t->dec,     t->name_off, t->name_len, t->dec_off,
+                   t->dec_len, t->special, t->vslot,    t->mkey,     t->mrank,
+                   t->mid,     t->sym,     t->prev,     t->next,     t->heap};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) tpk__al_free(&al, own[i]);
+    for (int i = 0; i < t->nadded; i++) tpk__al_free(&al, t->added[i].content);
+    tpk__al_free(&al, t->added);
     tpk__tok_cache *c = &t->cache;
-    free(c->hash), free(c->koff), free(c->ioff), free(c->klen), free(c->nid), free(c->keys);
-    free(c->ids), free(t->sym), free(t->prev), free(t->next), free(t->heap), free(t);
+    void *cache[] = {c->hash, c->koff, c->ioff, c->klen, c->nid, c->keys, c->ids};
+    for (size_t i = 0; i < sizeof cache / sizeof cache[0]; i++) tpk__al_free(&al, cache[i]);
+    tpk__al_free(&al, t);
 }
 
 /* ---- loading -------------------------------------------------------------------------------- */
@@ -556,12 +568,16 @@ static inline tpk_status tpk__tok_vocab(tpk__tok_load *L, size_t n, const char *
     size_t cap = 16;
     while (cap < 2 * n + 16) cap *= 2;
     t->vocab_size = V, t->vmask = cap - 1;
-    t->names = (char *)malloc(bytes + 1);
-    t->name_off = (uint32_t *)malloc((size_t)V * 4),
-    t->name_len = (uint32_t *)malloc((size_t)V * 4);
-    t->dec = (uint8_t *)malloc(2 * bytes + 1); /* every token's bytes, the added ones twice */
-    t->dec_off = (uint32_t *)malloc((size_t)V * 4), t->dec_len = (uint32_t *)malloc((size_t)V * 4);
-    t->special = (uint8_t *)calloc((size_t)V, 1), t->vslot = (int32_t *)malloc(cap * 4);
+    const tpk_allocator *al = &t->al;
+    t->names = (char *)tpk__al_malloc(al, bytes + 1);
+    t->name_off = (uint32_t *)tpk__al_malloc(al, (size_t)V * 4),
+    t->name_len = (uint32_t *)tpk__al_malloc(al, (size_t)V * 4);
+    t->dec = (uint8_t *)tpk__al_malloc(al, 2 * bytes + 1); /* every token's bytes, the added ones
+                                                             twice */
+    t->dec_off = (uint32_t *)tpk__al_malloc(al, (size_t)V * 4),
+    t->dec_len = (uint32_t *)tpk__al_malloc(al, (size_t)V * 4);
+    t->special = (uint8_t *)tpk__al_calloc(al, (size_t)V, 1),
+    t->vslot = (int32_t *)tpk__al_malloc(al, cap * 4);
     if (!t->names || !t->name_off || !t->name_len || !t->dec || !t->dec_off || !t->dec_len ||
         !t->special || !t->vslot)
         return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory for the vocabulary");
@@ -629,9 +645,10 @@ static inline tpk_status tpk__tok_vocab(tpk__tok_load *L, size_t n, const char *
 static inline tpk_status tpk__tok_vocab_json(tpk__tok_load *L, const tpk__json *v,
                                              const char *what) {
     size_t nv = v->len;
-    const char **tok = (const char **)malloc((nv + 1) * sizeof *tok);
-    size_t *len = (size_t *)malloc((nv + 1) * sizeof *len);
-    int64_t *ids = (int64_t *)malloc((nv + 1) * sizeof *ids);
+    tpk_ctx *ctx = L->ctx;
+    const char **tok = (const char **)tpk__malloc(ctx, (nv + 1) * sizeof *tok);
+    size_t *len = (size_t *)tpk__malloc(ctx, (nv + 1) * sizeof *len);
+    int64_t *ids = (int64_t *)tpk__malloc(ctx, (nv + 1) * sizeof *ids);
     tpk_status st = tok && len && ids ? TPK_OK : tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
     for (size_t i = 0; st == TPK_OK && i < nv; i++) {
         const tpk__json *e = &v->kids[i];
@@ -643,7 +660,7 @@ static inline tpk_status tpk__tok_vocab_json(tpk__tok_load *L, const tpk__json *
         }
     }
     if (st == TPK_OK) st = tpk__tok_vocab(L, nv, tok, len, ids);
-    free(tok), free(len), free(ids);
+    tpk__free(ctx, (void *)tok), tpk__free(ctx, len), tpk__free(ctx, ids);
     return st;
 }
 /* Merge i (tokens a[0..na), b[0..nb)) with rank i into the table (sized by tpk__tok_merges0). */
@@ -658,11 +675,11 @@ static inline tpk_status tpk__tok_merge_add(tpk__tok_load *L, size_t i, const ch
                  (int)(x < 0 ? (na < 40 ? na : 40) : (nb < 40 ? nb : 40)), x < 0 ? a : b);
         return tpk__tok_bad(L, TPK_ERR_FORMAT, m);
     }
-    char *ab = (char *)malloc(na + nb + 1);
+    char *ab = (char *)tpk__malloc(L->ctx, na + nb + 1);
     if (!ab) return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory for the merges");
     memcpy(ab, a, na), memcpy(ab + na, b, nb);
     z = tpk__tok_find(t, ab, na + nb);
-    free(ab);
+    tpk__free(L->ctx, ab);
     if (z < 0) {
         snprintf(m, sizeof m,
                  "merges[%zu] \"%.*s %.*s\": the merged token is not in the vocabulary", i,
@@ -680,8 +697,9 @@ static inline tpk_status tpk__tok_merges0(tpk__tok_load *L, size_t n) {
     size_t cap = 16;
     while (cap < 2 * n + 16) cap *= 2;
     t->mmask = cap - 1;
-    t->mkey = (uint64_t *)malloc(cap * 8);
-    t->mrank = (int32_t *)malloc(cap * 4), t->mid = (int32_t *)malloc(cap * 4);
+    t->mkey = (uint64_t *)tpk__al_malloc(&t->al, cap * 8);
+    t->mrank = (int32_t *)tpk__al_malloc(&t->al, cap * 4),
+    t->mid = (int32_t *)tpk__al_malloc(&t->al, cap * 4);
     if (!t->mkey || !t->mrank || !t->mid)
         return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory for the merges");
     memset(t->mkey, 0xff, cap * 8);
@@ -720,12 +738,14 @@ static inline tpk_status tpk__tok_finish(tpk__tok_load *L) {
         if (t->added[i].special) t->eot = t->added[i].id;
     if (t->eot < 0) t->eot = tpk__tok_find(t, "<|endoftext|>", 13);
     tpk__tok_cache *c = &t->cache;
-    c->hash = (uint64_t *)calloc(TPK__TOK_CACHE, 8);
-    c->koff = (uint32_t *)malloc(TPK__TOK_CACHE * 4),
-    c->ioff = (uint32_t *)malloc(TPK__TOK_CACHE * 4);
-    c->klen = (uint8_t *)malloc(TPK__TOK_CACHE), c->nid = (uint8_t *)malloc(TPK__TOK_CACHE);
-    c->keys = (uint8_t *)malloc(TPK__TOK_CACHE_BYTES),
-    c->ids = (int32_t *)malloc(TPK__TOK_CACHE_BYTES);
+    const tpk_allocator *al = &t->al;
+    c->hash = (uint64_t *)tpk__al_calloc(al, TPK__TOK_CACHE, 8);
+    c->koff = (uint32_t *)tpk__al_malloc(al, TPK__TOK_CACHE * 4),
+    c->ioff = (uint32_t *)tpk__al_malloc(al, TPK__TOK_CACHE * 4);
+    c->klen = (uint8_t *)tpk__al_malloc(al, TPK__TOK_CACHE),
+    c->nid = (uint8_t *)tpk__al_malloc(al, TPK__TOK_CACHE);
+    c->keys = (uint8_t *)tpk__al_malloc(al, TPK__TOK_CACHE_BYTES),
+    c->ids = (int32_t *)tpk__al_malloc(al, TPK__TOK_CACHE_BYTES);
     if (!c->hash || !c->koff || !c->ioff || !c->klen || !c->nid || !c->keys || !c->ids)
         return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory for the word cache");
     return TPK_OK;
@@ -829,7 +849,7 @@ static inline tpk_status tpk__tok_from_json(tpk__tok_load *L, const tpk__json *r
         return tpk__tok_bad(L, TPK_ERR_FORMAT, "\"added_tokens\": expected a list");
     size_t na = added && added->type == TPK__JARR ? added->len : 0;
     if (na > 60000) return tpk__tok_bad(L, TPK_ERR_UNSUPPORTED, "more than 60000 added tokens");
-    t->added = (tpk__tok_added *)calloc(na + 1, sizeof *t->added);
+    t->added = (tpk__tok_added *)tpk__al_calloc(&t->al, na + 1, sizeof *t->added);
     if (!t->added) return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < na; i++) {
         const tpk__json *a = &added->kids[i], *c = tpk__json_get(a, "content"),
@@ -846,7 +866,7 @@ static inline tpk_status tpk__tok_from_json(tpk__tok_load *L, const tpk__json *r
         d->lstrip = tpk__tok_flag(a, "lstrip", false),
         d->rstrip = tpk__tok_flag(a, "rstrip", false);
         d->single_word = tpk__tok_flag(a, "single_word", false), d->id = (int32_t)idv;
-        if (!(d->content = (char *)malloc(c->len + 1)))
+        if (!(d->content = (char *)tpk__al_malloc(&t->al, c->len + 1)))
             return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
         memcpy(d->content, c->str, c->len + 1), d->len = c->len;
         t->nadded++;
@@ -854,9 +874,11 @@ static inline tpk_status tpk__tok_from_json(tpk__tok_load *L, const tpk__json *r
             uint8_t *z;
             size_t zn;
             TPK_TRY(tpk__nfc(L->ctx, (const uint8_t *)d->content, d->len, &z, &zn));
-            uint8_t *z1 = (uint8_t *)realloc(z, zn + 1);
-            if (!z1) return free(z), tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
-            z1[zn] = 0, free(d->content), d->content = (char *)z1, d->len = zn;
+            char *z1 = (char *)tpk__al_malloc(&t->al, zn + 1);
+            if (z1) memcpy(z1, z, zn), z1[zn] = 0;
+            tpk__free(L->ctx, z);
+            if (!z1) return tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
+            tpk__al_free(&t->al, d->content), d->content = z1, d->len = zn;
         }
     }
     TPK_TRY(tpk__tok_vocab_json(L, vocab, "model.vocab"));
@@ -887,7 +909,8 @@ static inline tpk_status tpk__tok_from_files(tpk__tok_load *L, const char *vpath
     tpk__json root;
     memset(&root, 0, sizeof root);
     L->file = vpath;
-    tpk_status st = tpk__read_file(L->ctx, "tpk_tokenizer_load", vpath, &b, &n);
+    const tpk_allocator *al = &L->ctx->allocator;
+    tpk_status st = tpk__read_file_al(L->ctx, al, "tpk_tokenizer_load", vpath, &b, &n);
     if (st == TPK_OK) st = tpk__json_parse(L->ctx, vpath, (const char *)b, n, &root, &arena);
     if (st == TPK_OK && root.type != TPK__JOBJ)
         st = tpk__tok_bad(L, TPK_ERR_FORMAT, "expected a JSON object {\"token\": id, ...}");
@@ -895,8 +918,8 @@ static inline tpk_status tpk__tok_from_files(tpk__tok_load *L, const char *vpath
     if (st == TPK_OK) st = tpk__tok_vocab_json(L, &root, "vocabulary");
     int32_t eot = st == TPK_OK ? tpk__tok_find(t, "<|endoftext|>", 13) : -1;
     if (eot >= 0) { /* GPT-2's one special token */
-        t->added = (tpk__tok_added *)calloc(1, sizeof *t->added);
-        char *c = (char *)malloc(14);
+        t->added = (tpk__tok_added *)tpk__al_calloc(&t->al, 1, sizeof *t->added);
+        char *c = (char *)tpk__al_malloc(&t->al, 14);
         if (!t->added || !c) st = tpk__tok_bad(L, TPK_ERR_NOMEM, "out of memory");
         else {
             memcpy(c, "<|endoftext|>", 14);
@@ -905,7 +928,7 @@ static inline tpk_status tpk__tok_from_files(tpk__tok_load *L, const char *vpath
         }
     }
     L->file = mpath;
-    if (st == TPK_OK) st = tpk__read_file(L->ctx, "tpk_tokenizer_load", mpath, &mb, &mn);
+    if (st == TPK_OK) st = tpk__read_file_al(L->ctx, al, "tpk_tokenizer_load", mpath, &mb, &mn);
     size_t lines = 0;
     for (size_t i = 0; st == TPK_OK && i < mn; i++) lines += mb[i] == '\n';
     if (st == TPK_OK) st = tpk__tok_merges0(L, lines + 1);
@@ -924,7 +947,7 @@ static inline tpk_status tpk__tok_from_files(tpk__tok_load *L, const char *vpath
     }
     if (st == TPK_OK) st = tpk__tok_finish(L);
     tpk__json_free(&root, &arena);
-    free(b), free(mb);
+    tpk__al_free(al, b), tpk__al_free(al, mb);
     return st;
 }
 
@@ -948,12 +971,14 @@ static inline tpk_status tpk_tokenizer_load(tpk_ctx *ctx, const char *path, tpk_
     if (!path || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", path ? "out" : "path");
     *out = NULL;
     size_t pn = strlen(path);
-    char *j = (char *)malloc(pn + 32), *v = (char *)malloc(pn + 32), *mg = (char *)malloc(pn + 32);
-    tpk_tokenizer *t = (tpk_tokenizer *)calloc(1, sizeof *t);
+    char *j = (char *)tpk__malloc(ctx, pn + 32), *v = (char *)tpk__malloc(ctx, pn + 32),
+         *mg = (char *)tpk__malloc(ctx, pn + 32);
+    tpk_tokenizer *t = (tpk_tokenizer *)tpk__calloc(ctx, 1, sizeof *t);
     if (!j || !v || !mg || !t) {
-        free(j), free(v), free(mg), free(t);
+        tpk__free(ctx, j), tpk__free(ctx, v), tpk__free(ctx, mg), tpk__free(ctx, t);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a tokenizer");
     }
+    t->al = ctx->allocator;
     tpk__tok_bytes_map(t);
     tpk__tok_load L = {ctx, path, t};
     snprintf(j, pn + 32, "%s/tokenizer.json", path), snprintf(v, pn + 32, "%s/vocab.json", path);
@@ -976,11 +1001,11 @@ static inline tpk_status tpk_tokenizer_load(tpk_ctx *ctx, const char *path, tpk_
         const char *file = dir ? j : path;
         uint8_t *b = NULL;
         size_t n = 0;
-        st = tpk__read_file(ctx, fn, file, &b, &n);
+        st = tpk__read_file_al(ctx, &ctx->allocator, fn, file, &b, &n);
         if (st == TPK_OK) st = tpk__tok_json_text(&L, file, (const char *)b, n);
-        free(b);
+        tpk__free(ctx, b);
     }
-    free(j), free(v), free(mg);
+    tpk__free(ctx, j), tpk__free(ctx, v), tpk__free(ctx, mg);
     if (st != TPK_OK) return tpk_tokenizer_free(t), st;
     *out = t;
     return TPK_OK;
@@ -997,8 +1022,9 @@ static inline tpk_status tpk_tokenizer_parse(tpk_ctx *ctx, const char *json, siz
                          : !name ? "name"
                                  : "json");
     *out = NULL;
-    tpk_tokenizer *t = (tpk_tokenizer *)calloc(1, sizeof *t);
+    tpk_tokenizer *t = (tpk_tokenizer *)tpk__calloc(ctx, 1, sizeof *t);
     if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_tokenizer_parse", "a tokenizer");
+    t->al = ctx->allocator;
     tpk__tok_bytes_map(t);
     tpk__tok_load L = {ctx, name, t};
     tpk_status st = tpk__tok_json_text(&L, name, json ? json : "", n);

@@ -177,13 +177,14 @@ typedef struct tpk__nfc_buf {
     uint32_t *d;   /* a chunk's decomposition [dcap]: cp | ccc << 21 | (NFC_QC=Maybe) << 29 */
     uint32_t *tmp; /* [dcap]: the counting sort's output */
     size_t dcap;
+    const tpk_allocator *al; /* the context's (tpk/base/ctx.h) */
 } tpk__nfc_buf;
 
 /* Room for `more` bytes after out[n] (capacity doubled); false when the allocation failed. */
 static inline bool tpk__nfc_room(tpk__nfc_buf *b, size_t more) {
     if (b->n + more <= b->cap) return true;
     size_t cap = 2 * b->cap > b->n + more ? 2 * b->cap : b->n + more;
-    uint8_t *p = (uint8_t *)realloc(b->out, cap);
+    uint8_t *p = (uint8_t *)tpk__al_realloc(b->al, b->out, b->cap, cap);
     if (!p) return false;
     b->out = p, b->cap = cap;
     return true;
@@ -220,10 +221,10 @@ static inline bool tpk__nfc_chunk(tpk__nfc_buf *b, const uint8_t *s, size_t n) {
     while (p < n) {
         if (m + TPK__UC_DECOMP_DEPTH + 1 > b->dcap) {
             size_t cap = 2 * b->dcap + 64;
-            uint32_t *d = (uint32_t *)realloc(b->d, cap * sizeof *d);
+            uint32_t *d = (uint32_t *)tpk__al_realloc(b->al, b->d, b->dcap * 4, cap * 4);
             if (!d) return false;
             b->d = d;
-            uint32_t *t = (uint32_t *)realloc(b->tmp, cap * sizeof *t);
+            uint32_t *t = (uint32_t *)tpk__al_realloc(b->al, b->tmp, b->dcap * 4, cap * 4);
             if (!t) return false;
             b->tmp = t, b->dcap = cap;
         }
@@ -279,7 +280,7 @@ static inline bool tpk__nfc_flush(tpk__nfc_buf *b, const uint8_t *s, size_t *don
 }
 
 /* NFC of s[0..n) (valid UTF-8; an ill-formed byte is copied or becomes U+FFFD, never read past n)
- * into *out (malloc'd, *out_n bytes; the caller frees it), equal to Python's
+ * into *out (*out_n bytes, from the context's allocator: tpk__free), equal to Python's
  * unicodedata.normalize("NFC", ...): full canonical decomposition (recursive; Hangul syllables
  * algorithmically), canonical ordering (stable, by ccc), canonical composition (primary
  * composites only; Hangul LV and LVT; the blocking rule above).
@@ -298,7 +299,7 @@ static inline tpk_status tpk__nfc(tpk_ctx *ctx, const uint8_t *s, size_t n, uint
     size_t p = 0;
     while (p < n && s[p] < 0xCC) p++;
     if (p == n) {
-        uint8_t *o = (uint8_t *)malloc(n ? n : 1);
+        uint8_t *o = (uint8_t *)tpk__malloc(ctx, n);
         if (!o) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu bytes", n);
         if (n) memcpy(o, s, n);
         *out = o, *out_n = n;
@@ -307,7 +308,8 @@ static inline tpk_status tpk__nfc(tpk_ctx *ctx, const uint8_t *s, size_t n, uint
     tpk__nfc_buf b;
     memset(&b, 0, sizeof b);
     b.cap = n + n / 8 + 16;
-    b.out = (uint8_t *)malloc(b.cap);
+    b.al = ctx ? &ctx->allocator : NULL;
+    b.out = (uint8_t *)tpk__al_malloc(b.al, b.cap);
     bool ok = b.out != NULL, bad = false;
     /* s[0..done) is in b.out; the current chunk starts at cs (the first p bytes are characters
      * below U+0300: at the last of them), bad: it fails the quick check, last: the ccc of its last
@@ -339,9 +341,9 @@ static inline tpk_status tpk__nfc(tpk_ctx *ctx, const uint8_t *s, size_t n, uint
     if (ok && bad) ok = tpk__nfc_flush(&b, s, &done, cs, n);
     if (ok && (ok = tpk__nfc_room(&b, n - done)))
         memcpy(b.out + b.n, s + done, n - done), b.n += n - done;
-    free(b.d), free(b.tmp);
+    tpk__al_free(b.al, b.d), tpk__al_free(b.al, b.tmp);
     if (!ok) {
-        free(b.out);
+        tpk__al_free(b.al, b.out);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu bytes of text", n);
     }
     *out = b.out, *out_n = b.n;
