@@ -111,7 +111,8 @@ static inline tpk_status tpk_log_row(tpk_ctx *ctx, tpk_log *log, int64_t step, d
 }
 /* Close the file (TPK_ERR_IO when its last write fails); with plot, write FILE.svg from the file
  * (tpk_plot_svg: TPK_ERR_IO naming FILE.svg when it cannot be written; the CSV stays) and make
- * FILE.png with gnuplot where it is installed (a line on stdout says each). Not collective. */
+ * FILE.png with gnuplot where it is installed (a line through the context's logger says each:
+ * "plot: FILE", TPK_LOG_INFO; gnuplot's failure TPK_LOG_WARN). Not collective. */
 static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
     if (!log || !log->f) return TPK_OK;
     bool bad = fclose(log->f) != 0;
@@ -127,18 +128,20 @@ static inline tpk_status tpk_log_close(tpk_ctx *ctx, tpk_log *log, bool plot) {
     snprintf(png, sizeof png, "%.*s.png", stem, log->path);
     snprintf(svg, sizeof svg, "%.*s.svg", stem, log->path);
     tpk_status s = tpk_plot_svg(ctx, log->path, svg);
-    if (s == TPK_OK) printf("plot: %s\n", svg);
-    snprintf(
-        cmd, sizeof cmd,
-        "if command -v gnuplot >/dev/null 2>&1; then gnuplot -e \"set terminal png size 800,500; "
-        "set output '%s'; set datafile "
-        "separator ','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot "
-        "'%s' using 1:2 with lines title 'train', '' using "
-        "1:3 with points pt 7 title 'val'\" && echo 'plot: %s'; else echo 'plot: gnuplot is not "
-        "installed: no %s (the SVG has the curve)'; fi",
-        png, log->path, png, png);
+    if (s == TPK_OK) tpk_logf(ctx, TPK_LOG_INFO, "plot: %s", svg);
     fflush(stdout);
-    if (system(cmd) != 0) fprintf(stderr, "plot: gnuplot failed for %s\n", log->path);
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        tpk_logf(ctx, TPK_LOG_INFO, "plot: gnuplot is not installed: no %s (the SVG has the curve)",
+                 png);
+        return s;
+    }
+    snprintf(cmd, sizeof cmd,
+             "gnuplot -e \"set terminal png size 800,500; set output '%s'; set datafile separator "
+             "','; set key autotitle columnhead; set xlabel 'step'; set ylabel 'loss'; plot '%s' "
+             "using 1:2 with lines title 'train', '' using 1:3 with points pt 7 title 'val'\"",
+             png, log->path);
+    if (system(cmd) == 0) tpk_logf(ctx, TPK_LOG_INFO, "plot: %s", png);
+    else tpk_logf(ctx, TPK_LOG_WARN, "plot: gnuplot failed for %s", log->path);
     return s;
 }
 
