@@ -402,11 +402,12 @@ int main(int argc, char **argv) {
              * ZeRO-1 */
             char dir[128];
             snprintf(dir, sizeof dir, "build/tests/zero_np%d_tp%d", np, tp);
-            CHECK_OK(&c[1], tpk__hf_save(&c[1], "test", &o[1], dir, o[1].step, "{}\n", NULL));
+            CHECK_OK(&c[1], tpk_ckpt_save(&c[1], &o[1], dir,
+                                          &(tpk_ckpt_save_desc){.step = o[1].step}));
             tpk_adamw back[2];
             for (int z = 0; z < 2; z++) {
                 CHECK_OK(&c[z], tpk_adamw_init(&c[z], &back[z], &(tpk_adamw_desc){.zero = z == 1}));
-                CHECK_OK(&c[z], tpk__hf_load(&c[z], "test", &back[z], dir, NULL, NULL));
+                CHECK_OK(&c[z], tpk_ckpt_load(&c[z], &back[z], dir, NULL, NULL));
                 CHECK(back[z].step == 5, "step %lld", (long long)back[z].step);
             }
             float *m0 = malloc(n * 4), *m1 = malloc(n * 4), *l1 = malloc(n * 4);

@@ -93,7 +93,7 @@ static tpk_status fuzz_index_one(const uint8_t *data, size_t size) {
     if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0)
         fprintf(stderr, "fuzz_config: %s: cannot write\n", fuzz__index), abort();
     tpk_ctx ctx;
-    tpk__hf_files hf;
+    tpk_ckpt_files hf;
     memset(&ctx, 0, sizeof ctx);
     tpk_status s = tpk__hf_index(&ctx, "fuzz_index", fuzz__dir, &hf);
     if (s != TPK_OK) {
@@ -120,7 +120,7 @@ static tpk_status fuzz_index_one(const uint8_t *data, size_t size) {
         for (int r = 0; r < q; r++)
             if (!strcmp(hf.file[r], hf.file[q])) abort();
     }
-    tpk__hf_files_close(&hf);
+    tpk_ckpt_files_close(&hf);
     return s;
 }
 
