@@ -6,7 +6,8 @@
  *     the factor applied apart; a step with a non-finite norm skipped (weights kept), counted and
  *     reported by the next read; the learning-rate schedules against their formulas;
  *   DP buckets (t = 1, dp = ranks): the hook's all-reduces equal the sum of every rank's
- *     gradients, a micro-step that is not the last communicates nothing;
+ *     gradients, a micro-step that is not the last communicates nothing (the protocol's checks:
+ *     tests/test_dp.c);
  *   ZeRO-1 (tpk_train_step with tpk_adamw_desc.zero) at DP = ranks / t against plain DP over 5
  *     steps (parameters, norms, moments), its optimizer state 1/dp per rank, its collectives, and
  *     its moments saved and loaded back (whole, into a plain optimizer, and into ZeRO-1 again);
@@ -301,7 +302,6 @@ int main(int argc, char **argv) {
         tpk_comm_stats_reset(&ctx.dp);
         CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, false));
         CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, NP - 1, &b));
-        CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
         CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == 0 &&
                   !memcmp(ctx.params.grad.p, mine, n * 4),
               "a micro-step that is not the last communicated");
@@ -309,19 +309,20 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 2, 3, &b)); /* buckets in the backward's order: the
                                                               last parameters first */
         CHECK_OK(&ctx, tpk_dp_grad_ready(&ctx, 0, 1, &b));
-        if (np > 1) CHECK_FAILS(&ctx, tpk_dp_begin(&ctx, &b, true), TPK_ERR_ARG, "still running");
+        CHECK_FAILS(&ctx, tpk_dp_begin(&ctx, &b, true), TPK_ERR_ARG, "still running");
         CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
         memcpy(got, ctx.params.grad.p, n * 4);
         CHECK_CLOSE(got, want, n, 1e-6, "DP-reduced gradients");
         CHECK(ctx.dp.stats.calls[TPK_COLL_ALLREDUCE] == (np > 1 ? 2u : 0u), "%llu all-reduces",
               (unsigned long long)ctx.dp.stats.calls[TPK_COLL_ALLREDUCE]);
         CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, true));
-        if (np > 1)
-            CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 3, 1, &b), TPK_ERR_ARG,
-                        "first, last: expected 0 <= first <= last < 4, got 3, 1");
+        CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 3, 1, &b), TPK_ERR_ARG,
+                    "first, last: expected 0 <= first <= last < 4, got 3, 1");
         CHECK_FAILS(&ctx, tpk_dp_grad_ready(&ctx, 0, 1, NULL), TPK_ERR_ARG,
                     "user: expected the tpk_dp_buckets");
-        CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
+        CHECK_OK(&ctx, tpk_dp_grad_ready_all(&ctx, &b));
+        CHECK_FAILS(&ctx, tpk_dp_finish(&ctx, &b), TPK_ERR_ARG, /* the refusal is kept */
+                    "refused, the reduction is not whole: tpk_dp_grad_ready: first, last");
         tpk_dp_destroy(&b);
         free(mine), free(want), free(got);
         tpk_ctx_destroy(&ctx);

@@ -1,14 +1,38 @@
 /* tpk/train/dp.h — data-parallel gradient buckets: each bucket (a block's gradients, as the model's
  * backward finishes it) is all-reduced (sum) over the DP group while the rest of the backward
- * runs; micro-steps of gradient accumulation do no DP communication.
+ * runs; micro-steps of gradient accumulation do no DP communication. The protocol is checked.
  *
+ *   tpk_dp_init(ctx, b)          (optional) the buckets over every parameter this rank holds
  *   tpk_dp_begin(ctx, b, last)   before a micro-step's backward; last = the step's last micro-batch
  *   tpk_dp_grad_ready            the model's grad_ready hook (tpk_gpt2.lm.grad_ready, user = b):
- *                                on the last micro-batch, starts the all-reduce of the gradients of
- *                                parameters first..last (contiguous in the flat buffer)
- *   tpk_dp_finish(ctx, b)        waits for every bucket; the gradients are then the DP sums, the
- *                                same on every DP rank (scale by 1 / dp.size, e.g. in AdamW)
- * With one DP rank nothing is started.
+ *                                on the last micro-batch, records parameters first..last as
+ *                                reported and starts the all-reduce of their gradients (contiguous
+ *                                in the flat buffer); tpk_dp_grad_ready_all: every parameter at
+ *                                once, for a model without the hook, after its backward
+ *   tpk_dp_finish(ctx, b)        waits for every bucket and checks the step; the gradients are then
+ *                                the DP sums, the same on every DP rank (scale by 1 / dp.size, e.g.
+ *                                in AdamW); tpk_train_step calls it when the caller did not
+ * With one DP rank nothing is started, and every check below still runs (a misuse does not depend
+ * on the DP size).
+ *
+ * The check. Every parameter of the registry (ctx->params: all are trained, there is no frozen
+ * one) must be reduced exactly once a step, so the buckets keep one bit per parameter this rank
+ * holds (a pipeline stage: its stage's parameters and the tied embedding's copy; ranges are ids).
+ * tpk_dp_begin(..., true) clears the bits; each report sets its range's, refusing a range any of
+ * whose parameters is already set (reported twice, overlapping ranges) before it starts anything;
+ * tpk_dp_finish fails, naming the parameter, when one bit is clear (a range never reported), when
+ * no micro-batch was begun as the last (no begin, or only last = false), when called twice, or
+ * when a report of the step was refused (the refusal is kept: a model that drops the hook's
+ * status still gets it). tpk_train_step consumes the reduced gradients: it finishes a begun step
+ * itself and refuses, naming the parameter, a plain DP step (no ZeRO-1, no Adasum: those reduce
+ * the whole buffer after the backward) with more than one DP rank whose last micro-batch was not
+ * begun; with one DP rank and nothing begun there is nothing to reduce (a model without the
+ * hook). While a last micro-batch is begun and not finished, ctx->params.dp_open is set and
+ * tpk_adamw_step refuses the gradients. A pipeline's schedule (tpk/train/pipe_model.h) sets
+ * `active` around each chunk's last micro-batch instead of calling tpk_dp_begin (with more than
+ * one DP rank): the first report so made begins the step's bits. The checks are this rank's:
+ * a misuse on some DP ranks only leaves the others' collectives waiting, as any mismatch of
+ * collectives does.
  *
  * Adasum (Maleki et al., Horovod), after the backward instead of the buckets
  * (tpk_dp_adasum_init, then tpk_dp_adasum): per parameter tensor, two gradients combine as
@@ -20,31 +44,100 @@
  * the elements it counts (its shard; a replicated tensor on TP rank 0; a shared key/value head
  * once) and one all-reduce over TP per level sums them for every parameter at once. In double:
  * |g1|^2, |g2|^2 and |g1 + g2|^2 (g1.g2 = (|g1 + g2|^2 - |g1|^2 - |g2|^2) / 2). Needs a
- * power-of-two
- * DP size. Two equal gradients give that gradient, orthogonal ones their sum: no 1/dp scaling. */
+ * power-of-two DP size. Two equal gradients give that gradient, orthogonal ones their sum: no
+ * 1/dp scaling. The hook of Adasum buckets starts nothing but still records and checks. */
 #ifndef TPK_DP_H
 #define TPK_DP_H
 
 #include "../layers/params.h"
 
+typedef enum tpk_dp_state {
+    TPK_DP_IDLE = 0, /* no step begun, or the last one consumed (tpk_train_step) */
+    TPK_DP_ACCUM,    /* micro-batches begun, not yet the last */
+    TPK_DP_LAST,     /* the step's last micro-batch: reports recorded, all-reduces started */
+    TPK_DP_FINISHED  /* every parameter reduced once, checked: the gradients are the DP sums */
+} tpk_dp_state;
+
 typedef struct tpk_dp_buckets {
     tpk_request *req; /* [cap] started all-reduces */
     int n, cap;
-    bool active;      /* this micro-step reduces */
+    bool active;      /* this micro-step is the step's last: the hook records (and reduces) */
     bool adasum;      /* tpk_dp_adasum_init: the reduction is Adasum after the backward; the hook
                          starts nothing */
     tpk_comm *pairs;  /* [levels] Adasum: level k pairs this DP rank with rank ^ 2^k */
     int levels;
+    tpk_dp_state state;
+    uint64_t *seen;   /* [words] bit i: parameter i reported on the step's last micro-batch */
+    int np, words;    /* the parameters this rank held when the last micro-batch began; words
+                         allocated */
+    char err[256];    /* the first report refused on the last micro-batch ("": none) */
 } tpk_dp_buckets;
 
-static inline tpk_status tpk_dp_begin(tpk_ctx *ctx, tpk_dp_buckets *b, bool last_micro_step) {
-    if (!ctx) return TPK_ERR_ARG;
-    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_begin", "buckets: NULL");
-    if (b->n)
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_begin",
-                         "buckets: %d reductions still running; tpk_dp_finish them first", b->n);
-    b->active = last_micro_step && ctx->dp.size > 1 && !b->adasum;
+/* "parameter "w" and the 3 others this rank holds" (or that none is registered) into buf. */
+static inline const char *tpk__dp_who(const tpk_ctx *ctx, char *buf, size_t n) {
+    int np = ctx->params.n;
+    if (!np) snprintf(buf, n, "no parameter (none registered)");
+    else if (np == 1) snprintf(buf, n, "parameter \"%s\"", ctx->params.list[0].name);
+    else
+        snprintf(buf, n, "parameter \"%s\" and the %d others this rank holds",
+                 ctx->params.list[0].name, np - 1);
+    return buf;
+}
+
+/* Room for one bit per parameter of ctx. */
+static inline tpk_status tpk__dp_bits(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
+    int w = (ctx->params.n + 63) / 64;
+    if (w > b->words || !b->seen) {
+        uint64_t *s = (uint64_t *)realloc(b->seen, sizeof *s * (size_t)(w ? w : 1));
+        if (!s) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' bits", ctx->params.n);
+        b->seen = s, b->words = w ? w : 1;
+    }
     return TPK_OK;
+}
+
+/* The step's last micro-batch begins: every parameter's bit cleared, the gradients open. */
+static inline tpk_status tpk__dp_open(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
+    TPK_TRY(tpk__dp_bits(ctx, b, fn));
+    memset(b->seen, 0, sizeof *b->seen * (size_t)b->words);
+    b->np = ctx->params.n, b->err[0] = 0, b->state = TPK_DP_LAST;
+    ctx->params.dp_open = true;
+    return TPK_OK;
+}
+
+/* The buckets over every parameter this rank holds (ctx->params when called): what the model's
+ * grad_ready hook reports, checked on each step's last micro-batch. Optional (tpk_dp_begin makes
+ * the same on its first last micro-batch); call it once the model is built, so a step allocates
+ * nothing. Not collective. */
+static inline tpk_status tpk_dp_init(tpk_ctx *ctx, tpk_dp_buckets *b) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_init", "buckets: NULL");
+    if (b->state == TPK_DP_LAST)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_init",
+                         "buckets: a step's last micro-batch is still running: tpk_dp_finish it "
+                         "first");
+    return tpk__dp_bits(ctx, b, "tpk_dp_init");
+}
+
+static inline tpk_status tpk_dp_begin(tpk_ctx *ctx, tpk_dp_buckets *b, bool last_micro_step) {
+    static const char *fn = "tpk_dp_begin";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
+    if (b->state == TPK_DP_LAST)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "buckets: the step's last micro-batch is still running (%d reductions "
+                         "started): tpk_dp_finish it first",
+                         b->n);
+    if (last_micro_step) TPK_TRY(tpk__dp_open(ctx, b, fn));
+    else b->state = TPK_DP_ACCUM;
+    b->active = last_micro_step;
+    return TPK_OK;
+}
+
+/* A report refused on the last micro-batch: kept for tpk_dp_finish, then returned. */
+static inline tpk_status tpk__dp_refuse(tpk_ctx *ctx, tpk_dp_buckets *b, tpk_status s) {
+    if (b->state == TPK_DP_LAST && !b->err[0])
+        snprintf(b->err, sizeof b->err, "%.*s", (int)sizeof b->err - 1, ctx->err);
+    return s;
 }
 
 /* The grad_ready hook: user is the tpk_dp_buckets. */
@@ -53,43 +146,145 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
     tpk_dp_buckets *b = (tpk_dp_buckets *)user;
     if (!ctx) return TPK_ERR_ARG;
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "user: expected the tpk_dp_buckets, got NULL");
-    if (!b->active) return TPK_OK;
+    if (b->active && b->state != TPK_DP_LAST) /* a pipeline's chunk: its last micro-batch */
+        TPK_TRY(tpk__dp_open(ctx, b, fn));
     if (first < 0 || last < first || last >= ctx->params.n)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "first, last: expected 0 <= first <= last < %d, got %d, %d", ctx->params.n,
-                         first, last);
+        return tpk__dp_refuse(ctx, b,
+                              tpk__fail(ctx, TPK_ERR_ARG, fn,
+                                        "first, last: expected 0 <= first <= last < %d, got %d, %d",
+                                        ctx->params.n, first, last));
+    if (!b->active) return TPK_OK; /* not the step's last micro-batch */
+    if (last >= b->np)
+        return tpk__dp_refuse(
+            ctx, b,
+            tpk__fail(ctx, TPK_ERR_ARG, fn,
+                      "parameter \"%s\" (id %d): registered after the step's last micro-batch "
+                      "began (%d parameters then)",
+                      ctx->params.list[last].name, last, b->np));
+    for (int i = first; i <= last; i++)
+        if (b->seen[i / 64] >> (i % 64) & 1)
+            return tpk__dp_refuse(
+                ctx, b,
+                tpk__fail(ctx, TPK_ERR_ARG, fn,
+                          "parameter \"%s\" (id %d): reported twice on the step's last "
+                          "micro-batch (first, last = %d, %d overlaps an earlier report): its "
+                          "gradient would be reduced over DP twice",
+                          ctx->params.list[i].name, i, first, last));
+    for (int i = first; i <= last; i++) b->seen[i / 64] |= (uint64_t)1 << (i % 64);
+    if (ctx->dp.size == 1 || b->adasum) return TPK_OK;
     if (b->n == b->cap) {
         int cap = b->cap ? 2 * b->cap : 64;
         tpk_request *r = (tpk_request *)realloc(b->req, sizeof *r * (size_t)cap);
-        if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d requests", cap);
+        if (!r)
+            return tpk__dp_refuse(ctx, b, tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d requests", cap));
         b->req = r, b->cap = cap;
     }
     const tpk_param *p0 = &ctx->params.list[first], *p1 = &ctx->params.list[last];
     size_t off = p0->offset, n = p1->offset + p1->numel - off;
     float *g = (float *)ctx->params.grad.p + off;
     memset(&b->req[b->n], 0, sizeof b->req[b->n]);
-    TPK_TRY(tpk_allreduce_start(ctx, &ctx->dp, g, g, n, TPK_F32, TPK_SUM, &b->req[b->n]));
+    tpk_status s = tpk_allreduce_start(ctx, &ctx->dp, g, g, n, TPK_F32, TPK_SUM, &b->req[b->n]);
+    if (s != TPK_OK) return tpk__dp_refuse(ctx, b, s);
     b->n++;
     return TPK_OK;
 }
 
-/* Wait for every started bucket (all are waited even when one fails). */
-static inline tpk_status tpk_dp_finish(tpk_ctx *ctx, tpk_dp_buckets *b) {
+/* Every parameter of ctx reported at once (one bucket): for a model without the grad_ready
+ * hook, after its backward of the step's last micro-batch. */
+static inline tpk_status tpk_dp_grad_ready_all(tpk_ctx *ctx, tpk_dp_buckets *b) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_finish", "buckets: NULL");
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_dp_grad_ready_all", "buckets: NULL");
+    return ctx->params.n ? tpk_dp_grad_ready(ctx, 0, ctx->params.n - 1, b) : TPK_OK;
+}
+
+/* Wait for every started bucket (all are waited even when one fails), then check the step (the
+ * header says what). Not collective beyond the waits. */
+static inline tpk_status tpk_dp_finish(tpk_ctx *ctx, tpk_dp_buckets *b) {
+    static const char *fn = "tpk_dp_finish";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
     tpk_status s = TPK_OK;
     for (int i = 0; i < b->n; i++) {
         tpk_status w = tpk_wait(ctx, &b->req[i]);
         if (s == TPK_OK) s = w;
     }
+    tpk_dp_state was = b->state;
+    char who[160];
     b->n = 0, b->active = false;
-    return s;
+    if (was == TPK_DP_FINISHED) /* the gradients stay the DP sums */
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "called twice: the gradients of %s were already reduced by this step's "
+                         "tpk_dp_finish (tpk_dp_begin starts the next step)",
+                         tpk__dp_who(ctx, who, sizeof who));
+    b->state = TPK_DP_IDLE, ctx->params.dp_open = false;
+    if (s != TPK_OK) return s;
+    if (was == TPK_DP_IDLE) {
+        /* a pipeline stage at one DP rank: its schedule begins no micro-batch (it marks a chunk's
+         * last only when DP reduces), yet waits for the buckets before the tied embedding's sum */
+        if (ctx->dp.size == 1 && ctx->pp.size > 1) return TPK_OK;
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "no tpk_dp_begin this step: the gradients of %s are not reduced over DP "
+                         "(begin the step's last micro-batch with tpk_dp_begin(ctx, b, true))",
+                         tpk__dp_who(ctx, who, sizeof who));
+    }
+    if (was == TPK_DP_ACCUM)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "no micro-batch of this step was begun as the last (tpk_dp_begin(ctx, b, "
+                         "true)): the gradients of %s are not reduced over DP",
+                         tpk__dp_who(ctx, who, sizeof who));
+    if (b->err[0])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "a report of the step's last micro-batch was refused, the reduction is "
+                         "not whole: %s",
+                         b->err);
+    int missing = 0, first = -1;
+    for (int i = 0; i < b->np; i++)
+        if (!(b->seen[i / 64] >> (i % 64) & 1)) missing++, first = first < 0 ? i : first;
+    if (missing)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "parameter \"%s\" (id %d): never reported (tpk_dp_grad_ready) on the "
+                         "step's last micro-batch: its gradient is not reduced over DP (%d of %d "
+                         "parameters not reported)",
+                         ctx->params.list[first].name, first, missing, b->np);
+    if (b->np != ctx->params.n)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "parameter \"%s\" (id %d): registered after the step's last micro-batch "
+                         "began: its gradient is not reduced over DP",
+                         ctx->params.list[b->np].name, b->np);
+    b->state = TPK_DP_FINISHED;
+    return TPK_OK;
+}
+
+/* The optimizer step's side (tpk_train_step, fn): the gradients it may consume. A begun last
+ * micro-batch is finished here; whole: the reduction is over the whole buffer after the backward
+ * (ZeRO-1's reduce-scatter, Adasum), so the buckets need not have begun. The buckets are then
+ * idle for the next step. */
+static inline tpk_status tpk__dp_consume(tpk_ctx *ctx, tpk_dp_buckets *b, bool whole,
+                                         const char *fn) {
+    tpk_dp_state st = b->state;
+    char who[160];
+    if (st == TPK_DP_LAST) TPK_TRY(tpk_dp_finish(ctx, b));
+    b->state = TPK_DP_IDLE;
+    if (st == TPK_DP_LAST || st == TPK_DP_FINISHED || whole) return TPK_OK;
+    if (st == TPK_DP_ACCUM)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "buckets: no micro-batch of this step was begun as the last "
+                         "(tpk_dp_begin(ctx, b, true)): the gradients of %s are not reduced over "
+                         "DP",
+                         tpk__dp_who(ctx, who, sizeof who));
+    if (ctx->dp.size > 1 && ctx->params.n)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "buckets: no tpk_dp_begin this step: the gradients of %s are not reduced "
+                         "over the %d DP ranks (begin the step's last micro-batch with "
+                         "tpk_dp_begin(ctx, b, true))",
+                         tpk__dp_who(ctx, who, sizeof who), ctx->dp.size);
+    return TPK_OK;
 }
 
 static inline void tpk_dp_destroy(tpk_dp_buckets *b) {
     if (!b) return;
     for (int k = 0; k < b->levels; k++) tpk_comm_destroy(&b->pairs[k]);
-    free(b->req), free(b->pairs), memset(b, 0, sizeof *b);
+    free(b->req), free(b->pairs), free(b->seen), memset(b, 0, sizeof *b);
 }
 
 /* Make b reduce with Adasum: the pair communicators of the log2(dp) levels. Collective over

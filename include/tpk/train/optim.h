@@ -236,6 +236,12 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "lr, grad_scale: expected lr >= 0 and a finite scale, got %g, %g",
                          (double)lr, (double)grad_scale);
+    if (ctx->params.dp_open && ctx->params.n) /* (tpk/train/dp.h) */
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "ctx->params: the data-parallel reduction of the gradients (parameters "
+                         "\"%s\" to \"%s\") was begun and not finished: they are not the DP sums "
+                         "yet (tpk_dp_finish them first)",
+                         ctx->params.list[0].name, ctx->params.list[ctx->params.n - 1].name);
     o->step++;
     float *w = (float *)ctx->params.data.p + o->s0;
     /* a bf16 context's weight copy made by the update itself when it is current (a skipped step

@@ -2,7 +2,9 @@
  *
  *   1. the data-parallel reduction of the gradients:
  *        plain       the all-reduce buckets the model's backward started (tpk/train/dp.h) are
- *        waited for;
+ *                    waited for and checked (tpk_dp_finish, unless the caller did); with more
+ *                    than one DP rank a step whose last micro-batch was not begun is refused,
+ *                    naming a parameter;
  *        ZeRO-1      (tpk_adamw_desc.zero) one reduce-scatter of the whole gradient buffer over DP:
  *                    each DP rank gets the DP sum of its slice tpk_split(numel, dp, rank) — the
  *                    buckets must not have been started (tpk_dp_begin(..., false));
@@ -81,7 +83,9 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
             ctx, TPK_ERR_UNSUPPORTED, fn,
             "opt: ZeRO-1 with Adasum (a reduce-scatter cannot carry Adasum's per-tensor "
             "combination)");
-    TPK_TRY(tpk_dp_finish(ctx, b));
+    /* the buckets' gradients checked (a begun step finished here); ZeRO-1 (asked, even at one DP
+     * rank) and Adasum reduce the whole buffer below */
+    TPK_TRY(tpk__dp_consume(ctx, b, zero || opt->d.zero || b->adasum, fn));
     TPK_TRY(tpk_params_reduce_partial_grads(ctx)); /* whole tensors first: Adasum's dot products
                                                       need them */
     if (b->adasum) TPK_TRY(tpk_dp_adasum(ctx, b));
