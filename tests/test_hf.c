@@ -20,7 +20,8 @@
  *   no optimizer file (the step kept, fresh moments), a config with fewer layers than the file,
  *   unknown tensors, Hugging Face's buffers, GPT-2's lm_head.weight tied or not, NaN / inf
  *   weights and a negative second moment, each refused naming the tensor;
- *   config.json: a 100-digit number read exactly, duplicate keys and invalid UTF-8 refused;
+ *   config.json: a 100-digit number read exactly, duplicate keys (nested too) and invalid UTF-8
+ *   refused;
  *   a save over a sharded Hugging Face folder: no stale index or shards, the saved weights load;
  *   the config.json fuzz corpus replayed through the fuzz target's checks. */
 #include "test.h"
@@ -680,10 +681,17 @@ int main(int argc, char **argv) {
                         TPK_ERR_FORMAT, bad[k].needle);
         const char *ok_text =
             "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
-            "12, \"x\": {\"a\": 1, \"a\": 2}, \"name\": \"caf\xc3\xa9 \xf0\x9f\x99\x82\"}";
+            "12, \"x\": {\"a\": 1, \"b\": {\"a\": 2}}, \"name\": \"caf\xc3\xa9 \xf0\x9f\x99\x82\"}";
         CHECK_OK(&ctx,
                  tpk_gpt2_config_parse(&ctx, (const uint8_t *)ok_text, strlen(ok_text), "ok",
                                        &c)); /* nested objects are not config.json's members */
+        const char *nested_dup =
+            "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
+            "12, \"x\": {\"a\": 1, \"a\": 2}}"; /* strict: every object's keys once, nested too */
+        CHECK_FAILS(&ctx,
+                    tpk_gpt2_config_parse(&ctx, (const uint8_t *)nested_dup, strlen(nested_dup),
+                                          "cfg", &c),
+                    TPK_ERR_FORMAT, "cfg: byte 93: the key \"a\" appears twice (first at byte 85)");
         tpk_ctx_destroy(&ctx);
     }
 

@@ -43,209 +43,59 @@
 #include "optim.h"
 #include "safetensors.h"
 
-/* ---- strict JSON: the top-level members of an object ----------------------------------------- */
+/* ---- config.json: its top-level members, through tpk/text/json.h (the kit's one reader) ----- */
 
-/* A top-level member's value: kind 0 (absent), 'n' number (num: the whole text read by strtod,
- * however long), 'b' true/false (num 1/0), 's' string (its first 63 bytes, escapes as written, in
- * str), 'z' null, 'o' object or array; `at` is the byte offset where the value starts. */
+/* A top-level member's value: kind 0 (absent), 'n' number (num: its whole text read by strtod,
+ * however long; finite), 'b' true/false (num 1/0), 's' string (decoded: its first 63 bytes in str,
+ * its length in len), 'z' null, 'o' object or array; `at` is the byte offset where the value
+ * starts. */
 typedef struct tpk__json_val {
     char kind;
     double num;
     char str[64];
-    size_t at;
+    size_t at, len;
 } tpk__json_val;
 
-/* True when the top-level member name t[k0, k1) already appeared among the first *nseen (kept in
- * *seen, grown as needed: offsets of each name's start and end); false after recording it, or
- * with *seen NULL when out of memory. Sorted insertion keeps the search logarithmic. */
-static inline bool tpk__json_seen(const char *t, size_t k0, size_t k1, size_t (**seen)[2],
-                                  size_t *nseen, size_t *cap) {
-    size_t lo = 0, hi = *nseen;
-    while (lo < hi) { /* the first name not below t[k0, k1) */
-        size_t mid = (lo + hi) / 2, a = (*seen)[mid][0], la = (*seen)[mid][1] - a, lb = k1 - k0;
-        int c = memcmp(t + a, t + k0, la < lb ? la : lb);
-        if (c < 0 || (c == 0 && la < lb)) lo = mid + 1;
-        else hi = mid;
-    }
-    if (lo < *nseen && (*seen)[lo][1] - (*seen)[lo][0] == k1 - k0 &&
-        !memcmp(t + (*seen)[lo][0], t + k0, k1 - k0))
-        return true;
-    if (*nseen == *cap) {
-        size_t nc = *cap ? 2 * *cap : 32;
-        size_t(*g)[2] = (size_t(*)[2])realloc(*seen, nc * sizeof **seen);
-        if (!g) { free(*seen), *seen = NULL; return false; }
-        *seen = g, *cap = nc;
-    }
-    memmove(*seen + lo + 1, *seen + lo, (*nseen - lo) * sizeof **seen);
-    (*seen)[lo][0] = k0, (*seen)[lo][1] = k1, ++*nseen;
-    return false;
-}
-
-/* Checks that text[0, n) is one JSON value (RFC 8259: strings valid UTF-8; nesting at most 64
- * deep; in the top-level object each member name once) and, when it is an object, describes the
- * top-level members named keys[i] in vals[i]. On an error returns false with *at the byte offset
- * and *what the expectation. */
-static inline bool tpk__json_top(const char *t, size_t n, const char *const *keys, int nkeys,
-                                 tpk__json_val *vals, size_t *at, const char **what) {
-    char stack[64]; /* '{' or '[' per open level */
-    int depth = 0, key_index = -1;
-    size_t i = 0, (*seen)[2] = NULL, nseen = 0, cap = 0; /* the top-level member names so far */
-    bool top_object = false;
-#define TPK__WS() while (i < n && (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r')) i++
-#define TPK__FAIL(w) do { free(seen); *at = i, *what = (w); return false; } while (0)
-    for (int k = 0; k < nkeys; k++) memset(&vals[k], 0, sizeof vals[k]);
-    TPK__WS();
-    for (;;) { /* parse one value at position i, then what follows it */
-        TPK__WS();
-        if (i >= n) TPK__FAIL("a value");
-        char c = t[i];
-        tpk__json_val *mine = depth == 1 && key_index >= 0 ? &vals[key_index] : NULL;
-        if (mine)
-            mine->at = i, mine->kind = c == '{' || c == '['   ? 'o'
-                                       : c == '"'             ? 's'
-                                       : c == 't' || c == 'f' ? 'b'
-                                       : c == 'n'             ? 'z'
-                                                              : 'n';
-        if (c == '{' || c == '[') {
-            if (depth == 64) TPK__FAIL("nesting at most 64 deep");
-            if (depth == 0 && c == '{') top_object = true;
-            stack[depth++] = c, i++;
-            TPK__WS();
-            if (i < n && t[i] == (c == '{' ? '}' : ']')) { i++, depth--; goto after_value; }
-            if (c == '[') continue;
-            goto member; /* an object's first member */
-        } else if (c == '"') {
-            size_t s0 = i + 1;
-            for (i++;; i++) {
-                if (i >= n) TPK__FAIL("the end of a string");
-                unsigned char u = (unsigned char)t[i];
-                if (u == '"') break;
-                if (u < 0x20) TPK__FAIL("no control character in a string");
-                if (u >= 0x80) { /* a multi-byte character: valid UTF-8, as the safetensors reader
-                                    requires */
-                    size_t k = tpk__st_utf8_len((const uint8_t *)t + i, (const uint8_t *)t + n);
-                    if (!k) TPK__FAIL("valid UTF-8 in a string");
-                    i += k - 1;
-                    continue;
-                }
-                if (u == '\\') {
-                    if (++i >= n) TPK__FAIL("an escape");
-                    if (t[i] == 'u') {
-                        for (int h = 1; h <= 4; h++)
-                            if (i + h >= n || !isxdigit((unsigned char)t[i + h]))
-                                TPK__FAIL("four hex digits after \\u");
-                        i += 4;
-                    } else if (!strchr("\"\\/bfnrt", t[i])) {
-                        TPK__FAIL("an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-                    }
-                }
-            }
-            if (mine)
-                snprintf(mine->str, sizeof mine->str, "%.*s", (int)(i - s0 < 63 ? i - s0 : 63),
-                         t + s0);
-            i++;
-        } else if (c == '-' || (c >= '0' && c <= '9')) {
-            size_t s0 = i;
-            if (t[i] == '-') i++;
-            if (i < n && t[i] == '0') i++;
-            else if (i < n && t[i] >= '1' && t[i] <= '9')
-                while (i < n && t[i] >= '0' && t[i] <= '9') i++;
-            else TPK__FAIL("a digit");
-            if (i < n && t[i] == '.') {
-                if (++i >= n || t[i] < '0' || t[i] > '9')
-                    TPK__FAIL("a digit after the decimal point");
-                while (i < n && t[i] >= '0' && t[i] <= '9') i++;
-            }
-            if (i < n && (t[i] == 'e' || t[i] == 'E')) {
-                i++;
-                if (i < n && (t[i] == '+' || t[i] == '-')) i++;
-                if (i >= n || t[i] < '0' || t[i] > '9') TPK__FAIL("a digit in the exponent");
-                while (i < n && t[i] >= '0' && t[i] <= '9') i++;
-            }
-            if (mine) { /* strtod on the whole text: a long mantissa keeps its exponent */
-                char small[64], *num = i - s0 < sizeof small ? small : (char *)malloc(i - s0 + 1);
-                if (!num) TPK__FAIL("a number short enough to copy (out of memory)");
-                memcpy(num, t + s0, i - s0), num[i - s0] = 0;
-                mine->num = strtod(num, NULL);
-                if (num != small) free(num);
-            }
-        } else if (n - i >= 4 && !strncmp(t + i, "true", 4)) {
-            i += 4;
-            if (mine) mine->num = 1;
-        } else if (n - i >= 5 && !strncmp(t + i, "false", 5)) i += 5;
-        else if (n - i >= 4 && !strncmp(t + i, "null", 4)) i += 4;
-        else TPK__FAIL("a value (object, array, string, number, true, false or null)");
-    after_value:
-        key_index = -1;
-        TPK__WS();
-        if (depth == 0) {
-            if (i != n) TPK__FAIL("the end of the text after the top-level value");
-            free(seen);
-            if (!top_object) { *at = 0, *what = "an object at the top level"; return false; }
-            return true;
-        }
-        if (i >= n) TPK__FAIL(stack[depth - 1] == '{' ? "',' or '}'" : "',' or ']'");
-        if (t[i] == (stack[depth - 1] == '{' ? '}' : ']')) { i++, depth--; goto after_value; }
-        if (t[i] != ',') TPK__FAIL(stack[depth - 1] == '{' ? "',' or '}'" : "',' or ']'");
-        i++;
-        if (stack[depth - 1] == '[') continue;
-    member: /* "key" : value */
-        TPK__WS();
-        if (i >= n || t[i] != '"') TPK__FAIL("a member name in double quotes");
-        {
-            size_t k0 = ++i, k;
-            for (; i < n && t[i] != '"' && (unsigned char)t[i] >= 0x20 && t[i] != '\\'; i += k)
-                if (!(k = tpk__st_utf8_len((const uint8_t *)t + i, (const uint8_t *)t + n)))
-                    TPK__FAIL("valid UTF-8 in a member name");
-            if (i >= n || t[i] != '"') TPK__FAIL("a plain member name (no escapes)");
-            if (depth == 1 && tpk__json_seen(t, k0, i, &seen, &nseen, &cap)) {
-                i = k0 - 1;
-                TPK__FAIL("each member name once (a duplicate key)");
-            }
-            if (depth == 1 && !seen) TPK__FAIL("member names that fit in memory");
-            for (int q = 0; depth == 1 && q < nkeys; q++)
-                if (strlen(keys[q]) == i - k0 && !strncmp(t + k0, keys[q], i - k0)) key_index = q;
-            i++;
-        }
-        TPK__WS();
-        if (i >= n || t[i] != ':') TPK__FAIL("':' after a member name");
-        i++;
-        int keep = key_index;
-        TPK__WS();
-        key_index = keep;
-        continue;
-    }
-#undef TPK__WS
-#undef TPK__FAIL
-}
-
-/* ---- config.json ----------------------------------------------------------------------------- */
-
-/* Parse bytes[n] (named `what` in errors) as strict JSON and describe its top-level members
- * keys[i]. */
+/* Parse bytes[n] (named `what` in errors) as strict JSON (tpk/text/json.h: every object's keys
+ * once, valid UTF-8, numbers whole and finite, nesting at most 64 deep), require an object at the
+ * top level and describe its members keys[i] in v[i]. */
 static inline tpk_status tpk__config_members(tpk_ctx *ctx, const char *fn, const uint8_t *b,
                                              size_t n, const char *what, const char *const *keys,
                                              int nkeys, tpk__json_val *v) {
-    size_t at = 0;
-    const char *expect = "";
-    if (tpk__json_top((const char *)b, n, keys, nkeys, v, &at, &expect)) return TPK_OK;
-    if (!strncmp(expect, "each member name once", 21)) { /* at: the duplicate's opening quote */
-        size_t e = at + 1;
-        while (e < n && b[e] != '"') e++;
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: byte %zu: the key \"%.*s\" appears twice (expected each key once)",
-                         what, at, (int)(e - at - 1 < 100 ? e - at - 1 : 100),
-                         (const char *)b + at + 1);
+    tpk__json root;
+    char *arena = NULL;
+    for (int k = 0; k < nkeys; k++) memset(&v[k], 0, sizeof v[k]);
+    tpk_status s = tpk__json_read(ctx, fn, what, (const char *)b, n, &root, &arena);
+    if (s == TPK_OK && root.type != TPK__JOBJ)
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected an object at the top level",
+                      what, root.at);
+    for (int k = 0; s == TPK_OK && k < nkeys; k++) {
+        const tpk__json *m = tpk__json_get(&root, keys[k]);
+        if (!m) continue;
+        v[k].at = m->at, v[k].num = m->num;
+        switch (m->type) {
+        case TPK__JNUM: v[k].kind = 'n'; break;
+        case TPK__JBOOL: v[k].kind = 'b'; break;
+        case TPK__JNULL: v[k].kind = 'z'; break;
+        case TPK__JSTR: /* one longer than 63 bytes or holding a NUL: cut, "..." appended (it
+                           then equals no name compared with) */
+            v[k].kind = 's', v[k].len = m->len;
+            if (m->len <= 63 && !memchr(m->str, 0, m->len)) memcpy(v[k].str, m->str, m->len + 1);
+            else snprintf(v[k].str, sizeof v[k].str, "%.60s...", m->str);
+            break;
+        default: v[k].kind = 'o';
+        }
     }
-    return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected %s", what, at, expect);
-    return TPK_OK;
+    tpk__json_free(&root, &arena);
+    return s;
 }
 /* A member that must be a number when present (`need`: and must be present). */
 static inline tpk_status tpk__config_number(tpk_ctx *ctx, const char *fn, const char *what,
                                             const char *key, const tpk__json_val *v, bool need) {
     if (v->kind == 'n' || (!v->kind && !need)) return TPK_OK;
-    return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: %s %s (a number)", what,
-                     v->kind ? "expected a number for" : "missing", key);
+    if (!v->kind) return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: missing %s (a number)", what, key);
+    return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected a number for %s", what, v->at,
+                     key);
 }
 
 /* A config.json held in memory (bytes[n], named `what` in errors) into *cfg (vocab, positions,
@@ -312,8 +162,8 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
     TPK_TRY(tpk__config_number(ctx, fn, what, keys[NHD], &v[NHD], false));
     for (int k = NTIE; k <= NMB; k += k == NTIE ? 2 : 1)
         if (v[k].kind && v[k].kind != 'b')
-            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected true or false for %s", what,
-                             keys[k]);
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected true or false for %s",
+                             what, v[k].at, keys[k]);
     double L = v[NL].num, H = v[NH].num, A = v[NA].num, V = v[NV].num, P = v[NP].num, F = v[NF].num;
     double G = v[NG].kind ? v[NG].num : A, eps = v[NEPS].kind ? v[NEPS].num : 1e-6,
            theta = v[NTH].kind ? v[NTH].num : 10000;
@@ -341,19 +191,23 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
                          what, G, A);
     if (v[NHD].kind && v[NHD].num != H / A)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: head_dim %g: expected hidden_size / num_attention_heads = %g", what,
-                         v[NHD].num, H / A);
+                         "%s: byte %zu: head_dim %g: expected hidden_size / num_attention_heads = "
+                         "%g",
+                         what, v[NHD].at, v[NHD].num, H / A);
     if (v[NACT].kind && (v[NACT].kind != 's' || strcmp(v[NACT].str, "silu")))
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: hidden_act \"%s\": expected \"silu\" (SwiGLU)", what, v[NACT].str);
+                         "%s: byte %zu: hidden_act \"%s\": expected \"silu\" (SwiGLU)", what,
+                         v[NACT].at, v[NACT].str);
     if (v[NAB].num || v[NMB].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: attention_bias / mlp_bias: expected false (Llama has no biases)",
-                         what);
+                         "%s: byte %zu: attention_bias / mlp_bias: expected false (Llama has no "
+                         "biases)",
+                         what, v[NAB].num ? v[NAB].at : v[NMB].at);
     if (v[NRS].kind && v[NRS].kind != 'z')
-        return tpk__fail(
-            ctx, TPK_ERR_UNSUPPORTED, fn,
-            "%s: rope_scaling: expected null (tpk computes the unscaled rotary embedding)", what);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: rope_scaling: expected null (tpk computes the unscaled "
+                         "rotary embedding)",
+                         what, v[NRS].at);
     cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A,
     cfg->kv_heads = (int64_t)G, cfg->vocab = (int64_t)V;
     cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F, cfg->norm_eps = (float)eps,
@@ -431,8 +285,8 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
         TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k <= NV || k == NP));
     for (int k = NPAR; k <= NAB; k++)
         if (v[k].kind && v[k].kind != 'b')
-            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected true or false for %s", what,
-                             keys[k]);
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected true or false for %s",
+                             what, v[k].at, keys[k]);
     double L = v[NL].num, H = v[NH].num, A = v[NA].num, V = v[NV].num, P = v[NP].num;
     double F = v[NF].kind ? v[NF].num : 4 * H;
     double pct = v[NPCT].kind ? v[NPCT].num : v[NPRF].kind ? v[NPRF].num : 0.25;
@@ -461,25 +315,28 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
                                                    !strcmp(act, "gelu_fast");
     if (!exact && !tanh_form)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: hidden_act \"%s\": expected \"gelu\" (exact) or \"gelu_new\", "
-                         "\"gelu_pytorch_tanh\", \"gelu_fast\" (the tanh form)",
-                         what, *act ? act : "(not a string)");
+                         "%s: byte %zu: hidden_act \"%s\": expected \"gelu\" (exact) or "
+                         "\"gelu_new\", \"gelu_pytorch_tanh\", \"gelu_fast\" (the tanh form)",
+                         what, v[NACT].at, *act ? act : "(not a string)");
     if (v[NPAR].kind && !v[NPAR].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: use_parallel_residual: expected true (tpk's GPT-NeoX block is the "
                          "parallel one)", what);
     if (v[NTIE].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: tie_word_embeddings: expected false (GPT-NeoX's head is untied)",
-                         what);
+                         "%s: byte %zu: tie_word_embeddings: expected false (GPT-NeoX's head is "
+                         "untied)",
+                         what, v[NTIE].at);
     if (v[NAB].kind && !v[NAB].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: attention_bias: expected true (GPT-NeoX's projections have biases)",
-                         what);
+                         "%s: byte %zu: attention_bias: expected true (GPT-NeoX's projections have "
+                         "biases)",
+                         what, v[NAB].at);
     if (v[NRS].kind && v[NRS].kind != 'z')
-        return tpk__fail(
-            ctx, TPK_ERR_UNSUPPORTED, fn,
-            "%s: rope_scaling: expected null (tpk computes the unscaled rotary embedding)", what);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: rope_scaling: expected null (tpk computes the unscaled "
+                         "rotary embedding)",
+                         what, v[NRS].at);
     cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A;
     cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F;
     cfg->rotary_pct = (float)pct, cfg->rope_theta = (float)base, cfg->ln_eps = (float)eps;
@@ -529,8 +386,10 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
         for (int i = 0; i < nt; i++)
             snprintf(want + strlen(want), sizeof want - strlen(want), "%s\"%s\"",
                      i == 0 ? "" : i == nt - 1 ? " or " : ", ", types[i]);
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: model_type %s%s%s: expected %s", path,
-                         v.kind == 's' ? "\"" : "",
+        char place[40] = ""; /* where the value is, when it is */
+        if (v.kind) snprintf(place, sizeof place, "byte %zu: ", v.at);
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn, "%s: %smodel_type %s%s%s: expected %s", path,
+                         place, v.kind == 's' ? "\"" : "",
                          v.kind == 's' ? v.str
                          : v.kind      ? "(not a string)"
                                        : "missing",

@@ -11,26 +11,30 @@
  *                       row-major, little-endian
  *
  * Reading (tpk_st_read, tpk_st_parse) checks everything before anything is returned and never
- * reads outside the bytes it was given. A file is rejected (TPK_ERR_FORMAT, with a message
- * naming the file, the tensor or field, and what is wrong) when:
+ * reads outside the bytes it was given. A file is rejected (TPK_ERR_FORMAT, "FILE: byte N: ...",
+ * N the offset in the file of the value at fault, then the tensor or field and what is wrong)
+ * when:
  *   - it is shorter than 8 bytes, N exceeds the bytes after it or TPK_ST_MAX_HEADER (100 MB);
- *   - the header is not strict JSON (RFC 8259): bad syntax, bytes after the top-level object
- *     other than whitespace, a control character or invalid UTF-8 in a string, a bad escape,
- *     a lone surrogate in \uXXXX (pairs are combined), or \u0000 (names are C strings);
+ *   - the header is not strict JSON (tpk/text/json.h's reader, the kit's one: RFC 8259):
+ *     bad syntax, bytes after the top-level object other than whitespace, a control character
+ *     or invalid UTF-8 in a string, a bad escape, a lone surrogate in \uXXXX (pairs are
+ *     combined), or \u0000 (names are C strings);
  *   - the top level is not an object, a tensor entry is not an object, a field has the
  *     wrong type, a field is missing, repeated or unknown (an entry has exactly dtype, shape
  *     and data_offsets), "__metadata__" appears twice or holds a non-string value;
- *   - a name is repeated (tensors or metadata keys) or longer than 255 bytes;
+ *   - a name is repeated (tensors or metadata keys: the repeat named at its byte, with the
+ *     first's) or longer than 255 bytes;
  *   - the dtype is unknown; the shape has more than 8 dimensions, a negative, fractional or
  *     overflowing entry; element count x dtype size overflows or differs from end - begin;
  *   - begin > end, end lies outside the data buffer, or the tensors do not tile the data
  *     buffer exactly: sorted by offset each tensor starts where the previous one ended, and
  *     the last ends at the end of the file (overlaps, holes and trailing bytes are errors,
  *     as in the reference implementation).
- * The parser is schema-driven: it never recurses, so nesting deeper than the format's three
- * levels is a type error ("expected ..."), not a stack overflow. The header is scanned twice,
- * once to count and check, once to fill one allocation, so memory is the tensor table plus
- * the metadata strings, under 8 bytes per header byte, never more.
+ * The parser drives the JSON reader's cursor by the format: it never recurses, so nesting deeper
+ * than the format's three levels is a type error ("expected ..."), not a stack overflow. The
+ * header is scanned twice, once to count and check, once to fill one allocation, so memory is the
+ * tensor table, the metadata strings and a byte offset per name, under 8 bytes per header byte
+ * (no parse tree).
  *
  * Writing (tpk_st_write) is atomic: the bytes go to "<path>.tmp.<pid>" (open, write, fsync,
  * close), which is renamed over path, and the directory is fsynced. A failure removes the
@@ -161,29 +165,10 @@ static inline bool tpk__st_nbytes(const int64_t *shape, int ndim, tpk_st_dtype d
     return true;
 }
 
-/* Length of the valid UTF-8 sequence at s (shortest form, no surrogates, <= U+10FFFF), 0 if
- * invalid. */
-static inline size_t tpk__st_utf8_len(const uint8_t *s, const uint8_t *end) {
-    uint8_t c = s[0];
-    size_t n;
-    uint8_t lo = 0x80, hi = 0xbf; /* the range of the second byte */
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) n = 2;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
-    else return 0;
-    if ((size_t)(end - s) < n || s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < n; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    return n;
-}
+/* Whether the C string s is valid UTF-8 (tpk/text/utf8.h's decoder, strict). */
 static inline bool tpk__st_utf8_valid(const char *s) {
-    const uint8_t *p = (const uint8_t *)s, *end = p + strlen(s);
-    for (size_t k; p < end; p += k)
-        if (!(k = tpk__st_utf8_len(p, end))) return false;
-    return true;
+    size_t n = strlen(s);
+    return tpk__utf8_invalid((const uint8_t *)s, n) == n;
 }
 
 /* True when two of the n strings are equal; *dup is one of them. Sorts `s`. */
@@ -197,294 +182,168 @@ static inline bool tpk__st_has_dup(const char **s, size_t n, const char **dup) {
     return false;
 }
 
-/* ---- the header parser ------------------------------------------------------------------- */
+/* ---- the header parser: tpk/text/json.h's cursor, driven by the format ---------------------- */
 
-typedef struct tpk__st_json {
-    const uint8_t *p, *start, *end; /* the header */
-    uint64_t data_size;             /* bytes of the data buffer */
-    tpk_ctx *ctx;
-    const char *fn, *what;
-} tpk__st_json;
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static inline tpk_status tpk__st_bad(tpk__st_json *j, const char *fmt, ...) {
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: %s (header byte %zu)", j->what, msg,
-                     (size_t)(j->p - j->start));
-}
-
-static inline void tpk__st_ws(tpk__st_json *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-        j->p++;
-}
-/* Skip whitespace; true (and consume it) when the next byte is c. */
-static inline bool tpk__st_eat(tpk__st_json *j, char c) {
-    tpk__st_ws(j);
-    if (j->p < j->end && *j->p == (uint8_t)c) return j->p++, true;
-    return false;
-}
-/* After an element of an object or array: ',' (returns 1), the closing byte (returns 0), else an
- * error (-1). */
-static inline int tpk__st_next(tpk__st_json *j, char close, const char *where) {
-    if (tpk__st_eat(j, ',')) return 1;
-    if (tpk__st_eat(j, close)) return 0;
-    tpk__st_bad(j, "%s: expected ',' or '%c'", where, close);
-    return -1;
-}
-
-static inline int tpk__st_hex4(const uint8_t *p, const uint8_t *end) {
-    return p <= end ? tpk__hex4(p, (size_t)(end - p)) : -1;
-}
-
-/* A JSON string, decoded to UTF-8: writes min(length, cap - 1) bytes and a NUL to dst (when
- * cap > 0) and returns the whole decoded length in *len. `where` names it in errors. */
-static inline tpk_status tpk__st_string(tpk__st_json *j, const char *where, char *dst, size_t cap,
-                                        size_t *len) {
-    size_t n = 0;
-#define TPK__ST_PUT(b) (n + 1 < cap ? (void)(dst[n] = (char)(b)) : (void)0, n++)
-    tpk__st_ws(j);
-    if (j->p >= j->end || *j->p != '"') return tpk__st_bad(j, "%s: expected a string", where);
-    j->p++;
-    for (;;) {
-        if (j->p >= j->end) return tpk__st_bad(j, "%s: unterminated string", where);
-        uint8_t c = *j->p;
-        if (c == '"') break;
-        if (c < 0x20) return tpk__st_bad(j, "%s: control character 0x%02x in a string", where, c);
-        if (c >= 0x80) {
-            size_t k = tpk__st_utf8_len(j->p, j->end);
-            if (!k) return tpk__st_bad(j, "%s: invalid UTF-8 in a string", where);
-            for (size_t i = 0; i < k; i++) TPK__ST_PUT(j->p[i]);
-            j->p += k;
-            continue;
-        }
-        j->p++;
-        if (c != '\\') {
-            TPK__ST_PUT(c);
-            continue;
-        }
-        if (j->p >= j->end) return tpk__st_bad(j, "%s: unterminated string", where);
-        c = *j->p++;
-        switch (c) {
-        case '"': case '\\': case '/': TPK__ST_PUT(c); continue;
-        case 'b': TPK__ST_PUT('\b'); continue;
-        case 'f': TPK__ST_PUT('\f'); continue;
-        case 'n': TPK__ST_PUT('\n'); continue;
-        case 'r': TPK__ST_PUT('\r'); continue;
-        case 't': TPK__ST_PUT('\t'); continue;
-        case 'u': break;
-        default:
-            j->p--;
-            return tpk__st_bad(j, "%s: invalid escape '\\%c'", where,
-                               c >= 0x20 && c < 0x7f ? c : '?');
-        }
-        long cp = tpk__st_hex4(j->p, j->end);
-        if (cp < 0) return tpk__st_bad(j, "%s: \\u needs 4 hex digits", where);
-        j->p += 4;
-        if (cp >= 0xdc00 && cp <= 0xdfff)
-            return tpk__st_bad(j, "%s: lone low surrogate \\u%04lx", where, cp);
-        if (cp >= 0xd800 && cp <= 0xdbff) {
-            long lo = j->end - j->p >= 2 && j->p[0] == '\\' && j->p[1] == 'u'
-                          ? tpk__st_hex4(j->p + 2, j->end)
-                          : -1;
-            if (lo < 0xdc00 || lo > 0xdfff)
-                return tpk__st_bad(j, "%s: high surrogate \\u%04lx not followed by a low one",
-                                   where, cp);
-            j->p += 6;
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-        }
-        if (cp == 0) return tpk__st_bad(j, "%s: \\u0000 in a string", where);
-        if (cp < 0x80) TPK__ST_PUT(cp);
-        else if (cp < 0x800) TPK__ST_PUT(0xc0 | cp >> 6), TPK__ST_PUT(0x80 | (cp & 0x3f));
-        else if (cp < 0x10000)
-            TPK__ST_PUT(0xe0 | cp >> 12), TPK__ST_PUT(0x80 | (cp >> 6 & 0x3f)),
-                TPK__ST_PUT(0x80 | (cp & 0x3f));
-        else
-            TPK__ST_PUT(0xf0 | cp >> 18), TPK__ST_PUT(0x80 | (cp >> 12 & 0x3f)),
-                TPK__ST_PUT(0x80 | (cp >> 6 & 0x3f)), TPK__ST_PUT(0x80 | (cp & 0x3f));
-    }
-#undef TPK__ST_PUT
-    j->p++;
-    if (cap) dst[n < cap ? n : cap - 1] = 0;
-    *len = n;
-    return TPK_OK;
-}
-
-/* A non-negative JSON integer <= max (no fraction, no exponent). */
-static inline tpk_status tpk__st_uint(tpk__st_json *j, const char *where, uint64_t max,
-                                      uint64_t *v) {
-    tpk__st_ws(j);
-    bool neg = j->p < j->end && *j->p == '-';
-    const uint8_t *p = j->p + neg;
-    if (p >= j->end || *p < '0' || *p > '9')
-        return tpk__st_bad(j, "%s: expected a non-negative integer", where);
-    if (*p == '0' && p + 1 < j->end && p[1] >= '0' && p[1] <= '9')
-        return tpk__st_bad(j, "%s: number with a leading zero", where);
-    uint64_t x = 0;
-    for (; p < j->end && *p >= '0' && *p <= '9'; p++) {
-        unsigned d = *p - '0';
-        if (x > (max - d) / 10)
-            return tpk__st_bad(j, "%s: integer larger than %llu", where, (unsigned long long)max);
-        x = x * 10 + d;
-    }
-    if (p < j->end && (*p == '.' || *p == 'e' || *p == 'E'))
-        return tpk__st_bad(j, "%s: expected an integer, got a fraction or exponent", where);
-    if (neg && x) return tpk__st_bad(j, "%s: -%llu is negative", where, (unsigned long long)x);
-    j->p = p;
-    *v = x;
-    return TPK_OK;
-}
-
-/* One tensor entry {"dtype": ..., "shape": [...], "data_offsets": [b, e]} into *t (name set). */
-static inline tpk_status tpk__st_entry(tpk__st_json *j, tpk_st_tensor *t) {
+/* One tensor entry {"dtype": ..., "shape": [...], "data_offsets": [b, e]} into *t (name set);
+ * data_size: the bytes of the data buffer. */
+static inline tpk_status tpk__st_entry(tpk__jr *r, uint64_t data_size, tpk_st_tensor *t) {
     char where[300], w[340], key[16], dt[16], shp[200];
     size_t len;
     uint64_t v;
     unsigned seen = 0; /* bits: dtype, shape, data_offsets */
     snprintf(where, sizeof where, "tensor \"%.280s\"", t->name);
-    if (!tpk__st_eat(j, '{')) return tpk__st_bad(j, "%s: expected an object", where);
+    size_t at = (tpk__jr_ws(r), r->at);
+    if (!tpk__jr_eat(r, '{')) return tpk__jr_fail(r, r->at, "%s: expected an object", where);
     int m = 0;
-    if (!tpk__st_eat(j, '}')) do {
-        TPK_TRY(tpk__st_string(j, where, key, sizeof key, &len));
-        if (!tpk__st_eat(j, ':')) return tpk__st_bad(j, "%s: expected ':' after a key", where);
+    if (!tpk__jr_eat(r, '}')) do {
+        size_t kat = (tpk__jr_ws(r), r->at);
+        TPK_TRY(tpk__jr_string(r, where, true, false, key, sizeof key, &len));
+        if (!tpk__jr_eat(r, ':'))
+            return tpk__jr_fail(r, r->at, "%s: expected ':' after a key", where);
         unsigned bit = len >= sizeof key              ? 0
                        : !strcmp(key, "dtype")        ? 1
                        : !strcmp(key, "shape")        ? 2
                        : !strcmp(key, "data_offsets") ? 4
                                                       : 0;
         if (!bit)
-            return tpk__st_bad(j, "%s: unknown field \"%.15s%s\"", where, key,
-                               len >= sizeof key ? "..." : "");
-        if (seen & bit) return tpk__st_bad(j, "%s: field \"%s\" appears twice", where, key);
+            return tpk__jr_fail(r, kat, "%s: unknown field \"%.15s%s\"", where, key,
+                                len >= sizeof key ? "..." : "");
+        if (seen & bit)
+            return tpk__jr_fail(r, kat, "%s: field \"%s\" appears twice", where, key);
         seen |= bit;
+        size_t vat = (tpk__jr_ws(r), r->at);
         if (bit == 1) {
-            TPK_TRY(tpk__st_string(j, where, dt, sizeof dt, &len));
+            TPK_TRY(tpk__jr_string(r, where, false, false, dt, sizeof dt, &len));
             int k = 0;
             while (k < TPK_ST_NDTYPES && (len >= sizeof dt || strcmp(dt, tpk__st_dtypes()[k].name)))
                 k++;
             if (k == TPK_ST_NDTYPES)
-                return tpk__st_bad(j, "%s: unknown dtype \"%.15s%s\"", where, dt,
-                                   len >= sizeof dt ? "..." : "");
+                return tpk__jr_fail(r, vat, "%s: unknown dtype \"%.15s%s\"", where, dt,
+                                    len >= sizeof dt ? "..." : "");
             t->dtype = (tpk_st_dtype)k;
         } else if (bit == 2) {
             snprintf(w, sizeof w, "%s: shape", where);
-            if (!tpk__st_eat(j, '[')) return tpk__st_bad(j, "%s: expected an array", w);
+            if (!tpk__jr_eat(r, '[')) return tpk__jr_fail(r, r->at, "%s: expected an array", w);
             int e = 0;
-            if (!tpk__st_eat(j, ']')) do {
+            if (!tpk__jr_eat(r, ']')) do {
                     if (t->ndim == TPK_ST_MAX_DIMS)
-                        return tpk__st_bad(j, "%s: more than %d dimensions", w, TPK_ST_MAX_DIMS);
+                        return tpk__jr_fail(r, vat, "%s: more than %d dimensions", w,
+                                            TPK_ST_MAX_DIMS);
                     snprintf(w, sizeof w, "%s: shape[%d]", where, t->ndim);
-                    TPK_TRY(tpk__st_uint(j, w, INT64_MAX, &v));
+                    TPK_TRY(tpk__jr_uint(r, w, INT64_MAX, &v));
                     t->shape[t->ndim++] = (int64_t)v;
                     snprintf(w, sizeof w, "%s: shape", where);
-            } while ((e = tpk__st_next(j, ']', w)) == 1);
+            } while ((e = tpk__jr_next(r, ']', w)) == 1);
             if (e < 0) return TPK_ERR_FORMAT;
         } else {
             snprintf(w, sizeof w, "%s: data_offsets", where);
-            if (!tpk__st_eat(j, '['))
-                return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
-            TPK_TRY(tpk__st_uint(j, w, UINT64_MAX, &t->begin));
-            if (!tpk__st_eat(j, ','))
-                return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
-            TPK_TRY(tpk__st_uint(j, w, UINT64_MAX, &t->end));
-            if (!tpk__st_eat(j, ']'))
-                return tpk__st_bad(j, "%s: expected an array of 2 integers", w);
+            if (!tpk__jr_eat(r, '['))
+                return tpk__jr_fail(r, r->at, "%s: expected an array of 2 integers", w);
+            TPK_TRY(tpk__jr_uint(r, w, UINT64_MAX, &t->begin));
+            if (!tpk__jr_eat(r, ','))
+                return tpk__jr_fail(r, r->at, "%s: expected an array of 2 integers", w);
+            TPK_TRY(tpk__jr_uint(r, w, UINT64_MAX, &t->end));
+            if (!tpk__jr_eat(r, ']'))
+                return tpk__jr_fail(r, r->at, "%s: expected an array of 2 integers", w);
         }
-    } while ((m = tpk__st_next(j, '}', where)) == 1);
+    } while ((m = tpk__jr_next(r, '}', where)) == 1);
     if (m < 0) return TPK_ERR_FORMAT;
     if (seen != 7)
-        return tpk__st_bad(j, "%s: missing field \"%s\"", where,
-                           !(seen & 1)   ? "dtype"
-                           : !(seen & 2) ? "shape"
-                                         : "data_offsets");
+        return tpk__jr_fail(r, at, "%s: missing field \"%s\"", where,
+                            !(seen & 1)   ? "dtype"
+                            : !(seen & 2) ? "shape"
+                                          : "data_offsets");
     tpk__shape_str(t->shape, t->ndim, shp, sizeof shp);
     if (t->begin > t->end)
-        return tpk__st_bad(j, "%s: data_offsets [%llu, %llu]: begin is after end", where,
-                           (unsigned long long)t->begin, (unsigned long long)t->end);
-    if (t->end > j->data_size)
-        return tpk__st_bad(j, "%s: data_offsets [%llu, %llu] lie outside the %llu-byte data buffer",
-                           where, (unsigned long long)t->begin, (unsigned long long)t->end,
-                           (unsigned long long)j->data_size);
+        return tpk__jr_fail(r, at, "%s: data_offsets [%llu, %llu]: begin is after end", where,
+                            (unsigned long long)t->begin, (unsigned long long)t->end);
+    if (t->end > data_size)
+        return tpk__jr_fail(r, at,
+                            "%s: data_offsets [%llu, %llu] lie outside the %llu-byte data buffer",
+                            where, (unsigned long long)t->begin, (unsigned long long)t->end,
+                            (unsigned long long)data_size);
     uint64_t bytes;
     if (!tpk__st_nbytes(t->shape, t->ndim, t->dtype, &bytes))
-        return tpk__st_bad(j, "%s: shape %s of %s: the byte count overflows", where, shp,
-                           tpk_st_dtype_name(t->dtype));
+        return tpk__jr_fail(r, at, "%s: shape %s of %s: the byte count overflows", where, shp,
+                            tpk_st_dtype_name(t->dtype));
     if (bytes != t->end - t->begin)
-        return tpk__st_bad(
-            j, "%s: shape %s of %s needs %llu bytes, data_offsets [%llu, %llu] hold %llu", where,
-            shp, tpk_st_dtype_name(t->dtype), (unsigned long long)bytes,
+        return tpk__jr_fail(
+            r, at, "%s: shape %s of %s needs %llu bytes, data_offsets [%llu, %llu] hold %llu",
+            where, shp, tpk_st_dtype_name(t->dtype), (unsigned long long)bytes,
             (unsigned long long)t->begin, (unsigned long long)t->end,
             (unsigned long long)(t->end - t->begin));
     return TPK_OK;
 }
 
-/* The "__metadata__" object: counts pairs and string bytes; stores them when keys != NULL. */
-static inline tpk_status tpk__st_metadata(tpk__st_json *j, char **keys, char **vals, char *pool,
-                                          size_t *n, size_t *bytes) {
+/* The "__metadata__" object: counts pairs and string bytes; stores them (and each key's offset in
+ * key_at) when keys != NULL. */
+static inline tpk_status tpk__st_metadata(tpk__jr *r, char **keys, char **vals, size_t *key_at,
+                                          char *pool, size_t *n, size_t *bytes) {
     char where[300];
     size_t len;
-    if (!tpk__st_eat(j, '{')) return tpk__st_bad(j, "__metadata__: expected an object");
+    if (!tpk__jr_eat(r, '{')) return tpk__jr_fail(r, r->at, "__metadata__: expected an object");
     int m = 0;
-    if (!tpk__st_eat(j, '}')) do {
+    if (!tpk__jr_eat(r, '}')) do {
         char kb[201], *k = keys ? pool + *bytes : kb; /* counting: the key only for messages */
-        TPK_TRY(tpk__st_string(j, "__metadata__: key", k, keys ? SIZE_MAX : sizeof kb, &len));
+        size_t kat = (tpk__jr_ws(r), r->at);
+        TPK_TRY(tpk__jr_string(r, "__metadata__: key", true, false, k,
+                               keys ? SIZE_MAX : sizeof kb, &len));
         *bytes += len + 1;
         snprintf(where, sizeof where, "__metadata__ \"%.200s\"", k);
-        if (!tpk__st_eat(j, ':')) return tpk__st_bad(j, "%s: expected ':' after a key", where);
+        if (!tpk__jr_eat(r, ':'))
+            return tpk__jr_fail(r, r->at, "%s: expected ':' after a key", where);
         char *v = keys ? pool + *bytes : NULL;
-        TPK_TRY(tpk__st_string(j, where, v, keys ? SIZE_MAX : 0, &len));
+        TPK_TRY(tpk__jr_string(r, where, false, false, v, keys ? SIZE_MAX : 0, &len));
         *bytes += len + 1;
-        if (keys) keys[*n] = k, vals[*n] = v;
+        if (keys) keys[*n] = k, vals[*n] = v, key_at[*n] = kat;
         ++*n;
-    } while ((m = tpk__st_next(j, '}', "__metadata__")) == 1);
+    } while ((m = tpk__jr_next(r, '}', "__metadata__")) == 1);
     if (m < 0) return TPK_ERR_FORMAT;
     return TPK_OK;
 }
 
 /* The whole header. Without f->tensors it only counts (tensors, metadata pairs, metadata
- * bytes) and checks; with them it fills f->tensors and the metadata. */
-static inline tpk_status tpk__st_header(tpk__st_json *j, tpk_st_file *f, char *pool, size_t *nt,
+ * bytes) and checks; with them it fills f->tensors, the metadata and the offsets of the names
+ * (name_at) and metadata keys (meta_at). */
+static inline tpk_status tpk__st_header(tpk__jr *r, uint64_t data_size, tpk_st_file *f,
+                                        char *pool, size_t *name_at, size_t *meta_at, size_t *nt,
                                         size_t *nm, size_t *mbytes) {
     tpk_st_tensor scratch;
     char name[sizeof scratch.name];
     size_t len;
     bool meta = false;
     *nt = *nm = *mbytes = 0;
-    tpk__st_ws(j);
-    if (j->p == j->end) return tpk__st_bad(j, "the header is empty");
-    if (!tpk__st_eat(j, '{')) return tpk__st_bad(j, "the header is not a JSON object");
+    r->at = 0;
+    if (tpk__jr_peek(r) < 0) return tpk__jr_fail(r, r->at, "the header is empty");
+    if (!tpk__jr_eat(r, '{')) return tpk__jr_fail(r, r->at, "the header is not a JSON object");
     int m = 0;
-    if (!tpk__st_eat(j, '}')) do {
-        TPK_TRY(tpk__st_string(j, "tensor name", name, sizeof name, &len));
-        if (!tpk__st_eat(j, ':')) return tpk__st_bad(j, "expected ':' after \"%.200s\"", name);
+    if (!tpk__jr_eat(r, '}')) do {
+        size_t kat = (tpk__jr_ws(r), r->at);
+        TPK_TRY(tpk__jr_string(r, "tensor name", true, false, name, sizeof name, &len));
+        if (!tpk__jr_eat(r, ':'))
+            return tpk__jr_fail(r, r->at, "expected ':' after \"%.200s\"", name);
         if (!strcmp(name, "__metadata__")) {
-            if (meta) return tpk__st_bad(j, "__metadata__ appears twice");
+            if (meta) return tpk__jr_fail(r, kat, "__metadata__ appears twice");
             meta = true;
-            TPK_TRY(tpk__st_metadata(j, f->meta_keys, f->meta_vals, pool, nm, mbytes));
+            TPK_TRY(tpk__st_metadata(r, f->meta_keys, f->meta_vals, meta_at, pool, nm, mbytes));
         } else {
             if (len > TPK_ST_MAX_NAME)
-                return tpk__st_bad(j, "tensor name \"%.40s...\" is %zu bytes, longer than %d", name,
-                                   len, TPK_ST_MAX_NAME);
+                return tpk__jr_fail(r, kat, "tensor name \"%.40s...\" is %zu bytes, longer than %d",
+                                    name, len, TPK_ST_MAX_NAME);
             tpk_st_tensor *t = f->tensors ? &f->tensors[*nt] : &scratch;
             memset(t, 0, sizeof *t);
             memcpy(t->name, name, sizeof t->name);
-            TPK_TRY(tpk__st_entry(j, t));
+            TPK_TRY(tpk__st_entry(r, data_size, t));
+            if (name_at) name_at[*nt] = kat;
             ++*nt;
         }
-    } while ((m = tpk__st_next(j, '}', "the top-level object")) == 1);
+    } while ((m = tpk__jr_next(r, '}', "the top-level object")) == 1);
     if (m < 0) return TPK_ERR_FORMAT;
-    tpk__st_ws(j);
-    if (j->p != j->end) return tpk__st_bad(j, "unexpected bytes after the JSON object");
-    return TPK_OK;
+    return tpk__jr_end(r, "unexpected bytes after the JSON object");
 }
 
-/* Owned memory: this block, then the tensors, the sort scratch, the metadata pointers and
- * strings. */
+/* Owned memory: this block, then the tensors, the sort scratch, the metadata pointers, the byte
+ * offsets of the names and metadata keys, the metadata strings. */
 typedef struct tpk__st_block {
     uint8_t *file;                  /* the file's bytes (tpk_st_read) or NULL */
     const tpk_st_tensor **by_name;  /* [n] the tensors sorted by name (the sort scratch, after the
@@ -493,6 +352,19 @@ typedef struct tpk__st_block {
 static inline int tpk__st_by_name(const void *a, const void *b) {
     return strcmp((*(const tpk_st_tensor *const *)a)->name,
                   (*(const tpk_st_tensor *const *)b)->name);
+}
+/* By name, then by place in the header (the tensor table is in header order). */
+static inline int tpk__st_by_name_then_place(const void *a, const void *b) {
+    const tpk_st_tensor *x = *(const tpk_st_tensor *const *)a,
+                        *y = *(const tpk_st_tensor *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x > y) - (x < y);
+}
+/* Metadata keys by text, then by place (the pool holds them in header order). */
+static inline int tpk__st_key_then_place(const void *a, const void *b) {
+    const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+    int c = strcmp(x, y);
+    return c ? c : (x > y) - (x < y);
 }
 
 static inline int tpk__st_by_offset(const void *a, const void *b) {
@@ -503,46 +375,65 @@ static inline int tpk__st_by_offset(const void *a, const void *b) {
                                 : 0;
 }
 
-/* Checks over all tensors: unique names, unique metadata keys, the data buffer tiled exactly. */
-static inline tpk_status tpk__st_global(tpk__st_json *j, tpk_st_file *f,
-                                        const tpk_st_tensor **sorted) {
-    const char *dup;
+/* Checks over all tensors: the data buffer tiled exactly, unique names, unique metadata keys (a
+ * repeat named at its byte, the first repeat in the header); name_at, meta_at: the byte offsets
+ * of the names and keys in the header. */
+static inline tpk_status tpk__st_global(const tpk__jr *r, tpk_st_file *f,
+                                        const tpk_st_tensor **sorted, const size_t *name_at,
+                                        const size_t *meta_at) {
     for (int i = 0; i < f->n; i++) sorted[i] = &f->tensors[i];
     qsort(sorted, (size_t)f->n, sizeof *sorted, tpk__st_by_offset);
     uint64_t pos = 0;
     for (int i = 0; i < f->n; i++) {
         const tpk_st_tensor *t = sorted[i];
+        size_t at = name_at[t - f->tensors];
         if (t->begin < pos)
-            return tpk__fail(
-                j->ctx, TPK_ERR_FORMAT, j->fn,
-                "%s: tensor \"%.200s\" (data_offsets [%llu, %llu]) overlaps tensor \"%.200s\" "
+            return tpk__jr_fail(
+                r, at,
+                "tensor \"%.200s\" (data_offsets [%llu, %llu]) overlaps tensor \"%.200s\" "
                 "[%llu, %llu]",
-                j->what, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
                 sorted[i - 1]->name, (unsigned long long)sorted[i - 1]->begin,
                 (unsigned long long)sorted[i - 1]->end);
         if (t->begin > pos)
-            return tpk__fail(
-                j->ctx, TPK_ERR_FORMAT, j->fn,
-                "%s: hole in the data buffer: bytes [%llu, %llu) before tensor \"%.200s\" belong "
+            return tpk__jr_fail(
+                r, at,
+                "hole in the data buffer: bytes [%llu, %llu) before tensor \"%.200s\" belong "
                 "to no tensor",
-                j->what, (unsigned long long)pos, (unsigned long long)t->begin, t->name);
+                (unsigned long long)pos, (unsigned long long)t->begin, t->name);
         pos = t->end;
     }
     if (pos != f->data_size)
-        return tpk__fail(
-            j->ctx, TPK_ERR_FORMAT, j->fn,
-            "%s: the data buffer has %llu bytes after the last tensor (it ends at %llu of %llu)",
-            j->what, (unsigned long long)(f->data_size - pos), (unsigned long long)pos,
+        return tpk__jr_fail(
+            r, f->n ? name_at[sorted[f->n - 1] - f->tensors] : 0,
+            "the data buffer has %llu bytes after the last tensor (it ends at %llu of %llu)",
+            (unsigned long long)(f->data_size - pos), (unsigned long long)pos,
             (unsigned long long)f->data_size);
-    const char **names = (const char **)(void *)sorted;
-    for (int i = 0; i < f->n; i++) names[i] = f->tensors[i].name;
-    if (tpk__st_has_dup(names, (size_t)f->n, &dup))
-        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn, "%s: tensor name \"%.200s\" appears twice",
-                         j->what, dup);
-    for (int i = 0; i < f->n_meta; i++) names[i] = f->meta_keys[i];
-    if (tpk__st_has_dup(names, (size_t)f->n_meta, &dup))
-        return tpk__fail(j->ctx, TPK_ERR_FORMAT, j->fn,
-                         "%s: __metadata__ key \"%.200s\" appears twice", j->what, dup);
+    const tpk_st_tensor *dup = NULL;
+    for (int i = 0; i < f->n; i++) sorted[i] = &f->tensors[i];
+    if (f->n > 1) qsort(sorted, (size_t)f->n, sizeof *sorted, tpk__st_by_name_then_place);
+    for (int i = 1; i < f->n; i++)
+        if (!strcmp(sorted[i - 1]->name, sorted[i]->name) && (!dup || sorted[i] < dup))
+            dup = sorted[i];
+    if (dup) {
+        const tpk_st_tensor *first = f->tensors;
+        while (strcmp(first->name, dup->name)) first++;
+        return tpk__jr_fail(r, name_at[dup - f->tensors],
+                            "tensor name \"%.200s\" appears twice (first at byte %zu)", dup->name,
+                            r->base + name_at[first - f->tensors]);
+    }
+    const char **keys = (const char **)(void *)sorted, *kdup = NULL;
+    for (int i = 0; i < f->n_meta; i++) keys[i] = f->meta_keys[i];
+    if (f->n_meta > 1) qsort(keys, (size_t)f->n_meta, sizeof *keys, tpk__st_key_then_place);
+    for (int i = 1; i < f->n_meta; i++)
+        if (!strcmp(keys[i - 1], keys[i]) && (!kdup || keys[i] < kdup)) kdup = keys[i];
+    if (kdup) {
+        int k = 0, first = 0;
+        while (f->meta_keys[k] != kdup) k++;
+        while (strcmp(f->meta_keys[first], kdup)) first++;
+        return tpk__jr_fail(r, meta_at[k], "__metadata__ key \"%.200s\" appears twice (first at "
+                            "byte %zu)", kdup, r->base + meta_at[first]);
+    }
     return TPK_OK;
 }
 
@@ -563,26 +454,31 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
     if (!bytes && size) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: bytes is NULL", what);
     if (size < 8)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: %zu bytes, shorter than the 8-byte header length", what, size);
+                         "%s: byte 0: %zu bytes, shorter than the 8-byte header length", what,
+                         size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | bytes[i];
     if (hlen > TPK_ST_MAX_HEADER)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: header length %llu is larger than the %u-byte limit", what,
+                         "%s: byte 0: header length %llu is larger than the %u-byte limit", what,
                          (unsigned long long)hlen, TPK_ST_MAX_HEADER);
     if (hlen > size - 8)
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: header length %llu exceeds the %zu bytes after it (truncated file?)",
+                         "%s: byte 0: header length %llu exceeds the %zu bytes after it "
+                         "(truncated file?)",
                          what, (unsigned long long)hlen, size - 8);
-    tpk__st_json j = {bytes + 8, bytes + 8, bytes + 8 + hlen, size - 8 - hlen, ctx, fn, what};
+    tpk__jr r;
+    tpk__jr_init(&r, ctx, fn, what, bytes + 8, (size_t)hlen, 8);
+    uint64_t data_size = size - 8 - hlen;
     size_t nt, nm, mbytes;
-    TPK_TRY(tpk__st_header(&j, out, NULL, &nt, &nm, &mbytes)); /* count and check */
+    TPK_TRY(tpk__st_header(&r, data_size, out, NULL, NULL, NULL, &nt, &nm, &mbytes)); /* count */
     size_t nsort = nt > nm ? nt : nm;
     /* every part is 8-byte aligned but the strings */
     size_t off_tensors = (sizeof(tpk__st_block) + 7) / 8 * 8;
     size_t off_sort = off_tensors + nt * sizeof(tpk_st_tensor),
            off_meta = off_sort + nsort * sizeof(void *);
-    size_t off_pool = off_meta + 2 * nm * sizeof(char *);
+    size_t off_at = off_meta + 2 * nm * sizeof(char *);
+    size_t off_pool = off_at + (nt + nm) * sizeof(size_t);
     uint8_t *block = (uint8_t *)calloc(1, off_pool + mbytes);
     if (!block)
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %zu bytes for %zu tensors",
@@ -591,13 +487,14 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
     out->tensors = (tpk_st_tensor *)(void *)(block + off_tensors);
     out->meta_keys = (char **)(void *)(block + off_meta);
     out->meta_vals = out->meta_keys + nm;
-    out->data = (uint8_t *)(uintptr_t)j.end;
-    out->data_size = j.data_size;
-    j.p = j.start;
-    tpk_status s = tpk__st_header(&j, out, (char *)block + off_pool, &nt, &nm, &mbytes); /* fill */
+    out->data = (uint8_t *)(uintptr_t)(bytes + 8 + hlen);
+    out->data_size = data_size;
+    size_t *name_at = (size_t *)(void *)(block + off_at), *meta_at = name_at + nt;
+    tpk_status s = tpk__st_header(&r, data_size, out, (char *)block + off_pool, name_at, meta_at,
+                                  &nt, &nm, &mbytes); /* fill */
     out->n = (int)nt, out->n_meta = (int)nm;
     const tpk_st_tensor **idx = (const tpk_st_tensor **)(void *)(block + off_sort);
-    if (s == TPK_OK) s = tpk__st_global(&j, out, idx);
+    if (s == TPK_OK) s = tpk__st_global(&r, out, idx, name_at, meta_at);
     if (s != TPK_OK) {
         tpk_st_close(out);
         return s;
