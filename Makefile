@@ -1,6 +1,9 @@
 # tpk — build, test, install.
 #   make            build/libtpk_host.a (+ build/libtpk_cuda.a when nvcc is found)
-#   make test       install missing Debian packages (as root), build, run the whole suite
+#   make test       install missing Debian packages (as root), build what the suite runs, run it:
+#                   each behaviour in one configuration (under 10 minutes on 2 cores)
+#   make test-long  CI: what make test leaves out (other rank counts, the emulator's race schedules
+#                   and variants, the trainer scripts' long cases)
 #   make test-sanitize  the host suite built with AddressSanitizer + UBSan (in build/san)
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
 #   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
@@ -48,9 +51,10 @@ endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers $(B)/tests/gpu_emu_race \
-            $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk \
+TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers \
             $(B)/tests/train_cuda_emu
+# the programs only make test-long runs (the emulation's checked build and its own test)
+TESTS_LONG = $(B)/tests/gpu_emu_race $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
 HEADERS   = $(wildcard include/tpk/*.h include/tpk/*/*.h)
@@ -64,7 +68,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-long test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -98,7 +102,7 @@ $(B)/libtpk_cuda.a: $(CUDA_OBJ) $(HOST_OBJ)
 $(B)/tests/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h tests/test.h $(HEADERS) $(B)/libtpk_cuda.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) -Itests -DTPK_WITH_CUDA $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_cuda.a $(BLAS_LIBS) $(CUDA_LIBS)
-$(GPU_BENCH): $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a)
+$(GPU_BENCH): $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a) $(B)/backend
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(BLAS_CFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
 	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
@@ -254,7 +258,7 @@ bench-setup: $(B)/bench/setup
 
 # The trainer (every model family: --arch), the project's main job (examples/train.c).
 # Where nvcc is found it links the CUDA archive and uses a GPU per rank when one is present.
-$(B)/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a)
+$(B)/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a) $(B)/backend
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $(if $(HAVE_CUDA),-DTPK_WITH_CUDA) $< -o $@ \
 	  $(DEFAULT_OPS) $(if $(HAVE_CUDA),$(B)/libtpk_cuda.a,$(B)/libtpk_host.a) $(BLAS_LIBS) $(if $(HAVE_CUDA),$(CUDA_LIBS)) -lm
@@ -307,9 +311,32 @@ deps:
 format-check:
 	@python3 tools/format_check.py
 
+# The backend the programs that can link the CUDA archive were linked for ($(B)/train and the GPU
+# benchmarks: cuda where nvcc is found, host with NVCC= as make test builds them): a prerequisite of
+# theirs, rewritten only when it changes, so a program linked for the other one is linked again.
+$(B)/backend: FORCE
+	@mkdir -p $(@D) && echo $(if $(HAVE_CUDA),cuda,host) > $@.new && \
+	  if cmp -s $@.new $@; then rm -f $@.new; else mv $@.new $@; fi
+FORCE:
+
+# make test builds only what the suite runs, for the host backend (NVCC=: the CUDA archive and the
+# GPU programs are make cuda-check's, which CI runs), on every core unless make was given -j; the
+# build's seconds and CPU time go to the driver's summary per phase (tests/run.sh).
+TEST_PROGS = $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/tests/tokenizer_check $(B)/train $(B)/plan \
+             $(B)/tests/unicode_check $(B)/tokenize $(B)/readme_example $(GPU_BENCH)
+TEST_JOBS ?= $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
 test: deps
-	@$(MAKE) --no-print-directory all $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/tests/tokenizer_check $(B)/train $(B)/plan $(B)/tests/unicode_check $(B)/tokenize $(B)/readme_example $(GPU_BENCH)
-	@TPK_BUILD=$(B) sh tests/run.sh
+	@t0=$$(date +%s); $(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(TEST_PROGS) || exit 1; \
+	  mkdir -p $(B)/tests && times > $(B)/tests/build-times.txt; \
+	  TPK_BUILD=$(B) TPK_BUILD_SECONDS=$$(($$(date +%s) - t0)) TPK_BUILD_TIMES=$(B)/tests/build-times.txt sh tests/run.sh quick
+
+# CI: what make test leaves out (tests/run.sh long): the other rank counts, the emulation's checked
+# build under the race detector and its own test, its fallback and 99 KiB runs, the CUDA C++ test
+# (built by make cuda-check where nvcc is found), the trainer scripts' long cases. Run after make test.
+test-long: deps
+	@t0=$$(date +%s); $(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(TEST_PROGS) $(TESTS_LONG) || exit 1; \
+	  mkdir -p $(B)/tests && times > $(B)/tests/build-times.txt; \
+	  TPK_BUILD=$(B) TPK_BUILD_SECONDS=$$(($$(date +%s) - t0)) TPK_BUILD_TIMES=$(B)/tests/build-times.txt sh tests/run.sh long
 
 # The host suite with AddressSanitizer and UndefinedBehaviorSanitizer (any finding stops the
 # program: a failed test); built into build/san, so it does not disturb the normal build. Leak
@@ -318,8 +345,8 @@ test: deps
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-sanitize: deps
 	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
-	  $(patsubst $(B)/%,build/san/%,$(filter-out %/gpu_emu_race,$(TESTS)) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/tests/tokenizer_check $(B)/train $(B)/plan $(B)/tests/unicode_check $(B)/tokenize $(B)/readme_example $(GPU_BENCH))
-	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh
+	  $(patsubst $(B)/%,build/san/%,$(TEST_PROGS) $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk)
+	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh quick
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
 # t = 2, 3 (MPI, ranks sharing one GPU), compute-sanitizer on the op tests (tests/gpu/run.sh).

@@ -5,6 +5,13 @@ cd "$(dirname "$0")/.." || exit 1
 # TPK_TIME_SCALE (a whole number, default 1) multiplies every time limit: a busy machine
 scale=${TPK_TIME_SCALE:-1}
 case "$scale" in '' | *[!0-9]* | 0) echo "TPK_TIME_SCALE: expected a whole number >= 1, got '$scale'" >&2; exit 1 ;; esac
+# TPK_TESTS: which cases run (tests/run.sh sets it): quick (make test: each behaviour in one
+# configuration), long (make test-long, CI: the configurations quick leaves out), all (both);
+# quick_set / long_set say whether a case of that set runs
+tests=${TPK_TESTS:-quick}
+case "$tests" in quick | long | all) ;; *) echo "TPK_TESTS: expected quick, long or all, got '$tests'" >&2; exit 1 ;; esac
+quick_set() { [ "$tests" != long ]; }
+long_set() { [ "$tests" != quick ]; }
 B=${TPK_BUILD:-build}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 mpiflags="--oversubscribe"

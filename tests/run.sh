@@ -1,206 +1,297 @@
 #!/bin/sh
-# The test driver: runs every test program under mpirun at its rank counts, counts the
-# "ok"/"FAIL" lines the programs print, and ends with "N passed, M failed".
-# Every time limit is multiplied by TPK_TIME_SCALE (tests/common.sh: $scale) on a busy machine.
-. "$(dirname "$0")/common.sh" # the repository root, B (TPK_BUILD; make test-sanitize: build/san), mpiflags, scale
+# The test driver: tests/run.sh [quick | long | all] runs the test programs under mpirun, the CUDA
+# backend on the CPU emulation, the trainer's test scripts and the checks of the build, counts the
+# "ok"/"FAIL" lines they print, and ends with "N passed, M failed".
+#   quick (make test): each behaviour in one configuration — a program at the rank counts that
+#     say something of their own (one rank, and its multi-rank case at an uneven split), the
+#     emulated backend's op suite and its layers at 3 ranks, the trainer scripts' quick cases;
+#   long (make test-long, CI): what quick leaves out — the other rank counts, the emulation's
+#     fallback, 99 KiB and race-detector runs and its own test, the layers at 2 ranks, the CUDA
+#     C++ test, the trainer scripts' long cases (other sizes, rank counts and sweeps);
+#   all: both.
+# Each program's line gives its wall and CPU seconds (user + sys of all its processes) against
+# its limit; a summary per phase (build, C tests, emulator, trainer scripts, other, total) ends the
+# run. Every time limit is multiplied by TPK_TIME_SCALE (tests/common.sh: $scale) on a busy machine.
+# The build's figures come from make (TPK_BUILD_SECONDS, and TPK_BUILD_TIMES: a file with the
+# shell's `times` after the build).
+set_arg=${1:-quick}
+case "$set_arg" in
+quick | long | all) export TPK_TESTS=$set_arg ;;
+*) echo "usage: tests/run.sh [quick | long | all]" >&2; exit 2 ;;
+esac
+. "$(dirname "$0")/common.sh" # the repository root, B (TPK_BUILD; make test-sanitize: build/san), mpiflags, scale, quick_set, long_set
 export TPK_BUILD=$B
+mkdir -p "$B/tests"
 log=$B/tests/log.txt
 : > "$log"
 passed=0 failed=0
+
+# CPU seconds (user + sys) of this shell's finished children: `times` in this shell (not in a
+# command substitution's subshell, whose children are its own), read back from a file
+tf=$B/tests/times.txt
+cpu_of() { awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } printf "%d\n", t + 0.5 }' "$1"; }
+cpu_now() { times > "$tf"; cpu=$(cpu_of "$tf"); }
+
+# phase NAME: ends the running phase (its wall and CPU seconds into the summary), starts NAME
+summary="" ph="" total_t0=$(date +%s)
+cpu_now; total_c0=$cpu
+phase() {
+    now=$(date +%s); cpu_now
+    [ -n "$ph" ] && summary="$summary$(printf '  %-16s %5d s  %5d s CPU' "$ph" $((now - ph_t0)) $((cpu - ph_c0)))
+"
+    ph=$1 ph_t0=$now ph_c0=$cpu
+}
+
+# row NAME NP OUT RC [SECS LIMIT CPU]: count OUT's "ok"/"FAIL" lines, print the program's line
+row() {
+    printf '%s\n' "$3" >> "$log"
+    p=$(printf '%s\n' "$3" | grep -c '^ok ')
+    f=$(printf '%s\n' "$3" | grep -c '^FAIL')
+    printf '%s\n' "$3" | grep -E '^(FAIL|  |train: )' | head -40
+    if [ "$4" -ne 0 ] && [ "$f" -eq 0 ]; then
+        echo "FAIL $1 [np=$2]: exit status $4"
+        printf '%s\n' "$3" | tail -20
+        f=1
+    fi
+    case "$1" in *_example) [ "$4" -eq 0 ] && p=1 ;; esac # a program, not a test: its exit status
+    if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $1 [np=$2]: ran no test case"; f=1; fi
+    # the seconds taken against the limit: a program near its limit shows before it fails
+    if [ -n "$5" ]; then
+        printf '%-28s np=%-3s %3d ok  %d failed  %4d s of %d  %4d s CPU\n' "$1" "$2" "$p" "$f" "$5" "$6" "$7"
+    else
+        printf '%-28s np=%-3s %3d ok  %d failed\n' "$1" "$2" "$p" "$f"
+    fi
+    passed=$((passed + p)) failed=$((failed + f))
+}
 
 # run NAME NP CMD...: one program at one rank count, within limit seconds (default 300) x TPK_TIME_SCALE
 run() {
     name=$1 np=$2; shift 2
     lim=$((${limit:-300} * scale)) t0=$(date +%s)
+    cpu_now; c0=$cpu
     out=$(timeout $lim mpirun $mpiflags -np "$np" "$@" 2>&1)
     rc=$? secs=$(($(date +%s) - t0))
-    printf '%s\n' "$out" >> "$log"
-    p=$(printf '%s\n' "$out" | grep -c '^ok ')
-    f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
-    printf '%s\n' "$out" | grep -E '^(FAIL |  \[rank)' | head -40
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-        echo "FAIL $name [np=$np]: exit status $rc"
-        printf '%s\n' "$out" | tail -20
-        f=1
-    fi
-    case "$name" in *_example) [ "$rc" -eq 0 ] && p=1 ;; esac  # a program, not a test: its exit status
-    if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name [np=$np]: ran no test case"; f=1; fi
-    # the seconds taken against the limit: a program near its limit shows before it fails
-    printf '%-28s np=%s  %3d ok  %d failed  %4d s of %d\n' "$name" "$np" "$p" "$f" "$secs" "$lim"
-    passed=$((passed + p)) failed=$((failed + f))
+    cpu_now
+    row "$name" "$np" "$out" "$rc" "$secs" "$lim" $((cpu - c0))
 }
 
+# script NAME NP FILE: a test script's "ok"/"FAIL" lines counted as one row (TPK_TESTS picks its cases)
+script() {
+    t0=$(date +%s)
+    cpu_now; c0=$cpu
+    out=$(sh "$3" 2>&1)
+    rc=$? secs=$(($(date +%s) - t0))
+    cpu_now
+    # (a script's exit status is not its verdict: its "FAIL" lines are)
+    row "$1" "$2" "$out" 0 "$secs" 0 $((cpu - c0))
+}
+
+# ---- the test programs --------------------------------------------------------------------------
+# nps NAME: "QUICK|LONG", the rank counts a program runs at in each set. A TP test says at 3 ranks
+# what it says at 2 (an uneven split: shards of different sizes, a rank with no head where A = 2)
+# and at 4; at 1 the sharded code meets the unsharded one. The pipeline's meshes need 2 and 4
+# ranks (PP 2, TP 2 x PP 2; 3: PP 3 and TP 3). Programs without ranks of their own run on one.
+nps() {
+    case "$1" in
+    test_ops_*) echo "1|" ;;
+    test_safetensors | test_text) echo "1|2" ;;
+    test_pipeline | test_pipeline_lm) echo "2 3 4|1" ;;
+    *) echo "1 3|2 4" ;;
+    esac
+}
+phase "C tests"
 for t in $B/tests/test_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    case "$name" in
-    test_ops_*) nps="1" ;;
-    *) nps="1 2 3 4" ;;
-    esac
-    for np in $nps; do run "$name" "$np" "$t"; done
+    s=$(nps "$name") q=${s%|*} l=${s#*|} n=""
+    quick_set && n="$q"
+    long_set && n="$n $l"
+    for np in $(printf '%s\n' $n | sort -n); do run "$name" "$np" "$t"; done
 done
-run readme_example 2 $B/readme_example
-# the whole CUDA backend on the CPU (kernels/cuda/*.cu compiled by g++ against the CUDA emulation in
-# tests/gpu/emu/): tests/gpu/ops.c, every CUDA op against the host op; then again with the emulated
-# cuBLASLt finding no algorithm, so the backend's own GEMM kernel and composed linear_fwd run
-run gpu_emu_ops 1 $B/tests/gpu_emu_ops
-run gpu_emu_ops_fallback 1 -x TPK_EMU_LT_NOALGO=1 $B/tests/gpu_emu_ops
+quick_set && run readme_example 2 $B/readme_example
+
+# ---- the CUDA backend on the CPU ----------------------------------------------------------------
+# (kernels/cuda/*.cu compiled by g++ against the CUDA emulation in tests/gpu/emu/)
+phase emulator
+# tests/gpu/ops.c, every CUDA op against the host op
+quick_set && run gpu_emu_ops 1 $B/tests/gpu_emu_ops
+# again with the emulated cuBLASLt finding no algorithm, so the backend's own GEMM kernel and
+# composed linear_fwd run (also under AddressSanitizer: other kernels than the quick run's)
+if long_set || [ "$B" = build/san ]; then
+    run gpu_emu_ops_fallback 1 -x TPK_EMU_LT_NOALGO=1 $B/tests/gpu_emu_ops
+fi
 # and on a GPU that gives a block 99 KiB of shared memory (sm_86/89): the tensor-core attention
 # takes at most 78 KB a block, so it runs there at D = 64 and 128 alike (the launchers' check)
 # (not again under AddressSanitizer: the same code as gpu_emu_ops, only the launchers' check
 # differs, and the sanitized emulation takes 87 s of CI's time)
-[ "$B" = build/san ] || run gpu_emu_ops_smem99 1 -x TPK_EMU_SMEM_OPTIN=101376 $B/tests/gpu_emu_ops
+long_set && [ "$B" != build/san ] && run gpu_emu_ops_smem99 1 -x TPK_EMU_SMEM_OPTIN=101376 $B/tests/gpu_emu_ops
 # and on the checked build (every load and store of the kernels observed) under the shared-memory
 # race detector, with each warp alone from barrier to barrier in descending and in a seeded random
 # order, the grid-stride launches capped at 3 blocks so every loop takes several trips (a kernel
 # whose answer depends on the schedule fails against the host; a load or store outside every
-# allocation fails). The AddressSanitizer build cannot take the instrumentation: the schedules alone.
+# allocation fails). The AddressSanitizer build cannot take the instrumentation: the descending
+# schedule alone, there in make test-sanitize's own run.
 race=TPK_EMU_RACE=1
 [ "$B" = build/san ] && race=TPK_EMU_RACE=0
 # (one warp at a time, every access observed: the slowest programs, 49-66 s in build/ and 54 s in
 # build/san on 2 cores; on a busier machine one once took 87% of a 300 s limit: these get 900 s)
 limit=900
-run gpu_emu_ops_race_desc 1 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
+if long_set || [ "$B" = build/san ]; then
+    run gpu_emu_ops_race_desc 1 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
+fi
 # (the random schedule in build/ only: under AddressSanitizer the descending one covers the same
 # memory accesses)
-[ "$B" = build/san ] ||
+long_set && [ "$B" != build/san ] &&
     run gpu_emu_ops_race_random 1 -x $race -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_ops_chk
 limit=
 # the emulation's own test: faulty kernels it must catch (races, cp.async read in flight, launch
 # limits, reads past an allocation), their correct variants clean under every schedule; its
 # detector needs the access instrumentation, which the AddressSanitizer build (build/san) lacks
-if [ -x $B/tests/gpu_emu_race ]; then
-    run gpu_emu_race 1 $B/tests/gpu_emu_race
-elif [ "$B" = build ]; then
-    echo "FAIL gpu_emu_race: $B/tests/gpu_emu_race was not built"; failed=$((failed + 1))
+if long_set && [ "$B" != build/san ]; then
+    if [ -x $B/tests/gpu_emu_race ]; then
+        run gpu_emu_race 1 $B/tests/gpu_emu_race
+    else
+        echo "FAIL gpu_emu_race: $B/tests/gpu_emu_race was not built (make test-long builds it)"; failed=$((failed + 1))
+    fi
 fi
-# the CUDA layers and GPT-2 model (tests/gpu/layers.c) on the emulated backend against the host, ranks over MPI
-run gpu_emu_layers 2 $B/tests/gpu_emu_layers
-run gpu_emu_layers 3 $B/tests/gpu_emu_layers
-run gpu_emu_layers_race_desc 2 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_layers_chk
+# the CUDA layers and GPT-2 model (tests/gpu/layers.c) on the emulated backend against the host,
+# ranks over MPI: at 3 (uneven splits), and at 2 also on the checked build with the descending
+# schedule (in build/san: make test-sanitize's run)
+quick_set && run gpu_emu_layers 3 $B/tests/gpu_emu_layers
+long_set && run gpu_emu_layers 2 $B/tests/gpu_emu_layers
+if long_set || [ "$B" = build/san ]; then
+    run gpu_emu_layers_race_desc 2 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_layers_chk
+fi
+# the trainer on the emulated CUDA backend against the host's
+script train_emu 1-2 tests/train_emu.sh
 
-# the kit from a CUDA C++ file (tests/cuda_cxx.cu): built where nvcc is found (make test / cuda-check)
-if [ -x $B/tests/cuda_cxx ]; then
-    run cuda_cxx 1 $B/tests/cuda_cxx
-elif command -v nvcc >/dev/null 2>&1 && [ "$B" = build ]; then
-    echo "FAIL cuda_cxx: nvcc is present but $B/tests/cuda_cxx was not built"; failed=$((failed + 1))
-else
-    echo "cuda_cxx: skipped (no nvcc: tests/cuda_cxx.cu not compiled)"
+# ---- the checks of the build and the references -------------------------------------------------
+phase other
+# the kit from a CUDA C++ file (tests/cuda_cxx.cu): built by make cuda-check where nvcc is found
+if long_set; then
+    if [ -x $B/tests/cuda_cxx ]; then
+        run cuda_cxx 1 $B/tests/cuda_cxx
+    elif command -v nvcc >/dev/null 2>&1 && [ "$B" = build ]; then
+        echo "FAIL cuda_cxx: nvcc is present but $B/tests/cuda_cxx was not built"; failed=$((failed + 1))
+    else
+        echo "cuda_cxx: skipped (no nvcc: tests/cuda_cxx.cu not compiled)"
+    fi
 fi
 
 # the PyTorch reference: where Debian's python3 (not another one first on PATH) imports torch
+# (make test: at t = 2 and 3, sequence parallelism on at one and off at the other, a key/value
+# head on two ranks at 3; make test-long: at t = 1 and 4)
 py=/usr/bin/python3
 if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
+    tnp=""
+    quick_set && tnp="2 3"
+    long_set && tnp="$tnp 1 4"
     # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied; GPT-NeoX
     for model in gpt2 llama llama_tied neox neox_tanh; do
-        for np in 1 2 3 4; do
+        for np in $tnp; do
             odd=""; even=""
             if [ $((np % 2)) = 1 ]; then odd=sp; else even=sp; fi
             case $model in  # sequence parallelism at odd t (the tied Llama: at even t)
-            gpt2) args="$odd" row=torch_reference ;;
-            llama) args="$odd llama" row=torch_reference_llama ;;
-            llama_tied) args="$even llama tied" row=torch_reference_llama_tied ;;
-            neox) args="$odd neox" row=torch_reference_neox ;;
-            neox_tanh) args="$even neox tanh" row=torch_reference_neox_tanh ;;
+            gpt2) args="$odd" name=torch_reference ;;
+            llama) args="$odd llama" name=torch_reference_llama ;;
+            llama_tied) args="$even llama tied" name=torch_reference_llama_tied ;;
+            neox) args="$odd neox" name=torch_reference_neox ;;
+            neox_tanh) args="$even neox tanh" name=torch_reference_neox_tanh ;;
             esac
             dir=$B/tests/torch_${model}_np$np
             rm -rf "$dir"
+            t0=$(date +%s)
+            cpu_now; c0=$cpu
             if out=$(timeout $((300 * scale)) mpirun $mpiflags -np "$np" $B/tests/torch_dump "$dir" $args 2>&1); then
                 out=$(timeout $((300 * scale)) "$py" tests/torch_ref.py "$dir" 2>&1)
             else
                 out="$out
 FAIL torch_dump $args at np=$np"
             fi
-            printf '%s\n' "$out" >> "$log"
-            printf '%s\n' "$out" | grep -E '^(FAIL|  )'
-            p=$(printf '%s\n' "$out" | grep -c '^ok ')
-            f=$(printf '%s\n' "$out" | grep -c '^FAIL')
-            [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { printf '%s\n' "$out" | tail -5; f=1; }
-            printf '%-28s np=%s  %3d ok  %d failed\n' "$row" "$np" "$p" "$f"
-            passed=$((passed + p)) failed=$((failed + f))
+            secs=$(($(date +%s) - t0))
+            cpu_now
+            row "$name" "$np" "$out" 0 "$secs" $((300 * scale)) $((cpu - c0))
         done
     done
     # make bench-gpt2's script end to end on a tiny model (its numbers are not checked: not a timed test)
-    out=$(timeout $((300 * scale)) "$py" bench/gpt2_step.py --trainer $B/train --model tiny --device cpu --dtype f32 --vocab 300 --steps 2 --warmup 1 --json 2>&1)
-    printf '%s\n' "$out" >> "$log"
-    if printf '%s\n' "$out" | "$py" -c 'import json, sys; r = json.loads(sys.stdin.read()); assert r["rows"]["tpk"]["tokens_per_s"] > 0 and any(k.startswith("torch eager") for k in r["rows"]), r' >/dev/null 2>&1; then
-        echo "ok bench/gpt2_step.py runs tpk's trainer and PyTorch's eager model" >> "$log"; p=1 f=0
-    else
-        echo "FAIL bench/gpt2_step.py: $out" | head -5; p=0 f=1
+    if quick_set; then
+        out=$(timeout $((300 * scale)) "$py" bench/gpt2_step.py --trainer $B/train --model tiny --device cpu --dtype f32 --vocab 300 --steps 2 --warmup 1 --json 2>&1)
+        if printf '%s\n' "$out" | "$py" -c 'import json, sys; r = json.loads(sys.stdin.read()); assert r["rows"]["tpk"]["tokens_per_s"] > 0 and any(k.startswith("torch eager") for k in r["rows"]), r' >/dev/null 2>&1; then
+            out="ok bench/gpt2_step.py runs tpk's trainer and PyTorch's eager model"
+        else
+            out="FAIL bench/gpt2_step.py: $(printf '%s\n' "$out" | head -5)"
+        fi
+        row bench_gpt2_script 1 "$out" 0
     fi
-    printf '%-28s np=%s  %3d ok  %d failed\n' bench_gpt2_script 1 "$p" "$f"
-    passed=$((passed + p)) failed=$((failed + f))
 else
     echo "torch_reference: skipped (Debian's python3-torch is not importable by $py; sudo apt-get install python3-torch)"
 fi
 
-# make gpu-report's report, checked on the CPU (tests/gpu_report.py): the generator on recorded GPU
-# figures at each target's edge, the command without a GPU, a host dry run of the whole pipeline
-py3=$(command -v python3 || echo /usr/bin/python3)
-out=$(timeout $((300 * scale)) "$py3" tests/gpu_report.py "$B" 2>&1)
-printf '%s\n' "$out" >> "$log"
-printf '%s\n' "$out" | grep '^FAIL' | head -20
-p=$(printf '%s\n' "$out" | grep -c '^ok ')
-f=$(printf '%s\n' "$out" | grep -c '^FAIL')
-[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { printf '%s\n' "$out" | tail -5; f=1; }
-printf '%-28s np=%s  %3d ok  %d failed\n' gpu_report 1 "$p" "$f"
-passed=$((passed + p)) failed=$((failed + f))
+if quick_set; then
+    # make gpu-report's report, checked on the CPU (tests/gpu_report.py): the generator on recorded GPU
+    # figures at each target's edge, the command without a GPU, a host dry run of the whole pipeline
+    py3=$(command -v python3 || echo /usr/bin/python3)
+    t0=$(date +%s)
+    cpu_now; c0=$cpu
+    out=$(timeout $((300 * scale)) "$py3" tests/gpu_report.py "$B" 2>&1)
+    rc=$? secs=$(($(date +%s) - t0))
+    cpu_now
+    row gpu_report 1 "$out" 0 "$secs" $((300 * scale)) $((cpu - c0))
+    # make cuda-report's figures and budget checks on a hand-counted ptxas log and SASS (no nvcc needed)
+    script cuda_report 1 tests/cuda_report.sh
 
-# script NAME NP FILE: a test script's "ok"/"FAIL" lines counted as one row
-script() {
-    out=$(sh "$3" 2>&1)
-    printf '%s\n' "$out" >> "$log"
-    printf '%s\n' "$out" | grep -E '^(FAIL|    |train: )'
-    p=$(printf '%s\n' "$out" | grep -c '^ok ')
-    f=$(printf '%s\n' "$out" | grep -c '^FAIL')
-    [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && { echo "FAIL $3 ran no test"; f=1; }
-    printf '%-28s np=%s  %3d ok  %d failed\n' "$1" "$2" "$p" "$f"
-    passed=$((passed + p)) failed=$((failed + f))
-}
+    # install into build/inst and build the README example against it with pkg-config (normal build only)
+    inst="$PWD/build/inst"
+    if [ "$B" != build ]; then
+        echo "pkgconfig_example: skipped in $B (make install installs the normal build)"
+    elif make --no-print-directory -s install PREFIX="$inst" >> "$log" 2>&1 &&
+       mpicc -std=c11 -Wall -Wextra -Werror build/readme_example.c \
+           $(PKG_CONFIG_PATH="$inst/lib/pkgconfig" pkg-config --cflags --libs tpk) -o build/tests/pkgconfig_example >> "$log" 2>&1; then
+        run pkgconfig_example 2 build/tests/pkgconfig_example
+    else
+        echo "FAIL make install + pkg-config build of the README example (see $log)"; failed=$((failed + 1))
+    fi
+
+    # every header compiles alone with a plain C compiler, without MPI or CUDA headers
+    hfail=0
+    for h in include/tpk/*.h include/tpk/*/*.h; do
+        case "$h" in */mpi.h) continue ;; esac
+        printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
+            ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude -x c -c - -o /dev/null || { echo "FAIL header $h"; hfail=1; }
+    done
+    if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CC:-cc} -std=c11 -Werror: ok"; else failed=$((failed + 1)); fi
+    # ... and as C++17 (mpi.h with mpicxx, which brings <mpi.h>)
+    hfail=0
+    for h in include/tpk/*.h include/tpk/*/*.h; do
+        cxx=${CXX:-g++}
+        case "$h" in */mpi.h) cxx=mpicxx ;; esac
+        printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
+            $cxx -std=c++17 -Wall -Wextra -Werror -pedantic -Iinclude -x c++ -c - -o /dev/null || { echo "FAIL header $h as C++17"; hfail=1; }
+    done
+    if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CXX:-g++} -std=c++17 -pedantic -Werror: ok"; else failed=$((failed + 1)); fi
+fi
+
+# ---- the trainer's test scripts -----------------------------------------------------------------
+phase "trainer scripts"
 # the GPT-2 trainer end to end (resume, resharding, evaluation, Hugging Face import, bad input)
 script train 1-4 tests/train.sh
 # the configuration planner against real runs (memory), its table, --json, --calibrate and bad input
 script plan 1-4 tests/plan.sh
 # text: Unicode classes, NFC and UTF-8 against Python (tests/unicode.sh); the tokenizer against
 # Hugging Face tokenizers, build/tokenize, the trainer's --tokenizer, --prompt, sampling flags
-script unicode 1 tests/unicode.sh
+quick_set && script unicode 1 tests/unicode.sh
 script tokenizer 1-2 tests/tokenizer.sh
 # faults: a rank killed, the checkpoint writer killed, the disk full, a rank stopped (the collectives' timeout)
 script faults 1-2 tests/faults.sh
-# the trainer on the emulated CUDA backend against the host's
-script train_emu 2 tests/train_emu.sh
-# make cuda-report's figures and budget checks on a hand-counted ptxas log and SASS (no nvcc needed)
-script cuda_report 1 tests/cuda_report.sh
+phase ""
 
-# install into build/inst and build the README example against it with pkg-config (normal build only)
-inst="$PWD/build/inst"
-if [ "$B" != build ]; then
-    echo "pkgconfig_example: skipped in $B (make install installs the normal build)"
-elif make --no-print-directory -s install PREFIX="$inst" >> "$log" 2>&1 &&
-   mpicc -std=c11 -Wall -Wextra -Werror build/readme_example.c \
-       $(PKG_CONFIG_PATH="$inst/lib/pkgconfig" pkg-config --cflags --libs tpk) -o build/tests/pkgconfig_example >> "$log" 2>&1; then
-    run pkgconfig_example 2 build/tests/pkgconfig_example
-else
-    echo "FAIL make install + pkg-config build of the README example (see $log)"; failed=$((failed + 1))
-fi
-
-# every header compiles alone with a plain C compiler, without MPI or CUDA headers
-hfail=0
-for h in include/tpk/*.h include/tpk/*/*.h; do
-    case "$h" in */mpi.h) continue ;; esac
-    printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
-        ${CC:-cc} -std=c11 -Wall -Wextra -Werror -Iinclude -x c -c - -o /dev/null || { echo "FAIL header $h"; hfail=1; }
-done
-if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CC:-cc} -std=c11 -Werror: ok"; else failed=$((failed + 1)); fi
-# ... and as C++17 (mpi.h with mpicxx, which brings <mpi.h>)
-hfail=0
-for h in include/tpk/*.h include/tpk/*/*.h; do
-    cxx=${CXX:-g++}
-    case "$h" in */mpi.h) cxx=mpicxx ;; esac
-    printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
-        $cxx -std=c++17 -Wall -Wextra -Werror -pedantic -Iinclude -x c++ -c - -o /dev/null || { echo "FAIL header $h as C++17"; hfail=1; }
-done
-if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CXX:-g++} -std=c++17 -pedantic -Werror: ok"; else failed=$((failed + 1)); fi
-
+# ---- the summary per phase ----------------------------------------------------------------------
+now=$(date +%s); cpu_now
+bs=${TPK_BUILD_SECONDS:-} bc=""
+[ -n "${TPK_BUILD_TIMES:-}" ] && [ -f "$TPK_BUILD_TIMES" ] && bc=$(cpu_of "$TPK_BUILD_TIMES")
+echo "time per phase ($TPK_TESTS; wall seconds, and CPU seconds: user + sys of every process):"
+if [ -n "$bs" ]; then printf '  %-16s %5d s  %5s s CPU\n' build "$bs" "${bc:-?}"; fi
+printf '%s' "$summary"
+printf '  %-16s %5d s  %5d s CPU\n' total $((now - total_t0 + ${bs:-0})) $((cpu - total_c0 + ${bc:-0}))
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
