@@ -44,7 +44,7 @@ typedef struct tpk_param {
     tpk_layout layout;            /* R, or S(d) with its stride and unit */
     int split_dim;                /* -1: replicated */
     int stride;                   /* blocks of the split dim (>= 1) */
-    bool tp_partial_grad;         /* the gradient is a partial sum over TP (sequence parallel) */
+    bool tp_partial_grad;         /* the gradient is a partial sum over TP (SP, partial_dy) */
     size_t offset;                /* first element in the flat buffers */
     size_t numel;                 /* local elements */
     bool decay;                   /* weight decay applies (2-D weights) */
