@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
             "each\n");
     long T = B * S;
     tpk_ctx ctx;
-    tpk_gpt2_block blk;
+    tpk_block blk;
     tpk_status s = tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_host(), .seed = 1});
     if (s == TPK_OK)
         s = tpk_gpt2_block_init(&ctx, &blk, H, &(tpk_gpt2_block_desc){.name = "h.0", .heads = A});
@@ -77,9 +77,9 @@ int main(int argc, char **argv) {
            *tb = malloc(sizeof(double) * (size_t)iters);
     for (long it = -1; it < iters && s == TPK_OK; it++) {
         double t0 = now();
-        s = tpk_gpt2_block_forward(&ctx, &blk, xt, B, S, &y);
+        s = tpk_block_forward(&ctx, &blk, xt, B, S, &y);
         double t1 = now();
-        if (s == TPK_OK) s = tpk_gpt2_block_backward(&ctx, &blk, dyt, &dx);
+        if (s == TPK_OK) s = tpk_block_backward(&ctx, &blk, dyt, &dx);
         double t2 = now();
         if (it >= 0) tf[it] = t1 - t0, tb[it] = t2 - t1;
     }
@@ -131,7 +131,7 @@ int main(int argc, char **argv) {
         }
     }
     free(x), free(dy), free(tf), free(tb);
-    tpk_gpt2_block_destroy(&ctx, &blk);
+    tpk_block_destroy(&ctx, &blk);
     tpk_ctx_destroy(&ctx);
     return 0;
 }

@@ -99,7 +99,7 @@ static const char *arch_names(char *buf, size_t n, const char *sep) {
 static const char *family_banner(tpk_model *m, char *buf, size_t n) {
     int nf = 0;
     const tpk_lm_flag *f = TPK__FAM(m)->flags(&nf);
-    const char *c = (const char *)TPK__FAM(m)->model_config(tpk__model_of(m));
+    const char *c = (const char *)tpk__model_built_cfg(m);
     buf[0] = 0;
     for (int i = 0; i < nf; i++) {
         size_t at = strlen(buf);

@@ -61,7 +61,7 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
     if (ok(tpk_gpt2_init(&ctx, &m, &cfg), "tpk_gpt2_init")) {
         std::vector<int32_t> ids(T), tg(T);
         for (int i = 0; i < T; i++) ids[i] = (13 * i + 5) % V, tg[i] = (29 * i + 2) % V;
-        if (ok(tpk_gpt2_forward(&ctx, &m, ids.data(), tg.data(), B, S, &r.loss),
+        if (ok(tpk_lm_forward(&ctx, &m.lm, ids.data(), tg.data(), B, S, &r.loss),
                "tpk_gpt2_forward")) {
             int ld = (int)m.logits.shape[1]; // the vocabulary padded to an aligned shard: columns
                                              // >= V are padding
@@ -87,14 +87,14 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
                     fails++;
                 }
             }
-            if (ok(tpk_gpt2_backward(&ctx, &m, 1.0f), "tpk_gpt2_backward"))
+            if (ok(tpk_lm_backward(&ctx, &m.lm, 1.0f), "tpk_gpt2_backward"))
                 for (int i = 0; i < ctx.params.n; i++) {
                     std::vector<float> g(tpk_param_global_numel(&ctx, i), NAN);
                     ok(tpk_param_get_global(&ctx, i, true, g.data()), "tpk_param_get_global");
                     r.grads.push_back(g);
                 }
         }
-        tpk_gpt2_destroy(&ctx, &m);
+        tpk_lm_destroy(&ctx, &m.lm);
     }
     tpk_ctx_destroy(&ctx);
     return fails;

@@ -71,9 +71,9 @@ int run(Context &c, bool sp, Result &out) {
     for (int i = 0; i < B * S; i++)
         ids[i] = (7 * i + 3) % 61, targets[i] = i == 5 ? -100 : (11 * i + 1) % 61;
     c.ctx.rng_step = 3;
-    if (ok(tpk_gpt2_forward(&c.ctx, &m, ids.data(), targets.data(), B, S, &out.loss),
+    if (ok(tpk_lm_forward(&c.ctx, &m.lm, ids.data(), targets.data(), B, S, &out.loss),
            "tpk_gpt2_forward") &&
-        ok(tpk_gpt2_backward(&c.ctx, &m, 1.0f), "tpk_gpt2_backward") &&
+        ok(tpk_lm_backward(&c.ctx, &m.lm, 1.0f), "tpk_gpt2_backward") &&
         ok(tpk_params_reduce_partial_grads(&c.ctx),
            "tpk_params_reduce_partial_grads")) { /* SP: layernorm grads */
         for (int i = 0; i < c.ctx.params.n; i++) {
@@ -82,7 +82,7 @@ int run(Context &c, bool sp, Result &out) {
             out.grads.push_back(std::move(g));
         }
     }
-    tpk_gpt2_destroy(&c.ctx, &m);
+    tpk_lm_destroy(&c.ctx, &m.lm);
     return fails;
 }
 

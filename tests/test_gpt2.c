@@ -20,7 +20,7 @@ typedef struct layer {
     int kind;
     tpk_attention a;
     tpk_mlp m;
-    tpk_gpt2_block b;
+    tpk_block b;
 } layer;
 
 /* the layer under test (tests/tp_layer.h): arg = A heads */
@@ -42,7 +42,7 @@ static tpk_status layer_fwd(tpk_ctx *ctx, void *lv, tpk_tensor x, tpk_tensor *y)
     layer *l = (layer *)lv;
     if (l->kind == K_ATTN) return tpk_attention_forward(ctx, &l->a, x, B, S, y);
     if (l->kind == K_MLP) return tpk_mlp_forward(ctx, &l->m, x, y);
-    return tpk_gpt2_block_forward(ctx, &l->b, x, B, S, y);
+    return tpk_block_forward(ctx, &l->b, x, B, S, y);
 }
 static bool block_inplace; /* the block's backward in place (as the model runs it) */
 static float dy_copy[T * H];
@@ -54,15 +54,15 @@ static tpk_status layer_bwd(tpk_ctx *ctx, void *lv, tpk_tensor dy, tpk_tensor *d
         tpk_tensor d = dy;
         d.data = dy_copy;
         memcpy(dy_copy, dy.data, sizeof(float) * (size_t)tpk_numel(&dy));
-        return tpk__gpt2_block_backward(ctx, &l->b, d, dx, true);
+        return tpk__block_backward(ctx, "tpk_block_backward", &l->b, d, dx, true);
     }
-    return tpk_gpt2_block_backward(ctx, &l->b, dy, dx);
+    return tpk_block_backward(ctx, &l->b, dy, dx);
 }
 static void layer_destroy(tpk_ctx *ctx, void *lv) {
     layer *l = (layer *)lv;
     if (l->kind == K_ATTN) tpk_attention_destroy(ctx, &l->a);
     else if (l->kind == K_MLP) tpk_mlp_destroy(ctx, &l->m);
-    else tpk_gpt2_block_destroy(ctx, &l->b);
+    else tpk_block_destroy(ctx, &l->b);
 }
 static layer storage;
 static test_layer layer_case(int kind, int64_t A, bool sp, float p) {
@@ -379,7 +379,7 @@ int main(int argc, char **argv) {
         tpk_ctx ctx;
         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
         tpk_attention at;
-        tpk_gpt2_block blk;
+        tpk_block blk;
         tpk_gpt2 m;
         tpk_tensor y;
         CHECK_FAILS(&ctx, tpk_attention_init(&ctx, &at, 25, 6, NULL), TPK_ERR_SHAPE,
@@ -400,9 +400,9 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_gpt2_block_init(&ctx, &blk, H, NULL), TPK_ERR_ARG,
                     "desc->heads is required");
         CHECK_OK(&ctx, tpk_gpt2_block_init(&ctx, &blk, H, &(tpk_gpt2_block_desc){.heads = 6}));
-        CHECK_FAILS(&ctx, tpk_gpt2_block_forward(&ctx, &blk, narrow, B, S, &y), TPK_ERR_SHAPE,
+        CHECK_FAILS(&ctx, tpk_block_forward(&ctx, &blk, narrow, B, S, &y), TPK_ERR_SHAPE,
                     "x: expected global shape [-1, 24]");
-        CHECK_FAILS(&ctx, tpk_gpt2_block_backward(&ctx, &blk, act(&ctx, dyin, false), &y),
+        CHECK_FAILS(&ctx, tpk_block_backward(&ctx, &blk, act(&ctx, dyin, false), &y),
                     TPK_ERR_ARG, "backward before forward");
         CHECK_FAILS(
             &ctx,
@@ -413,32 +413,32 @@ int main(int argc, char **argv) {
         tpk_gpt2_config cfg = {.vocab = V, .positions = P, .layers = 1, .hidden = H, .heads = 6};
         CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
         float loss;
-        CHECK_FAILS(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_lm_backward(&ctx, &m.lm, 1.0f), TPK_ERR_ARG,
                     "backward needs a forward");
         int32_t bad[T];
         memcpy(bad, tg, sizeof bad);
         bad[4] = V;
-        CHECK_FAILS(&ctx, tpk_gpt2_forward(&ctx, &m, ids, bad, B, S, &loss), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_lm_forward(&ctx, &m.lm, ids, bad, B, S, &loss), TPK_ERR_ARG,
                     "targets[4] = 509");
         memcpy(bad, ids, sizeof bad);
         bad[2] = -3;
-        CHECK_FAILS(&ctx, tpk_gpt2_forward(&ctx, &m, bad, tg, B, S, &loss), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_lm_forward(&ctx, &m.lm, bad, tg, B, S, &loss), TPK_ERR_ARG,
                     "ids[2] = -3");
         static int32_t longer[P + 1];
-        CHECK_FAILS(&ctx, tpk_gpt2_forward(&ctx, &m, longer, longer, 1, P + 1, &loss),
+        CHECK_FAILS(&ctx, tpk_lm_forward(&ctx, &m.lm, longer, longer, 1, P + 1, &loss),
                     TPK_ERR_SHAPE, "longer than the position table");
-        CHECK_OK(&ctx, tpk_gpt2_forward(&ctx, &m, ids, NULL, B, S, NULL)); /* logits only */
-        CHECK(m.logits.shape[1] == tpk_split(m.wte.Vp, np, me).size &&
-                  m.logits.shape[1] % 64 == 0 && m.logits.gshape[1] == m.wte.Vp &&
-                  m.wte.Vp == tpk_vocab_padded(V, 64, np) && m.logits.shape[0] == T,
-              "logits [%lld, %lld]", (long long)m.logits.shape[0], (long long)m.logits.shape[1]);
-        CHECK_FAILS(&ctx, tpk_gpt2_backward(&ctx, &m, 1.0f), TPK_ERR_ARG,
+        CHECK_OK(&ctx, tpk_lm_forward(&ctx, &m.lm, ids, NULL, B, S, NULL)); /* logits only */
+        CHECK(m.lm.logits.shape[1] == tpk_split(m.lm.embed.Vp, np, me).size &&
+                  m.lm.logits.shape[1] % 64 == 0 && m.lm.logits.gshape[1] == m.lm.embed.Vp &&
+                  m.lm.embed.Vp == tpk_vocab_padded(V, 64, np) && m.lm.logits.shape[0] == T,
+              "logits [%lld, %lld]", (long long)m.lm.logits.shape[0], (long long)m.lm.logits.shape[1]);
+        CHECK_FAILS(&ctx, tpk_lm_backward(&ctx, &m.lm, 1.0f), TPK_ERR_ARG,
                     "backward needs a forward");
         tpk_ctx badctx;
         CHECK_FAILS(&badctx, tpk_ctx_init(&badctx, &(tpk_ctx_desc){.dtype = TPK_I32}),
                     TPK_ERR_DTYPE, "desc->dtype: expected TPK_F32 or TPK_BF16, got i32");
-        tpk_attention_destroy(&ctx, &at), tpk_gpt2_block_destroy(&ctx, &blk),
-            tpk_gpt2_destroy(&ctx, &m);
+        tpk_attention_destroy(&ctx, &at), tpk_block_destroy(&ctx, &blk),
+            tpk_lm_destroy(&ctx, &m.lm);
         tpk_ctx_destroy(&ctx);
     }
     tpk_comm_destroy(&world);

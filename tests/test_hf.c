@@ -117,7 +117,7 @@ static void save_seeded(const char *dir, uint64_t seed, int64_t step, float **w)
     }
     o.step = step;
     CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir, &(tpk_gpt2_save_desc){step, 1}));
-    tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+    tpk_adamw_destroy(&ctx, &o), tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
 }
 /* Load dir into an unsharded GPT-2 of config `c` on this rank (with an optimizer): the status, the
  * message in err[n], the step, and how many of the parameters differ from w (-1: no w). */
@@ -140,7 +140,7 @@ static tpk_status load_cmp(const char *dir, tpk_gpt2_config c, float *const *w, 
         *differ += memcmp(w[i], g, gn * 4) != 0;
         free(g);
     }
-    tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+    tpk_adamw_destroy(&ctx, &o), tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
     return s;
 }
 
@@ -219,7 +219,7 @@ int main(int argc, char **argv) {
             }
             CHECK(bad == 0, "%d of %d tensors differ after loading %s", bad, 3 * nparams,
                   pass ? "unsharded" : "at t = ranks");
-            tpk_adamw_destroy(&ctx, &o), tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+            tpk_adamw_destroy(&ctx, &o), tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         }
     }
 
@@ -235,10 +235,10 @@ int main(int argc, char **argv) {
             CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
             CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, NULL, dir));
             for (int i = 0; i < 9; i++) tok[pass][i] = -1;
-            CHECK_OK(&ctx, tpk_gpt2_sample(&ctx, &m, 3, 8, 0.8f, 21, tok[pass]));
-            CHECK_FAILS(&ctx, tpk_gpt2_sample(&ctx, &m, 61, 2, 1.0f, 21, tok[pass]), TPK_ERR_ARG,
+            CHECK_OK(&ctx, tpk_lm_sample(&ctx, &m.lm, 3, 8, 0.8f, 21, tok[pass]));
+            CHECK_FAILS(&ctx, tpk_lm_sample(&ctx, &m.lm, 61, 2, 1.0f, 21, tok[pass]), TPK_ERR_ARG,
                         "start: expected a token id in 0..60, got 61");
-            tpk_gpt2_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+            tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         }
         int lo[9], hi[9];
         MPI_Allreduce(tok[0], lo, 9, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -356,7 +356,7 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_gpt2_load(&ctx, &m, &o, mix), TPK_ERR_FORMAT,
                     "optim.safetensors (step 7) does not belong to config.json (tpk_step 1)");
         CHECK_OK(&ctx, tpk_gpt2_load(&ctx, &m, NULL, mix)); /* the model alone loads */
-        tpk_gpt2_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &o);
+        tpk_lm_destroy(&ctx, &m.lm), tpk_adamw_destroy(&ctx, &o);
         tpk_ctx_destroy(&ctx);
     }
     TEST_CASE(
@@ -478,7 +478,7 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "build/tests/./", NULL), TPK_ERR_ARG,
                     "not \".\"");
         CHECK_FAILS(&sctx, tpk_gpt2_save(&sctx, &sm, NULL, "/", NULL), TPK_ERR_ARG, "not \"/\"");
-        tpk_gpt2_destroy(&sctx, &sm), tpk_ctx_destroy(&sctx);
+        tpk_lm_destroy(&sctx, &sm.lm), tpk_ctx_destroy(&sctx);
         /* tpk_hf_remove: the checkpoint's files go, the user's stay (and the directory with
          * them) */
         MPI_Barrier(MPI_COMM_WORLD);
@@ -793,7 +793,7 @@ int main(int argc, char **argv) {
                   : pass == 1 ? "unsharded"
                               : "the shards");
             if (pass < 2) CHECK(o.step == 1, "step %lld", (long long)o.step);
-            tpk_adamw_destroy(&ctx, &o), tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+            tpk_adamw_destroy(&ctx, &o), tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         }
     }
 
@@ -816,7 +816,7 @@ int main(int argc, char **argv) {
             CHECK_OK(&ctx, tpk_param_gather(&ctx, i, (const float *)ctx.params.data.p, wl[i]));
         }
         CHECK_OK(&ctx, tpk_llama_save(&ctx, &m, NULL, sdir, &(tpk_hf_save_desc){9, 1}));
-        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         static const char *const gone[] = {"model.safetensors.index.json",
                                            "model-00001-of-00002.safetensors",
                                            "model-00002-of-00002.safetensors"};
@@ -840,7 +840,7 @@ int main(int argc, char **argv) {
         }
         CHECK(bad == 0, "%d of %d tensors differ from the saved weights (the old shards loaded?)",
               bad, nl);
-        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         MPI_Barrier(MPI_COMM_WORLD);
     }
 
@@ -857,8 +857,8 @@ int main(int argc, char **argv) {
             CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
             CHECK_OK(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir));
             for (int i = 0; i < 9; i++) tok[pass][i] = -1;
-            CHECK_OK(&ctx, tpk_llama_sample(&ctx, &m, 3, 8, 0.8f, 21, tok[pass]));
-            tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+            CHECK_OK(&ctx, tpk_lm_sample(&ctx, &m.lm, 3, 8, 0.8f, 21, tok[pass]));
+            tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         }
         int lo[9], hi[9];
         MPI_Allreduce(tok[0], lo, 9, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -943,7 +943,7 @@ int main(int argc, char **argv) {
             &ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_SHAPE,
             "\"model.layers.0.self_attn.k_proj.weight\" has shape [8, 24], config.json implies "
             "[12, 24]");
-        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx); /* a model's parameters stay in its
+        tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx); /* a model's parameters stay in its
                                                                context: a fresh one per model */
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         other = lc, other.tie_embeddings = true; /* a tied head beside the file's trained
@@ -953,7 +953,7 @@ int main(int argc, char **argv) {
             &ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_FORMAT,
             "model.safetensors: tensor \"lm_head.weight\" is not a parameter of the model "
             "config.json describes");
-        tpk_llama_destroy(&ctx, &m), tpk_ctx_destroy(&ctx);
+        tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
         char idx[700];
@@ -983,7 +983,7 @@ int main(int argc, char **argv) {
             "\"model-00001-of-00001.safetensors\"}}");
         CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_IO,
                     "model-00001-of-00001.safetensors");
-        tpk_llama_destroy(&ctx, &m);
+        tpk_lm_destroy(&ctx, &m.lm);
         tpk_ctx_destroy(&ctx);
     }
     for (int i = 0; i < 3 * lparams; i++) free(lbefore[i]);

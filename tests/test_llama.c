@@ -22,7 +22,7 @@ typedef struct layer {
     tpk_rmsnorm r;
     tpk_swiglu_mlp m;
     tpk_gqa_attention a;
-    tpk_llama_block b;
+    tpk_block b;
 } layer;
 
 /* the layer under test (tests/tp_layer.h): arg = G key/value heads */
@@ -56,7 +56,7 @@ static tpk_status layer_fwd(tpk_ctx *ctx, void *lv, tpk_tensor x, tpk_tensor *y)
     if (l->kind == K_RMS) return tpk_rmsnorm_forward(ctx, &l->r, x, y);
     if (l->kind == K_MLP) return tpk_swiglu_mlp_forward(ctx, &l->m, x, y);
     if (l->kind == K_ATTN) return tpk_gqa_attention_forward(ctx, &l->a, x, B, S, y);
-    return tpk_llama_block_forward(ctx, &l->b, x, B, S, y);
+    return tpk_block_forward(ctx, &l->b, x, B, S, y);
 }
 static bool block_inplace; /* the block's backward in place (as the model runs it) */
 static float dy_copy[T * H];
@@ -69,16 +69,16 @@ static tpk_status layer_bwd(tpk_ctx *ctx, void *lv, tpk_tensor dy, tpk_tensor *d
         tpk_tensor d = dy;
         d.data = dy_copy;
         memcpy(dy_copy, dy.data, sizeof(float) * (size_t)tpk_numel(&dy));
-        return tpk__llama_block_backward(ctx, &l->b, d, dx, true);
+        return tpk__block_backward(ctx, "tpk_block_backward", &l->b, d, dx, true);
     }
-    return tpk_llama_block_backward(ctx, &l->b, dy, dx);
+    return tpk_block_backward(ctx, &l->b, dy, dx);
 }
 static void layer_destroy(tpk_ctx *ctx, void *lv) {
     layer *l = (layer *)lv;
     if (l->kind == K_RMS) tpk_rmsnorm_destroy(ctx, &l->r);
     else if (l->kind == K_MLP) tpk_swiglu_mlp_destroy(ctx, &l->m);
     else if (l->kind == K_ATTN) tpk_gqa_attention_destroy(ctx, &l->a);
-    else tpk_llama_block_destroy(ctx, &l->b);
+    else tpk_block_destroy(ctx, &l->b);
 }
 static layer storage;
 static test_layer layer_case(int kind, int64_t G, bool sp) {
@@ -447,22 +447,22 @@ int main(int argc, char **argv) {
                                 .ffn = F};
         CHECK_FAILS(&ctx, tpk_llama_init(&ctx, &m, &cfg), TPK_ERR_ARG,
                     "cfg->kv_heads: expected a divisor of cfg->heads = 6, got 4");
-        tpk_llama_destroy(&ctx, &m);
+        tpk_lm_destroy(&ctx, &m.lm);
         cfg.kv_heads = 2, cfg.hidden = 18;
         CHECK_FAILS(&ctx, tpk_llama_init(&ctx, &m, &cfg), TPK_ERR_ARG,
                     "rotary embeddings need an even head size, got 3");
-        tpk_llama_destroy(&ctx, &m);
+        tpk_lm_destroy(&ctx, &m.lm);
         cfg.hidden = H;
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &cfg));
         float loss;
-        CHECK_FAILS(&ctx, tpk_llama_backward(&ctx, &m, 1.0f), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_lm_backward(&ctx, &m.lm, 1.0f), TPK_ERR_ARG,
                     "backward needs a forward with targets first");
-        CHECK_FAILS(&ctx, tpk_llama_forward(&ctx, &m, ids, tg, 1, P + 1, &loss), TPK_ERR_SHAPE,
+        CHECK_FAILS(&ctx, tpk_lm_forward(&ctx, &m.lm, ids, tg, 1, P + 1, &loss), TPK_ERR_SHAPE,
                     "S: expected at most cfg->positions = 16, got 17");
         int32_t bad[T];
         memcpy(bad, ids, sizeof bad), bad[3] = V;
-        CHECK_FAILS(&ctx, tpk_llama_forward(&ctx, &m, bad, tg, B, S, &loss), TPK_ERR_ARG, "509");
-        tpk_llama_destroy(&ctx, &m);
+        CHECK_FAILS(&ctx, tpk_lm_forward(&ctx, &m.lm, bad, tg, B, S, &loss), TPK_ERR_ARG, "509");
+        tpk_lm_destroy(&ctx, &m.lm);
         tpk_ctx_destroy(&ctx);
     }
 

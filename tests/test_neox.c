@@ -22,7 +22,7 @@ static const char *kind_name[] = {"NeoX attention", "NeoX block"};
 typedef struct layer {
     int kind;
     tpk_attention a;
-    tpk_neox_block b;
+    tpk_block b;
 } layer;
 
 /* the layer under test (tests/tp_layer.h): arg = the rotated dimensions of a head of 8 */
@@ -51,7 +51,7 @@ static tpk_status layer_init(tpk_ctx *ctx, void *lv, int kind, int64_t rot, bool
 static tpk_status layer_fwd(tpk_ctx *ctx, void *lv, tpk_tensor x, tpk_tensor *y) {
     layer *l = (layer *)lv;
     if (l->kind == K_ATTN) return tpk_attention_forward(ctx, &l->a, x, B, S, y);
-    return tpk_neox_block_forward(ctx, &l->b, x, B, S, y);
+    return tpk_block_forward(ctx, &l->b, x, B, S, y);
 }
 static bool block_inplace; /* the block's backward in place (as the model runs it) */
 static float dy_copy[T * H];
@@ -62,14 +62,14 @@ static tpk_status layer_bwd(tpk_ctx *ctx, void *lv, tpk_tensor dy, tpk_tensor *d
         tpk_tensor d = dy;
         d.data = dy_copy;
         memcpy(dy_copy, dy.data, sizeof(float) * (size_t)tpk_numel(&dy));
-        return tpk__neox_block_backward(ctx, &l->b, d, dx, true);
+        return tpk__block_backward(ctx, "tpk_block_backward", &l->b, d, dx, true);
     }
-    return tpk_neox_block_backward(ctx, &l->b, dy, dx);
+    return tpk_block_backward(ctx, &l->b, dy, dx);
 }
 static void layer_destroy(tpk_ctx *ctx, void *lv) {
     layer *l = (layer *)lv;
     if (l->kind == K_ATTN) tpk_attention_destroy(ctx, &l->a);
-    else tpk_neox_block_destroy(ctx, &l->b);
+    else tpk_block_destroy(ctx, &l->b);
 }
 static layer storage;
 static test_layer layer_case(int kind, int64_t rot, bool sp) {
@@ -253,13 +253,17 @@ int main(int argc, char **argv) {
             test_deferred(&world, np, TPK_F32, &mc, ids, tg, B, S);
         }
 
-    TEST_CASE("GPT-NeoX checkpoint: saved at t=%d in Hugging Face's layout (config.json "
+    /* seq: use_parallel_residual false, the sequential block (as Hugging Face runs it) */
+    for (int seq = 0; seq < 2; seq++)
+    TEST_CASE("GPT-NeoX checkpoint%s: saved at t=%d in Hugging Face's layout (config.json "
               "model_type gpt_neox, the tensors [out, in] under GPTNeoXForCausalLM's names), read "
-              "back as a model config and loaded unsharded: the same loss",
-              np) {
+              "back as a model config and loaded unsharded: the same loss%s",
+              seq ? " (use_parallel_residual false)" : "", np,
+              seq ? "; not the parallel block's" : "") {
         char dir[96];
-        snprintf(dir, sizeof dir, "/tmp/tpk_test_neox_%d", (int)getppid());
+        snprintf(dir, sizeof dir, "/tmp/tpk_test_neox_%d_%d", (int)getppid(), seq);
         tpk_model_config mc = model_cfg(2, false, 0.25f);
+        mc.neox.sequential = seq;
         tpk_ctx sh, un;
         tpk_model m, u;
         float l1 = 0, l2 = 0;
@@ -277,7 +281,7 @@ int main(int argc, char **argv) {
         CHECK(rd.arch == TPK_ARCH_NEOX && rd.neox.layers == 2 && rd.neox.hidden == H &&
                   rd.neox.heads == A && rd.neox.ffn == F && rd.neox.vocab == V &&
                   rd.neox.rotary_pct == 0.25f && rd.neox.rope_theta == 1000.0f &&
-                  rd.neox.act == TPK_ACT_GELU,
+                  rd.neox.act == TPK_ACT_GELU && rd.neox.sequential == (bool)seq,
               "config.json read back as arch %d L %lld H %lld A %lld F %lld V %lld pct %g base %g",
               (int)rd.arch, (long long)rd.neox.layers, (long long)rd.neox.hidden,
               (long long)rd.neox.heads, (long long)rd.neox.ffn, (long long)rd.neox.vocab,
@@ -287,6 +291,11 @@ int main(int argc, char **argv) {
         CHECK_OK(&un, tpk_model_forward(&un, &u, ids, tg, B, S, &l2));
         CHECK(fabsf(l1 - l2) <= 1e-5f * fabsf(l1), "loss %.8g at t=%d, %.8g loaded unsharded",
               (double)l1, np, (double)l2);
+        static float l_par; /* the parallel block's loss (seq = 0 runs first) */
+        if (!seq) l_par = l2;
+        else
+            CHECK(fabsf(l2 - l_par) > 1e-4f * fabsf(l2),
+                  "the sequential block's loss %.8g is the parallel block's", (double)l2);
         int q = tpk_param_find(&un, "gpt_neox.layers.0.attention.query_key_value.bias");
         CHECK(q >= 0 && un.params.list[q].gshape[0] == 3 * H, "query_key_value.bias not [3 H]");
         tpk_model_destroy(&un, &u);
@@ -300,7 +309,7 @@ int main(int argc, char **argv) {
     }
 
     TEST_CASE("bad input: rotary_pct, rotary_dim, ffn, act, sequence length, a config.json with "
-              "a sequential residual or another activation, backward before forward") {
+              "another activation, backward before forward") {
         tpk_ctx ctx;
         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np});
         tpk_attention at;
@@ -330,15 +339,14 @@ int main(int argc, char **argv) {
         mc.neox.act = TPK_ACT_NONE;
         CHECK_OK(&ctx, tpk_neox_init(&ctx, &m, &mc.neox));
         float loss;
-        CHECK_FAILS(&ctx, tpk_neox_backward(&ctx, &m, 1.0f), TPK_ERR_ARG,
+        CHECK_FAILS(&ctx, tpk_lm_backward(&ctx, &m.lm, 1.0f), TPK_ERR_ARG,
                     "backward needs a forward with targets first");
-        CHECK_FAILS(&ctx, tpk_neox_forward(&ctx, &m, ids, tg, 1, P + 1, &loss), TPK_ERR_SHAPE,
+        CHECK_FAILS(&ctx, tpk_lm_forward(&ctx, &m.lm, ids, tg, 1, P + 1, &loss), TPK_ERR_SHAPE,
                     "S: expected at most cfg->positions = 16, got 17");
-        tpk_neox_destroy(&ctx, &m);
+        tpk_lm_destroy(&ctx, &m.lm);
         static const struct {
             const char *extra, *needle;
         } bad[] = {
-            {", \"use_parallel_residual\": false", "use_parallel_residual: expected true"},
             {", \"hidden_act\": \"relu\"", "hidden_act \"relu\": expected \"gelu\" (exact)"},
             {", \"tie_word_embeddings\": true", "tie_word_embeddings: expected false"},
             {", \"rotary_pct\": 0.01", "expected whole heads with at least one rotated pair"},

@@ -202,12 +202,12 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 3}));
         CHECK_OK(&ctx, tpk_model_init(&ctx, &mm, &mc));
         test_set_weights(&ctx, 17, 0.5f);
-        int64_t Vp = mm.gpt2.wte.Vp;
+        int64_t Vp = mm.gpt2.lm.embed.Vp;
         float *z = malloc(sizeof(float) * (size_t)(P * Vp));
         const int32_t prompt[NP] = {7, 60, 0, 33, 7};
         /* 200 draws from the prompt's last logits under each combination */
         CHECK_OK(&ctx, tpk_model_forward(&ctx, &mm, prompt, NULL, 1, NP, NULL));
-        gather_logits(&ctx, &mm.gpt2.logits, z);
+        gather_logits(&ctx, &mm.gpt2.lm.logits, z);
         const float *last = z + (NP - 1) * Vp;
         int bad = 0, outside = 0, drawn = 0, greedy = -1;
         bool kept[V];
@@ -219,7 +219,7 @@ int main(int argc, char **argv) {
             int32_t toks[DRAWS];
             int hits[V] = {0};
             for (int i = 0; i < DRAWS; i++) {
-                CHECK_OK(&ctx, tpk_sample_logits_opts(&ctx, mm.gpt2.logits, V, NP - 1, &o, 21,
+                CHECK_OK(&ctx, tpk_sample_logits_opts(&ctx, mm.gpt2.lm.logits, V, NP - 1, &o, 21,
                                                       (uint64_t)i, &toks[i]));
                 int want = ref_draw(last, V, CT[c], CK[c], CP[c], u_of(21, (uint64_t)i), kept);
                 bad += toks[i] != want;
@@ -254,7 +254,7 @@ int main(int argc, char **argv) {
             int32_t out[NP + NG], via[NP + NG];
             for (int j = 0; j < NP + NG; j++) out[j] = via[j] = -1;
             CHECK_OK(&ctx, tpk_model_generate(&ctx, &mm, prompt, NP, NG, &o, 40 + c, out));
-            CHECK_OK(&ctx, tpk_gpt2_generate(&ctx, &mm.gpt2, prompt, NP, NG, &o, 40 + c, via));
+            CHECK_OK(&ctx, tpk_lm_generate(&ctx, &mm.gpt2.lm, prompt, NP, NG, &o, 40 + c, via));
             CHECK(!memcmp(out, via, sizeof out), "controls %d: tpk_gpt2_generate differs", c);
             CHECK(!memcmp(out, prompt, sizeof prompt),
                   "controls %d: out does not start with the "
@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < NG; i++) {
                 int len = NP + i, S = len < P ? len : P;
                 CHECK_OK(&ctx, tpk_model_forward(&ctx, &mm, ref + len - S, NULL, 1, S, NULL));
-                gather_logits(&ctx, &mm.gpt2.logits, z);
+                gather_logits(&ctx, &mm.gpt2.lm.logits, z);
                 ref[len] = ref_draw(z + (S - 1) * Vp, V, T, k, p, u_of(40 + c, i), NULL);
                 differ += ref[len] != out[len];
                 if (ref[len] != out[len]) ref[len] = out[len]; /* continue from the kit's */
@@ -280,7 +280,7 @@ int main(int argc, char **argv) {
         int32_t a[NG + 1], b[NG + 1], d[NG + 1], e[NG + 1];
         tpk_sample_opts o = opts(0.8f, 0, 1.0f);
         CHECK_OK(&ctx, tpk_model_sample(&ctx, &mm, 3, NG, 0.8f, 21, a));
-        CHECK_OK(&ctx, tpk_gpt2_sample(&ctx, &mm.gpt2, 3, NG, 0.8f, 21, b));
+        CHECK_OK(&ctx, tpk_lm_sample(&ctx, &mm.gpt2.lm, 3, NG, 0.8f, 21, b));
         CHECK_OK(&ctx, tpk_model_generate(&ctx, &mm, &a[0], 1, NG, &o, 21, d));
         CHECK(!memcmp(a, b, sizeof a) && !memcmp(a, d, sizeof a),
               "tpk_model_sample, tpk_gpt2_sample and a 1-token prompt differ");
@@ -313,7 +313,7 @@ int main(int argc, char **argv) {
                     "out: NULL");
         o = opts(1.0f, 0, -0.5f);
         CHECK_FAILS(&ctx, tpk_model_generate(&ctx, &mm, prompt, 1, 2, &o, 1, out), TPK_ERR_ARG,
-                    "tpk_gpt2_generate: opts->top_p: expected 0 < top_p <= 1 (1: off), got -0.5");
+                    "tpk_lm_generate: opts->top_p: expected 0 < top_p <= 1 (1: off), got -0.5");
         CHECK_FAILS(&ctx, tpk_model_sample(&ctx, &mm, 61, 2, 1.0f, 1, out), TPK_ERR_ARG,
                     "start: expected a token id in 0..60, got 61");
         CHECK_FAILS(&ctx, tpk_model_sample(&ctx, &mm, 1, 2, -1.0f, 1, out), TPK_ERR_ARG,

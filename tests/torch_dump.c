@@ -101,13 +101,13 @@ int main(int argc, char **argv) {
         ids[i] = (int32_t)((i * 211 + 5) % V), tg[i] = (int32_t)((i * 89 + 41) % V);
     tg[3] = -100, tg[T - 1] = -100;
     float loss = 0;
-    s = llama  ? tpk_llama_forward(&ctx, &lm, ids, tg, B, S, &loss)
-        : neox ? tpk_neox_forward(&ctx, &nm, ids, tg, B, S, &loss)
-               : tpk_gpt2_forward(&ctx, &m, ids, tg, B, S, &loss);
+    s = llama  ? tpk_lm_forward(&ctx, &lm.lm, ids, tg, B, S, &loss)
+        : neox ? tpk_lm_forward(&ctx, &nm.lm, ids, tg, B, S, &loss)
+               : tpk_lm_forward(&ctx, &m.lm, ids, tg, B, S, &loss);
     if (s == TPK_OK)
-        s = llama  ? tpk_llama_backward(&ctx, &lm, 1.0f)
-            : neox ? tpk_neox_backward(&ctx, &nm, 1.0f)
-                   : tpk_gpt2_backward(&ctx, &m, 1.0f);
+        s = llama  ? tpk_lm_backward(&ctx, &lm.lm, 1.0f)
+            : neox ? tpk_lm_backward(&ctx, &nm.lm, 1.0f)
+                   : tpk_lm_backward(&ctx, &m.lm, 1.0f);
     /* SP norm weights; shared key/value heads */
     if (s == TPK_OK) s = tpk_params_reduce_partial_grads(&ctx);
     if (s != TPK_OK) {
@@ -170,9 +170,9 @@ int main(int argc, char **argv) {
     }
     free(w), free(g);
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (llama) tpk_llama_destroy(&ctx, &lm);
-    else if (neox) tpk_neox_destroy(&ctx, &nm);
-    else tpk_gpt2_destroy(&ctx, &m);
+    if (llama) tpk_lm_destroy(&ctx, &lm.lm);
+    else if (neox) tpk_lm_destroy(&ctx, &nm.lm);
+    else tpk_lm_destroy(&ctx, &m.lm);
     tpk_ctx_destroy(&ctx);
     tpk_comm_destroy(&world);
     MPI_Finalize();

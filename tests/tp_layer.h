@@ -225,12 +225,6 @@ typedef struct test_model_result {
 } test_model_result;
 static inline void test_model_result_free(test_model_result *r) { test_free_grads(r->grad, &r->n); }
 
-/* The model's parts as the skeleton sees them (tpk/models/lm.h): its blocks, embedding, head. */
-static inline tpk__lm_parts test_parts(tpk_model *m) {
-    return m->arch == TPK_ARCH_LLAMA  ? tpk__llama_lm(&m->llama)
-           : m->arch == TPK_ARCH_NEOX ? tpk__neox_lm(&m->neox)
-                                      : tpk__gpt2_lm(&m->gpt2);
-}
 
 /* test_run_model's forward: 0 with a loss pointer (the loss computed in the forward); 1 with
  * loss = NULL (deferred: computed with the logits' gradient by the backward, then read); 2 as 1
@@ -293,9 +287,9 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
                 bad += g[r * p->shape[1] + c] != 0.0f;
     }
     /* ... and the padding columns of the logits (now their gradient) zero (checked in f32) */
-    tpk__lm_parts parts = test_parts(&m);
-    const tpk_tensor *z = parts.logits;
-    int64_t Vp = parts.embed->Vp,
+    tpk_lm *lm = tpk_model_lm(&m);
+    const tpk_tensor *z = &lm->logits;
+    int64_t Vp = lm->embed.Vp,
             v0 = tpk_tp_vocab_split(ctx, Vp, ctx->tp.rank).off, ld = z->shape[1];
     for (int64_t t = 0; t < z->shape[0] && ctx->dtype == TPK_F32; t++)
         for (int64_t c = 0; c < ld; c++)
@@ -325,17 +319,17 @@ static inline int test_run_model(tpk_ctx *ctx, const tpk_model_config *cfg, uint
     /* the blocks' buffers borrowed from the stack's pools (tpk/layers/recompute.h) are back there:
      * no block holds any of the sets its mode borrows, and under full recompute no buffer at all
      * (its destroy frees nothing: every buffer is in one of its sets) */
-    tpk_recompute rc = parts.mode;
+    tpk_recompute rc = lm->c.recompute;
     size_t held = 0;
-    for (int64_t i = 0; i < parts.L; i++) {
-        void *blk = tpk__lm_block(&parts, i);
+    for (int64_t i = 0; i < lm->c.layers; i++) {
+        tpk_block *blk = &lm->blocks[i];
         for (int set = 1; set <= TPK__SET_SCRATCH; set <<= 1) {
             tpk_buf *bufs[TPK__SET_MAX];
-            int n = tpk__stack_sets(rc, true) & set ? parts.f->block_bufs(blk, set, bufs) : 0;
+            int n = tpk__stack_sets(rc, true) & set ? tpk_block_bufs(blk, set, bufs) : 0;
             for (int k = 0; k < n; k++) held += bufs[k]->bytes;
         }
         size_t mem = ctx->mem;
-        if (rc == TPK_RECOMPUTE_FULL) parts.f->block_destroy(ctx, blk);
+        if (rc == TPK_RECOMPUTE_FULL) tpk_block_destroy(ctx, blk);
         held += mem - ctx->mem;
     }
     CHECK(held == 0, "the blocks hold %zu bytes of the buffers they borrow (recompute %s)", held,
@@ -481,13 +475,12 @@ static inline void test_weighted(tpk_comm *world, int tp, const tpk_model_config
     CHECK_OK(&c, tpk_ctx_init(&c, &wd));
     tpk_model m;
     if (tpk_model_init(&c, &m, cfg) == TPK_OK) {
-        tpk__lm_parts parts = test_parts(&m);
-        int64_t Al = m.arch == TPK_ARCH_LLAMA  ? m.llama.layers[0].attn.Al
-                     : m.arch == TPK_ARCH_NEOX ? m.neox.layers[0].attn.Al
-                                               : m.gpt2.h[0].attn.Al;
+        tpk_lm *lm = tpk_model_lm(&m);
+        int64_t Al = lm->blocks[0].attn.kind == TPK_ATTN_GQA ? lm->blocks[0].attn.u.gqa.Al
+                                                            : lm->blocks[0].attn.u.fused.Al;
         CHECK(Al == heads[tp - 1][c.tp.rank], "rank %d holds %lld query heads, expected %lld",
               c.tp.rank, (long long)Al, (long long)heads[tp - 1][c.tp.rank]);
-        const tpk_embedding *e = parts.embed;
+        const tpk_embedding *e = &lm->embed;
         int pad = e->Vp != e->V;
         int64_t v0 = 0;
         for (int q = 0; q < c.tp.rank; q++) v0 += rows[pad][tp - 1][q];
@@ -495,7 +488,7 @@ static inline void test_weighted(tpk_comm *world, int tp, const tpk_model_config
               "rank %d holds vocabulary rows [%lld, +%lld) of %lld, expected [%lld, +%lld)",
               c.tp.rank, (long long)e->v0, (long long)e->vl, (long long)e->Vp, (long long)v0,
               (long long)rows[pad][tp - 1][c.tp.rank]);
-        int head = *parts.head_w; /* the LM head's weight: the same rows */
+        int head = lm->head_w; /* the LM head's weight: the same rows */
         CHECK(c.params.list[head].shape[0] == e->vl && c.params.list[e->wte].shape[0] == e->vl,
               "the vocabulary tables hold %lld and %lld rows, expected %lld",
               (long long)c.params.list[head].shape[0], (long long)c.params.list[e->wte].shape[0],

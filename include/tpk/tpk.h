@@ -57,6 +57,7 @@
 #include "layers/mlp.h"
 #include "layers/attn.h"
 #include "layers/resid.h"
+#include "models/block.h"
 #include "models/lm.h"
 #include "models/sample.h"
 #include "models/families.h"

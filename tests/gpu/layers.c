@@ -23,7 +23,7 @@ static const char *kind_name[] = {"attention", "MLP", "GPT-2 block"};
 typedef struct layer {
     tpk_attention a;
     tpk_mlp m;
-    tpk_gpt2_block b;
+    tpk_block b;
 } layer;
 
 typedef struct result {
@@ -81,18 +81,18 @@ static void run_layer(tpk_ctx *ctx, int kind, float p, result *o) {
                dy = tpk_tensor_2d(dyd, TPK_F32, T, H, TPK_R), y, dx;
     s = kind == K_ATTN  ? tpk_attention_forward(ctx, &l.a, x, B, S, &y)
         : kind == K_MLP ? tpk_mlp_forward(ctx, &l.m, x, &y)
-                        : tpk_gpt2_block_forward(ctx, &l.b, x, B, S, &y);
+                        : tpk_block_forward(ctx, &l.b, x, B, S, &y);
     CHECK_OK(ctx, s);
     if (s == TPK_OK) download(ctx, y, o->y);
     s = kind == K_ATTN  ? tpk_attention_backward(ctx, &l.a, dy, &dx)
         : kind == K_MLP ? tpk_mlp_backward(ctx, &l.m, dy, &dx)
-                        : tpk_gpt2_block_backward(ctx, &l.b, dy, &dx);
+                        : tpk_block_backward(ctx, &l.b, dy, &dx);
     CHECK_OK(ctx, s);
     if (s == TPK_OK) download(ctx, dx, o->dx);
     gather_grads(ctx, o);
     if (kind == K_ATTN) tpk_attention_destroy(ctx, &l.a);
     else if (kind == K_MLP) tpk_mlp_destroy(ctx, &l.m);
-    else tpk_gpt2_block_destroy(ctx, &l.b);
+    else tpk_block_destroy(ctx, &l.b);
     ctx->ops->free(ctx, xd), ctx->ops->free(ctx, dyd);
 }
 
@@ -113,10 +113,10 @@ static void run_model(tpk_ctx *ctx, bool sp, float p, result *o) {
     int32_t ids[T], tg[T];
     for (int t = 0; t < T; t++) ids[t] = (t * 37 + 5) % V, tg[t] = t == 3 ? -100 : (t * 53 + 1) % V;
     CHECK_OK(ctx, tpk_params_zero_grad(ctx));
-    CHECK_OK(ctx, tpk_gpt2_forward(ctx, &m, ids, tg, B, S, &o->loss));
-    CHECK_OK(ctx, tpk_gpt2_backward(ctx, &m, 1.0f));
+    CHECK_OK(ctx, tpk_lm_forward(ctx, &m.lm, ids, tg, B, S, &o->loss));
+    CHECK_OK(ctx, tpk_lm_backward(ctx, &m.lm, 1.0f));
     gather_grads(ctx, o);
-    tpk_gpt2_destroy(ctx, &m);
+    tpk_lm_destroy(ctx, &m.lm);
 }
 
 /* Llama (A = 4 over G = 2) or GPT-NeoX (half of each head rotated), L = 2, through the handle */
@@ -269,8 +269,8 @@ int main(int argc, char **argv) {
                 CHECK_OK(&cd, tpk_params_zero_grad(&cd));
                 tpk_xent_loss_reset(&m.ce);
                 /* deferred: the loss comes with the backward */
-                CHECK_OK(&cd, tpk_gpt2_forward(&cd, &m, ids, tg, B, S, NULL));
-                CHECK_OK(&cd, tpk_gpt2_backward(&cd, &m, 1.0f));
+                CHECK_OK(&cd, tpk_lm_forward(&cd, &m.lm, ids, tg, B, S, NULL));
+                CHECK_OK(&cd, tpk_lm_backward(&cd, &m.lm, 1.0f));
                 CHECK_OK(&cd, tpk_train_step(&cd, &opt, &b, 1e-3f, 0.5f, 1.0f,
                                              NULL)); /* norm, clip, AdamW on the device */
                 waits = tpk_cuda_sync_count() - before;
@@ -290,7 +290,7 @@ int main(int argc, char **argv) {
                 "  a training step waits %llu times for the device, reading its loss %llu more, "
                 "its norm %llu\n",
                 waits, read_waits, norm_waits);
-            tpk_adamw_destroy(&cd, &opt), tpk_gpt2_destroy(&cd, &m), tpk_ctx_destroy(&cd);
+            tpk_adamw_destroy(&cd, &opt), tpk_lm_destroy(&cd, &m.lm), tpk_ctx_destroy(&cd);
         }
     tpk_comm_destroy(&world_d);
     tpk_comm_destroy(&world_h);

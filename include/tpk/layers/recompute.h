@@ -29,8 +29,8 @@
  * Dropout masks come from the counter RNG at the same ctx->rng_step (and the attention's saved
  * stream), so whatever is recomputed is the same computation: every number is bit-identical to
  * no recompute in every mode.
- * The block callbacks take the block index; `ready` (may be NULL) is called after block i's
- * backward with its gradients final (the data-parallel hook). */
+ * The stack's loops are the model's (tpk/models/lm.h: tpk__lm_stack_forward, _backward); here
+ * are the modes, the pools and their helpers. */
 #ifndef TPK_RECOMPUTE_H
 #define TPK_RECOMPUTE_H
 
@@ -70,34 +70,6 @@ typedef struct tpk__stack_bufs {
     tpk_buf pool[TPK__SETS][TPK__SET_MAX];     /* a pool per set */
 } tpk__stack_bufs;
 
-typedef struct tpk__stack {
-    void *m;
-    int64_t L;
-    tpk_recompute mode;
-    tpk_status (*fwd)(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor x, tpk_tensor *y);
-    tpk_status (*bwd)(tpk_ctx *ctx, void *m, int64_t i, tpk_tensor dy, tpk_tensor *dx);
-    tpk_status (*ready)(tpk_ctx *ctx, void *m, int64_t i);
-    /* block i's buffers of one set (TPK__SET_*; the same roles in the same order for every block),
-     * at most TPK__SET_MAX; and SELECTIVE's remaking of the LENT set from what the block kept */
-    int (*bufs)(void *m, int64_t i, int set, tpk_buf **out);
-    tpk_status (*recompute)(tpk_ctx *ctx, void *m, int64_t i);
-    tpk__stack_bufs *b;
-} tpk__stack;
-
-/* Swap block i's buffers of the sets in `mask` with their pools (twice: lent, then returned). Views
- * the block keeps into them stay pointing at the pool's memory, which the next block overwrites:
- * what the backward reads of it is remade first (st->recompute, or FULL's forward again). */
-static inline void tpk__stack_lend(tpk__stack *st, int64_t i, int mask) {
-    for (int k = 0; k < TPK__SETS; k++) {
-        tpk_buf *bufs[TPK__SET_MAX];
-        int n = mask & (1 << k) ? st->bufs(st->m, i, 1 << k, bufs) : 0;
-        for (int j = 0; j < n && j < TPK__SET_MAX; j++) {
-            tpk_buf t = *bufs[j];
-            *bufs[j] = st->b->pool[k][j], st->b->pool[k][j] = t;
-        }
-    }
-}
-
 /* t's data copied into buffer b (grown); *out = t viewing b. */
 static inline tpk_status tpk__stack_keep(tpk_ctx *ctx, tpk_buf *b, tpk_tensor t, tpk_tensor *out) {
     tpk_tensor c = t;
@@ -113,52 +85,6 @@ static inline int tpk__stack_sets(tpk_recompute mode, bool backward) {
     if (mode == TPK_RECOMPUTE_FULL) return TPK__SET_LENT | TPK__SET_KEPT | TPK__SET_SCRATCH;
     return (mode == TPK_RECOMPUTE_SELECTIVE ? TPK__SET_LENT : 0) |
            (backward ? TPK__SET_SCRATCH : 0);
-}
-
-static inline tpk_status tpk__stack_forward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor x,
-                                            tpk_tensor *y) {
-    int sets = tpk__stack_sets(st->mode, false);
-    bool full = st->mode == TPK_RECOMPUTE_FULL;
-    for (int64_t i = 0; i < st->L; i++) {
-        /* later inputs are kept as outputs */
-        if (full && !i) TPK_TRY(tpk__stack_keep(ctx, &st->b->ckpt[0], x, &x));
-        tpk__stack_lend(st, i, sets);
-        tpk_status s = st->fwd(ctx, st->m, i, x, &x);
-        if (s == TPK_OK && full) s = tpk__stack_keep(ctx, &st->b->ckpt[i + 1], x, &x);
-        tpk__stack_lend(st, i, sets); /* returned, also on failure */
-        TPK_TRY(s);
-    }
-    *y = x;
-    return TPK_OK;
-}
-
-/* g: the gradient of the last forward's output, whose buffer the stack takes over (st->bwd works
- * in place: each block's input gradient comes back in the buffer of its output gradient); *dx: of
- * the stack's input. A block that returns its input gradient elsewhere has it copied into one
- * buffer, so the next block's borrowed buffers may reuse that memory. */
-static inline tpk_status tpk__stack_backward(tpk_ctx *ctx, tpk__stack *st, tpk_tensor g,
-                                             tpk_tensor *dx) {
-    int sets = tpk__stack_sets(st->mode, true);
-    for (int64_t i = st->L - 1; i >= 0; i--) {
-        tpk__stack_lend(st, i, sets);
-        tpk_status s = TPK_OK;
-        if (st->mode == TPK_RECOMPUTE_FULL) {
-            tpk_tensor x = g, y;
-            x.data = st->b->ckpt[i].p;        /* block i's input: the hidden states' shape and
-                                                 layout */
-            s = st->fwd(ctx, st->m, i, x, &y); /* the same forward again */
-        } else if (st->mode == TPK_RECOMPUTE_SELECTIVE) {
-            s = st->recompute(ctx, st->m, i); /* the lent buffers' contents again */
-        }
-        tpk_tensor gin = g;
-        if (s == TPK_OK) s = st->bwd(ctx, st->m, i, g, &g);
-        if (s == TPK_OK && g.data != gin.data) s = tpk__stack_keep(ctx, &st->b->grad, g, &g);
-        tpk__stack_lend(st, i, sets);
-        TPK_TRY(s);
-        if (st->ready) TPK_TRY(st->ready(ctx, st->m, i));
-    }
-    *dx = g;
-    return TPK_OK;
 }
 
 /* A model's stack buffers for L blocks: the checkpoint array allocated (its buffers empty). */

@@ -1,5 +1,5 @@
-/* tpk/models/llama.h — the Llama block and model, tensor-parallel, with optional sequence
- * parallelism.
+/* tpk/models/llama.h — Llama as a configuration of the kit's language model (tpk/models/lm.h),
+ * tensor-parallel, with optional sequence parallelism.
  *
  * Block (pre-norm), hidden states x R [T, H] (S(0) under sequence parallelism):
  *   x1 = x  + attn(input_layernorm(x))            RMSNorm; grouped-query attention with rotary
@@ -15,9 +15,8 @@
  *   logits = h lm_headᵀ (a column linear over its own vocabulary shard, untied; tied with
  *   cfg.tie_embeddings) S(-1) [T, Vp] -> vocabulary-parallel cross-entropy (mean over counted
  *   positions). The vocabulary is padded as GPT-2's (cfg.vocab_multiple; the padding rows of
- *   embed_tokens and lm_head zero, never trained, never in checkpoints). The skeleton of
- *   tpk/models/lm.h, as GPT-2's; this file holds the block's parts, init and forward, its buffer
- *   lists, the config and the names.
+ *   embed_tokens and lm_head zero, never trained, never in checkpoints). This file holds what is
+ *   Llama's own: its config, its block as a tpk_block_desc, its names.
  * Parameter names are Hugging Face LlamaForCausalLM's, all [out, in]: model.embed_tokens.weight,
  * model.layers.<i>.input_layernorm.weight, model.layers.<i>.self_attn.{q,k,v,o}_proj.weight,
  * model.layers.<i>.post_attention_layernorm.weight,
@@ -25,11 +24,7 @@
 #ifndef TPK_LLAMA_H
 #define TPK_LLAMA_H
 
-#include "../layers/attn.h"
-#include "../layers/mlp.h"
-#include "../layers/norm.h"
 #include "lm.h"
-#include "sample.h"
 
 /* ---- block ----------------------------------------------------------------------------------- */
 
@@ -45,17 +40,26 @@ typedef struct tpk_llama_block_desc {
     float init_std;         /* every weight N(0, std^2); default 0.02 */
 } tpk_llama_block_desc;
 
-typedef struct tpk_llama_block {
-    char name[80];
-    int64_t H;
-    tpk_rmsnorm norm_1, norm_2;
-    tpk_gqa_attention attn;
-    tpk_swiglu_mlp mlp;
-    tpk_residual res_1, res_2; /* x1 = x + attn, y = x1 + mlp (no dropout in Llama) */
-    int p0, p1;                /* its parameters are ids p0..p1 */
-} tpk_llama_block;
+/* Llama's block as the kit's block: RMSNorms input_layernorm and post_attention_layernorm,
+ * grouped-query attention "self_attn" with rotary embeddings (q, k, v, o_proj), the SwiGLU MLP
+ * "mlp" (gate_up, down), the sequential residual, no dropout. */
+static inline tpk_block_desc tpk_llama_block_config(const tpk_llama_block_desc *d) {
+    tpk_block_desc b;
+    memset(&b, 0, sizeof b);
+    b.name = d->name, b.heads = d->heads, b.residual = TPK_RESIDUAL_SEQUENTIAL;
+    b.norm_1.kind = b.norm_2.kind = TPK_NORM_RMSNORM;
+    b.norm_1.eps = b.norm_2.eps = d->norm_eps;
+    b.norm_1.name = "input_layernorm", b.norm_2.name = "post_attention_layernorm";
+    b.attn.kind = TPK_ATTN_GQA, b.attn.name = "self_attn";
+    b.attn.gqa.kv_heads = d->kv_heads, b.attn.gqa.rope_theta = d->rope_theta;
+    b.mlp.kind = TPK_MLP_SWIGLU, b.mlp.name = "mlp", b.mlp.swiglu.hidden = d->ffn;
+    b.sequence_parallel = d->sequence_parallel, b.init_std = d->init_std;
+    return b;
+}
 
-static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, int64_t H,
+/* A Llama block alone (the model builds its own): tpk_block_forward, _backward and _destroy run
+ * it. */
+static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_block *b, int64_t H,
                                               const tpk_llama_block_desc *desc) {
     static const char *fn = "tpk_llama_block_init";
     if (!ctx) return TPK_ERR_ARG;
@@ -63,48 +67,22 @@ static inline tpk_status tpk_llama_block_init(tpk_ctx *ctx, tpk_llama_block *b, 
     if (!desc)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc: NULL (desc->heads and desc->ffn are required)");
-    memset(b, 0, sizeof *b);
-    tpk_llama_block_desc d = *desc;
-    TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d.name, "layer"));
-    b->H = H;
-    tpk__params_mark(ctx); /* the block's ids, new or (a copy) reused */
-    char n[128];
-    tpk_rmsnorm_desc nd;
-    memset(&nd, 0, sizeof nd);
-    nd.name = n, nd.eps = d.norm_eps, nd.sequence_parallel = d.sequence_parallel;
-    snprintf(n, sizeof n, "%s.input_layernorm", b->name);
-    TPK_TRY(tpk_rmsnorm_init(ctx, &b->norm_1, H, &nd));
-    tpk_gqa_attention_desc ad;
-    memset(&ad, 0, sizeof ad);
-    snprintf(n, sizeof n, "%s.self_attn", b->name);
-    ad.name = n, ad.kv_heads = d.kv_heads, ad.rope_theta = d.rope_theta,
-    ad.sequence_parallel = d.sequence_parallel, ad.init_std = d.init_std;
-    TPK_TRY(tpk_gqa_attention_init(ctx, &b->attn, H, d.heads, &ad));
-    snprintf(n, sizeof n, "%s.post_attention_layernorm", b->name);
-    TPK_TRY(tpk_rmsnorm_init(ctx, &b->norm_2, H, &nd));
-    tpk_swiglu_mlp_desc md;
-    memset(&md, 0, sizeof md);
-    snprintf(n, sizeof n, "%s.mlp", b->name);
-    md.name = n, md.hidden = d.ffn, md.sequence_parallel = d.sequence_parallel,
-    md.init_std = d.init_std;
-    TPK_TRY(tpk_swiglu_mlp_init(ctx, &b->mlp, H, &md));
-    TPK_TRY(tpk__block_residuals(ctx, b->name, 0.0f, &b->res_1, &b->res_2));
-    tpk__params_marked(ctx, &b->p0, &b->p1);
-    return TPK_OK;
+    tpk_block_desc bd = tpk_llama_block_config(desc);
+    char name[80];
+    TPK_TRY(tpk__layer_name(ctx, fn, name, sizeof name, desc->name, "layer"));
+    bd.name = name;
+    return tpk_block_init(ctx, b, H, &bd);
 }
-
-/* The backward (tpk__llama_block_backward, in place or not), the buffer lists by recompute set
- * (tpk__llama_block_bufs: each layer's own, tpk/runtime/buf.h) and the selective recompute are the
- * skeleton's pre-norm residual block's (tpk/models/lm.h), through these adapters. */
-TPK__LM_ADAPTERS(llama, tpk_llama_block, norm_1, norm_2, rmsnorm, w, gqa_attention, swiglu_mlp)
-/* y = block(x) (tpk_llama_block_forward): the skeleton's, x1 = x + attn(input_layernorm(x)),
- * y = x1 + mlp(post_attention_layernorm(x1)); destroy likewise (tpk_llama_block_destroy). */
-TPK__LM_BLOCK_FORWARD(llama, tpk_llama_block)
 
 /* ---- model ----------------------------------------------------------------------------------- */
 
 typedef struct tpk_llama_config {
-    TPK__LM_CONFIG_SHAPE /* vocab, positions, layers, hidden, heads */
+    int64_t vocab;          /* V (need not divide t) */
+    int64_t positions;      /* the longest sequence */
+    int64_t layers;         /* L */
+    int64_t hidden;         /* H */
+    int64_t heads;          /* A (need not divide t) */
+    tpk_lm_part part;       /* the part built (pipeline stages); zeros: all */
     int64_t kv_heads;       /* G, divides A; 0 = A */
     int64_t ffn;            /* F, SwiGLU's intermediate size; 0 = Llama's rule: 2/3 of 4 H
                                rounded up to a multiple of 256 */
@@ -119,43 +97,12 @@ typedef struct tpk_llama_config {
                                 _SELECTIVE: the norms, the attention kernel and SwiGLU again */
 } tpk_llama_config;
 
+/* A Llama: its config (defaults applied) and the model (m.lm). */
 typedef struct tpk_llama {
     tpk_llama_config c;
-    tpk_embedding embed;    /* model.embed_tokens */
-    tpk_llama_block *layers; /* [L] */
-    tpk_rmsnorm norm;
-    int head_w;             /* lm_head.weight's id (embed_tokens' when tied) */
-    tpk_linear lm_head;
-    tpk_xent ce;
-    tpk_tensor logits;      /* S(-1) [B S, Vp] of the last forward (gradient after backward) */
-    tpk_lm lm;              /* the skeleton's state (tpk/models/lm.h): its grad_ready hook is called
-                               with lm_head when untied, norm, each layer from the last,
-                               embed_tokens */
+    tpk_lm lm; /* its grad_ready hook is called with lm_head when untied, norm, each layer from
+                  the last, embed_tokens */
 } tpk_llama;
-
-/* Llama as a family of the skeleton (tpk/models/lm.h). */
-static inline tpk_status tpk__llama_lm_block_init(tpk_ctx *ctx, void *b, int64_t H,
-                                                  const char *name, const void *cfg) {
-    const tpk_llama_config *c = (const tpk_llama_config *)cfg;
-    tpk_llama_block_desc bd;
-    memset(&bd, 0, sizeof bd);
-    bd.name = name, bd.heads = c->heads, bd.kv_heads = c->kv_heads, bd.ffn = c->ffn,
-    bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps;
-    bd.sequence_parallel = c->sequence_parallel, bd.init_std = c->init_std;
-    return tpk_llama_block_init(ctx, (tpk_llama_block *)b, H, &bd);
-}
-static inline tpk__lm_parts tpk__llama_lm(tpk_llama *m) {
-    static const tpk_lm_family family =
-        TPK__LM_FAMILY_ROW(llama, tpk_llama_block, "model.embed_tokens.weight", NULL,
-                           "model.layers", "model.norm", "lm_head.weight");
-    tpk__lm_parts p = {&family,   &m->lm,   m->c.layers, m->c.recompute, &m->embed, NULL,
-                       m->layers, &m->norm, &m->head_w,  &m->lm_head,    &m->ce,    &m->logits};
-    return p;
-}
-
-/* tpk_llama_forward, _backward, _generate, _sample and _destroy (and tpk__llama_lm_init,
- * tpk__llama_bufs) are the skeleton's (tpk/models/lm.h, with tpk/models/sample.h). */
-TPK__LM_MODEL_ENTRIES(llama, layers)
 
 /* The config fields a trainer sets by flag (tpk_lm_flag). */
 static inline const tpk_lm_flag *tpk_llama_flags(int *n) {
@@ -170,45 +117,64 @@ static inline const tpk_lm_flag *tpk_llama_flags(int *n) {
     return f;
 }
 
-/* Llama has no dropout site (tpk/models/families.h: tpk_model_set_dropout refuses p > 0). */
-static inline void tpk_llama_set_dropout(tpk_llama *m, float p) { (void)m, (void)p; }
-
 /* Llama's default intermediate size for hidden H: 2/3 of 4 H, up to a multiple of 256. */
 static inline int64_t tpk_llama_default_ffn(int64_t H) {
     int64_t f = 8 * H / 3;
     return (f + 255) / 256 * 256;
 }
 
-static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_llama_config *cfg) {
+/* The model's config of a Llama config (checked; defaults applied to *cfg). */
+static inline tpk_status tpk_llama_lm_config(tpk_ctx *ctx, tpk_llama_config *cfg,
+                                             tpk_lm_config *out) {
     static const char *fn = "tpk_llama_init";
-    TPK_TRY(tpk__lm_init_args(ctx, fn, m, cfg));
-    memset(m, 0, sizeof *m);
-    tpk_llama_config c = *cfg;
-    TPK_TRY(tpk__lm_check_shape(ctx, fn, c.layers, c.positions, c.hidden, c.heads));
-    if (c.kv_heads == 0) c.kv_heads = c.heads;
-    if (c.kv_heads < 1 || c.heads % c.kv_heads)
+    tpk_llama_config *c = cfg;
+    TPK_TRY(tpk__lm_check_shape(ctx, fn, c->layers, c->positions, c->hidden, c->heads));
+    if (c->kv_heads == 0) c->kv_heads = c->heads;
+    if (c->kv_heads < 1 || c->heads % c->kv_heads)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "cfg->kv_heads: expected a divisor of cfg->heads = %lld, got %lld",
-                         (long long)c.heads, (long long)c.kv_heads);
-    if ((c.hidden / c.heads) % 2)
+                         (long long)c->heads, (long long)c->kv_heads);
+    if ((c->hidden / c->heads) % 2)
         return tpk__fail(
             ctx, TPK_ERR_ARG, fn,
             "cfg->hidden / cfg->heads: rotary embeddings need an even head size, got %lld",
-            (long long)(c.hidden / c.heads));
-    if (c.ffn < 0)
+            (long long)(c->hidden / c->heads));
+    if (c->ffn < 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "cfg->ffn: expected >= 1 (0 = Llama's default), got %lld",
-                         (long long)c.ffn);
-    if (!c.ffn) c.ffn = tpk_llama_default_ffn(c.hidden);
-    TPK_TRY(tpk__lm_check_recompute(ctx, fn, c.recompute));
-    if (c.init_std <= 0) c.init_std = 0.02f;
-    if (c.rope_theta == 0) c.rope_theta = 10000.0f;
-    if (c.norm_eps == 0) c.norm_eps = 1e-6f;
-    m->c = c;
-    tpk__lm_dims d = {c.vocab,           c.positions, c.layers,   c.hidden, c.vocab_multiple,
-                      c.label_smoothing, c.init_std,  c.norm_eps, 0.0f,     c.sequence_parallel,
-                      c.tie_embeddings};
-    return tpk__llama_lm_init(ctx, fn, m, &d);
+                         (long long)c->ffn);
+    if (!c->ffn) c->ffn = tpk_llama_default_ffn(c->hidden);
+    TPK_TRY(tpk__lm_check_recompute(ctx, fn, c->recompute));
+    if (c->init_std <= 0) c->init_std = 0.02f;
+    if (c->rope_theta == 0) c->rope_theta = 10000.0f;
+    if (c->norm_eps == 0) c->norm_eps = 1e-6f;
+    tpk_llama_block_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.name = "model.layers", bd.heads = c->heads, bd.kv_heads = c->kv_heads, bd.ffn = c->ffn;
+    bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps, bd.init_std = c->init_std;
+    memset(out, 0, sizeof *out);
+    out->vocab = c->vocab, out->positions = c->positions, out->layers = c->layers;
+    out->hidden = c->hidden, out->block = tpk_llama_block_config(&bd);
+    out->final_norm.kind = TPK_NORM_RMSNORM, out->final_norm.name = "model.norm";
+    out->final_norm.eps = c->norm_eps;
+    out->embed_name = "model.embed_tokens.weight", out->head_name = "lm_head.weight";
+    out->tie_embeddings = c->tie_embeddings;
+    out->label_smoothing = c->label_smoothing, out->init_std = c->init_std;
+    out->vocab_multiple = c->vocab_multiple, out->sequence_parallel = c->sequence_parallel;
+    out->recompute = c->recompute, out->part = c->part;
+    return TPK_OK;
+}
+
+static inline tpk_status tpk_llama_init(tpk_ctx *ctx, tpk_llama *m, const tpk_llama_config *cfg) {
+    static const char *fn = "tpk_llama_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
+    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    memset(m, 0, sizeof *m);
+    tpk_lm_config lc;
+    m->c = *cfg;
+    TPK_TRY(tpk_llama_lm_config(ctx, &m->c, &lc));
+    return tpk_lm_init(ctx, &m->lm, &lc);
 }
 
 #endif /* TPK_LLAMA_H */

@@ -11,14 +11,14 @@
  * sum_{kept i <= j} p_i > u, u = uniform(seed, stream("sample"), i) — the same draw on every rank,
  * so every rank of every group picks the same token without another collective. Filters off (top_k
  * 0, top_p 1), the sum runs over every column as it did before the filters: the same token, bit for
- * bit. A family's generation (tpk_gpt2_generate, tpk_gpt2_sample, ... in its own header, through
- * tpk__lm_generate) continues a prompt token by token, the last `positions` tokens as the context
+ * bit. A model's generation (tpk_lm_generate, tpk_lm_sample: tpk/models/lm.h, through
+ * tpk__generate_run) continues a prompt token by token, the last `positions` tokens as the context
  * (a sliding window), recomputing the forward each step; draw i gives the prompt's i-th new
  * token. */
 #ifndef TPK_SAMPLE_H
 #define TPK_SAMPLE_H
 
-#include "lm.h"
+#include "../layers/layout.h"
 
 /* The sampling controls (HF generate's temperature, top_k, top_p). */
 typedef struct tpk_sample_opts {
@@ -211,36 +211,4 @@ tpk__generate_run(tpk_ctx *ctx, const char *fn, void *m,
     }
     return TPK_OK;
 }
-/* The logits callback for a model of the skeleton (tpk/models/lm.h): m is its tpk__lm_parts. */
-static inline tpk_status tpk__lm_sample_logits(tpk_ctx *ctx, void *m, const int32_t *ids, int64_t S,
-                                               tpk_tensor *z) {
-    return tpk__lm_logits(ctx, "tpk_lm_sample", (tpk__lm_parts *)m, ids, S, z);
-}
-/* A model of the skeleton's generation from a prompt; p = NULL: not initialised. */
-static inline tpk_status tpk__lm_generate(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
-                                          int64_t vocab, int64_t positions, const int32_t *prompt,
-                                          int n_prompt, int n, const tpk_sample_opts *opts,
-                                          uint64_t seed, int32_t *out) {
-    if (!ctx) return TPK_ERR_ARG;
-    if (!p || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
-    return tpk__generate_run(ctx, fn, p, tpk__lm_sample_logits, vocab, positions, prompt, n_prompt,
-                             n, opts, seed, out);
-}
-/* Its sampling from one start token at a temperature (tpk__lm_generate with a 1-token prompt,
- * no filter). */
-static inline tpk_status tpk__lm_sample(tpk_ctx *ctx, const char *fn, tpk__lm_parts *p,
-                                        int64_t vocab, int64_t positions, int32_t start, int n,
-                                        float temperature, uint64_t seed, int32_t *out) {
-    if (!ctx) return TPK_ERR_ARG;
-    if (!p || !out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", out ? "model" : "out");
-    if (n < 0) return tpk__fail(ctx, TPK_ERR_ARG, fn, "n: expected >= 0, got %d", n);
-    if (start < 0 || start >= vocab)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "start: expected a token id in 0..%lld, got %d",
-                         (long long)vocab - 1, start);
-    tpk_sample_opts o = tpk_sample_defaults();
-    o.temperature = temperature;
-    TPK_TRY(tpk__sample_opts_check(ctx, fn, "", &o));
-    return tpk__lm_generate(ctx, fn, p, vocab, positions, &start, 1, n, &o, seed, out);
-}
-
 #endif /* TPK_SAMPLE_H */

@@ -318,10 +318,6 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
                          "%s: byte %zu: hidden_act \"%s\": expected \"gelu\" (exact) or "
                          "\"gelu_new\", \"gelu_pytorch_tanh\", \"gelu_fast\" (the tanh form)",
                          what, v[NACT].at, *act ? act : "(not a string)");
-    if (v[NPAR].kind && !v[NPAR].num)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: use_parallel_residual: expected true (tpk's GPT-NeoX block is the "
-                         "parallel one)", what);
     if (v[NTIE].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: byte %zu: tie_word_embeddings: expected false (GPT-NeoX's head is "
@@ -341,25 +337,46 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P, cfg->ffn = (int64_t)F;
     cfg->rotary_pct = (float)pct, cfg->rope_theta = (float)base, cfg->ln_eps = (float)eps;
     cfg->act = exact ? TPK_ACT_GELU : TPK_ACT_GELU_TANH;
+    /* false: the sequential block, as Hugging Face runs it; absent: true */
+    cfg->sequential = v[NPAR].kind && !v[NPAR].num;
     return TPK_OK;
 }
-/* tpk_F_config_read(ctx, dir, cfg) for every family F (tpk/models/families.h): dir/config.json
- * (of the checkpoint dir holds, tpk__hf_resolve) into *cfg, as tpk_F_config_parse. */
-#define TPK__HF_CONFIG_READ(F, FF, TYPE, DROPOUT, TITLE)                                           \
-    static inline tpk_status tpk_##F##_config_read(tpk_ctx *ctx, const char *dir,                  \
-                                                   tpk_##F##_config *cfg) {                        \
-        static const char *fn = "tpk_" #F "_config_read";                                          \
-        char path[1200];                                                                           \
-        uint8_t *b = NULL;                                                                         \
-        size_t n = 0;                                                                              \
-        if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");                      \
-        TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));                        \
-        tpk_status s = tpk_##F##_config_parse(ctx, b, n, path, cfg);                               \
-        free(b);                                                                                   \
-        return s;                                                                                  \
-    }
-TPK__FAMILIES(TPK__HF_CONFIG_READ)
-#undef TPK__HF_CONFIG_READ
+/* A family's config from dir/config.json (of the checkpoint dir holds, tpk__hf_resolve), as its
+ * tpk_F_config_parse. */
+static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk_gpt2_config *cfg) {
+    static const char *fn = "tpk_gpt2_config_read";
+    char path[1200];
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
+    tpk_status s = tpk_gpt2_config_parse(ctx, b, n, path, cfg);
+    free(b);
+    return s;
+}
+static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
+                                               tpk_llama_config *cfg) {
+    static const char *fn = "tpk_llama_config_read";
+    char path[1200];
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
+    tpk_status s = tpk_llama_config_parse(ctx, b, n, path, cfg);
+    free(b);
+    return s;
+}
+static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir, tpk_neox_config *cfg) {
+    static const char *fn = "tpk_neox_config_read";
+    char path[1200];
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
+    tpk_status s = tpk_neox_config_parse(ctx, b, n, path, cfg);
+    free(b);
+    return s;
+}
 
 /* The family of dir's checkpoint: config.json's model_type (one of the families',
  * tpk/models/families.h) into type[n]; any other (or none) is TPK_ERR_UNSUPPORTED naming it. */
@@ -376,9 +393,7 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     free(b);
     TPK_TRY(s);
     /* the families' model_type (tpk/models/families.h) */
-#define TPK__MODEL_TYPE(f, F, type, dropout, title) type,
-    static const char *const types[] = {TPK__FAMILIES(TPK__MODEL_TYPE)};
-#undef TPK__MODEL_TYPE
+    static const char *const types[] = {"gpt2", "llama", "gpt_neox"};
     int nt = (int)(sizeof types / sizeof types[0]), k = 0;
     while (v.kind == 's' && k < nt && strcmp(v.str, types[k])) k++;
     if (v.kind != 's' || k == nt) {
@@ -546,7 +561,7 @@ static inline tpk_status tpk_gpt2_save(tpk_ctx *ctx, const tpk_gpt2 *m, const tp
                                        const char *dir, const tpk_gpt2_save_desc *desc) {
     static const char *fn = "tpk_gpt2_save";
     tpk_hf_save_desc d;
-    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->h, dir, desc, &d));
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->lm.blocks, dir, desc, &d));
     char cfg[1400];
     const tpk_gpt2_config *c = &m->c;
     snprintf(
@@ -580,7 +595,7 @@ static inline tpk_status tpk_llama_save(tpk_ctx *ctx, const tpk_llama *m, const 
                                         const char *dir, const tpk_hf_save_desc *desc) {
     static const char *fn = "tpk_llama_save";
     tpk_hf_save_desc d;
-    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->layers, dir, desc, &d));
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->lm.blocks, dir, desc, &d));
     char cfg[1400], e1[32], e2[32];
     const tpk_llama_config *c = &m->c;
     snprintf(
@@ -609,7 +624,7 @@ static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tp
                                        const char *dir, const tpk_hf_save_desc *desc) {
     static const char *fn = "tpk_neox_save";
     tpk_hf_save_desc d;
-    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->layers, dir, desc, &d));
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->lm.blocks, dir, desc, &d));
     char cfg[1600], e1[32], e2[32], e3[32];
     const tpk_neox_config *c = &m->c;
     tpk__float_text(c->rotary_pct, e3, sizeof e3);
@@ -621,7 +636,7 @@ static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tp
              "  \"rotary_pct\": %s,\n  \"partial_rotary_factor\": %s,\n"
              "  \"rotary_emb_base\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n"
              "  \"hidden_act\": \"%s\",\n  \"layer_norm_eps\": %s,\n"
-             "  \"use_parallel_residual\": true,\n  \"attention_bias\": true,\n"
+             "  \"use_parallel_residual\": %s,\n  \"attention_bias\": true,\n"
              "  \"hidden_dropout\": %g,\n  \"attention_dropout\": %g,\n"
              "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"float32\"\n}\n",
              (long long)c->vocab, (long long)c->positions, (long long)c->hidden,
@@ -662,7 +677,7 @@ static inline tpk_status tpk_hf_info_read(tpk_ctx *ctx, const char *dir, tpk_hf_
 static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt, const char *dir) {
     static const char *fn = "tpk_gpt2_load";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->h || !dir)
+    if (!m || !m->lm.blocks || !dir)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     return tpk__hf_load(ctx, fn, opt, dir, true);
 }
@@ -672,7 +687,7 @@ static inline tpk_status tpk_llama_load(tpk_ctx *ctx, tpk_llama *m, tpk_adamw *o
                                         const char *dir) {
     static const char *fn = "tpk_llama_load";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers || !dir)
+    if (!m || !m->lm.blocks || !dir)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     return tpk__hf_load(ctx, fn, opt, dir, false);
 }
@@ -680,7 +695,7 @@ static inline tpk_status tpk_neox_load(tpk_ctx *ctx, tpk_neox *m, tpk_adamw *opt
                                        const char *dir) {
     static const char *fn = "tpk_neox_load";
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->layers || !dir)
+    if (!m || !m->lm.blocks || !dir)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
     return tpk__hf_load(ctx, fn, opt, dir, false);
 }

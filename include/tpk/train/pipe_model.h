@@ -78,7 +78,7 @@ static inline void tpk_pipe_model_costs(const tpk_model_config *cfg, int64_t S, 
     bool *sp;
     tpk_recompute *rc;
     tpk_model_config c = *cfg;
-    tpk__model_family(c.arch)->cfg_common(tpk__model_cfg(&c), shape, &ls, &sp, &rc);
+    tpk__model_common(&c, shape, &ls, &sp, &rc, NULL);
     double V = (double)*shape[0], L = (double)*shape[2], H = (double)*shape[3];
     for (int64_t i = 0; i < (int64_t)L; i++) cost[i] = 6 * 12 * H * H + 12 * (double)S * H;
     *first = 0, *last = 6 * V * H;
@@ -106,7 +106,7 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
     float *ls;
     bool *sp;
     tpk_recompute *rc;
-    tpk__model_family(cfg->arch)->cfg_common(tpk__model_cfg(&pm->cfg), shape, &ls, &sp, &rc);
+    tpk__model_common(&pm->cfg, shape, &ls, &sp, &rc, NULL);
     int64_t L = *shape[2];
     if (st == TPK_OK) {
         pm->first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(P * V + 1));
@@ -152,14 +152,12 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
     ctx->params.reuse = reuse;
     /* the tied embedding: its weight on the first stage (the embedding), on the last (the head) */
     if (st == TPK_OK) {
-        tpk__lm_parts p = tpk__model_family(cfg->arch)->parts(tpk__model_of(&pm->copy[0]));
-        tpk__lm_parts q =
-            tpk__model_family(cfg->arch)->parts(tpk__model_of(&pm->copy[(V - 1) * pm->K]));
-        const char *name = p.f->embed_name;
+        const tpk_lm *p = tpk_model_lm(&pm->copy[0]), *q = tpk_model_lm(&pm->copy[(V - 1) * pm->K]);
+        const char *name = p->c.embed_name;
         /* tied: the head's weight is the embedding's on the whole model (probe: stage 0 alone
            cannot tell; the last stage's head says it by its weight's name) */
         int last_tied =
-            (s == P - 1 && *q.head_w >= 0 && !strcmp(ctx->params.list[*q.head_w].name, name)) ? 1
+            (s == P - 1 && q->head_w >= 0 && !strcmp(ctx->params.list[q->head_w].name, name)) ? 1
                                                                                               : 0;
         int32_t t = last_tied;
         st = tpk_allreduce_host(ctx, &ctx->pp, &t, 1, TPK_I32, TPK_MAX);
@@ -224,12 +222,13 @@ static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk
 }
 
 /* The executor's view of this stage: a message is this TP rank's hidden states of T tokens, all T
- * rows or its S(0) slice under sequence parallelism (the parts' own layout, tpk_lm). */
+ * rows or its S(0) slice under sequence parallelism (the model's own layout, tpk_lm). */
 static inline tpk_pipe_stage tpk__pipe_model_stage(tpk_ctx *ctx, tpk_pipe_model *pm, int64_t T) {
-    tpk__lm_parts p = tpk__model_family(pm->cfg.arch)->parts(tpk__model_of(&pm->copy[0]));
+    const tpk_lm *p = tpk_model_lm(&pm->copy[0]);
     tpk_pipe_stage st;
     memset(&st, 0, sizeof st);
-    st.count = (size_t)((p.s->sp ? tpk_tp_split(ctx, T, ctx->tp.rank).size : T) * p.s->H);
+    st.count = (size_t)((p->c.sequence_parallel ? tpk_tp_split(ctx, T, ctx->tp.rank).size : T) *
+                        p->c.hidden);
     st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
     st.user = pm;
     return st;
