@@ -643,7 +643,7 @@ static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tp
              (long long)c->ffn, (long long)c->layers, (long long)c->heads, e3, e3,
              tpk__float_text(c->rope_theta, e1, sizeof e1), e1,
              c->act == TPK_ACT_GELU_TANH ? "gelu_new" : "gelu",
-             tpk__float_text(c->ln_eps, e2, sizeof e2),
+             tpk__float_text(c->ln_eps, e2, sizeof e2), c->sequential ? "false" : "true",
              (double)c->dropout, (double)c->dropout);
     return tpk__hf_save(ctx, fn, opt, dir, &d, cfg, false);
 }
