@@ -1,8 +1,9 @@
 /* tpk/tpk.h — the umbrella header: the stack from base/core.h to the GPT-2, Llama and GPT-NeoX
  * models, the host backend, and a trainer's AdamW, DP buckets, pipeline schedules and token
  * data. Include yourself
- * <tpk/train/train.h>, <tpk/train/log.h>, <tpk/train/safetensors.h>, <tpk/train/hf.h> and
- * <tpk/train/model.h> (POSIX), <tpk/runtime/mpi.h> for the MPI communicator (compile with mpicc),
+ * <tpk/train/train.h>, <tpk/train/log.h>, <tpk/train/safetensors.h>, <tpk/train/ckpt_dir.h>,
+ * <tpk/train/ckpt.h>, <tpk/train/hf.h> and <tpk/train/model.h> (POSIX), <tpk/runtime/mpi.h> for
+ * the MPI communicator (compile with mpicc),
  * <tpk/runtime/cuda.h> and <tpk/runtime/nccl.h> for the CUDA backend and the NCCL communicator.
  *
  * The folders are the strata; a header includes only its own folder's or a lower one's:
@@ -24,8 +25,10 @@
  *                                   over stages and the executor
  *             train.h log.h         a step's end (DP reduction, norm, clipping, AdamW); the loss
  *                                   curve (not included here)
- *             safetensors.h hf.h    checkpoint files, Hugging Face layouts; one handle over every
- *             model.h               family (POSIX; not included here)
+ *             safetensors.h         checkpoint files (POSIX; not included here, nor the next)
+ *             ckpt_dir.h ckpt.h     a checkpoint directory replaced whole; any model's
+ *                                   checkpoints (parameters, moments) at any TP, DP, PP size
+ *             hf.h model.h          Hugging Face layouts; one handle over every family
  *             step.h                the trainer's optimizer step over M micro-batches (POSIX; not
  *                                   included here)
  *   plan/     hw.h count.h plan.h   the configuration planner: hardware profiles and the cost
