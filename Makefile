@@ -31,6 +31,8 @@ CFLAGS   ?= -O2
 WARN      = -std=c11 -Wall -Wextra -Werror
 BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# the version, written once in include/tpk/base/version.h (tpk.pc, tpk-cuda.pc, the CMake package)
+TPK_VERSION := $(shell awk '/^\#define TPK_VERSION_(MAJOR|MINOR|PATCH) /{v = v s $$3; s = "."} END {print v}' include/tpk/base/version.h)
 CPPFLAGS += -Iinclude
 
 HOST_SRC  = $(wildcard kernels/host/*.c)
@@ -398,13 +400,13 @@ fuzz:
 
 $(B)/tpk.pc:
 	@mkdir -p $(@D)
-	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk\nDescription: header-only tensor-parallel transformer kit\nVersion: 0.1.0\nRequires.private: openblas\nCflags: -I$${includedir}\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_host %s -lm\n' \
+	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk\nDescription: header-only tensor-parallel transformer kit\nVersion: $(TPK_VERSION)\nRequires.private: openblas\nCflags: -I$${includedir}\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_host %s -lm\n' \
 	  '$(PREFIX)' '$(BLAS_LIBS)' > $@
 
 # pkg-config `tpk-cuda`: the CUDA archive (which carries the host backend) and the CUDA libraries.
 $(B)/tpk-cuda.pc:
 	@mkdir -p $(@D)
-	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk-cuda\nDescription: header-only tensor-parallel transformer kit, CUDA backend\nVersion: 0.1.0\nCflags: -I$${includedir} -DTPK_WITH_CUDA\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_cuda %s %s -lm\n' \
+	printf 'prefix=%s\nincludedir=$${prefix}/include\nlibdir=$${prefix}/lib\n\nName: tpk-cuda\nDescription: header-only tensor-parallel transformer kit, CUDA backend\nVersion: $(TPK_VERSION)\nCflags: -I$${includedir} -DTPK_WITH_CUDA\nLibs: -L$${libdir} -Wl,-u,tpk_ops_default -ltpk_cuda %s %s -lm\n' \
 	  '$(PREFIX)' '$(BLAS_LIBS)' '$(CUDA_LIBS)' > $@
 
 install: all $(B)/tpk.pc $(if $(HAVE_CUDA),$(B)/tpk-cuda.pc)
@@ -413,6 +415,11 @@ install: all $(B)/tpk.pc $(if $(HAVE_CUDA),$(B)/tpk-cuda.pc)
 	install -m 644 $(LIBS) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 $(B)/tpk.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk.pc
 	$(if $(HAVE_CUDA),install -m 644 $(B)/tpk-cuda.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpk-cuda.pc)
+	install -d $(DESTDIR)$(PREFIX)/lib/cmake/tpk
+	sed -e 's|@TPK_VERSION@|$(TPK_VERSION)|g' -e 's|@BLAS_NAMES@|$(patsubst -l%,%,$(filter -l%,$(BLAS_LIBS)))|g' \
+	  -e 's|@BLAS_LIBDIRS@|$(patsubst -L%,%,$(filter -L%,$(BLAS_LIBS)))|g' -e 's|@CUDA_LIBS@|$(if $(HAVE_CUDA),$(CUDA_LIBS))|g' \
+	  cmake/tpkConfig.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/tpk/tpkConfig.cmake
+	sed -e 's|@TPK_VERSION@|$(TPK_VERSION)|g' cmake/tpkConfigVersion.cmake.in > $(DESTDIR)$(PREFIX)/lib/cmake/tpk/tpkConfigVersion.cmake
 
 clean:
 	rm -rf build

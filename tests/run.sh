@@ -251,6 +251,10 @@ if quick_set; then
     else
         echo "FAIL make install + pkg-config build of the README example (see $log)"; failed=$((failed + 1))
     fi
+    # the CMake package (make install DESTDIR=..., find_package(tpk), tpk::tpk; tests/cmake.sh), on
+    # the normal build only as above
+    if [ "$B" = build ]; then script cmake 2 tests/cmake.sh
+    else echo "cmake_example: skipped in $B (make install installs the normal build)"; fi
 
     # every header compiles alone with a plain C compiler, without MPI or CUDA headers
     hfail=0

@@ -1,7 +1,8 @@
 #!/bin/sh
-# Install the Debian packages tpk needs (C and C++ compilers, Open MPI, OpenBLAS, pkg-config) when they are missing.
+# Install the Debian packages tpk needs (C and C++ compilers, Open MPI, OpenBLAS, pkg-config, cmake for
+# the CMake package's test) when they are missing.
 # As root it installs them; otherwise it prints the exact command and fails.
-pkgs="make gcc g++ openmpi-bin libopenmpi-dev libopenblas-dev pkg-config"
+pkgs="make gcc g++ openmpi-bin libopenmpi-dev libopenblas-dev pkg-config cmake"
 [ -n "$TPK_EXTRA_PKGS" ] && pkgs="$pkgs $TPK_EXTRA_PKGS"
 missing=""
 for p in $pkgs; do
