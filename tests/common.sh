@@ -12,6 +12,13 @@ tests=${TPK_TESTS:-quick}
 case "$tests" in quick | long | all) ;; *) echo "TPK_TESTS: expected quick, long or all, got '$tests'" >&2; exit 1 ;; esac
 quick_set() { [ "$tests" != long ]; }
 long_set() { [ "$tests" != quick ]; }
+# pick QUICK LONG: the words of the running set: QUICK's, LONG's, or both (each once, in order)
+pick() {
+    v=""
+    quick_set && v=$1
+    long_set && v="$v $2"
+    printf '%s\n' $v | awk 'NF && !seen[$0]++' | tr '\n' ' '
+}
 B=${TPK_BUILD:-build}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 mpiflags="--oversubscribe"

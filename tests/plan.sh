@@ -9,7 +9,9 @@
 #   3 heads over TP 2 planned as the uneven split it is); the trainer's --plan trains with the configuration it prints;
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
-# Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
+# make test (TPK_TESTS=quick) plans 7 of the 14 configurations (one per feature: TP with SP and
+# selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP) and runs the rest; make test-long the
+# other 7. Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup plan
 py=$(command -v python3 || echo /usr/bin/python3)
@@ -32,21 +34,22 @@ $($B/plan --profile cpu --vocab 256 --gpus "$2" --gpus-per-node "$2" $4 --json 2
         fail "plan_memory_$1: trainer '$run' MB, planned '$pk' bytes ($planned rows)"
     fi
 }
-mem gpt2_1 1 "$M --batch 4" "$M --batch 4 --micro-batch 4 --recompute none"
-mem gpt2_accum 1 "$M --batch 2 --grad-accum 3 --recompute selective" "$M --batch 6 --micro-batch 2 --recompute selective"
-mem gpt2_tp2 2 "$M --tp 2 --batch 4" "$M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
-mem gpt2_tp2_sp_sel 2 "$M --tp 2 --batch 4 --sequence-parallel --recompute selective" "$M --tp 2 --batch 4 --micro-batch 4 --recompute selective --sequence-parallel 1"
-mem gpt2_dp2_full 2 "$M --batch 4 --recompute full" "$M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 0"
-mem gpt2_dp2_zero 2 "$M --batch 4 --zero 1 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 1"
-mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
-mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
-mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
-mem llama_1 1 "--arch llama $M --batch 4 --recompute selective" "--arch llama $M --batch 4 --micro-batch 4 --recompute selective"
-mem llama_tp2_gqa 2 "--arch llama $M --tp 2 --batch 4 --kv-heads 2" "--arch llama --kv-heads 2 $M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
-mem llama_dp2_zero_full 2 "--arch llama $M --batch 4 --zero 1 --recompute full" "--arch llama $M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 1"
-mem llama_tp2_pp2_sp_full 4 "--arch llama $M --tp 2 --pp 2 --batch 2 --grad-accum 4 --sequence-parallel --recompute full" "--arch llama $M --tp 2 --pp 2 --batch 8 --micro-batch 2 --recompute full --sequence-parallel 1"
-mem llama_pp2_sel 2 "--arch llama $M --pp 2 --batch 2 --grad-accum 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 4 --micro-batch 2 --recompute selective"
+quick_set && mem gpt2_1 1 "$M --batch 4" "$M --batch 4 --micro-batch 4 --recompute none"
+long_set && mem gpt2_accum 1 "$M --batch 2 --grad-accum 3 --recompute selective" "$M --batch 6 --micro-batch 2 --recompute selective"
+long_set && mem gpt2_tp2 2 "$M --tp 2 --batch 4" "$M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
+quick_set && mem gpt2_tp2_sp_sel 2 "$M --tp 2 --batch 4 --sequence-parallel --recompute selective" "$M --tp 2 --batch 4 --micro-batch 4 --recompute selective --sequence-parallel 1"
+long_set && mem gpt2_dp2_full 2 "$M --batch 4 --recompute full" "$M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 0"
+quick_set && mem gpt2_dp2_zero 2 "$M --batch 4 --zero 1 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 1"
+quick_set && mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
+quick_set && mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
+long_set && mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
+long_set && mem llama_1 1 "--arch llama $M --batch 4 --recompute selective" "--arch llama $M --batch 4 --micro-batch 4 --recompute selective"
+quick_set && mem llama_tp2_gqa 2 "--arch llama $M --tp 2 --batch 4 --kv-heads 2" "--arch llama --kv-heads 2 $M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
+long_set && mem llama_dp2_zero_full 2 "--arch llama $M --batch 4 --zero 1 --recompute full" "--arch llama $M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 1"
+quick_set && mem llama_tp2_pp2_sp_full 4 "--arch llama $M --tp 2 --pp 2 --batch 2 --grad-accum 4 --sequence-parallel --recompute full" "--arch llama $M --tp 2 --pp 2 --batch 8 --micro-batch 2 --recompute full --sequence-parallel 1"
+long_set && mem llama_pp2_sel 2 "--arch llama $M --pp 2 --batch 2 --grad-accum 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 4 --micro-batch 2 --recompute selective"
 
+quick_set || exit 0
 # --json: every configuration an object with the issue's keys; rejected ones carry their reason
 out=$($B/plan --profile h100 --gpus 16 --gpus-per-node 8 --layers 4 --hidden 96 --heads 3 --seq-len 64 --batch 12 --json 2>&1)
 if printf '%s\n' "$out" | "$py" -c '

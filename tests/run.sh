@@ -240,11 +240,12 @@ if quick_set; then
     # make cuda-report's figures and budget checks on a hand-counted ptxas log and SASS (no nvcc needed)
     script cuda_report 1 tests/cuda_report.sh
 
-    # install into build/inst and build the README example against it with pkg-config (normal build only)
+    # install into build/inst and build the README example against it with pkg-config (normal build
+    # only; the host kit, NVCC=: the CUDA archive is make cuda-check's)
     inst="$PWD/build/inst"
     if [ "$B" != build ]; then
         echo "pkgconfig_example: skipped in $B (make install installs the normal build)"
-    elif make --no-print-directory -s install PREFIX="$inst" >> "$log" 2>&1 &&
+    elif make --no-print-directory -s NVCC= install PREFIX="$inst" >> "$log" 2>&1 &&
        mpicc -std=c11 -Wall -Wextra -Werror build/readme_example.c \
            $(PKG_CONFIG_PATH="$inst/lib/pkgconfig" pkg-config --cflags --libs tpk) -o build/tests/pkgconfig_example >> "$log" 2>&1; then
         run pkgconfig_example 2 build/tests/pkgconfig_example
@@ -284,7 +285,7 @@ script plan 1-4 tests/plan.sh
 # text: Unicode classes, NFC and UTF-8 against Python (tests/unicode.sh); the tokenizer against
 # Hugging Face tokenizers, build/tokenize, the trainer's --tokenizer, --prompt, sampling flags
 quick_set && script unicode 1 tests/unicode.sh
-script tokenizer 1-2 tests/tokenizer.sh
+quick_set && script tokenizer 1-2 tests/tokenizer.sh
 # faults: a rank killed, the checkpoint writer killed, the disk full, a rank stopped (the collectives' timeout)
 script faults 1-2 tests/faults.sh
 phase ""
