@@ -4,6 +4,9 @@
  *   - round trip of F32, BF16, I32, U8 tensors (0-d and empty ones included) and metadata;
  *   - a file built byte by byte to the format (escapes, surrogate pairs, F16 values);
  *   - hostile headers, each rejected with TPK_ERR_FORMAT and a message naming the problem;
+ *     strict JSON (tpk/text/json.h's reader): a tensor name or metadata key twice named at the
+ *     repeat's file offset with the first's, invalid UTF-8, offsets past 2^64 - 1 (2^64 - 1 read
+ *     exactly), a number out of range, nesting where a number belongs, file offsets in messages;
  *     every truncation and every single-byte corruption of a valid file is survived;
  *   - the atomic writer: failures (missing directory, a write past a file-size limit, a
  *     directory in the way) leave no temporary and the old file intact; bad arguments;
@@ -301,6 +304,63 @@ int main(int argc, char **argv) {
                     TPK_ERR_IO, "no-such.safetensors: cannot open");
         CHECK_FAILS(&ctx, tpk_st_read(&ctx, dir, &f), TPK_ERR_IO, "not a regular file");
         CHECK_FAILS(&ctx, tpk_st_parse(&ctx, NULL, 8, "x", &f), TPK_ERR_ARG, "bytes is NULL");
+    }
+
+    TEST_CASE("safetensors strict JSON: repeats named at their byte, UTF-8, ranges, nesting") {
+        /* each: header, data bytes, the message (byte offsets are the file's: the header starts
+         * at byte 8) */
+        static const char *const e1 = "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}",
+                              *e2 = "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}";
+        char h[3][400], want[3][200];
+        snprintf(h[0], sizeof h[0], "{\"a\":%s,\"b\":%s,\"a\":%s}", e1, e2,
+                 "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[2,3]}");
+        snprintf(want[0], sizeof want[0],
+                 "hostile: byte %zu: tensor name \"a\" appears twice (first at byte 9)",
+                 8 + (size_t)(strstr(h[0], "},\"a\":") + 2 - h[0]));
+        snprintf(h[1], sizeof h[1],
+                 "{\"__metadata__\":{\"k\":\"1\",\"j\":\"2\",\"k\":\"3\"},\"a\":%s}", e1);
+        snprintf(want[1], sizeof want[1],
+                 "hostile: byte %zu: __metadata__ key \"k\" appears twice (first at byte 25)",
+                 8 + (size_t)(strstr(h[1], "\"k\":\"3\"") - h[1]));
+        snprintf(h[2], sizeof h[2], "{\"__metadata__\":{\"k\":\"v\xed\xa0\x80\"},\"a\":%s}", e1);
+        snprintf(want[2], sizeof want[2],
+                 "hostile: byte %zu: __metadata__ \"k\": expected valid UTF-8 in a string",
+                 8 + (size_t)(strstr(h[2], "\xed") - h[2]));
+        tpk_st_file f;
+        size_t size;
+        for (int i = 0; i < 3; i++) {
+            uint8_t *b = mkfile(h[i], i ? 1 : 3, &size);
+            CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "hostile", &f), TPK_ERR_FORMAT, want[i]);
+            free(b);
+        }
+        static const hostile cases[] = {
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,"
+             "18446744073709551616]}}",
+             1,
+             "hostile: byte 57: tensor \"a\": data_offsets: integer larger than "
+             "18446744073709551615"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1e400],\"data_offsets\":[0,1]}}", 1,
+             "byte 36: tensor \"a\": shape[0]: expected an integer, got a fraction or exponent"},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]"
+             "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],\"data_offsets\":[0,1]}}",
+             1, "byte 36: tensor \"a\": shape[0]: expected a non-negative integer"},
+            {"{\"a\" 1}", 0, "hostile: byte 13: expected ':' after \"a\""},
+            {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}", 1,
+             "byte 60: the top-level object: expected ',' or '}' (truncated JSON)"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            uint8_t *b = mkfile(cases[i].header, cases[i].ndata, &size);
+            CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "hostile", &f), TPK_ERR_FORMAT,
+                        cases[i].needle);
+            free(b);
+        }
+        /* the largest offsets read exactly: 2^64 - 1 is past this file's data, named as such */
+        uint8_t *b = mkfile("{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":"
+                            "[18446744073709551615,18446744073709551615]}}",
+                            0, &size);
+        CHECK_FAILS(&ctx, tpk_st_parse(&ctx, b, size, "hostile", &f), TPK_ERR_FORMAT,
+                    "data_offsets [18446744073709551615, 18446744073709551615] lie outside");
+        free(b);
     }
 
     TEST_CASE("safetensors: every truncation and single-byte change of a valid file is survived") {

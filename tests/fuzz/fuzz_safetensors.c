@@ -1,7 +1,9 @@
 /* tests/fuzz/fuzz_safetensors.c — fuzz target for the safetensors reader (tpk/train/safetensors.h).
  *
- * Each input is a whole file given to tpk_st_parse. Whatever the bytes, the parser must
- * return a status without crashing, reading out of bounds or leaking; when it accepts the
+ * Each input is a whole file given to tpk_st_parse (its header read by tpk/text/json.h's cursor,
+ * the kit's one JSON reader). Whatever the bytes, the parser must return a status without
+ * crashing, reading out of bounds or leaking, a refusal naming the input and a byte offset inside
+ * it ("input: byte N: ..."); when it accepts the
  * bytes, everything it returned must hold together: every tensor lies inside the data buffer
  * and converts (F32/BF16/F16) or is refused with TPK_ERR_DTYPE, tpk_st_find finds every name,
  * tpk_st_meta every key. A broken promise aborts, so the fuzzer reports it as a crash.
@@ -23,6 +25,11 @@ static tpk_status fuzz_safetensors_one(const uint8_t *data, size_t size) {
     tpk_status s = tpk_st_parse(&ctx, data, size, "input", &f);
     if (s != TPK_OK) {
         if (s != TPK_ERR_FORMAT || !ctx.err[0] || f.owned || f.tensors || f.n) abort();
+        /* "tpk_st_parse: input: byte N: ...": the file and the place, N inside the file */
+        static const char prefix[] = "tpk_st_parse: input: byte ";
+        if (strncmp(ctx.err, prefix, sizeof prefix - 1) ||
+            strtoull(ctx.err + sizeof prefix - 1, NULL, 10) > size)
+            abort();
         return s;
     }
     if (f.n < 0 || f.n_meta < 0 || f.data_size > size) abort();

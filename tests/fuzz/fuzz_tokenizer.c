@@ -1,8 +1,9 @@
 /* tests/fuzz/fuzz_tokenizer.c — fuzz target for tpk/text (the JSON reader, tokenizer.json's
  * loader, the encoder and the decoder). The input's first byte picks what the rest is:
- *   even: a tokenizer.json, to tpk_tokenizer_parse. A refusal is TPK_ERR_FORMAT or
- *         TPK_ERR_UNSUPPORTED with a message naming the input ("...: input: ..."), and a syntax
- *         error's byte offset lies inside it. An accepted tokenizer encodes the input itself: every
+ *   even: a tokenizer.json, to tpk_tokenizer_parse (tpk/text/json.h's reader, the kit's one). A
+ *         refusal is TPK_ERR_FORMAT or TPK_ERR_UNSUPPORTED with a message naming the input
+ *         ("...: input: ..."), and a JSON fault's byte offset ("input: byte N: ...") lies inside
+ *         it. An accepted tokenizer encodes the input itself: every
  *         id below its vocabulary, and the ids decode;
  *   odd:  text for the fixture tests/tokenizer/tokenizer.json (GPT-2's settings, loaded once):
  *         decode(encode(x)) is x with each ill-formed UTF-8 sequence replaced by U+FFFD, byte for
@@ -38,8 +39,8 @@ static tpk_status fuzz_tokenizer_one(const uint8_t *data, size_t size) {
         if (st != TPK_OK) {
             const char *at = strstr(ctx.err, ": input: ");
             if ((st != TPK_ERR_FORMAT && st != TPK_ERR_UNSUPPORTED) || !at || t) abort();
-            at += 9;
-            if (!strncmp(at, "bad JSON at byte ", 17) && strtoull(at + 17, NULL, 10) > n) abort();
+            at += 9; /* a JSON fault: "byte N: ...", N inside the text (N = n: it ends there) */
+            if (!strncmp(at, "byte ", 5) && strtoull(at + 5, NULL, 10) > n) abort();
             return st;
         }
         fuzz_tok_roundtrip(&ctx, t, s, n, &back, &nb);
