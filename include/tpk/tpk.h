@@ -9,7 +9,9 @@
  * The folders are the strata; a header includes only its own folder's or a lower one's:
  *   base/     core.h rng.h          status, dtypes, layouts, tensor views; counter RNG
  *             comm.h ops.h          the two interfaces: communicator, compute backend table
- *             ctx.h                 the context, errors, argument checks
+ *             ctx.h                 the context, errors, argument checks, its hooks (host
+ *                                   memory, messages)
+ *             version.h             the version: TPK_VERSION_*, tpk_version()
  *   runtime/  backend.h op.h        what a backend includes; the checked op front end
  *             profile.h buf.h       the profiler; backend buffers
  *             coll.h init.h         checked collectives; the context's lifecycle (the mesh)
