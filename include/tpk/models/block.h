@@ -15,8 +15,16 @@
  * GPT-NeoX's per-head packing and partial rotary) or grouped-query attention (tpk_gqa_attention:
  * Llama) — or a user's own attention or MLP through one small interface (tpk_sublayer). The
  * block's functions switch on the tag and call the layer's own function: no table, no macro.
- * Collectives are the layers': 2 all-reduces of T H forward and 2 backward under TP (the two row
- * linears forward, the two column linears backward); under SP all-gathers and reduce-scatters.
+ * Collectives: the sequential block's are its layers', 2 all-reduces of T H forward and 2 backward
+ * under TP (the two row linears forward, the two column linears backward); under SP all-gathers
+ * and reduce-scatters. A parallel block of the kit's layers sums its branches while they are
+ * partial and reduces once (tpk_stream, tpk/layers/layout.h): forward xr = gather(x), a =
+ * attn(n1(xr)) P, m = mlp(n2(xr)) P, y = x + reduce(drop(a) + drop(m)); backward dr =
+ * reduce'(dy), both branches' input gradients P, the norms' P, summed, dx = dy + gather'(sum):
+ * 1 all-reduce forward and 1 backward (SP: 1 all-gather and 1 reduce-scatter each way); its
+ * norms' weight gradients are then partial over TP (tpk_params_reduce_partial_grads once a
+ * step). With a user's sublayer the parallel block reduces each branch (its sublayer's own
+ * contract).
  * Selective recompute (tpk/layers/recompute.h): tpk_block_recompute runs the norms forward again
  * on their kept inputs and has the attention and the MLP remake their lent buffers; a block's
  * buffers by recompute set are its layers' lists (tpk_block_bufs), one after another. */
@@ -58,21 +66,23 @@ typedef struct tpk_norm {
     } u;
 } tpk_norm;
 
+/* sp: the input S(0) (sequence parallelism); partial: the backward takes dy P and gives dx P (a
+ * parallel block's branches, tpk_layernorm_desc.partial_dy). */
 static inline tpk_status tpk_norm_init(tpk_ctx *ctx, tpk_norm *n, int64_t H, const char *name,
-                                       const tpk_norm_desc *d, bool sp) {
+                                       const tpk_norm_desc *d, bool sp, bool partial) {
     static const char *fn = "tpk_norm_init";
     memset(n, 0, sizeof *n);
     n->kind = d->kind;
     if (d->kind == TPK_NORM_LAYERNORM) {
         tpk_layernorm_desc ld;
         memset(&ld, 0, sizeof ld);
-        ld.name = name, ld.eps = d->eps, ld.sequence_parallel = sp;
+        ld.name = name, ld.eps = d->eps, ld.sequence_parallel = sp, ld.partial_dy = partial;
         return tpk_layernorm_init(ctx, &n->u.ln, H, &ld);
     }
     if (d->kind == TPK_NORM_RMSNORM) {
         tpk_rmsnorm_desc rd;
         memset(&rd, 0, sizeof rd);
-        rd.name = name, rd.eps = d->eps, rd.sequence_parallel = sp;
+        rd.name = name, rd.eps = d->eps, rd.sequence_parallel = sp, rd.partial_dy = partial;
         return tpk_rmsnorm_init(ctx, &n->u.rms, H, &rd);
     }
     return tpk__fail(ctx, TPK_ERR_ARG, fn,
@@ -220,6 +230,8 @@ typedef struct tpk_block {
     tpk_block_attn attn;
     tpk_block_mlp mlp;
     tpk_residual res_1, res_2; /* the branches' dropout (masks "<name>.resid_1", "_2") */
+    bool partial;              /* a parallel block summing its branches while partial */
+    tpk_stream stream;         /* then its two crossings of the residual stream */
     int p0, p1;                /* its parameters are ids p0..p1 */
 } tpk_block;
 
@@ -241,20 +253,24 @@ static inline tpk_status tpk__sublayer_init(tpk_ctx *ctx, const char *fn, const 
     return u->init(ctx, *self, H, name, arg, sp);
 }
 
+/* partial: the output P and the input gradient P, not sequence parallel (a partial block's) */
 static inline tpk_status tpk__block_attn_init(tpk_ctx *ctx, const char *fn, tpk_block_attn *a,
                                               int64_t H, const char *name,
-                                              const tpk_block_desc *d) {
+                                              const tpk_block_desc *d, bool partial) {
     float std = d->init_std > 0 ? d->init_std : 0.02f;
+    bool sp = d->sequence_parallel && !partial;
     a->kind = d->attn.kind;
     if (a->kind == TPK_ATTN_FUSED) {
         tpk_attention_desc ad = d->attn.fused;
-        ad.name = name, ad.dropout = d->dropout, ad.sequence_parallel = d->sequence_parallel;
+        ad.name = name, ad.dropout = d->dropout, ad.sequence_parallel = sp;
+        ad.partial_output = ad.partial_dx = partial;
         ad.init_std = std, ad.proj_init_std = d->proj_init_std;
         return tpk_attention_init(ctx, &a->u.fused, H, d->heads, &ad);
     }
     if (a->kind == TPK_ATTN_GQA) {
         tpk_gqa_attention_desc gd = d->attn.gqa;
-        gd.name = name, gd.dropout = d->dropout, gd.sequence_parallel = d->sequence_parallel;
+        gd.name = name, gd.dropout = d->dropout, gd.sequence_parallel = sp;
+        gd.partial_output = gd.partial_dx = partial;
         gd.init_std = std, gd.proj_init_std = d->proj_init_std;
         return tpk_gqa_attention_init(ctx, &a->u.gqa, H, d->heads, &gd);
     }
@@ -269,18 +285,19 @@ static inline tpk_status tpk__block_attn_init(tpk_ctx *ctx, const char *fn, tpk_
 }
 static inline tpk_status tpk__block_mlp_init(tpk_ctx *ctx, const char *fn, tpk_block_mlp *m,
                                              int64_t H, const char *name,
-                                             const tpk_block_desc *d) {
+                                             const tpk_block_desc *d, bool partial) {
     float std = d->init_std > 0 ? d->init_std : 0.02f;
+    bool sp = d->sequence_parallel && !partial;
     m->kind = d->mlp.kind;
     if (m->kind == TPK_MLP_ACT) {
         tpk_mlp_desc md = d->mlp.act;
-        md.name = name, md.sequence_parallel = d->sequence_parallel;
+        md.name = name, md.sequence_parallel = sp, md.partial_output = md.partial_dx = partial;
         md.init_std = std, md.proj_init_std = d->proj_init_std;
         return tpk_mlp_init(ctx, &m->u.act, H, &md);
     }
     if (m->kind == TPK_MLP_SWIGLU) {
         tpk_swiglu_mlp_desc sd = d->mlp.swiglu;
-        sd.name = name, sd.sequence_parallel = d->sequence_parallel;
+        sd.name = name, sd.sequence_parallel = sp, sd.partial_output = sd.partial_dx = partial;
         sd.init_std = std, sd.proj_init_std = d->proj_init_std;
         return tpk_swiglu_mlp_init(ctx, &m->u.swiglu, H, &sd);
     }
@@ -315,18 +332,29 @@ static inline tpk_status tpk_block_init(tpk_ctx *ctx, tpk_block *b, int64_t H,
                          (double)d->dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, b->name, sizeof b->name, d->name, "block"));
     b->residual = d->residual;
+    /* a parallel block of the kit's layers: its branches summed while partial, one reduction */
+    bool pr = d->residual != TPK_RESIDUAL_SEQUENTIAL && d->attn.kind != TPK_ATTN_USER &&
+              d->mlp.kind != TPK_MLP_USER;
+    bool nsp = d->sequence_parallel && !pr; /* the norms' input: S(0), or the gathered stream */
+    b->partial = pr;
     tpk__params_mark(ctx); /* the block's ids, new or (a copy) reused */
     char n[160];
     snprintf(n, sizeof n, "%s.%s", b->name, d->norm_1.name ? d->norm_1.name : "norm_1");
-    TPK_TRY(tpk_norm_init(ctx, &b->norm_1, H, n, &d->norm_1, d->sequence_parallel));
+    TPK_TRY(tpk_norm_init(ctx, &b->norm_1, H, n, &d->norm_1, nsp, pr));
     snprintf(n, sizeof n, "%s.%s", b->name, d->attn.name ? d->attn.name : "attn");
-    TPK_TRY(tpk__block_attn_init(ctx, fn, &b->attn, H, n, d));
+    TPK_TRY(tpk__block_attn_init(ctx, fn, &b->attn, H, n, d, pr));
     if (d->residual != TPK_RESIDUAL_PARALLEL_ONE_NORM) {
         snprintf(n, sizeof n, "%s.%s", b->name, d->norm_2.name ? d->norm_2.name : "norm_2");
-        TPK_TRY(tpk_norm_init(ctx, &b->norm_2, H, n, &d->norm_2, d->sequence_parallel));
+        TPK_TRY(tpk_norm_init(ctx, &b->norm_2, H, n, &d->norm_2, nsp, pr));
     }
     snprintf(n, sizeof n, "%s.%s", b->name, d->mlp.name ? d->mlp.name : "mlp");
-    TPK_TRY(tpk__block_mlp_init(ctx, fn, &b->mlp, H, n, d));
+    TPK_TRY(tpk__block_mlp_init(ctx, fn, &b->mlp, H, n, d, pr));
+    if (pr) {
+        tpk_stream_desc sd;
+        memset(&sd, 0, sizeof sd);
+        sd.sequence_parallel = d->sequence_parallel;
+        TPK_TRY(tpk_stream_init(ctx, &b->stream, H, &sd));
+    }
     TPK_TRY(tpk__block_residuals(ctx, b->name, d->dropout, &b->res_1, &b->res_2));
     tpk__params_marked(ctx, &b->p0, &b->p1);
     b->H = H;
@@ -403,6 +431,51 @@ static inline tpk_status tpk__block_args(tpk_ctx *ctx, const char *fn, const tpk
     return TPK_OK;
 }
 
+/* drop(*t) in place on a branch's partial output: the mask is the same on every rank and linear,
+ * so the masked partial outputs sum to the masked output (the layer sees the whole-shaped tensor
+ * as the activation it is on each rank). */
+static inline tpk_status tpk__block_drop_partial(tpk_ctx *ctx, tpk_residual *r, tpk_tensor t) {
+    t.layout = TPK_R;
+    return tpk_residual_branch_forward(ctx, r, &t);
+}
+/* The parallel block with partial branches (the header's sequence): one reduction forward. */
+static inline tpk_status tpk__block_forward_partial(tpk_ctx *ctx, tpk_block *b, tpk_tensor x,
+                                                    int64_t B, int64_t S, tpk_tensor *y) {
+    tpk_tensor xr, h, a, m;
+    TPK_TRY(tpk_stream_gather_forward(ctx, &b->stream, x, &xr)); /* checks x; SP: all-gather */
+    TPK_TRY(tpk_norm_forward(ctx, &b->norm_1, xr, &h));
+    TPK_TRY(tpk__block_attn_forward(ctx, &b->attn, h, B, S, &a)); /* P */
+    if (b->residual == TPK_RESIDUAL_PARALLEL) TPK_TRY(tpk_norm_forward(ctx, &b->norm_2, xr, &h));
+    TPK_TRY(tpk__block_mlp_forward(ctx, &b->mlp, h, B, S, &m)); /* P */
+    TPK_TRY(tpk__block_drop_partial(ctx, &b->res_1, a));
+    TPK_TRY(tpk__block_drop_partial(ctx, &b->res_2, m));
+    size_t n = (size_t)tpk_numel(&a);
+    if (n) TPK_TRY(tpk_op_axpby(ctx, a.data, 1.0f, m.data, 1.0f, ctx->dtype, n)); /* a + m, P */
+    return tpk_stream_reduce_forward(ctx, &b->stream, a, &x, y); /* x + reduce(a + m) */
+}
+/* Its backward: dr = reduce'(dy) R feeds both branches; their input gradients P, through the
+ * norms (partial_dy) into one P sum; dx = dy + gather'(sum): one reduction. dx is in the stream's
+ * buffer. */
+static inline tpk_status tpk__block_backward_partial(tpk_ctx *ctx, tpk_block *b, tpk_tensor dy,
+                                                     tpk_tensor *dx) {
+    tpk_tensor dr, g, da, dm, dn;
+    memset(&dr, 0, sizeof dr), memset(&dn, 0, sizeof dn);
+    TPK_TRY(tpk_stream_reduce_backward(ctx, &b->stream, dy, &dr)); /* checks dy; SP: all-gather */
+    TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dr, &g));        /* drop'(dr), the MLP's */
+    TPK_TRY(tpk__block_mlp_backward(ctx, &b->mlp, g, &dm));         /* P */
+    TPK_TRY(tpk_residual_backward(ctx, &b->res_1, dr, &g));
+    TPK_TRY(tpk__block_attn_backward(ctx, &b->attn, g, &da));       /* P */
+    if (b->residual == TPK_RESIDUAL_PARALLEL_ONE_NORM) {
+        size_t n = (size_t)tpk_numel(&da);
+        if (n) TPK_TRY(tpk_op_axpby(ctx, da.data, 1.0f, dm.data, 1.0f, ctx->dtype, n));
+        TPK_TRY(tpk_norm_backward(ctx, &b->norm_1, da, &dn)); /* n1'(da + dm), P */
+    } else {
+        TPK_TRY(tpk_norm_backward(ctx, &b->norm_1, da, &dn));   /* P */
+        TPK_TRY(tpk_norm_backward_add(ctx, &b->norm_2, dm, dn)); /* dn += n2'(dm), P */
+    }
+    return tpk_stream_gather_backward(ctx, &b->stream, dn, &dy, dx); /* dy + reduce(dn) */
+}
+
 /* y = block(x) for B sequences of S tokens: x R [B S, H] (S(0) under sequence parallelism), y the
  * same layout, in a buffer of the block's; x must stay unchanged until the backward. The
  * sequential block with layernorms fuses its first add into n2 (one pass: x1 = x + drop(a),
@@ -410,6 +483,7 @@ static inline tpk_status tpk__block_args(tpk_ctx *ctx, const char *fn, const tpk
 static inline tpk_status tpk_block_forward(tpk_ctx *ctx, tpk_block *b, tpk_tensor x, int64_t B,
                                            int64_t S, tpk_tensor *y) {
     TPK_TRY(tpk__block_args(ctx, "tpk_block_forward", b, y));
+    if (b->partial) return tpk__block_forward_partial(ctx, b, x, B, S, y);
     tpk_tensor h, a, x1, m;
     TPK_TRY(tpk_norm_forward(ctx, &b->norm_1, x, &h)); /* checks x: layout, [T, H] */
     TPK_TRY(tpk__block_attn_forward(ctx, &b->attn, h, B, S, &a));
@@ -440,6 +514,7 @@ static inline tpk_status tpk__block_backward(tpk_ctx *ctx, const char *fn, tpk_b
     tpk_tensor *x1 = tpk_norm_input(&b->norm_1);
     if (!x1->ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "block \"%s\": backward before forward", b->name);
+    if (b->partial) return tpk__block_backward_partial(ctx, b, dy, dx); /* dx: its own buffer */
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, x1->layout, ctx->dtype, 2, x1->gshape));
     tpk_tensor g, dh, dh2, da, dx1;
     TPK_TRY(tpk_residual_backward(ctx, &b->res_2, dy, &g)); /* drop'(dy) into the MLP branch */
@@ -513,7 +588,12 @@ static inline int tpk_block_bufs(tpk_block *b, int set, tpk_buf **o) {
     if (b->residual != TPK_RESIDUAL_PARALLEL_ONE_NORM) n += tpk_norm_bufs(&b->norm_2, set, o + n);
     n += tpk__block_mlp_bufs(&b->mlp, set, o + n);
     n += tpk__residual_bufs(&b->res_1, set, o + n);
-    return n + tpk__residual_bufs(&b->res_2, set, o + n);
+    n += tpk__residual_bufs(&b->res_2, set, o + n);
+    if (b->partial) { /* the stream: the gathered input and the output kept, the gradients scratch */
+        if (set == TPK__SET_KEPT) o[n++] = &b->stream.xg, o[n++] = &b->stream.y;
+        if (set == TPK__SET_SCRATCH) o[n++] = &b->stream.dx, o[n++] = &b->stream.dp;
+    }
+    return n;
 }
 
 /* Every dropout probability of the block: the attention's and both branches'. */
@@ -531,6 +611,7 @@ static inline void tpk_block_destroy(tpk_ctx *ctx, tpk_block *b) {
     tpk__block_attn_destroy(ctx, &b->attn);
     tpk__block_mlp_destroy(ctx, &b->mlp);
     tpk_residual_destroy(ctx, &b->res_1), tpk_residual_destroy(ctx, &b->res_2);
+    tpk_stream_destroy(ctx, &b->stream);
     memset(b, 0, sizeof *b);
 }
 

@@ -201,7 +201,7 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
         s = tpk_dropout_init(ctx, &m->drop, &dd);
     }
     if (s == TPK_OK && m->has_head) {
-        s = tpk_norm_init(ctx, &m->norm, c.hidden, c.final_norm.name, &c.final_norm, sp);
+        s = tpk_norm_init(ctx, &m->norm, c.hidden, c.final_norm.name, &c.final_norm, sp, false);
         m->head_w = m->embed.wte;
         if (s == TPK_OK && !c.tie_embeddings) { /* the untied head: its own [V, H] weight,
                                                    vocabulary rows padded like the embedding's */
