@@ -13,7 +13,8 @@
  *     reported twice, overlapping ranges (no all-reduce started for the refused one), a refusal
  *     kept for tpk_dp_finish, tpk_dp_finish twice, tpk_adamw_step on gradients whose reduction
  *     was begun and not finished, a window of a pipeline missing a range, Adasum buckets missing a
- *     range (DP a power of two). */
+ *     range (DP a power of two);
+ *   a pipeline stage (PP 2) at one DP rank may finish with nothing begun, not at DP 2. */
 #include "test.h"
 
 #include <tpk/train/train.h>
@@ -370,6 +371,35 @@ int main(int argc, char **argv) {
                 tpk_dp_destroy(&b);
             }
         tpk_ctx_destroy(&ctx);
+    }
+    /* a pipeline stage at one DP rank: its schedule begins nothing, yet finishes the buckets before
+     * the tied embedding's sum; at DP > 1 (or with a micro-batch begun) that is still refused */
+    for (int tp = 1; tp <= 2; tp++) {
+        if (np % (2 * tp)) continue;
+        int dp = np / (2 * tp);
+        TEST_CASE("PP 2 x DP %d x TP %d: tpk_dp_finish with nothing begun %s", dp, tp,
+                  dp == 1 ? "accepted (the pipeline at one DP rank); a micro-batch begun as not "
+                            "the last refused"
+                          : "refused") {
+            tpk_ctx ctx;
+            CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = tp, .pp = 2}));
+            add_params(&ctx);
+            tpk_dp_buckets b = {0};
+            CHECK(ctx.pp.size == 2 && ctx.dp.size == dp, "mesh: PP %d, DP %d", ctx.pp.size,
+                  ctx.dp.size);
+            if (dp == 1) {
+                CHECK_OK(&ctx, tpk_dp_finish(&ctx, &b));
+                CHECK_OK(&ctx, tpk_dp_begin(&ctx, &b, false));
+                CHECK_FAILS(&ctx, tpk_dp_finish(&ctx, &b), TPK_ERR_ARG,
+                            "no micro-batch of this step was begun as the last");
+            } else {
+                CHECK_FAILS(&ctx, tpk_dp_finish(&ctx, &b), TPK_ERR_ARG,
+                            "tpk_dp_finish: no tpk_dp_begin this step: the gradients of "
+                            "parameter \"w\"");
+            }
+            tpk_dp_destroy(&b);
+            tpk_ctx_destroy(&ctx);
+        }
     }
     tpk_comm_destroy(&world);
     return test_finish();
