@@ -115,5 +115,9 @@ bad not_nodes "not a whole number of nodes" --gpus 12 --gpus-per-node 8
 bad fits_nowhere "nothing fits: the smallest peak" --arch llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 --seq-len 4096 --batch 8 --gpus 1
 sed '/^inter_gbs/d' "$T/host.prof" > "$T/missing.prof" 2>/dev/null || printf 'name x\n' > "$T/missing.prof"
 bad profile_missing_key 'has no "inter_gbs"' --profile "$T/missing.prof"
+{ cat "$T/host.prof"; echo 'mem_gbs 5'; } > "$T/twice.prof"
+bad profile_key_twice 'the key "mem_gbs" appears twice (first at line' --profile "$T/twice.prof"
+sed 's/^gpus_per_node .*/gpus_per_node 1e300/' "$T/host.prof" > "$T/range.prof"
+bad profile_out_of_range 'gpus_per_node: expected 1 whole (1..1000000) number' --profile "$T/range.prof"
 bad unknown_profile "not a built-in profile" --profile h300
 bad seq_past_positions "longer than the model's" --positions 128 --seq-len 256

@@ -16,7 +16,9 @@
  * Built-in profiles (tpk_hw_builtin): A100 40/80 GB, H100 SXM, H200 — the vendors' published
  * peak rates, memory and link bandwidths, times stated efficiencies (the `source` line says which);
  * "cpu" a generic CPU core. tpk_hw_read / tpk_hw_write: a profile file, one "key value..." a line
- * (tpk_hw_write's keys; '#' comments); a missing key is an error naming it. */
+ * (tpk_hw_write's keys; '#' comments), read as strictly as the kit's JSON files: a missing key, a
+ * key twice, a number out of its range, a line cut by the 512-byte buffer are errors naming the
+ * file and the line. */
 #ifndef TPK_HW_H
 #define TPK_HW_H
 
@@ -188,7 +190,8 @@ static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n)
         "name",  "mem_gb",    "reserve_gb", "peak_tflops", "gemm_tflops", "attn_tflops",  "mem_gbs",
         "op_us", "intra_gbs", "intra_us",   "inter_gbs",   "inter_us",    "gpus_per_node"};
     enum { NKEYS = sizeof keys / sizeof keys[0] };
-    bool seen[NKEYS] = {false};
+    int seen[NKEYS] = {0}; /* the line of each key, 0 before it appears */
+    int seen_source = 0, seen_host = 0;
     FILE *f = fopen(path, "r");
     if (!f) {
         snprintf(err, n, "%s: cannot open the profile (%s)", path, strerror(errno));
@@ -201,6 +204,11 @@ static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n)
     while (ok && fgets(line, sizeof line, f)) {
         ln++;
         char key[64], rest[448];
+        if (!strchr(line, '\n') && !feof(f)) {
+            snprintf(err, n, "%s:%d: a line longer than %d bytes", path, ln, (int)sizeof line - 2);
+            ok = false;
+            break;
+        }
         line[strcspn(line, "\r\n")] = 0;
         if (line[0] == '#' || sscanf(line, "%63s", key) != 1) continue;
         const char *v = line + strspn(line, " \t") + strlen(key);
@@ -210,12 +218,26 @@ static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n)
         while (k < NKEYS && strcmp(keys[k], key)) k++;
         double x[TPK_HW_GEMM_N];
         char *end = NULL;
+        int *once = !strcmp(key, "source") ? &seen_source
+                    : !strcmp(key, "host")   ? &seen_host
+                    : k < NKEYS              ? &seen[k]
+                                             : NULL;
+        if (once && *once) { /* each key once, as in the kit's JSON files */
+            snprintf(err, n, "%s:%d: the key \"%s\" appears twice (first at line %d)", path, ln,
+                     key, *once);
+            ok = false;
+            break;
+        }
+        if (once) *once = ln;
         if (!strcmp(key, "source")) {
             snprintf(h->source, sizeof h->source, "%.255s", rest);
             continue;
         }
         if (!strcmp(key, "host")) {
-            h->host = atoi(rest) != 0;
+            ok = !strcmp(rest, "0") || !strcmp(rest, "1");
+            if (!ok)
+                snprintf(err, n, "%s:%d: host: expected 0 or 1, got \"%.80s\"", path, ln, rest);
+            else h->host = rest[0] == '1';
             continue;
         }
         if (!strcmp(key, "op")) {
@@ -240,7 +262,6 @@ static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n)
             ok = false;
             break;
         }
-        seen[k] = true;
         if (k == 0) {
             snprintf(h->name, sizeof h->name, "%.63s", rest);
             continue;
@@ -256,9 +277,14 @@ static inline bool tpk_hw_read(const char *path, tpk_hw *h, char *err, size_t n)
         for (int i = 0; ok && i < got; i++) ok = isfinite(x[i]) && x[i] >= 0;
         if (ok && k != 1 && k != 2 && k != 9 && k != 11) /* rates > 0; memory, latency >= 0 */
             for (int i = 0; ok && i < got; i++) ok = x[i] > 0;
+        if (ok && k == NKEYS - 1) /* a whole number, range-checked before the conversion */
+            ok = x[0] <= 1e6 && x[0] == floor(x[0]);
         if (!ok) {
             snprintf(err, n, "%s:%d: %s: expected %d %s number%s, got \"%.80s\"", path, ln, key,
-                     want, k == 2 || k == 9 || k == 11 ? "non-negative" : "positive",
+                     want,
+                     k == 2 || k == 9 || k == 11 ? "non-negative"
+                     : k == NKEYS - 1            ? "whole (1..1000000)"
+                                                 : "positive",
                      want > 1 ? "s" : "", rest);
             break;
         }
