@@ -17,7 +17,7 @@ pick() {
     v=""
     quick_set && v=$1
     long_set && v="$v $2"
-    printf '%s\n' $v | awk 'NF && !seen[$0]++' | tr '\n' ' '
+    printf '%s\n' $v | awk 'NF && !seen[$0]++ { printf "%s ", $0 }'
 }
 B=${TPK_BUILD:-build}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
