@@ -263,7 +263,8 @@ static tpk_status tok_pass(counter *c, char *err, size_t errn) {
     size_t k = 0, n = 0;
     char *text = NULL;
     if (s == TPK_OK) s = tpk_tokenizer_parse(&ctx, tok_json, strlen(tok_json), "doc", &t);
-    if (s == TPK_OK) s = tpk_tokenizer_encode(&ctx, t, "ae\xcc\x81 a\xff!", 11, &ids, &k);
+    const char *text_in = "ae\xcc\x81 a\xff!";
+    if (s == TPK_OK) s = tpk_tokenizer_encode(&ctx, t, text_in, strlen(text_in), &ids, &k);
     if (s == TPK_OK) s = tpk_tokenizer_decode(&ctx, t, ids, k, false, &text, &n);
     snprintf(err, errn, "%s", tpk_last_error(&ctx));
     tpk_free(&ctx, ids), tpk_free(&ctx, text);
