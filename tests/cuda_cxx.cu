@@ -62,11 +62,11 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
         std::vector<int32_t> ids(T), tg(T);
         for (int i = 0; i < T; i++) ids[i] = (13 * i + 5) % V, tg[i] = (29 * i + 2) % V;
         if (ok(tpk_lm_forward(&ctx, &m.lm, ids.data(), tg.data(), B, S, &r.loss),
-               "tpk_gpt2_forward")) {
-            int ld = (int)m.logits.shape[1]; // the vocabulary padded to an aligned shard: columns
-                                             // >= V are padding
+               "tpk_lm_forward")) {
+            // the vocabulary padded to an aligned shard: columns >= V are padding
+            int ld = (int)m.lm.logits.shape[1];
             std::vector<float> full((size_t)T * ld, NAN);
-            ok(tpk_op_memcpy(&ctx, full.data(), m.logits.data, sizeof(float) * T * ld,
+            ok(tpk_op_memcpy(&ctx, full.data(), m.lm.logits.data, sizeof(float) * T * ld,
                              ops->device ? TPK_D2H : TPK_H2H),
                "logits");
             r.logits.assign((size_t)T * V, NAN);
@@ -77,7 +77,7 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
                 r.user_max.assign(T, NAN);
                 cudaStream_t st = (cudaStream_t)tpk_cuda_stream();
                 if (cudaMalloc(&mx, sizeof(float) * T) == cudaSuccess) {
-                    row_max<<<1, 64, 0, st>>>((const float *)m.logits.data, T, V, ld, mx);
+                    row_max<<<1, 64, 0, st>>>((const float *)m.lm.logits.data, T, V, ld, mx);
                     if (cudaMemcpyAsync(r.user_max.data(), mx, sizeof(float) * T,
                                         cudaMemcpyDeviceToHost, st) != cudaSuccess ||
                         cudaStreamSynchronize(st) != cudaSuccess)
@@ -87,7 +87,7 @@ int run(const tpk_ops *ops, tpk_comm *world, Run &r) {
                     fails++;
                 }
             }
-            if (ok(tpk_lm_backward(&ctx, &m.lm, 1.0f), "tpk_gpt2_backward"))
+            if (ok(tpk_lm_backward(&ctx, &m.lm, 1.0f), "tpk_lm_backward"))
                 for (int i = 0; i < ctx.params.n; i++) {
                     std::vector<float> g(tpk_param_global_numel(&ctx, i), NAN);
                     ok(tpk_param_get_global(&ctx, i, true, g.data()), "tpk_param_get_global");

@@ -72,8 +72,8 @@ int run(Context &c, bool sp, Result &out) {
         ids[i] = (7 * i + 3) % 61, targets[i] = i == 5 ? -100 : (11 * i + 1) % 61;
     c.ctx.rng_step = 3;
     if (ok(tpk_lm_forward(&c.ctx, &m.lm, ids.data(), targets.data(), B, S, &out.loss),
-           "tpk_gpt2_forward") &&
-        ok(tpk_lm_backward(&c.ctx, &m.lm, 1.0f), "tpk_gpt2_backward") &&
+           "tpk_lm_forward") &&
+        ok(tpk_lm_backward(&c.ctx, &m.lm, 1.0f), "tpk_lm_backward") &&
         ok(tpk_params_reduce_partial_grads(&c.ctx),
            "tpk_params_reduce_partial_grads")) { /* SP: layernorm grads */
         for (int i = 0; i < c.ctx.params.n; i++) {

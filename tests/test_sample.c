@@ -11,7 +11,7 @@
  *   top k / the nucleus and equal to the reference; tpk_model_generate from a prompt longer than
  *   one token, past the positions (the sliding window), equals drawing each token after the
  *   prompt step by step from a forward of the window; the same tokens on every rank; greedy
- *   generation equals the argmax step by step; tpk_model_sample and tpk_gpt2_sample equal a
+ *   generation equals the argmax step by step; tpk_model_sample and tpk_lm_sample equal a
  *   1-token prompt without filters; bad prompts refused naming the position and the
  *   vocabulary. */
 #include "test.h"
@@ -255,7 +255,7 @@ int main(int argc, char **argv) {
             for (int j = 0; j < NP + NG; j++) out[j] = via[j] = -1;
             CHECK_OK(&ctx, tpk_model_generate(&ctx, &mm, prompt, NP, NG, &o, 40 + c, out));
             CHECK_OK(&ctx, tpk_lm_generate(&ctx, &mm.gpt2.lm, prompt, NP, NG, &o, 40 + c, via));
-            CHECK(!memcmp(out, via, sizeof out), "controls %d: tpk_gpt2_generate differs", c);
+            CHECK(!memcmp(out, via, sizeof out), "controls %d: tpk_lm_generate differs", c);
             CHECK(!memcmp(out, prompt, sizeof prompt),
                   "controls %d: out does not start with the "
                   "prompt",
@@ -283,7 +283,7 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_lm_sample(&ctx, &mm.gpt2.lm, 3, NG, 0.8f, 21, b));
         CHECK_OK(&ctx, tpk_model_generate(&ctx, &mm, &a[0], 1, NG, &o, 21, d));
         CHECK(!memcmp(a, b, sizeof a) && !memcmp(a, d, sizeof a),
-              "tpk_model_sample, tpk_gpt2_sample and a 1-token prompt differ");
+              "tpk_model_sample, tpk_lm_sample and a 1-token prompt differ");
         o = opts(0.0f, 0, 1.0f);
         CHECK_OK(&ctx, tpk_model_sample(&ctx, &mm, 3, NG, 0.0f, 21, a));
         CHECK_OK(&ctx, tpk_model_generate(&ctx, &mm, &a[0], 1, NG, &o, 99, e));

@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
                 int64_t n = 0;
                 cd.rng_step = (uint64_t)step;
                 CHECK_OK(&cd, tpk_params_zero_grad(&cd));
-                tpk_xent_loss_reset(&m.ce);
+                tpk_xent_loss_reset(&m.lm.ce);
                 /* deferred: the loss comes with the backward */
                 CHECK_OK(&cd, tpk_lm_forward(&cd, &m.lm, ids, tg, B, S, NULL));
                 CHECK_OK(&cd, tpk_lm_backward(&cd, &m.lm, 1.0f));
@@ -275,7 +275,8 @@ int main(int argc, char **argv) {
                                              NULL)); /* norm, clip, AdamW on the device */
                 waits = tpk_cuda_sync_count() - before;
                 before = tpk_cuda_sync_count();
-                CHECK_OK(&cd, tpk_xent_loss_read(&cd, &m.ce, &loss, &n)); /* a log step reads it */
+                /* a log step reads it */
+                CHECK_OK(&cd, tpk_xent_loss_read(&cd, &m.lm.ce, &loss, &n));
                 read_waits = tpk_cuda_sync_count() - before;
                 before = tpk_cuda_sync_count();
                 CHECK_OK(&cd, tpk_train_norm_read(&cd, 1.0f, &norm));
