@@ -267,6 +267,11 @@ $(B)/train: examples/train.c $(HEADERS) $(B)/libtpk_host.a $(if $(HAVE_CUDA),$(B
 
 # The configuration planner (examples/plan.c, tpk/plan): a dry run of the kit's code per TP x PP x DP,
 # micro-batch, recompute, ZeRO-1 and SP choice on a hardware profile; --calibrate measures this machine.
+# examples/custom_model.c: a model of one's own from the kit's public parts (tests/custom_model.sh)
+$(B)/custom_model: examples/custom_model.c $(HEADERS) $(B)/libtpk_host.a
+	@mkdir -p $(@D)
+	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
+
 $(B)/plan: examples/plan.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
@@ -324,7 +329,7 @@ FORCE:
 # make test builds only what the suite runs, for the host backend (NVCC=: the CUDA archive and the
 # GPU programs are make cuda-check's, which CI runs), on every core unless make was given -j; the
 # build's seconds and CPU time go to the driver's summary per phase (tests/run.sh).
-TEST_PROGS = $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/tests/tokenizer_check $(B)/train $(B)/plan \
+TEST_PROGS = $(TESTS) $(B)/tests/torch_dump $(B)/tests/train_fixtures $(B)/tests/tokenizer_check $(B)/train $(B)/plan $(B)/custom_model \
              $(B)/tests/unicode_check $(B)/tokenize $(B)/readme_example $(GPU_BENCH)
 TEST_JOBS ?= $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
 test: deps
