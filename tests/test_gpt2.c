@@ -431,7 +431,8 @@ int main(int argc, char **argv) {
         CHECK(m.lm.logits.shape[1] == tpk_split(m.lm.embed.Vp, np, me).size &&
                   m.lm.logits.shape[1] % 64 == 0 && m.lm.logits.gshape[1] == m.lm.embed.Vp &&
                   m.lm.embed.Vp == tpk_vocab_padded(V, 64, np) && m.lm.logits.shape[0] == T,
-              "logits [%lld, %lld]", (long long)m.lm.logits.shape[0], (long long)m.lm.logits.shape[1]);
+              "logits [%lld, %lld]", (long long)m.lm.logits.shape[0],
+              (long long)m.lm.logits.shape[1]);
         CHECK_FAILS(&ctx, tpk_lm_backward(&ctx, &m.lm, 1.0f), TPK_ERR_ARG,
                     "backward needs a forward");
         tpk_ctx badctx;

@@ -149,7 +149,7 @@ typedef struct tpk_sublayer {
 /* ---- attention: fused QKV, grouped-query, or the user's -------------------------------------- */
 
 typedef enum tpk_attn_kind {
-    TPK_ATTN_FUSED = 0, /* tpk_attention: one column linear [Q; K; V] (or per head), row linear out */
+    TPK_ATTN_FUSED = 0, /* tpk_attention: one column linear [Q; K; V] (or per head), row out */
     TPK_ATTN_GQA = 1,   /* tpk_gqa_attention: q, k, v column linears, grouped K/V heads, o row */
     TPK_ATTN_USER = 2   /* a tpk_sublayer */
 } tpk_attn_kind;
@@ -178,7 +178,7 @@ typedef struct tpk_block_attn {
 
 typedef enum tpk_mlp_kind {
     TPK_MLP_ACT = 0,    /* tpk_mlp: column linear, activation (GELU: GPT-2, GPT-NeoX), row linear */
-    TPK_MLP_SWIGLU = 1, /* tpk_swiglu_mlp: gate and up column linears, silu(g) u, down row (Llama) */
+    TPK_MLP_SWIGLU = 1, /* tpk_swiglu_mlp: gate, up column linears, silu(g) u, down row (Llama) */
     TPK_MLP_USER = 2    /* a tpk_sublayer */
 } tpk_mlp_kind;
 
@@ -589,7 +589,7 @@ static inline int tpk_block_bufs(tpk_block *b, int set, tpk_buf **o) {
     n += tpk__block_mlp_bufs(&b->mlp, set, o + n);
     n += tpk__residual_bufs(&b->res_1, set, o + n);
     n += tpk__residual_bufs(&b->res_2, set, o + n);
-    if (b->partial) { /* the stream: the gathered input and the output kept, the gradients scratch */
+    if (b->partial) { /* the stream: the gathered input and the output kept, gradients scratch */
         if (set == TPK__SET_KEPT) o[n++] = &b->stream.xg, o[n++] = &b->stream.y;
         if (set == TPK__SET_SCRATCH) o[n++] = &b->stream.dx, o[n++] = &b->stream.dp;
     }

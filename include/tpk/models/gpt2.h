@@ -55,7 +55,8 @@ static inline tpk_block_desc tpk_gpt2_block_config(const tpk_gpt2_block_desc *d)
     return b;
 }
 
-/* A GPT-2 block alone (the model builds its own): tpk_block_forward, _backward and _destroy run it. */
+/* A GPT-2 block alone (the model builds its own): tpk_block_forward, _backward and _destroy run
+ * it. */
 static inline tpk_status tpk_gpt2_block_init(tpk_ctx *ctx, tpk_block *b, int64_t H,
                                              const tpk_gpt2_block_desc *desc) {
     static const char *fn = "tpk_gpt2_block_init";

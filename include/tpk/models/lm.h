@@ -177,8 +177,8 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
     ed.vocab_multiple = c.vocab_multiple == 0 ? 64 : c.vocab_multiple < 0 ? 0 : c.vocab_multiple;
     /* without the embedding: its weight alone for a tied head, else only its sizes (Vp) */
     if (m->has_embed || (m->has_head && c.tie_embeddings))
-        s = tpk_embedding_init(ctx, &m->embed, c.vocab, c.pos_name && m->has_embed ? c.positions : 0,
-                               c.hidden, &ed);
+        s = tpk_embedding_init(ctx, &m->embed, c.vocab,
+                               c.pos_name && m->has_embed ? c.positions : 0, c.hidden, &ed);
     else
         m->embed.V = c.vocab, m->embed.H = c.hidden, m->embed.wte = m->embed.wpe = -1,
         m->embed.Vp = tpk_vocab_padded(c.vocab, ed.vocab_multiple, ctx->tp.size);
@@ -315,7 +315,8 @@ static inline tpk_status tpk__lm_stack_backward(tpk_ctx *ctx, tpk_lm *m, tpk_ten
 
 static inline tpk_status tpk__lm_args(tpk_ctx *ctx, const char *fn, const tpk_lm *m) {
     if (!ctx) return TPK_ERR_ARG;
-    if (!m || !m->blocks) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
+    if (!m || !m->blocks)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected an initialised model");
     return TPK_OK;
 }
 
@@ -463,7 +464,8 @@ static inline tpk_status tpk_lm_set_dropout(tpk_ctx *ctx, tpk_lm *m, float p) {
     TPK_TRY(tpk__lm_args(ctx, fn, m));
     if (!m->c.dropout_sites && p != 0)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "p: the model has no dropout (cfg.dropout_sites false), expected 0, got %g",
+                         "p: the model has no dropout (cfg.dropout_sites false), expected 0, "
+                         "got %g",
                          (double)p);
     if (!(p >= 0.0f && p < 1.0f))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "p: expected 0 <= p < 1, got %g", (double)p);

@@ -275,7 +275,8 @@ static inline tpk_status tpk_model_save(tpk_ctx *ctx, const tpk_model *m, const 
     case TPK_ARCH_GPT2: return tpk_gpt2_save(ctx, &m->gpt2, opt, dir, desc);
     case TPK_ARCH_LLAMA: return tpk_llama_save(ctx, &m->llama, opt, dir, desc);
     case TPK_ARCH_NEOX: return tpk_neox_save(ctx, &m->neox, opt, dir, desc);
-    default: return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_save", "model: NULL") : TPK_ERR_ARG;
+    default:
+        return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_save", "model: NULL") : TPK_ERR_ARG;
     }
 }
 static inline tpk_status tpk_model_load(tpk_ctx *ctx, tpk_model *m, tpk_adamw *opt,
@@ -284,7 +285,8 @@ static inline tpk_status tpk_model_load(tpk_ctx *ctx, tpk_model *m, tpk_adamw *o
     case TPK_ARCH_GPT2: return tpk_gpt2_load(ctx, &m->gpt2, opt, dir);
     case TPK_ARCH_LLAMA: return tpk_llama_load(ctx, &m->llama, opt, dir);
     case TPK_ARCH_NEOX: return tpk_neox_load(ctx, &m->neox, opt, dir);
-    default: return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_load", "model: NULL") : TPK_ERR_ARG;
+    default:
+        return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_load", "model: NULL") : TPK_ERR_ARG;
     }
 }
 
