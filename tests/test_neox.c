@@ -3,7 +3,7 @@
  * against the unsharded layer on every rank (outputs, input gradients and every gathered
  * parameter gradient to relative 1e-5), with and without sequence parallelism; H = 48, A = 6
  * heads of 8 (uneven over t = 4), a quarter or half of each head rotated. Also: finite
- * differences per layer, the collective counts (as GPT-2's), the block's backward in place
+ * differences per layer, the collective counts (1 a block each way), the block's backward in place
  * equal to the backward apart bit for bit, the model over weighted TP splits, full and selective
  * recompute bit-identical, the deferred loss, a Hugging Face checkpoint (config.json and the
  * tensors' names and shapes) saved at t = ranks and loaded unsharded with the same loss, and bad

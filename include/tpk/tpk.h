@@ -20,8 +20,9 @@
  *   layers/   layout.h params.h     layout conversions and region ops; the parameter registry
  *             act.h linear.h norm.h embed.h xent.h resid.h mlp.h attn.h
  *             recompute.h           a stack of blocks, activation recompute
- *   models/   lm.h sample.h         the language-model skeleton, a family's table; sampling
- *             gpt2.h llama.h neox.h the GPT-2, Llama and GPT-NeoX families (families.h: the list)
+ *   models/   block.h               the block: norms, attention, MLP, residual style
+ *             lm.h sample.h         the language model over it (one type); sampling
+ *             gpt2.h llama.h neox.h the GPT-2, Llama and GPT-NeoX configurations (families.h)
  *   train/    optim.h dp.h data.h   AdamW, norm, clipping, schedules; DP buckets; token data
  *             schedule.h pipeline.h pipeline parallelism: schedules as data; the split of blocks
  *                                   over stages and the executor

@@ -9,8 +9,9 @@
  *           row linear dense (tpk/layers/attn.h, qkv_per_head and rotary_dim)
  *     mlp:  dense_h_to_4h column, GELU (exact; or its tanh form), dense_4h_to_h row
  *           (tpk/layers/mlp.h)
- *   backward: dx = dy + ln_2'(mlp'(drop(dy))) + ln_1'(attn'(drop(dy))) (the skeleton's block
- *   backward with the parallel residual, tpk/models/block.h). Collectives as GPT-2's block.
+ *   backward: dx = dy + ln_2'(mlp'(drop(dy))) + ln_1'(attn'(drop(dy))) (the block's backward
+ *   with the parallel residual, tpk/models/block.h). Collectives: the branches summed while
+ *   partial, 1 all-reduce of T H each way (SP: 1 all-gather and 1 reduce-scatter each way).
  *   use_parallel_residual false (cfg.sequential): the sequential block of GPT-2, x1 = x +
  *   drop(attn(input_layernorm(x))), y = x1 + drop(mlp(post_attention_layernorm(x1))), as Hugging
  *   Face runs such a checkpoint.
