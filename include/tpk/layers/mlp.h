@@ -84,21 +84,27 @@ static inline tpk_status tpk_mlp_forward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor x,
 }
 
 /* Its buffers by recompute set (tpk/runtime/buf.h): its linears'.
- * Selective recompute (tpk/layers/recompute.h): the MLP lends out nothing — c_fc's outputs (the
- * pre-activation and the activation fused into the GEMM) are kept, and under SP c_fc gathers its
- * input into the context's scratch in each call — and before its backward takes h (the
- * layernorm's output, made again) as c_fc's saved input. */
+ * Selective recompute (tpk/layers/recompute.h): the MLP lends out the activation a = act(pre)
+ * (c_fc's output, which c_proj reads) and keeps the pre-activation: before its backward it makes
+ * a again from pre (one elementwise pass, tpk_op_act_fwd: no GEMM) and takes h (the norm's
+ * output, made again) as c_fc's saved input; under SP c_fc gathers its input into the context's
+ * scratch in each call. Memory: T F_r kept a block instead of 2 T F_r. */
 static inline int tpk__mlp_bufs(tpk_mlp *m, int set, tpk_buf **o) {
     tpk_linear *fc = &m->c_fc, *mp = &m->c_proj;
-    if (set == TPK__SET_LENT) return 0;
+    if (set == TPK__SET_LENT) return o[0] = &fc->y, 1;
     if (set == TPK__SET_KEPT) {
-        tpk_buf *l[] = {&fc->y, &fc->y2, &fc->pre, &mp->xb, &mp->y, &mp->y2, &mp->pre};
-        return tpk__bufs_list(o, l, 7);
+        tpk_buf *l[] = {&fc->y2, &fc->pre, &mp->xb, &mp->y, &mp->y2, &mp->pre};
+        return tpk__bufs_list(o, l, 6);
     }
     return tpk__linear_scratch(fc, o) + tpk__linear_scratch(mp, o + 5);
 }
 static inline tpk_status tpk__mlp_recompute(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor h) {
-    return tpk__col_linear_input(ctx, "tpk_mlp (recompute)", &m->c_fc, h);
+    tpk_linear *fc = &m->c_fc;
+    TPK_TRY(tpk__col_linear_input(ctx, "tpk_mlp (recompute)", fc, h));
+    size_t n = (size_t)(fc->T * fc->n_local); /* a = act(pre), into the lent buffer c_proj reads */
+    if (!n) return TPK_OK;
+    TPK_TRY(tpk__buf_reserve(ctx, &fc->y, n * tpk_dtype_size(ctx->dtype)));
+    return tpk_op_act_fwd(ctx, fc->d.act, fc->y.p, fc->pre.p, ctx->dtype, n);
 }
 
 /* c_proj's dx GEMM with the activation's backward and c_fc's bias gradient in it (the MLP owns
