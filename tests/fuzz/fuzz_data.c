@@ -12,6 +12,7 @@ static tpk_status fuzz_data_one(const uint8_t *data, size_t size) {
     tpk_ctx ctx;
     tpk_tokens t, tr, va;
     memset(&ctx, 0, sizeof ctx);
+    memset(&t, 0xA5, sizeof t); /* poisoned: the loader must set it, a refusal clear it */
     tpk_status s = tpk_data_parse_shard(&ctx, data, size, "input", 50257, &t);
     if (s == TPK_OK) {
         if (size < 1024 || t.n != (int64_t)(size - 1024) / 2 || !t.tok) abort();
