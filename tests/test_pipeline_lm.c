@@ -1,4 +1,5 @@
 /* tests/test_pipeline_lm.c — GPT-2 and Llama under pipeline parallelism (tpk/train/pipe_model.h)
+ * (and a custom model: GPT-J's one-norm parallel block, grouped-query attention, an untied head)
  * against the same model without a pipeline on the same TP group: for every mesh TP x PP of the
  * ranks (DP 1), every schedule (GPipe, 1F1B, interleaved with 2 chunks a stage where it applies),
  * with and without sequence parallelism, dropout (GPT-2) and each recompute mode, the losses of the
@@ -65,9 +66,9 @@ static void run(tpk_comm *world, tpk_comm *tpw, int tp, int pp, const tpk_model_
     int sends, recvs;
     tpk_pipe_messages(&pm.sched, c.pp.rank, &sends, &recvs);
     int64_t T = B * S;
-    uint64_t rows = (uint64_t)(mc->gpt2.sequence_parallel || mc->llama.sequence_parallel
-                                   ? tpk_tp_split(&c, T, c.tp.rank).size
-                                   : T);
+    bool sp = mc->gpt2.sequence_parallel || mc->llama.sequence_parallel ||
+              mc->custom.sequence_parallel;
+    uint64_t rows = (uint64_t)(sp ? tpk_tp_split(&c, T, c.tp.rank).size : T);
     CHECK(bad == 0 && worst < 1e-6,
           "%s %s tp=%d pp=%d V=%d: %d gradients or losses differ (tied embedding: %g relative)",
           what, tpk_pipe_kind_name(kind), tp, pp, Vc, bad, worst);
@@ -102,10 +103,12 @@ int main(int argc, char **argv) {
         ids[i] = (int32_t)(tpk_rng_uniform(11, 0, (uint64_t)i) * V) % V,
         tg[i] = (int32_t)(tpk_rng_uniform(12, 0, (uint64_t)i) * V) % V;
 
-    for (int fam = 0; fam < 2; fam++)
+    static const char *fam_name[3] = {"GPT-2 (dropout 0.1)", "Llama",
+                                      "a custom model (GPT-J's parallel block, dropout 0.1)"};
+    for (int fam = 0; fam < 3; fam++)
         for (int sp = 0; sp < 2; sp++)
             TEST_CASE("%s (L=%d)%s: every mesh and schedule equals the run without a pipeline",
-                      fam ? "Llama" : "GPT-2 (dropout 0.1)", MAXL, sp ? " SP" : "") {
+                      fam_name[fam], MAXL, sp ? " SP" : "") {
                 for (int tp = 1; tp <= np; tp++) {
                     int pp = np / tp;
                     if (np % tp) continue;
@@ -131,6 +134,19 @@ int main(int argc, char **argv) {
                                                             .dropout = 0.1f,
                                                             .sequence_parallel = sp,
                                                             .recompute = (tpk_recompute)rc};
+                            } else if (fam == 2) { /* one RMSNorm feeding both branches */
+                                mc.arch = TPK_ARCH_CUSTOM;
+                                tpk_lm_config *c = &mc.custom;
+                                c->vocab = V, c->positions = P, c->layers = MAXL, c->hidden = H;
+                                c->block.heads = 4, c->block.dropout = 0.1f;
+                                c->block.residual = TPK_RESIDUAL_PARALLEL_ONE_NORM;
+                                c->block.norm_1.kind = TPK_NORM_RMSNORM;
+                                c->block.attn.kind = TPK_ATTN_GQA;
+                                c->block.attn.gqa.kv_heads = 2;
+                                c->block.mlp.act.hidden = 40;
+                                c->final_norm.kind = TPK_NORM_RMSNORM;
+                                c->dropout_sites = true, c->sequence_parallel = sp;
+                                c->recompute = (tpk_recompute)rc;
                             } else {
                                 mc.arch = TPK_ARCH_LLAMA;
                                 mc.llama = (tpk_llama_config){.vocab = V,
@@ -144,7 +160,8 @@ int main(int argc, char **argv) {
                                                               .recompute = (tpk_recompute)rc};
                             }
                             char what[64];
-                            snprintf(what, sizeof what, "%s recompute %s", fam ? "llama" : "gpt2",
+                            snprintf(what, sizeof what, "%s recompute %s",
+                                     fam == 2 ? "custom" : fam ? "llama" : "gpt2",
                                      tpk_recompute_name((tpk_recompute)rc));
                             run(&world, &tpw, tp, pp, &mc, (tpk_pipe_kind)kind,
                                 kind == TPK_PIPE_INTERLEAVED ? 2 : 1, what);

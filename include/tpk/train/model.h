@@ -11,7 +11,14 @@
 
 #include "hf.h"
 
-typedef enum tpk_arch { TPK_ARCH_GPT2, TPK_ARCH_LLAMA, TPK_ARCH_NEOX, TPK_ARCH_COUNT } tpk_arch;
+/* TPK_ARCH_CUSTOM: a model of one's own, its tpk_lm_config given whole (cfg.custom) */
+typedef enum tpk_arch {
+    TPK_ARCH_GPT2,
+    TPK_ARCH_LLAMA,
+    TPK_ARCH_NEOX,
+    TPK_ARCH_CUSTOM,
+    TPK_ARCH_COUNT
+} tpk_arch;
 
 /* The config of the family cfg.arch is used. */
 typedef struct tpk_model_config {
@@ -19,6 +26,7 @@ typedef struct tpk_model_config {
     tpk_gpt2_config gpt2;
     tpk_llama_config llama;
     tpk_neox_config neox;
+    tpk_lm_config custom; /* its strings (names) must outlive the models built from it */
 } tpk_model_config;
 
 /* The model of the family m.arch is built (each a config and the model, tpk_lm). */
@@ -27,6 +35,7 @@ typedef struct tpk_model {
     tpk_gpt2 gpt2;
     tpk_llama llama;
     tpk_neox neox;
+    tpk_lm custom;
 } tpk_model;
 
 /* A family's names and flags. */
@@ -38,12 +47,17 @@ typedef struct tpk_model_family {
     const tpk_lm_flag *(*flags)(int *n); /* its config fields set by a trainer's flags */
 } tpk_model_family;
 
+/* A custom model's config fields set by flag: none (its program owns its config). */
+static inline const tpk_lm_flag *tpk__custom_flags(int *n) {
+    return *n = 0, (const tpk_lm_flag *)NULL;
+}
 /* The families, indexed by tpk_arch (NULL: no such family). */
 static inline const tpk_model_family *tpk__model_family(tpk_arch a) {
     static const tpk_model_family families[TPK_ARCH_COUNT] = {
         {"gpt2", "gpt2", "GPT-2", true, tpk_gpt2_flags},
         {"llama", "llama", "Llama", false, tpk_llama_flags},
-        {"neox", "gpt_neox", "GPT-NeoX", true, tpk_neox_flags}};
+        {"neox", "gpt_neox", "GPT-NeoX", true, tpk_neox_flags},
+        {"custom", "tpk_custom", "custom", false, tpk__custom_flags}};
     return (unsigned)a < TPK_ARCH_COUNT ? &families[a] : NULL;
 }
 /* The config of cfg->arch's family (the member tpk_model_config holds for it). */
@@ -51,6 +65,7 @@ static inline void *tpk__model_cfg(tpk_model_config *c) {
     switch (c->arch) {
     case TPK_ARCH_LLAMA: return &c->llama;
     case TPK_ARCH_NEOX: return &c->neox;
+    case TPK_ARCH_CUSTOM: return &c->custom;
     default: return &c->gpt2;
     }
 }
@@ -59,6 +74,7 @@ static inline void *tpk__model_built_cfg(tpk_model *m) {
     switch (m->arch) {
     case TPK_ARCH_LLAMA: return &m->llama.c;
     case TPK_ARCH_NEOX: return &m->neox.c;
+    case TPK_ARCH_CUSTOM: return &m->custom.c;
     default: return &m->gpt2.c;
     }
 }
@@ -67,6 +83,7 @@ static inline tpk_lm *tpk_model_lm(tpk_model *m) {
     switch (m->arch) {
     case TPK_ARCH_LLAMA: return &m->llama.lm;
     case TPK_ARCH_NEOX: return &m->neox.lm;
+    case TPK_ARCH_CUSTOM: return &m->custom;
     default: return &m->gpt2.lm;
     }
 }
@@ -95,6 +112,13 @@ static inline void tpk__model_common(tpk_model_config *cfg, int64_t *shape[5], f
         v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
         v[4] = &c->heads, l = &c->label_smoothing, s = &c->sequence_parallel, r = &c->recompute;
         p = &c->part;
+        break;
+    }
+    case TPK_ARCH_CUSTOM: {
+        tpk_lm_config *c = &cfg->custom;
+        v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
+        v[4] = &c->block.heads, l = &c->label_smoothing, s = &c->sequence_parallel;
+        r = &c->recompute, p = &c->part;
         break;
     }
     default: {
@@ -164,6 +188,11 @@ static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir,
     switch (cfg->arch) {
     case TPK_ARCH_LLAMA: return tpk_llama_config_read(ctx, dir, &cfg->llama);
     case TPK_ARCH_NEOX: return tpk_neox_config_read(ctx, dir, &cfg->neox);
+    case TPK_ARCH_CUSTOM:
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_config_read",
+                         "%s: a custom model's config is its program's (tpk_lm_config), not read "
+                         "from config.json",
+                         dir);
     default: return tpk_gpt2_config_read(ctx, dir, &cfg->gpt2);
     }
 }
@@ -178,6 +207,7 @@ static inline tpk_status tpk_model_init(tpk_ctx *ctx, tpk_model *m, const tpk_mo
     case TPK_ARCH_GPT2: return tpk_gpt2_init(ctx, &m->gpt2, &cfg->gpt2);
     case TPK_ARCH_LLAMA: return tpk_llama_init(ctx, &m->llama, &cfg->llama);
     case TPK_ARCH_NEOX: return tpk_neox_init(ctx, &m->neox, &cfg->neox);
+    case TPK_ARCH_CUSTOM: return tpk_lm_init(ctx, &m->custom, &cfg->custom);
     default:
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "cfg->arch: expected a family, 0..%d (tpk_arch), got %d",
@@ -268,6 +298,22 @@ static inline tpk_status tpk_model_sample(tpk_ctx *ctx, tpk_model *m, int32_t st
                                           float temperature, uint64_t seed, int32_t *out) {
     return tpk_lm_sample(ctx, m ? tpk_model_lm(m) : NULL, start, n, temperature, seed, out);
 }
+/* A custom model's checkpoint (tpk/train/ckpt.h): its tensors under their registered names, a
+ * config.json of its sizes (model_type "tpk_custom"; its program holds the rest). */
+static inline tpk_status tpk__custom_save(tpk_ctx *ctx, const tpk_lm *m, const tpk_adamw *opt,
+                                          const char *dir, const tpk_hf_save_desc *desc) {
+    char cfg[400];
+    snprintf(cfg, sizeof cfg,
+             "{\"model_type\": \"tpk_custom\", \"vocab_size\": %lld, \"hidden_size\": %lld, "
+             "\"num_hidden_layers\": %lld, \"max_position_embeddings\": %lld}",
+             (long long)m->c.vocab, (long long)m->c.hidden, (long long)m->c.layers,
+             (long long)m->c.positions);
+    tpk_ckpt_save_desc d;
+    memset(&d, 0, sizeof d);
+    d.config = cfg;
+    if (desc) d.step = desc->step, d.seed = desc->seed;
+    return tpk_ckpt_save(ctx, opt, dir, &d);
+}
 /* The family's Hugging Face checkpoint (tpk/train/hf.h). Collective over ctx->world. */
 static inline tpk_status tpk_model_save(tpk_ctx *ctx, const tpk_model *m, const tpk_adamw *opt,
                                         const char *dir, const tpk_hf_save_desc *desc) {
@@ -275,6 +321,7 @@ static inline tpk_status tpk_model_save(tpk_ctx *ctx, const tpk_model *m, const 
     case TPK_ARCH_GPT2: return tpk_gpt2_save(ctx, &m->gpt2, opt, dir, desc);
     case TPK_ARCH_LLAMA: return tpk_llama_save(ctx, &m->llama, opt, dir, desc);
     case TPK_ARCH_NEOX: return tpk_neox_save(ctx, &m->neox, opt, dir, desc);
+    case TPK_ARCH_CUSTOM: return tpk__custom_save(ctx, &m->custom, opt, dir, desc);
     default:
         return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_save", "model: NULL") : TPK_ERR_ARG;
     }
@@ -285,6 +332,7 @@ static inline tpk_status tpk_model_load(tpk_ctx *ctx, tpk_model *m, tpk_adamw *o
     case TPK_ARCH_GPT2: return tpk_gpt2_load(ctx, &m->gpt2, opt, dir);
     case TPK_ARCH_LLAMA: return tpk_llama_load(ctx, &m->llama, opt, dir);
     case TPK_ARCH_NEOX: return tpk_neox_load(ctx, &m->neox, opt, dir);
+    case TPK_ARCH_CUSTOM: return tpk_ckpt_load(ctx, opt, dir, NULL, NULL);
     default:
         return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_load", "model: NULL") : TPK_ERR_ARG;
     }
