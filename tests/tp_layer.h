@@ -397,7 +397,8 @@ static inline void test_recompute(tpk_comm *world, int tp, tpk_dtype dt,
     for (int k = 0; k < 2; k++) {
         tpk_ctx c;
         tpk_model_config mc = *cfg;
-        mc.gpt2.recompute = mc.llama.recompute = mc.neox.recompute = k ? mode : TPK_RECOMPUTE_NONE;
+        mc.gpt2.recompute = mc.llama.recompute = mc.neox.recompute = mc.custom.recompute =
+            k ? mode : TPK_RECOMPUTE_NONE;
         CHECK_OK(&c, tpk_ctx_init(
                          &c, &(tpk_ctx_desc){.world = world, .tp = tp, .seed = 3, .dtype = dt}));
         failed |= test_run_model(&c, &mc, 5, ids, tg, B, S, &r[k]);
