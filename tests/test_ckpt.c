@@ -319,7 +319,7 @@ int main(int argc, char **argv) {
                   !strcmp(info.dir, dir),
               "info: step %lld seed %llu id %s optim %d dir %s", (long long)info.step,
               (unsigned long long)info.seed, info.id, info.has_optim, info.dir);
-        free(text);
+        tpk_free(&c, text);
         tpk_ctx_destroy(&c);
         mesh x;
         CHECK_OK(&x.ctx, mesh_init(&x, true, np, 1, 0, true));

@@ -239,6 +239,14 @@ static inline void *tpk__realloc(const tpk_ctx *ctx, void *p, size_t old_bytes, 
 static inline void tpk__free(const tpk_ctx *ctx, void *p) {
     tpk__al_free(ctx ? &ctx->allocator : NULL, p);
 }
+/* A copy of the context's allocator (ctx NULL: zero, the C library's), for an object that frees
+ * its memory without a context (tpk__al_*). */
+static inline tpk_allocator tpk__allocator(const tpk_ctx *ctx) {
+    tpk_allocator a;
+    memset(&a, 0, sizeof a);
+    if (ctx) a = ctx->allocator;
+    return a;
+}
 /* Free memory the kit handed to you (tpk_tokenizer_encode's ids, tpk_tokenizer_decode's text,
  * tpk_plan's list): with the allocator of the context you passed it. */
 static inline void tpk_free(const tpk_ctx *ctx, void *p) { tpk__free(ctx, p); }
@@ -431,7 +439,7 @@ static inline tpk_status tpk__layer_name(tpk_ctx *ctx, const char *fn, char *dst
 }
 
 /* The rest of stream f (named path in errors) into *out (*n bytes, from allocator al: NULL, the C
- * library's malloc, freed with free()); f stays open. */
+ * library's); f stays open. */
 static inline tpk_status tpk__read_stream_al(tpk_ctx *ctx, const tpk_allocator *al, const char *fn,
                                              const char *path, FILE *f, uint8_t **out, size_t *n) {
     size_t cap = 1 << 16, len = 0;
@@ -463,15 +471,15 @@ static inline tpk_status tpk__read_file_al(tpk_ctx *ctx, const tpk_allocator *al
     fclose(f);
     return s;
 }
-/* The same into memory from the C library's malloc (free() it): what tpk/train's readers and the
- * example programs free today; the text readers use the context's allocator (the _al forms). */
+/* The same from the context's allocator (ctx NULL: the C library's): free it with
+ * tpk_free(ctx, p). */
 static inline tpk_status tpk__read_stream(tpk_ctx *ctx, const char *fn, const char *path, FILE *f,
                                           uint8_t **out, size_t *n) {
-    return tpk__read_stream_al(ctx, NULL, fn, path, f, out, n);
+    return tpk__read_stream_al(ctx, ctx ? &ctx->allocator : NULL, fn, path, f, out, n);
 }
 static inline tpk_status tpk__read_file(tpk_ctx *ctx, const char *fn, const char *path,
                                         uint8_t **out, size_t *n) {
-    return tpk__read_file_al(ctx, NULL, fn, path, out, n);
+    return tpk__read_file_al(ctx, ctx ? &ctx->allocator : NULL, fn, path, out, n);
 }
 
 #endif /* TPK_CTX_H */

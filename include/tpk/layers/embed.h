@@ -111,11 +111,11 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
     }
     if (e->pos_T != T || e->pos_S != S || !e->pos.p) { /* positions of all T rows (the backward uses
                                                           them all), once per shape */
-        int32_t *pos = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T ? T : 1));
+        int32_t *pos = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * (size_t)(T ? T : 1));
         if (!pos) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "positions");
         for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)(i % (S ? S : 1));
         tpk_status s = tpk__upload_i32(ctx, &e->pos, pos, T);
-        free(pos);
+        tpk__free(ctx, pos);
         TPK_TRY(s);
         e->pos_T = T, e->pos_S = S;
     }

@@ -61,7 +61,7 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
     int t = ctx->tp.size;
     tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
-    if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t)))
+    if (t > 64 && !(cnt = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)t)))
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     tpk__shard_counts(ctx, v, cnt);
     size_t total = (size_t)(v.outer * v.n * v.inner), mine = cnt[ctx->tp.rank];
@@ -84,7 +84,7 @@ static inline tpk_status tpk__allgather_dim(tpk_ctx *ctx, const tpk_tensor *in, 
             src += cnt[q];
         }
     }
-    if (cnt != counts) free(cnt);
+    if (cnt != counts) tpk__free(ctx, cnt);
     return s;
 }
 
@@ -96,7 +96,7 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
     int t = ctx->tp.size;
     tpk__dimview v = tpk__view_unit(in->gshape, in->ndim, d, unit);
     size_t counts[64], *cnt = counts;
-    if (t > 64 && !(cnt = (size_t *)malloc(sizeof(size_t) * (size_t)t)))
+    if (t > 64 && !(cnt = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)t)))
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     tpk__shard_counts(ctx, v, cnt);
     size_t total = (size_t)(v.outer * v.n * v.inner);
@@ -123,7 +123,7 @@ static inline tpk_status tpk__reduce_scatter_dim(tpk_ctx *ctx, const tpk_tensor 
     }
     if (s == TPK_OK)
         s = tpk_reduce_scatterv(ctx, &ctx->tp, send, total, out, cnt, in->dtype, TPK_SUM);
-    if (cnt != counts) free(cnt);
+    if (cnt != counts) tpk__free(ctx, cnt);
     return s;
 }
 

@@ -281,7 +281,7 @@ static inline tpk_layout tpk__col_out_layout(const tpk_linear *l) {
 static inline tpk_status tpk__token_counts(tpk_ctx *ctx, const char *fn, int64_t T, int64_t width,
                                            size_t *counts, size_t **cnt) {
     int t = ctx->tp.size;
-    *cnt = t <= 64 ? counts : (size_t *)malloc(sizeof(size_t) * (size_t)t);
+    *cnt = t <= 64 ? counts : (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)t);
     if (!*cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     for (int q = 0; q < t; q++) (*cnt)[q] = (size_t)(tpk_tp_split(ctx, T, q).size * width);
     return TPK_OK;
@@ -312,7 +312,7 @@ static inline tpk_status tpk__sp_gather(tpk_ctx *ctx, const char *fn, const tpk_
     TPK_TRY(tpk__token_counts(ctx, fn, T, w, counts, &cnt));
     tpk_status s = tpk_allgatherv_start(ctx, &ctx->tp, x->data, cnt[ctx->tp.rank], xg->data, cnt,
                                         (size_t)(T * w), ctx->dtype, req);
-    if (cnt != counts) free(cnt);
+    if (cnt != counts) tpk__free(ctx, cnt);
     return s;
 }
 /* A column linear's GEMM input *xg: under sequence parallelism its saved input gathered
@@ -404,7 +404,7 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
         TPK_TRY(tpk__token_counts(ctx, fn, T, l->in, counts, &cnt));
         s = tpk_reduce_scatterv_start(ctx, &ctx->tp, dxp.data, (size_t)(T * l->in), out.data, cnt,
                                       ctx->dtype, TPK_SUM, &req);
-        if (cnt != counts) free(cnt);
+        if (cnt != counts) tpk__free(ctx, cnt);
         TPK_TRY(s);
     } else { /* P -> R: all-reduce in place, overlapped */
         out.data = dxp.data, out.layout = TPK_R;

@@ -121,10 +121,10 @@ static inline tpk_status tpk__param_index_add(tpk_ctx *ctx, const char *fn, int 
     tpk_params *P = &ctx->params;
     if (2 * (id + 1) >= P->index_cap) {
         int cap = P->index_cap ? 2 * P->index_cap : 64;
-        int *t = (int *)malloc(sizeof(int) * (size_t)cap);
+        int *t = (int *)tpk__malloc(ctx, sizeof(int) * (size_t)cap);
         if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
         for (int i = 0; i < cap; i++) t[i] = -1;
-        free(P->index);
+        tpk__free(ctx, P->index);
         P->index = t, P->index_cap = cap;
         for (int k = 0; k < id; k++)
             TPK_TRY(tpk__param_index_add(ctx, fn, k)); /* fits: no growth */
@@ -303,7 +303,8 @@ static inline tpk_status tpk_param_add(tpk_ctx *ctx, const tpk_param_desc *desc,
     tpk_params *P = &ctx->params;
     if (P->n == P->cap) {
         int cap = P->cap ? 2 * P->cap : 32;
-        tpk_param *l = (tpk_param *)realloc(P->list, sizeof *l * (size_t)cap);
+        tpk_param *l = (tpk_param *)tpk__realloc(ctx, P->list, sizeof *l * (size_t)P->cap,
+                                                 sizeof *l * (size_t)cap);
         if (!l) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
         P->list = l, P->cap = cap;
     }
@@ -446,9 +447,9 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
     tpk_param ps = tpk__param_stored(p); /* gathered with its padding rows, which are then left
                                             out */
     size_t gnumel = tpk__gnumel(p), snumel = tpk__gnumel(&ps),
-           *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
-    float *host = (float *)malloc(sizeof(float) * (snumel ? snumel : 1)),
-          *whole = (float *)malloc(sizeof(float) * (snumel ? snumel : 1));
+           *counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)t);
+    float *host = (float *)tpk__malloc(ctx, sizeof(float) * snumel),
+          *whole = (float *)tpk__malloc(ctx, sizeof(float) * snumel);
     tpk_status s =
         counts && host && whole ? TPK_OK : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     const float *src = flat + p->offset;
@@ -465,8 +466,8 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
             total += counts[q];
         }
         if (total > snumel) { /* grouped: heads held by several ranks come more than once */
-            free(host);
-            if (!(host = (float *)malloc(sizeof(float) * total)))
+            tpk__free(ctx, host);
+            if (!(host = (float *)tpk__malloc(ctx, sizeof(float) * total)))
                 s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
         }
         if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[1], total * sizeof(float));
@@ -484,7 +485,7 @@ static inline tpk_status tpk_param_gather(tpk_ctx *ctx, int id, const float *fla
         /* dim 0 outermost: the padding rows are last */
         if (s == TPK_OK) memcpy(out, whole, gnumel * sizeof(float));
     }
-    free(counts), free(host), free(whole);
+    tpk__free(ctx, counts), tpk__free(ctx, host), tpk__free(ctx, whole);
     return s;
 }
 
@@ -499,10 +500,10 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     if (!flat) return tpk__fail(ctx, TPK_ERR_ARG, fn, "flat: NULL");
     tpk_param ps = tpk__param_stored(p); /* `in` is extended with the padding rows, zero */
     size_t gnumel = tpk__gnumel(p), snumel = tpk__gnumel(&ps);
-    float *host = (float *)malloc(sizeof(float) * (p->numel ? p->numel : 1)),
-          *whole = (float *)calloc(snumel ? snumel : 1, sizeof(float));
+    float *host = (float *)tpk__malloc(ctx, sizeof(float) * p->numel),
+          *whole = (float *)tpk__calloc(ctx, snumel, sizeof(float));
     if (!host || !whole) {
-        free(host), free(whole);
+        tpk__free(ctx, host), tpk__free(ctx, whole);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
     memcpy(whole, in, gnumel * sizeof(float));
@@ -510,7 +511,7 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
     tpk__param_place(ctx, &ps, ctx->tp.rank, whole, host, false);
     tpk_status s = tpk_op_memcpy(ctx, flat + p->offset, host, p->numel * sizeof(float),
                                  ctx->ops->device ? TPK_H2D : TPK_H2H);
-    free(host), free(whole);
+    tpk__free(ctx, host), tpk__free(ctx, whole);
     return s;
 }
 

@@ -91,14 +91,14 @@ static inline int tpk__stack_sets(tpk_recompute mode, bool backward) {
 static inline tpk_status tpk__stack_bufs_init(tpk_ctx *ctx, const char *fn, tpk__stack_bufs *b,
                                               int64_t L) {
     memset(b, 0, sizeof *b);
-    b->ckpt = (tpk_buf *)calloc((size_t)L + 1, sizeof *b->ckpt);
+    b->ckpt = (tpk_buf *)tpk__calloc(ctx, (size_t)L + 1, sizeof *b->ckpt);
     return b->ckpt ? TPK_OK
                    : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld checkpoints", (long long)L + 1);
 }
 /* Free them: the checkpoints (ckpt [L + 1]), the gradient buffer, the pool. */
 static inline void tpk__stack_bufs_free(tpk_ctx *ctx, tpk__stack_bufs *b, int64_t L) {
     for (int64_t i = 0; b->ckpt && i <= L; i++) tpk__buf_free(ctx, &b->ckpt[i]);
-    free(b->ckpt), b->ckpt = NULL;
+    tpk__free(ctx, b->ckpt), b->ckpt = NULL;
     tpk__buf_free(ctx, &b->grad);
     for (int k = 0; k < TPK__SETS; k++)
         for (int j = 0; j < TPK__SET_MAX; j++) tpk__buf_free(ctx, &b->pool[k][j]);

@@ -73,7 +73,7 @@ static inline tpk_status tpk_xent_init(tpk_ctx *ctx, tpk_xent *ce, int64_t V,
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->chunk_rows: expected >= 0 (0: all rows at once), got %lld",
                          (long long)d.chunk_rows);
-    ce->counts = (size_t *)calloc((size_t)ctx->tp.size, sizeof(size_t));
+    ce->counts = (size_t *)tpk__calloc(ctx, (size_t)ctx->tp.size, sizeof(size_t));
     if (!ce->counts) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts: out of host memory");
     ce->V = V, ce->Vp = d.padded_vocab ? d.padded_vocab : V, ce->eps = d.label_smoothing,
     ce->ignore = d.set_ignore_index ? d.ignore_index : -100;
@@ -265,7 +265,7 @@ static inline tpk_status tpk_xent_backward(tpk_ctx *ctx, tpk_xent *ce, float sca
 static inline void tpk_xent_destroy(tpk_ctx *ctx, tpk_xent *ce) {
     tpk_buf *b[] = {&ce->targets, &ce->part, &ce->lse, &ce->loss, &ce->dloss, &ce->mean};
     for (int i = 0; i < 6; i++) tpk__buf_free(ctx, b[i]);
-    free(ce->counts);
+    tpk__free(ctx, ce->counts);
     ce->counts = NULL, ce->nsum = 0, ce->pending = ce->pending_sum = false;
 }
 

@@ -248,7 +248,7 @@ static inline tpk_status tpk__sublayer_init(tpk_ctx *ctx, const char *fn, const 
                          "desc->%s.user (%s): bufs given without recompute (the lent buffers "
                          "must be remade before the backward)",
                          what, u->what ? u->what : "?");
-    *self = calloc(1, u->size);
+    *self = tpk__calloc(ctx, 1, u->size);
     if (!*self) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: %zu bytes", name, u->size);
     return u->init(ctx, *self, H, name, arg, sp);
 }
@@ -389,7 +389,7 @@ static inline void tpk__block_attn_destroy(tpk_ctx *ctx, tpk_block_attn *a) {
     if (a->kind == TPK_ATTN_FUSED) tpk_attention_destroy(ctx, &a->u.fused);
     else if (a->kind == TPK_ATTN_GQA) tpk_gqa_attention_destroy(ctx, &a->u.gqa);
     else if (a->self) a->user->destroy(ctx, a->self);
-    free(a->self), a->self = NULL;
+    tpk__free(ctx, a->self), a->self = NULL;
 }
 
 static inline tpk_status tpk__block_mlp_forward(tpk_ctx *ctx, tpk_block_mlp *m, tpk_tensor x,
@@ -418,7 +418,7 @@ static inline void tpk__block_mlp_destroy(tpk_ctx *ctx, tpk_block_mlp *m) {
     if (m->kind == TPK_MLP_ACT) tpk_mlp_destroy(ctx, &m->u.act);
     else if (m->kind == TPK_MLP_SWIGLU) tpk_swiglu_mlp_destroy(ctx, &m->u.swiglu);
     else if (m->self) m->user->destroy(ctx, m->self);
-    free(m->self), m->self = NULL;
+    tpk__free(ctx, m->self), m->self = NULL;
 }
 
 /* ---- forward, backward, recompute ------------------------------------------------------------ */

@@ -184,7 +184,7 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
         m->embed.Vp = tpk_vocab_padded(c.vocab, ed.vocab_multiple, ctx->tp.size);
     if (s == TPK_OK) s = tpk__stack_bufs_init(ctx, fn, &m->rc, c.layers);
     if (s == TPK_OK) {
-        m->blocks = (tpk_block *)calloc((size_t)c.layers, sizeof *m->blocks);
+        m->blocks = (tpk_block *)tpk__calloc(ctx, (size_t)c.layers, sizeof *m->blocks);
         if (!m->blocks) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
     }
     for (int64_t i = m->lo; s == TPK_OK && i < m->hi; i++) {
@@ -236,7 +236,7 @@ static inline void tpk_lm_destroy(tpk_ctx *ctx, tpk_lm *m) {
     if (!m) return;
     tpk_embedding_destroy(ctx, &m->embed);
     for (int64_t i = m->lo; m->blocks && i < m->hi; i++) tpk_block_destroy(ctx, &m->blocks[i]);
-    free(m->blocks), m->blocks = NULL;
+    tpk__free(ctx, m->blocks), m->blocks = NULL;
     tpk__stack_bufs_free(ctx, &m->rc, m->c.layers);
     if (m->has_head)
         tpk_norm_destroy(ctx, &m->norm), tpk_linear_destroy(ctx, &m->head),

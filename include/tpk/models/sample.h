@@ -134,10 +134,11 @@ static inline tpk_status tpk__sample_logits(tpk_ctx *ctx, const char *fn, tpk_te
     int64_t V = logits.gshape[1], Vl = logits.shape[1],
             Vr = vocab ? vocab : V; /* gathered, drawn from */
     bool filter = o.temperature > 0 && ((o.top_k > 0 && o.top_k < Vr) || o.top_p < 1);
-    size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)t);
-    float *all = (float *)malloc(sizeof(float) * (size_t)V);
-    tpk__sample_rank *r =
-        filter ? (tpk__sample_rank *)malloc((sizeof(tpk__sample_rank) + 1) * (size_t)Vr) : NULL;
+    size_t *counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)t);
+    float *all = (float *)tpk__malloc(ctx, sizeof(float) * (size_t)V);
+    tpk__sample_rank *r = filter ? (tpk__sample_rank *)tpk__malloc(
+                                       ctx, (sizeof(tpk__sample_rank) + 1) * (size_t)Vr)
+                                 : NULL;
     tpk_status s = counts && all && (r || !filter)
                        ? TPK_OK
                        : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a row of %lld logits", (long long)V);
@@ -156,7 +157,7 @@ static inline tpk_status tpk__sample_logits(tpk_ctx *ctx, const char *fn, tpk_te
     if (s == TPK_OK)
         *tok = tpk__sample_draw(all, Vr, &o, tpk_rng_uniform(seed, tpk_rng_stream("sample"), i), r,
                                 r ? (unsigned char *)(r + Vr) : NULL);
-    free(counts), free(all), free(r);
+    tpk__free(ctx, counts), tpk__free(ctx, all), tpk__free(ctx, r);
     return s;
 }
 /* *tok = a token in 0..vocab-1 drawn from row `row` of logits S(-1) [T, Vp] (split as the

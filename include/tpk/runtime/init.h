@@ -177,9 +177,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
         tpk__buf_free(ctx, &ctx->params.data16);
         tpk__buf_free(ctx, &ctx->params.scratch);
     }
-    /* the registry's list and index: the C library's, as tpk/layers/params.h allocates them (they
-     * move to tpk__free when it moves to tpk__realloc) */
-    free(ctx->params.list), free(ctx->params.index);
+    tpk__free(ctx, ctx->params.list), tpk__free(ctx, ctx->params.index); /* the registry's */
     tpk__free(ctx, ctx->tp_w);
     tpk_comm_destroy(&ctx->tp);
     tpk_comm_destroy(&ctx->dp);

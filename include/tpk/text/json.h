@@ -244,13 +244,13 @@ static inline tpk_status tpk__jr_number(tpk__jr *r, const char *where, size_t *s
  * mantissa keeps its exponent); an error when it is beyond the finite doubles. */
 static inline tpk_status tpk__jr_double(const tpk__jr *r, const char *where, size_t a, size_t b,
                                         double *out) {
-    char small[64], *t = b - a < sizeof small ? small : (char *)malloc(b - a + 1);
+    char small[64], *t = b - a < sizeof small ? small : (char *)tpk__malloc(r->ctx, b - a + 1);
     if (!t)
         return tpk__fail(r->ctx, TPK_ERR_NOMEM, r->fn, "%s: byte %zu: a number of %zu digits",
                          r->name, r->base + a, b - a);
     memcpy(t, r->s + a, b - a), t[b - a] = 0;
     double v = strtod(t, NULL);
-    if (t != small) free(t);
+    if (t != small) tpk__free(r->ctx, t);
     if (!isfinite(v))
         return tpk__jr_fail(r, a, "%s%sa number out of range (%.*s%s: beyond the doubles' %g)",
                             where ? where : "", where ? ": " : "", (int)(b - a < 40 ? b - a : 40),
@@ -303,16 +303,17 @@ typedef struct tpk__json {
 
 typedef struct tpk__jtree {
     tpk__jr r;
-    char *arena; /* decoded strings [2n + 1] */
+    const tpk_allocator *al; /* the tree's memory (the allocator kept before the arena) */
+    char *arena;             /* decoded strings [2n + 1] */
     size_t used;
     const char *parent, *noun; /* the keys of an object that is member `parent` of another are
                                   called `noun` in messages ("key" elsewhere) */
 } tpk__jtree;
 
-static inline void tpk__json_free_kids(tpk__json *v) {
+static inline void tpk__json_free_kids(const tpk_allocator *al, tpk__json *v) {
     if (v->type != TPK__JARR && v->type != TPK__JOBJ) return;
-    for (size_t i = 0; v->kids && i < v->len; i++) tpk__json_free_kids(&v->kids[i]);
-    free(v->kids), v->kids = NULL;
+    for (size_t i = 0; v->kids && i < v->len; i++) tpk__json_free_kids(al, &v->kids[i]);
+    tpk__al_free(al, v->kids), v->kids = NULL;
 }
 
 static inline int tpk__json_key_cmp(const void *a, const void *b) {
@@ -336,7 +337,7 @@ static inline tpk_status tpk__json_unique(tpk__jtree *t, const tpk__json *v, con
                     break;
                 }
     } else { /* sorted by key, then offset: a repeat follows its first occurrence */
-        const tpk__json **idx = (const tpk__json **)malloc(v->len * sizeof *idx);
+        const tpk__json **idx = (const tpk__json **)tpk__al_malloc(t->al, v->len * sizeof *idx);
         if (!idx)
             return tpk__fail(t->r.ctx, TPK_ERR_NOMEM, t->r.fn, "%s: an object of %zu members",
                              t->r.name, v->len);
@@ -352,7 +353,7 @@ static inline tpk_status tpk__json_unique(tpk__jtree *t, const tpk__json *v, con
                     j--;
                 dup = idx[i], first = idx[j];
             }
-        free(idx);
+        tpk__al_free(t->al, idx);
     }
     if (!dup) return TPK_OK;
     return tpk__jr_fail(&t->r, dup->key_at, "the %s \"%.*s\" appears twice (first at byte %zu)",
@@ -406,7 +407,8 @@ static inline tpk_status tpk__json_value(tpk__jtree *t, tpk__json *v, int depth)
     for (int more = 1; more == 1;) {
         if (v->len == cap) {
             size_t nc = cap ? cap * 2 : 8;
-            tpk__json *k = (tpk__json *)realloc(v->kids, nc * sizeof *k);
+            tpk__json *k =
+                (tpk__json *)tpk__al_realloc(t->al, v->kids, cap * sizeof *k, nc * sizeof *k);
             if (!k)
                 return tpk__fail(r->ctx, TPK_ERR_NOMEM, r->fn, "%s: %zu values", r->name, nc);
             v->kids = k, cap = nc;
@@ -431,7 +433,9 @@ static inline tpk_status tpk__json_value(tpk__jtree *t, tpk__json *v, int depth)
 
 /* The document s[0..n) (from file `name`; `fn` names the caller in errors) into *root; *arena
  * holds its strings. The keys of the top-level member `parent` (or NULL) are called `noun` in
- * messages. Free both with tpk__json_free (also after a failure). */
+ * messages. Free both with tpk__json_free (also after a failure). The tree's memory is the
+ * context's allocator (ctx NULL: the C library's), a copy of which the arena's block holds
+ * before the strings: tpk__json_free needs no context. */
 static inline tpk_status tpk__json_read_named(tpk_ctx *ctx, const char *fn, const char *name,
                                               const char *s, size_t n, const char *parent,
                                               const char *noun, tpk__json *root, char **arena) {
@@ -439,8 +443,14 @@ static inline tpk_status tpk__json_read_named(tpk_ctx *ctx, const char *fn, cons
     memset(root, 0, sizeof *root);
     tpk__jr_init(&t.r, ctx, fn, name, s, n, 0);
     t.parent = parent, t.noun = noun;
-    t.arena = *arena = n < ((size_t)-1 - 1) / 2 ? (char *)malloc(2 * n + 1) : NULL, t.used = 0;
-    if (!t.arena) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: %zu bytes", t.r.name, n);
+    size_t head = sizeof(tpk_allocator);
+    char *block = n < ((size_t)-1 - 1 - head) / 2 ? (char *)tpk__malloc(ctx, head + 2 * n + 1)
+                                                  : NULL;
+    *arena = t.arena = block ? block + head : NULL, t.used = 0;
+    if (!block) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: %zu bytes", t.r.name, n);
+    tpk_allocator al = tpk__allocator(ctx);
+    memcpy(block, &al, head);
+    t.al = &al;
     TPK_TRY(tpk__json_value(&t, root, 0));
     return tpk__jr_end(&t.r, "characters after the document (expected the end of the text)");
 }
@@ -454,9 +464,13 @@ static inline tpk_status tpk__json_parse(tpk_ctx *ctx, const char *name, const c
                                          tpk__json *root, char **arena) {
     return tpk__json_read(ctx, "tpk_json", name, s, n, root, arena);
 }
+/* Free a tree and its arena (NULL: nothing was allocated, and no node has children). */
 static inline void tpk__json_free(tpk__json *root, char **arena) {
-    tpk__json_free_kids(root);
-    free(*arena), *arena = NULL;
+    if (!*arena) return;
+    tpk_allocator al;
+    memcpy(&al, *arena - sizeof al, sizeof al);
+    tpk__json_free_kids(&al, root);
+    tpk__al_free(&al, *arena - sizeof al), *arena = NULL;
 }
 /* An object's member named key (keys are unique), NULL when absent or v is not an object. */
 static inline const tpk__json *tpk__json_get(const tpk__json *v, const char *key) {

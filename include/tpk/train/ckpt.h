@@ -63,6 +63,7 @@ typedef struct tpk_ckpt_files {
     int *which;
     const char **byname; /* [nmap] the rows of tensor sorted by name (binary search) */
     char index[64];      /* the index file's name, for messages */
+    tpk_allocator al;    /* the arrays': the making context's allocator (tpk_ckpt_files_close's) */
 } tpk_ckpt_files;
 
 typedef struct tpk_ckpt_load_desc {
@@ -139,7 +140,7 @@ static inline tpk_status tpk__ckpt_opt(tpk_ctx *ctx, const char *fn, const tpk_a
 
 /* config.json's text: desc's config (a JSON object without the three members added here, checked
  * whole) with tpk_step, tpk_seed and tpk_checkpoint_id id before its closing brace; *out
- * malloc'd. */
+ * from the context's allocator. */
 static inline tpk_status tpk__ckpt_config_text(tpk_ctx *ctx, const char *fn, const char *config,
                                                int64_t step, uint64_t seed, const char *id,
                                                char **out) {
@@ -165,7 +166,7 @@ static inline tpk_status tpk__ckpt_config_text(tpk_ctx *ctx, const char *fn, con
     while (end && strchr(" \t\r\n", config[end - 1])) end--;
     bool empty = end && config[end - 1] == '{'; /* "{}": the three are the only members */
     size_t cap = end + 200;
-    char *t = (char *)malloc(cap);
+    char *t = (char *)tpk__malloc(ctx, cap);
     if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "config.json's text");
     snprintf(t, cap,
              "%.*s%s\n  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu,\n  \"tpk_checkpoint_id\": "
@@ -199,9 +200,10 @@ typedef struct tpk__ckpt_all {
     int64_t (*shapes)[2][2]; /* the model entry's (maybe transposed) and the optimizer's */
     float **data;            /* [3 n] */
 } tpk__ckpt_all;
-static inline void tpk__ckpt_all_free(tpk__ckpt_all *a) {
-    for (int i = 0; a->data && i < 3 * a->n; i++) free(a->data[i]);
-    free(a->e), free(a->names), free(a->shapes), free(a->data);
+static inline void tpk__ckpt_all_free(const tpk_ctx *ctx, tpk__ckpt_all *a) {
+    for (int i = 0; a->data && i < 3 * a->n; i++) tpk__free(ctx, a->data[i]);
+    tpk__free(ctx, a->e), tpk__free(ctx, a->names), tpk__free(ctx, a->shapes);
+    tpk__free(ctx, a->data);
     memset(a, 0, sizeof *a);
 }
 /* Under pipeline stages (ctx->pp.size > 1), the leaders of the stages (TP and DP rank 0) send
@@ -238,10 +240,10 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
         return TPK_OK;
     }
     int cap = n + 16; /* the root: its own, then each stage's in turn */
-    all->e = (tpk_st_entry *)calloc((size_t)cap * 3, sizeof *all->e);
-    all->names = (char(*)[3][112])calloc((size_t)cap, sizeof *all->names);
-    all->shapes = (int64_t(*)[2][2])calloc((size_t)cap, sizeof *all->shapes);
-    all->data = (float **)calloc((size_t)cap * 3, sizeof *all->data);
+    all->e = (tpk_st_entry *)tpk__calloc(ctx, (size_t)cap * 3, sizeof *all->e);
+    all->names = (char(*)[3][112])tpk__calloc(ctx, (size_t)cap, sizeof *all->names);
+    all->shapes = (int64_t(*)[2][2])tpk__calloc(ctx, (size_t)cap, sizeof *all->shapes);
+    all->data = (float **)tpk__calloc(ctx, (size_t)cap * 3, sizeof *all->data);
     if (!all->e || !all->names || !all->shapes || !all->data)
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
     tpk_status s = TPK_OK;
@@ -255,15 +257,23 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
             j++;
             if (all->n == cap) { /* grow the tables */
                 int nc = 2 * cap;
-                tpk_st_entry *ne = (tpk_st_entry *)realloc(all->e, sizeof *ne * (size_t)nc * 3);
+                size_t c = (size_t)cap, m = (size_t)nc;
+                tpk_st_entry *ne = (tpk_st_entry *)tpk__realloc(ctx, all->e, sizeof *ne * c * 3,
+                                                                sizeof *ne * m * 3);
                 if (ne) all->e = ne;
                 char(*nn)[3][112] =
-                    ne ? (char(*)[3][112])realloc(all->names, sizeof *nn * (size_t)nc) : NULL;
+                    ne ? (char(*)[3][112])tpk__realloc(ctx, all->names, sizeof *nn * c,
+                                                        sizeof *nn * m)
+                       : NULL;
                 if (nn) all->names = nn;
                 int64_t(*ns)[2][2] =
-                    nn ? (int64_t(*)[2][2])realloc(all->shapes, sizeof *ns * (size_t)nc) : NULL;
+                    nn ? (int64_t(*)[2][2])tpk__realloc(ctx, all->shapes, sizeof *ns * c,
+                                                         sizeof *ns * m)
+                       : NULL;
                 if (ns) all->shapes = ns;
-                float **nd = ns ? (float **)realloc(all->data, sizeof *nd * (size_t)nc * 3) : NULL;
+                float **nd = ns ? (float **)tpk__realloc(ctx, all->data, sizeof *nd * c * 3,
+                                                         sizeof *nd * m * 3)
+                                : NULL;
                 if (!nd) {
                     s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
                     break;
@@ -288,7 +298,7 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
             gn = (size_t)hdr[1] * (size_t)(hdr[0] > 1 ? hdr[2] : 1);
             all->n++;
             for (int k = 0; k < k3 && s == TPK_OK; k++) {
-                float *d = (float *)malloc(sizeof(float) * (gn ? gn : 1));
+                float *d = (float *)tpk__malloc(ctx, sizeof(float) * gn);
                 all->data[3 * a + k] = d;
                 if (!d) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
                 else if (q == 0)
@@ -363,10 +373,10 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
     if (root) tpk_ckpt_new_id(id); /* the only writer: the id is rank 0's */
     TPK_TRY(tpk__ckpt_config_text(ctx, fn, d.config, d.step, d.seed, id, &text));
     int n = ctx->params.n, k3 = opt ? 3 : 1;
-    float **w = (float **)calloc((size_t)n * 3 + 1, sizeof *w);
-    tpk_st_entry *e = (tpk_st_entry *)calloc((size_t)n * 3 + 1, sizeof *e);
-    int64_t(*shapes)[2] = (int64_t(*)[2])calloc((size_t)n + 1, sizeof *shapes);
-    char(*names)[3][112] = (char(*)[3][112])calloc((size_t)n + 1, sizeof *names);
+    float **w = (float **)tpk__calloc(ctx, (size_t)n * 3 + 1, sizeof *w);
+    tpk_st_entry *e = (tpk_st_entry *)tpk__calloc(ctx, (size_t)n * 3 + 1, sizeof *e);
+    int64_t(*shapes)[2] = (int64_t(*)[2])tpk__calloc(ctx, (size_t)n + 1, sizeof *shapes);
+    char(*names)[3][112] = (char(*)[3][112])tpk__calloc(ctx, (size_t)n + 1, sizeof *names);
     tpk_status s = w && e && shapes && names
                        ? TPK_OK
                        : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
@@ -378,7 +388,8 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
     if (s == TPK_OK && root) s = tpk__ckpt_begin(ctx, fn, dir, &p);
     tpk_status all = tpk_agree(ctx, ctx->world, s);
     if (all != TPK_OK) {
-        free(w), free(e), free(shapes), free(names), free(text);
+        tpk__free(ctx, w), tpk__free(ctx, e), tpk__free(ctx, shapes), tpk__free(ctx, names);
+        tpk__free(ctx, text);
         return s != TPK_OK ? s
                            : tpk__fail(ctx, all, fn, "%s: cannot start the save on world rank 0",
                                        dir);
@@ -391,16 +402,16 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
         const float *flat[3] = {(const float *)ctx->params.data.p, om, ov};
         bool tr = shapes[i][0] != 0;
         for (int k = 0; k < k3 && s == TPK_OK; k++) {
-            if (!(w[3 * i + k] = (float *)malloc(sizeof(float) * (gn ? gn : 1))))
+            if (!(w[3 * i + k] = (float *)tpk__malloc(ctx, sizeof(float) * gn)))
                 s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
             else s = tpk_param_gather(ctx, i, flat[k], w[3 * i + k]); /* collective over TP */
         }
         if (s != TPK_OK) break;
         if (tr) { /* stored [in, out] in the model file */
-            float *t = (float *)malloc(sizeof(float) * (gn ? gn : 1));
+            float *t = (float *)tpk__malloc(ctx, sizeof(float) * gn);
             if (!t) { s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn); break; }
             tpk__ckpt_transpose(w[3 * i], t, pr->gshape[0], pr->gshape[1]);
-            free(w[3 * i]), w[3 * i] = t;
+            tpk__free(ctx, w[3 * i]), w[3 * i] = t;
             shapes[i][0] = pr->gshape[1], shapes[i][1] = pr->gshape[0];
         } else {
             shapes[i][0] = pr->gshape[0], shapes[i][1] = pr->ndim > 1 ? pr->gshape[1] : 0;
@@ -426,10 +437,11 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
                                                opt ? 2 * staged.n : 0, d.step, id, text)
                              : tpk__ckpt_write(ctx, fn, &p, e, n, opt ? 2 * n : 0, d.step, id,
                                                text);
-    tpk__ckpt_all_free(&staged);
+    tpk__ckpt_all_free(ctx, &staged);
     if (s != TPK_OK && root) tpk__ckpt_remove(NULL, fn, p.tmp, NULL); /* never swapped in */
-    for (int i = 0; w && i < 3 * n; i++) free(w[i]);
-    free(w), free(e), free(shapes), free(names), free(text);
+    for (int i = 0; w && i < 3 * n; i++) tpk__free(ctx, w[i]);
+    tpk__free(ctx, w), tpk__free(ctx, e), tpk__free(ctx, shapes), tpk__free(ctx, names);
+    tpk__free(ctx, text);
     if (made) tpk_op_free(ctx, om), tpk_op_free(ctx, ov);
     all = tpk_agree(ctx, ctx->world, s);
     if (all != TPK_OK && s == TPK_OK)
@@ -447,16 +459,19 @@ static inline void tpk_ckpt_files_close(tpk_ckpt_files *f) {
     if (!f) return;
     for (int i = 0; f->open && i < f->n; i++)
         if (f->open[i]) tpk_st_close(&f->st[i]);
-    free(f->file), free(f->st), free(f->open), free(f->tensor), free(f->which),
-        free((void *)f->byname);
+    tpk_allocator al = f->al;
+    tpk__al_free(&al, f->file), tpk__al_free(&al, f->st), tpk__al_free(&al, f->open);
+    tpk__al_free(&al, f->tensor), tpk__al_free(&al, f->which), tpk__al_free(&al, (void *)f->byname);
     memset(f, 0, sizeof *f);
 }
 /* The table of one model file, `name` (no index). */
 static inline tpk_status tpk__ckpt_single(tpk_ctx *ctx, const char *fn, const char *name,
                                           tpk_ckpt_files *f) {
     memset(f, 0, sizeof *f);
-    f->n = 1, f->file = (char(*)[128])calloc(1, 128),
-    f->st = (tpk_st_file *)calloc(1, sizeof *f->st), f->open = (bool *)calloc(1, 1);
+    f->al = tpk__allocator(ctx);
+    f->n = 1, f->file = (char(*)[128])tpk__calloc(ctx, 1, 128),
+    f->st = (tpk_st_file *)tpk__calloc(ctx, 1, sizeof *f->st),
+    f->open = (bool *)tpk__calloc(ctx, 1, 1);
     if (!f->file || !f->st || !f->open) {
         tpk_ckpt_files_close(f);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
@@ -622,7 +637,7 @@ static inline tpk_status tpk__ckpt_info(tpk_ctx *ctx, const char *fn, const char
     snprintf(path, sizeof path, "%s/config.json", in.dir);
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
     tpk_status s = tpk__ckpt_config_read(ctx, fn, path, b, n, c);
-    free(b);
+    tpk__free(ctx, b);
     TPK_TRY(s);
     in.step = c->stepv, in.seed = c->seed;
     snprintf(in.id, sizeof in.id, "%s", c->id);
@@ -643,9 +658,9 @@ static inline tpk_status tpk_ckpt_info_read(tpk_ctx *ctx, const char *dir, tpk_c
     return tpk__ckpt_info(ctx, fn, dir, &c, out);
 }
 
-/* config.json's whole text of dir's checkpoint (tpk_ckpt_resolve) into *text (malloc'd,
- * NUL-terminated: free it) and *n bytes (n may be NULL): the model's description, read before the
- * model is built. One rank, no communication. */
+/* config.json's whole text of dir's checkpoint (tpk_ckpt_resolve) into *text (NUL-terminated,
+ * from the context's allocator: tpk_free(ctx, *text)) and *n bytes (n may be NULL): the model's
+ * description, read before the model is built. One rank, no communication. */
 static inline tpk_status tpk_ckpt_config_read(tpk_ctx *ctx, const char *dir, char **text,
                                               size_t *n) {
     static const char *fn = "tpk_ckpt_config_read";
@@ -659,9 +674,9 @@ static inline tpk_status tpk_ckpt_config_read(tpk_ctx *ctx, const char *dir, cha
     TPK_TRY(tpk_ckpt_resolve(ctx, dir, d, sizeof d));
     snprintf(path, sizeof path, "%s/config.json", d);
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &len));
-    char *t = (char *)realloc(b, len + 1);
+    char *t = (char *)tpk__realloc(ctx, b, len, len + 1);
     if (!t) {
-        free(b);
+        tpk__free(ctx, b);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: %zu bytes", path, len + 1);
     }
     t[len] = 0, *text = t;
@@ -684,14 +699,14 @@ static inline tpk_status tpk__ckpt_all_known(tpk_ctx *ctx, const char *fn, const
     tpk_status s = mine;
     if (s == TPK_OK && !files->tensor) s = tpk__ckpt_open(ctx, dir, files, 0);
     int total = s != TPK_OK ? 0 : files->tensor ? files->nmap : files->st[0].n;
-    const char **sorted = (const char **)malloc(sizeof(char *) * (size_t)(n ? n : 1));
+    const char **sorted = (const char **)tpk__malloc(ctx, sizeof(char *) * (size_t)n);
     /* the marks: the same count on every stage (0 for a failed one, which then takes part) */
     int32_t cnt[2] = {total, nopt}, *known = NULL;
     if (ctx->pp.size > 1) {
         tpk_status c = tpk_allreduce_host(ctx, &ctx->pp, cnt, 2, TPK_I32, TPK_MAX);
         if (s == TPK_OK) s = c;
     }
-    known = (int32_t *)calloc((size_t)(cnt[0] + cnt[1] + 1), sizeof(int32_t));
+    known = (int32_t *)tpk__calloc(ctx, (size_t)(cnt[0] + cnt[1] + 1), sizeof(int32_t));
     if ((!sorted || !known) && s == TPK_OK)
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the parameter names");
     if (s == TPK_OK && (cnt[0] != total || cnt[1] != nopt))
@@ -726,7 +741,7 @@ static inline tpk_status tpk__ckpt_all_known(tpk_ctx *ctx, const char *fn, const
                               : of->tensors[k - total].name;
             if (k >= total) where = "optim.safetensors";
         }
-    free(sorted), free(known);
+    tpk__free(ctx, sorted), tpk__free(ctx, known);
     if (s == TPK_OK && extra)
         return tpk__fail(
             ctx, TPK_ERR_FORMAT, fn,
@@ -750,11 +765,11 @@ static inline tpk_status tpk__ckpt_tied(tpk_ctx *ctx, const char *fn, const char
         TPK_TRY(tpk__ckpt_find(ctx, fn, dir, files, alt, &t, &tf));
     }
     if (!t) return TPK_OK;
-    float *h = (float *)malloc(sizeof(float) * (n ? n : 1));
+    float *h = (float *)tpk__malloc(ctx, sizeof(float) * n);
     if (!h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", n);
     tpk_status s = tpk_st_numel(t) == (int64_t)n ? tpk_st_get_f32(ctx, tf, t, h, n) : TPK_ERR_SHAPE;
     if (s == TPK_OK && memcmp(h, w, sizeof(float) * n)) s = TPK_ERR_FORMAT;
-    free(h);
+    tpk__free(ctx, h);
     if (s == TPK_ERR_SHAPE || s == TPK_ERR_FORMAT)
         return tpk__fail(ctx, s, fn,
                          "%s: \"%s\" differs from \"%s\": the model ties the two (a tensor of its "
@@ -794,7 +809,7 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
     float *om = NULL, *ov = NULL, *tied = NULL; /* the whole moments (ZeRO-1: made here, this
                                                    rank's slice kept at the end) */
     size_t ntied = 0;
-    char(*names)[112] = (char(*)[112])calloc((size_t)n + 1, sizeof *names);
+    char(*names)[112] = (char(*)[112])tpk__calloc(ctx, (size_t)n + 1, sizeof *names);
     if (!names) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the parameter names");
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     if (s == TPK_OK && have_opt) s = tpk_st_read(ctx, path, &of);
@@ -830,15 +845,15 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
             break;
         }
         size_t gn = tpk_param_global_numel(ctx, i);
-        float *w = (float *)malloc(sizeof(float) * (gn ? gn : 1)),
-              *tw = conv ? (float *)malloc(sizeof(float) * (gn ? gn : 1)) : NULL;
+        float *w = (float *)tpk__malloc(ctx, sizeof(float) * gn),
+              *tw = conv ? (float *)tpk__malloc(ctx, sizeof(float) * gn) : NULL;
         if (!w || (conv && !tw)) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
         snprintf(path, sizeof path, "%s/%s", dir, files.file[tf - files.st]);
         if (s == TPK_OK) s = tpk_st_get_f32(ctx, tf, t, w, gn);
         if (s == TPK_OK) s = tpk__ckpt_finite(ctx, fn, path, t->name, w, gn, false);
         if (s == TPK_OK && conv) tpk__ckpt_transpose(w, tw, want[0], want[1]);
         if (s == TPK_OK && d.tied[1] && !tied && !strcmp(p->name, d.tied[1])) {
-            if ((tied = (float *)malloc(sizeof(float) * (gn ? gn : 1)))) /* for the tied check */
+            if ((tied = (float *)tpk__malloc(ctx, sizeof(float) * gn))) /* for the tied check */
                 memcpy(tied, conv ? tw : w, sizeof(float) * gn), ntied = gn;
             else s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
         }
@@ -861,7 +876,7 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
             if (s == TPK_OK) s = tpk__ckpt_finite(ctx, fn, path, on, w, gn, k == 1);
             if (s == TPK_OK) s = tpk_param_scatter(ctx, i, w, k ? ov : om);
         }
-        free(w), free(tw);
+        tpk__free(ctx, w), tpk__free(ctx, tw);
     }
     s = tpk__ckpt_all_known(ctx, fn, dir, &files, have_opt ? &of : NULL, &d, names, s);
     if (s == TPK_OK && tied) s = tpk__ckpt_tied(ctx, fn, dir, &files, &d, tied, ntied);
@@ -890,7 +905,7 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
         tpk_status k = tpk__adamw_keep_slice(ctx, opt, om, ov);
         if (s == TPK_OK) s = k;
     }
-    free(tied), free(names);
+    tpk__free(ctx, tied), tpk__free(ctx, names);
     tpk_ckpt_files_close(&files), tpk_st_close(&of);
     if (s == TPK_OK && info) *info = in, info->step = step;
     return s;

@@ -22,12 +22,14 @@
 #include "../base/ctx.h"
 
 typedef struct tpk_tokens {
-    int32_t *tok; /* [n] */
+    int32_t *tok;     /* [n] */
     int64_t n;
+    tpk_allocator al; /* tok's: the allocator of the context that made it (tpk_tokens_free's; zero:
+                         the C library's, for a tok of one's own from malloc) */
 } tpk_tokens;
 
 static inline void tpk_tokens_free(tpk_tokens *t) {
-    if (t) free(t->tok), t->tok = NULL, t->n = 0;
+    if (t) tpk__al_free(&t->al, t->tok), t->tok = NULL, t->n = 0;
 }
 
 /* An llm.c token shard held in memory (bytes[n], named `what` in errors) into *t, every token
@@ -53,7 +55,8 @@ static inline tpk_status tpk_data_parse_shard(tpk_ctx *ctx, const uint8_t *b, si
         return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
                          "%s: header says %d tokens, the file holds %zu bytes of tokens", what,
                          h[2], n - sizeof h);
-    if (!(t->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)h[2])))
+    t->al = tpk__allocator(ctx);
+    if (!(t->tok = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * (size_t)h[2])))
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d tokens", h[2]);
     for (int64_t i = 0; i < h[2]; i++) {
         uint16_t x;
@@ -81,7 +84,7 @@ static inline tpk_status tpk_data_load_shard(tpk_ctx *ctx, const char *path, int
     size_t n = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
     tpk_status s = tpk_data_parse_shard(ctx, b, n, path, vocab, t);
-    free(b);
+    tpk__free(ctx, b);
     return s;
 }
 
@@ -112,11 +115,12 @@ static inline tpk_status tpk_data_split_tokens(tpk_ctx *ctx, const int32_t *tok,
     }
     int64_t nv = (int64_t)n / 10 > span ? (int64_t)n / 10 : span;
     train->n = (int64_t)n - nv, val->n = nv;
-    train->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)train->n),
-    val->tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)val->n);
-    double *cnt = entropy ? (double *)calloc((size_t)top + 1, sizeof(double)) : NULL;
+    train->al = val->al = tpk__allocator(ctx);
+    train->tok = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * (size_t)train->n),
+    val->tok = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * (size_t)val->n);
+    double *cnt = entropy ? (double *)tpk__calloc(ctx, (size_t)top + 1, sizeof(double)) : NULL;
     if (!train->tok || !val->tok || (entropy && !cnt)) {
-        tpk_tokens_free(train), tpk_tokens_free(val), free(cnt);
+        tpk_tokens_free(train), tpk_tokens_free(val), tpk__free(ctx, cnt);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu tokens", n);
     }
     memcpy(train->tok, tok, sizeof(int32_t) * (size_t)train->n);
@@ -128,7 +132,7 @@ static inline tpk_status tpk_data_split_tokens(tpk_ctx *ctx, const int32_t *tok,
             if (cnt[i] > 0) e -= cnt[i] / (double)train->n * log(cnt[i] / (double)train->n);
         *entropy = e;
     }
-    free(cnt);
+    tpk__free(ctx, cnt);
     return TPK_OK;
 }
 /* Bytes as tokens (bytes[n]), one token per byte, split as tpk_data_split_tokens. */
@@ -137,11 +141,11 @@ static inline tpk_status tpk_data_split_text(tpk_ctx *ctx, const uint8_t *b, siz
                                              tpk_tokens *val, double *entropy) {
     if (!ctx) return TPK_ERR_ARG;
     if (n && !b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_data_split_text", "bytes: NULL");
-    int32_t *t = (int32_t *)malloc(sizeof(int32_t) * (n ? n : 1));
+    int32_t *t = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * n);
     if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_data_split_text", "%zu tokens", n);
     for (size_t i = 0; i < n; i++) t[i] = b[i];
     tpk_status s = tpk_data_split_tokens(ctx, t, n, what, "bytes", span, train, val, entropy);
-    free(t);
+    tpk__free(ctx, t);
     return s;
 }
 
@@ -158,7 +162,7 @@ static inline tpk_status tpk_data_load_text(tpk_ctx *ctx, const char *path, int6
     size_t n = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
     tpk_status s = tpk_data_split_text(ctx, b, n, path, span, train, val, entropy);
-    free(b);
+    tpk__free(ctx, b);
     return s;
 }
 

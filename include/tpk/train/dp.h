@@ -71,7 +71,14 @@ typedef struct tpk_dp_buckets {
     int np, words;    /* the parameters this rank held when the last micro-batch began; words
                          allocated */
     char err[256];    /* the first report refused on the last micro-batch ("": none) */
+    tpk_allocator al; /* the allocator of the context b's arrays come from (copied when b holds
+                         none): tpk_dp_destroy's */
 } tpk_dp_buckets;
+
+/* b's arrays come from ctx's allocator: kept in b when it holds none yet. */
+static inline void tpk__dp_al(const tpk_ctx *ctx, tpk_dp_buckets *b) {
+    if (!b->req && !b->pairs && !b->seen) b->al = tpk__allocator(ctx);
+}
 
 /* "parameter "w" and the 3 others this rank holds" (or that none is registered) into buf. */
 static inline const char *tpk__dp_who(const tpk_ctx *ctx, char *buf, size_t n) {
@@ -88,7 +95,9 @@ static inline const char *tpk__dp_who(const tpk_ctx *ctx, char *buf, size_t n) {
 static inline tpk_status tpk__dp_bits(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
     int w = (ctx->params.n + 63) / 64;
     if (w > b->words || !b->seen) {
-        uint64_t *s = (uint64_t *)realloc(b->seen, sizeof *s * (size_t)(w ? w : 1));
+        tpk__dp_al(ctx, b);
+        uint64_t *s = (uint64_t *)tpk__al_realloc(&b->al, b->seen, sizeof *s * (size_t)b->words,
+                                                  sizeof *s * (size_t)(w ? w : 1));
         if (!s) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' bits", ctx->params.n);
         b->seen = s, b->words = w ? w : 1;
     }
@@ -174,7 +183,9 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
     if (ctx->dp.size == 1 || b->adasum) return TPK_OK;
     if (b->n == b->cap) {
         int cap = b->cap ? 2 * b->cap : 64;
-        tpk_request *r = (tpk_request *)realloc(b->req, sizeof *r * (size_t)cap);
+        tpk__dp_al(ctx, b);
+        tpk_request *r = (tpk_request *)tpk__al_realloc(&b->al, b->req, sizeof *r * (size_t)b->cap,
+                                                        sizeof *r * (size_t)cap);
         if (!r)
             return tpk__dp_refuse(ctx, b, tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d requests", cap));
         b->req = r, b->cap = cap;
@@ -284,7 +295,8 @@ static inline tpk_status tpk__dp_consume(tpk_ctx *ctx, tpk_dp_buckets *b, bool w
 static inline void tpk_dp_destroy(tpk_dp_buckets *b) {
     if (!b) return;
     for (int k = 0; k < b->levels; k++) tpk_comm_destroy(&b->pairs[k]);
-    free(b->req), free(b->pairs), free(b->seen), memset(b, 0, sizeof *b);
+    tpk__al_free(&b->al, b->req), tpk__al_free(&b->al, b->pairs), tpk__al_free(&b->al, b->seen);
+    memset(b, 0, sizeof *b);
 }
 
 /* Make b reduce with Adasum: the pair communicators of the log2(dp) levels. Collective over
@@ -298,7 +310,8 @@ static inline tpk_status tpk_dp_adasum_init(tpk_ctx *ctx, tpk_dp_buckets *b) {
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "ctx->dp: Adasum needs a power-of-two number of DP ranks, got %d", d);
     while ((1 << levels) < d) levels++;
-    b->pairs = (tpk_comm *)calloc((size_t)(levels ? levels : 1), sizeof *b->pairs);
+    tpk__dp_al(ctx, b);
+    b->pairs = (tpk_comm *)tpk__al_calloc(&b->al, (size_t)(levels ? levels : 1), sizeof *b->pairs);
     if (!b->pairs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d communicators", levels);
     for (; b->levels < levels; b->levels++)
         TPK_TRY(tpk_comm_split(ctx, &ctx->dp, r & ~(1 << b->levels), r, &b->pairs[b->levels]));
@@ -316,7 +329,7 @@ static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
                          "buckets: expected buckets made for Adasum (tpk_dp_adasum_init)");
     size_t n = ctx->params.numel;
     int np = ctx->params.n;
-    double *sums = (double *)malloc(sizeof(double) * 3 * (size_t)(np ? np : 1));
+    double *sums = (double *)tpk__malloc(ctx, sizeof(double) * 3 * (size_t)(np ? np : 1));
     if (!sums) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' sums", np);
     float *g = (float *)ctx->params.grad.p;
     double *dsums = NULL; /* the sums in backend memory, downloaded once per level */
@@ -355,7 +368,7 @@ static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
                 s = tpk_op_axpby(ctx, g + p->offset, c2, other + p->offset, c1, TPK_F32, p->numel);
         }
     }
-    free(sums);
+    tpk__free(ctx, sums);
     tpk_op_free(ctx, dsums);
     return s;
 }

@@ -351,7 +351,7 @@ static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
     TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
     tpk_status s = tpk_gpt2_config_parse(ctx, b, n, path, cfg);
-    free(b);
+    tpk__free(ctx, b);
     return s;
 }
 static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
@@ -363,7 +363,7 @@ static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
     TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
     tpk_status s = tpk_llama_config_parse(ctx, b, n, path, cfg);
-    free(b);
+    tpk__free(ctx, b);
     return s;
 }
 static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir, tpk_neox_config *cfg) {
@@ -374,7 +374,7 @@ static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir, tpk
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
     TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
     tpk_status s = tpk_neox_config_parse(ctx, b, n, path, cfg);
-    free(b);
+    tpk__free(ctx, b);
     return s;
 }
 
@@ -390,7 +390,7 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     static const char *const keys[] = {"model_type"};
     tpk__json_val v;
     tpk_status s = tpk__config_members(ctx, fn, b, len, path, keys, 1, &v);
-    free(b);
+    tpk__free(ctx, b);
     TPK_TRY(s);
     /* the families' model_type (tpk/models/families.h) */
     static const char *const types[] = {"gpt2", "llama", "gpt_neox"};
@@ -463,6 +463,7 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, F_OK) != 0) return tpk__ckpt_single(ctx, fn, "model.safetensors", f);
     snprintf(f->index, sizeof f->index, "model.safetensors.index.json");
+    f->al = tpk__allocator(ctx);
     uint8_t *b = NULL;
     size_t n = 0;
     TPK_TRY(tpk__read_file(ctx, fn, path, &b, &n));
@@ -476,9 +477,9 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
                       path, wm ? wm->at : 0);
     size_t nm = wm ? wm->len : 0;
     if (s == TPK_OK) {
-        f->tensor = (char(*)[256])calloc(nm ? nm : 1, 256);
-        f->which = (int *)calloc(nm ? nm : 1, sizeof(int));
-        f->file = (char(*)[128])calloc(nm ? nm : 1, 128);
+        f->tensor = (char(*)[256])tpk__calloc(ctx, nm, 256);
+        f->which = (int *)tpk__calloc(ctx, nm, sizeof(int));
+        f->file = (char(*)[128])tpk__calloc(ctx, nm, 128);
         if (!f->tensor || !f->which || !f->file)
             s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map");
     }
@@ -507,18 +508,18 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
         f->nmap = (int)k + 1;
     }
     tpk__json_free(&root, &arena);
-    free(b);
+    tpk__free(ctx, b);
     const char *dup = NULL;
     if (s == TPK_OK &&
-        !(f->byname = (const char **)malloc(sizeof(char *) * (size_t)(f->nmap ? f->nmap : 1))))
+        !(f->byname = (const char **)tpk__malloc(ctx, sizeof(char *) * (size_t)f->nmap)))
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the weight map");
     for (int k = 0; s == TPK_OK && k < f->nmap; k++) f->byname[k] = f->tensor[k];
     if (s == TPK_OK && tpk__st_has_dup(f->byname, (size_t)f->nmap, &dup)) /* sorts byname */
         s = tpk__fail(ctx, TPK_ERR_FORMAT, fn,
                       "%s: weight_map: the tensor \"%.200s\" appears twice", path, dup);
-    if (s == TPK_OK && !(f->st = (tpk_st_file *)calloc((size_t)(f->n ? f->n : 1), sizeof *f->st)))
+    if (s == TPK_OK && !(f->st = (tpk_st_file *)tpk__calloc(ctx, (size_t)f->n, sizeof *f->st)))
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
-    if (s == TPK_OK && !(f->open = (bool *)calloc((size_t)(f->n ? f->n : 1), 1)))
+    if (s == TPK_OK && !(f->open = (bool *)tpk__calloc(ctx, (size_t)f->n, 1)))
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the file table");
     if (s != TPK_OK) tpk_ckpt_files_close(f);
     return s;

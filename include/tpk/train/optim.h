@@ -145,7 +145,7 @@ typedef struct tpk_adamw {
  * ZeRO-1's scratch is 1/dp of the parameters, not a second copy of them. */
 static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool gather) {
     int d = ctx->dp.size;
-    size_t *counts = (size_t *)malloc(sizeof(size_t) * (size_t)d);
+    size_t *counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)d);
     if (!counts) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_adamw (ZeRO-1)", "counts");
     for (int q = 0; q < d; q++) counts[q] = (size_t)tpk_split((int64_t)n, d, q).size;
     tpk_range me = tpk_split((int64_t)n, d, ctx->dp.rank);
@@ -160,7 +160,7 @@ static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool g
         s = tpk_reduce_scatterv(ctx, &ctx->dp, x, n, tmp, counts, TPK_F32, TPK_SUM);
     if (s == TPK_OK && !gather && me.size)
         s = tpk_op_memcpy(ctx, x + me.off, tmp, sizeof(float) * (size_t)me.size, dd);
-    free(counts);
+    tpk__free(ctx, counts);
     return s;
 }
 static inline tpk_status tpk__dp_allgather_slices(tpk_ctx *ctx, float *x, size_t n) {
@@ -192,8 +192,7 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
     tpk__mem_count(ctx, 2 * bytes, true); /* the moments in tpk_mem_peak: ZeRO-1's saving shows */
     /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
-    int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * 2 *
-                                      (size_t)(ctx->params.n ? ctx->params.n : 1)),
+    int64_t *runs = (int64_t *)tpk__malloc(ctx, sizeof(int64_t) * 2 * (size_t)ctx->params.n),
             n = 0;
     if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     int last = -1; /* the last decayed parameter, when it ends the last run */
@@ -213,7 +212,7 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     if (s == TPK_OK && n)
         s = tpk_op_memcpy(ctx, o->decay, runs, sizeof(int64_t) * 2 * (size_t)n,
                           ctx->ops->device ? TPK_H2D : TPK_H2H);
-    free(runs);
+    tpk__free(ctx, runs);
     o->nruns = n;
     return s;
 }

@@ -58,7 +58,8 @@ static inline void tpk_pipe_model_destroy(tpk_ctx *ctx, tpk_pipe_model *pm) {
     if (!pm) return;
     for (int i = 0; pm->copy && i < pm->V * pm->K; i++)
         tpk_model_destroy(ctx, &pm->copy[i]); /* (one not built is zeros: nothing to free) */
-    free(pm->copy), free(pm->held), free(pm->busy), free(pm->first);
+    tpk__free(ctx, pm->copy), tpk__free(ctx, pm->held), tpk__free(ctx, pm->busy);
+    tpk__free(ctx, pm->first);
     tpk_pipe_free(ctx, &pm->exec);
     tpk_pipe_schedule_free(&pm->sched);
     tpk_pipe_schedule_free(&pm->eval);
@@ -109,7 +110,7 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
     tpk__model_common(&pm->cfg, shape, &ls, &sp, &rc, NULL);
     int64_t L = *shape[2];
     if (st == TPK_OK) {
-        pm->first = (int64_t *)malloc(sizeof(int64_t) * (size_t)(P * V + 1));
+        pm->first = (int64_t *)tpk__malloc(ctx, sizeof(int64_t) * (size_t)(P * V + 1));
         st = pm->first
                  ? tpk_pipe_split(ctx, L, P * V, counts, cost, cost_first, cost_last, pm->first)
                  : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
@@ -125,9 +126,9 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
         }
     }
     if (st == TPK_OK) {
-        pm->copy = (tpk_model *)calloc((size_t)(V * pm->K), sizeof *pm->copy);
-        pm->busy = (bool *)calloc((size_t)(V * pm->K), sizeof *pm->busy);
-        pm->held = (int *)malloc(sizeof(int) * (size_t)(V * M));
+        pm->copy = (tpk_model *)tpk__calloc(ctx, (size_t)(V * pm->K), sizeof *pm->copy);
+        pm->busy = (bool *)tpk__calloc(ctx, (size_t)(V * pm->K), sizeof *pm->busy);
+        pm->held = (int *)tpk__malloc(ctx, sizeof(int) * (size_t)(V * M));
         if (!pm->copy || !pm->busy || !pm->held)
             st = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }

@@ -144,7 +144,8 @@ typedef struct tpk_pipe {
 static inline void tpk_pipe_free(tpk_ctx *ctx, tpk_pipe *p) {
     if (!p) return;
     for (int i = 0; i < p->nslot; i++) tpk__buf_free(ctx, &p->slot[i]);
-    free(p->slot), free(p->busy), free(p->act), free(p->grad);
+    tpk__free(ctx, p->slot), tpk__free(ctx, p->busy), tpk__free(ctx, p->act);
+    tpk__free(ctx, p->grad);
     memset(p, 0, sizeof *p);
 }
 
@@ -153,9 +154,12 @@ static inline tpk_status tpk__pipe_take(tpk_ctx *ctx, tpk_pipe *p, size_t bytes,
     int i = 0;
     while (i < p->nslot && p->busy[i]) i++;
     if (i == p->nslot) {
-        tpk_buf *s = (tpk_buf *)realloc(p->slot, sizeof *s * (size_t)(i + 1));
+        tpk_buf *s = (tpk_buf *)tpk__realloc(ctx, p->slot, sizeof *s * (size_t)i,
+                                             sizeof *s * (size_t)(i + 1));
         if (s) p->slot = s;
-        bool *b = s ? (bool *)realloc(p->busy, sizeof *b * (size_t)(i + 1)) : NULL;
+        bool *b = s ? (bool *)tpk__realloc(ctx, p->busy, sizeof *b * (size_t)i,
+                                           sizeof *b * (size_t)(i + 1))
+                    : NULL;
         if (b) p->busy = b;
         if (!s || !b) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_pipe_run", "out of host memory");
         memset(&p->slot[i], 0, sizeof p->slot[i]), p->nslot++;
@@ -189,9 +193,9 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "stage: expected forward, backward and a dtype");
     int r = ctx->pp.rank, cells = s->M * s->V;
     if (p->cells != cells) {
-        free(p->act), free(p->grad);
-        p->act = (int *)malloc(sizeof(int) * (size_t)cells);
-        p->grad = (int *)malloc(sizeof(int) * (size_t)cells);
+        tpk__free(ctx, p->act), tpk__free(ctx, p->grad);
+        p->act = (int *)tpk__malloc(ctx, sizeof(int) * (size_t)cells);
+        p->grad = (int *)tpk__malloc(ctx, sizeof(int) * (size_t)cells);
         p->cells = p->act && p->grad ? cells : 0;
         if (!p->cells) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }

@@ -25,19 +25,21 @@ typedef struct tpk__plot_series {
     size_t n, cap;
 } tpk__plot_series;
 
-static inline bool tpk__plot_push(tpk__plot_series *s, double x, double y) {
+static inline bool tpk__plot_push(const tpk_ctx *ctx, tpk__plot_series *s, double x, double y) {
     if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 1024;
-        double *nx = (double *)realloc(s->x, cap * sizeof(double));
+        size_t cap = s->cap ? 2 * s->cap : 1024, was = s->cap * sizeof(double);
+        double *nx = (double *)tpk__realloc(ctx, s->x, was, cap * sizeof(double));
         if (nx) s->x = nx;
-        double *ny = nx ? (double *)realloc(s->y, cap * sizeof(double)) : NULL;
+        double *ny = nx ? (double *)tpk__realloc(ctx, s->y, was, cap * sizeof(double)) : NULL;
         if (!ny) return false;
         s->y = ny, s->cap = cap;
     }
     s->x[s->n] = x, s->y[s->n] = y, s->n++;
     return true;
 }
-static inline void tpk__plot_free(tpk__plot_series *s) { free(s->x), free(s->y); }
+static inline void tpk__plot_free(const tpk_ctx *ctx, tpk__plot_series *s) {
+    tpk__free(ctx, s->x), tpk__free(ctx, s->y);
+}
 
 /* The indices of s's points drawn (at most TPK__PLOT_POINTS): all, or the lowest and the highest
  * of each run of ceil(2 n / TPK__PLOT_POINTS) consecutive points, in their order. */
@@ -142,8 +144,8 @@ static inline tpk_status tpk__plot_read(tpk_ctx *ctx, const char *fn, const char
         }
         (*rows)++;
         *xmin = fmin(*xmin, step), *xmax = fmax(*xmax, step);
-        if ((isfinite(loss) && !tpk__plot_push(train, step, loss)) ||
-            (isfinite(v) && !tpk__plot_push(val, step, v)))
+        if ((isfinite(loss) && !tpk__plot_push(ctx, train, step, loss)) ||
+            (isfinite(v) && !tpk__plot_push(ctx, val, step, v)))
             s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: the curve's points", csv);
     }
     if (s == TPK_OK && ferror(f)) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot read", csv);
@@ -167,13 +169,13 @@ static inline tpk_status tpk_plot_svg(tpk_ctx *ctx, const char *csv_path, const 
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
     tpk_status s = tpk__plot_read(ctx, fn, csv_path, &tr, &va, &rows, &xmin, &xmax);
     size_t most = tr.n > va.n ? tr.n : va.n;
-    if (s == TPK_OK && !(idx = (size_t *)malloc(sizeof(size_t) * (most ? most : 1))))
+    if (s == TPK_OK && !(idx = (size_t *)tpk__malloc(ctx, sizeof(size_t) * most)))
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: the curve's points", csv_path);
     FILE *f = NULL;
     if (s == TPK_OK && !(f = fopen(svg_path, "w")))
         s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", svg_path, strerror(errno));
     if (s != TPK_OK) {
-        tpk__plot_free(&tr), tpk__plot_free(&va), free(idx);
+        tpk__plot_free(ctx, &tr), tpk__plot_free(ctx, &va), tpk__free(ctx, idx);
         return s;
     }
     for (size_t i = 0; i < tr.n; i++) ymin = fmin(ymin, tr.y[i]), ymax = fmax(ymax, tr.y[i]);
@@ -273,7 +275,7 @@ static inline tpk_status tpk_plot_svg(tpk_ctx *ctx, const char *csv_path, const 
                 "fill=\"#d95f02\"/><text x=\"%g\" y=\"%g\">validation</text>\n",
                 lx + 8, ly + 32, lx + 32, ly + 32, lx + 20, ly + 32, lx + 40, ly + 36);
     fprintf(f, "</g>\n</svg>\n");
-    tpk__plot_free(&tr), tpk__plot_free(&va), free(idx);
+    tpk__plot_free(ctx, &tr), tpk__plot_free(ctx, &va), tpk__free(ctx, idx);
     bool bad = ferror(f) != 0;
     int err = errno;
     if (fclose(f) != 0 && !bad) bad = true, err = errno;

@@ -345,6 +345,7 @@ static inline tpk_status tpk__st_header(tpk__jr *r, uint64_t data_size, tpk_st_f
 /* Owned memory: this block, then the tensors, the sort scratch, the metadata pointers, the byte
  * offsets of the names and metadata keys, the metadata strings. */
 typedef struct tpk__st_block {
+    tpk_allocator al;               /* the parsing context's allocator: tpk_st_close's */
     uint8_t *file;                  /* the file's bytes (tpk_st_read) or NULL */
     const tpk_st_tensor **by_name;  /* [n] the tensors sorted by name (the sort scratch, after the
                                        checks): tpk_st_find */
@@ -439,7 +440,11 @@ static inline tpk_status tpk__st_global(const tpk__jr *r, tpk_st_file *f,
 
 static inline void tpk_st_close(tpk_st_file *f) {
     if (!f) return;
-    if (f->owned) free(((tpk__st_block *)f->owned)->file), free(f->owned);
+    if (f->owned) {
+        tpk__st_block *b = (tpk__st_block *)f->owned;
+        tpk_allocator al = b->al;
+        tpk__al_free(&al, b->file), tpk__al_free(&al, f->owned);
+    }
     memset(f, 0, sizeof *f);
 }
 
@@ -479,10 +484,11 @@ static inline tpk_status tpk__st_parse(tpk_ctx *ctx, const char *fn, const uint8
            off_meta = off_sort + nsort * sizeof(void *);
     size_t off_at = off_meta + 2 * nm * sizeof(char *);
     size_t off_pool = off_at + (nt + nm) * sizeof(size_t);
-    uint8_t *block = (uint8_t *)calloc(1, off_pool + mbytes);
+    uint8_t *block = (uint8_t *)tpk__calloc(ctx, 1, off_pool + mbytes);
     if (!block)
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %zu bytes for %zu tensors",
                          what, off_pool + mbytes, nt);
+    ((tpk__st_block *)(void *)block)->al = tpk__allocator(ctx);
     out->owned = block;
     out->tensors = (tpk_st_tensor *)(void *)(block + off_tensors);
     out->meta_keys = (char **)(void *)(block + off_meta);
@@ -527,7 +533,7 @@ static inline tpk_status tpk_st_read(tpk_ctx *ctx, const char *path, tpk_st_file
         return s;
     }
     uint64_t size = (uint64_t)st.st_size;
-    uint8_t *buf = size <= SIZE_MAX - 1 ? (uint8_t *)malloc((size_t)size + 1) : NULL;
+    uint8_t *buf = size <= SIZE_MAX - 1 ? (uint8_t *)tpk__malloc(ctx, (size_t)size + 1) : NULL;
     if (!buf) {
         close(fd);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate %llu bytes for the file",
@@ -542,14 +548,14 @@ static inline tpk_status tpk_st_read(tpk_ctx *ctx, const char *path, tpk_st_file
             tpk_status s = tpk__fail(
                 ctx, TPK_ERR_IO, fn, "%s: read failed after %zu of %llu bytes: %s", path, got,
                 (unsigned long long)size, r < 0 ? strerror(errno) : "unexpected end of file");
-            close(fd), free(buf);
+            close(fd), tpk__free(ctx, buf);
             return s;
         }
         got += (size_t)r;
     }
     close(fd);
     tpk_status s = tpk__st_parse(ctx, fn, buf, (size_t)size, path, out);
-    if (s != TPK_OK) free(buf);
+    if (s != TPK_OK) tpk__free(ctx, buf);
     else ((tpk__st_block *)out->owned)->file = buf;
     return s;
 }
@@ -624,6 +630,7 @@ typedef struct tpk__st_str {
     char *p;
     size_t n, cap;
     bool oom;
+    const tpk_allocator *al; /* p's (the writing context's) */
 } tpk__st_str;
 
 static inline void tpk__st_put(tpk__st_str *s, const char *b, size_t n) {
@@ -631,7 +638,7 @@ static inline void tpk__st_put(tpk__st_str *s, const char *b, size_t n) {
     if (s->n + n > s->cap) {
         size_t cap = s->cap ? s->cap : 256;
         while (cap < s->n + n) cap *= 2;
-        char *p = (char *)realloc(s->p, cap);
+        char *p = (char *)tpk__al_realloc(s->al, s->p, s->cap, cap);
         if (!p) {
             s->oom = true;
             return;
@@ -727,7 +734,7 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
     }
     /* unique tensor names and metadata keys */
     size_t nsort = (size_t)n > nmeta ? (size_t)n : nmeta;
-    const char **names = (const char **)malloc((nsort ? nsort : 1) * sizeof *names);
+    const char **names = (const char **)tpk__malloc(ctx, nsort * sizeof *names);
     if (!names) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "cannot allocate %zu names", nsort);
     for (size_t i = 0; i < nmeta; i++) names[i] = meta_kv[2 * i];
     bool dup_meta = tpk__st_has_dup(names, nmeta, &dup), dup_name = false;
@@ -739,7 +746,7 @@ static inline tpk_status tpk__st_build_header(tpk_ctx *ctx, const char *fn, cons
         dup_meta   ? tpk__fail(ctx, TPK_ERR_ARG, fn, "meta_kv: key \"%.200s\" appears twice", dup)
         : dup_name ? tpk__fail(ctx, TPK_ERR_ARG, fn, "entries: name \"%.200s\" appears twice", dup)
                    : TPK_OK;
-    free(names);
+    tpk__free(ctx, names);
     if (s != TPK_OK) return s;
     /* {"__metadata__":{"k":"v",...},
      *  "name":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},...} */
@@ -785,15 +792,16 @@ static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "path is %s", path ? "empty" : "NULL");
     tpk__st_str h;
     memset(&h, 0, sizeof h);
+    h.al = ctx ? &ctx->allocator : NULL;
     uint64_t total;
     tpk_status s = tpk__st_build_header(ctx, fn, entries, n, meta_kv, &h, &total);
     size_t plen = strlen(path);
-    char *tmp = s == TPK_OK ? (char *)malloc(plen + 32) : NULL,
-         *dir = tmp ? (char *)malloc(plen + 2) : NULL;
+    char *tmp = s == TPK_OK ? (char *)tpk__malloc(ctx, plen + 32) : NULL,
+         *dir = tmp ? (char *)tpk__malloc(ctx, plen + 2) : NULL;
     if (s == TPK_OK && !dir)
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: cannot allocate a path", path);
     if (s != TPK_OK) {
-        free(h.p), free(tmp);
+        tpk__free(ctx, h.p), tpk__free(ctx, tmp);
         return s;
     }
     snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
@@ -831,7 +839,7 @@ static inline tpk_status tpk_st_write(tpk_ctx *ctx, const char *path, const tpk_
                           strerror(errno));
         if (dfd >= 0) close(dfd);
     }
-    free(h.p), free(tmp), free(dir);
+    tpk__free(ctx, h.p), tpk__free(ctx, tmp), tpk__free(ctx, dir);
     return s;
 }
 

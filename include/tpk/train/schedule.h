@@ -67,6 +67,7 @@ typedef struct tpk_pipe_schedule {
     bool forward_only;    /* forwards alone (evaluation: tpk_pipe_schedule_forward) */
     int *n;               /* [P] steps of each stage */
     tpk_pipe_step **step; /* [P][n[s]] */
+    tpk_allocator al;     /* the making context's allocator: tpk_pipe_schedule_free's */
 } tpk_pipe_schedule;
 
 static inline const char *tpk_pipe_kind_name(tpk_pipe_kind k) {
@@ -114,8 +115,8 @@ static inline int tpk_pipe_tag(const tpk_pipe_schedule *s, int stage, tpk_pipe_s
 
 static inline void tpk_pipe_schedule_free(tpk_pipe_schedule *s) {
     if (!s) return;
-    for (int r = 0; s->step && r < s->P; r++) free(s->step[r]);
-    free(s->step), free(s->n);
+    for (int r = 0; s->step && r < s->P; r++) tpk__al_free(&s->al, s->step[r]);
+    tpk__al_free(&s->al, s->step), tpk__al_free(&s->al, s->n);
     memset(s, 0, sizeof *s);
 }
 
@@ -202,15 +203,18 @@ static inline tpk_status tpk__pipe_schedule_make(tpk_ctx *ctx, const char *fn, t
     bool fo = s->forward_only; /* (set by tpk_pipe_schedule_forward) */
     memset(s, 0, sizeof *s);
     s->kind = kind, s->P = P, s->M = M, s->V = V, s->forward_only = fo;
+    s->al = tpk__allocator(ctx);
     int nc = (fo ? 1 : 2) * M * V;
-    s->n = (int *)calloc((size_t)P, sizeof *s->n);
-    s->step = (tpk_pipe_step **)calloc((size_t)P, sizeof *s->step);
-    tpk_pipe_step *c = (tpk_pipe_step *)malloc(sizeof *c * (size_t)nc);
-    bool *join = (bool *)malloc(sizeof *join * (size_t)nc);
+    s->n = (int *)tpk__calloc(ctx, (size_t)P, sizeof *s->n);
+    s->step = (tpk_pipe_step **)tpk__calloc(ctx, (size_t)P, sizeof *s->step);
+    tpk_pipe_step *c = (tpk_pipe_step *)tpk__malloc(ctx, sizeof *c * (size_t)nc);
+    bool *join = (bool *)tpk__malloc(ctx, sizeof *join * (size_t)nc);
     for (int r = 0; s->n && s->step && c && join && r < P; r++)
-        if (!(s->step[r] = (tpk_pipe_step *)malloc(sizeof **s->step * (size_t)(3 * nc + 1)))) break;
+        if (!(s->step[r] =
+                  (tpk_pipe_step *)tpk__malloc(ctx, sizeof **s->step * (size_t)(3 * nc + 1))))
+            break;
     if (!s->n || !s->step || !c || !join || (P && !s->step[P - 1])) {
-        free(c), free(join), tpk_pipe_schedule_free(s);
+        tpk__free(ctx, c), tpk__free(ctx, join), tpk_pipe_schedule_free(s);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %d x %d steps", P, 3 * nc);
     }
     for (int r = 0; r < P; r++) {
@@ -242,7 +246,7 @@ static inline tpk_status tpk__pipe_schedule_make(tpk_ctx *ctx, const char *fn, t
         }
         s->n[r] = n;
     }
-    free(c), free(join);
+    tpk__free(ctx, c), tpk__free(ctx, join);
     return TPK_OK;
 }
 static inline tpk_status tpk_pipe_schedule_make(tpk_ctx *ctx, tpk_pipe_schedule *s,
@@ -316,19 +320,22 @@ static inline tpk_status tpk__pipe_play(tpk_ctx *ctx, const tpk_pipe_schedule *s
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "schedule: expected a built schedule");
     int P = s->P, M = s->M, V = s->V, ring = 2 * M * V + 1;
     size_t pp = (size_t)P * (size_t)P, cells = (size_t)P * (size_t)M * (size_t)V;
-    int *pc = (int *)calloc((size_t)P, sizeof(int));                 /* each stage's next step */
-    bool *in = (bool *)calloc((size_t)P, sizeof(bool));              /* its batch is posted */
-    int *part = (int *)calloc((size_t)P * TPK_P2P_MAX, sizeof(int)); /* the posted parts' k */
-    double *t = (double *)calloc((size_t)P, sizeof(double));         /* each stage's clock */
-    double *busy = (double *)calloc((size_t)P, sizeof(double));      /* its compute time */
-    int *nsend = (int *)calloc(pp, sizeof(int)); /* [a][b]: sends a -> b posted */
-    int *nrecv = (int *)calloc(pp, sizeof(int)); /* [a][b]: receives from a posted by b */
+    int *pc = (int *)tpk__calloc(ctx, (size_t)P, sizeof(int));    /* each stage's next step */
+    bool *in = (bool *)tpk__calloc(ctx, (size_t)P, sizeof(bool)); /* its batch is posted */
+    int *part =
+        (int *)tpk__calloc(ctx, (size_t)P * TPK_P2P_MAX, sizeof(int));    /* the posted parts' k */
+    double *t = (double *)tpk__calloc(ctx, (size_t)P, sizeof(double));    /* each stage's clock */
+    double *busy = (double *)tpk__calloc(ctx, (size_t)P, sizeof(double)); /* its compute time */
+    int *nsend = (int *)tpk__calloc(ctx, pp, sizeof(int)); /* [a][b]: sends a -> b posted */
+    int *nrecv = (int *)tpk__calloc(ctx, pp, sizeof(int)); /* [a][b]: receives from a posted by b */
     /* [a][b][k % ring]: the k-th send's tag and the posting times of send and receive */
-    int *tags = (int *)calloc(pp * (size_t)ring, sizeof(int));
-    double *tsend = (double *)calloc(pp * (size_t)ring, sizeof(double));
-    double *trecv = (double *)calloc(pp * (size_t)ring, sizeof(double));
-    unsigned char *state = (unsigned char *)calloc(cells, 1); /* 0, 1 after F, 2 after B */
-    unsigned char *got = (unsigned char *)calloc(cells, 1);   /* 1: input, 2: gradient arrived */
+    int *tags = (int *)tpk__calloc(ctx, pp * (size_t)ring, sizeof(int));
+    double *tsend = (double *)tpk__calloc(ctx, pp * (size_t)ring, sizeof(double));
+    double *trecv = (double *)tpk__calloc(ctx, pp * (size_t)ring, sizeof(double));
+    unsigned char *state =
+        (unsigned char *)tpk__calloc(ctx, cells, 1); /* 0, 1 after F, 2 after B */
+    unsigned char *got =
+        (unsigned char *)tpk__calloc(ctx, cells, 1); /* 1: input, 2: gradient arrived */
     tpk_status st = TPK_OK;
     char b[32];
     if (!pc || !in || !part || !t || !busy || !nsend || !nrecv || !tags || !tsend || !trecv ||
@@ -455,8 +462,9 @@ static inline tpk_status tpk__pipe_play(tpk_ctx *ctx, const tpk_pipe_schedule *s
         for (int r = 0; idle && r < P; r++) idle[r] = mk - busy[r];
     }
 done:
-    free(pc), free(in), free(part), free(t), free(busy), free(nsend), free(nrecv), free(tags),
-        free(tsend), free(trecv), free(state), free(got);
+    tpk__free(ctx, pc), tpk__free(ctx, in), tpk__free(ctx, part), tpk__free(ctx, t);
+    tpk__free(ctx, busy), tpk__free(ctx, nsend), tpk__free(ctx, nrecv), tpk__free(ctx, tags);
+    tpk__free(ctx, tsend), tpk__free(ctx, trecv), tpk__free(ctx, state), tpk__free(ctx, got);
     return st;
 }
 static inline tpk_status tpk_pipe_check(tpk_ctx *ctx, const tpk_pipe_schedule *s, double cost_f,
