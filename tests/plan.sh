@@ -10,8 +10,9 @@
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
 # make test (TPK_TESTS=quick) plans 7 of the 14 configurations (one per feature: TP with SP and
-# selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP) and runs the rest; make test-long the
-# other 7. Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
+# selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP), reads a handwritten profile file and
+# runs the rest; make test-long the other 7 and --calibrate (a minute of measurements).
+# Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup plan
 py=$(command -v python3 || echo /usr/bin/python3)
@@ -49,6 +50,16 @@ long_set && mem llama_dp2_zero_full 2 "--arch llama $M --batch 4 --zero 1 --reco
 quick_set && mem llama_tp2_pp2_sp_full 4 "--arch llama $M --tp 2 --pp 2 --batch 2 --grad-accum 4 --sequence-parallel --recompute full" "--arch llama $M --tp 2 --pp 2 --batch 8 --micro-batch 2 --recompute full --sequence-parallel 1"
 long_set && mem llama_pp2_sel 2 "--arch llama $M --pp 2 --batch 2 --grad-accum 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 4 --micro-batch 2 --recompute selective"
 
+# --calibrate on 2 ranks writes a profile; plan reads it back (make test-long: it measures this
+# machine for a minute; make test reads a profile file below)
+if long_set; then
+    # --calibrate on 2 ranks writes a profile; plan reads it back
+    out=$(timeout $((300 * scale)) mpirun $mpiflags -np 2 $B/plan --calibrate "$T/host.prof" $M --batch 4 2>&1)
+    if [ -s "$T/host.prof" ] && grep -q '^op layernorm_fwd gbs' "$T/host.prof" &&
+       out=$($B/plan --profile "$T/host.prof" --vocab 256 $M --batch 4 --gpus 2 2>&1) && printf '%s\n' "$out" | grep -q '^best: '; then
+        ok plan_calibrate_roundtrip
+    else fail plan_calibrate_roundtrip; fi
+fi
 quick_set || exit 0
 # --json: every configuration an object with the issue's keys; rejected ones carry their reason
 out=$($B/plan --profile h100 --gpus 16 --gpus-per-node 8 --layers 4 --hidden 96 --heads 3 --seq-len 64 --batch 12 --json 2>&1)
@@ -97,12 +108,27 @@ if [ -n "$choice" ] && printf '%s\n' "$out" | grep -q "= $choice" && printf '%s\
     ok "train_plan ($choice)"
 else fail "train_plan ($choice)"; fi
 
-# --calibrate on 2 ranks writes a profile; plan reads it back
-out=$(timeout $((300 * scale)) mpirun $mpiflags -np 2 $B/plan --calibrate "$T/host.prof" $M --batch 4 2>&1)
-if [ -s "$T/host.prof" ] && grep -q '^op layernorm_fwd gbs' "$T/host.prof" &&
-   out=$($B/plan --profile "$T/host.prof" --vocab 256 $M --batch 4 --gpus 2 2>&1) && printf '%s\n' "$out" | grep -q '^best: '; then
-    ok plan_calibrate_roundtrip
-else fail plan_calibrate_roundtrip; fi
+# a profile FILE with the keys --calibrate writes (its op rates are optional): plan plans with it
+[ -s "$T/host.prof" ] || cat > "$T/host.prof" <<'EOF'
+# tpk hardware profile (tpk/plan/hw.h)
+name handwritten
+source tests/plan.sh: the figures of a 2-rank calibration of a small host
+mem_gb 12
+reserve_gb 0
+peak_tflops 0.07
+gemm_tflops 0.035 0.05 0.07 0.05 0.033 0.042
+attn_tflops 0.0004
+mem_gbs 3.5
+op_us 0.32
+intra_gbs 0.18
+intra_us 0
+inter_gbs 0.18
+inter_us 0
+gpus_per_node 2
+host 1
+EOF
+out=$($B/plan --profile "$T/host.prof" --vocab 256 $M --batch 4 --gpus 2 2>&1)
+if printf '%s\n' "$out" | grep -q '^best: '; then ok plan_profile_file; else fail plan_profile_file; fi
 
 # bad input: a clear message, a non-zero exit
 bad() {
