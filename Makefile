@@ -351,7 +351,7 @@ test-long: deps
 # allocation tests expect.
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-sanitize: deps
-	@$(MAKE) --no-print-directory B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
+	@$(MAKE) --no-print-directory $(TEST_JOBS) B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
 	  $(patsubst $(B)/%,build/san/%,$(TEST_PROGS) $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk)
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh quick
 
