@@ -56,8 +56,10 @@ row() {
     case "$1" in *_example) [ "$4" -eq 0 ] && p=1 ;; esac # a program, not a test: its exit status
     if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $1 [np=$2]: ran no test case"; f=1; fi
     # the seconds taken against the limit: a program near its limit shows before it fails
-    if [ -n "$5" ]; then
-        printf '%-28s np=%-3s %3d ok  %d failed  %4d s of %d  %4d s CPU\n' "$1" "$2" "$p" "$f" "$5" "$6" "$7"
+    if [ -n "$5" ]; then # (a script has no limit of its own: its runs have theirs)
+        lt="of $6"
+        [ "$6" = 0 ] && lt=""
+        printf '%-28s np=%-3s %3d ok  %d failed  %4d s %-7s %4d s CPU\n' "$1" "$2" "$p" "$f" "$5" "$lt" "$7"
     else
         printf '%-28s np=%-3s %3d ok  %d failed\n' "$1" "$2" "$p" "$f"
     fi
