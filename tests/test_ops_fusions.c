@@ -36,8 +36,8 @@ static void *poisoned(size_t bytes) {
 static void test_linear(tpk_dtype dt) {
     size_t es = tpk_dtype_size(dt);
     TEST_CASE(
-        "linear_fwd, linear_bwd_act composed by the front end equal gemm, bias_add, act_fwd / "
-        "act_bwd, bias_grad called apart, bit for bit [%s]",
+        "linear_fwd, linear_bwd_act composed by the front end (and the host's linear_fwd) equal "
+        "gemm, bias_add, act_fwd / act_bwd, bias_grad called apart, bit for bit [%s]",
         tpk_dtype_name(dt)) {
         void *x = rnd((size_t)(T * K), dt, 1, 1.0f), *w = rnd((size_t)(N * K), dt, 2, 0.3f),
              *b = rnd(N, dt, 3, 0.5f);
@@ -58,6 +58,14 @@ static void test_linear(tpk_dtype dt) {
                 if (act)
                     CHECK(!memcmp(p1, p2, (size_t)(T * N) * es), "linear_fwd pre differs (bias %d)",
                           bias);
+                /* and the host table's own linear_fwd (its GEMM called directly): the same */
+                void *y3 = poisoned((size_t)(T * N) * es), *p3 = poisoned((size_t)(T * N) * es);
+                CHECK_OK(&full,
+                         tpk_op_linear_fwd(&full, y3, p3, x, w, bias ? b : NULL, T, N, K, a, dt));
+                CHECK(!memcmp(y1, y3, (size_t)(T * N) * es) &&
+                          (!act || !memcmp(p1, p3, (size_t)(T * N) * es)),
+                      "the host's linear_fwd differs (act %d, bias %d)", act, bias);
+                free(y3), free(p3);
                 if (act) { /* the backward through that activation: dy [T, K] and the next weight W
                               [K, N] */
                     void *dy = rnd((size_t)(T * K), dt, 4, 1.0f),
@@ -175,16 +183,15 @@ int main(int argc, char **argv) {
     }
     TEST_CASE(
         "the host table (kernels/host/table.c, each file's entries) fills every core and layer "
-        "entry; of the fusions only xent_fused") {
+        "entry; of the fusions xent_fused and linear_fwd (its GEMM called directly)") {
         const tpk_ops *h = tpk_ops_host();
 #define TPK__HAS_ENTRY(e) CHECK(h->e != NULL, "the host table has no " #e);
         TPK__OPS_CORE(TPK__HAS_ENTRY)
         TPK__OPS_LAYERS(TPK__HAS_ENTRY)
 #undef TPK__HAS_ENTRY
-        CHECK(
-            h->xent_fused && !h->linear_fwd && !h->linear_bwd_act && !h->residual_layernorm_fwd,
-            "the host fuses the cross-entropy alone (its other fusions would be the front end's "
-            "compositions again)");
+        CHECK(h->xent_fused && h->linear_fwd && !h->linear_bwd_act && !h->residual_layernorm_fwd,
+              "the host fuses the cross-entropy and the linear forward (its GEMM without the "
+              "front end's detour) alone (its other fusions would be the compositions again)");
     }
     const tpk_dtype dts[2] = {TPK_F32, TPK_BF16};
     for (int d = 0; d < 2; d++) {

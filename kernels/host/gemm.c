@@ -4,9 +4,11 @@
  *   back;
  *             beta = 0 ignores C (NaN in C does not leak); k = 0 or alpha = 0 gives C = beta C
  *   gemm_acc  gemm into an f32 C whatever dt: bf16 A, B widened, C multiplied into in place
- * The fused linear ops (linear_fwd, linear_bwd_act) are left to the front end, which composes
- * them from gemm, bias_add, the activations and bias_grad (tpk/runtime/op.h). OpenBLAS takes int
- * sizes: larger ones are refused, named. */
+ *   linear_fwd  u = x W^T (+ bias), y = u or (act) pre = u, y = act(u): the GEMM here, the bias
+ *             and the activation the table's own entries, as the composition of
+ *             tpk/runtime/backend.h does it (the same numbers) without its detour
+ * linear_bwd_act is left to the front end, which composes it from gemm, the activations and
+ * bias_grad (tpk/runtime/op.h). OpenBLAS takes int sizes: larger ones are refused, named. */
 #include <stdlib.h>
 
 #include <cblas.h>
@@ -98,7 +100,19 @@ static tpk_status host_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64
 }
 
 /* this file's entries of the host table (table.c) */
+/* ---- linear_fwd ------------------------------------------------------------------------------ */
+
+static tpk_status host_linear_fwd(tpk_ctx *ctx, void *y, void *pre, const void *x, const void *w,
+                                  const void *bias, int64_t T, int64_t n, int64_t k, tpk_act act,
+                                  tpk_dtype dt) {
+    void *u = act != TPK_ACT_NONE ? pre : y;
+    TPK_TRY(host_gemm(ctx, false, true, T, n, k, 1.0f, x, k, w, k, 0.0f, u, n, dt));
+    if (bias) TPK_TRY(ctx->ops->bias_add(ctx, u, bias, T, n, dt));
+    return act != TPK_ACT_NONE ? ctx->ops->act_fwd(ctx, act, y, u, dt, (size_t)(T * n)) : TPK_OK;
+}
+
 void tpk__host_gemm_ops(tpk_ops *o) {
     o->gemm = host_gemm;
     o->gemm_acc = host_gemm_acc;
+    o->linear_fwd = host_linear_fwd;
 }

@@ -1,7 +1,7 @@
 /* kernels/host/table.c — the host backend's table: every file's entries (tpk__host_<file>_ops),
- * made once (pthread_once); the fusions it does not fuse left NULL for the front end to compose
- * (tpk/runtime/op.h). tpk_ops_default: the backend of a context created with desc->ops = NULL
- * (tpk/runtime/init.h declares it weak). */
+ * made once (pthread_once); the fusions it does not fuse (all but linear_fwd and xent_fused) left
+ * NULL for the front end to compose (tpk/runtime/op.h). tpk_ops_default: the backend of a context
+ * created with desc->ops = NULL (tpk/runtime/init.h declares it weak). */
 #include <pthread.h>
 
 #include <tpk/runtime/host.h>

@@ -43,13 +43,14 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
     if (pm) {
         TPK_TRY(tpk_pipe_model_step(ctx, pm, ids, targets, B, S, scale, rng_step, NULL));
     } else {
-        tpk_model_loss_reset(m);
+        tpk_lm *lm = tpk_model_lm(m); /* every family's model: its calls, direct */
+        tpk_xent_loss_reset(&lm->ce);
         for (int k = 0; k < M; k++) {
             ctx->rng_step = rng_step + (uint64_t)k;
-            TPK_TRY(tpk_model_forward(ctx, m, ids + (size_t)k * mbt, targets + (size_t)k * mbt, B,
-                                      S, NULL));
+            TPK_TRY(tpk_lm_forward(ctx, lm, ids + (size_t)k * mbt, targets + (size_t)k * mbt, B, S,
+                                   NULL));
             TPK_TRY(tpk_dp_begin(ctx, b, k == M - 1 && !zero));
-            TPK_TRY(tpk_model_backward(ctx, m, scale));
+            TPK_TRY(tpk_lm_backward(ctx, lm, scale));
         }
     }
     return tpk_train_step(ctx, opt, b, lr, clip, 1.0f, norm);
