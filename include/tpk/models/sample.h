@@ -136,9 +136,9 @@ static inline tpk_status tpk__sample_logits(tpk_ctx *ctx, const char *fn, tpk_te
     bool filter = o.temperature > 0 && ((o.top_k > 0 && o.top_k < Vr) || o.top_p < 1);
     size_t *counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)t);
     float *all = (float *)tpk__malloc(ctx, sizeof(float) * (size_t)V);
-    tpk__sample_rank *r = filter ? (tpk__sample_rank *)tpk__malloc(
-                                       ctx, (sizeof(tpk__sample_rank) + 1) * (size_t)Vr)
-                                 : NULL;
+    tpk__sample_rank *r =
+        filter ? (tpk__sample_rank *)tpk__malloc(ctx, (sizeof(tpk__sample_rank) + 1) * (size_t)Vr)
+               : NULL;
     tpk_status s = counts && all && (r || !filter)
                        ? TPK_OK
                        : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "a row of %lld logits", (long long)V);

@@ -444,8 +444,8 @@ static inline tpk_status tpk__json_read_named(tpk_ctx *ctx, const char *fn, cons
     tpk__jr_init(&t.r, ctx, fn, name, s, n, 0);
     t.parent = parent, t.noun = noun;
     size_t head = sizeof(tpk_allocator);
-    char *block = n < ((size_t)-1 - 1 - head) / 2 ? (char *)tpk__malloc(ctx, head + 2 * n + 1)
-                                                  : NULL;
+    char *block =
+        n < ((size_t)-1 - 1 - head) / 2 ? (char *)tpk__malloc(ctx, head + 2 * n + 1) : NULL;
     *arena = t.arena = block ? block + head : NULL, t.used = 0;
     if (!block) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%s: %zu bytes", t.r.name, n);
     tpk_allocator al = tpk__allocator(ctx);

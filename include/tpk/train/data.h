@@ -22,7 +22,7 @@
 #include "../base/ctx.h"
 
 typedef struct tpk_tokens {
-    int32_t *tok;     /* [n] */
+    int32_t *tok; /* [n] */
     int64_t n;
     tpk_allocator al; /* tok's: the allocator of the context that made it (tpk_tokens_free's; zero:
                          the C library's, for a tok of one's own from malloc) */

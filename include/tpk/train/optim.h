@@ -192,8 +192,7 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
     tpk__mem_count(ctx, 2 * bytes, true); /* the moments in tpk_mem_peak: ZeRO-1's saving shows */
     /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
-    int64_t *runs = (int64_t *)tpk__malloc(ctx, sizeof(int64_t) * 2 * (size_t)ctx->params.n),
-            n = 0;
+    int64_t *runs = (int64_t *)tpk__malloc(ctx, sizeof(int64_t) * 2 * (size_t)ctx->params.n), n = 0;
     if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     int last = -1; /* the last decayed parameter, when it ends the last run */
     for (int i = 0; i < ctx->params.n; i++) { /* within the slice, relative to its start */
