@@ -28,6 +28,8 @@
 #include "../runtime/profile.h"
 #include "hw.h"
 
+enum { TPK_COUNT_CHANNELS = 8 };
+
 typedef struct tpk_count {
     tpk_ops ops;                 /* the table (tpk_count_init) */
     const tpk_hw *hw;            /* the cost model (NULL: memory only) */
@@ -40,6 +42,14 @@ typedef struct tpk_count {
                                         clock waited for */
     double flops, bytes;             /* counted by the ops */
     bool coll;                       /* a collective's entry ran: the hook skips its record */
+    double max_elems;                /* the most elements one collective call moved (the front
+                                        end refuses past INT_MAX: tpk/runtime/coll.h) */
+    /* per channel (a group's, in the order first used; past TPK_COUNT_CHANNELS - 1 the last slot
+       takes the rest): its collectives' time and the clock's waits on it (the planner's check
+       that a probe is past its transients, tpk/plan/plan.h) */
+    const void *chan[TPK_COUNT_CHANNELS];
+    double chan_busy[TPK_COUNT_CHANNELS], chan_wait[TPK_COUNT_CHANNELS];
+    int nchan;
     tpk_allocator al; /* the host memory of its communicators: tpk_count_init's context's */
 } tpk_count;
 
@@ -52,6 +62,21 @@ typedef struct tpk__count_comm {
 } tpk__count_comm;
 
 static inline tpk_count *tpk__count_of(tpk_ctx *ctx) { return (tpk_count *)ctx->ops->self; }
+
+/* A started collective's end and channel (tpk_request.state) */
+typedef struct tpk__count_req {
+    double end;
+    int chan;
+} tpk__count_req;
+
+/* The slot of channel cc in c's per-channel figures. */
+static inline int tpk__count_chan(tpk_count *c, const void *cc) {
+    for (int i = 0; i < c->nchan; i++)
+        if (c->chan[i] == cc) return i;
+    if (c->nchan == TPK_COUNT_CHANNELS) return TPK_COUNT_CHANNELS - 1;
+    c->chan[c->nchan] = cc;
+    return c->nchan++;
+}
 
 /* ---- the backend -------------------------------------------------------------------------- */
 
@@ -612,29 +637,35 @@ static inline void tpk__count_table(tpk_count *c, const tpk_ops *like) {
 
 /* A collective of `kind` moving `bytes` on group g: its time on g's channel (see the top). */
 static inline tpk_status tpk__count_coll(tpk_ctx *ctx, tpk_comm *g, tpk_coll_kind kind,
-                                         double bytes, tpk_request *req) {
+                                         double bytes, double elems, tpk_request *req) {
     tpk__count_comm *cc = (tpk__count_comm *)g->impl;
     tpk_count *c = cc->c;
     c->coll = true;
+    if (elems > c->max_elems) c->max_elems = elems;
     (void)ctx;
     if (!c->hw) return TPK_OK;
     double sec = tpk_hw_coll_seconds(c->hw, kind, bytes, g->size, cc->inter),
            start = c->t > cc->free_at ? c->t : cc->free_at;
+    int ch = tpk__count_chan(c, cc);
     cc->free_at = start + sec;
-    c->t_coll += sec;
+    c->t_coll += sec, c->chan_busy[ch] += sec;
     if (req) { /* its end, for tpk_wait */
-        double *end = (double *)tpk__al_malloc(&c->al, sizeof(double));
-        if (!end)
+        tpk__count_req *r = (tpk__count_req *)tpk__al_malloc(&c->al, sizeof *r);
+        if (!r)
             return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_count (collective)", "out of host memory");
-        *end = cc->free_at, req->state = end;
-    } else c->t_exposed += cc->free_at - c->t, c->t = cc->free_at;
+        r->end = cc->free_at, r->chan = ch, req->state = r;
+    } else {
+        c->t_exposed += cc->free_at - c->t, c->chan_wait[ch] += cc->free_at - c->t;
+        c->t = cc->free_at;
+    }
     return TPK_OK;
 }
 static inline tpk_status tpk__count_c_allreduce(tpk_ctx *ctx, tpk_comm *g, const void *send,
                                                 void *recv, size_t count, tpk_dtype dt,
                                                 tpk_redop op, tpk_request *req) {
     (void)send, (void)recv, (void)op;
-    return tpk__count_coll(ctx, g, TPK_COLL_ALLREDUCE, (double)count * tpk_dtype_size(dt), req);
+    return tpk__count_coll(ctx, g, TPK_COLL_ALLREDUCE, (double)count * tpk_dtype_size(dt),
+                           (double)count, req);
 }
 static inline double tpk__count_sum(const tpk_comm *g, const size_t *counts, tpk_dtype dt) {
     double n = 0;
@@ -645,31 +676,38 @@ static inline tpk_status tpk__count_c_allgatherv(tpk_ctx *ctx, tpk_comm *g, cons
                                                  void *recv, const size_t *counts, tpk_dtype dt,
                                                  tpk_request *req) {
     (void)send, (void)recv;
-    return tpk__count_coll(ctx, g, TPK_COLL_ALLGATHER, tpk__count_sum(g, counts, dt), req);
+    double bytes = tpk__count_sum(g, counts, dt);
+    return tpk__count_coll(ctx, g, TPK_COLL_ALLGATHER, bytes, bytes / tpk_dtype_size(dt), req);
 }
 static inline tpk_status tpk__count_c_reduce_scatterv(tpk_ctx *ctx, tpk_comm *g, const void *send,
                                                       void *recv, const size_t *counts,
                                                       tpk_dtype dt, tpk_redop op,
                                                       tpk_request *req) {
     (void)send, (void)recv, (void)op;
-    return tpk__count_coll(ctx, g, TPK_COLL_REDUCE_SCATTER, tpk__count_sum(g, counts, dt), req);
+    double bytes = tpk__count_sum(g, counts, dt);
+    return tpk__count_coll(ctx, g, TPK_COLL_REDUCE_SCATTER, bytes, bytes / tpk_dtype_size(dt),
+                           req);
 }
 static inline tpk_status tpk__count_c_bcast(tpk_ctx *ctx, tpk_comm *g, void *buf, size_t count,
                                             tpk_dtype dt, int root, tpk_request *req) {
     (void)buf, (void)root;
-    return tpk__count_coll(ctx, g, TPK_COLL_BROADCAST, (double)count * tpk_dtype_size(dt), req);
+    return tpk__count_coll(ctx, g, TPK_COLL_BROADCAST, (double)count * tpk_dtype_size(dt),
+                           (double)count, req);
 }
 static inline tpk_status tpk__count_c_barrier(tpk_ctx *ctx, tpk_comm *g, tpk_request *req) {
-    tpk_status s = tpk__count_coll(ctx, g, TPK_COLL_BARRIER, 0, req);
+    tpk_status s = tpk__count_coll(ctx, g, TPK_COLL_BARRIER, 0, 0, req);
     ((tpk__count_comm *)g->impl)->c->coll = false; /* not profiled: no record to skip */
     return s;
 }
 static inline tpk_status tpk__count_c_wait(tpk_ctx *ctx, tpk_request *req) {
     tpk_count *c = tpk__count_of(ctx);
     c->coll = true;
-    double *end = (double *)req->state;
-    if (end && *end > c->t) c->t_exposed += *end - c->t, c->t = *end;
-    tpk__al_free(&c->al, end);
+    tpk__count_req *r = (tpk__count_req *)req->state;
+    if (r && r->end > c->t) {
+        c->t_exposed += r->end - c->t, c->chan_wait[r->chan] += r->end - c->t;
+        c->t = r->end;
+    }
+    tpk__al_free(&c->al, r);
     req->state = NULL;
     return TPK_OK;
 }
@@ -678,17 +716,18 @@ static inline tpk_status tpk__count_c_wait(tpk_ctx *ctx, tpk_request *req) {
 static inline tpk_status tpk__count_c_p2p(tpk_ctx *ctx, tpk_comm *g, const tpk_p2p *ops, int n,
                                           tpk_request *req) {
     tpk__count_comm *cc = (tpk__count_comm *)g->impl;
-    double sent = 0, got = 0;
+    double sent = 0, got = 0, most = 0;
     bool inter = false;
     for (int i = 0; i < n; i++) {
         double b = (double)ops[i].count * (double)tpk_dtype_size(ops[i].dtype);
+        most = (double)ops[i].count > most ? (double)ops[i].count : most;
         *(ops[i].send ? &sent : &got) += b;
         int gpn = cc->c->gpus_per_node;
         inter = inter || cc->members[ops[i].peer] / gpn != cc->members[g->rank] / gpn;
     }
     bool keep = cc->inter;
     cc->inter = inter;
-    tpk_status s = tpk__count_coll(ctx, g, TPK_COLL_SEND, sent > got ? sent : got, req);
+    tpk_status s = tpk__count_coll(ctx, g, TPK_COLL_SEND, sent > got ? sent : got, most, req);
     cc->inter = keep;
     return s;
 }

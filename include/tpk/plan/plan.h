@@ -26,6 +26,8 @@
 #ifndef TPK_PLAN_H
 #define TPK_PLAN_H
 
+#include <math.h>
+
 #include "../train/step.h"
 #include "count.h"
 
@@ -42,7 +44,13 @@ typedef struct tpk_plan_desc {
     /* restrictions (0 or -1: every value) */
     int tp, pp, micro_batch, zero, sp;
     int recompute; /* -1: all; else a tpk_recompute */
+    bool exact;    /* dry-run every block (the reference the extrapolation is tested against);
+                      false: a stage of more than 3 k + 3 blocks is probed at k, k + 1, k + 2 */
 } tpk_plan_desc;
+
+/* The probes' depth k (blocks a stage): past the first blocks' transients (the recompute pools'
+ * first lending, the pipeline's first receive). Doubled while three probes are not affine. */
+#define TPK_PLAN_PROBE 4
 
 typedef struct tpk_plan_cfg {
     int tp, pp, dp, micro_batch, accum; /* accum: micro-batches a step per DP rank */
@@ -60,6 +68,8 @@ typedef struct tpk_plan_cfg {
                                                  collectives the clock waited for, the pipeline's
                                                  idle share */
     char reason[200];                         /* why rejected ("" when it fits) */
+    int64_t probe; /* the probes' depth k, blocks a stage, where the figures were extrapolated
+                      (0: every stage dry-run whole) */
 } tpk_plan_cfg;
 
 /* A counting context: rank `rank` of a tp x dp x pp world, timed on d's profile where it has one */
@@ -82,8 +92,9 @@ static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c,
     return s;
 }
 
-/* Parameters of the whole model (the tied embedding once), for MFU: 6 N + 12 L H S flops a token */
-static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
+/* Parameters of a model of `layers` blocks (0: the desc's own; the tied embedding once). */
+static inline tpk_status tpk__plan_params_at(tpk_ctx *err, const tpk_plan_desc *d, int64_t layers,
+                                             double *n) {
     tpk_count c;
     tpk_comm world;
     tpk_ctx ctx;
@@ -91,7 +102,11 @@ static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc
     one.hw = NULL;
     TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 0));
     tpk_model m;
-    tpk_status s = tpk_model_init(&ctx, &m, &d->model);
+    tpk_model_config cfg = d->model;
+    int64_t *sh[5];
+    tpk__model_common(&cfg, sh, NULL, NULL, NULL, NULL);
+    if (layers > 0) *sh[2] = layers;
+    tpk_status s = tpk_model_init(&ctx, &m, &cfg);
     if (s == TPK_OK) *n = (double)tpk_params_global_numel(&ctx), tpk_model_destroy(&ctx, &m);
     else snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
     tpk_ctx_destroy(&ctx);
@@ -99,14 +114,32 @@ static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc
     return s;
 }
 
+/* Parameters of the whole model (the tied embedding once), for MFU: 6 N + 12 L H S flops a token.
+ * Past 2 TPK_PLAN_PROBE + 1 blocks (and not d->exact): N(k) + (L - k) (N(k + 1) - N(k)), k =
+ * TPK_PLAN_PROBE — the blocks are identical, so exact (whole numbers below 2^53). */
+static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
+    tpk_model_config cfg = d->model;
+    int64_t *sh[5], k = TPK_PLAN_PROBE;
+    tpk__model_common(&cfg, sh, NULL, NULL, NULL, NULL);
+    int64_t L = *sh[2];
+    if (d->exact || L <= 2 * k + 1) return tpk__plan_params_at(err, d, 0, n);
+    double a = 0, b = 0;
+    TPK_TRY(tpk__plan_params_at(err, d, k, &a));
+    TPK_TRY(tpk__plan_params_at(err, d, k + 1, &b));
+    *n = a + (double)(L - k) * (b - a);
+    return TPK_OK;
+}
+
 /* One stage's dry run: its peak, the second step's time and, with stages, its forwards' and
  * backwards' time, its messages' and the schedule. */
 typedef struct tpk__plan_stage {
     double peak, step, f, b, msg, tail, compute, exposed, weights, grads, optim;
+    double elems; /* the largest collective's elements */
+    double busy[TPK_COUNT_CHANNELS], wait[TPK_COUNT_CHANNELS]; /* per channel, the second step */
 } tpk__plan_stage;
 
 static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan_cfg *p,
-                                             int stage, tpk__plan_stage *out,
+                                             int stage, int64_t per_stage, tpk__plan_stage *out,
                                              tpk_pipe_schedule *sched) {
     tpk_count c;
     tpk_comm world;
@@ -115,6 +148,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
     tpk_model_config_common(&cfg, sh, 0.0f, p->sp, p->recompute);
+    if (per_stage > 0) *sh[2] = per_stage * p->pp; /* a probe: per_stage blocks on every stage */
     tpk_model m;
     tpk_pipe_model pm;
     tpk_adamw opt;
@@ -140,9 +174,10 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
         else tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
         tpk_mem_peak(&ctx, true); /* the trainer's peak: from the first step */
     }
-    double t0 = 0, e0 = 0, o0 = 0;
+    double t0 = 0, e0 = 0, o0 = 0, busy0[TPK_COUNT_CHANNELS], wait0[TPK_COUNT_CHANNELS];
     for (int step = 0; s == TPK_OK && step < 2; step++) {
         t0 = c.t, e0 = c.t_exposed, o0 = c.t_ops;
+        memcpy(busy0, c.chan_busy, sizeof busy0), memcpy(wait0, c.chan_wait, sizeof wait0);
         s = tpk_model_train_step(&ctx, piped ? NULL : &m, piped ? &pm : NULL, &opt, &b, ids, ids,
                                  p->micro_batch, d->seq, p->accum,
                                  1.0f / (float)p->accum / (float)p->dp, (uint64_t)step * 1000u,
@@ -155,6 +190,9 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
         out->grads = (double)(q->grad.bytes + q->scratch.bytes);
         out->optim = 2.0 * sizeof(float) * (double)(opt.sn ? opt.sn : 1);
         out->step = c.t - t0, out->exposed = c.t_exposed - e0, out->compute = c.t_ops - o0;
+        out->elems = c.max_elems;
+        for (int i = 0; i < TPK_COUNT_CHANNELS; i++)
+            out->busy[i] = c.chan_busy[i] - busy0[i], out->wait[i] = c.chan_wait[i] - wait0[i];
         if (piped) {
             int steps = pm.M * pm.V;
             out->f = pm.exec.t_f / steps, out->b = pm.exec.t_b / steps;
@@ -175,6 +213,69 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     return s;
 }
 
+/* The figures of a stage, as an array (the extrapolation's fields): memory ones first. */
+enum { TPK__PLAN_MEM = 5, TPK__PLAN_FIELDS = 12 };
+static inline void tpk__plan_fields(tpk__plan_stage *x, double *f[TPK__PLAN_FIELDS]) {
+    f[0] = &x->peak, f[1] = &x->weights, f[2] = &x->grads, f[3] = &x->optim, f[4] = &x->elems;
+    f[5] = &x->step, f[6] = &x->f, f[7] = &x->b, f[8] = &x->msg, f[9] = &x->tail;
+    f[10] = &x->compute, f[11] = &x->exposed;
+}
+
+/* Stage `stage`'s figures with n blocks. A stage's blocks are identical: each adds the same
+ * buffers (its weights, gradients, moments, kept activations) and the same ops and collectives, so
+ * every figure is affine in n once the first blocks' transients are past: x(n) = x(k) + (n - k) dx.
+ * Three probes (k, k + 1, k + 2 blocks on every stage, the rest of the configuration as is) give
+ * dx and check it: the memory figures' two differences equal exactly (whole bytes), the times'
+ * within 1e-9 of the step (rounding); else k doubles. The times are affine only once past a
+ * transient: a channel's backlog left by the ends (an untied head's large DP bucket, drained under
+ * the blocks' backward) shrinks by a block's compute less its collectives per block, and while it
+ * drains the step grows slower than later. The step is the largest of the clock's path and each
+ * channel's (convex in n): it is affine from the probes on when no figure falls (each is a sum of
+ * non-negative times, so a falling one is a transient: a wait on a channel draining), and no
+ * channel's time grows faster than the step (it would overtake the step further on: the step
+ * holds every collective it starts). Else k doubles. A stage of at most 3 k + 3 blocks (or
+ * d->exact) is dry-run whole: fewer blocks than the probes'. The largest collective's elements
+ * extrapolated past INT_MAX refuse the configuration as the real run's front end would. */
+static inline tpk_status tpk__plan_stage_at(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan_cfg *p,
+                                            int stage, int64_t n, tpk__plan_stage *out,
+                                            tpk_pipe_schedule *sched) {
+    for (int64_t k = TPK_PLAN_PROBE;; k *= 2) {
+        if (d->exact || n <= 3 * k + 3)
+            return tpk__plan_stage_run(err, d, p, stage, 0, out, sched);
+        tpk__plan_stage x[3];
+        double *f[3][TPK__PLAN_FIELDS], *o[TPK__PLAN_FIELDS];
+        memset(x, 0, sizeof x);
+        for (int i = 0; i < 3; i++) {
+            TPK_TRY(tpk__plan_stage_run(err, d, p, stage, k + i, &x[i], sched));
+            tpk__plan_fields(&x[i], f[i]);
+        }
+        *out = x[2];
+        tpk__plan_fields(out, o);
+        bool affine = true;
+        double m = (double)(n - k - 2), tol = 1e-9 * (fabs(x[2].step) + fabs(x[2].f + x[2].b));
+        for (int j = 0; j < TPK__PLAN_FIELDS; j++) {
+            double d1 = *f[1][j] - *f[0][j], d2 = *f[2][j] - *f[1][j];
+            if (j < TPK__PLAN_MEM ? d1 != d2 : fabs(d1 - d2) > tol) affine = false;
+            *o[j] = *f[2][j] + m * (j < TPK__PLAN_MEM ? d2 : 0.5 * (d1 + d2));
+        }
+        double dstep = 0.5 * (x[2].step - x[0].step);
+        for (int j = TPK__PLAN_MEM; j < TPK__PLAN_FIELDS; j++)
+            if (*f[2][j] - *f[0][j] < -2 * tol) affine = false; /* falling: a transient */
+        for (int i = 0; i < TPK_COUNT_CHANNELS; i++)
+            if (x[2].wait[i] - x[0].wait[i] < -2 * tol ||
+                0.5 * (x[2].busy[i] - x[0].busy[i]) > dstep + tol)
+                affine = false;
+        if (!affine) continue;
+        if (k > p->probe) p->probe = k;
+        if (out->elems > (double)INT_MAX)
+            return tpk__fail(err, TPK_ERR_ARG, "tpk_plan",
+                             "stage %d of %lld blocks: a collective of %.0f elements, expected at "
+                             "most %d per call",
+                             stage, (long long)n, out->elems, INT_MAX);
+        return TPK_OK;
+    }
+}
+
 /* Plan configuration p (its tp, pp, dp, micro_batch, accum, recompute, zero, sp set): its peak,
  * time and fit; the model's own refusal (a shape that does not divide) lands in p->reason and
  * returns TPK_OK with fits = false; params: tpk_plan_model_params's. */
@@ -186,10 +287,15 @@ static inline tpk_status tpk_plan_run(tpk_ctx *err, const tpk_plan_desc *d, doub
     if (P > 1024) return tpk__fail(err, TPK_ERR_ARG, "tpk_plan_run", "pp: at most 1024, got %d", P);
     tpk_pipe_schedule sched;
     memset(&sched, 0, sizeof sched);
-    p->fits = false, p->reason[0] = 0, p->peak_bytes = 0, p->step_seconds = 0;
+    p->fits = false, p->reason[0] = 0, p->peak_bytes = 0, p->step_seconds = 0, p->probe = 0;
     double pf[1024], pb[1024], tail = 0, compute = 0, exposed = 0;
-    for (int s = 0; s < P; s++) {
-        tpk_status r = tpk__plan_stage_run(err, d, p, s, &st[s], &sched);
+    int64_t *sh[5];
+    tpk_model_config cfg = d->model;
+    tpk_model_config_common(&cfg, sh, 0.0f, false, TPK_RECOMPUTE_NONE);
+    int64_t L = *sh[2];
+    for (int s = 0; s < P; s++) { /* tpk_pipe_split's even split: stages 1 .. L % P one more */
+        int64_t n = L / P + (s >= 1 && s <= L % P ? 1 : 0);
+        tpk_status r = tpk__plan_stage_at(err, d, p, s, n, &st[s], &sched);
         if (r == TPK_ERR_NOMEM) return r;
         if (r != TPK_OK) { /* the model's refusal: this configuration's reason */
             snprintf(p->reason, sizeof p->reason, "%.199s", err->err);
@@ -221,9 +327,6 @@ static inline tpk_status tpk_plan_run(tpk_ctx *err, const tpk_plan_desc *d, doub
     }
     p->step_seconds = span, p->compute_s = compute, p->exposed_comm_s = exposed;
     double tok = (double)d->batch * (double)d->seq;
-    int64_t *sh[5];
-    tpk_model_config cfg = d->model;
-    tpk_model_config_common(&cfg, sh, 0.0f, false, TPK_RECOMPUTE_NONE);
     double flops = (6.0 * params + 12.0 * (double)*sh[2] * (double)*sh[3] * (double)d->seq) * tok;
     p->tokens_per_s = span > 0 ? tok / span : 0;
     p->mfu = d->hw && span > 0 ? flops / span / (d->hw->peak_tflops * 1e12 * d->gpus) : 0;
