@@ -77,6 +77,9 @@ typedef struct tpk_params {
                                 micro-batch in flight, tpk/train/pipe_model.h) */
     bool dp_open;            /* the gradients' data-parallel reduction is begun and not finished
                                 (tpk/train/dp.h): no optimizer step reads them until it is */
+    bool tp_partial_open;    /* a backward added into gradients partial over TP (tp_partial_grad,
+                                at t > 1) and tpk_params_reduce_partial_grads has not summed them
+                                since: P where the optimizer needs R, so it refuses them */
 } tpk_params;
 
 typedef struct tpk_profile tpk_profile; /* tpk/runtime/profile.h */

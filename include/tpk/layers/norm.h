@@ -66,6 +66,12 @@ static inline tpk_status tpk_layernorm_init(tpk_ctx *ctx, tpk_layernorm *l, int6
     return TPK_OK;
 }
 
+/* A backward added into weight gradients partial over TP (sequence parallelism, partial_dy; at
+ * t > 1): they are P until tpk_params_reduce_partial_grads, and the optimizer refuses them so. */
+static inline void tpk__norm_partial_added(tpk_ctx *ctx, bool partial) {
+    if (partial && ctx->tp.size > 1) ctx->params.tp_partial_open = true;
+}
+
 static inline tpk_status tpk__ln_check(tpk_ctx *ctx, const char *fn, tpk_layernorm *l,
                                        const tpk_tensor *x, const char *arg, const void *out,
                                        int64_t T) {
@@ -139,6 +145,7 @@ static inline tpk_status tpk_layernorm_backward(tpk_ctx *ctx, tpk_layernorm *l, 
                                      tpk_param_data(ctx, l->w), (const float *)l->mean.p,
                                      (const float *)l->rstd.p, rows, l->H, ctx->dtype, false));
     *dx = o;
+    tpk__norm_partial_added(ctx, l->sp || l->partial);
     return TPK_OK;
 }
 
@@ -159,6 +166,7 @@ static inline tpk_status tpk_layernorm_backward_add(tpk_ctx *ctx, tpk_layernorm 
             ctx, acc.data, tpk_param_grad(ctx, l->w), tpk_param_grad(ctx, l->b), dy.data, l->x.data,
             tpk_param_data(ctx, l->w), (const float *)l->mean.p, (const float *)l->rstd.p,
             dy.shape[0], l->H, ctx->dtype, true));
+    tpk__norm_partial_added(ctx, l->sp || l->partial);
     return TPK_OK;
 }
 
@@ -264,6 +272,7 @@ static inline tpk_status tpk_rmsnorm_backward(tpk_ctx *ctx, tpk_rmsnorm *l, tpk_
                                    tpk_param_data(ctx, l->w), (const float *)l->rstd.p, rows, l->H,
                                    ctx->dtype, false));
     *dx = o;
+    tpk__norm_partial_added(ctx, l->sp || l->partial);
     return TPK_OK;
 }
 
@@ -281,6 +290,7 @@ static inline tpk_status tpk_rmsnorm_backward_add(tpk_ctx *ctx, tpk_rmsnorm *l, 
         TPK_TRY(tpk_op_rmsnorm_bwd(ctx, acc.data, tpk_param_grad(ctx, l->w), dy.data, l->x.data,
                                    tpk_param_data(ctx, l->w), (const float *)l->rstd.p, dy.shape[0],
                                    l->H, ctx->dtype, true));
+    tpk__norm_partial_added(ctx, l->sp || l->partial);
     return TPK_OK;
 }
 
@@ -337,6 +347,7 @@ static inline tpk_status tpk_params_reduce_partial_grads(tpk_ctx *ctx) {
             TPK_TRY(tpk_op_memcpy(ctx, tpk_param_grad(ctx, i), g + (size_t)r.off * inner,
                                   p->numel * sizeof(float), dd));
     }
+    ctx->params.tp_partial_open = false; /* R now */
     return TPK_OK;
 }
 

@@ -240,6 +240,12 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
                          "\"%s\" to \"%s\") was begun and not finished: they are not the DP sums "
                          "yet (tpk_dp_finish them first)",
                          ctx->params.list[0].name, ctx->params.list[ctx->params.n - 1].name);
+    if (ctx->params.tp_partial_open) /* (tpk/layers/norm.h) */
+        return tpk__fail(ctx, TPK_ERR_LAYOUT, fn,
+                         "ctx->params: expected layout R for every gradient, got P: the gradients "
+                         "marked partial over TP (sequence-parallel or partial_dy norms) were "
+                         "added to by a backward and not summed (tpk_params_reduce_partial_grads "
+                         "first)");
     o->step++;
     float *w = (float *)ctx->params.data.p + o->s0;
     /* a bf16 context's weight copy made by the update itself when it is current (a skipped step
