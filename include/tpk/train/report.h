@@ -1,0 +1,112 @@
+/* tpk/train/report.h — what a trainer prints around its loop: the banner (the mesh, backend,
+ * dtype, the model's family, shape and parameters, the step's batch), with stages each virtual
+ * stage's blocks (and --print-schedule's table); the end of training (its steps, time and peak
+ * memory: the kit's buffers at most, the largest over each stage's ranks, and each stage's idle
+ * fraction: its seconds waiting in messages over its seconds in the pipeline); and --profile's
+ * tables (rank 0's, or each stage's from its first rank, headed by the stage, one after another:
+ * mpirun may pass the ranks' lines on in any order). The step line itself stays with the loop.
+ * Needs MPI (tpk/train/ranks.h). */
+#ifndef TPK_TRAIN_REPORT_H
+#define TPK_TRAIN_REPORT_H
+
+#include "options.h"
+#include "ranks.h"
+#include "trainable.h"
+
+/* The banner on out (the caller's rank 0): cfg the model's config, nglobal its parameters, B the
+ * step's sequences of S tokens (Btot; --dp-batch's list when given). */
+static inline void tpk_run_banner(FILE *out, const tpk_ctx *ctx, const tpk_run_opts *o,
+                                  tpk_trainable *t, tpk_model_config *cfg, double nglobal,
+                                  int64_t S, int64_t Btot) {
+    tpk_model *m = tpk_trainable_model(t);
+    int64_t *sh[5];
+    tpk_model_config_common(cfg, sh, (float)o->smoothing, o->sp, o->rc);
+    char pp[160] = "", fam[160], b[160];
+    int world = ctx->tp.size * ctx->dp.size * ctx->pp.size;
+    if (t->piped)
+        snprintf(pp, sizeof pp, " x PP %d (%s, %d chunk%s a stage)", ctx->pp.size,
+                 tpk_pipe_kind_name(o->kind), (int)o->vstages, o->vstages > 1 ? "s" : "");
+    if (o->dp_batch) snprintf(b, sizeof b, "%s per DP rank = %lld", o->dp_batch, (long long)Btot);
+    else snprintf(b, sizeof b, "%lld", (long long)o->batch);
+    fprintf(out,
+            "train: %d rank%s = TP %d x DP %d%s%s, %s backend, %s | %s L=%lld H=%lld A=%lld "
+            "V=%lld P=%lld%s, %.2fM parameters | B=%s S=%lld %s %lld\n",
+            world, world == 1 ? "" : "s", ctx->tp.size, ctx->dp.size, pp,
+            o->sp ? " (sequence parallel)" : "", ctx->ops->name,
+            ctx->dtype == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
+            tpk_run_family_title(m->arch), (long long)tpk_model_layers(m),
+            (long long)tpk_model_hidden(m), (long long)*sh[4], (long long)*sh[0], (long long)*sh[1],
+            tpk_run_family_banner(m, fam, sizeof fam), nglobal * 1e-6, b, (long long)S,
+            t->piped ? "micro-batches" : "accum", (long long)o->accum);
+    if (!t->piped) return;
+    int P = ctx->pp.size, n = P * (int)o->vstages;
+    fprintf(out, "stages:"); /* each virtual stage's blocks and ends */
+    for (int u = 0; u < n; u++) {
+        if (o->vstages > 1) snprintf(b, sizeof b, ".%d", u / P);
+        fprintf(out, "%s %d%s: blocks %lld-%lld%s%s", u ? " |" : "", u % P, o->vstages > 1 ? b : "",
+                (long long)t->pm.first[u], (long long)t->pm.first[u + 1] - 1,
+                u == 0 ? " + embedding" : "", u == n - 1 ? " + norm, head, loss" : "");
+    }
+    fprintf(out, "\n");
+    if (o->print_schedule) tpk_pipe_print(&t->pm.sched, false, out);
+}
+
+/* A step's flops per token of a model of n parameters at sequence length S: 6 n (forward and
+ * backward through the weights) + 12 L H S (attention's two products, forward and backward). */
+static inline double tpk_run_flops_per_token(tpk_trainable *t, double n, int64_t S) {
+    tpk_model *m = tpk_trainable_model(t);
+    return 6.0 * n + 12.0 * (double)tpk_model_layers(m) * (double)tpk_model_hidden(m) * (double)S;
+}
+
+/* The end of training on rank 0's out: steps from+1..steps in `seconds`, the peak memory (each
+ * stage's and its idle fraction with stages); none trained (a resume at the last step): that.
+ * Collective over the world. */
+static inline void tpk_run_summary(FILE *out, tpk_ranks *r, tpk_ctx *ctx, const tpk_run_opts *o,
+                                   const tpk_trainable *t, int64_t from, double seconds) {
+    if (o->steps <= 0) return;
+    if (from >= o->steps) { /* a resume at the last step */
+        if (r->rank == 0)
+            fprintf(out,
+                    "trained no steps: %s is at step %lld, --steps %lld | peak memory %.2f MB "
+                    "(recompute %s)\n",
+                    o->load ? o->load : "the model", (long long)from, (long long)o->steps,
+                    tpk_mem_peak(ctx, false) / 1e6, tpk_recompute_name(o->rc));
+        return;
+    }
+    double v[128] = {0}, mine = tpk_mem_peak(ctx, false) / 1e6, all = t->busy + t->wait;
+    char per[600] = "", idle[600] = "";
+    if (ctx->pp.rank < 64)
+        v[ctx->pp.rank] = mine, v[64 + ctx->pp.rank] = all > 0 ? t->wait / all : 0;
+    tpk_ranks_allreduce(r, v, 128, MPI_DOUBLE, MPI_MAX); /* each stage's largest */
+    for (int q = 0; q < ctx->pp.size && q < 64; q++) {
+        snprintf(per + strlen(per), sizeof per - strlen(per), "%s%.2f", q ? ", " : "", v[q]);
+        snprintf(idle + strlen(idle), sizeof idle - strlen(idle), "%s%.3f", q ? ", " : "",
+                 v[64 + q]);
+    }
+    if (r->rank == 0 && t->piped)
+        fprintf(out,
+                "trained steps %lld..%lld in %.1f s | peak memory per stage %s MB (recompute %s) "
+                "| idle per stage %s (the bubble: waiting in messages)\n",
+                (long long)from + 1, (long long)o->steps, seconds, per, tpk_recompute_name(o->rc),
+                idle);
+    else if (r->rank == 0)
+        fprintf(out, "trained steps %lld..%lld in %.1f s | peak memory %.2f MB (recompute %s)\n",
+                (long long)from + 1, (long long)o->steps, seconds, mine, tpk_recompute_name(o->rc));
+}
+
+/* --profile's tables on out (the header says whose). Collective over the world with stages. */
+static inline void tpk_run_profiles(FILE *out, tpk_ranks *r, tpk_ctx *ctx, bool piped) {
+    if (!ctx->prof || ctx->prof->from_env) return;
+    if (!piped && r->rank == 0) tpk_profile_print(ctx, out); /* (it agrees over ranks) */
+    for (int q = 0; piped && q < ctx->pp.size; q++) {
+        if (ctx->pp.rank == q && ctx->tp.rank == 0 && ctx->dp.rank == 0) {
+            fprintf(out, "stage %d of %d:\n", q, ctx->pp.size);
+            tpk_profile_print(ctx, out);
+            fflush(out);
+        }
+        int one = 1;
+        tpk_ranks_allreduce(r, &one, 1, MPI_INT, MPI_SUM); /* the next stage after this one */
+    }
+}
+
+#endif /* TPK_TRAIN_REPORT_H */

@@ -1,0 +1,177 @@
+/* tpk/train/trainable.h — one handle for training a model at any pipeline size, P = 1 included:
+ * a caller never branches on pipelining. Without stages it holds the model (tpk/train/model.h);
+ * with stages (P > 1, or a schedule or a split asked for at P = 1) this rank's stage
+ * (tpk/train/pipe_model.h: the chunks' copies and the executor). The same calls for both:
+ *   tpk_trainable_step    zero the gradients, the M micro-batches' forwards and backwards, the DP
+ *                         reduction, norm, clipping, AdamW (tpk/train/step.h);
+ *   tpk_trainable_loss    the step's mean loss over micro-batches and DP ranks, read from the
+ *                         device (with stages: the last stage's, given to every stage);
+ *   tpk_trainable_losses  K batches' mean losses, forwards alone (with stages: through the
+ *                         pipeline as K micro-batches);
+ *   set_dropout, set_dp (the DP buckets a backward starts), params (the global count, a tied
+ *   embedding's two stage copies once), save and load (tpk_model_save / tpk_model_load: each
+ *   stage its own blocks), destroy. tpk_trainable_model: the model whose sizes these are (the first
+ *   chunk's copy with stages). Needs POSIX (tpk/train/model.h). */
+#ifndef TPK_TRAIN_TRAINABLE_H
+#define TPK_TRAIN_TRAINABLE_H
+
+#include "step.h"
+
+typedef struct tpk_trainable {
+    bool piped;
+    tpk_model m;       /* without stages */
+    tpk_pipe_model pm; /* with stages */
+    double busy, wait; /* with stages: seconds in compute steps and waiting in messages, so far */
+} tpk_trainable;
+
+/* How a trainable is built: without stages, or as this rank's stage of ctx->pp. */
+typedef struct tpk_trainable_desc {
+    bool piped;            /* stages (forced when ctx->pp.size > 1) */
+    tpk_pipe_kind kind;    /* the schedule */
+    int micro, vstages;    /* micro-batches a step; chunks a stage */
+    const int64_t *counts; /* blocks per virtual stage (NULL: even, or balanced) */
+    bool balanced;         /* counts NULL: balanced by a flop estimate (tpk_pipe_model_costs) */
+    int64_t seq;           /* the sequence length the balance costs */
+} tpk_trainable_desc;
+
+static inline void tpk_trainable_destroy(tpk_ctx *ctx, tpk_trainable *t) {
+    if (!t) return;
+    if (t->piped) tpk_pipe_model_destroy(ctx, &t->pm);
+    else tpk_model_destroy(ctx, &t->m);
+    memset(t, 0, sizeof *t);
+}
+
+static inline tpk_status tpk_trainable_init(tpk_ctx *ctx, tpk_trainable *t,
+                                            const tpk_model_config *cfg,
+                                            const tpk_trainable_desc *d) {
+    static const char *fn = "tpk_trainable_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || !cfg || !d)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !t ? "t" : !cfg ? "cfg" : "d");
+    memset(t, 0, sizeof *t);
+    t->piped = d->piped || ctx->pp.size > 1;
+    if (!t->piped) return tpk_model_init(ctx, &t->m, cfg);
+    if (d->micro < 1 || d->vstages < 1)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "d->micro, d->vstages: expected >= 1, got %d, %d",
+                         d->micro, d->vstages);
+    double *cost = NULL, cf = 0, cl = 0;
+    if (!d->counts && d->balanced) {
+        int64_t *sh[5];
+        tpk_model_config c = *cfg;
+        tpk_model_config_common(&c, sh, 0, false, TPK_RECOMPUTE_NONE);
+        cost = (double *)tpk__malloc(ctx, sizeof(double) * (size_t)(*sh[2] + 1));
+        if (!cost) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld costs", (long long)*sh[2]);
+        tpk_pipe_model_costs(cfg, d->seq, cost, &cf, &cl);
+    }
+    tpk_status s = tpk_pipe_model_init(ctx, &t->pm, cfg, d->kind, d->micro, d->vstages, d->counts,
+                                       cost, cf, cl);
+    tpk_free(ctx, cost);
+    return s;
+}
+
+/* The model whose sizes and config the trainable has (with stages: its first chunk's copy). */
+static inline tpk_model *tpk_trainable_model(tpk_trainable *t) {
+    return t->piped ? &t->pm.copy[0] : &t->m;
+}
+
+static inline tpk_status tpk_trainable_set_dropout(tpk_ctx *ctx, tpk_trainable *t, float p) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_set_dropout", "t: NULL");
+    return t->piped ? tpk_pipe_model_set_dropout(ctx, &t->pm, p)
+                    : tpk_model_set_dropout(ctx, &t->m, p);
+}
+
+/* The DP buckets b (tpk/train/dp.h) a backward starts as each block's gradients are done; overlap
+ * false (ZeRO-1, Adasum): with stages none start during the backward (tpk_train_step reduces). */
+static inline void tpk_trainable_set_dp(tpk_trainable *t, tpk_dp_buckets *b, bool overlap) {
+    if (t->piped) tpk_pipe_model_set_dp(&t->pm, overlap ? b : NULL);
+    else tpk_model_set_grad_ready(&t->m, tpk_dp_grad_ready, b);
+}
+
+/* One optimizer step over M micro-batches (ids, targets [M][B S], host): tpk/train/step.h. */
+static inline tpk_status tpk_trainable_step(tpk_ctx *ctx, tpk_trainable *t, tpk_adamw *opt,
+                                            tpk_dp_buckets *b, const int32_t *ids,
+                                            const int32_t *targets, int64_t B, int64_t S, int M,
+                                            float scale, uint64_t rng_step, float lr, float clip,
+                                            double *norm) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_step", "t: NULL");
+    tpk_status s = tpk_model_train_step(ctx, t->piped ? NULL : &t->m, t->piped ? &t->pm : NULL, opt,
+                                        b, ids, targets, B, S, M, scale, rng_step, lr, clip, norm);
+    if (t->piped) t->busy += t->pm.exec.t_compute, t->wait += t->pm.exec.t_wait;
+    return s;
+}
+
+/* *loss = weight x the losses summed since the last read (on the device; each micro-batch's mean),
+ * summed over DP: with weight = this DP rank's tokens over the step's / M, the step's mean.
+ * Collective over DP (and the pipeline). */
+static inline tpk_status tpk_trainable_loss(tpk_ctx *ctx, tpk_trainable *t, double weight,
+                                            double *loss) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || !loss)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_loss", "%s: NULL", t ? "loss" : "t");
+    if (!t->piped) return tpk_model_loss_dp(ctx, &t->m, weight, loss);
+    double sum = 0;
+    TPK_TRY(tpk_pipe_model_loss_read(ctx, &t->pm, &sum, NULL));
+    *loss = sum * weight;
+    return tpk_allreduce_host(ctx, &ctx->dp, loss, 1, TPK_F64, TPK_SUM);
+}
+
+/* losses[K]: the mean loss of each of K batches (ids, targets [K][B S], host), forwards alone;
+ * set the dropout to 0 first for an evaluation. Collective over the model's ranks. */
+static inline tpk_status tpk_trainable_losses(tpk_ctx *ctx, tpk_trainable *t, const int32_t *ids,
+                                              const int32_t *targets, int64_t B, int64_t S, int K,
+                                              float *losses) {
+    static const char *fn = "tpk_trainable_losses";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || !ids || !targets || !losses)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL",
+                         !t         ? "t"
+                         : !ids     ? "ids"
+                         : !targets ? "targets"
+                                    : "losses");
+    if (K < 1 || B < 1 || S < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "K, B, S: expected >= 1, got %d, %lld, %lld", K,
+                         (long long)B, (long long)S);
+    if (t->piped) return tpk_pipe_model_eval(ctx, &t->pm, ids, targets, B, S, K, losses);
+    size_t bt = (size_t)B * (size_t)S;
+    for (int k = 0; k < K; k++)
+        TPK_TRY(tpk_model_forward(ctx, &t->m, ids + (size_t)k * bt, targets + (size_t)k * bt, B, S,
+                                  &losses[k]));
+    return TPK_OK;
+}
+
+/* The model's parameters over every rank (a tied embedding's copy on the last stage once).
+ * Collective over the pipeline. */
+static inline tpk_status tpk_trainable_params(tpk_ctx *ctx, tpk_trainable *t, size_t *n) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || !n)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_params", "%s: NULL", t ? "n" : "t");
+    double ng = 0;
+    for (int i = 0; i < ctx->params.n; i++)
+        if (!ctx->params.list[i].pp_copy) ng += (double)tpk_param_global_numel(ctx, i);
+    if (ctx->pp.size > 1) TPK_TRY(tpk_allreduce_host(ctx, &ctx->pp, &ng, 1, TPK_F64, TPK_SUM));
+    *n = (size_t)ng;
+    return TPK_OK;
+}
+
+/* A Hugging Face checkpoint of the model and opt in dir (tpk_model_save). Collective. */
+static inline tpk_status tpk_trainable_save(tpk_ctx *ctx, tpk_trainable *t, const tpk_adamw *opt,
+                                            const char *dir, int64_t step, uint64_t seed) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_save", "t: NULL");
+    tpk_hf_save_desc d;
+    memset(&d, 0, sizeof d);
+    d.step = step, d.seed = seed;
+    return tpk_model_save(ctx, tpk_trainable_model(t), opt, dir, &d);
+}
+
+/* The model (and opt, may be NULL) from dir (tpk_model_load; with stages each its blocks). */
+static inline tpk_status tpk_trainable_load(tpk_ctx *ctx, tpk_trainable *t, tpk_adamw *opt,
+                                            const char *dir) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_load", "t: NULL");
+    return tpk_model_load(ctx, tpk_trainable_model(t), opt, dir);
+}
+
+#endif /* TPK_TRAIN_TRAINABLE_H */
