@@ -131,9 +131,9 @@ int main(int argc, char **argv) {
             tpk_ctx c;
             CHECK_OK(&c, mkctx(&c, t));
             tpk_layernorm ln;
-            CHECK_OK(&c, tpk_layernorm_init(&c, &ln, H,
-                                            &(tpk_layernorm_desc){.name = "ln",
-                                                                  .sequence_parallel = t > 1}));
+            CHECK_OK(&c, tpk_layernorm_init(
+                             &c, &ln, H,
+                             &(tpk_layernorm_desc){.name = "ln", .sequence_parallel = t > 1}));
             test_set_weights(&c, 4, 0.5f);
             tpk_adamw opt;
             memset(&opt, 0, sizeof opt);
@@ -153,8 +153,7 @@ int main(int argc, char **argv) {
             CHECK_OK(&c, tpk_adamw_step(&c, &opt, 0.1f, 1.0f));
             int wi = tpk_param_find(&c, "ln.weight");
             CHECK(wi >= 0, "ln.weight not registered");
-            if (wi >= 0)
-                CHECK_OK(&c, tpk_param_get_global(&c, wi, false, k ? w_un : w_sh));
+            if (wi >= 0) CHECK_OK(&c, tpk_param_get_global(&c, wi, false, k ? w_un : w_sh));
             tpk_layernorm_destroy(&c, &ln), tpk_adamw_destroy(&c, &opt);
             if (t > 1) free(x.data), free(dy.data);
             tpk_ctx_destroy(&c);

@@ -5,8 +5,8 @@
  *   - every configuration tpk_plan enumerates on 4 GPUs (TP 1, 2, 4 x PP 1, 2, 4 x DP, every
  *     micro-batch, recompute none / selective / full, ZeRO-1, SP) for GPT-2 (tied head), Llama
  *     (untied head, grouped-query attention) and GPT-NeoX, at depths whose stages hold 16 to 67
- *     blocks (uneven pipeline splits: stages 1 .. L % P one more), costed on the H100 profile (bf16,
- *     the CUDA backend's fused ops: the overlapped TP and DP collectives) and on the host one:
+ *     blocks (uneven pipeline splits: stages 1 .. L % P one more), costed on the H100 profile
+ *     (bf16, the CUDA backend's fused ops: the overlapped TP and DP collectives) and the host's:
  *     the same configurations, each extrapolated (probe > 0), with the same peak, its four parts
  *     and the fit exactly (bytes), the same refusals, and the step time, tokens/s, MFU, bubble,
  *     compute and exposed collective time within 1e-9 relative;
@@ -64,8 +64,8 @@ static void compare(tpk_ctx *ctx, const tpk_plan_desc *d, int *probed, int *rows
         const tpk_plan_cfg *x = &a[i], *y = NULL;
         for (int j = 0; j < nb && !y; j++)
             if (same_key(x, &b[j])) y = &b[j];
-        CHECK(y != NULL, "TP %d PP %d DP %d mb %d: not planned by the extrapolation", x->tp,
-              x->pp, x->dp, x->micro_batch);
+        CHECK(y != NULL, "TP %d PP %d DP %d mb %d: not planned by the extrapolation", x->tp, x->pp,
+              x->dp, x->micro_batch);
         if (!y) continue;
         *probed += y->probe > 0;
         CHECK(x->probe == 0, "the exact plan probed (%lld)", (long long)x->probe);
@@ -78,18 +78,18 @@ static void compare(tpk_ctx *ctx, const tpk_plan_desc *d, int *probed, int *rows
                   x->activ_bytes == y->activ_bytes,
               "TP %d PP %d DP %d mb %d %s zero %d sp %d: peak %.0f against %.0f (weights %.0f "
               "%.0f, grads %.0f %.0f, optim %.0f %.0f)",
-              x->tp, x->pp, x->dp, x->micro_batch, tpk_recompute_name(x->recompute), x->zero,
-              x->sp, x->peak_bytes, y->peak_bytes, x->weights_bytes, y->weights_bytes,
-              x->grads_bytes, y->grads_bytes, x->optim_bytes, y->optim_bytes);
+              x->tp, x->pp, x->dp, x->micro_batch, tpk_recompute_name(x->recompute), x->zero, x->sp,
+              x->peak_bytes, y->peak_bytes, x->weights_bytes, y->weights_bytes, x->grads_bytes,
+              y->grads_bytes, x->optim_bytes, y->optim_bytes);
         CHECK(near(x->step_seconds, y->step_seconds) && near(x->tokens_per_s, y->tokens_per_s) &&
                   near(x->mfu, y->mfu) && near(x->bubble, y->bubble) &&
                   near(x->compute_s, y->compute_s) &&
                   fabs(x->exposed_comm_s - y->exposed_comm_s) <= 1e-9 * x->step_seconds,
               "TP %d PP %d DP %d mb %d %s zero %d sp %d: step %.12g against %.12g, bubble %.9g "
               "%.9g, compute %.12g %.12g, exposed %.12g %.12g, MFU %.9g %.9g",
-              x->tp, x->pp, x->dp, x->micro_batch, tpk_recompute_name(x->recompute), x->zero,
-              x->sp, x->step_seconds, y->step_seconds, x->bubble, y->bubble, x->compute_s,
-              y->compute_s, x->exposed_comm_s, y->exposed_comm_s, x->mfu, y->mfu);
+              x->tp, x->pp, x->dp, x->micro_batch, tpk_recompute_name(x->recompute), x->zero, x->sp,
+              x->step_seconds, y->step_seconds, x->bubble, y->bubble, x->compute_s, y->compute_s,
+              x->exposed_comm_s, y->exposed_comm_s, x->mfu, y->mfu);
     }
     tpk_free(ctx, a), tpk_free(ctx, b);
 }
@@ -118,8 +118,7 @@ int main(int argc, char **argv) {
                 int probed = 0, rows = 0;
                 compare(&ctx, &d, &probed, &rows);
                 CHECK(probed > rows / 2, "%d of %d configurations extrapolated", probed, rows);
-                if (test__rank == 0)
-                    printf("  %d configurations, %d extrapolated\n", rows, probed);
+                if (test__rank == 0) printf("  %d configurations, %d extrapolated\n", rows, probed);
             }
         }
     }
@@ -221,8 +220,8 @@ int main(int argc, char **argv) {
             if (n == 1 && v) pk[i] = v[0].peak_bytes;
             tpk_free(&ctx, v);
         }
-        CHECK(pk[1] - pk[0] == pk[2] - pk[1] && pk[1] > pk[0], "peaks %.0f %.0f %.0f", pk[0],
-              pk[1], pk[2]);
+        CHECK(pk[1] - pk[0] == pk[2] - pk[1] && pk[1] > pk[0], "peaks %.0f %.0f %.0f", pk[0], pk[1],
+              pk[2]);
     }
 
     TEST_CASE("plan_depth_collective_past_int_max") {
@@ -243,8 +242,8 @@ int main(int argc, char **argv) {
             CHECK(n == 1 && m == 1 && v && w, "%d and %d rows", n, m);
             if (n == 1 && m == 1 && v && w) {
                 CHECK(v[0].probe > 0, "not extrapolated");
-                CHECK(v[0].fits == !i && w[0].fits == !i, "L %d: fits %d (exact %d)",
-                      i ? 50 : 30, v[0].fits, w[0].fits);
+                CHECK(v[0].fits == !i && w[0].fits == !i, "L %d: fits %d (exact %d)", i ? 50 : 30,
+                      v[0].fits, w[0].fits);
                 if (i)
                     CHECK(strstr(v[0].reason, "expected at most 2147483647 per call") &&
                               strstr(w[0].reason, "expected at most 2147483647 per call"),

@@ -685,8 +685,7 @@ static inline tpk_status tpk__count_c_reduce_scatterv(tpk_ctx *ctx, tpk_comm *g,
                                                       tpk_request *req) {
     (void)send, (void)recv, (void)op;
     double bytes = tpk__count_sum(g, counts, dt);
-    return tpk__count_coll(ctx, g, TPK_COLL_REDUCE_SCATTER, bytes, bytes / tpk_dtype_size(dt),
-                           req);
+    return tpk__count_coll(ctx, g, TPK_COLL_REDUCE_SCATTER, bytes, bytes / tpk_dtype_size(dt), req);
 }
 static inline tpk_status tpk__count_c_bcast(tpk_ctx *ctx, tpk_comm *g, void *buf, size_t count,
                                             tpk_dtype dt, int root, tpk_request *req) {

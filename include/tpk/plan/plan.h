@@ -240,8 +240,7 @@ static inline tpk_status tpk__plan_stage_at(tpk_ctx *err, const tpk_plan_desc *d
                                             int stage, int64_t n, tpk__plan_stage *out,
                                             tpk_pipe_schedule *sched) {
     for (int64_t k = TPK_PLAN_PROBE;; k *= 2) {
-        if (d->exact || n <= 3 * k + 3)
-            return tpk__plan_stage_run(err, d, p, stage, 0, out, sched);
+        if (d->exact || n <= 3 * k + 3) return tpk__plan_stage_run(err, d, p, stage, 0, out, sched);
         tpk__plan_stage x[3];
         double *f[3][TPK__PLAN_FIELDS], *o[TPK__PLAN_FIELDS];
         memset(x, 0, sizeof x);
