@@ -343,9 +343,11 @@ test: deps
 
 # CI: what make test leaves out (tests/run.sh long): the other rank counts, the emulation's checked
 # build under the race detector and its own test, its fallback and 99 KiB runs, the CUDA C++ test
-# (built by make cuda-check where nvcc is found), the trainer scripts' long cases. Run after make test.
+# (where nvcc is found: built with the CUDA archive, as make cuda-check does), the trainer scripts'
+# long cases. CI runs it after make test.
 test-long: deps
-	@t0=$$(date +%s); $(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(TEST_PROGS) $(TESTS_LONG) || exit 1; \
+	@t0=$$(date +%s); $(if $(HAVE_CUDA),$(MAKE) --no-print-directory $(TEST_JOBS) $(B)/tests/cuda_cxx || exit 1;) \
+	  $(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(TEST_PROGS) $(TESTS_LONG) || exit 1; \
 	  mkdir -p $(B)/tests && times > $(B)/tests/build-times.txt; \
 	  TPK_BUILD=$(B) TPK_BUILD_SECONDS=$$(($$(date +%s) - t0)) TPK_BUILD_TIMES=$(B)/tests/build-times.txt sh tests/run.sh long
 
