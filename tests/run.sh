@@ -287,7 +287,7 @@ phase "trainer scripts"
 script train 1-4 tests/train.sh
 # a model of one's own (examples/custom_model.c): the same losses at 1, 2 and 4 ranks, a checkpoint
 # saved at TP 2 x DP 2 and resumed at 1 and 2 ranks
-script custom_model 1-4 tests/custom_model.sh
+quick_set && script custom_model 1-4 tests/custom_model.sh
 # the configuration planner against real runs (memory), its table, --json, --calibrate and bad input
 script plan 1-4 tests/plan.sh
 # text: Unicode classes, NFC and UTF-8 against Python (tests/unicode.sh); the tokenizer against
