@@ -19,7 +19,7 @@
  *                      [out, in]), the step and the id, when an optimizer is given
  * Saving gathers every tensor over TP (collective on every rank); world rank 0 writes the files
  * into DIR.tpk-new and swaps it in for DIR by rename, carrying over DIR's other files, so DIR is
- * replaced whole or not at all (tpk__hf_commit; a load reads DIR.tpk-old when a save stopped
+ * replaced whole or not at all (tpk_ckpt_commit; a load reads DIR.tpk-old when a save stopped
  * between the renames, and the next save repairs); every rank gets the same status.
  * Loading reads the files on every rank and sets each rank's shard (no communication), so a
  * checkpoint saved at t = 2 loads at t = 4; it also reads a Hugging Face GPT-2 directory (names
@@ -215,58 +215,23 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
     return TPK_OK;
 }
 
-/* A checkpoint path's names, trailing slashes dropped: base (the checkpoint), base.tpk-old (the
- * previous checkpoint while a save swaps the two), base.tpk-new (a save's files until the swap),
- * and base's parent directory (fsynced after each rename). False when the path is empty or too
- * long. */
-typedef struct tpk__hf_paths {
-    char base[1024], old[1040], tmp[1040], parent[1024];
-} tpk__hf_paths;
-static inline bool tpk__hf_paths_of(const char *dir, tpk__hf_paths *p) {
-    size_t n = dir ? strlen(dir) : 0;
-    while (n > 1 && dir[n - 1] == '/') n--;
-    if (n == 0 || n >= sizeof p->base) return false;
-    memcpy(p->base, dir, n), p->base[n] = 0;
-    snprintf(p->old, sizeof p->old, "%s.tpk-old", p->base),
-        snprintf(p->tmp, sizeof p->tmp, "%s.tpk-new", p->base);
-    const char *slash = strrchr(p->base, '/');
-    if (!slash) snprintf(p->parent, sizeof p->parent, ".");
-    else
-        snprintf(p->parent, sizeof p->parent, "%.*s", slash == p->base ? 1 : (int)(slash - p->base),
-                 p->base);
-    return true;
-}
-
-/* The directory a load reads for dir: dir when it holds config.json, else dir.tpk-old when that
- * does (a save stopped between its two renames: the previous checkpoint is the checkpoint), else
- * dir (whose error then names it). */
-static inline void tpk__hf_resolve(const char *dir, char *out, size_t n) {
-    tpk__hf_paths p;
-    char cj[1100];
-    snprintf(out, n, "%s", dir ? dir : "");
-    if (!tpk__hf_paths_of(dir, &p)) return;
-    snprintf(cj, sizeof cj, "%s/config.json", p.base);
-    if (access(cj, F_OK) == 0) return;
-    snprintf(cj, sizeof cj, "%s/config.json", p.old);
-    if (access(cj, F_OK) == 0) snprintf(out, n, "%s", p.old);
-}
-
 /* dir/config.json's bytes (free them) and its path (dir.tpk-old's after a stopped save:
- * tpk__hf_resolve). */
+ * tpk_ckpt_resolve). */
 static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const char *dir, char *path,
                                           size_t np, uint8_t **b, size_t *n) {
     if (!ctx) return TPK_ERR_ARG;
     if (!dir) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dir: NULL");
     char d[1100];
-    tpk__hf_resolve(dir, d, sizeof d); /* a save stopped mid-swap: the previous checkpoint */
+    TPK_TRY(tpk_ckpt_resolve(ctx, dir, d, sizeof d)); /* a save stopped mid-swap: the previous
+                                                          checkpoint */
     snprintf(path, np, "%s/config.json", d);
     return tpk__read_file(ctx, fn, path, b, n);
 }
 
 /* GPTNeoXForCausalLM's config.json: the sizes, rotary_pct (or partial_rotary_factor),
  * rotary_emb_base (or rope_theta), layer_norm_eps, hidden_act ("gelu": exact; "gelu_new",
- * "gelu_pytorch_tanh", "gelu_fast": the tanh form); refused: another activation, a sequential
- * residual, biases off, a tied head, scaled rotary embeddings. */
+ * "gelu_pytorch_tanh", "gelu_fast": the tanh form), use_parallel_residual (false: the sequential
+ * block); refused: another activation, biases off, a tied head, scaled rotary embeddings. */
 static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
                                                const char *what, tpk_neox_config *cfg) {
     static const char *fn = "tpk_neox_config_parse";
@@ -341,7 +306,7 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     cfg->sequential = v[NPAR].kind && !v[NPAR].num;
     return TPK_OK;
 }
-/* A family's config from dir/config.json (of the checkpoint dir holds, tpk__hf_resolve), as its
+/* A family's config from dir/config.json (of the checkpoint dir holds, tpk_ckpt_resolve), as its
  * tpk_F_config_parse. */
 static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk_gpt2_config *cfg) {
     static const char *fn = "tpk_gpt2_config_read";
