@@ -2,6 +2,8 @@
  * parallelism to train a model with on a cluster, by a dry run of the kit's own code on every
  * configuration (tpk/plan/plan.h) costed on a hardware profile (tpk/plan/hw.h).
  *
+ * The model's flags (--arch, the shape, a family's, --load) and --dtype are the trainer's table
+ * (tpk/train/options.h: the same ranges and messages); the planner's own are a table here.
  *   plan [model flags | --load DIR] --seq-len S --batch B --gpus N --gpus-per-node G
  *        --profile h100|h200|a100-40|a100-80|cpu|FILE [--json] [--all] [--top K]
  *        [--tokens N] [--target TOKENS_PER_S] [--tp T --pp P --micro-batch M --recompute R
@@ -23,29 +25,57 @@
 #include <tpk/tpk.h>
 #include <tpk/plan/plan.h>
 #include <tpk/runtime/mpi.h>
+#include <tpk/train/options.h>
 
-static const char *usage =
-    "usage: plan [--arch gpt2|llama|neox --layers L --hidden H --heads A --vocab V --positions P "
-    "(family flags: --kv-heads, --ffn, ...) | --load DIR]\n"
-    "            --seq-len 1024 --batch 512 (global, sequences) --gpus 8 --gpus-per-node 8\n"
-    "            --profile h100|h200|a100-40|a100-80|cpu|FILE (default h100) --dtype bf16|f32\n"
-    "            [--json] [--all] [--top 10] [--tokens N] [--target TOKENS_PER_S]\n"
-    "            [--tp T] [--pp P] [--micro-batch M] [--recompute none|selective|full] [--zero "
-    "0|1] [--sequence-parallel 0|1]\n"
-    "       plan --calibrate FILE [model flags] [--seq-len S] [--batch B]: measure this machine "
-    "(the host backend; under mpirun its collectives) into a profile file\n";
-
+/* The planner's own flags; the model's (--arch, the shape, a family's flags, --load) and --dtype
+ * are the trainer's table (tpk/train/options.h): the same ranges and messages. */
 typedef struct opts {
-    const char *arch, *load, *profile, *dtype, *calibrate, *recompute;
-    int64_t layers, hidden, heads, vocab, positions, seq, batch;
-    int gpus, gpn, top, tp, pp, mb, zero, sp;
+    const char *profile, *calibrate, *recompute;
+    int64_t seq, batch, gpus, gpn, top, tp, pp, mb, zero, sp; /* -1: not given */
     bool json, all;
     double tokens, target;
-    struct {
-        const char *flag, *value;
-    } fam[16];
-    int nfam;
+    tpk_run_opts model;
 } opts;
+
+static const tpk_flag plan_flags[] = {
+    {"--seq-len", TPK_FLAG_INT, 1, 1e9, "1024", NULL, NULL, 1, "plan", NULL, offsetof(opts, seq)},
+    {"--batch", TPK_FLAG_INT, 1, 1e9, "512", NULL, NULL, 1, "plan", "global, sequences",
+     offsetof(opts, batch)},
+    {"--gpus", TPK_FLAG_INT, 0, 1e6, "8", NULL, NULL, 1, "plan", NULL, offsetof(opts, gpus)},
+    {"--gpus-per-node", TPK_FLAG_INT, 0, 1e6, NULL, "G", NULL, 1, "plan", "default: the profile's",
+     offsetof(opts, gpn)},
+    {"--profile", TPK_FLAG_STR, 0, 0, "h100", NULL, NULL, 1, "plan",
+     "h100|h200|a100-40|a100-80|cpu|FILE", offsetof(opts, profile)},
+    {"--json", TPK_FLAG_BOOL, 0, 0, NULL, NULL, NULL, 1, "output", NULL, offsetof(opts, json)},
+    {"--all", TPK_FLAG_BOOL, 0, 0, NULL, NULL, NULL, 1, "output", NULL, offsetof(opts, all)},
+    {"--top", TPK_FLAG_INT, 0, 1e9, "10", NULL, NULL, 1, "output", NULL, offsetof(opts, top)},
+    {"--tokens", TPK_FLAG_NUM, 1, 1e20, NULL, "N", NULL, 1, "output", "the time to train them",
+     offsetof(opts, tokens)},
+    {"--target", TPK_FLAG_NUM, 1, 1e20, NULL, "TOKENS_PER_S", NULL, 1, "output",
+     "the GPUs that reach it", offsetof(opts, target)},
+    {"--tp", TPK_FLAG_INT, 1, 1e6, NULL, "T", NULL, 1, "restrict", NULL, offsetof(opts, tp)},
+    {"--pp", TPK_FLAG_INT, 1, 1e6, NULL, "P", NULL, 1, "restrict", NULL, offsetof(opts, pp)},
+    {"--micro-batch", TPK_FLAG_INT, 1, 1e9, NULL, "M", NULL, 1, "restrict", NULL,
+     offsetof(opts, mb)},
+    {"--recompute", TPK_FLAG_CHOICE, 0, 0, NULL, "none|selective|full", NULL, 1, "restrict", NULL,
+     offsetof(opts, recompute)},
+    {"--zero", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
+     offsetof(opts, zero)},
+    {"--sequence-parallel", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
+     offsetof(opts, sp)},
+    {"--calibrate", TPK_FLAG_STR, 0, 0, NULL, "FILE", NULL, 1, "calibrate",
+     "measure this machine (the host backend; under mpirun its collectives) into a profile file; "
+     "with the model flags, --seq-len and --micro-batch",
+     offsetof(opts, calibrate)},
+};
+
+/* The flag sets: the planner's and the trainer's model flags and --dtype. */
+static void flag_sets(opts *o, tpk_flag_set sets[2]) {
+    int nt = 0;
+    const tpk_flag *t = tpk_run_flags(&nt);
+    sets[0] = (tpk_flag_set){t, nt, TPK_OPT_MODEL | TPK_OPT_DTYPE, &o->model};
+    sets[1] = (tpk_flag_set){plan_flags, (int)(sizeof plan_flags / sizeof plan_flags[0]), 1, o};
+}
 
 static int fail(const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "plan: ");
@@ -54,137 +84,32 @@ static int fail(const char *fmt, const char *a, const char *b) {
     return 2;
 }
 
-static bool num(const char *v, double lo, double hi, double *x) {
-    char *end = NULL;
-    if (!v) return false;
-    *x = strtod(v, &end);
-    return end != v && !*end && *x >= lo && *x <= hi;
-}
-
+/* The flags into o: 0, -1 for --help, or 2 with the error printed. */
 static int parse(int argc, char **argv, opts *o) {
-    *o = (opts){.profile = "h100",
-                .seq = 1024,
-                .batch = 512,
-                .gpus = 8,
-                .top = 10,
-                .tp = 0,
-                .zero = -1,
-                .sp = -1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double x = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
-            continue;
-        }
-        if (!strcmp(a, "--all")) {
-            o->all = true;
-            continue;
-        }
-        const char **str[] = {&o->arch,  &o->load,      &o->profile,
-                              &o->dtype, &o->calibrate, &o->recompute};
-        const char *sname[] = {"--arch",  "--load",      "--profile",
-                               "--dtype", "--calibrate", "--recompute"};
-        int k = 0;
-        while (k < 6 && strcmp(a, sname[k])) k++;
-        if (k < 6) {
-            if (!v || !*v) return fail("%s: expects a value%s", a, "");
-            *str[k] = v, i++;
-            continue;
-        }
-        struct {
-            const char *n;
-            double lo, hi;
-            int64_t *i64;
-            int *i32;
-            double *d;
-        } nums[] = {{"--layers", 1, 1e6, &o->layers, NULL, NULL},
-                    {"--hidden", 1, 1e7, &o->hidden, NULL, NULL},
-                    {"--heads", 1, 1e5, &o->heads, NULL, NULL},
-                    {"--vocab", 1, 1e8, &o->vocab, NULL, NULL},
-                    {"--positions", 1, 1e8, &o->positions, NULL, NULL},
-                    {"--seq-len", 1, 1e8, &o->seq, NULL, NULL},
-                    {"--batch", 1, 1e9, &o->batch, NULL, NULL},
-                    {"--gpus", -1e9, 1e9, NULL, &o->gpus, NULL},
-                    {"--gpus-per-node", -1e9, 1e6, NULL, &o->gpn, NULL},
-                    {"--top", 0, 1e9, NULL, &o->top, NULL},
-                    {"--tp", 1, 1e6, NULL, &o->tp, NULL},
-                    {"--pp", 1, 1e6, NULL, &o->pp, NULL},
-                    {"--micro-batch", 1, 1e9, NULL, &o->mb, NULL},
-                    {"--zero", 0, 1, NULL, &o->zero, NULL},
-                    {"--sequence-parallel", 0, 1, NULL, &o->sp, NULL},
-                    {"--tokens", 1, 1e20, NULL, NULL, &o->tokens},
-                    {"--target", 1, 1e20, NULL, NULL, &o->target}};
-        int nn = (int)(sizeof nums / sizeof nums[0]);
-        for (k = 0; k < nn && strcmp(a, nums[k].n); k++) {}
-        if (k < nn) {
-            if (!num(v, nums[k].lo, nums[k].hi, &x) ||
-                ((nums[k].i64 || nums[k].i32) && x != floor(x))) {
-                char range[64];
-                snprintf(range, sizeof range, "[%g, %g]", nums[k].lo, nums[k].hi);
-                fprintf(stderr, "plan: %s: expected %s in %s, got \"%s\"\n", a,
-                        nums[k].d ? "a number" : "an integer", range, v ? v : "nothing");
-                return 2;
-            }
-            if (nums[k].i64) *nums[k].i64 = (int64_t)x;
-            else if (nums[k].i32) *nums[k].i32 = (int)x;
-            else *nums[k].d = x;
-            i++;
-            continue;
-        }
-        if (tpk_model_flag(TPK_ARCH_COUNT, a)) {
-            if (!v || o->nfam == 16) return fail("%s: expects a value%s", a, "");
-            o->fam[o->nfam].flag = a, o->fam[o->nfam++].value = v, i++;
-            continue;
-        }
-        return fail("unknown argument \"%s\"%s (--help lists them)", a, "");
-    }
-    return 0;
+    tpk_flag_set sets[2];
+    char err[512];
+    flag_sets(o, sets);
+    int r = tpk_flags_parse(sets, 2, argc, argv, NULL, NULL, err, sizeof err);
+    if (r > 0) return fprintf(stderr, "plan: error: %s\n", err), 2;
+    if (o->mb < 0) o->mb = 0;
+    if (o->tp < 0) o->tp = 0;
+    if (o->pp < 0) o->pp = 0;
+    if (o->gpn < 0) o->gpn = 0;
+    if (o->tokens < 0) o->tokens = 0;
+    if (o->target < 0) o->target = 0;
+    o->model.seq = o->seq; /* the model's positions: --positions, else --seq-len */
+    return r;
 }
 
-/* The model config from the flags or --load DIR; false with the message printed. */
+/* The model config from the flags or --load DIR (GPT-2 small unless given); false with the
+ * message printed. */
 static bool model_config(tpk_ctx *ctx, const opts *o, tpk_model_config *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->arch = TPK_ARCH_GPT2;
-    if (o->arch && !tpk_arch_from_name(o->arch, false, &cfg->arch)) {
-        fprintf(stderr, "plan: --arch %s: expected gpt2, llama or neox\n", o->arch);
-        return false;
-    }
-    if (o->load && tpk_model_config_read(ctx, o->load, cfg) != TPK_OK) {
-        fprintf(stderr, "plan: --load %s: %s\n", o->load, tpk_last_error(ctx));
-        return false;
-    }
-    int64_t *sh[5];
-    tpk_model_config_common(cfg, sh, 0, false, TPK_RECOMPUTE_NONE);
-    if (!o->load) {
-        *sh[0] = o->vocab ? o->vocab : 50257, *sh[2] = o->layers ? o->layers : 12;
-        *sh[3] = o->hidden ? o->hidden : 768, *sh[4] = o->heads ? o->heads : 12;
-    }
-    if (!*sh[1] || o->positions) *sh[1] = o->positions ? o->positions : o->seq;
-    if (o->seq > *sh[1]) {
-        fprintf(stderr, "plan: --seq-len %lld is longer than the model's %lld positions\n",
-                (long long)o->seq, (long long)*sh[1]);
-        return false;
-    }
-    for (int k = 0; k < o->nfam; k++) {
-        const tpk_lm_flag *f = tpk_model_flag(cfg->arch, o->fam[k].flag);
-        double x = 0;
-        if (!f) {
-            fprintf(stderr, "plan: %s: not a flag of --arch %s\n", o->fam[k].flag,
-                    tpk_arch_name(cfg->arch));
-            return false;
-        }
-        if (!num(o->fam[k].value, f->lo, f->hi, &x) || (f->is_int && x != floor(x))) {
-            fprintf(stderr, "plan: %s: expected %s in [%g, %g], got \"%s\"\n", o->fam[k].flag,
-                    f->is_int ? "an integer" : "a number", f->lo, f->hi, o->fam[k].value);
-            return false;
-        }
-        void *field = (char *)tpk__model_cfg(cfg) + f->off;
-        if (f->is_int) *(int64_t *)field = (int64_t)x;
-        else *(float *)field = (float)x;
-    }
-    return true;
+    char err[512];
+    int64_t def[4] = {50257, 12, 768, 12}, S = 0;
+    if (tpk_run_model_config(ctx, &o->model, def, o->seq, cfg, &S, err, sizeof err) == TPK_OK)
+        return true;
+    fprintf(stderr, "plan: error: %s\n", err);
+    return false;
 }
 
 static double now(void) {
@@ -257,14 +182,16 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         for (int64_t i = 0; ids && i < B * S; i++) ids[i] = (int32_t)((i * 7919) % 97);
         if (!ids) return 1;
         for (int a = 0; a < TPK_ARCH_COUNT; a++) {
+            if (a == TPK_ARCH_CUSTOM) continue; /* a program's own model */
             opts fo = *o;
             tpk_model_config cfg;
             tpk_model m;
             tpk_adamw opt = {0};
             tpk_dp_buckets b = {0};
-            fo.arch = tpk_arch_name((tpk_arch)a), fo.load = NULL;
-            if (o->arch && strcmp(o->arch, fo.arch)) fo.nfam = 0; /* its flags: its family's */
-            if (!o->arch && a != TPK_ARCH_GPT2) fo.nfam = 0;
+            const char *arch = o->model.arch;
+            fo.model.arch = tpk_arch_name((tpk_arch)a), fo.model.load = NULL;
+            if (arch && strcmp(arch, fo.model.arch)) fo.model.fam.n = 0; /* its family's flags */
+            if (!arch && a != TPK_ARCH_GPT2) fo.model.fam.n = 0;
             if (!model_config(&ctx, &fo, &cfg)) return 1;
             if (tpk_model_init(&ctx, &m, &cfg) ||
                 tpk_adamw_init(&ctx, &opt,
@@ -283,22 +210,24 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         free(ids);
         tpk_profile *p = ctx.prof;
         for (int r = 0; r < p->nrows && h.nops < TPK_HW_OPS; r++) {
-            const tpk__prof_row *row = &p->rows[r];
-            if (row->ms <= 0 || strchr(row->name, '.') || strchr(row->name, ' ') ||
-                !strcmp(row->name, "gemm") || !strcmp(row->name, "gemm_acc") ||
-                strlen(row->name) >= sizeof h.op[0].name)
+            const char *name = p->rows[r].name;
+            double ms = p->rows[r].ms, flops = p->rows[r].flops, bytes = p->rows[r].bytes;
+            if (ms <= 0 || strchr(name, '.') || strchr(name, ' ') || !strcmp(name, "gemm") ||
+                !strcmp(name, "gemm_acc") || strlen(name) >= sizeof h.op[0].name)
                 continue; /* plain GEMMs by class; collectives apart */
             tpk_hw_op *q = &h.op[h.nops];
-            snprintf(q->name, sizeof q->name, "%s", row->name);
+            snprintf(q->name, sizeof q->name, "%s", name);
             /* the rate net of the fixed cost each call pays */
-            double sec = row->ms * 1e-3 - (double)row->calls * h.op_us * 1e-6;
-            if (sec <= row->ms * 1e-4) sec = row->ms * 1e-4;
-            if (row->flops > 0) q->tflops = row->flops / sec * 1e-12;
-            else if (row->bytes > 0) q->gbs = row->bytes / sec * 1e-9;
+            double sec = ms * 1e-3 - (double)p->rows[r].calls * h.op_us * 1e-6;
+            if (sec <= ms * 1e-4) sec = ms * 1e-4;
+            if (flops > 0) q->tflops = flops / sec * 1e-12;
+            else if (bytes > 0) q->gbs = bytes / sec * 1e-9;
             else continue;
             h.nops++;
         }
-        const tpk_hw_op *af = tpk__hw_find(&h, "attn_fwd");
+        const tpk_hw_op *af = NULL;
+        for (int i = 0; i < h.nops && !af; i++)
+            af = strcmp(h.op[i].name, "attn_fwd") ? NULL : &h.op[i];
         if (af) h.attn_tflops = af->tflops;
     }
     tpk_ctx_destroy(&ctx);
@@ -381,7 +310,18 @@ static void duration(double s, char *buf, size_t n) {
 int main(int argc, char **argv) {
     opts o;
     int pr = parse(argc, argv, &o);
-    if (pr < 0) return fputs(usage, stdout), 0;
+    if (pr < 0) {
+        tpk_flag_set sets[2];
+        flag_sets(&o, sets);
+        tpk_flags_usage(
+            stdout,
+            "usage: plan [model flags | --load DIR] [plan flags]: the fastest TP x PP x DP, "
+            "micro-batch,\n  recompute, ZeRO-1 and SP that fit; a GPT-2 small (--layers 12 "
+            "--hidden 768 --heads 12\n  --vocab 50257) unless given\n"
+            "       plan --calibrate FILE [model flags] [--seq-len S] [--micro-batch M]\n",
+            sets, 2);
+        return 0;
+    }
     if (pr) return pr;
     if (o.calibrate) { /* under mpirun: the world's collectives too */
         MPI_Init(&argc, &argv);
@@ -407,29 +347,27 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (o.gpus < 1)
-        return fprintf(stderr, "plan: --gpus %d: expected at least 1 GPU (rank)\n", o.gpus), 2;
-    int gpn = o.gpn ? o.gpn : hw.gpus_per_node;
+        return fprintf(stderr, "plan: --gpus %d: expected at least 1 GPU (rank)\n", (int)o.gpus), 2;
+    int gpn = o.gpn ? (int)o.gpn : hw.gpus_per_node;
     if (gpn < 1) return fprintf(stderr, "plan: --gpus-per-node %d: expected at least 1\n", gpn), 2;
-    if (gpn > o.gpus) gpn = o.gpus;
+    if (gpn > o.gpus) gpn = (int)o.gpus;
     if (o.gpus % gpn)
         return fprintf(stderr,
                        "plan: --gpus %d is not a whole number of nodes of --gpus-per-node %d\n",
-                       o.gpus, gpn),
+                       (int)o.gpus, gpn),
                2;
     tpk_recompute rc = TPK_RECOMPUTE_NONE;
-    if (o.recompute && !tpk_recompute_parse(o.recompute, &rc))
-        return fail("--recompute %s: expected none, selective or full%s", o.recompute, ""), 2;
-    if (o.dtype && strcmp(o.dtype, "bf16") && strcmp(o.dtype, "f32"))
-        return fail("--dtype %s: expected bf16 or f32%s", o.dtype, ""), 2;
+    if (o.recompute) tpk_recompute_parse(o.recompute, &rc); /* one of them (the table's) */
     tpk_plan_desc d;
     memset(&d, 0, sizeof d);
     if (!model_config(&err, &o, &d.model)) return 2;
-    d.seq = o.seq, d.batch = o.batch, d.gpus = o.gpus, d.gpus_per_node = gpn, d.hw = &hw;
+    d.seq = o.seq, d.batch = o.batch, d.gpus = (int)o.gpus, d.gpus_per_node = gpn, d.hw = &hw;
     d.like = hw.host ? tpk_ops_host() : NULL;
-    d.dtype = o.dtype   ? (strcmp(o.dtype, "bf16") ? TPK_F32 : TPK_BF16)
-              : hw.host ? TPK_F32
-                        : TPK_BF16;
-    d.tp = o.tp, d.pp = o.pp, d.micro_batch = o.mb, d.zero = o.zero, d.sp = o.sp;
+    d.dtype = o.model.dtype ? (strcmp(o.model.dtype, "bf16") ? TPK_F32 : TPK_BF16)
+              : hw.host     ? TPK_F32
+                            : TPK_BF16;
+    d.tp = (int)o.tp, d.pp = (int)o.pp, d.micro_batch = (int)o.mb, d.zero = (int)o.zero;
+    d.sp = (int)o.sp;
     d.recompute = o.recompute ? (int)rc : -1;
     tpk_plan_cfg *v = NULL;
     int n = 0;
@@ -456,7 +394,7 @@ int main(int argc, char **argv) {
     tpk_plan_model_params(&err, &d, &params);
     printf("plan: %s L=%lld H=%lld A=%lld V=%lld, %.1fM parameters | S=%lld, global batch %lld "
            "sequences (%.0f tokens) | %d GPUs = %d node%s x %d | %s %s\n",
-           tpk__model_family(d.model.arch)->title, (long long)*sh[2], (long long)*sh[3],
+           tpk_run_family_title(d.model.arch), (long long)*sh[2], (long long)*sh[3],
            (long long)*sh[4], (long long)*sh[0], params / 1e6, (long long)d.seq, (long long)d.batch,
            (double)d.batch * d.seq, d.gpus, d.gpus / gpn, d.gpus / gpn == 1 ? "" : "s", gpn,
            hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
@@ -510,7 +448,7 @@ int main(int argc, char **argv) {
         printf("time to train %.3g tokens: %s\n", o.tokens, t);
     }
     if (o.target > 0) { /* nodes doubled until the best reaches the target */
-        int g = o.gpus;
+        int g = (int)o.gpus;
         double best = b->tokens_per_s;
         while (best < o.target && g < (1 << 16)) {
             double before = best;

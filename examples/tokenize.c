@@ -10,11 +10,16 @@
  *                                             tokens added ("-": standard input)
  *   tokenize --tokenizer DIR --decode FILE    ids (whitespace-separated) back to bytes on stdout
  *                                             (--skip-special: special tokens left out)
- * One process; no MPI. Errors: one line on stderr, exit status 1. */
+ * --tokenizer is the trainer's flag (tpk/train/options.h), the rest a table here, parsed by the
+ * same parser (tpk/train/flags.h): the same messages. One process; no MPI. Errors: one line on
+ * stderr, exit status 1. */
+#define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <limits.h>
 #include <tpk/base/ctx.h>
 #include <tpk/text/tokenizer.h>
+#include <tpk/train/options.h>
+#include <tpk/train/sources.h>
 
 static tpk_ctx ctx; /* for its error message alone */
 
@@ -28,11 +33,28 @@ static int failed(void) {
     fprintf(stderr, "tokenize: %s\n", tpk_last_error(&ctx));
     return 1;
 }
-/* The whole of path ("-": standard input) into *b, *n. */
-static tpk_status read_all(const char *path, uint8_t **b, size_t *n) {
-    return strcmp(path, "-") ? tpk__read_file(&ctx, "tokenize", path, b, n)
-                             : tpk__read_stream(&ctx, "tokenize", "standard input", stdin, b, n);
-}
+/* The tokenizer's own flags (--tokenizer: the trainer's table's). */
+typedef struct opts {
+    const char *out, *print, *decode;
+    double val;
+    int64_t shard;
+    bool skip;
+} opts;
+static const tpk_flag tokenize_flags[] = {
+    {"--out", TPK_FLAG_STR, 0, 0, NULL, "PREFIX", NULL, 1, "shards",
+     "FILE... after the flags: PREFIX_val_000000.bin, PREFIX_train_000000.bin, ...",
+     offsetof(opts, out)},
+    {"--val", TPK_FLAG_NUM, 0, 0.999999, "0.1", NULL, "a fraction in [0, 1)", 1, "shards",
+     "the validation share", offsetof(opts, val)},
+    {"--shard-tokens", TPK_FLAG_INT, 1, INT_MAX, "100000000", NULL, NULL, 1, "shards",
+     "tokens a shard; its header counts in int32", offsetof(opts, shard)},
+    {"--print", TPK_FLAG_STR, 0, 0, NULL, "FILE", NULL, 1, "ids", "its ids (\"-\": standard input)",
+     offsetof(opts, print)},
+    {"--decode", TPK_FLAG_STR, 0, 0, NULL, "FILE", NULL, 1, "decode", "ids back to bytes",
+     offsetof(opts, decode)},
+    {"--skip-special", TPK_FLAG_BOOL, 0, 0, NULL, NULL, NULL, 1, "decode",
+     "special tokens left out", offsetof(opts, skip)},
+};
 /* ids[0..n) as an llm.c shard (version 1: uint16 tokens). */
 static tpk_status write_shard(const char *path, const int32_t *ids, size_t n) {
     FILE *f = fopen(path, "wb");
@@ -58,40 +80,29 @@ static tpk_status write_shard(const char *path, const int32_t *ids, size_t n) {
 }
 
 int main(int argc, char **argv) {
-    const char *tok = NULL, *out = NULL, *print = NULL, *decode = NULL;
-    double val = 0.1;
-    long long shard = 100000000;
-    bool skip = false;
-    int nfiles = 0;
+    opts o;
+    tpk_run_opts ro;
+    int nt = 0, nfiles = 0;
+    const tpk_flag *table = tpk_run_flags(&nt);
+    tpk_flag_set sets[2] = {
+        {table, nt, TPK_OPT_TOKENIZER, &ro},
+        {tokenize_flags, (int)(sizeof tokenize_flags / sizeof tokenize_flags[0]), 1, &o}};
+    char err[512];
     const char **files = (const char **)calloc((size_t)argc, sizeof *files);
     if (!files) return die("%s", "out of memory");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool takes = !strcmp(a, "--tokenizer") || !strcmp(a, "--out") || !strcmp(a, "--print") ||
-                     !strcmp(a, "--decode") || !strcmp(a, "--val") || !strcmp(a, "--shard-tokens");
-        if (takes && (!v || !*v)) return die("%s: expected a value", a);
-        char *end = NULL;
-        if (!strcmp(a, "--tokenizer")) tok = v, i++;
-        else if (!strcmp(a, "--out")) out = v, i++;
-        else if (!strcmp(a, "--print")) print = v, i++;
-        else if (!strcmp(a, "--decode")) decode = v, i++;
-        else if (!strcmp(a, "--skip-special")) skip = true;
-        else if (!strcmp(a, "--val")) {
-            val = strtod(v, &end), i++;
-            if (*end || !(val >= 0 && val < 1))
-                return die("--val: expected a fraction in [0, 1), got \"%s\"", v);
-        } else if (!strcmp(a, "--shard-tokens")) {
-            shard = strtoll(v, &end, 10), i++;
-            if (*end || shard < 1 || shard > INT_MAX) /* the header counts in int32 */
-                return die("--shard-tokens: expected a whole number in 1..2^31-1, got \"%s\"", v);
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: tokenize --tokenizer DIR (--out PREFIX [--val 0.1] [--shard-tokens N] "
-                   "FILE... | --print FILE | --decode FILE [--skip-special])\n");
-            return 0;
-        } else if (a[0] == '-' && a[1] == '-')
-            return die("%s: unknown flag (--help lists them)", a);
-        else files[nfiles++] = a;
-    }
+    int pr = tpk_flags_parse(sets, 2, argc, argv, files, &nfiles, err, sizeof err);
+    if (pr < 0)
+        tpk_flags_usage(stdout,
+                        "usage: tokenize --tokenizer DIR (--out PREFIX [--val 0.1] [--shard-tokens "
+                        "N] FILE... | --print FILE | --decode FILE [--skip-special])\n",
+                        sets, 2);
+    if (pr) free(files);
+    if (pr < 0) return 0;
+    if (pr > 0) return die("error: %s", err);
+    const char *tok = ro.tokenizer, *out = o.out, *print = o.print, *decode = o.decode;
+    double val = o.val;
+    long long shard = (long long)o.shard;
+    bool skip = o.skip;
     if (!tok)
         return die("%s",
                    "--tokenizer DIR: required (a folder with tokenizer.json, or vocab.json and "
@@ -108,13 +119,13 @@ int main(int argc, char **argv) {
     int32_t *ids = NULL;
     char *text = NULL;
     if (print) {
-        if (read_all(print, &b, &n) != TPK_OK ||
+        if (tpk_run_read_file(&ctx, print, &b, &n) != TPK_OK ||
             tpk_tokenizer_encode(&ctx, t, (const char *)b, n, &ids, &nids) != TPK_OK)
             goto fail;
         for (size_t i = 0; i < nids; i++) printf(i ? " %d" : "%d", (int)ids[i]);
         printf("\n");
     } else if (decode) {
-        if (read_all(decode, &b, &n) != TPK_OK) goto fail;
+        if (tpk_run_read_file(&ctx, decode, &b, &n) != TPK_OK) goto fail;
         size_t cap = n / 2 + 1;
         ids = (int32_t *)malloc(cap * sizeof *ids);
         if (!ids) {
@@ -155,7 +166,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "tokenize: note: the tokenizer has no end-of-text token: documents "
                             "are joined without one\n");
         for (int f = 0; f < nfiles; f++) {
-            if (tpk__read_file(&ctx, "tokenize", files[f], &b, &n) != TPK_OK) goto fail;
+            if (tpk_run_read_file(&ctx, files[f], &b, &n) != TPK_OK) goto fail;
             if (t->eot >= 0) {
                 int32_t e = t->eot;
                 int32_t *g = (int32_t *)realloc(ids, (nids + 1) * sizeof *ids);

@@ -62,7 +62,8 @@ typedef struct tpk_run_opts {
     double tw[64]; /* --tp-weights' shares */
 } tpk_run_opts;
 
-/* The table: usage order (each heading's flags together), then each family's flags. */
+/* The table in usage order (each heading's flags together): the model's, each family's own, then
+ * the rest. */
 static inline const tpk_flag *tpk_run_flags(int *n) {
     enum { M = TPK_OPT_MODEL, D = TPK_OPT_DATA, O = TPK_OPT_OPTIM, P = TPK_OPT_MESH };
     enum { R = TPK_OPT_RUN, T = TPK_OPT_TEXT, K = TPK_OPT_TOKENIZER, F = TPK_OPT_DTYPE };
@@ -75,12 +76,11 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
     const tpk_flag base[] = {
         {"--arch", C, 0, 0, NULL, "gpt2|llama|neox", "one of gpt2, llama, neox", M, "model",
          "the family; default gpt2", offsetof(tpk_run_opts, arch)},
-        {"--layers", I, 1, G, NULL, "L", NULL, M, "model", "blocks; 4",
+        {"--layers", I, 1, G, NULL, "L", NULL, M, "model", "blocks",
          offsetof(tpk_run_opts, layers)},
-        {"--hidden", I, 1, G, NULL, "H", NULL, M, "model", "128", offsetof(tpk_run_opts, hidden)},
-        {"--heads", I, 1, G, NULL, "A", NULL, M, "model", "4", offsetof(tpk_run_opts, heads)},
-        {"--vocab", I, 1, G, NULL, "V", NULL, M, "model",
-         "the tokenizer's, 256 for --text, else 50257", offsetof(tpk_run_opts, vocab)},
+        {"--hidden", I, 1, G, NULL, "H", NULL, M, "model", NULL, offsetof(tpk_run_opts, hidden)},
+        {"--heads", I, 1, G, NULL, "A", NULL, M, "model", NULL, offsetof(tpk_run_opts, heads)},
+        {"--vocab", I, 1, G, NULL, "V", NULL, M, "model", NULL, offsetof(tpk_run_opts, vocab)},
         {"--positions", I, 1, G, NULL, "P", NULL, M, "model", "default: --seq-len",
          offsetof(tpk_run_opts, positions)},
         {"--load", S, 0, 0, NULL, "DIR", NULL, M, "model",
@@ -186,9 +186,10 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          "seconds a collective waits for the other ranks, then the job stops; 0: no limit; "
          "default TPK_TIMEOUT or 600",
          offsetof(tpk_run_opts, timeout)}};
-    int nb = (int)(sizeof base / sizeof base[0]);
-    for (int i = 0; i < nb; i++) t[nt++] = base[i];
-    for (int k = 0; k < TPK_ARCH_COUNT; k++) { /* each family's flags, under its name */
+    int nb = (int)(sizeof base / sizeof base[0]), nm = 0;
+    while (nm < nb && base[nm].cls == TPK_OPT_MODEL) nm++; /* the model's flags come first */
+    for (int i = 0; i < nm; i++) t[nt++] = base[i];
+    for (int k = 0; k < TPK_ARCH_COUNT; k++) { /* then each family's flags, under its name */
         int nf = 0;
         const tpk_lm_flag *f = tpk__model_family((tpk_arch)k)->flags(&nf);
         for (int i = 0; i < nf && nt < (int)(sizeof t / sizeof t[0]); i++) {
@@ -206,6 +207,7 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
             t[nt++] = e;
         }
     }
+    for (int i = nm; i < nb && nt < (int)(sizeof t / sizeof t[0]); i++) t[nt++] = base[i];
     return *n = nt, t;
 }
 
@@ -336,11 +338,13 @@ static inline void tpk_run_usage(FILE *out) {
     int nt = 0;
     tpk_run_opts o;
     tpk_flag_set set = {tpk_run_flags(&nt), nt, TPK_OPT_TRAINER, &o};
-    tpk_flags_usage(out,
-                    "usage: train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) "
-                    "[options]\n  (a model of --layers 4 --hidden 128 --heads 4 unless given; with "
-                    "--load the model's shape is its config.json's)\n",
-                    &set, 1);
+    tpk_flags_usage(
+        out,
+        "usage: train (--text FILE | --data SHARD [--val-data SHARD] | --load DIR) "
+        "[options]\n  (a model of --layers 4 --hidden 128 --heads 4 --vocab: the tokenizer's, 256 "
+        "for --text, else 50257, unless given; with --load the model's shape is its "
+        "config.json's)\n",
+        &set, 1);
 }
 
 /* A checkpoint loaded at `step`: --steps met (without --steps, --eval-only and --sample of a
@@ -412,7 +416,7 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
     if (!o->arch || !tpk_arch_from_name(o->arch, false, &cfg->arch)) cfg->arch = TPK_ARCH_GPT2;
     tpk_status st = o->load ? tpk_model_config_read(ctx, o->load, cfg) : TPK_OK;
     if (st != TPK_OK)
-        return snprintf(err, n, "%s (%s)", tpk_last_error(ctx), tpk_status_str(st)), st;
+        return snprintf(err, n, "%.400s (%s)", tpk_last_error(ctx), tpk_status_str(st)), st;
     int64_t *sh[5]; /* vocab, positions, layers, hidden, heads */
     tpk_model_config_common(cfg, sh, (float)o->smoothing, o->sp, o->rc);
     if (!o->load) {

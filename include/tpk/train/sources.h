@@ -15,16 +15,16 @@
 #include "data.h"
 #include "model.h"
 
-/* The whole file at path into *out (*n bytes; free with tpk_free(ctx, *out)). */
+/* The whole file at path ("-": standard input) into *out (*n bytes; free with
+ * tpk_free(ctx, *out)). */
 static inline tpk_status tpk_run_read_file(tpk_ctx *ctx, const char *path, uint8_t **out,
                                            size_t *n) {
+    static const char *fn = "tpk_run_read_file";
     if (!ctx) return TPK_ERR_ARG;
     if (!path || !out || !n)
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_run_read_file", "%s: NULL",
-                         !path  ? "path"
-                         : !out ? "out"
-                                : "n");
-    return tpk__read_file(ctx, "tpk_run_read_file", path, out, n);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !path ? "path" : !out ? "out" : "n");
+    return strcmp(path, "-") ? tpk__read_file(ctx, fn, path, out, n)
+                             : tpk__read_stream(ctx, fn, "standard input", stdin, out, n);
 }
 
 /* The tokenizer of `tokenizer` (a folder or file), else load's own where it has one; *tk NULL and
