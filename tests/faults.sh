@@ -17,8 +17,8 @@
 #   (f) one rank stopped (SIGSTOP) in the middle of training, at TP 2 and at DP 2, with --timeout 5:
 #       the live rank prints one error line naming the timeout and the job ends non-zero within
 #       5 s plus a margin, the stopped rank gone with it (mpirun's abort kills it).
-# make test (TPK_TESTS=quick) runs (a) and (f) at TP 2, (b) at 0.3 s, (c), (e) at the first and the
-# fourth point; make test-long (TPK_TESTS=long) the others: DP 2, 0.05 and 0.9 s, the other points.
+# make test (TPK_TESTS=quick) runs (a) and (f) at TP 2, (b) at 0.3 s, (c), (e) at the first point;
+# make test-long (TPK_TESTS=long) the others: DP 2, 0.05 and 0.9 s, the other four points.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup faults
@@ -141,7 +141,7 @@ vA=$(ev "$e/A") vB=$(ev "$e/B")
 k=0
 for point in "-d D.tpk-new" "-d D.tpk-new" "-f D.tpk-new/optim.safetensors" "-f D.tpk-new/model.safetensors" "-d D.tpk-old"; do
     k=$((k + 1))
-    case " $(pick "1 4" "2 3 5") " in *" $k "*) ;; *) continue ;; esac
+    case " $(pick 1 "2 3 4 5") " in *" $k "*) ;; *) continue ;; esac
     d="$e/d$k"
     rm -rf "$d" "$d.tpk-old" "$d.tpk-new" && cp -r "$e/A" "$d" && echo notes > "$d/README.md"
     ready="^step"

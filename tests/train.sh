@@ -24,11 +24,12 @@
 #   of arguments, and ranks that read different bytes under one file name (the data, a checkpoint).
 #   Every time limit x TPK_TIME_SCALE.
 #   make test (TPK_TESTS=quick) runs each behaviour in one configuration, make test-long
-#   (TPK_TESTS=long) the others: a resume at another TP size from 3 to 1 / from 2 to 4; ZeRO-1 at
-#   DP 2 x TP 2 / DP 4; evaluation at t = 1, 3 / 2, 4 (Hugging Face's checkpoints at t = 3 / 1, 2,
-#   4); SP's lower peak for some architecture and recompute pairs / the others; three of the
-#   pipeline's meshes and schedules / four others; one bad value per flag or file / the others.
-#   The checkpoints either set loads are made in both.
+#   (TPK_TESTS=long) the others: a resume at another TP size from 3 to 1 / from 2 to 4; ZeRO-1
+#   resumed from DP 4 at DP 2 / equal to plain DP at DP 2 x TP 2 and DP 4; evaluation at t = 1, 3
+#   / 2, 4 (Hugging Face's checkpoints at t = 3 / 1, 2, 4); SP's lower peak for two architecture
+#   and recompute pairs / the other four; three of the pipeline's meshes and schedules / four
+#   others; one bad value per flag, parser path or file / the others. The checkpoints a case of
+#   either set loads are made in both.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup train
@@ -87,7 +88,7 @@ if quick_set; then
 fi
 
 # ---- ZeRO-1: the optimizer state sharded over DP gives plain DP's losses; resharded on resume --------
-for tpz in $(pick 2 1); do
+for tpz in $(pick "" "2 1"); do
     tr 4 --text "$text" $small --tp $tpz --steps 20 --csv "$T/plain$tpz.csv"
     rc1=$rc
     tr 4 --text "$text" $small --tp $tpz --steps 20 --zero 1 --csv "$T/zero$tpz.csv"
@@ -168,10 +169,10 @@ fi
 
 # ---- sequence parallelism keeps less: at t=2 its peak is below the same run's without it -------------
 # (each layer keeps its tokens' 1/t shard; the gathered inputs and partial sums live in one shared scratch)
-# (make test: GPT-2 without recompute and with full, Llama with selective; make test-long: the others)
+# (make test: GPT-2 with full recompute, Llama with selective; make test-long: the others)
 spm="--layers 2 --hidden 32 --heads 4 --batch 4 --seq-len 32 --seed 3 --steps 2"
 res=""
-for c in $(pick "gpt2:none gpt2:full llama:selective" "gpt2:selective llama:none llama:full"); do
+for c in $(pick "gpt2:full llama:selective" "gpt2:none gpt2:selective llama:none llama:full"); do
     arch=${c%:*} rcm=${c#*:}
     tr 2 --text "$text" $spm --arch $arch --tp 2 --recompute $rcm
     p0=$(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.*/\1/p'); r0=$rc
@@ -457,7 +458,6 @@ if quick_set; then
     bad "--pp-layers with a zero" "entry 1 is 0" --text "$text" $small --pp 2 --pp-layers 2,0
     bad "more stages than blocks" "for 1 blocks" --text "$text" $small --layers 1 --pp 2
     bad "interleaving with M not a multiple of P" "multiple of the 2 stages, got 3" --text "$text" $small --pp 2 --schedule interleaved --micro-batches 3
-    bad "an unknown schedule" "expected gpipe, 1f1b or interleaved" --text "$text" $small --pp 2 --schedule zigzag
     bad "--sample with stages (not yet)" "not supported with pipeline stages yet" --text "$text" $small --pp 2 --sample 10
     bad "wrong magic (in hex)" "bad magic 0x00003039, expected 0x0134d888" --data "$T/magic.bin" --vocab 256 $small --tp 2
     bad "truncated shard" "header says" --data "$T/trunc.bin" --vocab 256 $small --tp 2
@@ -478,11 +478,8 @@ if quick_set; then
     tr 3 --text "$text" $small --dp-reduce adasum
     n=$(printf '%s\n' "$out" | grep -c '^train: error: .*Adasum needs a power-of-two number of DP ranks, got 3')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: --dp-reduce adasum at DP 3"; else fail "bad input: --dp-reduce adasum at DP 3 (exit $rc)"; fi
-    bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
     bad "--dp-batch with the wrong count" "list \"8,4,2\": 3 sizes for 2 DP ranks" --text "$text" $small --tp 1 --dp-batch 8,4,2
     bad "--tp-weights with the wrong count" "--tp-weights: expected 2 positive numbers separated by commas (one per TP rank), got \"3\"" --text "$text" $small --tp 2 --tp-weights 3
-    bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
-    bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
     bad "--arch unknown" "--arch: expected one of gpt2, llama, neox, got \"mamba\"" --text "$text" $small --arch mamba
     bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2
     bad "--arch llama with --dropout" "the Llama model has no dropout" --text "$text" $small --arch llama --dropout 0.1 --tp 2
@@ -538,10 +535,6 @@ if quick_set; then
         printf '%s\n' "$out" | grep -Eq "^tp\.allreduce +[0-9.]+ " && printf '%s\n' "$out" | grep -Eq "^attn_fwd +2\.0 " &&
         [ "$(printf '%s\n' "$out" | grep -c '^profile:')" -eq 1 ]; then ok "--profile prints one table (rank 0) with ops and collectives"
     else fail "--profile prints one table (rank 0) with ops and collectives"; fi
-    out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
-    if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1 x PP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
-        ok "TPK_PROFILE=1 prints the table when the context is destroyed"
-    else fail "TPK_PROFILE=1 prints the table when the context is destroyed"; fi
     for kind in header-len shape; do
         rm -rf "$T/bad_$kind" && cp -r "$T/c5/step-5" "$T/bad_$kind"
         $fx corrupt "$T/c5/step-5/model.safetensors" "$T/bad_$kind/model.safetensors" $kind
@@ -564,9 +557,6 @@ if quick_set; then
     bad "--save given a flag as its value" "--save: expects a value, got the flag --sequence-parallel" --text "$text" $small --save --sequence-parallel
     [ ! -e ./--sequence-parallel ] && ok "--save --sequence-parallel made no directory of that name" || { rm -rf ./--sequence-parallel; fail "--save --sequence-parallel made a directory"; }
     bad "--kv-heads with GPT-2" "--kv-heads: applies to --arch llama only (the model is gpt2)" --text "$text" $small --kv-heads 2
-    bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
-    bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small --ffn 64
-    bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
     bad "--layers that conflicts with the checkpoint" "--layers 8: the checkpoint $T/c5/step-5 has 2 (a loaded model's shape is its config.json's: leave the flag out)" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --layers 8
     bad "--save-every without --save" "--save-every 2: needs --save DIR" --text "$text" $small --save-every 2
 
@@ -628,6 +618,17 @@ if quick_set; then
 fi
 if long_set; then
     $fx shard "$T/version.bin" "$text" 20240520 7
+    bad "an unknown schedule" "expected gpipe, 1f1b or interleaved" --text "$text" $small --pp 2 --schedule zigzag
+    bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
+    bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
+    bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
+    bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
+    bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small --ffn 64
+    bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
+    out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
+    if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1 x PP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
+        ok "TPK_PROFILE=1 prints the table when the context is destroyed"
+    else fail "TPK_PROFILE=1 prints the table when the context is destroyed"; fi
     bad "--pp-layers not summing to L" "add up to 3" --text "$text" $small --pp 2 --pp-layers 2,1
     bad "--pp-layers of the wrong length" "expected 2 whole numbers" --text "$text" $small --pp 2 --pp-layers 1,1,1
     bad "--virtual-stages without interleaving" "only the interleaved schedule" --text "$text" $small --pp 2 --virtual-stages 2
