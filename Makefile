@@ -53,10 +53,10 @@ endif
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
-TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers \
-            $(B)/tests/train_cuda_emu
-# the programs only make test-long runs (the emulation's checked build and its own test)
-TESTS_LONG = $(B)/tests/gpu_emu_race $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk
+TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers
+# the programs only make test-long runs (the emulation's checked build and its own test, the
+# trainer on the emulated backend)
+TESTS_LONG = $(B)/tests/gpu_emu_race $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk $(B)/tests/train_cuda_emu
 MPICXX   ?= mpicxx
 CXXWARN   = -std=c++17 -Wall -Wextra -Werror -pedantic
 HEADERS   = $(wildcard include/tpk/*.h include/tpk/*/*.h)

@@ -7,7 +7,8 @@
 #     emulated backend's op suite and its layers at 3 ranks, the trainer scripts' quick cases;
 #   long (make test-long, CI): what quick leaves out — the other rank counts, the emulation's
 #     fallback, 99 KiB and race-detector runs and its own test, the layers at 2 ranks, the CUDA
-#     C++ test, the trainer scripts' long cases (other sizes, rank counts and sweeps);
+#     C++ test, the trainer on the emulated backend, the trainer scripts' long cases (other
+#     sizes, rank counts and sweeps);
 #   all: both.
 # Each program's line gives its wall and CPU seconds (user + sys of all its processes) against
 # its limit; a summary per phase (build, C tests, emulator, trainer scripts, other, total) ends the
@@ -167,8 +168,8 @@ long_set && run gpu_emu_layers 2 $B/tests/gpu_emu_layers
 if long_set || [ "$B" = build/san ]; then
     run gpu_emu_layers_race_desc 2 -x $race -x TPK_EMU_SCHED=desc -x TPK_EMU_GRID_CAP=3 $B/tests/gpu_emu_layers_chk
 fi
-# the trainer on the emulated CUDA backend against the host's
-script train_emu 1-2 tests/train_emu.sh
+# the trainer on the emulated CUDA backend against the host's (each emulated step takes seconds)
+long_set && script train_emu 1-2 tests/train_emu.sh
 
 # ---- the checks of the build and the references -------------------------------------------------
 phase other

@@ -11,7 +11,7 @@
 #   bf16, DP 2 (t = 1), D = 64: the fused cross-entropy kernel (xent_fused), the tensor-core
 #       attention with dropout, the DP buckets — every loss within 1e-3 relative of the host's;
 #   one rank in this build without NCCL: the world over MPI, the host's losses.
-# make test (TPK_TESTS=quick) runs f32 with sequence parallelism and bf16; make test-long the rest.
+# A long run (each emulated step takes seconds): make test-long's (tests/run.sh runs it there).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup train_emu
@@ -35,22 +35,19 @@ same() {
     fi
 }
 f32="--text $text --layers 2 --hidden 64 --heads 4 --batch 4 --seq-len 32 --steps 6 --lr 3e-3 --warmup 2 --eval-every 3 --log-every 2 --seed 3 --tp 2 --dtype f32"
-long_set && same f32 "f32, t = 2, dropout" $f32 --dropout 0.1
-quick_set && same f32_sp "f32, t = 2, sequence parallel, selective recompute, dropout" $f32 --dropout 0.1 --sequence-parallel --recompute selective
-long_set && same llama "Llama (G = 2, SwiGLU, RMSNorm, RoPE), f32, t = 2" $f32 --arch llama --kv-heads 2
-long_set && same neox "GPT-NeoX (parallel residual, per-head QKV, half of each head rotated, exact GELU), f32, t = 2" $f32 --arch neox --rotary-pct 0.5
-if quick_set; then
-    bf="--text $text --layers 2 --hidden 128 --heads 2 --batch 2 --seq-len 64 --steps 4 --lr 3e-3 --warmup 2 --eval-every 2 --log-every 2 --seed 3 --tp 1 --dtype bf16 --dropout 0.1"
-    if run2 bf16_emu "$B/tests/train_cuda_emu" $bf && run2 bf16_host "$B/train" $bf && grep -q "cuda backend, bf16" "$T/bf16_emu.log"; then
-        bad=$(grep '^step' "$T/bf16_emu.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/a"; grep '^step' "$T/bf16_host.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/b";
-              paste "$T/a" "$T/b" | awk 'BEGIN { n = 0 } { n++; d = $1 - $2; if (d < 0) d = -d; if (d > 1e-3 * $2) bad++ } END { print (n < 2 ? "few" : bad + 0) }')
-        if [ "$bad" = 0 ]; then ok "the trainer on the emulated CUDA backend, bf16, DP 2, D = 64: every loss within 1e-3 of the host's"
-        else fail "the trainer on the emulated CUDA backend, bf16: $bad losses differ from the host's by more than 1e-3" "$T/bf16_emu.log"; fi
-    else
-        fail "the trainer on the emulated CUDA backend, bf16, DP 2: did not run" "$T/bf16_emu.log"
-    fi
+same f32 "f32, t = 2, dropout" $f32 --dropout 0.1
+same f32_sp "f32, t = 2, sequence parallel, selective recompute, dropout" $f32 --dropout 0.1 --sequence-parallel --recompute selective
+same llama "Llama (G = 2, SwiGLU, RMSNorm, RoPE), f32, t = 2" $f32 --arch llama --kv-heads 2
+same neox "GPT-NeoX (parallel residual, per-head QKV, half of each head rotated, exact GELU), f32, t = 2" $f32 --arch neox --rotary-pct 0.5
+bf="--text $text --layers 2 --hidden 128 --heads 2 --batch 2 --seq-len 64 --steps 4 --lr 3e-3 --warmup 2 --eval-every 2 --log-every 2 --seed 3 --tp 1 --dtype bf16 --dropout 0.1"
+if run2 bf16_emu "$B/tests/train_cuda_emu" $bf && run2 bf16_host "$B/train" $bf && grep -q "cuda backend, bf16" "$T/bf16_emu.log"; then
+    bad=$(grep '^step' "$T/bf16_emu.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/a"; grep '^step' "$T/bf16_host.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/b";
+          paste "$T/a" "$T/b" | awk 'BEGIN { n = 0 } { n++; d = $1 - $2; if (d < 0) d = -d; if (d > 1e-3 * $2) bad++ } END { print (n < 2 ? "few" : bad + 0) }')
+    if [ "$bad" = 0 ]; then ok "the trainer on the emulated CUDA backend, bf16, DP 2, D = 64: every loss within 1e-3 of the host's"
+    else fail "the trainer on the emulated CUDA backend, bf16: $bad losses differ from the host's by more than 1e-3" "$T/bf16_emu.log"; fi
+else
+    fail "the trainer on the emulated CUDA backend, bf16, DP 2: did not run" "$T/bf16_emu.log"
 fi
-long_set || exit 0
 # one rank with one GPU in a build without NCCL: the world over MPI instead (no NCCL to ask for)
 one="--text $text --layers 2 --hidden 64 --heads 4 --batch 4 --seq-len 32 --steps 4 --lr 3e-3 --warmup 2 --log-every 2 --seed 3 --dtype f32"
 if timeout $((600 * scale)) mpirun $mpiflags -np 1 "$B/tests/train_cuda_emu" $one > "$T/one_emu.log" 2>&1 && timeout $((600 * scale)) mpirun $mpiflags -np 1 "$B/train" $one > "$T/one_host.log" 2>&1 &&
