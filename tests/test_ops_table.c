@@ -5,6 +5,8 @@
  * entries are reached; the profiler counts every op. Runs on one rank. */
 #include "ops_test.h"
 
+#include <tpk/plan/count.h>
+
 #define IGNORE (-100) /* the cross-entropy's ignore index */
 
 /* ---- bad arguments ------------------------------------------------------------------------- */
@@ -127,8 +129,9 @@ static void test_errors(void) {
 
 /* ---- the front end: every entry required, a user's own table checked ---------------------- */
 
-/* Every entry of tpk_ops after `device`; the list must tile the table (a new entry fails the
- * test until it is listed here, and tpk__ops_missing must then name it). */
+/* Every entry of tpk_ops after `device`; the list must tile the table up to its last field, the
+ * dry-run flag (a new entry fails the test until it is listed here, and tpk__ops_missing must
+ * then name it). */
 #define OPS_ENTRY(e) {#e, offsetof(tpk_ops, e), sizeof(((tpk_ops *)0)->e)}
 struct ops_entry {
     const char *name;
@@ -212,10 +215,13 @@ static void test_front_end(void) {
         for (int e = 0; e < OPS_N; e++) covered += ops_entries[e].size;
         for (int e = 0; e < OPTIONAL_N; e++) covered += optional_entries[e].size;
         CHECK(
-            offsetof(tpk_ops, alloc) + covered == sizeof(tpk_ops),
+            offsetof(tpk_ops, alloc) + covered == offsetof(tpk_ops, dry_run),
             "tpk_ops has %zu bytes of entries, this test lists %zu: list the new entry in "
             "ops_entries",
-            sizeof(tpk_ops) - offsetof(tpk_ops, alloc), covered);
+            offsetof(tpk_ops, dry_run) - offsetof(tpk_ops, alloc), covered);
+        CHECK(sizeof(tpk_ops) - offsetof(tpk_ops, dry_run) <= sizeof(void *),
+              "dry_run is tpk_ops's last field (fields are appended): %zu bytes follow it",
+              sizeof(tpk_ops) - offsetof(tpk_ops, dry_run) - sizeof(bool));
         for (int e = 0; e < OPS_N; e++) {
             static tpk_ops holed;
             holed = *tpk_ops_host();
@@ -391,6 +397,218 @@ static void test_layer_errors(void) {
 }
 
 
+/* ---- a dry run's table (tpk_ops.dry_run): the front end counts, calls no compute entry ------ */
+
+enum { DRY_OPS = 34, DRY_SLOT = 256 }; /* ops run_all_ops calls; floats per buffer */
+typedef struct dry_rec {
+    int n;
+    const char *name[2 * DRY_OPS];
+    double bytes[2 * DRY_OPS], flops[2 * DRY_OPS];
+} dry_rec;
+static void dry_hook(tpk_ctx *c, void *user, const char *name, double bytes, double flops) {
+    dry_rec *r = (dry_rec *)user;
+    (void)c;
+    if (r->n < 2 * DRY_OPS)
+        r->name[r->n] = name, r->bytes[r->n] = bytes, r->flops[r->n] = flops, r->n++;
+}
+/* The buffers of run_all_ops: slot k of the arena (DRY_SLOT floats each). */
+enum {
+    S_X, S_Y, S_W, S_B, S_DX, S_DY, S_DW, S_DB, S_MEAN, S_RSTD, S_Y16, S_C2D, S_GACC, S_GBIAS,
+    S_ACTF, S_ACTB, S_RNG, S_DROP, S_LNW, S_LNB, S_LNY, S_LNDX, S_IDS, S_TABLE, S_EMB, S_DTABLE,
+    S_Z, S_PART, S_LOSS, S_LSE, S_ACC, S_DLOSS, S_DZ, S_FDZ, S_FLOSS, S_FLSE, S_QKV, S_OUT,
+    S_ALSE, S_DOUT, S_DQKV, S_ROPE, S_GU, S_H, S_DGU, S_RMSY, S_RMSR, S_RMSDX, S_RMSDW, S_AW,
+    S_AG, S_AM, S_AV, S_SQ, S_LIN, S_PRE, S_DU, S_LDB, S_R, S_X1, S_RLY, S_RMEAN, S_RRSTD, S_CPY,
+    S_COUNT
+};
+/* Every compute op of the front end once (and a copy), on T = 4 rows of H = 8, a vocabulary of
+ * V = 16, attention B = 1, S = 4, two heads of D = 4; the buffers in the arena A. */
+static tpk_status run_all_ops(tpk_ctx *c, float *A) {
+#define SL(k) (A + (size_t)(k) * DRY_SLOT)
+    const int64_t T = 4, H = 8, V = 16, S = 4, Al = 2, D = 4, F = 8;
+    const tpk_dtype f = TPK_F32;
+    const tpk_act g = TPK_ACT_GELU_TANH;
+    const int32_t *ids = (const int32_t *)SL(S_IDS);
+    double *acc = (double *)SL(S_ACC), *sq = (double *)SL(S_SQ);
+    TPK_TRY(tpk_op_fill(c, SL(S_Y), f, (size_t)(T * H), 0.5f));
+    TPK_TRY(tpk_op_copy2d(c, SL(S_C2D), H, SL(S_X), H, T, H, f));
+    TPK_TRY(tpk_op_cast(c, SL(S_Y16), TPK_BF16, SL(S_X), f, (size_t)(T * H)));
+    TPK_TRY(tpk_op_axpby(c, SL(S_Y), 1.0f, SL(S_X), 0.5f, f, (size_t)(T * H)));
+    TPK_TRY(
+        tpk_op_gemm(c, false, true, T, H, H, 1.0f, SL(S_X), H, SL(S_W), H, 0.0f, SL(S_Y), H, f));
+    TPK_TRY(tpk_op_gemm_acc(c, true, false, H, H, T, 1.0f, SL(S_X), H, SL(S_DY), H, 1.0f,
+                            SL(S_GACC), H, f));
+    TPK_TRY(tpk_op_bias_add(c, SL(S_Y), SL(S_B), T, H, f));
+    TPK_TRY(tpk_op_bias_grad(c, SL(S_GBIAS), SL(S_DY), T, H, f, f, false));
+    TPK_TRY(tpk_op_act_fwd(c, g, SL(S_ACTF), SL(S_X), f, (size_t)(T * H)));
+    TPK_TRY(tpk_op_act_bwd(c, g, SL(S_ACTB), SL(S_X), SL(S_DY), f, (size_t)(T * H)));
+    TPK_TRY(tpk_op_rng_2d(c, SL(S_RNG), f, T, H, H, 0, 0, 1, 2, TPK_RNG_NORMAL, 0.0f, 1.0f));
+    TPK_TRY(tpk_op_dropout(c, SL(S_DROP), SL(S_X), T, H, H, 0, 0, 0.25f, 1, 3, f));
+    TPK_TRY(tpk_op_layernorm_fwd(c, SL(S_LNY), SL(S_MEAN), SL(S_RSTD), SL(S_X), SL(S_LNW),
+                                 SL(S_LNB), T, H, 1e-5f, f));
+    TPK_TRY(tpk_op_layernorm_bwd(c, SL(S_LNDX), SL(S_DW), SL(S_DB), SL(S_DY), SL(S_X), SL(S_LNW),
+                                 SL(S_MEAN), SL(S_RSTD), T, H, f, false));
+    TPK_TRY(tpk_op_embed_fwd(c, SL(S_EMB), ids, SL(S_TABLE), T, H, 0, V, f, false));
+    TPK_TRY(tpk_op_embed_bwd(c, SL(S_DTABLE), SL(S_DY), ids, T, H, 0, V, f));
+    TPK_TRY(tpk_op_xent_stats(c, SL(S_PART), SL(S_Z), ids, T, V, V, 0, f));
+    TPK_TRY(tpk_op_xent_loss(c, SL(S_LOSS), SL(S_LSE), SL(S_PART), 1, ids, T, V, 0.0f, IGNORE));
+    TPK_TRY(tpk_op_xent_mean(c, acc, SL(S_LOSS), T, T, false));
+    TPK_TRY(tpk_op_xent_grad(c, SL(S_DZ), SL(S_Z), SL(S_LSE), ids, SL(S_DLOSS), T, V, V, 0, V,
+                             0.0f, IGNORE, f));
+    TPK_TRY(tpk_op_xent_fused(c, SL(S_FDZ), SL(S_FLOSS), SL(S_FLSE), SL(S_Z), ids, T, V, V, 0.1f,
+                              IGNORE, 0.25f, f));
+    TPK_TRY(tpk_op_attn_fwd(c, SL(S_OUT), SL(S_ALSE), SL(S_QKV), 1, S, Al, D, Al, Al, 0, 0.5f,
+                            0.0f, 1, 4, f));
+    TPK_TRY(tpk_op_attn_bwd(c, SL(S_DQKV), SL(S_DOUT), SL(S_QKV), SL(S_OUT), SL(S_ALSE), 1, S, Al,
+                            D, Al, Al, 0, 0.5f, 0.0f, 1, 4, f));
+    TPK_TRY(tpk_op_rope(c, SL(S_ROPE), H, SL(S_X), H, T, S, 2, 4, 10000.0f, false, f));
+    TPK_TRY(tpk_op_swiglu_fwd(c, SL(S_H), SL(S_GU), T, F, f));
+    TPK_TRY(tpk_op_swiglu_bwd(c, SL(S_DGU), SL(S_GU), SL(S_DY), T, F, f));
+    TPK_TRY(tpk_op_rmsnorm_fwd(c, SL(S_RMSY), SL(S_RMSR), SL(S_X), SL(S_LNW), T, H, 1e-6f, f));
+    TPK_TRY(tpk_op_rmsnorm_bwd(c, SL(S_RMSDX), SL(S_RMSDW), SL(S_DY), SL(S_X), SL(S_LNW),
+                               SL(S_RMSR), T, H, f, false));
+    TPK_TRY(tpk_op_adamw(c, SL(S_AW), SL(S_AG), SL(S_AM), SL(S_AV), 64, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                         0.1f, 1, 1.0f, NULL, 0.0f, NULL, 0, NULL));
+    TPK_TRY(tpk_op_sumsq(c, sq, SL(S_X), 64, false));
+    TPK_TRY(tpk_op_linear_fwd(c, SL(S_LIN), SL(S_PRE), SL(S_X), SL(S_W), SL(S_B), T, H, H, g, f));
+    TPK_TRY(tpk_op_linear_bwd_act(c, SL(S_DU), SL(S_LDB), SL(S_DY), SL(S_W), SL(S_PRE), T, H, H, g,
+                                  f));
+    TPK_TRY(tpk_op_residual_layernorm_fwd(c, SL(S_X1), SL(S_RLY), SL(S_RMEAN), SL(S_RRSTD),
+                                          SL(S_X), SL(S_R), SL(S_LNW), SL(S_LNB), T, H, 1e-5f, f));
+    return tpk_op_memcpy(c, SL(S_CPY), SL(S_X), sizeof(float) * (size_t)(T * H), TPK_H2H);
+#undef SL
+}
+/* An arena of random inputs (seeded), the token ids in range, AdamW's second moment >= 0. */
+static float *dry_arena(void) {
+    float *A = fbuf((size_t)S_COUNT * DRY_SLOT);
+    if (!A) return NULL;
+    test_randn(A, (size_t)S_COUNT * DRY_SLOT, 77, 1.0f);
+    int32_t *ids = (int32_t *)(A + (size_t)S_IDS * DRY_SLOT);
+    for (int t = 0; t < DRY_SLOT; t++) ids[t] = (t * 7 + 3) % 16;
+    float *v = A + (size_t)S_AV * DRY_SLOT;
+    for (int i = 0; i < DRY_SLOT; i++) v[i] = fabsf(v[i]);
+    return A;
+}
+/* A table with the host's memory entries and nothing else, flagged dry (or not). */
+static tpk_ops dry_table(bool dry) {
+    tpk_ops o;
+    memset(&o, 0, sizeof o);
+    const tpk_ops *h = tpk_ops_host();
+    o.name = "dry", o.alloc = h->alloc, o.free = h->free, o.memcpy = h->memcpy, o.sync = h->sync;
+    o.dry_run = dry;
+    return o;
+}
+
+static void test_dry_run(void) {
+    TEST_CASE("a dry run's table: tpk_ctx_init takes the memory entries alone with the flag, "
+              "refuses them without it or with one missing, naming it") {
+        static tpk_ops t;
+        tpk_ctx c;
+        t = dry_table(true);
+        CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &t}));
+        tpk_ctx_destroy(&c);
+        t = dry_table(false);
+        CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &t}), TPK_ERR_ARG,
+                    "the table \"dry\" has no fill entry (the core entries");
+        tpk_ctx_destroy(&c);
+        const char *mem[] = {"alloc", "free", "memcpy", "sync"};
+        for (int e = 0; e < 4; e++) {
+            t = dry_table(true);
+            memset((char *)&t + ops_entries[e].at, 0, ops_entries[e].size);
+            char want[160];
+            snprintf(want, sizeof want,
+                     "the table \"dry\" has no %s entry (a dry run's memory entries, "
+                     "TPK__OPS_MEMORY, are required)",
+                     mem[e]);
+            CHECK(!strcmp(ops_entries[e].name, mem[e]), "entry %d: %s", e, ops_entries[e].name);
+            CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.ops = &t}), TPK_ERR_ARG, want);
+            tpk_ctx_destroy(&c);
+        }
+    }
+    TEST_CASE("a dry run: every op's name, bytes and flops reach the profiler's hook as the host "
+              "backend's run gives them; no compute entry called, no buffer written but the "
+              "copy's; bad arguments still refused; the profiler off, nothing called") {
+        static tpk_ops t;
+        t = dry_table(true);
+        tpk_ctx h, d;
+        CHECK_OK(&h, tpk_ctx_init(&h, &(tpk_ctx_desc){.ops = tpk_ops_host()}));
+        CHECK_OK(&d, tpk_ctx_init(&d, &(tpk_ctx_desc){.ops = &t}));
+        static dry_rec real, dry;
+        memset(&real, 0, sizeof real), memset(&dry, 0, sizeof dry);
+        CHECK_OK(&h, tpk_profile_start(&h));
+        CHECK_OK(&d, tpk_profile_start(&d));
+        h.prof->hook = dry_hook, h.prof->hook_user = &real;
+        d.prof->hook = dry_hook, d.prof->hook_user = &dry;
+        float *Ah = dry_arena(), *Ad = dry_arena(), *A0 = dry_arena();
+        size_t bytes = sizeof(float) * (size_t)S_COUNT * DRY_SLOT;
+        CHECK(Ah && Ad && A0, "the arenas");
+        if (Ah && Ad && A0) {
+            CHECK_OK(&h, run_all_ops(&h, Ah));
+            CHECK_OK(&d, run_all_ops(&d, Ad));
+            CHECK(real.n == DRY_OPS && dry.n == DRY_OPS, "hook calls: host %d, dry %d, want %d",
+                  real.n, dry.n, DRY_OPS);
+            for (int i = 0; i < real.n && i < dry.n; i++)
+                CHECK(!strcmp(real.name[i], dry.name[i]) && real.bytes[i] == dry.bytes[i] &&
+                          real.flops[i] == dry.flops[i],
+                      "op %d: host %s %g bytes %g flops, dry %s %g bytes %g flops", i,
+                      real.name[i], real.bytes[i], real.flops[i], dry.name[i], dry.bytes[i],
+                      dry.flops[i]);
+            CHECK(memcmp(Ah, A0, bytes) != 0, "the host run wrote its outputs");
+            size_t cpy = (size_t)S_CPY * DRY_SLOT, n = 32; /* the copy: the memory entry ran */
+            CHECK(!memcmp(Ad + cpy, Ad + (size_t)S_X * DRY_SLOT, n * sizeof(float)),
+                  "the dry run's copy (a memory entry) was made");
+            memcpy(Ad + cpy, A0 + cpy, n * sizeof(float));
+            CHECK(!memcmp(Ad, A0, bytes), "the dry run wrote a buffer besides the copy's");
+            CHECK_FAILS(&d,
+                        tpk_op_gemm(&d, false, false, 4, 4, 4, 1, Ad, 3, Ad, 4, 0, Ad, 4, TPK_F32),
+                        TPK_ERR_ARG, "tpk_op_gemm: lda: expected >= 4, got 3");
+            CHECK_FAILS(&d, tpk_op_rmsnorm_fwd(&d, Ad, Ad, Ad, Ad, 4, 8, 0.0f, TPK_F32),
+                        TPK_ERR_ARG, "tpk_op_rmsnorm_fwd: eps: expected > 0, got 0");
+            CHECK(dry.n == DRY_OPS, "a refused call reached the hook: %d", dry.n);
+            tpk_profile_stop(&d); /* no hook: still nothing called (the entries are NULL) */
+            memcpy(Ad + cpy, A0 + cpy, n * sizeof(float));
+            CHECK_OK(&d, run_all_ops(&d, Ad));
+            memcpy(Ad + cpy, A0 + cpy, n * sizeof(float));
+            CHECK(!memcmp(Ad, A0, bytes), "the dry run without a profiler wrote a buffer");
+        }
+        free(Ah), free(Ad), free(A0);
+        tpk_ctx_destroy(&h);
+        tpk_ctx_destroy(&d);
+    }
+    TEST_CASE("the planner's counting table (tpk/plan/count.h) is a dry one: the memory entries, "
+              "no compute entry, the fusions marked as the backend planned for has them") {
+        tpk_ctx err;
+        memset(&err, 0, sizeof err);
+        static tpk_count cnt;
+        const tpk_ops *likes[] = {NULL, tpk_ops_host()};
+        for (int l = 0; l < 2; l++) {
+            CHECK_OK(&err, tpk_count_init(&err, &cnt, NULL, likes[l], 1, 1, 1, 0, 1));
+            const tpk_ops *o = &cnt.ops;
+            CHECK(o->dry_run && o->device && o->alloc && o->free && o->memcpy && o->sync,
+                  "the flag, the device, the memory entries");
+            const char *set = NULL; /* an entry set that is neither memory nor a fusion */
+            for (int e = 4; e < OPS_N + OPTIONAL_N && !set; e++) {
+                const struct ops_entry *x =
+                    e < OPS_N ? &ops_entries[e] : &optional_entries[e - OPS_N];
+                bool fused = !strcmp(x->name, "linear_fwd") ||
+                             !strcmp(x->name, "linear_bwd_act") ||
+                             !strcmp(x->name, "residual_layernorm_fwd") ||
+                             !strcmp(x->name, "xent_fused");
+                for (size_t b = 0; b < x->size && !fused; b++)
+                    if (((const char *)o)[x->at + b]) set = x->name;
+            }
+            CHECK(!set, "the entry %s is set", set ? set : "");
+            const tpk_ops *k = likes[l];
+            CHECK(!o->linear_fwd == (k && !k->linear_fwd) &&
+                      !o->linear_bwd_act == (k && !k->linear_bwd_act) &&
+                      !o->residual_layernorm_fwd == (k && !k->residual_layernorm_fwd) &&
+                      !o->xent_fused == (k && !k->xent_fused),
+                  "like %s: the fusions marked %d %d %d %d", k ? k->name : "NULL",
+                  !!o->linear_fwd, !!o->linear_bwd_act, !!o->residual_layernorm_fwd,
+                  !!o->xent_fused);
+        }
+    }
+}
+
 /* a row of the profile by name, or NULL */
 static const tpk__prof_row *prof_row(const tpk_ctx *c, const char *name) {
     for (int i = 0; i < c->prof->nrows; i++)
@@ -459,4 +677,4 @@ static void test_profile(void) {
     }
 }
 
-OPS_TEST_MAIN(test_errors, test_layer_errors, test_front_end, test_profile)
+OPS_TEST_MAIN(test_errors, test_layer_errors, test_front_end, test_dry_run, test_profile)

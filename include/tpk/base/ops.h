@@ -78,15 +78,17 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
 /* Every entry of tpk_ops by name, in three lists (X(entry) each); the backends fill their tables
  * from them (o->entry = <backend>_entry), so a new op is named in one place.
  *   TPK__OPS_CORE    required: tpk_ctx_init refuses a table without one of them (tpk__ops_missing);
+ *                    its first four, TPK__OPS_MEMORY, are all a dry-run table needs (dry_run);
  *   TPK__OPS_LAYERS  the layers' ops: a user's table may leave those its layers do not use NULL,
  *                    and a call of a NULL one fails naming it (TPK_ERR_UNSUPPORTED);
  *   TPK__OPS_FUSED   the fusions: a backend fills those it really fuses and leaves the others NULL,
  *                    and the front end (tpk/runtime/op.h) composes a NULL one from the entries
  *                    above, once for every backend. */
-#define TPK__OPS_CORE(X)                                                                         \
-    X(alloc)                                                                                     \
-    X(free) X(memcpy) X(sync) X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) \
-        X(bias_grad) X(act_fwd) X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
+#define TPK__OPS_MEMORY(X) X(alloc) X(free) X(memcpy) X(sync)
+#define TPK__OPS_CORE(X)                                                                       \
+    TPK__OPS_MEMORY(X)                                                                         \
+    X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) X(bias_grad) X(act_fwd) \
+        X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
 #define TPK__OPS_LAYERS(X)                                                                    \
     X(dropout)                                                                                \
     X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss)    \
@@ -320,6 +322,13 @@ typedef struct tpk_ops {
      * profiler reads the host clock around each call (exact for a synchronous backend). */
     tpk_status (*timer_mark)(tpk_ctx *ctx, int slot);
     tpk_status (*timer_ms)(tpk_ctx *ctx, int a, int b, float *ms);
+
+    /* A dry run (the planner's counting backend, tpk/plan/count.h): the front end calls no compute
+     * entry — each op is checked and handed to the profiler (its name, bytes and flops, as in a
+     * real run) and returns TPK_OK — so the table needs its memory entries alone
+     * (TPK__OPS_MEMORY: alloc, free, memcpy, sync; tpk_ctx_init refuses one without them) and may
+     * leave every other NULL. false (a real backend): one branch a call, always taken alike. */
+    bool dry_run;
 } tpk_ops;
 
 #endif /* TPK_OPS_H */

@@ -10,7 +10,8 @@
  * activation per micro-batch and stage and tolerates the slowest links, so its stages lie
  * farthest apart (a stage's TP group stays in a node, the stages across nodes). With p = 1 the
  * mesh is the TP x DP one of before (DP rank w / t). A table with a missing entry is refused,
- * naming the entry; p > 1 needs a world with point-to-point (its p2p entry). */
+ * naming the entry (a dry run's, tpk_ops.dry_run, needs its memory entries alone); p > 1 needs a
+ * world with point-to-point (its p2p entry). */
 #ifndef TPK_INIT_H
 #define TPK_INIT_H
 
@@ -97,9 +98,10 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     if (missing[0]) {
         tpk__fail(
             ctx, TPK_ERR_ARG, fn,
-            "desc->ops: the table \"%s\" has no %s entry (the core entries of tpk_ops, "
-            "TPK__OPS_CORE, are required)",
-            ctx->ops->name ? ctx->ops->name : "?", missing);
+            "desc->ops: the table \"%s\" has no %s entry (%s are required)",
+            ctx->ops->name ? ctx->ops->name : "?", missing,
+            ctx->ops->dry_run ? "a dry run's memory entries, TPK__OPS_MEMORY,"
+                              : "the core entries of tpk_ops, TPK__OPS_CORE,");
         ctx->ops = NULL;
         return TPK_ERR_ARG;
     }
@@ -155,6 +157,7 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
         TPK_TRY(tpk_profile_start(ctx));
         ctx->prof->from_env = true;
     }
+    if (ctx->world->flight.report) *tpk__flight_slot() = ctx; /* the flight recorder's (coll.h) */
     return s;
 }
 
@@ -167,6 +170,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
         tpk_profile_log(ctx);
     }
     tpk_profile_stop(ctx);
+    if (*tpk__flight_slot() == ctx) *tpk__flight_slot() = NULL;
     if (ctx->ops) {
         tpk__buf_free(ctx, &ctx->work[0]);
         tpk__buf_free(ctx, &ctx->work[1]);

@@ -3,7 +3,9 @@
  * Layers and users call tpk_op_<name>(ctx, ...) with the arguments of the table entry
  * ctx->ops-><name> (contracts in tpk/base/ops.h). Each entry validates its arguments once, for
  * every backend (a user's own table included), naming the argument and the expected value in the
- * context's error, and then dispatches to the table. Backends hold kernels and launchers only. */
+ * context's error, and then dispatches to the table (a dry run's table, tpk_ops.dry_run, has its
+ * compute ops counted by the profiler and none called: TPK__OP_CALL). Backends hold kernels and
+ * launchers only. */
 #ifndef TPK_OP_H
 #define TPK_OP_H
 
@@ -12,15 +14,20 @@
 #include "backend.h"
 #include "profile.h"
 
-/* The first required entry (TPK__OPS_CORE) of a backend table that is NULL ("" for a complete
- * table): tpk_ctx_init refuses an incomplete table, naming the entry. The layer ops
+/* The first required entry (TPK__OPS_CORE; a dry run's table, tpk_ops.dry_run: TPK__OPS_MEMORY) of
+ * a backend table that is NULL ("" for a complete table): tpk_ctx_init refuses an incomplete
+ * table, naming the entry. The layer ops
  * (TPK__OPS_LAYERS) may be NULL — calling one fails, naming it (TPK__OP_LAYER) — and so may the
  * fusions (TPK__OPS_FUSED): the front end composes them (tpk__compose_*, tpk/runtime/backend.h). */
 static inline const char *tpk__ops_missing(const tpk_ops *ops) {
     if (!ops->name) return "name";
 #define TPK__OPS_MISSING(e) \
     if (!ops->e) return #e;
-    TPK__OPS_CORE(TPK__OPS_MISSING)
+    if (ops->dry_run) { /* a dry run calls its memory entries alone (TPK__OP_CALL) */
+        TPK__OPS_MEMORY(TPK__OPS_MISSING)
+    } else {
+        TPK__OPS_CORE(TPK__OPS_MISSING)
+    }
 #undef TPK__OPS_MISSING
     return "";
 }
@@ -30,6 +37,14 @@ static inline const char *tpk__ops_missing(const tpk_ops *ops) {
  * TPK__OP_LAYER(e, args...) calls ctx->ops->e or fails so (inside an entry with ctx and fn). */
 #define TPK__OP_LAYER(e, ...) \
     (ctx->ops->e ? ctx->ops->e(__VA_ARGS__) : tpk__op_no_entry(ctx, fn, #e))
+
+/* The dispatch of a compute op (every entry but TPK__OPS_MEMORY's) once its arguments are checked:
+ * `call` timed when the profiler is on (TPK__PROF_OP); in a dry run (tpk_ops.dry_run) not made —
+ * the profiler, the planner's hook, sees the op's name, bytes and flops as in a real run
+ * (tpk__prof_dry) and the op returns TPK_OK. A real table pays one branch on its flag. */
+#define TPK__OP_CALL(ctx, name, bytes, flops, call)                                       \
+    ((ctx)->ops->dry_run ? tpk__prof_dry((ctx), (name), (double)(bytes), (double)(flops)) \
+                         : TPK__PROF_OP(ctx, name, bytes, flops, call))
 
 /* ---- argument checks, written once for every backend ----------------------------------------- */
 
@@ -158,7 +173,7 @@ static inline tpk_status tpk_op_fill(tpk_ctx *ctx, void *x, tpk_dtype dt, size_t
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? TPK__PROF_OP(ctx, "fill", (double)n * (double)tpk_dtype_size(dt), 0,
+    return n ? TPK__OP_CALL(ctx, "fill", (double)n * (double)tpk_dtype_size(dt), 0,
                             ctx->ops->fill(ctx, x, dt, n, value))
              : TPK_OK;
 }
@@ -175,7 +190,7 @@ static inline tpk_status tpk_op_copy2d(tpk_ctx *ctx, void *dst, int64_t ldd, con
     bool any = rows > 0 && cols > 0;
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, any));
-    return any ? TPK__PROF_OP(ctx, "copy2d",
+    return any ? TPK__OP_CALL(ctx, "copy2d",
                               2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                               ctx->ops->copy2d(ctx, dst, ldd, src, lds, rows, cols, dt))
                : TPK_OK;
@@ -193,7 +208,7 @@ static inline tpk_status tpk_op_cast(tpk_ctx *ctx, void *dst, tpk_dtype dst_dt, 
     }
     TPK_TRY(tpk__op_ptr(ctx, fn, "dst", dst, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "src", src, n > 0));
-    return n ? TPK__PROF_OP(ctx, "cast",
+    return n ? TPK__OP_CALL(ctx, "cast",
                             (double)n * (double)(tpk_dtype_size(dst_dt) + tpk_dtype_size(src_dt)),
                             0, ctx->ops->cast(ctx, dst, dst_dt, src, src_dt, n))
              : TPK_OK;
@@ -205,7 +220,7 @@ static inline tpk_status tpk_op_axpby(tpk_ctx *ctx, void *y, float a, const void
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? TPK__PROF_OP(ctx, "axpby",
+    return n ? TPK__OP_CALL(ctx, "axpby",
                             (b != 0.0f ? 3.0 : 2.0) * (double)n * (double)tpk_dtype_size(dt), 0,
                             ctx->ops->axpby(ctx, y, a, x, b, dt, n))
              : TPK_OK;
@@ -218,7 +233,7 @@ static inline tpk_status tpk_op_act_fwd(tpk_ctx *ctx, tpk_act act, void *y, cons
     TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
-    return n ? TPK__PROF_OP(ctx, "act_fwd", 2.0 * (double)n * (double)tpk_dtype_size(dt), 0,
+    return n ? TPK__OP_CALL(ctx, "act_fwd", 2.0 * (double)n * (double)tpk_dtype_size(dt), 0,
                             ctx->ops->act_fwd(ctx, act, y, x, dt, n))
              : TPK_OK;
 }
@@ -232,7 +247,7 @@ static inline tpk_status tpk_op_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, con
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0 && act != TPK_ACT_NONE)); /* NONE: dx = dy, x not
                                                                             read */
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, n > 0));
-    return n ? TPK__PROF_OP(ctx, "act_bwd", 3.0 * (double)n * (double)tpk_dtype_size(dt), 0,
+    return n ? TPK__OP_CALL(ctx, "act_bwd", 3.0 * (double)n * (double)tpk_dtype_size(dt), 0,
                             ctx->ops->act_bwd(ctx, act, dx, x, dy, dt, n))
              : TPK_OK;
 }
@@ -248,7 +263,7 @@ static inline tpk_status tpk_op_rng_2d(tpk_ctx *ctx, void *x, tpk_dtype dt, int6
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "dist: expected TPK_RNG_NORMAL or TPK_RNG_UNIFORM, got %d", (int)dist);
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows > 0 && cols > 0));
-    return rows && cols ? TPK__PROF_OP(ctx, "rng_2d",
+    return rows && cols ? TPK__OP_CALL(ctx, "rng_2d",
                                        (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                                        ctx->ops->rng_2d(ctx, x, dt, rows, cols, gcols, row0, col0,
                                                         seed, stream, dist, a, b))
@@ -265,7 +280,7 @@ static inline tpk_status tpk_op_dropout(tpk_ctx *ctx, void *y, const void *x, in
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, rows * cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows * cols > 0));
     return rows && cols
-               ? TPK__PROF_OP(ctx, "dropout",
+               ? TPK__OP_CALL(ctx, "dropout",
                               2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                               TPK__OP_LAYER(dropout, ctx, y, x, rows, cols, gcols, row0, col0, p,
                                             seed, stream, dt))
@@ -294,7 +309,7 @@ static inline tpk_status tpk_op_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, 
                                      const void *b, int64_t ldb, float beta, void *c, int64_t ldc,
                                      tpk_dtype dt) {
     TPK_TRY(tpk__op_gemm_check(ctx, "tpk_op_gemm", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
-    return m && n ? TPK__PROF_OP(ctx, "gemm", 0, 2.0 * (double)m * (double)n * (double)k,
+    return m && n ? TPK__OP_CALL(ctx, "gemm", 0, 2.0 * (double)m * (double)n * (double)k,
                                  ctx->ops->gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
                                                 c, ldc, dt))
                   : TPK_OK;
@@ -306,7 +321,7 @@ static inline tpk_status tpk_op_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t
                                          int64_t ldc, tpk_dtype dt) {
     TPK_TRY(
         tpk__op_gemm_check(ctx, "tpk_op_gemm_acc", ta, tb, m, n, k, a, lda, b, ldb, c, ldc, dt));
-    return m && n ? TPK__PROF_OP(ctx, "gemm_acc", 0, 2.0 * (double)m * (double)n * (double)k,
+    return m && n ? TPK__OP_CALL(ctx, "gemm_acc", 0, 2.0 * (double)m * (double)n * (double)k,
                                  ctx->ops->gemm_acc(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb,
                                                     beta, c, ldc, dt))
                   : TPK_OK;
@@ -318,7 +333,7 @@ static inline tpk_status tpk_op_bias_add(tpk_ctx *ctx, void *y, const void *bias
     TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, rows > 0 && cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "bias", bias, rows > 0 && cols > 0));
     return rows && cols
-               ? TPK__PROF_OP(ctx, "bias_add",
+               ? TPK__OP_CALL(ctx, "bias_add",
                               2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                               ctx->ops->bias_add(ctx, y, bias, rows, cols, dt))
                : TPK_OK;
@@ -333,7 +348,7 @@ static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy
                          tpk_dtype_name(dt), tpk_dtype_name(db_dt));
     TPK_TRY(tpk__op_ptr(ctx, fn, "db", db, cols > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, rows > 0 && cols > 0));
-    return cols ? TPK__PROF_OP(ctx, "bias_grad",
+    return cols ? TPK__OP_CALL(ctx, "bias_grad",
                                (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                                ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, db_dt, accumulate))
                 : TPK_OK;
@@ -356,7 +371,7 @@ static inline tpk_status tpk_op_linear_fwd(tpk_ctx *ctx, void *y, void *pre, con
     TPK_TRY(tpk__op_ptr(ctx, fn, "pre", pre, act != TPK_ACT_NONE && any));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any && k > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, any && k > 0));
-    return any ? TPK__PROF_OP(
+    return any ? TPK__OP_CALL(
                      ctx, "linear_fwd", 0, 2.0 * (double)T * (double)n * (double)k,
                      (ctx->ops->linear_fwd ? ctx->ops->linear_fwd : tpk__compose_linear_fwd)(
                          ctx, y, pre, x, w, bias, T, n, k, act, dt))
@@ -385,7 +400,7 @@ static inline tpk_status tpk_op_linear_bwd_act(tpk_ctx *ctx, void *du, void *db,
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "du: must not alias dy, w or pre");
     if (!any)
         return db && n ? tpk_op_fill(ctx, db, dt, (size_t)n, 0.0f) : TPK_OK; /* no rows: db = 0 */
-    return TPK__PROF_OP(
+    return TPK__OP_CALL(
         ctx, "linear_bwd_act", 0, 2.0 * (double)T * (double)n * (double)k,
         (ctx->ops->linear_bwd_act ? ctx->ops->linear_bwd_act : tpk__compose_linear_bwd_act)(
             ctx, du, db, dy, w, pre, T, n, k, act, dt));
@@ -409,7 +424,7 @@ static inline tpk_status tpk_op_layernorm_fwd(tpk_ctx *ctx, void *y, float *mean
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {y, mean, rstd, x, w, b};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "y,mean,rstd,x,w,b", ps, 6, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "layernorm_fwd",
+    return rows ? TPK__OP_CALL(ctx, "layernorm_fwd",
                                2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                                TPK__OP_LAYER(layernorm_fwd, ctx, y, mean, rstd, x, w, b, rows, cols,
                                              eps, dt))
@@ -425,7 +440,7 @@ static inline tpk_status tpk_op_residual_layernorm_fwd(tpk_ctx *ctx, void *x1, v
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {x1, y, mean, rstd, x, r, w, b};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "x1,y,mean,rstd,x,r,w,b", ps, 8, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "residual_layernorm_fwd",
+    return rows ? TPK__OP_CALL(ctx, "residual_layernorm_fwd",
                                4.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                                (ctx->ops->residual_layernorm_fwd
                                     ? ctx->ops->residual_layernorm_fwd
@@ -441,7 +456,7 @@ static inline tpk_status tpk_op_layernorm_bwd(tpk_ctx *ctx, void *dx, float *dw,
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
     const void *ps[] = {dx, dw, db, dy, x, w, mean, rstd};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,db,dy,x,w,mean,rstd", ps, 8, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "layernorm_bwd",
+    return rows ? TPK__OP_CALL(ctx, "layernorm_bwd",
                                3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                                TPK__OP_LAYER(layernorm_bwd, ctx, dx, dw, db, dy, x, w, mean, rstd,
                                              rows, cols, dt, accumulate_dx))
@@ -456,7 +471,7 @@ static inline tpk_status tpk_op_rmsnorm_fwd(tpk_ctx *ctx, void *y, float *rstd, 
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "eps: expected > 0, got %g", (double)eps);
     const void *ps[] = {y, rstd, x, w};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "y,rstd,x,w", ps, 4, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "rmsnorm_fwd",
+    return rows ? TPK__OP_CALL(ctx, "rmsnorm_fwd",
                                2.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                                TPK__OP_LAYER(rmsnorm_fwd, ctx, y, rstd, x, w, rows, cols, eps, dt))
                 : TPK_OK;
@@ -469,7 +484,7 @@ static inline tpk_status tpk_op_rmsnorm_bwd(tpk_ctx *ctx, void *dx, float *dw, c
     TPK_TRY(tpk__op_rows_cols(ctx, fn, rows, cols, dt));
     const void *ps[] = {dx, dw, dy, x, w, rstd};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dx,dw,dy,x,w,rstd", ps, 6, rows > 0));
-    return rows ? TPK__PROF_OP(ctx, "rmsnorm_bwd",
+    return rows ? TPK__OP_CALL(ctx, "rmsnorm_bwd",
                                3.0 * (double)rows * (double)cols * (double)tpk_dtype_size(dt), 0,
                                TPK__OP_LAYER(rmsnorm_bwd, ctx, dx, dw, dy, x, w, rstd, rows, cols,
                                              dt, accumulate_dx))
@@ -492,7 +507,7 @@ static inline tpk_status tpk_op_embed_fwd(tpk_ctx *ctx, void *y, const int32_t *
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "table", table, vrows * H > 0));
     return T && H
-               ? TPK__PROF_OP(
+               ? TPK__OP_CALL(
                      ctx, "embed_fwd", 2.0 * (double)T * (double)H * (double)tpk_dtype_size(dt), 0,
                      TPK__OP_LAYER(embed_fwd, ctx, y, ids, table, T, H, v0, vrows, dt, accumulate))
                : TPK_OK;
@@ -506,7 +521,7 @@ static inline tpk_status tpk_op_embed_bwd(tpk_ctx *ctx, float *dtable, const voi
     TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, T * H > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "ids", ids, T > 0));
     return T && H && vrows
-               ? TPK__PROF_OP(ctx, "embed_bwd",
+               ? TPK__OP_CALL(ctx, "embed_bwd",
                               (double)T * (double)H * ((double)tpk_dtype_size(dt) + 8.0), 0,
                               TPK__OP_LAYER(embed_bwd, ctx, dtable, dy, ids, T, H, v0, vrows, dt))
                : TPK_OK;
@@ -531,7 +546,7 @@ static inline tpk_status tpk_op_xent_stats(tpk_ctx *ctx, float *part, const void
     const void *ps[] = {part, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "part,targets", ps, 2, T > 0));
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * Vl > 0));
-    return T ? TPK__PROF_OP(ctx, "xent_stats",
+    return T ? TPK__OP_CALL(ctx, "xent_stats",
                             (double)T * ((double)Vl * (double)tpk_dtype_size(dt) + 16.0), 0,
                             TPK__OP_LAYER(xent_stats, ctx, part, z, targets, T, Vl, ld, v0, dt))
              : TPK_OK;
@@ -548,7 +563,7 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
     TPK_TRY(tpk__op_smoothing(ctx, fn, smoothing));
     const void *ps[] = {loss, lse, part, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,part,targets", ps, 4, T > 0));
-    return T ? TPK__PROF_OP(ctx, "xent_loss", (16.0 * (double)P + 12.0) * (double)T, 0,
+    return T ? TPK__OP_CALL(ctx, "xent_loss", (16.0 * (double)P + 12.0) * (double)T, 0,
                             TPK__OP_LAYER(xent_loss, ctx, loss, lse, part, P, targets, T, V,
                                           smoothing, ignore_index))
              : TPK_OK;
@@ -565,7 +580,7 @@ static inline tpk_status tpk_op_xent_mean(tpk_ctx *ctx, double *acc, const float
                          (long long)T, (long long)count);
     TPK_TRY(tpk__op_ptr(ctx, fn, "acc", acc, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "loss", loss, T > 0));
-    return TPK__PROF_OP(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0,
+    return TPK__OP_CALL(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0,
                         TPK__OP_LAYER(xent_mean, ctx, acc, loss, T, count, accumulate));
 }
 static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z, const float *lse,
@@ -581,7 +596,7 @@ static inline tpk_status tpk_op_xent_grad(tpk_ctx *ctx, void *dz, const void *z,
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T * ld > 0));
     const void *ps[] = {lse, targets, dloss};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "lse,targets,dloss", ps, 3, T > 0));
-    return T && ld ? TPK__PROF_OP(ctx, "xent_grad",
+    return T && ld ? TPK__OP_CALL(ctx, "xent_grad",
                                   2.0 * (double)T * (double)ld * (double)tpk_dtype_size(dt), 0,
                                   TPK__OP_LAYER(xent_grad, ctx, dz, z, lse, targets, dloss, T, Vl,
                                                 ld, v0, V, smoothing, ignore_index, dt))
@@ -606,7 +621,7 @@ static inline tpk_status tpk_op_xent_fused(tpk_ctx *ctx, void *dz, float *loss, 
     TPK_TRY(tpk__op_ptr(ctx, fn, "z", z, T > 0));
     const void *ps[] = {loss, lse, targets};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "loss,lse,targets", ps, 3, T > 0));
-    return T ? TPK__PROF_OP(
+    return T ? TPK__OP_CALL(
                    ctx, "xent_fused",
                    (double)T * (2.0 * (double)ld * (double)tpk_dtype_size(dt) + 12.0), 0,
                    (ctx->ops->xent_fused ? ctx->ops->xent_fused : tpk__compose_xent_fused)(
@@ -641,7 +656,7 @@ static inline tpk_status tpk_op_attn_fwd(tpk_ctx *ctx, void *out, float *lse, co
     bool any = B * S * Al > 0;
     const void *ps[] = {out, lse, qkv};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "out,lse,qkv", ps, 3, any));
-    return any ? TPK__PROF_OP(ctx, "attn_fwd", 0,
+    return any ? TPK__OP_CALL(ctx, "attn_fwd", 0,
                               2.0 * (double)B * (double)Al * (double)S * (double)S * (double)D,
                               TPK__OP_LAYER(attn_fwd, ctx, out, lse, qkv, B, S, Al, D, A, G, head0,
                                             scale, p, seed, stream, dt))
@@ -657,7 +672,7 @@ static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *d
     bool any = B * S * Al > 0;
     const void *ps[] = {dqkv, dout, qkv, out, lse};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dqkv,dout,qkv,out,lse", ps, 5, any));
-    return any ? TPK__PROF_OP(ctx, "attn_bwd", 0,
+    return any ? TPK__OP_CALL(ctx, "attn_bwd", 0,
                               5.0 * (double)B * (double)Al * (double)S * (double)S * (double)D,
                               TPK__OP_LAYER(attn_bwd, ctx, dqkv, dout, qkv, out, lse, B, S, Al, D,
                                             A, G, head0, scale, p, seed, stream, dt))
@@ -689,7 +704,7 @@ static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const v
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "ldy: in place (y == x) expected ldx = %lld, got %lld", (long long)ldx,
                          (long long)ldy);
-    return any ? TPK__PROF_OP(ctx, "rope",
+    return any ? TPK__OP_CALL(ctx, "rope",
                               2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt),
                               0,
                               TPK__OP_LAYER(rope, ctx, y, ldy, x, ldx, rows, S, heads, D, theta,
@@ -702,7 +717,7 @@ static inline tpk_status tpk_op_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
     const void *ps[] = {h, gu};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "h,gu", ps, 2, rows * F > 0));
-    return rows && F ? TPK__PROF_OP(ctx, "swiglu_fwd",
+    return rows && F ? TPK__OP_CALL(ctx, "swiglu_fwd",
                                     3.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0,
                                     TPK__OP_LAYER(swiglu_fwd, ctx, h, gu, rows, F, dt))
                      : TPK_OK;
@@ -713,7 +728,7 @@ static inline tpk_status tpk_op_swiglu_bwd(tpk_ctx *ctx, void *dgu, const void *
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "F", F));
     const void *ps[] = {dgu, gu, dh};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "dgu,gu,dh", ps, 3, rows * F > 0));
-    return rows && F ? TPK__PROF_OP(ctx, "swiglu_bwd",
+    return rows && F ? TPK__OP_CALL(ctx, "swiglu_bwd",
                                     5.0 * (double)rows * (double)F * (double)tpk_dtype_size(dt), 0,
                                     TPK__OP_LAYER(swiglu_bwd, ctx, dgu, gu, dh, rows, F, dt))
                      : TPK_OK;
@@ -743,7 +758,7 @@ static inline tpk_status tpk_op_adamw(tpk_ctx *ctx, float *w, const float *g, fl
                          (double)grad_scale, (double)clip);
     const void *ps[] = {w, g, m, v};
     TPK_TRY(tpk__op_ptrs(ctx, fn, "w,g,m,v", ps, 4, n > 0));
-    return n ? TPK__PROF_OP(ctx, "adamw", (w16 ? 30.0 : 28.0) * (double)n, 0,
+    return n ? TPK__OP_CALL(ctx, "adamw", (w16 ? 30.0 : 28.0) * (double)n, 0,
                             ctx->ops->adamw(ctx, w, g, m, v, n, lr, b1, b2, eps, wd, step,
                                             grad_scale, norm, clip, decay, nruns, w16))
              : TPK_OK;
@@ -757,7 +772,7 @@ static inline tpk_status tpk_op_sumsq(tpk_ctx *ctx, double *out, const float *x,
     TPK_TRY(tpk__op_ptr(ctx, fn, "out", out, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
     if (!n && accumulate) return TPK_OK;
-    return TPK__PROF_OP(ctx, "sumsq", 4.0 * (double)n, 0,
+    return TPK__OP_CALL(ctx, "sumsq", 4.0 * (double)n, 0,
                         ctx->ops->sumsq(ctx, out, x, n, accumulate));
 }
 

@@ -11,7 +11,10 @@
  *   GB/s (the fewest bytes the op must move: each input read once, each output written once) or
  *   TFLOP/s (GEMMs, the fused linear, attention: 2 m n k; 2 B A S^2 D forward, 5 backward).
  * tpk_profile_log passes the same lines to the context's logger (tpk_logf, TPK_LOG_INFO; by default
- * stderr): with TPK_PROFILE=1 world rank 0 does so when the context is destroyed. */
+ * stderr): with TPK_PROFILE=1 world rank 0 does so when the context is destroyed.
+ * A dry run's table (tpk_ops.dry_run: the planner's, tpk/plan/count.h) has its compute ops
+ * counted here and never called (TPK__OP_CALL, tpk/runtime/op.h): the hook sees each op's name,
+ * bytes and flops exactly as a real run's profile does. */
 #ifndef TPK_PROFILE_H
 #define TPK_PROFILE_H
 
@@ -111,11 +114,20 @@ static inline tpk_status tpk__prof_end(tpk_ctx *ctx, const char *name, double by
     c->row = r < p->nrows ? r : -1, c->bytes = bytes, c->flops = flops;
     return s;
 }
-/* The front end's dispatch: `call` (a backend entry) timed when the profiler is on. */
+/* A backend call (a collective, a copy; a compute op: TPK__OP_CALL, tpk/runtime/op.h) timed when
+ * the profiler is on. */
 #define TPK__PROF_OP(ctx, name, bytes, flops, call)                                              \
     ((ctx) && (ctx)->prof ? (tpk__prof_begin(ctx), tpk__prof_end((ctx), (name), (double)(bytes), \
                                                                  (double)(flops), (call)))       \
                           : (call))
+/* A compute op in a dry run (tpk_ops.dry_run): no entry called, the profiler (its hook) told of
+ * the op as in a real run. */
+static inline tpk_status tpk__prof_dry(tpk_ctx *ctx, const char *name, double bytes,
+                                       double flops) {
+    if (!ctx->prof) return TPK_OK;
+    tpk__prof_begin(ctx);
+    return tpk__prof_end(ctx, name, bytes, flops, TPK_OK);
+}
 
 /* Read the pending calls' times into the rows (waits for the device). */
 static inline tpk_status tpk__prof_flush(tpk_ctx *ctx) {
