@@ -69,7 +69,43 @@ typedef struct tpk_request {
     tpk_comm *comm;
     void *state;
     bool active;
+    uint64_t flight; /* its operation number in comm->flight (tpk/runtime/coll.h) */
 } tpk_request;
+
+/* The flight recorder (tpk/runtime/coll.h fills it, prints it when a collective fails or times
+ * out): each communicator keeps its last TPK_FLIGHT_N operations in a ring. An operation's `seq`
+ * counts within its group: the collectives (all kinds together) 1, 2, ... and the point-to-point
+ * batches 1, 2, ... apart, so ranks of one group that are in step hold the same numbers, and a
+ * rank whose count is below the number the others wait in never reached that collective. */
+#define TPK_FLIGHT_N 16
+typedef enum tpk_flight_state {
+    TPK_FLIGHT_RUNNING = 0, /* started, not finished (a start form not yet waited, or waiting) */
+    TPK_FLIGHT_DONE,
+    TPK_FLIGHT_FAILED /* an error or the timeout */
+} tpk_flight_state;
+typedef struct tpk_flight_entry {
+    uint64_t id;            /* the communicator's operation number, from 1 (0: an empty slot) */
+    uint64_t seq;           /* the group's collective (or point-to-point batch) number, from 1 */
+    uint64_t elems, bytes;  /* this rank's, counted as in tpk_comm_stats; a batch's sum */
+    double t0, t1;          /* host clock (seconds) at its start and its end (t1 0: not ended) */
+    int kind;               /* tpk_coll_kind; TPK_COLL_SEND for a point-to-point batch;
+                              TPK_COLL_N for a program's own MPI wait (tpk_mpi_wait) */
+    const char *what;       /* TPK_COLL_N: the wait's name as the program gave it */
+    int state;              /* tpk_flight_state */
+    int peer, nsend, nrecv; /* a batch: its first part's peer, its sends and receives */
+} tpk_flight_entry;
+typedef struct tpk_flight {
+    tpk_flight_entry ring[TPK_FLIGHT_N]; /* operation id goes to slot id % TPK_FLIGHT_N */
+    uint64_t ops;                        /* operations recorded */
+    uint64_t colls;                      /* collectives begun (the last one's seq) */
+    uint64_t batches;                    /* point-to-point batches begun */
+    uint64_t waits;   /* the program's own MPI waits begun (the world's; tpk_mpi_wait) */
+    uint64_t waiting; /* the operation this rank waits in now (0: none) */
+    bool reported;    /* a failure on this communicator was reported already */
+    /* On the world communicator (NULL elsewhere): what prints a failure's report, asking the
+     * other ranks where they are (tpk/runtime/mpi.h's); NULL: coll.h prints this rank's record. */
+    void (*report)(tpk_ctx *ctx, tpk_comm *failed, const tpk_flight_entry *e, double waited_s);
+} tpk_flight;
 
 typedef struct tpk_comm_vtable {
     const char *name;
@@ -118,6 +154,7 @@ struct tpk_comm {
     int rank, size;
     bool device; /* buffers are device memory */
     tpk_comm_stats stats;
+    tpk_flight flight; /* the last operations (the flight recorder, above) */
 };
 
 #endif /* TPK_COMM_H */

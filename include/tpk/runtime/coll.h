@@ -4,7 +4,14 @@
  * counts past INT_MAX), count calls/elements/bytes in comm->stats, then call the table.
  * The *_start forms return at once; tpk_wait finishes them. Point-to-point batches (tpk_p2p_run,
  * tpk_send, tpk_recv) the same way. tpk_comm_split makes sub-groups (the context's TP x DP x PP
- * mesh, tpk/runtime/init.h). */
+ * mesh, tpk/runtime/init.h).
+ * The flight recorder: every call above is also written to comm->flight's ring (kind, group,
+ * elements, bytes, the group's sequence number, start and end time; tpk_flight, tpk/base/comm.h).
+ * When one returns TPK_ERR_COMM (a timeout, a peer gone), this rank's record is printed through
+ * the context's logger (tpk_flight_log: "rank R: last collectives: ..." of its world, TP, DP and PP
+ * groups), once per communicator: by the world communicator's report hook where it has one (MPI's
+ * asks the other ranks where they are and names the ones that never reached the collective,
+ * tpk/runtime/mpi.h), else here. */
 #ifndef TPK_COLL_H
 #define TPK_COLL_H
 
@@ -18,6 +25,199 @@ static inline void tpk__count(tpk_comm *c, tpk_coll_kind k, size_t elems, tpk_dt
     c->stats.bytes[k] += elems * tpk_dtype_size(dt);
 }
 static inline void tpk_comm_stats_reset(tpk_comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+
+/* ---- the flight recorder --------------------------------------------------------------------- */
+
+static inline double tpk__flight_now(void) { return tpk__now_ms() * 1e-3; }
+/* The recording context of this translation unit: the last context tpk_ctx_init made on a world
+ * with a report hook (tpk_ctx_destroy clears it). A program's own MPI waits on a context without
+ * a world (tpk_mpi_wait: the trainer's agreement between steps) are recorded on its world, answer
+ * the other ranks' questions and report through it. */
+static inline tpk_ctx **tpk__flight_slot(void) {
+    static tpk_ctx *ctx;
+    return &ctx;
+}
+/* Record the start of an operation on c (ops[n]: a point-to-point batch's parts; NULL: a
+ * collective of `kind`); its operation number. */
+static inline uint64_t tpk__flight_begin(tpk_comm *c, tpk_coll_kind kind, size_t elems,
+                                         tpk_dtype dt, const tpk_p2p *ops, int n) {
+    tpk_flight *f = &c->flight;
+    tpk_flight_entry *e = &f->ring[++f->ops % TPK_FLIGHT_N];
+    memset(e, 0, sizeof *e);
+    e->id = f->ops;
+    e->seq = kind == TPK_COLL_N ? ++f->waits : ops ? ++f->batches : ++f->colls;
+    e->kind = (int)kind, e->state = TPK_FLIGHT_RUNNING, e->peer = -1, e->t0 = tpk__flight_now();
+    e->elems = elems, e->bytes = elems * tpk_dtype_size(dt);
+    for (int i = 0; ops && i < n; i++) {
+        size_t es = tpk_dtype_size(ops[i].dtype);
+        e->elems += ops[i].count, e->bytes += ops[i].count * es;
+        if (ops[i].send) e->nsend++;
+        else e->nrecv++;
+        if (i == 0) e->peer = ops[i].peer;
+    }
+    return e->id;
+}
+/* The entry of operation id on c (NULL: overwritten since, or none). */
+static inline tpk_flight_entry *tpk__flight_find(tpk_comm *c, uint64_t id) {
+    tpk_flight_entry *e = &c->flight.ring[id % TPK_FLIGHT_N];
+    return id && e->id == id ? e : NULL;
+}
+/* The context's group c is: 0 the world, 1 TP, 2 DP, 3 PP, 4 another communicator. */
+static inline int tpk__flight_role(const tpk_ctx *ctx, const tpk_comm *c) {
+    if (!ctx) return 4;
+    return c == ctx->world ? 0 : c == &ctx->tp ? 1 : c == &ctx->dp ? 2 : c == &ctx->pp ? 3 : 4;
+}
+static inline const char *tpk__flight_role_name(int role) {
+    static const char *names[5] = {"world", "TP", "DP", "PP", "group"};
+    return role >= 0 && role < 5 ? names[role] : "group";
+}
+/* The size of group `role` of the context's mesh (0 the world, 1 TP, 2 DP, 3 PP; 0: not known),
+ * and the world rank of rank r of the group `role` that world rank w belongs to (the mesh of
+ * tpk/runtime/init.h: w = tp + t (dp + d pp)); -1 when not known. */
+static inline int tpk__flight_group_size(const tpk_ctx *ctx, int role) {
+    if (!ctx || !ctx->world) return 0;
+    return role == 0   ? ctx->world->size
+           : role == 1 ? ctx->tp.size
+           : role == 2 ? ctx->dp.size
+           : role == 3 ? ctx->pp.size
+                       : 0;
+}
+static inline int tpk__flight_member(const tpk_ctx *ctx, int role, int w, int r) {
+    if (!ctx || !ctx->world || r < 0 || r >= tpk__flight_group_size(ctx, role)) return -1;
+    int t = ctx->tp.size, d = ctx->dp.size, tr = w % t, dr = w / t % d, pr = w / (t * d);
+    switch (role) {
+        case 0: return r;
+        case 1: return r + t * (dr + d * pr);
+        case 2: return tr + t * (r + d * pr);
+        case 3: return tr + t * (dr + d * r);
+        default: return -1;
+    }
+}
+/* The world rank of rank r of this rank's group `role`. */
+static inline int tpk__flight_world_rank(const tpk_ctx *ctx, int role, int r) {
+    return ctx && ctx->world ? tpk__flight_member(ctx, role, ctx->world->rank, r) : -1;
+}
+/* "TP all-reduce #57" or "PP point-to-point batch #12 (1 send, 1 receive; first peer: rank 3)" of
+ * an operation of group `role` (peer: a world rank, -1 unknown) into buf. */
+static inline const char *tpk__flight_op_name(int role, int kind, uint64_t seq, int nsend,
+                                              int nrecv, int peer, char *buf, size_t n) {
+    if (kind == TPK_COLL_N) {
+        snprintf(buf, n, "%s MPI wait #%llu (the program's own)", tpk__flight_role_name(role),
+                 (unsigned long long)seq);
+    } else if (kind == TPK_COLL_SEND || kind == TPK_COLL_RECV) {
+        int k = snprintf(buf, n, "%s point-to-point batch #%llu (%d send%s, %d receive%s",
+                         tpk__flight_role_name(role), (unsigned long long)seq, nsend,
+                         nsend == 1 ? "" : "s", nrecv, nrecv == 1 ? "" : "s");
+        if (k > 0 && (size_t)k < n)
+            snprintf(buf + k, n - (size_t)k, peer >= 0 ? "; first peer: rank %d)" : ")", peer);
+    } else {
+        snprintf(buf, n, "%s %s #%llu", tpk__flight_role_name(role),
+                 tpk_coll_name((tpk_coll_kind)kind), (unsigned long long)seq);
+    }
+    return buf;
+}
+/* The name of entry e of c's ring (tpk__flight_op_name with the peer as a world rank). */
+static inline const char *tpk__flight_entry_name(const tpk_ctx *ctx, const tpk_comm *c,
+                                                 const tpk_flight_entry *e, char *buf, size_t n) {
+    int role = tpk__flight_role(ctx, c);
+    int peer = e->peer < 0 ? -1 : role == 4 ? -1 : tpk__flight_world_rank(ctx, role, e->peer);
+    if (e->kind == TPK_COLL_N) {
+        snprintf(buf, n, "%s %s #%llu (the program's own MPI wait)", tpk__flight_role_name(role),
+                 e->what ? e->what : "?", (unsigned long long)e->seq);
+        return buf;
+    }
+    return tpk__flight_op_name(role, e->kind, e->seq, e->nsend, e->nrecv, peer, buf, n);
+}
+/* This rank's number in the messages: its world rank (its rank in c without a context). */
+static inline int tpk__flight_me(const tpk_ctx *ctx, const tpk_comm *c) {
+    return ctx && ctx->world ? ctx->world->rank : c ? c->rank : 0;
+}
+
+/* Print this rank's flight record through the context's logger at `level`: the last
+ * TPK_FLIGHT_N operations of its world, TP, DP and PP groups (and of `also`, another communicator,
+ * when not NULL), oldest first, one line each after a line "rank R: last collectives (...):".
+ * Groups of one rank are left out (their collectives are copies). A program may call it at any
+ * time (on a signal of its own, at the end of a step). */
+static inline tpk_status tpk_flight_log(const tpk_ctx *ctx, tpk_comm *also, tpk_log_level level) {
+    if (!ctx && !also) return TPK_ERR_ARG; /* nothing to print, nowhere to say so */
+    tpk_comm *cs[5] = {ctx ? ctx->world : NULL, ctx ? (tpk_comm *)&ctx->tp : NULL,
+                       ctx ? (tpk_comm *)&ctx->dp : NULL, ctx ? (tpk_comm *)&ctx->pp : NULL, also};
+    const tpk_flight_entry *es[5 * TPK_FLIGHT_N];
+    const tpk_comm *ec[5 * TPK_FLIGHT_N];
+    int n = 0;
+    for (int g = 0; g < 5; g++) {
+        tpk_comm *c = cs[g];
+        bool seen = false;
+        for (int h = 0; h < g; h++) seen = seen || cs[h] == c;
+        if (!c || !c->vt || c->size < 2 || seen) continue;
+        for (int i = 0; i < TPK_FLIGHT_N; i++) {
+            const tpk_flight_entry *e = &c->flight.ring[i];
+            if (!e->id) continue;
+            int j = n++; /* insertion by start time */
+            while (j > 0 && es[j - 1]->t0 > e->t0) es[j] = es[j - 1], ec[j] = ec[j - 1], j--;
+            es[j] = e, ec[j] = c;
+        }
+    }
+    int me = tpk__flight_me(ctx, also), first = n > TPK_FLIGHT_N ? n - TPK_FLIGHT_N : 0;
+    double now = tpk__flight_now();
+    tpk_logf(ctx, level,
+             "rank %d: last collectives (%d of this rank's groups' last operations, "
+             "oldest first; times before now):",
+             me, n - first);
+    for (int i = first; i < n; i++) {
+        const tpk_flight_entry *e = es[i];
+        char name[128], st[64];
+        tpk__flight_entry_name(ctx, ec[i], e, name, sizeof name);
+        if (e->state == TPK_FLIGHT_DONE) snprintf(st, sizeof st, "done in %.3f s", e->t1 - e->t0);
+        else if (e->state == TPK_FLIGHT_FAILED)
+            snprintf(st, sizeof st, "FAILED after %.3f s", e->t1 - e->t0);
+        else if (ctx && e->id == ec[i]->flight.waiting)
+            snprintf(st, sizeof st, "WAITING for %.3f s", now - e->t0);
+        else snprintf(st, sizeof st, "started, not waited yet");
+        tpk_logf(ctx, level, "rank %d:   %s: %llu elements, %llu bytes, %.3f s ago, %s", me, name,
+                 (unsigned long long)e->elems, (unsigned long long)e->bytes, now - e->t0, st);
+    }
+    return TPK_OK;
+}
+/* A failure of operation e on c (e NULL: its entry overwritten), waited_s into it: the world's
+ * report hook, or this rank's record printed here. */
+static inline void tpk__flight_report(tpk_ctx *ctx, tpk_comm *c, const tpk_flight_entry *e,
+                                      double waited_s) {
+    if (ctx && ctx->world && ctx->world->flight.report) {
+        ctx->world->flight.report(ctx, c, e, waited_s);
+        return;
+    }
+    char name[128] = "an operation (its record overwritten)";
+    if (e) tpk__flight_entry_name(ctx, c, e, name, sizeof name);
+    tpk_logf(ctx, TPK_LOG_ERROR, "rank %d: %s failed after %.3f s (a group of %d ranks)",
+             tpk__flight_me(ctx, c), name, waited_s, c->size);
+    tpk_flight_log(ctx, c, TPK_LOG_ERROR);
+}
+/* Operation id on c returned s; `ended`: it has finished (a blocking form, a wait) rather than
+ * started. Marks its entry; on TPK_ERR_COMM reports it (once per communicator). Returns s. */
+static inline tpk_status tpk__flight_end(tpk_ctx *ctx, tpk_comm *c, uint64_t id, bool ended,
+                                         tpk_status s) {
+    tpk_flight_entry *e = tpk__flight_find(c, id);
+    double t = tpk__flight_now();
+    if (e && (ended || s != TPK_OK))
+        e->state = s == TPK_OK ? TPK_FLIGHT_DONE : TPK_FLIGHT_FAILED, e->t1 = t;
+    if (s == TPK_ERR_COMM && !c->flight.reported) {
+        c->flight.reported = true;
+        tpk__flight_report(ctx, c, e, e ? t - e->t0 : 0);
+    }
+    if (c->flight.waiting == id) c->flight.waiting = 0;
+    return s;
+}
+/* Begin recording: the operation number, which a blocking call (req NULL) waits in and a start
+ * form's request keeps for its tpk_wait. */
+static inline uint64_t tpk__flight_start(tpk_comm *c, tpk_coll_kind kind, size_t elems,
+                                         tpk_dtype dt, const tpk_p2p *ops, int n,
+                                         tpk_request *req) {
+    uint64_t id = tpk__flight_begin(c, kind, elems, dt, ops, n);
+    if (req) req->flight = id;
+    else c->flight.waiting = id;
+    return id;
+}
 
 static inline tpk_status tpk__started(tpk_request *req, tpk_status s) {
     if (req && s == TPK_OK) req->active = true;
@@ -74,10 +274,11 @@ static inline tpk_status tpk__allreduce(tpk_ctx *ctx, tpk_comm *c, const void *s
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
     tpk__count(c, TPK_COLL_ALLREDUCE, count, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req,
-                        TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 0, req),
-                                     (double)count * (double)tpk_dtype_size(dt), 0,
-                                     c->vt->allreduce(ctx, c, send, recv, count, dt, op, req)));
+    uint64_t id = tpk__flight_start(c, TPK_COLL_ALLREDUCE, count, dt, NULL, 0, req);
+    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 0, req),
+                                (double)count * (double)tpk_dtype_size(dt), 0,
+                                c->vt->allreduce(ctx, c, send, recv, count, dt, op, req));
+    return tpk__started(req, tpk__flight_end(ctx, c, id, !req, s));
 }
 /* recv = op over ranks of send (count elements); send may equal recv. */
 static inline tpk_status tpk_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
@@ -125,9 +326,11 @@ static inline tpk_status tpk__allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer", recv ? "send" : "recv");
     tpk__count(c, TPK_COLL_ALLGATHER, recvcount, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 1, req),
-                                          (double)recvcount * (double)tpk_dtype_size(dt), 0,
-                                          c->vt->allgatherv(ctx, c, send, recv, counts, dt, req)));
+    uint64_t id = tpk__flight_start(c, TPK_COLL_ALLGATHER, recvcount, dt, NULL, 0, req);
+    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 1, req),
+                                (double)recvcount * (double)tpk_dtype_size(dt), 0,
+                                c->vt->allgatherv(ctx, c, send, recv, counts, dt, req));
+    return tpk__started(req, tpk__flight_end(ctx, c, id, !req, s));
 }
 /* recv[recvcount] = the ranks' send buffers concatenated in rank order; counts[q] is rank q's
  * count (counts[rank] == sendcount, sum == recvcount). Uneven counts are allowed. */
@@ -161,10 +364,11 @@ static inline tpk_status tpk__reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const v
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "op: expected TPK_SUM or TPK_MAX, got %d", (int)op);
     tpk__count(c, TPK_COLL_REDUCE_SCATTER, sendcount, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(
-        req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 2, req),
-                          (double)sendcount * (double)tpk_dtype_size(dt), 0,
-                          c->vt->reduce_scatterv(ctx, c, send, recv, counts, dt, op, req)));
+    uint64_t id = tpk__flight_start(c, TPK_COLL_REDUCE_SCATTER, sendcount, dt, NULL, 0, req);
+    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 2, req),
+                                (double)sendcount * (double)tpk_dtype_size(dt), 0,
+                                c->vt->reduce_scatterv(ctx, c, send, recv, counts, dt, op, req));
+    return tpk__started(req, tpk__flight_end(ctx, c, id, !req, s));
 }
 /* send[sendcount] holds the ranks' blocks in rank order (counts[q] each, sum == sendcount);
  * recv[counts[rank]] = op over ranks of this rank's block. */
@@ -195,9 +399,11 @@ static inline tpk_status tpk__bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "root: expected 0..%d, got %d", c->size - 1, root);
     tpk__count(c, TPK_COLL_BROADCAST, count, dt);
     if (req) req->comm = c, req->state = NULL;
-    return tpk__started(req, TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 3, req),
-                                          (double)count * (double)tpk_dtype_size(dt), 0,
-                                          c->vt->bcast(ctx, c, buf, count, dt, root, req)));
+    uint64_t id = tpk__flight_start(c, TPK_COLL_BROADCAST, count, dt, NULL, 0, req);
+    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 3, req),
+                                (double)count * (double)tpk_dtype_size(dt), 0,
+                                c->vt->bcast(ctx, c, buf, count, dt, root, req));
+    return tpk__started(req, tpk__flight_end(ctx, c, id, !req, s));
 }
 static inline tpk_status tpk_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt,
                                    int root) {
@@ -213,7 +419,8 @@ static inline tpk_status tpk_bcast_start(tpk_ctx *ctx, tpk_comm *c, void *buf, s
 static inline tpk_status tpk_barrier(tpk_ctx *ctx, tpk_comm *c) {
     TPK_TRY(tpk__check_comm(ctx, "tpk_barrier", c, TPK_F32, NULL));
     tpk__count(c, TPK_COLL_BARRIER, 0, TPK_F32);
-    return c->vt->barrier(ctx, c, NULL);
+    uint64_t id = tpk__flight_start(c, TPK_COLL_BARRIER, 0, TPK_F32, NULL, 0, NULL);
+    return tpk__flight_end(ctx, c, id, true, c->vt->barrier(ctx, c, NULL));
 }
 static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
     if (!req)
@@ -222,7 +429,8 @@ static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_reques
     TPK_TRY(tpk__check_comm(ctx, "tpk_barrier_start", c, TPK_F32, req));
     tpk__count(c, TPK_COLL_BARRIER, 0, TPK_F32);
     req->comm = c, req->state = NULL;
-    return tpk__started(req, c->vt->barrier(ctx, c, req));
+    uint64_t id = tpk__flight_start(c, TPK_COLL_BARRIER, 0, TPK_F32, NULL, 0, req);
+    return tpk__started(req, tpk__flight_end(ctx, c, id, false, c->vt->barrier(ctx, c, req)));
 }
 
 /* ---- point-to-point ------------------------------------------------------------------------- */
@@ -263,10 +471,12 @@ static inline tpk_status tpk__p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops,
         tpk__count(c, ops[i].send ? TPK_COLL_SEND : TPK_COLL_RECV, ops[i].count, ops[i].dtype);
         bytes += (double)ops[i].count * (double)tpk_dtype_size(ops[i].dtype);
     }
-    if (req) req->comm = c, req->state = NULL;
+    if (req) req->comm = c, req->state = NULL, req->flight = 0;
     if (!n) return TPK_OK;
-    return tpk__started(req, TPK__PROF_OP(ctx, req ? "p2p (start)" : "p2p", bytes, 0,
-                                          c->vt->p2p(ctx, c, ops, n, req)));
+    uint64_t id = tpk__flight_start(c, TPK_COLL_SEND, 0, TPK_F32, ops, n, req);
+    tpk_status s =
+        TPK__PROF_OP(ctx, req ? "p2p (start)" : "p2p", bytes, 0, c->vt->p2p(ctx, c, ops, n, req));
+    return tpk__started(req, tpk__flight_end(ctx, c, id, !req, s));
 }
 /* Run the batch ops[n] of sends and receives (tpk_p2p, tpk/base/comm.h) and wait for all of it:
  * each peer a rank of c other than this one, tags 0..TPK_P2P_TAG_MAX; counted in c->stats as
@@ -297,10 +507,12 @@ static inline tpk_status tpk_recv(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t c
 static inline tpk_status tpk_wait(tpk_ctx *ctx, tpk_request *req) {
     if (!req) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_wait", "req: expected a request, got NULL");
     if (!req->active) return TPK_OK;
-    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, req->comm, 4, NULL), 0, 0,
-                                req->comm->vt->wait(ctx, req));
-    req->active = false, req->state = NULL;
-    return s;
+    tpk_comm *c = req->comm;
+    uint64_t id = req->flight;
+    if (id) c->flight.waiting = id;
+    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 4, NULL), 0, 0, c->vt->wait(ctx, req));
+    req->active = false, req->state = NULL, req->flight = 0;
+    return tpk__flight_end(ctx, c, id, true, s);
 }
 
 static inline tpk_status tpk_comm_split(tpk_ctx *ctx, tpk_comm *c, int color, int key,

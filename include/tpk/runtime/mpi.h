@@ -28,7 +28,21 @@
  * is unusable afterwards: every later collective on it fails at once. The caller cannot agree
  * with a stopped peer either: end the job (MPI_Abort), as the trainer does. The timeout is
  * TPK_TIMEOUT seconds from the environment when set, else TPK_MPI_TIMEOUT_DEFAULT (600 s);
- * tpk_comm_mpi_set_timeout changes it (0: wait for ever, MPI_Wait); splits inherit it. */
+ * tpk_comm_mpi_set_timeout changes it (0: wait for ever, MPI_Wait); splits inherit it.
+ *
+ * The flight recorder's report (tpk/runtime/coll.h keeps each communicator's last operations):
+ * a communicator made by tpk_comm_mpi (the world) also holds a side channel, a duplicate of it on
+ * which every rank keeps one receive posted for a question. When a collective of a context on
+ * that world fails (the timeout, a peer gone), the rank prints its record and asks each other
+ * rank of the failed group (MPI_Isend of its world rank, the group, the collective's sequence
+ * number): every rank waiting in a collective of its own answers from its wait loop (the sleeping
+ * polls above serve the side channel) with its groups' counts of collectives and point-to-point
+ * batches begun and the operation it waits in, and prints its own record once. The asking rank
+ * waits at most a quarter of the timeout (1 to 10 s) for the answers, then cancels the receives
+ * that got none, and prints one line per rank of the group that never reached the collective:
+ * no answer (stopped, dead, or computing outside a collective), or its count below the
+ * collective's number (with what it waits in). Nothing in it can block: every call is
+ * non-blocking, its sends are a few bytes, and a rank that never answers costs the deadline. */
 #ifndef TPK_MPI_H
 #define TPK_MPI_H
 
@@ -46,6 +60,7 @@
 #endif
 #endif
 
+#include "coll.h"
 #include "comm_self.h"
 #include "op.h"
 
@@ -58,24 +73,37 @@ int nanosleep(const struct timespec *req, struct timespec *rem);
 #ifndef TPK_MPI_TIMEOUT_DEFAULT
 #define TPK_MPI_TIMEOUT_DEFAULT 600.0 /* seconds: a generous NCCL watchdog's */
 #endif
-#define TPK__MPI_SPIN_S 1e-3          /* the busy phase of a wait, seconds */
+#define TPK__MPI_SPIN_S 1e-3 /* the busy phase of a wait, seconds */
+#define TPK__MPI_ASK_N 4     /* a question: asker's world rank, group, seq, kind */
+#define TPK__MPI_ANSWER_N 14 /* an answer (tpk__mpi_answer) */
+#define TPK__MPI_ANSWERS 16  /* answers in flight at once */
+#define TPK__MPI_TAG_ASK 1
+#define TPK__MPI_TAG_ANSWER 2
 
 typedef struct tpk__mpi {
     MPI_Comm comm;
     MPI_Op bf16_sum, bf16_max;
-    double timeout_s; /* 0: none */
-    bool broken;      /* a collective timed out: the communicator is unusable */
+    double timeout_s;               /* 0: none */
+    bool broken;                    /* a collective timed out: the communicator is unusable */
     struct tpk__mpi_req *abandoned; /* the collectives that timed out, still MPI's (a list) */
     tpk_allocator al; /* this state's allocator: the creating context's (tpk_comm_mpi, split) */
+    /* the flight recorder's side channel (tpk_comm_mpi's communicators; MPI_COMM_NULL: none) */
+    MPI_Comm side;
+    MPI_Request ask_req;           /* the receive of a question, always posted */
+    long long ask[TPK__MPI_ASK_N]; /* its buffer */
+    long long answer[TPK__MPI_ANSWERS][TPK__MPI_ANSWER_N]; /* answers being sent */
+    MPI_Request answer_req[TPK__MPI_ANSWERS];
+    unsigned next_answer;
+    bool dumped; /* this rank's record printed (for a question or its own failure) */
 } tpk__mpi;
 
 typedef struct tpk__mpi_req {
     MPI_Request req;
     struct tpk__mpi_req *next; /* in tpk__mpi.abandoned */
     struct tpk__mpi_req *more; /* the next part of a point-to-point batch (tpk__mpi_p2p) */
-    int *counts, *displs; /* [size] each, for v-collectives */
-    void *hsend, *hrecv;  /* host staging of device buffers (NULL when not staged) */
-    void *drecv;          /* the device buffer the result goes back to */
+    int *counts, *displs;      /* [size] each, for v-collectives */
+    void *hsend, *hrecv;       /* host staging of device buffers (NULL when not staged) */
+    void *drecv;               /* the device buffer the result goes back to */
     size_t recv_bytes;
     tpk_allocator al; /* the request's allocator: the context that started it */
 } tpk__mpi_req;
@@ -142,19 +170,68 @@ static inline tpk_status tpk__mpi_err(tpk_ctx *ctx, const char *fn, int rc) {
     return tpk__fail(ctx, TPK_ERR_COMM, fn, "%s", msg);
 }
 
-/* Wait for `req` at most timeout_s seconds (0: MPI_Wait): MPI_Test busily for TPK__MPI_SPIN_S,
- * then with sleeps of 10 us doubling to 1 ms. TPK_ERR_COMM on an MPI error, or on the timeout
- * with a message naming `fn` and `what` (the group); the request is then left active. */
-static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *what,
-                                      MPI_Request *req, double timeout_s) {
-    if (!fn || !what || !req)
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_wait", "%s: NULL",
-                         !fn     ? "fn"
-                         : !what ? "what"
-                                 : "req");
-    if (!(timeout_s >= 0) || timeout_s > 1e9)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
+static inline const tpk_comm_vtable *tpk__mpi_vtable(void);
+/* The side channel of ctx's world when it is an MPI one that has one, else NULL. */
+static inline tpk__mpi *tpk__mpi_side(const tpk_ctx *ctx) {
+    if (!ctx || !ctx->world || ctx->world->vt != tpk__mpi_vtable() || !ctx->world->impl)
+        return NULL;
+    tpk__mpi *w = (tpk__mpi *)ctx->world->impl;
+    return w->side != MPI_COMM_NULL ? w : NULL;
+}
+/* This rank's answer: a[0] world rank, a[1] the group it waits in (-1: none; 0 world, 1 TP, 2 DP,
+ * 3 PP, 4 another), a[2] that operation's kind, a[3] its seq, a[4..7] the collectives begun and
+ * a[8..11] the point-to-point batches begun on the world, TP, DP and PP, a[12] the milliseconds
+ * it has waited, a[13] the program's own MPI waits begun (tpk_mpi_wait). */
+static inline void tpk__mpi_answer(const tpk_ctx *ctx, long long *a) {
+    const tpk_comm *cs[4] = {ctx->world, &ctx->tp, &ctx->dp, &ctx->pp};
+    double now = tpk__flight_now();
+    a[0] = ctx->world->rank, a[1] = -1, a[2] = a[3] = a[12] = 0;
+    a[13] = (long long)ctx->world->flight.waits;
+    for (int g = 0; g < 4; g++) {
+        const tpk_flight *f = &cs[g]->flight;
+        a[4 + g] = (long long)f->colls, a[8 + g] = (long long)f->batches;
+        const tpk_flight_entry *e = &f->ring[f->waiting % TPK_FLIGHT_N];
+        if (f->waiting && e->id == f->waiting && a[1] < 0)
+            a[1] = g, a[2] = e->kind, a[3] = (long long)e->seq,
+            a[12] = (long long)((now - e->t0) * 1e3);
+    }
+}
+/* Answer the questions that have arrived on ctx's world's side channel (tpk__mpi_report): print
+ * this rank's record the first time, send the answer, post the receive again. Never blocks. */
+static inline void tpk__mpi_serve(tpk_ctx *ctx) {
+    tpk__mpi *w = tpk__mpi_side(ctx);
+    for (int guard = 0; w && guard < 64; guard++) {
+        int done = 0;
+        MPI_Status st;
+        if (MPI_Test(&w->ask_req, &done, &st) != MPI_SUCCESS || !done) return;
+        unsigned k = w->next_answer % TPK__MPI_ANSWERS;
+        int free_ = 1;
+        if (w->answer_req[k] != MPI_REQUEST_NULL)
+            MPI_Test(&w->answer_req[k], &free_, MPI_STATUS_IGNORE);
+        if (!w->dumped) {
+            char name[128];
+            w->dumped = true;
+            tpk_logf(ctx, TPK_LOG_ERROR, "rank %d: asked by rank %lld, which failed in %s",
+                     ctx->world->rank, w->ask[0],
+                     tpk__flight_op_name((int)w->ask[1], (int)w->ask[3], (uint64_t)w->ask[2], 0, 0,
+                                         -1, name, sizeof name));
+            tpk_flight_log(ctx, NULL, TPK_LOG_ERROR);
+        }
+        if (free_) { /* else the slot's answer is still in flight: this question goes unanswered */
+            tpk__mpi_answer(ctx, w->answer[k]);
+            w->next_answer++;
+            MPI_Isend(w->answer[k], TPK__MPI_ANSWER_N, MPI_LONG_LONG, st.MPI_SOURCE,
+                      TPK__MPI_TAG_ANSWER, w->side, &w->answer_req[k]);
+        }
+        if (MPI_Irecv(w->ask, TPK__MPI_ASK_N, MPI_LONG_LONG, MPI_ANY_SOURCE, TPK__MPI_TAG_ASK,
+                      w->side, &w->ask_req) != MPI_SUCCESS)
+            w->ask_req = MPI_REQUEST_NULL;
+    }
+}
+
+/* tpk_mpi_wait's loop; fc: the context whose world's side channel it serves (NULL: none). */
+static inline tpk_status tpk__mpi_wait_loop(tpk_ctx *ctx, tpk_ctx *fc, const char *fn,
+                                            const char *what, MPI_Request *req, double timeout_s) {
     int rc, done = 0;
     if (timeout_s == 0) {
         rc = MPI_Wait(req, MPI_STATUS_IGNORE);
@@ -180,16 +257,47 @@ static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *
                 timeout_s, what);
         if (waited >= TPK__MPI_SPIN_S) {
             struct timespec ts = {0, nap_ns};
+            tpk__mpi_serve(fc); /* the flight recorder's questions (the world's side channel) */
             nanosleep(&ts, NULL);
             if (nap_ns < 1000000) nap_ns *= 2;
         }
     }
+}
+/* Wait for `req` at most timeout_s seconds (0: MPI_Wait): MPI_Test busily for TPK__MPI_SPIN_S,
+ * then with sleeps of 10 us doubling to 1 ms. TPK_ERR_COMM on an MPI error, or on the timeout
+ * with a message naming `fn` and `what` (the group); the request is then left active.
+ * While it sleeps it answers the flight recorder's questions (ctx's world's side channel). A
+ * program's own wait, on a context without a world (a zeroed one), goes to the recording context
+ * (tpk/runtime/coll.h's tpk__flight_slot: the context last made on a world with a side channel):
+ * recorded on its world as "fn #N (the program's own MPI wait)", N counted apart from the kit's
+ * collectives, and on a failure reported as theirs are. */
+static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *what,
+                                      MPI_Request *req, double timeout_s) {
+    if (!fn || !what || !req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_wait", "%s: NULL",
+                         !fn     ? "fn"
+                         : !what ? "what"
+                                 : "req");
+    if (!(timeout_s >= 0) || timeout_s > 1e9)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
+    tpk_ctx *fc = ctx && ctx->world ? ctx : *tpk__flight_slot();
+    if (fc == ctx || !tpk__mpi_side(fc))
+        return tpk__mpi_wait_loop(ctx, fc, fn, what, req, timeout_s);
+    tpk_comm *w = fc->world; /* the program's own wait: recorded on the recording context's world */
+    uint64_t id = tpk__flight_begin(w, TPK_COLL_N, 0, TPK_F32, NULL, 0);
+    tpk_flight_entry *e = tpk__flight_find(w, id);
+    if (e) e->what = fn;
+    w->flight.waiting = id;
+    tpk_status s = tpk__mpi_wait_loop(ctx, fc, fn, what, req, timeout_s);
+    return tpk__flight_end(fc, w, id, true, s);
 }
 /* The group a collective runs on, for messages: "the TP group (2 ranks)" and so on. */
 static inline const char *tpk__mpi_group(const tpk_ctx *ctx, const tpk_comm *c, char *buf,
                                          size_t n) {
     const char *g = ctx && c == &ctx->tp     ? "the TP group"
                     : ctx && c == &ctx->dp   ? "the DP group"
+                    : ctx && c == &ctx->pp   ? "the PP group"
                     : ctx && c == ctx->world ? "the world"
                                              : "a communicator";
     snprintf(buf, n, "%s (%d ranks)", g, c->size);
@@ -410,6 +518,12 @@ static inline void tpk__mpi_destroy(tpk_comm *c) {
         if (!fin && MPI_Test(&r->req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
             tpk__mpi_req_free(r);
     }
+    if (!fin && m->side != MPI_COMM_NULL) { /* the side channel: its receive cancelled */
+        if (m->ask_req != MPI_REQUEST_NULL) MPI_Cancel(&m->ask_req), MPI_Request_free(&m->ask_req);
+        for (int k = 0; k < TPK__MPI_ANSWERS; k++)
+            if (m->answer_req[k] != MPI_REQUEST_NULL) MPI_Request_free(&m->answer_req[k]);
+        MPI_Comm_free(&m->side);
+    }
     if (!fin) {
         MPI_Op_free(&m->bf16_sum);
         MPI_Op_free(&m->bf16_max);
@@ -438,6 +552,166 @@ static inline tpk_status tpk__mpi_split(tpk_ctx *ctx, tpk_comm *c, int color, in
                                                                                   timeout */
 }
 
+/* The flight recorder's questions of one report: per world rank whether it was asked (0 no, 1
+ * waiting for its answer, 2 answered, 3 no answer), its answer, and why it was asked: the
+ * operation (group, kind, seq) that the asking rank or a rank it asked waits in (by). */
+typedef struct tpk__mpi_asked {
+    int state, by, role, kind;
+    long long seq;
+    long long q[TPK__MPI_ASK_N], a[TPK__MPI_ANSWER_N];
+    MPI_Request send, recv;
+} tpk__mpi_asked;
+/* Ask world rank q (unless asked already, or this rank) about the operation (group role, kind,
+ * seq) that world rank `by` waits in. */
+static inline void tpk__mpi_ask(tpk_ctx *ctx, tpk__mpi *w, tpk__mpi_asked *as, int q, int role,
+                                int by, int kind, long long seq, int *pending) {
+    int me = ctx->world->rank;
+    if (q < 0 || q == me || q >= ctx->world->size || as[q].state) return;
+    tpk__mpi_asked *x = &as[q];
+    x->by = by, x->role = role, x->kind = kind, x->seq = seq;
+    x->q[0] = me, x->q[1] = role, x->q[2] = seq, x->q[3] = kind;
+    if (MPI_Irecv(x->a, TPK__MPI_ANSWER_N, MPI_LONG_LONG, q, TPK__MPI_TAG_ANSWER, w->side,
+                  &x->recv) != MPI_SUCCESS)
+        return;
+    if (MPI_Isend(x->q, TPK__MPI_ASK_N, MPI_LONG_LONG, q, TPK__MPI_TAG_ASK, w->side, &x->send) !=
+        MPI_SUCCESS) {
+        MPI_Cancel(&x->recv), MPI_Request_free(&x->recv);
+        return;
+    }
+    x->state = 1, (*pending)++;
+}
+/* The world ranks of c's ranks into out[c->size] (-1: not known): the mesh for the context's
+ * groups, MPI's translation for another MPI communicator. */
+static inline void tpk__mpi_members(tpk_ctx *ctx, tpk__mpi *w, tpk_comm *c, int *out) {
+    int role = tpk__flight_role(ctx, c), n = c->size;
+    for (int r = 0; r < n; r++) out[r] = tpk__flight_world_rank(ctx, role, r);
+    if (role != 4 || c->vt != tpk__mpi_vtable()) return;
+    MPI_Group g1, g2;
+    int *in = (int *)tpk__al_calloc(&w->al, (size_t)n, sizeof *in);
+    if (in && MPI_Comm_group(((tpk__mpi *)c->impl)->comm, &g1) == MPI_SUCCESS) {
+        if (MPI_Comm_group(w->side, &g2) == MPI_SUCCESS) {
+            for (int r = 0; r < n; r++) in[r] = r;
+            if (MPI_Group_translate_ranks(g1, n, in, g2, out) != MPI_SUCCESS)
+                for (int r = 0; r < n; r++) out[r] = -1;
+            for (int r = 0; r < n; r++)
+                if (out[r] == MPI_UNDEFINED) out[r] = -1;
+            MPI_Group_free(&g2);
+        }
+        MPI_Group_free(&g1);
+    }
+    tpk__al_free(&w->al, in);
+}
+/* The flight recorder's report of a failure of e (e NULL: overwritten) on `failed`, a group of
+ * ctx, waited_s into it (tpk_flight.report of a world made by tpk_comm_mpi; the header's comment
+ * says how). The questions follow the waits: a rank that answers from a wait in another group
+ * has that group's ranks asked in turn, so the report reaches the rank that holds them all. */
+static inline void tpk__mpi_report(tpk_ctx *ctx, tpk_comm *failed, const tpk_flight_entry *e,
+                                   double waited_s) {
+    tpk__mpi *w = tpk__mpi_side(ctx);
+    int role = tpk__flight_role(ctx, failed), n = failed->size, me = ctx->world->rank;
+    char name[128] = "an operation (its record overwritten)", buf[768];
+    if (e) tpk__flight_entry_name(ctx, failed, e, name, sizeof name);
+    int k = 0, *mem = (int *)tpk__calloc(ctx, (size_t)n, sizeof *mem);
+    if (mem && w) tpk__mpi_members(ctx, w, failed, mem);
+    for (int r = 0; r < n && k < (int)sizeof buf - 16; r++)
+        k += snprintf(buf + k, sizeof buf - (size_t)k, "%s%d", r ? ", " : "",
+                      mem && w ? mem[r] : tpk__flight_world_rank(ctx, role, r));
+    tpk_logf(ctx, TPK_LOG_ERROR, "rank %d: %s failed after %.3f s (%s%s%s of world ranks %s)", me,
+             name, waited_s, role < 4 ? "the " : "a group",
+             role < 4 ? tpk__flight_role_name(role) : "", role < 4 ? " group" : "", buf);
+    if (!w || !w->dumped) tpk_flight_log(ctx, failed, TPK_LOG_ERROR);
+    if (w) w->dumped = true;
+    if (!w || !e || !mem) { /* nobody to ask */
+        tpk__free(ctx, mem);
+        return;
+    }
+    /* ask; wait at most a quarter of the timeout (1 to 10 s) for all the answers */
+    double t = ((tpk__mpi *)ctx->world->impl)->timeout_s;
+    if (failed->vt == tpk__mpi_vtable()) t = ((tpk__mpi *)failed->impl)->timeout_s;
+    double limit = t / 4 < 1 ? 1 : t / 4 > 10 ? 10 : t / 4;
+    int N = ctx->world->size, pending = 0;
+    tpk__mpi_asked *as = (tpk__mpi_asked *)tpk__al_calloc(&w->al, (size_t)N, sizeof *as);
+    if (!as) {
+        tpk_logf(ctx, TPK_LOG_ERROR, "rank %d: out of host memory to ask the other ranks", me);
+        tpk__free(ctx, mem);
+        return;
+    }
+    for (int q = 0; q < N; q++) as[q].send = as[q].recv = MPI_REQUEST_NULL;
+    for (int r = 0; r < n; r++)
+        tpk__mpi_ask(ctx, w, as, mem[r], role, me, e->kind, (long long)e->seq, &pending);
+    tpk__free(ctx, mem);
+    double t0 = MPI_Wtime();
+    while (pending > 0 && MPI_Wtime() - t0 < limit) {
+        for (int q = 0; q < N; q++) {
+            int done = 0;
+            if (as[q].state != 1) continue;
+            if (MPI_Test(&as[q].recv, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done) continue;
+            as[q].state = 2, pending--;
+            const long long *a = as[q].a; /* it waits in a group of its own: ask that one too */
+            for (int r = 0; a[1] >= 0 && a[1] < 4 && r < tpk__flight_group_size(ctx, (int)a[1]);
+                 r++)
+                tpk__mpi_ask(ctx, w, as, tpk__flight_member(ctx, (int)a[1], q, r), (int)a[1], q,
+                             (int)a[2], a[3], &pending);
+        }
+        tpk__mpi_serve(ctx); /* a rank asking this one at the same time */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    double asked = MPI_Wtime() - t0;
+    bool sent = true;
+    for (int q = 0; q < N; q++) {
+        if (as[q].state == 1) /* no answer: the receive cancelled */
+            as[q].state = 3, MPI_Cancel(&as[q].recv), MPI_Request_free(&as[q].recv);
+        int done = 1;
+        if (as[q].send != MPI_REQUEST_NULL) MPI_Test(&as[q].send, &done, MPI_STATUS_IGNORE);
+        if (!done) sent = false, MPI_Request_free(&as[q].send); /* MPI still reads as[q].q */
+    }
+    int behind = 0;
+    for (int q = 0; q < N; q++) {
+        const tpk__mpi_asked *x = &as[q];
+        if (x->state < 2) continue;
+        char why[192], op[128], where[192] = "it waits in no collective";
+        tpk__flight_op_name(x->role, x->kind, (uint64_t)x->seq, 0, 0, -1, op, sizeof op);
+        if (x->by == me) snprintf(why, sizeof why, "%s", name);
+        else snprintf(why, sizeof why, "%s (where rank %d waits)", op, x->by);
+        if (x->state == 3) {
+            behind++;
+            tpk_logf(ctx, TPK_LOG_ERROR,
+                     "rank %d: rank %d never reached %s: no answer within %.1f s (stopped, dead, "
+                     "or busy outside a collective)",
+                     me, q, why, asked);
+            continue;
+        }
+        const long long *a = x->a;
+        bool p2p = x->kind == TPK_COLL_SEND || x->kind == TPK_COLL_RECV;
+        bool own = x->kind == TPK_COLL_N;
+        long long begun = own ? a[13] : x->role < 4 ? a[(p2p ? 8 : 4) + x->role] : -1;
+        const char *counted = own ? "waits" : p2p ? "point-to-point batches" : "collectives";
+        if (a[1] >= 0)
+            snprintf(
+                where, sizeof where, "it waits in %s for %.3f s",
+                tpk__flight_op_name((int)a[1], (int)a[2], (uint64_t)a[3], 0, 0, -1, op, sizeof op),
+                (double)a[12] * 1e-3);
+        if (!p2p && begun >= 0 && begun < x->seq) {
+            behind++;
+            tpk_logf(ctx, TPK_LOG_ERROR,
+                     "rank %d: rank %d never reached %s: it has begun %lld %s %s; %s", me, q, why,
+                     begun, tpk__flight_role_name(x->role), counted, where);
+        } else {
+            char cnt[96] = "";
+            if (begun >= 0)
+                snprintf(cnt, sizeof cnt, "%lld %s %s begun; ", begun,
+                         tpk__flight_role_name(x->role), counted);
+            tpk_logf(ctx, TPK_LOG_ERROR, "rank %d: rank %d answered: %s%s", me, q, cnt, where);
+        }
+    }
+    if (!behind)
+        tpk_logf(ctx, TPK_LOG_ERROR,
+                 "rank %d: every rank asked reached %s or answered from a wait of its own", me,
+                 name);
+    if (sent) tpk__al_free(&w->al, as); /* else kept: MPI may still read a question */
+}
+
 static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
     static const tpk_comm_vtable vt = {"mpi", TPK__COMM_TABLE(tpk__mpi_), tpk__mpi_destroy,
                                        TPK__COMM_P2P(tpk__mpi_)};
@@ -454,7 +728,9 @@ static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm ow
         MPI_Comm_free(&owned);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
-    m->comm = owned, m->timeout_s = timeout_s;
+    m->comm = owned, m->timeout_s = timeout_s, m->side = MPI_COMM_NULL;
+    m->ask_req = MPI_REQUEST_NULL;
+    for (int k = 0; k < TPK__MPI_ANSWERS; k++) m->answer_req[k] = MPI_REQUEST_NULL;
     if (ctx) m->al = ctx->allocator;
     MPI_Comm_set_errhandler(owned, MPI_ERRORS_RETURN);
     MPI_Op_create(tpk__mpi_bf16_sum, 1, &m->bf16_sum);
@@ -500,7 +776,20 @@ static inline tpk_status tpk_comm_mpi(tpk_ctx *ctx, MPI_Comm comm, tpk_comm *out
     MPI_Comm dup;
     int rc = MPI_Comm_dup(comm, &dup);
     if (rc != MPI_SUCCESS) return tpk__mpi_err(ctx, fn, rc);
-    return tpk__mpi_wrap(ctx, fn, dup, timeout_s, out);
+    TPK_TRY(tpk__mpi_wrap(ctx, fn, dup, timeout_s, out));
+    tpk__mpi *m = (tpk__mpi *)out->impl; /* the flight recorder's side channel */
+    rc = MPI_Comm_dup(dup, &m->side);
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_set_errhandler(m->side, MPI_ERRORS_RETURN);
+        rc = MPI_Irecv(m->ask, TPK__MPI_ASK_N, MPI_LONG_LONG, MPI_ANY_SOURCE, TPK__MPI_TAG_ASK,
+                       m->side, &m->ask_req);
+    }
+    if (rc != MPI_SUCCESS) {
+        tpk_comm_destroy(out);
+        return tpk__mpi_err(ctx, fn, rc);
+    }
+    out->flight.report = tpk__mpi_report;
+    return TPK_OK;
 }
 
 /* How long c's collectives wait for the peers, in seconds (0: for ever); communicators split
