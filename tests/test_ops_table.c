@@ -2,7 +2,9 @@
  * bad arguments of every op fail naming the argument, before a backend entry is reached (the core
  * ops, then layernorm, embedding, cross-entropy); every required entry is required (tpk_ctx_init
  * names a NULL one), the optional ones may be NULL; a user's own table is checked before its
- * entries are reached; the profiler counts every op. Runs on one rank. */
+ * entries are reached; a dry run's table (tpk_ops.dry_run, the planner's) needs its memory entries
+ * alone and hands every op to the profiler's hook as the host run does, calling none; the profiler
+ * counts every op. Runs on one rank. */
 #include "ops_test.h"
 
 #include <tpk/plan/count.h>
