@@ -40,7 +40,7 @@
 #include <tpk/plan/count.h>
 #include <tpk/train/ckpt.h>
 #include <tpk/train/data.h>
-#include <tpk/train/step.h>
+#include <tpk/train/trainable.h>
 
 /* ---- a counting allocator -------------------------------------------------------------------- */
 

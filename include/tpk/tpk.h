@@ -32,8 +32,8 @@
  *             ckpt_dir.h ckpt.h     a checkpoint directory replaced whole; any model's
  *                                   checkpoints (parameters, moments) at any TP, DP, PP size
  *             hf.h model.h          Hugging Face layouts; one handle over every family
- *             step.h                the trainer's optimizer step over M micro-batches (POSIX; not
- *                                   included here)
+ *             trainable.h           one handle at any pipeline size; the trainer's optimizer step
+ *                                   over M micro-batches (POSIX; not included here)
  *   plan/     hw.h count.h plan.h   the configuration planner: hardware profiles and the cost
  *                                   model; the counting backend and communicator; the dry runs
  *                                   and the search (POSIX; not included here)

@@ -28,7 +28,7 @@
 
 #include <math.h>
 
-#include "../train/step.h"
+#include "../train/trainable.h"
 #include "count.h"
 
 typedef struct tpk_plan_desc {
