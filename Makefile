@@ -6,6 +6,7 @@
 #                   and variants, the trainer scripts' long cases)
 #   make test-sanitize  the host suite built with AddressSanitizer + UBSan (in build/san)
 #   make test-gpu   the CUDA checks (skipped, exit 0, where no GPU is present)
+#   make test-slurm the trainer under a single-node Slurm started on localhost (as root; SKIP otherwise)
 #   make cuda-check build the CUDA archive, the GPU tests and the GPU benchmarks (needs nvcc)
 #   make cuda-report  registers, spills, occupancy and SASS per HMMA of every CUDA kernel, against tools/cuda-budget.txt
 #   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
@@ -70,7 +71,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-long test-sanitize test-gpu cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -360,6 +361,15 @@ test-sanitize: deps
 	@$(MAKE) --no-print-directory $(TEST_JOBS) B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
 	  $(patsubst $(B)/%,build/san/%,$(TEST_PROGS) $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk)
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh quick
+
+# The trainer launched by a real Slurm (tests/slurm.sh): Debian's slurmctld, slurmd, slurm-client and
+# munge installed as make deps installs packages, a single-node cluster on localhost started and
+# stopped by the script, srun --mpi=pmix -n 4 and salloc + mpirun runs whose losses must equal
+# mpirun's. Without root or a working Slurm it prints a SKIP line naming why. CI runs it.
+test-slurm: deps
+	@TPK_EXTRA_PKGS="slurmd slurmctld slurm-client munge" sh tools/deps.sh
+	@$(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(B)/train
+	@mkdir -p $(B)/tests && TPK_BUILD=$(B) sh tests/slurm.sh | tee $(B)/tests/slurm.out; ! grep -q '^FAIL' $(B)/tests/slurm.out
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and
 # t = 2, 3 (MPI, ranks sharing one GPU), compute-sanitizer on the op tests (tests/gpu/run.sh).

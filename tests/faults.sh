@@ -17,20 +17,27 @@
 #   (f) one rank stopped (SIGSTOP) in the middle of training, at TP 2 and at DP 2, with --timeout 5:
 #       the live rank prints one error line naming the timeout and the job ends non-zero within
 #       5 s plus a margin, the stopped rank gone with it (mpirun's abort kills it).
-# make test (TPK_TESTS=quick) runs (a) and (f) at TP 2, (b) at 0.3 s, (c), (e) at the first point;
-# make test-long (TPK_TESTS=long) the others: DP 2, 0.05 and 0.9 s, the other four points.
+#   (g) the flight recorder: 4 ranks at TP 2 x DP 2 and TP 2 x PP 2 (and DP 2 x PP 2), one rank
+#       stopped (SIGSTOP) or killed (SIGKILL, mpirun --enable-recovery so that the others live on
+#       to report) mid-training with --timeout 5: the job ends within 5 s plus a margin, the live
+#       ranks print their last collectives ("rank R: last collectives") and a line naming the
+#       victim's world rank as the one that never reached a collective numbered #N.
+# make test (TPK_TESTS=quick) runs (a) and (f) at TP 2, (b) at 0.3 s, (c), (e) at the first point,
+# (g) stopped at TP 2 x DP 2 and killed at TP 2 x PP 2; make test-long (TPK_TESTS=long) the others:
+# DP 2, 0.05 and 0.9 s, the other four points, (g)'s other meshes.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup faults
 fail() { echo "FAIL $1"; [ -n "$2" ] && tail -8 "$2" | sed 's/^/    /'; }
 
-# start NAME ARGS...: mpirun -np 2 of the trainer in the background, output in $T/NAME.log, its exit
-# status in $T/NAME.rc when it ends, the background job's PID in $T/NAME.pid; waits until the log
-# holds a line matching $ready
+# start NAME ARGS...: mpirun -np $np (2 unless set) of the trainer in the background ($xflags: more
+# mpirun flags), output in $T/NAME.log, its exit status in $T/NAME.rc when it ends, the background
+# job's PID in $T/NAME.pid; waits until the log holds a line matching $ready
+np=2 xflags=""
 start() {
     name=$1; shift
     rm -f "$T/$name.rc"
-    (timeout $((300 * scale)) mpirun $mpiflags -np 2 "$B/train" "$@" > "$T/$name.log" 2>&1; echo $? > "$T/$name.rc") &
+    (timeout $((300 * scale)) mpirun $mpiflags $xflags -np $np "$B/train" "$@" > "$T/$name.log" 2>&1; echo $? > "$T/$name.rc") &
     echo $! > "$T/$name.pid"
     i=0
     while [ $i -lt $((600 * scale)) ] && ! grep -q "$ready" "$T/$name.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
@@ -191,3 +198,36 @@ for mesh in $(pick tp dp); do
     kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
     r=$(ranks stop_$mesh); [ -n "$r" ] && kill -9 $r 2>/dev/null
 done
+
+# ---- (g) the flight recorder: a rank stopped or killed at 4 ranks ------------------------------------
+# wrank PID: the world rank of a rank's PID (Open MPI's environment)
+wrank() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p'; }
+np=4
+for c in $(pick "stop:tpdp kill:tppp" "stop:tppp stop:dppp kill:tpdp kill:dppp"); do
+    how=${c%%:*} mesh=${c#*:}
+    case $mesh in tpdp) m="--tp 2" what="TP 2 x DP 2" ;; tppp) m="--tp 2 --pp 2" what="TP 2 x PP 2" ;;
+        *) m="--tp 1 --pp 2" what="DP 2 x PP 2" ;; esac
+    [ $how = kill ] && xflags="--enable-recovery" sig=KILL did=killed || xflags="" sig=STOP did=stopped
+    ready="^step"
+    start rec_$c --text "$text" $small $m --steps 1000000 --timeout 5
+    pid=$(ranks rec_$c | tail -1)
+    v=$([ -n "$pid" ] && wrank "$pid")
+    if [ -z "$pid" ] || [ -z "$v" ]; then fail "(g) rank $did at $what: the run did not start" "$T/rec_$c.log"; continue; fi
+    sleep 0.5
+    kill -$sig "$pid"
+    waited=$(waitrc rec_$c $((60 * scale)))
+    rc=$(cat "$T/rec_$c.rc" 2>/dev/null)
+    # the killed case's mpirun (--enable-recovery) may exit 0 after the abort: the error line counts
+    line=$(grep -m1 "^rank [0-9]*: rank $v never reached .*#[0-9]" "$T/rec_$c.log")
+    nlog=$(grep -c "^rank [0-9]*: last collectives" "$T/rec_$c.log")
+    gone=1; kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != Z ] && gone=0
+    if [ -n "$rc" ] && [ "$rc" -ne 124 ] && grep -q "^train: error: " "$T/rec_$c.log" && [ -n "$line" ] &&
+       [ "$nlog" -ge 1 ] && [ "$waited" -le $((5 + 15 * scale)) ] && [ $gone -eq 1 ]; then
+        ok "(g) rank $v $did (SIG$sig) at $what (--timeout 5): the job ended in ${waited} s (limit $((5 + 15 * scale)) s), $nlog ranks' last collectives, '$(echo "$line" | cut -c1-110)'"
+    else
+        fail "(g) rank $v $did at $what (exit '$rc' after $waited s, $nlog records, naming line: '$line', victim gone: $gone)" "$T/rec_$c.log"
+    fi
+    kill -CONT "$pid" 2>/dev/null; kill -9 "$pid" 2>/dev/null
+    r=$(ranks rec_$c); [ -n "$r" ] && kill -9 $r 2>/dev/null
+done
+np=2 xflags=""
