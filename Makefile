@@ -365,10 +365,11 @@ test-sanitize: deps
 # The trainer launched by a real Slurm (tests/slurm.sh): Debian's slurmctld, slurmd, slurm-client and
 # munge installed as make deps installs packages, a single-node cluster on localhost started and
 # stopped by the script, srun --mpi=pmix -n 4 and salloc + mpirun runs whose losses must equal
-# mpirun's. Without root or a working Slurm it prints a SKIP line naming why. CI runs it.
+# mpirun's, docs/slurm/train.sbatch submitted, a stopped rank named by the flight recorder. Without
+# root or a working Slurm it prints a SKIP line naming why. CI runs it.
 test-slurm: deps
 	@TPK_EXTRA_PKGS="slurmd slurmctld slurm-client munge" sh tools/deps.sh
-	@$(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(B)/train
+	@$(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(B)/train $(B)/plan
 	@mkdir -p $(B)/tests && TPK_BUILD=$(B) sh tests/slurm.sh | tee $(B)/tests/slurm.out; ! grep -q '^FAIL' $(B)/tests/slurm.out
 
 # The CUDA checks: every op against the host op, the layers and GPT-2 at t = 1 (NCCL) and

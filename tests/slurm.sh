@@ -4,7 +4,9 @@
 # started here as root and stopped by their PIDs), then
 #   srun --mpi=pmix -n 4 build/train --tp 2 ... (TP 2 x DP 2, Slurm's PMIx starting the ranks)
 # whose step lines (loss, grad norm) must equal those of mpirun -np 4 with the same flags, and the
-# same again inside an allocation (salloc -n 4 mpirun ...: Open MPI reads the allocation); and a
+# same again inside an allocation (salloc -n 4 mpirun ...: Open MPI reads the allocation); the
+# documentation's batch script (docs/slurm/train.sbatch: build/plan, then build/train --plan under
+# srun) submitted with sbatch --wait on 1 node x 4 ranks, its steps and checkpoint; and a
 # rank stopped (SIGSTOP, by its PID) under srun with --timeout 5: the job ends within 5 s plus a
 # margin and the live ranks' flight recorder names the stopped rank (its global task ID) as the one
 # that never reached a collective numbered #N. (A rank killed under srun --mpi=pmix ends the step
@@ -147,6 +149,20 @@ if [ $rc -eq 0 ] && grep -q "4 ranks = TP 2 x DP 2" "$T/salloc.log" && [ "$(loss
     ok "slurm: salloc -n 4 mpirun build/train --tp 2 (Open MPI in the allocation): the losses equal plain mpirun's ($t_a s)"
 else
     fail "slurm: salloc -n 4 mpirun build/train --tp 2 (exit $rc)" "$T/salloc.log"
+fi
+
+# ---- the documentation's batch script, submitted: docs/slurm/train.sbatch on 1 node x 4 ranks ----
+t1=$(date +%s)
+MODEL="--layers 2 --hidden 32 --heads 4 --seq-len 16 --batch 4" timeout $((300 * scale)) sbatch --wait --nodes=1 --ntasks-per-node=4 --gpus-per-node=0 --cpus-per-task=1 \
+    --time=10 --output="$T/sbatch.out" --export="ALL,BIN=$B,SAVE=$T/sbatch-ckpt" \
+    docs/slurm/train.sbatch --text "$text" --steps 4 --lr 3e-3 --warmup 2 --seed 3 > "$T/sbatch.log" 2>&1
+rc=$? t_b=$(($(date +%s) - t1))
+cat "$T/sbatch.out" >> "$T/sbatch.log" 2> /dev/null
+if [ $rc -eq 0 ] && grep -q "^train: 4 ranks" "$T/sbatch.log" && grep -q "^step *4/4" "$T/sbatch.log" &&
+    grep -q "^plan: " "$T/sbatch.log" && [ -f "$T/sbatch-ckpt/config.json" ]; then
+    ok "slurm: sbatch docs/slurm/train.sbatch (1 node x 4 ranks): the planner's table, 4 steps under --plan ($(grep -m1 '^train: 4 ranks' "$T/sbatch.log" | sed 's/^train: 4 ranks = //; s/,.*//')), the checkpoint ($t_b s)"
+else
+    fail "slurm: sbatch docs/slurm/train.sbatch (exit $rc)" "$T/sbatch.log"
 fi
 
 # ---- a rank stopped under srun: the flight recorder names it --------------------------------------
