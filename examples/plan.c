@@ -181,6 +181,10 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         int32_t *ids = (int32_t *)calloc((size_t)(B * S), sizeof(int32_t));
         for (int64_t i = 0; ids && i < B * S; i++) ids[i] = (int32_t)((i * 7919) % 97);
         if (!ids) return 1;
+        /* each family in a context of its own (a context keeps what was registered in it: the
+           data-parallel check asks for every parameter), the one profile carried from one to
+           the next */
+        tpk_profile *prof = NULL;
         for (int a = 0; a < TPK_ARCH_COUNT; a++) {
             if (a == TPK_ARCH_CUSTOM) continue; /* a program's own model */
             opts fo = *o;
@@ -188,25 +192,32 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
             tpk_model m;
             tpk_adamw opt = {0};
             tpk_dp_buckets b = {0};
+            tpk_ctx fc;
             const char *arch = o->model.arch;
             fo.model.arch = tpk_arch_name((tpk_arch)a), fo.model.load = NULL;
             if (arch && strcmp(arch, fo.model.arch)) fo.model.fam.n = 0; /* its family's flags */
             if (!arch && a != TPK_ARCH_GPT2) fo.model.fam.n = 0;
-            if (!model_config(&ctx, &fo, &cfg)) return 1;
-            if (tpk_model_init(&ctx, &m, &cfg) ||
-                tpk_adamw_init(&ctx, &opt,
+            if (tpk_ctx_init(&fc, &(tpk_ctx_desc){.ops = tpk_ops_host(), .seed = 1}) != TPK_OK)
+                return fprintf(stderr, "plan: %s\n", tpk_last_error(&fc)), 1;
+            fc.prof = prof;
+            if (!model_config(&fc, &fo, &cfg)) return 1;
+            if (tpk_model_init(&fc, &m, &cfg) ||
+                tpk_adamw_init(&fc, &opt,
                                &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f}))
-                return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&ctx)), 1;
+                return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&fc)), 1;
             tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
             for (int step = 0; step < 4; step++) {
-                if (step == 1 && tpk_profile_start(&ctx)) return 1; /* after a warm-up step */
-                if (tpk_model_train_step(&ctx, &m, NULL, &opt, &b, ids, ids, B, S, 1, 1.0f,
+                if (step == 1 && tpk_profile_start(&fc)) return 1; /* after a warm-up step */
+                if (tpk_model_train_step(&fc, &m, NULL, &opt, &b, ids, ids, B, S, 1, 1.0f,
                                          (uint64_t)step, 1e-4f, 1.0f, NULL) ||
-                    (ctx.prof && tpk_profile_step(&ctx)))
-                    return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&ctx)), 1;
+                    (fc.prof && tpk_profile_step(&fc)))
+                    return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&fc)), 1;
             }
-            tpk_model_destroy(&ctx, &m), tpk_adamw_destroy(&ctx, &opt), tpk_dp_destroy(&b);
+            tpk_model_destroy(&fc, &m), tpk_adamw_destroy(&fc, &opt), tpk_dp_destroy(&b);
+            prof = fc.prof, fc.prof = NULL; /* to the next family's context, then ctx's */
+            tpk_ctx_destroy(&fc);
         }
+        ctx.prof = prof;
         free(ids);
         tpk_profile *p = ctx.prof;
         for (int r = 0; r < p->nrows && h.nops < TPK_HW_OPS; r++) {

@@ -8,7 +8,8 @@
 #ifndef TPK_TRAIN_BACKEND_H
 #define TPK_TRAIN_BACKEND_H
 
-
+#include "../runtime/host.h"
+#include "../runtime/init.h"
 #include "../runtime/mpi.h"
 #ifdef TPK_WITH_CUDA
 #include "../runtime/cuda.h"

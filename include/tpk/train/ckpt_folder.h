@@ -75,8 +75,11 @@ static inline tpk_status tpk_ckpt_keep_last(tpk_ctx *ctx, const char *dir, int64
     for (struct dirent *e; !nomem && (e = readdir(d));)
         if (sscanf(e->d_name, "step-%lld%c", &v, &tail) == 1 && v >= 0 &&
             !strcmp(e->d_name + 5, (snprintf(num, sizeof num, "%lld", v), num))) {
-            long long *g =
-                nk < cap ? k : (long long *)realloc(k, sizeof *k * (cap = cap ? 2 * cap : 64));
+            size_t was = sizeof *k * cap;
+            long long *g = nk < cap ? k
+                                    : (long long *)tpk__realloc(ctx, k, was,
+                                                                sizeof *k * (cap = cap ? 2 * cap
+                                                                                       : 64));
             if (!g) nomem = true;
             else k = g, k[nk++] = v;
         }
@@ -89,7 +92,7 @@ static inline tpk_status tpk_ckpt_keep_last(tpk_ctx *ctx, const char *dir, int64
         char sub[1100];
         s = tpk_hf_remove(ctx, tpk_ckpt_step_dir(sub, sizeof sub, dir, k[i]));
     }
-    free(k);
+    tpk__free(ctx, k);
     return s;
 }
 

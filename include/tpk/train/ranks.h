@@ -166,12 +166,14 @@ static inline bool tpk_ranks_same_checkpoint(tpk_ranks *r, const char *dir) {
         if (!tpk__ranks_ends_with(e->d_name, ".json") &&
             !tpk__ranks_ends_with(e->d_name, ".safetensors"))
             continue;
-        if (n == cap) {
-            char **g = (char **)realloc(names, sizeof(char *) * (size_t)(cap = 2 * cap + 8));
+        if (n == cap) { /* before any context: the C library's allocator (tpk__al_*, NULL) */
+            size_t was = sizeof(char *) * (size_t)cap;
+            char **g = (char **)tpk__al_realloc(NULL, names, was,
+                                                sizeof(char *) * (size_t)(cap = 2 * cap + 8));
             if (!g) break;
             names = g;
         }
-        if (!(names[n] = (char *)malloc(strlen(e->d_name) + 1))) break;
+        if (!(names[n] = (char *)tpk__al_malloc(NULL, strlen(e->d_name) + 1))) break;
         memcpy(names[n], e->d_name, strlen(e->d_name) + 1);
         n++;
     }
@@ -185,8 +187,8 @@ static inline bool tpk_ranks_same_checkpoint(tpk_ranks *r, const char *dir) {
         h = tpk_file_digest(path);
         if (!tpk_ranks_same(r, &h, 1)) res = 2;
     }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
+    for (int i = 0; i < n; i++) tpk__al_free(NULL, names[i]);
+    tpk__al_free(NULL, names);
     if (res == 1)
         return tpk_ranks_check(r, true,
                                "the ranks see different checkpoint files in --load %s (the lists "
