@@ -319,9 +319,11 @@ deps:
 	@sh tools/pydeps.sh
 
 # The sources' format (.clang-format, .editorconfig): tools/format_check.py lists every line over
-# 100 characters, tab or trailing space, and fails on one. CI runs it first.
+# 100 characters, tab or trailing space, and fails on one; tools/docs_check.py checks that the paths,
+# line counts and #anchors README.md and docs/DESIGN.md quote exist and hold. CI runs it first.
 format-check:
 	@python3 tools/format_check.py
+	@python3 tools/docs_check.py
 
 # The backend the programs that can link the CUDA archive were linked for ($(B)/train and the GPU
 # benchmarks: cuda where nvcc is found, host with NVCC= as make test builds them): a prerequisite of
