@@ -370,7 +370,8 @@ test-sanitize: deps
 # mpirun's, docs/slurm/train.sbatch submitted, a stopped rank named by the flight recorder. Without
 # root or a working Slurm it prints a SKIP line naming why. CI runs it.
 test-slurm: deps
-	@TPK_EXTRA_PKGS="slurmd slurmctld slurm-client munge" sh tools/deps.sh
+	@TPK_EXTRA_PKGS="slurmd slurmctld slurm-client munge" sh tools/deps.sh || \
+	  echo "test-slurm: Slurm's packages could not be installed (tests/slurm.sh says which is missing)"
 	@$(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(B)/train $(B)/plan
 	@mkdir -p $(B)/tests && TPK_BUILD=$(B) sh tests/slurm.sh | tee $(B)/tests/slurm.out; ! grep -q '^FAIL' $(B)/tests/slurm.out
 
