@@ -122,6 +122,7 @@ int main(int argc, char **argv) {
               "the last line '%s', expected '%s ... done'", lb.lines[lb.n - 1], lastop);
         CHECK(tpk_flight_log(NULL, NULL, TPK_LOG_INFO) == TPK_ERR_ARG,
               "nothing to print: accepted");
+        CHECK_FAILS(&ctx, tpk_flight_log(&ctx, NULL, (tpk_log_level)9), TPK_ERR_ARG, "level");
     }
     if (np > 1) TEST_CASE("a failure's report names the ranks that never reached the collective") {
             static int32_t x, sum; /* the abandoned collective's buffers stay valid to the end */

@@ -138,8 +138,12 @@ static inline int tpk__flight_me(const tpk_ctx *ctx, const tpk_comm *c) {
  * when not NULL), oldest first, one line each after a line "rank R: last collectives (...):".
  * Groups of one rank are left out (their collectives are copies). A program may call it at any
  * time (on a signal of its own, at the end of a step). */
-static inline tpk_status tpk_flight_log(const tpk_ctx *ctx, tpk_comm *also, tpk_log_level level) {
+static inline tpk_status tpk_flight_log(tpk_ctx *ctx, tpk_comm *also, tpk_log_level level) {
     if (!ctx && !also) return TPK_ERR_ARG; /* nothing to print, nowhere to say so */
+    if (level < TPK_LOG_ERROR || level > TPK_LOG_DEBUG)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_flight_log",
+                         "level: expected TPK_LOG_ERROR, _WARN, _INFO or _DEBUG (1..4), got %d",
+                         (int)level);
     tpk_comm *cs[5] = {ctx ? ctx->world : NULL, ctx ? (tpk_comm *)&ctx->tp : NULL,
                        ctx ? (tpk_comm *)&ctx->dp : NULL, ctx ? (tpk_comm *)&ctx->pp : NULL, also};
     const tpk_flight_entry *es[5 * TPK_FLIGHT_N];
