@@ -9,6 +9,7 @@ default): what they quote must still be so. Outside fenced code blocks it checks
   - every link to a file resolves, and every #anchor (in the same document or in another .md
     file) is a heading there, the anchor made as GitHub makes it (lower case, punctuation but
     '-' and '_' dropped, each space a '-', a repeated heading suffixed -1, -2, ...).
+  - a document with a "## Contents" list links there every ## and ### heading after it.
 
 Prints each problem as FILE:LINE: what, and exits 1 when there is one.
 
@@ -129,7 +130,33 @@ def check(doc):
                 bad.append(
                     "%s:%d: '%s' about %s, which has %d lines" % (doc, n, m.group(0), p, real)
                 )
+    return bad + contents(doc, text)
+
+
+def contents(doc, text):
+    """A "## Contents" list must link every ## and ### heading after it."""
+    if "\n## Contents\n" not in text:
+        return []
+    head, _, rest = text.partition("\n## Contents\n")
+    toc, _, body = rest.partition("\n## ")
+    linked = set(re.findall(r"\]\(#([^)]+)\)", toc))
+    bad = []
+    for a in sorted(anchors_of_levels(doc, "\n## " + body)):
+        if a not in linked:
+            bad.append("%s: the Contents list lacks the heading #%s" % (doc, a))
     return bad
+
+
+def anchors_of_levels(doc, text):
+    """The anchors of the ## and ### headings of text (numbered as in the whole document)."""
+    every = anchors(doc)
+    out = set()
+    for _, line in prose(text):
+        m = re.match(r"#{2,3}\s+(.*?)\s*#*\s*$", line)
+        if m:
+            a = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(a if a in every else a + "-1")
+    return out
 
 
 def main(argv):
