@@ -1,5 +1,5 @@
 #!/bin/sh
-# tools/plan_table.sh — the README's planner table: build/plan's best configuration for GPT-2 124M
+# tools/plan_table.sh — the planner table of bench/RESULTS.md: build/plan's best configuration for GPT-2 124M
 # .. 1.5B and Llama 2 7B and 70B on 8 .. 1,024 H100s (the built-in h100 profile, bf16), one
 # Markdown row each. Takes a few minutes (the 70B on 1,024 GPUs alone about one).
 cd "$(dirname "$0")/.." || exit 1
