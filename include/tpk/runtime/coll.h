@@ -33,10 +33,12 @@ static inline double tpk__flight_now(void) { return tpk__now_ms() * 1e-3; }
  * with a report hook (tpk_ctx_destroy clears it). A program's own MPI waits on a context without
  * a world (tpk_mpi_wait: the trainer's agreement between steps) are recorded on its world, answer
  * the other ranks' questions and report through it. */
-static inline tpk_ctx **tpk__flight_slot(void) {
-    static tpk_ctx *ctx;
+static inline uintptr_t *tpk__flight_slot(void) {
+    static uintptr_t ctx; /* an address, kept as a number: it is the caller's context (whose
+                             tpk_ctx_destroy clears it), not one this header owns */
     return &ctx;
 }
+static inline tpk_ctx *tpk__flight_ctx(void) { return (tpk_ctx *)*tpk__flight_slot(); }
 /* Record the start of an operation on c (ops[n]: a point-to-point batch's parts; NULL: a
  * collective of `kind`); its operation number. */
 static inline uint64_t tpk__flight_begin(tpk_comm *c, tpk_coll_kind kind, size_t elems,

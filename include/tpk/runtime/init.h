@@ -157,7 +157,8 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
         TPK_TRY(tpk_profile_start(ctx));
         ctx->prof->from_env = true;
     }
-    if (ctx->world->flight.report) *tpk__flight_slot() = ctx; /* the flight recorder's (coll.h) */
+    if (ctx->world->flight.report) /* the flight recorder's (coll.h) */
+        *tpk__flight_slot() = (uintptr_t)ctx;
     return s;
 }
 
@@ -170,7 +171,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
         tpk_profile_log(ctx);
     }
     tpk_profile_stop(ctx);
-    if (*tpk__flight_slot() == ctx) *tpk__flight_slot() = NULL;
+    if (tpk__flight_ctx() == ctx) *tpk__flight_slot() = 0;
     if (ctx->ops) {
         tpk__buf_free(ctx, &ctx->work[0]);
         tpk__buf_free(ctx, &ctx->work[1]);

@@ -281,7 +281,7 @@ static inline tpk_status tpk_mpi_wait(tpk_ctx *ctx, const char *fn, const char *
     if (!(timeout_s >= 0) || timeout_s > 1e9)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "timeout_s: expected seconds in [0, 1e9] (0: none), got %g", timeout_s);
-    tpk_ctx *fc = ctx && ctx->world ? ctx : *tpk__flight_slot();
+    tpk_ctx *fc = ctx && ctx->world ? ctx : tpk__flight_ctx();
     if (fc == ctx || !tpk__mpi_side(fc))
         return tpk__mpi_wait_loop(ctx, fc, fn, what, req, timeout_s);
     tpk_comm *w = fc->world; /* the program's own wait: recorded on the recording context's world */
