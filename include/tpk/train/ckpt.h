@@ -535,11 +535,12 @@ typedef struct tpk__ckpt_stamp {
 } tpk__ckpt_stamp;
 
 /* The stamps of one checkpoint's files (config.json first) must agree: each step a whole number,
- * every step given the same, every id given the same (files without an id: Hugging Face's, older
- * tpk's, accepted). *step: the step they give (0 when none does). */
+ * every step given the same, every id given the same, and an id in every file or in none (files
+ * without any id: Hugging Face's, older tpk's, accepted; some with and one without: files of two
+ * saves, refused). *step: the step they give (0 when none does). */
 static inline tpk_status tpk__ckpt_stamps_agree(tpk_ctx *ctx, const char *fn, const char *dir,
                                                 const tpk__ckpt_stamp *st, int n, int64_t *step) {
-    int first_step = -1, first_id = -1;
+    int first_step = -1, first_id = -1, no_id = -1;
     *step = 0;
     for (int k = 0; k < n; k++) {
         if (st[k].step) {
@@ -563,7 +564,13 @@ static inline tpk_status tpk__ckpt_stamps_agree(tpk_ctx *ctx, const char *fn, co
                     "%s: %s (tpk_checkpoint_id %.40s) does not belong to %s (tpk_checkpoint_id "
                     "%.40s): files of two checkpoints",
                     dir, st[k].file, st[k].id, st[first_id].file, st[first_id].id);
-        }
+        } else if (no_id < 0) no_id = k;
+        if (first_id >= 0 && no_id >= 0)
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                             "%s: %s has no tpk_checkpoint_id and %s has %.40s: files of two "
+                             "checkpoints (only a checkpoint with no id in any file loads as an "
+                             "older one)",
+                             dir, st[no_id].file, st[first_id].file, st[first_id].id);
     }
     return TPK_OK;
 }

@@ -14,8 +14,9 @@
  * and the next save repairs it first (tpk_ckpt_repair). Every function here works on one rank
  * (world rank 0, the only writer); tpk/train/ckpt.h's collective save and load use them. A
  * checkpoint id is a random 64-bit number as 16 hex digits, stamped into every file of one save
- * so that a load can tell files of two checkpoints apart. DIR must not be a symbolic link (strict
- * C11 has no lstat to tell: documented, not refused). */
+ * so that a load can tell files of two checkpoints apart. Nothing is ever removed or moved
+ * through a symbolic link: DIR, DIR.tpk-old or DIR.tpk-new a link (lstat) is refused, naming it,
+ * before anything is touched. */
 #ifndef TPK_CKPT_DIR_H
 #define TPK_CKPT_DIR_H
 
@@ -24,6 +25,14 @@
 
 #include "../base/rng.h"
 #include "safetensors.h"
+
+#if !defined(__cplusplus) && !defined(_POSIX_C_SOURCE)
+/* POSIX; strict C11's <sys/stat.h> hides it */
+int lstat(const char *path, struct stat *st);
+#endif
+#ifndef S_ISLNK
+#define S_ISLNK(m) (((m) & 0170000) == 0120000) /* POSIX's value of S_IFLNK */
+#endif
 
 /* A checkpoint path's names, trailing slashes dropped: base (the checkpoint), old
  * (base.tpk-old: the previous checkpoint while a save swaps the two), tmp (base.tpk-new: a save's
@@ -107,6 +116,21 @@ static inline bool tpk_ckpt_is_file(const char *name) {
     return n >= 17 && !strncmp(name, "model", 5) && !strncmp(name + n - 12, ".safetensors", 12);
 }
 
+/* Whether path is a symbolic link (lstat: the link itself, never what it points to). */
+static inline bool tpk__ckpt_is_link(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+/* An error naming path when it is a symbolic link: a checkpoint's directories are never
+ * followed out of their own folder. */
+static inline tpk_status tpk__ckpt_no_link(tpk_ctx *ctx, const char *fn, const char *path) {
+    if (!tpk__ckpt_is_link(path)) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_IO, fn,
+                     "%s: a symbolic link: a checkpoint's folder is never followed through a "
+                     "link (give the folder it points to, or remove the link)",
+                     path);
+}
+
 /* fsync a directory (its renames durable); EINVAL: a filesystem that cannot, accepted. */
 static inline bool tpk__ckpt_fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY);
@@ -121,8 +145,9 @@ static inline bool tpk__ckpt_fsync_dir(const char *dir) {
  * ctx may be NULL (a cleanup whose error is not reported). */
 static inline tpk_status tpk__ckpt_remove(tpk_ctx *ctx, const char *fn, const char *dir,
                                           bool *kept) {
-    DIR *d = opendir(dir);
     if (kept) *kept = false;
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, dir));
+    DIR *d = opendir(dir);
     if (!d)
         return errno == ENOENT
                    ? TPK_OK
@@ -158,6 +183,8 @@ static inline tpk_status tpk_ckpt_remove(tpk_ctx *ctx, const char *dir) {
  * is (`to`'s own one wins; `from` keeps the other). */
 static inline tpk_status tpk__ckpt_carry(tpk_ctx *ctx, const char *fn, const char *from,
                                          const char *to) {
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, from));
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, to));
     DIR *d = opendir(from);
     if (!d) return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot list: %s", from, strerror(errno));
     tpk_status s = TPK_OK;
@@ -183,6 +210,9 @@ static inline tpk_status tpk__ckpt_carry(tpk_ctx *ctx, const char *fn, const cha
  * cannot go anywhere is an error naming it. Nothing to repair: TPK_OK. */
 static inline tpk_status tpk__ckpt_repair(tpk_ctx *ctx, const char *fn, const tpk_ckpt_paths *p) {
     struct stat st;
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, p->base));
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, p->old));
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, p->tmp));
     bool base = stat(p->base, &st) == 0, old = stat(p->old, &st) == 0, kept = false;
     if (old && !base) {
         if (rename(p->old, p->base) != 0)
@@ -245,6 +275,9 @@ static inline tpk_status tpk_ckpt_abort(tpk_ctx *ctx, const tpk_ckpt_paths *p) {
 static inline tpk_status tpk__ckpt_commit(tpk_ctx *ctx, const char *fn, const tpk_ckpt_paths *p) {
     if (!ctx) return TPK_ERR_ARG;
     if (!p || !p->base[0]) return tpk__fail(ctx, TPK_ERR_ARG, fn, "p: expected tpk_ckpt_begin's");
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, p->base));
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, p->old));
+    TPK_TRY(tpk__ckpt_no_link(ctx, fn, p->tmp));
     if (!tpk__ckpt_fsync_dir(p->tmp))
         return tpk__fail(ctx, TPK_ERR_IO, fn, "%s: fsync failed: %s", p->tmp, strerror(errno));
     struct stat st;
