@@ -439,6 +439,48 @@ static inline tpk_status tpk_barrier_start(tpk_ctx *ctx, tpk_comm *c, tpk_reques
     return tpk__started(req, tpk__flight_end(ctx, c, id, false, c->vt->barrier(ctx, c, req)));
 }
 
+/* ---- a long phase announced ----------------------------------------------------------------- */
+
+/* The heartbeat of the MPI world (tpk/runtime/mpi.h's tpk_mpi_heartbeat_init installs it; none:
+ * announcing does nothing): a rank about to spend long outside collectives (loading, hashing,
+ * saving a checkpoint) tells the others, whose waits then do not count against their timeout. */
+typedef void (*tpk__busy_fn)(double budget_s);
+static inline tpk__busy_fn *tpk__busy_slot(void) {
+    static tpk__busy_fn f;
+    return &f;
+}
+#define TPK_BUSY_PHASE_S 600.0 /* a phase's budget: a checkpoint's load or save */
+/* Announce this rank busy: budget_s > 0: the others hold their timeout for up to budget_s seconds
+ * (or until tpk_busy_end); 0: a heartbeat, it restarts their timeout (a phase that calls it at
+ * least once a timeout needs no budget). Never blocks; a no-op without a heartbeat. */
+static inline tpk_status tpk_busy(tpk_ctx *ctx, double budget_s) {
+    if (!(budget_s >= 0 && budget_s <= 1e9))
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_busy",
+                         "budget_s: expected seconds in [0, 1e9] (0: a heartbeat), got %g",
+                         budget_s);
+    if (*tpk__busy_slot()) (*tpk__busy_slot())(budget_s);
+    return TPK_OK;
+}
+/* The announced phase is over: the others' timeout starts again from now. */
+static inline tpk_status tpk_busy_end(tpk_ctx *ctx) {
+    (void)ctx;
+    if (*tpk__busy_slot()) (*tpk__busy_slot())(-1);
+    return TPK_OK;
+}
+
+/* A test's slow rank: TPK_TEST_SLOW_RANK=R:S in the environment makes world rank R (`rank`) spend
+ * S seconds here (a busy loop; with heartbeats every 50 ms when `beat`). The kit calls it before
+ * hashing a checkpoint's files (tpk/train/ranks.h, with heartbeats) and before loading one
+ * (tpk/train/trainable.h, under the phase's budget): for tests of the timeout only. */
+static inline void tpk__test_slow(int rank, bool beat) {
+    const char *v = getenv("TPK_TEST_SLOW_RANK");
+    int r = -1;
+    double sec = 0;
+    if (!v || sscanf(v, "%d:%lf", &r, &sec) != 2 || r != rank || !(sec > 0 && sec < 3600)) return;
+    for (double t0 = tpk__now_ms(), t1 = t0; t1 - t0 < sec * 1e3; t1 = tpk__now_ms())
+        if (beat) tpk_busy(NULL, 0);
+}
+
 /* ---- point-to-point ------------------------------------------------------------------------- */
 
 #define TPK_P2P_MAX 16        /* parts of one batch */

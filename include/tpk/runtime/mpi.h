@@ -29,6 +29,14 @@
  * with a stopped peer either: end the job (MPI_Abort), as the trainer does. The timeout is
  * TPK_TIMEOUT seconds from the environment when set, else TPK_MPI_TIMEOUT_DEFAULT (600 s);
  * tpk_comm_mpi_set_timeout changes it (0: wait for ever, MPI_Wait); splits inherit it.
+ * The timeout measures progress, not a peer's work: with the world's heartbeat started
+ * (tpk_mpi_heartbeat_init, a duplicate of MPI_COMM_WORLD) a rank in a long phase says so
+ * (tpk_busy, tpk/runtime/coll.h: a note of a few bytes to every other rank, never blocking), and
+ * every wait reads the notes while it sleeps: a heartbeat restarts its count, a phase's budget
+ * holds it for up to that many seconds, or until the phase ends or its rank waits in a collective
+ * itself. So a rank hashing or loading a checkpoint for minutes times no one out, and a stopped
+ * rank's heartbeats stop: the others time out within the timeout of its last note (within the
+ * budget inside a phase that cannot beat). tpk_mpi_waited: the seconds this rank spent waiting.
  *
  * The flight recorder's report (tpk/runtime/coll.h keeps each communicator's last operations):
  * a communicator made by tpk_comm_mpi (the world) also holds a side channel, a duplicate of it on
@@ -229,8 +237,95 @@ static inline void tpk__mpi_serve(tpk_ctx *ctx) {
     }
 }
 
+/* ---- the heartbeat (tpk_busy, tpk/runtime/coll.h) -------------------------------------------- */
+
+#define TPK__MPI_TAG_BUSY 3
+/* The heartbeat's state: a duplicate of MPI_COMM_WORLD; until[q]: the time (MPI_Wtime) until
+ * which world rank q announced itself busy (0: not); phase: this rank's announced budget (0:
+ * none), suspended while it waits itself; last: when it last sent a heartbeat; waited_s: the
+ * seconds this rank has spent in MPI waits (tpk_mpi_waited). */
+typedef struct tpk__mpi_hb {
+    MPI_Comm comm;
+    int rank, size;
+    double *until, phase, last, waited_s;
+    bool suspended;
+} tpk__mpi_hb;
+static inline tpk__mpi_hb *tpk__mpi_hb_state(void) {
+    static tpk__mpi_hb hb = {MPI_COMM_NULL, 0, 0, NULL, 0, 0, 0, false};
+    return &hb;
+}
+/* The seconds this rank has waited in MPI (every tpk_mpi_wait: the kit's collectives on MPI
+ * communicators and the program's own waits) since it started: the step's wait time. */
+static inline double tpk_mpi_waited(void) { return tpk__mpi_hb_state()->waited_s; }
+/* Read the notes that arrived; whether one did, or a peer is busy now. */
+static inline bool tpk__mpi_hb_poll(void) {
+    tpk__mpi_hb *h = tpk__mpi_hb_state();
+    if (h->comm == MPI_COMM_NULL) return false;
+    double now = MPI_Wtime();
+    bool busy = false;
+    for (int guard = 0; guard < 256; guard++) {
+        int flag = 0;
+        MPI_Status st;
+        double b = 0;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, TPK__MPI_TAG_BUSY, h->comm, &flag, &st) != MPI_SUCCESS ||
+            !flag)
+            break;
+        if (MPI_Recv(&b, 1, MPI_DOUBLE, st.MPI_SOURCE, TPK__MPI_TAG_BUSY, h->comm,
+                     MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            break;
+        h->until[st.MPI_SOURCE] = b > 0 ? now + b : 0, busy = true;
+    }
+    for (int q = 0; q < h->size; q++) busy = busy || h->until[q] > now;
+    return busy;
+}
+/* A note to every other rank: *v seconds busy (> 0), a heartbeat (0) or the end (-1). Its buffer
+ * outlives the send (a constant, or the state's phase), so the request is freed at once: never
+ * blocks. */
+static inline void tpk__mpi_hb_note(const double *v) {
+    tpk__mpi_hb *h = tpk__mpi_hb_state();
+    for (int q = 0; q < h->size; q++) {
+        MPI_Request r;
+        if (q != h->rank &&
+            MPI_Isend(v, 1, MPI_DOUBLE, q, TPK__MPI_TAG_BUSY, h->comm, &r) == MPI_SUCCESS)
+            MPI_Request_free(&r);
+    }
+}
+/* The constant notes: [0] a heartbeat, [1] the end. */
+static inline const double *tpk__mpi_hb_const(int i) {
+    static const double v[2] = {0, -1};
+    return &v[i];
+}
+/* tpk_busy's entry: budget_s > 0 a phase, 0 a heartbeat (at most every 50 ms), -1 the end. */
+static inline void tpk__mpi_hb_send(double budget_s) {
+    tpk__mpi_hb *h = tpk__mpi_hb_state();
+    double now = MPI_Wtime();
+    if (h->comm == MPI_COMM_NULL || (budget_s == 0 && now - h->last < 0.05)) return;
+    if (budget_s == 0) h->last = now, tpk__mpi_hb_note(tpk__mpi_hb_const(0));
+    else if (budget_s > 0) h->phase = budget_s, tpk__mpi_hb_note(&h->phase);
+    else if (h->phase > 0) h->phase = 0, tpk__mpi_hb_note(tpk__mpi_hb_const(1));
+}
+/* Start the heartbeat of MPI_COMM_WORLD (collective: a duplicate of it; once, later calls do
+ * nothing): from then on tpk_busy announces a rank's long phases to the others, and every MPI
+ * wait (tpk_mpi_wait) reads the notes: its timeout counts only the time in which no peer was
+ * announced busy and no note arrived. */
+static inline tpk_status tpk_mpi_heartbeat_init(tpk_ctx *ctx) {
+    tpk__mpi_hb *h = tpk__mpi_hb_state();
+    if (h->comm != MPI_COMM_NULL) return TPK_OK;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &h->comm);
+    if (rc != MPI_SUCCESS)
+        return h->comm = MPI_COMM_NULL, tpk__mpi_err(ctx, "tpk_mpi_heartbeat_init", rc);
+    MPI_Comm_rank(h->comm, &h->rank), MPI_Comm_size(h->comm, &h->size);
+    size_t n = (size_t)h->size;
+    if (!(h->until = (double *)calloc(n, sizeof(double)))) {
+        MPI_Comm_free(&h->comm), h->comm = MPI_COMM_NULL;
+        return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_mpi_heartbeat_init",
+                         "out of host memory for %d ranks' heartbeat", h->size);
+    }
+    *tpk__busy_slot() = tpk__mpi_hb_send;
+    return TPK_OK;
+}
 /* tpk_mpi_wait's loop; fc: the context whose world's side channel it serves (NULL: none). */
-static inline tpk_status tpk__mpi_wait_loop(tpk_ctx *ctx, tpk_ctx *fc, const char *fn,
+static inline tpk_status tpk__mpi_wait_poll(tpk_ctx *ctx, tpk_ctx *fc, const char *fn,
                                             const char *what, MPI_Request *req, double timeout_s) {
     int rc, done = 0;
     if (timeout_s == 0) {
@@ -238,7 +333,8 @@ static inline tpk_status tpk__mpi_wait_loop(tpk_ctx *ctx, tpk_ctx *fc, const cha
         return rc == MPI_SUCCESS ? TPK_OK : tpk__mpi_err(ctx, fn, rc);
     }
     /* a gap between two polls counts at most 1 s: a rank that was itself stopped does not blame its
-     * peers when it resumes */
+     * peers when it resumes; a peer announced busy (or a heartbeat since the last poll) restarts
+     * the count */
     double t = MPI_Wtime(), waited = 0;
     long nap_ns = 10000;
     for (unsigned k = 0;; k++) {
@@ -250,6 +346,10 @@ static inline tpk_status tpk__mpi_wait_loop(tpk_ctx *ctx, tpk_ctx *fc, const cha
             double t1 = MPI_Wtime();
             waited += t1 - t < 1 ? t1 - t : 1, t = t1;
         }
+        if (waited >= TPK__MPI_SPIN_S && tpk__mpi_hb_poll()) waited = TPK__MPI_SPIN_S;
+        tpk__mpi_hb *h = tpk__mpi_hb_state();
+        if (waited >= TPK__MPI_SPIN_S && h->phase > 0 && !h->suspended) /* waiting, not working */
+            h->suspended = true, tpk__mpi_hb_note(tpk__mpi_hb_const(1));
         if (waited >= timeout_s)
             return tpk__fail(
                 ctx, TPK_ERR_COMM, fn,
@@ -262,6 +362,16 @@ static inline tpk_status tpk__mpi_wait_loop(tpk_ctx *ctx, tpk_ctx *fc, const cha
             if (nap_ns < 1000000) nap_ns *= 2;
         }
     }
+}
+/* tpk__mpi_wait_poll, its time added to tpk_mpi_waited's. */
+static inline tpk_status tpk__mpi_wait_loop(tpk_ctx *ctx, tpk_ctx *fc, const char *fn,
+                                            const char *what, MPI_Request *req, double timeout_s) {
+    double t0 = MPI_Wtime();
+    tpk_status s = tpk__mpi_wait_poll(ctx, fc, fn, what, req, timeout_s);
+    tpk__mpi_hb *h = tpk__mpi_hb_state();
+    h->waited_s += MPI_Wtime() - t0;
+    if (h->suspended) h->suspended = false, tpk__mpi_hb_note(&h->phase); /* working again */
+    return s;
 }
 /* Wait for `req` at most timeout_s seconds (0: MPI_Wait): MPI_Test busily for TPK__MPI_SPIN_S,
  * then with sleeps of 10 us doubling to 1 ms. TPK_ERR_COMM on an MPI error, or on the timeout

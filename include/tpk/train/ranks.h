@@ -10,7 +10,8 @@
  * Digests: 64-bit FNV-1a over 8-byte words (then the tail bytes), h = (h ^ w) * 0x100000001b3
  * from the offset basis 0xcbf29ce484222325; each step is a bijection of h, so one differing word
  * always changes the digest. Ranks compare h and ~h in one all-reduce of MAX: they agree when
- * max h == ~max ~h, i.e. max h == min h. Needs MPI and POSIX (opendir). */
+ * max h == ~max ~h, i.e. max h == min h. Hashing a checkpoint's files sends heartbeats (tpk_busy):
+ * a rank slow to read does not time the others out. Needs MPI and POSIX (opendir). */
 #ifndef TPK_TRAIN_RANKS_H
 #define TPK_TRAIN_RANKS_H
 
@@ -29,14 +30,16 @@ typedef struct tpk_ranks {
     char msg[1024];   /* this rank's message for the next tpk_ranks_agree */
 } tpk_ranks;
 
-/* r for MPI_COMM_WORLD (MPI initialised), the timeout TPK_TIMEOUT's or 600 s: false (a message in
- * r->msg) when TPK_TIMEOUT is not a number of seconds. */
+/* r for MPI_COMM_WORLD (MPI initialised), the timeout TPK_TIMEOUT's or 600 s, the world's
+ * heartbeat started (tpk_mpi_heartbeat_init; collective): false (a message in r->msg) when
+ * TPK_TIMEOUT is not a number of seconds or the heartbeat cannot start. */
 static inline bool tpk_ranks_init(tpk_ranks *r, const char *prog) {
     tpk_ctx e;
     memset(r, 0, sizeof *r), memset(&e, 0, sizeof e);
     r->prog = prog;
     MPI_Comm_rank(MPI_COMM_WORLD, &r->rank), MPI_Comm_size(MPI_COMM_WORLD, &r->size);
-    if (tpk_mpi_timeout_default(&e, &r->timeout) == TPK_OK) return true;
+    if (tpk_mpi_heartbeat_init(&e) == TPK_OK && tpk_mpi_timeout_default(&e, &r->timeout) == TPK_OK)
+        return true;
     snprintf(r->msg, sizeof r->msg, "%s", tpk_last_error(&e));
     r->timeout = 600;
     return false;
@@ -120,15 +123,16 @@ static inline bool tpk_ranks_same(const tpk_ranks *r, const uint64_t *h, int n) 
     return true;
 }
 
-/* The digest of a file's bytes and length, read 64 KiB at a time (0: it cannot be read; the load
- * says why). */
+/* The digest of a file's bytes and length, read 64 KiB at a time, a heartbeat (tpk_busy) after
+ * each (0: it cannot be read; the load says why). */
 static inline uint64_t tpk_file_digest(const char *path) {
     unsigned char buf[1 << 16];
     FILE *f = fopen(path, "rb");
     if (!f) return 0;
     uint64_t h = TPK_DIGEST0;
     size_t n, total = 0;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) h = tpk_digest(h, buf, n), total += n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        h = tpk_digest(h, buf, n), total += n, tpk_busy(NULL, 0);
     bool bad = ferror(f);
     fclose(f);
     return bad ? 0 : tpk_digest(h, &total, sizeof total);
@@ -159,6 +163,7 @@ static inline bool tpk__ranks_ends_with(const char *s, const char *tail) {
  * true at once. */
 static inline bool tpk_ranks_same_checkpoint(tpk_ranks *r, const char *dir) {
     if (r->size == 1) return true;
+    tpk__test_slow(r->rank, true); /* TPK_TEST_SLOW_RANK: a rank slow to read, with heartbeats */
     char **names = NULL, path[4096] = "";
     int n = 0, cap = 0, res = 0;
     DIR *d = opendir(dir);

@@ -10,8 +10,9 @@
  *                         pipeline as K micro-batches);
  *   set_dropout, set_dp (the DP buckets a backward starts), params (the global count, a tied
  *   embedding's two stage copies once), save and load (tpk_model_save / tpk_model_load: each
- *   stage its own blocks), destroy. tpk_trainable_model: the model whose sizes these are (the first
- *   chunk's copy with stages). Needs POSIX (tpk/train/model.h). */
+ *   stage its own blocks; each a phase announced to the other ranks, tpk_busy, whose timeout
+ *   waits out its budget TPK_BUSY_PHASE_S), destroy. tpk_trainable_model: the model whose sizes
+ *   these are (the first chunk's copy with stages). Needs POSIX (tpk/train/model.h). */
 #ifndef TPK_TRAIN_TRAINABLE_H
 #define TPK_TRAIN_TRAINABLE_H
 
@@ -216,7 +217,10 @@ static inline tpk_status tpk_trainable_save(tpk_ctx *ctx, tpk_trainable *t, cons
     tpk_hf_save_desc d;
     memset(&d, 0, sizeof d);
     d.step = step, d.seed = seed;
-    return tpk_model_save(ctx, tpk_trainable_model(t), opt, dir, &d);
+    TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S)); /* a phase the others do not time out on */
+    tpk_status s = tpk_model_save(ctx, tpk_trainable_model(t), opt, dir, &d);
+    tpk_busy_end(ctx);
+    return s;
 }
 
 /* The model (and opt, may be NULL) from dir (tpk_model_load; with stages each its blocks). */
@@ -224,7 +228,11 @@ static inline tpk_status tpk_trainable_load(tpk_ctx *ctx, tpk_trainable *t, tpk_
                                             const char *dir) {
     if (!ctx) return TPK_ERR_ARG;
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_load", "t: NULL");
-    return tpk_model_load(ctx, tpk_trainable_model(t), opt, dir);
+    TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S));
+    tpk__test_slow(ctx->world ? ctx->world->rank : 0, false); /* TPK_TEST_SLOW_RANK */
+    tpk_status s = tpk_model_load(ctx, tpk_trainable_model(t), opt, dir);
+    tpk_busy_end(ctx);
+    return s;
 }
 
 #endif /* TPK_TRAIN_TRAINABLE_H */
