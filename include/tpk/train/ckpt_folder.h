@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +29,15 @@
 int kill(pid_t pid, int sig);
 int gethostname(char *name, size_t len);
 #endif
+
+/* The message fmt, ... into err[n] (cut to fit); false. */
+static inline bool tpk__ckpt_say(char *err, size_t n, const char *fmt, ...) {
+    va_list a;
+    va_start(a, fmt);
+    vsnprintf(err, n, fmt, a);
+    va_end(a);
+    return false;
+}
 
 /* The locks this process holds (DIR.tpk-lock paths and their text), released at exit. */
 #define TPK__CKPT_LOCKS 8
@@ -131,7 +141,7 @@ static inline bool tpk__ckpt_lock(const char *lock, const char *dir, char *err, 
         if (!strcmp(tpk__ckpt_lock_path[k], lock)) return true; /* ours already */
         else if (slot < 0 && !tpk__ckpt_lock_path[k][0]) slot = k;
     if (slot < 0)
-        return snprintf(err, n, "--save %s: this process holds %d locks already", dir,
+        return tpk__ckpt_say(err, n, "--save %s: this process holds %d locks already", dir,
                         TPK__CKPT_LOCKS),
                false;
     for (int tries = 0; tries < 2; tries++) {
@@ -141,7 +151,7 @@ static inline bool tpk__ckpt_lock(const char *lock, const char *dir, char *err, 
             ok = close(fd) == 0 && ok;
             if (!ok) {
                 unlink(lock);
-                return snprintf(err, n, "--save %s: cannot write its lock %s (%s)", dir, lock,
+                return tpk__ckpt_say(err, n, "--save %s: cannot write its lock %s (%s)", dir, lock,
                                 strerror(errno)),
                        false;
             }
@@ -152,7 +162,7 @@ static inline bool tpk__ckpt_lock(const char *lock, const char *dir, char *err, 
             return true;
         }
         if (errno != EEXIST)
-            return snprintf(err, n, "--save %s: cannot create its lock %s (%s)", dir, lock,
+            return tpk__ckpt_say(err, n, "--save %s: cannot create its lock %s (%s)", dir, lock,
                             strerror(errno)),
                    false;
         if (!tpk__ckpt_read_small(lock, t, sizeof t)) continue; /* removed meanwhile: again */
@@ -160,7 +170,7 @@ static inline bool tpk__ckpt_lock(const char *lock, const char *dir, char *err, 
         if (!tpk__ckpt_lock_stale(t)) {
             size_t k = strlen(t);
             while (k && t[k - 1] == '\n') t[--k] = 0;
-            return snprintf(err, n,
+            return tpk__ckpt_say(err, n,
                             "--save %s: in use by another run (%s holds \"%.300s\"; remove it "
                             "if that run has ended)",
                             dir, lock, t),
@@ -174,10 +184,10 @@ static inline bool tpk__ckpt_lock(const char *lock, const char *dir, char *err, 
         (void)back;
         unlink(aside);
         if (!same)
-            return snprintf(err, n, "--save %s: in use by another run (%s just taken)", dir, lock),
-                   false;
+            return tpk__ckpt_say(err, n, "--save %s: in use by another run (%s just taken)", dir,
+                                 lock);
     }
-    return snprintf(err, n, "--save %s: cannot take its lock %s", dir, lock), false;
+    return tpk__ckpt_say(err, n, "--save %s: cannot take its lock %s", dir, lock), false;
 }
 
 /* What a stopped save of base left, checked as the save will check it (tpk_ckpt_repair), without
@@ -190,7 +200,7 @@ static inline bool tpk__ckpt_leftovers_ok(const char *base, char *err, size_t n)
     const char *names[3] = {base, old, tmp};
     for (int k = 0; k < 3; k++)
         if (tpk__ckpt_is_link(names[k]))
-            return snprintf(err, n,
+            return tpk__ckpt_say(err, n,
                             "--save: %.1000s is a symbolic link: a checkpoint's folder is never "
                             "followed through a link (give the folder it points to, or remove "
                             "the link)",
@@ -211,7 +221,7 @@ static inline bool tpk__ckpt_leftovers_ok(const char *base, char *err, size_t n)
         }
         closedir(d);
         if (bad)
-            return snprintf(err, n,
+            return tpk__ckpt_say(err, n,
                             k == 2 ? "--save: %.1000s: left by a stopped save, holds %.200s, "
                                      "which is not a checkpoint's: move it, or remove the folder"
                                    : "--save: %.1000s: left by a stopped save, holds %.200s, "
@@ -255,9 +265,9 @@ static inline bool tpk__ckpt_step_name(const char *name, long long *v) {
  * ("--save: cannot create ...", "--save DIR: cannot write in it (...)"). */
 static inline bool tpk_ckpt_probe(const char *dir, char *err, size_t n) {
     char p[4096], f[4200];
-    if (!dir || !*dir) return snprintf(err, n, "--save: expected a folder, got none"), false;
+    if (!dir || !*dir) return tpk__ckpt_say(err, n, "--save: expected a folder, got none"), false;
     if (strlen(dir) >= 1000) /* DIR.tpk-old and DIR/step-K within a checkpoint's 1023 bytes */
-        return snprintf(err, n, "--save: a path of at most %d characters, got %zu", 999,
+        return tpk__ckpt_say(err, n, "--save: a path of at most %d characters, got %zu", 999,
                         strlen(dir)),
                false;
     snprintf(p, sizeof p, "%s", dir);
@@ -266,14 +276,14 @@ static inline bool tpk_ckpt_probe(const char *dir, char *err, size_t n) {
     snprintf(lock, sizeof lock, "%s.tpk-lock", p);
     if (!tpk__ckpt_leftovers_ok(p, err, n)) return false;
     if (tpk__ckpt_is_link(lock))
-        return snprintf(err, n, "--save: %.1000s is a symbolic link: remove it", lock), false;
+        return tpk__ckpt_say(err, n, "--save: %.1000s is a symbolic link: remove it", lock), false;
     for (char *c = p + 1;; c++) /* each parent, then DIR */
         if (*c == '/' || !*c) {
             char end = *c;
             *c = 0;
             if (mkdir(p, 0755) != 0 && errno != EEXIST)
-                return snprintf(err, n, "--save: cannot create %.900s (%s)", p, strerror(errno)),
-                       false;
+                return tpk__ckpt_say(err, n, "--save: cannot create %.900s (%s)", p,
+                                     strerror(errno));
             *c = end;
             if (!end) break;
         }
@@ -283,7 +293,7 @@ static inline bool tpk_ckpt_probe(const char *dir, char *err, size_t n) {
     int e = errno;
     if (pf) ok = fclose(pf) == 0 && ok, remove(f);
     if (!ok)
-        return snprintf(err, n, "--save %s: cannot write in it (%s)", dir,
+        return tpk__ckpt_say(err, n, "--save %s: cannot write in it (%s)", dir,
                         strerror(pf ? e : errno)),
                false;
     if (!tpk__ckpt_lock(lock, dir, err, n)) return false; /* also: its parent is writable */

@@ -2,8 +2,12 @@
  * grad_norm; every f32 exactly, %.9g) written by world rank 0, and when it is closed an SVG of the
  * curve beside it drawn by the kit (FILE.csv -> FILE.svg, tpk/train/plot.h), and a PNG (FILE.png)
  * where gnuplot is installed, or a line saying there is none. A resumed run appends to the curve
- * of the run it resumes (its rows after the resumed step dropped). Every write is checked: a
- * failure is TPK_ERR_IO naming the file.
+ * of the run it resumes (its rows after the resumed step dropped) only when that curve is one
+ * run's up to the resumed step: its rows' steps consecutive (each the one before plus one) and one
+ * of them the resumed step; a curve that ends before it (a gap), starts after it, or whose steps
+ * jump (two runs' rows) is refused, naming the file, and left as it is. A file removed or replaced
+ * while the run writes it is an error at the next row. Every write is checked: a failure is
+ * TPK_ERR_IO naming the file.
  * Collective over ctx->world only in tpk_log_open (every rank learns whether rank 0 could
  * write). */
 #ifndef TPK_LOG_H
@@ -11,6 +15,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sys/stat.h>
 
 #include "../runtime/coll.h"
 #include "plot.h"
@@ -18,13 +23,16 @@
 typedef struct tpk_log {
     FILE *f;        /* world rank 0's file; NULL elsewhere or without a log */
     char path[512];
+    unsigned long long dev, ino; /* the file opened: one removed or replaced is noticed */
 } tpk_log;
 
 static const char tpk__log_header[] = "step,train_loss,val_loss,lr,grad_norm\n";
 
 /* The curve of an earlier run resumed at step `from`: path's rows up to step `from` kept, later
  * ones (which the resumed run writes again) dropped, written to path.tmp and renamed over path.
- * Fails on a file that is not such a curve (another header). */
+ * Fails, path left as it is, on a file that is not such a curve (another header), whose steps are
+ * not consecutive (two runs' rows, or a gap) or that has no row at step `from` (it ends before,
+ * or starts after, the step the run continues from). */
 static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t from) {
     static const char *fn = "tpk_log_open";
     FILE *in = fopen(path, "r"), *out = NULL;
@@ -32,6 +40,8 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
     char line[1024], tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     tpk_status s = TPK_OK;
+    long long prev = -1, first = -1;
+    bool at = false;
     if (!fgets(line, sizeof line, in) || strcmp(line, tpk__log_header))
         s = tpk__fail(
             ctx, TPK_ERR_IO, fn,
@@ -43,12 +53,31 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
     while (s == TPK_OK && fgets(line, sizeof line, in)) {
         char *end = NULL;
         long long step = strtoll(line, &end, 10);
-        /* after the resumed step: written again */
-        if (end == line || *end != ',' || step > from) continue;
+        if (end == line || *end != ',') continue;
+        if (prev >= 0 && step != prev + 1) {
+            s = tpk__fail(ctx, TPK_ERR_IO, fn,
+                          "%s: step %lld follows step %lld: not one run's curve (two runs' rows, "
+                          "or a gap): give another --csv, or remove it",
+                          path, step, prev);
+            break;
+        }
+        if (first < 0) first = step;
+        prev = step, at = at || step == (long long)from;
+        if (step > from) continue; /* after the resumed step: written again */
         if (fputs(line, out) < 0)
             s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
     }
     if (s == TPK_OK && ferror(in)) s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot read", path);
+    if (s == TPK_OK && !at)
+        s = first < 0 ? tpk__fail(ctx, TPK_ERR_IO, fn,
+                                  "%s: has no rows, the run continues from step %lld: a gap (give "
+                                  "another --csv, or remove it)",
+                                  path, (long long)from)
+                      : tpk__fail(ctx, TPK_ERR_IO, fn,
+                                  "%s: its rows are steps %lld..%lld, the run continues from step "
+                                  "%lld: %s (give another --csv, or remove it)",
+                                  path, first, prev, (long long)from,
+                                  prev < from ? "a gap" : "it starts after that step");
     fclose(in);
     if (out && fclose(out) != 0 && s == TPK_OK)
         s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
@@ -88,6 +117,9 @@ static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *pa
             s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", path, strerror(errno));
         if (s == TPK_OK && ((!append && fputs(tpk__log_header, log->f) < 0) || fflush(log->f) != 0))
             s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", path, strerror(errno));
+        struct stat st;
+        if (s == TPK_OK && stat(path, &st) == 0)
+            log->dev = (unsigned long long)st.st_dev, log->ino = (unsigned long long)st.st_ino;
         if (s != TPK_OK && log->f) fclose(log->f), log->f = NULL;
     }
     if (tpk_agree(ctx, ctx->world, s) != TPK_OK && s == TPK_OK)
@@ -101,6 +133,13 @@ static inline tpk_status tpk_log_row(tpk_ctx *ctx, tpk_log *log, int64_t step, d
     if (!ctx) return TPK_ERR_ARG;
     if (!log) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_log_row", "log: NULL");
     if (!log->f) return TPK_OK;
+    struct stat st;
+    bool gone = stat(log->path, &st) != 0;
+    if (gone || (unsigned long long)st.st_dev != log->dev ||
+        (unsigned long long)st.st_ino != log->ino)
+        return tpk__fail(ctx, TPK_ERR_IO, "tpk_log_row",
+                         "%s: %s during the run: its rows would be lost", log->path,
+                         gone ? "removed" : "replaced");
     char v[32] = "";
     if (isfinite(val_loss)) snprintf(v, sizeof v, "%.9g", val_loss);
     if (fprintf(log->f, "%lld,%.9g,%s,%.9g,%.17g\n", (long long)step, loss, v, lr, norm) < 0 ||
