@@ -309,6 +309,8 @@ quick_set && script unicode 1 tests/unicode.sh
 quick_set && script tokenizer 1-2 tests/tokenizer.sh
 # faults: a rank killed, the checkpoint writer killed, the disk full, a rank stopped (the collectives' timeout)
 script faults 1-2 tests/faults.sh
+# what a save never touches or mixes: links, two runs on one folder (the lock), --keep, a resumed --csv
+script ckpt_guard 2 tests/ckpt_guard.sh
 # the timeout measures progress: a rank slow to read a checkpoint, a rank stopped (--timeout 2)
 quick_set && script slow_rank 2 tests/slow_rank.sh
 phase ""
