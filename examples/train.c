@@ -73,17 +73,20 @@ static tpk_status evaluate(tpk_trainable *t, const tpk_tokens *val, const tpk_ru
 
 /* The step's line on rank 0: loss, norm, lr, the mean step time since the last line, tokens/s,
  * on a GPU the model flops utilisation (6 N + 12 L H S flops a token against TPK_PEAK_TFLOPS,
- * default 989: an H100's bf16 dense), the validation loss, the time left. */
+ * default 989: an H100's bf16 dense), the validation loss, at more than one rank the slowest and
+ * fastest rank's compute time a step (tpk_run_pace), the time left. */
 static bool log_step(int64_t step, int64_t steps, double l, double norm, float lr, double ms,
-                     double tok, double eta, double vl, double flops_tok) {
+                     double tok, double eta, double vl, double flops_tok, const tpk_run_pace *p) {
     const char *pk = getenv("TPK_PEAK_TFLOPS");
+    char pace[96];
     printf("step %5lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s",
            (long long)step, (long long)steps, l, norm, (double)lr, ms, tok / (ms * 1e-3));
     if (flops_tok > 0)
         printf(" | MFU %.1f%%",
                100.0 * flops_tok * tok / (ms * 1e-3) / ((pk ? atof(pk) : 989.0) * 1e12 * W.size));
     if (isfinite(vl)) printf(" | val loss %.4f", vl);
-    printf(" | ETA %dm%02ds\n", (int)(eta / 60), (int)fmod(eta, 60.0));
+    printf("%s | ETA %dm%02ds\n", tpk_run_pace_str(p, pace, sizeof pace), (int)(eta / 60),
+           (int)fmod(eta, 60.0));
     return out_ok();
 }
 
@@ -163,6 +166,7 @@ int main(int argc, char **argv) {
         flops = gpu ? tpk_run_flops_per_token(&t, (double)nglobal, S) : 0;
     int64_t from = opt.step, int_n = 0;
     tpk_mem_peak(&ctx, true); /* the peak from here: training */
+    tpk_run_pace pace = tpk_run_pace_begin(opt.step); /* each rank's compute time a step */
     for (int64_t step = opt.step; step < o.steps; step++) {
         double l = NAN, norm = 0, w = (double)Bd / (double)Btot / (double)o.accum;
         float lr = tpk_lr_at(&sched, step);
@@ -185,12 +189,13 @@ int main(int argc, char **argv) {
             goto out;
         if (report) int_s += now() - t_int; /* a step that does not report does not wait */
         int_n++;
+        if (report) tpk_run_pace_step(&W, &pace, opt.step); /* the slowest rank, at a report */
         bool written = true; /* rank 0's step line and --csv row */
         if (W.rank == 0 && (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
             double ms = 1e3 * int_s / (double)int_n,
                    eta = (now() - t0) / (double)(opt.step - from) * (double)(o.steps - opt.step);
             written = log_step(opt.step, o.steps, l, norm, lr, ms, (double)(Btot * S * o.accum),
-                               eta, vl, flops);
+                               eta, vl, flops, &pace);
             int_s = 0, int_n = 0;
         }
         if (!written)
@@ -210,7 +215,7 @@ int main(int argc, char **argv) {
         if (report) t_int = now();
     }
     tpk_run_summary(stdout, &W, &ctx, &o, &t, from, now() - t0);
-    tpk_run_profiles(stdout, &W, &ctx, t.piped);
+    tpk_run_profiles(stdout, &W, &ctx, t.piped, &pace);
     if (!ok(tpk_log_close(&ctx, &csv, true))) goto out; /* and FILE.png where gnuplot is */
     if (o.save) { /* the model, and the tokenizer beside it: --load DIR samples text */
         if (!ok(tpk_trainable_save(&ctx, &t, &opt, o.save, opt.step, o.seed)) ||

@@ -55,6 +55,16 @@ rcfull=$rc
 tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --save "$T/c5" --save-every 5
 if [ $rcfull -eq 0 ] && [ $rc -eq 0 ] && [ -f "$T/c5/step-5/model.safetensors" ] && [ -f "$T/c5/step-5/optim.safetensors" ]; then ok "trainer runs 10 steps at t=2 and saves a checkpoint at step 5"
 else fail "trainer runs 10 steps at t=2 and saves a checkpoint at step 5"; fi
+# the ranks' pace: at 2 ranks each step line names the slowest rank and the slowest and fastest
+# compute time a step; --profile each rank's compute and wait; at 1 rank no such field
+tr 2 --text "$text" $small --tp 1 --steps 4 --log-every 2 --profile
+n=$(printf '%s\n' "$out" | grep -Ec '^step +[24]/4 \| .* \| slowest rank [01] [0-9]+\.[0-9] ms, fastest [0-9]+\.[0-9] ms \| ETA ')
+p=$(printf '%s\n' "$out" | grep -Ec '^rank [01]: compute [0-9.]+ s, wait [0-9.]+ s \([0-9.]+% waiting\)$')
+out2=$out; tr 1 --text "$text" $small --steps 2
+if [ $rc -eq 0 ] && [ "$n" -eq 2 ] && [ "$p" -eq 2 ] && printf '%s\n' "$out" | grep -Eq '^step +2/2 ' && ! printf '%s\n' "$out" | grep -q slowest; then
+    ok "at 2 ranks the step line names the slowest rank and the slowest and fastest step time, --profile each rank's compute and wait; at 1 rank neither"
+else out="$out2
+$out"; fail "the slowest rank on the step line ($n of 2 lines), --profile's compute and wait ($p of 2 ranks)"; fi
 if quick_set; then
     tr 2 --text "$text" $small --tp 2 --steps 10 --dropout 0.1 --load "$T/c5/step-5" --csv "$T/r2.csv"
     a=$(losses "$T/full.csv" 6 10); b=$(losses "$T/r2.csv" 6 10)

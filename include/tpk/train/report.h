@@ -4,7 +4,9 @@
  * memory: the kit's buffers at most, the largest over each stage's ranks, and each stage's idle
  * fraction: its seconds waiting in messages over its seconds in the pipeline); and --profile's
  * tables (rank 0's, or each stage's from its first rank, headed by the stage, one after another:
- * mpirun may pass the ranks' lines on in any order). The step line itself stays with the loop.
+ * mpirun may pass the ranks' lines on in any order), after each rank's compute and wait time; the
+ * ranks' pace (tpk_run_pace: the slowest and fastest rank's compute time a step, for the step
+ * line). The step line itself stays with the loop.
  * Needs MPI (tpk/train/ranks.h). */
 #ifndef TPK_TRAIN_REPORT_H
 #define TPK_TRAIN_REPORT_H
@@ -94,9 +96,76 @@ static inline void tpk_run_summary(FILE *out, tpk_ranks *r, tpk_ctx *ctx, const 
                 (long long)from + 1, (long long)o->steps, seconds, mine, tpk_recompute_name(o->rc));
 }
 
+/* The ranks' pace: each rank's compute time (its wall time less its MPI waits, tpk_mpi_waited)
+ * over the steps since the last report, and the slowest and fastest rank's a step. */
+typedef struct tpk_run_pace {
+    double t, w;             /* the window's start: the wall clock and tpk_mpi_waited then */
+    int64_t step;            /* the step the window starts after */
+    double busy_s, wait_s;   /* this rank's compute and wait seconds over every window */
+    int slow, fast;          /* the slowest and fastest rank of the last window (-1: none) */
+    double slow_ms, fast_ms; /* their compute time a step */
+} tpk_run_pace;
+/* A pace whose first window starts now, after step `step`. */
+static inline tpk_run_pace tpk_run_pace_begin(int64_t step) {
+    tpk_run_pace p;
+    memset(&p, 0, sizeof p);
+    p.t = tpk__now_ms() * 1e-3, p.w = tpk_mpi_waited(), p.step = step, p.slow = p.fast = -1;
+    return p;
+}
+/* At a step that reports, after step `step`: close the window (its compute and wait time added to
+ * this rank's) and, at more than one rank, find the slowest and fastest rank's compute time a step
+ * with one all-reduce over the world of two (time, rank) pairs (MAXLOC of t and of -t; the lowest
+ * rank on a tie); a new window starts. Collective over the world. */
+static inline void tpk_run_pace_step(tpk_ranks *r, tpk_run_pace *p, int64_t step) {
+    double now = tpk__now_ms() * 1e-3, waited = tpk_mpi_waited();
+    double wait = waited - p->w, busy = now - p->t - wait, n = (double)(step - p->step);
+    if (busy < 0) busy = 0;
+    p->busy_s += busy, p->wait_s += wait;
+    if (r->size > 1 && n > 0) {
+        struct {
+            double v;
+            int rank;
+        } m[2] = {{1e3 * busy / n, r->rank}, {-1e3 * busy / n, r->rank}};
+        tpk_ranks_allreduce(r, m, 2, MPI_DOUBLE_INT, MPI_MAXLOC);
+        p->slow = m[0].rank, p->slow_ms = m[0].v, p->fast = m[1].rank, p->fast_ms = -m[1].v;
+    }
+    p->t = tpk__now_ms() * 1e-3, p->w = tpk_mpi_waited(), p->step = step;
+}
+/* The step line's part of the pace: " | slowest rank R X ms, fastest Y ms" (compute a step; none
+ * at one rank) into buf. */
+static inline const char *tpk_run_pace_str(const tpk_run_pace *p, char *buf, size_t n) {
+    if (p->slow < 0) snprintf(buf, n, "%s", "");
+    else snprintf(buf, n, " | slowest rank %d %.1f ms, fastest %.1f ms", p->slow, p->slow_ms,
+                  p->fast_ms);
+    return buf;
+}
+/* --profile's line per rank on rank 0's out: "rank R: compute X s, wait Y s (Z% waiting)" over the
+ * training (tpk_run_pace_step's windows). One all-reduce over the world; none at one rank. */
+static inline void tpk_run_pace_print(FILE *out, tpk_ranks *r, const tpk_run_pace *p) {
+    if (r->size < 2) return;
+    double *v = (double *)calloc(2 * (size_t)r->size, sizeof(double));
+    int bad = !v;
+    tpk_ranks_allreduce(r, &bad, 1, MPI_INT, MPI_MAX);
+    if (bad) {
+        if (r->rank == 0) fprintf(out, "rank times: out of host memory for %d ranks\n", r->size);
+        free(v);
+        return;
+    }
+    v[2 * r->rank] = p->busy_s, v[2 * r->rank + 1] = p->wait_s;
+    tpk_ranks_allreduce(r, v, 2 * r->size, MPI_DOUBLE, MPI_SUM);
+    for (int q = 0; r->rank == 0 && q < r->size; q++) {
+        double all = v[2 * q] + v[2 * q + 1];
+        fprintf(out, "rank %d: compute %.3f s, wait %.3f s (%.1f%% waiting)\n", q, v[2 * q],
+                v[2 * q + 1], all > 0 ? 100.0 * v[2 * q + 1] / all : 0.0);
+    }
+    free(v);
+}
+
 /* --profile's tables on out (the header says whose). Collective over the world with stages. */
-static inline void tpk_run_profiles(FILE *out, tpk_ranks *r, tpk_ctx *ctx, bool piped) {
+static inline void tpk_run_profiles(FILE *out, tpk_ranks *r, tpk_ctx *ctx, bool piped,
+                                    const tpk_run_pace *pace) {
     if (!ctx->prof || ctx->prof->from_env) return;
+    if (pace) tpk_run_pace_print(out, r, pace); /* each rank's compute and wait */
     if (!piped && r->rank == 0) tpk_profile_print(ctx, out); /* (it agrees over ranks) */
     for (int q = 0; piped && q < ctx->pp.size; q++) {
         if (ctx->pp.rank == q && ctx->tp.rank == 0 && ctx->dp.rank == 0) {

@@ -11,8 +11,9 @@
  *   set_dropout, set_dp (the DP buckets a backward starts), params (the global count, a tied
  *   embedding's two stage copies once), save and load (tpk_model_save / tpk_model_load: each
  *   stage its own blocks; each a phase announced to the other ranks, tpk_busy, whose timeout
- *   waits out its budget TPK_BUSY_PHASE_S), destroy. tpk_trainable_model: the model whose sizes
- *   these are (the first chunk's copy with stages). Needs POSIX (tpk/train/model.h). */
+ *   waits out its budget TPK_BUSY_PHASE_S, as the first step's is), destroy.
+ *   tpk_trainable_model: the model whose sizes these are (the first chunk's copy with stages).
+ *   Needs POSIX (tpk/train/model.h). */
 #ifndef TPK_TRAIN_TRAINABLE_H
 #define TPK_TRAIN_TRAINABLE_H
 
@@ -24,6 +25,7 @@ typedef struct tpk_trainable {
     tpk_model m;       /* without stages */
     tpk_pipe_model pm; /* with stages */
     double busy, wait; /* with stages: seconds in compute steps and waiting in messages, so far */
+    bool stepped;      /* the first step done (its setup a phase announced to the others) */
 } tpk_trainable;
 
 /* How a trainable is built: without stages, or as this rank's stage of ctx->pp. */
@@ -150,8 +152,11 @@ static inline tpk_status tpk_trainable_step(tpk_ctx *ctx, tpk_trainable *t, tpk_
                                             double *norm) {
     if (!ctx) return TPK_ERR_ARG;
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_step", "t: NULL");
+    bool first = !t->stepped; /* its setup (buffers, plans) may be long: a phase (tpk_busy) */
+    if (first) TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S));
     tpk_status s = tpk_model_train_step(ctx, t->piped ? NULL : &t->m, t->piped ? &t->pm : NULL, opt,
                                         b, ids, targets, B, S, M, scale, rng_step, lr, clip, norm);
+    if (first) tpk_busy_end(ctx), t->stepped = true;
     if (t->piped) t->busy += t->pm.exec.t_compute, t->wait += t->pm.exec.t_wait;
     return s;
 }
