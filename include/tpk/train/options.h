@@ -183,8 +183,9 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
         {"--top-k", I, 0, G, "0", NULL, NULL, T, "text", "0: off", offsetof(tpk_run_opts, top_k)},
         {"--top-p", X, 0, 1, "1", NULL, NULL, T, "text", "1: off", offsetof(tpk_run_opts, top_p)},
         {"--timeout", X, 0, 1e9, NULL, "600", NULL, R, "failures",
-         "seconds a collective waits for the other ranks, then the job stops; 0: no limit; "
-         "default TPK_TIMEOUT or 600",
+         "seconds a collective waits for the other ranks without progress (a rank announced "
+         "busy, hashing, loading or saving a checkpoint, holds it), then the job stops; 0: no "
+         "limit; default TPK_TIMEOUT or 600",
          offsetof(tpk_run_opts, timeout)}};
     int nb = (int)(sizeof base / sizeof base[0]), nm = 0;
     while (nm < nb && base[nm].cls == TPK_OPT_MODEL) nm++; /* the model's flags come first */
