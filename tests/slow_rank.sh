@@ -1,9 +1,10 @@
 #!/bin/sh
 # tests/slow_rank.sh — the collectives' timeout measures progress, not a peer's work: the trainer at
 # 2 ranks (TP 2) with --timeout 2.
-#   (a) one rank slow to read a checkpoint (TPK_TEST_SLOW_RANK=1:S, S = 4 s: it hashes the files
-#       with heartbeats, then loads under the phase's budget, 2 S in all, twice the timeout each)
-#       trains to the end: exit 0, its last step line, no error line;
+#   (a) one rank slow in every long phase (TPK_TEST_SLOW_RANK=1:S, S = 4 s, twice the timeout,
+#       in each): it hashes the checkpoint's files with heartbeats, then loads it, sets up its
+#       first step and saves under the phases' budget, 4 S in all; the job trains to the end:
+#       exit 0, its last step line and save, no error line;
 #   (b) the same rank stopped (SIGSTOP) while it hashes (its heartbeats stop): the job ends within
 #       the timeout plus a margin, with one "no answer from a peer within 2 s" line;
 #   (c) a rank stopped mid-training: the job ends within the timeout plus a margin.
@@ -54,13 +55,13 @@ timeout $((120 * scale)) mpirun $mpiflags -np 2 "$B/train" --text "$text" $small
 # ---- (a) a rank slow to read the checkpoint --------------------------------------------------------
 export TPK_TEST_SLOW_RANK=1:4
 t0=$(date +%s)
-start slow --text "$text" $small --tp 2 --steps 4 --load "$T/c" --timeout 2
+start slow --text "$text" $small --tp 2 --steps 4 --load "$T/c" --save "$T/c2" --timeout 2
 waitrc slow 120 > /dev/null
 rc=$(cat "$T/slow.rc" 2>/dev/null) secs=$(($(date +%s) - t0))
-if [ "$rc" = 0 ] && grep -q '^step *4/4' "$T/slow.log" && ! grep -q 'error' "$T/slow.log" && [ $secs -ge 8 ]; then
-    ok "(a) rank 1 slow to hash and load a checkpoint (4 s each) at --timeout 2: trained to step 4 in $secs s, no error"
+if [ "$rc" = 0 ] && grep -q '^step *4/4' "$T/slow.log" && grep -q '^saved ' "$T/slow.log" && ! grep -q 'error' "$T/slow.log" && [ $secs -ge 16 ]; then
+    ok "(a) rank 1 slow to hash, load, set up the first step and save (4 s each) at --timeout 2: trained to step 4 and saved in $secs s, no error"
 else
-    fail "(a) rank 1 slow to hash and load a checkpoint (4 s each) at --timeout 2 (exit '$rc' after $secs s)" "$T/slow.log"
+    fail "(a) rank 1 slow to hash, load, set up the first step and save (4 s each) at --timeout 2 (exit '$rc' after $secs s)" "$T/slow.log"
 fi
 cleanup slow
 

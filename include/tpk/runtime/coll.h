@@ -470,8 +470,9 @@ static inline tpk_status tpk_busy_end(tpk_ctx *ctx) {
 
 /* A test's slow rank: TPK_TEST_SLOW_RANK=R:S in the environment makes world rank R (`rank`) spend
  * S seconds here (a busy loop; with heartbeats every 50 ms when `beat`). The kit calls it before
- * hashing a checkpoint's files (tpk/train/ranks.h, with heartbeats) and before loading one
- * (tpk/train/trainable.h, under the phase's budget): for tests of the timeout only. */
+ * hashing a checkpoint's files (tpk/train/ranks.h, with heartbeats), and before loading or saving
+ * one and in the first step (tpk/train/trainable.h, under the phase's budget): for tests of the
+ * timeout only. */
 static inline void tpk__test_slow(int rank, bool beat) {
     const char *v = getenv("TPK_TEST_SLOW_RANK");
     int r = -1;

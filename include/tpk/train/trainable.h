@@ -154,6 +154,7 @@ static inline tpk_status tpk_trainable_step(tpk_ctx *ctx, tpk_trainable *t, tpk_
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_step", "t: NULL");
     bool first = !t->stepped; /* its setup (buffers, plans) may be long: a phase (tpk_busy) */
     if (first) TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S));
+    if (first) tpk__test_slow(ctx->world ? ctx->world->rank : 0, false); /* TPK_TEST_SLOW_RANK */
     tpk_status s = tpk_model_train_step(ctx, t->piped ? NULL : &t->m, t->piped ? &t->pm : NULL, opt,
                                         b, ids, targets, B, S, M, scale, rng_step, lr, clip, norm);
     if (first) tpk_busy_end(ctx), t->stepped = true;
@@ -223,6 +224,7 @@ static inline tpk_status tpk_trainable_save(tpk_ctx *ctx, tpk_trainable *t, cons
     memset(&d, 0, sizeof d);
     d.step = step, d.seed = seed;
     TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S)); /* a phase the others do not time out on */
+    tpk__test_slow(ctx->world ? ctx->world->rank : 0, false); /* TPK_TEST_SLOW_RANK */
     tpk_status s = tpk_model_save(ctx, tpk_trainable_model(t), opt, dir, &d);
     tpk_busy_end(ctx);
     return s;
