@@ -183,11 +183,14 @@ int main(int argc, char **argv) {
         CHECK(symlink("other", d) == 0, "symlink step-8 (made during the run)");
         const char *dirs[] = {"step-1", "step-2", "step-3", "step-4", "step-5",
                               "step-03", "step-x", "step-6", "step-7", "step-8"};
+        static char id[12100]; /* step-1's config.json 12 kB long, its id at the end */
         for (int i = 0; i < 8; i++) { /* this run's saves, then a step-6 of no checkpoint */
-            char id[80];
             snprintf(d, sizeof d, "%s/%s", p, dirs[i]);
             sh("mkdir -p %s", d);
-            snprintf(id, sizeof id, "{\"tpk_checkpoint_id\": \"%016x\"}", 0x100 + i);
+            int k = snprintf(id, sizeof id, "{\"pad\": \""), pad = i ? 1 : 12000;
+            memset(id + k, 'x', (size_t)pad);
+            snprintf(id + k + pad, sizeof id - (size_t)(k + pad),
+                     "\", \"tpk_checkpoint_id\": \"%016x\"}", 0x100 + i);
             put(d, "config.json", i == 7 ? "{}" : id);
             put(d, "model.safetensors", "w");
         }

@@ -235,18 +235,22 @@ static inline bool tpk__ckpt_leftovers_ok(const char *base, char *err, size_t n)
 /* Whether sub (DIR/step-K) holds a whole checkpoint with an id (its config.json, written last,
  * saying tpk_checkpoint_id); the id into id[24]. Not a link. */
 static inline bool tpk__ckpt_step_id(const char *sub, char id[24]) {
-    char p[1200], b[8192];
+    char p[1200];
     struct stat st;
     id[0] = 0;
     if (lstat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
     snprintf(p, sizeof p, "%.1100s/config.json", sub);
-    if (!tpk__ckpt_read_small(p, b, sizeof b)) return false;
-    const char *k = strstr(b, "\"tpk_checkpoint_id\"");
-    if (!k || !(k = strchr(k + 19, '"'))) return false;
+    if (stat(p, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 24)) return false;
+    char *b = (char *)malloc((size_t)st.st_size + 1); /* the whole file: the id is near its end */
+    bool got = b && tpk__ckpt_read_small(p, b, (size_t)st.st_size + 1);
+    const char *k = got ? strstr(b, "\"tpk_checkpoint_id\"") : NULL;
     size_t m = 0;
-    for (k++; m < 23 && k[m] && k[m] != '"'; m++) id[m] = k[m];
+    if (k && (k = strchr(k + 19, '"')))
+        for (k++; m < 23 && k[m] && k[m] != '"'; m++) id[m] = k[m];
+    bool closed = k && m && k[m] == '"';
     id[m] = 0;
-    if (k[m] != '"' || !m) return id[0] = 0, false;
+    free(b);
+    if (!closed) return id[0] = 0, false;
     snprintf(p, sizeof p, "%.1100s/model.safetensors", sub);
     if (access(p, F_OK) != 0) {
         snprintf(p, sizeof p, "%.1100s/model.safetensors.index.json", sub);
