@@ -14,7 +14,8 @@
  *   a name map: a parameter renamed and stored transposed, loaded back through the same map;
  *     without it, refused;
  *   refusals by their text: an unknown tensor, a missing tensor, a NaN weight, a negative second
- *     moment, a wrong shape, files of two checkpoints, an optimizer of another model;
+ *     moment, a wrong shape, files of two checkpoints (ids that differ; config.json without an
+ *     id beside files with one), an optimizer of another model;
  *   the directory: a save over a checkpoint replaces it whole (the user's file kept, nothing left
  *     beside it); each state a stopped save leaves (DIR.tpk-old alone, DIR with DIR.tpk-old, a
  *     half-written DIR.tpk-new) loads as one whole checkpoint and is repaired by the next save;
@@ -399,6 +400,12 @@ int main(int argc, char **argv) {
         save_gen(dx, np, 1, 0, 0, NULL, NULL);
         on_root("cp %s/optim.safetensors %s/optim.safetensors", d0, dx);
         refused(dx, 0, TPK_ERR_FORMAT, "files of two checkpoints", "mixed checkpoint ids");
+        /* config.json without an id beside files with one: mixed too (only none anywhere loads) */
+        save_gen(dx, np, 1, 0, 0, NULL, NULL);
+        on_root("sed -i 's/\"tpk_checkpoint_id\"/\"no_id\"/' %s/config.json", dx);
+        refused(dx, 0, TPK_ERR_FORMAT,
+                "config.json has no tpk_checkpoint_id and model.safetensors has ",
+                "config.json without an id beside files with one");
         /* the model file alone loads (no optimizer given) */
         mesh x;
         CHECK_OK(&x.ctx, mesh_init(&x, true, np, 1, 0, true));
