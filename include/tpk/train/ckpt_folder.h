@@ -265,8 +265,13 @@ static inline bool tpk__ckpt_step_name(const char *name, long long *v) {
            !strcmp(name + 5, (snprintf(num, sizeof num, "%lld", *v), num));
 }
 
-/* DIR made (mkdir -p) and a probe file written and removed in it; false with the message in err
- * ("--save: cannot create ...", "--save DIR: cannot write in it (...)"). */
+/* Before training, on world rank 0: DIR, DIR.tpk-old, DIR.tpk-new, DIR.tpk-lock not symbolic
+ * links and a stopped save's leftovers ones its repair accepts; DIR made (mkdir -p) and a probe
+ * file written and removed in it; the lock DIR.tpk-lock taken (tpk__ckpt_lock; released at exit
+ * or by tpk_ckpt_unlock); each DIR/step-K checked the same (not a link, its leftovers) and the
+ * checkpoints there now noted (--keep leaves them). false with the message in err ("--save:
+ * cannot create ...", "--save DIR: cannot write in it (...)", "--save DIR: in use by another
+ * run (...)"), the lock not kept. */
 static inline bool tpk_ckpt_probe(const char *dir, char *err, size_t n) {
     char p[4096], f[4200];
     if (!dir || !*dir) return tpk__ckpt_say(err, n, "--save: expected a folder, got none"), false;
