@@ -121,6 +121,14 @@ static inline tpk_status tpk__lm_check_recompute(tpk_ctx *ctx, const char *fn, t
                          (int)r);
     return TPK_OK;
 }
+/* A family's init's arguments (fn names the family's init): a context, a model, a config. */
+static inline tpk_status tpk__lm_family_args(tpk_ctx *ctx, const char *fn, const void *m,
+                                            const void *cfg) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
+    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    return TPK_OK;
+}
 static inline tpk_status tpk__lm_check_dropout(tpk_ctx *ctx, const char *fn, float p) {
     if (!(p >= 0.0f && p < 1.0f))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->dropout: expected 0 <= p < 1, got %g",

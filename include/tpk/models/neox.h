@@ -181,13 +181,9 @@ static inline tpk_status tpk_neox_lm_config(tpk_ctx *ctx, tpk_neox_config *cfg,
 }
 
 static inline tpk_status tpk_neox_init(tpk_ctx *ctx, tpk_neox *m, const tpk_neox_config *cfg) {
-    static const char *fn = "tpk_neox_init";
-    if (!ctx) return TPK_ERR_ARG;
-    if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
-    if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    memset(m, 0, sizeof *m);
+    TPK_TRY(tpk__lm_family_args(ctx, "tpk_neox_init", m, cfg));
     tpk_lm_config lc;
-    m->c = *cfg;
+    memset(m, 0, sizeof *m), m->c = *cfg;
     TPK_TRY(tpk_neox_lm_config(ctx, &m->c, &lc));
     return tpk_lm_init(ctx, &m->lm, &lc);
 }
