@@ -26,8 +26,9 @@
 #include "../base/rng.h"
 #include "safetensors.h"
 
-#if !defined(__cplusplus) && !defined(_POSIX_C_SOURCE)
-/* POSIX; strict C11's <sys/stat.h> hides it */
+#if !defined(__cplusplus) && !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE) &&                \
+    (!defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200112L)
+/* POSIX.1-2001; strict C11's <sys/stat.h> hides it (also -pthread's _POSIX_C_SOURCE 199506L) */
 int lstat(const char *path, struct stat *st);
 #endif
 #ifndef S_ISLNK

@@ -24,8 +24,9 @@
 
 #include "hf.h"
 
-#if !defined(__cplusplus) && !defined(_POSIX_C_SOURCE)
-/* POSIX; strict C11's headers hide them */
+#if !defined(__cplusplus) && !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE) &&                \
+    (!defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200112L)
+/* POSIX.1-2001; strict C11's headers hide them (also -pthread's _POSIX_C_SOURCE 199506L) */
 int kill(pid_t pid, int sig);
 int gethostname(char *name, size_t len);
 #endif
