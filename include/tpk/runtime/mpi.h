@@ -316,7 +316,8 @@ static inline tpk_status tpk_mpi_heartbeat_init(tpk_ctx *ctx) {
         return h->comm = MPI_COMM_NULL, tpk__mpi_err(ctx, "tpk_mpi_heartbeat_init", rc);
     MPI_Comm_rank(h->comm, &h->rank), MPI_Comm_size(h->comm, &h->size);
     size_t n = (size_t)h->size;
-    if (!(h->until = (double *)calloc(n, sizeof(double)))) {
+    /* the process's own, kept to its end: the C library's allocator (tpk__al_*, NULL) */
+    if (!(h->until = (double *)tpk__al_calloc(NULL, n, sizeof(double)))) {
         MPI_Comm_free(&h->comm), h->comm = MPI_COMM_NULL;
         return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_mpi_heartbeat_init",
                          "out of host memory for %d ranks' heartbeat", h->size);

@@ -242,7 +242,8 @@ static inline bool tpk__ckpt_step_id(const char *sub, char id[24]) {
     if (lstat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
     snprintf(p, sizeof p, "%.1100s/config.json", sub);
     if (stat(p, &st) != 0 || st.st_size <= 0 || st.st_size > (1 << 24)) return false;
-    char *b = (char *)malloc((size_t)st.st_size + 1); /* the whole file: the id is near its end */
+    /* the whole file (the id is near its end); no context: the C library's allocator */
+    char *b = (char *)tpk__al_malloc(NULL, (size_t)st.st_size + 1);
     bool got = b && tpk__ckpt_read_small(p, b, (size_t)st.st_size + 1);
     const char *k = got ? strstr(b, "\"tpk_checkpoint_id\"") : NULL;
     size_t m = 0;
@@ -250,7 +251,7 @@ static inline bool tpk__ckpt_step_id(const char *sub, char id[24]) {
         for (k++; m < 23 && k[m] && k[m] != '"'; m++) id[m] = k[m];
     bool closed = k && m && k[m] == '"';
     id[m] = 0;
-    free(b);
+    tpk__al_free(NULL, b);
     if (!closed) return id[0] = 0, false;
     snprintf(p, sizeof p, "%.1100s/model.safetensors", sub);
     if (access(p, F_OK) != 0) {

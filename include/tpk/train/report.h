@@ -143,12 +143,13 @@ static inline const char *tpk_run_pace_str(const tpk_run_pace *p, char *buf, siz
  * training (tpk_run_pace_step's windows). One all-reduce over the world; none at one rank. */
 static inline void tpk_run_pace_print(FILE *out, tpk_ranks *r, const tpk_run_pace *p) {
     if (r->size < 2) return;
-    double *v = (double *)calloc(2 * (size_t)r->size, sizeof(double));
+    /* no context here: the C library's allocator (tpk__al_*, NULL) */
+    double *v = (double *)tpk__al_calloc(NULL, 2 * (size_t)r->size, sizeof(double));
     int bad = !v;
     tpk_ranks_allreduce(r, &bad, 1, MPI_INT, MPI_MAX);
     if (bad) {
         if (r->rank == 0) fprintf(out, "rank times: out of host memory for %d ranks\n", r->size);
-        free(v);
+        tpk__al_free(NULL, v);
         return;
     }
     v[2 * r->rank] = p->busy_s, v[2 * r->rank + 1] = p->wait_s;
@@ -158,7 +159,7 @@ static inline void tpk_run_pace_print(FILE *out, tpk_ranks *r, const tpk_run_pac
         fprintf(out, "rank %d: compute %.3f s, wait %.3f s (%.1f%% waiting)\n", q, v[2 * q],
                 v[2 * q + 1], all > 0 ? 100.0 * v[2 * q + 1] / all : 0.0);
     }
-    free(v);
+    tpk__al_free(NULL, v);
 }
 
 /* --profile's tables on out (the header says whose). Collective over the world with stages. */
