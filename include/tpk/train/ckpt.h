@@ -419,7 +419,9 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
         e[i].name = names[i][0], e[i].dtype = TPK_ST_F32, e[i].ndim = pr->ndim,
         e[i].shape = shapes[i], e[i].data = w[3 * i];
         for (int k = 0; k < 2 && opt; k++) {
-            snprintf(names[i][1 + k], sizeof names[i][1 + k], "%s.%s", names[i][0],
+            char base[112]; /* a copy: the moment's name is formed in the same array */
+            memcpy(base, names[i][0], sizeof base);
+            snprintf(names[i][1 + k], sizeof names[i][1 + k], "%.96s.%s", base,
                      k ? "exp_avg_sq" : "exp_avg");
             tpk_st_entry *o = &e[n + 2 * i + k];
             o->name = names[i][1 + k], o->dtype = TPK_ST_F32, o->ndim = pr->ndim,
