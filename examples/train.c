@@ -77,13 +77,14 @@ static tpk_status evaluate(tpk_trainable *t, const tpk_tokens *val, const tpk_ru
  * fastest rank's compute time a step (tpk_run_pace), the time left. */
 static bool log_step(int64_t step, int64_t steps, double l, double norm, float lr, double ms,
                      double tok, double eta, double vl, double flops_tok, const tpk_run_pace *p) {
-    const char *pk = getenv("TPK_PEAK_TFLOPS");
+    double peak = 989.0; /* TPK_PEAK_TFLOPS, checked with the others at tpk_ctx_init */
+    tpk_env_number(NULL, "TPK_PEAK_TFLOPS", peak, &peak);
     char pace[96];
     printf("step %5lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s",
            (long long)step, (long long)steps, l, norm, (double)lr, ms, tok / (ms * 1e-3));
     if (flops_tok > 0)
         printf(" | MFU %.1f%%",
-               100.0 * flops_tok * tok / (ms * 1e-3) / ((pk ? atof(pk) : 989.0) * 1e12 * W.size));
+               100.0 * flops_tok * tok / (ms * 1e-3) / (peak * 1e12 * W.size));
     if (isfinite(vl)) printf(" | val loss %.4f", vl);
     printf("%s | ETA %dm%02ds\n", tpk_run_pace_str(p, pace, sizeof pace), (int)(eta / 60),
            (int)fmod(eta, 60.0));

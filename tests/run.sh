@@ -98,7 +98,7 @@ script() {
 # Programs without ranks of their own run on one.
 nps() {
     case "$1" in
-    test_ops_*) echo "1|" ;;
+    test_ops_* | test_env) echo "1|" ;;
     test_safetensors | test_text) echo "1|2" ;;
     test_comm | test_optim | test_dp | test_ckpt) echo "3 4|1 2" ;;
     test_pipeline | test_pipeline_lm) echo "2 3 4|1" ;;

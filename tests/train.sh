@@ -617,7 +617,7 @@ if quick_set; then
 
     # ---- --timeout, and ranks that disagree on what they run ----
     out=$(TPK_TIMEOUT=soon timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_TIMEOUT $B/train --text "$text" $small --tp 2 --steps 1 2>&1); rc=$?
-    n=$(printf '%s\n' "$out" | grep -c '^train: error: .*TPK_TIMEOUT: expected seconds in \[0, 1e9\] (0: none), got "soon"')
+    n=$(printf '%s\n' "$out" | grep -c '^train: error: .*TPK_TIMEOUT: expected a number in \[0, 1e+09\] (.*), got "soon"')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: TPK_TIMEOUT not a number"; else fail "bad input: TPK_TIMEOUT not a number (exit $rc, $n error lines)"; fi
     cp "$text" "$d1/data.txt" && sed '100s/a/b/' "$text" > "$d2/data.txt" # one byte apart, same length
     diff2 "a --text file" "different contents from data.txt (--text)" --text data.txt $small --tp 2 --steps 2

@@ -12,6 +12,7 @@
  *             ctx.h                 the context, errors, argument checks, its hooks (host
  *                                   memory, messages)
  *             version.h             the version: TPK_VERSION_*, tpk_version()
+ *             env.h                 the TPK_* environment variables, each checked like a flag
  *   runtime/  backend.h op.h        what a backend includes; the checked op front end
  *             profile.h buf.h       the profiler; backend buffers
  *             coll.h init.h         checked collectives; the context's lifecycle (the mesh)
@@ -47,6 +48,7 @@
 #include "base/comm.h"
 #include "base/ops.h"
 #include "base/ctx.h"
+#include "base/env.h"
 #include "runtime/op.h"
 #include "runtime/buf.h"
 #include "runtime/coll.h"

@@ -1,20 +1,24 @@
 /* tpk/runtime/init.h — the context's lifecycle: tpk_ctx_init and tpk_ctx_destroy.
  *
  * tpk_ctx_init takes the backend table (desc->ops; NULL: the default backend, tpk_ops_default,
- * which the host archive defines), the world communicator (NULL: one rank, `self`), the TP size t
- * and the pipeline's stage count p, and splits the world of n = t d p ranks into a mesh, TP
- * fastest, then DP, then PP (Megatron-LM's order):
- *   world rank w = tp + t (dp + d pp):  TP rank w % t, DP rank (w / t) % d, stage w / (t d)
+ * which the host archive defines), the world communicator (NULL: one rank, `self`), the TP size t,
+ * the context-parallel size c and the pipeline's stage count p, and splits the world of n = t c d p
+ * ranks into a mesh, TP fastest, then CP, then DP, then PP (Megatron-LM's order):
+ *   world rank w = tp + t (cp + c (dp + d pp)):  TP rank w % t, CP rank (w / t) % c,
+ *                                                DP rank (w / (t c)) % d, stage w / (t c d)
  * TP's collectives run in every layer and want the fastest links (consecutive ranks: one node);
- * DP's gradient reduction runs once a step, its buckets under the backward; the pipeline sends one
- * activation per micro-batch and stage and tolerates the slowest links, so its stages lie
- * farthest apart (a stage's TP group stays in a node, the stages across nodes). With p = 1 the
- * mesh is the TP x DP one of before (DP rank w / t). A table with a missing entry is refused,
+ * CP's ring passes keys and values in every attention layer, next after TP; DP's gradient
+ * reduction runs once a step, its buckets under the backward; the pipeline sends one activation
+ * per micro-batch and stage and tolerates the slowest links, so its stages lie farthest apart (a
+ * stage's TP group stays in a node, the stages across nodes). With c = 1 the mesh is the TP x DP
+ * x PP one (CP rank 0, ctx->cp one rank of its own, no split made); with p = 1 the TP x DP one of
+ * before (DP rank w / t). A table with a missing entry is refused,
  * naming the entry (a dry run's, tpk_ops.dry_run, needs its memory entries alone); p > 1 needs a
  * world with point-to-point (its p2p entry). */
 #ifndef TPK_INIT_H
 #define TPK_INIT_H
 
+#include "../base/env.h"
 #include "buf.h"
 #include "coll.h"
 #include "comm_self.h"
@@ -57,19 +61,28 @@ static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const do
 }
 
 /* The mesh's groups as splits of the world (tpk_ctx_init; a counting world replays them, tpk/plan):
- * world rank w = tp rank + tp (dp rank + dp pp rank); group g = 0 (TP: consecutive ranks, keyed by
- * TP rank), 1 (DP: the same TP rank and stage, keyed by DP rank) or 2 (PP: the same TP and DP rank,
- * keyed by stage) -> the color and key w passes. */
+ * world rank w = tp rank + tp (cp rank + cp (dp rank + dp pp rank)); group g = 0 (TP: consecutive
+ * ranks, keyed by TP rank), 1 (DP: the same TP and CP rank and stage, keyed by DP rank), 2 (PP: the
+ * same TP, CP and DP rank, keyed by stage) or 3 (CP: the same TP and DP rank and stage, keyed by
+ * CP rank) -> the color and key w passes. At cp = 1 groups 0..2 are those of TP x DP x PP. */
+static inline void tpk__mesh_split_cp(int w, int tp, int cp, int dp, int g, int *color, int *key) {
+    int tr = w % tp, cr = w / tp % cp, dr = w / (tp * cp) % dp,
+        pr = w / (tp * cp * dp); /* this rank's TP, CP, DP and PP ranks */
+    *color = g == 0   ? w / tp
+             : g == 1 ? (pr * cp + cr) * tp + tr
+             : g == 2 ? (dr * cp + cr) * tp + tr
+                      : (pr * dp + dr) * tp + tr;
+    *key = g == 0 ? tr : g == 1 ? dr : g == 2 ? pr : cr;
+}
+/* The TP x DP x PP mesh's (cp = 1): group g = 0, 1, 2 as above. */
 static inline void tpk__mesh_split(int w, int tp, int dp, int g, int *color, int *key) {
-    int tr = w % tp, dr = w / tp % dp, pr = w / (tp * dp); /* this rank's TP, DP and PP ranks */
-    *color = g == 0 ? w / tp : g == 1 ? pr * tp + tr : dr * tp + tr;
-    *key = g == 0 ? tr : g == 1 ? dr : pr;
+    tpk__mesh_split_cp(w, tp, 1, dp, g, color, key);
 }
 
 /* Create a context: ops (default: the host backend when linked), world (default self), TP groups
- * of desc->tp consecutive ranks, desc->pp pipeline stages, DP groups across them (the world size
- * must be tp x pp x a whole DP size); desc->allocator and desc->logger its hooks (tpk/base/ctx.h),
- * in place before anything is allocated or recorded. */
+ * of desc->tp consecutive ranks, CP groups of desc->cp, desc->pp pipeline stages, DP groups across
+ * them (the world size must be tp x cp x pp x a whole DP size); desc->allocator and desc->logger
+ * its hooks (tpk/base/ctx.h), in place before anything is allocated or recorded. */
 static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     static const char *fn = "tpk_ctx_init";
     if (!ctx) return TPK_ERR_ARG;
@@ -86,6 +99,7 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          al->alloc_fn ? "set" : "NULL", al->free_fn ? "set" : "NULL",
                          al->realloc_fn ? "set" : "NULL");
     ctx->allocator = d.allocator;
+    TPK_TRY(tpk_env_check(ctx)); /* the TPK_* variables the kit reads (tpk/base/env.h) */
     ctx->ops = d.ops ? d.ops : TPK__DEFAULT_OPS();
     ctx->seed = d.seed, ctx->dtype = d.dtype, ctx->deterministic = d.deterministic;
     if (!ctx->ops)
@@ -118,10 +132,20 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          "desc->world: the communicator \"%s\" has no %s entry",
                          d.world->vt->name ? d.world->vt->name : "?", cmiss);
     ctx->world = d.world;
-    int tp = d.tp ? d.tp : 1, pp = d.pp ? d.pp : 1, n = d.world->size;
+    int tp = d.tp ? d.tp : 1, cp = d.cp ? d.cp : 1, pp = d.pp ? d.pp : 1, n = d.world->size;
     if (tp < 1 || tp > n || n % tp)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->tp: expected a divisor of the world size %d, got %d", n, d.tp);
+    if (cp < 1 || cp > n / tp || (n / tp) % cp)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->cp: expected a divisor of world size / tp = %d / %d = %d (the "
+                         "world is TP x CP x DP x PP; 0: 1), got %d",
+                         n, tp, n / tp, d.cp);
+    if (cp > 1 && (pp < 1 || pp > n / (tp * cp) || (n / (tp * cp)) % pp))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->pp: expected a divisor of world size / (tp cp) = %d / (%d x %d) = "
+                         "%d (the world is TP x CP x DP x PP), got %d",
+                         n, tp, cp, n / (tp * cp), d.pp);
     if (pp < 1 || pp > n / tp || (n / tp) % pp)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->pp: expected a divisor of world size / tp = %d / %d = %d (the "
@@ -137,11 +161,15 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q,
                              d.tp_weights[q]);
-    int w = d.world->rank, dp = n / tp / pp, c[3], k[3];
-    for (int g = 0; g < 3; g++) tpk__mesh_split(w, tp, dp, g, &c[g], &k[g]);
+    int w = d.world->rank, dp = n / tp / cp / pp, c[4], k[4];
+    for (int g = 0; g < 4; g++) tpk__mesh_split_cp(w, tp, cp, dp, g, &c[g], &k[g]);
     tpk_status s = tpk_comm_split(ctx, d.world, c[0], k[0], &ctx->tp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, c[1], k[1], &ctx->dp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, c[2], k[2], &ctx->pp);
+    /* CP last, and only at cp > 1: at cp = 1 the world's splits are those of before (a counting
+       world replays three) and ctx->cp is a one-rank group of its own */
+    if (s == TPK_OK && cp > 1) s = tpk_comm_split(ctx, d.world, c[3], k[3], &ctx->cp);
+    else if (s == TPK_OK) ctx->cp = tpk_comm_self(ctx->ops->device);
     if (s == TPK_OK) s = tpk__ctx_weights(ctx, fn, d.tp_weights, tp);
     if (s != TPK_OK) {
         char keep[sizeof ctx->err];
@@ -165,9 +193,14 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
 static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     if (!ctx) return;
     if (ctx->prof && ctx->prof->from_env && ctx->ops && ctx->world && ctx->world->rank == 0) {
-        tpk_logf(ctx, TPK_LOG_INFO, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d x PP %d)",
-                 ctx->world->size, ctx->world->size == 1 ? "" : "s", ctx->tp.size, ctx->dp.size,
-                 ctx->pp.size);
+        if (ctx->cp.size > 1)
+            tpk_logf(ctx, TPK_LOG_INFO,
+                     "TPK_PROFILE: context of %d ranks (TP %d x CP %d x DP %d x PP %d)",
+                     ctx->world->size, ctx->tp.size, ctx->cp.size, ctx->dp.size, ctx->pp.size);
+        else
+            tpk_logf(ctx, TPK_LOG_INFO, "TPK_PROFILE: context of %d rank%s (TP %d x DP %d x PP %d)",
+                     ctx->world->size, ctx->world->size == 1 ? "" : "s", ctx->tp.size,
+                     ctx->dp.size, ctx->pp.size);
         tpk_profile_log(ctx);
     }
     tpk_profile_stop(ctx);
@@ -187,6 +220,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     tpk_comm_destroy(&ctx->tp);
     tpk_comm_destroy(&ctx->dp);
     tpk_comm_destroy(&ctx->pp);
+    tpk_comm_destroy(&ctx->cp);
     const tpk_ops *ops = ctx->ops;
     tpk_allocator al = ctx->allocator;
     tpk_logger lg = ctx->logger;

@@ -68,6 +68,7 @@
 #endif
 #endif
 
+#include "../base/env.h"
 #include "coll.h"
 #include "comm_self.h"
 #include "op.h"
@@ -121,7 +122,8 @@ static inline bool tpk__mpi_stage(const tpk_ctx *ctx, tpk_dtype dt, bool reducti
     if (!ctx || !ctx->ops || !ctx->ops->device) return false;
     if (reduction && dt == TPK_BF16) return true; /* user ops run on the host */
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-    if (MPIX_Query_cuda_support() == 1 && !getenv("TPK_MPI_STAGE")) return false;
+    const char *stage = getenv("TPK_MPI_STAGE"); /* 1: staged anyway (tpk/base/env.h) */
+    if (MPIX_Query_cuda_support() == 1 && !(stage && !strcmp(stage, "1"))) return false;
 #endif
     return true;
 }
@@ -853,20 +855,12 @@ static inline tpk_status tpk__mpi_wrap(tpk_ctx *ctx, const char *fn, MPI_Comm ow
 }
 
 /* *timeout_s = the seconds a new MPI communicator's collectives wait: TPK_TIMEOUT from the
- * environment when set (TPK_ERR_ARG when it is not a number in [0, 1e9]), else 600. */
+ * environment when set (TPK_ERR_ARG when it is not a number in [0, 1e9], tpk/base/env.h), else
+ * 600. */
 static inline tpk_status tpk_mpi_timeout_default(tpk_ctx *ctx, double *timeout_s) {
     if (!timeout_s)
         return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default", "timeout_s: NULL");
-    *timeout_s = TPK_MPI_TIMEOUT_DEFAULT;
-    const char *env = getenv("TPK_TIMEOUT");
-    if (!env) return TPK_OK;
-    char *end = NULL;
-    double t = strtod(env, &end);
-    if (!*env || *end || !(t >= 0 && t <= 1e9))
-        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_mpi_timeout_default",
-                         "TPK_TIMEOUT: expected seconds in [0, 1e9] (0: none), got \"%s\"", env);
-    *timeout_s = t;
-    return TPK_OK;
+    return tpk_env_number(ctx, "TPK_TIMEOUT", TPK_MPI_TIMEOUT_DEFAULT, timeout_s);
 }
 
 /* A tpk communicator over (a duplicate of) `comm`; MPI must be initialised. ctx may be NULL (or
