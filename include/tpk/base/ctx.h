@@ -1,5 +1,5 @@
-/* tpk/base/ctx.h — the context: backend ops, TP, DP and PP groups, seed, scratch, parameters, last
- * error.
+/* tpk/base/ctx.h — the context: backend ops, TP, CP, DP and PP groups, seed, scratch, parameters,
+ * last error.
  *
  * Every public function takes the context first, returns a tpk_status and, on failure,
  * leaves one line in ctx->err naming the function, the argument and the expected value
@@ -120,8 +120,8 @@ typedef struct tpk_ctx_desc {
     tpk_comm *world;    /* default: one rank (self) */
     int tp;             /* TP group size, consecutive ranks; default 1 */
     int pp;             /* pipeline stages (PP group size), the slowest index of the mesh (world
-                           rank = tp rank + t (dp rank + d pp rank)); default 1. The DP size is
-                           what is left: world size / (tp pp) */
+                           rank = tp rank + t (cp rank + c (dp rank + d pp rank))); default 1. The
+                           DP size is what is left: world size / (tp cp pp) */
     uint64_t seed;      /* initialisation and dropout seed */
     tpk_dtype dtype;    /* activations and GEMM operands: TPK_F32 (default) or TPK_BF16 (mixed
                            precision: weights used through a bf16 copy of the f32 master weights,
@@ -135,15 +135,18 @@ typedef struct tpk_ctx_desc {
                            dQ with f32 atomics by default, as FlashAttention-2 does) */
     tpk_allocator allocator; /* the headers' host allocations (zero: the C library's) */
     tpk_logger logger;       /* the kit's messages (zero: stderr) */
+    int cp;                  /* context-parallel group size (CP: ranks splitting every sequence,
+                                tpk/layers/cp_attn.h), the mesh's second index after TP; default 1
+                                (the mesh, ranks and groups as without it) */
 } tpk_ctx_desc;
 
 struct tpk_ctx {
     const tpk_ops *ops;
     tpk_comm *world;
     tpk_comm self_world;  /* used when desc.world is NULL */
-    tpk_comm tp, dp, pp;  /* owned groups: TP (consecutive ranks), DP (the same TP rank and
-                             stage), PP (the same TP and DP rank: the stages of one pipeline,
-                             ranked by stage) */
+    tpk_comm tp, dp, pp;  /* owned groups: TP (consecutive ranks), DP (the same TP and CP rank
+                             and stage), PP (the same TP, CP and DP rank: the stages of one
+                             pipeline, ranked by stage); CP: `cp` below */
     double *tp_w;         /* [tp.size] the TP split's weights (tpk_ctx_desc.tp_weights); NULL:
                              even */
     uint64_t seed;
@@ -170,6 +173,8 @@ struct tpk_ctx {
     tpk_allocator allocator; /* tpk_ctx_desc.allocator; a zeroed context (before tpk_ctx_init):
                                 the C library's, or what the program sets here first */
     tpk_logger logger;       /* tpk_ctx_desc.logger (likewise) */
+    tpk_comm cp;             /* owned group: CP (the same TP, DP and PP rank: the ranks that split
+                                one sequence, ranked by CP rank); one rank (`self`) at cp = 1 */
 };
 
 /* ---- the hooks: messages and host memory --------------------------------------------------- */

@@ -75,7 +75,7 @@ static inline const char *tpk__flight_role_name(int role) {
 }
 /* The size of group `role` of the context's mesh (0 the world, 1 TP, 2 DP, 3 PP; 0: not known),
  * and the world rank of rank r of the group `role` that world rank w belongs to (the mesh of
- * tpk/runtime/init.h: w = tp + t (dp + d pp)); -1 when not known. */
+ * tpk/runtime/init.h: w = tp + t (cp + c (dp + d pp))); -1 when not known. */
 static inline int tpk__flight_group_size(const tpk_ctx *ctx, int role) {
     if (!ctx || !ctx->world) return 0;
     return role == 0   ? ctx->world->size
@@ -86,12 +86,13 @@ static inline int tpk__flight_group_size(const tpk_ctx *ctx, int role) {
 }
 static inline int tpk__flight_member(const tpk_ctx *ctx, int role, int w, int r) {
     if (!ctx || !ctx->world || r < 0 || r >= tpk__flight_group_size(ctx, role)) return -1;
-    int t = ctx->tp.size, d = ctx->dp.size, tr = w % t, dr = w / t % d, pr = w / (t * d);
+    int t = ctx->tp.size, c = ctx->cp.size > 1 ? ctx->cp.size : 1, d = ctx->dp.size;
+    int tr = w % t, cr = w / t % c, dr = w / (t * c) % d, pr = w / (t * c * d);
     switch (role) {
         case 0: return r;
-        case 1: return r + t * (dr + d * pr);
-        case 2: return tr + t * (r + d * pr);
-        case 3: return tr + t * (dr + d * r);
+        case 1: return r + t * (cr + c * (dr + d * pr));
+        case 2: return tr + t * (cr + c * (r + d * pr));
+        case 3: return tr + t * (cr + c * (dr + d * r));
         default: return -1;
     }
 }
@@ -466,6 +467,33 @@ static inline tpk_status tpk_busy_end(tpk_ctx *ctx) {
     (void)ctx;
     if (*tpk__busy_slot()) (*tpk__busy_slot())(-1);
     return TPK_OK;
+}
+
+/* The watchdog's rule, one for every timeout of the kit: the MPI waits (tpk/runtime/mpi.h) and
+ * the NCCL communicator's watchdog (kernels/cuda/comm_nccl.cu, fed by tpk/runtime/nccl.h). Times
+ * are seconds on any one clock; -HUGE_VAL: never.
+ * A peer's note (tpk_busy) arrived at `now`: budget_s > 0 a phase of that many seconds, 0 a
+ * heartbeat, < 0 the phase's end. *heard: the arrival of the last note from any peer; *until:
+ * the end of that peer's announced phase (-HUGE_VAL: none). */
+static inline void tpk__watch_note(double now, double budget_s, double *heard, double *until) {
+    if (now > *heard) *heard = now;
+    *until = budget_s > 0 ? now + budget_s : -HUGE_VAL;
+}
+/* The time until which the peers are known to make progress: the latest of `heard` and the ends
+ * of the n peers' phases until[q]. */
+static inline double tpk__watch_alive(double heard, const double *until, int n) {
+    double a = heard;
+    for (int q = 0; until && q < n; q++) a = until[q] > a ? until[q] : a;
+    return a;
+}
+/* When a wait that began at t0 times out: timeout_s seconds after the later of t0 and `alive`
+ * (tpk__watch_alive; NaN or -HUGE_VAL: nothing heard). So a heartbeat restarts the count, a phase
+ * holds it until its budget runs out, and a stopped peer's notes stop: its wait ends timeout_s
+ * after it began or after the peer's last note, or at most budget + timeout_s after a phase's
+ * start. timeout_s <= 0 (or NaN): never (HUGE_VAL). */
+static inline double tpk__watch_deadline(double t0, double alive, double timeout_s) {
+    if (!(timeout_s > 0)) return HUGE_VAL;
+    return (alive > t0 ? alive : t0) + timeout_s;
 }
 
 /* A test's slow rank: TPK_TEST_SLOW_RANK=R:S in the environment makes world rank R (`rank`) spend
