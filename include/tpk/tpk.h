@@ -20,6 +20,7 @@
  *             host.h cuda.h         the backends' tables (host: the default)
  *   layers/   layout.h params.h     layout conversions and region ops; the parameter registry
  *             act.h linear.h norm.h embed.h xent.h resid.h mlp.h attn.h
+ *             cp_split.h            context parallelism: the load-balanced split of a sequence
  *             recompute.h           a stack of blocks, activation recompute
  *   models/   block.h               the block: norms, attention, MLP, residual style
  *             lm.h sample.h         the language model over it (one type); sampling
@@ -64,6 +65,7 @@
 #include "layers/xent.h"
 #include "layers/mlp.h"
 #include "layers/attn.h"
+#include "layers/cp_split.h"
 #include "layers/resid.h"
 #include "models/block.h"
 #include "models/lm.h"
