@@ -127,11 +127,15 @@ int main(int argc, char **argv) {
     tpk_trainable_desc td = {o.piped,   o.kind, (int)o.accum, (int)o.vstages, o.nppl ? o.ppl : NULL,
                              o.pp_auto, S};
     tpk_adamw_desc ad = tpk_run_adamw_desc(&o);
+    char run[17]; /* this run's id: its checkpoints and --csv rows name it (a resume: the loaded) */
+    tpk_ranks_new_id(&W, run);
     if (!ok(tpk_run_backend_init(&ctx, &be, o.dtype, W.timeout)) ||
         !(up = ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.pp, o.tp_weights ? o.tw : NULL,
                                    o.seed, o.det))) ||
-        !ok(tpk_trainable_init(&ctx, &t, &cfg, &td)) ||
-        !ok(tpk_trainable_set_dropout(&ctx, &t, (float)o.dropout)) ||
+        !ok(tpk_trainable_init(&ctx, &t, &cfg, &td)))
+        goto out;
+    memcpy(t.run_id, run, sizeof run); /* a loaded checkpoint's replaces it */
+    if (!ok(tpk_trainable_set_dropout(&ctx, &t, (float)o.dropout)) ||
         !ok(tpk_adamw_init(&ctx, &opt, &ad)) ||
         (o.load && !ok(tpk_trainable_load(&ctx, &t, &opt, o.load))))
         goto out;
@@ -156,7 +160,7 @@ int main(int argc, char **argv) {
         if (W.rank == 0) printf("val_loss %.6f\n", vl);
         goto finish;
     }
-    if (!ok(tpk_log_open(&ctx, &csv, o.csv, opt.step))) goto out; /* a resume appends */
+    if (!ok(tpk_log_open(&ctx, &csv, o.csv, opt.step, t.run_id))) goto out; /* a resume appends */
 
     /* training */
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");

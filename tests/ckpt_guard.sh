@@ -8,11 +8,13 @@
 #       a lock left by a process that has ended (a dead PID on this host) taken over;
 #   (c) --keep 1 beside a user's step-9 folder (no checkpoint) and another run's step-8 checkpoint:
 #       both stay and neither counts as newer (this run's newest periodic checkpoint stays);
-#   (d) --csv of a resume: a curve that ends before the checkpoint's step, or whose steps jump (two
-#       runs' rows), refused by name and left byte for byte; the run's own curve continued equals
-#       an uninterrupted run's; a CSV removed mid-run noticed at the next row (one error line).
-# make test (TPK_TESTS=quick) runs (a), (b)'s concurrent pair, (d)'s gap and removal; make
-# test-long (TPK_TESTS=long) the others. Processes by PID, time limits scaled (TPK_TIME_SCALE).
+#   (d) --csv of a resume: a curve that ends before the checkpoint's step, another run's curve
+#       whose steps fit (its rows name another run id than the checkpoint's tpk_run_id), or whose
+#       steps jump (two runs' rows), refused by name and left byte for byte; the run's own curve
+#       continued equals an uninterrupted run's; a CSV removed mid-run noticed at the next row (one
+#       error line).
+# make test (TPK_TESTS=quick) runs (a), (b)'s concurrent pair, (d)'s gap, another run's curve and
+# the removal; make test-long (TPK_TESTS=long) the others. Processes by PID, time limits scaled (TPK_TIME_SCALE).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup ckpt_guard
@@ -95,8 +97,18 @@ head -3 "$T/full.csv" > "$T/gap.csv"; cp "$T/gap.csv" "$T/gap0.csv"
 tr $run --steps 6 --load "$T/r/step-3" --csv "$T/gap.csv"
 refused "a --csv that ends before the checkpoint's step refused" "gap.csv: its rows are steps 1..2, the run continues from step 3: a gap"
 cmp -s "$T/gap.csv" "$T/gap0.csv" && ok "the refused --csv left byte for byte" || fail "the refused --csv changed"
+# another run of the same model: its curve has every step, but its rows name its own run
+id=$(sed -n 's/.*"tpk_run_id": "\([0-9a-z]*\)".*/\1/p' "$T/r/step-3/config.json")
+tr $run --steps 6 --csv "$T/other.csv"
+cp "$T/other.csv" "$T/other0.csv"
+oid=$(awk -F, 'NR == 2 {print $6}' "$T/other.csv")
+tr $run --steps 6 --load "$T/r/step-3" --csv "$T/other.csv"
+if [ -n "$id" ] && [ -n "$oid" ] && [ "$id" != "$oid" ] && [ "$(awk -F, 'NR > 1 {print $6}' "$T/full.csv" | sort -u)" = "$id" ]; then
+    refused "another run's --csv (every step there) refused by its run id" "other.csv: step 1 is run \"$oid\"'s and this run is \"$id\": another run's curve"
+else fail "run ids: the checkpoint's \"$id\", the other curve's \"$oid\", the curve's rows $(awk -F, 'NR > 1 {print $6}' "$T/full.csv" | sort -u | tr '\n' ' ')"; fi
+cmp -s "$T/other.csv" "$T/other0.csv" && ok "another run's --csv left byte for byte" || fail "another run's --csv changed"
 if long_set; then
-    (sed -n 1,3p "$T/full.csv"; echo "9,1,,1,1"; sed -n 4,7p "$T/full.csv") > "$T/mix.csv"; cp "$T/mix.csv" "$T/mix0.csv"
+    (sed -n 1,3p "$T/full.csv"; echo "9,1,,1,1,$id"; sed -n 4,7p "$T/full.csv") > "$T/mix.csv"; cp "$T/mix.csv" "$T/mix0.csv"
     tr $run --steps 6 --load "$T/r/step-3" --csv "$T/mix.csv"
     refused "a --csv whose steps jump (two runs' rows) refused" "mix.csv: step 9 follows step 2: not one run's curve"
     cmp -s "$T/mix.csv" "$T/mix0.csv" && ok "the mixed --csv left byte for byte" || fail "the mixed --csv changed"

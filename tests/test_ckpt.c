@@ -302,8 +302,8 @@ int main(int argc, char **argv) {
         }
     }
 
-    TEST_CASE("config.json: the model's text with tpk_step, tpk_seed, tpk_checkpoint_id; bad "
-              "configs refused") {
+    TEST_CASE("config.json: the model's text with tpk_step, tpk_seed, tpk_checkpoint_id, a run "
+              "id; bad configs and run ids refused") {
         char dir[300], *text = NULL;
         snprintf(dir, sizeof dir, "%s/mesh0", base);
         tpk_ctx c;
@@ -337,9 +337,21 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&x.ctx, tpk_ckpt_save(&x.ctx, &x.o, "build/tests/..", NULL), TPK_ERR_ARG,
                     "not \"..\"");
         CHECK(!exists(dir), "no directory made by a refused save");
-        /* "{}": the three members alone */
+        CHECK_FAILS(&x.ctx,
+                    tpk_ckpt_save(&x.ctx, &x.o, dir,
+                                  &(tpk_ckpt_save_desc){.config = "{\"tpk_run_id\": \"a\"}"}),
+                    TPK_ERR_ARG, "holds \"tpk_run_id\"");
+        CHECK_FAILS(&x.ctx, tpk_ckpt_save(&x.ctx, &x.o, dir, &(tpk_ckpt_save_desc){.run_id = "A1"}),
+                    TPK_ERR_ARG, "desc->run_id: expected 1..32 of [0-9a-z]");
+        CHECK(!exists(dir), "no directory made by a refused save");
+        /* "{}": the three members alone, no run id */
         CHECK_OK(&x.ctx, tpk_ckpt_save(&x.ctx, &x.o, dir, &(tpk_ckpt_save_desc){.config = " {} "}));
         CHECK_OK(&x.ctx, tpk_ckpt_info_read(&x.ctx, dir, &info));
+        CHECK(info.run_id[0] == 0, "no run id: \"%s\"", info.run_id);
+        /* a run id: written, read back */
+        CHECK_OK(&x.ctx, tpk_ckpt_save(&x.ctx, &x.o, dir, &(tpk_ckpt_save_desc){.run_id = "r7x"}));
+        CHECK_OK(&x.ctx, tpk_ckpt_info_read(&x.ctx, dir, &info));
+        CHECK(!strcmp(info.run_id, "r7x"), "run id: \"%s\"", info.run_id);
         mesh_destroy(&x);
     }
 

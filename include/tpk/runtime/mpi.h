@@ -36,11 +36,14 @@
  * holds it for up to that many seconds, or until the phase ends or its rank waits in a collective
  * itself. So a rank hashing or loading a checkpoint for minutes times no one out, and a stopped
  * rank's heartbeats stop: the others time out within the timeout of its last note (within the
- * budget inside a phase that cannot beat). tpk_mpi_waited: the seconds this rank spent waiting.
+ * budget inside a phase that cannot beat). The rule is tpk__watch_deadline's (tpk/runtime/coll.h),
+ * which the NCCL watchdog shares (tpk/runtime/nccl.h feeds it these notes).
+ * tpk_mpi_waited: the seconds this rank spent waiting.
  *
  * The flight recorder's report (tpk/runtime/coll.h keeps each communicator's last operations):
  * a communicator made by tpk_comm_mpi (the world) also holds a side channel, a duplicate of it on
- * which every rank keeps one receive posted for a question. When a collective of a context on
+ * which every rank keeps one receive posted for a question (an NCCL world made by
+ * tpk_comm_nccl_mpi uses one kept beside it: tpk__mpi_side_other, tpk/runtime/nccl.h). When a collective of a context on
  * that world fails (the timeout, a peer gone), the rank prints its record and asks each other
  * rank of the failed group (MPI_Isend of its world rank, the group, the collective's sequence
  * number): every rank waiting in a collective of its own answers from its wait loop (the sleeping
@@ -181,12 +184,27 @@ static inline tpk_status tpk__mpi_err(tpk_ctx *ctx, const char *fn, int rc) {
 }
 
 static inline const tpk_comm_vtable *tpk__mpi_vtable(void);
-/* The side channel of ctx's world when it is an MPI one that has one, else NULL. */
+/* The side channel of a world that is not an MPI communicator (tpk/runtime/nccl.h: the NCCL
+ * world of tpk_comm_nccl_mpi), one at a time: that world's impl (NULL: none) and the MPI
+ * communicator (tpk_comm_mpi's, on the same ranks) whose side channel it uses. */
+typedef struct tpk__mpi_side_of {
+    const void *impl;
+    tpk_comm mpi;
+} tpk__mpi_side_of;
+static inline tpk__mpi_side_of *tpk__mpi_side_other(void) {
+    static tpk__mpi_side_of s;
+    return &s;
+}
+/* The side channel of ctx's world: its own when it is an MPI one that has one, the one kept
+ * beside it (tpk__mpi_side_other) otherwise, else NULL. */
 static inline tpk__mpi *tpk__mpi_side(const tpk_ctx *ctx) {
-    if (!ctx || !ctx->world || ctx->world->vt != tpk__mpi_vtable() || !ctx->world->impl)
-        return NULL;
-    tpk__mpi *w = (tpk__mpi *)ctx->world->impl;
-    return w->side != MPI_COMM_NULL ? w : NULL;
+    if (!ctx || !ctx->world || !ctx->world->impl) return NULL;
+    const tpk__mpi_side_of *o = tpk__mpi_side_other();
+    tpk__mpi *w = ctx->world->vt == tpk__mpi_vtable() ? (tpk__mpi *)ctx->world->impl
+                  : ctx->world->impl == o->impl && o->mpi.vt == tpk__mpi_vtable()
+                      ? (tpk__mpi *)o->mpi.impl
+                      : NULL;
+    return w && w->side != MPI_COMM_NULL ? w : NULL;
 }
 /* This rank's answer: a[0] world rank, a[1] the group it waits in (-1: none; 0 world, 1 TP, 2 DP,
  * 3 PP, 4 another), a[2] that operation's kind, a[3] its seq, a[4..7] the collectives begun and
@@ -243,17 +261,18 @@ static inline void tpk__mpi_serve(tpk_ctx *ctx) {
 
 #define TPK__MPI_TAG_BUSY 3
 /* The heartbeat's state: a duplicate of MPI_COMM_WORLD; until[q]: the time (MPI_Wtime) until
- * which world rank q announced itself busy (0: not); phase: this rank's announced budget (0:
- * none), suspended while it waits itself; last: when it last sent a heartbeat; waited_s: the
- * seconds this rank has spent in MPI waits (tpk_mpi_waited). */
+ * which world rank q announced itself busy (-HUGE_VAL: not); heard: when the last note from any
+ * rank arrived (-HUGE_VAL: none; tpk__watch_note, tpk/runtime/coll.h); phase: this rank's
+ * announced budget (0: none), suspended while it waits itself; last: when it last sent a
+ * heartbeat; waited_s: the seconds this rank has spent in MPI waits (tpk_mpi_waited). */
 typedef struct tpk__mpi_hb {
     MPI_Comm comm;
     int rank, size;
-    double *until, phase, last, waited_s;
+    double *until, phase, last, waited_s, heard;
     bool suspended;
 } tpk__mpi_hb;
 static inline tpk__mpi_hb *tpk__mpi_hb_state(void) {
-    static tpk__mpi_hb hb = {MPI_COMM_NULL, 0, 0, NULL, 0, 0, 0, false};
+    static tpk__mpi_hb hb = {MPI_COMM_NULL, 0, 0, NULL, 0, 0, 0, 0, false};
     return &hb;
 }
 /* The seconds this rank has waited in MPI (every tpk_mpi_wait: the kit's collectives on MPI
@@ -275,10 +294,16 @@ static inline bool tpk__mpi_hb_poll(void) {
         if (MPI_Recv(&b, 1, MPI_DOUBLE, st.MPI_SOURCE, TPK__MPI_TAG_BUSY, h->comm,
                      MPI_STATUS_IGNORE) != MPI_SUCCESS)
             break;
-        h->until[st.MPI_SOURCE] = b > 0 ? now + b : 0, busy = true;
+        tpk__watch_note(now, b, &h->heard, &h->until[st.MPI_SOURCE]), busy = true;
     }
     for (int q = 0; q < h->size; q++) busy = busy || h->until[q] > now;
     return busy;
+}
+/* The time (MPI_Wtime) until which the other ranks are known to make progress, from the notes
+ * read so far (tpk__watch_alive); -HUGE_VAL without the heartbeat or a note. */
+static inline double tpk__mpi_hb_alive(void) {
+    tpk__mpi_hb *h = tpk__mpi_hb_state();
+    return h->comm == MPI_COMM_NULL ? -HUGE_VAL : tpk__watch_alive(h->heard, h->until, h->size);
 }
 /* A note to every other rank: *v seconds busy (> 0), a heartbeat (0) or the end (-1). Its buffer
  * outlives the send (a constant, or the state's phase), so the request is freed at once: never
@@ -324,6 +349,8 @@ static inline tpk_status tpk_mpi_heartbeat_init(tpk_ctx *ctx) {
         return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_mpi_heartbeat_init",
                          "out of host memory for %d ranks' heartbeat", h->size);
     }
+    for (int q = 0; q < h->size; q++) h->until[q] = -HUGE_VAL;
+    h->heard = -HUGE_VAL;
     *tpk__busy_slot() = tpk__mpi_hb_send;
     return TPK_OK;
 }
@@ -335,30 +362,33 @@ static inline tpk_status tpk__mpi_wait_poll(tpk_ctx *ctx, tpk_ctx *fc, const cha
         rc = MPI_Wait(req, MPI_STATUS_IGNORE);
         return rc == MPI_SUCCESS ? TPK_OK : tpk__mpi_err(ctx, fn, rc);
     }
-    /* a gap between two polls counts at most 1 s: a rank that was itself stopped does not blame its
-     * peers when it resumes; a peer announced busy (or a heartbeat since the last poll) restarts
-     * the count */
-    double t = MPI_Wtime(), waited = 0;
+    /* the deadline is tpk__watch_deadline's (tpk/runtime/coll.h): timeout_s after the later of t0
+     * and the time until which the peers are known to make progress (a note read since, a phase
+     * announced). A gap between two polls counts at most 1 s: a rank that was itself stopped does
+     * not blame its peers when it resumes (t0 moves past the rest of the gap). */
+    double start = MPI_Wtime(), t = start, t0 = start, alive = -HUGE_VAL;
     long nap_ns = 10000;
     for (unsigned k = 0;; k++) {
         rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) return tpk__mpi_err(ctx, fn, rc);
         if (done) return TPK_OK;
-        if (k % 64 == 0 || waited >= TPK__MPI_SPIN_S) { /* the clock read every 64 polls while
-                                                           busy */
-            double t1 = MPI_Wtime();
-            waited += t1 - t < 1 ? t1 - t : 1, t = t1;
+        bool nap = t - start >= TPK__MPI_SPIN_S; /* past the busy polls: sleeping ones */
+        if (k % 64 == 0 || nap) { /* the clock read every 64 polls while busy */
+            double t1 = MPI_Wtime(), from = alive > t0 ? alive : t0;
+            double gap = t1 - (t > from ? t : from); /* of the time that counts */
+            if (gap > 1) t0 = from + gap - 1;
+            t = t1;
         }
-        if (waited >= TPK__MPI_SPIN_S && tpk__mpi_hb_poll()) waited = TPK__MPI_SPIN_S;
         tpk__mpi_hb *h = tpk__mpi_hb_state();
-        if (waited >= TPK__MPI_SPIN_S && h->phase > 0 && !h->suspended) /* waiting, not working */
+        if (nap) tpk__mpi_hb_poll(), alive = tpk__mpi_hb_alive();
+        if (nap && h->phase > 0 && !h->suspended) /* waiting, not working */
             h->suspended = true, tpk__mpi_hb_note(tpk__mpi_hb_const(1));
-        if (waited >= timeout_s)
+        if (t >= tpk__watch_deadline(t0, alive, timeout_s))
             return tpk__fail(
                 ctx, TPK_ERR_COMM, fn,
                 "no answer from a peer within %g s on %s: a rank is stopped, dead or far slower",
                 timeout_s, what);
-        if (waited >= TPK__MPI_SPIN_S) {
+        if (nap) {
             struct timespec ts = {0, nap_ns};
             tpk__mpi_serve(fc); /* the flight recorder's questions (the world's side channel) */
             nanosleep(&ts, NULL);
@@ -739,7 +769,7 @@ static inline void tpk__mpi_report(tpk_ctx *ctx, tpk_comm *failed, const tpk_fli
         return;
     }
     /* ask; wait at most a quarter of the timeout (1 to 10 s) for all the answers */
-    double t = ((tpk__mpi *)ctx->world->impl)->timeout_s;
+    double t = w->timeout_s; /* the side channel's: its world's, or the NCCL world's */
     if (failed->vt == tpk__mpi_vtable()) t = ((tpk__mpi *)failed->impl)->timeout_s;
     double limit = t / 4 < 1 ? 1 : t / 4 > 10 ? 10 : t / 4;
     int N = ctx->world->size, pending = 0;
@@ -871,7 +901,7 @@ static inline tpk_status tpk_mpi_timeout_default(tpk_ctx *ctx, double *timeout_s
 static inline tpk_status tpk_comm_mpi(tpk_ctx *ctx, MPI_Comm comm, tpk_comm *out) {
     static const char *fn = "tpk_comm_mpi";
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
-    double timeout_s;
+    double timeout_s = TPK_MPI_TIMEOUT_DEFAULT;
     TPK_TRY(tpk_mpi_timeout_default(ctx, &timeout_s));
     int init = 0;
     MPI_Initialized(&init);

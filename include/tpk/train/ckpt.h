@@ -3,9 +3,10 @@
  *
  * A checkpoint directory (replaced whole or not at all: tpk/train/ckpt_dir.h) holds
  *   config.json        the model's own description (tpk_ckpt_save_desc.config: a JSON object the
- *                      model writes and reads back, tpk_ckpt_config_read) with three members
- *                      added: tpk_step, tpk_seed and tpk_checkpoint_id (16 hex digits, random
- *                      per save)
+ *                      model writes and reads back, tpk_ckpt_config_read) with its members
+ *                      added: tpk_step, tpk_seed, tpk_checkpoint_id (16 hex digits, random
+ *                      per save) and, when the save names one, tpk_run_id (the run the
+ *                      checkpoint belongs to: a trainer's loss curve continues only its own)
  *   model.safetensors  every parameter as its global tensor [gshape] (padding rows left out),
  *                      named and laid out as the registry has it, or as a map hook says
  *                      (tpk_ckpt_map_fn: another name, a 2-D weight stored transposed);
@@ -44,8 +45,11 @@ typedef void (*tpk_ckpt_map_fn)(void *arg, const tpk_param *p, char *name, size_
 typedef struct tpk_ckpt_save_desc {
     int64_t step;       /* optimizer steps done: 0..10^18 ("step" metadata, tpk_step) */
     uint64_t seed;      /* tpk_seed in config.json: 0..2^53 (JSON numbers are doubles) */
-    const char *config; /* config.json's text: a JSON object without tpk_step, tpk_seed and
-                           tpk_checkpoint_id (the save adds them); NULL: {} */
+    const char *config; /* config.json's text: a JSON object without tpk_step, tpk_seed,
+                           tpk_checkpoint_id and tpk_run_id (the save adds them); NULL: {} */
+    const char *run_id; /* tpk_run_id in config.json: 1..32 of [0-9a-z] naming the run (a
+                           resumed run keeps its checkpoint's: tpk_ckpt_info.run_id); NULL or
+                           "": none */
     tpk_ckpt_map_fn map; /* NULL: every tensor named and shaped as registered */
     void *map_arg;
 } tpk_ckpt_save_desc;
@@ -84,13 +88,14 @@ typedef struct tpk_ckpt_load_desc {
 
 /* What a checkpoint says about itself: the directory a load reads (dir, or dir.tpk-old left by a
  * save stopped between its renames), whether it holds optim.safetensors, and config.json's
- * tpk_step, tpk_seed and tpk_checkpoint_id (0, 0 and "" when absent). */
+ * tpk_step, tpk_seed, tpk_checkpoint_id and tpk_run_id (0, 0, "" and "" when absent). */
 typedef struct tpk_ckpt_info {
     char dir[1100];
     bool has_optim;
     int64_t step;
     uint64_t seed;
     char id[64];
+    char run_id[33];
 } tpk_ckpt_info;
 
 /* ---- shared by save and load ----------------------------------------------------------------- */
@@ -138,12 +143,12 @@ static inline tpk_status tpk__ckpt_opt(tpk_ctx *ctx, const char *fn, const tpk_a
 
 /* ---- save ------------------------------------------------------------------------------------ */
 
-/* config.json's text: desc's config (a JSON object without the three members added here, checked
- * whole) with tpk_step, tpk_seed and tpk_checkpoint_id id before its closing brace; *out
- * from the context's allocator. */
+/* config.json's text: desc's config (a JSON object without the members added here, checked
+ * whole) with tpk_step, tpk_seed, tpk_checkpoint_id id and (run not "") tpk_run_id before its
+ * closing brace; *out from the context's allocator. */
 static inline tpk_status tpk__ckpt_config_text(tpk_ctx *ctx, const char *fn, const char *config,
                                                int64_t step, uint64_t seed, const char *id,
-                                               char **out) {
+                                               const char *run, char **out) {
     tpk__json root;
     char *arena = NULL;
     *out = NULL;
@@ -151,12 +156,12 @@ static inline tpk_status tpk__ckpt_config_text(tpk_ctx *ctx, const char *fn, con
     tpk_status s = tpk__json_parse(ctx, "desc->config", config, strlen(config), &root, &arena);
     if (s == TPK_OK && root.type != TPK__JOBJ)
         s = tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->config: expected a JSON object {...}");
-    static const char *const ours[] = {"tpk_step", "tpk_seed", "tpk_checkpoint_id"};
-    for (int k = 0; k < 3 && s == TPK_OK; k++)
+    static const char *const ours[] = {"tpk_step", "tpk_seed", "tpk_checkpoint_id", "tpk_run_id"};
+    for (int k = 0; k < 4 && s == TPK_OK; k++)
         if (tpk__json_get(&root, ours[k]))
             s = tpk__fail(ctx, TPK_ERR_ARG, fn,
                           "desc->config: holds \"%s\": expected the model's members only (the "
-                          "save adds tpk_step, tpk_seed and tpk_checkpoint_id)",
+                          "save adds tpk_step, tpk_seed, tpk_checkpoint_id and tpk_run_id)",
                           ours[k]);
     tpk__json_free(&root, &arena);
     if (s != TPK_OK) return s == TPK_ERR_FORMAT ? TPK_ERR_ARG : s;
@@ -165,13 +170,14 @@ static inline tpk_status tpk__ckpt_config_text(tpk_ctx *ctx, const char *fn, con
     end--;                                           /* the brace */
     while (end && strchr(" \t\r\n", config[end - 1])) end--;
     bool empty = end && config[end - 1] == '{'; /* "{}": the three are the only members */
-    size_t cap = end + 200;
+    size_t cap = end + 260;
     char *t = (char *)tpk__malloc(ctx, cap);
     if (!t) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "config.json's text");
     snprintf(t, cap,
              "%.*s%s\n  \"tpk_step\": %lld,\n  \"tpk_seed\": %llu,\n  \"tpk_checkpoint_id\": "
-             "\"%s\"\n}\n",
-             (int)end, config, empty ? "" : ",", (long long)step, (unsigned long long)seed, id);
+             "\"%s\"%s%.32s%s\n}\n",
+             (int)end, config, empty ? "" : ",", (long long)step, (unsigned long long)seed, id,
+             *run ? ",\n  \"tpk_run_id\": \"" : "", run, *run ? "\"" : "");
     *out = t;
     return TPK_OK;
 }
@@ -365,13 +371,21 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
                          "desc->seed: expected 0..2^53 (config.json's numbers are doubles), got "
                          "%llu",
                          (unsigned long long)d.seed);
+    size_t rn = d.run_id ? strlen(d.run_id) : 0;
+    for (size_t i = 0; i < rn; i++)
+        if (rn > 32 || !((d.run_id[i] >= '0' && d.run_id[i] <= '9') ||
+                         (d.run_id[i] >= 'a' && d.run_id[i] <= 'z')))
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "desc->run_id: expected 1..32 of [0-9a-z] (or NULL), got \"%.40s\"",
+                             d.run_id);
     TPK_TRY(tpk__ckpt_opt(ctx, fn, opt));
     bool root = ctx->world->rank == 0, made = false;
     tpk_ckpt_paths p;
     TPK_TRY(tpk__ckpt_paths_of(ctx, fn, dir, &p));
     char id[17] = "", *text = NULL;
     if (root) tpk_ckpt_new_id(id); /* the only writer: the id is rank 0's */
-    TPK_TRY(tpk__ckpt_config_text(ctx, fn, d.config, d.step, d.seed, id, &text));
+    TPK_TRY(tpk__ckpt_config_text(ctx, fn, d.config, d.step, d.seed, id, rn ? d.run_id : "",
+                                  &text));
     int n = ctx->params.n, k3 = opt ? 3 : 1;
     float **w = (float **)tpk__calloc(ctx, (size_t)n * 3 + 1, sizeof *w);
     tpk_st_entry *e = (tpk_st_entry *)tpk__calloc(ctx, (size_t)n * 3 + 1, sizeof *e);
@@ -593,11 +607,12 @@ static inline tpk_status tpk__ckpt_finite(tpk_ctx *ctx, const char *fn, const ch
 /* config.json's members of ours, read from its text b[n] (path names it): each a valid value or
  * absent, none twice. */
 typedef struct tpk__ckpt_config {
-    bool has_step, has_id, has_seed;
+    bool has_step, has_id, has_seed, has_run;
     char step[24]; /* tpk_step in decimal digits */
     int64_t stepv;
     uint64_t seed;
     char id[64];
+    char run[33];
 } tpk__ckpt_config;
 static inline tpk_status tpk__ckpt_config_read(tpk_ctx *ctx, const char *fn, const char *path,
                                                const uint8_t *b, size_t n, tpk__ckpt_config *c) {
@@ -607,8 +622,8 @@ static inline tpk_status tpk__ckpt_config_read(tpk_ctx *ctx, const char *fn, con
     tpk_status s = tpk__json_parse(ctx, path, (const char *)b, n, &root, &arena);
     if (s == TPK_OK && root.type != TPK__JOBJ)
         s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: expected a JSON object", path);
-    static const char *const keys[] = {"tpk_step", "tpk_seed", "tpk_checkpoint_id"};
-    for (int k = 0; k < 3 && s == TPK_OK; k++) {
+    static const char *const keys[] = {"tpk_step", "tpk_seed", "tpk_checkpoint_id", "tpk_run_id"};
+    for (int k = 0; k < 4 && s == TPK_OK; k++) {
         int times = 0;
         for (size_t i = 0; i < root.len; i++) times += !strcmp(root.kids[i].key, keys[k]);
         if (times > 1)
@@ -630,6 +645,14 @@ static inline tpk_status tpk__ckpt_config_read(tpk_ctx *ctx, const char *fn, con
                       "%s: tpk_checkpoint_id: expected a string of at most %zu bytes", path,
                       sizeof c->id - 1);
     else if (v) c->has_id = true, snprintf(c->id, sizeof c->id, "%s", v->str);
+    v = s == TPK_OK ? tpk__json_get(&root, "tpk_run_id") : NULL;
+    if (v && (v->type != TPK__JSTR || v->len == 0 || v->len >= sizeof c->run ||
+              strlen(v->str) != v->len || strspn(v->str, "0123456789abcdefghijklmnopqrstuvwxyz") !=
+                                              v->len))
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                      "%s: tpk_run_id: expected a string of 1..%zu of [0-9a-z]", path,
+                      sizeof c->run - 1);
+    else if (v) c->has_run = true, snprintf(c->run, sizeof c->run, "%s", v->str);
     tpk__json_free(&root, &arena);
     return s;
 }
@@ -650,6 +673,7 @@ static inline tpk_status tpk__ckpt_info(tpk_ctx *ctx, const char *fn, const char
     TPK_TRY(s);
     in.step = c->stepv, in.seed = c->seed;
     snprintf(in.id, sizeof in.id, "%s", c->id);
+    snprintf(in.run_id, sizeof in.run_id, "%s", c->run);
     snprintf(path, sizeof path, "%s/optim.safetensors", in.dir);
     in.has_optim = access(path, F_OK) == 0;
     if (info) *info = in;

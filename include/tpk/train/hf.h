@@ -8,8 +8,8 @@
  *                      num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
  *                      rms_norm_eps, rope_theta, tie_word_embeddings) or GPTNeoXForCausalLM's
  *                      (model_type "gpt_neox": the same sizes, rotary_pct, rotary_emb_base,
- *                      layer_norm_eps, use_parallel_residual), plus tpk_step, tpk_seed
- *                      and tpk_checkpoint_id (16 hex digits, random per save)
+ *                      layer_norm_eps, use_parallel_residual), plus tpk_step, tpk_seed,
+ *                      tpk_checkpoint_id (16 hex digits, random per save) and tpk_run_id
  *   model.safetensors  every parameter as its GLOBAL tensor under Hugging Face names; GPT-2's
  *                      Conv1D weights (c_attn, c_proj, c_fc) stored [in, out] as Hugging Face
  *                      does (tpk keeps [out, in]); Llama's all [out, in]; metadata {"format": "pt",
@@ -493,8 +493,9 @@ static inline tpk_status tpk__hf_index(tpk_ctx *ctx, const char *fn, const char 
 /* ---- save ------------------------------------------------------------------------------------ */
 
 typedef struct tpk_gpt2_save_desc {
-    int64_t step;  /* optimizer steps done (the "step" metadata, tpk_step) */
-    uint64_t seed; /* tpk_seed in config.json */
+    int64_t step;       /* optimizer steps done (the "step" metadata, tpk_step) */
+    uint64_t seed;      /* tpk_seed in config.json */
+    const char *run_id; /* tpk_run_id in config.json (tpk_ckpt_save_desc.run_id); NULL: none */
 } tpk_gpt2_save_desc;
 typedef tpk_gpt2_save_desc tpk_hf_save_desc;
 
@@ -506,7 +507,7 @@ static inline tpk_status tpk__hf_save(tpk_ctx *ctx, const char *fn, const tpk_ad
                                       const char *config, bool conv1d) {
     tpk_ckpt_save_desc cd;
     memset(&cd, 0, sizeof cd);
-    cd.step = d->step, cd.seed = d->seed, cd.config = config;
+    cd.step = d->step, cd.seed = d->seed, cd.config = config, cd.run_id = d->run_id;
     cd.map = conv1d ? tpk__hf_gpt2_map : NULL;
     return tpk__ckpt_save(ctx, fn, opt, dir, &cd);
 }

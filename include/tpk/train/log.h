@@ -1,13 +1,14 @@
 /* tpk/train/log.h — a training run's loss curve: a CSV file (step, train_loss, val_loss, lr,
- * grad_norm; every f32 exactly, %.9g) written by world rank 0, and when it is closed an SVG of the
- * curve beside it drawn by the kit (FILE.csv -> FILE.svg, tpk/train/plot.h), and a PNG (FILE.png)
- * where gnuplot is installed, or a line saying there is none. A resumed run appends to the curve
- * of the run it resumes (its rows after the resumed step dropped) only when that curve is one
- * run's up to the resumed step: its rows' steps consecutive (each the one before plus one) and one
- * of them the resumed step; a curve that ends before it (a gap), starts after it, or whose steps
- * jump (two runs' rows) is refused, naming the file, and left as it is. A file removed or replaced
- * while the run writes it is an error at the next row. Every write is checked: a failure is
- * TPK_ERR_IO naming the file.
+ * grad_norm, run; every f32 exactly, %.9g; run the run's id, tpk_trainable.run_id) written by
+ * world rank 0, and when it is closed an SVG of the curve beside it drawn by the kit (FILE.csv ->
+ * FILE.svg, tpk/train/plot.h), and a PNG (FILE.png) where gnuplot is installed, or a line saying
+ * there is none. A resumed run appends to the curve of the run it resumes (its rows after the
+ * resumed step dropped) only when that curve is its own run's up to the resumed step: every row
+ * naming the run the checkpoint names, the rows' steps consecutive (each the one before plus one)
+ * and one of them the resumed step; another run's curve (even one whose steps fit), a curve that
+ * ends before it (a gap), starts after it, or whose steps jump (two runs' rows) is refused, naming
+ * the file, and left as it is. A file removed or replaced while the run writes it is an error at
+ * the next row. Every write is checked: a failure is TPK_ERR_IO naming the file.
  * Collective over ctx->world only in tpk_log_open (every rank learns whether rank 0 could
  * write). */
 #ifndef TPK_LOG_H
@@ -24,16 +25,19 @@ typedef struct tpk_log {
     FILE *f;        /* world rank 0's file; NULL elsewhere or without a log */
     char path[512];
     unsigned long long dev, ino; /* the file opened: one removed or replaced is noticed */
+    char run[33];                /* every row's run column */
 } tpk_log;
 
-static const char tpk__log_header[] = "step,train_loss,val_loss,lr,grad_norm\n";
+static const char tpk__log_header[] = "step,train_loss,val_loss,lr,grad_norm,run\n";
 
 /* The curve of an earlier run resumed at step `from`: path's rows up to step `from` kept, later
  * ones (which the resumed run writes again) dropped, written to path.tmp and renamed over path.
- * Fails, path left as it is, on a file that is not such a curve (another header), whose steps are
- * not consecutive (two runs' rows, or a gap) or that has no row at step `from` (it ends before,
- * or starts after, the step the run continues from). */
-static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t from) {
+ * Fails, path left as it is, on a file that is not such a curve (another header: also an older
+ * curve without the run column), with a row of another run than `run`, whose steps are not
+ * consecutive (two runs' rows, or a gap) or that has no row at step `from` (it ends before, or
+ * starts after, the step the run continues from). */
+static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t from,
+                                       const char *run) {
     static const char *fn = "tpk_log_open";
     FILE *in = fopen(path, "r"), *out = NULL;
     if (!in) return TPK_OK; /* a new file */
@@ -45,8 +49,8 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
     if (!fgets(line, sizeof line, in) || strcmp(line, tpk__log_header))
         s = tpk__fail(
             ctx, TPK_ERR_IO, fn,
-            "%s: not a loss curve (its first line is not \"step,train_loss,...\"): give another "
-            "--csv, or remove it",
+            "%s: not a loss curve of this kit (its first line is not \"step,train_loss,val_loss,"
+            "lr,grad_norm,run\"): give another --csv, or remove it",
             path);
     else if (!(out = fopen(tmp, "w")) || fputs(tpk__log_header, out) < 0)
         s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", tmp, strerror(errno));
@@ -54,6 +58,17 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
         char *end = NULL;
         long long step = strtoll(line, &end, 10);
         if (end == line || *end != ',') continue;
+        size_t len = strlen(line);
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
+        const char *comma = strrchr(line, ','); /* the last field: the run */
+        size_t rl = line + len > comma ? (size_t)(line + len - comma - 1) : 0;
+        if (rl != strlen(run) || strncmp(comma + 1, run, rl)) {
+            s = tpk__fail(ctx, TPK_ERR_IO, fn,
+                          "%s: step %lld is run \"%.*s\"'s and this run is \"%s\": another run's "
+                          "curve (give another --csv, or remove it)",
+                          path, step, (int)(rl > 40 ? 40 : rl), comma + 1, run);
+            break;
+        }
         if (prev >= 0 && step != prev + 1) {
             s = tpk__fail(ctx, TPK_ERR_IO, fn,
                           "%s: step %lld follows step %lld: not one run's curve (two runs' rows, "
@@ -87,11 +102,13 @@ static inline tpk_status tpk__log_keep(tpk_ctx *ctx, const char *path, int64_t f
     return s;
 }
 
-/* Open path (NULL or "": no log) for writing on world rank 0. from = 0: a new curve (the header,
+/* Open path (NULL or "": no log) for writing on world rank 0; run: the run's id written in every
+ * row (tpk_trainable.run_id: 0..32 of [0-9a-z]; NULL: ""). from = 0: a new curve (the header,
  * any earlier file replaced); from > 0, a run resumed at step `from`: the rows of path up to that
- * step kept and the new ones appended (the header only if the file is new). A write that fails
- * (a full disk, /dev/full) fails here, before training. */
-static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *path, int64_t from) {
+ * step kept (each of run `run`) and the new ones appended (the header only if the file is new).
+ * A write that fails (a full disk, /dev/full) fails here, before training. */
+static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *path, int64_t from,
+                                      const char *run) {
     static const char *fn = "tpk_log_open";
     if (!ctx) return TPK_ERR_ARG;
     if (!log) return tpk__fail(ctx, TPK_ERR_ARG, fn, "log: NULL");
@@ -103,7 +120,12 @@ static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *pa
     if (from < 0)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "from: expected a step >= 0, got %lld",
                          (long long)from);
+    if (!run) run = "";
+    if (strlen(run) > 32 || strspn(run, "0123456789abcdefghijklmnopqrstuvwxyz") != strlen(run))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "run: expected 0..32 of [0-9a-z], got \"%.40s\"",
+                         run);
     snprintf(log->path, sizeof log->path, "%s", path);
+    snprintf(log->run, sizeof log->run, "%s", run);
     tpk_status s = TPK_OK;
     if (ctx->world->rank == 0) {
         bool append = false;
@@ -111,7 +133,7 @@ static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *pa
             FILE *old = fopen(path, "r");
             append = old != NULL;
             if (old) fclose(old);
-            s = tpk__log_keep(ctx, path, from);
+            s = tpk__log_keep(ctx, path, from, run);
         }
         if (s == TPK_OK && !(log->f = fopen(path, append ? "a" : "w")))
             s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (%s)", path, strerror(errno));
@@ -142,7 +164,8 @@ static inline tpk_status tpk_log_row(tpk_ctx *ctx, tpk_log *log, int64_t step, d
                          gone ? "removed" : "replaced");
     char v[32] = "";
     if (isfinite(val_loss)) snprintf(v, sizeof v, "%.9g", val_loss);
-    if (fprintf(log->f, "%lld,%.9g,%s,%.9g,%.17g\n", (long long)step, loss, v, lr, norm) < 0 ||
+    if (fprintf(log->f, "%lld,%.9g,%s,%.9g,%.17g,%s\n", (long long)step, loss, v, lr, norm,
+                log->run) < 0 ||
         fflush(log->f) != 0)
         return tpk__fail(ctx, TPK_ERR_IO, "tpk_log_row", "%s: cannot write (%s)", log->path,
                          strerror(errno));

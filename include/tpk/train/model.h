@@ -311,7 +311,7 @@ static inline tpk_status tpk__custom_save(tpk_ctx *ctx, const tpk_lm *m, const t
     tpk_ckpt_save_desc d;
     memset(&d, 0, sizeof d);
     d.config = cfg;
-    if (desc) d.step = desc->step, d.seed = desc->seed;
+    if (desc) d.step = desc->step, d.seed = desc->seed, d.run_id = desc->run_id;
     return tpk_ckpt_save(ctx, opt, dir, &d);
 }
 /* The family's Hugging Face checkpoint (tpk/train/hf.h). Collective over ctx->world. */

@@ -18,6 +18,7 @@
 #include <dirent.h>
 
 #include "../runtime/mpi.h"
+#include "ckpt_dir.h"
 #include "data.h"
 
 #define TPK_DIGEST0 0xcbf29ce484222325ull /* FNV-1a's offset basis */
@@ -65,6 +66,14 @@ static inline void tpk_ranks_allreduce(const tpk_ranks *r, void *buf, int n, MPI
     snprintf(what, sizeof what, "the world (%d ranks)", r->size);
     if (tpk_mpi_wait(&e, "MPI_Allreduce", what, &q, r->timeout) != TPK_OK)
         tpk_ranks_abort(r, tpk_last_error(&e));
+}
+
+/* A new run id, the same on every rank: 16 hex digits drawn on rank 0 (tpk_ckpt_new_id), the
+ * others' zeros OR-ed in. Collective. */
+static inline void tpk_ranks_new_id(const tpk_ranks *r, char id[17]) {
+    memset(id, 0, 17);
+    if (r->rank == 0) tpk_ckpt_new_id(id);
+    tpk_ranks_allreduce(r, id, 17, MPI_BYTE, MPI_BOR);
 }
 
 /* Whether every rank's ok is true (the header says how); msg: this rank's message (NULL or "":

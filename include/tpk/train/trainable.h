@@ -26,6 +26,9 @@ typedef struct tpk_trainable {
     tpk_pipe_model pm; /* with stages */
     double busy, wait; /* with stages: seconds in compute steps and waiting in messages, so far */
     bool stepped;      /* the first step done (its setup a phase announced to the others) */
+    char run_id[33];   /* the run its checkpoints name (tpk_ckpt_save_desc.run_id): set by the
+                          program (the same on every rank; tpk_ranks_new_id), replaced by a loaded
+                          checkpoint's; "": none */
 } tpk_trainable;
 
 /* How a trainable is built: without stages, or as this rank's stage of ctx->pp. */
@@ -222,7 +225,7 @@ static inline tpk_status tpk_trainable_save(tpk_ctx *ctx, tpk_trainable *t, cons
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_save", "t: NULL");
     tpk_hf_save_desc d;
     memset(&d, 0, sizeof d);
-    d.step = step, d.seed = seed;
+    d.step = step, d.seed = seed, d.run_id = t->run_id;
     TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S)); /* a phase the others do not time out on */
     tpk__test_slow(ctx->world ? ctx->world->rank : 0, false); /* TPK_TEST_SLOW_RANK */
     tpk_status s = tpk_model_save(ctx, tpk_trainable_model(t), opt, dir, &d);
@@ -230,7 +233,8 @@ static inline tpk_status tpk_trainable_save(tpk_ctx *ctx, tpk_trainable *t, cons
     return s;
 }
 
-/* The model (and opt, may be NULL) from dir (tpk_model_load; with stages each its blocks). */
+/* The model (and opt, may be NULL) from dir (tpk_model_load; with stages each its blocks); the
+ * checkpoint's run id, when it names one, becomes t's (a resumed run continues its run). */
 static inline tpk_status tpk_trainable_load(tpk_ctx *ctx, tpk_trainable *t, tpk_adamw *opt,
                                             const char *dir) {
     if (!ctx) return TPK_ERR_ARG;
@@ -238,6 +242,9 @@ static inline tpk_status tpk_trainable_load(tpk_ctx *ctx, tpk_trainable *t, tpk_
     TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S));
     tpk__test_slow(ctx->world ? ctx->world->rank : 0, false); /* TPK_TEST_SLOW_RANK */
     tpk_status s = tpk_model_load(ctx, tpk_trainable_model(t), opt, dir);
+    tpk_ckpt_info info;
+    if (s == TPK_OK) s = tpk_ckpt_info_read(ctx, dir, &info);
+    if (s == TPK_OK && info.run_id[0]) snprintf(t->run_id, sizeof t->run_id, "%s", info.run_id);
     tpk_busy_end(ctx);
     return s;
 }
