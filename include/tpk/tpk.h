@@ -20,7 +20,8 @@
  *             host.h cuda.h         the backends' tables (host: the default)
  *   layers/   layout.h params.h     layout conversions and region ops; the parameter registry
  *             act.h linear.h norm.h embed.h xent.h resid.h mlp.h attn.h
- *             cp_split.h            context parallelism: the load-balanced split of a sequence
+ *             cp_split.h cp_attn.h  context parallelism: the load-balanced split of a sequence;
+ *                                   attention over it (ring or all-gather)
  *             recompute.h           a stack of blocks, activation recompute
  *   models/   block.h               the block: norms, attention, MLP, residual style
  *             lm.h sample.h         the language model over it (one type); sampling
@@ -66,6 +67,7 @@
 #include "layers/mlp.h"
 #include "layers/attn.h"
 #include "layers/cp_split.h"
+#include "layers/cp_attn.h"
 #include "layers/resid.h"
 #include "models/block.h"
 #include "models/lm.h"

@@ -1,10 +1,15 @@
-/* kernels/host/attn.c — the host backend's causal attention (grouped-query).
+/* kernels/host/attn.c — the host backend's causal attention (grouped-query), and one block of an
+ * attention split over the sequence (context parallelism's).
  *
  * Per (batch, query head; its key/value head): S = scale Q K^T (causal), P = softmax(S) (dropout
  * on P by tpk/base/rng.h's masks), O = P V, with Q K^T and P V through cblas_sgemm in blocks of
  * query rows that skip the masked keys; the backward recomputes P from the saved lse. Arithmetic is
  * f32 (row sums in float lanes and double, vec.h's exponential); bf16 is storage, widened on load.
- * The GEMMs use OpenBLAS's threads; the softmax runs on the calling thread. */
+ * The GEMMs use OpenBLAS's threads; the softmax runs on the calling thread.
+ * A block (attn_block_fwd / _bwd): the same on Sq query rows at positions q0 + i against Sk keys
+ * at k0 + j (causal: j visible when k0 + j <= q0 + i), its o and lse merged into a running pair
+ * by log-sum-exp, L = log(e^L' + e^l), o = e^(L' - L) o' + e^(l - L) o_block; the backward takes
+ * the whole attention's lse and output and adds the block's dQ, dK, dV into f32 sums. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -202,8 +207,168 @@ static tpk_status host_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     return TPK_OK;
 }
 
+/* ---- one block of an attention split over the sequence (context parallelism) ---------------- */
+
+/* the keys [0, n) of block b that query row i sees: all, or those at k0 + j <= q0 + i */
+static int64_t blk_vis(const tpk_attn_blk *b, int64_t i) {
+    if (!b->causal) return b->Sk;
+    int64_t n = b->q0 + i - b->k0 + 1;
+    return n < 0 ? 0 : n > b->Sk ? b->Sk : n;
+}
+/* rows x cols of x (leading dimension ld, dtype dt) as f32 with the same ld (x itself when f32);
+ * only those elements are read */
+static float *widen2d(const void *x, int64_t rows, int64_t cols, int64_t ld, tpk_dtype dt,
+                      float **owned) {
+    *owned = NULL;
+    if (dt == TPK_F32 || !rows) return (float *)x;
+    float *f = (float *)malloc(sizeof(float) * (size_t)(rows * ld));
+    if (f)
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++)
+                f[i * ld + j] = tpk__ld(x, dt, (size_t)(i * ld + j));
+    *owned = f;
+    return f;
+}
+
+static tpk_status host_attn_block_fwd(tpk_ctx *ctx, float *out, float *lse, const void *q,
+                                      const void *kv, const tpk_attn_blk *b, bool merge,
+                                      tpk_dtype dt) {
+    static const char *fn = "host.attn_block_fwd";
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->Sk", b->Sk)); /* the GEMMs take int sizes */
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->ldq", b->ldq));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->ldkv", b->ldkv));
+    int64_t g0, Gl = tpk_attn_kv_heads(b->A, b->G, b->head0, b->Al, &g0), grp = b->A / b->G;
+    int64_t Sq = b->Sq, Sk = b->Sk, D = b->D, keys_max = Sk > 0 ? Sk : 1;
+    if (!Sq || !b->Al) return TPK_OK;
+    float *qo, *ko = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * keys_max)),
+               *ob = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * D)),
+               lb[ATTN_ROWS];
+    const float *Q = widen2d(q, Sq, b->Al * D, b->ldq, dt, &qo);
+    const float *KV = Sk ? widen2d(kv, Sk, 2 * Gl * D, b->ldkv, dt, &ko) : NULL;
+    if (!Q || (Sk && !KV) || !P || !ob) {
+        free(qo), free(ko), free(P), free(ob);
+        return tpk__host_nomem(ctx, fn, sizeof(float) * (size_t)(Sq * b->ldq + Sk * b->ldkv));
+    }
+    int ldq = (int)b->ldq, ldkv = (int)b->ldkv;
+    for (int64_t h = 0; h < b->Al; h++) { /* query head h reads key/value head kv */
+        int64_t kvh = (b->head0 + h) / grp - g0;
+        const float *Qh = Q + h * D, *K = KV ? KV + kvh * D : NULL, *V = KV ? K + Gl * D : NULL;
+        float *O = out + h * D, *L = lse + h * b->ldl;
+        for (int64_t i0 = 0; i0 < Sq; i0 += ATTN_ROWS) {
+            int n = (int)(Sq - i0 < ATTN_ROWS ? Sq - i0 : ATTN_ROWS),
+                keys = (int)blk_vis(b, i0 + n - 1); /* the most any row of the block sees */
+            if (keys > 0) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, b->scale,
+                            Qh + i0 * ldq, ldq, K, ldkv, 0.0f, P, keys);
+                for (int r = 0; r < n; r++) {
+                    int64_t v = blk_vis(b, i0 + r);
+                    float *row = P + (size_t)r * (size_t)keys;
+                    if (v > 0) {
+                        float inv = (float)(1.0 / softmax_row(row, v, &lb[r]));
+                        for (int64_t j = 0; j < v; j++) row[j] *= inv;
+                    } else {
+                        lb[r] = -INFINITY;
+                    }
+                    for (int64_t j = v; j < keys; j++) row[j] = 0.0f;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, 1.0f, P,
+                            keys, V, ldkv, 0.0f, ob, (int)D);
+            } else {
+                for (int r = 0; r < n; r++) lb[r] = -INFINITY;
+                for (int64_t e = 0; e < n * D; e++) ob[e] = 0.0f;
+            }
+            for (int r = 0; r < n; r++) { /* into out and lse, or merged with them */
+                int64_t i = i0 + r;
+                float *o = O + i * b->ldo;
+                const float *x = ob + (size_t)r * (size_t)D;
+                double la = L[i], lbr = lb[r];
+                if (!merge || la == -INFINITY) {
+                    for (int64_t d = 0; d < D; d++) o[d] = x[d];
+                    L[i] = lb[r];
+                } else if (lbr != -INFINITY) {
+                    double m = la > lbr ? la : lbr, l = m + log(exp(la - m) + exp(lbr - m));
+                    float wa = (float)exp(la - l), wb = (float)exp(lbr - l);
+                    for (int64_t d = 0; d < D; d++) o[d] = wa * o[d] + wb * x[d];
+                    L[i] = (float)l;
+                }
+            }
+        }
+    }
+    free(qo), free(ko), free(P), free(ob);
+    return TPK_OK;
+}
+
+static tpk_status host_attn_block_bwd(tpk_ctx *ctx, float *dq, float *dkv, const void *dout,
+                                      const void *out, const float *lse, const void *q,
+                                      const void *kv, const tpk_attn_blk *b, tpk_dtype dt) {
+    static const char *fn = "host.attn_block_bwd";
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->Sk", b->Sk)); /* the GEMMs take int sizes */
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->ldq", b->ldq));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->lddq", b->lddq));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->ldkv", b->ldkv));
+    TPK_TRY(tpk__host_blas_int(ctx, fn, "b->ldo", b->ldo));
+    int64_t g0, Gl = tpk_attn_kv_heads(b->A, b->G, b->head0, b->Al, &g0), grp = b->A / b->G;
+    int64_t Sq = b->Sq, Sk = b->Sk, D = b->D, AD = b->Al * D;
+    if (!Sq || !Sk || !b->Al) return TPK_OK;
+    size_t ss = (size_t)(ATTN_ROWS * Sk);
+    float *o1, *o2, *o3, *o4;
+    const float *Q = widen2d(q, Sq, AD, b->ldq, dt, &o1),
+                *KV = widen2d(kv, Sk, 2 * Gl * D, b->ldkv, dt, &o2),
+                *dO = widen2d(dout, Sq, AD, b->ldo, dt, &o3), *O = widen2d(out, Sq, AD, b->ldo, dt,
+                                                                          &o4);
+    float *P = (float *)malloc(sizeof(float) * ss), *dP = (float *)malloc(sizeof(float) * ss),
+          Dr[ATTN_ROWS];
+    if (!Q || !KV || !dO || !O || !P || !dP) {
+        free(o1), free(o2), free(o3), free(o4), free(P), free(dP);
+        return tpk__host_nomem(ctx, fn, sizeof(float) * (2 * ss + (size_t)(Sk * b->ldkv)));
+    }
+    int ldq = (int)b->ldq, lddq = (int)b->lddq, ldkv = (int)b->ldkv, ldo = (int)b->ldo;
+    for (int64_t h = 0; h < b->Al; h++) {
+        int64_t kvh = (b->head0 + h) / grp - g0;
+        const float *Qh = Q + h * D, *K = KV + kvh * D, *V = K + Gl * D, *dOh = dO + h * D,
+                    *Oh = O + h * D, *L = lse + h * b->ldl;
+        float *dQ = dq + h * D, *dK = dkv + kvh * D, *dV = dK + Gl * D;
+        for (int64_t i0 = 0; i0 < Sq; i0 += ATTN_ROWS) {
+            int n = (int)(Sq - i0 < ATTN_ROWS ? Sq - i0 : ATTN_ROWS),
+                keys = (int)blk_vis(b, i0 + n - 1); /* P, dP [n, keys] */
+            if (keys <= 0) continue;
+            /* P from the whole attention's lse; Dr_i = dO_i . O_i */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, b->scale,
+                        Qh + i0 * ldq, ldq, K, ldkv, 0.0f, P, keys);
+            for (int r = 0; r < n; r++) {
+                int64_t i = i0 + r, v = L[i] == -INFINITY ? 0 : blk_vis(b, i);
+                float *row = P + (size_t)r * (size_t)keys;
+                if (v > 0) exp_row(row, v, L[i]);
+                for (int64_t j = v; j < keys; j++) row[j] = 0.0f;
+                double d = 0;
+                for (int64_t e = 0; e < D; e++) d += (double)dOh[i * ldo + e] * Oh[i * ldo + e];
+                Dr[r] = (float)d;
+            }
+            /* dP = dO V^T, dS = P (dP - Dr) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, 1.0f,
+                        dOh + i0 * ldo, ldo, V, ldkv, 0.0f, dP, keys);
+            for (int r = 0; r < n; r++)
+                for (int64_t j = 0; j < keys; j++) {
+                    size_t k = (size_t)r * (size_t)keys + (size_t)j;
+                    dP[k] = P[k] * (dP[k] - Dr[r]);
+                }
+            /* dV[0:keys] += P^T dO, dQ += scale dS K, dK[0:keys] += scale dS^T Q */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, 1.0f, P, keys,
+                        dOh + i0 * ldo, ldo, 1.0f, dV, ldkv);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, b->scale, dP,
+                        keys, K, ldkv, 1.0f, dQ + i0 * lddq, lddq);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, b->scale, dP,
+                        keys, Qh + i0 * ldq, ldq, 1.0f, dK, ldkv);
+        }
+    }
+    free(o1), free(o2), free(o3), free(o4), free(P), free(dP);
+    return TPK_OK;
+}
+
 /* this file's entries of the host table (table.c) */
 void tpk__host_attn_ops(tpk_ops *o) {
     o->attn_fwd = host_attn_fwd;
     o->attn_bwd = host_attn_bwd;
+    o->attn_block_fwd = host_attn_block_fwd;
+    o->attn_block_bwd = host_attn_block_bwd;
 }

@@ -93,8 +93,25 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
     X(dropout)                                                                                \
     X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss)    \
         X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd) X(swiglu_bwd) \
-            X(rmsnorm_fwd) X(rmsnorm_bwd)
+            X(rmsnorm_fwd) X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd)
 #define TPK__OPS_FUSED(X) X(linear_fwd) X(linear_bwd_act) X(residual_layernorm_fwd) X(xent_fused)
+
+/* One block of an attention split over the sequence (attn_block_fwd, attn_block_bwd; context
+ * parallelism, tpk/layers/cp_attn.h): Sq query rows at sequence positions q0 + i against Sk
+ * key/value rows at positions k0 + j, of one sequence. Key j is visible to query i when !causal or
+ * k0 + j <= q0 + i. Heads as attn_fwd's: Al query heads [head0, head0 + Al) of A, reading the Gl
+ * key/value heads [g0, g0 + Gl) (tpk_attn_kv_heads) of G. Leading dimensions (elements): ldq of q
+ * (query head h at column h D), lddq of dq, ldkv of kv and dkv (K of local key/value head g at
+ * column g D, V at column (Gl + g) D), ldo of out and dout (head h at column h D), ldl of lse
+ * (head h's row at h ldl). */
+typedef struct tpk_attn_blk {
+    int64_t Sq, Sk;  /* query rows, key/value rows */
+    int64_t q0, k0;  /* the sequence positions of the first of each */
+    bool causal;     /* mask keys after the query's position; false: every key visible */
+    int64_t Al, D, A, G, head0;
+    float scale;     /* s_ij = scale q_i . k_j */
+    int64_t ldq, lddq, ldkv, ldo, ldl;
+} tpk_attn_blk;
 
 typedef struct tpk_ops {
     const char *name;
@@ -238,6 +255,27 @@ typedef struct tpk_ops {
                            const void *out, const float *lse, int64_t B, int64_t S, int64_t Al,
                            int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
                            uint64_t seed, uint64_t stream, tpk_dtype dt);
+
+    /* Attention of one block (tpk_attn_blk b; no dropout), whose partial results merge by their
+     * log-sum-exp into the attention over every block (tpk/layers/cp_attn.h):
+     *   s_ij = scale q_i . k_j on the visible keys;  lse_i = log sum_j exp(s_ij) (-inf: no key
+     *   visible);  o_i = sum_j exp(s_ij - lse_i) v_j (0: none).
+     * attn_block_fwd: q [Sq, ldq] and kv [Sk, ldkv] in dt; out f32 [Sq, ldo], lse f32 [Al, ldl].
+     *   merge = false: out, lse = o, lse of this block. merge = true: out, lse hold the attention
+     *   over other keys (o', lse') and become that over both, L = log(e^lse' + e^lse),
+     *   out = e^(lse' - L) o' + e^(lse - L) o (a side at -inf adds nothing).
+     * attn_block_bwd: with lse (as above) and out [Sq, ldo] (in dt) the whole attention's, over
+     *   every block, and dout [Sq, ldo] in dt: P_ij = exp(s_ij - lse_i) on the visible keys,
+     *   dP = dout V^T, dS = P (dP - rowsum(dout o out)); adds dq += scale dS K into dq f32
+     *   [Sq, lddq] (the query heads' columns) and dK += scale dS^T Q, dV += P^T dout into dkv f32
+     *   [Sk, ldkv] (a key/value head's: the sum over the local query heads that read it, in a
+     *   fixed order). Summed over the blocks of all keys, dq is the attention's dQ and each
+     *   block's dkv its dK, dV. */
+    tpk_status (*attn_block_fwd)(tpk_ctx *ctx, float *out, float *lse, const void *q,
+                                 const void *kv, const tpk_attn_blk *b, bool merge, tpk_dtype dt);
+    tpk_status (*attn_block_bwd)(tpk_ctx *ctx, float *dq, float *dkv, const void *dout,
+                                 const void *out, const float *lse, const void *q, const void *kv,
+                                 const tpk_attn_blk *b, tpk_dtype dt);
 
     /* Rotary position embedding (Hugging Face Llama's rotate-half convention) on `heads` heads of
      * size D (even) in each row of x [rows, ldx] (heads at columns h D), into y [rows, ldy] (y may

@@ -39,6 +39,7 @@ static inline tpk_status tpk__cp_check_seq(tpk_ctx *ctx, const char *fn, const c
 }
 /* The CP group of the context (one rank when it has none). */
 static inline tpk_status tpk__cp_group(tpk_ctx *ctx, const char *fn, int *c, int *r) {
+    *c = 1, *r = 0;
     if (!ctx) return TPK_ERR_ARG;
     if (!ctx->ops) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ctx: expected an initialised context");
     *c = ctx->cp.size > 1 ? ctx->cp.size : 1, *r = ctx->cp.size > 1 ? ctx->cp.rank : 0;

@@ -679,6 +679,74 @@ static inline tpk_status tpk_op_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *d
                : TPK_OK;
 }
 
+/* One block's geometry (tpk_attn_blk, tpk/base/ops.h): sizes, positions, heads, leading dims. */
+static inline tpk_status tpk__op_attn_blk_check(tpk_ctx *ctx, const char *fn, const tpk_attn_blk *b,
+                                                tpk_dtype dt) {
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "b: expected a block's geometry, got NULL");
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "b->Sq", b->Sq, "b->Sk", b->Sk));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "b->q0", b->q0));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "b->k0", b->k0));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "b->Al", b->Al));
+    TPK_TRY(tpk__op_pos(ctx, fn, "b->D", b->D));
+    if (b->G < 1 || b->G > b->A || b->A % b->G)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "b->G: expected a divisor of b->A = %lld (key/value heads), got %lld",
+                         (long long)b->A, (long long)b->G);
+    if (b->head0 < 0 || b->head0 + b->Al > b->A)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "b->head0: expected 0 <= head0 and head0 + Al <= A = %lld, got %lld",
+                         (long long)b->A, (long long)b->head0);
+    if (!isfinite(b->scale))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b->scale: expected a finite scale, got %g",
+                         (double)b->scale);
+    int64_t Gl = tpk_attn_kv_heads(b->A, b->G, b->head0, b->Al, NULL), AD = b->Al * b->D;
+    TPK_TRY(tpk__op_ld(ctx, fn, "b->ldq", b->ldq, AD));
+    TPK_TRY(tpk__op_ld(ctx, fn, "b->lddq", b->lddq, AD));
+    TPK_TRY(tpk__op_ld(ctx, fn, "b->ldkv", b->ldkv, 2 * Gl * b->D));
+    TPK_TRY(tpk__op_ld(ctx, fn, "b->ldo", b->ldo, AD));
+    return tpk__op_ld(ctx, fn, "b->ldl", b->ldl, b->Sq);
+}
+/* The (query, key) pairs of a block that are visible: its flops' measure. */
+static inline double tpk__attn_blk_pairs(const tpk_attn_blk *b) {
+    if (!b->causal) return (double)b->Sq * (double)b->Sk;
+    double n = 0;
+    for (int64_t i = 0; i < b->Sq; i++) {
+        int64_t v = b->q0 + i - b->k0 + 1;
+        n += (double)(v < 0 ? 0 : v > b->Sk ? b->Sk : v);
+    }
+    return n;
+}
+static inline tpk_status tpk_op_attn_block_fwd(tpk_ctx *ctx, float *out, float *lse, const void *q,
+                                               const void *kv, const tpk_attn_blk *b, bool merge,
+                                               tpk_dtype dt) {
+    static const char *fn = "tpk_op_attn_block_fwd";
+    TPK_TRY(tpk__op_attn_blk_check(ctx, fn, b, dt));
+    bool any = b->Sq * b->Al > 0;
+    const void *ps[] = {out, lse, q};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "out,lse,q", ps, 3, any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "kv", kv, any && b->Sk > 0));
+    return any ? TPK__OP_CALL(ctx, "attn_block_fwd", 0,
+                              4.0 * tpk__attn_blk_pairs(b) * (double)b->Al * (double)b->D,
+                              TPK__OP_LAYER(attn_block_fwd, ctx, out, lse, q, kv, b, merge, dt))
+               : TPK_OK;
+}
+static inline tpk_status tpk_op_attn_block_bwd(tpk_ctx *ctx, float *dq, float *dkv,
+                                               const void *dout, const void *out, const float *lse,
+                                               const void *q, const void *kv,
+                                               const tpk_attn_blk *b, tpk_dtype dt) {
+    static const char *fn = "tpk_op_attn_block_bwd";
+    TPK_TRY(tpk__op_attn_blk_check(ctx, fn, b, dt));
+    bool any = b->Sq * b->Sk * b->Al > 0;
+    const void *ps[] = {dq, dkv, dout, out, lse, q, kv};
+    TPK_TRY(tpk__op_ptrs(ctx, fn, "dq,dkv,dout,out,lse,q,kv", ps, 7, any));
+    return any ? TPK__OP_CALL(ctx, "attn_block_bwd", 0,
+                              10.0 * tpk__attn_blk_pairs(b) * (double)b->Al * (double)b->D,
+                              TPK__OP_LAYER(attn_block_bwd, ctx, dq, dkv, dout, out, lse, q, kv,
+                                            b, dt))
+               : TPK_OK;
+}
+
 /* ---- rotary embedding, SwiGLU, RMSNorm (Llama) ----------------------------------------------- */
 
 static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
