@@ -78,7 +78,7 @@ static void flag_sets(opts *o, tpk_flag_set sets[2]) {
 }
 
 static int fail(const char *fmt, const char *a, const char *b) {
-    fprintf(stderr, "plan: ");
+    fprintf(stderr, "plan: error: ");
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
     return 2;
@@ -142,7 +142,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
     tpk_hw_builtin("cpu", &h);
     snprintf(h.name, sizeof h.name, "calibrated");
     if (tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = tpk_ops_host(), .seed = 1}) != TPK_OK)
-        return fprintf(stderr, "plan: %s\n", tpk_last_error(&ctx)), 1;
+        return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&ctx)), 1;
     /* GEMMs by size class: square n^3 with 2 n^3 near 3 x 10^(6 + k) flops (the largest two
        classes measured at 3e10: a CPU core takes seconds beyond) */
     double best = 0;
@@ -153,7 +153,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         size_t bytes = sizeof(float) * (size_t)(n * n);
         if (tpk_op_alloc(&ctx, bytes, &a) || tpk_op_alloc(&ctx, bytes, &b) ||
             tpk_op_alloc(&ctx, bytes, &c))
-            return fprintf(stderr, "plan: %s\n", tpk_last_error(&ctx)), 1;
+            return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&ctx)), 1;
         tpk_op_fill(&ctx, a, TPK_F32, (size_t)(n * n), 0.5f);
         tpk_op_fill(&ctx, b, TPK_F32, (size_t)(n * n), 0.25f);
         TIME_CALLS(sec,
@@ -168,7 +168,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         void *x = NULL, *y = NULL;
         double sec = 0;
         if (tpk_op_alloc(&ctx, 4 * n, &x) || tpk_op_alloc(&ctx, 4 * n, &y))
-            return fprintf(stderr, "plan: %s\n", tpk_last_error(&ctx)), 1;
+            return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&ctx)), 1;
         TIME_CALLS(sec, tpk_op_axpby(&ctx, y, 0.5f, x, 0.5f, TPK_F32, n));
         h.mem_gbs = 12.0 * (double)n / sec * 1e-9;
         TIME_CALLS(sec, tpk_op_fill(&ctx, y, TPK_F32, 1, 1.0f));
@@ -198,20 +198,23 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
             if (arch && strcmp(arch, fo.model.arch)) fo.model.fam.n = 0; /* its family's flags */
             if (!arch && a != TPK_ARCH_GPT2) fo.model.fam.n = 0;
             if (tpk_ctx_init(&fc, &(tpk_ctx_desc){.ops = tpk_ops_host(), .seed = 1}) != TPK_OK)
-                return fprintf(stderr, "plan: %s\n", tpk_last_error(&fc)), 1;
+                return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&fc)), 1;
             fc.prof = prof;
             if (!model_config(&fc, &fo, &cfg)) return 1;
             if (tpk_model_init(&fc, &m, &cfg) ||
                 tpk_adamw_init(&fc, &opt,
                                &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f}))
-                return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&fc)), 1;
+                return fprintf(stderr, "plan: error: --calibrate: %s\n", tpk_last_error(&fc)),
+                       1;
             tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
             for (int step = 0; step < 4; step++) {
                 if (step == 1 && tpk_profile_start(&fc)) return 1; /* after a warm-up step */
                 if (tpk_model_train_step(&fc, &m, NULL, &opt, &b, ids, ids, B, S, 1, 1.0f,
                                          (uint64_t)step, 1e-4f, 1.0f, NULL) ||
                     (fc.prof && tpk_profile_step(&fc)))
-                    return fprintf(stderr, "plan: --calibrate: %s\n", tpk_last_error(&fc)), 1;
+                    return fprintf(stderr, "plan: error: --calibrate: %s\n",
+                                   tpk_last_error(&fc)),
+                           1;
             }
             tpk_model_destroy(&fc, &m), tpk_adamw_destroy(&fc, &opt), tpk_dp_destroy(&b);
             prof = fc.prof, fc.prof = NULL; /* to the next family's context, then ctx's */
@@ -247,7 +250,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
     if (size > 1) {
         tpk_ctx c2;
         if (tpk_ctx_init(&c2, &(tpk_ctx_desc){.ops = tpk_ops_host(), .world = world}) != TPK_OK)
-            return fprintf(stderr, "plan: %s\n", tpk_last_error(&c2)), 1;
+            return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&c2)), 1;
         double t[8] = {0}, sz[8] = {0};
         int np = 0;
         for (size_t bytes = 4096; bytes <= (16u << 20) && np < 8; bytes *= 4) {
@@ -259,7 +262,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
             for (int r = 0; r <= reps; r++) { /* the first a warm-up */
                 double t0 = now();
                 if (tpk_allreduce(&c2, world, buf, buf, bytes / 4, TPK_F32, TPK_SUM) != TPK_OK)
-                    return fprintf(stderr, "plan: %s\n", tpk_last_error(&c2)), 1;
+                    return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&c2)), 1;
                 if (r) sec += (now() - t0) / reps;
             }
             /* every rank the slowest's time: they leave together */
@@ -341,7 +344,7 @@ int main(int argc, char **argv) {
         tpk_ctx e = {0};
         tpk_comm world = {0};
         if (tpk_comm_mpi(&e, MPI_COMM_WORLD, &world) != TPK_OK)
-            return fprintf(stderr, "plan: %s\n", tpk_last_error(&e)), MPI_Finalize(), 1;
+            return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&e)), MPI_Finalize(), 1;
         rc = calibrate(&o, &world, rank, size);
         tpk_comm_destroy(&world);
         MPI_Finalize();
@@ -352,20 +355,25 @@ int main(int argc, char **argv) {
     char msg[512];
     if (!tpk_hw_builtin(o.profile, &hw) && !tpk_hw_read(o.profile, &hw, msg, sizeof msg)) {
         if (access(o.profile, F_OK) != 0 && !strchr(o.profile, '/'))
-            fprintf(stderr, "plan: --profile %s: not a built-in profile (%s) nor a file\n",
+            fprintf(stderr, "plan: error: --profile %s: not a built-in profile (%s) nor a file\n",
                     o.profile, tpk_hw_builtin_names());
-        else fprintf(stderr, "plan: --profile: %s\n", msg);
+        else fprintf(stderr, "plan: error: --profile: %s\n", msg);
         return 2;
     }
     if (o.gpus < 1)
-        return fprintf(stderr, "plan: --gpus %d: expected at least 1 GPU (rank)\n", (int)o.gpus), 2;
+        return fprintf(stderr, "plan: error: --gpus: expected at least 1 GPU (rank), got %d\n",
+                       (int)o.gpus),
+               2;
     int gpn = o.gpn ? (int)o.gpn : hw.gpus_per_node;
-    if (gpn < 1) return fprintf(stderr, "plan: --gpus-per-node %d: expected at least 1\n", gpn), 2;
+    if (gpn < 1)
+        return fprintf(stderr, "plan: error: --gpus-per-node: expected at least 1, got %d\n", gpn),
+               2;
     if (gpn > o.gpus) gpn = (int)o.gpus;
     if (o.gpus % gpn)
         return fprintf(stderr,
-                       "plan: --gpus %d is not a whole number of nodes of --gpus-per-node %d\n",
-                       (int)o.gpus, gpn),
+                       "plan: error: --gpus: expected a whole number of nodes of --gpus-per-node "
+                       "%d GPUs, got %d\n",
+                       gpn, (int)o.gpus),
                2;
     tpk_recompute rc = TPK_RECOMPUTE_NONE;
     if (o.recompute) tpk_recompute_parse(o.recompute, &rc); /* one of them (the table's) */
@@ -384,7 +392,7 @@ int main(int argc, char **argv) {
     int n = 0;
     double t0 = now();
     if (tpk_plan(&err, &d, &v, &n) != TPK_OK)
-        return fprintf(stderr, "plan: %s\n", tpk_last_error(&err)), 1;
+        return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&err)), 1;
     int fit = 0;
     for (int i = 0; i < n; i++) fit += v[i].fits;
     if (o.json) {
@@ -469,7 +477,7 @@ int main(int argc, char **argv) {
             tpk_plan_cfg *w = NULL;
             int m = 0;
             if (tpk_plan(&err, &d2, &w, &m) != TPK_OK)
-                return fprintf(stderr, "plan: %s\n", tpk_last_error(&err)), 1;
+                return fprintf(stderr, "plan: error: %s\n", tpk_last_error(&err)), 1;
             best = m && w[0].fits ? w[0].tokens_per_s : 0;
             free(w);
             if (best == 0 && before > 0) break; /* past what the global batch can use */

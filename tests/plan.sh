@@ -134,11 +134,15 @@ if printf '%s\n' "$out" | grep -q '^best: '; then ok plan_profile_file; else fai
 bad() {
     name=$1 want=$2; shift 2
     out=$($B/plan "$@" 2>&1); rc=$?
-    if [ $rc -ne 0 ] && printf '%s\n' "$out" | grep -q -- "$want"; then ok "plan_bad_$name"; else fail "plan_bad_$name (rc $rc)"; fi
+    # refused in the one form of every program: one line "plan: error: ..." saying want
+    n=$(printf '%s\n' "$out" | grep -c '^plan: error: ')
+    if [ $rc -ne 0 ] && [ "$n" -eq 1 ] && printf '%s\n' "$out" | grep -q -- "$want"; then ok "plan_bad_$name"; else fail "plan_bad_$name (rc $rc, $n error lines)"; fi
 }
-bad zero_gpus "--gpus 0: expected at least 1" --gpus 0
-bad not_nodes "not a whole number of nodes" --gpus 12 --gpus-per-node 8
-bad fits_nowhere "nothing fits: the smallest peak" --arch llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 --seq-len 4096 --batch 8 --gpus 1
+bad zero_gpus "--gpus: expected at least 1 GPU (rank), got 0" --gpus 0
+bad not_nodes "--gpus: expected a whole number of nodes of --gpus-per-node 8 GPUs, got 12" --gpus 12 --gpus-per-node 8
+# nothing fits: an answer (exit 3, the table with every rejection), not an error line
+out=$($B/plan --arch llama --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --ffn 28672 --vocab 32000 --seq-len 4096 --batch 8 --gpus 1 2>&1); rc=$?
+if [ $rc -eq 3 ] && printf '%s\n' "$out" | grep -q -- "nothing fits: the smallest peak"; then ok "plan_bad_fits_nowhere"; else fail "plan_bad_fits_nowhere (rc $rc)"; fi
 sed '/^inter_gbs/d' "$T/host.prof" > "$T/missing.prof" 2>/dev/null || printf 'name x\n' > "$T/missing.prof"
 bad profile_missing_key 'has no "inter_gbs"' --profile "$T/missing.prof"
 { cat "$T/host.prof"; echo 'mem_gbs 5'; } > "$T/twice.prof"

@@ -465,7 +465,9 @@ if quick_set; then
     printf 'x' > "$T/tiny.txt"
     bad "missing text file" "cannot open" --text "$T/none.txt" $small --tp 2
     bad "--pp not dividing the ranks" "not TP x DP x PP" --text "$text" $small --pp 3
-    bad "--pp-layers with a zero" "entry 1 is 0" --text "$text" $small --pp 2 --pp-layers 2,0
+    bad "--pp-layers with a zero" "expected 2 whole numbers >= 1" --text "$text" $small --pp 2 --pp-layers 2,0
+    bad "--pp-layers past int64" "expected 2 whole numbers >= 1" --text "$text" $small --pp 2 --pp-layers 99999999999999999999,1
+    bad "--pp-layers whose sum overflows" "entry 0 is 9223372036854775807, expected every stage to hold >= 1 block and the 2 counts to add up to the" --text "$text" $small --pp 2 --pp-layers 9223372036854775807,9223372036854775807
     bad "more stages than blocks" "for 1 blocks" --text "$text" $small --layers 1 --pp 2
     bad "interleaving with M not a multiple of P" "multiple of the 2 stages, got 3" --text "$text" $small --pp 2 --schedule interleaved --micro-batches 3
     bad "--sample with stages (not yet)" "not supported with pipeline stages yet" --text "$text" $small --pp 2 --sample 10

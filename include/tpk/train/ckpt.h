@@ -898,13 +898,13 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
             const tpk_st_tensor *ot = tpk_st_find(&of, on);
             if (!ot) s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: no tensor \"%s\"", path, on);
             else if (ot->ndim != p->ndim || tpk_st_numel(ot) != (int64_t)gn ||
-                     ot->shape[0] != p->gshape[0])
+                     ot->shape[0] != p->gshape[0]) {
+                char got[96], want[96];
                 s = tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                              "%s: \"%s\" has %lld elements in %d dimensions, the parameter "
-                              "[%lld%s%lld]",
-                              path, on, (long long)tpk_st_numel(ot), ot->ndim,
-                              (long long)p->gshape[0], p->ndim > 1 ? ", " : "",
-                              p->ndim > 1 ? (long long)p->gshape[1] : 0LL);
+                              "%s: \"%s\": expected the parameter's shape %s, got %s", path, on,
+                              tpk__shape_str(p->gshape, p->ndim, want, sizeof want),
+                              tpk__shape_str(ot->shape, ot->ndim, got, sizeof got));
+            }
             if (s == TPK_OK) s = tpk_st_get_f32(ctx, &of, ot, w, gn);
             if (s == TPK_OK) s = tpk__ckpt_finite(ctx, fn, path, on, w, gn, k == 1);
             if (s == TPK_OK) s = tpk_param_scatter(ctx, i, w, k ? ov : om);

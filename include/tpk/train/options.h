@@ -302,14 +302,16 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
         char *end = NULL;
         bool good = true;
         while (good && *c && o->nppl < 256) {
-            long long v = strtoll(c, &end, 10);
-            good = end != c && (*end == ',' || !*end);
+            errno = 0;
+            long long v = strtoll(c, &end, 10); /* past int64: refused, not clamped */
+            good = end != c && (*end == ',' || !*end) && errno == 0 && v >= 1;
             o->ppl[o->nppl++] = v, c = *end ? end + 1 : end;
         }
         if (!good || o->nppl != o->pp * o->vstages)
             return snprintf(err, n,
-                            "--pp-layers: expected %lld whole numbers separated by commas (one "
-                            "per virtual stage: --pp %lld x --virtual-stages %lld), got \"%s\"",
+                            "--pp-layers: expected %lld whole numbers >= 1 separated by commas "
+                            "(one per virtual stage: --pp %lld x --virtual-stages %lld), got "
+                            "\"%s\"",
                             (long long)(o->pp * o->vstages), (long long)o->pp,
                             (long long)o->vstages, o->pp_layers),
                    false;

@@ -68,11 +68,12 @@ static inline tpk_status tpk_pipe_split(tpk_ctx *ctx, int64_t L, int U, const in
     if (counts) {
         int64_t sum = 0;
         for (int u = 0; u < U; u++) {
-            if (counts[u] < 1)
+            if (counts[u] < 1 || counts[u] > L - sum) /* a sum past L: never formed */
                 return tpk__fail(ctx, TPK_ERR_ARG, fn,
                                  "pp-layers: entry %d is %lld, expected every stage to hold >= 1 "
-                                 "block",
-                                 u, (long long)counts[u]);
+                                 "block and the %d counts to add up to the %lld blocks (%lld "
+                                 "left for entries %d..)",
+                                 u, (long long)counts[u], U, (long long)L, (long long)(L - sum), u);
             sum += counts[u], first[u + 1] = sum;
         }
         if (sum != L)
