@@ -373,7 +373,8 @@ int main(int argc, char **argv) {
               "%s", tpk_last_error(&ctx));
         counts[2] = 1;
         CHECK(tpk_pipe_split(&ctx, 12, 3, counts, NULL, 0, 0, first) == TPK_ERR_ARG &&
-                  strstr(tpk_last_error(&ctx), "add up to 13"),
+                  strstr(tpk_last_error(&ctx), "entry 2 is 1, expected every stage to hold >= 1 "
+                                               "block and the 3 counts to add up to the 12 blocks"),
               "%s", tpk_last_error(&ctx));
         CHECK(tpk_pipe_split(&ctx, 3, 4, NULL, NULL, 0, 0, first) == TPK_ERR_ARG &&
                   strstr(tpk_last_error(&ctx), "4 virtual stages"),

@@ -195,7 +195,7 @@ int main(int argc, char **argv) {
         for (int u = 0; u < np; u++) counts[u] = u ? 1 : 9 - np + 1;
         CHECK(tpk_pipe_model_init(&c, &pm, &mc, TPK_PIPE_1F1B, M, 1, counts, NULL, 0, 0) ==
                       TPK_ERR_ARG &&
-                  strstr(tpk_last_error(&c), "add up to 9"),
+                  strstr(tpk_last_error(&c), "counts to add up to the 8 blocks"),
               "%s", tpk_last_error(&c));
         CHECK(c.params.n == 0, "a failed init left %d parameters", c.params.n);
         tpk_ctx_destroy(&c);
