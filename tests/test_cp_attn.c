@@ -1,11 +1,11 @@
-/* tests/test_cp_attn.c — context parallelism: the mesh TP x CP x DP x PP (ranks and groups
- * against the formula w = tp + t (cp + c (dp + d pp)), unchanged at cp = 1, bad sizes refused by
- * name); the load-balanced split (every position once over the CP ranks, equal causal work, the
- * scatter and the gather against the formula, a length not divisible by 2c refused); attention
- * over CP (tpk/layers/cp_attn.h), the ring and the all-gather, causal and not, multi-head and
- * grouped-query, f32 and bf16, against an unsharded double-precision attention and the kit's own
- * attention op on the whole sequence (out, lse, dQ, dK, dV; random inputs, outputs poisoned), the
- * two modes bit for bit alike, their messages and bytes against the formula, bad input refused.
+/* tests/test_cp_attn.c — context parallelism: the mesh TP x CP x DP x PP (ranks and groups, DP x CP
+ * among them, against the formula w = tp + t (cp + c (dp + d pp)), unchanged at cp = 1, bad sizes
+ * refused by name); the load-balanced split (every position once over the CP ranks, equal causal
+ * work, the scatter and the gather against the formula, a length not divisible by 2c refused);
+ * attention over CP (tpk/layers/cp_attn.h), the ring and the all-gather, causal and not, multi-head
+ * and grouped-query, f32 and bf16, against an unsharded double-precision attention and the kit's
+ * own attention op on the whole sequence (out, lse, dQ, dK, dV; random inputs, outputs poisoned),
+ * the two modes bit for bit alike, their messages and bytes against the formula, bad input refused.
  * Runs at 2, 3 and 4 ranks (CP 2, 3, 4; TP 2 x CP 2). */
 #include "test.h"
 
@@ -28,9 +28,15 @@ static void test_mesh(int tp, int cp, int pp) {
     CHECK(c.tp.rank == tr && c.cp.rank == cr && c.dp.rank == dr && c.pp.rank == pr,
           "world rank %d: ranks TP %d CP %d DP %d PP %d, expected %d %d %d %d", me, c.tp.rank,
           c.cp.rank, c.dp.rank, c.pp.rank, tr, cr, dr, pr);
-    /* each group's members by world rank, against the formula */
-    tpk_comm *g[4] = {&c.tp, &c.cp, &c.dp, &c.pp};
-    for (int k = 0; k < 4; k++) {
+    /* each group's members by world rank, against the formula; DP x CP (a weight's replicas) the
+       DP group itself at cp = 1 */
+    CHECK(c.dp_cp && (cp > 1 ? c.dp_cp == &c.dp_cp_group : c.dp_cp == &c.dp) &&
+              c.dp_cp->size == dp * cp && c.dp_cp->rank == cr + cp * dr,
+          "dp_cp: size %d rank %d, expected %d %d (%s)", c.dp_cp ? c.dp_cp->size : -1,
+          c.dp_cp ? c.dp_cp->rank : -1, dp * cp, cr + cp * dr,
+          cp > 1 ? "a group of its own" : "the DP group");
+    tpk_comm *g[5] = {&c.tp, &c.cp, &c.dp, &c.pp, c.dp_cp};
+    for (int k = 0; k < 5; k++) {
         int32_t mine = me, all[16];
         size_t counts[16];
         for (int q = 0; q < g[k]->size; q++) counts[q] = 1;
@@ -42,7 +48,8 @@ static void test_mesh(int tp, int cp, int pp) {
             int want = k == 0   ? q + tp * (cr + cp * (dr + dp * pr))
                        : k == 1 ? tr + tp * (q + cp * (dr + dp * pr))
                        : k == 2 ? tr + tp * (cr + cp * (q + dp * pr))
-                                : tr + tp * (cr + cp * (dr + dp * q));
+                       : k == 3 ? tr + tp * (cr + cp * (dr + dp * q))
+                                : tr + tp * (q + cp * dp * pr); /* q = cp rank + cp dp rank */
             CHECK(all[q] == want, "group %d rank %d: world rank %d, expected %d", k, q, all[q],
                   want);
         }

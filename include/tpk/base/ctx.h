@@ -175,6 +175,11 @@ struct tpk_ctx {
     tpk_logger logger;       /* tpk_ctx_desc.logger (likewise) */
     tpk_comm cp;             /* owned group: CP (the same TP, DP and PP rank: the ranks that split
                                 one sequence, ranked by CP rank); one rank (`self`) at cp = 1 */
+    tpk_comm *dp_cp;         /* the ranks holding the same weights (the same TP rank and stage:
+                                DP x CP, ranked by world rank, CP fastest), over which a weight's
+                                gradient is summed (the data-parallel reduction) and ZeRO-1 shards:
+                                &dp at cp = 1 (the DP group itself), &dp_cp_group at cp > 1 */
+    tpk_comm dp_cp_group;    /* owned group: DP x CP at cp > 1 (not split, zero, at cp = 1) */
 };
 
 /* ---- the hooks: messages and host memory --------------------------------------------------- */

@@ -63,16 +63,19 @@ static inline tpk_status tpk__ctx_weights(tpk_ctx *ctx, const char *fn, const do
 /* The mesh's groups as splits of the world (tpk_ctx_init; a counting world replays them, tpk/plan):
  * world rank w = tp rank + tp (cp rank + cp (dp rank + dp pp rank)); group g = 0 (TP: consecutive
  * ranks, keyed by TP rank), 1 (DP: the same TP and CP rank and stage, keyed by DP rank), 2 (PP: the
- * same TP, CP and DP rank, keyed by stage) or 3 (CP: the same TP and DP rank and stage, keyed by
- * CP rank) -> the color and key w passes. At cp = 1 groups 0..2 are those of TP x DP x PP. */
+ * same TP, CP and DP rank, keyed by stage), 3 (CP: the same TP and DP rank and stage, keyed by
+ * CP rank) or 4 (DP x CP, a weight's replicas: the same TP rank and stage, keyed by
+ * cp rank + cp dp rank) -> the color and key w passes. At cp = 1 groups 0..2 are those of
+ * TP x DP x PP (and group 4 is group 1: not split then). */
 static inline void tpk__mesh_split_cp(int w, int tp, int cp, int dp, int g, int *color, int *key) {
     int tr = w % tp, cr = w / tp % cp, dr = w / (tp * cp) % dp,
         pr = w / (tp * cp * dp); /* this rank's TP, CP, DP and PP ranks */
     *color = g == 0   ? w / tp
              : g == 1 ? (pr * cp + cr) * tp + tr
              : g == 2 ? (dr * cp + cr) * tp + tr
-                      : (pr * dp + dr) * tp + tr;
-    *key = g == 0 ? tr : g == 1 ? dr : g == 2 ? pr : cr;
+             : g == 3 ? (pr * dp + dr) * tp + tr
+                      : pr * tp + tr;
+    *key = g == 0 ? tr : g == 1 ? dr : g == 2 ? pr : g == 3 ? cr : cr + cp * dr;
 }
 /* The TP x DP x PP mesh's (cp = 1): group g = 0, 1, 2 as above. */
 static inline void tpk__mesh_split(int w, int tp, int dp, int g, int *color, int *key) {
@@ -161,15 +164,18 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q,
                              d.tp_weights[q]);
-    int w = d.world->rank, dp = n / tp / cp / pp, c[4], k[4];
-    for (int g = 0; g < 4; g++) tpk__mesh_split_cp(w, tp, cp, dp, g, &c[g], &k[g]);
+    int w = d.world->rank, dp = n / tp / cp / pp, c[5], k[5];
+    for (int g = 0; g < 5; g++) tpk__mesh_split_cp(w, tp, cp, dp, g, &c[g], &k[g]);
     tpk_status s = tpk_comm_split(ctx, d.world, c[0], k[0], &ctx->tp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, c[1], k[1], &ctx->dp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, c[2], k[2], &ctx->pp);
-    /* CP last, and only at cp > 1: at cp = 1 the world's splits are those of before (a counting
-       world replays three) and ctx->cp is a one-rank group of its own */
+    /* CP and DP x CP last, and only at cp > 1: at cp = 1 the world's splits are those of before
+       (a counting world replays three), ctx->cp is a one-rank group of its own and a weight's
+       replicas are the DP group itself */
     if (s == TPK_OK && cp > 1) s = tpk_comm_split(ctx, d.world, c[3], k[3], &ctx->cp);
     else if (s == TPK_OK) ctx->cp = tpk_comm_self(ctx->ops->device);
+    if (s == TPK_OK && cp > 1) s = tpk_comm_split(ctx, d.world, c[4], k[4], &ctx->dp_cp_group);
+    ctx->dp_cp = cp > 1 ? &ctx->dp_cp_group : &ctx->dp;
     if (s == TPK_OK) s = tpk__ctx_weights(ctx, fn, d.tp_weights, tp);
     if (s != TPK_OK) {
         char keep[sizeof ctx->err];
@@ -221,6 +227,7 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     tpk_comm_destroy(&ctx->dp);
     tpk_comm_destroy(&ctx->pp);
     tpk_comm_destroy(&ctx->cp);
+    tpk_comm_destroy(&ctx->dp_cp_group); /* (dp_cp points at it or at dp: not destroyed itself) */
     const tpk_ops *ops = ctx->ops;
     tpk_allocator al = ctx->allocator;
     tpk_logger lg = ctx->logger;
