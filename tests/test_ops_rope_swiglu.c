@@ -1,22 +1,29 @@
 /* tests/test_ops_rope_swiglu.c — the host backend's Llama ops (kernels/host/rope_swiglu.c, and
- * RMSNorm of kernels/host/norm.c) against double references: RoPE forward and inverse, SwiGLU
- * forward and backward, RMSNorm forward and backward. Runs on one rank. */
+ * RMSNorm of kernels/host/norm.c) against double references: RoPE forward and inverse (at row
+ * mod S, and at a table's positions: rope_at), SwiGLU forward and backward, RMSNorm forward and
+ * backward. Runs on one rank. */
 #include "ops_test.h"
 
 /* ---- rotary embedding, SwiGLU, RMSNorm (Llama) ----------------------------------------------- */
 
-/* y = rope(x) in double: rows [rows, ld], heads of D at h D, position i mod S */
-static void rope_ref(const float *x, int64_t ld, int64_t rows, int64_t S, int64_t heads, int64_t D,
-                     double theta, bool inverse, double *y) {
+/* y = rope(x) in double: rows [rows, ld], heads of D at h D, position i mod S, or (pos) pos[i mod
+ * S] */
+static void rope_ref_at(const float *x, int64_t ld, int64_t rows, const int32_t *pos, int64_t S,
+                        int64_t heads, int64_t D, double theta, bool inverse, double *y) {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t h = 0; h < heads; h++)
             for (int64_t j = 0; j < D / 2; j++) {
-                double a = (double)(i % S) * pow(theta, -2.0 * (double)j / (double)D), c = cos(a),
+                double s = pos ? (double)pos[i % S] : (double)(i % S);
+                double a = s * pow(theta, -2.0 * (double)j / (double)D), c = cos(a),
                        n = inverse ? -sin(a) : sin(a);
                 double x1 = x[i * ld + h * D + j], x2 = x[i * ld + h * D + j + D / 2];
                 y[i * heads * D + h * D + j] = x1 * c - x2 * n;
                 y[i * heads * D + h * D + j + D / 2] = x2 * c + x1 * n;
             }
+}
+static void rope_ref(const float *x, int64_t ld, int64_t rows, int64_t S, int64_t heads, int64_t D,
+                     double theta, bool inverse, double *y) {
+    rope_ref_at(x, ld, rows, NULL, S, heads, D, theta, inverse, y);
 }
 /* RMSNorm in double: y, rstd; with dy: dx and dw */
 static void rms_ref(const float *x, const float *w, const float *dy, int64_t rows, int64_t cols,
@@ -86,6 +93,52 @@ static void test_llama_ops(void) {
         float wr[R * NH * D];
         d2f(wr, ref, R * NH * D);
         CHECK_CLOSE(fy, wr, R * NH * D, 1e-2, "bf16 rope vs double on the rounded input");
+    }
+
+    TEST_CASE("layers rope_at f32/bf16: each row at its table's position pos[i mod npos] (a CP "
+              "rank's two chunks), inverse undoes it, in place; the table 0..S-1 gives rope's "
+              "bits") {
+        enum { R = 12, NP = 6, NH = 2, D = 6, LD = NH * D + 3 };
+        const int32_t pos[NP] = {2, 3, 4, 13, 14, 15}, iota[NP] = {0, 1, 2, 3, 4, 5};
+        float x[R * LD], y[R * LD], w[R * NH * D], wr[R * NH * D], back[R * LD];
+        double ref[R * NH * D];
+        test_randn(x, R * LD, 1205, 1.0f);
+        for (int inv = 0; inv < 2; inv++) {
+            test_poison(y, R * LD);
+            CHECK_OK(&ctx, tpk_op_rope_at(&ctx, y, LD, x, LD, R, pos, NP, NH, D, 500.0f, inv,
+                                          TPK_F32));
+            rope_ref_at(x, LD, R, pos, NP, NH, D, 500.0, inv, ref);
+            size_t written_outside = 0;
+            for (int i = 0; i < R; i++) {
+                for (int c = 0; c < NH * D; c++) w[i * NH * D + c] = y[i * LD + c];
+                for (int c = NH * D; c < LD; c++) written_outside += !isnan(y[i * LD + c]);
+            }
+            d2f(wr, ref, R * NH * D);
+            CHECK_CLOSE(w, wr, R * NH * D, 1e-6,
+                        inv ? "inverse rope_at vs double" : "rope_at vs double");
+            CHECK(written_outside == 0, "%zu columns past the heads written", written_outside);
+        }
+        memcpy(back, x, sizeof back);
+        CHECK_OK(&ctx,
+                 tpk_op_rope_at(&ctx, back, LD, back, LD, R, pos, NP, NH, D, 500.0f, false,
+                                TPK_F32));
+        CHECK_OK(&ctx, tpk_op_rope_at(&ctx, back, LD, back, LD, R, pos, NP, NH, D, 500.0f, true,
+                                      TPK_F32)); /* in place */
+        CHECK_CLOSE(back, x, R * LD, 1e-6, "inverse(rope_at(x)) = x");
+        memcpy(y, x, sizeof y), memcpy(back, x, sizeof back);
+        CHECK_OK(&ctx, tpk_op_rope(&ctx, y, LD, y, LD, R, NP, NH, D, 500.0f, false, TPK_F32));
+        CHECK_OK(&ctx, tpk_op_rope_at(&ctx, back, LD, back, LD, R, iota, NP, NH, D, 500.0f, false,
+                                      TPK_F32));
+        CHECK(bitdiff(y, back, R * LD) == 0, "rope_at at 0..S-1 differs from rope");
+        uint16_t hx[R * LD], hy[R * NH * D];
+        float fx[R * LD], fy[R * NH * D];
+        to_bf16(hx, x, R * LD), from_bf16(fx, hx, R * LD), poison_bf16(hy, R * NH * D);
+        CHECK_OK(&ctx, tpk_op_rope_at(&ctx, hy, NH * D, hx, LD, R, pos, NP, NH, D, 500.0f, false,
+                                      TPK_BF16));
+        from_bf16(fy, hy, R * NH * D);
+        rope_ref_at(fx, LD, R, pos, NP, NH, D, 500.0, false, ref);
+        d2f(wr, ref, R * NH * D);
+        CHECK_CLOSE(fy, wr, R * NH * D, 1e-2, "bf16 rope_at vs double on the rounded input");
     }
 
     TEST_CASE(
@@ -202,6 +255,21 @@ static void test_llama_ops(void) {
                     TPK_ERR_ARG, "x: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_rope(&ctx, a, 8, b, 8, 2, 2, 1, 8, 100.0f, false, TPK_I32),
                     TPK_ERR_DTYPE, "tpk_op_rope: dt:");
+        const int32_t pos[2] = {5, 9};
+        CHECK_FAILS(&ctx, tpk_op_rope_at(&ctx, a, 8, b, 8, 2, pos, 0, 1, 8, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_rope_at: npos: expected >= 1, got 0");
+        CHECK_FAILS(&ctx,
+                    tpk_op_rope_at(&ctx, a, 8, b, 8, 2, NULL, 2, 1, 8, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_rope_at: pos: expected a buffer");
+        CHECK_FAILS(&ctx, tpk_op_rope_at(&ctx, a, 8, b, 8, 2, pos, 2, 1, 5, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_rope_at: D: expected an even head size >= 2");
+        CHECK_FAILS(&ctx, tpk_op_rope_at(&ctx, a, 8, b, 8, 2, pos, 2, 1, 8, 1.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_rope_at: theta");
+        CHECK_FAILS(&ctx,
+                    tpk_op_rope_at(&ctx, a, 16, a, 8, 2, pos, 2, 1, 8, 100.0f, false, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_rope_at: ldy: in place");
+        CHECK_OK(&ctx,
+                 tpk_op_rope_at(&ctx, NULL, 8, NULL, 8, 0, NULL, 1, 1, 8, 100.0f, false, TPK_F32));
         CHECK_FAILS(&ctx, tpk_op_swiglu_fwd(&ctx, a, NULL, 2, 3, TPK_F32), TPK_ERR_ARG,
                     "gu: expected a buffer");
         CHECK_FAILS(&ctx, tpk_op_swiglu_bwd(&ctx, a, b, NULL, 2, 3, TPK_F32), TPK_ERR_ARG,

@@ -165,6 +165,7 @@ static const struct ops_entry optional_entries[] = {OPS_ENTRY(dropout),
                                                     OPS_ENTRY(attn_block_fwd),
                                                     OPS_ENTRY(attn_block_bwd),
                                                     OPS_ENTRY(rope),
+                                                    OPS_ENTRY(rope_at),
                                                     OPS_ENTRY(swiglu_fwd),
                                                     OPS_ENTRY(swiglu_bwd),
                                                     OPS_ENTRY(rmsnorm_fwd),
@@ -403,7 +404,7 @@ static void test_layer_errors(void) {
 
 /* ---- a dry run's table (tpk_ops.dry_run): the front end counts, calls no compute entry ------ */
 
-enum { DRY_OPS = 34, DRY_SLOT = 256 }; /* ops run_all_ops calls; floats per buffer */
+enum { DRY_OPS = 35, DRY_SLOT = 256 }; /* ops run_all_ops calls; floats per buffer */
 typedef struct dry_rec {
     int n;
     const char *name[2 * DRY_OPS];
@@ -465,6 +466,7 @@ static tpk_status run_all_ops(tpk_ctx *c, float *A) {
     TPK_TRY(tpk_op_attn_bwd(c, SL(S_DQKV), SL(S_DOUT), SL(S_QKV), SL(S_OUT), SL(S_ALSE), 1, S, Al,
                             D, Al, Al, 0, 0.5f, 0.0f, 1, 4, f));
     TPK_TRY(tpk_op_rope(c, SL(S_ROPE), H, SL(S_X), H, T, S, 2, 4, 10000.0f, false, f));
+    TPK_TRY(tpk_op_rope_at(c, SL(S_ROPE), H, SL(S_X), H, T, ids, S, 2, 4, 10000.0f, true, f));
     TPK_TRY(tpk_op_swiglu_fwd(c, SL(S_H), SL(S_GU), T, F, f));
     TPK_TRY(tpk_op_swiglu_bwd(c, SL(S_DGU), SL(S_GU), SL(S_DY), T, F, f));
     TPK_TRY(tpk_op_rmsnorm_fwd(c, SL(S_RMSY), SL(S_RMSR), SL(S_X), SL(S_LNW), T, H, 1e-6f, f));

@@ -93,7 +93,7 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
     X(dropout)                                                                                \
     X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss)    \
         X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd) X(swiglu_bwd) \
-            X(rmsnorm_fwd) X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd)
+            X(rmsnorm_fwd) X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd) X(rope_at)
 #define TPK__OPS_FUSED(X) X(linear_fwd) X(linear_bwd_act) X(residual_layernorm_fwd) X(xent_fused)
 
 /* One block of an attention split over the sequence (attn_block_fwd, attn_block_bwd; context
@@ -286,6 +286,13 @@ typedef struct tpk_ops {
     tpk_status (*rope)(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx, int64_t rows,
                        int64_t S, int64_t heads, int64_t D, float theta, bool inverse,
                        tpk_dtype dt);
+    /* The same rotation at positions read from a table: row i at position pos[i mod npos] (pos:
+     * npos >= 1 int32 entries >= 0 in backend memory), so rope is rope_at with pos[s] = s,
+     * npos = S. Context parallelism's rows at their true positions (a rank's rows of a sequence
+     * are two chunks of it, tpk_cp_positions: npos = S / c). */
+    tpk_status (*rope_at)(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
+                          int64_t rows, const int32_t *pos, int64_t npos, int64_t heads, int64_t D,
+                          float theta, bool inverse, tpk_dtype dt);
 
     /* SwiGLU: gu [rows, 2F] holds gate in columns [0, F) and up in [F, 2F);
      * swiglu_fwd: h [rows, F] = silu(gate) up,  silu(x) = x sigmoid(x);

@@ -749,12 +749,11 @@ static inline tpk_status tpk_op_attn_block_bwd(tpk_ctx *ctx, float *dq, float *d
 
 /* ---- rotary embedding, SwiGLU, RMSNorm (Llama) ----------------------------------------------- */
 
-static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
-                                     int64_t rows, int64_t S, int64_t heads, int64_t D, float theta,
-                                     bool inverse, tpk_dtype dt) {
-    static const char *fn = "tpk_op_rope";
+/* rope's and rope_at's arguments but the positions */
+static inline tpk_status tpk__op_rope_args(tpk_ctx *ctx, const char *fn, void *y, int64_t ldy,
+                                           const void *x, int64_t ldx, int64_t rows, int64_t heads,
+                                           int64_t D, float theta, tpk_dtype dt) {
     TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "heads", heads));
-    TPK_TRY(tpk__op_pos(ctx, fn, "S", S));
     if (D < 2 || D % 2)
         return tpk__fail(
             ctx, TPK_ERR_ARG, fn,
@@ -772,11 +771,38 @@ static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const v
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "ldy: in place (y == x) expected ldx = %lld, got %lld", (long long)ldx,
                          (long long)ldy);
+    return TPK_OK;
+}
+static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
+                                     int64_t rows, int64_t S, int64_t heads, int64_t D, float theta,
+                                     bool inverse, tpk_dtype dt) {
+    static const char *fn = "tpk_op_rope";
+    TPK_TRY(tpk__op_rope_args(ctx, fn, y, ldy, x, ldx, rows, heads, D, theta, dt));
+    TPK_TRY(tpk__op_pos(ctx, fn, "S", S));
+    bool any = rows * heads > 0;
     return any ? TPK__OP_CALL(ctx, "rope",
                               2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt),
                               0,
                               TPK__OP_LAYER(rope, ctx, y, ldy, x, ldx, rows, S, heads, D, theta,
                                             inverse, dt))
+               : TPK_OK;
+}
+/* rope at the positions pos[i mod npos] of row i (int32, backend memory; its values are the
+ * caller's: not read here) */
+static inline tpk_status tpk_op_rope_at(tpk_ctx *ctx, void *y, int64_t ldy, const void *x,
+                                        int64_t ldx, int64_t rows, const int32_t *pos,
+                                        int64_t npos, int64_t heads, int64_t D, float theta,
+                                        bool inverse, tpk_dtype dt) {
+    static const char *fn = "tpk_op_rope_at";
+    TPK_TRY(tpk__op_rope_args(ctx, fn, y, ldy, x, ldx, rows, heads, D, theta, dt));
+    TPK_TRY(tpk__op_pos(ctx, fn, "npos", npos));
+    bool any = rows * heads > 0;
+    TPK_TRY(tpk__op_ptr(ctx, fn, "pos", pos, any));
+    return any ? TPK__OP_CALL(ctx, "rope_at",
+                              2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt),
+                              0,
+                              TPK__OP_LAYER(rope_at, ctx, y, ldy, x, ldx, rows, pos, npos, heads,
+                                            D, theta, inverse, dt))
                : TPK_OK;
 }
 static inline tpk_status tpk_op_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows,
