@@ -9,11 +9,19 @@
  *           one. Failures are caught by a watchdog that runs at every wait and at every host
  *           synchronisation of the CUDA backend (tpk__cuda_event_wait polls and calls the wait
  *           hook this file registers while communicators are alive): finished collectives leave the
- *           list; NCCL's asynchronous error, or a collective unfinished timeout_s after it started,
+ *           list; NCCL's asynchronous error, or a collective unfinished past its deadline,
  *           aborts the communicator (ncclCommAbort) and that wait or synchronisation returns
  *           TPK_ERR_COMM — a bounded failure, never a hang. tpk_nccl_desc.blocking_wait: the host
  *           waits at each tpk_wait instead (polling the same way); no_poll: no watchdog for this
  *           communicator.
+ * The deadline measures progress: timeout_s after the later of the collective's start and the
+ * time until which the peers are known to make progress (tpk__watch_deadline, tpk/runtime/coll.h,
+ * the MPI waits' rule), which the desc's progress hook reports (tpk/runtime/nccl.h: the MPI
+ * heartbeat's notes, tpk_busy), asked at most once a millisecond per communicator. A failure is
+ * reported through the flight recorder when the communicator is one of the waiting context's
+ * groups (world, TP, DP, PP, CP): its pending collectives marked failed in the record, the
+ * oldest named to tpk__flight_report (the world's report hook: nccl.h's asks the other ranks over
+ * MPI where they are; else this rank's record printed), once per communicator.
  * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
  * no v-collectives); even ones call ncclAllGather / ncclReduceScatter. bf16 reduces in NCCL's
  * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit. A point-to-point
@@ -31,11 +39,14 @@ typedef std::chrono::steady_clock tpk__clock;
 #ifndef TPK_NO_NCCL
 #include <nccl.h>
 
+#include <tpk/runtime/coll.h> /* the flight recorder, the watchdog's deadline */
+
 enum { NCCL_PENDING = 256 }; /* collectives waited for but maybe unfinished, per communicator */
 
 struct nccl_pending {
     cudaEvent_t done;
     tpk__clock::time_point t0; /* when the collective was started */
+    uint64_t flight;           /* its operation number in the communicator's flight recorder */
 };
 struct nccl_impl {
     ncclComm_t comm;
@@ -47,11 +58,13 @@ struct nccl_impl {
     nccl_pending pend[NCCL_PENDING]; /* a ring: the oldest at head */
     int head, npend;
     nccl_impl *next; /* the live communicators (the watchdog's list) */
+    double (*progress)(void *user); /* tpk_nccl_desc's hooks */
+    void (*release)(void *user);
+    void *user;
+    double alive, asked; /* the peers known to make progress until `alive` (the steady clock's
+                            seconds; -HUGE_VAL: nothing heard), as `progress` said at `asked` */
 };
-struct nccl_req {
-    cudaEvent_t done;
-    tpk__clock::time_point t0;
-};
+typedef nccl_pending nccl_req; /* a started collective, until its wait */
 
 static std::mutex g_live_mu;
 static nccl_impl *g_live;
@@ -84,57 +97,110 @@ static tpk_status nccl_begin(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     return TPK_OK;
 }
 
-/* Abort the communicator (its handle is freed; every later call fails) and fail with `why`. */
-static tpk_status nccl_abort(tpk_ctx *ctx, const char *fn, nccl_impl *m, const char *why) {
+static double nccl_secs(tpk__clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+
+/* The context's group whose communicator is m (the world, TP, DP, PP, CP), or NULL. */
+static tpk_comm *nccl_group(tpk_ctx *ctx, const nccl_impl *m) {
+    if (!ctx) return NULL;
+    tpk_comm *cs[5] = {ctx->world, &ctx->tp, &ctx->dp, &ctx->pp, &ctx->cp};
+    for (tpk_comm *c : cs)
+        if (c && c->impl == m) return c;
+    return NULL;
+}
+
+/* Abort the communicator (its handle is freed; every later call fails), fail with `why`, and
+ * report it through the flight recorder (once per communicator): when m is one of ctx's groups,
+ * its pending collectives (and `late`, the one that timed out) are marked failed in the group's
+ * record and the oldest of them named to tpk__flight_report (the world's report hook, else this
+ * rank's record printed). A communicator of the program's own is reported by coll.h when the
+ * failure reaches one of its calls. */
+static tpk_status nccl_abort(tpk_ctx *ctx, const char *fn, nccl_impl *m, const char *why,
+                             const nccl_pending *late) {
     ncclCommAbort(m->comm);
     m->aborted = true;
-    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--)
+    tpk_status s = tpk__fail(
+        ctx, TPK_ERR_COMM, fn,
+        "%s: communicator aborted (a rank stopped taking part, or the network failed)", why);
+    tpk_comm *c = nccl_group(ctx, m);
+    const nccl_pending *named = late ? late : m->npend ? &m->pend[m->head] : NULL;
+    tpk_flight_entry *e = c && named ? tpk__flight_find(c, named->flight) : NULL;
+    double waited = named ? nccl_secs(tpk__clock::now()) - nccl_secs(named->t0) : 0,
+           now = tpk__flight_now();
+    for (; m->npend; m->head = (m->head + 1) % NCCL_PENDING, m->npend--) {
+        tpk_flight_entry *p = c ? tpk__flight_find(c, m->pend[m->head].flight) : NULL;
+        if (p) p->state = TPK_FLIGHT_FAILED, p->t1 = now;
         cudaEventDestroy(m->pend[m->head].done);
-    return tpk__fail(ctx, TPK_ERR_COMM, fn,
-                     "%s: communicator aborted (a rank stopped taking part, or the network failed)",
-                     why);
+    }
+    if (e) e->state = TPK_FLIGHT_FAILED, e->t1 = now;
+    if (c && !c->flight.reported) {
+        c->flight.reported = true;
+        tpk__flight_report(ctx, c, e, waited);
+    }
+    return s;
 }
-static tpk_status nccl_async_error(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
+static tpk_status nccl_async_error(tpk_ctx *ctx, const char *fn, nccl_impl *m,
+                                   const nccl_pending *waited) {
     ncclResult_t async = ncclSuccess, q = ncclCommGetAsyncError(m->comm, &async);
     if (q == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return TPK_OK;
     char why[160];
     snprintf(why, sizeof why, "asynchronous NCCL error: %s",
              ncclGetErrorString(q != ncclSuccess ? q : async));
-    return nccl_abort(ctx, fn, m, why);
+    return nccl_abort(ctx, fn, m, why, waited);
 }
+/* The peers' progress (tpk_nccl_desc.progress) into m->alive, at most once a millisecond. */
+static void nccl_progress(nccl_impl *m, double now) {
+    if (!m->progress || now - m->asked < 1e-3) return;
+    m->asked = now;
+    double ahead = m->progress(m->user);
+    m->alive = ahead > -HUGE_VAL ? now + ahead : -HUGE_VAL; /* NaN: nothing heard */
+}
+/* Collective p past its deadline (tpk__watch_deadline: timeout_s after the later of its start and
+ * the peers' last sign of progress) aborts the communicator. */
 static tpk_status nccl_timed_out(tpk_ctx *ctx, const char *fn, nccl_impl *m,
-                                 tpk__clock::time_point t0) {
-    double waited = std::chrono::duration<double>(tpk__clock::now() - t0).count();
-    if (waited <= m->timeout_s) return TPK_OK;
-    char why[160];
-    snprintf(why, sizeof why, "a collective not finished %.1f s after it started (timeout %.1f s)",
-             waited, m->timeout_s);
-    return nccl_abort(ctx, fn, m, why);
+                                 const nccl_pending *p) {
+    double now = nccl_secs(tpk__clock::now()), t0 = nccl_secs(p->t0);
+    nccl_progress(m, now);
+    if (now < tpk__watch_deadline(t0, m->alive, m->timeout_s)) return TPK_OK;
+    char why[224];
+    int k = snprintf(why, sizeof why, "a collective not finished %.1f s after it started",
+                     now - t0);
+    if (m->progress && k > 0 && (size_t)k < sizeof why)
+        snprintf(why + k, sizeof why - (size_t)k, ", %.1f s without a note from a peer",
+                 now - (m->alive > t0 ? m->alive : t0));
+    k = (int)strlen(why);
+    snprintf(why + k, sizeof why - (size_t)k, " (timeout %.1f s)", m->timeout_s);
+    return nccl_abort(ctx, fn, m, why, p);
 }
 
-/* The host waits for `done` (a collective started at t0), polling NCCL's error and the timeout. */
-static tpk_status nccl_poll(tpk_ctx *ctx, const char *fn, nccl_impl *m, cudaEvent_t done,
-                            tpk__clock::time_point t0) {
+/* The host waits for collective r, polling NCCL's error and the deadline. */
+static tpk_status nccl_poll(tpk_ctx *ctx, const char *fn, nccl_impl *m, const nccl_pending *r) {
     for (int spins = 0;; spins++) {
-        cudaError_t e = tpk__event_query(done);
+        cudaError_t e = tpk__event_query(r->done);
         if (e == cudaSuccess) return TPK_OK;
         if (e != cudaErrorNotReady) return tpk__cuda_err(ctx, fn, "cudaEventQuery", e);
-        TPK_TRY(nccl_async_error(ctx, fn, m));
-        TPK_TRY(nccl_timed_out(ctx, fn, m, t0));
+        TPK_TRY(nccl_async_error(ctx, fn, m, r));
+        TPK_TRY(nccl_timed_out(ctx, fn, m, r));
         if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
 }
 
 /* The watchdog's look at one communicator: finished collectives released (oldest first), NCCL's
- * asynchronous error, the oldest unfinished collective's age. */
+ * asynchronous error, the oldest unfinished collective's deadline; the peers' progress asked even
+ * with nothing pending (the hook answers the flight recorder's questions meanwhile). */
 static tpk_status nccl_check(tpk_ctx *ctx, const char *fn, nccl_impl *m) {
     if (m->aborted || m->no_poll) return TPK_OK;
     while (m->npend && tpk__event_query(m->pend[m->head].done) == cudaSuccess) {
         cudaEventDestroy(m->pend[m->head].done);
         m->head = (m->head + 1) % NCCL_PENDING, m->npend--;
     }
-    TPK_TRY(nccl_async_error(ctx, fn, m));
-    return m->npend ? nccl_timed_out(ctx, fn, m, m->pend[m->head].t0) : TPK_OK;
+    TPK_TRY(nccl_async_error(ctx, fn, m, NULL));
+    if (!m->npend) {
+        nccl_progress(m, nccl_secs(tpk__clock::now()));
+        return TPK_OK;
+    }
+    return nccl_timed_out(ctx, fn, m, &m->pend[m->head]);
 }
 
 /* The watchdog over every live communicator: the CUDA backend's wait hook while any is alive
@@ -158,7 +224,7 @@ static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_r
     if (s == TPK_OK && !st) s = TPK_ERR_BACKEND;
     cudaError_t e = s == TPK_OK ? cudaStreamWaitEvent(st->stream, r->done, 0) : cudaSuccess;
     if (e != cudaSuccess) s = tpk__cuda_err(ctx, fn, "cudaStreamWaitEvent", e);
-    if (s == TPK_OK && m->blocking && !m->no_poll) s = nccl_poll(ctx, fn, m, r->done, r->t0);
+    if (s == TPK_OK && m->blocking && !m->no_poll) s = nccl_poll(ctx, fn, m, r);
     if (s != TPK_OK || m->blocking || m->no_poll) {
         cudaEventDestroy(r->done);
         free(r);
@@ -167,12 +233,12 @@ static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_r
     std::lock_guard<std::mutex> lock(g_live_mu); /* the watchdog reads the list */
     if (m->npend == NCCL_PENDING) { /* full: the oldest must finish first */
         nccl_pending *o = &m->pend[m->head];
-        s = nccl_poll(ctx, fn, m, o->done, o->t0);
+        s = nccl_poll(ctx, fn, m, o);
         if (s == TPK_OK)
             cudaEventDestroy(o->done), m->head = (m->head + 1) % NCCL_PENDING, m->npend--;
     }
     if (s == TPK_OK) {
-        m->pend[(m->head + m->npend) % NCCL_PENDING] = nccl_pending{r->done, r->t0};
+        m->pend[(m->head + m->npend) % NCCL_PENDING] = *r;
         m->npend++;
     } else {
         cudaEventDestroy(r->done);
@@ -181,13 +247,15 @@ static tpk_status nccl_finish(tpk_ctx *ctx, const char *fn, nccl_impl *m, nccl_r
     return s == TPK_OK ? nccl_check(ctx, fn, m) : s;
 }
 
-/* After the NCCL call(s): record `done`, then hand the request over or finish it. */
-static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, nccl_impl *m, ncclResult_t rc,
+/* After the NCCL call(s) of c: record `done`, then hand the request over or finish it. The
+ * operation is the one coll.h's wrapper recorded just before calling the table (c->flight.ops). */
+static tpk_status nccl_end(tpk_ctx *ctx, const char *fn, tpk_comm *c, ncclResult_t rc,
                            tpk_request *req) {
+    nccl_impl *m = (nccl_impl *)c->impl;
     if (rc != ncclSuccess) return nccl_fail(ctx, fn, "NCCL call", rc);
     nccl_req *r = (nccl_req *)calloc(1, sizeof *r);
     if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for a request");
-    r->t0 = tpk__clock::now();
+    r->t0 = tpk__clock::now(), r->flight = c->flight.ops;
     cudaError_t e = cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming);
     bool made = e == cudaSuccess;
     if (made) e = cudaEventRecord(r->done, m->stream);
@@ -223,7 +291,7 @@ static tpk_status nccl_allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, vo
     if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, count * tpk_dtype_size(dt), req);
     TPK_TRY(nccl_begin(ctx, fn, m));
     return nccl_end(
-        ctx, fn, m,
+        ctx, fn, c,
         ncclAllReduce(send, recv, count, nccl_type(dt), nccl_op(op), m->comm, m->stream), req);
 }
 
@@ -249,7 +317,7 @@ static tpk_status nccl_allgatherv(tpk_ctx *ctx, tpk_comm *c, const void *send, v
         ncclResult_t g = ncclGroupEnd();
         if (rc == ncclSuccess) rc = g;
     }
-    return nccl_end(ctx, fn, m, rc, req);
+    return nccl_end(ctx, fn, c, rc, req);
 }
 
 static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
@@ -276,7 +344,7 @@ static tpk_status nccl_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *se
         ncclResult_t g = ncclGroupEnd();
         if (rc == ncclSuccess) rc = g;
     }
-    return nccl_end(ctx, fn, m, rc, req);
+    return nccl_end(ctx, fn, c, rc, req);
 }
 
 static tpk_status nccl_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt,
@@ -285,7 +353,7 @@ static tpk_status nccl_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count,
     nccl_impl *m = (nccl_impl *)c->impl;
     if (c->size == 1) return nccl_one(ctx, fn, m, buf, buf, 0, req);
     TPK_TRY(nccl_begin(ctx, fn, m));
-    return nccl_end(ctx, fn, m,
+    return nccl_end(ctx, fn, c,
                     ncclBroadcast(buf, buf, count, nccl_type(dt), root, m->comm, m->stream), req);
 }
 
@@ -294,7 +362,7 @@ static tpk_status nccl_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request *req) {
     nccl_impl *m = (nccl_impl *)c->impl;
     if (c->size == 1) return nccl_one(ctx, fn, m, NULL, NULL, 0, req);
     TPK_TRY(nccl_begin(ctx, fn, m));
-    return nccl_end(ctx, fn, m,
+    return nccl_end(ctx, fn, c,
                     ncclAllReduce(m->one, m->one, 1, ncclFloat32, ncclSum, m->comm, m->stream),
                     req);
 }
@@ -313,7 +381,7 @@ static tpk_status nccl_p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n,
                                     m->comm, m->stream);
     ncclResult_t g = ncclGroupEnd();
     if (rc == ncclSuccess) rc = g;
-    return nccl_end(ctx, fn, m, rc, req);
+    return nccl_end(ctx, fn, c, rc, req);
 }
 
 static tpk_status nccl_wait(tpk_ctx *ctx, tpk_request *req) {
@@ -343,12 +411,15 @@ static void nccl_destroy(tpk_comm *c) {
     cudaEventDestroy(m->ready);
     cudaStreamDestroy(m->stream);
     cudaFree(m->one);
+    void (*release)(void *) = m->release;
+    void *user = m->user;
     free(m);
     c->impl = NULL;
+    if (release) release(user);
 }
 
-static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s,
-                            bool no_poll, bool blocking, tpk_comm *out);
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm,
+                            const tpk_nccl_desc *d, tpk_comm *out);
 
 static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out) {
     static const char *fn = "tpk_comm_split (nccl)";
@@ -358,7 +429,10 @@ static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
                          "the communicator was aborted after an earlier failure");
     ncclComm_t sub = NULL;
     NCCL_TRY(ctx, fn, ncclCommSplit(m->comm, color, key, &sub, NULL));
-    return nccl_wrap(ctx, fn, sub, m->timeout_s, m->no_poll, m->blocking, out);
+    tpk_nccl_desc d = {}; /* the parent's settings and progress hook; its release stays its own */
+    d.timeout_s = m->timeout_s, d.no_poll = m->no_poll, d.blocking_wait = m->blocking;
+    d.progress = m->progress, d.user = m->user;
+    return nccl_wrap(ctx, fn, sub, &d, out);
 }
 
 static const tpk_comm_vtable *nccl_vtable(void) {
@@ -367,17 +441,19 @@ static const tpk_comm_vtable *nccl_vtable(void) {
     return &vt;
 }
 
-/* Take ownership of `comm` and fill `out`. */
-static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm, double timeout_s,
-                            bool no_poll, bool blocking, tpk_comm *out) {
+/* Take ownership of `comm` and fill `out` (d: the settings and hooks). */
+static tpk_status nccl_wrap(tpk_ctx *ctx, const char *fn, ncclComm_t comm,
+                            const tpk_nccl_desc *d, tpk_comm *out) {
     memset(out, 0, sizeof *out);
     nccl_impl *m = (nccl_impl *)calloc(1, sizeof *m);
     if (!m) {
         ncclCommDestroy(comm);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
-    m->comm = comm, m->timeout_s = timeout_s > 0 ? timeout_s : 600.0, m->no_poll = no_poll,
-    m->blocking = blocking;
+    m->comm = comm, m->timeout_s = d->timeout_s > 0 ? d->timeout_s : 600.0,
+    m->no_poll = d->no_poll, m->blocking = d->blocking_wait;
+    m->progress = d->progress, m->release = d->release, m->user = d->user;
+    m->alive = m->asked = -HUGE_VAL;
     cudaError_t e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&m->ready, cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaMalloc(&m->one, sizeof(float));
@@ -428,6 +504,10 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "rank: expected 0 <= rank < nranks (nranks >= 1), got rank %d of %d", rank,
                          nranks);
+    if (desc && !(desc->timeout_s >= 0 && desc->timeout_s <= 1e9))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->timeout_s: expected seconds in [0, 1e9] (0: 600), got %g",
+                         desc->timeout_s);
     TPK__CUDA_STATE(st, ctx, fn); /* the compute stream's device is the communicator's */
     (void)st;
     ncclUniqueId u;
@@ -436,7 +516,7 @@ extern "C" tpk_status tpk_comm_nccl(tpk_ctx *ctx, const tpk_nccl_id *id, int nra
     NCCL_TRY(ctx, fn, ncclCommInitRank(&comm, nranks, u, rank));
     tpk_nccl_desc d = {};
     if (desc) d = *desc;
-    return nccl_wrap(ctx, fn, comm, d.timeout_s, d.no_poll, d.blocking_wait, out);
+    return nccl_wrap(ctx, fn, comm, &d, out);
 }
 
 #else /* a build without NCCL */

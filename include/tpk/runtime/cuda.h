@@ -71,8 +71,9 @@ typedef struct tpk_nccl_id {
 } tpk_nccl_id;
 
 typedef struct tpk_nccl_desc {
-    double timeout_s;   /* a collective not finished this long after it started aborts the
-                           communicator (TPK_ERR_COMM); 0: 600 s */
+    double timeout_s;   /* a collective not finished this long after the later of its start and
+                           the peers' last sign of progress (`progress`) aborts the communicator
+                           (TPK_ERR_COMM); 0: 600 s */
     bool blocking_wait; /* the host waits at each tpk_wait (and blocking collective), polling
                            NCCL's asynchronous error and the timeout. Default: tpk_wait only orders
                            the compute stream after the collective and the host goes on; a watchdog
@@ -80,6 +81,20 @@ typedef struct tpk_nccl_desc {
                            backend detects errors and timeouts (that call returns TPK_ERR_COMM) */
     bool no_poll;       /* no watchdog for this communicator: no timeout, errors only as CUDA
                            reports them (a hung collective then hangs the next synchronisation) */
+    /* The peers' progress (NULL: none: a collective's timeout counts from its start). Returns the
+     * time until which the peers are known to make progress, in seconds from now: negative, the
+     * last note from a peer (a heartbeat, a phase's start or end) arrived that long ago; positive,
+     * a peer announced a phase that lasts that much longer; -HUGE_VAL: nothing heard. The
+     * watchdog calls it at its checks, at most once a millisecond per communicator (and never two
+     * at once: under the watchdog's lock, on the thread that waits), and a collective's deadline
+     * is timeout_s after the later of its start and that time (tpk__watch_deadline,
+     * tpk/runtime/coll.h). tpk_comm_nccl_mpi (tpk/runtime/nccl.h) installs the MPI heartbeat's
+     * (tpk_busy), which also answers the flight recorder's questions. Splits keep it. */
+    double (*progress)(void *user);
+    /* Called once when tpk_comm_destroy destroys this communicator (not a split of it, and not
+     * when tpk_comm_nccl fails), to free what `user` holds; NULL: nothing to free. */
+    void (*release)(void *user);
+    void *user; /* the hooks' argument */
 } tpk_nccl_desc;
 
 /* A new unique id (on one rank; send it to the others). TPK_ERR_UNSUPPORTED in a build without

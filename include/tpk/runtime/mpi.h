@@ -40,20 +40,20 @@
  * which the NCCL watchdog shares (tpk/runtime/nccl.h feeds it these notes).
  * tpk_mpi_waited: the seconds this rank spent waiting.
  *
- * The flight recorder's report (tpk/runtime/coll.h keeps each communicator's last operations):
- * a communicator made by tpk_comm_mpi (the world) also holds a side channel, a duplicate of it on
- * which every rank keeps one receive posted for a question (an NCCL world made by
- * tpk_comm_nccl_mpi uses one kept beside it: tpk__mpi_side_other, tpk/runtime/nccl.h). When a collective of a context on
- * that world fails (the timeout, a peer gone), the rank prints its record and asks each other
+ * The flight recorder's report (tpk/runtime/coll.h keeps each communicator's last operations): a
+ * communicator made by tpk_comm_mpi (the world) also holds a side channel, a duplicate of it on
+ * which every rank keeps one receive posted for a question (an NCCL world made by tpk_comm_nccl_mpi
+ * uses one kept beside it: tpk__mpi_side_other, tpk/runtime/nccl.h). When a collective of a context
+ * on that world fails (the timeout, a peer gone), the rank prints its record and asks each other
  * rank of the failed group (MPI_Isend of its world rank, the group, the collective's sequence
  * number): every rank waiting in a collective of its own answers from its wait loop (the sleeping
  * polls above serve the side channel) with its groups' counts of collectives and point-to-point
  * batches begun and the operation it waits in, and prints its own record once. The asking rank
  * waits at most a quarter of the timeout (1 to 10 s) for the answers, then cancels the receives
- * that got none, and prints one line per rank of the group that never reached the collective:
- * no answer (stopped, dead, or computing outside a collective), or its count below the
- * collective's number (with what it waits in). Nothing in it can block: every call is
- * non-blocking, its sends are a few bytes, and a rank that never answers costs the deadline. */
+ * that got none, and prints one line per rank of the group that never reached the collective: no
+ * answer (stopped, dead, or computing outside a collective), or its count below the collective's
+ * number (with what it waits in). Nothing in it can block: every call is non-blocking, its sends
+ * are a few bytes, and a rank that never answers costs the deadline. */
 #ifndef TPK_MPI_H
 #define TPK_MPI_H
 
