@@ -72,6 +72,23 @@ static inline int test_finish(void) {
               "message \"%s\" does not name \"%s\"", tpk_last_error(ctx), (needle));  \
     } while (0)
 
+/* A context's logger that keeps the lines it is given (not TPK_LOG_DEBUG's failure records):
+ * tpk_ctx_desc.logger = {test_catch_log, &buf}. */
+typedef struct test_logbuf {
+    char lines[256][1024];
+    int n;
+} test_logbuf;
+static inline void test_catch_log(tpk_log_level level, const char *msg, void *user) {
+    test_logbuf *b = (test_logbuf *)user;
+    if (level != TPK_LOG_DEBUG && b->n < 256) snprintf(b->lines[b->n++], 1024, "%s", msg);
+}
+/* The number of caught lines holding s1 and s2 (NULL: s1 alone). */
+static inline int test_lines_with(const test_logbuf *b, const char *s1, const char *s2) {
+    int n = 0;
+    for (int i = 0; i < b->n; i++) n += strstr(b->lines[i], s1) && (!s2 || strstr(b->lines[i], s2));
+    return n;
+}
+
 /* max |got - want| / max(max |want|, 1e-30) over n elements; NaN anywhere gives INFINITY. */
 static inline double test_relerr(const float *got, const float *want, size_t n) {
     double num = 0, den = 1e-30;

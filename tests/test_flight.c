@@ -9,30 +9,16 @@
  * Messages are caught through the context's logger. Run at 1..4 ranks (the report from 2). */
 #include "test.h"
 
-typedef struct logbuf {
-    char lines[256][1024];
-    int n;
-} logbuf;
-static void catch_log(tpk_log_level level, const char *msg, void *user) {
-    logbuf *b = (logbuf *)user;
-    if (level != TPK_LOG_DEBUG && b->n < 256) snprintf(b->lines[b->n++], 1024, "%s", msg);
-}
-/* the number of caught lines holding s1 and s2 (NULL: s1 alone) */
-static int lines_with(const logbuf *b, const char *s1, const char *s2) {
-    int n = 0;
-    for (int i = 0; i < b->n; i++) n += strstr(b->lines[i], s1) && (!s2 || strstr(b->lines[i], s2));
-    return n;
-}
 static const tpk_flight_entry *entry(tpk_comm *c, uint64_t id) { return tpk__flight_find(c, id); }
 
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     int me = test__rank, np = test__size;
-    static logbuf lb;
+    static test_logbuf lb;
     tpk_comm world;
     tpk_ctx ctx;
     tpk_ctx_desc d = {0};
-    d.world = &world, d.tp = np, d.logger.func = catch_log, d.logger.user_data = &lb;
+    d.world = &world, d.tp = np, d.logger.func = test_catch_log, d.logger.user_data = &lb;
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK || tpk_ctx_init(&ctx, &d) != TPK_OK) {
         fprintf(stderr, "setup failed: %s\n", tpk_last_error(&ctx));
         return 1;
@@ -116,7 +102,7 @@ int main(int argc, char **argv) {
                  "TP all-reduce #%llu:", (unsigned long long)c->flight.colls);
         /* groups of one rank are left out: at 1 rank nothing but the header */
         int want = np > 1 ? 1 + TPK_FLIGHT_N : 1;
-        CHECK(lb.n == want && lines_with(&lb, head, NULL) == 1, "%d lines, expected %d", lb.n,
+        CHECK(lb.n == want && test_lines_with(&lb, head, NULL) == 1, "%d lines, expected %d", lb.n,
               want);
         CHECK(np == 1 || (strstr(lb.lines[lb.n - 1], lastop) && strstr(lb.lines[lb.n - 1], "done")),
               "the last line '%s', expected '%s ... done'", lb.lines[lb.n - 1], lastop);
@@ -134,9 +120,9 @@ int main(int argc, char **argv) {
             if (me == 0) {
                 CHECK_FAILS(&ctx, tpk_allreduce(&ctx, c, &x, &sum, 1, TPK_I32, TPK_SUM),
                             TPK_ERR_COMM, "no answer from a peer within 0.5 s");
-                CHECK(lines_with(&lb, "rank 0: TP all-reduce #", "failed after") == 1 &&
-                          lines_with(&lb, "rank 0: last collectives", NULL) == 1 &&
-                          lines_with(&lb, op, "FAILED after") == 1,
+                CHECK(test_lines_with(&lb, "rank 0: TP all-reduce #", "failed after") == 1 &&
+                          test_lines_with(&lb, "rank 0: last collectives", NULL) == 1 &&
+                          test_lines_with(&lb, op, "FAILED after") == 1,
                       "rank 0's record of %s missing (%d lines)", op, lb.n);
                 for (int q = 1; q < np; q++) {
                     char who[256];
@@ -145,7 +131,7 @@ int main(int argc, char **argv) {
                         "rank 0: rank %d never reached %s: it has begun %llu TP collectives; it "
                         "waits in world barrier #",
                         q, op, (unsigned long long)(k - 1));
-                    CHECK(lines_with(&lb, who, NULL) == 1, "no line '%s...'", who);
+                    CHECK(test_lines_with(&lb, who, NULL) == 1, "no line '%s...'", who);
                 }
                 CHECK_OK(&ctx, tpk_barrier(&ctx, &world)); /* lets the others go on */
                 int seen = 0; /* rank 1's late all-reduce finished with ours */
@@ -159,8 +145,8 @@ int main(int argc, char **argv) {
                 char asked[160];
                 snprintf(asked, sizeof asked, "rank %d: asked by rank 0, which failed in %s", me,
                          op);
-                CHECK(lines_with(&lb, asked, NULL) == 1 &&
-                          lines_with(&lb, "last collectives", NULL) == 1,
+                CHECK(test_lines_with(&lb, asked, NULL) == 1 &&
+                          test_lines_with(&lb, "last collectives", NULL) == 1,
                       "rank %d did not print its record when asked (%d lines)", me, lb.n);
                 CHECK_OK(&ctx, tpk_allreduce(&ctx, c, &x, &sum, 1, TPK_I32, TPK_SUM)); /* late */
                 CHECK(sum == np * (np + 1) / 2, "late sum %d", (int)sum);

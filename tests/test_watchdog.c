@@ -23,19 +23,6 @@
 
 #include <tpk/runtime/nccl.h>
 
-typedef struct logbuf {
-    char lines[256][1024];
-    int n;
-} logbuf;
-static void catch_log(tpk_log_level level, const char *msg, void *user) {
-    logbuf *b = (logbuf *)user;
-    if (level != TPK_LOG_DEBUG && b->n < 256) snprintf(b->lines[b->n++], 1024, "%s", msg);
-}
-static int lines_with(const logbuf *b, const char *s1, const char *s2) {
-    int n = 0;
-    for (int i = 0; i < b->n; i++) n += strstr(b->lines[i], s1) && (!s2 || strstr(b->lines[i], s2));
-    return n;
-}
 
 /* A peer's note: at time t, from peer q, budget b (> 0 a phase, 0 a heartbeat, < 0 the end). */
 typedef struct note {
@@ -88,11 +75,11 @@ static double hook_until(int want_sign) {
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     int me = test__rank, np = test__size;
-    static logbuf lb;
+    static test_logbuf lb;
     tpk_comm world;
     tpk_ctx ctx;
     tpk_ctx_desc d = {0};
-    d.world = &world, d.tp = np, d.logger.func = catch_log, d.logger.user_data = &lb;
+    d.world = &world, d.tp = np, d.logger.func = test_catch_log, d.logger.user_data = &lb;
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK || tpk_ctx_init(&ctx, &d) != TPK_OK ||
         tpk_mpi_heartbeat_init(&ctx) != TPK_OK) {
         fprintf(stderr, "setup failed: %s\n", tpk_last_error(&ctx));
@@ -221,7 +208,7 @@ int main(int argc, char **argv) {
                                 name (no call reaches it), impl an address */
         fw.vt = &fake_vt, fw.impl = &fake_impl, fw.rank = me, fw.size = np;
         fake.world = &fw, fake.tp.size = np, fake.dp.size = fake.pp.size = 1;
-        fake.logger.func = catch_log, fake.logger.user_data = &lb;
+        fake.logger.func = test_catch_log, fake.logger.user_data = &lb;
         tpk__mpi_side_of *o = tpk__mpi_side_other();
         CHECK(tpk__mpi_side(&fake) == NULL, "a side channel before one was made");
         CHECK(tpk__mpi_side(&ctx) == (tpk__mpi *)world.impl, "the MPI world's own not found");
@@ -240,7 +227,7 @@ int main(int argc, char **argv) {
                 tpk_flight_entry *e = tpk__flight_find(&fw, id);
                 e->state = TPK_FLIGHT_FAILED, e->t1 = e->t0 + 1;
                 tpk__flight_report(&fake, &fw, e, 1.0);
-                CHECK(lines_with(&lb, "rank 0: world all-reduce #1 failed after 1.000 s", NULL) ==
+                CHECK(test_lines_with(&lb, "rank 0: world all-reduce #1 failed after 1.000 s", NULL) ==
                           1,
                       "no line naming the failed collective (%d lines)", lb.n);
                 for (int q = 1; q < np; q++) {
@@ -249,7 +236,7 @@ int main(int argc, char **argv) {
                              "rank 0: rank %d never reached world all-reduce #1: it has begun 0 "
                              "world collectives",
                              q);
-                    CHECK(lines_with(&lb, who, NULL) == 1, "no line '%s'", who);
+                    CHECK(test_lines_with(&lb, who, NULL) == 1, "no line '%s'", who);
                     MPI_Send(&q, 1, MPI_INT, q, 77, MPI_COMM_WORLD);
                 }
             } else { /* waiting on the GPU: the watchdog calls the hook, which answers */
@@ -263,7 +250,7 @@ int main(int argc, char **argv) {
                 char asked[128];
                 snprintf(asked, sizeof asked,
                          "rank %d: asked by rank 0, which failed in world all-reduce #1", me);
-                CHECK(lines_with(&lb, asked, NULL) == 1, "no line '%s' (%d lines)", asked, lb.n);
+                CHECK(test_lines_with(&lb, asked, NULL) == 1, "no line '%s' (%d lines)", asked, lb.n);
             }
             *tpk__flight_slot() = keep;
         }
