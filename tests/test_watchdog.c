@@ -36,7 +36,8 @@ typedef struct note {
 static double ref_timeout(double t0, double timeout_s, const note *ns, int n, double dt) {
     double until[4] = {-HUGE_VAL, -HUGE_VAL, -HUGE_VAL, -HUGE_VAL}, waited = 0;
     int i = 0;
-    for (; i < n && ns[i].t <= t0; i++) until[ns[i].q] = ns[i].b > 0 ? ns[i].t + ns[i].b : -HUGE_VAL;
+    for (; i < n && ns[i].t <= t0; i++)
+        until[ns[i].q] = ns[i].b > 0 ? ns[i].t + ns[i].b : -HUGE_VAL;
     for (double t = t0 + dt;; t += dt) {
         bool busy = false;
         for (; i < n && ns[i].t <= t; i++)
@@ -97,8 +98,8 @@ int main(int argc, char **argv) {
         CHECK(dl == t0 + T, "a heartbeat before t0: deadline %g, expected %g", dl, t0 + T);
         tpk__watch_note(101, 0, &heard, &until[1]); /* a heartbeat: the count restarts */
         dl = tpk__watch_deadline(t0, tpk__watch_alive(heard, until, 2), T);
-        CHECK(dl == 101 + T && until[1] == -HUGE_VAL, "a heartbeat at 101: deadline %g, expected %g",
-              dl, 101 + T);
+        CHECK(dl == 101 + T && until[1] == -HUGE_VAL,
+              "a heartbeat at 101: deadline %g, expected %g", dl, 101 + T);
         tpk__watch_note(101.5, 10, &heard, &until[0]); /* rank 0's phase of 10 s */
         dl = tpk__watch_deadline(t0, tpk__watch_alive(heard, until, 2), T);
         CHECK(dl == 101.5 + 10 + T, "a phase of 10 s at 101.5: deadline %g, expected %g", dl,
@@ -109,8 +110,10 @@ int main(int argc, char **argv) {
               dl, 101.5 + 10 + T);
         tpk__watch_note(106, -1, &heard, &until[0]); /* the phase's end: from its note */
         dl = tpk__watch_deadline(t0, tpk__watch_alive(heard, until, 2), T);
-        CHECK(dl == 106 + T && until[0] == -HUGE_VAL, "the phase ended at 106: deadline %g, "
-              "expected %g", dl, 106 + T);
+        CHECK(dl == 106 + T && until[0] == -HUGE_VAL,
+              "the phase ended at 106: deadline %g, "
+              "expected %g",
+              dl, 106 + T);
         CHECK(tpk__watch_deadline(t0, 1e9, 0) == HUGE_VAL &&
                   tpk__watch_deadline(t0, -HUGE_VAL, NAN) == HUGE_VAL,
               "timeout 0 or NaN: a deadline");
@@ -227,8 +230,8 @@ int main(int argc, char **argv) {
                 tpk_flight_entry *e = tpk__flight_find(&fw, id);
                 e->state = TPK_FLIGHT_FAILED, e->t1 = e->t0 + 1;
                 tpk__flight_report(&fake, &fw, e, 1.0);
-                CHECK(test_lines_with(&lb, "rank 0: world all-reduce #1 failed after 1.000 s", NULL) ==
-                          1,
+                CHECK(test_lines_with(&lb, "rank 0: world all-reduce #1 failed after 1.000 s",
+                                      NULL) == 1,
                       "no line naming the failed collective (%d lines)", lb.n);
                 for (int q = 1; q < np; q++) {
                     char who[160];
@@ -250,7 +253,8 @@ int main(int argc, char **argv) {
                 char asked[128];
                 snprintf(asked, sizeof asked,
                          "rank %d: asked by rank 0, which failed in world all-reduce #1", me);
-                CHECK(test_lines_with(&lb, asked, NULL) == 1, "no line '%s' (%d lines)", asked, lb.n);
+                CHECK(test_lines_with(&lb, asked, NULL) == 1, "no line '%s' (%d lines)", asked,
+                      lb.n);
             }
             *tpk__flight_slot() = keep;
         }
