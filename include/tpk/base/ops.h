@@ -208,8 +208,10 @@ typedef struct tpk_ops {
      *               double, r ascending); loss[t] = lse - (1-eps) sum_r zy_r - eps sum_r sz_r / V
      *               (0 where y_t == ignore_index), lse saved f32 [T]
      * xent_mean:    m = (float)(sum_{t<T} loss[t] / count), the sum in double in an order fixed by
-     * T
-     *               alone (the host: t ascending; a device: a fixed tree), m = 0 when count = 0;
+     *               T alone (the host: t ascending; a device: a fixed tree), m = 0 when count = 0;
+     *               count >= 0 the positions counted: this call's rows', or under context
+     *               parallelism every CP rank's (may exceed T: each rank's m its share of the
+     *               mean);
      *               *acc (f64, one element in backend memory) = (accumulate ? *acc : 0) +
      *               (double)m: the mean loss of a forward, or a running sum of them, left in
      *               backend memory for the host to read when it asks (no host wait here)

@@ -15,7 +15,8 @@
  * [q_h; k_h; v_h] (unit 3D, stride 1: the shard is its heads' groups), so the output holds per head
  * [q_h | k_h | v_h]; it is packed into [Q_r | K_r | V_r] (a buffer of its own) with the first
  * rotary_dim of each head of Q and K rotated (rotate-half, position s = row mod S, tpk_op_rope on
- * rotary_dim), and the packed gradient is rotated back and unpacked into W's layout.
+ * rotary_dim; under CP the row's true position), and the packed gradient is rotated back and
+ * unpacked into W's layout.
  * Layouts: x R [T, H] (S(0) under sequence parallelism) -> y R [T, H] (S(0)).
  * Collectives: forward 1 all-reduce of T H (SP: all-gather of x + reduce-scatter of y);
  * backward 1 all-reduce of T H (SP: all-gather of dy + reduce-scatter of dx, and x all-gathered
@@ -24,10 +25,18 @@
  * Partial outputs (a parallel residual block sums two branches and reduces once): with
  * desc.partial_output y is c_proj's P [T, H] (no collective; the bias on TP rank 0 only) and the
  * backward takes dy R [T, H]; with desc.partial_dx dx is c_attn's P [T, H] (no collective). Both
- * also under sequence parallelism (x S(0), gathered by c_attn). Both attentions alike. */
+ * also under sequence parallelism (x S(0), gathered by c_attn). Both attentions alike.
+ * Context parallelism (ctx->cp, c > 1; tpk/layers/cp_split.h): S is the whole sequence's length (a
+ * multiple of 2c) and x, y hold this rank's B S / c rows, its two chunks of each sequence; the
+ * rotary embedding turns each row by its true position (tpk_op_rope_at on tpk_cp_positions) and
+ * the attention runs over the CP group (tpk/layers/cp_attn.h: desc.cp_comm, the p2p ring by
+ * default or the all-gather; only K and V travel), in the forward, the backward and selective
+ * recompute; heads over TP, the sequence over CP. No dropout on the probabilities under CP yet
+ * (refused by name: the masks would depend on c). At c = 1 nothing changes. */
 #ifndef TPK_ATTN_H
 #define TPK_ATTN_H
 
+#include "cp_attn.h"
 #include "linear.h"
 
 typedef struct tpk_attention_desc {
@@ -45,6 +54,8 @@ typedef struct tpk_attention_desc {
     bool partial_output;    /* y P [T, H], not reduced (c_proj's tpk_linear_desc.partial_output);
                                backward's dy then R [T, H] */
     bool partial_dx;        /* backward's dx P [T, H], not reduced (c_attn's partial_dx) */
+    tpk_cp_comm cp_comm;    /* under context parallelism: TPK_CP_P2P (the ring, default) or
+                               TPK_CP_ALLGATHER (tpk/layers/cp_attn.h) */
 } tpk_attention_desc;
 
 typedef struct tpk_attention {
@@ -62,7 +73,23 @@ typedef struct tpk_attention {
     tpk_tensor qkv;   /* S(-1) [T, 3 Al D], owned by c_attn */
     tpk_buf out, lse, dqkv;
     tpk_buf pk, dpk;  /* pack: [T, 3 Al D] = [Q | K | V] rotated; the gradient in c_attn's layout */
+    tpk_cp_attn cp;   /* the attention over ctx->cp (c > 1) */
+    tpk_buf rpos;     /* int32 [S / c]: the rotary positions of this CP rank's rows (c > 1) */
+    int64_t rpos_S;   /* the S they are of */
 } tpk_attention;
+
+/* The attention over ctx->cp of a layer (desc->cp_comm: the mode, checked at every CP size). */
+static inline tpk_status tpk__attn_cp_init(tpk_ctx *ctx, const char *fn, tpk_cp_attn *cp,
+                                           tpk_cp_comm comm) {
+    if (comm != TPK_CP_P2P && comm != TPK_CP_ALLGATHER)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->cp_comm: expected TPK_CP_P2P or TPK_CP_ALLGATHER, got %d",
+                         (int)comm);
+    tpk_cp_attn_desc d;
+    memset(&d, 0, sizeof d);
+    d.comm = comm; /* causal */
+    return tpk_cp_attn_init(ctx, cp, &d);
+}
 
 static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int64_t H, int64_t A,
                                             const tpk_attention_desc *desc) {
@@ -87,6 +114,7 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
                          "desc->rope_theta: expected a finite base > 1 (0 = 10000), got %g",
                          (double)d.rope_theta);
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
+    TPK_TRY(tpk__attn_cp_init(ctx, fn, &a->cp, d.cp_comm));
     a->H = H, a->A = A, a->D = H / A, a->p = d.dropout;
     a->per_head = d.qkv_per_head, a->rot = d.rotary_dim, a->pack = a->per_head || a->rot > 0;
     a->theta = d.rope_theta > 0 ? d.rope_theta : 10000.0f;
@@ -112,7 +140,22 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
 static inline void tpk_attention_destroy(tpk_ctx *ctx, tpk_attention *a) {
     tpk_linear_destroy(ctx, &a->c_attn), tpk_linear_destroy(ctx, &a->c_proj);
     tpk__buf_free(ctx, &a->out), tpk__buf_free(ctx, &a->lse), tpk__buf_free(ctx, &a->dqkv);
-    tpk__buf_free(ctx, &a->pk), tpk__buf_free(ctx, &a->dpk);
+    tpk__buf_free(ctx, &a->pk), tpk__buf_free(ctx, &a->dpk), tpk__buf_free(ctx, &a->rpos);
+    tpk_cp_attn_destroy(ctx, &a->cp);
+}
+
+/* The rotary embedding of `heads` heads of D in `rows` rows of B sequences of S tokens, from x
+ * [rows, ldx] into y [rows, ldy] (inverse: the transpose): at row mod S, or under context
+ * parallelism at this CP rank's rows' true positions (rpos, uploaded once per S). */
+static inline tpk_status tpk__attn_rope(tpk_ctx *ctx, tpk_buf *rpos, int64_t *rpos_S, void *y,
+                                        int64_t ldy, const void *x, int64_t ldx, int64_t rows,
+                                        int64_t S, int64_t heads, int64_t D, float theta,
+                                        bool inverse) {
+    if (tpk_cp_size(ctx) == 1)
+        return tpk_op_rope(ctx, y, ldy, x, ldx, rows, S, heads, D, theta, inverse, ctx->dtype);
+    TPK_TRY(tpk__cp_positions_upload(ctx, "tpk_attention (rotary positions)", rpos, rpos_S, S));
+    return tpk_op_rope_at(ctx, y, ldy, x, ldx, rows, (const int32_t *)rpos->p,
+                          S / tpk_cp_size(ctx), heads, D, theta, inverse, ctx->dtype);
 }
 
 /* GPT-NeoX's packing (a->pack): c_attn's output qkv [T, 3 Al D] (per head [q_h | k_h | v_h], or
@@ -120,7 +163,7 @@ static inline void tpk_attention_destroy(tpk_ctx *ctx, tpk_attention *a) {
  * back = true: the packed gradient dpk_packed (in dqkv) rotated back into c_attn's layout (dpk).
  * One rope and one copy per head and block: the heads' columns are not one strided matrix. */
 static inline tpk_status tpk__attention_pack(tpk_ctx *ctx, tpk_attention *a, bool back) {
-    int64_t T = a->B * a->S, Al = a->Al, D = a->D, n3 = 3 * Al * D, r = a->rot;
+    int64_t T = tpk_cp_rows(ctx, a->B, a->S), Al = a->Al, D = a->D, n3 = 3 * Al * D, r = a->rot;
     tpk_buf *pb = back ? &a->dqkv : &a->pk, *cb = back ? &a->dpk : NULL;
     if (!back) TPK_TRY(tpk__buf_reserve(ctx, pb, (size_t)(T * n3 > 0 ? T * n3 : 1) *
                                                      tpk_dtype_size(ctx->dtype)));
@@ -136,8 +179,8 @@ static inline tpk_status tpk__attention_pack(tpk_ctx *ctx, tpk_attention *a, boo
                               ctx->dtype);
             void *dst = back ? c : p, *src = back ? p : c;
             if (rk)
-                TPK_TRY(tpk_op_rope(ctx, dst, n3, src, n3, T, a->S, 1, rk, a->theta, back,
-                                    ctx->dtype));
+                TPK_TRY(tpk__attn_rope(ctx, &a->rpos, &a->rpos_S, dst, n3, src, n3, T, a->S, 1, rk,
+                                       a->theta, back));
             if (rk < D)
                 TPK_TRY(tpk_op_copy2d(ctx, TPK__AT(dst, rk, ctx->dtype), n3,
                                       TPK__AT(src, rk, ctx->dtype), n3, T, D - rk, ctx->dtype));
@@ -147,25 +190,55 @@ static inline tpk_status tpk__attention_pack(tpk_ctx *ctx, tpk_attention *a, boo
 
 /* The attention kernel of B sequences of S tokens from qkv [T, (Al + 2 Gl) D] (query heads
  * [a0, a0 + Al) of A, key/value heads of G): *o S(-1) [T, A D] (unit D) in the buffer `out`, the
- * log-sum-exp [B, Al, S] in `lse`. Both attentions' forwards, and their selective recompute. */
+ * log-sum-exp [B, Al, S] in `lse`. Both attentions' forwards, and their selective recompute. Under
+ * context parallelism T = B S / c rows, lse [B, Al, S / c], the attention over ctx->cp (cp). */
 static inline tpk_status tpk__attn_core(tpk_ctx *ctx, tpk_buf *out, tpk_buf *lse, const void *qkv,
                                         int64_t B, int64_t S, int64_t A, int64_t G, int64_t a0,
                                         int64_t Al, int64_t D, float p, uint64_t stream,
-                                        tpk_tensor *o) {
-    int64_t T = B * S;
+                                        tpk_cp_attn *cp, tpk_tensor *o) {
+    int64_t T = tpk_cp_rows(ctx, B, S), nl = Al * T;
     *o = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, A * D, TPK_S_EX(-1, 1, (int)D));
     TPK_TRY(tpk__buf_view(ctx, out, o));
-    TPK_TRY(tpk__buf_reserve(ctx, lse, sizeof(float) * (size_t)(B * Al * S > 0 ? B * Al * S : 1)));
-    if (T && Al)
-        TPK_TRY(tpk_op_attn_fwd(ctx, o->data, (float *)lse->p, qkv, B, S, Al, D, A, G, a0,
-                                1.0f / sqrtf((float)D), p, ctx->seed, stream, ctx->dtype));
+    TPK_TRY(tpk__buf_reserve(ctx, lse, sizeof(float) * (size_t)(nl > 0 ? nl : 1)));
+    if (!T || !Al) return TPK_OK;
+    float scale = 1.0f / sqrtf((float)D);
+    if (tpk_cp_size(ctx) > 1)
+        return tpk_cp_attn_forward(ctx, cp, o->data, (float *)lse->p, qkv, B, S, A, G, a0, Al, D,
+                                   scale);
+    return tpk_op_attn_fwd(ctx, o->data, (float *)lse->p, qkv, B, S, Al, D, A, G, a0, scale, p,
+                           ctx->seed, stream, ctx->dtype);
+}
+/* The backward of tpk__attn_core: dqkv (qkv's layout) from dout S(-1) [T, Al D], the forward's
+ * qkv, out and lse. */
+static inline tpk_status tpk__attn_core_bwd(tpk_ctx *ctx, void *dqkv, const void *dout,
+                                            const void *qkv, const void *out, const float *lse,
+                                            int64_t B, int64_t S, int64_t A, int64_t G, int64_t a0,
+                                            int64_t Al, int64_t D, float p, uint64_t stream,
+                                            tpk_cp_attn *cp) {
+    if (!tpk_cp_rows(ctx, B, S) || !Al) return TPK_OK;
+    float scale = 1.0f / sqrtf((float)D);
+    if (tpk_cp_size(ctx) > 1)
+        return tpk_cp_attn_backward(ctx, cp, dqkv, dout, qkv, out, lse, B, S, A, G, a0, Al, D,
+                                    scale);
+    return tpk_op_attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, G, a0, scale, p,
+                           ctx->seed, stream, ctx->dtype);
+}
+/* A forward's B, S and dropout under context parallelism: S a multiple of 2c, no dropout (c > 1;
+ * the attention over CP has none yet). */
+static inline tpk_status tpk__attn_cp_check(tpk_ctx *ctx, const char *fn, int64_t S, float p) {
+    TPK_TRY(tpk__cp_layer_seq(ctx, fn, S));
+    if (tpk_cp_size(ctx) > 1 && p > 0)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "dropout: not yet under context parallelism (cp = %d: the attention over "
+                         "CP has no dropout), expected p = 0, got %g",
+                         tpk_cp_size(ctx), (double)p);
     return TPK_OK;
 }
 /* The attention's input: c_attn's output, or (a->pack) packed and rotated into pk first. */
 static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk_tensor *o) {
     if (a->pack) TPK_TRY(tpk__attention_pack(ctx, a, false));
     return tpk__attn_core(ctx, &a->out, &a->lse, a->pack ? a->pk.p : a->qkv.data, a->B, a->S, a->A,
-                          a->A, a->a0, a->Al, a->D, a->p, a->stream, o);
+                          a->A, a->a0, a->Al, a->D, a->p, a->stream, &a->cp, o);
 }
 
 /* Its buffers by recompute set (tpk/runtime/buf.h), its linears' among them.
@@ -188,7 +261,7 @@ static inline int tpk__attention_bufs(tpk_attention *a, int set, tpk_buf **o) {
     int n = 1 + tpk__linear_scratch(ca, o + 1);
     n += tpk__linear_scratch(cp, o + n);
     o[n] = &a->dpk;
-    return n + 1;
+    return n + 1 + tpk__cp_attn_scratch(&a->cp, o + n + 1);
 }
 static inline tpk_status tpk__attention_recompute(tpk_ctx *ctx, tpk_attention *a, tpk_tensor h) {
     tpk_tensor o;
@@ -210,9 +283,12 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
     if (B < 0 || S < 0)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
-    if (x.ndim == 2 && x.gshape[0] != B * S)
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S = %lld token rows, got %lld",
-                         (long long)(B * S), (long long)x.gshape[0]);
+    TPK_TRY(tpk__attn_cp_check(ctx, fn, S, a->p));
+    if (x.ndim == 2 && x.gshape[0] != tpk_cp_rows(ctx, B, S))
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "x: expected B x S%s = %lld token rows, got %lld",
+                         tpk_cp_size(ctx) > 1 ? " / cp" : "", (long long)tpk_cp_rows(ctx, B, S),
+                         (long long)x.gshape[0]);
     tpk_tensor qkv, o;
     TPK_TRY(tpk_col_linear_forward(ctx, &a->c_attn, x, &qkv)); /* S(-1) [T, 3 Al D], stride 3 */
     a->B = B, a->S = S, a->qkv = qkv;
@@ -234,13 +310,11 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
     tpk_tensor dout, dq;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->c_proj, dy, &dout)); /* S(-1) [T, Al D] */
-    int64_t B = a->B, S = a->S, Al = a->Al, D = a->D;
     dq = a->qkv;
     TPK_TRY(tpk__buf_view(ctx, &a->dqkv, &dq));
-    if (B * S > 0 && Al > 0)
-        TPK_TRY(tpk_op_attn_bwd(ctx, dq.data, dout.data, a->pack ? a->pk.p : a->qkv.data,
-                                a->out.p, (const float *)a->lse.p, B, S, Al, D, a->A, a->A, a->a0,
-                                1.0f / sqrtf((float)D), a->p, ctx->seed, a->stream, ctx->dtype));
+    TPK_TRY(tpk__attn_core_bwd(ctx, dq.data, dout.data, a->pack ? a->pk.p : a->qkv.data, a->out.p,
+                               (const float *)a->lse.p, a->B, a->S, a->A, a->A, a->a0, a->Al, a->D,
+                               a->p, a->stream, &a->cp));
     if (a->pack) { /* [dQ | dK | dV] rotated back into c_attn's layout */
         TPK_TRY(tpk__attention_pack(ctx, a, true));
         dq.data = a->dpk.p;
@@ -259,9 +333,11 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
  *   q_proj  column [A D, H] -> Q S(-1) [T, A_r D];  k_proj, v_proj  column [G D, H] (grouped) ->
  *           K, V [T, G_r D]; the input gathered once under SP, each dx partial, summed, and
  *           reduced once in backward (one all-reduce, SP: one reduce-scatter)
- *   rope    Q and K rotated (rotate-half) by the global token position s = row mod S, into one
- *           [T, (A_r + 2 G_r) D] buffer with V; backward rotates dQ, dK back (the transpose)
- *   attn    causal, each query head reading its key/value head in place (tpk_op_attn_fwd with G)
+ *   rope    Q and K rotated (rotate-half) by the global token position s = row mod S (under CP
+ *           the row's true position, tpk_op_rope_at), into one [T, (A_r + 2 G_r) D] buffer with
+ *           V; backward rotates dQ, dK back (the transpose)
+ *   attn    causal, each query head reading its key/value head in place (tpk_op_attn_fwd with G;
+ *           under CP over the CP group, tpk/layers/cp_attn.h)
  *   o_proj  row [H, A D], in features in heads of D -> P -> all-reduce -> R (SP: reduce-scatter)
  * Collectives: forward 1 all-reduce of T H (SP: 1 all-gather + 1 reduce-scatter), backward the
  * same (SP: and x all-gathered again, during the attention kernel's backward, for q, k, v's
@@ -281,6 +357,8 @@ typedef struct tpk_gqa_attention_desc {
     float proj_init_std;    /* o_proj; default init_std */
     bool partial_output;    /* y P [T, H], not reduced (o_proj's partial_output); dy then R */
     bool partial_dx;        /* backward's dx P [T, H], not reduced */
+    tpk_cp_comm cp_comm;    /* under context parallelism: TPK_CP_P2P (the ring, default) or
+                               TPK_CP_ALLGATHER (tpk/layers/cp_attn.h) */
 } tpk_gqa_attention_desc;
 
 typedef struct tpk_gqa_attention {
@@ -296,6 +374,9 @@ typedef struct tpk_gqa_attention {
     tpk_tensor x;           /* the last forward's input (R, or S(0) under SP: gathered into ctx->sp
                                when read) */
     tpk_buf qkv, out, lse, dqkv, dq, dk, dv, dx;
+    tpk_cp_attn cp;         /* the attention over ctx->cp (c > 1) */
+    tpk_buf rpos;           /* int32 [S / c]: the rotary positions of this CP rank's rows (c > 1) */
+    int64_t rpos_S;
 } tpk_gqa_attention;
 
 static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention *a, int64_t H,
@@ -327,6 +408,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g",
                          (double)d.dropout);
     TPK_TRY(tpk__layer_name(ctx, fn, a->name, sizeof a->name, d.name, "attn"));
+    TPK_TRY(tpk__attn_cp_init(ctx, fn, &a->cp, d.cp_comm));
     a->H = H, a->A = A, a->G = G, a->D = H / A, a->p = d.dropout, a->sp = d.sequence_parallel;
     a->partial_dx = d.partial_dx;
     a->theta = d.rope_theta < 0 ? 0.0f : d.rope_theta > 0 ? d.rope_theta : 10000.0f;
@@ -356,23 +438,25 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
 static inline void tpk_gqa_attention_destroy(tpk_ctx *ctx, tpk_gqa_attention *a) {
     tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj};
     for (int i = 0; i < 4; i++) tpk_linear_destroy(ctx, ls[i]);
-    tpk_buf *bs[] = {&a->qkv, &a->out, &a->lse, &a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx};
+    tpk_buf *bs[] = {&a->qkv, &a->out, &a->lse, &a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx,
+                     &a->rpos};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) tpk__buf_free(ctx, bs[i]);
+    tpk_cp_attn_destroy(ctx, &a->cp);
 }
 
 /* rows of src [T, n] (ld n) into columns [c0, c0 + n) of dst [T, ld] (to_packed), or back; with
  * rope, rotated (forward) or rotated back (inverse) on the way. */
-static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, const tpk_gqa_attention *a, void *packed,
+static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, tpk_gqa_attention *a, void *packed,
                                        int64_t ld, int64_t c0, void *x, int64_t heads, bool rope,
                                        bool to_packed) {
-    int64_t T = a->B * a->S, n = heads * a->D;
+    int64_t T = tpk_cp_rows(ctx, a->B, a->S), n = heads * a->D;
     if (!T || !n) return TPK_OK;
     void *p = TPK__AT(packed, c0, ctx->dtype);
     if (rope && a->theta > 0)
-        return to_packed ? tpk_op_rope(ctx, p, ld, x, n, T, a->S, heads, a->D, a->theta, false,
-                                       ctx->dtype)
-                         : tpk_op_rope(ctx, x, n, p, ld, T, a->S, heads, a->D, a->theta, true,
-                                       ctx->dtype);
+        return to_packed ? tpk__attn_rope(ctx, &a->rpos, &a->rpos_S, p, ld, x, n, T, a->S, heads,
+                                          a->D, a->theta, false)
+                         : tpk__attn_rope(ctx, &a->rpos, &a->rpos_S, x, n, p, ld, T, a->S, heads,
+                                          a->D, a->theta, true);
     return to_packed ? tpk_op_copy2d(ctx, p, ld, x, n, T, n, ctx->dtype)
                      : tpk_op_copy2d(ctx, x, n, p, ld, T, n, ctx->dtype);
 }
@@ -400,7 +484,8 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     if (B < 0 || S < 0)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
-    int64_t want[2] = {B * S, a->H};
+    TPK_TRY(tpk__attn_cp_check(ctx, fn, S, a->p));
+    int64_t want[2] = {tpk_cp_rows(ctx, B, S), a->H}; /* under CP this rank's B S / c rows */
     TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     a->x = x;
     TPK_TRY(tpk__gqa_input(ctx, a, &x, NULL)); /* SP: the tokens gathered once for the three
@@ -409,7 +494,7 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     TPK_TRY(tpk_col_linear_forward(ctx, &a->q_proj, x, &q)); /* [T, Al D] */
     TPK_TRY(tpk_col_linear_forward(ctx, &a->k_proj, x, &k)); /* [T, Gl D] */
     TPK_TRY(tpk_col_linear_forward(ctx, &a->v_proj, x, &v));
-    int64_t T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
+    int64_t T = tpk_cp_rows(ctx, B, S), Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
     a->B = B, a->S = S;
     a->stream = tpk__dropout_stream(ctx, a->name);
     TPK_TRY(tpk__buf_reserve(ctx, &a->qkv,
@@ -419,7 +504,7 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, Al * D, k.data, Gl, true, true));
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, (Al + Gl) * D, v.data, Gl, false, true));
     TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, B, S, a->A, a->G, a->a0, Al, D, a->p,
-                           a->stream, &o));
+                           a->stream, &a->cp, &o));
     return tpk_row_linear_forward(ctx, &a->o_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
@@ -443,14 +528,14 @@ static inline int tpk__gqa_attention_bufs(tpk_gqa_attention *a, int set, tpk_buf
     int n = tpk__bufs_list(o, l, 5);
     tpk_linear *ls[] = {q, k, v, op};
     for (int j = 0; j < 4; j++) n += tpk__linear_scratch(ls[j], o + n);
-    return n;
+    return n + tpk__cp_attn_scratch(&a->cp, o + n);
 }
 static inline tpk_status tpk__gqa_attention_recompute(tpk_ctx *ctx, tpk_gqa_attention *a,
                                                       tpk_tensor h) {
     a->x.data = h.data;
     tpk_tensor o;
     TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, a->B, a->S, a->A, a->G, a->a0, a->Al,
-                           a->D, a->p, a->stream, &o));
+                           a->D, a->p, a->stream, &a->cp, &o));
     a->o_proj.x.data = o.data; /* o_proj's saved input */
     return TPK_OK;
 }
@@ -467,7 +552,8 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!a->o_proj.x.ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
-    int64_t B = a->B, S = a->S, T = B * S, Al = a->Al, Gl = a->Gl, D = a->D, ld = (Al + 2 * Gl) * D;
+    int64_t B = a->B, S = a->S, T = tpk_cp_rows(ctx, B, S), Al = a->Al, Gl = a->Gl, D = a->D,
+            ld = (Al + 2 * Gl) * D;
     tpk_tensor dout, xg;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->o_proj, dy, &dout)); /* S(-1) [T, Al D] */
     TPK_TRY(tpk__buf_reserve(ctx, &a->dqkv,
@@ -476,11 +562,9 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
     memset(&req, 0, sizeof req);
     TPK_TRY(tpk__gqa_input(ctx, a, &xg, &req)); /* SP: the tokens gathered again for the weight
                                                    gradients, during the attention's backward */
-    tpk_status s = TPK_OK;
-    if (T && Al)
-        s = tpk_op_attn_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p,
-                            B, S, Al, D, a->A, a->G, a->a0, 1.0f / sqrtf((float)D), a->p, ctx->seed,
-                            a->stream, ctx->dtype);
+    tpk_status s = tpk__attn_core_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p,
+                                      (const float *)a->lse.p, B, S, a->A, a->G, a->a0, Al, D,
+                                      a->p, a->stream, &a->cp);
     tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
     TPK_TRY(ws);

@@ -68,6 +68,13 @@ typedef struct tpk_cp_attn {
     tpk_buf acc;    /* f32: the output (bf16 contexts) or dqkv before its cast */
 } tpk_cp_attn;
 
+/* Its buffers, all scratch within one forward or backward (a layer lists them in its recompute
+ * set TPK__SET_SCRATCH, tpk/runtime/buf.h): o[0..5). */
+static inline int tpk__cp_attn_scratch(tpk_cp_attn *a, tpk_buf **o) {
+    o[0] = &a->kv[0], o[1] = &a->kv[1], o[2] = &a->dkv[0], o[3] = &a->dkv[1], o[4] = &a->acc;
+    return 5;
+}
+
 /* Tags of the ring's messages on ctx->cp. */
 enum { TPK__CP_TAG_KV = 20, TPK__CP_TAG_KV_BWD = 21, TPK__CP_TAG_DKV = 22 };
 

@@ -59,6 +59,36 @@ static inline tpk_status tpk_cp_positions(tpk_ctx *ctx, int64_t S, int64_t *pos)
     return TPK_OK;
 }
 
+/* The kit's layers under CP: a forward of B sequences of S tokens (S the whole sequence's length)
+ * holds this rank's B S / c rows, [B, S / c] (tpk_cp_rows); learned and rotary positions are read
+ * at tpk_cp_position. c = ctx's CP size (1 without CP). */
+static inline int tpk_cp_size(const tpk_ctx *ctx) { return ctx->cp.size > 1 ? ctx->cp.size : 1; }
+static inline int64_t tpk_cp_rows(const tpk_ctx *ctx, int64_t B, int64_t S) {
+    return B * (S / tpk_cp_size(ctx));
+}
+/* A layer's check of its sequence length under CP: a multiple of 2c where c > 1. */
+static inline tpk_status tpk__cp_layer_seq(tpk_ctx *ctx, const char *fn, int64_t S) {
+    int c = tpk_cp_size(ctx);
+    return c > 1 ? tpk__cp_check_seq(ctx, fn, "S", S, c) : TPK_OK;
+}
+/* pos int32 [S / c] in backend memory: the positions of this CP rank's rows of a sequence of S
+ * (tpk_cp_position; at c = 1 0..S-1), uploaded again only when S differs from *have (a layer's
+ * cache: -1 at first). S a multiple of 2c (checked by the caller). */
+static inline tpk_status tpk__cp_positions_upload(tpk_ctx *ctx, const char *fn, tpk_buf *pos,
+                                                  int64_t *have, int64_t S) {
+    if (*have == S && pos->p) return TPK_OK;
+    int c = tpk_cp_size(ctx), r = c > 1 ? ctx->cp.rank : 0;
+    int64_t n = S / c;
+    int32_t *h = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    if (!h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "positions: %lld entries", (long long)n);
+    for (int64_t i = 0; i < n; i++) h[i] = (int32_t)(c > 1 ? tpk_cp_position(S, c, r, i) : i);
+    tpk_status s = tpk__upload_i32(ctx, pos, h, n);
+    tpk__free(ctx, h);
+    TPK_TRY(s);
+    *have = S;
+    return TPK_OK;
+}
+
 /* The rows of this rank's two chunks: in the whole batch [B, S] of `cols` elements a row, or
  * (gather) of rank q's: run k (0: chunk q, 1: chunk 2c - 1 - q) of sequence b starts at whole row
  * b S + first, and at local row b (S / c) + k Sc. */

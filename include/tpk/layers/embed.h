@@ -6,6 +6,9 @@
  *             P -> all-reduce -> R (SP: reduce-scatter -> S(0)); + wpe[t % S] (replicated, once)
  *   backward  dy R (SP: S(0), all-gathered first) -> dwte[id - v0] += dy for own ids;
  *             dwpe[pos] += dy (complete on every rank). No other communication.
+ * Context parallelism (ctx->cp): a rank's rows are its two chunks of each sequence
+ * (tpk/layers/cp_split.h), each read at its true position in wpe; the gradients are this rank's
+ * rows' part (summed over the CP group with the data-parallel reduction, over ctx->dp_cp).
  * Padded vocabulary (desc->vocab_multiple = m, as Megatron's make-vocab-size-divisible-by): wte is
  * stored as Vp = V rounded up to a multiple of m t rows, every shard Vp / t rows (a multiple of
  * m: a tied LM head's GEMMs get aligned leading dimensions; with TP weights, shards of whole units
@@ -15,6 +18,7 @@
 #ifndef TPK_EMBED_H
 #define TPK_EMBED_H
 
+#include "cp_split.h"
 #include "params.h"
 
 typedef struct tpk_embedding_desc {
@@ -69,7 +73,9 @@ static inline tpk_status tpk_embedding_init(tpk_ctx *ctx, tpk_embedding *e, int6
 }
 
 /* y = wte[ids] + wpe[position]: ids [B * S] token ids in host memory, the same on every TP rank;
- * y R [B*S, H] (S(0) under sequence parallelism). */
+ * y R [B*S, H] (S(0) under sequence parallelism). Under context parallelism (ctx->cp, c > 1) S is
+ * the whole sequence's length (a multiple of 2c) and ids and y hold this rank's B S / c rows
+ * (tpk/layers/cp_split.h), each at its true position (tpk_cp_position). */
 static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, const int32_t *ids,
                                                int64_t B, int64_t S, tpk_tensor *y) {
     static const char *fn = "tpk_embedding_forward";
@@ -84,7 +90,8 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
                          "S: sequence of %lld is longer than the position table (%lld positions)",
                          (long long)S, (long long)e->P);
-    int64_t T = B * S;
+    TPK_TRY(tpk__cp_layer_seq(ctx, fn, S));
+    int64_t T = tpk_cp_rows(ctx, B, S), Sl = S / tpk_cp_size(ctx); /* this CP rank's rows */
     if (T && !ids) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ids: NULL");
     for (int64_t i = 0; i < T; i++)
         if (ids[i] < 0 || ids[i] >= e->V)
@@ -110,10 +117,13 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
         TPK_TRY(tpk_convert(ctx, &yp, TPK_R, &o)); /* all-reduce in place */
     }
     if (e->pos_T != T || e->pos_S != S || !e->pos.p) { /* positions of all T rows (the backward uses
-                                                          them all), once per shape */
+                                                          them all), once per shape; under CP the
+                                                          true ones of this rank's rows */
         int32_t *pos = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * (size_t)(T ? T : 1));
         if (!pos) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "positions");
-        for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)(i % (S ? S : 1));
+        int c = tpk_cp_size(ctx), r = c > 1 ? ctx->cp.rank : 0;
+        for (int64_t i = 0; i < T; i++)
+            pos[i] = (int32_t)(c > 1 ? tpk_cp_position(S, c, r, i % Sl) : i % (S ? S : 1));
         tpk_status s = tpk__upload_i32(ctx, &e->pos, pos, T);
         tpk__free(ctx, pos);
         TPK_TRY(s);
@@ -133,7 +143,7 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
     if (!ctx) return TPK_ERR_ARG;
     if (!e || !e->V)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
-    int64_t T = e->B * e->S, want[2] = {T, e->H};
+    int64_t T = tpk_cp_rows(ctx, e->B, e->S), want[2] = {T, e->H};
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     if (e->sp) {
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_R);

@@ -26,10 +26,17 @@
  * padded table): z is S(-1) [T, Vp]; the columns >= V are left out of the max, the sums and the
  * loss, and their gradient is zero. The columns are split as the vocabulary is
  * (tpk_tp_vocab_split; z's layout tpk_tp_vocab_layout(ctx, Vp, -1): S(-1), in units of 64 columns
- * under TP weights when Vp is a multiple of 64). */
+ * under TP weights when Vp is a multiple of 64).
+ * Context parallelism (ctx->cp, c > 1: each rank holds its share of every sequence's rows,
+ * tpk/layers/cp_split.h): the loss is the mean over the counted positions of all CP ranks — the
+ * counts summed over ctx->cp (one host all-reduce per forward), each rank's mean its rows' sum over
+ * that total (so the gradient's scale / counted is the total's too), the means summed over ctx->cp
+ * where the host reads them (a forward's *loss: one f64 all-reduce; tpk_xent_loss_read: on the
+ * running sum it downloads). Every CP rank then holds the same value. */
 #ifndef TPK_XENT_H
 #define TPK_XENT_H
 
+#include "cp_split.h"
 #include "params.h"
 
 typedef struct tpk_xent_desc {
@@ -44,7 +51,7 @@ typedef struct tpk_xent_desc {
 typedef struct tpk_xent {
     float eps;
     int32_t ignore;
-    int64_t V, Vp, T, counted, chunk;
+    int64_t V, Vp, T, counted, chunk; /* counted: over every CP rank's rows (ctx->cp) */
     tpk_tensor z;             /* the logits of the last forward (overwritten by backward) */
     tpk_buf targets, part, lse, loss, dloss;
     tpk_buf mean;             /* f64 [2] in backend memory: the running sum of means (loss = NULL
@@ -145,6 +152,11 @@ static inline tpk_status tpk__xent_prepare(tpk_ctx *ctx, tpk_xent *ce, tpk_tenso
                 (long long)i, targets[i], (long long)(ce->V - 1), ce->ignore);
         counted++;
     }
+    if (tpk_cp_size(ctx) > 1) { /* the mean over every CP rank's counted positions */
+        double all = (double)counted;
+        TPK_TRY(tpk_allreduce_host(ctx, &ctx->cp, &all, 1, TPK_F64, TPK_SUM));
+        counted = (int64_t)all;
+    }
     size_t f = sizeof(float), n = (size_t)(T ? T : 1), P = (size_t)ctx->tp.size;
     TPK_TRY(tpk__upload_i32(ctx, &ce->targets, targets, T));
     TPK_TRY(tpk__buf_reserve(ctx, &ce->part, 4 * f * n * (P > 1 ? P + 1 : 1)));
@@ -159,7 +171,9 @@ static inline tpk_status tpk__xent_prepare(tpk_ctx *ctx, tpk_xent *ce, tpk_tenso
  * [T] (host memory; each in 0..V-1 or the ignore index). One collective (an all-gather; none at
  * t = 1). loss != NULL: *loss = the mean (one download: the host waits); loss = NULL: the mean
  * stays in backend memory, added to the running sum that tpk_xent_loss_read returns (no download,
- * no wait). A deferred forward before this one is settled first. */
+ * no wait). A deferred forward before this one is settled first. Under context parallelism the
+ * mean of every CP rank's rows (collective over ctx->cp: the counts, and the mean with a loss
+ * pointer). */
 static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor z,
                                           const int32_t *targets, float *loss) {
     static const char *fn = "tpk_xent_forward";
@@ -171,6 +185,9 @@ static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor
     TPK_TRY(tpk__xent_rows(ctx, ce, 0, ce->T));
     TPK_TRY(tpk__xent_mean(ctx, ce, !loss));
     if (!loss) return TPK_OK;
+    if (tpk_cp_size(ctx) > 1) /* this rank's share of the mean, summed over CP */
+        TPK_TRY(tpk_allreduce(ctx, &ctx->cp, (double *)ce->mean.p + 1, (double *)ce->mean.p + 1,
+                              1, TPK_F64, TPK_SUM));
     double m = 0;
     TPK_TRY(tpk_op_memcpy(ctx, &m, (double *)ce->mean.p + 1, sizeof m,
                           ctx->ops->device ? TPK_D2H : TPK_H2H));
@@ -199,7 +216,9 @@ static inline tpk_status tpk_xent_forward_deferred(tpk_ctx *ctx, tpk_xent *ce, t
 /* *sum = the sum of the means of the forwards with loss = NULL since the last read or reset, in
  * their order (in double), *n (may be NULL) = how many; one download (a host wait) when n > 0, then
  * the sum starts again. A deferred forward is settled first. Not collective unless a deferred
- * forward is pending (its settling gathers over TP): every TP rank holds the same value. */
+ * forward is pending (its settling gathers over TP): every TP rank holds the same value. Under
+ * context parallelism collective over ctx->cp when n > 0 (each rank's shares of the means summed:
+ * every CP rank holds the mean of all their rows). */
 static inline tpk_status tpk_xent_loss_read(tpk_ctx *ctx, tpk_xent *ce, double *sum, int64_t *n) {
     static const char *fn = "tpk_xent_loss_read";
     if (!ctx) return TPK_ERR_ARG;
@@ -210,6 +229,8 @@ static inline tpk_status tpk_xent_loss_read(tpk_ctx *ctx, tpk_xent *ce, double *
     double v = 0;
     if (ce->nsum)
         TPK_TRY(tpk_op_memcpy(ctx, &v, ce->mean.p, sizeof v, ctx->ops->device ? TPK_D2H : TPK_H2H));
+    if (ce->nsum && tpk_cp_size(ctx) > 1)
+        TPK_TRY(tpk_allreduce_host(ctx, &ctx->cp, &v, 1, TPK_F64, TPK_SUM));
     *sum = v;
     if (n) *n = ce->nsum;
     ce->nsum = 0;

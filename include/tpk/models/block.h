@@ -27,7 +27,10 @@
  * contract).
  * Selective recompute (tpk/layers/recompute.h): tpk_block_recompute runs the norms forward again
  * on their kept inputs and has the attention and the MLP remake their lent buffers; a block's
- * buffers by recompute set are its layers' lists (tpk_block_bufs), one after another. */
+ * buffers by recompute set are its layers' lists (tpk_block_bufs), one after another.
+ * Context parallelism (ctx->cp, c > 1): S is the whole sequence's length and x holds this rank's
+ * T = B S / c rows (tpk/layers/cp_split.h); the norms, MLPs and residuals work row by row as ever,
+ * the kit's attentions over the CP group (desc.cp_comm: the ring or the all-gather). */
 #ifndef TPK_BLOCK_H
 #define TPK_BLOCK_H
 
@@ -129,7 +132,8 @@ static inline void tpk_norm_destroy(tpk_ctx *ctx, tpk_norm *n) {
  * sequence parallelism), y the same layout and shape, x unchanged until the backward; the backward
  * returns dx in the layout of x and accumulates the gradients of its parameters, registered by its
  * init (tpk_param_add) under "<name>.*". An attention gets B and S (causal within each of the B
- * sequences); an MLP's forward gets them too and may ignore them. */
+ * sequences; under context parallelism x holds this rank's B S / c rows of them, cp_split.h); an
+ * MLP's forward gets them too and may ignore them. */
 typedef struct tpk_sublayer {
     const char *what; /* in messages: "my_attention" */
     size_t size;      /* bytes of one instance */
@@ -220,6 +224,9 @@ typedef struct tpk_block_desc {
     bool sequence_parallel;
     float init_std;           /* the input projections' weights; 0: 0.02 */
     float proj_init_std;      /* the output projections' (attention and MLP); 0: init_std */
+    tpk_cp_comm cp_comm;      /* the kit's attentions under context parallelism: TPK_CP_P2P (the
+                                 ring, default) or TPK_CP_ALLGATHER (set in attn.fused / attn.gqa
+                                 like sequence_parallel) */
 } tpk_block_desc;
 
 typedef struct tpk_block {
@@ -263,14 +270,14 @@ static inline tpk_status tpk__block_attn_init(tpk_ctx *ctx, const char *fn, tpk_
     if (a->kind == TPK_ATTN_FUSED) {
         tpk_attention_desc ad = d->attn.fused;
         ad.name = name, ad.dropout = d->dropout, ad.sequence_parallel = sp;
-        ad.partial_output = ad.partial_dx = partial;
+        ad.partial_output = ad.partial_dx = partial, ad.cp_comm = d->cp_comm;
         ad.init_std = std, ad.proj_init_std = d->proj_init_std;
         return tpk_attention_init(ctx, &a->u.fused, H, d->heads, &ad);
     }
     if (a->kind == TPK_ATTN_GQA) {
         tpk_gqa_attention_desc gd = d->attn.gqa;
         gd.name = name, gd.dropout = d->dropout, gd.sequence_parallel = sp;
-        gd.partial_output = gd.partial_dx = partial;
+        gd.partial_output = gd.partial_dx = partial, gd.cp_comm = d->cp_comm;
         gd.init_std = std, gd.proj_init_std = d->proj_init_std;
         return tpk_gqa_attention_init(ctx, &a->u.gqa, H, d->heads, &gd);
     }

@@ -91,6 +91,8 @@ typedef struct tpk_gpt2_config {
                                again in the backward; _SELECTIVE: keep the GEMM outputs, recompute
                                the norms and the attention (tpk/layers/recompute.h); the same
                                numbers */
+    tpk_cp_comm cp_comm;    /* the attention under context parallelism (ctx->cp): TPK_CP_P2P (the
+                               ring, default) or TPK_CP_ALLGATHER (tpk/layers/cp_attn.h) */
 } tpk_gpt2_config;
 
 /* A GPT-2: its config (defaults applied) and the model (m.lm: tpk_lm_forward, _backward, ...). */
@@ -121,7 +123,7 @@ static inline tpk_status tpk_gpt2_lm_config(tpk_ctx *ctx, tpk_gpt2_config *cfg,
     out->head_name = "lm_head.weight", out->tie_embeddings = true, out->dropout_sites = true;
     out->label_smoothing = c->label_smoothing, out->init_std = c->init_std;
     out->vocab_multiple = c->vocab_multiple, out->sequence_parallel = c->sequence_parallel;
-    out->recompute = c->recompute, out->part = c->part;
+    out->recompute = c->recompute, out->part = c->part, out->cp_comm = c->cp_comm;
     return TPK_OK;
 }
 

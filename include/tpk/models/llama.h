@@ -95,6 +95,8 @@ typedef struct tpk_llama_config {
     int64_t vocab_multiple; /* shards padded to a multiple of this many rows; 0: 64, < 0: none */
     tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: each block's forward again in the backward;
                                 _SELECTIVE: the norms, the attention kernel and SwiGLU again */
+    tpk_cp_comm cp_comm;    /* the attention under context parallelism (ctx->cp): TPK_CP_P2P (the
+                               ring, default) or TPK_CP_ALLGATHER (tpk/layers/cp_attn.h) */
 } tpk_llama_config;
 
 /* A Llama: its config (defaults applied) and the model (m.lm). */
@@ -161,7 +163,7 @@ static inline tpk_status tpk_llama_lm_config(tpk_ctx *ctx, tpk_llama_config *cfg
     out->tie_embeddings = c->tie_embeddings;
     out->label_smoothing = c->label_smoothing, out->init_std = c->init_std;
     out->vocab_multiple = c->vocab_multiple, out->sequence_parallel = c->sequence_parallel;
-    out->recompute = c->recompute, out->part = c->part;
+    out->recompute = c->recompute, out->part = c->part, out->cp_comm = c->cp_comm;
     return TPK_OK;
 }
 

@@ -13,7 +13,16 @@
  * The blocks run as a stack with optional activation recompute (tpk/layers/recompute.h: none,
  * selective, full): a block's buffers are lent from the model's pools, one block at a time, and
  * under full recompute each block's input is kept and its forward runs again in the backward.
- * Every call here is a plain function; the stack calls tpk_block_* directly. */
+ * Every call here is a plain function; the stack calls tpk_block_* directly.
+ *
+ * Context parallelism (ctx->cp, c > 1; tpk/layers/cp_split.h): a forward of B sequences of S
+ * tokens (S a multiple of 2c, refused by name otherwise) takes this rank's rows, its two chunks of
+ * each sequence: ids and targets [B S / c] (tpk_cp_scatter_host of the whole batch's), the hidden
+ * states and logits [B S / c, ...]. Learned positions and rotary embeddings at the true positions,
+ * the attention over the CP group (cfg.cp_comm), the loss the mean over every CP rank's counted
+ * tokens (tpk/layers/xent.h); each parameter's gradient is this rank's rows' part, complete once
+ * summed over ctx->cp (with the data-parallel reduction, over ctx->dp_cp). No dropout under CP yet
+ * (refused by name). */
 #ifndef TPK_LM_H
 #define TPK_LM_H
 
@@ -65,6 +74,8 @@ typedef struct tpk_lm_config {
     int64_t vocab_multiple;   /* shards padded to a multiple of this many rows (aligned GEMMs);
                                  0: 64, < 0: none */
     bool sequence_parallel;   /* hidden states S(0) between the layers */
+    tpk_cp_comm cp_comm;      /* the attentions under context parallelism: TPK_CP_P2P (the ring,
+                                 default) or TPK_CP_ALLGATHER; set in block.cp_comm */
     tpk_recompute recompute;  /* TPK_RECOMPUTE_FULL: each block's forward again in the backward;
                                  _SELECTIVE: the norms, the attention kernel and activations */
     tpk_lm_part part;         /* the part built (pipeline stages); zeros: all */
@@ -167,7 +178,7 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
     if (!c.final_norm.name) c.final_norm.name = "norm";
     if (!c.embed_name) c.embed_name = "embed.weight";
     if (!c.head_name) c.head_name = "lm_head.weight";
-    c.block.sequence_parallel = c.sequence_parallel;
+    c.block.sequence_parallel = c.sequence_parallel, c.block.cp_comm = c.cp_comm;
     m->c = c;
     const tpk_lm_part *part = &c.part;
     bool sp = c.sequence_parallel;
@@ -341,6 +352,12 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
     if (m->has_head) TPK_TRY(tpk_xent_settle(ctx, &m->ce)); /* a deferred loss, before its logits
                                                                are overwritten */
     m->have_loss = false;
+    TPK_TRY(tpk__cp_layer_seq(ctx, fn, S)); /* under CP: S a multiple of 2c */
+    if (tpk_cp_size(ctx) > 1 && m->c.dropout_sites && m->c.block.dropout > 0)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "dropout: not yet under context parallelism (cp = %d: the masks would "
+                         "depend on it), expected p = 0 (tpk_lm_set_dropout), got %g",
+                         tpk_cp_size(ctx), (double)m->c.block.dropout);
     tpk_tensor x;
     if (m->has_embed) {
         if (S > m->c.positions && !m->c.pos_name)
@@ -356,7 +373,7 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
                              "x: expected the hidden states from the stage before (B, S >= 0), "
                              "got %s with B = %lld, S = %lld",
                              x_in ? "data" : "NULL", (long long)B, (long long)S);
-        x = tpk_tp_tensor_2d(ctx, (void *)x_in, ctx->dtype, B * S, m->c.hidden,
+        x = tpk_tp_tensor_2d(ctx, (void *)x_in, ctx->dtype, tpk_cp_rows(ctx, B, S), m->c.hidden,
                              m->c.sequence_parallel ? TPK_S(0) : TPK_R);
     }
     m->B = B, m->S = S;
@@ -378,7 +395,8 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
 }
 
 /* The model's forward for B sequences of S tokens (S <= cfg.positions): ids [B S] and targets
- * [B S] in host memory (the same on every TP rank; a target may be the ignore index -100).
+ * [B S] in host memory (the same on every TP rank; a target may be the ignore index -100; under
+ * context parallelism this CP rank's [B S / c] rows, and the mean is over every CP rank's).
  * *loss = the mean cross-entropy over the counted positions (a download: the host waits);
  * loss = NULL keeps it in backend memory, added to the running sum tpk_xent_loss_read(ctx,
  * &m->ce, ...) reads, and defers it: the backward computes it with the logits' gradient in one
@@ -426,7 +444,7 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
                              "dy: expected the gradient from the stage after, got NULL");
         if (!m->B && !m->S)
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward first");
-        g = tpk_tp_tensor_2d(ctx, dy_in, ctx->dtype, m->B * m->S, m->c.hidden,
+        g = tpk_tp_tensor_2d(ctx, dy_in, ctx->dtype, tpk_cp_rows(ctx, m->B, m->S), m->c.hidden,
                              m->c.sequence_parallel ? TPK_S(0) : TPK_R);
     }
     /* each block from the last (recompute: its forward, or its cheap parts, again first) */

@@ -106,6 +106,8 @@ typedef struct tpk_neox_config {
     tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: each block's forward again in the backward;
                                 _SELECTIVE: the norms and the attention kernel again */
     bool sequential;        /* use_parallel_residual false: the sequential block */
+    tpk_cp_comm cp_comm;    /* the attention under context parallelism (ctx->cp): TPK_CP_P2P (the
+                               ring, default) or TPK_CP_ALLGATHER (tpk/layers/cp_attn.h) */
 } tpk_neox_config;
 
 /* A GPT-NeoX: its config (defaults applied) and the model (m.lm). */
@@ -176,7 +178,7 @@ static inline tpk_status tpk_neox_lm_config(tpk_ctx *ctx, tpk_neox_config *cfg,
     out->dropout_sites = true;
     out->label_smoothing = c->label_smoothing, out->init_std = c->init_std;
     out->vocab_multiple = c->vocab_multiple, out->sequence_parallel = c->sequence_parallel;
-    out->recompute = c->recompute, out->part = c->part;
+    out->recompute = c->recompute, out->part = c->part, out->cp_comm = c->cp_comm;
     return TPK_OK;
 }
 

@@ -18,7 +18,8 @@ enum {
     TPK__SET_KEPT = 2,
     TPK__SET_SCRATCH = 4,
     TPK__SETS = 3,
-    TPK__SET_MAX = 48
+    TPK__SET_MAX = 64 /* a block's of one set: grouped-query attention over CP, SwiGLU and a
+                         parallel residual list 47 scratch buffers */
 };
 
 /* out[0..n) = l[0..n); returns n (a layer's list of one set). */

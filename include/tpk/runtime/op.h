@@ -568,16 +568,19 @@ static inline tpk_status tpk_op_xent_loss(tpk_ctx *ctx, float *loss, float *lse,
                                           smoothing, ignore_index))
              : TPK_OK;
 }
-/* *acc (f64 in backend memory) = (accumulate ? *acc : 0) + mean of loss[0..T) over count
- * positions */
+/* *acc (f64 in backend memory) = (accumulate ? *acc : 0) + the sum of loss[0..T) over count
+ * positions (count >= 0: this call's counted rows, or under context parallelism every CP rank's,
+ * so that the CP ranks' results sum to the mean) */
 static inline tpk_status tpk_op_xent_mean(tpk_ctx *ctx, double *acc, const float *loss, int64_t T,
                                           int64_t count, bool accumulate) {
     static const char *fn = "tpk_op_xent_mean";
     TPK_TRY(tpk__op_ctx(ctx, fn));
     TPK_TRY(tpk__op_nonneg(ctx, fn, "T", T));
-    if (count < 0 || count > T)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "count: expected 0 <= count <= T = %lld, got %lld",
-                         (long long)T, (long long)count);
+    if (count < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "count: expected >= 0 counted positions (this call's rows', or every CP "
+                         "rank's), got %lld",
+                         (long long)count);
     TPK_TRY(tpk__op_ptr(ctx, fn, "acc", acc, true));
     TPK_TRY(tpk__op_ptr(ctx, fn, "loss", loss, T > 0));
     return TPK__OP_CALL(ctx, "xent_mean", 4.0 * (double)T + 16.0, 0,
