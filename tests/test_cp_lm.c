@@ -176,9 +176,10 @@ static void compare(family f, int tp, int cp, const opts *o, const result *ref) 
                 CHECK_CLOSE(r.grad[i], ref->grad[i], r.numel[i], 1e-5, r.name[i]);
         }
         uint64_t want = o->comm == TPK_CP_P2P ? (uint64_t)L * (uint64_t)(cp - 1) : 0;
-        CHECK(r.fwd_sends == want, "forward: %llu point-to-point batches on the CP group, "
-              "expected %llu (c - 1 a layer)", (unsigned long long)r.fwd_sends,
-              (unsigned long long)want);
+        CHECK(r.fwd_sends == want,
+              "forward: %llu point-to-point batches on the CP group, "
+              "expected %llu (c - 1 a layer)",
+              (unsigned long long)r.fwd_sends, (unsigned long long)want);
     }
     result_free(&r);
     tpk_ctx_destroy(&c);
@@ -252,10 +253,10 @@ static void test_refusals(int cp) {
         CHECK_OK(&c, tpk_attention_init(&c, &at, H, A, &(tpk_attention_desc){.dropout = 0.1f}));
         float *x = (float *)calloc((size_t)(2 * H), sizeof(float));
         tpk_tensor y;
-        CHECK_FAILS(&c,
-                    tpk_attention_forward(&c, &at, tpk_tensor_2d(x, TPK_F32, 2, H, TPK_R), 1,
-                                          2 * cp, &y),
-                    TPK_ERR_UNSUPPORTED, "dropout: not yet under context parallelism");
+        CHECK_FAILS(
+            &c,
+            tpk_attention_forward(&c, &at, tpk_tensor_2d(x, TPK_F32, 2, H, TPK_R), 1, 2 * cp, &y),
+            TPK_ERR_UNSUPPORTED, "dropout: not yet under context parallelism");
         tpk_attention_destroy(&c, &at);
         free(x);
         tpk_gqa_attention ga;
@@ -275,9 +276,9 @@ int main(int argc, char **argv) {
         ids[t] = (int32_t)(tpk_philox(3, 1, (uint64_t)t).v[0] % V);
         tg[t] = t % 7 == 3 ? -100 : (int32_t)(tpk_philox(3, 2, (uint64_t)t).v[0] % V);
     }
-    if (np == 1) test_families(1, 1); /* the CP code at c = 1: the model of before */
-    if (np >= 2) test_families(1, np);     /* CP 2, 3, 4 */
-    if (np == 4) test_families(2, 2);      /* TP 2 x CP 2 */
+    if (np == 1) test_families(1, 1);  /* the CP code at c = 1: the model of before */
+    if (np >= 2) test_families(1, np); /* CP 2, 3, 4 */
+    if (np == 4) test_families(2, 2);  /* TP 2 x CP 2 */
     if (np >= 2) test_refusals(np);
     (void)me;
     return test_finish();

@@ -105,8 +105,8 @@ static void test_llama_ops(void) {
         test_randn(x, R * LD, 1205, 1.0f);
         for (int inv = 0; inv < 2; inv++) {
             test_poison(y, R * LD);
-            CHECK_OK(&ctx, tpk_op_rope_at(&ctx, y, LD, x, LD, R, pos, NP, NH, D, 500.0f, inv,
-                                          TPK_F32));
+            CHECK_OK(&ctx,
+                     tpk_op_rope_at(&ctx, y, LD, x, LD, R, pos, NP, NH, D, 500.0f, inv, TPK_F32));
             rope_ref_at(x, LD, R, pos, NP, NH, D, 500.0, inv, ref);
             size_t written_outside = 0;
             for (int i = 0; i < R; i++) {
@@ -119,9 +119,8 @@ static void test_llama_ops(void) {
             CHECK(written_outside == 0, "%zu columns past the heads written", written_outside);
         }
         memcpy(back, x, sizeof back);
-        CHECK_OK(&ctx,
-                 tpk_op_rope_at(&ctx, back, LD, back, LD, R, pos, NP, NH, D, 500.0f, false,
-                                TPK_F32));
+        CHECK_OK(&ctx, tpk_op_rope_at(&ctx, back, LD, back, LD, R, pos, NP, NH, D, 500.0f, false,
+                                      TPK_F32));
         CHECK_OK(&ctx, tpk_op_rope_at(&ctx, back, LD, back, LD, R, pos, NP, NH, D, 500.0f, true,
                                       TPK_F32)); /* in place */
         CHECK_CLOSE(back, x, R * LD, 1e-6, "inverse(rope_at(x)) = x");

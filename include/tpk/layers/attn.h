@@ -154,8 +154,8 @@ static inline tpk_status tpk__attn_rope(tpk_ctx *ctx, tpk_buf *rpos, int64_t *rp
     if (tpk_cp_size(ctx) == 1)
         return tpk_op_rope(ctx, y, ldy, x, ldx, rows, S, heads, D, theta, inverse, ctx->dtype);
     TPK_TRY(tpk__cp_positions_upload(ctx, "tpk_attention (rotary positions)", rpos, rpos_S, S));
-    return tpk_op_rope_at(ctx, y, ldy, x, ldx, rows, (const int32_t *)rpos->p,
-                          S / tpk_cp_size(ctx), heads, D, theta, inverse, ctx->dtype);
+    return tpk_op_rope_at(ctx, y, ldy, x, ldx, rows, (const int32_t *)rpos->p, S / tpk_cp_size(ctx),
+                          heads, D, theta, inverse, ctx->dtype);
 }
 
 /* GPT-NeoX's packing (a->pack): c_attn's output qkv [T, 3 Al D] (per head [q_h | k_h | v_h], or
@@ -285,8 +285,7 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
                          (long long)B, (long long)S);
     TPK_TRY(tpk__attn_cp_check(ctx, fn, S, a->p));
     if (x.ndim == 2 && x.gshape[0] != tpk_cp_rows(ctx, B, S))
-        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
-                         "x: expected B x S%s = %lld token rows, got %lld",
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S%s = %lld token rows, got %lld",
                          tpk_cp_size(ctx) > 1 ? " / cp" : "", (long long)tpk_cp_rows(ctx, B, S),
                          (long long)x.gshape[0]);
     tpk_tensor qkv, o;
@@ -438,16 +437,15 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
 static inline void tpk_gqa_attention_destroy(tpk_ctx *ctx, tpk_gqa_attention *a) {
     tpk_linear *ls[] = {&a->q_proj, &a->k_proj, &a->v_proj, &a->o_proj};
     for (int i = 0; i < 4; i++) tpk_linear_destroy(ctx, ls[i]);
-    tpk_buf *bs[] = {&a->qkv, &a->out, &a->lse, &a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx,
-                     &a->rpos};
+    tpk_buf *bs[] = {&a->qkv, &a->out, &a->lse, &a->dqkv, &a->dq, &a->dk, &a->dv, &a->dx, &a->rpos};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) tpk__buf_free(ctx, bs[i]);
     tpk_cp_attn_destroy(ctx, &a->cp);
 }
 
 /* rows of src [T, n] (ld n) into columns [c0, c0 + n) of dst [T, ld] (to_packed), or back; with
  * rope, rotated (forward) or rotated back (inverse) on the way. */
-static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, tpk_gqa_attention *a, void *packed,
-                                       int64_t ld, int64_t c0, void *x, int64_t heads, bool rope,
+static inline tpk_status tpk__gqa_move(tpk_ctx *ctx, tpk_gqa_attention *a, void *packed, int64_t ld,
+                                       int64_t c0, void *x, int64_t heads, bool rope,
                                        bool to_packed) {
     int64_t T = tpk_cp_rows(ctx, a->B, a->S), n = heads * a->D;
     if (!T || !n) return TPK_OK;
@@ -562,9 +560,9 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
     memset(&req, 0, sizeof req);
     TPK_TRY(tpk__gqa_input(ctx, a, &xg, &req)); /* SP: the tokens gathered again for the weight
                                                    gradients, during the attention's backward */
-    tpk_status s = tpk__attn_core_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p,
-                                      (const float *)a->lse.p, B, S, a->A, a->G, a->a0, Al, D,
-                                      a->p, a->stream, &a->cp);
+    tpk_status s =
+        tpk__attn_core_bwd(ctx, a->dqkv.p, dout.data, a->qkv.p, a->out.p, (const float *)a->lse.p,
+                           B, S, a->A, a->G, a->a0, Al, D, a->p, a->stream, &a->cp);
     tpk_status ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
     TPK_TRY(ws);

@@ -186,8 +186,8 @@ static inline tpk_status tpk_xent_forward(tpk_ctx *ctx, tpk_xent *ce, tpk_tensor
     TPK_TRY(tpk__xent_mean(ctx, ce, !loss));
     if (!loss) return TPK_OK;
     if (tpk_cp_size(ctx) > 1) /* this rank's share of the mean, summed over CP */
-        TPK_TRY(tpk_allreduce(ctx, &ctx->cp, (double *)ce->mean.p + 1, (double *)ce->mean.p + 1,
-                              1, TPK_F64, TPK_SUM));
+        TPK_TRY(tpk_allreduce(ctx, &ctx->cp, (double *)ce->mean.p + 1, (double *)ce->mean.p + 1, 1,
+                              TPK_F64, TPK_SUM));
     double m = 0;
     TPK_TRY(tpk_op_memcpy(ctx, &m, (double *)ce->mean.p + 1, sizeof m,
                           ctx->ops->device ? TPK_D2H : TPK_H2H));

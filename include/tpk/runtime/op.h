@@ -793,9 +793,9 @@ static inline tpk_status tpk_op_rope(tpk_ctx *ctx, void *y, int64_t ldy, const v
 /* rope at the positions pos[i mod npos] of row i (int32, backend memory; its values are the
  * caller's: not read here) */
 static inline tpk_status tpk_op_rope_at(tpk_ctx *ctx, void *y, int64_t ldy, const void *x,
-                                        int64_t ldx, int64_t rows, const int32_t *pos,
-                                        int64_t npos, int64_t heads, int64_t D, float theta,
-                                        bool inverse, tpk_dtype dt) {
+                                        int64_t ldx, int64_t rows, const int32_t *pos, int64_t npos,
+                                        int64_t heads, int64_t D, float theta, bool inverse,
+                                        tpk_dtype dt) {
     static const char *fn = "tpk_op_rope_at";
     TPK_TRY(tpk__op_rope_args(ctx, fn, y, ldy, x, ldx, rows, heads, D, theta, dt));
     TPK_TRY(tpk__op_pos(ctx, fn, "npos", npos));
@@ -804,8 +804,8 @@ static inline tpk_status tpk_op_rope_at(tpk_ctx *ctx, void *y, int64_t ldy, cons
     return any ? TPK__OP_CALL(ctx, "rope_at",
                               2.0 * (double)rows * (double)(heads * D) * (double)tpk_dtype_size(dt),
                               0,
-                              TPK__OP_LAYER(rope_at, ctx, y, ldy, x, ldx, rows, pos, npos, heads,
-                                            D, theta, inverse, dt))
+                              TPK__OP_LAYER(rope_at, ctx, y, ldy, x, ldx, rows, pos, npos, heads, D,
+                                            theta, inverse, dt))
                : TPK_OK;
 }
 static inline tpk_status tpk_op_swiglu_fwd(tpk_ctx *ctx, void *h, const void *gu, int64_t rows,
