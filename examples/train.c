@@ -165,8 +165,9 @@ int main(int argc, char **argv) {
     /* training */
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
     tpk_lr_schedule sched = {TPK_LR_COSINE, (float)o.lr, (float)o.min_lr_frac, o.warmup, o.steps};
-    tpk_trainable_set_dp(&t, &dp_b, !o.zero && !adasum); /* the buckets under the backward */
+    tpk_trainable_set_dp(&t, &dp_b, o.zero != 1 && !adasum); /* the buckets under the backward */
     if (adasum && !ok(tpk_dp_adasum_init(&ctx, &dp_b))) goto out; /* after the backward */
+    if (o.zero == 2 && !ok(tpk_dp_shard_grads(&ctx, &dp_b, &opt))) goto out; /* reduce-scatters */
     double t0 = now(), t_int = t0, int_s = 0, /* the reporting interval: its start, its time */
         flops = gpu ? tpk_run_flops_per_token(&t, (double)nglobal, S) : 0;
     int64_t from = opt.step, int_n = 0;

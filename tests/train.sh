@@ -2,7 +2,9 @@
 # tests/train.sh — the trainer (build/train; $TPK_BUILD/train) end to end, on the host backend:
 #   bit-identical resume (10 steps straight = 5 steps, save, load, 5 more), resume at another TP
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, ZeRO-1 (--zero 1) equal to
-#   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, Adasum, heterogeneous DP
+#   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, ZeRO-2 (--zero 2) equal to plain
+#   DP (TP 2 x DP 2; DP 3 with accumulation and recompute, SP, a shared key/value head, PP 2 x DP 2)
+#   and saved at DP 4 resumed at ZeRO 0 and 1 on DP 2, Adasum, heterogeneous DP
 #   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
 #   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
 #   bit-identical with a lower peak, sequence parallelism's peak below the same run's without it
@@ -25,7 +27,8 @@
 #   Every time limit x TPK_TIME_SCALE.
 #   make test (TPK_TESTS=quick) runs each behaviour in one configuration, make test-long
 #   (TPK_TESTS=long) the others: a resume at another TP size from 3 to 1 / from 2 to 4; ZeRO-1
-#   resumed from DP 4 at DP 2 / equal to plain DP at DP 2 x TP 2 and DP 4; evaluation at t = 1, 3
+#   resumed from DP 4 at DP 2 / equal to plain DP at DP 2 x TP 2 and DP 4; ZeRO-2 at TP 2 x DP 2 /
+#   its other meshes, its resume and peak; evaluation at t = 1, 3
 #   / 2, 4 (Hugging Face's checkpoints at t = 3 / 1, 2, 4); SP's lower peak for two architecture
 #   and recompute pairs / the other four; three of the pipeline's meshes and schedules / four
 #   others; one bad value per flag, parser path or file / the others. The checkpoints a case of
@@ -113,6 +116,45 @@ if quick_set; then
     r=$(relmax "$(losses "$T/z4.csv" 6 10)" "$(losses "$T/z2.csv" 6 10)")
     if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 1 saved at DP 4, resumed at DP 2 (x 2 accumulation: the same tokens per step): steps 6-10 equal (max relative difference $r)"
     else fail "--zero 1 saved at DP 4, resumed at DP 2 (max relative difference $r)"; fi
+fi
+
+# ---- ZeRO-2: the gradients reduce-scattered over DP in the buckets too: plain DP's losses and norms ----
+# (make test: TP 2 x DP 2 against the DP 2 x TP 2 run above; make test-long: DP 3 with accumulation and
+# full recompute, SP, Llama's key/value head shared by the TP ranks, saved at DP 4 resumed at ZeRO 0/1 on
+# DP 2, the pipeline below)
+# z2 NAME NP "ARGS": --zero 2 against --zero 0 (REF: a CSV of it already made), 6 steps, losses and norms
+z2() {
+    ref=$4 rc1=0
+    if [ -z "$ref" ]; then tr "$2" --text "$text" $3 --steps 6 --csv "$T/z2ref.csv"; ref="$T/z2ref.csv" rc1=$rc; fi
+    tr "$2" --text "$text" $3 --steps 6 --zero 2 --csv "$T/z2.csv"
+    r=$(relmax "$(losses "$ref" 1 6)" "$(losses "$T/z2.csv" 1 6)")
+    rn=$(relmax "$(losses "$ref" 1 6 | awk '{print $1, $3}')" "$(losses "$T/z2.csv" 1 6 | awk '{print $1, $3}')")
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v n="$rn" 'BEGIN{exit !(r < 1e-6 && n < 1e-6)}'; then ok "--zero 2 at $1: 6 steps' losses and gradient norms equal --zero 0 (max relative differences $r, $rn)"
+    else fail "--zero 2 at $1 equals --zero 0 (max relative differences $r, $rn)"; fi
+}
+if quick_set; then
+    z2 "DP 2 x TP 2" 4 "$small --tp 2" "$T/dp2.csv"
+fi
+if long_set; then
+    z2 "DP 3 (uneven slices), 2 micro-batches, full recompute" 3 "$small --grad-accum 2 --recompute full"
+    z2 "DP 2 x TP 2 with SP (the norms' gradients partial over TP: after their TP sum)" 4 "$small --tp 2 --sequence-parallel"
+    z2 "Llama DP 2 x TP 2, one key/value head held by both TP ranks" 4 "--arch llama --layers 2 --hidden 48 --heads 6 --kv-heads 1 --ffn 64 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2"
+    tr 4 --text "$text" $small --steps 10 --zero 2 --save "$T/zz4" --save-every 5 --csv "$T/zz4.csv"
+    rc1=$rc
+    for zr in 0 1; do
+        tr 2 --text "$text" $small --steps 10 --zero $zr --grad-accum 2 --load "$T/zz4/step-5" --csv "$T/zz2.csv"
+        r=$(relmax "$(losses "$T/zz4.csv" 6 10)" "$(losses "$T/zz2.csv" 6 10)")
+        if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 2 saved at DP 4, resumed at --zero $zr on DP 2 (x 2 accumulation): steps 6-10 equal (max relative difference $r)"
+        else fail "--zero 2 saved at DP 4, resumed at --zero $zr on DP 2 (max relative difference $r)"; fi
+    done
+    # the peak: ZeRO-2 keeps its reduced gradient slice where ZeRO-1 has a scratch slice (the
+    # gradient buffer the backward fills stays whole in both)
+    tr 2 --text "$text" $small --steps 2 --zero 1
+    p1=$(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.*/\1/p')
+    tr 2 --text "$text" $small --steps 2 --zero 2
+    p2=$(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.*/\1/p')
+    if [ $rc -eq 0 ] && [ -n "$p1" ] && [ -n "$p2" ] && awk -v a="$p1" -v b="$p2" 'BEGIN{exit !(b <= a)}'; then ok "--zero 2 at DP 2 prints ZeRO-1's peak or less: $p2 <= $p1 MB"
+    else fail "--zero 2 at DP 2 prints ZeRO-1's peak or less: '$p2' vs '$p1' MB"; fi
 fi
 
 # ---- Adasum as the DP reduction: at DP 1 it is the identity (= mean); at DP 2 x TP 2 it trains ----------
@@ -369,6 +411,7 @@ if long_set; then
     pp "GPT-2 DP 2 x PP 2 interleaved: the DP buckets under each chunk's last micro-batch" 2 4 "$pl --dropout 0.1 --grad-accum 4" "--pp 2 --schedule interleaved" tied
     pp "GPT-2 TP 2 x PP 2 x DP 2 (8 ranks, SP)" 4 8 "$pl --tp 2 --sequence-parallel --dropout 0.1 --grad-accum 2" "--pp 2" tied
     pp "Llama PP 2 with --pp-layers 3,1, selective recompute" 1 2 "$ll --recompute selective --grad-accum 2" "--pp 2 --pp-layers 3,1"
+    pp "GPT-2 DP 2 x PP 2 interleaved, ZeRO-2 (the tied embedding's copies summed before their reduce-scatter)" 2 4 "$pl --zero 2 --grad-accum 4" "--pp 2 --schedule interleaved" tied
 fi
 if quick_set; then
     tr 2 --text "$text" $pl --pp 2 --micro-batches 4 --steps 1 --print-schedule
@@ -633,7 +676,9 @@ if long_set; then
     bad "an unknown schedule" "expected gpipe, 1f1b or interleaved" --text "$text" $small --pp 2 --schedule zigzag
     bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
     bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
-    bad "--zero 2" "--zero: expected 0 or 1" --text "$text" $small --zero 2
+    bad "--zero 3" "--zero: expected 0, 1 (ZeRO-1: the optimizer state sharded over DP) or 2" --text "$text" $small --zero 3
+    bad "--zero 2 with one DP rank" "--zero 2: shards the optimizer and the gradients over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 2
+    bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2
     bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
     bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small --ffn 64
     bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2

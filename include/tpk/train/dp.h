@@ -11,7 +11,8 @@
  *                                once, for a model without the hook, after its backward
  *   tpk_dp_finish(ctx, b)        waits for every bucket and checks the step; the gradients are then
  *                                the DP sums, the same on every DP rank (scale by 1 / dp.size, e.g.
- *                                in AdamW); tpk_train_step calls it when the caller did not
+ *                                in AdamW; under ZeRO-2 the slice's, below); tpk_train_step calls
+ *                                it when the caller did not
  * With one DP rank nothing is started, and every check below still runs (a misuse does not depend
  * on the DP size).
  *
@@ -24,15 +25,15 @@
  * no micro-batch was begun as the last (no begin, or only last = false), when called twice, or
  * when a report of the step was refused (the refusal is kept: a model that drops the hook's
  * status still gets it). tpk_train_step consumes the reduced gradients: it finishes a begun step
- * itself and refuses, naming the parameter, a plain DP step (no ZeRO-1, no Adasum: those reduce
- * the whole buffer after the backward) with more than one DP rank whose last micro-batch was not
- * begun; with one DP rank and nothing begun there is nothing to reduce (a model without the
- * hook). While a last micro-batch is begun and not finished, ctx->params.dp_open is set and
- * tpk_adamw_step refuses the gradients. A pipeline's schedule (tpk/train/pipe_model.h) sets
- * `active` around each chunk's last micro-batch instead of calling tpk_dp_begin (with more than
- * one DP rank): the first report so made begins the step's bits. The checks are this rank's:
- * a misuse on some DP ranks only leaves the others' collectives waiting, as any mismatch of
- * collectives does.
+ * itself and refuses, naming the parameter, a plain or ZeRO-2 DP step (not ZeRO-1 or Adasum:
+ * those reduce the whole buffer after the backward) with more than one DP rank whose last
+ * micro-batch was not begun; with one DP rank and nothing begun there is nothing to reduce (a
+ * model without the hook). While a last micro-batch is begun and not finished,
+ * ctx->params.dp_open is set and tpk_adamw_step refuses the gradients. A pipeline's schedule
+ * (tpk/train/pipe_model.h) sets `active` around each chunk's last micro-batch instead of calling
+ * tpk_dp_begin (with more than one DP rank): the first report so made begins the step's bits.
+ * The checks are this rank's: a misuse on some DP ranks only leaves the others' collectives
+ * waiting, as any mismatch of collectives does.
  *
  * Adasum (Maleki et al., Horovod), after the backward instead of the buckets
  * (tpk_dp_adasum_init, then tpk_dp_adasum): per parameter tensor, two gradients combine as
@@ -45,11 +46,23 @@
  * once) and one all-reduce over TP per level sums them for every parameter at once. In double:
  * |g1|^2, |g2|^2 and |g1 + g2|^2 (g1.g2 = (|g1 + g2|^2 - |g1|^2 - |g2|^2) / 2). Needs a
  * power-of-two DP size. Two equal gradients give that gradient, orthogonal ones their sum: no
- * 1/dp scaling. The hook of Adasum buckets starts nothing but still records and checks. */
+ * 1/dp scaling. The hook of Adasum buckets starts nothing but still records and checks.
+ *
+ * ZeRO-2 (buckets linked to an optimizer's gradient slice: tpk_dp_shard_grads, tpk/train/train.h):
+ * the hook starts a reduce-scatter over DP instead of the all-reduce. DP rank q owns the slice
+ * S_q = tpk_split(numel, dp, q) of the flat buffer (ZeRO-1's); a bucket [off, end) is sent whole
+ * with counts |[off, end) n S_q| (in rank order, they tile the bucket), and each rank receives the
+ * DP sum of its part into the slice buffer zg (element e at zg[e - z0]), zeroed when the last
+ * micro-batch begins (the gaps between parameters no bucket covers stay zero). The flat gradient
+ * buffer is only read: it keeps this rank's own (unreduced) sums. A parameter whose gradient
+ * takes another sum first — partial over TP (tp_partial_grad, a key/value head several TP ranks
+ * hold) or a pipeline's tied embedding copy, summed over the two stages — is recorded and checked
+ * like the others but left out of the buckets (a bucket around it splits in two); tpk_train_step
+ * reduce-scatters these after their other sum (tpk__dp_zero_deferred). The checks are the same. */
 #ifndef TPK_DP_H
 #define TPK_DP_H
 
-#include "../layers/params.h"
+#include "../layers/norm.h"
 
 typedef enum tpk_dp_state {
     TPK_DP_IDLE = 0, /* no step begun, or the last one consumed (tpk_train_step) */
@@ -73,11 +86,19 @@ typedef struct tpk_dp_buckets {
     char err[256];    /* the first report refused on the last micro-batch ("": none) */
     tpk_allocator al; /* the allocator of the context b's arrays come from (copied when b holds
                          none): tpk_dp_destroy's */
+    /* ZeRO-2 (tpk_dp_shard_grads): reduce-scatters into an optimizer's gradient slice */
+    float *zg;             /* f32 [zn] backend memory (the optimizer's); NULL: all-reduces */
+    size_t z0, zn, znumel; /* the slice [z0, z0 + zn) of a flat buffer of znumel elements */
+    size_t *zcounts;       /* [zdp] host: a reduce-scatter's counts */
+    int zdp;
+    uint64_t *defer;       /* [words] bit i: parameter i is summed elsewhere first (see above) */
+    int tied;              /* 1 + the id of this stage's copy of a pipeline's tied embedding
+                              (tpk_pipe_model_set_dp; 0: none) */
 } tpk_dp_buckets;
 
 /* b's arrays come from ctx's allocator: kept in b when it holds none yet. */
 static inline void tpk__dp_al(const tpk_ctx *ctx, tpk_dp_buckets *b) {
-    if (!b->req && !b->pairs && !b->seen) b->al = tpk__allocator(ctx);
+    if (!b->req && !b->pairs && !b->seen && !b->defer && !b->zcounts) b->al = tpk__allocator(ctx);
 }
 
 /* "parameter "w" and the 3 others this rank holds" (or that none is registered) into buf. */
@@ -91,25 +112,107 @@ static inline const char *tpk__dp_who(const tpk_ctx *ctx, char *buf, size_t n) {
     return buf;
 }
 
-/* Room for one bit per parameter of ctx. */
+/* Room for one bit per parameter of ctx (reported, and deferred under ZeRO-2). */
 static inline tpk_status tpk__dp_bits(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
     int w = (ctx->params.n + 63) / 64;
-    if (w > b->words || !b->seen) {
+    w = w ? w : 1;
+    if (w > b->words || !b->seen || !b->defer) {
         tpk__dp_al(ctx, b);
-        uint64_t *s = (uint64_t *)tpk__al_realloc(&b->al, b->seen, sizeof *s * (size_t)b->words,
-                                                  sizeof *s * (size_t)(w ? w : 1));
-        if (!s) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' bits", ctx->params.n);
-        b->seen = s, b->words = w ? w : 1;
+        size_t was = sizeof(uint64_t) * (size_t)b->words, now = sizeof(uint64_t) * (size_t)w;
+        uint64_t *s = (uint64_t *)tpk__al_realloc(&b->al, b->seen, b->seen ? was : 0, now);
+        if (s) b->seen = s;
+        uint64_t *d =
+            s ? (uint64_t *)tpk__al_realloc(&b->al, b->defer, b->defer ? was : 0, now) : NULL;
+        if (d) b->defer = d;
+        if (!s || !d)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' bits", ctx->params.n);
+        b->words = w;
     }
     return TPK_OK;
 }
 
-/* The step's last micro-batch begins: every parameter's bit cleared, the gradients open. */
+/* Under ZeRO-2: whether parameter i's gradient is summed elsewhere before DP's reduction (partial
+ * over TP, a pipeline's tied copy), so the buckets leave it to tpk_train_step. */
+static inline bool tpk__dp_deferred(const tpk_ctx *ctx, const tpk_dp_buckets *b, int i) {
+    const tpk_param *p = &ctx->params.list[i];
+    return i + 1 == b->tied ||
+           (ctx->tp.size > 1 && (p->tp_partial_grad || tpk__param_shared(ctx, p)));
+}
+
+/* The step's last micro-batch begins: every parameter's bit cleared, the gradients open; under
+ * ZeRO-2 the slice zeroed and the deferred parameters marked. */
 static inline tpk_status tpk__dp_open(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
     TPK_TRY(tpk__dp_bits(ctx, b, fn));
     memset(b->seen, 0, sizeof *b->seen * (size_t)b->words);
+    memset(b->defer, 0, sizeof *b->defer * (size_t)b->words);
+    if (b->zg && ctx->dp.size > 1) {
+        if (b->znumel != ctx->params.numel || b->zdp != ctx->dp.size)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "buckets: linked (tpk_dp_shard_grads) to the gradient slice of %zu "
+                             "elements over %d DP ranks, the context has %zu over %d (link them "
+                             "again after registering)",
+                             b->znumel, b->zdp, ctx->params.numel, ctx->dp.size);
+        for (int i = 0; i < ctx->params.n; i++)
+            if (tpk__dp_deferred(ctx, b, i)) b->defer[i / 64] |= (uint64_t)1 << (i % 64);
+        if (b->zn) TPK_TRY(tpk_op_fill(ctx, b->zg, TPK_F32, b->zn, 0.f));
+    }
     b->np = ctx->params.n, b->err[0] = 0, b->state = TPK_DP_LAST;
     ctx->params.dp_open = true;
+    return TPK_OK;
+}
+
+/* One more request slot in b->req. */
+static inline tpk_status tpk__dp_req(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
+    if (b->n < b->cap) return TPK_OK;
+    int cap = b->cap ? 2 * b->cap : 64;
+    tpk__dp_al(ctx, b);
+    tpk_request *r = (tpk_request *)tpk__al_realloc(&b->al, b->req, sizeof *r * (size_t)b->cap,
+                                                    sizeof *r * (size_t)cap);
+    if (!r) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d requests", cap);
+    b->req = r, b->cap = cap;
+    return TPK_OK;
+}
+
+/* ZeRO-2: the reduce-scatter over DP of parameters first..last's gradients (contiguous in the flat
+ * buffer, the zero gaps between them included), each DP rank receiving the DP sum of the part
+ * within its slice into b->zg; started into b->req[b->n]. Nothing when they hold no element (the
+ * same on every DP rank: their shards are alike). */
+static inline tpk_status tpk__dp_zero_start(tpk_ctx *ctx, tpk_dp_buckets *b, int first, int last,
+                                            const char *fn) {
+    const tpk_param *p0 = &ctx->params.list[first], *p1 = &ctx->params.list[last];
+    size_t off = p0->offset, end = p1->offset + p1->numel;
+    if (end <= off) return TPK_OK;
+    int d = ctx->dp.size;
+    for (int q = 0; q < d; q++) {
+        tpk_range r = tpk_split((int64_t)b->znumel, d, q);
+        size_t a = (size_t)r.off, e = a + (size_t)r.size;
+        a = a < off ? off : a, e = e > end ? end : e;
+        b->zcounts[q] = e > a ? e - a : 0;
+    }
+    float *recv = b->zg + (b->zcounts[ctx->dp.rank] ? (off > b->z0 ? off - b->z0 : 0) : 0);
+    TPK_TRY(tpk__dp_req(ctx, b, fn));
+    memset(&b->req[b->n], 0, sizeof b->req[b->n]);
+    TPK_TRY(tpk_reduce_scatterv_start(ctx, &ctx->dp, (const float *)ctx->params.grad.p + off,
+                                      end - off, recv, b->zcounts, TPK_F32, TPK_SUM,
+                                      &b->req[b->n]));
+    b->n++;
+    return TPK_OK;
+}
+
+/* ZeRO-2: parameters first..last reduce-scattered, in runs of consecutive ones the buckets do
+ * not defer (deferred: the runs of deferred ones instead). */
+static inline tpk_status tpk__dp_zero_runs(tpk_ctx *ctx, tpk_dp_buckets *b, int first, int last,
+                                           bool deferred, const char *fn) {
+    for (int i = first; i <= last;) {
+        if (((b->defer[i / 64] >> (i % 64)) & 1) != deferred) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < last && ((b->defer[(j + 1) / 64] >> ((j + 1) % 64)) & 1) == deferred) j++;
+        TPK_TRY(tpk__dp_zero_start(ctx, b, i, j, fn));
+        i = j + 1;
+    }
     return TPK_OK;
 }
 
@@ -181,15 +284,12 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
                           ctx->params.list[i].name, i, first, last));
     for (int i = first; i <= last; i++) b->seen[i / 64] |= (uint64_t)1 << (i % 64);
     if (ctx->dp.size == 1 || b->adasum) return TPK_OK;
-    if (b->n == b->cap) {
-        int cap = b->cap ? 2 * b->cap : 64;
-        tpk__dp_al(ctx, b);
-        tpk_request *r = (tpk_request *)tpk__al_realloc(&b->al, b->req, sizeof *r * (size_t)b->cap,
-                                                        sizeof *r * (size_t)cap);
-        if (!r)
-            return tpk__dp_refuse(ctx, b, tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d requests", cap));
-        b->req = r, b->cap = cap;
+    if (b->zg) { /* ZeRO-2: reduce-scattered into the slice */
+        tpk_status z = tpk__dp_zero_runs(ctx, b, first, last, false, fn);
+        return z == TPK_OK ? z : tpk__dp_refuse(ctx, b, z);
     }
+    tpk_status r = tpk__dp_req(ctx, b, fn);
+    if (r != TPK_OK) return tpk__dp_refuse(ctx, b, r);
     const tpk_param *p0 = &ctx->params.list[first], *p1 = &ctx->params.list[last];
     size_t off = p0->offset, n = p1->offset + p1->numel - off;
     float *g = (float *)ctx->params.grad.p + off;
@@ -292,10 +392,50 @@ static inline tpk_status tpk__dp_consume(tpk_ctx *ctx, tpk_dp_buckets *b, bool w
     return TPK_OK;
 }
 
+/* ZeRO-2, after the buckets are finished and the other sums made (the TP-partial gradients
+ * summed, a pipeline's tied copies added): the deferred parameters' gradients reduce-scattered
+ * into the slice (started, then all waited). Collective over ctx->dp. */
+static inline tpk_status tpk__dp_zero_deferred(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
+    if (!b->zg || ctx->dp.size == 1 || !b->np) return TPK_OK;
+    tpk_status s = tpk__dp_zero_runs(ctx, b, 0, b->np - 1, true, fn);
+    for (int i = 0; i < b->n; i++) {
+        tpk_status w = tpk_wait(ctx, &b->req[i]);
+        if (s == TPK_OK) s = w;
+    }
+    b->n = 0;
+    return s;
+}
+
+/* Link b to a gradient slice zg [zn] = elements [z0, z0 + zn) of the flat buffer of numel (ZeRO-2;
+ * zg NULL: unlinked, all-reduces). tpk_dp_shard_grads (tpk/train/train.h) calls it. */
+static inline tpk_status tpk__dp_slice_set(tpk_ctx *ctx, tpk_dp_buckets *b, float *zg, size_t z0,
+                                           size_t zn, size_t numel, const char *fn) {
+    if (b->state == TPK_DP_LAST)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "buckets: a step's last micro-batch is still running: tpk_dp_finish it "
+                         "first");
+    if (b->adasum)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "buckets: made for Adasum (tpk_dp_adasum_init): a reduce-scatter cannot "
+                         "carry Adasum's per-tensor combination");
+    int d = ctx->dp.size;
+    if (zg && d > b->zdp) {
+        tpk__dp_al(ctx, b);
+        size_t *c = (size_t *)tpk__al_realloc(&b->al, b->zcounts, sizeof *c * (size_t)b->zdp,
+                                              sizeof *c * (size_t)d);
+        if (!c) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d counts", d);
+        b->zcounts = c;
+    }
+    if (zg) b->zdp = d;
+    b->zg = zg, b->z0 = z0, b->zn = zn, b->znumel = numel;
+    return tpk__dp_bits(ctx, b, fn);
+}
+
 static inline void tpk_dp_destroy(tpk_dp_buckets *b) {
     if (!b) return;
     for (int k = 0; k < b->levels; k++) tpk_comm_destroy(&b->pairs[k]);
     tpk__al_free(&b->al, b->req), tpk__al_free(&b->al, b->pairs), tpk__al_free(&b->al, b->seen);
+    tpk__al_free(&b->al, b->defer), tpk__al_free(&b->al, b->zcounts);
     memset(b, 0, sizeof *b);
 }
 

@@ -33,8 +33,10 @@
 /* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts
  * (a sharded parameter's whole shard, a replicated one on TP rank 0 only, a grouped key/value
  * weight its owned heads) into *sq, f64 in backend memory: one sumsq op per run of consecutive
- * counted elements, accumulating there (no host wait). */
-static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, double *sq) {
+ * counted elements, accumulating there (no host wait). Element e's gradient is g[e - lo] (the flat
+ * gradient buffer from lo, or ZeRO-2's slice starting at lo). */
+static inline tpk_status tpk__grad_sumsq_in(tpk_ctx *ctx, const float *g, size_t lo, size_t hi,
+                                            double *sq) {
     size_t r0 = 0, r1 = 0; /* the run being gathered */
     bool acc = false;
     int last = -1; /* the parameter the run ends with, when it ends at that parameter's end */
@@ -54,12 +56,15 @@ static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, dou
             last = b == p->offset + p->numel ? i : -1;
         }
         if (r1 > r0) {
-            TPK_TRY(tpk_op_sumsq(ctx, sq, (const float *)ctx->params.grad.p + r0, r1 - r0, acc));
+            TPK_TRY(tpk_op_sumsq(ctx, sq, g + (r0 - lo), r1 - r0, acc));
             acc = true;
         }
         r0 = a, r1 = b;
     }
     return acc ? TPK_OK : tpk_op_sumsq(ctx, sq, NULL, 0, false); /* nothing counted here: 0 */
+}
+static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, double *sq) {
+    return tpk__grad_sumsq_in(ctx, (const float *)ctx->params.grad.p + lo, lo, hi, sq);
 }
 /* The context's f64 [2] in backend memory: the gradient's sum of squares, the steps skipped since
  * the last read (zero-filled when first made). */
@@ -125,6 +130,11 @@ typedef struct tpk_adamw_desc {
                            moments of, and updates, only its slice tpk_split(numel, dp, dp_rank) of
                            the flat parameter buffer; see tpk/train/train.h. With one DP rank: as
                            without */
+    int zero_stage;     /* 0: `zero` says (1 when set, else none); 1: ZeRO-1; 2: ZeRO-2, the
+                           gradients too: the DP buckets (tpk/train/dp.h, linked by tpk_dp_zero)
+                           reduce-scatter each bucket under the backward into this rank's slice of
+                           the reduced gradient (tpk_adamw.g, 1/dp of the gradients), the slice
+                           that the norm and AdamW read. With one DP rank: as without */
 } tpk_adamw_desc;
 
 typedef struct tpk_adamw {
@@ -136,22 +146,35 @@ typedef struct tpk_adamw {
     int64_t step;  /* optimizer steps done */
     int64_t *decay, nruns; /* [2 nruns] in backend memory: the element runs [start, end) of the
                               decayed parameters */
+    int stage;     /* the ZeRO stage asked (0, 1, 2); sharded only past one DP rank */
+    float *g;      /* ZeRO-2 past one DP rank: f32 [sn] in backend memory, this rank's slice of the
+                      DP-summed gradient (the buckets' reduce-scatters write it; after AdamW the
+                      all-gather's scratch); NULL otherwise (the gradient is read from the flat
+                      gradient buffer's slice) */
 } tpk_adamw;
 
-/* ZeRO-1's exchanges over ctx->dp of a flat buffer x [n] split tpk_split(n, dp, rank):
+/* ZeRO-1 proper: the moments sliced and the gradients reduce-scattered whole after the backward
+ * (ZeRO-2 reduces them in the buckets; at one DP rank nothing is sliced). */
+static inline bool tpk__adamw_zero1(const tpk_adamw *o) { return o->sn != o->numel && !o->g; }
+
+/* ZeRO's exchanges over ctx->dp of a flat buffer x [n] split tpk_split(n, dp, rank):
  * all-gather: every rank's slice of x into every rank's x; reduce-scatter: the DP sum of x's
  * slice into this rank's slice (the rest of x unchanged). Through a scratch buffer of one slice
- * (no aliasing): the all-gather sends a copy of this rank's slice and receives into x itself, so
- * ZeRO-1's scratch is 1/dp of the parameters, not a second copy of them. */
-static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool gather) {
+ * (no aliasing; `scratch`, else ctx->work[1]): the all-gather sends a copy of this rank's slice
+ * and receives into x itself, so ZeRO-1's scratch is 1/dp of the parameters, not a second copy of
+ * them (ZeRO-2's is its gradient slice, consumed by then). */
+static inline tpk_status tpk__dp_slices_in(tpk_ctx *ctx, float *x, size_t n, bool gather,
+                                           float *scratch) {
     int d = ctx->dp.size;
     size_t *counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)d);
-    if (!counts) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_adamw (ZeRO-1)", "counts");
+    if (!counts) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_adamw (ZeRO)", "counts");
     for (int q = 0; q < d; q++) counts[q] = (size_t)tpk_split((int64_t)n, d, q).size;
     tpk_range me = tpk_split((int64_t)n, d, ctx->dp.rank);
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
-    tpk_status s = tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (size_t)me.size + 16);
-    float *tmp = (float *)ctx->work[1].p;
+    tpk_status s = scratch
+                       ? TPK_OK
+                       : tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (size_t)me.size + 16);
+    float *tmp = scratch ? scratch : (float *)ctx->work[1].p;
     if (s == TPK_OK && gather && me.size)
         s = tpk_op_memcpy(ctx, tmp, x + me.off, sizeof(float) * (size_t)me.size, dd);
     if (s == TPK_OK && gather)
@@ -162,6 +185,9 @@ static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool g
         s = tpk_op_memcpy(ctx, x + me.off, tmp, sizeof(float) * (size_t)me.size, dd);
     tpk__free(ctx, counts);
     return s;
+}
+static inline tpk_status tpk__dp_slices(tpk_ctx *ctx, float *x, size_t n, bool gather) {
+    return tpk__dp_slices_in(ctx, x, n, gather, NULL);
 }
 static inline tpk_status tpk__dp_allgather_slices(tpk_ctx *ctx, float *x, size_t n) {
     return tpk__dp_slices(ctx, x, n, true);
@@ -182,15 +208,24 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     if (!o->d.b1) o->d.b1 = 0.9f;
     if (!o->d.b2) o->d.b2 = 0.95f;
     if (!o->d.eps) o->d.eps = 1e-8f;
+    if (d.zero_stage < 0 || d.zero_stage > 2)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->zero_stage: expected 0 (as desc->zero says), 1 or 2, got %d",
+                         d.zero_stage);
+    o->stage = d.zero_stage ? d.zero_stage : d.zero ? 1 : 0;
     TPK_TRY(tpk_params_trim(ctx)); /* the registration's slack freed */
     o->numel = ctx->params.numel;
-    tpk_range sl = d.zero ? tpk_split((int64_t)o->numel, ctx->dp.size, ctx->dp.rank)
-                          : TPK_LIT(tpk_range){0, (int64_t)o->numel};
+    tpk_range sl = o->stage ? tpk_split((int64_t)o->numel, ctx->dp.size, ctx->dp.rank)
+                            : TPK_LIT(tpk_range){0, (int64_t)o->numel};
     o->s0 = (size_t)sl.off, o->sn = (size_t)sl.size;
     size_t bytes = sizeof(float) * (o->sn ? o->sn : 1);
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->m));
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
     tpk__mem_count(ctx, 2 * bytes, true); /* the moments in tpk_mem_peak: ZeRO-1's saving shows */
+    if (o->stage == 2 && ctx->dp.size > 1) { /* ZeRO-2: the reduced gradient's slice */
+        TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->g));
+        tpk__mem_count(ctx, bytes, true);
+    }
     /* the decayed runs: consecutive decayed parameters merged (their offsets are contiguous) */
     int64_t *runs = (int64_t *)tpk__malloc(ctx, sizeof(int64_t) * 2 * (size_t)ctx->params.n), n = 0;
     if (!runs) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
@@ -254,15 +289,17 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
     tpk_params *P = &ctx->params;
     bool fuse16 = ctx->dtype == TPK_BF16 && o->sn == o->numel && !P->stale16 && P->data16.p &&
                   P->data16.bytes >= 2 * P->numel;
+    /* the slice's gradient: ZeRO-2 keeps its own */
+    const float *g = o->g ? o->g : (const float *)ctx->params.grad.p + o->s0;
     if (o->sn) /* no decayed parameter: no decay anywhere (wd 0 with a NULL table) */
-        TPK_TRY(tpk_op_adamw(ctx, w, (const float *)ctx->params.grad.p + o->s0, o->m, o->v, o->sn,
-                             lr, o->d.b1, o->d.b2, o->d.eps, o->nruns ? o->d.weight_decay : 0.0f,
-                             o->step, grad_scale, norm, clip, o->decay, o->nruns,
-                             fuse16 ? (uint16_t *)P->data16.p + o->s0 : NULL));
+        TPK_TRY(tpk_op_adamw(ctx, w, g, o->m, o->v, o->sn, lr, o->d.b1, o->d.b2, o->d.eps,
+                             o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, norm, clip,
+                             o->decay, o->nruns, fuse16 ? (uint16_t *)P->data16.p + o->s0 : NULL));
     if (!fuse16) tpk_params_updated(ctx);
     if (o->sn == o->numel) return TPK_OK;
-    /* ZeRO-1: every DP rank's updated slice to every DP rank (one all-gather of the parameters) */
-    return tpk__dp_allgather_slices(ctx, (float *)ctx->params.data.p, o->numel);
+    /* ZeRO-1 and 2: every DP rank's updated slice to every DP rank (one all-gather of the
+     * parameters; ZeRO-2 sends from its gradient slice, consumed now) */
+    return tpk__dp_slices_in(ctx, (float *)ctx->params.data.p, o->numel, true, o->g);
 }
 /* One step on every parameter: lr from the schedule, grad_scale = the DP average x the clipping
  * factor (computed by the caller; tpk_train_step clips without a host wait). */
@@ -303,8 +340,10 @@ static inline tpk_status tpk__adamw_keep_slice(tpk_ctx *ctx, tpk_adamw *o, float
 static inline void tpk_adamw_destroy(tpk_ctx *ctx, tpk_adamw *o) {
     if (!ctx || !o) return;
     if (o->m && o->v) tpk__mem_count(ctx, 2 * sizeof(float) * (o->sn ? o->sn : 1), false);
+    if (o->g) tpk__mem_count(ctx, sizeof(float) * (o->sn ? o->sn : 1), false);
     tpk_op_free(ctx, o->m), tpk_op_free(ctx, o->v), tpk_op_free(ctx, o->decay);
-    o->m = o->v = NULL, o->decay = NULL, o->nruns = 0;
+    tpk_op_free(ctx, o->g);
+    o->m = o->v = o->g = NULL, o->decay = NULL, o->nruns = 0;
 }
 
 #endif /* TPK_OPTIM_H */

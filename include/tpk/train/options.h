@@ -19,7 +19,7 @@
 enum {
     TPK_OPT_MODEL = 1,  /* --arch, the shape, the family's flags, --load */
     TPK_OPT_DTYPE = 2,  /* --dtype */
-    TPK_OPT_MESH = 4,   /* TP, DP, ZeRO-1, recompute, the pipeline, --plan */
+    TPK_OPT_MESH = 4,   /* TP, DP, ZeRO, recompute, the pipeline, --plan */
     TPK_OPT_DATA = 8,   /* the data and the step's shape */
     TPK_OPT_OPTIM = 16, /* the schedule, AdamW, dropout, seeds */
     TPK_OPT_RUN = 32,   /* evaluation, checkpoints, logs, the timeout */
@@ -94,8 +94,10 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          offsetof(tpk_run_opts, sp)},
         {"--dtype", C, 0, 0, NULL, "f32|bf16", NULL, F, "parallel",
          "default: bf16 on a GPU, f32 on the host", offsetof(tpk_run_opts, dtype)},
-        {"--zero", I, 0, 1, "0", NULL, "0 or 1 (ZeRO-1: the optimizer state sharded over DP)", P,
-         "parallel", "1: ZeRO-1, the optimizer sharded over DP", offsetof(tpk_run_opts, zero)},
+        {"--zero", I, 0, 2, "0", NULL,
+         "0, 1 (ZeRO-1: the optimizer state sharded over DP) or 2 (ZeRO-2: the gradients too)", P,
+         "parallel", "1: the optimizer sharded over DP; 2: the gradients too",
+         offsetof(tpk_run_opts, zero)},
         {"--dp-reduce", C, 0, 0, NULL, "mean|adasum", NULL, P, "parallel",
          "adasum: DP a power of two", offsetof(tpk_run_opts, dp_reduce)},
         {"--recompute", C, 0, 0, NULL, "none|selective|full", NULL, P, "parallel", NULL,
@@ -114,7 +116,7 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
         {"--print-schedule", B, 0, 0, NULL, NULL, NULL, P, "pipeline", NULL,
          offsetof(tpk_run_opts, print_schedule)},
         {"--plan", B, 0, 0, NULL, NULL, NULL, P, "plan",
-         "TP, PP, the micro-batch, recompute, ZeRO-1 and SP chosen by the planner for these "
+         "TP, PP, the micro-batch, recompute, ZeRO and SP chosen by the planner for these "
          "ranks: the fastest that fits; the step keeps --batch x --grad-accum x DP sequences",
          offsetof(tpk_run_opts, plan)},
         {"--plan-profile", S, 0, 0, NULL, "NAME|FILE", NULL, P, "plan",
@@ -286,9 +288,11 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                false;
     if (world && o->zero && !o->plan && world / (o->tp * o->pp) == 1)
         return snprintf(err, n,
-                        "--zero 1: shards the optimizer over data parallelism, but there is 1 DP "
+                        "--zero %lld: shards the %s over data parallelism, but there is 1 DP "
                         "rank (%d ranks / --tp %lld)",
-                        world, (long long)o->tp),
+                        (long long)o->zero,
+                        o->zero == 2 ? "optimizer and the gradients" : "optimizer", world,
+                        (long long)o->tp),
                false;
     if (o->piped && o->sample)
         return snprintf(err, n,
@@ -472,7 +476,7 @@ static inline tpk_adamw_desc tpk_run_adamw_desc(const tpk_run_opts *o) {
     tpk_adamw_desc d;
     memset(&d, 0, sizeof d);
     d.b1 = (float)o->b1, d.b2 = (float)o->b2, d.eps = 1e-8f, d.weight_decay = (float)o->wd;
-    d.zero = o->zero > 0;
+    d.zero = o->zero > 0, d.zero_stage = (int)o->zero;
     return d;
 }
 

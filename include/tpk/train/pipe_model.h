@@ -255,7 +255,8 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
     tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, B * S);
     TPK_TRY(tpk_pipe_run(ctx, &pm->exec, &pm->sched, &st));
     if (pm->tied && pm->P > 1 && pm->wte >= 0) { /* the two copies' gradients summed (after their
-                                                    DP reductions: they write them) */
+                                                    DP reductions: they write them; ZeRO-2's
+                                                    comes after, in tpk_train_step) */
         if (pm->dp) TPK_TRY(tpk_dp_finish(ctx, pm->dp));
         const tpk_param *q = &ctx->params.list[pm->wte];
         float *g = (float *)ctx->params.grad.p + q->offset;
@@ -310,9 +311,11 @@ static inline tpk_status tpk_pipe_model_eval(tpk_ctx *ctx, tpk_pipe_model *pm, c
 
 /* The data-parallel buckets (tpk/train/dp.h) that each chunk's last micro-batch starts, as its
  * backward finishes each block's gradients (every copy's grad_ready hook); b = NULL: none (the
- * caller reduces after the step: ZeRO-1, Adasum). tpk_train_step waits for them. */
+ * caller reduces after the step: ZeRO-1, Adasum). tpk_train_step waits for them. The buckets learn
+ * this stage's tied embedding copy: ZeRO-2 reduce-scatters it after the two copies are summed. */
 static inline void tpk_pipe_model_set_dp(tpk_pipe_model *pm, tpk_dp_buckets *b) {
     pm->dp = b;
+    if (b) b->tied = pm->tied && pm->P > 1 && pm->wte >= 0 ? pm->wte + 1 : 0;
     for (int i = 0; i < pm->V * pm->K; i++)
         tpk_model_set_grad_ready(&pm->copy[i], b ? tpk_dp_grad_ready : NULL, b);
 }

@@ -8,16 +8,24 @@
  *        ZeRO-1      (tpk_adamw_desc.zero) one reduce-scatter of the whole gradient buffer over DP:
  *                    each DP rank gets the DP sum of its slice tpk_split(numel, dp, rank) — the
  *                    buckets must not have been started (tpk_dp_begin(..., false));
+ *        ZeRO-2      (tpk_adamw_desc.zero_stage 2, the buckets linked by tpk_dp_shard_grads) the
+ *                    buckets' reduce-scatters under the backward are waited for and checked as
+ *                    plain DP's; the parameters they defer (partial over TP, a pipeline's tied
+ *                    copy) are reduce-scattered after step 2 — each DP rank then holds the DP sum
+ *                    of its slice in the optimizer's own buffer (tpk_adamw.g, 1/dp of the
+ *                    gradients);
  *        Adasum      (buckets made by tpk_dp_adasum_init) tpk_dp_adasum over the whole buffer;
  *                    pass grad_scale 1: Adasum does not sum;
  *   2. the gradients partial over TP summed (tpk_params_reduce_partial_grads: SP norm weights,
- *      shared key/value heads) — after the buckets, before Adasum and ZeRO-1's reduce-scatter;
+ *      shared key/value heads) — after the buckets, before Adasum and ZeRO-1's (and ZeRO-2's
+ *      deferred) reduce-scatter;
  *   3. the norm of grad_scale x the gradient over the whole model (tpk/train/optim.h's counting;
- *      under ZeRO-1 each rank counts its slice and the squares are summed over DP and TP: the same
- *      norm; with pipeline stages, summed over PP too, the tied embedding's copy not counted);
+ *      under ZeRO-1 and 2 each rank counts its slice and the squares are summed over DP and TP
+ *      (one more all-reduce of one f64): the same norm; with pipeline stages, summed over PP too,
+ *      the tied embedding's copy not counted);
  *   4. clipping to `clip` (<= 0: none), folded into AdamW's gradient scale;
- *   5. AdamW on the f32 master weights (ZeRO-1: on this rank's slice, with its moments only, then
- *      one all-gather of the parameters over DP).
+ *   5. AdamW on the f32 master weights (ZeRO-1 and 2: on this rank's slice, with its moments only,
+ *      then one all-gather of the parameters over DP).
  * Steps 3 and 4 stay in backend memory: the sum of squares is all-reduced there and the AdamW op
  * computes the clipping factor from it, so the host never waits for the norm — unless it asks for
  * it (norm != NULL: one download, e.g. on a step that logs). A step whose norm is not finite (a
@@ -26,7 +34,8 @@
  * pointer) fails with TPK_ERR_ARG saying how many steps were skipped.
  * Communication per step over DP: plain, one all-reduce of the gradients (in buckets); ZeRO-1,
  * one reduce-scatter of the gradients and one all-gather of the parameters — the same volume,
- * with 1/dp of the optimizer state per rank. */
+ * with 1/dp of the optimizer state per rank; ZeRO-2, the same reduce-scatter in the buckets under
+ * the backward (as plain DP's all-reduce), the all-gather after AdamW. */
 #ifndef TPK_TRAIN_H
 #define TPK_TRAIN_H
 
@@ -59,6 +68,31 @@ static inline tpk_status tpk_train_norm_read(tpk_ctx *ctx, float grad_scale, dou
         *norm, h[1]);
 }
 
+/* ZeRO-2: the buckets b reduce-scatter each bucket over DP into opt's gradient slice (opt made with
+ * tpk_adamw_desc.zero_stage = 2, for the context's parameters as registered now) instead of
+ * all-reducing it. With one DP rank there is no slice and b stays as it is. Call it once the model
+ * and opt are made, before a step's backward (and again after registering more parameters); not
+ * collective. */
+static inline tpk_status tpk_dp_shard_grads(tpk_ctx *ctx, tpk_dp_buckets *b, const tpk_adamw *opt) {
+    static const char *fn = "tpk_dp_shard_grads";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
+    if (!opt || !opt->m)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
+    if (opt->stage != 2)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "opt: expected an optimizer made with zero_stage 2 (ZeRO-2), got ZeRO "
+                         "stage %d",
+                         opt->stage);
+    if (opt->numel != ctx->params.numel)
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "opt: made for %zu parameter elements, the context has %zu (register the model first)",
+            opt->numel, ctx->params.numel);
+    if (!opt->g) return TPK_OK; /* one DP rank: nothing sliced */
+    return tpk__dp_slice_set(ctx, b, opt->g, opt->s0, opt->sn, opt->numel, fn);
+}
+
 /* See above. *norm (may be NULL: no host wait; tpk_train_norm_read reads it later) = |grad_scale g|
  * before clipping. Collective over ctx's mesh. */
 static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buckets *b, float lr,
@@ -72,29 +106,37 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "grad_scale, clip: expected finite numbers, got %g, %g",
                          (double)grad_scale, (double)clip);
-    bool zero = opt->sn != opt->numel;
-    if (zero && b->n)
+    bool zero = opt->sn != opt->numel, zero1 = tpk__adamw_zero1(opt); /* sliced; ZeRO-1 proper */
+    if (b->zg != opt->g)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         opt->g ? "buckets: not linked to opt's gradient slice: ZeRO-2 needs "
+                                  "tpk_dp_shard_grads(ctx, buckets, opt) before the step's backward"
+                                : "buckets: linked to a ZeRO-2 gradient slice, but opt is not that "
+                                  "ZeRO-2 optimizer");
+    if (zero1 && b->n)
         return tpk__fail(
             ctx, TPK_ERR_ARG, fn,
             "buckets: %d all-reduces started under ZeRO-1 (call tpk_dp_begin with last = false)",
             b->n);
     if (zero && b->adasum)
-        return tpk__fail(
-            ctx, TPK_ERR_UNSUPPORTED, fn,
-            "opt: ZeRO-1 with Adasum (a reduce-scatter cannot carry Adasum's per-tensor "
-            "combination)");
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "opt: ZeRO-%d with Adasum (a reduce-scatter cannot carry Adasum's "
+                         "per-tensor combination)",
+                         opt->stage);
     /* the buckets' gradients checked (a begun step finished here); ZeRO-1 (asked, even at one DP
      * rank) and Adasum reduce the whole buffer below */
-    TPK_TRY(tpk__dp_consume(ctx, b, zero || opt->d.zero || b->adasum, fn));
+    TPK_TRY(tpk__dp_consume(ctx, b, zero1 || opt->stage == 1 || b->adasum, fn));
     TPK_TRY(tpk_params_reduce_partial_grads(ctx)); /* whole tensors first: Adasum's dot products
                                                       need them */
     if (b->adasum) TPK_TRY(tpk_dp_adasum(ctx, b));
-    if (zero && opt->numel)
+    if (zero1 && opt->numel)
         TPK_TRY(tpk__dp_slices(ctx, (float *)ctx->params.grad.p, opt->numel,
                                false)); /* reduce-scatter */
+    if (opt->g) TPK_TRY(tpk__dp_zero_deferred(ctx, b, fn)); /* ZeRO-2: the rest of the slice */
     double *sq;
     TPK_TRY(tpk__normsq(ctx, &sq));
-    TPK_TRY(tpk__grad_sumsq(ctx, opt->s0, opt->s0 + opt->sn, sq));
+    TPK_TRY(tpk__grad_sumsq_in(ctx, opt->g ? opt->g : (const float *)ctx->params.grad.p + opt->s0,
+                               opt->s0, opt->s0 + opt->sn, sq));
     if (zero) TPK_TRY(tpk_allreduce(ctx, &ctx->dp, sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
     /* pipeline stages: each holds its blocks' gradients */

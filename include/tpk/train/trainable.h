@@ -88,8 +88,9 @@ static inline tpk_status tpk_trainable_set_dropout(tpk_ctx *ctx, tpk_trainable *
                     : tpk_model_set_dropout(ctx, &t->m, p);
 }
 
-/* The DP buckets b (tpk/train/dp.h) a backward starts as each block's gradients are done; overlap
- * false (ZeRO-1, Adasum): with stages none start during the backward (tpk_train_step reduces). */
+/* The DP buckets b (tpk/train/dp.h) a backward starts as each block's gradients are done
+ * (all-reduces, or ZeRO-2's reduce-scatters: tpk_dp_shard_grads); overlap false (ZeRO-1, Adasum):
+ * with stages none start during the backward (tpk_train_step reduces). */
 static inline void tpk_trainable_set_dp(tpk_trainable *t, tpk_dp_buckets *b, bool overlap) {
     if (t->piped) tpk_pipe_model_set_dp(&t->pm, overlap ? b : NULL);
     else tpk_model_set_grad_ready(&t->m, tpk_dp_grad_ready, b);
@@ -102,7 +103,8 @@ static inline void tpk_trainable_set_dp(tpk_trainable *t, tpk_dp_buckets *b, boo
  *   1. the gradients zeroed (and the device loss sum, without stages);
  *   2. without stages: for each micro-batch k (ids, targets [M][B S] in host memory) with
  *      ctx->rng_step = rng_step + k, the forward (the loss stays on the device), the DP buckets
- *      begun on the last micro-batch (none under ZeRO-1: one reduce-scatter at the end instead),
+ *      begun on the last micro-batch (ZeRO-2's reduce-scatters too; none under ZeRO-1: one
+ *      reduce-scatter at the end instead),
  *      the backward with `scale`;
  *      with stages (pm != NULL): the pipeline's schedule over the M micro-batches
  *      (tpk_pipe_model_step; the DP buckets under each chunk's last backward, set by
@@ -128,7 +130,7 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
     if (M < 1 || B < 1 || S < 1)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "M, B, S: expected >= 1, got %d, %lld, %lld", M,
                          (long long)B, (long long)S);
-    bool zero = opt->sn != opt->numel;  /* ZeRO-1: no buckets during the backward */
+    bool zero = tpk__adamw_zero1(opt); /* ZeRO-1: no buckets during the backward */
     size_t mbt = (size_t)B * (size_t)S; /* a micro-batch's tokens */
     TPK_TRY(tpk_params_zero_grad(ctx));
     if (pm) {
