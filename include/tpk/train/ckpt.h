@@ -15,14 +15,15 @@
  *                      global [gshape] as registered; metadata {"format": "tpk-adamw", "step",
  *                      "tpk_checkpoint_id"}
  * Save (collective over ctx->world): each tensor gathered over TP (tpk_param_gather); the moments
- * whole first (under ZeRO-1 every DP rank's slice gathered over DP); under pipeline stages each
- * stage's leader (TP and DP rank 0) sends its tensors, but the copies another stage holds
+ * whole first (under ZeRO-1 and 2 each DP rank's slice gathered over DP); under pipeline stages
+ * each stage's leader (TP and DP rank 0) sends its tensors, but the copies another stage holds
  * (pp_copy), to world rank 0, which writes the files into DIR.tpk-new and swaps it in. Every rank
  * returns the same status.
  * Load (every rank reads the files itself; the only communication: the tensors the stages account
  * for, combined over ctx->pp): each rank sets its shard of each of its parameters
- * (tpk_param_scatter), of the moments its ZeRO-1 slice. So a checkpoint saved at (t, d, p) loads
- * at any (t', d', p') whose stages hold the same parameters between them. Refused, naming the
+ * (tpk_param_scatter), of the moments its ZeRO slice. So a checkpoint saved at (t, d, p) loads at
+ * any (t', d', p') whose stages hold the same parameters between them, and at any ZeRO stage (the
+ * files are the same at every stage; ZeRO-2's gradient slice is not saved). Refused, naming the
  * file and the tensor: a parameter's tensor missing or mis-shaped, a value not finite (a second
  * moment negative), a tensor no parameter accounts for, steps that are not whole numbers or
  * disagree between config.json and the files, checkpoint ids that differ (files of two saves).
