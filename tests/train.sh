@@ -142,8 +142,8 @@ if long_set; then
     tr 4 --text "$text" $small --steps 10 --zero 2 --save "$T/zz4" --save-every 5 --csv "$T/zz4.csv"
     rc1=$rc
     for zr in 0 1; do
-        tr 2 --text "$text" $small --steps 10 --zero $zr --grad-accum 2 --load "$T/zz4/step-5" --csv "$T/zz2.csv"
-        r=$(relmax "$(losses "$T/zz4.csv" 6 10)" "$(losses "$T/zz2.csv" 6 10)")
+        tr 2 --text "$text" $small --steps 10 --zero $zr --grad-accum 2 --load "$T/zz4/step-5" --csv "$T/zz2_$zr.csv"
+        r=$(relmax "$(losses "$T/zz4.csv" 6 10)" "$(losses "$T/zz2_$zr.csv" 6 10)")
         if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 2 saved at DP 4, resumed at --zero $zr on DP 2 (x 2 accumulation): steps 6-10 equal (max relative difference $r)"
         else fail "--zero 2 saved at DP 4, resumed at --zero $zr on DP 2 (max relative difference $r)"; fi
     done
