@@ -1,4 +1,4 @@
-/* examples/plan.c — build/plan: which TP x PP x DP, micro-batch, recompute, ZeRO-1 and sequence
+/* examples/plan.c — build/plan: which TP x PP x DP, micro-batch, recompute, ZeRO stage and sequence
  * parallelism to train a model with on a cluster, by a dry run of the kit's own code on every
  * configuration (tpk/plan/plan.h) costed on a hardware profile (tpk/plan/hw.h).
  *
@@ -7,7 +7,7 @@
  *   plan [model flags | --load DIR] --seq-len S --batch B --gpus N --gpus-per-node G
  *        --profile h100|h200|a100-40|a100-80|cpu|FILE [--json] [--all] [--top K]
  *        [--tokens N] [--target TOKENS_PER_S] [--tp T --pp P --micro-batch M --recompute R
- *        --zero 0|1 --sequence-parallel 0|1: restrict]
+ *        --zero 0|1|2 --sequence-parallel 0|1: restrict]
  *   plan --calibrate FILE [model flags] [--seq-len S --batch B]   (under mpirun: collectives too)
  *
  * The table: the fitting configurations fastest first — memory per rank (what the trainer reports
@@ -59,7 +59,7 @@ static const tpk_flag plan_flags[] = {
      offsetof(opts, mb)},
     {"--recompute", TPK_FLAG_CHOICE, 0, 0, NULL, "none|selective|full", NULL, 1, "restrict", NULL,
      offsetof(opts, recompute)},
-    {"--zero", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
+    {"--zero", TPK_FLAG_INT, 0, 2, NULL, "0|1|2", "0, 1 or 2", 1, "restrict", NULL,
      offsetof(opts, zero)},
     {"--sequence-parallel", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
      offsetof(opts, sp)},
@@ -330,7 +330,7 @@ int main(int argc, char **argv) {
         tpk_flags_usage(
             stdout,
             "usage: plan [model flags | --load DIR] [plan flags]: the fastest TP x PP x DP, "
-            "micro-batch,\n  recompute, ZeRO-1 and SP that fit; a GPT-2 small (--layers 12 "
+            "micro-batch,\n  recompute, ZeRO stage and SP that fit; a GPT-2 small (--layers 12 "
             "--hidden 768 --heads 12\n  --vocab 50257) unless given\n"
             "       plan --calibrate FILE [model flags] [--seq-len S] [--micro-batch M]\n",
             sets, 2);
@@ -442,7 +442,7 @@ int main(int argc, char **argv) {
                 least = v[i].peak_bytes;
         if (least > 0)
             printf("nothing fits: the smallest peak is %.2f GB a rank (+ %.1f GB reserved) on "
-                   "%.0f GB devices; add GPUs, or allow recompute, ZeRO-1 or pipeline stages\n",
+                   "%.0f GB devices; add GPUs, or allow recompute, ZeRO or pipeline stages\n",
                    least / 1e9, hw.reserve_gb, hw.mem_gb);
         else printf("nothing fits: no configuration passes (the reasons above)\n");
         free(v);
@@ -452,9 +452,9 @@ int main(int argc, char **argv) {
     int mbmax = 0;
     for (int i = 0; i < fit; i++) mbmax = v[i].micro_batch > mbmax ? v[i].micro_batch : mbmax;
     printf("best: TP %d x PP %d x DP %d, micro-batch %d (%d a step per DP rank), recompute %s, "
-           "ZeRO-1 %s, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
+           "ZeRO %d, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
            b->tp, b->pp, b->dp, b->micro_batch, b->accum, tpk_recompute_name(b->recompute),
-           b->zero ? "on" : "off", b->sp ? "on" : "off", b->step_seconds, b->tokens_per_s,
+           b->zero, b->sp ? "on" : "off", b->step_seconds, b->tokens_per_s,
            100 * b->mfu, b->peak_bytes / 1e9);
     printf("its %.2f GB a GPU: weights %.2f (f32 and bf16), gradients %.2f, AdamW's moments %.2f, "
            "activations and scratch %.2f\n",

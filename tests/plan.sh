@@ -1,17 +1,20 @@
 #!/bin/sh
 # tests/plan.sh — the configuration planner (build/plan, tpk/plan) against real runs, on the host:
-#   memory: for 14 configurations (GPT-2 and Llama; TP, DP, PP, gradient accumulation, every
-#   recompute mode, ZeRO-1, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
+#   memory: for 16 configurations (GPT-2 and Llama; TP, DP, PP, gradient accumulation, every
+#   recompute mode, ZeRO-1 and 2, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
 #   (--json peak_bytes, the largest over stages) is within 2% of the trainer's measured peak of a
 #   real 2-step run (its "peak memory" line; with stages, the largest stage's);
 #   --load DIR (a Hugging Face config.json) planned as the same flags; --json's keys and rejected
-#   rows' reasons (a TP group past a node, a batch that does not divide,
-#   3 heads over TP 2 planned as the uneven split it is); the trainer's --plan trains with the configuration it prints;
+#   rows' reasons (a TP group past a node, a batch that does not divide, 3 heads over TP 2 planned
+#   as the uneven split it is), ZeRO 0, 1 and 2 planned at DP > 1 (the moments 1/DP from stage 1
+#   on; ZeRO-2's gradients: the whole buffer the backward fills and its slice); the trainer's
+#   --plan trains with the configuration it prints;
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
-# make test (TPK_TESTS=quick) plans 7 of the 14 configurations (one per feature: TP with SP and
+# make test (TPK_TESTS=quick) plans 7 of the 16 configurations (one per feature: TP with SP and
 # selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP), reads a handwritten profile file and
-# runs the rest; make test-long the other 7 and --calibrate (a minute of measurements).
+# runs the rest; make test-long the other 9 (ZeRO-2 among them) and --calibrate (a minute of
+# measurements).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup plan
@@ -44,6 +47,8 @@ quick_set && mem gpt2_dp2_zero 2 "$M --batch 4 --zero 1 --grad-accum 2" "$M --tp
 quick_set && mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
 quick_set && mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
 long_set && mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
+long_set && mem gpt2_dp2_zero2 2 "$M --batch 4 --zero 2 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 2"
+long_set && mem llama_pp2_dp2_zero2_sel 4 "--arch llama $M --pp 2 --batch 2 --grad-accum 4 --zero 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute selective --zero 2"
 long_set && mem llama_1 1 "--arch llama $M --batch 4 --recompute selective" "--arch llama $M --batch 4 --micro-batch 4 --recompute selective"
 quick_set && mem llama_tp2_gqa 2 "--arch llama $M --tp 2 --batch 4 --kv-heads 2" "--arch llama --kv-heads 2 $M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
 long_set && mem llama_dp2_zero_full 2 "--arch llama $M --batch 4 --zero 1 --recompute full" "--arch llama $M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 1"
@@ -82,7 +87,14 @@ for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shar
     assert all(r[k] > 0 for k in parts) and sum(r[k] for k in parts) == r["peak_bytes"], r
     twin = [q for q in fit if q["zero"] != r["zero"] and all(q[k] == r[k] for k in
             ("tp", "pp", "dp", "micro_batch", "recompute", "sp"))]
-    assert all(q["optimizer_bytes"] < r["optimizer_bytes"] for q in twin if q["zero"]), (r, twin)
+    assert all(q["optimizer_bytes"] < r["optimizer_bytes"] for q in twin if q["zero"] and
+               not r["zero"]), (r, twin)
+    # ZeRO-2: the moments of ZeRO-1; the gradient buffer (the backward fills it whole) and its slice
+    one = [q for q in twin if q["zero"] == 1]
+    assert r["zero"] != 2 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
+                                 q["grads_bytes"] < r["grads_bytes"] for q in one), (r, one)
+assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2}, "ZeRO 0, 1, 2 at DP > 1"
+assert {r["zero"] for r in rows if r["dp"] == 1} <= {0}, "ZeRO at DP 1"
 ' 2>&1; then ok plan_json_keys_and_reasons; else fail plan_json_keys_and_reasons; fi
 
 # the table and the guideline answers

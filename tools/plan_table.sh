@@ -6,16 +6,16 @@ cd "$(dirname "$0")/.." || exit 1
 B=${TPK_BUILD:-build}
 gpt2="--vocab 50257 --seq-len 1024 --batch 512"
 llama="--arch llama --vocab 32000 --seq-len 4096"
-echo "| model | GPUs | global batch | TP x PP x DP | micro-batch x M | recompute | ZeRO-1 | SP | GB a GPU | s a step | tokens/s a GPU | MFU | bubble |"
+echo "| model | GPUs | global batch | TP x PP x DP | micro-batch x M | recompute | ZeRO | SP | GB a GPU | s a step | tokens/s a GPU | MFU | bubble |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 row() {
     name=$1 gpus=$2 gb=$3; shift 3
     out=$($B/plan --profile h100 --gpus "$gpus" --json "$@" | grep '"fits": true' | head -1)
     printf '%s\n' "$out" | awk -v n="$name" -v g="$gpus" -v gb="$gb" -F'[:,]' '{
         for (i = 1; i < NF; i++) { k = $i; gsub(/[ "{]/, "", k); v[k] = $(i + 1); gsub(/[ "}]/, "", v[k]) }
-        printf "| %s | %d | %s | %dx%dx%d | %d x %d | %s | %s | %s | %.1f | %.3f | %.0f | %.1f%% | %.1f%% |\n",
+        printf "| %s | %d | %s | %dx%dx%d | %d x %d | %s | %d | %s | %.1f | %.3f | %.0f | %.1f%% | %.1f%% |\n",
             n, g, gb, v["tp"], v["pp"], v["dp"], v["micro_batch"], v["accum"], v["recompute"],
-            v["zero"] + 0 ? "on" : "off", v["sp"] == "true" ? "on" : "off", v["peak_bytes"] / 1e9,
+            v["zero"] + 0, v["sp"] == "true" ? "on" : "off", v["peak_bytes"] / 1e9,
             v["step_seconds"], v["tokens_per_s"] / g, 100 * v["mfu"], 100 * v["bubble"] }'
 }
 for g in 8 64; do

@@ -1,15 +1,17 @@
 /* tpk/plan/plan.h — the configuration planner: memory per rank and step time of every TP x PP x DP
- * x micro-batch x recompute x ZeRO-1 x sequence-parallel choice for a model, a global batch and a
- * cluster, by a dry run of the real code.
+ * x micro-batch x recompute x ZeRO stage (0, 1, 2) x sequence-parallel choice for a model, a global
+ * batch and a cluster, by a dry run of the real code.
  *
  * tpk_plan_run: one configuration. For each pipeline stage s (one stage without PP), rank
  * (TP 0, DP 0, stage s) of the mesh is walked on the counting backend and communicator
  * (tpk/plan/count.h) through exactly the trainer's calls: tpk_ctx_init, the model (or the stage's
- * parts, tpk_pipe_model_init, 1F1B, blocks split evenly), AdamW (ZeRO-1 sharded), the DP buckets,
+ * parts, tpk_pipe_model_init, 1F1B, blocks split evenly), AdamW (ZeRO-1 or 2 sharded), the DP
+ * buckets (ZeRO-2's reduce-scatters under the backward: linked by tpk_dp_shard_grads),
  * then two steps of tpk_model_train_step (tpk/train/step.h) over M = B / (dp mb) micro-batches.
  * peak_bytes = the largest tpk_mem_peak over the stages from the first step on: the figure the
  * trainer prints as its peak memory (parameters, gradients, bf16 copies, activations under the
- * recompute mode, the optimizer's moments or their ZeRO-1 slice, the SP scratch, the pipeline's
+ * recompute mode, the optimizer's moments or their ZeRO slice, ZeRO-2's gradient slice beside
+ * the gradient buffer the backward still fills whole, the SP scratch, the pipeline's
  * live micro-batches and receive buffers), counted by the same code, not a formula beside it.
  * The second step's modelled time (tpk/plan/hw.h) is the step time: without PP, the stage's clock
  * (ops, plus the collectives' time not hidden under compute); with PP, each stage's mean forward
@@ -19,7 +21,8 @@
  *
  * tpk_plan: every configuration of `gpus` ranks: tp | gpus with tp <= gpus_per_node (a TP group
  * inside a node), pp | gpus / tp with pp <= layers, dp = gpus / (tp pp) dividing the global batch,
- * micro-batches mb | B / dp, recompute none / selective / full, ZeRO-1 when dp > 1, SP when tp > 1;
+ * micro-batches mb | B / dp, recompute none / selective / full, ZeRO 1 and 2 when dp > 1, SP when
+ * tp > 1;
  * each either planned or rejected with its reason (does not divide, exceeds the node, does not fit:
  * peak + the profile's reserve over its memory, or the model's own error). Sorted: the fitting
  * ones fastest first (then the smaller peak), then the rejected. */
@@ -42,7 +45,7 @@ typedef struct tpk_plan_desc {
                                backend's) */
     tpk_dtype dtype;     /* activations: TPK_BF16 on a GPU, TPK_F32 on the host */
     /* restrictions (0 or -1: every value) */
-    int tp, pp, micro_batch, zero, sp;
+    int tp, pp, micro_batch, zero, sp; /* zero: the ZeRO stage 0, 1 or 2 */
     int recompute; /* -1: all; else a tpk_recompute */
     bool exact;    /* dry-run every block (the reference the extrapolation is tested against);
                       false: a stage of more than 3 k + 3 blocks is probed at k, k + 1, k + 2 */
@@ -55,13 +58,15 @@ typedef struct tpk_plan_desc {
 typedef struct tpk_plan_cfg {
     int tp, pp, dp, micro_batch, accum; /* accum: micro-batches a step per DP rank */
     tpk_recompute recompute;
-    bool zero, sp;
+    int zero; /* the ZeRO stage: 0, 1 (the optimizer sharded over DP), 2 (the gradients too) */
+    bool sp;
     bool fits;
     double peak_bytes; /* per rank, the largest over stages (tpk_mem_peak) */
     double weights_bytes, grads_bytes, optim_bytes, activ_bytes; /* that stage's peak in parts: the
                             f32 master weights and their bf16 copy, the f32 gradients (and a bf16
-                            model's scratch for adding into them), AdamW's moments (ZeRO-1: the
-                            slice), and the rest: activations, receive buffers, scratch */
+                            model's scratch for adding into them; ZeRO-2: and its reduced slice),
+                            AdamW's moments (ZeRO-1 and 2: the slice), and the rest: activations,
+                            receive buffers, scratch */
     double step_seconds;                                         /* modelled */
     double tokens_per_s, mfu;
     double compute_s, exposed_comm_s, bubble; /* the step's parts: compute (the slowest stage's),
@@ -165,12 +170,14 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
                 : tpk_model_init(&ctx, &m, &cfg);
     tpk_adamw_desc ad; /* the trainer's defaults; the moments' size is what counts */
     memset(&ad, 0, sizeof ad);
-    ad.b1 = 0.9f, ad.b2 = 0.95f, ad.eps = 1e-8f, ad.weight_decay = 0.1f, ad.zero = p->zero;
+    ad.b1 = 0.9f, ad.b2 = 0.95f, ad.eps = 1e-8f, ad.weight_decay = 0.1f;
+    ad.zero = p->zero > 0, ad.zero_stage = p->zero;
     if (s == TPK_OK) s = tpk_adamw_init(&ctx, &opt, &ad);
+    if (s == TPK_OK && p->zero == 2) s = tpk_dp_shard_grads(&ctx, &b, &opt);
     if (s == TPK_OK) {
         if (piped)
-            tpk_pipe_model_set_dp(&pm, p->zero ? NULL : &b), pm.exec.clock = tpk__count_clock,
-                                                             pm.exec.clock_user = &c;
+            tpk_pipe_model_set_dp(&pm, p->zero == 1 ? NULL : &b), pm.exec.clock = tpk__count_clock,
+                                                                  pm.exec.clock_user = &c;
         else tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
         tpk_mem_peak(&ctx, true); /* the trainer's peak: from the first step */
     }
@@ -187,7 +194,8 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
         out->peak = (double)tpk_mem_peak(&ctx, false);
         const tpk_params *q = &ctx.params; /* held from the setup on: their share of the peak */
         out->weights = (double)(q->data.bytes + q->data16.bytes);
-        out->grads = (double)(q->grad.bytes + q->scratch.bytes);
+        out->grads = (double)(q->grad.bytes + q->scratch.bytes) + /* ZeRO-2: and the slice */
+                     (opt.g ? sizeof(float) * (double)(opt.sn ? opt.sn : 1) : 0.0);
         out->optim = 2.0 * sizeof(float) * (double)(opt.sn ? opt.sn : 1);
         out->step = c.t - t0, out->exposed = c.t_exposed - e0, out->compute = c.t_ops - o0;
         out->elems = c.max_elems;
@@ -394,7 +402,7 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
                 if (!why[0] && d->micro_batch > 0 && mb != d->micro_batch) continue;
                 for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
                     if (!why[0] && d->recompute >= 0 && rc != d->recompute) continue;
-                    for (int z = 0; z <= (dp > 1); z++) {
+                    for (int z = 0; z <= (dp > 1 ? 2 : 0); z++) {
                         if (!why[0] && d->zero >= 0 && z != d->zero) continue;
                         for (int sp = 0; sp <= (tp > 1); sp++) {
                             if (!why[0] && d->sp >= 0 && sp != d->sp) continue;
@@ -444,7 +452,7 @@ static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
             "\"activation_bytes\": %.0f, \"step_seconds\": %.6g, \"tokens_per_s\": %.6g, "
             "\"mfu\": %.4f, \"bubble\": %.4f, \"fits\": %s",
             p->tp, p->pp, p->dp, p->micro_batch, p->accum, tpk_recompute_name(p->recompute),
-            p->zero ? 1 : 0, p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes,
+            p->zero, p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes,
             p->grads_bytes, p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s,
             p->mfu, p->bubble, p->fits ? "true" : "false");
     if (p->reason[0]) {

@@ -1,8 +1,8 @@
 /* tpk/train/plan_apply.h — a trainer's --plan: the planner (tpk/plan/plan.h) runs its dry run of
- * every TP x PP x DP, micro-batch, recompute, ZeRO-1 and sequence-parallel choice for this job's
- * ranks on a hardware profile (--plan-profile NAME|FILE; h100 on a GPU, cpu on the host), and the
- * fastest configuration that fits replaces the flags' mesh and step shape. The step keeps its
- * sequences: --batch x --grad-accum x DP as given (DP = ranks / (TP PP)) is the global batch
+ * every TP x PP x DP, micro-batch, recompute, ZeRO stage and sequence-parallel choice for this
+ * job's ranks on a hardware profile (--plan-profile NAME|FILE; h100 on a GPU, cpu on the host),
+ * and the fastest configuration that fits replaces the flags' mesh and step shape. The step keeps
+ * its sequences: --batch x --grad-accum x DP as given (DP = ranks / (TP PP)) is the global batch
  * planned. The same inputs on every rank give the same choice on every rank (no collective). */
 #ifndef TPK_TRAIN_PLAN_APPLY_H
 #define TPK_TRAIN_PLAN_APPLY_H
@@ -60,10 +60,10 @@ static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_c
     tpk_plan_cfg b = pv[0];
     int k = snprintf(line, nline,
                      "plan: TP %d x PP %d x DP %d, micro-batch %d x %d a step, recompute %s, "
-                     "ZeRO-1 %s, SP %s: the fastest of %d configurations that fit (%d planned) on "
+                     "ZeRO %d, SP %s: the fastest of %d configurations that fit (%d planned) on "
                      "%s: %.4f s a step, peak %.2f MB a rank",
                      b.tp, b.pp, b.dp, b.micro_batch, b.accum, tpk_recompute_name(b.recompute),
-                     b.zero ? "on" : "off", b.sp ? "on" : "off", fit, pn, hw.name, b.step_seconds,
+                     b.zero, b.sp ? "on" : "off", fit, pn, hw.name, b.step_seconds,
                      b.peak_bytes / 1e6);
     if (fit > 1 && k > 0 && (size_t)k < nline)
         snprintf(line + k, nline - (size_t)k,
