@@ -184,7 +184,10 @@ $(B)/emu/runtime.o $(B)/emu/cublaslt.o: $(B)/emu/%.o: $(EMU)/%.cpp $(EMU_HDRS)
 	$(EMU_CXX) -c $< -o $@
 $(B)/libtpk_cuda_emu.a: $(EMU_OBJ) $(HOST_OBJ)
 	rm -f $@ && ar rcs $@ $^
-$(B)/libtpk_cuda_emu_chk.a: $(EMU_CU:%=$(B)/emu/chk/%.o) $(B)/emu/runtime.o $(B)/emu/cublaslt.o $(HOST_OBJ)
+# (without the instrumentation, under AddressSanitizer, the checked build's objects are the plain
+# ones: not compiled twice)
+EMU_CHK_OBJ = $(if $(EMU_INSTR),$(EMU_CU:%=$(B)/emu/chk/%.o),$(EMU_CU:%=$(B)/emu/%.o))
+$(B)/libtpk_cuda_emu_chk.a: $(EMU_CHK_OBJ) $(B)/emu/runtime.o $(B)/emu/cublaslt.o $(HOST_OBJ)
 	rm -f $@ && ar rcs $@ $^
 # the emulation's own test (tests/gpu/emu/race_test.cu): faulty kernels it must catch, their correct variants
 $(B)/emu/src/race_test.cu: $(EMU)/race_test.cu $(EMU)/cu2cpp.pl
@@ -358,9 +361,12 @@ test-long: deps
 # program: a failed test); built into build/san, so it does not disturb the normal build. Leak
 # checks are off (Open MPI keeps memory until exit); a failed allocation returns NULL, as the
 # allocation tests expect.
+# The test programs at -O0 (a third of -O1's compile time, most of the build; their arithmetic is
+# the kernels', which stay at -O1 with the trainer and the emulated CUDA backend).
 SAN_FLAGS = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+SAN_TEST_FLAGS = $(patsubst -O1,-O0,$(SAN_FLAGS))
 test-sanitize: deps
-	@$(MAKE) --no-print-directory $(TEST_JOBS) B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" build/san/libtpk_host.a \
+	@$(MAKE) --no-print-directory $(TEST_JOBS) B=build/san NVCC= CFLAGS="$(SAN_FLAGS)" TEST_CFLAGS="$(SAN_TEST_FLAGS)" build/san/libtpk_host.a \
 	  $(patsubst $(B)/%,build/san/%,$(TEST_PROGS) $(B)/tests/gpu_emu_ops_chk $(B)/tests/gpu_emu_layers_chk)
 	@TPK_BUILD=build/san ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 sh tests/run.sh quick
 
