@@ -164,7 +164,7 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "desc->tp_weights[%d]: expected a finite weight > 0, got %g", q,
                              d.tp_weights[q]);
-    int w = d.world->rank, dp = n / tp / cp / pp, c[5], k[5];
+    int w = d.world->rank, dp = n / tp / cp / pp, c[5] = {0}, k[5] = {0};
     for (int g = 0; g < 5; g++) tpk__mesh_split_cp(w, tp, cp, dp, g, &c[g], &k[g]);
     tpk_status s = tpk_comm_split(ctx, d.world, c[0], k[0], &ctx->tp);
     if (s == TPK_OK) s = tpk_comm_split(ctx, d.world, c[1], k[1], &ctx->dp);
