@@ -96,7 +96,8 @@ script() {
 # powers of two, the collectives' groups, checkpoints resharded) need 4 ranks for DP 2 x TP 2 and
 # 3 for an uneven DP; the pipeline's 2 and 4 (PP 2, TP 2 x PP 2, PP 4; 3: PP 3 and TP 3);
 # context parallelism's 2, 3 and 4 (CP 2, 3, 4 and TP 2 x CP 2; the models, test_cp_lm, at 2 and
-# 4: CP 2, CP 4 and TP 2 x CP 2; CP 3 and CP 1 in the long set).
+# 4: CP 2, CP 4 and TP 2 x CP 2; CP 3 and CP 1 in the long set); the mixture of experts'
+# (test_moe) at 2 and 4: EP 2, EP 4 and TP 2 x EP 2, EP 1 and an uneven split in the long set.
 # Programs without ranks of their own run on one.
 nps() {
     case "$1" in
@@ -104,7 +105,7 @@ nps() {
     test_safetensors | test_text) echo "1|2" ;;
     test_comm | test_optim | test_dp | test_ckpt) echo "3 4|1 2" ;;
     test_pipeline | test_pipeline_lm | test_cp_attn) echo "2 3 4|1" ;;
-    test_cp_lm) echo "2 4|1 3" ;;
+    test_cp_lm | test_moe) echo "2 4|1 3" ;;
     *) echo "1 3|2 4" ;;
     esac
 }

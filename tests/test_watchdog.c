@@ -204,7 +204,7 @@ int main(int argc, char **argv) {
         }
 
     TEST_CASE("the side channel kept beside an NCCL world: found, asked, answered, released") {
-        static const tpk_comm_vtable fake_vt = {"nccl-stand-in", 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        static const tpk_comm_vtable fake_vt = {"nccl-stand-in", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         static int fake_impl;
         static tpk_comm fw;
         static tpk_ctx fake; /* a context on a stand-in for an NCCL world: a table of another

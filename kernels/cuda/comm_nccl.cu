@@ -25,7 +25,8 @@
  * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
  * no v-collectives); even ones call ncclAllGather / ncclReduceScatter. bf16 reduces in NCCL's
  * bf16 arithmetic. Barrier is a one-element all-reduce. Split is ncclCommSplit. A point-to-point
- * batch is one group of ncclSend / ncclRecv.
+ * batch is one group of ncclSend / ncclRecv, and so is the all-to-all with per-peer counts (a send
+ * and a receive per peer with a non-zero count; the rank's own block copied on the comm stream).
  * A communicator of one rank (the TP group at t = 1) calls no NCCL: each collective is a copy on
  * the compute stream, with nothing for the host to wait for. */
 #include <chrono>
@@ -384,6 +385,39 @@ static tpk_status nccl_p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n,
     return nccl_end(ctx, fn, c, rc, req);
 }
 
+/* The all-to-all with per-peer counts: one NCCL group of an ncclSend and an ncclRecv per peer with
+ * a non-zero count (the blocks packed: offsets the counts' prefix sums); this rank's own block a
+ * copy on the comm stream inside the same ordering. */
+static tpk_status nccl_alltoallv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                 const size_t *sendcounts, void *recv, const size_t *recvcounts,
+                                 tpk_dtype dt, tpk_request *req) {
+    static const char *fn = "tpk_alltoallv (nccl)";
+    nccl_impl *m = (nccl_impl *)c->impl;
+    size_t es = tpk_dtype_size(dt), so = 0, ro = 0;
+    if (c->size == 1) return nccl_one(ctx, fn, m, recv, send, sendcounts[0] * es, req);
+    TPK_TRY(nccl_begin(ctx, fn, m));
+    for (int q = 0; q < c->rank; q++) so += sendcounts[q], ro += recvcounts[q];
+    if (sendcounts[c->rank]) /* the own block, first on the comm stream */
+        TPK__CUDA_TRY(ctx, fn,
+                      cudaMemcpyAsync((char *)recv + ro * es, (const char *)send + so * es,
+                                      sendcounts[c->rank] * es, cudaMemcpyDeviceToDevice,
+                                      m->stream));
+    so = ro = 0;
+    ncclResult_t rc = ncclGroupStart();
+    for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
+        if (q != c->rank && sendcounts[q])
+            rc = ncclSend((const char *)send + so * es, sendcounts[q], nccl_type(dt), q, m->comm,
+                          m->stream);
+        if (rc == ncclSuccess && q != c->rank && recvcounts[q])
+            rc = ncclRecv((char *)recv + ro * es, recvcounts[q], nccl_type(dt), q, m->comm,
+                          m->stream);
+        so += sendcounts[q], ro += recvcounts[q];
+    }
+    ncclResult_t g = ncclGroupEnd();
+    if (rc == ncclSuccess) rc = g;
+    return nccl_end(ctx, fn, c, rc, req);
+}
+
 static tpk_status nccl_wait(tpk_ctx *ctx, tpk_request *req) {
     nccl_req *r = (nccl_req *)req->state;
     if (!r) return TPK_OK;
@@ -437,7 +471,7 @@ static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
 
 static const tpk_comm_vtable *nccl_vtable(void) {
     static const tpk_comm_vtable vt = {"nccl", TPK__COMM_TABLE(nccl_), nccl_destroy,
-                                       TPK__COMM_P2P(nccl_)};
+                                       TPK__COMM_P2P_A2A(nccl_)};
     return &vt;
 }
 

@@ -3,7 +3,8 @@
  * tpk_comm_self (tpk/runtime/comm_self.h) copies through the context's memcpy op; this one, for a
  * CUDA context, calls the runtime directly: every collective of one rank is a copy of the
  * rank's own block (all-reduce: send -> recv; all-gather and reduce-scatter: counts[0]
- * elements), done with cudaMemcpyAsync on the backend's stream, so it is ordered with the ops. */
+ * elements; all-to-all: sendcounts[0]), done with cudaMemcpyAsync on the backend's stream, so it
+ * is ordered with the ops. */
 #include "common.cuh"
 
 static tpk_status self_copy(tpk_ctx *ctx, const char *fn, const void *send, void *recv,
@@ -31,6 +32,13 @@ static tpk_status self_reduce_scatterv(tpk_ctx *ctx, tpk_comm *c, const void *se
     return self_copy(ctx, "tpk_reduce_scatterv (cuda self)", send, recv,
                      counts[0] * tpk_dtype_size(dt));
 }
+static tpk_status self_alltoallv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                 const size_t *sendcounts, void *recv, const size_t *recvcounts,
+                                 tpk_dtype dt, tpk_request *req) {
+    (void)c, (void)recvcounts, (void)req;
+    return self_copy(ctx, "tpk_alltoallv (cuda self)", send, recv,
+                     sendcounts[0] * tpk_dtype_size(dt));
+}
 static tpk_status self_bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count, tpk_dtype dt,
                              int root, tpk_request *req) {
     (void)ctx, (void)c, (void)buf, (void)count, (void)dt, (void)root, (void)req;
@@ -51,7 +59,8 @@ static tpk_status self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
 }
 
 extern "C" tpk_comm tpk_comm_self_cuda(void) {
-    static const tpk_comm_vtable vt = {"cuda self", TPK__COMM_TABLE(self_), NULL, NULL};
+    static const tpk_comm_vtable vt = {"cuda self", TPK__COMM_TABLE(self_), NULL, NULL,
+                                       self_alltoallv};
     tpk_comm c;
     memset(&c, 0, sizeof c);
     c.vt = &vt, c.rank = 0, c.size = 1, c.device = true;

@@ -10,6 +10,11 @@
  *   reduce_scatterv recv = rank r's block (counts[r]) of op over ranks of send   (send: sum counts)
  *   bcast           buf = root's buf
  *   barrier
+ *   alltoallv       (optional entry) recv's block from rank q = rank q's block for this rank:
+ *                   send holds one block per rank in rank order (sendcounts[q] elements for rank
+ *                   q), recv one block from each rank in rank order (recvcounts[q] from rank q);
+ *                   recvcounts[q] must be rank q's sendcounts[this rank] (MPI_Alltoallv with the
+ *                   blocks packed, no displacements)
  * send == recv is allowed for allreduce (in place).
  * Point-to-point (optional entry, for pipeline parallelism): p2p runs a batch of sends and receives
  * to and from other ranks of the group as one operation (torch.distributed's batch_isend_irecv,
@@ -33,14 +38,16 @@ typedef enum tpk_coll_kind {
     TPK_COLL_REDUCE_SCATTER,
     TPK_COLL_BROADCAST,
     TPK_COLL_BARRIER,
-    TPK_COLL_SEND, /* point-to-point: elements sent */
-    TPK_COLL_RECV, /* elements received */
+    TPK_COLL_SEND,     /* point-to-point: elements sent */
+    TPK_COLL_RECV,     /* elements received */
+    TPK_COLL_ALLTOALL, /* all-to-all: elements sent (this rank's blocks, its own included) */
     TPK_COLL_N
 } tpk_coll_kind;
 
 static inline const char *tpk_coll_name(tpk_coll_kind k) {
-    static const char *names[TPK_COLL_N] = {
-        "all-reduce", "all-gather", "reduce-scatter", "broadcast", "barrier", "send", "receive"};
+    static const char *names[TPK_COLL_N] = {"all-reduce", "all-gather", "reduce-scatter",
+                                            "broadcast",  "barrier",    "send",
+                                            "receive",    "all-to-all"};
     return (unsigned)k < TPK_COLL_N ? names[k] : "?";
 }
 
@@ -126,6 +133,10 @@ typedef struct tpk_comm_vtable {
     /* Optional (NULL: none; tpk_p2p fails naming the communicator): the batch ops[n] of sends and
      * receives, every peer another rank of c (TPK__COMM_P2P in a table's initialiser). */
     tpk_status (*p2p)(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n, tpk_request *req);
+    /* Optional (NULL: none; tpk_alltoallv fails naming the communicator): the all-to-all with
+     * per-peer counts above (sendcounts, recvcounts: c->size each; checked by the front end). */
+    tpk_status (*alltoallv)(tpk_ctx *ctx, tpk_comm *c, const void *send, const size_t *sendcounts,
+                            void *recv, const size_t *recvcounts, tpk_dtype dt, tpk_request *req);
 } tpk_comm_vtable;
 
 /* The vtable's required entries in its order (X(entry) each): each implementation fills its table
@@ -137,8 +148,11 @@ typedef struct tpk_comm_vtable {
 #define TPK__COMM_TABLE(prefix)                                                    \
     prefix##allreduce, prefix##allgatherv, prefix##reduce_scatterv, prefix##bcast, \
         prefix##barrier, prefix##wait, prefix##split
-/* The optional entries after destroy: {TPK__COMM_TABLE(p), destroy, TPK__COMM_P2P(p)}. */
-#define TPK__COMM_P2P(prefix) prefix##p2p
+/* The optional entries after destroy: {TPK__COMM_TABLE(p), destroy, TPK__COMM_P2P(p)} for a table
+ * with point-to-point and no all-to-all, TPK__COMM_P2P_A2A(p) for both (prefix##p2p,
+ * prefix##alltoallv); a table without point-to-point names its entries: NULL, p##alltoallv. */
+#define TPK__COMM_P2P(prefix) prefix##p2p, NULL
+#define TPK__COMM_P2P_A2A(prefix) prefix##p2p, prefix##alltoallv
 static inline const char *tpk__comm_missing(const tpk_comm_vtable *vt) {
     if (!vt->name) return "name";
 #define TPK__COMM_MISSING(e) \

@@ -3,8 +3,9 @@
  * tpk_allreduce & co. check their arguments (null buffers, count arrays that do not add up,
  * counts past INT_MAX), count calls/elements/bytes in comm->stats, then call the table.
  * The *_start forms return at once; tpk_wait finishes them. Point-to-point batches (tpk_p2p_run,
- * tpk_send, tpk_recv) the same way. tpk_comm_split makes sub-groups (the context's TP x DP x PP
- * mesh, tpk/runtime/init.h).
+ * tpk_send, tpk_recv) and the all-to-all with per-peer counts (tpk_alltoallv; its counts exchanged
+ * by tpk_alltoallv_counts) the same way. tpk_comm_split makes sub-groups (the context's mesh,
+ * tpk/runtime/init.h).
  * The flight recorder: every call above is also written to comm->flight's ring (kind, group,
  * elements, bytes, the group's sequence number, start and end time; tpk_flight, tpk/base/comm.h).
  * When one returns TPK_ERR_COMM (a timeout, a peer gone), this rank's record is printed through
@@ -396,6 +397,83 @@ static inline tpk_status tpk_reduce_scatterv_start(tpk_ctx *ctx, tpk_comm *c, co
                                 "tpk_reduce_scatterv_start");
 }
 
+/* ---- all-to-all with per-peer counts --------------------------------------------------------- */
+
+/* The checks of one side's counts: present, each and their sum within int (MPI's counts and
+ * displacements); *total their sum. */
+static inline tpk_status tpk__check_a2a_counts(tpk_ctx *ctx, const char *fn, tpk_comm *c,
+                                               const char *arg, const size_t *counts,
+                                               size_t *total) {
+    if (!counts)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected %d counts, got NULL", arg, c->size);
+    size_t sum = 0;
+    for (int q = 0; q < c->size; q++) {
+        if (counts[q] > (size_t)INT_MAX)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s[%d]: %zu elements, expected at most %d", arg,
+                             q, counts[q], INT_MAX);
+        sum += counts[q];
+    }
+    if (sum > (size_t)INT_MAX)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "%s: the %d counts add up to %zu elements, expected at most %d", arg,
+                         c->size, sum, INT_MAX);
+    *total = sum;
+    return TPK_OK;
+}
+static inline tpk_status tpk__alltoallv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                        const size_t *sendcounts, void *recv,
+                                        const size_t *recvcounts, tpk_dtype dt, tpk_request *req,
+                                        const char *fn) {
+    TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
+    size_t ns = 0, nr = 0;
+    TPK_TRY(tpk__check_a2a_counts(ctx, fn, c, "sendcounts", sendcounts, &ns));
+    TPK_TRY(tpk__check_a2a_counts(ctx, fn, c, "recvcounts", recvcounts, &nr));
+    if (recvcounts[c->rank] != sendcounts[c->rank])
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "recvcounts[%d]: is %zu, expected this rank's own block sendcounts[%d] "
+                         "= %zu",
+                         c->rank, recvcounts[c->rank], c->rank, sendcounts[c->rank]);
+    if ((ns && !send) || (nr && !recv))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL buffer for %zu elements",
+                         ns && !send ? "send" : "recv", ns && !send ? ns : nr);
+    if (ns && nr && send == recv)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "recv: must not alias send");
+    if (!c->vt->alltoallv)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "comm: the communicator \"%s\" has no all-to-all entry (alltoallv)",
+                         c->vt->name ? c->vt->name : "?");
+    tpk__count(c, TPK_COLL_ALLTOALL, ns, dt);
+    if (req) req->comm = c, req->state = NULL;
+    uint64_t id = tpk__flight_start(c, TPK_COLL_ALLTOALL, ns, dt, NULL, 0, req);
+    tpk_status s = TPK__PROF_OP(
+        ctx, req ? "alltoallv (start)" : "alltoallv", (double)ns * (double)tpk_dtype_size(dt), 0,
+        c->vt->alltoallv(ctx, c, send, sendcounts, recv, recvcounts, dt, req));
+    return tpk__started(req, tpk__flight_end(ctx, c, id, !req, s));
+}
+/* All-to-all with per-peer counts (MPI_Alltoallv; NCCL: one group of sends and receives): send
+ * holds c->size blocks in rank order, sendcounts[q] elements for rank q; recv gets one block from
+ * each rank in rank order, recvcounts[q] from rank q. The counts must agree pairwise —
+ * recvcounts[q] here is sendcounts[this rank] on rank q (tpk_alltoallv_counts makes them) —; a
+ * rank's own block is copied (recvcounts[rank] == sendcounts[rank], checked here); zero counts are
+ * allowed; recv must not alias send. Counted in c->stats as TPK_COLL_ALLTOALL (the elements this
+ * rank sends, its own block included). The communicator needs the optional alltoallv entry (MPI,
+ * NCCL and the one-rank communicators have it). */
+static inline tpk_status tpk_alltoallv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                       const size_t *sendcounts, void *recv,
+                                       const size_t *recvcounts, tpk_dtype dt) {
+    return tpk__alltoallv(ctx, c, send, sendcounts, recv, recvcounts, dt, NULL, "tpk_alltoallv");
+}
+static inline tpk_status tpk_alltoallv_start(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                             const size_t *sendcounts, void *recv,
+                                             const size_t *recvcounts, tpk_dtype dt,
+                                             tpk_request *req) {
+    if (!req)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_alltoallv_start",
+                         "req: expected a request, got NULL");
+    return tpk__alltoallv(ctx, c, send, sendcounts, recv, recvcounts, dt, req,
+                          "tpk_alltoallv_start");
+}
+
 static inline tpk_status tpk__bcast(tpk_ctx *ctx, tpk_comm *c, void *buf, size_t count,
                                     tpk_dtype dt, int root, tpk_request *req, const char *fn) {
     TPK_TRY(tpk__check_comm(ctx, fn, c, dt, req));
@@ -630,6 +708,40 @@ static inline tpk_status tpk_allreduce_host(tpk_ctx *ctx, tpk_comm *c, void *val
 static inline tpk_status tpk_bcast_host(tpk_ctx *ctx, tpk_comm *c, void *vals, size_t n,
                                         tpk_dtype dt, int root) {
     return tpk__host_coll(ctx, "tpk_bcast_host", c, vals, n, dt, TPK_SUM, root, true);
+}
+/* recvcounts[q] = rank q's sendcounts[this rank], for each rank q of c: the counts of a
+ * tpk_alltoallv, exchanged by an all-to-all of one int32 per rank (host values staged through
+ * the context's backend memory, ctx->work[0]; blocking). counts[q] <= INT_MAX. */
+static inline tpk_status tpk_alltoallv_counts(tpk_ctx *ctx, tpk_comm *c, const size_t *sendcounts,
+                                              size_t *recvcounts) {
+    static const char *fn = "tpk_alltoallv_counts";
+    if (!ctx || !ctx->ops) return TPK_ERR_ARG;
+    TPK_TRY(tpk__check_comm(ctx, fn, c, TPK_I32, NULL));
+    size_t total = 0;
+    TPK_TRY(tpk__check_a2a_counts(ctx, fn, c, "sendcounts", sendcounts, &total));
+    if (!recvcounts)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "recvcounts: expected room for %d counts, got NULL",
+                         c->size);
+    size_t n = (size_t)c->size, bytes = 2 * n * sizeof(int32_t);
+    int32_t *h = (int32_t *)tpk__malloc(ctx, bytes + 2 * n * sizeof(size_t));
+    if (!h) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %zu counts", 2 * n);
+    size_t *ones = (size_t *)(void *)(h + 2 * n); /* one element to and from every rank */
+    for (size_t q = 0; q < n; q++) h[q] = (int32_t)sendcounts[q], ones[q] = 1;
+    bool dev = ctx->ops->device;
+    tpk_status s = tpk__buf_reserve(ctx, &ctx->work[0], bytes);
+    int32_t *b = s == TPK_OK && dev ? (int32_t *)ctx->work[0].p : h;
+    if (s == TPK_OK && dev) s = tpk_op_memcpy(ctx, b, h, n * sizeof(int32_t), TPK_H2D);
+    if (s == TPK_OK) s = tpk_alltoallv(ctx, c, b, ones, b + n, ones, TPK_I32);
+    if (s == TPK_OK && dev) s = tpk_op_memcpy(ctx, h + n, b + n, n * sizeof(int32_t), TPK_D2H);
+    for (size_t q = 0; s == TPK_OK && q < n; q++) {
+        if (h[n + q] < 0) {
+            s = tpk__fail(ctx, TPK_ERR_COMM, fn, "rank %zu sent a count of %d", q, (int)h[n + q]);
+            break;
+        }
+        recvcounts[q] = (size_t)h[n + q];
+    }
+    tpk__free(ctx, h);
+    return s;
 }
 /* Every rank of c passes its own status; all get TPK_OK only when all passed TPK_OK, else a
  * failing status (a rank's own when it failed) — so ranks stop together instead of hanging. */

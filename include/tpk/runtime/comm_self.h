@@ -2,8 +2,9 @@
  * nothing).
  *
  * For unsharded reference runs and single-process programs: all-reduce, all-gather and
- * reduce-scatter copy send to recv (device buffers through the context's memcpy op);
- * broadcast, barrier and wait do nothing; a split gives another self communicator. */
+ * reduce-scatter copy send to recv (device buffers through the context's memcpy op), and so does
+ * the all-to-all (its one block, sendcounts[0] elements); broadcast, barrier and wait do nothing; a
+ * split gives another self communicator. */
 #ifndef TPK_COMM_SELF_H
 #define TPK_COMM_SELF_H
 
@@ -47,10 +48,18 @@ static inline tpk_status tpk__self_wait(tpk_ctx *ctx, tpk_request *req) {
     (void)ctx, (void)req;
     return TPK_OK;
 }
+static inline tpk_status tpk__self_alltoallv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                             const size_t *sendcounts, void *recv,
+                                             const size_t *recvcounts, tpk_dtype dt,
+                                             tpk_request *req) {
+    (void)c, (void)recvcounts, (void)req;
+    return tpk__self_copy(ctx, send, recv, sendcounts[0] * tpk_dtype_size(dt));
+}
 static inline tpk_status tpk__self_split(tpk_ctx *ctx, tpk_comm *c, int color, int key,
                                          tpk_comm *out);
 static inline const tpk_comm_vtable *tpk__self_vtable(void) {
-    static const tpk_comm_vtable vt = {"self", TPK__COMM_TABLE(tpk__self_), NULL, NULL};
+    static const tpk_comm_vtable vt = {"self", TPK__COMM_TABLE(tpk__self_), NULL, NULL,
+                                       tpk__self_alltoallv};
     return &vt;
 }
 /* A communicator of one rank on host memory (or device memory: `device`), for unsharded runs. */

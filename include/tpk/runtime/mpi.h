@@ -2,7 +2,8 @@
  *
  * tpk_comm_mpi() wraps a duplicate of an MPI communicator with errors returned, not fatal.
  * Collectives map one to one: MPI_Iallreduce, MPI_Iallgatherv, MPI_Ireduce_scatter,
- * MPI_Ibcast, MPI_Ibarrier, and point-to-point batches as MPI_Isend / MPI_Irecv (tags as given);
+ * MPI_Ibcast, MPI_Ibarrier, MPI_Ialltoallv, and point-to-point batches as MPI_Isend / MPI_Irecv
+ * (tags as given);
  * the blocking forms start and wait. bf16 travels as 16-bit words
  * and is reduced by user operations that add (or take the max) in f32 and round to nearest
  * even. The count and displacement arrays of a v-collective live in the request until
@@ -600,6 +601,39 @@ static inline tpk_status tpk__mpi_barrier(tpk_ctx *ctx, tpk_comm *c, tpk_request
     int rc = MPI_Ibarrier(m->comm, &r->req);
     return tpk__mpi_finish(ctx, c, "tpk_barrier (mpi)", rc, r, req);
 }
+/* The all-to-all with per-peer counts: MPI_Ialltoallv, the blocks packed (displacements the counts'
+ * prefix sums); the request holds the counts and displacements of both sides until the wait
+ * (counts[0..n) and displs[0..n) the send side's, [n..2n) the receive side's). Device buffers
+ * staged as the all-gather's. */
+static inline tpk_status tpk__mpi_alltoallv(tpk_ctx *ctx, tpk_comm *c, const void *send,
+                                            const size_t *sendcounts, void *recv,
+                                            const size_t *recvcounts, tpk_dtype dt,
+                                            tpk_request *req) {
+    static const char *fn = "tpk_alltoallv (mpi)";
+    tpk__mpi *m = (tpk__mpi *)c->impl;
+    tpk__mpi_req *r;
+    TPK_TRY(tpk__mpi_req_new(ctx, fn, c, NULL, &r));
+    size_t n = (size_t)c->size, es = tpk_dtype_size(dt), ns = 0, nr = 0;
+    r->counts = (int *)tpk__al_malloc(&r->al, 2 * n * sizeof(int));
+    r->displs = (int *)tpk__al_malloc(&r->al, 2 * n * sizeof(int));
+    if (!r->counts || !r->displs) {
+        tpk__mpi_req_free(r);
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for a request");
+    }
+    for (size_t q = 0; q < n; q++) { /* sums within INT_MAX: checked by tpk_alltoallv */
+        r->counts[q] = (int)sendcounts[q], r->displs[q] = (int)ns, ns += sendcounts[q];
+        r->counts[n + q] = (int)recvcounts[q], r->displs[n + q] = (int)nr, nr += recvcounts[q];
+    }
+    if (tpk__mpi_stage(ctx, dt, false)) {
+        tpk_status s = tpk__mpi_stage_in(ctx, fn, r, send, ns * es, recv, nr * es);
+        if (s != TPK_OK) return tpk__mpi_req_free(r), s;
+        send = r->hsend, recv = r->hrecv;
+    }
+    MPI_Datatype t = tpk__mpi_type(dt);
+    int rc = MPI_Ialltoallv(send, r->counts, r->displs, t, recv, r->counts + n, r->displs + n, t,
+                            m->comm, &r->req);
+    return tpk__mpi_finish(ctx, c, fn, rc, r, req);
+}
 /* A batch of sends and receives: MPI_Isend / MPI_Irecv each (device buffers staged: a send's data
  * copied to the host first, a receive's copied back when it finishes), chained in one request. */
 static inline tpk_status tpk__mpi_p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n,
@@ -857,7 +891,7 @@ static inline void tpk__mpi_report(tpk_ctx *ctx, tpk_comm *failed, const tpk_fli
 
 static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
     static const tpk_comm_vtable vt = {"mpi", TPK__COMM_TABLE(tpk__mpi_), tpk__mpi_destroy,
-                                       TPK__COMM_P2P(tpk__mpi_)};
+                                       TPK__COMM_P2P_A2A(tpk__mpi_)};
     return &vt;
 }
 
