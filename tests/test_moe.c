@@ -18,6 +18,50 @@ static float val(int p, int q, size_t i) {
 }
 
 static test_logbuf logs;
+static tpk_comm world;
+static int me, np;
+
+/* ---- the mesh: EP groups out of the DP ranks ------------------------------------------------ */
+
+/* The context TP x CP x DP x PP with EP groups of ep DP ranks: sizes, ranks and members of ctx->ep
+ * and ctx->edp against the formula; the others as without EP. */
+static void test_mesh(int tp, int cp, int pp, int ep) {
+    tpk_ctx c;
+    tpk_ctx_desc d;
+    memset(&d, 0, sizeof d);
+    d.world = &world, d.tp = tp, d.cp = cp, d.pp = pp, d.ep = ep;
+    CHECK_OK(&c, tpk_ctx_init(&c, &d));
+    int dp = np / (tp * cp * pp), tr = me % tp, cr = me / tp % cp, dr = me / (tp * cp) % dp,
+        pr = me / (tp * cp * dp), e = ep ? ep : 1;
+    CHECK(c.tp.size == tp && c.cp.size == cp && c.dp.size == dp && c.pp.size == pp &&
+              c.dp.rank == dr && c.tp.rank == tr,
+          "TP %d CP %d DP %d PP %d (rank %d in DP), expected %d %d %d %d (%d)", c.tp.size,
+          c.cp.size, c.dp.size, c.pp.size, c.dp.rank, tp, cp, dp, pp, dr);
+    CHECK(c.ep.size == e && c.ep.rank == dr % e, "ep: size %d rank %d, expected %d %d", c.ep.size,
+          c.ep.rank, e, dr % e);
+    CHECK(c.edp && (e > 1 ? c.edp == &c.edp_group : c.edp == c.dp_cp) &&
+              c.edp->size == dp / e * cp && c.edp->rank == cr + cp * (dr / e),
+          "edp: size %d rank %d, expected %d %d (%s)", c.edp ? c.edp->size : -1,
+          c.edp ? c.edp->rank : -1, dp / e * cp, cr + cp * (dr / e),
+          e > 1 ? "a group of its own" : "dp_cp");
+    tpk_comm *g[2] = {&c.ep, c.edp};
+    for (int k = 0; k < 2; k++) {
+        int32_t mine = me, all[16];
+        size_t counts[16];
+        for (int q = 0; q < g[k]->size; q++) counts[q] = 1;
+        if (g[k]->size > 1)
+            CHECK_OK(&c,
+                     tpk_allgatherv(&c, g[k], &mine, 1, all, counts, (size_t)g[k]->size, TPK_I32));
+        else all[0] = mine;
+        for (int q = 0; q < g[k]->size; q++) {
+            int qd = k == 0 ? dr / e * e + q : q / cp * e + dr % e, qc = k == 0 ? cr : q % cp;
+            int want = tr + tp * (qc + cp * (qd + dp * pr));
+            CHECK(all[q] == want, "%s rank %d: world rank %d, expected %d", k ? "edp" : "ep", q,
+                  all[q], want);
+        }
+    }
+    tpk_ctx_destroy(&c);
+}
 
 /* One all-to-all over c (rank r of c is world rank map[r]) in dtype dt, started when `start`,
  * against the blocks the senders compute. */
@@ -72,8 +116,7 @@ static void a2a_case(tpk_ctx *ctx, tpk_comm *c, const int *map, tpk_dtype dt, bo
 
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
-    int me = test__rank, np = test__size;
-    tpk_comm world;
+    me = test__rank, np = test__size;
     tpk_ctx ctx;
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK ||
         tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .logger = {test_catch_log, &logs}}) !=
@@ -84,6 +127,35 @@ int main(int argc, char **argv) {
     int wmap[8], half[8];
     for (int q = 0; q < np; q++) wmap[q] = q;
 
+    TEST_CASE("mesh: EP groups of consecutive DP ranks, the experts' replicas (EDP)") {
+        for (int tp = 1; tp <= np; tp++)
+            for (int cp = 1; cp <= np / tp; cp++)
+                for (int pp = 1; pp <= np / (tp * cp); pp++) {
+                    if (np % (tp * cp * pp)) continue;
+                    int dp = np / (tp * cp * pp);
+                    for (int ep = 0; ep <= dp; ep++)
+                        if (!ep || dp % ep == 0) test_mesh(tp, cp, pp, ep);
+                }
+        tpk_ctx c;
+        CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .ep = -1}), TPK_ERR_ARG,
+                    "desc->ep: expected a divisor of the DP size");
+        CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .ep = 2 * np}),
+                    TPK_ERR_ARG, "desc->ep: expected a divisor of the DP size");
+        if (np == 4) {
+            CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .ep = 3}),
+                        TPK_ERR_ARG, "desc->ep: expected a divisor of the DP size 4");
+            CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = 2, .ep = 4}),
+                        TPK_ERR_ARG, "desc->ep: expected a divisor of the DP size 2");
+        }
+        if (np > 1) {
+            tpk_comm_vtable vt = *world.vt; /* a world without the all-to-all */
+            vt.alltoallv = NULL;
+            tpk_comm holed = world;
+            holed.vt = &vt;
+            CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &holed, .ep = np}),
+                        TPK_ERR_ARG, "has no alltoallv entry");
+        }
+    }
     TEST_CASE("alltoallv: uneven and zero counts, f32, bf16, i32, blocking and started") {
         a2a_case(&ctx, &world, wmap, TPK_F32, false);
         a2a_case(&ctx, &world, wmap, TPK_BF16, true);

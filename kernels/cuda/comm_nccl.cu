@@ -19,7 +19,7 @@
  * the MPI waits' rule), which the desc's progress hook reports (tpk/runtime/nccl.h: the MPI
  * heartbeat's notes, tpk_busy), asked at most once a millisecond per communicator. A failure is
  * reported through the flight recorder when the communicator is one of the waiting context's
- * groups (world, TP, DP, PP, CP): its pending collectives marked failed in the record, the
+ * groups (world, TP, DP, PP, CP, EP): its pending collectives marked failed in the record, the
  * oldest named to tpk__flight_report (the world's report hook: nccl.h's asks the other ranks over
  * MPI where they are; else this rank's record printed), once per communicator.
  * Uneven all-gathers / reduce-scatters are grouped broadcasts / reduces, one per rank (NCCL has
@@ -102,10 +102,10 @@ static double nccl_secs(tpk__clock::time_point t) {
     return std::chrono::duration<double>(t.time_since_epoch()).count();
 }
 
-/* The context's group whose communicator is m (the world, TP, DP, PP, CP), or NULL. */
+/* The context's group whose communicator is m (the world, TP, DP, PP, CP, EP), or NULL. */
 static tpk_comm *nccl_group(tpk_ctx *ctx, const nccl_impl *m) {
     if (!ctx) return NULL;
-    tpk_comm *cs[5] = {ctx->world, &ctx->tp, &ctx->dp, &ctx->pp, &ctx->cp};
+    tpk_comm *cs[6] = {ctx->world, &ctx->tp, &ctx->dp, &ctx->pp, &ctx->cp, &ctx->ep};
     for (tpk_comm *c : cs)
         if (c && c->impl == m) return c;
     return NULL;

@@ -53,6 +53,9 @@ typedef struct tpk_param {
     bool pp_copy;                 /* a copy of a parameter another pipeline stage holds and counts
                                      (the tied embedding's on the last stage): not counted in the
                                      gradient norm here */
+    bool expert;                  /* a routed expert's weight (tpk/layers/moe.h): held by its EP
+                                     rank alone (other EP ranks register other experts), its
+                                     gradient to be summed over ctx->edp, not ctx->dp_cp */
 } tpk_param;
 
 typedef struct tpk_params {
@@ -138,6 +141,11 @@ typedef struct tpk_ctx_desc {
     int cp;                  /* context-parallel group size (CP: ranks splitting every sequence,
                                 tpk/layers/cp_attn.h), the mesh's second index after TP; default 1
                                 (the mesh, ranks and groups as without it) */
+    int ep;                  /* expert-parallel group size (EP: ranks that split a mixture of
+                                experts' experts and exchange its tokens, tpk/layers/moe.h), carved
+                                out of the DP ranks: it divides the DP size, and an EP group is ep
+                                consecutive DP ranks of one TP rank, CP rank and stage; default 1
+                                (the mesh, ranks and groups as without it) */
 } tpk_ctx_desc;
 
 struct tpk_ctx {
@@ -180,6 +188,15 @@ struct tpk_ctx {
                                 gradient is summed (the data-parallel reduction) and ZeRO-1 shards:
                                 &dp at cp = 1 (the DP group itself), &dp_cp_group at cp > 1 */
     tpk_comm dp_cp_group;    /* owned group: DP x CP at cp > 1 (not split, zero, at cp = 1) */
+    tpk_comm ep;             /* owned group: EP (tpk_ctx_desc.ep: the same TP and CP rank, stage
+                                and DP rank / ep, ranked by DP rank % ep, its EP rank); one rank
+                                (`self`) at ep = 1 */
+    tpk_comm *edp;           /* the replicas of an expert's weights (expert data parallelism: the
+                                same TP rank, stage and EP rank; DP / ep x CP of them, ranked by
+                                cp rank + cp (dp rank / ep)), over which an expert's gradient is
+                                to be summed as the dense weights' over dp_cp: dp_cp itself at
+                                ep = 1 (the DP group at cp = 1), &edp_group at ep > 1 */
+    tpk_comm edp_group;      /* owned group: EDP at ep > 1 (not split, zero, at ep = 1) */
 };
 
 /* ---- the hooks: messages and host memory --------------------------------------------------- */

@@ -12,9 +12,13 @@
  * per micro-batch and stage and tolerates the slowest links, so its stages lie farthest apart (a
  * stage's TP group stays in a node, the stages across nodes). With c = 1 the mesh is the TP x DP
  * x PP one (CP rank 0, ctx->cp one rank of its own, no split made); with p = 1 the TP x DP one of
- * before (DP rank w / t). A table with a missing entry is refused,
- * naming the entry (a dry run's, tpk_ops.dry_run, needs its memory entries alone); p > 1 needs a
- * world with point-to-point (its p2p entry). */
+ * before (DP rank w / t). Expert parallelism (EP, e = desc->ep) is carved out of the DP ranks,
+ * not a dimension of its own: e divides d, an EP group is e consecutive DP ranks (DP ranks e k ..
+ * e k + e - 1 of one TP rank, CP rank and stage; EP rank: dp rank % e), and ctx->edp holds the
+ * replicas of an expert (d / e x c ranks: the same TP rank, stage and EP rank); at e = 1 ctx->ep is
+ * one rank of its own and ctx->edp is ctx->dp_cp (no split made). A table with a missing entry is
+ * refused, naming the entry (a dry run's, tpk_ops.dry_run, needs its memory entries alone); p > 1
+ * needs a world with point-to-point (its p2p entry), e > 1 one with an all-to-all (alltoallv). */
 #ifndef TPK_INIT_H
 #define TPK_INIT_H
 
@@ -77,6 +81,17 @@ static inline void tpk__mesh_split_cp(int w, int tp, int cp, int dp, int g, int 
                       : pr * tp + tr;
     *key = g == 0 ? tr : g == 1 ? dr : g == 2 ? pr : g == 3 ? cr : cr + cp * dr;
 }
+/* Expert parallelism's groups, carved out of the DP ranks (tpk_ctx_desc.ep = e divides d): group
+ * g = 0 (EP: the same TP and CP rank, stage and dp rank / e, keyed by dp rank % e: e consecutive DP
+ * ranks) or 1 (EDP, an expert's replicas: the same TP rank, stage and dp rank % e, keyed by
+ * cp rank + cp (dp rank / e)) -> the color and key w passes. Both only at e > 1. */
+static inline void tpk__mesh_split_ep(int w, int tp, int cp, int dp, int ep, int g, int *color,
+                                      int *key) {
+    int tr = w % tp, cr = w / tp % cp, dr = w / (tp * cp) % dp, pr = w / (tp * cp * dp);
+    *color = g == 0 ? ((pr * (dp / ep) + dr / ep) * cp + cr) * tp + tr
+                    : (pr * ep + dr % ep) * tp + tr;
+    *key = g == 0 ? dr % ep : cr + cp * (dr / ep);
+}
 /* The TP x DP x PP mesh's (cp = 1): group g = 0, 1, 2 as above. */
 static inline void tpk__mesh_split(int w, int tp, int dp, int g, int *color, int *key) {
     tpk__mesh_split_cp(w, tp, 1, dp, g, color, key);
@@ -84,8 +99,9 @@ static inline void tpk__mesh_split(int w, int tp, int dp, int g, int *color, int
 
 /* Create a context: ops (default: the host backend when linked), world (default self), TP groups
  * of desc->tp consecutive ranks, CP groups of desc->cp, desc->pp pipeline stages, DP groups across
- * them (the world size must be tp x cp x pp x a whole DP size); desc->allocator and desc->logger
- * its hooks (tpk/base/ctx.h), in place before anything is allocated or recorded. */
+ * them (the world size must be tp x cp x pp x a whole DP size), EP groups of desc->ep of the DP
+ * ranks (a divisor of the DP size); desc->allocator and desc->logger its hooks (tpk/base/ctx.h), in
+ * place before anything is allocated or recorded. */
 static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     static const char *fn = "tpk_ctx_init";
     if (!ctx) return TPK_ERR_ARG;
@@ -159,6 +175,18 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          "desc->pp: %d stages need point-to-point, and the world communicator "
                          "\"%s\" has no p2p entry",
                          pp, d.world->vt->name ? d.world->vt->name : "?");
+    int ep = d.ep ? d.ep : 1, dsize = n / tp / cp / pp;
+    if (ep < 1 || ep > dsize || dsize % ep)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->ep: expected a divisor of the DP size %d = world size / (tp cp pp) "
+                         "= %d / (%d x %d x %d) (EP groups are carved out of the DP ranks; 0: 1), "
+                         "got %d",
+                         dsize, n, tp, cp, pp, d.ep);
+    if (ep > 1 && !d.world->vt->alltoallv)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->ep: %d expert-parallel ranks need an all-to-all, and the world "
+                         "communicator \"%s\" has no alltoallv entry",
+                         ep, d.world->vt->name ? d.world->vt->name : "?");
     for (int q = 0; d.tp_weights && q < tp; q++)
         if (!(d.tp_weights[q] > 0) || isinf(d.tp_weights[q]))
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
@@ -176,6 +204,15 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     else if (s == TPK_OK) ctx->cp = tpk_comm_self(ctx->ops->device);
     if (s == TPK_OK && cp > 1) s = tpk_comm_split(ctx, d.world, c[4], k[4], &ctx->dp_cp_group);
     ctx->dp_cp = cp > 1 ? &ctx->dp_cp_group : &ctx->dp;
+    /* EP and EDP last, and only at ep > 1: at ep = 1 the world's splits are those of before,
+       ctx->ep is a one-rank group of its own and an expert's replicas are a weight's (dp_cp) */
+    for (int g = 0; g < 2 && s == TPK_OK && ep > 1; g++) {
+        int ce = 0, ke = 0;
+        tpk__mesh_split_ep(w, tp, cp, dp, ep, g, &ce, &ke);
+        s = tpk_comm_split(ctx, d.world, ce, ke, g ? &ctx->edp_group : &ctx->ep);
+    }
+    if (s == TPK_OK && ep == 1) ctx->ep = tpk_comm_self(ctx->ops->device);
+    ctx->edp = ep > 1 ? &ctx->edp_group : ctx->dp_cp;
     if (s == TPK_OK) s = tpk__ctx_weights(ctx, fn, d.tp_weights, tp);
     if (s != TPK_OK) {
         char keep[sizeof ctx->err];
@@ -199,7 +236,13 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
 static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     if (!ctx) return;
     if (ctx->prof && ctx->prof->from_env && ctx->ops && ctx->world && ctx->world->rank == 0) {
-        if (ctx->cp.size > 1)
+        if (ctx->ep.size > 1)
+            tpk_logf(ctx, TPK_LOG_INFO,
+                     "TPK_PROFILE: context of %d ranks (TP %d x CP %d x DP %d x PP %d; EP %d of "
+                     "the DP ranks)",
+                     ctx->world->size, ctx->tp.size, ctx->cp.size, ctx->dp.size, ctx->pp.size,
+                     ctx->ep.size);
+        else if (ctx->cp.size > 1)
             tpk_logf(ctx, TPK_LOG_INFO,
                      "TPK_PROFILE: context of %d ranks (TP %d x CP %d x DP %d x PP %d)",
                      ctx->world->size, ctx->tp.size, ctx->cp.size, ctx->dp.size, ctx->pp.size);
@@ -228,6 +271,8 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     tpk_comm_destroy(&ctx->pp);
     tpk_comm_destroy(&ctx->cp);
     tpk_comm_destroy(&ctx->dp_cp_group); /* (dp_cp points at it or at dp: not destroyed itself) */
+    tpk_comm_destroy(&ctx->ep);
+    tpk_comm_destroy(&ctx->edp_group); /* (edp points at it or at dp_cp's group) */
     const tpk_ops *ops = ctx->ops;
     tpk_allocator al = ctx->allocator;
     tpk_logger lg = ctx->logger;

@@ -442,6 +442,7 @@ static inline const char *tpk__mpi_group(const tpk_ctx *ctx, const tpk_comm *c, 
     const char *g = ctx && c == &ctx->tp     ? "the TP group"
                     : ctx && c == &ctx->dp   ? "the DP group"
                     : ctx && c == &ctx->pp   ? "the PP group"
+                    : ctx && c == &ctx->ep   ? "the EP group"
                     : ctx && c == ctx->world ? "the world"
                                              : "a communicator";
     snprintf(buf, n, "%s (%d ranks)", g, c->size);
