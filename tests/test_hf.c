@@ -116,7 +116,8 @@ static void save_seeded(const char *dir, uint64_t seed, int64_t step, float **w)
         CHECK_OK(&ctx, tpk_param_gather(&ctx, i, (const float *)ctx.params.data.p, w[i]));
     }
     o.step = step;
-    CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir, &(tpk_gpt2_save_desc){step, 1}));
+    CHECK_OK(&ctx,
+             tpk_gpt2_save(&ctx, &m, &o, dir, &(tpk_gpt2_save_desc){.step = step, .seed = 1}));
     tpk_adamw_destroy(&ctx, &o), tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
 }
 /* Load dir into an unsharded GPT-2 of config `c` on this rank (with an optimizer): the status, the
@@ -194,7 +195,8 @@ int main(int argc, char **argv) {
         one_step(&ctx, &mm, &o);
         nparams = ctx.params.n;
         gather_all(&ctx, &o, before);
-        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &mm.gpt2, &o, dir, &(tpk_gpt2_save_desc){o.step, 4}));
+        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &mm.gpt2, &o, dir,
+                                     &(tpk_gpt2_save_desc){.step = o.step, .seed = 4}));
         tpk_adamw_destroy(&ctx, &o), tpk_model_destroy(&ctx, &mm), tpk_ctx_destroy(&ctx);
         for (int pass = 0; pass < 2; pass++) { /* at t = np, then unsharded on this rank */
             tpk_gpt2_config rc = config();
@@ -298,7 +300,8 @@ int main(int argc, char **argv) {
         mkdir(bad, 0755);
         snprintf(path, sizeof path, "%s/config.json", bad);
         tpk_gpt2_config c = config();
-        static const struct { const char *text, *needle;
+        static const struct {
+            const char *text, *needle;
         } bad_configs[] = {
             /* each a
                                                                                 TPK_ERR_FORMAT
@@ -339,8 +342,8 @@ int main(int argc, char **argv) {
         snprintf(dir7, sizeof dir7, "%s_step7", dir), snprintf(mix, sizeof mix, "%s/mix", bad);
         CHECK_OK(&ctx, tpk_gpt2_init(&ctx, &m, &cfg));
         CHECK_OK(&ctx, tpk_adamw_init(&ctx, &o, NULL));
-        CHECK_OK(&ctx,
-                 tpk_gpt2_save(&ctx, &m, &o, dir7, &(tpk_gpt2_save_desc){7, 1})); /* collective */
+        CHECK_OK(&ctx, tpk_gpt2_save(&ctx, &m, &o, dir7,
+                                     &(tpk_gpt2_save_desc){.step = 7, .seed = 1})); /* collective */
         mkdir(mix, 0755);
         const char *from[3] = {dir, dir, dir7},
                    *file[3] = {"config.json", "model.safetensors", "optim.safetensors"};
@@ -359,9 +362,8 @@ int main(int argc, char **argv) {
         tpk_lm_destroy(&ctx, &m.lm), tpk_adamw_destroy(&ctx, &o);
         tpk_ctx_destroy(&ctx);
     }
-    TEST_CASE(
-        "a save over a checkpoint replaces it whole: the new weights load, the user's files "
-        "carried, nothing left beside it") {
+    TEST_CASE("a save over a checkpoint replaces it whole: the new weights load, the user's files "
+              "carried, nothing left beside it") {
         char d[200], f[700], err[600];
         snprintf(d, sizeof d, "build/tests/hf_swap_np%d", np);
         float *wa[64] = {0}, *wb[64] = {0};
@@ -607,13 +609,11 @@ int main(int argc, char **argv) {
               "lm_head.weight other than wte.weight refused: %s", err);
         /* non-finite weights and moments, named with the element */
         rewrite_st(f, g, m_plain, NULL, "h.1.attn.c_proj.weight", 37, &(float){NAN}, NULL, NULL);
-        CHECK(
-            load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                strstr(
-                    err,
-                    "model.safetensors: tensor \"h.1.attn.c_proj.weight\": element 37 is nan: "
-                    "expected a finite value"),
-            "a NaN weight refused: %s", err);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err,
+                         "model.safetensors: tensor \"h.1.attn.c_proj.weight\": element 37 is nan: "
+                         "expected a finite value"),
+              "a NaN weight refused: %s", err);
         rewrite_st(f, g, m_plain, NULL, "ln_f.bias", 3, &(float){-INFINITY}, NULL, NULL);
         CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
                   strstr(err, "tensor \"ln_f.bias\": element 3 is -inf"),
@@ -623,13 +623,11 @@ int main(int argc, char **argv) {
         snprintf(f, sizeof f, "%s/optim.safetensors", d1),
             snprintf(g, sizeof g, "%s/optim.safetensors", b);
         rewrite_st(f, g, o_meta, NULL, "wpe.weight.exp_avg_sq", 2, &(float){-1.0f}, NULL, NULL);
-        CHECK(
-            load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
-                strstr(
-                    err,
-                    "optim.safetensors: tensor \"wpe.weight.exp_avg_sq\": element 2 is -1: "
-                    "expected a finite, non-negative value"),
-            "a negative second moment refused: %s", err);
+        CHECK(load_cmp(b, config(), w1, &step, &differ, err, sizeof err) == TPK_ERR_FORMAT &&
+                  strstr(err,
+                         "optim.safetensors: tensor \"wpe.weight.exp_avg_sq\": element 2 is -1: "
+                         "expected a finite, non-negative value"),
+              "a negative second moment refused: %s", err);
         rewrite_st(f, g, o_meta, NULL, NULL, 0, NULL, "h.5.ln_1.weight.exp_avg",
                    "wpe.weight.exp_avg");
         CHECK(
@@ -645,9 +643,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 64; i++) free(w1[i]);
     }
 
-    TEST_CASE(
-        "config.json strict: a long number read exactly, duplicate keys and invalid UTF-8 "
-        "refused") {
+    TEST_CASE("config.json strict: a long number read exactly, duplicate keys and invalid UTF-8 "
+              "refused") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.seed = 1}));
         tpk_gpt2_config c = config();
@@ -662,7 +659,8 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx,
                  tpk_gpt2_config_parse(&ctx, (const uint8_t *)text, strlen(text), "long", &c));
         CHECK(c.ln_eps == 1e-3f, "layer_norm_epsilon read as %g, expected 1e-3", (double)c.ln_eps);
-        static const struct { const char *text, *needle;
+        static const struct {
+            const char *text, *needle;
         } bad[] = {
             {"{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
              "12, \"n_layer\": 4}",
@@ -694,10 +692,10 @@ int main(int argc, char **argv) {
         const char *nested_dup =
             "{\"n_layer\": 2, \"n_embd\": 16, \"n_head\": 4, \"vocab_size\": 61, \"n_positions\": "
             "12, \"x\": {\"a\": 1, \"a\": 2}}"; /* strict: every object's keys once, nested too */
-        CHECK_FAILS(&ctx,
-                    tpk_gpt2_config_parse(&ctx, (const uint8_t *)nested_dup, strlen(nested_dup),
-                                          "cfg", &c),
-                    TPK_ERR_FORMAT, "cfg: byte 93: the key \"a\" appears twice (first at byte 85)");
+        CHECK_FAILS(
+            &ctx,
+            tpk_gpt2_config_parse(&ctx, (const uint8_t *)nested_dup, strlen(nested_dup), "cfg", &c),
+            TPK_ERR_FORMAT, "cfg: byte 93: the key \"a\" appears twice (first at byte 85)");
         tpk_ctx_destroy(&ctx);
     }
 
@@ -726,7 +724,8 @@ int main(int argc, char **argv) {
         one_step(&ctx, &mm, &o);
         lparams = ctx.params.n;
         gather_all(&ctx, &o, lbefore);
-        CHECK_OK(&ctx, tpk_model_save(&ctx, &mm, &o, ldir, &(tpk_hf_save_desc){o.step, 4}));
+        CHECK_OK(&ctx, tpk_model_save(&ctx, &mm, &o, ldir,
+                                      &(tpk_hf_save_desc){.step = o.step, .seed = 4}));
         tpk_adamw_destroy(&ctx, &o), tpk_model_destroy(&ctx, &mm), tpk_ctx_destroy(&ctx);
         if (me == 0) { /* the same checkpoint as Hugging Face shards it: two files and an index, no
                           model.safetensors */
@@ -823,7 +822,8 @@ int main(int argc, char **argv) {
             wl[i] = malloc(tpk_param_global_numel(&ctx, i) * 4);
             CHECK_OK(&ctx, tpk_param_gather(&ctx, i, (const float *)ctx.params.data.p, wl[i]));
         }
-        CHECK_OK(&ctx, tpk_llama_save(&ctx, &m, NULL, sdir, &(tpk_hf_save_desc){9, 1}));
+        CHECK_OK(&ctx,
+                 tpk_llama_save(&ctx, &m, NULL, sdir, &(tpk_hf_save_desc){.step = 9, .seed = 1}));
         tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         static const char *const gone[] = {"model.safetensors.index.json",
                                            "model-00001-of-00002.safetensors",
@@ -886,7 +886,9 @@ int main(int argc, char **argv) {
         snprintf(bad, sizeof bad, "build/tests/hf_llama_bad_np%d_r%d", np, me);
         mkdir(bad, 0755);
         snprintf(path, sizeof path, "%s/config.json", bad);
-        static const struct { const char *text, *needle; tpk_status want;
+        static const struct {
+            const char *text, *needle;
+            tpk_status want;
         } cases[] = {
             {"{\"model_type\": \"mistral\"}",
              "model_type \"mistral\": expected \"gpt2\", \"llama\" or \"gpt_neox\"",
@@ -899,9 +901,9 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_hf_model_type(&ctx, bad, type, sizeof type), cases[k].want,
                         cases[k].needle);
         }
-#define LLAMA_CFG(extra)                                                                           \
-    "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 24, "                 \
-    "\"num_attention_heads\": 6, \"vocab_size\": 61, "                                             \
+#define LLAMA_CFG(extra)                                                          \
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 24, " \
+    "\"num_attention_heads\": 6, \"vocab_size\": 61, "                            \
     "\"max_position_embeddings\": 12, \"intermediate_size\": 20" extra "}"
         static const struct {
             const char *text, *needle;
@@ -957,16 +959,16 @@ int main(int argc, char **argv) {
         other = lc, other.tie_embeddings = true; /* a tied head beside the file's trained
                                                     lm_head.weight: refused, not dropped */
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &other));
-        CHECK_FAILS(
-            &ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_FORMAT,
-            "model.safetensors: tensor \"lm_head.weight\" is not a parameter of the model "
-            "config.json describes");
+        CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, ldir), TPK_ERR_FORMAT,
+                    "model.safetensors: tensor \"lm_head.weight\" is not a parameter of the model "
+                    "config.json describes");
         tpk_lm_destroy(&ctx, &m.lm), tpk_ctx_destroy(&ctx);
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = np}));
         CHECK_OK(&ctx, tpk_llama_init(&ctx, &m, &lc));
         char idx[700];
         snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", bad);
-        static const struct { const char *text, *needle;
+        static const struct {
+            const char *text, *needle;
         } icases[] = {
             {"{\"weight_map\": {\"model.norm.weight\": \"../model-00001-of-00002.safetensors\"}}",
              "expected a file name ending in .safetensors in the same directory"},
@@ -985,10 +987,8 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_FORMAT,
                         icases[k].needle);
         }
-        write_text(
-            idx,
-            "{\"weight_map\": {\"model.embed_tokens.weight\": "
-            "\"model-00001-of-00001.safetensors\"}}");
+        write_text(idx, "{\"weight_map\": {\"model.embed_tokens.weight\": "
+                        "\"model-00001-of-00001.safetensors\"}}");
         CHECK_FAILS(&ctx, tpk_llama_load(&ctx, &m, NULL, bad), TPK_ERR_IO,
                     "model-00001-of-00001.safetensors");
         tpk_lm_destroy(&ctx, &m.lm);
