@@ -1,11 +1,23 @@
 /* tests/test_moe.c — mixture of experts with expert parallelism.
  *
- * The all-to-all with per-peer counts (tpk_alltoallv, tpk/runtime/coll.h) on the MPI communicator,
- * a split of it and the one-rank `self`: blocks of uneven sizes, some zero, every rank's received
- * blocks against what each sender computes (f32, bf16, i32; blocking and started), the counts
- * exchanged by tpk_alltoallv_counts, the call, element and byte counters, the flight recorder's
- * entry, a peer that never enters it timed out (TPK_ERR_COMM, not a hang), bad counts and buffers
- * refused by name. Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
+ * The mesh: EP groups of consecutive DP ranks (ctx->ep) and an expert's replicas (ctx->edp), their
+ * members against the formula on every mesh of the world, nothing split at ep = 1, bad sizes
+ * refused by name. The router (tpk/layers/router.h) on one rank: the top-k with ties (integer
+ * logits, repeated rows: the lower index first), the weights (renormalised or not), the counts and
+ * the auxiliary loss against a plain C reference in double; its backward (dx, the gate's gradient)
+ * against central differences of the routed objective. The dispatcher (tpk/layers/moe.h): the rows
+ * each EP rank receives for its experts (an expert with none, a rank of 2 tokens), the combine, its
+ * backward and the dispatch's backward against the senders' tokens, the all-to-alls counted; the
+ * MoE block at EP 1, 2, 3, 4, TP 2 x EP 2, EP 2 x DP 2 and TP 2, 3 (expert TP, F split unevenly):
+ * y, the aux loss, dx and every gradient (the gate's at every rank, each expert's at its owning
+ * ranks) within 1e-5 of an unsharded dense loop over the experts in double, random inputs, every
+ * output and gradient written again after the layer's buffers are poisoned, bad input refused by
+ * name. The all-to-all with per-peer counts (tpk_alltoallv, tpk/runtime/coll.h) on the MPI
+ * communicator, a split of it and the one-rank `self`: blocks of uneven sizes, some zero, every
+ * rank's received blocks against what each sender computes (f32, bf16, i32; blocking and started),
+ * the counts exchanged by tpk_alltoallv_counts, the call, element and byte counters, the flight
+ * recorder's entry, a peer that never enters it timed out (TPK_ERR_COMM, not a hang), bad counts
+ * and buffers refused by name. Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
 /* the elements world rank p sends to rank q: uneven, zero where (p + 2 q) % 3 == 1 */
@@ -114,6 +126,568 @@ static void a2a_case(tpk_ctx *ctx, tpk_comm *c, const int *map, tpk_dtype dt, bo
     free(s), free(r);
 }
 
+/* ---- references: plain C in double ----------------------------------------------------------- */
+
+/* The k largest of z[E] (value descending, ties: the lower index first, torch.topk's order), by a
+ * sort of the indices. */
+static const double *ref_z;
+static int ref_cmp(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b;
+    if (ref_z[i] != ref_z[j]) return ref_z[i] > ref_z[j] ? -1 : 1;
+    return i - j;
+}
+static void ref_topk(const double *z, int E, int K, int *idx) {
+    int order[64];
+    for (int e = 0; e < E; e++) order[e] = e;
+    ref_z = z;
+    qsort(order, (size_t)E, sizeof(int), ref_cmp);
+    for (int i = 0; i < K; i++) idx[i] = order[i];
+}
+static void ref_softmax(const double *z, int E, double *p) {
+    double m = z[0], s = 0;
+    for (int e = 1; e < E; e++) m = z[e] > m ? z[e] : m;
+    for (int e = 0; e < E; e++) s += exp(z[e] - m);
+    for (int e = 0; e < E; e++) p[e] = exp(z[e] - m) / s;
+}
+/* One DP rank's routing of T tokens x [T, H] by Wg [E, H]: z, p [T, E], idx [T, K], w [T, K], the
+ * counts [E] and balance. */
+typedef struct ref_route {
+    double *z, *p, *w, balance;
+    int *idx;
+    int64_t count[64];
+} ref_route;
+static void ref_route_make(ref_route *r, const double *x, const double *Wg, int T, int H, int E,
+                           int K, bool renorm) {
+    r->z = calloc((size_t)(T * E + 1), sizeof(double)), r->p = calloc((size_t)(T * E + 1), 8);
+    r->w = calloc((size_t)(T * K + 1), sizeof(double)), r->idx = calloc((size_t)(T * K + 1), 4);
+    double P[64] = {0};
+    memset(r->count, 0, sizeof r->count);
+    for (int t = 0; t < T; t++) {
+        for (int e = 0; e < E; e++) {
+            double a = 0;
+            for (int h = 0; h < H; h++) a += x[t * H + h] * Wg[e * H + h];
+            r->z[t * E + e] = a;
+        }
+        ref_softmax(r->z + t * E, E, r->p + t * E);
+        ref_topk(r->z + t * E, E, K, r->idx + t * K);
+        double S = 0;
+        for (int i = 0; i < K; i++) S += r->p[t * E + r->idx[t * K + i]];
+        for (int i = 0; i < K; i++) {
+            double pi = r->p[t * E + r->idx[t * K + i]];
+            r->w[t * K + i] = renorm ? pi / S : pi;
+            r->count[r->idx[t * K + i]]++;
+        }
+        for (int e = 0; e < E; e++) P[e] += r->p[t * E + e];
+    }
+    r->balance = 0;
+    for (int e = 0; T && e < E; e++) r->balance += (double)r->count[e] / T * (P[e] / T);
+    r->balance *= E;
+}
+static void ref_route_free(ref_route *r) { free(r->z), free(r->p), free(r->w), free(r->idx); }
+/* L(z) = sum_ti dw_ti w_ti(z) + g coef balance(z), the top-k and the counts held fixed: the
+ * function whose gradient the router's backward computes. */
+static double ref_router_obj(const double *z, int E, int K, const int *idx, const int64_t *count,
+                             int T, const double *dw, double g, double coef, bool renorm) {
+    double p[64], S = 0, L = 0;
+    ref_softmax(z, E, p);
+    for (int i = 0; i < K; i++) S += p[idx[i]];
+    for (int i = 0; i < K; i++) L += dw[i] * (renorm ? p[idx[i]] / S : p[idx[i]]);
+    for (int e = 0; e < E; e++) L += g * coef * E * (double)count[e] / ((double)T * T) * p[e];
+    return L;
+}
+/* dz [E] of token t by central differences of ref_router_obj (h = 1e-6). */
+static void ref_router_dz(const ref_route *r, int t, int E, int K, int T, const double *dw,
+                          double g, double coef, bool renorm, double *dz) {
+    double z[64];
+    for (int e = 0; e < E; e++) z[e] = r->z[t * E + e];
+    for (int e = 0; e < E; e++) {
+        double h = 1e-6, keep = z[e], lp, lm;
+        z[e] = keep + h;
+        lp = ref_router_obj(z, E, K, r->idx + t * K, r->count, T, dw + t * K, g, coef, renorm);
+        z[e] = keep - h;
+        lm = ref_router_obj(z, E, K, r->idx + t * K, r->count, T, dw + t * K, g, coef, renorm);
+        z[e] = keep;
+        dz[e] = (lp - lm) / (2 * h);
+    }
+}
+/* The whole tensor of parameter `name` as test_set_weights draws it (seed, scale), in double. */
+static double *ref_weights(const char *name, size_t n, uint64_t seed, float scale) {
+    double *w = malloc(n * sizeof(double));
+    for (size_t k = 0; k < n; k++)
+        w[k] = (double)(scale * tpk_rng_normal(seed, tpk_rng_stream(name), k));
+    return w;
+}
+static double ref_silu(double g) { return g / (1 + exp(-g)); }
+static double ref_dsilu(double g) {
+    double sg = 1 / (1 + exp(-g));
+    return sg * (1 + g * (1 - sg));
+}
+
+static float *to_f32(const double *a, size_t n) {
+    float *f = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) f[i] = (float)a[i];
+    return f;
+}
+
+/* ---- the router ------------------------------------------------------------------------------ */
+
+/* The router on a one-rank context: T tokens, E experts, top-k, against ref_route (routing,
+ * weights, counts, balance; idx exactly) and the backward against central differences (dx, dWg).
+ * `ties`: integer-valued x and Wg with rows repeated, so many logits tie exactly. */
+static void test_router(int T, int H, int E, int K, bool renorm, bool ties) {
+    tpk_ctx c;
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.seed = 3}));
+    tpk_router r;
+    tpk_router_desc rd = {
+        .name = "gate", .experts = E, .top_k = K, .renormalize = renorm, .aux_coef = 0.02f};
+    CHECK_OK(&c, tpk_router_init(&c, &r, H, &rd));
+    float *x = malloc(sizeof(float) * (size_t)(T * H + 1)), *wg = malloc(sizeof(float) * E * H);
+    double *xd = malloc(sizeof(double) * (size_t)(T * H + 1)), *wd = malloc(sizeof(double) * E * H);
+    for (int i = 0; i < T * H; i++)
+        x[i] = ties ? (float)((i * 7 + 3) % 5 - 2) : tpk_rng_normal(11, 1, (uint64_t)i);
+    for (int i = 0; i < E * H; i++) { /* ties: expert e's row is row e / 2's pattern */
+        int e = i / H, h = i % H;
+        wg[i] =
+            ties ? (float)(((e / 2) * 3 + h) % 3 - 1) : 0.5f * tpk_rng_normal(12, 1, (uint64_t)i);
+    }
+    for (int i = 0; i < T * H; i++) xd[i] = x[i];
+    for (int i = 0; i < E * H; i++) wd[i] = wg[i];
+    CHECK_OK(&c, tpk_param_set_global(&c, r.w, wg));
+    CHECK_OK(&c, tpk_params_zero_grad(&c));
+    ref_route ref;
+    ref_route_make(&ref, xd, wd, T, H, E, K, renorm);
+    CHECK_OK(&c, tpk_router_forward(&c, &r, tpk_tensor_2d(x, TPK_F32, T, H, TPK_R)));
+    int bad = 0, nties = 0;
+    for (int i = 0; i < T * K; i++) bad += r.idx[i] != ref.idx[i];
+    for (int t = 0; t < T; t++)
+        for (int e = 1; e < E; e++) nties += ref.z[t * E + e] == ref.z[t * E + e - 1];
+    CHECK(bad == 0, "%d of %d experts chosen differ from the reference%s", bad, T * K,
+          ties ? " (ties)" : "");
+    CHECK(!ties || nties > T, "only %d ties in the logits", nties);
+    double werr = 0;
+    for (int i = 0; i < T * K; i++) werr = fmax(werr, fabs(r.weight[i] - ref.w[i]));
+    CHECK(werr < 1e-6, "weights off by %g", werr);
+    for (int e = 0; e < E; e++)
+        CHECK(r.count[e] == ref.count[e], "count[%d] = %lld, expected %lld", e,
+              (long long)r.count[e], (long long)ref.count[e]);
+    CHECK(fabs(r.balance - ref.balance) < 1e-6 * fmax(1, ref.balance) &&
+              fabs(r.aux - 0.02 * ref.balance) < 1e-6,
+          "balance %g aux %g, expected %g %g", r.balance, (double)r.aux, ref.balance,
+          0.02 * ref.balance);
+    /* backward: dz by central differences, then dx = dz Wg and dWg = dzᵀ x in double */
+    float *dw = malloc(sizeof(float) * (size_t)(T * K + 1));
+    double *dwd = malloc(sizeof(double) * (size_t)(T * K + 1)), g = 0.7;
+    for (int i = 0; i < T * K; i++) dw[i] = tpk_rng_normal(13, 1, (uint64_t)i), dwd[i] = dw[i];
+    /* sums that cancel (tied logits, repeated rows): errors measured against the terms' size */
+    double *dxd = calloc((size_t)(T * H + 1), sizeof(double)), *gwd = calloc((size_t)E * H, 8);
+    double dz[64], mdx = 1e-30, mgw = 1e-30, *adx = calloc((size_t)(T * H + 1), 8),
+                   *agw = calloc((size_t)E * H, 8);
+    for (int t = 0; t < T; t++) {
+        ref_router_dz(&ref, t, E, K, T, dwd, g, 0.02, renorm, dz);
+        for (int e = 0; e < E; e++)
+            for (int h = 0; h < H; h++) {
+                dxd[t * H + h] += dz[e] * wd[e * H + h], gwd[e * H + h] += dz[e] * xd[t * H + h];
+                adx[t * H + h] += fabs(dz[e] * wd[e * H + h]);
+                agw[e * H + h] += fabs(dz[e] * xd[t * H + h]);
+            }
+    }
+    for (int i = 0; i < T * H; i++) mdx = fmax(mdx, adx[i]);
+    for (int i = 0; i < E * H; i++) mgw = fmax(mgw, agw[i]);
+    tpk_tensor dx;
+    CHECK_OK(&c, tpk_router_backward(&c, &r, dw, (float)g, &dx));
+    double edx = 0, egw = 0;
+    for (int i = 0; i < T * H; i++) edx = fmax(edx, fabs(((float *)dx.data)[i] - dxd[i]));
+    CHECK(edx < 1e-5 * mdx, "router dx: off by %g, terms of %g", edx, mdx);
+    float *got = malloc(sizeof(float) * E * H);
+    CHECK_OK(&c, tpk_param_get_global(&c, r.w, true, got));
+    for (int i = 0; i < E * H; i++) egw = fmax(egw, fabs(got[i] - gwd[i]));
+    CHECK(egw < 1e-5 * mgw, "router dWg: off by %g, terms of %g", egw, mgw);
+    /* bad input */
+    CHECK_FAILS(&c, tpk_router_backward(&c, &r, NULL, 1, &dx), T ? TPK_ERR_ARG : TPK_OK,
+                T ? "dweight" : "");
+    CHECK_FAILS(&c, tpk_router_backward(&c, &r, dw, NAN, &dx), TPK_ERR_ARG, "aux_grad");
+    CHECK_FAILS(&c, tpk_router_forward(&c, &r, tpk_tensor_2d(x, TPK_F32, T, H + 1, TPK_R)),
+                TPK_ERR_SHAPE, "x: expected global shape");
+    CHECK_FAILS(&c, tpk_router_forward(&c, &r, tpk_tensor_2d(x, TPK_F32, T, H, TPK_P)),
+                TPK_ERR_LAYOUT, "x: expected layout R");
+    if (T) {
+        float keep = x[0];
+        x[0] = NAN;
+        CHECK_FAILS(&c, tpk_router_forward(&c, &r, tpk_tensor_2d(x, TPK_F32, T, H, TPK_R)),
+                    TPK_ERR_ARG, "x: token 0's router logit");
+        x[0] = keep;
+    }
+    tpk_router r2;
+    rd.top_k = E + 1;
+    CHECK_FAILS(&c, tpk_router_init(&c, &r2, H, &rd), TPK_ERR_ARG, "desc->top_k: expected 1..");
+    rd.top_k = K, rd.experts = 0;
+    CHECK_FAILS(&c, tpk_router_init(&c, &r2, H, &rd), TPK_ERR_ARG, "desc->experts");
+    rd.experts = E, rd.aux_coef = -1;
+    CHECK_FAILS(&c, tpk_router_init(&c, &r2, H, &rd), TPK_ERR_ARG, "desc->aux_coef");
+    ref_route_free(&ref);
+    free(x), free(wg), free(xd), free(wd), free(dw), free(dwd), free(got);
+    free(dxd), free(gwd), free(adx), free(agw);
+    tpk_router_destroy(&c, &r);
+    tpk_ctx_destroy(&c);
+}
+
+/* ---- the dispatcher -------------------------------------------------------------------------- */
+
+/* DP rank dq's tokens (the TP ranks of a DP rank hold the same): T, x [T, H], dy [T, H] */
+static int tokens(int dq) { return dq == 1 ? 2 : 5 + 2 * dq; }
+static void token_data(int dq, int H, float *x, float *dy) {
+    for (int i = 0; i < tokens(dq) * H; i++)
+        x[i] = 0.8f * tpk_rng_normal(200 + (uint64_t)dq, 0, (uint64_t)i),
+        dy[i] = tpk_rng_normal(300 + (uint64_t)dq, 0, (uint64_t)i);
+}
+static void poison_bufs(tpk_buf *const *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (b[i]->p) memset(b[i]->p, 0xff, b[i]->bytes); /* NaN in f32 and bf16 */
+}
+
+/* DP rank dq's routing for the dispatcher test: k distinct experts of 0..E-2 per token (expert
+ * E - 1 receives nothing), weights 0.5 + u */
+static void route_data(int dq, int E, int K, int32_t *idx, float *w) {
+    for (int t = 0; t < tokens(dq); t++) {
+        int perm[64];
+        for (int e = 0; e < E - 1; e++) perm[e] = e;
+        for (int e = E - 2; e > 0; e--) {
+            int r = (int)(tpk_rng_uniform(400 + (uint64_t)dq, (uint64_t)t, (uint64_t)e) * (e + 1));
+            int tmp = perm[e];
+            perm[e] = perm[r > e ? e : r], perm[r > e ? e : r] = tmp;
+        }
+        for (int i = 0; i < K; i++)
+            idx[t * K + i] = perm[i],
+                        w[t * K + i] = 0.5f + tpk_rng_uniform(500 + (uint64_t)dq, (uint64_t)t, i);
+    }
+}
+
+/* The dispatcher's round trip at TP tp x EP ep (the world's DP ranks in EP groups): the rows each
+ * rank receives for its experts, the combine, its backward and the dispatch's backward against the
+ * senders' tokens; every output written again after its buffers are poisoned. */
+static void test_dispatch(int tp, int ep) {
+    enum { H = 5, K = 2 };
+    int E = 2 * ep + 1 - (ep > 1), El;
+    E = E - E % ep, El = E / ep; /* a multiple of ep, > K */
+    if (E <= K) E = ep * (K / ep + 1), El = E / ep;
+    tpk_ctx c;
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep}));
+    int dr = c.dp.rank, er = c.ep.rank, base = dr - er, T = tokens(dr);
+    tpk_moe_dispatcher d;
+    CHECK_OK(&c, tpk_moe_dispatcher_init(&c, &d, H, E, K));
+    float *x[8], *dy[8], *w[8];
+    int32_t *idx[8];
+    for (int q = 0; q < ep; q++) {
+        int n = tokens(base + q);
+        x[q] = malloc(sizeof(float) * (size_t)(n * H + 1)),
+        dy[q] = malloc(sizeof(float) * (n * H + 1));
+        w[q] = malloc(sizeof(float) * (size_t)(n * K + 1)),
+        idx[q] = malloc(4 * (size_t)(n * K + 1));
+        token_data(base + q, H, x[q], dy[q]);
+        route_data(base + q, E, K, idx[q], w[q]);
+    }
+    /* the reference: local expert j's rows from EP rank q's tokens in order */
+    int R = 0;
+    float *xg_ref = malloc(sizeof(float) * 4096), *dog_ref = malloc(sizeof(float) * 4096);
+    int64_t rows[16] = {0};
+    for (int j = 0; j < El; j++)
+        for (int q = 0; q < ep; q++)
+            for (int t = 0; t < tokens(base + q); t++)
+                for (int i = 0; i < K; i++)
+                    if (idx[q][t * K + i] == er * El + j) {
+                        for (int h = 0; h < H; h++)
+                            xg_ref[R * H + h] = x[q][t * H + h],
+                                           dog_ref[R * H + h] = w[q][t * K + i] * dy[q][t * H + h];
+                        R++, rows[j]++;
+                    }
+    float *y_ref = calloc((size_t)(T * H + 1), 4), *dx_ref = calloc((size_t)(T * H + 1), 4),
+          *dw_ref = calloc((size_t)(T * K + 1), 4), *dw = malloc(4 * (size_t)(T * K + 1));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < K; i++) {
+            double dot = 0, wi = w[er][t * K + i];
+            for (int h = 0; h < H; h++)
+                y_ref[t * H + h] += (float)(wi * x[er][t * H + h]),
+                    dx_ref[t * H + h] += (float)(wi * dy[er][t * H + h]),
+                    dot += (double)dy[er][t * H + h] * x[er][t * H + h];
+            dw_ref[t * K + i] = (float)dot;
+        }
+    float *first[4] = {0};
+    for (int round = 0; round < 2; round++) {
+        tpk_comm_stats st = c.ep.stats;
+        tpk_tensor xg, y, dog, dx;
+        CHECK_OK(
+            &c, tpk_moe_dispatch(&c, &d, tpk_tensor_2d(x[er], TPK_F32, T, H, TPK_R), idx[er], &xg));
+        CHECK(xg.gshape[0] == R && !memcmp(xg.data, xg_ref, sizeof(float) * (size_t)(R * H)),
+              "round %d: %lld rows dispatched, expected %d (or their values differ)", round,
+              (long long)xg.gshape[0], R);
+        for (int j = 0; j < El; j++)
+            CHECK(d.rows[j] == rows[j], "rows[%d] = %lld, expected %lld", j, (long long)d.rows[j],
+                  (long long)rows[j]);
+        CHECK_OK(&c, tpk_moe_combine(&c, &d, xg, w[er], &y)); /* identity experts */
+        CHECK_CLOSE((float *)y.data, y_ref, (size_t)(T * H), 1e-6, "combine");
+        CHECK_OK(&c, tpk_moe_combine_backward(&c, &d, tpk_tensor_2d(dy[er], TPK_F32, T, H, TPK_R),
+                                              w[er], dw, &dog));
+        CHECK_CLOSE(dw, dw_ref, (size_t)(T * K), 1e-6, "dweight");
+        CHECK_CLOSE((float *)dog.data, dog_ref, (size_t)(R * H), 1e-6, "dog");
+        CHECK_OK(&c, tpk_moe_dispatch_backward(&c, &d, dog, &dx));
+        CHECK_CLOSE((float *)dx.data, dx_ref, (size_t)(T * H), 1e-6, "dispatch backward");
+        uint64_t calls = c.ep.stats.calls[TPK_COLL_ALLTOALL] - st.calls[TPK_COLL_ALLTOALL],
+                 el = c.ep.stats.elems[TPK_COLL_ALLTOALL] - st.elems[TPK_COLL_ALLTOALL];
+        uint64_t want = ep > 1 ? (uint64_t)(E + 2 * T * K * H + 2 * R * H) : 0;
+        CHECK(calls == (ep > 1 ? 5u : 0u) && el == want,
+              "%llu all-to-alls of %llu elements, expected %d of %llu", (unsigned long long)calls,
+              (unsigned long long)el, ep > 1 ? 5 : 0, (unsigned long long)want);
+        float *now[4] = {(float *)y.data, (float *)dog.data, (float *)dx.data, dw};
+        size_t n[4] = {(size_t)(T * H), (size_t)(R * H), (size_t)(T * H), (size_t)(T * K)};
+        for (int k = 0; k < 4; k++) {
+            if (round) CHECK(!memcmp(first[k], now[k], 4 * n[k]), "output %d differs", k);
+            else first[k] = malloc(4 * n[k] + 4), memcpy(first[k], now[k], 4 * n[k]);
+        }
+        tpk_buf *b[] = {&d.xs, &d.xr, &d.xg,  &d.orr, &d.obb, &d.y, &d.ds,
+                        &d.dr, &d.dg, &d.dxr, &d.dxs, &d.dx,  &d.dw};
+        if (!round) poison_bufs(b, 13), test_poison(dw, (size_t)(T * K));
+    }
+    /* bad input: the same on every rank, refused before any collective */
+    tpk_tensor xg, y;
+    tpk_moe_dispatcher fresh;
+    CHECK_OK(&c, tpk_moe_dispatcher_init(&c, &fresh, H, E, K));
+    CHECK_FAILS(&c,
+                tpk_moe_combine(&c, &fresh, tpk_tensor_2d(x[er], TPK_F32, 0, H, TPK_R), w[er], &y),
+                TPK_ERR_ARG, "combine before dispatch");
+    tpk_moe_dispatcher_destroy(&c, &fresh);
+    if (T > 1) {
+        int32_t keep = idx[er][1];
+        idx[er][1] = idx[er][0];
+        CHECK_FAILS(
+            &c, tpk_moe_dispatch(&c, &d, tpk_tensor_2d(x[er], TPK_F32, T, H, TPK_R), idx[er], &xg),
+            TPK_ERR_ARG, "idx[1]: expected an expert");
+        idx[er][1] = E;
+        CHECK_FAILS(
+            &c, tpk_moe_dispatch(&c, &d, tpk_tensor_2d(x[er], TPK_F32, T, H, TPK_R), idx[er], &xg),
+            TPK_ERR_ARG, "idx[1]");
+        idx[er][1] = keep;
+    }
+    CHECK_FAILS(&c, tpk_moe_dispatcher_init(&c, &fresh, H, E + (ep > 1), K),
+                ep > 1 ? TPK_ERR_ARG : TPK_OK,
+                ep > 1 ? "experts: expected a multiple of the EP size" : "");
+    tpk_moe_dispatcher_destroy(&c, &fresh);
+    CHECK_FAILS(&c, tpk_moe_dispatcher_init(&c, &fresh, H, E, E + 1), TPK_ERR_ARG,
+                "top_k: expected 1..experts");
+    for (int q = 0; q < ep; q++) free(x[q]), free(dy[q]), free(w[q]), free(idx[q]);
+    for (int k = 0; k < 4; k++) free(first[k]);
+    free(xg_ref), free(dog_ref), free(y_ref), free(dx_ref), free(dw_ref), free(dw);
+    tpk_moe_dispatcher_destroy(&c, &d);
+    tpk_ctx_destroy(&c);
+}
+
+/* ---- the MoE block against an unsharded dense loop over the experts -------------------------- */
+
+typedef struct ref_grads {
+    double *y, *dx, *gwg, *g1[64], *g2[64], *g3[64], aux;
+} ref_grads;
+
+/* DP rank dq's tokens through the whole block in double: the router (ref_route; its backward by
+ * central differences), each token's k experts, the weighted sum. Adds into r: y, dx, the gate's
+ * gradient (when own) and every expert's gradient (when grads). */
+static void ref_moe_rank(int dq, int H, int F, int E, int K, bool renorm, double coef, double g,
+                         const double *Wg, double *const *W1, double *const *W2, double *const *W3,
+                         bool own, bool grads, ref_grads *r) {
+    int T = tokens(dq);
+    float *xf = malloc(sizeof(float) * (size_t)(T * H + 1)), *dyf = malloc(4 * (size_t)(T * H + 1));
+    token_data(dq, H, xf, dyf);
+    double *x = malloc(8 * (size_t)(T * H + 1)), *dw = malloc(8 * (size_t)(T * K + 1));
+    for (int i = 0; i < T * H; i++) x[i] = xf[i];
+    ref_route rt;
+    ref_route_make(&rt, x, Wg, T, H, E, K, renorm);
+    if (own) r->aux = coef * rt.balance;
+    double gg[64], uu[64], a[64], o[64], da[64];
+    for (int t = 0; t < T; t++) {
+        const double *xt = x + t * H;
+        for (int i = 0; i < K; i++) {
+            int e = rt.idx[t * K + i];
+            double wi = rt.w[t * K + i], dot = 0;
+            for (int f = 0; f < F; f++) {
+                gg[f] = uu[f] = 0;
+                for (int h = 0; h < H; h++)
+                    gg[f] += W1[e][f * H + h] * xt[h], uu[f] += W3[e][f * H + h] * xt[h];
+                a[f] = ref_silu(gg[f]) * uu[f];
+            }
+            for (int h = 0; h < H; h++) {
+                o[h] = 0;
+                for (int f = 0; f < F; f++) o[h] += W2[e][h * F + f] * a[f];
+                if (own) r->y[t * H + h] += wi * o[h];
+                dot += (double)dyf[t * H + h] * o[h];
+            }
+            dw[t * K + i] = dot;
+            for (int f = 0; f < F; f++) { /* the expert's backward from do = w dy */
+                da[f] = 0;
+                for (int h = 0; h < H; h++) da[f] += W2[e][h * F + f] * wi * dyf[t * H + h];
+            }
+            for (int f = 0; f < F; f++) {
+                double dg = da[f] * uu[f] * ref_dsilu(gg[f]), du = da[f] * ref_silu(gg[f]);
+                for (int h = 0; h < H; h++) {
+                    if (grads)
+                        r->g1[e][f * H + h] += dg * xt[h], r->g3[e][f * H + h] += du * xt[h],
+                            r->g2[e][h * F + f] += wi * dyf[t * H + h] * a[f];
+                    if (own) r->dx[t * H + h] += W1[e][f * H + h] * dg + W3[e][f * H + h] * du;
+                }
+            }
+        }
+    }
+    double dz[64];
+    for (int t = 0; own && t < T; t++) {
+        ref_router_dz(&rt, t, E, K, T, dw, g, coef, renorm, dz);
+        for (int e = 0; e < E; e++)
+            for (int h = 0; h < H; h++)
+                r->dx[t * H + h] += dz[e] * Wg[e * H + h],
+                    r->gwg[e * H + h] += dz[e] * x[t * H + h];
+    }
+    ref_route_free(&rt);
+    free(xf), free(dyf), free(x), free(dw);
+}
+
+
+/* The MoE block at TP tp x EP ep (E experts, renormalised or not) against ref_moe_rank: y, the aux
+ * loss, dx, the gate's gradient, and each expert's gradient at its owning ranks (gathered over TP);
+ * the parameters' names and placement; the all-to-alls counted; every output and gradient written
+ * again after the layer's buffers are poisoned. */
+static void test_moe_layer(int tp, int ep, int E, bool renorm) {
+    enum { H = 8, F = 7, K = 2 };
+    const double coef = 0.01, g = 0.7;
+    const char *name = "model.layers.0.block_sparse_moe";
+    tpk_ctx c;
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 5}));
+    int dr = c.dp.rank, er = c.ep.rank, base = dr - er, El = E / ep, T = tokens(dr);
+    tpk_moe m;
+    tpk_moe_desc md = {.name = name,
+                       .experts = E,
+                       .top_k = K,
+                       .hidden = F,
+                       .renormalize = renorm,
+                       .aux_coef = (float)coef};
+    CHECK_OK(&c, tpk_moe_init(&c, &m, H, &md));
+    /* the parameters: the gate everywhere, an expert only at its EP rank */
+    char pn[160];
+    int placed = 0;
+    snprintf(pn, sizeof pn, "%s.gate.weight", name);
+    CHECK(tpk_param_find(&c, pn) == m.router.w, "%s not registered", pn);
+    for (int e = 0; e < E; e++)
+        for (int k = 1; k <= 3; k++) {
+            snprintf(pn, sizeof pn, "%s.experts.%d.w%d.weight", name, e, k);
+            int id = tpk_param_find(&c, pn);
+            bool mine = e / El == er;
+            placed += (id >= 0) == mine && (id < 0 || c.params.list[id].expert);
+        }
+    CHECK(placed == 3 * E, "%d of %d expert weights placed wrong", 3 * E - placed, 3 * E);
+    test_set_weights(&c, 21, 0.3f);
+    /* the reference's weights, whole, and its results */
+    snprintf(pn, sizeof pn, "%s.gate.weight", name);
+    double *Wg = ref_weights(pn, (size_t)(E * H), 21, 0.3f), *W1[64], *W2[64], *W3[64];
+    ref_grads rg = {0};
+    rg.y = calloc((size_t)(T * H + 1), 8), rg.dx = calloc((size_t)(T * H + 1), 8);
+    rg.gwg = calloc((size_t)(E * H), 8);
+    for (int e = 0; e < E; e++) {
+        snprintf(pn, sizeof pn, "%s.experts.%d.w1.weight", name, e);
+        W1[e] = ref_weights(pn, F * H, 21, 0.3f);
+        snprintf(pn, sizeof pn, "%s.experts.%d.w2.weight", name, e);
+        W2[e] = ref_weights(pn, F * H, 21, 0.3f);
+        snprintf(pn, sizeof pn, "%s.experts.%d.w3.weight", name, e);
+        W3[e] = ref_weights(pn, F * H, 21, 0.3f);
+        rg.g1[e] = calloc(F * H, 8), rg.g2[e] = calloc(F * H, 8), rg.g3[e] = calloc(F * H, 8);
+    }
+    for (int q = 0; q < ep; q++) /* this EP group's tokens reach this rank's experts */
+        ref_moe_rank(base + q, H, F, E, K, renorm, coef, g, Wg, W1, W2, W3, base + q == dr, true,
+                     &rg);
+    float *x = malloc(sizeof(float) * (size_t)(T * H + 1)), *dy = malloc(4 * (size_t)(T * H + 1));
+    token_data(dr, H, x, dy);
+    float *y_ref = to_f32(rg.y, (size_t)(T * H)), *dx_ref = to_f32(rg.dx, (size_t)(T * H));
+    float *first[2] = {0}, *gfirst[200] = {0};
+    for (int round = 0; round < 2; round++) {
+        CHECK_OK(&c, tpk_params_zero_grad(&c));
+        tpk_comm_stats st = c.ep.stats;
+        tpk_tensor y, dx;
+        CHECK_OK(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_F32, T, H, TPK_R), &y));
+        uint64_t fwd = c.ep.stats.calls[TPK_COLL_ALLTOALL] - st.calls[TPK_COLL_ALLTOALL];
+        CHECK_OK(&c,
+                 tpk_moe_backward(&c, &m, tpk_tensor_2d(dy, TPK_F32, T, H, TPK_R), (float)g, &dx));
+        uint64_t bwd = c.ep.stats.calls[TPK_COLL_ALLTOALL] - st.calls[TPK_COLL_ALLTOALL] - fwd;
+        CHECK(fwd == (ep > 1 ? 3u : 0u) && bwd == (ep > 1 ? 2u : 0u),
+              "all-to-alls: %llu forward, %llu backward", (unsigned long long)fwd,
+              (unsigned long long)bwd);
+        CHECK_CLOSE((float *)y.data, y_ref, (size_t)(T * H), 1e-5, "y");
+        CHECK_CLOSE((float *)dx.data, dx_ref, (size_t)(T * H), 1e-5, "dx");
+        CHECK(fabs(m.router.aux - rg.aux) < 1e-6, "aux %g, expected %g", (double)m.router.aux,
+              rg.aux);
+        float *now[2] = {(float *)y.data, (float *)dx.data};
+        for (int k = 0; k < 2; k++) {
+            if (round) CHECK(!memcmp(first[k], now[k], sizeof(float) * T * H), "output %d", k);
+            else
+                first[k] = malloc(sizeof(float) * (size_t)(T * H + 1)),
+                memcpy(first[k], now[k], sizeof(float) * (size_t)(T * H));
+        }
+        /* the gradients: the gate's from this rank's tokens; an expert's from its EP group's */
+        float *got = malloc(sizeof(float) * (size_t)(E * H + F * H));
+        CHECK_OK(&c, tpk_param_get_global(&c, m.router.w, true, got));
+        float *want = to_f32(rg.gwg, (size_t)(E * H));
+        CHECK_CLOSE(got, want, (size_t)(E * H), 1e-5, "gate gradient");
+        free(want);
+        int gi = 0;
+        for (int j = 0; j < El; j++) {
+            int e = er * El + j, ids[3] = {m.w1[j], m.w2[j], m.w3[j]};
+            double *ref[3] = {rg.g1[e], rg.g2[e], rg.g3[e]};
+            for (int k = 0; k < 3; k++, gi++) {
+                CHECK_OK(&c, tpk_param_get_global(&c, ids[k], true, got));
+                want = to_f32(ref[k], F * H);
+                char what[64];
+                snprintf(what, sizeof what, "expert %d's w%d gradient", e, k + 1);
+                CHECK_CLOSE(got, want, F * H, 1e-5, what);
+                if (round) CHECK(!memcmp(gfirst[gi], got, sizeof(float) * F * H), "%s", what);
+                else
+                    gfirst[gi] = malloc(sizeof(float) * F * H),
+                    memcpy(gfirst[gi], got, sizeof(float) * F * H);
+                free(want);
+            }
+        }
+        free(got);
+        tpk_moe_dispatcher *d = &m.disp;
+        tpk_buf *b[] = {&d->xs, &d->xr,      &d->xg,       &d->orr,     &d->obb, &d->y,
+                        &d->ds, &d->dr,      &d->dg,       &d->dxr,     &d->dxs, &d->dx,
+                        &d->dw, &m.gu,       &m.h,         &m.og,       &m.dh,   &m.dgu,
+                        &m.dxg, &m.router.z, &m.router.dz, &m.router.dx};
+        if (!round) poison_bufs(b, (int)(sizeof b / sizeof b[0]));
+    }
+    /* bad input, the same on every rank */
+    tpk_tensor y, dx;
+    CHECK_FAILS(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_F32, T, H - 1, TPK_R), &y),
+                TPK_ERR_SHAPE, "x: expected global shape");
+    CHECK_FAILS(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_F32, T, H, TPK_S(0)), &y),
+                TPK_ERR_LAYOUT, "x: expected layout R");
+    CHECK_FAILS(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_BF16, T, H, TPK_R), &y),
+                TPK_ERR_DTYPE, "x: expected dtype f32");
+    CHECK_FAILS(&c, tpk_moe_backward(&c, &m, tpk_tensor_2d(dy, TPK_F32, T + 1, H, TPK_R), 1, &dx),
+                TPK_ERR_SHAPE, "dy: expected global shape");
+    tpk_moe m2;
+    memset(&m2, 0, sizeof m2);
+    CHECK_FAILS(&c, tpk_moe_backward(&c, &m2, tpk_tensor_2d(dy, TPK_F32, T, H, TPK_R), 1, &dx),
+                TPK_ERR_ARG, "expected an initialised MoE");
+    tpk_moe_desc bad = md;
+    bad.name = "bad", bad.experts = E + 1;
+    if (ep > 1)
+        CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_ARG,
+                    "desc->experts: expected a multiple of the EP size");
+    bad.experts = E, bad.top_k = E + 1;
+    CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_ARG, "desc->top_k: expected 1..");
+    bad.top_k = K, bad.hidden = 0;
+    CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_SHAPE, "desc->hidden");
+    free(x), free(dy), free(y_ref), free(dx_ref), free(first[0]), free(first[1]);
+    for (int k = 0; k < 200; k++) free(gfirst[k]);
+    for (int e = 0; e < E; e++)
+        free(W1[e]), free(W2[e]), free(W3[e]), free(rg.g1[e]), free(rg.g2[e]), free(rg.g3[e]);
+    free(Wg), free(rg.y), free(rg.dx), free(rg.gwg);
+    tpk_moe_destroy(&c, &m);
+    tpk_ctx_destroy(&c);
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     me = test__rank, np = test__size;
@@ -155,6 +729,32 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &holed, .ep = np}),
                         TPK_ERR_ARG, "has no alltoallv entry");
         }
+    }
+    TEST_CASE("router: top-k (ties: the lower index first), weights, counts and the aux loss "
+              "against a plain C reference; its backward against central differences") {
+        test_router(24, 6, 8, 2, true, true);
+        test_router(24, 6, 8, 3, false, true);
+        test_router(17, 5, 6, 2, true, false);
+        test_router(9, 4, 4, 1, false, false);
+        test_router(0, 4, 4, 2, true, false);
+    }
+    TEST_CASE("dispatcher: the rows each EP rank receives, the combine and both backwards "
+              "against the senders' tokens (an expert with none, a rank with 2 tokens)") {
+        for (int ep = 1; ep <= np; ep++)
+            if (np % ep == 0) test_dispatch(1, ep);
+        if (np == 4) test_dispatch(2, 2);
+    }
+    TEST_CASE("MoE block: y, aux, dx and every gradient against an unsharded dense loop over the "
+              "experts (EP %d%s)",
+              np,
+              np == 4   ? ", TP 2 x EP 2, EP 2 x DP 2"
+              : np == 2 ? ", TP 2, DP 2"
+                        : "") {
+        test_moe_layer(1, np, np == 3 ? 6 : 4, true);
+        if (np == 1) test_moe_layer(1, 1, 4, false);
+        if (np == 2) test_moe_layer(2, 1, 4, false), test_moe_layer(1, 1, 4, true);
+        if (np == 3) test_moe_layer(3, 1, 3, false);
+        if (np == 4) test_moe_layer(2, 2, 4, false), test_moe_layer(1, 2, 6, true);
     }
     TEST_CASE("alltoallv: uneven and zero counts, f32, bf16, i32, blocking and started") {
         a2a_case(&ctx, &world, wmap, TPK_F32, false);

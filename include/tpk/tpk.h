@@ -22,6 +22,8 @@
  *             act.h linear.h norm.h embed.h xent.h resid.h mlp.h attn.h
  *             cp_split.h cp_attn.h  context parallelism: the load-balanced split of a sequence;
  *                                   attention over it (ring or all-gather)
+ *             router.h moe.h        mixture of experts: the router (top-k, the auxiliary loss);
+ *                                   the dispatcher over the EP group and the sparse MoE block
  *             recompute.h           a stack of blocks, activation recompute
  *   models/   block.h               the block: norms, attention, MLP, residual style
  *             lm.h sample.h         the language model over it (one type); sampling
@@ -68,6 +70,8 @@
 #include "layers/attn.h"
 #include "layers/cp_split.h"
 #include "layers/cp_attn.h"
+#include "layers/router.h"
+#include "layers/moe.h"
 #include "layers/resid.h"
 #include "models/block.h"
 #include "models/lm.h"

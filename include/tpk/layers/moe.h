@@ -1,0 +1,570 @@
+/* tpk/layers/moe.h — a mixture of experts with expert parallelism: the token dispatcher (rows
+ * permuted by expert, exchanged over the EP group with the all-to-all, combined back) and the
+ * sparse MoE block (router, dispatcher, SwiGLU experts), forward and backward.
+ *
+ * E experts over the P ranks of ctx->ep (tpk_ctx_desc.ep; P divides E): EP rank r holds experts
+ * [r El, r El + El), El = E / P. Each rank routes its own T tokens (tpk/layers/router.h: e_ti,
+ * w_ti for i < k); a token's k choices are its N = T k rows.
+ *
+ * Dispatch (dropless: every row goes to its expert, no capacity)
+ *   permute    xs[s] = x[t(s)]: the rows in send order, sorted by expert, each expert's in token
+ *              order; an EP rank's experts are consecutive, so its rows are one block
+ *   counts     all-to-all of El int32 per peer: c[q][j], the rows EP rank q sends to local expert j
+ *   exchange   all-to-all of the rows (tpk_alltoallv over ctx->ep): xr [R, H] from rank q's block,
+ *              in [q][j] order
+ *   regroup    xg [R, H] in [j][q] order: local expert j's rows n_j = sum_q c[q][j] consecutive
+ *              (chunk copies; none when P = 1 or El = 1)
+ * Experts (tpk_moe; each a SwiGLU MLP, Mixtral's w1 gate, w3 up, w2 down; weights held only by
+ * their EP rank; a loop over the local experts' GEMMs with the kit's gemm op, no grouped GEMM yet)
+ *   og_j = (silu(xg_j W1_jᵀ) ∘ (xg_j W3_jᵀ)) W2_jᵀ   [n_j, H]
+ *   expert TP (t > 1): W1, W3 split on F (S(0)), W2 on F (S(1)): og_j is P over TP -> all-reduce
+ * Combine
+ *   ungroup + exchange back (the dispatch's all-to-all with the counts swapped): ob [N, H] in send
+ *   order; y[t] = sum_i w_ti ob[s(t, i)]  (i ascending)   y R [T, H]
+ * Backward: the reverse path —
+ *   dw_ti = dy[t] . ob[s(t, i)]  (to the router);  dob[s(t, i)] = w_ti dy[t]
+ *   exchange (dispatch's counts) + regroup: dog [R, H];  the experts' backward:
+ *     dh_j = dog_j W2_j, dW2_j += dog_jᵀ h_j;  dgu_j = swiglu'(gu_j) dh_j;
+ *     dW1_j += dgate_jᵀ xg_j, dW3_j += dup_jᵀ xg_j;  dxg_j = dgate_j W1_j + dup_j W3_j
+ *     (expert TP: dxg is P over TP -> all-reduce)
+ *   ungroup + exchange back: dxs [N, H] in send order;  dx[t] = sum_i dxs[s(t, i)] + the router's dx
+ * Collectives per forward (and again per backward), on ctx->ep: one all-to-all of P El int32 (the
+ * counts; forward only) and two of the rows: N H elements sent and R H received each; expert TP adds
+ * an all-reduce of R H over ctx->tp each way. At P = 1 no all-to-all is made (the rows stay put).
+ * The permutations are row copies (copy2d, runs of consecutive tokens at once), the combine and its
+ * backward one axpby and one 1 x 1 x H gemm_acc per row: O(N) small op calls a layer (a gather /
+ * scatter op would make them one each; not yet).
+ * Parameters (Hugging Face Mixtral's names): "<name>.gate.weight" [E, H] R (every rank), and for
+ * each local expert e "<name>.experts.<e>.w1.weight" [F, H] S(0), ".w3.weight" [F, H] S(0),
+ * ".w2.weight" [H, F] S(1), marked tpk_param.expert (their gradient is to be summed over ctx->edp).
+ * Inputs: x R [T, H] in the context's dtype (no sequence parallelism: S(0) is refused); each TP rank
+ * of an EP group routes the same tokens and sends them over its own EP group. */
+#ifndef TPK_MOE_H
+#define TPK_MOE_H
+
+#include "router.h"
+
+/* ---- the dispatcher ------------------------------------------------------------------------ */
+
+typedef struct tpk_moe_dispatcher {
+    int64_t H, E, K, El; /* hidden size, experts, top-k, experts per EP rank */
+    int P, rank;         /* the EP group's size, this rank's place in it */
+    int64_t T, N, R;     /* tokens, rows sent (T K), rows received */
+    int64_t cap_N;       /* the host rows' room */
+    int32_t *slot;       /* host [T K]: the send-order row of (t, i) */
+    int32_t *src;        /* host [N]: the token of send-order row s */
+    size_t *ecount;      /* host [E]: the rows this rank sends to each expert */
+    size_t *rcount;  /* host [P El]: c[q][j], rows from EP rank q for local expert j (q-major) */
+    int64_t *rows;   /* host [El]: n_j, local expert j's rows (grouped: j-major) */
+    size_t *sc, *rc; /* host [P]: elements sent to / received from each EP rank (rows H) */
+    int32_t *cx;     /* host [2 P El]: the counts' exchange */
+    const void *ob;  /* the combine's rows in send order [N, H] (kept for its backward) */
+    bool routed, combined; /* a dispatch made; a combine made since */
+    tpk_buf cnt, xs, xr, xg, orr, obb, y, ds, dr, dg, dxr, dxs, dx, dw; /* backend memory */
+} tpk_moe_dispatcher;
+
+/* A dispatcher of E experts over ctx->ep (P divides E), k routes per token, rows of H. */
+static inline tpk_status tpk_moe_dispatcher_init(tpk_ctx *ctx, tpk_moe_dispatcher *d, int64_t H,
+                                                 int64_t E, int64_t K) {
+    static const char *fn = "tpk_moe_dispatcher_init";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!d) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dispatcher: NULL");
+    memset(d, 0, sizeof *d);
+    if (!ctx->ep.vt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ctx: expected an initialised context");
+    int P = ctx->ep.size;
+    if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
+    if (E < 1 || E % P)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "experts: expected a multiple of the EP size %d (every EP rank holds "
+                         "experts / ep of them), got %lld",
+                         P, (long long)E);
+    if (K < 1 || K > E)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "top_k: expected 1..experts = 1..%lld, got %lld",
+                         (long long)E, (long long)K);
+    if (P > 1 && !ctx->ep.vt->alltoallv)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "ctx->ep: the communicator \"%s\" has no all-to-all entry (alltoallv)",
+                         ctx->ep.vt->name ? ctx->ep.vt->name : "?");
+    d->H = H, d->E = E, d->K = K, d->P = P, d->rank = ctx->ep.rank, d->El = E / P;
+    size_t n = (size_t)P;
+    d->ecount = (size_t *)tpk__calloc(ctx, (size_t)E, sizeof(size_t));
+    d->rcount = (size_t *)tpk__calloc(ctx, (size_t)E, sizeof(size_t));
+    d->rows = (int64_t *)tpk__calloc(ctx, (size_t)d->El, sizeof(int64_t));
+    d->sc = (size_t *)tpk__calloc(ctx, n, sizeof(size_t));
+    d->rc = (size_t *)tpk__calloc(ctx, n, sizeof(size_t));
+    d->cx = (int32_t *)tpk__calloc(ctx, 2 * (size_t)E, sizeof(int32_t));
+    if (d->ecount && d->rcount && d->rows && d->sc && d->rc && d->cx) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld experts' counts",
+                     (long long)E);
+}
+
+static inline void tpk_moe_dispatcher_destroy(tpk_ctx *ctx, tpk_moe_dispatcher *d) {
+    if (!d) return;
+    tpk__free(ctx, d->slot), tpk__free(ctx, d->src), tpk__free(ctx, d->ecount);
+    tpk__free(ctx, d->rcount), tpk__free(ctx, d->rows), tpk__free(ctx, d->sc);
+    tpk__free(ctx, d->rc), tpk__free(ctx, d->cx);
+    tpk_buf *b[] = {&d->cnt, &d->xs, &d->xr, &d->xg,  &d->orr, &d->obb, &d->y,
+                    &d->ds,  &d->dr, &d->dg, &d->dxr, &d->dxs, &d->dx,  &d->dw};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) tpk__buf_free(ctx, b[i]);
+    memset(d, 0, sizeof *d);
+}
+
+static inline tpk_status tpk__moe_check(tpk_ctx *ctx, const char *fn, const tpk_moe_dispatcher *d) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!d || !d->E)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dispatcher: expected an initialised dispatcher");
+    return TPK_OK;
+}
+/* Whether the received rows need regrouping ([q][j] -> [j][q]). */
+static inline bool tpk__moe_regroup_needed(const tpk_moe_dispatcher *d) {
+    return d->P > 1 && d->El > 1;
+}
+/* Copy the received rows between [q][j] order (qj) and [j][q] order (jq): to_grouped = qj -> jq. */
+static inline tpk_status tpk__moe_regroup(tpk_ctx *ctx, const tpk_moe_dispatcher *d, void *dst,
+                                          const void *src, bool to_grouped) {
+    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H;
+    int64_t jq = 0;
+    for (int64_t j = 0; j < d->El; j++)
+        for (int q = 0; q < d->P; q++) {
+            int64_t qj = 0, n = (int64_t)d->rcount[(size_t)q * d->El + j];
+            for (int64_t k = 0; k < (int64_t)q * d->El + j; k++) qj += (int64_t)d->rcount[k];
+            const char *s = (const char *)src + (size_t)(to_grouped ? qj : jq) * H * es;
+            char *t = (char *)dst + (size_t)(to_grouped ? jq : qj) * H * es;
+            TPK_TRY(tpk_op_copy2d(ctx, t, d->H, s, d->H, n, d->H, ctx->dtype));
+            jq += n;
+        }
+    return TPK_OK;
+}
+/* The rows over ctx->ep: send (sc, in send order) -> recv (rc, [q][j] order), or back (`back`:
+ * recv order -> send order, the counts swapped). */
+static inline tpk_status tpk__moe_exchange(tpk_ctx *ctx, const tpk_moe_dispatcher *d,
+                                           const void *send, void *recv, bool back) {
+    return tpk_alltoallv(ctx, &ctx->ep, send, back ? d->rc : d->sc, recv, back ? d->sc : d->rc,
+                         ctx->dtype);
+}
+
+/* The routing of T tokens (idx host [T K], each an expert 0..E-1, a token's k distinct; checked
+ * before any collective): the send order, the counts sent, and (all-to-all of the counts) those
+ * received. Collective over ctx->ep. */
+static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dispatcher *d,
+                                       int64_t T, const int32_t *idx) {
+    int64_t K = d->K, E = d->E, El = d->El, N = T * K;
+    if (N > INT32_MAX)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "x: %lld tokens x top_k %lld rows, expected < 2^31", (long long)T,
+                         (long long)K);
+    for (int64_t r = 0; r < N; r++) {
+        int32_t e = idx[r];
+        bool dup = false;
+        for (int64_t i = r - r % K; i < r; i++) dup = dup || idx[i] == e;
+        if (e < 0 || e >= E || dup)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "idx[%lld]: expected an expert 0..%lld that token %lld has not "
+                             "chosen before, got %d",
+                             (long long)r, (long long)(E - 1), (long long)(r / K), (int)e);
+    }
+    if (N > d->cap_N || !d->slot) {
+        tpk__free(ctx, d->slot), tpk__free(ctx, d->src);
+        d->slot = (int32_t *)tpk__malloc(ctx, (size_t)(N ? N : 1) * sizeof(int32_t));
+        d->src = (int32_t *)tpk__malloc(ctx, (size_t)(N ? N : 1) * sizeof(int32_t));
+        d->cap_N = d->slot && d->src ? N : 0;
+        if (!d->slot || !d->src)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld rows",
+                             (long long)N);
+    }
+    /* send order: expert-major, token order within an expert (a counting sort) */
+    for (int64_t e = 0; e < E; e++) d->ecount[e] = 0;
+    for (int64_t r = 0; r < N; r++) d->ecount[idx[r]]++;
+    int32_t *start = d->cx; /* [E] scratch: each expert's next send-order row */
+    for (int64_t e = 0, o = 0; e < E; e++) start[e] = (int32_t)o, o += (int64_t)d->ecount[e];
+    for (int64_t r = 0; r < N; r++) {
+        int32_t pos = start[idx[r]]++;
+        d->slot[r] = pos, d->src[pos] = (int32_t)(r / K);
+    }
+    /* the counts: El per peer, over the EP group */
+    size_t *per = d->sc, es = sizeof(int32_t);
+    for (int64_t e = 0; e < E; e++) d->cx[e] = (int32_t)d->ecount[e];
+    if (d->P > 1) {
+        for (int q = 0; q < d->P; q++) per[q] = (size_t)El;
+        bool dev = ctx->ops->device;
+        TPK_TRY(tpk__buf_reserve(ctx, &d->cnt, 2 * (size_t)E * es));
+        int32_t *b = dev ? (int32_t *)d->cnt.p : d->cx;
+        if (dev) TPK_TRY(tpk_op_memcpy(ctx, b, d->cx, (size_t)E * es, TPK_H2D));
+        TPK_TRY(tpk_alltoallv(ctx, &ctx->ep, b, per, b + E, per, TPK_I32));
+        if (dev) TPK_TRY(tpk_op_memcpy(ctx, d->cx + E, b + E, (size_t)E * es, TPK_D2H));
+    } else {
+        for (int64_t e = 0; e < E; e++) d->cx[E + e] = d->cx[e];
+    }
+    d->T = T, d->N = N, d->R = 0;
+    for (int64_t j = 0; j < El; j++) d->rows[j] = 0;
+    for (int q = 0; q < d->P; q++) {
+        size_t sent = 0, got = 0;
+        for (int64_t j = 0; j < El; j++) {
+            int32_t v = d->cx[E + q * El + j];
+            if (v < 0)
+                return tpk__fail(ctx, TPK_ERR_COMM, fn, "EP rank %d sent a count of %d", q, v);
+            d->rcount[q * El + j] = (size_t)v, d->rows[j] += v, got += (size_t)v;
+            sent += d->ecount[q * El + j];
+        }
+        d->sc[q] = sent * (size_t)d->H, d->rc[q] = got * (size_t)d->H, d->R += (int64_t)got;
+    }
+    return TPK_OK;
+}
+
+/* Dispatch x R [T, H] (ctx->dtype) by idx (host [T K]: token t's experts e_ti): *xg [R, H] (R over
+ * TP), the rows every EP rank sends to this rank's experts, grouped by local expert — expert j's
+ * d->rows[j] rows consecutive, from EP rank 0's tokens first, each rank's in token order.
+ * Collective over ctx->ep (an all-to-all of the counts and one of the rows). The caller keeps x
+ * alive until tpk_moe_dispatch_backward. */
+static inline tpk_status tpk_moe_dispatch(tpk_ctx *ctx, tpk_moe_dispatcher *d, tpk_tensor x,
+                                          const int32_t *idx, tpk_tensor *xg) {
+    static const char *fn = "tpk_moe_dispatch";
+    TPK_TRY(tpk__moe_check(ctx, fn, d));
+    if (!xg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "xg: NULL");
+    int64_t want[2] = {-1, d->H};
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want));
+    if (x.gshape[0] && !idx)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "idx: expected %lld experts, got NULL",
+                         (long long)(x.gshape[0] * d->K));
+    d->routed = d->combined = false;
+    TPK_TRY(tpk__moe_plan(ctx, fn, d, x.gshape[0], idx));
+    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H;
+    TPK_TRY(tpk__buf_reserve(ctx, &d->xs, (size_t)d->N * H * es));
+    for (int64_t s = 0, run; s < d->N; s += run) { /* xs[s] = x[src[s]], runs of tokens at once */
+        for (run = 1; s + run < d->N && d->src[s + run] == d->src[s] + run;) run++;
+        TPK_TRY(tpk_op_copy2d(ctx, (char *)d->xs.p + (size_t)s * H * es, d->H,
+                              (const char *)x.data + (size_t)d->src[s] * H * es, d->H, run, d->H,
+                              ctx->dtype));
+    }
+    const void *cur = d->xs.p;
+    if (d->P > 1) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->xr, (size_t)d->R * H * es));
+        TPK_TRY(tpk__moe_exchange(ctx, d, cur, d->xr.p, false));
+        cur = d->xr.p;
+    }
+    if (tpk__moe_regroup_needed(d)) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->xg, (size_t)d->R * H * es));
+        TPK_TRY(tpk__moe_regroup(ctx, d, d->xg.p, cur, true));
+        cur = d->xg.p;
+    }
+    *xg = tpk_tensor_2d((void *)cur, ctx->dtype, d->R, d->H, TPK_R);
+    d->routed = true;
+    return TPK_OK;
+}
+
+/* Combine the experts' outputs o [R, H] (xg's rows and order) back to the tokens: y R [T, H],
+ * y[t] = sum_i weight[t K + i] o-row of (t, i) (weight host [T K]). Collective over ctx->ep. The
+ * caller keeps o alive until tpk_moe_combine_backward (at P = 1 its rows are read there). */
+static inline tpk_status tpk_moe_combine(tpk_ctx *ctx, tpk_moe_dispatcher *d, tpk_tensor o,
+                                         const float *weight, tpk_tensor *y) {
+    static const char *fn = "tpk_moe_combine";
+    TPK_TRY(tpk__moe_check(ctx, fn, d));
+    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    if (!d->routed) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dispatcher: combine before dispatch");
+    int64_t want[2] = {d->R, d->H};
+    TPK_TRY(tpk__check(ctx, fn, "o", &o, TPK_R, ctx->dtype, 2, want));
+    if (d->N && !weight)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "weight: expected %lld weights, got NULL",
+                         (long long)d->N);
+    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H;
+    const void *cur = o.data;
+    if (tpk__moe_regroup_needed(d)) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->orr, (size_t)d->R * H * es));
+        TPK_TRY(tpk__moe_regroup(ctx, d, d->orr.p, cur, false));
+        cur = d->orr.p;
+    }
+    if (d->P > 1) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->obb, (size_t)d->N * H * es));
+        TPK_TRY(tpk__moe_exchange(ctx, d, cur, d->obb.p, true));
+        cur = d->obb.p;
+    }
+    d->ob = cur;
+    *y = tpk_tensor_2d(NULL, ctx->dtype, d->T, d->H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &d->y, y));
+    for (int64_t t = 0; t < d->T; t++)
+        for (int64_t i = 0; i < d->K; i++) { /* y[t] = sum_i w_ti ob[s(t, i)], i ascending */
+            const char *row = (const char *)cur + (size_t)d->slot[t * d->K + i] * H * es;
+            TPK_TRY(tpk_op_axpby(ctx, (char *)y->data + (size_t)t * H * es, weight[t * d->K + i],
+                                 row, i ? 1.f : 0.f, ctx->dtype, H));
+        }
+    d->combined = true;
+    return TPK_OK;
+}
+
+/* From dy R [T, H]: dweight (host [T K], written) = dy[t] . o-row of (t, i), and *dog [R, H] (xg's
+ * rows and order) = the gradient of the experts' outputs. Collective over ctx->ep. */
+static inline tpk_status tpk_moe_combine_backward(tpk_ctx *ctx, tpk_moe_dispatcher *d,
+                                                  tpk_tensor dy, const float *weight,
+                                                  float *dweight, tpk_tensor *dog) {
+    static const char *fn = "tpk_moe_combine_backward";
+    TPK_TRY(tpk__moe_check(ctx, fn, d));
+    if (!dog) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dog: NULL");
+    if (!d->combined)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dispatcher: backward before a combine");
+    int64_t want[2] = {d->T, d->H};
+    TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want));
+    if (d->N && (!weight || !dweight))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected %lld values, got NULL",
+                         weight ? "dweight" : "weight", (long long)d->N);
+    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H, N = (size_t)d->N;
+    TPK_TRY(tpk__buf_reserve(ctx, &d->ds, N * H * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &d->dw, N * sizeof(float)));
+    float *dwb = (float *)d->dw.p;
+    for (int64_t t = 0; t < d->T; t++)
+        for (int64_t i = 0; i < d->K; i++) {
+            size_t r = (size_t)(t * d->K + i), s = (size_t)d->slot[r];
+            const char *g = (const char *)dy.data + (size_t)t * H * es;
+            TPK_TRY(tpk_op_gemm_acc(ctx, false, true, 1, 1, d->H, 1.f, g, d->H,
+                                    (const char *)d->ob + s * H * es, d->H, 0.f, dwb + r, 1,
+                                    ctx->dtype)); /* dw_ti = dy[t] . ob[s] */
+            TPK_TRY(tpk_op_axpby(ctx, (char *)d->ds.p + s * H * es, weight[r], g, 0.f, ctx->dtype,
+                                 H)); /* dob[s] = w_ti dy[t] */
+        }
+    TPK_TRY(
+        tpk_op_memcpy(ctx, dweight, dwb, N * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H));
+    const void *cur = d->ds.p;
+    if (d->P > 1) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->dr, (size_t)d->R * H * es));
+        TPK_TRY(tpk__moe_exchange(ctx, d, cur, d->dr.p, false));
+        cur = d->dr.p;
+    }
+    if (tpk__moe_regroup_needed(d)) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->dg, (size_t)d->R * H * es));
+        TPK_TRY(tpk__moe_regroup(ctx, d, d->dg.p, cur, true));
+        cur = d->dg.p;
+    }
+    *dog = tpk_tensor_2d((void *)cur, ctx->dtype, d->R, d->H, TPK_R);
+    return TPK_OK;
+}
+
+/* From dxg [R, H] (xg's rows and order: the gradient of the dispatched rows): dx R [T, H] (in the
+ * dispatcher's buffer), dx[t] = sum_i the row of (t, i), i ascending. Collective over ctx->ep. */
+static inline tpk_status tpk_moe_dispatch_backward(tpk_ctx *ctx, tpk_moe_dispatcher *d,
+                                                   tpk_tensor dxg, tpk_tensor *dx) {
+    static const char *fn = "tpk_moe_dispatch_backward";
+    TPK_TRY(tpk__moe_check(ctx, fn, d));
+    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
+    if (!d->routed) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dispatcher: backward before dispatch");
+    int64_t want[2] = {d->R, d->H};
+    TPK_TRY(tpk__check(ctx, fn, "dxg", &dxg, TPK_R, ctx->dtype, 2, want));
+    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H;
+    const void *cur = dxg.data;
+    if (tpk__moe_regroup_needed(d)) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->dxr, (size_t)d->R * H * es));
+        TPK_TRY(tpk__moe_regroup(ctx, d, d->dxr.p, cur, false));
+        cur = d->dxr.p;
+    }
+    if (d->P > 1) {
+        TPK_TRY(tpk__buf_reserve(ctx, &d->dxs, (size_t)d->N * H * es));
+        TPK_TRY(tpk__moe_exchange(ctx, d, cur, d->dxs.p, true));
+        cur = d->dxs.p;
+    }
+    *dx = tpk_tensor_2d(NULL, ctx->dtype, d->T, d->H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &d->dx, dx));
+    for (int64_t t = 0; t < d->T; t++)
+        for (int64_t i = 0; i < d->K; i++) {
+            const char *row = (const char *)cur + (size_t)d->slot[t * d->K + i] * H * es;
+            TPK_TRY(tpk_op_axpby(ctx, (char *)dx->data + (size_t)t * H * es, 1.f, row,
+                                 i ? 1.f : 0.f, ctx->dtype, H));
+        }
+    return TPK_OK;
+}
+
+/* ---- the sparse MoE block: router, dispatcher, experts ------------------------------------- */
+
+typedef struct tpk_moe_desc {
+    const char *name;    /* parameters "<name>.gate.weight", "<name>.experts.<e>.w1.weight", ...
+                            (Mixtral: "model.layers.<i>.block_sparse_moe"); default "moe<N>" */
+    int experts;         /* E: a multiple of the EP size (Mixtral's num_local_experts); required */
+    int top_k;           /* k, 1..E; default 2 (num_experts_per_tok) */
+    int64_t hidden;      /* F, each expert's intermediate size (intermediate_size); required */
+    bool renormalize;    /* the top-k weights renormalised (Mixtral: true) */
+    float aux_coef;      /* the load-balancing loss's coefficient (router_aux_loss_coef) */
+    float init_std;      /* gate, w1, w3: N(0, std²); default 0.02 */
+    float proj_init_std; /* w2; default init_std */
+} tpk_moe_desc;
+
+typedef struct tpk_moe {
+    char name[80];
+    int64_t H, F, Fl;  /* hidden size, intermediate size, this TP rank's share of F */
+    int64_t E, El, e0; /* experts, local experts, the first local expert */
+    tpk_router router; /* "<name>.gate" */
+    tpk_moe_dispatcher disp;
+    int *w1, *w2, *w3; /* [El] the local experts' parameter ids */
+    tpk_tensor xg;     /* the dispatched rows of the last forward [R, H] */
+    tpk_buf gu, h, og, dh, dgu, dxg;
+    float *dw; /* host [T K]: the routing weights' gradient */
+    int64_t dw_cap;
+} tpk_moe;
+
+static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
+                                      const tpk_moe_desc *desc) {
+    static const char *fn = "tpk_moe_init";
+    tpk_moe_desc d;
+    TPK__INIT_LAYER(ctx, fn, m, d, desc);
+    if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
+    if (d.hidden < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "desc->hidden: expected >= 1 (each expert's intermediate size F), got "
+                         "%lld",
+                         (long long)d.hidden);
+    int P = ctx->ep.vt ? ctx->ep.size : 1;
+    if (d.experts < 1 || d.experts % P)
+        return tpk__fail(
+            ctx, TPK_ERR_ARG, fn,
+            "desc->experts: expected a multiple of the EP size %d (every EP rank holds "
+            "experts / ep of them), got %d",
+            P, d.experts);
+    int k = d.top_k ? d.top_k : 2;
+    if (k < 1 || k > d.experts)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->top_k: expected 1..experts = 1..%d (0: 2), got %d", d.experts,
+                         d.top_k);
+    if (!(d.init_std >= 0) || !(d.proj_init_std >= 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->%s: expected >= 0, got %g",
+                         d.init_std >= 0 ? "proj_init_std" : "init_std",
+                         (double)(d.init_std >= 0 ? d.proj_init_std : d.init_std));
+    TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "moe"));
+    m->H = H, m->F = d.hidden, m->E = d.experts, m->El = d.experts / P;
+    m->e0 = (int64_t)ctx->ep.rank * m->El;
+    m->Fl = tpk_tp_shard_size(ctx, m->F, TPK_S(0), ctx->tp.rank);
+    char pn[160];
+    snprintf(pn, sizeof pn, "%s.gate", m->name);
+    tpk_router_desc rd;
+    memset(&rd, 0, sizeof rd);
+    rd.name = pn, rd.experts = d.experts, rd.top_k = k, rd.renormalize = d.renormalize;
+    rd.aux_coef = d.aux_coef, rd.init_std = d.init_std;
+    TPK_TRY(tpk_router_init(ctx, &m->router, H, &rd));
+    TPK_TRY(tpk_moe_dispatcher_init(ctx, &m->disp, H, m->E, k));
+    m->w1 = (int *)tpk__calloc(ctx, (size_t)m->El, sizeof(int));
+    m->w2 = (int *)tpk__calloc(ctx, (size_t)m->El, sizeof(int));
+    m->w3 = (int *)tpk__calloc(ctx, (size_t)m->El, sizeof(int));
+    if (!m->w1 || !m->w2 || !m->w3)
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld experts",
+                         (long long)m->El);
+    float std = d.init_std > 0 ? d.init_std : 0.02f,
+          pstd = d.proj_init_std > 0 ? d.proj_init_std : std;
+    for (int64_t j = 0; j < m->El; j++) { /* this EP rank's experts, by their global index */
+        long long e = (long long)(m->e0 + j);
+        snprintf(pn, sizeof pn, "%s.experts.%lld.w1.weight", m->name, e);
+        TPK_TRY(
+            tpk__param_add(ctx, pn, 2, m->F, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &m->w1[j]));
+        snprintf(pn, sizeof pn, "%s.experts.%lld.w2.weight", m->name, e);
+        TPK_TRY(
+            tpk__param_add(ctx, pn, 2, H, m->F, TPK_S(1), TPK_INIT_NORMAL, pstd, true, &m->w2[j]));
+        snprintf(pn, sizeof pn, "%s.experts.%lld.w3.weight", m->name, e);
+        TPK_TRY(
+            tpk__param_add(ctx, pn, 2, m->F, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &m->w3[j]));
+        ctx->params.list[m->w1[j]].expert = ctx->params.list[m->w2[j]].expert =
+            ctx->params.list[m->w3[j]].expert = true;
+    }
+    return TPK_OK;
+}
+
+static inline void tpk_moe_destroy(tpk_ctx *ctx, tpk_moe *m) {
+    if (!m) return;
+    tpk_router_destroy(ctx, &m->router);
+    tpk_moe_dispatcher_destroy(ctx, &m->disp);
+    tpk__free(ctx, m->w1), tpk__free(ctx, m->w2), tpk__free(ctx, m->w3), tpk__free(ctx, m->dw);
+    tpk_buf *b[] = {&m->gu, &m->h, &m->og, &m->dh, &m->dgu, &m->dxg};
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) tpk__buf_free(ctx, b[i]);
+    memset(m, 0, sizeof *m);
+}
+
+/* y = the MoE block of x R [T, H] (ctx->dtype): y R [T, H]; m->router.aux the auxiliary loss
+ * (this rank's tokens). Collective over ctx->ep (and ctx->tp at t > 1). The caller keeps x alive
+ * until the backward. */
+static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x, tpk_tensor *y) {
+    static const char *fn = "tpk_moe_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised MoE");
+    if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    TPK_TRY(tpk_router_forward(ctx, &m->router, x)); /* checks x: R [T, H] */
+    TPK_TRY(tpk_moe_dispatch(ctx, &m->disp, x, m->router.idx, &m->xg));
+    int64_t R = m->disp.R, H = m->H, Fl = m->Fl;
+    size_t es = tpk_dtype_size(ctx->dtype);
+    tpk_tensor og = tpk_tensor_2d(NULL, ctx->dtype, R, H, TPK_R);
+    TPK_TRY(tpk__buf_view(ctx, &m->og, &og));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->gu, (size_t)(R * 2 * Fl) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->h, (size_t)(R * Fl) * es));
+    if (!Fl && R) TPK_TRY(tpk_op_fill(ctx, og.data, ctx->dtype, (size_t)(R * H), 0.f));
+    const char *xg = (const char *)m->xg.data;
+    char *gu = (char *)m->gu.p, *h = (char *)m->h.p, *o = (char *)og.data;
+    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++]) {
+        int64_t n = m->disp.rows[j];
+        const char *xj = xg + (size_t)(r0 * H) * es;
+        char *gj = gu + (size_t)(r0 * 2 * Fl) * es;
+        TPK_TRY(tpk_op_gemm(ctx, false, true, n, Fl, H, 1.f, xj, H, tpk__param_w(ctx, m->w1[j]), H,
+                            0.f, gj, 2 * Fl, ctx->dtype)); /* gate = x W1ᵀ */
+        TPK_TRY(tpk_op_gemm(ctx, false, true, n, Fl, H, 1.f, xj, H, tpk__param_w(ctx, m->w3[j]), H,
+                            0.f, gj + (size_t)Fl * es, 2 * Fl, ctx->dtype)); /* up = x W3ᵀ */
+    }
+    if (Fl) TPK_TRY(tpk_op_swiglu_fwd(ctx, h, gu, R, Fl, ctx->dtype)); /* silu(gate) up */
+    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++])
+        TPK_TRY(tpk_op_gemm(ctx, false, true, m->disp.rows[j], H, Fl, 1.f,
+                            h + (size_t)(r0 * Fl) * es, Fl, tpk__param_w(ctx, m->w2[j]), Fl, 0.f,
+                            o + (size_t)(r0 * H) * es, H, ctx->dtype)); /* og = h W2ᵀ */
+    if (ctx->tp.size > 1) /* expert TP: partial over F -> all-reduce */
+        TPK_TRY(
+            tpk_allreduce(ctx, &ctx->tp, og.data, og.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
+    return tpk_moe_combine(ctx, &m->disp, og, m->router.weight, y);
+}
+
+/* dx R [T, H] of the last forward from dy R [T, H], aux_grad the gradient of the loss with respect
+ * to the router's aux loss (1: aux added to the loss as it is); accumulates the gradients of the
+ * gate and of this rank's experts. Collective over ctx->ep (and ctx->tp at t > 1). */
+static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor dy, float aux_grad,
+                                          tpk_tensor *dx) {
+    static const char *fn = "tpk_moe_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised MoE");
+    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
+    if (!m->xg.ndim || !m->disp.combined)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", m->name);
+    int64_t T = m->router.T, K = m->router.K, R = m->disp.R, H = m->H, Fl = m->Fl;
+    if (T * K > m->dw_cap || !m->dw) {
+        tpk__free(ctx, m->dw);
+        m->dw = (float *)tpk__malloc(ctx, (size_t)(T * K > 0 ? T * K : 1) * sizeof(float));
+        m->dw_cap = m->dw ? T * K : 0;
+        if (!m->dw) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
+    }
+    tpk_tensor dog, dxg = tpk_tensor_2d(NULL, ctx->dtype, R, H, TPK_R), dxs, dxr;
+    TPK_TRY(tpk_moe_combine_backward(ctx, &m->disp, dy, m->router.weight, m->dw, &dog));
+    size_t es = tpk_dtype_size(ctx->dtype);
+    TPK_TRY(tpk__buf_view(ctx, &m->dxg, &dxg));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->dh, (size_t)(R * Fl) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->dgu, (size_t)(R * 2 * Fl) * es));
+    const char *xg = (const char *)m->xg.data, *gdo = (const char *)dog.data;
+    char *dh = (char *)m->dh.p, *dgu = (char *)m->dgu.p, *h = (char *)m->h.p;
+    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++]) {
+        int64_t n = m->disp.rows[j];
+        const char *dj = gdo + (size_t)(r0 * H) * es;
+        TPK_TRY(tpk_op_gemm(ctx, false, false, n, Fl, H, 1.f, dj, H, tpk__param_w(ctx, m->w2[j]),
+                            Fl, 0.f, dh + (size_t)(r0 * Fl) * es, Fl, ctx->dtype)); /* dog W2 */
+        TPK_TRY(tpk__grad_gemm(ctx, m->w2[j], true, false, H, Fl, n, dj, H,
+                               h + (size_t)(r0 * Fl) * es, Fl)); /* dW2 += dogᵀ h */
+    }
+    if (Fl) TPK_TRY(tpk_op_swiglu_bwd(ctx, dgu, m->gu.p, dh, R, Fl, ctx->dtype));
+    else if (R) TPK_TRY(tpk_op_fill(ctx, dxg.data, ctx->dtype, (size_t)(R * H), 0.f));
+    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++]) {
+        int64_t n = m->disp.rows[j];
+        const char *xj = xg + (size_t)(r0 * H) * es, *gj = dgu + (size_t)(r0 * 2 * Fl) * es,
+                   *uj = gj + (size_t)Fl * es;
+        char *oj = (char *)dxg.data + (size_t)(r0 * H) * es;
+        TPK_TRY(tpk__grad_gemm(ctx, m->w1[j], true, false, Fl, H, n, gj, 2 * Fl, xj, H));
+        TPK_TRY(tpk__grad_gemm(ctx, m->w3[j], true, false, Fl, H, n, uj, 2 * Fl, xj, H));
+        TPK_TRY(tpk_op_gemm(ctx, false, false, n, H, Fl, 1.f, gj, 2 * Fl,
+                            tpk__param_w(ctx, m->w1[j]), H, 0.f, oj, H, ctx->dtype));
+        TPK_TRY(tpk_op_gemm(ctx, false, false, n, H, Fl, 1.f, uj, 2 * Fl,
+                            tpk__param_w(ctx, m->w3[j]), H, 1.f, oj, H, ctx->dtype));
+    }
+    if (ctx->tp.size > 1) /* expert TP: partial over F -> all-reduce */
+        TPK_TRY(
+            tpk_allreduce(ctx, &ctx->tp, dxg.data, dxg.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
+    TPK_TRY(tpk_moe_dispatch_backward(ctx, &m->disp, dxg, &dxs));
+    TPK_TRY(tpk_router_backward(ctx, &m->router, m->dw, aux_grad, &dxr));
+    *dx = dxs; /* the dispatcher's buffer: + the router's dx */
+    return tpk_op_axpby(ctx, dx->data, 1.f, dxr.data, 1.f, ctx->dtype, (size_t)(T * H));
+}
+
+#endif /* TPK_MOE_H */

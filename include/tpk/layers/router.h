@@ -1,0 +1,228 @@
+/* tpk/layers/router.h — a mixture of experts' router: a replicated gate linear H -> E, softmax,
+ * top-k, the routing weights and the load-balancing auxiliary loss, forward and backward.
+ *
+ *   forward   x R [T, H] (every rank of a TP group holds the same tokens)
+ *             z = x Wgᵀ                 f32 [T, E]   (Wg "<name>.weight" [E, H], R: replicated,
+ *                                                    no communication; gemm_acc: f32 logits)
+ *             p_t = softmax(z_t)                      (double, on the host)
+ *             e_t1 .. e_tk = the k experts of largest p_t, largest first; ties (equal logits)
+ *                            the lower expert index first (torch.topk's order)
+ *             w_ti = p_t,e_ti   (renormalize: w_ti = p_t,e_ti / S_t, S_t = sum_j p_t,e_tj)
+ *             balance = E sum_e f_e P_e,  f_e = #{(t, i): e_ti = e} / T,  P_e = sum_t p_te / T
+ *             aux = coef balance  (Hugging Face's load_balancing_loss_func on one layer's tokens;
+ *                                  Switch Transformer's at k = 1; k at uniform probabilities and
+ *                                  an even load)
+ *   backward  from dw_ti (the gradient of each routing weight, tpk_moe_combine_backward) and
+ *             g = d loss / d aux:
+ *             dp_te = [e = e_ti] (renormalize ? (dw_ti - sum_j dw_tj w_tj) / S_t : dw_ti)
+ *                     + g coef E f_e / T²        (f_e counts, not differentiated)
+ *             dz_t = p_t ∘ (dp_t - <p_t, dp_t>)  (the softmax's backward; double, on the host)
+ *             dx = dz Wg  R [T, H];  dWg += dzᵀ x (complete on every rank: Wg is replicated)
+ * The softmax, top-k, loss and their gradients run on the host from the logits copied out of the
+ * backend (T E values each way): the dispatcher (tpk/layers/moe.h) needs the routing on the host
+ * anyway, to count the rows it sends. Non-finite logits are refused (naming the token). The aux
+ * loss is over this rank's T tokens (a rank of another DP or EP rank routes other tokens: summing
+ * or averaging the ranks' aux is the trainer's choice). */
+#ifndef TPK_ROUTER_H
+#define TPK_ROUTER_H
+
+#include "params.h"
+
+typedef struct tpk_router_desc {
+    const char *name; /* parameter "<name>.weight" [E, H]; default "router<N>" */
+    int experts;      /* E >= 1; required */
+    int top_k;        /* k, 1..E; default 2 (Mixtral's num_experts_per_tok) */
+    bool renormalize; /* the top-k weights divided by their sum (Mixtral; Qwen-MoE's
+                         norm_topk_prob) */
+    float aux_coef;   /* the auxiliary loss's coefficient (Mixtral's router_aux_loss_coef, 0.02);
+                         0: none in the gradient (balance is still measured) */
+    float init_std;   /* Wg N(0, std²); default 0.02 */
+} tpk_router_desc;
+
+typedef struct tpk_router {
+    tpk_router_desc d;
+    char name[80];
+    int64_t H, E, K;
+    int w;             /* the gate's parameter id */
+    int64_t T;         /* tokens of the last forward */
+    tpk_tensor x;      /* saved input (the caller keeps it alive until backward) */
+    int32_t *idx;      /* host [T, K]: e_ti, each token's experts, largest weight first */
+    float *weight;     /* host [T, K]: w_ti */
+    float *prob;       /* host [T, E]: p_te (the logits while the forward computes) */
+    int64_t *count;    /* host [E]: #{(t, i): e_ti = e} (the rows each expert receives from
+                             this rank) */
+    double *dp;        /* host [E]: one token's dp (backward scratch) */
+    float *dzh;        /* host [T, E]: dz (backward) */
+    int64_t cap;       /* the host arrays' room, in tokens */
+    double balance;    /* E sum_e f_e P_e of the last forward */
+    float aux;         /* aux_coef balance */
+    tpk_buf z, dz, dx; /* backend: z f32 [T, E]; dz [T, E] and dx [T, H] in the context's dtype */
+} tpk_router;
+
+static inline tpk_status tpk_router_init(tpk_ctx *ctx, tpk_router *r, int64_t H,
+                                         const tpk_router_desc *desc) {
+    static const char *fn = "tpk_router_init";
+    tpk_router_desc d;
+    TPK__INIT_LAYER(ctx, fn, r, d, desc);
+    if (H < 1) return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "H: expected >= 1, got %lld", (long long)H);
+    if (d.experts < 1)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->experts: expected >= 1, got %d", d.experts);
+    int k = d.top_k ? d.top_k : 2;
+    if (k < 1 || k > d.experts)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->top_k: expected 1..experts = 1..%d (0: 2), got %d", d.experts,
+                         d.top_k);
+    if (!(d.aux_coef >= 0) || isinf(d.aux_coef))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->aux_coef: expected a finite value >= 0, got %g",
+                         (double)d.aux_coef);
+    if (!(d.init_std >= 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g",
+                         (double)d.init_std);
+    TPK_TRY(tpk__layer_name(ctx, fn, r->name, sizeof r->name, d.name, "router"));
+    r->d = d, r->d.top_k = k, r->H = H, r->E = d.experts, r->K = k, r->d.name = NULL;
+    char pn[128];
+    snprintf(pn, sizeof pn, "%s.weight", r->name);
+    return tpk__param_add(ctx, pn, 2, r->E, H, TPK_R, TPK_INIT_NORMAL,
+                          d.init_std > 0 ? d.init_std : 0.02f, true, &r->w);
+}
+
+static inline void tpk_router_destroy(tpk_ctx *ctx, tpk_router *r) {
+    if (!r) return;
+    tpk__free(ctx, r->idx), tpk__free(ctx, r->weight), tpk__free(ctx, r->prob);
+    tpk__free(ctx, r->count), tpk__free(ctx, r->dp), tpk__free(ctx, r->dzh);
+    tpk__buf_free(ctx, &r->z), tpk__buf_free(ctx, &r->dz), tpk__buf_free(ctx, &r->dx);
+    memset(r, 0, sizeof *r);
+}
+
+/* The host arrays grown to T tokens (contents not kept). */
+static inline tpk_status tpk__router_room(tpk_ctx *ctx, const char *fn, tpk_router *r, int64_t T) {
+    if (r->count && T <= r->cap) return TPK_OK;
+    int64_t cap = T > 2 * r->cap ? T : 2 * r->cap;
+    size_t c = (size_t)(cap ? cap : 1), E = (size_t)r->E, K = (size_t)r->K;
+    tpk__free(ctx, r->idx), tpk__free(ctx, r->weight), tpk__free(ctx, r->prob);
+    tpk__free(ctx, r->count), tpk__free(ctx, r->dp), tpk__free(ctx, r->dzh);
+    r->idx = (int32_t *)tpk__malloc(ctx, c * K * sizeof(int32_t));
+    r->weight = (float *)tpk__malloc(ctx, c * K * sizeof(float));
+    r->prob = (float *)tpk__malloc(ctx, c * E * sizeof(float));
+    r->dzh = (float *)tpk__malloc(ctx, c * E * sizeof(float));
+    r->count = (int64_t *)tpk__malloc(ctx, E * sizeof(int64_t));
+    r->dp = (double *)tpk__malloc(ctx, E * sizeof(double));
+    r->cap = cap;
+    if (r->idx && r->weight && r->prob && r->dzh && r->count && r->dp) return TPK_OK;
+    r->cap = 0;
+    return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld tokens' routing",
+                     (long long)T);
+}
+
+/* Route T tokens from their logits (host, f32 [T, E], replaced by the probabilities p): the top-k
+ * experts of each (ties: the lower index first), their weights, the counts and the balance. */
+static inline tpk_status tpk__router_route(tpk_ctx *ctx, const char *fn, tpk_router *r) {
+    int64_t T = r->T, E = r->E, K = r->K;
+    double psum_f = 0;
+    for (int64_t e = 0; e < E; e++) r->count[e] = 0, r->dp[e] = 0; /* dp: P_e T, for now */
+    for (int64_t t = 0; t < T; t++) {
+        float *z = r->prob + t * E;
+        for (int64_t e = 0; e < E; e++)
+            if (!isfinite(z[e]))
+                return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                                 "x: token %lld's router logit for expert %lld is %g (expected "
+                                 "finite logits)",
+                                 (long long)t, (long long)e, (double)z[e]);
+        int32_t *ix = r->idx + t * K;
+        for (int64_t i = 0; i < K; i++) { /* the k largest logits, ties: the lower index */
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (int64_t j = 0; j < i; j++) taken = taken || ix[j] == e;
+                if (!taken && (best < 0 || z[e] > z[best])) best = e;
+            }
+            ix[i] = (int32_t)best;
+        }
+        double m = z[ix[0]], s = 0;
+        for (int64_t e = 0; e < E; e++) s += exp((double)z[e] - m);
+        double S = 0;
+        for (int64_t i = 0; i < K; i++) S += exp((double)z[ix[i]] - m) / s;
+        for (int64_t i = 0; i < K; i++) {
+            double p = exp((double)z[ix[i]] - m) / s;
+            r->weight[t * K + i] = (float)(r->d.renormalize ? p / S : p);
+            r->count[ix[i]]++;
+        }
+        for (int64_t e = 0; e < E; e++) {
+            double p = exp((double)z[e] - m) / s;
+            z[e] = (float)p, r->dp[e] += p;
+        }
+    }
+    for (int64_t e = 0; T && e < E; e++) psum_f += (double)r->count[e] * r->dp[e];
+    r->balance = T ? (double)E * psum_f / ((double)T * (double)T) : 0;
+    r->aux = (float)(r->d.aux_coef * r->balance);
+    return TPK_OK;
+}
+
+/* Route the tokens x R [T, H] (ctx->dtype): r->idx, r->weight, r->count, r->balance, r->aux. */
+static inline tpk_status tpk_router_forward(tpk_ctx *ctx, tpk_router *r, tpk_tensor x) {
+    static const char *fn = "tpk_router_forward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!r || !r->E)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised router");
+    int64_t want[2] = {-1, r->H};
+    TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want));
+    int64_t T = x.gshape[0], E = r->E;
+    TPK_TRY(tpk__router_room(ctx, fn, r, T));
+    TPK_TRY(tpk__params_fresh(ctx));
+    TPK_TRY(tpk__buf_reserve(ctx, &r->z, (size_t)(T * E) * sizeof(float)));
+    TPK_TRY(tpk_op_gemm_acc(ctx, false, true, T, E, r->H, 1.f, x.data, r->H,
+                            tpk__param_w(ctx, r->w), r->H, 0.f, (float *)r->z.p, E,
+                            ctx->dtype)); /* z = x Wgᵀ, f32 */
+    TPK_TRY(tpk_op_memcpy(ctx, r->prob, r->z.p, (size_t)(T * E) * sizeof(float),
+                          ctx->ops->device ? TPK_D2H : TPK_H2H));
+    r->T = T, r->x = x;
+    return tpk__router_route(ctx, fn, r);
+}
+
+/* dx R [T, H] (in r->dx) from dweight (host [T, K]: the gradient of each routing weight w_ti) and
+ * aux_grad, the gradient of the loss with respect to this router's aux (1: aux added to the loss
+ * as it is); accumulates the gate's gradient. */
+static inline tpk_status tpk_router_backward(tpk_ctx *ctx, tpk_router *r, const float *dweight,
+                                             float aux_grad, tpk_tensor *dx) {
+    static const char *fn = "tpk_router_backward";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!r || !r->E)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised router");
+    if (!r->x.ndim)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", r->name);
+    if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
+    if (r->T && !dweight)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "dweight: expected %lld gradients, got NULL",
+                         (long long)(r->T * r->K));
+    if (!isfinite(aux_grad))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_grad: expected a finite value, got %g",
+                         (double)aux_grad);
+    int64_t T = r->T, E = r->E, K = r->K, H = r->H;
+    double ga = T ? (double)aux_grad * (double)r->d.aux_coef * (double)E / ((double)T * T) : 0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *p = r->prob + t * E, *w = r->weight + t * K, *dw = dweight + t * K;
+        const int32_t *ix = r->idx + t * K;
+        double c = 0, S = 0, dot = 0;
+        for (int64_t e = 0; e < E; e++) r->dp[e] = ga * (double)r->count[e];
+        for (int64_t i = 0; i < K; i++) c += (double)dw[i] * w[i], S += p[ix[i]];
+        for (int64_t i = 0; i < K; i++)
+            r->dp[ix[i]] += r->d.renormalize ? ((double)dw[i] - c) / S : (double)dw[i];
+        for (int64_t e = 0; e < E; e++) dot += (double)p[e] * r->dp[e];
+        for (int64_t e = 0; e < E; e++)
+            r->dzh[t * E + e] = (float)((double)p[e] * (r->dp[e] - dot));
+    }
+    size_t es = tpk_dtype_size(ctx->dtype), n = (size_t)(T * E);
+    TPK_TRY(tpk__buf_reserve(ctx, &r->dz, n * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &r->z, n * sizeof(float)));
+    TPK_TRY(tpk_op_memcpy(ctx, r->z.p, r->dzh, n * sizeof(float),
+                          ctx->ops->device ? TPK_H2D : TPK_H2H));
+    TPK_TRY(tpk_op_cast(ctx, r->dz.p, ctx->dtype, r->z.p, TPK_F32, n)); /* dz in the dtype */
+    *dx = r->x;
+    TPK_TRY(tpk__buf_view(ctx, &r->dx, dx));
+    TPK_TRY(tpk_op_gemm(ctx, false, false, T, H, E, 1.f, r->dz.p, E, tpk__param_w(ctx, r->w), H,
+                        0.f, dx->data, H, ctx->dtype)); /* dx = dz Wg */
+    return tpk__grad_gemm(ctx, r->w, true, false, E, H, T, r->dz.p, E, r->x.data, H); /* dzᵀ x */
+}
+
+#endif /* TPK_ROUTER_H */
