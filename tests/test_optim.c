@@ -20,6 +20,11 @@
  *   Adasum (tpk_dp_adasum) at DP = ranks / t against a double-precision reference of the recursive
  *     formula on the global tensors, with TP-sharded tensors at t = 2; equal gradients give that
  *     gradient, orthogonal ones their sum; DP 3 refused;
+ *   the DP reduction over DP x CP (ctx->dp_cp; CP 2 x DP 2 and TP 2 x CP 2 at 4 ranks, CP 3 at 3,
+ *     CP 2 at 2): plain buckets, ZeRO-1, ZeRO-2 and Adasum over 3 steps of tpk_train_step, each
+ *     rank's gradient a random part of its DP rank's, against one rank's step on the sum over
+ *     every replica (Adasum: over the DP ranks' sums) — parameters, norms, the ZeRO slice 1/(dp
+ *     cp), the collectives on the DP x CP group and none on ctx->dp alone;
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
 
@@ -631,6 +636,118 @@ int main(int argc, char **argv) {
             CHECK_FAILS(&ctx, tpk_dp_adasum(&ctx, &b), TPK_ERR_ARG,
                         "expected buckets made for Adasum");
             tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
+        }
+    /* the DP reduction over DP x CP: each CP rank's gradient is a part of its DP rank's, summed
+     * over ctx->dp_cp (scaled 1/dp, not 1/(dp cp)); ZeRO slices over it; Adasum sums over CP
+     * first, then combines over DP */
+    for (int tp = 1; tp <= 2; tp++)
+        for (int cp = 2; cp <= 3; cp++) {
+            if (np % (tp * cp) || (cp == 3 && tp > 1)) continue;
+            int dp = np / (tp * cp), g = dp * cp;
+            static const char *mode_name[4] = {"plain (buckets)", "ZeRO-1", "ZeRO-2", "Adasum"};
+            for (int mode = 0; mode < 4; mode++) {
+                if (mode == 3 && dp > 2) continue; /* the reference below: one Adasum level */
+                TEST_CASE("the DP reduction over DP %d x CP %d (TP %d), %s: 3 steps of "
+                          "tpk_train_step equal one rank's step on the gradient summed over every "
+                          "replica (parameters, norms); no collective over ctx->dp alone",
+                          dp, cp, tp, mode_name[mode]) {
+                    tpk_ctx c, r; /* c: TP x CP x DP; r: the reference, TP alone */
+                    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){
+                                                      .world = &world, .tp = tp, .cp = cp,
+                                                      .seed = 3}));
+                    CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.world = &world, .tp = tp,
+                                                                  .seed = 3}));
+                    int ids[NP];
+                    add_params(&c, ids), add_params(&r, ids);
+                    tpk_adamw oc, orf;
+                    tpk_dp_buckets b = {0};
+                    CHECK_OK(&c, tpk_adamw_init(&c, &oc,
+                                                &(tpk_adamw_desc){
+                                                    .weight_decay = 0.1f,
+                                                    .zero_stage = mode == 1 || mode == 2 ? mode
+                                                                                         : 0}));
+                    CHECK_OK(&r, tpk_adamw_init(&r, &orf, &(tpk_adamw_desc){.weight_decay = 0.1f}));
+                    size_t n = c.params.numel;
+                    tpk_range sl = tpk_split((int64_t)n, g, c.dp_cp->rank);
+                    bool sliced = mode == 1 || mode == 2;
+                    CHECK(c.dp_cp->size == g && oc.s0 == (sliced ? (size_t)sl.off : 0) &&
+                              oc.sn == (sliced ? (size_t)sl.size : n),
+                          "the optimizer keeps [%zu, +%zu) of %zu elements at rank %d of the %d "
+                          "replicas",
+                          oc.s0, oc.sn, n, c.dp_cp->rank, c.dp_cp->size);
+                    if (mode == 2) CHECK_OK(&c, tpk_dp_shard_grads(&c, &b, &oc));
+                    if (mode == 3) CHECK_OK(&c, tpk_dp_adasum_init(&c, &b));
+                    float scale = mode == 3 ? 1.0f : 1.0f / (float)dp;
+                    for (int step = 0; step < 3; step++) {
+                        for (int i = 0; i < NP; i++) {
+                            size_t gn = tpk_param_global_numel(&c, i);
+                            float *part = malloc(gn * 4), *want = malloc(gn * 4);
+                            double *tot = calloc(gn, 8), *gd = calloc(2 * gn, 8);
+                            for (int d = 0; d < dp; d++) /* replica (d, q): its own part */
+                                for (int q = 0; q < cp; q++)
+                                    for (size_t k = 0; k < gn; k++) {
+                                        float x = tpk_rng_normal(70 + (uint64_t)step,
+                                                                 (uint64_t)((d * 8 + q) * 16 + i),
+                                                                 k);
+                                        tot[k] += x, gd[(size_t)d * gn + k] += x;
+                                        if (d == c.dp.rank && q == c.cp.rank) part[k] = x;
+                                    }
+                            double a2 = 0, b2 = 0, dot = 0; /* Adasum of the DP ranks' sums */
+                            for (size_t k = 0; dp == 2 && k < gn; k++)
+                                a2 += gd[k] * gd[k], b2 += gd[gn + k] * gd[gn + k],
+                                    dot += gd[k] * gd[gn + k];
+                            for (size_t k = 0; k < gn; k++)
+                                want[k] = (float)(mode < 3 || dp == 1
+                                                      ? tot[k]
+                                                      : (1 - dot / (2 * a2)) * gd[k] +
+                                                            (1 - dot / (2 * b2)) * gd[gn + k]);
+                            CHECK_OK(&c, tpk_param_scatter(&c, i, part, (float *)c.params.grad.p));
+                            CHECK_OK(&r, tpk_param_scatter(&r, i, want, (float *)r.params.grad.p));
+                            free(part), free(want), free(tot), free(gd);
+                        }
+                        tpk_comm_stats_reset(&c.dp), tpk_comm_stats_reset(c.dp_cp);
+                        tpk_comm_stats_reset(&c.cp);
+                        CHECK_OK(&c, tpk_dp_begin(&c, &b, mode != 1));
+                        CHECK_OK(&c, tpk_dp_grad_ready(&c, 0, NP - 1, &b));
+                        double nc = -1, nr = -2;
+                        CHECK_OK(&c, tpk_train_step(&c, &oc, &b, 1e-2f, 0.5f, scale, &nc));
+                        CHECK_OK(&r, tpk_grad_norm(&r, scale, &nr));
+                        CHECK_OK(&r, tpk_adamw_step(&r, &orf, 1e-2f,
+                                                    scale * tpk_clip_factor(nr, 0.5f)));
+                        CHECK(fabs(nc - nr) <= 1e-6 * nr && nr > 0.5,
+                              "step %d: norm %.9g, the reference's %.9g", step, nc, nr);
+                        uint64_t on_dp = 0, on_cp = 0;
+                        for (int k = 0; k < TPK_COLL_N; k++)
+                            on_dp += c.dp.stats.calls[k], on_cp += c.cp.stats.calls[k];
+                        const uint64_t *gc = c.dp_cp->stats.calls;
+                        CHECK(mode == 3 ? gc[TPK_COLL_ALLREDUCE] == 0 &&
+                                              c.cp.stats.calls[TPK_COLL_ALLREDUCE] == 1
+                              : mode == 0 ? gc[TPK_COLL_ALLREDUCE] == 1 && on_dp == 0 &&
+                                                on_cp == 0
+                                          : gc[TPK_COLL_REDUCE_SCATTER] >= 1 &&
+                                                gc[TPK_COLL_ALLGATHER] == 1 &&
+                                                gc[TPK_COLL_ALLREDUCE] == 1 && on_dp == 0 &&
+                                                on_cp == 0,
+                              "step %d: over DP x CP %llu all-reduces, %llu reduce-scatters, %llu "
+                              "all-gathers; %llu collectives over ctx->dp, %llu over ctx->cp",
+                              step, (unsigned long long)gc[TPK_COLL_ALLREDUCE],
+                              (unsigned long long)gc[TPK_COLL_REDUCE_SCATTER],
+                              (unsigned long long)gc[TPK_COLL_ALLGATHER],
+                              (unsigned long long)on_dp, (unsigned long long)on_cp);
+                    }
+                    for (int i = 0; i < NP; i++) {
+                        size_t gn = tpk_param_global_numel(&c, i);
+                        float *a = malloc(gn * 4), *z = malloc(gn * 4);
+                        test_poison(a, gn), test_poison(z, gn);
+                        CHECK_OK(&r, tpk_param_get_global(&r, i, false, a));
+                        CHECK_OK(&c, tpk_param_get_global(&c, i, false, z));
+                        CHECK_CLOSE(z, a, gn, 1e-6, "parameter after 3 steps");
+                        free(a), free(z);
+                    }
+                    tpk_adamw_destroy(&c, &oc), tpk_adamw_destroy(&r, &orf), tpk_dp_destroy(&b);
+                    tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
+                }
+            }
         }
     TEST_CASE("tpk_train_step: bad input") {
         tpk_ctx ctx;

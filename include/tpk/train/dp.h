@@ -1,6 +1,10 @@
 /* tpk/train/dp.h — data-parallel gradient buckets: each bucket (a block's gradients, as the model's
  * backward finishes it) is all-reduced (sum) over the DP group while the rest of the backward
  * runs; micro-steps of gradient accumulation do no DP communication. The protocol is checked.
+ * "The DP group" is the group of a weight's replicas, tpk__dp_group = ctx->dp_cp: DP x CP under
+ * context parallelism (each CP rank's gradient is its rows' part of its DP rank's: summed over CP
+ * it is that DP rank's, so the one sum over DP x CP is DP's sum; the 1/dp scaling is unchanged),
+ * the DP group itself at cp = 1.
  *
  *   tpk_dp_init(ctx, b)          (optional) the buckets over every parameter this rank holds
  *   tpk_dp_begin(ctx, b, last)   before a micro-step's backward; last = the step's last micro-batch
@@ -46,7 +50,10 @@
  * once) and one all-reduce over TP per level sums them for every parameter at once. In double:
  * |g1|^2, |g2|^2 and |g1 + g2|^2 (g1.g2 = (|g1 + g2|^2 - |g1|^2 - |g2|^2) / 2). Needs a
  * power-of-two DP size. Two equal gradients give that gradient, orthogonal ones their sum: no
- * 1/dp scaling. The hook of Adasum buckets starts nothing but still records and checks.
+ * 1/dp scaling. The hook of Adasum buckets starts nothing but still records and checks. Under
+ * context parallelism a CP rank's gradient is a part of its DP rank's, not an estimate of its
+ * own: the parts are summed over ctx->cp first (one all-reduce of the buffer), then Adasum runs
+ * over ctx->dp (the same on every CP rank).
  *
  * ZeRO-2 (buckets linked to an optimizer's gradient slice: tpk_dp_shard_grads, tpk/train/train.h):
  * the hook starts a reduce-scatter over DP instead of the all-reduce. DP rank q owns the slice
@@ -63,6 +70,7 @@
 #define TPK_DP_H
 
 #include "../layers/norm.h"
+#include "optim.h"
 
 typedef enum tpk_dp_state {
     TPK_DP_IDLE = 0, /* no step begun, or the last one consumed (tpk_train_step) */
@@ -145,13 +153,14 @@ static inline tpk_status tpk__dp_open(tpk_ctx *ctx, tpk_dp_buckets *b, const cha
     TPK_TRY(tpk__dp_bits(ctx, b, fn));
     memset(b->seen, 0, sizeof *b->seen * (size_t)b->words);
     memset(b->defer, 0, sizeof *b->defer * (size_t)b->words);
-    if (b->zg && ctx->dp.size > 1) {
-        if (b->znumel != ctx->params.numel || b->zdp != ctx->dp.size)
+    int dps = tpk__dp_group(ctx)->size; /* DP x CP */
+    if (b->zg && dps > 1) {
+        if (b->znumel != ctx->params.numel || b->zdp != dps)
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "buckets: linked (tpk_dp_shard_grads) to the gradient slice of %zu "
                              "elements over %d DP ranks, the context has %zu over %d (link them "
                              "again after registering)",
-                             b->znumel, b->zdp, ctx->params.numel, ctx->dp.size);
+                             b->znumel, b->zdp, ctx->params.numel, dps);
         for (int i = 0; i < ctx->params.n; i++)
             if (tpk__dp_deferred(ctx, b, i)) b->defer[i / 64] |= (uint64_t)1 << (i % 64);
         if (b->zn) TPK_TRY(tpk_op_fill(ctx, b->zg, TPK_F32, b->zn, 0.f));
@@ -182,19 +191,19 @@ static inline tpk_status tpk__dp_zero_start(tpk_ctx *ctx, tpk_dp_buckets *b, int
     const tpk_param *p0 = &ctx->params.list[first], *p1 = &ctx->params.list[last];
     size_t off = p0->offset, end = p1->offset + p1->numel;
     if (end <= off) return TPK_OK;
-    int d = ctx->dp.size;
+    tpk_comm *dg = tpk__dp_group(ctx);
+    int d = dg->size;
     for (int q = 0; q < d; q++) {
         tpk_range r = tpk_split((int64_t)b->znumel, d, q);
         size_t a = (size_t)r.off, e = a + (size_t)r.size;
         a = a < off ? off : a, e = e > end ? end : e;
         b->zcounts[q] = e > a ? e - a : 0;
     }
-    float *recv = b->zg + (b->zcounts[ctx->dp.rank] ? (off > b->z0 ? off - b->z0 : 0) : 0);
+    float *recv = b->zg + (b->zcounts[dg->rank] ? (off > b->z0 ? off - b->z0 : 0) : 0);
     TPK_TRY(tpk__dp_req(ctx, b, fn));
     memset(&b->req[b->n], 0, sizeof b->req[b->n]);
-    TPK_TRY(tpk_reduce_scatterv_start(ctx, &ctx->dp, (const float *)ctx->params.grad.p + off,
-                                      end - off, recv, b->zcounts, TPK_F32, TPK_SUM,
-                                      &b->req[b->n]));
+    TPK_TRY(tpk_reduce_scatterv_start(ctx, dg, (const float *)ctx->params.grad.p + off, end - off,
+                                      recv, b->zcounts, TPK_F32, TPK_SUM, &b->req[b->n]));
     b->n++;
     return TPK_OK;
 }
@@ -283,7 +292,7 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
                           "gradient would be reduced over DP twice",
                           ctx->params.list[i].name, i, first, last));
     for (int i = first; i <= last; i++) b->seen[i / 64] |= (uint64_t)1 << (i % 64);
-    if (ctx->dp.size == 1 || b->adasum) return TPK_OK;
+    if (tpk__dp_group(ctx)->size == 1 || b->adasum) return TPK_OK;
     if (b->zg) { /* ZeRO-2: reduce-scattered into the slice */
         tpk_status z = tpk__dp_zero_runs(ctx, b, first, last, false, fn);
         return z == TPK_OK ? z : tpk__dp_refuse(ctx, b, z);
@@ -294,7 +303,8 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
     size_t off = p0->offset, n = p1->offset + p1->numel - off;
     float *g = (float *)ctx->params.grad.p + off;
     memset(&b->req[b->n], 0, sizeof b->req[b->n]);
-    tpk_status s = tpk_allreduce_start(ctx, &ctx->dp, g, g, n, TPK_F32, TPK_SUM, &b->req[b->n]);
+    tpk_status s =
+        tpk_allreduce_start(ctx, tpk__dp_group(ctx), g, g, n, TPK_F32, TPK_SUM, &b->req[b->n]);
     if (s != TPK_OK) return tpk__dp_refuse(ctx, b, s);
     b->n++;
     return TPK_OK;
@@ -332,7 +342,7 @@ static inline tpk_status tpk_dp_finish(tpk_ctx *ctx, tpk_dp_buckets *b) {
     if (was == TPK_DP_IDLE) {
         /* a pipeline stage at one DP rank: its schedule begins no micro-batch (it marks a chunk's
          * last only when DP reduces), yet waits for the buckets before the tied embedding's sum */
-        if (ctx->dp.size == 1 && ctx->pp.size > 1) return TPK_OK;
+        if (tpk__dp_group(ctx)->size == 1 && ctx->pp.size > 1) return TPK_OK;
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "no tpk_dp_begin this step: the gradients of %s are not reduced over DP "
                          "(begin the step's last micro-batch with tpk_dp_begin(ctx, b, true))",
@@ -383,20 +393,20 @@ static inline tpk_status tpk__dp_consume(tpk_ctx *ctx, tpk_dp_buckets *b, bool w
                          "(tpk_dp_begin(ctx, b, true)): the gradients of %s are not reduced over "
                          "DP",
                          tpk__dp_who(ctx, who, sizeof who));
-    if (ctx->dp.size > 1 && ctx->params.n)
+    if (tpk__dp_group(ctx)->size > 1 && ctx->params.n)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "buckets: no tpk_dp_begin this step: the gradients of %s are not reduced "
                          "over the %d DP ranks (begin the step's last micro-batch with "
                          "tpk_dp_begin(ctx, b, true))",
-                         tpk__dp_who(ctx, who, sizeof who), ctx->dp.size);
+                         tpk__dp_who(ctx, who, sizeof who), tpk__dp_group(ctx)->size);
     return TPK_OK;
 }
 
 /* ZeRO-2, after the buckets are finished and the other sums made (the TP-partial gradients
  * summed, a pipeline's tied copies added): the deferred parameters' gradients reduce-scattered
- * into the slice (started, then all waited). Collective over ctx->dp. */
+ * into the slice (started, then all waited). Collective over the DP group (DP x CP). */
 static inline tpk_status tpk__dp_zero_deferred(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
-    if (!b->zg || ctx->dp.size == 1 || !b->np) return TPK_OK;
+    if (!b->zg || tpk__dp_group(ctx)->size == 1 || !b->np) return TPK_OK;
     tpk_status s = tpk__dp_zero_runs(ctx, b, 0, b->np - 1, true, fn);
     for (int i = 0; i < b->n; i++) {
         tpk_status w = tpk_wait(ctx, &b->req[i]);
@@ -418,7 +428,7 @@ static inline tpk_status tpk__dp_slice_set(tpk_ctx *ctx, tpk_dp_buckets *b, floa
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "buckets: made for Adasum (tpk_dp_adasum_init): a reduce-scatter cannot "
                          "carry Adasum's per-tensor combination");
-    int d = ctx->dp.size;
+    int d = tpk__dp_group(ctx)->size;
     if (zg && d > b->zdp) {
         tpk__dp_al(ctx, b);
         size_t *c = (size_t *)tpk__al_realloc(&b->al, b->zcounts, sizeof *c * (size_t)b->zdp,
@@ -459,8 +469,8 @@ static inline tpk_status tpk_dp_adasum_init(tpk_ctx *ctx, tpk_dp_buckets *b) {
     return TPK_OK;
 }
 
-/* Adasum over the DP group of the whole gradient buffer (see above). Collective over ctx->dp and
- * ctx->tp. */
+/* Adasum over the DP group of the whole gradient buffer (see above). Collective over ctx->dp,
+ * ctx->tp and ctx->cp. */
 static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
     static const char *fn = "tpk_dp_adasum";
     if (!ctx) return TPK_ERR_ARG;
@@ -476,6 +486,8 @@ static inline tpk_status tpk_dp_adasum(tpk_ctx *ctx, tpk_dp_buckets *b) {
     tpk_status s = tpk_op_alloc(ctx, sizeof(double) * 3 * (size_t)(np ? np : 1), (void **)&dsums);
     if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[0], sizeof(float) * 2 * (n ? n : 1));
     if (s == TPK_OK) s = tpk__buf_reserve(ctx, &ctx->work[1], sizeof(float) * (n ? n : 1));
+    if (s == TPK_OK && n && ctx->cp.size > 1) /* the DP rank's gradient: its CP ranks' parts */
+        s = tpk_allreduce(ctx, &ctx->cp, g, g, n, TPK_F32, TPK_SUM);
     for (int k = 0; k < b->levels && s == TPK_OK && n; k++) {
         float *both = (float *)ctx->work[0].p, *sum = (float *)ctx->work[1].p;
         size_t counts[2] = {n, n};

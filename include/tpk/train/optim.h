@@ -5,11 +5,15 @@
  *                                              + sum over replicated parameters |g|^2 on TP rank 0
  *                                              )
  *   so a sharded parameter counts once per shard and a replicated one once in all (a grouped
- *   key/value weight: each head on the lowest rank holding it, tpk_shard_owned); DP replicas
- *   hold the same (reduced) gradient, so there is no DP sum. Squares are summed in double, one
- *   op call per run of consecutive counted parameters, into a sum left in backend memory and
- *   all-reduced there over TP (the host reads it only when asked).
+ *   key/value weight: each head on the lowest rank holding it, tpk_shard_owned); the replicas of
+ *   a weight (ctx->dp_cp: DP x CP) hold the same (reduced) gradient, so there is no DP sum.
+ *   Squares are summed in double, one op call per run of consecutive counted parameters, into a
+ *   sum left in backend memory and all-reduced there over TP (the host reads it only when asked).
  *   `scale` multiplies the gradient first (1/dp when the DP reduction summed).
+ * The data-parallel group (tpk__dp_group): the ranks holding the same weights, ctx->dp_cp — DP x
+ *   CP under context parallelism, the DP group itself without. A CP rank's gradient is its rows'
+ *   part of its DP rank's (the loss is the mean over every CP rank's tokens), so the reduction
+ *   over it is a sum, scaled 1/dp as before (not 1/(dp cp)); ZeRO slices over it.
  * Clipping       g *= min(1, max_norm / |g|), folded into AdamW's gradient scale: in tpk_train_step
  *   by the AdamW op itself from the sum of squares in backend memory, so a step never waits for the
  *   norm; a step whose norm is not finite is skipped there and reported when the norm is read.
@@ -29,6 +33,10 @@
 #include "../layers/params.h"
 
 /* ---- gradient norm and clipping -------------------------------------------------------------- */
+
+/* The group of a weight's replicas, over which its gradient is summed and ZeRO slices:
+ * ctx->dp_cp (DP x CP; the DP group at cp = 1, or in a context made without it). */
+static inline tpk_comm *tpk__dp_group(tpk_ctx *ctx) { return ctx->dp_cp ? ctx->dp_cp : &ctx->dp; }
 
 /* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts
  * (a sharded parameter's whole shard, a replicated one on TP rank 0 only, a grouped key/value
@@ -126,10 +134,11 @@ typedef struct tpk_adamw_desc {
     float b1, b2;       /* default 0.9, 0.95 (0 = default) */
     float eps;          /* default 1e-8 */
     float weight_decay; /* on decayed parameters; 0 = none */
-    bool zero;          /* ZeRO-1 (the distributed optimizer) over ctx->dp: this DP rank keeps the
-                           moments of, and updates, only its slice tpk_split(numel, dp, dp_rank) of
-                           the flat parameter buffer; see tpk/train/train.h. With one DP rank: as
-                           without */
+    bool zero;          /* ZeRO-1 (the distributed optimizer) over the weight's replicas,
+                           tpk__dp_group = ctx->dp_cp (DP x CP; ctx->dp at cp = 1): this rank keeps
+                           the moments of, and updates, only its slice tpk_split(numel, g, g_rank)
+                           of the flat parameter buffer (g = DP x CP ranks); see
+                           tpk/train/train.h. With one such rank: as without */
     int zero_stage;     /* 0: `zero` says (1 when set, else none); 1: ZeRO-1; 2: ZeRO-2, the
                            gradients too: the DP buckets (tpk/train/dp.h, linked by tpk_dp_zero)
                            reduce-scatter each bucket under the backward into this rank's slice of
@@ -157,7 +166,8 @@ typedef struct tpk_adamw {
  * (ZeRO-2 reduces them in the buckets; at one DP rank nothing is sliced). */
 static inline bool tpk__adamw_zero1(const tpk_adamw *o) { return o->sn != o->numel && !o->g; }
 
-/* ZeRO's exchanges over ctx->dp of a flat buffer x [n] split tpk_split(n, dp, rank):
+/* ZeRO's exchanges over the DP group (tpk__dp_group: DP x CP) of a flat buffer x [n] split
+ * tpk_split(n, dp, rank) (dp, rank: that group's):
  * all-gather: every rank's slice of x into every rank's x; reduce-scatter: the DP sum of x's
  * slice into this rank's slice (the rest of x unchanged). Through a scratch buffer of one slice
  * (no aliasing; `scratch`, else ctx->work[1]): the all-gather sends a copy of this rank's slice
@@ -165,11 +175,12 @@ static inline bool tpk__adamw_zero1(const tpk_adamw *o) { return o->sn != o->num
  * them (ZeRO-2's is its gradient slice, consumed by then). */
 static inline tpk_status tpk__dp_slices_in(tpk_ctx *ctx, float *x, size_t n, bool gather,
                                            float *scratch) {
-    int d = ctx->dp.size;
+    tpk_comm *dg = tpk__dp_group(ctx);
+    int d = dg->size;
     size_t *counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)d);
     if (!counts) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_adamw (ZeRO)", "counts");
     for (int q = 0; q < d; q++) counts[q] = (size_t)tpk_split((int64_t)n, d, q).size;
-    tpk_range me = tpk_split((int64_t)n, d, ctx->dp.rank);
+    tpk_range me = tpk_split((int64_t)n, d, dg->rank);
     tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
     tpk_status s = scratch
                        ? TPK_OK
@@ -178,9 +189,9 @@ static inline tpk_status tpk__dp_slices_in(tpk_ctx *ctx, float *x, size_t n, boo
     if (s == TPK_OK && gather && me.size)
         s = tpk_op_memcpy(ctx, tmp, x + me.off, sizeof(float) * (size_t)me.size, dd);
     if (s == TPK_OK && gather)
-        s = tpk_allgatherv(ctx, &ctx->dp, tmp, (size_t)me.size, x, counts, n, TPK_F32);
+        s = tpk_allgatherv(ctx, dg, tmp, (size_t)me.size, x, counts, n, TPK_F32);
     if (s == TPK_OK && !gather)
-        s = tpk_reduce_scatterv(ctx, &ctx->dp, x, n, tmp, counts, TPK_F32, TPK_SUM);
+        s = tpk_reduce_scatterv(ctx, dg, x, n, tmp, counts, TPK_F32, TPK_SUM);
     if (s == TPK_OK && !gather && me.size)
         s = tpk_op_memcpy(ctx, x + me.off, tmp, sizeof(float) * (size_t)me.size, dd);
     tpk__free(ctx, counts);
@@ -215,14 +226,15 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     o->stage = d.zero_stage ? d.zero_stage : d.zero ? 1 : 0;
     TPK_TRY(tpk_params_trim(ctx)); /* the registration's slack freed */
     o->numel = ctx->params.numel;
-    tpk_range sl = o->stage ? tpk_split((int64_t)o->numel, ctx->dp.size, ctx->dp.rank)
+    tpk_comm *dg = tpk__dp_group(ctx); /* DP x CP */
+    tpk_range sl = o->stage ? tpk_split((int64_t)o->numel, dg->size, dg->rank)
                             : TPK_LIT(tpk_range){0, (int64_t)o->numel};
     o->s0 = (size_t)sl.off, o->sn = (size_t)sl.size;
     size_t bytes = sizeof(float) * (o->sn ? o->sn : 1);
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->m));
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
     tpk__mem_count(ctx, 2 * bytes, true); /* the moments in tpk_mem_peak: ZeRO-1's saving shows */
-    if (o->stage == 2 && ctx->dp.size > 1) { /* ZeRO-2: the reduced gradient's slice */
+    if (o->stage == 2 && dg->size > 1) {  /* ZeRO-2: the reduced gradient's slice */
         TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->g));
         tpk__mem_count(ctx, bytes, true);
     }
@@ -309,7 +321,7 @@ static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, fl
 
 /* The moments of the whole flat buffer in backend memory: the optimizer's own, or under ZeRO-1
  * (a slice per DP rank) buffers made for it (*made set; free them with tpk_op_free): zeros, and
- * with gather = true every DP rank's slice gathered in (collective over ctx->dp). */
+ * with gather = true every DP rank's slice gathered in (collective over tpk__dp_group). */
 static inline tpk_status tpk__adamw_whole(tpk_ctx *ctx, const tpk_adamw *o, bool gather, float **m,
                                           float **v, bool *made) {
     *m = o->m, *v = o->v, *made = o->sn != o->numel;

@@ -1,5 +1,8 @@
 /* tpk/train/train.h — a training step's end in one call, after its last backward:
  *
+ * "DP" below is the group of a weight's replicas, ctx->dp_cp (tpk__dp_group): DP x CP under
+ * context parallelism, whose CP ranks' gradients are parts of their DP rank's (summed, not
+ * averaged: grad_scale stays 1/dp), the DP group itself at cp = 1; ZeRO slices over it.
  *   1. the data-parallel reduction of the gradients:
  *        plain       the all-reduce buckets the model's backward started (tpk/train/dp.h) are
  *                    waited for and checked (tpk_dp_finish, unless the caller did); with more
@@ -14,7 +17,8 @@
  *                    copy) are reduce-scattered after step 2 — each DP rank then holds the DP sum
  *                    of its slice in the optimizer's own buffer (tpk_adamw.g, 1/dp of the
  *                    gradients);
- *        Adasum      (buckets made by tpk_dp_adasum_init) tpk_dp_adasum over the whole buffer;
+ *        Adasum      (buckets made by tpk_dp_adasum_init) tpk_dp_adasum over the whole buffer
+ *                    (under CP the CP parts summed first, then Adasum over ctx->dp alone);
  *                    pass grad_scale 1: Adasum does not sum;
  *   2. the gradients partial over TP summed (tpk_params_reduce_partial_grads: SP norm weights,
  *      shared key/value heads) — after the buckets, before Adasum and ZeRO-1's (and ZeRO-2's
@@ -137,7 +141,7 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     TPK_TRY(tpk__normsq(ctx, &sq));
     TPK_TRY(tpk__grad_sumsq_in(ctx, opt->g ? opt->g : (const float *)ctx->params.grad.p + opt->s0,
                                opt->s0, opt->s0 + opt->sn, sq));
-    if (zero) TPK_TRY(tpk_allreduce(ctx, &ctx->dp, sq, sq, 1, TPK_F64, TPK_SUM));
+    if (zero) TPK_TRY(tpk_allreduce(ctx, tpk__dp_group(ctx), sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
     /* pipeline stages: each holds its blocks' gradients */
     if (ctx->pp.size > 1) TPK_TRY(tpk_allreduce(ctx, &ctx->pp, sq, sq, 1, TPK_F64, TPK_SUM));
