@@ -294,11 +294,15 @@ int main(int argc, char **argv) {
             snprintf(svg, sizeof svg, "%s/log.svg", wdir);
         if (me == 0) remove(svg);
         tpk_log log;
-        CHECK_OK(&wc, tpk_log_open(&wc, &log, csv, 0));
+        CHECK_OK(&wc, tpk_log_open(&wc, &log, csv, 0, "r1"));
         for (int i = 1; i <= 10; i++)
             CHECK_OK(&wc, tpk_log_row(&wc, &log, i, 5.0 - 0.1 * i, i % 5 ? NAN : 4.0, 1e-3, 1));
         CHECK_OK(&wc, tpk_log_close(&wc, &log, false));
-        CHECK_OK(&wc, tpk_log_open(&wc, &log, csv, 5)); /* resumed at 5: rows 6.. again */
+        /* another run's resume refused, the file kept; this run's resumed at 5: rows 6.. again */
+        CHECK_FAILS(&wc, tpk_log_open(&wc, &log, csv, 5, "r2"), TPK_ERR_IO,
+                    me ? "log.csv: refused on world rank 0"
+                       : "step 1 is run \"r1\"'s and this run is \"r2\": another run's curve");
+        CHECK_OK(&wc, tpk_log_open(&wc, &log, csv, 5, "r1"));
         for (int i = 6; i <= 12; i++)
             CHECK_OK(&wc, tpk_log_row(&wc, &log, i, 4.0 - 0.1 * i, i % 5 ? NAN : 3.0, 1e-3, 1));
         CHECK_OK(&wc, tpk_log_close(&wc, &log, true));
@@ -314,7 +318,7 @@ int main(int argc, char **argv) {
             remove(svg), mkdir(svg, 0755);
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        CHECK_OK(&wc, tpk_log_open(&wc, &log, csv, 12));
+        CHECK_OK(&wc, tpk_log_open(&wc, &log, csv, 12, "r1"));
         CHECK_OK(&wc, tpk_log_row(&wc, &log, 13, 2.5, NAN, 1e-3, 1));
         if (me == 0)
             CHECK_FAILS(&wc, tpk_log_close(&wc, &log, true), TPK_ERR_IO, "log.svg: cannot write (");
@@ -322,7 +326,8 @@ int main(int argc, char **argv) {
         if (me == 0) {
             size_t n = 0;
             char *s = slurp(csv, &n);
-            CHECK(s && !strncmp(s, "step,train_loss,val_loss", 24) && strstr(s, "\n13,2.5,,"),
+            CHECK(s && !strncmp(s, "step,train_loss,val_loss", 24) && strstr(s, "\n13,2.5,,") &&
+                      strstr(s, ",r1\n13,"),
                   "%s: the CSV lost its rows", csv);
             free(s), rmdir(svg);
         }

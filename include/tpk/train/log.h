@@ -145,7 +145,8 @@ static inline tpk_status tpk_log_open(tpk_ctx *ctx, tpk_log *log, const char *pa
         if (s != TPK_OK && log->f) fclose(log->f), log->f = NULL;
     }
     if (tpk_agree(ctx, ctx->world, s) != TPK_OK && s == TPK_OK)
-        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: cannot write (on world rank 0)", path);
+        s = tpk__fail(ctx, TPK_ERR_IO, fn, "%s: refused on world rank 0 (its message says why)",
+                      path);
     return s;
 }
 /* One row, flushed (a full disk shows at once); val_loss NaN: not evaluated at this step (an
