@@ -1,6 +1,7 @@
 /* examples/train.c — a Megatron-style trainer on tpk for every model family (--arch gpt2, llama,
- * neox): tensor parallelism (TP) within groups of --tp consecutive ranks, data parallelism (DP)
- * across them, pipeline stages (--pp). The template to copy:
+ * neox): tensor parallelism (TP) within groups of --tp consecutive ranks, context parallelism
+ * (--cp: each sequence split over C ranks), data parallelism (DP) across them, pipeline stages
+ * (--pp). The template to copy:
  *   mpirun -np 2 build/train --text FILE --tp 2 --layers 4 --hidden 128 --heads 4 --steps 500
  *   --save ckpt --sample 200
  * The machinery is the library's (tpk/train/): the flags (options.h: one table), the ranks'
@@ -9,7 +10,8 @@
  * handle for every pipeline size (trainable.h). What stays here: the order of things, the loop,
  * its logging and the evaluation. A step: --grad-accum micro-batches, forward, backward, the DP
  * reduction, norm, clipping, AdamW under a cosine schedule; the loss read only on a step that
- * reports it. Batch k of DP rank d is window k*dp + d, so a resume is bit-identical. A failure:
+ * reports it. Batch k of DP rank d is window k*dp + d (its CP ranks read the same sequences; the
+ * trainable hands each its chunks), so a resume is bit-identical. A failure:
  * one line `train: error: ...`, every rank stops; a collective that fails or gets no answer
  * within --timeout S aborts the job after its line. */
 #define _POSIX_C_SOURCE 200809L
@@ -130,8 +132,8 @@ int main(int argc, char **argv) {
     char run[17]; /* this run's id: its checkpoints and --csv rows name it (a resume: the loaded) */
     tpk_ranks_new_id(&W, run);
     if (!ok(tpk_run_backend_init(&ctx, &be, o.dtype, W.timeout)) ||
-        !(up = ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.pp, o.tp_weights ? o.tw : NULL,
-                                   o.seed, o.det))) ||
+        !(up = ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.cp, (int)o.pp,
+                                   o.tp_weights ? o.tw : NULL, o.seed, o.det))) ||
         !ok(tpk_trainable_init(&ctx, &t, &cfg, &td)))
         goto out;
     memcpy(t.run_id, run, sizeof run); /* a loaded checkpoint's replaces it */

@@ -24,7 +24,7 @@ int main(int argc, char **argv) {
                   b.world.rank == test__rank,
               "gpu %d size %d", (int)b.gpu, b.world.size);
         int tp = np % 2 == 0 ? 2 : 1;
-        CHECK_OK(&c, tpk_run_ctx_init(&c, &b, tp, 1, NULL, 3, false));
+        CHECK_OK(&c, tpk_run_ctx_init(&c, &b, tp, 1, 1, NULL, 3, false));
         CHECK(c.tp.size == tp && c.dp.size == np / tp && c.pp.size == 1 && c.ops == tpk_ops_host(),
               "TP %d DP %d PP %d", c.tp.size, c.dp.size, c.pp.size);
         tpk_ctx_destroy(&c), tpk_comm_destroy(&b.world);
@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
                   out ? out : "", want);
             CHECK(o.tp == pv[0].tp && o.pp == pv[0].pp && o.batch == pv[0].micro_batch &&
                       o.accum == pv[0].accum && o.rc == pv[0].recompute &&
-                      (o.zero > 0) == pv[0].zero && o.sp == pv[0].sp && o.piped == (o.pp > 1),
+                      o.zero == pv[0].zero && o.sp == pv[0].sp && o.piped == (o.pp > 1),
                   "applied");
             CHECK(cfg.gpt2.sequence_parallel == pv[0].sp && cfg.gpt2.recompute == pv[0].recompute &&
                       cfg.gpt2.layers == want_cfg.gpt2.layers,

@@ -4,7 +4,10 @@
 #   size (2 -> 4, 3 -> 1) giving the losses of continuing unchanged, ZeRO-1 (--zero 1) equal to
 #   plain DP at DP 2 x TP 2 and DP 4 and resumed from DP 4 at DP 2, ZeRO-2 (--zero 2) equal to plain
 #   DP (TP 2 x DP 2; DP 3 with accumulation and recompute, SP, a shared key/value head, PP 2 x DP 2)
-#   and saved at DP 4 resumed at ZeRO 0 and 1 on DP 2, Adasum, heterogeneous DP
+#   and saved at DP 4 resumed at ZeRO 0 and 1 on DP 2, Adasum, context parallelism (--cp: GPT-2,
+#   Llama (GQA), GPT-NeoX, TP 2 x CP 2, CP 4, the all-gather, CP 2 x DP 2 with ZeRO-1, ZeRO-2 and
+#   Adasum, equal to the CP 1 run; saved at CP 2 resumed at CP 1 and saved at CP 1 resumed at CP 4
+#   with their evaluation; what it does not compose with yet refused), heterogeneous DP
 #   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
 #   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
 #   bit-identical with a lower peak, sequence parallelism's peak below the same run's without it
@@ -28,7 +31,8 @@
 #   make test (TPK_TESTS=quick) runs each behaviour in one configuration, make test-long
 #   (TPK_TESTS=long) the others: a resume at another TP size from 3 to 1 / from 2 to 4; ZeRO-1
 #   resumed from DP 4 at DP 2 / equal to plain DP at DP 2 x TP 2 and DP 4; ZeRO-2 at TP 2 x DP 2 /
-#   its other meshes, its resume and peak; evaluation at t = 1, 3
+#   its other meshes, its resume and peak; CP at TP 2 x CP 2 / the families, meshes and resumes;
+#   evaluation at t = 1, 3
 #   / 2, 4 (Hugging Face's checkpoints at t = 3 / 1, 2, 4); SP's lower peak for two architecture
 #   and recompute pairs / the other four; three of the pipeline's meshes and schedules / four
 #   others; one bad value per flag, parser path or file / the others. The checkpoints a case of
@@ -170,6 +174,72 @@ if quick_set; then
     first=$(losses "$T/ada2.csv" 1 1 | awk '{print $2}'); last=$(losses "$T/ada2.csv" 20 20 | awk '{print $2}')
     if [ $rc -eq 0 ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < a - 0.3)}'; then ok "--dp-reduce adasum at DP 2 x TP 2 trains: loss $first -> $last in 20 steps"
     else fail "--dp-reduce adasum at DP 2 x TP 2 trains: loss '$first' -> '$last'"; fi
+fi
+
+# ---- context parallelism (--cp): each sequence split over C ranks gives the CP 1 run's losses --------
+# (every CP rank reads its DP rank's sequences and keeps its chunks; the loss is the whole batch's,
+# the gradients summed over DP x CP. make test: TP 2 x CP 2 against TP 2 with 2 accumulated micro-
+# batches above (the same windows); make test-long: GPT-2, Llama (GQA) and GPT-NeoX at CP 2, Llama
+# at CP 4, the all-gather, CP 2 x DP 2 with ZeRO-1, ZeRO-2 and Adasum, resumes across CP sizes with
+# their evaluation)
+# vals FILE: "step val_loss" of the steps that evaluated
+vals() { awk -F, 'NR>1 && $3!="" {print $1, $3}' "$1" 2>/dev/null; }
+# cpeq NAME REF NEW STEPS: NEW's losses equal REF's within 1e-6 relative, its gradient norms within
+# 1e-5 (a norm sums squares in another order: Llama's differ by up to 1e-6)
+cpeq() {
+    r=$(relmax "$(losses "$2" 1 "$4")" "$(losses "$3" 1 "$4")")
+    rn=$(relmax "$(losses "$2" 1 "$4" | awk '{print $1, $3}')" "$(losses "$3" 1 "$4" | awk '{print $1, $3}')")
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v n="$rn" 'BEGIN{exit !(r < 1e-6 && n < 1e-5)}'; then ok "$1: $4 steps' losses and gradient norms equal the CP 1 run's (max relative differences $r, $rn)"
+    else fail "$1 equals the CP 1 run (max relative differences $r, $rn)"; fi
+}
+if quick_set; then
+    tr 4 --text "$text" $small --tp 2 --cp 2 --steps 6 --grad-accum 2 --csv "$T/cp22.csv"
+    rc1=0
+    printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 2 x CP 2 (p2p ring) x DP 1, ' || rc1=1
+    cpeq "--cp 2 --tp 2 (4 ranks; the banner's mesh TP 2 x CP 2 x DP 1)" "$T/acc2.csv" "$T/cp22.csv" 6
+fi
+if long_set; then
+    llcp="--arch llama --layers 2 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2"
+    nxcp="--arch neox --layers 2 --hidden 32 --heads 4 --ffn 64 --rotary-pct 0.5 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2"
+    for fam in gpt2 llama neox; do
+        case $fam in gpt2) a="$small" ;; llama) a="$llcp" ;; neox) a="$nxcp" ;; esac
+        tr 1 --text "$text" $a --steps 6 --csv "$T/cp1_$fam.csv"
+        rc1=$rc
+        tr 2 --text "$text" $a --cp 2 --steps 6 --csv "$T/cp2_$fam.csv"
+        cpeq "$fam at --cp 2" "$T/cp1_$fam.csv" "$T/cp2_$fam.csv" 6
+    done
+    rc1=0
+    tr 4 --text "$text" $llcp --cp 4 --steps 6 --csv "$T/cp4_llama.csv"
+    cpeq "llama (GQA) at --cp 4 (8 chunks of 2 tokens)" "$T/cp1_llama.csv" "$T/cp4_llama.csv" 6
+    tr 2 --text "$text" $small --cp 2 --cp-comm allgather --steps 6 --csv "$T/cp2ag.csv"
+    cpeq "gpt2 at --cp 2 --cp-comm allgather" "$T/cp1_gpt2.csv" "$T/cp2ag.csv" 6
+    # CP 2 x DP 2 against DP 2: the reduction over DP x CP, ZeRO sliced over it, Adasum after the CP sum
+    tr 2 --text "$text" $small --steps 6 --csv "$T/cpdp_ref.csv"
+    rc1=$rc
+    for z in 1 2; do
+        tr 4 --text "$text" $small --cp 2 --zero $z --steps 6 --csv "$T/cpdp_z$z.csv"
+        cpeq "--cp 2 x DP 2 with --zero $z (ZeRO over the 4 replicas; against DP 2)" "$T/cpdp_ref.csv" "$T/cpdp_z$z.csv" 6
+    done
+    tr 2 --text "$text" $small --steps 6 --dp-reduce adasum --csv "$T/cpdp_ada1.csv"
+    rc1=$rc
+    tr 4 --text "$text" $small --cp 2 --steps 6 --dp-reduce adasum --csv "$T/cpdp_ada2.csv"
+    cpeq "--cp 2 x DP 2 with --dp-reduce adasum (against DP 2)" "$T/cpdp_ada1.csv" "$T/cpdp_ada2.csv" 6
+    # checkpoints across CP sizes (the format does not depend on CP): saved at CP 2, resumed at CP 1;
+    # saved at CP 1, resumed at CP 4; losses, norms and the evaluation of steps 6-10
+    tr 2 --text "$text" $small --cp 2 --steps 10 --eval-every 5 --save "$T/cpck2" --save-every 5 --csv "$T/cpck2.csv"
+    rc1=$rc
+    tr 1 --text "$text" $small --steps 10 --eval-every 5 --load "$T/cpck2/step-5" --csv "$T/cpck2r1.csv"
+    r=$(relmax "$(losses "$T/cpck2.csv" 6 10)" "$(losses "$T/cpck2r1.csv" 6 10)")
+    rv=$(relmax "$(vals "$T/cpck2.csv")" "$(vals "$T/cpck2r1.csv")")
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v v="$rv" 'BEGIN{exit !(r < 1e-6 && v < 1e-6)}'; then ok "saved at --cp 2, resumed at CP 1: steps 6-10 and the validation loss equal (max relative differences $r, $rv)"
+    else fail "saved at --cp 2, resumed at CP 1 (max relative differences $r, $rv)"; fi
+    tr 1 --text "$text" $small --steps 10 --eval-every 5 --save "$T/cpck1" --save-every 5 --csv "$T/cpck1.csv"
+    rc1=$rc
+    tr 4 --text "$text" $small --cp 4 --zero 1 --steps 10 --eval-every 5 --load "$T/cpck1/step-5" --csv "$T/cpck1r4.csv"
+    r=$(relmax "$(losses "$T/cpck1.csv" 6 10)" "$(losses "$T/cpck1r4.csv" 6 10)")
+    rv=$(relmax "$(vals "$T/cpck1.csv")" "$(vals "$T/cpck1r4.csv")")
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v v="$rv" 'BEGIN{exit !(r < 1e-6 && v < 1e-6)}'; then ok "saved at CP 1, resumed at --cp 4 --zero 1: steps 6-10 and the validation loss equal (max relative differences $r, $rv)"
+    else fail "saved at CP 1, resumed at --cp 4 --zero 1 (max relative differences $r, $rv)"; fi
 fi
 
 # ---- heterogeneous DP ranks (HetSeq): --dp-batch 8,4 over 2 DP ranks = one rank on the 12 sequences ----
@@ -530,6 +600,7 @@ if quick_set; then
     rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/config.json" > "$T/cut/config.json"
     bad "config.json cut mid-file" "cut/config.json: byte 100: .*(truncated JSON)" --text "$text" $small --tp 2 --load "$T/cut"
     bad "--zero 1 with one DP rank" "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 1
+    bad "--seq-len not a multiple of 2 x --cp" "--seq-len 18: expected a multiple of 2 x --cp = 4" --text "$text" $small --cp 2 --seq-len 18
     tr 3 --text "$text" $small --dp-reduce adasum
     n=$(printf '%s\n' "$out" | grep -c '^train: error: .*Adasum needs a power-of-two number of DP ranks, got 3')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: --dp-reduce adasum at DP 3"; else fail "bad input: --dp-reduce adasum at DP 3 (exit $rc)"; fi
@@ -681,6 +752,12 @@ if long_set; then
     bad "--zero 3" "--zero: expected 0, 1 (ZeRO-1: the optimizer state sharded over DP) or 2" --text "$text" $small --zero 3
     bad "--zero 2 with one DP rank" "--zero 2: shards the optimizer and the gradients over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 2
     bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2
+    bad "--cp not dividing the ranks" "--cp 3: the 2 ranks are not TP x CP x DP with --tp 1" --text "$text" $small --cp 3
+    bad "--cp with pipeline stages (not yet)" "--cp 2: not yet with pipeline stages" --text "$text" $small --cp 2 --pp 2
+    bad "--cp with dropout (not yet)" "--cp 2: not yet with --dropout" --text "$text" $small --cp 2 --dropout 0.1
+    bad "--cp with --plan (not yet)" "--cp 2: not yet with --plan" --text "$text" $small --cp 2 --plan
+    bad "--cp with --sample (not yet)" "--cp 2: not yet with --sample" --text "$text" $small --cp 2 --sample 4
+    bad "--cp-comm unknown" "--cp-comm: expected p2p or allgather, got \"ring\"" --text "$text" $small --cp 2 --cp-comm ring
     bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
     bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small --ffn 64
     bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2

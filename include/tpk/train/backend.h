@@ -3,8 +3,9 @@
  * devices; NCCL when every rank has a device of its own, else MPI), the host otherwise; the world
  * communicator with the job's collective timeout (inherited by the TP, DP and PP groups); the
  * activation dtype (--dtype, else bf16 on a GPU and f32 on the host: master weights stay f32);
- * then the context over TP x DP x PP. tpk_run_node_size: the ranks sharing this node (the least
- * over the world: the planner's GPUs per node). Needs MPI. */
+ * then the context over TP x CP x DP x PP (context parallelism on the host backend only: the CUDA
+ * table has no attention over CP yet, refused by name). tpk_run_node_size: the ranks sharing this
+ * node (the least over the world: the planner's GPUs per node). Needs MPI. */
 #ifndef TPK_TRAIN_BACKEND_H
 #define TPK_TRAIN_BACKEND_H
 
@@ -82,13 +83,21 @@ static inline tpk_status tpk_run_backend_init(tpk_ctx *ctx, tpk_run_backend *b, 
     return TPK_OK;
 }
 
-/* The context on b over TP x DP x PP (tp_weights: NULL, or tp shares). */
-static inline tpk_status tpk_run_ctx_init(tpk_ctx *ctx, tpk_run_backend *b, int tp, int pp,
+/* The context on b over TP x CP x DP x PP (tp_weights: NULL, or tp shares). */
+static inline tpk_status tpk_run_ctx_init(tpk_ctx *ctx, tpk_run_backend *b, int tp, int cp, int pp,
                                           const double *tp_weights, uint64_t seed,
                                           bool deterministic) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_run_ctx_init", "b: NULL");
+    if (cp > 1 && b->gpu)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_run_ctx_init",
+                         "--cp %d: context parallelism on the CUDA backend is not built yet (its "
+                         "attention block kernels and rope_at); run it on the host backend",
+                         cp);
     tpk_ctx_desc d;
     memset(&d, 0, sizeof d);
-    d.ops = b->ops, d.world = &b->world, d.tp = tp, d.pp = pp, d.seed = seed, d.dtype = b->dtype;
+    d.ops = b->ops, d.world = &b->world, d.tp = tp, d.cp = cp, d.pp = pp, d.seed = seed;
+    d.dtype = b->dtype;
     d.tp_weights = tp_weights, d.deterministic = deterministic;
     return tpk_ctx_init(ctx, &d);
 }

@@ -15,14 +15,15 @@
  *                      global [gshape] as registered; metadata {"format": "tpk-adamw", "step",
  *                      "tpk_checkpoint_id"}
  * Save (collective over ctx->world): each tensor gathered over TP (tpk_param_gather); the moments
- * whole first (under ZeRO-1 and 2 each DP rank's slice gathered over DP); under pipeline stages
- * each stage's leader (TP and DP rank 0) sends its tensors, but the copies another stage holds
- * (pp_copy), to world rank 0, which writes the files into DIR.tpk-new and swaps it in. Every rank
- * returns the same status.
+ * whole first (under ZeRO-1 and 2 each rank's slice gathered over DP x CP, ctx->dp_cp); under
+ * pipeline stages each stage's leader (TP, CP and DP rank 0) sends its tensors, but the copies
+ * another stage holds (pp_copy), to world rank 0, which writes the files into DIR.tpk-new and
+ * swaps it in. Every rank returns the same status.
  * Load (every rank reads the files itself; the only communication: the tensors the stages account
  * for, combined over ctx->pp): each rank sets its shard of each of its parameters
  * (tpk_param_scatter), of the moments its ZeRO slice. So a checkpoint saved at (t, d, p) loads at
- * any (t', d', p') whose stages hold the same parameters between them, and at any ZeRO stage (the
+ * any (t', d', p') whose stages hold the same parameters between them, at any CP size (the
+ * weights are replicated over CP: the files do not depend on it), and at any ZeRO stage (the
  * files are the same at every stage; ZeRO-2's gradient slice is not saved). Refused, naming the
  * file and the tensor: a parameter's tensor missing or mis-shaped, a value not finite (a second
  * moment negative), a tensor no parameter accounts for, steps that are not whole numbers or
@@ -213,7 +214,7 @@ static inline void tpk__ckpt_all_free(const tpk_ctx *ctx, tpk__ckpt_all *a) {
     tpk__free(ctx, a->data);
     memset(a, 0, sizeof *a);
 }
-/* Under pipeline stages (ctx->pp.size > 1), the leaders of the stages (TP and DP rank 0) send
+/* Under pipeline stages (ctx->pp.size > 1), the leaders of the stages (TP, CP, DP rank 0) send
  * their entries e[n] (model) and e[n + 2 i + k] (moments, when k3 = 3) — except the copies another
  * stage holds (pp_copy) — to stage 0's leader, world rank 0, which gathers all of them in stage
  * order into *all; the others send nothing. Per tensor: its header (ndim, the two shapes, the
@@ -221,7 +222,8 @@ static inline void tpk__ckpt_all_free(const tpk_ctx *ctx, tpk__ckpt_all *a) {
 static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, const tpk_st_entry *e,
                                                int n, int k3, tpk__ckpt_all *all) {
     memset(all, 0, sizeof *all);
-    bool lead = ctx->tp.rank == 0 && ctx->dp.rank == 0, root = lead && ctx->pp.rank == 0;
+    bool lead = ctx->tp.rank == 0 && ctx->cp.rank == 0 && ctx->dp.rank == 0,
+         root = lead && ctx->pp.rank == 0;
     if (!lead) return TPK_OK;
     enum { HDR = 5 + 28 };
     int32_t hdr[HDR];

@@ -5,8 +5,10 @@
  * (tpk_lm_flag: --kv-heads, --ffn, ...) are the table's LIST entries, checked against the family
  * once it is known (tpk_run_family_flags). tpk_run_opts_check derives and checks what the flags
  * say together (--micro-batches and --grad-accum, --virtual-stages, --pp-layers, --tp-weights,
- * the mesh against the world size). tpk_run_model_config builds the model's config from the flags
- * or a checkpoint's config.json, refusing a flag that differs from the checkpoint's. */
+ * the mesh TP x CP x DP x PP against the world size, what context parallelism does not compose
+ * with yet: --pp, --dropout, --plan, --sample). tpk_run_model_config builds the model's config
+ * from the flags or a checkpoint's config.json, refusing a flag that differs from the
+ * checkpoint's (and a sequence length that is not a multiple of 2 x --cp). */
 #ifndef TPK_TRAIN_OPTIONS_H
 #define TPK_TRAIN_OPTIONS_H
 
@@ -36,6 +38,8 @@ typedef struct tpk_run_opts {
     /* mesh */
     const char *dtype, *tp_weights, *dp_reduce, *recompute, *schedule, *pp_layers, *plan_profile;
     int64_t tp, zero, pp, micro, vstages;
+    int64_t cp;          /* context parallelism: ranks splitting each sequence */
+    const char *cp_comm; /* p2p | allgather (NULL: p2p) */
     bool sp, print_schedule, plan;
     /* data */
     const char *text, *data, *val_data, *dp_batch;
@@ -92,17 +96,24 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          offsetof(tpk_run_opts, tp_weights)},
         {"--sequence-parallel", B, 0, 0, NULL, NULL, NULL, P, "parallel", NULL,
          offsetof(tpk_run_opts, sp)},
+        {"--cp", I, 1, G, "1", NULL, NULL, P, "parallel",
+         "context parallelism: each sequence split over C ranks (TP x CP x DP x PP); --seq-len a "
+         "multiple of 2C",
+         offsetof(tpk_run_opts, cp)},
+        {"--cp-comm", C, 0, 0, NULL, "p2p|allgather", NULL, P, "parallel",
+         "how keys and values travel over CP: the ring (default) or an all-gather",
+         offsetof(tpk_run_opts, cp_comm)},
         {"--dtype", C, 0, 0, NULL, "f32|bf16", NULL, F, "parallel",
          "default: bf16 on a GPU, f32 on the host", offsetof(tpk_run_opts, dtype)},
         {"--zero", I, 0, 2, "0", NULL,
          "0, 1 (ZeRO-1: the optimizer state sharded over DP) or 2 (ZeRO-2: the gradients too)", P,
-         "parallel", "1: the optimizer sharded over DP; 2: the gradients too",
+         "parallel", "1: the optimizer sharded over DP (x CP); 2: the gradients too",
          offsetof(tpk_run_opts, zero)},
         {"--dp-reduce", C, 0, 0, NULL, "mean|adasum", NULL, P, "parallel",
          "adasum: DP a power of two", offsetof(tpk_run_opts, dp_reduce)},
         {"--recompute", C, 0, 0, NULL, "none|selective|full", NULL, P, "parallel", NULL,
          offsetof(tpk_run_opts, recompute)},
-        {"--pp", I, 1, G, "1", NULL, NULL, P, "pipeline", "stages; the world is TP x DP x PP",
+        {"--pp", I, 1, G, "1", NULL, NULL, P, "pipeline", "stages; the world is TP x CP x DP x PP",
          offsetof(tpk_run_opts, pp)},
         {"--micro-batches", I, 1, G, NULL, "M", NULL, P, "pipeline",
          "a step's micro-batches, as --grad-accum", offsetof(tpk_run_opts, micro)},
@@ -273,7 +284,24 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
     if (world && world % o->tp)
         return snprintf(err, n, "--tp %lld does not divide the %d ranks", (long long)o->tp, world),
                false;
-    if (world && world % (o->tp * o->pp))
+    if (world && world % (o->tp * o->cp))
+        return snprintf(err, n,
+                        "--cp %lld: the %d ranks are not TP x CP x DP with --tp %lld (expected a "
+                        "multiple of %lld ranks)",
+                        (long long)o->cp, world, (long long)o->tp, (long long)(o->tp * o->cp)),
+               false;
+    if (o->cp > 1) { /* what context parallelism does not compose with yet, by name */
+        const char *no = o->piped ? "pipeline stages (--pp, --schedule, --pp-layers: the stages' "
+                                    "messages carry whole sequences)"
+                         : o->dropout > 0 ? "--dropout (the attention over CP has none, and the "
+                                            "masks would depend on --cp)"
+                         : o->plan        ? "--plan (the planner does not enumerate CP)"
+                         : o->sample ? "--sample (generation runs on whole sequences: save, then "
+                                       "--load the checkpoint without --cp to sample)"
+                                     : NULL;
+        if (no) return snprintf(err, n, "--cp %lld: not yet with %s", (long long)o->cp, no), false;
+    }
+    if (world && world % (o->tp * o->pp)) /* (pipeline stages with CP refused above) */
         return snprintf(err, n,
                         "--pp %lld: the %d ranks are not TP x DP x PP with --tp %lld (expected a "
                         "multiple of %lld ranks)",
@@ -461,6 +489,16 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
         return snprintf(err, n, "--seq-len %lld is longer than the model's %lld positions",
                         (long long)*seq, (long long)*sh[1]),
                TPK_ERR_ARG;
+    int64_t cp = o->cp > 1 ? o->cp : 1;
+    if (cp > 1 && *seq % (2 * cp))
+        return snprintf(err, n,
+                        "--seq-len %lld: expected a multiple of 2 x --cp = %lld (each sequence "
+                        "cut into %lld chunks, CP rank r holding chunks r and 2 cp - 1 - r)",
+                        (long long)*seq, (long long)(2 * cp), (long long)(2 * cp)),
+               TPK_ERR_ARG;
+    /* the attention over CP: the ring or the all-gather (every family's config carries it) */
+    tpk_cp_comm cm = o->cp_comm && !strcmp(o->cp_comm, "allgather") ? TPK_CP_ALLGATHER : TPK_CP_P2P;
+    cfg->gpt2.cp_comm = cfg->llama.cp_comm = cfg->neox.cp_comm = cfg->custom.cp_comm = cm;
     return TPK_OK;
 }
 

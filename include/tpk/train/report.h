@@ -1,5 +1,6 @@
-/* tpk/train/report.h — what a trainer prints around its loop: the banner (the mesh, backend,
- * dtype, the model's family, shape and parameters, the step's batch), with stages each virtual
+/* tpk/train/report.h — what a trainer prints around its loop: the banner (the mesh TP x CP x DP x
+ * PP — CP and PP where there are more than one —, backend, dtype, the model's family, shape and
+ * parameters, the step's batch), with stages each virtual
  * stage's blocks (and --print-schedule's table); the end of training (its steps, time and peak
  * memory: the kit's buffers at most, the largest over each stage's ranks, and each stage's idle
  * fraction: its seconds waiting in messages over its seconds in the pipeline); and --profile's
@@ -23,17 +24,20 @@ static inline void tpk_run_banner(FILE *out, const tpk_ctx *ctx, const tpk_run_o
     tpk_model *m = tpk_trainable_model(t);
     int64_t *sh[5];
     tpk_model_config_common(cfg, sh, (float)o->smoothing, o->sp, o->rc);
-    char pp[160] = "", fam[160], b[160];
-    int world = ctx->tp.size * ctx->dp.size * ctx->pp.size;
+    char pp[160] = "", cp[64] = "", fam[160], b[160];
+    int world = ctx->tp.size * ctx->cp.size * ctx->dp.size * ctx->pp.size;
+    if (ctx->cp.size > 1) /* context parallelism: the sequence split, the attention's exchange */
+        snprintf(cp, sizeof cp, " x CP %d (%s)", ctx->cp.size,
+                 o->cp_comm && !strcmp(o->cp_comm, "allgather") ? "all-gather" : "p2p ring");
     if (t->piped)
         snprintf(pp, sizeof pp, " x PP %d (%s, %d chunk%s a stage)", ctx->pp.size,
                  tpk_pipe_kind_name(o->kind), (int)o->vstages, o->vstages > 1 ? "s" : "");
     if (o->dp_batch) snprintf(b, sizeof b, "%s per DP rank = %lld", o->dp_batch, (long long)Btot);
     else snprintf(b, sizeof b, "%lld", (long long)o->batch);
     fprintf(out,
-            "train: %d rank%s = TP %d x DP %d%s%s, %s backend, %s | %s L=%lld H=%lld A=%lld "
+            "train: %d rank%s = TP %d%s x DP %d%s%s, %s backend, %s | %s L=%lld H=%lld A=%lld "
             "V=%lld P=%lld%s, %.2fM parameters | B=%s S=%lld %s %lld\n",
-            world, world == 1 ? "" : "s", ctx->tp.size, ctx->dp.size, pp,
+            world, world == 1 ? "" : "s", ctx->tp.size, cp, ctx->dp.size, pp,
             o->sp ? " (sequence parallel)" : "", ctx->ops->name,
             ctx->dtype == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
             tpk_run_family_title(m->arch), (long long)tpk_model_layers(m),

@@ -13,6 +13,12 @@
  *   stage its own blocks; each a phase announced to the other ranks, tpk_busy, whose timeout
  *   waits out its budget TPK_BUSY_PHASE_S, as the first step's is), destroy.
  *   tpk_trainable_model: the model whose sizes these are (the first chunk's copy with stages).
+ * Context parallelism (ctx->cp, c > 1): tpk_trainable_step and _losses take whole sequences, as
+ * at c = 1, and hand the model this CP rank's rows of them (tpk_cp_scatter_host: chunks r and
+ * 2c - 1 - r of every sequence, into buffers the handle keeps), so every CP rank of a DP rank
+ * trains on the same sequences as one rank would; the loss each reads is the whole batch's
+ * (tpk/layers/xent.h sums the CP shares), the gradients are summed over DP x CP by the DP
+ * reduction (tpk/train/dp.h). Not yet with stages (refused by name).
  *   Needs POSIX (tpk/train/model.h). */
 #ifndef TPK_TRAIN_TRAINABLE_H
 #define TPK_TRAIN_TRAINABLE_H
@@ -29,6 +35,9 @@ typedef struct tpk_trainable {
     char run_id[33];   /* the run its checkpoints name (tpk_ckpt_save_desc.run_id): set by the
                           program (the same on every rank; tpk_ranks_new_id), replaced by a loaded
                           checkpoint's; "": none */
+    int32_t *cp_ids, *cp_tg; /* under CP: this rank's rows of a step's (or an evaluation's)
+                                sequences, host [cp_cap] each */
+    size_t cp_cap;
 } tpk_trainable;
 
 /* How a trainable is built: without stages, or as this rank's stage of ctx->pp. */
@@ -45,6 +54,7 @@ static inline void tpk_trainable_destroy(tpk_ctx *ctx, tpk_trainable *t) {
     if (!t) return;
     if (t->piped) tpk_pipe_model_destroy(ctx, &t->pm);
     else tpk_model_destroy(ctx, &t->m);
+    tpk__free(ctx, t->cp_ids), tpk__free(ctx, t->cp_tg);
     memset(t, 0, sizeof *t);
 }
 
@@ -57,6 +67,11 @@ static inline tpk_status tpk_trainable_init(tpk_ctx *ctx, tpk_trainable *t,
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !t ? "t" : !cfg ? "cfg" : "d");
     memset(t, 0, sizeof *t);
     t->piped = d->piped || ctx->pp.size > 1;
+    if (t->piped && tpk_cp_size(ctx) > 1)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "d->piped: pipeline stages under context parallelism (ctx->cp of %d "
+                         "ranks) are not built yet (the stages' messages carry whole sequences)",
+                         ctx->cp.size);
     if (!t->piped) return tpk_model_init(ctx, &t->m, cfg);
     if (d->micro < 1 || d->vstages < 1)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "d->micro, d->vstages: expected >= 1, got %d, %d",
@@ -101,7 +116,8 @@ static inline void tpk_trainable_set_dp(tpk_trainable *t, tpk_dp_buckets *b, boo
  * (tpk/plan/plan.h) walks on a counting backend, so the planned memory and ops are the run's.
  *
  *   1. the gradients zeroed (and the device loss sum, without stages);
- *   2. without stages: for each micro-batch k (ids, targets [M][B S] in host memory) with
+ *   2. without stages: for each micro-batch k (ids, targets [M][B S / c] in host memory: this CP
+ *      rank's rows, tpk_cp_rows, of B sequences of S tokens; c = 1 without CP) with
  *      ctx->rng_step = rng_step + k, the forward (the loss stays on the device), the DP buckets
  *      begun on the last micro-batch (ZeRO-2's reduce-scatters too; none under ZeRO-1: one
  *      reduce-scatter at the end instead),
@@ -131,7 +147,7 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "M, B, S: expected >= 1, got %d, %lld, %lld", M,
                          (long long)B, (long long)S);
     bool zero = tpk__adamw_zero1(opt); /* ZeRO-1: no buckets during the backward */
-    size_t mbt = (size_t)B * (size_t)S; /* a micro-batch's tokens */
+    size_t mbt = (size_t)tpk_cp_rows(ctx, B, S); /* a micro-batch's tokens (this CP rank's) */
     TPK_TRY(tpk_params_zero_grad(ctx));
     if (pm) {
         TPK_TRY(tpk_pipe_model_step(ctx, pm, ids, targets, B, S, scale, rng_step, NULL));
@@ -149,7 +165,40 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
     return tpk_train_step(ctx, opt, b, lr, clip, 1.0f, norm);
 }
 
-/* One optimizer step over M micro-batches (ids, targets [M][B S], host): tpk_model_train_step. */
+/* Under context parallelism (c > 1): this CP rank's rows of K batches of whole sequences, ids and
+ * targets [K][B S] (host), into t's buffers [K][B S / c], *ids and *targets then pointing at them;
+ * at c = 1 nothing. */
+static inline tpk_status tpk__trainable_cp_rows(tpk_ctx *ctx, tpk_trainable *t, const char *fn,
+                                                const int32_t **ids, const int32_t **targets,
+                                                int64_t B, int64_t S, int K) {
+    int c = tpk_cp_size(ctx);
+    if (c == 1) return TPK_OK;
+    if (K < 1 || B < 1 || S < 1)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "K, B, S: expected >= 1, got %d, %lld, %lld", K,
+                         (long long)B, (long long)S);
+    TPK_TRY(tpk__cp_check_seq(ctx, fn, "S", S, c));
+    size_t rows = (size_t)tpk_cp_rows(ctx, B, S), need = rows * (size_t)K;
+    if (need > t->cp_cap) {
+        tpk__free(ctx, t->cp_ids), tpk__free(ctx, t->cp_tg), t->cp_cap = 0;
+        t->cp_ids = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * need);
+        t->cp_tg = (int32_t *)tpk__malloc(ctx, sizeof(int32_t) * need);
+        if (!t->cp_ids || !t->cp_tg)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "this CP rank's %zu tokens", need);
+        t->cp_cap = need;
+    }
+    size_t whole = (size_t)B * (size_t)S;
+    for (int k = 0; k < K; k++) {
+        TPK_TRY(tpk_cp_scatter_host(ctx, t->cp_ids + (size_t)k * rows, *ids + (size_t)k * whole, B,
+                                    S, sizeof(int32_t)));
+        TPK_TRY(tpk_cp_scatter_host(ctx, t->cp_tg + (size_t)k * rows, *targets + (size_t)k * whole,
+                                    B, S, sizeof(int32_t)));
+    }
+    *ids = t->cp_ids, *targets = t->cp_tg;
+    return TPK_OK;
+}
+
+/* One optimizer step over M micro-batches (ids, targets [M][B S] of whole sequences, host; under
+ * CP this rank's rows handed on): tpk_model_train_step. */
 static inline tpk_status tpk_trainable_step(tpk_ctx *ctx, tpk_trainable *t, tpk_adamw *opt,
                                             tpk_dp_buckets *b, const int32_t *ids,
                                             const int32_t *targets, int64_t B, int64_t S, int M,
@@ -157,6 +206,8 @@ static inline tpk_status tpk_trainable_step(tpk_ctx *ctx, tpk_trainable *t, tpk_
                                             double *norm) {
     if (!ctx) return TPK_ERR_ARG;
     if (!t) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_step", "t: NULL");
+    if (ids && targets)
+        TPK_TRY(tpk__trainable_cp_rows(ctx, t, "tpk_trainable_step", &ids, &targets, B, S, M));
     bool first = !t->stepped; /* its setup (buffers, plans) may be long: a phase (tpk_busy) */
     if (first) TPK_TRY(tpk_busy(ctx, TPK_BUSY_PHASE_S));
     if (first) tpk__test_slow(ctx->world ? ctx->world->rank : 0, false); /* TPK_TEST_SLOW_RANK */
@@ -182,8 +233,9 @@ static inline tpk_status tpk_trainable_loss(tpk_ctx *ctx, tpk_trainable *t, doub
     return tpk_allreduce_host(ctx, &ctx->dp, loss, 1, TPK_F64, TPK_SUM);
 }
 
-/* losses[K]: the mean loss of each of K batches (ids, targets [K][B S], host), forwards alone;
- * set the dropout to 0 first for an evaluation. Collective over the model's ranks. */
+/* losses[K]: the mean loss of each of K batches (ids, targets [K][B S] of whole sequences, host;
+ * under CP this rank's rows handed on, each loss the whole batch's), forwards alone; set the
+ * dropout to 0 first for an evaluation. Collective over the model's ranks. */
 static inline tpk_status tpk_trainable_losses(tpk_ctx *ctx, tpk_trainable *t, const int32_t *ids,
                                               const int32_t *targets, int64_t B, int64_t S, int K,
                                               float *losses) {
@@ -199,7 +251,8 @@ static inline tpk_status tpk_trainable_losses(tpk_ctx *ctx, tpk_trainable *t, co
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "K, B, S: expected >= 1, got %d, %lld, %lld", K,
                          (long long)B, (long long)S);
     if (t->piped) return tpk_pipe_model_eval(ctx, &t->pm, ids, targets, B, S, K, losses);
-    size_t bt = (size_t)B * (size_t)S;
+    TPK_TRY(tpk__trainable_cp_rows(ctx, t, fn, &ids, &targets, B, S, K));
+    size_t bt = (size_t)tpk_cp_rows(ctx, B, S);
     for (int k = 0; k < K; k++)
         TPK_TRY(tpk_model_forward(ctx, &t->m, ids + (size_t)k * bt, targets + (size_t)k * bt, B, S,
                                   &losses[k]));
