@@ -6,8 +6,9 @@
  * logits, repeated rows: the lower index first), the weights (renormalised or not), the counts and
  * the auxiliary loss against a plain C reference in double; its backward (dx, the gate's gradient)
  * against central differences of the routed objective. The dispatcher (tpk/layers/moe.h): the rows
- * each EP rank receives for its experts (an expert with none, a rank of 2 tokens), the combine, its
- * backward and the dispatch's backward against the senders' tokens, the all-to-alls counted; the
+ * each EP rank receives for its experts (an expert with none, ranks of 2 and 0 tokens), the
+ * combine, its backward and the dispatch's backward against the senders' tokens, the all-to-alls
+ * counted; the
  * MoE block at EP 1, 2, 3, 4, TP 2 x EP 2, EP 2 x DP 2 and TP 2, 3 (expert TP, F split unevenly):
  * y, the aux loss, dx and every gradient (the gate's at every rank, each expert's at its owning
  * ranks) within 1e-5 of an unsharded dense loop over the experts in double, random inputs, every
@@ -334,7 +335,7 @@ static void test_router(int T, int H, int E, int K, bool renorm, bool ties) {
 /* ---- the dispatcher -------------------------------------------------------------------------- */
 
 /* DP rank dq's tokens (the TP ranks of a DP rank hold the same): T, x [T, H], dy [T, H] */
-static int tokens(int dq) { return dq == 1 ? 2 : 5 + 2 * dq; }
+static int tokens(int dq) { return dq == 1 ? 2 : dq == 3 ? 0 : 5 + 2 * dq; }
 static void token_data(int dq, int H, float *x, float *dy) {
     for (int i = 0; i < tokens(dq) * H; i++)
         x[i] = 0.8f * tpk_rng_normal(200 + (uint64_t)dq, 0, (uint64_t)i),
@@ -739,7 +740,7 @@ int main(int argc, char **argv) {
         test_router(0, 4, 4, 2, true, false);
     }
     TEST_CASE("dispatcher: the rows each EP rank receives, the combine and both backwards "
-              "against the senders' tokens (an expert with none, a rank with 2 tokens)") {
+              "against the senders' tokens (an expert with none, ranks of 2 and 0 tokens)") {
         for (int ep = 1; ep <= np; ep++)
             if (np % ep == 0) test_dispatch(1, ep);
         if (np == 4) test_dispatch(2, 2);
