@@ -27,18 +27,19 @@
  *     dh_j = dog_j W2_j, dW2_j += dog_jᵀ h_j;  dgu_j = swiglu'(gu_j) dh_j;
  *     dW1_j += dgate_jᵀ xg_j, dW3_j += dup_jᵀ xg_j;  dxg_j = dgate_j W1_j + dup_j W3_j
  *     (expert TP: dxg is P over TP -> all-reduce)
- *   ungroup + exchange back: dxs [N, H] in send order;  dx[t] = sum_i dxs[s(t, i)] + the router's dx
- * Collectives per forward (and again per backward), on ctx->ep: one all-to-all of P El int32 (the
- * counts; forward only) and two of the rows: N H elements sent and R H received each; expert TP adds
- * an all-reduce of R H over ctx->tp each way. At P = 1 no all-to-all is made (the rows stay put).
- * The permutations are row copies (copy2d, runs of consecutive tokens at once), the combine and its
+ *   ungroup + exchange back: dxs [N, H] in send order;
+ *     dx[t] = sum_i dxs[s(t, i)] + the router's dx
+ * Collectives per forward (and again per backward), on ctx->ep: one all-to-all of P El int32
+ * (the counts; forward only) and two of the rows: N H elements sent and R H received each; expert
+ * TP adds an all-reduce of R H over ctx->tp each way. At P = 1 no all-to-all is made (the rows
+ * stay put). The permutations are row copies (copy2d, runs of consecutive tokens at once), the combine and its
  * backward one axpby and one 1 x 1 x H gemm_acc per row: O(N) small op calls a layer (a gather /
  * scatter op would make them one each; not yet).
  * Parameters (Hugging Face Mixtral's names): "<name>.gate.weight" [E, H] R (every rank), and for
  * each local expert e "<name>.experts.<e>.w1.weight" [F, H] S(0), ".w3.weight" [F, H] S(0),
  * ".w2.weight" [H, F] S(1), marked tpk_param.expert (their gradient is to be summed over ctx->edp).
- * Inputs: x R [T, H] in the context's dtype (no sequence parallelism: S(0) is refused); each TP rank
- * of an EP group routes the same tokens and sends them over its own EP group. */
+ * Inputs: x R [T, H] in the context's dtype (no sequence parallelism: S(0) is refused); each TP
+ * rank of an EP group routes the same tokens and sends them over its own EP group. */
 #ifndef TPK_MOE_H
 #define TPK_MOE_H
 
