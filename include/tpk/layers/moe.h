@@ -32,9 +32,9 @@
  * Collectives per forward (and again per backward), on ctx->ep: one all-to-all of P El int32
  * (the counts; forward only) and two of the rows: N H elements sent and R H received each; expert
  * TP adds an all-reduce of R H over ctx->tp each way. At P = 1 no all-to-all is made (the rows
- * stay put). The permutations are row copies (copy2d, runs of consecutive tokens at once), the combine and its
- * backward one axpby and one 1 x 1 x H gemm_acc per row: O(N) small op calls a layer (a gather /
- * scatter op would make them one each; not yet).
+ * stay put). The permutations are row copies (copy2d, runs of consecutive tokens at once), the
+ * combine and its backward one axpby and one 1 x 1 x H gemm_acc per row: O(N) small op calls a
+ * layer (a gather / scatter op would make them one each; not yet).
  * Parameters (Hugging Face Mixtral's names): "<name>.gate.weight" [E, H] R (every rank), and for
  * each local expert e "<name>.experts.<e>.w1.weight" [F, H] S(0), ".w3.weight" [F, H] S(0),
  * ".w2.weight" [H, F] S(1), marked tpk_param.expert (their gradient is to be summed over ctx->edp).
