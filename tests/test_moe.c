@@ -580,6 +580,13 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
             placed += (id >= 0) == mine && (id < 0 || c.params.list[id].expert);
         }
     CHECK(placed == 3 * E, "%d of %d expert weights placed wrong", 3 * E - placed, 3 * E);
+    if (ep > 1) { /* the DP reduction does not yet sum an expert's weight over ctx->edp: refused */
+        tpk_dp_buckets b = {0};
+        CHECK_OK(&c, tpk_dp_init(&c, &b));
+        CHECK_FAILS(&c, tpk_dp_begin(&c, &b, true), TPK_ERR_UNSUPPORTED,
+                    "its gradient's reduction over the expert's replicas (ctx->edp) is not yet");
+        tpk_dp_destroy(&b);
+    }
     test_set_weights(&c, 21, 0.3f);
     /* the reference's weights, whole, and its results */
     snprintf(pn, sizeof pn, "%s.gate.weight", name);

@@ -37,6 +37,18 @@
 /* The group of a weight's replicas, over which its gradient is summed and ZeRO slices:
  * ctx->dp_cp (DP x CP; the DP group at cp = 1, or in a context made without it). */
 static inline tpk_comm *tpk__dp_group(tpk_ctx *ctx) { return ctx->dp_cp ? ctx->dp_cp : &ctx->dp; }
+/* The DP reduction sums every parameter over tpk__dp_group: at EP > 1 an expert's weight
+ * (tpk_param.expert) must be summed over ctx->edp instead, which is not yet done: refused by name
+ * rather than adding different experts' gradients. */
+static inline tpk_status tpk__dp_no_experts(tpk_ctx *ctx, const char *fn) {
+    for (int i = 0; ctx->ep.size > 1 && i < ctx->params.n; i++)
+        if (ctx->params.list[i].expert)
+            return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                             "parameter \"%s\": an expert's weight at EP %d: its gradient's "
+                             "reduction over the expert's replicas (ctx->edp) is not yet done",
+                             ctx->params.list[i].name, ctx->ep.size);
+    return TPK_OK;
+}
 
 /* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts
  * (a sharded parameter's whole shard, a replicated one on TP rank 0 only, a grouped key/value

@@ -106,6 +106,7 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     if (!opt || !opt->m)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
+    TPK_TRY(tpk__dp_no_experts(ctx, fn));
     if (!isfinite(grad_scale) || isnan(clip))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "grad_scale, clip: expected finite numbers, got %g, %g",
