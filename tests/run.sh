@@ -280,23 +280,21 @@ if quick_set; then
               do { grew = 0; for (i = 1; i <= n; i++) if ((t[i] in m) && !(e[i] in m)) { m[e[i]] = 1; grew = 1 } } while (grew)
               for (h in m) print h }')
     needs_mpi() { printf '%s\n' "$mpi_headers" | grep -qx "$1"; }
-    hfail=0
-    for h in include/tpk/*.h include/tpk/*/*.h; do
-        cc=${CC:-cc}
-        needs_mpi "$h" && cc=mpicc
-        printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
-            $cc -std=c11 -Wall -Wextra -Werror -Iinclude -x c -c - -o /dev/null || { echo "FAIL header $h"; hfail=1; }
-    done
-    if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CC:-cc} -std=c11 -Werror: ok"; else failed=$((failed + 1)); fi
+    # header_jobs LANG PLAIN MPI FLAGS: each header compiled alone by PLAIN (MPI where it needs
+    # MPI), two at a time (each compile is one process); prints "FAIL header H (LANG)" per failure
+    header_jobs() {
+        for h in include/tpk/*.h include/tpk/*/*.h; do
+            if needs_mpi "$h"; then echo "$3 $h"; else echo "$2 $h"; fi
+        done | xargs -P 2 -n 2 sh -c 'printf "#include <%s>\nint tpk_header_check;\n" "${1#include/}" |
+            $0 '"$4"' -Wall -Wextra -Werror -Iinclude -c - -o /dev/null || echo "FAIL header $1 ('"$1"')"'
+    }
+    hout=$(header_jobs C11 "${CC:-cc}" mpicc "-std=c11 -x c" 2>&1)
+    printf '%s\n' "$hout" | grep -v '^$' | sed 's/^/    /'
+    if ! printf '%s\n' "$hout" | grep -q '^FAIL'; then passed=$((passed + 1)); echo "headers compile alone with ${CC:-cc} -std=c11 -Werror: ok"; else failed=$((failed + 1)); fi
     # ... and as C++17 (those needing MPI with mpicxx, which brings <mpi.h>)
-    hfail=0
-    for h in include/tpk/*.h include/tpk/*/*.h; do
-        cxx=${CXX:-g++}
-        needs_mpi "$h" && cxx=mpicxx
-        printf '#include <%s>\nint tpk_header_check;\n' "${h#include/}" |
-            $cxx -std=c++17 -Wall -Wextra -Werror -pedantic -Iinclude -x c++ -c - -o /dev/null || { echo "FAIL header $h as C++17"; hfail=1; }
-    done
-    if [ "$hfail" -eq 0 ]; then passed=$((passed + 1)); echo "headers compile alone with ${CXX:-g++} -std=c++17 -pedantic -Werror: ok"; else failed=$((failed + 1)); fi
+    hout=$(header_jobs C++17 "${CXX:-g++}" mpicxx "-std=c++17 -pedantic -x c++" 2>&1)
+    printf '%s\n' "$hout" | grep -v '^$' | sed 's/^/    /'
+    if ! printf '%s\n' "$hout" | grep -q '^FAIL'; then passed=$((passed + 1)); echo "headers compile alone with ${CXX:-g++} -std=c++17 -pedantic -Werror: ok"; else failed=$((failed + 1)); fi
 fi
 
 # ---- the trainer's test scripts -----------------------------------------------------------------
