@@ -174,6 +174,7 @@ typedef struct tpk__ids {
     size_t n, cap;
 } tpk__ids;
 static inline tpk_status tpk__ids_push(tpk_ctx *ctx, tpk__ids *v, const int32_t *x, size_t k) {
+    if (k == 0) return TPK_OK; /* nothing (and v->p may still be NULL: no pointer arithmetic) */
     if (v->n + k > v->cap) {
         size_t c = v->cap ? v->cap : 1024;
         while (c < v->n + k) c *= 2;
