@@ -471,7 +471,7 @@ static tpk_status nccl_split(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_
 
 static const tpk_comm_vtable *nccl_vtable(void) {
     static const tpk_comm_vtable vt = {"nccl", TPK__COMM_TABLE(nccl_), nccl_destroy,
-                                       TPK__COMM_P2P_A2A(nccl_)};
+                                       nccl_p2p, nccl_alltoallv};
     return &vt;
 }
 

@@ -131,7 +131,7 @@ typedef struct tpk_comm_vtable {
     tpk_status (*split)(tpk_ctx *ctx, tpk_comm *c, int color, int key, tpk_comm *out);
     void (*destroy)(tpk_comm *c);
     /* Optional (NULL: none; tpk_p2p fails naming the communicator): the batch ops[n] of sends and
-     * receives, every peer another rank of c (TPK__COMM_P2P in a table's initialiser). */
+     * receives, every peer another rank of c. */
     tpk_status (*p2p)(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *ops, int n, tpk_request *req);
     /* Optional (NULL: none; tpk_alltoallv fails naming the communicator): the all-to-all with
      * per-peer counts above (sendcounts, recvcounts: c->size each; checked by the front end). */
@@ -148,11 +148,8 @@ typedef struct tpk_comm_vtable {
 #define TPK__COMM_TABLE(prefix)                                                    \
     prefix##allreduce, prefix##allgatherv, prefix##reduce_scatterv, prefix##bcast, \
         prefix##barrier, prefix##wait, prefix##split
-/* The optional entries after destroy: {TPK__COMM_TABLE(p), destroy, TPK__COMM_P2P(p)} for a table
- * with point-to-point and no all-to-all, TPK__COMM_P2P_A2A(p) for both (prefix##p2p,
- * prefix##alltoallv); a table without point-to-point names its entries: NULL, p##alltoallv. */
-#define TPK__COMM_P2P(prefix) prefix##p2p, NULL
-#define TPK__COMM_P2P_A2A(prefix) prefix##p2p, prefix##alltoallv
+/* The optional entries come after destroy, named in the table's initialiser:
+ * {TPK__COMM_TABLE(p), destroy, p2p or NULL, alltoallv or NULL}. */
 static inline const char *tpk__comm_missing(const tpk_comm_vtable *vt) {
     if (!vt->name) return "name";
 #define TPK__COMM_MISSING(e) \

@@ -224,7 +224,7 @@ static inline void tpk__count_c_destroy(tpk_comm *g) {
 static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
                                             tpk_comm *out);
 static const tpk_comm_vtable tpk__count_comm_vt = {
-    "count", TPK__COMM_TABLE(tpk__count_c_), tpk__count_c_destroy, TPK__COMM_P2P(tpk__count_c_)};
+    "count", TPK__COMM_TABLE(tpk__count_c_), tpk__count_c_destroy, tpk__count_c_p2p, NULL};
 
 /* A group of `n` members (world ranks, by rank), this rank among them. */
 static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int *members, int n,

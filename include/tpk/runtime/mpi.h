@@ -892,7 +892,7 @@ static inline void tpk__mpi_report(tpk_ctx *ctx, tpk_comm *failed, const tpk_fli
 
 static inline const tpk_comm_vtable *tpk__mpi_vtable(void) {
     static const tpk_comm_vtable vt = {"mpi", TPK__COMM_TABLE(tpk__mpi_), tpk__mpi_destroy,
-                                       TPK__COMM_P2P_A2A(tpk__mpi_)};
+                                       tpk__mpi_p2p, tpk__mpi_alltoallv};
     return &vt;
 }
 
