@@ -89,6 +89,16 @@ static inline int test_lines_with(const test_logbuf *b, const char *s1, const ch
     return n;
 }
 
+/* all[q] = the world rank of member q of group g (at most 16 members): an all-gather of each
+ * member's world rank `me`. Collective over g. */
+static inline void test_group_ranks(tpk_ctx *c, tpk_comm *g, int32_t me, int32_t all[16]) {
+    size_t counts[16];
+    for (int q = 0; q < g->size; q++) counts[q] = 1;
+    if (g->size > 1)
+        CHECK_OK(c, tpk_allgatherv(c, g, &me, 1, all, counts, (size_t)g->size, TPK_I32));
+    else all[0] = me;
+}
+
 /* max |got - want| / max(max |want|, 1e-30) over n elements; NaN anywhere gives INFINITY. */
 static inline double test_relerr(const float *got, const float *want, size_t n) {
     double num = 0, den = 1e-30;

@@ -37,13 +37,8 @@ static void test_mesh(int tp, int cp, int pp) {
           cp > 1 ? "a group of its own" : "the DP group");
     tpk_comm *g[5] = {&c.tp, &c.cp, &c.dp, &c.pp, c.dp_cp};
     for (int k = 0; k < 5; k++) {
-        int32_t mine = me, all[16];
-        size_t counts[16];
-        for (int q = 0; q < g[k]->size; q++) counts[q] = 1;
-        if (g[k]->size > 1)
-            CHECK_OK(&c,
-                     tpk_allgatherv(&c, g[k], &mine, 1, all, counts, (size_t)g[k]->size, TPK_I32));
-        else all[0] = mine;
+        int32_t all[16];
+        test_group_ranks(&c, g[k], me, all);
         for (int q = 0; q < g[k]->size; q++) {
             int want = k == 0   ? q + tp * (cr + cp * (dr + dp * pr))
                        : k == 1 ? tr + tp * (q + cp * (dr + dp * pr))

@@ -59,13 +59,8 @@ static void test_mesh(int tp, int cp, int pp, int ep) {
           e > 1 ? "a group of its own" : "dp_cp");
     tpk_comm *g[2] = {&c.ep, c.edp};
     for (int k = 0; k < 2; k++) {
-        int32_t mine = me, all[16];
-        size_t counts[16];
-        for (int q = 0; q < g[k]->size; q++) counts[q] = 1;
-        if (g[k]->size > 1)
-            CHECK_OK(&c,
-                     tpk_allgatherv(&c, g[k], &mine, 1, all, counts, (size_t)g[k]->size, TPK_I32));
-        else all[0] = mine;
+        int32_t all[16];
+        test_group_ranks(&c, g[k], me, all);
         for (int q = 0; q < g[k]->size; q++) {
             int qd = k == 0 ? dr / e * e + q : q / cp * e + dr % e, qc = k == 0 ? cr : q % cp;
             int want = tr + tp * (qc + cp * (qd + dp * pr));
