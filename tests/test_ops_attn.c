@@ -1,7 +1,8 @@
 /* tests/test_ops_attn.c — the host backend's causal attention (kernels/host/attn.c), grouped-query:
  * forward and backward, with and without dropout, against a double reference and finite
- * differences; a head's result does not depend on the other heads' global indices; bf16. Runs on
- * one rank. */
+ * differences; a head's result does not depend on the other heads' global indices; bf16; one
+ * block of an attention split over the sequence (attn_block_fwd / _bwd), whose blocks merged give
+ * the whole attention with its dropout. Runs on one rank. */
 #include "ops_test.h"
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -214,6 +215,82 @@ static void attn_check_f32(const attn_shape *s, float p, uint64_t seed, uint64_t
     free(qkv), free(R), free(out), free(lse), free(dqkv), free(wo), free(wl), free(wd), free(fdq),
         free(to), free(tl);
     free(ro), free(rl), free(rd);
+}
+
+/* attn_fwd / attn_bwd of s through attn_block_fwd / _bwd: each sequence's queries in the blocks
+ * [qc[m], qc[m + 1]) against the keys' blocks [qc[k], qc[k + 1]), merged (causal blocks after the
+ * query block skipped); out, lse merged in f32, dqkv the f32 sums in qkv's layout. */
+static void attn_by_blocks(const attn_shape *s, const float *qkv, const float *dout,
+                           const float *whole_out, const float *whole_lse, float scale, float p,
+                           uint64_t seed, uint64_t stream, const int64_t *qc, int nc, float *out,
+                           float *lse, float *dqkv) {
+    int64_t Gl = attn_Gl(s, NULL), S = s->S, D = s->D, ld3 = (s->Al + 2 * Gl) * D, ldo = s->Al * D;
+    tpk_attn_blk b;
+    memset(&b, 0, sizeof b);
+    b.causal = true, b.Al = s->Al, b.D = D, b.A = s->A, b.G = attn_G(s), b.head0 = s->head0;
+    b.scale = scale, b.ldq = b.lddq = b.ldkv = ld3, b.ldo = ldo, b.ldl = S;
+    b.p = p, b.seed = seed, b.stream = stream, b.S = S;
+    test_poison(out, attn_no(s)), test_poison(lse, attn_nl(s));
+    for (size_t k = 0; k < attn_nq(s); k++) dqkv[k] = 0.0f;
+    for (int64_t bb = 0; bb < s->B; bb++)
+        for (int m = 0; m < nc; m++)
+            for (int k = 0; k <= m; k++) {
+                b.b = bb, b.q0 = qc[m], b.Sq = qc[m + 1] - qc[m], b.k0 = qc[k];
+                b.Sk = qc[k + 1] - qc[k];
+                const float *q = qkv + (bb * S + b.q0) * ld3, *kv = qkv + (bb * S + b.k0) * ld3;
+                size_t l0 = (size_t)(bb * s->Al * S + b.q0);
+                CHECK_OK(&ctx, tpk_op_attn_block_fwd(&ctx, out + (bb * S + b.q0) * ldo, lse + l0, q,
+                                                     kv + s->Al * D, &b, k > 0, TPK_F32));
+                CHECK_OK(&ctx, tpk_op_attn_block_bwd(
+                                   &ctx, dqkv + (bb * S + b.q0) * ld3,
+                                   dqkv + (bb * S + b.k0) * ld3 + s->Al * D,
+                                   dout + (bb * S + b.q0) * ldo, whole_out + (bb * S + b.q0) * ldo,
+                                   whole_lse + l0, q, kv + s->Al * D, &b, TPK_F32));
+            }
+}
+
+static void test_attention_blocks(void) {
+    TEST_CASE("layers attn_block_fwd/bwd f32, dropout p = 0.1 (and 0): blocks covering a sequence, "
+              "merged, give attn_fwd's output and lse and attn_bwd's gradients within 1e-6; bad "
+              "dropout arguments refused by name") {
+        const attn_shape s = {.B = 2, .S = 13, .Al = 2, .D = 8, .A = 4, .head0 = 2, .G = 2};
+        const int64_t qc[] = {0, 5, 6, 10, 13}; /* uneven blocks, one of a single row */
+        const size_t nq = attn_nq(&s), no = attn_no(&s), nl = attn_nl(&s);
+        const float scale = 0.4f;
+        const uint64_t seed = 77, stream = 3;
+        float *qkv = fbuf(nq), *R = fbuf(no), *out = fbuf(no), *lse = fbuf(nl), *dq = fbuf(nq),
+              *bo = fbuf(no), *bl = fbuf(nl), *bd = fbuf(nq);
+        test_randn(qkv, nq, 1170, 1.0f), test_randn(R, no, 1171, 1.0f);
+        for (int pi = 0; pi < 2; pi++) {
+            const float p = pi ? 0.0f : 0.1f;
+            attn_run_fwd(&s, qkv, scale, p, seed, stream, TPK_F32, out, lse);
+            attn_run_bwd(&s, qkv, R, out, lse, scale, p, seed, stream, TPK_F32, dq);
+            attn_by_blocks(&s, qkv, R, out, lse, scale, p, seed, stream, qc, 4, bo, bl, bd);
+            CHECK_CLOSE(bo, out, no, 1e-6, pi ? "blocks' out, p = 0" : "blocks' out, p = 0.1");
+            CHECK_CLOSE(bl, lse, nl, 1e-6, pi ? "blocks' lse, p = 0" : "blocks' lse, p = 0.1");
+            CHECK_CLOSE(bd, dq, nq, 1e-6, pi ? "blocks' dqkv, p = 0" : "blocks' dqkv, p = 0.1");
+        }
+        /* another seed changes the blocks' output as attn_fwd's */
+        attn_by_blocks(&s, qkv, R, out, lse, scale, 0.1f, seed + 1, stream, qc, 4, bo, bl, bd);
+        attn_run_fwd(&s, qkv, scale, 0.1f, seed, stream, TPK_F32, out, lse);
+        CHECK(bitdiff(bo, out, no) > 0, "p = 0.1: another seed gave the same blocks' output");
+        tpk_attn_blk b;
+        memset(&b, 0, sizeof b);
+        b.Sq = 2, b.Sk = 3, b.q0 = 4, b.k0 = 1, b.causal = true, b.Al = 1, b.D = 8, b.A = 1;
+        b.G = 1, b.scale = 0.5f, b.ldq = b.lddq = 8, b.ldkv = 16, b.ldo = 8, b.ldl = 2;
+        b.p = 1.0f;
+        CHECK_FAILS(&ctx, tpk_op_attn_block_fwd(&ctx, bo, bl, qkv, qkv, &b, false, TPK_F32),
+                    TPK_ERR_ARG, "b->p: expected 0 <= p < 1, got 1");
+        b.p = 0.1f, b.S = 5;
+        CHECK_FAILS(&ctx, tpk_op_attn_block_bwd(&ctx, bd, bd, R, out, lse, qkv, qkv, &b, TPK_F32),
+                    TPK_ERR_ARG,
+                    "b->S: with dropout expected the whole sequence's length, >= "
+                    "the block's last position + 1 = 6, got 5");
+        b.S = 6, b.b = -1;
+        CHECK_FAILS(&ctx, tpk_op_attn_block_fwd(&ctx, bo, bl, qkv, qkv, &b, false, TPK_F32),
+                    TPK_ERR_ARG, "b->b: expected >= 0");
+        free(qkv), free(R), free(out), free(lse), free(dq), free(bo), free(bl), free(bd);
+    }
 }
 
 static void test_attention(void) {
@@ -440,4 +517,4 @@ static void test_attention(void) {
     }
 }
 
-OPS_TEST_MAIN(test_attention)
+OPS_TEST_MAIN(test_attention, test_attention_blocks)

@@ -9,7 +9,9 @@
  * A block (attn_block_fwd / _bwd): the same on Sq query rows at positions q0 + i against Sk keys
  * at k0 + j (causal: j visible when k0 + j <= q0 + i), its o and lse merged into a running pair
  * by log-sum-exp, L = log(e^L' + e^l), o = e^(L' - L) o' + e^(l - L) o_block; the backward takes
- * the whole attention's lse and output and adds the block's dQ, dK, dV into f32 sums. */
+ * the whole attention's lse and output and adds the block's dQ, dK, dV into f32 sums. Dropout in
+ * a block keeps (q0 + i, k0 + j) by the mask attn_fwd draws at that pair of the whole sequence
+ * (attn_keep_row at row q0 + i from column k0), so blocks merged are attn_fwd's dropout. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -21,15 +23,20 @@
 
 /* keep[j] = the keep factor of P[i][j] of head (b, global head g) for keys j < n: 0 or 1/(1-p)
  * (1 without dropout); P[i][j] has dropout index ((b A + g) S + i) S + j, one Philox call per 4 */
-static void attn_keep_row(float *keep, float p, uint64_t seed, uint64_t stream, int64_t b,
-                          int64_t A, int64_t g, int64_t S, int64_t i, int64_t n) {
+static void attn_keep_row_at(float *keep, float p, uint64_t seed, uint64_t stream, int64_t b,
+                             int64_t A, int64_t g, int64_t S, int64_t i, int64_t j0, int64_t n) {
     if (p <= 0.0f) {
         for (int64_t j = 0; j < n; j++) keep[j] = 1.0f;
         return;
     }
     float scale = 1.0f / (1.0f - p);
-    tpk__host_dropout_u(seed, stream, (uint64_t)(((b * A + g) * S + i) * S), n, keep);
+    tpk__host_dropout_u(seed, stream, (uint64_t)(((b * A + g) * S + i) * S + j0), n, keep);
     for (int64_t j = 0; j < n; j++) keep[j] = keep[j] >= p ? scale : 0.0f;
+}
+/* the keep factors of keys [0, n) of row i (attn_keep_row_at from key 0) */
+static void attn_keep_row(float *keep, float p, uint64_t seed, uint64_t stream, int64_t b,
+                          int64_t A, int64_t g, int64_t S, int64_t i, int64_t n) {
+    attn_keep_row_at(keep, p, seed, stream, b, A, g, S, i, 0, n);
 }
 
 /* row[j] = exp(row[j] - sub) for j < n (vec.h's exponential); returns their sum (float lanes over
@@ -215,6 +222,10 @@ static int64_t blk_vis(const tpk_attn_blk *b, int64_t i) {
     int64_t n = b->q0 + i - b->k0 + 1;
     return n < 0 ? 0 : n > b->Sk ? b->Sk : n;
 }
+/* keep[j], j < n: the keep factors of block row i against keys j of global head g */
+static void blk_keep_row(float *keep, const tpk_attn_blk *b, int64_t g, int64_t i, int64_t n) {
+    attn_keep_row_at(keep, b->p, b->seed, b->stream, b->b, b->A, g, b->S, b->q0 + i, b->k0, n);
+}
 /* rows x cols of x (leading dimension ld, dtype dt) as f32 with the same ld (x itself when f32);
  * only those elements are read */
 static float *widen2d(const void *x, int64_t rows, int64_t cols, int64_t ld, tpk_dtype dt,
@@ -242,11 +253,11 @@ static tpk_status host_attn_block_fwd(tpk_ctx *ctx, float *out, float *lse, cons
     if (!Sq || !b->Al) return TPK_OK;
     float *qo, *ko = NULL, *P = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * keys_max)),
                *ob = (float *)malloc(sizeof(float) * (size_t)(ATTN_ROWS * D)),
-               lb[ATTN_ROWS];
+               *kp = (float *)malloc(sizeof(float) * (size_t)keys_max), lb[ATTN_ROWS];
     const float *Q = widen2d(q, Sq, b->Al * D, b->ldq, dt, &qo);
     const float *KV = Sk ? widen2d(kv, Sk, 2 * Gl * D, b->ldkv, dt, &ko) : NULL;
-    if (!Q || (Sk && !KV) || !P || !ob) {
-        free(qo), free(ko), free(P), free(ob);
+    if (!Q || (Sk && !KV) || !P || !ob || !kp) {
+        free(qo), free(ko), free(P), free(ob), free(kp);
         return tpk__host_nomem(ctx, fn, sizeof(float) * (size_t)(Sq * b->ldq + Sk * b->ldkv));
     }
     int ldq = (int)b->ldq, ldkv = (int)b->ldkv;
@@ -263,9 +274,10 @@ static tpk_status host_attn_block_fwd(tpk_ctx *ctx, float *out, float *lse, cons
                 for (int r = 0; r < n; r++) {
                     int64_t v = blk_vis(b, i0 + r);
                     float *row = P + (size_t)r * (size_t)keys;
-                    if (v > 0) {
+                    if (v > 0) { /* lse of the undropped softmax, o of the dropped P */
                         float inv = (float)(1.0 / softmax_row(row, v, &lb[r]));
-                        for (int64_t j = 0; j < v; j++) row[j] *= inv;
+                        blk_keep_row(kp, b, b->head0 + h, i0 + r, v);
+                        for (int64_t j = 0; j < v; j++) row[j] *= inv * kp[j];
                     } else {
                         lb[r] = -INFINITY;
                     }
@@ -294,7 +306,7 @@ static tpk_status host_attn_block_fwd(tpk_ctx *ctx, float *out, float *lse, cons
             }
         }
     }
-    free(qo), free(ko), free(P), free(ob);
+    free(qo), free(ko), free(P), free(ob), free(kp);
     return TPK_OK;
 }
 
@@ -317,9 +329,9 @@ static tpk_status host_attn_block_bwd(tpk_ctx *ctx, float *dq, float *dkv, const
                 *dO = widen2d(dout, Sq, AD, b->ldo, dt, &o3), *O = widen2d(out, Sq, AD, b->ldo, dt,
                                                                           &o4);
     float *P = (float *)malloc(sizeof(float) * ss), *dP = (float *)malloc(sizeof(float) * ss),
-          Dr[ATTN_ROWS];
-    if (!Q || !KV || !dO || !O || !P || !dP) {
-        free(o1), free(o2), free(o3), free(o4), free(P), free(dP);
+          *kp = (float *)malloc(sizeof(float) * (size_t)Sk), Dr[ATTN_ROWS];
+    if (!Q || !KV || !dO || !O || !P || !dP || !kp) {
+        free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(kp);
         return tpk__host_nomem(ctx, fn, sizeof(float) * (2 * ss + (size_t)(Sk * b->ldkv)));
     }
     int ldq = (int)b->ldq, lddq = (int)b->lddq, ldkv = (int)b->ldkv, ldo = (int)b->ldo;
@@ -344,15 +356,19 @@ static tpk_status host_attn_block_bwd(tpk_ctx *ctx, float *dq, float *dkv, const
                 for (int64_t e = 0; e < D; e++) d += (double)dOh[i * ldo + e] * Oh[i * ldo + e];
                 Dr[r] = (float)d;
             }
-            /* dP = dO V^T, dS = P (dP - Dr) */
+            /* dP = dO V^T (w.r.t. the dropped P), dS = P (dP keep - Dr), P keep for dV */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, keys, (int)D, 1.0f,
                         dOh + i0 * ldo, ldo, V, ldkv, 0.0f, dP, keys);
-            for (int r = 0; r < n; r++)
+            for (int r = 0; r < n; r++) {
+                blk_keep_row(kp, b, b->head0 + h, i0 + r, keys);
                 for (int64_t j = 0; j < keys; j++) {
                     size_t k = (size_t)r * (size_t)keys + (size_t)j;
-                    dP[k] = P[k] * (dP[k] - Dr[r]);
+                    float pij = P[k];
+                    dP[k] = pij * (dP[k] * kp[j] - Dr[r]);
+                    P[k] = pij * kp[j];
                 }
-            /* dV[0:keys] += P^T dO, dQ += scale dS K, dK[0:keys] += scale dS^T Q */
+            }
+            /* dV[0:keys] += (P keep)^T dO, dQ += scale dS K, dK[0:keys] += scale dS^T Q */
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, (int)D, n, 1.0f, P, keys,
                         dOh + i0 * ldo, ldo, 1.0f, dV, ldkv);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, (int)D, keys, b->scale, dP,
@@ -361,7 +377,7 @@ static tpk_status host_attn_block_bwd(tpk_ctx *ctx, float *dq, float *dkv, const
                         keys, Qh + i0 * ldq, ldq, 1.0f, dK, ldkv);
         }
     }
-    free(o1), free(o2), free(o3), free(o4), free(P), free(dP);
+    free(o1), free(o2), free(o3), free(o4), free(P), free(dP), free(kp);
     return TPK_OK;
 }
 

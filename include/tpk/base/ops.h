@@ -103,7 +103,10 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
  * key/value heads [g0, g0 + Gl) (tpk_attn_kv_heads) of G. Leading dimensions (elements): ldq of q
  * (query head h at column h D), lddq of dq, ldkv of kv and dkv (K of local key/value head g at
  * column g D, V at column (Gl + g) D), ldo of out and dout (head h at column h D), ldl of lse
- * (head h's row at h ldl). */
+ * (head h's row at h ldl). Dropout (p > 0) on the probabilities by attn_fwd's masks: P_ij of
+ * global head g = head0 + h is kept when dropout_u(seed, stream, ((b A + g) S + q0 + i) S + k0 + j)
+ * >= p (b the sequence's batch index, S its whole length), so the mask of a (query, key) pair does
+ * not depend on how the sequence is split into blocks. */
 typedef struct tpk_attn_blk {
     int64_t Sq, Sk;  /* query rows, key/value rows */
     int64_t q0, k0;  /* the sequence positions of the first of each */
@@ -111,6 +114,9 @@ typedef struct tpk_attn_blk {
     int64_t Al, D, A, G, head0;
     float scale;     /* s_ij = scale q_i . k_j */
     int64_t ldq, lddq, ldkv, ldo, ldl;
+    float p;               /* dropout probability on P (0: none) */
+    uint64_t seed, stream; /* attn_fwd's */
+    int64_t b, S;          /* the batch index of the sequence, its whole length (p > 0) */
 } tpk_attn_blk;
 
 typedef struct tpk_ops {
@@ -258,20 +264,21 @@ typedef struct tpk_ops {
                            int64_t D, int64_t A, int64_t G, int64_t head0, float scale, float p,
                            uint64_t seed, uint64_t stream, tpk_dtype dt);
 
-    /* Attention of one block (tpk_attn_blk b; no dropout), whose partial results merge by their
+    /* Attention of one block (tpk_attn_blk b), whose partial results merge by their
      * log-sum-exp into the attention over every block (tpk/layers/cp_attn.h):
      *   s_ij = scale q_i . k_j on the visible keys;  lse_i = log sum_j exp(s_ij) (-inf: no key
-     *   visible);  o_i = sum_j exp(s_ij - lse_i) v_j (0: none).
+     *   visible; of the undropped softmax);  o_i = sum_j exp(s_ij - lse_i) keep_ij v_j (0: none),
+     *   keep_ij = 1, or 0 or 1/(1-p) by b's dropout mask.
      * attn_block_fwd: q [Sq, ldq] and kv [Sk, ldkv] in dt; out f32 [Sq, ldo], lse f32 [Al, ldl].
      *   merge = false: out, lse = o, lse of this block. merge = true: out, lse hold the attention
      *   over other keys (o', lse') and become that over both, L = log(e^lse' + e^lse),
      *   out = e^(lse' - L) o' + e^(lse - L) o (a side at -inf adds nothing).
      * attn_block_bwd: with lse (as above) and out [Sq, ldo] (in dt) the whole attention's, over
      *   every block, and dout [Sq, ldo] in dt: P_ij = exp(s_ij - lse_i) on the visible keys,
-     *   dP = dout V^T, dS = P (dP - rowsum(dout o out)); adds dq += scale dS K into dq f32
-     *   [Sq, lddq] (the query heads' columns) and dK += scale dS^T Q, dV += P^T dout into dkv f32
-     *   [Sk, ldkv] (a key/value head's: the sum over the local query heads that read it, in a
-     *   fixed order). Summed over the blocks of all keys, dq is the attention's dQ and each
+     *   dP = dout V^T, dS = P (dP keep - rowsum(dout o out)); adds dq += scale dS K into dq f32
+     *   [Sq, lddq] (the query heads' columns) and dK += scale dS^T Q, dV += (P keep)^T dout into
+     *   dkv f32 [Sk, ldkv] (a key/value head's: the sum over the local query heads that read it,
+     *   in a fixed order). Summed over the blocks of all keys, dq is the attention's dQ and each
      *   block's dkv its dK, dV. */
     tpk_status (*attn_block_fwd)(tpk_ctx *ctx, float *out, float *lse, const void *q,
                                  const void *kv, const tpk_attn_blk *b, bool merge, tpk_dtype dt);

@@ -144,6 +144,7 @@ static inline tpk_attn_blk tpk__cp_blk(bool causal, int64_t A, int64_t G, int64_
     memset(&b, 0, sizeof b);
     b.causal = causal, b.Al = Al, b.D = D, b.A = A, b.G = G, b.head0 = a0, b.scale = scale;
     b.ldq = b.lddq = (Al + 2 * Gl) * D, b.ldkv = 2 * Gl * D, b.ldo = Al * D, b.ldl = Sl;
+    b.p = 0.0f; /* no dropout in the attention over CP yet (b.seed, b.stream, b.b, b.S unread) */
     return b;
 }
 

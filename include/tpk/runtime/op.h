@@ -703,6 +703,17 @@ static inline tpk_status tpk__op_attn_blk_check(tpk_ctx *ctx, const char *fn, co
     if (!isfinite(b->scale))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "b->scale: expected a finite scale, got %g",
                          (double)b->scale);
+    if (!(b->p >= 0.0f && b->p < 1.0f))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "b->p: expected 0 <= p < 1, got %g", (double)b->p);
+    if (b->p > 0.0f) { /* the mask's index reads the sequence's batch index and whole length */
+        TPK_TRY(tpk__op_nonneg(ctx, fn, "b->b", b->b));
+        int64_t end = b->q0 + b->Sq > b->k0 + b->Sk ? b->q0 + b->Sq : b->k0 + b->Sk;
+        if (b->S < end)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "b->S: with dropout expected the whole sequence's length, >= the "
+                             "block's last position + 1 = %lld, got %lld",
+                             (long long)end, (long long)b->S);
+    }
     int64_t Gl = tpk_attn_kv_heads(b->A, b->G, b->head0, b->Al, NULL), AD = b->Al * b->D;
     TPK_TRY(tpk__op_ld(ctx, fn, "b->ldq", b->ldq, AD));
     TPK_TRY(tpk__op_ld(ctx, fn, "b->lddq", b->lddq, AD));
