@@ -1,7 +1,10 @@
 /* tests/test_ops_elementwise.c — the host backend's elementwise ops (kernels/host/elementwise.c)
  * against references in double: bias add and grad; GELU forward and backward (also against finite
  * differences) and the identity activation; fill, copy2d, cast (bf16 rounding on hand-picked
- * halfway cases), axpby. Random inputs, outputs poisoned with NaN. Runs on one rank. */
+ * halfway cases), axpby; the FP8 casts (fp8_quant, fp8_dequant): every E4M3 and E5M2 code against
+ * a table decoded here from the bit layout, and the rounding of f32s (ties to even at every
+ * midpoint, saturation, NaN, subnormals, random magnitudes) against a search of that table, the
+ * amax. Random inputs, outputs poisoned with NaN. Runs on one rank. */
 #include "ops_test.h"
 
 /* ---- bias ---------------------------------------------------------------------------------- */
@@ -325,4 +328,146 @@ static void test_elementwise(void) {
     }
 }
 
-OPS_TEST_MAIN(test_bias, test_gelu, test_elementwise)
+/* ---- FP8 casts ------------------------------------------------------------------------------ */
+
+/* code c's value, read from the bit layout alone (double): E4M3 (OCP E4M3FN) or E5M2 */
+static double fp8_value(int c, tpk_fp8_fmt f) {
+    int e4 = f == TPK_E4M3, mb = e4 ? 3 : 2, bias = e4 ? 7 : 15, emax = e4 ? 15 : 31;
+    int sgn = c >> 7, E = (c & 0x7f) >> mb, M = c & ((1 << mb) - 1);
+    double v;
+    if (e4 && E == emax && M == (1 << mb) - 1) return NAN;
+    if (!e4 && E == emax) v = M ? NAN : INFINITY;
+    else if (E == 0) v = ldexp((double)M, 1 - bias - mb);
+    else v = ldexp(1.0 + (double)M / (1 << mb), E - bias);
+    return sgn ? -v : v;
+}
+/* the reference cast: the nearest finite value by search over the 128 non-negative codes, a tie
+ * to the even code (its mantissa's last bit 0), |v| >= max saturated, NaN -> 0x7F, the sign kept */
+static int fp8_ref(float v, tpk_fp8_fmt f) {
+    if (isnan(v)) return 0x7f;
+    int sgn = signbit(v) ? 0x80 : 0, best = 0;
+    double a = fabs((double)v), mx = f == TPK_E4M3 ? 448.0 : 57344.0;
+    if (a >= mx) return sgn | (f == TPK_E4M3 ? 0x7e : 0x7b);
+    double bd = INFINITY;
+    for (int c = 0; c < 128; c++) {
+        double w = fp8_value(c, f);
+        if (!isfinite(w)) continue;
+        double d = fabs(w - a);
+        if (d < bd || (d == bd && !(c & 1))) bd = d, best = c;
+    }
+    return sgn | best;
+}
+
+static void test_fp8_casts(void) {
+    TEST_CASE("fp8: every E4M3 and E5M2 code decoded; casts rounded to nearest even, saturated") {
+        uint8_t all[256];
+        float y[257];
+        uint16_t hy[257];
+        for (int c = 0; c < 256; c++) all[c] = (uint8_t)c;
+        for (int fi = 0; fi < 2; fi++) {
+            tpk_fp8_fmt f = fi ? TPK_E5M2 : TPK_E4M3;
+            const char *fname = fi ? "e5m2" : "e4m3";
+            /* the table: every code, at scale 1 and 0.25 (exact), in f32 and bf16 */
+            size_t bad = 0, badh = 0, nnan = 0;
+            test_poison(y, 257);
+            CHECK_OK(&ctx, tpk_op_fp8_dequant(&ctx, y, TPK_F32, all, 256, 1.0f, f));
+            for (int c = 0; c < 256; c++) {
+                double w = fp8_value(c, f);
+                nnan += isnan(w);
+                bad += isnan(w) ? !isnan(y[c]) : (double)y[c] != w || !signbit(y[c]) != !signbit(w);
+            }
+            CHECK(bad == 0 && isnan(y[256]), "dequant %s: %zu codes wrong (or wrote past n)", fname,
+                  bad);
+            CHECK(nnan == (fi ? 6u : 2u), "%s: %zu NaN codes in the reference", fname, nnan);
+            CHECK(fp8_value(0x7e, TPK_E4M3) == 448 && fp8_value(0x7b, TPK_E5M2) == 57344 &&
+                      fp8_value(0x01, TPK_E4M3) == ldexp(1, -9) &&
+                      fp8_value(0x01, TPK_E5M2) == ldexp(1, -16) &&
+                      isinf(fp8_value(0x7c, TPK_E5M2)),
+                  "reference table: max, least subnormal, infinity");
+            CHECK_OK(&ctx, tpk_op_fp8_dequant(&ctx, hy, TPK_BF16, all, 256, 0.25f, f));
+            for (int c = 0; c < 256; c++) {
+                double w = fp8_value(c, f) * 0.25;
+                float g = tpk_bf16_to_f32(hy[c]);
+                badh += isnan(w) ? !isnan(g) : (double)g != w;
+            }
+            CHECK(badh == 0, "dequant %s bf16 at scale_inv 0.25: %zu codes wrong", fname, badh);
+
+            /* the casts: every finite value (round trip), midpoints (ties to even) and a step
+             * either side of them, beyond max, infinities, NaN, f32 subnormals, random f32s */
+            enum { NV = 4096 };
+            float *v = fbuf(NV);
+            int nv = 0;
+            for (int c = 0; c < 256; c++) {
+                double w = fp8_value(c, f);
+                if (isnan(w)) continue;
+                v[nv++] = (float)w;
+                if (!isfinite(w) || (c & 0x7f) == (fi ? 0x7b : 0x7e)) continue;
+                double w1 = fp8_value(c + 1, f); /* the next code up in magnitude */
+                if (!isfinite(w1)) continue;
+                float mid = (float)((w + w1) / 2); /* exact in f32 */
+                v[nv++] = mid, v[nv++] = nextafterf(mid, 0), v[nv++] = nextafterf(mid, INFINITY);
+                v[nv++] = -mid;
+            }
+            float mx = tpk_fp8_max(f);
+            float extra[] = {
+                mx * 1.03125f,    mx * 1.0625f, mx * 4, 3e38f, -3e38f,
+                INFINITY,         -INFINITY,    NAN,    -NAN,  1e-40f,
+                -1e-40f,          1e-45f,       0.0f,   -0.0f, nextafterf(mx, INFINITY),
+                nextafterf(mx, 0)};
+            for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) v[nv++] = extra[i];
+            uint64_t st = 77 + (uint64_t)fi;
+            while (nv < NV) { /* log-uniform magnitudes 2^-30 .. 2^20, random signs */
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                double u = (double)(st >> 11) / 9007199254740992.0;
+                v[nv++] = (float)((st & 1 ? -1 : 1) * ldexp(1.0, -30) * pow(2.0, 50 * u));
+            }
+            uint8_t *q = malloc(NV + 1);
+            memset(q, 0xA5, NV + 1);
+            CHECK_OK(&ctx, tpk_op_fp8_quant(&ctx, q, NULL, v, TPK_F32, NV, 1.0f, f, false));
+            size_t badq = 0;
+            for (int i = 0; i < NV; i++)
+                if (q[i] != fp8_ref(v[i], f)) {
+                    if (badq++ < 5)
+                        fprintf(stderr, "  %s cast of %a: got %#04x, expected %#04x\n", fname,
+                                (double)v[i], q[i], fp8_ref(v[i], f));
+                }
+            CHECK(badq == 0 && q[NV] == 0xA5, "quant %s: %zu of %d wrong (or wrote past n)", fname,
+                  badq, NV);
+            /* the scale multiplies first (x scale, rounded in f32, then cast), and the amax of
+             * the unscaled x in the same pass: accumulate off (poisoned), on */
+            float sc = 3.7f, amax = NAN, want = 0;
+            for (int i = 0; i < NV; i++)
+                if (isfinite(v[i]) || isinf(v[i])) want = fmaxf(want, fabsf(v[i]));
+            CHECK_OK(&ctx, tpk_op_fp8_quant(&ctx, q, &amax, v, TPK_F32, NV, sc, f, false));
+            badq = 0;
+            for (int i = 0; i < NV; i++) badq += q[i] != fp8_ref(v[i] * sc, f);
+            CHECK(badq == 0, "quant %s at scale %g: %zu wrong", fname, (double)sc, badq);
+            CHECK(amax == want, "amax %s: got %g, expected %g (NaN ignored, inf kept)", fname,
+                  (double)amax, (double)want);
+            float small[3] = {0.5f, -2.0f, 1.0f}, am = 7.0f;
+            CHECK_OK(&ctx, tpk_op_fp8_quant(&ctx, NULL, &am, small, TPK_F32, 3, 1.0f, f, true));
+            CHECK(am == 7.0f, "amax accumulate: got %g, expected 7", (double)am);
+            CHECK_OK(&ctx, tpk_op_fp8_quant(&ctx, NULL, &am, small, TPK_F32, 3, 1.0f, f, false));
+            CHECK(am == 2.0f, "amax: got %g, expected 2", (double)am);
+            CHECK_OK(&ctx, tpk_op_fp8_quant(&ctx, NULL, &am, small, TPK_F32, 0, 1.0f, f, false));
+            CHECK(am == 0.0f, "amax of no elements: got %g, expected 0", (double)am);
+            /* bf16 input: the same casts of the rounded values; a long run over threads */
+            size_t nb = 200000;
+            float *xb = fbuf(nb);
+            uint16_t *hb = hbuf(nb);
+            uint8_t *qb = malloc(nb);
+            test_randn(xb, nb, 91 + (uint64_t)fi, fi ? 3000.0f : 30.0f);
+            xb[123457] = fi ? -90000.0f : 700.0f;
+            to_bf16(hb, xb, nb), from_bf16(xb, hb, nb);
+            CHECK_OK(&ctx, tpk_op_fp8_quant(&ctx, qb, &amax, hb, TPK_BF16, nb, 1.0f, f, false));
+            badq = 0, want = 0;
+            for (size_t i = 0; i < nb; i++)
+                badq += qb[i] != fp8_ref(xb[i], f), want = fmaxf(want, fabsf(xb[i]));
+            CHECK(badq == 0 && amax == want, "quant %s of bf16: %zu wrong, amax %g (want %g)",
+                  fname, badq, (double)amax, (double)want);
+            free(xb), free(hb), free(qb), free(q), free(v);
+        }
+    }
+}
+
+OPS_TEST_MAIN(test_bias, test_gelu, test_elementwise, test_fp8_casts)

@@ -2,7 +2,8 @@
  * GEMM: all four transpose combinations with padded leading dimensions, alpha/beta, bf16, odd and
  * empty sizes; gemm_acc (f32 or bf16 operands into an f32 C, not rounded); and the fused linear
  * ops through the front end (linear_fwd against gemm + bias_add + GELU, linear_bwd_act against
- * double references). Random inputs, outputs poisoned with NaN. Runs on one rank. */
+ * double references); gemm_fp8 on random FP8 codes of both formats (decoded here from the bit
+ * layout), C f32 or bf16. Random inputs, outputs poisoned with NaN. Runs on one rank. */
 #include "ops_test.h"
 
 /* ---- gemm ---------------------------------------------------------------------------------- */
@@ -350,4 +351,71 @@ static void test_linear_bwd_act(void) {
     }
 }
 
-OPS_TEST_MAIN(test_gemm, test_gemm_acc, test_linear_fwd, test_linear_bwd_act)
+/* ---- gemm_fp8 ------------------------------------------------------------------------------ */
+
+/* a random finite code of f (NaN and infinity codes redrawn) and its value, decoded here from the
+ * bit layout (E4M3: bias 7, 3 mantissa bits; E5M2: bias 15, 2) */
+static double fp8_dec(uint8_t c, tpk_fp8_fmt f) {
+    int mb = f == TPK_E4M3 ? 3 : 2, bias = f == TPK_E4M3 ? 7 : 15;
+    int E = (c & 0x7f) >> mb, M = c & ((1 << mb) - 1);
+    double v = E ? ldexp(1.0 + (double)M / (1 << mb), E - bias) : ldexp((double)M, 1 - bias - mb);
+    return c & 0x80 ? -v : v;
+}
+static void fp8_rand(uint8_t *q, float *v, size_t n, tpk_fp8_fmt f, uint64_t seed) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c;
+        do {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            c = (uint8_t)(seed >> 56);
+        } while (f == TPK_E4M3 ? (c & 0x7f) == 0x7f : (c & 0x7c) == 0x7c);
+        q[i] = c, v[i] = (float)fp8_dec(c, f);
+    }
+}
+
+static void test_gemm_fp8(void) {
+    TEST_CASE(
+        "host gemm_fp8: FP8 codes decoded exactly, f32 sums, alpha and beta, C f32 and bf16") {
+        for (size_t gi = 0; gi < sizeof gemm_cases / sizeof *gemm_cases; gi++)
+            for (int tr = 0; tr < 4; tr++)
+                for (int cv = 0; cv < 3; cv++) {
+                    gemm_case g = gemm_cases[gi];
+                    bool ta = tr & 1, tb = tr & 2;
+                    tpk_fp8_fmt fa = cv == 1 ? TPK_E5M2 : TPK_E4M3, fb = TPK_E4M3;
+                    tpk_dtype cdt = cv == 2 ? TPK_BF16 : TPK_F32;
+                    float beta = cv == 1 ? 1.0f : 0.0f, alpha = 0.0078125f * (1 + cv);
+                    int64_t lda = (ta ? g.m : g.k) + 1, ldb = (tb ? g.k : g.n) + 2, ldc = g.n + 1;
+                    size_t na = (size_t)((ta ? g.k : g.m) * lda),
+                           nb = (size_t)((tb ? g.n : g.k) * ldb), nc = (size_t)(g.m * ldc);
+                    uint8_t *qa = malloc(na), *qb = malloc(nb);
+                    float *a = fbuf(na), *b = fbuf(nb), *c = fbuf(nc), *c0 = fbuf(nc),
+                          *want = fbuf((size_t)(g.m * g.n));
+                    uint16_t *hc = hbuf(nc);
+                    fp8_rand(qa, a, na, fa, 100 + gi * 8 + (uint64_t)tr);
+                    fp8_rand(qb, b, nb, fb, 200 + gi * 8 + (uint64_t)tr);
+                    test_randn(c0, nc, 300 + gi, 1.0f);
+                    if (beta == 0) test_poison(c0, nc);
+                    if (cdt == TPK_BF16) round_bf16(c0, nc);
+                    ref_gemm(ta, tb, g.m, g.n, g.k, alpha, a, lda, b, ldb, beta, c0, ldc, want);
+                    if (cdt == TPK_BF16) {
+                        to_bf16(hc, c0, nc);
+                        CHECK_OK(&ctx, tpk_op_gemm_fp8(&ctx, ta, tb, g.m, g.n, g.k, alpha, qa, fa,
+                                                       lda, qb, fb, ldb, beta, hc, ldc, cdt));
+                        from_bf16(c, hc, nc);
+                    } else {
+                        memcpy(c, c0, nc * sizeof(float));
+                        CHECK_OK(&ctx, tpk_op_gemm_fp8(&ctx, ta, tb, g.m, g.n, g.k, alpha, qa, fa,
+                                                       lda, qb, fb, ldb, beta, c, ldc, cdt));
+                    }
+                    for (int64_t i = 0; i < g.m; i++) /* packed, for test_relerr */
+                        memmove(c + i * g.n, c + i * ldc, (size_t)g.n * sizeof(float));
+                    double e = test_relerr(c, want, (size_t)(g.m * g.n));
+                    double tol = cdt == TPK_BF16 ? TOL_BF16 : 1e-5;
+                    CHECK(e < tol, "gemm_fp8 %lldx%lldx%lld ta=%d tb=%d %s: relative error %.3g",
+                          (long long)g.m, (long long)g.n, (long long)g.k, ta, tb,
+                          tpk_dtype_name(cdt), e);
+                    free(qa), free(qb), free(a), free(b), free(c), free(c0), free(want), free(hc);
+                }
+    }
+}
+
+OPS_TEST_MAIN(test_gemm, test_gemm_acc, test_linear_fwd, test_linear_bwd_act, test_gemm_fp8)

@@ -15,6 +15,32 @@
 
 static void test_errors(void) {
     float a[64] = {0}, b[64] = {0}, c[64] = {0};
+    TEST_CASE("fp8 ops: bad arguments fail with a message naming them") {
+        uint8_t q[4] = {0};
+        CHECK_FAILS(&ctx, tpk_op_fp8_quant(&ctx, q, NULL, a, TPK_F32, 4, 0.0f, TPK_E4M3, false),
+                    TPK_ERR_ARG, "scale: expected a finite value > 0, got 0");
+        CHECK_FAILS(&ctx,
+                    tpk_op_fp8_quant(&ctx, q, NULL, a, TPK_F32, 4, 1.0f, (tpk_fp8_fmt)2, false),
+                    TPK_ERR_ARG, "fmt: expected TPK_E4M3 or TPK_E5M2, got 2");
+        CHECK_FAILS(&ctx, tpk_op_fp8_quant(&ctx, NULL, NULL, a, TPK_F32, 4, 1.0f, TPK_E5M2, false),
+                    TPK_ERR_ARG, "q, amax: expected one");
+        CHECK_FAILS(&ctx, tpk_op_fp8_dequant(&ctx, a, TPK_I32, q, 4, 1.0f, TPK_E4M3), TPK_ERR_DTYPE,
+                    "dt: expected f32 or bf16");
+        CHECK_FAILS(&ctx, tpk_op_fp8_dequant(&ctx, a, TPK_F32, q, 4, INFINITY, TPK_E4M3),
+                    TPK_ERR_ARG, "scale_inv: expected a finite value");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_fp8(&ctx, false, true, 2, 2, 2, 1, q, TPK_E4M3, 1, q, TPK_E4M3, 2,
+                                    0, c, 2, TPK_F32),
+                    TPK_ERR_ARG, "lda: expected >= 2, got 1");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_fp8(&ctx, false, true, 2, 2, 2, 1, q, TPK_E4M3, 2, q,
+                                    (tpk_fp8_fmt)-1, 2, 0, c, 2, TPK_F32),
+                    TPK_ERR_ARG, "fb: expected TPK_E4M3 or TPK_E5M2");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_fp8(&ctx, false, true, 2, 2, 2, NAN, q, TPK_E4M3, 2, q, TPK_E4M3, 2,
+                                    0, c, 2, TPK_F32),
+                    TPK_ERR_ARG, "alpha, beta: expected finite values");
+    }
     TEST_CASE("host gemm: bad arguments fail with a message naming them") {
         CHECK_FAILS(&ctx,
                     tpk_op_gemm(&ctx, false, false, -1, 4, 4, 1, a, 4, b, 4, 0, c, 4, TPK_F32),
@@ -166,6 +192,9 @@ static const struct ops_entry optional_entries[] = {OPS_ENTRY(dropout),
                                                     OPS_ENTRY(attn_block_bwd),
                                                     OPS_ENTRY(rope),
                                                     OPS_ENTRY(rope_at),
+                                                    OPS_ENTRY(fp8_quant),
+                                                    OPS_ENTRY(fp8_dequant),
+                                                    OPS_ENTRY(gemm_fp8),
                                                     OPS_ENTRY(swiglu_fwd),
                                                     OPS_ENTRY(swiglu_bwd),
                                                     OPS_ENTRY(rmsnorm_fwd),

@@ -10,6 +10,8 @@
  *             GELU: y = x Phi(x) = x/2 (1 + erf(x / sqrt 2));  NONE: y = x
  *   act_bwd   GELU-tanh: dx = dy (1/2 (1 + t) + x/2 (1 - t^2) s (1 + 3 c x^2)),
  *             t = tanh(s (x + c x^3));  GELU: dx = dy (Phi(x) + x phi(x))
+ *   fp8_quant   q = fp8(x scale) (tpk_f32_to_fp8: nearest even, saturating) and amax = max |x|
+ *               in the same pass;  fp8_dequant  y = f32(q) scale_inv
  * Element loops run in 8-lane vectors (vec.h; a tail through the same vector code) over the pool's
  * threads (pool.c); bias_grad splits the columns, each summing its rows in order: every result is
  * the same at any thread count. */
@@ -279,6 +281,74 @@ static tpk_status host_act_bwd(tpk_ctx *ctx, tpk_act act, void *dx, const void *
     return act_run(act, dx, x, dy, dt, n);
 }
 
+/* ---- FP8: quantize (with the amax in the same pass) and dequantize -------------------------- */
+
+typedef struct fp8_job {
+    tpk_dtype dt;
+    tpk_fp8_fmt fmt;
+    uint8_t *q;
+    void *y;
+    const void *x;
+    float scale;
+    float amax[TPK__HOST_MAX_THREADS]; /* each chunk's max |x| */
+    int64_t grain, n;
+} fp8_job;
+TPK__HOST_INLINE void fp8_quant_range(tpk_dtype dt, fp8_job *j, int64_t lo, int64_t hi) {
+    float m = 0.0f;
+    for (int64_t i = lo; i < hi; i++) {
+        float v = tpk__ld(j->x, dt, (size_t)i);
+        m = fmaxf(m, fabsf(v)); /* a NaN is ignored (fmaxf), an infinity kept */
+        if (j->q) j->q[i] = tpk_f32_to_fp8(v * j->scale, j->fmt);
+    }
+    j->amax[lo / j->grain] = m;
+}
+/* chunks [lo, hi) of grain elements each (the last shorter), chunk c's max |x| in amax[c] */
+static void fp8_quant_part(void *p, int64_t lo, int64_t hi) {
+    fp8_job *j = (fp8_job *)p;
+    for (int64_t c = lo; c < hi; c++) {
+        int64_t a = c * j->grain, b = a + j->grain < j->n ? a + j->grain : j->n;
+        TPK__BY_DTYPE(j->dt, fp8_quant_range, j, a, b);
+    }
+}
+/* n elements in at most TPK__HOST_MAX_THREADS chunks of at least GRAIN: the amax a fixed tree of
+ * chunk maxima (a max is exact in any order anyway) */
+static tpk_status host_fp8_quant(tpk_ctx *ctx, uint8_t *q, float *amax, const void *x, tpk_dtype dt,
+                                 size_t n, float scale, tpk_fp8_fmt fmt, bool accumulate) {
+    fp8_job j;
+    memset(&j, 0, sizeof j);
+    (void)ctx;
+    j.dt = dt, j.fmt = fmt, j.q = q, j.x = x, j.scale = scale, j.n = (int64_t)n;
+    j.grain = (j.n + TPK__HOST_MAX_THREADS - 1) / TPK__HOST_MAX_THREADS;
+    if (j.grain < GRAIN) j.grain = GRAIN;
+    int64_t chunks = (j.n + j.grain - 1) / j.grain;
+    tpk__host_par(chunks, 1, fp8_quant_part, &j);
+    if (amax) {
+        float m = accumulate ? *amax : 0.0f;
+        for (int64_t c = 0; c < chunks; c++) m = fmaxf(m, j.amax[c]);
+        *amax = m;
+    }
+    return TPK_OK;
+}
+
+TPK__HOST_INLINE void fp8_dequant_range(tpk_dtype dt, fp8_job *j, int64_t lo, int64_t hi) {
+    float tab[256];
+    for (int c = 0; c < 256; c++) tab[c] = tpk_fp8_to_f32((uint8_t)c, j->fmt) * j->scale;
+    for (int64_t i = lo; i < hi; i++) tpk__st(j->y, dt, (size_t)i, tab[j->q[i]]);
+}
+static void fp8_dequant_part(void *p, int64_t lo, int64_t hi) {
+    fp8_job *j = (fp8_job *)p;
+    TPK__BY_DTYPE(j->dt, fp8_dequant_range, j, lo, hi);
+}
+static tpk_status host_fp8_dequant(tpk_ctx *ctx, void *y, tpk_dtype dt, const uint8_t *q, size_t n,
+                                   float scale_inv, tpk_fp8_fmt fmt) {
+    (void)ctx;
+    fp8_job j;
+    memset(&j, 0, sizeof j);
+    j.dt = dt, j.fmt = fmt, j.y = y, j.q = (uint8_t *)q, j.scale = scale_inv;
+    tpk__host_par((int64_t)n, GRAIN, fp8_dequant_part, &j);
+    return TPK_OK;
+}
+
 /* this file's entries of the host table (table.c) */
 void tpk__host_elementwise_ops(tpk_ops *o) {
     o->fill = host_fill;
@@ -289,4 +359,6 @@ void tpk__host_elementwise_ops(tpk_ops *o) {
     o->bias_grad = host_bias_grad;
     o->act_fwd = host_act_fwd;
     o->act_bwd = host_act_bwd;
+    o->fp8_quant = host_fp8_quant;
+    o->fp8_dequant = host_fp8_dequant;
 }

@@ -4,6 +4,8 @@
  *   back;
  *             beta = 0 ignores C (NaN in C does not leak); k = 0 or alpha = 0 gives C = beta C
  *   gemm_acc  gemm into an f32 C whatever dt: bf16 A, B widened, C multiplied into in place
+ *   gemm_fp8  gemm on FP8 codes (E4M3, E5M2) decoded exactly into f32: FP8 tensor cores' inputs
+ *             with f32 sums; C f32 or bf16
  *   linear_fwd  u = x W^T (+ bias), y = u or (act) pre = u, y = act(u): the GEMM here, the bias
  *             and the activation the table's own entries, as the composition of
  *             tpk/runtime/backend.h does it (the same numbers) without its detour
@@ -99,6 +101,59 @@ static tpk_status host_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64
                     TPK_F32);
 }
 
+/* ---- gemm_fp8 -------------------------------------------------------------------------------- */
+
+/* dst[rows, cols] (contiguous f32) = the codes src[rows, cols] (leading dimension ld) decoded
+ * through a table of the format's 256 values: exact */
+static void fp8_widen(float *dst, const uint8_t *src, int64_t ld, int64_t rows, int64_t cols,
+                      tpk_fp8_fmt f) {
+    float tab[256];
+    for (int c = 0; c < 256; c++) tab[c] = tpk_fp8_to_f32((uint8_t)c, f);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) dst[i * cols + j] = tab[src[i * ld + j]];
+}
+/* C = alpha op(A) op(B) + beta C on FP8 codes: both decoded exactly into f32, cblas_sgemm (f32
+ * products and sums), C in c_dt (a bf16 C widened, multiplied into and rounded back) */
+static tpk_status host_gemm_fp8(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                float alpha, const uint8_t *a, tpk_fp8_fmt fa, int64_t lda,
+                                const uint8_t *b, tpk_fp8_fmt fb, int64_t ldb, float beta, void *c,
+                                int64_t ldc, tpk_dtype c_dt) {
+    static const char *fn = "host.gemm_fp8";
+    int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+    int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+    if (m == 0 || n == 0 || k == 0 || alpha == 0.0f)
+        return gemm_run(ctx, fn, ta, tb, m, n, k, alpha, NULL, lda, NULL, ldb, beta, c, ldc, c_dt,
+                        c_dt);
+    size_t na = (size_t)a_rows * (size_t)a_cols, nb = (size_t)b_rows * (size_t)b_cols;
+    float *wa = malloc(na * sizeof(float)), *wb = malloc(nb * sizeof(float));
+    if (!wa || !wb) {
+        free(wa), free(wb);
+        return tpk__host_nomem(ctx, fn, (wa ? nb : na) * sizeof(float));
+    }
+    fp8_widen(wa, a, lda, a_rows, a_cols, fa);
+    fp8_widen(wb, b, ldb, b_rows, b_cols, fb);
+    tpk_status s = TPK_OK;
+    if (c_dt == TPK_F32) {
+        s = gemm_run(ctx, fn, ta, tb, m, n, k, alpha, wa, a_cols, wb, b_cols, beta, c, ldc, TPK_F32,
+                     TPK_F32);
+    } else {
+        float *fc = malloc((size_t)m * (size_t)n * sizeof(float));
+        if (!fc) {
+            s = tpk__host_nomem(ctx, fn, (size_t)m * (size_t)n * sizeof(float));
+        } else {
+            if (beta != 0.0f) widen_loop(TPK_BF16, fc, c, ldc, m, n);
+            s = gemm_run(ctx, fn, ta, tb, m, n, k, alpha, wa, a_cols, wb, b_cols, beta, fc, n,
+                         TPK_F32, TPK_F32);
+            for (int64_t i = 0; s == TPK_OK && i < m; i++)
+                for (int64_t j = 0; j < n; j++)
+                    tpk__st(c, TPK_BF16, (size_t)(i * ldc + j), fc[i * n + j]);
+            free(fc);
+        }
+    }
+    free(wa), free(wb);
+    return s;
+}
+
 /* this file's entries of the host table (table.c) */
 /* ---- linear_fwd ------------------------------------------------------------------------------ */
 
@@ -115,4 +170,5 @@ void tpk__host_gemm_ops(tpk_ops *o) {
     o->gemm = host_gemm;
     o->gemm_acc = host_gemm_acc;
     o->linear_fwd = host_linear_fwd;
+    o->gemm_fp8 = host_gemm_fp8;
 }

@@ -75,6 +75,62 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
     return (float)l;
 }
 
+/* FP8 formats (fp8_quant, fp8_dequant, gemm_fp8): one byte per element, sign | exponent | mantissa.
+ *   TPK_E4M3  OCP's E4M3FN: bias 7, 3 mantissa bits, max 448, no infinities, NaN = S.1111.111
+ *             (weights and activations)
+ *   TPK_E5M2  bias 15, 2 mantissa bits, max 57344, infinities S.11111.00, NaN S.11111.{01,10,11}
+ *             (gradients)
+ * Exponent field 0: subnormal, M 2^(1 - bias - mbits). */
+typedef enum tpk_fp8_fmt { TPK_E4M3 = 0, TPK_E5M2 = 1 } tpk_fp8_fmt;
+TPK_HD static inline float tpk_fp8_max(tpk_fp8_fmt f) { return f == TPK_E4M3 ? 448.0f : 57344.0f; }
+/* f32 -> FP8 rounded to nearest even and saturated: |x| >= max (infinity too) gives +-max, NaN
+ * the code 0x7F (a NaN in both formats), a value that rounds to zero keeps its sign — what the
+ * saturating casts of the scaled FP8 recipes do (cvt.rn.satfinite). One definition for every
+ * backend. */
+TPK_HD static inline uint8_t tpk_f32_to_fp8(float x, tpk_fp8_fmt f) {
+    int mb = f == TPK_E4M3 ? 3 : 2, bias = f == TPK_E4M3 ? 7 : 15;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t s = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return 0x7f;
+    float af;
+    memcpy(&af, &a, 4);
+    if (af >= tpk_fp8_max(f)) return (uint8_t)(s | (f == TPK_E4M3 ? 0x7eu : 0x7bu));
+    int e = (int)(a >> 23) - 127, emin = 1 - bias;
+    int ef = e < -126 ? -126 : e; /* an f32 subnormal's exponent */
+    uint32_t sig = (a & 0x7fffffu) | (e > -127 ? 0x800000u : 0u);
+    int qe = (e < emin ? emin : e) - mb, sh = qe - (ef - 23); /* sh > 0: the bits dropped */
+    uint32_t q = 0;
+    if (sh <= 25) { /* round sig / 2^sh to nearest even */
+        uint32_t rem = sig & ((1u << sh) - 1u), half = 1u << (sh - 1);
+        q = sig >> sh;
+        if (rem > half || (rem == half && (q & 1u))) q++;
+    }
+    /* q counts quanta of 2^qe, the leading bit included: a carry into the exponent and a
+     * subnormal that rounds up to the least normal come out right */
+    uint32_t code = ((uint32_t)((e < emin ? emin : e) + bias - 1) << mb) + q; /* subnormal: q */
+    return (uint8_t)(s | code);
+}
+/* FP8 -> f32, exact */
+TPK_HD static inline float tpk_fp8_to_f32(uint8_t c, tpk_fp8_fmt f) {
+    int mb = f == TPK_E4M3 ? 3 : 2, bias = f == TPK_E4M3 ? 7 : 15;
+    uint32_t s = (uint32_t)(c & 0x80u) << 24, E = (c & 0x7fu) >> mb, M = c & ((1u << mb) - 1u);
+    uint32_t u;
+    if (f == TPK_E4M3 && (c & 0x7fu) == 0x7fu) u = 0x7fc00000u;
+    else if (f == TPK_E5M2 && E == 31) u = M ? 0x7fc00000u : 0x7f800000u;
+    else if (E == 0 && M == 0) u = 0;
+    else if (E == 0) { /* subnormal: normalise */ int e = 1 - bias;
+        while (!(M & (1u << mb))) M <<= 1, e--;
+        u = ((uint32_t)(e + 127) << 23) | ((M & ((1u << mb) - 1u)) << (23 - mb));
+    } else {
+        u = ((uint32_t)((int)E - bias + 127) << 23) | (M << (23 - mb));
+    }
+    u |= s;
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
 /* Every entry of tpk_ops by name, in three lists (X(entry) each); the backends fill their tables
  * from them (o->entry = <backend>_entry), so a new op is named in one place.
  *   TPK__OPS_CORE    required: tpk_ctx_init refuses a table without one of them (tpk__ops_missing);
@@ -85,15 +141,17 @@ TPK_HD static inline float tpk__xent_loss_row(float *loss, const float *part, in
  *                    and the front end (tpk/runtime/op.h) composes a NULL one from the entries
  *                    above, once for every backend. */
 #define TPK__OPS_MEMORY(X) X(alloc) X(free) X(memcpy) X(sync)
-#define TPK__OPS_CORE(X)                                                                       \
-    TPK__OPS_MEMORY(X)                                                                         \
-    X(fill) X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) X(bias_grad) X(act_fwd) \
-        X(act_bwd) X(rng_2d) X(adamw) X(sumsq)
+#define TPK__OPS_CORE(X)                                                                          \
+    TPK__OPS_MEMORY(X)                                                                            \
+    X(fill)                                                                                       \
+    X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) X(bias_grad) X(act_fwd) X(act_bwd) \
+        X(rng_2d) X(adamw) X(sumsq)
 #define TPK__OPS_LAYERS(X)                                                                    \
     X(dropout)                                                                                \
     X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss)    \
         X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd) X(swiglu_bwd) \
-            X(rmsnorm_fwd) X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd) X(rope_at)
+            X(rmsnorm_fwd) X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd) X(rope_at)   \
+                X(fp8_quant) X(fp8_dequant) X(gemm_fp8)
 #define TPK__OPS_FUSED(X) X(linear_fwd) X(linear_bwd_act) X(residual_layernorm_fwd) X(xent_fused)
 
 /* One block of an attention split over the sequence (attn_block_fwd, attn_block_bwd; context
@@ -341,6 +399,25 @@ typedef struct tpk_ops {
     /* *out (f64 in backend memory) = (accumulate ? *out : 0) + sum_i x[i]^2 over n f32 elements
      * (n may be 0), accumulated in double; no host wait */
     tpk_status (*sumsq)(tpk_ctx *ctx, double *out, const float *x, size_t n, bool accumulate);
+
+    /* FP8 (tpk_fp8_fmt above; the FP8 linears, tpk/layers/fp8.h), codes one byte each:
+     * fp8_quant:   q[i] = tpk_f32_to_fp8(x[i] scale) for x [n] in dt (q NULL: not written);
+     *              amax (NULL: none; f32 [1] in backend memory) = max(accumulate ? *amax : 0,
+     *              max_i |x[i]|), the unscaled x's (a NaN ignored, an infinity kept), in the same
+     *              pass
+     * fp8_dequant: y[i] = tpk_fp8_to_f32(q[i]) scale_inv, in dt
+     * gemm_fp8:    C[m, n] = alpha op(A) op(B) + beta C (gemm's shapes and rules), A and B codes
+     *              of fa, fb decoded exactly, the products summed in f32 (FP8 tensor cores' inputs
+     *              and accumulation); alpha carries the dequantising scales (1 / (s_a s_b));
+     *              C in c_dt, f32 or bf16; beta = 0 ignores C. */
+    tpk_status (*fp8_quant)(tpk_ctx *ctx, uint8_t *q, float *amax, const void *x, tpk_dtype dt,
+                            size_t n, float scale, tpk_fp8_fmt fmt, bool accumulate);
+    tpk_status (*fp8_dequant)(tpk_ctx *ctx, void *y, tpk_dtype dt, const uint8_t *q, size_t n,
+                              float scale_inv, tpk_fp8_fmt fmt);
+    tpk_status (*gemm_fp8)(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                           float alpha, const uint8_t *a, tpk_fp8_fmt fa, int64_t lda,
+                           const uint8_t *b, tpk_fp8_fmt fb, int64_t ldb, float beta, void *c,
+                           int64_t ldc, tpk_dtype c_dt);
 
     /* ---- the fusions (TPK__OPS_FUSED): optional; NULL, the front end composes each from the
      * required entries as its contract says (tpk__compose_* in tpk/runtime/op.h) ---- */

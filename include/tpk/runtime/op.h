@@ -353,6 +353,65 @@ static inline tpk_status tpk_op_bias_grad(tpk_ctx *ctx, void *db, const void *dy
                                ctx->ops->bias_grad(ctx, db, dy, rows, cols, dt, db_dt, accumulate))
                 : TPK_OK;
 }
+/* ---- FP8: the casts and the GEMM on FP8 codes (tpk/base/ops.h; tpk/layers/fp8.h) ----------- */
+
+static inline tpk_status tpk__op_fp8_fmt(tpk_ctx *ctx, const char *fn, const char *arg,
+                                         tpk_fp8_fmt f) {
+    if (f == TPK_E4M3 || f == TPK_E5M2) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected TPK_E4M3 or TPK_E5M2, got %d", arg,
+                     (int)f);
+}
+/* q = fp8(x scale), *amax = max(accumulate ? *amax : 0, max |x|); q or amax may be NULL */
+static inline tpk_status tpk_op_fp8_quant(tpk_ctx *ctx, uint8_t *q, float *amax, const void *x,
+                                          tpk_dtype dt, size_t n, float scale, tpk_fp8_fmt fmt,
+                                          bool accumulate) {
+    static const char *fn = "tpk_op_fp8_quant";
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_fp8_fmt(ctx, fn, "fmt", fmt));
+    if (!(scale > 0.0f) || isinf(scale))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "scale: expected a finite value > 0, got %g",
+                         (double)scale);
+    if (!q && !amax) return tpk__fail(ctx, TPK_ERR_ARG, fn, "q, amax: expected one, got neither");
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, n > 0));
+    if (!n && !(amax && !accumulate)) return TPK_OK;
+    return TPK__OP_CALL(ctx, "fp8_quant", (double)n * (double)(tpk_dtype_size(dt) + (q ? 1 : 0)), 0,
+                        TPK__OP_LAYER(fp8_quant, ctx, q, amax, x, dt, n, scale, fmt, accumulate));
+}
+/* y = f32(q) scale_inv */
+static inline tpk_status tpk_op_fp8_dequant(tpk_ctx *ctx, void *y, tpk_dtype dt, const uint8_t *q,
+                                            size_t n, float scale_inv, tpk_fp8_fmt fmt) {
+    static const char *fn = "tpk_op_fp8_dequant";
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    TPK_TRY(tpk__op_float(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_fp8_fmt(ctx, fn, "fmt", fmt));
+    if (!isfinite(scale_inv))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "scale_inv: expected a finite value, got %g",
+                         (double)scale_inv);
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, n > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "q", q, n > 0));
+    return n ? TPK__OP_CALL(ctx, "fp8_dequant", (double)n * (double)(tpk_dtype_size(dt) + 1), 0,
+                            TPK__OP_LAYER(fp8_dequant, ctx, y, dt, q, n, scale_inv, fmt))
+             : TPK_OK;
+}
+/* C (c_dt) = alpha op(A) op(B) + beta C on FP8 codes (see tpk_ops.gemm_fp8) */
+static inline tpk_status tpk_op_gemm_fp8(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n,
+                                         int64_t k, float alpha, const uint8_t *a, tpk_fp8_fmt fa,
+                                         int64_t lda, const uint8_t *b, tpk_fp8_fmt fb, int64_t ldb,
+                                         float beta, void *c, int64_t ldc, tpk_dtype c_dt) {
+    static const char *fn = "tpk_op_gemm_fp8";
+    TPK_TRY(tpk__op_gemm_check(ctx, fn, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, c_dt));
+    TPK_TRY(tpk__op_fp8_fmt(ctx, fn, "fa", fa));
+    TPK_TRY(tpk__op_fp8_fmt(ctx, fn, "fb", fb));
+    if (!isfinite(alpha) || !isfinite(beta))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "alpha, beta: expected finite values, got %g, %g",
+                         (double)alpha, (double)beta);
+    return m && n ? TPK__OP_CALL(ctx, "gemm_fp8", 0, 2.0 * (double)m * (double)n * (double)k,
+                                 TPK__OP_LAYER(gemm_fp8, ctx, ta, tb, m, n, k, alpha, a, fa, lda, b,
+                                               fb, ldb, beta, c, ldc, c_dt))
+                  : TPK_OK;
+}
+
 /* ---- the fusions: a NULL fused entry (TPK__OPS_FUSED) is composed from the required entries
  * (tpk__compose_*, tpk/runtime/backend.h) ---- */
 
