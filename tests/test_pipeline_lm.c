@@ -7,7 +7,10 @@
  * tied embedding's (its two copies' gradients are summed in another order: within 1e-6). And the
  * messages: the schedule's count, each this TP rank's hidden states (1/t of them under SP); and an
  * evaluation through the stages (forwards alone) gives the reference's losses on every stage. Bad
- * splits are refused. Run at 1..4 ranks. */
+ * splits are refused. Run at 1..4 ranks. Under context parallelism (CP 2 x PP 2 at 4 ranks, in make
+ * test-long: TPK_TESTS long or all), each CP rank's pipeline carries its rows: the same checks
+ * against the model without stages on the same CP group (losses and gradients to the bit, the
+ * tied embedding's within 1e-6), every schedule, the messages B S / c rows. */
 #include <tpk/train/pipe_model.h>
 
 #include "test.h"
@@ -15,32 +18,41 @@
 enum { V = 97, P = 16, H = 24, B = 2, S = 8, M = 4, MAXL = 8 };
 
 static int32_t ids[M * B * S], tg[M * B * S];
+static int32_t cids[M * B * S], ctg[M * B * S]; /* this CP rank's rows of each micro-batch */
 
-/* the reference: the whole model on this rank's TP group, micro-batch after micro-batch */
-static void reference(tpk_comm *tpw, int tp, const tpk_model_config *mc, tpk_ctx *r, tpk_model *m,
-                      float *loss) {
-    CHECK_OK(r, tpk_ctx_init(r, &(tpk_ctx_desc){.world = tpw, .tp = tp, .seed = 5}));
+/* the reference: the whole model on this rank's TP x CP group, micro-batch after micro-batch (under
+ * CP its rows of each, cids and ctg, made here) */
+static void reference(tpk_comm *tpw, int tp, int cp, const tpk_model_config *mc, tpk_ctx *r,
+                      tpk_model *m, float *loss) {
+    CHECK_OK(r, tpk_ctx_init(r, &(tpk_ctx_desc){.world = tpw, .tp = tp, .cp = cp, .seed = 5}));
+    int64_t T = tpk_cp_rows(r, B, S);
+    for (int k = 0; k < M; k++) {
+        CHECK_OK(r, tpk_cp_scatter_host(r, cids + k * T, ids + k * B * S, B, S, sizeof(int32_t)));
+        CHECK_OK(r, tpk_cp_scatter_host(r, ctg + k * T, tg + k * B * S, B, S, sizeof(int32_t)));
+    }
     CHECK_OK(r, tpk_model_init(r, m, mc));
     CHECK_OK(r, tpk_params_zero_grad(r));
     for (int k = 0; k < M; k++) {
         r->rng_step = (uint64_t)k;
-        CHECK_OK(r, tpk_model_forward(r, m, ids + k * B * S, tg + k * B * S, B, S, &loss[k]));
+        CHECK_OK(r, tpk_model_forward(r, m, cids + k * T, ctg + k * T, B, S, &loss[k]));
         CHECK_OK(r, tpk_model_backward(r, m, 1.0f / M));
     }
 }
 
-static void run(tpk_comm *world, tpk_comm *tpw, int tp, int pp, const tpk_model_config *mc,
+static void run(tpk_comm *world, tpk_comm *tpw, int tp, int cp, int pp, const tpk_model_config *mc,
                 tpk_pipe_kind kind, int Vc, const char *what) {
     tpk_ctx c, r;
     tpk_model ref;
     float lr[M], la[M];
-    reference(tpw, tp, mc, &r, &ref, lr);
-    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = world, .tp = tp, .pp = pp, .seed = 5}));
+    reference(tpw, tp, cp, mc, &r, &ref, lr);
+    CHECK_OK(&c, tpk_ctx_init(
+                     &c, &(tpk_ctx_desc){.world = world, .tp = tp, .cp = cp, .pp = pp, .seed = 5}));
+    int64_t T = tpk_cp_rows(&c, B, S);
     tpk_pipe_model pm;
     CHECK_OK(&c, tpk_pipe_model_init(&c, &pm, mc, kind, M, Vc, NULL, NULL, 0, 0));
     CHECK_OK(&c, tpk_params_zero_grad(&c));
     tpk_comm_stats_reset(&c.pp);
-    CHECK_OK(&c, tpk_pipe_model_step(&c, &pm, ids, tg, B, S, 1.0f / M, 0, la));
+    CHECK_OK(&c, tpk_pipe_model_step(&c, &pm, cids, ctg, B, S, 1.0f / M, 0, la));
     int bad = 0, tied = 0;
     double worst = 0;
     for (int i = 0; i < c.params.n; i++) {
@@ -65,13 +77,13 @@ static void run(tpk_comm *world, tpk_comm *tpw, int tp, int pp, const tpk_model_
     if (c.pp.rank == pp - 1) bad += memcmp(la, lr, sizeof la) != 0;
     int sends, recvs;
     tpk_pipe_messages(&pm.sched, c.pp.rank, &sends, &recvs);
-    int64_t T = B * S;
     bool sp = mc->gpt2.sequence_parallel || mc->llama.sequence_parallel ||
               mc->custom.sequence_parallel;
     uint64_t rows = (uint64_t)(sp ? tpk_tp_split(&c, T, c.tp.rank).size : T);
     CHECK(bad == 0 && worst < 1e-6,
-          "%s %s tp=%d pp=%d V=%d: %d gradients or losses differ (tied embedding: %g relative)",
-          what, tpk_pipe_kind_name(kind), tp, pp, Vc, bad, worst);
+          "%s %s tp=%d cp=%d pp=%d V=%d: %d gradients or losses differ (tied embedding: %g "
+          "relative)",
+          what, tpk_pipe_kind_name(kind), tp, cp, pp, Vc, bad, worst);
     CHECK(c.pp.stats.calls[TPK_COLL_SEND] == (uint64_t)sends &&
               c.pp.stats.elems[TPK_COLL_SEND] == (uint64_t)sends * rows * H,
           "%s: %llu sends of %llu elements, expected %d of %llu", what,
@@ -83,9 +95,9 @@ static void run(tpk_comm *world, tpk_comm *tpw, int tp, int pp, const tpk_model_
     float er[M], ea[M];
     CHECK_OK(&r, tpk_model_set_dropout(&r, &ref, 0));
     for (int k = 0; k < M; k++)
-        CHECK_OK(&r, tpk_model_forward(&r, &ref, ids + k * B * S, tg + k * B * S, B, S, &er[k]));
+        CHECK_OK(&r, tpk_model_forward(&r, &ref, cids + k * T, ctg + k * T, B, S, &er[k]));
     CHECK_OK(&c, tpk_pipe_model_set_dropout(&c, &pm, 0));
-    CHECK_OK(&c, tpk_pipe_model_eval(&c, &pm, ids, tg, B, S, M, ea));
+    CHECK_OK(&c, tpk_pipe_model_eval(&c, &pm, cids, ctg, B, S, M, ea));
     CHECK(!memcmp(ea, er, sizeof ea), "%s %s pp=%d: evaluation %g vs %g (first micro-batch)", what,
           tpk_pipe_kind_name(kind), pp, (double)ea[0], (double)er[0]);
     tpk_pipe_model_destroy(&c, &pm);
@@ -163,12 +175,56 @@ int main(int argc, char **argv) {
                             snprintf(what, sizeof what, "%s recompute %s",
                                      fam == 2 ? "custom" : fam ? "llama" : "gpt2",
                                      tpk_recompute_name((tpk_recompute)rc));
-                            run(&world, &tpw, tp, pp, &mc, (tpk_pipe_kind)kind,
+                            run(&world, &tpw, tp, 1, pp, &mc, (tpk_pipe_kind)kind,
                                 kind == TPK_PIPE_INTERLEAVED ? 2 : 1, what);
                         }
                     tpk_comm_destroy(&tpw);
                 }
             }
+
+    const char *set = getenv("TPK_TESTS"); /* make test-long's: long or all */
+    if (np == 4 && set && strcmp(set, "quick"))
+        TEST_CASE("CP 2 x PP 2: each CP rank's pipeline equals the model without stages on its CP "
+                  "group (GPT-2 tied, Llama GQA; every schedule)") {
+            MPI_Comm sub; /* this rank's CP group (world rank cp + 2 pp) as a world of its own */
+            MPI_Comm_split(MPI_COMM_WORLD, me / 2, me % 2, &sub);
+            tpk_comm cpw;
+            CHECK_OK(NULL, tpk_comm_mpi(NULL, sub, &cpw));
+            MPI_Comm_free(&sub);
+            for (int fam = 0; fam < 2; fam++)
+                for (int kind = 0; kind < TPK_PIPE_KINDS; kind++)
+                    for (int rc = 0; rc < 2; rc++) {
+                        if (rc && (fam == 0 || kind != TPK_PIPE_1F1B)) continue; /* Llama full */
+                        tpk_model_config mc;
+                        memset(&mc, 0, sizeof mc);
+                        tpk_recompute rm = rc ? TPK_RECOMPUTE_FULL : TPK_RECOMPUTE_NONE;
+                        if (fam == 0) {
+                            mc.arch = TPK_ARCH_GPT2;
+                            mc.gpt2 = (tpk_gpt2_config){.vocab = V,
+                                                        .positions = P,
+                                                        .layers = MAXL,
+                                                        .hidden = H,
+                                                        .heads = 4,
+                                                        .recompute = rm};
+                        } else {
+                            mc.arch = TPK_ARCH_LLAMA;
+                            mc.llama = (tpk_llama_config){.vocab = V,
+                                                          .positions = P,
+                                                          .layers = MAXL,
+                                                          .hidden = H,
+                                                          .heads = 4,
+                                                          .kv_heads = 2,
+                                                          .ffn = 40,
+                                                          .recompute = rm};
+                        }
+                        char what[64];
+                        snprintf(what, sizeof what, "%s recompute %s", fam ? "llama" : "gpt2",
+                                 tpk_recompute_name(rm));
+                        run(&world, &cpw, 1, 2, 2, &mc, (tpk_pipe_kind)kind,
+                            kind == TPK_PIPE_INTERLEAVED ? 2 : 1, what);
+                    }
+            tpk_comm_destroy(&cpw);
+        }
 
     TEST_CASE("bad splits: more stages than blocks, a list with a zero or the wrong sum") {
         tpk_ctx c;

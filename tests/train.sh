@@ -240,6 +240,23 @@ if long_set; then
     rv=$(relmax "$(vals "$T/cpck1.csv")" "$(vals "$T/cpck1r4.csv")")
     if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v v="$rv" 'BEGIN{exit !(r < 1e-6 && v < 1e-6)}'; then ok "saved at CP 1, resumed at --cp 4 --zero 1: steps 6-10 and the validation loss equal (max relative differences $r, $rv)"
     else fail "saved at CP 1, resumed at --cp 4 --zero 1 (max relative differences $r, $rv)"; fi
+    # CP 2 x PP 2 (4 ranks; each CP rank's pipeline carries its B S / c rows) against 1 rank with
+    # the micro-batches accumulated: GPT-2 (the tied embedding's two copies) 1F1B with its
+    # evaluation through the stages, Llama (GQA) interleaved, GPT-2 GPipe with full recompute
+    tr 1 --text "$text" $small --steps 6 --grad-accum 2 --eval-every 3 --csv "$T/cppp1_gpt2.csv"
+    rc0=$rc rc1=$rc
+    tr 4 --text "$text" $small --cp 2 --pp 2 --micro-batches 2 --steps 6 --eval-every 3 --csv "$T/cppp_gpt2.csv"
+    rv=$(relmax "$(vals "$T/cppp1_gpt2.csv")" "$(vals "$T/cppp_gpt2.csv")")
+    [ -n "$(vals "$T/cppp_gpt2.csv")" ] && awk -v v="$rv" 'BEGIN{exit !(v < 1e-6)}' || rc1=1
+    cpeq "gpt2 at --cp 2 --pp 2 (1F1B, 2 micro-batches; the validation loss within 1e-6: $rv)" "$T/cppp1_gpt2.csv" "$T/cppp_gpt2.csv" 6
+    rc1=$rc0
+    tr 4 --text "$text" $small --cp 2 --pp 2 --micro-batches 2 --schedule gpipe --recompute full --steps 6 --csv "$T/cppp_gpipe.csv"
+    cpeq "gpt2 at --cp 2 --pp 2 --schedule gpipe --recompute full" "$T/cppp1_gpt2.csv" "$T/cppp_gpipe.csv" 6
+    llpp=$(printf '%s\n' "$llcp" | sed 's/--layers 2/--layers 4/')
+    tr 1 --text "$text" $llpp --steps 6 --grad-accum 2 --csv "$T/cppp1_llama.csv"
+    rc1=$rc
+    tr 4 --text "$text" $llpp --cp 2 --pp 2 --micro-batches 2 --schedule interleaved --steps 6 --csv "$T/cppp_llama.csv"
+    cpeq "llama (GQA) at --cp 2 --pp 2 --schedule interleaved (2 chunks a stage)" "$T/cppp1_llama.csv" "$T/cppp_llama.csv" 6
 fi
 
 # ---- heterogeneous DP ranks (HetSeq): --dp-batch 8,4 over 2 DP ranks = one rank on the 12 sequences ----
@@ -753,7 +770,7 @@ if long_set; then
     bad "--zero 2 with one DP rank" "--zero 2: shards the optimizer and the gradients over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 2
     bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2
     bad "--cp not dividing the ranks" "--cp 3: the 2 ranks are not TP x CP x DP with --tp 1" --text "$text" $small --cp 3
-    bad "--cp with pipeline stages (not yet)" "--cp 2: not yet with pipeline stages" --text "$text" $small --cp 2 --pp 2
+    bad "--cp with --pp not dividing the ranks" "--pp 2: the 2 ranks are not TP x CP x DP x PP with --tp 1 --cp 2" --text "$text" $small --cp 2 --pp 2
     bad "--cp with dropout (not yet)" "--cp 2: not yet with --dropout" --text "$text" $small --cp 2 --dropout 0.1
     bad "--cp with --plan (not yet)" "--cp 2: not yet with --plan" --text "$text" $small --cp 2 --plan
     bad "--cp with --sample (not yet)" "--cp 2: not yet with --sample" --text "$text" $small --cp 2 --sample 4

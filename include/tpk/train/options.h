@@ -6,7 +6,7 @@
  * once it is known (tpk_run_family_flags). tpk_run_opts_check derives and checks what the flags
  * say together (--micro-batches and --grad-accum, --virtual-stages, --pp-layers, --tp-weights,
  * the mesh TP x CP x DP x PP against the world size, what context parallelism does not compose
- * with yet: --pp, --dropout, --plan, --sample). tpk_run_model_config builds the model's config
+ * with yet: --dropout, --plan, --sample). tpk_run_model_config builds the model's config
  * from the flags or a checkpoint's config.json, refusing a flag that differs from the
  * checkpoint's (and a sequence length that is not a multiple of 2 x --cp). */
 #ifndef TPK_TRAIN_OPTIONS_H
@@ -291,21 +291,20 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         (long long)o->cp, world, (long long)o->tp, (long long)(o->tp * o->cp)),
                false;
     if (o->cp > 1) { /* what context parallelism does not compose with yet, by name */
-        const char *no = o->piped ? "pipeline stages (--pp, --schedule, --pp-layers: the stages' "
-                                    "messages carry whole sequences)"
-                         : o->dropout > 0 ? "--dropout (the attention over CP has none, and the "
-                                            "masks would depend on --cp)"
+        const char *no = o->dropout > 0 ? "--dropout (the attention over CP has none, and the "
+                                          "masks would depend on --cp)"
                          : o->plan        ? "--plan (the planner does not enumerate CP)"
                          : o->sample ? "--sample (generation runs on whole sequences: save, then "
                                        "--load the checkpoint without --cp to sample)"
                                      : NULL;
         if (no) return snprintf(err, n, "--cp %lld: not yet with %s", (long long)o->cp, no), false;
     }
-    if (world && world % (o->tp * o->pp)) /* (pipeline stages with CP refused above) */
+    if (world && world % (o->tp * o->cp * o->pp))
         return snprintf(err, n,
-                        "--pp %lld: the %d ranks are not TP x DP x PP with --tp %lld (expected a "
-                        "multiple of %lld ranks)",
-                        (long long)o->pp, world, (long long)o->tp, (long long)(o->tp * o->pp)),
+                        "--pp %lld: the %d ranks are not TP x CP x DP x PP with --tp %lld --cp "
+                        "%lld (expected a multiple of %lld ranks)",
+                        (long long)o->pp, world, (long long)o->tp, (long long)o->cp,
+                        (long long)(o->tp * o->cp * o->pp)),
                false;
     if (o->piped && o->kind == TPK_PIPE_INTERLEAVED && (o->eval_every || o->eval_only) &&
         o->eval_batches % o->pp)

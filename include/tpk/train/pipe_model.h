@@ -11,8 +11,9 @@
  * (ctx->params.reuse), each with its own activations — and a micro-batch holds one copy from its
  * forward to its backward. Memory: the copies' activations, which the schedule needs anyway.
  *
- * tpk_pipe_model_step runs the schedule over M micro-batches (ids and targets [M][B S] in host
- * memory, the same on every rank of the pipeline): each forward and backward of micro-batch k runs
+ * tpk_pipe_model_step runs the schedule over M micro-batches (ids and targets [M][B S / c] in host
+ * memory, the same on every stage: this CP rank's rows of B sequences of S tokens, tpk_cp_rows;
+ * c = 1 without context parallelism): each forward and backward of micro-batch k runs
  * with ctx->rng_step = rng_step + k (the dropout masks of a run without a pipeline that sets the
  * micro-batch's index so), the backward with `scale` (1 / M for a mean over micro-batches); the
  * gradients are summed into the flat gradient buffer (zero it first), each parameter over the
@@ -20,7 +21,12 @@
  * pipeline. Then the tied embedding's two copies (first and last stage) are summed over the
  * embedding group, so both hold the whole gradient. losses (may be NULL): the last stage's loss of
  * each micro-batch ([M], host; each a download); else the losses add up on the device
- * (tpk_pipe_model_loss_read). */
+ * (tpk_pipe_model_loss_read).
+ *
+ * Under context parallelism (ctx->cp, c > 1) the pipeline of each CP rank carries its rows: a
+ * message is this TP and CP rank's B S / c hidden states (1/c of the bytes; S(0) slices of them
+ * under sequence parallelism), a stage's CP ranks run the attention over ctx->cp among themselves,
+ * and the DP buckets reduce over DP x CP (tpk__dp_group), so the gradients are the CP 1 run's. */
 #ifndef TPK_PIPE_MODEL_H
 #define TPK_PIPE_MODEL_H
 
@@ -187,7 +193,7 @@ static inline tpk_status tpk__pipe_model_fwd(tpk_ctx *ctx, void *user, int chunk
         return tpk__fail(ctx, TPK_ERR_ARG, "tpk_pipe_model_step",
                          "chunk %d: more micro-batches alive than its %d copies", chunk, pm->K);
     int i = chunk * pm->K + k, u = chunk * pm->P + pm->stage;
-    size_t off = (size_t)mb * (size_t)(pm->B * pm->S);
+    size_t off = (size_t)mb * (size_t)tpk_cp_rows(ctx, pm->B, pm->S); /* this CP rank's rows */
     if (!pm->evaluating)
         pm->busy[i] = true, pm->held[chunk * pm->M + mb] = i; /* until its
                                                                                  backward */
@@ -212,7 +218,7 @@ static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk
     tpk_tensor g;
     memset(&g, 0, sizeof g);
     /* the chunk's last micro-batch: each block's DP all-reduce starts as its backward ends */
-    bool reduce = pm->dp && mb == pm->M - 1 && ctx->dp.size > 1 && !pm->dp->adasum;
+    bool reduce = pm->dp && mb == pm->M - 1 && tpk__dp_group(ctx)->size > 1 && !pm->dp->adasum;
     if (reduce) pm->dp->active = true;
     tpk_status s = tpk_model_stage_backward(ctx, &pm->copy[i], pm->scale, (void *)dy, &g);
     if (reduce) pm->dp->active = false;
@@ -222,8 +228,9 @@ static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk
     return TPK_OK;
 }
 
-/* The executor's view of this stage: a message is this TP rank's hidden states of T tokens, all T
- * rows or its S(0) slice under sequence parallelism (the model's own layout, tpk_lm). */
+/* The executor's view of this stage: a message is this TP rank's hidden states of T tokens (this CP
+ * rank's rows under CP), all T rows or its S(0) slice under sequence parallelism (the model's own
+ * layout, tpk_lm). */
 static inline tpk_pipe_stage tpk__pipe_model_stage(tpk_ctx *ctx, tpk_pipe_model *pm, int64_t T) {
     const tpk_lm *p = tpk_model_lm(&pm->copy[0]);
     tpk_pipe_stage st;
@@ -248,11 +255,12 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
                          (long long)B, (long long)S);
     if (!ids || !targets)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", ids ? "targets" : "ids");
+    TPK_TRY(tpk__cp_layer_seq(ctx, fn, S)); /* every stage alike, before any message */
     pm->ids = ids, pm->targets = targets, pm->B = B, pm->S = S, pm->scale = scale;
     pm->rng_step = rng_step, pm->losses = losses;
     for (int i = 0; i < pm->V * pm->M; i++) pm->held[i] = -1;
     for (int i = 0; i < pm->V * pm->K; i++) pm->busy[i] = false;
-    tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, B * S);
+    tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, tpk_cp_rows(ctx, B, S));
     TPK_TRY(tpk_pipe_run(ctx, &pm->exec, &pm->sched, &st));
     if (pm->tied && pm->P > 1 && pm->wte >= 0) { /* the two copies' gradients summed (after their
                                                     DP reductions: they write them; ZeRO-2's
@@ -265,10 +273,10 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
     return TPK_OK;
 }
 
-/* The mean losses of M micro-batches (ids, targets [M][B S], host) through the stages, forwards
- * alone (tpk_pipe_schedule_forward of the model's kind; a micro-batch's activations dropped after
- * its forward): losses[M] on every stage (the last stage's, given to all over ctx->pp). Set the
- * dropout to 0 first for an evaluation. Collective over the pipeline. */
+/* The mean losses of M micro-batches (ids, targets [M][B S / c], host: this CP rank's rows) through
+ * the stages, forwards alone (tpk_pipe_schedule_forward of the model's kind; a micro-batch's
+ * activations dropped after its forward): losses[M] on every stage (the last stage's, given to all
+ * over ctx->pp). Set the dropout to 0 first for an evaluation. Collective over the pipeline. */
 static inline tpk_status tpk_pipe_model_eval(tpk_ctx *ctx, tpk_pipe_model *pm, const int32_t *ids,
                                              const int32_t *targets, int64_t B, int64_t S, int M,
                                              float *losses) {
@@ -284,6 +292,7 @@ static inline tpk_status tpk_pipe_model_eval(tpk_ctx *ctx, tpk_pipe_model *pm, c
     if (B < 1 || S < 1 || M < 1)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S, M: expected >= 1, got %lld, %lld, %d",
                          (long long)B, (long long)S, M);
+    TPK_TRY(tpk__cp_layer_seq(ctx, fn, S));
     if (pm->eval_m != M) {
         tpk_pipe_schedule_free(&pm->eval);
         pm->eval_m = 0;
@@ -301,7 +310,7 @@ static inline tpk_status tpk_pipe_model_eval(tpk_ctx *ctx, tpk_pipe_model *pm, c
     pm->ids = ids, pm->targets = targets, pm->B = B, pm->S = S, pm->losses = losses;
     pm->evaluating = true;
     for (int k = 0; k < M; k++) losses[k] = 0;
-    tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, B * S);
+    tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, tpk_cp_rows(ctx, B, S));
     tpk_status s = tpk_pipe_run(ctx, &pm->exec, &pm->eval, &st);
     pm->evaluating = false, pm->losses = NULL;
     TPK_TRY(s);

@@ -173,7 +173,7 @@ static inline void tpk_run_profiles(FILE *out, tpk_ranks *r, tpk_ctx *ctx, bool 
     if (pace) tpk_run_pace_print(out, r, pace); /* each rank's compute and wait */
     if (!piped && r->rank == 0) tpk_profile_print(ctx, out); /* (it agrees over ranks) */
     for (int q = 0; piped && q < ctx->pp.size; q++) {
-        if (ctx->pp.rank == q && ctx->tp.rank == 0 && ctx->dp.rank == 0) {
+        if (ctx->pp.rank == q && ctx->tp.rank == 0 && ctx->cp.rank == 0 && ctx->dp.rank == 0) {
             fprintf(out, "stage %d of %d:\n", q, ctx->pp.size);
             tpk_profile_print(ctx, out);
             fflush(out);

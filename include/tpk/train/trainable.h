@@ -18,7 +18,8 @@
  * 2c - 1 - r of every sequence, into buffers the handle keeps), so every CP rank of a DP rank
  * trains on the same sequences as one rank would; the loss each reads is the whole batch's
  * (tpk/layers/xent.h sums the CP shares), the gradients are summed over DP x CP by the DP
- * reduction (tpk/train/dp.h). Not yet with stages (refused by name).
+ * reduction (tpk/train/dp.h). With stages likewise: each CP rank's pipeline carries its rows
+ * (tpk/train/pipe_model.h), the mesh TP x CP x DP x PP.
  *   Needs POSIX (tpk/train/model.h). */
 #ifndef TPK_TRAIN_TRAINABLE_H
 #define TPK_TRAIN_TRAINABLE_H
@@ -67,11 +68,6 @@ static inline tpk_status tpk_trainable_init(tpk_ctx *ctx, tpk_trainable *t,
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !t ? "t" : !cfg ? "cfg" : "d");
     memset(t, 0, sizeof *t);
     t->piped = d->piped || ctx->pp.size > 1;
-    if (t->piped && tpk_cp_size(ctx) > 1)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "d->piped: pipeline stages under context parallelism (ctx->cp of %d "
-                         "ranks) are not built yet (the stages' messages carry whole sequences)",
-                         ctx->cp.size);
     if (!t->piped) return tpk_model_init(ctx, &t->m, cfg);
     if (d->micro < 1 || d->vstages < 1)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "d->micro, d->vstages: expected >= 1, got %d, %d",
@@ -250,8 +246,8 @@ static inline tpk_status tpk_trainable_losses(tpk_ctx *ctx, tpk_trainable *t, co
     if (K < 1 || B < 1 || S < 1)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "K, B, S: expected >= 1, got %d, %lld, %lld", K,
                          (long long)B, (long long)S);
-    if (t->piped) return tpk_pipe_model_eval(ctx, &t->pm, ids, targets, B, S, K, losses);
     TPK_TRY(tpk__trainable_cp_rows(ctx, t, fn, &ids, &targets, B, S, K));
+    if (t->piped) return tpk_pipe_model_eval(ctx, &t->pm, ids, targets, B, S, K, losses);
     size_t bt = (size_t)tpk_cp_rows(ctx, B, S);
     for (int k = 0; k < K; k++)
         TPK_TRY(tpk_model_forward(ctx, &t->m, ids + (size_t)k * bt, targets + (size_t)k * bt, B, S,
