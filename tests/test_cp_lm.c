@@ -10,7 +10,9 @@
  * CP 3 (3 ranks), TP 2 x CP 2 and CP 4 (4 ranks; at 1 rank CP 1 against itself); the ring and the
  * all-gather; selective and full recompute and sequence parallelism (Llama); the ring's messages
  * (c - 1 sends a layer forward). Bad input refused by name: a sequence length not a multiple of
- * 2c, dropout under CP, an unknown mode. Random inputs, some targets ignored. */
+ * 2c, dropout under CP, an unknown mode. Random inputs, some targets ignored. Generation (CP 3, in
+ * make test-long): the unsharded model's tokens, greedy and sampled, each window padded to a
+ * multiple of 2c; a window that would pad past the positions refused by name. */
 #include "test.h"
 
 #include <tpk/models/families.h>
@@ -227,6 +229,55 @@ static void test_families(int tp, int cp) {
     }
 }
 
+/* Generation under CP: the model at CP cp samples the unsharded model's tokens (greedy, and at
+ * temperature 0.8 with top-k 20: the same draws), windows of 1..30 tokens each padded to a
+ * multiple of 2c; a window that would pad past the positions refused by name. */
+static void test_generate(int cp) {
+    enum { NP = 5, N = 26 }; /* the longest window NP + N - 1 = 30 <= PMAX, a multiple of 6 */
+    int32_t prompt[NP] = {3, 41, 7, 88, 19};
+    for (int f = 0; f < FAM_N; f++)
+        TEST_CASE("%s at CP %d generates the unsharded model's tokens (greedy and sampled; "
+                  "windows of 1..30 tokens padded to a multiple of 2c)",
+                  fam_name[f], cp) {
+            int32_t want[2][NP + N], got[2][NP + N], one[2][N + 1], one_ref[2][N + 1];
+            opts o;
+            memset(&o, 0, sizeof o);
+            tpk_sample_opts so[2] = {{0.0f, 0, 1.0f}, {0.8f, 20, 1.0f}};
+            for (int k = 0; k < 2; k++) { /* the unsharded model, then at CP cp */
+                tpk_ctx c;
+                if (k == 0) CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.seed = 5}));
+                else
+                    CHECK_OK(&c, tpk_ctx_init(
+                                     &c, &(tpk_ctx_desc){.world = &world, .cp = cp, .seed = 5}));
+                model m;
+                CHECK_OK(&c, model_init(&c, &m, (family)f, &o));
+                set_weights(&c);
+                for (int q = 0; q < 2; q++) {
+                    int32_t *out = k ? got[q] : want[q];
+                    for (int i = 0; i < NP + N; i++) out[i] = -1;
+                    CHECK_OK(&c, tpk_lm_generate(&c, lm_of(&m), prompt, NP, N, &so[q], 9, out));
+                    CHECK_OK(&c, tpk_lm_sample(&c, lm_of(&m), 5, N, so[q].temperature, 9,
+                                               k ? one[q] : one_ref[q]));
+                }
+                if (k && PMAX % (2 * cp)) /* a window of 31 tokens would pad past the 32 */
+                    CHECK_FAILS(
+                        &c,
+                        tpk_lm_generate(&c, lm_of(&m), prompt, NP, PMAX - NP, &so[0], 9, got[0]),
+                        TPK_ERR_UNSUPPORTED, "a window is padded to a multiple of 2 x cp");
+                tpk_lm_destroy(&c, lm_of(&m));
+                tpk_ctx_destroy(&c);
+            }
+            for (int q = 0; q < 2; q++) {
+                CHECK(!memcmp(got[q], want[q], sizeof got[q]),
+                      "%s: tokens differ from the unsharded model's (first new: %d vs %d)",
+                      q ? "sampled" : "greedy", (int)got[q][NP], (int)want[q][NP]);
+                CHECK(!memcmp(one[q], one_ref[q], sizeof one[q]),
+                      "tpk_lm_sample %s: tokens differ from the unsharded model's",
+                      q ? "sampled" : "greedy");
+            }
+        }
+}
+
 static void test_refusals(int cp) {
     TEST_CASE("under CP %d: a sequence length not a multiple of 2c, dropout, an unknown mode "
               "refused by name",
@@ -280,6 +331,7 @@ int main(int argc, char **argv) {
     if (np >= 2) test_families(1, np); /* CP 2, 3, 4 */
     if (np == 4) test_families(2, 2);  /* TP 2 x CP 2 */
     if (np >= 2) test_refusals(np);
+    if (np == 3) test_generate(np); /* make test-long: CP 3 (6 chunks) */
     (void)me;
     return test_finish();
 }

@@ -7,7 +7,8 @@
 #   and saved at DP 4 resumed at ZeRO 0 and 1 on DP 2, Adasum, context parallelism (--cp: GPT-2,
 #   Llama (GQA), GPT-NeoX, TP 2 x CP 2, CP 4, the all-gather, CP 2 x DP 2 with ZeRO-1, ZeRO-2 and
 #   Adasum, equal to the CP 1 run; saved at CP 2 resumed at CP 1 and saved at CP 1 resumed at CP 4
-#   with their evaluation; what it does not compose with yet refused), heterogeneous DP
+#   with their evaluation; CP 2 x PP 2 under 1F1B, GPipe and interleaved; --sample at CP 2 and 4
+#   giving the CP 1 text; what it does not compose with yet refused), heterogeneous DP
 #   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
 #   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
 #   bit-identical with a lower peak, sequence parallelism's peak below the same run's without it
@@ -257,6 +258,21 @@ if long_set; then
     rc1=$rc
     tr 4 --text "$text" $llpp --cp 2 --pp 2 --micro-batches 2 --schedule interleaved --steps 6 --csv "$T/cppp_llama.csv"
     cpeq "llama (GQA) at --cp 2 --pp 2 --schedule interleaved (2 chunks a stage)" "$T/cppp1_llama.csv" "$T/cppp_llama.csv" 6
+    # generation under CP: a checkpoint sampled at CP 1, 2 and 4 gives the same text, greedy and at
+    # temperature 0.8 with top-k 20 (each window padded to a multiple of 2C and split over CP; the
+    # rank holding its last position draws; 40 tokens: windows of 8..16, the sliding one too)
+    tr 1 --text "$text" $small --steps 30 --save "$T/cpsm"
+    same=$rc
+    for sm in "--temperature 0" "--temperature 0.8 --top-k 20"; do
+        for np in 1 2 4; do
+            tr $np --load "$T/cpsm" --seq-len 16 --cp $np --sample 40 $sm --prompt "The GNU"
+            [ $rc -eq 0 ] || same=1
+            printf '%s\n' "$out" | awk '/^--- sample/{f=1} f' > "$T/cpsm$np.txt"
+        done
+        cmp -s "$T/cpsm1.txt" "$T/cpsm2.txt" && cmp -s "$T/cpsm1.txt" "$T/cpsm4.txt" && [ -s "$T/cpsm1.txt" ] || same=1
+    done
+    if [ $same -eq 0 ]; then ok "--sample at --cp 2 and 4: the CP 1 run's text, greedy and at temperature 0.8 with top-k 20"
+    else fail "--sample at --cp 2 and 4 gives the CP 1 run's text"; sed 's/^/    /' "$T/cpsm1.txt" "$T/cpsm2.txt" "$T/cpsm4.txt"; fi
 fi
 
 # ---- heterogeneous DP ranks (HetSeq): --dp-batch 8,4 over 2 DP ranks = one rank on the 12 sequences ----
@@ -773,7 +789,6 @@ if long_set; then
     bad "--cp with --pp not dividing the ranks" "--pp 2: the 2 ranks are not TP x CP x DP x PP with --tp 1 --cp 2" --text "$text" $small --cp 2 --pp 2
     bad "--cp with dropout (not yet)" "--cp 2: not yet with --dropout" --text "$text" $small --cp 2 --dropout 0.1
     bad "--cp with --plan (not yet)" "--cp 2: not yet with --plan" --text "$text" $small --cp 2 --plan
-    bad "--cp with --sample (not yet)" "--cp 2: not yet with --sample" --text "$text" $small --cp 2 --sample 4
     bad "--cp-comm unknown" "--cp-comm: expected p2p or allgather, got \"ring\"" --text "$text" $small --cp 2 --cp-comm ring
     bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
     bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small --ffn 64

@@ -507,26 +507,63 @@ static inline int tpk_lm_block_bufs(tpk_lm *m, int64_t i, int set, tpk_buf **o) 
 
 /* ---- sampling (tpk/models/sample.h) ---------------------------------------------------------- */
 
-/* The logits of one sequence of S tokens: S(-1) [S, Vp_r]. */
+/* The logits of one sequence of S tokens: S(-1) [S, Vp_r], *row = S - 1. Under context
+ * parallelism (c > 1) the sequence padded at its end to Sp, a multiple of 2c (the padding's ids 0:
+ * under the causal mask no logit before it changes), runs split over ctx->cp: z [Sp / c, Vp_r]
+ * holds this CP rank's rows, *row the local row of position S - 1 on the CP rank that holds it
+ * (tpk_cp_position's inverse), -1 on the others. Collective over TP (and CP). */
 static inline tpk_status tpk__lm_logits(tpk_ctx *ctx, void *mv, const int32_t *ids, int64_t S,
-                                        tpk_tensor *z) {
+                                        tpk_tensor *z, int64_t *row) {
     tpk_lm *m = (tpk_lm *)mv;
-    TPK_TRY(tpk_lm_forward(ctx, m, ids, NULL, 1, S, NULL));
+    int c = tpk_cp_size(ctx);
+    if (c == 1) {
+        TPK_TRY(tpk_lm_forward(ctx, m, ids, NULL, 1, S, NULL));
+        *z = m->logits, *row = S - 1;
+        return TPK_OK;
+    }
+    int64_t Sp = (S + 2 * c - 1) / (2 * c) * (2 * c), Sc = Sp / (2 * c), k = (S - 1) / Sc;
+    int32_t *whole = (int32_t *)tpk__calloc(ctx, (size_t)(Sp + Sp / c), sizeof(int32_t));
+    if (!whole) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_lm_generate", "%lld ids", (long long)Sp);
+    memcpy(whole, ids, sizeof(int32_t) * (size_t)S);
+    tpk_status s = tpk_cp_scatter_host(ctx, whole + Sp, whole, 1, Sp, sizeof(int32_t));
+    if (s == TPK_OK) s = tpk_lm_forward(ctx, m, whole + Sp, NULL, 1, Sp, NULL);
+    tpk__free(ctx, whole);
+    TPK_TRY(s);
+    int holder = k < c ? (int)k : 2 * c - 1 - (int)k; /* chunk k: rank k, or 2c - 1 - k */
     *z = m->logits;
+    *row = holder == ctx->cp.rank ? (k < c ? 0 : Sc) + (S - 1) % Sc : -1;
     return TPK_OK;
+}
+
+/* Under context parallelism each window is padded to a multiple of 2c (tpk__lm_logits): the
+ * longest, min(n_prompt + n - 1, positions) tokens, must still fit the model's positions. */
+static inline tpk_status tpk__lm_generate_cp(tpk_ctx *ctx, const char *fn, const tpk_lm *m,
+                                             int n_prompt, int n) {
+    int c = tpk_cp_size(ctx);
+    int64_t len = (int64_t)n_prompt + n - 1, w = len < m->c.positions ? len : m->c.positions;
+    int64_t wp = (w + 2 * c - 1) / (2 * c) * (2 * c);
+    if (c == 1 || n < 1 || n_prompt < 1 || wp <= m->c.positions) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                     "n: under context parallelism a window is padded to a multiple of 2 x cp = "
+                     "%d; the window of %lld tokens pads to %lld, past the model's %lld positions "
+                     "(not a multiple of %d): expected n_prompt + n - 1 <= %lld, got %lld",
+                     2 * c, (long long)w, (long long)wp, (long long)m->c.positions, 2 * c,
+                     (long long)(m->c.positions / (2 * c) * (2 * c)), (long long)len);
 }
 
 /* out[0..n_prompt) = prompt (n_prompt >= 1 token ids below the vocabulary), then n tokens sampled
  * one after another under opts (tpk_sample_opts: temperature, 0 greedy; top_k, 0 off; top_p, 1
  * off; NULL: tpk_sample_defaults()), each from the logits of the last `positions` tokens; draw i
  * (of seed) gives out[n_prompt + i], the same on every rank. Set dropout to 0 first. Collective
- * over TP. */
+ * over TP, and under context parallelism over CP (each window split over ctx->cp, tpk__lm_logits;
+ * positions past the last multiple of 2c refused by name when a window would need them). */
 static inline tpk_status tpk_lm_generate(tpk_ctx *ctx, tpk_lm *m, const int32_t *prompt,
                                          int n_prompt, int n, const tpk_sample_opts *opts,
                                          uint64_t seed, int32_t *out) {
     static const char *fn = "tpk_lm_generate";
     TPK_TRY(tpk__lm_args(ctx, fn, m));
     if (!out) return tpk__fail(ctx, TPK_ERR_ARG, fn, "out: NULL");
+    TPK_TRY(tpk__lm_generate_cp(ctx, fn, m, n_prompt, n));
     return tpk__generate_run(ctx, fn, m, tpk__lm_logits, m->c.vocab, m->c.positions, prompt,
                              n_prompt, n, opts, seed, out);
 }
@@ -544,6 +581,7 @@ static inline tpk_status tpk_lm_sample(tpk_ctx *ctx, tpk_lm *m, int32_t start, i
     tpk_sample_opts o = tpk_sample_defaults();
     o.temperature = temperature;
     TPK_TRY(tpk__sample_opts_check(ctx, fn, "", &o));
+    TPK_TRY(tpk__lm_generate_cp(ctx, fn, m, 1, n));
     return tpk__generate_run(ctx, fn, m, tpk__lm_logits, m->c.vocab, m->c.positions, &start, 1,
                              n, &o, seed, out);
 }

@@ -14,10 +14,15 @@
  * bit. A model's generation (tpk_lm_generate, tpk_lm_sample: tpk/models/lm.h, through
  * tpk__generate_run) continues a prompt token by token, the last `positions` tokens as the context
  * (a sliding window), recomputing the forward each step; draw i gives the prompt's i-th new
- * token. */
+ * token. Under context parallelism (ctx->cp, c > 1) each step's window runs split over the CP group
+ * like a training sequence (tpk_lm_generate pads it at the end to a multiple of 2c: causal, so the
+ * padding changes no logit before it); the CP rank holding the window's last position draws the
+ * token (with its TP group) and gives it to the others (one all-reduce of an int32 over ctx->cp),
+ * so every rank continues with the same token. */
 #ifndef TPK_SAMPLE_H
 #define TPK_SAMPLE_H
 
+#include "../layers/cp_split.h"
 #include "../layers/layout.h"
 
 /* The sampling controls (HF generate's temperature, top_k, top_p). */
@@ -180,14 +185,37 @@ static inline tpk_status tpk_sample_logits(tpk_ctx *ctx, tpk_tensor logits, int6
     return tpk__sample_logits(ctx, fn, logits, vocab, row, &o, seed, i, tok);
 }
 
+/* The token drawn from row `row` of z (row < 0: this CP rank does not hold the window's last
+ * position), the same on every rank of the CP group: the holder's draw given to the others. */
+static inline tpk_status tpk__generate_pick(tpk_ctx *ctx, const char *fn, tpk_tensor z,
+                                            int64_t vocab, int64_t row, const tpk_sample_opts *o,
+                                            uint64_t seed, uint64_t i, int32_t *tok) {
+    if (tpk_cp_size(ctx) == 1) return tpk__sample_logits(ctx, fn, z, vocab, row, o, seed, i, tok);
+    int32_t t = -1; /* the holder's token; -1 from the others (and from a holder that failed) */
+    tpk_status s = row >= 0 ? tpk__sample_logits(ctx, fn, z, vocab, row, o, seed, i, &t) : TPK_OK;
+    if (s != TPK_OK) t = -1;
+    tpk_status a = tpk_allreduce_host(ctx, &ctx->cp, &t, 1, TPK_I32, TPK_MAX);
+    TPK_TRY(s);
+    TPK_TRY(a);
+    if (t < 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "draw %llu: the CP rank holding the window's last position drew no token "
+                         "(it failed)",
+                         (unsigned long long)i);
+    *tok = t;
+    return TPK_OK;
+}
+
 /* out[0..n_prompt) = prompt, out[n_prompt..n_prompt + n): n tokens drawn one after another (draw
- * i for out[n_prompt + i]) under opts (NULL: tpk_sample_defaults()), logits(m, window) giving the
- * logits of the window (the last `positions` tokens). out may be prompt. */
-static inline tpk_status
-tpk__generate_run(tpk_ctx *ctx, const char *fn, void *m,
-                  tpk_status (*logits)(tpk_ctx *, void *, const int32_t *, int64_t, tpk_tensor *),
-                  int64_t vocab, int64_t positions, const int32_t *prompt, int n_prompt, int n,
-                  const tpk_sample_opts *opts, uint64_t seed, int32_t *out) {
+ * i for out[n_prompt + i]) under opts (NULL: tpk_sample_defaults()), logits(m, window, &z, &row)
+ * giving the logits z of the window (the last `positions` tokens) and the row of its last position
+ * in z (under context parallelism -1 on the CP ranks that do not hold it). out may be prompt. */
+static inline tpk_status tpk__generate_run(tpk_ctx *ctx, const char *fn, void *m,
+                                           tpk_status (*logits)(tpk_ctx *, void *, const int32_t *,
+                                                                int64_t, tpk_tensor *, int64_t *),
+                                           int64_t vocab, int64_t positions, const int32_t *prompt,
+                                           int n_prompt, int n, const tpk_sample_opts *opts,
+                                           uint64_t seed, int32_t *out) {
     tpk_sample_opts o = opts ? *opts : tpk_sample_defaults();
     TPK_TRY(tpk__sample_opts_check(ctx, fn, "opts->", &o));
     if (!prompt) return tpk__fail(ctx, TPK_ERR_ARG, fn, "prompt: NULL");
@@ -207,8 +235,9 @@ tpk__generate_run(tpk_ctx *ctx, const char *fn, void *m,
     for (int i = 0; i < n; i++) {
         int64_t len = (int64_t)n_prompt + i, S = len < positions ? len : positions;
         tpk_tensor z;
-        TPK_TRY(logits(ctx, m, out + len - S, S, &z));
-        TPK_TRY(tpk__sample_logits(ctx, fn, z, vocab, S - 1, &o, seed, (uint64_t)i, &out[len]));
+        int64_t row = -1;
+        TPK_TRY(logits(ctx, m, out + len - S, S, &z, &row));
+        TPK_TRY(tpk__generate_pick(ctx, fn, z, vocab, row, &o, seed, (uint64_t)i, &out[len]));
     }
     return TPK_OK;
 }

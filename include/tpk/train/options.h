@@ -6,7 +6,7 @@
  * once it is known (tpk_run_family_flags). tpk_run_opts_check derives and checks what the flags
  * say together (--micro-batches and --grad-accum, --virtual-stages, --pp-layers, --tp-weights,
  * the mesh TP x CP x DP x PP against the world size, what context parallelism does not compose
- * with yet: --dropout, --plan, --sample). tpk_run_model_config builds the model's config
+ * with yet: --dropout, --plan). tpk_run_model_config builds the model's config
  * from the flags or a checkpoint's config.json, refusing a flag that differs from the
  * checkpoint's (and a sequence length that is not a multiple of 2 x --cp). */
 #ifndef TPK_TRAIN_OPTIONS_H
@@ -294,9 +294,7 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
         const char *no = o->dropout > 0 ? "--dropout (the attention over CP has none, and the "
                                           "masks would depend on --cp)"
                          : o->plan        ? "--plan (the planner does not enumerate CP)"
-                         : o->sample ? "--sample (generation runs on whole sequences: save, then "
-                                       "--load the checkpoint without --cp to sample)"
-                                     : NULL;
+                                          : NULL;
         if (no) return snprintf(err, n, "--cp %lld: not yet with %s", (long long)o->cp, no), false;
     }
     if (world && world % (o->tp * o->cp * o->pp))
