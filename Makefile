@@ -11,8 +11,11 @@
 #   make cuda-report  registers, spills, occupancy and SASS per HMMA of every CUDA kernel, against tools/cuda-budget.txt
 #   make bench-gpu  bench/gemm and bench/kernels (on the GPU where one is present, else the host)
 #   make bench-gpt2 GPT-2 124M and 350M training steps: tpk's trainer next to PyTorch eager and torch.compile
-#   make gpu-report a GPU's first hour in one command: build, test-gpu with compute-sanitizer, bench-gpu and
-#                   bench-gpt2, one Markdown report ($(B)/gpu-report.md) with every figure against its target
+#   make bench-families  the same for a Llama 1B and GPT-NeoX (Pythia) 410M and 1B at S=2048
+#   make bench-families-check  the CPU check of that benchmark's PyTorch models at tiny shapes (not timed)
+#   make gpu-report a GPU's first hour in one command: build, test-gpu with compute-sanitizer, bench-gpu,
+#                   bench-gpt2 and bench-families, one Markdown report ($(B)/gpu-report.md) with every
+#                   figure against its target
 #   make bench      the host benchmarks (bench/), PyTorch on the CPU beside them: a block, the ops, whole steps
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make bench-pipeline the pipeline's bubble and activation memory per stage at 2 and 4 stages
@@ -71,7 +74,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 bench-families bench-families-check gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -399,6 +402,23 @@ PYTHON ?= python3
 bench-gpt2: $(B)/train
 	$(PYTHON) bench/gpt2_step.py --model 124M
 	$(PYTHON) bench/gpt2_step.py --model 350M
+
+# The same for the other families, bf16 at S=2048 (bench/gpt2_step.py): a Llama of Llama 3.2 1B's
+# shape (L16 H2048 A32, 8 key/value heads, F 8192; B=4) and GPT-NeoX of Pythia 410M (L24 H1024 A16;
+# B=8) and 1B (L16 H2048 A8; B=4), rotary_pct 0.25, the parallel residual, against PyTorch models
+# written as Hugging Face computes them.
+bench-families: $(B)/train
+	$(PYTHON) bench/gpt2_step.py --trainer $(B)/train --model llama-1B
+	$(PYTHON) bench/gpt2_step.py --trainer $(B)/train --model neox-410M
+	$(PYTHON) bench/gpt2_step.py --trainer $(B)/train --model neox-1B
+
+# That benchmark's models checked on the CPU at tiny shapes (f32; not timed, not in make test): for
+# each family, tpk's trainer and the PyTorch model start near ln V and train down to within 0.03 ln V
+# of each other on the same batches, the PyTorch model's loss and gradients equal those of
+# tests/torch_ref.py's float64 reference, the trainer's parameter count the formula's.
+bench-families-check: $(B)/train
+	@for m in tiny llama-tiny neox-tiny; do \
+	  $(PYTHON) bench/gpt2_step.py --trainer $(B)/train --model $$m --vocab 512 --device cpu --dtype f32 --check || exit 1; done
 
 # A GPU's first hour in one command, within TPK_REPORT_BUDGET seconds (570; one H100: under 10
 # minutes): the build, make test-gpu (the op tests also under compute-sanitizer memcheck, racecheck,

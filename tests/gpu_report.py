@@ -1,10 +1,12 @@
 """tests/gpu_report.py: `make gpu-report`'s report checked on a CPU (run by tests/run.sh).
 
 1. tools/gpu_report.py on recorded GPU figures written here, each next to its target's edge
-   (70% of SDPA, 80% of copy bandwidth, 1.0x torch.compile, 0.85x a plain GEMM: at the target is
-   PASS, just under it BELOW), with a racecheck finding, a step stopped at its time limit, a
+   (70% of SDPA, 80% of copy bandwidth, 1.0x torch.compile, 0.85x a plain GEMM, the 1B Llama's
+   and GPT-NeoX's 1.0x torch.compile and 45% MFU: at the target is PASS, just under it BELOW),
+   with a racecheck finding, a step stopped at its time limit, a step left out for time, a
    missing benchmark and a NaN figure: every section present, each verdict where it belongs, the
-   failure named and exit status 1; the same figures with clean tests: exit status 0.
+   failure named and exit status 1; the same figures with clean tests: exit status 0; a family
+   run without figures; TPK_REPORT_ONLY leaving the tests out (not judged, exit status 0).
 2. tools/gpu_report.sh on this machine as it is (no GPU): a report saying "NO GPU", exit status 2.
 3. tools/gpu_report.sh as a host dry run (TPK_REPORT_HOST=1): the real benchmark programs at tiny
    sizes on the host backend, their --json read into every table.
@@ -30,6 +32,7 @@ SECTIONS = [
     "## Memory-bound kernels vs copy bandwidth",
     "## LM-head GEMMs vs a plain GEMM",
     "## GPT-2 training step vs PyTorch",
+    "## Llama and GPT-NeoX training steps vs PyTorch",
     "## Not measured, failed or skipped",
 ]
 failures = 0
@@ -93,6 +96,30 @@ def gpt2(model, tpk_ms, compile_ms, extra_skipped=None):
     )
 
 
+def family(model, tpk_ms, compile_ms, mfu, seq=2048, batch=4):
+    """bench/gpt2_step.py --json of a Llama or GPT-NeoX run: tpk at mfu, eager, torch.compile"""
+    tok = batch * seq
+    rows = {
+        "tpk": {"ms": tpk_ms, "tokens_per_s": tok / (tpk_ms * 1e-3), "mfu": mfu},
+        "torch eager": {"ms": 2 * tpk_ms, "tokens_per_s": tok / (2e-3 * tpk_ms), "mfu": mfu / 2},
+        "torch.compile": {"ms": compile_ms, "tokens_per_s": tok / (compile_ms * 1e-3), "mfu": 0.4},
+    }
+    for r in rows.values():
+        r["peak_mem_mb"] = 40000.0
+    return json.dumps(
+        {
+            "model": model,
+            "batch": batch,
+            "seq": seq,
+            "dtype": "bf16",
+            "device": "cuda",
+            "rows": rows,
+            "tpk_ratio": {k: rows[k]["ms"] / tpk_ms for k in rows if k != "tpk"},
+            "skipped": {},
+        }
+    )
+
+
 def kernels(fwd_pair, fb_pair, copy, mem_rows, shape=(16, 1024, 12, 64)):
     """bench/kernels --json as it prints it (bare nan / inf allowed, as C's printf writes them)"""
     rows = ",\n".join('  {"op": "%s", "ms": %s, "gbs": %s}' % (op, ms, g) for op, ms, g in mem_rows)
@@ -130,6 +157,9 @@ def fixtures(d, racecheck_findings):
         "kernels-bf16-d128\tok\t10\t40\t",
         "gpt2-124M\tok\t90\t150\t",
         "gpt2-350M\ttimeout\t150\t150\tstopped at its 150 s limit",
+        "llama-1B\tok\t120\t180\t",
+        "neox-1B\tok\t120\t180\t",
+        "neox-410M\tskipped\t0\t0\tno time left in the 570 s budget",
     ]
     write(d, "steps.tsv", "\n".join(steps) + "\n")
     res = [
@@ -217,6 +247,8 @@ def fixtures(d, racecheck_findings):
         '"pct_peak": 80.0, "plain_rate": 40.0, "ratio": 1.000}\n]}\n',
     )
     write(d, "gpt2-124M.json", gpt2("124M", 39.0, 39.0))  # 1.0x torch.compile: PASS
+    write(d, "llama-1B.json", family("llama-1B", 200.0, 200.0, 0.45))  # both at the target: PASS
+    write(d, "neox-1B.json", family("neox-1B", 200.0, 198.0, 0.449))  # 0.99x, 44.9%: BELOW
 
 
 def run_generator(d):
@@ -333,7 +365,30 @@ def case_fixtures(work):
         "generator: the attention of the failed 350M run says not measured",
     )
     check(
-        "10 PASS, 3 BELOW, 3 not measured" in md,
+        verdict_of(md, "llama-1B B=4 S=2048 bf16 on cuda", "tpk") == "PASS"
+        and verdict_of(md, "llama-1B B=4 S=2048 bf16 on cuda", "torch.compile") == "PASS",
+        "generator: Llama 1B at 45% MFU and 1.0x torch.compile is PASS on both rows",
+    )
+    r = row(md, "neox-1B B=4 S=2048 bf16 on cuda", "tpk")
+    check(
+        r is not None
+        and r[4] == "44.9%"
+        and r[-1] == "**BELOW**"
+        and verdict_of(md, "neox-1B B=4 S=2048 bf16 on cuda", "torch.compile") == "BELOW",
+        "generator: GPT-NeoX 1B at 44.9%% MFU and 0.99x torch.compile is BELOW: %s" % r,
+    )
+    r = row(md, "neox-1B B=4 S=2048 bf16 on cuda", "torch eager")
+    check(
+        r is not None and r[6] == "2.00x" and r[-1] == "",
+        "generator: the families' eager row shows the ratio, not judged: %s" % r,
+    )
+    check(
+        verdict_of(md, "neox-410M", "all") == "not measured"
+        and "step neox-410M: skipped (no time left in the 570 s budget)" in md,
+        "generator: the GPT-NeoX 410M step left out for time says not measured, not judged",
+    )
+    check(
+        "12 PASS, 5 BELOW, 3 not measured" in md,
         "generator: the counts of PASS / BELOW / not measured: %s"
         % [l for l in md.splitlines() if l.startswith("Figures against")],
     )
@@ -350,6 +405,35 @@ def case_fixtures(work):
     check(
         verdict_of(md, "124M B=16 S=1024 bf16 on cuda", "tpk") == "BELOW",
         "generator: GPT-2 124M at 0.99x torch.compile is BELOW",
+    )
+
+    # a judged family run that left no figures: both its targets not measured, not a failure
+    os.remove(os.path.join(d, "llama-1B.json"))
+    rc, md, out = run_generator(d)
+    check(
+        rc == 0
+        and verdict_of(md, "llama-1B", "tpk") == "not measured"
+        and verdict_of(md, "llama-1B", "torch.compile") == "not measured"
+        and "llama-1B: step llama-1B ran but left no figures" in md,
+        "generator: a Llama 1B run without figures: both targets not measured, exit 0 (%d)" % rc,
+    )
+
+    # TPK_REPORT_ONLY without test-gpu: the tests not judged, exit status 0
+    o = os.path.join(work, "only")
+    fixtures(o, racecheck_findings=0)
+    write(o, "env.tsv", "mode\tgpu\nonly\tllama-1B neox-1B neox-410M\n")
+    with open(os.path.join(o, "steps.tsv")) as f:
+        keep = [l for l in f if l.split("\t")[0] in ("build", "llama-1B", "neox-1B")]
+    skipped = "\tskipped\t0\t0\tnot in TPK_REPORT_ONLY\n"
+    write(o, "steps.tsv", "".join(keep) + "test-gpu" + skipped + "gpt2-124M" + skipped)
+    os.remove(os.path.join(o, "results.tsv"))
+    rc, md, out = run_generator(o)
+    check(
+        rc == 0
+        and "**Tests and sanitizers: not asked for** (TPK_REPORT_ONLY: llama-1B neox-1B "
+        "neox-410M)" in md
+        and verdict_of(md, "llama-1B B=4 S=2048 bf16 on cuda", "tpk") == "PASS",
+        "generator: TPK_REPORT_ONLY without test-gpu: tests not judged, exit 0 (%d)" % rc,
     )
 
     # a test program that did not run (no row) fails the report
@@ -390,7 +474,9 @@ def case_nogpu(work):
         "make gpu-report without a GPU: a report saying NO GPU, exit 2 (%d)" % rc,
     )
     check(
-        all(s + "\n" in md for s in SECTIONS) and "step gpt2-124M: skipped (no GPU)" in md,
+        all(s + "\n" in md for s in SECTIONS)
+        and "step gpt2-124M: skipped (no GPU)" in md
+        and "step llama-1B: skipped (no GPU)" in md,
         "make gpu-report without a GPU: every section, every step named skipped",
     )
     check(
@@ -424,6 +510,13 @@ def case_host(work):
     check(
         r is not None and float(r[3]) > 0,
         "host dry run: bench/gpt2_step.py --json read into the GPT-2 table: %s" % r,
+    )
+    r = row(md, "llama-tiny B=4 S=64 f32 on cpu", "tpk")
+    x = row(md, "neox-tiny B=4 S=64 f32 on cpu", "tpk")
+    check(
+        r is not None and float(r[3]) > 0 and x is not None and float(x[3]) > 0,
+        "host dry run: bench/gpt2_step.py --json of the Llama and GPT-NeoX (tpk's side) read "
+        "into their table: %s %s" % (r, x),
     )
     r = row(md, "GPT-2 124M", "B=1 S=64 A=2 D=64", "fwd")
     check(r is not None, "host dry run: the attention row of bench/kernels' bf16 run: %s" % r)

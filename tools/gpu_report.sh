@@ -11,7 +11,9 @@
 #               and bf16 at the GPT-2 124M and 350M attention shapes and at D = 128 (memory-bound
 #               ops against copy bandwidth, attention against PyTorch SDPA), all with --json
 #                                                                       (limits 45 s, 45 s, 4 x 40 s)
-#   bench-gpt2  bench/gpt2_step.py --model 124M, then 350M, --json             (limits 150 s each)
+#   bench-gpt2 and bench-families: bench/gpt2_step.py --json, the models with a target first:
+#               GPT-2 124M (150 s), Llama 1B (180 s), GPT-NeoX 1B (180 s), then GPT-2 350M (150 s)
+#               and GPT-NeoX 410M (150 s)
 # Every step's output goes to DIR (build/gpu-report/): STEP.json (a benchmark's figures), STEP.log
 # (its output), steps.tsv (step, status: ok, failed, timeout or skipped, seconds, limit, note), the
 # GPU tests' results.tsv and sanitizer outputs; tools/gpu_report.py then writes build/gpu-report.md
@@ -22,7 +24,10 @@
 # without a GPU (the report then says "no GPU" and nothing is measured).
 # TPK_REPORT_HOST=1: a dry run on the host backend (the benchmarks at tiny sizes, no build, no GPU
 # tests), to check the pipeline on a CPU (tests/gpu_report.py does); the report says so.
-# Environment: B (build dir), MAKE, PYTHON, TPK_REPORT_BUDGET, TPK_REPORT_DIR, TPK_REPORT_HOST.
+# TPK_REPORT_ONLY="STEP ...": only these steps (and the build; e.g. "llama-1B neox-1B neox-410M"
+# when the budget holds no more), the others named as skipped; the tests are then not judged.
+# Environment: B (build dir), MAKE, PYTHON, TPK_REPORT_BUDGET, TPK_REPORT_DIR, TPK_REPORT_HOST,
+# TPK_REPORT_ONLY.
 cd "$(dirname "$0")/.." || exit 1
 B=${B:-build}
 MAKE=${MAKE:-make}
@@ -30,6 +35,8 @@ PYTHON=${PYTHON:-python3}
 budget=${TPK_REPORT_BUDGET:-570}
 dir=${TPK_REPORT_DIR:-$B/gpu-report}
 host=${TPK_REPORT_HOST:-}
+only=${TPK_REPORT_ONLY:-}
+benches="gemm-f32 gemm-bf16 kernels-f32 kernels-bf16-gpt2-124M kernels-bf16-gpt2-350M kernels-bf16-d128 gpt2-124M llama-1B neox-1B gpt2-350M neox-410M"
 md=$dir.md tar=$dir-logs.tar.gz
 start=$(date +%s)
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
@@ -51,11 +58,18 @@ mode=gpu
     echo "nvcc	$(nvcc --version 2>/dev/null | tail -1)"
     echo "torch	$($PYTHON -c 'import torch; print(torch.__version__, "cuda" if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo none)"
     echo "budget	$budget"
+    echo "only	$only"
 } > "$dir/env.tsv"
 
 # step NAME LIMIT CMD...: runs CMD (output in DIR/NAME.log) under min(LIMIT, what is left); a row of steps.tsv
 step() {
     name=$1 lim=$2; shift 2
+    if [ -n "$only" ]; then # TPK_REPORT_ONLY: its steps and the build
+        case " build $only " in
+        *" $name "*) ;;
+        *) skip "$name" "not in TPK_REPORT_ONLY"; echo "gpu-report: $name skipped: not in TPK_REPORT_ONLY"; return 1 ;;
+        esac
+    fi
     left=$((budget - ($(date +%s) - start)))
     [ "$lim" -gt "$left" ] && lim=$left
     if [ "$lim" -lt 10 ]; then
@@ -86,7 +100,7 @@ bench() {
 
 if [ "$mode" = nogpu ]; then
     echo "gpu-report: no GPU present (nvidia-smi finds none): nothing measured; the report says so"
-    for s in build test-gpu gemm-f32 gemm-bf16 kernels-f32 kernels-bf16-gpt2-124M kernels-bf16-gpt2-350M kernels-bf16-d128 gpt2-124M gpt2-350M; do
+    for s in build test-gpu $benches; do
         skip "$s" "no GPU"
     done
 elif [ "$mode" = host ]; then
@@ -99,7 +113,11 @@ elif [ "$mode" = host ]; then
     skip kernels-bf16-gpt2-350M "host dry run: one bf16 shape"
     skip kernels-bf16-d128 "host dry run: one bf16 shape"
     bench gpt2-124M 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model tiny --device cpu --dtype f32 --vocab 300 --steps 1 --warmup 0 --no-compile --json
-    skip gpt2-350M "host dry run: one model"
+    bench llama-1B 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model llama-tiny --device cpu --dtype f32 --steps 1 --warmup 0 --no-torch --json
+    bench neox-1B 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model neox-tiny --device cpu --dtype f32 --steps 1 --warmup 0 --no-torch --json
+    # (the families without PyTorch: make test's time; make bench-families-check runs their models)
+    skip gpt2-350M "host dry run: one model a family"
+    skip neox-410M "host dry run: one model a family"
 else
     built=
     step build 180 $MAKE --no-print-directory cuda-check "$B/train" && built=1
@@ -119,11 +137,15 @@ else
         bench kernels-bf16-gpt2-124M 40 "$B/bench/kernels" --dtype bf16 --B 16 --S 1024 --A 12 --D 64 --json
         bench kernels-bf16-gpt2-350M 40 "$B/bench/kernels" --dtype bf16 --B 8 --S 1024 --A 16 --D 64 --json
         bench kernels-bf16-d128 40 "$B/bench/kernels" --dtype bf16 --B 8 --S 2048 --A 16 --D 128 --json
-        # make bench-gpt2's runs: tpk's trainer, PyTorch eager and torch.compile
+        # make bench-gpt2's and bench-families' runs: tpk's trainer, PyTorch eager and
+        # torch.compile; the models with a target first
         bench gpt2-124M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model 124M --json
+        bench llama-1B 180 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model llama-1B --json
+        bench neox-1B 180 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model neox-1B --json
         bench gpt2-350M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model 350M --json
+        bench neox-410M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model neox-410M --json
     else
-        for s in test-gpu gemm-f32 gemm-bf16 kernels-f32 kernels-bf16-gpt2-124M kernels-bf16-gpt2-350M kernels-bf16-d128 gpt2-124M gpt2-350M; do
+        for s in test-gpu $benches; do
             skip "$s" "the build failed"
         done
     fi
