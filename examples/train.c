@@ -36,6 +36,7 @@ static tpk_ctx ctx; /* errors before tpk_ctx_init land in it too */
 static tpk_run_backend be;
 static tpk_trainable t;
 static tpk_adamw opt;
+static tpk_fp8 f8; /* --fp8: the recipe (ctx.fp8) */
 static tpk_dp_buckets dp_b;
 static tpk_tokens train, val;
 static tpk_tokenizer *tk;
@@ -131,9 +132,15 @@ int main(int argc, char **argv) {
     tpk_adamw_desc ad = tpk_run_adamw_desc(&o);
     char run[17]; /* this run's id: its checkpoints and --csv rows name it (a resume: the loaded) */
     tpk_ranks_new_id(&W, run);
+    tpk_fp8_desc fd = {o.fp8 && !strcmp(o.fp8, "delayed") ? TPK_FP8_DELAYED : TPK_FP8_CURRENT,
+                       (int)o.fp8_history,
+                       o.fp8_amax && !strcmp(o.fp8_amax, "most_recent") ? TPK_FP8_AMAX_MOST_RECENT
+                                                                        : TPK_FP8_AMAX_MAX,
+                       (int)o.fp8_margin};
     if (!ok(tpk_run_backend_init(&ctx, &be, o.dtype, W.timeout)) ||
         !(up = ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.cp, (int)o.pp,
                                    o.tp_weights ? o.tw : NULL, o.seed, o.det))) ||
+        (o.fp8 && !ok(tpk_fp8_init(&ctx, &f8, &fd))) || /* before the model: its linears */
         !ok(tpk_trainable_init(&ctx, &t, &cfg, &td)))
         goto out;
     memcpy(t.run_id, run, sizeof run); /* a loaded checkpoint's replaces it */
@@ -149,6 +156,11 @@ int main(int argc, char **argv) {
         !ok(tpk_data_dp_batches(&ctx, o.dp_batch, o.batch, &Bd, &off, &Btot)))
         goto out;
     if (W.rank == 0) tpk_run_banner(stdout, &ctx, &o, &t, &cfg, (double)nglobal, S, Btot);
+    if (W.rank == 0 && o.fp8)
+        printf("fp8: %s scaling of %d tensors (E4M3 x and W, E5M2 dy; history %lld, %s, margin "
+               "%lld); embeddings, LM head, norms and softmax unquantized\n",
+               o.fp8, f8.n, (long long)o.fp8_history, o.fp8_amax ? o.fp8_amax : "max",
+               (long long)o.fp8_margin);
     size_t mbt = (size_t)Bd * (size_t)S, /* a micro-batch's tokens; the buffers hold a step's */
         bs = sizeof(int32_t) * (size_t)(o.batch > Bd ? o.batch : Bd) * (size_t)S *
              (size_t)(o.accum > o.eval_batches ? o.accum : o.eval_batches);
@@ -243,7 +255,8 @@ out:
     tpk_log_close(&ctx, &csv, false);
     free(x), free(y), tpk_tokens_free(&train), tpk_tokens_free(&val), tpk_dp_destroy(&dp_b);
     tpk_tokenizer_free(tk);
-    if (up) tpk_adamw_destroy(&ctx, &opt), tpk_trainable_destroy(&ctx, &t), tpk_ctx_destroy(&ctx);
+    if (up) tpk_adamw_destroy(&ctx, &opt), tpk_trainable_destroy(&ctx, &t);
+    if (up) tpk_fp8_destroy(&ctx, &f8), tpk_ctx_destroy(&ctx);
     if (be.world.vt) tpk_comm_destroy(&be.world);
     MPI_Finalize();
     return rc;

@@ -15,7 +15,7 @@ static tpk_comm world;
 enum { COL, ROW, PAIR };
 typedef struct net {
     int kind;
-    bool sp, bias, gather, row_in_R;
+    bool sp, bias, gather, row_in_R, fp8;
     int64_t T, in, hid, out; /* COL/ROW: in -> out; PAIR: in -> hid -> out (= in) */
     tpk_linear a, b;
     tpk_gelu g;
@@ -35,9 +35,12 @@ static const char *net_name(const net *n) {
 }
 
 static tpk_status net_init(tpk_ctx *ctx, net *n) {
-    tpk_linear_desc da = {
-        .name = "a", .bias = n->bias, .gather_output = n->gather, .sequence_parallel = n->sp};
-    tpk_linear_desc db = {.name = "b", .bias = n->bias, .sequence_parallel = n->sp};
+    tpk_linear_desc da = {.name = "a",
+                          .bias = n->bias,
+                          .gather_output = n->gather,
+                          .sequence_parallel = n->sp,
+                          .fp8 = n->fp8};
+    tpk_linear_desc db = {.name = "b", .bias = n->bias, .sequence_parallel = n->sp, .fp8 = n->fp8};
     if (n->kind == COL) return tpk_col_linear_init(ctx, &n->a, n->in, n->out, &da);
     if (n->kind == ROW) return tpk_row_linear_init(ctx, &n->a, n->in, n->out, &db);
     TPK_TRY(tpk_col_linear_init(ctx, &n->a, n->in, n->hid, &da));
@@ -303,10 +306,212 @@ static tpk_status tr_gemm(tpk_ctx *c, bool ta, bool tb, int64_t m, int64_t n, in
     return real_ops->gemm(c, ta, tb, m, n, k, al, a, lda, b, ldb, be, cc, ldc, dt);
 }
 
+/* ---- FP8 ----------------------------------------------------------------------------------- */
+
+/* v rounded to FP8 (mb mantissa bits, least normal exponent emin, max mx) the plain way: the
+ * quantum of its binade, nearbyint (ties to even), saturation; NaN stays */
+static double fp8_round(float v, int mb, int emin, double mx) {
+    double a = fabs((double)v);
+    if (isnan(v)) return v;
+    if (a >= mx) return copysign(mx, v);
+    if (a == 0) return copysign(0.0, v);
+    int e = (int)floor(log2(a));
+    if (e < emin) e = emin;
+    double q = ldexp(nearbyint(ldexp(a, mb - e)), e - mb);
+    return copysign(q, v);
+}
+static double q43(float v) { return fp8_round(v, 3, -6, 448); }
+static double q52(float v) { return fp8_round(v, 2, -14, 57344); }
+static float amax_of(const float *x, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+/* The FP8 linear (column or row, SP or not, bias) under a recipe over 3 steps, on the sharded
+ * context (TP np) and the unsharded one (TP 1): each step's y, dx and gradients against a
+ * reference written here (X, W and dY quantized with the scales of a hand-run recipe, the GEMMs
+ * in double on the codes, alpha = 1 / (s_a s_b), the bias and db from the unquantized values),
+ * the recipe's state (histories, scales) against the hand-run one, and the two contexts equal
+ * (the amax reduction over TP). Step k's input and output gradient are scaled by 4^k, so the
+ * histories and scales move. */
+static void fp8_steps(net proto, tpk_fp8_scaling mode, tpk_fp8_amax_algo algo) {
+    enum { STEPS = 3, L = 2, MARGIN = 1 };
+    tpk_ctx cs[2];
+    tpk_fp8 fs[2];
+    net nets[2] = {proto, proto};
+    tpk_fp8_desc fd = {.scaling = mode, .history = L, .algo = algo, .margin = MARGIN};
+    tpk_ctx_init(&cs[0], &(tpk_ctx_desc){.world = &world, .tp = np, .seed = 5});
+    tpk_ctx_init(&cs[1], &(tpk_ctx_desc){.seed = 5});
+    int64_t T = proto.T, in = proto.in, out = proto.out;
+    size_t nx = (size_t)(T * in), ny = (size_t)(T * out), nw = (size_t)(out * in);
+    float *X = malloc(nx * 4), *dY = malloc(ny * 4), *W = malloc(nw * 4), *B = malloc(out * 4);
+    float *ry = malloc(ny * 4), *rdx = malloc(nx * 4), *rdw = malloc(nw * 4),
+          *rdb = malloc(out * 4);
+    result res[2][STEPS];
+    memset(res, 0, sizeof res);
+    float hist[3][L] = {{0}}, scale[3] = {1, 1, 1}; /* the hand-run recipe (delayed) */
+    int fails = 0;
+    for (int c = 0; c < 2; c++) {
+        CHECK_OK(&cs[c], tpk_fp8_init(&cs[c], &fs[c], &fd));
+        CHECK(cs[c].fp8 == &fs[c], "ctx->fp8 not set");
+    }
+    for (int step = 0; step < STEPS && !fails; step++) {
+        test_randn(X, nx, 31 + (uint64_t)step, ldexpf(1.0f, 2 * step));
+        test_randn(dY, ny, 41 + (uint64_t)step, ldexpf(1.0f, -2 * step));
+        for (int c = 0; c < 2 && !fails; c++) {
+            tpk_ctx *ctx = &cs[c];
+            if (step == 0) { /* run_net made the layer and set its weights: later steps reuse */
+                fails += run_net(ctx, &nets[c], X, dY, &res[c][0]);
+                CHECK(fs[c].n == 3, "%d tensors registered, expected 3", fs[c].n);
+            } else {
+                net *n = &nets[c];
+                result *r = &res[c][step];
+                tpk_tensor x = local_of(ctx, X, T, in, in_layout(n)), y, dx;
+                CHECK_OK(ctx, tpk_params_zero_grad(ctx));
+                CHECK_OK(ctx, net_forward(ctx, n, x, &y));
+                r->y = malloc(ny * 4), r->dx = malloc(nx * 4);
+                CHECK_OK(ctx, global_of(ctx, y, r->y));
+                tpk_tensor dyl = local_of(ctx, dY, T, out, y.layout), dx_;
+                tpk_tensor dy = tpk_tp_tensor_2d(ctx, dyl.data, TPK_F32, T, out, y.layout);
+                CHECK_OK(ctx, net_backward(ctx, n, dy, &dx_));
+                dx = dx_;
+                CHECK_OK(ctx, global_of(ctx, dx, r->dx));
+                r->nparams = ctx->params.n;
+                for (int i = 0; i < ctx->params.n; i++) {
+                    r->grad[i] = malloc(tpk_param_global_numel(ctx, i) * 4);
+                    CHECK_OK(ctx, tpk_param_get_global(ctx, i, true, r->grad[i]));
+                }
+                free(x.data), free(dyl.data);
+            }
+        }
+        if (fails) break;
+        /* the reference: the weights as set, the scales of this step */
+        CHECK_OK(&cs[1], tpk_param_get_global(&cs[1], 0, false, W));
+        if (proto.bias) CHECK_OK(&cs[1], tpk_param_get_global(&cs[1], 1, false, B));
+        float ax = amax_of(X, nx), aw = amax_of(W, nw), ady = amax_of(dY, ny);
+        float s[3];
+        if (mode == TPK_FP8_CURRENT)
+            s[0] = 448.0f / ax / 2.0f, s[1] = 448.0f / aw / 2.0f, s[2] = 57344.0f / ady / 2.0f;
+        else s[0] = scale[0], s[1] = scale[1], s[2] = scale[2];
+        for (int i = 0; i < T; i++)
+            for (int o = 0; o < out; o++) {
+                double acc = 0;
+                for (int k = 0; k < in; k++)
+                    acc += q43(X[i * in + k] * s[0]) * q43(W[o * in + k] * s[1]);
+                ry[i * out + o] =
+                    (float)(acc * ((1.0f / s[0]) * (1.0f / s[1])) + (proto.bias ? B[o] : 0.0f));
+            }
+        for (int i = 0; i < T; i++)
+            for (int k = 0; k < in; k++) {
+                double acc = 0;
+                for (int o = 0; o < out; o++)
+                    acc += q52(dY[i * out + o] * s[2]) * q43(W[o * in + k] * s[1]);
+                rdx[i * in + k] = (float)(acc * ((1.0f / s[2]) * (1.0f / s[1])));
+            }
+        for (int o = 0; o < out; o++) {
+            double db = 0;
+            for (int i = 0; i < T; i++) db += dY[i * out + o];
+            rdb[o] = (float)db;
+            for (int k = 0; k < in; k++) {
+                double acc = 0;
+                for (int i = 0; i < T; i++)
+                    acc += q52(dY[i * out + o] * s[2]) * q43(X[i * in + k] * s[0]);
+                rdw[o * in + k] = (float)(acc * ((1.0f / s[2]) * (1.0f / s[0])));
+            }
+        }
+        for (int c = 0; c < 2; c++) {
+            result *r = &res[c][step];
+            char what[96];
+            snprintf(what, sizeof what, "step %d %s: y", step, c ? "TP 1" : "TP np");
+            CHECK_CLOSE(r->y, ry, ny, 1e-5, what);
+            snprintf(what, sizeof what, "step %d %s: dx", step, c ? "TP 1" : "TP np");
+            CHECK_CLOSE(r->dx, rdx, nx, 1e-5, what);
+            snprintf(what, sizeof what, "step %d %s: dW", step, c ? "TP 1" : "TP np");
+            CHECK_CLOSE(r->grad[0], rdw, nw, 1e-5, what);
+            if (proto.bias) {
+                snprintf(what, sizeof what, "step %d %s: db", step, c ? "TP 1" : "TP np");
+                CHECK_CLOSE(r->grad[1], rdb, (size_t)out, 1e-5, what);
+            }
+            for (int k = 0; k < 3; k++)
+                CHECK(cs[c].fp8 == &fs[c] && nets[c].a.f8_s[k] == s[k],
+                      "step %d: tensor %d quantized with scale %g, expected %g", step, k,
+                      (double)nets[c].a.f8_s[k], (double)s[k]);
+            CHECK_OK(&cs[c], tpk_fp8_update(&cs[c], &fs[c]));
+        }
+        /* the sharded and unsharded runs equal: the same codes, sums in another order */
+        CHECK_CLOSE(res[0][step].y, res[1][step].y, ny, 1e-6, "TP np vs TP 1: y");
+        CHECK_CLOSE(res[0][step].dx, res[1][step].dx, nx, 1e-6, "TP np vs TP 1: dx");
+        CHECK_CLOSE(res[0][step].grad[0], res[1][step].grad[0], nw, 1e-6, "TP np vs TP 1: dW");
+        /* the hand-run recipe's update, and the library's state against it */
+        float a[3] = {ax, aw, ady}, mx[3] = {448, 448, 57344};
+        for (int k = 0; k < 3; k++) {
+            hist[k][1] = hist[k][0], hist[k][0] = a[k];
+            float m = algo == TPK_FP8_AMAX_MAX ? fmaxf(hist[k][0], hist[k][1]) : hist[k][0];
+            if (m > 0) scale[k] = mx[k] / m / 2.0f;
+            for (int c = 0; c < 2 && mode == TPK_FP8_DELAYED; c++) {
+                CHECK(fs[c].hist[k * L] == hist[k][0] && fs[c].hist[k * L + 1] == hist[k][1],
+                      "step %d tensor %d: history %g %g, expected %g %g", step, k,
+                      (double)fs[c].hist[k * L], (double)fs[c].hist[k * L + 1], (double)hist[k][0],
+                      (double)hist[k][1]);
+                CHECK(fs[c].scale[k] == scale[k], "step %d tensor %d: scale %g, expected %g", step,
+                      k, (double)fs[c].scale[k], (double)scale[k]);
+            }
+        }
+    }
+    for (int c = 0; c < 2; c++) {
+        for (int st = 0; st < STEPS; st++) free_result(&res[c][st]);
+        net_destroy(&cs[c], &nets[c]);
+        tpk_fp8_destroy(&cs[c], &fs[c]);
+        CHECK(cs[c].fp8 == NULL, "ctx->fp8 left set");
+        tpk_ctx_destroy(&cs[c]);
+    }
+    free(X), free(dY), free(W), free(B), free(ry), free(rdx), free(rdw), free(rdb);
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     me = test__rank, np = test__size;
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
+
+    /* FP8: column and row, with and without SP, current and delayed scaling (max and
+     * most-recent), against the reference; TP np against TP 1 */
+    for (int kind = 0; kind < 2; kind++)
+        for (int sp = 0; sp < 2; sp++)
+            for (int mode = 0; mode < 3; mode++) {
+                net n = {.kind = kind ? ROW : COL,
+                         .sp = sp,
+                         .bias = true,
+                         .fp8 = true,
+                         .T = 6,
+                         .in = kind ? 10 : 8,
+                         .out = kind ? 8 : 10};
+                tpk_fp8_scaling sc = mode ? TPK_FP8_DELAYED : TPK_FP8_CURRENT;
+                tpk_fp8_amax_algo al = mode == 2 ? TPK_FP8_AMAX_MOST_RECENT : TPK_FP8_AMAX_MAX;
+                TEST_CASE("%s FP8 %s%s over 3 steps: the reference, the recipe's state, TP 1",
+                          net_name(&n), tpk_fp8_scaling_name(sc), mode == 2 ? " (most recent)" : "")
+                fp8_steps(n, sc, al);
+            }
+    TEST_CASE("tpk_fp8_init refuses bad descs by name") {
+        tpk_ctx c;
+        tpk_fp8 f;
+        tpk_ctx_init(&c, &(tpk_ctx_desc){.seed = 1});
+        CHECK_FAILS(&c, tpk_fp8_init(&c, &f, &(tpk_fp8_desc){.scaling = TPK_FP8_NONE}), TPK_ERR_ARG,
+                    "desc->scaling");
+        CHECK_FAILS(
+            &c, tpk_fp8_init(&c, &f, &(tpk_fp8_desc){.scaling = TPK_FP8_DELAYED, .history = -1}),
+            TPK_ERR_ARG, "desc->history");
+        CHECK_FAILS(&c,
+                    tpk_fp8_init(&c, &f, &(tpk_fp8_desc){.scaling = TPK_FP8_DELAYED, .margin = 65}),
+                    TPK_ERR_ARG, "desc->margin: expected 0..64");
+        CHECK_FAILS(
+            &c,
+            tpk_fp8_init(&c, &f,
+                         &(tpk_fp8_desc){.scaling = TPK_FP8_CURRENT, .algo = (tpk_fp8_amax_algo)7}),
+            TPK_ERR_ARG, "desc->algo");
+        CHECK(c.fp8 == NULL, "a refused recipe left on the context");
+        tpk_ctx_destroy(&c);
+    }
 
     /* uneven: 10 over 3, 7 over 4, 1 over 4 (ranks holding nothing); T = 5 tokens */
     const int64_t outs[] = {10, 7, 1};

@@ -197,6 +197,8 @@ struct tpk_ctx {
                                 to be summed as the dense weights' over dp_cp: dp_cp itself at
                                 ep = 1 (the DP group at cp = 1), &edp_group at ep > 1 */
     tpk_comm edp_group;      /* owned group: EDP at ep > 1 (not split, zero, at ep = 1) */
+    struct tpk_fp8 *fp8;     /* the FP8 recipe (tpk/layers/fp8.h: tpk_fp8_init sets it) that the
+                                linears made with tpk_linear_desc.fp8 use; NULL: none */
 };
 
 /* ---- the hooks: messages and host memory --------------------------------------------------- */

@@ -126,7 +126,7 @@ static inline tpk_status tpk_attention_init(tpk_ctx *ctx, tpk_attention *a, int6
     memset(&ld, 0, sizeof ld);
     ld.name = pn, ld.bias = true, ld.stride = 3, ld.unit = (int)a->D,
     ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
-    ld.partial_dx = d.partial_dx;
+    ld.partial_dx = d.partial_dx, ld.fp8 = true; /* FP8 under ctx->fp8 (tpk/layers/fp8.h) */
     /* [Wq; Wk; Wv]: stride 3, heads of D; per head: [q_h; k_h; v_h] groups of 3 D */
     if (a->per_head) ld.stride = 0, ld.unit = (int)(3 * a->D);
     TPK_TRY(tpk_col_linear_init(ctx, &a->c_attn, H, 3 * H, &ld));
@@ -418,7 +418,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
     ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.partial_dx = true,
-    ld.init_std = d.init_std;
+    ld.init_std = d.init_std, ld.fp8 = true; /* FP8 under ctx->fp8 (tpk/layers/fp8.h) */
     snprintf(pn, sizeof pn, "%s.q_proj", a->name);
     TPK_TRY(tpk_col_linear_init(ctx, &a->q_proj, H, A * a->D, &ld));
     ld.group = (int)(A / G); /* K and V: the key/value heads this rank's query heads read */
@@ -428,7 +428,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
     TPK_TRY(tpk_col_linear_init(ctx, &a->v_proj, H, G * a->D, &ld));
     memset(&ld, 0, sizeof ld);
     ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.sequence_parallel = d.sequence_parallel;
-    ld.partial_output = d.partial_output;
+    ld.partial_output = d.partial_output, ld.fp8 = true;
     ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
     snprintf(pn, sizeof pn, "%s.o_proj", a->name);
     return tpk_row_linear_init(ctx, &a->o_proj, A * a->D, H, &ld);

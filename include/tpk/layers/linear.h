@@ -29,12 +29,17 @@
  *             all-gathers it, tpk_stream_reduce_backward)
  *             dx_r = dy W_r -> S(-1) (input was R: all-gathered -> R)
  *             dW_r += dy^T x_r, db += colsum(dy)   (the full dy: db is complete on every rank)
+ * FP8 (desc.fp8 under the context's recipe ctx->fp8, tpk/layers/fp8.h): the same collectives and
+ * layouts; the GEMMs y = x W^T, dx = dy W and dW += dy^T x run on FP8 codes (x, W: E4M3; dy:
+ * E5M2; tpk_op_gemm_fp8, alpha = 1 / (s_a s_b)), the bias, the activation, db and the f32 weight
+ * gradient as without; the backward quantizes x and W again with the forward's scales.
  * A layer keeps a view of its input for backward: the caller keeps that memory alive and
  * unchanged until backward. Outputs and input gradients live in buffers the layer owns,
  * valid until its next forward or backward. Gradients accumulate (tpk_params_zero_grad). */
 #ifndef TPK_LINEAR_H
 #define TPK_LINEAR_H
 
+#include "fp8.h"
 #include "params.h"
 
 typedef struct tpk_linear_desc {
@@ -68,6 +73,10 @@ typedef struct tpk_linear_desc {
                                A padded parameter (tpk_param_desc.padded_rows) is [padded_rows,
                                in]: out counts its padding, whose outputs are zero. */
     float init_std;         /* weight N(0, std^2); default 0.02; bias starts at zero */
+    bool fp8;               /* the GEMMs in FP8 under the context's recipe (ctx->fp8 when the layer
+                               is made; none: no effect): x and W in E4M3, dy in E5M2, scaled by
+                               tpk/layers/fp8.h, gemm_fp8; the bias, the activation, the master
+                               weight and its gradient (f32) unchanged */
 } tpk_linear_desc;
 
 typedef struct tpk_linear {
@@ -86,6 +95,10 @@ typedef struct tpk_linear {
     tpk_buf xb, y, y2, dy, dx, dx2, gw; /* xb: a row linear's input sliced from R; gw: a bf16
                                            context's bias gradient [n] */
     tpk_buf pre, du;      /* column with an activation: the pre-activation, and its gradient */
+    tpk_fp8 *f8;          /* desc.fp8: the recipe (NULL: none); its tensors at f8_slot + 0..2 */
+    int f8_slot;
+    float f8_s[3]; /* the scales of x, W, dy this forward and backward quantized with */
+    tpk_buf q8[3]; /* the codes of x, W, dy (the GEMMs' operands, made in each call) */
 } tpk_linear;
 
 typedef tpk_linear tpk_col_linear;
@@ -220,6 +233,10 @@ static inline tpk_status tpk__linear_init(tpk_ctx *ctx, tpk_linear *l, bool colu
     }
     /* the names need not outlive init */
     for (int i = 0; l->d.parts[0] && i < 8; i++) l->d.parts[i] = NULL;
+    if (l->d.fp8 && ctx->fp8) { /* three tensors of the recipe: x, W, dy */
+        l->f8 = ctx->fp8;
+        TPK_TRY(tpk__fp8_register(ctx, l->f8, l->name, &l->f8_slot));
+    }
     l->n_local = tpk_tp_shard_size(ctx, column ? out : in, l->split, ctx->tp.rank);
     l->in_off = column ? 0 : tpk_tp_shard_run(ctx, in, l->split, ctx->tp.rank, 0).off;
     return TPK_OK;
@@ -244,7 +261,8 @@ static inline int tpk__linear_scratch(tpk_linear *l, tpk_buf **b) {
 
 /* Release the layer's buffers (its parameters stay in the context). */
 static inline void tpk_linear_destroy(tpk_ctx *ctx, tpk_linear *l) {
-    tpk_buf *bufs[] = {&l->xb, &l->y, &l->y2, &l->dy, &l->dx, &l->dx2, &l->gw, &l->pre, &l->du};
+    tpk_buf *bufs[] = {&l->xb, &l->y,   &l->y2, &l->dy,    &l->dx,    &l->dx2,
+                       &l->gw, &l->pre, &l->du, &l->q8[0], &l->q8[1], &l->q8[2]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tpk__buf_free(ctx, bufs[i]);
 }
 
@@ -285,6 +303,64 @@ static inline tpk_status tpk__token_counts(tpk_ctx *ctx, const char *fn, int64_t
     if (!*cnt) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "counts");
     for (int q = 0; q < t; q++) (*cnt)[q] = (size_t)(tpk_tp_split(ctx, T, q).size * width);
     return TPK_OK;
+}
+
+/* ---- FP8 (desc.fp8 under ctx->fp8): the GEMMs on codes, the scales out again in alpha -------- */
+
+/* The forward through FP8: u [T, n] = (1 / (s_x s_w)) q_x [T, k] q_w [n, k]^T (+ bias); act:
+ * pre = u, y = act(u). x and W quantized in E4M3 (the recipe's scales, amaxes recorded). Every
+ * rank of the TP group calls it (current scaling's amax is all-reduced), T or n 0 too. */
+static inline tpk_status tpk__linear_fp8_fwd(tpk_ctx *ctx, tpk_linear *l, void *y, void *pre,
+                                             const void *x, const void *w, const void *bias,
+                                             int64_t T, int64_t n, int64_t k, tpk_act act) {
+    size_t nx = (size_t)(T * k), nw = (size_t)(n * k);
+    TPK_TRY(tpk__buf_reserve(ctx, &l->q8[0], nx));
+    TPK_TRY(tpk__buf_reserve(ctx, &l->q8[1], nw));
+    uint8_t *qx = (uint8_t *)l->q8[0].p, *qw = (uint8_t *)l->q8[1].p;
+    TPK_TRY(
+        tpk__fp8_quant(ctx, l->f8, l->f8_slot + TPK_FP8_X, x, nx, qx, TPK_E4M3, 0, &l->f8_s[0]));
+    TPK_TRY(
+        tpk__fp8_quant(ctx, l->f8, l->f8_slot + TPK_FP8_W, w, nw, qw, TPK_E4M3, 0, &l->f8_s[1]));
+    if (!T || !n) return TPK_OK;
+    void *u = act != TPK_ACT_NONE ? pre : y;
+    float alpha = (1.0f / l->f8_s[0]) * (1.0f / l->f8_s[1]);
+    TPK_TRY(tpk_op_gemm_fp8(ctx, false, true, T, n, k, alpha, qx, TPK_E4M3, k, qw, TPK_E4M3, k,
+                            0.0f, u, n, ctx->dtype));
+    if (bias) TPK_TRY(tpk_op_bias_add(ctx, u, bias, T, n, ctx->dtype));
+    if (act != TPK_ACT_NONE) TPK_TRY(tpk_op_act_fwd(ctx, act, y, u, ctx->dtype, (size_t)(T * n)));
+    return TPK_OK;
+}
+/* The backward's GEMMs through FP8, for dy [T, n], x [T, k], W [n, k] (every rank of the TP group
+ * calls both): _dx quantizes dy in E5M2 (its amax recorded) and W again with the forward's scale,
+ * dx [T, k] = (1 / (s_dy s_w)) q_dy q_w (dx NULL: not made); then _dw quantizes x again with the
+ * forward's scale, dW (the f32 gradient of l->w) += (1 / (s_dy s_x)) q_dy^T q_x. */
+static inline tpk_status tpk__linear_fp8_dx(tpk_ctx *ctx, tpk_linear *l, const void *dy, int64_t T,
+                                            int64_t n, int64_t k, void *dx) {
+    size_t nx = (size_t)(T * k), nw = (size_t)(n * k), ny = (size_t)(T * n);
+    TPK_TRY(tpk__buf_reserve(ctx, &l->q8[0], nx)); /* for _dw */
+    TPK_TRY(tpk__buf_reserve(ctx, &l->q8[1], nw));
+    TPK_TRY(tpk__buf_reserve(ctx, &l->q8[2], ny));
+    uint8_t *qw = (uint8_t *)l->q8[1].p, *qy = (uint8_t *)l->q8[2].p;
+    TPK_TRY(
+        tpk__fp8_quant(ctx, l->f8, l->f8_slot + TPK_FP8_DY, dy, ny, qy, TPK_E5M2, 0, &l->f8_s[2]));
+    float sw = l->f8_s[1];
+    TPK_TRY(tpk__fp8_quant(ctx, l->f8, l->f8_slot + TPK_FP8_W, tpk__param_w(ctx, l->w), nw, qw,
+                           TPK_E4M3, sw, &sw));
+    if (dx && T && k)
+        TPK_TRY(tpk_op_gemm_fp8(ctx, false, false, T, k, n, (1.0f / l->f8_s[2]) * (1.0f / sw), qy,
+                                TPK_E5M2, n, qw, TPK_E4M3, k, 0.0f, dx, k, ctx->dtype));
+    return TPK_OK;
+}
+static inline tpk_status tpk__linear_fp8_dw(tpk_ctx *ctx, tpk_linear *l, const void *x, int64_t T,
+                                            int64_t n, int64_t k) {
+    size_t nx = (size_t)(T * k);
+    uint8_t *qx = (uint8_t *)l->q8[0].p, *qy = (uint8_t *)l->q8[2].p;
+    float sx = l->f8_s[0];
+    TPK_TRY(tpk__fp8_quant(ctx, l->f8, l->f8_slot + TPK_FP8_X, x, nx, qx, TPK_E4M3, sx, &sx));
+    if (!T || !n || !k) return TPK_OK;
+    return tpk_op_gemm_fp8(ctx, true, false, n, k, T, (1.0f / l->f8_s[2]) * (1.0f / sx), qy,
+                           TPK_E5M2, n, qx, TPK_E4M3, k, 1.0f, tpk_param_grad(ctx, l->w), k,
+                           TPK_F32);
 }
 
 /* A column linear's input, kept for backward (l->x, l->T): x itself, R [T, in], or under sequence
@@ -337,7 +413,11 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
     tpk_tensor yl = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, l->out, tpk__col_out_layout(l));
     TPK_TRY(tpk__buf_view(ctx, &l->y, &yl));
     if (l->d.act != TPK_ACT_NONE) TPK_TRY(tpk__buf_reserve(ctx, &l->pre, tpk_nbytes(&yl)));
-    if (T && n) /* y_r = x W_r^T + b_r (act: pre = that, y_r = act(pre)), one fused op */
+    if (l->f8) /* the same through FP8 */
+        TPK_TRY(tpk__linear_fp8_fwd(ctx, l, yl.data, l->pre.p, x.data, tpk__param_w(ctx, l->w),
+                                    l->b >= 0 ? tpk__param_w(ctx, l->b) : NULL, T, n, l->in,
+                                    l->d.act));
+    else if (T && n) /* y_r = x W_r^T + b_r (act: pre = that, y_r = act(pre)), one fused op */
         TPK_TRY(tpk_op_linear_fwd(ctx, yl.data, l->pre.p, x.data, tpk__param_w(ctx, l->w),
                                   l->b >= 0 ? tpk__param_w(ctx, l->b) : NULL, T, n, l->in, l->d.act,
                                   ctx->dtype));
@@ -391,9 +471,13 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     tpk_request greq, req;
     memset(&greq, 0, sizeof greq), memset(&req, 0, sizeof req);
     TPK_TRY(tpk__col_linear_gather(ctx, fn, l, &xg, &greq));
-    tpk_status s = n ? tpk_op_gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n,
-                                   tpk__param_w(ctx, l->w), l->in, 0.f, dxp.data, l->in, ctx->dtype)
-                     : tpk_op_fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f);
+    tpk_status s =
+        l->f8 && n ? tpk__linear_fp8_dx(ctx, l, dy.data, T, n, l->in, dxp.data)
+        : l->f8    ? tpk__linear_fp8_dx(ctx, l, dy.data, T, n, l->in, NULL)
+        : n ? tpk_op_gemm(ctx, false, false, T, l->in, n, 1.f, dy.data, n, tpk__param_w(ctx, l->w),
+                          l->in, 0.f, dxp.data, l->in, ctx->dtype)
+            : TPK_OK;
+    if (s == TPK_OK && !n) s = tpk_op_fill(ctx, dxp.data, ctx->dtype, (size_t)(T * l->in), 0.f);
     tpk_status ws = tpk_wait(ctx, &greq); /* always finish the collective */
     TPK_TRY(s);
     TPK_TRY(ws);
@@ -411,7 +495,11 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
         TPK_TRY(tpk_allreduce_start(ctx, &ctx->tp, dxp.data, dxp.data, (size_t)(T * l->in),
                                     ctx->dtype, TPK_SUM, &req));
     }
-    if (n && T) {
+    if (l->f8) { /* every rank: the x quantization is a collective under current scaling */
+        s = tpk__linear_fp8_dw(ctx, l, xg.data, T, n, l->in);
+        if (s == TPK_OK && n && T && l->b >= 0 && !fused)
+            s = tpk__grad_bias(ctx, l->b, dy.data, T, n);
+    } else if (n && T) {
         s = tpk__grad_gemm(ctx, l->w, true, false, n, l->in, T, dy.data, n, xg.data, l->in);
         if (s == TPK_OK && l->b >= 0 && !fused) s = tpk__grad_bias(ctx, l->b, dy.data, T, n);
     }
@@ -461,7 +549,10 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     /* the partial sums P; the bias once in the sum: rank 0 adds it in the GEMM's epilogue (no pass
      * of its own) */
     const void *bias = l->b >= 0 && ctx->tp.rank == 0 ? tpk__param_w(ctx, l->b) : NULL;
-    if (n) {
+    if (l->f8) { /* through FP8 (every rank: current scaling's amax is all-reduced) */
+        TPK_TRY(tpk__linear_fp8_fwd(ctx, l, yp.data, NULL, x.data, tpk__param_w(ctx, l->w), bias, T,
+                                    l->out, n, TPK_ACT_NONE));
+    } else if (n) {
         TPK_TRY(tpk_op_linear_fwd(ctx, yp.data, NULL, x.data, tpk__param_w(ctx, l->w), bias, T,
                                   l->out, n, TPK_ACT_NONE, ctx->dtype));
     } else {
@@ -518,7 +609,13 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     if (own_dx && l->x_was_R)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "layer \"%s\": an owner's dx GEMM needs an S(-1) input", l->name);
-    if (n && T) {
+    if (l->f8 && own_dx)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "layer \"%s\": an owner's dx GEMM is not taken through FP8", l->name);
+    if (l->f8) { /* dy [T, out], W_r [out, n], x_r [T, n] */
+        TPK_TRY(tpk__linear_fp8_dx(ctx, l, dy.data, T, l->out, n, n ? dxs.data : NULL));
+        TPK_TRY(tpk__linear_fp8_dw(ctx, l, l->x.data, T, l->out, n));
+    } else if (n && T) {
         if (own_dx)
             TPK_TRY(own_dx->fn(ctx, own_dx->user, dxs.data, dy.data, tpk__param_w(ctx, l->w), T, n,
                                l->out));

@@ -60,6 +60,7 @@ static inline tpk_status tpk_mlp_init(tpk_ctx *ctx, tpk_mlp *m, int64_t H,
     m->act = d.act != TPK_ACT_NONE ? d.act : TPK_ACT_GELU_TANH;
     ld.name = pn, ld.bias = true, ld.act = m->act, ld.sequence_parallel = d.sequence_parallel,
     ld.init_std = d.init_std, ld.partial_dx = d.partial_dx;
+    ld.fp8 = true; /* FP8 under ctx->fp8 (tpk/layers/fp8.h) */
     TPK_TRY(tpk_col_linear_init(ctx, &m->c_fc, H, m->F, &ld));
     snprintf(pn, sizeof pn, "%s.%s", m->name, d.proj_name ? d.proj_name : "c_proj");
     ld.act = TPK_ACT_NONE, ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
@@ -134,7 +135,7 @@ static inline tpk_status tpk_mlp_backward(tpk_ctx *ctx, tpk_mlp *m, tpk_tensor d
     /* fused where c_proj took c_fc's activation as it was: the same features and rows, not
      * gathered */
     bool fuse = fc->d.act != TPK_ACT_NONE && !cp->x_was_R && !fc->d.gather_output &&
-                fc->n_local == cp->n_local && fc->T == cp->T;
+                fc->n_local == cp->n_local && fc->T == cp->T && !cp->f8; /* FP8: apart */
     tpk__row_dx own = {tpk__mlp_dx_act, m};
     tpk_tensor du;
     TPK_TRY(tpk__row_linear_backward(ctx, cp, dy, &du, fuse ? &own : NULL)); /* S(-1) [T, F_r] */
@@ -191,13 +192,13 @@ static inline tpk_status tpk_swiglu_mlp_init(tpk_ctx *ctx, tpk_swiglu_mlp *m, in
     ld.name = m->name, ld.bias = d.bias, ld.stride = 2, ld.parts[0] = "gate_proj",
     ld.parts[1] = "up_proj";
     ld.sequence_parallel = d.sequence_parallel, ld.init_std = d.init_std;
-    ld.partial_dx = d.partial_dx;
+    ld.partial_dx = d.partial_dx, ld.fp8 = true; /* FP8 under ctx->fp8 (tpk/layers/fp8.h) */
     TPK_TRY(tpk_col_linear_init(ctx, &m->gate_up, H, 2 * m->F, &ld));
     memset(&ld, 0, sizeof ld);
     snprintf(pn, sizeof pn, "%s.down_proj", m->name);
     ld.name = pn, ld.bias = d.bias, ld.sequence_parallel = d.sequence_parallel,
     ld.init_std = d.proj_init_std > 0 ? d.proj_init_std : d.init_std;
-    ld.partial_output = d.partial_output;
+    ld.partial_output = d.partial_output, ld.fp8 = true;
     return tpk_row_linear_init(ctx, &m->down, m->F, H, &ld);
 }
 

@@ -3,11 +3,12 @@
  * with stages (P > 1, or a schedule or a split asked for at P = 1) this rank's stage
  * (tpk/train/pipe_model.h: the chunks' copies and the executor). The same calls for both:
  *   tpk_trainable_step    zero the gradients, the M micro-batches' forwards and backwards, the DP
- *                         reduction, norm, clipping, AdamW (tpk_model_train_step, below);
+ *                         reduction, norm, clipping, AdamW (tpk_model_train_step, below); then
+ *                         the FP8 recipe's update (ctx->fp8: tpk_fp8_update), if any;
  *   tpk_trainable_loss    the step's mean loss over micro-batches and DP ranks, read from the
  *                         device (with stages: the last stage's, given to every stage);
  *   tpk_trainable_losses  K batches' mean losses, forwards alone (with stages: through the
- *                         pipeline as K micro-batches);
+ *                         pipeline as K micro-batches; the FP8 recipe records no amax);
  *   set_dropout, set_dp (the DP buckets a backward starts), params (the global count, a tied
  *   embedding's two stage copies once), save and load (tpk_model_save / tpk_model_load: each
  *   stage its own blocks; each a phase announced to the other ranks, tpk_busy, whose timeout
@@ -211,6 +212,7 @@ static inline tpk_status tpk_trainable_step(tpk_ctx *ctx, tpk_trainable *t, tpk_
                                         b, ids, targets, B, S, M, scale, rng_step, lr, clip, norm);
     if (first) tpk_busy_end(ctx), t->stepped = true;
     if (t->piped) t->busy += t->pm.exec.t_compute, t->wait += t->pm.exec.t_wait;
+    if (s == TPK_OK && ctx->fp8) s = tpk_fp8_update(ctx, ctx->fp8); /* the next step's scales */
     return s;
 }
 
@@ -249,10 +251,13 @@ static inline tpk_status tpk_trainable_losses(tpk_ctx *ctx, tpk_trainable *t, co
     TPK_TRY(tpk__trainable_cp_rows(ctx, t, fn, &ids, &targets, B, S, K));
     if (t->piped) return tpk_pipe_model_eval(ctx, &t->pm, ids, targets, B, S, K, losses);
     size_t bt = (size_t)tpk_cp_rows(ctx, B, S);
-    for (int k = 0; k < K; k++)
-        TPK_TRY(tpk_model_forward(ctx, &t->m, ids + (size_t)k * bt, targets + (size_t)k * bt, B, S,
-                                  &losses[k]));
-    return TPK_OK;
+    tpk_status s = TPK_OK;
+    if (ctx->fp8) ctx->fp8->paused = true; /* no amax recorded: the next scales as without */
+    for (int k = 0; k < K && s == TPK_OK; k++)
+        s = tpk_model_forward(ctx, &t->m, ids + (size_t)k * bt, targets + (size_t)k * bt, B, S,
+                              &losses[k]);
+    if (ctx->fp8) ctx->fp8->paused = false;
+    return s;
 }
 
 /* The model's parameters over every rank (a tied embedding's copy on the last stage once).
