@@ -1,13 +1,13 @@
-/* examples/plan.c — build/plan: which TP x PP x DP, micro-batch, recompute, ZeRO stage and sequence
- * parallelism to train a model with on a cluster, by a dry run of the kit's own code on every
- * configuration (tpk/plan/plan.h) costed on a hardware profile (tpk/plan/hw.h).
+/* examples/plan.c — build/plan: which TP x CP x PP x DP, micro-batch, recompute, ZeRO stage and
+ * sequence parallelism to train a model with on a cluster, by a dry run of the kit's own code on
+ * every configuration (tpk/plan/plan.h) costed on a hardware profile (tpk/plan/hw.h).
  *
  * The model's flags (--arch, the shape, a family's, --load) and --dtype are the trainer's table
  * (tpk/train/options.h: the same ranges and messages); the planner's own are a table here.
  *   plan [model flags | --load DIR] --seq-len S --batch B --gpus N --gpus-per-node G
  *        --profile h100|h200|a100-40|a100-80|cpu|FILE [--json] [--all] [--top K]
- *        [--tokens N] [--target TOKENS_PER_S] [--tp T --pp P --micro-batch M --recompute R
- *        --zero 0|1|2 --sequence-parallel 0|1: restrict]
+ *        [--tokens N] [--target TOKENS_PER_S] [--tp T --cp C --cp-comm p2p|allgather --pp P
+ *        --micro-batch M --recompute R --zero 0|1|2 --sequence-parallel 0|1: restrict]
  *   plan --calibrate FILE [model flags] [--seq-len S --batch B]   (under mpirun: collectives too)
  *
  * The table: the fitting configurations fastest first — memory per rank (what the trainer reports
@@ -30,8 +30,8 @@
 /* The planner's own flags; the model's (--arch, the shape, a family's flags, --load) and --dtype
  * are the trainer's table (tpk/train/options.h): the same ranges and messages. */
 typedef struct opts {
-    const char *profile, *calibrate, *recompute;
-    int64_t seq, batch, gpus, gpn, top, tp, pp, mb, zero, sp; /* -1: not given */
+    const char *profile, *calibrate, *recompute, *cp_comm;
+    int64_t seq, batch, gpus, gpn, top, tp, pp, mb, zero, sp, cp; /* -1: not given */
     bool json, all;
     double tokens, target;
     tpk_run_opts model;
@@ -54,6 +54,10 @@ static const tpk_flag plan_flags[] = {
     {"--target", TPK_FLAG_NUM, 1, 1e20, NULL, "TOKENS_PER_S", NULL, 1, "output",
      "the GPUs that reach it", offsetof(opts, target)},
     {"--tp", TPK_FLAG_INT, 1, 1e6, NULL, "T", NULL, 1, "restrict", NULL, offsetof(opts, tp)},
+    {"--cp", TPK_FLAG_INT, 1, 1e6, NULL, "C", NULL, 1, "restrict",
+     "context parallelism's size (every size dividing the ranks unless given)", offsetof(opts, cp)},
+    {"--cp-comm", TPK_FLAG_CHOICE, 0, 0, NULL, "p2p|allgather", NULL, 1, "restrict",
+     "the attention's mode under CP (both unless given)", offsetof(opts, cp_comm)},
     {"--pp", TPK_FLAG_INT, 1, 1e6, NULL, "P", NULL, 1, "restrict", NULL, offsetof(opts, pp)},
     {"--micro-batch", TPK_FLAG_INT, 1, 1e9, NULL, "M", NULL, 1, "restrict", NULL,
      offsetof(opts, mb)},
@@ -202,18 +206,15 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
             fc.prof = prof;
             if (!model_config(&fc, &fo, &cfg)) return 1;
             if (tpk_model_init(&fc, &m, &cfg) ||
-                tpk_adamw_init(&fc, &opt,
-                               &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f}))
-                return fprintf(stderr, "plan: error: --calibrate: %s\n", tpk_last_error(&fc)),
-                       1;
+                tpk_adamw_init(&fc, &opt, &(tpk_adamw_desc){.b1 = 0.9f, .b2 = 0.95f, .eps = 1e-8f}))
+                return fprintf(stderr, "plan: error: --calibrate: %s\n", tpk_last_error(&fc)), 1;
             tpk_model_set_grad_ready(&m, tpk_dp_grad_ready, &b);
             for (int step = 0; step < 4; step++) {
                 if (step == 1 && tpk_profile_start(&fc)) return 1; /* after a warm-up step */
                 if (tpk_model_train_step(&fc, &m, NULL, &opt, &b, ids, ids, B, S, 1, 1.0f,
                                          (uint64_t)step, 1e-4f, 1.0f, NULL) ||
                     (fc.prof && tpk_profile_step(&fc)))
-                    return fprintf(stderr, "plan: error: --calibrate: %s\n",
-                                   tpk_last_error(&fc)),
+                    return fprintf(stderr, "plan: error: --calibrate: %s\n", tpk_last_error(&fc)),
                            1;
             }
             tpk_model_destroy(&fc, &m), tpk_adamw_destroy(&fc, &opt), tpk_dp_destroy(&b);
@@ -304,14 +305,15 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
 
 static void print_row(int i, const tpk_plan_cfg *p) {
     char mesh[48];
-    snprintf(mesh, sizeof mesh, "%dx%dx%d", p->tp, p->pp, p->dp);
+    snprintf(mesh, sizeof mesh, "%dx%d%sx%dx%d", p->tp, tpk__plan_cp(p),
+             p->cp > 1 ? (p->cp_comm == TPK_CP_ALLGATHER ? "ag" : "r") : "", p->pp, p->dp);
     if (p->fits)
-        printf("%4d  %-11s %5d %5d  %-9s %4d %3s %9.2f %10.4f %12.0f %6.1f%% %6.1f%%\n", i, mesh,
+        printf("%4d  %-13s %5d %5d  %-9s %4d %3s %9.2f %10.4f %12.0f %6.1f%% %6.1f%%\n", i, mesh,
                p->micro_batch, p->accum, tpk_recompute_name(p->recompute), p->zero,
                p->sp ? "on" : "off", p->peak_bytes / 1e9, p->step_seconds, p->tokens_per_s,
                100 * p->mfu, 100 * p->bubble);
     else
-        printf("   -  %-11s %5d %5d  %-9s %4d %3s  rejected: %s\n", mesh, p->micro_batch, p->accum,
+        printf("   -  %-13s %5d %5d  %-9s %4d %3s  rejected: %s\n", mesh, p->micro_batch, p->accum,
                tpk_recompute_name(p->recompute), p->zero, p->sp ? "on" : "off", p->reason);
 }
 
@@ -329,7 +331,7 @@ int main(int argc, char **argv) {
         flag_sets(&o, sets);
         tpk_flags_usage(
             stdout,
-            "usage: plan [model flags | --load DIR] [plan flags]: the fastest TP x PP x DP, "
+            "usage: plan [model flags | --load DIR] [plan flags]: the fastest TP x CP x PP x DP, "
             "micro-batch,\n  recompute, ZeRO stage and SP that fit; a GPT-2 small (--layers 12 "
             "--hidden 768 --heads 12\n  --vocab 50257) unless given\n"
             "       plan --calibrate FILE [model flags] [--seq-len S] [--micro-batch M]\n",
@@ -386,7 +388,8 @@ int main(int argc, char **argv) {
               : hw.host     ? TPK_F32
                             : TPK_BF16;
     d.tp = (int)o.tp, d.pp = (int)o.pp, d.micro_batch = (int)o.mb, d.zero = (int)o.zero;
-    d.sp = (int)o.sp;
+    d.sp = (int)o.sp, d.cp = o.cp > 0 ? (int)o.cp : -1;
+    d.cp_comm = !o.cp_comm ? -1 : strcmp(o.cp_comm, "allgather") ? TPK_CP_P2P : TPK_CP_ALLGATHER;
     d.recompute = o.recompute ? (int)rc : -1;
     tpk_plan_cfg *v = NULL;
     int n = 0;
@@ -419,7 +422,7 @@ int main(int argc, char **argv) {
            hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
     printf("profile: %s\n", hw.source);
     printf("%d configurations, %d fit (dry runs in %.1f s)\n", n, fit, now() - t0);
-    printf("rank  TPxPPxDP       mb     M  recompute ZeRO  SP   GB/rank     s/step     tokens/s "
+    printf("rank  TPxCPxPPxDP      mb     M  recompute ZeRO  SP   GB/rank     s/step     tokens/s "
            "   MFU  bubble\n");
     int shown = 0;
     for (int i = 0; i < n && (o.all || shown < o.top || !v[i].fits); i++) {
@@ -451,11 +454,12 @@ int main(int argc, char **argv) {
     const tpk_plan_cfg *b = &v[0];
     int mbmax = 0;
     for (int i = 0; i < fit; i++) mbmax = v[i].micro_batch > mbmax ? v[i].micro_batch : mbmax;
-    printf("best: TP %d x PP %d x DP %d, micro-batch %d (%d a step per DP rank), recompute %s, "
+    char cpw[48];
+    printf("best: TP %d%s x PP %d x DP %d, micro-batch %d (%d a step per DP rank), recompute %s, "
            "ZeRO %d, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
-           b->tp, b->pp, b->dp, b->micro_batch, b->accum, tpk_recompute_name(b->recompute),
-           b->zero, b->sp ? "on" : "off", b->step_seconds, b->tokens_per_s,
-           100 * b->mfu, b->peak_bytes / 1e9);
+           b->tp, tpk_plan_cp_words(b, cpw, sizeof cpw), b->pp, b->dp, b->micro_batch, b->accum,
+           tpk_recompute_name(b->recompute), b->zero, b->sp ? "on" : "off", b->step_seconds,
+           b->tokens_per_s, 100 * b->mfu, b->peak_bytes / 1e9);
     printf("its %.2f GB a GPU: weights %.2f (f32 and bf16), gradients %.2f, AdamW's moments %.2f, "
            "activations and scratch %.2f\n",
            b->peak_bytes / 1e9, b->weights_bytes / 1e9, b->grads_bytes / 1e9, b->optim_bytes / 1e9,

@@ -11,6 +11,13 @@
 #   --plan trains with the configuration it prints;
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
+#   Context parallelism: the planned peak of CP configurations against the trainer's (GPT-2 CP 2,
+#   make test; Llama CP 2 with the all-gather and selective recompute, GPT-2 CP 4, CP 2 x DP 2
+#   with ZeRO-1, TP 2 x CP 2 with SP and full recompute, CP 2 x PP 2, GPT-NeoX CP 2: make
+#   test-long), --json's keys cp and cp_comm (every CP size of the ranks, both modes, with and
+#   without stages, ZeRO at DP 1 x CP 2, the refusals: a sequence not a multiple of 2 CP, CP on the
+#   CUDA backend), and the
+#   trainer's --cp 2 --plan training with the configuration it prints (make test-long).
 # make test (TPK_TESTS=quick) plans 7 of the 16 configurations (one per feature: TP with SP and
 # selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP), reads a handwritten profile file and
 # runs the rest; make test-long the other 9 (ZeRO-2 among them) and --calibrate (a minute of
@@ -27,8 +34,9 @@ mem() {
     out=$(timeout $((120 * scale)) mpirun $mpiflags -np "$2" $B/train --text "$text" --steps 2 $3 2>&1)
     run=$(printf '%s\n' "$out" | grep -o 'peak memory[a-z ]* [0-9., ]* MB' | grep -o '[0-9][0-9.]*' |
           sort -g | tail -1)
+    case "$4" in *--cp\ *) cp= ;; *) cp="--cp 1" ;; esac # one CP size: the flags' (else 1)
     out="$out
-$($B/plan --profile cpu --vocab 256 --gpus "$2" --gpus-per-node "$2" $4 --json 2>&1)"
+$($B/plan --profile cpu --vocab 256 --gpus "$2" --gpus-per-node "$2" $cp $4 --json 2>&1)"
     planned=$(printf '%s\n' "$out" | grep -c '"peak_bytes"')
     pk=$(printf '%s\n' "$out" | grep -o '"peak_bytes": [0-9]*' | grep -o '[0-9]*$')
     if [ -n "$run" ] && [ "$planned" = 1 ] &&
@@ -54,6 +62,23 @@ quick_set && mem llama_tp2_gqa 2 "--arch llama $M --tp 2 --batch 4 --kv-heads 2"
 long_set && mem llama_dp2_zero_full 2 "--arch llama $M --batch 4 --zero 1 --recompute full" "--arch llama $M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 1"
 quick_set && mem llama_tp2_pp2_sp_full 4 "--arch llama $M --tp 2 --pp 2 --batch 2 --grad-accum 4 --sequence-parallel --recompute full" "--arch llama $M --tp 2 --pp 2 --batch 8 --micro-batch 2 --recompute full --sequence-parallel 1"
 long_set && mem llama_pp2_sel 2 "--arch llama $M --pp 2 --batch 2 --grad-accum 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 4 --micro-batch 2 --recompute selective"
+# context parallelism: a rank's B S / c rows and the attention's K|V and dK|dV blocks (S = 64: the
+# activations most of the peak); the row carries "cp" and "cp_comm"
+C="--layers 2 --hidden 32 --heads 4 --seq-len 64"
+P1="--tp 1 --pp 1 --zero 0"
+if quick_set; then
+    mem gpt2_cp2 2 "$C --cp 2 --batch 4" "$C $P1 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
+    if printf '%s\n' "$out" | grep -q '"tp": 1, "cp": 2, "pp": 1, "dp": 1, .*"cp_comm": "p2p"'; then
+        ok plan_json_cp_key
+    else fail plan_json_cp_key; fi
+fi
+long_set && mem llama_cp2_allgather_sel 2 "--arch llama $C --cp 2 --cp-comm allgather --batch 4 --recompute selective" "--arch llama $C $P1 --cp 2 --cp-comm allgather --batch 4 --micro-batch 4 --recompute selective"
+long_set && mem gpt2_cp4 4 "$C --cp 4 --batch 4" "$C $P1 --cp 4 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
+long_set && mem gpt2_cp4_allgather 4 "$C --cp 4 --cp-comm allgather --batch 4" "$C $P1 --cp 4 --cp-comm allgather --batch 4 --micro-batch 4 --recompute none"
+long_set && mem gpt2_cp2_dp2_zero 4 "$C --cp 2 --batch 2 --grad-accum 2 --zero 1" "--layers 2 --hidden 32 --heads 4 --seq-len 64 --tp 1 --pp 1 --cp 2 --cp-comm p2p --batch 8 --micro-batch 2 --recompute none --zero 1"
+long_set && mem llama_tp2_cp2_sp_full 4 "--arch llama $C --tp 2 --cp 2 --batch 4 --sequence-parallel --recompute full" "--arch llama $C --tp 2 --pp 1 --zero 0 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute full --sequence-parallel 1"
+long_set && mem gpt2_cp2_pp2 4 "$C --cp 2 --pp 2 --batch 2 --grad-accum 2" "$C --tp 1 --pp 2 --zero 0 --cp 2 --cp-comm p2p --batch 4 --micro-batch 2 --recompute none"
+long_set && mem neox_cp2 2 "--arch neox $C --cp 2 --batch 4" "--arch neox $C $P1 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
 
 # --calibrate on 2 ranks writes a profile; plan reads it back (make test-long: it measures this
 # machine for a minute; make test reads a profile file below)
@@ -75,7 +100,7 @@ keys = {"tp", "pp", "dp", "micro_batch", "recompute", "zero", "sp", "peak_bytes"
 assert rows and all(keys <= set(r) for r in rows), "keys"
 fit = [r for r in rows if r["fits"]]
 rej = [r for r in rows if not r["fits"]]
-assert fit and all(r["tp"] * r["pp"] * r["dp"] == 16 for r in rows)
+assert fit and all(r["tp"] * r["cp"] * r["pp"] * r["dp"] == 16 for r in rows)
 assert all(r.get("reason") for r in rej) and not any("reason" in r for r in fit)
 why = " | ".join(r["reason"] for r in rej)
 assert "exceeds a node" in why and "does not divide" in why, why
@@ -94,8 +119,41 @@ for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shar
     assert r["zero"] != 2 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
                                  q["grads_bytes"] < r["grads_bytes"] for q in one), (r, one)
 assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2}, "ZeRO 0, 1, 2 at DP > 1"
-assert {r["zero"] for r in rows if r["dp"] == 1} <= {0}, "ZeRO at DP 1"
+assert {r["zero"] for r in rows if r["dp"] * r["cp"] == 1} <= {0}, "ZeRO at DP 1"
+# CP on the CUDA backend (the h100 profile counts like it): rejected by name, not planned
+assert "no attention over CP" in why and not any(r["cp"] > 1 for r in fit), why
 ' 2>&1; then ok plan_json_keys_and_reasons; else fail plan_json_keys_and_reasons; fi
+
+# CP on the host (make test-long): every CP size of 8 ranks, both modes; --json's cp and cp_comm;
+# the refusals by name; ZeRO over DP x CP at DP 1; a rank's activations fall with CP
+if long_set; then
+    out=$($B/plan --profile cpu --gpus 8 --gpus-per-node 8 --vocab 256 --layers 2 --hidden 32 --heads 4 --seq-len 20 --batch 2 --micro-batch 1 --json 2>&1)
+    if printf '%s\n' "$out" | "$py" -c '
+import json, sys
+rows = json.load(sys.stdin)
+fit = [r for r in rows if r["fits"]]
+assert all(r["tp"] * r["cp"] * r["pp"] * r["dp"] == 8 for r in rows)
+assert {r["cp"] for r in fit} == {1, 2}, {r["cp"] for r in fit}   # 20 = 2 x 2 x 5, not 2 x 4 x k
+assert {r["cp_comm"] for r in fit if r["cp"] > 1} == {"p2p", "allgather"}
+why = " | ".join(r["reason"] for r in rows if not r["fits"])
+assert "the sequence length 20 into 2 x CP 4 chunks" in why, why
+assert any(r["pp"] > 1 for r in fit if r["cp"] == 2)   # CP with pipeline stages
+assert any(r["zero"] == 2 for r in fit if r["cp"] == 2 and r["dp"] == 1)   # ZeRO over DP x CP
+def key(r): return (r["tp"], r["pp"], r["micro_batch"], r["recompute"], r["zero"], r["sp"])
+# CP 2 beside CP 1 x twice the DP (the same TP, micro-batch, ...): the activations a rank holds
+# fall, its weights do not
+pairs = [(r, q) for r in fit for q in fit if r["cp"] == 2 and r["cp_comm"] == "p2p" and
+         q["cp"] == 1 and q["dp"] == 2 * r["dp"] and key(q) == key(r)]
+assert pairs and all(q["activation_bytes"] > r["activation_bytes"] and
+                     q["weights_bytes"] == r["weights_bytes"] for r, q in pairs), pairs
+' 2>&1; then ok plan_cp_json_host; else fail plan_cp_json_host; fi
+    # the trainer's --cp 2 --plan: the planner chooses around CP 2, the trainer runs its choice
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 4 $B/train --text "$text" $small --steps 2 --cp 2 --plan 2>&1)
+    choice=$(printf '%s\n' "$out" | sed -n 's/^plan: TP \([0-9]*\) x CP 2 (\([a-z0-9 -]*\)) x PP 1 x DP \([0-9]*\),.*/TP \1 x CP 2 (\2) x DP \3/p')
+    if [ -n "$choice" ] && printf '%s\n' "$out" | grep -q "= $choice" && printf '%s\n' "$out" | grep -q '^step     2/2'; then
+        ok "train_plan_cp ($choice)"
+    else fail "train_plan_cp ($choice)"; fi
+fi
 
 # the table and the guideline answers
 out=$($B/plan --profile h100 --gpus 8 --layers 12 --hidden 768 --heads 12 --seq-len 1024 --batch 64 --tokens 1e10 --target 6e6 2>&1)

@@ -10,6 +10,8 @@
  *     the same configurations, each extrapolated (probe > 0), with the same peak, its four parts
  *     and the fit exactly (bytes), the same refusals, and the step time, tokens/s, MFU, bubble,
  *     compute and exposed collective time within 1e-9 relative;
+ *   - context parallelism (the host profile, 4 ranks: CP 2 and 4, the ring and the all-gather,
+ *     TP 2 x CP 2, CP 2 x PP 2; Llama, 19 blocks): the same figures probed as dry-run whole;
  *   - a transient past the first probes: Llama's untied head (vocabulary 128,000) reduced over
  *     DP across nodes while the blocks' backward runs, at 150 and 400 blocks (the probes deepen);
  *   - the model's parameter count (MFU's N) extrapolated equal to the whole model's;
@@ -44,8 +46,9 @@ static void model(tpk_model_config *m, tpk_arch arch, int64_t L, int64_t H, int6
 }
 
 static bool same_key(const tpk_plan_cfg *a, const tpk_plan_cfg *b) {
-    return a->tp == b->tp && a->pp == b->pp && a->dp == b->dp && a->micro_batch == b->micro_batch &&
-           a->recompute == b->recompute && a->zero == b->zero && a->sp == b->sp;
+    return a->tp == b->tp && a->cp == b->cp && a->cp_comm == b->cp_comm && a->pp == b->pp &&
+           a->dp == b->dp && a->micro_batch == b->micro_batch && a->recompute == b->recompute &&
+           a->zero == b->zero && a->sp == b->sp;
 }
 static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)); }
 
@@ -120,6 +123,23 @@ int main(int argc, char **argv) {
                 CHECK(probed > rows / 2, "%d of %d configurations extrapolated", probed, rows);
                 if (test__rank == 0) printf("  %d configurations, %d extrapolated\n", rows, probed);
             }
+        }
+    }
+
+    /* Context parallelism: a stage's blocks under CP are as identical as without (each the same
+       ring of messages on the CP group): probed as dry-run whole, every CP size of 4 ranks */
+    {
+        TEST_CASE("plan_depth_cp_llama_cpu_L19") {
+            tpk_plan_desc d;
+            memset(&d, 0, sizeof d);
+            model(&d.model, TPK_ARCH_LLAMA, 19, 64, 4, 500, 32);
+            d.seq = 32, d.batch = 2, d.gpus = 4, d.gpus_per_node = 4, d.hw = &cpu;
+            d.like = tpk_ops_host(), d.dtype = TPK_F32, d.micro_batch = 1;
+            d.zero = -1, d.sp = -1, d.recompute = -1, d.cp = -1, d.cp_comm = -1;
+            int probed = 0, rows = 0;
+            compare(&ctx, &d, &probed, &rows);
+            CHECK(probed > rows / 2, "%d of %d configurations extrapolated", probed, rows);
+            if (test__rank == 0) printf("  %d configurations, %d extrapolated\n", rows, probed);
         }
     }
 

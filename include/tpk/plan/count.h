@@ -12,10 +12,12 @@
  * ctx->mem_peak (tpk/runtime/buf.h) move exactly as in a real run, because the same calls grow and
  * free the same tpk_bufs — the planned peak is the run's.
  *
- * The communicator is one rank of a world of N = tp dp pp ranks (its mesh), gpus_per_node a node.
- * Its splits replay tpk_ctx_init's (tpk__mesh_split) and the pipeline's tied-embedding group
- * (stages 0 and P - 1 of the PP group); another split is an error naming it. A group knows its
- * members' world ranks, so whether it spans nodes. Collectives move nothing.
+ * The communicator is one rank of a world of N = tp cp dp pp ranks (its mesh), gpus_per_node a
+ * node. Its splits replay tpk_ctx_init's (tpk__mesh_split_cp: TP, DP, PP, and at cp > 1 CP and
+ * DP x CP) and the pipeline's tied-embedding group (stages 0 and P - 1 of the PP group); another
+ * split is an error naming it. A group knows its members' world ranks, so whether it spans nodes.
+ * Collectives move nothing; a point-to-point batch (the pipeline's messages, the CP ring's) is
+ * costed like a collective on its group's channel.
  *
  * Time: with tpk_count_attach the profiler's hook (tpk/runtime/profile.h) hands every op's name,
  * bytes and flops to the cost model (tpk/plan/hw.h), which advances the compute clock t; each
@@ -40,8 +42,8 @@ typedef struct tpk_count {
     uintptr_t next;              /* the next address alloc gives */
     int world, rank, tp, dp, pp; /* the mesh and this rank */
     int gpus_per_node;
-    int splits;                      /* the world's splits so far (tpk_ctx_init's three) */
-    double t;                        /* the compute clock, seconds */
+    int splits; /* the world's splits so far (tpk_ctx_init's three; five at cp > 1) */
+    double t;   /* the compute clock, seconds */
     double t_ops, t_coll, t_exposed; /* compute, collectives' own time, and the part of it the
                                         clock waited for */
     double flops, bytes;             /* counted by the ops */
@@ -55,6 +57,7 @@ typedef struct tpk_count {
     double chan_busy[TPK_COUNT_CHANNELS], chan_wait[TPK_COUNT_CHANNELS];
     int nchan;
     tpk_allocator al; /* the host memory of its communicators: tpk_count_init's context's */
+    int cp;           /* context parallelism: the world is TP x CP x DP x PP (tpk_count_init_cp) */
 } tpk_count;
 
 typedef struct tpk__count_comm {
@@ -223,8 +226,8 @@ static inline void tpk__count_c_destroy(tpk_comm *g) {
 }
 static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
                                             tpk_comm *out);
-static const tpk_comm_vtable tpk__count_comm_vt = {
-    "count", TPK__COMM_TABLE(tpk__count_c_), tpk__count_c_destroy, tpk__count_c_p2p, NULL};
+static const tpk_comm_vtable tpk__count_comm_vt = {"count", TPK__COMM_TABLE(tpk__count_c_),
+                                                   tpk__count_c_destroy, tpk__count_c_p2p, NULL};
 
 /* A group of `n` members (world ranks, by rank), this rank among them. */
 static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int *members, int n,
@@ -246,9 +249,10 @@ static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int 
     return TPK_OK;
 }
 
-/* The splits a dry run meets: of the world, tpk_ctx_init's three (TP, DP, PP, in that order:
- * tpk__mesh_split); of a group of P ranks, the tied embedding's (ranks 0 and P - 1: color 0, the
- * others 1, key = rank). Each is checked against the rule it replays. */
+/* The splits a dry run meets: of the world, tpk_ctx_init's three (TP, DP, PP, in that order) and
+ * at cp > 1 its two more (CP, then DP x CP: tpk__mesh_split_cp); of a group of P ranks, the tied
+ * embedding's (ranks 0 and P - 1: color 0, the others 1, key = rank). Each is checked against the
+ * rule it replays. */
 static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
                                             tpk_comm *out) {
     static const char *fn = "tpk_comm_split (count)";
@@ -258,13 +262,13 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
     int *m = (int *)tpk__al_malloc(&c->al, sizeof(int) * (size_t)(n > 0 ? n : 1));
     if (!m) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     bool known = false;
-    if (cc->world && c->splits < 3) {
+    if (cc->world && c->splits < (c->cp > 1 ? 5 : 3)) {
         int gi = c->splits++, want_c, want_k;
-        tpk__mesh_split(c->rank, c->tp, c->dp, gi, &want_c, &want_k);
+        tpk__mesh_split_cp(c->rank, c->tp, c->cp, c->dp, gi, &want_c, &want_k);
         known = want_c == color && want_k == key;
         for (int w = 0; known && w < n; w++) { /* ordered by key: by the group's rank */
             int cw, kw;
-            tpk__mesh_split(w, c->tp, c->dp, gi, &cw, &kw);
+            tpk__mesh_split_cp(w, c->tp, c->cp, c->dp, gi, &cw, &kw);
             if (cw == color) m[kw] = w, k++;
         }
     } else if (!cc->world && key == g->rank &&
@@ -276,8 +280,8 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
     tpk_status s = known ? tpk__count_group(ctx, c, m, k, false, out)
                          : tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                                      "color %d, key %d on rank %d of %d: not a split the counting "
-                                     "communicator replays (tpk_ctx_init's mesh, the tied "
-                                     "embedding's group)",
+                                     "communicator replays (tpk_ctx_init's mesh, TP x CP x DP x "
+                                     "PP, the tied embedding's group)",
                                      color, key, g->rank, n);
     tpk__al_free(&c->al, m);
     return s;
@@ -285,27 +289,35 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
 
 /* ---- setup -------------------------------------------------------------------------------- */
 
-/* Count for rank `rank` of a world of tp x dp x pp ranks, gpus_per_node to a node, ops like `like`
+/* Count for rank `rank` of a world of tp x cp x dp x pp ranks (world rank
+ * tp rank + tp (cp rank + cp (dp rank + dp pp rank))), gpus_per_node to a node, ops like `like`
  * (NULL: every fused entry), costed by hw (NULL: memory alone). Addresses start at 2^56: above
  * every mapping of a 64-bit process (the dry run needs 64-bit pointers). */
-static inline tpk_status tpk_count_init(tpk_ctx *err, tpk_count *c, const tpk_hw *hw,
-                                        const tpk_ops *like, int tp, int dp, int pp, int rank,
-                                        int gpus_per_node) {
+static inline tpk_status tpk_count_init_cp(tpk_ctx *err, tpk_count *c, const tpk_hw *hw,
+                                           const tpk_ops *like, int tp, int cp, int dp, int pp,
+                                           int rank, int gpus_per_node) {
     static const char *fn = "tpk_count_init";
     memset(c, 0, sizeof *c);
     if (sizeof(void *) < 8)
         return tpk__fail(err, TPK_ERR_UNSUPPORTED, fn, "the dry run needs 64-bit pointers");
-    if (tp < 1 || dp < 1 || pp < 1 || rank < 0 || rank >= tp * dp * pp || gpus_per_node < 1)
+    if (tp < 1 || cp < 1 || dp < 1 || pp < 1 || gpus_per_node < 1 || rank < 0 ||
+        (double)tp * cp * dp * pp > INT_MAX || rank >= tp * cp * dp * pp)
         return tpk__fail(err, TPK_ERR_ARG, fn,
-                         "expected tp, dp, pp, gpus_per_node >= 1 and 0 <= rank < tp dp pp, got "
-                         "%d, %d, %d, %d, rank %d",
-                         tp, dp, pp, gpus_per_node, rank);
+                         "expected tp, cp, dp, pp, gpus_per_node >= 1 and 0 <= rank < tp cp dp pp, "
+                         "got %d, %d, %d, %d, %d, rank %d",
+                         tp, cp, dp, pp, gpus_per_node, rank);
     tpk__count_table(c, like);
     c->hw = hw, c->next = (uintptr_t)1 << 56;
-    c->world = tp * dp * pp, c->rank = rank, c->tp = tp, c->dp = dp, c->pp = pp;
+    c->world = tp * cp * dp * pp, c->rank = rank, c->tp = tp, c->cp = cp, c->dp = dp, c->pp = pp;
     c->gpus_per_node = gpus_per_node;
     if (err) c->al = err->allocator;
     return TPK_OK;
+}
+/* The same at cp = 1: a world of tp x dp x pp ranks. */
+static inline tpk_status tpk_count_init(tpk_ctx *err, tpk_count *c, const tpk_hw *hw,
+                                        const tpk_ops *like, int tp, int dp, int pp, int rank,
+                                        int gpus_per_node) {
+    return tpk_count_init_cp(err, c, hw, like, tp, 1, dp, pp, rank, gpus_per_node);
 }
 /* The world communicator of c (tpk_comm_destroy frees it). */
 static inline tpk_status tpk_count_world(tpk_ctx *err, tpk_count *c, tpk_comm *out) {

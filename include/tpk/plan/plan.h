@@ -1,9 +1,9 @@
-/* tpk/plan/plan.h — the configuration planner: memory per rank and step time of every TP x PP x DP
- * x micro-batch x recompute x ZeRO stage (0, 1, 2) x sequence-parallel choice for a model, a global
- * batch and a cluster, by a dry run of the real code.
+/* tpk/plan/plan.h — the configuration planner: memory per rank and step time of every TP x CP x PP
+ * x DP x micro-batch x recompute x ZeRO stage (0, 1, 2) x sequence-parallel (x the CP attention's
+ * mode) choice for a model, a global batch and a cluster, by a dry run of the real code.
  *
  * tpk_plan_run: one configuration. For each pipeline stage s (one stage without PP), rank
- * (TP 0, DP 0, stage s) of the mesh is walked on the counting backend and communicator
+ * (TP 0, CP 0, DP 0, stage s) of the mesh is walked on the counting backend and communicator
  * (tpk/plan/count.h) through exactly the trainer's calls: tpk_ctx_init, the model (or the stage's
  * parts, tpk_pipe_model_init, 1F1B, blocks split evenly), AdamW (ZeRO-1 or 2 sharded), the DP
  * buckets (ZeRO-2's reduce-scatters under the backward: linked by tpk_dp_shard_grads),
@@ -12,7 +12,11 @@
  * trainer prints as its peak memory (parameters, gradients, bf16 copies, activations under the
  * recompute mode, the optimizer's moments or their ZeRO slice, ZeRO-2's gradient slice beside
  * the gradient buffer the backward still fills whole, the SP scratch, the pipeline's
- * live micro-batches and receive buffers), counted by the same code, not a formula beside it.
+ * live micro-batches and receive buffers; under CP a rank's B S / c rows and the attention's
+ * K|V and dK|dV blocks), counted by the same code, not a formula beside it. Under CP the ring's
+ * messages (or the all-gather and reduce-scatter) are the code's own calls on the CP group,
+ * costed on its channel: the K|V steps started under each block's attention, the dK|dV ones
+ * waited for.
  * The second step's modelled time (tpk/plan/hw.h) is the step time: without PP, the stage's clock
  * (ops, plus the collectives' time not hidden under compute); with PP, each stage's mean forward
  * and backward (their messages shared among them) played through the schedule
@@ -20,10 +24,12 @@
  * DP reduction left exposed, the norm, AdamW).
  *
  * tpk_plan: every configuration of `gpus` ranks: tp | gpus with tp <= gpus_per_node (a TP group
- * inside a node), pp | gpus / tp with pp <= layers, dp = gpus / (tp pp) dividing the global batch,
- * micro-batches mb | B / dp, recompute none / selective / full, ZeRO 1 and 2 when dp > 1, SP when
- * tp > 1;
- * each either planned or rejected with its reason (does not divide, exceeds the node, does not fit:
+ * inside a node), cp | gpus / tp (desc->cp: c = 1 alone unless asked), pp | gpus / (tp cp) with
+ * pp <= layers, dp = gpus / (tp cp pp) dividing the global batch, micro-batches mb | B / dp,
+ * recompute none / selective / full, ZeRO 1 and 2 when dp cp > 1, SP when tp > 1, at cp > 1 the
+ * ring and the all-gather; each either planned or rejected with its reason (does not divide:
+ * the batch over DP, the sequence over 2 cp chunks; exceeds the node; CP on a backend without
+ * the attention over CP, which the kit does not run yet; does not fit:
  * peak + the profile's reserve over its memory, or the model's own error). Sorted: the fitting
  * ones fastest first (then the smaller peak), then the rejected. */
 #ifndef TPK_PLAN_H
@@ -46,9 +52,12 @@ typedef struct tpk_plan_desc {
     tpk_dtype dtype;     /* activations: TPK_BF16 on a GPU, TPK_F32 on the host */
     /* restrictions (0 or -1: every value) */
     int tp, pp, micro_batch, zero, sp; /* zero: the ZeRO stage 0, 1 or 2 */
-    int recompute; /* -1: all; else a tpk_recompute */
-    bool exact;    /* dry-run every block (the reference the extrapolation is tested against);
+    int recompute;                     /* -1: all; else a tpk_recompute */
+    bool exact;  /* dry-run every block (the reference the extrapolation is tested against);
                       false: a stage of more than 3 k + 3 blocks is probed at k, k + 1, k + 2 */
+    int cp;      /* CP sizes: 0 or 1: c = 1 alone (the plan without CP); -1: every c dividing the
+                    ranks after TP; c > 1: c alone */
+    int cp_comm; /* at c > 1: TPK_CP_P2P (0) or TPK_CP_ALLGATHER alone; -1: both */
 } tpk_plan_desc;
 
 /* The probes' depth k (blocks a stage): past the first blocks' transients (the recompute pools'
@@ -73,19 +82,36 @@ typedef struct tpk_plan_cfg {
                                                  collectives the clock waited for, the pipeline's
                                                  idle share */
     char reason[200];                         /* why rejected ("" when it fits) */
-    int64_t probe; /* the probes' depth k, blocks a stage, where the figures were extrapolated
+    int64_t probe;       /* the probes' depth k, blocks a stage, where the figures were extrapolated
                       (0: every stage dry-run whole) */
+    int cp;              /* context parallelism: ranks splitting each sequence (0 read as 1) */
+    tpk_cp_comm cp_comm; /* at cp > 1: the attention's mode, the ring or the all-gather */
 } tpk_plan_cfg;
 
-/* A counting context: rank `rank` of a tp x dp x pp world, timed on d's profile where it has one */
+/* A configuration's CP size (0 read as 1). */
+static inline int tpk__plan_cp(const tpk_plan_cfg *p) { return p->cp > 1 ? p->cp : 1; }
+/* Its CP in words for a mesh "TP t<words> x PP ...": " x CP c (p2p ring)" or " x CP c
+ * (all-gather)", "" at c = 1; into buf (n bytes), returned. */
+static inline const char *tpk_plan_cp_words(const tpk_plan_cfg *p, char *buf, size_t n) {
+    if (n) buf[0] = 0;
+    if (p->cp > 1 && n)
+        snprintf(buf, n, " x CP %d (%s)", p->cp,
+                 p->cp_comm == TPK_CP_ALLGATHER ? "all-gather" : "p2p ring");
+    return buf;
+}
+
+/* A counting context: rank `rank` of a tp x cp x dp x pp world, timed on d's profile where it has
+ * one */
 static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c, tpk_comm *world,
-                                       const tpk_plan_desc *d, int tp, int dp, int pp, int rank) {
-    TPK_TRY(tpk_count_init(err, c, d->hw, d->like, tp, dp, pp, rank,
-                           d->gpus_per_node > 0 ? d->gpus_per_node : 1));
+                                       const tpk_plan_desc *d, int tp, int cp, int dp, int pp,
+                                       int rank) {
+    TPK_TRY(tpk_count_init_cp(err, c, d->hw, d->like, tp, cp, dp, pp, rank,
+                              d->gpus_per_node > 0 ? d->gpus_per_node : 1));
     TPK_TRY(tpk_count_world(err, c, world));
     tpk_ctx_desc cd;
     memset(&cd, 0, sizeof cd);
-    cd.ops = &c->ops, cd.world = world, cd.tp = tp, cd.pp = pp, cd.seed = 1, cd.dtype = d->dtype;
+    cd.ops = &c->ops, cd.world = world, cd.tp = tp, cd.cp = cp, cd.pp = pp, cd.seed = 1;
+    cd.dtype = d->dtype;
     cd.allocator = err->allocator, cd.logger = err->logger; /* the caller's hooks */
     tpk_status s = tpk_ctx_init(ctx, &cd);
     if (s != TPK_OK) {
@@ -105,7 +131,7 @@ static inline tpk_status tpk__plan_params_at(tpk_ctx *err, const tpk_plan_desc *
     tpk_ctx ctx;
     tpk_plan_desc one = *d;
     one.hw = NULL;
-    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 0));
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 1, 0));
     tpk_model m;
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
@@ -149,10 +175,13 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     tpk_count c;
     tpk_comm world;
     tpk_ctx ctx;
-    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, p->dp, p->pp, stage * p->tp * p->dp));
+    int cp = tpk__plan_cp(p);
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, cp, p->dp, p->pp,
+                          stage * p->tp * cp * p->dp));
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
     tpk_model_config_common(&cfg, sh, 0.0f, p->sp, p->recompute);
+    cfg.gpt2.cp_comm = cfg.llama.cp_comm = cfg.neox.cp_comm = cfg.custom.cp_comm = p->cp_comm;
     if (per_stage > 0) *sh[2] = per_stage * p->pp; /* a probe: per_stage blocks on every stage */
     tpk_model m;
     tpk_pipe_model pm;
@@ -161,7 +190,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     memset(&m, 0, sizeof m), memset(&pm, 0, sizeof pm), memset(&opt, 0, sizeof opt);
     memset(&b, 0, sizeof b);
     bool piped = p->pp > 1;
-    size_t ntok = (size_t)p->accum * (size_t)p->micro_batch * (size_t)d->seq;
+    size_t ntok = (size_t)p->accum * (size_t)p->micro_batch * (size_t)d->seq; /* (>= CP rows) */
     int32_t *ids = (int32_t *)tpk__calloc(&ctx, ntok, sizeof(int32_t));
     tpk_status s = ids ? TPK_OK : tpk__fail(&ctx, TPK_ERR_NOMEM, "tpk_plan", "out of host memory");
     if (s == TPK_OK)
@@ -355,6 +384,79 @@ static inline int tpk__plan_cmp(const void *a, const void *b) {
     return 0;
 }
 
+/* One slot more of *v (n used of *cap), zeroed: NULL when out of memory (*v freed). */
+static inline tpk_plan_cfg *tpk__plan_slot(tpk_ctx *err, tpk_plan_cfg **v, int *n, int *cap) {
+    if (*n == *cap) {
+        int nc = *cap ? 2 * *cap : 256;
+        tpk_plan_cfg *w =
+            (tpk_plan_cfg *)tpk__realloc(err, *v, sizeof *w * (size_t)*cap, sizeof *w * (size_t)nc);
+        if (!w) {
+            tpk__free(err, *v), *v = NULL;
+            return NULL;
+        }
+        *v = w, *cap = nc;
+    }
+    tpk_plan_cfg *p = &(*v)[(*n)++];
+    memset(p, 0, sizeof *p);
+    return p;
+}
+
+/* The configurations of one mesh TP x CP x PP x DP into *v (n of *cap): every micro-batch,
+ * recompute mode, ZeRO stage, SP and CP mode the desc allows, each planned; a mesh rejected before
+ * any dry run gives one row with its reason. */
+static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, int64_t L, int tp,
+                                        int cp, int pp, int dp, bool cp_ops, double params,
+                                        tpk_plan_cfg **v, int *n, int *cap) {
+    int64_t Bd = d->batch % dp ? 0 : d->batch / dp;
+    char why[200] = "";
+    if (tp > d->gpus_per_node)
+        snprintf(why, sizeof why, "TP %d exceeds a node's %d GPUs (a TP group stays inside a node)",
+                 tp, d->gpus_per_node);
+    else if (pp > L)
+        snprintf(why, sizeof why, "PP %d: more stages than the %lld blocks", pp, (long long)L);
+    else if (!Bd)
+        snprintf(why, sizeof why, "does not divide: the global batch %lld over DP %d",
+                 (long long)d->batch, dp);
+    else if (cp > 1 && d->seq % (2 * cp))
+        snprintf(why, sizeof why,
+                 "does not divide: the sequence length %lld into 2 x CP %d chunks (the "
+                 "load-balanced split)",
+                 (long long)d->seq, cp);
+    else if (cp > 1 && !cp_ops)
+        snprintf(why, sizeof why,
+                 "CP %d: the %s backend has no attention over CP yet (attn_block_fwd, _bwd)", cp,
+                 d->like && d->like->name ? d->like->name : "CUDA");
+    if (why[0]) {
+        tpk_plan_cfg *p = tpk__plan_slot(err, v, n, cap);
+        if (!p) return tpk__fail(err, TPK_ERR_NOMEM, "tpk_plan", "out of memory");
+        p->tp = tp, p->cp = cp, p->pp = pp, p->dp = dp;
+        snprintf(p->reason, sizeof p->reason, "%s", why);
+        return TPK_OK;
+    }
+    for (int64_t mb = 1; mb <= Bd; mb++) {
+        if (Bd % mb || (d->micro_batch > 0 && mb != d->micro_batch)) continue;
+        for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
+            if (d->recompute >= 0 && rc != d->recompute) continue;
+            for (int z = 0; z <= (dp * cp > 1 ? 2 : 0); z++) {
+                if (d->zero >= 0 && z != d->zero) continue;
+                for (int sp = 0; sp <= (tp > 1); sp++) {
+                    if (d->sp >= 0 && sp != d->sp) continue;
+                    for (int cm = 0; cm <= (cp > 1 ? TPK_CP_ALLGATHER : 0); cm++) {
+                        if (cp > 1 && d->cp_comm >= 0 && cm != d->cp_comm) continue;
+                        tpk_plan_cfg *p = tpk__plan_slot(err, v, n, cap);
+                        if (!p) return tpk__fail(err, TPK_ERR_NOMEM, "tpk_plan", "out of memory");
+                        p->tp = tp, p->cp = cp, p->pp = pp, p->dp = dp, p->micro_batch = (int)mb;
+                        p->accum = (int)(Bd / mb), p->recompute = (tpk_recompute)rc, p->zero = z;
+                        p->sp = sp, p->cp_comm = (tpk_cp_comm)cm;
+                        TPK_TRY(tpk_plan_run(err, d, params, p));
+                    }
+                }
+            }
+        }
+    }
+    return TPK_OK;
+}
+
 /* Every configuration (see the top) into *out (n of them; tpk_free(err, *out) frees it), sorted. */
 static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan_cfg **out,
                                   int *n) {
@@ -380,62 +482,23 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
     int64_t L = *sh[2];
     int cap = 0, cnt = 0;
     tpk_plan_cfg *v = NULL;
+    int want_cp = d->cp == 0 ? 1 : d->cp; /* -1: every CP size */
+    /* the attention over CP: the counted backend's block op (the CUDA table's is not built yet) */
+    bool cp_ops = d->like && d->like->attn_block_fwd && d->like->attn_block_bwd;
     for (int tp = 1; tp <= d->gpus; tp++) {
         if (d->gpus % tp || (d->tp > 0 && tp != d->tp)) continue;
-        for (int pp = 1; pp <= d->gpus / tp; pp++) {
-            if ((d->gpus / tp) % pp || (d->pp > 0 && pp != d->pp)) continue;
-            int dp = d->gpus / tp / pp;
-            int64_t Bd = d->batch % dp ? 0 : d->batch / dp;
-            char why[200] = ""; /* a mesh rejected before any dry run: one row */
-            if (tp > d->gpus_per_node)
-                snprintf(why, sizeof why,
-                         "TP %d exceeds a node's %d GPUs (a TP group stays inside a node)", tp,
-                         d->gpus_per_node);
-            else if (pp > L)
-                snprintf(why, sizeof why, "PP %d: more stages than the %lld blocks", pp,
-                         (long long)L);
-            else if (!Bd)
-                snprintf(why, sizeof why, "does not divide: the global batch %lld over DP %d",
-                         (long long)d->batch, dp);
-            for (int64_t mb = 1; mb <= (Bd ? Bd : 1); mb++) {
-                if (Bd && Bd % mb) continue;
-                if (!why[0] && d->micro_batch > 0 && mb != d->micro_batch) continue;
-                for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
-                    if (!why[0] && d->recompute >= 0 && rc != d->recompute) continue;
-                    for (int z = 0; z <= (dp > 1 ? 2 : 0); z++) {
-                        if (!why[0] && d->zero >= 0 && z != d->zero) continue;
-                        for (int sp = 0; sp <= (tp > 1); sp++) {
-                            if (!why[0] && d->sp >= 0 && sp != d->sp) continue;
-                            if (cnt == cap) {
-                                int nc = cap ? 2 * cap : 256;
-                                tpk_plan_cfg *w = (tpk_plan_cfg *)tpk__realloc(
-                                    err, v, sizeof *w * (size_t)cap, sizeof *w * (size_t)nc);
-                                if (!w) {
-                                    tpk__free(err, v);
-                                    return tpk__fail(err, TPK_ERR_NOMEM, fn, "out of memory");
-                                }
-                                v = w, cap = nc;
-                            }
-                            tpk_plan_cfg *p = &v[cnt++];
-                            memset(p, 0, sizeof *p);
-                            p->tp = tp, p->pp = pp, p->dp = dp,
-                            p->micro_batch = why[0] ? 0 : (int)mb;
-                            p->accum = why[0] ? 0 : (int)(Bd / mb);
-                            p->recompute = (tpk_recompute)rc, p->zero = z, p->sp = sp;
-                            if (why[0]) {
-                                snprintf(p->reason, sizeof p->reason, "%s", why);
-                                goto next_mesh;
-                            }
-                            tpk_status s = tpk_plan_run(err, d, params, p);
-                            if (s != TPK_OK) {
-                                tpk__free(err, v);
-                                return s;
-                            }
-                        }
-                    }
+        for (int cp = 1; cp <= d->gpus / tp; cp++) {
+            if ((d->gpus / tp) % cp || (want_cp > 0 && cp != want_cp)) continue;
+            for (int pp = 1; pp <= d->gpus / tp / cp; pp++) {
+                if ((d->gpus / tp / cp) % pp || (d->pp > 0 && pp != d->pp)) continue;
+                int dp = d->gpus / tp / cp / pp;
+                tpk_status s =
+                    tpk__plan_mesh(err, d, L, tp, cp, pp, dp, cp_ops, params, &v, &cnt, &cap);
+                if (s != TPK_OK) {
+                    tpk__free(err, v);
+                    return s;
                 }
             }
-        next_mesh:;
         }
     }
     qsort(v, (size_t)cnt, sizeof *v, tpk__plan_cmp);
@@ -446,15 +509,17 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
 /* One configuration as a JSON object (the keys of build/plan --json). */
 static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
     fprintf(f,
-            "{\"tp\": %d, \"pp\": %d, \"dp\": %d, \"micro_batch\": %d, \"accum\": %d, "
+            "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"micro_batch\": %d, "
+            "\"accum\": %d, \"cp_comm\": \"%s\", "
             "\"recompute\": \"%s\", \"zero\": %d, \"sp\": %s, \"peak_bytes\": %.0f, "
             "\"weights_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, "
             "\"activation_bytes\": %.0f, \"step_seconds\": %.6g, \"tokens_per_s\": %.6g, "
             "\"mfu\": %.4f, \"bubble\": %.4f, \"fits\": %s",
-            p->tp, p->pp, p->dp, p->micro_batch, p->accum, tpk_recompute_name(p->recompute),
-            p->zero, p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes,
-            p->grads_bytes, p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s,
-            p->mfu, p->bubble, p->fits ? "true" : "false");
+            p->tp, tpk__plan_cp(p), p->pp, p->dp, p->micro_batch, p->accum,
+            tpk_cp_comm_name(p->cp_comm), tpk_recompute_name(p->recompute), p->zero,
+            p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes, p->grads_bytes,
+            p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s, p->mfu, p->bubble,
+            p->fits ? "true" : "false");
     if (p->reason[0]) {
         fprintf(f, ", \"reason\": \"");
         for (const char *c = p->reason; *c; c++)

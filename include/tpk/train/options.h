@@ -6,7 +6,7 @@
  * once it is known (tpk_run_family_flags). tpk_run_opts_check derives and checks what the flags
  * say together (--micro-batches and --grad-accum, --virtual-stages, --pp-layers, --tp-weights,
  * the mesh TP x CP x DP x PP against the world size, what context parallelism does not compose
- * with yet: --dropout, --plan). tpk_run_model_config builds the model's config
+ * with yet: --dropout). tpk_run_model_config builds the model's config
  * from the flags or a checkpoint's config.json, refusing a flag that differs from the
  * checkpoint's (and a sequence length that is not a multiple of 2 x --cp). */
 #ifndef TPK_TRAIN_OPTIONS_H
@@ -63,9 +63,6 @@ typedef struct tpk_run_opts {
     tpk_pipe_kind kind;
     int nppl; /* --pp-layers' counts, one per virtual stage */
     int64_t ppl[256];
-    /* FP8 (tpk/layers/fp8.h) */
-    const char *fp8, *fp8_amax; /* current | delayed (NULL: off); max | most_recent */
-    int64_t fp8_history, fp8_margin;
     double tw[64]; /* --tp-weights' shares */
 } tpk_run_opts;
 
@@ -131,7 +128,8 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          offsetof(tpk_run_opts, print_schedule)},
         {"--plan", B, 0, 0, NULL, NULL, NULL, P, "plan",
          "TP, PP, the micro-batch, recompute, ZeRO and SP chosen by the planner for these "
-         "ranks: the fastest that fits; the step keeps --batch x --grad-accum x DP sequences",
+         "ranks: the fastest that fits; the step keeps --batch x --grad-accum x DP sequences; "
+         "with --cp C, at CP C",
          offsetof(tpk_run_opts, plan)},
         {"--plan-profile", S, 0, 0, NULL, "NAME|FILE", NULL, P, "plan",
          "its hardware: h100 on a GPU, cpu on the host; a file of plan --calibrate",
@@ -169,16 +167,6 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
         {"--seed", I, 0, G, "1", NULL, NULL, O, "training", NULL, offsetof(tpk_run_opts, seed)},
         {"--deterministic", B, 0, 0, NULL, NULL, NULL, O, "training", "same bits every run",
          offsetof(tpk_run_opts, det)},
-        {"--fp8", C, 0, 0, NULL, "current|delayed", NULL, O, "fp8",
-         "the attention's and MLP's linears in FP8 (E4M3 x and W, E5M2 dy), scaled by the amax "
-         "now or by an amax history",
-         offsetof(tpk_run_opts, fp8)},
-        {"--fp8-history", I, 1, 1 << 20, "1024", NULL, NULL, O, "fp8", "delayed: steps of amax",
-         offsetof(tpk_run_opts, fp8_history)},
-        {"--fp8-amax", C, 0, 0, NULL, "max|most_recent", NULL, O, "fp8",
-         "delayed: the history's max (default) or the latest", offsetof(tpk_run_opts, fp8_amax)},
-        {"--fp8-margin", I, 0, 64, "0", NULL, NULL, O, "fp8", "scale = max / amax / 2^margin",
-         offsetof(tpk_run_opts, fp8_margin)},
         {"--eval-every", I, 0, G, "0", NULL, NULL, R, "eval", NULL,
          offsetof(tpk_run_opts, eval_every)},
         {"--eval-batches", I, 1, G, "4", NULL, NULL, R, "eval", NULL,
@@ -293,18 +281,6 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                false;
     if (o->keep < 0) o->keep = 0;
     o->piped = o->pp > 1 || o->schedule || o->pp_layers;
-    if (o->fp8 && o->piped) /* the recipe's state is per stage: its checkpoint not yet */
-        return snprintf(err, n,
-                        "--fp8: not yet with pipeline stages (--pp, --schedule, "
-                        "--pp-layers)"),
-               false;
-    if (o->fp8 && !strcmp(o->fp8, "delayed") && (o->save || o->load))
-        return snprintf(err, n,
-                        "--fp8 delayed: its amax histories are not yet in checkpoints "
-                        "(--save, --load); --fp8 current keeps no state"),
-               false;
-    if (!o->fp8 && (o->fp8_amax || o->fp8_margin || o->fp8_history != 1024))
-        return snprintf(err, n, "--fp8-history, --fp8-amax, --fp8-margin: only with --fp8"), false;
     o->pp_auto = o->pp_layers && !strcmp(o->pp_layers, "auto");
     if (world && world % o->tp)
         return snprintf(err, n, "--tp %lld does not divide the %d ranks", (long long)o->tp, world),
@@ -318,8 +294,7 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
     if (o->cp > 1) { /* what context parallelism does not compose with yet, by name */
         const char *no = o->dropout > 0 ? "--dropout (the attention over CP has none, and the "
                                           "masks would depend on --cp)"
-                         : o->plan        ? "--plan (the planner does not enumerate CP)"
-                                          : NULL;
+                                        : NULL;
         if (no) return snprintf(err, n, "--cp %lld: not yet with %s", (long long)o->cp, no), false;
     }
     if (world && world % (o->tp * o->cp * o->pp))
