@@ -63,6 +63,9 @@ typedef struct tpk_run_opts {
     tpk_pipe_kind kind;
     int nppl; /* --pp-layers' counts, one per virtual stage */
     int64_t ppl[256];
+    /* FP8 (tpk/layers/fp8.h) */
+    const char *fp8, *fp8_amax; /* current | delayed (NULL: off); max | most_recent */
+    int64_t fp8_history, fp8_margin;
     double tw[64]; /* --tp-weights' shares */
 } tpk_run_opts;
 
@@ -167,6 +170,16 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
         {"--seed", I, 0, G, "1", NULL, NULL, O, "training", NULL, offsetof(tpk_run_opts, seed)},
         {"--deterministic", B, 0, 0, NULL, NULL, NULL, O, "training", "same bits every run",
          offsetof(tpk_run_opts, det)},
+        {"--fp8", C, 0, 0, NULL, "current|delayed", NULL, O, "fp8",
+         "the attention's and MLP's linears in FP8 (E4M3 x and W, E5M2 dy), scaled by the amax "
+         "now or by an amax history",
+         offsetof(tpk_run_opts, fp8)},
+        {"--fp8-history", I, 1, 1 << 20, "1024", NULL, NULL, O, "fp8", "delayed: steps of amax",
+         offsetof(tpk_run_opts, fp8_history)},
+        {"--fp8-amax", C, 0, 0, NULL, "max|most_recent", NULL, O, "fp8",
+         "delayed: the history's max (default) or the latest", offsetof(tpk_run_opts, fp8_amax)},
+        {"--fp8-margin", I, 0, 64, "0", NULL, NULL, O, "fp8", "scale = max / amax / 2^margin",
+         offsetof(tpk_run_opts, fp8_margin)},
         {"--eval-every", I, 0, G, "0", NULL, NULL, R, "eval", NULL,
          offsetof(tpk_run_opts, eval_every)},
         {"--eval-batches", I, 1, G, "4", NULL, NULL, R, "eval", NULL,
@@ -281,6 +294,18 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                false;
     if (o->keep < 0) o->keep = 0;
     o->piped = o->pp > 1 || o->schedule || o->pp_layers;
+    if (o->fp8 && o->piped) /* the recipe's state is per stage: its checkpoint not yet */
+        return snprintf(err, n,
+                        "--fp8: not yet with pipeline stages (--pp, --schedule, "
+                        "--pp-layers)"),
+               false;
+    if (o->fp8 && !strcmp(o->fp8, "delayed") && (o->save || o->load))
+        return snprintf(err, n,
+                        "--fp8 delayed: its amax histories are not yet in checkpoints "
+                        "(--save, --load); --fp8 current keeps no state"),
+               false;
+    if (!o->fp8 && (o->fp8_amax || o->fp8_margin || o->fp8_history != 1024))
+        return snprintf(err, n, "--fp8-history, --fp8-amax, --fp8-margin: only with --fp8"), false;
     o->pp_auto = o->pp_layers && !strcmp(o->pp_layers, "auto");
     if (world && world % o->tp)
         return snprintf(err, n, "--tp %lld does not divide the %d ranks", (long long)o->tp, world),
