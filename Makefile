@@ -19,6 +19,7 @@
 #   make bench      the host benchmarks (bench/), PyTorch on the CPU beside them: a block, the ops, whole steps
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make bench-pipeline the pipeline's bubble and activation memory per stage at 2 and 4 stages
+#   make bench-cp   context parallelism: the longest sequence in a memory budget, the step against CP
 #   make bench-plan the planner's step times next to measured ones (this machine calibrated)
 #   make bench-tokenizer the tokenizer's MB/s on one core next to Hugging Face tokenizers'
 #   make format-check  the C, C++, CUDA and Python sources' format: <= 100 columns, spaces, line ends
@@ -74,7 +75,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-plan bench-tokenizer bench-gpu bench-gpt2 bench-families bench-families-check gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-cp bench-plan bench-tokenizer bench-gpu bench-gpt2 bench-families bench-families-check gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -134,10 +135,14 @@ cuda-report: $(if $(HAVE_CUDA),$(CUDA_REPORT_OBJ:.o=.res.txt))
 	$(PYTHON) tools/cuda_report.py --budget tools/cuda-budget.txt --nvcc $(NVCC) --workdir $(B)/cuda-report \
 	  --nvccflags="$(filter -D%,$(NVCCFLAGS))" $(CUDA_REPORT_OBJ)
 
-# The test programs at -O1 where CFLAGS says -O2 (TEST_CFLAGS: half the compile time, most of make
-# test's build; the kernels, the trainer, the planner, the tools and the benchmarks stay at CFLAGS,
-# and so do other levels and the sanitizers' flags).
-TEST_CFLAGS ?= $(patsubst -O2,-O1,$(CFLAGS))
+# The test programs at -O0 where CFLAGS says -O2 (TEST_CFLAGS: a third of -O1's compile time, most
+# of make test's build; their arithmetic is the kernels', in the archive at CFLAGS, and the kit's
+# headers are compiled at CFLAGS, with its warnings, by the trainer, the planner and the examples;
+# the tools and the benchmarks stay at CFLAGS too, and so do other levels and the sanitizers' flags).
+TEST_CFLAGS ?= $(patsubst -O2,-O0,$(CFLAGS))
+# (but at -O1 the two whose own code computes: the planner's dry runs, the counting backend in the
+# program, take 2.4 times as long at -O0, and the cross-entropy op test's vector reference 1.6)
+$(B)/tests/test_plan_depth $(B)/tests/test_ops_xent: TEST_CFLAGS = $(patsubst -O2,-O1,$(CFLAGS))
 $(B)/tests/%: tests/%.c tests/test.h tests/tp_layer.h $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(TEST_CFLAGS) $(CPPFLAGS) -Itests $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
@@ -232,7 +237,7 @@ $(B)/readme_example: $(B)/readme_example.c $(HEADERS) $(B)/libtpk_host.a
 $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
-$(B)/bench/pipeline: bench/pipeline.c $(HEADERS) $(B)/libtpk_host.a
+$(B)/bench/pipeline $(B)/bench/cp: $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
@@ -242,6 +247,14 @@ $(B)/bench/pipeline: bench/pipeline.c $(HEADERS) $(B)/libtpk_host.a
 bench-pipeline: $(B)/bench/pipeline
 	$(subst -np 2,-np 2,$(DEMO_MPI)) $(B)/bench/pipeline
 	$(subst -np 2,-np 4,$(DEMO_MPI)) $(B)/bench/pipeline
+
+# Context parallelism on the host (bench/cp.c, 4 ranks): the longest sequence whose activations a
+# rank fit a budget at CP 1, 2, 4 (the context's memory counters), and a step against CP with the
+# time in the CP group's messages (the profiler); the step again on 2 ranks (a core each here).
+# Figures, not a timed test (4 ranks on fewer cores time-share them: the program says so).
+bench-cp: $(B)/bench/cp
+	$(subst -np 2,-np 4,$(DEMO_MPI)) $(B)/bench/cp
+	$(DEMO_MPI) $(B)/bench/cp --part b
 
 # The planner's step times against the trainer's on this machine (bench/plan.sh: --calibrate first).
 bench-plan: $(B)/plan $(B)/train
