@@ -195,9 +195,11 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
     tnp=""
     quick_set && tnp="2 3"
     long_set && tnp="$tnp 1 4"
-    # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied; GPT-NeoX
-    for model in gpt2 llama llama_tied neox neox_tanh; do
+    # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied; GPT-NeoX;
+    # Mixtral at EP 2 x DP 2 (2 ranks, quick), EP 1 (1) and TP 2 x EP 2 x DP 2 (4, long)
+    for model in gpt2 llama llama_tied neox neox_tanh mixtral; do
         for np in $tnp; do
+            [ $model = mixtral ] && [ "$np" = 3 ] && continue
             odd=""; even=""
             if [ $((np % 2)) = 1 ]; then odd=sp; else even=sp; fi
             case $model in  # sequence parallelism at odd t (the tied Llama: at even t)
@@ -206,6 +208,8 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
             llama_tied) args="$even llama tied" name=torch_reference_llama_tied ;;
             neox) args="$odd neox" name=torch_reference_neox ;;
             neox_tanh) args="$even neox tanh" name=torch_reference_neox_tanh ;;
+            mixtral) args="mixtral" name=torch_reference_mixtral
+                     [ "$np" = 1 ] || args="mixtral ep2" ;;
             esac
             dir=$B/tests/torch_${model}_np$np
             rm -rf "$dir"

@@ -1,4 +1,4 @@
-"""tests/torch_ref.py: the PyTorch reference for the GPT-2, Llama and GPT-NeoX models.
+"""tests/torch_ref.py: the PyTorch reference for the GPT-2, Llama, GPT-NeoX and Mixtral models.
 
 Reads what tests/torch_dump.c wrote (the global weights of a tensor-parallel run, its tokens,
 its loss and its gathered gradients), rebuilds the same model in float64 with PyTorch's own
@@ -12,7 +12,13 @@ the largest reference value). model.txt's config says which model ("arch", GPT-2
   GPT-NeoX: written out as Hugging Face's GPTNeoXForCausalLM computes it (use_parallel_residual,
          the per-head [q | k | v] rows of query_key_value, rotary embeddings on the first
          rotary_pct of each head, the exact GELU or its tanh form), the untied embed_out;
-both F.cross_entropy with ignore_index=-100 and label_smoothing.
+  Mixtral: written out as Hugging Face's MixtralForCausalLM computes it: Llama's attention and
+         norms, MixtralSparseMoeBlock (the gate, softmax, top-k, the weights renormalised, each
+         expert's SwiGLU w2(silu(w1 x) * w3 x) on its tokens, index_add_), and the loss plus
+         router_aux_loss_coef times load_balancing_loss_func over every layer's router logits
+         concatenated; at DP > 1 each DP rank's tokens (ids<r>.bin) give a loss, and the mean of
+         them is compared (each EP rank's experts read from ep<q>.txt);
+all F.cross_entropy with ignore_index=-100 and label_smoothing.
 Prints "ok ..." or "FAIL ..." (counted by tests/run.sh); exit status 1 on failure.
 
     python3 tests/torch_ref.py DIR
@@ -29,20 +35,7 @@ TOL = 1e-4
 
 
 def load(d):
-    params, cfg, loss = [], {}, None
-    with open(os.path.join(d, "model.txt")) as f:
-        for line in f:
-            w = line.split()
-            if w[0] == "config":
-                cfg = {
-                    w[i]: (w[i + 1] if w[i] == "arch" else float(w[i + 1]))
-                    for i in range(1, len(w), 2)
-                }
-            elif w[0] == "loss":
-                loss = float(w[1])
-            elif w[0] == "param":
-                ndim = int(w[3])
-                params.append((w[1], int(w[2]), [int(x) for x in w[4 : 4 + ndim]]))
+    cfg, loss = {}, None
 
     def floats(name):
         with open(os.path.join(d, name), "rb") as f:
@@ -52,12 +45,43 @@ def load(d):
         with open(os.path.join(d, name), "rb") as f:
             return torch.frombuffer(bytearray(f.read()), dtype=torch.int32).long()
 
-    wflat, gflat = floats("weights.bin"), floats("grads.bin")
     W, G = {}, {}
-    for name, off, shape in params:
-        n = math.prod(shape)
-        W[name] = wflat[off : off + n].reshape(shape).double().clone().requires_grad_(True)
-        G[name] = gflat[off : off + n].reshape(shape).double()
+
+    def read(txt, wbin, gbin):
+        nonlocal cfg, loss
+        params = []
+        with open(os.path.join(d, txt)) as f:
+            for line in f:
+                w = line.split()
+                if w[0] == "config":
+                    cfg = {
+                        w[i]: (w[i + 1] if w[i] == "arch" else float(w[i + 1]))
+                        for i in range(1, len(w), 2)
+                    }
+                elif w[0] == "loss":
+                    loss = float(w[1])
+                elif w[0] == "param":
+                    ndim = int(w[3])
+                    params.append((w[1], int(w[2]), [int(x) for x in w[4 : 4 + ndim]]))
+        wflat, gflat = floats(wbin), floats(gbin)
+        for name, off, shape in params:
+            n = math.prod(shape)
+            W[name] = wflat[off : off + n].reshape(shape).double().clone().requires_grad_(True)
+            G[name] = gflat[off : off + n].reshape(shape).double()
+
+    read("model.txt", "weights.bin", "grads.bin")
+    if cfg.get("arch") == "mixtral":  # each EP rank's experts; each DP rank's tokens
+        for q in range(int(cfg["ep"])):
+            read("ep%d.txt" % q, "ep%d_w.bin" % q, "ep%d_g.bin" % q)
+        dp = int(cfg["dp"])
+        return (
+            cfg,
+            loss,
+            W,
+            G,
+            [ints("ids%d.bin" % r) for r in range(dp)],
+            [ints("targets%d.bin" % r) for r in range(dp)],
+        )
     return cfg, loss, W, G, ints("ids.bin"), ints("targets.bin")
 
 
@@ -146,6 +170,74 @@ def llama_loss(cfg, W, ids, targets):
     )
 
 
+def load_balancing_loss_func(gate_logits, num_experts, top_k):
+    """Hugging Face's (transformers.models.mixtral.modeling_mixtral), without an attention mask:
+    the layers' router logits concatenated, then E sum_e f_e P_e over all of their rows."""
+    concatenated_gate_logits = torch.cat(gate_logits, dim=0)
+    routing_weights = F.softmax(concatenated_gate_logits, dim=-1)
+    _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected_experts, num_experts)
+    tokens_per_expert = torch.mean(expert_mask.double(), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    overall_loss = torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0))
+    return overall_loss * num_experts
+
+
+def mixtral_loss_one(cfg, W, ids, targets):
+    L, H, A, G = int(cfg["L"]), int(cfg["H"]), int(cfg["A"]), int(cfg["kv_heads"])
+    E, K = int(cfg["experts"]), int(cfg["top_k"])
+    B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["norm_eps"]
+    D = H // A
+    ids = ids.view(B, S)
+    x = F.embedding(ids, W["model.embed_tokens.weight"])
+    cos, sin = rope_cos_sin(S, D, cfg["rope_theta"])
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    router_logits = []
+    for i in range(L):
+        p = "model.layers.%d." % i
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, S, A, D).transpose(1, 2)
+        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, S, G, D).transpose(1, 2)
+        v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, S, G, D).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = repeat_kv(k, A // G), repeat_kv(v, A // G)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+        att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, S, H)
+        x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
+        # MixtralSparseMoeBlock
+        hs = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps).view(-1, H)
+        m = p + "block_sparse_moe."
+        logits = F.linear(hs, W[m + "gate.weight"])
+        router_logits.append(logits)
+        rw = F.softmax(logits, dim=1)
+        rw, sel = torch.topk(rw, K, dim=-1)
+        rw = rw / rw.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(hs)
+        expert_mask = F.one_hot(sel, num_classes=E).permute(2, 1, 0)
+        for e in range(E):
+            idx, top_x = torch.where(expert_mask[e])
+            cur = hs[None, top_x].reshape(-1, H)
+            w = m + "experts.%d." % e
+            cur = F.linear(
+                F.silu(F.linear(cur, W[w + "w1.weight"])) * F.linear(cur, W[w + "w3.weight"]),
+                W[w + "w2.weight"],
+            ) * rw[top_x, idx, None]
+            out = out.index_add(0, top_x, cur)
+        x = x + out.view(B, S, H)
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    logits = F.linear(x, W["lm_head.weight"])
+    loss = F.cross_entropy(
+        logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"]
+    )
+    return loss + cfg["aux_coef"] * load_balancing_loss_func(tuple(router_logits), E, K)
+
+
+def mixtral_loss(cfg, W, ids, targets):
+    """The mean over the DP ranks of each one's loss on its own tokens."""
+    return sum(mixtral_loss_one(cfg, W, i, t) for i, t in zip(ids, targets)) / len(ids)
+
+
 def neox_loss(cfg, W, ids, targets):
     L, H, A = int(cfg["L"]), int(cfg["H"]), int(cfg["A"])
     B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["ln_eps"]
@@ -192,7 +284,27 @@ def main():
     d = sys.argv[1]
     cfg, c_loss, W, G, ids, targets = load(d)
     where = " at t=%d%s, smoothing %.1f" % (cfg["tp"], " SP" if cfg["sp"] else "", cfg["smoothing"])
-    if cfg.get("arch") == "neox":
+    if cfg.get("arch") == "mixtral":
+        what = (
+            "PyTorch reference: Mixtral (L=%d, H=%d, A=%d, G=%d, E=%d, k=%d, F=%d, V=%d, aux %g)"
+            " at t=%d x EP %d x DP %d"
+            % (
+                cfg["L"],
+                cfg["H"],
+                cfg["A"],
+                cfg["kv_heads"],
+                cfg["experts"],
+                cfg["top_k"],
+                cfg["ffn"],
+                cfg["V"],
+                cfg["aux_coef"],
+                cfg["tp"],
+                cfg["ep"],
+                cfg["dp"],
+            )
+        )
+        loss = mixtral_loss(cfg, W, ids, targets)
+    elif cfg.get("arch") == "neox":
         what = (
             "PyTorch reference: GPT-NeoX (L=%d, H=%d, A=%d, F=%d, V=%d, rotary_pct %g, base %g, %s "
             "GELU)%s"

@@ -396,6 +396,9 @@ typedef struct tpk_moe {
     tpk_buf gu, h, og, dh, dgu, dxg;
     float *dw; /* host [T K]: the routing weights' gradient */
     int64_t dw_cap;
+    const double *aux_dp; /* set by a model pooling the aux loss over its layers (tpk/models/
+                             lm.h): host [E], the gradient on every p_te the backward gives the
+                             router (tpk_router_backward_pooled) in place of its own aux's */
 } tpk_moe;
 
 static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
@@ -512,7 +515,8 @@ static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x,
 }
 
 /* dx R [T, H] of the last forward from dy R [T, H], aux_grad the gradient of the loss with respect
- * to the router's aux loss (1: aux added to the loss as it is); accumulates the gradients of the
+ * to the router's aux loss (1: aux added to the loss as it is; unused when m->aux_dp is set: the
+ * pooled aux's gradient instead); accumulates the gradients of the
  * gate and of this rank's experts. Collective over ctx->ep (and ctx->tp at t > 1). */
 static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor dy, float aux_grad,
                                           tpk_tensor *dx) {
@@ -530,6 +534,7 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
         if (!m->dw) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
     tpk_tensor dog, dxg = tpk_tensor_2d(NULL, ctx->dtype, R, H, TPK_R), dxs, dxr;
+    memset(&dog, 0, sizeof dog);
     TPK_TRY(tpk_moe_combine_backward(ctx, &m->disp, dy, m->router.weight, m->dw, &dog));
     size_t es = tpk_dtype_size(ctx->dtype);
     TPK_TRY(tpk__buf_view(ctx, &m->dxg, &dxg));
@@ -563,7 +568,8 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
         TPK_TRY(
             tpk_allreduce(ctx, &ctx->tp, dxg.data, dxg.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
     TPK_TRY(tpk_moe_dispatch_backward(ctx, &m->disp, dxg, &dxs));
-    TPK_TRY(tpk_router_backward(ctx, &m->router, m->dw, aux_grad, &dxr));
+    TPK_TRY(m->aux_dp ? tpk_router_backward_pooled(ctx, &m->router, m->dw, m->aux_dp, &dxr)
+                      : tpk_router_backward(ctx, &m->router, m->dw, aux_grad, &dxr));
     *dx = dxs; /* the dispatcher's buffer: + the router's dx */
     return tpk_op_axpby(ctx, dx->data, 1.f, dxr.data, 1.f, ctx->dtype, (size_t)(T * H));
 }

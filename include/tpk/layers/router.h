@@ -22,7 +22,10 @@
  * backend (T E values each way): the dispatcher (tpk/layers/moe.h) needs the routing on the host
  * anyway, to count the rows it sends. Non-finite logits are refused (naming the token). The aux
  * loss is over this rank's T tokens (a rank of another DP or EP rank routes other tokens: summing
- * or averaging the ranks' aux is the trainer's choice). */
+ * or averaging the ranks' aux is the trainer's choice). A model pooling the aux over its layers
+ * (Hugging Face's loss over all layers' logits concatenated: balance = E sum_e C_e Q_e / N², C_e
+ * and Q_e = sum_t p_te summed over the layers, N their tokens) gives each router that loss's
+ * gradient on p_te, coef E C_e / N² (tpk_router_backward_pooled); psum keeps each Q_e's part. */
 #ifndef TPK_ROUTER_H
 #define TPK_ROUTER_H
 
@@ -52,6 +55,8 @@ typedef struct tpk_router {
     int64_t *count;    /* host [E]: #{(t, i): e_ti = e} (the rows each expert receives from
                              this rank) */
     double *dp;        /* host [E]: one token's dp (backward scratch) */
+    double *psum;      /* host [E]: sum_t p_te of the last forward (P_e T) */
+    double *ga;        /* host [E]: the aux's gradient on every p_te (backward scratch) */
     float *dzh;        /* host [T, E]: dz (backward) */
     int64_t cap;       /* the host arrays' room, in tokens */
     double balance;    /* E sum_e f_e P_e of the last forward */
@@ -91,6 +96,7 @@ static inline void tpk_router_destroy(tpk_ctx *ctx, tpk_router *r) {
     if (!r) return;
     tpk__free(ctx, r->idx), tpk__free(ctx, r->weight), tpk__free(ctx, r->prob);
     tpk__free(ctx, r->count), tpk__free(ctx, r->dp), tpk__free(ctx, r->dzh);
+    tpk__free(ctx, r->psum), tpk__free(ctx, r->ga);
     tpk__buf_free(ctx, &r->z), tpk__buf_free(ctx, &r->dz), tpk__buf_free(ctx, &r->dx);
     memset(r, 0, sizeof *r);
 }
@@ -102,14 +108,18 @@ static inline tpk_status tpk__router_room(tpk_ctx *ctx, const char *fn, tpk_rout
     size_t c = (size_t)(cap ? cap : 1), E = (size_t)r->E, K = (size_t)r->K;
     tpk__free(ctx, r->idx), tpk__free(ctx, r->weight), tpk__free(ctx, r->prob);
     tpk__free(ctx, r->count), tpk__free(ctx, r->dp), tpk__free(ctx, r->dzh);
+    tpk__free(ctx, r->psum), tpk__free(ctx, r->ga);
     r->idx = (int32_t *)tpk__malloc(ctx, c * K * sizeof(int32_t));
     r->weight = (float *)tpk__malloc(ctx, c * K * sizeof(float));
     r->prob = (float *)tpk__malloc(ctx, c * E * sizeof(float));
     r->dzh = (float *)tpk__malloc(ctx, c * E * sizeof(float));
     r->count = (int64_t *)tpk__malloc(ctx, E * sizeof(int64_t));
     r->dp = (double *)tpk__malloc(ctx, E * sizeof(double));
+    r->psum = (double *)tpk__malloc(ctx, E * sizeof(double));
+    r->ga = (double *)tpk__malloc(ctx, E * sizeof(double));
     r->cap = cap;
-    if (r->idx && r->weight && r->prob && r->dzh && r->count && r->dp) return TPK_OK;
+    if (r->idx && r->weight && r->prob && r->dzh && r->count && r->dp && r->psum && r->ga)
+        return TPK_OK;
     r->cap = 0;
     return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld tokens' routing",
                      (long long)T);
@@ -120,7 +130,7 @@ static inline tpk_status tpk__router_room(tpk_ctx *ctx, const char *fn, tpk_rout
 static inline tpk_status tpk__router_route(tpk_ctx *ctx, const char *fn, tpk_router *r) {
     int64_t T = r->T, E = r->E, K = r->K;
     double psum_f = 0;
-    for (int64_t e = 0; e < E; e++) r->count[e] = 0, r->dp[e] = 0; /* dp: P_e T, for now */
+    for (int64_t e = 0; e < E; e++) r->count[e] = 0, r->psum[e] = 0; /* P_e T */
     for (int64_t t = 0; t < T; t++) {
         float *z = r->prob + t * E;
         for (int64_t e = 0; e < E; e++)
@@ -150,10 +160,10 @@ static inline tpk_status tpk__router_route(tpk_ctx *ctx, const char *fn, tpk_rou
         }
         for (int64_t e = 0; e < E; e++) {
             double p = exp((double)z[e] - m) / s;
-            z[e] = (float)p, r->dp[e] += p;
+            z[e] = (float)p, r->psum[e] += p;
         }
     }
-    for (int64_t e = 0; T && e < E; e++) psum_f += (double)r->count[e] * r->dp[e];
+    for (int64_t e = 0; T && e < E; e++) psum_f += (double)r->count[e] * r->psum[e];
     r->balance = T ? (double)E * psum_f / ((double)T * (double)T) : 0;
     r->aux = (float)(r->d.aux_coef * r->balance);
     return TPK_OK;
@@ -180,12 +190,8 @@ static inline tpk_status tpk_router_forward(tpk_ctx *ctx, tpk_router *r, tpk_ten
     return tpk__router_route(ctx, fn, r);
 }
 
-/* dx R [T, H] (in r->dx) from dweight (host [T, K]: the gradient of each routing weight w_ti) and
- * aux_grad, the gradient of the loss with respect to this router's aux (1: aux added to the loss
- * as it is); accumulates the gate's gradient. */
-static inline tpk_status tpk_router_backward(tpk_ctx *ctx, tpk_router *r, const float *dweight,
-                                             float aux_grad, tpk_tensor *dx) {
-    static const char *fn = "tpk_router_backward";
+static inline tpk_status tpk__router_args(tpk_ctx *ctx, const char *fn, const tpk_router *r,
+                                          const float *dweight, const tpk_tensor *dx) {
     if (!ctx) return TPK_ERR_ARG;
     if (!r || !r->E)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised router");
@@ -195,16 +201,19 @@ static inline tpk_status tpk_router_backward(tpk_ctx *ctx, tpk_router *r, const 
     if (r->T && !dweight)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "dweight: expected %lld gradients, got NULL",
                          (long long)(r->T * r->K));
-    if (!isfinite(aux_grad))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_grad: expected a finite value, got %g",
-                         (double)aux_grad);
+    return TPK_OK;
+}
+
+/* The backward with ga[e] (host [E]) the gradient of the loss's auxiliary part with respect to
+ * every token's p_te. */
+static inline tpk_status tpk__router_backward(tpk_ctx *ctx, tpk_router *r, const float *dweight,
+                                              const double *ga, tpk_tensor *dx) {
     int64_t T = r->T, E = r->E, K = r->K, H = r->H;
-    double ga = T ? (double)aux_grad * (double)r->d.aux_coef * (double)E / ((double)T * T) : 0;
     for (int64_t t = 0; t < T; t++) {
         const float *p = r->prob + t * E, *w = r->weight + t * K, *dw = dweight + t * K;
         const int32_t *ix = r->idx + t * K;
         double c = 0, S = 0, dot = 0;
-        for (int64_t e = 0; e < E; e++) r->dp[e] = ga * (double)r->count[e];
+        for (int64_t e = 0; e < E; e++) r->dp[e] = ga[e];
         for (int64_t i = 0; i < K; i++) c += (double)dw[i] * w[i], S += p[ix[i]];
         for (int64_t i = 0; i < K; i++)
             r->dp[ix[i]] += r->d.renormalize ? ((double)dw[i] - c) / S : (double)dw[i];
@@ -223,6 +232,40 @@ static inline tpk_status tpk_router_backward(tpk_ctx *ctx, tpk_router *r, const 
     TPK_TRY(tpk_op_gemm(ctx, false, false, T, H, E, 1.f, r->dz.p, E, tpk__param_w(ctx, r->w), H,
                         0.f, dx->data, H, ctx->dtype)); /* dx = dz Wg */
     return tpk__grad_gemm(ctx, r->w, true, false, E, H, T, r->dz.p, E, r->x.data, H); /* dzᵀ x */
+}
+
+/* dx R [T, H] (in r->dx) from dweight (host [T, K]: the gradient of each routing weight w_ti) and
+ * aux_grad, the gradient of the loss with respect to this router's aux (1: aux added to the loss
+ * as it is); accumulates the gate's gradient. */
+static inline tpk_status tpk_router_backward(tpk_ctx *ctx, tpk_router *r, const float *dweight,
+                                             float aux_grad, tpk_tensor *dx) {
+    static const char *fn = "tpk_router_backward";
+    TPK_TRY(tpk__router_args(ctx, fn, r, dweight, dx));
+    if (!isfinite(aux_grad))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_grad: expected a finite value, got %g",
+                         (double)aux_grad);
+    int64_t T = r->T, E = r->E;
+    double ga = T ? (double)aux_grad * (double)r->d.aux_coef * (double)E / ((double)T * T) : 0;
+    for (int64_t e = 0; e < E; e++) r->ga[e] = ga * (double)r->count[e];
+    return tpk__router_backward(ctx, r, dweight, r->ga, dx);
+}
+
+/* The backward under an auxiliary loss pooled over several routers (Hugging Face's
+ * load_balancing_loss_func over all layers' logits concatenated, tpk/models/lm.h): aux_dp (host
+ * [E]) is the loss's gradient with respect to every token's p_te, the same for each token (coef E
+ * C_e / N² for C_e the rows routed to e and N the tokens, over all the layers pooled); this
+ * router's own aux takes no part. */
+static inline tpk_status tpk_router_backward_pooled(tpk_ctx *ctx, tpk_router *r,
+                                                    const float *dweight, const double *aux_dp,
+                                                    tpk_tensor *dx) {
+    static const char *fn = "tpk_router_backward_pooled";
+    TPK_TRY(tpk__router_args(ctx, fn, r, dweight, dx));
+    if (!aux_dp) return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_dp: NULL (expected [E] gradients)");
+    for (int64_t e = 0; e < r->E; e++)
+        if (!isfinite(aux_dp[e]))
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_dp[%lld]: expected finite, got %g",
+                             (long long)e, aux_dp[e]);
+    return tpk__router_backward(ctx, r, dweight, aux_dp, dx);
 }
 
 #endif /* TPK_ROUTER_H */

@@ -13,7 +13,9 @@
  * Each sublayer is a tagged choice (tpk_norm_kind, tpk_attn_kind, tpk_mlp_kind) of the kit's
  * layers — layernorm or RMSNorm; attention with one fused QKV projection (tpk_attention: GPT-2,
  * GPT-NeoX's per-head packing and partial rotary) or grouped-query attention (tpk_gqa_attention:
- * Llama) — or a user's own attention or MLP through one small interface (tpk_sublayer). The
+ * Llama); an MLP, SwiGLU, or a mixture of experts (tpk_moe: Mixtral; sequential residual, no
+ * sequence parallelism) — or a user's own attention or MLP through one small interface
+ * (tpk_sublayer). The
  * block's functions switch on the tag and call the layer's own function: no table, no macro.
  * Collectives: the sequential block's are its layers', 2 all-reduces of T H forward and 2 backward
  * under TP (the two row linears forward, the two column linears backward); under SP all-gathers
@@ -36,6 +38,7 @@
 
 #include "../layers/attn.h"
 #include "../layers/mlp.h"
+#include "../layers/moe.h"
 #include "../layers/norm.h"
 #include "../layers/recompute.h"
 #include "../layers/resid.h"
@@ -183,7 +186,9 @@ typedef struct tpk_block_attn {
 typedef enum tpk_mlp_kind {
     TPK_MLP_ACT = 0,    /* tpk_mlp: column linear, activation (GELU: GPT-2, GPT-NeoX), row linear */
     TPK_MLP_SWIGLU = 1, /* tpk_swiglu_mlp: gate, up column linears, silu(g) u, down row (Llama) */
-    TPK_MLP_USER = 2    /* a tpk_sublayer */
+    TPK_MLP_USER = 2,   /* a tpk_sublayer */
+    TPK_MLP_MOE = 3     /* tpk_moe: a router and SwiGLU experts over ctx->ep (Mixtral); x R, the
+                           sequential residual only; it keeps its own buffers (none lent) */
 } tpk_mlp_kind;
 
 typedef struct tpk_mlp_layer_desc {
@@ -193,6 +198,8 @@ typedef struct tpk_mlp_layer_desc {
     tpk_swiglu_mlp_desc swiglu;  /* TPK_MLP_SWIGLU's (hidden required) */
     const tpk_sublayer *user;    /* TPK_MLP_USER */
     const void *user_arg;
+    tpk_moe_desc moe;            /* TPK_MLP_MOE's (experts, top_k, hidden required; its name and
+                                    init set by the block) */
 } tpk_mlp_layer_desc;
 
 typedef struct tpk_block_mlp {
@@ -200,6 +207,7 @@ typedef struct tpk_block_mlp {
     union {
         tpk_mlp act;
         tpk_swiglu_mlp swiglu;
+        tpk_moe moe;
     } u;
     const tpk_sublayer *user;
     void *self;
@@ -313,8 +321,20 @@ static inline tpk_status tpk__block_mlp_init(tpk_ctx *ctx, const char *fn, tpk_b
         return tpk__sublayer_init(ctx, fn, "mlp", m->user, &m->self, H, name, d->mlp.user_arg,
                                   d->sequence_parallel);
     }
+    if (m->kind == TPK_MLP_MOE) {
+        if (d->sequence_parallel || partial)
+            return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                             "desc->mlp.kind: TPK_MLP_MOE takes its input R (not yet %s), expected "
+                             "%s",
+                             partial ? "in a parallel residual" : "under sequence parallelism",
+                             partial ? "desc->residual TPK_RESIDUAL_SEQUENTIAL"
+                                     : "desc->sequence_parallel false");
+        tpk_moe_desc md = d->mlp.moe;
+        md.name = name, md.init_std = std, md.proj_init_std = d->proj_init_std;
+        return tpk_moe_init(ctx, &m->u.moe, H, &md);
+    }
     return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                     "desc->mlp.kind: expected TPK_MLP_ACT, _SWIGLU or _USER, got %d",
+                     "desc->mlp.kind: expected TPK_MLP_ACT, _SWIGLU, _USER or _MOE, got %d",
                      (int)m->kind);
 }
 
@@ -403,27 +423,33 @@ static inline tpk_status tpk__block_mlp_forward(tpk_ctx *ctx, tpk_block_mlp *m, 
                                                 int64_t B, int64_t S, tpk_tensor *y) {
     if (m->kind == TPK_MLP_ACT) return tpk_mlp_forward(ctx, &m->u.act, x, y);
     if (m->kind == TPK_MLP_SWIGLU) return tpk_swiglu_mlp_forward(ctx, &m->u.swiglu, x, y);
+    if (m->kind == TPK_MLP_MOE) return tpk_moe_forward(ctx, &m->u.moe, x, y);
     return m->user->forward(ctx, m->self, x, B, S, y);
 }
 static inline tpk_status tpk__block_mlp_backward(tpk_ctx *ctx, tpk_block_mlp *m, tpk_tensor dy,
                                                  tpk_tensor *dx) {
     if (m->kind == TPK_MLP_ACT) return tpk_mlp_backward(ctx, &m->u.act, dy, dx);
     if (m->kind == TPK_MLP_SWIGLU) return tpk_swiglu_mlp_backward(ctx, &m->u.swiglu, dy, dx);
+    if (m->kind == TPK_MLP_MOE) /* its own aux in the loss, or the model's pooled one */
+        return tpk_moe_backward(ctx, &m->u.moe, dy, 1.0f, dx);
     return m->user->backward(ctx, m->self, dy, dx);
 }
 static inline tpk_status tpk__block_mlp_recompute(tpk_ctx *ctx, tpk_block_mlp *m, tpk_tensor h) {
     if (m->kind == TPK_MLP_ACT) return tpk__mlp_recompute(ctx, &m->u.act, h);
     if (m->kind == TPK_MLP_SWIGLU) return tpk__swiglu_mlp_recompute(ctx, &m->u.swiglu, h);
+    if (m->kind == TPK_MLP_MOE) return TPK_OK; /* nothing lent: its buffers are its own */
     return m->user->recompute ? m->user->recompute(ctx, m->self, h) : TPK_OK;
 }
 static inline int tpk__block_mlp_bufs(tpk_block_mlp *m, int set, tpk_buf **o) {
     if (m->kind == TPK_MLP_ACT) return tpk__mlp_bufs(&m->u.act, set, o);
     if (m->kind == TPK_MLP_SWIGLU) return tpk__swiglu_mlp_bufs(&m->u.swiglu, set, o);
+    if (m->kind == TPK_MLP_MOE) return 0;
     return m->user && m->user->bufs ? m->user->bufs(m->self, set, o) : 0;
 }
 static inline void tpk__block_mlp_destroy(tpk_ctx *ctx, tpk_block_mlp *m) {
     if (m->kind == TPK_MLP_ACT) tpk_mlp_destroy(ctx, &m->u.act);
     else if (m->kind == TPK_MLP_SWIGLU) tpk_swiglu_mlp_destroy(ctx, &m->u.swiglu);
+    else if (m->kind == TPK_MLP_MOE) tpk_moe_destroy(ctx, &m->u.moe);
     else if (m->self) m->user->destroy(ctx, m->self);
     tpk__free(ctx, m->self), m->self = NULL;
 }

@@ -1,5 +1,6 @@
 /* tpk/models/families.h — the kit's model families, each a configuration of the language model
- * (tpk/models/lm.h): GPT-2 (gpt2.h), the Llama family (llama.h), GPT-NeoX (neox.h). A family is
+ * (tpk/models/lm.h): GPT-2 (gpt2.h), the Llama family (llama.h), GPT-NeoX (neox.h), Mixtral
+ * (mixtral.h: Llama with a mixture of experts). A family is
  * its header here (its config, its block as a tpk_block_desc, its names) and its Hugging Face
  * config.json keys and checkpoint names in tpk/train/hf.h; the trainer's handle (tpk/train/
  * model.h) lists the families in one table of values. */
@@ -8,6 +9,7 @@
 
 #include "gpt2.h"
 #include "llama.h"
+#include "mixtral.h"
 #include "neox.h"
 
 #endif /* TPK_FAMILIES_H */

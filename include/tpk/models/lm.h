@@ -22,7 +22,15 @@
  * the attention over the CP group (cfg.cp_comm), the loss the mean over every CP rank's counted
  * tokens (tpk/layers/xent.h); each parameter's gradient is this rank's rows' part, complete once
  * summed over ctx->cp (with the data-parallel reduction, over ctx->dp_cp). No dropout under CP yet
- * (refused by name). */
+ * (refused by name).
+ * Mixture of experts (blocks whose MLP is TPK_MLP_MOE: Mixtral): the loss is the cross-entropy plus
+ * coef balance, the load-balancing loss as Hugging Face's MixtralForCausalLM computes it
+ * (load_balancing_loss_func over every layer's router logits concatenated, not the layers' losses
+ * summed): balance = E sum_e C_e Q_e / N², C_e the rows routed to expert e and Q_e = sum_t p_te
+ * summed over the layers, N = L T (this rank's T tokens in each of the L layers). Its gradient
+ * on every token's p_te in every layer is scale coef E C_e / N² (the counts not differentiated),
+ * handed to each router (tpk_router_backward_pooled). m->aux holds the last forward's coef
+ * balance; not yet with pipeline stages or context parallelism (refused by name). */
 #ifndef TPK_LM_H
 #define TPK_LM_H
 
@@ -105,6 +113,13 @@ typedef struct tpk_lm {
     bool have_loss;
     tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and the pools blocks borrow
                                from */
+    /* a mixture of experts (TPK_MLP_MOE blocks): the auxiliary loss pooled over the layers */
+    float aux;              /* the last forward's: coef E sum_e C_e Q_e / N² (0 without MoE) */
+    double aux_sum;         /* the aux of the forwards with loss = NULL since it was last read
+                               (tpk_lm_aux_read): their deferred losses' share */
+    double *aux_count;      /* host [E]: C_e of the last forward (NULL without MoE) */
+    double *aux_dp;         /* host [E]: Q_e in the forward, the routers' gradient backward */
+    int64_t aux_N;          /* N, the rows routed per choice over the layers */
     int64_t lo, hi;         /* the blocks built */
     bool has_embed, has_head;
 } tpk_lm;
@@ -213,6 +228,24 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
         bd.name = n;
         s = tpk_block_init(ctx, &m->blocks[i], c.hidden, &bd);
     }
+    if (s == TPK_OK && c.block.mlp.kind == TPK_MLP_MOE) { /* the aux pooled over the layers */
+        if (c.part.lo || c.part.hi || c.part.no_embed || c.part.no_head)
+            s = tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                          "cfg->part: a mixture of experts' aux loss pools every layer's routing "
+                          "(not yet over pipeline stages), expected the whole model");
+        else if (tpk_cp_size(ctx) > 1)
+            s = tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                          "ctx->cp: a mixture of experts' aux loss is not yet pooled over "
+                          "context-parallel ranks, expected cp = 1, got %d",
+                          tpk_cp_size(ctx));
+        size_t E = (size_t)c.block.mlp.moe.experts;
+        m->aux_count = s == TPK_OK ? (double *)tpk__calloc(ctx, E, sizeof(double)) : NULL;
+        m->aux_dp = s == TPK_OK ? (double *)tpk__calloc(ctx, E, sizeof(double)) : NULL;
+        if (s == TPK_OK && (!m->aux_count || !m->aux_dp))
+            s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu experts' counts", E);
+        for (int64_t i = m->lo; s == TPK_OK && i < m->hi; i++)
+            m->blocks[i].mlp.u.moe.aux_dp = m->aux_dp;
+    }
     if (s == TPK_OK && c.dropout_sites && m->has_embed) {
         tpk_dropout_desc dd;
         memset(&dd, 0, sizeof dd);
@@ -256,6 +289,7 @@ static inline void tpk_lm_destroy(tpk_ctx *ctx, tpk_lm *m) {
     tpk_embedding_destroy(ctx, &m->embed);
     for (int64_t i = m->lo; m->blocks && i < m->hi; i++) tpk_block_destroy(ctx, &m->blocks[i]);
     tpk__free(ctx, m->blocks), m->blocks = NULL;
+    tpk__free(ctx, m->aux_count), tpk__free(ctx, m->aux_dp);
     tpk__stack_bufs_free(ctx, &m->rc, m->c.layers);
     if (m->has_head)
         tpk_norm_destroy(ctx, &m->norm), tpk_linear_destroy(ctx, &m->head),
@@ -330,6 +364,32 @@ static inline tpk_status tpk__lm_stack_backward(tpk_ctx *ctx, tpk_lm *m, tpk_ten
     return TPK_OK;
 }
 
+/* The pooled aux of the last forward (the header's): m->aux, m->aux_count (C_e), m->aux_N. */
+static inline void tpk__lm_moe_aux(tpk_lm *m) {
+    if (!m->aux_count) return;
+    const tpk_moe_desc *d = &m->c.block.mlp.moe;
+    int64_t E = d->experts, N = 0;
+    for (int64_t e = 0; e < E; e++) m->aux_count[e] = m->aux_dp[e] = 0;
+    for (int64_t i = m->lo; i < m->hi; i++) {
+        const tpk_router *r = &m->blocks[i].mlp.u.moe.router;
+        for (int64_t e = 0; e < E; e++)
+            m->aux_count[e] += (double)r->count[e], m->aux_dp[e] += r->psum[e];
+        N += r->T;
+    }
+    double b = 0;
+    for (int64_t e = 0; e < E; e++) b += m->aux_count[e] * m->aux_dp[e];
+    m->aux_N = N;
+    m->aux = N ? (float)((double)d->aux_coef * (double)E * b / ((double)N * (double)N)) : 0.f;
+}
+
+/* The aux of the forwards with loss = NULL since the last read (their deferred losses' share of
+ * the loss, beside tpk_xent_loss_read's cross-entropy), and the sum starts again. */
+static inline double tpk_lm_aux_read(tpk_lm *m) {
+    double a = m ? m->aux_sum : 0;
+    if (m) m->aux_sum = 0;
+    return a;
+}
+
 /* ---- forward, backward ----------------------------------------------------------------------- */
 
 static inline tpk_status tpk__lm_args(tpk_ctx *ctx, const char *fn, const tpk_lm *m) {
@@ -378,6 +438,7 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
     }
     m->B = B, m->S = S;
     TPK_TRY(tpk__lm_stack_forward(ctx, m, x, &x));
+    tpk__lm_moe_aux(m);
     if (!m->has_head) {
         if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL (this part has no head)");
         *y = x;
@@ -390,6 +451,8 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
      * the next forward or read */
     TPK_TRY(loss ? tpk_xent_forward(ctx, &m->ce, m->logits, targets, loss)
                  : tpk_xent_forward_deferred(ctx, &m->ce, m->logits, targets));
+    if (loss) *loss += m->aux; /* a mixture of experts' load-balancing loss (0 without) */
+    else m->aux_sum += m->aux;
     m->have_loss = true;
     return TPK_OK;
 }
@@ -446,6 +509,12 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward first");
         g = tpk_tp_tensor_2d(ctx, dy_in, ctx->dtype, tpk_cp_rows(ctx, m->B, m->S), m->c.hidden,
                              m->c.sequence_parallel ? TPK_S(0) : TPK_R);
+    }
+    if (m->aux_count) { /* the pooled aux's gradient on every p_te: scale coef E C_e / N² */
+        double N = (double)m->aux_N, E = (double)m->c.block.mlp.moe.experts;
+        double k = N ? (double)scale * (double)m->c.block.mlp.moe.aux_coef * E / (N * N) : 0;
+        for (int64_t e = 0; e < m->c.block.mlp.moe.experts; e++)
+            m->aux_dp[e] = k * m->aux_count[e];
     }
     /* each block from the last (recompute: its forward, or its cheap parts, again first) */
     TPK_TRY(tpk__lm_stack_backward(ctx, m, g, &g));

@@ -215,6 +215,56 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
     return TPK_OK;
 }
 
+/* MixtralForCausalLM's config.json: Llama's keys (tpk_llama_config_parse: the sizes, heads,
+ * intermediate_size (each expert's), rms_norm_eps (absent: Mixtral's 1e-5), rope_theta (absent:
+ * 1e6), tie_word_embeddings), num_local_experts (absent: 8), num_experts_per_tok (absent: 2),
+ * router_aux_loss_coef (absent: 0.001; 0: none); refused: a sliding_window shorter than
+ * max_position_embeddings (tpk attends to every earlier position), router_jitter_noise > 0. */
+static inline tpk_status tpk_mixtral_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
+                                                  const char *what, tpk_mixtral_config *cfg) {
+    static const char *fn = "tpk_mixtral_config_parse";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!cfg || !what || (n && !b))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
+    tpk_llama_config l;
+    memset(&l, 0, sizeof l);
+    TPK_TRY(tpk_llama_config_parse(ctx, b, n, what, &l));
+    enum { NE, NK, NC, NEPS, NTH, NSW, NJ, NK_ };
+    static const char *const keys[] = {"num_local_experts", "num_experts_per_tok",
+                                       "router_aux_loss_coef", "rms_norm_eps", "rope_theta",
+                                       "sliding_window", "router_jitter_noise"};
+    tpk__json_val v[NK_];
+    TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, NK_, v));
+    for (int k = 0; k < NK_; k++)
+        if (k != NSW || v[k].kind != 'z')
+            TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], false));
+    double E = v[NE].kind ? v[NE].num : 8, K = v[NK].kind ? v[NK].num : 2,
+           c = v[NC].kind ? v[NC].num : 0.001;
+    if (!(E >= 1 && E <= 1e6 && E == floor(E) && K >= 1 && K <= E && K == floor(K) && c >= 0 &&
+          c < 1e6))
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: implausible configuration (num_local_experts %g, num_experts_per_tok "
+                         "%g, router_aux_loss_coef %g)",
+                         what, E, K, c);
+    if (v[NSW].kind == 'n' && v[NSW].num < (double)l.positions)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: sliding_window %g: expected null or at least "
+                         "max_position_embeddings %lld (tpk attends to every earlier position)",
+                         what, v[NSW].at, v[NSW].num, (long long)l.positions);
+    if (v[NJ].kind && v[NJ].num != 0)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: router_jitter_noise %g: expected 0 (no jitter)", what,
+                         v[NJ].at, v[NJ].num);
+    cfg->layers = l.layers, cfg->hidden = l.hidden, cfg->heads = l.heads;
+    cfg->kv_heads = l.kv_heads, cfg->vocab = l.vocab, cfg->positions = l.positions;
+    cfg->ffn = l.ffn, cfg->tie_embeddings = l.tie_embeddings;
+    cfg->norm_eps = v[NEPS].kind ? l.norm_eps : 1e-5f;
+    cfg->rope_theta = v[NTH].kind ? l.rope_theta : 1e6f;
+    cfg->experts = (int64_t)E, cfg->top_k = (int64_t)K;
+    cfg->aux_coef = c > 0 ? (float)c : -1.0f; /* < 0: none */
+    return TPK_OK;
+}
+
 /* dir/config.json's bytes (free them) and its path (dir.tpk-old's after a stopped save:
  * tpk_ckpt_resolve). */
 static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const char *dir, char *path,
@@ -339,6 +389,18 @@ static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir, tpk
     if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
     TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
     tpk_status s = tpk_neox_config_parse(ctx, b, n, path, cfg);
+    tpk__free(ctx, b);
+    return s;
+}
+static inline tpk_status tpk_mixtral_config_read(tpk_ctx *ctx, const char *dir,
+                                                 tpk_mixtral_config *cfg) {
+    static const char *fn = "tpk_mixtral_config_read";
+    char path[1200];
+    uint8_t *b = NULL;
+    size_t n = 0;
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
+    tpk_status s = tpk_mixtral_config_parse(ctx, b, n, path, cfg);
     tpk__free(ctx, b);
     return s;
 }
