@@ -18,8 +18,16 @@
  * rank's received blocks against what each sender computes (f32, bf16, i32; blocking and started),
  * the counts exchanged by tpk_alltoallv_counts, the call, element and byte counters, the flight
  * recorder's entry, a peer that never enters it timed out (TPK_ERR_COMM, not a hang), bad counts
- * and buffers refused by name. Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
+ * and buffers refused by name. The Mixtral family (tpk/models/mixtral.h) at EP 1, 2, 3, TP 2 x EP 2
+ * x DP 2 and EP 2 x DP 4 (EDP 2), each DP rank its own tokens, against one rank's EP 1 model run
+ * on every DP rank's tokens: each rank's loss (the aux pooled over the layers), every gradient
+ * (dense ones summed over DP, experts' over EDP), 2 AdamW steps of tpk_train_step (norms, weights);
+ * ZeRO-1 with experts refused; its config.json parsed (keys, defaults, refusals). Run at 1..4
+ * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
+
+#include <tpk/train/hf.h>
+#include <tpk/train/train.h>
 
 /* the elements world rank p sends to rank q: uneven, zero where (p + 2 q) % 3 == 1 */
 static size_t cnt(int p, int q) {
@@ -575,13 +583,6 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
             placed += (id >= 0) == mine && (id < 0 || c.params.list[id].expert);
         }
     CHECK(placed == 3 * E, "%d of %d expert weights placed wrong", 3 * E - placed, 3 * E);
-    if (ep > 1) { /* the DP reduction does not yet sum an expert's weight over ctx->edp: refused */
-        tpk_dp_buckets b = {0};
-        CHECK_OK(&c, tpk_dp_init(&c, &b));
-        CHECK_FAILS(&c, tpk_dp_begin(&c, &b, true), TPK_ERR_UNSUPPORTED,
-                    "its gradient's reduction over the expert's replicas (ctx->edp) is not yet");
-        tpk_dp_destroy(&b);
-    }
     test_set_weights(&c, 21, 0.3f);
     /* the reference's weights, whole, and its results */
     snprintf(pn, sizeof pn, "%s.gate.weight", name);
@@ -691,6 +692,153 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
     tpk_ctx_destroy(&c);
 }
 
+/* ---- the Mixtral family: EP against one rank's EP 1 model ------------------------------------ */
+
+enum { XV = 67, XL = 2, XH = 16, XA = 4, XB = 2, XS = 8, XT = XB * XS };
+static tpk_mixtral_config mix_config(int E) {
+    tpk_mixtral_config c = {.vocab = XV,
+                            .positions = XS,
+                            .layers = XL,
+                            .hidden = XH,
+                            .heads = XA,
+                            .kv_heads = 2,
+                            .ffn = 12,
+                            .experts = E,
+                            .top_k = 2,
+                            .aux_coef = 0.05f,
+                            .rope_theta = 1000};
+    return c;
+}
+/* DP rank q's tokens and targets (one ignored) */
+static void mix_tokens(int q, int32_t *ids, int32_t *tg) {
+    for (int i = 0; i < XT; i++)
+        ids[i] = (int32_t)((i * 23 + 7 + 31 * q) % XV), tg[i] = (int32_t)((i * 41 + 3 * q) % XV);
+    tg[5] = -100;
+}
+
+/* Mixtral at TP tp x EP ep x DP (world / tp), each DP rank its own tokens: each rank's loss (the
+ * cross-entropy plus the aux pooled over the layers), the dense gradients summed over DP and an
+ * expert's over EDP (the sum of every DP rank's loss's), against a one-rank EP 1 model run on
+ * every DP rank's tokens in turn. */
+static void test_mixtral(int tp, int ep, int E) {
+    tpk_ctx c, r;
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 3}));
+    CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 3}));
+    tpk_mixtral_config cfg = mix_config(E);
+    tpk_mixtral m, mr;
+    CHECK_OK(&c, tpk_mixtral_init(&c, &m, &cfg));
+    CHECK_OK(&r, tpk_mixtral_init(&r, &mr, &cfg));
+    test_set_weights(&c, 9, 0.3f), test_set_weights(&r, 9, 0.3f);
+    int dps = c.dp.size, dr = c.dp.rank;
+    int32_t ids[XT], tg[XT];
+    float loss = 0, lref = 0, l;
+    CHECK_OK(&r, tpk_params_zero_grad(&r));
+    for (int q = 0; q < dps; q++) { /* the reference: every DP rank's loss's gradient, summed */
+        mix_tokens(q, ids, tg);
+        CHECK_OK(&r, tpk_lm_forward(&r, &mr.lm, ids, tg, XB, XS, &l));
+        CHECK_OK(&r, tpk_lm_backward(&r, &mr.lm, 1.0f));
+        if (q == dr) lref = l;
+    }
+    CHECK(mr.lm.aux > 0 && m.c.aux_coef == 0.05f, "aux %g", (double)mr.lm.aux);
+    mix_tokens(dr, ids, tg);
+    CHECK_OK(&c, tpk_params_zero_grad(&c));
+    CHECK_OK(&c, tpk_lm_forward(&c, &m.lm, ids, tg, XB, XS, &loss));
+    CHECK_OK(&c, tpk_lm_backward(&c, &m.lm, 1.0f));
+    CHECK_OK(&c, tpk_params_reduce_partial_grads(&c));
+    CHECK(fabsf(loss - lref) < 1e-5f * fabsf(lref), "DP rank %d's loss %.8g, EP 1's %.8g", dr,
+          (double)loss, (double)lref);
+    int checked = 0;
+    for (int i = 0; i < c.params.n; i++) {
+        tpk_param *p = &c.params.list[i];
+        int j = tpk_param_find(&r, p->name);
+        size_t n = tpk_param_global_numel(&c, i);
+        float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+        test_poison(got, n);
+        CHECK_OK(&c, tpk_param_get_global(&c, i, true, got));
+        CHECK_OK(&c, tpk_allreduce_host(&c, p->expert ? c.edp : c.dp_cp, got, n, TPK_F32, TPK_SUM));
+        CHECK(j >= 0, "%s: not in the EP 1 model", p->name);
+        if (j >= 0) {
+            CHECK_OK(&r, tpk_param_get_global(&r, j, true, want));
+            char what[160];
+            snprintf(what, sizeof what, "gradient of %s", p->name);
+            CHECK_CLOSE(got, want, n, 1e-5, what);
+            checked++;
+        }
+        free(got), free(want);
+    }
+    /* the experts here and at the other EP ranks: all of the reference's */
+    int all = checked;
+    CHECK_OK(&c, tpk_allreduce_host(&c, &c.ep, &all, 1, TPK_I32, TPK_SUM));
+    int dense = r.params.n - 3 * XL * E;
+    CHECK(checked == dense + 3 * XL * E / ep && all == ep * dense + 3 * XL * E,
+          "%d gradients checked here, %d over the EP group; the reference has %d", checked, all,
+          r.params.n);
+    /* training: 2 AdamW steps of tpk_train_step (the buckets under the backward: dense weights
+     * over DP, experts over EDP; the norm's expert squares over EP; clipped) against the reference
+     * stepping on the summed gradient, both scaled 1 / dp */
+    tpk_adamw opt, ropt;
+    tpk_dp_buckets b = {0}, rb = {0};
+    const float lr = 1e-2f, clip = 0.05f, gs = 1.0f / (float)dps;
+    /* eps 1e-4: a gradient element at rounding level (summed in another order) is no full step */
+    const tpk_adamw_desc ad = {.weight_decay = 0.1f, .eps = 1e-4f};
+    CHECK_OK(&c, tpk_adamw_init(&c, &opt, &ad));
+    CHECK_OK(&r, tpk_adamw_init(&r, &ropt, &ad));
+    CHECK_OK(&c, tpk_dp_init(&c, &b));
+    tpk_lm_set_grad_ready(&m.lm, tpk_dp_grad_ready, &b);
+    for (int step = 0; step < 2; step++) {
+        double norm = 0, rnorm = 0;
+        CHECK_OK(&r, tpk_params_zero_grad(&r));
+        for (int q = 0; q < dps; q++) {
+            mix_tokens(q, ids, tg);
+            CHECK_OK(&r, tpk_lm_forward(&r, &mr.lm, ids, tg, XB, XS, &l));
+            CHECK_OK(&r, tpk_lm_backward(&r, &mr.lm, 1.0f));
+        }
+        CHECK_OK(&r, tpk_train_step(&r, &ropt, &rb, lr, clip, gs, &rnorm));
+        mix_tokens(dr, ids, tg);
+        CHECK_OK(&c, tpk_params_zero_grad(&c));
+        CHECK_OK(&c, tpk_lm_forward(&c, &m.lm, ids, tg, XB, XS, &loss));
+        CHECK_OK(&c, tpk_dp_begin(&c, &b, true));
+        CHECK_OK(&c, tpk_lm_backward(&c, &m.lm, 1.0f));
+        CHECK_OK(&c, tpk_train_step(&c, &opt, &b, lr, clip, gs, &norm));
+        CHECK(fabs(norm - rnorm) < 1e-5 * rnorm && norm > clip, "step %d: norm %.8g, EP 1's %.8g",
+              step, norm, rnorm);
+    }
+    for (int i = 0; i < c.params.n; i++) { /* the weights after the steps */
+        int j = tpk_param_find(&r, c.params.list[i].name);
+        size_t n = tpk_param_global_numel(&c, i);
+        float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+        CHECK_OK(&c, tpk_param_get_global(&c, i, false, got));
+        if (j >= 0) {
+            CHECK_OK(&r, tpk_param_get_global(&r, j, false, want));
+            char what[160];
+            snprintf(what, sizeof what, "%s after 2 steps", c.params.list[i].name);
+            CHECK_CLOSE(got, want, n, 1e-5, what);
+        }
+        free(got), free(want);
+    }
+    if (ep > 1) { /* ZeRO and Adasum not yet with experts: refused by name */
+        tpk_adamw z;
+        CHECK_OK(&c, tpk_adamw_init(&c, &z, &(tpk_adamw_desc){.zero = true}));
+        CHECK_OK(&c, tpk_dp_begin(&c, &b, false));
+        CHECK_FAILS(&c, tpk_train_step(&c, &z, &b, lr, clip, gs, NULL), TPK_ERR_UNSUPPORTED,
+                    "ZeRO-1's slices (tpk_adamw_desc.zero) not yet with expert parallelism");
+        tpk_adamw_destroy(&c, &z);
+    }
+    tpk_dp_destroy(&b), tpk_dp_destroy(&rb);
+    tpk_adamw_destroy(&c, &opt), tpk_adamw_destroy(&r, &ropt);
+    tpk_lm_destroy(&c, &m.lm), tpk_lm_destroy(&r, &mr.lm);
+    /* refused by name: experts not a multiple of EP, top-k past the experts, SP */
+    tpk_mixtral_config bad = cfg;
+    if (ep > 1) {
+        bad.experts = E + 1;
+        CHECK_FAILS(&c, tpk_mixtral_init(&c, &m, &bad), TPK_ERR_ARG,
+                    "cfg->experts: expected a positive multiple of the EP size");
+    }
+    bad = cfg, bad.top_k = E + 1;
+    CHECK_FAILS(&c, tpk_mixtral_init(&c, &m, &bad), TPK_ERR_ARG, "cfg->top_k: expected 1..");
+    tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     me = test__rank, np = test__size;
@@ -758,6 +906,52 @@ int main(int argc, char **argv) {
         if (np == 2) test_moe_layer(2, 1, 4, false), test_moe_layer(1, 1, 4, true);
         if (np == 3) test_moe_layer(3, 1, 3, false);
         if (np == 4) test_moe_layer(2, 2, 4, false), test_moe_layer(1, 2, 6, true);
+    }
+    TEST_CASE("Mixtral: the loss (aux pooled over the layers), every gradient, and 2 training "
+              "steps (experts reduced over EDP, the norm over EP) at %s against one rank's EP 1 "
+              "model on each DP rank's tokens",
+              np == 4   ? "TP 2 x EP 2 x DP 2 and EP 2 x DP 4 (EDP 2)"
+              : np == 1 ? "EP 1"
+              : np == 2 ? "EP 2"
+                        : "EP 3") {
+        if (np == 4) test_mixtral(2, 2, 4), test_mixtral(1, 2, 4);
+        else test_mixtral(1, np, np == 3 ? 6 : 4);
+    }
+    TEST_CASE("Mixtral: config.json (MixtralForCausalLM's keys, defaults, refusals by name)") {
+        static const char *base =
+            "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 16, "
+            "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 67, "
+            "\"max_position_embeddings\": 32, \"intermediate_size\": 12, "
+            "\"output_router_logits\": false, \"hidden_act\": \"silu\"";
+        char buf[1024];
+        tpk_mixtral_config mc;
+        memset(&mc, 0, sizeof mc);
+        snprintf(buf, sizeof buf,
+                 "%s, \"num_local_experts\": 6, \"num_experts_per_tok\": 3, "
+                 "\"router_aux_loss_coef\": 0.02, \"sliding_window\": null}",
+                 base);
+        CHECK_OK(&ctx, tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc));
+        CHECK(mc.layers == 2 && mc.hidden == 16 && mc.kv_heads == 2 && mc.ffn == 12 &&
+                  mc.experts == 6 && mc.top_k == 3 && mc.aux_coef == 0.02f &&
+                  mc.norm_eps == 1e-5f && mc.rope_theta == 1e6f,
+              "parsed: L %lld E %lld k %lld coef %g eps %g theta %g", (long long)mc.layers,
+              (long long)mc.experts, (long long)mc.top_k, (double)mc.aux_coef, (double)mc.norm_eps,
+              (double)mc.rope_theta);
+        snprintf(buf, sizeof buf, "%s}", base); /* the defaults: 8 experts, top-2, 0.001 */
+        CHECK_OK(&ctx, tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc));
+        CHECK(mc.experts == 8 && mc.top_k == 2 && mc.aux_coef == 0.001f, "defaults: %lld %lld %g",
+              (long long)mc.experts, (long long)mc.top_k, (double)mc.aux_coef);
+        const char *bad[][2] = {{", \"num_experts_per_tok\": 9}", "num_experts_per_tok 9"},
+                                {", \"sliding_window\": 16}", "sliding_window 16"},
+                                {", \"router_jitter_noise\": 0.1}", "router_jitter_noise"},
+                                {", \"num_local_experts\": \"8\"}", "for num_local_experts"}};
+        for (int k = 0; k < 4; k++) {
+            snprintf(buf, sizeof buf, "%s%s", base, bad[k][0]);
+            tpk_status s =
+                tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc);
+            CHECK(s != TPK_OK && strstr(tpk_last_error(&ctx), bad[k][1]), "%s: %s", bad[k][0],
+                  tpk_last_error(&ctx));
+        }
     }
     TEST_CASE("alltoallv: uneven and zero counts, f32, bf16, i32, blocking and started") {
         a2a_case(&ctx, &world, wmap, TPK_F32, false);

@@ -4,7 +4,13 @@
  * "The DP group" is the group of a weight's replicas, tpk__dp_group = ctx->dp_cp: DP x CP under
  * context parallelism (each CP rank's gradient is its rows' part of its DP rank's: summed over CP
  * it is that DP rank's, so the one sum over DP x CP is DP's sum; the 1/dp scaling is unchanged),
- * the DP group itself at cp = 1.
+ * the DP group itself at cp = 1. A routed expert's weight (tpk_param.expert, tpk/layers/moe.h) at
+ * EP > 1 is summed over its replicas instead, ctx->edp (the same TP rank, stage and EP rank: DP /
+ * ep x CP ranks; the EP ranks of a DP group hold different experts at the same offsets): a bucket
+ * is all-reduced in runs, the dense weights' over DP x CP, the experts' over ctx->edp (nothing to
+ * do where ctx->edp is one rank). Its sum is then the whole DP's tokens' (every EP rank's tokens
+ * reach the expert through the all-to-all), so the 1/dp scaling is the same. ZeRO-2's slices and
+ * Adasum are refused with experts at EP > 1 (by name: tpk__dp_experts_check).
  *
  *   tpk_dp_init(ctx, b)          (optional) the buckets over every parameter this rank holds
  *   tpk_dp_begin(ctx, b, last)   before a micro-step's backward; last = the step's last micro-batch
@@ -150,7 +156,10 @@ static inline bool tpk__dp_deferred(const tpk_ctx *ctx, const tpk_dp_buckets *b,
 /* The step's last micro-batch begins: every parameter's bit cleared, the gradients open; under
  * ZeRO-2 the slice zeroed and the deferred parameters marked. */
 static inline tpk_status tpk__dp_open(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
-    TPK_TRY(tpk__dp_no_experts(ctx, fn));
+    TPK_TRY(tpk__dp_experts_check(ctx, fn,
+                                  b->zg         ? "ZeRO-2 (the buckets' reduce-scatters)"
+                                  : b->adasum   ? "Adasum"
+                                                : NULL));
     TPK_TRY(tpk__dp_bits(ctx, b, fn));
     memset(b->seen, 0, sizeof *b->seen * (size_t)b->words);
     memset(b->defer, 0, sizeof *b->defer * (size_t)b->words);
@@ -298,16 +307,22 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
         tpk_status z = tpk__dp_zero_runs(ctx, b, first, last, false, fn);
         return z == TPK_OK ? z : tpk__dp_refuse(ctx, b, z);
     }
-    tpk_status r = tpk__dp_req(ctx, b, fn);
-    if (r != TPK_OK) return tpk__dp_refuse(ctx, b, r);
-    const tpk_param *p0 = &ctx->params.list[first], *p1 = &ctx->params.list[last];
-    size_t off = p0->offset, n = p1->offset + p1->numel - off;
-    float *g = (float *)ctx->params.grad.p + off;
-    memset(&b->req[b->n], 0, sizeof b->req[b->n]);
-    tpk_status s =
-        tpk_allreduce_start(ctx, tpk__dp_group(ctx), g, g, n, TPK_F32, TPK_SUM, &b->req[b->n]);
-    if (s != TPK_OK) return tpk__dp_refuse(ctx, b, s);
-    b->n++;
+    for (int i = first; i <= last;) { /* runs of one group: dense weights', experts' (EP > 1) */
+        tpk_comm *grp = tpk__param_dp_group(ctx, i);
+        int j = i;
+        while (j < last && tpk__param_dp_group(ctx, j + 1) == grp) j++;
+        const tpk_param *p0 = &ctx->params.list[i], *p1 = &ctx->params.list[j];
+        size_t off = p0->offset, n = p1->offset + p1->numel - off;
+        i = j + 1;
+        if (grp->size == 1 || !n) continue; /* an expert held by one rank: its sum is made */
+        tpk_status r = tpk__dp_req(ctx, b, fn);
+        if (r != TPK_OK) return tpk__dp_refuse(ctx, b, r);
+        float *g = (float *)ctx->params.grad.p + off;
+        memset(&b->req[b->n], 0, sizeof b->req[b->n]);
+        tpk_status s = tpk_allreduce_start(ctx, grp, g, g, n, TPK_F32, TPK_SUM, &b->req[b->n]);
+        if (s != TPK_OK) return tpk__dp_refuse(ctx, b, s);
+        b->n++;
+    }
     return TPK_OK;
 }
 

@@ -37,17 +37,31 @@
 /* The group of a weight's replicas, over which its gradient is summed and ZeRO slices:
  * ctx->dp_cp (DP x CP; the DP group at cp = 1, or in a context made without it). */
 static inline tpk_comm *tpk__dp_group(tpk_ctx *ctx) { return ctx->dp_cp ? ctx->dp_cp : &ctx->dp; }
-/* The DP reduction sums every parameter over tpk__dp_group: at EP > 1 an expert's weight
- * (tpk_param.expert) must be summed over ctx->edp instead, which is not yet done: refused by name
- * rather than adding different experts' gradients. */
-static inline tpk_status tpk__dp_no_experts(tpk_ctx *ctx, const char *fn) {
+/* The group over which parameter i's gradient is summed: an expert's weight (tpk_param.expert)
+ * over ctx->edp, its replicas (the same TP rank, stage and EP rank: other EP ranks hold other
+ * experts), every other weight over tpk__dp_group. The same group at ep = 1. */
+static inline tpk_comm *tpk__param_dp_group(tpk_ctx *ctx, int i) {
+    return ctx->params.list[i].expert && ctx->ep.size > 1 && ctx->edp ? ctx->edp
+                                                                      : tpk__dp_group(ctx);
+}
+/* Whether this rank holds an expert's weight at EP > 1 (*name: the first one's). */
+static inline bool tpk__has_experts(const tpk_ctx *ctx, const char **name) {
     for (int i = 0; ctx->ep.size > 1 && i < ctx->params.n; i++)
-        if (ctx->params.list[i].expert)
-            return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                             "parameter \"%s\": an expert's weight at EP %d: its gradient's "
-                             "reduction over the expert's replicas (ctx->edp) is not yet done",
-                             ctx->params.list[i].name, ctx->ep.size);
-    return TPK_OK;
+        if (ctx->params.list[i].expert) return *name = ctx->params.list[i].name, true;
+    return false;
+}
+/* What the DP reduction does not yet do with experts at EP > 1 (`what`, NULL: nothing refused):
+ * ZeRO's slices of the flat buffer over tpk__dp_group and Adasum's pairs over ctx->dp would mix
+ * different experts' gradients (each EP rank holds other experts at the same offsets): refused by
+ * name. */
+static inline tpk_status tpk__dp_experts_check(tpk_ctx *ctx, const char *fn, const char *what) {
+    const char *name = NULL;
+    if (!what || !tpk__has_experts(ctx, &name)) return TPK_OK;
+    return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                     "parameter \"%s\": an expert's weight at EP %d: %s not yet with expert "
+                     "parallelism (its slices would mix different experts' gradients); use the "
+                     "plain all-reduce (an expert's gradient summed over ctx->edp)",
+                     name, ctx->ep.size, what);
 }
 
 /* Sum of squares of the gradient elements in [lo, hi) of the flat buffer that this rank counts
@@ -55,15 +69,18 @@ static inline tpk_status tpk__dp_no_experts(tpk_ctx *ctx, const char *fn) {
  * weight its owned heads) into *sq, f64 in backend memory: one sumsq op per run of consecutive
  * counted elements, accumulating there (no host wait). Element e's gradient is g[e - lo] (the flat
  * gradient buffer from lo, or ZeRO-2's slice starting at lo). */
-static inline tpk_status tpk__grad_sumsq_in(tpk_ctx *ctx, const float *g, size_t lo, size_t hi,
-                                            double *sq) {
+/* sel: the parameters counted — -1 all, 0 all but the experts' weights, 1 the experts' only; acc:
+ * added to *sq (else *sq is set). */
+static inline tpk_status tpk__grad_sumsq_sel(tpk_ctx *ctx, const float *g, size_t lo, size_t hi,
+                                             double *sq, int sel, bool acc) {
     size_t r0 = 0, r1 = 0; /* the run being gathered */
-    bool acc = false;
+    bool acc0 = acc;
     int last = -1; /* the parameter the run ends with, when it ends at that parameter's end */
     for (int i = 0; i <= ctx->params.n; i++) {
         size_t a = 0, b = 0; /* the counted elements of parameter i */
         if (i < ctx->params.n) {
             const tpk_param *p = &ctx->params.list[i];
+            if (sel >= 0 && (int)p->expert != sel) continue;
             tpk__param_counted(ctx, i, &a, &b);
             a = a < lo ? lo : a > hi ? hi : a, b = b < a ? a : b > hi ? hi : b;
             if (a == b) continue;
@@ -81,7 +98,23 @@ static inline tpk_status tpk__grad_sumsq_in(tpk_ctx *ctx, const float *g, size_t
         }
         r0 = a, r1 = b;
     }
-    return acc ? TPK_OK : tpk_op_sumsq(ctx, sq, NULL, 0, false); /* nothing counted here: 0 */
+    return acc ? TPK_OK : tpk_op_sumsq(ctx, sq, NULL, 0, acc0); /* nothing counted here: 0 */
+}
+static inline tpk_status tpk__grad_sumsq_in(tpk_ctx *ctx, const float *g, size_t lo, size_t hi,
+                                            double *sq) {
+    return tpk__grad_sumsq_sel(ctx, g, lo, hi, sq, -1, false);
+}
+/* The sum of squares of the whole model's gradient elements this rank counts in [lo, hi), with
+ * the experts' at EP > 1 summed over ctx->ep (each EP rank holds other experts; the other weights
+ * are alike on every EP rank): the experts' squares first, all-reduced over EP, then the rest
+ * added. Collective over ctx->ep when this rank holds an expert's weight at EP > 1. */
+static inline tpk_status tpk__grad_sumsq_ep(tpk_ctx *ctx, const float *g, size_t lo, size_t hi,
+                                            double *sq) {
+    const char *name = NULL;
+    if (!tpk__has_experts(ctx, &name)) return tpk__grad_sumsq_in(ctx, g, lo, hi, sq);
+    TPK_TRY(tpk__grad_sumsq_sel(ctx, g, lo, hi, sq, 1, false));
+    TPK_TRY(tpk_allreduce(ctx, &ctx->ep, sq, sq, 1, TPK_F64, TPK_SUM));
+    return tpk__grad_sumsq_sel(ctx, g, lo, hi, sq, 0, true);
 }
 static inline tpk_status tpk__grad_sumsq(tpk_ctx *ctx, size_t lo, size_t hi, double *sq) {
     return tpk__grad_sumsq_in(ctx, (const float *)ctx->params.grad.p + lo, lo, hi, sq);
@@ -95,14 +128,15 @@ static inline tpk_status tpk__normsq(tpk_ctx *ctx, double **sq) {
 }
 
 /* *norm = scale * |g| over the whole model (collective over ctx->tp, and ctx->pp: the stages;
- * DP replicas hold the same reduced gradient, so no DP sum). One download: the host waits. */
+ * DP replicas hold the same reduced gradient, so no DP sum; at EP > 1 the experts' squares summed
+ * over ctx->ep). One download: the host waits. */
 static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) {
     static const char *fn = "tpk_grad_norm";
     if (!ctx) return TPK_ERR_ARG;
     if (!norm) return tpk__fail(ctx, TPK_ERR_ARG, fn, "norm: NULL");
     double *sq, local = 0;
     TPK_TRY(tpk__normsq(ctx, &sq));
-    TPK_TRY(tpk__grad_sumsq(ctx, 0, ctx->params.numel, sq));
+    TPK_TRY(tpk__grad_sumsq_ep(ctx, (const float *)ctx->params.grad.p, 0, ctx->params.numel, sq));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
     if (ctx->pp.size > 1) TPK_TRY(tpk_allreduce(ctx, &ctx->pp, sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_op_memcpy(ctx, &local, sq, sizeof local, ctx->ops->device ? TPK_D2H : TPK_H2H));

@@ -3,6 +3,9 @@
  * "DP" below is the group of a weight's replicas, ctx->dp_cp (tpk__dp_group): DP x CP under
  * context parallelism, whose CP ranks' gradients are parts of their DP rank's (summed, not
  * averaged: grad_scale stays 1/dp), the DP group itself at cp = 1; ZeRO slices over it.
+ * An expert's weight at EP > 1 is summed over ctx->edp instead (tpk/train/dp.h), its squares in
+ * the norm over ctx->ep too (each EP rank holds other experts); ZeRO and Adasum with experts at
+ * EP > 1 are refused by name (not yet).
  *   1. the data-parallel reduction of the gradients:
  *        plain       the all-reduce buckets the model's backward started (tpk/train/dp.h) are
  *                    waited for and checked (tpk_dp_finish, unless the caller did); with more
@@ -106,7 +109,6 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     if (!opt || !opt->m)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
-    TPK_TRY(tpk__dp_no_experts(ctx, fn));
     if (!isfinite(grad_scale) || isnan(clip))
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "grad_scale, clip: expected finite numbers, got %g, %g",
@@ -128,6 +130,9 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
                          "opt: ZeRO-%d with Adasum (a reduce-scatter cannot carry Adasum's "
                          "per-tensor combination)",
                          opt->stage);
+    char zw[64];
+    snprintf(zw, sizeof zw, "ZeRO-%d's slices (tpk_adamw_desc.zero)", opt->stage);
+    TPK_TRY(tpk__dp_experts_check(ctx, fn, zero ? zw : b->adasum ? "Adasum" : NULL));
     /* the buckets' gradients checked (a begun step finished here); ZeRO-1 (asked, even at one DP
      * rank) and Adasum reduce the whole buffer below */
     TPK_TRY(tpk__dp_consume(ctx, b, zero1 || opt->stage == 1 || b->adasum, fn));
@@ -140,8 +145,8 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     if (opt->g) TPK_TRY(tpk__dp_zero_deferred(ctx, b, fn)); /* ZeRO-2: the rest of the slice */
     double *sq;
     TPK_TRY(tpk__normsq(ctx, &sq));
-    TPK_TRY(tpk__grad_sumsq_in(ctx, opt->g ? opt->g : (const float *)ctx->params.grad.p + opt->s0,
-                               opt->s0, opt->s0 + opt->sn, sq));
+    TPK_TRY(tpk__grad_sumsq_ep(ctx, opt->g ? opt->g : (const float *)ctx->params.grad.p + opt->s0,
+                               opt->s0, opt->s0 + opt->sn, sq)); /* experts at EP > 1: over EP */
     if (zero) TPK_TRY(tpk_allreduce(ctx, tpk__dp_group(ctx), sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
     /* pipeline stages: each holds its blocks' gradients */
