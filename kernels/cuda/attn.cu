@@ -20,7 +20,14 @@
  *              Head dims up to ATT_MAXD; the keep bits are the host's (tpk/base/rng.h), drawn here
  *              one Philox call per element (tpk_dropout_u: a lane holds one key of a row, so the 4
  *              keys of a call sit in 4 lanes; the tensor-core kernels share a call between
- *              lanes). */
+ *              lanes).
+ *   block      attn_block_fwd / _bwd (context parallelism's blocks, tpk_attn_blk): the generic
+ *              kernels' structure on Sq queries at q0 + i against Sk keys at k0 + j (causal: j
+ *              visible when k0 + j <= q0 + i; rows that see no key give lse -inf, o 0), strided
+ *              q, kv, out, lse, keep_ij drawn at index ((b A + g) S + q0 + i) S + k0 + j; the
+ *              forward merges o, lse into the running f32 out, lse, L = log(e^lse' + e^lse); the
+ *              backward's dQ kernel (also Dr_i = dO_i . O_i) then dK/dV kernel add into f32
+ *              sums. */
 #include <cstdlib>
 #include <cstring>
 
@@ -519,8 +526,304 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
     return tpk__cuda_launched(ctx, fn);
 }
 
+/* ---- one block of an attention split over the sequence (context parallelism) ----------------- */
+
+/* The keys [0, n) of block b that query row i sees: all, or those at k0 + j <= q0 + i. */
+__device__ __forceinline__ int64_t att_blk_vis(const tpk_attn_blk &b, int64_t i) {
+    if (!b.causal) return b.Sk;
+    int64_t n = b.q0 + i - b.k0 + 1;
+    return n < 0 ? 0 : n > b.Sk ? b.Sk : n;
+}
+
+/* grid (ceil(Sq / ATT_WARPS), Al); warp w owns query row i = blockIdx.x ATT_WARPS + w of local
+ * head h = blockIdx.y, over the key tiles of its visible keys [0, vis_i) as attn_fwd_kernel (online
+ * softmax, keep_ij at the pair's sequence positions), then merges the block's o, lse into out,
+ * lse: L = log(e^lse' + e^lse), out = e^(lse' - L) out + e^(lse - L) o (a side at -inf adds
+ * nothing; merge = false or lse' = -inf: written). Every lane reads lse' before lane 0 writes L. */
+template <class T, int NE>
+__global__ void attn_blk_fwd_kernel(float *out, float *lse, const T *q, const T *kv,
+                                    tpk_attn_blk bk, bool merge) {
+    extern __shared__ float sm[];
+    const int64_t D = bk.D;
+    float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *qs = Vs + ATT_TILE * (D + 1),
+          *ps = qs + ATT_WARPS * 2 * D;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
+    tpk__fl_heads hd = tpk__fl_heads_of(bk.Al, bk.A, bk.G, bk.head0, D);
+    int64_t kvh = tpk__fl_kv_of(hd, bk.head0, h), g = bk.head0 + h;
+    const T *Q = q + h * D, *K = kv + kvh * D, *V = K + (int64_t)hd.Gl * D;
+    float *qw = qs + w * 2 * D, *pw = ps + w * ATT_TILE;
+    for (int64_t e = lane; e < D; e += 32)
+        qw[e] = i < bk.Sq ? tpk__ldf(Q, (size_t)(i * bk.ldq + e)) * bk.scale : 0.0f;
+    float o[NE], m = -INFINITY, l = 0.0f;
+    for (int e = 0; e < NE; e++) o[e] = 0.0f;
+    /* the keys of the block's last row bound every row's */
+    int64_t last = i0 + ATT_WARPS - 1 < bk.Sq - 1 ? i0 + ATT_WARPS - 1 : bk.Sq - 1,
+            nk = att_blk_vis(bk, last), vi = i < bk.Sq ? att_blk_vis(bk, i) : 0;
+    for (int64_t j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        __syncthreads();
+        att_stage(Ks, K, bk.ldkv, j0, bk.Sk, D);
+        att_stage(Vs, V, bk.ldkv, j0, bk.Sk, D);
+        __syncthreads();
+        if (j0 >= vi) continue; /* uniform over the warp: one row */
+        int64_t j = j0 + lane;
+        float s = -INFINITY;
+        if (j < vi) {
+            s = 0.0f;
+            for (int64_t e = 0; e < D; e++) s += qw[e] * Ks[lane * (D + 1) + e];
+        }
+        float mn = fmaxf(m, tpk__warp_max(s)); /* finite: key j0 is visible */
+        float pe = j < vi ? expf(s - mn) : 0.0f, corr = expf(m - mn);
+        l = l * corr + tpk__warp_sum(pe);
+        pw[lane] = j < vi ? pe * tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S,
+                                               bk.q0 + i, bk.k0 + j)
+                          : 0.0f;
+        __syncwarp();
+        int64_t nt = vi - j0 < ATT_TILE ? vi - j0 : ATT_TILE;
+        for (int e = 0; e < NE; e++) {
+            int64_t c = lane + 32 * e;
+            float acc = o[e] * corr;
+            if (c < D)
+                for (int64_t jj = 0; jj < nt; jj++) acc += pw[jj] * Vs[jj * (D + 1) + c];
+            o[e] = acc;
+        }
+        __syncwarp();
+        m = mn;
+    }
+    if (i >= bk.Sq) return;
+    float lb = l > 0.0f ? m + logf(l) : -INFINITY, inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float *O = out + i * bk.ldo + h * D, *L = lse + h * bk.ldl + i;
+    float la = merge ? *L : -INFINITY;
+    __syncwarp();
+    bool put = !merge || la == -INFINITY;
+    if (!put && lb == -INFINITY) return; /* this block adds nothing */
+    float wa = 0.0f, wb = 1.0f, Ln = lb;
+    if (!put) {
+        float mx = fmaxf(la, lb);
+        Ln = mx + logf(expf(la - mx) + expf(lb - mx));
+        wa = expf(la - Ln), wb = expf(lb - Ln);
+    }
+    for (int e = 0; e < NE; e++) {
+        int64_t c = lane + 32 * e;
+        if (c < D) O[c] = put ? o[e] * inv : wa * O[c] + wb * (o[e] * inv);
+    }
+    if (lane == 0) *L = Ln;
+}
+
+/* dQ of a block: grid (ceil(Sq / ATT_WARPS), Al); warp w owns query row i of local head h:
+ * Dr_i = dO_i . O_i (written to Dr [Al, Sq] for the dK/dV kernel), then over the key tiles of its
+ * visible keys: P_ij = exp(scale q_i.k_j - lse_i) (0 where lse_i = -inf: the row sees no key),
+ * dS_ij = P_ij (keep_ij dO_i.v_j - Dr_i); dq_i += scale sum_j dS_ij k_j (f32, added) */
+template <class T, int NE>
+__global__ void attn_blk_dq_kernel(float *dq, float *Dr, const T *dout, const T *out,
+                                   const float *lse, const T *q, const T *kv, tpk_attn_blk bk) {
+    extern __shared__ float sm[];
+    const int64_t D = bk.D;
+    float *Ks = sm, *Vs = Ks + ATT_TILE * (D + 1), *rows = Vs + ATT_TILE * (D + 1),
+          *ps = rows + ATT_WARPS * 2 * D;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t h = blockIdx.y, i0 = (int64_t)blockIdx.x * ATT_WARPS, i = i0 + w;
+    tpk__fl_heads hd = tpk__fl_heads_of(bk.Al, bk.A, bk.G, bk.head0, D);
+    int64_t kvh = tpk__fl_kv_of(hd, bk.head0, h), g = bk.head0 + h;
+    const T *Q = q + h * D, *K = kv + kvh * D, *V = K + (int64_t)hd.Gl * D, *dO = dout + h * D,
+            *Oh = out + h * D;
+    float *qw = rows + w * 2 * D, *go = qw + D, *dsw = ps + w * ATT_TILE;
+    float di = 0.0f;
+    for (int64_t e = lane; e < D; e += 32) {
+        float a = i < bk.Sq ? tpk__ldf(dO, (size_t)(i * bk.ldo + e)) : 0.0f;
+        qw[e] = i < bk.Sq ? tpk__ldf(Q, (size_t)(i * bk.ldq + e)) : 0.0f;
+        go[e] = a;
+        di += i < bk.Sq ? a * tpk__ldf(Oh, (size_t)(i * bk.ldo + e)) : 0.0f;
+    }
+    di = tpk__warp_sum(di);
+    float Li = i < bk.Sq ? lse[h * bk.ldl + i] : -INFINITY, acc[NE];
+    if (i < bk.Sq && lane == 0) Dr[h * bk.Sq + i] = di;
+    for (int e = 0; e < NE; e++) acc[e] = 0.0f;
+    int64_t last = i0 + ATT_WARPS - 1 < bk.Sq - 1 ? i0 + ATT_WARPS - 1 : bk.Sq - 1,
+            nk = att_blk_vis(bk, last), vi = i < bk.Sq && Li != -INFINITY ? att_blk_vis(bk, i) : 0;
+    for (int64_t j0 = 0; j0 < nk; j0 += ATT_TILE) {
+        __syncthreads();
+        att_stage(Ks, K, bk.ldkv, j0, bk.Sk, D);
+        att_stage(Vs, V, bk.ldkv, j0, bk.Sk, D);
+        __syncthreads();
+        if (j0 >= vi) continue;
+        int64_t j = j0 + lane;
+        float ds = 0.0f;
+        if (j < vi) {
+            float s = 0.0f, dp = 0.0f;
+            for (int64_t e = 0; e < D; e++)
+                s += qw[e] * Ks[lane * (D + 1) + e], dp += go[e] * Vs[lane * (D + 1) + e];
+            float P = expf(bk.scale * s - Li);
+            ds = P * (dp * tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S, bk.q0 + i,
+                                         bk.k0 + j) -
+                      di);
+        }
+        dsw[lane] = ds;
+        __syncwarp();
+        int64_t nt = vi - j0 < ATT_TILE ? vi - j0 : ATT_TILE;
+        for (int e = 0; e < NE; e++) {
+            int64_t c = lane + 32 * e;
+            if (c < D)
+                for (int64_t jj = 0; jj < nt; jj++) acc[e] += dsw[jj] * Ks[jj * (D + 1) + c];
+        }
+        __syncwarp();
+    }
+    if (i >= bk.Sq || vi == 0) return;
+    float *dQ = dq + i * bk.lddq + h * D;
+    for (int e = 0; e < NE; e++) {
+        int64_t c = lane + 32 * e;
+        if (c < D) dQ[c] += bk.scale * acc[e];
+    }
+}
+
+/* dK, dV of a block: grid (ceil(Sk / ATT_WARPS), Gl); warp w owns key row j of local key/value
+ * head y; over the local query heads reading it (ascending) and their query tiles from the first
+ * that sees the block's first key: lane i scores s = scale q_i.k_j, dp = dO_i.v_j (the visible
+ * pairs, lse_i finite); dv_j += sum P_ij keep_ij dO_i, dk_j += scale sum dS_ij q_i (registers,
+ * a fixed order; added into dkv f32) */
+template <class T, int NE>
+__global__ void attn_blk_dkv_kernel(float *dkv, const float *Dr, const T *dout, const float *lse,
+                                    const T *q, const T *kv, tpk_attn_blk bk) {
+    extern __shared__ float sm[];
+    const int64_t D = bk.D;
+    float *Qs = sm, *dOs = Qs + ATT_TILE * (D + 1), *rows = dOs + ATT_TILE * (D + 1),
+          *ps = rows + ATT_WARPS * 2 * D;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int64_t y = blockIdx.y, j0 = (int64_t)blockIdx.x * ATT_WARPS, j = j0 + w;
+    tpk__fl_heads hd = tpk__fl_heads_of(bk.Al, bk.A, bk.G, bk.head0, D);
+    int h0, h1; /* the local query heads reading key/value head y */
+    tpk__fl_q_of(hd, bk.head0, bk.Al, y, &h0, &h1);
+    const T *K = kv + y * D, *V = K + (int64_t)hd.Gl * D;
+    float *kw = rows + w * 2 * D, *vw = kw + D, *pk = ps + w * 2 * ATT_TILE, *dsw = pk + ATT_TILE;
+    for (int64_t e = lane; e < D; e += 32) {
+        kw[e] = j < bk.Sk ? tpk__ldf(K, (size_t)(j * bk.ldkv + e)) : 0.0f;
+        vw[e] = j < bk.Sk ? tpk__ldf(V, (size_t)(j * bk.ldkv + e)) : 0.0f;
+    }
+    /* the first query that sees key j (causal: q0 + i >= k0 + j); the block's, tile-aligned */
+    int64_t fj = bk.causal ? bk.k0 + j - bk.q0 : 0, f0 = bk.causal ? bk.k0 + j0 - bk.q0 : 0;
+    f0 = f0 < 0 ? 0 : f0 / ATT_TILE * ATT_TILE;
+    float dk[NE], dv[NE];
+    for (int e = 0; e < NE; e++) dk[e] = dv[e] = 0.0f;
+    for (int64_t h = h0; h < h1; h++) {
+        const T *Q = q + h * D, *dO = dout + h * D;
+        const float *Lh = lse + h * bk.ldl, *Dh = Dr + h * bk.Sq;
+        int64_t g = bk.head0 + h;
+        for (int64_t t0 = f0; t0 < bk.Sq; t0 += ATT_TILE) {
+            __syncthreads();
+            att_stage(Qs, Q, bk.ldq, t0, bk.Sq, D);
+            att_stage(dOs, dO, bk.ldo, t0, bk.Sq, D);
+            __syncthreads();
+            if (j >= bk.Sk || t0 + ATT_TILE - 1 < fj) continue;
+            int64_t i = t0 + lane;
+            float pd = 0.0f, ds = 0.0f, Li = i < bk.Sq ? Lh[i] : -INFINITY;
+            if (i < bk.Sq && i >= fj && Li != -INFINITY) {
+                float s = 0.0f, dp = 0.0f;
+                for (int64_t e = 0; e < D; e++)
+                    s += Qs[lane * (D + 1) + e] * kw[e], dp += dOs[lane * (D + 1) + e] * vw[e];
+                float P = expf(bk.scale * s - Li),
+                      keep = tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S, bk.q0 + i,
+                                           bk.k0 + j);
+                pd = P * keep;
+                ds = P * (dp * keep - Dh[i]);
+            }
+            pk[lane] = pd, dsw[lane] = ds;
+            __syncwarp();
+            for (int e = 0; e < NE; e++) {
+                int64_t c = lane + 32 * e;
+                if (c < D)
+                    for (int ii = 0; ii < ATT_TILE; ii++) {
+                        dv[e] += pk[ii] * dOs[ii * (D + 1) + c];
+                        dk[e] += dsw[ii] * Qs[ii * (D + 1) + c];
+                    }
+            }
+            __syncwarp();
+        }
+    } /* the next query head reading this key/value head */
+    if (j >= bk.Sk) return;
+    float *dK = dkv + j * bk.ldkv + y * D, *dV = dK + (int64_t)hd.Gl * D;
+    for (int e = 0; e < NE; e++) {
+        int64_t c = lane + 32 * e;
+        if (c < D) dK[c] += bk.scale * dk[e], dV[c] += dv[e];
+    }
+}
+
+/* The front end checked the block; this backend's own limits: the head dim, the grids
+ * (ceil(Sq / ATT_WARPS) or ceil(Sk / ATT_WARPS), Al or Gl) and 32-bit head indices. */
+static tpk_status att_blk_check(tpk_ctx *ctx, const char *fn, const tpk_attn_blk *b) {
+    if (b->D > ATT_MAXD)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "b->D: head dims up to %d are supported, got %lld", ATT_MAXD,
+                         (long long)b->D);
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "b->Al", b->Al, 65535, "grid y"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "b->A", b->A, INT_MAX, "32-bit head indices"));
+    TPK_TRY(tpk__cuda_limit(ctx, fn, "b->Sq", b->Sq, (int64_t)INT_MAX * ATT_WARPS,
+                            "grid x: ATT_WARPS query rows per block"));
+    return tpk__cuda_limit(ctx, fn, "b->Sk", b->Sk, (int64_t)INT_MAX * ATT_WARPS,
+                           "grid x: ATT_WARPS key rows per block");
+}
+
+static tpk_status cuda_attn_block_fwd(tpk_ctx *ctx, float *out, float *lse, const void *q,
+                                      const void *kv, const tpk_attn_blk *b, bool merge,
+                                      tpk_dtype dt) {
+    static const char *fn = "cuda.attn_block_fwd";
+    TPK_TRY(att_blk_check(ctx, fn, b));
+    if (b->Sq == 0 || b->Al == 0) return TPK_OK;
+    TPK__CUDA_STATE(st, ctx, fn);
+    size_t smem = att_smem(b->D);
+    dim3 grid((unsigned)((b->Sq + ATT_WARPS - 1) / ATT_WARPS), (unsigned)b->Al);
+    tpk_status s = TPK_OK;
+    tpk__by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        /* failures in s, as attn_fwd's */
+        tpk_status r = att_by_ne(ctx, fn, b->D, [&](auto ne) {
+            auto kernel = attn_blk_fwd_kernel<T, decltype(ne)::value>;
+            if ((s = att_smem_attr(ctx, fn, st, b->D, kernel, smem)) != TPK_OK) return;
+            kernel<<<grid, 32 * ATT_WARPS, smem, st->stream>>>(out, lse, (const T *)q,
+                                                               (const T *)kv, *b, merge);
+        });
+        if (s == TPK_OK) s = r;
+    });
+    TPK_TRY(s);
+    return tpk__cuda_launched(ctx, fn);
+}
+
+static tpk_status cuda_attn_block_bwd(tpk_ctx *ctx, float *dq, float *dkv, const void *dout,
+                                      const void *out, const float *lse, const void *q,
+                                      const void *kv, const tpk_attn_blk *b, tpk_dtype dt) {
+    static const char *fn = "cuda.attn_block_bwd";
+    TPK_TRY(att_blk_check(ctx, fn, b));
+    if (b->Sq == 0 || b->Sk == 0 || b->Al == 0) return TPK_OK;
+    TPK__CUDA_STATE(st, ctx, fn);
+    float *Dr; /* [Al, Sq]: the dQ kernel's, read by the dK/dV kernel after it */
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * (size_t)(b->Al * b->Sq), (void **)&Dr));
+    size_t smem = att_smem(b->D);
+    int64_t Gl = tpk_attn_kv_heads(b->A, b->G, b->head0, b->Al, NULL);
+    dim3 grid((unsigned)((b->Sq + ATT_WARPS - 1) / ATT_WARPS), (unsigned)b->Al),
+        kvgrid((unsigned)((b->Sk + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Gl);
+    tpk_status s = TPK_OK;
+    tpk__by_dtype(dt, [&](auto tag) {
+        using T = decltype(tag);
+        tpk_status r = att_by_ne(ctx, fn, b->D, [&](auto ne) {
+            auto kq = attn_blk_dq_kernel<T, decltype(ne)::value>;
+            auto kkv = attn_blk_dkv_kernel<T, decltype(ne)::value>;
+            if ((s = att_smem_attr(ctx, fn, st, b->D, kq, smem)) != TPK_OK ||
+                (s = att_smem_attr(ctx, fn, st, b->D, kkv, smem)) != TPK_OK)
+                return;
+            kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>(dq, Dr, (const T *)dout, (const T *)out,
+                                                           lse, (const T *)q, (const T *)kv, *b);
+            kkv<<<kvgrid, 32 * ATT_WARPS, smem, st->stream>>>(dkv, Dr, (const T *)dout, lse,
+                                                              (const T *)q, (const T *)kv, *b);
+        });
+        if (s == TPK_OK) s = r;
+    });
+    TPK_TRY(s);
+    return tpk__cuda_launched(ctx, fn);
+}
+
 /* this file's entries of the CUDA table (table.cu) */
 void tpk__cuda_attn_ops(tpk_ops *o) {
     o->attn_fwd = cuda_attn_fwd;
     o->attn_bwd = cuda_attn_bwd;
+    o->attn_block_fwd = cuda_attn_block_fwd;
+    o->attn_block_bwd = cuda_attn_block_bwd;
 }

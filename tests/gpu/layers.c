@@ -4,9 +4,10 @@
  * also runs on the device-buffer self communicator (tpk_comm_self_cuda). For attention, the MLP,
  * the GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing), and
  * the Llama (grouped-query, RoPE, SwiGLU, RMSNorm) and GPT-NeoX (parallel residual, per-head fused
- * QKV with partial rotary embeddings, the exact GELU) models through tpk/train/model.h: the
- * output, the input gradient and every gathered parameter gradient agree to relative 1e-4 (f32
- * storage; the GEMMs and sums are reordered). Skipped (exit 0) without a GPU. */
+ * QKV with partial rotary embeddings, the exact GELU) models through tpk/train/model.h, and Llama
+ * under context parallelism (CP 2 at an even number of ranks): the output, the input gradient
+ * and every gathered parameter gradient agree to relative 1e-4 (f32 storage; the GEMMs and sums
+ * are reordered). Skipped (exit 0) without a GPU. */
 #include "gpu_test.h"
 #include <tpk/runtime/nccl.h>
 #include <tpk/train/model.h>
@@ -143,6 +144,37 @@ static void run_family(tpk_ctx *ctx, tpk_arch arch, bool sp, result *o) {
     tpk_model_destroy(ctx, &m);
 }
 
+/* Llama (A = 4 over G = 2, rotary), L = 2, under context parallelism: the context's CP group
+ * holds the ranks (t = 1), each given its rows of B sequences of SC tokens (tpk_cp_scatter_host):
+ * the attention over CP (attn_block_fwd / _bwd), the rotary embedding at the rows' true positions
+ * (rope_at) */
+enum { SC = 8 };
+static void run_family_cp(tpk_ctx *ctx, result *o) {
+    tpk_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = TPK_ARCH_LLAMA;
+    int64_t *sh[5];
+    tpk_model_config_common(&c, sh, 0.1f, false, TPK_RECOMPUTE_NONE);
+    *sh[0] = V, *sh[1] = SC, *sh[2] = 2, *sh[3] = H, *sh[4] = A;
+    c.llama.kv_heads = 2, c.llama.ffn = 64;
+    tpk_model m;
+    tpk_status s = tpk_model_init(ctx, &m, &c);
+    CHECK_OK(ctx, s);
+    if (s != TPK_OK) return;
+    test_set_weights(ctx, 11, 0.2f);
+    int32_t ids[B * SC], tg[B * SC], li[B * SC], lt[B * SC];
+    for (int t = 0; t < B * SC; t++)
+        ids[t] = (t * 37 + 5) % V, tg[t] = t == 3 ? -100 : (t * 53 + 1) % V;
+    CHECK_OK(ctx, tpk_cp_scatter_host(ctx, li, ids, B, SC, sizeof(int32_t)));
+    CHECK_OK(ctx, tpk_cp_scatter_host(ctx, lt, tg, B, SC, sizeof(int32_t)));
+    CHECK_OK(ctx, tpk_params_zero_grad(ctx));
+    CHECK_OK(ctx, tpk_model_forward(ctx, &m, li, lt, B, SC, &o->loss));
+    CHECK_OK(ctx, tpk_model_backward(ctx, &m, 1.0f));
+    CHECK_OK(ctx, tpk_params_reduce_partial_grads(ctx));
+    gather_grads(ctx, o);
+    tpk_model_destroy(ctx, &m);
+}
+
 static void compare(tpk_ctx *ch, const result *d, const result *h, bool outputs) {
     if (outputs) {
         CHECK_CLOSE(d->y, h->y, T * H, 1e-4, "output");
@@ -225,6 +257,30 @@ int main(int argc, char **argv) {
                 static result rh, rd;
                 run_family(&ch, (tpk_arch)a, sp, &rh);
                 run_family(&cd, (tpk_arch)a, sp, &rd);
+                CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g",
+                      (double)rd.loss, (double)rh.loss);
+                compare(&ch, &rd, &rh, false);
+                result_free(&rh), result_free(&rd);
+            }
+            tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
+        }
+    /* context parallelism: CP 2 (t = 1 at 2 ranks, TP 2 x CP 2 at 4), each rank's loss share and
+     * gradients (its rows' part) against the host's on the same rows */
+    if (test__size % 2 == 0)
+        TEST_CASE("Llama model under context parallelism, cuda (%s) vs host, TP %d x CP 2",
+                  world_d.vt->name, test__size / 2) {
+            tpk_ctx ch, cd;
+            memset(&ch, 0, sizeof ch), memset(&cd, 0, sizeof cd);
+            tpk_ctx_desc dh = {.ops = tpk_ops_host(), .world = &world_h, .tp = test__size / 2},
+                         dd = {.ops = tpk_ops_cuda(), .world = &world_d, .tp = test__size / 2};
+            dh.cp = dd.cp = 2, dh.seed = dd.seed = 3;
+            tpk_status cs = tpk_ctx_init(&ch, &dh);
+            if (cs == TPK_OK) cs = tpk_ctx_init(&cd, &dd);
+            CHECK(cs == TPK_OK, "tpk_ctx_init: %s / %s", tpk_last_error(&ch), tpk_last_error(&cd));
+            if (cs == TPK_OK) {
+                static result rh, rd;
+                run_family_cp(&ch, &rh);
+                run_family_cp(&cd, &rd);
                 CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g",
                       (double)rd.loss, (double)rh.loss);
                 compare(&ch, &rd, &rh, false);

@@ -534,8 +534,8 @@ static pair pair_rows_poisoned(int64_t rows, int64_t ld, int64_t cols, tpk_dtype
     return p;
 }
 
-/* rope (forward, inverse, strided rows, in place; rope_at refused by name) and swiglu (forward,
- * backward in place) */
+/* rope (forward, inverse, strided rows, in place), rope_at (a table's positions; at 0..S-1 rope's
+ * bits) and swiglu (forward, backward in place) */
 static void test_rope_swiglu(tpk_dtype dt) {
     TEST_CASE("rope, swiglu [%s]", tpk_dtype_name(dt)) {
         int64_t rows = 300, S = 37, heads = 3, D = 64, ld = heads * D + 16, F = 200;
@@ -577,13 +577,29 @@ static void test_rope_swiglu(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->rope(&ch, x.h, ld, x.h, ld, rows, S, heads, D, 500.0f, false, dt));
         CHECK_OK(&cd, cd.ops->rope(&cd, x.d, ld, x.d, ld, rows, S, heads, D, 500.0f, false, dt));
         pair_check(&cd, &x, tol_for(dt, TOL_SAME), "rope in place");
-        /* rope at a table's positions (context parallelism's rows): not yet a CUDA kernel, the
-           entry NULL and the call refused naming it */
-        CHECK(cd.ops->rope_at == NULL, "the CUDA table's rope_at: expected NULL (no kernel yet)");
-        CHECK_FAILS(&cd,
-                    tpk_op_rope_at(&cd, x.d, ld, x.d, ld, rows, (const int32_t *)x.d, S, heads, D,
-                                   500.0f, false, dt),
-                    TPK_ERR_UNSUPPORTED, "has no rope_at entry");
+        /* rope at a table's positions (context parallelism's rows: two chunks of a sequence of
+           1000, npos = 20), forward and inverse, and at the table 0..S-1 rope's bits */
+        float posv[40];
+        for (int k = 0; k < 20; k++) posv[k] = (float)(k < 10 ? 100 + k : 890 + k - 10);
+        pair pos = pair_from(&cd, posv, 20, TPK_I32);
+        for (int inv = 0; inv < 2; inv++) {
+            pair y = pair_rows_poisoned(rows, ld, heads * D, dt, 176);
+            CHECK_OK(&ch, tpk_op_rope_at(&ch, y.h, ld, x.h, ld, rows, (const int32_t *)pos.h, 20,
+                                         heads, D, 10000.0f, inv, dt));
+            CHECK_OK(&cd, tpk_op_rope_at(&cd, y.d, ld, x.d, ld, rows, (const int32_t *)pos.d, 20,
+                                         heads, D, 10000.0f, inv, dt));
+            pair_check(&cd, &y, tol_for(dt, TOL_SAME), inv ? "rope_at inverse" : "rope_at");
+            pair_free(&cd, &y);
+        }
+        for (int k = 0; k < 37; k++) posv[k] = (float)k;
+        pair iota = pair_from(&cd, posv, 37, TPK_I32),
+             ya = pair_rows_poisoned(rows, ld, heads * D, dt, 177),
+             yb = pair_rows_poisoned(rows, ld, heads * D, dt, 177);
+        CHECK_OK(&cd, tpk_op_rope_at(&cd, ya.d, ld, x.d, ld, rows, (const int32_t *)iota.d, S,
+                                     heads, D, 500.0f, false, dt));
+        CHECK_OK(&cd, tpk_op_rope(&cd, yb.d, ld, x.d, ld, rows, S, heads, D, 500.0f, false, dt));
+        dev_close(ya.d, yb.d, (size_t)(rows * ld), dt, 1e-30, "rope_at at 0..S-1 vs rope (bits)");
+        pair_free(&cd, &pos), pair_free(&cd, &iota), pair_free(&cd, &ya), pair_free(&cd, &yb);
         pair gu = pair_randn(&cd, (size_t)(rows * 2 * F), dt, 171, 2.0f),
              h = pair_from(&cd, NULL, (size_t)(rows * F), dt);
         pair dh = pair_randn(&cd, (size_t)(rows * F), dt, 172, 1.0f);
@@ -934,6 +950,97 @@ static void test_optimizer(void) {
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
         CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq: %.17g vs %.17g", sd, sh);
         CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, (const float *)g.h + 1, n - 1,
+/* n f32 values at a device address against the host's where -inf must match -inf (an lse's rows
+ * that see no key), the rest by relative error */
+static void lse_close(const float *got_d, const float *want, size_t n, double tol,
+                      const char *what) {
+    float *g = malloc(n * sizeof(float)), *gf = malloc(n * sizeof(float)),
+          *wf = malloc(n * sizeof(float));
+    CHECK_OK(&cd, cd.ops->memcpy(&cd, g, got_d, n * sizeof(float), TPK_D2H));
+    size_t bad = 0;
+    for (size_t k = 0; k < n; k++) {
+        bool gi = g[k] == -INFINITY, wi = want[k] == -INFINITY;
+        bad += gi != wi;
+        gf[k] = gi ? 0.0f : g[k], wf[k] = wi ? 0.0f : want[k];
+    }
+    CHECK(bad == 0, "%s: %zu rows -inf on one side only", what, bad);
+    CHECK_CLOSE(gf, wf, n, tol, what);
+    free(g), free(gf), free(wf);
+}
+
+/* One block geometry of an attention over CP (tpk_attn_blk): Sq queries at q0 against two key
+ * blocks (Sk1 at k1, Sk2 at k2), strided buffers (ld past the heads), grouped-query heads
+ * head0.. of A over G, dropout p at batch index 1 of a sequence of S. */
+typedef struct blk_case {
+    int64_t D, Sq, q0, Sk1, k1, Sk2, k2, A, G, Al, head0, S;
+    bool causal;
+    float p;
+} blk_case;
+
+/* D, Sq, q0, Sk1, k1, Sk2, k2, A, G, Al, head0, S, causal, p */
+static const blk_case blk_cases[3] = {
+    {64, 40, 120, 40, 0, 40, 120, 4, 4, 2, 1, 160, true, 0.1f},   /* earlier chunk, diagonal */
+    {40, 37, 0, 50, 5, 5, 0, 6, 2, 3, 2, 60, true, 0.0f},         /* rows seeing none at first */
+    {16, 45, 100, 70, 0, 33, 200, 8, 1, 4, 4, 240, false, 0.2f}}; /* no mask, one key/value head */
+
+/* attn_block_fwd on the first key block (merge = false: out, lse poisoned), merged with the
+ * second, then attn_block_bwd of both blocks from the merged out (in dt) and lse, adding into dq
+ * and each block's dkv (which hold random values first): CUDA against the host */
+static void test_attn_block(tpk_dtype dt, blk_case c) {
+    TEST_CASE("attn_block_fwd/bwd D=%lld Sq=%lld at %lld vs %lld at %lld and %lld at %lld %s "
+              "p=%g, heads %lld..%lld of A=%lld over G=%lld [%s]",
+              (long long)c.D, (long long)c.Sq, (long long)c.q0, (long long)c.Sk1, (long long)c.k1,
+              (long long)c.Sk2, (long long)c.k2, c.causal ? "causal" : "no mask", (double)c.p,
+              (long long)c.head0, (long long)(c.head0 + c.Al - 1), (long long)c.A, (long long)c.G,
+              tpk_dtype_name(dt)) {
+        int64_t D = c.D, Gl = tpk_attn_kv_heads(c.A, c.G, c.head0, c.Al, NULL), AD = c.Al * D;
+        tpk_attn_blk b;
+        memset(&b, 0, sizeof b);
+        b.Sq = c.Sq, b.q0 = c.q0, b.causal = c.causal, b.Al = c.Al, b.D = D, b.A = c.A;
+        b.G = c.G, b.head0 = c.head0, b.scale = 1.0f / sqrtf((float)D);
+        b.ldq = (c.Al + 2 * Gl) * D + 8, b.lddq = AD + 5, b.ldkv = 2 * Gl * D + 3;
+        b.ldo = AD + 4, b.ldl = c.Sq + 3;
+        b.p = c.p, b.seed = 11, b.stream = 12, b.b = 1, b.S = c.S;
+        int64_t ks[2] = {c.Sk1, c.Sk2}, k0s[2] = {c.k1, c.k2};
+        pair q = pair_randn(&cd, (size_t)(c.Sq * b.ldq), dt, 180, 1.0f),
+             kv[2] = {pair_randn(&cd, (size_t)(c.Sk1 * b.ldkv), dt, 181, 1.0f),
+                      pair_randn(&cd, (size_t)(c.Sk2 * b.ldkv), dt, 182, 1.0f)},
+             out = pair_rows_poisoned(c.Sq, b.ldo, AD, TPK_F32, 183),
+             lse = pair_rows_poisoned(c.Al, b.ldl, c.Sq, TPK_F32, 184);
+        size_t nl = (size_t)(c.Al * b.ldl);
+        for (int k = 0; k < 2; k++) {
+            b.Sk = ks[k], b.k0 = k0s[k];
+            CHECK_OK(&ch, tpk_op_attn_block_fwd(&ch, (float *)out.h, (float *)lse.h, q.h, kv[k].h,
+                                                &b, k > 0, dt));
+            CHECK_OK(&cd, tpk_op_attn_block_fwd(&cd, (float *)out.d, (float *)lse.d, q.d, kv[k].d,
+                                                &b, k > 0, dt));
+            pair_check(&cd, &out, tol_for(dt, TOL_SUM),
+                       k ? "attn_block_fwd out (merged)" : "attn_block_fwd out");
+            lse_close((const float *)lse.d, (const float *)lse.h, nl, tol_for(dt, TOL_SUM),
+                      k ? "attn_block_fwd lse (merged)" : "attn_block_fwd lse");
+        }
+        /* the whole attention's out in dt and lse: the host's, on both sides */
+        pair_sync_down(&cd, &lse);
+        pair ow = pair_from(&cd, (const float *)out.h, out.n, dt),
+             dout = pair_randn(&cd, out.n, dt, 185, 1.0f),
+             dq = pair_randn(&cd, (size_t)(c.Sq * b.lddq), TPK_F32, 186, 1.0f);
+        for (int k = 0; k < 2; k++) {
+            b.Sk = ks[k], b.k0 = k0s[k];
+            pair dkv = pair_randn(&cd, (size_t)(ks[k] * b.ldkv), TPK_F32, 187 + (uint64_t)k, 1.0f);
+            CHECK_OK(&ch, tpk_op_attn_block_bwd(&ch, (float *)dq.h, (float *)dkv.h, dout.h, ow.h,
+                                                (const float *)lse.h, q.h, kv[k].h, &b, dt));
+            CHECK_OK(&cd, tpk_op_attn_block_bwd(&cd, (float *)dq.d, (float *)dkv.d, dout.d, ow.d,
+                                                (const float *)lse.d, q.d, kv[k].d, &b, dt));
+            pair_check(&cd, &dkv, tol_for(dt, TOL_SUM),
+                       k ? "attn_block_bwd dkv (second block)" : "attn_block_bwd dkv");
+            pair_free(&cd, &dkv);
+        }
+        pair_check(&cd, &dq, tol_for(dt, TOL_SUM), "attn_block_bwd dq (both blocks)");
+        pair_free(&cd, &q), pair_free(&cd, &kv[0]), pair_free(&cd, &kv[1]), pair_free(&cd, &out),
+            pair_free(&cd, &lse), pair_free(&cd, &ow), pair_free(&cd, &dout), pair_free(&cd, &dq);
+    }
+}
+
                                     false)); /* 4 bytes past alignment: element by element */
         CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, (const float *)g.d + 1, n - 1, false));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
@@ -1078,3 +1185,7 @@ int main(int argc, char **argv) {
     tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
     return test_finish();
 }
+        /* attention over CP's blocks: a rank's later query chunk against an earlier key chunk and
+           the diagonal; keys after some queries (rows that see none in the first block); no mask;
+           grouped-query heads, dropout, D not a multiple of 32 */
+        for (int k = 0; k < 3; k++) test_attn_block(dt, blk_cases[k]);

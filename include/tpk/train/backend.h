@@ -89,11 +89,6 @@ static inline tpk_status tpk_run_ctx_init(tpk_ctx *ctx, tpk_run_backend *b, int 
                                           bool deterministic) {
     if (!ctx) return TPK_ERR_ARG;
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_run_ctx_init", "b: NULL");
-    if (cp > 1 && b->gpu)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_run_ctx_init",
-                         "--cp %d: context parallelism on the CUDA backend is not built yet (its "
-                         "attention block kernels and rope_at); run it on the host backend",
-                         cp);
     tpk_ctx_desc d;
     memset(&d, 0, sizeof d);
     d.ops = b->ops, d.world = &b->world, d.tp = tp, d.cp = cp, d.pp = pp, d.seed = seed;
