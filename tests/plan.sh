@@ -80,6 +80,37 @@ long_set && mem llama_tp2_cp2_sp_full 4 "--arch llama $C --tp 2 --cp 2 --batch 4
 long_set && mem gpt2_cp2_pp2 4 "$C --cp 2 --pp 2 --batch 2 --grad-accum 2" "$C --tp 1 --pp 2 --zero 0 --cp 2 --cp-comm p2p --batch 4 --micro-batch 2 --recompute none"
 long_set && mem neox_cp2 2 "--arch neox $C --cp 2 --batch 4" "--arch neox $C $P1 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
 
+# CP on the host (make test-long): every CP size of 8 ranks, both modes; --json's cp and cp_comm;
+# the refusals by name; ZeRO over DP x CP at DP 1; a rank's activations fall with CP
+if long_set; then
+    out=$($B/plan --profile cpu --gpus 8 --gpus-per-node 8 --vocab 256 --layers 2 --hidden 32 --heads 4 --seq-len 20 --batch 2 --micro-batch 1 --json 2>&1)
+    if printf '%s\n' "$out" | "$py" -c '
+import json, sys
+rows = json.load(sys.stdin)
+fit = [r for r in rows if r["fits"]]
+assert all(r["tp"] * r["cp"] * r["pp"] * r["dp"] == 8 for r in rows)
+assert {r["cp"] for r in fit} == {1, 2}, {r["cp"] for r in fit}   # 20 = 2 x 2 x 5, not 2 x 4 x k
+assert {r["cp_comm"] for r in fit if r["cp"] > 1} == {"p2p", "allgather"}
+why = " | ".join(r["reason"] for r in rows if not r["fits"])
+assert "the sequence length 20 into 2 x CP 4 chunks" in why, why
+assert any(r["pp"] > 1 for r in fit if r["cp"] == 2)   # CP with pipeline stages
+assert any(r["zero"] == 2 for r in fit if r["cp"] == 2 and r["dp"] == 1)   # ZeRO over DP x CP
+def key(r): return (r["tp"], r["pp"], r["micro_batch"], r["recompute"], r["zero"], r["sp"])
+# CP 2 beside CP 1 x twice the DP (the same TP, micro-batch, ..., no stages: the peak stage may
+# differ): the activations a rank holds fall, its weights do not
+pairs = [(r, q) for r in fit for q in fit if r["cp"] == 2 and r["cp_comm"] == "p2p" and
+         r["pp"] == 1 and q["cp"] == 1 and q["dp"] == 2 * r["dp"] and key(q) == key(r)]
+assert pairs and all(q["activation_bytes"] > r["activation_bytes"] and
+                     q["weights_bytes"] == r["weights_bytes"] for r, q in pairs), pairs
+' 2>&1; then ok plan_cp_json_host; else fail plan_cp_json_host; fi
+    # the trainer's --cp 2 --plan: the planner chooses around CP 2, the trainer runs its choice
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 4 $B/train --text "$text" $small --steps 2 --cp 2 --plan 2>&1)
+    choice=$(printf '%s\n' "$out" | sed -n 's/^plan: TP \([0-9]*\) x CP 2 (\([a-z0-9 -]*\)) x PP 1 x DP \([0-9]*\),.*/TP \1 x CP 2 (\2) x DP \3/p')
+    if [ -n "$choice" ] && printf '%s\n' "$out" | grep -q "= $choice" && printf '%s\n' "$out" | grep -q '^step     2/2'; then
+        ok "train_plan_cp ($choice)"
+    else fail "train_plan_cp ($choice)"; fi
+fi
+
 # --calibrate on 2 ranks writes a profile; plan reads it back (make test-long: it measures this
 # machine for a minute; make test reads a profile file below)
 if long_set; then
@@ -123,37 +154,6 @@ assert {r["zero"] for r in rows if r["dp"] * r["cp"] == 1} <= {0}, "ZeRO at DP 1
 # CP on the CUDA backend (the h100 profile counts like it): rejected by name, not planned
 assert "no attention over CP" in why and not any(r["cp"] > 1 for r in fit), why
 ' 2>&1; then ok plan_json_keys_and_reasons; else fail plan_json_keys_and_reasons; fi
-
-# CP on the host (make test-long): every CP size of 8 ranks, both modes; --json's cp and cp_comm;
-# the refusals by name; ZeRO over DP x CP at DP 1; a rank's activations fall with CP
-if long_set; then
-    out=$($B/plan --profile cpu --gpus 8 --gpus-per-node 8 --vocab 256 --layers 2 --hidden 32 --heads 4 --seq-len 20 --batch 2 --micro-batch 1 --json 2>&1)
-    if printf '%s\n' "$out" | "$py" -c '
-import json, sys
-rows = json.load(sys.stdin)
-fit = [r for r in rows if r["fits"]]
-assert all(r["tp"] * r["cp"] * r["pp"] * r["dp"] == 8 for r in rows)
-assert {r["cp"] for r in fit} == {1, 2}, {r["cp"] for r in fit}   # 20 = 2 x 2 x 5, not 2 x 4 x k
-assert {r["cp_comm"] for r in fit if r["cp"] > 1} == {"p2p", "allgather"}
-why = " | ".join(r["reason"] for r in rows if not r["fits"])
-assert "the sequence length 20 into 2 x CP 4 chunks" in why, why
-assert any(r["pp"] > 1 for r in fit if r["cp"] == 2)   # CP with pipeline stages
-assert any(r["zero"] == 2 for r in fit if r["cp"] == 2 and r["dp"] == 1)   # ZeRO over DP x CP
-def key(r): return (r["tp"], r["pp"], r["micro_batch"], r["recompute"], r["zero"], r["sp"])
-# CP 2 beside CP 1 x twice the DP (the same TP, micro-batch, ...): the activations a rank holds
-# fall, its weights do not
-pairs = [(r, q) for r in fit for q in fit if r["cp"] == 2 and r["cp_comm"] == "p2p" and
-         q["cp"] == 1 and q["dp"] == 2 * r["dp"] and key(q) == key(r)]
-assert pairs and all(q["activation_bytes"] > r["activation_bytes"] and
-                     q["weights_bytes"] == r["weights_bytes"] for r, q in pairs), pairs
-' 2>&1; then ok plan_cp_json_host; else fail plan_cp_json_host; fi
-    # the trainer's --cp 2 --plan: the planner chooses around CP 2, the trainer runs its choice
-    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 4 $B/train --text "$text" $small --steps 2 --cp 2 --plan 2>&1)
-    choice=$(printf '%s\n' "$out" | sed -n 's/^plan: TP \([0-9]*\) x CP 2 (\([a-z0-9 -]*\)) x PP 1 x DP \([0-9]*\),.*/TP \1 x CP 2 (\2) x DP \3/p')
-    if [ -n "$choice" ] && printf '%s\n' "$out" | grep -q "= $choice" && printf '%s\n' "$out" | grep -q '^step     2/2'; then
-        ok "train_plan_cp ($choice)"
-    else fail "train_plan_cp ($choice)"; fi
-fi
 
 # the table and the guideline answers
 out=$($B/plan --profile h100 --gpus 8 --layers 12 --hidden 768 --heads 12 --seq-len 1024 --batch 64 --tokens 1e10 --target 6e6 2>&1)

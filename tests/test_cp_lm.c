@@ -9,8 +9,12 @@
  * over ctx->dp_cp) and gathered over TP, within 1e-5 of the unsharded one. Meshes: CP 2 (2 ranks),
  * CP 3 (3 ranks), TP 2 x CP 2 and CP 4 (4 ranks; at 1 rank CP 1 against itself); the ring and the
  * all-gather; selective and full recompute and sequence parallelism (Llama); the ring's messages
- * (c - 1 sends a layer forward). Bad input refused by name: a sequence length not a multiple of
- * 2c, dropout under CP, an unknown mode. Random inputs, some targets ignored. Generation (CP 3, in
+ * (c - 1 sends a layer forward). Dropout 0.1 (GPT-2, GPT-NeoX: the embedding's, the branches'
+ * and the attention's masks, drawn at each row's true position): the loss and every gradient equal
+ * the unsharded model's with the same seed within 1e-5, ring and all-gather, full and selective
+ * recompute, sequence parallelism. Bad input refused by name: a sequence length not a multiple of
+ * 2c, a dropout layer not told its sequence length, an unknown mode. Random inputs, some targets
+ * ignored. Generation (CP 3, in
  * make test-long): the unsharded model's tokens, greedy and sampled, each window padded to a
  * multiple of 2c; a window that would pad past the positions refused by name. */
 #include "test.h"
@@ -62,6 +66,7 @@ static tpk_status model_init(tpk_ctx *ctx, model *m, family f, const opts *o) {
     c.vocab = V, c.positions = PMAX, c.layers = L, c.hidden = H, c.heads = A;
     c.rotary_pct = 0.5f, c.rope_theta = 300.0f; /* 4 of each head's 8 dimensions rotated */
     c.recompute = o->rc, c.sequence_parallel = o->sp, c.cp_comm = o->comm;
+    c.dropout = o->dropout;
     return tpk_neox_init(ctx, &m->n, &c);
 }
 static tpk_lm *lm_of(model *m) {
@@ -142,11 +147,12 @@ static int run(tpk_ctx *ctx, family f, const opts *o, result *r) {
     return test__fails_case > f0;
 }
 
-/* The unsharded model (this rank alone, CP 1, the whole batch). */
-static int reference(family f, result *r) {
+/* The unsharded model (this rank alone, CP 1, the whole batch), with dropout p. */
+static int reference(family f, float p, result *r) {
     tpk_ctx c;
     opts o;
     memset(&o, 0, sizeof o);
+    o.dropout = p;
     CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.seed = 5}));
     int bad = run(&c, f, &o, r);
     tpk_ctx_destroy(&c);
@@ -192,7 +198,7 @@ static const char *comm_name(tpk_cp_comm m) { return tpk_cp_comm_name(m); }
 static void test_families(int tp, int cp) {
     for (int f = 0; f < FAM_N; f++) {
         result ref;
-        if (reference((family)f, &ref)) {
+        if (reference((family)f, 0.0f, &ref)) {
             result_free(&ref);
             continue;
         }
@@ -224,6 +230,27 @@ static void test_families(int tp, int cp) {
                     compare((family)f, tp, cp, &o, &ref);
                 }
             }
+        }
+        result_free(&ref);
+        if (f == FAM_LLAMA || reference((family)f, 0.1f, &ref)) { /* dropout: GPT-2, GPT-NeoX */
+            result_free(&ref);
+            continue;
+        }
+        o.dropout = 0.1f;
+        TEST_CASE("%s with dropout 0.1 (embedding, branches, attention) at TP %d x CP %d, the "
+                  "ring: loss and every gradient equal the unsharded model's with the same seed",
+                  fam_name[f], tp, cp) {
+            compare((family)f, tp, cp, &o, &ref);
+        }
+        o.comm = TPK_CP_ALLGATHER, o.rc = TPK_RECOMPUTE_FULL;
+        TEST_CASE("%s with dropout 0.1 at TP %d x CP %d, the all-gather, full recompute: the same",
+                  fam_name[f], tp, cp) {
+            compare((family)f, tp, cp, &o, &ref);
+        }
+        o.comm = TPK_CP_P2P, o.rc = TPK_RECOMPUTE_SELECTIVE, o.sp = tp > 1;
+        TEST_CASE("%s with dropout 0.1 at TP %d x CP %d, selective recompute%s: the same",
+                  fam_name[f], tp, cp, o.sp ? ", sequence parallelism" : "") {
+            compare((family)f, tp, cp, &o, &ref);
         }
         result_free(&ref);
     }
@@ -279,8 +306,8 @@ static void test_generate(int cp) {
 }
 
 static void test_refusals(int cp) {
-    TEST_CASE("under CP %d: a sequence length not a multiple of 2c, dropout, an unknown mode "
-              "refused by name",
+    TEST_CASE("under CP %d: a sequence length not a multiple of 2c, a dropout layer not told its "
+              "sequence length, an unknown mode refused by name",
               cp) {
         tpk_ctx c;
         CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .cp = cp, .seed = 5}));
@@ -293,22 +320,18 @@ static void test_refusals(int cp) {
         CHECK_FAILS(&c, tpk_lm_forward(&c, lm_of(&m), z, z, 1, bad, NULL), TPK_ERR_SHAPE,
                     "S: expected a sequence length that is a multiple of 2 x cp");
         tpk_lm_destroy(&c, lm_of(&m));
-        o.dropout = 0.1f;
-        CHECK_OK(&c, model_init(&c, &m, FAM_GPT2, &o));
-        CHECK_FAILS(&c, tpk_lm_forward(&c, lm_of(&m), z, z, 1, 2 * cp, NULL), TPK_ERR_UNSUPPORTED,
-                    "dropout: not yet under context parallelism");
-        CHECK_OK(&c, tpk_lm_set_dropout(&c, lm_of(&m), 0.0f)); /* evaluation: accepted */
-        CHECK_OK(&c, tpk_lm_forward(&c, lm_of(&m), z, z, 1, 2 * cp, NULL));
-        tpk_lm_destroy(&c, lm_of(&m));
-        tpk_attention at; /* the layer alone refuses its own dropout too */
-        CHECK_OK(&c, tpk_attention_init(&c, &at, H, A, &(tpk_attention_desc){.dropout = 0.1f}));
+        tpk_dropout d; /* a dropout layer alone: its rows' positions need S */
+        CHECK_OK(&c, tpk_dropout_init(&c, &d, &(tpk_dropout_desc){.name = "drop", .p = 0.1f}));
         float *x = (float *)calloc((size_t)(2 * H), sizeof(float));
-        tpk_tensor y;
-        CHECK_FAILS(
-            &c,
-            tpk_attention_forward(&c, &at, tpk_tensor_2d(x, TPK_F32, 2, H, TPK_R), 1, 2 * cp, &y),
-            TPK_ERR_UNSUPPORTED, "dropout: not yet under context parallelism");
-        tpk_attention_destroy(&c, &at);
+        tpk_tensor tx = tpk_tensor_2d(x, TPK_F32, 2, H, TPK_R);
+        CHECK_FAILS(&c, tpk_dropout_forward(&c, &d, &tx), TPK_ERR_ARG,
+                    "layer \"drop\": under context parallelism (cp = ");
+        tpk_dropout_set_seq(&d, 2 * cp + 1); /* not a multiple of 2c */
+        CHECK_FAILS(&c, tpk_dropout_forward(&c, &d, &tx), TPK_ERR_ARG,
+                    "expected the sequence length set (tpk_dropout_set_seq)");
+        tpk_dropout_set_seq(&d, 2 * cp); /* 2 rows: one sequence of 2c at this rank */
+        CHECK_OK(&c, tpk_dropout_forward(&c, &d, &tx));
+        tpk_dropout_destroy(&c, &d);
         free(x);
         tpk_gqa_attention ga;
         CHECK_FAILS(&c,

@@ -10,7 +10,7 @@
  * splits are refused. Run at 1..4 ranks. Under context parallelism (CP 2 x PP 2 at 4 ranks, in make
  * test-long: TPK_TESTS long or all), each CP rank's pipeline carries its rows: the same checks
  * against the model without stages on the same CP group (losses and gradients to the bit, the
- * tied embedding's within 1e-6), every schedule, the messages B S / c rows. */
+ * tied embedding's within 1e-6; GPT-2 with dropout), every schedule, the messages B S / c rows. */
 #include <tpk/train/pipe_model.h>
 
 #include "test.h"
@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
     const char *set = getenv("TPK_TESTS"); /* make test-long's: long or all */
     if (np == 4 && set && strcmp(set, "quick"))
         TEST_CASE("CP 2 x PP 2: each CP rank's pipeline equals the model without stages on its CP "
-                  "group (GPT-2 tied, Llama GQA; every schedule)") {
+                  "group (GPT-2 tied, dropout 0.1; Llama GQA; every schedule)") {
             MPI_Comm sub; /* this rank's CP group (world rank cp + 2 pp) as a world of its own */
             MPI_Comm_split(MPI_COMM_WORLD, me / 2, me % 2, &sub);
             tpk_comm cpw;
@@ -205,6 +205,7 @@ int main(int argc, char **argv) {
                                                         .layers = MAXL,
                                                         .hidden = H,
                                                         .heads = 4,
+                                                        .dropout = 0.1f,
                                                         .recompute = rm};
                         } else {
                             mc.arch = TPK_ARCH_LLAMA;

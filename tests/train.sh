@@ -7,8 +7,8 @@
 #   and saved at DP 4 resumed at ZeRO 0 and 1 on DP 2, Adasum, context parallelism (--cp: GPT-2,
 #   Llama (GQA), GPT-NeoX, TP 2 x CP 2, CP 4, the all-gather, CP 2 x DP 2 with ZeRO-1, ZeRO-2 and
 #   Adasum, equal to the CP 1 run; saved at CP 2 resumed at CP 1 and saved at CP 1 resumed at CP 4
-#   with their evaluation; CP 2 x PP 2 under 1F1B, GPipe and interleaved; --sample at CP 2 and 4
-#   giving the CP 1 text; what it does not compose with yet refused), heterogeneous DP
+#   with their evaluation; CP 2 x PP 2 under 1F1B, GPipe and interleaved; --dropout at CP 2;
+#   --sample at CP 2 and 4 giving the CP 1 text; what it does not compose with yet refused), heterogeneous DP
 #   micro-batches (--dp-batch) equal to one rank on all the sequences, weighted TP splits
 #   (--tp-weights) equal to t = 1 in training and evaluation, activation recompute (selective, full)
 #   bit-identical with a lower peak, sequence parallelism's peak below the same run's without it
@@ -214,6 +214,13 @@ if long_set; then
     cpeq "llama (GQA) at --cp 4 (8 chunks of 2 tokens)" "$T/cp1_llama.csv" "$T/cp4_llama.csv" 6
     tr 2 --text "$text" $small --cp 2 --cp-comm allgather --steps 6 --csv "$T/cp2ag.csv"
     cpeq "gpt2 at --cp 2 --cp-comm allgather" "$T/cp1_gpt2.csv" "$T/cp2ag.csv" 6
+    # dropout under CP: every mask (the embedding's, the branches', the attention's) at each row's
+    # true position, so CP 2 draws the CP 1 run's masks
+    tr 1 --text "$text" $small --dropout 0.1 --steps 6 --csv "$T/cp1_drop.csv"
+    rc1=$rc
+    tr 2 --text "$text" $small --dropout 0.1 --cp 2 --steps 6 --csv "$T/cp2_drop.csv"
+    cpeq "gpt2 at --cp 2 --dropout 0.1" "$T/cp1_drop.csv" "$T/cp2_drop.csv" 6
+    rc1=0
     # CP 2 x DP 2 against DP 2: the reduction over DP x CP, ZeRO sliced over it, Adasum after the CP sum
     tr 2 --text "$text" $small --steps 6 --csv "$T/cpdp_ref.csv"
     rc1=$rc
@@ -351,13 +358,6 @@ if quick_set; then
     else fail "--dtype bf16 tracks the f32 run over 30 steps (max relative loss difference $r)"; fi
 fi
 
-# ---- evaluation identical at every TP size -----------------------------------------------------
-$fx shard "$T/tok.bin" "$text" >/dev/null 2>&1
-# (make test: t = 1 and 3; make test-long: 1, 2 and 4)
-evn=$(pick "1 3" "1 2 4")
-evt=$(echo $evn | command tr ' ' ,)
-vals=""
-for np in $evn; do
 # ---- FP8 linears (--fp8 delayed): the loss curve near the f32 run's, TP 1 near TP 2 -----------
 # (the FP8 run against f32 within 5e-3 relative over 30 steps; TP 1 against TP 2 within 1e-4: the
 # same codes until an f32 sum in another order flips one rounding of a cast, after which the runs
@@ -382,7 +382,40 @@ if quick_set; then
     if [ $rc -ne 0 ] && printf '%s\n' "$out" | grep -q -- "--fp8: not yet with pipeline stages"; then ok "--fp8 with --pp 2 refused by name"
     else fail "--fp8 with --pp 2 refused by name"; fi
 fi
+# the delayed-scaling state in checkpoints (fp8.safetensors; a history of 4 steps, so the window
+# moves): 10 steps straight against a resume of its step-5 checkpoint, at TP 1 bit for bit, at
+# TP 2 within the TP case's 1e-4 (the state is the same on every rank); without the file the
+# state starts fresh, said so, and the curve leaves the straight run's (make test-long)
+if long_set; then
+    f8r="--text $text $small --steps 10 --fp8 delayed --fp8-history 4"
+    tr 1 $f8r --csv "$T/f8full.csv" --save "$T/f8c" --save-every 5
+    rc0=$rc
+    tr 1 $f8r --load "$T/f8c/step-5" --csv "$T/f8r1.csv"
+    rc1=$rc
+    tr 2 $f8r --load "$T/f8c/step-5" --csv "$T/f8r2.csv" --tp 2
+    a=$(losses "$T/f8full.csv" 6 10); b=$(losses "$T/f8r1.csv" 6 10)
+    r2=$(relmax "$a" "$(losses "$T/f8r2.csv" 6 10)")
+    if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && [ -f "$T/f8c/step-5/fp8.safetensors" ] &&
+        [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 5 ] &&
+        awk -v q="$r2" 'BEGIN{exit !(q < 1e-4)}'; then
+        ok "--fp8 delayed resumed from step 5: steps 6-10 bit-identical at TP 1, within $r2 at TP 2"
+    else fail "--fp8 delayed resumed from step 5: [$a] vs [$b], TP 2 $r2 (< 1e-4)"; fi
+    rm -rf "$T/f8nof" && cp -r "$T/f8c/step-5" "$T/f8nof" && rm "$T/f8nof/fp8.safetensors"
+    tr 1 $f8r --load "$T/f8nof" --csv "$T/f8r3.csv"
+    b=$(losses "$T/f8r3.csv" 6 10)
+    if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^fp8 scaling state starts fresh at step 5 (.*has no fp8.safetensors" &&
+        [ "$(printf '%s\n' "$b" | wc -l)" -eq 5 ] && [ "$a" != "$b" ]; then
+        ok "a checkpoint without fp8.safetensors: 'fp8 scaling state starts fresh at step 5', steps 6..10 trained from fresh scales"
+    else fail "a checkpoint without fp8.safetensors"; fi
+fi
 
+# ---- evaluation identical at every TP size -----------------------------------------------------
+$fx shard "$T/tok.bin" "$text" >/dev/null 2>&1
+# (make test: t = 1 and 3; make test-long: 1, 2 and 4)
+evn=$(pick "1 3" "1 2 4")
+evt=$(echo $evn | command tr ' ' ,)
+vals=""
+for np in $evn; do
     tr $np --eval-only --load "$T/c5/step-5" --data "$T/tok.bin" --vocab 256 --batch 4 --seq-len 16 --eval-batches 3 --tp $np
     v=$(printf '%s\n' "$out" | awk '/^val_loss /{print $2}')
     [ $rc -eq 0 ] && [ -n "$v" ] || v="error"
@@ -812,7 +845,6 @@ if long_set; then
     bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2
     bad "--cp not dividing the ranks" "--cp 3: the 2 ranks are not TP x CP x DP with --tp 1" --text "$text" $small --cp 3
     bad "--cp with --pp not dividing the ranks" "--pp 2: the 2 ranks are not TP x CP x DP x PP with --tp 1 --cp 2" --text "$text" $small --cp 2 --pp 2
-    bad "--cp with dropout (not yet)" "--cp 2: not yet with --dropout" --text "$text" $small --cp 2 --dropout 0.1
     bad "--cp with --plan (not yet)" "--cp 2: not yet with --plan" --text "$text" $small --cp 2 --plan
     bad "--cp-comm unknown" "--cp-comm: expected p2p or allgather, got \"ring\"" --text "$text" $small --cp 2 --cp-comm ring
     bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5

@@ -31,8 +31,9 @@
  * rotary embedding turns each row by its true position (tpk_op_rope_at on tpk_cp_positions) and
  * the attention runs over the CP group (tpk/layers/cp_attn.h: desc.cp_comm, the p2p ring by
  * default or the all-gather; only K and V travel), in the forward, the backward and selective
- * recompute; heads over TP, the sequence over CP. No dropout on the probabilities under CP yet
- * (refused by name: the masks would depend on c). At c = 1 nothing changes. */
+ * recompute; heads over TP, the sequence over CP. Dropout on the probabilities under CP draws
+ * tpk_op_attn_fwd's masks at the true positions (the layer's p and per-forward stream passed to
+ * the blocks), so it does not depend on c. At c = 1 nothing changes. */
 #ifndef TPK_ATTN_H
 #define TPK_ATTN_H
 
@@ -202,9 +203,11 @@ static inline tpk_status tpk__attn_core(tpk_ctx *ctx, tpk_buf *out, tpk_buf *lse
     TPK_TRY(tpk__buf_reserve(ctx, lse, sizeof(float) * (size_t)(nl > 0 ? nl : 1)));
     if (!T || !Al) return TPK_OK;
     float scale = 1.0f / sqrtf((float)D);
-    if (tpk_cp_size(ctx) > 1)
+    if (tpk_cp_size(ctx) > 1) { /* the blocks draw attn_fwd's dropout masks */
+        cp->p = p, cp->stream = stream;
         return tpk_cp_attn_forward(ctx, cp, o->data, (float *)lse->p, qkv, B, S, A, G, a0, Al, D,
                                    scale);
+    }
     return tpk_op_attn_fwd(ctx, o->data, (float *)lse->p, qkv, B, S, Al, D, A, G, a0, scale, p,
                            ctx->seed, stream, ctx->dtype);
 }
@@ -217,22 +220,17 @@ static inline tpk_status tpk__attn_core_bwd(tpk_ctx *ctx, void *dqkv, const void
                                             tpk_cp_attn *cp) {
     if (!tpk_cp_rows(ctx, B, S) || !Al) return TPK_OK;
     float scale = 1.0f / sqrtf((float)D);
-    if (tpk_cp_size(ctx) > 1)
+    if (tpk_cp_size(ctx) > 1) { /* the forward's masks again */
+        cp->p = p, cp->stream = stream;
         return tpk_cp_attn_backward(ctx, cp, dqkv, dout, qkv, out, lse, B, S, A, G, a0, Al, D,
                                     scale);
+    }
     return tpk_op_attn_bwd(ctx, dqkv, dout, qkv, out, lse, B, S, Al, D, A, G, a0, scale, p,
                            ctx->seed, stream, ctx->dtype);
 }
-/* A forward's B, S and dropout under context parallelism: S a multiple of 2c, no dropout (c > 1;
- * the attention over CP has none yet). */
-static inline tpk_status tpk__attn_cp_check(tpk_ctx *ctx, const char *fn, int64_t S, float p) {
-    TPK_TRY(tpk__cp_layer_seq(ctx, fn, S));
-    if (tpk_cp_size(ctx) > 1 && p > 0)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "dropout: not yet under context parallelism (cp = %d: the attention over "
-                         "CP has no dropout), expected p = 0, got %g",
-                         tpk_cp_size(ctx), (double)p);
-    return TPK_OK;
+/* A forward's S under context parallelism: a multiple of 2c (c > 1). */
+static inline tpk_status tpk__attn_cp_check(tpk_ctx *ctx, const char *fn, int64_t S) {
+    return tpk__cp_layer_seq(ctx, fn, S);
 }
 /* The attention's input: c_attn's output, or (a->pack) packed and rotated into pk first. */
 static inline tpk_status tpk__attention_core(tpk_ctx *ctx, tpk_attention *a, tpk_tensor *o) {
@@ -283,7 +281,7 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
     if (B < 0 || S < 0)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
-    TPK_TRY(tpk__attn_cp_check(ctx, fn, S, a->p));
+    TPK_TRY(tpk__attn_cp_check(ctx, fn, S));
     if (x.ndim == 2 && x.gshape[0] != tpk_cp_rows(ctx, B, S))
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S%s = %lld token rows, got %lld",
                          tpk_cp_size(ctx) > 1 ? " / cp" : "", (long long)tpk_cp_rows(ctx, B, S),
@@ -482,7 +480,7 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     if (B < 0 || S < 0)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
-    TPK_TRY(tpk__attn_cp_check(ctx, fn, S, a->p));
+    TPK_TRY(tpk__attn_cp_check(ctx, fn, S));
     int64_t want[2] = {tpk_cp_rows(ctx, B, S), a->H}; /* under CP this rank's B S / c rows */
     TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
     a->x = x;

@@ -37,7 +37,16 @@
  *     the f32 gradients of every block (c n in). Every rank holds c blocks at once: c times the
  *     ring's K|V memory.
  * Both merge the blocks in the same order (this rank's, then r - 1, r - 2, ...), so they give the
- * same bits. At c = 1 both are the plain attention (no message). No dropout (not yet). */
+ * same bits. At c = 1 both are the plain attention (no message).
+ *
+ * Dropout (p > 0, on the probabilities): the mask of query i and key j of global head g in sequence
+ * b is tpk_op_attn_fwd's, dropout_u(seed, stream, ((b A + g) S + i) S + j) >= p at their true
+ * positions (each block passes its sequence's index, S, the seed and the stream; tpk_attn_blk), so
+ * it does not depend on c: the attention over CP equals the attention of the whole sequence with
+ * the same seed and stream. The lse is the undropped softmax's, so the merge is unchanged; the
+ * backward's P keep and dP keep use the same masks. p is the desc's (tpk_cp_attn_desc.dropout);
+ * a layer whose p changes, and whose stream is drawn per forward (tpk__dropout_stream), sets a->p
+ * and a->stream before each forward and its backward (tpk/layers/attn.h does). */
 #ifndef TPK_CP_ATTN_H
 #define TPK_CP_ATTN_H
 
@@ -55,17 +64,20 @@ static inline const char *tpk_cp_comm_name(tpk_cp_comm m) {
 typedef struct tpk_cp_attn_desc {
     tpk_cp_comm comm; /* default TPK_CP_P2P */
     bool full;        /* every key visible (no causal mask); default causal */
+    float dropout;    /* on the probabilities, 0 <= p < 1 (tpk_op_attn_fwd's masks); 0 = none */
 } tpk_cp_attn_desc;
 
 typedef struct tpk_cp_attn {
     tpk_cp_comm comm;
     bool causal;
-    bool ready;     /* initialised */
-    tpk_buf kv[2];  /* K|V [B S / c, 2 Gl D] (ctx->dtype). p2p: the block in hand and the one
+    float p;         /* the dropout (the desc's; a layer may set it before a forward) */
+    uint64_t stream; /* the mask's stream (with ctx->seed): set before a forward and its backward */
+    bool ready;      /* initialised */
+    tpk_buf kv[2];   /* K|V [B S / c, 2 Gl D] (ctx->dtype). p2p: the block in hand and the one
                         arriving; all-gather: kv[0] this rank's, kv[1] every rank's [c, ...] */
-    tpk_buf dkv[2]; /* f32 gradients of K|V. p2p: in hand and arriving; all-gather: dkv[1] every
+    tpk_buf dkv[2];  /* f32 gradients of K|V. p2p: in hand and arriving; all-gather: dkv[1] every
                         block's [c, ...], dkv[0] this rank's sum */
-    tpk_buf acc;    /* f32: the output (bf16 contexts) or dqkv before its cast */
+    tpk_buf acc;     /* f32: the output (bf16 contexts) or dqkv before its cast */
 } tpk_cp_attn;
 
 /* Its buffers, all scratch within one forward or backward (a layer lists them in its recompute
@@ -88,13 +100,16 @@ static inline tpk_status tpk_cp_attn_init(tpk_ctx *ctx, tpk_cp_attn *a,
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->comm: expected TPK_CP_P2P or TPK_CP_ALLGATHER, got %d",
                          (int)d.comm);
+    if (!(d.dropout >= 0.0f && d.dropout < 1.0f))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->dropout: expected 0 <= p < 1, got %g",
+                         (double)d.dropout);
     if (!ctx->ops) return tpk__fail(ctx, TPK_ERR_ARG, fn, "ctx: expected an initialised context");
     if (d.comm == TPK_CP_P2P && ctx->cp.size > 1 && !ctx->cp.vt->p2p)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->comm: the p2p ring needs point-to-point, and the CP communicator "
                          "\"%s\" has no p2p entry (TPK_CP_ALLGATHER needs none)",
                          ctx->cp.vt->name ? ctx->cp.vt->name : "?");
-    a->comm = d.comm, a->causal = !d.full, a->ready = true;
+    a->comm = d.comm, a->causal = !d.full, a->p = d.dropout, a->ready = true;
     return TPK_OK;
 }
 
@@ -128,6 +143,8 @@ static inline tpk_status tpk__cp_attn_args(tpk_ctx *ctx, const char *fn, const t
     if (!isfinite(scale))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "scale: expected a finite scale, got %g",
                          (double)scale);
+    if (!(a->p >= 0.0f && a->p < 1.0f))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "a->p: expected 0 <= p < 1, got %g", (double)a->p);
     if (a->comm == TPK_CP_P2P && c > 1 && !ctx->cp.vt->p2p)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "ctx->cp: the p2p ring needs point-to-point, and the CP communicator "
@@ -136,15 +153,17 @@ static inline tpk_status tpk__cp_attn_args(tpk_ctx *ctx, const char *fn, const t
     return TPK_OK;
 }
 
-/* One block's geometry: B sequences' chunks, the heads, leading dimensions (T = B S / c rows). */
-static inline tpk_attn_blk tpk__cp_blk(bool causal, int64_t A, int64_t G, int64_t a0, int64_t Al,
-                                       int64_t D, float scale, int64_t Sl) {
+/* One block's geometry: B sequences' chunks of S tokens, the heads, leading dimensions (T = B S / c
+ * rows), a's dropout (the sequence's index b.b set per block). */
+static inline tpk_attn_blk tpk__cp_blk(tpk_ctx *ctx, const tpk_cp_attn *a, int64_t A, int64_t G,
+                                       int64_t a0, int64_t Al, int64_t D, float scale, int64_t S,
+                                       int c) {
     int64_t Gl = tpk_attn_kv_heads(A, G, a0, Al, NULL);
     tpk_attn_blk b;
     memset(&b, 0, sizeof b);
-    b.causal = causal, b.Al = Al, b.D = D, b.A = A, b.G = G, b.head0 = a0, b.scale = scale;
-    b.ldq = b.lddq = (Al + 2 * Gl) * D, b.ldkv = 2 * Gl * D, b.ldo = Al * D, b.ldl = Sl;
-    b.p = 0.0f; /* no dropout in the attention over CP yet (b.seed, b.stream, b.b, b.S unread) */
+    b.causal = a->causal, b.Al = Al, b.D = D, b.A = A, b.G = G, b.head0 = a0, b.scale = scale;
+    b.ldq = b.lddq = (Al + 2 * Gl) * D, b.ldkv = 2 * Gl * D, b.ldo = Al * D, b.ldl = S / c;
+    b.p = a->p, b.seed = ctx->seed, b.stream = a->stream, b.S = S; /* attn_fwd's masks */
     return b;
 }
 
@@ -166,7 +185,7 @@ static inline tpk_status tpk__cp_attn_src(tpk_ctx *ctx, tpk_attn_blk b, int c, i
             for (int ka = 0; ka < 2; ka++) {
                 int64_t kc = ka ? 2 * (int64_t)c - 1 - src : src, krow = s * Sl + ka * Sc;
                 if (b.causal && kc > qc) continue; /* every key after every query */
-                b.Sq = b.Sk = Sc, b.q0 = qc * Sc, b.k0 = kc * Sc;
+                b.Sq = b.Sk = Sc, b.q0 = qc * Sc, b.k0 = kc * Sc, b.b = s;
                 const void *q = (const char *)qkv + (size_t)(qrow * b.ldq) * es,
                            *k = (const char *)kv + (size_t)(krow * b.ldkv) * es;
                 size_t lo = (size_t)(s * b.Al * Sl + qa * Sc); /* lse's [s, 0, qa Sc] */
@@ -219,7 +238,7 @@ static inline tpk_status tpk_cp_attn_forward(tpk_ctx *ctx, tpk_cp_attn *a, void 
                          !out   ? "out"
                          : !lse ? "lse"
                                 : "qkv");
-    tpk_attn_blk b = tpk__cp_blk(a->causal, A, G, a0, Al, D, scale, S / c);
+    tpk_attn_blk b = tpk__cp_blk(ctx, a, A, G, a0, Al, D, scale, S, c);
     bool ring = a->comm == TPK_CP_P2P;
     size_t es = tpk_dtype_size(ctx->dtype), n = (size_t)(T * b.ldkv);
     TPK_TRY(tpk__cp_pack_kv(ctx, a, qkv, T, &b, ring ? 1 : (size_t)c));
@@ -291,7 +310,7 @@ static inline tpk_status tpk_cp_attn_backward(tpk_ctx *ctx, tpk_cp_attn *a, void
                          : !qkv  ? "qkv"
                          : !out  ? "out"
                                  : "lse");
-    tpk_attn_blk b = tpk__cp_blk(a->causal, A, G, a0, Al, D, scale, S / c);
+    tpk_attn_blk b = tpk__cp_blk(ctx, a, A, G, a0, Al, D, scale, S, c);
     bool ring = a->comm == TPK_CP_P2P;
     size_t es = tpk_dtype_size(ctx->dtype), n = (size_t)(T * b.ldkv), nq = (size_t)(T * b.ldq);
     TPK_TRY(tpk__cp_pack_kv(ctx, a, qkv, T, &b, ring ? 1 : (size_t)c));

@@ -6,6 +6,12 @@
  *   and drawn from a stream shared by the TP group (tpk__dropout_stream: the layer's name,
  *   ctx->rng_step, the DP rank), so it is the same at every TP size and with SP on or off.
  *   backward: dx = dy * keep / (1 - p), the same mask. p = 0: both are the identity.
+ *   Context parallelism (ctx->cp, c > 1; tpk/layers/cp_split.h): the T = B S / c rows are this CP
+ *   rank's chunks of B sequences of S tokens, and row j's mask is that of the token's row in the
+ *   whole batch, b S + tpk_cp_position(S, c, r, j mod S / c) with b = j div (S / c) — the mask of
+ *   CP 1 at every c (one op call per run of consecutive positions, 2 B a forward at most). The
+ *   layer must know S: its owner sets it before each forward (tpk_dropout_set_seq; the block and
+ *   the model do), else a forward with p > 0 under CP is refused by name.
  * Residual:  y = x + drop(b) for a branch output b that its layer does not keep, so the sum is
  *   written over b (one pass). backward: the branch gets db = drop'(dy); the skip path's dy is
  *   added to the branch's input gradient afterwards (tpk_residual_backward_add: dx += dy).
@@ -16,6 +22,7 @@
 #define TPK_RESID_H
 
 #include "../runtime/buf.h"
+#include "cp_split.h"
 
 typedef struct tpk_dropout_desc {
     const char *name; /* the mask stream's name; default "dropout<N>" */
@@ -29,8 +36,37 @@ typedef struct tpk_dropout {
     int64_t rows, H, row0; /* local rows of the last forward and the global index of the first */
     tpk_layout layout;     /* of the last forward's x */
     int64_t T;             /* global rows of the last forward */
+    int64_t S;             /* under CP: the sequences' length (tpk_dropout_set_seq; 0: unset) */
     tpk_buf dx;
 } tpk_dropout;
+
+/* Under context parallelism: the rows of the next forwards are this CP rank's of sequences of S
+ * tokens (S a multiple of 2c; the header says why). At c = 1 unused. */
+static inline void tpk_dropout_set_seq(tpk_dropout *d, int64_t S) {
+    if (d) d->S = S;
+}
+
+/* y = drop(x) (y may be x) on the last forward's rows: at their global rows row0 .. (one call), or
+ * under CP at each row's row in the whole batch (one call per run of consecutive positions). */
+static inline tpk_status tpk__dropout_rows(tpk_ctx *ctx, const tpk_dropout *d, void *y,
+                                           const void *x) {
+    int c = tpk_cp_size(ctx);
+    if (c == 1)
+        return tpk_op_dropout(ctx, y, x, d->rows, d->H, d->H, d->row0, 0, d->p, ctx->seed,
+                              d->stream, ctx->dtype);
+    int64_t S = d->S, Sl = S / c, Sc = S / (2 * (int64_t)c), end = d->row0 + d->rows;
+    size_t row = (size_t)d->H * tpk_dtype_size(ctx->dtype);
+    for (int64_t j = d->row0; j < end;) {
+        int64_t i = j % Sl, n = (i < Sc ? Sc : Sl) - i; /* to the end of this chunk */
+        if (n > end - j) n = end - j;
+        int64_t g = (j / Sl) * S + tpk_cp_position(S, c, ctx->cp.rank, i);
+        size_t off = (size_t)(j - d->row0) * row;
+        TPK_TRY(tpk_op_dropout(ctx, (char *)y + off, (const char *)x + off, n, d->H, d->H, g, 0,
+                               d->p, ctx->seed, d->stream, ctx->dtype));
+        j += n;
+    }
+    return TPK_OK;
+}
 
 static inline tpk_status tpk_dropout_init(tpk_ctx *ctx, tpk_dropout *d,
                                           const tpk_dropout_desc *desc) {
@@ -66,12 +102,19 @@ static inline tpk_status tpk_dropout_forward(tpk_ctx *ctx, tpk_dropout *d, tpk_t
     if (!d || !d->name[0])
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised dropout");
     TPK_TRY(tpk__dropout_check(ctx, fn, "x", x));
+    int c = tpk_cp_size(ctx);
+    int64_t T = x->gshape[0];
+    if (d->p > 0 && c > 1 && !(d->S > 0 && d->S % (2 * c) == 0 && T % (d->S / c) == 0))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "layer \"%s\": under context parallelism (cp = %d) the mask is indexed by "
+                         "each row's sequence position: expected the sequence length set "
+                         "(tpk_dropout_set_seq) to a multiple of 2 x cp dividing the rows into "
+                         "B sequences of S / cp, got S = %lld for %lld rows",
+                         d->name, c, (long long)d->S, (long long)T);
     d->stream = tpk__dropout_stream(ctx, d->name);
-    d->layout = x->layout, d->T = x->gshape[0], d->rows = x->shape[0], d->H = x->shape[1];
+    d->layout = x->layout, d->T = T, d->rows = x->shape[0], d->H = x->shape[1];
     d->row0 = x->layout.kind == TPK_LAYOUT_S ? tpk_tp_split(ctx, d->T, ctx->tp.rank).off : 0;
-    if (d->p > 0 && d->rows && d->H)
-        TPK_TRY(tpk_op_dropout(ctx, x->data, x->data, d->rows, d->H, d->H, d->row0, 0, d->p,
-                               ctx->seed, d->stream, ctx->dtype));
+    if (d->p > 0 && d->rows && d->H) TPK_TRY(tpk__dropout_rows(ctx, d, x->data, x->data));
     return TPK_OK;
 }
 
@@ -97,9 +140,7 @@ static inline tpk_status tpk_dropout_backward(tpk_ctx *ctx, tpk_dropout *d, tpk_
     tpk_tensor o = dy;
     if (d->p > 0) {
         TPK_TRY(tpk__buf_view(ctx, &d->dx, &o));
-        if (d->rows && d->H)
-            TPK_TRY(tpk_op_dropout(ctx, o.data, dy.data, d->rows, d->H, d->H, d->row0, 0, d->p,
-                                   ctx->seed, d->stream, ctx->dtype));
+        if (d->rows && d->H) TPK_TRY(tpk__dropout_rows(ctx, d, o.data, dy.data));
     }
     *dx = o;
     return TPK_OK;
@@ -109,9 +150,7 @@ static inline tpk_status tpk_dropout_backward(tpk_ctx *ctx, tpk_dropout *d, tpk_
 static inline tpk_status tpk_dropout_backward_inplace(tpk_ctx *ctx, tpk_dropout *d, tpk_tensor *g) {
     static const char *fn = "tpk_dropout_backward_inplace";
     TPK_TRY(tpk__dropout_check_dy(ctx, fn, d, g, "g"));
-    if (d->p > 0 && d->rows && d->H)
-        TPK_TRY(tpk_op_dropout(ctx, g->data, g->data, d->rows, d->H, d->H, d->row0, 0, d->p,
-                               ctx->seed, d->stream, ctx->dtype));
+    if (d->p > 0 && d->rows && d->H) TPK_TRY(tpk__dropout_rows(ctx, d, g->data, g->data));
     return TPK_OK;
 }
 
@@ -192,6 +231,11 @@ static inline tpk_status tpk_residual_backward_add(tpk_ctx *ctx, tpk_residual *r
 /* Its buffers by recompute set (tpk/runtime/buf.h): SCRATCH the dropout's gradient buffer. */
 static inline int tpk__residual_bufs(tpk_residual *r, int set, tpk_buf **o) {
     return set == TPK__SET_SCRATCH ? (o[0] = &r->drop.dx, 1) : 0;
+}
+
+/* Under context parallelism: its dropout's sequence length (tpk_dropout_set_seq). */
+static inline void tpk_residual_set_seq(tpk_residual *r, int64_t S) {
+    if (r) tpk_dropout_set_seq(&r->drop, S);
 }
 
 static inline void tpk_residual_destroy(tpk_ctx *ctx, tpk_residual *r) {

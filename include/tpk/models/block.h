@@ -516,6 +516,8 @@ static inline tpk_status tpk__block_backward_partial(tpk_ctx *ctx, tpk_block *b,
 static inline tpk_status tpk_block_forward(tpk_ctx *ctx, tpk_block *b, tpk_tensor x, int64_t B,
                                            int64_t S, tpk_tensor *y) {
     TPK_TRY(tpk__block_args(ctx, "tpk_block_forward", b, y));
+    /* under CP the residual dropouts' masks are indexed by each row's sequence position */
+    tpk_residual_set_seq(&b->res_1, S), tpk_residual_set_seq(&b->res_2, S);
     if (b->partial) return tpk__block_forward_partial(ctx, b, x, B, S, y);
     tpk_tensor h, a, x1, m;
     TPK_TRY(tpk_norm_forward(ctx, &b->norm_1, x, &h)); /* checks x: layout, [T, H] */

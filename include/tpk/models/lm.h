@@ -21,8 +21,8 @@
  * states and logits [B S / c, ...]. Learned positions and rotary embeddings at the true positions,
  * the attention over the CP group (cfg.cp_comm), the loss the mean over every CP rank's counted
  * tokens (tpk/layers/xent.h); each parameter's gradient is this rank's rows' part, complete once
- * summed over ctx->cp (with the data-parallel reduction, over ctx->dp_cp). No dropout under CP yet
- * (refused by name).
+ * summed over ctx->cp (with the data-parallel reduction, over ctx->dp_cp). Dropout under CP draws
+ * the masks of CP 1 (each row's at its true position: tpk/layers/resid.h, cp_attn.h).
  * Mixture of experts (blocks whose MLP is TPK_MLP_MOE: Mixtral): the loss is the cross-entropy plus
  * coef balance, the load-balancing loss as Hugging Face's MixtralForCausalLM computes it
  * (load_balancing_loss_func over every layer's router logits concatenated, not the layers' losses
@@ -413,11 +413,6 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
                                                                are overwritten */
     m->have_loss = false;
     TPK_TRY(tpk__cp_layer_seq(ctx, fn, S)); /* under CP: S a multiple of 2c */
-    if (tpk_cp_size(ctx) > 1 && m->c.dropout_sites && m->c.block.dropout > 0)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "dropout: not yet under context parallelism (cp = %d: the masks would "
-                         "depend on it), expected p = 0 (tpk_lm_set_dropout), got %g",
-                         tpk_cp_size(ctx), (double)m->c.block.dropout);
     tpk_tensor x;
     if (m->has_embed) {
         if (S > m->c.positions && !m->c.pos_name)
@@ -425,7 +420,9 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
                              "S: expected at most cfg->positions = %lld, got %lld",
                              (long long)m->c.positions, (long long)S);
         TPK_TRY(tpk_embedding_forward(ctx, &m->embed, ids, B, S, &x)); /* checks ids, B, S */
-        /* in place: the embedding does not keep its output */
+        /* in place: the embedding does not keep its output (under CP each row's mask at its
+           sequence position) */
+        tpk_dropout_set_seq(&m->drop, S);
         if (m->c.dropout_sites) TPK_TRY(tpk_dropout_forward(ctx, &m->drop, &x));
     } else {
         if (B < 0 || S < 0 || !x_in)

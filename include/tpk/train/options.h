@@ -299,11 +299,6 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         "--fp8: not yet with pipeline stages (--pp, --schedule, "
                         "--pp-layers)"),
                false;
-    if (o->fp8 && !strcmp(o->fp8, "delayed") && (o->save || o->load))
-        return snprintf(err, n,
-                        "--fp8 delayed: its amax histories are not yet in checkpoints "
-                        "(--save, --load); --fp8 current keeps no state"),
-               false;
     if (!o->fp8 && (o->fp8_amax || o->fp8_margin || o->fp8_history != 1024))
         return snprintf(err, n, "--fp8-history, --fp8-amax, --fp8-margin: only with --fp8"), false;
     o->pp_auto = o->pp_layers && !strcmp(o->pp_layers, "auto");
