@@ -838,6 +838,97 @@ static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t 
     }
 }
 
+/* n f32 values at a device address against the host's where -inf must match -inf (an lse's rows
+ * that see no key), the rest by relative error */
+static void lse_close(const float *got_d, const float *want, size_t n, double tol,
+                      const char *what) {
+    float *g = malloc(n * sizeof(float)), *gf = malloc(n * sizeof(float)),
+          *wf = malloc(n * sizeof(float));
+    CHECK_OK(&cd, cd.ops->memcpy(&cd, g, got_d, n * sizeof(float), TPK_D2H));
+    size_t bad = 0;
+    for (size_t k = 0; k < n; k++) {
+        bool gi = g[k] == -INFINITY, wi = want[k] == -INFINITY;
+        bad += gi != wi;
+        gf[k] = gi ? 0.0f : g[k], wf[k] = wi ? 0.0f : want[k];
+    }
+    CHECK(bad == 0, "%s: %zu rows -inf on one side only", what, bad);
+    CHECK_CLOSE(gf, wf, n, tol, what);
+    free(g), free(gf), free(wf);
+}
+
+/* One block geometry of an attention over CP (tpk_attn_blk): Sq queries at q0 against two key
+ * blocks (Sk1 at k1, Sk2 at k2), strided buffers (ld past the heads), grouped-query heads
+ * head0.. of A over G, dropout p at batch index 1 of a sequence of S. */
+typedef struct blk_case {
+    int64_t D, Sq, q0, Sk1, k1, Sk2, k2, A, G, Al, head0, S;
+    bool causal;
+    float p;
+} blk_case;
+
+/* D, Sq, q0, Sk1, k1, Sk2, k2, A, G, Al, head0, S, causal, p */
+static const blk_case blk_cases[3] = {
+    {64, 40, 120, 40, 0, 40, 120, 4, 4, 2, 1, 160, true, 0.1f},   /* earlier chunk, diagonal */
+    {40, 37, 0, 50, 5, 5, 0, 6, 2, 3, 2, 60, true, 0.0f},         /* rows seeing none at first */
+    {16, 45, 100, 70, 0, 33, 200, 8, 1, 4, 4, 240, false, 0.2f}}; /* no mask, one key/value head */
+
+/* attn_block_fwd on the first key block (merge = false: out, lse poisoned), merged with the
+ * second, then attn_block_bwd of both blocks from the merged out (in dt) and lse, adding into dq
+ * and each block's dkv (which hold random values first): CUDA against the host */
+static void test_attn_block(tpk_dtype dt, blk_case c) {
+    TEST_CASE("attn_block_fwd/bwd D=%lld Sq=%lld at %lld vs %lld at %lld and %lld at %lld %s "
+              "p=%g, heads %lld..%lld of A=%lld over G=%lld [%s]",
+              (long long)c.D, (long long)c.Sq, (long long)c.q0, (long long)c.Sk1, (long long)c.k1,
+              (long long)c.Sk2, (long long)c.k2, c.causal ? "causal" : "no mask", (double)c.p,
+              (long long)c.head0, (long long)(c.head0 + c.Al - 1), (long long)c.A, (long long)c.G,
+              tpk_dtype_name(dt)) {
+        int64_t D = c.D, Gl = tpk_attn_kv_heads(c.A, c.G, c.head0, c.Al, NULL), AD = c.Al * D;
+        tpk_attn_blk b;
+        memset(&b, 0, sizeof b);
+        b.Sq = c.Sq, b.q0 = c.q0, b.causal = c.causal, b.Al = c.Al, b.D = D, b.A = c.A;
+        b.G = c.G, b.head0 = c.head0, b.scale = 1.0f / sqrtf((float)D);
+        b.ldq = (c.Al + 2 * Gl) * D + 8, b.lddq = AD + 5, b.ldkv = 2 * Gl * D + 3;
+        b.ldo = AD + 4, b.ldl = c.Sq + 3;
+        b.p = c.p, b.seed = 11, b.stream = 12, b.b = 1, b.S = c.S;
+        int64_t ks[2] = {c.Sk1, c.Sk2}, k0s[2] = {c.k1, c.k2};
+        pair q = pair_randn(&cd, (size_t)(c.Sq * b.ldq), dt, 180, 1.0f),
+             kv[2] = {pair_randn(&cd, (size_t)(c.Sk1 * b.ldkv), dt, 181, 1.0f),
+                      pair_randn(&cd, (size_t)(c.Sk2 * b.ldkv), dt, 182, 1.0f)},
+             out = pair_rows_poisoned(c.Sq, b.ldo, AD, TPK_F32, 183),
+             lse = pair_rows_poisoned(c.Al, b.ldl, c.Sq, TPK_F32, 184);
+        size_t nl = (size_t)(c.Al * b.ldl);
+        for (int k = 0; k < 2; k++) {
+            b.Sk = ks[k], b.k0 = k0s[k];
+            CHECK_OK(&ch, tpk_op_attn_block_fwd(&ch, (float *)out.h, (float *)lse.h, q.h, kv[k].h,
+                                                &b, k > 0, dt));
+            CHECK_OK(&cd, tpk_op_attn_block_fwd(&cd, (float *)out.d, (float *)lse.d, q.d, kv[k].d,
+                                                &b, k > 0, dt));
+            pair_check(&cd, &out, tol_for(dt, TOL_SUM),
+                       k ? "attn_block_fwd out (merged)" : "attn_block_fwd out");
+            lse_close((const float *)lse.d, (const float *)lse.h, nl, tol_for(dt, TOL_SUM),
+                      k ? "attn_block_fwd lse (merged)" : "attn_block_fwd lse");
+        }
+        /* the whole attention's out in dt and lse: the host's, on both sides */
+        pair_sync_down(&cd, &lse);
+        pair ow = pair_from(&cd, (const float *)out.h, out.n, dt),
+             dout = pair_randn(&cd, out.n, dt, 185, 1.0f),
+             dq = pair_randn(&cd, (size_t)(c.Sq * b.lddq), TPK_F32, 186, 1.0f);
+        for (int k = 0; k < 2; k++) {
+            b.Sk = ks[k], b.k0 = k0s[k];
+            pair dkv = pair_randn(&cd, (size_t)(ks[k] * b.ldkv), TPK_F32, 187 + (uint64_t)k, 1.0f);
+            CHECK_OK(&ch, tpk_op_attn_block_bwd(&ch, (float *)dq.h, (float *)dkv.h, dout.h, ow.h,
+                                                (const float *)lse.h, q.h, kv[k].h, &b, dt));
+            CHECK_OK(&cd, tpk_op_attn_block_bwd(&cd, (float *)dq.d, (float *)dkv.d, dout.d, ow.d,
+                                                (const float *)lse.d, q.d, kv[k].d, &b, dt));
+            pair_check(&cd, &dkv, tol_for(dt, TOL_SUM),
+                       k ? "attn_block_bwd dkv (second block)" : "attn_block_bwd dkv");
+            pair_free(&cd, &dkv);
+        }
+        pair_check(&cd, &dq, tol_for(dt, TOL_SUM), "attn_block_bwd dq (both blocks)");
+        pair_free(&cd, &q), pair_free(&cd, &kv[0]), pair_free(&cd, &kv[1]), pair_free(&cd, &out),
+            pair_free(&cd, &lse), pair_free(&cd, &ow), pair_free(&cd, &dout), pair_free(&cd, &dq);
+    }
+}
+
 /* The profiler on the CUDA backend: ops timed by CUDA events in stream order, read at the step's
  * end. */
 static void test_profiler(void) {
@@ -950,97 +1041,6 @@ static void test_optimizer(void) {
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
         CHECK(fabs(sh - sd) <= 1e-12 * fabs(sh), "sumsq: %.17g vs %.17g", sd, sh);
         CHECK_OK(&ch, ch.ops->sumsq(&ch, &sh, (const float *)g.h + 1, n - 1,
-/* n f32 values at a device address against the host's where -inf must match -inf (an lse's rows
- * that see no key), the rest by relative error */
-static void lse_close(const float *got_d, const float *want, size_t n, double tol,
-                      const char *what) {
-    float *g = malloc(n * sizeof(float)), *gf = malloc(n * sizeof(float)),
-          *wf = malloc(n * sizeof(float));
-    CHECK_OK(&cd, cd.ops->memcpy(&cd, g, got_d, n * sizeof(float), TPK_D2H));
-    size_t bad = 0;
-    for (size_t k = 0; k < n; k++) {
-        bool gi = g[k] == -INFINITY, wi = want[k] == -INFINITY;
-        bad += gi != wi;
-        gf[k] = gi ? 0.0f : g[k], wf[k] = wi ? 0.0f : want[k];
-    }
-    CHECK(bad == 0, "%s: %zu rows -inf on one side only", what, bad);
-    CHECK_CLOSE(gf, wf, n, tol, what);
-    free(g), free(gf), free(wf);
-}
-
-/* One block geometry of an attention over CP (tpk_attn_blk): Sq queries at q0 against two key
- * blocks (Sk1 at k1, Sk2 at k2), strided buffers (ld past the heads), grouped-query heads
- * head0.. of A over G, dropout p at batch index 1 of a sequence of S. */
-typedef struct blk_case {
-    int64_t D, Sq, q0, Sk1, k1, Sk2, k2, A, G, Al, head0, S;
-    bool causal;
-    float p;
-} blk_case;
-
-/* D, Sq, q0, Sk1, k1, Sk2, k2, A, G, Al, head0, S, causal, p */
-static const blk_case blk_cases[3] = {
-    {64, 40, 120, 40, 0, 40, 120, 4, 4, 2, 1, 160, true, 0.1f},   /* earlier chunk, diagonal */
-    {40, 37, 0, 50, 5, 5, 0, 6, 2, 3, 2, 60, true, 0.0f},         /* rows seeing none at first */
-    {16, 45, 100, 70, 0, 33, 200, 8, 1, 4, 4, 240, false, 0.2f}}; /* no mask, one key/value head */
-
-/* attn_block_fwd on the first key block (merge = false: out, lse poisoned), merged with the
- * second, then attn_block_bwd of both blocks from the merged out (in dt) and lse, adding into dq
- * and each block's dkv (which hold random values first): CUDA against the host */
-static void test_attn_block(tpk_dtype dt, blk_case c) {
-    TEST_CASE("attn_block_fwd/bwd D=%lld Sq=%lld at %lld vs %lld at %lld and %lld at %lld %s "
-              "p=%g, heads %lld..%lld of A=%lld over G=%lld [%s]",
-              (long long)c.D, (long long)c.Sq, (long long)c.q0, (long long)c.Sk1, (long long)c.k1,
-              (long long)c.Sk2, (long long)c.k2, c.causal ? "causal" : "no mask", (double)c.p,
-              (long long)c.head0, (long long)(c.head0 + c.Al - 1), (long long)c.A, (long long)c.G,
-              tpk_dtype_name(dt)) {
-        int64_t D = c.D, Gl = tpk_attn_kv_heads(c.A, c.G, c.head0, c.Al, NULL), AD = c.Al * D;
-        tpk_attn_blk b;
-        memset(&b, 0, sizeof b);
-        b.Sq = c.Sq, b.q0 = c.q0, b.causal = c.causal, b.Al = c.Al, b.D = D, b.A = c.A;
-        b.G = c.G, b.head0 = c.head0, b.scale = 1.0f / sqrtf((float)D);
-        b.ldq = (c.Al + 2 * Gl) * D + 8, b.lddq = AD + 5, b.ldkv = 2 * Gl * D + 3;
-        b.ldo = AD + 4, b.ldl = c.Sq + 3;
-        b.p = c.p, b.seed = 11, b.stream = 12, b.b = 1, b.S = c.S;
-        int64_t ks[2] = {c.Sk1, c.Sk2}, k0s[2] = {c.k1, c.k2};
-        pair q = pair_randn(&cd, (size_t)(c.Sq * b.ldq), dt, 180, 1.0f),
-             kv[2] = {pair_randn(&cd, (size_t)(c.Sk1 * b.ldkv), dt, 181, 1.0f),
-                      pair_randn(&cd, (size_t)(c.Sk2 * b.ldkv), dt, 182, 1.0f)},
-             out = pair_rows_poisoned(c.Sq, b.ldo, AD, TPK_F32, 183),
-             lse = pair_rows_poisoned(c.Al, b.ldl, c.Sq, TPK_F32, 184);
-        size_t nl = (size_t)(c.Al * b.ldl);
-        for (int k = 0; k < 2; k++) {
-            b.Sk = ks[k], b.k0 = k0s[k];
-            CHECK_OK(&ch, tpk_op_attn_block_fwd(&ch, (float *)out.h, (float *)lse.h, q.h, kv[k].h,
-                                                &b, k > 0, dt));
-            CHECK_OK(&cd, tpk_op_attn_block_fwd(&cd, (float *)out.d, (float *)lse.d, q.d, kv[k].d,
-                                                &b, k > 0, dt));
-            pair_check(&cd, &out, tol_for(dt, TOL_SUM),
-                       k ? "attn_block_fwd out (merged)" : "attn_block_fwd out");
-            lse_close((const float *)lse.d, (const float *)lse.h, nl, tol_for(dt, TOL_SUM),
-                      k ? "attn_block_fwd lse (merged)" : "attn_block_fwd lse");
-        }
-        /* the whole attention's out in dt and lse: the host's, on both sides */
-        pair_sync_down(&cd, &lse);
-        pair ow = pair_from(&cd, (const float *)out.h, out.n, dt),
-             dout = pair_randn(&cd, out.n, dt, 185, 1.0f),
-             dq = pair_randn(&cd, (size_t)(c.Sq * b.lddq), TPK_F32, 186, 1.0f);
-        for (int k = 0; k < 2; k++) {
-            b.Sk = ks[k], b.k0 = k0s[k];
-            pair dkv = pair_randn(&cd, (size_t)(ks[k] * b.ldkv), TPK_F32, 187 + (uint64_t)k, 1.0f);
-            CHECK_OK(&ch, tpk_op_attn_block_bwd(&ch, (float *)dq.h, (float *)dkv.h, dout.h, ow.h,
-                                                (const float *)lse.h, q.h, kv[k].h, &b, dt));
-            CHECK_OK(&cd, tpk_op_attn_block_bwd(&cd, (float *)dq.d, (float *)dkv.d, dout.d, ow.d,
-                                                (const float *)lse.d, q.d, kv[k].d, &b, dt));
-            pair_check(&cd, &dkv, tol_for(dt, TOL_SUM),
-                       k ? "attn_block_bwd dkv (second block)" : "attn_block_bwd dkv");
-            pair_free(&cd, &dkv);
-        }
-        pair_check(&cd, &dq, tol_for(dt, TOL_SUM), "attn_block_bwd dq (both blocks)");
-        pair_free(&cd, &q), pair_free(&cd, &kv[0]), pair_free(&cd, &kv[1]), pair_free(&cd, &out),
-            pair_free(&cd, &lse), pair_free(&cd, &ow), pair_free(&cd, &dout), pair_free(&cd, &dq);
-    }
-}
-
                                     false)); /* 4 bytes past alignment: element by element */
         CHECK_OK(&cd, cd.ops->sumsq(&cd, sdd, (const float *)g.d + 1, n - 1, false));
         CHECK_OK(&cd, cd.ops->memcpy(&cd, &sd, sdd, sizeof sd, TPK_D2H));
@@ -1171,6 +1171,10 @@ int main(int argc, char **argv) {
                                                            alone, read by all three */
         test_attention(dt, 64, 333, 0.1f, 4, 2, 4, 0);  /* several 128-row blocks and 64-row tiles,
                                                            the last ones partial */
+        /* attention over CP's blocks: a rank's later query chunk against an earlier key chunk and
+           the diagonal; keys after some queries (rows that see none in the first block); no mask;
+           grouped-query heads, dropout, D not a multiple of 32 */
+        for (int k = 0; k < 3; k++) test_attn_block(dt, blk_cases[k]);
         test_rmsnorm(dt, 300, 77);
         test_rmsnorm(dt, 40, 2000);
         test_rmsnorm(dt, 1000, 768);
@@ -1185,7 +1189,3 @@ int main(int argc, char **argv) {
     tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
     return test_finish();
 }
-        /* attention over CP's blocks: a rank's later query chunk against an earlier key chunk and
-           the diagonal; keys after some queries (rows that see none in the first block); no mask;
-           grouped-query heads, dropout, D not a multiple of 32 */
-        for (int k = 0; k < 3; k++) test_attn_block(dt, blk_cases[k]);
