@@ -5,9 +5,8 @@
  * (tpk_lm_flag: --kv-heads, --ffn, ...) are the table's LIST entries, checked against the family
  * once it is known (tpk_run_family_flags). tpk_run_opts_check derives and checks what the flags
  * say together (--micro-batches and --grad-accum, --virtual-stages, --pp-layers, --tp-weights,
- * the mesh TP x CP x DP x PP against the world size, what context parallelism does not compose
- * with yet: --dropout). tpk_run_model_config builds the model's config
- * from the flags or a checkpoint's config.json, refusing a flag that differs from the
+ * the mesh TP x CP x DP x PP against the world size). tpk_run_model_config builds the model's
+ * config from the flags or a checkpoint's config.json, refusing a flag that differs from the
  * checkpoint's (and a sequence length that is not a multiple of 2 x --cp). */
 #ifndef TPK_TRAIN_OPTIONS_H
 #define TPK_TRAIN_OPTIONS_H
@@ -311,12 +310,6 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         "multiple of %lld ranks)",
                         (long long)o->cp, world, (long long)o->tp, (long long)(o->tp * o->cp)),
                false;
-    if (o->cp > 1) { /* what context parallelism does not compose with yet, by name */
-        const char *no = o->dropout > 0 ? "--dropout (the attention over CP has none, and the "
-                                          "masks would depend on --cp)"
-                                        : NULL;
-        if (no) return snprintf(err, n, "--cp %lld: not yet with %s", (long long)o->cp, no), false;
-    }
     if (world && world % (o->tp * o->cp * o->pp))
         return snprintf(err, n,
                         "--pp %lld: the %d ranks are not TP x CP x DP x PP with --tp %lld --cp "
