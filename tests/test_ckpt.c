@@ -19,7 +19,12 @@
  *   the directory: a save over a checkpoint replaces it whole (the user's file kept, nothing left
  *     beside it); each state a stopped save leaves (DIR.tpk-old alone, DIR with DIR.tpk-old, a
  *     half-written DIR.tpk-new) loads as one whole checkpoint and is repaired by the next save;
- *     tpk_ckpt_remove keeps the user's files. */
+ *     tpk_ckpt_remove keeps the user's files;
+ *   the FP8 recipe's state (delayed scaling, fp8.safetensors): saved at every mesh, loaded at
+ *     another and unsharded, state poisoned first: every history and scale bit-equal; a history
+ *     of another length gives its newest amaxes; an FP8 tensor the model has not, one it has that
+ *     the file lacks, a negative amax, the file of another save refused; current scaling writes
+ *     none and a delayed recipe loading such a checkpoint starts fresh. */
 #include "test.h"
 
 #include <sys/stat.h>
@@ -32,7 +37,9 @@ static tpk_comm world;
 enum { V = 37, H = 12, F = 20 };
 
 /* The model: variant 0 as above; 1 with one more layernorm "extra" (stage 1); 2 with the column
- * linear 24 wide. */
+ * linear 24 wide; 3 with both linears in FP8 under a delayed-scaling recipe of a 6-step history,
+ * 4 with only the column linear in FP8, 5 as 3 with a 3-step history, 6 as 3 under current
+ * scaling (mesh_init makes the recipe). */
 typedef struct model {
     tpk_embedding emb;
     tpk_linear up, down;
@@ -50,12 +57,14 @@ static tpk_status build(tpk_ctx *ctx, model *m, int variant) {
                                                          .vocab_multiple = 8}));
         m->has[0] = true;
         TPK_TRY(tpk_col_linear_init(ctx, &m->up, H, f,
-                                    &(tpk_linear_desc){.name = "up", .bias = true}));
+                                    &(tpk_linear_desc){.name = "up", .bias = true,
+                                                       .fp8 = variant >= 3}));
         m->has[1] = true;
     }
     if (last) {
         TPK_TRY(tpk_row_linear_init(ctx, &m->down, F, H,
-                                    &(tpk_linear_desc){.name = "down", .bias = true}));
+                                    &(tpk_linear_desc){.name = "down", .bias = true,
+                                                       .fp8 = variant >= 3 && variant != 4}));
         m->has[2] = true;
         TPK_TRY(tpk_layernorm_init(ctx, &m->norm, H, &(tpk_layernorm_desc){.name = "norm"}));
         m->has[3] = true;
@@ -94,18 +103,53 @@ typedef struct mesh {
     tpk_ctx ctx;
     model m;
     tpk_adamw o;
+    tpk_fp8 f8; /* variants 3..6 */
 } mesh;
 static tpk_status mesh_init(mesh *x, bool all, int t, int p, int variant, bool zero) {
     memset(x, 0, sizeof *x);
     TPK_TRY(tpk_ctx_init(&x->ctx, &(tpk_ctx_desc){.world = all ? &world : NULL, .tp = t, .pp = p,
                                                   .seed = 3}));
+    tpk_fp8_desc fd = {variant == 6 ? TPK_FP8_CURRENT : TPK_FP8_DELAYED, variant == 5 ? 3 : 6,
+                       TPK_FP8_AMAX_MAX, 0};
+    if (variant >= 3) TPK_TRY(tpk_fp8_init(&x->ctx, &x->f8, &fd));
     TPK_TRY(build(&x->ctx, &x->m, variant));
     return tpk_adamw_init(&x->ctx, &x->o, &(tpk_adamw_desc){.zero = zero});
 }
 static void mesh_destroy(mesh *x) {
     tpk_adamw_destroy(&x->ctx, &x->o);
     destroy(&x->ctx, &x->m);
+    tpk_fp8_destroy(&x->ctx, &x->f8);
     tpk_ctx_destroy(&x->ctx);
+}
+
+/* The FP8 recipe's state of generation g (by each tensor's name: the same at every mesh): history
+ * element j |ref(name, j, 3, g)|, scale 1 + |ref(name, 0, 4, g)|, 11 + g updates; poison: NaN. */
+static void set_fp8(mesh *x, int g, bool poison) {
+    tpk_fp8 *f = &x->f8;
+    for (int i = 0; i < f->n; i++) {
+        for (int j = 0; j < f->d.history; j++)
+            f->hist[(size_t)i * (size_t)f->d.history + (size_t)j] =
+                poison ? NAN : fabsf(ref(f->names[i], (size_t)j, 3, g));
+        f->scale[i] = poison ? NAN : 1.0f + fabsf(ref(f->names[i], 0, 4, g));
+    }
+    f->steps = poison ? -1 : 11 + g;
+}
+/* The recipe's state equal to generation g's saved with a history of Ls steps (its newest
+ * min(Ls, L) amaxes, zeros after them); the tensors that differ. */
+static int check_fp8(mesh *x, int g, int Ls, const char *what) {
+    tpk_fp8 *f = &x->f8;
+    int bad = 0;
+    for (int i = 0; i < f->n; i++) {
+        bool same = f->scale[i] == 1.0f + fabsf(ref(f->names[i], 0, 4, g));
+        for (int j = 0; j < f->d.history; j++)
+            same &= f->hist[(size_t)i * (size_t)f->d.history + (size_t)j] ==
+                    (j < Ls ? fabsf(ref(f->names[i], (size_t)j, 3, g)) : 0.0f);
+        CHECK(same, "%s: the FP8 state of %s differs", what, f->names[i]);
+        bad += !same;
+    }
+    CHECK(f->steps == 11 + g, "%s: %lld FP8 updates, expected %d", what, (long long)f->steps,
+          11 + g);
+    return bad;
 }
 
 /* Every parameter and moment set from generation g's unsharded values (or NaN: poison), the
@@ -182,6 +226,7 @@ static tpk_status save_gen(const char *dir, int t, int p, int variant, int g,
     tpk_status s = mesh_init(&x, true, t, p, variant, true);
     CHECK(s == TPK_OK, "mesh: %s", tpk_last_error(&x.ctx));
     set_state(&x, g, false);
+    if (variant >= 3) set_fp8(&x, g, false);
     if (spoil) spoil(&x);
     tpk_ckpt_save_desc d = desc ? *desc : (tpk_ckpt_save_desc){0};
     d.step = x.o.step;
@@ -197,6 +242,7 @@ static tpk_status load_into(mesh *x, bool all, const char *dir, int t, int p, in
     tpk_status s = mesh_init(x, all, t, p, variant, zero);
     CHECK(s == TPK_OK, "mesh: %s", tpk_last_error(&x->ctx));
     set_state(x, 0, true);
+    if (variant >= 3) set_fp8(x, 0, true);
     s = tpk_ckpt_load(&x->ctx, &x->o, dir, desc, NULL);
     snprintf(err, n, "%s", s == TPK_OK ? "" : tpk_last_error(&x->ctx));
     return s;
@@ -230,6 +276,11 @@ static void negative_v(mesh *x) { /* the second moment of norm.bias at element 3
                                                  slice under ZeRO-1 (TP rank r holds the same) */
     size_t k = 3;
     if (at + k >= o->s0 && at + k < o->s0 + o->sn) o->v[at + k - o->s0] = -1;
+}
+
+static void neg_amax(mesh *x) { /* element 2 of up.input's history: -1 (on up's stage) */
+    for (int i = 0; i < x->f8.n; i++)
+        if (!strcmp(x->f8.names[i], "up.input")) x->f8.hist[(size_t)i * 6 + 2] = -1;
 }
 
 /* The map: up.weight named "proj_in.w" and stored transposed; everything else as registered. */
@@ -432,6 +483,84 @@ int main(int argc, char **argv) {
         mesh_destroy(&x);
     }
 
+    TEST_CASE("FP8 state: saved at every (t, p), loaded at another and unsharded; another "
+              "history length; refusals; fresh without fp8.safetensors") {
+        char dir[300], d2[300], err[1200], what[400];
+        for (int a = 0; a < nm; a++) {
+            snprintf(dir, sizeof dir, "%s/f8_%d", base, a);
+            save_gen(dir, mt[a], mp[a], 3, a, NULL, NULL);
+            int b = (a + 1) % nm;
+            mesh x;
+            snprintf(what, sizeof what, "FP8 state saved at t=%d p=%d, loaded at t=%d p=%d", mt[a],
+                     mp[a], mt[b], mp[b]);
+            CHECK(load_into(&x, true, dir, mt[b], mp[b], 3, false, NULL, err, sizeof err) ==
+                      TPK_OK,
+                  "%s: %s", what, err);
+            check_fp8(&x, a, 6, what);
+            mesh_destroy(&x);
+            for (int v = 3; v <= 5; v += 2) { /* unsharded: a 6-step history, a 3-step one */
+                snprintf(what, sizeof what, "FP8 state saved at t=%d p=%d, loaded unsharded with "
+                         "a %d-step history", mt[a], mp[a], v == 3 ? 6 : 3);
+                CHECK(load_into(&x, false, dir, 1, 1, v, false, NULL, err, sizeof err) == TPK_OK,
+                      "%s: %s", what, err);
+                check_fp8(&x, a, v == 3 ? 6 : 3, what);
+                mesh_destroy(&x);
+            }
+        }
+        snprintf(dir, sizeof dir, "%s/f8_0", base);
+        mesh x; /* the file: each tensor's history [6] and scale [1] under the recipe's names */
+        CHECK_OK(&x.ctx, mesh_init(&x, false, 1, 1, 0, false));
+        tpk_st_file f;
+        snprintf(what, sizeof what, "%s/fp8.safetensors", dir);
+        CHECK_OK(&x.ctx, tpk_st_read(&x.ctx, what, &f));
+        const tpk_st_tensor *h = tpk_st_find(&f, "down.grad_output.amax_history"),
+                            *sc = tpk_st_find(&f, "up.input.scale");
+        CHECK(f.n == 12 && h && h->ndim == 1 && h->shape[0] == 6 && sc && sc->shape[0] == 1 &&
+                  tpk_st_meta(&f, "format") && !strcmp(tpk_st_meta(&f, "format"), "tpk-fp8"),
+              "fp8.safetensors: 12 tensors, a history [6] and a scale [1] by name, format tpk-fp8");
+        tpk_st_close(&f);
+        mesh_destroy(&x);
+        snprintf(d2, sizeof d2, "%s/f8_short", base); /* saved with 3 steps, loaded with 6 */
+        save_gen(d2, 1, 1, 5, 4, NULL, NULL);
+        CHECK(load_into(&x, true, d2, np, 1, 3, false, NULL, err, sizeof err) == TPK_OK,
+              "a 3-step history loaded into a 6-step one: %s", err);
+        check_fp8(&x, 4, 3, "a 3-step history loaded into a 6-step one");
+        mesh_destroy(&x);
+        refused(dir, 4, TPK_ERR_FORMAT,
+                "fp8.safetensors: tensor \"down.input.amax_history\" is not a tensor of the "
+                "model's FP8 linears",
+                "an FP8 tensor the model has not");
+        snprintf(d2, sizeof d2, "%s/f8_up", base);
+        save_gen(d2, 1, 1, 4, 0, NULL, NULL);
+        refused(d2, 3, TPK_ERR_FORMAT, "fp8.safetensors: no tensor \"down.input.amax_history\"",
+                "an FP8 tensor of the model missing");
+        snprintf(d2, sizeof d2, "%s/f8_neg", base);
+        save_gen(d2, 1, 1, 3, 0, NULL, neg_amax);
+        refused(d2, 3, TPK_ERR_FORMAT,
+                "\"up.input.amax_history\": element 2 is -1: expected a finite, non-negative",
+                "a negative amax");
+        snprintf(d2, sizeof d2, "%s/f8_g1", base);
+        save_gen(d2, 1, 1, 3, 1, NULL, NULL);
+        on_root("cp %s/fp8.safetensors %s/fp8.safetensors", dir, d2);
+        refused(d2, 3, TPK_ERR_FORMAT, "fp8.safetensors (step 7) does not belong to config.json",
+                "fp8.safetensors of another save");
+        /* current scaling saves no state; a delayed recipe loading it keeps its own (fresh) */
+        snprintf(d2, sizeof d2, "%s/f8_cur", base);
+        save_gen(d2, 1, 1, 6, 0, NULL, NULL);
+        snprintf(what, sizeof what, "%s/fp8.safetensors", d2);
+        CHECK(!exists(what), "current scaling: no fp8.safetensors");
+        CHECK_OK(&x.ctx, mesh_init(&x, true, np, 1, 3, false));
+        tpk_ckpt_info info;
+        CHECK_OK(&x.ctx, tpk_ckpt_load(&x.ctx, &x.o, d2, NULL, &info));
+        bool fresh = !info.has_fp8 && x.f8.steps == 0;
+        for (int i = 0; i < x.f8.n; i++) {
+            fresh &= x.f8.scale[i] == 1.0f;
+            for (int j = 0; j < x.f8.d.history; j++) fresh &= x.f8.hist[6 * i + j] == 0.0f;
+        }
+        CHECK(fresh, "no fp8.safetensors: the recipe's state fresh (scales 1, zero histories)");
+        mesh_destroy(&x);
+    }
+
     TEST_CASE("the directory: a save replaces it whole; each stopped save's state loads whole and "
               "is repaired; tpk_ckpt_remove keeps the user's files") {
         char d[300], old[320], tmp[320], path[400];
@@ -509,6 +638,7 @@ int main(int argc, char **argv) {
             CHECK(gone && exists(path), "tpk_ckpt_remove keeps README.md, removes config.json");
             CHECK(tpk_ckpt_is_file("model-00001-of-00002.safetensors") &&
                       tpk_ckpt_is_file("config.json.tmp.123") && !tpk_ckpt_is_file("README.md") &&
+                      tpk_ckpt_is_file("fp8.safetensors") &&
                       !tpk_ckpt_is_file("config.json.tmp.x"),
                   "tpk_ckpt_is_file");
             tpk_ctx_destroy(&c);

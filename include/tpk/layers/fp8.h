@@ -19,8 +19,8 @@
  *            update. tpk_fp8_update after each optimizer step records the amaxes and sets the
  *            scales for the next.
  * The amax reduction makes every rank of a stage hold the same state, so a TP 1 and a TP 2 run
- * quantize to the same codes; the state (each tensor's history and scale) is what a checkpoint
- * keeps (tpk_fp8_state_*; the trainer's fp8.safetensors). */
+ * quantize to the same codes; the state (each tensor's history and scale, and the update count)
+ * is what a checkpoint keeps (tpk/train/ckpt.h: fp8.safetensors beside the optimizer's file). */
 #ifndef TPK_FP8_H
 #define TPK_FP8_H
 

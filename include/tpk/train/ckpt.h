@@ -14,6 +14,13 @@
  *   optim.safetensors  when an optimizer is given: "<name>.exp_avg", "<name>.exp_avg_sq", each
  *                      global [gshape] as registered; metadata {"format": "tpk-adamw", "step",
  *                      "tpk_checkpoint_id"}
+ *   fp8.safetensors    when an optimizer is given and the context's FP8 recipe scales by delayed
+ *                      scaling (ctx->fp8, tpk/layers/fp8.h): each FP8 tensor's
+ *                      "<name>.amax_history" [L] (element 0 the latest step's amax) and
+ *                      "<name>.scale" [1], names as the recipe registered them ("h.0.attn.qkv.
+ *                      input"); metadata {"format": "tpk-fp8", "step", "tpk_checkpoint_id",
+ *                      "updates"}. The state is the same on every rank of a stage (its amaxes
+ *                      are reduced over TP and DP x CP), so it loads at any TP, DP, CP, PP size.
  * Save (collective over ctx->world): each tensor gathered over TP (tpk_param_gather); the moments
  * whole first (under ZeRO-1 and 2 each rank's slice gathered over DP x CP, ctx->dp_cp); under
  * pipeline stages each stage's leader (TP, CP and DP rank 0) sends its tensors, but the copies
@@ -29,12 +36,17 @@
  * moment negative), a tensor no parameter accounts for, steps that are not whole numbers or
  * disagree between config.json and the files, checkpoint ids that differ (files of two saves).
  * With an optimizer but no optim.safetensors: opt->step = the checkpoint's step, the moments as
- * they were. */
+ * they were. With an optimizer and a delayed-scaling recipe: the recipe's histories, scales and
+ * update count from fp8.safetensors (a history of another length: its newest min(L, L') amaxes,
+ * zeros after them); a tensor of the recipe missing there, or one the recipe (on some stage) has
+ * not, refused; no fp8.safetensors: the recipe's state as it was (fresh: s = 1, zero histories;
+ * tpk_ckpt_info.has_fp8 lets a trainer say so). A current-scaling recipe or none ignores it. */
 #ifndef TPK_CKPT_H
 #define TPK_CKPT_H
 
 #include "ckpt_dir.h"
 #include "optim.h"
+#include "../layers/fp8.h"
 #include "../runtime/coll.h"
 
 /* How parameter p is stored in the files: *name (cap bytes, set to p->name before the call) its
@@ -89,11 +101,12 @@ typedef struct tpk_ckpt_load_desc {
 } tpk_ckpt_load_desc;
 
 /* What a checkpoint says about itself: the directory a load reads (dir, or dir.tpk-old left by a
- * save stopped between its renames), whether it holds optim.safetensors, and config.json's
+ * save stopped between its renames), whether it holds optim.safetensors and fp8.safetensors, and
+ * config.json's
  * tpk_step, tpk_seed, tpk_checkpoint_id and tpk_run_id (0, 0, "" and "" when absent). */
 typedef struct tpk_ckpt_info {
     char dir[1100];
-    bool has_optim;
+    bool has_optim, has_fp8; /* optim.safetensors, fp8.safetensors there */
     int64_t step;
     uint64_t seed;
     char id[64];
@@ -337,18 +350,129 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
     return TPK_OK;
 }
 
-/* World rank 0's part of a save: the files (the optimizer file when nopt > 0, the model file,
- * then config.json, text, last) into p->tmp, each stamped with step and the checkpoint id; then
- * swapped in for p->base (tpk_ckpt_commit). */
+/* ---- the FP8 recipe's state (fp8.safetensors) ----------------------------------------------- */
+
+/* Whether a save or load with an optimizer keeps the context's FP8 state: a delayed-scaling recipe
+ * (current scaling keeps none). */
+static inline bool tpk__ckpt_fp8_on(const tpk_ctx *ctx) {
+    return ctx->fp8 && ctx->fp8->d.scaling == TPK_FP8_DELAYED;
+}
+
+/* Every stage's FP8 state, gathered on world rank 0 for fp8.safetensors: n tensors' names, their
+ * histories [n, L] and scales [n], and the entries (2 n: history, scale) pointing into them. */
+typedef struct tpk__ckpt_fp8 {
+    int n, cap;
+    int64_t L, updates, shape_h[1], shape_s[1];
+    char (*names)[2][112];
+    float *hist, *scale;
+    tpk_st_entry *e;
+} tpk__ckpt_fp8;
+static inline void tpk__ckpt_fp8_free(const tpk_ctx *ctx, tpk__ckpt_fp8 *g) {
+    tpk__free(ctx, g->names), tpk__free(ctx, g->hist), tpk__free(ctx, g->scale);
+    tpk__free(ctx, g->e);
+    memset(g, 0, sizeof *g);
+}
+/* Room for m more tensors in g. */
+static inline tpk_status tpk__ckpt_fp8_grow(tpk_ctx *ctx, const char *fn, tpk__ckpt_fp8 *g, int m) {
+    if (g->n + m <= g->cap) return TPK_OK;
+    size_t c = (size_t)g->cap, nc = (size_t)(g->n + m) * 2 + 16, L = (size_t)g->L;
+    char(*nn)[2][112] =
+        (char(*)[2][112])tpk__realloc(ctx, g->names, sizeof *nn * c, sizeof *nn * nc);
+    if (nn) g->names = nn;
+    float *h = nn ? (float *)tpk__realloc(ctx, g->hist, sizeof(float) * L * c,
+                                          sizeof(float) * L * nc)
+                  : NULL;
+    if (h) g->hist = h;
+    float *sc = h ? (float *)tpk__realloc(ctx, g->scale, sizeof(float) * c, sizeof(float) * nc)
+                  : NULL;
+    if (sc) g->scale = sc;
+    if (!sc) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the FP8 state of %zu tensors", nc);
+    g->cap = (int)nc;
+    return TPK_OK;
+}
+/* The FP8 state of every stage into *g on world rank 0 (the stages' leaders, TP, CP and DP rank 0,
+ * send theirs: the count and history length, the names, histories and scales); the others leave
+ * g empty. Collective over the stages' leaders. */
+static inline tpk_status tpk__ckpt_fp8_gather(tpk_ctx *ctx, const char *fn, tpk__ckpt_fp8 *g) {
+    memset(g, 0, sizeof *g);
+    const tpk_fp8 *f = ctx->fp8;
+    bool lead = ctx->tp.rank == 0 && ctx->cp.rank == 0 && ctx->dp.rank == 0,
+         root = lead && ctx->pp.rank == 0;
+    if (!lead) return TPK_OK;
+    int32_t hdr[2] = {f->n, f->d.history};
+    if (!root) {
+        TPK_TRY(tpk__ckpt_pp_xfer(ctx, hdr, 2, TPK_I32, 0, true));
+        if (!f->n) return TPK_OK;
+        TPK_TRY(tpk__ckpt_pp_xfer(ctx, f->names, (size_t)f->n * 24, TPK_I32, 0, true));
+        TPK_TRY(tpk__ckpt_pp_xfer(ctx, f->hist, (size_t)f->n * (size_t)f->d.history, TPK_F32, 0,
+                                  true));
+        return tpk__ckpt_pp_xfer(ctx, f->scale, (size_t)f->n, TPK_F32, 0, true);
+    }
+    g->L = f->d.history, g->updates = f->steps;
+    char(*nm)[96] = NULL;
+    tpk_status s = TPK_OK;
+    for (int q = 0; q < ctx->pp.size && s == TPK_OK; q++) {
+        if (q) s = tpk__ckpt_pp_xfer(ctx, hdr, 2, TPK_I32, q, false);
+        if (s == TPK_OK && hdr[1] != g->L)
+            s = tpk__fail(ctx, TPK_ERR_ARG, fn,
+                          "ctx->fp8: stage %d's amax history has %d steps, stage 0's %lld (the "
+                          "same recipe on every stage)",
+                          q, (int)hdr[1], (long long)g->L);
+        if (s == TPK_OK) s = tpk__ckpt_fp8_grow(ctx, fn, g, hdr[0]);
+        if (s != TPK_OK || !hdr[0]) continue;
+        size_t m = (size_t)hdr[0], L = (size_t)g->L;
+        float *h = g->hist + (size_t)g->n * L, *sc = g->scale + g->n;
+        if (q == 0) {
+            nm = f->names;
+            memcpy(h, f->hist, sizeof(float) * m * L), memcpy(sc, f->scale, sizeof(float) * m);
+        } else {
+            nm = (char(*)[96])tpk__malloc(ctx, 96 * m);
+            s = nm ? tpk__ckpt_pp_xfer(ctx, nm, m * 24, TPK_I32, q, false)
+                   : tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu names", m);
+            if (s == TPK_OK) s = tpk__ckpt_pp_xfer(ctx, h, m * L, TPK_F32, q, false);
+            if (s == TPK_OK) s = tpk__ckpt_pp_xfer(ctx, sc, m, TPK_F32, q, false);
+        }
+        for (size_t i = 0; i < m && s == TPK_OK; i++) {
+            nm[i][95] = 0;
+            snprintf(g->names[g->n + (int)i][0], 112, "%s.amax_history", nm[i]);
+            snprintf(g->names[g->n + (int)i][1], 112, "%s.scale", nm[i]);
+        }
+        if (q) tpk__free(ctx, nm);
+        if (s == TPK_OK) g->n += (int)m;
+    }
+    if (s == TPK_OK && !(g->e = (tpk_st_entry *)tpk__calloc(ctx, 2 * (size_t)g->n + 1,
+                                                            sizeof *g->e)))
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the FP8 state's entries");
+    g->shape_h[0] = g->L, g->shape_s[0] = 1;
+    for (int i = 0; i < g->n && s == TPK_OK; i++) {
+        tpk_st_entry *e = &g->e[2 * i];
+        e[0].name = g->names[i][0], e[0].dtype = TPK_ST_F32, e[0].ndim = 1;
+        e[0].shape = g->shape_h, e[0].data = g->hist + (size_t)i * (size_t)g->L;
+        e[1].name = g->names[i][1], e[1].dtype = TPK_ST_F32, e[1].ndim = 1;
+        e[1].shape = g->shape_s, e[1].data = g->scale + i;
+    }
+    if (s != TPK_OK) tpk__ckpt_fp8_free(ctx, g);
+    return s;
+}
+
+/* World rank 0's part of a save: the files (the optimizer file when nopt > 0, the FP8 state's when
+ * f8 holds entries, the model file, then config.json, text, last) into p->tmp, each stamped with
+ * step and the checkpoint id; then swapped in for p->base (tpk_ckpt_commit). */
 static inline tpk_status tpk__ckpt_write(tpk_ctx *ctx, const char *fn, const tpk_ckpt_paths *p,
-                                         const tpk_st_entry *e, int n, int nopt, int64_t step,
-                                         const char *id, const char *text) {
-    char path[1100], stepstr[32];
+                                         const tpk_st_entry *e, int n, int nopt,
+                                         const tpk__ckpt_fp8 *f8, int64_t step, const char *id,
+                                         const char *text) {
+    char path[1100], stepstr[32], upd[32];
     snprintf(stepstr, sizeof stepstr, "%lld", (long long)step);
+    snprintf(upd, sizeof upd, "%lld", (long long)f8->updates);
     const char *meta[] = {"format", "pt", "step", stepstr, "tpk_checkpoint_id", id, NULL};
     const char *ometa[] = {"format", "tpk-adamw", "step", stepstr, "tpk_checkpoint_id", id, NULL};
+    const char *fmeta[] = {"format",  "tpk-fp8", "step", stepstr, "tpk_checkpoint_id",
+                           id,        "updates", upd,    NULL};
     snprintf(path, sizeof path, "%s/optim.safetensors", p->tmp);
     if (nopt) TPK_TRY(tpk_st_write(ctx, path, e + n, nopt, ometa));
+    snprintf(path, sizeof path, "%s/fp8.safetensors", p->tmp);
+    if (f8->e) TPK_TRY(tpk_st_write(ctx, path, f8->e, 2 * f8->n, fmeta));
     snprintf(path, sizeof path, "%s/model.safetensors", p->tmp);
     TPK_TRY(tpk_st_write(ctx, path, e, n, meta));
     snprintf(path, sizeof path, "%s/config.json", p->tmp);
@@ -451,12 +575,15 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
         s = tpk_agree(ctx, ctx->world, s);
         if (s == TPK_OK) s = tpk__ckpt_save_stages(ctx, fn, e, n, k3, &staged);
     }
+    tpk__ckpt_fp8 f8; /* the FP8 recipe's state (delayed scaling), every stage's, on rank 0 */
+    memset(&f8, 0, sizeof f8);
+    if (s == TPK_OK && opt && tpk__ckpt_fp8_on(ctx)) s = tpk__ckpt_fp8_gather(ctx, fn, &f8);
     if (s == TPK_OK && root)
         s = ctx->pp.size > 1 ? tpk__ckpt_write(ctx, fn, &p, staged.e, staged.n,
-                                               opt ? 2 * staged.n : 0, d.step, id, text)
-                             : tpk__ckpt_write(ctx, fn, &p, e, n, opt ? 2 * n : 0, d.step, id,
-                                               text);
-    tpk__ckpt_all_free(ctx, &staged);
+                                               opt ? 2 * staged.n : 0, &f8, d.step, id, text)
+                             : tpk__ckpt_write(ctx, fn, &p, e, n, opt ? 2 * n : 0, &f8, d.step,
+                                               id, text);
+    tpk__ckpt_all_free(ctx, &staged), tpk__ckpt_fp8_free(ctx, &f8);
     if (s != TPK_OK && root) tpk__ckpt_remove(NULL, fn, p.tmp, NULL); /* never swapped in */
     for (int i = 0; w && i < 3 * n; i++) tpk__free(ctx, w[i]);
     tpk__free(ctx, w), tpk__free(ctx, e), tpk__free(ctx, shapes), tpk__free(ctx, names);
@@ -679,6 +806,8 @@ static inline tpk_status tpk__ckpt_info(tpk_ctx *ctx, const char *fn, const char
     snprintf(in.run_id, sizeof in.run_id, "%s", c->run);
     snprintf(path, sizeof path, "%s/optim.safetensors", in.dir);
     in.has_optim = access(path, F_OK) == 0;
+    snprintf(path, sizeof path, "%s/fp8.safetensors", in.dir);
+    in.has_fp8 = access(path, F_OK) == 0;
     if (info) *info = in;
     return TPK_OK;
 }
@@ -814,6 +943,83 @@ static inline tpk_status tpk__ckpt_tied(tpk_ctx *ctx, const char *fn, const char
     return s;
 }
 
+/* The context's FP8 state (ctx->fp8, delayed scaling) from dir's fp8.safetensors, ff: each of the
+ * recipe's tensors' history (its newest min(L, L') amaxes; zeros after them) and scale, and the
+ * update count; a tensor missing, mis-shaped, negative or not finite (a scale not positive)
+ * refused, and a tensor of the file that no stage's recipe has. Collective over ctx->pp (the
+ * marks of the file's tensors combined: every rank calls it, `mine` its status so far, which it
+ * returns when failing). */
+static inline tpk_status tpk__ckpt_fp8_load(tpk_ctx *ctx, const char *fn, const char *dir,
+                                            const tpk_st_file *ff, tpk_status mine) {
+    tpk_fp8 *f = ctx->fp8;
+    char path[1200], nm[128];
+    snprintf(path, sizeof path, "%s/fp8.safetensors", dir);
+    tpk_status s = mine;
+    int32_t cnt = s == TPK_OK ? ff->n : 0, *known = NULL;
+    if (ctx->pp.size > 1) {
+        tpk_status c = tpk_allreduce_host(ctx, &ctx->pp, &cnt, 1, TPK_I32, TPK_MAX);
+        if (s == TPK_OK) s = c;
+    }
+    if (s == TPK_OK && cnt != ff->n)
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: the stages read different files", path);
+    size_t L = (size_t)f->d.history;
+    float *h = (float *)tpk__malloc(ctx, sizeof(float) * L);
+    known = (int32_t *)tpk__calloc(ctx, (size_t)cnt + 1, sizeof *known);
+    if ((!h || !known) && s == TPK_OK)
+        s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the FP8 state of %d tensors", f->n);
+    const char *upd = s == TPK_OK ? tpk_st_meta(ff, "updates") : NULL;
+    int64_t updates = 0;
+    if (s == TPK_OK && (!upd || !tpk__ckpt_step_text(upd, &updates)))
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: updates \"%.40s\": expected a whole number",
+                      path, upd ? upd : "(none)");
+    for (int i = 0; i < f->n && s == TPK_OK; i++)
+        for (int k = 0; k < 2 && s == TPK_OK; k++) {
+            snprintf(nm, sizeof nm, "%s.%s", f->names[i], k ? "scale" : "amax_history");
+            const tpk_st_tensor *t = tpk_st_find(ff, nm);
+            if (!t) {
+                s = tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                              "%s: no tensor \"%s\" (the checkpoint's FP8 linears are not the "
+                              "model's)",
+                              path, nm);
+                break;
+            }
+            known[t - ff->tensors] = 1;
+            if (t->ndim != 1 || t->shape[0] < 1 || (k && t->shape[0] != 1)) {
+                char got[96];
+                s = tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: \"%s\": expected shape %s, got %s",
+                              path, nm, k ? "[1]" : "[L], L >= 1",
+                              tpk__shape_str(t->shape, t->ndim, got, sizeof got));
+                break;
+            }
+            size_t m = (size_t)t->shape[0];
+            float *v = m > L ? (float *)tpk__malloc(ctx, sizeof(float) * m) : h;
+            if (!v) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", m);
+            if (s == TPK_OK) s = tpk_st_get_f32(ctx, ff, t, v, m);
+            if (s == TPK_OK) s = tpk__ckpt_finite(ctx, fn, path, nm, v, m, true);
+            if (s == TPK_OK && k && !(v[0] > 0))
+                s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: \"%s\" is %g: expected a scale > 0",
+                              path, nm, (double)v[0]);
+            if (s == TPK_OK && k) f->scale[i] = v[0];
+            else if (s == TPK_OK) { /* the newest min(L, m) steps, zeros after them */
+                float *row = f->hist + (size_t)i * L;
+                for (size_t j = 0; j < L; j++) row[j] = j < m ? v[j] : 0.0f;
+            }
+            if (v != h) tpk__free(ctx, v);
+        }
+    if (ctx->pp.size > 1 && known) { /* every rank of the pipeline takes part, failed or not */
+        tpk_status c = tpk_allreduce_host(ctx, &ctx->pp, known, (size_t)cnt, TPK_I32, TPK_MAX);
+        if (s == TPK_OK) s = c;
+    }
+    for (int k = 0; k < cnt && s == TPK_OK; k++)
+        if (!known[k])
+            s = tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                          "%s: tensor \"%s\" is not a tensor of the model's FP8 linears", path,
+                          ff->tensors[k].name);
+    if (s == TPK_OK) f->steps = updates;
+    tpk__free(ctx, h), tpk__free(ctx, known);
+    return s;
+}
+
 /* Set every parameter (and, when opt is given, the moments and opt->step) from dir: see the top
  * of this file. fn names the caller in errors. info (may be NULL): what the checkpoint says about
  * itself. Every rank reads. */
@@ -841,7 +1047,10 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
                            : tpk__ckpt_single(ctx, fn, "model.safetensors", &files);
     TPK_TRY(s);
     if (!files.index[0]) snprintf(files.index, sizeof files.index, "the index");
-    bool have_opt = opt && in.has_optim, made = false;
+    bool have_opt = opt && in.has_optim, made = false,
+         have_fp8 = opt && in.has_fp8 && tpk__ckpt_fp8_on(ctx);
+    tpk_st_file ff; /* fp8.safetensors */
+    memset(&ff, 0, sizeof ff);
     float *om = NULL, *ov = NULL, *tied = NULL; /* the whole moments (ZeRO-1: made here, this
                                                    rank's slice kept at the end) */
     size_t ntied = 0;
@@ -850,6 +1059,8 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
     snprintf(path, sizeof path, "%s/optim.safetensors", dir);
     if (s == TPK_OK && have_opt) s = tpk_st_read(ctx, path, &of);
     if (s == TPK_OK && have_opt) s = tpk__adamw_whole(ctx, opt, false, &om, &ov, &made);
+    snprintf(path, sizeof path, "%s/fp8.safetensors", dir);
+    if (s == TPK_OK && have_fp8) s = tpk_st_read(ctx, path, &ff);
     for (int i = 0; i < n && s == TPK_OK; i++) {
         const tpk_param *p = &ctx->params.list[i];
         char altname[300];
@@ -915,8 +1126,9 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
         tpk__free(ctx, w), tpk__free(ctx, tw);
     }
     s = tpk__ckpt_all_known(ctx, fn, dir, &files, have_opt ? &of : NULL, &d, names, s);
+    if (have_fp8) s = tpk__ckpt_fp8_load(ctx, fn, dir, &ff, s); /* collective over PP */
     if (s == TPK_OK && tied) s = tpk__ckpt_tied(ctx, fn, dir, &files, &d, tied, ntied);
-    tpk__ckpt_stamp st[66]; /* config.json, the model files read, the optimizer file */
+    tpk__ckpt_stamp st[67]; /* config.json, the model files read, the optimizer and FP8 files */
     int nst = 1;
     st[0].file = "config.json", st[0].key = "tpk_step", st[0].step = cfg.has_step ? cfg.step : NULL,
     st[0].id = cfg.has_id ? cfg.id : NULL;
@@ -933,6 +1145,14 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
     if (have_opt && s == TPK_OK && !st[nst - 1].step)
         s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/optim.safetensors: no step in its metadata",
                       dir);
+    if (have_fp8) {
+        st[nst].file = "fp8.safetensors", st[nst].key = "step";
+        st[nst].step = tpk_st_meta(&ff, "step"), st[nst].id = tpk_st_meta(&ff, "tpk_checkpoint_id");
+        if (s == TPK_OK && !st[nst].step)
+            s = tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s/fp8.safetensors: no step in its metadata",
+                          dir);
+        nst++;
+    }
     int64_t step = 0;
     if (s == TPK_OK) s = tpk__ckpt_stamps_agree(ctx, fn, dir, st, nst, &step);
     if (s == TPK_OK && opt) opt->step = step; /* no optimizer file: fresh moments from the
@@ -942,7 +1162,7 @@ static inline tpk_status tpk__ckpt_load(tpk_ctx *ctx, const char *fn, tpk_adamw 
         if (s == TPK_OK) s = k;
     }
     tpk__free(ctx, tied), tpk__free(ctx, names);
-    tpk_ckpt_files_close(&files), tpk_st_close(&of);
+    tpk_ckpt_files_close(&files), tpk_st_close(&of), tpk_st_close(&ff);
     if (s == TPK_OK && info) *info = in, info->step = step;
     return s;
 }

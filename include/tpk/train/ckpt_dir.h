@@ -97,9 +97,10 @@ static inline tpk_status tpk_ckpt_resolve(tpk_ctx *ctx, const char *dir, char *o
 }
 
 /* Whether a directory entry is one of a checkpoint's files, replaced and removed with it:
- * config.json, optim.safetensors, model*.safetensors (model.safetensors, Hugging Face's shards
- * model-K-of-N.safetensors), model.safetensors.index.json, and a killed writer's temporaries
- * "<one of these>.tmp.<pid>". Everything else in a checkpoint directory is the user's. */
+ * config.json, optim.safetensors, fp8.safetensors, model*.safetensors (model.safetensors, Hugging
+ * Face's shards model-K-of-N.safetensors), model.safetensors.index.json, and a killed writer's
+ * temporaries "<one of these>.tmp.<pid>". Everything else in a checkpoint directory is the
+ * user's. */
 static inline bool tpk_ckpt_is_file(const char *name) {
     if (!name) return false;
     const char *t = strstr(name, ".tmp.");
@@ -110,9 +111,9 @@ static inline bool tpk_ckpt_is_file(const char *name) {
         for (; *d; d++)
             if (*d < '0' || *d > '9') return false;
     }
-    static const char *const exact[] = {"config.json", "optim.safetensors",
+    static const char *const exact[] = {"config.json", "optim.safetensors", "fp8.safetensors",
                                         "model.safetensors.index.json"};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         if (n == strlen(exact[k]) && !strncmp(name, exact[k], n)) return true;
     return n >= 17 && !strncmp(name, "model", 5) && !strncmp(name + n - 12, ".safetensors", 12);
 }

@@ -436,7 +436,8 @@ static inline tpk_status tpk_ckpt_copy_tokenizer(tpk_ctx *ctx, const char *from,
 
 /* What a resume from dir at `step` says on out: "resumed from DIR at step K", and, training,
  * "optimizer state starts fresh at step K (DIR has no optim.safetensors)" where it has none
- * (never a silent restart). Nothing at step 0. */
+ * (never a silent restart), and likewise "fp8 scaling state starts fresh ..." where the context's
+ * FP8 recipe scales by delayed scaling and dir has no fp8.safetensors. Nothing at step 0. */
 static inline tpk_status tpk_ckpt_resume_note(tpk_ctx *ctx, const char *dir, int64_t step,
                                               bool training, FILE *out) {
     if (!ctx) return TPK_ERR_ARG;
@@ -447,6 +448,12 @@ static inline tpk_status tpk_ckpt_resume_note(tpk_ctx *ctx, const char *dir, int
     tpk_hf_info info;
     if (training && tpk_hf_info_read(ctx, dir, &info) == TPK_OK && !info.has_optim)
         fprintf(out, "optimizer state starts fresh at step %lld (%s has no optim.safetensors)\n",
+                (long long)step, info.dir);
+    if (training && tpk__ckpt_fp8_on(ctx) && tpk_hf_info_read(ctx, dir, &info) == TPK_OK &&
+        !info.has_fp8)
+        fprintf(out,
+                "fp8 scaling state starts fresh at step %lld (%s has no fp8.safetensors: scales "
+                "1, empty amax histories)\n",
                 (long long)step, info.dir);
     return TPK_OK;
 }
