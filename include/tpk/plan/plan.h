@@ -28,8 +28,8 @@
  * pp <= layers, dp = gpus / (tp cp pp) dividing the global batch, micro-batches mb | B / dp,
  * recompute none / selective / full, ZeRO 1 and 2 when dp cp > 1, SP when tp > 1, at cp > 1 the
  * ring and the all-gather; each either planned or rejected with its reason (does not divide:
- * the batch over DP, the sequence over 2 cp chunks; exceeds the node; CP on a backend without
- * the attention over CP, which the kit does not run yet; does not fit:
+ * the batch over DP, the sequence over 2 cp chunks; exceeds the node; CP on a backend whose
+ * table lacks the attention over CP's block op; does not fit:
  * peak + the profile's reserve over its memory, or the model's own error). Sorted: the fitting
  * ones fastest first (then the smaller peak), then the rejected. */
 #ifndef TPK_PLAN_H
@@ -483,7 +483,7 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
     int cap = 0, cnt = 0;
     tpk_plan_cfg *v = NULL;
     int want_cp = d->cp == 0 ? 1 : d->cp; /* -1: every CP size */
-    /* the attention over CP: the counted backend's block op (the CUDA table's is not built yet) */
+    /* the attention over CP: the counted backend's block op (attn_block_fwd, _bwd) */
     bool cp_ops = d->like && d->like->attn_block_fwd && d->like->attn_block_bwd;
     for (int tp = 1; tp <= d->gpus; tp++) {
         if (d->gpus % tp || (d->tp > 0 && tp != d->tp)) continue;
