@@ -845,7 +845,6 @@ if long_set; then
     bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2
     bad "--cp not dividing the ranks" "--cp 3: the 2 ranks are not TP x CP x DP with --tp 1" --text "$text" $small --cp 3
     bad "--cp with --pp not dividing the ranks" "--pp 2: the 2 ranks are not TP x CP x DP x PP with --tp 1 --cp 2" --text "$text" $small --cp 2 --pp 2
-    bad "--cp with --plan (not yet)" "--cp 2: not yet with --plan" --text "$text" $small --cp 2 --plan
     bad "--cp-comm unknown" "--cp-comm: expected p2p or allgather, got \"ring\"" --text "$text" $small --cp 2 --cp-comm ring
     bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
     bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small --ffn 64
