@@ -356,52 +356,49 @@ static inline tpk_status tpk_neox_config_parse(tpk_ctx *ctx, const uint8_t *b, s
     cfg->sequential = v[NPAR].kind && !v[NPAR].num;
     return TPK_OK;
 }
+/* config.json of dir's checkpoint read whole (f->b, freed by the caller with tpk__free) for fn,
+ * whose cfg must not be NULL. */
+typedef struct tpk__config_file {
+    char path[1200];
+    uint8_t *b;
+    size_t n;
+} tpk__config_file;
+static inline tpk_status tpk__config_open(tpk_ctx *ctx, const char *fn, const char *dir,
+                                          const void *cfg, tpk__config_file *f) {
+    f->b = NULL, f->n = 0;
+    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
+    return tpk__config_load(ctx, fn, dir, f->path, sizeof f->path, &f->b, &f->n);
+}
 /* A family's config from dir/config.json (of the checkpoint dir holds, tpk_ckpt_resolve), as its
  * tpk_F_config_parse. */
 static inline tpk_status tpk_gpt2_config_read(tpk_ctx *ctx, const char *dir, tpk_gpt2_config *cfg) {
-    static const char *fn = "tpk_gpt2_config_read";
-    char path[1200];
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
-    tpk_status s = tpk_gpt2_config_parse(ctx, b, n, path, cfg);
-    tpk__free(ctx, b);
+    tpk__config_file f;
+    TPK_TRY(tpk__config_open(ctx, "tpk_gpt2_config_read", dir, cfg, &f));
+    tpk_status s = tpk_gpt2_config_parse(ctx, f.b, f.n, f.path, cfg);
+    tpk__free(ctx, f.b);
     return s;
 }
 static inline tpk_status tpk_llama_config_read(tpk_ctx *ctx, const char *dir,
                                                tpk_llama_config *cfg) {
-    static const char *fn = "tpk_llama_config_read";
-    char path[1200];
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
-    tpk_status s = tpk_llama_config_parse(ctx, b, n, path, cfg);
-    tpk__free(ctx, b);
+    tpk__config_file f;
+    TPK_TRY(tpk__config_open(ctx, "tpk_llama_config_read", dir, cfg, &f));
+    tpk_status s = tpk_llama_config_parse(ctx, f.b, f.n, f.path, cfg);
+    tpk__free(ctx, f.b);
     return s;
 }
 static inline tpk_status tpk_neox_config_read(tpk_ctx *ctx, const char *dir, tpk_neox_config *cfg) {
-    static const char *fn = "tpk_neox_config_read";
-    char path[1200];
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
-    tpk_status s = tpk_neox_config_parse(ctx, b, n, path, cfg);
-    tpk__free(ctx, b);
+    tpk__config_file f;
+    TPK_TRY(tpk__config_open(ctx, "tpk_neox_config_read", dir, cfg, &f));
+    tpk_status s = tpk_neox_config_parse(ctx, f.b, f.n, f.path, cfg);
+    tpk__free(ctx, f.b);
     return s;
 }
 static inline tpk_status tpk_mixtral_config_read(tpk_ctx *ctx, const char *dir,
                                                  tpk_mixtral_config *cfg) {
-    static const char *fn = "tpk_mixtral_config_read";
-    char path[1200];
-    uint8_t *b = NULL;
-    size_t n = 0;
-    if (ctx && !cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
-    TPK_TRY(tpk__config_load(ctx, fn, dir, path, sizeof path, &b, &n));
-    tpk_status s = tpk_mixtral_config_parse(ctx, b, n, path, cfg);
-    tpk__free(ctx, b);
+    tpk__config_file f;
+    TPK_TRY(tpk__config_open(ctx, "tpk_mixtral_config_read", dir, cfg, &f));
+    tpk_status s = tpk_mixtral_config_parse(ctx, f.b, f.n, f.path, cfg);
+    tpk__free(ctx, f.b);
     return s;
 }
 
