@@ -137,6 +137,25 @@ def repeat_kv(x, n):
     return x[:, :, None].expand(B, G, n, S, D).reshape(B, G * n, S, D)
 
 
+def llama_attention(cfg, W, p, x, cos, sin):
+    """LlamaAttention of layer prefix p (Mixtral's too) on x [B, S, H]: RMSNorm, grouped-query
+    heads with rotate-half RoPE, causal softmax, o_proj; the residual branch's output"""
+    B, S, H = x.shape
+    A, G, eps = int(cfg["A"]), int(cfg["kv_heads"]), cfg["norm_eps"]
+    D = H // A
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+    q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, S, A, D).transpose(1, 2)
+    k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, S, G, D).transpose(1, 2)
+    v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, S, G, D).transpose(1, 2)
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    k, v = repeat_kv(k, A // G), repeat_kv(v, A // G)
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+    att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+    y = (att @ v).transpose(1, 2).reshape(B, S, H)
+    return F.linear(y, W[p + "self_attn.o_proj.weight"])
+
+
 def llama_loss(cfg, W, ids, targets):
     L, H, A, G = int(cfg["L"]), int(cfg["H"]), int(cfg["A"]), int(cfg["kv_heads"])
     B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["norm_eps"]
@@ -144,19 +163,9 @@ def llama_loss(cfg, W, ids, targets):
     ids = ids.view(B, S)
     x = F.embedding(ids, W["model.embed_tokens.weight"])
     cos, sin = rope_cos_sin(S, D, cfg["rope_theta"])
-    causal = torch.ones(S, S, dtype=torch.bool).tril()
     for i in range(L):
         p = "model.layers.%d." % i
-        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, S, A, D).transpose(1, 2)
-        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, S, G, D).transpose(1, 2)
-        v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, S, G, D).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k, v = repeat_kv(k, A // G), repeat_kv(v, A // G)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
-        att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, S, H)
-        x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
+        x = x + llama_attention(cfg, W, p, x, cos, sin)
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
         u = F.silu(F.linear(h, W[p + "mlp.gate_proj.weight"])) * F.linear(
             h, W[p + "mlp.up_proj.weight"]
@@ -191,20 +200,10 @@ def mixtral_loss_one(cfg, W, ids, targets):
     ids = ids.view(B, S)
     x = F.embedding(ids, W["model.embed_tokens.weight"])
     cos, sin = rope_cos_sin(S, D, cfg["rope_theta"])
-    causal = torch.ones(S, S, dtype=torch.bool).tril()
     router_logits = []
     for i in range(L):
         p = "model.layers.%d." % i
-        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, S, A, D).transpose(1, 2)
-        k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, S, G, D).transpose(1, 2)
-        v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, S, G, D).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k, v = repeat_kv(k, A // G), repeat_kv(v, A // G)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
-        att = F.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, S, H)
-        x = x + F.linear(y, W[p + "self_attn.o_proj.weight"])
+        x = x + llama_attention(cfg, W, p, x, cos, sin)
         # MixtralSparseMoeBlock
         hs = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps).view(-1, H)
         m = p + "block_sparse_moe."
