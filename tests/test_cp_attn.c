@@ -251,6 +251,24 @@ typedef struct cpres {
     int64_t ld, qcols; /* dqkv's row, its Q columns */
 } cpres;
 
+/* The block op's backward wrapped: at each call, whether one of the ring's dK|dV halves (a batch
+ * of dkv_elems, its send and receive of n / 2 f32 each) is in flight on the CP communicator (its
+ * flight record started, not yet waited). */
+static tpk_status (*bwd_op)(tpk_ctx *, float *, float *, const void *, const void *, const float *,
+                            const void *, const void *, const tpk_attn_blk *, tpk_dtype);
+static uint64_t dkv_elems, bwd_calls, bwd_overlapped;
+static tpk_status bwd_watch(tpk_ctx *ctx, float *dq, float *dkv, const void *dout, const void *out,
+                            const float *lse, const void *q, const void *kv, const tpk_attn_blk *b,
+                            tpk_dtype dt) {
+    const tpk_flight *f = &ctx->cp.flight;
+    bool in = false;
+    for (int i = 0; i < TPK_FLIGHT_N; i++)
+        in |= f->ring[i].id && f->ring[i].kind == TPK_COLL_SEND &&
+              f->ring[i].state == TPK_FLIGHT_RUNNING && f->ring[i].elems == dkv_elems;
+    bwd_calls++, bwd_overlapped += in;
+    return bwd_op(ctx, dq, dkv, dout, out, lse, q, kv, b, dt);
+}
+
 static void test_cp_case(const cpcase *cc, cpres *res) {
     int cp = np / cc->tp;
     tpk_ctx c;
@@ -347,16 +365,32 @@ static void test_cp_case(const cpcase *cc, cpres *res) {
               (unsigned long long)st->bytes[TPK_COLL_ALLGATHER], (long long)(cp * n));
     }
     tpk_comm_stats_reset(&c.cp);
+    tpk_ops watched = *c.ops;
+    const tpk_ops *plain = c.ops;
+    bwd_op = plain->attn_block_bwd, watched.attn_block_bwd = bwd_watch, c.ops = &watched;
+    dkv_elems = (uint64_t)n, bwd_calls = bwd_overlapped = 0; /* a half's send and receive */
     CHECK_OK(&c, tpk_cp_attn_backward(&c, &a, dqkv_d, dout_d, qkv_d, out_d, lse, g.B, S, g.A, g.G,
                                       a0, Al, D, scale));
+    c.ops = plain;
     if (cc->comm == TPK_CP_P2P && Al) {
         uint64_t want = (uint64_t)((cp - 1) * n) * es + (uint64_t)(cp > 1 ? cp * n : 0) * 4;
-        CHECK(st->calls[TPK_COLL_SEND] == (uint64_t)(cp > 1 ? 2 * cp - 1 : 0) &&
+        CHECK(st->calls[TPK_COLL_SEND] == (uint64_t)(cp > 1 ? 3 * cp - 1 : 0) &&
                   st->bytes[TPK_COLL_SEND] == want && st->bytes[TPK_COLL_RECV] == want,
-              "backward ring: %llu sends of %llu bytes, expected (c - 1) K|V + c f32 gradients = "
-              "%d of %llu",
+              "backward ring: %llu sends of %llu bytes, expected (c - 1) K|V + c f32 gradients "
+              "in halves = %d of %llu",
               (unsigned long long)st->calls[TPK_COLL_SEND],
-              (unsigned long long)st->bytes[TPK_COLL_SEND], 2 * cp - 1, (unsigned long long)want);
+              (unsigned long long)st->bytes[TPK_COLL_SEND], 3 * cp - 1, (unsigned long long)want);
+        /* every call but those of the first step's first half (the own block's key pieces
+           p = 2 s + ka < B; chunk 0 seen by both query chunks, chunk 2c - 1 - r by one, causal)
+           runs with a dK|dV half in flight: started before it, waited after it */
+        uint64_t bare = 0;
+        for (int64_t p = 0; p < g.B; p++) bare += p % 2 && !cc->full ? 1 : 2;
+        if (cp == 1) bare = bwd_calls;
+        CHECK(bwd_calls - bwd_overlapped == bare,
+              "backward ring: %llu of %llu block calls ran with a dK|dV half in flight, "
+              "expected all but %llu",
+              (unsigned long long)bwd_overlapped, (unsigned long long)bwd_calls,
+              (unsigned long long)bare);
     } else if (Al) {
         CHECK(st->calls[TPK_COLL_ALLGATHER] == (cp > 1) &&
                   st->calls[TPK_COLL_REDUCE_SCATTER] == (cp > 1) &&

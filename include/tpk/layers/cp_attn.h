@@ -28,10 +28,13 @@
  *     r + 1 and receives rank r - s - 1's from r - 1 in one point-to-point batch, started before
  *     the step's attention and waited after it (tpk_p2p_start: the transfer overlaps the compute).
  *     Forward: c - 1 sends and c - 1 receives of n elements (ctx->dtype) a rank. Backward: the
- *     same ring of K|V, and the f32 gradient of the block in hand travels with it: after a step's
- *     attention it holds this rank's part too and goes to rank r + 1 (a blocking batch, after the
- *     compute it needs); c of them, the last bringing each rank its own block's dK, dV summed over
- *     every rank: c - 1 sends of n elements (ctx->dtype) and c of n f32.
+ *     same ring of K|V, and the f32 gradient of the block in hand travels with it, in two halves
+ *     (rows [0, T / 2) and [T / 2, T)): once a step's attention has added this rank's part to a
+ *     half, the half is started to rank r + 1 and the next step's arrives from r - 1 into the
+ *     other buffer, waited just before the next step adds to it, so each half travels under the
+ *     other half's attention (the same sums in the same order as one blocking message a step:
+ *     the same bits); c steps, the last bringing each rank its own block's dK, dV summed over
+ *     every rank: c - 1 sends of n elements (ctx->dtype) and 2c of n / 2 f32.
  *   TPK_CP_ALLGATHER (Llama 3's): K|V all-gathered over ctx->cp (started under the own block's
  *     attention): one all-gather of c n elements; the backward gathers again and reduce-scatters
  *     the f32 gradients of every block (c n in). Every rank holds c blocks at once: c times the
@@ -87,7 +90,7 @@ static inline int tpk__cp_attn_scratch(tpk_cp_attn *a, tpk_buf **o) {
     return 5;
 }
 
-/* Tags of the ring's messages on ctx->cp. */
+/* Tags of the ring's messages on ctx->cp (the dK|dV halves: TPK__CP_TAG_DKV + 0, + 1). */
 enum { TPK__CP_TAG_KV = 20, TPK__CP_TAG_KV_BWD = 21, TPK__CP_TAG_DKV = 22 };
 
 /* desc: the mode (p2p needs a CP communicator with point-to-point where c > 1) and the mask. */
@@ -169,35 +172,36 @@ static inline tpk_attn_blk tpk__cp_blk(tpk_ctx *ctx, const tpk_cp_attn *a, int64
 
 /* The attention of this rank's queries against rank src's K|V (kv [B S / c, 2 Gl D]): forward
  * (merged into o f32 and lse; first: the first block, which writes them) or, with dq non-NULL,
- * backward (dq f32 [T, lddq], dkv f32 [B S / c, 2 Gl D] of src's block). Each of B sequences'
- * query chunks m (this rank's r, 2c - 1 - r) against the key chunks k (src's), skipping the
- * blocks a causal mask hides (k > m). */
+ * backward (dq f32 [T, lddq], dkv f32 [B S / c, 2 Gl D] of src's block). The key pieces
+ * p = 2 s + ka in [p0, p1) (sequence s's key chunk ka, Sc rows of kv at row p Sc), each against
+ * the query chunks m (this rank's r, 2c - 1 - r) in turn, skipping the blocks a causal mask hides
+ * (k > m). Every output row receives its blocks in the same order for any split of [0, 2B)
+ * (o, lse, dq: ka 0 then 1; dkv: qa 0 then 1). */
 static inline tpk_status tpk__cp_attn_src(tpk_ctx *ctx, tpk_attn_blk b, int c, int r, int src,
-                                          int64_t B, int64_t S, bool first, const void *qkv,
-                                          const void *kv, float *o, float *lse, float *dq,
-                                          float *dkv, const void *dout, const void *out,
+                                          int64_t p0, int64_t p1, int64_t S, bool first,
+                                          const void *qkv, const void *kv, float *o, float *lse,
+                                          float *dq, float *dkv, const void *dout, const void *out,
                                           const float *lse_in) {
     int64_t Sl = S / c, Sc = S / (2 * (int64_t)c);
     size_t es = tpk_dtype_size(ctx->dtype);
-    for (int64_t s = 0; s < B; s++)
+    for (int64_t p = p0; p < p1; p++)
         for (int qa = 0; qa < 2; qa++) {
+            int64_t s = p / 2, ka = p % 2;
             int64_t qc = qa ? 2 * (int64_t)c - 1 - r : r, qrow = s * Sl + qa * Sc;
-            for (int ka = 0; ka < 2; ka++) {
-                int64_t kc = ka ? 2 * (int64_t)c - 1 - src : src, krow = s * Sl + ka * Sc;
-                if (b.causal && kc > qc) continue; /* every key after every query */
-                b.Sq = b.Sk = Sc, b.q0 = qc * Sc, b.k0 = kc * Sc, b.b = s;
-                const void *q = (const char *)qkv + (size_t)(qrow * b.ldq) * es,
-                           *k = (const char *)kv + (size_t)(krow * b.ldkv) * es;
-                size_t lo = (size_t)(s * b.Al * Sl + qa * Sc); /* lse's [s, 0, qa Sc] */
-                if (!dq)
-                    TPK_TRY(tpk_op_attn_block_fwd(ctx, o + qrow * b.ldo, lse + lo, q, k, &b,
-                                                  !(first && ka == 0), ctx->dtype));
-                else
-                    TPK_TRY(tpk_op_attn_block_bwd(ctx, dq + qrow * b.lddq, dkv + krow * b.ldkv,
-                                                  (const char *)dout + (size_t)(qrow * b.ldo) * es,
-                                                  (const char *)out + (size_t)(qrow * b.ldo) * es,
-                                                  lse_in + lo, q, k, &b, ctx->dtype));
-            }
+            int64_t kc = ka ? 2 * (int64_t)c - 1 - src : src, krow = s * Sl + ka * Sc;
+            if (b.causal && kc > qc) continue; /* every key after every query */
+            b.Sq = b.Sk = Sc, b.q0 = qc * Sc, b.k0 = kc * Sc, b.b = s;
+            const void *q = (const char *)qkv + (size_t)(qrow * b.ldq) * es,
+                       *k = (const char *)kv + (size_t)(krow * b.ldkv) * es;
+            size_t lo = (size_t)(s * b.Al * Sl + qa * Sc); /* lse's [s, 0, qa Sc] */
+            if (!dq)
+                TPK_TRY(tpk_op_attn_block_fwd(ctx, o + qrow * b.ldo, lse + lo, q, k, &b,
+                                              !(first && ka == 0), ctx->dtype));
+            else
+                TPK_TRY(tpk_op_attn_block_bwd(ctx, dq + qrow * b.lddq, dkv + krow * b.ldkv,
+                                              (const char *)dout + (size_t)(qrow * b.ldo) * es,
+                                              (const char *)out + (size_t)(qrow * b.ldo) * es,
+                                              lse_in + lo, q, k, &b, ctx->dtype));
         }
     return TPK_OK;
 }
@@ -259,8 +263,8 @@ static inline tpk_status tpk_cp_attn_forward(tpk_ctx *ctx, tpk_cp_attn *a, void 
                                   {nxt, n, ctx->dtype, (r - 1 + c) % c, TPK__CP_TAG_KV, false}};
                 TPK_TRY(tpk_p2p_start(ctx, &ctx->cp, ops, 2, &req));
             }
-            s = tpk__cp_attn_src(ctx, b, c, r, src, B, S, st == 0, qkv, cur, o, lse, NULL, NULL,
-                                 NULL, NULL, NULL);
+            s = tpk__cp_attn_src(ctx, b, c, r, src, 0, 2 * B, S, st == 0, qkv, cur, o, lse, NULL,
+                                 NULL, NULL, NULL, NULL);
             ws = tpk_wait(ctx, &req); /* always finished */
             if (s == TPK_OK) s = ws;
         }
@@ -271,13 +275,13 @@ static inline tpk_status tpk_cp_attn_forward(tpk_ctx *ctx, tpk_cp_attn *a, void 
             s = tpk_allgatherv_start(ctx, &ctx->cp, a->kv[0].p, n, a->kv[1].p, cnt, n * (size_t)c,
                                      ctx->dtype, &req);
         if (s == TPK_OK) /* this rank's block under the all-gather */
-            s = tpk__cp_attn_src(ctx, b, c, r, r, B, S, true, qkv, a->kv[0].p, o, lse, NULL, NULL,
-                                 NULL, NULL, NULL);
+            s = tpk__cp_attn_src(ctx, b, c, r, r, 0, 2 * B, S, true, qkv, a->kv[0].p, o, lse, NULL,
+                                 NULL, NULL, NULL, NULL);
         ws = tpk_wait(ctx, &req);
         if (s == TPK_OK) s = ws;
         for (int st = 1; st < c && s == TPK_OK; st++) {
             int src = (r - st + c) % c;
-            s = tpk__cp_attn_src(ctx, b, c, r, src, B, S, false, qkv,
+            s = tpk__cp_attn_src(ctx, b, c, r, src, 0, 2 * B, S, false, qkv,
                                  (char *)a->kv[1].p + (size_t)src * n * es, o, lse, NULL, NULL,
                                  NULL, NULL, NULL);
         }
@@ -327,6 +331,14 @@ static inline tpk_status tpk_cp_attn_backward(tpk_ctx *ctx, tpk_cp_attn *a, void
     tpk_status s = TPK_OK, ws;
     const float *own = NULL; /* this rank's K|V gradient, summed over every rank */
     if (ring) {
+        /* The block's f32 gradient in two halves, rows [0, T / 2) and [T / 2, T) (key pieces
+           [0, B) and [B, 2B)): a half goes on to rank r + 1, and the next step's arrives from
+           r - 1 into the other buffer, in a batch started as soon as this rank's part of it is
+           added and waited just before the next step adds to it, so each half travels under the
+           other half's attention (the same sums, in the same order, as one message a step). */
+        tpk_request dreq[2];
+        memset(dreq, 0, sizeof dreq);
+        size_t hn = n / 2; /* n = B 2 Sc ldkv: a half is B Sc rows */
         TPK_TRY(tpk_op_fill(ctx, a->dkv[0].p, TPK_F32, n, 0.0f));
         for (int st = 0; st < c && s == TPK_OK; st++) {
             int src = (r - st + c) % c;
@@ -335,17 +347,26 @@ static inline tpk_status tpk_cp_attn_backward(tpk_ctx *ctx, tpk_cp_attn *a, void
             if (st < c - 1) {
                 tpk_p2p ops[2] = {{cur, n, ctx->dtype, (r + 1) % c, TPK__CP_TAG_KV_BWD, true},
                                   {nxt, n, ctx->dtype, (r - 1 + c) % c, TPK__CP_TAG_KV_BWD, false}};
-                TPK_TRY(tpk_p2p_start(ctx, &ctx->cp, ops, 2, &req));
+                s = tpk_p2p_start(ctx, &ctx->cp, ops, 2, &req);
             }
-            s = tpk__cp_attn_src(ctx, b, c, r, src, B, S, false, qkv, cur, NULL, NULL, dst, dcur,
-                                 dout, out, lse);
-            ws = tpk_wait(ctx, &req);
+            for (int h = 0; h < 2 && s == TPK_OK; h++) {
+                s = tpk_wait(ctx, &dreq[h]); /* this step's half h in, dnxt's half h free */
+                if (s == TPK_OK)
+                    s = tpk__cp_attn_src(ctx, b, c, r, src, h * B, (h + 1) * B, S, false, qkv, cur,
+                                         NULL, NULL, dst, dcur, dout, out, lse);
+                if (s == TPK_OK && c > 1) { /* the half, with this rank's part, onward */
+                    tpk_p2p ops[2] = {
+                        {dcur + h * hn, hn, TPK_F32, (r + 1) % c, TPK__CP_TAG_DKV + h, true},
+                        {dnxt + h * hn, hn, TPK_F32, (r - 1 + c) % c, TPK__CP_TAG_DKV + h, false}};
+                    s = tpk_p2p_start(ctx, &ctx->cp, ops, 2, &dreq[h]);
+                }
+            }
+            ws = tpk_wait(ctx, &req); /* always finished */
             if (s == TPK_OK) s = ws;
-            if (s == TPK_OK && c > 1) { /* the block's gradient, with this rank's part, onward */
-                tpk_p2p ops[2] = {{dcur, n, TPK_F32, (r + 1) % c, TPK__CP_TAG_DKV, true},
-                                  {dnxt, n, TPK_F32, (r - 1 + c) % c, TPK__CP_TAG_DKV, false}};
-                s = tpk_p2p_run(ctx, &ctx->cp, ops, 2);
-            }
+        }
+        for (int h = 0; h < 2; h++) { /* the last halves: this rank's own block, summed */
+            ws = tpk_wait(ctx, &dreq[h]);
+            if (s == TPK_OK) s = ws;
         }
         own = (const float *)a->dkv[c > 1 ? c % 2 : 0].p;
     } else {
@@ -357,13 +378,13 @@ static inline tpk_status tpk_cp_attn_backward(tpk_ctx *ctx, tpk_cp_attn *a, void
             s = tpk_allgatherv_start(ctx, &ctx->cp, a->kv[0].p, n, a->kv[1].p, cnt, n * (size_t)c,
                                      ctx->dtype, &req);
         if (s == TPK_OK)
-            s = tpk__cp_attn_src(ctx, b, c, r, r, B, S, false, qkv, a->kv[0].p, NULL, NULL, dst,
-                                 dall + (size_t)r * n, dout, out, lse);
+            s = tpk__cp_attn_src(ctx, b, c, r, r, 0, 2 * B, S, false, qkv, a->kv[0].p, NULL, NULL,
+                                 dst, dall + (size_t)r * n, dout, out, lse);
         ws = tpk_wait(ctx, &req);
         if (s == TPK_OK) s = ws;
         for (int st = 1; st < c && s == TPK_OK; st++) {
             int src = (r - st + c) % c;
-            s = tpk__cp_attn_src(ctx, b, c, r, src, B, S, false, qkv,
+            s = tpk__cp_attn_src(ctx, b, c, r, src, 0, 2 * B, S, false, qkv,
                                  (char *)a->kv[1].p + (size_t)src * n * es, NULL, NULL, dst,
                                  dall + (size_t)src * n, dout, out, lse);
         }
