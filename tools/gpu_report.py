@@ -90,6 +90,20 @@ def fmt(x, spec="%.3f", none="-"):
     return none if x is None else spec % x
 
 
+
+# the columns of a training step's table (GPT-2's, and Llama's and GPT-NeoX's)
+STEP_COLUMNS = [
+    "model",
+    "implementation",
+    "ms/step",
+    "tokens/s",
+    "MFU",
+    "peak MB",
+    "tpk tokens/s / this",
+    "target",
+    "result",
+]
+
 class Report:
     def __init__(self, d):
         self.d = d
@@ -552,20 +566,7 @@ class Report:
                 )
             if model == "124M" and "tpk" not in rr:
                 self.judge(None, 0)
-        self.table(
-            [
-                "model",
-                "implementation",
-                "ms/step",
-                "tokens/s",
-                "MFU",
-                "peak MB",
-                "tpk tokens/s / this",
-                "target",
-                "result",
-            ],
-            rows,
-        )
+        self.table(STEP_COLUMNS, rows)
 
     def families_section(self):
         self.w("## Llama and GPT-NeoX training steps vs PyTorch")
@@ -637,20 +638,7 @@ class Report:
                         res,
                     ]
                 )
-        self.table(
-            [
-                "model",
-                "implementation",
-                "ms/step",
-                "tokens/s",
-                "MFU",
-                "peak MB",
-                "tpk tokens/s / this",
-                "target",
-                "result",
-            ],
-            rows,
-        )
+        self.table(STEP_COLUMNS, rows)
 
     def missing_section(self):
         self.w("## Not measured, failed or skipped")
