@@ -17,6 +17,22 @@
 
 enum { V = 97, P = 16, H = 24, B = 2, S = 8, M = 4, MAXL = 8 };
 
+/* The test's GPT-2 (dropout 0.1) or Llama (A = 4, G = 2, F = 40) of MAXL blocks. */
+static tpk_model_config small_model(tpk_arch arch, bool sp, tpk_recompute rc) {
+    tpk_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.arch = arch;
+    if (arch == TPK_ARCH_GPT2)
+        mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = MAXL, .hidden = H,
+                                    .heads = 4, .dropout = 0.1f, .sequence_parallel = sp,
+                                    .recompute = rc};
+    else
+        mc.llama = (tpk_llama_config){.vocab = V, .positions = P, .layers = MAXL, .hidden = H,
+                                      .heads = 4, .kv_heads = 2, .ffn = 40,
+                                      .sequence_parallel = sp, .recompute = rc};
+    return mc;
+}
+
 static int32_t ids[M * B * S], tg[M * B * S];
 static int32_t cids[M * B * S], ctg[M * B * S]; /* this CP rank's rows of each micro-batch */
 
@@ -137,15 +153,7 @@ int main(int argc, char **argv) {
                             tpk_model_config mc;
                             memset(&mc, 0, sizeof mc);
                             if (fam == 0) {
-                                mc.arch = TPK_ARCH_GPT2;
-                                mc.gpt2 = (tpk_gpt2_config){.vocab = V,
-                                                            .positions = P,
-                                                            .layers = MAXL,
-                                                            .hidden = H,
-                                                            .heads = 4,
-                                                            .dropout = 0.1f,
-                                                            .sequence_parallel = sp,
-                                                            .recompute = (tpk_recompute)rc};
+                                mc = small_model(TPK_ARCH_GPT2, sp, (tpk_recompute)rc);
                             } else if (fam == 2) { /* one RMSNorm feeding both branches */
                                 mc.arch = TPK_ARCH_CUSTOM;
                                 tpk_lm_config *c = &mc.custom;
@@ -160,16 +168,7 @@ int main(int argc, char **argv) {
                                 c->dropout_sites = true, c->sequence_parallel = sp;
                                 c->recompute = (tpk_recompute)rc;
                             } else {
-                                mc.arch = TPK_ARCH_LLAMA;
-                                mc.llama = (tpk_llama_config){.vocab = V,
-                                                              .positions = P,
-                                                              .layers = MAXL,
-                                                              .hidden = H,
-                                                              .heads = 4,
-                                                              .kv_heads = 2,
-                                                              .ffn = 40,
-                                                              .sequence_parallel = sp,
-                                                              .recompute = (tpk_recompute)rc};
+                                mc = small_model(TPK_ARCH_LLAMA, sp, (tpk_recompute)rc);
                             }
                             char what[64];
                             snprintf(what, sizeof what, "%s recompute %s",
@@ -199,24 +198,9 @@ int main(int argc, char **argv) {
                         memset(&mc, 0, sizeof mc);
                         tpk_recompute rm = rc ? TPK_RECOMPUTE_FULL : TPK_RECOMPUTE_NONE;
                         if (fam == 0) {
-                            mc.arch = TPK_ARCH_GPT2;
-                            mc.gpt2 = (tpk_gpt2_config){.vocab = V,
-                                                        .positions = P,
-                                                        .layers = MAXL,
-                                                        .hidden = H,
-                                                        .heads = 4,
-                                                        .dropout = 0.1f,
-                                                        .recompute = rm};
+                            mc = small_model(TPK_ARCH_GPT2, false, rm);
                         } else {
-                            mc.arch = TPK_ARCH_LLAMA;
-                            mc.llama = (tpk_llama_config){.vocab = V,
-                                                          .positions = P,
-                                                          .layers = MAXL,
-                                                          .hidden = H,
-                                                          .heads = 4,
-                                                          .kv_heads = 2,
-                                                          .ffn = 40,
-                                                          .recompute = rm};
+                            mc = small_model(TPK_ARCH_LLAMA, false, rm);
                         }
                         char what[64];
                         snprintf(what, sizeof what, "%s recompute %s", fam ? "llama" : "gpt2",
