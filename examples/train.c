@@ -74,17 +74,22 @@ static tpk_status evaluate(tpk_trainable *t, const tpk_tokens *val, const tpk_ru
     return TPK_OK;
 }
 
-/* The step's line on rank 0: loss, norm, lr, the mean step time since the last line, tokens/s,
+/* The step's line on rank 0: loss (a mixture of experts': the cross-entropy plus the router's
+ * load-balancing loss, that share in brackets), norm, lr, the mean step time since the last line,
+ * tokens/s,
  * on a GPU the model flops utilisation (6 N + 12 L H S flops a token against TPK_PEAK_TFLOPS,
  * default 989: an H100's bf16 dense), the validation loss, at more than one rank the slowest and
  * fastest rank's compute time a step (tpk_run_pace), the time left. */
-static bool log_step(int64_t step, int64_t steps, double l, double norm, float lr, double ms,
-                     double tok, double eta, double vl, double flops_tok, const tpk_run_pace *p) {
+static bool log_step(int64_t step, int64_t steps, double l, double aux, double norm, float lr,
+                     double ms, double tok, double eta, double vl, double flops_tok,
+                     const tpk_run_pace *p) {
     double peak = 989.0; /* TPK_PEAK_TFLOPS, checked with the others at tpk_ctx_init */
     tpk_env_number(NULL, "TPK_PEAK_TFLOPS", peak, &peak);
     char pace[96];
-    printf("step %5lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s",
-           (long long)step, (long long)steps, l, norm, (double)lr, ms, tok / (ms * 1e-3));
+    printf("step %5lld/%lld | loss %.4f", (long long)step, (long long)steps, l);
+    if (isfinite(aux)) printf(" (aux %.6f)", aux); /* a mixture of experts' share of the loss */
+    printf(" | grad norm %.3f | lr %.2e | %.1f ms | %.0f tok/s", norm, (double)lr, ms,
+           tok / (ms * 1e-3));
     if (flops_tok > 0)
         printf(" | MFU %.1f%%",
                100.0 * flops_tok * tok / (ms * 1e-3) / (peak * 1e12 * W.size));
@@ -138,7 +143,7 @@ int main(int argc, char **argv) {
                                                                         : TPK_FP8_AMAX_MAX,
                        (int)o.fp8_margin};
     if (!ok(tpk_run_backend_init(&ctx, &be, o.dtype, W.timeout)) ||
-        !(up = ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.cp, (int)o.pp,
+        !(up = ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.cp, (int)o.pp, (int)o.ep,
                                    o.tp_weights ? o.tw : NULL, o.seed, o.det))) ||
         (o.fp8 && !ok(tpk_fp8_init(&ctx, &f8, &fd))) || /* before the model: its linears */
         !ok(tpk_trainable_init(&ctx, &t, &cfg, &td)))
@@ -177,7 +182,8 @@ int main(int argc, char **argv) {
     if (!ok(tpk_log_open(&ctx, &csv, o.csv, opt.step, t.run_id))) goto out; /* a resume appends */
 
     /* training */
-    bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum");
+    bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum"),
+         moe = cfg.arch == TPK_ARCH_MIXTRAL; /* the step line shows the aux loss */
     tpk_lr_schedule sched = {TPK_LR_COSINE, (float)o.lr, (float)o.min_lr_frac, o.warmup, o.steps};
     tpk_trainable_set_dp(&t, &dp_b, o.zero != 1 && !adasum); /* the buckets under the backward */
     if (adasum && !ok(tpk_dp_adasum_init(&ctx, &dp_b))) goto out; /* after the backward */
@@ -188,7 +194,7 @@ int main(int argc, char **argv) {
     tpk_mem_peak(&ctx, true); /* the peak from here: training */
     tpk_run_pace pace = tpk_run_pace_begin(opt.step); /* each rank's compute time a step */
     for (int64_t step = opt.step; step < o.steps; step++) {
-        double l = NAN, norm = 0, w = (double)Bd / (double)Btot / (double)o.accum;
+        double l = NAN, aux = NAN, norm = 0, w = (double)Bd / (double)Btot / (double)o.accum;
         float lr = tpk_lr_at(&sched, step);
         for (int64_t k = 0; k < o.accum; k++) /* window micro * dp + rank with one --batch */
             if (!ok(tpk_data_batch_seq(&ctx, &train, (step * o.accum + k) * Btot + off, Bd, S,
@@ -205,8 +211,10 @@ int main(int argc, char **argv) {
                                    (uint64_t)(step * o.accum), lr, (float)o.clip,
                                    report ? &norm : NULL)) ||
             (report && !ok(tpk_trainable_loss(&ctx, &t, w, &l))) ||
+            (report && moe && !ok(tpk_model_aux_dp(&ctx, tpk_trainable_model(&t), w, &aux))) ||
             (eval && !ok(evaluate(&t, &val, &o, S, x, y, &vl))))
             goto out;
+        if (report && moe) l += aux; /* the loss trained: Hugging Face's outputs.loss */
         if (report) int_s += now() - t_int; /* a step that does not report does not wait */
         int_n++;
         if (report) tpk_run_pace_step(&W, &pace, opt.step); /* the slowest rank, at a report */
@@ -214,8 +222,8 @@ int main(int argc, char **argv) {
         if (W.rank == 0 && (opt.step % o.log_every == 0 || opt.step == o.steps || isfinite(vl))) {
             double ms = 1e3 * int_s / (double)int_n,
                    eta = (now() - t0) / (double)(opt.step - from) * (double)(o.steps - opt.step);
-            written = log_step(opt.step, o.steps, l, norm, lr, ms, (double)(Btot * S * o.accum),
-                               eta, vl, flops, &pace);
+            written = log_step(opt.step, o.steps, l, aux, norm, lr, ms,
+                               (double)(Btot * S * o.accum), eta, vl, flops, &pace);
             int_s = 0, int_n = 0;
         }
         if (!written)

@@ -900,3 +900,29 @@ if long_set; then
     cp -r "$T/c5/step-5" "$d1/ck" && cp -r "$T/c5/step-5" "$d2/ck" && cp "$d1/ck/config.json" "$d2/ck/extra.json"
     diff2 "a --load checkpoint with another file" "different checkpoint files in --load ck" --load ck --text "$text" $small --tp 2 --steps 6
 fi
+
+# ---- Mixtral (--arch mixtral): expert parallelism against EP 1, its refusals, checkpoints across EP
+# sizes, a Hugging Face Mixtral checkpoint -----------------------------------------------------------
+mx="--arch mixtral --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --experts 4 --batch 2 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
+# mxeq NAME REF NEW FROM TO: NEW's losses (the aux included) of steps FROM..TO within 1e-6 of REF's
+mxeq() {
+    r=$(relmax "$(losses "$2" "$4" "$5")" "$(losses "$3" "$4" "$5")")
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "$1 (max relative difference $r)"
+    else fail "$1 (exit $rc1, $rc; max relative difference $r)"; fi
+}
+tr 2 --text "$text" $mx --steps 5 --csv "$T/mx1.csv"
+rc1=$rc
+tr 2 --text "$text" $mx --ep 2 --steps 5 --csv "$T/mx2.csv"
+printf '%s\n' "$out" | grep -q '^train: 2 ranks = TP 1 x DP 2 (EP 2), .*Mixtral .* E=4 k=2' || rc1=1
+printf '%s\n' "$out" | grep -q '^step     5/5 | loss [0-9.]* (aux 0\.00' || rc1=1
+mxeq "Mixtral at DP 2 x EP 2: 5 AdamW steps' losses equal DP 2 at EP 1 (the banner's EP, the aux on the step line)" "$T/mx1.csv" "$T/mx2.csv" 1 5
+if long_set; then
+    tr 4 --text "$text" $mx --tp 2 --ep 2 --steps 5 --csv "$T/mx22.csv"
+    mxeq "Mixtral at TP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/mx1.csv" "$T/mx22.csv" 1 5
+    bad "Mixtral: experts not divisible by EP" "--ep 2: expected a divisor of the 3 experts" --text "$text" $mx --experts 3 --ep 2
+    bad "Mixtral: top-k past the experts" "--moe-top-k 5: expected at most the 4 experts" --text "$text" $mx --moe-top-k 5
+    bad "Mixtral: EP not dividing DP" "--ep 4: expected a divisor of the DP size 2" --text "$text" $mx --ep 4
+    bad "Mixtral: --zero with EP 2" "--ep 2: not yet with --zero" --text "$text" $mx --ep 2 --zero 1
+    bad "--ep with a model without experts" "--ep 2: the Llama model has no experts" --text "$text" --arch llama $small --ep 2
+    bad "Mixtral: --sequence-parallel" "--sequence-parallel: not yet with the Mixtral model" --text "$text" $mx --tp 2 --sequence-parallel
+fi

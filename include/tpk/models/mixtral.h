@@ -21,7 +21,8 @@
  * model.layers.<i>.post_attention_layernorm.weight, model.layers.<i>.block_sparse_moe.gate.weight
  * [E, H], model.layers.<i>.block_sparse_moe.experts.<e>.{w1,w3}.weight [F, H], .w2.weight [H, F]
  * (expert e only at EP rank e / (E / ep): tpk_param.expert), model.norm.weight, lm_head.weight.
- * No sequence parallelism, dropout, pipeline stages or context parallelism yet (refused by name). */
+ * No sequence parallelism, dropout, pipeline stages or context parallelism yet (refused by
+ * name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P (tpk/train/options.h). */
 #ifndef TPK_MIXTRAL_H
 #define TPK_MIXTRAL_H
 
@@ -58,11 +59,13 @@ typedef struct tpk_mixtral {
     tpk_lm lm;
 } tpk_mixtral;
 
-/* The config fields a trainer sets by flag (tpk_lm_flag). */
+/* The config fields a trainer sets by flag (tpk_lm_flag); the router's k is --moe-top-k (the
+ * trainer's --top-k is sampling's). */
 static inline const tpk_lm_flag *tpk_mixtral_flags(int *n) {
     static const tpk_lm_flag f[] = {
         {"--experts", offsetof(tpk_mixtral_config, experts), true, 1, 1e6, "E", "E (default 8)"},
-        {"--top-k", offsetof(tpk_mixtral_config, top_k), true, 1, 1e6, "k", "k (default 2)"},
+        {"--moe-top-k", offsetof(tpk_mixtral_config, top_k), true, 1, 1e6, "k",
+         "k (default 2)"},
         {"--aux-coef", offsetof(tpk_mixtral_config, aux_coef), false, -1, 1e6, NULL,
          "0.001 (< 0: none)"},
         {"--kv-heads", offsetof(tpk_mixtral_config, kv_heads), true, 1, 1e9, "G",

@@ -83,15 +83,16 @@ static inline tpk_status tpk_run_backend_init(tpk_ctx *ctx, tpk_run_backend *b, 
     return TPK_OK;
 }
 
-/* The context on b over TP x CP x DP x PP (tp_weights: NULL, or tp shares). */
+/* The context on b over TP x CP x DP x PP, EP (expert parallelism, ep: 0 or 1 none) carved out of
+ * DP (tp_weights: NULL, or tp shares). */
 static inline tpk_status tpk_run_ctx_init(tpk_ctx *ctx, tpk_run_backend *b, int tp, int cp, int pp,
-                                          const double *tp_weights, uint64_t seed,
+                                          int ep, const double *tp_weights, uint64_t seed,
                                           bool deterministic) {
     if (!ctx) return TPK_ERR_ARG;
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_run_ctx_init", "b: NULL");
     tpk_ctx_desc d;
     memset(&d, 0, sizeof d);
-    d.ops = b->ops, d.world = &b->world, d.tp = tp, d.cp = cp, d.pp = pp, d.seed = seed;
+    d.ops = b->ops, d.world = &b->world, d.tp = tp, d.cp = cp, d.pp = pp, d.ep = ep, d.seed = seed;
     d.dtype = b->dtype;
     d.tp_weights = tp_weights, d.deterministic = deterministic;
     return tpk_ctx_init(ctx, &d);

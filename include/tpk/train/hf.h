@@ -674,6 +674,38 @@ static inline tpk_status tpk_neox_save(tpk_ctx *ctx, const tpk_neox *m, const tp
     return tpk__hf_save(ctx, fn, opt, dir, &d, cfg, false);
 }
 
+/* Save a Mixtral (and opt's moments when opt is not NULL) to dir in Hugging Face's
+ * MixtralForCausalLM layout: config.json (model_type "mixtral"), model.safetensors with every
+ * tensor [out, in] under its global name, each expert's (block_sparse_moe.experts.<e>.w1/w2/w3)
+ * written from the EP rank holding it (tpk_ckpt_save). Collective over ctx->world. */
+static inline tpk_status tpk_mixtral_save(tpk_ctx *ctx, const tpk_mixtral *m, const tpk_adamw *opt,
+                                          const char *dir, const tpk_hf_save_desc *desc) {
+    static const char *fn = "tpk_mixtral_save";
+    tpk_hf_save_desc d;
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->lm.blocks, dir, desc, &d));
+    char cfg[1600], e1[32], e2[32], e3[32];
+    const tpk_mixtral_config *c = &m->c;
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"MixtralForCausalLM\"],\n  \"model_type\": \"mixtral\",\n"
+             "  \"vocab_size\": %lld,\n  \"max_position_embeddings\": %lld,\n"
+             "  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+             "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
+             "  \"num_key_value_heads\": %lld,\n  \"head_dim\": %lld,\n"
+             "  \"hidden_act\": \"silu\",\n  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n"
+             "  \"num_local_experts\": %lld,\n  \"num_experts_per_tok\": %lld,\n"
+             "  \"router_aux_loss_coef\": %s,\n  \"output_router_logits\": %s,\n"
+             "  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null,\n"
+             "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\"\n}\n",
+             (long long)c->vocab, (long long)c->positions, (long long)c->hidden, (long long)c->ffn,
+             (long long)c->layers, (long long)c->heads, (long long)c->kv_heads,
+             (long long)(c->hidden / c->heads), tpk__float_text(c->norm_eps, e1, sizeof e1),
+             tpk__float_text(c->rope_theta, e2, sizeof e2), (long long)c->experts,
+             (long long)c->top_k,
+             c->aux_coef > 0 ? tpk__float_text(c->aux_coef, e3, sizeof e3) : "0.0",
+             c->aux_coef > 0 ? "true" : "false", c->tie_embeddings ? "true" : "false");
+    return tpk__hf_save(ctx, fn, opt, dir, &d, cfg, false);
+}
+
 /* ---- load ------------------------------------------------------------------------------------ */
 
 /* A family's load (tpk_ckpt_load) from a tpk checkpoint or a Hugging Face directory: its shards
@@ -712,6 +744,16 @@ static inline tpk_status tpk_gpt2_load(tpk_ctx *ctx, tpk_gpt2 *m, tpk_adamw *opt
 static inline tpk_status tpk_llama_load(tpk_ctx *ctx, tpk_llama *m, tpk_adamw *opt,
                                         const char *dir) {
     static const char *fn = "tpk_llama_load";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->lm.blocks || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    return tpk__hf_load(ctx, fn, opt, dir, false);
+}
+/* The same for a Mixtral: Hugging Face's MixtralForCausalLM files; each expert's tensors read by
+ * the EP rank holding it. Every rank reads. */
+static inline tpk_status tpk_mixtral_load(tpk_ctx *ctx, tpk_mixtral *m, tpk_adamw *opt,
+                                          const char *dir) {
+    static const char *fn = "tpk_mixtral_load";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->lm.blocks || !dir)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");

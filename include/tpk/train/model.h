@@ -1,21 +1,23 @@
 /* tpk/train/model.h — one handle over the kit's model families (tpk/models/families.h: GPT-2,
- * Llama, GPT-NeoX), for a trainer that takes any: the family chosen by a flag or by a checkpoint's
- * config.json ("model_type"), then the same calls for all — forward, backward, the data-parallel
- * hook, dropout, sampling, Hugging Face checkpoints. Every family is a configuration of one model
- * (tpk_lm, tpk/models/lm.h): the computing calls go straight to it (tpk_model_lm); what differs —
- * the config, its flags, the checkpoint's names and config.json — is one switch on the family, and
- * the families' names are one table of values. Nothing here computes. Needs POSIX
+ * Llama, GPT-NeoX, Mixtral), for a trainer that takes any: the family chosen by a flag or by a
+ * checkpoint's config.json ("model_type"), then the same calls for all — forward, backward, the
+ * data-parallel hook, dropout, sampling, Hugging Face checkpoints. Every family is a configuration
+ * of one model (tpk_lm, tpk/models/lm.h): the computing calls go straight to it (tpk_model_lm);
+ * what differs — the config, its flags, the checkpoint's names and config.json — is one switch on
+ * the family, and the families' names are one table of values. Nothing here computes. Needs POSIX
  * (tpk/train/hf.h). */
 #ifndef TPK_MODEL_H
 #define TPK_MODEL_H
 
 #include "hf.h"
 
-/* TPK_ARCH_CUSTOM: a model of one's own, its tpk_lm_config given whole (cfg.custom) */
+/* TPK_ARCH_MIXTRAL: Llama with a mixture of experts (tpk/models/mixtral.h).
+ * TPK_ARCH_CUSTOM: a model of one's own, its tpk_lm_config given whole (cfg.custom) */
 typedef enum tpk_arch {
     TPK_ARCH_GPT2,
     TPK_ARCH_LLAMA,
     TPK_ARCH_NEOX,
+    TPK_ARCH_MIXTRAL,
     TPK_ARCH_CUSTOM,
     TPK_ARCH_COUNT
 } tpk_arch;
@@ -26,6 +28,7 @@ typedef struct tpk_model_config {
     tpk_gpt2_config gpt2;
     tpk_llama_config llama;
     tpk_neox_config neox;
+    tpk_mixtral_config mixtral;
     tpk_lm_config custom; /* its strings (names) must outlive the models built from it */
 } tpk_model_config;
 
@@ -35,6 +38,7 @@ typedef struct tpk_model {
     tpk_gpt2 gpt2;
     tpk_llama llama;
     tpk_neox neox;
+    tpk_mixtral mixtral;
     tpk_lm custom;
 } tpk_model;
 
@@ -57,6 +61,7 @@ static inline const tpk_model_family *tpk__model_family(tpk_arch a) {
         {"gpt2", "gpt2", "GPT-2", true, tpk_gpt2_flags},
         {"llama", "llama", "Llama", false, tpk_llama_flags},
         {"neox", "gpt_neox", "GPT-NeoX", true, tpk_neox_flags},
+        {"mixtral", "mixtral", "Mixtral", false, tpk_mixtral_flags},
         {"custom", "tpk_custom", "custom", false, tpk__custom_flags}};
     return (unsigned)a < TPK_ARCH_COUNT ? &families[a] : NULL;
 }
@@ -65,6 +70,7 @@ static inline void *tpk__model_cfg(tpk_model_config *c) {
     switch (c->arch) {
     case TPK_ARCH_LLAMA: return &c->llama;
     case TPK_ARCH_NEOX: return &c->neox;
+    case TPK_ARCH_MIXTRAL: return &c->mixtral;
     case TPK_ARCH_CUSTOM: return &c->custom;
     default: return &c->gpt2;
     }
@@ -74,6 +80,7 @@ static inline void *tpk__model_built_cfg(tpk_model *m) {
     switch (m->arch) {
     case TPK_ARCH_LLAMA: return &m->llama.c;
     case TPK_ARCH_NEOX: return &m->neox.c;
+    case TPK_ARCH_MIXTRAL: return &m->mixtral.c;
     case TPK_ARCH_CUSTOM: return &m->custom.c;
     default: return &m->gpt2.c;
     }
@@ -83,6 +90,7 @@ static inline tpk_lm *tpk_model_lm(tpk_model *m) {
     switch (m->arch) {
     case TPK_ARCH_LLAMA: return &m->llama.lm;
     case TPK_ARCH_NEOX: return &m->neox.lm;
+    case TPK_ARCH_MIXTRAL: return &m->mixtral.lm;
     case TPK_ARCH_CUSTOM: return &m->custom;
     default: return &m->gpt2.lm;
     }
@@ -111,6 +119,14 @@ static inline void tpk__model_common(tpk_model_config *cfg, int64_t *shape[5], f
         tpk_neox_config *c = &cfg->neox;
         v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
         v[4] = &c->heads, l = &c->label_smoothing, s = &c->sequence_parallel, r = &c->recompute;
+        p = &c->part;
+        break;
+    }
+    case TPK_ARCH_MIXTRAL: { /* no sequence parallelism: s points at a flag nothing reads */
+        static bool no_sp;
+        tpk_mixtral_config *c = &cfg->mixtral;
+        v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
+        v[4] = &c->heads, l = &c->label_smoothing, s = &no_sp, r = &c->recompute;
         p = &c->part;
         break;
     }
@@ -176,7 +192,7 @@ static inline const char *tpk_arch_name(tpk_arch a) {
 }
 
 /* cfg->arch and that family's config from dir/config.json (its model_type: "gpt2", "llama",
- * "gpt_neox"). */
+ * "gpt_neox", "mixtral"). */
 static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir,
                                                tpk_model_config *cfg) {
     char type[32];
@@ -188,6 +204,7 @@ static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir,
     switch (cfg->arch) {
     case TPK_ARCH_LLAMA: return tpk_llama_config_read(ctx, dir, &cfg->llama);
     case TPK_ARCH_NEOX: return tpk_neox_config_read(ctx, dir, &cfg->neox);
+    case TPK_ARCH_MIXTRAL: return tpk_mixtral_config_read(ctx, dir, &cfg->mixtral);
     case TPK_ARCH_CUSTOM:
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_config_read",
                          "%s: a custom model's config is its program's (tpk_lm_config), not read "
@@ -207,6 +224,7 @@ static inline tpk_status tpk_model_init(tpk_ctx *ctx, tpk_model *m, const tpk_mo
     case TPK_ARCH_GPT2: return tpk_gpt2_init(ctx, &m->gpt2, &cfg->gpt2);
     case TPK_ARCH_LLAMA: return tpk_llama_init(ctx, &m->llama, &cfg->llama);
     case TPK_ARCH_NEOX: return tpk_neox_init(ctx, &m->neox, &cfg->neox);
+    case TPK_ARCH_MIXTRAL: return tpk_mixtral_init(ctx, &m->mixtral, &cfg->mixtral);
     case TPK_ARCH_CUSTOM: return tpk_lm_init(ctx, &m->custom, &cfg->custom);
     default:
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
@@ -236,6 +254,13 @@ static inline tpk_status tpk_model_forward(tpk_ctx *ctx, tpk_model *m, const int
                                            const int32_t *targets, int64_t B, int64_t S,
                                            float *loss) {
     return tpk_lm_forward(ctx, m ? tpk_model_lm(m) : NULL, ids, targets, B, S, loss);
+}
+/* A mixture of experts' load-balancing loss (its coefficient's share, tpk_lm_aux_read) of the
+ * forwards made with loss = NULL since the last read, times `weight`, summed over ctx->dp into
+ * *out (0 for a model without experts). Collective over the DP group. */
+static inline tpk_status tpk_model_aux_dp(tpk_ctx *ctx, tpk_model *m, double weight, double *out) {
+    *out = tpk_lm_aux_read(tpk_model_lm(m)) * weight;
+    return tpk_allreduce_host(ctx, &ctx->dp, out, 1, TPK_F64, TPK_SUM);
 }
 /* The running loss sum of the forwards made with loss = NULL since the last read or reset, in
  * their order (tpk_xent_loss_read: one download when there was one, then the sum starts again);
@@ -321,6 +346,7 @@ static inline tpk_status tpk_model_save(tpk_ctx *ctx, const tpk_model *m, const 
     case TPK_ARCH_GPT2: return tpk_gpt2_save(ctx, &m->gpt2, opt, dir, desc);
     case TPK_ARCH_LLAMA: return tpk_llama_save(ctx, &m->llama, opt, dir, desc);
     case TPK_ARCH_NEOX: return tpk_neox_save(ctx, &m->neox, opt, dir, desc);
+    case TPK_ARCH_MIXTRAL: return tpk_mixtral_save(ctx, &m->mixtral, opt, dir, desc);
     case TPK_ARCH_CUSTOM: return tpk__custom_save(ctx, &m->custom, opt, dir, desc);
     default:
         return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_save", "model: NULL") : TPK_ERR_ARG;
@@ -332,6 +358,7 @@ static inline tpk_status tpk_model_load(tpk_ctx *ctx, tpk_model *m, tpk_adamw *o
     case TPK_ARCH_GPT2: return tpk_gpt2_load(ctx, &m->gpt2, opt, dir);
     case TPK_ARCH_LLAMA: return tpk_llama_load(ctx, &m->llama, opt, dir);
     case TPK_ARCH_NEOX: return tpk_neox_load(ctx, &m->neox, opt, dir);
+    case TPK_ARCH_MIXTRAL: return tpk_mixtral_load(ctx, &m->mixtral, opt, dir);
     case TPK_ARCH_CUSTOM: return tpk_ckpt_load(ctx, opt, dir, NULL, NULL);
     default:
         return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_load", "model: NULL") : TPK_ERR_ARG;

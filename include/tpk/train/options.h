@@ -39,6 +39,7 @@ typedef struct tpk_run_opts {
     int64_t tp, zero, pp, micro, vstages;
     int64_t cp;          /* context parallelism: ranks splitting each sequence */
     const char *cp_comm; /* p2p | allgather (NULL: p2p) */
+    int64_t ep;          /* expert parallelism: ranks of DP splitting a mixture's experts */
     bool sp, print_schedule, plan;
     /* data */
     const char *text, *data, *val_data, *dp_batch;
@@ -80,8 +81,8 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
     static int nt = 0;
     if (nt) return *n = nt, t;
     const tpk_flag base[] = {
-        {"--arch", C, 0, 0, NULL, "gpt2|llama|neox", "one of gpt2, llama, neox", M, "model",
-         "the family; default gpt2", offsetof(tpk_run_opts, arch)},
+        {"--arch", C, 0, 0, NULL, "gpt2|llama|neox|mixtral", "one of gpt2, llama, neox, mixtral", M,
+         "model", "the family; default gpt2", offsetof(tpk_run_opts, arch)},
         {"--layers", I, 1, G, NULL, "L", NULL, M, "model", "blocks",
          offsetof(tpk_run_opts, layers)},
         {"--hidden", I, 1, G, NULL, "H", NULL, M, "model", NULL, offsetof(tpk_run_opts, hidden)},
@@ -105,6 +106,10 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
         {"--cp-comm", C, 0, 0, NULL, "p2p|allgather", NULL, P, "parallel",
          "how keys and values travel over CP: the ring (default) or an all-gather",
          offsetof(tpk_run_opts, cp_comm)},
+        {"--ep", I, 1, G, "1", NULL, NULL, P, "parallel",
+         "expert parallelism (--arch mixtral): the experts split over N of the DP ranks; N "
+         "divides DP and --experts",
+         offsetof(tpk_run_opts, ep)},
         {"--dtype", C, 0, 0, NULL, "f32|bf16", NULL, F, "parallel",
          "default: bf16 on a GPU, f32 on the host", offsetof(tpk_run_opts, dtype)},
         {"--zero", I, 0, 2, "0", NULL,
@@ -317,6 +322,24 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         (long long)o->pp, world, (long long)o->tp, (long long)o->cp,
                         (long long)(o->tp * o->cp * o->pp)),
                false;
+    int64_t dpw = world ? world / (o->tp * o->cp * o->pp) : 0; /* the DP size */
+    if (o->ep > 1 && dpw % o->ep)
+        return snprintf(err, n,
+                        "--ep %lld: expected a divisor of the DP size %lld (%d ranks / --tp %lld "
+                        "--cp %lld --pp %lld): the EP groups are carved out of the DP ranks",
+                        (long long)o->ep, (long long)dpw, world, (long long)o->tp, (long long)o->cp,
+                        (long long)o->pp),
+               false;
+    if (o->ep > 1 && (o->zero || (o->dp_reduce && !strcmp(o->dp_reduce, "adasum"))))
+        return snprintf(err, n,
+                        "--ep %lld: not yet with %s (its slices over DP x CP would mix different "
+                        "experts held at the same offsets)",
+                        (long long)o->ep, o->zero ? "--zero" : "--dp-reduce adasum"),
+               false;
+    if (o->ep > 1 && o->plan)
+        return snprintf(err, n, "--ep %lld: the planner (--plan) has no expert parallelism yet",
+                        (long long)o->ep),
+               false;
     if (o->piped && o->kind == TPK_PIPE_INTERLEAVED && (o->eval_every || o->eval_only) &&
         o->eval_batches % o->pp)
         return snprintf(err, n,
@@ -480,6 +503,29 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
                         tpk__model_family(cfg->arch)->title),
                TPK_ERR_ARG;
     if (!tpk_run_family_flags(o, cfg, err, n)) return TPK_ERR_ARG;
+    if (cfg->arch != TPK_ARCH_MIXTRAL && o->ep > 1)
+        return snprintf(err, n, "--ep %lld: the %s model has no experts (--arch mixtral has)",
+                        (long long)o->ep, tpk__model_family(cfg->arch)->title),
+               TPK_ERR_ARG;
+    if (cfg->arch == TPK_ARCH_MIXTRAL) { /* the trainer's words for the library's refusals */
+        tpk_mixtral_config *mc = &cfg->mixtral;
+        int64_t E = mc->experts ? mc->experts : 8, k = mc->top_k ? mc->top_k : 2;
+        if (o->ep > 1 && E % o->ep)
+            return snprintf(err, n,
+                            "--ep %lld: expected a divisor of the %lld experts (--experts; each EP "
+                            "rank holds experts / ep of them)",
+                            (long long)o->ep, (long long)E),
+                   TPK_ERR_ARG;
+        if (k > E)
+            return snprintf(err, n, "--moe-top-k %lld: expected at most the %lld experts",
+                            (long long)k, (long long)E),
+                   TPK_ERR_ARG;
+        if (o->sp)
+            return snprintf(err, n,
+                            "--sequence-parallel: not yet with the Mixtral model (its MoE block "
+                            "takes x replicated over TP)"),
+                   TPK_ERR_ARG;
+    }
     struct {
         const char *flag;
         int64_t given, has;

@@ -24,7 +24,9 @@ static inline void tpk_run_banner(FILE *out, const tpk_ctx *ctx, const tpk_run_o
     tpk_model *m = tpk_trainable_model(t);
     int64_t *sh[5];
     tpk_model_config_common(cfg, sh, (float)o->smoothing, o->sp, o->rc);
-    char pp[160] = "", cp[64] = "", fam[160], b[160];
+    char pp[160] = "", cp[64] = "", fam[160], b[160], ep[32] = "";
+    if (ctx->ep.vt && ctx->ep.size > 1) /* expert parallelism: the experts split over DP ranks */
+        snprintf(ep, sizeof ep, " (EP %d)", ctx->ep.size);
     int world = ctx->tp.size * ctx->cp.size * ctx->dp.size * ctx->pp.size;
     if (ctx->cp.size > 1) /* context parallelism: the sequence split, the attention's exchange */
         snprintf(cp, sizeof cp, " x CP %d (%s)", ctx->cp.size,
@@ -35,9 +37,9 @@ static inline void tpk_run_banner(FILE *out, const tpk_ctx *ctx, const tpk_run_o
     if (o->dp_batch) snprintf(b, sizeof b, "%s per DP rank = %lld", o->dp_batch, (long long)Btot);
     else snprintf(b, sizeof b, "%lld", (long long)o->batch);
     fprintf(out,
-            "train: %d rank%s = TP %d%s x DP %d%s%s, %s backend, %s | %s L=%lld H=%lld A=%lld "
+            "train: %d rank%s = TP %d%s x DP %d%s%s%s, %s backend, %s | %s L=%lld H=%lld A=%lld "
             "V=%lld P=%lld%s, %.2fM parameters | B=%s S=%lld %s %lld\n",
-            world, world == 1 ? "" : "s", ctx->tp.size, cp, ctx->dp.size, pp,
+            world, world == 1 ? "" : "s", ctx->tp.size, cp, ctx->dp.size, ep, pp,
             o->sp ? " (sequence parallel)" : "", ctx->ops->name,
             ctx->dtype == TPK_BF16 ? "bf16 (f32 master weights)" : "f32",
             tpk_run_family_title(m->arch), (long long)tpk_model_layers(m),

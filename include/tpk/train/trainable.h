@@ -150,7 +150,7 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
         TPK_TRY(tpk_pipe_model_step(ctx, pm, ids, targets, B, S, scale, rng_step, NULL));
     } else {
         tpk_lm *lm = tpk_model_lm(m); /* every family's model: its calls, direct */
-        tpk_xent_loss_reset(&lm->ce);
+        tpk_xent_loss_reset(&lm->ce), lm->aux_sum = 0; /* the step's losses from here */
         for (int k = 0; k < M; k++) {
             ctx->rng_step = rng_step + (uint64_t)k;
             TPK_TRY(tpk_lm_forward(ctx, lm, ids + (size_t)k * mbt, targets + (size_t)k * mbt, B, S,
@@ -266,9 +266,13 @@ static inline tpk_status tpk_trainable_params(tpk_ctx *ctx, tpk_trainable *t, si
     if (!ctx) return TPK_ERR_ARG;
     if (!t || !n)
         return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_params", "%s: NULL", t ? "n" : "t");
-    double ng = 0;
+    double ng = 0, ne = 0; /* the experts' counted over ctx->ep: each EP rank holds others */
     for (int i = 0; i < ctx->params.n; i++)
-        if (!ctx->params.list[i].pp_copy) ng += (double)tpk_param_global_numel(ctx, i);
+        if (!ctx->params.list[i].pp_copy)
+            *(ctx->params.list[i].expert ? &ne : &ng) += (double)tpk_param_global_numel(ctx, i);
+    if (ctx->ep.vt && ctx->ep.size > 1)
+        TPK_TRY(tpk_allreduce_host(ctx, &ctx->ep, &ne, 1, TPK_F64, TPK_SUM));
+    ng += ne;
     if (ctx->pp.size > 1) TPK_TRY(tpk_allreduce_host(ctx, &ctx->pp, &ng, 1, TPK_F64, TPK_SUM));
     *n = (size_t)ng;
     return TPK_OK;
