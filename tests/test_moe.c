@@ -154,16 +154,32 @@ static void ref_softmax(const double *z, int E, double *p) {
     for (int e = 0; e < E; e++) p[e] = exp(z[e] - m) / s;
 }
 /* One DP rank's routing of T tokens x [T, H] by Wg [E, H]: z, p [T, E], idx [T, K], w [T, K], the
- * counts [E] and balance. */
+ * counts [E] and balance; lse [T] and the z-loss mean_t lse² (times zc); under a capacity factor
+ * cf > 0 the capacity C = ceil(T K / E cf) and sent [T, K] (-1: dropped; of an expert's rows the C
+ * of the largest weight kept, ties the earlier row), the rows dropped. */
 typedef struct ref_route {
-    double *z, *p, *w, balance;
-    int *idx;
+    double *z, *p, *w, *lse, balance, zloss;
+    int *idx, *sent, dropped;
     int64_t count[64];
 } ref_route;
+static void ref_route_drop(ref_route *r, int T, int E, int K, double cf) {
+    int N = T * K;
+    double C = cf > 0 ? ceil((double)N / E * cf) : N + 1;
+    r->dropped = 0;
+    for (int a = 0; a < N; a++) {
+        int before = 0;
+        for (int b = 0; b < N; b++)
+            before += b != a && r->idx[b] == r->idx[a] &&
+                      (r->w[b] > r->w[a] || (r->w[b] == r->w[a] && b < a));
+        r->sent[a] = before < C ? r->idx[a] : -1;
+        r->dropped += before >= C;
+    }
+}
 static void ref_route_make(ref_route *r, const double *x, const double *Wg, int T, int H, int E,
-                           int K, bool renorm) {
+                           int K, bool renorm, double zc, double cf) {
     r->z = calloc((size_t)(T * E + 1), sizeof(double)), r->p = calloc((size_t)(T * E + 1), 8);
     r->w = calloc((size_t)(T * K + 1), sizeof(double)), r->idx = calloc((size_t)(T * K + 1), 4);
+    r->lse = calloc((size_t)(T + 1), 8), r->sent = calloc((size_t)(T * K + 1), 4), r->zloss = 0;
     double P[64] = {0};
     memset(r->count, 0, sizeof r->count);
     for (int t = 0; t < T; t++) {
@@ -173,6 +189,10 @@ static void ref_route_make(ref_route *r, const double *x, const double *Wg, int 
             r->z[t * E + e] = a;
         }
         ref_softmax(r->z + t * E, E, r->p + t * E);
+        double m = r->z[t * E], s = 0;
+        for (int e = 1; e < E; e++) m = fmax(m, r->z[t * E + e]);
+        for (int e = 0; e < E; e++) s += exp(r->z[t * E + e] - m);
+        r->lse[t] = m + log(s), r->zloss += zc * r->lse[t] * r->lse[t] / T;
         ref_topk(r->z + t * E, E, K, r->idx + t * K);
         double S = 0;
         for (int i = 0; i < K; i++) S += r->p[t * E + r->idx[t * K + i]];
@@ -186,14 +206,21 @@ static void ref_route_make(ref_route *r, const double *x, const double *Wg, int 
     r->balance = 0;
     for (int e = 0; T && e < E; e++) r->balance += (double)r->count[e] / T * (P[e] / T);
     r->balance *= E;
+    ref_route_drop(r, T, E, K, cf);
 }
-static void ref_route_free(ref_route *r) { free(r->z), free(r->p), free(r->w), free(r->idx); }
-/* L(z) = sum_ti dw_ti w_ti(z) + g coef balance(z), the top-k and the counts held fixed: the
- * function whose gradient the router's backward computes. */
+static void ref_route_free(ref_route *r) {
+    free(r->z), free(r->p), free(r->w), free(r->idx), free(r->lse), free(r->sent);
+}
+/* L(z) = sum_ti dw_ti w_ti(z) + g coef balance(z) + g zc lse(z)² / T, the top-k and the counts
+ * held fixed: the function whose gradient the router's backward computes. */
 static double ref_router_obj(const double *z, int E, int K, const int *idx, const int64_t *count,
-                             int T, const double *dw, double g, double coef, bool renorm) {
-    double p[64], S = 0, L = 0;
+                             int T, const double *dw, double g, double coef, bool renorm,
+                             double zc) {
+    double p[64], S = 0, L = 0, m = z[0], se = 0;
     ref_softmax(z, E, p);
+    for (int e = 1; e < E; e++) m = fmax(m, z[e]);
+    for (int e = 0; e < E; e++) se += exp(z[e] - m);
+    L += g * zc * (m + log(se)) * (m + log(se)) / T;
     for (int i = 0; i < K; i++) S += p[idx[i]];
     for (int i = 0; i < K; i++) L += dw[i] * (renorm ? p[idx[i]] / S : p[idx[i]]);
     for (int e = 0; e < E; e++) L += g * coef * E * (double)count[e] / ((double)T * T) * p[e];
@@ -201,15 +228,15 @@ static double ref_router_obj(const double *z, int E, int K, const int *idx, cons
 }
 /* dz [E] of token t by central differences of ref_router_obj (h = 1e-6). */
 static void ref_router_dz(const ref_route *r, int t, int E, int K, int T, const double *dw,
-                          double g, double coef, bool renorm, double *dz) {
+                          double g, double coef, bool renorm, double zc, double *dz) {
     double z[64];
     for (int e = 0; e < E; e++) z[e] = r->z[t * E + e];
     for (int e = 0; e < E; e++) {
         double h = 1e-6, keep = z[e], lp, lm;
         z[e] = keep + h;
-        lp = ref_router_obj(z, E, K, r->idx + t * K, r->count, T, dw + t * K, g, coef, renorm);
+        lp = ref_router_obj(z, E, K, r->idx + t * K, r->count, T, dw + t * K, g, coef, renorm, zc);
         z[e] = keep - h;
-        lm = ref_router_obj(z, E, K, r->idx + t * K, r->count, T, dw + t * K, g, coef, renorm);
+        lm = ref_router_obj(z, E, K, r->idx + t * K, r->count, T, dw + t * K, g, coef, renorm, zc);
         z[e] = keep;
         dz[e] = (lp - lm) / (2 * h);
     }
@@ -237,13 +264,19 @@ static float *to_f32(const double *a, size_t n) {
 
 /* The router on a one-rank context: T tokens, E experts, top-k, against ref_route (routing,
  * weights, counts, balance; idx exactly) and the backward against central differences (dx, dWg).
- * `ties`: integer-valued x and Wg with rows repeated, so many logits tie exactly. */
-static void test_router(int T, int H, int E, int K, bool renorm, bool ties) {
+ * `ties`: integer-valued x and Wg with rows repeated, so many logits tie exactly. zc: the z-loss's
+ * coefficient, cf the capacity factor (the rows kept, exactly). */
+static void test_router(int T, int H, int E, int K, bool renorm, bool ties, float zc, float cf) {
     tpk_ctx c;
     CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.seed = 3}));
     tpk_router r;
-    tpk_router_desc rd = {
-        .name = "gate", .experts = E, .top_k = K, .renormalize = renorm, .aux_coef = 0.02f};
+    tpk_router_desc rd = {.name = "gate",
+                          .experts = E,
+                          .top_k = K,
+                          .renormalize = renorm,
+                          .aux_coef = 0.02f,
+                          .z_coef = zc,
+                          .capacity_factor = cf};
     CHECK_OK(&c, tpk_router_init(&c, &r, H, &rd));
     float *x = malloc(sizeof(float) * (size_t)(T * H + 1)), *wg = malloc(sizeof(float) * E * H);
     double *xd = malloc(sizeof(double) * (size_t)(T * H + 1)), *wd = malloc(sizeof(double) * E * H);
@@ -259,8 +292,15 @@ static void test_router(int T, int H, int E, int K, bool renorm, bool ties) {
     CHECK_OK(&c, tpk_param_set_global(&c, r.w, wg));
     CHECK_OK(&c, tpk_params_zero_grad(&c));
     ref_route ref;
-    ref_route_make(&ref, xd, wd, T, H, E, K, renorm);
+    ref_route_make(&ref, xd, wd, T, H, E, K, renorm, zc, cf);
     CHECK_OK(&c, tpk_router_forward(&c, &r, tpk_tensor_2d(x, TPK_F32, T, H, TPK_R)));
+    if (cf > 0) {
+        int sbad = 0;
+        for (int i = 0; i < T * K; i++) sbad += r.sent[i] != ref.sent[i];
+        CHECK(sbad == 0 && r.dropped == ref.dropped && (!T || ref.dropped > 0),
+              "capacity %g: %d rows kept or dropped wrong, %lld dropped, expected %d", (double)cf,
+              sbad, (long long)r.dropped, ref.dropped);
+    }
     int bad = 0, nties = 0;
     for (int i = 0; i < T * K; i++) bad += r.idx[i] != ref.idx[i];
     for (int t = 0; t < T; t++)
@@ -275,9 +315,11 @@ static void test_router(int T, int H, int E, int K, bool renorm, bool ties) {
         CHECK(r.count[e] == ref.count[e], "count[%d] = %lld, expected %lld", e,
               (long long)r.count[e], (long long)ref.count[e]);
     CHECK(fabs(r.balance - ref.balance) < 1e-6 * fmax(1, ref.balance) &&
-              fabs(r.aux - 0.02 * ref.balance) < 1e-6,
-          "balance %g aux %g, expected %g %g", r.balance, (double)r.aux, ref.balance,
-          0.02 * ref.balance);
+              fabs(r.zloss - ref.zloss) < 1e-6 * fmax(1, ref.zloss) &&
+              fabs(r.aux - (0.02 * ref.balance + ref.zloss)) < 1e-6 * fmax(1, ref.zloss),
+          "balance %g zloss %g aux %g, expected %g %g %g", r.balance, r.zloss, (double)r.aux,
+          ref.balance, ref.zloss, 0.02 * ref.balance + ref.zloss);
+    CHECK(zc > 0 || r.zloss == 0, "zloss %g without a coefficient", r.zloss);
     /* backward: dz by central differences, then dx = dz Wg and dWg = dzᵀ x in double */
     float *dw = malloc(sizeof(float) * (size_t)(T * K + 1));
     double *dwd = malloc(sizeof(double) * (size_t)(T * K + 1)), g = 0.7;
@@ -287,7 +329,7 @@ static void test_router(int T, int H, int E, int K, bool renorm, bool ties) {
     double dz[64], mdx = 1e-30, mgw = 1e-30, *adx = calloc((size_t)(T * H + 1), 8),
                    *agw = calloc((size_t)E * H, 8);
     for (int t = 0; t < T; t++) {
-        ref_router_dz(&ref, t, E, K, T, dwd, g, 0.02, renorm, dz);
+        ref_router_dz(&ref, t, E, K, T, dwd, g, 0.02, renorm, zc, dz);
         for (int e = 0; e < E; e++)
             for (int h = 0; h < H; h++) {
                 dxd[t * H + h] += dz[e] * wd[e * H + h], gwd[e * H + h] += dz[e] * xd[t * H + h];
@@ -328,6 +370,10 @@ static void test_router(int T, int H, int E, int K, bool renorm, bool ties) {
     CHECK_FAILS(&c, tpk_router_init(&c, &r2, H, &rd), TPK_ERR_ARG, "desc->experts");
     rd.experts = E, rd.aux_coef = -1;
     CHECK_FAILS(&c, tpk_router_init(&c, &r2, H, &rd), TPK_ERR_ARG, "desc->aux_coef");
+    rd.aux_coef = 0, rd.z_coef = -1;
+    CHECK_FAILS(&c, tpk_router_init(&c, &r2, H, &rd), TPK_ERR_ARG, "desc->z_coef");
+    rd.z_coef = 0, rd.capacity_factor = NAN;
+    CHECK_FAILS(&c, tpk_router_init(&c, &r2, H, &rd), TPK_ERR_ARG, "desc->capacity_factor");
     ref_route_free(&ref);
     free(x), free(wg), free(xd), free(wd), free(dw), free(dwd), free(got);
     free(dxd), free(gwd), free(adx), free(agw);
@@ -488,27 +534,73 @@ static void test_dispatch(int tp, int ep) {
 
 typedef struct ref_grads {
     double *y, *dx, *gwg, *g1[64], *g2[64], *g3[64], aux;
+    double *gsg, *gsu, *gsd, *gsw; /* the shared expert's gradients */
+    int dropped;
 } ref_grads;
+/* The block's options: the z-loss's coefficient, the capacity factor, the shared expert's F_s
+ * (0: none) and its weights Sg, Su [Fs, H], Sd [H, Fs], Sw [H]. */
+typedef struct moe_opt {
+    float zc, cf;
+    int Fs;
+    double *Sg, *Su, *Sd, *Sw;
+} moe_opt;
+
+/* The shared expert on token x [H] with dy [H] in double: y += s o, s = sigmoid(x . Sw), o =
+ * (silu(Sg x) ∘ Su x) Sdᵀ; its dx and gradients from dy. */
+static void ref_shared(const moe_opt *o, int H, const double *x, const float *dy, double *y,
+                       double *dx, ref_grads *r) {
+    int Fs = o->Fs;
+    double gg[64], uu[64], a[64], out[64], da[64], l = 0, dot = 0;
+    for (int h = 0; h < H; h++) l += x[h] * o->Sw[h];
+    double sg = 1 / (1 + exp(-l));
+    for (int f = 0; f < Fs; f++) {
+        gg[f] = uu[f] = 0;
+        for (int h = 0; h < H; h++)
+            gg[f] += o->Sg[f * H + h] * x[h], uu[f] += o->Su[f * H + h] * x[h];
+        a[f] = ref_silu(gg[f]) * uu[f];
+    }
+    for (int h = 0; h < H; h++) {
+        out[h] = 0;
+        for (int f = 0; f < Fs; f++) out[h] += o->Sd[h * Fs + f] * a[f];
+        y[h] += sg * out[h], dot += dy[h] * out[h];
+    }
+    double dl = dot * sg * (1 - sg);
+    for (int h = 0; h < H; h++) dx[h] += dl * o->Sw[h], r->gsw[h] += dl * x[h];
+    for (int f = 0; f < Fs; f++) {
+        da[f] = 0;
+        for (int h = 0; h < H; h++) da[f] += o->Sd[h * Fs + f] * sg * dy[h];
+        double dg = da[f] * uu[f] * ref_dsilu(gg[f]), du = da[f] * ref_silu(gg[f]);
+        for (int h = 0; h < H; h++) {
+            r->gsg[f * H + h] += dg * x[h], r->gsu[f * H + h] += du * x[h];
+            r->gsd[h * Fs + f] += sg * dy[h] * a[f];
+            dx[h] += o->Sg[f * H + h] * dg + o->Su[f * H + h] * du;
+        }
+    }
+}
 
 /* DP rank dq's tokens through the whole block in double: the router (ref_route; its backward by
- * central differences), each token's k experts, the weighted sum. Adds into r: y, dx, the gate's
- * gradient (when own) and every expert's gradient (when grads). */
+ * central differences), each token's k experts (the rows the capacity keeps), the weighted sum,
+ * the shared expert. Adds into r: y, dx, the gate's and the shared expert's gradients (when own)
+ * and every expert's gradient (when grads). */
 static void ref_moe_rank(int dq, int H, int F, int E, int K, bool renorm, double coef, double g,
                          const double *Wg, double *const *W1, double *const *W2, double *const *W3,
-                         bool own, bool grads, ref_grads *r) {
+                         const moe_opt *op, bool own, bool grads, ref_grads *r) {
     int T = tokens(dq);
     float *xf = malloc(sizeof(float) * (size_t)(T * H + 1)), *dyf = malloc(4 * (size_t)(T * H + 1));
     token_data(dq, H, xf, dyf);
     double *x = malloc(8 * (size_t)(T * H + 1)), *dw = malloc(8 * (size_t)(T * K + 1));
     for (int i = 0; i < T * H; i++) x[i] = xf[i];
     ref_route rt;
-    ref_route_make(&rt, x, Wg, T, H, E, K, renorm);
-    if (own) r->aux = coef * rt.balance;
+    ref_route_make(&rt, x, Wg, T, H, E, K, renorm, op->zc, op->cf);
+    if (own) r->aux = coef * rt.balance + rt.zloss, r->dropped = rt.dropped;
     double gg[64], uu[64], a[64], o[64], da[64];
     for (int t = 0; t < T; t++) {
         const double *xt = x + t * H;
+        if (own && op->Fs) ref_shared(op, H, xt, dyf + t * H, r->y + t * H, r->dx + t * H, r);
         for (int i = 0; i < K; i++) {
-            int e = rt.idx[t * K + i];
+            int e = rt.sent[t * K + i];
+            dw[t * K + i] = 0;
+            if (e < 0) continue; /* dropped by the capacity */
             double wi = rt.w[t * K + i], dot = 0;
             for (int f = 0; f < F; f++) {
                 gg[f] = uu[f] = 0;
@@ -540,7 +632,7 @@ static void ref_moe_rank(int dq, int H, int F, int E, int K, bool renorm, double
     }
     double dz[64];
     for (int t = 0; own && t < T; t++) {
-        ref_router_dz(&rt, t, E, K, T, dw, g, coef, renorm, dz);
+        ref_router_dz(&rt, t, E, K, T, dw, g, coef, renorm, op->zc, dz);
         for (int e = 0; e < E; e++)
             for (int h = 0; h < H; h++)
                 r->dx[t * H + h] += dz[e] * Wg[e * H + h],
@@ -554,11 +646,13 @@ static void ref_moe_rank(int dq, int H, int F, int E, int K, bool renorm, double
 /* The MoE block at TP tp x EP ep (E experts, renormalised or not) against ref_moe_rank: y, the aux
  * loss, dx, the gate's gradient, and each expert's gradient at its owning ranks (gathered over TP);
  * the parameters' names and placement; the all-to-alls counted; every output and gradient written
- * again after the layer's buffers are poisoned. */
-static void test_moe_layer(int tp, int ep, int E, bool renorm) {
+ * again after the layer's buffers are poisoned. zc, cf, Fs: the z-loss's coefficient, the capacity
+ * factor and the shared expert's size (0: none of them; Fs need not divide tp). */
+static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float cf, int Fs) {
     enum { H = 8, F = 7, K = 2 };
     const double coef = 0.01, g = 0.7;
     const char *name = "model.layers.0.block_sparse_moe";
+    char pn[160];
     tpk_ctx c;
     CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 5}));
     int dr = c.dp.rank, er = c.ep.rank, base = dr - er, El = E / ep, T = tokens(dr);
@@ -568,10 +662,21 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
                        .top_k = K,
                        .hidden = F,
                        .renormalize = renorm,
-                       .aux_coef = (float)coef};
+                       .aux_coef = (float)coef,
+                       .z_coef = zc,
+                       .capacity_factor = cf,
+                       .shared_hidden = Fs};
     CHECK_OK(&c, tpk_moe_init(&c, &m, H, &md));
+    static const char *sn[4] = {"shared_expert.gate_proj", "shared_expert.up_proj",
+                                "shared_expert.down_proj", "shared_expert_gate"};
+    int sid[4] = {m.sg, m.su, m.sd, m.sw};
+    for (int k = 0; k < 4; k++) { /* the shared expert: on every rank, not an expert's weight */
+        snprintf(pn, sizeof pn, "%s.%s.weight", name, sn[k]);
+        int id = tpk_param_find(&c, pn);
+        CHECK(Fs ? id >= 0 && id == sid[k] && !c.params.list[id].expert : id < 0 && sid[k] < 0,
+              "%s: id %d", pn, id);
+    }
     /* the parameters: the gate everywhere, an expert only at its EP rank */
-    char pn[160];
     int placed = 0;
     snprintf(pn, sizeof pn, "%s.gate.weight", name);
     CHECK(tpk_param_find(&c, pn) == m.router.w, "%s not registered", pn);
@@ -599,9 +704,17 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
         W3[e] = ref_weights(pn, F * H, 21, 0.3f);
         rg.g1[e] = calloc(F * H, 8), rg.g2[e] = calloc(F * H, 8), rg.g3[e] = calloc(F * H, 8);
     }
+    moe_opt op = {.zc = zc, .cf = cf, .Fs = Fs};
+    size_t sz[4] = {(size_t)Fs * H, (size_t)Fs * H, (size_t)Fs * H, H};
+    double **sw[4] = {&op.Sg, &op.Su, &op.Sd, &op.Sw},
+           **sg[4] = {&rg.gsg, &rg.gsu, &rg.gsd, &rg.gsw};
+    for (int k = 0; k < 4; k++) {
+        snprintf(pn, sizeof pn, "%s.%s.weight", name, sn[k]);
+        *sw[k] = ref_weights(pn, sz[k], 21, 0.3f), *sg[k] = calloc(sz[k] + 1, 8);
+    }
     for (int q = 0; q < ep; q++) /* this EP group's tokens reach this rank's experts */
-        ref_moe_rank(base + q, H, F, E, K, renorm, coef, g, Wg, W1, W2, W3, base + q == dr, true,
-                     &rg);
+        ref_moe_rank(base + q, H, F, E, K, renorm, coef, g, Wg, W1, W2, W3, &op, base + q == dr,
+                     true, &rg);
     float *x = malloc(sizeof(float) * (size_t)(T * H + 1)), *dy = malloc(4 * (size_t)(T * H + 1));
     token_data(dr, H, x, dy);
     float *y_ref = to_f32(rg.y, (size_t)(T * H)), *dx_ref = to_f32(rg.dx, (size_t)(T * H));
@@ -620,8 +733,14 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
               (unsigned long long)bwd);
         CHECK_CLOSE((float *)y.data, y_ref, (size_t)(T * H), 1e-5, "y");
         CHECK_CLOSE((float *)dx.data, dx_ref, (size_t)(T * H), 1e-5, "dx");
-        CHECK(fabs(m.router.aux - rg.aux) < 1e-6, "aux %g, expected %g", (double)m.router.aux,
-              rg.aux);
+        CHECK(fabs(m.router.aux - rg.aux) < 1e-6 * fmax(1, rg.aux), "aux %g, expected %g",
+              (double)m.router.aux, rg.aux);
+        CHECK(m.router.dropped == rg.dropped, "%lld rows dropped, expected %d",
+              (long long)m.router.dropped, rg.dropped);
+        int nd = (int)m.router.dropped, alld = 0; /* a capacity that drops somewhere */
+        MPI_Allreduce(&nd, &alld, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        CHECK(!(cf > 0) == !alld, "%d rows dropped over the ranks at capacity factor %g", alld,
+              (double)cf);
         float *now[2] = {(float *)y.data, (float *)dx.data};
         for (int k = 0; k < 2; k++) {
             if (round) CHECK(!memcmp(first[k], now[k], sizeof(float) * T * H), "output %d", k);
@@ -652,12 +771,22 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
                 free(want);
             }
         }
+        for (int k = 0; Fs && k < 4; k++) { /* the shared expert's, from this rank's tokens */
+            float *gs = malloc(sizeof(float) * sz[k]);
+            CHECK_OK(&c, tpk_param_get_global(&c, sid[k], true, gs));
+            want = to_f32(*sg[k], sz[k]);
+            CHECK_CLOSE(gs, want, sz[k], 1e-5, sn[k]);
+            if (round) CHECK(!memcmp(gfirst[100 + k], gs, sizeof(float) * sz[k]), "%s", sn[k]);
+            else gfirst[100 + k] = gs, gs = NULL;
+            free(gs), free(want);
+        }
         free(got);
         tpk_moe_dispatcher *d = &m.disp;
-        tpk_buf *b[] = {&d->xs, &d->xr,      &d->xg,       &d->orr,     &d->obb, &d->y,
-                        &d->ds, &d->dr,      &d->dg,       &d->dxr,     &d->dxs, &d->dx,
-                        &d->dw, &m.gu,       &m.h,         &m.og,       &m.dh,   &m.dgu,
-                        &m.dxg, &m.router.z, &m.router.dz, &m.router.dx};
+        tpk_buf *b[] = {&d->xs,       &d->xr, &d->xg,  &d->orr, &d->obb, &d->y,       &d->ds,
+                        &d->dr,       &d->dg, &d->dxr, &d->dxs, &d->dx,  &d->dw,      &m.gu,
+                        &m.h,         &m.og,  &m.dh,   &m.dgu,  &m.dxg,  &m.router.z, &m.router.dz,
+                        &m.router.dx, &m.sgu, &m.sh,   &m.so,   &m.sz,   &m.sdo,      &m.sdh,
+                        &m.sdgu,      &m.sdx, &m.sdl};
         if (!round) poison_bufs(b, (int)(sizeof b / sizeof b[0]));
     }
     /* bad input, the same on every rank */
@@ -683,10 +812,15 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm) {
     CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_ARG, "desc->top_k: expected 1..");
     bad.top_k = K, bad.hidden = 0;
     CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_SHAPE, "desc->hidden");
+    bad.hidden = F, bad.shared_hidden = -1;
+    CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_SHAPE, "desc->shared_hidden");
+    bad.shared_hidden = 0, bad.capacity_factor = -1;
+    CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_ARG, "desc->capacity_factor");
     free(x), free(dy), free(y_ref), free(dx_ref), free(first[0]), free(first[1]);
     for (int k = 0; k < 200; k++) free(gfirst[k]);
     for (int e = 0; e < E; e++)
         free(W1[e]), free(W2[e]), free(W3[e]), free(rg.g1[e]), free(rg.g2[e]), free(rg.g3[e]);
+    for (int k = 0; k < 4; k++) free(*sw[k]), free(*sg[k]);
     free(Wg), free(rg.y), free(rg.dx), free(rg.gwg);
     tpk_moe_destroy(&c, &m);
     tpk_ctx_destroy(&c);
@@ -883,11 +1017,18 @@ int main(int argc, char **argv) {
     }
     TEST_CASE("router: top-k (ties: the lower index first), weights, counts and the aux loss "
               "against a plain C reference; its backward against central differences") {
-        test_router(24, 6, 8, 2, true, true);
-        test_router(24, 6, 8, 3, false, true);
-        test_router(17, 5, 6, 2, true, false);
-        test_router(9, 4, 4, 1, false, false);
-        test_router(0, 4, 4, 2, true, false);
+        test_router(24, 6, 8, 2, true, true, 0, 0);
+        test_router(24, 6, 8, 3, false, true, 0, 0);
+        test_router(17, 5, 6, 2, true, false, 0, 0);
+        test_router(9, 4, 4, 1, false, false, 0, 0);
+        test_router(0, 4, 4, 2, true, false, 0, 0);
+        if (np == 2) test_router(17, 5, 6, 2, true, false, 0.05f, 0.6f);
+        if (np == 1 || np == 3) { /* the z-loss and capacity: ties, k 3, not renormalised */
+            test_router(24, 6, 8, 2, true, true, 0.01f, 1.0f);
+            test_router(24, 6, 8, 3, false, true, 0.1f, 0.5f);
+            test_router(9, 4, 4, 1, false, false, 0.02f, 1.25f);
+            test_router(0, 4, 4, 2, true, false, 0.02f, 1.0f);
+        }
     }
     TEST_CASE("dispatcher: the rows each EP rank receives, the combine and both backwards "
               "against the senders' tokens (an expert with none, ranks of 2 and 0 tokens)") {
@@ -901,11 +1042,29 @@ int main(int argc, char **argv) {
               np == 4   ? ", TP 2 x EP 2, EP 2 x DP 2"
               : np == 2 ? ", TP 2, DP 2"
                         : "") {
-        test_moe_layer(1, np, np == 3 ? 6 : 4, true);
-        if (np == 1) test_moe_layer(1, 1, 4, false);
-        if (np == 2) test_moe_layer(2, 1, 4, false), test_moe_layer(1, 1, 4, true);
-        if (np == 3) test_moe_layer(3, 1, 3, false);
-        if (np == 4) test_moe_layer(2, 2, 4, false), test_moe_layer(1, 2, 6, true);
+        test_moe_layer(1, np, np == 3 ? 6 : 4, true, 0, 0, 0);
+        if (np == 1) test_moe_layer(1, 1, 4, false, 0, 0, 0);
+        if (np == 2)
+            test_moe_layer(2, 1, 4, false, 0, 0, 0), test_moe_layer(1, 1, 4, true, 0, 0, 0);
+        if (np == 3) test_moe_layer(3, 1, 3, false, 0, 0, 0);
+        if (np == 4)
+            test_moe_layer(2, 2, 4, false, 0, 0, 0), test_moe_layer(1, 2, 6, true, 0, 0, 0);
+    }
+    TEST_CASE("MoE block options: the router's z-loss, a capacity factor (the lowest-weighted rows "
+              "dropped), a shared expert with its sigmoid gate, against the dense loop (%s)",
+              np == 1   ? "EP 1, each alone and together"
+              : np == 2 ? "EP 2, together"
+              : np == 3 ? "EP 3 and TP 3 (F_s 5 split unevenly), together"
+                        : "none at 4 ranks") {
+        if (np == 2) test_moe_layer(1, 2, 4, true, 0.05f, 0.75f, 5);
+        if (np == 1) {
+            test_moe_layer(1, 1, 4, true, 0.05f, 0, 0);
+            test_moe_layer(1, 1, 4, false, 0, 0.5f, 0);
+            test_moe_layer(1, 1, 4, true, 0, 0, 6);
+            test_moe_layer(1, 1, 4, true, 0.02f, 1.0f, 5);
+        }
+        if (np == 3) test_moe_layer(1, 3, 6, true, 0.05f, 0.75f, 5);
+        if (np == 3) test_moe_layer(3, 1, 3, false, 0.02f, 0.6f, 5);
     }
     TEST_CASE("Mixtral: the loss (aux pooled over the layers), every gradient, and 2 training "
               "steps (experts reduced over EDP, the norm over EP) at %s against one rank's EP 1 "

@@ -6,7 +6,10 @@
  * [r El, r El + El), El = E / P. Each rank routes its own T tokens (tpk/layers/router.h: e_ti,
  * w_ti for i < k); a token's k choices are its N = T k rows.
  *
- * Dispatch (dropless: every row goes to its expert, no capacity)
+ * Dispatch (dropless by default: every row goes to its expert; under a capacity factor the
+ * router marks the rows it drops, idx -1, and the dispatcher sends none for them: N counts the
+ * rows kept, a token's output sums its kept rows only, zero when none is kept, a dropped row's
+ * dw is 0)
  *   permute    xs[s] = x[t(s)]: the rows in send order, sorted by expert, each expert's in token
  *              order; an EP rank's experts are consecutive, so its rows are one block
  *   counts     all-to-all of El int32 per peer: c[q][j], the rows EP rank q sends to local expert j
@@ -50,9 +53,10 @@
 typedef struct tpk_moe_dispatcher {
     int64_t H, E, K, El; /* hidden size, experts, top-k, experts per EP rank */
     int P, rank;         /* the EP group's size, this rank's place in it */
-    int64_t T, N, R;     /* tokens, rows sent (T K), rows received */
+    int64_t T, N, R;     /* tokens, rows sent (T K less the dropped), rows received */
+    int64_t NK;          /* T K: the routing's entries (idx, weight, dweight) */
     int64_t cap_N;       /* the host rows' room */
-    int32_t *slot;       /* host [T K]: the send-order row of (t, i) */
+    int32_t *slot;       /* host [T K]: the send-order row of (t, i); -1: dropped */
     int32_t *src;        /* host [N]: the token of send-order row s */
     size_t *ecount;      /* host [E]: the rows this rank sends to each expert */
     size_t *rcount;  /* host [P El]: c[q][j], rows from EP rank q for local expert j (q-major) */
@@ -144,9 +148,9 @@ static inline tpk_status tpk__moe_exchange(tpk_ctx *ctx, const tpk_moe_dispatche
                          ctx->dtype);
 }
 
-/* The routing of T tokens (idx host [T K], each an expert 0..E-1, a token's k distinct; checked
- * before any collective): the send order, the counts sent, and (all-to-all of the counts) those
- * received. Collective over ctx->ep. */
+/* The routing of T tokens (idx host [T K], each an expert 0..E-1 or -1 for a row dropped, a
+ * token's k distinct; checked before any collective): the send order, the counts sent, and
+ * (all-to-all of the counts) those received. Collective over ctx->ep. */
 static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dispatcher *d,
                                        int64_t T, const int32_t *idx) {
     int64_t K = d->K, E = d->E, El = d->El, N = T * K;
@@ -157,11 +161,11 @@ static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dis
     for (int64_t r = 0; r < N; r++) {
         int32_t e = idx[r];
         bool dup = false;
-        for (int64_t i = r - r % K; i < r; i++) dup = dup || idx[i] == e;
-        if (e < 0 || e >= E || dup)
+        for (int64_t i = r - r % K; e >= 0 && i < r; i++) dup = dup || idx[i] == e;
+        if (e < -1 || e >= E || dup)
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "idx[%lld]: expected an expert 0..%lld that token %lld has not "
-                             "chosen before, got %d",
+                             "chosen before (or -1: dropped), got %d",
                              (long long)r, (long long)(E - 1), (long long)(r / K), (int)e);
     }
     if (N > d->cap_N || !d->slot) {
@@ -175,12 +179,15 @@ static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dis
     }
     /* send order: expert-major, token order within an expert (a counting sort) */
     for (int64_t e = 0; e < E; e++) d->ecount[e] = 0;
-    for (int64_t r = 0; r < N; r++) d->ecount[idx[r]]++;
+    int64_t kept = 0;
+    for (int64_t r = 0; r < N; r++)
+        if (idx[r] >= 0) d->ecount[idx[r]]++, kept++;
     int32_t *start = d->cx; /* [E] scratch: each expert's next send-order row */
     for (int64_t e = 0, o = 0; e < E; e++) start[e] = (int32_t)o, o += (int64_t)d->ecount[e];
     for (int64_t r = 0; r < N; r++) {
-        int32_t pos = start[idx[r]]++;
-        d->slot[r] = pos, d->src[pos] = (int32_t)(r / K);
+        int32_t pos = idx[r] >= 0 ? start[idx[r]]++ : -1;
+        d->slot[r] = pos;
+        if (pos >= 0) d->src[pos] = (int32_t)(r / K);
     }
     /* the counts: El per peer, over the EP group */
     size_t *per = d->sc, es = sizeof(int32_t);
@@ -196,7 +203,7 @@ static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dis
     } else {
         for (int64_t e = 0; e < E; e++) d->cx[E + e] = d->cx[e];
     }
-    d->T = T, d->N = N, d->R = 0;
+    d->T = T, d->N = kept, d->NK = N, d->R = 0;
     for (int64_t j = 0; j < El; j++) d->rows[j] = 0;
     for (int q = 0; q < d->P; q++) {
         size_t sent = 0, got = 0;
@@ -264,9 +271,9 @@ static inline tpk_status tpk_moe_combine(tpk_ctx *ctx, tpk_moe_dispatcher *d, tp
     if (!d->routed) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dispatcher: combine before dispatch");
     int64_t want[2] = {d->R, d->H};
     TPK_TRY(tpk__check(ctx, fn, "o", &o, TPK_R, ctx->dtype, 2, want));
-    if (d->N && !weight)
+    if (d->NK && !weight)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "weight: expected %lld weights, got NULL",
-                         (long long)d->N);
+                         (long long)d->NK);
     size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H;
     const void *cur = o.data;
     if (tpk__moe_regroup_needed(d)) {
@@ -282,12 +289,18 @@ static inline tpk_status tpk_moe_combine(tpk_ctx *ctx, tpk_moe_dispatcher *d, tp
     d->ob = cur;
     *y = tpk_tensor_2d(NULL, ctx->dtype, d->T, d->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &d->y, y));
-    for (int64_t t = 0; t < d->T; t++)
-        for (int64_t i = 0; i < d->K; i++) { /* y[t] = sum_i w_ti ob[s(t, i)], i ascending */
-            const char *row = (const char *)cur + (size_t)d->slot[t * d->K + i] * H * es;
-            TPK_TRY(tpk_op_axpby(ctx, (char *)y->data + (size_t)t * H * es, weight[t * d->K + i],
-                                 row, i ? 1.f : 0.f, ctx->dtype, H));
+    for (int64_t t = 0; t < d->T; t++) {
+        int64_t n = 0; /* y[t] = sum_i w_ti ob[s(t, i)], i ascending, the kept rows */
+        char *yt = (char *)y->data + (size_t)t * H * es;
+        for (int64_t i = 0; i < d->K; i++) {
+            int32_t s = d->slot[t * d->K + i];
+            if (s < 0) continue;
+            TPK_TRY(tpk_op_axpby(ctx, yt, weight[t * d->K + i],
+                                 (const char *)cur + (size_t)s * H * es, n++ ? 1.f : 0.f,
+                                 ctx->dtype, H));
         }
+        if (!n) TPK_TRY(tpk_op_fill(ctx, yt, ctx->dtype, H, 0.f)); /* every row dropped */
+    }
     d->combined = true;
     return TPK_OK;
 }
@@ -304,16 +317,18 @@ static inline tpk_status tpk_moe_combine_backward(tpk_ctx *ctx, tpk_moe_dispatch
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "dispatcher: backward before a combine");
     int64_t want[2] = {d->T, d->H};
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want));
-    if (d->N && (!weight || !dweight))
+    if (d->NK && (!weight || !dweight))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected %lld values, got NULL",
-                         weight ? "dweight" : "weight", (long long)d->N);
-    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H, N = (size_t)d->N;
-    TPK_TRY(tpk__buf_reserve(ctx, &d->ds, N * H * es));
+                         weight ? "dweight" : "weight", (long long)d->NK);
+    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H, N = (size_t)d->NK;
+    TPK_TRY(tpk__buf_reserve(ctx, &d->ds, (size_t)d->N * H * es));
     TPK_TRY(tpk__buf_reserve(ctx, &d->dw, N * sizeof(float)));
     float *dwb = (float *)d->dw.p;
+    if ((size_t)d->N < N) TPK_TRY(tpk_op_fill(ctx, dwb, TPK_F32, N, 0.f)); /* dropped: dw 0 */
     for (int64_t t = 0; t < d->T; t++)
         for (int64_t i = 0; i < d->K; i++) {
             size_t r = (size_t)(t * d->K + i), s = (size_t)d->slot[r];
+            if (d->slot[r] < 0) continue;
             const char *g = (const char *)dy.data + (size_t)t * H * es;
             TPK_TRY(tpk_op_gemm_acc(ctx, false, true, 1, 1, d->H, 1.f, g, d->H,
                                     (const char *)d->ob + s * H * es, d->H, 0.f, dwb + r, 1,
@@ -362,12 +377,17 @@ static inline tpk_status tpk_moe_dispatch_backward(tpk_ctx *ctx, tpk_moe_dispatc
     }
     *dx = tpk_tensor_2d(NULL, ctx->dtype, d->T, d->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &d->dx, dx));
-    for (int64_t t = 0; t < d->T; t++)
+    for (int64_t t = 0; t < d->T; t++) {
+        int64_t n = 0; /* the kept rows */
+        char *xt = (char *)dx->data + (size_t)t * H * es;
         for (int64_t i = 0; i < d->K; i++) {
-            const char *row = (const char *)cur + (size_t)d->slot[t * d->K + i] * H * es;
-            TPK_TRY(tpk_op_axpby(ctx, (char *)dx->data + (size_t)t * H * es, 1.f, row,
-                                 i ? 1.f : 0.f, ctx->dtype, H));
+            int32_t s = d->slot[t * d->K + i];
+            if (s < 0) continue;
+            TPK_TRY(tpk_op_axpby(ctx, xt, 1.f, (const char *)cur + (size_t)s * H * es,
+                                 n++ ? 1.f : 0.f, ctx->dtype, H));
         }
+        if (!n) TPK_TRY(tpk_op_fill(ctx, xt, ctx->dtype, H, 0.f));
+    }
     return TPK_OK;
 }
 
@@ -383,6 +403,11 @@ typedef struct tpk_moe_desc {
     float aux_coef;      /* the load-balancing loss's coefficient (router_aux_loss_coef) */
     float init_std;      /* gate, w1, w3: N(0, std²); default 0.02 */
     float proj_init_std; /* w2; default init_std */
+    float z_coef;        /* the router's z-loss coefficient (tpk_router_desc.z_coef); 0: none */
+    float capacity_factor; /* tpk_router_desc.capacity_factor: 0 dropless; c > 0 each expert
+                              takes ceil(T k / E c) of a rank's rows, the lowest-weighted dropped */
+    int64_t shared_hidden; /* F_s > 0: a shared expert of intermediate size F_s (Qwen2-MoE's
+                              shared_expert_intermediate_size) beside the routed ones; 0: none */
 } tpk_moe_desc;
 
 typedef struct tpk_moe {
@@ -396,6 +421,14 @@ typedef struct tpk_moe {
     tpk_buf gu, h, og, dh, dgu, dxg;
     float *dw; /* host [T K]: the routing weights' gradient */
     int64_t dw_cap;
+    /* the shared expert (shared_hidden F_s > 0): sg, su, sd its gate, up, down ids, sw its gate's
+       [1, H]; Fsl this TP rank's share of F_s */
+    int64_t Fs, Fsl;
+    int sg, su, sd, sw;
+    float *sig;  /* host [T]: sigmoid(x_t . w_gate_shared) */
+    float *sdot; /* host [T]: dy_t . so_t (backward) */
+    int64_t s_cap;
+    tpk_buf sgu, sh, so, sy, sz, sdo, sdh, sdgu, sdx, sdl; /* backend */
     const double *aux_dp; /* set by a model pooling the aux loss over its layers (tpk/models/
                              lm.h): host [E], the gradient on every p_te the backward gives the
                              router (tpk_router_backward_pooled) in place of its own aux's */
@@ -424,6 +457,11 @@ static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->top_k: expected 1..experts = 1..%d (0: 2), got %d", d.experts,
                          d.top_k);
+    if (d.shared_hidden < 0)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn,
+                         "desc->shared_hidden: expected >= 0 (the shared expert's intermediate "
+                         "size; 0: none), got %lld",
+                         (long long)d.shared_hidden);
     if (!(d.init_std >= 0) || !(d.proj_init_std >= 0))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->%s: expected >= 0, got %g",
                          d.init_std >= 0 ? "proj_init_std" : "init_std",
@@ -437,7 +475,8 @@ static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
     tpk_router_desc rd;
     memset(&rd, 0, sizeof rd);
     rd.name = pn, rd.experts = d.experts, rd.top_k = k, rd.renormalize = d.renormalize;
-    rd.aux_coef = d.aux_coef, rd.init_std = d.init_std;
+    rd.aux_coef = d.aux_coef, rd.init_std = d.init_std, rd.z_coef = d.z_coef;
+    rd.capacity_factor = d.capacity_factor;
     TPK_TRY(tpk_router_init(ctx, &m->router, H, &rd));
     TPK_TRY(tpk_moe_dispatcher_init(ctx, &m->disp, H, m->E, k));
     m->w1 = (int *)tpk__calloc(ctx, (size_t)m->El, sizeof(int));
@@ -462,7 +501,18 @@ static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
         ctx->params.list[m->w1[j]].expert = ctx->params.list[m->w2[j]].expert =
             ctx->params.list[m->w3[j]].expert = true;
     }
-    return TPK_OK;
+    m->sg = m->su = m->sd = m->sw = -1;
+    if (!d.shared_hidden) return TPK_OK;
+    /* the shared expert: a SwiGLU MLP split over TP like the dense one, on every EP rank */
+    m->Fs = d.shared_hidden, m->Fsl = tpk_tp_shard_size(ctx, m->Fs, TPK_S(0), ctx->tp.rank);
+    snprintf(pn, sizeof pn, "%s.shared_expert.gate_proj.weight", m->name);
+    TPK_TRY(tpk__param_add(ctx, pn, 2, m->Fs, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &m->sg));
+    snprintf(pn, sizeof pn, "%s.shared_expert.up_proj.weight", m->name);
+    TPK_TRY(tpk__param_add(ctx, pn, 2, m->Fs, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &m->su));
+    snprintf(pn, sizeof pn, "%s.shared_expert.down_proj.weight", m->name);
+    TPK_TRY(tpk__param_add(ctx, pn, 2, H, m->Fs, TPK_S(1), TPK_INIT_NORMAL, pstd, true, &m->sd));
+    snprintf(pn, sizeof pn, "%s.shared_expert_gate.weight", m->name);
+    return tpk__param_add(ctx, pn, 2, 1, H, TPK_R, TPK_INIT_NORMAL, std, true, &m->sw);
 }
 
 static inline void tpk_moe_destroy(tpk_ctx *ctx, tpk_moe *m) {
@@ -470,9 +520,106 @@ static inline void tpk_moe_destroy(tpk_ctx *ctx, tpk_moe *m) {
     tpk_router_destroy(ctx, &m->router);
     tpk_moe_dispatcher_destroy(ctx, &m->disp);
     tpk__free(ctx, m->w1), tpk__free(ctx, m->w2), tpk__free(ctx, m->w3), tpk__free(ctx, m->dw);
-    tpk_buf *b[] = {&m->gu, &m->h, &m->og, &m->dh, &m->dgu, &m->dxg};
+    tpk__free(ctx, m->sig), tpk__free(ctx, m->sdot);
+    tpk_buf *b[] = {&m->gu, &m->h,  &m->og, &m->dh,  &m->dgu, &m->dxg,  &m->sgu, &m->sh,
+                    &m->so, &m->sy, &m->sz, &m->sdo, &m->sdh, &m->sdgu, &m->sdx, &m->sdl};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) tpk__buf_free(ctx, b[i]);
     memset(m, 0, sizeof *m);
+}
+
+/* The shared expert's forward on x R [T, H]: y[t] += sigmoid(x_t . ws) so_t, so = (silu(x Wgᵀ) ∘
+ * x Wuᵀ) Wdᵀ (P over TP -> all-reduce). */
+static inline tpk_status tpk__moe_shared_forward(tpk_ctx *ctx, const char *fn, tpk_moe *m,
+                                                 tpk_tensor x, tpk_tensor *y) {
+    int64_t T = m->router.T, H = m->H, Fl = m->Fsl;
+    size_t es = tpk_dtype_size(ctx->dtype), n = (size_t)(T > 0 ? T : 1);
+    if (!m->sig || T > m->s_cap) {
+        tpk__free(ctx, m->sig), tpk__free(ctx, m->sdot);
+        m->sig = (float *)tpk__malloc(ctx, n * sizeof(float));
+        m->sdot = (float *)tpk__malloc(ctx, n * sizeof(float));
+        m->s_cap = m->sig && m->sdot ? T : 0;
+        if (!m->sig || !m->sdot)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld tokens",
+                             (long long)T);
+    }
+    if (!T) return TPK_OK;
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sgu, (size_t)(T * 2 * Fl) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sh, (size_t)(T * Fl) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->so, (size_t)(T * H) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sz, n * sizeof(float)));
+    char *gu = (char *)m->sgu.p, *so = (char *)m->so.p;
+    if (Fl) {
+        TPK_TRY(tpk_op_gemm(ctx, false, true, T, Fl, H, 1.f, x.data, H, tpk__param_w(ctx, m->sg), H,
+                            0.f, gu, 2 * Fl, ctx->dtype)); /* gate = x Wgᵀ */
+        TPK_TRY(tpk_op_gemm(ctx, false, true, T, Fl, H, 1.f, x.data, H, tpk__param_w(ctx, m->su), H,
+                            0.f, gu + (size_t)Fl * es, 2 * Fl, ctx->dtype)); /* up = x Wuᵀ */
+        TPK_TRY(tpk_op_swiglu_fwd(ctx, m->sh.p, gu, T, Fl, ctx->dtype));
+        TPK_TRY(tpk_op_gemm(ctx, false, true, T, H, Fl, 1.f, m->sh.p, Fl, tpk__param_w(ctx, m->sd),
+                            Fl, 0.f, so, H, ctx->dtype)); /* h Wdᵀ */
+    } else {
+        TPK_TRY(tpk_op_fill(ctx, so, ctx->dtype, (size_t)(T * H), 0.f));
+    }
+    if (ctx->tp.size > 1)
+        TPK_TRY(tpk_allreduce(ctx, &ctx->tp, so, so, (size_t)(T * H), ctx->dtype, TPK_SUM));
+    TPK_TRY(tpk_op_gemm_acc(ctx, false, true, T, 1, H, 1.f, x.data, H, tpk__param_w(ctx, m->sw), H,
+                            0.f, (float *)m->sz.p, 1, ctx->dtype)); /* x . ws, f32 */
+    TPK_TRY(tpk_op_memcpy(ctx, m->sig, m->sz.p, (size_t)T * sizeof(float),
+                          ctx->ops->device ? TPK_D2H : TPK_H2H));
+    for (int64_t t = 0; t < T; t++) m->sig[t] = (float)(1 / (1 + exp(-(double)m->sig[t])));
+    for (int64_t t = 0; t < T; t++) /* y[t] += sigmoid_t so[t] */
+        TPK_TRY(tpk_op_axpby(ctx, (char *)y->data + (size_t)(t * H) * es, m->sig[t],
+                             so + (size_t)(t * H) * es, 1.f, ctx->dtype, (size_t)H));
+    return TPK_OK;
+}
+
+/* The shared expert's backward from dy R [T, H]: its dx in m->sdx (R), its weights' gradients:
+ * dso = s dy, dl = (dy . so) s (1 - s), dx = dl ws + (dgate Wg + dup Wu) (P -> all-reduce). */
+static inline tpk_status tpk__moe_shared_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor dy) {
+    int64_t T = m->router.T, H = m->H, Fl = m->Fsl;
+    size_t es = tpk_dtype_size(ctx->dtype);
+    if (!T) return TPK_OK;
+    const char *x = (const char *)m->router.x.data, *so = (const char *)m->so.p;
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sdo, (size_t)(T * H) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sdx, (size_t)(T * H) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sdl, (size_t)T * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sdh, (size_t)(T * Fl) * es));
+    TPK_TRY(tpk__buf_reserve(ctx, &m->sdgu, (size_t)(T * 2 * Fl) * es));
+    float *sz = (float *)m->sz.p;
+    char *sdo = (char *)m->sdo.p, *sdx = (char *)m->sdx.p, *dgu = (char *)m->sdgu.p;
+    for (int64_t t = 0; t < T; t++) {
+        const char *g = (const char *)dy.data + (size_t)(t * H) * es;
+        TPK_TRY(tpk_op_gemm_acc(ctx, false, true, 1, 1, H, 1.f, g, H, so + (size_t)(t * H) * es, H,
+                                0.f, sz + t, 1, ctx->dtype)); /* dy[t] . so[t] */
+        TPK_TRY(tpk_op_axpby(ctx, sdo + (size_t)(t * H) * es, m->sig[t], g, 0.f, ctx->dtype,
+                             (size_t)H)); /* dso[t] = s_t dy[t] */
+    }
+    TPK_TRY(tpk_op_memcpy(ctx, m->sdot, sz, (size_t)T * sizeof(float),
+                          ctx->ops->device ? TPK_D2H : TPK_H2H));
+    for (int64_t t = 0; t < T; t++) /* d logit = (dy . so) s (1 - s) */
+        m->sdot[t] = (float)((double)m->sdot[t] * m->sig[t] * (1 - (double)m->sig[t]));
+    TPK_TRY(tpk_op_memcpy(ctx, sz, m->sdot, (size_t)T * sizeof(float),
+                          ctx->ops->device ? TPK_H2D : TPK_H2H));
+    TPK_TRY(tpk_op_cast(ctx, m->sdl.p, ctx->dtype, sz, TPK_F32, (size_t)T));
+    if (Fl) {
+        TPK_TRY(tpk_op_gemm(ctx, false, false, T, Fl, H, 1.f, sdo, H, tpk__param_w(ctx, m->sd), Fl,
+                            0.f, m->sdh.p, Fl, ctx->dtype)); /* dh = dso Wd */
+        TPK_TRY(tpk__grad_gemm(ctx, m->sd, true, false, H, Fl, T, sdo, H, m->sh.p, Fl));
+        TPK_TRY(tpk_op_swiglu_bwd(ctx, dgu, m->sgu.p, m->sdh.p, T, Fl, ctx->dtype));
+        const char *du = dgu + (size_t)Fl * es;
+        TPK_TRY(tpk__grad_gemm(ctx, m->sg, true, false, Fl, H, T, dgu, 2 * Fl, x, H));
+        TPK_TRY(tpk__grad_gemm(ctx, m->su, true, false, Fl, H, T, du, 2 * Fl, x, H));
+        TPK_TRY(tpk_op_gemm(ctx, false, false, T, H, Fl, 1.f, dgu, 2 * Fl, tpk__param_w(ctx, m->sg),
+                            H, 0.f, sdx, H, ctx->dtype));
+        TPK_TRY(tpk_op_gemm(ctx, false, false, T, H, Fl, 1.f, du, 2 * Fl, tpk__param_w(ctx, m->su),
+                            H, 1.f, sdx, H, ctx->dtype));
+    } else {
+        TPK_TRY(tpk_op_fill(ctx, sdx, ctx->dtype, (size_t)(T * H), 0.f));
+    }
+    if (ctx->tp.size > 1)
+        TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sdx, sdx, (size_t)(T * H), ctx->dtype, TPK_SUM));
+    TPK_TRY(tpk_op_gemm(ctx, false, false, T, H, 1, 1.f, m->sdl.p, 1, tpk__param_w(ctx, m->sw), H,
+                        1.f, sdx, H, ctx->dtype));                              /* + dl ws */
+    return tpk__grad_gemm(ctx, m->sw, true, false, 1, H, T, m->sdl.p, 1, x, H); /* dws += dlᵀ x */
 }
 
 /* y = the MoE block of x R [T, H] (ctx->dtype): y R [T, H]; m->router.aux the auxiliary loss
@@ -483,8 +630,14 @@ static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x,
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised MoE");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    if (m->aux_dp && m->router.d.z_coef > 0)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "layer \"%s\": a router z-loss (z_coef %g) under the model's pooled "
+                         "auxiliary loss is not yet taken (expected z_coef 0)",
+                         m->name, (double)m->router.d.z_coef);
     TPK_TRY(tpk_router_forward(ctx, &m->router, x)); /* checks x: R [T, H] */
-    TPK_TRY(tpk_moe_dispatch(ctx, &m->disp, x, m->router.idx, &m->xg));
+    const int32_t *route = m->router.d.capacity_factor > 0 ? m->router.sent : m->router.idx;
+    TPK_TRY(tpk_moe_dispatch(ctx, &m->disp, x, route, &m->xg));
     int64_t R = m->disp.R, H = m->H, Fl = m->Fl;
     size_t es = tpk_dtype_size(ctx->dtype);
     tpk_tensor og = tpk_tensor_2d(NULL, ctx->dtype, R, H, TPK_R);
@@ -511,7 +664,8 @@ static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x,
     if (ctx->tp.size > 1) /* expert TP: partial over F -> all-reduce */
         TPK_TRY(
             tpk_allreduce(ctx, &ctx->tp, og.data, og.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
-    return tpk_moe_combine(ctx, &m->disp, og, m->router.weight, y);
+    TPK_TRY(tpk_moe_combine(ctx, &m->disp, og, m->router.weight, y));
+    return m->Fs ? tpk__moe_shared_forward(ctx, fn, m, x, y) : TPK_OK;
 }
 
 /* dx R [T, H] of the last forward from dy R [T, H], aux_grad the gradient of the loss with respect
@@ -570,8 +724,11 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
     TPK_TRY(tpk_moe_dispatch_backward(ctx, &m->disp, dxg, &dxs));
     TPK_TRY(m->aux_dp ? tpk_router_backward_pooled(ctx, &m->router, m->dw, m->aux_dp, &dxr)
                       : tpk_router_backward(ctx, &m->router, m->dw, aux_grad, &dxr));
-    *dx = dxs; /* the dispatcher's buffer: + the router's dx */
-    return tpk_op_axpby(ctx, dx->data, 1.f, dxr.data, 1.f, ctx->dtype, (size_t)(T * H));
+    *dx = dxs; /* the dispatcher's buffer: + the router's dx (+ the shared expert's) */
+    TPK_TRY(tpk_op_axpby(ctx, dx->data, 1.f, dxr.data, 1.f, ctx->dtype, (size_t)(T * H)));
+    if (!m->Fs || !T) return TPK_OK;
+    TPK_TRY(tpk__moe_shared_backward(ctx, m, dy));
+    return tpk_op_axpby(ctx, dx->data, 1.f, m->sdx.p, 1.f, ctx->dtype, (size_t)(T * H));
 }
 
 #endif /* TPK_MOE_H */

@@ -12,11 +12,23 @@
  *             aux = coef balance  (Hugging Face's load_balancing_loss_func on one layer's tokens;
  *                                  Switch Transformer's at k = 1; k at uniform probabilities and
  *                                  an even load)
+ *                   + zloss, zloss = z_coef mean_t (logsumexp_e z_te)²   (ST-MoE's router z-loss;
+ *                                  optional, z_coef 0: none, not computed)
+ *   capacity  (capacity_factor c > 0; 0: dropless, every row kept) C = ceil(T k / E c) rows per
+ *             expert from this rank's T tokens (Megatron-core's get_capacity on the tokens this
+ *             rank routes; the TP ranks of a group route the same tokens and drop the same rows).
+ *             Megatron's default drop policy "probs": of the rows routed to expert e, the C of the
+ *             largest routing weight w_ti are kept (ties: the earlier token first), the rest
+ *             dropped: sent[t k + i] = -1 (else e_ti), the dispatcher sends no row for it and the
+ *             token's output lacks that term (its other choices kept, the weights not
+ *             renormalised after the drop, as Megatron and Switch do); a dropped row's dw_ti is 0.
+ *             The balance counts the choices before the drop (f_e: what the router asked for).
  *   backward  from dw_ti (the gradient of each routing weight, tpk_moe_combine_backward) and
  *             g = d loss / d aux:
  *             dp_te = [e = e_ti] (renormalize ? (dw_ti - sum_j dw_tj w_tj) / S_t : dw_ti)
  *                     + g coef E f_e / T²        (f_e counts, not differentiated)
  *             dz_t = p_t ∘ (dp_t - <p_t, dp_t>)  (the softmax's backward; double, on the host)
+ *                    + g z_coef 2 lse_t p_t / T  (the z-loss's, lse_t = logsumexp_e z_te)
  *             dx = dz Wg  R [T, H];  dWg += dzᵀ x (complete on every rank: Wg is replicated)
  * The softmax, top-k, loss and their gradients run on the host from the logits copied out of the
  * backend (T E values each way): the dispatcher (tpk/layers/moe.h) needs the routing on the host
@@ -40,6 +52,9 @@ typedef struct tpk_router_desc {
     float aux_coef;   /* the auxiliary loss's coefficient (Mixtral's router_aux_loss_coef, 0.02);
                          0: none in the gradient (balance is still measured) */
     float init_std;   /* Wg N(0, std²); default 0.02 */
+    float z_coef;     /* the router z-loss's coefficient (ST-MoE's, 1e-3 there); 0: none */
+    float capacity_factor; /* c > 0: each expert takes at most ceil(T k / E c) of this rank's rows,
+                              the lowest-weighted dropped (above); 0: dropless */
 } tpk_router_desc;
 
 typedef struct tpk_router {
@@ -60,7 +75,12 @@ typedef struct tpk_router {
     float *dzh;        /* host [T, E]: dz (backward) */
     int64_t cap;       /* the host arrays' room, in tokens */
     double balance;    /* E sum_e f_e P_e of the last forward */
-    float aux;         /* aux_coef balance */
+    double zloss;      /* z_coef mean_t lse_t² of the last forward (0 when z_coef is 0) */
+    float aux;         /* aux_coef balance + zloss */
+    double *lse;       /* host [T]: lse_t (z_coef > 0) */
+    int32_t *sent;     /* host [T, K]: e_ti, or -1 where the capacity dropped the row (c > 0) */
+    int64_t capacity;  /* C of the last forward (0: dropless) */
+    int64_t dropped;   /* rows the capacity dropped in the last forward */
     tpk_buf z, dz, dx; /* backend: z f32 [T, E]; dz [T, E] and dx [T, H] in the context's dtype */
 } tpk_router;
 
@@ -81,6 +101,14 @@ static inline tpk_status tpk_router_init(tpk_ctx *ctx, tpk_router *r, int64_t H,
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "desc->aux_coef: expected a finite value >= 0, got %g",
                          (double)d.aux_coef);
+    if (!(d.z_coef >= 0) || isinf(d.z_coef))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->z_coef: expected a finite value >= 0, got %g",
+                         (double)d.z_coef);
+    if (!(d.capacity_factor >= 0) || isinf(d.capacity_factor))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->capacity_factor: expected a finite value >= 0 (0: dropless), "
+                         "got %g",
+                         (double)d.capacity_factor);
     if (!(d.init_std >= 0))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "desc->init_std: expected >= 0, got %g",
                          (double)d.init_std);
@@ -96,7 +124,8 @@ static inline void tpk_router_destroy(tpk_ctx *ctx, tpk_router *r) {
     if (!r) return;
     tpk__free(ctx, r->idx), tpk__free(ctx, r->weight), tpk__free(ctx, r->prob);
     tpk__free(ctx, r->count), tpk__free(ctx, r->dp), tpk__free(ctx, r->dzh);
-    tpk__free(ctx, r->psum), tpk__free(ctx, r->ga);
+    tpk__free(ctx, r->psum), tpk__free(ctx, r->ga), tpk__free(ctx, r->lse);
+    tpk__free(ctx, r->sent);
     tpk__buf_free(ctx, &r->z), tpk__buf_free(ctx, &r->dz), tpk__buf_free(ctx, &r->dx);
     memset(r, 0, sizeof *r);
 }
@@ -108,7 +137,8 @@ static inline tpk_status tpk__router_room(tpk_ctx *ctx, const char *fn, tpk_rout
     size_t c = (size_t)(cap ? cap : 1), E = (size_t)r->E, K = (size_t)r->K;
     tpk__free(ctx, r->idx), tpk__free(ctx, r->weight), tpk__free(ctx, r->prob);
     tpk__free(ctx, r->count), tpk__free(ctx, r->dp), tpk__free(ctx, r->dzh);
-    tpk__free(ctx, r->psum), tpk__free(ctx, r->ga);
+    tpk__free(ctx, r->psum), tpk__free(ctx, r->ga), tpk__free(ctx, r->lse);
+    tpk__free(ctx, r->sent);
     r->idx = (int32_t *)tpk__malloc(ctx, c * K * sizeof(int32_t));
     r->weight = (float *)tpk__malloc(ctx, c * K * sizeof(float));
     r->prob = (float *)tpk__malloc(ctx, c * E * sizeof(float));
@@ -117,12 +147,50 @@ static inline tpk_status tpk__router_room(tpk_ctx *ctx, const char *fn, tpk_rout
     r->dp = (double *)tpk__malloc(ctx, E * sizeof(double));
     r->psum = (double *)tpk__malloc(ctx, E * sizeof(double));
     r->ga = (double *)tpk__malloc(ctx, E * sizeof(double));
+    r->lse = (double *)tpk__malloc(ctx, c * sizeof(double));
+    r->sent = (int32_t *)tpk__malloc(ctx, c * K * sizeof(int32_t));
     r->cap = cap;
-    if (r->idx && r->weight && r->prob && r->dzh && r->count && r->dp && r->psum && r->ga)
+    if (r->idx && r->weight && r->prob && r->dzh && r->count && r->dp && r->psum && r->ga &&
+        r->lse && r->sent)
         return TPK_OK;
     r->cap = 0;
     return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld tokens' routing",
                      (long long)T);
+}
+
+/* One routed row for the capacity's sort: expert, weight, token's row t k + i. */
+typedef struct tpk__router_row {
+    int32_t e;
+    float w;
+    int64_t r;
+} tpk__router_row;
+static inline int tpk__router_row_cmp(const void *a, const void *b) {
+    const tpk__router_row *p = (const tpk__router_row *)a, *q = (const tpk__router_row *)b;
+    if (p->e != q->e) return p->e < q->e ? -1 : 1;
+    if (p->w != q->w) return p->w > q->w ? -1 : 1; /* the largest weight first */
+    return p->r < q->r ? -1 : p->r > q->r;         /* ties: the earlier token */
+}
+
+/* The capacity's drop (capacity_factor > 0): r->sent, r->capacity, r->dropped. */
+static inline tpk_status tpk__router_drop(tpk_ctx *ctx, const char *fn, tpk_router *r) {
+    int64_t N = r->T * r->K;
+    r->capacity = r->dropped = 0;
+    if (!(r->d.capacity_factor > 0)) return TPK_OK;
+    double c = ceil((double)N / (double)r->E * (double)r->d.capacity_factor);
+    r->capacity = c < (double)INT64_MAX / 2 ? (int64_t)c : INT64_MAX / 2;
+    tpk__router_row *rows = (tpk__router_row *)tpk__malloc(ctx, (size_t)(N ? N : 1) * sizeof *rows);
+    if (!rows)
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld rows' capacity",
+                         (long long)N);
+    for (int64_t i = 0; i < N; i++) rows[i].e = r->idx[i], rows[i].w = r->weight[i], rows[i].r = i;
+    qsort(rows, (size_t)N, sizeof *rows, tpk__router_row_cmp);
+    for (int64_t i = 0, kept = 0; i < N; i++) {
+        kept = i && rows[i].e == rows[i - 1].e ? kept + 1 : 0; /* this row's place at its expert */
+        bool keep = kept < r->capacity;
+        r->sent[rows[i].r] = keep ? rows[i].e : -1, r->dropped += !keep;
+    }
+    tpk__free(ctx, rows);
+    return TPK_OK;
 }
 
 /* Route T tokens from their logits (host, f32 [T, E], replaced by the probabilities p): the top-k
@@ -151,6 +219,7 @@ static inline tpk_status tpk__router_route(tpk_ctx *ctx, const char *fn, tpk_rou
         }
         double m = z[ix[0]], s = 0;
         for (int64_t e = 0; e < E; e++) s += exp((double)z[e] - m);
+        r->lse[t] = m + log(s);
         double S = 0;
         for (int64_t i = 0; i < K; i++) S += exp((double)z[ix[i]] - m) / s;
         for (int64_t i = 0; i < K; i++) {
@@ -165,8 +234,11 @@ static inline tpk_status tpk__router_route(tpk_ctx *ctx, const char *fn, tpk_rou
     }
     for (int64_t e = 0; T && e < E; e++) psum_f += (double)r->count[e] * r->psum[e];
     r->balance = T ? (double)E * psum_f / ((double)T * (double)T) : 0;
-    r->aux = (float)(r->d.aux_coef * r->balance);
-    return TPK_OK;
+    r->zloss = 0;
+    for (int64_t t = 0; r->d.z_coef > 0 && t < T; t++) r->zloss += r->lse[t] * r->lse[t];
+    r->zloss = T ? (double)r->d.z_coef * r->zloss / (double)T : 0;
+    r->aux = (float)(r->d.aux_coef * r->balance + r->zloss);
+    return tpk__router_drop(ctx, fn, r);
 }
 
 /* Route the tokens x R [T, H] (ctx->dtype): r->idx, r->weight, r->count, r->balance, r->aux. */
@@ -207,8 +279,9 @@ static inline tpk_status tpk__router_args(tpk_ctx *ctx, const char *fn, const tp
 /* The backward with ga[e] (host [E]) the gradient of the loss's auxiliary part with respect to
  * every token's p_te. */
 static inline tpk_status tpk__router_backward(tpk_ctx *ctx, tpk_router *r, const float *dweight,
-                                              const double *ga, tpk_tensor *dx) {
+                                              const double *ga, double gz, tpk_tensor *dx) {
     int64_t T = r->T, E = r->E, K = r->K, H = r->H;
+    gz = T && r->d.z_coef > 0 ? gz * 2 * (double)r->d.z_coef / (double)T : 0; /* d zloss/d lse */
     for (int64_t t = 0; t < T; t++) {
         const float *p = r->prob + t * E, *w = r->weight + t * K, *dw = dweight + t * K;
         const int32_t *ix = r->idx + t * K;
@@ -218,8 +291,9 @@ static inline tpk_status tpk__router_backward(tpk_ctx *ctx, tpk_router *r, const
         for (int64_t i = 0; i < K; i++)
             r->dp[ix[i]] += r->d.renormalize ? ((double)dw[i] - c) / S : (double)dw[i];
         for (int64_t e = 0; e < E; e++) dot += (double)p[e] * r->dp[e];
+        double zl = gz ? gz * r->lse[t] : 0; /* the z-loss's: dz_te += zl p_te */
         for (int64_t e = 0; e < E; e++)
-            r->dzh[t * E + e] = (float)((double)p[e] * (r->dp[e] - dot));
+            r->dzh[t * E + e] = (float)((double)p[e] * (r->dp[e] - dot + zl));
     }
     size_t es = tpk_dtype_size(ctx->dtype), n = (size_t)(T * E);
     TPK_TRY(tpk__buf_reserve(ctx, &r->dz, n * es));
@@ -247,14 +321,15 @@ static inline tpk_status tpk_router_backward(tpk_ctx *ctx, tpk_router *r, const 
     int64_t T = r->T, E = r->E;
     double ga = T ? (double)aux_grad * (double)r->d.aux_coef * (double)E / ((double)T * T) : 0;
     for (int64_t e = 0; e < E; e++) r->ga[e] = ga * (double)r->count[e];
-    return tpk__router_backward(ctx, r, dweight, r->ga, dx);
+    return tpk__router_backward(ctx, r, dweight, r->ga, (double)aux_grad, dx);
 }
 
 /* The backward under an auxiliary loss pooled over several routers (Hugging Face's
  * load_balancing_loss_func over all layers' logits concatenated, tpk/models/lm.h): aux_dp (host
  * [E]) is the loss's gradient with respect to every token's p_te, the same for each token (coef E
  * C_e / N² for C_e the rows routed to e and N the tokens, over all the layers pooled); this
- * router's own aux takes no part. */
+ * router's own aux takes no part (its z-loss neither: a z-loss under a pooled aux is refused by
+ * the MoE block). */
 static inline tpk_status tpk_router_backward_pooled(tpk_ctx *ctx, tpk_router *r,
                                                     const float *dweight, const double *aux_dp,
                                                     tpk_tensor *dx) {
@@ -265,7 +340,7 @@ static inline tpk_status tpk_router_backward_pooled(tpk_ctx *ctx, tpk_router *r,
         if (!isfinite(aux_dp[e]))
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_dp[%lld]: expected finite, got %g",
                              (long long)e, aux_dp[e]);
-    return tpk__router_backward(ctx, r, dweight, aux_dp, dx);
+    return tpk__router_backward(ctx, r, dweight, aux_dp, 0, dx);
 }
 
 #endif /* TPK_ROUTER_H */
