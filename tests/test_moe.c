@@ -973,6 +973,58 @@ static void test_mixtral(int tp, int ep, int E) {
     tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
 }
 
+/* Mixtral at EP ep (the world's ranks, E experts) under recompute `mode` against the same model
+ * without recompute on the same ranks: the loss and every gradient the same bits (the routing,
+ * its all-to-alls and the experts' GEMMs run again in the same order). With `opts` the blocks take
+ * a capacity factor that drops rows and a shared expert (set on the model's block config). */
+static void test_mixtral_recompute(int ep, int E, tpk_recompute mode, bool opts) {
+    tpk_ctx c[2];
+    tpk_lm m[2];
+    float loss[2];
+    int32_t ids[XT], tg[XT];
+    uint64_t a2a[2]; /* the backward's all-to-alls: full recompute routes and dispatches again */
+    for (int k = 0; k < 2; k++) { /* k 0: recompute, k 1: none */
+        CHECK_OK(&c[k], tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world, .ep = ep, .seed = 3}));
+        tpk_mixtral_config cfg = mix_config(E);
+        cfg.recompute = k ? TPK_RECOMPUTE_NONE : mode;
+        tpk_lm_config lc;
+        CHECK_OK(&c[k], tpk_mixtral_lm_config(&c[k], &cfg, &lc));
+        if (opts) lc.block.mlp.moe.capacity_factor = 0.75f, lc.block.mlp.moe.shared_hidden = 6;
+        CHECK_OK(&c[k], tpk_lm_init(&c[k], &m[k], &lc));
+        test_set_weights(&c[k], 9, 0.3f);
+        mix_tokens(c[k].dp.rank, ids, tg);
+        CHECK_OK(&c[k], tpk_params_zero_grad(&c[k]));
+        CHECK_OK(&c[k], tpk_lm_forward(&c[k], &m[k], ids, tg, XB, XS, &loss[k]));
+        a2a[k] = c[k].ep.stats.calls[TPK_COLL_ALLTOALL];
+        CHECK_OK(&c[k], tpk_lm_backward(&c[k], &m[k], 1.0f));
+        a2a[k] = c[k].ep.stats.calls[TPK_COLL_ALLTOALL] - a2a[k];
+    }
+    uint64_t want = ep == 1 ? 0 : mode == TPK_RECOMPUTE_FULL ? 5 * XL : 2 * XL;
+    CHECK(a2a[0] == want && a2a[1] == (ep > 1 ? 2 * XL : 0),
+          "backward all-to-alls: %llu under recompute %d, %llu without", (unsigned long long)a2a[0],
+          (int)mode, (unsigned long long)a2a[1]);
+    CHECK(loss[0] == loss[1], "recompute %d: loss %.9g, without %.9g", (int)mode, (double)loss[0],
+          (double)loss[1]);
+    int dropped = 0, diff = 0;
+    for (int i = 0; i < XL; i++) dropped += (int)m[1].blocks[i].mlp.u.moe.router.dropped;
+    MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(!opts || dropped > 0, "no row dropped");
+    CHECK(c[0].params.n == c[1].params.n, "%d parameters, %d without recompute", c[0].params.n,
+          c[1].params.n);
+    for (int i = 0; i < c[0].params.n && i < c[1].params.n; i++) {
+        size_t n = tpk_param_global_numel(&c[0], i);
+        float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+        CHECK_OK(&c[0], tpk_param_get_global(&c[0], i, true, a));
+        CHECK_OK(&c[1], tpk_param_get_global(&c[1], i, true, b));
+        if (memcmp(a, b, n * sizeof(float)) && diff++ < 3)
+            CHECK(false, "recompute %d: the gradient of %s differs", (int)mode,
+                  c[0].params.list[i].name);
+        free(a), free(b);
+    }
+    CHECK(diff == 0, "%d gradients differ", diff);
+    for (int k = 0; k < 2; k++) tpk_lm_destroy(&c[k], &m[k]), tpk_ctx_destroy(&c[k]);
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     me = test__rank, np = test__size;
@@ -1075,6 +1127,22 @@ int main(int argc, char **argv) {
                         : "EP 3") {
         if (np == 4) test_mixtral(2, 2, 4), test_mixtral(1, 2, 4);
         else test_mixtral(1, np, np == 3 ? 6 : 4);
+    }
+    TEST_CASE("Mixtral under recompute (%s) at EP %d: the loss and every gradient the bits of no "
+              "recompute",
+              np == 4   ? "none at 4 ranks"
+              : np == 2 ? "full with a capacity and a shared expert, selective"
+                        : "full and selective, with a capacity and a shared expert and without",
+              np == 4 ? 2 : np) {
+        int ep = np == 4 ? 2 : np, E = np == 3 ? 6 : 4;
+        if (np == 2)
+            test_mixtral_recompute(ep, E, TPK_RECOMPUTE_FULL, true),
+                test_mixtral_recompute(ep, E, TPK_RECOMPUTE_SELECTIVE, false);
+        if (np == 1 || np == 3)
+            for (int o = 0; o < 2; o++) {
+                test_mixtral_recompute(ep, E, TPK_RECOMPUTE_FULL, o);
+                test_mixtral_recompute(ep, E, TPK_RECOMPUTE_SELECTIVE, o);
+            }
     }
     TEST_CASE("Mixtral: config.json (MixtralForCausalLM's keys, defaults, refusals by name)") {
         static const char *base =
