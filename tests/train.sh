@@ -697,12 +697,12 @@ if quick_set; then
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: --dp-reduce adasum at DP 3"; else fail "bad input: --dp-reduce adasum at DP 3 (exit $rc)"; fi
     bad "--dp-batch with the wrong count" "list \"8,4,2\": 3 sizes for 2 DP ranks" --text "$text" $small --tp 1 --dp-batch 8,4,2
     bad "--tp-weights with the wrong count" "--tp-weights: expected 2 positive numbers separated by commas (one per TP rank), got \"3\"" --text "$text" $small --tp 2 --tp-weights 3
-    bad "--arch unknown" "--arch: expected one of gpt2, llama, neox, got \"mamba\"" --text "$text" $small --arch mamba
+    bad "--arch unknown" "--arch: expected one of gpt2, llama, neox, mixtral, got \"mamba\"" --text "$text" $small --arch mamba
     bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2
     bad "--arch llama with --dropout" "the Llama model has no dropout" --text "$text" $small --arch llama --dropout 0.1 --tp 2
     bad "--arch gpt2 with a Llama checkpoint" "--arch gpt2: the checkpoint .* holds a llama model" --text "$text" $small --tp 2 --arch gpt2 --load "$T/l2/step-4"
     rm -rf "$T/mt" && cp -r "$T/l2/step-4" "$T/mt" && sed -i 's/"model_type": "llama"/"model_type": "falcon"/' "$T/mt/config.json"
-    bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\", \"llama\" or \"gpt_neox\"" --text "$text" $small --tp 2 --load "$T/mt"
+    bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\", \"llama\", \"gpt_neox\" or \"mixtral\"" --text "$text" $small --tp 2 --load "$T/mt"
     rm -rf "$T/lmiss" && cp -r "$T/l2/step-4" "$T/lmiss" && sed -i 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$T/lmiss/config.json"
     bad "Llama checkpoint whose tensors do not match config.json" "k_proj.weight\" has shape \[16, 48\], config.json implies \[24, 48\]" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/lmiss"
     bad "--steps below the checkpoint's step" "--steps 3: the checkpoint .* is already at step 5" --text "$text" $small --tp 2 --steps 3 --load "$T/c5/step-5"
@@ -773,7 +773,7 @@ if quick_set; then
     bad "--steps with an empty value" "--steps: expects a value, got an empty string" --text "$text" $small --steps ""
     bad "--save given a flag as its value" "--save: expects a value, got the flag --sequence-parallel" --text "$text" $small --save --sequence-parallel
     [ ! -e ./--sequence-parallel ] && ok "--save --sequence-parallel made no directory of that name" || { rm -rf ./--sequence-parallel; fail "--save --sequence-parallel made a directory"; }
-    bad "--kv-heads with GPT-2" "--kv-heads: applies to --arch llama only (the model is gpt2)" --text "$text" $small --kv-heads 2
+    bad "--kv-heads with GPT-2" "--kv-heads: applies to --arch llama or mixtral only (the model is gpt2)" --text "$text" $small --kv-heads 2
     bad "--layers that conflicts with the checkpoint" "--layers 8: the checkpoint $T/c5/step-5 has 2 (a loaded model's shape is its config.json's: leave the flag out)" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --layers 8
     bad "--save-every without --save" "--save-every 2: needs --save DIR" --text "$text" $small --save-every 2
 
@@ -847,8 +847,8 @@ if long_set; then
     bad "--cp with --pp not dividing the ranks" "--pp 2: the 2 ranks are not TP x CP x DP x PP with --tp 1 --cp 2" --text "$text" $small --cp 2 --pp 2
     bad "--cp-comm unknown" "--cp-comm: expected p2p or allgather, got \"ring\"" --text "$text" $small --cp 2 --cp-comm ring
     bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
-    bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small --ffn 64
-    bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
+    bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox or mixtral only (the model is gpt2)" --text "$text" $small --ffn 64
+    bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama or mixtral only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
     out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
     if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1 x PP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
         ok "TPK_PROFILE=1 prints the table when the context is destroyed"
@@ -870,7 +870,7 @@ if long_set; then
     bad "--keep without --save-every" "--keep 2: applies to the checkpoints of --save DIR --save-every K" --text "$text" $small --tp 2 --keep 2 --save "$T/keep"
     rm -rf "$T/dupkey" && cp -r "$T/c5/step-5" "$T/dupkey" && sed -i 's/"n_layer": 2,/"n_layer": 2, "n_layer": 4,/' "$T/dupkey/config.json"
     bad "config.json with a duplicate key" "the key \"n_layer\" appears twice" --text "$text" $small --tp 2 --load "$T/dupkey"
-    bad "--kv-heads with GPT-NeoX" "--kv-heads: applies to --arch llama only (the model is neox)" --text "$text" $small --arch neox --kv-heads 2
+    bad "--kv-heads with GPT-NeoX" "--kv-heads: applies to --arch llama or mixtral only (the model is neox)" --text "$text" $small --arch neox --kv-heads 2
     bad "--rotary-pct out of range" "--rotary-pct: expected a number in \[1e-06, 1\], got \"2\"" --text "$text" $small --arch neox --rotary-pct 2
     bad "--kv-heads not a number" "--kv-heads: expected an integer in \[1, 1e+09\], got \"two\"" --text "$text" $small --arch llama --kv-heads two
     bad "--rope-theta that conflicts with a Llama checkpoint" "--rope-theta 1000: the checkpoint .* has 500" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/l2/step-4" --rope-theta 1000
@@ -885,7 +885,7 @@ if long_set; then
         bad "hostile safetensors: $kind" "$want" --text "$text" $small --tp 2 --load "$T/bad_$kind"
     done
     for f in "--rope-theta 500" "--norm-eps 1e-5"; do
-        bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama or neox only (the model is gpt2)" --text "$text" $small $f
+        bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama or neox or mixtral only (the model is gpt2)" --text "$text" $small $f
     done
     # ranks whose arguments differ only past 8 KiB (a long but legal --seed, then another --hidden)
     longseed=$(head -c 9000 /dev/zero | command tr '\0' 0)3 # (tr: the trainer here)
@@ -925,4 +925,70 @@ if long_set; then
     bad "Mixtral: --zero with EP 2" "--ep 2: not yet with --zero" --text "$text" $mx --ep 2 --zero 1
     bad "--ep with a model without experts" "--ep 2: the Llama model has no experts" --text "$text" --arch llama $small --ep 2
     bad "Mixtral: --sequence-parallel" "--sequence-parallel: not yet with the Mixtral model" --text "$text" $mx --tp 2 --sequence-parallel
+fi
+if long_set; then # checkpoints across EP sizes: each expert under its global name, by its holder
+    tr 2 --text "$text" $mx --ep 2 --steps 8 --save "$T/mxs" --save-every 4 --csv "$T/mxfull.csv"
+    rc1=$rc
+    for k in 0 1 2 3; do # every expert in the model file and its moments in the optimizer's
+        for f in model optim; do
+            head -c 200000 "$T/mxs/step-4/$f.safetensors" 2>/dev/null | grep -aq "model.layers.1.block_sparse_moe.experts.$k.w2.weight" || rc1=1
+        done
+    done
+    tr 2 --text "$text" $mx --steps 8 --load "$T/mxs/step-4" --csv "$T/mxr1.csv"
+    mxeq "Mixtral saved at EP 2 (every expert, its moments) resumed at EP 1: steps 5-8 equal the straight run" "$T/mxfull.csv" "$T/mxr1.csv" 5 8
+    tr 4 --text "$text" $mx --tp 2 --ep 2 --steps 8 --load "$T/mxs/step-4" --csv "$T/mxr22.csv"
+    mxeq "Mixtral saved at EP 2 resumed at TP 2 x EP 2: steps 5-8 equal the straight run" "$T/mxfull.csv" "$T/mxr22.csv" 5 8
+    tr 2 --text "$text" $mx --steps 8 --save "$T/mxs1" --save-every 4 --csv "$T/mxfull1.csv"
+    rc1=$rc
+    tr 2 --text "$text" $mx --ep 2 --steps 8 --load "$T/mxs1/step-4" --csv "$T/mxr2.csv"
+    mxeq "Mixtral saved at EP 1 resumed at EP 2: steps 5-8 equal the straight run" "$T/mxfull1.csv" "$T/mxr2.csv" 5 8
+    # a Hugging Face Mixtral directory: HF's config.json and names, the weights in two shards with
+    # their index (the odd experts in the second), written here from the EP 1 checkpoint; evaluated
+    # at EP 2 it gives the EP 1 model's loss (both DP 2: the same validation batches)
+    rm -rf "$T/mxhf" && mkdir -p "$T/mxhf"
+    python3 - "$T/mxs1/step-4" "$T/mxhf" <<'PY'
+import json, struct, sys
+src, dst = sys.argv[1:]
+raw = open(src + "/model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+t = {k: v for k, v in hdr.items() if k != "__metadata__"}
+odd = lambda k: ".experts." in k and int(k.split(".experts.")[1].split(".")[0]) % 2 == 1
+files = {"model-00001-of-00002.safetensors": sorted(k for k in t if not odd(k)),
+         "model-00002-of-00002.safetensors": sorted(k for k in t if odd(k))}
+wmap, total = {}, 0
+for fname, keys in files.items():
+    h, blobs, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for k in keys:
+        a, b = t[k]["data_offsets"]
+        blob = raw[8 + n + a:8 + n + b]
+        h[k] = {"dtype": "F32", "shape": t[k]["shape"], "data_offsets": [off, off + len(blob)]}
+        blobs.append(blob), wmap.update({k: fname})
+        off += len(blob)
+    j = json.dumps(h).encode()
+    j += b" " * (-len(j) % 8)
+    open(dst + "/" + fname, "wb").write(struct.pack("<Q", len(j)) + j + b"".join(blobs))
+    total += off
+json.dump({"metadata": {"total_size": total}, "weight_map": wmap},
+          open(dst + "/model.safetensors.index.json", "w"), indent=2)
+cfg = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+       "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 32, "initializer_range": 0.02,
+       "intermediate_size": 48, "max_position_embeddings": 16, "model_type": "mixtral",
+       "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+       "num_key_value_heads": 2, "num_local_experts": 4, "output_router_logits": True,
+       "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+       "router_jitter_noise": 0.0, "sliding_window": None, "tie_word_embeddings": False,
+       "torch_dtype": "float32", "transformers_version": "4.46.0", "use_cache": True,
+       "vocab_size": 256}
+json.dump(cfg, open(dst + "/config.json", "w"), indent=2)
+PY
+    rc1=$?
+    tr 2 --text "$text" --load "$T/mxs1/step-4" --eval-only --batch 2 --seq-len 16
+    ref=$(printf '%s\n' "$out" | sed -n 's/^val_loss //p')
+    [ $rc -eq 0 ] || rc1=1
+    tr 2 --text "$text" --load "$T/mxhf" --ep 2 --eval-only --batch 2 --seq-len 16
+    got=$(printf '%s\n' "$out" | sed -n 's/^val_loss //p')
+    r=$(awk -v a="$ref" -v b="$got" 'BEGIN{ if (a == "" || b == "") print "inf"; else { d=(a-b)/a; printf "%.3g\n", d<0?-d:d } }')
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "a Hugging Face Mixtral directory (two shards and their index) evaluated at EP 2 gives the EP 1 model's loss $ref (relative difference $r)"
+    else fail "a Hugging Face Mixtral directory at EP 2 (exit $rc1, $rc; losses $ref, $got)"; fi
 fi

@@ -199,18 +199,24 @@ static inline tpk_status tpk__ckpt_config_text(tpk_ctx *ctx, const char *fn, con
 
 /* Pipeline stages: host values to or from pp rank `peer` (staged through backend memory where the
  * PP group's communicator takes device buffers). */
-static inline tpk_status tpk__ckpt_pp_xfer(tpk_ctx *ctx, void *host, size_t n, tpk_dtype dt,
-                                           int peer, bool send) {
+static inline tpk_status tpk__ckpt_g_xfer(tpk_ctx *ctx, tpk_comm *g, void *host, size_t n,
+                                          tpk_dtype dt, int peer, bool send) {
     size_t bytes = n * tpk_dtype_size(dt);
-    if (!ctx->pp.device || !bytes)
-        return send ? tpk_send(ctx, &ctx->pp, host, n, dt, peer, 0)
-                    : tpk_recv(ctx, &ctx->pp, host, n, dt, peer, 0);
+    if (!g->device || !bytes)
+        return send ? tpk_send(ctx, g, host, n, dt, peer, 0)
+                    : tpk_recv(ctx, g, host, n, dt, peer, 0);
     TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[1], bytes));
     if (send) TPK_TRY(tpk_op_memcpy(ctx, ctx->work[1].p, host, bytes, TPK_H2D));
-    TPK_TRY(send ? tpk_send(ctx, &ctx->pp, ctx->work[1].p, n, dt, peer, 0)
-                 : tpk_recv(ctx, &ctx->pp, ctx->work[1].p, n, dt, peer, 0));
+    TPK_TRY(send ? tpk_send(ctx, g, ctx->work[1].p, n, dt, peer, 0)
+                 : tpk_recv(ctx, g, ctx->work[1].p, n, dt, peer, 0));
     return send ? TPK_OK : tpk_op_memcpy(ctx, host, ctx->work[1].p, bytes, TPK_D2H);
 }
+static inline tpk_status tpk__ckpt_pp_xfer(tpk_ctx *ctx, void *host, size_t n, tpk_dtype dt,
+                                           int peer, bool send) {
+    return tpk__ckpt_g_xfer(ctx, &ctx->pp, host, n, dt, peer, send);
+}
+/* The EP size (expert parallelism: each EP rank holds other experts, tpk_param.expert). */
+static inline int tpk__ckpt_ep(const tpk_ctx *ctx) { return ctx->ep.vt ? ctx->ep.size : 1; }
 
 /* A checkpoint's tensors gathered from the pipeline stages: the model's entries and (k3 = 3) the
  * optimizer's, the buffers they point into. */
@@ -227,25 +233,35 @@ static inline void tpk__ckpt_all_free(const tpk_ctx *ctx, tpk__ckpt_all *a) {
     tpk__free(ctx, a->data);
     memset(a, 0, sizeof *a);
 }
+/* Whether parameter i goes to the root: under stages every one but a copy another stage holds
+ * (pp_copy); under EP an expert (each EP rank's own). */
+static inline bool tpk__ckpt_sent(const tpk_ctx *ctx, int i, bool experts) {
+    return experts ? ctx->params.list[i].expert : !ctx->params.list[i].pp_copy;
+}
 /* Under pipeline stages (ctx->pp.size > 1), the leaders of the stages (TP, CP, DP rank 0) send
  * their entries e[n] (model) and e[n + 2 i + k] (moments, when k3 = 3) — except the copies another
  * stage holds (pp_copy) — to stage 0's leader, world rank 0, which gathers all of them in stage
- * order into *all; the others send nothing. Per tensor: its header (ndim, the two shapes, the
- * name), then its data and moments. */
+ * order into *all; the others send nothing. experts (expert parallelism, ctx->ep of size > 1, no
+ * stages): the same over ctx->ep, the EP ranks of world rank 0 (TP and CP rank 0, DP rank < ep)
+ * sending their experts alone, each under its global name, to world rank 0. Per tensor: its
+ * header (ndim, the two shapes, the name), then its data and moments. */
 static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, const tpk_st_entry *e,
-                                               int n, int k3, tpk__ckpt_all *all) {
+                                               int n, int k3, bool experts, tpk__ckpt_all *all) {
     memset(all, 0, sizeof *all);
-    bool lead = ctx->tp.rank == 0 && ctx->cp.rank == 0 && ctx->dp.rank == 0,
-         root = lead && ctx->pp.rank == 0;
+    tpk_comm *g = experts ? &ctx->ep : &ctx->pp;
+    bool lead = ctx->tp.rank == 0 && ctx->cp.rank == 0 &&
+                (experts ? ctx->dp.rank / tpk__ckpt_ep(ctx) == 0 && ctx->pp.rank == 0
+                         : ctx->dp.rank == 0),
+         root = lead && g->rank == 0;
     if (!lead) return TPK_OK;
     enum { HDR = 5 + 28 };
     int32_t hdr[HDR];
     if (!root) { /* a stage's leader: its tensors to the root */
         int32_t cnt = 0;
-        for (int i = 0; i < n; i++) cnt += !ctx->params.list[i].pp_copy;
-        TPK_TRY(tpk__ckpt_pp_xfer(ctx, &cnt, 1, TPK_I32, 0, true));
+        for (int i = 0; i < n; i++) cnt += tpk__ckpt_sent(ctx, i, experts);
+        TPK_TRY(tpk__ckpt_g_xfer(ctx, g, &cnt, 1, TPK_I32, 0, true));
         for (int i = 0; i < n; i++) {
-            if (ctx->params.list[i].pp_copy) continue;
+            if (!tpk__ckpt_sent(ctx, i, experts)) continue;
             const tpk_st_entry *m = &e[i];
             memset(hdr, 0, sizeof hdr);
             hdr[0] = m->ndim, hdr[1] = (int32_t)m->shape[0],
@@ -253,11 +269,11 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
             hdr[3] = (int32_t)ctx->params.list[i].gshape[0],
             hdr[4] = m->ndim > 1 ? (int32_t)ctx->params.list[i].gshape[1] : 0;
             snprintf((char *)&hdr[5], 112, "%s", m->name);
-            TPK_TRY(tpk__ckpt_pp_xfer(ctx, hdr, HDR, TPK_I32, 0, true));
+            TPK_TRY(tpk__ckpt_g_xfer(ctx, g, hdr, HDR, TPK_I32, 0, true));
             size_t gn = (size_t)hdr[1] * (size_t)(m->ndim > 1 ? hdr[2] : 1);
             for (int k = 0; k < k3; k++)
-                TPK_TRY(tpk__ckpt_pp_xfer(ctx, (void *)(k ? e[n + 2 * i + k - 1].data : m->data),
-                                          gn, TPK_F32, 0, true));
+                TPK_TRY(tpk__ckpt_g_xfer(ctx, g, (void *)(k ? e[n + 2 * i + k - 1].data : m->data),
+                                         gn, TPK_F32, 0, true));
         }
         return TPK_OK;
     }
@@ -269,11 +285,11 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
     if (!all->e || !all->names || !all->shapes || !all->data)
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the checkpoint's tables");
     tpk_status s = TPK_OK;
-    for (int q = 0; q < ctx->pp.size && s == TPK_OK; q++) {
+    for (int q = 0; q < g->size && s == TPK_OK; q++) {
         int32_t cnt = 0;
         if (q == 0)
             for (int i = 0; i < n; i++) cnt += !ctx->params.list[i].pp_copy;
-        else s = tpk__ckpt_pp_xfer(ctx, &cnt, 1, TPK_I32, q, false);
+        else s = tpk__ckpt_g_xfer(ctx, g, &cnt, 1, TPK_I32, q, false);
         for (int i = 0, j = 0; s == TPK_OK && j < cnt; i++) {
             if (q == 0 && ctx->params.list[i].pp_copy) continue;
             j++;
@@ -313,7 +329,7 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
                 hdr[3] = (int32_t)p->gshape[0], hdr[4] = p->ndim > 1 ? (int32_t)p->gshape[1] : 0;
                 snprintf((char *)&hdr[5], 112, "%s", e[i].name);
             } else {
-                s = tpk__ckpt_pp_xfer(ctx, hdr, HDR, TPK_I32, q, false);
+                s = tpk__ckpt_g_xfer(ctx, g, hdr, HDR, TPK_I32, q, false);
             }
             if (s != TPK_OK) break;
             ((char *)&hdr[5])[111] = 0;
@@ -325,7 +341,7 @@ static inline tpk_status tpk__ckpt_save_stages(tpk_ctx *ctx, const char *fn, con
                 if (!d) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu floats", gn);
                 else if (q == 0)
                     memcpy(d, k ? e[n + 2 * i + k - 1].data : e[i].data, sizeof(float) * gn);
-                else s = tpk__ckpt_pp_xfer(ctx, d, gn, TPK_F32, q, false);
+                else s = tpk__ckpt_g_xfer(ctx, g, d, gn, TPK_F32, q, false);
             }
             snprintf(all->names[a][0], 112, "%.111s", (char *)&hdr[5]);
             for (int k = 1; k < 3; k++)
@@ -571,15 +587,17 @@ static inline tpk_status tpk__ckpt_save(tpk_ctx *ctx, const char *fn, const tpk_
     }
     tpk__ckpt_all staged; /* under pipeline stages: every stage's tensors, on world rank 0 */
     memset(&staged, 0, sizeof staged);
-    if (ctx->pp.size > 1) { /* once every rank has its own */
+    bool gathered = ctx->pp.size > 1 || tpk__ckpt_ep(ctx) > 1; /* the others' tensors too */
+    if (gathered) { /* once every rank has its own */
         s = tpk_agree(ctx, ctx->world, s);
-        if (s == TPK_OK) s = tpk__ckpt_save_stages(ctx, fn, e, n, k3, &staged);
+        if (s == TPK_OK)
+            s = tpk__ckpt_save_stages(ctx, fn, e, n, k3, ctx->pp.size == 1, &staged);
     }
     tpk__ckpt_fp8 f8; /* the FP8 recipe's state (delayed scaling), every stage's, on rank 0 */
     memset(&f8, 0, sizeof f8);
     if (s == TPK_OK && opt && tpk__ckpt_fp8_on(ctx)) s = tpk__ckpt_fp8_gather(ctx, fn, &f8);
     if (s == TPK_OK && root)
-        s = ctx->pp.size > 1 ? tpk__ckpt_write(ctx, fn, &p, staged.e, staged.n,
+        s = gathered ? tpk__ckpt_write(ctx, fn, &p, staged.e, staged.n,
                                                opt ? 2 * staged.n : 0, &f8, d.step, id, text)
                              : tpk__ckpt_write(ctx, fn, &p, e, n, opt ? 2 * n : 0, &f8, d.step,
                                                id, text);
@@ -871,6 +889,10 @@ static inline tpk_status tpk__ckpt_all_known(tpk_ctx *ctx, const char *fn, const
         tpk_status c = tpk_allreduce_host(ctx, &ctx->pp, cnt, 2, TPK_I32, TPK_MAX);
         if (s == TPK_OK) s = c;
     }
+    if (tpk__ckpt_ep(ctx) > 1) { /* the EP ranks likewise (each marks its own experts) */
+        tpk_status c = tpk_allreduce_host(ctx, &ctx->ep, cnt, 2, TPK_I32, TPK_MAX);
+        if (s == TPK_OK) s = c;
+    }
     known = (int32_t *)tpk__calloc(ctx, (size_t)(cnt[0] + cnt[1] + 1), sizeof(int32_t));
     if ((!sorted || !known) && s == TPK_OK)
         s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "the parameter names");
@@ -896,6 +918,11 @@ static inline tpk_status tpk__ckpt_all_known(tpk_ctx *ctx, const char *fn, const
     }
     if (ctx->pp.size > 1 && known) { /* every rank of the pipeline takes part, failed or not */
         tpk_status c = tpk_allreduce_host(ctx, &ctx->pp, known, (size_t)(cnt[0] + cnt[1]),
+                                          TPK_I32, TPK_MAX);
+        if (s == TPK_OK) s = c;
+    }
+    if (tpk__ckpt_ep(ctx) > 1 && known) { /* an expert: known to the EP rank holding it */
+        tpk_status c = tpk_allreduce_host(ctx, &ctx->ep, known, (size_t)(cnt[0] + cnt[1]),
                                           TPK_I32, TPK_MAX);
         if (s == TPK_OK) s = c;
     }

@@ -417,7 +417,7 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     tpk__free(ctx, b);
     TPK_TRY(s);
     /* the families' model_type (tpk/models/families.h) */
-    static const char *const types[] = {"gpt2", "llama", "gpt_neox"};
+    static const char *const types[] = {"gpt2", "llama", "gpt_neox", "mixtral"};
     int nt = (int)(sizeof types / sizeof types[0]), k = 0;
     while (v.kind == 's' && k < nt && strcmp(v.str, types[k])) k++;
     if (v.kind != 's' || k == nt) {
