@@ -986,10 +986,10 @@ static void test_mixtral_recompute(int ep, int E, tpk_recompute mode, bool opts)
     for (int k = 0; k < 2; k++) { /* k 0: recompute, k 1: none */
         CHECK_OK(&c[k], tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world, .ep = ep, .seed = 3}));
         tpk_mixtral_config cfg = mix_config(E);
-        cfg.recompute = k ? TPK_RECOMPUTE_NONE : mode;
+        cfg.recompute = k ? TPK_RECOMPUTE_NONE : mode, cfg.capacity_factor = opts ? 0.75f : 0;
         tpk_lm_config lc;
         CHECK_OK(&c[k], tpk_mixtral_lm_config(&c[k], &cfg, &lc));
-        if (opts) lc.block.mlp.moe.capacity_factor = 0.75f, lc.block.mlp.moe.shared_hidden = 6;
+        if (opts) lc.block.mlp.moe.shared_hidden = 6; /* no Mixtral field: the block's */
         CHECK_OK(&c[k], tpk_lm_init(&c[k], &m[k], &lc));
         test_set_weights(&c[k], 9, 0.3f);
         mix_tokens(c[k].dp.rank, ids, tg);
@@ -1023,6 +1023,20 @@ static void test_mixtral_recompute(int ep, int E, tpk_recompute mode, bool opts)
     }
     CHECK(diff == 0, "%d gradients differ", diff);
     for (int k = 0; k < 2; k++) tpk_lm_destroy(&c[k], &m[k]), tpk_ctx_destroy(&c[k]);
+    CHECK_OK(&c[0], tpk_ctx_init(&c[0], &(tpk_ctx_desc){.world = &world, .ep = ep, .seed = 3}));
+    /* refused by name: a capacity factor out of range; a z-loss under the pooled aux */
+    tpk_mixtral_config cfg = mix_config(E);
+    tpk_lm_config lc;
+    cfg.capacity_factor = -0.5f;
+    CHECK_FAILS(&c[0], tpk_mixtral_lm_config(&c[0], &cfg, &lc), TPK_ERR_ARG,
+                "cfg->capacity_factor: expected a finite value >= 0");
+    cfg.capacity_factor = 0;
+    CHECK_OK(&c[0], tpk_mixtral_lm_config(&c[0], &cfg, &lc));
+    lc.block.mlp.moe.z_coef = 0.01f;
+    CHECK_OK(&c[0], tpk_lm_init(&c[0], &m[0], &lc));
+    CHECK_FAILS(&c[0], tpk_lm_forward(&c[0], &m[0], ids, tg, XB, XS, &loss[0]), TPK_ERR_ARG,
+                "a router z-loss (z_coef 0.01) under the model's pooled auxiliary loss");
+    tpk_lm_destroy(&c[0], &m[0]), tpk_ctx_destroy(&c[0]);
 }
 
 int main(int argc, char **argv) {

@@ -51,6 +51,9 @@ typedef struct tpk_mixtral_config {
     tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: each block's forward again in the backward
                                 (the routing and its all-to-alls too); _SELECTIVE: the norms and
                                 the attention kernel again (the experts keep their buffers) */
+    float capacity_factor;   /* 0: dropless (Hugging Face's Mixtral); c > 0: each expert takes at
+                                most ceil(T k / E c) of a rank's rows, the lowest-weighted dropped
+                                (tpk_moe_desc.capacity_factor, Megatron's "probs" policy) */
 } tpk_mixtral_config;
 
 /* A Mixtral: its config (defaults applied) and the model (m.lm). */
@@ -64,8 +67,7 @@ typedef struct tpk_mixtral {
 static inline const tpk_lm_flag *tpk_mixtral_flags(int *n) {
     static const tpk_lm_flag f[] = {
         {"--experts", offsetof(tpk_mixtral_config, experts), true, 1, 1e6, "E", "E (default 8)"},
-        {"--moe-top-k", offsetof(tpk_mixtral_config, top_k), true, 1, 1e6, "k",
-         "k (default 2)"},
+        {"--moe-top-k", offsetof(tpk_mixtral_config, top_k), true, 1, 1e6, "k", "k (default 2)"},
         {"--aux-coef", offsetof(tpk_mixtral_config, aux_coef), false, -1, 1e6, NULL,
          "0.001 (< 0: none)"},
         {"--kv-heads", offsetof(tpk_mixtral_config, kv_heads), true, 1, 1e9, "G",
@@ -114,6 +116,10 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->aux_coef: expected a finite value, got %g",
                          (double)c->aux_coef);
     if (c->aux_coef == 0) c->aux_coef = 0.001f;
+    if (!(c->capacity_factor >= 0) || isinf(c->capacity_factor))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->capacity_factor: expected a finite value >= 0 (0: dropless), got %g",
+                         (double)c->capacity_factor);
     if (!c->ffn && c->hidden > 0) c->ffn = tpk_mixtral_default_ffn(c->hidden);
     if (c->rope_theta == 0) c->rope_theta = 1e6f;
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
@@ -132,6 +138,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps, bd.init_std = c->init_std;
     out->block = tpk_mixtral_block_config(&bd, (int)c->experts, (int)c->top_k,
                                           c->aux_coef > 0 ? c->aux_coef : 0.f);
+    out->block.mlp.moe.capacity_factor = c->capacity_factor;
     return TPK_OK;
 }
 
