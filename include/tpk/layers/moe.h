@@ -41,6 +41,11 @@
  * Parameters (Hugging Face Mixtral's names): "<name>.gate.weight" [E, H] R (every rank), and for
  * each local expert e "<name>.experts.<e>.w1.weight" [F, H] S(0), ".w3.weight" [F, H] S(0),
  * ".w2.weight" [H, F] S(1), marked tpk_param.expert (their gradient is to be summed over ctx->edp).
+ * A shared expert (tpk_moe_desc.shared_hidden F_s > 0, Qwen2-MoE's): y[t] += sigmoid(x_t . ws)
+ * so_t, so = (silu(x Wgᵀ) ∘ x Wuᵀ) Wdᵀ on every token, "<name>.shared_expert.gate_proj.weight"
+ * [F_s, H] S(0), ".up_proj.weight" [F_s, H] S(0), ".down_proj.weight" [H, F_s] S(1) and
+ * "<name>.shared_expert_gate.weight" [1, H] R: a dense MLP split over TP (so P -> all-reduce),
+ * replicated over EP (tpk_param.expert false). The z-loss and capacity: tpk/layers/router.h.
  * Inputs: x R [T, H] in the context's dtype (no sequence parallelism: S(0) is refused); each TP
  * rank of an EP group routes the same tokens and sends them over its own EP group. */
 #ifndef TPK_MOE_H
