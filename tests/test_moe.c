@@ -13,7 +13,9 @@
  * y, the aux loss, dx and every gradient (the gate's at every rank, each expert's at its owning
  * ranks) within 1e-5 of an unsharded dense loop over the experts in double, random inputs, every
  * output and gradient written again after the layer's buffers are poisoned, bad input refused by
- * name. The all-to-all with per-peer counts (tpk_alltoallv, tpk/runtime/coll.h) on the MPI
+ * name; the block's options (the router's z-loss, a capacity factor dropping the lowest-weighted
+ * rows, a shared expert with its sigmoid gate) in the router's reference (the rows kept exactly)
+ * and the dense loop, alone and together. The all-to-all with per-peer counts (tpk_alltoallv, tpk/runtime/coll.h) on the MPI
  * communicator, a split of it and the one-rank `self`: blocks of uneven sizes, some zero, every
  * rank's received blocks against what each sender computes (f32, bf16, i32; blocking and started),
  * the counts exchanged by tpk_alltoallv_counts, the call, element and byte counters, the flight
@@ -22,7 +24,9 @@
  * x DP 2 and EP 2 x DP 4 (EDP 2), each DP rank its own tokens, against one rank's EP 1 model run
  * on every DP rank's tokens: each rank's loss (the aux pooled over the layers), every gradient
  * (dense ones summed over DP, experts' over EDP), 2 AdamW steps of tpk_train_step (norms, weights);
- * ZeRO-1 with experts refused; its config.json parsed (keys, defaults, refusals). Run at 1..4
+ * ZeRO-1 with experts refused; under full and selective recompute (a capacity and a shared expert
+ * or none) the bits of no recompute, a z-loss under the pooled aux refused; its config.json parsed
+ * (keys, defaults, refusals). Run at 1..4
  * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
