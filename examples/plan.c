@@ -1,5 +1,5 @@
-/* examples/plan.c — build/plan: which TP x CP x PP x DP, micro-batch, recompute, ZeRO stage and
- * sequence parallelism to train a model with on a cluster, by a dry run of the kit's own code on
+/* examples/plan.c — build/plan: which TP x CP x PP x DP (x EP of the DP ranks, a Mixtral's),
+ * micro-batch, recompute, ZeRO stage and sequence parallelism to train a model with on a cluster, by a dry run of the kit's own code on
  * every configuration (tpk/plan/plan.h) costed on a hardware profile (tpk/plan/hw.h).
  *
  * The model's flags (--arch, the shape, a family's, --load) and --dtype are the trainer's table
@@ -7,14 +7,15 @@
  *   plan [model flags | --load DIR] --seq-len S --batch B --gpus N --gpus-per-node G
  *        --profile h100|h200|a100-40|a100-80|cpu|FILE [--json] [--all] [--top K]
  *        [--tokens N] [--target TOKENS_PER_S] [--tp T --cp C --cp-comm p2p|allgather --pp P
- *        --micro-batch M --recompute R --zero 0|1|2 --sequence-parallel 0|1: restrict]
+ *        --micro-batch M --recompute R --zero 0|1|2 --sequence-parallel 0|1 --ep E: restrict]
  *   plan --calibrate FILE [model flags] [--seq-len S --batch B]   (under mpirun: collectives too)
  *
  * The table: the fitting configurations fastest first — memory per rank (what the trainer reports
  * as its peak), step time, tokens/s, MFU — then the rejected ones with their reason; then the
  * answers: the largest micro-batch that fits, the time to train --tokens, the GPUs that reach
  * --target tokens/s (nodes doubled from --gpus, the global batch kept). --batch is the global
- * batch in sequences; the trainer's --batch is a DP rank's micro-batch (--micro-batch here). */
+ * batch in sequences; the trainer's --batch is a DP rank's micro-batch (--micro-batch here).
+ * A Mixtral is planned under a stated assumption, printed: a balanced router (tpk/plan/plan.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,7 @@
  * are the trainer's table (tpk/train/options.h): the same ranges and messages. */
 typedef struct opts {
     const char *profile, *calibrate, *recompute, *cp_comm;
-    int64_t seq, batch, gpus, gpn, top, tp, pp, mb, zero, sp, cp; /* -1: not given */
+    int64_t seq, batch, gpus, gpn, top, tp, pp, mb, zero, sp, cp, ep; /* -1: not given */
     bool json, all;
     double tokens, target;
     tpk_run_opts model;
@@ -67,6 +68,9 @@ static const tpk_flag plan_flags[] = {
      offsetof(opts, zero)},
     {"--sequence-parallel", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
      offsetof(opts, sp)},
+    {"--ep", TPK_FLAG_INT, 1, 1e6, NULL, "E", NULL, 1, "restrict",
+     "expert parallelism's size, a Mixtral's (every size dividing DP and the experts unless given)",
+     offsetof(opts, ep)},
     {"--calibrate", TPK_FLAG_STR, 0, 0, NULL, "FILE", NULL, 1, "calibrate",
      "measure this machine (the host backend; under mpirun its collectives) into a profile file; "
      "with the model flags, --seq-len and --micro-batch",
@@ -191,6 +195,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         tpk_profile *prof = NULL;
         for (int a = 0; a < TPK_ARCH_COUNT; a++) {
             if (a == TPK_ARCH_CUSTOM) continue; /* a program's own model */
+            if (a == TPK_ARCH_MIXTRAL) continue; /* Llama's ops and the dispatcher's copies */
             opts fo = *o;
             tpk_model_config cfg;
             tpk_model m;
@@ -305,8 +310,10 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
 
 static void print_row(int i, const tpk_plan_cfg *p) {
     char mesh[48];
-    snprintf(mesh, sizeof mesh, "%dx%d%sx%dx%d", p->tp, tpk__plan_cp(p),
-             p->cp > 1 ? (p->cp_comm == TPK_CP_ALLGATHER ? "ag" : "r") : "", p->pp, p->dp);
+    char ep[16] = "";
+    if (p->ep > 1) snprintf(ep, sizeof ep, "e%d", p->ep); /* EP e of the DP ranks */
+    snprintf(mesh, sizeof mesh, "%dx%d%sx%dx%d%s", p->tp, tpk__plan_cp(p),
+             p->cp > 1 ? (p->cp_comm == TPK_CP_ALLGATHER ? "ag" : "r") : "", p->pp, p->dp, ep);
     if (p->fits)
         printf("%4d  %-13s %5d %5d  %-9s %4d %3s %9.2f %10.4f %12.0f %6.1f%% %6.1f%%\n", i, mesh,
                p->micro_batch, p->accum, tpk_recompute_name(p->recompute), p->zero,
@@ -388,7 +395,7 @@ int main(int argc, char **argv) {
               : hw.host     ? TPK_F32
                             : TPK_BF16;
     d.tp = (int)o.tp, d.pp = (int)o.pp, d.micro_batch = (int)o.mb, d.zero = (int)o.zero;
-    d.sp = (int)o.sp, d.cp = o.cp > 0 ? (int)o.cp : -1;
+    d.sp = (int)o.sp, d.cp = o.cp > 0 ? (int)o.cp : -1, d.ep = o.ep > 0 ? (int)o.ep : -1;
     d.cp_comm = !o.cp_comm ? -1 : strcmp(o.cp_comm, "allgather") ? TPK_CP_P2P : TPK_CP_ALLGATHER;
     d.recompute = o.recompute ? (int)rc : -1;
     tpk_plan_cfg *v = NULL;
@@ -421,6 +428,10 @@ int main(int argc, char **argv) {
            (double)d.batch * d.seq, d.gpus, d.gpus / gpn, d.gpus / gpn == 1 ? "" : "s", gpn,
            hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
     printf("profile: %s\n", hw.source);
+    if (d.model.arch == TPK_ARCH_MIXTRAL)
+        printf("assumed: a balanced router (every expert T k / E of a rank's T tokens' rows, so "
+               "each EP rank receives T k rows); a real router's imbalance moves the experts' "
+               "activations and the all-to-alls' time\n");
     printf("%d configurations, %d fit (dry runs in %.1f s)\n", n, fit, now() - t0);
     printf("rank  TPxCPxPPxDP      mb     M  recompute ZeRO  SP   GB/rank     s/step     tokens/s "
            "   MFU  bubble\n");
@@ -455,9 +466,12 @@ int main(int argc, char **argv) {
     int mbmax = 0;
     for (int i = 0; i < fit; i++) mbmax = v[i].micro_batch > mbmax ? v[i].micro_batch : mbmax;
     char cpw[48];
-    printf("best: TP %d%s x PP %d x DP %d, micro-batch %d (%d a step per DP rank), recompute %s, "
+    char epw[24] = "";
+    if (b->ep > 1) snprintf(epw, sizeof epw, " (EP %d)", b->ep);
+    printf("best: TP %d%s x PP %d x DP %d%s, micro-batch %d (%d a step per DP rank), recompute %s, "
            "ZeRO %d, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
-           b->tp, tpk_plan_cp_words(b, cpw, sizeof cpw), b->pp, b->dp, b->micro_batch, b->accum,
+           b->tp, tpk_plan_cp_words(b, cpw, sizeof cpw), b->pp, b->dp, epw, b->micro_batch,
+           b->accum,
            tpk_recompute_name(b->recompute), b->zero, b->sp ? "on" : "off", b->step_seconds,
            b->tokens_per_s, 100 * b->mfu, b->peak_bytes / 1e9);
     printf("its %.2f GB a GPU: weights %.2f (f32 and bf16), gradients %.2f, AdamW's moments %.2f, "

@@ -28,6 +28,7 @@
 #include <tpk/train/report.h>
 #include <tpk/train/sources.h>
 #include <tpk/train/trainable.h>
+#include <tpk/train/zero3.h>
 
 static tpk_ranks W; /* the world: its agreement on going on, the error lines */
 static tpk_ctx ctx; /* errors before tpk_ctx_init land in it too */
@@ -38,6 +39,7 @@ static tpk_trainable t;
 static tpk_adamw opt;
 static tpk_fp8 f8; /* --fp8: the recipe (ctx.fp8) */
 static tpk_dp_buckets dp_b;
+static tpk_zero3 z3; /* --zero 3: the weights sharded between uses */
 static tpk_tokens train, val;
 static tpk_tokenizer *tk;
 static const char *tk_path;
@@ -187,7 +189,8 @@ int main(int argc, char **argv) {
     tpk_lr_schedule sched = {TPK_LR_COSINE, (float)o.lr, (float)o.min_lr_frac, o.warmup, o.steps};
     tpk_trainable_set_dp(&t, &dp_b, o.zero != 1 && !adasum); /* the buckets under the backward */
     if (adasum && !ok(tpk_dp_adasum_init(&ctx, &dp_b))) goto out; /* after the backward */
-    if (o.zero == 2 && !ok(tpk_dp_shard_grads(&ctx, &dp_b, &opt))) goto out; /* reduce-scatters */
+    if (o.zero >= 2 && !ok(tpk_dp_shard_grads(&ctx, &dp_b, &opt))) goto out; /* reduce-scatters */
+    if (o.zero == 3 && !ok(tpk_zero3_init(&ctx, &z3, tpk_model_lm(&t.m), &opt, NULL))) goto out;
     double t0 = now(), t_int = t0, int_s = 0, /* the reporting interval: its start, its time */
         flops = gpu ? tpk_run_flops_per_token(&t, (double)nglobal, S) : 0;
     int64_t from = opt.step, int_n = 0;
@@ -234,7 +237,9 @@ int main(int argc, char **argv) {
         if (o.save && o.save_every && opt.step % o.save_every == 0 && opt.step < o.steps) {
             char sub[1100]; /* DIR/step-N, after its step line; then the newest --keep stay */
             tpk_ckpt_step_dir(sub, sizeof sub, o.save, opt.step);
+            if (z3.u && !ok(tpk_zero3_gather(&ctx, &z3))) goto out; /* --zero 3: saved whole */
             if (!ok(tpk_trainable_save(&ctx, &t, &opt, sub, opt.step, o.seed))) goto out;
+            if (z3.u && !ok(tpk_zero3_shard(&ctx, &z3))) goto out;
             if (W.rank == 0) printf("saved %s (step %lld)\n", sub, (long long)opt.step);
             if (o.keep && !ok(W.rank ? TPK_OK : tpk_ckpt_keep_last(&ctx, o.save, o.keep))) goto out;
         }
@@ -245,6 +250,7 @@ int main(int argc, char **argv) {
     tpk_run_summary(stdout, &W, &ctx, &o, &t, from, now() - t0);
     tpk_run_profiles(stdout, &W, &ctx, t.piped, &pace);
     if (!ok(tpk_log_close(&ctx, &csv, true))) goto out; /* and FILE.png where gnuplot is */
+    if (z3.u && !ok(tpk_zero3_gather(&ctx, &z3))) goto out; /* whole to save and sample */
     if (o.save) { /* the model, and the tokenizer beside it: --load DIR samples text */
         if (!ok(tpk_trainable_save(&ctx, &t, &opt, o.save, opt.step, o.seed)) ||
             !ok(W.rank == 0 && tk ? tpk_ckpt_copy_tokenizer(&ctx, tk_path, o.save) : TPK_OK))
@@ -262,7 +268,7 @@ finish:;
 out:
     tpk_log_close(&ctx, &csv, false);
     free(x), free(y), tpk_tokens_free(&train), tpk_tokens_free(&val), tpk_dp_destroy(&dp_b);
-    tpk_tokenizer_free(tk);
+    tpk_tokenizer_free(tk), tpk_zero3_destroy(&ctx, &z3);
     if (up) tpk_adamw_destroy(&ctx, &opt), tpk_trainable_destroy(&ctx, &t);
     if (up) tpk_fp8_destroy(&ctx, &f8), tpk_ctx_destroy(&ctx);
     if (be.world.vt) tpk_comm_destroy(&be.world);

@@ -25,11 +25,20 @@
  *     rank's gradient a random part of its DP rank's, against one rank's step on the sum over
  *     every replica (Adasum: over the DP ranks' sums) — parameters, norms, the ZeRO slice 1/(dp
  *     cp), the collectives on the DP x CP group and none on ctx->dp alone;
+ *   ZeRO-3 (tpk/train/zero3.h) at DP = ranks: GPT-2 and Llama (no recompute, full recompute,
+ *     blocks kept for the backward) over 3 steps of tpk_train_step against ZeRO-0: losses and
+ *     norms within 1e-6, every weight after them; the bytes held (the shard, the two block
+ *     buffers) counted exactly; the all-gathers of a step (count, elements) the schedule's; the
+ *     next block's gather in flight (the flight recorder) when each block's forward and backward
+ *     begin; bad input refused;
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
 
+#include <tpk/models/gpt2.h>
+#include <tpk/models/llama.h>
 #include <tpk/train/hf.h>
 #include <tpk/train/train.h>
+#include <tpk/train/zero3.h>
 
 static int me, np;
 static tpk_comm world;
@@ -88,6 +97,184 @@ static void adasum_ref(int i, int kind, int d, int me_dp, size_t gn, float *mine
     }
     for (size_t e = 0; e < gn; e++) want[e] = (float)ref[(size_t)me_dp * gn + e];
     free(ref), free(nx);
+}
+
+/* ---- ZeRO-3 ---------------------------------------------------------------------------------- */
+
+typedef struct z3_model {
+    tpk_gpt2 g;
+    tpk_llama l;
+    tpk_lm *lm;
+} z3_model;
+enum { Z3_B = 2, Z3_S = 6, Z3_V = 61, Z3_L = 3 };
+static tpk_status z3_model_init(tpk_ctx *ctx, z3_model *m, bool llama, tpk_recompute rc) {
+    memset(m, 0, sizeof *m);
+    if (llama) {
+        m->lm = &m->l.lm;
+        return tpk_llama_init(ctx, &m->l,
+                              &(tpk_llama_config){.vocab = Z3_V,
+                                                  .positions = 8,
+                                                  .layers = Z3_L,
+                                                  .hidden = 16,
+                                                  .heads = 4,
+                                                  .kv_heads = 2,
+                                                  .ffn = 24,
+                                                  .recompute = rc});
+    }
+    m->lm = &m->g.lm;
+    return tpk_gpt2_init(ctx, &m->g,
+                         &(tpk_gpt2_config){.vocab = Z3_V,
+                                            .positions = 8,
+                                            .layers = Z3_L,
+                                            .hidden = 16,
+                                            .heads = 4,
+                                            .recompute = rc});
+}
+/* The test's block hook: ZeRO-3's, then the flight recorder read when a block begins: the next
+ * block's gather (z3_want elements) must be in flight while this one computes. */
+static int z3_inflight, z3_begins;
+static tpk_status z3_hook(tpk_ctx *ctx, int64_t block, int when, void *user) {
+    tpk_zero3 *z = (tpk_zero3 *)user;
+    TPK_TRY(tpk_zero3_hook(ctx, block, when, user));
+    int64_t next = when == TPK_LM_FWD_BEGIN ? block + 1 : block - 1;
+    if (block < 0 || (when != TPK_LM_FWD_BEGIN && when != TPK_LM_BWD_BEGIN) || next < z->lo ||
+        next >= z->lo + z->nu - 1)
+        return TPK_OK;
+    z3_begins++;
+    const tpk__z3_unit *u = &z->u[1 + next - z->lo];
+    tpk_comm *dg = tpk__dp_group(ctx);
+    const tpk_flight_entry *e = tpk__flight_find(dg, u->req[0].flight);
+    if (u->state == 1 && e && e->kind == TPK_COLL_ALLGATHER && e->state == TPK_FLIGHT_RUNNING &&
+        e->elems == u->elems)
+        z3_inflight++;
+    return TPK_OK;
+}
+
+static void test_zero3(bool llama, tpk_recompute rc, bool keep) {
+    TEST_CASE("ZeRO-3 at DP %d, %s, recompute %d%s: 3 steps equal ZeRO-0 (losses, norms, weights); "
+              "the bytes held; the all-gathers of a step; the prefetch in flight",
+              np, llama ? "Llama" : "GPT-2", (int)rc,
+              keep ? ", blocks kept for the backward" : "") {
+        tpk_ctx c[2];
+        z3_model m[2];
+        tpk_adamw o[2];
+        tpk_dp_buckets b[2] = {{0}, {0}};
+        tpk_zero3 z;
+        memset(&z, 0, sizeof z);
+        size_t before = 0, data_bytes = 0;
+        for (int k = 0; k < 2; k++) {
+            CHECK_OK(&c[k],
+                     tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world, .tp = 1, .seed = 11}));
+            CHECK_OK(&c[k], z3_model_init(&c[k], &m[k], llama, rc));
+            CHECK_OK(&c[k], tpk_adamw_init(
+                                &c[k], &o[k],
+                                &(tpk_adamw_desc){.weight_decay = 0.1f, .zero_stage = k ? 3 : 0}));
+            tpk_lm_set_grad_ready(m[k].lm, tpk_dp_grad_ready, &b[k]);
+        }
+        tpk_ctx *x = &c[1];
+        CHECK_OK(x, tpk_dp_shard_grads(x, &b[1], &o[1]));
+        CHECK_FAILS(x, tpk_zero3_init(x, &z, m[1].lm, &o[0], NULL), TPK_ERR_ARG,
+                    "opt: expected an optimizer made with zero_stage 3 (ZeRO-3)");
+        CHECK_FAILS(x, tpk_adamw_step(x, &o[1], 1e-2f, 1.0f), TPK_ERR_ARG,
+                    "opt: a ZeRO-3 optimizer not linked to its weights' shard");
+        before = x->mem, data_bytes = x->params.data.bytes;
+        CHECK_OK(
+            x, tpk_zero3_init(x, &z, m[1].lm, &o[1], &(tpk_zero3_desc){.keep_for_backward = keep}));
+        m[1].lm->block_hook = z3_hook; /* ZeRO-3's, watched */
+        size_t n = x->params.numel, most = 0, blocks = 0, rest = 0;
+        int d = tpk__dp_group(x)->size, runs = 0;
+        for (int64_t i = 0; i < Z3_L; i++) {
+            const tpk_block *bl = &m[1].lm->blocks[i];
+            const tpk_param *p0 = &x->params.list[bl->p0], *p1 = &x->params.list[bl->p1];
+            size_t e = p1->offset + p1->numel - p0->offset;
+            most = e > most ? e : most, blocks += e;
+        }
+        for (int i = 0; i < x->params.n; i++) /* the rest: runs of ids outside the blocks */
+            if (i < m[1].lm->blocks[0].p0 || i > m[1].lm->blocks[Z3_L - 1].p1) {
+                bool starts = i == 0 || i == m[1].lm->blocks[Z3_L - 1].p1 + 1;
+                runs += starts;
+            }
+        for (int r = 0; r < z.u[0].nruns; r++) rest += z.u[0].b[r] - z.u[0].a[r];
+        size_t held = before - x->mem; /* what ZeRO-3 freed, net */
+        size_t want = data_bytes - 4 * (o[1].sn ? o[1].sn : 1) - (keep ? 0 : 2 * 4 * most);
+        CHECK(x->params.data.p == NULL && held == want &&
+                  o[1].sn == (size_t)tpk_split((int64_t)n, d, tpk__dp_group(x)->rank).size,
+              "ZeRO-3 at DP %d: %zu bytes fewer held (the whole weights %zu, the shard %zu of %zu "
+              "elements, two block buffers of %zu), expected %zu",
+              d, held, data_bytes, o[1].sn, n, most, want);
+        int32_t ids[Z3_B * Z3_S], tg[Z3_B * Z3_S];
+        for (int step = 0; step < 3; step++) {
+            float loss[2];
+            double norm[2];
+            uint64_t calls = 0, elems = 0;
+            for (int k = 0; k < 2; k++) {
+                tpk_ctx *y = &c[k];
+                for (int t = 0; t < Z3_B * Z3_S; t++) /* each DP rank its own tokens */
+                    ids[t] = (int32_t)(Z3_V * tpk_rng_uniform(90 + (uint64_t)step,
+                                                              (uint64_t)tpk__dp_group(y)->rank,
+                                                              (uint64_t)t)) %
+                             Z3_V,
+                    tg[t] = (int32_t)(Z3_V * tpk_rng_uniform(91 + (uint64_t)step,
+                                                             (uint64_t)tpk__dp_group(y)->rank,
+                                                             (uint64_t)t)) %
+                            Z3_V;
+                tpk_comm_stats_reset(tpk__dp_group(y));
+                z3_inflight = z3_begins = 0;
+                CHECK_OK(y, tpk_params_zero_grad(y));
+                CHECK_OK(y, tpk_dp_begin(y, &b[k], true));
+                CHECK_OK(y, tpk_lm_forward(y, m[k].lm, ids, tg, Z3_B, Z3_S, &loss[k]));
+                CHECK_OK(y, tpk_lm_backward(y, m[k].lm, 1.0f));
+                calls = tpk__dp_group(y)->stats.calls[TPK_COLL_ALLGATHER];
+                elems = tpk__dp_group(y)->stats.elems[TPK_COLL_ALLGATHER];
+                CHECK_OK(y,
+                         tpk_train_step(y, &o[k], &b[k], 1e-2f, 1.0f, 1.0f / (float)d, &norm[k]));
+            }
+            CHECK(fabs(loss[1] - loss[0]) <= 1e-6 * fabs(loss[0]) &&
+                      fabs(norm[1] - norm[0]) <= 1e-6 * norm[0],
+                  "step %d: loss %.9g, norm %.9g; ZeRO-3 %.9g, %.9g", step + 1, (double)loss[0],
+                  norm[0], (double)loss[1], norm[1]);
+            /* the schedule: the rest once (its runs), each block in the forward and again in the
+             * backward (the last kept; all kept with keep_for_backward); nothing after AdamW */
+            uint64_t wc = (uint64_t)(runs + (keep ? Z3_L : 2 * Z3_L - 1));
+            uint64_t we = rest + (keep ? blocks : 2 * blocks);
+            if (!keep) { /* the last block gathered once */
+                const tpk_block *bl = &m[1].lm->blocks[Z3_L - 1];
+                const tpk_param *p0 = &x->params.list[bl->p0], *p1 = &x->params.list[bl->p1];
+                we -= p1->offset + p1->numel - p0->offset;
+            }
+            CHECK(calls == wc && elems == we,
+                  "step %d: %llu all-gathers of %llu elements, expected %llu of %llu", step + 1,
+                  (unsigned long long)calls, (unsigned long long)elems, (unsigned long long)wc,
+                  (unsigned long long)we);
+            int wb = keep ? Z3_L - 1 : 2 * (Z3_L - 1);
+            CHECK(z3_begins == 2 * (Z3_L - 1) && z3_inflight == wb,
+                  "step %d: the next block's gather in flight at %d of %d block begins, expected "
+                  "%d",
+                  step + 1, z3_inflight, z3_begins, wb);
+        }
+        CHECK_OK(x, tpk_zero3_gather(x, &z)); /* the whole weights to compare */
+        for (int i = 0; i < x->params.n; i++) {
+            size_t gn = tpk_param_global_numel(x, i);
+            float *a = malloc(gn * 4), *w = malloc(gn * 4);
+            CHECK_OK(&c[0], tpk_param_get_global(&c[0], i, false, a));
+            CHECK_OK(x, tpk_param_get_global(x, i, false, w));
+            CHECK_CLOSE(w, a, gn, 1e-6, x->params.list[i].name);
+            free(a), free(w);
+        }
+        CHECK_OK(x, tpk_zero3_shard(x, &z));
+        CHECK_FAILS(x, tpk_zero3_shard(x, &z), TPK_ERR_ARG,
+                    "ctx->params: the weights are not whole (tpk_zero3_gather first)");
+        CHECK_FAILS(x, tpk_zero3_hook(x, Z3_L, TPK_LM_FWD_BEGIN, &z), TPK_ERR_ARG,
+                    "block: expected -1 or 0..2, got 3");
+        CHECK_FAILS(x, tpk_zero3_hook(x, 0, 9, &z), TPK_ERR_ARG,
+                    "when: expected TPK_LM_FWD_BEGIN..BWD_END, got 9");
+        tpk_zero3_destroy(x, &z);
+        for (int k = 0; k < 2; k++) {
+            tpk_adamw_destroy(&c[k], &o[k]), tpk_dp_destroy(&b[k]);
+            tpk_lm_destroy(&c[k], m[k].lm);
+            tpk_ctx_destroy(&c[k]);
+        }
+    }
 }
 
 int main(int argc, char **argv) {
@@ -794,6 +981,13 @@ int main(int argc, char **argv) {
         CHECK_FAILS(&ctx, tpk_train_norm_read(&ctx, 1.0f, NULL), TPK_ERR_ARG, "norm: NULL");
         free(w0);
         tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
+    }
+    test_zero3(false, TPK_RECOMPUTE_NONE, false);
+    test_zero3(true, TPK_RECOMPUTE_FULL, false);
+    if (np <= 2) { /* (the long set) */
+        test_zero3(false, TPK_RECOMPUTE_FULL, false);
+        test_zero3(true, TPK_RECOMPUTE_NONE, false);
+        test_zero3(false, TPK_RECOMPUTE_NONE, true);
     }
     tpk_comm_destroy(&world);
     return test_finish();

@@ -66,6 +66,9 @@ typedef struct tpk_params {
                                 linear in the parameters */
     size_t numel, cap_numel; /* local elements registered / allocated */
     tpk_buf data;            /* f32 [numel] master weights */
+    float **at;              /* [n] or NULL: parameter i's f32 weights at at[i] instead of in data
+                                (ZeRO-3, tpk/train/zero3.h: data freed, each block's weights in a
+                                gathered buffer while it runs; NULL between uses) */
     tpk_buf grad;            /* f32 [numel] gradients */
     tpk_buf data16;          /* bf16 [numel] copy of data, the weights a bf16 context computes
                                 with */

@@ -78,6 +78,7 @@ static inline tpk_param *tpk__param(tpk_ctx *ctx, const char *fn, int id) {
 
 /* Pointers into the flat buffers (backend memory); valid until the next tpk_param_add. */
 static inline float *tpk_param_data(tpk_ctx *ctx, int id) {
+    if (ctx->params.at) return ctx->params.at[id]; /* ZeRO-3's gathered buffers */
     return (float *)ctx->params.data.p + ctx->params.list[id].offset;
 }
 static inline float *tpk_param_grad(tpk_ctx *ctx, int id) {

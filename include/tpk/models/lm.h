@@ -108,6 +108,13 @@ typedef struct tpk_lm {
      * failing status stops the backward. */
     tpk_status (*grad_ready)(tpk_ctx *ctx, int first, int last, void *user);
     void *grad_ready_user;
+    /* Optional: called around each use of a unit's weights (ZeRO-3, tpk/train/zero3.h): block i
+     * (lo <= i < hi), or -1 for the rest (embedding, final norm, head), with `when` one of
+     * TPK_LM_FWD_BEGIN, _FWD_END (block i's forward), _BWD_BEGIN, _BWD_END (its backward, a
+     * full recompute's forward inside; _BWD_END after grad_ready). Unit -1's forward begins
+     * before the embedding, its backward ends after the embedding's grad_ready. */
+    tpk_status (*block_hook)(tpk_ctx *ctx, int64_t block, int when, void *user);
+    void *block_hook_user;
     /* state */
     int64_t B, S;           /* of the last forward */
     bool have_loss;
@@ -123,6 +130,12 @@ typedef struct tpk_lm {
     int64_t lo, hi;         /* the blocks built */
     bool has_embed, has_head;
 } tpk_lm;
+
+enum { TPK_LM_FWD_BEGIN = 0, TPK_LM_FWD_END, TPK_LM_BWD_BEGIN, TPK_LM_BWD_END };
+/* m's block_hook, when set (else TPK_OK). */
+static inline tpk_status tpk__lm_hook(tpk_ctx *ctx, const tpk_lm *m, int64_t i, int when) {
+    return m->block_hook ? m->block_hook(ctx, i, when, m->block_hook_user) : TPK_OK;
+}
 
 /* ---- config checks --------------------------------------------------------------------------- */
 
@@ -325,11 +338,13 @@ static inline tpk_status tpk__lm_stack_forward(tpk_ctx *ctx, tpk_lm *m, tpk_tens
         int64_t k = i - m->lo;
         /* later inputs are kept as outputs */
         if (full && !k) TPK_TRY(tpk__stack_keep(ctx, &m->rc.ckpt[0], x, &x));
+        TPK_TRY(tpk__lm_hook(ctx, m, i, TPK_LM_FWD_BEGIN));
         tpk__lm_lend(m, i, sets);
         tpk_status s = tpk_block_forward(ctx, &m->blocks[i], x, m->B, m->S, &x);
         if (s == TPK_OK && full) s = tpk__stack_keep(ctx, &m->rc.ckpt[k + 1], x, &x);
         tpk__lm_lend(m, i, sets); /* returned, also on failure */
         TPK_TRY(s);
+        TPK_TRY(tpk__lm_hook(ctx, m, i, TPK_LM_FWD_END));
     }
     *y = x;
     return TPK_OK;
@@ -344,6 +359,7 @@ static inline tpk_status tpk__lm_stack_backward(tpk_ctx *ctx, tpk_lm *m, tpk_ten
     int sets = tpk__stack_sets(mode, true);
     for (int64_t i = m->hi - 1; i >= m->lo; i--) {
         tpk_block *b = &m->blocks[i];
+        TPK_TRY(tpk__lm_hook(ctx, m, i, TPK_LM_BWD_BEGIN));
         tpk__lm_lend(m, i, sets);
         tpk_status s = TPK_OK;
         if (mode == TPK_RECOMPUTE_FULL) {
@@ -359,6 +375,7 @@ static inline tpk_status tpk__lm_stack_backward(tpk_ctx *ctx, tpk_lm *m, tpk_ten
         tpk__lm_lend(m, i, sets);
         TPK_TRY(s);
         if (m->grad_ready) TPK_TRY(m->grad_ready(ctx, b->p0, b->p1, m->grad_ready_user));
+        TPK_TRY(tpk__lm_hook(ctx, m, i, TPK_LM_BWD_END));
     }
     *dx = g;
     return TPK_OK;
@@ -413,6 +430,7 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
                                                                are overwritten */
     m->have_loss = false;
     TPK_TRY(tpk__cp_layer_seq(ctx, fn, S)); /* under CP: S a multiple of 2c */
+    TPK_TRY(tpk__lm_hook(ctx, m, -1, TPK_LM_FWD_BEGIN));
     tpk_tensor x;
     if (m->has_embed) {
         if (S > m->c.positions && !m->c.pos_name)
@@ -436,6 +454,7 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
     m->B = B, m->S = S;
     TPK_TRY(tpk__lm_stack_forward(ctx, m, x, &x));
     tpk__lm_moe_aux(m);
+    TPK_TRY(tpk__lm_hook(ctx, m, -1, TPK_LM_FWD_END)); /* (the head's run below, within it) */
     if (!m->has_head) {
         if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL (this part has no head)");
         *y = x;
@@ -484,6 +503,7 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
     TPK_TRY(tpk__lm_args(ctx, fn, m));
     tpk_tensor g;
     int a, b, w = m->embed.wte;
+    TPK_TRY(tpk__lm_hook(ctx, m, -1, TPK_LM_BWD_BEGIN));
     if (m->has_head) {
         if (!m->have_loss)
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
@@ -518,7 +538,7 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
     if (!m->has_embed) {
         if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL (this part has no embedding)");
         *dx = g;
-        return TPK_OK;
+        return tpk__lm_hook(ctx, m, -1, TPK_LM_BWD_END);
     }
     /* g: block lo's input gradient, used only here */
     if (m->c.dropout_sites) TPK_TRY(tpk_dropout_backward_inplace(ctx, &m->drop, &g));
@@ -528,7 +548,7 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
         TPK_TRY(m->grad_ready(ctx, w < q ? w : q, w < q ? q : w,
                               m->grad_ready_user)); /* tied: the head's too */
     }
-    return TPK_OK;
+    return tpk__lm_hook(ctx, m, -1, TPK_LM_BWD_END);
 }
 
 /* Accumulates the gradients of scale * (the last forward's loss) into the flat gradient buffer

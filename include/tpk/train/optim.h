@@ -189,7 +189,10 @@ typedef struct tpk_adamw_desc {
                            gradients too: the DP buckets (tpk/train/dp.h, linked by tpk_dp_zero)
                            reduce-scatter each bucket under the backward into this rank's slice of
                            the reduced gradient (tpk_adamw.g, 1/dp of the gradients), the slice
-                           that the norm and AdamW read. With one DP rank: as without */
+                           that the norm and AdamW read. With one DP rank: as without; 3: ZeRO-3,
+                           ZeRO-2's slices and the weights sharded too (tpk_zero3_init,
+                           tpk/train/zero3.h, links its shard as tpk_adamw.w): no all-gather after
+                           the step, the next forward gathers block by block */
 } tpk_adamw_desc;
 
 typedef struct tpk_adamw {
@@ -206,6 +209,8 @@ typedef struct tpk_adamw {
                       DP-summed gradient (the buckets' reduce-scatters write it; after AdamW the
                       all-gather's scratch); NULL otherwise (the gradient is read from the flat
                       gradient buffer's slice) */
+    float *w;      /* ZeRO-3: f32 [sn] the slice of the master weights (tpk_zero3's shard), updated
+                      in place and not gathered; NULL: the flat parameter buffer's slice */
 } tpk_adamw;
 
 /* ZeRO-1 proper: the moments sliced and the gradients reduce-scattered whole after the backward
@@ -265,9 +270,9 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     if (!o->d.b1) o->d.b1 = 0.9f;
     if (!o->d.b2) o->d.b2 = 0.95f;
     if (!o->d.eps) o->d.eps = 1e-8f;
-    if (d.zero_stage < 0 || d.zero_stage > 2)
+    if (d.zero_stage < 0 || d.zero_stage > 3)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "desc->zero_stage: expected 0 (as desc->zero says), 1 or 2, got %d",
+                         "desc->zero_stage: expected 0 (as desc->zero says), 1, 2 or 3, got %d",
                          d.zero_stage);
     o->stage = d.zero_stage ? d.zero_stage : d.zero ? 1 : 0;
     TPK_TRY(tpk_params_trim(ctx)); /* the registration's slack freed */
@@ -280,7 +285,7 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->m));
     TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->v));
     tpk__mem_count(ctx, 2 * bytes, true); /* the moments in tpk_mem_peak: ZeRO-1's saving shows */
-    if (o->stage == 2 && dg->size > 1) {  /* ZeRO-2: the reduced gradient's slice */
+    if (o->stage >= 2 && dg->size > 1) {  /* ZeRO-2 and 3: the reduced gradient's slice */
         TPK_TRY(tpk_op_alloc(ctx, bytes, (void **)&o->g));
         tpk__mem_count(ctx, bytes, true);
     }
@@ -339,13 +344,18 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
                          "marked partial over TP (sequence-parallel or partial_dy norms) were "
                          "added to by a backward and not summed (tpk_params_reduce_partial_grads "
                          "first)");
+    if (o->stage == 3 && !o->w)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "opt: a ZeRO-3 optimizer not linked to its weights' shard "
+                         "(tpk_zero3_init first)");
     o->step++;
-    float *w = (float *)ctx->params.data.p + o->s0;
+    float *w = o->w ? o->w : (float *)ctx->params.data.p + o->s0;
     /* a bf16 context's weight copy made by the update itself when it is current (a skipped step
      * then leaves both as they were) and no DP rank updates only a slice (ZeRO-1 gathers f32
      * weights) */
     tpk_params *P = &ctx->params;
-    bool fuse16 = ctx->dtype == TPK_BF16 && o->sn == o->numel && !P->stale16 && P->data16.p &&
+    bool fuse16 = ctx->dtype == TPK_BF16 && o->sn == o->numel && !o->w && !P->stale16 &&
+                  P->data16.p &&
                   P->data16.bytes >= 2 * P->numel;
     /* the slice's gradient: ZeRO-2 keeps its own */
     const float *g = o->g ? o->g : (const float *)ctx->params.grad.p + o->s0;
@@ -354,7 +364,7 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
                              o->nruns ? o->d.weight_decay : 0.0f, o->step, grad_scale, norm, clip,
                              o->decay, o->nruns, fuse16 ? (uint16_t *)P->data16.p + o->s0 : NULL));
     if (!fuse16) tpk_params_updated(ctx);
-    if (o->sn == o->numel) return TPK_OK;
+    if (o->sn == o->numel || o->w) return TPK_OK; /* ZeRO-3: the slice stays sharded */
     /* ZeRO-1 and 2: every DP rank's updated slice to every DP rank (one all-gather of the
      * parameters; ZeRO-2 sends from its gradient slice, consumed now) */
     return tpk__dp_slices_in(ctx, (float *)ctx->params.data.p, o->numel, true, o->g);

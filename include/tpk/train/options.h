@@ -112,9 +112,11 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          offsetof(tpk_run_opts, ep)},
         {"--dtype", C, 0, 0, NULL, "f32|bf16", NULL, F, "parallel",
          "default: bf16 on a GPU, f32 on the host", offsetof(tpk_run_opts, dtype)},
-        {"--zero", I, 0, 2, "0", NULL,
-         "0, 1 (ZeRO-1: the optimizer state sharded over DP) or 2 (ZeRO-2: the gradients too)", P,
-         "parallel", "1: the optimizer sharded over DP (x CP); 2: the gradients too",
+        {"--zero", I, 0, 3, "0", NULL,
+         "0, 1 (ZeRO-1: the optimizer state sharded over DP), 2 (ZeRO-2: the gradients too) or 3 "
+         "(ZeRO-3: the weights too, gathered block by block)",
+         P, "parallel",
+         "1: the optimizer sharded over DP (x CP); 2: the gradients too; 3: the weights too",
          offsetof(tpk_run_opts, zero)},
         {"--dp-reduce", C, 0, 0, NULL, "mean|adasum", NULL, P, "parallel",
          "adasum: DP a power of two", offsetof(tpk_run_opts, dp_reduce)},
@@ -336,10 +338,6 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         "experts held at the same offsets)",
                         (long long)o->ep, o->zero ? "--zero" : "--dp-reduce adasum"),
                false;
-    if (o->ep > 1 && o->plan)
-        return snprintf(err, n, "--ep %lld: the planner (--plan) has no expert parallelism yet",
-                        (long long)o->ep),
-               false;
     if (o->piped && o->kind == TPK_PIPE_INTERLEAVED && (o->eval_every || o->eval_only) &&
         o->eval_batches % o->pp)
         return snprintf(err, n,
@@ -347,12 +345,21 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         "stages a multiple of the %lld stages of batches",
                         (long long)o->eval_batches, (long long)o->pp),
                false;
+    if (o->zero == 3 && o->piped)
+        return snprintf(err, n,
+                        "--zero 3: not yet with pipeline stages (--pp %lld): use --zero 2, or "
+                        "--zero 3 without --pp",
+                        (long long)o->pp),
+               false;
     if (world && o->zero && !o->plan && world / (o->tp * o->pp) == 1)
         return snprintf(err, n,
                         "--zero %lld: shards the %s over data parallelism, but there is 1 DP "
                         "rank (%d ranks / --tp %lld)",
                         (long long)o->zero,
-                        o->zero == 2 ? "optimizer and the gradients" : "optimizer", world,
+                        o->zero == 3   ? "optimizer, the gradients and the weights"
+                        : o->zero == 2 ? "optimizer and the gradients"
+                                       : "optimizer",
+                        world,
                         (long long)o->tp),
                false;
     if (o->piped && o->sample)

@@ -86,7 +86,7 @@ static inline tpk_status tpk_dp_shard_grads(tpk_ctx *ctx, tpk_dp_buckets *b, con
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, fn, "buckets: NULL");
     if (!opt || !opt->m)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "opt: expected an initialised optimizer");
-    if (opt->stage != 2)
+    if (opt->stage != 2 && opt->stage != 3)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "opt: expected an optimizer made with zero_stage 2 (ZeRO-2), got ZeRO "
                          "stage %d",

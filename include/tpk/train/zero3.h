@@ -1,0 +1,320 @@
+/* tpk/train/zero3.h — ZeRO-3 (fully sharded data parallelism): each rank of the DP group
+ * (tpk__dp_group: DP x CP) keeps only its slice S_r = tpk_split(numel, D, r) of the flat f32
+ * parameter buffer between uses — ZeRO-1's slice, so the optimizer's moments, its reduced
+ * gradient slice (ZeRO-2's buckets) and the weights line up — and the flat buffer itself is freed.
+ *
+ * The model's weights are cut into units: each block of the stack (its parameter ids p0..p1,
+ * contiguous in the flat buffer) and one unit for the rest (the embedding, the final norm, the
+ * head: at most two runs of ids, before and after the blocks). A unit [a, b) of the flat buffer
+ * is rebuilt by one all-gather per run over the DP group, rank q sending |[a, b) n S_q| elements
+ * of its shard (in rank order they tile the run), into a gathered buffer; ctx->params.at points
+ * each parameter into it, so the layers read tpk_param_data as ever.
+ *
+ * The schedule (the model's block_hook, tpk/models/lm.h):
+ *   forward   unit -1 gathered first (kept through the backward: the head runs last in the forward
+ *             and first in the backward, the embedding last), and block lo's gather started; before
+ *             block i's forward block i is waited for and block i + 1's gather started (prefetch
+ *             depth 1: it runs while block i computes); after it block i is released (its
+ *             buffer free for block i + 2), except the last block, which the backward uses next;
+ *   backward  before block i's backward (a full recompute's forward inside) block i is waited for
+ *             (gathered again if released) and block i - 1's gather started; after it (the
+ *             buckets' reduce-scatter of its gradients started by grad_ready) block i released;
+ *             unit -1 released after the embedding's backward.
+ * Blocks use two buffers of the largest block's size in turn (block i's is i mod 2), so the peak
+ * parameter memory per rank is numel / D + unit -1 + two blocks; keep_for_backward keeps each
+ * block gathered from its forward to its backward (its own buffer: no second gather, the memory
+ * of every block gathered at once under the backward's start).
+ * Communication per step (one micro-batch, no keep): unit -1 once, each block twice (forward and
+ * backward; the last block once) gathered: 2 L - 1 + (1 or 2) all-gathers, about 2 numel elements
+ * (plain DP's all-reduce volume), plus ZeRO-2's reduce-scatter of the gradients under the
+ * backward; no all-gather after AdamW (tpk_adamw.w: the step updates the shard in place). After
+ * an optimizer step (tpk_adamw.step changed) whatever is still gathered is released before the
+ * next forward uses it.
+ * Not yet: bf16 contexts (the gathered buffers are f32), pipeline stages, experts at EP > 1, HSDP
+ * (refused by name). */
+#ifndef TPK_ZERO3_H
+#define TPK_ZERO3_H
+
+#include "../models/lm.h"
+#include "train.h"
+
+typedef struct tpk_zero3_desc {
+    bool keep_for_backward; /* each block kept gathered from its forward to its backward */
+} tpk_zero3_desc;
+
+/* One unit: up to two runs of parameter ids, gathered together. */
+typedef struct tpk__z3_unit {
+    int first[2], last[2], nruns;
+    size_t a[2], b[2]; /* the runs' elements [a, b) of the flat buffer */
+    size_t elems;      /* their sum */
+    int state;         /* 0 released, 1 gather in flight, 2 gathered */
+    int slot;          /* the shared buffer it uses (0, 1), or -1: its own */
+    tpk_buf own;
+    tpk_request req[2];
+} tpk__z3_unit;
+
+typedef struct tpk_zero3 {
+    tpk_zero3_desc d;
+    tpk_adamw *opt;
+    size_t numel, s0, sn; /* the flat buffer's elements; this rank's slice */
+    float *shard;         /* f32 [sn] backend memory: this rank's master weights */
+    float **at;           /* [n params] the pointers ctx->params.at holds */
+    tpk__z3_unit *u;      /* [nu]: u[0] the rest, u[1 + k] block lo + k */
+    int nu;
+    int64_t lo;
+    tpk_buf slot[2];
+    int slot_owner[2];              /* the unit holding each shared buffer (-1: none) */
+    size_t *counts;                 /* [D] */
+    int64_t opt_step;               /* the optimizer step the gathered buffers hold */
+    uint64_t gathers, gather_elems; /* all-gathers started, elements gathered (statistics) */
+} tpk_zero3;
+
+/* Release unit k: its gather waited for, its parameters' pointers cleared. */
+static inline tpk_status tpk__z3_release(tpk_ctx *ctx, tpk_zero3 *z, int k) {
+    tpk__z3_unit *u = &z->u[k];
+    tpk_status s = TPK_OK;
+    if (u->state == 1)
+        for (int r = 0; r < u->nruns; r++) {
+            tpk_status w = tpk_wait(ctx, &u->req[r]);
+            if (s == TPK_OK) s = w;
+        }
+    for (int r = 0; r < u->nruns; r++)
+        for (int i = u->first[r]; i <= u->last[r]; i++) z->at[i] = NULL;
+    if (u->slot >= 0 && z->slot_owner[u->slot] == k) z->slot_owner[u->slot] = -1;
+    if (k == 0) tpk__buf_free(ctx, &u->own); /* between steps: the shard alone */
+    u->state = 0;
+    return s;
+}
+
+/* Start unit k's gather (nothing when gathered or in flight). */
+static inline tpk_status tpk__z3_start(tpk_ctx *ctx, tpk_zero3 *z, int k) {
+    tpk__z3_unit *u = &z->u[k];
+    if (u->state) return TPK_OK;
+    float *buf;
+    if (u->slot >= 0) {
+        int o = z->slot_owner[u->slot];
+        if (o >= 0 && o != k) TPK_TRY(tpk__z3_release(ctx, z, o));
+        z->slot_owner[u->slot] = k;
+        buf = (float *)z->slot[u->slot].p;
+    } else {
+        TPK_TRY(tpk__buf_reserve(ctx, &u->own, sizeof(float) * (u->elems ? u->elems : 1)));
+        buf = (float *)u->own.p;
+    }
+    tpk_comm *dg = tpk__dp_group(ctx);
+    int D = dg->size;
+    for (int r = 0; r < u->nruns; r++) {
+        size_t a = u->a[r], b = u->b[r];
+        for (int q = 0; q < D; q++) {
+            tpk_range sq = tpk_split((int64_t)z->numel, D, q);
+            size_t lo = (size_t)sq.off, hi = lo + (size_t)sq.size;
+            lo = lo < a ? a : lo, hi = hi > b ? b : hi;
+            z->counts[q] = hi > lo ? hi - lo : 0;
+        }
+        const float *send = z->shard + (z->counts[dg->rank] && a > z->s0 ? a - z->s0 : 0);
+        memset(&u->req[r], 0, sizeof u->req[r]);
+        TPK_TRY(tpk_allgatherv_start(ctx, dg, send, z->counts[dg->rank], buf, z->counts, b - a,
+                                     TPK_F32, &u->req[r]));
+        for (int i = u->first[r]; i <= u->last[r]; i++)
+            z->at[i] = buf + (ctx->params.list[i].offset - a);
+        buf += b - a;
+        z->gathers++, z->gather_elems += b - a;
+    }
+    u->state = 1;
+    return TPK_OK;
+}
+
+/* Unit k gathered: started if need be, then waited for. */
+static inline tpk_status tpk__z3_ready(tpk_ctx *ctx, tpk_zero3 *z, int k) {
+    tpk__z3_unit *u = &z->u[k];
+    TPK_TRY(tpk__z3_start(ctx, z, k));
+    if (u->state == 2) return TPK_OK;
+    tpk_status s = TPK_OK;
+    for (int r = 0; r < u->nruns; r++) {
+        tpk_status w = tpk_wait(ctx, &u->req[r]);
+        if (s == TPK_OK) s = w;
+    }
+    u->state = 2;
+    return s;
+}
+
+/* Every unit released (collective only in the waits of gathers in flight). */
+static inline tpk_status tpk__z3_release_all(tpk_ctx *ctx, tpk_zero3 *z) {
+    tpk_status s = TPK_OK;
+    for (int k = 0; k < z->nu; k++) {
+        tpk_status r = tpk__z3_release(ctx, z, k);
+        if (s == TPK_OK) s = r;
+    }
+    return s;
+}
+
+/* The model's block_hook (user: the tpk_zero3): the schedule of the header. */
+static inline tpk_status tpk_zero3_hook(tpk_ctx *ctx, int64_t block, int when, void *user) {
+    static const char *fn = "tpk_zero3_hook";
+    tpk_zero3 *z = (tpk_zero3 *)user;
+    if (!ctx) return TPK_ERR_ARG;
+    if (!z || !z->u) return tpk__fail(ctx, TPK_ERR_ARG, fn, "user: expected a tpk_zero3");
+    int k = block < 0 ? 0 : (int)(block - z->lo) + 1;
+    if (k < 0 || k >= z->nu)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "block: expected -1 or %lld..%lld, got %lld",
+                         (long long)z->lo, (long long)(z->lo + z->nu - 2), (long long)block);
+    if (z->opt && z->opt->step != z->opt_step) { /* the shard changed: nothing gathered is valid */
+        TPK_TRY(tpk__z3_release_all(ctx, z));
+        z->opt_step = z->opt->step;
+    }
+    bool last = k == z->nu - 1;
+    switch (when) {
+        case TPK_LM_FWD_BEGIN:
+            TPK_TRY(tpk__z3_ready(ctx, z, k));
+            if (k + 1 < z->nu) TPK_TRY(tpk__z3_start(ctx, z, k + 1)); /* the prefetch */
+            return TPK_OK;
+        case TPK_LM_FWD_END:
+            return k && !last && !z->d.keep_for_backward ? tpk__z3_release(ctx, z, k) : TPK_OK;
+        case TPK_LM_BWD_BEGIN:
+            TPK_TRY(tpk__z3_ready(ctx, z, k));
+            return k > 1 ? tpk__z3_start(ctx, z, k - 1) : TPK_OK;
+        case TPK_LM_BWD_END: return tpk__z3_release(ctx, z, k);
+        default:
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "when: expected TPK_LM_FWD_BEGIN..BWD_END, got %d", when);
+    }
+}
+
+static inline void tpk_zero3_destroy(tpk_ctx *ctx, tpk_zero3 *z) {
+    if (!ctx || !z) return;
+    if (z->u) (void)tpk__z3_release_all(ctx, z);
+    if (ctx->params.at == z->at) ctx->params.at = NULL;
+    if (z->opt && z->opt->w == z->shard) z->opt->w = NULL;
+    if (z->shard) tpk__mem_count(ctx, sizeof(float) * (z->sn ? z->sn : 1), false);
+    tpk_op_free(ctx, z->shard);
+    for (int k = 0; k < z->nu; k++) tpk__buf_free(ctx, &z->u[k].own);
+    tpk__buf_free(ctx, &z->slot[0]), tpk__buf_free(ctx, &z->slot[1]);
+    tpk__free(ctx, z->at), tpk__free(ctx, z->u), tpk__free(ctx, z->counts);
+    memset(z, 0, sizeof *z);
+}
+
+/* ZeRO-3 for model m (built whole: no pipeline stage) over its context's DP group: opt made with
+ * tpk_adamw_desc.zero_stage = 3 for the parameters as registered (its gradient slice linked to
+ * the buckets by tpk_dp_shard_grads as under ZeRO-2). This rank's slice of the weights (as they
+ * are now: initialised or loaded) is copied into the shard, the flat parameter buffer freed,
+ * opt's weights linked to the shard and m's block_hook set. Not collective. */
+static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, tpk_adamw *opt,
+                                        const tpk_zero3_desc *desc) {
+    static const char *fn = "tpk_zero3_init";
+    tpk_zero3_desc d;
+    TPK__INIT_LAYER(ctx, fn, z, d, desc);
+    if (!m || !m->blocks) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected a built model");
+    if (!opt || !opt->m || opt->stage != 3)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "opt: expected an optimizer made with zero_stage 3 (ZeRO-3), got %s",
+                         !opt || !opt->m ? "none" : "another ZeRO stage");
+    if (opt->numel != ctx->params.numel || !ctx->params.data.p)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "opt: made for %zu parameter elements, the context holds %zu whole",
+                         opt->numel, ctx->params.data.p ? ctx->params.numel : (size_t)0);
+    if (ctx->dtype != TPK_F32)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "ctx->dtype: ZeRO-3 gathers f32 weights, not yet a bf16 context's copy "
+                         "(expected TPK_F32)");
+    if (ctx->pp.size > 1 || !m->has_embed || !m->has_head)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "model: ZeRO-3 not yet with pipeline stages (PP %d): expected the whole "
+                         "model",
+                         ctx->pp.size);
+    TPK_TRY(tpk__dp_experts_check(ctx, fn, "ZeRO-3's slices"));
+    int n = ctx->params.n;
+    int64_t L = m->hi - m->lo;
+    tpk_comm *dg = tpk__dp_group(ctx);
+    z->d = d, z->opt = opt, z->numel = opt->numel, z->s0 = opt->s0, z->sn = opt->sn;
+    z->lo = m->lo, z->nu = (int)L + 1, z->opt_step = opt->step;
+    z->slot_owner[0] = z->slot_owner[1] = -1;
+    z->at = (float **)tpk__malloc(ctx, sizeof(float *) * (size_t)(n ? n : 1));
+    z->u = (tpk__z3_unit *)tpk__malloc(ctx, sizeof(tpk__z3_unit) * (size_t)z->nu);
+    z->counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)dg->size);
+    if (!z->at || !z->u || !z->counts) {
+        tpk_zero3_destroy(ctx, z);
+        return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' pointers", n);
+    }
+    memset(z->at, 0, sizeof(float *) * (size_t)(n ? n : 1));
+    memset(z->u, 0, sizeof(tpk__z3_unit) * (size_t)z->nu);
+    int p0 = n, p1 = -1, next = -1;
+    size_t most = 0;
+    tpk_status s = TPK_OK;
+    for (int64_t i = 0; i < L && s == TPK_OK; i++) { /* the blocks: consecutive id ranges */
+        const tpk_block *b = &m->blocks[m->lo + i];
+        if (b->p0 > b->p1 || (next >= 0 && b->p0 != next))
+            s = tpk__fail(ctx, TPK_ERR_ARG, fn,
+                          "model: block %lld's parameters (ids %d..%d) do not follow the block "
+                          "before's (expected from %d)",
+                          (long long)(m->lo + i), b->p0, b->p1, next);
+        tpk__z3_unit *u = &z->u[1 + i];
+        u->nruns = 1, u->first[0] = b->p0, u->last[0] = b->p1,
+        u->slot = d.keep_for_backward ? -1 : (int)(i % 2);
+        next = b->p1 + 1, p0 = b->p0 < p0 ? b->p0 : p0, p1 = b->p1 > p1 ? b->p1 : p1;
+    }
+    tpk__z3_unit *o = &z->u[0]; /* the rest: ids before and after the blocks */
+    o->slot = -1;
+    if (p0 > 0) o->first[o->nruns] = 0, o->last[o->nruns++] = p0 - 1;
+    if (p1 < n - 1) o->first[o->nruns] = p1 + 1, o->last[o->nruns++] = n - 1;
+    for (int k = 0; k < z->nu && s == TPK_OK; k++) {
+        tpk__z3_unit *u = &z->u[k];
+        for (int r = 0; r < u->nruns; r++) {
+            const tpk_param *a = &ctx->params.list[u->first[r]], *b = &ctx->params.list[u->last[r]];
+            u->a[r] = a->offset, u->b[r] = b->offset + b->numel; /* (the gaps within: zeros) */
+            u->elems += u->b[r] - u->a[r];
+        }
+        if (k) most = u->elems > most ? u->elems : most;
+    }
+    size_t bytes = sizeof(float) * (z->sn ? z->sn : 1);
+    if (s == TPK_OK) s = tpk_op_alloc(ctx, bytes, (void **)&z->shard);
+    if (s == TPK_OK) tpk__mem_count(ctx, bytes, true);
+    if (s == TPK_OK && z->sn)
+        s = tpk_op_memcpy(ctx, z->shard, (const float *)ctx->params.data.p + z->s0, bytes,
+                          ctx->ops->device ? TPK_D2D : TPK_H2H);
+    for (int q = 0; q < 2 && s == TPK_OK && !d.keep_for_backward && L > q; q++)
+        s = tpk__buf_reserve(ctx, &z->slot[q], sizeof(float) * (most ? most : 1));
+    if (s != TPK_OK) {
+        tpk_zero3_destroy(ctx, z);
+        return s;
+    }
+    tpk__buf_free(ctx, &ctx->params.data); /* the whole weights: gathered block by block now */
+    ctx->params.at = z->at, opt->w = z->shard;
+    m->block_hook = tpk_zero3_hook, m->block_hook_user = z;
+    return TPK_OK;
+}
+
+/* The whole weights back in ctx->params.data (every rank's shard all-gathered; the layers read it
+ * again), e.g. to save a checkpoint or read tpk_param_get_global; tpk_zero3_shard makes them
+ * sharded again. Collective over the DP group. */
+static inline tpk_status tpk_zero3_gather(tpk_ctx *ctx, tpk_zero3 *z) {
+    static const char *fn = "tpk_zero3_gather";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!z || !z->u) return tpk__fail(ctx, TPK_ERR_ARG, fn, "z: expected a tpk_zero3");
+    TPK_TRY(tpk__z3_release_all(ctx, z));
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->params.data, sizeof(float) * (z->numel ? z->numel : 1)));
+    float *w = (float *)ctx->params.data.p;
+    if (z->sn)
+        TPK_TRY(tpk_op_memcpy(ctx, w + z->s0, z->shard, sizeof(float) * z->sn,
+                              ctx->ops->device ? TPK_D2D : TPK_H2H));
+    ctx->params.at = NULL;
+    return z->numel ? tpk__dp_allgather_slices(ctx, w, z->numel) : TPK_OK;
+}
+
+/* Back to the sharded weights from ctx->params.data (as tpk_zero3_gather left it, or after a
+ * checkpoint loaded into it): this rank's slice kept in the shard, the flat buffer freed. Not
+ * collective. */
+static inline tpk_status tpk_zero3_shard(tpk_ctx *ctx, tpk_zero3 *z) {
+    static const char *fn = "tpk_zero3_shard";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!z || !z->u) return tpk__fail(ctx, TPK_ERR_ARG, fn, "z: expected a tpk_zero3");
+    if (!ctx->params.data.p || ctx->params.at)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "ctx->params: the weights are not whole (tpk_zero3_gather first)");
+    if (z->sn)
+        TPK_TRY(tpk_op_memcpy(ctx, z->shard, (const float *)ctx->params.data.p + z->s0,
+                              sizeof(float) * z->sn, ctx->ops->device ? TPK_D2D : TPK_H2H));
+    tpk__buf_free(ctx, &ctx->params.data);
+    ctx->params.at = z->at;
+    return TPK_OK;
+}
+
+#endif /* TPK_ZERO3_H */
