@@ -253,6 +253,7 @@ __device__ __forceinline__ float tpk__block_max(float v, float *sh /* [32] */) {
 void tpk__cuda_state_ops(tpk_ops *o);
 void tpk__cuda_elementwise_ops(tpk_ops *o);
 void tpk__cuda_gemm_ops(tpk_ops *o);
+void tpk__cuda_fp8_ops(tpk_ops *o);
 void tpk__cuda_optim_ops(tpk_ops *o);
 void tpk__cuda_rng_ops(tpk_ops *o);
 void tpk__cuda_norm_ops(tpk_ops *o);

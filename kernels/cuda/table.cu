@@ -8,6 +8,7 @@ static tpk_ops cuda_table_make() {
     tpk__cuda_state_ops(&o);
     tpk__cuda_elementwise_ops(&o);
     tpk__cuda_gemm_ops(&o);
+    tpk__cuda_fp8_ops(&o);
     tpk__cuda_optim_ops(&o);
     tpk__cuda_rng_ops(&o);
     tpk__cuda_norm_ops(&o);

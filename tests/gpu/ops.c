@@ -208,6 +208,121 @@ static void test_gemm(tpk_dtype dt) {
     }
 }
 
+/* n FP8 codes of both backends: the device copy downloaded and compared byte for byte with the
+ * host's; the mismatches */
+static size_t codes_differ(const uint8_t *dev, const uint8_t *host, size_t n) {
+    uint8_t *got = malloc(n ? n : 1);
+    CHECK_OK(&cd, cd.ops->memcpy(&cd, got, dev, n, TPK_D2H));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != host[i];
+    free(got);
+    return bad;
+}
+/* fp8_quant (codes bit for bit, the amax exact, fresh and accumulated, aligned and not, codes or
+ * the amax alone), fp8_dequant, and gemm_fp8 on codes: every transpose, packed and strided
+ * operands, sizes multiples of 16 (cuBLASLt's FP8 matmul, the operands not in its TN layout
+ * transposed first) and not (the bf16 fallback), E4M3 x E4M3, E5M2 x E4M3, E5M2 x E5M2 (the
+ * fallback), C in dt, beta 0.5 and 0 (C poisoned) */
+static void test_fp8(tpk_dtype dt) {
+    TEST_CASE("fp8_quant, fp8_dequant, gemm_fp8 [%s]", tpk_dtype_name(dt)) {
+        const size_t n = 4099;
+        float *v = malloc(n * sizeof(float));
+        test_randn(v, n, 71, 3.0f);
+        v[5] = 1e6f, v[6] = -2e5f, v[7] = NAN, v[8] = 1e-9f; /* saturation, NaN, underflow */
+        pair x = pair_from(&cd, v, n, dt);
+        uint8_t *qh = malloc(n), *qd = NULL;
+        float *ah = NULL, *ad = NULL, amh = 0.0f, amd = 0.0f;
+        CHECK_OK(&cd, cd.ops->alloc(&cd, n + 16, (void **)&qd));
+        CHECK_OK(&cd, cd.ops->alloc(&cd, 16, (void **)&ad));
+        ah = malloc(16);
+        for (int f = 0; f < 2; f++) {
+            tpk_fp8_fmt fmt = f ? TPK_E5M2 : TPK_E4M3;
+            for (int off = 0; off < 2; off++) { /* off 1: x and q one element in, unaligned */
+                size_t es = tpk_dtype_size(dt), m = n - (size_t)off;
+                const char *xh = (const char *)x.h + off * es, *xd = (const char *)x.d + off * es;
+                memset(qh, 0xab, n);
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, qd, qh, n, TPK_H2D)); /* poison */
+                ah[0] = 0.5f;
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, ad, ah, 4, TPK_H2D));
+                CHECK_OK(&ch, ch.ops->fp8_quant(&ch, qh, ah, xh, dt, m, 37.5f, fmt, false));
+                CHECK_OK(&cd, cd.ops->fp8_quant(&cd, qd, ad, xd, dt, m, 37.5f, fmt, false));
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, &amd, ad, 4, TPK_D2H));
+                size_t bad = codes_differ(qd, qh, m);
+                CHECK(bad == 0 && amd == ah[0],
+                      "fp8_quant %s off %d: %zu codes differ, amax %g vs %g", f ? "E5M2" : "E4M3",
+                      off, bad, (double)amd, (double)ah[0]);
+                ah[0] = amh = 2e6f; /* accumulated onto a larger amax, no codes */
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, ad, ah, 4, TPK_H2D));
+                CHECK_OK(&ch, ch.ops->fp8_quant(&ch, NULL, ah, xh, dt, m, 1.0f, fmt, true));
+                CHECK_OK(&cd, cd.ops->fp8_quant(&cd, NULL, ad, xd, dt, m, 1.0f, fmt, true));
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, &amd, ad, 4, TPK_D2H));
+                CHECK(amd == amh && ah[0] == amh, "fp8_quant accumulate: amax %g, expected %g",
+                      (double)amd, (double)amh);
+                qh[7 - off] = 0x22; /* NaN's code replaced: NaN compares unequal */
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, qd + 7 - off, qh + 7 - off, 1, TPK_H2D));
+                pair y = pair_randn(&cd, n, dt, 72, 1.0f);
+                pair_poison(&cd, &y);
+                CHECK_OK(&ch, ch.ops->fp8_dequant(&ch, y.h, dt, qh, m, 1.0f / 37.5f, fmt));
+                CHECK_OK(&cd, cd.ops->fp8_dequant(&cd, y.d, dt, qd, m, 1.0f / 37.5f, fmt));
+                y.n = m;
+                pair_check(&cd, &y, 1e-12, "fp8_dequant");
+                y.n = n;
+                pair_free(&cd, &y);
+            }
+        }
+        free(qh), free(ah), free(v), cd.ops->free(&cd, qd), cd.ops->free(&cd, ad);
+        pair_free(&cd, &x);
+        /* gemm_fp8: (m, n, k, ld pad, fa, fb) */
+        static const int64_t shp[][6] = {{48, 32, 64, 0, 0, 0},  {32, 48, 80, 16, 1, 0},
+                                         {48, 32, 64, 3, 0, 0},  {37, 53, 71, 2, 1, 0},
+                                         {32, 16, 48, 0, 1, 1}};
+        for (int c5 = 0; c5 < 5; c5++)
+            for (int t = 0; t < 4; t++) {
+                bool ta = t & 1, tb = t & 2;
+                int64_t m = shp[c5][0], nn = shp[c5][1], k = shp[c5][2], pad = shp[c5][3];
+                tpk_fp8_fmt fa = shp[c5][4] ? TPK_E5M2 : TPK_E4M3,
+                            fb = shp[c5][5] ? TPK_E5M2 : TPK_E4M3;
+                int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : nn) + pad, ldc = nn + pad;
+                size_t na = (size_t)((ta ? k : m) * lda), nb = (size_t)((tb ? nn : k) * ldb);
+                /* codes: random values quantized by the host op, copied to the device */
+                float *va = malloc(na * sizeof(float)), *vb = malloc(nb * sizeof(float));
+                test_randn(va, na, 80 + t, 40.0f), test_randn(vb, nb, 90 + t, 40.0f);
+                uint8_t *a8 = malloc(na), *b8 = malloc(nb), *a8d = NULL, *b8d = NULL;
+                CHECK_OK(&ch, ch.ops->fp8_quant(&ch, a8, NULL, va, TPK_F32, na, 1.0f, fa, false));
+                CHECK_OK(&ch, ch.ops->fp8_quant(&ch, b8, NULL, vb, TPK_F32, nb, 1.0f, fb, false));
+                CHECK_OK(&cd, cd.ops->alloc(&cd, na, (void **)&a8d));
+                CHECK_OK(&cd, cd.ops->alloc(&cd, nb, (void **)&b8d));
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, a8d, a8, na, TPK_H2D));
+                CHECK_OK(&cd, cd.ops->memcpy(&cd, b8d, b8, nb, TPK_H2D));
+                pair c = pair_randn(&cd, (size_t)(m * ldc), dt, 95 + t, 1.0f);
+                for (int z = 0; z < 2; z++) { /* beta 0.5, then 0 over a poisoned C */
+                    float beta = z ? 0.0f : 0.5f;
+                    if (z) pair_poison(&cd, &c);
+                    CHECK_OK(&ch, ch.ops->gemm_fp8(&ch, ta, tb, m, nn, k, 1e-3f, a8, fa, lda, b8,
+                                                   fb, ldb, beta, c.h, ldc, dt));
+                    CHECK_OK(&cd, cd.ops->gemm_fp8(&cd, ta, tb, m, nn, k, 1e-3f, a8d, fa, lda,
+                                                   b8d, fb, ldb, beta, c.d, ldc, dt));
+                    size_t nc = (size_t)(m * ldc);
+                    void *raw = malloc(nc * tpk_dtype_size(dt));
+                    float *got = malloc(nc * sizeof(float)), *want = malloc(nc * sizeof(float));
+                    CHECK_OK(&cd, cd.ops->memcpy(&cd, raw, c.d, nc * tpk_dtype_size(dt), TPK_D2H));
+                    pair_load(got, dt, raw, nc), pair_load(want, dt, c.h, nc);
+                    char what[96];
+                    snprintf(what, sizeof what, "gemm_fp8 %lldx%lldx%lld pad %lld ta=%d tb=%d %s",
+                             (long long)m, (long long)nn, (long long)k, (long long)pad, ta, tb,
+                             z ? "beta=0" : "beta=0.5");
+                    for (int64_t i = 0; i < m; i++) /* the written [m, n] part */
+                        CHECK_CLOSE(got + i * ldc, want + i * ldc, (size_t)nn,
+                                    tol_for(dt, TOL_SUM), what);
+                    free(raw), free(got), free(want);
+                }
+                pair_free(&cd, &c);
+                cd.ops->free(&cd, a8d), cd.ops->free(&cd, b8d);
+                free(va), free(vb), free(a8), free(b8);
+            }
+    }
+}
+
 /* gemm_acc: A, B in dt into an f32 C (cuBLASLt bf16 x bf16 -> f32, or the fallback kernel's f32
  * output), against the host. C is f32 on both sides and never rounded: TOL_SUM (1e-4) is far below
  * a bf16 rounding (4e-3), and C's values (N(0,1) next to products of size ~8) fail any beta
@@ -252,6 +367,57 @@ static void test_gemm_acc(tpk_dtype dt) {
                                        (float *)c.d, n, dt));
         pair_check(&cd, &c, TOL_SAME, "gemm_acc k=0 (C = beta C)");
         pair_free(&cd, &c);
+    }
+}
+
+/* gemm_grouped (a loop of the gemm path per group) against the host's: 6 groups, two of 0 rows,
+ * each form — y_g = x_g op(W_g) (tw and not, beta 0 with y poisoned, and 0.5), op(W_g) += x_g^T
+ * y_g (tw and not; W in dt, and f32 for bf16 operands) — padded leading dimensions compared too */
+static void test_gemm_grouped(tpk_dtype dt) {
+    TEST_CASE("gemm_grouped: forward and both gradient forms, groups of 0 rows [%s]",
+              tpk_dtype_name(dt)) {
+        enum { G = 6 };
+        const int64_t rows[G] = {17, 0, 40, 5, 0, 33};
+        int64_t R = 95, n = 24, k = 40, ldx = k + 3, ldy = n + 1;
+        pair x = pair_randn(&cd, (size_t)(R * ldx), dt, 160, 1.0f);
+        for (int f = 0; f < 6; f++) { /* 0-1: forward beta 0, 2-3: forward beta 0.5, 4-5: wgrad */
+            bool tw = f & 1, wgrad = f >= 4;
+            for (int wf = 0; wf < (wgrad && dt == TPK_BF16 ? 2 : 1); wf++) {
+                tpk_dtype w_dt = wf ? TPK_F32 : dt;
+                float beta = f < 2 ? 0.0f : wgrad ? 1.0f : 0.5f;
+                int64_t sr = tw ? n : k, ldw = (tw ? k : n) + 2;
+                float *v = malloc((size_t)(R * ldy) * sizeof(float));
+                test_randn(v, (size_t)(R * ldy), 170 + f, 1.0f);
+                for (int64_t i = 0; i < R && beta == 0.0f; i++) /* not read; the padding kept */
+                    test_poison(v + i * ldy, (size_t)n);
+                pair y = pair_from(&cd, v, (size_t)(R * ldy), dt), w[G];
+                free(v);
+                void *wh[G], *wd[G];
+                for (int g = 0; g < G; g++) {
+                    w[g] = pair_randn(&cd, (size_t)(sr * ldw), w_dt, 180 + g + f, 1.0f);
+                    wh[g] = w[g].h, wd[g] = w[g].d;
+                }
+                CHECK_OK(&ch, ch.ops->gemm_grouped(&ch, wgrad, tw, G, rows, n, k, 0.75f, x.h, ldx,
+                                                   wh, ldw, w_dt, beta, y.h, ldy, dt));
+                CHECK_OK(&cd, cd.ops->gemm_grouped(&cd, wgrad, tw, G, rows, n, k, 0.75f, x.d, ldx,
+                                                   wd, ldw, w_dt, beta, y.d, ldy, dt));
+                char what[96];
+                snprintf(what, sizeof what, "gemm_grouped wgrad=%d tw=%d beta=%g w %s", wgrad, tw,
+                         (double)beta, tpk_dtype_name(w_dt));
+                if (!wgrad) { /* DEBUG */
+                    size_t nn = (size_t)(R * ldy); float *gg = malloc(nn * 4), *hh = malloc(nn * 4); void *raw = malloc(nn * 4);
+                    cd.ops->memcpy(&cd, raw, y.d, nn * tpk_dtype_size(dt), TPK_D2H);
+                    pair_load(gg, dt, raw, nn); pair_load(hh, dt, y.h, nn);
+                    for (size_t i = 0; i < nn; i++) if (isnan(gg[i]) || isnan(hh[i])) { fprintf(stderr, "DBG f=%d i=%zu row=%zu col=%zu dev %g host %g\n", f, i, i / ldy, i % ldy, gg[i], hh[i]); break; }
+                }
+                if (!wgrad) pair_check(&cd, &y, tol_for(dt, TOL_SUM), what);
+                for (int g = 0; g < G && wgrad; g++)
+                    pair_check(&cd, &w[g], tol_for(w_dt, TOL_SUM), what);
+                for (int g = 0; g < G; g++) pair_free(&cd, &w[g]);
+                pair_free(&cd, &y);
+            }
+        }
+        pair_free(&cd, &x);
     }
 }
 
@@ -1126,7 +1292,9 @@ int main(int argc, char **argv) {
         test_elementwise(dt);
         test_copy_rng_dropout(dt);
         test_gemm(dt);
+        test_gemm_grouped(dt);
         test_gemm_acc(dt);
+        test_fp8(dt);
         test_linear_fwd(dt);
         test_linear_bwd_act(dt);
         test_epilogues_composed(dt);

@@ -2,7 +2,8 @@
  * handle, the matmul / layout / preference descriptors and their attributes (the enum values are
  * cuBLASLt's), the heuristic and cublasLtMatmul, implemented in cublaslt.cpp as plain loops that
  * accumulate in double, independently of the host backend. Column-major layouts (ORDER_COL), one
- * batch, f32 or bf16 A, B, C, D with f32 scaling, or bf16 A, B with f32 C, D (gemm_acc); epilogues
+ * batch, f32 or bf16 A, B, C, D with f32 scaling, or bf16 A, B with f32 C, D (gemm_acc), or FP8
+ * A, B (E4M3 / E5M2, the TN layout, bf16 or f32 C, D: kernels/cuda/fp8.cu's gemm_fp8); epilogues
  * DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS (what kernels/cuda/gemm.cu sets);
  * anything else is CUBLAS_STATUS_NOT_SUPPORTED. */
 #ifndef TPK_EMU_CUBLASLT_H

@@ -11,7 +11,10 @@
  * told (MIN_ALIGNMENT_* preferences, the bias and aux pointers set when it ran), an algorithm
  * used for the problem it was found for. Unsupported (no algorithm, heuristic count 0, as cuBLASLt
  * answers): an aux leading dimension not a multiple of 8 or below D's rows, an epilogue or type
- * outside the list in cublasLt.h (bf16 A, B with f32 C, D: the default epilogue only);
+ * outside the list in cublasLt.h (bf16 A, B with f32 C, D: the default epilogue only; FP8 A, B as
+ * cuBLASLt's FP8 matmul takes them: E4M3 or E5M2 but not both E5M2, the TN layout, C and D alike
+ * in bf16 or f32, the default epilogue, sizes and the operands' ld multiples of 16, each code
+ * decoded from its bit layout here);
  * TPK_EMU_LT_NOALGO=1 in the environment answers so for every problem (the backend's fallback
  * kernel and composed linear path then run). Misuse prints a "FAIL emu:" line
  * (TPK_EMU_LT_ALIGN=warn: a misaligned pointer only noted on stderr). */
@@ -192,7 +195,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 
 struct problem {
     int64_t m, n, k;
-    int type, ctype; /* of A and B; of C and D (f32 with bf16 A, B: the f32-output GEMM) */
+    int type, btype, ctype; /* of A, of B; of C and D (f32 with bf16 A, B: the f32-output GEMM) */
     bool ta, tb, bias, gelu, aux, dgelu, bgrad; /* dgelu reads aux, bgrad writes the bias vector */
     uint64_t hash;
 };
@@ -222,10 +225,20 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
             return CUBLAS_STATUS_INVALID_VALUE;
         }
     }
-    /* A, B and C, D alike in f32 or bf16, or bf16 A, B with f32 C, D (no epilogue) */
-    bool mixed = A->type == CUDA_R_16BF && D->type == CUDA_R_32F;
-    if (A->type != B->type || C->type != D->type || (A->type != D->type && !mixed) ||
-        (D->type != CUDA_R_32F && D->type != CUDA_R_16BF))
+    /* A, B and C, D alike in f32 or bf16, or bf16 A, B with f32 C, D (no epilogue); or FP8 A, B
+     * in cuBLASLt's FP8 matmul's terms (TN, multiples of 16, not both E5M2) */
+    bool mixed = A->type == CUDA_R_16BF && D->type == CUDA_R_32F,
+         f8a = A->type == CUDA_R_8F_E4M3 || A->type == CUDA_R_8F_E5M2,
+         f8b = B->type == CUDA_R_8F_E4M3 || B->type == CUDA_R_8F_E5M2;
+    if (f8a || f8b) {
+        if (!f8a || !f8b || (A->type == CUDA_R_8F_E5M2 && B->type == CUDA_R_8F_E5M2) ||
+            C->type != D->type || (D->type != CUDA_R_32F && D->type != CUDA_R_16BF) ||
+            op->epi != CUBLASLT_EPILOGUE_DEFAULT || op->transa != CUBLAS_OP_T ||
+            op->transb != CUBLAS_OP_N || D->rows % 16 || D->cols % 16 || A->rows % 16 ||
+            A->ld % 16 || B->ld % 16 || op->compute != CUBLAS_COMPUTE_32F)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+    } else if (A->type != B->type || C->type != D->type || (A->type != D->type && !mixed) ||
+               (D->type != CUDA_R_32F && D->type != CUDA_R_16BF))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (mixed && op->epi != CUBLASLT_EPILOGUE_DEFAULT) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (op->scale != CUDA_R_32F || op->pointer_mode != 0 || op->transc != CUBLAS_OP_N)
@@ -237,7 +250,7 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
         (op->transb != CUBLAS_OP_N && op->transb != CUBLAS_OP_T))
         return CUBLAS_STATUS_NOT_SUPPORTED;
     p.ta = op->transa == CUBLAS_OP_T, p.tb = op->transb == CUBLAS_OP_T, p.type = A->type,
-    p.ctype = D->type;
+    p.btype = B->type, p.ctype = D->type;
     p.m = (int64_t)D->rows, p.n = (int64_t)D->cols;
     int64_t am = (int64_t)(p.ta ? A->cols : A->rows), ak = (int64_t)(p.ta ? A->rows : A->cols);
     int64_t bk = (int64_t)(p.tb ? B->cols : B->rows), bn = (int64_t)(p.tb ? B->rows : B->cols);
@@ -274,7 +287,7 @@ static cublasStatus_t describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t A
         return CUBLAS_STATUS_NOT_SUPPORTED; /* "must be divisible by 8 and >= rows" */
     uint64_t h = 1469598103934665603ull;
     int64_t v[] = {p.m,         p.n,
-                   p.k,         p.type,
+                   p.k,         p.type * 64 + p.btype,
                    p.ctype,     p.ta,
                    p.tb,        (int64_t)op->epi,
                    A->ld,       B->ld,
@@ -315,7 +328,20 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* an FP8 code's value from its bit layout: E4M3 (OCP E4M3FN: bias 7, no infinities, S.1111.111
+ * NaN), E5M2 (bias 15, IEEE-like) */
+static double fp8_value(uint8_t c, bool e4m3) {
+    int e = e4m3 ? (c >> 3) & 15 : (c >> 2) & 31, mb = e4m3 ? 3 : 2, m = c & ((1 << mb) - 1),
+        bias = e4m3 ? 7 : 15;
+    double sg = c & 0x80 ? -1.0 : 1.0;
+    if (e4m3 && e == 15 && m == 7) return NAN;
+    if (!e4m3 && e == 31) return m ? NAN : sg * INFINITY;
+    return sg * (e ? ldexp(1.0 + m / (double)(1 << mb), e - bias)
+                   : ldexp(m / (double)(1 << mb), 1 - bias));
+}
 static double load(const void *p, int type, size_t i) {
+    if (type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2)
+        return fp8_value(((const uint8_t *)p)[i], type == CUDA_R_8F_E4M3);
     return type == CUDA_R_32F ? (double)((const float *)p)[i]
                               : (double)tpk_emu_bf2f(((const uint16_t *)p)[i]);
 }
@@ -324,8 +350,8 @@ static void store(void *p, int type, size_t i, float v) {
     else ((uint16_t *)p)[i] = tpk_emu_f2bf(v);
 }
 static size_t span(int64_t rows, int64_t cols, int64_t ld, int type) {
-    return rows > 0 && cols > 0 ? (size_t)(ld * (cols - 1) + rows) * (type == CUDA_R_32F ? 4 : 2)
-                                : 0;
+    size_t es = type == CUDA_R_32F ? 4 : type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2 ? 1 : 2;
+    return rows > 0 && cols > 0 ? (size_t)(ld * (cols - 1) + rows) * es : 0;
 }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha,
@@ -380,9 +406,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
         return CUBLAS_STATUS_INVALID_VALUE;
     float al, be;
     memcpy(&al, alpha, 4), memcpy(&be, beta, 4);
-    int t = p.type, tc = p.ctype; /* A, B; C, D */
+    int t = p.type, tb = p.btype, tc = p.ctype; /* A; B; C, D */
     bool ok = tpk_emu_check_device(A, span(la->rows, la->cols, la->ld, t), "cublasLtMatmul A") &&
-              tpk_emu_check_device(B, span(lb->rows, lb->cols, lb->ld, t), "cublasLtMatmul B") &&
+              tpk_emu_check_device(B, span(lb->rows, lb->cols, lb->ld, tb), "cublasLtMatmul B") &&
               tpk_emu_check_device(D, span(ld->rows, ld->cols, ld->ld, tc), "cublasLtMatmul D") &&
               (be == 0.0f ||
                tpk_emu_check_device(C, span(lc->rows, lc->cols, lc->ld, tc), "cublasLtMatmul C"));
@@ -404,7 +430,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
     for (int64_t j = 0; j < n; j++) {
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t q = 0; q < k; q++) {
-            double bq = load(B, t, (size_t)(p.tb ? q * lb->ld + j : j * lb->ld + q));
+            double bq = load(B, tb, (size_t)(p.tb ? q * lb->ld + j : j * lb->ld + q));
             const float *a = &Ac[(size_t)(q * m)];
             for (int64_t i = 0; i < m; i++) acc[(size_t)i] += (double)a[i] * bq;
         }

@@ -96,7 +96,9 @@ enum cudaDataType_t {
     CUDA_R_32F = 0,
     CUDA_R_64F = 1,
     CUDA_R_16BF = 14,
-    CUDA_R_32I = 10
+    CUDA_R_32I = 10,
+    CUDA_R_8F_E4M3 = 28,
+    CUDA_R_8F_E5M2 = 29
 };
 typedef cudaDataType_t cudaDataType;
 #define cudaStreamDefault 0x00u
@@ -216,6 +218,13 @@ static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
+/* atomicMax on global memory: a block's threads are fibers that switch only at barriers and warp
+ * operations, and the blocks of a launch run one at a time, so a plain read-modify-write */
+static inline int atomicMax(int *p, int v) {
+    int o = *p;
+    if (v > o) *p = v;
+    return o;
+}
 template <class T> static inline T __ldg(const T *p) { return *p; }
 
 /* ---- the kernel side ------------------------------------------------------------------------- */
