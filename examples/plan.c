@@ -1,6 +1,7 @@
 /* examples/plan.c — build/plan: which TP x CP x PP x DP (x EP of the DP ranks, a Mixtral's),
- * micro-batch, recompute, ZeRO stage and sequence parallelism to train a model with on a cluster, by a dry run of the kit's own code on
- * every configuration (tpk/plan/plan.h) costed on a hardware profile (tpk/plan/hw.h).
+ * micro-batch, recompute, ZeRO stage and sequence parallelism to train a model with on a cluster,
+ * by a dry run of the kit's own code on every configuration (tpk/plan/plan.h) costed on a hardware
+ * profile (tpk/plan/hw.h).
  *
  * The model's flags (--arch, the shape, a family's, --load) and --dtype are the trainer's table
  * (tpk/train/options.h: the same ranges and messages); the planner's own are a table here.
@@ -194,7 +195,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
            the next */
         tpk_profile *prof = NULL;
         for (int a = 0; a < TPK_ARCH_COUNT; a++) {
-            if (a == TPK_ARCH_CUSTOM) continue; /* a program's own model */
+            if (a == TPK_ARCH_CUSTOM) continue;  /* a program's own model */
             if (a == TPK_ARCH_MIXTRAL) continue; /* Llama's ops and the dispatcher's copies */
             opts fo = *o;
             tpk_model_config cfg;
@@ -471,9 +472,8 @@ int main(int argc, char **argv) {
     printf("best: TP %d%s x PP %d x DP %d%s, micro-batch %d (%d a step per DP rank), recompute %s, "
            "ZeRO %d, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
            b->tp, tpk_plan_cp_words(b, cpw, sizeof cpw), b->pp, b->dp, epw, b->micro_batch,
-           b->accum,
-           tpk_recompute_name(b->recompute), b->zero, b->sp ? "on" : "off", b->step_seconds,
-           b->tokens_per_s, 100 * b->mfu, b->peak_bytes / 1e9);
+           b->accum, tpk_recompute_name(b->recompute), b->zero, b->sp ? "on" : "off",
+           b->step_seconds, b->tokens_per_s, 100 * b->mfu, b->peak_bytes / 1e9);
     printf("its %.2f GB a GPU: weights %.2f (f32 and bf16), gradients %.2f, AdamW's moments %.2f, "
            "activations and scratch %.2f\n",
            b->peak_bytes / 1e9, b->weights_bytes / 1e9, b->grads_bytes / 1e9, b->optim_bytes / 1e9,

@@ -18,6 +18,9 @@
 #   without stages, ZeRO at DP 1 x CP 2, the refusals: a sequence not a multiple of 2 CP, CP on the
 #   CUDA backend), and the
 #   trainer's --cp 2 --plan training with the configuration it prints (make test-long).
+#   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 (make test), at
+#   TP 2 x EP 2 and EP 2 with full recompute, --json's ep, EP rejections, the trainer's --ep 2
+#   --plan (make test-long).
 # make test (TPK_TESTS=quick) plans 7 of the 16 configurations (one per feature: TP with SP and
 # selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP), reads a handwritten profile file and
 # runs the rest; make test-long the other 9 (ZeRO-2 among them) and --calibrate (a minute of
@@ -79,6 +82,55 @@ long_set && mem gpt2_cp2_dp2_zero 4 "$C --cp 2 --batch 2 --grad-accum 2 --zero 1
 long_set && mem llama_tp2_cp2_sp_full 4 "--arch llama $C --tp 2 --cp 2 --batch 4 --sequence-parallel --recompute full" "--arch llama $C --tp 2 --pp 1 --zero 0 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute full --sequence-parallel 1"
 long_set && mem gpt2_cp2_pp2 4 "$C --cp 2 --pp 2 --batch 2 --grad-accum 2" "$C --tp 1 --pp 2 --zero 0 --cp 2 --cp-comm p2p --batch 4 --micro-batch 2 --recompute none"
 long_set && mem neox_cp2 2 "--arch neox $C --cp 2 --batch 4" "--arch neox $C $P1 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
+
+# mixture of experts (Mixtral): the experts 1/EP a rank, the all-to-alls on ctx->ep, under a
+# balanced router (the dry run's assumption; a real router's imbalance is within the tolerance at
+# these shapes): EP 2 (make test); TP 2 x EP 2, EP 2 with full recompute (make test-long)
+X="--arch mixtral --layers 2 --hidden 32 --heads 4 --seq-len 16"
+quick_set && mem mixtral_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
+long_set && mem mixtral_tp2_ep2 4 "$X --tp 2 --batch 4 --ep 2" "$X --tp 2 --pp 1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
+long_set && mem mixtral_ep2_full 2 "$X --batch 4 --ep 2 --recompute full" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute full"
+if long_set; then
+    # every EP size of 4 ranks: --json's ep; ZeRO 0 and no SP at EP > 1; the experts' weights 1/EP;
+    # an EP that does not divide DP or the experts rejected by name; the assumption printed
+    out=$($B/plan --profile cpu --gpus 4 --gpus-per-node 4 --vocab 256 $X --batch 8 --micro-batch 2 --json 2>&1)
+    if printf '%s
+' "$out" | "$py" -c '
+import json, sys
+rows = json.load(sys.stdin)
+fit = [r for r in rows if r["fits"]]
+assert {r["ep"] for r in fit} == {1, 2, 4}, {r["ep"] for r in fit}
+assert all(r["dp"] % r["ep"] == 0 for r in rows)
+assert all(r["zero"] == 0 for r in fit if r["ep"] > 1) and not any(r["sp"] for r in rows)
+assert any(r["zero"] > 0 for r in fit if r["ep"] == 1)
+def key(r): return (r["tp"], r["pp"], r["dp"], r["micro_batch"], r["recompute"], r["zero"])
+pairs = [(r, q) for r in fit for q in fit if r["ep"] == 2 and q["ep"] == 1 and key(q) == key(r)]
+assert pairs and all(r["weights_bytes"] < q["weights_bytes"] for r, q in pairs), pairs
+' 2>&1; then ok plan_ep_json; else fail plan_ep_json; fi
+    out=$($B/plan --profile cpu --gpus 4 --gpus-per-node 4 --vocab 256 $X --experts 6 --batch 8 --ep 4 --all 2>&1)
+    if printf '%s
+' "$out" | grep -q 'rejected: does not divide: the 6 experts over EP 4' &&
+       printf '%s
+' "$out" | grep -q 'rejected: does not divide: DP 2 into EP groups of 4' &&
+       printf '%s
+' "$out" | grep -q '^assumed: a balanced router'; then
+        ok plan_ep_rejected
+    else fail plan_ep_rejected; fi
+    out=$($B/plan --profile cpu --gpus 4 --vocab 256 $M --batch 8 --ep 2 2>&1); rc=$?
+    if [ $rc -ne 0 ] && printf '%s
+' "$out" | grep -q '^plan: error: .*ep: 2 expert-parallel ranks, and the model has no experts'; then
+        ok plan_ep_no_experts
+    else fail "plan_ep_no_experts (rc $rc)"; fi
+    # the trainer's --ep 2 --plan: the planner chooses around EP 2, the trainer runs its choice
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 4 $B/train --text "$text" $X --batch 2 --steps 2 --ep 2 --plan 2>&1)
+    choice=$(printf '%s
+' "$out" | sed -n 's/^plan: TP \([0-9]*\) x PP 1 x DP \([0-9]*\) (EP 2),.*/TP \1 x DP \2 (EP 2)/p')
+    if [ -n "$choice" ] && printf '%s
+' "$out" | grep -q "= $choice" && printf '%s
+' "$out" | grep -q '^step     2/2'; then
+        ok "train_plan_ep ($choice)"
+    else fail "train_plan_ep ($choice)"; fi
+fi
 
 # CP on the host (make test-long): every CP size of 8 ranks, both modes; --json's cp and cp_comm;
 # the refusals by name; ZeRO over DP x CP at DP 1; a rank's activations fall with CP

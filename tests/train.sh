@@ -955,7 +955,6 @@ if long_set; then
     bad "Mixtral: --zero with EP 2" "--ep 2: not yet with --zero" --text "$text" $mx --ep 2 --zero 1
     bad "--ep with a model without experts" "--ep 2: the Llama model has no experts" --text "$text" --arch llama $small --ep 2
     bad "Mixtral: --sequence-parallel" "--sequence-parallel: not yet with the Mixtral model" --text "$text" $mx --tp 2 --sequence-parallel
-    bad "Mixtral: --plan" "--plan: the planner has no mixture of experts yet" --text "$text" $mx --plan
 fi
 if long_set; then # checkpoints across EP sizes: each expert under its global name, by its holder
     tr 2 --text "$text" $mx --ep 2 --steps 8 --save "$T/mxs" --save-every 4 --csv "$T/mxfull.csv"

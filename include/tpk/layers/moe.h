@@ -205,6 +205,9 @@ static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dis
         if (dev) TPK_TRY(tpk_op_memcpy(ctx, b, d->cx, (size_t)E * es, TPK_H2D));
         TPK_TRY(tpk_alltoallv(ctx, &ctx->ep, b, per, b + E, per, TPK_I32));
         if (dev) TPK_TRY(tpk_op_memcpy(ctx, d->cx + E, b + E, (size_t)E * es, TPK_D2H));
+        for (int q = 0; ctx->ops->dry_run && q < d->P; q++) /* a dry run (tpk/plan/count.h): */
+            for (int64_t j = 0; j < El; j++) /* every peer routes as this rank (balanced) */
+                d->cx[E + q * El + j] = d->cx[d->rank * El + j];
     } else {
         for (int64_t e = 0; e < E; e++) d->cx[E + e] = d->cx[e];
     }

@@ -37,7 +37,10 @@
  * or averaging the ranks' aux is the trainer's choice). A model pooling the aux over its layers
  * (Hugging Face's loss over all layers' logits concatenated: balance = E sum_e C_e Q_e / N², C_e
  * and Q_e = sum_t p_te summed over the layers, N their tokens) gives each router that loss's
- * gradient on p_te, coef E C_e / N² (tpk_router_backward_pooled); psum keeps each Q_e's part. */
+ * gradient on p_te, coef E C_e / N² (tpk_router_backward_pooled); psum keeps each Q_e's part.
+ * A dry run (ctx->ops->dry_run: the planner's counting backend, tpk/plan/count.h, whose logits
+ * read back as zeros) assumes a balanced router: z_te = -((e - t k) mod E), so token t's experts
+ * are t k .. t k + k - 1 (mod E) and every expert gets T k / E of the rows (E dividing T k). */
 #ifndef TPK_ROUTER_H
 #define TPK_ROUTER_H
 
@@ -258,6 +261,8 @@ static inline tpk_status tpk_router_forward(tpk_ctx *ctx, tpk_router *r, tpk_ten
                             ctx->dtype)); /* z = x Wgᵀ, f32 */
     TPK_TRY(tpk_op_memcpy(ctx, r->prob, r->z.p, (size_t)(T * E) * sizeof(float),
                           ctx->ops->device ? TPK_D2H : TPK_H2H));
+    for (int64_t t = 0; ctx->ops->dry_run && t < T; t++) /* the balanced router assumed */
+        for (int64_t e = 0; e < E; e++) r->prob[t * E + e] = -(float)(((e - t * r->K) % E + E) % E);
     r->T = T, r->x = x;
     return tpk__router_route(ctx, fn, r);
 }

@@ -14,10 +14,12 @@
  *
  * The communicator is one rank of a world of N = tp cp dp pp ranks (its mesh), gpus_per_node a
  * node. Its splits replay tpk_ctx_init's (tpk__mesh_split_cp: TP, DP, PP, and at cp > 1 CP and
- * DP x CP) and the pipeline's tied-embedding group (stages 0 and P - 1 of the PP group); another
- * split is an error naming it. A group knows its members' world ranks, so whether it spans nodes.
- * Collectives move nothing; a point-to-point batch (the pipeline's messages, the CP ring's) is
- * costed like a collective on its group's channel.
+ * DP x CP; at ep > 1 then EP and EDP: tpk__mesh_split_ep) and the pipeline's tied-embedding group
+ * (stages 0 and P - 1 of the PP group); another split is an error naming it. A group knows its
+ * members' world ranks, so whether it spans nodes. Collectives move nothing; a point-to-point
+ * batch (the pipeline's messages, the CP ring's) and the all-to-all with per-peer counts (the MoE
+ * dispatcher's, tpk/layers/moe.h: the larger of the bytes sent to and received from the other
+ * ranks, one latency per peer) are costed like a collective on the group's channel.
  *
  * Time: with tpk_count_attach the profiler's hook (tpk/runtime/profile.h) hands every op's name,
  * bytes and flops to the cost model (tpk/plan/hw.h), which advances the compute clock t; each
@@ -58,6 +60,7 @@ typedef struct tpk_count {
     int nchan;
     tpk_allocator al; /* the host memory of its communicators: tpk_count_init's context's */
     int cp;           /* context parallelism: the world is TP x CP x DP x PP (tpk_count_init_cp) */
+    int ep;           /* expert parallelism: EP groups of ep of the DP ranks (tpk_count_init_ep) */
 } tpk_count;
 
 typedef struct tpk__count_comm {
@@ -219,6 +222,21 @@ static inline tpk_status tpk__count_c_p2p(tpk_ctx *ctx, tpk_comm *g, const tpk_p
     cc->inter = keep;
     return s;
 }
+/* The all-to-all with per-peer counts: the larger of the bytes sent to and received from the
+ * other ranks (this rank's own block stays), costed as TPK_COLL_ALLTOALL (tpk/plan/hw.h). */
+static inline tpk_status tpk__count_c_alltoallv(tpk_ctx *ctx, tpk_comm *g, const void *send,
+                                                const size_t *sendcounts, void *recv,
+                                                const size_t *recvcounts, tpk_dtype dt,
+                                                tpk_request *req) {
+    (void)send, (void)recv;
+    double sent = 0, got = 0, most = 0, es = (double)tpk_dtype_size(dt);
+    for (int q = 0; q < g->size; q++) {
+        double a = (double)sendcounts[q], b = (double)recvcounts[q];
+        most += a > b ? a : b;
+        if (q != g->rank) sent += a * es, got += b * es;
+    }
+    return tpk__count_coll(ctx, g, TPK_COLL_ALLTOALL, sent > got ? sent : got, most, req);
+}
 static inline void tpk__count_c_destroy(tpk_comm *g) {
     tpk__count_comm *cc = (tpk__count_comm *)g->impl;
     if (cc) tpk__al_free(&cc->c->al, cc->members), tpk__al_free(&cc->c->al, cc);
@@ -227,7 +245,8 @@ static inline void tpk__count_c_destroy(tpk_comm *g) {
 static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
                                             tpk_comm *out);
 static const tpk_comm_vtable tpk__count_comm_vt = {"count", TPK__COMM_TABLE(tpk__count_c_),
-                                                   tpk__count_c_destroy, tpk__count_c_p2p, NULL};
+                                                   tpk__count_c_destroy, tpk__count_c_p2p,
+                                                   tpk__count_c_alltoallv};
 
 /* A group of `n` members (world ranks, by rank), this rank among them. */
 static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int *members, int n,
@@ -249,8 +268,9 @@ static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int 
     return TPK_OK;
 }
 
-/* The splits a dry run meets: of the world, tpk_ctx_init's three (TP, DP, PP, in that order) and
- * at cp > 1 its two more (CP, then DP x CP: tpk__mesh_split_cp); of a group of P ranks, the tied
+/* The splits a dry run meets: of the world, tpk_ctx_init's three (TP, DP, PP, in that order), at
+ * cp > 1 its two more (CP, then DP x CP: tpk__mesh_split_cp) and at ep > 1 its last two (EP, then
+ * EDP: tpk__mesh_split_ep); of a group of P ranks, the tied
  * embedding's (ranks 0 and P - 1: color 0, the others 1, key = rank). Each is checked against the
  * rule it replays. */
 static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color, int key,
@@ -262,13 +282,16 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
     int *m = (int *)tpk__al_malloc(&c->al, sizeof(int) * (size_t)(n > 0 ? n : 1));
     if (!m) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     bool known = false;
-    if (cc->world && c->splits < (c->cp > 1 ? 5 : 3)) {
+    int base = c->cp > 1 ? 5 : 3, ep = c->ep > 1 ? c->ep : 1;
+    if (cc->world && c->splits < base + (ep > 1 ? 2 : 0)) {
         int gi = c->splits++, want_c, want_k;
-        tpk__mesh_split_cp(c->rank, c->tp, c->cp, c->dp, gi, &want_c, &want_k);
+        if (gi < base) tpk__mesh_split_cp(c->rank, c->tp, c->cp, c->dp, gi, &want_c, &want_k);
+        else tpk__mesh_split_ep(c->rank, c->tp, c->cp, c->dp, ep, gi - base, &want_c, &want_k);
         known = want_c == color && want_k == key;
         for (int w = 0; known && w < n; w++) { /* ordered by key: by the group's rank */
             int cw, kw;
-            tpk__mesh_split_cp(w, c->tp, c->cp, c->dp, gi, &cw, &kw);
+            if (gi < base) tpk__mesh_split_cp(w, c->tp, c->cp, c->dp, gi, &cw, &kw);
+            else tpk__mesh_split_ep(w, c->tp, c->cp, c->dp, ep, gi - base, &cw, &kw);
             if (cw == color) m[kw] = w, k++;
         }
     } else if (!cc->world && key == g->rank &&
@@ -281,7 +304,7 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
                          : tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                                      "color %d, key %d on rank %d of %d: not a split the counting "
                                      "communicator replays (tpk_ctx_init's mesh, TP x CP x DP x "
-                                     "PP, the tied embedding's group)",
+                                     "PP, EP, EDP, the tied embedding's group)",
                                      color, key, g->rank, n);
     tpk__al_free(&c->al, m);
     return s;
@@ -309,8 +332,20 @@ static inline tpk_status tpk_count_init_cp(tpk_ctx *err, tpk_count *c, const tpk
     tpk__count_table(c, like);
     c->hw = hw, c->next = (uintptr_t)1 << 56;
     c->world = tp * cp * dp * pp, c->rank = rank, c->tp = tp, c->cp = cp, c->dp = dp, c->pp = pp;
-    c->gpus_per_node = gpus_per_node;
+    c->gpus_per_node = gpus_per_node, c->ep = 1;
     if (err) c->al = err->allocator;
+    return TPK_OK;
+}
+/* The same with expert parallelism: EP groups of ep of the dp DP ranks (ep divides dp), whose
+ * splits (EP, EDP) the communicator replays after the mesh's. */
+static inline tpk_status tpk_count_init_ep(tpk_ctx *err, tpk_count *c, const tpk_hw *hw,
+                                           const tpk_ops *like, int tp, int cp, int dp, int pp,
+                                           int ep, int rank, int gpus_per_node) {
+    TPK_TRY(tpk_count_init_cp(err, c, hw, like, tp, cp, dp, pp, rank, gpus_per_node));
+    if (ep < 1 || dp % ep)
+        return tpk__fail(err, TPK_ERR_ARG, "tpk_count_init",
+                         "ep: expected a divisor of the DP size %d, got %d", dp, ep);
+    c->ep = ep;
     return TPK_OK;
 }
 /* The same at cp = 1: a world of tp x dp x pp ranks. */

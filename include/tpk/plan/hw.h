@@ -145,8 +145,9 @@ static inline double tpk_hw_op_seconds(const tpk_hw *h, const char *name, double
     return s + h->op_us * 1e-6;
 }
 
-/* Seconds of a collective of `kind` moving `bytes` (all-gather, reduce-scatter: the whole) over n
- * ranks, inside a node or across nodes (inter). */
+/* Seconds of a collective of `kind` moving `bytes` (all-gather, reduce-scatter: the whole;
+ * all-to-all: the larger of what this rank sends to and receives from the others, exchanged with
+ * each of the n - 1 peers in turn) over n ranks, inside a node or across nodes (inter). */
 static inline double tpk_hw_coll_seconds(const tpk_hw *h, tpk_coll_kind kind, double bytes, int n,
                                          bool inter) {
     double a = (inter ? h->inter_us : h->intra_us) * 1e-6,
@@ -162,6 +163,7 @@ static inline double tpk_hw_coll_seconds(const tpk_hw *h, tpk_coll_kind kind, do
         case TPK_COLL_ALLGATHER:
         case TPK_COLL_REDUCE_SCATTER: return (n - 1) * a + (double)(n - 1) / n * bytes * b;
         case TPK_COLL_BROADCAST: return ceil(lg) * a + bytes * b;
+        case TPK_COLL_ALLTOALL: return (n - 1) * a + bytes * b;
         default: return ceil(lg) * a; /* barrier */
     }
 }

@@ -27,11 +27,19 @@
  * inside a node), cp | gpus / tp (desc->cp: c = 1 alone unless asked), pp | gpus / (tp cp) with
  * pp <= layers, dp = gpus / (tp cp pp) dividing the global batch, micro-batches mb | B / dp,
  * recompute none / selective / full, ZeRO 1 and 2 when dp cp > 1, SP when tp > 1, at cp > 1 the
- * ring and the all-gather; each either planned or rejected with its reason (does not divide:
+ * ring and the all-gather, for Mixtral (tpk/models/mixtral.h) every EP size e dividing both dp
+ * and the experts (desc->ep; EP groups carved out of the DP ranks: TP x EP x DP x PP, ZeRO 0
+ * alone at e > 1, no SP: the trainer's rules), the experts' memory (E / e of them a rank) the
+ * dry run's own; each either planned or rejected with its reason (does not divide:
  * the batch over DP, the sequence over 2 cp chunks; exceeds the node; CP on a backend whose
  * table lacks the attention over CP's block op; does not fit:
  * peak + the profile's reserve over its memory, or the model's own error). Sorted: the fitting
- * ones fastest first (then the smaller peak), then the rejected. */
+ * ones fastest first (then the smaller peak), then the rejected.
+ * The imbalance of a router is the data's, which a dry run cannot know: it assumes a balanced
+ * router (tpk/layers/router.h: every expert T k / E of a rank's rows, and every EP peer routing
+ * as the rank walked, tpk/layers/moe.h), so each rank receives T k rows; the all-to-alls (the
+ * counts, the rows both ways) are the code's own calls on ctx->ep, costed on its channel
+ * (tpk/plan/count.h). MFU counts the parameters a token uses (the experts' k / E). */
 #ifndef TPK_PLAN_H
 #define TPK_PLAN_H
 
@@ -58,6 +66,8 @@ typedef struct tpk_plan_desc {
     int cp;      /* CP sizes: 0 or 1: c = 1 alone (the plan without CP); -1: every c dividing the
                     ranks after TP; c > 1: c alone */
     int cp_comm; /* at c > 1: TPK_CP_P2P (0) or TPK_CP_ALLGATHER alone; -1: both */
+    int ep;      /* EP sizes (a Mixtral's alone): 0 or 1: e = 1 alone; -1: every e dividing the DP
+                    size and the experts; e > 1: e alone */
 } tpk_plan_desc;
 
 /* The probes' depth k (blocks a stage): past the first blocks' transients (the recompute pools'
@@ -86,8 +96,11 @@ typedef struct tpk_plan_cfg {
                       (0: every stage dry-run whole) */
     int cp;              /* context parallelism: ranks splitting each sequence (0 read as 1) */
     tpk_cp_comm cp_comm; /* at cp > 1: the attention's mode, the ring or the all-gather */
+    int ep;              /* expert parallelism: EP ranks of the DP ranks (0 read as 1) */
 } tpk_plan_cfg;
 
+/* A configuration's EP size (0 read as 1). */
+static inline int tpk__plan_ep(const tpk_plan_cfg *p) { return p->ep > 1 ? p->ep : 1; }
 /* A configuration's CP size (0 read as 1). */
 static inline int tpk__plan_cp(const tpk_plan_cfg *p) { return p->cp > 1 ? p->cp : 1; }
 /* Its CP in words for a mesh "TP t<words> x PP ...": " x CP c (p2p ring)" or " x CP c
@@ -100,17 +113,18 @@ static inline const char *tpk_plan_cp_words(const tpk_plan_cfg *p, char *buf, si
     return buf;
 }
 
-/* A counting context: rank `rank` of a tp x cp x dp x pp world, timed on d's profile where it has
- * one */
+/* A counting context: rank `rank` of a tp x cp x dp x pp world (EP groups of ep of the DP
+ * ranks), timed on d's profile where it has one */
 static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c, tpk_comm *world,
                                        const tpk_plan_desc *d, int tp, int cp, int dp, int pp,
-                                       int rank) {
-    TPK_TRY(tpk_count_init_cp(err, c, d->hw, d->like, tp, cp, dp, pp, rank,
+                                       int ep, int rank) {
+    TPK_TRY(tpk_count_init_ep(err, c, d->hw, d->like, tp, cp, dp, pp, ep, rank,
                               d->gpus_per_node > 0 ? d->gpus_per_node : 1));
     TPK_TRY(tpk_count_world(err, c, world));
     tpk_ctx_desc cd;
     memset(&cd, 0, sizeof cd);
-    cd.ops = &c->ops, cd.world = world, cd.tp = tp, cd.cp = cp, cd.pp = pp, cd.seed = 1;
+    cd.ops = &c->ops, cd.world = world, cd.tp = tp, cd.cp = cp, cd.pp = pp, cd.ep = ep;
+    cd.seed = 1;
     cd.dtype = d->dtype;
     cd.allocator = err->allocator, cd.logger = err->logger; /* the caller's hooks */
     tpk_status s = tpk_ctx_init(ctx, &cd);
@@ -123,41 +137,63 @@ static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c,
     return s;
 }
 
-/* Parameters of a model of `layers` blocks (0: the desc's own; the tied embedding once). */
+/* Parameters of a model of `layers` blocks (0: the desc's own; the tied embedding once); *ex: the
+ * routed experts' among them. */
 static inline tpk_status tpk__plan_params_at(tpk_ctx *err, const tpk_plan_desc *d, int64_t layers,
-                                             double *n) {
+                                             double *n, double *ex) {
     tpk_count c;
     tpk_comm world;
     tpk_ctx ctx;
     tpk_plan_desc one = *d;
     one.hw = NULL;
-    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 1, 0));
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 1, 1, 0));
     tpk_model m;
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
     tpk__model_common(&cfg, sh, NULL, NULL, NULL, NULL);
     if (layers > 0) *sh[2] = layers;
     tpk_status s = tpk_model_init(&ctx, &m, &cfg);
-    if (s == TPK_OK) *n = (double)tpk_params_global_numel(&ctx), tpk_model_destroy(&ctx, &m);
-    else snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
+    if (s == TPK_OK) {
+        *n = (double)tpk_params_global_numel(&ctx), *ex = 0;
+        for (int i = 0; i < ctx.params.n; i++)
+            if (ctx.params.list[i].expert) *ex += (double)tpk_param_global_numel(&ctx, i);
+        tpk_model_destroy(&ctx, &m);
+    } else snprintf(err->err, sizeof err->err, "%s", ctx.err), err->last = s;
     tpk_ctx_destroy(&ctx);
     tpk_comm_destroy(&world);
     return s;
 }
 
-/* Parameters of the whole model (the tied embedding once), for MFU: 6 N + 12 L H S flops a token.
+/* The whole model's parameters (the tied embedding once) and its routed experts' (*ex).
  * Past 2 TPK_PLAN_PROBE + 1 blocks (and not d->exact): N(k) + (L - k) (N(k + 1) - N(k)), k =
  * TPK_PLAN_PROBE — the blocks are identical, so exact (whole numbers below 2^53). */
-static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
+static inline tpk_status tpk__plan_params(tpk_ctx *err, const tpk_plan_desc *d, double *n,
+                                          double *ex) {
     tpk_model_config cfg = d->model;
     int64_t *sh[5], k = TPK_PLAN_PROBE;
     tpk__model_common(&cfg, sh, NULL, NULL, NULL, NULL);
     int64_t L = *sh[2];
-    if (d->exact || L <= 2 * k + 1) return tpk__plan_params_at(err, d, 0, n);
-    double a = 0, b = 0;
-    TPK_TRY(tpk__plan_params_at(err, d, k, &a));
-    TPK_TRY(tpk__plan_params_at(err, d, k + 1, &b));
-    *n = a + (double)(L - k) * (b - a);
+    if (d->exact || L <= 2 * k + 1) return tpk__plan_params_at(err, d, 0, n, ex);
+    double a = 0, b = 0, xa = 0, xb = 0;
+    TPK_TRY(tpk__plan_params_at(err, d, k, &a, &xa));
+    TPK_TRY(tpk__plan_params_at(err, d, k + 1, &b, &xb));
+    *n = a + (double)(L - k) * (b - a), *ex = xa + (double)(L - k) * (xb - xa);
+    return TPK_OK;
+}
+/* Parameters of the whole model (the tied embedding once). */
+static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
+    double ex = 0;
+    return tpk__plan_params(err, d, n, &ex);
+}
+/* Those a token uses, for MFU (6 N + 12 L H S flops a token): a Mixtral's k of its E experts. */
+static inline tpk_status tpk__plan_active_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
+    double ex = 0;
+    TPK_TRY(tpk__plan_params(err, d, n, &ex));
+    if (d->model.arch == TPK_ARCH_MIXTRAL) {
+        const tpk_mixtral_config *mc = &d->model.mixtral;
+        double E = mc->experts ? (double)mc->experts : 8, k = mc->top_k ? (double)mc->top_k : 2;
+        *n -= ex * (1.0 - k / E);
+    }
     return TPK_OK;
 }
 
@@ -176,7 +212,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     tpk_comm world;
     tpk_ctx ctx;
     int cp = tpk__plan_cp(p);
-    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, cp, p->dp, p->pp,
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, cp, p->dp, p->pp, tpk__plan_ep(p),
                           stage * p->tp * cp * p->dp));
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
@@ -405,9 +441,10 @@ static inline tpk_plan_cfg *tpk__plan_slot(tpk_ctx *err, tpk_plan_cfg **v, int *
  * recompute mode, ZeRO stage, SP and CP mode the desc allows, each planned; a mesh rejected before
  * any dry run gives one row with its reason. */
 static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, int64_t L, int tp,
-                                        int cp, int pp, int dp, bool cp_ops, double params,
+                                        int cp, int pp, int dp, int ep, bool cp_ops, double params,
                                         tpk_plan_cfg **v, int *n, int *cap) {
-    int64_t Bd = d->batch % dp ? 0 : d->batch / dp;
+    int64_t Bd = d->batch % dp ? 0 : d->batch / dp,
+            E = d->model.mixtral.experts ? d->model.mixtral.experts : 8; /* (read at ep > 1) */
     char why[200] = "";
     if (tp > d->gpus_per_node)
         snprintf(why, sizeof why, "TP %d exceeds a node's %d GPUs (a TP group stays inside a node)",
@@ -422,6 +459,12 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
                  "does not divide: the sequence length %lld into 2 x CP %d chunks (the "
                  "load-balanced split)",
                  (long long)d->seq, cp);
+    else if (ep > 1 && dp % ep)
+        snprintf(why, sizeof why,
+                 "does not divide: DP %d into EP groups of %d (EP is carved out of the DP ranks)",
+                 dp, ep);
+    else if (ep > 1 && E % ep)
+        snprintf(why, sizeof why, "does not divide: the %lld experts over EP %d", (long long)E, ep);
     else if (cp > 1 && !cp_ops)
         snprintf(why, sizeof why,
                  "CP %d: the %s backend has no attention over CP yet (attn_block_fwd, _bwd)", cp,
@@ -429,7 +472,7 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
     if (why[0]) {
         tpk_plan_cfg *p = tpk__plan_slot(err, v, n, cap);
         if (!p) return tpk__fail(err, TPK_ERR_NOMEM, "tpk_plan", "out of memory");
-        p->tp = tp, p->cp = cp, p->pp = pp, p->dp = dp;
+        p->tp = tp, p->cp = cp, p->pp = pp, p->dp = dp, p->ep = ep;
         snprintf(p->reason, sizeof p->reason, "%s", why);
         return TPK_OK;
     }
@@ -437,9 +480,10 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
         if (Bd % mb || (d->micro_batch > 0 && mb != d->micro_batch)) continue;
         for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
             if (d->recompute >= 0 && rc != d->recompute) continue;
-            for (int z = 0; z <= (dp * cp > 1 ? 2 : 0); z++) {
+            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); Mixtral: no SP */
+            for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? 2 : 0); z++) {
                 if (d->zero >= 0 && z != d->zero) continue;
-                for (int sp = 0; sp <= (tp > 1); sp++) {
+                for (int sp = 0; sp <= (tp > 1 && d->model.arch != TPK_ARCH_MIXTRAL); sp++) {
                     if (d->sp >= 0 && sp != d->sp) continue;
                     for (int cm = 0; cm <= (cp > 1 ? TPK_CP_ALLGATHER : 0); cm++) {
                         if (cp > 1 && d->cp_comm >= 0 && cm != d->cp_comm) continue;
@@ -447,7 +491,7 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
                         if (!p) return tpk__fail(err, TPK_ERR_NOMEM, "tpk_plan", "out of memory");
                         p->tp = tp, p->cp = cp, p->pp = pp, p->dp = dp, p->micro_batch = (int)mb;
                         p->accum = (int)(Bd / mb), p->recompute = (tpk_recompute)rc, p->zero = z;
-                        p->sp = sp, p->cp_comm = (tpk_cp_comm)cm;
+                        p->sp = sp, p->cp_comm = (tpk_cp_comm)cm, p->ep = ep;
                         TPK_TRY(tpk_plan_run(err, d, params, p));
                     }
                 }
@@ -475,7 +519,7 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
                          "%lld, %lld",
                          (long long)d->batch, (long long)d->seq);
     double params = 0;
-    TPK_TRY(tpk_plan_model_params(err, d, &params));
+    TPK_TRY(tpk__plan_active_params(err, d, &params));
     int64_t *sh[5];
     tpk_model_config cfg = d->model;
     tpk_model_config_common(&cfg, sh, 0.0f, false, TPK_RECOMPUTE_NONE);
@@ -483,6 +527,15 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
     int cap = 0, cnt = 0;
     tpk_plan_cfg *v = NULL;
     int want_cp = d->cp == 0 ? 1 : d->cp; /* -1: every CP size */
+    int want_ep = d->ep == 0 ? 1 : d->ep; /* -1: every EP size */
+    int64_t experts = 0;                  /* a Mixtral's E (its default 8) */
+    if (d->model.arch == TPK_ARCH_MIXTRAL)
+        experts = d->model.mixtral.experts ? d->model.mixtral.experts : 8;
+    if (want_ep > 1 && !experts)
+        return tpk__fail(err, TPK_ERR_ARG, fn,
+                         "ep: %d expert-parallel ranks, and the model has no experts (a Mixtral "
+                         "has)",
+                         want_ep);
     /* the attention over CP: the counted backend's block op (attn_block_fwd, _bwd) */
     bool cp_ops = d->like && d->like->attn_block_fwd && d->like->attn_block_bwd;
     for (int tp = 1; tp <= d->gpus; tp++) {
@@ -492,11 +545,15 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
             for (int pp = 1; pp <= d->gpus / tp / cp; pp++) {
                 if ((d->gpus / tp / cp) % pp || (d->pp > 0 && pp != d->pp)) continue;
                 int dp = d->gpus / tp / cp / pp;
-                tpk_status s =
-                    tpk__plan_mesh(err, d, L, tp, cp, pp, dp, cp_ops, params, &v, &cnt, &cap);
-                if (s != TPK_OK) {
-                    tpk__free(err, v);
-                    return s;
+                int e0 = want_ep > 0 ? want_ep : 1, e1 = want_ep > 0 ? want_ep : experts ? dp : 1;
+                for (int ep = e0; ep <= e1; ep++) { /* a given EP is rejected by name */
+                    if (want_ep < 0 && (dp % ep || experts % ep)) continue;
+                    tpk_status s = tpk__plan_mesh(err, d, L, tp, cp, pp, dp, ep, cp_ops, params, &v,
+                                                  &cnt, &cap);
+                    if (s != TPK_OK) {
+                        tpk__free(err, v);
+                        return s;
+                    }
                 }
             }
         }
@@ -509,13 +566,13 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
 /* One configuration as a JSON object (the keys of build/plan --json). */
 static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
     fprintf(f,
-            "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"micro_batch\": %d, "
+            "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"ep\": %d, \"micro_batch\": %d, "
             "\"accum\": %d, \"cp_comm\": \"%s\", "
             "\"recompute\": \"%s\", \"zero\": %d, \"sp\": %s, \"peak_bytes\": %.0f, "
             "\"weights_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, "
             "\"activation_bytes\": %.0f, \"step_seconds\": %.6g, \"tokens_per_s\": %.6g, "
             "\"mfu\": %.4f, \"bubble\": %.4f, \"fits\": %s",
-            p->tp, tpk__plan_cp(p), p->pp, p->dp, p->micro_batch, p->accum,
+            p->tp, tpk__plan_cp(p), p->pp, p->dp, tpk__plan_ep(p), p->micro_batch, p->accum,
             tpk_cp_comm_name(p->cp_comm), tpk_recompute_name(p->recompute), p->zero,
             p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes, p->grads_bytes,
             p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s, p->mfu, p->bubble,

@@ -4,7 +4,8 @@
  * and the fastest configuration that fits replaces the flags' mesh and step shape. The step keeps
  * its sequences: --batch x --grad-accum x DP as given (DP = ranks / (TP CP PP)) is the global
  * batch planned. CP is the flags': --cp C plans at CP C (TP, DP, the step's shape and, unless
- * --cp-comm is given, the attention's mode chosen around it), without --cp at CP 1. The same
+ * --cp-comm is given, the attention's mode chosen around it), without --cp at CP 1; EP likewise:
+ * --ep E plans a Mixtral at EP E (its DP a multiple of E), without --ep at EP 1. The same
  * inputs on every rank give the same choice on every rank (no collective). */
 #ifndef TPK_TRAIN_PLAN_APPLY_H
 #define TPK_TRAIN_PLAN_APPLY_H
@@ -42,7 +43,8 @@ static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_c
     pd.model = *cfg, pd.seq = seq, pd.gpus = world, pd.gpus_per_node = per_node;
     int64_t cp = o->cp > 1 ? o->cp : 1;
     pd.batch = o->batch * o->accum * (world / (o->tp * cp * o->pp)), pd.hw = &hw;
-    pd.cp = (int)cp; /* the flags' CP: 1 plans without CP */
+    pd.cp = (int)cp;                    /* the flags' CP: 1 plans without CP */
+    pd.ep = o->ep > 1 ? (int)o->ep : 1; /* the flags' EP */
     pd.cp_comm = !o->cp_comm ? -1 : strcmp(o->cp_comm, "allgather") ? TPK_CP_P2P : TPK_CP_ALLGATHER;
     pd.like = gpu ? NULL : tpk_ops_host();
     pd.dtype = o->dtype ? (strcmp(o->dtype, "bf16") ? TPK_F32 : TPK_BF16)
@@ -63,18 +65,19 @@ static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_c
                          (long long)pd.batch, (long long)seq, world, hw.mem_gb, why);
     }
     tpk_plan_cfg b = pv[0];
-    char cpw[48], cpw2[48];
+    char cpw[48], cpw2[48], epw[24] = ""; /* (every configuration at the flags' EP) */
+    if (b.ep > 1) snprintf(epw, sizeof epw, " (EP %d)", b.ep);
     int k = snprintf(line, nline,
-                     "plan: TP %d%s x PP %d x DP %d, micro-batch %d x %d a step, recompute %s, "
+                     "plan: TP %d%s x PP %d x DP %d%s, micro-batch %d x %d a step, recompute %s, "
                      "ZeRO %d, SP %s: the fastest of %d configurations that fit (%d planned) on "
                      "%s: %.4f s a step, peak %.2f MB a rank",
-                     b.tp, tpk_plan_cp_words(&b, cpw, sizeof cpw), b.pp, b.dp, b.micro_batch,
+                     b.tp, tpk_plan_cp_words(&b, cpw, sizeof cpw), b.pp, b.dp, epw, b.micro_batch,
                      b.accum, tpk_recompute_name(b.recompute), b.zero, b.sp ? "on" : "off", fit, pn,
                      hw.name, b.step_seconds, b.peak_bytes / 1e6);
     if (fit > 1 && k > 0 && (size_t)k < nline)
         snprintf(line + k, nline - (size_t)k,
-                 "; the next: TP %d%s x PP %d x DP %d, micro-batch %d, recompute %s, %.4f s",
-                 pv[1].tp, tpk_plan_cp_words(&pv[1], cpw2, sizeof cpw2), pv[1].pp, pv[1].dp,
+                 "; the next: TP %d%s x PP %d x DP %d%s, micro-batch %d, recompute %s, %.4f s",
+                 pv[1].tp, tpk_plan_cp_words(&pv[1], cpw2, sizeof cpw2), pv[1].pp, pv[1].dp, epw,
                  pv[1].micro_batch, tpk_recompute_name(pv[1].recompute), pv[1].step_seconds);
     tpk_free(ctx, pv);
     if (out) fprintf(out, "%s\n", line);
