@@ -418,4 +418,175 @@ static void test_gemm_fp8(void) {
     }
 }
 
-OPS_TEST_MAIN(test_gemm, test_gemm_acc, test_linear_fwd, test_linear_bwd_act, test_gemm_fp8)
+/* ---- gemm_grouped: G GEMMs on row groups against a matrix each ----------------------------- */
+
+/* One run of gemm_grouped (dt; W in w_dt) on groups of rows[0 .. G) rows, against ref_gemm on each
+ * group's block: y_g = alpha x_g op(W_g) + beta y_g, or (wgrad) op(W_g) = alpha x_g^T y_g +
+ * beta op(W_g). Every leading dimension padded by 2: x's padding poisoned (a read shows), y's and
+ * W's sentinels (must be left alone); the output poisoned where beta = 0; the W of a group of 0
+ * rows poisoned in the forward (not read). */
+static void run_grouped(tpk_dtype dt, tpk_dtype w_dt, bool wgrad, bool tw, const int64_t *rows,
+                        int64_t G, int64_t n, int64_t k, float alpha, float beta, uint64_t seed,
+                        double tol) {
+    int64_t R = 0, sr = tw ? n : k, sc = tw ? k : n; /* W_g stored [sr, sc] */
+    for (int64_t g = 0; g < G; g++) R += rows[g];
+    int64_t ldx = k + 2, ldy = n + 2, ldw = sc + 2;
+    size_t nx = (size_t)(R * ldx), ny = (size_t)(R * ldy), nw = (size_t)(sr * ldw);
+    float *x = fbuf(nx), *y = fbuf(ny), *want = fbuf(wgrad ? (size_t)G * nw : ny), *got;
+    float *w[8], *w0[8];
+    void *wp[8];
+    test_randn(x, nx, seed, 1.0f), test_randn(y, ny, seed + 1, 1.0f);
+    for (int64_t i = 0; i < R; i++) test_poison(x + i * ldx + k, 2);
+    for (int64_t i = 0; i < R; i++) y[i * ldy + n] = y[i * ldy + n + 1] = SENTINEL;
+    if (!wgrad && beta == 0) /* the output ignored */
+        for (int64_t i = 0; i < R; i++) test_poison(y + i * ldy, (size_t)n);
+    for (int64_t g = 0; g < G; g++) {
+        w0[g] = fbuf(nw), w[g] = fbuf(nw);
+        test_randn(w0[g], nw, seed + 10 + (uint64_t)g, 1.0f);
+        if ((wgrad && beta == 0) || (!wgrad && !rows[g])) test_poison(w0[g], nw);
+        for (int64_t i = 0; i < sr; i++) w0[g][i * ldw + sc] = w0[g][i * ldw + sc + 1] = SENTINEL;
+    }
+    if (dt == TPK_BF16) { /* the reference sees the rounded inputs */
+        round_bf16(x, nx), round_bf16(y, ny);
+        for (int64_t g = 0; g < G && w_dt == TPK_BF16; g++) round_bf16(w0[g], nw);
+    }
+    if (!wgrad) memcpy(want, y, ny * sizeof(float)); /* y's untouched elements: as they were */
+    for (int64_t g = 0, off = 0; g < G; off += rows[g++]) {
+        const float *xg = x + off * ldx, *yg = y + off * ldy;
+        float *blk = fbuf((size_t)((wgrad ? sr : rows[g]) * (wgrad ? sc : n)));
+        if (!wgrad) {
+            ref_gemm(false, tw, rows[g], n, k, alpha, xg, ldx, w0[g], ldw, beta, yg, ldy, blk);
+            for (int64_t i = 0; i < rows[g]; i++)
+                memcpy(want + (off + i) * ldy, blk + i * n, (size_t)n * sizeof(float));
+            free(blk);
+            continue;
+        }
+        if (!tw)
+            ref_gemm(true, false, k, n, rows[g], alpha, xg, ldx, yg, ldy, beta, w0[g], ldw, blk);
+        else ref_gemm(true, false, n, k, rows[g], alpha, yg, ldy, xg, ldx, beta, w0[g], ldw, blk);
+        memcpy(want + (size_t)g * nw, w0[g], nw * sizeof(float));
+        for (int64_t i = 0; i < sr; i++)
+            memcpy(want + (size_t)g * nw + i * ldw, blk + i * sc, (size_t)sc * sizeof(float));
+        free(blk);
+    }
+    /* the backend's buffers: dt (x, y) and w_dt (W) */
+    uint16_t *hx = hbuf(nx), *hy = hbuf(ny), *hw[8];
+    for (int64_t g = 0; g < G; g++) {
+        memcpy(w[g], w0[g], nw * sizeof(float));
+        hw[g] = hbuf(nw);
+        if (w_dt == TPK_BF16) to_bf16(hw[g], w[g], nw);
+        wp[g] = w_dt == TPK_BF16 ? (void *)hw[g] : (void *)w[g];
+    }
+    if (dt == TPK_BF16) to_bf16(hx, x, nx), to_bf16(hy, y, ny);
+    tpk_status s = tpk_op_gemm_grouped(&ctx, wgrad, tw, G, rows, n, k, alpha,
+                                       dt == TPK_BF16 ? (void *)hx : (void *)x, ldx, wp, ldw, w_dt,
+                                       beta, dt == TPK_BF16 ? (void *)hy : (void *)y, ldy, dt);
+    CHECK(s == TPK_OK, "gemm_grouped %s: %s %s", tpk_dtype_name(dt), tpk_status_str(s),
+          tpk_last_error(&ctx));
+    if (dt == TPK_BF16 && !wgrad) from_bf16(y, hy, ny);
+    for (int64_t g = 0; g < G && w_dt == TPK_BF16 && wgrad; g++) from_bf16(w[g], hw[g], nw);
+    size_t ng = wgrad ? (size_t)G * nw : ny, touched = 0;
+    got = fbuf(ng);
+    for (int64_t g = 0; g < G && wgrad; g++) memcpy(got + (size_t)g * nw, w[g], nw * 4);
+    if (!wgrad) memcpy(got, y, ny * sizeof(float));
+    /* compare the written elements; the padding's sentinels bit for bit */
+    size_t cols = wgrad ? (size_t)ldw : (size_t)ldy, inner = wgrad ? (size_t)sc : (size_t)n;
+    for (size_t i = 0; i < ng; i++)
+        if (i % cols >= inner) {
+            touched += f32_bits(got[i]) != f32_bits(want[i]); /* as they were */
+            got[i] = want[i] = 0;
+        }
+    double e = test_relerr(got, want, ng);
+    CHECK(e < tol,
+          "gemm_grouped %s w %s wgrad=%d tw=%d G=%lld n=%lld k=%lld alpha=%g beta=%g: relative "
+          "error %.3g >= %.3g",
+          tpk_dtype_name(dt), tpk_dtype_name(w_dt), wgrad, tw, (long long)G, (long long)n,
+          (long long)k, alpha, beta, e, tol);
+    CHECK(touched == 0, "gemm_grouped wrote %zu padding elements", touched);
+    for (int64_t g = 0; g < G; g++) free(w[g]), free(w0[g]), free(hw[g]);
+    free(x), free(y), free(want), free(got), free(hx), free(hy);
+}
+
+static void test_gemm_grouped(void) {
+    const int64_t rows_a[] = {3, 0, 5, 1, 0, 4}, rows_z[] = {0, 0, 0};
+    const float ab[][2] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.0f, 0.5f}};
+    TEST_CASE("host gemm_grouped: forward, data and weight gradient forms, f32 and bf16 (W f32 "
+              "or bf16), groups of 0 rows, against a GEMM per group") {
+        uint64_t seed = 1200;
+        for (int d = 0; d < 2; d++)
+            for (int f = 0; f < 4; f++)
+                for (size_t s = 0; s < sizeof ab / sizeof *ab; s++) {
+                    tpk_dtype dt = d ? TPK_BF16 : TPK_F32;
+                    bool wgrad = f & 2, tw = f & 1;
+                    double tol = d ? TOL_BF16 : 1e-5;
+                    run_grouped(dt, dt, wgrad, tw, rows_a, 6, 7, 5, ab[s][0], ab[s][1], seed += 20,
+                                tol);
+                    run_grouped(dt, dt, wgrad, tw, rows_z, 3, 4, 3, ab[s][0], ab[s][1], seed += 20,
+                                tol);
+                    if (wgrad && d) /* the f32 gradient of bf16 operands, not rounded */
+                        run_grouped(dt, TPK_F32, wgrad, tw, rows_a, 6, 9, 6, ab[s][0], ab[s][1],
+                                    seed += 20, 1e-5);
+                }
+        run_grouped(TPK_F32, TPK_F32, false, true, rows_a, 0, 4, 3, 1.0f, 0.0f, 1300, 1e-5);
+        run_grouped(TPK_F32, TPK_F32, true, false, rows_a, 1, 4, 3, 1.0f, 1.0f, 1301, 1e-5);
+    }
+    TEST_CASE("host gemm_grouped: bad arguments fail with a message naming them") {
+        float x[64] = {0}, y[64] = {0}, wa[64] = {0};
+        void *w[2] = {wa, wa}, *wn[2] = {wa, NULL};
+        int64_t rows[2] = {2, 1}, neg[2] = {2, -1};
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, -1, rows, 4, 4, 1, x, 4, w, 4, TPK_F32,
+                                        0, y, 4, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm_grouped: groups: expected >= 0, got -1");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, NULL, 4, 4, 1, x, 4, w, 4, TPK_F32, 0,
+                                        y, 4, TPK_F32),
+                    TPK_ERR_ARG,
+                    "tpk_op_gemm_grouped: rows: expected a host array of 2 row counts, got NULL");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, neg, 4, 4, 1, x, 4, w, 4, TPK_F32, 0,
+                                        y, 4, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm_grouped: rows[1]: expected >= 0, got -1");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, rows, 4, 4, 1, x, 4, NULL, 4, TPK_F32,
+                                        0, y, 4, TPK_F32),
+                    TPK_ERR_ARG,
+                    "tpk_op_gemm_grouped: w: expected a host array of 2 matrices, got NULL");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, rows, 4, 4, 1, x, 4, wn, 4, TPK_F32,
+                                        0, y, 4, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm_grouped: w[1]: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, rows, 4, 5, 1, x, 4, w, 5, TPK_F32, 0,
+                                        y, 4, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm_grouped: ldx: expected >= 5, got 4");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, false, 2, rows, 6, 4, 1, x, 4, w, 5, TPK_F32,
+                                        0, y, 6, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm_grouped: ldw: expected >= 6, got 5");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, rows, 6, 4, 1, x, 4, w, 4, TPK_F32, 0,
+                                        y, 5, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm_grouped: ldy: expected >= 6, got 5");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, rows, 4, 4, 1, x, 4, w, 4, TPK_F32, 0,
+                                        NULL, 4, TPK_F32),
+                    TPK_ERR_ARG, "tpk_op_gemm_grouped: y: expected a buffer, got NULL");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, false, true, 2, rows, 4, 4, 1, x, 4, w, 4, TPK_F32, 0,
+                                        y, 4, TPK_BF16),
+                    TPK_ERR_DTYPE, "tpk_op_gemm_grouped: w_dt: expected bf16, got f32 (0)");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, true, false, 2, rows, 4, 4, 1, x, 4, w, 4, TPK_I32, 0,
+                                        y, 4, TPK_BF16),
+                    TPK_ERR_DTYPE, "tpk_op_gemm_grouped: w_dt: expected bf16 or f32, got i32");
+        CHECK_FAILS(&ctx,
+                    tpk_op_gemm_grouped(&ctx, true, false, 2, rows, 4, 4, 1, x, 4, w, 4, TPK_F32, 0,
+                                        y, 4, TPK_I32),
+                    TPK_ERR_DTYPE, "tpk_op_gemm_grouped: dt: expected f32 or bf16, got i32");
+        CHECK(wa[0] == 0 && y[0] == 0, "a refused call wrote its output");
+    }
+}
+
+OPS_TEST_MAIN(test_gemm, test_gemm_acc, test_linear_fwd, test_linear_bwd_act, test_gemm_fp8,
+              test_gemm_grouped)

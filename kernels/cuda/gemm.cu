@@ -8,6 +8,8 @@
  *             cuBLASLt has no algorithm for goes to a tiled shared-memory kernel instead.
  *   gemm_acc  gemm into an f32 C with A, B in dt: the same path, cuBLASLt with A, B bf16 and
  *             C, D f32 (compute 32F), or the tiled kernel instantiated for an f32 C.
+ *   gemm_grouped    G GEMMs on row groups (the experts): a loop of the gemm path, a group of 0
+ *                   rows skipped
  *   linear_fwd      x W^T + bias (+ GELU-tanh keeping the pre-activation) in one cuBLASLt call with
  *                   an epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS)
  *   linear_bwd_act  (dy W) gelu'(pre) and its column sums: the DGELU(_BGRAD) epilogue
@@ -313,6 +315,36 @@ static tpk_status cuda_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64
                     TPK_F32);
 }
 
+/* G GEMMs on row groups of x and y (tpk_ops.gemm_grouped): one gemm_any per group on the stream,
+ * in order (cuBLASLt plans cached per shape: a group's row count is part of its key); a group of
+ * 0 rows skipped, or under wgrad W_g = beta W_g (gemm_any's k = 0). */
+static tpk_status cuda_gemm_grouped(tpk_ctx *ctx, bool wgrad, bool tw, int64_t groups,
+                                    const int64_t *rows, int64_t n, int64_t k, float alpha,
+                                    const void *x, int64_t ldx, void *const *w, int64_t ldw,
+                                    tpk_dtype w_dt, float beta, void *y, int64_t ldy,
+                                    tpk_dtype dt) {
+    static const char *fn = "cuda.gemm_grouped";
+    size_t es = tpk_dtype_size(dt);
+    for (int64_t g = 0, off = 0; g < groups; off += rows[g++]) {
+        int64_t r = rows[g];
+        const char *xg = (const char *)x + (size_t)(off * ldx) * es;
+        char *yg = (char *)y + (size_t)(off * ldy) * es;
+        tpk_status s = TPK_OK;
+        if (!wgrad) {
+            if (r) s = gemm_any(ctx, fn, false, tw, r, n, k, alpha, xg, ldx, w[g], ldw, beta, yg,
+                                ldy, dt, dt);
+        } else if (!tw) { /* W_g [k, n] = alpha x_g^T y_g + beta W_g */
+            s = gemm_any(ctx, fn, true, false, k, n, r, alpha, xg, ldx, yg, ldy, beta, w[g], ldw,
+                         dt, w_dt);
+        } else { /* W_g [n, k] = alpha y_g^T x_g + beta W_g */
+            s = gemm_any(ctx, fn, true, false, n, k, r, alpha, yg, ldy, xg, ldx, beta, w[g], ldw,
+                         dt, w_dt);
+        }
+        if (s != TPK_OK) return s;
+    }
+    return TPK_OK;
+}
+
 extern "C" tpk_status tpk_cuda_plain_gemm(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64_t n,
                                           int64_t k, const void *a, const void *b, void *c,
                                           tpk_dtype dt) {
@@ -371,4 +403,5 @@ void tpk__cuda_gemm_ops(tpk_ops *o) {
     o->gemm_acc = cuda_gemm_acc;
     o->linear_fwd = cuda_linear_fwd;
     o->linear_bwd_act = cuda_linear_bwd_act;
+    o->gemm_grouped = cuda_gemm_grouped;
 }

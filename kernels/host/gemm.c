@@ -4,6 +4,9 @@
  *   back;
  *             beta = 0 ignores C (NaN in C does not leak); k = 0 or alpha = 0 gives C = beta C
  *   gemm_acc  gemm into an f32 C whatever dt: bf16 A, B widened, C multiplied into in place
+ *   gemm_grouped  G GEMMs on row groups of x and y, a matrix W_g each (a mixture of experts'
+ *             experts): one gemm per group in a loop, a group of 0 rows skipped (or W_g = beta W_g
+ *             under wgrad)
  *   gemm_fp8  gemm on FP8 codes (E4M3, E5M2) decoded exactly into f32: FP8 tensor cores' inputs
  *             with f32 sums; C f32 or bf16
  *   linear_fwd  u = x W^T (+ bias), y = u or (act) pre = u, y = act(u): the GEMM here, the bias
@@ -101,6 +104,37 @@ static tpk_status host_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64
                     TPK_F32);
 }
 
+/* ---- gemm_grouped ---------------------------------------------------------------------------- */
+
+/* Group g's block of x and y (rows [off_g, off_g + rows[g])) through gemm_run, one call each:
+ * y_g = alpha x_g op(W_g) + beta y_g, or (wgrad) op(W_g) = alpha x_g^T y_g + beta op(W_g), W_g in
+ * w_dt (f32: an f32 gradient) — W_g^T = y_g^T x_g when tw. A group of 0 rows: skipped, or under
+ * wgrad W_g = beta W_g (gemm_run's k = 0). */
+static tpk_status host_gemm_grouped(tpk_ctx *ctx, bool wgrad, bool tw, int64_t groups,
+                                    const int64_t *rows, int64_t n, int64_t k, float alpha,
+                                    const void *x, int64_t ldx, void *const *w, int64_t ldw,
+                                    tpk_dtype w_dt, float beta, void *y, int64_t ldy,
+                                    tpk_dtype dt) {
+    static const char *fn = "host.gemm_grouped";
+    size_t es = tpk_dtype_size(dt);
+    for (int64_t g = 0, off = 0; g < groups; off += rows[g++]) {
+        int64_t r = rows[g];
+        const char *xg = (const char *)x + (size_t)(off * ldx) * es;
+        char *yg = (char *)y + (size_t)(off * ldy) * es;
+        if (!wgrad) {
+            if (r) TPK_TRY(gemm_run(ctx, fn, false, tw, r, n, k, alpha, xg, ldx, w[g], ldw, beta,
+                                    yg, ldy, dt, dt));
+        } else if (!tw) { /* W_g [k, n] = alpha x_g^T y_g + beta W_g */
+            TPK_TRY(gemm_run(ctx, fn, true, false, k, n, r, alpha, xg, ldx, yg, ldy, beta, w[g],
+                             ldw, dt, w_dt));
+        } else { /* W_g [n, k] = alpha y_g^T x_g + beta W_g */
+            TPK_TRY(gemm_run(ctx, fn, true, false, n, k, r, alpha, yg, ldy, xg, ldx, beta, w[g],
+                             ldw, dt, w_dt));
+        }
+    }
+    return TPK_OK;
+}
+
 /* ---- gemm_fp8 -------------------------------------------------------------------------------- */
 
 /* dst[rows, cols] (contiguous f32) = the codes src[rows, cols] (leading dimension ld) decoded
@@ -171,4 +205,5 @@ void tpk__host_gemm_ops(tpk_ops *o) {
     o->gemm_acc = host_gemm_acc;
     o->linear_fwd = host_linear_fwd;
     o->gemm_fp8 = host_gemm_fp8;
+    o->gemm_grouped = host_gemm_grouped;
 }

@@ -151,7 +151,7 @@ TPK_HD static inline float tpk_fp8_to_f32(uint8_t c, tpk_fp8_fmt f) {
     X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss)    \
         X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd) X(swiglu_bwd) \
             X(rmsnorm_fwd) X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd) X(rope_at)   \
-                X(fp8_quant) X(fp8_dequant) X(gemm_fp8)
+                X(fp8_quant) X(fp8_dequant) X(gemm_fp8) X(gemm_grouped)
 #define TPK__OPS_FUSED(X) X(linear_fwd) X(linear_bwd_act) X(residual_layernorm_fwd) X(xent_fused)
 
 /* One block of an attention split over the sequence (attn_block_fwd, attn_block_bwd; context
@@ -418,6 +418,22 @@ typedef struct tpk_ops {
                            float alpha, const uint8_t *a, tpk_fp8_fmt fa, int64_t lda,
                            const uint8_t *b, tpk_fp8_fmt fb, int64_t ldb, float beta, void *c,
                            int64_t ldc, tpk_dtype c_dt);
+
+    /* Grouped GEMM (a mixture of experts' local experts in one call): G = groups products, group g
+     * owning rows [off_g, off_g + rows[g]) of x [R, k] (ldx) and y [R, n] (ldy), off_g = rows[0] +
+     * ... + rows[g - 1], R = off_G (rows: a host array of G counts >= 0), and its own matrix W_g at
+     * w[g] (w: a host array of G pointers to backend memory; op(W_g) = W_g [k, n], or W_g^T when
+     * tw, W_g stored [n, k]; ldw its leading dimension):
+     *   wgrad = false:  y_g = alpha x_g op(W_g) + beta y_g      (Y = X W^T: tw; dX = dY W: !tw)
+     *   wgrad = true:   op(W_g) = alpha x_g^T y_g + beta op(W_g)  (dW += dY^T X: x = dY, y = X)
+     * each group exactly gemm on its block (gemm's rules: beta = 0 ignores the output; k = 0, or a
+     * group of 0 rows under wgrad, gives output = beta output; a group of 0 rows without wgrad
+     * touches nothing). x, y and W in dt; with wgrad, W may be f32 instead (w_dt: gemm_acc's f32
+     * accumulation, a bf16 model's expert gradients); without, w_dt = dt. */
+    tpk_status (*gemm_grouped)(tpk_ctx *ctx, bool wgrad, bool tw, int64_t groups,
+                               const int64_t *rows, int64_t n, int64_t k, float alpha,
+                               const void *x, int64_t ldx, void *const *w, int64_t ldw,
+                               tpk_dtype w_dt, float beta, void *y, int64_t ldy, tpk_dtype dt);
 
     /* ---- the fusions (TPK__OPS_FUSED): optional; NULL, the front end composes each from the
      * required entries as its contract says (tpk__compose_* in tpk/runtime/op.h) ---- */

@@ -18,7 +18,7 @@
  *   regroup    xg [R, H] in [j][q] order: local expert j's rows n_j = sum_q c[q][j] consecutive
  *              (chunk copies; none when P = 1 or El = 1)
  * Experts (tpk_moe; each a SwiGLU MLP, Mixtral's w1 gate, w3 up, w2 down; weights held only by
- * their EP rank; a loop over the local experts' GEMMs with the kit's gemm op, no grouped GEMM yet)
+ * their EP rank; each GEMM one gemm_grouped call over the local experts, n_j rows each)
  *   og_j = (silu(xg_j W1_jᵀ) ∘ (xg_j W3_jᵀ)) W2_jᵀ   [n_j, H]
  *   expert TP (t > 1): W1, W3 split on F (S(0)), W2 on F (S(1)): og_j is P over TP -> all-reduce
  * Combine
@@ -425,6 +425,7 @@ typedef struct tpk_moe {
     tpk_router router; /* "<name>.gate" */
     tpk_moe_dispatcher disp;
     int *w1, *w2, *w3; /* [El] the local experts' parameter ids */
+    void **wp;         /* host [El]: one matrix of each local expert, for one gemm_grouped call */
     tpk_tensor xg;     /* the dispatched rows of the last forward [R, H] */
     tpk_buf gu, h, og, dh, dgu, dxg;
     float *dw; /* host [T K]: the routing weights' gradient */
@@ -490,7 +491,8 @@ static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
     m->w1 = (int *)tpk__calloc(ctx, (size_t)m->El, sizeof(int));
     m->w2 = (int *)tpk__calloc(ctx, (size_t)m->El, sizeof(int));
     m->w3 = (int *)tpk__calloc(ctx, (size_t)m->El, sizeof(int));
-    if (!m->w1 || !m->w2 || !m->w3)
+    m->wp = (void **)tpk__calloc(ctx, (size_t)m->El, sizeof(void *));
+    if (!m->w1 || !m->w2 || !m->w3 || !m->wp)
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld experts",
                          (long long)m->El);
     float std = d.init_std > 0 ? d.init_std : 0.02f,
@@ -528,6 +530,7 @@ static inline void tpk_moe_destroy(tpk_ctx *ctx, tpk_moe *m) {
     tpk_router_destroy(ctx, &m->router);
     tpk_moe_dispatcher_destroy(ctx, &m->disp);
     tpk__free(ctx, m->w1), tpk__free(ctx, m->w2), tpk__free(ctx, m->w3), tpk__free(ctx, m->dw);
+    tpk__free(ctx, m->wp);
     tpk__free(ctx, m->sig), tpk__free(ctx, m->sdot);
     tpk_buf *b[] = {&m->gu, &m->h,  &m->og, &m->dh,  &m->dgu, &m->dxg,  &m->sgu, &m->sh,
                     &m->so, &m->sy, &m->sz, &m->sdo, &m->sdh, &m->sdgu, &m->sdx, &m->sdl};
@@ -630,6 +633,14 @@ static inline tpk_status tpk__moe_shared_backward(tpk_ctx *ctx, tpk_moe *m, tpk_
     return tpk__grad_gemm(ctx, m->sw, true, false, 1, H, T, m->sdl.p, 1, x, H); /* dws += dlᵀ x */
 }
 
+/* The local experts' matrices of ids (w1, w2 or w3) for gemm_grouped: their weights in the
+ * context's dtype, or (grad) their f32 gradients; m->wp, filled afresh for each call. */
+static inline void *const *tpk__moe_mats(tpk_ctx *ctx, tpk_moe *m, const int *ids, bool grad) {
+    for (int64_t j = 0; j < m->El; j++)
+        m->wp[j] = grad ? (void *)tpk_param_grad(ctx, ids[j]) : (void *)tpk__param_w(ctx, ids[j]);
+    return m->wp;
+}
+
 /* y = the MoE block of x R [T, H] (ctx->dtype): y R [T, H]; m->router.aux the auxiliary loss
  * (this rank's tokens). Collective over ctx->ep (and ctx->tp at t > 1). The caller keeps x alive
  * until the backward. */
@@ -653,22 +664,21 @@ static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x,
     TPK_TRY(tpk__buf_reserve(ctx, &m->gu, (size_t)(R * 2 * Fl) * es));
     TPK_TRY(tpk__buf_reserve(ctx, &m->h, (size_t)(R * Fl) * es));
     if (!Fl && R) TPK_TRY(tpk_op_fill(ctx, og.data, ctx->dtype, (size_t)(R * H), 0.f));
-    const char *xg = (const char *)m->xg.data;
-    char *gu = (char *)m->gu.p, *h = (char *)m->h.p, *o = (char *)og.data;
-    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++]) {
-        int64_t n = m->disp.rows[j];
-        const char *xj = xg + (size_t)(r0 * H) * es;
-        char *gj = gu + (size_t)(r0 * 2 * Fl) * es;
-        TPK_TRY(tpk_op_gemm(ctx, false, true, n, Fl, H, 1.f, xj, H, tpk__param_w(ctx, m->w1[j]), H,
-                            0.f, gj, 2 * Fl, ctx->dtype)); /* gate = x W1ᵀ */
-        TPK_TRY(tpk_op_gemm(ctx, false, true, n, Fl, H, 1.f, xj, H, tpk__param_w(ctx, m->w3[j]), H,
-                            0.f, gj + (size_t)Fl * es, 2 * Fl, ctx->dtype)); /* up = x W3ᵀ */
+    const int64_t El = m->El, *rows = m->disp.rows; /* local expert j: rows[j] of xg, in order */
+    tpk_dtype dt = ctx->dtype;
+    char *gu = (char *)m->gu.p, *h = (char *)m->h.p;
+    if (Fl) { /* one grouped GEMM over the local experts each: gate = x W1ᵀ, up = x W3ᵀ */
+        TPK_TRY(tpk_op_gemm_grouped(ctx, false, true, El, rows, Fl, H, 1.f, m->xg.data, H,
+                                    tpk__moe_mats(ctx, m, m->w1, false), H, dt, 0.f, gu, 2 * Fl,
+                                    dt));
+        TPK_TRY(tpk_op_gemm_grouped(ctx, false, true, El, rows, Fl, H, 1.f, m->xg.data, H,
+                                    tpk__moe_mats(ctx, m, m->w3, false), H, dt, 0.f,
+                                    gu + (size_t)Fl * es, 2 * Fl, dt));
+        TPK_TRY(tpk_op_swiglu_fwd(ctx, h, gu, R, Fl, dt)); /* silu(gate) up */
+        TPK_TRY(tpk_op_gemm_grouped(ctx, false, true, El, rows, H, Fl, 1.f, h, Fl,
+                                    tpk__moe_mats(ctx, m, m->w2, false), Fl, dt, 0.f, og.data, H,
+                                    dt)); /* og = h W2ᵀ */
     }
-    if (Fl) TPK_TRY(tpk_op_swiglu_fwd(ctx, h, gu, R, Fl, ctx->dtype)); /* silu(gate) up */
-    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++])
-        TPK_TRY(tpk_op_gemm(ctx, false, true, m->disp.rows[j], H, Fl, 1.f,
-                            h + (size_t)(r0 * Fl) * es, Fl, tpk__param_w(ctx, m->w2[j]), Fl, 0.f,
-                            o + (size_t)(r0 * H) * es, H, ctx->dtype)); /* og = h W2ᵀ */
     if (ctx->tp.size > 1) /* expert TP: partial over F -> all-reduce */
         TPK_TRY(
             tpk_allreduce(ctx, &ctx->tp, og.data, og.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
@@ -702,29 +712,31 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
     TPK_TRY(tpk__buf_view(ctx, &m->dxg, &dxg));
     TPK_TRY(tpk__buf_reserve(ctx, &m->dh, (size_t)(R * Fl) * es));
     TPK_TRY(tpk__buf_reserve(ctx, &m->dgu, (size_t)(R * 2 * Fl) * es));
-    const char *xg = (const char *)m->xg.data, *gdo = (const char *)dog.data;
-    char *dh = (char *)m->dh.p, *dgu = (char *)m->dgu.p, *h = (char *)m->h.p;
-    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++]) {
-        int64_t n = m->disp.rows[j];
-        const char *dj = gdo + (size_t)(r0 * H) * es;
-        TPK_TRY(tpk_op_gemm(ctx, false, false, n, Fl, H, 1.f, dj, H, tpk__param_w(ctx, m->w2[j]),
-                            Fl, 0.f, dh + (size_t)(r0 * Fl) * es, Fl, ctx->dtype)); /* dog W2 */
-        TPK_TRY(tpk__grad_gemm(ctx, m->w2[j], true, false, H, Fl, n, dj, H,
-                               h + (size_t)(r0 * Fl) * es, Fl)); /* dW2 += dogᵀ h */
-    }
-    if (Fl) TPK_TRY(tpk_op_swiglu_bwd(ctx, dgu, m->gu.p, dh, R, Fl, ctx->dtype));
-    else if (R) TPK_TRY(tpk_op_fill(ctx, dxg.data, ctx->dtype, (size_t)(R * H), 0.f));
-    for (int64_t j = 0, r0 = 0; Fl && j < m->El; r0 += m->disp.rows[j++]) {
-        int64_t n = m->disp.rows[j];
-        const char *xj = xg + (size_t)(r0 * H) * es, *gj = dgu + (size_t)(r0 * 2 * Fl) * es,
-                   *uj = gj + (size_t)Fl * es;
-        char *oj = (char *)dxg.data + (size_t)(r0 * H) * es;
-        TPK_TRY(tpk__grad_gemm(ctx, m->w1[j], true, false, Fl, H, n, gj, 2 * Fl, xj, H));
-        TPK_TRY(tpk__grad_gemm(ctx, m->w3[j], true, false, Fl, H, n, uj, 2 * Fl, xj, H));
-        TPK_TRY(tpk_op_gemm(ctx, false, false, n, H, Fl, 1.f, gj, 2 * Fl,
-                            tpk__param_w(ctx, m->w1[j]), H, 0.f, oj, H, ctx->dtype));
-        TPK_TRY(tpk_op_gemm(ctx, false, false, n, H, Fl, 1.f, uj, 2 * Fl,
-                            tpk__param_w(ctx, m->w3[j]), H, 1.f, oj, H, ctx->dtype));
+    const int64_t El = m->El, *rows = m->disp.rows; /* local expert j: rows[j] of xg, in order */
+    tpk_dtype dt = ctx->dtype;
+    char *dh = (char *)m->dh.p, *dgu = (char *)m->dgu.p, *du = dgu + (size_t)Fl * es;
+    if (Fl) { /* one grouped GEMM over the local experts each; the gradients f32 (w_dt) */
+        TPK_TRY(tpk_op_gemm_grouped(ctx, false, false, El, rows, Fl, H, 1.f, dog.data, H,
+                                    tpk__moe_mats(ctx, m, m->w2, false), Fl, dt, 0.f, dh, Fl,
+                                    dt)); /* dh = dog W2 */
+        TPK_TRY(tpk_op_gemm_grouped(ctx, true, false, El, rows, Fl, H, 1.f, dog.data, H,
+                                    tpk__moe_mats(ctx, m, m->w2, true), Fl, TPK_F32, 1.f, m->h.p,
+                                    Fl, dt)); /* dW2 += dogᵀ h */
+        TPK_TRY(tpk_op_swiglu_bwd(ctx, dgu, m->gu.p, dh, R, Fl, dt));
+        TPK_TRY(tpk_op_gemm_grouped(ctx, true, false, El, rows, H, Fl, 1.f, dgu, 2 * Fl,
+                                    tpk__moe_mats(ctx, m, m->w1, true), H, TPK_F32, 1.f,
+                                    m->xg.data, H, dt)); /* dW1 += dgateᵀ xg */
+        TPK_TRY(tpk_op_gemm_grouped(ctx, true, false, El, rows, H, Fl, 1.f, du, 2 * Fl,
+                                    tpk__moe_mats(ctx, m, m->w3, true), H, TPK_F32, 1.f,
+                                    m->xg.data, H, dt)); /* dW3 += dupᵀ xg */
+        TPK_TRY(tpk_op_gemm_grouped(ctx, false, false, El, rows, H, Fl, 1.f, dgu, 2 * Fl,
+                                    tpk__moe_mats(ctx, m, m->w1, false), H, dt, 0.f, dxg.data, H,
+                                    dt)); /* dxg = dgate W1 */
+        TPK_TRY(tpk_op_gemm_grouped(ctx, false, false, El, rows, H, Fl, 1.f, du, 2 * Fl,
+                                    tpk__moe_mats(ctx, m, m->w3, false), H, dt, 1.f, dxg.data, H,
+                                    dt)); /* + dup W3 */
+    } else if (R) {
+        TPK_TRY(tpk_op_fill(ctx, dxg.data, dt, (size_t)(R * H), 0.f));
     }
     if (ctx->tp.size > 1) /* expert TP: partial over F -> all-reduce */
         TPK_TRY(

@@ -412,6 +412,50 @@ static inline tpk_status tpk_op_gemm_fp8(tpk_ctx *ctx, bool ta, bool tb, int64_t
                   : TPK_OK;
 }
 
+/* ---- the grouped GEMM (tpk/base/ops.h; the experts of tpk/layers/moe.h) ---------------------- */
+
+/* G GEMMs on row groups of x and y against a matrix each (see tpk_ops.gemm_grouped) */
+static inline tpk_status tpk_op_gemm_grouped(tpk_ctx *ctx, bool wgrad, bool tw, int64_t groups,
+                                             const int64_t *rows, int64_t n, int64_t k,
+                                             float alpha, const void *x, int64_t ldx,
+                                             void *const *w, int64_t ldw, tpk_dtype w_dt,
+                                             float beta, void *y, int64_t ldy, tpk_dtype dt) {
+    static const char *fn = "tpk_op_gemm_grouped";
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "n", n, "k", k));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "groups", groups));
+    if (w_dt != dt && !(wgrad && w_dt == TPK_F32))
+        return tpk__fail(ctx, TPK_ERR_DTYPE, fn, "w_dt: expected %s%s, got %s (%d)",
+                         tpk_dtype_name(dt), wgrad && dt != TPK_F32 ? " or f32" : "",
+                         tpk_dtype_name(w_dt), (int)w_dt);
+    if (groups && !rows)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "rows: expected a host array of %lld row counts, got NULL",
+                         (long long)groups);
+    if (groups && !w && n && k)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "w: expected a host array of %lld matrices, got NULL", (long long)groups);
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldx", ldx, k));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldw", ldw, tw ? k : n));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldy", ldy, n));
+    int64_t R = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        if (rows[g] < 0)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "rows[%lld]: expected >= 0, got %lld",
+                             (long long)g, (long long)rows[g]);
+        R += rows[g];
+        if (n && k && (wgrad || rows[g]) && !w[g])
+            return tpk__fail(ctx, TPK_ERR_ARG, fn, "w[%lld]: expected a buffer, got NULL",
+                             (long long)g);
+    }
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, R > 0 && n > 0 && k > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, R > 0 && n > 0 && (k > 0 || !wgrad)));
+    bool any = wgrad ? groups > 0 && n > 0 && k > 0 : R > 0 && n > 0;
+    return any ? TPK__OP_CALL(ctx, "gemm_grouped", 0, 2.0 * (double)R * (double)n * (double)k,
+                              TPK__OP_LAYER(gemm_grouped, ctx, wgrad, tw, groups, rows, n, k, alpha,
+                                            x, ldx, w, ldw, w_dt, beta, y, ldy, dt))
+               : TPK_OK;
+}
+
 /* ---- the fusions: a NULL fused entry (TPK__OPS_FUSED) is composed from the required entries
  * (tpk__compose_*, tpk/runtime/backend.h) ---- */
 
