@@ -13,7 +13,9 @@
  * and the attention's masks, drawn at each row's true position): the loss and every gradient equal
  * the unsharded model's with the same seed within 1e-5, ring and all-gather, full and selective
  * recompute, sequence parallelism. Bad input refused by name: a sequence length not a multiple of
- * 2c, a dropout layer not told its sequence length, an unknown mode. Random inputs, some targets
+ * 2c, a dropout layer not told its sequence length, an unknown mode; under CP whole sequences (the
+ * rows tag cleared) and at CP 1 CP rows (tagged), by both attentions and the loss, by name.
+ * Random inputs, some targets
  * ignored. Generation (CP 3, in
  * make test-long): the unsharded model's tokens, greedy and sampled, each window padded to a
  * multiple of 2c; a window that would pad past the positions refused by name. */
@@ -342,6 +344,51 @@ static void test_refusals(int cp) {
     }
 }
 
+/* The CP rows tag (tpk_tensor.cp_rows) checked by the readers across the sequence: under CP c a
+ * tensor of whole sequences (the tag cleared), and at CP 1 one tagged as CP rows, refused by name
+ * by both attentions and the loss. */
+static void test_rows_tag(int cp) {
+    TEST_CASE("under CP %d: whole sequences, and at CP 1 CP rows, refused by name by the "
+              "attentions and the loss",
+              cp) {
+        for (int k = 0; k < 2; k++) { /* k = 0: CP cp, the tag cleared; 1: CP 1, the tag set */
+            int c = k ? 1 : cp;
+            tpk_ctx ctx;
+            CHECK_OK(&ctx,
+                     tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .cp = c, .seed = 5}));
+            int64_t T = B * S / c;
+            float *x = (float *)calloc((size_t)(T * (V > H ? V : H)), sizeof(float));
+            tpk_tensor tx = tpk_cp_tensor_2d(&ctx, x, TPK_F32, B, S, H, TPK_R), ty;
+            CHECK(tx.cp_rows == (c > 1), "tpk_cp_tensor_2d: cp_rows %d at CP %d", tx.cp_rows, c);
+            tx.cp_rows = (uint8_t)k;
+            char want[160];
+            snprintf(want, sizeof want, "x: expected %s at CP %d, got %s",
+                     k ? "whole sequences" : "this rank's CP rows (tpk_cp_rows)", c,
+                     k ? "this rank's CP rows (tpk_cp_rows)" : "whole sequences");
+            tpk_attention a;
+            tpk_gqa_attention ga;
+            CHECK_OK(&ctx, tpk_attention_init(&ctx, &a, H, A, NULL));
+            CHECK_OK(&ctx, tpk_gqa_attention_init(&ctx, &ga, H, A,
+                                                  &(tpk_gqa_attention_desc){.kv_heads = G}));
+            CHECK_FAILS(&ctx, tpk_attention_forward(&ctx, &a, tx, B, S, &ty), TPK_ERR_LAYOUT, want);
+            CHECK_FAILS(&ctx, tpk_gqa_attention_forward(&ctx, &ga, tx, B, S, &ty), TPK_ERR_LAYOUT,
+                        want);
+            tpk_xent ce;
+            CHECK_OK(&ctx, tpk_xent_init(&ctx, &ce, V, NULL));
+            tpk_tensor z = tpk_cp_tensor_2d(&ctx, x, TPK_F32, B, S, V, TPK_S(-1));
+            z.cp_rows = (uint8_t)k;
+            want[0] = 'z';
+            float loss;
+            CHECK_FAILS(&ctx, tpk_xent_forward(&ctx, &ce, z, tg, &loss), TPK_ERR_LAYOUT, want);
+            tpk_xent_destroy(&ctx, &ce);
+            tpk_gqa_attention_destroy(&ctx, &ga);
+            tpk_attention_destroy(&ctx, &a);
+            free(x);
+            tpk_ctx_destroy(&ctx);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     test_init(&argc, &argv);
     me = test__rank, np = test__size;
@@ -354,6 +401,7 @@ int main(int argc, char **argv) {
     if (np >= 2) test_families(1, np); /* CP 2, 3, 4 */
     if (np == 4) test_families(2, 2);  /* TP 2 x CP 2 */
     if (np >= 2) test_refusals(np);
+    if (np >= 2) test_rows_tag(np);
     if (np == 3) test_generate(np); /* make test-long: CP 3 (6 chunks) */
     (void)me;
     return test_finish();

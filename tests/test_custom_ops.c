@@ -166,8 +166,9 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_convert(&ctx, &ty, TPK_R, &yg));
         float dyb[T * OUT];
         dyl = tpk_tensor_shard_2d(dyb, TPK_F32, T, OUT, TPK_S(-1), np, me);
-        CHECK_OK(&ctx, tpk_convert(&ctx, &(tpk_tensor){dy, TPK_F32, 2, {T, OUT}, {T, OUT}, TPK_R},
-                                   TPK_S(-1), &dyl));
+        CHECK_OK(&ctx,
+                 tpk_convert(&ctx, &(tpk_tensor){dy, TPK_F32, 2, {T, OUT}, {T, OUT}, TPK_R, 0},
+                             TPK_S(-1), &dyl));
         CHECK_OK(&ctx, tpk_col_linear_backward(&ctx, &l, dyl, &tdx));
         memcpy(dx, tdx.data, sizeof dx);
         CHECK_OK(&ctx, tpk_param_get_global(&ctx, l.w, true, dW));

@@ -10,6 +10,8 @@
  * n/p + (i < n%p) elements, so the first n%p shards hold one element more. Splits may also be
  * weighted (tpk_split_weighted: shard i in proportion to w_i; a context's TP group splits so when
  * given tpk_ctx_desc.tp_weights, and its code asks the context: tpk_tp_split in tpk/base/ctx.h).
+ * Over context parallelism a tensor's rows are tagged (cp_rows): whole sequences, or this CP
+ * rank's chunks of them.
  * Plain C11 that also compiles as C++17, no allocation, no globals. */
 #ifndef TPK_CORE_H
 #define TPK_CORE_H
@@ -296,6 +298,10 @@ typedef struct tpk_tensor {
     int64_t shape[TPK_MAX_DIMS];   /* local shape */
     int64_t gshape[TPK_MAX_DIMS];  /* global shape (differs from shape only on an S dim) */
     tpk_layout layout;
+    uint8_t cp_rows; /* the rows over context parallelism: 0 whole sequences; 1 this CP rank's
+                        load-balanced chunks of them (tpk/layers/cp_split.h: tpk_cp_rows), which
+                        the readers across the sequence check (tpk__cp_rows_check). Row-wise
+                        layers carry it from input to output (tpk__rows_of). */
 } tpk_tensor;
 
 static inline int64_t tpk_numel(const tpk_tensor *t) {
@@ -310,7 +316,13 @@ static inline size_t tpk_nbytes(const tpk_tensor *t) {
 /* A 2-D view whose local shape is its global shape: layouts R and P (and S when t = 1). */
 static inline tpk_tensor tpk_tensor_2d(void *data, tpk_dtype dt, int64_t rows, int64_t cols,
                                        tpk_layout l) {
-    tpk_tensor t = {data, dt, 2, {rows, cols, 0, 0}, {rows, cols, 0, 0}, l};
+    tpk_tensor t = {data, dt, 2, {rows, cols, 0, 0}, {rows, cols, 0, 0}, l, 0};
+    return t;
+}
+/* t with the CP rows tag of `in`: the output of a row-wise layer (row i from input row i) holds
+ * its input's rows. */
+static inline tpk_tensor tpk__rows_of(tpk_tensor t, const tpk_tensor *in) {
+    t.cp_rows = in->cp_rows;
     return t;
 }
 /* An n-D view whose local shape is its global shape. */

@@ -282,6 +282,7 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "B, S: expected >= 0, got %lld, %lld",
                          (long long)B, (long long)S);
     TPK_TRY(tpk__attn_cp_check(ctx, fn, S));
+    TPK_TRY(tpk__cp_rows_check(ctx, fn, "x", &x)); /* under CP this rank's chunks, else whole */
     if (x.ndim == 2 && x.gshape[0] != tpk_cp_rows(ctx, B, S))
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "x: expected B x S%s = %lld token rows, got %lld",
                          tpk_cp_size(ctx) > 1 ? " / cp" : "", (long long)tpk_cp_rows(ctx, B, S),
@@ -291,6 +292,7 @@ static inline tpk_status tpk_attention_forward(tpk_ctx *ctx, tpk_attention *a, t
     a->B = B, a->S = S, a->qkv = qkv;
     a->stream = tpk__dropout_stream(ctx, a->name);
     TPK_TRY(tpk__attention_core(ctx, a, &o));
+    o = tpk__rows_of(o, &x); /* x's rows (CP), which c_proj carries to y */
     return tpk_row_linear_forward(ctx, &a->c_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
@@ -305,9 +307,10 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
     if (!dx) return tpk__fail(ctx, TPK_ERR_ARG, fn, "dx: NULL");
     if (!a->qkv.ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
+    TPK_TRY(tpk__cp_rows_check(ctx, fn, "dy", &dy));
     tpk_tensor dout, dq;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->c_proj, dy, &dout)); /* S(-1) [T, Al D] */
-    dq = a->qkv;
+    dq = tpk__rows_of(a->qkv, &dy); /* dy's rows (CP), which c_attn carries to dx */
     TPK_TRY(tpk__buf_view(ctx, &a->dqkv, &dq));
     TPK_TRY(tpk__attn_core_bwd(ctx, dq.data, dout.data, a->pack ? a->pk.p : a->qkv.data, a->out.p,
                                (const float *)a->lse.p, a->B, a->S, a->A, a->A, a->a0, a->Al, a->D,
@@ -483,6 +486,7 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     TPK_TRY(tpk__attn_cp_check(ctx, fn, S));
     int64_t want[2] = {tpk_cp_rows(ctx, B, S), a->H}; /* under CP this rank's B S / c rows */
     TPK_TRY(tpk__check(ctx, fn, "x", &x, a->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
+    TPK_TRY(tpk__cp_rows_check(ctx, fn, "x", &x)); /* under CP this rank's chunks, else whole */
     a->x = x;
     TPK_TRY(tpk__gqa_input(ctx, a, &x, NULL)); /* SP: the tokens gathered once for the three
                                                   projections */
@@ -501,6 +505,7 @@ static inline tpk_status tpk_gqa_attention_forward(tpk_ctx *ctx, tpk_gqa_attenti
     TPK_TRY(tpk__gqa_move(ctx, a, a->qkv.p, ld, (Al + Gl) * D, v.data, Gl, false, true));
     TPK_TRY(tpk__attn_core(ctx, &a->out, &a->lse, a->qkv.p, B, S, a->A, a->G, a->a0, Al, D, a->p,
                            a->stream, &a->cp, &o));
+    o = tpk__rows_of(o, &a->x); /* x's rows (CP), which o_proj carries to y */
     return tpk_row_linear_forward(ctx, &a->o_proj, o, y); /* P -> all-reduce (SP: reduce-scatter) */
 }
 
@@ -550,6 +555,7 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", a->name);
     int64_t B = a->B, S = a->S, T = tpk_cp_rows(ctx, B, S), Al = a->Al, Gl = a->Gl, D = a->D,
             ld = (Al + 2 * Gl) * D;
+    TPK_TRY(tpk__cp_rows_check(ctx, fn, "dy", &dy));
     tpk_tensor dout, xg;
     TPK_TRY(tpk_row_linear_backward(ctx, &a->o_proj, dy, &dout)); /* S(-1) [T, Al D] */
     TPK_TRY(tpk__buf_reserve(ctx, &a->dqkv,
@@ -584,13 +590,14 @@ static inline tpk_status tpk_gqa_attention_backward(tpk_ctx *ctx, tpk_gqa_attent
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gk.data, 1.0f, ctx->dtype, n));
         TPK_TRY(tpk_op_axpby(ctx, gq.data, 1.0f, gv.data, 1.0f, ctx->dtype, n));
     }
+    gq = tpk__rows_of(gq, &dy);
     if (a->partial_dx) return *dx = gq, TPK_OK; /* the caller reduces */
     tpk_tensor out = a->sp ? tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, a->H, TPK_S(0))
                            : tpk_tensor_2d(NULL, ctx->dtype, T, a->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &a->dx, &out));
     TPK_TRY(tpk_region_backward(ctx, a->sp ? TPK_REGION_SP_GATHER : TPK_REGION_COPY, &gq,
                                 &out)); /* P -> reduce-scatter / all-reduce */
-    *dx = out;
+    *dx = tpk__rows_of(out, &dy);
     return TPK_OK;
 }
 

@@ -15,7 +15,9 @@
  * Activations of B sequences are held sequence-major as everywhere in the kit: [B, 2 Sc] rows
  * (B S / c of the B S tokens). tpk_cp_scatter keeps this rank's rows of a whole batch (the data
  * loader's tokens, which every CP rank reads alike; tests); tpk_cp_gather all-gathers the rows of
- * every CP rank back into the whole batch (tests, evaluation). */
+ * every CP rank back into the whole batch (tests, evaluation). A tensor of this rank's rows is
+ * tagged so (tpk_tensor.cp_rows, tpk_cp_tensor_2d); the readers across the sequence check the tag
+ * (tpk__cp_rows_check), so whole sequences under CP, or CP rows without it, are refused by name. */
 #ifndef TPK_CP_SPLIT_H
 #define TPK_CP_SPLIT_H
 
@@ -66,6 +68,25 @@ static inline int tpk_cp_size(const tpk_ctx *ctx) { return ctx->cp.size > 1 ? ct
 static inline int64_t tpk_cp_rows(const tpk_ctx *ctx, int64_t B, int64_t S) {
     return B * (S / tpk_cp_size(ctx));
 }
+/* This TP rank's shard (layout l) of this CP rank's rows of B sequences of S tokens, [B S / c,
+ * cols], tagged as CP rows where c > 1 (tpk_tensor.cp_rows): the model's hidden states under CP. */
+static inline tpk_tensor tpk_cp_tensor_2d(const tpk_ctx *ctx, void *data, tpk_dtype dt, int64_t B,
+                                          int64_t S, int64_t cols, tpk_layout l) {
+    tpk_tensor t = tpk_tp_tensor_2d(ctx, data, dt, tpk_cp_rows(ctx, B, S), cols, l);
+    t.cp_rows = tpk_cp_size(ctx) > 1;
+    return t;
+}
+/* The check of a reader across the sequence (an attention, a learned position table, the loss, a
+ * pipeline message): t's rows are this rank's CP chunks (cp_rows) where c > 1, whole sequences
+ * where c = 1; refused by name otherwise (a gathered tensor under CP, a scattered one without). */
+static inline tpk_status tpk__cp_rows_check(tpk_ctx *ctx, const char *fn, const char *arg,
+                                            const tpk_tensor *t) {
+    int c = tpk_cp_size(ctx);
+    if (!t || (t->cp_rows != 0) == (c > 1)) return TPK_OK; /* NULL: the caller's check names it */
+    static const char *mine = "this rank's CP rows (tpk_cp_rows)", *whole = "whole sequences";
+    return tpk__fail(ctx, TPK_ERR_LAYOUT, fn, "%s: expected %s at CP %d, got %s", arg,
+                     c > 1 ? mine : whole, c, t->cp_rows ? mine : whole);
+}
 /* A layer's check of its sequence length under CP: a multiple of 2c where c > 1. */
 static inline tpk_status tpk__cp_layer_seq(tpk_ctx *ctx, const char *fn, int64_t S) {
     int c = tpk_cp_size(ctx);
@@ -96,9 +117,9 @@ static inline int64_t tpk__cp_chunk0(int64_t S, int c, int q, int k) {
     int64_t sc = S / (2 * (int64_t)c);
     return (k ? 2 * (int64_t)c - 1 - q : q) * sc;
 }
-static inline tpk_status tpk__cp_rows_check(tpk_ctx *ctx, const char *fn, const void *a,
-                                            const char *an, const void *b, const char *bn,
-                                            int64_t B, int64_t S, int64_t cols, int c) {
+static inline tpk_status tpk__cp_batch_check(tpk_ctx *ctx, const char *fn, const void *a,
+                                             const char *an, const void *b, const char *bn,
+                                             int64_t B, int64_t S, int64_t cols, int c) {
     if (B < 0 || cols < 0)
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "%s: expected >= 0, got %lld",
                          B < 0 ? "B" : "cols", (long long)(B < 0 ? B : cols));
@@ -115,7 +136,7 @@ static inline tpk_status tpk_cp_scatter(tpk_ctx *ctx, void *local, const void *w
     static const char *fn = "tpk_cp_scatter";
     int c, r;
     TPK_TRY(tpk__cp_group(ctx, fn, &c, &r));
-    TPK_TRY(tpk__cp_rows_check(ctx, fn, local, "local", whole, "whole", B, S, cols, c));
+    TPK_TRY(tpk__cp_batch_check(ctx, fn, local, "local", whole, "whole", B, S, cols, c));
     int64_t sc = S / (2 * (int64_t)c), es = (int64_t)tpk_dtype_size(dt);
     for (int64_t b = 0; b < B && sc * cols > 0; b++)
         for (int k = 0; k < 2; k++)
@@ -132,7 +153,7 @@ static inline tpk_status tpk_cp_scatter_host(tpk_ctx *ctx, void *local, const vo
     int c, r;
     TPK_TRY(tpk__cp_group(ctx, fn, &c, &r));
     TPK_TRY(
-        tpk__cp_rows_check(ctx, fn, local, "local", whole, "whole", B, S, (int64_t)row_bytes, c));
+        tpk__cp_batch_check(ctx, fn, local, "local", whole, "whole", B, S, (int64_t)row_bytes, c));
     int64_t sc = S / (2 * (int64_t)c);
     for (int64_t b = 0; b < B && sc * (int64_t)row_bytes > 0; b++)
         for (int k = 0; k < 2; k++)
@@ -143,14 +164,15 @@ static inline tpk_status tpk_cp_scatter_host(tpk_ctx *ctx, void *local, const vo
 }
 
 /* whole [B S, cols] = every CP rank's local [B (S / c), cols] put back in sequence order (backend
- * memory, dtype dt): one all-gather over ctx->cp into the context's scratch (ctx->work[1]), then
- * the rows moved. Collective over the CP group. */
+ * memory, dtype dt; whole sequences: a tensor over them is untagged, cp_rows 0): one all-gather
+ * over ctx->cp into the context's scratch (ctx->work[1]), then the rows moved. Collective over the
+ * CP group. */
 static inline tpk_status tpk_cp_gather(tpk_ctx *ctx, void *whole, const void *local, int64_t B,
                                        int64_t S, int64_t cols, tpk_dtype dt) {
     static const char *fn = "tpk_cp_gather";
     int c, r;
     TPK_TRY(tpk__cp_group(ctx, fn, &c, &r));
-    TPK_TRY(tpk__cp_rows_check(ctx, fn, local, "local", whole, "whole", B, S, cols, c));
+    TPK_TRY(tpk__cp_batch_check(ctx, fn, local, "local", whole, "whole", B, S, cols, c));
     int64_t sc = S / (2 * (int64_t)c), es = (int64_t)tpk_dtype_size(dt);
     size_t mine = (size_t)(B * 2 * sc * cols);
     if (!mine) return TPK_OK;

@@ -133,6 +133,7 @@ static inline tpk_status tpk_embedding_forward(tpk_ctx *ctx, tpk_embedding *e, c
         TPK_TRY(tpk_op_embed_fwd(ctx, o.data, (const int32_t *)e->pos.p + rows.off,
                                  tpk_param_data(ctx, e->wpe), rows.size, e->H, 0, e->P, ctx->dtype,
                                  true));
+    o.cp_rows = tpk_cp_size(ctx) > 1; /* this CP rank's rows (tpk_tensor.cp_rows) */
     *y = o;
     return TPK_OK;
 }
@@ -145,6 +146,7 @@ static inline tpk_status tpk_embedding_backward(tpk_ctx *ctx, tpk_embedding *e, 
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised embedding");
     int64_t T = tpk_cp_rows(ctx, e->B, e->S), want[2] = {T, e->H};
     TPK_TRY(tpk__check(ctx, fn, "dy", &dy, e->sp ? TPK_S(0) : TPK_R, ctx->dtype, 2, want));
+    TPK_TRY(tpk__cp_rows_check(ctx, fn, "dy", &dy)); /* rows at their positions */
     if (e->sp) {
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, e->H, TPK_R);
         TPK_TRY(tpk__sp_view(ctx, &g)); /* read only within this call */

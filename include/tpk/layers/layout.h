@@ -367,7 +367,7 @@ static inline tpk_status tpk_stream_gather_forward(tpk_ctx *ctx, tpk_stream *s, 
     tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, s->T, s->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &s->xg, &g));
     TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &x, &g)); /* all-gather tokens */
-    *xr = g;
+    *xr = tpk__rows_of(g, &x); /* x's rows (CP), as every output here its input's */
     return TPK_OK;
 }
 
@@ -387,7 +387,7 @@ static inline tpk_status tpk_stream_gather_backward(tpk_ctx *ctx, tpk_stream *s,
     /* P -> reduce-scatter (SP) / all-reduce */
     TPK_TRY(tpk_region_backward(ctx, s->sp ? TPK_REGION_SP_GATHER : TPK_REGION_COPY, &dp, &o));
     TPK_TRY(tpk__stream_skip(ctx, fn, &o, skip));
-    *dx = o;
+    *dx = tpk__rows_of(o, &dp);
     return TPK_OK;
 }
 
@@ -408,7 +408,7 @@ static inline tpk_status tpk_stream_reduce_forward(tpk_ctx *ctx, tpk_stream *s, 
     TPK_TRY(tpk_region_forward(ctx, s->sp ? TPK_REGION_SP_SCATTER : TPK_REGION_REDUCE, &p, &o));
     TPK_TRY(tpk__stream_skip(ctx, fn, &o, skip));
     s->Ty = T;
-    *y = o;
+    *y = tpk__rows_of(o, &p);
     return TPK_OK;
 }
 
@@ -426,7 +426,7 @@ static inline tpk_status tpk_stream_reduce_backward(tpk_ctx *ctx, tpk_stream *s,
     tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, s->Ty, s->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &s->dp, &g));
     TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_SCATTER, &dy, &g)); /* all-gather tokens */
-    *dp = g;
+    *dp = tpk__rows_of(g, &dy);
     return TPK_OK;
 }
 

@@ -35,7 +35,8 @@
  * gradient as without; the backward quantizes x and W again with the forward's scales.
  * A layer keeps a view of its input for backward: the caller keeps that memory alive and
  * unchanged until backward. Outputs and input gradients live in buffers the layer owns,
- * valid until its next forward or backward. Gradients accumulate (tpk_params_zero_grad). */
+ * valid until its next forward or backward, with the rows (CP) of the input (tpk__rows_of).
+ * Gradients accumulate (tpk_params_zero_grad). */
 #ifndef TPK_LINEAR_H
 #define TPK_LINEAR_H
 
@@ -427,7 +428,7 @@ static inline tpk_status tpk_col_linear_forward(tpk_ctx *ctx, tpk_col_linear *l,
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_GATHER, &yl, &yg));
         yl = yg;
     }
-    *y = yl;
+    *y = tpk__rows_of(yl, &l->x); /* x's rows (CP) */
     return TPK_OK;
 }
 
@@ -442,6 +443,7 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     if (!l->x.ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
+    const tpk_tensor dy_in = dy; /* its rows (CP) are dx's */
     if (l->d.gather_output) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_R, ctx->dtype, 2, want));
         tpk_tensor s =
@@ -506,7 +508,7 @@ static inline tpk_status tpk__col_linear_backward(tpk_ctx *ctx, tpk_col_linear *
     ws = tpk_wait(ctx, &req); /* always finish the collective */
     TPK_TRY(s);
     TPK_TRY(ws);
-    *dx = out;
+    *dx = tpk__rows_of(out, &dy_in);
     return TPK_OK;
 }
 static inline tpk_status tpk_col_linear_backward(tpk_ctx *ctx, tpk_col_linear *l, tpk_tensor dy,
@@ -522,6 +524,7 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
     TPK_TRY(tpk__linear_common(ctx, fn, l, false, &x, "x", y));
     TPK_TRY(tpk__params_fresh(ctx)); /* a bf16 context's weight copy */
     int64_t want[2] = {-1, l->in};
+    const tpk_tensor x_in = x; /* its rows (CP) are y's */
     l->x_was_R = x.layout.kind == TPK_LAYOUT_R;
     if (l->x_was_R) {
         TPK_TRY(tpk__check(ctx, fn, "x", &x, TPK_R, ctx->dtype, 2, want));
@@ -571,7 +574,7 @@ static inline tpk_status tpk_row_linear_forward(tpk_ctx *ctx, tpk_row_linear *l,
         yo = yp;
         TPK_TRY(tpk_region_forward(ctx, TPK_REGION_REDUCE, &yp, &yo)); /* all-reduce in place */
     }
-    *y = yo;
+    *y = tpk__rows_of(yo, &x_in);
     return TPK_OK;
 }
 
@@ -595,6 +598,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
     if (!l->x.ndim)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer \"%s\": backward before forward", l->name);
     int64_t T = l->T, n = l->n_local, want[2] = {T, l->out};
+    const tpk_tensor dy_in = dy; /* its rows (CP) are dx's */
     if (l->d.sequence_parallel && !l->d.partial_output) {
         TPK_TRY(tpk__check(ctx, fn, "dy", &dy, TPK_S(0), ctx->dtype, 2, want));
         tpk_tensor g = tpk_tensor_2d(NULL, ctx->dtype, T, l->out, TPK_R);
@@ -632,7 +636,7 @@ static inline tpk_status tpk__row_linear_backward(tpk_ctx *ctx, tpk_row_linear *
         TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SCATTER, &dxs, &g)); /* all-gather features */
         dxs = g;
     }
-    *dx = dxs;
+    *dx = tpk__rows_of(dxs, &dy_in);
     return TPK_OK;
 }
 static inline tpk_status tpk_row_linear_backward(tpk_ctx *ctx, tpk_row_linear *l, tpk_tensor dy,

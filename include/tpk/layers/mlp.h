@@ -210,7 +210,7 @@ static inline void tpk_swiglu_mlp_destroy(tpk_ctx *ctx, tpk_swiglu_mlp *m) {
 /* *h = silu(gate) up  S(-1) [T, F_r] in m->h, from gate_up's output m->gu */
 static inline tpk_status tpk__swiglu_product(tpk_ctx *ctx, tpk_swiglu_mlp *m, tpk_tensor *h) {
     int64_t T = m->gu.shape[0], Fl = m->gu.shape[1] / 2;
-    *h = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, m->F, TPK_S(-1));
+    *h = tpk__rows_of(tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, m->F, TPK_S(-1)), &m->gu);
     TPK_TRY(tpk__buf_view(ctx, &m->h, h));
     return tpk_op_swiglu_fwd(ctx, h->data, m->gu.data, T, Fl, ctx->dtype);
 }

@@ -203,7 +203,7 @@ static inline tpk_status tpk_residual_forward(tpk_ctx *ctx, tpk_residual *r, tpk
     TPK_TRY(tpk_dropout_forward(ctx, &r->drop, &b));
     size_t n = (size_t)tpk_numel(&b);
     if (n) TPK_TRY(tpk_op_axpby(ctx, b.data, 1.0f, x.data, 1.0f, ctx->dtype, n));
-    *y = b;
+    *y = tpk__rows_of(b, &x); /* the residual stream's rows (CP) */
     return TPK_OK;
 }
 

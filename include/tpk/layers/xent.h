@@ -141,6 +141,7 @@ static inline tpk_status tpk__xent_prepare(tpk_ctx *ctx, tpk_xent *ce, tpk_tenso
     int64_t want[2] = {-1, ce->Vp};
     TPK_TRY(
         tpk__check(ctx, fn, "z", &z, tpk_tp_vocab_layout(ctx, ce->Vp, -1), ctx->dtype, 2, want));
+    TPK_TRY(tpk__cp_rows_check(ctx, fn, "z", &z)); /* the mean is over every CP rank's rows */
     int64_t T = z.shape[0], counted = 0;
     if (T && !targets) return tpk__fail(ctx, TPK_ERR_ARG, fn, "targets: NULL");
     for (int64_t i = 0; i < T; i++) {

@@ -390,17 +390,25 @@ static inline tpk_status tpk_block_init(tpk_ctx *ctx, tpk_block *b, int64_t H,
 
 /* ---- the sublayers' calls, by kind ----------------------------------------------------------- */
 
+/* A branch's output (and input gradient) holds the rows (CP) of its input (output gradient),
+ * whatever layer it is: a user's too. */
+static inline tpk_status tpk__block_rows(tpk_status s, tpk_tensor *out, const tpk_tensor *in) {
+    if (s == TPK_OK) *out = tpk__rows_of(*out, in);
+    return s;
+}
 static inline tpk_status tpk__block_attn_forward(tpk_ctx *ctx, tpk_block_attn *a, tpk_tensor x,
                                                  int64_t B, int64_t S, tpk_tensor *y) {
-    if (a->kind == TPK_ATTN_FUSED) return tpk_attention_forward(ctx, &a->u.fused, x, B, S, y);
-    if (a->kind == TPK_ATTN_GQA) return tpk_gqa_attention_forward(ctx, &a->u.gqa, x, B, S, y);
-    return a->user->forward(ctx, a->self, x, B, S, y);
+    tpk_status s = a->kind == TPK_ATTN_FUSED ? tpk_attention_forward(ctx, &a->u.fused, x, B, S, y)
+                   : a->kind == TPK_ATTN_GQA ? tpk_gqa_attention_forward(ctx, &a->u.gqa, x, B, S, y)
+                                             : a->user->forward(ctx, a->self, x, B, S, y);
+    return tpk__block_rows(s, y, &x);
 }
 static inline tpk_status tpk__block_attn_backward(tpk_ctx *ctx, tpk_block_attn *a, tpk_tensor dy,
                                                   tpk_tensor *dx) {
-    if (a->kind == TPK_ATTN_FUSED) return tpk_attention_backward(ctx, &a->u.fused, dy, dx);
-    if (a->kind == TPK_ATTN_GQA) return tpk_gqa_attention_backward(ctx, &a->u.gqa, dy, dx);
-    return a->user->backward(ctx, a->self, dy, dx);
+    tpk_status s = a->kind == TPK_ATTN_FUSED ? tpk_attention_backward(ctx, &a->u.fused, dy, dx)
+                   : a->kind == TPK_ATTN_GQA ? tpk_gqa_attention_backward(ctx, &a->u.gqa, dy, dx)
+                                             : a->user->backward(ctx, a->self, dy, dx);
+    return tpk__block_rows(s, dx, &dy);
 }
 static inline tpk_status tpk__block_attn_recompute(tpk_ctx *ctx, tpk_block_attn *a, tpk_tensor h) {
     if (a->kind == TPK_ATTN_FUSED) return tpk__attention_recompute(ctx, &a->u.fused, h);
@@ -421,18 +429,20 @@ static inline void tpk__block_attn_destroy(tpk_ctx *ctx, tpk_block_attn *a) {
 
 static inline tpk_status tpk__block_mlp_forward(tpk_ctx *ctx, tpk_block_mlp *m, tpk_tensor x,
                                                 int64_t B, int64_t S, tpk_tensor *y) {
-    if (m->kind == TPK_MLP_ACT) return tpk_mlp_forward(ctx, &m->u.act, x, y);
-    if (m->kind == TPK_MLP_SWIGLU) return tpk_swiglu_mlp_forward(ctx, &m->u.swiglu, x, y);
-    if (m->kind == TPK_MLP_MOE) return tpk_moe_forward(ctx, &m->u.moe, x, y);
-    return m->user->forward(ctx, m->self, x, B, S, y);
+    tpk_status s = m->kind == TPK_MLP_ACT      ? tpk_mlp_forward(ctx, &m->u.act, x, y)
+                   : m->kind == TPK_MLP_SWIGLU ? tpk_swiglu_mlp_forward(ctx, &m->u.swiglu, x, y)
+                   : m->kind == TPK_MLP_MOE    ? tpk_moe_forward(ctx, &m->u.moe, x, y)
+                                               : m->user->forward(ctx, m->self, x, B, S, y);
+    return tpk__block_rows(s, y, &x);
 }
 static inline tpk_status tpk__block_mlp_backward(tpk_ctx *ctx, tpk_block_mlp *m, tpk_tensor dy,
                                                  tpk_tensor *dx) {
-    if (m->kind == TPK_MLP_ACT) return tpk_mlp_backward(ctx, &m->u.act, dy, dx);
-    if (m->kind == TPK_MLP_SWIGLU) return tpk_swiglu_mlp_backward(ctx, &m->u.swiglu, dy, dx);
-    if (m->kind == TPK_MLP_MOE) /* its own aux in the loss, or the model's pooled one */
-        return tpk_moe_backward(ctx, &m->u.moe, dy, 1.0f, dx);
-    return m->user->backward(ctx, m->self, dy, dx);
+    tpk_status s = m->kind == TPK_MLP_ACT      ? tpk_mlp_backward(ctx, &m->u.act, dy, dx)
+                   : m->kind == TPK_MLP_SWIGLU ? tpk_swiglu_mlp_backward(ctx, &m->u.swiglu, dy, dx)
+                   : m->kind == TPK_MLP_MOE /* its own aux in the loss, or the model's pooled one */
+                       ? tpk_moe_backward(ctx, &m->u.moe, dy, 1.0f, dx)
+                       : m->user->backward(ctx, m->self, dy, dx);
+    return tpk__block_rows(s, dx, &dy);
 }
 static inline tpk_status tpk__block_mlp_recompute(tpk_ctx *ctx, tpk_block_mlp *m, tpk_tensor h) {
     if (m->kind == TPK_MLP_ACT) return tpk__mlp_recompute(ctx, &m->u.act, h);

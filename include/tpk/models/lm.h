@@ -448,8 +448,8 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
                              "x: expected the hidden states from the stage before (B, S >= 0), "
                              "got %s with B = %lld, S = %lld",
                              x_in ? "data" : "NULL", (long long)B, (long long)S);
-        x = tpk_tp_tensor_2d(ctx, (void *)x_in, ctx->dtype, tpk_cp_rows(ctx, B, S), m->c.hidden,
-                             m->c.sequence_parallel ? TPK_S(0) : TPK_R);
+        x = tpk_cp_tensor_2d(ctx, (void *)x_in, ctx->dtype, B, S, m->c.hidden,
+                             m->c.sequence_parallel ? TPK_S(0) : TPK_R); /* CP rows at c > 1 */
     }
     m->B = B, m->S = S;
     TPK_TRY(tpk__lm_stack_forward(ctx, m, x, &x));
@@ -524,8 +524,8 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
                              "dy: expected the gradient from the stage after, got NULL");
         if (!m->B && !m->S)
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: backward needs a forward first");
-        g = tpk_tp_tensor_2d(ctx, dy_in, ctx->dtype, tpk_cp_rows(ctx, m->B, m->S), m->c.hidden,
-                             m->c.sequence_parallel ? TPK_S(0) : TPK_R);
+        g = tpk_cp_tensor_2d(ctx, dy_in, ctx->dtype, m->B, m->S, m->c.hidden,
+                             m->c.sequence_parallel ? TPK_S(0) : TPK_R); /* CP rows at c > 1 */
     }
     if (m->aux_count) { /* the pooled aux's gradient on every p_te: scale coef E C_e / N² */
         double N = (double)m->aux_N, E = (double)m->c.block.mlp.moe.experts;

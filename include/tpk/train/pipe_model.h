@@ -204,6 +204,8 @@ static inline tpk_status tpk__pipe_model_fwd(tpk_ctx *ctx, void *user, int chunk
     TPK_TRY(tpk_model_stage_forward(ctx, &pm->copy[i], u == 0 ? pm->ids + off : NULL, x,
                                     last ? pm->targets + off : NULL, pm->B, pm->S,
                                     last && pm->losses ? &pm->losses[mb] : NULL, &out));
+    if (out.ndim) /* the message: this CP rank's rows under CP (tpk_tensor.cp_rows), else whole */
+        TPK_TRY(tpk__cp_rows_check(ctx, "tpk_pipe_model_step", "y", &out));
     *y = out.data;
     return TPK_OK;
 }
@@ -224,6 +226,7 @@ static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk
     if (reduce) pm->dp->active = false;
     TPK_TRY(s);
     pm->busy[i] = false, pm->held[chunk * pm->M + mb] = -1;
+    if (g.ndim) TPK_TRY(tpk__cp_rows_check(ctx, "tpk_pipe_model_step", "dx", &g)); /* as y */
     *dx = g.data;
     return TPK_OK;
 }
