@@ -150,11 +150,12 @@ static tpk_status z3_hook(tpk_ctx *ctx, int64_t block, int when, void *user) {
     return TPK_OK;
 }
 
-static void test_zero3(bool llama, tpk_recompute rc, bool keep) {
-    TEST_CASE("ZeRO-3 at DP %d, %s, recompute %d%s: 3 steps equal ZeRO-0 (losses, norms, weights); "
-              "the bytes held; the all-gathers of a step; the prefetch in flight",
-              np, llama ? "Llama" : "GPT-2", (int)rc,
-              keep ? ", blocks kept for the backward" : "") {
+static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
+    TEST_CASE(
+        "ZeRO-3 at DP %d, %s, recompute %d%s%s: 3 steps equal ZeRO-0 (losses, norms, weights); "
+        "the bytes held; the all-gathers of a step; the prefetch in flight",
+        np, llama ? "Llama" : "GPT-2", (int)rc, keep ? ", blocks kept for the backward" : "",
+        dt == TPK_BF16 ? ", bf16" : "") {
         tpk_ctx c[2];
         z3_model m[2];
         tpk_adamw o[2];
@@ -164,7 +165,8 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep) {
         size_t before = 0, data_bytes = 0;
         for (int k = 0; k < 2; k++) {
             CHECK_OK(&c[k],
-                     tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world, .tp = 1, .seed = 11}));
+                     tpk_ctx_init(&c[k], &(tpk_ctx_desc){
+                                             .world = &world, .tp = 1, .seed = 11, .dtype = dt}));
             CHECK_OK(&c[k], z3_model_init(&c[k], &m[k], llama, rc));
             CHECK_OK(&c[k], tpk_adamw_init(
                                 &c[k], &o[k],
@@ -177,7 +179,7 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep) {
                     "opt: expected an optimizer made with zero_stage 3 (ZeRO-3)");
         CHECK_FAILS(x, tpk_adamw_step(x, &o[1], 1e-2f, 1.0f), TPK_ERR_ARG,
                     "opt: a ZeRO-3 optimizer not linked to its weights' shard");
-        before = x->mem, data_bytes = x->params.data.bytes;
+        before = x->mem, data_bytes = x->params.data.bytes + x->params.data16.bytes;
         CHECK_OK(
             x, tpk_zero3_init(x, &z, m[1].lm, &o[1], &(tpk_zero3_desc){.keep_for_backward = keep}));
         m[1].lm->block_hook = z3_hook; /* ZeRO-3's, watched */
@@ -195,8 +197,9 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep) {
                 runs += starts;
             }
         for (int r = 0; r < z.u[0].nruns; r++) rest += z.u[0].b[r] - z.u[0].a[r];
-        size_t held = before - x->mem; /* what ZeRO-3 freed, net */
-        size_t want = data_bytes - 4 * (o[1].sn ? o[1].sn : 1) - (keep ? 0 : 2 * 4 * most);
+        size_t held = before - x->mem;        /* what ZeRO-3 freed, net */
+        size_t each = dt == TPK_BF16 ? 6 : 4; /* a gathered element's bytes: f32 (+ bf16) */
+        size_t want = data_bytes - 4 * (o[1].sn ? o[1].sn : 1) - (keep ? 0 : 2 * each * most);
         CHECK(x->params.data.p == NULL && held == want &&
                   o[1].sn == (size_t)tpk_split((int64_t)n, d, tpk__dp_group(x)->rank).size,
               "ZeRO-3 at DP %d: %zu bytes fewer held (the whole weights %zu, the shard %zu of %zu "
@@ -982,12 +985,14 @@ int main(int argc, char **argv) {
         free(w0);
         tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
     }
-    test_zero3(false, TPK_RECOMPUTE_NONE, false);
-    test_zero3(true, TPK_RECOMPUTE_FULL, false);
+    test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32);
+    test_zero3(true, TPK_RECOMPUTE_FULL, false, TPK_F32);
     if (np <= 2) { /* (the long set) */
-        test_zero3(false, TPK_RECOMPUTE_FULL, false);
-        test_zero3(true, TPK_RECOMPUTE_NONE, false);
-        test_zero3(false, TPK_RECOMPUTE_NONE, true);
+        test_zero3(false, TPK_RECOMPUTE_FULL, false, TPK_F32);
+        test_zero3(true, TPK_RECOMPUTE_NONE, false, TPK_F32);
+        test_zero3(false, TPK_RECOMPUTE_NONE, true, TPK_F32);
+        test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_BF16);
+        test_zero3(true, TPK_RECOMPUTE_FULL, true, TPK_BF16);
     }
     tpk_comm_destroy(&world);
     return test_finish();

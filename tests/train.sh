@@ -181,6 +181,7 @@ fi
 if long_set; then
     z3 "DP 3 (uneven slices), 2 micro-batches, full recompute" 3 "$small --grad-accum 2 --recompute full"
     z3 "DP 2 x TP 2" 4 "$small --tp 2"
+    z3 "DP 2, bf16 (each block's copy cast when gathered)" 2 "$small --dtype bf16"
     z3 "Llama DP 2, untied head" 2 "--arch llama --layers 2 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2"
     tr 2 --text "$text" $small --steps 10 --zero 3 --save "$T/z3s" --save-every 5 --csv "$T/z3s.csv"
     rc1=$rc

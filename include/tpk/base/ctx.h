@@ -69,6 +69,7 @@ typedef struct tpk_params {
     float **at;              /* [n] or NULL: parameter i's f32 weights at at[i] instead of in data
                                 (ZeRO-3, tpk/train/zero3.h: data freed, each block's weights in a
                                 gathered buffer while it runs; NULL between uses) */
+    void **at16;             /* [n] or NULL: a bf16 context's copies of them (ZeRO-3, as at) */
     tpk_buf grad;            /* f32 [numel] gradients */
     tpk_buf data16;          /* bf16 [numel] copy of data, the weights a bf16 context computes
                                 with */

@@ -357,7 +357,8 @@ static inline void tpk_params_updated(tpk_ctx *ctx) { ctx->params.stale16 = true
 /* Make the bf16 copy of the weights current (no-op for f32). Layers call it in forward. */
 static inline tpk_status tpk__params_fresh(tpk_ctx *ctx) {
     tpk_params *P = &ctx->params;
-    if (ctx->dtype != TPK_BF16 || !P->stale16 || !P->numel) return TPK_OK;
+    /* (ZeRO-3, P->at16: each unit's copy made when it is gathered) */
+    if (ctx->dtype != TPK_BF16 || !P->stale16 || !P->numel || P->at16) return TPK_OK;
     TPK_TRY(tpk__buf_reserve(ctx, &P->data16, P->numel * 2));
     TPK_TRY(tpk_op_cast(ctx, P->data16.p, TPK_BF16, P->data.p, TPK_F32, P->numel));
     P->stale16 = false;
@@ -365,8 +366,10 @@ static inline tpk_status tpk__params_fresh(tpk_ctx *ctx) {
 }
 /* Parameter id's weights in the context's dtype (the bf16 copy, or the f32 master). */
 static inline const void *tpk__param_w(tpk_ctx *ctx, int id) {
+    const tpk_params *P = &ctx->params;
     if (ctx->dtype == TPK_BF16)
-        return (const uint16_t *)ctx->params.data16.p + ctx->params.list[id].offset;
+        return P->at16 ? (const void *)P->at16[id]
+                       : (const void *)((const uint16_t *)P->data16.p + P->list[id].offset);
     return tpk_param_data(ctx, id);
 }
 /* grad[off .. off + n) += src (n elements in ctx->dtype). */

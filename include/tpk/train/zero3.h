@@ -30,8 +30,9 @@
  * backward; no all-gather after AdamW (tpk_adamw.w: the step updates the shard in place). After
  * an optimizer step (tpk_adamw.step changed) whatever is still gathered is released before the
  * next forward uses it.
- * Not yet: bf16 contexts (the gathered buffers are f32), pipeline stages, experts at EP > 1, HSDP
- * (refused by name). */
+ * A bf16 context: each unit's buffer holds its f32 weights and their bf16 copy (one cast when the
+ * gather is waited for; ctx->params.at16 points the layers into it), the whole copy data16 freed.
+ * Not yet: pipeline stages, experts at EP > 1 (refused by name), HSDP. */
 #ifndef TPK_ZERO3_H
 #define TPK_ZERO3_H
 
@@ -50,6 +51,7 @@ typedef struct tpk__z3_unit {
     int state;         /* 0 released, 1 gather in flight, 2 gathered */
     int slot;          /* the shared buffer it uses (0, 1), or -1: its own */
     tpk_buf own;
+    float *buf; /* its gathered f32 weights (runs in order), then a bf16 context's copy */
     tpk_request req[2];
 } tpk__z3_unit;
 
@@ -59,6 +61,7 @@ typedef struct tpk_zero3 {
     size_t numel, s0, sn; /* the flat buffer's elements; this rank's slice */
     float *shard;         /* f32 [sn] backend memory: this rank's master weights */
     float **at;           /* [n params] the pointers ctx->params.at holds */
+    void **at16;          /* [n params] a bf16 context's: ctx->params.at16 (NULL in f32) */
     tpk__z3_unit *u;      /* [nu]: u[0] the rest, u[1 + k] block lo + k */
     int nu;
     int64_t lo;
@@ -79,7 +82,10 @@ static inline tpk_status tpk__z3_release(tpk_ctx *ctx, tpk_zero3 *z, int k) {
             if (s == TPK_OK) s = w;
         }
     for (int r = 0; r < u->nruns; r++)
-        for (int i = u->first[r]; i <= u->last[r]; i++) z->at[i] = NULL;
+        for (int i = u->first[r]; i <= u->last[r]; i++) {
+            z->at[i] = NULL;
+            if (z->at16) z->at16[i] = NULL;
+        }
     if (u->slot >= 0 && z->slot_owner[u->slot] == k) z->slot_owner[u->slot] = -1;
     if (k == 0) tpk__buf_free(ctx, &u->own); /* between steps: the shard alone */
     u->state = 0;
@@ -91,17 +97,19 @@ static inline tpk_status tpk__z3_start(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     tpk__z3_unit *u = &z->u[k];
     if (u->state) return TPK_OK;
     float *buf;
+    size_t each = ctx->dtype == TPK_BF16 ? 6 : 4; /* bytes an element: f32, and its bf16 copy */
     if (u->slot >= 0) {
         int o = z->slot_owner[u->slot];
         if (o >= 0 && o != k) TPK_TRY(tpk__z3_release(ctx, z, o));
         z->slot_owner[u->slot] = k;
         buf = (float *)z->slot[u->slot].p;
     } else {
-        TPK_TRY(tpk__buf_reserve(ctx, &u->own, sizeof(float) * (u->elems ? u->elems : 1)));
+        TPK_TRY(tpk__buf_reserve(ctx, &u->own, each * (u->elems ? u->elems : 1)));
         buf = (float *)u->own.p;
     }
     tpk_comm *dg = tpk__dp_group(ctx);
     int D = dg->size;
+    u->buf = buf;
     for (int r = 0; r < u->nruns; r++) {
         size_t a = u->a[r], b = u->b[r];
         for (int q = 0; q < D; q++) {
@@ -134,7 +142,14 @@ static inline tpk_status tpk__z3_ready(tpk_ctx *ctx, tpk_zero3 *z, int k) {
         if (s == TPK_OK) s = w;
     }
     u->state = 2;
-    return s;
+    if (s != TPK_OK || !z->at16) return s;
+    /* a bf16 context: the unit's copy, one cast, after its f32 weights */
+    uint16_t *h = (uint16_t *)(u->buf + u->elems);
+    if (u->elems) TPK_TRY(tpk_op_cast(ctx, h, TPK_BF16, u->buf, TPK_F32, u->elems));
+    for (int r = 0; r < u->nruns; h += u->b[r] - u->a[r], r++)
+        for (int i = u->first[r]; i <= u->last[r]; i++)
+            z->at16[i] = h + (ctx->params.list[i].offset - u->a[r]);
+    return TPK_OK;
 }
 
 /* Every unit released (collective only in the waits of gathers in flight). */
@@ -183,12 +198,14 @@ static inline void tpk_zero3_destroy(tpk_ctx *ctx, tpk_zero3 *z) {
     if (!ctx || !z) return;
     if (z->u) (void)tpk__z3_release_all(ctx, z);
     if (ctx->params.at == z->at) ctx->params.at = NULL;
+    if (z->at16 && ctx->params.at16 == z->at16) ctx->params.at16 = NULL;
     if (z->opt && z->opt->w == z->shard) z->opt->w = NULL;
     if (z->shard) tpk__mem_count(ctx, sizeof(float) * (z->sn ? z->sn : 1), false);
     tpk_op_free(ctx, z->shard);
     for (int k = 0; k < z->nu; k++) tpk__buf_free(ctx, &z->u[k].own);
     tpk__buf_free(ctx, &z->slot[0]), tpk__buf_free(ctx, &z->slot[1]);
-    tpk__free(ctx, z->at), tpk__free(ctx, z->u), tpk__free(ctx, z->counts);
+    tpk__free(ctx, z->at), tpk__free(ctx, z->at16), tpk__free(ctx, z->u);
+    tpk__free(ctx, z->counts);
     memset(z, 0, sizeof *z);
 }
 
@@ -211,10 +228,6 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "opt: made for %zu parameter elements, the context holds %zu whole",
                          opt->numel, ctx->params.data.p ? ctx->params.numel : (size_t)0);
-    if (ctx->dtype != TPK_F32)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "ctx->dtype: ZeRO-3 gathers f32 weights, not yet a bf16 context's copy "
-                         "(expected TPK_F32)");
     if (ctx->pp.size > 1 || !m->has_embed || !m->has_head)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "model: ZeRO-3 not yet with pipeline stages (PP %d): expected the whole "
@@ -230,11 +243,14 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
     z->at = (float **)tpk__malloc(ctx, sizeof(float *) * (size_t)(n ? n : 1));
     z->u = (tpk__z3_unit *)tpk__malloc(ctx, sizeof(tpk__z3_unit) * (size_t)z->nu);
     z->counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)dg->size);
-    if (!z->at || !z->u || !z->counts) {
+    if (ctx->dtype == TPK_BF16)
+        z->at16 = (void **)tpk__malloc(ctx, sizeof(void *) * (size_t)(n ? n : 1));
+    if (!z->at || !z->u || !z->counts || (ctx->dtype == TPK_BF16 && !z->at16)) {
         tpk_zero3_destroy(ctx, z);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' pointers", n);
     }
     memset(z->at, 0, sizeof(float *) * (size_t)(n ? n : 1));
+    if (z->at16) memset(z->at16, 0, sizeof(void *) * (size_t)(n ? n : 1));
     memset(z->u, 0, sizeof(tpk__z3_unit) * (size_t)z->nu);
     int p0 = n, p1 = -1, next = -1;
     size_t most = 0;
@@ -271,13 +287,14 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
         s = tpk_op_memcpy(ctx, z->shard, (const float *)ctx->params.data.p + z->s0, bytes,
                           ctx->ops->device ? TPK_D2D : TPK_H2H);
     for (int q = 0; q < 2 && s == TPK_OK && !d.keep_for_backward && L > q; q++)
-        s = tpk__buf_reserve(ctx, &z->slot[q], sizeof(float) * (most ? most : 1));
+        s = tpk__buf_reserve(ctx, &z->slot[q], (z->at16 ? 6 : 4) * (most ? most : 1));
     if (s != TPK_OK) {
         tpk_zero3_destroy(ctx, z);
         return s;
     }
-    tpk__buf_free(ctx, &ctx->params.data); /* the whole weights: gathered block by block now */
-    ctx->params.at = z->at, opt->w = z->shard;
+    tpk__buf_free(ctx, &ctx->params.data);   /* the whole weights: gathered block by block now */
+    tpk__buf_free(ctx, &ctx->params.data16); /* (a bf16 context's: each unit's own copy) */
+    ctx->params.at = z->at, ctx->params.at16 = z->at16, opt->w = z->shard;
     m->block_hook = tpk_zero3_hook, m->block_hook_user = z;
     return TPK_OK;
 }
@@ -295,7 +312,8 @@ static inline tpk_status tpk_zero3_gather(tpk_ctx *ctx, tpk_zero3 *z) {
     if (z->sn)
         TPK_TRY(tpk_op_memcpy(ctx, w + z->s0, z->shard, sizeof(float) * z->sn,
                               ctx->ops->device ? TPK_D2D : TPK_H2H));
-    ctx->params.at = NULL;
+    ctx->params.at = NULL, ctx->params.at16 = NULL;
+    tpk_params_updated(ctx); /* a bf16 context remakes its whole copy */
     return z->numel ? tpk__dp_allgather_slices(ctx, w, z->numel) : TPK_OK;
 }
 
@@ -312,8 +330,8 @@ static inline tpk_status tpk_zero3_shard(tpk_ctx *ctx, tpk_zero3 *z) {
     if (z->sn)
         TPK_TRY(tpk_op_memcpy(ctx, z->shard, (const float *)ctx->params.data.p + z->s0,
                               sizeof(float) * z->sn, ctx->ops->device ? TPK_D2D : TPK_H2H));
-    tpk__buf_free(ctx, &ctx->params.data);
-    ctx->params.at = z->at;
+    tpk__buf_free(ctx, &ctx->params.data), tpk__buf_free(ctx, &ctx->params.data16);
+    ctx->params.at = z->at, ctx->params.at16 = z->at16;
     return TPK_OK;
 }
 
