@@ -56,6 +56,106 @@ __device__ __forceinline__ void att_stage(float *dst, const T *base, int64_t ld,
     }
 }
 
+/* Both tiles of a step (rows [r0, r0 + ATT_TILE) of a into as, of b into bs), between barriers. */
+template <class T>
+__device__ __forceinline__ void att_stage2(float *as, const T *a, int64_t lda, float *bs,
+                                           const T *b, int64_t ldb, int64_t r0, int64_t S,
+                                           int64_t D) {
+    __syncthreads();
+    att_stage(as, a, lda, r0, S, D);
+    att_stage(bs, b, ldb, r0, S, D);
+    __syncthreads();
+}
+
+/* The tile steps of a warp, shared by the generic kernels and the block kernels (lane: the
+ * warp's lane; keep(jj): keep_ij of the tile's row or key jj, called only for visible pairs).
+ *
+ * Forward: query row q (scaled) sees the tile's first n keys (n > 0, may pass ATT_TILE); lane
+ * scores key lane; m, l, o[NE] (columns lane + 32 e) step on:
+ * o = o e^(m - m') + sum_j keep_j e^(s_j - m') V_j, l = l e^(m - m') + sum_j e^(s_j - m'). */
+template <int NE, class Keep>
+__device__ __forceinline__ void att_fwd_tile(float (&o)[NE], float &m, float &l, const float *q,
+                                             const float *Ks, const float *Vs, float *pw, int64_t D,
+                                             int lane, int64_t n, Keep keep) {
+    float s = -INFINITY;
+    if (lane < n) {
+        s = 0.0f;
+        for (int64_t e = 0; e < D; e++) s += q[e] * Ks[lane * (D + 1) + e];
+    }
+    /* finite: key 0 of the tile is visible; m = -inf at first: corr = 0 */
+    float mn = fmaxf(m, tpk__warp_max(s));
+    float pe = lane < n ? expf(s - mn) : 0.0f, corr = expf(m - mn);
+    l = l * corr + tpk__warp_sum(pe);
+    pw[lane] = lane < n ? pe * keep(lane) : 0.0f;
+    __syncwarp();
+    int64_t nt = n < ATT_TILE ? n : ATT_TILE;
+    for (int e = 0; e < NE; e++) {
+        int64_t c = lane + 32 * e;
+        float acc = o[e] * corr;
+        if (c < D)
+            for (int64_t jj = 0; jj < nt; jj++) acc += pw[jj] * Vs[jj * (D + 1) + c];
+        o[e] = acc;
+    }
+    __syncwarp();
+    m = mn;
+}
+
+/* dQ: query row q, its dO row go, lse L and Dr Di see the tile's first n keys; lane's key:
+ * P = exp(scale q.k - L), dS = P (keep dO.v - Di); acc[e] += sum_j dS_j K_j (columns lane + 32 e,
+ * unscaled). */
+template <int NE, class Keep>
+__device__ __forceinline__ void
+att_dq_tile(float (&acc)[NE], const float *q, const float *go, const float *Ks, const float *Vs,
+            float *dsw, int64_t D, int lane, int64_t n, float scale, float L, float Di, Keep keep) {
+    float ds = 0.0f;
+    if (lane < n) {
+        float s = 0.0f, dp = 0.0f;
+        for (int64_t e = 0; e < D; e++)
+            s += q[e] * Ks[lane * (D + 1) + e], dp += go[e] * Vs[lane * (D + 1) + e];
+        float P = expf(scale * s - L);
+        ds = P * (dp * keep(lane) - Di);
+    }
+    dsw[lane] = ds;
+    __syncwarp();
+    int64_t nt = n < ATT_TILE ? n : ATT_TILE;
+    for (int e = 0; e < NE; e++) {
+        int64_t c = lane + 32 * e;
+        if (c < D)
+            for (int64_t jj = 0; jj < nt; jj++) acc[e] += dsw[jj] * Ks[jj * (D + 1) + c];
+    }
+    __syncwarp();
+}
+
+/* dK, dV: key row k, value row v against the query tile Qs, dOs; lane's query i (vis: the pair is
+ * visible; Lh[i], Dh[i] its lse and Dr): P = exp(scale q.k - lse), dS = P (keep dO.v - Dr);
+ * dv[e] += sum_i keep_i P_i dO_i, dk[e] += sum_i dS_i Q_i (columns lane + 32 e, in tile order). */
+template <int NE, class Keep>
+__device__ __forceinline__ void
+att_dkv_tile(float (&dk)[NE], float (&dv)[NE], const float *Qs, const float *dOs, const float *k,
+             const float *v, float *pk, float *dsw, int64_t D, int lane, bool vis, float scale,
+             const float *Lh, const float *Dh, int64_t i, Keep keep) {
+    float pd = 0.0f, ds = 0.0f;
+    if (vis) {
+        float s = 0.0f, dp = 0.0f;
+        for (int64_t e = 0; e < D; e++)
+            s += Qs[lane * (D + 1) + e] * k[e], dp += dOs[lane * (D + 1) + e] * v[e];
+        float P = expf(scale * s - Lh[i]), kp = keep(i);
+        pd = P * kp;
+        ds = P * (dp * kp - Dh[i]);
+    }
+    pk[lane] = pd, dsw[lane] = ds;
+    __syncwarp();
+    for (int e = 0; e < NE; e++) {
+        int64_t c = lane + 32 * e;
+        if (c < D)
+            for (int ii = 0; ii < ATT_TILE; ii++) {
+                dv[e] += pk[ii] * dOs[ii * (D + 1) + c];
+                dk[e] += dsw[ii] * Qs[ii * (D + 1) + c];
+            }
+    }
+    __syncwarp();
+}
+
 /* grid (ceil(S / ATT_WARPS), Al, B); warp w handles query row i = blockIdx.x * ATT_WARPS + w.
  * Registers: o[NE] holds O_i columns lane + 32 e. */
 template <class T, int NE>
@@ -80,34 +180,12 @@ __global__ void attn_fwd_kernel(T *out, float *lse, const T *qkv, int64_t S, int
     /* the block's last query row */
     int64_t last = (i0 + ATT_WARPS - 1 < S - 1 ? i0 + ATT_WARPS - 1 : S - 1);
     for (int64_t j0 = 0; j0 <= last; j0 += ATT_TILE) {
-        __syncthreads();
-        att_stage(Ks, K, ld3, j0, S, D);
-        att_stage(Vs, V, ld3, j0, S, D);
-        __syncthreads();
+        att_stage2(Ks, K, ld3, Vs, V, ld3, j0, S, D);
         if (i >= S || j0 > i) continue;
-        /* lane scores key j0 + lane */
-        int64_t j = j0 + lane;
-        float s = -INFINITY;
-        if (j <= i) {
-            s = 0.0f;
-            for (int64_t e = 0; e < D; e++) s += q[e] * Ks[lane * (D + 1) + e];
-        }
-        float mn = fmaxf(m, tpk__warp_max(s));
-        /* m = -inf at first: corr = 0 */
-        float pe = j <= i ? expf(s - mn) : 0.0f, corr = expf(m - mn);
-        l = l * corr + tpk__warp_sum(pe);
-        pw[lane] = pe * (j <= i ? tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) : 0.0f);
-        __syncwarp();
-        int64_t nk = i - j0 + 1 < ATT_TILE ? i - j0 + 1 : ATT_TILE;
-        for (int e = 0; e < NE; e++) {
-            int64_t c = lane + 32 * e;
-            float acc = o[e] * corr;
-            if (c < D)
-                for (int64_t jj = 0; jj < nk; jj++) acc += pw[jj] * Vs[jj * (D + 1) + c];
-            o[e] = acc;
-        }
-        __syncwarp();
-        m = mn;
+        /* keys j0 .. i of the tile */
+        att_fwd_tile<NE>(o, m, l, q, Ks, Vs, pw, D, lane, i - j0 + 1, [&](int64_t jj) {
+            return tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j0 + jj);
+        });
     }
     if (i >= S) return;
     float inv = 1.0f / l;
@@ -335,29 +413,12 @@ __global__ void attn_dq_kernel(T *dqkv, const T *dout, const T *qkv, const float
     for (int e = 0; e < NE; e++) acc[e] = 0.0f;
     int64_t last = (i0 + ATT_WARPS - 1 < S - 1 ? i0 + ATT_WARPS - 1 : S - 1);
     for (int64_t j0 = 0; j0 <= last; j0 += ATT_TILE) {
-        __syncthreads();
-        att_stage(Ks, K, ld3, j0, S, D);
-        att_stage(Vs, V, ld3, j0, S, D);
-        __syncthreads();
+        att_stage2(Ks, K, ld3, Vs, V, ld3, j0, S, D);
         if (i >= S || j0 > i) continue;
-        int64_t j = j0 + lane;
-        float ds = 0.0f;
-        if (j <= i) {
-            float s = 0.0f, dp = 0.0f;
-            for (int64_t e = 0; e < D; e++)
-                s += q[e] * Ks[lane * (D + 1) + e], dp += go[e] * Vs[lane * (D + 1) + e];
-            float P = expf(scale * s - L);
-            ds = P * (dp * tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j) - Di);
-        }
-        dsw[lane] = ds;
-        __syncwarp();
-        int64_t nk = i - j0 + 1 < ATT_TILE ? i - j0 + 1 : ATT_TILE;
-        for (int e = 0; e < NE; e++) {
-            int64_t c = lane + 32 * e;
-            if (c < D)
-                for (int64_t jj = 0; jj < nk; jj++) acc[e] += dsw[jj] * Ks[jj * (D + 1) + c];
-        }
-        __syncwarp();
+        att_dq_tile<NE>(acc, q, go, Ks, Vs, dsw, D, lane, i - j0 + 1, scale, L, Di,
+                        [&](int64_t jj) {
+                            return tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j0 + jj);
+                        });
     }
     if (i >= S) return;
     for (int e = 0; e < NE; e++) {
@@ -395,33 +456,13 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
         const T *Q = qkv + b * S * ld3 + h * D, *dO = dout + b * S * ldo + h * D;
         const float *Lh = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
         for (int64_t q0 = j0 / ATT_TILE * ATT_TILE; q0 < S; q0 += ATT_TILE) {
-            __syncthreads();
-            att_stage(Qs, Q, ld3, q0, S, D);
-            att_stage(dOs, dO, ldo, q0, S, D);
-            __syncthreads();
+            att_stage2(Qs, Q, ld3, dOs, dO, ldo, q0, S, D);
             if (j >= S || q0 + ATT_TILE - 1 < j) continue;
             int64_t i = q0 + lane;
-            float pd = 0.0f, ds = 0.0f;
-            if (i < S && i >= j) {
-                float s = 0.0f, dp = 0.0f;
-                for (int64_t e = 0; e < D; e++)
-                    s += Qs[lane * (D + 1) + e] * k[e], dp += dOs[lane * (D + 1) + e] * v[e];
-                float P = expf(scale * s - Lh[i]),
-                      keep = tpk__att_keep(p, seed, stream, b, A, head0 + h, S, i, j);
-                pd = P * keep;
-                ds = P * (dp * keep - Dh[i]);
-            }
-            pk[lane] = pd, dsw[lane] = ds;
-            __syncwarp();
-            for (int e = 0; e < NE; e++) {
-                int64_t c = lane + 32 * e;
-                if (c < D)
-                    for (int ii = 0; ii < ATT_TILE; ii++) {
-                        dv[e] += pk[ii] * dOs[ii * (D + 1) + c];
-                        dk[e] += dsw[ii] * Qs[ii * (D + 1) + c];
-                    }
-            }
-            __syncwarp();
+            att_dkv_tile<NE>(dk, dv, Qs, dOs, k, v, pk, dsw, D, lane, i < S && i >= j, scale, Lh,
+                             Dh, i, [&](int64_t ii) {
+                                 return tpk__att_keep(p, seed, stream, b, A, head0 + h, S, ii, j);
+                             });
         }
     } /* the next query head reading this key/value head */
     if (j >= S) return;
@@ -506,20 +547,22 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         using T = decltype(tag);
         attn_dr_kernel<T><<<attn_dr_grid(nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(
             Dr, (const T *)dout, (const T *)out, B, S, Al, D);
-        tpk_status r = att_by_ne(ctx, fn, D, [&](auto ne) { /* failures recorded in s, as in
+        tpk_status r =
+            att_by_ne(ctx, fn, D,
+                      [&](auto ne) { /* failures recorded in s, as in
                                                                attn_fwd */
-            auto kq = attn_dq_kernel<T, decltype(ne)::value>;
-            auto kkv = attn_dkv_kernel<T, decltype(ne)::value>;
-            if ((s = att_smem_attr(ctx, fn, st, D, kq, smem)) != TPK_OK ||
-                (s = att_smem_attr(ctx, fn, st, D, kkv, smem)) != TPK_OK)
-                return;
-            kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout,
-                                                           (const T *)qkv, lse, Dr, S, Al, D, A, G,
-                                                           head0, scale, p, seed, stream);
-            kkv<<<kvgrid, 32 * ATT_WARPS, smem, st->stream>>>((T *)dqkv, (const T *)dout,
-                                                              (const T *)qkv, lse, Dr, S, Al, D, A,
-                                                              G, head0, scale, p, seed, stream);
-        });
+                                     auto kq = attn_dq_kernel<T, decltype(ne)::value>;
+                                     auto kkv = attn_dkv_kernel<T, decltype(ne)::value>;
+                                     if ((s = att_smem_attr(ctx, fn, st, D, kq, smem)) != TPK_OK ||
+                                         (s = att_smem_attr(ctx, fn, st, D, kkv, smem)) != TPK_OK)
+                                         return;
+                                     kq<<<grid, 32 * ATT_WARPS, smem, st->stream>>>(
+                                         (T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al,
+                                         D, A, G, head0, scale, p, seed, stream);
+                                     kkv<<<kvgrid, 32 * ATT_WARPS, smem, st->stream>>>(
+                                         (T *)dqkv, (const T *)dout, (const T *)qkv, lse, Dr, S, Al,
+                                         D, A, G, head0, scale, p, seed, stream);
+                      });
         if (s == TPK_OK) s = r;
     });
     TPK_TRY(s);
@@ -561,34 +604,12 @@ __global__ void attn_blk_fwd_kernel(float *out, float *lse, const T *q, const T 
     int64_t last = i0 + ATT_WARPS - 1 < bk.Sq - 1 ? i0 + ATT_WARPS - 1 : bk.Sq - 1,
             nk = att_blk_vis(bk, last), vi = i < bk.Sq ? att_blk_vis(bk, i) : 0;
     for (int64_t j0 = 0; j0 < nk; j0 += ATT_TILE) {
-        __syncthreads();
-        att_stage(Ks, K, bk.ldkv, j0, bk.Sk, D);
-        att_stage(Vs, V, bk.ldkv, j0, bk.Sk, D);
-        __syncthreads();
+        att_stage2(Ks, K, bk.ldkv, Vs, V, bk.ldkv, j0, bk.Sk, D);
         if (j0 >= vi) continue; /* uniform over the warp: one row */
-        int64_t j = j0 + lane;
-        float s = -INFINITY;
-        if (j < vi) {
-            s = 0.0f;
-            for (int64_t e = 0; e < D; e++) s += qw[e] * Ks[lane * (D + 1) + e];
-        }
-        float mn = fmaxf(m, tpk__warp_max(s)); /* finite: key j0 is visible */
-        float pe = j < vi ? expf(s - mn) : 0.0f, corr = expf(m - mn);
-        l = l * corr + tpk__warp_sum(pe);
-        pw[lane] = j < vi ? pe * tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S,
-                                               bk.q0 + i, bk.k0 + j)
-                          : 0.0f;
-        __syncwarp();
-        int64_t nt = vi - j0 < ATT_TILE ? vi - j0 : ATT_TILE;
-        for (int e = 0; e < NE; e++) {
-            int64_t c = lane + 32 * e;
-            float acc = o[e] * corr;
-            if (c < D)
-                for (int64_t jj = 0; jj < nt; jj++) acc += pw[jj] * Vs[jj * (D + 1) + c];
-            o[e] = acc;
-        }
-        __syncwarp();
-        m = mn;
+        att_fwd_tile<NE>(o, m, l, qw, Ks, Vs, pw, D, lane, vi - j0, [&](int64_t jj) {
+            return tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S, bk.q0 + i,
+                                 bk.k0 + j0 + jj);
+        });
     }
     if (i >= bk.Sq) return;
     float lb = l > 0.0f ? m + logf(l) : -INFINITY, inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -642,31 +663,13 @@ __global__ void attn_blk_dq_kernel(float *dq, float *Dr, const T *dout, const T 
     int64_t last = i0 + ATT_WARPS - 1 < bk.Sq - 1 ? i0 + ATT_WARPS - 1 : bk.Sq - 1,
             nk = att_blk_vis(bk, last), vi = i < bk.Sq && Li != -INFINITY ? att_blk_vis(bk, i) : 0;
     for (int64_t j0 = 0; j0 < nk; j0 += ATT_TILE) {
-        __syncthreads();
-        att_stage(Ks, K, bk.ldkv, j0, bk.Sk, D);
-        att_stage(Vs, V, bk.ldkv, j0, bk.Sk, D);
-        __syncthreads();
+        att_stage2(Ks, K, bk.ldkv, Vs, V, bk.ldkv, j0, bk.Sk, D);
         if (j0 >= vi) continue;
-        int64_t j = j0 + lane;
-        float ds = 0.0f;
-        if (j < vi) {
-            float s = 0.0f, dp = 0.0f;
-            for (int64_t e = 0; e < D; e++)
-                s += qw[e] * Ks[lane * (D + 1) + e], dp += go[e] * Vs[lane * (D + 1) + e];
-            float P = expf(bk.scale * s - Li);
-            ds = P * (dp * tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S, bk.q0 + i,
-                                         bk.k0 + j) -
-                      di);
-        }
-        dsw[lane] = ds;
-        __syncwarp();
-        int64_t nt = vi - j0 < ATT_TILE ? vi - j0 : ATT_TILE;
-        for (int e = 0; e < NE; e++) {
-            int64_t c = lane + 32 * e;
-            if (c < D)
-                for (int64_t jj = 0; jj < nt; jj++) acc[e] += dsw[jj] * Ks[jj * (D + 1) + c];
-        }
-        __syncwarp();
+        att_dq_tile<NE>(acc, qw, go, Ks, Vs, dsw, D, lane, vi - j0, bk.scale, Li, di,
+                        [&](int64_t jj) {
+                            return tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S,
+                                                 bk.q0 + i, bk.k0 + j0 + jj);
+                        });
     }
     if (i >= bk.Sq || vi == 0) return;
     float *dQ = dq + i * bk.lddq + h * D;
@@ -709,34 +712,16 @@ __global__ void attn_blk_dkv_kernel(float *dkv, const float *Dr, const T *dout, 
         const float *Lh = lse + h * bk.ldl, *Dh = Dr + h * bk.Sq;
         int64_t g = bk.head0 + h;
         for (int64_t t0 = f0; t0 < bk.Sq; t0 += ATT_TILE) {
-            __syncthreads();
-            att_stage(Qs, Q, bk.ldq, t0, bk.Sq, D);
-            att_stage(dOs, dO, bk.ldo, t0, bk.Sq, D);
-            __syncthreads();
+            att_stage2(Qs, Q, bk.ldq, dOs, dO, bk.ldo, t0, bk.Sq, D);
             if (j >= bk.Sk || t0 + ATT_TILE - 1 < fj) continue;
             int64_t i = t0 + lane;
-            float pd = 0.0f, ds = 0.0f, Li = i < bk.Sq ? Lh[i] : -INFINITY;
-            if (i < bk.Sq && i >= fj && Li != -INFINITY) {
-                float s = 0.0f, dp = 0.0f;
-                for (int64_t e = 0; e < D; e++)
-                    s += Qs[lane * (D + 1) + e] * kw[e], dp += dOs[lane * (D + 1) + e] * vw[e];
-                float P = expf(bk.scale * s - Li),
-                      keep = tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S, bk.q0 + i,
-                                           bk.k0 + j);
-                pd = P * keep;
-                ds = P * (dp * keep - Dh[i]);
-            }
-            pk[lane] = pd, dsw[lane] = ds;
-            __syncwarp();
-            for (int e = 0; e < NE; e++) {
-                int64_t c = lane + 32 * e;
-                if (c < D)
-                    for (int ii = 0; ii < ATT_TILE; ii++) {
-                        dv[e] += pk[ii] * dOs[ii * (D + 1) + c];
-                        dk[e] += dsw[ii] * Qs[ii * (D + 1) + c];
-                    }
-            }
-            __syncwarp();
+            /* visible, and the row sees some key (lse finite) */
+            bool vis = i < bk.Sq && i >= fj && Lh[i] != -INFINITY;
+            att_dkv_tile<NE>(dk, dv, Qs, dOs, kw, vw, pk, dsw, D, lane, vis, bk.scale, Lh, Dh, i,
+                             [&](int64_t ii) {
+                                 return tpk__att_keep(bk.p, bk.seed, bk.stream, bk.b, bk.A, g, bk.S,
+                                                      bk.q0 + ii, bk.k0 + j);
+                             });
         }
     } /* the next query head reading this key/value head */
     if (j >= bk.Sk) return;
