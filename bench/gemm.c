@@ -23,8 +23,17 @@
  * cblas_sgemm on the host). Median of the timed calls; CUDA events on the GPU, the monotonic clock
  * on the host.
  *
+ * With --experts E (a mixture of experts' local experts, instead of the table above): the three
+ * GEMMs of the experts' first linear over T rows split among E experts (W_g [F, H] each), as one
+ * tpk_op_gemm_grouped call against one tpk_op_gemm of the same T rows and one W (the dense layer
+ * of the same flops), with the rows split evenly (T / E each) and skewed (expert g's share
+ * proportional to g + 1, rounded down, the rest to the last):
+ *   grouped fwd    y_g = x_g W_g^T       [T_g, F] per expert; one GEMM m=T n=F k=H
+ *   grouped dgrad  dx_g = dy_g W_g       [T_g, H];            one GEMM m=T n=H k=F
+ *   grouped wgrad  dW_g += dy_g^T x_g    [F, H] f32;          one GEMM m=F n=H k=T
+ *
  *   gemm [--H 768] [--F 4H] [--tokens T] [--vocab 50257] [--dtype f32|bf16] [--t 1,2,4,8]
- *        [--iters N] [--peak P] [--host] [--tf32] [--json]
+ *        [--iters N] [--peak P] [--experts E] [--host] [--tf32] [--json]
  * --peak: the size of the square GEMM that measures the peak (8192 on the GPU, 2048 on the host).
  * The CUDA backend is used when the program was built with it (-DTPK_WITH_CUDA) and a device is
  * present, unless --host. */
@@ -140,6 +149,89 @@ static void *buf_rand(size_t n, tpk_dtype dt, uint64_t stream) {
     return p;
 }
 
+/* --experts: one form of the experts' GEMM (q: 0 fwd, 1 dgrad, 2 wgrad) over E groups of rows,
+ * grouped, or (one) as a single GEMM of all T rows against W_0 */
+typedef struct grouped_case {
+    int q, E;
+    bool one;
+    int64_t T, H, F;
+    const int64_t *rows;
+    tpk_dtype dt;
+    void *x, *y, **w; /* x [T, q ? F : H], y [T, q ? H : F]; w[E] [F, H] (f32 for wgrad) */
+} grouped_case;
+static void call_grouped(void *arg, int set) {
+    grouped_case *c = arg;
+    (void)set;
+    int64_t T = c->T, H = c->H, F = c->F;
+    tpk_dtype dt = c->dt;
+    if (c->q == 0) {
+        if (c->one) TRY(tpk_op_gemm(&ctx, false, true, T, F, H, 1.f, c->x, H, c->w[0], H, 0.f,
+                                    c->y, F, dt));
+        else TRY(tpk_op_gemm_grouped(&ctx, false, true, c->E, c->rows, F, H, 1.f, c->x, H, c->w, H,
+                                     dt, 0.f, c->y, F, dt));
+    } else if (c->q == 1) {
+        if (c->one) TRY(tpk_op_gemm(&ctx, false, false, T, H, F, 1.f, c->x, F, c->w[0], H, 0.f,
+                                    c->y, H, dt));
+        else TRY(tpk_op_gemm_grouped(&ctx, false, false, c->E, c->rows, H, F, 1.f, c->x, F, c->w, H,
+                                     dt, 0.f, c->y, H, dt));
+    } else if (c->one) {
+        TRY(tpk_op_gemm_acc(&ctx, true, false, F, H, T, 1.f, c->x, F, c->y, H, 1.f, c->w[0], H,
+                            dt));
+    } else {
+        TRY(tpk_op_gemm_grouped(&ctx, true, false, c->E, c->rows, H, F, 1.f, c->x, F, c->w, H,
+                                TPK_F32, 1.f, c->y, H, dt));
+    }
+}
+/* the --experts report: each form, evenly and skewed, grouped against one GEMM */
+static void run_experts(int E, int64_t T, int64_t H, int64_t F, tpk_dtype dt, int iters, bool json,
+                        double unit, const char *uname) {
+    int64_t *rows = calloc((size_t)E, sizeof(int64_t));
+    void **w = calloc((size_t)E, sizeof(void *));
+    if (!json)
+        printf("experts: E=%d, T=%lld rows, each W_g [%lld, %lld]; grouped (one gemm_grouped) "
+               "against one gemm of the same rows\n%-14s %-6s %9s %8s  %9s %8s  %6s\n",
+               E, (long long)T, (long long)F, (long long)H, "gemm", "rows", "ms", uname,
+               "one ms", uname, "ratio");
+    else
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"experts\": %d, \"H\": %lld, \"F\": "
+               "%lld, \"tokens\": %lld, \"unit\": \"%s\", \"rows\": [",
+               ctx.ops->name, tpk_dtype_name(dt), E, (long long)H, (long long)F, (long long)T,
+               uname);
+    const char *names[3] = {"grouped fwd", "grouped dgrad", "grouped wgrad"};
+    int row = 0;
+    for (int skew = 0; skew < 2; skew++) {
+        int64_t left = T, wsum = (int64_t)E * (E + 1) / 2;
+        for (int g = 0; g < E; g++) {
+            rows[g] = skew ? T * (g + 1) / wsum : T / E;
+            left -= rows[g];
+        }
+        rows[E - 1] += left;
+        for (int q = 0; q < 3; q++) {
+            tpk_dtype wdt = q == 2 ? TPK_F32 : dt;
+            for (int g = 0; g < E; g++) w[g] = buf_rand((size_t)(F * H), wdt, 100 + g);
+            grouped_case c = {q, E, false, T, H, F, rows, dt, buf_rand((size_t)(T * (q ? F : H)),
+                              dt, 1), buf_rand((size_t)(T * (q ? H : F)), dt, 2), w};
+            double ms = time_median(call_grouped, &c, 1, 1, iters);
+            c.one = true;
+            double ms1 = time_median(call_grouped, &c, 1, 1, iters);
+            double fl = 2.0 * (double)T * (double)H * (double)F, rate = fl / (ms * 1e-3) / unit,
+                   rate1 = fl / (ms1 * 1e-3) / unit;
+            if (!json)
+                printf("%-14s %-6s %9.3f %8.2f  %9.3f %8.2f  %6.2f\n", names[q],
+                       skew ? "skewed" : "even", ms, rate, ms1, rate1, ms1 / ms);
+            else
+                printf("%s\n  {\"gemm\": \"%s\", \"rows\": \"%s\", \"ms\": %.4f, \"rate\": %.3f, "
+                       "\"one_ms\": %.4f, \"one_rate\": %.3f, \"ratio\": %.3f}",
+                       row++ ? "," : "", names[q], skew ? "skewed" : "even", ms, rate, ms1, rate1,
+                       ms1 / ms);
+            tpk_op_free(&ctx, c.x), tpk_op_free(&ctx, c.y);
+            for (int g = 0; g < E; g++) tpk_op_free(&ctx, w[g]);
+        }
+    }
+    if (json) printf("\n]}\n");
+    free(rows), free(w);
+}
+
 /* Time one shape: tpk and plain, in ms. */
 static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double *ms_plain) {
     size_t es = tpk_dtype_size(g->dt), na = (size_t)(g->m * g->k), nb = (size_t)(g->k * g->n),
@@ -173,6 +265,7 @@ int main(int argc, char **argv) {
     int ts[8] = {1, 2, 4, 8}, nt = 4, iters = 0;
     int64_t P = 0; /* the peak's square GEMM */
     bool json = false, force_host = false, tf32 = false;
+    int experts = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = true;
@@ -184,6 +277,7 @@ int main(int argc, char **argv) {
         else if (v && !strcmp(a, "--vocab")) V = atoll(v), i++;
         else if (v && !strcmp(a, "--iters")) iters = atoi(v), i++;
         else if (v && !strcmp(a, "--peak")) P = atoll(v), i++;
+        else if (v && !strcmp(a, "--experts")) experts = atoi(v), i++;
         else if (v && !strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? TPK_BF16 : TPK_F32, i++;
         else if (v && !strcmp(a, "--t")) {
             nt = 0;
@@ -197,7 +291,7 @@ int main(int argc, char **argv) {
             fprintf(
                 stderr,
                 "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] [--t "
-                "1,2,4,8] [--iters n] [--peak P] [--host] [--tf32] [--json]\n",
+                "1,2,4,8] [--iters n] [--peak P] [--experts E] [--host] [--tf32] [--json]\n",
                 argv[0]);
             return 2;
         }
@@ -213,13 +307,20 @@ int main(int argc, char **argv) {
     if (!T) T = gpu ? 8192 : 1024;
     if (!iters) iters = gpu ? 50 : 3;
     if (!P) P = gpu ? 8192 : 2048;
-    if (H < 1 || F < 1 || T < 1 || V < 1 || iters < 1 || P < 1) {
-        fprintf(stderr, "bench/gemm: H, F, tokens, vocab, iters and peak must be positive\n");
+    if (H < 1 || F < 1 || T < 1 || V < 1 || iters < 1 || P < 1 || experts < 0) {
+        fprintf(stderr, "bench/gemm: H, F, tokens, vocab, iters and peak must be positive, "
+                        "experts >= 0\n");
         return 2;
     }
     if (tpk_ctx_init(&ctx, &(tpk_ctx_desc){.ops = ops}) != TPK_OK) {
         fprintf(stderr, "bench/gemm: %s\n", tpk_last_error(&ctx));
         return 1;
+    }
+    if (experts) {
+        run_experts(experts, T, H, F, dt, iters, json, gpu ? 1e12 : 1e9,
+                    gpu ? "TFLOP/s" : "GFLOP/s");
+        tpk_ctx_destroy(&ctx);
+        return 0;
     }
     size_t l2 = (size_t)32 << 20;
 #ifdef TPK_WITH_CUDA
