@@ -249,6 +249,7 @@ int main(int argc, char **argv) {
     }
     tpk_run_summary(stdout, &W, &ctx, &o, &t, from, now() - t0);
     tpk_run_profiles(stdout, &W, &ctx, t.piped, &pace);
+    if (o.profile && moe && !ok(tpk_run_expert_rows(W.rank ? NULL : stdout, &ctx, &t))) goto out;
     if (!ok(tpk_log_close(&ctx, &csv, true))) goto out; /* and FILE.png where gnuplot is */
     if (z3.u && !ok(tpk_zero3_gather(&ctx, &z3))) goto out; /* whole to save and sample */
     if (o.save) { /* the model, and the tokenizer beside it: --load DIR samples text */

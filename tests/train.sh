@@ -943,10 +943,12 @@ mxeq() {
 }
 tr 2 --text "$text" $mx --steps 5 --csv "$T/mx1.csv"
 rc1=$rc
-tr 2 --text "$text" $mx --ep 2 --steps 5 --csv "$T/mx2.csv"
+tr 2 --text "$text" $mx --ep 2 --steps 5 --profile --csv "$T/mx2.csv"
 printf '%s\n' "$out" | grep -q '^train: 2 ranks = TP 1 x DP 2 (EP 2), .*Mixtral .* E=4 k=2' || rc1=1
 printf '%s\n' "$out" | grep -q '^step     5/5 | loss [0-9.]* (aux 0\.00' || rc1=1
-mxeq "Mixtral at DP 2 x EP 2: 5 AdamW steps' losses equal DP 2 at EP 1 (the banner's EP, the aux on the step line)" "$T/mx1.csv" "$T/mx2.csv" 1 5
+# --profile: a layer routes DP 2 x B 2 x S 16 x k 2 = 128 rows, 32 an expert on average
+printf '%s\n' "$out" | grep -q '^experts: rows a layer per expert .* mean 32\.0, ' || rc1=1
+mxeq "Mixtral at DP 2 x EP 2: 5 AdamW steps' losses equal DP 2 at EP 1 (the banner's EP, the aux on the step line, --profile's rows per expert)" "$T/mx1.csv" "$T/mx2.csv" 1 5
 if long_set; then
     tr 4 --text "$text" $mx --tp 2 --ep 2 --steps 5 --csv "$T/mx22.csv"
     mxeq "Mixtral at TP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/mx1.csv" "$T/mx22.csv" 1 5

@@ -7,7 +7,8 @@
  * tables (rank 0's, or each stage's from its first rank, headed by the stage, one after another:
  * mpirun may pass the ranks' lines on in any order), after each rank's compute and wait time; the
  * ranks' pace (tpk_run_pace: the slowest and fastest rank's compute time a step, for the step
- * line). The step line itself stays with the loop.
+ * line); with --profile, the rows each expert received (tpk_run_expert_rows). The step line itself
+ * stays with the loop.
  * Needs MPI (tpk/train/ranks.h). */
 #ifndef TPK_TRAIN_REPORT_H
 #define TPK_TRAIN_REPORT_H
@@ -57,6 +58,31 @@ static inline void tpk_run_banner(FILE *out, const tpk_ctx *ctx, const tpk_run_o
     }
     fprintf(out, "\n");
     if (o->print_schedule) tpk_pipe_print(&t->pm.sched, false, out);
+}
+
+/* --profile with a mixture of experts: the rows routed to each expert by the last forward (the
+ * routers' counts pooled over the layers, tpk_lm.aux_count), summed over the DP ranks, a layer's
+ * min / mean / max over the experts on out (the caller's rank 0; NULL elsewhere): the load the
+ * router's aux balances. Nothing without experts. Collective over DP. */
+static inline tpk_status tpk_run_expert_rows(FILE *out, tpk_ctx *ctx, tpk_trainable *t) {
+    tpk_lm *lm = tpk_model_lm(tpk_trainable_model(t));
+    int64_t E = lm->c.block.mlp.moe.experts, L = lm->c.layers;
+    if (!lm->aux_count || E < 1 || L < 1) return TPK_OK;
+    double *c = (double *)tpk__malloc(ctx, sizeof(double) * (size_t)E), lo = INFINITY, hi = 0,
+           sum = 0;
+    if (!c)
+        return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_run_expert_rows", "%lld counts", (long long)E);
+    memcpy(c, lm->aux_count, sizeof(double) * (size_t)E);
+    tpk_status s = tpk_allreduce_host(ctx, &ctx->dp, c, (size_t)E, TPK_F64, TPK_SUM);
+    for (int64_t e = 0; e < E; e++)
+        lo = fmin(lo, c[e] / (double)L), hi = fmax(hi, c[e] / (double)L), sum += c[e] / (double)L;
+    tpk__free(ctx, c);
+    if (s == TPK_OK && out)
+        fprintf(out,
+                "experts: rows a layer per expert in the last forward (%lld experts, every DP "
+                "rank's tokens): min %.1f, mean %.1f, max %.1f (max / mean %.2f)\n",
+                (long long)E, lo, sum / (double)E, hi, sum > 0 ? hi * (double)E / sum : 0.0);
+    return s;
 }
 
 /* A step's flops per token of a model of n parameters at sequence length S: 6 n (forward and
