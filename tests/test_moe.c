@@ -8,25 +8,24 @@
  * against central differences of the routed objective. The dispatcher (tpk/layers/moe.h): the rows
  * each EP rank receives for its experts (an expert with none, ranks of 2 and 0 tokens), the
  * combine, its backward and the dispatch's backward against the senders' tokens, the all-to-alls
- * counted; the
- * MoE block at EP 1, 2, 3, 4, TP 2 x EP 2, EP 2 x DP 2 and TP 2, 3 (expert TP, F split unevenly):
- * y, the aux loss, dx and every gradient (the gate's at every rank, each expert's at its owning
- * ranks) within 1e-5 of an unsharded dense loop over the experts in double, random inputs, every
- * output and gradient written again after the layer's buffers are poisoned, bad input refused by
- * name; the block's options (the router's z-loss, a capacity factor dropping the lowest-weighted
- * rows, a shared expert with its sigmoid gate) in the router's reference (the rows kept exactly)
- * and the dense loop, alone and together. The all-to-all with per-peer counts (tpk_alltoallv, tpk/runtime/coll.h) on the MPI
- * communicator, a split of it and the one-rank `self`: blocks of uneven sizes, some zero, every
- * rank's received blocks against what each sender computes (f32, bf16, i32; blocking and started),
- * the counts exchanged by tpk_alltoallv_counts, the call, element and byte counters, the flight
- * recorder's entry, a peer that never enters it timed out (TPK_ERR_COMM, not a hang), bad counts
- * and buffers refused by name. The Mixtral family (tpk/models/mixtral.h) at EP 1, 2, 3, TP 2 x EP 2
- * x DP 2 and EP 2 x DP 4 (EDP 2), each DP rank its own tokens, against one rank's EP 1 model run
- * on every DP rank's tokens: each rank's loss (the aux pooled over the layers), every gradient
- * (dense ones summed over DP, experts' over EDP), 2 AdamW steps of tpk_train_step (norms, weights);
- * ZeRO-1 with experts refused; under full and selective recompute (a capacity and a shared expert
- * or none) the bits of no recompute, a z-loss under the pooled aux refused; its config.json parsed
- * (keys, defaults, refusals). Run at 1..4
+ * counted; the MoE block at EP 1, 2, 3, 4, TP 2 x EP 2, EP 2 x DP 2 and TP 2, 3 (expert TP, F
+ * split unevenly): y, the aux loss, dx and every gradient (the gate's at every rank, each expert's
+ * at its owning ranks) within 1e-5 of an unsharded dense loop over the experts in double, random
+ * inputs, every output and gradient written again after the layer's buffers are poisoned, bad
+ * input refused by name; the block's options (the router's z-loss, a capacity factor dropping the
+ * lowest-weighted rows, a shared expert with its sigmoid gate) in the router's reference (the rows
+ * kept exactly) and the dense loop, alone and together. The all-to-all with per-peer counts
+ * (tpk_alltoallv, tpk/runtime/coll.h) on the MPI communicator, a split of it and the one-rank
+ * `self`: blocks of uneven sizes, some zero, every rank's received blocks against what each sender
+ * computes (f32, bf16, i32; blocking and started), the counts exchanged by tpk_alltoallv_counts,
+ * the call, element and byte counters, the flight recorder's entry, a peer that never enters it
+ * timed out (TPK_ERR_COMM, not a hang), bad counts and buffers refused by name. The Mixtral family
+ * (tpk/models/mixtral.h) at EP 1, 2, 3, TP 2 x EP 2 x DP 2 and EP 2 x DP 4 (EDP 2), each DP rank
+ * its own tokens, against one rank's EP 1 model run on every DP rank's tokens: each rank's loss
+ * (the aux pooled over the layers), every gradient (dense ones summed over DP, experts' over EDP),
+ * 2 AdamW steps of tpk_train_step (norms, weights); ZeRO-1 with experts refused; under full and
+ * selective recompute (a capacity and a shared expert or none) the bits of no recompute, a z-loss
+ * under the pooled aux refused; its config.json parsed (keys, defaults, refusals). Run at 1..4
  * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
@@ -1167,13 +1166,14 @@ int main(int argc, char **argv) {
             "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 16, "
             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 67, "
             "\"max_position_embeddings\": 32, \"intermediate_size\": 12, "
-            "\"output_router_logits\": false, \"hidden_act\": \"silu\"";
+            "\"hidden_act\": \"silu\"";
         char buf[1024];
         tpk_mixtral_config mc;
         memset(&mc, 0, sizeof mc);
         snprintf(buf, sizeof buf,
                  "%s, \"num_local_experts\": 6, \"num_experts_per_tok\": 3, "
-                 "\"router_aux_loss_coef\": 0.02, \"sliding_window\": null}",
+                 "\"router_aux_loss_coef\": 0.02, \"sliding_window\": null, "
+                 "\"output_router_logits\": true}",
                  base);
         CHECK_OK(&ctx, tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc));
         CHECK(mc.layers == 2 && mc.hidden == 16 && mc.kv_heads == 2 && mc.ffn == 12 &&
@@ -1182,15 +1182,28 @@ int main(int argc, char **argv) {
               "parsed: L %lld E %lld k %lld coef %g eps %g theta %g", (long long)mc.layers,
               (long long)mc.experts, (long long)mc.top_k, (double)mc.aux_coef, (double)mc.norm_eps,
               (double)mc.rope_theta);
-        snprintf(buf, sizeof buf, "%s}", base); /* the defaults: 8 experts, top-2, 0.001 */
+        /* the defaults: 8 experts, top-2, 0.001, and no aux in the loss unless
+         * output_router_logits is true (false when absent) */
+        snprintf(buf, sizeof buf, "%s, \"output_router_logits\": true}", base);
         CHECK_OK(&ctx, tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc));
         CHECK(mc.experts == 8 && mc.top_k == 2 && mc.aux_coef == 0.001f, "defaults: %lld %lld %g",
               (long long)mc.experts, (long long)mc.top_k, (double)mc.aux_coef);
+        snprintf(buf, sizeof buf,
+                 "%s, \"router_aux_loss_coef\": 0.02, \"output_router_logits\": false}", base);
+        CHECK_OK(&ctx, tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc));
+        CHECK(mc.aux_coef < 0, "output_router_logits false: no aux, got coef %g",
+              (double)mc.aux_coef);
+        snprintf(buf, sizeof buf, "%s, \"router_aux_loss_coef\": 0.02}", base);
+        CHECK_OK(&ctx, tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc));
+        CHECK(mc.aux_coef < 0, "output_router_logits absent: no aux, got coef %g",
+              (double)mc.aux_coef);
         const char *bad[][2] = {{", \"num_experts_per_tok\": 9}", "num_experts_per_tok 9"},
                                 {", \"sliding_window\": 16}", "sliding_window 16"},
                                 {", \"router_jitter_noise\": 0.1}", "router_jitter_noise"},
-                                {", \"num_local_experts\": \"8\"}", "for num_local_experts"}};
-        for (int k = 0; k < 4; k++) {
+                                {", \"num_local_experts\": \"8\"}", "for num_local_experts"},
+                                {", \"output_router_logits\": 1}",
+                                 "output_router_logits: expected"}};
+        for (int k = 0; k < 5; k++) {
             snprintf(buf, sizeof buf, "%s%s", base, bad[k][0]);
             tpk_status s =
                 tpk_mixtral_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &mc);

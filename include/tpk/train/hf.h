@@ -229,13 +229,18 @@ static inline tpk_status tpk_mixtral_config_parse(tpk_ctx *ctx, const uint8_t *b
     tpk_llama_config l;
     memset(&l, 0, sizeof l);
     TPK_TRY(tpk_llama_config_parse(ctx, b, n, what, &l));
-    enum { NE, NK, NC, NEPS, NTH, NSW, NJ, NK_ };
-    static const char *const keys[] = {"num_local_experts", "num_experts_per_tok",
-                                       "router_aux_loss_coef", "rms_norm_eps", "rope_theta",
-                                       "sliding_window", "router_jitter_noise"};
+    enum { NE, NK, NC, NEPS, NTH, NSW, NJ, NORL, NK_ };
+    static const char *const keys[] = {"num_local_experts",   "num_experts_per_tok",
+                                       "router_aux_loss_coef", "rms_norm_eps",
+                                       "rope_theta",          "sliding_window",
+                                       "router_jitter_noise", "output_router_logits"};
     tpk__json_val v[NK_];
     TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, NK_, v));
-    for (int k = 0; k < NK_; k++)
+    if (v[NORL].kind && v[NORL].kind != 'b')
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: byte %zu: output_router_logits: expected true or false", what,
+                         v[NORL].at);
+    for (int k = 0; k < NORL; k++)
         if (k != NSW || v[k].kind != 'z')
             TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], false));
     double E = v[NE].kind ? v[NE].num : 8, K = v[NK].kind ? v[NK].num : 2,
@@ -261,7 +266,10 @@ static inline tpk_status tpk_mixtral_config_parse(tpk_ctx *ctx, const uint8_t *b
     cfg->norm_eps = v[NEPS].kind ? l.norm_eps : 1e-5f;
     cfg->rope_theta = v[NTH].kind ? l.rope_theta : 1e6f;
     cfg->experts = (int64_t)E, cfg->top_k = (int64_t)K;
-    cfg->aux_coef = c > 0 ? (float)c : -1.0f; /* < 0: none */
+    /* Hugging Face adds the load-balancing loss to the loss only with output_router_logits true
+     * (false when absent): otherwise none, whatever router_aux_loss_coef says */
+    bool aux_on = v[NORL].kind == 'b' && v[NORL].num != 0;
+    cfg->aux_coef = aux_on && c > 0 ? (float)c : -1.0f; /* < 0: none */
     return TPK_OK;
 }
 
