@@ -699,7 +699,7 @@ if quick_set; then
     $fx shard-big "$T/big.bin" "$text" 300
     printf 'x' > "$T/tiny.txt"
     bad "missing text file" "cannot open" --text "$T/none.txt" $small --tp 2
-    bad "--pp not dividing the ranks" "not TP x DP x PP" --text "$text" $small --pp 3
+    bad "--pp not dividing the ranks" "not TP x CP x DP x PP" --text "$text" $small --pp 3
     bad "--pp-layers with a zero" "expected 2 whole numbers >= 1" --text "$text" $small --pp 2 --pp-layers 2,0
     bad "--pp-layers past int64" "expected 2 whole numbers >= 1" --text "$text" $small --pp 2 --pp-layers 99999999999999999999,1
     bad "--pp-layers whose sum overflows" "entry 0 is 9223372036854775807, expected every stage to hold >= 1 block and the 2 counts to add up to the" --text "$text" $small --pp 2 --pp-layers 9223372036854775807,9223372036854775807

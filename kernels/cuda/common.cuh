@@ -52,6 +52,33 @@ struct tpk__cuda_state {
 enum { TPK__CUDA_UPLOAD_SLOTS = 8 };
 #define TPK__CUDA_UPLOAD_MAX ((size_t)4 << 20)
 
+/* cuBLASLt's first algorithm for op on the layouts la, lb (its A and B), lc (C and D) within the
+ * backend's workspace, for pointers aligned to align_a, align_b and align_c bytes (its A, B, C and
+ * D) into *res; *found 0 when it has none (gemm.cu's and fp8.cu's plans). */
+static inline cublasStatus_t tpk__lt_heuristic(const tpk__cuda_state *st, cublasLtMatmulDesc_t op,
+                                               cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                                               cublasLtMatrixLayout_t lc, uint32_t align_a,
+                                               uint32_t align_b, uint32_t align_c,
+                                               cublasLtMatmulHeuristicResult_t *res, int *found) {
+    cublasLtMatmulPreference_t pref;
+    cublasStatus_t s = cublasLtMatmulPreferenceCreate(&pref);
+    if (s != CUBLAS_STATUS_SUCCESS) return s;
+    uint64_t ws = st->lt_ws_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                         sizeof ws);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                         sizeof align_a);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                         sizeof align_b);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+                                         sizeof align_c);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
+                                         sizeof align_c);
+    s = cublasLtMatmulAlgoGetHeuristic(st->lt, op, la, lb, lc, lc, pref, 1, res, found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    return s;
+}
+
 /* The host waits for the compute stream: every such wait of the backend goes through here and
  * is counted (tpk_cuda_sync_count, tpk/runtime/cuda.h). */
 tpk_status tpk__cuda_wait(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st);

@@ -146,27 +146,9 @@ static tpk_status gemm_plan_get(tpk__cuda_state *st, const gemm_key &key, const 
                  CUBLAS_STATUS_SUCCESS;
     int found = 0;
     cublasLtMatmulHeuristicResult_t res = {};
-    if (s == CUBLAS_STATUS_SUCCESS) {
-        cublasLtMatmulPreference_t pref;
-        s = cublasLtMatmulPreferenceCreate(&pref);
-        if (s == CUBLAS_STATUS_SUCCESS) {
-            uint64_t ws = st->lt_ws_bytes;
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &ws, sizeof ws);
-            /* A and B in cuBLASLt's order are our B and A */
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                 &key.ab, sizeof key.ab);
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                 &key.aa, sizeof key.aa);
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                 &key.ac, sizeof key.ac);
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                 &key.ac, sizeof key.ac);
-            s = cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                               &res, &found);
-            cublasLtMatmulPreferenceDestroy(pref);
-        }
-    }
+    if (s == CUBLAS_STATUS_SUCCESS) /* A and B in cuBLASLt's order are our B and A */
+        s = tpk__lt_heuristic(st, p->op, p->la, p->lb, p->lc, key.ab, key.aa, key.ac, &res,
+                              &found);
     if (s != CUBLAS_STATUS_SUCCESS || found < 1) {
         if (made_op) cublasLtMatmulDescDestroy(p->op);
         if (made_a) cublasLtMatrixLayoutDestroy(p->la);
