@@ -313,7 +313,7 @@ static void print_row(int i, const tpk_plan_cfg *p) {
     char mesh[48];
     char ep[16] = "";
     if (p->ep > 1) snprintf(ep, sizeof ep, "e%d", p->ep); /* EP e of the DP ranks */
-    snprintf(mesh, sizeof mesh, "%dx%d%sx%dx%d%s", p->tp, tpk__plan_cp(p),
+    snprintf(mesh, sizeof mesh, "%dx%d%sx%dx%d%s", p->tp, tpk_plan_cp(p),
              p->cp > 1 ? (p->cp_comm == TPK_CP_ALLGATHER ? "ag" : "r") : "", p->pp, p->dp, ep);
     if (p->fits)
         printf("%4d  %-13s %5d %5d  %-9s %4d %3s %9.2f %10.4f %12.0f %6.1f%% %6.1f%%\n", i, mesh,

@@ -99,10 +99,10 @@ typedef struct tpk_plan_cfg {
     int ep;              /* expert parallelism: EP ranks of the DP ranks (0 read as 1) */
 } tpk_plan_cfg;
 
-/* A configuration's EP size (0 read as 1). */
-static inline int tpk__plan_ep(const tpk_plan_cfg *p) { return p->ep > 1 ? p->ep : 1; }
+/* A configuration's EP size (its ep, 0 read as 1). */
+static inline int tpk_plan_ep(const tpk_plan_cfg *p) { return p->ep > 1 ? p->ep : 1; }
 /* A configuration's CP size (0 read as 1). */
-static inline int tpk__plan_cp(const tpk_plan_cfg *p) { return p->cp > 1 ? p->cp : 1; }
+static inline int tpk_plan_cp(const tpk_plan_cfg *p) { return p->cp > 1 ? p->cp : 1; }
 /* Its CP in words for a mesh "TP t<words> x PP ...": " x CP c (p2p ring)" or " x CP c
  * (all-gather)", "" at c = 1; into buf (n bytes), returned. */
 static inline const char *tpk_plan_cp_words(const tpk_plan_cfg *p, char *buf, size_t n) {
@@ -211,8 +211,8 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     tpk_count c;
     tpk_comm world;
     tpk_ctx ctx;
-    int cp = tpk__plan_cp(p);
-    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, cp, p->dp, p->pp, tpk__plan_ep(p),
+    int cp = tpk_plan_cp(p);
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, cp, p->dp, p->pp, tpk_plan_ep(p),
                           stage * p->tp * cp * p->dp));
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
@@ -572,7 +572,7 @@ static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
             "\"weights_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, "
             "\"activation_bytes\": %.0f, \"step_seconds\": %.6g, \"tokens_per_s\": %.6g, "
             "\"mfu\": %.4f, \"bubble\": %.4f, \"fits\": %s",
-            p->tp, tpk__plan_cp(p), p->pp, p->dp, tpk__plan_ep(p), p->micro_batch, p->accum,
+            p->tp, tpk_plan_cp(p), p->pp, p->dp, tpk_plan_ep(p), p->micro_batch, p->accum,
             tpk_cp_comm_name(p->cp_comm), tpk_recompute_name(p->recompute), p->zero,
             p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes, p->grads_bytes,
             p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s, p->mfu, p->bubble,
