@@ -91,6 +91,18 @@ def fmt(x, spec="%.3f", none="-"):
 
 
 
+def step_json(j):
+    """bench/gpt2_step.py's --json: the shape's label, the rows, tpk's ratios, the skipped"""
+    shape = "%s B=%s S=%s %s on %s" % (
+        j.get("model"),
+        j.get("batch"),
+        j.get("seq"),
+        j.get("dtype"),
+        j.get("device"),
+    )
+    return shape, j.get("rows", {}), j.get("tpk_ratio", {}), j.get("skipped", {})
+
+
 # the columns of a training step's table (GPT-2's, and Llama's and GPT-NeoX's)
 STEP_COLUMNS = [
     "model",
@@ -520,14 +532,7 @@ class Report:
                     ]
                 )
                 continue
-            shape = "%s B=%s S=%s %s on %s" % (
-                j.get("model"),
-                j.get("batch"),
-                j.get("seq"),
-                j.get("dtype"),
-                j.get("device"),
-            )
-            rr, ratio, skipped = j.get("rows", {}), j.get("tpk_ratio", {}), j.get("skipped", {})
+            shape, rr, ratio, skipped = step_json(j)
             for impl in ("tpk", "torch eager", "torch eager (no SDPA)", "torch.compile"):
                 r = rr.get(impl)
                 if r is None:
@@ -599,14 +604,7 @@ class Report:
                 for impl, (target, _) in targets.items() if judged else ():
                     rows.append([name, impl] + ["-"] * 5 + [target, self.judge(None, 0)])
                 continue
-            shape = "%s B=%s S=%s %s on %s" % (
-                j.get("model"),
-                j.get("batch"),
-                j.get("seq"),
-                j.get("dtype"),
-                j.get("device"),
-            )
-            rr, ratio, skipped = j.get("rows", {}), j.get("tpk_ratio", {}), j.get("skipped", {})
+            shape, rr, ratio, skipped = step_json(j)
             for impl in ("tpk", "torch eager", "torch eager (no SDPA)", "torch.compile"):
                 r = rr.get(impl)
                 target = targets[impl][0] if judged and impl in targets else ""
