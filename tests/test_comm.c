@@ -245,9 +245,11 @@ int main(int argc, char **argv) {
         "timeout: a peer that does not enter a collective is an error within the timeout, not a "
         "hang") {
         /* pairs of ranks (an odd last rank alone: a self communicator, which never waits); in a
-         * pair the first waits with a 0.2 s timeout, the second enters only after being told the
-         * first has given up, then finishes the abandoned collective with it */
-        static int32_t x, sum; /* the abandoned collective's buffers stay valid to the end */
+         * pair the first starts one collective, then waits in a second with a 0.2 s timeout; the
+         * started one's wait then fails at once (no second timeout), naming the first failure.
+         * The second rank enters only after being told the first has given up, then finishes
+         * both abandoned collectives with it */
+        static int32_t x, sum, x2, sum2; /* the abandoned collectives' buffers stay valid */
         tpk_comm pair = {0};
         CHECK_OK(&ctx, tpk_comm_split(&ctx, &world, me / 2, me, &pair));
         CHECK_FAILS(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, -1), TPK_ERR_ARG, "timeout_s");
@@ -258,11 +260,14 @@ int main(int argc, char **argv) {
         CHECK_OK(&ctx, tpk_mpi_wait(&ctx, "test", "none", &none, 1)); /* a null request is
                                                                          finished */
         CHECK_OK(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, 0.2));
-        x = me + 1, sum = 0;
+        x = x2 = me + 1, sum = sum2 = 0;
         if (pair.size == 1) {
             CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM));
             CHECK(sum == x, "self: %d, expected %d", (int)sum, (int)x);
         } else if (pair.rank == 0) {
+            tpk_request started = {0};
+            CHECK_OK(&ctx, tpk_allreduce_start(&ctx, &pair, &x2, &sum2, 1, TPK_I32, TPK_SUM,
+                                               &started));
             double t0 = MPI_Wtime();
             CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM),
                         TPK_ERR_COMM, "no answer from a peer within 0.2 s");
@@ -271,26 +276,33 @@ int main(int argc, char **argv) {
                       strstr(tpk_last_error(&ctx), "(2 ranks)"),
                   "message names the collective and group: %s", tpk_last_error(&ctx));
             CHECK(waited >= 0.2 && waited < 30, "gave up after %.3f s, expected 0.2 s", waited);
-            int32_t y = 0; /* the communicator is unusable now: every collective fails at once */
+            /* the communicator is unusable now: the started collective's wait and every new
+             * collective fail at once, repeating the first failure */
+            CHECK_FAILS(&ctx, tpk_wait(&ctx, &started), TPK_ERR_COMM,
+                        "unusable after an earlier failure on it (tpk_allreduce (mpi): no answer "
+                        "from a peer within 0.2 s");
+            int32_t y = 0;
             CHECK_FAILS(&ctx, tpk_allreduce(&ctx, &pair, &y, &y, 1, TPK_I32, TPK_SUM), TPK_ERR_COMM,
-                        "earlier collective");
+                        "earlier failure");
             tpk_request rq = {0};
             CHECK_FAILS(&ctx, tpk_barrier_start(&ctx, &pair, &rq), TPK_ERR_COMM,
-                        "earlier collective");
+                        "earlier failure");
             int go = 1, seen = 0;
             MPI_Send(&go, 1, MPI_INT, me + 1, 77, MPI_COMM_WORLD);
             MPI_Request rr; /* the partner's answer: its collective finished with ours */
             MPI_Irecv(&seen, 1, MPI_INT, me + 1, 78, MPI_COMM_WORLD, &rr);
             CHECK_OK(&ctx, tpk_mpi_wait(&ctx, "test", "the world", &rr, 60));
-            CHECK(seen == (me + 1) + (me + 2), "partner's sum %d", seen);
+            CHECK(seen == 2 * ((me + 1) + (me + 2)), "partner's sums %d", seen);
         } else {
             int go = 0;
             MPI_Recv(&go, 1, MPI_INT, me - 1, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             CHECK_OK(&ctx, tpk_comm_mpi_set_timeout(&ctx, &pair, 60));
-            CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32,
-                                         TPK_SUM)); /* the first rank's side is still under way */
-            CHECK(sum == me + (me + 1), "late sum %d, expected %d", (int)sum, me + (me + 1));
-            int seen = sum;
+            CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x2, &sum2, 1, TPK_I32,
+                                         TPK_SUM)); /* the first rank's two are still under way */
+            CHECK_OK(&ctx, tpk_allreduce(&ctx, &pair, &x, &sum, 1, TPK_I32, TPK_SUM));
+            CHECK(sum == me + (me + 1) && sum2 == sum, "late sums %d %d, expected %d", (int)sum,
+                  (int)sum2, me + (me + 1));
+            int seen = sum + sum2;
             MPI_Send(&seen, 1, MPI_INT, me - 1, 78, MPI_COMM_WORLD);
         }
         tpk_comm_destroy(&pair);

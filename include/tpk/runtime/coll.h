@@ -201,6 +201,13 @@ static inline void tpk__flight_report(tpk_ctx *ctx, tpk_comm *c, const tpk_fligh
              tpk__flight_me(ctx, c), name, waited_s, c->size);
     tpk_flight_log(ctx, c, TPK_LOG_ERROR);
 }
+/* The communicator whose operation this process waits in now (NULL: none), whichever it is (the
+ * context's groups, or another such as a pipeline's tied-embedding group): the flight recorder's
+ * answer names that wait (tpk/runtime/mpi.h's tpk__mpi_answer). */
+static inline tpk_comm **tpk__flight_waiting_slot(void) {
+    static tpk_comm *c;
+    return &c;
+}
 /* Operation id on c returned s; `ended`: it has finished (a blocking form, a wait) rather than
  * started. Marks its entry; on TPK_ERR_COMM reports it (once per communicator). Returns s. */
 static inline tpk_status tpk__flight_end(tpk_ctx *ctx, tpk_comm *c, uint64_t id, bool ended,
@@ -214,6 +221,7 @@ static inline tpk_status tpk__flight_end(tpk_ctx *ctx, tpk_comm *c, uint64_t id,
         tpk__flight_report(ctx, c, e, e ? t - e->t0 : 0);
     }
     if (c->flight.waiting == id) c->flight.waiting = 0;
+    if (*tpk__flight_waiting_slot() == c) *tpk__flight_waiting_slot() = NULL;
     return s;
 }
 /* Begin recording: the operation number, which a blocking call (req NULL) waits in and a start
@@ -223,7 +231,7 @@ static inline uint64_t tpk__flight_start(tpk_comm *c, tpk_coll_kind kind, size_t
                                          tpk_request *req) {
     uint64_t id = tpk__flight_begin(c, kind, elems, dt, ops, n);
     if (req) req->flight = id;
-    else c->flight.waiting = id;
+    else c->flight.waiting = id, *tpk__flight_waiting_slot() = c;
     return id;
 }
 
@@ -664,7 +672,7 @@ static inline tpk_status tpk_wait(tpk_ctx *ctx, tpk_request *req) {
     if (!req->active) return TPK_OK;
     tpk_comm *c = req->comm;
     uint64_t id = req->flight;
-    if (id) c->flight.waiting = id;
+    if (id) c->flight.waiting = id, *tpk__flight_waiting_slot() = c;
     tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 4, NULL), 0, 0, c->vt->wait(ctx, req));
     req->active = false, req->state = NULL, req->flight = 0;
     return tpk__flight_end(ctx, c, id, true, s);
@@ -679,6 +687,7 @@ static inline tpk_status tpk_comm_split(tpk_ctx *ctx, tpk_comm *c, int color, in
     return c->vt->split(ctx, c, color, key, out);
 }
 static inline void tpk_comm_destroy(tpk_comm *c) {
+    if (c && *tpk__flight_waiting_slot() == c) *tpk__flight_waiting_slot() = NULL;
     if (c && c->vt && c->vt->destroy) c->vt->destroy(c);
     if (c) memset(c, 0, sizeof *c);
 }

@@ -88,7 +88,8 @@ int nanosleep(const struct timespec *req, struct timespec *rem);
 #endif
 #define TPK__MPI_SPIN_S 1e-3 /* the busy phase of a wait, seconds */
 #define TPK__MPI_ASK_N 4     /* a question: asker's world rank, group, seq, kind */
-#define TPK__MPI_ANSWER_N 14 /* an answer (tpk__mpi_answer) */
+#define TPK__MPI_ANSWER_N 23 /* an answer (tpk__mpi_answer) */
+#define TPK__MPI_MEMBERS 8   /* the members of another group an answer names (a[15..22]) */
 #define TPK__MPI_ANSWERS 16  /* answers in flight at once */
 #define TPK__MPI_TAG_ASK 1
 #define TPK__MPI_TAG_ANSWER 2
@@ -98,6 +99,7 @@ typedef struct tpk__mpi {
     MPI_Op bf16_sum, bf16_max;
     double timeout_s;               /* 0: none */
     bool broken;                    /* a collective timed out: the communicator is unusable */
+    char why[sizeof(((tpk_ctx *)0)->err)]; /* the error that made it so (the later refusals) */
     struct tpk__mpi_req *abandoned; /* the collectives that timed out, still MPI's (a list) */
     tpk_allocator al; /* this state's allocator: the creating context's (tpk_comm_mpi, split) */
     /* the flight recorder's side channel (tpk_comm_mpi's communicators; MPI_COMM_NULL: none) */
@@ -207,14 +209,17 @@ static inline tpk__mpi *tpk__mpi_side(const tpk_ctx *ctx) {
                       : NULL;
     return w && w->side != MPI_COMM_NULL ? w : NULL;
 }
+static inline void tpk__mpi_members(tpk_ctx *ctx, tpk__mpi *w, tpk_comm *c, int *out);
 /* This rank's answer: a[0] world rank, a[1] the group it waits in (-1: none; 0 world, 1 TP, 2 DP,
  * 3 PP, 4 another), a[2] that operation's kind, a[3] its seq, a[4..7] the collectives begun and
  * a[8..11] the point-to-point batches begun on the world, TP, DP and PP, a[12] the milliseconds
- * it has waited, a[13] the program's own MPI waits begun (tpk_mpi_wait). */
-static inline void tpk__mpi_answer(const tpk_ctx *ctx, long long *a) {
+ * it has waited, a[13] the program's own MPI waits begun (tpk_mpi_wait); in another group (a
+ * pipeline's tied-embedding group, CP, EP), a[14] how many of its members a[15..] names (the
+ * first TPK__MPI_MEMBERS, world ranks), so the asker asks them in turn. */
+static inline void tpk__mpi_answer(tpk_ctx *ctx, tpk__mpi *w, long long *a) {
     const tpk_comm *cs[4] = {ctx->world, &ctx->tp, &ctx->dp, &ctx->pp};
     double now = tpk__flight_now();
-    a[0] = ctx->world->rank, a[1] = -1, a[2] = a[3] = a[12] = 0;
+    a[0] = ctx->world->rank, a[1] = -1, a[2] = a[3] = a[12] = a[14] = 0;
     a[13] = (long long)ctx->world->flight.waits;
     for (int g = 0; g < 4; g++) {
         const tpk_flight *f = &cs[g]->flight;
@@ -224,6 +229,16 @@ static inline void tpk__mpi_answer(const tpk_ctx *ctx, long long *a) {
             a[1] = g, a[2] = e->kind, a[3] = (long long)e->seq,
             a[12] = (long long)((now - e->t0) * 1e3);
     }
+    tpk_comm *c = *tpk__flight_waiting_slot();
+    if (a[1] >= 0 || !c || !c->vt || !c->flight.waiting) return;
+    const tpk_flight_entry *e = &c->flight.ring[c->flight.waiting % TPK_FLIGHT_N];
+    int mem[TPK__MPI_MEMBERS * 4]; /* a group of up to 32 ranks translated, the first 8 sent */
+    if (e->id != c->flight.waiting) return;
+    a[1] = 4, a[2] = e->kind, a[3] = (long long)e->seq, a[12] = (long long)((now - e->t0) * 1e3);
+    if (c->size > (int)(sizeof mem / sizeof *mem)) return;
+    tpk__mpi_members(ctx, w, c, mem);
+    for (int r = 0; r < c->size && a[14] < TPK__MPI_MEMBERS; r++)
+        if (mem[r] >= 0) a[15 + a[14]++] = mem[r];
 }
 /* Answer the questions that have arrived on ctx's world's side channel (tpk__mpi_report): print
  * this rank's record the first time, send the answer, post the receive again. Never blocks. */
@@ -247,7 +262,7 @@ static inline void tpk__mpi_serve(tpk_ctx *ctx) {
             tpk_flight_log(ctx, NULL, TPK_LOG_ERROR);
         }
         if (free_) { /* else the slot's answer is still in flight: this question goes unanswered */
-            tpk__mpi_answer(ctx, w->answer[k]);
+            tpk__mpi_answer(ctx, w, w->answer[k]);
             w->next_answer++;
             MPI_Isend(w->answer[k], TPK__MPI_ANSWER_N, MPI_LONG_LONG, st.MPI_SOURCE,
                       TPK__MPI_TAG_ANSWER, w->side, &w->answer_req[k]);
@@ -460,6 +475,19 @@ static inline MPI_Op tpk__mpi_op(tpk__mpi *m, tpk_dtype dt, tpk_redop op) {
     return op == TPK_MAX ? MPI_MAX : MPI_SUM;
 }
 
+/* c made unusable by a collective left to MPI (timed out, or partly started): ctx's last error
+ * kept as the reason that the later refusals repeat. */
+static inline void tpk__mpi_break(tpk_ctx *ctx, tpk__mpi *m) {
+    if (!m->broken) snprintf(m->why, sizeof m->why, "%s", ctx ? tpk_last_error(ctx) : "");
+    m->broken = true;
+}
+/* The refusal of a communicator made unusable (tpk__mpi_break): TPK_ERR_COMM at once, naming the
+ * first failure, so a rank that already timed out never waits a second timeout on it. */
+static inline tpk_status tpk__mpi_broken(tpk_ctx *ctx, const char *fn, const tpk__mpi *m) {
+    return tpk__fail(ctx, TPK_ERR_COMM, fn,
+                     "the communicator is unusable after an earlier failure on it (%s)",
+                     m->why[0] ? m->why : "a collective timed out");
+}
 /* Wait for a started collective within the communicator's timeout and finish it. On a timeout
  * the request and its buffers are left to MPI (it may still write them) and the communicator is
  * marked unusable. */
@@ -470,16 +498,21 @@ static inline tpk_status tpk__mpi_await(tpk_ctx *ctx, tpk_comm *c, const char *f
     tpk_status s = TPK_OK;
     for (tpk__mpi_req *more; r; r = more) { /* a point-to-point batch: each part in turn */
         more = r->more, r->more = NULL;
-        tpk_status si = s != TPK_OK
-                            ? s
-                            : tpk_mpi_wait(ctx, fn, tpk__mpi_group(ctx, c, what, sizeof what),
-                                           &r->req, m->timeout_s);
+        tpk_status si = s;
+        if (si == TPK_OK && m->broken) { /* an earlier wait on c failed: no second timeout */
+            int done = 0;
+            if (MPI_Test(&r->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
+                si = tpk__mpi_broken(ctx, fn, m);
+        } else if (si == TPK_OK) {
+            si = tpk_mpi_wait(ctx, fn, tpk__mpi_group(ctx, c, what, sizeof what), &r->req,
+                              m->timeout_s);
+        }
         if (si == TPK_OK) {
             s = tpk__mpi_done(ctx, r);
         } else {
             s = si;
             if (r->req != MPI_REQUEST_NULL)
-                m->broken = true, r->next = m->abandoned,
+                tpk__mpi_break(ctx, m), r->next = m->abandoned,
                 m->abandoned = r; /* still running: kept until destroy */
             else tpk__mpi_req_free(r);
         }
@@ -501,13 +534,11 @@ static inline tpk_status tpk__mpi_finish(tpk_ctx *ctx, tpk_comm *c, const char *
     return tpk__mpi_await(ctx, c, fn, r);
 }
 /* *out = a request for a collective on c, with c->size counts and displacements when `counts`
- * is given; TPK_ERR_COMM when c is unusable (an earlier collective on it timed out). */
+ * is given; TPK_ERR_COMM when c is unusable (tpk__mpi_break). */
 static inline tpk_status tpk__mpi_req_new(tpk_ctx *ctx, const char *fn, tpk_comm *c,
                                           const size_t *counts, tpk__mpi_req **out) {
     *out = NULL;
-    if (((tpk__mpi *)c->impl)->broken)
-        return tpk__fail(ctx, TPK_ERR_COMM, fn,
-                         "the communicator is unusable: an earlier collective on it timed out");
+    if (((tpk__mpi *)c->impl)->broken) return tpk__mpi_broken(ctx, fn, (tpk__mpi *)c->impl);
     tpk__mpi_req *r = (tpk__mpi_req *)tpk__calloc(ctx, 1, sizeof *r);
     if (r && ctx) r->al = ctx->allocator;
     if (r && counts) {
@@ -668,7 +699,7 @@ static inline tpk_status tpk__mpi_p2p(tpk_ctx *ctx, tpk_comm *c, const tpk_p2p *
         for (tpk__mpi_req *r = first, *more; r; r = more) {
             more = r->more, r->more = NULL;
             if (r->req != MPI_REQUEST_NULL)
-                m->broken = true, r->next = m->abandoned, m->abandoned = r;
+                tpk__mpi_break(ctx, m), r->next = m->abandoned, m->abandoned = r;
             else tpk__mpi_req_free(r);
         }
         return s;
@@ -830,6 +861,8 @@ static inline void tpk__mpi_report(tpk_ctx *ctx, tpk_comm *failed, const tpk_fli
                  r++)
                 tpk__mpi_ask(ctx, w, as, tpk__flight_member(ctx, (int)a[1], q, r), (int)a[1], q,
                              (int)a[2], a[3], &pending);
+            for (int r = 0; a[1] == 4 && r < a[14] && r < TPK__MPI_MEMBERS; r++)
+                tpk__mpi_ask(ctx, w, as, (int)a[15 + r], 4, q, (int)a[2], a[3], &pending);
         }
         tpk__mpi_serve(ctx); /* a rank asking this one at the same time */
         struct timespec ts = {0, 1000000};
