@@ -8,7 +8,7 @@
  *   plan [model flags | --load DIR] --seq-len S --batch B --gpus N --gpus-per-node G
  *        --profile h100|h200|a100-40|a100-80|cpu|FILE [--json] [--all] [--top K]
  *        [--tokens N] [--target TOKENS_PER_S] [--tp T --cp C --cp-comm p2p|allgather --pp P
- *        --micro-batch M --recompute R --zero 0|1|2 --sequence-parallel 0|1 --ep E: restrict]
+ *        --micro-batch M --recompute R --zero 0|1|2|3 --sequence-parallel 0|1 --ep E: restrict]
  *   plan --calibrate FILE [model flags] [--seq-len S --batch B]   (under mpirun: collectives too)
  *
  * The table: the fitting configurations fastest first — memory per rank (what the trainer reports
@@ -65,7 +65,7 @@ static const tpk_flag plan_flags[] = {
      offsetof(opts, mb)},
     {"--recompute", TPK_FLAG_CHOICE, 0, 0, NULL, "none|selective|full", NULL, 1, "restrict", NULL,
      offsetof(opts, recompute)},
-    {"--zero", TPK_FLAG_INT, 0, 2, NULL, "0|1|2", "0, 1 or 2", 1, "restrict", NULL,
+    {"--zero", TPK_FLAG_INT, 0, 3, NULL, "0|1|2|3", "0, 1, 2 or 3", 1, "restrict", NULL,
      offsetof(opts, zero)},
     {"--sequence-parallel", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
      offsetof(opts, sp)},

@@ -1,13 +1,14 @@
 #!/bin/sh
 # tests/plan.sh — the configuration planner (build/plan, tpk/plan) against real runs, on the host:
-#   memory: for 16 configurations (GPT-2 and Llama; TP, DP, PP, gradient accumulation, every
-#   recompute mode, ZeRO-1 and 2, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
+#   memory: for 19 configurations (GPT-2, Llama, NeoX; TP, DP, PP, gradient accumulation, every
+#   recompute mode, ZeRO-1, 2 and 3, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
 #   (--json peak_bytes, the largest over stages) is within 2% of the trainer's measured peak of a
 #   real 2-step run (its "peak memory" line; with stages, the largest stage's);
 #   --load DIR (a Hugging Face config.json) planned as the same flags; --json's keys and rejected
 #   rows' reasons (a TP group past a node, a batch that does not divide, 3 heads over TP 2 planned
-#   as the uneven split it is), ZeRO 0, 1 and 2 planned at DP > 1 (the moments 1/DP from stage 1
-#   on; ZeRO-2's gradients: the whole buffer the backward fills and its slice); the trainer's
+#   as the uneven split it is), ZeRO 0 to 3 planned at DP > 1 (the moments 1/DP from stage 1
+#   on; ZeRO-2's gradients: the whole buffer the backward fills and its slice; ZeRO-3's weights:
+#   the shard and the gathered buffers, never with stages); the trainer's
 #   --plan trains with the configuration it prints;
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
@@ -55,6 +56,9 @@ long_set && mem gpt2_tp2 2 "$M --tp 2 --batch 4" "$M --tp 2 --batch 4 --micro-ba
 quick_set && mem gpt2_tp2_sp_sel 2 "$M --tp 2 --batch 4 --sequence-parallel --recompute selective" "$M --tp 2 --batch 4 --micro-batch 4 --recompute selective --sequence-parallel 1"
 long_set && mem gpt2_dp2_full 2 "$M --batch 4 --recompute full" "$M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute full --zero 0"
 quick_set && mem gpt2_dp2_zero 2 "$M --batch 4 --zero 1 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 1"
+quick_set && mem gpt2_dp2_zero3 2 "$M --batch 4 --zero 3 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 3"
+long_set && mem llama_tp2_dp2_zero3_full 4 "--arch llama $M --tp 2 --batch 2 --zero 3 --recompute full" "--arch llama $M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 3 --sequence-parallel 0"
+long_set && mem neox_dp2_zero3_sel 2 "--arch neox $M --batch 4 --zero 3 --recompute selective" "--arch neox $M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute selective --zero 3"
 quick_set && mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
 quick_set && mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
 long_set && mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
@@ -201,7 +205,13 @@ for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shar
     one = [q for q in twin if q["zero"] == 1]
     assert r["zero"] != 2 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
                                  q["grads_bytes"] < r["grads_bytes"] for q in one), (r, one)
-assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2}, "ZeRO 0, 1, 2 at DP > 1"
+    # ZeRO-3: the moments and gradient buffers of ZeRO-2; the weights a shard and gathered buffers
+    two = [q for q in twin if q["zero"] == 2]
+    assert r["zero"] != 3 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
+                                 q["grads_bytes"] == r["grads_bytes"] and
+                                 q["weights_bytes"] != r["weights_bytes"] for q in two), (r, two)
+assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2, 3}, "ZeRO 0 to 3 at DP > 1"
+assert not any(r["zero"] == 3 and r["pp"] > 1 for r in rows), "ZeRO-3 without stages"
 assert {r["zero"] for r in rows if r["dp"] * r["cp"] == 1} <= {0}, "ZeRO at DP 1"
 # CP on the CUDA backend (the h100 profile counts like it): rejected by name, not planned
 assert "no attention over CP" in why and not any(r["cp"] > 1 for r in fit), why

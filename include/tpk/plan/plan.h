@@ -46,6 +46,7 @@
 #include <math.h>
 
 #include "../train/trainable.h"
+#include "../train/zero3.h"
 #include "count.h"
 
 typedef struct tpk_plan_desc {
@@ -59,7 +60,7 @@ typedef struct tpk_plan_desc {
                                backend's) */
     tpk_dtype dtype;     /* activations: TPK_BF16 on a GPU, TPK_F32 on the host */
     /* restrictions (0 or -1: every value) */
-    int tp, pp, micro_batch, zero, sp; /* zero: the ZeRO stage 0, 1 or 2 */
+    int tp, pp, micro_batch, zero, sp; /* zero: the ZeRO stage 0 to 3 */
     int recompute;                     /* -1: all; else a tpk_recompute */
     bool exact;  /* dry-run every block (the reference the extrapolation is tested against);
                       false: a stage of more than 3 k + 3 blocks is probed at k, k + 1, k + 2 */
@@ -77,7 +78,8 @@ typedef struct tpk_plan_desc {
 typedef struct tpk_plan_cfg {
     int tp, pp, dp, micro_batch, accum; /* accum: micro-batches a step per DP rank */
     tpk_recompute recompute;
-    int zero; /* the ZeRO stage: 0, 1 (the optimizer sharded over DP), 2 (the gradients too) */
+    int zero; /* the ZeRO stage: 0, 1 (the optimizer sharded over DP), 2 (the gradients too), 3
+               * (the weights too, between uses: tpk/train/zero3.h; no pipeline stages) */
     bool sp;
     bool fits;
     double peak_bytes; /* per rank, the largest over stages (tpk_mem_peak) */
@@ -223,8 +225,9 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     tpk_pipe_model pm;
     tpk_adamw opt;
     tpk_dp_buckets b;
+    tpk_zero3 z3;
     memset(&m, 0, sizeof m), memset(&pm, 0, sizeof pm), memset(&opt, 0, sizeof opt);
-    memset(&b, 0, sizeof b);
+    memset(&b, 0, sizeof b), memset(&z3, 0, sizeof z3);
     bool piped = p->pp > 1;
     size_t ntok = (size_t)p->accum * (size_t)p->micro_batch * (size_t)d->seq; /* (>= CP rows) */
     int32_t *ids = (int32_t *)tpk__calloc(&ctx, ntok, sizeof(int32_t));
@@ -238,7 +241,8 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     ad.b1 = 0.9f, ad.b2 = 0.95f, ad.eps = 1e-8f, ad.weight_decay = 0.1f;
     ad.zero = p->zero > 0, ad.zero_stage = p->zero;
     if (s == TPK_OK) s = tpk_adamw_init(&ctx, &opt, &ad);
-    if (s == TPK_OK && p->zero == 2) s = tpk_dp_shard_grads(&ctx, &b, &opt);
+    if (s == TPK_OK && p->zero >= 2) s = tpk_dp_shard_grads(&ctx, &b, &opt);
+    if (s == TPK_OK && p->zero == 3) s = tpk_zero3_init(&ctx, &z3, tpk_model_lm(&m), &opt, NULL);
     if (s == TPK_OK) {
         if (piped)
             tpk_pipe_model_set_dp(&pm, p->zero == 1 ? NULL : &b), pm.exec.clock = tpk__count_clock,
@@ -258,7 +262,9 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     if (s == TPK_OK) {
         out->peak = (double)tpk_mem_peak(&ctx, false);
         const tpk_params *q = &ctx.params; /* held from the setup on: their share of the peak */
-        out->weights = (double)(q->data.bytes + q->data16.bytes);
+        size_t zw = 0; /* ZeRO-3: the shard and the gathered buffers instead of data (freed) */
+        if (z3.u) s = tpk_zero3_bytes(&ctx, &z3, &zw);
+        out->weights = (double)(q->data.bytes + q->data16.bytes + zw);
         out->grads = (double)(q->grad.bytes + q->scratch.bytes) + /* ZeRO-2: and the slice */
                      (opt.g ? sizeof(float) * (double)(opt.sn ? opt.sn : 1) : 0.0);
         out->optim = 2.0 * sizeof(float) * (double)(opt.sn ? opt.sn : 1);
@@ -279,6 +285,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     tpk__free(&ctx, ids);
     if (piped) tpk_pipe_model_destroy(&ctx, &pm);
     else tpk_model_destroy(&ctx, &m);
+    tpk_zero3_destroy(&ctx, &z3);
     tpk_adamw_destroy(&ctx, &opt);
     tpk_dp_destroy(&b);
     tpk_ctx_destroy(&ctx);
@@ -480,8 +487,9 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
         if (Bd % mb || (d->micro_batch > 0 && mb != d->micro_batch)) continue;
         for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
             if (d->recompute >= 0 && rc != d->recompute) continue;
-            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); Mixtral: no SP */
-            for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? 2 : 0); z++) {
+            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); ZeRO-3 without stages;
+             * Mixtral: no SP */
+            for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? (pp == 1 ? 3 : 2) : 0); z++) {
                 if (d->zero >= 0 && z != d->zero) continue;
                 for (int sp = 0; sp <= (tp > 1 && d->model.arch != TPK_ARCH_MIXTRAL); sp++) {
                     if (d->sp >= 0 && sp != d->sp) continue;

@@ -299,6 +299,23 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
     return TPK_OK;
 }
 
+/* *bytes = the weights' memory this rank holds at most during a step under z: its f32 shard, the
+ * two shared block buffers, and the units gathered into their own (the rest, unit -1, kept from
+ * the forward's start to the backward's end; every block with keep_for_backward), a bf16
+ * context's copies included. The planner's weights (tpk/plan/plan.h). */
+static inline tpk_status tpk_zero3_bytes(tpk_ctx *ctx, const tpk_zero3 *z, size_t *bytes) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!z || !z->u || !bytes)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_zero3_bytes", "%s",
+                         !bytes ? "bytes: NULL" : "z: expected a tpk_zero3");
+    size_t each = z->at16 ? 6 : 4, b = sizeof(float) * (z->sn ? z->sn : 1);
+    b += z->slot[0].bytes + z->slot[1].bytes;
+    for (int k = 0; k < z->nu; k++)
+        if (z->u[k].slot < 0) b += each * (z->u[k].elems ? z->u[k].elems : 1);
+    *bytes = b;
+    return TPK_OK;
+}
+
 /* The whole weights back in ctx->params.data (every rank's shard all-gathered; the layers read it
  * again), e.g. to save a checkpoint or read tpk_param_get_global; tpk_zero3_shard makes them
  * sharded again. Collective over the DP group. */
