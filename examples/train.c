@@ -247,7 +247,9 @@ int main(int argc, char **argv) {
             goto out; /* the first step (a warm-up) not profiled */
         if (report) t_int = now();
     }
-    tpk_run_summary(stdout, &W, &ctx, &o, &t, from, now() - t0);
+    tpk_mem_held held; /* the peak's weights, gradients and optimizer */
+    if (!ok(tpk_mem_held_get(&ctx, &opt, &z3, &held))) goto out;
+    tpk_run_summary(stdout, &W, &ctx, &o, &t, &held, from, now() - t0);
     tpk_run_profiles(stdout, &W, &ctx, t.piped, &pace);
     if (o.profile && moe && !ok(tpk_run_expert_rows(W.rank ? NULL : stdout, &ctx, &t))) goto out;
     if (!ok(tpk_log_close(&ctx, &csv, true))) goto out; /* and FILE.png where gnuplot is */

@@ -3,7 +3,8 @@
 #   memory: for 19 configurations (GPT-2, Llama, NeoX; TP, DP, PP, gradient accumulation, every
 #   recompute mode, ZeRO-1, 2 and 3, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
 #   (--json peak_bytes, the largest over stages) is within 2% of the trainer's measured peak of a
-#   real 2-step run (its "peak memory" line; with stages, the largest stage's);
+#   real 2-step run (its "peak memory" line; with stages, the largest stage's), and without stages
+#   the line's weights, gradients and optimizer each the plan's part (tpk/train/memory.h);
 #   --load DIR (a Hugging Face config.json) planned as the same flags; --json's keys and rejected
 #   rows' reasons (a TP group past a node, a batch that does not divide, 3 heads over TP 2 planned
 #   as the uneven split it is), ZeRO 0 to 3 planned at DP > 1 (the moments 1/DP from stage 1
@@ -43,11 +44,16 @@ mem() {
 $($B/plan --profile cpu --vocab 256 --gpus "$2" --gpus-per-node "$2" $cp $4 --json 2>&1)"
     planned=$(printf '%s\n' "$out" | grep -c '"peak_bytes"')
     pk=$(printf '%s\n' "$out" | grep -o '"peak_bytes": [0-9]*' | grep -o '[0-9]*$')
-    if [ -n "$run" ] && [ "$planned" = 1 ] &&
+    # without stages the trainer splits its peak: each of weights, gradients, optimizer equal to the
+    # plan's part (to the line's 0.01 MB)
+    split=$(printf '%s\n' "$out" | sed -n 's/.* = weights \([0-9.]*\) + gradients \([0-9.]*\) + optimizer \([0-9.]*\) .*/\1 \2 \3/p')
+    parts=$(for k in weights grads optimizer; do printf '%s\n' "$out" | grep -o "\"${k}_bytes\": [0-9]*" | grep -o '[0-9]*$'; done | tr '\n' ' ')
+    case "$3" in *--pp\ [2-9]*) same=1 ;; *) same=$(echo "$split $parts" | awk 'NF == 6 { ok = 1; for (i = 1; i <= 3; i++) { d = $(i + 3) / 1e6 - $i; if (d < -0.006 || d > 0.006) ok = 0 }; print ok; exit } { print 0 }') ;; esac
+    if [ -n "$run" ] && [ "$planned" = 1 ] && [ "$same" = 1 ] &&
        awk -v r="$run" -v p="$pk" 'BEGIN { d = p / 1e6 - r; if (d < 0) d = -d; exit !(d <= 0.02 * r) }'; then
-        ok "plan_memory_$1 (trainer $run MB, planned $(awk -v p="$pk" 'BEGIN { printf "%.2f", p / 1e6 }') MB)"
+        ok "plan_memory_$1 (trainer $run MB, planned $(awk -v p="$pk" 'BEGIN { printf "%.2f", p / 1e6 }') MB${split:+; weights, gradients, optimizer $split MB as planned})"
     else
-        fail "plan_memory_$1: trainer '$run' MB, planned '$pk' bytes ($planned rows)"
+        fail "plan_memory_$1: trainer '$run' MB, planned '$pk' bytes ($planned rows); parts: trainer '$split' MB, planned '$parts' bytes"
     fi
 }
 quick_set && mem gpt2_1 1 "$M --batch 4" "$M --batch 4 --micro-batch 4 --recompute none"

@@ -45,8 +45,8 @@
 
 #include <math.h>
 
+#include "../train/memory.h"
 #include "../train/trainable.h"
-#include "../train/zero3.h"
 #include "count.h"
 
 typedef struct tpk_plan_desc {
@@ -261,13 +261,9 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     }
     if (s == TPK_OK) {
         out->peak = (double)tpk_mem_peak(&ctx, false);
-        const tpk_params *q = &ctx.params; /* held from the setup on: their share of the peak */
-        size_t zw = 0; /* ZeRO-3: the shard and the gathered buffers instead of data (freed) */
-        if (z3.u) s = tpk_zero3_bytes(&ctx, &z3, &zw);
-        out->weights = (double)(q->data.bytes + q->data16.bytes + zw);
-        out->grads = (double)(q->grad.bytes + q->scratch.bytes) + /* ZeRO-2: and the slice */
-                     (opt.g ? sizeof(float) * (double)(opt.sn ? opt.sn : 1) : 0.0);
-        out->optim = 2.0 * sizeof(float) * (double)(opt.sn ? opt.sn : 1);
+        tpk_mem_held h; /* held from the setup on: their share of the peak */
+        s = tpk_mem_held_get(&ctx, &opt, &z3, &h);
+        out->weights = h.weights, out->grads = h.grads, out->optim = h.optim;
         out->step = c.t - t0, out->exposed = c.t_exposed - e0, out->compute = c.t_ops - o0;
         out->elems = c.max_elems;
         for (int i = 0; i < TPK_COUNT_CHANNELS; i++)

@@ -13,6 +13,7 @@
 #ifndef TPK_TRAIN_REPORT_H
 #define TPK_TRAIN_REPORT_H
 
+#include "memory.h"
 #include "options.h"
 #include "ranks.h"
 #include "trainable.h"
@@ -93,10 +94,12 @@ static inline double tpk_run_flops_per_token(tpk_trainable *t, double n, int64_t
 }
 
 /* The end of training on rank 0's out: steps from+1..steps in `seconds`, the peak memory (each
- * stage's and its idle fraction with stages); none trained (a resume at the last step): that.
- * Collective over the world. */
+ * stage's and its idle fraction with stages; without, rank 0's split by kind when `held` is given:
+ * tpk_mem_held_get's weights, gradients and optimizer, the rest activations and work); none
+ * trained (a resume at the last step): that. Collective over the world. */
 static inline void tpk_run_summary(FILE *out, tpk_ranks *r, tpk_ctx *ctx, const tpk_run_opts *o,
-                                   const tpk_trainable *t, int64_t from, double seconds) {
+                                   const tpk_trainable *t, const tpk_mem_held *held, int64_t from,
+                                   double seconds) {
     if (o->steps <= 0) return;
     if (from >= o->steps) { /* a resume at the last step */
         if (r->rank == 0)
@@ -123,9 +126,18 @@ static inline void tpk_run_summary(FILE *out, tpk_ranks *r, tpk_ctx *ctx, const 
                 "| idle per stage %s (the bubble: waiting in messages)\n",
                 (long long)from + 1, (long long)o->steps, seconds, per, tpk_recompute_name(o->rc),
                 idle);
-    else if (r->rank == 0)
-        fprintf(out, "trained steps %lld..%lld in %.1f s | peak memory %.2f MB (recompute %s)\n",
-                (long long)from + 1, (long long)o->steps, seconds, mine, tpk_recompute_name(o->rc));
+    else if (r->rank == 0) {
+        char parts[160] = "";
+        if (held)
+            snprintf(parts, sizeof parts,
+                     " = weights %.2f + gradients %.2f + optimizer %.2f + activations and work "
+                     "%.2f",
+                     held->weights / 1e6, held->grads / 1e6, held->optim / 1e6,
+                     mine - (held->weights + held->grads + held->optim) / 1e6);
+        fprintf(out, "trained steps %lld..%lld in %.1f s | peak memory %.2f MB (recompute %s)%s\n",
+                (long long)from + 1, (long long)o->steps, seconds, mine, tpk_recompute_name(o->rc),
+                parts);
+    }
 }
 
 /* The ranks' pace: each rank's compute time (its wall time less its MPI waits, tpk_mpi_waited)
