@@ -24,8 +24,10 @@
  * its own tokens, against one rank's EP 1 model run on every DP rank's tokens: each rank's loss
  * (the aux pooled over the layers), every gradient (dense ones summed over DP, experts' over EDP),
  * 2 AdamW steps of tpk_train_step (norms, weights); ZeRO-1 with experts refused; under full and
- * selective recompute (a capacity and a shared expert or none) the bits of no recompute, a z-loss
- * under the pooled aux refused; its config.json parsed (keys, defaults, refusals). Run at 1..4
+ * selective recompute (a capacity, a z-loss and a shared expert, or none) the bits of no
+ * recompute; the routers' z-loss under the pooled aux against a double reference from each
+ * router's input (the loss, the last gate's gradient); its config.json parsed (keys, defaults,
+ * refusals). Run at 1..4
  * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
@@ -990,6 +992,7 @@ static void test_mixtral_recompute(int ep, int E, tpk_recompute mode, bool opts)
         CHECK_OK(&c[k], tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world, .ep = ep, .seed = 3}));
         tpk_mixtral_config cfg = mix_config(E);
         cfg.recompute = k ? TPK_RECOMPUTE_NONE : mode, cfg.capacity_factor = opts ? 0.75f : 0;
+        cfg.z_coef = opts ? 0.01f : 0; /* the routers' z-loss too */
         tpk_lm_config lc;
         CHECK_OK(&c[k], tpk_mixtral_lm_config(&c[k], &cfg, &lc));
         if (opts) lc.block.mlp.moe.shared_hidden = 6; /* no Mixtral field: the block's */
@@ -1027,19 +1030,84 @@ static void test_mixtral_recompute(int ep, int E, tpk_recompute mode, bool opts)
     CHECK(diff == 0, "%d gradients differ", diff);
     for (int k = 0; k < 2; k++) tpk_lm_destroy(&c[k], &m[k]), tpk_ctx_destroy(&c[k]);
     CHECK_OK(&c[0], tpk_ctx_init(&c[0], &(tpk_ctx_desc){.world = &world, .ep = ep, .seed = 3}));
-    /* refused by name: a capacity factor out of range; a z-loss under the pooled aux */
+    /* refused by name: a capacity factor, a z-loss coefficient out of range */
     tpk_mixtral_config cfg = mix_config(E);
     tpk_lm_config lc;
     cfg.capacity_factor = -0.5f;
     CHECK_FAILS(&c[0], tpk_mixtral_lm_config(&c[0], &cfg, &lc), TPK_ERR_ARG,
                 "cfg->capacity_factor: expected a finite value >= 0");
-    cfg.capacity_factor = 0;
-    CHECK_OK(&c[0], tpk_mixtral_lm_config(&c[0], &cfg, &lc));
-    lc.block.mlp.moe.z_coef = 0.01f;
-    CHECK_OK(&c[0], tpk_lm_init(&c[0], &m[0], &lc));
-    CHECK_FAILS(&c[0], tpk_lm_forward(&c[0], &m[0], ids, tg, XB, XS, &loss[0]), TPK_ERR_ARG,
-                "a router z-loss (z_coef 0.01) under the model's pooled auxiliary loss");
-    tpk_lm_destroy(&c[0], &m[0]), tpk_ctx_destroy(&c[0]);
+    cfg.capacity_factor = 0, cfg.z_coef = -0.01f;
+    CHECK_FAILS(&c[0], tpk_mixtral_lm_config(&c[0], &cfg, &lc), TPK_ERR_ARG,
+                "cfg->z_coef: expected a finite value >= 0");
+    tpk_ctx_destroy(&c[0]);
+}
+
+/* Mixtral at EP ep with the routers' z-loss (z_coef zc) against the same model without, on the
+ * same ranks: the forward is the same, so the loss differs by the layers' z-losses summed, here
+ * z_coef mean_t lse_t² of each router recomputed in double from its saved input and gate; and the
+ * last layer's gate gradient (which nothing after it reaches) differs by the z-loss's own,
+ * sum_t (2 zc lse_t / T) p_t x_tᵀ times the backward's scale. */
+static void test_mixtral_zloss(int ep, int E, float zc) {
+    tpk_ctx c[2];
+    tpk_lm m[2];
+    float loss[2], scale = 0.7f;
+    int32_t ids[XT], tg[XT];
+    for (int k = 0; k < 2; k++) { /* k 0: the z-loss, k 1: none */
+        CHECK_OK(&c[k], tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world, .ep = ep, .seed = 3}));
+        tpk_mixtral_config cfg = mix_config(E);
+        cfg.z_coef = k ? 0 : zc;
+        tpk_lm_config lc;
+        CHECK_OK(&c[k], tpk_mixtral_lm_config(&c[k], &cfg, &lc));
+        CHECK_OK(&c[k], tpk_lm_init(&c[k], &m[k], &lc));
+        test_set_weights(&c[k], 9, 0.3f);
+        mix_tokens(c[k].dp.rank, ids, tg);
+        CHECK_OK(&c[k], tpk_params_zero_grad(&c[k]));
+        CHECK_OK(&c[k], tpk_lm_forward(&c[k], &m[k], ids, tg, XB, XS, &loss[k]));
+        CHECK_OK(&c[k], tpk_lm_backward(&c[k], &m[k], scale));
+    }
+    double Z = 0, dmax = 0, gmax = 0;
+    float *wg = NULL, *g0 = NULL, *g1 = NULL;
+    for (int i = 0; i < XL; i++) { /* each router's z-loss from its input x [T, H] and Wg [E, H] */
+        const tpk_router *r = &m[0].blocks[i].mlp.u.moe.router;
+        int64_t T = r->T, H = r->H;
+        const float *x = (const float *)r->x.data;
+        size_t n = tpk_param_global_numel(&c[0], r->w);
+        free(wg), free(g0), free(g1);
+        wg = malloc(n * sizeof(float)), g0 = malloc(n * sizeof(float));
+        g1 = malloc(n * sizeof(float));
+        CHECK_OK(&c[0], tpk_param_get_global(&c[0], r->w, false, wg));
+        CHECK_OK(&c[0], tpk_param_get_global(&c[0], r->w, true, g0));
+        CHECK_OK(&c[1], tpk_param_get_global(&c[1], m[1].blocks[i].mlp.u.moe.router.w, true, g1));
+        double *want = calloc((size_t)(E * H), sizeof(double)), z = 0;
+        for (int64_t t = 0; t < T; t++) {
+            double lg[16], mx = -1e300, se = 0;
+            for (int e = 0; e < E; e++) {
+                lg[e] = 0;
+                for (int64_t h = 0; h < H; h++) lg[e] += (double)x[t * H + h] * wg[e * H + h];
+                mx = lg[e] > mx ? lg[e] : mx;
+            }
+            for (int e = 0; e < E; e++) se += exp(lg[e] - mx);
+            double lse = mx + log(se);
+            z += lse * lse;
+            for (int e = 0; e < E; e++) /* d (zc lse² / T) / d Wg[e] = 2 zc lse p_e x / T */
+                for (int64_t h = 0; h < H; h++)
+                    want[e * H + h] += 2.0 * zc * lse * exp(lg[e] - lse) * x[t * H + h] / T;
+        }
+        Z += T ? zc * z / T : 0;
+        for (int64_t j = 0; i == XL - 1 && j < E * H; j++) { /* the last layer's gate */
+            double d = ((double)g0[j] - g1[j]) - scale * want[j];
+            dmax = fabs(d) > dmax ? fabs(d) : dmax;
+            gmax = fabs(scale * want[j]) > gmax ? fabs(scale * want[j]) : gmax;
+        }
+        free(want);
+    }
+    free(wg), free(g0), free(g1);
+    double dl = (double)loss[0] - loss[1];
+    CHECK(fabs(dl - Z) < 2e-6 * fmax(1.0, loss[0]) && Z > 0,
+          "loss with the z-loss - without %.9g, expected the layers' z-losses %.9g", dl, Z);
+    CHECK(gmax > 0 && dmax < 1e-5 * fmax(gmax, 1e-3),
+          "the last gate's gradient with the z-loss - without: off by %g of %g", dmax, gmax);
+    for (int k = 0; k < 2; k++) tpk_lm_destroy(&c[k], &m[k]), tpk_ctx_destroy(&c[k]);
 }
 
 int main(int argc, char **argv) {
@@ -1160,6 +1228,12 @@ int main(int argc, char **argv) {
                 test_mixtral_recompute(ep, E, TPK_RECOMPUTE_FULL, o);
                 test_mixtral_recompute(ep, E, TPK_RECOMPUTE_SELECTIVE, o);
             }
+    }
+    TEST_CASE("Mixtral with the routers' z-loss at EP %d: the loss the layers' z-losses above the "
+              "model's without, the last gate's gradient the z-loss's own above (a double "
+              "reference from each router's input)",
+              np == 4 ? 2 : np) {
+        test_mixtral_zloss(np == 4 ? 2 : np, np == 3 ? 6 : 4, 0.05f);
     }
     TEST_CASE("Mixtral: config.json (MixtralForCausalLM's keys, defaults, refusals by name)") {
         static const char *base =

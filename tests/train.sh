@@ -958,6 +958,13 @@ if long_set; then
     bad "Mixtral: --zero with EP 2" "--ep 2: not yet with --zero" --text "$text" $mx --ep 2 --zero 1
     bad "--ep with a model without experts" "--ep 2: the Llama model has no experts" --text "$text" --arch llama $small --ep 2
     bad "Mixtral: --sequence-parallel" "--sequence-parallel: not yet with the Mixtral model" --text "$text" $mx --tp 2 --sequence-parallel
+    bad "Mixtral: a negative --z-loss-coef" "--z-loss-coef" --text "$text" $mx --z-loss-coef -1
+    # the routers' z-loss: EP 2 equals EP 1 with it, and step 1's loss is above the run without's
+    tr 2 --text "$text" $mx --z-loss-coef 0.01 --steps 5 --csv "$T/mxz1.csv"
+    rc1=$rc
+    tr 2 --text "$text" $mx --z-loss-coef 0.01 --ep 2 --steps 5 --csv "$T/mxz2.csv"
+    awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { exit !(b > a + 1e-3) }' "$T/mx1.csv" "$T/mxz1.csv" || rc1=1
+    mxeq "Mixtral with --z-loss-coef 0.01 at DP 2 x EP 2 equals EP 1, step 1's loss above the run without's" "$T/mxz1.csv" "$T/mxz2.csv" 1 5
 fi
 if long_set; then # checkpoints across EP sizes: each expert under its global name, by its holder
     tr 2 --text "$text" $mx --ep 2 --steps 8 --save "$T/mxs" --save-every 4 --csv "$T/mxfull.csv"

@@ -441,6 +441,8 @@ typedef struct tpk_moe {
     const double *aux_dp; /* set by a model pooling the aux loss over its layers (tpk/models/
                              lm.h): host [E], the gradient on every p_te the backward gives the
                              router (tpk_router_backward_pooled) in place of its own aux's */
+    const double *aux_g;  /* with aux_dp: the loss's gradient with respect to the pooled aux,
+                             which the router's z-loss (a term of it) takes */
 } tpk_moe;
 
 static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
@@ -649,11 +651,6 @@ static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x,
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised MoE");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
-    if (m->aux_dp && m->router.d.z_coef > 0)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "layer \"%s\": a router z-loss (z_coef %g) under the model's pooled "
-                         "auxiliary loss is not yet taken (expected z_coef 0)",
-                         m->name, (double)m->router.d.z_coef);
     TPK_TRY(tpk_router_forward(ctx, &m->router, x)); /* checks x: R [T, H] */
     const int32_t *route = m->router.d.capacity_factor > 0 ? m->router.sent : m->router.idx;
     TPK_TRY(tpk_moe_dispatch(ctx, &m->disp, x, route, &m->xg));
@@ -742,7 +739,8 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
         TPK_TRY(
             tpk_allreduce(ctx, &ctx->tp, dxg.data, dxg.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
     TPK_TRY(tpk_moe_dispatch_backward(ctx, &m->disp, dxg, &dxs));
-    TPK_TRY(m->aux_dp ? tpk_router_backward_pooled(ctx, &m->router, m->dw, m->aux_dp, &dxr)
+    TPK_TRY(m->aux_dp ? tpk_router_backward_pooled(ctx, &m->router, m->dw, m->aux_dp,
+                                                   m->aux_g ? *m->aux_g : 0, &dxr)
                       : tpk_router_backward(ctx, &m->router, m->dw, aux_grad, &dxr));
     *dx = dxs; /* the dispatcher's buffer: + the router's dx (+ the shared expert's) */
     TPK_TRY(tpk_op_axpby(ctx, dx->data, 1.f, dxr.data, 1.f, ctx->dtype, (size_t)(T * H)));

@@ -333,19 +333,23 @@ static inline tpk_status tpk_router_backward(tpk_ctx *ctx, tpk_router *r, const 
  * load_balancing_loss_func over all layers' logits concatenated, tpk/models/lm.h): aux_dp (host
  * [E]) is the loss's gradient with respect to every token's p_te, the same for each token (coef E
  * C_e / N² for C_e the rows routed to e and N the tokens, over all the layers pooled); this
- * router's own aux takes no part (its z-loss neither: a z-loss under a pooled aux is refused by
- * the MoE block). */
+ * router's own balance takes no part. Its z-loss (z_coef > 0) is a term of the pooled aux, whose
+ * gradient aux_grad (the loss's with respect to the pooled aux) it takes as tpk_router_backward
+ * does. */
 static inline tpk_status tpk_router_backward_pooled(tpk_ctx *ctx, tpk_router *r,
                                                     const float *dweight, const double *aux_dp,
-                                                    tpk_tensor *dx) {
+                                                    double aux_grad, tpk_tensor *dx) {
     static const char *fn = "tpk_router_backward_pooled";
     TPK_TRY(tpk__router_args(ctx, fn, r, dweight, dx));
     if (!aux_dp) return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_dp: NULL (expected [E] gradients)");
+    if (!isfinite(aux_grad))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_grad: expected a finite value, got %g",
+                         aux_grad);
     for (int64_t e = 0; e < r->E; e++)
         if (!isfinite(aux_dp[e]))
             return tpk__fail(ctx, TPK_ERR_ARG, fn, "aux_dp[%lld]: expected finite, got %g",
                              (long long)e, aux_dp[e]);
-    return tpk__router_backward(ctx, r, dweight, aux_dp, 0, dx);
+    return tpk__router_backward(ctx, r, dweight, aux_dp, aux_grad, dx);
 }
 
 #endif /* TPK_ROUTER_H */

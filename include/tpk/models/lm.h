@@ -29,8 +29,11 @@
  * summed): balance = E sum_e C_e Q_e / N², C_e the rows routed to expert e and Q_e = sum_t p_te
  * summed over the layers, N = L T (this rank's T tokens in each of the L layers). Its gradient
  * on every token's p_te in every layer is scale coef E C_e / N² (the counts not differentiated),
- * handed to each router (tpk_router_backward_pooled). m->aux holds the last forward's coef
- * balance; not yet with pipeline stages or context parallelism (refused by name). */
+ * handed to each router (tpk_router_backward_pooled). A router z-loss (tpk_moe_desc.z_coef > 0,
+ * ST-MoE's, as Megatron-core's moe_z_loss_coeff) adds each layer's z_coef mean_t lse_t² to it: the
+ * layers' z-losses summed, each router's own gradient scaled by the loss's (m->aux_g). m->aux
+ * holds the last forward's coef balance (+ the z-losses); not yet with pipeline stages or context
+ * parallelism (refused by name). */
 #ifndef TPK_LM_H
 #define TPK_LM_H
 
@@ -126,6 +129,8 @@ typedef struct tpk_lm {
                                (tpk_lm_aux_read): their deferred losses' share */
     double *aux_count;      /* host [E]: C_e of the last forward (NULL without MoE) */
     double *aux_dp;         /* host [E]: Q_e in the forward, the routers' gradient backward */
+    double aux_g;           /* the loss's gradient with respect to m->aux (the backward's scale):
+                               each router's z-loss, a term of it, takes it */
     int64_t aux_N;          /* N, the rows routed per choice over the layers */
     int64_t lo, hi;         /* the blocks built */
     bool has_embed, has_head;
@@ -257,7 +262,7 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
         if (s == TPK_OK && (!m->aux_count || !m->aux_dp))
             s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu experts' counts", E);
         for (int64_t i = m->lo; s == TPK_OK && i < m->hi; i++)
-            m->blocks[i].mlp.u.moe.aux_dp = m->aux_dp;
+            m->blocks[i].mlp.u.moe.aux_dp = m->aux_dp, m->blocks[i].mlp.u.moe.aux_g = &m->aux_g;
     }
     if (s == TPK_OK && c.dropout_sites && m->has_embed) {
         tpk_dropout_desc dd;
@@ -386,17 +391,18 @@ static inline void tpk__lm_moe_aux(tpk_lm *m) {
     if (!m->aux_count) return;
     const tpk_moe_desc *d = &m->c.block.mlp.moe;
     int64_t E = d->experts, N = 0;
+    double z = 0; /* the layers' z-losses, summed */
     for (int64_t e = 0; e < E; e++) m->aux_count[e] = m->aux_dp[e] = 0;
     for (int64_t i = m->lo; i < m->hi; i++) {
         const tpk_router *r = &m->blocks[i].mlp.u.moe.router;
         for (int64_t e = 0; e < E; e++)
             m->aux_count[e] += (double)r->count[e], m->aux_dp[e] += r->psum[e];
-        N += r->T;
+        N += r->T, z += r->zloss;
     }
     double b = 0;
     for (int64_t e = 0; e < E; e++) b += m->aux_count[e] * m->aux_dp[e];
     m->aux_N = N;
-    m->aux = N ? (float)((double)d->aux_coef * (double)E * b / ((double)N * (double)N)) : 0.f;
+    m->aux = (float)((N ? (double)d->aux_coef * (double)E * b / ((double)N * (double)N) : 0) + z);
 }
 
 /* The aux of the forwards with loss = NULL since the last read (their deferred losses' share of
@@ -532,6 +538,7 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
         double k = N ? (double)scale * (double)m->c.block.mlp.moe.aux_coef * E / (N * N) : 0;
         for (int64_t e = 0; e < m->c.block.mlp.moe.experts; e++)
             m->aux_dp[e] = k * m->aux_count[e];
+        m->aux_g = (double)scale;
     }
     /* each block from the last (recompute: its forward, or its cheap parts, again first) */
     TPK_TRY(tpk__lm_stack_backward(ctx, m, g, &g));

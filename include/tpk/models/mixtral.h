@@ -54,6 +54,10 @@ typedef struct tpk_mixtral_config {
     float capacity_factor;   /* 0: dropless (Hugging Face's Mixtral); c > 0: each expert takes at
                                 most ceil(T k / E c) of a rank's rows, the lowest-weighted dropped
                                 (tpk_moe_desc.capacity_factor, Megatron's "probs" policy) */
+    float z_coef;            /* the routers' z-loss (ST-MoE; Megatron-core's moe_z_loss_coeff):
+                                z_coef mean_t lse_t² of each layer added to the aux, 0: none. Not
+                                in config.json (Hugging Face's Mixtral has none): pass it again on
+                                a resume */
 } tpk_mixtral_config;
 
 /* A Mixtral: its config (defaults applied) and the model (m.lm). */
@@ -70,6 +74,7 @@ static inline const tpk_lm_flag *tpk_mixtral_flags(int *n) {
         {"--moe-top-k", offsetof(tpk_mixtral_config, top_k), true, 1, 1e6, "k", "k (default 2)"},
         {"--aux-coef", offsetof(tpk_mixtral_config, aux_coef), false, -1, 1e6, NULL,
          "0.001 (< 0: none)"},
+        {"--z-loss-coef", offsetof(tpk_mixtral_config, z_coef), false, 0, 1e6, NULL, "0 (none)"},
         {"--kv-heads", offsetof(tpk_mixtral_config, kv_heads), true, 1, 1e9, "G",
          "G (default --heads)"},
         {"--ffn", offsetof(tpk_mixtral_config, ffn), true, 1, 1e9, "F",
@@ -120,6 +125,10 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "cfg->capacity_factor: expected a finite value >= 0 (0: dropless), got %g",
                          (double)c->capacity_factor);
+    if (!(c->z_coef >= 0) || isinf(c->z_coef))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->z_coef: expected a finite value >= 0 (0: no z-loss), got %g",
+                         (double)c->z_coef);
     if (!c->ffn && c->hidden > 0) c->ffn = tpk_mixtral_default_ffn(c->hidden);
     if (c->rope_theta == 0) c->rope_theta = 1e6f;
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
@@ -138,7 +147,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps, bd.init_std = c->init_std;
     out->block = tpk_mixtral_block_config(&bd, (int)c->experts, (int)c->top_k,
                                           c->aux_coef > 0 ? c->aux_coef : 0.f);
-    out->block.mlp.moe.capacity_factor = c->capacity_factor;
+    out->block.mlp.moe.capacity_factor = c->capacity_factor, out->block.mlp.moe.z_coef = c->z_coef;
     return TPK_OK;
 }
 
