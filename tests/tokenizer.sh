@@ -77,7 +77,8 @@ def shard(p):
     return list(struct.unpack_from("<%dH" % h[2], d, 1024))
 v, t = shard(T + "/sh_val_000000.bin"), shard(T + "/sh_train_000000.bin")
 n = a + b + 2
-assert len(v) + len(t) == n and len(v) == round(0.1 * n), (len(v), len(t), n)
+# the validation share rounded half up, as the tool does (Python's round() goes half to even)
+assert len(v) + len(t) == n and len(v) == int(n * 0.1 + 0.5), (len(v), len(t), n)
 s = v + t
 assert s[0] == eot and s[a + 1] == eot and s.count(eot) == 2, "end-of-text before each document"
 print("%d validation and %d training" % (len(v), len(t)))
