@@ -32,8 +32,17 @@
  *   grouped dgrad  dx_g = dy_g W_g       [T_g, H];            one GEMM m=T n=H k=F
  *   grouped wgrad  dW_g += dy_g^T x_g    [F, H] f32;          one GEMM m=F n=H k=T
  *
+ * With --fp8 (an FP8 linear's GEMMs, tpk/layers/linear.h, instead of the table above; t = 1):
+ * tpk_op_gemm_fp8 on codes against tpk_op_gemm (tpk_op_gemm_acc for the weight gradient) in bf16
+ * of the same shape in the same process, for the column and row linears and a square P^3 GEMM:
+ *   fwd    y = qx qw^T      E4M3 x E4M3, a bf16 C        (cuBLASLt's FP8 layout, TN)
+ *   dgrad  dx = qdy qw      E5M2 x E4M3, a bf16 C        (qw transposed into scratch first)
+ *   wgrad  dW += qdy^T qx   E5M2 x E4M3, an f32 C, beta 1 (both transposed first)
+ * The casts (fp8_quant) are not in the time: they are fused into a layer's neighbouring pass or
+ * amortised (the weight's codes once per step); ratio = FP8's rate over bf16's.
+ *
  *   gemm [--H 768] [--F 4H] [--tokens T] [--vocab 50257] [--dtype f32|bf16] [--t 1,2,4,8]
- *        [--iters N] [--peak P] [--experts E] [--host] [--tf32] [--json]
+ *        [--iters N] [--peak P] [--experts E] [--fp8] [--host] [--tf32] [--json]
  * --peak: the size of the square GEMM that measures the peak (8192 on the GPU, 2048 on the host).
  * The CUDA backend is used when the program was built with it (-DTPK_WITH_CUDA) and a device is
  * present, unless --host. */
@@ -232,6 +241,108 @@ static void run_experts(int E, int64_t T, int64_t H, int64_t F, tpk_dtype dt, in
     free(rows), free(w);
 }
 
+/* --fp8: one GEMM of an FP8 linear, on codes (qa, qb) or in bf16 (a, b), [sets] each */
+typedef struct fp8_case {
+    bool ta, tb, acc;
+    int64_t m, n, k;
+    tpk_fp8_fmt fa, fb;
+    uint8_t **qa, **qb;
+    void **a, **b, **c; /* bf16 operands; c f32 when acc, else bf16 */
+} fp8_case;
+static void call_fp8(void *arg, int set) {
+    fp8_case *g = arg;
+    int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+    TRY(tpk_op_gemm_fp8(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1e-3f, g->qa[set], g->fa, lda,
+                        g->qb[set], g->fb, ldb, g->acc ? 1.0f : 0.0f, g->c[set], g->n,
+                        g->acc ? TPK_F32 : TPK_BF16));
+}
+static void call_bf16(void *arg, int set) {
+    fp8_case *g = arg;
+    int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+    if (g->acc)
+        TRY(tpk_op_gemm_acc(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1e-3f, g->a[set], lda,
+                            g->b[set], ldb, 1.0f, g->c[set], g->n, TPK_BF16));
+    else
+        TRY(tpk_op_gemm(&ctx, g->ta, g->tb, g->m, g->n, g->k, 1e-3f, g->a[set], lda, g->b[set],
+                        ldb, 0.0f, g->c[set], g->n, TPK_BF16));
+}
+static uint8_t *codes_rand(size_t n, tpk_fp8_fmt fmt, uint64_t stream) {
+    void *x = buf_rand(n, TPK_BF16, stream);
+    void *q;
+    TRY(tpk_op_alloc(&ctx, n, &q));
+    TRY(tpk_op_fp8_quant(&ctx, q, NULL, x, TPK_BF16, n, 1.0f, fmt, false));
+    tpk_op_free(&ctx, x);
+    return q;
+}
+/* one shape: FP8 and bf16, in ms (buffer sets rotated past the L2 cache, as run_case) */
+static void run_fp8_case(fp8_case *g, int iters, size_t l2, double *ms_fp8, double *ms_bf16) {
+    size_t na = (size_t)(g->m * g->k), nb = (size_t)(g->k * g->n), nc = (size_t)(g->m * g->n);
+    size_t set_bytes = (na + nb) * 3 + nc * (g->acc ? 4 : 2);
+    int sets = (int)(2 * l2 / set_bytes) + 2;
+    if (sets > 8) sets = 8;
+    g->qa = calloc((size_t)sets, sizeof(void *)), g->qb = calloc((size_t)sets, sizeof(void *));
+    g->a = calloc((size_t)sets, sizeof(void *)), g->b = calloc((size_t)sets, sizeof(void *)),
+    g->c = calloc((size_t)sets, sizeof(void *));
+    for (int s = 0; s < sets; s++) {
+        g->qa[s] = codes_rand(na, g->fa, 5 * s), g->qb[s] = codes_rand(nb, g->fb, 5 * s + 1);
+        g->a[s] = buf_rand(na, TPK_BF16, 5 * s + 2), g->b[s] = buf_rand(nb, TPK_BF16, 5 * s + 3);
+        g->c[s] = buf_rand(nc, g->acc ? TPK_F32 : TPK_BF16, 5 * s + 4);
+    }
+    *ms_fp8 = time_median(call_fp8, g, sets, gpu ? 5 : 1, iters);
+    *ms_bf16 = time_median(call_bf16, g, sets, gpu ? 5 : 1, iters);
+    for (int s = 0; s < sets; s++)
+        tpk_op_free(&ctx, g->qa[s]), tpk_op_free(&ctx, g->qb[s]), tpk_op_free(&ctx, g->a[s]),
+            tpk_op_free(&ctx, g->b[s]), tpk_op_free(&ctx, g->c[s]);
+    free(g->qa), free(g->qb), free(g->a), free(g->b), free(g->c);
+}
+/* the --fp8 report: the square P^3 GEMM, then the column and row linears' three GEMMs each */
+static void run_fp8(int64_t T, int64_t H, int64_t F, int64_t P, int iters, size_t l2, bool json,
+                    double unit, const char *uname) {
+    struct {
+        const char *name;
+        bool ta, tb, acc;
+        int64_t m, n, k;
+        tpk_fp8_fmt fa;
+    } g[7] = {{"square", 0, 1, 0, P, P, P, TPK_E4M3},
+              {"column fwd", 0, 1, 0, T, F, H, TPK_E4M3},
+              {"column dgrad", 0, 0, 0, T, H, F, TPK_E5M2},
+              {"column wgrad", 1, 0, 1, F, H, T, TPK_E5M2},
+              {"row fwd", 0, 1, 0, T, H, F, TPK_E4M3},
+              {"row dgrad", 0, 0, 0, T, F, H, TPK_E5M2},
+              {"row wgrad", 1, 0, 1, H, F, T, TPK_E5M2}};
+    if (!json) {
+        printf("FP8 GEMMs (tpk_op_gemm_fp8) against bf16 (tpk_op_gemm): backend %s, H=%lld F=%lld "
+               "tokens=%lld, median of %d\n\n",
+               ctx.ops->name, (long long)H, (long long)F, (long long)T, iters);
+        printf("%-14s %6s %6s %6s  %-9s  %9s  %8s  %9s  %8s  %6s\n", "gemm", "m", "n", "k",
+               "formats", "fp8 ms", uname, "bf16 ms", uname, "ratio");
+    } else {
+        printf("{\"backend\": \"%s\", \"fp8\": true, \"H\": %lld, \"F\": %lld, \"tokens\": %lld, "
+               "\"unit\": \"%s\", \"rows\": [",
+               ctx.ops->name, (long long)H, (long long)F, (long long)T, uname);
+    }
+    for (int q = 0; q < 7; q++) {
+        fp8_case c = {g[q].ta, g[q].tb, g[q].acc, g[q].m, g[q].n, g[q].k, g[q].fa, TPK_E4M3,
+                      0,       0,       0,        0,      0};
+        double ms8, ms16;
+        run_fp8_case(&c, q ? iters : 2 * iters, l2, &ms8, &ms16);
+        double fl = 2.0 * (double)c.m * (double)c.n * (double)c.k, r8 = fl / (ms8 * 1e-3) / unit,
+               r16 = fl / (ms16 * 1e-3) / unit;
+        const char *fm = g[q].fa == TPK_E5M2 ? "E5M2xE4M3" : "E4M3xE4M3";
+        if (!json)
+            printf("%-14s %6lld %6lld %6lld  %-9s  %9.3f  %8.2f  %9.3f  %8.2f  %6.2f\n",
+                   g[q].name, (long long)c.m, (long long)c.n, (long long)c.k, fm, ms8, r8, ms16,
+                   r16, r8 / r16);
+        else
+            printf("%s\n  {\"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+                   "\"formats\": \"%s\", \"ms\": %.4f, \"rate\": %.3f, \"bf16_ms\": %.4f, "
+                   "\"bf16_rate\": %.3f, \"ratio\": %.3f}",
+                   q ? "," : "", g[q].name, (long long)c.m, (long long)c.n, (long long)c.k, fm,
+                   ms8, r8, ms16, r16, r8 / r16);
+    }
+    if (json) printf("\n]}\n");
+}
+
 /* Time one shape: tpk and plain, in ms. */
 static void run_case(gemm_case *g, int iters, size_t l2, double *ms_tpk, double *ms_plain) {
     size_t es = tpk_dtype_size(g->dt), na = (size_t)(g->m * g->k), nb = (size_t)(g->k * g->n),
@@ -266,11 +377,13 @@ int main(int argc, char **argv) {
     int64_t P = 0; /* the peak's square GEMM */
     bool json = false, force_host = false, tf32 = false;
     int experts = 0;
+    bool fp8 = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--host")) force_host = true;
         else if (!strcmp(a, "--tf32")) tf32 = true;
+        else if (!strcmp(a, "--fp8")) fp8 = true;
         else if (v && !strcmp(a, "--H")) H = atoll(v), i++;
         else if (v && !strcmp(a, "--F")) F = atoll(v), i++;
         else if (v && !strcmp(a, "--tokens")) T = atoll(v), i++;
@@ -291,7 +404,8 @@ int main(int argc, char **argv) {
             fprintf(
                 stderr,
                 "usage: %s [--H n] [--F n] [--tokens n] [--vocab V] [--dtype f32|bf16] [--t "
-                "1,2,4,8] [--iters n] [--peak P] [--experts E] [--host] [--tf32] [--json]\n",
+                "1,2,4,8] [--iters n] [--peak P] [--experts E] [--fp8] [--host] [--tf32] "
+                "[--json]\n",
                 argv[0]);
             return 2;
         }
@@ -307,6 +421,10 @@ int main(int argc, char **argv) {
     if (!T) T = gpu ? 8192 : 1024;
     if (!iters) iters = gpu ? 50 : 3;
     if (!P) P = gpu ? 8192 : 2048;
+    if (experts && fp8) {
+        fprintf(stderr, "bench/gemm: --experts and --fp8: one at a time\n");
+        return 2;
+    }
     if (H < 1 || F < 1 || T < 1 || V < 1 || iters < 1 || P < 1 || experts < 0) {
         fprintf(stderr, "bench/gemm: H, F, tokens, vocab, iters and peak must be positive, "
                         "experts >= 0\n");
@@ -326,6 +444,11 @@ int main(int argc, char **argv) {
 #ifdef TPK_WITH_CUDA
     if (gpu && tpk_cuda_l2_bytes()) l2 = tpk_cuda_l2_bytes();
 #endif
+    if (fp8) {
+        run_fp8(T, H, F, P, iters, l2, json, gpu ? 1e12 : 1e9, gpu ? "TFLOP/s" : "GFLOP/s");
+        tpk_ctx_destroy(&ctx);
+        return 0;
+    }
     /* measured peak: a square GEMM through the plain path */
     gemm_case pk = {false, false, P, P, P, gpu ? dt : TPK_F32, false, 0, 0, 0, 0, 0, 0};
     double pk_tpk, pk_plain;

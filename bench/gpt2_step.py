@@ -38,6 +38,10 @@ torch.cuda.max_memory_allocated (none on the CPU). --json prints one JSON object
 table. Stopped by SIGTERM (a time limit), it still prints what it measured, the rest under
 "skipped".
 
+--fp8 current|delayed: the trainer is run a second time with FP8 linears (--fp8, its recipe's
+defaults: the embeddings, the LM head, norms and attention stay in the run's dtype), a row of its
+own; "fp8_ratio" gives its tokens/s over each other row's (over "tpk": FP8's speed-up).
+
 --check (a functional check, for the CPU at the tiny shapes; not a timing): tpk and PyTorch eager
 each train --steps steps (default 20, --lr 1e-3) from their own random initialisation on the same
 batches; each side's first loss must be within 5% of ln V (a fresh model predicts about
@@ -48,7 +52,7 @@ repeated batches) and within 0.03 ln V of the other side's, and the trainer's pa
     python3 bench/gpt2_step.py [--model 124M|350M|tiny|llama-1B|llama-tiny|neox-410M|neox-1B|
         neox-tiny|...] [--batch B] [--seq S] [--steps N] [--warmup W] [--lr LR]
         [--dtype bf16|f32] [--device cuda|cpu] [--vocab V] [--trainer PATH] [--no-torch]
-        [--no-compile] [--peak-tflops T] [--check] [--json]
+        [--no-compile] [--peak-tflops T] [--fp8 current|delayed] [--check] [--json]
 """
 
 import argparse
@@ -157,13 +161,14 @@ def arch_flags(m):
     return []
 
 
-def run_tpk(a, m):
-    """the trainer's median step (ms), peak memory (MB or None), losses, parameters (banner, M)"""
+def run_tpk(a, m, extra=()):
+    """the trainer's median step (ms), peak memory (MB or None), losses, parameters (banner, M);
+    extra: more trainer flags (--fp8 X)"""
     tmp = tempfile.mkdtemp(prefix="tpk_bench_")
     try:
         shard = os.path.join(tmp, "tokens.bin")
         write_shard(shard, shard_tokens(a.batch * a.seq * 4 + 1, a.vocab))
-        cmd = [a.trainer, "--data", shard] + arch_flags(m)
+        cmd = [a.trainer, "--data", shard] + arch_flags(m) + list(extra)
         for flag, v in (
             ("--layers", m["L"]),
             ("--hidden", m["H"]),
@@ -610,6 +615,7 @@ def main():
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--peak-tflops", type=float, default=790.0)
+    p.add_argument("--fp8", choices=["current", "delayed"], default=None)
     p.add_argument("--check", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--threads", type=int, default=0)
@@ -648,6 +654,14 @@ def main():
         rows["tpk"], mem["tpk"], losses["tpk"], tpk_params = run_tpk(a, m)
     except Stopped as e:
         skipped["tpk"] = str(e)
+    fp8_row = "tpk --fp8 %s" % a.fp8 if a.fp8 else None
+    if fp8_row and not skipped.get("tpk", "").startswith("stopped"):
+        try:  # the same trainer with FP8 linears: its own row (not judged against PyTorch)
+            rows[fp8_row], mem[fp8_row], losses[fp8_row], _ = run_tpk(a, m, ("--fp8", a.fp8))
+        except Stopped as e:
+            skipped[fp8_row] = str(e)
+        except RuntimeError as e:
+            skipped[fp8_row] = "failed: %s" % str(e)[-500:]
     eager = "torch eager"
     runs = [(eager, False, None), ("torch.compile", True, None)]
     if a.check:  # the functional check: eager once
@@ -718,6 +732,12 @@ def main():
             for k, v in rows.items()
         },
         "tpk_ratio": {k: rows[k] / rows["tpk"] for k in rows if k != "tpk" and "tpk" in rows},
+        # --fp8: the FP8 trainer's tokens/s over the bf16 trainer's, and over each PyTorch's
+        "fp8_ratio": (
+            {k: rows[k] / rows[fp8_row] for k in rows if k != fp8_row}
+            if fp8_row in rows
+            else {}
+        ),
         "skipped": skipped,
     }
     failed = []

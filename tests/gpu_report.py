@@ -2,7 +2,8 @@
 
 1. tools/gpu_report.py on recorded GPU figures written here, each next to its target's edge
    (70% of SDPA, 80% of copy bandwidth, 1.0x torch.compile, 0.85x a plain GEMM, the 1B Llama's
-   and GPT-NeoX's 1.0x torch.compile and 45% MFU: at the target is PASS, just under it BELOW),
+   and GPT-NeoX's 1.0x torch.compile and 45% MFU, the FP8 step's 1.25x bf16 and the FP8 GEMMs'
+   0.9x torch._scaled_mm: at the target is PASS, just under it BELOW),
    with a racecheck finding, a step stopped at its time limit, a step left out for time, a
    missing benchmark and a NaN figure: every section present, each verdict where it belongs, the
    failure named and exit status 1; the same figures with clean tests: exit status 0; a family
@@ -33,6 +34,7 @@ SECTIONS = [
     "## LM-head GEMMs vs a plain GEMM",
     "## GPT-2 training step vs PyTorch",
     "## Llama and GPT-NeoX training steps vs PyTorch",
+    "## FP8 GEMMs vs bf16 and vs torch._scaled_mm",
     "## Not measured, failed or skipped",
 ]
 failures = 0
@@ -96,14 +98,23 @@ def gpt2(model, tpk_ms, compile_ms, extra_skipped=None):
     )
 
 
-def family(model, tpk_ms, compile_ms, mfu, seq=2048, batch=4):
-    """bench/gpt2_step.py --json of a Llama or GPT-NeoX run: tpk at mfu, eager, torch.compile"""
+def family(model, tpk_ms, compile_ms, mfu, seq=2048, batch=4, fp8_ms=None):
+    """bench/gpt2_step.py --json of a Llama or GPT-NeoX run: tpk at mfu, eager, torch.compile
+    (fp8_ms: and the trainer with --fp8 delayed)"""
     tok = batch * seq
     rows = {
         "tpk": {"ms": tpk_ms, "tokens_per_s": tok / (tpk_ms * 1e-3), "mfu": mfu},
         "torch eager": {"ms": 2 * tpk_ms, "tokens_per_s": tok / (2e-3 * tpk_ms), "mfu": mfu / 2},
         "torch.compile": {"ms": compile_ms, "tokens_per_s": tok / (compile_ms * 1e-3), "mfu": 0.4},
     }
+    if fp8_ms:
+        rows["tpk --fp8 delayed"] = {
+            "ms": fp8_ms,
+            "tokens_per_s": tok / (fp8_ms * 1e-3),
+            "mfu": mfu * tpk_ms / fp8_ms,
+            "first_loss": 10.4,
+            "last_loss": 10.2,
+        }
     for r in rows.values():
         r["peak_mem_mb"] = 40000.0
     return json.dumps(
@@ -115,9 +126,24 @@ def family(model, tpk_ms, compile_ms, mfu, seq=2048, batch=4):
             "device": "cuda",
             "rows": rows,
             "tpk_ratio": {k: rows[k]["ms"] / tpk_ms for k in rows if k != "tpk"},
+            "fp8_ratio": {k: rows[k]["ms"] / fp8_ms for k in rows if fp8_ms and "fp8" not in k},
             "skipped": {},
         }
     )
+
+
+def fp8_gemms(rates):
+    """bench/gemm --fp8 --json (tpk) or bench/torch_fp8.py --json (torch) rows: (gemm, FP8 rate,
+    bf16 rate) each, or (gemm, error) for a form PyTorch refused"""
+    rows = []
+    for r in rates:
+        row = {"gemm": r[0], "m": 8192, "n": 8192, "k": 2048, "formats": "E4M3xE4M3"}
+        if len(r) == 2:
+            row["error"] = r[1]
+        else:
+            row.update(ms=1.0, rate=r[1], bf16_ms=1.5, bf16_rate=r[2], ratio=r[1] / r[2])
+        rows.append(row)
+    return json.dumps({"backend": "cuda", "fp8": True, "unit": "TFLOP/s", "rows": rows})
 
 
 def kernels(fwd_pair, fb_pair, copy, mem_rows, shape=(16, 1024, 12, 64)):
@@ -247,7 +273,24 @@ def fixtures(d, racecheck_findings):
         '"pct_peak": 80.0, "plain_rate": 40.0, "ratio": 1.000}\n]}\n',
     )
     write(d, "gpt2-124M.json", gpt2("124M", 39.0, 39.0))  # 1.0x torch.compile: PASS
-    write(d, "llama-1B.json", family("llama-1B", 200.0, 200.0, 0.45))  # both at the target: PASS
+    # both at the target: PASS; --fp8 at 1.25x: PASS
+    write(d, "llama-1B.json", family("llama-1B", 200.0, 200.0, 0.45, fp8_ms=160.0))
+    # FP8 GEMMs: square at 0.90x torch's (PASS), column fwd at 0.899x (BELOW), column dgrad: torch
+    # refused the form (not measured)
+    write(
+        d,
+        "gemm-fp8.json",
+        fp8_gemms(
+            [("square", 1350.0, 700.0), ("column fwd", 899.0, 600.0), ("column dgrad", 800.0, 60.0)]
+        ),
+    )
+    write(
+        d,
+        "torch-fp8.json",
+        fp8_gemms(
+            [("square", 1500.0, 700.0), ("column fwd", 1000.0, 600.0), ("column dgrad", "refused")]
+        ),
+    )
     write(d, "neox-1B.json", family("neox-1B", 200.0, 198.0, 0.449))  # 0.99x, 44.9%: BELOW
 
 
@@ -387,8 +430,25 @@ def case_fixtures(work):
         and "step neox-410M: skipped (no time left in the 570 s budget)" in md,
         "generator: the GPT-NeoX 410M step left out for time says not measured, not judged",
     )
+    r = row(md, "llama-1B B=4 S=2048 bf16 on cuda", "tpk --fp8 delayed")
     check(
-        "12 PASS, 5 BELOW, 3 not measured" in md,
+        r is not None and r[-1] == "PASS (1.25x)" and r[6] == "0.80x",
+        "generator: the Llama 1B with --fp8 at 1.25x the bf16 trainer is PASS: %s" % r,
+    )
+    r = row(md, "llama-1B B=4 S=2048 bf16 on cuda", "tpk --fp8 delayed: losses")
+    check(
+        r is not None and "first 10.4000, last 10.2000" in r[2],
+        "generator: the FP8 run's losses beside bf16's: %s" % r,
+    )
+    check(
+        verdict_of(md, "square") == "PASS"
+        and verdict_of(md, "column fwd", "E4M3xE4M3") == "BELOW"
+        and verdict_of(md, "column dgrad", "E4M3xE4M3") == "not measured"
+        and "torch._scaled_mm column dgrad: refused" in md,
+        "generator: FP8 GEMMs at 0.9x torch._scaled_mm PASS, at 0.899x BELOW, refused named",
+    )
+    check(
+        "14 PASS, 6 BELOW, 4 not measured" in md,
         "generator: the counts of PASS / BELOW / not measured: %s"
         % [l for l in md.splitlines() if l.startswith("Figures against")],
     )
@@ -517,6 +577,12 @@ def case_host(work):
         r is not None and float(r[3]) > 0 and x is not None and float(x[3]) > 0,
         "host dry run: bench/gpt2_step.py --json of the Llama and GPT-NeoX (tpk's side) read "
         "into their table: %s %s" % (r, x),
+    )
+    r = row(md, "llama-tiny B=4 S=64 f32 on cpu", "tpk --fp8 delayed")
+    x = row(md, "column wgrad", "E5M2xE4M3")
+    check(
+        r is not None and float(r[3]) > 0 and x is not None and float(x[3]) > 0,
+        "host dry run: the --fp8 trainer row and bench/gemm --fp8's rows read: %s %s" % (r, x),
     )
     r = row(md, "GPT-2 124M", "B=1 S=64 A=2 D=64", "fwd")
     check(r is not None, "host dry run: the attention row of bench/kernels' bf16 run: %s" % r)

@@ -14,15 +14,20 @@ Reads (any may be missing; the report then names what is):
                                               attention against SDPA)
   gpt2-*.json     bench/gpt2_step.py --json   (GPT-2 steps against PyTorch eager and torch.compile)
   llama-1B.json, neox-1B.json, neox-410M.json
-                  bench/gpt2_step.py --json   (the Llama and GPT-NeoX steps, the same way)
+                  bench/gpt2_step.py --json   (the Llama and GPT-NeoX steps, the same way; the
+                                              Llama's with --fp8 delayed: a row of its own)
+  gemm-fp8.json   bench/gemm --fp8 --json     (the FP8 linear's GEMMs against bf16)
+  torch-fp8.json  bench/torch_fp8.py --json   (torch._scaled_mm against torch.matmul bf16, the
+                                              same shapes)
 Targets (the project's GPU-speed issue): attention at >= 70% of PyTorch SDPA's speed, forward and
 forward+backward (bf16); each memory-bound kernel at >= 80% of the measured copy bandwidth (bytes
 it must move over time, against a device-to-device copy's); GPT-2 124M at >= 1.0x torch.compile's
 tokens/s; the Llama 1B and GPT-NeoX 1B steps at >= 1.0x torch.compile's tokens/s and >= 45% MFU
-(the 410M shown, not judged); and, from the earlier GPU-speed work (bench/RESULTS.md), the padded
-LM-head GEMMs at >= 0.85x a plain GEMM. A figure at or above its target is PASS, below it BELOW;
-a missing one is "not measured" with the reason. Speeds as a percentage: 100 x the reference's
-time / ours.
+(the 410M shown, not judged); with --fp8 delayed the Llama 1B step at >= 1.25x the bf16
+trainer's tokens/s, and each FP8 GEMM at >= 0.9x torch._scaled_mm's rate; and, from the
+earlier GPU-speed work (bench/RESULTS.md), the padded LM-head GEMMs at >= 0.85x a plain GEMM.
+A figure at or above its target is PASS, below it BELOW; a missing one is "not measured" with
+the reason. Speeds as a percentage: 100 x the reference's time / ours.
 Exit status: 1 when a GPU test or a sanitizer failed or did not run (or, in a dry run, a step
 failed), 2 without a GPU, else 0. Where env.tsv's "only" (TPK_REPORT_ONLY) left make test-gpu
 out, the tests are not judged: 1 only when the build failed. A figure BELOW its target does not
@@ -51,6 +56,8 @@ GPT2_RUNS = [("gpt2-124M", "124M"), ("gpt2-350M", "350M")]
 FAMILY_SPEED = 1.0  # x torch.compile's tokens/s (the 1B models)
 FAMILY_MFU = 45.0  # % MFU (the 1B models)
 FAMILY_RUNS = [("llama-1B", True), ("neox-1B", True), ("neox-410M", False)]  # (step, judged)
+FP8_STEP = 1.25  # x the bf16 trainer's tokens/s with --fp8 (the 1B Llama)
+FP8_GEMM = 0.90  # x torch._scaled_mm's rate at the same shape (tpk_op_gemm_fp8)
 
 
 def read_tsv(path):
@@ -605,9 +612,42 @@ class Report:
                     rows.append([name, impl] + ["-"] * 5 + [target, self.judge(None, 0)])
                 continue
             shape, rr, ratio, skipped = step_json(j)
-            for impl in ("tpk", "torch eager", "torch eager (no SDPA)", "torch.compile"):
+            f8 = [k for k in list(rr) + list(skipped) if k.startswith("tpk --fp8")]
+            for impl in ["tpk"] + f8 + ["torch eager", "torch eager (no SDPA)", "torch.compile"]:
                 r = rr.get(impl)
                 target = targets[impl][0] if judged and impl in targets else ""
+                if impl in f8 and r is not None:  # FP8's speed-up over the bf16 trainer
+                    up = j.get("fp8_ratio", {}).get("tpk")
+                    rows.append(
+                        [
+                            shape,
+                            impl,
+                            fmt(r.get("ms"), "%.1f"),
+                            fmt(r.get("tokens_per_s"), "%.0f"),
+                            fmt(r["mfu"] * 100 if r.get("mfu") is not None else None, "%.1f%%"),
+                            fmt(r.get("peak_mem_mb"), "%.0f"),
+                            fmt(ratio.get(impl), "%.2fx"),
+                            ">= %.2fx tpk (bf16) tokens/s" % FP8_STEP if judged else "",
+                            ("%s (%sx)" % (self.judge(up, FP8_STEP), fmt(up, "%.2f")))
+                            if judged
+                            else fmt(up, "%.2fx tpk"),
+                        ]
+                    )
+                    rows.append(
+                        [
+                            shape,
+                            impl + ": losses",
+                            "first %s, last %s; bf16 first %s, last %s"
+                            % (
+                                fmt(r.get("first_loss"), "%.4f"),
+                                fmt(r.get("last_loss"), "%.4f"),
+                                fmt(rr.get("tpk", {}).get("first_loss"), "%.4f"),
+                                fmt(rr.get("tpk", {}).get("last_loss"), "%.4f"),
+                            ),
+                        ]
+                        + [""] * 6
+                    )
+                    continue
                 if r is None:
                     why = skipped.get(impl)
                     if judged and impl in targets:
@@ -638,6 +678,62 @@ class Report:
                 )
         self.table(STEP_COLUMNS, rows)
 
+    def fp8_section(self):
+        self.w("## FP8 GEMMs vs bf16 and vs torch._scaled_mm")
+        self.w()
+        self.w(
+            "bench/gemm --fp8: the FP8 linear's GEMMs through tpk_op_gemm_fp8 (cuBLASLt FP8; an "
+            "operand in the other orientation transposed into scratch inside the call) against "
+            "tpk_op_gemm in bf16 of the same shape; bench/torch_fp8.py: torch._scaled_mm (its "
+            "transposes inside the call too) against torch.matmul bf16, in the same run. The "
+            "casts are not in the times. Target: tpk's FP8 rate >= %.2fx torch._scaled_mm's at "
+            "each shape." % FP8_GEMM
+        )
+        self.w()
+        j, t = self.bench("gemm-fp8"), self.bench("torch-fp8")
+        trow = {r["gemm"]: r for r in (t or {}).get("rows", [])}
+        rows = []
+        for r in (j or {}).get("rows", []):
+            tr = trow.get(r["gemm"], {})
+            vs = r["rate"] / tr["rate"] if tr.get("rate") else None
+            if tr.get("error"):
+                self.missing.append(("torch._scaled_mm %s" % r["gemm"], tr["error"]))
+            rows.append(
+                [
+                    r["gemm"],
+                    "%d x %d x %d" % (r["m"], r["n"], r["k"]),
+                    r.get("formats", ""),
+                    fmt(r.get("rate"), "%.1f"),
+                    fmt(r.get("bf16_rate"), "%.1f"),
+                    fmt(r.get("ratio"), "%.2fx"),
+                    fmt(tr.get("rate"), "%.1f"),
+                    fmt(tr.get("bf16_rate"), "%.1f"),
+                    fmt(tr.get("ratio"), "%.2fx"),
+                    fmt(vs, "%.2fx"),
+                    ">= %.2fx" % FP8_GEMM,
+                    self.judge(vs, FP8_GEMM),
+                ]
+            )
+        if j is None:
+            rows.append(["all"] + ["-"] * 9 + [">= %.2fx" % FP8_GEMM, self.judge(None, 0)])
+        self.table(
+            [
+                "gemm",
+                "m x n x k",
+                "formats",
+                "tpk FP8 TFLOP/s",
+                "tpk bf16",
+                "FP8 / bf16",
+                "torch FP8",
+                "torch bf16",
+                "torch FP8 / bf16",
+                "tpk FP8 / torch FP8",
+                "target",
+                "result",
+            ],
+            rows,
+        )
+
     def missing_section(self):
         self.w("## Not measured, failed or skipped")
         self.w()
@@ -664,6 +760,7 @@ class Report:
         self.gemm_section()
         self.gpt2_section()
         self.families_section()
+        self.fp8_section()
         self.missing_section()
         body = self.out[body_start:]
         self.out = self.out[:body_start]

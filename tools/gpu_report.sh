@@ -7,12 +7,15 @@
 #               composed ops among them), the layers at t = 1, 2, 3, the resume; the op tests under
 #               compute-sanitizer memcheck, racecheck, synccheck and initcheck, side by side
 #                                                                                (limit 240 s)
-#   bench-gpu   bench/gemm f32 and bf16 (the LM-head GEMMs against a plain GEMM); bench/kernels f32,
+#   bench-gpu   bench/gemm f32 and bf16 (the LM-head GEMMs against a plain GEMM), bench/gemm --fp8
+#               and bench/torch_fp8.py (the FP8 linear's GEMMs at the Llama 1B's shapes against bf16
+#               and against torch._scaled_mm; 45 s each); bench/kernels f32,
 #               and bf16 at the GPT-2 124M and 350M attention shapes and at D = 128 (memory-bound
 #               ops against copy bandwidth, attention against PyTorch SDPA), all with --json
 #                                                                       (limits 45 s, 45 s, 4 x 40 s)
 #   bench-gpt2 and bench-families: bench/gpt2_step.py --json, the models with a target first:
-#               GPT-2 124M (150 s), Llama 1B (180 s), GPT-NeoX 1B (180 s), then GPT-2 350M (150 s)
+#               GPT-2 124M (150 s), Llama 1B (240 s: its trainer also with --fp8 delayed),
+#               GPT-NeoX 1B (180 s), then GPT-2 350M (150 s)
 #               and GPT-NeoX 410M (150 s)
 # Every step's output goes to DIR (build/gpu-report/): STEP.json (a benchmark's figures), STEP.log
 # (its output), steps.tsv (step, status: ok, failed, timeout or skipped, seconds, limit, note), the
@@ -36,7 +39,7 @@ budget=${TPK_REPORT_BUDGET:-570}
 dir=${TPK_REPORT_DIR:-$B/gpu-report}
 host=${TPK_REPORT_HOST:-}
 only=${TPK_REPORT_ONLY:-}
-benches="gemm-f32 gemm-bf16 kernels-f32 kernels-bf16-gpt2-124M kernels-bf16-gpt2-350M kernels-bf16-d128 gpt2-124M llama-1B neox-1B gpt2-350M neox-410M"
+benches="gemm-f32 gemm-bf16 gemm-fp8 torch-fp8 kernels-f32 kernels-bf16-gpt2-124M kernels-bf16-gpt2-350M kernels-bf16-d128 gpt2-124M llama-1B neox-1B gpt2-350M neox-410M"
 md=$dir.md tar=$dir-logs.tar.gz
 start=$(date +%s)
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
@@ -108,12 +111,14 @@ elif [ "$mode" = host ]; then
     skip test-gpu "host dry run: no GPU tests"
     bench gemm-f32 60 "$B/bench/gemm" --host --H 64 --tokens 64 --vocab 500 --iters 1 --t 1,2 --peak 256 --json
     skip gemm-bf16 "host dry run: f32 only"
+    bench gemm-fp8 60 "$B/bench/gemm" --host --fp8 --H 64 --F 128 --tokens 64 --peak 128 --iters 1 --json
+    skip torch-fp8 "host dry run: torch._scaled_mm needs a GPU"
     bench kernels-f32 60 "$B/bench/kernels" --host --n 4096 --iters 1 --B 1 --S 64 --A 2 --D 64 --json
     bench kernels-bf16-gpt2-124M 60 "$B/bench/kernels" --host --dtype bf16 --n 4096 --iters 1 --B 1 --S 64 --A 2 --D 64 --json
     skip kernels-bf16-gpt2-350M "host dry run: one bf16 shape"
     skip kernels-bf16-d128 "host dry run: one bf16 shape"
     bench gpt2-124M 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model tiny --device cpu --dtype f32 --vocab 300 --steps 1 --warmup 0 --no-compile --json
-    bench llama-1B 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model llama-tiny --device cpu --dtype f32 --steps 1 --warmup 0 --no-torch --json
+    bench llama-1B 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model llama-tiny --device cpu --dtype f32 --steps 1 --warmup 0 --no-torch --fp8 delayed --json
     bench neox-1B 120 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model neox-tiny --device cpu --dtype f32 --steps 1 --warmup 0 --no-torch --json
     # (the families without PyTorch: make test's time; make bench-families-check runs their models)
     skip gpt2-350M "host dry run: one model a family"
@@ -133,6 +138,9 @@ else
         # the benchmarks, one at a time, each alone on the GPU (the runs of make bench-gpu, and the 350M attention shape)
         bench gemm-f32 45 "$B/bench/gemm" --json
         bench gemm-bf16 45 "$B/bench/gemm" --dtype bf16 --json
+        # the FP8 linear's GEMMs at the Llama 1B's shapes, tpk's and PyTorch's
+        bench gemm-fp8 45 "$B/bench/gemm" --fp8 --H 2048 --F 8192 --json
+        bench torch-fp8 45 "$PYTHON" bench/torch_fp8.py --H 2048 --F 8192 --json
         bench kernels-f32 40 "$B/bench/kernels" --json
         bench kernels-bf16-gpt2-124M 40 "$B/bench/kernels" --dtype bf16 --B 16 --S 1024 --A 12 --D 64 --json
         bench kernels-bf16-gpt2-350M 40 "$B/bench/kernels" --dtype bf16 --B 8 --S 1024 --A 16 --D 64 --json
@@ -140,7 +148,7 @@ else
         # make bench-gpt2's and bench-families' runs: tpk's trainer, PyTorch eager and
         # torch.compile; the models with a target first
         bench gpt2-124M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model 124M --json
-        bench llama-1B 180 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model llama-1B --json
+        bench llama-1B 240 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model llama-1B --fp8 delayed --json
         bench neox-1B 180 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model neox-1B --json
         bench gpt2-350M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model 350M --json
         bench neox-410M 150 "$PYTHON" bench/gpt2_step.py --trainer "$B/train" --model neox-410M --json
