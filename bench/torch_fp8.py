@@ -39,7 +39,7 @@ def main():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
         sys.exit("bench/torch_fp8.py: needs a CUDA GPU of compute capability 8.9 or later")
     if not hasattr(torch, "_scaled_mm"):
-        sys.exit("bench/torch_fp8.py: this PyTorch (%s) has no torch._scaled_mm" % torch.__version__)
+        sys.exit("bench/torch_fp8.py: PyTorch %s has no torch._scaled_mm" % torch.__version__)
     dev, e4, e5 = "cuda", torch.float8_e4m3fn, torch.float8_e5m2
     T, H, F, P = a.tokens, a.H, a.F, a.peak
     # (name, m, n, k, format of the first operand, its orientation, the second's, f32 out)

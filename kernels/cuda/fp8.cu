@@ -7,7 +7,9 @@
  *                their bits do as ints; a NaN ignored as fmaxf ignores it, an infinity kept).
  *                8 elements a thread (16-byte loads, an 8-byte store of codes) where aligned.
  *   fp8_dequant  y[i] = f32(q[i]) s_inv (exact decode, one rounding to y's dtype).
- *   gemm_fp8     C = alpha op(A) op(B) + beta C on codes, f32 sums. On sm_89 and later through
+ *   gemm_fp8     C = alpha op(A) op(B) + beta C on codes, f32 sums (the FP8 MMA's accumulator
+ *                keeps about 14 mantissa bits: ~1e-4 relative from the host's sums, measured on
+ *                an H100 at k = 80; tests/gpu/ops.c's TOL_FP8_ACC). On sm_89 and later through
  *                cuBLASLt's FP8 matmul (A, B CUDA_R_8F_E4M3 / _E5M2, C and D bf16 or f32, compute
  *                32F; alpha the dequantising 1 / (s_a s_b), so no scale pointers). cuBLASLt's FP8
  *                kernels take only the TN layout (in row-major terms C = A B^T: ta false, tb

@@ -313,7 +313,7 @@ static void test_fp8(tpk_dtype dt) {
                              z ? "beta=0" : "beta=0.5");
                     for (int64_t i = 0; i < m; i++) /* the written [m, n] part */
                         CHECK_CLOSE(got + i * ldc, want + i * ldc, (size_t)nn,
-                                    tol_for(dt, TOL_SUM), what);
+                                    tol_for(dt, TOL_FP8_ACC), what);
                     free(raw), free(got), free(want);
                 }
                 pair_free(&cd, &c);

@@ -408,8 +408,10 @@ typedef struct tpk_ops {
      * fp8_dequant: y[i] = tpk_fp8_to_f32(q[i]) scale_inv, in dt
      * gemm_fp8:    C[m, n] = alpha op(A) op(B) + beta C (gemm's shapes and rules), A and B codes
      *              of fa, fb decoded exactly, the products summed in f32 (FP8 tensor cores' inputs
-     *              and accumulation); alpha carries the dequantising scales (1 / (s_a s_b));
-     *              C in c_dt, f32 or bf16; beta = 0 ignores C. */
+     *              and accumulation: on sm_89/sm_90 the MMA's accumulator keeps fewer mantissa
+     *              bits than f32, about 14, so a CUDA result may differ from the host's by
+     *              ~1e-4 relative at small k); alpha carries the dequantising scales
+     *              (1 / (s_a s_b)); C in c_dt, f32 or bf16; beta = 0 ignores C. */
     tpk_status (*fp8_quant)(tpk_ctx *ctx, uint8_t *q, float *amax, const void *x, tpk_dtype dt,
                             size_t n, float scale, tpk_fp8_fmt fmt, bool accumulate);
     tpk_status (*fp8_dequant)(tpk_ctx *ctx, void *y, tpk_dtype dt, const uint8_t *q, size_t n,
