@@ -1,7 +1,9 @@
 /* kernels/cuda/attn.cu — the CUDA backend's causal attention (grouped-query).
  *
  *   attention  bf16 with head dim 64 or 128 on sm_80 and later: FlashAttention-2 on tensor cores
- *              (flash.cuh). Otherwise these generic kernels (f32, any head dim up to ATT_MAXD),
+ *              (flash.cuh). bf16 at other head dims (a multiple of 8), without dropout: through
+ *              cuBLASLt GEMMs and two row kernels (attn_gemm_fwd / _bwd below). Otherwise these
+ *              generic kernels (f32, dropout at other head dims; any head dim up to ATT_MAXD),
  *              flash-style, never an S x S matrix. Grouped-query: query head h reads key/value
  *              head (head0 + h) / (A / G) - g0 of qkv [Q (Al D) | K (Gl D) | V (Gl D)] in place
  *              (tpk__fl_heads, 32-bit head indices). Forward: a block of ATT_WARPS query rows of
@@ -269,6 +271,12 @@ static bool flash_usable(const tpk__cuda_state *st, tpk_dtype dt, int64_t D, con
         if (tpk__flash_smem(k, (int)D) > st->smem_optin) return false;
     return !attn_env_is("generic");
 }
+/* bf16 at other head dims without dropout: through GEMMs (attn_gemm_fwd / _bwd, further down) */
+static bool attn_gemm_usable(tpk_dtype dt, int64_t D, float p, const void *a, const void *b);
+static tpk_status attn_gemm_fwd(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, void *out,
+                                float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al,
+                                int64_t D, int64_t A, int64_t G, int64_t head0, float scale);
+
 /* f(D, DROP) with the head dim and whether dropout is on as compile-time constants */
 template <class F> static void flash_by_d(int64_t D, float p, F f) {
     auto drop = [&](auto d) {
@@ -304,6 +312,8 @@ static tpk_status cuda_attn_fwd(tpk_ctx *ctx, void *out, float *lse, const void 
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
     }
+    if (attn_gemm_usable(dt, D, p, qkv, out))
+        return attn_gemm_fwd(ctx, fn, st, out, lse, qkv, B, S, Al, D, A, G, head0, scale);
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);
     tpk_status s = TPK_OK;
@@ -475,6 +485,184 @@ __global__ void attn_dkv_kernel(T *dqkv, const T *dout, const T *qkv, const floa
     }
 }
 
+/* ---- attention through GEMMs: bf16 at head dims the tensor-core kernels do not take ----------
+ * bf16 without dropout at a head dim not 64 or 128 (GPT-NeoX/Pythia 1B's 256, 80, 96, ...; a
+ * multiple of 8, rows 16-byte aligned), where the generic kernels would run on CUDA cores: per
+ * (batch, query head h, chunk of R query rows i0 .. i1 - 1), with key/value head y = kv(h) and the
+ * keys 0 .. i1 - 1 (causal: no later key of any row in the chunk),
+ *   forward   S = scale Q_h[i0:i1] K_y[0:i1]^T (gemm_acc: f32 [R, i1])
+ *             lse_i = log sum_{j <= i} e^(S_ij);  P_ij = e^(S_ij - lse_i) (j <= i, else 0; bf16)
+ *             O_h[i0:i1] = P V_y[0:i1] (gemm, bf16 into out)
+ *   backward  Dr_i = dO_i . O_i; S again, dP = dO_h[i0:i1] V_y[0:i1]^T (gemm_acc, f32),
+ *             P as above, dS_ij = P_ij (dP_ij - Dr_i) (bf16), then
+ *             dQ_h[i0:i1] = scale dS K_y[0:i1]          (gemm, bf16 into dqkv)
+ *             dK_y[0:i1] += scale dS^T Q_h[i0:i1],  dV_y[0:i1] += P^T dO_h[i0:i1]
+ *             (gemm_acc into f32 sums of the key/value head over its query heads and chunks, in
+ *             that fixed order, then written as bf16: deterministic, no atomics).
+ * R = S where a head's S, dP (f32) and P, dS (bf16) take at most ATT_GEMM_BYTES, else the most
+ * rows that do (multiples of 64; TPK_ATTN_GEMM_ROWS=R in the environment sets it, for tests).
+ * Five GEMMs and the S x S products computed in full (the causal
+ * half too): cuBLASLt's speed instead of the CUDA cores', not FlashAttention's; the row kernels
+ * read only the visible part. Rows of the S and P buffers are padded to 8 elements (16 bytes). */
+enum : int64_t { ATT_GEMM_BYTES = (int64_t)256 << 20 };
+
+static bool attn_gemm_usable(tpk_dtype dt, int64_t D, float p, const void *a, const void *b) {
+    return dt == TPK_BF16 && p == 0.0f && D % 8 == 0 && tpk__aligned16({a, b}) &&
+           !attn_env_is("generic");
+}
+/* the query rows of a chunk (TPK_ATTN_GEMM_ROWS in the environment: that many, for tests) */
+static int64_t attn_gemm_rows(int64_t S) {
+    const char *env = getenv("TPK_ATTN_GEMM_ROWS");
+    if (env && atoll(env) > 0) return atoll(env) < S ? atoll(env) : S;
+    int64_t ld = (S + 7) / 8 * 8, per_row = 12 * ld, R = ATT_GEMM_BYTES / per_row;
+    if (R >= S) return S;
+    R = R / 64 * 64;
+    return R < 64 ? 64 : R;
+}
+/* The forward's rows: warp w of the grid takes row r of the chunk (i = i0 + r), keys 0..i of
+ * s [R, lds] (f32), writes lse[i] and p [R, lds] (bf16: e^(s - lse) for j <= i, 0 for
+ * i < j < kc) */
+__global__ void attn_gemm_softmax_kernel(tpk__bf16 *p, float *lse, const float *s, int64_t R,
+                                         int64_t lds, int64_t kc, int64_t i0) {
+    int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
+    if (r >= R) return;
+    const float *row = s + r * lds;
+    int64_t n = i0 + r + 1; /* visible keys */
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t j = lane; j < n; j += 32) {
+        float v = row[j], m2 = fmaxf(m, v);
+        l = l * expf(m - m2) + expf(v - m2), m = m2;
+    }
+    for (int o = 16; o > 0; o >>= 1) { /* merge the lanes' (m, l) */
+        float m_o = __shfl_xor_sync(0xffffffffu, m, o), l_o = __shfl_xor_sync(0xffffffffu, l, o),
+              m2 = fmaxf(m, m_o);
+        l = (m == -INFINITY ? 0.0f : l * expf(m - m2)) +
+            (m_o == -INFINITY ? 0.0f : l_o * expf(m_o - m2));
+        m = m2;
+    }
+    float L = m + logf(l);
+    if (lane == 0) lse[r] = L;
+    for (int64_t j = lane; j < kc; j += 32)
+        tpk__stf(p + r * lds, (size_t)j, j < n ? expf(row[j] - L) : 0.0f);
+}
+/* The backward's rows: P as in the forward from s and lse, dS = P (dp - Dr) (0 past the diagonal),
+ * both bf16 [R, lds] */
+__global__ void attn_gemm_ds_kernel(tpk__bf16 *p, tpk__bf16 *ds, const float *s, const float *dp,
+                                    const float *lse, const float *Dr, int64_t R, int64_t lds,
+                                    int64_t kc, int64_t i0) {
+    int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
+    if (r >= R) return;
+    int64_t n = i0 + r + 1, at = r * lds;
+    float L = lse[r], d = Dr[r];
+    for (int64_t j = lane; j < kc; j += 32) {
+        float pv = j < n ? expf(s[at + j] - L) : 0.0f;
+        tpk__stf(p, (size_t)(at + j), pv);
+        tpk__stf(ds, (size_t)(at + j), j < n ? pv * (dp[at + j] - d) : 0.0f);
+    }
+}
+/* the local key/value head of local query head h, and the local query heads [*h0, *h1) of key/value
+ * head y (tpk__fl_heads' arithmetic, on the host) */
+static int64_t attn_gemm_kv(int64_t A, int64_t G, int64_t head0, int64_t h) {
+    int64_t grp = A / G;
+    return (head0 + h) / grp - head0 / grp;
+}
+static void attn_gemm_heads(int64_t A, int64_t G, int64_t head0, int64_t Al, int64_t y, int64_t *h0,
+                            int64_t *h1) {
+    int64_t grp = A / G, lo = (head0 / grp + y) * grp - head0, hi = lo + grp;
+    *h0 = lo > 0 ? lo : 0, *h1 = hi < Al ? hi : Al;
+}
+
+static tpk_status attn_gemm_fwd(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, void *out,
+                                float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al,
+                                int64_t D, int64_t A, int64_t G, int64_t head0, float scale) {
+    int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL), ld3 = (Al + 2 * Gl) * D, ldo = Al * D;
+    int64_t R = attn_gemm_rows(S), lds = (S + 7) / 8 * 8;
+    size_t sbytes = (size_t)(R * lds) * sizeof(float);
+    float *s32;
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sbytes + (size_t)(R * lds) * 2, (void **)&s32));
+    tpk__bf16 *p16 = reinterpret_cast<tpk__bf16 *>(reinterpret_cast<char *>(s32) + sbytes);
+    const tpk__bf16 *x = (const tpk__bf16 *)qkv;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Al; h++) {
+            int64_t y = attn_gemm_kv(A, G, head0, h);
+            const tpk__bf16 *Q = x + b * S * ld3 + h * D, *K = x + b * S * ld3 + (Al + y) * D,
+                            *V = K + Gl * D;
+            tpk__bf16 *O = (tpk__bf16 *)out + b * S * ldo + h * D;
+            for (int64_t i0 = 0; i0 < S; i0 += R) {
+                int64_t rows = S - i0 < R ? S - i0 : R, kc = i0 + rows;
+                TPK_TRY(ctx->ops->gemm_acc(ctx, false, true, rows, kc, D, scale, Q + i0 * ld3, ld3,
+                                           K, ld3, 0.0f, s32, lds, TPK_BF16));
+                attn_gemm_softmax_kernel<<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS),
+                                           32 * ATT_WARPS, 0, st->stream>>>(
+                    p16, lse + (b * Al + h) * S + i0, s32, rows, lds, kc, i0);
+                TPK_TRY(tpk__cuda_launched(ctx, fn));
+                TPK_TRY(ctx->ops->gemm(ctx, false, false, rows, D, kc, 1.0f, p16, lds, V, ld3, 0.0f,
+                                       O + i0 * ldo, ldo, TPK_BF16));
+            }
+        }
+    return TPK_OK;
+}
+
+static tpk_status attn_gemm_bwd(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, void *dqkv,
+                                const void *dout, const void *qkv, const void *out,
+                                const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D,
+                                int64_t A, int64_t G, int64_t head0, float scale) {
+    int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL), ld3 = (Al + 2 * Gl) * D, ldo = Al * D;
+    int64_t R = attn_gemm_rows(S), lds = (S + 7) / 8 * 8;
+    size_t nrows = (size_t)(B * Al * S), a256 = 256;
+    size_t dr_b = (sizeof(float) * nrows + a256 - 1) / a256 * a256,
+           f_b = (size_t)(R * lds) * sizeof(float), h_b = (size_t)(R * lds) * 2,
+           acc_b = (size_t)(S * D) * sizeof(float);
+    char *base;
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, dr_b + 2 * f_b + 2 * h_b + 2 * acc_b, (void **)&base));
+    float *Dr = (float *)base, *s32 = (float *)(base + dr_b), *dp32 = (float *)(base + dr_b + f_b);
+    tpk__bf16 *p16 = (tpk__bf16 *)(base + dr_b + 2 * f_b),
+              *ds16 = (tpk__bf16 *)(base + dr_b + 2 * f_b + h_b);
+    float *dk = (float *)(base + dr_b + 2 * f_b + 2 * h_b), *dv = dk + S * D;
+    attn_dr_kernel<tpk__bf16><<<attn_dr_grid((int64_t)nrows, D), 32 * ATT_WARPS, 0, st->stream>>>(
+        Dr, (const tpk__bf16 *)dout, (const tpk__bf16 *)out, B, S, Al, D);
+    TPK_TRY(tpk__cuda_launched(ctx, fn));
+    const tpk__bf16 *x = (const tpk__bf16 *)qkv, *go = (const tpk__bf16 *)dout;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t y = 0; y < Gl; y++) {
+            const tpk__bf16 *K = x + b * S * ld3 + (Al + y) * D, *V = K + Gl * D;
+            TPK__CUDA_TRY(ctx, fn, cudaMemsetAsync(dk, 0, 2 * acc_b, st->stream));
+            int64_t h0, h1;
+            attn_gemm_heads(A, G, head0, Al, y, &h0, &h1);
+            for (int64_t h = h0; h < h1; h++) {
+                const tpk__bf16 *Q = x + b * S * ld3 + h * D, *dO = go + b * S * ldo + h * D;
+                tpk__bf16 *dQ = (tpk__bf16 *)dqkv + b * S * ld3 + h * D;
+                const float *L = lse + (b * Al + h) * S, *Dh = Dr + (b * Al + h) * S;
+                for (int64_t i0 = 0; i0 < S; i0 += R) {
+                    int64_t rows = S - i0 < R ? S - i0 : R, kc = i0 + rows;
+                    TPK_TRY(ctx->ops->gemm_acc(ctx, false, true, rows, kc, D, scale,
+                                               Q + i0 * ld3, ld3, K, ld3, 0.0f, s32, lds,
+                                               TPK_BF16));
+                    TPK_TRY(ctx->ops->gemm_acc(ctx, false, true, rows, kc, D, 1.0f, dO + i0 * ldo,
+                                               ldo, V, ld3, 0.0f, dp32, lds, TPK_BF16));
+                    attn_gemm_ds_kernel<<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS),
+                                          32 * ATT_WARPS, 0, st->stream>>>(
+                        p16, ds16, s32, dp32, L + i0, Dh + i0, rows, lds, kc, i0);
+                    TPK_TRY(tpk__cuda_launched(ctx, fn));
+                    TPK_TRY(ctx->ops->gemm_acc(ctx, true, false, kc, D, rows, 1.0f, p16, lds,
+                                               dO + i0 * ldo, ldo, 1.0f, dv, D, TPK_BF16));
+                    TPK_TRY(ctx->ops->gemm_acc(ctx, true, false, kc, D, rows, scale, ds16, lds,
+                                               Q + i0 * ld3, ld3, 1.0f, dk, D, TPK_BF16));
+                    TPK_TRY(ctx->ops->gemm(ctx, false, false, rows, D, kc, scale, ds16, lds, K, ld3,
+                                           0.0f, dQ + i0 * ld3, ld3, TPK_BF16));
+                }
+            }
+            tpk__bf16 *dK = (tpk__bf16 *)dqkv + b * S * ld3 + (Al + y) * D, *dV = dK + Gl * D;
+            unsigned g = tpk__grid_for((size_t)(S * D) / 8, 256);
+            attn_dq_store_kernel<<<g, 256, 0, st->stream>>>(dK, dk, (size_t)S, D, ld3, 1.0f);
+            attn_dq_store_kernel<<<g, 256, 0, st->stream>>>(dV, dv, (size_t)S, D, ld3, 1.0f);
+            TPK_TRY(tpk__cuda_launched(ctx, fn));
+        }
+    return TPK_OK;
+}
+
 static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, const void *qkv,
                                 const void *out, const float *lse, int64_t B, int64_t S, int64_t Al,
                                 int64_t D, int64_t A, int64_t G, int64_t head0, float scale,
@@ -538,6 +726,9 @@ static tpk_status cuda_attn_bwd(tpk_ctx *ctx, void *dqkv, const void *dout, cons
         TPK_TRY(s);
         return tpk__cuda_launched(ctx, fn);
     }
+    if (attn_gemm_usable(dt, D, p, qkv, out) && tpk__aligned16({dqkv, dout}))
+        return attn_gemm_bwd(ctx, fn, st, dqkv, dout, qkv, out, lse, B, S, Al, D, A, G, head0,
+                             scale);
     TPK_TRY(tpk__cuda_scratch(ctx, fn, st, sizeof(float) * nrows, (void **)&Dr));
     size_t smem = att_smem(D);
     dim3 grid((unsigned)((S + ATT_WARPS - 1) / ATT_WARPS), (unsigned)Al, (unsigned)B);

@@ -943,8 +943,9 @@ static void test_xent_mean(void) {
     }
 }
 
-/* bf16 with D = 64 or 128 runs the tensor-core kernels (kernels/cuda/flash.cuh), the rest the
- * generic ones; S = 45, 130, 200 are not multiples of their 64-row tiles */
+/* bf16 with D = 64 or 128 runs the tensor-core kernels (kernels/cuda/flash.cuh), bf16 at other
+ * head dims without dropout the GEMM path (attn.cu's attn_gemm_*), the rest the generic kernels;
+ * S = 45, 130, 200 are not multiples of their 64-row tiles */
 static void test_attention(tpk_dtype dt, int64_t D, int64_t S, float p, int64_t A, int64_t G,
                            int64_t Al, int64_t head0) {
     TEST_CASE(
@@ -1324,7 +1325,8 @@ int main(int argc, char **argv) {
                                                            heads 0 and 1 */
         test_attention(dt, 128, 100, 0.1f, 8, 1, 4, 4); /* every query head reads the one key/value
                                                            head */
-        test_attention(dt, 40, 70, 0.0f, 6, 3, 4, 1);   /* the generic kernels, grouped */
+        test_attention(dt, 40, 70, 0.0f, 6, 3, 4, 1);   /* grouped, heads 1..4 of 3 groups: the
+                                                           GEMM path in bf16, generic in f32 */
         test_attention(dt, 64, 200, 0.2f, 4, 1, 4, 0);  /* all four query heads over one key/value
                                                            head, dropout */
         test_attention(dt, 128, 130, 0.0f, 4, 2, 2, 1); /* heads 1, 2: one query head per key/value
@@ -1333,6 +1335,14 @@ int main(int argc, char **argv) {
                                                            alone, read by all three */
         test_attention(dt, 64, 333, 0.1f, 4, 2, 4, 0);  /* several 128-row blocks and 64-row tiles,
                                                            the last ones partial */
+        /* head dim 256 (Pythia 1B's): bf16 through GEMMs, once in chunks of 48 query rows
+           (TPK_ATTN_GEMM_ROWS: 48, 48, 34 of 130), grouped-query with a group cut by the split;
+           with dropout the generic kernels */
+        test_attention(dt, 256, 130, 0.0f, 4, 4, 2, 1);
+        setenv("TPK_ATTN_GEMM_ROWS", "48", 1);
+        test_attention(dt, 256, 130, 0.0f, 8, 2, 5, 2);
+        unsetenv("TPK_ATTN_GEMM_ROWS");
+        test_attention(dt, 256, 45, 0.1f, 4, 4, 2, 0);
         /* attention over CP's blocks: a rank's later query chunk against an earlier key chunk and
            the diagonal; keys after some queries (rows that see none in the first block); no mask;
            grouped-query heads, dropout, D not a multiple of 32 */
