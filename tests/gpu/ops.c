@@ -694,8 +694,8 @@ static pair pair_rows_poisoned(int64_t rows, int64_t ld, int64_t cols, tpk_dtype
     return p;
 }
 
-/* rope (forward, inverse, strided rows, in place), rope_at (a table's positions; at 0..S-1 rope's
- * bits) and swiglu (forward, backward in place) */
+/* rope (forward, inverse, strided rows, in place, 8 pairs a thread and one), rope_at (a table's
+ * positions; at 0..S-1 rope's bits) and swiglu (forward, backward in place) */
 static void test_rope_swiglu(tpk_dtype dt) {
     TEST_CASE("rope, swiglu [%s]", tpk_dtype_name(dt)) {
         int64_t rows = 300, S = 37, heads = 3, D = 64, ld = heads * D + 16, F = 200;
@@ -737,6 +737,14 @@ static void test_rope_swiglu(tpk_dtype dt) {
         CHECK_OK(&ch, ch.ops->rope(&ch, x.h, ld, x.h, ld, rows, S, heads, D, 500.0f, false, dt));
         CHECK_OK(&cd, cd.ops->rope(&cd, x.d, ld, x.d, ld, rows, S, heads, D, 500.0f, false, dt));
         pair_check(&cd, &x, tol_for(dt, TOL_SAME), "rope in place");
+        { /* a head dim of 6 in rows of 13 (the table's one-pair path; 8 pairs above) */
+            pair x6 = pair_randn(&cd, 50 * 13, dt, 178, 1.0f),
+                 y6 = pair_rows_poisoned(50, 13, 12, dt, 179);
+            CHECK_OK(&ch, ch.ops->rope(&ch, y6.h, 13, x6.h, 13, 50, 7, 2, 6, 10000.0f, false, dt));
+            CHECK_OK(&cd, cd.ops->rope(&cd, y6.d, 13, x6.d, 13, 50, 7, 2, 6, 10000.0f, false, dt));
+            pair_check(&cd, &y6, tol_for(dt, TOL_SAME), "rope D = 6, rows of 13");
+            pair_free(&cd, &x6), pair_free(&cd, &y6);
+        }
         /* rope at a table's positions (context parallelism's rows: two chunks of a sequence of
            1000, npos = 20), forward and inverse, and at the table 0..S-1 rope's bits */
         float posv[40];
