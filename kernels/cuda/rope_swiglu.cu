@@ -10,8 +10,9 @@
  *              memory: context parallelism's rows at their true positions), cos and sin of the
  *              angle computed in double there — the same values as rope's table, so at
  *              pos = 0..S-1 the same bits
- *   swiglu     one thread per (row, j < F): h = silu(gate) up; backward dgate, dup written after
- *              both inputs are read (dgu may be gu) */
+ *   swiglu     h = silu(gate) up, 8 columns a thread (16-byte loads) where F and the pointers
+ *              allow, else one; backward dgate, dup written after both inputs are read (dgu may
+ *              be gu) */
 #include <cmath>
 #include <mutex>
 
@@ -153,21 +154,33 @@ static tpk_status cuda_rope_at(tpk_ctx *ctx, void *y, int64_t ldy, const void *x
                        inverse, dt);
 }
 
-/* SwiGLU, one thread per (row, j < F): forward h = silu(g) u; backward (dh given) dg, du written
- * after both inputs are read (dgu may be gu) */
-template <class T>
+/* SwiGLU, one thread per (row, V columns j .. j + V - 1 of F): forward h = silu(g) u; backward
+ * (dh given) dg, du written after both inputs are read (dgu may be gu). V = 8 (16-byte loads and
+ * stores) where F is a multiple of 8 and the pointers 16-byte aligned, else 1; the same arithmetic
+ * either way. */
+template <class T, int V>
 __global__ void swiglu_kernel(T *out, const T *gu, const T *dh, int64_t rows, int64_t F) {
-    TPK__GRID_STRIDE(k, (size_t)(rows * F)) {
-        int64_t i = (int64_t)(k / (size_t)F), j = (int64_t)(k % (size_t)F);
-        size_t a = (size_t)(i * 2 * F + j);
-        float g = tpk__ldf(gu, a), u = tpk__ldf(gu, a + F), sg = 1.0f / (1.0f + expf(-g));
+    int64_t nv = F / V;
+    TPK__GRID_STRIDE(kv, (size_t)(rows * nv)) {
+        int64_t i = (int64_t)(kv / (size_t)nv), j = ((int64_t)kv - i * nv) * V;
+        size_t a = (size_t)(i * 2 * F + j), k = (size_t)(i * F + j);
+        float g[V], u[V], sg[V], o1[V], o2[V];
+        tpk__ldn<V>(gu, a, g);
+        tpk__ldn<V>(gu, a + (size_t)F, u);
+        for (int e = 0; e < V; e++) sg[e] = 1.0f / (1.0f + expf(-g[e]));
         if (!dh) {
-            tpk__stf(out, k, g * sg * u);
+            for (int e = 0; e < V; e++) o1[e] = g[e] * sg[e] * u[e];
+            tpk__stn<V>(out, k, o1);
             continue;
         }
-        float d = tpk__ldf(dh, k);
-        tpk__stf(out, a, d * u * sg * (1.0f + g * (1.0f - sg)));
-        tpk__stf(out, a + F, d * g * sg);
+        float d[V];
+        tpk__ldn<V>(dh, k, d);
+        for (int e = 0; e < V; e++) {
+            o1[e] = d[e] * u[e] * sg[e] * (1.0f + g[e] * (1.0f - sg[e]));
+            o2[e] = d[e] * g[e] * sg[e];
+        }
+        tpk__stn<V>(out, a, o1);
+        tpk__stn<V>(out, a + (size_t)F, o2);
     }
 }
 static tpk_status swiglu_launch(tpk_ctx *ctx, const char *fn, void *out, const void *gu,
@@ -175,10 +188,15 @@ static tpk_status swiglu_launch(tpk_ctx *ctx, const char *fn, void *out, const v
     size_t n = (size_t)(rows * F);
     if (!n) return TPK_OK;
     TPK__CUDA_STATE(st, ctx, fn);
+    bool vec = F % 8 == 0 && tpk__aligned16({out, gu, dh});
     tpk__by_dtype(dt, [&](auto tag) {
         using T = decltype(tag);
-        swiglu_kernel<T><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>((T *)out, (const T *)gu,
-                                                                        (const T *)dh, rows, F);
+        if (vec)
+            swiglu_kernel<T, 8><<<tpk__grid_for(n / 8, 256), 256, 0, st->stream>>>(
+                (T *)out, (const T *)gu, (const T *)dh, rows, F);
+        else
+            swiglu_kernel<T, 1><<<tpk__grid_for(n, 256), 256, 0, st->stream>>>(
+                (T *)out, (const T *)gu, (const T *)dh, rows, F);
     });
     return tpk__cuda_launched(ctx, fn);
 }

@@ -695,7 +695,8 @@ static pair pair_rows_poisoned(int64_t rows, int64_t ld, int64_t cols, tpk_dtype
 }
 
 /* rope (forward, inverse, strided rows, in place, 8 pairs a thread and one), rope_at (a table's
- * positions; at 0..S-1 rope's bits) and swiglu (forward, backward in place) */
+ * positions; at 0..S-1 rope's bits) and swiglu (forward, backward in place; 8 columns a thread and
+ * one) */
 static void test_rope_swiglu(tpk_dtype dt) {
     TEST_CASE("rope, swiglu [%s]", tpk_dtype_name(dt)) {
         int64_t rows = 300, S = 37, heads = 3, D = 64, ld = heads * D + 16, F = 200;
@@ -768,17 +769,21 @@ static void test_rope_swiglu(tpk_dtype dt) {
         CHECK_OK(&cd, tpk_op_rope(&cd, yb.d, ld, x.d, ld, rows, S, heads, D, 500.0f, false, dt));
         dev_close(ya.d, yb.d, (size_t)(rows * ld), dt, 1e-30, "rope_at at 0..S-1 vs rope (bits)");
         pair_free(&cd, &pos), pair_free(&cd, &iota), pair_free(&cd, &ya), pair_free(&cd, &yb);
-        pair gu = pair_randn(&cd, (size_t)(rows * 2 * F), dt, 171, 2.0f),
-             h = pair_from(&cd, NULL, (size_t)(rows * F), dt);
-        pair dh = pair_randn(&cd, (size_t)(rows * F), dt, 172, 1.0f);
-        pair_poison(&cd, &h);
-        CHECK_OK(&ch, ch.ops->swiglu_fwd(&ch, h.h, gu.h, rows, F, dt));
-        CHECK_OK(&cd, cd.ops->swiglu_fwd(&cd, h.d, gu.d, rows, F, dt));
-        pair_check(&cd, &h, tol_for(dt, TOL_SAME), "swiglu_fwd");
-        CHECK_OK(&ch, ch.ops->swiglu_bwd(&ch, gu.h, gu.h, dh.h, rows, F, dt));
-        CHECK_OK(&cd, cd.ops->swiglu_bwd(&cd, gu.d, gu.d, dh.d, rows, F, dt));
-        pair_check(&cd, &gu, tol_for(dt, TOL_SAME), "swiglu_bwd (in place)");
-        pair_free(&cd, &x), pair_free(&cd, &gu), pair_free(&cd, &h), pair_free(&cd, &dh);
+        pair_free(&cd, &x);
+        for (int f = 0; f < 2; f++) { /* F = 200: 8 columns a thread; 37: one */
+            int64_t Ff = f ? 37 : F;
+            pair gu = pair_randn(&cd, (size_t)(rows * 2 * Ff), dt, 171, 2.0f),
+                 h = pair_from(&cd, NULL, (size_t)(rows * Ff), dt);
+            pair dh = pair_randn(&cd, (size_t)(rows * Ff), dt, 172, 1.0f);
+            pair_poison(&cd, &h);
+            CHECK_OK(&ch, ch.ops->swiglu_fwd(&ch, h.h, gu.h, rows, Ff, dt));
+            CHECK_OK(&cd, cd.ops->swiglu_fwd(&cd, h.d, gu.d, rows, Ff, dt));
+            pair_check(&cd, &h, tol_for(dt, TOL_SAME), "swiglu_fwd");
+            CHECK_OK(&ch, ch.ops->swiglu_bwd(&ch, gu.h, gu.h, dh.h, rows, Ff, dt));
+            CHECK_OK(&cd, cd.ops->swiglu_bwd(&cd, gu.d, gu.d, dh.d, rows, Ff, dt));
+            pair_check(&cd, &gu, tol_for(dt, TOL_SAME), "swiglu_bwd (in place)");
+            pair_free(&cd, &gu), pair_free(&cd, &h), pair_free(&cd, &dh);
+        }
     }
 }
 
