@@ -300,11 +300,6 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                false;
     if (o->keep < 0) o->keep = 0;
     o->piped = o->pp > 1 || o->schedule || o->pp_layers;
-    if (o->fp8 && o->piped) /* the recipe's state is per stage: its checkpoint not yet */
-        return snprintf(err, n,
-                        "--fp8: not yet with pipeline stages (--pp, --schedule, "
-                        "--pp-layers)"),
-               false;
     if (!o->fp8 && (o->fp8_amax || o->fp8_margin || o->fp8_history != 1024))
         return snprintf(err, n, "--fp8-history, --fp8-amax, --fp8-margin: only with --fp8"), false;
     o->pp_auto = o->pp_layers && !strcmp(o->pp_layers, "auto");

@@ -249,11 +249,11 @@ static inline tpk_status tpk_trainable_losses(tpk_ctx *ctx, tpk_trainable *t, co
         return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "K, B, S: expected >= 1, got %d, %lld, %lld", K,
                          (long long)B, (long long)S);
     TPK_TRY(tpk__trainable_cp_rows(ctx, t, fn, &ids, &targets, B, S, K));
-    if (t->piped) return tpk_pipe_model_eval(ctx, &t->pm, ids, targets, B, S, K, losses);
     size_t bt = (size_t)tpk_cp_rows(ctx, B, S);
     tpk_status s = TPK_OK;
     if (ctx->fp8) ctx->fp8->paused = true; /* no amax recorded: the next scales as without */
-    for (int k = 0; k < K && s == TPK_OK; k++)
+    if (t->piped) s = tpk_pipe_model_eval(ctx, &t->pm, ids, targets, B, S, K, losses);
+    for (int k = 0; k < K && s == TPK_OK && !t->piped; k++)
         s = tpk_model_forward(ctx, &t->m, ids + (size_t)k * bt, targets + (size_t)k * bt, B, S,
                               &losses[k]);
     if (ctx->fp8) ctx->fp8->paused = false;
