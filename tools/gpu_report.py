@@ -110,6 +110,17 @@ def step_json(j):
     return shape, j.get("rows", {}), j.get("tpk_ratio", {}), j.get("skipped", {})
 
 
+def step_cells(r):
+    """a step row's ms, tokens/s, MFU and peak MB cells"""
+    mfu = r["mfu"] * 100 if r.get("mfu") is not None else None
+    return [
+        fmt(r.get("ms"), "%.1f"),
+        fmt(r.get("tokens_per_s"), "%.0f"),
+        fmt(mfu, "%.1f%%"),
+        fmt(r.get("peak_mem_mb"), "%.0f"),
+    ]
+
+
 # the columns of a training step's table (GPT-2's, and Llama's and GPT-NeoX's)
 STEP_COLUMNS = [
     "model",
@@ -564,17 +575,9 @@ class Report:
                     target = ">= %.1fx torch.compile" % GPT2_TARGET
                     res = self.judge(ratio.get("torch.compile"), GPT2_TARGET)
                 rows.append(
-                    [
-                        shape,
-                        impl,
-                        fmt(r.get("ms"), "%.1f"),
-                        fmt(r.get("tokens_per_s"), "%.0f"),
-                        fmt(r["mfu"] * 100 if r.get("mfu") is not None else None, "%.1f%%"),
-                        fmt(r.get("peak_mem_mb"), "%.0f"),
-                        fmt(ratio.get(impl), "%.2fx") if impl != "tpk" else "1.00x",
-                        target,
-                        res,
-                    ]
+                    [shape, impl]
+                    + step_cells(r)
+                    + [fmt(ratio.get(impl), "%.2fx") if impl != "tpk" else "1.00x", target, res]
                 )
             if model == "124M" and "tpk" not in rr:
                 self.judge(None, 0)
@@ -619,13 +622,9 @@ class Report:
                 if impl in f8 and r is not None:  # FP8's speed-up over the bf16 trainer
                     up = j.get("fp8_ratio", {}).get("tpk")
                     rows.append(
-                        [
-                            shape,
-                            impl,
-                            fmt(r.get("ms"), "%.1f"),
-                            fmt(r.get("tokens_per_s"), "%.0f"),
-                            fmt(r["mfu"] * 100 if r.get("mfu") is not None else None, "%.1f%%"),
-                            fmt(r.get("peak_mem_mb"), "%.0f"),
+                        [shape, impl]
+                        + step_cells(r)
+                        + [
                             fmt(ratio.get(impl), "%.2fx"),
                             ">= %.2fx tpk (bf16) tokens/s" % FP8_STEP if judged else "",
                             ("%s (%sx)" % (self.judge(up, FP8_STEP), fmt(up, "%.2f")))
@@ -664,17 +663,9 @@ class Report:
                     value = mfu if impl == "tpk" else ratio.get(impl)
                     res = self.judge(value, targets[impl][1])
                 rows.append(
-                    [
-                        shape,
-                        impl,
-                        fmt(r.get("ms"), "%.1f"),
-                        fmt(r.get("tokens_per_s"), "%.0f"),
-                        fmt(mfu, "%.1f%%"),
-                        fmt(r.get("peak_mem_mb"), "%.0f"),
-                        fmt(ratio.get(impl), "%.2fx") if impl != "tpk" else "1.00x",
-                        target,
-                        res,
-                    ]
+                    [shape, impl]
+                    + step_cells(r)
+                    + [fmt(ratio.get(impl), "%.2fx") if impl != "tpk" else "1.00x", target, res]
                 )
         self.table(STEP_COLUMNS, rows)
 
