@@ -562,22 +562,12 @@ __global__ void attn_gemm_ds_kernel(tpk__bf16 *p, tpk__bf16 *ds, const float *s,
         tpk__stf(ds, (size_t)(at + j), j < n ? pv * (dp[at + j] - d) : 0.0f);
     }
 }
-/* the local key/value head of local query head h, and the local query heads [*h0, *h1) of key/value
- * head y (tpk__fl_heads' arithmetic, on the host) */
-static int64_t attn_gemm_kv(int64_t A, int64_t G, int64_t head0, int64_t h) {
-    int64_t grp = A / G;
-    return (head0 + h) / grp - head0 / grp;
-}
-static void attn_gemm_heads(int64_t A, int64_t G, int64_t head0, int64_t Al, int64_t y, int64_t *h0,
-                            int64_t *h1) {
-    int64_t grp = A / G, lo = (head0 / grp + y) * grp - head0, hi = lo + grp;
-    *h0 = lo > 0 ? lo : 0, *h1 = hi < Al ? hi : Al;
-}
 
 static tpk_status attn_gemm_fwd(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, void *out,
                                 float *lse, const void *qkv, int64_t B, int64_t S, int64_t Al,
                                 int64_t D, int64_t A, int64_t G, int64_t head0, float scale) {
-    int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL), ld3 = (Al + 2 * Gl) * D, ldo = Al * D;
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
+    int64_t Gl = hd.Gl, ld3 = hd.ld, ldo = Al * D;
     int64_t R = attn_gemm_rows(S), lds = (S + 7) / 8 * 8;
     size_t sbytes = (size_t)(R * lds) * sizeof(float);
     float *s32;
@@ -586,7 +576,7 @@ static tpk_status attn_gemm_fwd(tpk_ctx *ctx, const char *fn, tpk__cuda_state *s
     const tpk__bf16 *x = (const tpk__bf16 *)qkv;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Al; h++) {
-            int64_t y = attn_gemm_kv(A, G, head0, h);
+            int64_t y = tpk__fl_kv_of(hd, head0, h);
             const tpk__bf16 *Q = x + b * S * ld3 + h * D, *K = x + b * S * ld3 + (Al + y) * D,
                             *V = K + Gl * D;
             tpk__bf16 *O = (tpk__bf16 *)out + b * S * ldo + h * D;
@@ -609,7 +599,8 @@ static tpk_status attn_gemm_bwd(tpk_ctx *ctx, const char *fn, tpk__cuda_state *s
                                 const void *dout, const void *qkv, const void *out,
                                 const float *lse, int64_t B, int64_t S, int64_t Al, int64_t D,
                                 int64_t A, int64_t G, int64_t head0, float scale) {
-    int64_t Gl = tpk_attn_kv_heads(A, G, head0, Al, NULL), ld3 = (Al + 2 * Gl) * D, ldo = Al * D;
+    tpk__fl_heads hd = tpk__fl_heads_of(Al, A, G, head0, D);
+    int64_t Gl = hd.Gl, ld3 = hd.ld, ldo = Al * D;
     int64_t R = attn_gemm_rows(S), lds = (S + 7) / 8 * 8;
     size_t nrows = (size_t)(B * Al * S), a256 = 256;
     size_t dr_b = (sizeof(float) * nrows + a256 - 1) / a256 * a256,
@@ -629,8 +620,8 @@ static tpk_status attn_gemm_bwd(tpk_ctx *ctx, const char *fn, tpk__cuda_state *s
         for (int64_t y = 0; y < Gl; y++) {
             const tpk__bf16 *K = x + b * S * ld3 + (Al + y) * D, *V = K + Gl * D;
             TPK__CUDA_TRY(ctx, fn, cudaMemsetAsync(dk, 0, 2 * acc_b, st->stream));
-            int64_t h0, h1;
-            attn_gemm_heads(A, G, head0, Al, y, &h0, &h1);
+            int h0, h1; /* the local query heads reading y */
+            tpk__fl_q_of(hd, head0, Al, y, &h0, &h1);
             for (int64_t h = h0; h < h1; h++) {
                 const tpk__bf16 *Q = x + b * S * ld3 + h * D, *dO = go + b * S * ldo + h * D;
                 tpk__bf16 *dQ = (tpk__bf16 *)dqkv + b * S * ld3 + h * D;

@@ -500,15 +500,17 @@ __device__ __forceinline__ void tpk__fl_mma_pb(float (*acc)[4], const uint32_t (
 
 
 /* Grouped-query attention: the group size A / G, the first local key/value head g0 = head0 / grp
- * and the local key/value heads Gl (tpk_attn_kv_heads), as the kernels need them. Head indices
+ * and the local key/value heads Gl (tpk_attn_kv_heads), as the kernels need them (and attn.cu's
+ * GEMM path on the host). Head indices
  * are 32-bit (the launchers refuse A >= 2^31): unsigned 32-bit divisions are a few instructions
  * inline where 64-bit ones are calls, which cost the tensor-core kernels registers. */
 struct tpk__fl_heads {
     int grp, g0, Gl;
     int64_t ld; /* (Al + 2 Gl) D: a row of qkv */
 };
-__device__ __forceinline__ tpk__fl_heads tpk__fl_heads_of(int64_t Al, int64_t A, int64_t G,
-                                                          int64_t head0, int64_t D) {
+__host__ __device__ __forceinline__ tpk__fl_heads tpk__fl_heads_of(int64_t Al, int64_t A,
+                                                                   int64_t G, int64_t head0,
+                                                                   int64_t D) {
     tpk__fl_heads r;
     unsigned grp = (unsigned)A / (unsigned)G, g0 = (unsigned)head0 / grp;
     r.grp = (int)grp, r.g0 = (int)g0,
@@ -517,13 +519,14 @@ __device__ __forceinline__ tpk__fl_heads tpk__fl_heads_of(int64_t Al, int64_t A,
     return r;
 }
 /* the local key/value head that local query head h reads */
-__device__ __forceinline__ int tpk__fl_kv_of(const tpk__fl_heads &hd, int64_t head0, int64_t h) {
+__host__ __device__ __forceinline__ int tpk__fl_kv_of(const tpk__fl_heads &hd, int64_t head0,
+                                                      int64_t h) {
     return (int)(((unsigned)head0 + (unsigned)h) / (unsigned)hd.grp) - hd.g0;
 }
 /* the local query heads [*h0, *h1) that read local key/value head kv: global heads
  * [(g0 + kv) grp, (g0 + kv + 1) grp) within [head0, head0 + Al) */
-__device__ __forceinline__ void tpk__fl_q_of(const tpk__fl_heads &hd, int64_t head0, int64_t Al,
-                                             int64_t kv, int *h0, int *h1) {
+__host__ __device__ __forceinline__ void tpk__fl_q_of(const tpk__fl_heads &hd, int64_t head0,
+                                                      int64_t Al, int64_t kv, int *h0, int *h1) {
     int lo = (hd.g0 + (int)kv) * hd.grp - (int)head0, hi = lo + hd.grp;
     *h0 = lo > 0 ? lo : 0, *h1 = hi < (int)Al ? hi : (int)Al;
 }
