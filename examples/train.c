@@ -145,8 +145,9 @@ int main(int argc, char **argv) {
                                                                         : TPK_FP8_AMAX_MAX,
                        (int)o.fp8_margin};
     if (!ok(tpk_run_backend_init(&ctx, &be, o.dtype, W.timeout)) ||
-        !(up = ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.cp, (int)o.pp, (int)o.ep,
-                                   o.tp_weights ? o.tw : NULL, o.seed, o.det))) ||
+        !(up =
+              ok(tpk_run_ctx_init(&ctx, &be, (int)o.tp, (int)o.cp, (int)o.pp, (int)o.ep,
+                                  (int)o.zero_shard, o.tp_weights ? o.tw : NULL, o.seed, o.det))) ||
         (o.fp8 && !ok(tpk_fp8_init(&ctx, &f8, &fd))) || /* before the model: its linears */
         !ok(tpk_trainable_init(&ctx, &t, &cfg, &td)))
         goto out;

@@ -24,7 +24,7 @@ int main(int argc, char **argv) {
                   b.world.rank == test__rank,
               "gpu %d size %d", (int)b.gpu, b.world.size);
         int tp = np % 2 == 0 ? 2 : 1;
-        CHECK_OK(&c, tpk_run_ctx_init(&c, &b, tp, 1, 1, 1, NULL, 3, false));
+        CHECK_OK(&c, tpk_run_ctx_init(&c, &b, tp, 1, 1, 1, 0, NULL, 3, false));
         CHECK(c.tp.size == tp && c.dp.size == np / tp && c.pp.size == 1 && c.ops == tpk_ops_host(),
               "TP %d DP %d PP %d", c.tp.size, c.dp.size, c.pp.size);
         tpk_ctx_destroy(&c), tpk_comm_destroy(&b.world);

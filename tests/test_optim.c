@@ -142,7 +142,7 @@ static tpk_status z3_hook(tpk_ctx *ctx, int64_t block, int when, void *user) {
         return TPK_OK;
     z3_begins++;
     const tpk__z3_unit *u = &z->u[1 + next - z->lo];
-    tpk_comm *dg = tpk__dp_group(ctx);
+    tpk_comm *dg = tpk__zero_group(ctx); /* (HSDP: its shard group) */
     const tpk_flight_entry *e = tpk__flight_find(dg, u->req[0].flight);
     if (u->state == 1 && e && e->kind == TPK_COLL_ALLGATHER && e->state == TPK_FLIGHT_RUNNING &&
         e->elems == u->elems)
@@ -150,12 +150,13 @@ static tpk_status z3_hook(tpk_ctx *ctx, int64_t block, int when, void *user) {
     return TPK_OK;
 }
 
-static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
+/* zs: HSDP's shard size (tpk_ctx_desc.zero_shard_size; 0: the whole DP group) */
+static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, int zs) {
     TEST_CASE(
-        "ZeRO-3 at DP %d, %s, recompute %d%s%s: 3 steps equal ZeRO-0 (losses, norms, weights); "
+        "ZeRO-3 at DP %d%s, %s, recompute %d%s%s: 3 steps equal ZeRO-0 (losses, norms, weights); "
         "the bytes held; the all-gathers of a step; the prefetch in flight",
-        np, llama ? "Llama" : "GPT-2", (int)rc, keep ? ", blocks kept for the backward" : "",
-        dt == TPK_BF16 ? ", bf16" : "") {
+        np, zs ? " (HSDP: shards of 2)" : "", llama ? "Llama" : "GPT-2", (int)rc,
+        keep ? ", blocks kept for the backward" : "", dt == TPK_BF16 ? ", bf16" : "") {
         tpk_ctx c[2];
         z3_model m[2];
         tpk_adamw o[2];
@@ -165,8 +166,11 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
         size_t before = 0, data_bytes = 0;
         for (int k = 0; k < 2; k++) {
             CHECK_OK(&c[k],
-                     tpk_ctx_init(&c[k], &(tpk_ctx_desc){
-                                             .world = &world, .tp = 1, .seed = 11, .dtype = dt}));
+                     tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world,
+                                                         .tp = 1,
+                                                         .seed = 11,
+                                                         .dtype = dt,
+                                                         .zero_shard_size = k ? zs : 0}));
             CHECK_OK(&c[k], z3_model_init(&c[k], &m[k], llama, rc));
             CHECK_OK(&c[k], tpk_adamw_init(
                                 &c[k], &o[k],
@@ -184,7 +188,10 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
             x, tpk_zero3_init(x, &z, m[1].lm, &o[1], &(tpk_zero3_desc){.keep_for_backward = keep}));
         m[1].lm->block_hook = z3_hook; /* ZeRO-3's, watched */
         size_t n = x->params.numel, most = 0, blocks = 0, rest = 0;
-        int d = tpk__dp_group(x)->size, runs = 0;
+        int d = tpk__dp_group(x)->size, runs = 0; /* (the 1/d scale: DP) */
+        tpk_comm *zg = tpk__zero_group(x);         /* the slices' group: DP, or HSDP's shards */
+        CHECK(zg->size == (zs ? zs : d), "ZeRO's group of %d ranks, expected %d", zg->size,
+              zs ? zs : d);
         for (int64_t i = 0; i < Z3_L; i++) {
             const tpk_block *bl = &m[1].lm->blocks[i];
             const tpk_param *p0 = &x->params.list[bl->p0], *p1 = &x->params.list[bl->p1];
@@ -201,7 +208,7 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
         size_t each = dt == TPK_BF16 ? 6 : 4; /* a gathered element's bytes: f32 (+ bf16) */
         size_t want = data_bytes - 4 * (o[1].sn ? o[1].sn : 1) - (keep ? 0 : 2 * each * most);
         CHECK(x->params.data.p == NULL && held == want &&
-                  o[1].sn == (size_t)tpk_split((int64_t)n, d, tpk__dp_group(x)->rank).size,
+                  o[1].sn == (size_t)tpk_split((int64_t)n, zg->size, zg->rank).size,
               "ZeRO-3 at DP %d: %zu bytes fewer held (the whole weights %zu, the shard %zu of %zu "
               "elements, two block buffers of %zu), expected %zu",
               d, held, data_bytes, o[1].sn, n, most, want);
@@ -221,16 +228,26 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
                                                              (uint64_t)tpk__dp_group(y)->rank,
                                                              (uint64_t)t)) %
                             Z3_V;
-                tpk_comm_stats_reset(tpk__dp_group(y));
+                tpk_comm_stats_reset(tpk__zero_group(y));
+                if (y->zrep) tpk_comm_stats_reset(y->zrep);
                 z3_inflight = z3_begins = 0;
                 CHECK_OK(y, tpk_params_zero_grad(y));
                 CHECK_OK(y, tpk_dp_begin(y, &b[k], true));
                 CHECK_OK(y, tpk_lm_forward(y, m[k].lm, ids, tg, Z3_B, Z3_S, &loss[k]));
                 CHECK_OK(y, tpk_lm_backward(y, m[k].lm, 1.0f));
-                calls = tpk__dp_group(y)->stats.calls[TPK_COLL_ALLGATHER];
-                elems = tpk__dp_group(y)->stats.elems[TPK_COLL_ALLGATHER];
+                calls = tpk__zero_group(y)->stats.calls[TPK_COLL_ALLGATHER];
+                elems = tpk__zero_group(y)->stats.elems[TPK_COLL_ALLGATHER];
                 CHECK_OK(y,
                          tpk_train_step(y, &o[k], &b[k], 1e-2f, 1.0f, 1.0f / (float)d, &norm[k]));
+                if (k && zs) /* HSDP: the slice's sums all-reduced across the shard groups */
+                    CHECK(y->zrep->stats.calls[TPK_COLL_ALLREDUCE] == 1 &&
+                              y->zrep->stats.elems[TPK_COLL_ALLREDUCE] == o[k].sn &&
+                              y->zrep->stats.calls[TPK_COLL_ALLGATHER] == 0,
+                          "step %d: %llu all-reduces of %llu elements across the shard groups, "
+                          "expected 1 of %zu",
+                          step + 1,
+                          (unsigned long long)y->zrep->stats.calls[TPK_COLL_ALLREDUCE],
+                          (unsigned long long)y->zrep->stats.elems[TPK_COLL_ALLREDUCE], o[k].sn);
             }
             CHECK(fabs(loss[1] - loss[0]) <= 1e-6 * fabs(loss[0]) &&
                       fabs(norm[1] - norm[0]) <= 1e-6 * norm[0],
@@ -830,115 +847,166 @@ int main(int argc, char **argv) {
     /* the DP reduction over DP x CP: each CP rank's gradient is a part of its DP rank's, summed
      * over ctx->dp_cp (scaled 1/dp, not 1/(dp cp)); ZeRO slices over it; Adasum sums over CP
      * first, then combines over DP */
+    /* HSDP (zs: tpk_ctx_desc.zero_shard_size): ZeRO's slices within groups of zs DP x CP ranks,
+     * the slices' sums all-reduced across the groups (DP 4 and CP 2 x DP 2 in shards of 2) */
     for (int tp = 1; tp <= 2; tp++)
-        for (int cp = 2; cp <= 3; cp++) {
-            if (np % (tp * cp) || (cp == 3 && tp > 1)) continue;
-            int dp = np / (tp * cp), g = dp * cp;
-            static const char *mode_name[4] = {"plain (buckets)", "ZeRO-1", "ZeRO-2", "Adasum"};
-            for (int mode = 0; mode < 4; mode++) {
-                if (mode == 3 && dp > 2) continue; /* the reference below: one Adasum level */
-                TEST_CASE("the DP reduction over DP %d x CP %d (TP %d), %s: 3 steps of "
-                          "tpk_train_step equal one rank's step on the gradient summed over every "
-                          "replica (parameters, norms); no collective over ctx->dp alone",
-                          dp, cp, tp, mode_name[mode]) {
-                    tpk_ctx c, r; /* c: TP x CP x DP; r: the reference, TP alone */
-                    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){
-                                                      .world = &world, .tp = tp, .cp = cp,
-                                                      .seed = 3}));
-                    CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.world = &world, .tp = tp,
-                                                                  .seed = 3}));
-                    int ids[NP];
-                    add_params(&c, ids), add_params(&r, ids);
-                    tpk_adamw oc, orf;
-                    tpk_dp_buckets b = {0};
-                    CHECK_OK(&c, tpk_adamw_init(&c, &oc,
-                                                &(tpk_adamw_desc){
-                                                    .weight_decay = 0.1f,
-                                                    .zero_stage = mode == 1 || mode == 2 ? mode
-                                                                                         : 0}));
-                    CHECK_OK(&r, tpk_adamw_init(&r, &orf, &(tpk_adamw_desc){.weight_decay = 0.1f}));
-                    size_t n = c.params.numel;
-                    tpk_range sl = tpk_split((int64_t)n, g, c.dp_cp->rank);
-                    bool sliced = mode == 1 || mode == 2;
-                    CHECK(c.dp_cp->size == g && oc.s0 == (sliced ? (size_t)sl.off : 0) &&
-                              oc.sn == (sliced ? (size_t)sl.size : n),
-                          "the optimizer keeps [%zu, +%zu) of %zu elements at rank %d of the %d "
-                          "replicas",
-                          oc.s0, oc.sn, n, c.dp_cp->rank, c.dp_cp->size);
-                    if (mode == 2) CHECK_OK(&c, tpk_dp_shard_grads(&c, &b, &oc));
-                    if (mode == 3) CHECK_OK(&c, tpk_dp_adasum_init(&c, &b));
-                    float scale = mode == 3 ? 1.0f : 1.0f / (float)dp;
-                    for (int step = 0; step < 3; step++) {
+        for (int cp = 1; cp <= 3; cp++)
+            for (int zs = 0; zs <= 2; zs += 2) {
+                if (np % (tp * cp) || (cp == 3 && tp > 1)) continue;
+                int dp = np / (tp * cp), g = dp * cp;
+                if (zs ? g % zs || g == zs || tp > 1 : cp == 1) continue;
+                static const char *mode_name[4] = {"plain (buckets)", "ZeRO-1", "ZeRO-2", "Adasum"};
+                for (int mode = 0; mode < 4; mode++) {
+                    if (mode == 3 && dp > 2) continue; /* the reference below: one Adasum level */
+                    if (zs && (mode == 0 || mode == 3)) continue; /* HSDP: ZeRO's slices only */
+                    TEST_CASE(
+                        "the DP reduction over DP %d x CP %d (TP %d), %s%s: 3 steps of "
+                        "tpk_train_step equal one rank's step on the gradient summed over every "
+                        "replica (parameters, norms); no collective over ctx->dp alone",
+                        dp, cp, tp, mode_name[mode], zs ? ", HSDP in shards of 2" : "") {
+                        tpk_ctx c, r; /* c: TP x CP x DP; r: the reference, TP alone */
+                        CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world,
+                                                                      .tp = tp,
+                                                                      .cp = cp,
+                                                                      .seed = 3,
+                                                                      .zero_shard_size = zs}));
+                        CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){
+                                                          .world = &world, .tp = tp, .seed = 3}));
+                        int ids[NP];
+                        add_params(&c, ids), add_params(&r, ids);
+                        tpk_adamw oc, orf;
+                        tpk_dp_buckets b = {0};
+                        CHECK_OK(&c, tpk_adamw_init(
+                                         &c, &oc,
+                                         &(tpk_adamw_desc){.weight_decay = 0.1f,
+                                                           .zero_stage =
+                                                               mode == 1 || mode == 2 ? mode : 0}));
+                        CHECK_OK(&r,
+                                 tpk_adamw_init(&r, &orf, &(tpk_adamw_desc){.weight_decay = 0.1f}));
+                        size_t n = c.params.numel;
+                        /* HSDP: shard group q / zs, ranked q % zs (q: the DP x CP rank) */
+                        int q = c.dp_cp->rank, zg = zs ? zs : g, zr = zs ? q % zs : q;
+                        tpk_range sl = tpk_split((int64_t)n, zg, zr);
+                        bool sliced = mode == 1 || mode == 2;
+                        CHECK(
+                            c.dp_cp->size == g && oc.s0 == (sliced ? (size_t)sl.off : 0) &&
+                                oc.sn == (sliced ? (size_t)sl.size : n) &&
+                                (zs ? c.zshard == &c.zshard_group && c.zshard->size == zs &&
+                                          c.zshard->rank == zr && c.zrep->size == g / zs &&
+                                          c.zrep->rank == q / zs
+                                    : c.zshard == c.dp_cp && !c.zrep),
+                            "the optimizer keeps [%zu, +%zu) of %zu elements at rank %d of the %d "
+                            "replicas (shards of %d)",
+                            oc.s0, oc.sn, n, c.dp_cp->rank, c.dp_cp->size, zg);
+                        if (mode == 2) CHECK_OK(&c, tpk_dp_shard_grads(&c, &b, &oc));
+                        if (mode == 3) CHECK_OK(&c, tpk_dp_adasum_init(&c, &b));
+                        float scale = mode == 3 ? 1.0f : 1.0f / (float)dp;
+                        for (int step = 0; step < 3; step++) {
+                            for (int i = 0; i < NP; i++) {
+                                size_t gn = tpk_param_global_numel(&c, i);
+                                float *part = malloc(gn * 4), *want = malloc(gn * 4);
+                                double *tot = calloc(gn, 8), *gd = calloc((size_t)dp * gn, 8);
+                                for (int d = 0; d < dp; d++) /* replica (d, q): its own part */
+                                    for (int q = 0; q < cp; q++)
+                                        for (size_t k = 0; k < gn; k++) {
+                                            float x =
+                                                tpk_rng_normal(70 + (uint64_t)step,
+                                                               (uint64_t)((d * 8 + q) * 16 + i), k);
+                                            tot[k] += x, gd[(size_t)d * gn + k] += x;
+                                            if (d == c.dp.rank && q == c.cp.rank) part[k] = x;
+                                        }
+                                double a2 = 0, b2 = 0, dot = 0; /* Adasum of the DP ranks' sums */
+                                for (size_t k = 0; dp == 2 && k < gn; k++)
+                                    a2 += gd[k] * gd[k], b2 += gd[gn + k] * gd[gn + k],
+                                        dot += gd[k] * gd[gn + k];
+                                for (size_t k = 0; k < gn; k++)
+                                    want[k] = (float)(mode < 3 || dp == 1
+                                                          ? tot[k]
+                                                          : (1 - dot / (2 * a2)) * gd[k] +
+                                                                (1 - dot / (2 * b2)) * gd[gn + k]);
+                                CHECK_OK(&c,
+                                         tpk_param_scatter(&c, i, part, (float *)c.params.grad.p));
+                                CHECK_OK(&r,
+                                         tpk_param_scatter(&r, i, want, (float *)r.params.grad.p));
+                                free(part), free(want), free(tot), free(gd);
+                            }
+                            tpk_comm_stats_reset(&c.dp), tpk_comm_stats_reset(c.dp_cp);
+                            tpk_comm_stats_reset(&c.cp);
+                            if (zs) tpk_comm_stats_reset(c.zshard), tpk_comm_stats_reset(c.zrep);
+                            CHECK_OK(&c, tpk_dp_begin(&c, &b, mode != 1));
+                            CHECK_OK(&c, tpk_dp_grad_ready(&c, 0, NP - 1, &b));
+                            double nc = -1, nr = -2;
+                            CHECK_OK(&c, tpk_train_step(&c, &oc, &b, 1e-2f, 0.5f, scale, &nc));
+                            CHECK_OK(&r, tpk_grad_norm(&r, scale, &nr));
+                            CHECK_OK(&r, tpk_adamw_step(&r, &orf, 1e-2f,
+                                                        scale * tpk_clip_factor(nr, 0.5f)));
+                            CHECK(fabs(nc - nr) <= 1e-6 * nr && nr > 0.5,
+                                  "step %d: norm %.9g, the reference's %.9g", step, nc, nr);
+                            uint64_t on_dp = 0, on_cp = 0;
+                            for (int k = 0; k < TPK_COLL_N; k++)
+                                on_dp += c.dp.stats.calls[k], on_cp += c.cp.stats.calls[k];
+                            const uint64_t *gc = c.zshard->stats.calls; /* ZeRO's group */
+                            uint64_t on_g = 0; /* HSDP: over the DP x CP group as a whole */
+                            for (int k = 0; zs && k < TPK_COLL_N; k++)
+                                on_g += c.dp_cp->stats.calls[k];
+                            CHECK(
+                                !zs || (on_g == 0 && on_cp == 0 &&
+                                        c.zrep->stats.calls[TPK_COLL_ALLREDUCE] == 1 &&
+                                        c.zrep->stats.elems[TPK_COLL_ALLREDUCE] == oc.sn),
+                                "step %d: HSDP: %llu collectives over DP x CP, %llu over CP; %llu "
+                                "all-reduces of %llu elements across the shard groups (the slice: "
+                                "%zu)",
+                                step, (unsigned long long)on_g, (unsigned long long)on_cp,
+                                (unsigned long long)c.zrep->stats.calls[TPK_COLL_ALLREDUCE],
+                                (unsigned long long)c.zrep->stats.elems[TPK_COLL_ALLREDUCE], oc.sn);
+                            if (zs) on_dp = 0; /* (at CP 1 ctx->dp is DP x CP: checked above) */
+                            CHECK(
+                                mode == 3 ? gc[TPK_COLL_ALLREDUCE] == 0 &&
+                                                c.cp.stats.calls[TPK_COLL_ALLREDUCE] == 1
+                                : mode == 0
+                                    ? gc[TPK_COLL_ALLREDUCE] == 1 && on_dp == 0 && on_cp == 0
+                                    : gc[TPK_COLL_REDUCE_SCATTER] >= 1 &&
+                                          gc[TPK_COLL_ALLGATHER] == 1 &&
+                                          gc[TPK_COLL_ALLREDUCE] == 1 && on_dp == 0 && on_cp == 0,
+                                "step %d: over ZeRO's group %llu all-reduces, %llu reduce-scatters, "
+                                "%llu all-gathers; %llu collectives over ctx->dp, %llu over "
+                                "ctx->cp",
+                                step, (unsigned long long)gc[TPK_COLL_ALLREDUCE],
+                                (unsigned long long)gc[TPK_COLL_REDUCE_SCATTER],
+                                (unsigned long long)gc[TPK_COLL_ALLGATHER],
+                                (unsigned long long)on_dp, (unsigned long long)on_cp);
+                        }
                         for (int i = 0; i < NP; i++) {
                             size_t gn = tpk_param_global_numel(&c, i);
-                            float *part = malloc(gn * 4), *want = malloc(gn * 4);
-                            double *tot = calloc(gn, 8), *gd = calloc(2 * gn, 8);
-                            for (int d = 0; d < dp; d++) /* replica (d, q): its own part */
-                                for (int q = 0; q < cp; q++)
-                                    for (size_t k = 0; k < gn; k++) {
-                                        float x = tpk_rng_normal(70 + (uint64_t)step,
-                                                                 (uint64_t)((d * 8 + q) * 16 + i),
-                                                                 k);
-                                        tot[k] += x, gd[(size_t)d * gn + k] += x;
-                                        if (d == c.dp.rank && q == c.cp.rank) part[k] = x;
-                                    }
-                            double a2 = 0, b2 = 0, dot = 0; /* Adasum of the DP ranks' sums */
-                            for (size_t k = 0; dp == 2 && k < gn; k++)
-                                a2 += gd[k] * gd[k], b2 += gd[gn + k] * gd[gn + k],
-                                    dot += gd[k] * gd[gn + k];
-                            for (size_t k = 0; k < gn; k++)
-                                want[k] = (float)(mode < 3 || dp == 1
-                                                      ? tot[k]
-                                                      : (1 - dot / (2 * a2)) * gd[k] +
-                                                            (1 - dot / (2 * b2)) * gd[gn + k]);
-                            CHECK_OK(&c, tpk_param_scatter(&c, i, part, (float *)c.params.grad.p));
-                            CHECK_OK(&r, tpk_param_scatter(&r, i, want, (float *)r.params.grad.p));
-                            free(part), free(want), free(tot), free(gd);
+                            float *a = malloc(gn * 4), *z = malloc(gn * 4);
+                            test_poison(a, gn), test_poison(z, gn);
+                            CHECK_OK(&r, tpk_param_get_global(&r, i, false, a));
+                            CHECK_OK(&c, tpk_param_get_global(&c, i, false, z));
+                            CHECK_CLOSE(z, a, gn, 1e-6, "parameter after 3 steps");
+                            free(a), free(z);
                         }
-                        tpk_comm_stats_reset(&c.dp), tpk_comm_stats_reset(c.dp_cp);
-                        tpk_comm_stats_reset(&c.cp);
-                        CHECK_OK(&c, tpk_dp_begin(&c, &b, mode != 1));
-                        CHECK_OK(&c, tpk_dp_grad_ready(&c, 0, NP - 1, &b));
-                        double nc = -1, nr = -2;
-                        CHECK_OK(&c, tpk_train_step(&c, &oc, &b, 1e-2f, 0.5f, scale, &nc));
-                        CHECK_OK(&r, tpk_grad_norm(&r, scale, &nr));
-                        CHECK_OK(&r, tpk_adamw_step(&r, &orf, 1e-2f,
-                                                    scale * tpk_clip_factor(nr, 0.5f)));
-                        CHECK(fabs(nc - nr) <= 1e-6 * nr && nr > 0.5,
-                              "step %d: norm %.9g, the reference's %.9g", step, nc, nr);
-                        uint64_t on_dp = 0, on_cp = 0;
-                        for (int k = 0; k < TPK_COLL_N; k++)
-                            on_dp += c.dp.stats.calls[k], on_cp += c.cp.stats.calls[k];
-                        const uint64_t *gc = c.dp_cp->stats.calls;
-                        CHECK(mode == 3 ? gc[TPK_COLL_ALLREDUCE] == 0 &&
-                                              c.cp.stats.calls[TPK_COLL_ALLREDUCE] == 1
-                              : mode == 0 ? gc[TPK_COLL_ALLREDUCE] == 1 && on_dp == 0 &&
-                                                on_cp == 0
-                                          : gc[TPK_COLL_REDUCE_SCATTER] >= 1 &&
-                                                gc[TPK_COLL_ALLGATHER] == 1 &&
-                                                gc[TPK_COLL_ALLREDUCE] == 1 && on_dp == 0 &&
-                                                on_cp == 0,
-                              "step %d: over DP x CP %llu all-reduces, %llu reduce-scatters, %llu "
-                              "all-gathers; %llu collectives over ctx->dp, %llu over ctx->cp",
-                              step, (unsigned long long)gc[TPK_COLL_ALLREDUCE],
-                              (unsigned long long)gc[TPK_COLL_REDUCE_SCATTER],
-                              (unsigned long long)gc[TPK_COLL_ALLGATHER],
-                              (unsigned long long)on_dp, (unsigned long long)on_cp);
+                        tpk_adamw_destroy(&c, &oc), tpk_adamw_destroy(&r, &orf), tpk_dp_destroy(&b);
+                        tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
                     }
-                    for (int i = 0; i < NP; i++) {
-                        size_t gn = tpk_param_global_numel(&c, i);
-                        float *a = malloc(gn * 4), *z = malloc(gn * 4);
-                        test_poison(a, gn), test_poison(z, gn);
-                        CHECK_OK(&r, tpk_param_get_global(&r, i, false, a));
-                        CHECK_OK(&c, tpk_param_get_global(&c, i, false, z));
-                        CHECK_CLOSE(z, a, gn, 1e-6, "parameter after 3 steps");
-                        free(a), free(z);
-                    }
-                    tpk_adamw_destroy(&c, &oc), tpk_adamw_destroy(&r, &orf), tpk_dp_destroy(&b);
-                    tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
                 }
             }
-        }
+    TEST_CASE("HSDP: a shard size that does not divide DP x CP, or of 1, refused by name") {
+        tpk_ctx ctx;
+        char want[160];
+        snprintf(want, sizeof want,
+                 "desc->zero_shard_size: expected 0 (ZeRO's slices over the whole DP x CP group) "
+                 "or a divisor >= 2 of DP x CP = %d x 1 = %d",
+                 np, np);
+        int bad[3] = {np + 1, -2, np > 1 ? 1 : 3};
+        for (int k = 0; k < 3; k++)
+            CHECK_FAILS(&ctx,
+                        tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world,
+                                                           .zero_shard_size = bad[k]}),
+                        TPK_ERR_ARG, want);
+        CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .zero_shard_size = np}));
+        CHECK(ctx.zshard == ctx.dp_cp && !ctx.zrep, "a shard of every DP rank: no HSDP groups");
+        tpk_ctx_destroy(&ctx);
+    }
     TEST_CASE("tpk_train_step: bad input") {
         tpk_ctx ctx;
         CHECK_OK(&ctx, tpk_ctx_init(&ctx, &(tpk_ctx_desc){.world = &world, .tp = 1}));
@@ -985,14 +1053,15 @@ int main(int argc, char **argv) {
         free(w0);
         tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
     }
-    test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32);
-    test_zero3(true, TPK_RECOMPUTE_FULL, false, TPK_F32);
+    test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, 0);
+    test_zero3(true, TPK_RECOMPUTE_FULL, false, TPK_F32, 0);
+    if (np == 4) test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, 2); /* HSDP */
     if (np <= 2) { /* (the long set) */
-        test_zero3(false, TPK_RECOMPUTE_FULL, false, TPK_F32);
-        test_zero3(true, TPK_RECOMPUTE_NONE, false, TPK_F32);
-        test_zero3(false, TPK_RECOMPUTE_NONE, true, TPK_F32);
-        test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_BF16);
-        test_zero3(true, TPK_RECOMPUTE_FULL, true, TPK_BF16);
+        test_zero3(false, TPK_RECOMPUTE_FULL, false, TPK_F32, 0);
+        test_zero3(true, TPK_RECOMPUTE_NONE, false, TPK_F32, 0);
+        test_zero3(false, TPK_RECOMPUTE_NONE, true, TPK_F32, 0);
+        test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_BF16, 0);
+        test_zero3(true, TPK_RECOMPUTE_FULL, true, TPK_BF16, 0);
     }
     tpk_comm_destroy(&world);
     return test_finish();

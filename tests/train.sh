@@ -193,6 +193,39 @@ if long_set; then
     done
 fi
 
+# ---- HSDP (--zero-shard-size): ZeRO's slices within groups of DP ranks, all-reduced across them ------
+# (make test: ZeRO-3 at DP 4 in shards of 2; make test-long: ZeRO-1 and ZeRO-2 likewise, CP 2 x DP 2
+# in shards of 2, saved under HSDP and resumed at DP 2 without it and at DP 4 in shards of 2 again)
+# hs NAME NP "ARGS" "ZERO ARGS": ZERO ARGS against --zero 0, 6 steps, losses and norms within 1e-6
+hs() {
+    tr "$2" --text "$text" $3 --steps 6 --csv "$T/hsref.csv"
+    rc1=$rc
+    tr "$2" --text "$text" $3 $4 --steps 6 --csv "$T/hs.csv"
+    r=$(relmax "$(losses "$T/hsref.csv" 1 6)" "$(losses "$T/hs.csv" 1 6)")
+    rn=$(relmax "$(losses "$T/hsref.csv" 1 6 | awk '{print $1, $3}')" "$(losses "$T/hs.csv" 1 6 | awk '{print $1, $3}')")
+    hb=$(printf '%s\n' "$out" | grep -c 'HSDP: ZeRO-[123] in shards of 2')
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && [ "$hb" -eq 1 ] && awk -v r="$r" -v n="$rn" 'BEGIN{exit !(r < 1e-6 && n < 1e-6)}'; then ok "HSDP $4 at $1: 6 steps' losses and gradient norms equal --zero 0 (max relative differences $r, $rn)"
+    else fail "HSDP $4 at $1 equals --zero 0 (max relative differences $r, $rn; banner lines $hb)"; fi
+}
+if quick_set; then
+    hs "DP 4" 4 "$small" "--zero 3 --zero-shard-size 2"
+fi
+if long_set; then
+    hs "DP 4" 4 "$small" "--zero 1 --zero-shard-size 2"
+    hs "DP 4, 2 micro-batches" 4 "$small --grad-accum 2" "--zero 2 --zero-shard-size 2"
+    hs "CP 2 x DP 2" 4 "$small --cp 2" "--zero 2 --zero-shard-size 2"
+    tr 4 --text "$text" $small --steps 10 --zero 3 --zero-shard-size 2 --save "$T/hss" --save-every 5 --csv "$T/hss.csv"
+    rc1=$rc
+    k=0
+    for zr in "2 --zero 3 --grad-accum 2" "4 --zero 1 --zero-shard-size 2"; do # (DP 2: the same tokens a step)
+        k=$((k + 1))
+        tr ${zr%% *} --text "$text" $small --steps 10 ${zr#* } --load "$T/hss/step-5" --csv "$T/hsr$k.csv"
+        r=$(relmax "$(losses "$T/hss.csv" 6 10)" "$(losses "$T/hsr$k.csv" 6 10)")
+        if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 3 in shards of 2 saved at DP 4, resumed on ${zr%% *} ranks at ${zr#* }: steps 6-10 equal (max relative difference $r)"
+        else fail "--zero 3 in shards of 2 saved at DP 4, resumed on ${zr%% *} ranks at ${zr#* } (max relative difference $r)"; fi
+    done
+fi
+
 # ---- Adasum as the DP reduction: at DP 1 it is the identity (= mean); at DP 2 x TP 2 it trains ----------
 if long_set; then
     tr 2 --text "$text" $small --tp 2 --steps 6 --dp-reduce adasum --csv "$T/ada1.csv"
@@ -760,6 +793,8 @@ if quick_set; then
     rm -rf "$T/cut" && cp -r "$T/c5/step-5" "$T/cut" && head -c 100 "$T/c5/step-5/config.json" > "$T/cut/config.json"
     bad "config.json cut mid-file" "cut/config.json: byte 100: .*(truncated JSON)" --text "$text" $small --tp 2 --load "$T/cut"
     bad "--zero 1 with one DP rank" "--zero 1: shards the optimizer over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 1
+    bad "--zero-shard-size without --zero" "--zero-shard-size 2: shards --zero's slices within groups of DP ranks (HSDP), but --zero is 0 (expected --zero 1, 2 or 3)" --text "$text" $small --zero-shard-size 2
+    bad "--zero-shard-size not dividing DP" "--zero-shard-size 3: expected a divisor >= 2 of DP x CP = 2 (2 ranks / --tp 1 --pp 1)" --text "$text" $small --zero 1 --zero-shard-size 3
     bad "--seq-len not a multiple of 2 x --cp" "--seq-len 18: expected a multiple of 2 x --cp = 4" --text "$text" $small --cp 2 --seq-len 18
     tr 3 --text "$text" $small --dp-reduce adasum
     n=$(printf '%s\n' "$out" | grep -c '^train: error: .*Adasum needs a power-of-two number of DP ranks, got 3')

@@ -150,6 +150,10 @@ typedef struct tpk_ctx_desc {
                                 out of the DP ranks: it divides the DP size, and an EP group is ep
                                 consecutive DP ranks of one TP rank, CP rank and stage; default 1
                                 (the mesh, ranks and groups as without it) */
+    int zero_shard_size;     /* HSDP: ZeRO's slices over groups of this many consecutive ranks of
+                                the DP x CP group (ctx->zshard), the slices' sums all-reduced
+                                across the groups (ctx->zrep); a divisor >= 2 of DP x CP. 0 (the
+                                default) or DP x CP itself: one group, the whole of it */
 } tpk_ctx_desc;
 
 struct tpk_ctx {
@@ -203,6 +207,14 @@ struct tpk_ctx {
     tpk_comm edp_group;      /* owned group: EDP at ep > 1 (not split, zero, at ep = 1) */
     struct tpk_fp8 *fp8;     /* the FP8 recipe (tpk/layers/fp8.h: tpk_fp8_init sets it) that the
                                 linears made with tpk_linear_desc.fp8 use; NULL: none */
+    tpk_comm *zshard;        /* the group ZeRO slices over: ctx->dp_cp itself, or under HSDP
+                                (tpk_ctx_desc.zero_shard_size S) &zshard_group, S consecutive ranks
+                                of it (ranked by their DP x CP rank) */
+    tpk_comm zshard_group;   /* owned group: HSDP's shard group (not split, zero, without HSDP) */
+    tpk_comm *zrep;          /* HSDP: the ranks holding the same slice in the other shard groups
+                                (DP x CP / S of them, ranked by shard group), over which a slice's
+                                gradient sums are all-reduced; NULL without HSDP */
+    tpk_comm zrep_group;     /* owned group: HSDP's replica group (not split, zero, without) */
 };
 
 /* ---- the hooks: messages and host memory --------------------------------------------------- */

@@ -92,6 +92,15 @@ static inline void tpk__mesh_split_ep(int w, int tp, int cp, int dp, int ep, int
                     : (pr * ep + dr % ep) * tp + tr;
     *key = g == 0 ? dr % ep : cr + cp * (dr / ep);
 }
+/* HSDP's groups (tpk_ctx_desc.zero_shard_size zs) of the DP x CP group, whose rank is q = cp rank
+ * + cp dp rank: g = 0 the shard group (the same TP rank and stage, q / zs; ranked q % zs), g = 1
+ * the replica group (the same TP rank and stage, q % zs; ranked q / zs). */
+static inline void tpk__mesh_split_zero(int w, int tp, int cp, int dp, int zs, int g, int *color,
+                                        int *key) {
+    int tr = w % tp, q = w / tp % (cp * dp), pr = w / (tp * cp * dp);
+    *color = g == 0 ? (pr * (cp * dp / zs) + q / zs) * tp + tr : (pr * zs + q % zs) * tp + tr;
+    *key = g == 0 ? q % zs : q / zs;
+}
 /* The TP x DP x PP mesh's (cp = 1): group g = 0, 1, 2 as above. */
 static inline void tpk__mesh_split(int w, int tp, int dp, int g, int *color, int *key) {
     tpk__mesh_split_cp(w, tp, 1, dp, g, color, key);
@@ -187,6 +196,13 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          "desc->ep: %d expert-parallel ranks need an all-to-all, and the world "
                          "communicator \"%s\" has no alltoallv entry",
                          ep, d.world->vt->name ? d.world->vt->name : "?");
+    int zs = d.zero_shard_size ? d.zero_shard_size : dsize * cp;
+    if (zs < 1 || zs > dsize * cp || (dsize * cp) % zs || (zs == 1 && dsize * cp > 1))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "desc->zero_shard_size: expected 0 (ZeRO's slices over the whole DP x CP "
+                         "group) or a divisor >= 2 of DP x CP = %d x %d = %d (HSDP: the slices "
+                         "within groups of that many ranks), got %d",
+                         dsize, cp, dsize * cp, d.zero_shard_size);
     for (int q = 0; d.tp_weights && q < tp; q++)
         if (!(d.tp_weights[q] > 0) || isinf(d.tp_weights[q]))
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
@@ -213,6 +229,15 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
     }
     if (s == TPK_OK && ep == 1) ctx->ep = tpk_comm_self(ctx->ops->device);
     ctx->edp = ep > 1 ? &ctx->edp_group : ctx->dp_cp;
+    /* HSDP's two groups last, and only when asked: without, the splits are those of before and
+       ZeRO slices over the DP x CP group itself */
+    for (int g = 0; g < 2 && s == TPK_OK && zs < dp * cp; g++) {
+        int cz = 0, kz = 0;
+        tpk__mesh_split_zero(w, tp, cp, dp, zs, g, &cz, &kz);
+        s = tpk_comm_split(ctx, d.world, cz, kz, g ? &ctx->zrep_group : &ctx->zshard_group);
+    }
+    ctx->zshard = zs < dp * cp ? &ctx->zshard_group : ctx->dp_cp;
+    ctx->zrep = zs < dp * cp ? &ctx->zrep_group : NULL;
     if (s == TPK_OK) s = tpk__ctx_weights(ctx, fn, d.tp_weights, tp);
     if (s != TPK_OK) {
         char keep[sizeof ctx->err];
@@ -273,6 +298,8 @@ static inline void tpk_ctx_destroy(tpk_ctx *ctx) {
     tpk_comm_destroy(&ctx->dp_cp_group); /* (dp_cp points at it or at dp: not destroyed itself) */
     tpk_comm_destroy(&ctx->ep);
     tpk_comm_destroy(&ctx->edp_group); /* (edp points at it or at dp_cp's group) */
+    tpk_comm_destroy(&ctx->zshard_group); /* (zshard points at it or at dp_cp) */
+    tpk_comm_destroy(&ctx->zrep_group);
     const tpk_ops *ops = ctx->ops;
     tpk_allocator al = ctx->allocator;
     tpk_logger lg = ctx->logger;

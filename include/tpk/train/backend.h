@@ -84,17 +84,18 @@ static inline tpk_status tpk_run_backend_init(tpk_ctx *ctx, tpk_run_backend *b, 
 }
 
 /* The context on b over TP x CP x DP x PP, EP (expert parallelism, ep: 0 or 1 none) carved out of
- * DP (tp_weights: NULL, or tp shares). */
+ * DP, ZeRO's slices within groups of zero_shard DP x CP ranks (HSDP; 0: the whole group;
+ * tpk_ctx_desc.zero_shard_size), tp_weights: NULL, or tp shares. */
 static inline tpk_status tpk_run_ctx_init(tpk_ctx *ctx, tpk_run_backend *b, int tp, int cp, int pp,
-                                          int ep, const double *tp_weights, uint64_t seed,
-                                          bool deterministic) {
+                                          int ep, int zero_shard, const double *tp_weights,
+                                          uint64_t seed, bool deterministic) {
     if (!ctx) return TPK_ERR_ARG;
     if (!b) return tpk__fail(ctx, TPK_ERR_ARG, "tpk_run_ctx_init", "b: NULL");
     tpk_ctx_desc d;
     memset(&d, 0, sizeof d);
     d.ops = b->ops, d.world = &b->world, d.tp = tp, d.cp = cp, d.pp = pp, d.ep = ep, d.seed = seed;
     d.dtype = b->dtype;
-    d.tp_weights = tp_weights, d.deterministic = deterministic;
+    d.tp_weights = tp_weights, d.deterministic = deterministic, d.zero_shard_size = zero_shard;
     return tpk_ctx_init(ctx, &d);
 }
 

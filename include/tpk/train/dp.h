@@ -163,7 +163,7 @@ static inline tpk_status tpk__dp_open(tpk_ctx *ctx, tpk_dp_buckets *b, const cha
     TPK_TRY(tpk__dp_bits(ctx, b, fn));
     memset(b->seen, 0, sizeof *b->seen * (size_t)b->words);
     memset(b->defer, 0, sizeof *b->defer * (size_t)b->words);
-    int dps = tpk__dp_group(ctx)->size; /* DP x CP */
+    int dps = tpk__zero_group(ctx)->size; /* DP x CP, or HSDP's shard group */
     if (b->zg && dps > 1) {
         if (b->znumel != ctx->params.numel || b->zdp != dps)
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
@@ -201,7 +201,7 @@ static inline tpk_status tpk__dp_zero_start(tpk_ctx *ctx, tpk_dp_buckets *b, int
     const tpk_param *p0 = &ctx->params.list[first], *p1 = &ctx->params.list[last];
     size_t off = p0->offset, end = p1->offset + p1->numel;
     if (end <= off) return TPK_OK;
-    tpk_comm *dg = tpk__dp_group(ctx);
+    tpk_comm *dg = tpk__zero_group(ctx);
     int d = dg->size;
     for (int q = 0; q < d; q++) {
         tpk_range r = tpk_split((int64_t)b->znumel, d, q);
@@ -422,7 +422,7 @@ static inline tpk_status tpk__dp_consume(tpk_ctx *ctx, tpk_dp_buckets *b, bool w
  * summed, a pipeline's tied copies added): the deferred parameters' gradients reduce-scattered
  * into the slice (started, then all waited). Collective over the DP group (DP x CP). */
 static inline tpk_status tpk__dp_zero_deferred(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
-    if (!b->zg || tpk__dp_group(ctx)->size == 1 || !b->np) return TPK_OK;
+    if (!b->zg || tpk__zero_group(ctx)->size == 1 || !b->np) return TPK_OK;
     tpk_status s = tpk__dp_zero_runs(ctx, b, 0, b->np - 1, true, fn);
     for (int i = 0; i < b->n; i++) {
         tpk_status w = tpk_wait(ctx, &b->req[i]);
@@ -444,7 +444,7 @@ static inline tpk_status tpk__dp_slice_set(tpk_ctx *ctx, tpk_dp_buckets *b, floa
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "buckets: made for Adasum (tpk_dp_adasum_init): a reduce-scatter cannot "
                          "carry Adasum's per-tensor combination");
-    int d = tpk__dp_group(ctx)->size;
+    int d = tpk__zero_group(ctx)->size;
     if (zg && d > b->zdp) {
         tpk__dp_al(ctx, b);
         size_t *c = (size_t *)tpk__al_realloc(&b->al, b->zcounts, sizeof *c * (size_t)b->zdp,

@@ -37,6 +37,17 @@
 /* The group of a weight's replicas, over which its gradient is summed and ZeRO slices:
  * ctx->dp_cp (DP x CP; the DP group at cp = 1, or in a context made without it). */
 static inline tpk_comm *tpk__dp_group(tpk_ctx *ctx) { return ctx->dp_cp ? ctx->dp_cp : &ctx->dp; }
+/* The group ZeRO slices over: the DP x CP group (tpk__dp_group), or under HSDP
+ * (tpk_ctx_desc.zero_shard_size) its shard group, ctx->zshard. */
+static inline tpk_comm *tpk__zero_group(tpk_ctx *ctx) {
+    return ctx->zshard ? ctx->zshard : tpk__dp_group(ctx);
+}
+/* HSDP: the ranks holding the same slice in the other shard groups, ctx->zrep (NULL without): a
+ * slice's gradient reduced within the shard group is all-reduced over them, so it is the DP x CP
+ * sum. */
+static inline tpk_comm *tpk__zero_replicas(tpk_ctx *ctx) {
+    return ctx->zrep && ctx->zrep->size > 1 ? ctx->zrep : NULL;
+}
 /* The group over which parameter i's gradient is summed: an expert's weight (tpk_param.expert)
  * over ctx->edp, its replicas (the same TP rank, stage and EP rank: other EP ranks hold other
  * experts), every other weight over tpk__dp_group. The same group at ep = 1. */
@@ -226,7 +237,7 @@ static inline bool tpk__adamw_zero1(const tpk_adamw *o) { return o->sn != o->num
  * them (ZeRO-2's is its gradient slice, consumed by then). */
 static inline tpk_status tpk__dp_slices_in(tpk_ctx *ctx, float *x, size_t n, bool gather,
                                            float *scratch) {
-    tpk_comm *dg = tpk__dp_group(ctx);
+    tpk_comm *dg = tpk__zero_group(ctx);
     int d = dg->size;
     size_t *counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)d);
     if (!counts) return tpk__fail(ctx, TPK_ERR_NOMEM, "tpk_adamw (ZeRO)", "counts");
@@ -277,7 +288,7 @@ static inline tpk_status tpk_adamw_init(tpk_ctx *ctx, tpk_adamw *o, const tpk_ad
     o->stage = d.zero_stage ? d.zero_stage : d.zero ? 1 : 0;
     TPK_TRY(tpk_params_trim(ctx)); /* the registration's slack freed */
     o->numel = ctx->params.numel;
-    tpk_comm *dg = tpk__dp_group(ctx); /* DP x CP */
+    tpk_comm *dg = tpk__zero_group(ctx); /* DP x CP, or HSDP's shard group */
     tpk_range sl = o->stage ? tpk_split((int64_t)o->numel, dg->size, dg->rank)
                             : TPK_LIT(tpk_range){0, (int64_t)o->numel};
     o->s0 = (size_t)sl.off, o->sn = (size_t)sl.size;

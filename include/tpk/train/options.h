@@ -40,6 +40,8 @@ typedef struct tpk_run_opts {
     int64_t cp;          /* context parallelism: ranks splitting each sequence */
     const char *cp_comm; /* p2p | allgather (NULL: p2p) */
     int64_t ep;          /* expert parallelism: ranks of DP splitting a mixture's experts */
+    int64_t zero_shard;  /* HSDP: --zero's slices within groups of this many DP x CP ranks (0:
+                            all of them) */
     bool sp, print_schedule, plan;
     /* data */
     const char *text, *data, *val_data, *dp_batch;
@@ -118,6 +120,10 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          P, "parallel",
          "1: the optimizer sharded over DP (x CP); 2: the gradients too; 3: the weights too",
          offsetof(tpk_run_opts, zero)},
+        {"--zero-shard-size", I, 0, G, "0", "S", NULL, P, "parallel",
+         "HSDP: --zero's slices within groups of S DP x CP ranks (a node's), all-reduced across "
+         "the groups; S divides DP x CP",
+         offsetof(tpk_run_opts, zero_shard)},
         {"--dp-reduce", C, 0, 0, NULL, "mean|adasum", NULL, P, "parallel",
          "adasum: DP a power of two", offsetof(tpk_run_opts, dp_reduce)},
         {"--recompute", C, 0, 0, NULL, "none|selective|full", NULL, P, "parallel", NULL,
@@ -356,6 +362,20 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                                        : "optimizer",
                         world,
                         (long long)o->tp),
+               false;
+    int64_t dpc = world ? world / (o->tp * o->pp) : 0; /* DP x CP: ZeRO's group */
+    if (o->zero_shard && !o->zero)
+        return snprintf(err, n,
+                        "--zero-shard-size %lld: shards --zero's slices within groups of DP "
+                        "ranks (HSDP), but --zero is 0 (expected --zero 1, 2 or 3)",
+                        (long long)o->zero_shard),
+               false;
+    if (o->zero_shard && dpc && (o->zero_shard < 2 || dpc % o->zero_shard))
+        return snprintf(err, n,
+                        "--zero-shard-size %lld: expected a divisor >= 2 of DP x CP = %lld (%d "
+                        "ranks / --tp %lld --pp %lld)",
+                        (long long)o->zero_shard, (long long)dpc, world, (long long)o->tp,
+                        (long long)o->pp),
                false;
     if (o->piped && o->sample)
         return snprintf(err, n,

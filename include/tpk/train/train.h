@@ -143,11 +143,16 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
         TPK_TRY(tpk__dp_slices(ctx, (float *)ctx->params.grad.p, opt->numel,
                                false)); /* reduce-scatter */
     if (opt->g) TPK_TRY(tpk__dp_zero_deferred(ctx, b, fn)); /* ZeRO-2: the rest of the slice */
+    /* HSDP: the slice's sums over the shard group all-reduced across the shard groups */
+    float *slice = opt->g ? opt->g : (float *)ctx->params.grad.p + opt->s0;
+    if (zero && tpk__zero_replicas(ctx) && opt->sn)
+        TPK_TRY(tpk_allreduce(ctx, tpk__zero_replicas(ctx), slice, slice, opt->sn, TPK_F32,
+                              TPK_SUM));
     double *sq;
     TPK_TRY(tpk__normsq(ctx, &sq));
-    TPK_TRY(tpk__grad_sumsq_ep(ctx, opt->g ? opt->g : (const float *)ctx->params.grad.p + opt->s0,
-                               opt->s0, opt->s0 + opt->sn, sq)); /* experts at EP > 1: over EP */
-    if (zero) TPK_TRY(tpk_allreduce(ctx, tpk__dp_group(ctx), sq, sq, 1, TPK_F64, TPK_SUM));
+    TPK_TRY(tpk__grad_sumsq_ep(ctx, slice, opt->s0, opt->s0 + opt->sn,
+                               sq)); /* experts at EP > 1: over EP */
+    if (zero) TPK_TRY(tpk_allreduce(ctx, tpk__zero_group(ctx), sq, sq, 1, TPK_F64, TPK_SUM));
     TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sq, sq, 1, TPK_F64, TPK_SUM));
     /* pipeline stages: each holds its blocks' gradients */
     if (ctx->pp.size > 1) TPK_TRY(tpk_allreduce(ctx, &ctx->pp, sq, sq, 1, TPK_F64, TPK_SUM));

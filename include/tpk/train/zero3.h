@@ -107,7 +107,7 @@ static inline tpk_status tpk__z3_start(tpk_ctx *ctx, tpk_zero3 *z, int k) {
         TPK_TRY(tpk__buf_reserve(ctx, &u->own, each * (u->elems ? u->elems : 1)));
         buf = (float *)u->own.p;
     }
-    tpk_comm *dg = tpk__dp_group(ctx);
+    tpk_comm *dg = tpk__zero_group(ctx);
     int D = dg->size;
     u->buf = buf;
     for (int r = 0; r < u->nruns; r++) {
@@ -236,7 +236,7 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
     TPK_TRY(tpk__dp_experts_check(ctx, fn, "ZeRO-3's slices"));
     int n = ctx->params.n;
     int64_t L = m->hi - m->lo;
-    tpk_comm *dg = tpk__dp_group(ctx);
+    tpk_comm *dg = tpk__zero_group(ctx);
     z->d = d, z->opt = opt, z->numel = opt->numel, z->s0 = opt->s0, z->sn = opt->sn;
     z->lo = m->lo, z->nu = (int)L + 1, z->opt_step = opt->step;
     z->slot_owner[0] = z->slot_owner[1] = -1;
