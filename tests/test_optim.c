@@ -968,9 +968,9 @@ int main(int argc, char **argv) {
                                     : gc[TPK_COLL_REDUCE_SCATTER] >= 1 &&
                                           gc[TPK_COLL_ALLGATHER] == 1 &&
                                           gc[TPK_COLL_ALLREDUCE] == 1 && on_dp == 0 && on_cp == 0,
-                                "step %d: over ZeRO's group %llu all-reduces, %llu reduce-scatters, "
-                                "%llu all-gathers; %llu collectives over ctx->dp, %llu over "
-                                "ctx->cp",
+                                "step %d: over ZeRO's group %llu all-reduces, %llu "
+                                "reduce-scatters, %llu all-gathers; %llu collectives over "
+                                "ctx->dp, %llu over ctx->cp",
                                 step, (unsigned long long)gc[TPK_COLL_ALLREDUCE],
                                 (unsigned long long)gc[TPK_COLL_REDUCE_SCATTER],
                                 (unsigned long long)gc[TPK_COLL_ALLGATHER],
