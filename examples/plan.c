@@ -34,6 +34,7 @@
 typedef struct opts {
     const char *profile, *calibrate, *recompute, *cp_comm;
     int64_t seq, batch, gpus, gpn, top, tp, pp, mb, zero, sp, cp, ep; /* -1: not given */
+    int64_t zero_shard;                                                /* 0: not given */
     bool json, all;
     double tokens, target;
     tpk_run_opts model;
@@ -67,6 +68,9 @@ static const tpk_flag plan_flags[] = {
      offsetof(opts, recompute)},
     {"--zero", TPK_FLAG_INT, 0, 3, NULL, "0|1|2|3", "0, 1, 2 or 3", 1, "restrict", NULL,
      offsetof(opts, zero)},
+    {"--zero-shard-size", TPK_FLAG_INT, 1, 1e6, NULL, "S", NULL, 1, "restrict",
+     "HSDP's shard size under ZeRO 1-3 (DP x CP ranks; both none and a node's unless given)",
+     offsetof(opts, zero_shard)},
     {"--sequence-parallel", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
      offsetof(opts, sp)},
     {"--ep", TPK_FLAG_INT, 1, 1e6, NULL, "E", NULL, 1, "restrict",
@@ -311,8 +315,10 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
 
 static void print_row(int i, const tpk_plan_cfg *p) {
     char mesh[48];
-    char ep[16] = "";
+    char ep[32] = "";
     if (p->ep > 1) snprintf(ep, sizeof ep, "e%d", p->ep); /* EP e of the DP ranks */
+    if (p->zero_shard > 0) /* HSDP: ZeRO in shards of S DP x CP ranks */
+        snprintf(ep + strlen(ep), sizeof ep - strlen(ep), "h%d", p->zero_shard);
     snprintf(mesh, sizeof mesh, "%dx%d%sx%dx%d%s", p->tp, tpk_plan_cp(p),
              p->cp > 1 ? (p->cp_comm == TPK_CP_ALLGATHER ? "ag" : "r") : "", p->pp, p->dp, ep);
     if (p->fits)
@@ -397,6 +403,7 @@ int main(int argc, char **argv) {
                             : TPK_BF16;
     d.tp = (int)o.tp, d.pp = (int)o.pp, d.micro_batch = (int)o.mb, d.zero = (int)o.zero;
     d.sp = (int)o.sp, d.cp = o.cp > 0 ? (int)o.cp : -1, d.ep = o.ep > 0 ? (int)o.ep : -1;
+    d.zero_shard = (int)o.zero_shard;
     d.cp_comm = !o.cp_comm ? -1 : strcmp(o.cp_comm, "allgather") ? TPK_CP_P2P : TPK_CP_ALLGATHER;
     d.recompute = o.recompute ? (int)rc : -1;
     tpk_plan_cfg *v = NULL;
@@ -466,13 +473,14 @@ int main(int argc, char **argv) {
     const tpk_plan_cfg *b = &v[0];
     int mbmax = 0;
     for (int i = 0; i < fit; i++) mbmax = v[i].micro_batch > mbmax ? v[i].micro_batch : mbmax;
-    char cpw[48];
+    char cpw[48], zw[48];
     char epw[24] = "";
     if (b->ep > 1) snprintf(epw, sizeof epw, " (EP %d)", b->ep);
     printf("best: TP %d%s x PP %d x DP %d%s, micro-batch %d (%d a step per DP rank), recompute %s, "
-           "ZeRO %d, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
+           "ZeRO %s, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
            b->tp, tpk_plan_cp_words(b, cpw, sizeof cpw), b->pp, b->dp, epw, b->micro_batch,
-           b->accum, tpk_recompute_name(b->recompute), b->zero, b->sp ? "on" : "off",
+           b->accum, tpk_recompute_name(b->recompute), tpk_plan_zero_words(b, zw, sizeof zw),
+           b->sp ? "on" : "off",
            b->step_seconds, b->tokens_per_s, 100 * b->mfu, b->peak_bytes / 1e9);
     printf("its %.2f GB a GPU: weights %.2f (f32 and bf16), gradients %.2f, AdamW's moments %.2f, "
            "activations and scratch %.2f\n",

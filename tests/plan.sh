@@ -65,6 +65,7 @@ quick_set && mem gpt2_dp2_zero 2 "$M --batch 4 --zero 1 --grad-accum 2" "$M --tp
 quick_set && mem gpt2_dp2_zero3 2 "$M --batch 4 --zero 3 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 3"
 long_set && mem llama_tp2_dp2_zero3_full 4 "--arch llama $M --tp 2 --batch 2 --zero 3 --recompute full" "--arch llama $M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 3 --sequence-parallel 0"
 long_set && mem neox_dp2_zero3_sel 2 "--arch neox $M --batch 4 --zero 3 --recompute selective" "--arch neox $M --tp 1 --pp 1 --batch 8 --micro-batch 4 --recompute selective --zero 3"
+long_set && mem gpt2_dp4_zero3_hsdp 4 "$M --batch 2 --zero 3 --zero-shard-size 2" "$M --tp 1 --pp 1 --batch 8 --micro-batch 2 --recompute none --zero 3 --zero-shard-size 2"
 quick_set && mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
 quick_set && mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
 long_set && mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
@@ -204,7 +205,7 @@ parts = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activation_bytes")
 for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shards the moments
     assert all(r[k] > 0 for k in parts) and sum(r[k] for k in parts) == r["peak_bytes"], r
     twin = [q for q in fit if q["zero"] != r["zero"] and all(q[k] == r[k] for k in
-            ("tp", "pp", "dp", "micro_batch", "recompute", "sp"))]
+            ("tp", "pp", "dp", "micro_batch", "recompute", "sp", "zero_shard_size"))]
     assert all(q["optimizer_bytes"] < r["optimizer_bytes"] for q in twin if q["zero"] and
                not r["zero"]), (r, twin)
     # ZeRO-2: the moments of ZeRO-1; the gradient buffer (the backward fills it whole) and its slice
@@ -219,6 +220,15 @@ for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shar
 assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2, 3}, "ZeRO 0 to 3 at DP > 1"
 assert not any(r["zero"] == 3 and r["pp"] > 1 for r in rows), "ZeRO-3 without stages"
 assert {r["zero"] for r in rows if r["dp"] * r["cp"] == 1} <= {0}, "ZeRO at DP 1"
+# HSDP: ZeRO 1-3 also in shards of the DP ranks of a node (8 of 16 at TP 1), the moments 1/8
+hs = [r for r in fit if r["zero_shard_size"]]
+assert hs and all(r["zero"] and r["tp"] * r["zero_shard_size"] == 8 and
+                  r["dp"] * r["cp"] % r["zero_shard_size"] == 0 and
+                  r["dp"] * r["cp"] > r["zero_shard_size"] for r in hs), hs
+for r in hs:
+    whole = [q for q in fit if not q["zero_shard_size"] and all(q[k] == r[k] for k in
+             ("tp", "pp", "dp", "micro_batch", "recompute", "sp", "zero"))]
+    assert whole and all(q["optimizer_bytes"] < r["optimizer_bytes"] for q in whole), (r, whole)
 # CP on the CUDA backend (the h100 profile counts like it): rejected by name, not planned
 assert "no attention over CP" in why and not any(r["cp"] > 1 for r in fit), why
 ' 2>&1; then ok plan_json_keys_and_reasons; else fail plan_json_keys_and_reasons; fi

@@ -14,7 +14,8 @@
  *
  * The communicator is one rank of a world of N = tp cp dp pp ranks (its mesh), gpus_per_node a
  * node. Its splits replay tpk_ctx_init's (tpk__mesh_split_cp: TP, DP, PP, and at cp > 1 CP and
- * DP x CP; at ep > 1 then EP and EDP: tpk__mesh_split_ep) and the pipeline's tied-embedding group
+ * DP x CP; at ep > 1 then EP and EDP: tpk__mesh_split_ep; under HSDP, c->zs, its shard and
+ * replica groups: tpk__mesh_split_zero) and the pipeline's tied-embedding group
  * (stages 0 and P - 1 of the PP group); another split is an error naming it. A group knows its
  * members' world ranks, so whether it spans nodes. Collectives move nothing; a point-to-point
  * batch (the pipeline's messages, the CP ring's) and the all-to-all with per-peer counts (the MoE
@@ -45,6 +46,8 @@ typedef struct tpk_count {
     int world, rank, tp, dp, pp; /* the mesh and this rank */
     int gpus_per_node;
     int splits; /* the world's splits so far (tpk_ctx_init's three; five at cp > 1) */
+    int zs;     /* HSDP's shard size (tpk_ctx_desc.zero_shard_size; 0: none): its two splits
+                   (shard and replica groups, tpk__mesh_split_zero) replayed after the mesh's */
     double t;   /* the compute clock, seconds */
     double t_ops, t_coll, t_exposed; /* compute, collectives' own time, and the part of it the
                                         clock waited for */
@@ -268,6 +271,15 @@ static inline tpk_status tpk__count_group(tpk_ctx *ctx, tpk_count *c, const int 
     return TPK_OK;
 }
 
+/* World split gi of a dry run for world rank w: the mesh's (base of them), EP's (epn), HSDP's. */
+static inline void tpk__count_mesh_split(const tpk_count *c, int w, int gi, int base, int epn,
+                                         int *color, int *key) {
+    if (gi < base) tpk__mesh_split_cp(w, c->tp, c->cp, c->dp, gi, color, key);
+    else if (gi < base + epn)
+        tpk__mesh_split_ep(w, c->tp, c->cp, c->dp, c->ep, gi - base, color, key);
+    else tpk__mesh_split_zero(w, c->tp, c->cp, c->dp, c->zs, gi - base - epn, color, key);
+}
+
 /* The splits a dry run meets: of the world, tpk_ctx_init's three (TP, DP, PP, in that order), at
  * cp > 1 its two more (CP, then DP x CP: tpk__mesh_split_cp) and at ep > 1 its last two (EP, then
  * EDP: tpk__mesh_split_ep); of a group of P ranks, the tied
@@ -282,16 +294,14 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
     int *m = (int *)tpk__al_malloc(&c->al, sizeof(int) * (size_t)(n > 0 ? n : 1));
     if (!m) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     bool known = false;
-    int base = c->cp > 1 ? 5 : 3, ep = c->ep > 1 ? c->ep : 1;
-    if (cc->world && c->splits < base + (ep > 1 ? 2 : 0)) {
+    int base = c->cp > 1 ? 5 : 3, ep = c->ep > 1 ? c->ep : 1, epn = ep > 1 ? 2 : 0;
+    if (cc->world && c->splits < base + epn + (c->zs ? 2 : 0)) {
         int gi = c->splits++, want_c, want_k;
-        if (gi < base) tpk__mesh_split_cp(c->rank, c->tp, c->cp, c->dp, gi, &want_c, &want_k);
-        else tpk__mesh_split_ep(c->rank, c->tp, c->cp, c->dp, ep, gi - base, &want_c, &want_k);
+        tpk__count_mesh_split(c, c->rank, gi, base, epn, &want_c, &want_k);
         known = want_c == color && want_k == key;
         for (int w = 0; known && w < n; w++) { /* ordered by key: by the group's rank */
             int cw, kw;
-            if (gi < base) tpk__mesh_split_cp(w, c->tp, c->cp, c->dp, gi, &cw, &kw);
-            else tpk__mesh_split_ep(w, c->tp, c->cp, c->dp, ep, gi - base, &cw, &kw);
+            tpk__count_mesh_split(c, w, gi, base, epn, &cw, &kw);
             if (cw == color) m[kw] = w, k++;
         }
     } else if (!cc->world && key == g->rank &&
@@ -304,7 +314,7 @@ static inline tpk_status tpk__count_c_split(tpk_ctx *ctx, tpk_comm *g, int color
                          : tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                                      "color %d, key %d on rank %d of %d: not a split the counting "
                                      "communicator replays (tpk_ctx_init's mesh, TP x CP x DP x "
-                                     "PP, EP, EDP, the tied embedding's group)",
+                                     "PP, EP, EDP, HSDP's, the tied embedding's group)",
                                      color, key, g->rank, n);
     tpk__al_free(&c->al, m);
     return s;

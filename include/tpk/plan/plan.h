@@ -69,6 +69,10 @@ typedef struct tpk_plan_desc {
     int cp_comm; /* at c > 1: TPK_CP_P2P (0) or TPK_CP_ALLGATHER alone; -1: both */
     int ep;      /* EP sizes (a Mixtral's alone): 0 or 1: e = 1 alone; -1: every e dividing the DP
                     size and the experts; e > 1: e alone */
+    int zero_shard; /* HSDP under ZeRO 1-3 (ZeRO's slices within groups of S DP x CP ranks): 0 or
+                       -1: both the whole DP x CP group and a node's DP x CP ranks (gpus_per_node
+                       / tp, where that is a divisor >= 2 of DP x CP and smaller); S > 0: S alone
+                       (DP x CP itself, or a size that does not divide it: no HSDP) */
 } tpk_plan_desc;
 
 /* The probes' depth k (blocks a stage): past the first blocks' transients (the recompute pools'
@@ -99,7 +103,16 @@ typedef struct tpk_plan_cfg {
     int cp;              /* context parallelism: ranks splitting each sequence (0 read as 1) */
     tpk_cp_comm cp_comm; /* at cp > 1: the attention's mode, the ring or the all-gather */
     int ep;              /* expert parallelism: EP ranks of the DP ranks (0 read as 1) */
+    int zero_shard;      /* HSDP: ZeRO's slices within groups of this many DP x CP ranks, the
+                            slices' gradients all-reduced across them; 0: none (the whole group) */
 } tpk_plan_cfg;
+
+/* Its ZeRO stage in words: "3", or under HSDP "3 (HSDP: shards of S)"; into buf (n bytes). */
+static inline const char *tpk_plan_zero_words(const tpk_plan_cfg *p, char *buf, size_t n) {
+    if (n && p->zero_shard > 0) snprintf(buf, n, "%d (HSDP: shards of %d)", p->zero, p->zero_shard);
+    else if (n) snprintf(buf, n, "%d", p->zero);
+    return buf;
+}
 
 /* A configuration's EP size (its ep, 0 read as 1). */
 static inline int tpk_plan_ep(const tpk_plan_cfg *p) { return p->ep > 1 ? p->ep : 1; }
@@ -119,13 +132,15 @@ static inline const char *tpk_plan_cp_words(const tpk_plan_cfg *p, char *buf, si
  * ranks), timed on d's profile where it has one */
 static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c, tpk_comm *world,
                                        const tpk_plan_desc *d, int tp, int cp, int dp, int pp,
-                                       int ep, int rank) {
+                                       int ep, int zs, int rank) {
     TPK_TRY(tpk_count_init_ep(err, c, d->hw, d->like, tp, cp, dp, pp, ep, rank,
                               d->gpus_per_node > 0 ? d->gpus_per_node : 1));
+    c->zs = zs; /* HSDP: its two splits replayed */
     TPK_TRY(tpk_count_world(err, c, world));
     tpk_ctx_desc cd;
     memset(&cd, 0, sizeof cd);
     cd.ops = &c->ops, cd.world = world, cd.tp = tp, cd.cp = cp, cd.pp = pp, cd.ep = ep;
+    cd.zero_shard_size = zs;
     cd.seed = 1;
     cd.dtype = d->dtype;
     cd.allocator = err->allocator, cd.logger = err->logger; /* the caller's hooks */
@@ -148,7 +163,7 @@ static inline tpk_status tpk__plan_params_at(tpk_ctx *err, const tpk_plan_desc *
     tpk_ctx ctx;
     tpk_plan_desc one = *d;
     one.hw = NULL;
-    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 1, 1, 0));
+    TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, &one, 1, 1, 1, 1, 1, 0, 0));
     tpk_model m;
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
@@ -215,7 +230,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     tpk_ctx ctx;
     int cp = tpk_plan_cp(p);
     TPK_TRY(tpk__plan_ctx(err, &ctx, &c, &world, d, p->tp, cp, p->dp, p->pp, tpk_plan_ep(p),
-                          stage * p->tp * cp * p->dp));
+                          p->zero_shard, stage * p->tp * cp * p->dp));
     tpk_model_config cfg = d->model;
     int64_t *sh[5];
     tpk_model_config_common(&cfg, sh, 0.0f, p->sp, p->recompute);
@@ -487,6 +502,11 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
              * Mixtral: no SP */
             for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? (pp == 1 ? 3 : 2) : 0); z++) {
                 if (d->zero >= 0 && z != d->zero) continue;
+                /* HSDP's shard sizes: none, and a node's DP x CP ranks (or the one asked) */
+                int g = dp * cp, node = d->gpus_per_node % tp ? 0 : d->gpus_per_node / tp;
+                int hs = d->zero_shard > 0 ? d->zero_shard : node;
+                hs = z && hs >= 2 && hs < g && g % hs == 0 ? hs : 0;
+                for (int zs = d->zero_shard > 0 && hs ? hs : 0; zs <= hs; zs += hs ? hs : 1)
                 for (int sp = 0; sp <= (tp > 1 && d->model.arch != TPK_ARCH_MIXTRAL); sp++) {
                     if (d->sp >= 0 && sp != d->sp) continue;
                     for (int cm = 0; cm <= (cp > 1 ? TPK_CP_ALLGATHER : 0); cm++) {
@@ -495,7 +515,7 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
                         if (!p) return tpk__fail(err, TPK_ERR_NOMEM, "tpk_plan", "out of memory");
                         p->tp = tp, p->cp = cp, p->pp = pp, p->dp = dp, p->micro_batch = (int)mb;
                         p->accum = (int)(Bd / mb), p->recompute = (tpk_recompute)rc, p->zero = z;
-                        p->sp = sp, p->cp_comm = (tpk_cp_comm)cm, p->ep = ep;
+                        p->sp = sp, p->cp_comm = (tpk_cp_comm)cm, p->ep = ep, p->zero_shard = zs;
                         TPK_TRY(tpk_plan_run(err, d, params, p));
                     }
                 }
@@ -581,6 +601,7 @@ static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
             p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes, p->grads_bytes,
             p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s, p->mfu, p->bubble,
             p->fits ? "true" : "false");
+    fprintf(f, ", \"zero_shard_size\": %d", p->zero_shard); /* HSDP's S; 0: none */
     if (p->reason[0]) {
         fprintf(f, ", \"reason\": \"");
         for (const char *c = p->reason; *c; c++)

@@ -364,7 +364,7 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         (long long)o->tp),
                false;
     int64_t dpc = world ? world / (o->tp * o->pp) : 0; /* DP x CP: ZeRO's group */
-    if (o->zero_shard && !o->zero)
+    if (o->zero_shard && !o->zero && !o->plan)
         return snprintf(err, n,
                         "--zero-shard-size %lld: shards --zero's slices within groups of DP "
                         "ranks (HSDP), but --zero is 0 (expected --zero 1, 2 or 3)",

@@ -15,9 +15,10 @@
 #include "options.h"
 
 /* The planner's choice for `world` ranks, `per_node` a node (0: the least over this job's nodes,
- * a collective of MPI_COMM_WORLD), applied to o (tp, pp, batch, accum, rc, zero, sp, piped,
- * cp_comm) and cfg (its sp, recompute and cp_comm); what was chosen printed on out (NULL: not).
- * gpu: the profile, dtype and counted backend's defaults (the CUDA one's; else the host's). */
+ * a collective of MPI_COMM_WORLD), applied to o (tp, pp, batch, accum, rc, zero, zero_shard,
+ * sp, piped, cp_comm) and cfg (its sp, recompute and cp_comm); what was chosen printed on out
+ * (NULL: not). gpu: the profile, dtype and counted backend's defaults (the CUDA one's; else the
+ * host's). */
 static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_config *cfg,
                                       int64_t seq, int world, int per_node, bool gpu, FILE *out) {
     static const char *fn = "--plan";
@@ -51,6 +52,7 @@ static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_c
                : gpu    ? TPK_BF16
                         : TPK_F32;
     pd.zero = pd.sp = pd.recompute = -1;
+    pd.zero_shard = o->zero_shard > 0 ? (int)o->zero_shard : 0; /* HSDP: the flag's, or planned */
     tpk_plan_cfg *pv = NULL;
     int pn = 0, fit = 0;
     TPK_TRY(tpk_plan(ctx, &pd, &pv, &pn));
@@ -65,15 +67,16 @@ static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_c
                          (long long)pd.batch, (long long)seq, world, hw.mem_gb, why);
     }
     tpk_plan_cfg b = pv[0];
-    char cpw[48], cpw2[48], epw[24] = ""; /* (every configuration at the flags' EP) */
+    char cpw[48], cpw2[48], epw[24] = "", zw[48]; /* (every configuration at the flags' EP) */
     if (b.ep > 1) snprintf(epw, sizeof epw, " (EP %d)", b.ep);
-    int k = snprintf(line, nline,
-                     "plan: TP %d%s x PP %d x DP %d%s, micro-batch %d x %d a step, recompute %s, "
-                     "ZeRO %d, SP %s: the fastest of %d configurations that fit (%d planned) on "
-                     "%s: %.4f s a step, peak %.2f MB a rank",
-                     b.tp, tpk_plan_cp_words(&b, cpw, sizeof cpw), b.pp, b.dp, epw, b.micro_batch,
-                     b.accum, tpk_recompute_name(b.recompute), b.zero, b.sp ? "on" : "off", fit, pn,
-                     hw.name, b.step_seconds, b.peak_bytes / 1e6);
+    int k =
+        snprintf(line, nline,
+                 "plan: TP %d%s x PP %d x DP %d%s, micro-batch %d x %d a step, recompute %s, "
+                 "ZeRO %s, SP %s: the fastest of %d configurations that fit (%d planned) on "
+                 "%s: %.4f s a step, peak %.2f MB a rank",
+                 b.tp, tpk_plan_cp_words(&b, cpw, sizeof cpw), b.pp, b.dp, epw, b.micro_batch,
+                 b.accum, tpk_recompute_name(b.recompute), tpk_plan_zero_words(&b, zw, sizeof zw),
+                 b.sp ? "on" : "off", fit, pn, hw.name, b.step_seconds, b.peak_bytes / 1e6);
     if (fit > 1 && k > 0 && (size_t)k < nline)
         snprintf(line + k, nline - (size_t)k,
                  "; the next: TP %d%s x PP %d x DP %d%s, micro-batch %d, recompute %s, %.4f s",
@@ -83,6 +86,7 @@ static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_c
     if (out) fprintf(out, "%s\n", line);
     o->tp = b.tp, o->pp = b.pp, o->batch = b.micro_batch, o->accum = b.accum;
     o->rc = b.recompute, o->zero = b.zero, o->sp = b.sp, o->piped = o->pp > 1;
+    o->zero_shard = b.zero_shard;
     o->cp_comm = tpk_cp_comm_name(b.cp_comm); /* (read at cp > 1 alone) */
     int64_t *sh[5];
     tpk_model_config_common(cfg, sh, (float)o->smoothing, o->sp, o->rc);
