@@ -51,7 +51,7 @@ typedef struct tpk_run_opts {
     /* run */
     int64_t eval_every, eval_batches, save_every, keep, log_every;
     const char *save, *csv;
-    bool eval_only, profile;
+    bool eval_only, profile, zero3_no_prefetch;
     double timeout; /* -1: not given */
     /* text */
     const char *tokenizer, *prompt;
@@ -118,6 +118,9 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          P, "parallel",
          "1: the optimizer sharded over DP (x CP); 2: the gradients too; 3: the weights too",
          offsetof(tpk_run_opts, zero)},
+        {"--zero3-no-prefetch", B, 0, 0, NULL, NULL, NULL, R, "parallel",
+         "--zero 3: each block's gather started at its use (exposed), not one block ahead",
+         offsetof(tpk_run_opts, zero3_no_prefetch)},
         {"--dp-reduce", C, 0, 0, NULL, "mean|adasum", NULL, P, "parallel",
          "adasum: DP a power of two", offsetof(tpk_run_opts, dp_reduce)},
         {"--recompute", C, 0, 0, NULL, "none|selective|full", NULL, P, "parallel", NULL,
@@ -339,6 +342,10 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         "--eval-batches %lld: the interleaved schedule evaluates through the "
                         "stages a multiple of the %lld stages of batches",
                         (long long)o->eval_batches, (long long)o->pp),
+               false;
+    if (o->zero3_no_prefetch && o->zero != 3)
+        return snprintf(err, n, "--zero3-no-prefetch: expected --zero 3, got --zero %lld",
+                        (long long)o->zero),
                false;
     if (o->zero == 3 && o->piped)
         return snprintf(err, n,
