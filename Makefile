@@ -20,6 +20,7 @@
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make bench-pipeline the pipeline's bubble and activation memory per stage at 2 and 4 stages
 #   make bench-cp   context parallelism: the longest sequence in a memory budget, the step against CP
+#   make bench-zero ZeRO 0-3 at DP 4: peak per rank in a budget and planned, the step, gathers hidden
 #   make bench-plan the planner's step times next to measured ones (this machine calibrated)
 #   make bench-tokenizer the tokenizer's MB/s on one core next to Hugging Face tokenizers'
 #   make format-check  the C, C++, CUDA and Python sources' format: <= 100 columns, spaces, line ends
@@ -75,7 +76,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-cp bench-plan bench-tokenizer bench-gpu bench-gpt2 bench-families bench-families-check gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-cp bench-zero bench-plan bench-tokenizer bench-gpu bench-gpt2 bench-families bench-families-check gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -255,6 +256,14 @@ bench-pipeline: $(B)/bench/pipeline
 bench-cp: $(B)/bench/cp
 	$(subst -np 2,-np 4,$(DEMO_MPI)) $(B)/bench/cp
 	$(DEMO_MPI) $(B)/bench/cp --part b
+
+# ZeRO 0 to 3 on the host (bench/zero.sh, 4 ranks): a GPT-2 whose ZeRO-0 peak per rank is past a
+# budget (ZERO_BUDGET_MB), each stage's measured peak and its split, whether it fits, the median
+# step and the planner's peak beside it; the share of ZeRO-3's all-gather time hidden under compute
+# (the profiler's all-gather waits against the same gathers run exposed, --zero3-no-prefetch), on 4
+# ranks and on 2. Figures, not a timed test (4 ranks on fewer cores time-share them).
+bench-zero: $(B)/train $(B)/plan
+	TPK_BUILD=$(B) sh bench/zero.sh
 
 # The planner's step times against the trainer's on this machine (bench/plan.sh: --calibrate first).
 bench-plan: $(B)/plan $(B)/train

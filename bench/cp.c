@@ -99,11 +99,14 @@ static double activations(bench *b, int c, int64_t S) {
 }
 
 /* The CP group's share of a profile: the ms of its rows (collectives on a communicator other than
- * TP and DP: "p2p", "p2p (start)", "wait", "allgather (start)", "reduce_scatter", "allreduce"). */
+ * TP and DP: "p2p", "p2p (start)", "wait (p2p)", "allgather (start)", "reduce_scatter", ...). */
 static double cp_ms(const tpk_profile *p) {
     static const char *const cp_rows[] = {"p2p",
                                           "p2p (start)",
-                                          "wait",
+                                          "wait (p2p)",
+                                          "wait (allgather)",
+                                          "wait (reduce_scatter)",
+                                          "wait (allreduce)",
                                           "allgather",
                                           "allgather (start)",
                                           "reduce_scatter",

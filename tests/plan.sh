@@ -23,10 +23,10 @@
 #   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 (make test), at
 #   TP 2 x EP 2 and EP 2 with full recompute, --json's ep, EP rejections, the trainer's --ep 2
 #   --plan (make test-long).
-# make test (TPK_TESTS=quick) plans 7 of the 16 configurations (one per feature: TP with SP and
-# selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP), reads a handwritten profile file and
-# runs the rest; make test-long the other 9 (ZeRO-2 among them) and --calibrate (a minute of
-# measurements).
+# make test (TPK_TESTS=quick) plans 9 of the 19 configurations (one per feature: each ZeRO stage —
+# 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, TP x DP, GQA, TP x PP),
+# reads a handwritten profile file and runs the rest; make test-long the other 10 and --calibrate
+# (a minute of measurements).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup plan
@@ -69,7 +69,7 @@ long_set && mem gpt2_dp4_zero3_hsdp 4 "$M --batch 2 --zero 3 --zero-shard-size 2
 quick_set && mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
 quick_set && mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
 long_set && mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
-long_set && mem gpt2_dp2_zero2 2 "$M --batch 4 --zero 2 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 2"
+quick_set && mem gpt2_dp2_zero2 2 "$M --batch 4 --zero 2 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 2"
 long_set && mem llama_pp2_dp2_zero2_sel 4 "--arch llama $M --pp 2 --batch 2 --grad-accum 4 --zero 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute selective --zero 2"
 long_set && mem llama_1 1 "--arch llama $M --batch 4 --recompute selective" "--arch llama $M --batch 4 --micro-batch 4 --recompute selective"
 quick_set && mem llama_tp2_gqa 2 "--arch llama $M --tp 2 --batch 4 --kv-heads 2" "--arch llama --kv-heads 2 $M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"

@@ -30,7 +30,9 @@
  *     norms within 1e-6, every weight after them; the bytes held (the shard, the two block
  *     buffers) counted exactly; the all-gathers of a step (count, elements) the schedule's; the
  *     next block's gather in flight (the flight recorder) when each block's forward and backward
- *     begin; bad input refused;
+ *     begin (none with no_prefetch, whose steps equal too); the profiler's rows "dp.allgather
+ *     (start)" and "dp.wait (allgather)" one call per gather, the reduce-scatters' waits apart;
+ *     bad input refused;
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
 
@@ -150,13 +152,23 @@ static tpk_status z3_hook(tpk_ctx *ctx, int64_t block, int when, void *user) {
     return TPK_OK;
 }
 
-/* zs: HSDP's shard size (tpk_ctx_desc.zero_shard_size; 0: the whole DP group) */
-static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, int zs) {
+/* The profiler's row `name` of ctx (NULL: none). */
+static const tpk__prof_row *z3_row(const tpk_ctx *ctx, const char *name) {
+    for (int r = 0; ctx->prof && r < ctx->prof->nrows; r++)
+        if (!strcmp(ctx->prof->rows[r].name, name)) return &ctx->prof->rows[r];
+    return NULL;
+}
+
+/* nopf: tpk_zero3_desc.no_prefetch; zs: HSDP's shard size (tpk_ctx_desc.zero_shard_size; 0: the
+ * whole DP group) */
+static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, bool nopf, int zs) {
     TEST_CASE(
-        "ZeRO-3 at DP %d%s, %s, recompute %d%s%s: 3 steps equal ZeRO-0 (losses, norms, weights); "
-        "the bytes held; the all-gathers of a step; the prefetch in flight",
+        "ZeRO-3 at DP %d%s, %s, recompute %d%s%s%s: 3 steps equal ZeRO-0 (losses, norms, "
+        "weights); the bytes held; the all-gathers of a step; the prefetch in flight; the "
+        "profiler's all-gather starts and waits",
         np, zs ? " (HSDP: shards of 2)" : "", llama ? "Llama" : "GPT-2", (int)rc,
-        keep ? ", blocks kept for the backward" : "", dt == TPK_BF16 ? ", bf16" : "") {
+        keep ? ", blocks kept for the backward" : "", dt == TPK_BF16 ? ", bf16" : "",
+        nopf ? ", no prefetch" : "") {
         tpk_ctx c[2];
         z3_model m[2];
         tpk_adamw o[2];
@@ -184,8 +196,8 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, in
         CHECK_FAILS(x, tpk_adamw_step(x, &o[1], 1e-2f, 1.0f), TPK_ERR_ARG,
                     "opt: a ZeRO-3 optimizer not linked to its weights' shard");
         before = x->mem, data_bytes = x->params.data.bytes + x->params.data16.bytes;
-        CHECK_OK(
-            x, tpk_zero3_init(x, &z, m[1].lm, &o[1], &(tpk_zero3_desc){.keep_for_backward = keep}));
+        tpk_zero3_desc zd = {.keep_for_backward = keep, .no_prefetch = nopf};
+        CHECK_OK(x, tpk_zero3_init(x, &z, m[1].lm, &o[1], &zd));
         m[1].lm->block_hook = z3_hook; /* ZeRO-3's, watched */
         size_t n = x->params.numel, most = 0, blocks = 0, rest = 0;
         int d = tpk__dp_group(x)->size, runs = 0; /* (the 1/d scale: DP) */
@@ -213,6 +225,8 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, in
               "elements, two block buffers of %zu), expected %zu",
               d, held, data_bytes, o[1].sn, n, most, want);
         int32_t ids[Z3_B * Z3_S], tg[Z3_B * Z3_S];
+        uint64_t gathers = 0; /* the all-gathers of the 3 steps */
+        CHECK_OK(x, tpk_profile_start(x));
         for (int step = 0; step < 3; step++) {
             float loss[2];
             double norm[2];
@@ -262,16 +276,33 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, in
                 const tpk_param *p0 = &x->params.list[bl->p0], *p1 = &x->params.list[bl->p1];
                 we -= p1->offset + p1->numel - p0->offset;
             }
+            gathers += calls;
             CHECK(calls == wc && elems == we,
                   "step %d: %llu all-gathers of %llu elements, expected %llu of %llu", step + 1,
                   (unsigned long long)calls, (unsigned long long)elems, (unsigned long long)wc,
                   (unsigned long long)we);
-            int wb = keep ? Z3_L - 1 : 2 * (Z3_L - 1);
+            int wb = nopf ? 0 : keep ? Z3_L - 1 : 2 * (Z3_L - 1);
             CHECK(z3_begins == 2 * (Z3_L - 1) && z3_inflight == wb,
                   "step %d: the next block's gather in flight at %d of %d block begins, expected "
                   "%d",
                   step + 1, z3_inflight, z3_begins, wb);
         }
+        /* the profiler: each started all-gather waited once, its wait on a row of its own (the
+         * reduce-scatters' apart), the time in them within the steps' wall time */
+        CHECK_OK(x, tpk_profile_step(x));
+        const tpk__prof_row *st = z3_row(x, "dp.allgather (start)"),
+                            *wa = z3_row(x, "dp.wait (allgather)"),
+                            *wr = z3_row(x, "dp.wait (reduce_scatter)");
+        uint64_t rs = tpk__zero_group(x)->stats.calls[TPK_COLL_REDUCE_SCATTER];
+        CHECK(st && wa && st->calls == gathers && wa->calls == gathers && st->ms >= 0 &&
+                  wa->ms >= 0 && st->ms + wa->ms <= x->prof->wall_ms && !z3_row(x, "dp.wait") &&
+                  (d == 1 || (wr && wr->calls >= rs)),
+              "the profile of 3 steps: %llu all-gather starts and %llu waits (%.3f + %.3f ms of "
+              "%.3f), expected %llu each; %llu reduce-scatter waits (the last step's %llu)",
+              st ? (unsigned long long)st->calls : 0ULL, wa ? (unsigned long long)wa->calls : 0ULL,
+              st ? st->ms : -1.0, wa ? wa->ms : -1.0, x->prof->wall_ms, (unsigned long long)gathers,
+              wr ? (unsigned long long)wr->calls : 0ULL, (unsigned long long)rs);
+        tpk_profile_stop(x);
         CHECK_OK(x, tpk_zero3_gather(x, &z)); /* the whole weights to compare */
         for (int i = 0; i < x->params.n; i++) {
             size_t gn = tpk_param_global_numel(x, i);
@@ -1053,15 +1084,16 @@ int main(int argc, char **argv) {
         free(w0);
         tpk_adamw_destroy(&ctx, &o), tpk_dp_destroy(&b), tpk_ctx_destroy(&ctx);
     }
-    test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, 0);
-    test_zero3(true, TPK_RECOMPUTE_FULL, false, TPK_F32, 0);
-    if (np == 4) test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, 2); /* HSDP */
+    test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 0);
+    test_zero3(true, TPK_RECOMPUTE_FULL, false, TPK_F32, false, 0);
+    test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, true, 0);
+    if (np == 4) test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 2); /* HSDP */
     if (np <= 2) { /* (the long set) */
-        test_zero3(false, TPK_RECOMPUTE_FULL, false, TPK_F32, 0);
-        test_zero3(true, TPK_RECOMPUTE_NONE, false, TPK_F32, 0);
-        test_zero3(false, TPK_RECOMPUTE_NONE, true, TPK_F32, 0);
-        test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_BF16, 0);
-        test_zero3(true, TPK_RECOMPUTE_FULL, true, TPK_BF16, 0);
+        test_zero3(false, TPK_RECOMPUTE_FULL, false, TPK_F32, false, 0);
+        test_zero3(true, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 0);
+        test_zero3(false, TPK_RECOMPUTE_NONE, true, TPK_F32, false, 0);
+        test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_BF16, false, 0);
+        test_zero3(true, TPK_RECOMPUTE_FULL, true, TPK_BF16, false, 0);
     }
     tpk_comm_destroy(&world);
     return test_finish();

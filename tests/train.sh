@@ -945,6 +945,7 @@ if long_set; then
     bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
     bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
     bad "--zero 3 with pipeline stages" "--zero 3: not yet with pipeline stages (--pp 2)" --text "$text" $small --pp 2 --zero 3
+    bad "--zero3-no-prefetch without --zero 3" "--zero3-no-prefetch: expected --zero 3, got --zero 1" --text "$text" $small --zero 1 --zero3-no-prefetch
     bad "--zero 2 with one DP rank" "--zero 2: shards the optimizer and the gradients over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 2
     bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2
     bad "--cp not dividing the ranks" "--cp 3: the 2 ranks are not TP x CP x DP with --tp 1" --text "$text" $small --cp 3

@@ -77,6 +77,8 @@ typedef struct tpk_request {
     void *state;
     bool active;
     uint64_t flight; /* its operation number in comm->flight (tpk/runtime/coll.h) */
+    int kind;        /* the tpk_coll_kind it started (TPK_COLL_SEND: a point-to-point batch): the
+                        profiler's row of its tpk_wait, "dp.wait (allgather)" */
 } tpk_request;
 
 /* The flight recorder (tpk/runtime/coll.h fills it, prints it when a collective fails or times

@@ -230,7 +230,7 @@ static inline uint64_t tpk__flight_start(tpk_comm *c, tpk_coll_kind kind, size_t
                                          tpk_dtype dt, const tpk_p2p *ops, int n,
                                          tpk_request *req) {
     uint64_t id = tpk__flight_begin(c, kind, elems, dt, ops, n);
-    if (req) req->flight = id;
+    if (req) req->flight = id, req->kind = (int)kind;
     else c->flight.waiting = id, *tpk__flight_waiting_slot() = c;
     return id;
 }
@@ -260,22 +260,42 @@ static inline tpk_status tpk__check_count(tpk_ctx *ctx, const char *fn, const ch
     return TPK_OK;
 }
 
-/* The profiler's name of a collective: kind (0 allreduce, 1 allgather, 2 reduce_scatter, 3 bcast,
- * 4 wait) on the TP group, the DP group or another communicator, started (req) or blocking. */
+/* Whether the profiler names c's rows "dp.": the DP group, and HSDP's shard and replica groups
+ * (tpk_ctx_desc.zero_shard_size: ZeRO's collectives split over them). */
+static inline bool tpk__coll_is_dp(const tpk_ctx *ctx, const tpk_comm *c) {
+    return c == &ctx->dp || c == &ctx->zshard_group || c == &ctx->zrep_group;
+}
+/* The profiler's name of a collective: kind (0 allreduce, 1 allgather, 2 reduce_scatter, 3 bcast)
+ * on the TP group, the DP group or another communicator, started (req) or blocking. */
 static inline const char *tpk__coll_name(const tpk_ctx *ctx, const tpk_comm *c, int kind,
                                          const tpk_request *req) {
-    static const char *const names[3][2][5] = {
-        {{"tp.allreduce", "tp.allgather", "tp.reduce_scatter", "tp.bcast", "tp.wait"},
+    static const char *const names[3][2][4] = {
+        {{"tp.allreduce", "tp.allgather", "tp.reduce_scatter", "tp.bcast"},
          {"tp.allreduce (start)", "tp.allgather (start)", "tp.reduce_scatter (start)",
-          "tp.bcast (start)", "tp.wait"}},
-        {{"dp.allreduce", "dp.allgather", "dp.reduce_scatter", "dp.bcast", "dp.wait"},
+          "tp.bcast (start)"}},
+        {{"dp.allreduce", "dp.allgather", "dp.reduce_scatter", "dp.bcast"},
          {"dp.allreduce (start)", "dp.allgather (start)", "dp.reduce_scatter (start)",
-          "dp.bcast (start)", "dp.wait"}},
-        {{"allreduce", "allgather", "reduce_scatter", "bcast", "wait"},
-         {"allreduce (start)", "allgather (start)", "reduce_scatter (start)", "bcast (start)",
-          "wait"}}};
-    int g = c == &ctx->tp ? 0 : c == &ctx->dp ? 1 : 2;
+          "dp.bcast (start)"}},
+        {{"allreduce", "allgather", "reduce_scatter", "bcast"},
+         {"allreduce (start)", "allgather (start)", "reduce_scatter (start)", "bcast (start)"}}};
+    int g = c == &ctx->tp ? 0 : tpk__coll_is_dp(ctx, c) ? 1 : 2;
     return names[g][req ? 1 : 0][kind];
+}
+/* The profiler's name of a tpk_wait: the group as above and the kind of collective it finishes
+ * (req->kind), so the time blocked in waits for started all-gathers is a row of its own
+ * ("dp.wait (allgather)") apart from the reduce-scatters' ("dp.wait (reduce_scatter)"). */
+static inline const char *tpk__wait_name(const tpk_ctx *ctx, const tpk_comm *c, int kind) {
+    static const char *const names[3][TPK_COLL_N] = {
+        {"tp.wait (allreduce)", "tp.wait (allgather)", "tp.wait (reduce_scatter)",
+         "tp.wait (bcast)", "tp.wait (barrier)", "tp.wait (p2p)", "tp.wait (p2p)",
+         "tp.wait (alltoallv)"},
+        {"dp.wait (allreduce)", "dp.wait (allgather)", "dp.wait (reduce_scatter)",
+         "dp.wait (bcast)", "dp.wait (barrier)", "dp.wait (p2p)", "dp.wait (p2p)",
+         "dp.wait (alltoallv)"},
+        {"wait (allreduce)", "wait (allgather)", "wait (reduce_scatter)", "wait (bcast)",
+         "wait (barrier)", "wait (p2p)", "wait (p2p)", "wait (alltoallv)"}};
+    int g = c == &ctx->tp ? 0 : tpk__coll_is_dp(ctx, c) ? 1 : 2;
+    return names[g][kind >= 0 && kind < TPK_COLL_N ? kind : 0];
 }
 
 static inline tpk_status tpk__allreduce(tpk_ctx *ctx, tpk_comm *c, const void *send, void *recv,
@@ -673,7 +693,8 @@ static inline tpk_status tpk_wait(tpk_ctx *ctx, tpk_request *req) {
     tpk_comm *c = req->comm;
     uint64_t id = req->flight;
     if (id) c->flight.waiting = id, *tpk__flight_waiting_slot() = c;
-    tpk_status s = TPK__PROF_OP(ctx, tpk__coll_name(ctx, c, 4, NULL), 0, 0, c->vt->wait(ctx, req));
+    tpk_status s =
+        TPK__PROF_OP(ctx, tpk__wait_name(ctx, c, req->kind), 0, 0, c->vt->wait(ctx, req));
     req->active = false, req->state = NULL, req->flight = 0;
     return tpk__flight_end(ctx, c, id, true, s);
 }

@@ -53,7 +53,7 @@ typedef struct tpk_run_opts {
     /* run */
     int64_t eval_every, eval_batches, save_every, keep, log_every;
     const char *save, *csv;
-    bool eval_only, profile;
+    bool eval_only, profile, zero3_no_prefetch;
     double timeout; /* -1: not given */
     /* text */
     const char *tokenizer, *prompt;
@@ -124,6 +124,9 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          "HSDP: --zero's slices within groups of S DP x CP ranks (a node's), all-reduced across "
          "the groups; S divides DP x CP",
          offsetof(tpk_run_opts, zero_shard)},
+        {"--zero3-no-prefetch", B, 0, 0, NULL, NULL, NULL, R, "parallel",
+         "--zero 3: each block's gather started at its use (exposed), not one block ahead",
+         offsetof(tpk_run_opts, zero3_no_prefetch)},
         {"--dp-reduce", C, 0, 0, NULL, "mean|adasum", NULL, P, "parallel",
          "adasum: DP a power of two", offsetof(tpk_run_opts, dp_reduce)},
         {"--recompute", C, 0, 0, NULL, "none|selective|full", NULL, P, "parallel", NULL,
@@ -345,6 +348,10 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         "--eval-batches %lld: the interleaved schedule evaluates through the "
                         "stages a multiple of the %lld stages of batches",
                         (long long)o->eval_batches, (long long)o->pp),
+               false;
+    if (o->zero3_no_prefetch && o->zero != 3)
+        return snprintf(err, n, "--zero3-no-prefetch: expected --zero 3, got --zero %lld",
+                        (long long)o->zero),
                false;
     if (o->zero == 3 && o->piped)
         return snprintf(err, n,

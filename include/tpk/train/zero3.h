@@ -14,7 +14,8 @@
  *   forward   unit -1 gathered first (kept through the backward: the head runs last in the forward
  *             and first in the backward, the embedding last), and block lo's gather started; before
  *             block i's forward block i is waited for and block i + 1's gather started (prefetch
- *             depth 1: it runs while block i computes); after it block i is released (its
+ *             depth 1: it runs while block i computes; no_prefetch: each block's gather started
+ *             at its own use, so its time is exposed); after it block i is released (its
  *             buffer free for block i + 2), except the last block, which the backward uses next;
  *   backward  before block i's backward (a full recompute's forward inside) block i is waited for
  *             (gathered again if released) and block i - 1's gather started; after it (the
@@ -41,6 +42,9 @@
 
 typedef struct tpk_zero3_desc {
     bool keep_for_backward; /* each block kept gathered from its forward to its backward */
+    bool no_prefetch;       /* each gather started where its unit is used and waited for at once
+                               (the same gathers, none in flight under compute: their time
+                               exposed; make bench-zero's reference) */
 } tpk_zero3_desc;
 
 /* One unit: up to two runs of parameter ids, gathered together. */
@@ -180,13 +184,13 @@ static inline tpk_status tpk_zero3_hook(tpk_ctx *ctx, int64_t block, int when, v
     switch (when) {
         case TPK_LM_FWD_BEGIN:
             TPK_TRY(tpk__z3_ready(ctx, z, k));
-            if (k + 1 < z->nu) TPK_TRY(tpk__z3_start(ctx, z, k + 1)); /* the prefetch */
+            if (k + 1 < z->nu && !z->d.no_prefetch) TPK_TRY(tpk__z3_start(ctx, z, k + 1));
             return TPK_OK;
         case TPK_LM_FWD_END:
             return k && !last && !z->d.keep_for_backward ? tpk__z3_release(ctx, z, k) : TPK_OK;
         case TPK_LM_BWD_BEGIN:
             TPK_TRY(tpk__z3_ready(ctx, z, k));
-            return k > 1 ? tpk__z3_start(ctx, z, k - 1) : TPK_OK;
+            return k > 1 && !z->d.no_prefetch ? tpk__z3_start(ctx, z, k - 1) : TPK_OK;
         case TPK_LM_BWD_END: return tpk__z3_release(ctx, z, k);
         default:
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
