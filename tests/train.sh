@@ -679,8 +679,9 @@ fi
 if quick_set; then
     tr 2 --text "$text" $pl --pp 2 --micro-batches 4 --steps 1 --print-schedule
     if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "x PP 2 (1f1b" && printf '%s\n' "$out" | grep -q "stages: 0: blocks 0-1 + embedding | 1: blocks 2-3 + norm, head, loss" &&
-        printf '%s\n' "$out" | grep -q "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" && printf '%s\n' "$out" | grep -q "peak memory per stage [0-9.]*, [0-9.]* MB.*idle per stage 0\.[0-9]*, 0\.[0-9]*"; then
-        ok "pipeline: the banner's mesh and stage map, --print-schedule's lists, the peak memory and idle fraction per stage"
+        printf '%s\n' "$out" | grep -q "stage 0: F0 F1 B0 F2 B1 F3 B2 B3" && printf '%s\n' "$out" | grep -q "peak memory per stage [0-9.]*, [0-9.]* MB.*idle per stage 0\.[0-9]*, 0\.[0-9]*" &&
+        [ "$(printf '%s\n' "$out" | grep -c '^stage [01]: peak memory [0-9.]* MB (rank [01]) = weights [0-9.]* + gradients [0-9.]* + optimizer [0-9.]* + activations and work [0-9.]*$')" = 2 ]; then
+        ok "pipeline: the banner's mesh and stage map, --print-schedule's lists, the peak memory and idle fraction per stage, each stage's peak in parts"
     else fail "pipeline: the banner, stage map, schedule and per-stage peak"; fi
 fi
 # checkpoints reshard across stages: saved at PP 2, resumed at PP 1, PP 3 (2,1,1) and TP 2 x PP 2 —
