@@ -190,9 +190,10 @@ int main(int argc, char **argv) {
     tpk_trainable_set_dp(&t, &dp_b, o.zero != 1 && !adasum); /* the buckets under the backward */
     if (adasum && !ok(tpk_dp_adasum_init(&ctx, &dp_b))) goto out; /* after the backward */
     if (o.zero >= 2 && !ok(tpk_dp_shard_grads(&ctx, &dp_b, &opt))) goto out; /* reduce-scatters */
+    /* --zero 3: with stages each stage shards its own weights */
     if (o.zero == 3 && !ok(t.piped ? tpk_zero3_init_pipe(&ctx, &z3, &t.pm, &opt, NULL)
                                    : tpk_zero3_init(&ctx, &z3, tpk_model_lm(&t.m), &opt, NULL)))
-        goto out; /* (each stage its own) */
+        goto out;
     double t0 = now(), t_int = t0, int_s = 0, /* the reporting interval: its start, its time */
         flops = gpu ? tpk_run_flops_per_token(&t, (double)nglobal, S) : 0;
     int64_t from = opt.step, int_n = 0;

@@ -31,6 +31,10 @@
  *     buffers) counted exactly; the all-gathers of a step (count, elements) the schedule's; the
  *     next block's gather in flight (the flight recorder) when each block's forward and backward
  *     begin; bad input refused;
+ *   ZeRO-3 with pipeline stages (tpk_zero3_init_pipe) at PP 2 x DP 2 (4 ranks): GPT-2, 1F1B over 3
+ *     micro-batches (no recompute, full recompute, blocks kept), 3 steps against ZeRO-0 at the same
+ *     stages: losses, norms, weights; each step's all-gathers the schedule's (2 M L_s + the rest's
+ *     runs);
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
 
@@ -301,11 +305,15 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
         tpk_model_config mc;
         memset(&mc, 0, sizeof mc);
         mc.arch = TPK_ARCH_GPT2;
-        mc.gpt2 = (tpk_gpt2_config){.vocab = Z3_V, .positions = 8, .layers = Z3P_L, .hidden = 16,
-                                    .heads = 4, .recompute = rc};
+        mc.gpt2 = (tpk_gpt2_config){.vocab = Z3_V,
+                                    .positions = 8,
+                                    .layers = Z3P_L,
+                                    .hidden = 16,
+                                    .heads = 4,
+                                    .recompute = rc};
         for (int k = 0; k < 2; k++) {
-            CHECK_OK(&c[k], tpk_ctx_init(&c[k], &(tpk_ctx_desc){
-                                                    .world = &world, .tp = 1, .pp = 2, .seed = 11}));
+            tpk_ctx_desc cd = {.world = &world, .tp = 1, .pp = 2, .seed = 11};
+            CHECK_OK(&c[k], tpk_ctx_init(&c[k], &cd));
             CHECK_OK(&c[k], tpk_pipe_model_init(&c[k], &pm[k], &mc, TPK_PIPE_1F1B, Z3P_M, 1, NULL,
                                                 NULL, 0, 0));
             CHECK_OK(&c[k], tpk_adamw_init(
@@ -349,9 +357,9 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
                                                              (uint64_t)t)) %
                             Z3_V;
                 tpk_comm_stats_reset(tpk__dp_group(y));
-                CHECK_OK(y, tpk_model_train_step(y, NULL, &pm[k], &o[k], &b[k], ids, tg, Z3_B,
-                                                 Z3_S, Z3P_M, 1.0f / Z3P_M / 2, (uint64_t)step,
-                                                 1e-2f, 100.0f, &norm[k])); /* (no clipping) */
+                CHECK_OK(y, tpk_model_train_step(y, NULL, &pm[k], &o[k], &b[k], ids, tg, Z3_B, Z3_S,
+                                                 Z3P_M, 1.0f / Z3P_M / 2, (uint64_t)step, 1e-2f,
+                                                 100.0f, &norm[k])); /* (no clipping) */
                 calls = tpk__dp_group(y)->stats.calls[TPK_COLL_ALLGATHER];
                 elems = tpk__dp_group(y)->stats.elems[TPK_COLL_ALLGATHER];
                 CHECK_OK(y, tpk_pipe_model_loss_read(y, &pm[k], &loss[k], NULL));
@@ -367,9 +375,8 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
                 uint64_t we = rest + 2 * Z3P_M * blocks;
                 CHECK(calls == wc && elems == we,
                       "stage %d, step %d: %llu all-gathers of %llu elements, expected %llu of %llu",
-                      x->pp.rank, step + 1, (unsigned long long)calls,
-                      (unsigned long long)elems, (unsigned long long)wc,
-                      (unsigned long long)we);
+                      x->pp.rank, step + 1, (unsigned long long)calls, (unsigned long long)elems,
+                      (unsigned long long)wc, (unsigned long long)we);
             }
         }
         CHECK_OK(x, tpk_zero3_gather(x, &z)); /* the whole weights to compare */

@@ -182,7 +182,7 @@ if quick_set; then
     z3 "PP 2 x DP 2 (each stage its own slices), 1F1B, 2 micro-batches" 4 "$z3pl --pp 2 --grad-accum 2"
 fi
 if long_set; then
-    z3 "PP 2 x DP 2 interleaved (2 chunks a stage), 4 micro-batches, full recompute" 4 "$z3pl --pp 2 --schedule interleaved --grad-accum 4 --recompute full"
+    z3 "PP 2 x DP 2 interleaved (2 chunks a stage), 4 micro-batches, full recompute, evaluations between" 4 "$z3pl --pp 2 --schedule interleaved --grad-accum 4 --recompute full --eval-every 3 --eval-batches 2"
     tr 4 --text "$text" $z3pl --grad-accum 2 --steps 10 --pp 2 --zero 3 --save "$T/z3p" --save-every 5 --csv "$T/z3p.csv"
     rc1=$rc
     tr 2 --text "$text" $z3pl --grad-accum 2 --steps 10 --zero 1 --load "$T/z3p/step-5" --csv "$T/z3pr.csv"

@@ -2,13 +2,16 @@
  * (tpk__dp_group: DP x CP) keeps only its slice S_r = tpk_split(numel, D, r) of the flat f32
  * parameter buffer between uses — ZeRO-1's slice, so the optimizer's moments, its reduced
  * gradient slice (ZeRO-2's buckets) and the weights line up — and the flat buffer itself is freed.
+ * Under pipeline stages (tpk_zero3_init_pipe) the flat buffer is the stage's: each stage shards
+ * its own over its DP group, as ZeRO-2 slices it.
  *
  * The model's weights are cut into units: each block of the stack (its parameter ids p0..p1,
- * contiguous in the flat buffer) and one unit for the rest (the embedding, the final norm, the
- * head: at most two runs of ids, before and after the blocks). A unit [a, b) of the flat buffer
- * is rebuilt by one all-gather per run over the DP group, rank q sending |[a, b) n S_q| elements
- * of its shard (in rank order they tile the run), into a gathered buffer; ctx->params.at points
- * each parameter into it, so the layers read tpk_param_data as ever.
+ * contiguous in the flat buffer; under stages every chunk's blocks) and one unit for the rest (the
+ * embedding, the final norm, the head, a stage's tied head copy: whichever this rank holds, the
+ * runs of ids outside the blocks — at most two; none on a middle stage). A unit [a, b) of the
+ * flat buffer is rebuilt by one all-gather per run over the DP group, rank q sending
+ * |[a, b) n S_q| elements of its shard (in rank order they tile the run), into a gathered buffer;
+ * ctx->params.at points each parameter into it, so the layers read tpk_param_data as ever.
  *
  * The schedule (the model's block_hook, tpk/models/lm.h):
  *   forward   unit -1 gathered first (kept through the backward: the head runs last in the forward
@@ -32,7 +35,22 @@
  * next forward uses it.
  * A bf16 context: each unit's buffer holds its f32 weights and their bf16 copy (one cast when the
  * gather is waited for; ctx->params.at16 points the layers into it), the whole copy data16 freed.
- * Not yet: pipeline stages, experts at EP > 1 (refused by name), HSDP. */
+ *
+ * Under pipeline stages (any schedule: 1F1B runs later micro-batches' forwards before a backward,
+ * interleaved chunks share the stage's units) each of the V K copies of the stage's parts calls
+ * the one hook, and the schedule is the same but for two rules that keep nothing across passes:
+ * every block is released after its forward (the last too: the next pass on the stage may be
+ * another micro-batch's forward), and the rest is gathered at the step's first forward and released
+ * after the stage's V M backwards (one per chunk and micro-batch; an evaluation's forwards leave it
+ * gathered until the step's backwards or an optimizer step). A block is read only between its
+ * BEGIN and END, and within one pass at most it and its prefetched neighbour (the other buffer) are
+ * held, so no micro-batch sees another block's or a released buffer. With one chunk the rest's
+ * hooks prefetch the first block (forward) and the last (backward). Communication per step on a
+ * stage of L_s blocks: the rest's runs once and each block twice per micro-batch (2 M L_s + runs
+ * all-gathers, 2 M times the stage's block elements plus the rest's); memory: the rest whole
+ * through the step beside the two block buffers. keep_for_backward keeps a block from a forward to
+ * the next backward of it that ends (a later micro-batch's backward gathers it again).
+ * Not yet: experts at EP > 1 (refused by name), HSDP. */
 #ifndef TPK_ZERO3_H
 #define TPK_ZERO3_H
 
@@ -50,13 +68,13 @@ typedef struct tpk_zero3_desc {
 typedef struct tpk__z3_unit {
     int first[TPK__Z3_RUNS], last[TPK__Z3_RUNS], nruns;
     size_t a[TPK__Z3_RUNS], b[TPK__Z3_RUNS]; /* the runs' elements [a, b) of the flat buffer */
-    size_t elems;      /* their sum */
-    int state;         /* 0 released, 1 gather in flight, 2 gathered */
-    int slot;          /* the shared buffer it uses (0, 1), or -1: its own */
+    size_t elems;                            /* their sum */
+    int state;                               /* 0 released, 1 gather in flight, 2 gathered */
+    int slot;                                /* the shared buffer it uses (0, 1), or -1: its own */
     tpk_buf own;
     float *buf; /* its gathered f32 weights (runs in order), then a bf16 context's copy */
     tpk_request req[TPK__Z3_RUNS];
-    int64_t block; /* the block it holds (-1: the rest) */
+    int64_t block;  /* the block it holds (-1: the rest) */
     int prev, next; /* the units of the blocks before and after it in its chunk (-1: none) */
 } tpk__z3_unit;
 
@@ -69,9 +87,9 @@ typedef struct tpk_zero3 {
     void **at16;          /* [n params] a bf16 context's: ctx->params.at16 (NULL in f32) */
     tpk__z3_unit *u;      /* [nu]: u[0] the rest, then each chunk's blocks in order */
     int nu, chunks;
-    int64_t lo; /* the first chunk's first block */
-    bool piped;                /* pipeline stages: every block released after its forward */
-    int rest_uses, rest_done;  /* the rest released after rest_uses backwards (1; stages: V M) */
+    int64_t lo;               /* the first chunk's first block */
+    bool piped;               /* pipeline stages: every block released after its forward */
+    int rest_uses, rest_done; /* the rest released after rest_uses backwards (1; stages: V M) */
     tpk_buf slot[2];
     int slot_owner[2];              /* the unit holding each shared buffer (-1: none) */
     size_t *counts;                 /* [D] */
@@ -179,14 +197,12 @@ static inline tpk_status tpk_zero3_hook(tpk_ctx *ctx, int64_t block, int when, v
     int k = 0;
     for (int q = 1; block >= 0 && !k && q < z->nu; q++) k = z->u[q].block == block ? q : 0;
     if (block < -1 || (block >= 0 && !k))
-        return z->chunks == 1 ? tpk__fail(ctx, TPK_ERR_ARG, fn,
-                                          "block: expected -1 or %lld..%lld, got %lld",
-                                          (long long)z->lo, (long long)(z->lo + z->nu - 2),
-                                          (long long)block)
-                              : tpk__fail(ctx, TPK_ERR_ARG, fn,
-                                          "block: expected -1 or a block of this stage's %d "
-                                          "chunks, got %lld",
-                                          z->chunks, (long long)block);
+        return z->chunks == 1
+                   ? tpk__fail(ctx, TPK_ERR_ARG, fn, "block: expected -1 or %lld..%lld, got %lld",
+                               (long long)z->lo, (long long)(z->lo + z->nu - 2), (long long)block)
+                   : tpk__fail(ctx, TPK_ERR_ARG, fn,
+                               "block: expected -1 or a block of this stage's %d chunks, got %lld",
+                               z->chunks, (long long)block);
     if (z->opt && z->opt->step != z->opt_step) { /* the shard changed: nothing gathered is valid */
         TPK_TRY(tpk__z3_release_all(ctx, z));
         z->opt_step = z->opt->step;
@@ -251,7 +267,8 @@ static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero
     for (int c = 0; c < V; c++) L += chunks[c]->hi - chunks[c]->lo;
     tpk_comm *dg = tpk__dp_group(ctx);
     z->d = *d, z->opt = opt, z->numel = opt->numel, z->s0 = opt->s0, z->sn = opt->sn;
-    z->nu = (int)L + 1, z->chunks = V, z->lo = chunks[0]->lo, z->opt_step = opt->step, z->rest_uses = 1;
+    z->nu = (int)L + 1, z->chunks = V, z->lo = chunks[0]->lo, z->opt_step = opt->step;
+    z->rest_uses = 1;
     z->slot_owner[0] = z->slot_owner[1] = -1;
     z->at = (float **)tpk__malloc(ctx, sizeof(float *) * (size_t)(n ? n : 1));
     z->u = (tpk__z3_unit *)tpk__malloc(ctx, sizeof(tpk__z3_unit) * (size_t)z->nu);
@@ -369,8 +386,7 @@ static inline tpk_status tpk_zero3_init_pipe(tpk_ctx *ctx, tpk_zero3 *z, tpk_pip
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "pm: expected a built pipeline stage");
     tpk_lm *chunks[64];
     if (pm->V > 64)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "pm: %d chunks a stage, expected at most 64",
-                         pm->V);
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "pm: %d chunks a stage, expected at most 64", pm->V);
     for (int c = 0; c < pm->V; c++) chunks[c] = tpk_model_lm(&pm->copy[c * pm->K]);
     TPK_TRY(tpk__zero3_setup(ctx, fn, z, chunks, pm->V, opt, &d));
     z->piped = true, z->rest_uses = pm->V * pm->M;
