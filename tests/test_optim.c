@@ -32,9 +32,9 @@
  *     next block's gather in flight (the flight recorder) when each block's forward and backward
  *     begin; bad input refused;
  *   ZeRO-3 with pipeline stages (tpk_zero3_init_pipe) at PP 2 x DP 2 (4 ranks): GPT-2, 1F1B over 3
- *     micro-batches (no recompute, full recompute, blocks kept), 3 steps against ZeRO-0 at the same
- *     stages: losses, norms, weights; each step's all-gathers the schedule's (2 M L_s + the rest's
- *     runs);
+ *     micro-batches (no recompute, full recompute, blocks kept) and interleaved (2 chunks a stage,
+ *     4 micro-batches), 3 steps against ZeRO-0 at the same stages: losses, norms, weights; each
+ *     step's all-gathers the schedule's (2 M L_s + the rest's runs);
  *   bad input. Random inputs; results are checked on every element. */
 #include "test.h"
 
@@ -285,17 +285,19 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
     }
 }
 
-/* ZeRO-3 with pipeline stages (tpk_zero3_init_pipe) at PP 2 x DP 2: a GPT-2 of 4 blocks over 1F1B
- * (Z3P_M micro-batches, each DP rank its own tokens), 3 steps of tpk_model_train_step against the
- * same stages at ZeRO-0 — the losses and norms within 1e-6, every weight after them — and the
- * all-gathers of each step on the DP group: the rest of the stage once (its runs of ids outside the
- * blocks), each block in each micro-batch's forward and backward. */
-enum { Z3P_M = 3, Z3P_L = 4 };
-static void test_zero3_pipe(tpk_recompute rc, bool keep) {
-    TEST_CASE("ZeRO-3 at PP 2 x DP 2, GPT-2, 1F1B over %d micro-batches, recompute %d%s: 3 steps "
-              "equal ZeRO-0 with the same stages (losses, norms, weights); the all-gathers of a "
-              "step",
-              Z3P_M, (int)rc, keep ? ", blocks kept for the backward" : "") {
+/* ZeRO-3 with pipeline stages (tpk_zero3_init_pipe) at PP 2 x DP 2: a GPT-2 of 4 blocks a chunk
+ * over 1F1B or the interleaved schedule (V chunks a stage, M micro-batches, each DP rank its own
+ * tokens), 3 steps of tpk_model_train_step against the same stages at ZeRO-0 — the losses and norms
+ * within 1e-6, every weight after them (within 1e-5) — and the all-gathers of each step on the DP group: the rest
+ * of the stage once (its runs of ids outside every chunk's blocks), each block in each
+ * micro-batch's forward and backward. */
+enum { Z3P_MAXM = 4 };
+static void test_zero3_pipe(tpk_pipe_kind kind, int V, int M, tpk_recompute rc, bool keep) {
+    TEST_CASE("ZeRO-3 at PP 2 x DP 2, GPT-2, %s (%d chunks a stage) over %d micro-batches, "
+              "recompute %d%s: 3 steps equal ZeRO-0 with the same stages (losses, norms, "
+              "weights); the all-gathers of a step",
+              kind == TPK_PIPE_INTERLEAVED ? "interleaved" : "1F1B", V, M, (int)rc,
+              keep ? ", blocks kept for the backward" : "") {
         tpk_ctx c[2];
         tpk_pipe_model pm[2];
         tpk_adamw o[2];
@@ -307,15 +309,15 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
         mc.arch = TPK_ARCH_GPT2;
         mc.gpt2 = (tpk_gpt2_config){.vocab = Z3_V,
                                     .positions = 8,
-                                    .layers = Z3P_L,
+                                    .layers = 4 * V,
                                     .hidden = 16,
                                     .heads = 4,
                                     .recompute = rc};
         for (int k = 0; k < 2; k++) {
             tpk_ctx_desc cd = {.world = &world, .tp = 1, .pp = 2, .seed = 11};
             CHECK_OK(&c[k], tpk_ctx_init(&c[k], &cd));
-            CHECK_OK(&c[k], tpk_pipe_model_init(&c[k], &pm[k], &mc, TPK_PIPE_1F1B, Z3P_M, 1, NULL,
-                                                NULL, 0, 0));
+            CHECK_OK(&c[k],
+                     tpk_pipe_model_init(&c[k], &pm[k], &mc, kind, M, V, NULL, NULL, 0, 0));
             CHECK_OK(&c[k], tpk_adamw_init(
                                 &c[k], &o[k],
                                 &(tpk_adamw_desc){.weight_decay = 0.1f, .zero_stage = k ? 3 : 0}));
@@ -327,29 +329,31 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
                     TPK_ERR_ARG, "tpk_zero3_init_pipe for the stage");
         CHECK_OK(x, tpk_zero3_init_pipe(x, &z, &pm[1], &o[1],
                                         &(tpk_zero3_desc){.keep_for_backward = keep}));
-        const tpk_lm *lm = tpk_model_lm(&pm[1].copy[0]);
-        int64_t L = lm->hi - lm->lo;
+        int64_t L = 0; /* the stage's blocks, over its chunks */
         size_t blocks = 0, rest = 0;
-        int runs = 0, p0 = lm->blocks[lm->lo].p0, p1 = lm->blocks[lm->hi - 1].p1;
-        for (int64_t i = lm->lo; i < lm->hi; i++) {
-            const tpk_param *a = &x->params.list[lm->blocks[i].p0],
-                            *e = &x->params.list[lm->blocks[i].p1];
-            blocks += e->offset + e->numel - a->offset;
+        int runs = 0;
+        bool *in = calloc((size_t)x->params.n, sizeof(bool)); /* a block's parameter */
+        for (int ch = 0; ch < V; ch++) {
+            const tpk_lm *lm = tpk_model_lm(&pm[1].copy[ch * pm[1].K]);
+            for (int64_t i = lm->lo; i < lm->hi; i++, L++) {
+                const tpk_param *a = &x->params.list[lm->blocks[i].p0],
+                                *e = &x->params.list[lm->blocks[i].p1];
+                blocks += e->offset + e->numel - a->offset;
+                for (int q = lm->blocks[i].p0; q <= lm->blocks[i].p1; q++) in[q] = true;
+            }
         }
         for (int i = 0; i < x->params.n; i++) /* the rest: the runs of ids outside the blocks */
-            if (i < p0 || i > p1) {
-                runs += i == 0 || i == p1 + 1;
-                rest += x->params.list[i].numel;
-            }
+            if (!in[i]) runs += i == 0 || in[i - 1], rest += x->params.list[i].numel;
+        free(in);
         int64_t T = Z3_B * Z3_S;
-        int32_t ids[Z3P_M * Z3_B * Z3_S], tg[Z3P_M * Z3_B * Z3_S];
+        int32_t ids[Z3P_MAXM * Z3_B * Z3_S], tg[Z3P_MAXM * Z3_B * Z3_S];
         for (int step = 0; step < 3; step++) {
             double loss[2], norm[2];
             uint64_t calls = 0, elems = 0;
             for (int k = 0; k < 2; k++) {
                 tpk_ctx *y = &c[k];
                 int dr = tpk__dp_group(y)->rank;
-                for (int64_t t = 0; t < Z3P_M * T; t++) /* each DP rank its own tokens */
+                for (int64_t t = 0; t < M * T; t++) /* each DP rank its own tokens */
                     ids[t] = (int32_t)(Z3_V * tpk_rng_uniform(70 + (uint64_t)step, (uint64_t)dr,
                                                               (uint64_t)t)) %
                              Z3_V,
@@ -358,7 +362,7 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
                             Z3_V;
                 tpk_comm_stats_reset(tpk__dp_group(y));
                 CHECK_OK(y, tpk_model_train_step(y, NULL, &pm[k], &o[k], &b[k], ids, tg, Z3_B, Z3_S,
-                                                 Z3P_M, 1.0f / Z3P_M / 2, (uint64_t)step, 1e-2f,
+                                                 M, 1.0f / (float)M / 2, (uint64_t)step, 1e-2f,
                                                  100.0f, &norm[k])); /* (no clipping) */
                 calls = tpk__dp_group(y)->stats.calls[TPK_COLL_ALLGATHER];
                 elems = tpk__dp_group(y)->stats.elems[TPK_COLL_ALLGATHER];
@@ -371,8 +375,8 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
             /* the rest once a step; without keep each block in every micro-batch's forward and
              * backward; with keep a block stays from a forward to the next backward that ends */
             if (!keep) {
-                uint64_t wc = (uint64_t)runs + 2 * Z3P_M * (uint64_t)L;
-                uint64_t we = rest + 2 * Z3P_M * blocks;
+                uint64_t wc = (uint64_t)runs + 2 * (uint64_t)M * (uint64_t)L;
+                uint64_t we = rest + 2 * (size_t)M * blocks;
                 CHECK(calls == wc && elems == we,
                       "stage %d, step %d: %llu all-gathers of %llu elements, expected %llu of %llu",
                       x->pp.rank, step + 1, (unsigned long long)calls, (unsigned long long)elems,
@@ -385,14 +389,16 @@ static void test_zero3_pipe(tpk_recompute rc, bool keep) {
             float *a = malloc(gn * 4), *w = malloc(gn * 4);
             CHECK_OK(&c[0], tpk_param_get_global(&c[0], i, false, a));
             CHECK_OK(x, tpk_param_get_global(x, i, false, w));
-            /* the key bias's gradient is zero but for rounding, which AdamW scales to steps of
-             * lr: the reduction's order (ZeRO-2's at the same stages alike) moves it by 1e-5 */
+            /* the tied embedding's two copies are summed after their DP reduction at ZeRO-0 and
+             * before it at ZeRO-2 and 3, so from step 2 on the weights differ by ulps, which AdamW
+             * scales up where the gradient is tiny (ZeRO-2 at the same stages: 1.4e-6), most on
+             * the key bias, whose gradient is zero but for rounding (7e-5) */
             const char *nm = x->params.list[i].name;
-            CHECK_CLOSE(w, a, gn, strstr(nm, "c_attn.bias") ? 1e-4 : 1e-6, nm);
+            CHECK_CLOSE(w, a, gn, strstr(nm, "c_attn.bias") ? 1e-4 : 1e-5, nm);
             free(a), free(w);
         }
         CHECK_OK(x, tpk_zero3_shard(x, &z));
-        CHECK_FAILS(x, tpk_zero3_hook(x, x->pp.rank ? 0 : Z3P_L - 1, TPK_LM_FWD_BEGIN, &z),
+        CHECK_FAILS(x, tpk_zero3_hook(x, x->pp.rank ? 0 : 4 * V - 1, TPK_LM_FWD_BEGIN, &z),
                     TPK_ERR_ARG, "block: expected -1 or");
         tpk_zero3_destroy(x, &z);
         for (int k = 0; k < 2; k++) {
@@ -1118,9 +1124,10 @@ int main(int argc, char **argv) {
         test_zero3(true, TPK_RECOMPUTE_FULL, true, TPK_BF16);
     }
     if (np == 4) { /* PP 2 x DP 2 */
-        test_zero3_pipe(TPK_RECOMPUTE_NONE, false);
-        test_zero3_pipe(TPK_RECOMPUTE_FULL, false);
-        test_zero3_pipe(TPK_RECOMPUTE_NONE, true);
+        test_zero3_pipe(TPK_PIPE_1F1B, 1, 3, TPK_RECOMPUTE_NONE, false);
+        test_zero3_pipe(TPK_PIPE_1F1B, 1, 3, TPK_RECOMPUTE_FULL, false);
+        test_zero3_pipe(TPK_PIPE_1F1B, 1, 3, TPK_RECOMPUTE_NONE, true);
+        test_zero3_pipe(TPK_PIPE_INTERLEAVED, 2, 4, TPK_RECOMPUTE_NONE, false);
     }
     tpk_comm_destroy(&world);
     return test_finish();
