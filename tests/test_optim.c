@@ -288,9 +288,9 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt) {
 /* ZeRO-3 with pipeline stages (tpk_zero3_init_pipe) at PP 2 x DP 2: a GPT-2 of 4 blocks a chunk
  * over 1F1B or the interleaved schedule (V chunks a stage, M micro-batches, each DP rank its own
  * tokens), 3 steps of tpk_model_train_step against the same stages at ZeRO-0 — the losses and norms
- * within 1e-6, every weight after them (within 1e-5) — and the all-gathers of each step on the DP group: the rest
- * of the stage once (its runs of ids outside every chunk's blocks), each block in each
- * micro-batch's forward and backward. */
+ * within 1e-6, every weight after them (within 1e-5) — and the all-gathers of each step on the DP
+ * group: the rest of the stage once (its runs of ids outside every chunk's blocks), each block in
+ * each micro-batch's forward and backward. */
 enum { Z3P_MAXM = 4 };
 static void test_zero3_pipe(tpk_pipe_kind kind, int V, int M, tpk_recompute rc, bool keep) {
     TEST_CASE("ZeRO-3 at PP 2 x DP 2, GPT-2, %s (%d chunks a stage) over %d micro-batches, "
@@ -316,8 +316,7 @@ static void test_zero3_pipe(tpk_pipe_kind kind, int V, int M, tpk_recompute rc, 
         for (int k = 0; k < 2; k++) {
             tpk_ctx_desc cd = {.world = &world, .tp = 1, .pp = 2, .seed = 11};
             CHECK_OK(&c[k], tpk_ctx_init(&c[k], &cd));
-            CHECK_OK(&c[k],
-                     tpk_pipe_model_init(&c[k], &pm[k], &mc, kind, M, V, NULL, NULL, 0, 0));
+            CHECK_OK(&c[k], tpk_pipe_model_init(&c[k], &pm[k], &mc, kind, M, V, NULL, NULL, 0, 0));
             CHECK_OK(&c[k], tpk_adamw_init(
                                 &c[k], &o[k],
                                 &(tpk_adamw_desc){.weight_decay = 0.1f, .zero_stage = k ? 3 : 0}));
