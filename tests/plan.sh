@@ -23,9 +23,9 @@
 #   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 (make test), at
 #   TP 2 x EP 2 and EP 2 with full recompute, --json's ep, EP rejections, the trainer's --ep 2
 #   --plan (make test-long).
-# make test (TPK_TESTS=quick) plans 8 of the configurations (one per feature: TP with SP and
-# selective recompute, ZeRO-1, PP, TP x DP, GQA, TP x PP, ZeRO-3 at PP x DP), reads a handwritten profile file and
-# runs the rest; make test-long the other 9 (ZeRO-2 among them) and --calibrate (a minute of
+# make test (TPK_TESTS=quick) plans 9 of the 20 configurations (one per feature: one rank, TP with
+# SP and selective recompute, ZeRO-1, ZeRO-3, PP, TP x DP, GQA, TP x PP, ZeRO-3 at PP x DP), reads a
+# handwritten profile file and runs the rest; make test-long the other 11 (ZeRO-2 among them) and --calibrate (a minute of
 # measurements).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
