@@ -191,8 +191,10 @@ int main(int argc, char **argv) {
     tpk_trainable_set_dp(&t, &dp_b, o.zero != 1 && !adasum); /* the buckets under the backward */
     if (adasum && !ok(tpk_dp_adasum_init(&ctx, &dp_b))) goto out; /* after the backward */
     if (o.zero >= 2 && !ok(tpk_dp_shard_grads(&ctx, &dp_b, &opt))) goto out; /* reduce-scatters */
-    if (o.zero == 3 && !ok(tpk_zero3_init(&ctx, &z3, tpk_model_lm(&t.m), &opt,
-                                          &(tpk_zero3_desc){.no_prefetch = o.zero3_no_prefetch})))
+    /* --zero 3: with stages each stage shards its own weights */
+    tpk_zero3_desc z3d = {.no_prefetch = o.zero3_no_prefetch};
+    if (o.zero == 3 && !ok(t.piped ? tpk_zero3_init_pipe(&ctx, &z3, &t.pm, &opt, &z3d)
+                                   : tpk_zero3_init(&ctx, &z3, tpk_model_lm(&t.m), &opt, &z3d)))
         goto out;
     double t0 = now(), t_int = t0, int_s = 0, /* the reporting interval: its start, its time */
         flops = gpu ? tpk_run_flops_per_token(&t, (double)nglobal, S) : 0;

@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/plan.sh — the configuration planner (build/plan, tpk/plan) against real runs, on the host:
-#   memory: for 20 configurations (GPT-2, Llama, NeoX; TP, DP, PP, gradient accumulation, every
-#   recompute mode, ZeRO-1, 2 and 3, HSDP, sequence parallelism; 1, 2 and 4 ranks) the planned peak per rank
+#   memory: for 21 configurations (GPT-2, Llama, NeoX; TP, DP, PP, gradient accumulation, every
+#   recompute mode, ZeRO-1, 2 and 3, HSDP, sequence parallelism; 1, 2 and 4 ranks) the planned
+#   peak per rank
 #   (--json peak_bytes, the largest over stages) is within 2% of the trainer's measured peak of a
 #   real 2-step run (its "peak memory" line; with stages, the largest stage's), and the line's
 #   weights, gradients and optimizer (with stages the largest stage's line) each the plan's part
@@ -10,7 +11,7 @@
 #   rows' reasons (a TP group past a node, a batch that does not divide, 3 heads over TP 2 planned
 #   as the uneven split it is), ZeRO 0 to 3 planned at DP > 1 (the moments 1/DP from stage 1
 #   on; ZeRO-2's gradients: the whole buffer the backward fills and its slice; ZeRO-3's weights:
-#   the shard and the gathered buffers, never with stages); the trainer's
+#   the shard and the gathered buffers, each stage its own with stages); the trainer's
 #   --plan trains with the configuration it prints;
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
@@ -24,10 +25,10 @@
 #   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 (make test), at
 #   TP 2 x EP 2 and EP 2 with full recompute, --json's ep, EP rejections, the trainer's --ep 2
 #   --plan (make test-long).
-# make test (TPK_TESTS=quick) plans 10 of the 20 configurations (one per feature: each ZeRO stage —
-# 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, PP x DP with ZeRO-1,
-# TP x DP, GQA, TP x PP), reads a handwritten profile file and runs the rest; make test-long the
-# other 10 (HSDP among them) and --calibrate (a minute of measurements).
+# make test (TPK_TESTS=quick) plans 10 of the 21 configurations (one per feature: each ZeRO stage —
+# 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, ZeRO-3 at PP x DP, TP x
+# DP, GQA, TP x PP), reads a handwritten profile file and runs the rest; make test-long the other
+# 11 (HSDP among them) and --calibrate (a minute of measurements).
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
 setup plan
@@ -71,8 +72,9 @@ long_set && mem neox_dp2_zero3_sel 2 "--arch neox $M --batch 4 --zero 3 --recomp
 long_set && mem gpt2_dp4_zero3_hsdp 4 "$M --batch 2 --zero 3 --zero-shard-size 2" "$M --tp 1 --pp 1 --batch 8 --micro-batch 2 --recompute none --zero 3 --zero-shard-size 2"
 quick_set && mem gpt2_pp2 2 "$M --pp 2 --batch 4 --grad-accum 4" "$M --tp 1 --pp 2 --batch 16 --micro-batch 4 --recompute none"
 quick_set && mem gpt2_tp2_dp2_zero_sp 4 "$M --tp 2 --batch 2 --zero 1 --sequence-parallel --recompute full" "$M --tp 2 --pp 1 --batch 4 --micro-batch 2 --recompute full --zero 1 --sequence-parallel 1"
-quick_set && mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
+long_set && mem gpt2_pp2_dp2_zero 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 1" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 1"
 quick_set && mem gpt2_dp2_zero2 2 "$M --batch 4 --zero 2 --grad-accum 2" "$M --tp 1 --pp 1 --batch 16 --micro-batch 4 --recompute none --zero 2"
+quick_set && mem gpt2_pp2_dp2_zero3 4 "$M --pp 2 --batch 2 --grad-accum 4 --zero 3" "$M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute none --zero 3"
 long_set && mem llama_pp2_dp2_zero2_sel 4 "--arch llama $M --pp 2 --batch 2 --grad-accum 4 --zero 2 --recompute selective" "--arch llama $M --tp 1 --pp 2 --batch 16 --micro-batch 2 --recompute selective --zero 2"
 long_set && mem llama_1 1 "--arch llama $M --batch 4 --recompute selective" "--arch llama $M --batch 4 --micro-batch 4 --recompute selective"
 quick_set && mem llama_tp2_gqa 2 "--arch llama $M --tp 2 --batch 4 --kv-heads 2" "--arch llama --kv-heads 2 $M --tp 2 --batch 4 --micro-batch 4 --recompute none --sequence-parallel 0"
@@ -221,7 +223,7 @@ for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shar
                                  q["grads_bytes"] == r["grads_bytes"] and
                                  q["weights_bytes"] != r["weights_bytes"] for q in two), (r, two)
 assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2, 3}, "ZeRO 0 to 3 at DP > 1"
-assert not any(r["zero"] == 3 and r["pp"] > 1 for r in rows), "ZeRO-3 without stages"
+assert any(r["zero"] == 3 and r["pp"] > 1 and r["dp"] > 1 for r in fit), "ZeRO-3 with stages"
 assert {r["zero"] for r in rows if r["dp"] * r["cp"] == 1} <= {0}, "ZeRO at DP 1"
 # HSDP: ZeRO 1-3 also in shards of the DP ranks of a node (8 of 16 at TP 1), the moments 1/8
 hs = [r for r in fit if r["zero_shard_size"]]

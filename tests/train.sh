@@ -163,8 +163,9 @@ if long_set; then
 fi
 
 # ---- ZeRO-3: the weights sharded too, gathered block by block: --zero 0's losses and norms ------------
-# (make test: DP 2; make test-long: DP 3 with accumulation and full recompute, TP 2 x DP 2, Llama, saved
-# at --zero 3 and resumed at --zero 1)
+# (make test: DP 2, PP 2 x DP 2 under 1F1B; make test-long: DP 3 with accumulation and full
+# recompute, TP 2 x DP 2, Llama, PP 2 x DP 2 interleaved, saved at --zero 3 (also at PP 2) and
+# resumed at --zero 1)
 # z3 NAME NP "ARGS": --zero 3 against --zero 0, 6 steps, losses and norms within 1e-6
 z3() {
     tr "$2" --text "$text" $3 --steps 6 --csv "$T/z3ref.csv"
@@ -175,10 +176,19 @@ z3() {
     if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v n="$rn" 'BEGIN{exit !(r < 1e-6 && n < 1e-6)}'; then ok "--zero 3 at $1: 6 steps' losses and gradient norms equal --zero 0 (max relative differences $r, $rn)"
     else fail "--zero 3 at $1 equals --zero 0 (max relative differences $r, $rn)"; fi
 }
+z3pl="--layers 4 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
 if quick_set; then
     z3 "DP 2" 2 "$small"
+    z3 "PP 2 x DP 2 (each stage its own slices), 1F1B, 2 micro-batches" 4 "$z3pl --pp 2 --grad-accum 2"
 fi
 if long_set; then
+    z3 "PP 2 x DP 2 interleaved (2 chunks a stage), 4 micro-batches, full recompute, evaluations between" 4 "$z3pl --pp 2 --schedule interleaved --grad-accum 4 --recompute full --eval-every 3 --eval-batches 2"
+    tr 4 --text "$text" $z3pl --grad-accum 2 --steps 10 --pp 2 --zero 3 --save "$T/z3p" --save-every 5 --csv "$T/z3p.csv"
+    rc1=$rc
+    tr 2 --text "$text" $z3pl --grad-accum 2 --steps 10 --zero 1 --load "$T/z3p/step-5" --csv "$T/z3pr.csv"
+    r=$(relmax "$(losses "$T/z3p.csv" 6 10)" "$(losses "$T/z3pr.csv" 6 10)")
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 3 saved at PP 2 x DP 2 (each stage gathered), resumed at --zero 1 without stages: steps 6-10 equal (max relative difference $r)"
+    else fail "--zero 3 saved at PP 2 x DP 2, resumed at --zero 1 without stages (max relative difference $r)"; fi
     z3 "DP 3 (uneven slices), 2 micro-batches, full recompute" 3 "$small --grad-accum 2 --recompute full"
     z3 "DP 2 x TP 2" 4 "$small --tp 2"
     z3 "DP 2, bf16 (each block's copy cast when gathered)" 2 "$small --dtype bf16"
@@ -945,7 +955,6 @@ if long_set; then
     bad "an unknown schedule" "expected gpipe, 1f1b or interleaved" --text "$text" $small --pp 2 --schedule zigzag
     bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
     bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
-    bad "--zero 3 with pipeline stages" "--zero 3: not yet with pipeline stages (--pp 2)" --text "$text" $small --pp 2 --zero 3
     bad "--zero3-no-prefetch without --zero 3" "--zero3-no-prefetch: expected --zero 3, got --zero 1" --text "$text" $small --zero 1 --zero3-no-prefetch
     bad "--zero 2 with one DP rank" "--zero 2: shards the optimizer and the gradients over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 2
     bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2

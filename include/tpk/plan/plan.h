@@ -83,7 +83,7 @@ typedef struct tpk_plan_cfg {
     int tp, pp, dp, micro_batch, accum; /* accum: micro-batches a step per DP rank */
     tpk_recompute recompute;
     int zero; /* the ZeRO stage: 0, 1 (the optimizer sharded over DP), 2 (the gradients too), 3
-               * (the weights too, between uses: tpk/train/zero3.h; no pipeline stages) */
+               * (the weights too, between uses: tpk/train/zero3.h; each stage its own) */
     bool sp;
     bool fits;
     double peak_bytes; /* per rank, the largest over stages (tpk_mem_peak) */
@@ -257,7 +257,9 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
     ad.zero = p->zero > 0, ad.zero_stage = p->zero;
     if (s == TPK_OK) s = tpk_adamw_init(&ctx, &opt, &ad);
     if (s == TPK_OK && p->zero >= 2) s = tpk_dp_shard_grads(&ctx, &b, &opt);
-    if (s == TPK_OK && p->zero == 3) s = tpk_zero3_init(&ctx, &z3, tpk_model_lm(&m), &opt, NULL);
+    if (s == TPK_OK && p->zero == 3) /* the trainer's: each stage its own */
+        s = piped ? tpk_zero3_init_pipe(&ctx, &z3, &pm, &opt, NULL)
+                  : tpk_zero3_init(&ctx, &z3, tpk_model_lm(&m), &opt, NULL);
     if (s == TPK_OK) {
         if (piped)
             tpk_pipe_model_set_dp(&pm, p->zero == 1 ? NULL : &b), pm.exec.clock = tpk__count_clock,
@@ -498,9 +500,8 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
         if (Bd % mb || (d->micro_batch > 0 && mb != d->micro_batch)) continue;
         for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
             if (d->recompute >= 0 && rc != d->recompute) continue;
-            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); ZeRO-3 without stages;
-             * Mixtral: no SP */
-            for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? (pp == 1 ? 3 : 2) : 0); z++) {
+            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); Mixtral: no SP */
+            for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? 3 : 0); z++) {
                 if (d->zero >= 0 && z != d->zero) continue;
                 /* HSDP's shard sizes: none, and a node's DP x CP ranks (or the one asked) */
                 int g = dp * cp, node = d->gpus_per_node % tp ? 0 : d->gpus_per_node / tp;

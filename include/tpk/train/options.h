@@ -353,12 +353,6 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
         return snprintf(err, n, "--zero3-no-prefetch: expected --zero 3, got --zero %lld",
                         (long long)o->zero),
                false;
-    if (o->zero == 3 && o->piped)
-        return snprintf(err, n,
-                        "--zero 3: not yet with pipeline stages (--pp %lld): use --zero 2, or "
-                        "--zero 3 without --pp",
-                        (long long)o->pp),
-               false;
     if (world && o->zero && !o->plan && world / (o->tp * o->pp) == 1)
         return snprintf(err, n,
                         "--zero %lld: shards the %s over data parallelism, but there is 1 DP "

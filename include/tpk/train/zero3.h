@@ -2,13 +2,16 @@
  * (tpk__dp_group: DP x CP) keeps only its slice S_r = tpk_split(numel, D, r) of the flat f32
  * parameter buffer between uses — ZeRO-1's slice, so the optimizer's moments, its reduced
  * gradient slice (ZeRO-2's buckets) and the weights line up — and the flat buffer itself is freed.
+ * Under pipeline stages (tpk_zero3_init_pipe) the flat buffer is the stage's: each stage shards
+ * its own over its DP group, as ZeRO-2 slices it.
  *
  * The model's weights are cut into units: each block of the stack (its parameter ids p0..p1,
- * contiguous in the flat buffer) and one unit for the rest (the embedding, the final norm, the
- * head: at most two runs of ids, before and after the blocks). A unit [a, b) of the flat buffer
- * is rebuilt by one all-gather per run over the DP group, rank q sending |[a, b) n S_q| elements
- * of its shard (in rank order they tile the run), into a gathered buffer; ctx->params.at points
- * each parameter into it, so the layers read tpk_param_data as ever.
+ * contiguous in the flat buffer; under stages every chunk's blocks) and one unit for the rest (the
+ * embedding, the final norm, the head, a stage's tied head copy: whichever this rank holds, the
+ * runs of ids outside the blocks — at most two; none on a middle stage). A unit [a, b) of the
+ * flat buffer is rebuilt by one all-gather per run over the DP group, rank q sending
+ * |[a, b) n S_q| elements of its shard (in rank order they tile the run), into a gathered buffer;
+ * ctx->params.at points each parameter into it, so the layers read tpk_param_data as ever.
  *
  * The schedule (the model's block_hook, tpk/models/lm.h):
  *   forward   unit -1 gathered first (kept through the backward: the head runs last in the forward
@@ -33,12 +36,30 @@
  * next forward uses it.
  * A bf16 context: each unit's buffer holds its f32 weights and their bf16 copy (one cast when the
  * gather is waited for; ctx->params.at16 points the layers into it), the whole copy data16 freed.
- * Not yet: pipeline stages, experts at EP > 1 (refused by name), HSDP. */
+ *
+ * Under pipeline stages (any schedule: 1F1B runs later micro-batches' forwards before a backward,
+ * interleaved chunks share the stage's units) each of the V K copies of the stage's parts calls
+ * the one hook, and the schedule is the same but for two rules that keep nothing across passes:
+ * every block is released after its forward (the last too: the next pass on the stage may be
+ * another micro-batch's forward), and the rest is gathered at the step's first forward and released
+ * after the stage's V M backwards (one per chunk and micro-batch; an evaluation's forwards leave it
+ * gathered until the step's backwards or an optimizer step). A block is read only between its
+ * BEGIN and END, and within one pass at most it and its prefetched neighbour (the other buffer) are
+ * held, so no micro-batch sees another block's or a released buffer. With one chunk the rest's
+ * hooks prefetch the first block (forward) and the last (backward). Communication per step on a
+ * stage of L_s blocks: the rest's runs once and each block twice per micro-batch (2 M L_s + runs
+ * all-gathers, 2 M times the stage's block elements plus the rest's); memory: the rest whole
+ * through the step beside the two block buffers. keep_for_backward keeps a block from a forward to
+ * the next backward of it that ends (a later micro-batch's backward gathers it again).
+ * Not yet: experts at EP > 1 (refused by name), HSDP. */
 #ifndef TPK_ZERO3_H
 #define TPK_ZERO3_H
 
 #include "../models/lm.h"
+#include "pipe_model.h"
 #include "train.h"
+
+#define TPK__Z3_RUNS 4 /* the most runs of ids a unit holds (the rest: at most two in practice) */
 
 typedef struct tpk_zero3_desc {
     bool keep_for_backward; /* each block kept gathered from its forward to its backward */
@@ -47,16 +68,18 @@ typedef struct tpk_zero3_desc {
                                exposed; make bench-zero's reference) */
 } tpk_zero3_desc;
 
-/* One unit: up to two runs of parameter ids, gathered together. */
+/* One unit: up to TPK__Z3_RUNS runs of parameter ids, gathered together. */
 typedef struct tpk__z3_unit {
-    int first[2], last[2], nruns;
-    size_t a[2], b[2]; /* the runs' elements [a, b) of the flat buffer */
-    size_t elems;      /* their sum */
-    int state;         /* 0 released, 1 gather in flight, 2 gathered */
-    int slot;          /* the shared buffer it uses (0, 1), or -1: its own */
+    int first[TPK__Z3_RUNS], last[TPK__Z3_RUNS], nruns;
+    size_t a[TPK__Z3_RUNS], b[TPK__Z3_RUNS]; /* the runs' elements [a, b) of the flat buffer */
+    size_t elems;                            /* their sum */
+    int state;                               /* 0 released, 1 gather in flight, 2 gathered */
+    int slot;                                /* the shared buffer it uses (0, 1), or -1: its own */
     tpk_buf own;
     float *buf; /* its gathered f32 weights (runs in order), then a bf16 context's copy */
-    tpk_request req[2];
+    tpk_request req[TPK__Z3_RUNS];
+    int64_t block;  /* the block it holds (-1: the rest) */
+    int prev, next; /* the units of the blocks before and after it in its chunk (-1: none) */
 } tpk__z3_unit;
 
 typedef struct tpk_zero3 {
@@ -66,9 +89,11 @@ typedef struct tpk_zero3 {
     float *shard;         /* f32 [sn] backend memory: this rank's master weights */
     float **at;           /* [n params] the pointers ctx->params.at holds */
     void **at16;          /* [n params] a bf16 context's: ctx->params.at16 (NULL in f32) */
-    tpk__z3_unit *u;      /* [nu]: u[0] the rest, u[1 + k] block lo + k */
-    int nu;
-    int64_t lo;
+    tpk__z3_unit *u;      /* [nu]: u[0] the rest, then each chunk's blocks in order */
+    int nu, chunks;
+    int64_t lo;               /* the first chunk's first block */
+    bool piped;               /* pipeline stages: every block released after its forward */
+    int rest_uses, rest_done; /* the rest released after rest_uses backwards (1; stages: V M) */
     tpk_buf slot[2];
     int slot_owner[2];              /* the unit holding each shared buffer (-1: none) */
     size_t *counts;                 /* [D] */
@@ -163,6 +188,7 @@ static inline tpk_status tpk__z3_release_all(tpk_ctx *ctx, tpk_zero3 *z) {
         tpk_status r = tpk__z3_release(ctx, z, k);
         if (s == TPK_OK) s = r;
     }
+    z->rest_done = 0;
     return s;
 }
 
@@ -172,26 +198,40 @@ static inline tpk_status tpk_zero3_hook(tpk_ctx *ctx, int64_t block, int when, v
     tpk_zero3 *z = (tpk_zero3 *)user;
     if (!ctx) return TPK_ERR_ARG;
     if (!z || !z->u) return tpk__fail(ctx, TPK_ERR_ARG, fn, "user: expected a tpk_zero3");
-    int k = block < 0 ? 0 : (int)(block - z->lo) + 1;
-    if (k < 0 || k >= z->nu)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "block: expected -1 or %lld..%lld, got %lld",
-                         (long long)z->lo, (long long)(z->lo + z->nu - 2), (long long)block);
+    int k = 0;
+    for (int q = 1; block >= 0 && !k && q < z->nu; q++) k = z->u[q].block == block ? q : 0;
+    if (block < -1 || (block >= 0 && !k))
+        return z->chunks == 1
+                   ? tpk__fail(ctx, TPK_ERR_ARG, fn, "block: expected -1 or %lld..%lld, got %lld",
+                               (long long)z->lo, (long long)(z->lo + z->nu - 2), (long long)block)
+                   : tpk__fail(ctx, TPK_ERR_ARG, fn,
+                               "block: expected -1 or a block of this stage's %d chunks, got %lld",
+                               z->chunks, (long long)block);
     if (z->opt && z->opt->step != z->opt_step) { /* the shard changed: nothing gathered is valid */
         TPK_TRY(tpk__z3_release_all(ctx, z));
         z->opt_step = z->opt->step;
     }
-    bool last = k == z->nu - 1;
+    const tpk__z3_unit *u = &z->u[k];
+    bool one = z->chunks == 1 && z->nu > 1; /* one chunk: the rest's hooks prefetch its ends */
+    bool pf = !z->d.no_prefetch; /* (no_prefetch: each gather started at its use) */
     switch (when) {
         case TPK_LM_FWD_BEGIN:
             TPK_TRY(tpk__z3_ready(ctx, z, k));
-            if (k + 1 < z->nu && !z->d.no_prefetch) TPK_TRY(tpk__z3_start(ctx, z, k + 1));
-            return TPK_OK;
-        case TPK_LM_FWD_END:
-            return k && !last && !z->d.keep_for_backward ? tpk__z3_release(ctx, z, k) : TPK_OK;
+            if (!k) return one && pf ? tpk__z3_start(ctx, z, 1) : TPK_OK;
+            return u->next > 0 && pf ? tpk__z3_start(ctx, z, u->next) : TPK_OK; /* the prefetch */
+        case TPK_LM_FWD_END: /* without stages the chunk's last block stays for the backward */
+            return k && (z->piped || u->next > 0) && !z->d.keep_for_backward
+                       ? tpk__z3_release(ctx, z, k)
+                       : TPK_OK;
         case TPK_LM_BWD_BEGIN:
             TPK_TRY(tpk__z3_ready(ctx, z, k));
-            return k > 1 && !z->d.no_prefetch ? tpk__z3_start(ctx, z, k - 1) : TPK_OK;
-        case TPK_LM_BWD_END: return tpk__z3_release(ctx, z, k);
+            if (!k) return one && pf ? tpk__z3_start(ctx, z, z->nu - 1) : TPK_OK;
+            return u->prev > 0 && pf ? tpk__z3_start(ctx, z, u->prev) : TPK_OK;
+        case TPK_LM_BWD_END:
+            if (k) return tpk__z3_release(ctx, z, k);
+            if (++z->rest_done < z->rest_uses) return TPK_OK; /* stages: more backwards to come */
+            z->rest_done = 0;
+            return tpk__z3_release(ctx, z, 0);
         default:
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "when: expected TPK_LM_FWD_BEGIN..BWD_END, got %d", when);
@@ -213,17 +253,11 @@ static inline void tpk_zero3_destroy(tpk_ctx *ctx, tpk_zero3 *z) {
     memset(z, 0, sizeof *z);
 }
 
-/* ZeRO-3 for model m (built whole: no pipeline stage) over its context's DP group: opt made with
- * tpk_adamw_desc.zero_stage = 3 for the parameters as registered (its gradient slice linked to
- * the buckets by tpk_dp_shard_grads as under ZeRO-2). This rank's slice of the weights (as they
- * are now: initialised or loaded) is copied into the shard, the flat parameter buffer freed,
- * opt's weights linked to the shard and m's block_hook set. Not collective. */
-static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, tpk_adamw *opt,
-                                        const tpk_zero3_desc *desc) {
-    static const char *fn = "tpk_zero3_init";
-    tpk_zero3_desc d;
-    TPK__INIT_LAYER(ctx, fn, z, d, desc);
-    if (!m || !m->blocks) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected a built model");
+/* The units of chunks[0 .. V) (a stage's parts over the same parameters, or the whole model)
+ * and the shard; m's hooks are the callers'. */
+static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero3 *z,
+                                          tpk_lm *const *chunks, int V, tpk_adamw *opt,
+                                          const tpk_zero3_desc *d) {
     if (!opt || !opt->m || opt->stage != 3)
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "opt: expected an optimizer made with zero_stage 3 (ZeRO-3), got %s",
@@ -232,57 +266,74 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "opt: made for %zu parameter elements, the context holds %zu whole",
                          opt->numel, ctx->params.data.p ? ctx->params.numel : (size_t)0);
-    if (ctx->pp.size > 1 || !m->has_embed || !m->has_head)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "model: ZeRO-3 not yet with pipeline stages (PP %d): expected the whole "
-                         "model",
-                         ctx->pp.size);
     TPK_TRY(tpk__dp_experts_check(ctx, fn, "ZeRO-3's slices"));
     int n = ctx->params.n;
-    int64_t L = m->hi - m->lo;
+    int64_t L = 0;
+    for (int c = 0; c < V; c++) L += chunks[c]->hi - chunks[c]->lo;
     tpk_comm *dg = tpk__zero_group(ctx);
-    z->d = d, z->opt = opt, z->numel = opt->numel, z->s0 = opt->s0, z->sn = opt->sn;
-    z->lo = m->lo, z->nu = (int)L + 1, z->opt_step = opt->step;
+    z->d = *d, z->opt = opt, z->numel = opt->numel, z->s0 = opt->s0, z->sn = opt->sn;
+    z->nu = (int)L + 1, z->chunks = V, z->lo = chunks[0]->lo, z->opt_step = opt->step;
+    z->rest_uses = 1;
     z->slot_owner[0] = z->slot_owner[1] = -1;
     z->at = (float **)tpk__malloc(ctx, sizeof(float *) * (size_t)(n ? n : 1));
     z->u = (tpk__z3_unit *)tpk__malloc(ctx, sizeof(tpk__z3_unit) * (size_t)z->nu);
     z->counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)dg->size);
+    bool *inb = (bool *)tpk__calloc(ctx, (size_t)(n ? n : 1), sizeof(bool)); /* a block's id */
     if (ctx->dtype == TPK_BF16)
         z->at16 = (void **)tpk__malloc(ctx, sizeof(void *) * (size_t)(n ? n : 1));
-    if (!z->at || !z->u || !z->counts || (ctx->dtype == TPK_BF16 && !z->at16)) {
+    if (!z->at || !z->u || !z->counts || !inb || (ctx->dtype == TPK_BF16 && !z->at16)) {
+        tpk__free(ctx, inb);
         tpk_zero3_destroy(ctx, z);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' pointers", n);
     }
     memset(z->at, 0, sizeof(float *) * (size_t)(n ? n : 1));
     if (z->at16) memset(z->at16, 0, sizeof(void *) * (size_t)(n ? n : 1));
     memset(z->u, 0, sizeof(tpk__z3_unit) * (size_t)z->nu);
-    int p0 = n, p1 = -1, next = -1;
     size_t most = 0;
     tpk_status s = TPK_OK;
-    for (int64_t i = 0; i < L && s == TPK_OK; i++) { /* the blocks: consecutive id ranges */
-        const tpk_block *b = &m->blocks[m->lo + i];
-        if (b->p0 > b->p1 || (next >= 0 && b->p0 != next))
-            s = tpk__fail(ctx, TPK_ERR_ARG, fn,
-                          "model: block %lld's parameters (ids %d..%d) do not follow the block "
-                          "before's (expected from %d)",
-                          (long long)(m->lo + i), b->p0, b->p1, next);
-        tpk__z3_unit *u = &z->u[1 + i];
-        u->nruns = 1, u->first[0] = b->p0, u->last[0] = b->p1,
-        u->slot = d.keep_for_backward ? -1 : (int)(i % 2);
-        next = b->p1 + 1, p0 = b->p0 < p0 ? b->p0 : p0, p1 = b->p1 > p1 ? b->p1 : p1;
+    int k = 1;
+    for (int c = 0; c < V && s == TPK_OK; c++) { /* each chunk's blocks: consecutive id ranges */
+        const tpk_lm *m = chunks[c];
+        int next = -1;
+        for (int64_t i = m->lo; i < m->hi && s == TPK_OK; i++, k++) {
+            const tpk_block *b = &m->blocks[i];
+            if (b->p0 > b->p1 || b->p0 < 0 || b->p1 >= n || (next >= 0 && b->p0 != next)) {
+                s = tpk__fail(ctx, TPK_ERR_ARG, fn,
+                              "model: block %lld's parameters (ids %d..%d) do not follow the "
+                              "block before's (expected from %d)",
+                              (long long)i, b->p0, b->p1, next);
+                break;
+            }
+            tpk__z3_unit *u = &z->u[k];
+            u->nruns = 1, u->first[0] = b->p0, u->last[0] = b->p1, u->block = i;
+            u->slot = d->keep_for_backward ? -1 : (k - 1) % 2; /* neighbours: the other slot */
+            u->prev = i > m->lo ? k - 1 : -1, u->next = i + 1 < m->hi ? k + 1 : -1;
+            for (int q = b->p0; q <= b->p1; q++) inb[q] = true;
+            next = b->p1 + 1;
+        }
     }
-    tpk__z3_unit *o = &z->u[0]; /* the rest: ids before and after the blocks */
-    o->slot = -1;
-    if (p0 > 0) o->first[o->nruns] = 0, o->last[o->nruns++] = p0 - 1;
-    if (p1 < n - 1) o->first[o->nruns] = p1 + 1, o->last[o->nruns++] = n - 1;
-    for (int k = 0; k < z->nu && s == TPK_OK; k++) {
-        tpk__z3_unit *u = &z->u[k];
+    tpk__z3_unit *o = &z->u[0]; /* the rest: the runs of ids outside every block */
+    o->slot = -1, o->block = -1, o->prev = o->next = -1;
+    for (int i = 0; i < n && s == TPK_OK; i++) {
+        if (inb[i] || (i && !inb[i - 1] && o->nruns)) {
+            if (!inb[i]) o->last[o->nruns - 1] = i;
+            continue;
+        }
+        if (o->nruns == TPK__Z3_RUNS)
+            s = tpk__fail(ctx, TPK_ERR_ARG, fn,
+                          "model: the parameters outside the blocks form more than %d runs of ids",
+                          TPK__Z3_RUNS);
+        else o->first[o->nruns] = o->last[o->nruns] = i, o->nruns++;
+    }
+    tpk__free(ctx, inb);
+    for (int q = 0; q < z->nu && s == TPK_OK; q++) {
+        tpk__z3_unit *u = &z->u[q];
         for (int r = 0; r < u->nruns; r++) {
             const tpk_param *a = &ctx->params.list[u->first[r]], *b = &ctx->params.list[u->last[r]];
             u->a[r] = a->offset, u->b[r] = b->offset + b->numel; /* (the gaps within: zeros) */
             u->elems += u->b[r] - u->a[r];
         }
-        if (k) most = u->elems > most ? u->elems : most;
+        if (q) most = u->elems > most ? u->elems : most;
     }
     size_t bytes = sizeof(float) * (z->sn ? z->sn : 1);
     if (s == TPK_OK) s = tpk_op_alloc(ctx, bytes, (void **)&z->shard);
@@ -290,7 +341,7 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
     if (s == TPK_OK && z->sn)
         s = tpk_op_memcpy(ctx, z->shard, (const float *)ctx->params.data.p + z->s0, bytes,
                           ctx->ops->device ? TPK_D2D : TPK_H2H);
-    for (int q = 0; q < 2 && s == TPK_OK && !d.keep_for_backward && L > q; q++)
+    for (int q = 0; q < 2 && s == TPK_OK && !d->keep_for_backward && L > q; q++)
         s = tpk__buf_reserve(ctx, &z->slot[q], (z->at16 ? 6 : 4) * (most ? most : 1));
     if (s != TPK_OK) {
         tpk_zero3_destroy(ctx, z);
@@ -299,7 +350,55 @@ static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, t
     tpk__buf_free(ctx, &ctx->params.data);   /* the whole weights: gathered block by block now */
     tpk__buf_free(ctx, &ctx->params.data16); /* (a bf16 context's: each unit's own copy) */
     ctx->params.at = z->at, ctx->params.at16 = z->at16, opt->w = z->shard;
+    return TPK_OK;
+}
+
+/* ZeRO-3 for model m (built whole: no pipeline stage; tpk_zero3_init_pipe for a stage) over its
+ * context's DP group: opt made with tpk_adamw_desc.zero_stage = 3 for the parameters as
+ * registered (its gradient slice linked to the buckets by tpk_dp_shard_grads as under ZeRO-2).
+ * This rank's slice of the weights (as they are now: initialised or loaded) is copied into the
+ * shard, the flat parameter buffer freed, opt's weights linked to the shard and m's block_hook
+ * set. Not collective. */
+static inline tpk_status tpk_zero3_init(tpk_ctx *ctx, tpk_zero3 *z, tpk_lm *m, tpk_adamw *opt,
+                                        const tpk_zero3_desc *desc) {
+    static const char *fn = "tpk_zero3_init";
+    tpk_zero3_desc d;
+    TPK__INIT_LAYER(ctx, fn, z, d, desc);
+    if (!m || !m->blocks) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: expected a built model");
+    if (ctx->pp.size > 1 || !m->has_embed || !m->has_head)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "model: a pipeline stage's part (PP %d): expected the whole model, or "
+                         "tpk_zero3_init_pipe for the stage",
+                         ctx->pp.size);
+    TPK_TRY(tpk__zero3_setup(ctx, fn, z, &m, 1, opt, &d));
     m->block_hook = tpk_zero3_hook, m->block_hook_user = z;
+    return TPK_OK;
+}
+
+/* ZeRO-3 for this rank's pipeline stage pm (tpk_pipe_model_init, after its tied head's copy; any
+ * schedule): as tpk_zero3_init over the stage's parameters — its flat buffer sliced over the DP
+ * group as ZeRO-2's; the units each block of every chunk and the rest of the stage (the
+ * embedding, the final norm and head, the tied copy: whichever it holds) — with every copy's
+ * block_hook set. Each block is released after its forward (1F1B runs other micro-batches'
+ * forwards before its backward), the rest after the stage's V M backwards of a step. Not
+ * collective. */
+static inline tpk_status tpk_zero3_init_pipe(tpk_ctx *ctx, tpk_zero3 *z, tpk_pipe_model *pm,
+                                             tpk_adamw *opt, const tpk_zero3_desc *desc) {
+    static const char *fn = "tpk_zero3_init_pipe";
+    tpk_zero3_desc d;
+    TPK__INIT_LAYER(ctx, fn, z, d, desc);
+    if (!pm || !pm->copy || pm->V < 1 || pm->K < 1)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "pm: expected a built pipeline stage");
+    tpk_lm *chunks[64];
+    if (pm->V > 64)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "pm: %d chunks a stage, expected at most 64", pm->V);
+    for (int c = 0; c < pm->V; c++) chunks[c] = tpk_model_lm(&pm->copy[c * pm->K]);
+    TPK_TRY(tpk__zero3_setup(ctx, fn, z, chunks, pm->V, opt, &d));
+    z->piped = true, z->rest_uses = pm->V * pm->M;
+    for (int i = 0; i < pm->V * pm->K; i++) {
+        tpk_lm *m = tpk_model_lm(&pm->copy[i]);
+        m->block_hook = tpk_zero3_hook, m->block_hook_user = z;
+    }
     return TPK_OK;
 }
 
