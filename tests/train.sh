@@ -205,7 +205,8 @@ fi
 
 # ---- HSDP (--zero-shard-size): ZeRO's slices within groups of DP ranks, all-reduced across them ------
 # (make test: ZeRO-3 at DP 4 in shards of 2; make test-long: ZeRO-1 and ZeRO-2 likewise, CP 2 x DP 2
-# in shards of 2, saved under HSDP and resumed at DP 2 without it and at DP 4 in shards of 2 again)
+# and PP 2 x DP 4 in shards of 2, saved under HSDP and resumed at DP 2 without it and at DP 4 in
+# shards of 2 again)
 # hs NAME NP "ARGS" "ZERO ARGS": ZERO ARGS against --zero 0, 6 steps, losses and norms within 1e-6
 hs() {
     tr "$2" --text "$text" $3 --steps 6 --csv "$T/hsref.csv"
@@ -224,6 +225,7 @@ if long_set; then
     hs "DP 4" 4 "$small" "--zero 1 --zero-shard-size 2"
     hs "DP 4, 2 micro-batches" 4 "$small --grad-accum 2" "--zero 2 --zero-shard-size 2"
     hs "CP 2 x DP 2" 4 "$small --cp 2" "--zero 2 --zero-shard-size 2"
+    hs "PP 2 x DP 4" 8 "$small --pp 2 --grad-accum 2" "--zero 3 --zero-shard-size 2"
     tr 4 --text "$text" $small --steps 10 --zero 3 --zero-shard-size 2 --save "$T/hss" --save-every 5 --csv "$T/hss.csv"
     rc1=$rc
     k=0

@@ -16,7 +16,10 @@
  * not a dimension of its own: e divides d, an EP group is e consecutive DP ranks (DP ranks e k ..
  * e k + e - 1 of one TP rank, CP rank and stage; EP rank: dp rank % e), and ctx->edp holds the
  * replicas of an expert (d / e x c ranks: the same TP rank, stage and EP rank); at e = 1 ctx->ep is
- * one rank of its own and ctx->edp is ctx->dp_cp (no split made). A table with a missing entry is
+ * one rank of its own and ctx->edp is ctx->dp_cp (no split made).
+ * HSDP (desc->zero_shard_size S) cuts the DP x CP group once more, for ZeRO alone: shard groups of
+ * S consecutive DP x CP ranks (ctx->zshard) and replica groups across them (ctx->zrep), split last
+ * and only when 2 <= S < DP x CP. A table with a missing entry is
  * refused, naming the entry (a dry run's, tpk_ops.dry_run, needs its memory entries alone); p > 1
  * needs a world with point-to-point (its p2p entry), e > 1 one with an all-to-all (alltoallv). */
 #ifndef TPK_INIT_H

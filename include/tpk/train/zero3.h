@@ -1,5 +1,5 @@
 /* tpk/train/zero3.h — ZeRO-3 (fully sharded data parallelism): each rank of the DP group
- * (tpk__dp_group: DP x CP) keeps only its slice S_r = tpk_split(numel, D, r) of the flat f32
+ * (tpk__zero_group: DP x CP, or under HSDP its shard group) keeps only its slice S_r = tpk_split(numel, D, r) of the flat f32
  * parameter buffer between uses — ZeRO-1's slice, so the optimizer's moments, its reduced
  * gradient slice (ZeRO-2's buckets) and the weights line up — and the flat buffer itself is freed.
  * Under pipeline stages (tpk_zero3_init_pipe) the flat buffer is the stage's: each stage shards
@@ -51,7 +51,9 @@
  * all-gathers, 2 M times the stage's block elements plus the rest's); memory: the rest whole
  * through the step beside the two block buffers. keep_for_backward keeps a block from a forward to
  * the next backward of it that ends (a later micro-batch's backward gathers it again).
- * Not yet: experts at EP > 1 (refused by name), HSDP. */
+ * HSDP (tpk_ctx_desc.zero_shard_size): the slices, gathers and reduce-scatters within the shard
+ * group, the slice's gradient all-reduced across the groups by tpk_train_step.
+ * Not yet: experts at EP > 1 (refused by name), the gradients sharded in the backward. */
 #ifndef TPK_ZERO3_H
 #define TPK_ZERO3_H
 
