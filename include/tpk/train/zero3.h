@@ -1,7 +1,8 @@
 /* tpk/train/zero3.h — ZeRO-3 (fully sharded data parallelism): each rank of the DP group
  * (tpk__zero_group: DP x CP, or under HSDP its shard group) keeps only its slice
- * S_r = tpk_split(numel, D, r) of the flat f32 parameter buffer between uses — ZeRO-1's slice, so the optimizer's moments, its reduced
- * gradient slice (ZeRO-2's buckets) and the weights line up — and the flat buffer itself is freed.
+ * S_r = tpk_split(numel, D, r) of the flat f32 parameter buffer between uses — ZeRO-1's slice,
+ * so the optimizer's moments, its reduced gradient slice (ZeRO-2's buckets) and the weights line
+ * up — and the flat buffer itself is freed.
  * Under pipeline stages (tpk_zero3_init_pipe) the flat buffer is the stage's: each stage shards
  * its own over its DP group, as ZeRO-2 slices it.
  *
