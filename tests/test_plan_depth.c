@@ -48,7 +48,7 @@ static void model(tpk_model_config *m, tpk_arch arch, int64_t L, int64_t H, int6
 static bool same_key(const tpk_plan_cfg *a, const tpk_plan_cfg *b) {
     return a->tp == b->tp && a->cp == b->cp && a->cp_comm == b->cp_comm && a->pp == b->pp &&
            a->dp == b->dp && a->micro_batch == b->micro_batch && a->recompute == b->recompute &&
-           a->zero == b->zero && a->sp == b->sp;
+           a->zero == b->zero && a->sp == b->sp && a->zero_shard == b->zero_shard;
 }
 static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)); }
 
