@@ -4,7 +4,8 @@
 # ZERO_STEPS steps (default 8) at --zero 0, 1, 2 and 3, in ZERO_ROUNDS rounds (default 3: 0 1 2 3 0
 # 1 2 3 ..., so a slower spell of a shared machine falls on every stage). A Markdown table on
 # stdout, a row a stage: the trainer's measured peak per rank (its "peak memory" line: the largest
-# rank; its split into weights, gradients, optimizer and activations), whether it fits the budget,
+# rank; its split into weights, ZeRO-3's gathered buffers, gradients, optimizer and activations),
+# whether it fits the budget,
 # the median ms of a step over steps 3..N of every round (the step lines' "ms", rank 0's clock:
 # every rank waits for the others in the step), and the planner's peak for the same configuration
 # (build/plan --json restricted to it, the built-in cpu profile) with planned / measured.
@@ -54,12 +55,14 @@ while [ $r -lt "$rounds" ]; do
     done
     r=$((r + 1))
 done
-echo "| ZeRO | peak MB a rank | weights | gradients | optimizer | activations | fits $budget MB | ms/step (median) | planned MB | planned / measured |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| ZeRO | peak MB a rank | weights | gathered | gradients | optimizer | activations | fits $budget MB | ms/step (median) | planned MB | planned / measured |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for z in 0 1 2 3; do
     out=$(cat "$W/run$z.0")
     peak=$(cat "$W"/run$z.* | grep -o 'peak memory[a-z ]* [0-9., ]* MB' | grep -o '[0-9][0-9.]*' | sort -g | tail -1)
-    split=$(printf '%s\n' "$out" | sed -n 's/.* = weights \([0-9.]*\) + gradients \([0-9.]*\) + optimizer \([0-9.]*\) + activations[a-z ]* \([0-9.]*\).*/\1 | \2 | \3 | \4/p' | head -1)
+    # (ZeRO-3's line names its gathered buffers beside the shard; the others hold none: 0)
+    split=$(printf '%s\n' "$out" | sed -n 's/.* = weights \([0-9.]*\)\( + gathered [0-9.]*\)* + gradients \([0-9.]*\) + optimizer \([0-9.]*\) + activations[a-z ]* \([0-9.]*\).*/\1 |\2 | \3 | \4 | \5/p' |
+            sed 's/| + gathered /| /; s/^\([0-9.]*\) | |/\1 | 0 |/' | head -1)
     ms=$(sort -g "$W/ms$z" | awk '{ v[NR] = $1 } END { if (NR) printf "%.1f", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
     js=$($B/plan --profile cpu --vocab 256 --gpus $np --gpus-per-node $np --cp 1 $M --tp 1 --pp 1 \
          --batch $((b * np)) --micro-batch $b --recompute none --zero $z --json 2>&1)
@@ -69,7 +72,7 @@ for z in 0 1 2 3; do
         continue
     fi
     fits=$(awk -v p="$peak" -v b="$budget" 'BEGIN { print p <= b ? "yes" : "no" }')
-    echo "| $z | $peak | ${split:-- | - | - | -} | $fits | $ms | $pk | $(awk -v a="$pk" -v m="$peak" 'BEGIN { if (m > 0 && a != "") printf "%.4f", a / m }') |"
+    echo "| $z | $peak | ${split:-- | - | - | - | -} | $fits | $ms | $pk | $(awk -v a="$pk" -v m="$peak" 'BEGIN { if (m > 0 && a != "") printf "%.4f", a / m }') |"
 done
 echo
 # prof PROFILE: the ms a step in the all-gathers' start calls, blocked in their waits, their

@@ -482,10 +482,14 @@ int main(int argc, char **argv) {
            b->accum, tpk_recompute_name(b->recompute), tpk_plan_zero_words(b, zw, sizeof zw),
            b->sp ? "on" : "off",
            b->step_seconds, b->tokens_per_s, 100 * b->mfu, b->peak_bytes / 1e9);
-    printf("its %.2f GB a GPU: weights %.2f (f32 and bf16), gradients %.2f, AdamW's moments %.2f, "
+    char gw[64] = ""; /* ZeRO-3's gathered buffers, where it holds them */
+    if (b->gathered_bytes > 0)
+        snprintf(gw, sizeof gw, ", gathered buffers %.2f", b->gathered_bytes / 1e9);
+    printf("its %.2f GB a GPU: weights %.2f (%s)%s, gradients %.2f, AdamW's moments %.2f, "
            "activations and scratch %.2f\n",
-           b->peak_bytes / 1e9, b->weights_bytes / 1e9, b->grads_bytes / 1e9, b->optim_bytes / 1e9,
-           b->activ_bytes / 1e9);
+           b->peak_bytes / 1e9, b->weights_bytes / 1e9,
+           b->zero == 3 ? "the f32 shard" : "f32 and bf16", gw, b->grads_bytes / 1e9,
+           b->optim_bytes / 1e9, b->activ_bytes / 1e9);
     printf("largest micro-batch that fits: %d\n", mbmax);
     if (o.tokens > 0) {
         char t[64];

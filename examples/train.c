@@ -252,7 +252,7 @@ int main(int argc, char **argv) {
             goto out; /* the first step (a warm-up) not profiled */
         if (report) t_int = now();
     }
-    tpk_mem_held held; /* the peak's weights, gradients and optimizer */
+    tpk_mem_held held; /* the peak's weights, gathered, gradients, optimizer */
     if (!ok(tpk_mem_held_get(&ctx, &opt, &z3, &held))) goto out;
     tpk_run_summary(stdout, &W, &ctx, &o, &t, &held, from, now() - t0);
     tpk_run_profiles(stdout, &W, &ctx, t.piped, &pace);

@@ -5,13 +5,14 @@
 #   peak per rank
 #   (--json peak_bytes, the largest over stages) is within 2% of the trainer's measured peak of a
 #   real 2-step run (its "peak memory" line; with stages, the largest stage's), and the line's
-#   weights, gradients and optimizer (with stages the largest stage's line) each the plan's part
-#   (tpk/train/memory.h);
+#   weights, gradients, optimizer and ZeRO-3's gathered buffers (with stages the largest stage's
+#   line) each the plan's part (tpk/train/memory.h; no gathered part in the line: the plan's 0);
 #   --load DIR (a Hugging Face config.json) planned as the same flags; --json's keys and rejected
 #   rows' reasons (a TP group past a node, a batch that does not divide, 3 heads over TP 2 planned
 #   as the uneven split it is), ZeRO 0 to 3 planned at DP > 1 (the moments 1/DP from stage 1
 #   on; ZeRO-2's gradients: the whole buffer the backward fills and its slice; ZeRO-3's weights:
-#   the shard and the gathered buffers, each stage its own with stages); the trainer's
+#   the shard, less than ZeRO-2's, each stage its own with stages; gathered_bytes positive exactly
+#   at ZeRO-3; the parts adding up to the peak); the trainer's
 #   --plan trains with the configuration it prints;
 #   --calibrate writes a profile that plan reads back; bad input: zero GPUs, GPUs that are not
 #   whole nodes, a model that fits nowhere, a profile file without a key, an unknown profile.
@@ -48,14 +49,17 @@ $($B/plan --profile cpu --vocab 256 --gpus "$2" --gpus-per-node "$2" $cp $4 --js
     pk=$(printf '%s\n' "$out" | grep -o '"peak_bytes": [0-9]*' | grep -o '[0-9]*$')
     # the trainer splits its peak (without stages its line, with stages each stage's line: that of
     # the largest peak, the first on a tie, as the plan's parts are its peak stage's): each of
-    # weights, gradients, optimizer equal to the plan's part (to the line's 0.01 MB)
-    split=$(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.* = weights \([0-9.]*\) + gradients \([0-9.]*\) + optimizer \([0-9.]*\) .*/\1 \2 \3 \4/p' |
-            awk 'NR == 1 || $1 + 0 > m { m = $1 + 0; s = $2 " " $3 " " $4 } END { print s }')
-    parts=$(for k in weights grads optimizer; do printf '%s\n' "$out" | grep -o "\"${k}_bytes\": [0-9]*" | grep -o '[0-9]*$'; done | tr '\n' ' ')
-    same=$(echo "$split $parts" | awk 'NF == 6 { ok = 1; for (i = 1; i <= 3; i++) { d = $(i + 3) / 1e6 - $i; if (d < -0.006 || d > 0.006) ok = 0 }; print ok; exit } { print 0 }')
+    # weights, gradients, optimizer and (ZeRO-3's, where the line names it) gathered equal to the
+    # plan's part (to the line's 0.01 MB); a line without gathered: the plan's gathered_bytes 0
+    split=$(printf '%s\n' "$out" | sed -n 's/.*peak memory \([0-9.]*\) MB.* = weights \([0-9.]*\)\( + gathered [0-9.]*\)* + gradients \([0-9.]*\) + optimizer \([0-9.]*\) .*/\1 \2 \4 \5\3/p' |
+            sed 's/ + gathered / /' |
+            awk 'NR == 1 || $1 + 0 > m { m = $1 + 0; s = $2 " " $3 " " $4 (NF == 5 ? " " $5 : "") } END { print s }')
+    parts=$(for k in weights grads optimizer gathered; do printf '%s\n' "$out" | grep -o "\"${k}_bytes\": [0-9]*" | grep -o '[0-9]*$'; done | tr '\n' ' ')
+    same=$(echo "$split $parts" | awk 'NF == 7 || NF == 8 { n = NF - 4; ok = 1; for (i = 1; i <= 4; i++) { if (i > n) { if ($(n + i) != 0) ok = 0; continue }; d = $(n + i) / 1e6 - $i; if (d < -0.006 || d > 0.006) ok = 0 }; print ok; exit } { print 0 }')
+    what="weights, gradients, optimizer"; [ "$(echo "$split" | wc -w)" = 4 ] && what="$what, gathered"
     if [ -n "$run" ] && [ "$planned" = 1 ] && [ "$same" = 1 ] &&
        awk -v r="$run" -v p="$pk" 'BEGIN { d = p / 1e6 - r; if (d < 0) d = -d; exit !(d <= 0.02 * r) }'; then
-        ok "plan_memory_$1 (trainer $run MB, planned $(awk -v p="$pk" 'BEGIN { printf "%.2f", p / 1e6 }') MB${split:+; weights, gradients, optimizer $split MB as planned})"
+        ok "plan_memory_$1 (trainer $run MB, planned $(awk -v p="$pk" 'BEGIN { printf "%.2f", p / 1e6 }') MB${split:+; $what $split MB as planned})"
     else
         fail "plan_memory_$1: trainer '$run' MB, planned '$pk' bytes ($planned rows); parts: trainer '$split' MB, planned '$parts' bytes"
     fi
@@ -207,8 +211,10 @@ assert any(r["tp"] == 2 for r in fit)   # 3 heads over TP 2: an uneven split, pl
 assert [r["step_seconds"] for r in fit] == sorted(r["step_seconds"] for r in fit)
 assert all(r["peak_bytes"] > 0 and r["step_seconds"] > 0 for r in fit)
 parts = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activation_bytes")
-for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shards the moments
-    assert all(r[k] > 0 for k in parts) and sum(r[k] for k in parts) == r["peak_bytes"], r
+for r in fit:   # the peak in parts: each positive, adding up to it with the gathered buffers of
+    # ZeRO-3 (positive exactly at ZeRO-3); ZeRO-1 shards the moments
+    assert all(r[k] > 0 for k in parts) and (r["gathered_bytes"] > 0) == (r["zero"] == 3), r
+    assert sum(r[k] for k in parts) + r["gathered_bytes"] == r["peak_bytes"], r
     twin = [q for q in fit if q["zero"] != r["zero"] and all(q[k] == r[k] for k in
             ("tp", "pp", "dp", "micro_batch", "recompute", "sp", "zero_shard_size"))]
     assert all(q["optimizer_bytes"] < r["optimizer_bytes"] for q in twin if q["zero"] and
@@ -217,11 +223,12 @@ for r in fit:   # the peak in parts: each positive, adding up to it; ZeRO-1 shar
     one = [q for q in twin if q["zero"] == 1]
     assert r["zero"] != 2 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
                                  q["grads_bytes"] < r["grads_bytes"] for q in one), (r, one)
-    # ZeRO-3: the moments and gradient buffers of ZeRO-2; the weights a shard and gathered buffers
+    # ZeRO-3: the moments and gradient buffers of ZeRO-2; the weights a shard (less than the whole
+    # buffer of ZeRO-2), beside the gathered buffers
     two = [q for q in twin if q["zero"] == 2]
     assert r["zero"] != 3 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
                                  q["grads_bytes"] == r["grads_bytes"] and
-                                 q["weights_bytes"] != r["weights_bytes"] for q in two), (r, two)
+                                 q["weights_bytes"] > r["weights_bytes"] for q in two), (r, two)
 assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2, 3}, "ZeRO 0 to 3 at DP > 1"
 assert any(r["zero"] == 3 and r["pp"] > 1 and r["dp"] > 1 for r in fit), "ZeRO-3 with stages"
 assert {r["zero"] for r in rows if r["dp"] * r["cp"] == 1} <= {0}, "ZeRO at DP 1"

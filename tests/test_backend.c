@@ -122,22 +122,28 @@ int main(int argc, char **argv) {
         tpk_ranks_init(&r, "t");
         o.steps = 5;
         f = open_memstream(&out, &len);
-        tpk_mem_held held = {1.5e6, 2.25e6, 3e6}; /* the split: the peak less these three */
+        tpk_mem_held held = {1.5e6, 2.25e6, 3e6, 0}; /* the split: the peak less these */
+        tpk_mem_held z3 = {0.5e6, 2.25e6, 3e6, 1.25e6}; /* ZeRO-3's: gathered buffers named */
         tpk_run_summary(f, &r, &c, &o, &t, NULL, 5, 1.0); /* every rank (a collective) */
         tpk_run_summary(f, &r, &c, &o, &t, NULL, 2, 1.0);
         tpk_run_summary(f, &r, &c, &o, &t, &held, 2, 1.0);
+        tpk_run_summary(f, &r, &c, &o, &t, &z3, 2, 1.0);
         fclose(f);
         if (test__rank == 0) {
             const char *w0 = "trained no steps: the model is at step 5, --steps 5 | peak memory ";
-            char w2[200];
+            char w2[200], w3[200];
             snprintf(w2, sizeof w2,
                      "peak memory %.2f MB (recompute none) = weights 1.50 + gradients 2.25 + "
                      "optimizer 3.00 + activations and work %.2f\n",
                      tpk_mem_peak(&c, false) / 1e6, tpk_mem_peak(&c, false) / 1e6 - 6.75);
+            snprintf(w3, sizeof w3,
+                     "peak memory %.2f MB (recompute none) = weights 0.50 + gathered 1.25 + "
+                     "gradients 2.25 + optimizer 3.00 + activations and work %.2f\n",
+                     tpk_mem_peak(&c, false) / 1e6, tpk_mem_peak(&c, false) / 1e6 - 7.00);
             CHECK(out && !strncmp(out, w0, strlen(w0)) &&
                       strstr(out, "\ntrained steps 3..5 in 1.0 s | peak memory ") &&
-                      strstr(out, w2),
-                  "%s (the split: %s)", out ? out : "", w2);
+                      strstr(out, w2) && strstr(out, w3),
+                  "%s (the split: %s; with gathered buffers: %s)", out ? out : "", w2, w3);
         }
         free(out);
         CHECK(tpk_run_flops_per_token(&t, 1000, 16) == 6000.0 + 12.0 * 2 * 32 * 16, "flops");

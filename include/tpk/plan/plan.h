@@ -88,10 +88,12 @@ typedef struct tpk_plan_cfg {
     bool fits;
     double peak_bytes; /* per rank, the largest over stages (tpk_mem_peak) */
     double weights_bytes, grads_bytes, optim_bytes, activ_bytes; /* that stage's peak in parts: the
-                            f32 master weights and their bf16 copy, the f32 gradients (and a bf16
-                            model's scratch for adding into them; ZeRO-2: and its reduced slice),
-                            AdamW's moments (ZeRO-1 and 2: the slice), and the rest: activations,
-                            receive buffers, scratch */
+                            f32 master weights and their bf16 copy (ZeRO-3: the f32 shard), the f32
+                            gradients (and a bf16 model's scratch for adding into them; ZeRO-2: and
+                            its reduced slice), AdamW's moments (ZeRO-1 and 2: the slice), and the
+                            rest: activations, receive buffers, scratch */
+    double gathered_bytes; /* that stage's part of ZeRO-3's gathered buffers (block slots, the rest
+                            unit's, blocks kept for the backward); 0 without ZeRO-3 */
     double step_seconds;                                         /* modelled */
     double tokens_per_s, mfu;
     double compute_s, exposed_comm_s, bubble; /* the step's parts: compute (the slowest stage's),
@@ -217,7 +219,7 @@ static inline tpk_status tpk__plan_active_params(tpk_ctx *err, const tpk_plan_de
 /* One stage's dry run: its peak, the second step's time and, with stages, its forwards' and
  * backwards' time, its messages' and the schedule. */
 typedef struct tpk__plan_stage {
-    double peak, step, f, b, msg, tail, compute, exposed, weights, grads, optim;
+    double peak, step, f, b, msg, tail, compute, exposed, weights, grads, optim, gathered;
     double elems; /* the largest collective's elements */
     double busy[TPK_COUNT_CHANNELS], wait[TPK_COUNT_CHANNELS]; /* per channel, the second step */
 } tpk__plan_stage;
@@ -281,6 +283,7 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
         tpk_mem_held h; /* held from the setup on: their share of the peak */
         s = tpk_mem_held_get(&ctx, &opt, &z3, &h);
         out->weights = h.weights, out->grads = h.grads, out->optim = h.optim;
+        out->gathered = h.gathered;
         out->step = c.t - t0, out->exposed = c.t_exposed - e0, out->compute = c.t_ops - o0;
         out->elems = c.max_elems;
         for (int i = 0; i < TPK_COUNT_CHANNELS; i++)
@@ -307,11 +310,11 @@ static inline tpk_status tpk__plan_stage_run(tpk_ctx *err, const tpk_plan_desc *
 }
 
 /* The figures of a stage, as an array (the extrapolation's fields): memory ones first. */
-enum { TPK__PLAN_MEM = 5, TPK__PLAN_FIELDS = 12 };
+enum { TPK__PLAN_MEM = 6, TPK__PLAN_FIELDS = 13 };
 static inline void tpk__plan_fields(tpk__plan_stage *x, double *f[TPK__PLAN_FIELDS]) {
-    f[0] = &x->peak, f[1] = &x->weights, f[2] = &x->grads, f[3] = &x->optim, f[4] = &x->elems;
-    f[5] = &x->step, f[6] = &x->f, f[7] = &x->b, f[8] = &x->msg, f[9] = &x->tail;
-    f[10] = &x->compute, f[11] = &x->exposed;
+    f[0] = &x->peak, f[1] = &x->weights, f[2] = &x->grads, f[3] = &x->optim, f[4] = &x->gathered;
+    f[5] = &x->elems, f[6] = &x->step, f[7] = &x->f, f[8] = &x->b, f[9] = &x->msg;
+    f[10] = &x->tail, f[11] = &x->compute, f[12] = &x->exposed;
 }
 
 /* Stage `stage`'s figures with n blocks. A stage's blocks are identical: each adds the same
@@ -398,7 +401,9 @@ static inline tpk_status tpk_plan_run(tpk_ctx *err, const tpk_plan_desc *d, doub
         if (st[s].peak > p->peak_bytes) {
             p->peak_bytes = st[s].peak, p->weights_bytes = st[s].weights;
             p->grads_bytes = st[s].grads, p->optim_bytes = st[s].optim;
-            p->activ_bytes = st[s].peak - st[s].weights - st[s].grads - st[s].optim;
+            p->gathered_bytes = st[s].gathered;
+            p->activ_bytes =
+                st[s].peak - st[s].weights - st[s].grads - st[s].optim - st[s].gathered;
         }
         pf[s] = st[s].f + st[s].msg / (2.0 * p->accum),
         pb[s] = st[s].b + st[s].msg / (2.0 * p->accum);
@@ -594,14 +599,14 @@ static inline void tpk_plan_json(const tpk_plan_cfg *p, FILE *f) {
             "{\"tp\": %d, \"cp\": %d, \"pp\": %d, \"dp\": %d, \"ep\": %d, \"micro_batch\": %d, "
             "\"accum\": %d, \"cp_comm\": \"%s\", "
             "\"recompute\": \"%s\", \"zero\": %d, \"sp\": %s, \"peak_bytes\": %.0f, "
-            "\"weights_bytes\": %.0f, \"grads_bytes\": %.0f, \"optimizer_bytes\": %.0f, "
-            "\"activation_bytes\": %.0f, \"step_seconds\": %.6g, \"tokens_per_s\": %.6g, "
-            "\"mfu\": %.4f, \"bubble\": %.4f, \"fits\": %s",
+            "\"weights_bytes\": %.0f, \"gathered_bytes\": %.0f, \"grads_bytes\": %.0f, "
+            "\"optimizer_bytes\": %.0f, \"activation_bytes\": %.0f, \"step_seconds\": %.6g, "
+            "\"tokens_per_s\": %.6g, \"mfu\": %.4f, \"bubble\": %.4f, \"fits\": %s",
             p->tp, tpk_plan_cp(p), p->pp, p->dp, tpk_plan_ep(p), p->micro_batch, p->accum,
             tpk_cp_comm_name(p->cp_comm), tpk_recompute_name(p->recompute), p->zero,
-            p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes, p->grads_bytes,
-            p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s, p->mfu, p->bubble,
-            p->fits ? "true" : "false");
+            p->sp ? "true" : "false", p->peak_bytes, p->weights_bytes, p->gathered_bytes,
+            p->grads_bytes, p->optim_bytes, p->activ_bytes, p->step_seconds, p->tokens_per_s,
+            p->mfu, p->bubble, p->fits ? "true" : "false");
     fprintf(f, ", \"zero_shard_size\": %d", p->zero_shard); /* HSDP's S; 0: none */
     if (p->reason[0]) {
         fprintf(f, ", \"reason\": \"");

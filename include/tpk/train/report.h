@@ -3,8 +3,8 @@
  * parameters, the step's batch), with stages each virtual
  * stage's blocks (and --print-schedule's table); the end of training (its steps, time and peak
  * memory: the kit's buffers at most, the largest over each stage's ranks, split into weights,
- * gradients, optimizer and the rest, and each stage's idle fraction: its seconds waiting in
- * messages over its seconds in the pipeline); and --profile's
+ * ZeRO-3's gathered buffers, gradients, optimizer and the rest, and each stage's idle
+ * fraction: its seconds waiting in messages over its seconds in the pipeline); and --profile's
  * tables (rank 0's, or each stage's from its first rank, headed by the stage, one after another:
  * mpirun may pass the ranks' lines on in any order), after each rank's compute and wait time; the
  * ranks' pace (tpk_run_pace: the slowest and fastest rank's compute time a step, for the step
@@ -98,12 +98,15 @@ static inline double tpk_run_flops_per_token(tpk_trainable *t, double n, int64_t
 }
 
 /* " = weights W + gradients G + optimizer O + activations and work A" (MB) of a peak of `mb` MB
- * and what held gives of it, into buf. */
+ * and what held gives of it, into buf; "weights W + gathered Z + gradients ..." where it holds
+ * gathered buffers (ZeRO-3). */
 static inline void tpk__run_parts(char *buf, size_t n, double mb, const tpk_mem_held *h) {
+    char z[48] = "";
+    if (h->gathered > 0) snprintf(z, sizeof z, " + gathered %.2f", h->gathered / 1e6);
     snprintf(buf, n,
-             " = weights %.2f + gradients %.2f + optimizer %.2f + activations and work %.2f",
-             h->weights / 1e6, h->grads / 1e6, h->optim / 1e6,
-             mb - (h->weights + h->grads + h->optim) / 1e6);
+             " = weights %.2f%s + gradients %.2f + optimizer %.2f + activations and work %.2f",
+             h->weights / 1e6, z, h->grads / 1e6, h->optim / 1e6,
+             mb - (h->weights + h->gathered + h->grads + h->optim) / 1e6);
 }
 
 /* With stages, a line per stage on rank 0's out: "stage S: peak memory X MB (rank R) = weights ...
@@ -116,17 +119,19 @@ static inline void tpk__run_stage_parts(FILE *out, tpk_ranks *r, tpk_ctx *ctx, d
         double v;
         int rank;
     } pk[64];
-    double w[3 * 64] = {0};
+    double w[4 * 64] = {0};
     int P = ctx->pp.size < 64 ? ctx->pp.size : 64, s = ctx->pp.rank;
     for (int q = 0; q < 64; q++) pk[q].v = -1, pk[q].rank = r->rank;
     if (s < 64) pk[s].v = mine;
     tpk_ranks_allreduce(r, pk, 64, MPI_DOUBLE_INT, MPI_MAXLOC); /* each stage's largest, its rank */
-    if (s < 64 && pk[s].rank == r->rank)
-        w[3 * s] = h->weights, w[3 * s + 1] = h->grads, w[3 * s + 2] = h->optim;
-    tpk_ranks_allreduce(r, w, 3 * 64, MPI_DOUBLE, MPI_SUM); /* that rank's parts */
+    if (s < 64 && pk[s].rank == r->rank) {
+        double *x = w + 4 * s;
+        x[0] = h->weights, x[1] = h->grads, x[2] = h->optim, x[3] = h->gathered;
+    }
+    tpk_ranks_allreduce(r, w, 4 * 64, MPI_DOUBLE, MPI_SUM); /* that rank's parts */
     for (int q = 0; r->rank == 0 && q < P; q++) {
-        char parts[160];
-        tpk_mem_held x = {w[3 * q], w[3 * q + 1], w[3 * q + 2]};
+        char parts[200];
+        tpk_mem_held x = {w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]};
         tpk__run_parts(parts, sizeof parts, pk[q].v, &x);
         fprintf(out, "stage %d: peak memory %.2f MB (rank %d)%s\n", q, pk[q].v, pk[q].rank,
                 parts);
@@ -135,7 +140,8 @@ static inline void tpk__run_stage_parts(FILE *out, tpk_ranks *r, tpk_ctx *ctx, d
 
 /* The end of training on rank 0's out: steps from+1..steps in `seconds`, the peak memory (each
  * stage's and its idle fraction with stages; without, rank 0's) split by kind when `held` is given
- * (on every rank or none): tpk_mem_held_get's weights, gradients and optimizer, the rest
+ * (on every rank or none): tpk_mem_held_get's weights, gathered buffers (ZeRO-3's, named only
+ * where held), gradients and optimizer, the rest
  * activations and work (with stages a line per stage, tpk__run_stage_parts); none trained (a
  * resume at the last step): that. Collective over the world. */
 static inline void tpk_run_summary(FILE *out, tpk_ranks *r, tpk_ctx *ctx, const tpk_run_opts *o,
@@ -168,7 +174,7 @@ static inline void tpk_run_summary(FILE *out, tpk_ranks *r, tpk_ctx *ctx, const 
                 (long long)from + 1, (long long)o->steps, seconds, per, tpk_recompute_name(o->rc),
                 idle);
     else if (r->rank == 0) {
-        char parts[160] = "";
+        char parts[200] = "";
         if (held) tpk__run_parts(parts, sizeof parts, mine, held);
         fprintf(out, "trained steps %lld..%lld in %.1f s | peak memory %.2f MB (recompute %s)%s\n",
                 (long long)from + 1, (long long)o->steps, seconds, mine, tpk_recompute_name(o->rc),

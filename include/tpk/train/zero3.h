@@ -408,7 +408,8 @@ static inline tpk_status tpk_zero3_init_pipe(tpk_ctx *ctx, tpk_zero3 *z, tpk_pip
 /* *bytes = the weights' memory this rank holds at most during a step under z: its f32 shard, the
  * two shared block buffers, and the units gathered into their own (the rest, unit -1, kept from
  * the forward's start to the backward's end; every block with keep_for_backward), a bf16
- * context's copies included. The planner's weights (tpk/plan/plan.h). */
+ * context's copies included. tpk_mem_held_get's weights (the shard: 4 bytes an element of its
+ * slice, at least 4) and gathered buffers (the rest; tpk/train/memory.h). */
 static inline tpk_status tpk_zero3_bytes(tpk_ctx *ctx, const tpk_zero3 *z, size_t *bytes) {
     if (!ctx) return TPK_ERR_ARG;
     if (!z || !z->u || !bytes)
