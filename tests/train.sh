@@ -163,9 +163,9 @@ if long_set; then
 fi
 
 # ---- ZeRO-3: the weights sharded too, gathered block by block: --zero 0's losses and norms ------------
-# (make test: DP 2, PP 2 x DP 2 under 1F1B; make test-long: DP 3 with accumulation and full
-# recompute, TP 2 x DP 2, Llama, PP 2 x DP 2 interleaved, saved at --zero 3 (also at PP 2) and
-# resumed at --zero 1)
+# (make test: PP 2 x DP 2 under 1F1B, and DP 4 in HSDP's quick case; make test-long: DP 2, DP 3
+# with accumulation and full recompute, TP 2 x DP 2, Llama, PP 2 x DP 2 interleaved, saved at
+# --zero 3 (also at PP 2) and resumed at --zero 1)
 # z3 NAME NP "ARGS": --zero 3 against --zero 0, 6 steps, losses and norms within 1e-6
 z3() {
     tr "$2" --text "$text" $3 --steps 6 --csv "$T/z3ref.csv"
@@ -177,11 +177,11 @@ z3() {
     else fail "--zero 3 at $1 equals --zero 0 (max relative differences $r, $rn)"; fi
 }
 z3pl="--layers 4 --hidden 32 --heads 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
-if quick_set; then
-    z3 "DP 2" 2 "$small"
+if quick_set; then # (--zero 3 without stages: HSDP's quick case below)
     z3 "PP 2 x DP 2 (each stage its own slices), 1F1B, 2 micro-batches" 4 "$z3pl --pp 2 --grad-accum 2"
 fi
 if long_set; then
+    z3 "DP 2" 2 "$small"
     z3 "PP 2 x DP 2 interleaved (2 chunks a stage), 4 micro-batches, full recompute, evaluations between" 4 "$z3pl --pp 2 --schedule interleaved --grad-accum 4 --recompute full --eval-every 3 --eval-batches 2"
     tr 4 --text "$text" $z3pl --grad-accum 2 --steps 10 --pp 2 --zero 3 --save "$T/z3p" --save-every 5 --csv "$T/z3p.csv"
     rc1=$rc
