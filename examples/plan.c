@@ -314,7 +314,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
 /* ---- the plan ------------------------------------------------------------------------------ */
 
 static void print_row(int i, const tpk_plan_cfg *p) {
-    char mesh[48];
+    char mesh[96];
     char ep[32] = "";
     if (p->ep > 1) snprintf(ep, sizeof ep, "e%d", p->ep); /* EP e of the DP ranks */
     if (p->zero_shard > 0) /* HSDP: ZeRO in shards of S DP x CP ranks */
