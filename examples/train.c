@@ -192,10 +192,16 @@ int main(int argc, char **argv) {
     if (adasum && !ok(tpk_dp_adasum_init(&ctx, &dp_b))) goto out; /* after the backward */
     if (o.zero >= 2 && !ok(tpk_dp_shard_grads(&ctx, &dp_b, &opt))) goto out; /* reduce-scatters */
     /* --zero 3: with stages each stage shards its own weights */
-    tpk_zero3_desc z3d = {.no_prefetch = o.zero3_no_prefetch};
+    tpk_zero3_desc z3d = {.no_prefetch = o.zero3_no_prefetch,
+                          .whole_grads = o.zero3_whole_grads};
     if (o.zero == 3 && !ok(t.piped ? tpk_zero3_init_pipe(&ctx, &z3, &t.pm, &opt, &z3d)
                                    : tpk_zero3_init(&ctx, &z3, tpk_model_lm(&t.m), &opt, &z3d)))
         goto out;
+    if (o.zero == 3 && W.rank == 0) /* sharded: past one DP rank, without stages */
+        printf("zero3: gradients %s\n",
+               z3.sgrads ? "sharded (each block's reduce-scattered as its backward ends, each "
+                           "micro-batch)"
+                         : "whole (reduce-scattered on the step's last micro-batch)");
     double t0 = now(), t_int = t0, int_s = 0, /* the reporting interval: its start, its time */
         flops = gpu ? tpk_run_flops_per_token(&t, (double)nglobal, S) : 0;
     int64_t from = opt.step, int_n = 0;

@@ -223,11 +223,12 @@ for r in fit:   # the peak in parts: each positive, adding up to it with the gat
     one = [q for q in twin if q["zero"] == 1]
     assert r["zero"] != 2 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
                                  q["grads_bytes"] < r["grads_bytes"] for q in one), (r, one)
-    # ZeRO-3: the moments and gradient buffers of ZeRO-2; the weights a shard (less than the whole
-    # buffer of ZeRO-2), beside the gathered buffers
+    # ZeRO-3: the moments of ZeRO-2; the weights a shard (less than the whole buffer of ZeRO-2),
+    # beside the gathered buffers; the gradients sharded (the slice, two blocks' buffers and the
+    # rest's: not ZeRO-2's whole buffer) but with stages, which keep ZeRO-2's
     two = [q for q in twin if q["zero"] == 2]
     assert r["zero"] != 3 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
-                                 q["grads_bytes"] == r["grads_bytes"] and
+                                 (q["grads_bytes"] == r["grads_bytes"]) == (r["pp"] > 1) and
                                  q["weights_bytes"] > r["weights_bytes"] for q in two), (r, two)
 assert {r["zero"] for r in fit if r["dp"] > 1} == {0, 1, 2, 3}, "ZeRO 0 to 3 at DP > 1"
 assert any(r["zero"] == 3 and r["pp"] > 1 and r["dp"] > 1 for r in fit), "ZeRO-3 with stages"

@@ -190,7 +190,8 @@ if long_set; then
     if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-5)}'; then ok "--zero 3 saved at PP 2 x DP 2 (each stage gathered), resumed at --zero 1 without stages: steps 6-10 equal (max relative difference $r)"
     else fail "--zero 3 saved at PP 2 x DP 2, resumed at --zero 1 without stages (max relative difference $r)"; fi
     z3 "DP 3 (uneven slices), 2 micro-batches, full recompute" 3 "$small --grad-accum 2 --recompute full"
-    z3 "DP 2 x TP 2" 4 "$small --tp 2"
+    z3 "DP 2 x TP 2, sequence parallel (the norms' partial sums per block), 2 micro-batches" 4 "$small --tp 2 --sequence-parallel --grad-accum 2"
+    z3 "DP 2, gradients whole (--zero3-whole-grads), 2 micro-batches" 2 "$small --grad-accum 2 --zero3-whole-grads"
     z3 "DP 2, bf16 (each block's copy cast when gathered)" 2 "$small --dtype bf16"
     z3 "Llama DP 2, untied head" 2 "--arch llama --layers 2 --hidden 48 --heads 6 --kv-heads 2 --ffn 64 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2"
     tr 2 --text "$text" $small --steps 10 --zero 3 --save "$T/z3s" --save-every 5 --csv "$T/z3s.csv"
@@ -958,6 +959,7 @@ if long_set; then
     bad "--dp-reduce unknown" "--dp-reduce: expected mean or adasum, got \"max\"" --text "$text" $small --dp-reduce max
     bad "--recompute unknown" "--recompute: expected none, selective or full, got \"some\"" --text "$text" $small --recompute some
     bad "--zero3-no-prefetch without --zero 3" "--zero3-no-prefetch: expected --zero 3, got --zero 1" --text "$text" $small --zero 1 --zero3-no-prefetch
+    bad "--zero3-whole-grads without --zero 3" "--zero3-whole-grads: expected --zero 3, got --zero 2" --text "$text" $small --zero 2 --zero3-whole-grads
     bad "--zero 2 with one DP rank" "--zero 2: shards the optimizer and the gradients over data parallelism, but there is 1 DP rank (2 ranks / --tp 2)" --text "$text" $small --tp 2 --zero 2
     bad "--zero 2 with Adasum" "a reduce-scatter cannot carry Adasum's per-tensor combination" --text "$text" $small --dp-reduce adasum --zero 2
     bad "--cp not dividing the ranks" "--cp 3: the 2 ranks are not TP x CP x DP with --tp 1" --text "$text" $small --cp 3

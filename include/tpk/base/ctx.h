@@ -71,6 +71,12 @@ typedef struct tpk_params {
                                 gathered buffer while it runs; NULL between uses) */
     void **at16;             /* [n] or NULL: a bf16 context's copies of them (ZeRO-3, as at) */
     tpk_buf grad;            /* f32 [numel] gradients */
+    float **gat;             /* [n] or NULL: parameter i's f32 gradient at gat[i] instead of in
+                                grad (ZeRO-3's sharded gradients, tpk/train/zero3.h: grad freed,
+                                each block's gradient in a buffer while its backward runs and its
+                                reduce-scatter is in flight; NULL otherwise) */
+    uint64_t grad_epoch;     /* tpk_params_zero_grad's calls while gat is set: a new
+                                accumulation (ZeRO-3 zeroes its gradient slice) */
     tpk_buf data16;          /* bf16 [numel] copy of data, the weights a bf16 context computes
                                 with */
     bool stale16;            /* data changed since data16 was made (tpk_params_updated) */

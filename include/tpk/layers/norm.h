@@ -319,6 +319,29 @@ static inline bool tpk__param_shared(const tpk_ctx *ctx, const tpk_param *p) {
     return false;
 }
 
+/* Parameter i's part of tpk_params_reduce_partial_grads (nothing when its gradient is whole). */
+static inline tpk_status tpk__param_reduce_partial(tpk_ctx *ctx, int i) {
+    tpk_param *p = &ctx->params.list[i];
+    if (p->tp_partial_grad && p->numel)
+        TPK_TRY(tpk_allreduce(ctx, &ctx->tp, tpk_param_grad(ctx, i), tpk_param_grad(ctx, i),
+                              p->numel, TPK_F32, TPK_SUM));
+    if (!tpk__param_shared(ctx, p)) return TPK_OK;
+    size_t gn = tpk__gnumel(p), inner = gn / (size_t)p->gshape[0];
+    tpk_range r = tpk_tp_shard_run(ctx, p->gshape[0], p->layout, ctx->tp.rank, 0);
+    TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[1], gn * sizeof(float)));
+    float *g = (float *)ctx->work[1].p;
+    tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
+    TPK_TRY(tpk_op_fill(ctx, g, TPK_F32, gn, 0.f));
+    if (p->numel)
+        TPK_TRY(tpk_op_memcpy(ctx, g + (size_t)r.off * inner, tpk_param_grad(ctx, i),
+                              p->numel * sizeof(float), dd));
+    TPK_TRY(tpk_allreduce(ctx, &ctx->tp, g, g, gn, TPK_F32, TPK_SUM));
+    if (p->numel)
+        TPK_TRY(tpk_op_memcpy(ctx, tpk_param_grad(ctx, i), g + (size_t)r.off * inner,
+                              p->numel * sizeof(float), dd));
+    return TPK_OK;
+}
+
 /* Sum over TP the gradients that are partial sums there, once per step after the last backward:
  *   - layernorm / RMSNorm weights under sequence parallelism or with partial_dy
  *     (tp_partial_grad): all-reduce;
@@ -327,26 +350,9 @@ static inline bool tpk__param_shared(const tpk_ctx *ctx, const tpk_param *p) {
  *     its rows: a shared head's gradient becomes the sum over the ranks that hold it.
  * Every rank makes the same calls (the decisions depend only on the layouts). */
 static inline tpk_status tpk_params_reduce_partial_grads(tpk_ctx *ctx) {
-    for (int i = 0; i < ctx->params.n; i++) {
-        tpk_param *p = &ctx->params.list[i];
-        if (p->tp_partial_grad && p->numel)
-            TPK_TRY(tpk_allreduce(ctx, &ctx->tp, tpk_param_grad(ctx, i), tpk_param_grad(ctx, i),
-                                  p->numel, TPK_F32, TPK_SUM));
-        if (!tpk__param_shared(ctx, p)) continue;
-        size_t gn = tpk__gnumel(p), inner = gn / (size_t)p->gshape[0];
-        tpk_range r = tpk_tp_shard_run(ctx, p->gshape[0], p->layout, ctx->tp.rank, 0);
-        TPK_TRY(tpk__buf_reserve(ctx, &ctx->work[1], gn * sizeof(float)));
-        float *g = (float *)ctx->work[1].p;
-        tpk_copy_dir dd = ctx->ops->device ? TPK_D2D : TPK_H2H;
-        TPK_TRY(tpk_op_fill(ctx, g, TPK_F32, gn, 0.f));
-        if (p->numel)
-            TPK_TRY(tpk_op_memcpy(ctx, g + (size_t)r.off * inner, tpk_param_grad(ctx, i),
-                                  p->numel * sizeof(float), dd));
-        TPK_TRY(tpk_allreduce(ctx, &ctx->tp, g, g, gn, TPK_F32, TPK_SUM));
-        if (p->numel)
-            TPK_TRY(tpk_op_memcpy(ctx, tpk_param_grad(ctx, i), g + (size_t)r.off * inner,
-                                  p->numel * sizeof(float), dd));
-    }
+    /* (ZeRO-3's sharded gradients: each unit's summed as its backward ends, tpk/train/zero3.h) */
+    for (int i = 0; i < ctx->params.n && !ctx->params.gat; i++)
+        TPK_TRY(tpk__param_reduce_partial(ctx, i));
     ctx->params.tp_partial_open = false; /* R now */
     return TPK_OK;
 }

@@ -82,6 +82,7 @@ static inline float *tpk_param_data(tpk_ctx *ctx, int id) {
     return (float *)ctx->params.data.p + ctx->params.list[id].offset;
 }
 static inline float *tpk_param_grad(tpk_ctx *ctx, int id) {
+    if (ctx->params.gat) return ctx->params.gat[id]; /* ZeRO-3's sharded gradients */
     return (float *)ctx->params.grad.p + ctx->params.list[id].offset;
 }
 
@@ -398,8 +399,10 @@ static inline tpk_status tpk__grad_bias(tpk_ctx *ctx, int id, const void *dy, in
                             true);
 }
 
-/* Zero every gradient. */
+/* Zero every gradient (ZeRO-3's sharded gradients: a new accumulation, its slice zeroed at the
+ * next backward; each block's buffer is zeroed as its backward begins). */
 static inline tpk_status tpk_params_zero_grad(tpk_ctx *ctx) {
+    if (ctx->params.gat) return ctx->params.grad_epoch++, TPK_OK;
     if (!ctx->params.numel) return TPK_OK;
     return tpk_op_fill(ctx, ctx->params.grad.p, TPK_F32, ctx->params.numel, 0.f);
 }
@@ -522,6 +525,10 @@ static inline tpk_status tpk_param_scatter(tpk_ctx *ctx, int id, const float *in
 /* The whole parameter (grad = false) or its gradient, gathered into host memory `out`. */
 static inline tpk_status tpk_param_get_global(tpk_ctx *ctx, int id, bool grad, float *out) {
     if (!ctx) return TPK_ERR_ARG;
+    if (grad && ctx->params.gat)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_param_get_global",
+                         "grad: the gradients are sharded over DP (ZeRO-3, tpk/train/zero3.h): "
+                         "each rank holds its slice, the optimizer's (tpk_adamw.g)");
     return tpk_param_gather(
         ctx, id, grad ? (const float *)ctx->params.grad.p : (const float *)ctx->params.data.p, out);
 }

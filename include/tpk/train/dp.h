@@ -164,7 +164,7 @@ static inline tpk_status tpk__dp_open(tpk_ctx *ctx, tpk_dp_buckets *b, const cha
     memset(b->seen, 0, sizeof *b->seen * (size_t)b->words);
     memset(b->defer, 0, sizeof *b->defer * (size_t)b->words);
     int dps = tpk__zero_group(ctx)->size; /* DP x CP, or HSDP's shard group */
-    if (b->zg && dps > 1) {
+    if (b->zg && dps > 1 && !ctx->params.gat) { /* (sharded gradients: ZeRO-3 reduces them) */
         if (b->znumel != ctx->params.numel || b->zdp != dps)
             return tpk__fail(ctx, TPK_ERR_ARG, fn,
                              "buckets: linked (tpk_dp_shard_grads) to the gradient slice of %zu "
@@ -302,7 +302,9 @@ static inline tpk_status tpk_dp_grad_ready(tpk_ctx *ctx, int first, int last, vo
                           "gradient would be reduced over DP twice",
                           ctx->params.list[i].name, i, first, last));
     for (int i = first; i <= last; i++) b->seen[i / 64] |= (uint64_t)1 << (i % 64);
-    if (tpk__dp_group(ctx)->size == 1 || b->adasum) return TPK_OK;
+    /* (ZeRO-3's sharded gradients, ctx->params.gat: each unit's reduce-scattered by ZeRO-3 as its
+       backward ends, tpk/train/zero3.h; the report is checked here, nothing started) */
+    if (tpk__dp_group(ctx)->size == 1 || b->adasum || ctx->params.gat) return TPK_OK;
     if (b->zg) { /* ZeRO-2: reduce-scattered into the slice */
         tpk_status z = tpk__dp_zero_runs(ctx, b, first, last, false, fn);
         return z == TPK_OK ? z : tpk__dp_refuse(ctx, b, z);
@@ -422,7 +424,7 @@ static inline tpk_status tpk__dp_consume(tpk_ctx *ctx, tpk_dp_buckets *b, bool w
  * summed, a pipeline's tied copies added): the deferred parameters' gradients reduce-scattered
  * into the slice (started, then all waited). Collective over the DP group (DP x CP). */
 static inline tpk_status tpk__dp_zero_deferred(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
-    if (!b->zg || tpk__zero_group(ctx)->size == 1 || !b->np) return TPK_OK;
+    if (!b->zg || tpk__zero_group(ctx)->size == 1 || !b->np || ctx->params.gat) return TPK_OK;
     tpk_status s = tpk__dp_zero_runs(ctx, b, 0, b->np - 1, true, fn);
     for (int i = 0; i < b->n; i++) {
         tpk_status w = tpk_wait(ctx, &b->req[i]);

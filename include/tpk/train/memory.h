@@ -5,7 +5,9 @@
  *              unit's own, the blocks kept for the backward, a bf16 context's copies in them
  *              (tpk_zero3_bytes less the shard); 0 without ZeRO-3;
  *   gradients  the flat gradient buffer, the scratch beside it, ZeRO-2's reduced slice (4 bytes an
- *              element of this rank's slice);
+ *              element of this rank's slice); under ZeRO-3's sharded gradients the flat buffer is
+ *              freed and its block buffers, the rest's and the reduce-scatters' count instead
+ *              (tpk_zero3_grad_bytes);
  *   optimizer  AdamW's moments m and v: 2 x 4 bytes an element of this rank's slice (ZeRO-1 on).
  * The rest of a step's peak is activations and work buffers (peak - the four). The trainer's peak
  * line (tpk/train/report.h) and the planner's parts (tpk/plan/plan.h) both read them here. */
@@ -32,7 +34,7 @@ static inline tpk_status tpk_mem_held_get(tpk_ctx *ctx, const tpk_adamw *opt, co
     }
     out->weights = (double)(q->data.bytes + q->data16.bytes + shard);
     out->gathered = (double)(zw - shard);
-    out->grads = (double)(q->grad.bytes + q->scratch.bytes) +
+    out->grads = (double)(q->grad.bytes + q->scratch.bytes + tpk_zero3_grad_bytes(z3)) +
                  (opt && opt->g ? sizeof(float) * (double)sn : 0.0);
     out->optim = 2.0 * sizeof(float) * (double)sn;
     return TPK_OK;

@@ -222,6 +222,13 @@ typedef struct tpk_adamw {
                       gradient buffer's slice) */
     float *w;      /* ZeRO-3: f32 [sn] the slice of the master weights (tpk_zero3's shard), updated
                       in place and not gathered; NULL: the flat parameter buffer's slice */
+    /* ZeRO-3's sharded gradients: the reduce-scatters still in flight when the backward ends
+       (the last blocks', the rest's) waited and added into g; tpk_train_step calls it before it
+       reads g (tpk_zero3 sets it; NULL: none) */
+    tpk_status (*grads_wait)(tpk_ctx *ctx, void *user);
+    void *grads_wait_user;
+    bool grads_replicated; /* HSDP: grads_wait's step all-reduced g across the shard groups
+                              already (each unit's part as its reduce-scatter ended) */
 } tpk_adamw;
 
 /* ZeRO-1 proper: the moments sliced and the gradients reduce-scattered whole after the backward

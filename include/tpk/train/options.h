@@ -53,7 +53,7 @@ typedef struct tpk_run_opts {
     /* run */
     int64_t eval_every, eval_batches, save_every, keep, log_every;
     const char *save, *csv;
-    bool eval_only, profile, zero3_no_prefetch;
+    bool eval_only, profile, zero3_no_prefetch, zero3_whole_grads;
     double timeout; /* -1: not given */
     /* text */
     const char *tokenizer, *prompt;
@@ -127,6 +127,10 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
         {"--zero3-no-prefetch", B, 0, 0, NULL, NULL, NULL, R, "parallel",
          "--zero 3: each block's gather started at its use (exposed), not one block ahead",
          offsetof(tpk_run_opts, zero3_no_prefetch)},
+        {"--zero3-whole-grads", B, 0, 0, NULL, NULL, NULL, R, "parallel",
+         "--zero 3: the gradient buffer kept whole and reduce-scattered on the last micro-batch "
+         "(no_sync), not each block's sharded as its backward ends",
+         offsetof(tpk_run_opts, zero3_whole_grads)},
         {"--dp-reduce", C, 0, 0, NULL, "mean|adasum", NULL, P, "parallel",
          "adasum: DP a power of two", offsetof(tpk_run_opts, dp_reduce)},
         {"--recompute", C, 0, 0, NULL, "none|selective|full", NULL, P, "parallel", NULL,
@@ -351,6 +355,10 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                false;
     if (o->zero3_no_prefetch && o->zero != 3)
         return snprintf(err, n, "--zero3-no-prefetch: expected --zero 3, got --zero %lld",
+                        (long long)o->zero),
+               false;
+    if (o->zero3_whole_grads && o->zero != 3)
+        return snprintf(err, n, "--zero3-whole-grads: expected --zero 3, got --zero %lld",
                         (long long)o->zero),
                false;
     if (world && o->zero && !o->plan && world / (o->tp * o->pp) == 1)

@@ -136,6 +136,8 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     /* the buckets' gradients checked (a begun step finished here); ZeRO-1 (asked, even at one DP
      * rank) and Adasum reduce the whole buffer below */
     TPK_TRY(tpk__dp_consume(ctx, b, zero1 || opt->stage == 1 || b->adasum, fn));
+    opt->grads_replicated = false;
+    if (opt->grads_wait) TPK_TRY(opt->grads_wait(ctx, opt->grads_wait_user)); /* ZeRO-3's */
     TPK_TRY(tpk_params_reduce_partial_grads(ctx)); /* whole tensors first: Adasum's dot products
                                                       need them */
     if (b->adasum) TPK_TRY(tpk_dp_adasum(ctx, b));
@@ -145,7 +147,7 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     if (opt->g) TPK_TRY(tpk__dp_zero_deferred(ctx, b, fn)); /* ZeRO-2: the rest of the slice */
     /* HSDP: the slice's sums over the shard group all-reduced across the shard groups */
     float *slice = opt->g ? opt->g : (float *)ctx->params.grad.p + opt->s0;
-    if (zero && tpk__zero_replicas(ctx) && opt->sn)
+    if (zero && tpk__zero_replicas(ctx) && opt->sn && !opt->grads_replicated)
         TPK_TRY(tpk_allreduce(ctx, tpk__zero_replicas(ctx), slice, slice, opt->sn, TPK_F32,
                               TPK_SUM));
     double *sq;

@@ -53,8 +53,30 @@
  * through the step beside the two block buffers. keep_for_backward keeps a block from a forward to
  * the next backward of it that ends (a later micro-batch's backward gathers it again).
  * HSDP (tpk_ctx_desc.zero_shard_size): the slices, gathers and reduce-scatters within the shard
- * group, the slice's gradient all-reduced across the groups by tpk_train_step.
- * Not yet: experts at EP > 1 (refused by name), the gradients sharded in the backward. */
+ * group, the slice's gradient all-reduced across the groups (below; whole gradients: by
+ * tpk_train_step after the backward).
+ * Sharded gradients (the default past one rank of the DP group without pipeline stages;
+ * tpk_zero3_desc.whole_grads keeps ZeRO-2's flat buffer): the flat f32 gradient buffer is freed
+ * and ctx->params.gat points each parameter's gradient into its unit's buffer while the unit's
+ * backward runs: blocks in two shared buffers of the largest block's size (block i's is
+ * i mod 2), the rest in its own from its backward's start (before the head's) to the optimizer
+ * step. As a unit's backward begins its buffer is zeroed (a buffer's previous block waited for
+ * first); as it ends its gradients partial over TP are summed there (sequence parallelism's
+ * norms, shared key/value heads: tpk_params_reduce_partial_grads' per parameter) and each run
+ * is reduce-scattered over the DP group, this rank's part received after the gradients in the
+ * unit's buffer, while the next block's backward computes; when waited for, that part is added
+ * into the slice opt->g. So every micro-batch is reduced (FSDP's default; whole_grads reduces
+ * on the last one, as no_sync), the slice zeroed at the first backward after
+ * tpk_params_zero_grad, and tpk_train_step waits for the last ones (tpk_adamw.grads_wait). The
+ * data-parallel buckets record and check each report as ever but start nothing. Under HSDP, on
+ * the step's last micro-batch (its buckets begun before the backward: ctx->params.dp_open),
+ * each unit's part of the slice is all-reduced across the shard groups as soon as its
+ * reduce-scatter is waited for, under the rest of the backward (tpk_adamw.grads_replicated:
+ * tpk_train_step's all-reduce of the whole slice made so). Gradient memory per rank:
+ * sn + (two blocks + the rest) (1 + 1/D) elements, against numel + sn whole. The sums' order
+ * differs from ZeRO-0's under accumulation (over DP per micro-batch, then over micro-batches):
+ * equal within f32 rounding.
+ * Not yet: experts at EP > 1 (refused by name). */
 #ifndef TPK_ZERO3_H
 #define TPK_ZERO3_H
 
@@ -69,6 +91,9 @@ typedef struct tpk_zero3_desc {
     bool no_prefetch;       /* each gather started where its unit is used and waited for at once
                                (the same gathers, none in flight under compute: their time
                                exposed; make bench-zero's reference) */
+    bool whole_grads;       /* the flat gradient buffer kept whole, reduce-scattered on the
+                               step's last micro-batch only (ZeRO-2's; no_sync) instead of the
+                               gradients sharded (see the header) */
 } tpk_zero3_desc;
 
 /* One unit: up to TPK__Z3_RUNS runs of parameter ids, gathered together. */
@@ -82,6 +107,15 @@ typedef struct tpk__z3_unit {
     float *buf; /* its gathered f32 weights (runs in order), then a bf16 context's copy */
     tpk_request req[TPK__Z3_RUNS];
     int64_t block;  /* the block it holds (-1: the rest) */
+    /* sharded gradients: 0 none, 1 open (its backward writes them), 2 reduce-scatter in flight */
+    int gstate, gslot; /* gslot: the shared gradient buffer it uses (0, 1), or -1: gown */
+    tpk_buf gown;
+    float *gbuf; /* its gradients (runs in order), then its part of their sums (part elements) */
+    size_t part; /* the elements of its runs within this rank's slice */
+    bool glast;   /* its reduce-scatter in flight is the step's last micro-batch's */
+    bool hflight; /* HSDP: its part of the slice in an all-reduce across the shard groups */
+    tpk_request hreq[TPK__Z3_RUNS];
+    tpk_request greq[TPK__Z3_RUNS];
     int prev, next; /* the units of the blocks before and after it in its chunk (-1: none) */
 } tpk__z3_unit;
 
@@ -101,6 +135,15 @@ typedef struct tpk_zero3 {
     int slot_owner[2];              /* the unit holding each shared buffer (-1: none) */
     size_t *counts;                 /* [D] */
     int64_t opt_step;               /* the optimizer step the gathered buffers hold */
+    bool sgrads;                    /* the gradients sharded (see the header) */
+    float **gat;                    /* [n params] the pointers ctx->params.gat holds */
+    tpk_buf gslot[2];               /* the blocks' gradient buffers (gradients, then the part of
+                                       their sums this rank receives) */
+    int gslot_owner[2];             /* the unit whose gradients each holds (-1: none) */
+    uint64_t gepoch;                /* ctx->params.grad_epoch the slice was zeroed at */
+    bool last_mb;                   /* this backward is the step's last micro-batch's (the DP
+                                       buckets' last was begun before it: ctx->params.dp_open) */
+    uint64_t grad_rs, grad_rs_elems; /* gradient reduce-scatters started, elements (statistics) */
     uint64_t gathers, gather_elems; /* all-gathers started, elements gathered (statistics) */
 } tpk_zero3;
 
@@ -195,6 +238,145 @@ static inline tpk_status tpk__z3_release_all(tpk_ctx *ctx, tpk_zero3 *z) {
     return s;
 }
 
+/* ---- the sharded gradients ---------------------------------------------------------------- */
+
+/* [*lo, *hi): the part of [a, b) within this rank's slice of the flat buffer. */
+static inline void tpk__z3_mine(const tpk_zero3 *z, size_t a, size_t b, size_t *lo, size_t *hi) {
+    *lo = a > z->s0 ? a : z->s0, *hi = b < z->s0 + z->sn ? b : z->s0 + z->sn;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* Unit k's gradient reduced: its reduce-scatters waited for and their sums (this rank's part, in
+ * its buffer after the gradients) added into the slice opt->g. Nothing when none is in
+ * flight. */
+static inline tpk_status tpk__z3_grad_done(tpk_ctx *ctx, tpk_zero3 *z, int k) {
+    tpk__z3_unit *u = &z->u[k];
+    if (u->gstate != 2) return TPK_OK;
+    tpk_status s = TPK_OK;
+    for (int r = 0; r < u->nruns; r++) {
+        tpk_status w = tpk_wait(ctx, &u->greq[r]);
+        if (s == TPK_OK) s = w;
+    }
+    u->gstate = 0;
+    if (u->gslot >= 0 && z->gslot_owner[u->gslot] == k) z->gslot_owner[u->gslot] = -1;
+    const float *rv = u->gbuf + u->elems;
+    tpk_comm *rep = u->glast ? tpk__zero_replicas(ctx) : NULL; /* (its sums final) */
+    for (int r = 0; r < u->nruns && s == TPK_OK; r++) {
+        size_t lo, hi;
+        tpk__z3_mine(z, u->a[r], u->b[r], &lo, &hi);
+        float *g = z->opt->g + (lo - z->s0);
+        if (hi > lo) s = tpk_op_axpby(ctx, g, 1.0f, rv, 1.0f, TPK_F32, hi - lo);
+        rv += hi - lo;
+        memset(&u->hreq[r], 0, sizeof u->hreq[r]);
+        if (rep && hi > lo && s == TPK_OK) { /* HSDP: across the groups, under the backward */
+            s = tpk_allreduce_start(ctx, rep, g, g, hi - lo, TPK_F32, TPK_SUM, &u->hreq[r]);
+            u->hflight = true;
+        }
+    }
+    return s;
+}
+
+/* Every reduce-scatter in flight finished (the optimizer's grads_wait, user: the tpk_zero3); the
+ * rest's gradient buffer freed (between steps: the slice alone). */
+static inline tpk_status tpk__z3_grads_wait(tpk_ctx *ctx, void *user) {
+    tpk_zero3 *z = (tpk_zero3 *)user;
+    tpk_status s = TPK_OK;
+    for (int k = 0; k < z->nu; k++) {
+        if (z->u[k].gstate == 1)
+            s = s != TPK_OK ? s
+                            : tpk__fail(ctx, TPK_ERR_ARG, "tpk_train_step",
+                                        "ZeRO-3: block %lld's backward began and did not end "
+                                        "(TPK_LM_BWD_END): its gradients are not reduced",
+                                        (long long)z->u[k].block);
+        tpk_status d = tpk__z3_grad_done(ctx, z, k);
+        if (s == TPK_OK) s = d;
+    }
+    for (int k = 0; k < z->nu; k++) /* HSDP: the across-group sums started as each unit ended */
+        for (int r = 0; z->u[k].hflight && r < z->u[k].nruns; r++) {
+            tpk_status w = tpk_wait(ctx, &z->u[k].hreq[r]);
+            if (s == TPK_OK) s = w;
+        }
+    for (int k = 0; k < z->nu; k++) z->u[k].hflight = false;
+    /* tpk_train_step's all-reduce of the slice across the groups made here, unit by unit */
+    z->opt->grads_replicated = z->last_mb && tpk__zero_replicas(ctx);
+    z->last_mb = false;
+    tpk__buf_free(ctx, &z->u[0].gown);
+    return s;
+}
+
+/* Unit k's gradient opened as its backward begins: a new accumulation (tpk_params_zero_grad
+ * since) zeroes the slice first; its buffer (a block's slot, the reduce-scatter of the block
+ * before in it finished first; the rest's own) zeroed — a later micro-batch's backward adds
+ * into it anew, its earlier sums being in the slice — and its parameters' pointers set. */
+static inline tpk_status tpk__z3_grad_open(tpk_ctx *ctx, tpk_zero3 *z, int k) {
+    static const char *fn = "tpk_zero3_hook";
+    tpk__z3_unit *u = &z->u[k];
+    if (z->gepoch != ctx->params.grad_epoch) {
+        for (int q = 0; q < z->nu; q++) TPK_TRY(tpk__z3_grad_done(ctx, z, q));
+        if (z->sn) TPK_TRY(tpk_op_fill(ctx, z->opt->g, TPK_F32, z->sn, 0.f));
+        z->gepoch = ctx->params.grad_epoch;
+    }
+    if (u->gstate == 1) return TPK_OK;
+    if (!k) z->last_mb = ctx->params.dp_open; /* (the rest's backward begins first) */
+    TPK_TRY(tpk__z3_grad_done(ctx, z, k)); /* its previous micro-batch's */
+    float *buf;
+    if (u->gslot >= 0) {
+        int o = z->gslot_owner[u->gslot];
+        if (o >= 0 && o != k && z->u[o].gstate == 1)
+            return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                             "block %lld's backward began while block %lld's (sharing its "
+                             "gradient buffer) has not ended",
+                             (long long)u->block, (long long)z->u[o].block);
+        if (o >= 0 && o != k) TPK_TRY(tpk__z3_grad_done(ctx, z, o));
+        z->gslot_owner[u->gslot] = k;
+        buf = (float *)z->gslot[u->gslot].p;
+    } else {
+        TPK_TRY(tpk__buf_reserve(ctx, &u->gown, sizeof(float) * (u->elems + u->part + 1)));
+        buf = (float *)u->gown.p;
+    }
+    if (u->elems) TPK_TRY(tpk_op_fill(ctx, buf, TPK_F32, u->elems, 0.f));
+    u->gbuf = buf;
+    for (int r = 0; r < u->nruns; buf += u->b[r] - u->a[r], r++)
+        for (int i = u->first[r]; i <= u->last[r]; i++)
+            z->gat[i] = buf + (ctx->params.list[i].offset - u->a[r]);
+    u->gstate = 1;
+    return TPK_OK;
+}
+
+/* Unit k's backward ended: its gradients partial over TP summed there (sequence parallelism's
+ * norms, shared key/value heads), then each run reduce-scattered over the DP group, this rank's
+ * part after the gradients (in flight: waited when its buffer is next needed, or by
+ * tpk_train_step); its
+ * parameters' pointers cleared. */
+static inline tpk_status tpk__z3_grad_reduce(tpk_ctx *ctx, tpk_zero3 *z, int k) {
+    tpk__z3_unit *u = &z->u[k];
+    if (u->gstate != 1) return TPK_OK;
+    for (int r = 0; r < u->nruns; r++)
+        for (int i = u->first[r]; i <= u->last[r]; i++)
+            if (ctx->tp.size > 1) TPK_TRY(tpk__param_reduce_partial(ctx, i));
+    tpk_comm *dg = tpk__zero_group(ctx);
+    const float *src = u->gbuf;
+    float *recv = u->gbuf + u->elems;
+    for (int r = 0; r < u->nruns; src += u->b[r] - u->a[r], recv += z->counts[dg->rank], r++) {
+        size_t a = u->a[r], b = u->b[r];
+        for (int q = 0; q < dg->size; q++) {
+            tpk_range sq = tpk_split((int64_t)z->numel, dg->size, q);
+            size_t lo = (size_t)sq.off, hi = lo + (size_t)sq.size;
+            lo = lo < a ? a : lo, hi = hi > b ? b : hi;
+            z->counts[q] = hi > lo ? hi - lo : 0;
+        }
+        memset(&u->greq[r], 0, sizeof u->greq[r]);
+        TPK_TRY(tpk_reduce_scatterv_start(ctx, dg, src, b - a, recv, z->counts, TPK_F32, TPK_SUM,
+                                          &u->greq[r]));
+        z->grad_rs++, z->grad_rs_elems += b - a;
+    }
+    u->glast = z->last_mb;
+    for (int r = 0; r < u->nruns; r++)
+        for (int i = u->first[r]; i <= u->last[r]; i++) z->gat[i] = NULL;
+    u->gstate = 2;
+    return TPK_OK;
+}
+
 /* The model's block_hook (user: the tpk_zero3): the schedule of the header. */
 static inline tpk_status tpk_zero3_hook(tpk_ctx *ctx, int64_t block, int when, void *user) {
     static const char *fn = "tpk_zero3_hook";
@@ -228,9 +410,11 @@ static inline tpk_status tpk_zero3_hook(tpk_ctx *ctx, int64_t block, int when, v
                        : TPK_OK;
         case TPK_LM_BWD_BEGIN:
             TPK_TRY(tpk__z3_ready(ctx, z, k));
+            if (z->sgrads) TPK_TRY(tpk__z3_grad_open(ctx, z, k));
             if (!k) return one && pf ? tpk__z3_start(ctx, z, z->nu - 1) : TPK_OK;
             return u->prev > 0 && pf ? tpk__z3_start(ctx, z, u->prev) : TPK_OK;
         case TPK_LM_BWD_END:
+            if (z->sgrads) TPK_TRY(tpk__z3_grad_reduce(ctx, z, k));
             if (k) return tpk__z3_release(ctx, z, k);
             if (++z->rest_done < z->rest_uses) return TPK_OK; /* stages: more backwards to come */
             z->rest_done = 0;
@@ -244,6 +428,20 @@ static inline tpk_status tpk_zero3_hook(tpk_ctx *ctx, int64_t block, int when, v
 static inline void tpk_zero3_destroy(tpk_ctx *ctx, tpk_zero3 *z) {
     if (!ctx || !z) return;
     if (z->u) (void)tpk__z3_release_all(ctx, z);
+    for (int k = 0; z->u && k < z->nu; k++) {
+        (void)tpk__z3_grad_done(ctx, z, k);
+        tpk__buf_free(ctx, &z->u[k].gown);
+    }
+    if (z->gat && ctx->params.gat == z->gat) { /* the flat gradient buffer back, zeroed */
+        ctx->params.gat = NULL;
+        size_t n = ctx->params.numel;
+        if (tpk__buf_reserve(ctx, &ctx->params.grad, sizeof(float) * (n ? n : 1)) == TPK_OK && n)
+            (void)tpk_op_fill(ctx, ctx->params.grad.p, TPK_F32, n, 0.f);
+    }
+    if (z->opt && z->opt->grads_wait_user == z)
+        z->opt->grads_wait = NULL, z->opt->grads_wait_user = NULL;
+    tpk__buf_free(ctx, &z->gslot[0]), tpk__buf_free(ctx, &z->gslot[1]);
+    tpk__free(ctx, z->gat);
     if (ctx->params.at == z->at) ctx->params.at = NULL;
     if (z->at16 && ctx->params.at16 == z->at16) ctx->params.at16 = NULL;
     if (z->opt && z->opt->w == z->shard) z->opt->w = NULL;
@@ -279,12 +477,15 @@ static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero
     z->rest_uses = 1;
     z->slot_owner[0] = z->slot_owner[1] = -1;
     z->at = (float **)tpk__malloc(ctx, sizeof(float *) * (size_t)(n ? n : 1));
+    z->gat = (float **)tpk__calloc(ctx, (size_t)(n ? n : 1), sizeof(float *));
+    z->gslot_owner[0] = z->gslot_owner[1] = -1;
     z->u = (tpk__z3_unit *)tpk__malloc(ctx, sizeof(tpk__z3_unit) * (size_t)z->nu);
     z->counts = (size_t *)tpk__malloc(ctx, sizeof(size_t) * (size_t)dg->size);
     bool *inb = (bool *)tpk__calloc(ctx, (size_t)(n ? n : 1), sizeof(bool)); /* a block's id */
     if (ctx->dtype == TPK_BF16)
         z->at16 = (void **)tpk__malloc(ctx, sizeof(void *) * (size_t)(n ? n : 1));
-    if (!z->at || !z->u || !z->counts || !inb || (ctx->dtype == TPK_BF16 && !z->at16)) {
+    if (!z->at || !z->gat || !z->u || !z->counts || !inb ||
+        (ctx->dtype == TPK_BF16 && !z->at16)) {
         tpk__free(ctx, inb);
         tpk_zero3_destroy(ctx, z);
         return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%d parameters' pointers", n);
@@ -310,13 +511,14 @@ static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero
             tpk__z3_unit *u = &z->u[k];
             u->nruns = 1, u->first[0] = b->p0, u->last[0] = b->p1, u->block = i;
             u->slot = d->keep_for_backward ? -1 : (k - 1) % 2; /* neighbours: the other slot */
+            u->gslot = (k - 1) % 2; /* (gradients: the same alternation, kept or not) */
             u->prev = i > m->lo ? k - 1 : -1, u->next = i + 1 < m->hi ? k + 1 : -1;
             for (int q = b->p0; q <= b->p1; q++) inb[q] = true;
             next = b->p1 + 1;
         }
     }
     tpk__z3_unit *o = &z->u[0]; /* the rest: the runs of ids outside every block */
-    o->slot = -1, o->block = -1, o->prev = o->next = -1;
+    o->slot = o->gslot = -1, o->block = -1, o->prev = o->next = -1;
     for (int i = 0; i < n && s == TPK_OK; i++) {
         if (inb[i] || (i && !inb[i - 1] && o->nruns)) {
             if (!inb[i]) o->last[o->nruns - 1] = i;
@@ -346,9 +548,29 @@ static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero
                           ctx->ops->device ? TPK_D2D : TPK_H2H);
     for (int q = 0; q < 2 && s == TPK_OK && !d->keep_for_backward && L > q; q++)
         s = tpk__buf_reserve(ctx, &z->slot[q], (z->at16 ? 6 : 4) * (most ? most : 1));
+    /* the gradients sharded: past one rank of the DP group, without pipeline stages (a stage's
+       tied copy and its 1F1B order keep the flat buffer) unless asked whole */
+    z->sgrads = !d->whole_grads && V == 1 && ctx->pp.size == 1 && dg->size > 1 && opt->g;
+    size_t gmost = 0; /* a block's gradients and its part of their sums */
+    for (int q = 0; q < z->nu; q++) {
+        tpk__z3_unit *u = &z->u[q];
+        for (int r = 0; r < u->nruns; r++) {
+            size_t lo, hi;
+            tpk__z3_mine(z, u->a[r], u->b[r], &lo, &hi);
+            u->part += hi - lo;
+        }
+        if (q) gmost = u->elems + u->part > gmost ? u->elems + u->part : gmost;
+    }
+    for (int q = 0; q < 2 && s == TPK_OK && z->sgrads && L > q; q++)
+        s = tpk__buf_reserve(ctx, &z->gslot[q], sizeof(float) * (gmost ? gmost : 1));
     if (s != TPK_OK) {
         tpk_zero3_destroy(ctx, z);
         return s;
+    }
+    if (z->sgrads) { /* the flat gradient buffer freed: each unit's while its backward runs */
+        tpk__buf_free(ctx, &ctx->params.grad);
+        ctx->params.gat = z->gat, z->gepoch = ctx->params.grad_epoch - 1; /* zeroed first */
+        opt->grads_wait = tpk__z3_grads_wait, opt->grads_wait_user = z;
     }
     tpk__buf_free(ctx, &ctx->params.data);   /* the whole weights: gathered block by block now */
     tpk__buf_free(ctx, &ctx->params.data16); /* (a bf16 context's: each unit's own copy) */
@@ -421,6 +643,16 @@ static inline tpk_status tpk_zero3_bytes(tpk_ctx *ctx, const tpk_zero3 *z, size_
         if (z->u[k].slot < 0) b += each * (z->u[k].elems ? z->u[k].elems : 1);
     *bytes = b;
     return TPK_OK;
+}
+
+/* *bytes = the gradients' memory ZeRO-3 holds at most during a step when it shards them (0 when
+ * the flat buffer is whole): the two block buffers and the rest's own (from its backward's start
+ * to the optimizer step), each with its part of the sums. tpk_mem_held_get's gradients add the
+ * slice opt->g. */
+static inline size_t tpk_zero3_grad_bytes(const tpk_zero3 *z) {
+    if (!z || !z->u || !z->sgrads) return 0;
+    return z->gslot[0].bytes + z->gslot[1].bytes +
+           sizeof(float) * (z->u[0].elems + z->u[0].part + 1);
 }
 
 /* The whole weights back in ctx->params.data (every rank's shard all-gathered; the layers read it
