@@ -75,6 +75,8 @@ static inline const tpk_lm_flag *tpk_mixtral_flags(int *n) {
         {"--aux-coef", offsetof(tpk_mixtral_config, aux_coef), false, -1, 1e6, NULL,
          "0.001 (< 0: none)"},
         {"--z-loss-coef", offsetof(tpk_mixtral_config, z_coef), false, 0, 1e6, NULL, "0 (none)"},
+        {"--capacity-factor", offsetof(tpk_mixtral_config, capacity_factor), false, 0, 1e6, NULL,
+         "0 (dropless; c > 0: ceil(T k / E c) rows an expert, the lowest-weighted dropped)"},
         {"--kv-heads", offsetof(tpk_mixtral_config, kv_heads), true, 1, 1e9, "G",
          "G (default --heads)"},
         {"--ffn", offsetof(tpk_mixtral_config, ffn), true, 1, 1e9, "F",
