@@ -387,6 +387,14 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, bo
               st ? st->ms : -1.0, wa ? wa->ms : -1.0, x->prof->wall_ms, (unsigned long long)gathers,
               wr ? (unsigned long long)wr->calls : 0ULL, (unsigned long long)rs);
         tpk_profile_stop(x);
+        if (sg) { /* no whole gradient to read: refused by name, not a null pointer */
+            double gn;
+            float one;
+            CHECK_FAILS(x, tpk_grad_norm(x, 1.0f, &gn), TPK_ERR_ARG,
+                        "the gradients are sharded over DP (ZeRO-3");
+            CHECK_FAILS(x, tpk_param_get_global(x, 0, true, &one), TPK_ERR_ARG,
+                        "grad: the gradients are sharded over DP (ZeRO-3");
+        }
         CHECK_OK(x, tpk_zero3_gather(x, &z)); /* the whole weights to compare */
         /* Sharded gradients over micro-batches sum each micro-batch over DP, then the micro-
          * batches (ZeRO-0: the reverse): the f32 sums round differently. The keys' bias has a

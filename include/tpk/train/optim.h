@@ -145,6 +145,11 @@ static inline tpk_status tpk_grad_norm(tpk_ctx *ctx, float scale, double *norm) 
     static const char *fn = "tpk_grad_norm";
     if (!ctx) return TPK_ERR_ARG;
     if (!norm) return tpk__fail(ctx, TPK_ERR_ARG, fn, "norm: NULL");
+    if (ctx->params.gat)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "ctx->params: the gradients are sharded over DP (ZeRO-3, "
+                         "tpk/train/zero3.h): tpk_train_step's norm (its *norm) is the whole "
+                         "model's");
     double *sq, local = 0;
     TPK_TRY(tpk__normsq(ctx, &sq));
     TPK_TRY(tpk__grad_sumsq_ep(ctx, (const float *)ctx->params.grad.p, 0, ctx->params.numel, sq));
@@ -390,6 +395,8 @@ static inline tpk_status tpk__adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, f
 /* One step on every parameter: lr from the schedule, grad_scale = the DP average x the clipping
  * factor (computed by the caller; tpk_train_step clips without a host wait). */
 static inline tpk_status tpk_adamw_step(tpk_ctx *ctx, tpk_adamw *o, float lr, float grad_scale) {
+    if (ctx && o && o->grads_wait) /* ZeRO-3's sharded gradients: its reduce-scatters finished */
+        TPK_TRY(o->grads_wait(ctx, o->grads_wait_user));
     return tpk__adamw_step(ctx, o, lr, grad_scale, NULL, 0.0f, "tpk_adamw_step");
 }
 
