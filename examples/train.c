@@ -197,11 +197,18 @@ int main(int argc, char **argv) {
     if (o.zero == 3 && !ok(t.piped ? tpk_zero3_init_pipe(&ctx, &z3, &t.pm, &opt, &z3d)
                                    : tpk_zero3_init(&ctx, &z3, tpk_model_lm(&t.m), &opt, &z3d)))
         goto out;
-    if (o.zero == 3 && W.rank == 0) /* sharded: past one DP rank, without stages */
-        printf("zero3: gradients %s\n",
-               z3.sgrads ? "sharded (each block's reduce-scattered as its backward ends, each "
-                           "micro-batch)"
-                         : "whole (reduce-scattered on the step's last micro-batch)");
+    if (o.zero == 3 && W.rank == 0) { /* sharded: past one DP rank, without stages, if less */
+        if (z3.sgrads)
+            printf("zero3: gradients sharded (each block's reduce-scattered as its backward ends, "
+                   "each micro-batch): %.2f MB of buffers beside the slice, not the whole %.2f\n",
+                   (double)z3.grad_shard / 1e6, (double)z3.grad_whole / 1e6);
+        else
+            printf("zero3: gradients whole (reduce-scattered on the step's last micro-batch: "
+                   "%s)\n",
+                   o.zero3_whole_grads ? "--zero3-whole-grads"
+                   : t.piped           ? "pipeline stages"
+                                       : "their sharded buffers would hold more");
+    }
     double t0 = now(), t_int = t0, int_s = 0, /* the reporting interval: its start, its time */
         flops = gpu ? tpk_run_flops_per_token(&t, (double)nglobal, S) : 0;
     int64_t from = opt.step, int_n = 0;

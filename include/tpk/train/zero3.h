@@ -63,19 +63,21 @@
  * step. As a unit's backward begins its buffer is zeroed (a buffer's previous block waited for
  * first); as it ends its gradients partial over TP are summed there (sequence parallelism's
  * norms, shared key/value heads: tpk_params_reduce_partial_grads' per parameter) and each run
- * is reduce-scattered over the DP group, this rank's part received after the gradients in the
- * unit's buffer, while the next block's backward computes; when waited for, that part is added
- * into the slice opt->g. So every micro-batch is reduced (FSDP's default; whole_grads reduces
- * on the last one, as no_sync), the slice zeroed at the first backward after
- * tpk_params_zero_grad, and tpk_train_step waits for the last ones (tpk_adamw.grads_wait). The
- * data-parallel buckets record and check each report as ever but start nothing. Under HSDP, on
- * the step's last micro-batch (its buckets begun before the backward: ctx->params.dp_open),
- * each unit's part of the slice is all-reduced across the shard groups as soon as its
- * reduce-scatter is waited for, under the rest of the backward (tpk_adamw.grads_replicated:
- * tpk_train_step's all-reduce of the whole slice made so). Gradient memory per rank:
- * sn + (two blocks + the rest) (1 + 1/D) elements, against numel + sn whole. The sums' order
- * differs from ZeRO-0's under accumulation (over DP per micro-batch, then over micro-batches):
- * equal within f32 rounding.
+ * is reduce-scattered over the DP group into the slice opt->g itself (this rank's part of the
+ * send buffer first adds the slice's sums so far: the result is the new total, no second
+ * buffer), in flight while the next block's backward computes. So every micro-batch is
+ * reduced (FSDP's default; whole_grads reduces on the last one, as no_sync), the slice zeroed
+ * at the first backward after tpk_params_zero_grad, and tpk_train_step waits for the last ones
+ * (tpk_adamw.grads_wait). The data-parallel buckets record and check each report as ever but
+ * start nothing. Under HSDP, on the step's last micro-batch (its buckets begun before the
+ * backward: ctx->params.dp_open), each unit's part of the slice is all-reduced across the shard
+ * groups as soon as its reduce-scatter is waited for, under the rest of the backward
+ * (tpk_adamw.grads_replicated: tpk_train_step's all-reduce of the whole slice made so).
+ * Gradient memory per rank: sn + two blocks + the rest elements, against numel + sn whole; the
+ * gradients are sharded only where that holds less (grad_shard < grad_whole: not for a model
+ * of a block or two, or one whose rest is most of it). The sums' order differs from ZeRO-0's
+ * under accumulation (over DP per micro-batch, then over micro-batches): equal within f32
+ * rounding.
  * Not yet: experts at EP > 1 (refused by name). */
 #ifndef TPK_ZERO3_H
 #define TPK_ZERO3_H
@@ -110,8 +112,8 @@ typedef struct tpk__z3_unit {
     /* sharded gradients: 0 none, 1 open (its backward writes them), 2 reduce-scatter in flight */
     int gstate, gslot; /* gslot: the shared gradient buffer it uses (0, 1), or -1: gown */
     tpk_buf gown;
-    float *gbuf; /* its gradients (runs in order), then its part of their sums (part elements) */
-    size_t part; /* the elements of its runs within this rank's slice */
+    float *gbuf; /* its gradients (runs in order) */
+    size_t part; /* the elements of its runs within this rank's slice (its part of the sums) */
     bool glast;   /* its reduce-scatter in flight is the step's last micro-batch's */
     bool hflight; /* HSDP: its part of the slice in an all-reduce across the shard groups */
     tpk_request hreq[TPK__Z3_RUNS];
@@ -136,6 +138,9 @@ typedef struct tpk_zero3 {
     size_t *counts;                 /* [D] */
     int64_t opt_step;               /* the optimizer step the gathered buffers hold */
     bool sgrads;                    /* the gradients sharded (see the header) */
+    size_t grad_whole, grad_shard;  /* the bytes of the flat gradient buffer, and of the sharded
+                                       gradients' buffers (the slice aside): sharded only when
+                                       grad_shard < grad_whole */
     float **gat;                    /* [n params] the pointers ctx->params.gat holds */
     tpk_buf gslot[2];               /* the blocks' gradient buffers (gradients, then the part of
                                        their sums this rank receives) */
@@ -246,9 +251,9 @@ static inline void tpk__z3_mine(const tpk_zero3 *z, size_t a, size_t b, size_t *
     if (*hi < *lo) *hi = *lo;
 }
 
-/* Unit k's gradient reduced: its reduce-scatters waited for and their sums (this rank's part, in
- * its buffer after the gradients) added into the slice opt->g. Nothing when none is in
- * flight. */
+/* Unit k's gradient reduced: its reduce-scatters (into the slice opt->g) waited for; under HSDP
+ * on the step's last micro-batch its part of the slice then all-reduced across the shard groups
+ * (started). Nothing when none is in flight. */
 static inline tpk_status tpk__z3_grad_done(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     tpk__z3_unit *u = &z->u[k];
     if (u->gstate != 2) return TPK_OK;
@@ -259,14 +264,11 @@ static inline tpk_status tpk__z3_grad_done(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     }
     u->gstate = 0;
     if (u->gslot >= 0 && z->gslot_owner[u->gslot] == k) z->gslot_owner[u->gslot] = -1;
-    const float *rv = u->gbuf + u->elems;
     tpk_comm *rep = u->glast ? tpk__zero_replicas(ctx) : NULL; /* (its sums final) */
     for (int r = 0; r < u->nruns && s == TPK_OK; r++) {
         size_t lo, hi;
         tpk__z3_mine(z, u->a[r], u->b[r], &lo, &hi);
         float *g = z->opt->g + (lo - z->s0);
-        if (hi > lo) s = tpk_op_axpby(ctx, g, 1.0f, rv, 1.0f, TPK_F32, hi - lo);
-        rv += hi - lo;
         memset(&u->hreq[r], 0, sizeof u->hreq[r]);
         if (rep && hi > lo && s == TPK_OK) { /* HSDP: across the groups, under the backward */
             s = tpk_allreduce_start(ctx, rep, g, g, hi - lo, TPK_F32, TPK_SUM, &u->hreq[r]);
@@ -331,7 +333,7 @@ static inline tpk_status tpk__z3_grad_open(tpk_ctx *ctx, tpk_zero3 *z, int k) {
         z->gslot_owner[u->gslot] = k;
         buf = (float *)z->gslot[u->gslot].p;
     } else {
-        TPK_TRY(tpk__buf_reserve(ctx, &u->gown, sizeof(float) * (u->elems + u->part + 1)));
+        TPK_TRY(tpk__buf_reserve(ctx, &u->gown, sizeof(float) * (u->elems ? u->elems : 1)));
         buf = (float *)u->gown.p;
     }
     if (u->elems) TPK_TRY(tpk_op_fill(ctx, buf, TPK_F32, u->elems, 0.f));
@@ -355,16 +357,20 @@ static inline tpk_status tpk__z3_grad_reduce(tpk_ctx *ctx, tpk_zero3 *z, int k) 
         for (int i = u->first[r]; i <= u->last[r]; i++)
             if (ctx->tp.size > 1) TPK_TRY(tpk__param_reduce_partial(ctx, i));
     tpk_comm *dg = tpk__zero_group(ctx);
-    const float *src = u->gbuf;
-    float *recv = u->gbuf + u->elems;
-    for (int r = 0; r < u->nruns; src += u->b[r] - u->a[r], recv += z->counts[dg->rank], r++) {
-        size_t a = u->a[r], b = u->b[r];
+    float *src = u->gbuf;
+    for (int r = 0; r < u->nruns; src += u->b[r] - u->a[r], r++) {
+        size_t a = u->a[r], b = u->b[r], lo, hi;
         for (int q = 0; q < dg->size; q++) {
             tpk_range sq = tpk_split((int64_t)z->numel, dg->size, q);
-            size_t lo = (size_t)sq.off, hi = lo + (size_t)sq.size;
-            lo = lo < a ? a : lo, hi = hi > b ? b : hi;
-            z->counts[q] = hi > lo ? hi - lo : 0;
+            size_t l = (size_t)sq.off, h = l + (size_t)sq.size;
+            l = l < a ? a : l, h = h > b ? b : h;
+            z->counts[q] = h > l ? h - l : 0;
         }
+        /* received into the slice itself: this rank's part of the send buffer carries the sums
+           so far (the earlier micro-batches'), so the reduce-scatter leaves the new total */
+        tpk__z3_mine(z, a, b, &lo, &hi);
+        float *recv = z->opt->g + (hi > lo ? lo - z->s0 : 0);
+        if (hi > lo) TPK_TRY(tpk_op_axpby(ctx, src + (lo - a), 1.0f, recv, 1.0f, TPK_F32, hi - lo));
         memset(&u->greq[r], 0, sizeof u->greq[r]);
         TPK_TRY(tpk_reduce_scatterv_start(ctx, dg, src, b - a, recv, z->counts, TPK_F32, TPK_SUM,
                                           &u->greq[r]));
@@ -551,7 +557,6 @@ static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero
     /* the gradients sharded: past one rank of the DP group, without pipeline stages (a stage's
        tied copy and its 1F1B order keep the flat buffer) unless asked whole */
     z->sgrads = !d->whole_grads && V == 1 && ctx->pp.size == 1 && dg->size > 1 && opt->g;
-    size_t gmost = 0; /* a block's gradients and its part of their sums */
     for (int q = 0; q < z->nu; q++) {
         tpk__z3_unit *u = &z->u[q];
         for (int r = 0; r < u->nruns; r++) {
@@ -559,10 +564,15 @@ static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero
             tpk__z3_mine(z, u->a[r], u->b[r], &lo, &hi);
             u->part += hi - lo;
         }
-        if (q) gmost = u->elems + u->part > gmost ? u->elems + u->part : gmost;
     }
+    /* sharded only where that holds less than the flat buffer (a model of a few blocks, or one
+       whose rest is most of it, keeps the whole buffer) */
+    z->grad_whole = sizeof(float) * (z->numel ? z->numel : 1);
+    z->grad_shard = sizeof(float) * ((size_t)(L > 1 ? 2 : L) * (most ? most : 1) +
+                                     (z->u[0].elems ? z->u[0].elems : 1));
+    z->sgrads = z->sgrads && z->grad_shard < z->grad_whole;
     for (int q = 0; q < 2 && s == TPK_OK && z->sgrads && L > q; q++)
-        s = tpk__buf_reserve(ctx, &z->gslot[q], sizeof(float) * (gmost ? gmost : 1));
+        s = tpk__buf_reserve(ctx, &z->gslot[q], sizeof(float) * (most ? most : 1));
     if (s != TPK_OK) {
         tpk_zero3_destroy(ctx, z);
         return s;
@@ -647,12 +657,11 @@ static inline tpk_status tpk_zero3_bytes(tpk_ctx *ctx, const tpk_zero3 *z, size_
 
 /* *bytes = the gradients' memory ZeRO-3 holds at most during a step when it shards them (0 when
  * the flat buffer is whole): the two block buffers and the rest's own (from its backward's start
- * to the optimizer step), each with its part of the sums. tpk_mem_held_get's gradients add the
- * slice opt->g. */
+ * to the optimizer step). tpk_mem_held_get's gradients add the slice opt->g. */
 static inline size_t tpk_zero3_grad_bytes(const tpk_zero3 *z) {
     if (!z || !z->u || !z->sgrads) return 0;
     return z->gslot[0].bytes + z->gslot[1].bytes +
-           sizeof(float) * (z->u[0].elems + z->u[0].part + 1);
+           sizeof(float) * (z->u[0].elems ? z->u[0].elems : 1);
 }
 
 /* The whole weights back in ctx->params.data (every rank's shard all-gathered; the layers read it
