@@ -1,7 +1,7 @@
 /* tests/torch_dump.c — one forward and backward of a small GPT-2, Llama, GPT-NeoX, Mixtral or
- * Qwen2-MoE at t = ranks (Mixtral, Qwen2-MoE: t = ranks / ep), written out for the PyTorch reference (tests/torch_ref.py),
- * which rebuilds the model from the same global weights with PyTorch's own layers and compares the
- * loss and every gradient.
+ * Qwen2-MoE at t = ranks (Mixtral, Qwen2-MoE: t = ranks / ep), written out for the PyTorch
+ * reference (tests/torch_ref.py), which rebuilds the model from the same global weights with
+ * PyTorch's own layers and compares the loss and every gradient.
  *
  *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox [tanh] | mixtral [ep2] |
  *                                                  qwen2_moe [ep2] [norm]]
