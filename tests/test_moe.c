@@ -30,12 +30,14 @@
  * refusals). The Qwen2-MoE family (tpk/models/qwen2_moe.h: q, k, v biases, a shared expert,
  * norm_topk_prob off and on) the same way at EP 1, 2, TP 3 (a key/value head and its bias on two
  * ranks), TP 2 x EP 2 x DP 2 and EP 2 x DP 4, its Hugging Face names, bad config refused by name,
- * its config.json parsed (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and
+ * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2 read back (config.json; every tensor and the
+ * step, by one rank's EP 1 model and at the saving mesh), its config.json parsed (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and
  * the rest refused by name). Run at 1..4
  * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
 #include <tpk/train/hf.h>
+#include <tpk/train/model.h>
 #include <tpk/train/train.h>
 
 /* the elements world rank p sends to rank q: uneven, zero where (p + 2 q) % 3 == 1 */
@@ -1056,6 +1058,90 @@ static void test_mixtral(int tp, int ep, int E, int qwen) {
     tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
 }
 
+/* Every parameter of c (this rank's: its experts alone) against r's of the same name (one rank's
+ * whole model), bit for bit; *n counts them. Collective over c's TP group. */
+static void same_params(tpk_ctx *c, tpk_ctx *r, const char *what, int *n) {
+    for (int i = 0; i < c->params.n; i++) {
+        tpk_param *p = &c->params.list[i];
+        int j = tpk_param_find(r, p->name);
+        size_t k = tpk_param_global_numel(c, i);
+        float *got = malloc(k * sizeof(float)), *want = malloc(k * sizeof(float));
+        test_poison(got, k), test_poison(want, k);
+        CHECK_OK(c, tpk_param_get_global(c, i, false, got));
+        CHECK(j >= 0, "%s: %s not in the one-rank model", what, p->name);
+        if (j >= 0) {
+            CHECK_OK(r, tpk_param_get_global(r, j, false, want));
+            CHECK(!memcmp(got, want, k * sizeof(float)), "%s: %s differs", what, p->name);
+            (*n)++;
+        }
+        free(got), free(want);
+    }
+}
+
+/* A Qwen2-MoE saved at TP tp x EP ep (each routed expert written from its EP rank, its AdamW
+ * moments too) and read back: config.json's model_type, architectures and every field; loaded
+ * by one rank's EP 1 model (every tensor the saved one's, bit for bit), and at the saving mesh
+ * over other weights (the weights and the step back). */
+static void test_qwen_ckpt(int tp, int ep) {
+    char dir[128], path[160];
+    snprintf(dir, sizeof dir, "build/tests/qwen2_moe_ckpt_np%d_tp%d", np, tp);
+    tpk_ctx c, r;
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 3}));
+    CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 5}));
+    tpk_qwen2_moe_config cfg = qwen_config(4, true);
+    cfg.rope_theta = 5e5f, cfg.norm_eps = 2e-6f, cfg.aux_coef = 0.02f;
+    tpk_qwen2_moe m, mr;
+    CHECK_OK(&c, tpk_qwen2_moe_init(&c, &m, &cfg));
+    CHECK_OK(&r, tpk_qwen2_moe_init(&r, &mr, &cfg));
+    test_set_weights(&c, 21, 0.3f);
+    tpk_adamw opt, ropt;
+    CHECK_OK(&c, tpk_adamw_init(&c, &opt, &(tpk_adamw_desc){.b1 = 0.9f}));
+    CHECK_OK(&r, tpk_adamw_init(&r, &ropt, &(tpk_adamw_desc){.b1 = 0.9f}));
+    opt.step = 3;
+    CHECK_OK(&c, tpk_qwen2_moe_save(&c, &m, &opt, dir, &(tpk_hf_save_desc){.step = 3, .seed = 3}));
+    char type[32] = "";
+    CHECK_OK(&r, tpk_hf_model_type(&r, dir, type, sizeof type));
+    tpk_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    CHECK_OK(&r, tpk_model_config_read(&r, dir, &mc));
+    const tpk_qwen2_moe_config *q = &mc.qwen2_moe;
+    CHECK(!strcmp(type, "qwen2_moe") && mc.arch == TPK_ARCH_QWEN2_MOE && q->layers == XL &&
+              q->hidden == XH && q->heads == XA && q->kv_heads == 2 && q->vocab == XV &&
+              q->positions == XS && q->experts == 4 && q->top_k == 2 && q->moe_ffn == 12 &&
+              q->shared_ffn == 10 && q->norm_topk_prob == 1 && q->aux_coef == 0.02f &&
+              q->rope_theta == 5e5f && q->norm_eps == 2e-6f && !q->tie_embeddings,
+          "config.json read back: type %s arch %d L %lld E %lld k %lld F %lld Fs %lld norm %lld "
+          "coef %g theta %g eps %g",
+          type, (int)mc.arch, (long long)q->layers, (long long)q->experts, (long long)q->top_k,
+          (long long)q->moe_ffn, (long long)q->shared_ffn, (long long)q->norm_topk_prob,
+          (double)q->aux_coef, (double)q->rope_theta, (double)q->norm_eps);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    char text[4096] = "";
+    size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[got] = 0;
+    CHECK(strstr(text, "\"architectures\": [\"Qwen2MoeForCausalLM\"]") &&
+              strstr(text, "\"decoder_sparse_step\": 1") && strstr(text, "\"mlp_only_layers\": []"),
+          "%s: %s", path, text);
+    CHECK_OK(&r, tpk_qwen2_moe_load(&r, &mr, &ropt, dir));
+    CHECK(ropt.step == 3, "the step loaded: %lld", (long long)ropt.step);
+    int n = 0;
+    same_params(&c, &r, "loaded by one rank", &n);
+    int all = n, experts = 3 * XL * 4;
+    CHECK_OK(&c, tpk_allreduce_host(&c, &c.ep, &all, 1, TPK_I32, TPK_SUM));
+    CHECK(n == r.params.n - experts + experts / ep && all == ep * (r.params.n - experts) + experts,
+          "%d tensors compared here, %d over EP; the one-rank model has %d", n, all, r.params.n);
+    test_set_weights(&c, 22, 0.1f), opt.step = 0; /* other weights: the load sets every one */
+    CHECK_OK(&c, tpk_qwen2_moe_load(&c, &m, &opt, dir));
+    n = 0;
+    same_params(&c, &r, "loaded back at the saving mesh", &n);
+    CHECK(opt.step == 3, "the step loaded back: %lld", (long long)opt.step);
+    tpk_adamw_destroy(&c, &opt), tpk_adamw_destroy(&r, &ropt);
+    tpk_lm_destroy(&c, &m.lm), tpk_lm_destroy(&r, &mr.lm);
+    tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
+}
+
 /* Mixtral at EP ep (the world's ranks, E experts) under recompute `mode` against the same model
  * without recompute on the same ranks: the loss and every gradient the same bits (the routing,
  * its all-to-alls and the experts' GEMMs run again in the same order). With `opts` the blocks take
@@ -1303,6 +1389,13 @@ int main(int argc, char **argv) {
         if (np == 1) test_mixtral(1, 1, 4, 1), test_mixtral(1, 1, 4, 2);
         if (np == 2) test_mixtral(1, 2, 4, 1);
         if (np == 3) test_mixtral(3, 1, 4, 1);
+    }
+    TEST_CASE("Qwen2-MoE: a checkpoint saved at %s (every routed expert from its EP rank) read "
+              "back: config.json, loaded by one rank's EP 1 model and at the saving mesh",
+              np == 4 ? "TP 2 x EP 2" : np == 3 ? "TP 3" : np == 2 ? "EP 2" : "EP 1") {
+        if (np == 4) test_qwen_ckpt(2, 2);
+        else if (np == 3) test_qwen_ckpt(3, 1);
+        else test_qwen_ckpt(1, np);
     }
     TEST_CASE("Qwen2-MoE: config.json (Qwen2MoeForCausalLM's keys, defaults, refusals by name)") {
         static const char *base =
