@@ -31,9 +31,9 @@
  * norm_topk_prob off and on) the same way at EP 1, 2, TP 3 (a key/value head and its bias on two
  * ranks), TP 2 x EP 2 x DP 2 and EP 2 x DP 4, its Hugging Face names, bad config refused by name,
  * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2 read back (config.json; every tensor and the
- * step, by one rank's EP 1 model and at the saving mesh), its config.json parsed (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and
- * the rest refused by name). Run at 1..4
- * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
+ * step, by one rank's EP 1 model and at the saving mesh), its config.json parsed
+ * (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and the rest refused by
+ * name). Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
 #include <tpk/train/hf.h>
