@@ -1,5 +1,5 @@
-/* tpk/train/hf.h — GPT-2 and Llama checkpoints in Hugging Face's layout, saved and loaded at any TP
- * and DP size.
+/* tpk/train/hf.h — the families' checkpoints (GPT-2, Llama, GPT-NeoX, Mixtral, Qwen2-MoE) in
+ * Hugging Face's layout, saved and loaded at any TP, DP (and, with experts, EP) size.
  *
  * A checkpoint directory holds
  *   config.json        GPT2LMHeadModel's config (model_type "gpt2": n_layer, n_embd, n_head,
@@ -8,7 +8,11 @@
  *                      num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
  *                      rms_norm_eps, rope_theta, tie_word_embeddings) or GPTNeoXForCausalLM's
  *                      (model_type "gpt_neox": the same sizes, rotary_pct, rotary_emb_base,
- *                      layer_norm_eps, use_parallel_residual), plus tpk_step, tpk_seed,
+ *                      layer_norm_eps, use_parallel_residual) or MixtralForCausalLM's
+ *                      (model_type "mixtral": Llama's with num_local_experts, ...) or
+ *                      Qwen2MoeForCausalLM's (model_type "qwen2_moe": num_experts,
+ *                      moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob,
+ *                      ...), plus tpk_step, tpk_seed,
  *                      tpk_checkpoint_id (16 hex digits, random per save) and tpk_run_id
  *   model.safetensors  every parameter as its GLOBAL tensor under Hugging Face names; GPT-2's
  *                      Conv1D weights (c_attn, c_proj, c_fc) stored [in, out] as Hugging Face
