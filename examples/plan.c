@@ -74,7 +74,8 @@ static const tpk_flag plan_flags[] = {
     {"--sequence-parallel", TPK_FLAG_INT, 0, 1, NULL, "0|1", "0 or 1", 1, "restrict", NULL,
      offsetof(opts, sp)},
     {"--ep", TPK_FLAG_INT, 1, 1e6, NULL, "E", NULL, 1, "restrict",
-     "expert parallelism's size, a Mixtral's (every size dividing DP and the experts unless given)",
+     "expert parallelism's size, a Mixtral's or Qwen2-MoE's (every size dividing DP and the "
+     "experts unless given)",
      offsetof(opts, ep)},
     {"--calibrate", TPK_FLAG_STR, 0, 0, NULL, "FILE", NULL, 1, "calibrate",
      "measure this machine (the host backend; under mpirun its collectives) into a profile file; "
@@ -200,7 +201,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
         tpk_profile *prof = NULL;
         for (int a = 0; a < TPK_ARCH_COUNT; a++) {
             if (a == TPK_ARCH_CUSTOM) continue;  /* a program's own model */
-            if (a == TPK_ARCH_MIXTRAL) continue; /* Llama's ops and the dispatcher's copies */
+            if (tpk_arch_has_experts((tpk_arch)a)) continue; /* Llama's ops, the dispatcher's */
             opts fo = *o;
             tpk_model_config cfg;
             tpk_model m;
@@ -436,7 +437,7 @@ int main(int argc, char **argv) {
            (double)d.batch * d.seq, d.gpus, d.gpus / gpn, d.gpus / gpn == 1 ? "" : "s", gpn,
            hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
     printf("profile: %s\n", hw.source);
-    if (d.model.arch == TPK_ARCH_MIXTRAL)
+    if (tpk_arch_has_experts(d.model.arch))
         printf("assumed: a balanced router (every expert T k / E of a rank's T tokens' rows, so "
                "each EP rank receives T k rows); a real router's imbalance moves the experts' "
                "activations and the all-to-alls' time\n");

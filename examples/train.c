@@ -186,7 +186,7 @@ int main(int argc, char **argv) {
 
     /* training */
     bool adasum = o.dp_reduce && !strcmp(o.dp_reduce, "adasum"),
-         moe = cfg.arch == TPK_ARCH_MIXTRAL; /* the step line shows the aux loss */
+         moe = tpk_arch_has_experts(cfg.arch); /* the step line shows the aux loss */
     tpk_lr_schedule sched = {TPK_LR_COSINE, (float)o.lr, (float)o.min_lr_frac, o.warmup, o.steps};
     tpk_trainable_set_dp(&t, &dp_b, o.zero != 1 && !adasum); /* the buckets under the backward */
     if (adasum && !ok(tpk_dp_adasum_init(&ctx, &dp_b))) goto out; /* after the backward */

@@ -196,10 +196,11 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
     quick_set && tnp="2 3"
     long_set && tnp="$tnp 1 4"
     # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied; GPT-NeoX;
-    # Mixtral at EP 2 x DP 2 (2 ranks, quick), EP 1 (1) and TP 2 x EP 2 x DP 2 (4, long)
-    for model in gpt2 llama llama_tied neox neox_tanh mixtral; do
+    # Mixtral at EP 2 x DP 2 (2 ranks, quick), EP 1 (1) and TP 2 x EP 2 x DP 2 (4, long);
+    # Qwen2-MoE the same, with norm_topk_prob at EP 1
+    for model in gpt2 llama llama_tied neox neox_tanh mixtral qwen2_moe; do
         for np in $tnp; do
-            [ $model = mixtral ] && [ "$np" = 3 ] && continue
+            case $model in mixtral | qwen2_moe) [ "$np" = 3 ] && continue ;; esac
             odd=""; even=""
             if [ $((np % 2)) = 1 ]; then odd=sp; else even=sp; fi
             case $model in  # sequence parallelism at odd t (the tied Llama: at even t)
@@ -210,6 +211,8 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
             neox_tanh) args="$even neox tanh" name=torch_reference_neox_tanh ;;
             mixtral) args="mixtral" name=torch_reference_mixtral
                      [ "$np" = 1 ] || args="mixtral ep2" ;;
+            qwen2_moe) args="qwen2_moe norm" name=torch_reference_qwen2_moe
+                       [ "$np" = 1 ] || args="qwen2_moe ep2" ;;
             esac
             dir=$B/tests/torch_${model}_np$np
             rm -rf "$dir"

@@ -199,8 +199,8 @@ int main(int argc, char **argv) {
         const char *a2[] = {"t", "--text", "f", "--kv-heads", "2"};
         CHECK(tpk_run_parse(&o, 5, (char **)a2, 1, e, sizeof e) == 0, "%s", e);
         CHECK(tpk_run_model_config(&ctx, &o, def, 64, &cfg, &S, e, sizeof e) == TPK_ERR_ARG &&
-                  !strcmp(e, "--kv-heads: applies to --arch llama or mixtral only (the model "
-                             "is gpt2)"),
+                  !strcmp(e, "--kv-heads: applies to --arch llama or mixtral or qwen2_moe only "
+                             "(the model is gpt2)"),
               "%s", e);
         const char *a3[] = {"t", "--text", "f", "--arch", "neox", "--rotary-pct", "2"};
         CHECK(tpk_run_parse(&o, 7, (char **)a3, 1, e, sizeof e) == 0, "%s", e);

@@ -891,7 +891,8 @@ int main(int argc, char **argv) {
             tpk_status want;
         } cases[] = {
             {"{\"model_type\": \"mistral\"}",
-             "model_type \"mistral\": expected \"gpt2\", \"llama\", \"gpt_neox\" or \"mixtral\"",
+             "model_type \"mistral\": expected \"gpt2\", \"llama\", \"gpt_neox\", \"mixtral\" or "
+             "\"qwen2_moe\"",
              TPK_ERR_UNSUPPORTED},
             {"{\"n_layer\": 2}", "model_type missing: expected", TPK_ERR_UNSUPPORTED},
             {"{\"model_type\": 7}", "model_type (not a string)", TPK_ERR_UNSUPPORTED},

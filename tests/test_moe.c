@@ -27,11 +27,17 @@
  * selective recompute (a capacity, a z-loss and a shared expert, or none) the bits of no
  * recompute; the routers' z-loss under the pooled aux against a double reference from each
  * router's input (the loss, the last gate's gradient); its config.json parsed (keys, defaults,
- * refusals). Run at 1..4
- * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
+ * refusals). The Qwen2-MoE family (tpk/models/qwen2_moe.h: q, k, v biases, a shared expert,
+ * norm_topk_prob off and on) the same way at EP 1, 2, TP 3 (a key/value head and its bias on two
+ * ranks), TP 2 x EP 2 x DP 2 and EP 2 x DP 4, its Hugging Face names, bad config refused by name,
+ * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2 read back (config.json; every tensor and the
+ * step, by one rank's EP 1 model and at the saving mesh), its config.json parsed
+ * (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and the rest refused by
+ * name). Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
 #include <tpk/train/hf.h>
+#include <tpk/train/model.h>
 #include <tpk/train/train.h>
 
 /* the elements world rank p sends to rank q: uneven, zero where (p + 2 q) % 3 == 1 */
@@ -855,18 +861,47 @@ static void mix_tokens(int q, int32_t *ids, int32_t *tg) {
     tg[5] = -100;
 }
 
-/* Mixtral at TP tp x EP ep x DP (world / tp), each DP rank its own tokens: each rank's loss (the
+/* A Qwen2-MoE of the same sizes: the shared expert's F_s 10, the top-k weights renormalised
+ * with norm. */
+static tpk_qwen2_moe_config qwen_config(int E, bool norm) {
+    tpk_qwen2_moe_config c = {.vocab = XV,
+                              .positions = XS,
+                              .layers = XL,
+                              .hidden = XH,
+                              .heads = XA,
+                              .kv_heads = 2,
+                              .moe_ffn = 12,
+                              .shared_ffn = 10,
+                              .experts = E,
+                              .top_k = 2,
+                              .norm_topk_prob = norm,
+                              .aux_coef = 0.05f,
+                              .rope_theta = 1000};
+    return c;
+}
+
+/* Mixtral (qwen 0) or Qwen2-MoE (qwen 1: the top-k weights as the softmax's; 2: renormalised) at
+ * TP tp x EP ep x DP (world / tp), each DP rank its own tokens: each rank's loss (the
  * cross-entropy plus the aux pooled over the layers), the dense gradients summed over DP and an
  * expert's over EDP (the sum of every DP rank's loss's), against a one-rank EP 1 model run on
  * every DP rank's tokens in turn. */
-static void test_mixtral(int tp, int ep, int E) {
+static void test_mixtral(int tp, int ep, int E, int qwen) {
     tpk_ctx c, r;
     CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 3}));
     CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 3}));
-    tpk_mixtral_config cfg = mix_config(E);
-    tpk_mixtral m, mr;
-    CHECK_OK(&c, tpk_mixtral_init(&c, &m, &cfg));
-    CHECK_OK(&r, tpk_mixtral_init(&r, &mr, &cfg));
+    tpk_mixtral_config cfg = mix_config(E), rcfg = cfg;
+    tpk_qwen2_moe_config qcfg = qwen_config(E, qwen == 2), rqcfg = qcfg;
+    tpk_lm_config lc, rlc;
+    tpk_lm m, mr;
+    if (qwen) {
+        CHECK_OK(&c, tpk_qwen2_moe_lm_config(&c, &qcfg, &lc));
+        CHECK_OK(&r, tpk_qwen2_moe_lm_config(&r, &rqcfg, &rlc));
+    } else {
+        CHECK_OK(&c, tpk_mixtral_lm_config(&c, &cfg, &lc));
+        CHECK_OK(&r, tpk_mixtral_lm_config(&r, &rcfg, &rlc));
+    }
+    CHECK_OK(&c, tpk_lm_init(&c, &m, &lc));
+    CHECK_OK(&r, tpk_lm_init(&r, &mr, &rlc));
     test_set_weights(&c, 9, 0.3f), test_set_weights(&r, 9, 0.3f);
     int dps = c.dp.size, dr = c.dp.rank;
     int32_t ids[XT], tg[XT];
@@ -874,15 +909,30 @@ static void test_mixtral(int tp, int ep, int E) {
     CHECK_OK(&r, tpk_params_zero_grad(&r));
     for (int q = 0; q < dps; q++) { /* the reference: every DP rank's loss's gradient, summed */
         mix_tokens(q, ids, tg);
-        CHECK_OK(&r, tpk_lm_forward(&r, &mr.lm, ids, tg, XB, XS, &l));
-        CHECK_OK(&r, tpk_lm_backward(&r, &mr.lm, 1.0f));
+        CHECK_OK(&r, tpk_lm_forward(&r, &mr, ids, tg, XB, XS, &l));
+        CHECK_OK(&r, tpk_lm_backward(&r, &mr, 1.0f));
         if (q == dr) lref = l;
     }
-    CHECK(mr.lm.aux > 0 && m.c.aux_coef == 0.05f, "aux %g", (double)mr.lm.aux);
+    CHECK(mr.aux > 0 && lc.block.mlp.moe.aux_coef == 0.05f, "aux %g", (double)mr.aux);
+    if (qwen) { /* Hugging Face Qwen2MoeForCausalLM's names: q, k, v biases, no o_proj bias */
+        static const char *has[] = {"model.layers.1.self_attn.q_proj.bias",
+                                    "model.layers.0.self_attn.v_proj.bias",
+                                    "model.layers.0.mlp.experts.3.down_proj.weight",
+                                    "model.layers.1.mlp.experts.0.gate_proj.weight",
+                                    "model.layers.1.mlp.shared_expert.up_proj.weight",
+                                    "model.layers.0.mlp.shared_expert_gate.weight",
+                                    "model.layers.0.mlp.gate.weight"};
+        for (int k = 0; k < 7; k++) CHECK(tpk_param_find(&r, has[k]) >= 0, "no %s", has[k]);
+        CHECK(tpk_param_find(&r, "model.layers.0.self_attn.o_proj.bias") < 0 &&
+                  r.params.n == 3 + XL * (14 + 3 * E),
+              "o_proj.bias %d, %d parameters, expected %d",
+              tpk_param_find(&r, "model.layers.0.self_attn.o_proj.bias"), r.params.n,
+              3 + XL * (14 + 3 * E));
+    }
     mix_tokens(dr, ids, tg);
     CHECK_OK(&c, tpk_params_zero_grad(&c));
-    CHECK_OK(&c, tpk_lm_forward(&c, &m.lm, ids, tg, XB, XS, &loss));
-    CHECK_OK(&c, tpk_lm_backward(&c, &m.lm, 1.0f));
+    CHECK_OK(&c, tpk_lm_forward(&c, &m, ids, tg, XB, XS, &loss));
+    CHECK_OK(&c, tpk_lm_backward(&c, &m, 1.0f));
     CHECK_OK(&c, tpk_params_reduce_partial_grads(&c));
     CHECK(fabsf(loss - lref) < 1e-5f * fabsf(lref), "DP rank %d's loss %.8g, EP 1's %.8g", dr,
           (double)loss, (double)lref);
@@ -923,21 +973,21 @@ static void test_mixtral(int tp, int ep, int E) {
     CHECK_OK(&c, tpk_adamw_init(&c, &opt, &ad));
     CHECK_OK(&r, tpk_adamw_init(&r, &ropt, &ad));
     CHECK_OK(&c, tpk_dp_init(&c, &b));
-    tpk_lm_set_grad_ready(&m.lm, tpk_dp_grad_ready, &b);
+    tpk_lm_set_grad_ready(&m, tpk_dp_grad_ready, &b);
     for (int step = 0; step < 2; step++) {
         double norm = 0, rnorm = 0;
         CHECK_OK(&r, tpk_params_zero_grad(&r));
         for (int q = 0; q < dps; q++) {
             mix_tokens(q, ids, tg);
-            CHECK_OK(&r, tpk_lm_forward(&r, &mr.lm, ids, tg, XB, XS, &l));
-            CHECK_OK(&r, tpk_lm_backward(&r, &mr.lm, 1.0f));
+            CHECK_OK(&r, tpk_lm_forward(&r, &mr, ids, tg, XB, XS, &l));
+            CHECK_OK(&r, tpk_lm_backward(&r, &mr, 1.0f));
         }
         CHECK_OK(&r, tpk_train_step(&r, &ropt, &rb, lr, clip, gs, &rnorm));
         mix_tokens(dr, ids, tg);
         CHECK_OK(&c, tpk_params_zero_grad(&c));
-        CHECK_OK(&c, tpk_lm_forward(&c, &m.lm, ids, tg, XB, XS, &loss));
+        CHECK_OK(&c, tpk_lm_forward(&c, &m, ids, tg, XB, XS, &loss));
         CHECK_OK(&c, tpk_dp_begin(&c, &b, true));
-        CHECK_OK(&c, tpk_lm_backward(&c, &m.lm, 1.0f));
+        CHECK_OK(&c, tpk_lm_backward(&c, &m, 1.0f));
         CHECK_OK(&c, tpk_train_step(&c, &opt, &b, lr, clip, gs, &norm));
         CHECK(fabs(norm - rnorm) < 1e-5 * rnorm && norm > clip, "step %d: norm %.8g, EP 1's %.8g",
               step, norm, rnorm);
@@ -965,16 +1015,130 @@ static void test_mixtral(int tp, int ep, int E) {
     }
     tpk_dp_destroy(&b), tpk_dp_destroy(&rb);
     tpk_adamw_destroy(&c, &opt), tpk_adamw_destroy(&r, &ropt);
-    tpk_lm_destroy(&c, &m.lm), tpk_lm_destroy(&r, &mr.lm);
-    /* refused by name: experts not a multiple of EP, top-k past the experts, SP */
-    tpk_mixtral_config bad = cfg;
-    if (ep > 1) {
-        bad.experts = E + 1;
-        CHECK_FAILS(&c, tpk_mixtral_init(&c, &m, &bad), TPK_ERR_ARG,
-                    "cfg->experts: expected a positive multiple of the EP size");
+    tpk_lm_destroy(&c, &m), tpk_lm_destroy(&r, &mr);
+    /* refused by name: experts not a multiple of EP, top-k past the experts */
+    if (!qwen) {
+        tpk_mixtral xm;
+        tpk_mixtral_config bad = cfg;
+        if (ep > 1) {
+            bad.experts = E + 1;
+            CHECK_FAILS(&c, tpk_mixtral_init(&c, &xm, &bad), TPK_ERR_ARG,
+                        "cfg->experts: expected a positive multiple of the EP size");
+        }
+        bad = cfg, bad.top_k = E + 1;
+        CHECK_FAILS(&c, tpk_mixtral_init(&c, &xm, &bad), TPK_ERR_ARG, "cfg->top_k: expected 1..");
+    } else { /* and Qwen2-MoE's own fields */
+        tpk_qwen2_moe qm;
+        tpk_qwen2_moe_config bad = qcfg;
+        if (ep > 1) {
+            bad.experts = E + 1;
+            CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                        "cfg->experts: expected a positive multiple of the EP size");
+        }
+        bad = qcfg, bad.top_k = E + 1;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->top_k: expected 1..cfg->experts");
+        bad = qcfg, bad.norm_topk_prob = 2;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->norm_topk_prob: expected 0 (the softmax's weights) or 1");
+        bad = qcfg, bad.moe_ffn = -1;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->moe_ffn: expected 1..1e9");
+        bad = qcfg, bad.shared_ffn = -3;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->shared_ffn: expected 1..1e9");
+        bad = qcfg, bad.aux_coef = NAN;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->aux_coef: expected a finite value");
+        bad = qcfg, bad.kv_heads = 3;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->kv_heads: expected a divisor of cfg->heads");
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, NULL), TPK_ERR_ARG, "cfg: NULL");
     }
-    bad = cfg, bad.top_k = E + 1;
-    CHECK_FAILS(&c, tpk_mixtral_init(&c, &m, &bad), TPK_ERR_ARG, "cfg->top_k: expected 1..");
+    tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
+}
+
+/* Every parameter of c (this rank's: its experts alone) against r's of the same name (one rank's
+ * whole model), bit for bit; *n counts them. Collective over c's TP group. */
+static void same_params(tpk_ctx *c, tpk_ctx *r, const char *what, int *n) {
+    for (int i = 0; i < c->params.n; i++) {
+        tpk_param *p = &c->params.list[i];
+        int j = tpk_param_find(r, p->name);
+        size_t k = tpk_param_global_numel(c, i);
+        float *got = malloc(k * sizeof(float)), *want = malloc(k * sizeof(float));
+        test_poison(got, k), test_poison(want, k);
+        CHECK_OK(c, tpk_param_get_global(c, i, false, got));
+        CHECK(j >= 0, "%s: %s not in the one-rank model", what, p->name);
+        if (j >= 0) {
+            CHECK_OK(r, tpk_param_get_global(r, j, false, want));
+            CHECK(!memcmp(got, want, k * sizeof(float)), "%s: %s differs", what, p->name);
+            (*n)++;
+        }
+        free(got), free(want);
+    }
+}
+
+/* A Qwen2-MoE saved at TP tp x EP ep (each routed expert written from its EP rank, its AdamW
+ * moments too) and read back: config.json's model_type, architectures and every field; loaded
+ * by one rank's EP 1 model (every tensor the saved one's, bit for bit), and at the saving mesh
+ * over other weights (the weights and the step back). */
+static void test_qwen_ckpt(int tp, int ep) {
+    char dir[128], path[160];
+    snprintf(dir, sizeof dir, "build/tests/qwen2_moe_ckpt_np%d_tp%d", np, tp);
+    tpk_ctx c, r;
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 3}));
+    CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 5}));
+    tpk_qwen2_moe_config cfg = qwen_config(4, true);
+    cfg.rope_theta = 5e5f, cfg.norm_eps = 2e-6f, cfg.aux_coef = 0.02f;
+    tpk_qwen2_moe m, mr;
+    CHECK_OK(&c, tpk_qwen2_moe_init(&c, &m, &cfg));
+    CHECK_OK(&r, tpk_qwen2_moe_init(&r, &mr, &cfg));
+    test_set_weights(&c, 21, 0.3f);
+    tpk_adamw opt, ropt;
+    CHECK_OK(&c, tpk_adamw_init(&c, &opt, &(tpk_adamw_desc){.b1 = 0.9f}));
+    CHECK_OK(&r, tpk_adamw_init(&r, &ropt, &(tpk_adamw_desc){.b1 = 0.9f}));
+    opt.step = 3;
+    CHECK_OK(&c, tpk_qwen2_moe_save(&c, &m, &opt, dir, &(tpk_hf_save_desc){.step = 3, .seed = 3}));
+    char type[32] = "";
+    CHECK_OK(&r, tpk_hf_model_type(&r, dir, type, sizeof type));
+    tpk_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    CHECK_OK(&r, tpk_model_config_read(&r, dir, &mc));
+    const tpk_qwen2_moe_config *q = &mc.qwen2_moe;
+    CHECK(!strcmp(type, "qwen2_moe") && mc.arch == TPK_ARCH_QWEN2_MOE && q->layers == XL &&
+              q->hidden == XH && q->heads == XA && q->kv_heads == 2 && q->vocab == XV &&
+              q->positions == XS && q->experts == 4 && q->top_k == 2 && q->moe_ffn == 12 &&
+              q->shared_ffn == 10 && q->norm_topk_prob == 1 && q->aux_coef == 0.02f &&
+              q->rope_theta == 5e5f && q->norm_eps == 2e-6f && !q->tie_embeddings,
+          "config.json read back: type %s arch %d L %lld E %lld k %lld F %lld Fs %lld norm %lld "
+          "coef %g theta %g eps %g",
+          type, (int)mc.arch, (long long)q->layers, (long long)q->experts, (long long)q->top_k,
+          (long long)q->moe_ffn, (long long)q->shared_ffn, (long long)q->norm_topk_prob,
+          (double)q->aux_coef, (double)q->rope_theta, (double)q->norm_eps);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    char text[4096] = "";
+    size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[got] = 0;
+    CHECK(strstr(text, "\"architectures\": [\"Qwen2MoeForCausalLM\"]") &&
+              strstr(text, "\"decoder_sparse_step\": 1") && strstr(text, "\"mlp_only_layers\": []"),
+          "%s: %s", path, text);
+    CHECK_OK(&r, tpk_qwen2_moe_load(&r, &mr, &ropt, dir));
+    CHECK(ropt.step == 3, "the step loaded: %lld", (long long)ropt.step);
+    int n = 0;
+    same_params(&c, &r, "loaded by one rank", &n);
+    int all = n, experts = 3 * XL * 4;
+    CHECK_OK(&c, tpk_allreduce_host(&c, &c.ep, &all, 1, TPK_I32, TPK_SUM));
+    CHECK(n == r.params.n - experts + experts / ep && all == ep * (r.params.n - experts) + experts,
+          "%d tensors compared here, %d over EP; the one-rank model has %d", n, all, r.params.n);
+    test_set_weights(&c, 22, 0.1f), opt.step = 0; /* other weights: the load sets every one */
+    CHECK_OK(&c, tpk_qwen2_moe_load(&c, &m, &opt, dir));
+    n = 0;
+    same_params(&c, &r, "loaded back at the saving mesh", &n);
+    CHECK(opt.step == 3, "the step loaded back: %lld", (long long)opt.step);
+    tpk_adamw_destroy(&c, &opt), tpk_adamw_destroy(&r, &ropt);
+    tpk_lm_destroy(&c, &m.lm), tpk_lm_destroy(&r, &mr.lm);
     tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
 }
 
@@ -1210,8 +1374,97 @@ int main(int argc, char **argv) {
               : np == 1 ? "EP 1"
               : np == 2 ? "EP 2"
                         : "EP 3") {
-        if (np == 4) test_mixtral(2, 2, 4), test_mixtral(1, 2, 4);
-        else test_mixtral(1, np, np == 3 ? 6 : 4);
+        if (np == 4) test_mixtral(2, 2, 4, 0), test_mixtral(1, 2, 4, 0);
+        else test_mixtral(1, np, np == 3 ? 6 : 4, 0);
+    }
+    TEST_CASE("Qwen2-MoE (q, k, v biases, a shared expert, norm_topk_prob %s): the loss, every "
+              "gradient and 2 training steps at %s against one rank's EP 1 model on each DP "
+              "rank's tokens; its names; bad config refused by name",
+              np == 1 || np == 4 ? "on and off" : "off",
+              np == 4   ? "TP 2 x EP 2 x DP 2 and EP 2 x DP 4 (EDP 2)"
+              : np == 1 ? "EP 1"
+              : np == 2 ? "EP 2"
+                        : "TP 3 (a key/value head and its bias on two ranks)") {
+        if (np == 4) test_mixtral(2, 2, 4, 1), test_mixtral(1, 2, 4, 2);
+        if (np == 1) test_mixtral(1, 1, 4, 1), test_mixtral(1, 1, 4, 2);
+        if (np == 2) test_mixtral(1, 2, 4, 1);
+        if (np == 3) test_mixtral(3, 1, 4, 1);
+    }
+    TEST_CASE("Qwen2-MoE: a checkpoint saved at %s (every routed expert from its EP rank) read "
+              "back: config.json, loaded by one rank's EP 1 model and at the saving mesh",
+              np == 4 ? "TP 2 x EP 2" : np == 3 ? "TP 3" : np == 2 ? "EP 2" : "EP 1") {
+        if (np == 4) test_qwen_ckpt(2, 2);
+        else if (np == 3) test_qwen_ckpt(3, 1);
+        else test_qwen_ckpt(1, np);
+    }
+    TEST_CASE("Qwen2-MoE: config.json (Qwen2MoeForCausalLM's keys, defaults, refusals by name)") {
+        static const char *base =
+            "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 2, \"hidden_size\": 16, "
+            "\"num_attention_heads\": 4, \"vocab_size\": 67, \"max_position_embeddings\": 32, "
+            "\"intermediate_size\": 5632";
+        char buf[1024];
+        tpk_qwen2_moe_config qc;
+        memset(&qc, 0, sizeof qc);
+        snprintf(buf, sizeof buf,
+                 "%s, \"hidden_act\": \"silu\", \"num_key_value_heads\": 2, \"num_experts\": 6, "
+                 "\"num_experts_per_tok\": 3, \"moe_intermediate_size\": 12, "
+                 "\"shared_expert_intermediate_size\": 20, \"norm_topk_prob\": true, "
+                 "\"router_aux_loss_coef\": 0.02, \"output_router_logits\": true, "
+                 "\"decoder_sparse_step\": 1, \"mlp_only_layers\": [], \"rope_theta\": 1e6, "
+                 "\"rms_norm_eps\": 1e-5, \"use_sliding_window\": false, \"sliding_window\": "
+                 "4096, \"tie_word_embeddings\": true}",
+                 base);
+        CHECK_OK(&ctx,
+                 tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc));
+        CHECK(qc.layers == 2 && qc.hidden == 16 && qc.heads == 4 && qc.kv_heads == 2 &&
+                  qc.vocab == 67 && qc.positions == 32 && qc.experts == 6 && qc.top_k == 3 &&
+                  qc.moe_ffn == 12 && qc.shared_ffn == 20 && qc.norm_topk_prob == 1 &&
+                  qc.aux_coef == 0.02f && qc.rope_theta == 1e6f && qc.norm_eps == 1e-5f &&
+                  qc.tie_embeddings,
+              "parsed: L %lld G %lld E %lld k %lld F %lld Fs %lld norm %lld coef %g theta %g eps "
+              "%g tie %d",
+              (long long)qc.layers, (long long)qc.kv_heads, (long long)qc.experts,
+              (long long)qc.top_k, (long long)qc.moe_ffn, (long long)qc.shared_ffn,
+              (long long)qc.norm_topk_prob, (double)qc.aux_coef, (double)qc.rope_theta,
+              (double)qc.norm_eps, (int)qc.tie_embeddings);
+        /* the defaults (Qwen2MoeConfig's): 60 experts, top-4, F 1408, F_s 5632, no
+         * renormalisation, rope_theta 10000, eps 1e-6, G = A, and no aux unless
+         * output_router_logits is true */
+        snprintf(buf, sizeof buf, "%s}", base);
+        CHECK_OK(&ctx,
+                 tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc));
+        CHECK(qc.experts == 60 && qc.top_k == 4 && qc.moe_ffn == 1408 && qc.shared_ffn == 5632 &&
+                  qc.norm_topk_prob == 0 && qc.aux_coef < 0 && qc.rope_theta == 10000.0f &&
+                  qc.norm_eps == 1e-6f && qc.kv_heads == 4 && !qc.tie_embeddings,
+              "defaults: E %lld k %lld F %lld Fs %lld norm %lld coef %g theta %g eps %g G %lld",
+              (long long)qc.experts, (long long)qc.top_k, (long long)qc.moe_ffn,
+              (long long)qc.shared_ffn, (long long)qc.norm_topk_prob, (double)qc.aux_coef,
+              (double)qc.rope_theta, (double)qc.norm_eps, (long long)qc.kv_heads);
+        snprintf(buf, sizeof buf, "%s, \"output_router_logits\": true}", base);
+        CHECK_OK(&ctx,
+                 tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc));
+        CHECK(qc.aux_coef == 0.001f, "output_router_logits true: coef %g, expected 0.001",
+              (double)qc.aux_coef);
+        const char *bad[][2] = {
+            {", \"decoder_sparse_step\": 2}", "decoder_sparse_step 2: expected 1"},
+            {", \"mlp_only_layers\": [0]}", "mlp_only_layers: expected [] or null"},
+            {", \"use_sliding_window\": true}", "use_sliding_window: expected false"},
+            {", \"qkv_bias\": false}", "qkv_bias: expected true"},
+            {", \"num_experts_per_tok\": 61}", "num_experts_per_tok 61"},
+            {", \"num_experts\": 0}", "num_experts 0"},
+            {", \"norm_topk_prob\": 1}", "expected true or false for norm_topk_prob"},
+            {", \"moe_intermediate_size\": \"8\"}", "for moe_intermediate_size"},
+            {", \"hidden_act\": \"gelu\"}", "hidden_act \"gelu\": expected \"silu\""},
+            {", \"rope_scaling\": {\"type\": \"linear\"}}", "rope_scaling: expected null"},
+            {", \"num_key_value_heads\": 3}", "num_key_value_heads 3: expected a divisor"},
+            {", \"head_dim\": 8}", "head_dim 8: expected hidden_size / num_attention_heads"}};
+        for (int k = 0; k < (int)(sizeof bad / sizeof bad[0]); k++) {
+            snprintf(buf, sizeof buf, "%s%s", base, bad[k][0]);
+            tpk_status s =
+                tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc);
+            CHECK(s != TPK_OK && strstr(tpk_last_error(&ctx), bad[k][1]), "%s: %s", bad[k][0],
+                  tpk_last_error(&ctx));
+        }
     }
     TEST_CASE("Mixtral under recompute (%s) at EP %d: the loss and every gradient the bits of no "
               "recompute",

@@ -1,9 +1,10 @@
-/* tests/torch_dump.c — one forward and backward of a small GPT-2, Llama, GPT-NeoX or Mixtral at
- * t = ranks (Mixtral: t = ranks / ep), written out for the PyTorch reference (tests/torch_ref.py),
- * which rebuilds the model from the same global weights with PyTorch's own layers and compares the
- * loss and every gradient.
+/* tests/torch_dump.c — one forward and backward of a small GPT-2, Llama, GPT-NeoX, Mixtral or
+ * Qwen2-MoE at t = ranks (Mixtral, Qwen2-MoE: t = ranks / ep), written out for the PyTorch
+ * reference (tests/torch_ref.py), which rebuilds the model from the same global weights with
+ * PyTorch's own layers and compares the loss and every gradient.
  *
- *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox [tanh] | mixtral [ep2]]
+ *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox [tanh] | mixtral [ep2] |
+ *                                                  qwen2_moe [ep2] [norm]]
  * sp: sequence parallelism; llama: the Llama model (A = 6 query heads, G = 2 key/value heads,
  * SwiGLU F = 40, rope_theta 1000, RMSNorm eps 1e-5) instead of GPT-2; tied: the Llama's LM head
  * reuses embed_tokens (GPT-2's always does); neox: GPT-NeoX (H = 48, A = 6: heads of 8, half of
@@ -12,7 +13,9 @@
  * 0.1, at EP 1 or 2 (ep2: DP 2 = EP 2, each DP rank its own tokens, the loss their mean, the
  * gradients summed over DP, an expert's over EDP, divided by the DP size; each EP rank's experts
  * in DIR/ep<q>.txt, ep<q>_w.bin, ep<q>_g.bin, each DP rank's tokens in DIR/ids<r>.bin,
- * targets<r>.bin). Writes DIR/model.txt (config
+ * targets<r>.bin); qwen2_moe: as mixtral's, with q, k, v biases, experts of F = 40 named
+ * gate_proj, up_proj, down_proj, a shared expert of F_s = 28 with its sigmoid gate, the top-k
+ * weights renormalised only with norm (norm_topk_prob). Writes DIR/model.txt (config
  * — arch and, for Llama, kv_heads, ffn, rope_theta, norm_eps, tie —, loss, and per parameter: name,
  * global shape, offset in floats), DIR/weights.bin and DIR/grads.bin (f32, global tensors in
  * registry order), DIR/ids.bin and DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored
@@ -27,6 +30,7 @@ enum { G = 2, F = 40 }; /* Llama: key/value heads, SwiGLU intermediate size */
 enum { HN = 48 };        /* GPT-NeoX: hidden size (heads of 8) */
 enum { NE = 4, KE = 2 };  /* Mixtral: experts, top-k */
 static const float AUX = 0.1f; /* Mixtral: router_aux_loss_coef */
+enum { FS = 28 };              /* Qwen2-MoE: the shared expert's intermediate size */
 static const float PCT = 0.5f; /* GPT-NeoX: the rotated fraction of a head */
 static const float EPS = 0.1f, THETA = 1000.0f, RMS_EPS = 1e-5f;
 
@@ -48,7 +52,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     bool sp = false, llama = false, tied = false, neox = false, tanh_gelu = false, bad = argc < 2;
-    bool mix = false;
+    bool mix = false, qwen = false, norm = false;
     int ep = 1;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "sp")) sp = true;
@@ -57,14 +61,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "neox")) neox = true;
         else if (!strcmp(argv[i], "tanh")) tanh_gelu = true;
         else if (!strcmp(argv[i], "mixtral")) mix = true;
+        else if (!strcmp(argv[i], "qwen2_moe")) qwen = true;
+        else if (!strcmp(argv[i], "norm")) norm = true;
         else if (!strcmp(argv[i], "ep2")) ep = 2;
         else bad = true;
     }
     if (bad || (tied && !llama) || (neox && llama) || (tanh_gelu && !neox) ||
-        (mix && (llama || neox || sp)) || (ep > 1 && (!mix || np % ep))) {
+        ((mix || qwen) && (llama || neox || sp)) || (mix && qwen) || (norm && !qwen) ||
+        (ep > 1 && (!(mix || qwen) || np % ep))) {
         if (me == 0)
-            fprintf(stderr,
-                    "usage: torch_dump DIR [sp] [llama [tied] | neox [tanh] | mixtral [ep2]]\n");
+            fprintf(stderr, "usage: torch_dump DIR [sp] [llama [tied] | neox [tanh] | mixtral "
+                            "[ep2] | qwen2_moe [ep2] [norm]]\n");
         MPI_Finalize();
         return 2;
     }
@@ -75,9 +82,10 @@ int main(int argc, char **argv) {
     tpk_llama lm;
     tpk_neox nm;
     tpk_mixtral xm;
+    tpk_qwen2_moe qm;
     int rc = 0;
     memset(&m, 0, sizeof m), memset(&lm, 0, sizeof lm), memset(&nm, 0, sizeof nm);
-    memset(&xm, 0, sizeof xm);
+    memset(&xm, 0, sizeof xm), memset(&qm, 0, sizeof qm);
     if (tpk_comm_mpi(NULL, MPI_COMM_WORLD, &world) != TPK_OK) return 1;
     tpk_gpt2_config cfg = {.vocab = V,
                            .positions = P,
@@ -106,15 +114,20 @@ int main(int argc, char **argv) {
                                .kv_heads = G, .ffn = F, .experts = NE, .top_k = KE,
                                .aux_coef = AUX, .rope_theta = THETA, .norm_eps = RMS_EPS,
                                .label_smoothing = EPS};
-    int tp = np / ep; /* Mixtral at ep2: DP = EP = 2 */
+    tpk_qwen2_moe_config qcfg = {.vocab = V, .positions = P, .layers = L, .hidden = H, .heads = A,
+                                 .kv_heads = G, .moe_ffn = F, .shared_ffn = FS, .experts = NE,
+                                 .top_k = KE, .norm_topk_prob = norm, .aux_coef = AUX,
+                                 .rope_theta = THETA, .norm_eps = RMS_EPS, .label_smoothing = EPS};
+    int tp = np / ep; /* Mixtral, Qwen2-MoE at ep2: DP = EP = 2 */
     tpk_status s = tpk_ctx_init(
         &ctx, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 17});
     if (s == TPK_OK)
         s = llama  ? tpk_llama_init(&ctx, &lm, &lcfg)
             : neox ? tpk_neox_init(&ctx, &nm, &ncfg)
             : mix  ? tpk_mixtral_init(&ctx, &xm, &xcfg)
+            : qwen ? tpk_qwen2_moe_init(&ctx, &qm, &qcfg)
                    : tpk_gpt2_init(&ctx, &m, &cfg);
-    tpk_lm *lmp = llama ? &lm.lm : neox ? &nm.lm : mix ? &xm.lm : &m.lm;
+    tpk_lm *lmp = llama ? &lm.lm : neox ? &nm.lm : mix ? &xm.lm : qwen ? &qm.lm : &m.lm;
     if (s != TPK_OK) {
         tpk_report(&ctx, s, "torch_dump");
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -159,7 +172,8 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < n; k++) gp[k] /= (float)dps;
         *o += n;
     }
-    if (mix && ctx.tp.rank == 0 && ctx.edp->rank == 0 && !rc) { /* this EP rank's experts */
+    bool moe = mix || qwen;
+    if (moe && ctx.tp.rank == 0 && ctx.edp->rank == 0 && !rc) { /* this EP rank's experts */
         char name[64], path[512];
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) rc = 1;
         snprintf(path, sizeof path, "%s/ep%d.txt", dir, ctx.ep.rank);
@@ -182,7 +196,7 @@ int main(int argc, char **argv) {
             rc |= write_file(dir, name, eg, etotal * sizeof(float));
         }
     }
-    if (mix && ctx.tp.rank == 0 && !rc) { /* this DP rank's tokens */
+    if (moe && ctx.tp.rank == 0 && !rc) { /* this DP rank's tokens */
         char name[64];
         if (mkdir(dir, 0755) != 0 && errno != EEXIST) rc = 1;
         snprintf(name, sizeof name, "ids%d.bin", dr);
@@ -212,6 +226,14 @@ int main(int argc, char **argv) {
                         "experts %d top_k %d aux_coef %.9g rope_theta %.9g norm_eps %.9g tie 0 "
                         "B %d S %d smoothing %.9g tp %d sp 0 ep %d dp %d\n",
                         V, P, L, H, A, G, F, NE, KE, (double)AUX, (double)THETA,
+                        (double)RMS_EPS, B, S, (double)EPS, tp, ep, dps);
+            else if (qwen)
+                fprintf(f,
+                        "config arch qwen2_moe V %d P %d L %d H %d A %d kv_heads %d ffn %d "
+                        "shared_ffn %d experts %d top_k %d norm_topk_prob %d aux_coef %.9g "
+                        "rope_theta %.9g norm_eps %.9g tie 0 B %d S %d smoothing %.9g tp %d sp 0 "
+                        "ep %d dp %d\n",
+                        V, P, L, H, A, G, F, FS, NE, KE, (int)norm, (double)AUX, (double)THETA,
                         (double)RMS_EPS, B, S, (double)EPS, tp, ep, dps);
             else if (neox)
                 fprintf(f,

@@ -1,4 +1,5 @@
-"""tests/torch_ref.py: the PyTorch reference for the GPT-2, Llama, GPT-NeoX and Mixtral models.
+"""tests/torch_ref.py: the PyTorch reference for the GPT-2, Llama, GPT-NeoX, Mixtral and Qwen2-MoE
+models.
 
 Reads what tests/torch_dump.c wrote (the global weights of a tensor-parallel run, its tokens,
 its loss and its gathered gradients), rebuilds the same model in float64 with PyTorch's own
@@ -18,6 +19,12 @@ the largest reference value). model.txt's config says which model ("arch", GPT-2
          router_aux_loss_coef times load_balancing_loss_func over every layer's router logits
          concatenated; at DP > 1 each DP rank's tokens (ids<r>.bin) give a loss, and the mean of
          them is compared (each EP rank's experts read from ep<q>.txt);
+  Qwen2-MoE: written out as Hugging Face's Qwen2MoeForCausalLM computes it: Qwen2's attention
+         (Llama's with q, k, v biases, o_proj without), Qwen2MoeSparseMoeBlock (the gate, softmax,
+         top-k, the weights renormalised only with norm_topk_prob, each expert's SwiGLU
+         down_proj(silu(gate_proj x) * up_proj x) on its tokens, plus the shared expert times
+         sigmoid(shared_expert_gate x) on every token), the loss plus router_aux_loss_coef times
+         load_balancing_loss_func as Mixtral's; DP and EP as Mixtral's;
 all F.cross_entropy with ignore_index=-100 and label_smoothing.
 Prints "ok ..." or "FAIL ..." (counted by tests/run.sh); exit status 1 on failure.
 
@@ -70,7 +77,7 @@ def load(d):
             G[name] = gflat[off : off + n].reshape(shape).double()
 
     read("model.txt", "weights.bin", "grads.bin")
-    if cfg.get("arch") == "mixtral":  # each EP rank's experts; each DP rank's tokens
+    if cfg.get("arch") in ("mixtral", "qwen2_moe"):  # each EP rank's experts, DP rank's tokens
         for q in range(int(cfg["ep"])):
             read("ep%d.txt" % q, "ep%d_w.bin" % q, "ep%d_g.bin" % q)
         dp = int(cfg["dp"])
@@ -138,16 +145,20 @@ def repeat_kv(x, n):
 
 
 def llama_attention(cfg, W, p, x, cos, sin):
-    """LlamaAttention of layer prefix p (Mixtral's too) on x [B, S, H]: RMSNorm, grouped-query
-    heads with rotate-half RoPE, causal softmax, o_proj; the residual branch's output"""
+    """LlamaAttention of layer prefix p (Mixtral's too; Qwen2's with the q, k, v biases W holds)
+    on x [B, S, H]: RMSNorm, grouped-query heads with rotate-half RoPE, causal softmax, o_proj;
+    the residual branch's output"""
     B, S, H = x.shape
     A, G, eps = int(cfg["A"]), int(cfg["kv_heads"]), cfg["norm_eps"]
     D = H // A
     causal = torch.ones(S, S, dtype=torch.bool).tril()
     h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-    q = F.linear(h, W[p + "self_attn.q_proj.weight"]).view(B, S, A, D).transpose(1, 2)
-    k = F.linear(h, W[p + "self_attn.k_proj.weight"]).view(B, S, G, D).transpose(1, 2)
-    v = F.linear(h, W[p + "self_attn.v_proj.weight"]).view(B, S, G, D).transpose(1, 2)
+    a = p + "self_attn."
+    q = F.linear(h, W[a + "q_proj.weight"], W.get(a + "q_proj.bias"))
+    k = F.linear(h, W[a + "k_proj.weight"], W.get(a + "k_proj.bias"))
+    v = F.linear(h, W[a + "v_proj.weight"], W.get(a + "v_proj.bias"))
+    q = q.view(B, S, A, D).transpose(1, 2)
+    k, v = k.view(B, S, G, D).transpose(1, 2), v.view(B, S, G, D).transpose(1, 2)
     q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     k, v = repeat_kv(k, A // G), repeat_kv(v, A // G)
     att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
@@ -237,6 +248,57 @@ def mixtral_loss(cfg, W, ids, targets):
     return sum(mixtral_loss_one(cfg, W, i, t) for i, t in zip(ids, targets)) / len(ids)
 
 
+def qwen2_moe_loss_one(cfg, W, ids, targets):
+    L, H, A = int(cfg["L"]), int(cfg["H"]), int(cfg["A"])
+    E, K = int(cfg["experts"]), int(cfg["top_k"])
+    B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["norm_eps"]
+    D = H // A
+    ids = ids.view(B, S)
+    x = F.embedding(ids, W["model.embed_tokens.weight"])
+    cos, sin = rope_cos_sin(S, D, cfg["rope_theta"])
+    router_logits = []
+
+    def swiglu(t, w):  # Qwen2MoeMLP
+        return F.linear(
+            F.silu(F.linear(t, W[w + "gate_proj.weight"])) * F.linear(t, W[w + "up_proj.weight"]),
+            W[w + "down_proj.weight"],
+        )
+
+    for i in range(L):
+        p = "model.layers.%d." % i
+        x = x + llama_attention(cfg, W, p, x, cos, sin)
+        # Qwen2MoeSparseMoeBlock
+        hs = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps).view(-1, H)
+        m = p + "mlp."
+        logits = F.linear(hs, W[m + "gate.weight"])
+        router_logits.append(logits)
+        rw = F.softmax(logits, dim=1)
+        rw, sel = torch.topk(rw, K, dim=-1)
+        if cfg["norm_topk_prob"]:
+            rw = rw / rw.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(hs)
+        expert_mask = F.one_hot(sel, num_classes=E).permute(2, 1, 0)
+        for e in range(E):
+            idx, top_x = torch.where(expert_mask[e])
+            cur = hs[None, top_x].reshape(-1, H)
+            cur = swiglu(cur, m + "experts.%d." % e) * rw[top_x, idx, None]
+            out = out.index_add(0, top_x, cur)
+        shared = swiglu(hs, m + "shared_expert.")
+        out = out + torch.sigmoid(F.linear(hs, W[m + "shared_expert_gate.weight"])) * shared
+        x = x + out.view(B, S, H)
+    x = rms_norm(x, W["model.norm.weight"], eps)
+    logits = F.linear(x, W["lm_head.weight"])
+    loss = F.cross_entropy(
+        logits.view(B * S, -1), targets, ignore_index=-100, label_smoothing=cfg["smoothing"]
+    )
+    return loss + cfg["aux_coef"] * load_balancing_loss_func(tuple(router_logits), E, K)
+
+
+def qwen2_moe_loss(cfg, W, ids, targets):
+    """The mean over the DP ranks of each one's loss on its own tokens."""
+    return sum(qwen2_moe_loss_one(cfg, W, i, t) for i, t in zip(ids, targets)) / len(ids)
+
+
 def neox_loss(cfg, W, ids, targets):
     L, H, A = int(cfg["L"]), int(cfg["H"]), int(cfg["A"])
     B, S, eps = int(cfg["B"]), int(cfg["S"]), cfg["ln_eps"]
@@ -303,6 +365,28 @@ def main():
             )
         )
         loss = mixtral_loss(cfg, W, ids, targets)
+    elif cfg.get("arch") == "qwen2_moe":
+        what = (
+            "PyTorch reference: Qwen2-MoE (L=%d, H=%d, A=%d, G=%d, E=%d, k=%d, F=%d, F_s=%d, V=%d, "
+            "norm_topk_prob %d, aux %g) at t=%d x EP %d x DP %d"
+            % (
+                cfg["L"],
+                cfg["H"],
+                cfg["A"],
+                cfg["kv_heads"],
+                cfg["experts"],
+                cfg["top_k"],
+                cfg["ffn"],
+                cfg["shared_ffn"],
+                cfg["V"],
+                cfg["norm_topk_prob"],
+                cfg["aux_coef"],
+                cfg["tp"],
+                cfg["ep"],
+                cfg["dp"],
+            )
+        )
+        loss = qwen2_moe_loss(cfg, W, ids, targets)
     elif cfg.get("arch") == "neox":
         what = (
             "PyTorch reference: GPT-NeoX (L=%d, H=%d, A=%d, F=%d, V=%d, rotary_pct %g, base %g, %s "

@@ -819,12 +819,12 @@ if quick_set; then
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ]; then ok "bad input: --dp-reduce adasum at DP 3"; else fail "bad input: --dp-reduce adasum at DP 3 (exit $rc)"; fi
     bad "--dp-batch with the wrong count" "list \"8,4,2\": 3 sizes for 2 DP ranks" --text "$text" $small --tp 1 --dp-batch 8,4,2
     bad "--tp-weights with the wrong count" "--tp-weights: expected 2 positive numbers separated by commas (one per TP rank), got \"3\"" --text "$text" $small --tp 2 --tp-weights 3
-    bad "--arch unknown" "--arch: expected one of gpt2, llama, neox, mixtral, got \"mamba\"" --text "$text" $small --arch mamba
+    bad "--arch unknown" "--arch: expected one of gpt2, llama, neox, mixtral, qwen2_moe, got \"mamba\"" --text "$text" $small --arch mamba
     bad "--arch llama: --heads not divisible by --kv-heads" "cfg->kv_heads: expected a divisor of cfg->heads = 4, got 3" --text "$text" $small --arch llama --kv-heads 3 --tp 2
     bad "--arch llama with --dropout" "the Llama model has no dropout" --text "$text" $small --arch llama --dropout 0.1 --tp 2
     bad "--arch gpt2 with a Llama checkpoint" "--arch gpt2: the checkpoint .* holds a llama model" --text "$text" $small --tp 2 --arch gpt2 --load "$T/l2/step-4"
     rm -rf "$T/mt" && cp -r "$T/l2/step-4" "$T/mt" && sed -i 's/"model_type": "llama"/"model_type": "falcon"/' "$T/mt/config.json"
-    bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\", \"llama\", \"gpt_neox\" or \"mixtral\"" --text "$text" $small --tp 2 --load "$T/mt"
+    bad "config.json of an unknown model_type" "model_type \"falcon\": expected \"gpt2\", \"llama\", \"gpt_neox\", \"mixtral\" or \"qwen2_moe\"" --text "$text" $small --tp 2 --load "$T/mt"
     rm -rf "$T/lmiss" && cp -r "$T/l2/step-4" "$T/lmiss" && sed -i 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$T/lmiss/config.json"
     bad "Llama checkpoint whose tensors do not match config.json" "k_proj.weight\" has shape \[16, 48\], config.json implies \[24, 48\]" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/lmiss"
     bad "--steps below the checkpoint's step" "--steps 3: the checkpoint .* is already at step 5" --text "$text" $small --tp 2 --steps 3 --load "$T/c5/step-5"
@@ -895,7 +895,7 @@ if quick_set; then
     bad "--steps with an empty value" "--steps: expects a value, got an empty string" --text "$text" $small --steps ""
     bad "--save given a flag as its value" "--save: expects a value, got the flag --sequence-parallel" --text "$text" $small --save --sequence-parallel
     [ ! -e ./--sequence-parallel ] && ok "--save --sequence-parallel made no directory of that name" || { rm -rf ./--sequence-parallel; fail "--save --sequence-parallel made a directory"; }
-    bad "--kv-heads with GPT-2" "--kv-heads: applies to --arch llama or mixtral only (the model is gpt2)" --text "$text" $small --kv-heads 2
+    bad "--kv-heads with GPT-2" "--kv-heads: applies to --arch llama or mixtral or qwen2_moe only (the model is gpt2)" --text "$text" $small --kv-heads 2
     bad "--layers that conflicts with the checkpoint" "--layers 8: the checkpoint $T/c5/step-5 has 2 (a loaded model's shape is its config.json's: leave the flag out)" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --layers 8
     bad "--save-every without --save" "--save-every 2: needs --save DIR" --text "$text" $small --save-every 2
 
@@ -971,7 +971,7 @@ if long_set; then
     bad "--cp-comm unknown" "--cp-comm: expected p2p or allgather, got \"ring\"" --text "$text" $small --cp 2 --cp-comm ring
     bad "--rotary-pct with Llama" "--rotary-pct: applies to --arch neox only (the model is llama)" --text "$text" $small --arch llama --rotary-pct 0.5
     bad "--ffn with GPT-2" "--ffn: applies to --arch llama or neox or mixtral only (the model is gpt2)" --text "$text" $small --ffn 64
-    bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama or mixtral only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
+    bad "--kv-heads with a GPT-2 checkpoint" "--kv-heads: applies to --arch llama or mixtral or qwen2_moe only" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/c5/step-5" --kv-heads 2
     out=$(TPK_PROFILE=1 timeout $((120 * scale)) mpirun $mpiflags -np 2 -x TPK_PROFILE $B/train --text "$text" $small --tp 2 --steps 2 2>&1); rc=$?
     if [ $rc -eq 0 ] && printf '%s\n' "$out" | grep -q "^TPK_PROFILE: context of 2 ranks (TP 2 x DP 1 x PP 1)" && printf '%s\n' "$out" | grep -Eq "^layernorm_fwd +[0-9.]+ "; then
         ok "TPK_PROFILE=1 prints the table when the context is destroyed"
@@ -993,7 +993,7 @@ if long_set; then
     bad "--keep without --save-every" "--keep 2: applies to the checkpoints of --save DIR --save-every K" --text "$text" $small --tp 2 --keep 2 --save "$T/keep"
     rm -rf "$T/dupkey" && cp -r "$T/c5/step-5" "$T/dupkey" && sed -i 's/"n_layer": 2,/"n_layer": 2, "n_layer": 4,/' "$T/dupkey/config.json"
     bad "config.json with a duplicate key" "the key \"n_layer\" appears twice" --text "$text" $small --tp 2 --load "$T/dupkey"
-    bad "--kv-heads with GPT-NeoX" "--kv-heads: applies to --arch llama or mixtral only (the model is neox)" --text "$text" $small --arch neox --kv-heads 2
+    bad "--kv-heads with GPT-NeoX" "--kv-heads: applies to --arch llama or mixtral or qwen2_moe only (the model is neox)" --text "$text" $small --arch neox --kv-heads 2
     bad "--rotary-pct out of range" "--rotary-pct: expected a number in \[1e-06, 1\], got \"2\"" --text "$text" $small --arch neox --rotary-pct 2
     bad "--kv-heads not a number" "--kv-heads: expected an integer in \[1, 1e+09\], got \"two\"" --text "$text" $small --arch llama --kv-heads two
     bad "--rope-theta that conflicts with a Llama checkpoint" "--rope-theta 1000: the checkpoint .* has 500" --text "$text" --batch 4 --seq-len 16 --tp 2 --load "$T/l2/step-4" --rope-theta 1000
@@ -1008,7 +1008,7 @@ if long_set; then
         bad "hostile safetensors: $kind" "$want" --text "$text" $small --tp 2 --load "$T/bad_$kind"
     done
     for f in "--rope-theta 500" "--norm-eps 1e-5"; do
-        bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama or neox or mixtral only (the model is gpt2)" --text "$text" $small $f
+        bad "${f% *} with GPT-2" "${f% *}: applies to --arch llama or neox or mixtral or qwen2_moe only (the model is gpt2)" --text "$text" $small $f
     done
     # ranks whose arguments differ only past 8 KiB (a long but legal --seed, then another --hidden)
     longseed=$(head -c 9000 /dev/zero | command tr '\0' 0)3 # (tr: the trainer here)
@@ -1137,4 +1137,95 @@ PY
     r=$(awk -v a="$ref" -v b="$got" 'BEGIN{ if (a == "" || b == "") print "inf"; else { d=(a-b)/a; printf "%.3g\n", d<0?-d:d } }')
     if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "a Hugging Face Mixtral directory (two shards and their index) evaluated at EP 2 gives the EP 1 model's loss $ref (relative difference $r)"
     else fail "a Hugging Face Mixtral directory at EP 2 (exit $rc1, $rc; losses $ref, $got)"; fi
+fi
+
+# ---- Qwen2-MoE (--arch qwen2_moe): expert parallelism against EP 1 (the shared expert, the q, k,
+# v biases), its refusals, checkpoints across EP sizes, a Hugging Face Qwen2-MoE directory ---------
+qm="--arch qwen2_moe --layers 2 --hidden 32 --heads 4 --kv-heads 2 --moe-ffn 24 --shared-ffn 40 --experts 4 --moe-top-k 2 --batch 2 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3"
+tr 2 --text "$text" $qm --steps 4 --csv "$T/qm1.csv"
+rc1=$rc
+tr 2 --text "$text" $qm --ep 2 --steps 4 --csv "$T/qm2.csv"
+printf '%s\n' "$out" | grep -q '^train: 2 ranks = TP 1 x DP 2 (EP 2), .*Qwen2-MoE .* E=4 k=2 F=24 Fs=40 G=2' || rc1=1
+mxeq "Qwen2-MoE at DP 2 x EP 2: 4 AdamW steps' losses equal DP 2 at EP 1 (the banner's EP and sizes)" "$T/qm1.csv" "$T/qm2.csv" 1 4
+if long_set; then
+    tr 2 --text "$text" $qm --steps 5 --csv "$T/qm1.csv"
+    rc1=$rc
+    tr 4 --text "$text" $qm --tp 2 --ep 2 --steps 5 --csv "$T/qm22.csv"
+    mxeq "Qwen2-MoE at TP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/qm1.csv" "$T/qm22.csv" 1 5
+    tr 2 --text "$text" $qm --norm-topk-prob 1 --steps 5 --csv "$T/qmn1.csv"
+    rc1=$rc
+    tr 2 --text "$text" $qm --norm-topk-prob 1 --ep 2 --steps 5 --csv "$T/qmn2.csv"
+    awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { exit !(a != b) }' "$T/qm1.csv" "$T/qmn1.csv" || rc1=1
+    mxeq "Qwen2-MoE with --norm-topk-prob 1 at DP 2 x EP 2 equals EP 1, step 1's loss not the run without's" "$T/qmn1.csv" "$T/qmn2.csv" 1 5
+    bad "Qwen2-MoE: experts not divisible by EP" "--ep 2: expected a divisor of the 3 experts" --text "$text" $qm --experts 3 --ep 2
+    bad "Qwen2-MoE: top-k past the experts" "--moe-top-k 5: expected at most the 4 experts" --text "$text" $qm --moe-top-k 5
+    bad "Qwen2-MoE: --norm-topk-prob 2" "--norm-topk-prob: expected an integer in \[0, 1\], got \"2\"" --text "$text" $qm --norm-topk-prob 2
+    bad "Qwen2-MoE: --sequence-parallel" "--sequence-parallel: not yet with the Qwen2-MoE model" --text "$text" $qm --tp 2 --sequence-parallel
+    bad "Qwen2-MoE: --ffn (Mixtral's)" "--ffn: applies to --arch llama or neox or mixtral only (the model is qwen2_moe)" --text "$text" $qm --ffn 64
+    bad "--moe-ffn with Mixtral" "--moe-ffn: applies to --arch qwen2_moe only (the model is mixtral)" --text "$text" $mx --moe-ffn 64
+    # checkpoints across EP sizes: every routed expert under its global Hugging Face name
+    tr 2 --text "$text" $qm --ep 2 --steps 8 --save "$T/qms" --save-every 4 --csv "$T/qmfull.csv"
+    rc1=$rc
+    for k in 0 1 2 3; do
+        for f in model optim; do
+            head -c 200000 "$T/qms/step-4/$f.safetensors" 2>/dev/null | grep -aq "model.layers.1.mlp.experts.$k.down_proj.weight" || rc1=1
+        done
+    done
+    for w in mlp.shared_expert_gate.weight mlp.shared_expert.up_proj.weight self_attn.k_proj.bias; do
+        head -c 200000 "$T/qms/step-4/model.safetensors" | grep -aq "model.layers.0.$w" || rc1=1
+    done
+    head -c 200000 "$T/qms/step-4/model.safetensors" | grep -aq "o_proj.bias" && rc1=1
+    grep -q '"architectures": \["Qwen2MoeForCausalLM"\]' "$T/qms/step-4/config.json" || rc1=1
+    grep -q '"model_type": "qwen2_moe"' "$T/qms/step-4/config.json" || rc1=1
+    tr 2 --text "$text" $qm --steps 8 --load "$T/qms/step-4" --csv "$T/qmr1.csv"
+    mxeq "Qwen2-MoE saved at EP 2 (every expert under its Hugging Face name, its moments) resumed at EP 1: steps 5-8 equal the straight run" "$T/qmfull.csv" "$T/qmr1.csv" 5 8
+    tr 4 --text "$text" $qm --tp 2 --ep 2 --steps 8 --load "$T/qms/step-4" --csv "$T/qmr22.csv"
+    mxeq "Qwen2-MoE saved at EP 2 resumed at TP 2 x EP 2: steps 5-8 equal the straight run" "$T/qmfull.csv" "$T/qmr22.csv" 5 8
+    tr 2 --text "$text" $qm --steps 8 --save "$T/qms1" --save-every 4 --csv "$T/qmfull1.csv"
+    rc1=$rc
+    tr 2 --text "$text" $qm --ep 2 --steps 8 --load "$T/qms1/step-4" --csv "$T/qmr2.csv"
+    mxeq "Qwen2-MoE saved at EP 1 resumed at EP 2: steps 5-8 equal the straight run" "$T/qmfull1.csv" "$T/qmr2.csv" 5 8
+    # a Hugging Face Qwen2-MoE directory: HF's config.json (Qwen1.5-MoE's keys) with the EP 1
+    # checkpoint's weights; evaluated at EP 2 it gives the EP 1 model's loss; a config.json with a
+    # dense layer (decoder_sparse_step 2, mlp_only_layers [1]) or sliding windows refused by name
+    rm -rf "$T/qmhf" && mkdir -p "$T/qmhf"
+    python3 - "$T/qms1/step-4" "$T/qmhf" <<'PY'
+import json, os, struct, sys
+src, dst = sys.argv[1:]
+raw = open(src + "/model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+hdr["__metadata__"] = {"format": "pt"}  # Hugging Face's: no step, no checkpoint id
+j = json.dumps(hdr).encode()
+j += b" " * (-len(j) % 8)
+open(dst + "/model.safetensors", "wb").write(struct.pack("<Q", len(j)) + j + raw[8 + n:])
+cfg = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+       "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 32,
+       "initializer_range": 0.02, "intermediate_size": 40, "max_position_embeddings": 16,
+       "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 24,
+       "norm_topk_prob": False, "num_attention_heads": 4, "num_experts": 4,
+       "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_key_value_heads": 2,
+       "output_router_logits": True, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+       "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 40,
+       "sliding_window": 16, "tie_word_embeddings": False, "torch_dtype": "float32",
+       "transformers_version": "4.46.0", "use_cache": True, "use_sliding_window": False,
+       "vocab_size": 256}
+json.dump(cfg, open(dst + "/config.json", "w"), indent=2)
+for name, k, v in (("qmbad1", "decoder_sparse_step", 2), ("qmbad2", "mlp_only_layers", [1]),
+                   ("qmbad3", "use_sliding_window", True)):
+    os.makedirs(dst + "/../" + name, exist_ok=True)
+    json.dump(dict(cfg, **{k: v}), open(dst + "/../" + name + "/config.json", "w"))
+PY
+    rc1=$?
+    tr 2 --text "$text" --load "$T/qms1/step-4" --eval-only --batch 2 --seq-len 16
+    ref=$(printf '%s\n' "$out" | sed -n 's/^val_loss //p')
+    [ $rc -eq 0 ] || rc1=1
+    tr 2 --text "$text" --load "$T/qmhf" --ep 2 --eval-only --batch 2 --seq-len 16
+    got=$(printf '%s\n' "$out" | sed -n 's/^val_loss //p')
+    r=$(awk -v a="$ref" -v b="$got" 'BEGIN{ if (a == "" || b == "") print "inf"; else { d=(a-b)/a; printf "%.3g\n", d<0?-d:d } }')
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "a Hugging Face Qwen2-MoE directory evaluated at EP 2 gives the EP 1 model's loss $ref (relative difference $r)"
+    else fail "a Hugging Face Qwen2-MoE directory at EP 2 (exit $rc1, $rc; losses $ref, $got)"; fi
+    bad "Qwen2-MoE config.json: decoder_sparse_step 2" "decoder_sparse_step 2: expected 1 (every layer sparse)" --text "$text" --load "$T/qmbad1" --eval-only --batch 2 --seq-len 16
+    bad "Qwen2-MoE config.json: mlp_only_layers [1]" "mlp_only_layers: expected \[\] or null" --text "$text" --load "$T/qmbad2" --eval-only --batch 2 --seq-len 16
+    bad "Qwen2-MoE config.json: use_sliding_window true" "use_sliding_window: expected false" --text "$text" --load "$T/qmbad3" --eval-only --batch 2 --seq-len 16
 fi

@@ -342,7 +342,8 @@ static inline tpk_status tpk_attention_backward(tpk_ctx *ctx, tpk_attention *a, 
  * Collectives: forward 1 all-reduce of T H (SP: 1 all-gather + 1 reduce-scatter), backward the
  * same (SP: and x all-gathered again, during the attention kernel's backward, for q, k, v's
  * dW); none in the attention. Parameters "<name>.{q,k,v,o}_proj.weight" (and .bias with
- * desc.bias), [out, in], Hugging Face Llama's names below "model.layers.N.self_attn".
+ * desc.bias; q, k, v's alone with desc.qkv_bias, Qwen2's), [out, in], Hugging Face Llama's names
+ * below "model.layers.N.self_attn".
  * desc.partial_output: y is o_proj's P [T, H] and dy R [T, H]; desc.partial_dx: dx is the sum of
  * the three projections' P [T, H], not reduced (no all-reduce, under SP no reduce-scatter). */
 
@@ -351,6 +352,7 @@ typedef struct tpk_gqa_attention_desc {
     int64_t kv_heads;       /* G (divides A); 0 = A (multi-head attention) */
     float rope_theta;       /* rotary base; 0 = 10000; < 0: no rotary embedding */
     bool bias;              /* q, k, v, o projections with biases (Llama: none) */
+    bool qkv_bias;          /* q, k, v with biases, o_proj without (Qwen2's attention) */
     bool sequence_parallel; /* x and y S(0) */
     float dropout;          /* on the attention probabilities */
     float init_std;         /* q, k, v weights N(0, std^2); default 0.02 */
@@ -418,7 +420,7 @@ static inline tpk_status tpk_gqa_attention_init(tpk_ctx *ctx, tpk_gqa_attention 
     char pn[128];
     tpk_linear_desc ld;
     memset(&ld, 0, sizeof ld);
-    ld.name = pn, ld.bias = d.bias, ld.unit = (int)a->D, ld.partial_dx = true,
+    ld.name = pn, ld.bias = d.bias || d.qkv_bias, ld.unit = (int)a->D, ld.partial_dx = true,
     ld.init_std = d.init_std, ld.fp8 = true; /* FP8 under ctx->fp8 (tpk/layers/fp8.h) */
     snprintf(pn, sizeof pn, "%s.q_proj", a->name);
     TPK_TRY(tpk_col_linear_init(ctx, &a->q_proj, H, A * a->D, &ld));

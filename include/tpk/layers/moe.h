@@ -40,7 +40,8 @@
  * layer (a gather / scatter op would make them one each; not yet).
  * Parameters (Hugging Face Mixtral's names): "<name>.gate.weight" [E, H] R (every rank), and for
  * each local expert e "<name>.experts.<e>.w1.weight" [F, H] S(0), ".w3.weight" [F, H] S(0),
- * ".w2.weight" [H, F] S(1), marked tpk_param.expert (their gradient is to be summed over ctx->edp).
+ * ".w2.weight" [H, F] S(1), marked tpk_param.expert (their gradient is to be summed over ctx->edp;
+ * desc.proj_names: Qwen2-MoE's ".gate_proj", ".up_proj", ".down_proj" for w1, w3, w2).
  * A shared expert (tpk_moe_desc.shared_hidden F_s > 0, Qwen2-MoE's): y[t] += sigmoid(x_t . ws)
  * so_t, so = (silu(x Wgᵀ) ∘ x Wuᵀ) Wdᵀ on every token, "<name>.shared_expert.gate_proj.weight"
  * [F_s, H] S(0), ".up_proj.weight" [F_s, H] S(0), ".down_proj.weight" [H, F_s] S(1) and
@@ -416,6 +417,8 @@ typedef struct tpk_moe_desc {
                               takes ceil(T k / E c) of a rank's rows, the lowest-weighted dropped */
     int64_t shared_hidden; /* F_s > 0: a shared expert of intermediate size F_s (Qwen2-MoE's
                               shared_expert_intermediate_size) beside the routed ones; 0: none */
+    bool proj_names;       /* the experts' weights "<name>.experts.<e>.gate_proj.weight",
+                              ".up_proj", ".down_proj" (Qwen2-MoE's) for w1, w3, w2 (Mixtral's) */
 } tpk_moe_desc;
 
 typedef struct tpk_moe {
@@ -501,13 +504,16 @@ static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
           pstd = d.proj_init_std > 0 ? d.proj_init_std : std;
     for (int64_t j = 0; j < m->El; j++) { /* this EP rank's experts, by their global index */
         long long e = (long long)(m->e0 + j);
-        snprintf(pn, sizeof pn, "%s.experts.%lld.w1.weight", m->name, e);
+        snprintf(pn, sizeof pn, "%s.experts.%lld.%s.weight", m->name, e,
+                 d.proj_names ? "gate_proj" : "w1");
         TPK_TRY(
             tpk__param_add(ctx, pn, 2, m->F, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &m->w1[j]));
-        snprintf(pn, sizeof pn, "%s.experts.%lld.w2.weight", m->name, e);
+        snprintf(pn, sizeof pn, "%s.experts.%lld.%s.weight", m->name, e,
+                 d.proj_names ? "down_proj" : "w2");
         TPK_TRY(
             tpk__param_add(ctx, pn, 2, H, m->F, TPK_S(1), TPK_INIT_NORMAL, pstd, true, &m->w2[j]));
-        snprintf(pn, sizeof pn, "%s.experts.%lld.w3.weight", m->name, e);
+        snprintf(pn, sizeof pn, "%s.experts.%lld.%s.weight", m->name, e,
+                 d.proj_names ? "up_proj" : "w3");
         TPK_TRY(
             tpk__param_add(ctx, pn, 2, m->F, H, TPK_S(0), TPK_INIT_NORMAL, std, true, &m->w3[j]));
         ctx->params.list[m->w1[j]].expert = ctx->params.list[m->w2[j]].expert =

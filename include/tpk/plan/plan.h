@@ -27,7 +27,7 @@
  * inside a node), cp | gpus / tp (desc->cp: c = 1 alone unless asked), pp | gpus / (tp cp) with
  * pp <= layers, dp = gpus / (tp cp pp) dividing the global batch, micro-batches mb | B / dp,
  * recompute none / selective / full, ZeRO 1 and 2 when dp cp > 1, SP when tp > 1, at cp > 1 the
- * ring and the all-gather, for Mixtral (tpk/models/mixtral.h) every EP size e dividing both dp
+ * ring and the all-gather, for Mixtral and Qwen2-MoE every EP size e dividing both dp
  * and the experts (desc->ep; EP groups carved out of the DP ranks: TP x EP x DP x PP, ZeRO 0
  * alone at e > 1, no SP: the trainer's rules), the experts' memory (E / e of them a rank) the
  * dry run's own; each either planned or rejected with its reason (does not divide:
@@ -156,6 +156,18 @@ static inline tpk_status tpk__plan_ctx(tpk_ctx *err, tpk_ctx *ctx, tpk_count *c,
     return s;
 }
 
+/* A mixture of experts' E and k (the family's defaults applied): 0 and 0 for a model without
+ * experts (Mixtral: tpk/models/mixtral.h, Qwen2-MoE: tpk/models/qwen2_moe.h). */
+static inline int64_t tpk__plan_experts(const tpk_model_config *m, int64_t *k) {
+    if (m->arch == TPK_ARCH_MIXTRAL)
+        return *k = m->mixtral.top_k ? m->mixtral.top_k : 2,
+               m->mixtral.experts ? m->mixtral.experts : 8;
+    if (m->arch == TPK_ARCH_QWEN2_MOE)
+        return *k = m->qwen2_moe.top_k ? m->qwen2_moe.top_k : 4,
+               m->qwen2_moe.experts ? m->qwen2_moe.experts : 60;
+    return *k = 0, 0;
+}
+
 /* Parameters of a model of `layers` blocks (0: the desc's own; the tied embedding once); *ex: the
  * routed experts' among them. */
 static inline tpk_status tpk__plan_params_at(tpk_ctx *err, const tpk_plan_desc *d, int64_t layers,
@@ -204,15 +216,13 @@ static inline tpk_status tpk_plan_model_params(tpk_ctx *err, const tpk_plan_desc
     double ex = 0;
     return tpk__plan_params(err, d, n, &ex);
 }
-/* Those a token uses, for MFU (6 N + 12 L H S flops a token): a Mixtral's k of its E experts. */
+/* Those a token uses, for MFU (6 N + 12 L H S flops a token): k of the E routed experts (a
+ * Qwen2-MoE's shared expert on every token). */
 static inline tpk_status tpk__plan_active_params(tpk_ctx *err, const tpk_plan_desc *d, double *n) {
     double ex = 0;
     TPK_TRY(tpk__plan_params(err, d, n, &ex));
-    if (d->model.arch == TPK_ARCH_MIXTRAL) {
-        const tpk_mixtral_config *mc = &d->model.mixtral;
-        double E = mc->experts ? (double)mc->experts : 8, k = mc->top_k ? (double)mc->top_k : 2;
-        *n -= ex * (1.0 - k / E);
-    }
+    int64_t k = 0, E = tpk__plan_experts(&d->model, &k);
+    if (E) *n -= ex * (1.0 - (double)k / (double)E);
     return TPK_OK;
 }
 
@@ -468,8 +478,8 @@ static inline tpk_plan_cfg *tpk__plan_slot(tpk_ctx *err, tpk_plan_cfg **v, int *
 static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, int64_t L, int tp,
                                         int cp, int pp, int dp, int ep, bool cp_ops, double params,
                                         tpk_plan_cfg **v, int *n, int *cap) {
-    int64_t Bd = d->batch % dp ? 0 : d->batch / dp,
-            E = d->model.mixtral.experts ? d->model.mixtral.experts : 8; /* (read at ep > 1) */
+    int64_t Bd = d->batch % dp ? 0 : d->batch / dp, k = 0,
+            E = tpk__plan_experts(&d->model, &k); /* (read at ep > 1) */
     char why[200] = "";
     if (tp > d->gpus_per_node)
         snprintf(why, sizeof why, "TP %d exceeds a node's %d GPUs (a TP group stays inside a node)",
@@ -505,7 +515,7 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
         if (Bd % mb || (d->micro_batch > 0 && mb != d->micro_batch)) continue;
         for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
             if (d->recompute >= 0 && rc != d->recompute) continue;
-            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); Mixtral: no SP */
+            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); with experts no SP */
             for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? 3 : 0); z++) {
                 if (d->zero >= 0 && z != d->zero) continue;
                 /* HSDP's shard sizes: none, and a node's DP x CP ranks (or the one asked) */
@@ -513,7 +523,7 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
                 int hs = d->zero_shard > 0 ? d->zero_shard : node;
                 hs = z && hs >= 2 && hs < g && g % hs == 0 ? hs : 0;
                 for (int zs = d->zero_shard > 0 && hs ? hs : 0; zs <= hs; zs += hs ? hs : 1)
-                for (int sp = 0; sp <= (tp > 1 && d->model.arch != TPK_ARCH_MIXTRAL); sp++) {
+                for (int sp = 0; sp <= (tp > 1 && !tpk_arch_has_experts(d->model.arch)); sp++) {
                     if (d->sp >= 0 && sp != d->sp) continue;
                     for (int cm = 0; cm <= (cp > 1 ? TPK_CP_ALLGATHER : 0); cm++) {
                         if (cp > 1 && d->cp_comm >= 0 && cm != d->cp_comm) continue;
@@ -558,13 +568,11 @@ static inline tpk_status tpk_plan(tpk_ctx *err, const tpk_plan_desc *d, tpk_plan
     tpk_plan_cfg *v = NULL;
     int want_cp = d->cp == 0 ? 1 : d->cp; /* -1: every CP size */
     int want_ep = d->ep == 0 ? 1 : d->ep; /* -1: every EP size */
-    int64_t experts = 0;                  /* a Mixtral's E (its default 8) */
-    if (d->model.arch == TPK_ARCH_MIXTRAL)
-        experts = d->model.mixtral.experts ? d->model.mixtral.experts : 8;
+    int64_t topk = 0, experts = tpk__plan_experts(&d->model, &topk); /* 0: none */
     if (want_ep > 1 && !experts)
         return tpk__fail(err, TPK_ERR_ARG, fn,
                          "ep: %d expert-parallel ranks, and the model has no experts (a Mixtral "
-                         "has)",
+                         "or a Qwen2-MoE has)",
                          want_ep);
     /* the attention over CP: the counted backend's block op (attn_block_fwd, _bwd) */
     bool cp_ops = d->like && d->like->attn_block_fwd && d->like->attn_block_bwd;

@@ -1,5 +1,5 @@
-/* tpk/train/hf.h — GPT-2 and Llama checkpoints in Hugging Face's layout, saved and loaded at any TP
- * and DP size.
+/* tpk/train/hf.h — the families' checkpoints (GPT-2, Llama, GPT-NeoX, Mixtral, Qwen2-MoE) in
+ * Hugging Face's layout, saved and loaded at any TP, DP (and, with experts, EP) size.
  *
  * A checkpoint directory holds
  *   config.json        GPT2LMHeadModel's config (model_type "gpt2": n_layer, n_embd, n_head,
@@ -8,7 +8,11 @@
  *                      num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings,
  *                      rms_norm_eps, rope_theta, tie_word_embeddings) or GPTNeoXForCausalLM's
  *                      (model_type "gpt_neox": the same sizes, rotary_pct, rotary_emb_base,
- *                      layer_norm_eps, use_parallel_residual), plus tpk_step, tpk_seed,
+ *                      layer_norm_eps, use_parallel_residual) or MixtralForCausalLM's
+ *                      (model_type "mixtral": Llama's with num_local_experts, ...) or
+ *                      Qwen2MoeForCausalLM's (model_type "qwen2_moe": num_experts,
+ *                      moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob,
+ *                      ...), plus tpk_step, tpk_seed,
  *                      tpk_checkpoint_id (16 hex digits, random per save) and tpk_run_id
  *   model.safetensors  every parameter as its GLOBAL tensor under Hugging Face names; GPT-2's
  *                      Conv1D weights (c_attn, c_proj, c_fc) stored [in, out] as Hugging Face
@@ -47,8 +51,8 @@
 
 /* A top-level member's value: kind 0 (absent), 'n' number (num: its whole text read by strtod,
  * however long; finite), 'b' true/false (num 1/0), 's' string (decoded: its first 63 bytes in str,
- * its length in len), 'z' null, 'o' object or array; `at` is the byte offset where the value
- * starts. */
+ * its length in len), 'z' null, 'o' object or array (len: its members or elements); `at` is
+ * the byte offset where the value starts. */
 typedef struct tpk__json_val {
     char kind;
     double num;
@@ -83,7 +87,7 @@ static inline tpk_status tpk__config_members(tpk_ctx *ctx, const char *fn, const
             if (m->len <= 63 && !memchr(m->str, 0, m->len)) memcpy(v[k].str, m->str, m->len + 1);
             else snprintf(v[k].str, sizeof v[k].str, "%.60s...", m->str);
             break;
-        default: v[k].kind = 'o';
+        default: v[k].kind = 'o', v[k].len = m->len;
         }
     }
     tpk__json_free(&root, &arena);
@@ -273,6 +277,130 @@ static inline tpk_status tpk_mixtral_config_parse(tpk_ctx *ctx, const uint8_t *b
     return TPK_OK;
 }
 
+/* Qwen2MoeForCausalLM's config.json (Hugging Face Qwen2MoeConfig): the sizes, heads,
+ * num_key_value_heads (absent: num_attention_heads), rms_norm_eps (absent: 1e-6), rope_theta
+ * (absent: Qwen2MoeConfig's 10000), tie_word_embeddings, num_experts (absent: 60),
+ * num_experts_per_tok (4), moe_intermediate_size (1408), shared_expert_intermediate_size (5632),
+ * norm_topk_prob (false), router_aux_loss_coef (0.001; added only with output_router_logits true,
+ * as Hugging Face does); refused by name: decoder_sparse_step other than 1 or a non-empty
+ * mlp_only_layers (tpk makes every layer sparse), use_sliding_window true, qkv_bias false, a
+ * hidden_act other than silu, rope_scaling, a head_dim other than hidden / heads. intermediate_size
+ * (the dense layers' MLP, of which there are none) is not read. */
+static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
+                                                    const char *what, tpk_qwen2_moe_config *cfg) {
+    static const char *fn = "tpk_qwen2_moe_config_parse";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!cfg || !what || (n && !b))
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
+    enum { NL, NH, NA, NV, NP, NG, NEPS, NTH, NE, NK, NF, NFS, NC, NDS, NHD, /* numbers */
+           NTIE, NNORM, NORL, NSW, NQB,                                      /* booleans */
+           NACT, NRS, NMLP, NK_ };
+    static const char *const keys[] = {"num_hidden_layers",
+                                       "hidden_size",
+                                       "num_attention_heads",
+                                       "vocab_size",
+                                       "max_position_embeddings",
+                                       "num_key_value_heads",
+                                       "rms_norm_eps",
+                                       "rope_theta",
+                                       "num_experts",
+                                       "num_experts_per_tok",
+                                       "moe_intermediate_size",
+                                       "shared_expert_intermediate_size",
+                                       "router_aux_loss_coef",
+                                       "decoder_sparse_step",
+                                       "head_dim",
+                                       "tie_word_embeddings",
+                                       "norm_topk_prob",
+                                       "output_router_logits",
+                                       "use_sliding_window",
+                                       "qkv_bias",
+                                       "hidden_act",
+                                       "rope_scaling",
+                                       "mlp_only_layers"};
+    tpk__json_val v[NK_];
+    TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, NK_, v));
+    for (int k = 0; k <= NHD; k++)
+        TPK_TRY(tpk__config_number(ctx, fn, what, keys[k], &v[k], k <= NP));
+    for (int k = NTIE; k <= NQB; k++)
+        if (v[k].kind && v[k].kind != 'b')
+            return tpk__fail(ctx, TPK_ERR_FORMAT, fn, "%s: byte %zu: expected true or false for %s",
+                             what, v[k].at, keys[k]);
+    double L = v[NL].num, H = v[NH].num, A = v[NA].num, V = v[NV].num, P = v[NP].num;
+    double G = v[NG].kind ? v[NG].num : A, eps = v[NEPS].kind ? v[NEPS].num : 1e-6,
+           theta = v[NTH].kind ? v[NTH].num : 10000, E = v[NE].kind ? v[NE].num : 60,
+           K = v[NK].kind ? v[NK].num : 4, F = v[NF].kind ? v[NF].num : 1408,
+           Fs = v[NFS].kind ? v[NFS].num : 5632, c = v[NC].kind ? v[NC].num : 0.001;
+    bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && G >= 1 && G <= A && L <= 1e5 &&
+              H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 && L == floor(L) && H == floor(H) &&
+              A == floor(A) && V == floor(V) && P == floor(P) && G == floor(G) && eps >= 1e-30 &&
+              eps < 1 && theta > 1 && theta < 1e30 && E >= 1 && E <= 1e6 && E == floor(E) &&
+              K >= 1 && K <= E && K == floor(K) && F >= 1 && F <= 1e7 && F == floor(F) &&
+              Fs >= 1 && Fs <= 1e7 && Fs == floor(Fs) && c >= 0 && c < 1e6;
+    if (!ok)
+        return tpk__fail(
+            ctx, TPK_ERR_FORMAT, fn,
+            "%s: implausible configuration (num_hidden_layers %g, hidden_size %g, "
+            "num_attention_heads %g, num_key_value_heads %g, vocab_size %g, "
+            "max_position_embeddings %g, rms_norm_eps %g, rope_theta %g, num_experts %g, "
+            "num_experts_per_tok %g, moe_intermediate_size %g, shared_expert_intermediate_size "
+            "%g, router_aux_loss_coef %g)",
+            what, L, H, A, G, V, P, eps, theta, E, K, F, Fs, c);
+    if ((int64_t)H % (int64_t)A || ((int64_t)H / (int64_t)A) % 2)
+        return tpk__fail(
+            ctx, TPK_ERR_FORMAT, fn,
+            "%s: hidden_size %g over num_attention_heads %g: expected an even head size (rotary "
+            "embeddings)",
+            what, H, A);
+    if ((int64_t)A % (int64_t)G)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: num_key_value_heads %g: expected a divisor of num_attention_heads %g",
+                         what, G, A);
+    if (v[NHD].kind && v[NHD].num != H / A)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: head_dim %g: expected hidden_size / num_attention_heads = "
+                         "%g",
+                         what, v[NHD].at, v[NHD].num, H / A);
+    if (v[NDS].kind && v[NDS].num != 1)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: decoder_sparse_step %g: expected 1 (every layer sparse)",
+                         what, v[NDS].at, v[NDS].num);
+    if (v[NMLP].kind && v[NMLP].kind != 'z' && (v[NMLP].kind != 'o' || v[NMLP].len))
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: mlp_only_layers: expected [] or null (every layer sparse; "
+                         "dense layers not yet)",
+                         what, v[NMLP].at);
+    if (v[NSW].num)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: use_sliding_window: expected false (tpk attends to every "
+                         "earlier position)",
+                         what, v[NSW].at);
+    if (v[NQB].kind && !v[NQB].num)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: qkv_bias: expected true (Qwen2's q, k, v projections have "
+                         "biases)",
+                         what, v[NQB].at);
+    if (v[NACT].kind && (v[NACT].kind != 's' || strcmp(v[NACT].str, "silu")))
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: hidden_act \"%s\": expected \"silu\" (SwiGLU)", what,
+                         v[NACT].at, v[NACT].kind == 's' ? v[NACT].str : "(not a string)");
+    if (v[NRS].kind && v[NRS].kind != 'z')
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: rope_scaling: expected null (tpk computes the unscaled "
+                         "rotary embedding)",
+                         what, v[NRS].at);
+    cfg->layers = (int64_t)L, cfg->hidden = (int64_t)H, cfg->heads = (int64_t)A;
+    cfg->kv_heads = (int64_t)G, cfg->vocab = (int64_t)V, cfg->positions = (int64_t)P;
+    cfg->norm_eps = (float)eps, cfg->rope_theta = (float)theta;
+    cfg->tie_embeddings = v[NTIE].num != 0;
+    cfg->experts = (int64_t)E, cfg->top_k = (int64_t)K, cfg->moe_ffn = (int64_t)F;
+    cfg->shared_ffn = (int64_t)Fs, cfg->norm_topk_prob = v[NNORM].num != 0;
+    /* as Mixtral's: the load-balancing loss only with output_router_logits true */
+    bool aux_on = v[NORL].kind == 'b' && v[NORL].num != 0;
+    cfg->aux_coef = aux_on && c > 0 ? (float)c : -1.0f; /* < 0: none */
+    return TPK_OK;
+}
+
 /* dir/config.json's bytes (free them) and its path (dir.tpk-old's after a stopped save:
  * tpk_ckpt_resolve). */
 static inline tpk_status tpk__config_load(tpk_ctx *ctx, const char *fn, const char *dir, char *path,
@@ -409,6 +537,14 @@ static inline tpk_status tpk_mixtral_config_read(tpk_ctx *ctx, const char *dir,
     tpk__free(ctx, f.b);
     return s;
 }
+static inline tpk_status tpk_qwen2_moe_config_read(tpk_ctx *ctx, const char *dir,
+                                                   tpk_qwen2_moe_config *cfg) {
+    tpk__config_file f;
+    TPK_TRY(tpk__config_open(ctx, "tpk_qwen2_moe_config_read", dir, cfg, &f));
+    tpk_status s = tpk_qwen2_moe_config_parse(ctx, f.b, f.n, f.path, cfg);
+    tpk__free(ctx, f.b);
+    return s;
+}
 
 /* The family of dir's checkpoint: config.json's model_type (one of the families',
  * tpk/models/families.h) into type[n]; any other (or none) is TPK_ERR_UNSUPPORTED naming it. */
@@ -425,7 +561,7 @@ static inline tpk_status tpk_hf_model_type(tpk_ctx *ctx, const char *dir, char *
     tpk__free(ctx, b);
     TPK_TRY(s);
     /* the families' model_type (tpk/models/families.h) */
-    static const char *const types[] = {"gpt2", "llama", "gpt_neox", "mixtral"};
+    static const char *const types[] = {"gpt2", "llama", "gpt_neox", "mixtral", "qwen2_moe"};
     int nt = (int)(sizeof types / sizeof types[0]), k = 0;
     while (v.kind == 's' && k < nt && strcmp(v.str, types[k])) k++;
     if (v.kind != 's' || k == nt) {
@@ -714,6 +850,45 @@ static inline tpk_status tpk_mixtral_save(tpk_ctx *ctx, const tpk_mixtral *m, co
     return tpk__hf_save(ctx, fn, opt, dir, &d, cfg, false);
 }
 
+/* Save a Qwen2-MoE (and opt's moments when opt is not NULL) to dir in Hugging Face's
+ * Qwen2MoeForCausalLM layout: config.json (model_type "qwen2_moe", every layer sparse),
+ * model.safetensors with every tensor [out, in] under its global name, each routed expert's
+ * (mlp.experts.<e>.gate_proj/up_proj/down_proj) written from the EP rank holding it
+ * (tpk_ckpt_save). Collective over ctx->world. */
+static inline tpk_status tpk_qwen2_moe_save(tpk_ctx *ctx, const tpk_qwen2_moe *m,
+                                            const tpk_adamw *opt, const char *dir,
+                                            const tpk_hf_save_desc *desc) {
+    static const char *fn = "tpk_qwen2_moe_save";
+    tpk_hf_save_desc d;
+    TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->lm.blocks, dir, desc, &d));
+    char cfg[2000], e1[32], e2[32], e3[32];
+    const tpk_qwen2_moe_config *c = &m->c;
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"Qwen2MoeForCausalLM\"],\n  \"model_type\": "
+             "\"qwen2_moe\",\n"
+             "  \"vocab_size\": %lld,\n  \"max_position_embeddings\": %lld,\n"
+             "  \"hidden_size\": %lld,\n  \"intermediate_size\": %lld,\n"
+             "  \"num_hidden_layers\": %lld,\n  \"num_attention_heads\": %lld,\n"
+             "  \"num_key_value_heads\": %lld,\n  \"hidden_act\": \"silu\",\n"
+             "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n"
+             "  \"num_experts\": %lld,\n  \"num_experts_per_tok\": %lld,\n"
+             "  \"moe_intermediate_size\": %lld,\n  \"shared_expert_intermediate_size\": %lld,\n"
+             "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
+             "  \"mlp_only_layers\": [],\n  \"router_aux_loss_coef\": %s,\n"
+             "  \"output_router_logits\": %s,\n  \"use_sliding_window\": false,\n"
+             "  \"attention_dropout\": 0.0,\n"
+             "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\"\n}\n",
+             (long long)c->vocab, (long long)c->positions, (long long)c->hidden,
+             (long long)c->shared_ffn, (long long)c->layers, (long long)c->heads,
+             (long long)c->kv_heads, tpk__float_text(c->norm_eps, e1, sizeof e1),
+             tpk__float_text(c->rope_theta, e2, sizeof e2), (long long)c->experts,
+             (long long)c->top_k, (long long)c->moe_ffn, (long long)c->shared_ffn,
+             c->norm_topk_prob ? "true" : "false",
+             c->aux_coef > 0 ? tpk__float_text(c->aux_coef, e3, sizeof e3) : "0.0",
+             c->aux_coef > 0 ? "true" : "false", c->tie_embeddings ? "true" : "false");
+    return tpk__hf_save(ctx, fn, opt, dir, &d, cfg, false);
+}
+
 /* ---- load ------------------------------------------------------------------------------------ */
 
 /* A family's load (tpk_ckpt_load) from a tpk checkpoint or a Hugging Face directory: its shards
@@ -762,6 +937,16 @@ static inline tpk_status tpk_llama_load(tpk_ctx *ctx, tpk_llama *m, tpk_adamw *o
 static inline tpk_status tpk_mixtral_load(tpk_ctx *ctx, tpk_mixtral *m, tpk_adamw *opt,
                                           const char *dir) {
     static const char *fn = "tpk_mixtral_load";
+    if (!ctx) return TPK_ERR_ARG;
+    if (!m || !m->lm.blocks || !dir)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");
+    return tpk__hf_load(ctx, fn, opt, dir, false);
+}
+/* The same for a Qwen2-MoE: Hugging Face's Qwen2MoeForCausalLM files; each routed expert's
+ * tensors read by the EP rank holding it. Every rank reads. */
+static inline tpk_status tpk_qwen2_moe_load(tpk_ctx *ctx, tpk_qwen2_moe *m, tpk_adamw *opt,
+                                            const char *dir) {
+    static const char *fn = "tpk_qwen2_moe_load";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->lm.blocks || !dir)
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: NULL", !dir ? "dir" : "model");

@@ -1,23 +1,26 @@
 /* tpk/train/model.h — one handle over the kit's model families (tpk/models/families.h: GPT-2,
- * Llama, GPT-NeoX, Mixtral), for a trainer that takes any: the family chosen by a flag or by a
- * checkpoint's config.json ("model_type"), then the same calls for all — forward, backward, the
- * data-parallel hook, dropout, sampling, Hugging Face checkpoints. Every family is a configuration
- * of one model (tpk_lm, tpk/models/lm.h): the computing calls go straight to it (tpk_model_lm);
- * what differs — the config, its flags, the checkpoint's names and config.json — is one switch on
- * the family, and the families' names are one table of values. Nothing here computes. Needs POSIX
- * (tpk/train/hf.h). */
+ * Llama, GPT-NeoX, Mixtral, Qwen2-MoE), for a trainer that takes any: the family chosen by a flag
+ * or by a checkpoint's config.json ("model_type"), then the same calls for all — forward,
+ * backward, the data-parallel hook, dropout, sampling, Hugging Face checkpoints. Every family is a
+ * configuration of one model (tpk_lm, tpk/models/lm.h): the computing calls go straight to it
+ * (tpk_model_lm); what differs — the config, its flags, the checkpoint's names and config.json —
+ * is one switch on the family, and the families' names are one table of values. Nothing here
+ * computes. Needs POSIX (tpk/train/hf.h). */
 #ifndef TPK_MODEL_H
 #define TPK_MODEL_H
 
 #include "hf.h"
 
 /* TPK_ARCH_MIXTRAL: Llama with a mixture of experts (tpk/models/mixtral.h).
+ * TPK_ARCH_QWEN2_MOE: Qwen2's attention with a mixture of experts and a shared expert
+ * (tpk/models/qwen2_moe.h).
  * TPK_ARCH_CUSTOM: a model of one's own, its tpk_lm_config given whole (cfg.custom) */
 typedef enum tpk_arch {
     TPK_ARCH_GPT2,
     TPK_ARCH_LLAMA,
     TPK_ARCH_NEOX,
     TPK_ARCH_MIXTRAL,
+    TPK_ARCH_QWEN2_MOE,
     TPK_ARCH_CUSTOM,
     TPK_ARCH_COUNT
 } tpk_arch;
@@ -29,6 +32,7 @@ typedef struct tpk_model_config {
     tpk_llama_config llama;
     tpk_neox_config neox;
     tpk_mixtral_config mixtral;
+    tpk_qwen2_moe_config qwen2_moe;
     tpk_lm_config custom; /* its strings (names) must outlive the models built from it */
 } tpk_model_config;
 
@@ -39,6 +43,7 @@ typedef struct tpk_model {
     tpk_llama llama;
     tpk_neox neox;
     tpk_mixtral mixtral;
+    tpk_qwen2_moe qwen2_moe;
     tpk_lm custom;
 } tpk_model;
 
@@ -62,6 +67,7 @@ static inline const tpk_model_family *tpk__model_family(tpk_arch a) {
         {"llama", "llama", "Llama", false, tpk_llama_flags},
         {"neox", "gpt_neox", "GPT-NeoX", true, tpk_neox_flags},
         {"mixtral", "mixtral", "Mixtral", false, tpk_mixtral_flags},
+        {"qwen2_moe", "qwen2_moe", "Qwen2-MoE", false, tpk_qwen2_moe_flags},
         {"custom", "tpk_custom", "custom", false, tpk__custom_flags}};
     return (unsigned)a < TPK_ARCH_COUNT ? &families[a] : NULL;
 }
@@ -71,6 +77,7 @@ static inline void *tpk__model_cfg(tpk_model_config *c) {
     case TPK_ARCH_LLAMA: return &c->llama;
     case TPK_ARCH_NEOX: return &c->neox;
     case TPK_ARCH_MIXTRAL: return &c->mixtral;
+    case TPK_ARCH_QWEN2_MOE: return &c->qwen2_moe;
     case TPK_ARCH_CUSTOM: return &c->custom;
     default: return &c->gpt2;
     }
@@ -81,6 +88,7 @@ static inline void *tpk__model_built_cfg(tpk_model *m) {
     case TPK_ARCH_LLAMA: return &m->llama.c;
     case TPK_ARCH_NEOX: return &m->neox.c;
     case TPK_ARCH_MIXTRAL: return &m->mixtral.c;
+    case TPK_ARCH_QWEN2_MOE: return &m->qwen2_moe.c;
     case TPK_ARCH_CUSTOM: return &m->custom.c;
     default: return &m->gpt2.c;
     }
@@ -91,6 +99,7 @@ static inline tpk_lm *tpk_model_lm(tpk_model *m) {
     case TPK_ARCH_LLAMA: return &m->llama.lm;
     case TPK_ARCH_NEOX: return &m->neox.lm;
     case TPK_ARCH_MIXTRAL: return &m->mixtral.lm;
+    case TPK_ARCH_QWEN2_MOE: return &m->qwen2_moe.lm;
     case TPK_ARCH_CUSTOM: return &m->custom;
     default: return &m->gpt2.lm;
     }
@@ -125,6 +134,14 @@ static inline void tpk__model_common(tpk_model_config *cfg, int64_t *shape[5], f
     case TPK_ARCH_MIXTRAL: { /* no sequence parallelism: s points at a flag nothing reads */
         static bool no_sp;
         tpk_mixtral_config *c = &cfg->mixtral;
+        v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
+        v[4] = &c->heads, l = &c->label_smoothing, s = &no_sp, r = &c->recompute;
+        p = &c->part;
+        break;
+    }
+    case TPK_ARCH_QWEN2_MOE: { /* the same */
+        static bool no_sp;
+        tpk_qwen2_moe_config *c = &cfg->qwen2_moe;
         v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
         v[4] = &c->heads, l = &c->label_smoothing, s = &no_sp, r = &c->recompute;
         p = &c->part;
@@ -187,12 +204,17 @@ static inline const tpk_lm_flag *tpk_model_flag(tpk_arch a, const char *flag) {
     return NULL;
 }
 
+/* Whether family a's blocks are a mixture of experts (its experts split over --ep). */
+static inline bool tpk_arch_has_experts(tpk_arch a) {
+    return a == TPK_ARCH_MIXTRAL || a == TPK_ARCH_QWEN2_MOE;
+}
+
 static inline const char *tpk_arch_name(tpk_arch a) {
     return tpk__model_family(a) ? tpk__model_family(a)->name : "?";
 }
 
 /* cfg->arch and that family's config from dir/config.json (its model_type: "gpt2", "llama",
- * "gpt_neox", "mixtral"). */
+ * "gpt_neox", "mixtral", "qwen2_moe"). */
 static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir,
                                                tpk_model_config *cfg) {
     char type[32];
@@ -205,6 +227,7 @@ static inline tpk_status tpk_model_config_read(tpk_ctx *ctx, const char *dir,
     case TPK_ARCH_LLAMA: return tpk_llama_config_read(ctx, dir, &cfg->llama);
     case TPK_ARCH_NEOX: return tpk_neox_config_read(ctx, dir, &cfg->neox);
     case TPK_ARCH_MIXTRAL: return tpk_mixtral_config_read(ctx, dir, &cfg->mixtral);
+    case TPK_ARCH_QWEN2_MOE: return tpk_qwen2_moe_config_read(ctx, dir, &cfg->qwen2_moe);
     case TPK_ARCH_CUSTOM:
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, "tpk_model_config_read",
                          "%s: a custom model's config is its program's (tpk_lm_config), not read "
@@ -225,6 +248,7 @@ static inline tpk_status tpk_model_init(tpk_ctx *ctx, tpk_model *m, const tpk_mo
     case TPK_ARCH_LLAMA: return tpk_llama_init(ctx, &m->llama, &cfg->llama);
     case TPK_ARCH_NEOX: return tpk_neox_init(ctx, &m->neox, &cfg->neox);
     case TPK_ARCH_MIXTRAL: return tpk_mixtral_init(ctx, &m->mixtral, &cfg->mixtral);
+    case TPK_ARCH_QWEN2_MOE: return tpk_qwen2_moe_init(ctx, &m->qwen2_moe, &cfg->qwen2_moe);
     case TPK_ARCH_CUSTOM: return tpk_lm_init(ctx, &m->custom, &cfg->custom);
     default:
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
@@ -347,6 +371,7 @@ static inline tpk_status tpk_model_save(tpk_ctx *ctx, const tpk_model *m, const 
     case TPK_ARCH_LLAMA: return tpk_llama_save(ctx, &m->llama, opt, dir, desc);
     case TPK_ARCH_NEOX: return tpk_neox_save(ctx, &m->neox, opt, dir, desc);
     case TPK_ARCH_MIXTRAL: return tpk_mixtral_save(ctx, &m->mixtral, opt, dir, desc);
+    case TPK_ARCH_QWEN2_MOE: return tpk_qwen2_moe_save(ctx, &m->qwen2_moe, opt, dir, desc);
     case TPK_ARCH_CUSTOM: return tpk__custom_save(ctx, &m->custom, opt, dir, desc);
     default:
         return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_save", "model: NULL") : TPK_ERR_ARG;
@@ -359,6 +384,7 @@ static inline tpk_status tpk_model_load(tpk_ctx *ctx, tpk_model *m, tpk_adamw *o
     case TPK_ARCH_LLAMA: return tpk_llama_load(ctx, &m->llama, opt, dir);
     case TPK_ARCH_NEOX: return tpk_neox_load(ctx, &m->neox, opt, dir);
     case TPK_ARCH_MIXTRAL: return tpk_mixtral_load(ctx, &m->mixtral, opt, dir);
+    case TPK_ARCH_QWEN2_MOE: return tpk_qwen2_moe_load(ctx, &m->qwen2_moe, opt, dir);
     case TPK_ARCH_CUSTOM: return tpk_ckpt_load(ctx, opt, dir, NULL, NULL);
     default:
         return ctx ? tpk__fail(ctx, TPK_ERR_ARG, "tpk_model_load", "model: NULL") : TPK_ERR_ARG;

@@ -79,11 +79,12 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
     const tpk_flag_kind S = TPK_FLAG_STR, C = TPK_FLAG_CHOICE, I = TPK_FLAG_INT;
     const tpk_flag_kind X = TPK_FLAG_NUM, B = TPK_FLAG_BOOL;
     const double G = 1e9;
-    static tpk_flag t[96];
+    static tpk_flag t[128];
     static int nt = 0;
     if (nt) return *n = nt, t;
     const tpk_flag base[] = {
-        {"--arch", C, 0, 0, NULL, "gpt2|llama|neox|mixtral", "one of gpt2, llama, neox, mixtral", M,
+        {"--arch", C, 0, 0, NULL, "gpt2|llama|neox|mixtral|qwen2_moe",
+         "one of gpt2, llama, neox, mixtral, qwen2_moe", M,
          "model", "the family; default gpt2", offsetof(tpk_run_opts, arch)},
         {"--layers", I, 1, G, NULL, "L", NULL, M, "model", "blocks",
          offsetof(tpk_run_opts, layers)},
@@ -109,8 +110,8 @@ static inline const tpk_flag *tpk_run_flags(int *n) {
          "how keys and values travel over CP: the ring (default) or an all-gather",
          offsetof(tpk_run_opts, cp_comm)},
         {"--ep", I, 1, G, "1", NULL, NULL, P, "parallel",
-         "expert parallelism (--arch mixtral): the experts split over N of the DP ranks; N "
-         "divides DP and --experts",
+         "expert parallelism (--arch mixtral, qwen2_moe): the experts split over N of the DP "
+         "ranks; N divides DP and --experts",
          offsetof(tpk_run_opts, ep)},
         {"--dtype", C, 0, 0, NULL, "f32|bf16", NULL, F, "parallel",
          "default: bf16 on a GPU, f32 on the host", offsetof(tpk_run_opts, dtype)},
@@ -534,13 +535,17 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
                         tpk__model_family(cfg->arch)->title),
                TPK_ERR_ARG;
     if (!tpk_run_family_flags(o, cfg, err, n)) return TPK_ERR_ARG;
-    if (cfg->arch != TPK_ARCH_MIXTRAL && o->ep > 1)
-        return snprintf(err, n, "--ep %lld: the %s model has no experts (--arch mixtral has)",
+    if (!tpk_arch_has_experts(cfg->arch) && o->ep > 1)
+        return snprintf(err, n,
+                        "--ep %lld: the %s model has no experts (--arch mixtral and qwen2_moe "
+                        "have)",
                         (long long)o->ep, tpk__model_family(cfg->arch)->title),
                TPK_ERR_ARG;
-    if (cfg->arch == TPK_ARCH_MIXTRAL) { /* the trainer's words for the library's refusals */
-        tpk_mixtral_config *mc = &cfg->mixtral;
-        int64_t E = mc->experts ? mc->experts : 8, k = mc->top_k ? mc->top_k : 2;
+    if (tpk_arch_has_experts(cfg->arch)) { /* the trainer's words for the library's refusals */
+        bool mix = cfg->arch == TPK_ARCH_MIXTRAL;
+        int64_t E = mix ? cfg->mixtral.experts : cfg->qwen2_moe.experts;
+        int64_t k = mix ? cfg->mixtral.top_k : cfg->qwen2_moe.top_k;
+        E = E ? E : mix ? 8 : 60, k = k ? k : mix ? 2 : 4;
         if (o->ep > 1 && E % o->ep)
             return snprintf(err, n,
                             "--ep %lld: expected a divisor of the %lld experts (--experts; each EP "
@@ -553,8 +558,9 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
                    TPK_ERR_ARG;
         if (o->sp)
             return snprintf(err, n,
-                            "--sequence-parallel: not yet with the Mixtral model (its MoE block "
-                            "takes x replicated over TP)"),
+                            "--sequence-parallel: not yet with the %s model (its MoE block "
+                            "takes x replicated over TP)",
+                            tpk__model_family(cfg->arch)->title),
                    TPK_ERR_ARG;
     }
     struct {
