@@ -24,7 +24,7 @@
 #   CUDA backend), and the
 #   trainer's --cp 2 --plan training with the configuration it prints (make test-long).
 #   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 (make test), at
-#   TP 2 x EP 2 and EP 2 with full recompute, --json's ep, EP rejections, the trainer's --ep 2
+#   TP 2 x EP 2, EP 2 with full recompute and PP 2, --json's ep, EP rejections, the trainer's --ep 2
 #   --plan (make test-long).
 # make test (TPK_TESTS=quick) plans 10 of the 21 configurations (one per feature: each ZeRO stage —
 # 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, ZeRO-3 at PP x DP, TP x
@@ -109,6 +109,7 @@ long_set && mem neox_cp2 2 "--arch neox $C --cp 2 --batch 4" "--arch neox $C $P1
 X="--arch mixtral --layers 2 --hidden 32 --heads 4 --seq-len 16"
 quick_set && mem mixtral_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
 long_set && mem mixtral_tp2_ep2 4 "$X --tp 2 --batch 4 --ep 2" "$X --tp 2 --pp 1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
+long_set && mem mixtral_pp2 2 "$X --pp 2 --batch 2 --grad-accum 2" "$X --tp 1 --pp 2 --zero 0 --batch 4 --micro-batch 2 --recompute none"
 long_set && mem mixtral_ep2_full 2 "$X --batch 4 --ep 2 --recompute full" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute full"
 if long_set; then
     # every EP size of 4 ranks: --json's ep; ZeRO 0 and no SP at EP > 1; the experts' weights 1/EP;

@@ -1035,6 +1035,25 @@ printf '%s\n' "$out" | grep -q '^step     5/5 | loss [0-9.]* (aux 0\.00' || rc1=
 # --profile: a layer routes DP 2 x B 2 x S 16 x k 2 = 128 rows, 32 an expert on average
 printf '%s\n' "$out" | grep -q '^experts: rows a layer per expert .* mean 32\.0, ' || rc1=1
 mxeq "Mixtral at DP 2 x EP 2: 5 AdamW steps' losses equal DP 2 at EP 1 (the banner's EP, the aux on the step line, --profile's rows per expert)" "$T/mx1.csv" "$T/mx2.csv" 1 5
+# pipeline stages: the aux loss pooled over the stages' routing (each message's side)
+tr 4 --text "$text" $mx --pp 2 --ep 2 --steps 5 --csv "$T/mxp.csv"
+rc1=$rc
+printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 1 x DP 2 (EP 2) x PP 2 (1f1b' || rc1=1
+mxeq "Mixtral at PP 2 x DP 2 x EP 2 equals DP 2 without stages (the aux over both stages' layers)" "$T/mx1.csv" "$T/mxp.csv" 1 5
+if long_set; then # every schedule, 2 micro-batches, 4 layers (interleaved: 2 chunks a stage)
+    mx4=$(printf '%s\n' "$mx" | sed 's/--layers 2/--layers 4/')
+    tr 2 --text "$text" $mx4 --grad-accum 2 --steps 4 --csv "$T/mxa1.csv"
+    rca=$rc
+    for s in gpipe 1f1b interleaved; do
+        v=; [ $s = interleaved ] && v="--virtual-stages 2"
+        tr 4 --text "$text" $mx4 --grad-accum 2 --steps 4 --pp 2 --ep 2 --schedule $s $v --csv "$T/mxa-$s.csv"
+        rc1=$rca
+        mxeq "Mixtral at PP 2 x DP 2 x EP 2 ($s, 2 micro-batches) equals DP 2 without stages" "$T/mxa1.csv" "$T/mxa-$s.csv" 1 4
+    done
+    tr 4 --text "$text" $mx4 --grad-accum 2 --steps 4 --pp 2 --recompute full --csv "$T/mxa-rc.csv"
+    rc1=$rca
+    mxeq "Mixtral at PP 2 x DP 2 under full recompute equals DP 2 without stages" "$T/mxa1.csv" "$T/mxa-rc.csv" 1 4
+fi
 if long_set; then
     tr 4 --text "$text" $mx --tp 2 --ep 2 --steps 5 --csv "$T/mx22.csv"
     mxeq "Mixtral at TP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/mx1.csv" "$T/mx22.csv" 1 5

@@ -21,8 +21,13 @@
  * model.layers.<i>.post_attention_layernorm.weight, model.layers.<i>.block_sparse_moe.gate.weight
  * [E, H], model.layers.<i>.block_sparse_moe.experts.<e>.{w1,w3}.weight [F, H], .w2.weight [H, F]
  * (expert e only at EP rank e / (E / ep): tpk_param.expert), model.norm.weight, lm_head.weight.
- * No sequence parallelism, dropout, pipeline stages or context parallelism yet (refused by
- * name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P (tpk/train/options.h). */
+ * Pipeline stages (cfg.part; tpk/train/pipe_model.h, every schedule): a stage's EP groups are
+ * its own DP ranks', and the aux stays the whole model's: each message carries the routing's sums
+ * over the blocks before it (C_e, Q_e, N, the z-losses), so the last stage pools every layer's,
+ * and each gradient message the whole model's C_e and N back (tpk/models/lm.h), the losses and
+ * gradients those of the model without stages. No sequence parallelism, dropout or context
+ * parallelism yet (refused by name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P
+ * (tpk/train/options.h), --pp N. */
 #ifndef TPK_MIXTRAL_H
 #define TPK_MIXTRAL_H
 
@@ -34,7 +39,7 @@ typedef struct tpk_mixtral_config {
     int64_t layers;          /* L */
     int64_t hidden;          /* H */
     int64_t heads;           /* A (need not divide t) */
-    tpk_lm_part part;        /* zeros: all (pipeline stages are not yet taken) */
+    tpk_lm_part part;        /* zeros: all; a pipeline stage's blocks (tpk/train/pipe_model.h) */
     int64_t kv_heads;        /* G, divides A; 0 = A */
     int64_t ffn;             /* F, each expert's intermediate size; 0 = 7 H / 2 rounded up to a
                                multiple of 256 (Mixtral-8x7B's 14336 at H = 4096) */

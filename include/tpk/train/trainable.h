@@ -231,6 +231,22 @@ static inline tpk_status tpk_trainable_loss(tpk_ctx *ctx, tpk_trainable *t, doub
     return tpk_allreduce_host(ctx, &ctx->dp, loss, 1, TPK_F64, TPK_SUM);
 }
 
+/* *aux = weight x a mixture of experts' load-balancing loss (its coefficient's share) of the
+ * micro-batches since the last read, summed over DP (tpk_model_aux_dp; with stages the last
+ * stage's, the routing pooled over the stages, given to every stage); 0 without experts.
+ * Collective over DP (and the pipeline). */
+static inline tpk_status tpk_trainable_aux(tpk_ctx *ctx, tpk_trainable *t, double weight,
+                                           double *aux) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || !aux)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_aux", "%s: NULL", t ? "aux" : "t");
+    if (!t->piped) return tpk_model_aux_dp(ctx, &t->m, weight, aux);
+    double sum = 0;
+    TPK_TRY(tpk_pipe_model_aux_read(ctx, &t->pm, &sum));
+    *aux = sum * weight;
+    return tpk_allreduce_host(ctx, &ctx->dp, aux, 1, TPK_F64, TPK_SUM);
+}
+
 /* losses[K]: the mean loss of each of K batches (ids, targets [K][B S] of whole sequences, host;
  * under CP this rank's rows handed on, each loss the whole batch's), forwards alone; set the
  * dropout to 0 first for an evaluation. Collective over the model's ranks. */
