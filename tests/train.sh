@@ -1053,6 +1053,14 @@ if long_set; then # every schedule, 2 micro-batches, 4 layers (interleaved: 2 ch
     tr 4 --text "$text" $mx4 --grad-accum 2 --steps 4 --pp 2 --recompute full --csv "$T/mxa-rc.csv"
     rc1=$rca
     mxeq "Mixtral at PP 2 x DP 2 under full recompute equals DP 2 without stages" "$T/mxa1.csv" "$T/mxa-rc.csv" 1 4
+    # --log-every 2: a step line's loss and aux are its step's alone, with stages as without
+    tr 1 --text "$text" $mx --steps 4 --log-every 2
+    a=$(printf '%s\n' "$out" | sed -n 's/^step .*| \(loss [0-9.]* (aux [0-9.]*)\) .*/\1/p'); rc1=$rc
+    tr 2 --text "$text" $mx --steps 4 --log-every 2 --pp 2
+    b=$(printf '%s\n' "$out" | sed -n 's/^step .*| \(loss [0-9.]* (aux [0-9.]*)\) .*/\1/p')
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 2 ] && [ "$a" = "$b" ]; then
+        ok "Mixtral --log-every 2 at PP 2: the step lines' loss and aux are the step's, as at PP 1"
+    else fail "Mixtral --log-every 2 at PP 2: [$b], PP 1 [$a]"; fi
 fi
 if long_set; then
     tr 4 --text "$text" $mx --tp 2 --ep 2 --steps 5 --csv "$T/mx22.csv"

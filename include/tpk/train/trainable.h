@@ -112,7 +112,7 @@ static inline void tpk_trainable_set_dp(tpk_trainable *t, tpk_dp_buckets *b, boo
  * the one sequence of calls that examples/train.c makes each step and the planner's dry run
  * (tpk/plan/plan.h) walks on a counting backend, so the planned memory and ops are the run's.
  *
- *   1. the gradients zeroed (and the device loss sum, without stages);
+ *   1. the gradients zeroed (and the device loss sums: the step's alone are read, with stages too);
  *   2. without stages: for each micro-batch k (ids, targets [M][B S / c] in host memory: this CP
  *      rank's rows, tpk_cp_rows, of B sequences of S tokens; c = 1 without CP) with
  *      ctx->rng_step = rng_step + k, the forward (the loss stays on the device), the DP buckets
@@ -147,6 +147,10 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
     size_t mbt = (size_t)tpk_cp_rows(ctx, B, S); /* a micro-batch's tokens (this CP rank's) */
     TPK_TRY(tpk_params_zero_grad(ctx));
     if (pm) {
+        for (int i = 0; i < pm->V * pm->K; i++) { /* the step's losses from here (as below) */
+            tpk_lm *lm = tpk_model_lm(&pm->copy[i]);
+            tpk_xent_loss_reset(&lm->ce), lm->aux_sum = 0;
+        }
         TPK_TRY(tpk_pipe_model_step(ctx, pm, ids, targets, B, S, scale, rng_step, NULL));
     } else {
         tpk_lm *lm = tpk_model_lm(m); /* every family's model: its calls, direct */
