@@ -1,8 +1,8 @@
 /* tests/test_pipeline_lm.c — GPT-2 and Llama under pipeline parallelism (tpk/train/pipe_model.h)
  * (and a custom model: GPT-J's one-norm parallel block, grouped-query attention, an untied head;
  * and Mixtral, its aux loss pooled over every stage's layers through the messages' sides, with the
- * routers' z-loss, no SP; also at PP 2 x EP 2 at 4 ranks, each DP rank its own tokens, against EP 2
- * without stages: within 1e-6, found to the bit)
+ * routers' z-loss and dropout 0.1, no SP; also at PP 2 x EP 2 at 4 ranks, each DP rank its own
+ * tokens, against EP 2 without stages: within 1e-6, found to the bit)
  * against the same model without a pipeline on the same TP group: for every mesh TP x PP of the
  * ranks (DP 1), every schedule (GPipe, 1F1B, interleaved with 2 chunks a stage where it applies),
  * with and without sequence parallelism, dropout (GPT-2) and each recompute mode, the losses of the
@@ -21,7 +21,7 @@
 enum { V = 97, P = 16, H = 24, B = 2, S = 8, M = 4, MAXL = 8 };
 
 /* The test's GPT-2 (dropout 0.1), Llama (A = 4, G = 2, F = 40) or Mixtral (E = 4, k = 2, F = 16,
- * aux coefficient 0.05, the routers' z-loss 0.01) of MAXL blocks. */
+ * aux coefficient 0.05, the routers' z-loss 0.01, dropout 0.1) of MAXL blocks. */
 static tpk_model_config small_model(tpk_arch arch, bool sp, tpk_recompute rc) {
     tpk_model_config mc;
     memset(&mc, 0, sizeof mc);
@@ -30,7 +30,7 @@ static tpk_model_config small_model(tpk_arch arch, bool sp, tpk_recompute rc) {
         mc.mixtral = (tpk_mixtral_config){.vocab = V, .positions = P, .layers = MAXL, .hidden = H,
                                           .heads = 4, .kv_heads = 2, .ffn = 16, .experts = 4,
                                           .top_k = 2, .aux_coef = 0.05f, .z_coef = 0.01f,
-                                          .recompute = rc};
+                                          .dropout = 0.1f, .recompute = rc};
     else if (arch == TPK_ARCH_GPT2)
         mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = MAXL, .hidden = H,
                                     .heads = 4, .dropout = 0.1f, .sequence_parallel = sp,
@@ -169,9 +169,9 @@ int main(int argc, char **argv) {
         ids[i] = (int32_t)(tpk_rng_uniform(11, 0, (uint64_t)i) * V) % V,
         tg[i] = (int32_t)(tpk_rng_uniform(12, 0, (uint64_t)i) * V) % V;
 
-    static const char *fam_name[4] = {"GPT-2 (dropout 0.1)", "Llama",
-                                      "a custom model (GPT-J's parallel block, dropout 0.1)",
-                                      "Mixtral (the aux loss pooled over the stages, a z-loss)"};
+    static const char *fam_name[4] = {
+        "GPT-2 (dropout 0.1)", "Llama", "a custom model (GPT-J's parallel block, dropout 0.1)",
+        "Mixtral (the aux loss pooled over the stages, a z-loss, dropout 0.1)"};
     for (int fam = 0; fam < 4; fam++)
         for (int sp = 0; sp < (fam == 3 ? 1 : 2); sp++) /* Mixtral: no SP yet */
             TEST_CASE("%s (L=%d)%s: every mesh and schedule equals the run without a pipeline",

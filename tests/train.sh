@@ -1062,6 +1062,18 @@ if long_set; then # every schedule, 2 micro-batches, 4 layers (interleaved: 2 ch
         ok "Mixtral --log-every 2 at PP 2: the step lines' loss and aux are the step's, as at PP 1"
     else fail "Mixtral --log-every 2 at PP 2: [$b], PP 1 [$a]"; fi
 fi
+# dropout: the masks are each DP rank's (the same at any TP and EP size), replayed by recompute
+tr 2 --text "$text" $mx --dropout 0.1 --steps 5 --csv "$T/mxd1.csv"
+rc1=$rc
+tr 2 --text "$text" $mx --dropout 0.1 --ep 2 --steps 5 --csv "$T/mxd2.csv"
+awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { d = b - a; exit !(d > 1e-3 || d < -1e-3) }' "$T/mx1.csv" "$T/mxd1.csv" || rc1=1
+mxeq "Mixtral --dropout 0.1 at DP 2 x EP 2 equals EP 1 (step 1's loss moved by the dropout)" "$T/mxd1.csv" "$T/mxd2.csv" 1 5
+if long_set; then
+    tr 4 --text "$text" $mx --dropout 0.1 --tp 2 --ep 2 --steps 5 --csv "$T/mxd22.csv"
+    mxeq "Mixtral --dropout 0.1 at TP 2 x DP 2 x EP 2 equals TP 1 at EP 1" "$T/mxd1.csv" "$T/mxd22.csv" 1 5
+    tr 4 --text "$text" $mx --dropout 0.1 --pp 2 --ep 2 --recompute full --steps 5 --csv "$T/mxdp.csv"
+    mxeq "Mixtral --dropout 0.1 at PP 2 x DP 2 x EP 2 under full recompute equals DP 2 without either" "$T/mxd1.csv" "$T/mxdp.csv" 1 5
+fi
 if long_set; then
     tr 4 --text "$text" $mx --tp 2 --ep 2 --steps 5 --csv "$T/mx22.csv"
     mxeq "Mixtral at TP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/mx1.csv" "$T/mx22.csv" 1 5

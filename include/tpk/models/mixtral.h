@@ -25,9 +25,12 @@
  * its own DP ranks', and the aux stays the whole model's: each message carries the routing's sums
  * over the blocks before it (C_e, Q_e, N, the z-losses), so the last stage pools every layer's,
  * and each gradient message the whole model's C_e and N back (tpk/models/lm.h), the losses and
- * gradients those of the model without stages. No sequence parallelism, dropout or context
- * parallelism yet (refused by name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P
- * (tpk/train/options.h), --pp N. */
+ * gradients those of the model without stages. Dropout (cfg.dropout; GPT-2's sites: the
+ * embedding's output, the attention's probabilities, both residual branches): each mask is drawn
+ * from its site's stream, the step and the DP rank at the global (token, feature), so it is the
+ * same at any TP and EP size and drawn again alike by recompute. No sequence parallelism or
+ * context parallelism yet (refused by name). The trainer: --arch mixtral --experts E --moe-top-k
+ * k --ep P (tpk/train/options.h), --pp N, --dropout p. */
 #ifndef TPK_MIXTRAL_H
 #define TPK_MIXTRAL_H
 
@@ -63,6 +66,10 @@ typedef struct tpk_mixtral_config {
                                 z_coef mean_t lse_t² of each layer added to the aux, 0: none. Not
                                 in config.json (Hugging Face's Mixtral has none): pass it again on
                                 a resume */
+    float dropout;           /* the attention's probabilities, both residual branches and the
+                                embedding's output (GPT-2's sites; Hugging Face's Mixtral has the
+                                attention's alone, attention_dropout); 0 = none. Not written to
+                                config.json: a trainer's flag */
 } tpk_mixtral_config;
 
 /* A Mixtral: its config (defaults applied) and the model (m.lm). */
@@ -134,6 +141,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "cfg->z_coef: expected a finite value >= 0 (0: no z-loss), got %g",
                          (double)c->z_coef);
+    TPK_TRY(tpk__lm_check_dropout(ctx, fn, c->dropout));
     if (!c->ffn && c->hidden > 0) c->ffn = tpk_mixtral_default_ffn(c->hidden);
     if (c->rope_theta == 0) c->rope_theta = 1e6f;
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
@@ -153,6 +161,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     out->block = tpk_mixtral_block_config(&bd, (int)c->experts, (int)c->top_k,
                                           c->aux_coef > 0 ? c->aux_coef : 0.f);
     out->block.mlp.moe.capacity_factor = c->capacity_factor, out->block.mlp.moe.z_coef = c->z_coef;
+    out->block.dropout = c->dropout, out->dropout_sites = true;
     return TPK_OK;
 }
 
