@@ -20,15 +20,16 @@
  * computes (f32, bf16, i32; blocking and started), the counts exchanged by tpk_alltoallv_counts,
  * the call, element and byte counters, the flight recorder's entry, a peer that never enters it
  * timed out (TPK_ERR_COMM, not a hang), bad counts and buffers refused by name. The Mixtral family
- * (tpk/models/mixtral.h) at EP 1, 2, 3, TP 2 x EP 2 x DP 2 and EP 2 x DP 4 (EDP 2), each DP rank
- * its own tokens, against one rank's EP 1 model run on every DP rank's tokens: each rank's loss
+ * (tpk/models/mixtral.h) at EP 1, 2, 3, TP 2 x EP 2 x DP 2, EP 2 x DP 4 (EDP 2), CP 2 and CP 2 x
+ * EP 2 x DP 2 (each CP rank its rows), each DP rank its own tokens, against one rank's EP 1 model
+ * run on every DP rank's tokens: each rank's loss
  * (the aux pooled over the layers), every gradient (dense ones summed over DP, experts' over EDP),
  * 2 AdamW steps of tpk_train_step (norms, weights); ZeRO-1 with experts refused; under full and
  * selective recompute (a capacity, a z-loss and a shared expert, or none) the bits of no
- * recompute; the routers' z-loss under the pooled aux against a double reference from each
- * router's input (the loss, the last gate's gradient); its config.json parsed (keys, defaults,
- * refusals). Run at 1..4
- * ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
+ * recompute; dropout 0.2 at TP and EP sizes against TP 1 x EP 1 on the same DP ranks, replayed
+ * by recompute bit for bit; the routers' z-loss under the pooled aux against a double reference
+ * from each router's input (the loss, the last gate's gradient); its config.json parsed (keys,
+ * defaults, refusals). Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
 #include "test.h"
 
 #include <tpk/train/hf.h>
@@ -859,9 +860,17 @@ static void mix_tokens(int q, int32_t *ids, int32_t *tg) {
  * cross-entropy plus the aux pooled over the layers), the dense gradients summed over DP and an
  * expert's over EDP (the sum of every DP rank's loss's), against a one-rank EP 1 model run on
  * every DP rank's tokens in turn. */
-static void test_mixtral(int tp, int ep, int E) {
+/* this CP rank's rows of DP rank q's tokens (all of them at CP 1) */
+static void mix_rows(tpk_ctx *c, int q, int32_t *ids, int32_t *tg) {
+    int32_t a[XT], b[XT];
+    mix_tokens(q, a, b);
+    CHECK_OK(c, tpk_cp_scatter_host(c, ids, a, XB, XS, sizeof(int32_t)));
+    CHECK_OK(c, tpk_cp_scatter_host(c, tg, b, XB, XS, sizeof(int32_t)));
+}
+static void test_mixtral(int tp, int cp, int ep, int E) {
     tpk_ctx c, r;
-    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 3}));
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .cp = cp, .ep = ep,
+                                                  .seed = 3}));
     CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 3}));
     tpk_mixtral_config cfg = mix_config(E);
     tpk_mixtral m, mr;
@@ -879,7 +888,7 @@ static void test_mixtral(int tp, int ep, int E) {
         if (q == dr) lref = l;
     }
     CHECK(mr.lm.aux > 0 && m.c.aux_coef == 0.05f, "aux %g", (double)mr.lm.aux);
-    mix_tokens(dr, ids, tg);
+    mix_rows(&c, dr, ids, tg); /* under CP this rank's rows */
     CHECK_OK(&c, tpk_params_zero_grad(&c));
     CHECK_OK(&c, tpk_lm_forward(&c, &m.lm, ids, tg, XB, XS, &loss));
     CHECK_OK(&c, tpk_lm_backward(&c, &m.lm, 1.0f));
@@ -933,7 +942,7 @@ static void test_mixtral(int tp, int ep, int E) {
             CHECK_OK(&r, tpk_lm_backward(&r, &mr.lm, 1.0f));
         }
         CHECK_OK(&r, tpk_train_step(&r, &ropt, &rb, lr, clip, gs, &rnorm));
-        mix_tokens(dr, ids, tg);
+        mix_rows(&c, dr, ids, tg);
         CHECK_OK(&c, tpk_params_zero_grad(&c));
         CHECK_OK(&c, tpk_lm_forward(&c, &m.lm, ids, tg, XB, XS, &loss));
         CHECK_OK(&c, tpk_dp_begin(&c, &b, true));
@@ -1299,12 +1308,13 @@ int main(int argc, char **argv) {
     TEST_CASE("Mixtral: the loss (aux pooled over the layers), every gradient, and 2 training "
               "steps (experts reduced over EDP, the norm over EP) at %s against one rank's EP 1 "
               "model on each DP rank's tokens",
-              np == 4   ? "TP 2 x EP 2 x DP 2 and EP 2 x DP 4 (EDP 2)"
+              np == 4   ? "TP 2 x EP 2 x DP 2, EP 2 x DP 4 (EDP 2) and CP 2 x EP 2 x DP 2"
               : np == 1 ? "EP 1"
-              : np == 2 ? "EP 2"
+              : np == 2 ? "EP 2 and CP 2"
                         : "EP 3") {
-        if (np == 4) test_mixtral(2, 2, 4), test_mixtral(1, 2, 4);
-        else test_mixtral(1, np, np == 3 ? 6 : 4);
+        if (np == 4) test_mixtral(2, 1, 2, 4), test_mixtral(1, 1, 2, 4), test_mixtral(1, 2, 2, 4);
+        else test_mixtral(1, 1, np, np == 3 ? 6 : 4);
+        if (np == 2) test_mixtral(1, 2, 1, 4);
     }
     TEST_CASE("Mixtral under recompute (%s) at EP %d: the loss and every gradient the bits of no "
               "recompute",

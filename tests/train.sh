@@ -1068,6 +1068,20 @@ rc1=$rc
 tr 2 --text "$text" $mx --dropout 0.1 --ep 2 --steps 5 --csv "$T/mxd2.csv"
 awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { d = b - a; exit !(d > 1e-3 || d < -1e-3) }' "$T/mx1.csv" "$T/mxd1.csv" || rc1=1
 mxeq "Mixtral --dropout 0.1 at DP 2 x EP 2 equals EP 1 (step 1's loss moved by the dropout)" "$T/mxd1.csv" "$T/mxd2.csv" 1 5
+# context parallelism: the aux's counts over every CP rank's rows (the sequences' whole tokens)
+tr 4 --text "$text" $mx --cp 2 --steps 5 --csv "$T/mxc.csv"
+rc1=$rc
+printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 1 x CP 2 (p2p ring) x DP 2, ' || rc1=1
+mxeq "Mixtral at CP 2 x DP 2 equals DP 2 without CP (the aux over both CP ranks' rows)" "$T/mx1.csv" "$T/mxc.csv" 1 5
+if long_set; then
+    tr 4 --text "$text" $mx --cp 2 --ep 2 --cp-comm allgather --steps 5 --csv "$T/mxce.csv"
+    rc1=0
+    mxeq "Mixtral at CP 2 x DP 2 x EP 2 (the all-gather) equals DP 2 without CP" "$T/mx1.csv" "$T/mxce.csv" 1 5
+    tr 1 --text "$text" $mx --grad-accum 2 --steps 5 --csv "$T/mxga.csv"
+    rc1=$rc
+    tr 4 --text "$text" $mx --grad-accum 2 --cp 2 --pp 2 --steps 5 --csv "$T/mxcp.csv"
+    mxeq "Mixtral at CP 2 x PP 2 (2 micro-batches) equals 1 rank" "$T/mxga.csv" "$T/mxcp.csv" 1 5
+fi
 if long_set; then
     tr 4 --text "$text" $mx --dropout 0.1 --tp 2 --ep 2 --steps 5 --csv "$T/mxd22.csv"
     mxeq "Mixtral --dropout 0.1 at TP 2 x DP 2 x EP 2 equals TP 1 at EP 1" "$T/mxd1.csv" "$T/mxd22.csv" 1 5

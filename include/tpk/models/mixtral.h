@@ -28,9 +28,12 @@
  * gradients those of the model without stages. Dropout (cfg.dropout; GPT-2's sites: the
  * embedding's output, the attention's probabilities, both residual branches): each mask is drawn
  * from its site's stream, the step and the DP rank at the global (token, feature), so it is the
- * same at any TP and EP size and drawn again alike by recompute. No sequence parallelism or
- * context parallelism yet (refused by name). The trainer: --arch mixtral --experts E --moe-top-k
- * k --ep P (tpk/train/options.h), --pp N, --dropout p. */
+ * same at any TP and EP size and drawn again alike by recompute. Context parallelism (ctx->cp,
+ * cfg.cp_comm; this CP rank's rows, tpk/models/lm.h): the routing's sums are summed over the CP
+ * group, so the aux is over the sequences' whole tokens, as at CP 1 (a capacity factor is each
+ * rank's own rows', Megatron's: with drops CP changes which). No sequence parallelism yet (refused
+ * by name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P (tpk/train/options.h),
+ * --pp N, --cp N, --dropout p. */
 #ifndef TPK_MIXTRAL_H
 #define TPK_MIXTRAL_H
 
@@ -70,6 +73,8 @@ typedef struct tpk_mixtral_config {
                                 embedding's output (GPT-2's sites; Hugging Face's Mixtral has the
                                 attention's alone, attention_dropout); 0 = none. Not written to
                                 config.json: a trainer's flag */
+    tpk_cp_comm cp_comm;     /* the attention under context parallelism (ctx->cp): TPK_CP_P2P (the
+                                ring, default) or TPK_CP_ALLGATHER (Llama's) */
 } tpk_mixtral_config;
 
 /* A Mixtral: its config (defaults applied) and the model (m.lm). */
@@ -152,6 +157,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     l.rope_theta = c->rope_theta, l.norm_eps = c->norm_eps;
     l.label_smoothing = c->label_smoothing, l.tie_embeddings = c->tie_embeddings;
     l.init_std = c->init_std, l.vocab_multiple = c->vocab_multiple, l.recompute = c->recompute;
+    l.cp_comm = c->cp_comm;
     TPK_TRY(tpk_llama_lm_config(ctx, &l, out)); /* checks the shape, heads, ffn, recompute */
     c->kv_heads = l.kv_heads, c->init_std = l.init_std;
     tpk_llama_block_desc bd;
