@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
                                    (uint64_t)(step * o.accum), lr, (float)o.clip,
                                    report ? &norm : NULL)) ||
             (report && !ok(tpk_trainable_loss(&ctx, &t, w, &l))) ||
-            (report && moe && !ok(tpk_model_aux_dp(&ctx, tpk_trainable_model(&t), w, &aux))) ||
+            (report && moe && !ok(tpk_trainable_aux(&ctx, &t, w, &aux))) ||
             (eval && !ok(evaluate(&t, &val, &o, S, x, y, &vl))))
             goto out;
         if (report && moe) l += aux; /* the loss trained: Hugging Face's outputs.loss */

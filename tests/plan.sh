@@ -24,8 +24,8 @@
 #   CUDA backend), and the
 #   trainer's --cp 2 --plan training with the configuration it prints (make test-long).
 #   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 (make test), at
-#   TP 2 x EP 2 and EP 2 with full recompute, Qwen2-MoE's at EP 2, --json's ep, EP rejections,
-#   the trainer's --ep 2 --plan (make test-long).
+#   TP 2 x EP 2, EP 2 with full recompute, PP 2 and CP 2, Qwen2-MoE's at EP 2, --json's ep, EP
+#   rejections, the trainer's --ep 2 --plan (make test-long).
 # make test (TPK_TESTS=quick) plans 10 of the 21 configurations (one per feature: each ZeRO stage —
 # 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, ZeRO-3 at PP x DP, TP x
 # DP, GQA, TP x PP), reads a handwritten profile file and runs the rest; make test-long the other
@@ -105,10 +105,12 @@ long_set && mem neox_cp2 2 "--arch neox $C --cp 2 --batch 4" "--arch neox $C $P1
 
 # mixture of experts (Mixtral): the experts 1/EP a rank, the all-to-alls on ctx->ep, under a
 # balanced router (the dry run's assumption; a real router's imbalance is within the tolerance at
-# these shapes): EP 2 (make test); TP 2 x EP 2, EP 2 with full recompute (make test-long)
+# these shapes): EP 2 (make test); TP 2 x EP 2, EP 2 with full recompute, CP 2, PP 2 (long)
 X="--arch mixtral --layers 2 --hidden 32 --heads 4 --seq-len 16"
 quick_set && mem mixtral_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
 long_set && mem mixtral_tp2_ep2 4 "$X --tp 2 --batch 4 --ep 2" "$X --tp 2 --pp 1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
+long_set && mem mixtral_cp2 2 "$X --cp 2 --batch 4" "$X $P1 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
+long_set && mem mixtral_pp2 2 "$X --pp 2 --batch 2 --grad-accum 2" "$X --tp 1 --pp 2 --zero 0 --batch 4 --micro-batch 2 --recompute none"
 long_set && mem mixtral_ep2_full 2 "$X --batch 4 --ep 2 --recompute full" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute full"
 # Qwen2-MoE (the q, k, v biases, the shared expert on every EP rank) at EP 2 (make test-long)
 X="--arch qwen2_moe --layers 2 --hidden 32 --heads 4 --seq-len 16 --experts 4 --moe-top-k 2 --moe-ffn 24 --shared-ffn 40"

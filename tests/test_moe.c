@@ -20,14 +20,16 @@
  * computes (f32, bf16, i32; blocking and started), the counts exchanged by tpk_alltoallv_counts,
  * the call, element and byte counters, the flight recorder's entry, a peer that never enters it
  * timed out (TPK_ERR_COMM, not a hang), bad counts and buffers refused by name. The Mixtral family
- * (tpk/models/mixtral.h) at EP 1, 2, 3, TP 2 x EP 2 x DP 2 and EP 2 x DP 4 (EDP 2), each DP rank
- * its own tokens, against one rank's EP 1 model run on every DP rank's tokens: each rank's loss
+ * (tpk/models/mixtral.h) at EP 1, 2, 3, TP 2 x EP 2 x DP 2, EP 2 x DP 4 (EDP 2), CP 2 and CP 2 x
+ * EP 2 x DP 2 (each CP rank its rows), each DP rank its own tokens, against one rank's EP 1 model
+ * run on every DP rank's tokens: each rank's loss
  * (the aux pooled over the layers), every gradient (dense ones summed over DP, experts' over EDP),
  * 2 AdamW steps of tpk_train_step (norms, weights); ZeRO-1 with experts refused; under full and
  * selective recompute (a capacity, a z-loss and a shared expert, or none) the bits of no
- * recompute; the routers' z-loss under the pooled aux against a double reference from each
- * router's input (the loss, the last gate's gradient); its config.json parsed (keys, defaults,
- * refusals). The Qwen2-MoE family (tpk/models/qwen2_moe.h: q, k, v biases, a shared expert,
+ * recompute; dropout 0.2 at TP and EP sizes against TP 1 x EP 1 on the same DP ranks, replayed
+ * by recompute bit for bit; the routers' z-loss under the pooled aux against a double reference
+ * from each router's input (the loss, the last gate's gradient); its config.json parsed (keys,
+ * defaults, refusals). The Qwen2-MoE family (tpk/models/qwen2_moe.h: q, k, v biases, a shared expert,
  * norm_topk_prob off and on) the same way at EP 1, 2, TP 3 (a key/value head and its bias on two
  * ranks), TP 2 x EP 2 x DP 2 and EP 2 x DP 4, its Hugging Face names, bad config refused by name,
  * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2 read back (config.json; every tensor and the
@@ -885,9 +887,17 @@ static tpk_qwen2_moe_config qwen_config(int E, bool norm) {
  * cross-entropy plus the aux pooled over the layers), the dense gradients summed over DP and an
  * expert's over EDP (the sum of every DP rank's loss's), against a one-rank EP 1 model run on
  * every DP rank's tokens in turn. */
-static void test_mixtral(int tp, int ep, int E, int qwen) {
+/* this CP rank's rows of DP rank q's tokens (all of them at CP 1) */
+static void mix_rows(tpk_ctx *c, int q, int32_t *ids, int32_t *tg) {
+    int32_t a[XT], b[XT];
+    mix_tokens(q, a, b);
+    CHECK_OK(c, tpk_cp_scatter_host(c, ids, a, XB, XS, sizeof(int32_t)));
+    CHECK_OK(c, tpk_cp_scatter_host(c, tg, b, XB, XS, sizeof(int32_t)));
+}
+static void test_mixtral(int tp, int cp, int ep, int E, int qwen) {
     tpk_ctx c, r;
-    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 3}));
+    CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .cp = cp, .ep = ep,
+                                                  .seed = 3}));
     CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 3}));
     tpk_mixtral_config cfg = mix_config(E), rcfg = cfg;
     tpk_qwen2_moe_config qcfg = qwen_config(E, qwen == 2), rqcfg = qcfg;
@@ -929,7 +939,7 @@ static void test_mixtral(int tp, int ep, int E, int qwen) {
               tpk_param_find(&r, "model.layers.0.self_attn.o_proj.bias"), r.params.n,
               3 + XL * (14 + 3 * E));
     }
-    mix_tokens(dr, ids, tg);
+    mix_rows(&c, dr, ids, tg); /* under CP this rank's rows */
     CHECK_OK(&c, tpk_params_zero_grad(&c));
     CHECK_OK(&c, tpk_lm_forward(&c, &m, ids, tg, XB, XS, &loss));
     CHECK_OK(&c, tpk_lm_backward(&c, &m, 1.0f));
@@ -983,7 +993,7 @@ static void test_mixtral(int tp, int ep, int E, int qwen) {
             CHECK_OK(&r, tpk_lm_backward(&r, &mr, 1.0f));
         }
         CHECK_OK(&r, tpk_train_step(&r, &ropt, &rb, lr, clip, gs, &rnorm));
-        mix_tokens(dr, ids, tg);
+        mix_rows(&c, dr, ids, tg);
         CHECK_OK(&c, tpk_params_zero_grad(&c));
         CHECK_OK(&c, tpk_lm_forward(&c, &m, ids, tg, XB, XS, &loss));
         CHECK_OK(&c, tpk_dp_begin(&c, &b, true));
@@ -1056,6 +1066,99 @@ static void test_mixtral(int tp, int ep, int E, int qwen) {
         CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, NULL), TPK_ERR_ARG, "cfg: NULL");
     }
     tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
+}
+
+/* Mixtral with dropout 0.2 at TP tp x EP ep (DP world / tp, each DP rank its own tokens) against
+ * TP 1 x EP 1 on the same DP ranks (each TP rank's DP ranks a world of their own: the same DP
+ * ranks, so the same masks): each rank's loss within 1e-6, every gradient within 1e-5 (dense ones
+ * summed over DP, an expert's over EDP), the dropout seen (the loss moves at p = 0); and under
+ * full and selective recompute the loss and every gradient the bits of no recompute (the masks
+ * drawn again alike). */
+static double worst_dropout; /* the largest relative difference of a gradient found */
+static void test_mixtral_dropout(int tp, int ep, int E) {
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, me % tp, me / tp, &sub);
+    tpk_comm dw;
+    CHECK_OK(NULL, tpk_comm_mpi(NULL, sub, &dw));
+    MPI_Comm_free(&sub);
+    tpk_ctx c[4]; /* TP tp x EP ep; TP 1 x EP 1; the first under full, and selective, recompute */
+    tpk_lm m[4];
+    float loss[4], l0 = 0;
+    int32_t ids[XT], tg[XT];
+    for (int k = 0; k < 4; k++) {
+        tpk_ctx_desc d = {.world = k == 1 ? &dw : &world, .tp = k == 1 ? 1 : tp,
+                          .ep = k == 1 ? 1 : ep, .seed = 3};
+        CHECK_OK(&c[k], tpk_ctx_init(&c[k], &d));
+        tpk_mixtral_config cfg = mix_config(E);
+        cfg.dropout = 0.2f;
+        cfg.recompute = k == 2 ? TPK_RECOMPUTE_FULL
+                        : k == 3 ? TPK_RECOMPUTE_SELECTIVE
+                                 : TPK_RECOMPUTE_NONE;
+        tpk_lm_config lc;
+        CHECK_OK(&c[k], tpk_mixtral_lm_config(&c[k], &cfg, &lc));
+        CHECK_OK(&c[k], tpk_lm_init(&c[k], &m[k], &lc));
+        test_set_weights(&c[k], 9, 0.3f);
+        mix_tokens(c[k].dp.rank, ids, tg);
+        c[k].rng_step = 7;
+        CHECK_OK(&c[k], tpk_params_zero_grad(&c[k]));
+        CHECK_OK(&c[k], tpk_lm_forward(&c[k], &m[k], ids, tg, XB, XS, &loss[k]));
+        CHECK_OK(&c[k], tpk_lm_backward(&c[k], &m[k], 1.0f));
+    }
+    CHECK(c[0].dp.rank == c[1].dp.rank, "DP rank %d, the reference's %d", c[0].dp.rank,
+          c[1].dp.rank);
+    CHECK(fabsf(loss[0] - loss[1]) < 1e-6f * fabsf(loss[1]),
+          "TP %d x EP %d: loss %.9g, TP 1 x EP 1's %.9g", tp, ep, (double)loss[0],
+          (double)loss[1]);
+    CHECK(loss[2] == loss[0] && loss[3] == loss[0], "recompute: loss %.9g, %.9g, without %.9g",
+          (double)loss[2], (double)loss[3], (double)loss[0]);
+    /* the reference's gradients summed over its DP ranks first (every rank holds every expert
+       there, in the same order; here the EP ranks hold others at the same index) */
+    float **ref = calloc((size_t)c[1].params.n, sizeof *ref);
+    for (int j = 0; j < c[1].params.n; j++) {
+        size_t n = tpk_param_global_numel(&c[1], j);
+        ref[j] = malloc(n * sizeof(float));
+        test_poison(ref[j], n);
+        CHECK_OK(&c[1], tpk_param_get_global(&c[1], j, true, ref[j]));
+        CHECK_OK(&c[1], tpk_allreduce_host(&c[1], c[1].dp_cp, ref[j], n, TPK_F32, TPK_SUM));
+    }
+    int diff = 0, checked = 0;
+    for (int i = 0; i < c[0].params.n; i++) {
+        tpk_param *p = &c[0].params.list[i];
+        int j = tpk_param_find(&c[1], p->name);
+        size_t n = tpk_param_global_numel(&c[0], i);
+        float *got = malloc(n * sizeof(float)), *rc = malloc(n * sizeof(float));
+        for (int k = 2; k < 4; k++) { /* recompute: the same bits, before any reduction */
+            CHECK_OK(&c[0], tpk_param_get_global(&c[0], i, true, got));
+            test_poison(rc, n);
+            CHECK_OK(&c[k], tpk_param_get_global(&c[k], i, true, rc));
+            if (memcmp(got, rc, n * sizeof(float)) && diff++ < 3)
+                CHECK(false, "recompute %d: the gradient of %s differs", k, p->name);
+        }
+        test_poison(got, n);
+        CHECK_OK(&c[0], tpk_param_get_global(&c[0], i, true, got));
+        CHECK_OK(&c[0], tpk_allreduce_host(&c[0], p->expert ? c[0].edp : c[0].dp_cp, got, n,
+                                           TPK_F32, TPK_SUM));
+        CHECK(j >= 0, "%s: not in the TP 1 x EP 1 model", p->name);
+        if (j >= 0) {
+            char what[160];
+            snprintf(what, sizeof what, "dropout 0.2: gradient of %s", p->name);
+            CHECK_CLOSE(got, ref[j], n, 1e-5, what);
+            worst_dropout = fmax(worst_dropout, test_relerr(got, ref[j], n));
+            checked++;
+        }
+        free(got), free(rc);
+    }
+    for (int j = 0; j < c[1].params.n; j++) free(ref[j]);
+    free(ref);
+    CHECK(diff == 0 && checked == c[0].params.n, "%d gradients differ under recompute, %d of %d "
+          "checked", diff, checked, c[0].params.n);
+    CHECK_OK(&c[1], tpk_lm_set_dropout(&c[1], &m[1], 0));
+    mix_tokens(c[1].dp.rank, ids, tg);
+    CHECK_OK(&c[1], tpk_lm_forward(&c[1], &m[1], ids, tg, XB, XS, &l0));
+    CHECK(fabsf(l0 - loss[1]) > 1e-3f, "dropout 0.2: loss %.9g, at p = 0 %.9g", (double)loss[1],
+          (double)l0);
+    for (int k = 0; k < 4; k++) tpk_lm_destroy(&c[k], &m[k]), tpk_ctx_destroy(&c[k]);
+    tpk_comm_destroy(&dw);
 }
 
 /* Every parameter of c (this rank's: its experts alone) against r's of the same name (one rank's
@@ -1370,12 +1473,26 @@ int main(int argc, char **argv) {
     TEST_CASE("Mixtral: the loss (aux pooled over the layers), every gradient, and 2 training "
               "steps (experts reduced over EDP, the norm over EP) at %s against one rank's EP 1 "
               "model on each DP rank's tokens",
-              np == 4   ? "TP 2 x EP 2 x DP 2 and EP 2 x DP 4 (EDP 2)"
+              np == 4   ? "TP 2 x EP 2 x DP 2, EP 2 x DP 4 (EDP 2) and CP 2 x EP 2 x DP 2"
               : np == 1 ? "EP 1"
-              : np == 2 ? "EP 2"
+              : np == 2 ? "EP 2 and CP 2"
                         : "EP 3") {
-        if (np == 4) test_mixtral(2, 2, 4, 0), test_mixtral(1, 2, 4, 0);
-        else test_mixtral(1, np, np == 3 ? 6 : 4, 0);
+        if (np == 4)
+            test_mixtral(2, 1, 2, 4, 0), test_mixtral(1, 1, 2, 4, 0), test_mixtral(1, 2, 2, 4, 0);
+        else test_mixtral(1, 1, np, np == 3 ? 6 : 4, 0);
+        if (np == 2) test_mixtral(1, 2, 1, 4, 0);
+    }
+    TEST_CASE("Mixtral with dropout 0.2 at %s: the loss and every gradient those of TP 1 x EP 1 "
+              "on the same DP ranks; full and selective recompute replay the masks (the bits)",
+              np == 4   ? "TP 2 x EP 2 x DP 2 and EP 2 x DP 4"
+              : np == 1 ? "TP 1 x EP 1"
+              : np == 2 ? "EP 2 and TP 2"
+                        : "EP 3") {
+        if (np == 4) test_mixtral_dropout(2, 2, 4), test_mixtral_dropout(1, 2, 4);
+        if (np == 2) test_mixtral_dropout(1, 2, 4), test_mixtral_dropout(2, 1, 4);
+        if (np == 1) test_mixtral_dropout(1, 1, 4);
+        if (np == 3) test_mixtral_dropout(1, 3, 6);
+        if (me == 0) printf("dropout: largest relative gradient difference %.3g\n", worst_dropout);
     }
     TEST_CASE("Qwen2-MoE (q, k, v biases, a shared expert, norm_topk_prob %s): the loss, every "
               "gradient and 2 training steps at %s against one rank's EP 1 model on each DP "
@@ -1385,10 +1502,10 @@ int main(int argc, char **argv) {
               : np == 1 ? "EP 1"
               : np == 2 ? "EP 2"
                         : "TP 3 (a key/value head and its bias on two ranks)") {
-        if (np == 4) test_mixtral(2, 2, 4, 1), test_mixtral(1, 2, 4, 2);
-        if (np == 1) test_mixtral(1, 1, 4, 1), test_mixtral(1, 1, 4, 2);
-        if (np == 2) test_mixtral(1, 2, 4, 1);
-        if (np == 3) test_mixtral(3, 1, 4, 1);
+        if (np == 4) test_mixtral(2, 1, 2, 4, 1), test_mixtral(1, 1, 2, 4, 2);
+        if (np == 1) test_mixtral(1, 1, 1, 4, 1), test_mixtral(1, 1, 1, 4, 2);
+        if (np == 2) test_mixtral(1, 1, 2, 4, 1);
+        if (np == 3) test_mixtral(3, 1, 1, 4, 1);
     }
     TEST_CASE("Qwen2-MoE: a checkpoint saved at %s (every routed expert from its EP rank) read "
               "back: config.json, loaded by one rank's EP 1 model and at the saving mesh",

@@ -1041,6 +1041,59 @@ printf '%s\n' "$out" | grep -q '^step     5/5 | loss [0-9.]* (aux 0\.00' || rc1=
 # --profile: a layer routes DP 2 x B 2 x S 16 x k 2 = 128 rows, 32 an expert on average
 printf '%s\n' "$out" | grep -q '^experts: rows a layer per expert .* mean 32\.0, ' || rc1=1
 mxeq "Mixtral at DP 2 x EP 2: 5 AdamW steps' losses equal DP 2 at EP 1 (the banner's EP, the aux on the step line, --profile's rows per expert)" "$T/mx1.csv" "$T/mx2.csv" 1 5
+# pipeline stages: the aux loss pooled over the stages' routing (each message's side)
+tr 4 --text "$text" $mx --pp 2 --ep 2 --steps 5 --csv "$T/mxp.csv"
+rc1=$rc
+printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 1 x DP 2 (EP 2) x PP 2 (1f1b' || rc1=1
+mxeq "Mixtral at PP 2 x DP 2 x EP 2 equals DP 2 without stages (the aux over both stages' layers)" "$T/mx1.csv" "$T/mxp.csv" 1 5
+if long_set; then # every schedule, 2 micro-batches, 4 layers (interleaved: 2 chunks a stage)
+    mx4=$(printf '%s\n' "$mx" | sed 's/--layers 2/--layers 4/')
+    tr 2 --text "$text" $mx4 --grad-accum 2 --steps 4 --csv "$T/mxa1.csv"
+    rca=$rc
+    for s in gpipe 1f1b interleaved; do
+        v=; [ $s = interleaved ] && v="--virtual-stages 2"
+        tr 4 --text "$text" $mx4 --grad-accum 2 --steps 4 --pp 2 --ep 2 --schedule $s $v --csv "$T/mxa-$s.csv"
+        rc1=$rca
+        mxeq "Mixtral at PP 2 x DP 2 x EP 2 ($s, 2 micro-batches) equals DP 2 without stages" "$T/mxa1.csv" "$T/mxa-$s.csv" 1 4
+    done
+    tr 4 --text "$text" $mx4 --grad-accum 2 --steps 4 --pp 2 --recompute full --csv "$T/mxa-rc.csv"
+    rc1=$rca
+    mxeq "Mixtral at PP 2 x DP 2 under full recompute equals DP 2 without stages" "$T/mxa1.csv" "$T/mxa-rc.csv" 1 4
+    # --log-every 2: a step line's loss and aux are its step's alone, with stages as without
+    tr 1 --text "$text" $mx --steps 4 --log-every 2
+    a=$(printf '%s\n' "$out" | sed -n 's/^step .*| \(loss [0-9.]* (aux [0-9.]*)\) .*/\1/p'); rc1=$rc
+    tr 2 --text "$text" $mx --steps 4 --log-every 2 --pp 2
+    b=$(printf '%s\n' "$out" | sed -n 's/^step .*| \(loss [0-9.]* (aux [0-9.]*)\) .*/\1/p')
+    if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && [ "$(printf '%s\n' "$a" | wc -l)" -eq 2 ] && [ "$a" = "$b" ]; then
+        ok "Mixtral --log-every 2 at PP 2: the step lines' loss and aux are the step's, as at PP 1"
+    else fail "Mixtral --log-every 2 at PP 2: [$b], PP 1 [$a]"; fi
+fi
+# dropout: the masks are each DP rank's (the same at any TP and EP size), replayed by recompute
+tr 2 --text "$text" $mx --dropout 0.1 --steps 5 --csv "$T/mxd1.csv"
+rc1=$rc
+tr 2 --text "$text" $mx --dropout 0.1 --ep 2 --steps 5 --csv "$T/mxd2.csv"
+awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { d = b - a; exit !(d > 1e-3 || d < -1e-3) }' "$T/mx1.csv" "$T/mxd1.csv" || rc1=1
+mxeq "Mixtral --dropout 0.1 at DP 2 x EP 2 equals EP 1 (step 1's loss moved by the dropout)" "$T/mxd1.csv" "$T/mxd2.csv" 1 5
+# context parallelism: the aux's counts over every CP rank's rows (the sequences' whole tokens)
+tr 4 --text "$text" $mx --cp 2 --steps 5 --csv "$T/mxc.csv"
+rc1=$rc
+printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 1 x CP 2 (p2p ring) x DP 2, ' || rc1=1
+mxeq "Mixtral at CP 2 x DP 2 equals DP 2 without CP (the aux over both CP ranks' rows)" "$T/mx1.csv" "$T/mxc.csv" 1 5
+if long_set; then
+    tr 4 --text "$text" $mx --cp 2 --ep 2 --cp-comm allgather --steps 5 --csv "$T/mxce.csv"
+    rc1=0
+    mxeq "Mixtral at CP 2 x DP 2 x EP 2 (the all-gather) equals DP 2 without CP" "$T/mx1.csv" "$T/mxce.csv" 1 5
+    tr 1 --text "$text" $mx --grad-accum 2 --steps 5 --csv "$T/mxga.csv"
+    rc1=$rc
+    tr 4 --text "$text" $mx --grad-accum 2 --cp 2 --pp 2 --steps 5 --csv "$T/mxcp.csv"
+    mxeq "Mixtral at CP 2 x PP 2 (2 micro-batches) equals 1 rank" "$T/mxga.csv" "$T/mxcp.csv" 1 5
+fi
+if long_set; then
+    tr 4 --text "$text" $mx --dropout 0.1 --tp 2 --ep 2 --steps 5 --csv "$T/mxd22.csv"
+    mxeq "Mixtral --dropout 0.1 at TP 2 x DP 2 x EP 2 equals TP 1 at EP 1" "$T/mxd1.csv" "$T/mxd22.csv" 1 5
+    tr 4 --text "$text" $mx --dropout 0.1 --pp 2 --ep 2 --recompute full --steps 5 --csv "$T/mxdp.csv"
+    mxeq "Mixtral --dropout 0.1 at PP 2 x DP 2 x EP 2 under full recompute equals DP 2 without either" "$T/mxd1.csv" "$T/mxdp.csv" 1 5
+fi
 if long_set; then
     tr 4 --text "$text" $mx --tp 2 --ep 2 --steps 5 --csv "$T/mx22.csv"
     mxeq "Mixtral at TP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/mx1.csv" "$T/mx22.csv" 1 5

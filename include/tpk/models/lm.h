@@ -32,8 +32,15 @@
  * handed to each router (tpk_router_backward_pooled). A router z-loss (tpk_moe_desc.z_coef > 0,
  * ST-MoE's, as Megatron-core's moe_z_loss_coeff) adds each layer's z_coef mean_t lse_t² to it: the
  * layers' z-losses summed, each router's own gradient scaled by the loss's (m->aux_g). m->aux
- * holds the last forward's coef balance (+ the z-losses); not yet with pipeline stages or context
- * parallelism (refused by name). */
+ * holds the last forward's coef balance (+ the z-losses). On a pipeline stage's part the sums
+ * start from the parts before's (C_e, Q_e, N and the z-losses up to its first block, handed on
+ * beside the hidden states: tpk/train/pipe_model.h), so the last part's aux is the whole model's,
+ * and the backward of every other part takes the whole model's C_e and N from the part after:
+ * the bits of the model without stages. Under context parallelism each part's sums are summed
+ * over ctx->cp (a host all-reduce of 2 E + 2 values in the forward: C_e, Q_e and N over every
+ * token of the sequences, the z-losses each a mean over all c T of them, so the routers' z-loss
+ * gradient takes scale / c), every CP rank then holding the CP 1 model's aux; each router's
+ * gradient is its rows' part, complete once summed over ctx->cp like every other. */
 #ifndef TPK_LM_H
 #define TPK_LM_H
 
@@ -132,6 +139,9 @@ typedef struct tpk_lm {
     double aux_g;           /* the loss's gradient with respect to m->aux (the backward's scale):
                                each router's z-loss, a term of it, takes it */
     int64_t aux_N;          /* N, the rows routed per choice over the layers */
+    double aux_z;           /* the layers' z-losses summed */
+    double *aux_before;     /* host [2 E + 2]: the sums of the parts before (pipeline stages:
+                               tpk__lm_aux_before), added to this part's; else zeros */
     int64_t lo, hi;         /* the blocks built */
     bool has_embed, has_head;
 } tpk_lm;
@@ -247,19 +257,12 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
         s = tpk_block_init(ctx, &m->blocks[i], c.hidden, &bd);
     }
     if (s == TPK_OK && c.block.mlp.kind == TPK_MLP_MOE) { /* the aux pooled over the layers */
-        if (c.part.lo || c.part.hi || c.part.no_embed || c.part.no_head)
-            s = tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                          "cfg->part: a mixture of experts' aux loss pools every layer's routing "
-                          "(not yet over pipeline stages), expected the whole model");
-        else if (tpk_cp_size(ctx) > 1)
-            s = tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                          "ctx->cp: a mixture of experts' aux loss is not yet pooled over "
-                          "context-parallel ranks, expected cp = 1, got %d",
-                          tpk_cp_size(ctx));
         size_t E = (size_t)c.block.mlp.moe.experts;
         m->aux_count = s == TPK_OK ? (double *)tpk__calloc(ctx, E, sizeof(double)) : NULL;
         m->aux_dp = s == TPK_OK ? (double *)tpk__calloc(ctx, E, sizeof(double)) : NULL;
-        if (s == TPK_OK && (!m->aux_count || !m->aux_dp))
+        m->aux_before = /* and the CP group's scratch after it */
+            s == TPK_OK ? (double *)tpk__calloc(ctx, 4 * E + 4, sizeof(double)) : NULL;
+        if (s == TPK_OK && (!m->aux_count || !m->aux_dp || !m->aux_before))
             s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu experts' counts", E);
         for (int64_t i = m->lo; s == TPK_OK && i < m->hi; i++)
             m->blocks[i].mlp.u.moe.aux_dp = m->aux_dp, m->blocks[i].mlp.u.moe.aux_g = &m->aux_g;
@@ -307,7 +310,7 @@ static inline void tpk_lm_destroy(tpk_ctx *ctx, tpk_lm *m) {
     tpk_embedding_destroy(ctx, &m->embed);
     for (int64_t i = m->lo; m->blocks && i < m->hi; i++) tpk_block_destroy(ctx, &m->blocks[i]);
     tpk__free(ctx, m->blocks), m->blocks = NULL;
-    tpk__free(ctx, m->aux_count), tpk__free(ctx, m->aux_dp);
+    tpk__free(ctx, m->aux_count), tpk__free(ctx, m->aux_dp), tpk__free(ctx, m->aux_before);
     tpk__stack_bufs_free(ctx, &m->rc, m->c.layers);
     if (m->has_head)
         tpk_norm_destroy(ctx, &m->norm), tpk_linear_destroy(ctx, &m->head),
@@ -386,23 +389,72 @@ static inline tpk_status tpk__lm_stack_backward(tpk_ctx *ctx, tpk_lm *m, tpk_ten
     return TPK_OK;
 }
 
-/* The pooled aux of the last forward (the header's): m->aux, m->aux_count (C_e), m->aux_N. */
-static inline void tpk__lm_moe_aux(tpk_lm *m) {
-    if (!m->aux_count) return;
+/* The pooled aux of the last forward (the header's): m->aux, m->aux_count (C_e), m->aux_N; on a
+ * pipeline stage's part the sums over the blocks of the parts before (m->aux_before, set by
+ * tpk__lm_aux_before) and this one's, added in the order of the blocks (the bits of the whole
+ * model's), so the last part's are the whole model's. */
+static inline tpk_status tpk__lm_moe_aux(tpk_ctx *ctx, tpk_lm *m) {
+    if (!m->aux_count) return TPK_OK;
     const tpk_moe_desc *d = &m->c.block.mlp.moe;
-    int64_t E = d->experts, N = 0;
-    double z = 0; /* the layers' z-losses, summed */
-    for (int64_t e = 0; e < E; e++) m->aux_count[e] = m->aux_dp[e] = 0;
-    for (int64_t i = m->lo; i < m->hi; i++) {
-        const tpk_router *r = &m->blocks[i].mlp.u.moe.router;
+    int64_t E = d->experts, N = (int64_t)m->aux_before[0];
+    double z = m->aux_before[1]; /* the layers' z-losses, summed */
+    int c = tpk_cp_size(ctx);
+    if (c > 1) { /* this part's sums over the CP group (its rows: the sequences' other chunks) */
+        double *own = m->aux_before + 2 * E + 2; /* [2 E + 2] scratch */
+        for (int64_t k = 0; k < 2 * E + 2; k++) own[k] = 0;
+        for (int64_t i = m->lo; i < m->hi; i++) {
+            const tpk_router *r = &m->blocks[i].mlp.u.moe.router;
+            for (int64_t e = 0; e < E; e++)
+                own[2 + e] += (double)r->count[e], own[2 + E + e] += r->psum[e];
+            own[0] += (double)r->T, own[1] += r->zloss / c; /* each a mean over T / c tokens */
+        }
+        TPK_TRY(tpk_allreduce_host(ctx, &ctx->cp, own, (size_t)(2 * E + 2), TPK_F64, TPK_SUM));
+        N += (int64_t)own[0], z += own[1];
         for (int64_t e = 0; e < E; e++)
-            m->aux_count[e] += (double)r->count[e], m->aux_dp[e] += r->psum[e];
-        N += r->T, z += r->zloss;
+            m->aux_count[e] = m->aux_before[2 + e] + own[2 + e],
+            m->aux_dp[e] = m->aux_before[2 + E + e] + own[2 + E + e];
+    } else {
+        for (int64_t e = 0; e < E; e++)
+            m->aux_count[e] = m->aux_before[2 + e], m->aux_dp[e] = m->aux_before[2 + E + e];
+        for (int64_t i = m->lo; i < m->hi; i++) {
+            const tpk_router *r = &m->blocks[i].mlp.u.moe.router;
+            for (int64_t e = 0; e < E; e++)
+                m->aux_count[e] += (double)r->count[e], m->aux_dp[e] += r->psum[e];
+            N += r->T, z += r->zloss;
+        }
     }
     double b = 0;
     for (int64_t e = 0; e < E; e++) b += m->aux_count[e] * m->aux_dp[e];
-    m->aux_N = N;
+    m->aux_N = N, m->aux_z = z;
     m->aux = (float)((N ? (double)d->aux_coef * (double)E * b / ((double)N * (double)N) : 0) + z);
+    return TPK_OK;
+}
+
+/* The pooled aux's sums a pipeline stage hands on (tpk/train/pipe_model.h): 2 E + 2 numbers, 0
+ * without experts. Forward, the sums over the blocks up to this part's end: out = N, the z-losses,
+ * C_0 .. C_E-1, Q_0 .. Q_E-1 (tpk__lm_aux_sums after tpk_lm_stage_forward), which the next part
+ * takes before its forward (tpk__lm_aux_before; in = NULL: zeros, the first part's). Backward, the
+ * whole model's N and C_e, which the gradient on every p_te needs (coef E C_e / N²): the last
+ * part has them after its forward; the others take them before their backward (tpk__lm_aux_totals,
+ * the same layout, Q_e and the z-losses not read) and hand them on (tpk__lm_aux_sums again). */
+static inline int64_t tpk__lm_aux_len(const tpk_lm *m) {
+    return m && m->aux_count ? 2 * m->c.block.mlp.moe.experts + 2 : 0;
+}
+static inline void tpk__lm_aux_sums(const tpk_lm *m, double *out) {
+    int64_t E = m->c.block.mlp.moe.experts;
+    if (!m->aux_count) return;
+    out[0] = (double)m->aux_N, out[1] = m->aux_z;
+    for (int64_t e = 0; e < E; e++) out[2 + e] = m->aux_count[e], out[2 + E + e] = m->aux_dp[e];
+}
+static inline void tpk__lm_aux_before(tpk_lm *m, const double *in) {
+    int64_t n = tpk__lm_aux_len(m);
+    for (int64_t i = 0; i < n; i++) m->aux_before[i] = in ? in[i] : 0;
+}
+static inline void tpk__lm_aux_totals(tpk_lm *m, const double *in) {
+    int64_t E = m->c.block.mlp.moe.experts;
+    if (!m->aux_count) return;
+    m->aux_N = (int64_t)in[0];
+    for (int64_t e = 0; e < E; e++) m->aux_count[e] = in[2 + e];
 }
 
 /* The aux of the forwards with loss = NULL since the last read (their deferred losses' share of
@@ -459,7 +511,7 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
     }
     m->B = B, m->S = S;
     TPK_TRY(tpk__lm_stack_forward(ctx, m, x, &x));
-    tpk__lm_moe_aux(m);
+    TPK_TRY(tpk__lm_moe_aux(ctx, m));
     TPK_TRY(tpk__lm_hook(ctx, m, -1, TPK_LM_FWD_END)); /* (the head's run below, within it) */
     if (!m->has_head) {
         if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL (this part has no head)");
@@ -538,7 +590,7 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
         double k = N ? (double)scale * (double)m->c.block.mlp.moe.aux_coef * E / (N * N) : 0;
         for (int64_t e = 0; e < m->c.block.mlp.moe.experts; e++)
             m->aux_dp[e] = k * m->aux_count[e];
-        m->aux_g = (double)scale;
+        m->aux_g = (double)scale / tpk_cp_size(ctx); /* the z-losses: means over c T tokens */
     }
     /* each block from the last (recompute: its forward, or its cheap parts, again first) */
     TPK_TRY(tpk__lm_stack_backward(ctx, m, g, &g));

@@ -21,8 +21,19 @@
  * model.layers.<i>.post_attention_layernorm.weight, model.layers.<i>.block_sparse_moe.gate.weight
  * [E, H], model.layers.<i>.block_sparse_moe.experts.<e>.{w1,w3}.weight [F, H], .w2.weight [H, F]
  * (expert e only at EP rank e / (E / ep): tpk_param.expert), model.norm.weight, lm_head.weight.
- * No sequence parallelism, dropout, pipeline stages or context parallelism yet (refused by
- * name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P (tpk/train/options.h). */
+ * Pipeline stages (cfg.part; tpk/train/pipe_model.h, every schedule): a stage's EP groups are
+ * its own DP ranks', and the aux stays the whole model's: each message carries the routing's sums
+ * over the blocks before it (C_e, Q_e, N, the z-losses), so the last stage pools every layer's,
+ * and each gradient message the whole model's C_e and N back (tpk/models/lm.h), the losses and
+ * gradients those of the model without stages. Dropout (cfg.dropout; GPT-2's sites: the
+ * embedding's output, the attention's probabilities, both residual branches): each mask is drawn
+ * from its site's stream, the step and the DP rank at the global (token, feature), so it is the
+ * same at any TP and EP size and drawn again alike by recompute. Context parallelism (ctx->cp,
+ * cfg.cp_comm; this CP rank's rows, tpk/models/lm.h): the routing's sums are summed over the CP
+ * group, so the aux is over the sequences' whole tokens, as at CP 1 (a capacity factor is each
+ * rank's own rows', Megatron's: with drops CP changes which). No sequence parallelism yet (refused
+ * by name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P (tpk/train/options.h),
+ * --pp N, --cp N, --dropout p. */
 #ifndef TPK_MIXTRAL_H
 #define TPK_MIXTRAL_H
 
@@ -34,7 +45,7 @@ typedef struct tpk_mixtral_config {
     int64_t layers;          /* L */
     int64_t hidden;          /* H */
     int64_t heads;           /* A (need not divide t) */
-    tpk_lm_part part;        /* zeros: all (pipeline stages are not yet taken) */
+    tpk_lm_part part;        /* zeros: all; a pipeline stage's blocks (tpk/train/pipe_model.h) */
     int64_t kv_heads;        /* G, divides A; 0 = A */
     int64_t ffn;             /* F, each expert's intermediate size; 0 = 7 H / 2 rounded up to a
                                multiple of 256 (Mixtral-8x7B's 14336 at H = 4096) */
@@ -58,6 +69,12 @@ typedef struct tpk_mixtral_config {
                                 z_coef mean_t lse_t² of each layer added to the aux, 0: none. Not
                                 in config.json (Hugging Face's Mixtral has none): pass it again on
                                 a resume */
+    float dropout;           /* the attention's probabilities, both residual branches and the
+                                embedding's output (GPT-2's sites; Hugging Face's Mixtral has the
+                                attention's alone, attention_dropout); 0 = none. Not written to
+                                config.json: a trainer's flag */
+    tpk_cp_comm cp_comm;     /* the attention under context parallelism (ctx->cp): TPK_CP_P2P (the
+                                ring, default) or TPK_CP_ALLGATHER (Llama's) */
 } tpk_mixtral_config;
 
 /* A Mixtral: its config (defaults applied) and the model (m.lm). */
@@ -131,6 +148,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "cfg->z_coef: expected a finite value >= 0 (0: no z-loss), got %g",
                          (double)c->z_coef);
+    TPK_TRY(tpk__lm_check_dropout(ctx, fn, c->dropout));
     if (!c->ffn && c->hidden > 0) c->ffn = tpk_mixtral_default_ffn(c->hidden);
     if (c->rope_theta == 0) c->rope_theta = 1e6f;
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
@@ -141,6 +159,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     l.rope_theta = c->rope_theta, l.norm_eps = c->norm_eps;
     l.label_smoothing = c->label_smoothing, l.tie_embeddings = c->tie_embeddings;
     l.init_std = c->init_std, l.vocab_multiple = c->vocab_multiple, l.recompute = c->recompute;
+    l.cp_comm = c->cp_comm;
     TPK_TRY(tpk_llama_lm_config(ctx, &l, out)); /* checks the shape, heads, ffn, recompute */
     c->kv_heads = l.kv_heads, c->init_std = l.init_std;
     tpk_llama_block_desc bd;
@@ -150,6 +169,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     out->block = tpk_mixtral_block_config(&bd, (int)c->experts, (int)c->top_k,
                                           c->aux_coef > 0 ? c->aux_coef : 0.f);
     out->block.mlp.moe.capacity_factor = c->capacity_factor, out->block.mlp.moe.z_coef = c->z_coef;
+    out->block.dropout = c->dropout, out->dropout_sites = true;
     return TPK_OK;
 }
 

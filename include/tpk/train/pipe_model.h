@@ -23,6 +23,14 @@
  * each micro-batch ([M], host; each a download); else the losses add up on the device
  * (tpk_pipe_model_loss_read).
  *
+ * A mixture of experts (Mixtral: the load-balancing aux pooled over every layer's routing,
+ * tpk/models/lm.h): each message has a side of 2 E + 2 f64 values (tpk_pipe_stage.side) — with the
+ * hidden states, the routing's sums over the blocks before the next part (N, the z-losses, C_e,
+ * Q_e), which the next part's forward starts from, so the last part's aux is the whole model's;
+ * with the gradient, the whole model's N and C_e, which every part's routers' backward needs
+ * (coef E C_e / N²) — so the losses and every gradient are the bits of the model without stages.
+ * A stage's EP groups are its own DP ranks' (ctx->ep). tpk_pipe_model_aux_read reads the aux.
+ *
  * Under context parallelism (ctx->cp, c > 1) the pipeline of each CP rank carries its rows: a
  * message is this TP and CP rank's B S / c hidden states (1/c of the bytes; S(0) slices of them
  * under sequence parallelism), a stage's CP ranks run the attention over ctx->cp among themselves,
@@ -57,6 +65,11 @@ typedef struct tpk_pipe_model {
     tpk_pipe_schedule eval; /* the forwards alone over eval_m micro-batches (tpk_pipe_model_eval) */
     int eval_m;
     bool evaluating;
+    /* a mixture of experts: the pooled aux's sums beside every message (the header's) */
+    int64_t nside;   /* 2 E + 2 values a message (tpk__lm_aux_len); 0 without experts */
+    tpk_buf side;    /* backend [V run_m][4][nside]: each message step's side */
+    double *host;    /* host [nside] */
+    int run_m;       /* the micro-batches of the run under way */
 } tpk_pipe_model;
 
 /* The parameters of this stage are the copies' (chunk 0's first, then chunk 1's, ...). */
@@ -70,6 +83,7 @@ static inline void tpk_pipe_model_destroy(tpk_ctx *ctx, tpk_pipe_model *pm) {
     tpk_pipe_schedule_free(&pm->sched);
     tpk_pipe_schedule_free(&pm->eval);
     tpk_comm_destroy(&pm->embed);
+    tpk__buf_free(ctx, &pm->side), tpk__free(ctx, pm->host);
     memset(pm, 0, sizeof *pm);
 }
 
@@ -157,6 +171,9 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
         }
     }
     ctx->params.reuse = reuse;
+    if (st == TPK_OK && (pm->nside = tpk__lm_aux_len(tpk_model_lm(&pm->copy[0]))) > 0 &&
+        !(pm->host = (double *)tpk__calloc(ctx, (size_t)pm->nside, sizeof(double))))
+        st = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     /* the tied embedding: its weight on the first stage (the embedding), on the last (the head) */
     if (st == TPK_OK) {
         const tpk_lm *p = tpk_model_lm(&pm->copy[0]), *q = tpk_model_lm(&pm->copy[(V - 1) * pm->K]);
@@ -184,6 +201,24 @@ static inline tpk_status tpk_pipe_model_init(tpk_ctx *ctx, tpk_pipe_model *pm,
     return st;
 }
 
+/* The side of a message step (the executor's side_buf): its place in pm->side. */
+static inline void *tpk__pipe_model_side(void *user, tpk_pipe_step x) {
+    tpk_pipe_model *pm = (tpk_pipe_model *)user;
+    size_t at = ((size_t)x.chunk * (size_t)pm->run_m + (size_t)x.mb) * 4 +
+                (size_t)(x.action - TPK_PIPE_RECV_ACT);
+    return (double *)pm->side.p + at * (size_t)pm->nside;
+}
+/* The side of (chunk, mb)'s message `action` to or from the host (pm->host). */
+static inline tpk_status tpk__pipe_model_side_io(tpk_ctx *ctx, tpk_pipe_model *pm, int chunk,
+                                                 int mb, int action, bool up) {
+    tpk_pipe_step x = {action, chunk, mb};
+    void *d = tpk__pipe_model_side(pm, x);
+    size_t n = sizeof(double) * (size_t)pm->nside;
+    bool dev = ctx->ops->device;
+    return up ? tpk_op_memcpy(ctx, d, pm->host, n, dev ? TPK_H2D : TPK_H2H)
+              : tpk_op_memcpy(ctx, pm->host, d, n, dev ? TPK_D2H : TPK_H2H);
+}
+
 static inline tpk_status tpk__pipe_model_fwd(tpk_ctx *ctx, void *user, int chunk, int mb,
                                              const void *x, const void **y) {
     tpk_pipe_model *pm = (tpk_pipe_model *)user;
@@ -201,9 +236,18 @@ static inline tpk_status tpk__pipe_model_fwd(tpk_ctx *ctx, void *user, int chunk
     bool last = u == pm->P * pm->V - 1;
     tpk_tensor out;
     memset(&out, 0, sizeof out);
+    tpk_lm *lm = tpk_model_lm(&pm->copy[i]);
+    if (pm->nside) { /* the pooled aux's sums over the blocks before this part's */
+        if (u) TPK_TRY(tpk__pipe_model_side_io(ctx, pm, chunk, mb, TPK_PIPE_RECV_ACT, false));
+        tpk__lm_aux_before(lm, u ? pm->host : NULL);
+    }
     TPK_TRY(tpk_model_stage_forward(ctx, &pm->copy[i], u == 0 ? pm->ids + off : NULL, x,
                                     last ? pm->targets + off : NULL, pm->B, pm->S,
                                     last && pm->losses ? &pm->losses[mb] : NULL, &out));
+    if (pm->nside && !last) { /* and through this part's, to the next */
+        tpk__lm_aux_sums(lm, pm->host);
+        TPK_TRY(tpk__pipe_model_side_io(ctx, pm, chunk, mb, TPK_PIPE_SEND_ACT, true));
+    }
     if (out.ndim) /* the message: this CP rank's rows under CP (tpk_tensor.cp_rows), else whole */
         TPK_TRY(tpk__cp_rows_check(ctx, "tpk_pipe_model_step", "y", &out));
     *y = out.data;
@@ -221,10 +265,20 @@ static inline tpk_status tpk__pipe_model_bwd(tpk_ctx *ctx, void *user, int chunk
     memset(&g, 0, sizeof g);
     /* the chunk's last micro-batch: each block's DP all-reduce starts as its backward ends */
     bool reduce = pm->dp && mb == pm->M - 1 && tpk__dp_group(ctx)->size > 1 && !pm->dp->adasum;
+    int u = chunk * pm->P + pm->stage;
+    tpk_lm *lm = tpk_model_lm(&pm->copy[i]);
+    if (pm->nside && u != pm->P * pm->V - 1) { /* the whole model's N and C_e, from the last */
+        TPK_TRY(tpk__pipe_model_side_io(ctx, pm, chunk, mb, TPK_PIPE_RECV_GRAD, false));
+        tpk__lm_aux_totals(lm, pm->host);
+    }
     if (reduce) pm->dp->active = true;
     tpk_status s = tpk_model_stage_backward(ctx, &pm->copy[i], pm->scale, (void *)dy, &g);
     if (reduce) pm->dp->active = false;
     TPK_TRY(s);
+    if (pm->nside && u) { /* handed on to the part before */
+        tpk__lm_aux_sums(lm, pm->host);
+        TPK_TRY(tpk__pipe_model_side_io(ctx, pm, chunk, mb, TPK_PIPE_SEND_GRAD, true));
+    }
     pm->busy[i] = false, pm->held[chunk * pm->M + mb] = -1;
     if (g.ndim) TPK_TRY(tpk__cp_rows_check(ctx, "tpk_pipe_model_step", "dx", &g)); /* as y */
     *dx = g.data;
@@ -242,7 +296,14 @@ static inline tpk_pipe_stage tpk__pipe_model_stage(tpk_ctx *ctx, tpk_pipe_model 
                         p->c.hidden);
     st.dtype = ctx->dtype, st.forward = tpk__pipe_model_fwd, st.backward = tpk__pipe_model_bwd;
     st.user = pm;
+    st.side = (size_t)pm->nside, st.side_buf = tpk__pipe_model_side;
     return st;
+}
+/* The side messages' places for a run of M micro-batches (a mixture of experts'). */
+static inline tpk_status tpk__pipe_model_sides(tpk_ctx *ctx, tpk_pipe_model *pm, int M) {
+    pm->run_m = M;
+    size_t n = (size_t)pm->V * (size_t)M * 4 * (size_t)pm->nside;
+    return pm->nside ? tpk__buf_reserve(ctx, &pm->side, sizeof(double) * n) : TPK_OK;
 }
 
 /* One step's forwards and backwards over the pipeline (the header says what the arguments mean). */
@@ -264,6 +325,7 @@ static inline tpk_status tpk_pipe_model_step(tpk_ctx *ctx, tpk_pipe_model *pm, c
     for (int i = 0; i < pm->V * pm->M; i++) pm->held[i] = -1;
     for (int i = 0; i < pm->V * pm->K; i++) pm->busy[i] = false;
     tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, tpk_cp_rows(ctx, B, S));
+    TPK_TRY(tpk__pipe_model_sides(ctx, pm, pm->M));
     TPK_TRY(tpk_pipe_run(ctx, &pm->exec, &pm->sched, &st));
     if (pm->tied && pm->P > 1 && pm->wte >= 0) { /* the two copies' gradients summed (after their
                                                     DP reductions: they write them; ZeRO-2's
@@ -314,7 +376,8 @@ static inline tpk_status tpk_pipe_model_eval(tpk_ctx *ctx, tpk_pipe_model *pm, c
     pm->evaluating = true;
     for (int k = 0; k < M; k++) losses[k] = 0;
     tpk_pipe_stage st = tpk__pipe_model_stage(ctx, pm, tpk_cp_rows(ctx, B, S));
-    tpk_status s = tpk_pipe_run(ctx, &pm->exec, &pm->eval, &st);
+    tpk_status s = tpk__pipe_model_sides(ctx, pm, M);
+    if (s == TPK_OK) s = tpk_pipe_run(ctx, &pm->exec, &pm->eval, &st);
     pm->evaluating = false, pm->losses = NULL;
     TPK_TRY(s);
     return pm->P > 1 ? tpk_allreduce_host(ctx, &ctx->pp, losses, (size_t)M, TPK_F32, TPK_SUM)
@@ -338,6 +401,22 @@ static inline tpk_status tpk_pipe_model_set_dropout(tpk_ctx *ctx, tpk_pipe_model
         TPK_TRY(tpk_model_set_dropout(ctx, &pm->copy[i], p));
     return TPK_OK;
 }
+/* A mixture of experts' load-balancing loss (its coefficient's share) of the micro-batches since
+ * the last read, added up on the last stage (its last chunk's copies: the whole model's, the
+ * stages' routing pooled) and given to every stage (an all-reduce over ctx->pp); 0 without
+ * experts. Collective over the pipeline. */
+static inline tpk_status tpk_pipe_model_aux_read(tpk_ctx *ctx, tpk_pipe_model *pm, double *sum) {
+    if (!pm || !pm->copy || !sum)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_pipe_model_aux_read", "%s: NULL",
+                         !sum ? "sum" : "model");
+    double v = 0;
+    for (int k = 0; pm->stage == pm->P - 1 && k < pm->K; k++)
+        v += tpk_lm_aux_read(tpk_model_lm(&pm->copy[(pm->V - 1) * pm->K + k]));
+    if (pm->P > 1) TPK_TRY(tpk_allreduce_host(ctx, &ctx->pp, &v, 1, TPK_F64, TPK_SUM));
+    *sum = v;
+    return TPK_OK;
+}
+
 /* *sum = the mean losses of the steps' micro-batches since the last read, added up on the last
  * stage (its last chunk's copies, each one download) and given to every stage (an all-reduce over
  * ctx->pp); *n (may be NULL) how many. Collective over the pipeline. */

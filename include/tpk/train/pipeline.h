@@ -18,7 +18,9 @@
  * rank of the next stage). Buffers, in backend memory: a received input stays valid (the stage may
  * keep views into it) until the backward of its (chunk, micro-batch) returns, then its buffer is
  * reused; a received gradient likewise; a stage's output (*y) and input gradient (*dx) are the
- * stage's own, read by the send after the step (or after the pair it runs in). So a stage holds at
+ * stage's own, read by the send after the step (or after the pair it runs in). A side
+ * (tpk_pipe_stage.side) is a second part of f64 values after each message, in the same batch,
+ * sent from and received into the stage's own places (side_buf). So a stage holds at
  * most as many inputs as it has micro-batches in flight (1F1B: P - s). A failing step stops this
  * rank: its peers then wait in their messages until the communicator's timeout (TPK_TIMEOUT), as
  * with a collective. */
@@ -125,6 +127,13 @@ typedef struct tpk_pipe_stage {
     tpk_status (*backward)(tpk_ctx *ctx, void *user, int chunk, int mb, const void *dy,
                            const void **dx);
     void *user;
+    /* Optional: a side message of `side` f64 values beside every message, the same way (a few
+     * numbers that travel with the hidden states and their gradients: a mixture of experts'
+     * routing sums, tpk/train/pipe_model.h); 0: none. side_buf(user, step) gives, for a message
+     * step, the backend memory its side is sent from (filled by the step before) or received into
+     * (read by the step after), one place per (chunk, micro-batch, action). */
+    size_t side;
+    void *(*side_buf)(void *user, tpk_pipe_step step);
 } tpk_pipe_stage;
 
 /* The executor's buffers, kept between runs (zero it before the first; tpk_pipe_free). */
@@ -192,6 +201,10 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
                          ctx->pp.size);
     if (!stage->forward || !stage->backward || !tpk_dtype_valid(stage->dtype))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "stage: expected forward, backward and a dtype");
+    if (stage->side && !stage->side_buf)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn, "stage->side_buf: NULL for a side of %zu values",
+                         stage->side);
+    int per = stage->side ? 2 : 1; /* the parts of one message */
     int r = ctx->pp.rank, cells = s->M * s->V;
     if (p->cells != cells) {
         tpk__free(ctx, p->act), tpk__free(ctx, p->grad);
@@ -275,8 +288,13 @@ static inline tpk_status tpk_pipe_run(tpk_ctx *ctx, tpk_pipe *p, const tpk_pipe_
             o->buf = p->slot[*slot].p;
         }
         nops++;
+        if (stage->side) { /* its side, the same way and tag, after it (matched in order) */
+            tpk_p2p *q = &ops[nops++];
+            *q = *o, q->count = stage->side, q->dtype = TPK_F64;
+            q->buf = stage->side_buf(stage->user, x);
+        }
         bool end = i + 1 == s->n[r] || s->step[r][i + 1].action < TPK_PIPE_RECV_ACT;
-        if (end || nops == TPK_P2P_MAX) {
+        if (end || nops + per > TPK_P2P_MAX) {
             tpk_status st = tpk_p2p_run(ctx, &ctx->pp, ops, nops);
             nops = 0;
             for (int k = 0; k < p->ndone; k++) p->busy[p->done[k]] = false;

@@ -112,7 +112,7 @@ static inline void tpk_trainable_set_dp(tpk_trainable *t, tpk_dp_buckets *b, boo
  * the one sequence of calls that examples/train.c makes each step and the planner's dry run
  * (tpk/plan/plan.h) walks on a counting backend, so the planned memory and ops are the run's.
  *
- *   1. the gradients zeroed (and the device loss sum, without stages);
+ *   1. the gradients zeroed (and the device loss sums: the step's alone are read, with stages too);
  *   2. without stages: for each micro-batch k (ids, targets [M][B S / c] in host memory: this CP
  *      rank's rows, tpk_cp_rows, of B sequences of S tokens; c = 1 without CP) with
  *      ctx->rng_step = rng_step + k, the forward (the loss stays on the device), the DP buckets
@@ -147,6 +147,10 @@ static inline tpk_status tpk_model_train_step(tpk_ctx *ctx, tpk_model *m, tpk_pi
     size_t mbt = (size_t)tpk_cp_rows(ctx, B, S); /* a micro-batch's tokens (this CP rank's) */
     TPK_TRY(tpk_params_zero_grad(ctx));
     if (pm) {
+        for (int i = 0; i < pm->V * pm->K; i++) { /* the step's losses from here (as below) */
+            tpk_lm *lm = tpk_model_lm(&pm->copy[i]);
+            tpk_xent_loss_reset(&lm->ce), lm->aux_sum = 0;
+        }
         TPK_TRY(tpk_pipe_model_step(ctx, pm, ids, targets, B, S, scale, rng_step, NULL));
     } else {
         tpk_lm *lm = tpk_model_lm(m); /* every family's model: its calls, direct */
@@ -229,6 +233,22 @@ static inline tpk_status tpk_trainable_loss(tpk_ctx *ctx, tpk_trainable *t, doub
     TPK_TRY(tpk_pipe_model_loss_read(ctx, &t->pm, &sum, NULL));
     *loss = sum * weight;
     return tpk_allreduce_host(ctx, &ctx->dp, loss, 1, TPK_F64, TPK_SUM);
+}
+
+/* *aux = weight x a mixture of experts' load-balancing loss (its coefficient's share) of the
+ * micro-batches since the last read, summed over DP (tpk_model_aux_dp; with stages the last
+ * stage's, the routing pooled over the stages, given to every stage); 0 without experts.
+ * Collective over DP (and the pipeline). */
+static inline tpk_status tpk_trainable_aux(tpk_ctx *ctx, tpk_trainable *t, double weight,
+                                           double *aux) {
+    if (!ctx) return TPK_ERR_ARG;
+    if (!t || !aux)
+        return tpk__fail(ctx, TPK_ERR_ARG, "tpk_trainable_aux", "%s: NULL", t ? "aux" : "t");
+    if (!t->piped) return tpk_model_aux_dp(ctx, &t->m, weight, aux);
+    double sum = 0;
+    TPK_TRY(tpk_pipe_model_aux_read(ctx, &t->pm, &sum));
+    *aux = sum * weight;
+    return tpk_allreduce_host(ctx, &ctx->dp, aux, 1, TPK_F64, TPK_SUM);
 }
 
 /* losses[K]: the mean loss of each of K batches (ids, targets [K][B S] of whole sequences, host;
