@@ -29,9 +29,10 @@
  * recompute; dropout 0.2 at TP and EP sizes against TP 1 x EP 1 on the same DP ranks, replayed
  * by recompute bit for bit; the routers' z-loss under the pooled aux against a double reference
  * from each router's input (the loss, the last gate's gradient); its config.json parsed (keys,
- * defaults, refusals). The Qwen2-MoE family (tpk/models/qwen2_moe.h: q, k, v biases, a shared expert,
- * norm_topk_prob off and on) the same way at EP 1, 2, TP 3 (a key/value head and its bias on two
- * ranks), TP 2 x EP 2 x DP 2 and EP 2 x DP 4, its Hugging Face names, bad config refused by name,
+ * defaults, refusals). The Qwen2-MoE family (tpk/models/qwen2_moe.h: q, k, v biases, a shared
+ * expert, norm_topk_prob off and on) the same way at EP 1, 2, TP 3 (a key/value head and its
+ * bias on two ranks), TP 2 x EP 2 x DP 2 and EP 2 x DP 4, its Hugging Face names, bad config
+ * refused by name,
  * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2 read back (config.json; every tensor and the
  * step, by one rank's EP 1 model and at the saving mesh), its config.json parsed
  * (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and the rest refused by

@@ -1210,6 +1210,14 @@ if long_set; then
     tr 2 --text "$text" $qm --norm-topk-prob 1 --ep 2 --steps 5 --csv "$T/qmn2.csv"
     awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { exit !(a != b) }' "$T/qm1.csv" "$T/qmn1.csv" || rc1=1
     mxeq "Qwen2-MoE with --norm-topk-prob 1 at DP 2 x EP 2 equals EP 1, step 1's loss not the run without's" "$T/qmn1.csv" "$T/qmn2.csv" 1 5
+    # pipeline stages and context parallelism: the language model's (the aux's sums passed
+    # between stages and summed over CP), as Mixtral's
+    tr 4 --text "$text" $qm --pp 2 --ep 2 --steps 5 --csv "$T/qmp.csv"
+    rc1=0
+    mxeq "Qwen2-MoE at PP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/qm1.csv" "$T/qmp.csv" 1 5
+    tr 4 --text "$text" $qm --cp 2 --cp-comm allgather --steps 5 --csv "$T/qmc.csv"
+    mxeq "Qwen2-MoE at CP 2 x DP 2 (keys and values all-gathered) equals DP 2 at CP 1" "$T/qm1.csv" "$T/qmc.csv" 1 5
+    bad "Qwen2-MoE: --dropout" "--dropout: the Qwen2-MoE model has no dropout" --text "$text" $qm --dropout 0.1
     bad "Qwen2-MoE: experts not divisible by EP" "--ep 2: expected a divisor of the 3 experts" --text "$text" $qm --experts 3 --ep 2
     bad "Qwen2-MoE: top-k past the experts" "--moe-top-k 5: expected at most the 4 experts" --text "$text" $qm --moe-top-k 5
     bad "Qwen2-MoE: --norm-topk-prob 2" "--norm-topk-prob: expected an integer in \[0, 1\], got \"2\"" --text "$text" $qm --norm-topk-prob 2

@@ -32,8 +32,10 @@
  *   model.layers.<i>.mlp.shared_expert.{gate_proj, up_proj}.weight [F_s, H], .down_proj.weight
  *   [H, F_s], model.layers.<i>.mlp.shared_expert_gate.weight [1, H] (every EP rank).
  * Every layer sparse (decoder_sparse_step 1, mlp_only_layers empty: others refused by name in
- * config.json, tpk/train/hf.h). No sequence parallelism, dropout, pipeline stages or context
- * parallelism yet (refused by name). The trainer: --arch qwen2_moe --experts E --moe-top-k k
+ * config.json, tpk/train/hf.h). Pipeline stages (cfg.part) and context parallelism compose as
+ * Mixtral's do (the language model's: the routing sums passed between stages and summed over
+ * CP; tests/train.sh at PP 2 x EP 2 and CP 2 against DP 2). No sequence parallelism or dropout
+ * yet (refused by name). The trainer: --arch qwen2_moe --experts E --moe-top-k k
  * --moe-ffn F --shared-ffn F_s --norm-topk-prob 0|1 --ep P (tpk/train/options.h). */
 #ifndef TPK_QWEN2_MOE_H
 #define TPK_QWEN2_MOE_H
@@ -46,7 +48,7 @@ typedef struct tpk_qwen2_moe_config {
     int64_t layers;          /* L */
     int64_t hidden;          /* H */
     int64_t heads;           /* A (need not divide t) */
-    tpk_lm_part part;        /* zeros: all (pipeline stages are not yet taken) */
+    tpk_lm_part part;        /* zeros: all; a pipeline stage's blocks (tpk/train/pipe_model.h) */
     int64_t kv_heads;        /* G, divides A; 0 = A */
     int64_t moe_ffn;         /* F, each routed expert's intermediate size (moe_intermediate_size);
                                 0 = 1408 (Qwen1.5-MoE-A2.7B's) */
@@ -65,6 +67,8 @@ typedef struct tpk_qwen2_moe_config {
     float init_std;          /* default 0.02 (Hugging Face's initializer_range) */
     int64_t vocab_multiple;  /* shards padded to a multiple of this many rows; 0: 64, < 0: none */
     tpk_recompute recompute; /* as Mixtral's (tpk/models/mixtral.h) */
+    tpk_cp_comm cp_comm;     /* the attention under context parallelism (ctx->cp): TPK_CP_P2P (the
+                                ring, default) or TPK_CP_ALLGATHER (Llama's) */
 } tpk_qwen2_moe_config;
 
 /* A Qwen2-MoE: its config (defaults applied) and the model (m.lm). */
@@ -158,6 +162,7 @@ static inline tpk_status tpk_qwen2_moe_lm_config(tpk_ctx *ctx, tpk_qwen2_moe_con
     memset(&l, 0, sizeof l);
     l.vocab = c->vocab, l.positions = c->positions, l.layers = c->layers, l.hidden = c->hidden;
     l.heads = c->heads, l.part = c->part, l.kv_heads = c->kv_heads, l.ffn = c->moe_ffn;
+    l.cp_comm = c->cp_comm;
     l.rope_theta = c->rope_theta, l.norm_eps = c->norm_eps;
     l.label_smoothing = c->label_smoothing, l.tie_embeddings = c->tie_embeddings;
     l.init_std = c->init_std, l.vocab_multiple = c->vocab_multiple, l.recompute = c->recompute;

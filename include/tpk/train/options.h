@@ -592,7 +592,7 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
     /* the attention over CP: the ring or the all-gather (every family's config carries it) */
     tpk_cp_comm cm = o->cp_comm && !strcmp(o->cp_comm, "allgather") ? TPK_CP_ALLGATHER : TPK_CP_P2P;
     cfg->gpt2.cp_comm = cfg->llama.cp_comm = cfg->neox.cp_comm = cfg->custom.cp_comm = cm;
-    cfg->mixtral.cp_comm = cm;
+    cfg->mixtral.cp_comm = cfg->qwen2_moe.cp_comm = cm;
     return TPK_OK;
 }
 

@@ -91,6 +91,7 @@ static inline tpk_status tpk_run_plan(tpk_ctx *ctx, tpk_run_opts *o, tpk_model_c
     int64_t *sh[5];
     tpk_model_config_common(cfg, sh, (float)o->smoothing, o->sp, o->rc);
     cfg->gpt2.cp_comm = cfg->llama.cp_comm = cfg->neox.cp_comm = cfg->custom.cp_comm = b.cp_comm;
+    cfg->mixtral.cp_comm = cfg->qwen2_moe.cp_comm = b.cp_comm;
     return TPK_OK;
 }
 
