@@ -312,10 +312,10 @@ static void test_zero3(bool llama, tpk_recompute rc, bool keep, tpk_dtype dt, bo
                 CHECK_OK(y,
                          tpk_train_step(y, &o[k], &b[k], 1e-2f, 1.0f, 1.0f / (float)d, &norm[k]));
                 /* HSDP: the slice's sums all-reduced across the shard groups: at once after the
-                 * backward, or with sharded gradients each unit's part (each run's) as its
-                 * reduce-scatter ends, on the last micro-batch, the first under the backward */
+                 * backward, or with sharded gradients in a step of one micro-batch each unit's
+                 * part (each run's) as its reduce-scatter ends, the first under the backward */
                 uint64_t hc = 1, he = o[k].sn;
-                if (k && zs && sg) {
+                if (k && zs && sg && M == 1) {
                     hc = he = 0;
                     for (int q = 0; q < z.nu; q++)
                         for (int r = 0; r < z.u[q].nruns; r++) {
@@ -1317,7 +1317,10 @@ int main(int argc, char **argv) {
     test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 0, false, 2);
     test_zero3(true, TPK_RECOMPUTE_FULL, false, TPK_F32, false, 0, false, 1);
     test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, true, 0, true, 2);
-    if (np == 4) test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 2, false, 2);
+    if (np == 4) { /* HSDP: the all-reduces across the groups under the backward, and after it */
+        test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 2, false, 1);
+        test_zero3(false, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 2, false, 2);
+    }
     if (np <= 2) { /* (the long set) */
         test_zero3(false, TPK_RECOMPUTE_FULL, false, TPK_F32, false, 0, false, 1);
         test_zero3(true, TPK_RECOMPUTE_NONE, false, TPK_F32, false, 0, false, 2);

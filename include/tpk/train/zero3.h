@@ -63,17 +63,21 @@
  * step. As a unit's backward begins its buffer is zeroed (a buffer's previous block waited for
  * first); as it ends its gradients partial over TP are summed there (sequence parallelism's
  * norms, shared key/value heads: tpk_params_reduce_partial_grads' per parameter) and each run
- * is reduce-scattered over the DP group into the slice opt->g itself (this rank's part of the
- * send buffer first adds the slice's sums so far: the result is the new total, no second
- * buffer), in flight while the next block's backward computes. So every micro-batch is
+ * is reduce-scattered over the DP group into the slice opt->g itself (the first backward since
+ * the slice was zeroed; a later one's into zr, f32 [sn] made then, added into the slice in one
+ * call as the next backward begins or by tpk_train_step: the ops of a step affine in the
+ * blocks, as the planner's probes need), in flight while the next block's backward computes.
+ * So every micro-batch is
  * reduced (FSDP's default; whole_grads reduces on the last one, as no_sync), the slice zeroed
  * at the first backward after tpk_params_zero_grad, and tpk_train_step waits for the last ones
  * (tpk_adamw.grads_wait). The data-parallel buckets record and check each report as ever but
  * start nothing. Under HSDP, on the step's last micro-batch (its buckets begun before the
- * backward: ctx->params.dp_open), each unit's part of the slice is all-reduced across the shard
- * groups as soon as its reduce-scatter is waited for, under the rest of the backward
+ * backward: ctx->params.dp_open) of a step of one micro-batch, each unit's part of the slice is
+ * all-reduced across the shard groups as soon as its reduce-scatter is waited for, under the
+ * rest of the backward
  * (tpk_adamw.grads_replicated: tpk_train_step's all-reduce of the whole slice made so).
- * Gradient memory per rank: sn + two blocks + the rest elements, against numel + sn whole; the
+ * Gradient memory per rank: sn + two blocks + the rest elements (+ sn: zr, under accumulation),
+ * against numel + sn whole; the
  * gradients are sharded only where that holds less (grad_shard < grad_whole: not for a model
  * of a block or two, or one whose rest is most of it). The sums' order differs from ZeRO-0's
  * under accumulation (over DP per micro-batch, then over micro-batches): equal within f32
@@ -115,6 +119,7 @@ typedef struct tpk__z3_unit {
     float *gbuf; /* its gradients (runs in order) */
     size_t part; /* the elements of its runs within this rank's slice (its part of the sums) */
     bool glast;   /* its reduce-scatter in flight is the step's last micro-batch's */
+    bool gz;      /* ... and lands in zr (a later micro-batch's), not in the slice */
     bool hflight; /* HSDP: its part of the slice in an all-reduce across the shard groups */
     tpk_request hreq[TPK__Z3_RUNS];
     tpk_request greq[TPK__Z3_RUNS];
@@ -148,6 +153,10 @@ typedef struct tpk_zero3 {
     uint64_t gepoch;                /* ctx->params.grad_epoch the slice was zeroed at */
     bool last_mb;                   /* this backward is the step's last micro-batch's (the DP
                                        buckets' last was begun before it: ctx->params.dp_open) */
+    int mb;                         /* backwards since the slice was zeroed: the first's sums land
+                                       in the slice, a later one's in zr */
+    bool zr_due;                    /* zr holds a backward's sums not yet added into the slice */
+    tpk_buf zr;                     /* f32 [sn] a later micro-batch's sums (made at the first) */
     uint64_t grad_rs, grad_rs_elems; /* gradient reduce-scatters started, elements (statistics) */
     uint64_t gathers, gather_elems; /* all-gathers started, elements gathered (statistics) */
 } tpk_zero3;
@@ -264,7 +273,8 @@ static inline tpk_status tpk__z3_grad_done(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     }
     u->gstate = 0;
     if (u->gslot >= 0 && z->gslot_owner[u->gslot] == k) z->gslot_owner[u->gslot] = -1;
-    tpk_comm *rep = u->glast ? tpk__zero_replicas(ctx) : NULL; /* (its sums final) */
+    /* (its sums final: the step's one micro-batch's, straight in the slice) */
+    tpk_comm *rep = u->glast && !u->gz ? tpk__zero_replicas(ctx) : NULL;
     for (int r = 0; r < u->nruns && s == TPK_OK; r++) {
         size_t lo, hi;
         tpk__z3_mine(z, u->a[r], u->b[r], &lo, &hi);
@@ -299,8 +309,12 @@ static inline tpk_status tpk__z3_grads_wait(tpk_ctx *ctx, void *user) {
             if (s == TPK_OK) s = w;
         }
     for (int k = 0; k < z->nu; k++) z->u[k].hflight = false;
-    /* tpk_train_step's all-reduce of the slice across the groups made here, unit by unit */
-    z->opt->grads_replicated = z->last_mb && tpk__zero_replicas(ctx);
+    if (s == TPK_OK && z->zr_due && z->sn) /* the last backward's sums (one of several) */
+        s = tpk_op_axpby(ctx, z->opt->g, 1.0f, z->zr.p, 1.0f, TPK_F32, z->sn);
+    z->zr_due = false;
+    /* tpk_train_step's all-reduce of the slice across the groups made here, unit by unit (a step
+       of one micro-batch) */
+    z->opt->grads_replicated = z->last_mb && z->mb == 1 && tpk__zero_replicas(ctx);
     z->last_mb = false;
     tpk__buf_free(ctx, &z->u[0].gown);
     return s;
@@ -316,10 +330,22 @@ static inline tpk_status tpk__z3_grad_open(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     if (z->gepoch != ctx->params.grad_epoch) {
         for (int q = 0; q < z->nu; q++) TPK_TRY(tpk__z3_grad_done(ctx, z, q));
         if (z->sn) TPK_TRY(tpk_op_fill(ctx, z->opt->g, TPK_F32, z->sn, 0.f));
-        z->gepoch = ctx->params.grad_epoch;
+        z->gepoch = ctx->params.grad_epoch, z->mb = 0, z->zr_due = false;
     }
     if (u->gstate == 1) return TPK_OK;
-    if (!k) z->last_mb = ctx->params.dp_open; /* (the rest's backward begins first) */
+    if (!k) { /* the rest's backward begins first: a backward begins */
+        z->last_mb = ctx->params.dp_open;
+        if (z->mb++ && z->sn) { /* a later one: its sums into zr, the one before's added */
+            for (int q = 0; q < z->nu; q++) TPK_TRY(tpk__z3_grad_done(ctx, z, q));
+            if (z->zr_due)
+                TPK_TRY(tpk_op_axpby(ctx, z->opt->g, 1.0f, z->zr.p, 1.0f, TPK_F32, z->sn));
+            if (!z->zr.p) { /* (its gaps between units stay zero) */
+                TPK_TRY(tpk__buf_reserve(ctx, &z->zr, sizeof(float) * z->sn));
+                TPK_TRY(tpk_op_fill(ctx, z->zr.p, TPK_F32, z->sn, 0.f));
+            }
+            z->zr_due = true;
+        }
+    }
     TPK_TRY(tpk__z3_grad_done(ctx, z, k)); /* its previous micro-batch's */
     float *buf;
     if (u->gslot >= 0) {
@@ -366,17 +392,16 @@ static inline tpk_status tpk__z3_grad_reduce(tpk_ctx *ctx, tpk_zero3 *z, int k) 
             l = l < a ? a : l, h = h > b ? b : h;
             z->counts[q] = h > l ? h - l : 0;
         }
-        /* received into the slice itself: this rank's part of the send buffer carries the sums
-           so far (the earlier micro-batches'), so the reduce-scatter leaves the new total */
+        /* received into the slice (the first backward since it was zeroed) or into zr (a later
+           one's: added into the slice at once as the next backward begins, or in grads_wait) */
         tpk__z3_mine(z, a, b, &lo, &hi);
-        float *recv = z->opt->g + (hi > lo ? lo - z->s0 : 0);
-        if (hi > lo) TPK_TRY(tpk_op_axpby(ctx, src + (lo - a), 1.0f, recv, 1.0f, TPK_F32, hi - lo));
+        float *recv = (z->mb > 1 ? (float *)z->zr.p : z->opt->g) + (hi > lo ? lo - z->s0 : 0);
         memset(&u->greq[r], 0, sizeof u->greq[r]);
         TPK_TRY(tpk_reduce_scatterv_start(ctx, dg, src, b - a, recv, z->counts, TPK_F32, TPK_SUM,
                                           &u->greq[r]));
         z->grad_rs++, z->grad_rs_elems += b - a;
     }
-    u->glast = z->last_mb;
+    u->glast = z->last_mb, u->gz = z->mb > 1;
     for (int r = 0; r < u->nruns; r++)
         for (int i = u->first[r]; i <= u->last[r]; i++) z->gat[i] = NULL;
     u->gstate = 2;
@@ -446,7 +471,7 @@ static inline void tpk_zero3_destroy(tpk_ctx *ctx, tpk_zero3 *z) {
     }
     if (z->opt && z->opt->grads_wait_user == z)
         z->opt->grads_wait = NULL, z->opt->grads_wait_user = NULL;
-    tpk__buf_free(ctx, &z->gslot[0]), tpk__buf_free(ctx, &z->gslot[1]);
+    tpk__buf_free(ctx, &z->gslot[0]), tpk__buf_free(ctx, &z->gslot[1]), tpk__buf_free(ctx, &z->zr);
     tpk__free(ctx, z->gat);
     if (ctx->params.at == z->at) ctx->params.at = NULL;
     if (z->at16 && ctx->params.at16 == z->at16) ctx->params.at16 = NULL;
@@ -660,7 +685,7 @@ static inline tpk_status tpk_zero3_bytes(tpk_ctx *ctx, const tpk_zero3 *z, size_
  * to the optimizer step). tpk_mem_held_get's gradients add the slice opt->g. */
 static inline size_t tpk_zero3_grad_bytes(const tpk_zero3 *z) {
     if (!z || !z->u || !z->sgrads) return 0;
-    return z->gslot[0].bytes + z->gslot[1].bytes +
+    return z->gslot[0].bytes + z->gslot[1].bytes + z->zr.bytes +
            sizeof(float) * (z->u[0].elems ? z->u[0].elems : 1);
 }
 
