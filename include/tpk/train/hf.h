@@ -102,6 +102,28 @@ static inline tpk_status tpk__config_number(tpk_ctx *ctx, const char *fn, const 
                      key);
 }
 
+/* The heads of a rotary model's config.json (Llama's, Qwen2-MoE's): an even head size H / A, G
+ * dividing A, and head_dim (hd, when given) H / A. */
+static inline tpk_status tpk__config_heads(tpk_ctx *ctx, const char *fn, const char *what,
+                                           double H, double A, double G, const tpk__json_val *hd) {
+    if ((int64_t)H % (int64_t)A || ((int64_t)H / (int64_t)A) % 2)
+        return tpk__fail(
+            ctx, TPK_ERR_FORMAT, fn,
+            "%s: hidden_size %g over num_attention_heads %g: expected an even head size (rotary "
+            "embeddings)",
+            what, H, A);
+    if ((int64_t)A % (int64_t)G)
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: num_key_value_heads %g: expected a divisor of num_attention_heads %g",
+                         what, G, A);
+    if (hd->kind && hd->num != H / A)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "%s: byte %zu: head_dim %g: expected hidden_size / num_attention_heads = "
+                         "%g",
+                         what, hd->at, hd->num, H / A);
+    return TPK_OK;
+}
+
 /* A config.json held in memory (bytes[n], named `what` in errors) into *cfg (vocab, positions,
  * layers, hidden, heads, ln_eps; the other fields untouched). */
 static inline tpk_status tpk_gpt2_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
@@ -183,21 +205,7 @@ static inline tpk_status tpk_llama_config_parse(tpk_ctx *ctx, const uint8_t *b, 
             "vocab_size %g, max_position_embeddings %g, intermediate_size %g, rms_norm_eps %g, "
             "rope_theta %g)",
             what, L, H, A, G, V, P, F, eps, theta);
-    if ((int64_t)H % (int64_t)A || ((int64_t)H / (int64_t)A) % 2)
-        return tpk__fail(
-            ctx, TPK_ERR_FORMAT, fn,
-            "%s: hidden_size %g over num_attention_heads %g: expected an even head size (rotary "
-            "embeddings)",
-            what, H, A);
-    if ((int64_t)A % (int64_t)G)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: num_key_value_heads %g: expected a divisor of num_attention_heads %g",
-                         what, G, A);
-    if (v[NHD].kind && v[NHD].num != H / A)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: byte %zu: head_dim %g: expected hidden_size / num_attention_heads = "
-                         "%g",
-                         what, v[NHD].at, v[NHD].num, H / A);
+    TPK_TRY(tpk__config_heads(ctx, fn, what, H, A, G, &v[NHD]));
     if (v[NACT].kind && (v[NACT].kind != 's' || strcmp(v[NACT].str, "silu")))
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: byte %zu: hidden_act \"%s\": expected \"silu\" (SwiGLU)", what,
@@ -346,21 +354,7 @@ static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t 
             "num_experts_per_tok %g, moe_intermediate_size %g, shared_expert_intermediate_size "
             "%g, router_aux_loss_coef %g)",
             what, L, H, A, G, V, P, eps, theta, E, K, F, Fs, c);
-    if ((int64_t)H % (int64_t)A || ((int64_t)H / (int64_t)A) % 2)
-        return tpk__fail(
-            ctx, TPK_ERR_FORMAT, fn,
-            "%s: hidden_size %g over num_attention_heads %g: expected an even head size (rotary "
-            "embeddings)",
-            what, H, A);
-    if ((int64_t)A % (int64_t)G)
-        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
-                         "%s: num_key_value_heads %g: expected a divisor of num_attention_heads %g",
-                         what, G, A);
-    if (v[NHD].kind && v[NHD].num != H / A)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: byte %zu: head_dim %g: expected hidden_size / num_attention_heads = "
-                         "%g",
-                         what, v[NHD].at, v[NHD].num, H / A);
+    TPK_TRY(tpk__config_heads(ctx, fn, what, H, A, G, &v[NHD]));
     if (v[NDS].kind && v[NDS].num != 1)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: byte %zu: decoder_sparse_step %g: expected 1 (every layer sparse)",
