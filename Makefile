@@ -378,8 +378,8 @@ test: deps
 
 # CI: what make test leaves out (tests/run.sh long): the other rank counts, the emulation's checked
 # build under the race detector and its own test, its fallback and 99 KiB runs, the CUDA C++ test
-# (where nvcc is found: built with the CUDA archive, as make cuda-check does), the trainer scripts'
-# long cases. CI runs it after make test.
+# (where nvcc is found: built with the CUDA archive, as make cuda-check does), each header alone as
+# C++17, the trainer scripts' long cases. CI runs it after make test.
 test-long: deps
 	@t0=$$(date +%s); $(if $(HAVE_CUDA),$(MAKE) --no-print-directory $(TEST_JOBS) $(B)/tests/cuda_cxx || exit 1;) \
 	  $(MAKE) --no-print-directory $(TEST_JOBS) NVCC= $(TEST_PROGS) $(TESTS_LONG) || exit 1; \

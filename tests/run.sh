@@ -7,8 +7,8 @@
 #     emulated backend's op suite and its layers at 3 ranks, the trainer scripts' quick cases;
 #   long (make test-long, CI): what quick leaves out — the other rank counts, the emulation's
 #     fallback, 99 KiB and race-detector runs and its own test, the layers at 2 ranks, the CUDA
-#     C++ test, the trainer on the emulated backend, the trainer scripts' long cases (other
-#     sizes, rank counts and sweeps);
+#     C++ test, the trainer on the emulated backend, each header alone as C++17, the trainer
+#     scripts' long cases (other sizes, rank counts and sweeps);
 #   all: both.
 # Each program's line gives its wall and CPU seconds (user + sys of all its processes) against
 # its limit; a summary per phase (build, C tests, emulator, trainer scripts, other, total) ends the
