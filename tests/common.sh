@@ -21,6 +21,12 @@ pick() {
 }
 B=${TPK_BUILD:-build}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# Open MPI, unless the environment says otherwise: the PML named (ob1, what it selects on one node
+# anyway; named, mpirun skips opening the cm PML's PSM libraries: 0.2 s a launch) and no grace
+# second between SIGTERM and SIGKILL when a job's ranks are taken down (the trainer handles no
+# SIGTERM: 1 s a failing launch); make test launches mpirun about 500 times
+: "${OMPI_MCA_pml:=ob1}" "${OMPI_MCA_odls_base_sigkill_timeout:=0}"
+export OMPI_MCA_pml OMPI_MCA_odls_base_sigkill_timeout
 mpiflags="--oversubscribe"
 [ "$(id -u)" = 0 ] && mpiflags="$mpiflags --allow-run-as-root"
 fx=$B/tests/train_fixtures

@@ -7,7 +7,8 @@
 #       exit 0, its last step line and save, no error line;
 #   (b) the same rank stopped (SIGSTOP) while it hashes (its heartbeats stop): the job ends within
 #       the timeout plus a margin, with one "no answer from a peer within 2 s" line;
-#   (c) a rank stopped mid-training: the job ends within the timeout plus a margin.
+#   (c) a rank stopped mid-training: the job ends within the timeout plus a margin (make test's
+#       case of it: tests/faults.sh's (f), the same at --timeout 5, is make test-long's).
 # Processes are found by PID (the trainer's ranks below this script's mpirun), never by name.
 # Prints "ok <name>" / "FAIL <name>" lines for tests/run.sh to count.
 . "$(dirname "$0")/common.sh"
