@@ -229,8 +229,8 @@ for r in fit:   # the peak in parts: each positive, adding up to it with the gat
     assert r["zero"] != 2 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
                                  q["grads_bytes"] < r["grads_bytes"] for q in one), (r, one)
     # ZeRO-3: the moments of ZeRO-2; the weights a shard (less than the whole buffer of ZeRO-2),
-    # beside the gathered buffers; the gradients sharded (the slice, two blocks' buffers and the
-    # rest's: not ZeRO-2's whole buffer) but with stages, which keep ZeRO-2's
+    # beside the gathered buffers; the gradients sharded (the slice, the buffers of two blocks and
+    # of the rest: not the whole buffer of ZeRO-2) but with stages, which keep it
     two = [q for q in twin if q["zero"] == 2]
     assert r["zero"] != 3 or all(q["optimizer_bytes"] == r["optimizer_bytes"] and
                                  (q["grads_bytes"] == r["grads_bytes"]) == (r["pp"] > 1) and
