@@ -202,13 +202,7 @@ static inline tpk_status tpk__dp_zero_start(tpk_ctx *ctx, tpk_dp_buckets *b, int
     size_t off = p0->offset, end = p1->offset + p1->numel;
     if (end <= off) return TPK_OK;
     tpk_comm *dg = tpk__zero_group(ctx);
-    int d = dg->size;
-    for (int q = 0; q < d; q++) {
-        tpk_range r = tpk_split((int64_t)b->znumel, d, q);
-        size_t a = (size_t)r.off, e = a + (size_t)r.size;
-        a = a < off ? off : a, e = e > end ? end : e;
-        b->zcounts[q] = e > a ? e - a : 0;
-    }
+    tpk__slice_counts(b->znumel, dg->size, off, end, b->zcounts);
     float *recv = b->zg + (b->zcounts[dg->rank] ? (off > b->z0 ? off - b->z0 : 0) : 0);
     TPK_TRY(tpk__dp_req(ctx, b, fn));
     memset(&b->req[b->n], 0, sizeof b->req[b->n]);

@@ -240,6 +240,18 @@ typedef struct tpk_adamw {
  * (ZeRO-2 reduces them in the buckets; at one DP rank nothing is sliced). */
 static inline bool tpk__adamw_zero1(const tpk_adamw *o) { return o->sn != o->numel && !o->g; }
 
+/* counts[q] = |[a, b) n S_q| for q < d, S_q = tpk_split(numel, d, q) rank q's slice of a flat
+ * buffer of numel elements: each rank's part of the run [a, b) (in rank order they tile it), the
+ * counts of a reduce-scatter or an all-gather of that run over the slicing group. */
+static inline void tpk__slice_counts(size_t numel, int d, size_t a, size_t b, size_t *counts) {
+    for (int q = 0; q < d; q++) {
+        tpk_range r = tpk_split((int64_t)numel, d, q);
+        size_t lo = (size_t)r.off, hi = lo + (size_t)r.size;
+        lo = lo < a ? a : lo, hi = hi > b ? b : hi;
+        counts[q] = hi > lo ? hi - lo : 0;
+    }
+}
+
 /* ZeRO's exchanges over the DP group (tpk__dp_group: DP x CP) of a flat buffer x [n] split
  * tpk_split(n, dp, rank) (dp, rank: that group's):
  * all-gather: every rank's slice of x into every rank's x; reduce-scatter: the DP sum of x's

@@ -118,8 +118,8 @@ typedef struct tpk__z3_unit {
     tpk_buf gown;
     float *gbuf; /* its gradients (runs in order) */
     size_t part; /* the elements of its runs within this rank's slice (its part of the sums) */
-    bool glast;   /* its reduce-scatter in flight is the step's last micro-batch's */
-    bool gz;      /* ... and lands in zr (a later micro-batch's), not in the slice */
+    bool gfinal;  /* its reduce-scatter in flight leaves its final sums in the slice (the step's
+                     one micro-batch's): HSDP's all-reduce across the groups may follow */
     bool hflight; /* HSDP: its part of the slice in an all-reduce across the shard groups */
     tpk_request hreq[TPK__Z3_RUNS];
     tpk_request greq[TPK__Z3_RUNS];
@@ -197,16 +197,10 @@ static inline tpk_status tpk__z3_start(tpk_ctx *ctx, tpk_zero3 *z, int k) {
         buf = (float *)u->own.p;
     }
     tpk_comm *dg = tpk__zero_group(ctx);
-    int D = dg->size;
     u->buf = buf;
     for (int r = 0; r < u->nruns; r++) {
         size_t a = u->a[r], b = u->b[r];
-        for (int q = 0; q < D; q++) {
-            tpk_range sq = tpk_split((int64_t)z->numel, D, q);
-            size_t lo = (size_t)sq.off, hi = lo + (size_t)sq.size;
-            lo = lo < a ? a : lo, hi = hi > b ? b : hi;
-            z->counts[q] = hi > lo ? hi - lo : 0;
-        }
+        tpk__slice_counts(z->numel, dg->size, a, b, z->counts);
         const float *send = z->shard + (z->counts[dg->rank] && a > z->s0 ? a - z->s0 : 0);
         memset(&u->req[r], 0, sizeof u->req[r]);
         TPK_TRY(tpk_allgatherv_start(ctx, dg, send, z->counts[dg->rank], buf, z->counts, b - a,
@@ -273,8 +267,7 @@ static inline tpk_status tpk__z3_grad_done(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     }
     u->gstate = 0;
     if (u->gslot >= 0 && z->gslot_owner[u->gslot] == k) z->gslot_owner[u->gslot] = -1;
-    /* (its sums final: the step's one micro-batch's, straight in the slice) */
-    tpk_comm *rep = u->glast && !u->gz ? tpk__zero_replicas(ctx) : NULL;
+    tpk_comm *rep = u->gfinal ? tpk__zero_replicas(ctx) : NULL;
     for (int r = 0; r < u->nruns && s == TPK_OK; r++) {
         size_t lo, hi;
         tpk__z3_mine(z, u->a[r], u->b[r], &lo, &hi);
@@ -373,9 +366,8 @@ static inline tpk_status tpk__z3_grad_open(tpk_ctx *ctx, tpk_zero3 *z, int k) {
 
 /* Unit k's backward ended: its gradients partial over TP summed there (sequence parallelism's
  * norms, shared key/value heads), then each run reduce-scattered over the DP group, this rank's
- * part after the gradients (in flight: waited when its buffer is next needed, or by
- * tpk_train_step); its
- * parameters' pointers cleared. */
+ * part into the slice or zr (in flight: waited when its buffer is next needed, or by
+ * tpk_train_step); its parameters' pointers cleared. */
 static inline tpk_status tpk__z3_grad_reduce(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     tpk__z3_unit *u = &z->u[k];
     if (u->gstate != 1) return TPK_OK;
@@ -386,12 +378,7 @@ static inline tpk_status tpk__z3_grad_reduce(tpk_ctx *ctx, tpk_zero3 *z, int k) 
     float *src = u->gbuf;
     for (int r = 0; r < u->nruns; src += u->b[r] - u->a[r], r++) {
         size_t a = u->a[r], b = u->b[r], lo, hi;
-        for (int q = 0; q < dg->size; q++) {
-            tpk_range sq = tpk_split((int64_t)z->numel, dg->size, q);
-            size_t l = (size_t)sq.off, h = l + (size_t)sq.size;
-            l = l < a ? a : l, h = h > b ? b : h;
-            z->counts[q] = h > l ? h - l : 0;
-        }
+        tpk__slice_counts(z->numel, dg->size, a, b, z->counts);
         /* received into the slice (the first backward since it was zeroed) or into zr (a later
            one's: added into the slice at once as the next backward begins, or in grads_wait) */
         tpk__z3_mine(z, a, b, &lo, &hi);
@@ -401,7 +388,7 @@ static inline tpk_status tpk__z3_grad_reduce(tpk_ctx *ctx, tpk_zero3 *z, int k) 
                                           &u->greq[r]));
         z->grad_rs++, z->grad_rs_elems += b - a;
     }
-    u->glast = z->last_mb, u->gz = z->mb > 1;
+    u->gfinal = z->last_mb && z->mb == 1;
     for (int r = 0; r < u->nruns; r++)
         for (int i = u->first[r]; i <= u->last[r]; i++) z->gat[i] = NULL;
     u->gstate = 2;
