@@ -206,6 +206,12 @@ static inline tpk_status tpk_ctx_init(tpk_ctx *ctx, const tpk_ctx_desc *desc) {
                          "group) or a divisor >= 2 of DP x CP = %d x %d = %d (HSDP: the slices "
                          "within groups of that many ranks), got %d",
                          dsize, cp, dsize * cp, d.zero_shard_size);
+    if (ep > 1 && zs < dsize * cp)
+        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                         "desc->zero_shard_size: %d with desc->ep %d: HSDP's shard groups are not "
+                         "yet with expert parallelism (ZeRO slices over the EDP group there: the "
+                         "ranks holding the same experts); expected 0",
+                         d.zero_shard_size, ep);
     for (int q = 0; d.tp_weights && q < tp; q++)
         if (!(d.tp_weights[q] > 0) || isinf(d.tp_weights[q]))
             return tpk__fail(ctx, TPK_ERR_ARG, fn,

@@ -156,10 +156,7 @@ static inline bool tpk__dp_deferred(const tpk_ctx *ctx, const tpk_dp_buckets *b,
 /* The step's last micro-batch begins: every parameter's bit cleared, the gradients open; under
  * ZeRO-2 the slice zeroed and the deferred parameters marked. */
 static inline tpk_status tpk__dp_open(tpk_ctx *ctx, tpk_dp_buckets *b, const char *fn) {
-    TPK_TRY(tpk__dp_experts_check(ctx, fn,
-                                  b->zg         ? "ZeRO-2 (the buckets' reduce-scatters)"
-                                  : b->adasum   ? "Adasum"
-                                                : NULL));
+    TPK_TRY(tpk__dp_experts_check(ctx, fn, b->adasum ? "Adasum" : NULL));
     TPK_TRY(tpk__dp_bits(ctx, b, fn));
     memset(b->seen, 0, sizeof *b->seen * (size_t)b->words);
     memset(b->defer, 0, sizeof *b->defer * (size_t)b->words);

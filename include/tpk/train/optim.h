@@ -37,17 +37,48 @@
 /* The group of a weight's replicas, over which its gradient is summed and ZeRO slices:
  * ctx->dp_cp (DP x CP; the DP group at cp = 1, or in a context made without it). */
 static inline tpk_comm *tpk__dp_group(tpk_ctx *ctx) { return ctx->dp_cp ? ctx->dp_cp : &ctx->dp; }
-/* The group ZeRO slices over: the DP x CP group (tpk__dp_group), or under HSDP
- * (tpk_ctx_desc.zero_shard_size) its shard group, ctx->zshard. */
+/* The group ZeRO slices over: the DP x CP group (tpk__dp_group), under HSDP
+ * (tpk_ctx_desc.zero_shard_size) its shard group, ctx->zshard, and under expert parallelism
+ * (ctx->ep past one rank) the EDP group, ctx->edp: the ranks holding the same weights, the
+ * experts' included (the EP ranks of a DP group hold different experts at the same offsets, so
+ * a slice over DP x CP would mix them). */
 static inline tpk_comm *tpk__zero_group(tpk_ctx *ctx) {
+    if (ctx->ep.size > 1 && ctx->edp) return ctx->edp;
     return ctx->zshard ? ctx->zshard : tpk__dp_group(ctx);
 }
-/* HSDP: the ranks holding the same slice in the other shard groups, ctx->zrep (NULL without): a
- * slice's gradient reduced within the shard group is all-reduced over them, so it is the DP x CP
- * sum. */
+/* The ranks holding the same slice in the other slicing groups, over which a slice's gradient
+ * sums are all-reduced so that they are the DP x CP sums (NULL: none): HSDP's replica group
+ * ctx->zrep, or at EP > 1 the EP group (the EDP groups' ranks of one EDP rank; for the dense
+ * weights' elements alone: tpk__zero_replicas_reduce). */
 static inline tpk_comm *tpk__zero_replicas(tpk_ctx *ctx) {
+    if (ctx->ep.size > 1) return &ctx->ep;
     return ctx->zrep && ctx->zrep->size > 1 ? ctx->zrep : NULL;
 }
+/* The slice's gradient sums g (element e at g[e - lo], [lo, hi) of the flat buffer) all-reduced
+ * over tpk__zero_replicas; at EP > 1 only the runs of the dense weights' elements (an expert's
+ * sum over its replicas, the EDP group, is whole already; the EP ranks hold other experts at
+ * those offsets). Nothing without replicas. */
+static inline tpk_status tpk__zero_replicas_reduce(tpk_ctx *ctx, float *g, size_t lo, size_t hi) {
+    tpk_comm *rep = tpk__zero_replicas(ctx);
+    if (!rep || hi <= lo) return TPK_OK;
+    if (ctx->ep.size == 1) return tpk_allreduce(ctx, rep, g, g, hi - lo, TPK_F32, TPK_SUM);
+    size_t a = 0, b = 0; /* the dense run [a, b) being merged (the zero gaps within included) */
+    for (int i = 0; i <= ctx->params.n; i++) {
+        const tpk_param *p = i < ctx->params.n ? &ctx->params.list[i] : NULL;
+        size_t pa = p ? p->offset : hi, pb = p ? p->offset + p->numel : hi;
+        pa = pa < lo ? lo : pa > hi ? hi : pa, pb = pb < lo ? lo : pb > hi ? hi : pb;
+        if (p && !p->expert) { /* dense: extends the run (or starts one) */
+            if (b <= a) a = pa;
+            b = pb;
+            continue;
+        }
+        if (b > a) TPK_TRY(tpk_allreduce(ctx, rep, g + (a - lo), g + (a - lo), b - a, TPK_F32,
+                                         TPK_SUM));
+        a = b = 0;
+    }
+    return TPK_OK;
+}
+
 /* The group over which parameter i's gradient is summed: an expert's weight (tpk_param.expert)
  * over ctx->edp, its replicas (the same TP rank, stage and EP rank: other EP ranks hold other
  * experts), every other weight over tpk__dp_group. The same group at ep = 1. */
@@ -62,16 +93,16 @@ static inline bool tpk__has_experts(const tpk_ctx *ctx, const char **name) {
     return false;
 }
 /* What the DP reduction does not yet do with experts at EP > 1 (`what`, NULL: nothing refused):
- * ZeRO's slices of the flat buffer over tpk__dp_group and Adasum's pairs over ctx->dp would mix
- * different experts' gradients (each EP rank holds other experts at the same offsets): refused by
- * name. */
+ * Adasum's pairs over ctx->dp would combine different experts' gradients (each EP rank holds
+ * other experts at the same offsets): refused by name. (ZeRO slices over ctx->edp instead:
+ * tpk__zero_group.) */
 static inline tpk_status tpk__dp_experts_check(tpk_ctx *ctx, const char *fn, const char *what) {
     const char *name = NULL;
     if (!what || !tpk__has_experts(ctx, &name)) return TPK_OK;
     return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                      "parameter \"%s\": an expert's weight at EP %d: %s not yet with expert "
-                     "parallelism (its slices would mix different experts' gradients); use the "
-                     "plain all-reduce (an expert's gradient summed over ctx->edp)",
+                     "parallelism (its pairs would combine different experts' gradients); use "
+                     "the plain all-reduce (an expert's gradient summed over ctx->edp)",
                      name, ctx->ep.size, what);
 }
 

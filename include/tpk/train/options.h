@@ -341,11 +341,17 @@ static inline bool tpk_run_opts_check(tpk_run_opts *o, int argc, int world, char
                         (long long)o->ep, (long long)dpw, world, (long long)o->tp, (long long)o->cp,
                         (long long)o->pp),
                false;
-    if (o->ep > 1 && (o->zero || (o->dp_reduce && !strcmp(o->dp_reduce, "adasum"))))
+    if (o->ep > 1 && o->dp_reduce && !strcmp(o->dp_reduce, "adasum"))
         return snprintf(err, n,
-                        "--ep %lld: not yet with %s (its slices over DP x CP would mix different "
-                        "experts held at the same offsets)",
-                        (long long)o->ep, o->zero ? "--zero" : "--dp-reduce adasum"),
+                        "--ep %lld: not yet with --dp-reduce adasum (its pairs over DP would "
+                        "combine different experts held at the same offsets)",
+                        (long long)o->ep),
+               false;
+    if (o->ep > 1 && o->zero_shard)
+        return snprintf(err, n,
+                        "--zero-shard-size %lld: not yet with --ep %lld (at EP > 1 --zero slices "
+                        "over the ranks holding the same experts, DP x CP / EP of them)",
+                        (long long)o->zero_shard, (long long)o->ep),
                false;
     if (o->piped && o->kind == TPK_PIPE_INTERLEAVED && (o->eval_every || o->eval_only) &&
         o->eval_batches % o->pp)

@@ -27,9 +27,13 @@ static inline void tpk_run_banner(FILE *out, const tpk_ctx *ctx, const tpk_run_o
     tpk_model *m = tpk_trainable_model(t);
     int64_t *sh[5];
     tpk_model_config_common(cfg, sh, (float)o->smoothing, o->sp, o->rc);
-    char pp[160] = "", cp[64] = "", fam[160], b[160], ep[80] = "";
+    char pp[160] = "", cp[64] = "", fam[160], b[160], ep[128] = "";
     if (ctx->ep.vt && ctx->ep.size > 1) /* expert parallelism: the experts split over DP ranks */
         snprintf(ep, sizeof ep, " (EP %d)", ctx->ep.size);
+    if (ctx->ep.vt && ctx->ep.size > 1 && o->zero) /* ZeRO over the ranks of the same experts */
+        snprintf(ep + strlen(ep), sizeof ep - strlen(ep), " (ZeRO-%lld in slices of %d%s)",
+                 (long long)o->zero, ctx->edp->size,
+                 ctx->edp->size > 1 ? "" : ": none, DP x CP = EP");
     if (ctx->zrep) /* HSDP: ZeRO's slices within shard groups, all-reduced across them */
         snprintf(ep + strlen(ep), sizeof ep - strlen(ep), " (HSDP: ZeRO-%lld in shards of %d)",
                  (long long)o->zero, ctx->zshard->size);

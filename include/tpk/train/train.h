@@ -130,9 +130,7 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
                          "opt: ZeRO-%d with Adasum (a reduce-scatter cannot carry Adasum's "
                          "per-tensor combination)",
                          opt->stage);
-    char zw[64];
-    snprintf(zw, sizeof zw, "ZeRO-%d's slices (tpk_adamw_desc.zero)", opt->stage);
-    TPK_TRY(tpk__dp_experts_check(ctx, fn, zero ? zw : b->adasum ? "Adasum" : NULL));
+    TPK_TRY(tpk__dp_experts_check(ctx, fn, b->adasum ? "Adasum" : NULL));
     /* the buckets' gradients checked (a begun step finished here); ZeRO-1 (asked, even at one DP
      * rank) and Adasum reduce the whole buffer below */
     TPK_TRY(tpk__dp_consume(ctx, b, zero1 || opt->stage == 1 || b->adasum, fn));
@@ -147,9 +145,8 @@ static inline tpk_status tpk_train_step(tpk_ctx *ctx, tpk_adamw *opt, tpk_dp_buc
     if (opt->g) TPK_TRY(tpk__dp_zero_deferred(ctx, b, fn)); /* ZeRO-2: the rest of the slice */
     /* HSDP: the slice's sums over the shard group all-reduced across the shard groups */
     float *slice = opt->g ? opt->g : (float *)ctx->params.grad.p + opt->s0;
-    if (zero && tpk__zero_replicas(ctx) && opt->sn && !opt->grads_replicated)
-        TPK_TRY(tpk_allreduce(ctx, tpk__zero_replicas(ctx), slice, slice, opt->sn, TPK_F32,
-                              TPK_SUM));
+    if (zero && !opt->grads_replicated) /* (at EP > 1: the dense weights' elements across EP) */
+        TPK_TRY(tpk__zero_replicas_reduce(ctx, slice, opt->s0, opt->s0 + opt->sn));
     double *sq;
     TPK_TRY(tpk__normsq(ctx, &sq));
     TPK_TRY(tpk__grad_sumsq_ep(ctx, slice, opt->s0, opt->s0 + opt->sn,

@@ -267,7 +267,8 @@ static inline tpk_status tpk__z3_grad_done(tpk_ctx *ctx, tpk_zero3 *z, int k) {
     }
     u->gstate = 0;
     if (u->gslot >= 0 && z->gslot_owner[u->gslot] == k) z->gslot_owner[u->gslot] = -1;
-    tpk_comm *rep = u->gfinal ? tpk__zero_replicas(ctx) : NULL;
+    /* (at EP > 1 the slice's dense elements alone cross EP: after the backward, in one call) */
+    tpk_comm *rep = u->gfinal && ctx->ep.size == 1 ? tpk__zero_replicas(ctx) : NULL;
     for (int r = 0; r < u->nruns && s == TPK_OK; r++) {
         size_t lo, hi;
         tpk__z3_mine(z, u->a[r], u->b[r], &lo, &hi);
@@ -307,7 +308,8 @@ static inline tpk_status tpk__z3_grads_wait(tpk_ctx *ctx, void *user) {
     z->zr_due = false;
     /* tpk_train_step's all-reduce of the slice across the groups made here, unit by unit (a step
        of one micro-batch) */
-    z->opt->grads_replicated = z->last_mb && z->mb == 1 && tpk__zero_replicas(ctx);
+    z->opt->grads_replicated =
+        z->last_mb && z->mb == 1 && tpk__zero_replicas(ctx) && ctx->ep.size == 1;
     z->last_mb = false;
     tpk__buf_free(ctx, &z->u[0].gown);
     return s;
@@ -485,7 +487,6 @@ static inline tpk_status tpk__zero3_setup(tpk_ctx *ctx, const char *fn, tpk_zero
         return tpk__fail(ctx, TPK_ERR_ARG, fn,
                          "opt: made for %zu parameter elements, the context holds %zu whole",
                          opt->numel, ctx->params.data.p ? ctx->params.numel : (size_t)0);
-    TPK_TRY(tpk__dp_experts_check(ctx, fn, "ZeRO-3's slices"));
     int n = ctx->params.n;
     int64_t L = 0;
     for (int c = 0; c < V; c++) L += chunks[c]->hi - chunks[c]->lo;
