@@ -23,9 +23,10 @@
 #   without stages, ZeRO at DP 1 x CP 2, the refusals: a sequence not a multiple of 2 CP, CP on the
 #   CUDA backend), and the
 #   trainer's --cp 2 --plan training with the configuration it prints (make test-long).
-#   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 (make test), at
-#   TP 2 x EP 2, EP 2 with full recompute, PP 2 and CP 2, Qwen2-MoE's at EP 2, --json's ep, EP
-#   rejections, the trainer's --ep 2 --plan (make test-long).
+#   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 and ZeRO-3 at
+#   DP 4 x EP 2 (make test), at TP 2 x EP 2, EP 2 with full recompute, PP 2, CP 2 and ZeRO-2 at DP
+#   4 x EP 2, Qwen2-MoE's at EP 2, --json's ep, EP rejections, the trainer's --ep 2 --plan (make
+#   test-long).
 # make test (TPK_TESTS=quick) plans 10 of the 21 configurations (one per feature: each ZeRO stage —
 # 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, ZeRO-3 at PP x DP, TP x
 # DP, GQA, TP x PP), reads a handwritten profile file and runs the rest; make test-long the other
@@ -112,11 +113,17 @@ long_set && mem mixtral_tp2_ep2 4 "$X --tp 2 --batch 4 --ep 2" "$X --tp 2 --pp 1
 long_set && mem mixtral_cp2 2 "$X --cp 2 --batch 4" "$X $P1 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
 long_set && mem mixtral_pp2 2 "$X --pp 2 --batch 2 --grad-accum 2" "$X --tp 1 --pp 2 --zero 0 --batch 4 --micro-batch 2 --recompute none"
 long_set && mem mixtral_ep2_full 2 "$X --batch 4 --ep 2 --recompute full" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute full"
+# ZeRO at DP 4 x EP 2: the slices over the 2 ranks holding the same experts (4 layers: ZeRO-3's
+# gradients sharded), ZeRO-3 (make test) and ZeRO-2 (make test-long)
+X4="--arch mixtral --layers 4 --hidden 32 --heads 4 --seq-len 16"
+quick_set && mem mixtral_ep2_zero3 4 "$X4 --batch 2 --ep 2 --zero 3" "$X4 --tp 1 --pp 1 --ep 2 --batch 8 --micro-batch 2 --recompute none --zero 3"
+long_set && mem mixtral_ep2_zero2 4 "$X4 --batch 2 --ep 2 --zero 2" "$X4 --tp 1 --pp 1 --ep 2 --batch 8 --micro-batch 2 --recompute none --zero 2"
 # Qwen2-MoE (the q, k, v biases, the shared expert on every EP rank) at EP 2 (make test-long)
 X="--arch qwen2_moe --layers 2 --hidden 32 --heads 4 --seq-len 16 --experts 4 --moe-top-k 2 --moe-ffn 24 --shared-ffn 40"
 long_set && mem qwen2_moe_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
 if long_set; then
-    # every EP size of 4 ranks: --json's ep; ZeRO 0 and no SP at EP > 1; the experts' weights 1/EP;
+    # every EP size of 4 ranks: --json's ep; ZeRO at EP > 1 only where DP x CP / EP > 1 (its slices
+    # over the ranks holding the same experts), no SP; the experts' weights 1/EP;
     # an EP that does not divide DP or the experts rejected by name; the assumption printed
     out=$($B/plan --profile cpu --gpus 4 --gpus-per-node 4 --vocab 256 $X --batch 8 --micro-batch 2 --json 2>&1)
     if printf '%s
@@ -126,7 +133,8 @@ rows = json.load(sys.stdin)
 fit = [r for r in rows if r["fits"]]
 assert {r["ep"] for r in fit} == {1, 2, 4}, {r["ep"] for r in fit}
 assert all(r["dp"] % r["ep"] == 0 for r in rows)
-assert all(r["zero"] == 0 for r in fit if r["ep"] > 1) and not any(r["sp"] for r in rows)
+assert all(r["zero"] == 0 for r in fit if r["ep"] > 1 and r["dp"] * r["cp"] == r["ep"])
+assert any(r["zero"] > 0 for r in fit if r["ep"] > 1) and not any(r["sp"] for r in rows)
 assert any(r["zero"] > 0 for r in fit if r["ep"] == 1)
 def key(r): return (r["tp"], r["pp"], r["dp"], r["micro_batch"], r["recompute"], r["zero"])
 pairs = [(r, q) for r in fit for q in fit if r["ep"] == 2 and q["ep"] == 1 and key(q) == key(r)]

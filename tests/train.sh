@@ -1047,6 +1047,30 @@ tr 4 --text "$text" $mx --pp 2 --ep 2 --steps 5 --csv "$T/mxp.csv"
 rc1=$rc
 printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 1 x DP 2 (EP 2) x PP 2 (1f1b' || rc1=1
 mxeq "Mixtral at PP 2 x DP 2 x EP 2 equals DP 2 without stages (the aux over both stages' layers)" "$T/mx1.csv" "$T/mxp.csv" 1 5
+# ZeRO at EP 2 x DP 4: the slices over the 2 ranks holding the same experts (EDP), the dense
+# weights' elements all-reduced across EP; 6 steps' losses and norms equal --zero 0's
+mxz="--arch mixtral --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --experts 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3 --ep 2"
+# mxzero NAME ARGS: --zero ... at 4 ranks against the same run at --zero 0 (made once)
+mxzero() {
+    [ -f "$T/mxz0.csv" ] || { tr 4 --text "$text" $mxz --steps 6 --csv "$T/mxz0.csv"; rc0=$rc; }
+    tr 4 --text "$text" $mxz --steps 6 $2 --csv "$T/mxzk.csv"
+    printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 1 x DP 4 (EP 2) (ZeRO-[123] in slices of 2)' || rc=1
+    r=$(relmax "$(losses "$T/mxz0.csv" 1 6)" "$(losses "$T/mxzk.csv" 1 6)")
+    rn=$(relmax "$(losses "$T/mxz0.csv" 1 6 | awk '{print $1, $3}')" "$(losses "$T/mxzk.csv" 1 6 | awk '{print $1, $3}')")
+    if [ $rc0 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" -v n="$rn" 'BEGIN{exit !(r < 1e-6 && n < 1e-6)}'; then ok "Mixtral $1 at DP 4 x EP 2 (slices over EDP 2): 6 steps' losses and norms equal --zero 0 (max relative differences $r, $rn)"
+    else fail "Mixtral $1 at DP 4 x EP 2 equals --zero 0 (exit $rc0, $rc; max relative differences $r, $rn)"; fi
+}
+quick_set && mxzero "--zero 3 (gradients sharded)" "--zero 3"
+if long_set; then
+    mxzero "--zero 1" "--zero 1"
+    mxzero "--zero 2, 2 micro-batches" "--zero 2 --grad-accum 2"
+    # saved under ZeRO-2 at EP 2 (each rank's moments gathered over EDP, the experts' over EP),
+    # resumed at EP 1 without ZeRO
+    tr 4 --text "$text" $mxz --steps 8 --zero 2 --save "$T/mxzs" --save-every 4 --csv "$T/mxzs.csv"
+    rc1=$rc
+    tr 4 --text "$text" $(printf '%s' "$mxz" | sed 's/ --ep 2//') --steps 8 --load "$T/mxzs/step-4" --csv "$T/mxzr.csv"
+    mxeq "Mixtral saved under --zero 2 at DP 4 x EP 2, resumed at EP 1 without ZeRO: steps 5-8 equal the straight run" "$T/mxzs.csv" "$T/mxzr.csv" 5 8
+fi
 if long_set; then # every schedule, 2 micro-batches, 4 layers (interleaved: 2 chunks a stage)
     mx4=$(printf '%s\n' "$mx" | sed 's/--layers 2/--layers 4/')
     tr 2 --text "$text" $mx4 --grad-accum 2 --steps 4 --csv "$T/mxa1.csv"
@@ -1101,7 +1125,8 @@ if long_set; then
     bad "Mixtral: experts not divisible by EP" "--ep 2: expected a divisor of the 3 experts" --text "$text" $mx --experts 3 --ep 2
     bad "Mixtral: top-k past the experts" "--moe-top-k 5: expected at most the 4 experts" --text "$text" $mx --moe-top-k 5
     bad "Mixtral: EP not dividing DP" "--ep 4: expected a divisor of the DP size 2" --text "$text" $mx --ep 4
-    bad "Mixtral: --zero with EP 2" "--ep 2: not yet with --zero" --text "$text" $mx --ep 2 --zero 1
+    bad "Mixtral: Adasum with EP 2" "--ep 2: not yet with --dp-reduce adasum" --text "$text" $mx --ep 2 --dp-reduce adasum
+    bad "Mixtral: HSDP with EP 2" "--zero-shard-size 2: not yet with --ep 2" --text "$text" $mx --batch 4 --ep 2 --zero 1 --zero-shard-size 2
     bad "--ep with a model without experts" "--ep 2: the Llama model has no experts" --text "$text" --arch llama $small --ep 2
     bad "Mixtral: --sequence-parallel" "--sequence-parallel: not yet with the Mixtral model" --text "$text" $mx --tp 2 --sequence-parallel
     bad "Mixtral: a negative --z-loss-coef" "--z-loss-coef" --text "$text" $mx --z-loss-coef -1

@@ -28,8 +28,9 @@
  * pp <= layers, dp = gpus / (tp cp pp) dividing the global batch, micro-batches mb | B / dp,
  * recompute none / selective / full, ZeRO 1 and 2 when dp cp > 1, SP when tp > 1, at cp > 1 the
  * ring and the all-gather, for Mixtral and Qwen2-MoE every EP size e dividing both dp
- * and the experts (desc->ep; EP groups carved out of the DP ranks: TP x EP x DP x PP, ZeRO 0
- * alone at e > 1, no SP: the trainer's rules), the experts' memory (E / e of them a rank) the
+ * and the experts (desc->ep; EP groups carved out of the DP ranks: TP x EP x DP x PP, ZeRO
+ * where DP x CP / e > 1 (its slices over the ranks holding the same experts), no HSDP at e > 1, no
+ * SP: the trainer's rules), the experts' memory (E / e of them a rank) the
  * dry run's own; each either planned or rejected with its reason (does not divide:
  * the batch over DP, the sequence over 2 cp chunks; exceeds the node; CP on a backend whose
  * table lacks the attention over CP's block op; does not fit:
@@ -515,13 +516,15 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
         if (Bd % mb || (d->micro_batch > 0 && mb != d->micro_batch)) continue;
         for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
             if (d->recompute >= 0 && rc != d->recompute) continue;
-            /* at EP > 1 ZeRO 0 alone (the slices would mix experts); with experts no SP */
-            for (int z = 0; z <= (dp * cp > 1 && ep == 1 ? 3 : 0); z++) {
+            /* ZeRO where its slicing group (DP x CP, at EP > 1 the ranks holding the same
+               experts: DP x CP / EP) has more than one rank; with experts no SP */
+            for (int z = 0; z <= (dp * cp / ep > 1 ? 3 : 0); z++) {
                 if (d->zero >= 0 && z != d->zero) continue;
-                /* HSDP's shard sizes: none, and a node's DP x CP ranks (or the one asked) */
+                /* HSDP's shard sizes: none, and a node's DP x CP ranks (or the one asked); not
+                   at EP > 1 */
                 int g = dp * cp, node = d->gpus_per_node % tp ? 0 : d->gpus_per_node / tp;
                 int hs = d->zero_shard > 0 ? d->zero_shard : node;
-                hs = z && hs >= 2 && hs < g && g % hs == 0 ? hs : 0;
+                hs = z && ep == 1 && hs >= 2 && hs < g && g % hs == 0 ? hs : 0;
                 for (int zs = d->zero_shard > 0 && hs ? hs : 0; zs <= hs; zs += hs ? hs : 1)
                 for (int sp = 0; sp <= (tp > 1 && !tpk_arch_has_experts(d->model.arch)); sp++) {
                     if (d->sp >= 0 && sp != d->sp) continue;
