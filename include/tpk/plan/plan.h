@@ -26,7 +26,7 @@
  * tpk_plan: every configuration of `gpus` ranks: tp | gpus with tp <= gpus_per_node (a TP group
  * inside a node), cp | gpus / tp (desc->cp: c = 1 alone unless asked), pp | gpus / (tp cp) with
  * pp <= layers, dp = gpus / (tp cp pp) dividing the global batch, micro-batches mb | B / dp,
- * recompute none / selective / full, ZeRO 1 and 2 when dp cp > 1, SP when tp > 1, at cp > 1 the
+ * recompute none / selective / full, ZeRO 1 to 3 when dp cp > 1, SP when tp > 1, at cp > 1 the
  * ring and the all-gather, for Mixtral and Qwen2-MoE every EP size e dividing both dp
  * and the experts (desc->ep; EP groups carved out of the DP ranks: TP x EP x DP x PP, ZeRO
  * where DP x CP / e > 1 (its slices over the ranks holding the same experts), no HSDP at e > 1, no
