@@ -437,7 +437,14 @@ int main(int argc, char **argv) {
            (double)d.batch * d.seq, d.gpus, d.gpus / gpn, d.gpus / gpn == 1 ? "" : "s", gpn,
            hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
     printf("profile: %s\n", hw.source);
-    if (tpk_arch_has_experts(d.model.arch))
+    float cf = d.model.arch == TPK_ARCH_MIXTRAL ? d.model.mixtral.capacity_factor : 0;
+    if (tpk_arch_has_experts(d.model.arch) && cf > 0)
+        printf("assumed: every expert full to its capacity from each other EP rank "
+               "(--capacity-factor %g: min(T, C) rows, C = ceil(T k / E x %g), the most it can "
+               "send) and a rank's own rows as a balanced router's: the peak a bound for any "
+               "router but those\n",
+               (double)cf, (double)cf);
+    else if (tpk_arch_has_experts(d.model.arch))
         printf("assumed: a balanced router (every expert T k / E of a rank's T tokens' rows, so "
                "each EP rank receives T k rows); a real router's imbalance moves the experts' "
                "activations and the all-to-alls' time\n");

@@ -25,7 +25,7 @@
 #   trainer's --cp 2 --plan training with the configuration it prints (make test-long).
 #   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 and ZeRO-3 at
 #   DP 4 x EP 2 (make test), at TP 2 x EP 2, EP 2 with full recompute, PP 2, CP 2 and ZeRO-2 at DP
-#   4 x EP 2, Qwen2-MoE's at EP 2, --json's ep, EP rejections, the trainer's --ep 2 --plan (make
+#   4 x EP 2, a capacity factor's bound at PP 2 x EP 2, Qwen2-MoE's at EP 2, --json's ep, EP rejections, the trainer's --ep 2 --plan (make
 #   test-long).
 # make test (TPK_TESTS=quick) plans 10 of the 21 configurations (one per feature: each ZeRO stage —
 # 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, ZeRO-3 at PP x DP, TP x
@@ -118,6 +118,23 @@ long_set && mem mixtral_ep2_full 2 "$X --batch 4 --ep 2 --recompute full" "$X $P
 X4="--arch mixtral --layers 4 --hidden 32 --heads 4 --seq-len 16"
 quick_set && mem mixtral_ep2_zero3 4 "$X4 --batch 2 --ep 2 --zero 3" "$X4 --tp 1 --pp 1 --ep 2 --batch 8 --micro-batch 2 --recompute none --zero 3"
 long_set && mem mixtral_ep2_zero2 4 "$X4 --batch 2 --ep 2 --zero 2" "$X4 --tp 1 --pp 1 --ep 2 --batch 8 --micro-batch 2 --recompute none --zero 2"
+# under a capacity factor the dry run fills every expert to its capacity from the other EP ranks
+# (the most they can send): the trainer's peak at PP 2 x EP 2 (a real router, dropless above the
+# balanced plan) at or below the planned one at --capacity-factor 1.5 and 3 (make test-long)
+bound() {
+    out=$(timeout $((120 * scale)) mpirun $mpiflags -np 4 $B/train --text "$text" --steps 2 $X --pp 2 --ep 2 --batch 2 --grad-accum 2 --capacity-factor "$1" 2>&1)
+    run=$(printf '%s\n' "$out" | grep -o 'peak memory[a-z ]* [0-9., ]* MB' | grep -o '[0-9][0-9.]*' | sort -g | tail -1)
+    out="$out
+$($B/plan --profile cpu --vocab 256 --gpus 4 --gpus-per-node 4 --cp 1 $X --tp 1 --pp 2 --zero 0 --ep 2 --batch 8 --micro-batch 2 --recompute none --capacity-factor "$1" 2>&1)
+$($B/plan --profile cpu --vocab 256 --gpus 4 --gpus-per-node 4 --cp 1 $X --tp 1 --pp 2 --zero 0 --ep 2 --batch 8 --micro-batch 2 --recompute none --capacity-factor "$1" --json 2>&1)"
+    pk=$(printf '%s\n' "$out" | grep -o '"peak_bytes": [0-9]*' | grep -o '[0-9]*$')
+    if [ -n "$run" ] && [ -n "$pk" ] && printf '%s\n' "$out" | grep -q '^assumed: every expert full to its capacity' &&
+       awk -v r="$run" -v p="$pk" 'BEGIN { exit !(r <= p / 1e6 && p / 1e6 <= 2 * r) }'; then
+        ok "plan_moe_capacity_bound_$1 (trainer $run MB, planned $(awk -v p="$pk" 'BEGIN { printf "%.2f", p / 1e6 }') MB)"
+    else fail "plan_moe_capacity_bound_$1: trainer '$run' MB, planned '$pk' bytes"; fi
+}
+long_set && bound 1.5
+long_set && bound 3
 # Qwen2-MoE (the q, k, v biases, the shared expert on every EP rank) at EP 2 (make test-long)
 X="--arch qwen2_moe --layers 2 --hidden 32 --heads 4 --seq-len 16 --experts 4 --moe-top-k 2 --moe-ffn 24 --shared-ffn 40"
 long_set && mem qwen2_moe_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"

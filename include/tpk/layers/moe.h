@@ -71,6 +71,9 @@ typedef struct tpk_moe_dispatcher {
     int32_t *cx;     /* host [2 P El]: the counts' exchange */
     const void *ob;  /* the combine's rows in send order [N, H] (kept for its backward) */
     bool routed, combined; /* a dispatch made; a combine made since */
+    int64_t dry_cap; /* a dry run under a capacity factor (the router's C; tpk_moe_forward sets
+                        it): every other EP rank taken to send each local expert min(T, C) rows,
+                        the most it can (the planned rows a bound); 0: each as this rank routes */
     tpk_buf cnt, xs, xr, xg, orr, obb, y, ds, dr, dg, dxr, dxs, dx, dw; /* backend memory */
 } tpk_moe_dispatcher;
 
@@ -207,8 +210,10 @@ static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dis
         TPK_TRY(tpk_alltoallv(ctx, &ctx->ep, b, per, b + E, per, TPK_I32));
         if (dev) TPK_TRY(tpk_op_memcpy(ctx, d->cx + E, b + E, (size_t)E * es, TPK_D2H));
         for (int q = 0; ctx->ops->dry_run && q < d->P; q++) /* a dry run (tpk/plan/count.h): */
-            for (int64_t j = 0; j < El; j++) /* every peer routes as this rank (balanced) */
-                d->cx[E + q * El + j] = d->cx[d->rank * El + j];
+            for (int64_t j = 0; j < El; j++) /* every peer routes as this rank (balanced), or */
+                d->cx[E + q * El + j] = /* under a capacity, fills each expert's (a bound) */
+                    d->dry_cap > 0 && q != d->rank ? (int32_t)(d->dry_cap < T ? d->dry_cap : T)
+                                                   : d->cx[d->rank * El + j];
     } else {
         for (int64_t e = 0; e < E; e++) d->cx[E + e] = d->cx[e];
     }
@@ -659,6 +664,7 @@ static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x,
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
     TPK_TRY(tpk_router_forward(ctx, &m->router, x)); /* checks x: R [T, H] */
     const int32_t *route = m->router.d.capacity_factor > 0 ? m->router.sent : m->router.idx;
+    m->disp.dry_cap = m->router.capacity; /* (a dry run's bound; 0 dropless) */
     TPK_TRY(tpk_moe_dispatch(ctx, &m->disp, x, route, &m->xg));
     int64_t R = m->disp.R, H = m->H, Fl = m->Fl;
     size_t es = tpk_dtype_size(ctx->dtype);
