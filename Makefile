@@ -20,6 +20,7 @@
 #   make bench-setup model setup time at 1k/4k/16k layers (linear in the parameters)
 #   make bench-pipeline the pipeline's bubble and activation memory per stage at 2 and 4 stages
 #   make bench-cp   context parallelism: the longest sequence in a memory budget, the step against CP
+#   make bench-moe  the mixture of experts' all-to-all bytes a step against the theory, at EP 1, 2, 4
 #   make bench-zero ZeRO 0-3 at DP 4: peak per rank in a budget and planned, the step, gathers hidden
 #   make bench-plan the planner's step times next to measured ones (this machine calibrated)
 #   make bench-tokenizer the tokenizer's MB/s on one core next to Hugging Face tokenizers'
@@ -76,7 +77,7 @@ ifneq ($(NVCC),)
 LIBS += $(B)/libtpk_cuda.a
 endif
 
-.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-cp bench-zero bench-plan bench-tokenizer bench-gpu bench-gpt2 bench-families bench-families-check gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
+.PHONY: format-check all deps test test-long test-sanitize test-gpu test-slurm cuda-check cuda-report bench bench-setup bench-pipeline bench-cp bench-moe bench-zero bench-plan bench-tokenizer bench-gpu bench-gpt2 bench-families bench-families-check gpu-report demo install clean $(B)/tpk.pc $(B)/tpk-cuda.pc fuzz
 all: $(LIBS) $(if $(HAVE_CUDA),$(GPU_TESTS) $(GPU_BENCH) $(B)/tests/cuda_cxx)
 
 # The host kernels: sqrtf and the like as the instruction, without errno (the same results; the
@@ -242,7 +243,7 @@ $(B)/readme_example: $(B)/readme_example.c $(HEADERS) $(B)/libtpk_host.a
 $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(CC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
-$(B)/bench/pipeline $(B)/bench/cp: $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
+$(B)/bench/pipeline $(B)/bench/cp $(B)/bench/moe: $(B)/bench/%: bench/%.c $(HEADERS) $(B)/libtpk_host.a
 	@mkdir -p $(@D)
 	$(MPICC) $(WARN) $(CFLAGS) $(CPPFLAGS) $< -o $@ $(DEFAULT_OPS) $(B)/libtpk_host.a $(BLAS_LIBS) -lm
 
@@ -260,6 +261,13 @@ bench-pipeline: $(B)/bench/pipeline
 bench-cp: $(B)/bench/cp
 	$(subst -np 2,-np 4,$(DEMO_MPI)) $(B)/bench/cp
 	$(DEMO_MPI) $(B)/bench/cp --part b
+
+# The mixture of experts' all-to-all on the host (bench/moe.c, 4 ranks): a Mixtral at EP 1, 2, 4,
+# the bytes its all-to-alls send a step (the EP group's counters) against the theory from the
+# routing's counts, the share leaving each rank against a balanced router's, and their time.
+# Figures, not a timed test.
+bench-moe: $(B)/bench/moe
+	$(subst -np 2,-np 4,$(DEMO_MPI)) $(B)/bench/moe
 
 # ZeRO 0 to 3 on the host (bench/zero.sh, 4 ranks): a GPT-2 whose ZeRO-0 peak per rank is past a
 # budget (ZERO_BUDGET_MB), each stage's measured peak and its split, whether it fits, the median
