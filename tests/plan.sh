@@ -106,10 +106,12 @@ long_set && mem neox_cp2 2 "--arch neox $C --cp 2 --batch 4" "--arch neox $C $P1
 
 # mixture of experts (Mixtral): the experts 1/EP a rank, the all-to-alls on ctx->ep, under a
 # balanced router (the dry run's assumption; a real router's imbalance is within the tolerance at
-# these shapes): EP 2 (make test); TP 2 x EP 2, EP 2 with full recompute, CP 2, PP 2 (long)
+# these shapes): EP 2 (make test); TP 2 x EP 2 with and without SP, EP 2 with full recompute, CP 2,
+# PP 2 (long)
 X="--arch mixtral --layers 2 --hidden 32 --heads 4 --seq-len 16"
 quick_set && mem mixtral_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
-long_set && mem mixtral_tp2_ep2 4 "$X --tp 2 --batch 4 --ep 2" "$X --tp 2 --pp 1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
+long_set && mem mixtral_tp2_ep2 4 "$X --tp 2 --batch 4 --ep 2" "$X --tp 2 --pp 1 --ep 2 --batch 8 --micro-batch 4 --recompute none --sequence-parallel 0"
+long_set && mem mixtral_tp2_ep2_sp 4 "$X --tp 2 --batch 4 --ep 2 --sequence-parallel" "$X --tp 2 --pp 1 --ep 2 --batch 8 --micro-batch 4 --recompute none --sequence-parallel 1"
 long_set && mem mixtral_cp2 2 "$X --cp 2 --batch 4" "$X $P1 --cp 2 --cp-comm p2p --batch 4 --micro-batch 4 --recompute none"
 long_set && mem mixtral_pp2 2 "$X --pp 2 --batch 2 --grad-accum 2" "$X --tp 1 --pp 2 --zero 0 --batch 4 --micro-batch 2 --recompute none"
 long_set && mem mixtral_ep2_full 2 "$X --batch 4 --ep 2 --recompute full" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute full"
@@ -140,7 +142,7 @@ X="--arch qwen2_moe --layers 2 --hidden 32 --heads 4 --seq-len 16 --experts 4 --
 long_set && mem qwen2_moe_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
 if long_set; then
     # every EP size of 4 ranks: --json's ep; ZeRO at EP > 1 only where DP x CP / EP > 1 (its slices
-    # over the ranks holding the same experts), no SP; the experts' weights 1/EP;
+    # over the ranks holding the same experts), SP at TP 2; the experts' weights 1/EP;
     # an EP that does not divide DP or the experts rejected by name; the assumption printed
     out=$($B/plan --profile cpu --gpus 4 --gpus-per-node 4 --vocab 256 $X --batch 8 --micro-batch 2 --json 2>&1)
     if printf '%s
@@ -151,7 +153,8 @@ fit = [r for r in rows if r["fits"]]
 assert {r["ep"] for r in fit} == {1, 2, 4}, {r["ep"] for r in fit}
 assert all(r["dp"] % r["ep"] == 0 for r in rows)
 assert all(r["zero"] == 0 for r in fit if r["ep"] > 1 and r["dp"] * r["cp"] == r["ep"])
-assert any(r["zero"] > 0 for r in fit if r["ep"] > 1) and not any(r["sp"] for r in rows)
+assert any(r["zero"] > 0 for r in fit if r["ep"] > 1)
+assert any(r["sp"] for r in fit if r["ep"] > 1 and r["tp"] == 2) and not any(r["sp"] for r in rows if r["tp"] == 1)
 assert any(r["zero"] > 0 for r in fit if r["ep"] == 1)
 def key(r): return (r["tp"], r["pp"], r["dp"], r["micro_batch"], r["recompute"], r["zero"])
 pairs = [(r, q) for r in fit for q in fit if r["ep"] == 2 and q["ep"] == 1 and key(q) == key(r)]

@@ -10,13 +10,14 @@
  * every parameter's gradient, summed over the CP group here (the data-parallel reduction's part
  * over ctx->dp_cp) and gathered over TP, within 1e-5 of the unsharded one. Meshes: CP 2 (2 ranks),
  * CP 3 (3 ranks), TP 2 x CP 2 and CP 4 (4 ranks; at 1 rank CP 1 against itself); the ring and the
- * all-gather; selective and full recompute and sequence parallelism (Llama); the ring's messages
- * (c - 1 sends a layer forward). Dropout 0.1 (GPT-2, GPT-NeoX: the embedding's, the branches'
- * and the attention's masks, drawn at each row's true position): the loss and every gradient equal
- * the unsharded model's with the same seed within 1e-5, ring and all-gather, full and selective
- * recompute, sequence parallelism. Bad input refused by name: a sequence length not a multiple of
- * 2c, a dropout layer not told its sequence length, an unknown mode; under CP whole sequences (the
- * rows tag cleared) and at CP 1 CP rows (tagged), by both attentions and the loss, by name.
+ * all-gather; selective and full recompute and sequence parallelism (Llama, Mixtral); the ring's
+ * messages (c - 1 sends a layer forward). Dropout 0.1 (GPT-2, GPT-NeoX: the embedding's, the
+ * branches' and the attention's masks, drawn at each row's true position): the loss and every
+ * gradient equal the unsharded model's with the same seed within 1e-5, ring and all-gather, full
+ * and selective recompute, sequence parallelism. Bad input refused by name: a sequence length
+ * not a multiple of 2c, a dropout layer not told its sequence length, an unknown mode; under CP
+ * whole sequences (the rows tag cleared) and at CP 1 CP rows (tagged), by both attentions and the
+ * loss, by name.
  * Random inputs, some targets
  * ignored. Generation (CP 3, in
  * make test-long): the unsharded model's tokens, greedy and sampled, each window padded to a
@@ -74,6 +75,7 @@ static tpk_status model_init(tpk_ctx *ctx, model *m, family f, const opts *o) {
         c.kv_heads = G, c.ffn = F, c.rope_theta = 500.0f, c.experts = 4, c.top_k = 2;
         c.aux_coef = 0.05f, c.z_coef = 0.01f;
         c.recompute = o->rc, c.dropout = o->dropout, c.cp_comm = o->comm;
+        c.sequence_parallel = o->sp;
         return tpk_mixtral_init(ctx, &m->x, &c);
     }
     tpk_neox_config c;
@@ -246,7 +248,7 @@ static void test_families(int tp, int cp) {
                 }
             }
             o.rc = TPK_RECOMPUTE_NONE;
-            if (tp > 1 && f == FAM_LLAMA) { /* (Mixtral: no SP yet) */
+            if (tp > 1) {
                 o.sp = true;
                 TEST_CASE("%s at TP %d x CP %d with sequence parallelism: the same", fam_name[f],
                           tp, cp) {
@@ -270,7 +272,7 @@ static void test_families(int tp, int cp) {
                   fam_name[f], tp, cp) {
             compare((family)f, tp, cp, &o, &ref);
         }
-        o.comm = TPK_CP_P2P, o.rc = TPK_RECOMPUTE_SELECTIVE, o.sp = tp > 1 && f != FAM_MIXTRAL;
+        o.comm = TPK_CP_P2P, o.rc = TPK_RECOMPUTE_SELECTIVE, o.sp = tp > 1;
         TEST_CASE("%s with dropout 0.1 at TP %d x CP %d, selective recompute%s: the same",
                   fam_name[f], tp, cp, o.sp ? ", sequence parallelism" : "") {
             compare((family)f, tp, cp, &o, &ref);

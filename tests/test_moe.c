@@ -14,7 +14,9 @@
  * inputs, every output and gradient written again after the layer's buffers are poisoned, bad
  * input refused by name; the block's options (the router's z-loss, a capacity factor dropping the
  * lowest-weighted rows, a shared expert with its sigmoid gate) in the router's reference (the rows
- * kept exactly) and the dense loop, alone and together. The all-to-all with per-peer counts
+ * kept exactly) and the dense loop, alone and together; the block under sequence parallelism (x,
+ * y, dy, dx each TP rank's S(0) rows, 5 tokens over TP 2: 3 and 2) at TP 1, 2, 3 and TP 2 x EP 2
+ * against the same dense loop, its TP collectives counted. The all-to-all with per-peer counts
  * (tpk_alltoallv, tpk/runtime/coll.h) on the MPI communicator, a split of it and the one-rank
  * `self`: blocks of uneven sizes, some zero, every rank's received blocks against what each sender
  * computes (f32, bf16, i32; blocking and started), the counts exchanged by tpk_alltoallv_counts,
@@ -36,7 +38,10 @@
  * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2 read back (config.json; every tensor and the
  * step, by one rank's EP 1 model and at the saving mesh), its config.json parsed
  * (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and the rest refused by
- * name). Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long). */
+ * name). Mixtral and Qwen2-MoE under sequence parallelism at TP 1, 2, 3 and TP 2 x EP 2 against
+ * the same model without it (the loss within 1e-6, every gradient within 1e-5), full and
+ * selective recompute the bits of SP. Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3
+ * long; TP 2 x EP 2 under SP in make test-long). */
 #include "test.h"
 
 #include <tpk/train/hf.h>
@@ -662,8 +667,12 @@ static void ref_moe_rank(int dq, int H, int F, int E, int K, bool renorm, double
  * loss, dx, the gate's gradient, and each expert's gradient at its owning ranks (gathered over TP);
  * the parameters' names and placement; the all-to-alls counted; every output and gradient written
  * again after the layer's buffers are poisoned. zc, cf, Fs: the z-loss's coefficient, the capacity
- * factor and the shared expert's size (0: none of them; Fs need not divide tp). */
-static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float cf, int Fs) {
+ * factor and the shared expert's size (0: none of them; Fs need not divide tp). sp: sequence
+ * parallelism, x, y, dy and dx each TP rank's S(0) rows of the same tokens (split unevenly where
+ * T is odd), the TP collectives counted (each way one all-gather and one reduce-scatter, no
+ * all-reduce of rows: one of the routing weights' gradient backward). */
+static void test_moe_layer_in(int tp, int ep, int E, bool renorm, float zc, float cf, int Fs,
+                              bool sp) {
     enum { H = 8, F = 7, K = 2 };
     const double coef = 0.01, g = 0.7;
     const char *name = "model.layers.0.block_sparse_moe";
@@ -680,8 +689,12 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float c
                        .aux_coef = (float)coef,
                        .z_coef = zc,
                        .capacity_factor = cf,
-                       .shared_hidden = Fs};
+                       .shared_hidden = Fs,
+                       .sequence_parallel = sp};
     CHECK_OK(&c, tpk_moe_init(&c, &m, H, &md));
+    /* this TP rank's rows of the tokens (all of them without SP) */
+    tpk_range rows = sp ? tpk_tp_split(&c, T, c.tp.rank) : (tpk_range){0, T};
+    int r0 = (int)rows.off, Tl = (int)rows.size;
     static const char *sn[4] = {"shared_expert.gate_proj", "shared_expert.up_proj",
                                 "shared_expert.down_proj", "shared_expert_gate"};
     int sid[4] = {m.sg, m.su, m.sd, m.sw};
@@ -736,18 +749,39 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float c
     float *first[2] = {0}, *gfirst[200] = {0};
     for (int round = 0; round < 2; round++) {
         CHECK_OK(&c, tpk_params_zero_grad(&c));
-        tpk_comm_stats st = c.ep.stats;
+        tpk_comm_stats st = c.ep.stats, ts = c.tp.stats, tf;
         tpk_tensor y, dx;
-        CHECK_OK(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_F32, T, H, TPK_R), &y));
+        tpk_layout lay = sp ? TPK_S(0) : TPK_R;
+        CHECK_OK(&c, tpk_moe_forward(&c, &m, tpk_tp_tensor_2d(&c, x + r0 * H, TPK_F32, T, H, lay),
+                                     &y));
         uint64_t fwd = c.ep.stats.calls[TPK_COLL_ALLTOALL] - st.calls[TPK_COLL_ALLTOALL];
-        CHECK_OK(&c,
-                 tpk_moe_backward(&c, &m, tpk_tensor_2d(dy, TPK_F32, T, H, TPK_R), (float)g, &dx));
+        tf = c.tp.stats;
+        CHECK_OK(&c, tpk_moe_backward(&c, &m,
+                                      tpk_tp_tensor_2d(&c, dy + r0 * H, TPK_F32, T, H, lay),
+                                      (float)g, &dx));
         uint64_t bwd = c.ep.stats.calls[TPK_COLL_ALLTOALL] - st.calls[TPK_COLL_ALLTOALL] - fwd;
         CHECK(fwd == (ep > 1 ? 3u : 0u) && bwd == (ep > 1 ? 2u : 0u),
               "all-to-alls: %llu forward, %llu backward", (unsigned long long)fwd,
               (unsigned long long)bwd);
-        CHECK_CLOSE((float *)y.data, y_ref, (size_t)(T * H), 1e-5, "y");
-        CHECK_CLOSE((float *)dx.data, dx_ref, (size_t)(T * H), 1e-5, "dx");
+        if (sp && tp > 1) { /* over TP: gather, reduce-scatter; gather, dw's sum, reduce-scatter */
+            uint64_t n[2][3];
+            for (int k = 0; k < 3; k++)
+                n[0][k] = tf.calls[k] - ts.calls[k], n[1][k] = c.tp.stats.calls[k] - tf.calls[k];
+            CHECK(n[0][TPK_COLL_ALLREDUCE] == 0 && n[0][TPK_COLL_ALLGATHER] == 1 &&
+                      n[0][TPK_COLL_REDUCE_SCATTER] == 1 && n[1][TPK_COLL_ALLREDUCE] == 1 &&
+                      n[1][TPK_COLL_ALLGATHER] == 1 && n[1][TPK_COLL_REDUCE_SCATTER] == 1,
+                  "TP collectives (all-reduce, all-gather, reduce-scatter): forward %llu %llu "
+                  "%llu, backward %llu %llu %llu",
+                  (unsigned long long)n[0][0], (unsigned long long)n[0][1],
+                  (unsigned long long)n[0][2], (unsigned long long)n[1][0],
+                  (unsigned long long)n[1][1], (unsigned long long)n[1][2]);
+        }
+        CHECK(y.shape[0] == Tl && y.gshape[0] == T && dx.shape[0] == Tl &&
+                  tpk_layout_eq(y.layout, lay, 2) && tpk_layout_eq(dx.layout, lay, 2),
+              "y: %lld of %lld rows, dx %lld, expected %d of %d", (long long)y.shape[0],
+              (long long)y.gshape[0], (long long)dx.shape[0], Tl, T);
+        CHECK_CLOSE((float *)y.data, y_ref + r0 * H, (size_t)(Tl * H), 1e-5, "y");
+        CHECK_CLOSE((float *)dx.data, dx_ref + r0 * H, (size_t)(Tl * H), 1e-5, "dx");
         CHECK(fabs(m.router.aux - rg.aux) < 1e-6 * fmax(1, rg.aux), "aux %g, expected %g",
               (double)m.router.aux, rg.aux);
         CHECK(m.router.dropped == rg.dropped, "%lld rows dropped, expected %d",
@@ -758,10 +792,10 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float c
               (double)cf);
         float *now[2] = {(float *)y.data, (float *)dx.data};
         for (int k = 0; k < 2; k++) {
-            if (round) CHECK(!memcmp(first[k], now[k], sizeof(float) * T * H), "output %d", k);
+            if (round) CHECK(!memcmp(first[k], now[k], sizeof(float) * Tl * H), "output %d", k);
             else
-                first[k] = malloc(sizeof(float) * (size_t)(T * H + 1)),
-                memcpy(first[k], now[k], sizeof(float) * (size_t)(T * H));
+                first[k] = malloc(sizeof(float) * (size_t)(Tl * H + 1)),
+                memcpy(first[k], now[k], sizeof(float) * (size_t)(Tl * H));
         }
         /* the gradients: the gate's from this rank's tokens; an expert's from its EP group's */
         float *got = malloc(sizeof(float) * (size_t)(E * H + F * H));
@@ -801,11 +835,25 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float c
                         &d->dr,       &d->dg, &d->dxr, &d->dxs, &d->dx,  &d->dw,      &m.gu,
                         &m.h,         &m.og,  &m.dh,   &m.dgu,  &m.dxg,  &m.router.z, &m.router.dz,
                         &m.router.dx, &m.sgu, &m.sh,   &m.so,   &m.sz,   &m.sdo,      &m.sdh,
-                        &m.sdgu,      &m.sdx, &m.sdl};
+                        &m.sdgu,      &m.sdx, &m.sdl,  &m.xa,   &m.ya,   &m.dya,      &m.dxa,
+                        &m.red};
         if (!round) poison_bufs(b, (int)(sizeof b / sizeof b[0]));
     }
     /* bad input, the same on every rank */
     tpk_tensor y, dx;
+    if (sp) { /* R where S(0) is expected, both ways */
+        CHECK_FAILS(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_F32, T, H, TPK_R), &y),
+                    TPK_ERR_LAYOUT, "x: expected layout S(0)");
+        CHECK_FAILS(&c,
+                    tpk_moe_backward(&c, &m, tpk_tensor_2d(dy, TPK_F32, T, H, TPK_R), 1, &dx),
+                    TPK_ERR_LAYOUT, "dy: expected layout S(0)");
+        CHECK_FAILS(&c,
+                    tpk_moe_backward(&c, &m,
+                                     tpk_tp_tensor_2d(&c, dy, TPK_F32, T + 1, H, TPK_S(0)), 1,
+                                     &dx),
+                    TPK_ERR_SHAPE, "dy: expected global shape");
+        goto done;
+    }
     CHECK_FAILS(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_F32, T, H - 1, TPK_R), &y),
                 TPK_ERR_SHAPE, "x: expected global shape");
     CHECK_FAILS(&c, tpk_moe_forward(&c, &m, tpk_tensor_2d(x, TPK_F32, T, H, TPK_S(0)), &y),
@@ -831,6 +879,7 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float c
     CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_SHAPE, "desc->shared_hidden");
     bad.shared_hidden = 0, bad.capacity_factor = -1;
     CHECK_FAILS(&c, tpk_moe_init(&c, &m2, H, &bad), TPK_ERR_ARG, "desc->capacity_factor");
+done:
     free(x), free(dy), free(y_ref), free(dx_ref), free(first[0]), free(first[1]);
     for (int k = 0; k < 200; k++) free(gfirst[k]);
     for (int e = 0; e < E; e++)
@@ -839,6 +888,9 @@ static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float c
     free(Wg), free(rg.y), free(rg.dx), free(rg.gwg);
     tpk_moe_destroy(&c, &m);
     tpk_ctx_destroy(&c);
+}
+static void test_moe_layer(int tp, int ep, int E, bool renorm, float zc, float cf, int Fs) {
+    test_moe_layer_in(tp, ep, E, renorm, zc, cf, Fs, false);
 }
 
 /* ---- the Mixtral family: EP against one rank's EP 1 model ------------------------------------ */
@@ -1399,6 +1451,81 @@ static void test_mixtral_recompute(int ep, int E, tpk_recompute mode, bool opts)
     tpk_ctx_destroy(&c[0]);
 }
 
+/* Mixtral (qwen: Qwen2-MoE) at TP tp x EP ep (DP world / tp, each DP rank its own tokens) under
+ * sequence parallelism against the same model without it on the same ranks and weights: the loss
+ * within 1e-6 (the aux pooled over the layers: every TP rank routes the gathered tokens as
+ * without SP) and every gradient within 1e-5 (the norms' partial ones summed over TP; the gate's
+ * whole on every TP rank, not counted twice); under full and selective recompute the loss and
+ * every gradient the bits of SP without recompute. With `opts` the blocks take a capacity factor
+ * that drops rows, the routers' z-loss and (Mixtral) a shared expert. */
+static void test_moe_sp(int tp, int ep, int E, bool opts, bool qwen) {
+    enum { N = 4 }; /* 0: no SP; 1: SP; 2: SP, full recompute; 3: SP, selective recompute */
+    tpk_ctx c[N];
+    tpk_lm m[N];
+    float loss[N];
+    int32_t ids[XT], tg[XT];
+    for (int k = 0; k < N; k++) {
+        CHECK_OK(&c[k], tpk_ctx_init(&c[k], &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep,
+                                                            .seed = 3}));
+        tpk_recompute rc = k == 2   ? TPK_RECOMPUTE_FULL
+                           : k == 3 ? TPK_RECOMPUTE_SELECTIVE
+                                    : TPK_RECOMPUTE_NONE;
+        tpk_lm_config lc;
+        if (qwen) {
+            tpk_qwen2_moe_config q = qwen_config(E, false);
+            q.sequence_parallel = k > 0, q.recompute = rc;
+            CHECK_OK(&c[k], tpk_qwen2_moe_lm_config(&c[k], &q, &lc));
+        } else {
+            tpk_mixtral_config x = mix_config(E);
+            x.sequence_parallel = k > 0, x.recompute = rc;
+            CHECK_OK(&c[k], tpk_mixtral_lm_config(&c[k], &x, &lc));
+            if (opts) lc.block.mlp.moe.shared_hidden = 6; /* no Mixtral field: the block's */
+        }
+        if (opts) lc.block.mlp.moe.capacity_factor = 0.75f, lc.block.mlp.moe.z_coef = 0.01f;
+        CHECK(lc.sequence_parallel == (k > 0), "config %d: sequence_parallel %d", k,
+              (int)lc.sequence_parallel);
+        CHECK_OK(&c[k], tpk_lm_init(&c[k], &m[k], &lc));
+        test_set_weights(&c[k], 9, 0.3f);
+        mix_tokens(c[k].dp.rank, ids, tg);
+        CHECK_OK(&c[k], tpk_params_zero_grad(&c[k]));
+        CHECK_OK(&c[k], tpk_lm_forward(&c[k], &m[k], ids, tg, XB, XS, &loss[k]));
+        CHECK_OK(&c[k], tpk_lm_backward(&c[k], &m[k], 1.0f));
+        CHECK_OK(&c[k], tpk_params_reduce_partial_grads(&c[k]));
+    }
+    CHECK(m[1].blocks[0].mlp.u.moe.sp && !m[0].blocks[0].mlp.u.moe.sp, "the MoE block's SP: %d, %d",
+          (int)m[1].blocks[0].mlp.u.moe.sp, (int)m[0].blocks[0].mlp.u.moe.sp);
+    CHECK(fabsf(loss[1] - loss[0]) <= 1e-6f * fabsf(loss[0]), "SP: loss %.9g, without %.9g",
+          (double)loss[1], (double)loss[0]);
+    CHECK(loss[2] == loss[1] && loss[3] == loss[1],
+          "SP: loss %.9g, under full recompute %.9g, selective %.9g", (double)loss[1],
+          (double)loss[2], (double)loss[3]);
+    int dropped = 0, diff = 0;
+    for (int i = 0; i < XL; i++) dropped += (int)m[1].blocks[i].mlp.u.moe.router.dropped;
+    MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(!opts || dropped > 0, "no row dropped");
+    for (int k = 1; k < N; k++)
+        CHECK(c[k].params.n == c[0].params.n, "%d parameters, %d without SP", c[k].params.n,
+              c[0].params.n);
+    for (int i = 0; i < c[0].params.n && i < c[N - 1].params.n; i++) {
+        size_t n = tpk_param_global_numel(&c[0], i);
+        float *g[N];
+        for (int k = 0; k < N; k++) {
+            g[k] = malloc(n * sizeof(float));
+            CHECK_OK(&c[k], tpk_param_get_global(&c[k], i, true, g[k]));
+        }
+        char what[160];
+        snprintf(what, sizeof what, "SP: the gradient of %s", c[0].params.list[i].name);
+        CHECK_CLOSE(g[1], g[0], n, 1e-5, what);
+        for (int k = 2; k < N; k++)
+            if (memcmp(g[k], g[1], n * sizeof(float)) && diff++ < 3)
+                CHECK(false, "SP, %s recompute: the gradient of %s differs",
+                      k == 2 ? "full" : "selective", c[0].params.list[i].name);
+        for (int k = 0; k < N; k++) free(g[k]);
+    }
+    CHECK(diff == 0, "%d gradients differ under recompute", diff);
+    for (int k = 0; k < N; k++) tpk_lm_destroy(&c[k], &m[k]), tpk_ctx_destroy(&c[k]);
+}
+
 /* Mixtral at EP ep with the routers' z-loss (z_coef zc) against the same model without, on the
  * same ranks: the forward is the same, so the loss differs by the layers' z-losses summed, here
  * z_coef mean_t lse_t² of each router recomputed in double from its saved input and gate; and the
@@ -1478,6 +1605,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     int wmap[8], half[8];
+    const char *set = getenv("TPK_TESTS"); /* make test-long's: long or all */
+    bool slow = set && strcmp(set, "quick");
     for (int q = 0; q < np; q++) wmap[q] = q;
 
     TEST_CASE("mesh: EP groups of consecutive DP ranks, the experts' replicas (EDP)") {
@@ -1559,6 +1688,21 @@ int main(int argc, char **argv) {
         }
         if (np == 3) test_moe_layer(1, 3, 6, true, 0.05f, 0.75f, 5);
         if (np == 3) test_moe_layer(3, 1, 3, false, 0.02f, 0.6f, 5);
+    }
+    TEST_CASE("MoE block under SP (x S(0) gathered, y reduce-scattered) against the dense loop: "
+              "%s",
+              np == 2   ? "TP 2, rows 3 + 2, alone and with the options"
+              : np == 4 ? (slow ? "TP 2 x EP 2, rows 3 + 2 and 1 + 1" : "TP 2 x EP 2 (long set)")
+              : np == 3 ? "TP 3 (F, F_s split unevenly), the options"
+                        : "TP 1 (a copy)") {
+        if (np == 2)
+            test_moe_layer_in(2, 1, 4, false, 0, 0, 0, true),
+                test_moe_layer_in(2, 1, 4, true, 0.05f, 0.75f, 5, true);
+        if (np == 4 && slow)
+            test_moe_layer_in(2, 2, 4, false, 0, 0, 0, true),
+                test_moe_layer_in(2, 2, 4, true, 0.02f, 1.0f, 5, true);
+        if (np == 3) test_moe_layer_in(3, 1, 3, false, 0.02f, 0.6f, 5, true);
+        if (np == 1) test_moe_layer_in(1, 1, 4, true, 0.05f, 0.75f, 5, true);
     }
     TEST_CASE("Mixtral: the loss (aux pooled over the layers), every gradient, and 2 training "
               "steps (experts reduced over EDP, the norm over EP) at %s against one rank's EP 1 "
@@ -1702,6 +1846,17 @@ int main(int argc, char **argv) {
         }
         if (np == 2) test_mixtral_zero(2, 4, 2, 1);
         if (np == 1 || np == 3) test_mixtral_zero(np == 3 ? 3 : 1, np == 3 ? 6 : 4, 3, 2);
+    }
+    TEST_CASE("%s under SP at %s: the loss and gradients those without SP, recompute's bits SP's",
+              np == 4 ? "Mixtral (capacity, z-loss, shared expert), Qwen2-MoE"
+                      : "Mixtral (alone; capacity, z-loss, shared expert)",
+              np == 4 ? (slow ? "TP 2 x EP 2" : "TP 2 x EP 2 (long set)")
+              : np == 1 ? "TP 1"
+              : np == 3 ? "TP 3"
+                        : "TP 2") {
+        int tp = np == 4 ? 2 : np, E = np == 3 ? 6 : 4;
+        if (np != 4) test_moe_sp(tp, 1, E, false, false), test_moe_sp(tp, 1, E, true, false);
+        if (np == 4 && slow) test_moe_sp(2, 2, 4, true, false), test_moe_sp(2, 2, 4, false, true);
     }
     TEST_CASE("Mixtral with the routers' z-loss at EP %d: the loss the layers' z-losses above the "
               "model's without, the last gate's gradient the z-loss's own above (a double "

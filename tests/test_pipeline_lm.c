@@ -1,8 +1,8 @@
 /* tests/test_pipeline_lm.c — GPT-2 and Llama under pipeline parallelism (tpk/train/pipe_model.h)
  * (and a custom model: GPT-J's one-norm parallel block, grouped-query attention, an untied head;
  * and Mixtral, its aux loss pooled over every stage's layers through the messages' sides, with the
- * routers' z-loss and dropout 0.1, no SP; also at PP 2 x EP 2 at 4 ranks, each DP rank its own
- * tokens, against EP 2 without stages: within 1e-6, found to the bit)
+ * routers' z-loss and dropout 0.1, with and without SP; also at PP 2 x EP 2 at 4 ranks, each DP
+ * rank its own tokens, against EP 2 without stages: within 1e-6, found to the bit)
  * against the same model without a pipeline on the same TP group: for every mesh TP x PP of the
  * ranks (DP 1), every schedule (GPipe, 1F1B, interleaved with 2 chunks a stage where it applies),
  * with and without sequence parallelism, dropout (GPT-2) and each recompute mode, the losses of the
@@ -31,7 +31,8 @@ static tpk_model_config small_model(tpk_arch arch, bool sp, tpk_recompute rc) {
         mc.mixtral = (tpk_mixtral_config){.vocab = V, .positions = P, .layers = MAXL, .hidden = H,
                                           .heads = 4, .kv_heads = 2, .ffn = 16, .experts = 4,
                                           .top_k = 2, .aux_coef = 0.05f, .z_coef = 0.01f,
-                                          .dropout = 0.1f, .recompute = rc};
+                                          .dropout = 0.1f, .sequence_parallel = sp,
+                                          .recompute = rc};
     else if (arch == TPK_ARCH_GPT2)
         mc.gpt2 = (tpk_gpt2_config){.vocab = V, .positions = P, .layers = MAXL, .hidden = H,
                                     .heads = 4, .dropout = 0.1f, .sequence_parallel = sp,
@@ -122,7 +123,7 @@ static void run(tpk_comm *world, tpk_comm *tpw, int tp, int cp, int pp, int ep,
     int sends, recvs;
     tpk_pipe_messages(&pm.sched, c.pp.rank, &sends, &recvs);
     bool sp = mc->gpt2.sequence_parallel || mc->llama.sequence_parallel ||
-              mc->custom.sequence_parallel;
+              mc->custom.sequence_parallel || mc->mixtral.sequence_parallel;
     uint64_t rows = (uint64_t)(sp ? tpk_tp_split(&c, T, c.tp.rank).size : T);
     CHECK(bad == 0 && worst < 1e-6,
           "%s %s tp=%d cp=%d pp=%d V=%d: %d gradients or losses differ (tied embedding: %g "
@@ -176,7 +177,8 @@ int main(int argc, char **argv) {
         "GPT-2 (dropout 0.1)", "Llama", "a custom model (GPT-J's parallel block, dropout 0.1)",
         "Mixtral (the aux loss pooled over the stages, a z-loss, dropout 0.1)"};
     for (int fam = 0; fam < 4; fam++)
-        for (int sp = 0; sp < (fam == 3 ? 1 : 2); sp++) /* Mixtral: no SP yet */
+        /* Mixtral's SP in make test at 4 ranks (TP 2 x PP 2) */
+        for (int sp = 0; sp < (fam == 3 && !slow && np != 4 ? 1 : 2); sp++)
             TEST_CASE("%s (L=%d)%s: every mesh and schedule equals the run without a pipeline",
                       fam_name[fam], MAXL, sp ? " SP" : "") {
                 for (int tp = 1; tp <= np; tp++) {

@@ -1093,6 +1093,18 @@ if long_set; then # every schedule, 2 micro-batches, 4 layers (interleaved: 2 ch
         ok "Mixtral --log-every 2 at PP 2: the step lines' loss and aux are the step's, as at PP 1"
     else fail "Mixtral --log-every 2 at PP 2: [$b], PP 1 [$a]"; fi
 fi
+# sequence parallelism: the MoE block all-gathers its tokens over TP at its entry (every TP rank
+# routes them as without SP) and reduce-scatters its output: the losses those of TP 2 without SP
+tr 2 --text "$text" $mx --tp 2 --steps 4 --csv "$T/mxt.csv"
+rc1=$rc
+tr 2 --text "$text" $mx --tp 2 --sequence-parallel --steps 4 --csv "$T/mxsp.csv"
+printf '%s\n' "$out" | grep -q '^train: 2 ranks = TP 2 x DP 1 (sequence parallel), .*Mixtral' || rc1=1
+mxeq "Mixtral at TP 2 with --sequence-parallel: 4 AdamW steps' losses equal TP 2 without SP" "$T/mxt.csv" "$T/mxsp.csv" 1 4
+if long_set; then
+    tr 4 --text "$text" $mx --tp 2 --pp 2 --sequence-parallel --recompute selective --steps 4 --csv "$T/mxspp.csv"
+    rc1=0
+    mxeq "Mixtral at TP 2 x PP 2 with --sequence-parallel and selective recompute equals TP 2 without SP" "$T/mxt.csv" "$T/mxspp.csv" 1 4
+fi
 # dropout: the masks are each DP rank's (the same at any TP and EP size), replayed by recompute
 tr 2 --text "$text" $mx --dropout 0.1 --steps 5 --csv "$T/mxd1.csv"
 rc1=$rc
@@ -1128,7 +1140,6 @@ if long_set; then
     bad "Mixtral: Adasum with EP 2" "--ep 2: not yet with --dp-reduce adasum" --text "$text" $mx --ep 2 --dp-reduce adasum
     bad "Mixtral: HSDP with EP 2" "--zero-shard-size 2: not yet with --ep 2" --text "$text" $mx --batch 4 --ep 2 --zero 1 --zero-shard-size 2
     bad "--ep with a model without experts" "--ep 2: the Llama model has no experts" --text "$text" --arch llama $small --ep 2
-    bad "Mixtral: --sequence-parallel" "--sequence-parallel: not yet with the Mixtral model" --text "$text" $mx --tp 2 --sequence-parallel
     bad "Mixtral: a negative --z-loss-coef" "--z-loss-coef" --text "$text" $mx --z-loss-coef -1
     # the routers' z-loss: EP 2 equals EP 1 with it, and step 1's loss is above the run without's
     tr 2 --text "$text" $mx --z-loss-coef 0.01 --steps 5 --csv "$T/mxz1.csv"
@@ -1231,6 +1242,10 @@ if long_set; then
     rc1=$rc
     tr 4 --text "$text" $qm --tp 2 --ep 2 --steps 5 --csv "$T/qm22.csv"
     mxeq "Qwen2-MoE at TP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/qm1.csv" "$T/qm22.csv" 1 5
+    # sequence parallelism (the shared expert's output reduce-scattered with the routed ones')
+    tr 4 --text "$text" $qm --tp 2 --ep 2 --sequence-parallel --recompute full --steps 5 --csv "$T/qmsp.csv"
+    rc1=0
+    mxeq "Qwen2-MoE at TP 2 x DP 2 x EP 2 with --sequence-parallel and full recompute equals it without SP" "$T/qm22.csv" "$T/qmsp.csv" 1 5
     tr 2 --text "$text" $qm --norm-topk-prob 1 --steps 5 --csv "$T/qmn1.csv"
     rc1=$rc
     tr 2 --text "$text" $qm --norm-topk-prob 1 --ep 2 --steps 5 --csv "$T/qmn2.csv"
@@ -1247,7 +1262,6 @@ if long_set; then
     bad "Qwen2-MoE: experts not divisible by EP" "--ep 2: expected a divisor of the 3 experts" --text "$text" $qm --experts 3 --ep 2
     bad "Qwen2-MoE: top-k past the experts" "--moe-top-k 5: expected at most the 4 experts" --text "$text" $qm --moe-top-k 5
     bad "Qwen2-MoE: --norm-topk-prob 2" "--norm-topk-prob: expected an integer in \[0, 1\], got \"2\"" --text "$text" $qm --norm-topk-prob 2
-    bad "Qwen2-MoE: --sequence-parallel" "--sequence-parallel: not yet with the Qwen2-MoE model" --text "$text" $qm --tp 2 --sequence-parallel
     bad "Qwen2-MoE: --ffn (Mixtral's)" "--ffn: applies to --arch llama or neox or mixtral only (the model is qwen2_moe)" --text "$text" $qm --ffn 64
     bad "--moe-ffn with Mixtral" "--moe-ffn: applies to --arch qwen2_moe only (the model is mixtral)" --text "$text" $mx --moe-ffn 64
     # checkpoints across EP sizes: every routed expert under its global Hugging Face name

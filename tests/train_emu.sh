@@ -7,7 +7,8 @@
 #       every printed loss, gradient norm and validation loss equal to the host's (4 digits); the
 #       same with sequence parallelism and selective recompute, for Llama (grouped-query
 #       attention, SwiGLU, RMSNorm, RoPE) and for GPT-NeoX (per-head QKV packed with partial RoPE,
-#       the exact GELU);
+#       the exact GELU); Qwen2-MoE (its MoE block's sums over TP through the device: the routing
+#       weights' gradient and the shared gate's dots) under sequence parallelism, full recompute;
 #   bf16, DP 2 (t = 1), D = 64: the fused cross-entropy kernel (xent_fused), the tensor-core
 #       attention with dropout, the DP buckets — every loss within 1e-3 relative of the host's;
 #   one rank in this build without NCCL: the world over MPI, the host's losses.
@@ -39,6 +40,7 @@ same f32 "f32, t = 2, dropout" $f32 --dropout 0.1
 same f32_sp "f32, t = 2, sequence parallel, selective recompute, dropout" $f32 --dropout 0.1 --sequence-parallel --recompute selective
 same llama "Llama (G = 2, SwiGLU, RMSNorm, RoPE), f32, t = 2" $f32 --arch llama --kv-heads 2
 same neox "GPT-NeoX (parallel residual, per-head QKV, half of each head rotated, exact GELU), f32, t = 2" $f32 --arch neox --rotary-pct 0.5
+same qwen_sp "Qwen2-MoE (E 4, k 2, a shared expert), f32, t = 2, sequence parallel, full recompute" $f32 --arch qwen2_moe --kv-heads 2 --experts 4 --moe-top-k 2 --moe-ffn 32 --shared-ffn 48 --sequence-parallel --recompute full
 bf="--text $text --layers 2 --hidden 128 --heads 2 --batch 2 --seq-len 64 --steps 4 --lr 3e-3 --warmup 2 --eval-every 2 --log-every 2 --seed 3 --tp 1 --dtype bf16 --dropout 0.1"
 if run2 bf16_emu "$B/tests/train_cuda_emu" $bf && run2 bf16_host "$B/train" $bf && grep -q "cuda backend, bf16" "$T/bf16_emu.log"; then
     bad=$(grep '^step' "$T/bf16_emu.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/a"; grep '^step' "$T/bf16_host.log" | sed 's/.*| loss \([0-9.]*\) .*/\1/' > "$T/b";

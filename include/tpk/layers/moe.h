@@ -21,6 +21,7 @@
  * their EP rank; each GEMM one gemm_grouped call over the local experts, n_j rows each)
  *   og_j = (silu(xg_j W1_jᵀ) ∘ (xg_j W3_jᵀ)) W2_jᵀ   [n_j, H]
  *   expert TP (t > 1): W1, W3 split on F (S(0)), W2 on F (S(1)): og_j is P over TP -> all-reduce
+ *   (under sequence parallelism left P until the combine's output: below)
  * Combine
  *   ungroup + exchange back (the dispatch's all-to-all with the counts swapped): ob [N, H] in send
  *   order; y[t] = sum_i w_ti ob[s(t, i)]  (i ascending)   y R [T, H]
@@ -47,8 +48,25 @@
  * [F_s, H] S(0), ".up_proj.weight" [F_s, H] S(0), ".down_proj.weight" [H, F_s] S(1) and
  * "<name>.shared_expert_gate.weight" [1, H] R: a dense MLP split over TP (so P -> all-reduce),
  * replicated over EP (tpk_param.expert false). The z-loss and capacity: tpk/layers/router.h.
- * Inputs: x R [T, H] in the context's dtype (no sequence parallelism: S(0) is refused); each TP
- * rank of an EP group routes the same tokens and sends them over its own EP group. */
+ * Inputs: x R [T, H] in the context's dtype; each TP rank of an EP group routes the same tokens
+ * and sends them over its own EP group.
+ * Sequence parallelism (tpk_moe_desc.sequence_parallel; x, y, dy, dx S(0) [T, H], each TP rank's
+ * rows, uneven splits allowed): the block's entry and exit only, the dispatcher unchanged —
+ *   forward   x S(0) -> all-gather -> R (kept for the backward: the router's and the shared
+ *             expert's input); router, dispatch, experts as above on the T tokens (every TP rank
+ *             routes the same ones: the aux, the capacity's drops and the all-to-alls are the
+ *             non-SP ones); og left P (no all-reduce); the combine is linear: y P [T, H] (+ the
+ *             shared expert's sigmoid_t so_t, so left P) -> reduce-scatter -> S(0)
+ *   backward  dy S(0) -> all-gather -> R; dog = w dy whole; dw_ti = dy[t] . ob[s(t, i)] P (ob was)
+ *             and the shared gate's dots dy[t] . so[t] P: one all-reduce of T (k + 1) f32 over TP;
+ *             the experts' and the shared expert's dx left P; the router's dx and the shared
+ *             gate's dl ws (R) added on TP rank 0 alone; dx P -> reduce-scatter -> S(0)
+ * Over TP, each way one all-gather and one reduce-scatter of T H (Megatron-core's SP with MoE)
+ * in place of the all-reduces of R H (R ~ T k: k times the tokens) and T H (the shared expert),
+ * plus the backward's all-reduce of T (k + 1) f32. The gate's gradient is whole on every TP rank
+ * (the routing weights' gradient summed before the router's backward; its input the gathered
+ * tokens), as without SP: no sum over TP. Results equal the non-SP block's up to rounding (the
+ * partial rows are combined before they are summed); recompute replays the same bits. */
 #ifndef TPK_MOE_H
 #define TPK_MOE_H
 
@@ -424,6 +442,8 @@ typedef struct tpk_moe_desc {
                               shared_expert_intermediate_size) beside the routed ones; 0: none */
     bool proj_names;       /* the experts' weights "<name>.experts.<e>.gate_proj.weight",
                               ".up_proj", ".down_proj" (Qwen2-MoE's) for w1, w3, w2 (Mixtral's) */
+    bool sequence_parallel; /* x and y S(0) [T, H] over TP (the tokens split, unevenly allowed):
+                               x all-gathered at the entry, y reduce-scattered at the exit */
 } tpk_moe_desc;
 
 typedef struct tpk_moe {
@@ -451,6 +471,10 @@ typedef struct tpk_moe {
                              router (tpk_router_backward_pooled) in place of its own aux's */
     const double *aux_g;  /* with aux_dp: the loss's gradient with respect to the pooled aux,
                              which the router's z-loss (a term of it) takes */
+    bool sp;              /* sequence parallelism (desc.sequence_parallel) */
+    tpk_buf xa, ya, dya, dxa, red; /* SP: x gathered (the router's and the shared expert's input
+                                      until the backward), y's S(0) rows, dy gathered, dx's S(0)
+                                      rows, the backward's f32 sums over TP (dw, the shared dots) */
 } tpk_moe;
 
 static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
@@ -487,6 +511,7 @@ static inline tpk_status tpk_moe_init(tpk_ctx *ctx, tpk_moe *m, int64_t H,
                          (double)(d.init_std >= 0 ? d.proj_init_std : d.init_std));
     TPK_TRY(tpk__layer_name(ctx, fn, m->name, sizeof m->name, d.name, "moe"));
     m->H = H, m->F = d.hidden, m->E = d.experts, m->El = d.experts / P;
+    m->sp = d.sequence_parallel;
     m->e0 = (int64_t)ctx->ep.rank * m->El;
     m->Fl = tpk_tp_shard_size(ctx, m->F, TPK_S(0), ctx->tp.rank);
     char pn[160];
@@ -545,14 +570,15 @@ static inline void tpk_moe_destroy(tpk_ctx *ctx, tpk_moe *m) {
     tpk__free(ctx, m->w1), tpk__free(ctx, m->w2), tpk__free(ctx, m->w3), tpk__free(ctx, m->dw);
     tpk__free(ctx, m->wp);
     tpk__free(ctx, m->sig), tpk__free(ctx, m->sdot);
-    tpk_buf *b[] = {&m->gu, &m->h,  &m->og, &m->dh,  &m->dgu, &m->dxg,  &m->sgu, &m->sh,
-                    &m->so, &m->sy, &m->sz, &m->sdo, &m->sdh, &m->sdgu, &m->sdx, &m->sdl};
+    tpk_buf *b[] = {&m->gu,  &m->h,  &m->og,  &m->dh,  &m->dgu, &m->dxg,  &m->sgu,
+                    &m->sh,  &m->so, &m->sy,  &m->sz,  &m->sdo, &m->sdh,  &m->sdgu,
+                    &m->sdx, &m->sdl, &m->xa, &m->ya, &m->dya, &m->dxa, &m->red};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) tpk__buf_free(ctx, b[i]);
     memset(m, 0, sizeof *m);
 }
 
 /* The shared expert's forward on x R [T, H]: y[t] += sigmoid(x_t . ws) so_t, so = (silu(x Wgᵀ) ∘
- * x Wuᵀ) Wdᵀ (P over TP -> all-reduce). */
+ * x Wuᵀ) Wdᵀ (P over TP -> all-reduce; under SP left P, y being P until its reduce-scatter). */
 static inline tpk_status tpk__moe_shared_forward(tpk_ctx *ctx, const char *fn, tpk_moe *m,
                                                  tpk_tensor x, tpk_tensor *y) {
     int64_t T = m->router.T, H = m->H, Fl = m->Fsl;
@@ -583,7 +609,7 @@ static inline tpk_status tpk__moe_shared_forward(tpk_ctx *ctx, const char *fn, t
     } else {
         TPK_TRY(tpk_op_fill(ctx, so, ctx->dtype, (size_t)(T * H), 0.f));
     }
-    if (ctx->tp.size > 1)
+    if (ctx->tp.size > 1 && !m->sp)
         TPK_TRY(tpk_allreduce(ctx, &ctx->tp, so, so, (size_t)(T * H), ctx->dtype, TPK_SUM));
     TPK_TRY(tpk_op_gemm_acc(ctx, false, true, T, 1, H, 1.f, x.data, H, tpk__param_w(ctx, m->sw), H,
                             0.f, (float *)m->sz.p, 1, ctx->dtype)); /* x . ws, f32 */
@@ -596,13 +622,29 @@ static inline tpk_status tpk__moe_shared_forward(tpk_ctx *ctx, const char *fn, t
     return TPK_OK;
 }
 
-/* The shared expert's backward from dy R [T, H]: its dx in m->sdx (R), its weights' gradients:
+/* dots[t] = dy[t] . so[t] (backend memory, f32 [T]): the shared gate's dl before its sigmoid'
+ * (under SP so is P over TP, and so the dots, summed over TP by the caller). */
+static inline tpk_status tpk__moe_shared_dots(tpk_ctx *ctx, tpk_moe *m, tpk_tensor dy,
+                                              float *dots) {
+    int64_t T = m->router.T, H = m->H;
+    size_t es = tpk_dtype_size(ctx->dtype);
+    const char *so = (const char *)m->so.p;
+    for (int64_t t = 0; t < T; t++)
+        TPK_TRY(tpk_op_gemm_acc(ctx, false, true, 1, 1, H, 1.f,
+                                (const char *)dy.data + (size_t)(t * H) * es, H,
+                                so + (size_t)(t * H) * es, H, 0.f, dots + t, 1, ctx->dtype));
+    return TPK_OK;
+}
+
+/* The shared expert's backward from dy R [T, H] and its dots (tpk__moe_shared_dots, whole): its
+ * dx in m->sdx (R; under SP P, its R term dl ws on TP rank 0 alone), its weights' gradients:
  * dso = s dy, dl = (dy . so) s (1 - s), dx = dl ws + (dgate Wg + dup Wu) (P -> all-reduce). */
-static inline tpk_status tpk__moe_shared_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor dy) {
+static inline tpk_status tpk__moe_shared_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor dy,
+                                                  const float *dots) {
     int64_t T = m->router.T, H = m->H, Fl = m->Fsl;
     size_t es = tpk_dtype_size(ctx->dtype);
     if (!T) return TPK_OK;
-    const char *x = (const char *)m->router.x.data, *so = (const char *)m->so.p;
+    const char *x = (const char *)m->router.x.data;
     TPK_TRY(tpk__buf_reserve(ctx, &m->sdo, (size_t)(T * H) * es));
     TPK_TRY(tpk__buf_reserve(ctx, &m->sdx, (size_t)(T * H) * es));
     TPK_TRY(tpk__buf_reserve(ctx, &m->sdl, (size_t)T * es));
@@ -610,14 +652,11 @@ static inline tpk_status tpk__moe_shared_backward(tpk_ctx *ctx, tpk_moe *m, tpk_
     TPK_TRY(tpk__buf_reserve(ctx, &m->sdgu, (size_t)(T * 2 * Fl) * es));
     float *sz = (float *)m->sz.p;
     char *sdo = (char *)m->sdo.p, *sdx = (char *)m->sdx.p, *dgu = (char *)m->sdgu.p;
-    for (int64_t t = 0; t < T; t++) {
-        const char *g = (const char *)dy.data + (size_t)(t * H) * es;
-        TPK_TRY(tpk_op_gemm_acc(ctx, false, true, 1, 1, H, 1.f, g, H, so + (size_t)(t * H) * es, H,
-                                0.f, sz + t, 1, ctx->dtype)); /* dy[t] . so[t] */
-        TPK_TRY(tpk_op_axpby(ctx, sdo + (size_t)(t * H) * es, m->sig[t], g, 0.f, ctx->dtype,
-                             (size_t)H)); /* dso[t] = s_t dy[t] */
-    }
-    TPK_TRY(tpk_op_memcpy(ctx, m->sdot, sz, (size_t)T * sizeof(float),
+    for (int64_t t = 0; t < T; t++) /* dso[t] = s_t dy[t] */
+        TPK_TRY(tpk_op_axpby(ctx, sdo + (size_t)(t * H) * es, m->sig[t],
+                             (const char *)dy.data + (size_t)(t * H) * es, 0.f, ctx->dtype,
+                             (size_t)H));
+    TPK_TRY(tpk_op_memcpy(ctx, m->sdot, dots, (size_t)T * sizeof(float),
                           ctx->ops->device ? TPK_D2H : TPK_H2H));
     for (int64_t t = 0; t < T; t++) /* d logit = (dy . so) s (1 - s) */
         m->sdot[t] = (float)((double)m->sdot[t] * m->sig[t] * (1 - (double)m->sig[t]));
@@ -639,10 +678,11 @@ static inline tpk_status tpk__moe_shared_backward(tpk_ctx *ctx, tpk_moe *m, tpk_
     } else {
         TPK_TRY(tpk_op_fill(ctx, sdx, ctx->dtype, (size_t)(T * H), 0.f));
     }
-    if (ctx->tp.size > 1)
+    if (ctx->tp.size > 1 && !m->sp)
         TPK_TRY(tpk_allreduce(ctx, &ctx->tp, sdx, sdx, (size_t)(T * H), ctx->dtype, TPK_SUM));
-    TPK_TRY(tpk_op_gemm(ctx, false, false, T, H, 1, 1.f, m->sdl.p, 1, tpk__param_w(ctx, m->sw), H,
-                        1.f, sdx, H, ctx->dtype));                              /* + dl ws */
+    if (!m->sp || ctx->tp.rank == 0) /* + dl ws (under SP once over TP: sdx is P) */
+        TPK_TRY(tpk_op_gemm(ctx, false, false, T, H, 1, 1.f, m->sdl.p, 1,
+                            tpk__param_w(ctx, m->sw), H, 1.f, sdx, H, ctx->dtype));
     return tpk__grad_gemm(ctx, m->sw, true, false, 1, H, T, m->sdl.p, 1, x, H); /* dws += dlᵀ x */
 }
 
@@ -655,13 +695,25 @@ static inline void *const *tpk__moe_mats(tpk_ctx *ctx, tpk_moe *m, const int *id
 }
 
 /* y = the MoE block of x R [T, H] (ctx->dtype): y R [T, H]; m->router.aux the auxiliary loss
- * (this rank's tokens). Collective over ctx->ep (and ctx->tp at t > 1). The caller keeps x alive
- * until the backward. */
+ * (this rank's tokens). Under sequence parallelism (desc.sequence_parallel) x and y are S(0)
+ * [T, H]: x all-gathered over TP first (every TP rank then routes the same T tokens, as without
+ * SP), the experts' outputs left P over TP (no all-reduce), combined (linear) into y P and y
+ * reduce-scattered to S(0). Collective over ctx->ep (and ctx->tp at t > 1). The caller keeps x
+ * alive until the backward (under SP the gathered copy is the layer's own). */
 static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x, tpk_tensor *y) {
     static const char *fn = "tpk_moe_forward";
     if (!ctx) return TPK_ERR_ARG;
     if (!m || !m->H) return tpk__fail(ctx, TPK_ERR_ARG, fn, "layer: expected an initialised MoE");
     if (!y) return tpk__fail(ctx, TPK_ERR_ARG, fn, "y: NULL");
+    tpk_tensor xs = x; /* SP: x's own rows, S(0); x the gathered tokens, R */
+    if (m->sp) {
+        int64_t want[2] = {-1, m->H};
+        TPK_TRY(tpk__check(ctx, fn, "x", &xs, TPK_S(0), ctx->dtype, 2, want));
+        x = tpk_tensor_2d(NULL, ctx->dtype, xs.gshape[0], m->H, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &m->xa, &x));
+        TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_GATHER, &xs, &x)); /* all-gather tokens */
+        x = tpk__rows_of(x, &xs);
+    }
     TPK_TRY(tpk_router_forward(ctx, &m->router, x)); /* checks x: R [T, H] */
     const int32_t *route = m->router.d.capacity_factor > 0 ? m->router.sent : m->router.idx;
     m->disp.dry_cap = m->router.capacity; /* (a dry run's bound; 0 dropless) */
@@ -688,17 +740,28 @@ static inline tpk_status tpk_moe_forward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor x,
                                     tpk__moe_mats(ctx, m, m->w2, false), Fl, dt, 0.f, og.data, H,
                                     dt)); /* og = h W2ᵀ */
     }
-    if (ctx->tp.size > 1) /* expert TP: partial over F -> all-reduce */
+    if (ctx->tp.size > 1 && !m->sp) /* expert TP: partial over F -> all-reduce (SP: later) */
         TPK_TRY(
             tpk_allreduce(ctx, &ctx->tp, og.data, og.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
-    TPK_TRY(tpk_moe_combine(ctx, &m->disp, og, m->router.weight, y));
-    return m->Fs ? tpk__moe_shared_forward(ctx, fn, m, x, y) : TPK_OK;
+    TPK_TRY(tpk_moe_combine(ctx, &m->disp, og, m->router.weight, y)); /* SP: y P */
+    if (m->Fs) TPK_TRY(tpk__moe_shared_forward(ctx, fn, m, x, y));
+    if (!m->sp) return TPK_OK;
+    tpk_tensor p = *y, o = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, p.gshape[0], m->H, TPK_S(0));
+    p.layout = TPK_P;
+    TPK_TRY(tpk__buf_view(ctx, &m->ya, &o));
+    TPK_TRY(tpk_region_forward(ctx, TPK_REGION_SP_SCATTER, &p, &o)); /* reduce-scatter tokens */
+    *y = tpk__rows_of(o, &xs);
+    return TPK_OK;
 }
 
 /* dx R [T, H] of the last forward from dy R [T, H], aux_grad the gradient of the loss with respect
  * to the router's aux loss (1: aux added to the loss as it is; unused when m->aux_dp is set: the
  * pooled aux's gradient instead); accumulates the gradients of the
- * gate and of this rank's experts. Collective over ctx->ep (and ctx->tp at t > 1). */
+ * gate and of this rank's experts. Under sequence parallelism dy and dx are S(0) [T, H]: dy
+ * all-gathered over TP, the routing weights' gradient dw (and the shared gate's dots) summed over
+ * TP in one all-reduce of T (k + 1) f32 (the experts' outputs were left P), the experts' dx left
+ * P (no all-reduce), the router's R term added on TP rank 0 alone, and dx reduce-scattered to
+ * S(0). Collective over ctx->ep (and ctx->tp at t > 1). */
 static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor dy, float aux_grad,
                                           tpk_tensor *dx) {
     static const char *fn = "tpk_moe_backward";
@@ -714,9 +777,35 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
         m->dw_cap = m->dw ? T * K : 0;
         if (!m->dw) return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory");
     }
+    tpk_tensor dys = dy; /* SP: dy's own rows, S(0); dy the gathered tokens, R */
+    if (m->sp) {
+        int64_t want[2] = {T, H};
+        TPK_TRY(tpk__check(ctx, fn, "dy", &dys, TPK_S(0), ctx->dtype, 2, want));
+        dy = tpk_tensor_2d(NULL, ctx->dtype, T, H, TPK_R);
+        TPK_TRY(tpk__buf_view(ctx, &m->dya, &dy));
+        TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_SCATTER, &dys, &dy)); /* all-gather */
+    }
     tpk_tensor dog, dxg = tpk_tensor_2d(NULL, ctx->dtype, R, H, TPK_R), dxs, dxr;
     memset(&dog, 0, sizeof dog);
     TPK_TRY(tpk_moe_combine_backward(ctx, &m->disp, dy, m->router.weight, m->dw, &dog));
+    /* the shared gate's dots dy . so, and under SP (the rows P over TP) both sums over TP */
+    bool sum = m->sp && ctx->tp.size > 1;
+    size_t nk = (size_t)(T * K), ns = m->Fs ? (size_t)T : 0;
+    float *dots = NULL;
+    if (sum) {
+        TPK_TRY(tpk__buf_reserve(ctx, &m->red, (nk + ns) * sizeof(float)));
+        if (nk)
+            TPK_TRY(tpk_op_memcpy(ctx, m->red.p, m->dw, nk * sizeof(float),
+                                  ctx->ops->device ? TPK_H2D : TPK_H2H));
+    }
+    if (ns) dots = sum ? (float *)m->red.p + nk : (float *)m->sz.p;
+    if (ns) TPK_TRY(tpk__moe_shared_dots(ctx, m, dy, dots));
+    if (sum && nk + ns) {
+        TPK_TRY(tpk_allreduce(ctx, &ctx->tp, m->red.p, m->red.p, nk + ns, TPK_F32, TPK_SUM));
+        if (nk)
+            TPK_TRY(tpk_op_memcpy(ctx, m->dw, m->red.p, nk * sizeof(float),
+                                  ctx->ops->device ? TPK_D2H : TPK_H2H));
+    }
     size_t es = tpk_dtype_size(ctx->dtype);
     TPK_TRY(tpk__buf_view(ctx, &m->dxg, &dxg));
     TPK_TRY(tpk__buf_reserve(ctx, &m->dh, (size_t)(R * Fl) * es));
@@ -747,7 +836,7 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
     } else if (R) {
         TPK_TRY(tpk_op_fill(ctx, dxg.data, dt, (size_t)(R * H), 0.f));
     }
-    if (ctx->tp.size > 1) /* expert TP: partial over F -> all-reduce */
+    if (ctx->tp.size > 1 && !m->sp) /* expert TP: partial over F -> all-reduce (SP: later) */
         TPK_TRY(
             tpk_allreduce(ctx, &ctx->tp, dxg.data, dxg.data, (size_t)(R * H), ctx->dtype, TPK_SUM));
     TPK_TRY(tpk_moe_dispatch_backward(ctx, &m->disp, dxg, &dxs));
@@ -755,10 +844,19 @@ static inline tpk_status tpk_moe_backward(tpk_ctx *ctx, tpk_moe *m, tpk_tensor d
                                                    m->aux_g ? *m->aux_g : 0, &dxr)
                       : tpk_router_backward(ctx, &m->router, m->dw, aux_grad, &dxr));
     *dx = dxs; /* the dispatcher's buffer: + the router's dx (+ the shared expert's) */
-    TPK_TRY(tpk_op_axpby(ctx, dx->data, 1.f, dxr.data, 1.f, ctx->dtype, (size_t)(T * H)));
-    if (!m->Fs || !T) return TPK_OK;
-    TPK_TRY(tpk__moe_shared_backward(ctx, m, dy));
-    return tpk_op_axpby(ctx, dx->data, 1.f, m->sdx.p, 1.f, ctx->dtype, (size_t)(T * H));
+    if (!m->sp || ctx->tp.rank == 0) /* R (the gate's): under SP once over TP, dx being P */
+        TPK_TRY(tpk_op_axpby(ctx, dx->data, 1.f, dxr.data, 1.f, ctx->dtype, (size_t)(T * H)));
+    if (m->Fs && T) {
+        TPK_TRY(tpk__moe_shared_backward(ctx, m, dy, dots));
+        TPK_TRY(tpk_op_axpby(ctx, dx->data, 1.f, m->sdx.p, 1.f, ctx->dtype, (size_t)(T * H)));
+    }
+    if (!m->sp) return TPK_OK;
+    tpk_tensor p = *dx, o = tpk_tp_tensor_2d(ctx, NULL, ctx->dtype, T, H, TPK_S(0));
+    p.layout = TPK_P;
+    TPK_TRY(tpk__buf_view(ctx, &m->dxa, &o));
+    TPK_TRY(tpk_region_backward(ctx, TPK_REGION_SP_GATHER, &p, &o)); /* reduce-scatter tokens */
+    *dx = tpk__rows_of(o, &dys);
+    return TPK_OK;
 }
 
 #endif /* TPK_MOE_H */

@@ -13,8 +13,8 @@
  * Each sublayer is a tagged choice (tpk_norm_kind, tpk_attn_kind, tpk_mlp_kind) of the kit's
  * layers — layernorm or RMSNorm; attention with one fused QKV projection (tpk_attention: GPT-2,
  * GPT-NeoX's per-head packing and partial rotary) or grouped-query attention (tpk_gqa_attention:
- * Llama); an MLP, SwiGLU, or a mixture of experts (tpk_moe: Mixtral; sequential residual, no
- * sequence parallelism) — or a user's own attention or MLP through one small interface
+ * Llama); an MLP, SwiGLU, or a mixture of experts (tpk_moe: Mixtral, Qwen2-MoE; sequential
+ * residual) — or a user's own attention or MLP through one small interface
  * (tpk_sublayer). The
  * block's functions switch on the tag and call the layer's own function: no table, no macro.
  * Collectives: the sequential block's are its layers', 2 all-reduces of T H forward and 2 backward
@@ -187,8 +187,9 @@ typedef enum tpk_mlp_kind {
     TPK_MLP_ACT = 0,    /* tpk_mlp: column linear, activation (GELU: GPT-2, GPT-NeoX), row linear */
     TPK_MLP_SWIGLU = 1, /* tpk_swiglu_mlp: gate, up column linears, silu(g) u, down row (Llama) */
     TPK_MLP_USER = 2,   /* a tpk_sublayer */
-    TPK_MLP_MOE = 3     /* tpk_moe: a router and SwiGLU experts over ctx->ep (Mixtral); x R, the
-                           sequential residual only; it keeps its own buffers (none lent) */
+    TPK_MLP_MOE = 3     /* tpk_moe: a router and SwiGLU experts over ctx->ep (Mixtral); x R (S(0)
+                           under SP: gathered at its entry), the sequential residual only; it
+                           keeps its own buffers (none lent) */
 } tpk_mlp_kind;
 
 typedef struct tpk_mlp_layer_desc {
@@ -322,15 +323,14 @@ static inline tpk_status tpk__block_mlp_init(tpk_ctx *ctx, const char *fn, tpk_b
                                   d->sequence_parallel);
     }
     if (m->kind == TPK_MLP_MOE) {
-        if (d->sequence_parallel || partial)
+        if (partial)
             return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                             "desc->mlp.kind: TPK_MLP_MOE takes its input R (not yet %s), expected "
-                             "%s",
-                             partial ? "in a parallel residual" : "under sequence parallelism",
-                             partial ? "desc->residual TPK_RESIDUAL_SEQUENTIAL"
-                                     : "desc->sequence_parallel false");
+                             "desc->mlp.kind: TPK_MLP_MOE takes its input R or S(0) (not yet in a "
+                             "parallel residual), expected desc->residual "
+                             "TPK_RESIDUAL_SEQUENTIAL");
         tpk_moe_desc md = d->mlp.moe;
         md.name = name, md.init_std = std, md.proj_init_std = d->proj_init_std;
+        md.sequence_parallel = sp; /* x S(0): gathered at its entry, y reduce-scattered */
         return tpk_moe_init(ctx, &m->u.moe, H, &md);
     }
     return tpk__fail(ctx, TPK_ERR_ARG, fn,

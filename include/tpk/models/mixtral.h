@@ -2,7 +2,7 @@
  * Llama's attention and norms with a sparse mixture of experts in place of the MLP,
  * tensor-parallel, expert-parallel over ctx->ep.
  *
- * Block (pre-norm), hidden states x R [T, H]:
+ * Block (pre-norm), hidden states x R [T, H] (S(0) under sequence parallelism):
  *   x1 = x  + attn(input_layernorm(x))            RMSNorm; grouped-query attention with rotary
  *                                                 embeddings (q, k, v column, o row)
  *   y  = x1 + moe(post_attention_layernorm(x1))   RMSNorm; the MoE block (tpk/layers/moe.h): a
@@ -31,9 +31,12 @@
  * same at any TP and EP size and drawn again alike by recompute. Context parallelism (ctx->cp,
  * cfg.cp_comm; this CP rank's rows, tpk/models/lm.h): the routing's sums are summed over the CP
  * group, so the aux is over the sequences' whole tokens, as at CP 1 (a capacity factor is each
- * rank's own rows', Megatron's: with drops CP changes which). No sequence parallelism yet (refused
- * by name). The trainer: --arch mixtral --experts E --moe-top-k k --ep P (tpk/train/options.h),
- * --pp N, --cp N, --dropout p. */
+ * rank's own rows', Megatron's: with drops CP changes which). Sequence parallelism
+ * (cfg.sequence_parallel: the hidden states S(0) over TP between the layers): the MoE block
+ * all-gathers its input over TP and reduce-scatters its output (tpk/layers/moe.h), every TP rank
+ * routing the whole T tokens, so the loss and gradients are those without SP (to rounding); with
+ * stages, CP and recompute alike. The trainer: --arch mixtral --experts E --moe-top-k k --ep P
+ * (tpk/train/options.h), --pp N, --cp N, --dropout p, --sequence-parallel. */
 #ifndef TPK_MIXTRAL_H
 #define TPK_MIXTRAL_H
 
@@ -57,6 +60,8 @@ typedef struct tpk_mixtral_config {
     float norm_eps;          /* RMSNorm; 0 = 1e-5 (Mixtral's) */
     float label_smoothing;   /* over the global vocabulary */
     bool tie_embeddings;     /* the LM head reuses embed_tokens (no lm_head.weight) */
+    bool sequence_parallel;  /* hidden states S(0) over TP between the layers (the MoE block gathers
+                                its input and reduce-scatters its output, tpk/layers/moe.h) */
     float init_std;          /* default 0.02 (Hugging Face's initializer_range) */
     int64_t vocab_multiple;  /* shards padded to a multiple of this many rows; 0: 64, < 0: none */
     tpk_recompute recompute; /* TPK_RECOMPUTE_FULL: each block's forward again in the backward
@@ -158,6 +163,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     l.heads = c->heads, l.part = c->part, l.kv_heads = c->kv_heads, l.ffn = c->ffn;
     l.rope_theta = c->rope_theta, l.norm_eps = c->norm_eps;
     l.label_smoothing = c->label_smoothing, l.tie_embeddings = c->tie_embeddings;
+    l.sequence_parallel = c->sequence_parallel;
     l.init_std = c->init_std, l.vocab_multiple = c->vocab_multiple, l.recompute = c->recompute;
     l.cp_comm = c->cp_comm;
     TPK_TRY(tpk_llama_lm_config(ctx, &l, out)); /* checks the shape, heads, ffn, recompute */

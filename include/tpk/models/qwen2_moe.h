@@ -3,7 +3,7 @@
  * q, k, v biases) and RMSNorms, in every layer a sparse mixture of experts with a shared expert,
  * tensor-parallel, expert-parallel over ctx->ep.
  *
- * Block (pre-norm), hidden states x R [T, H]:
+ * Block (pre-norm), hidden states x R [T, H] (S(0) under sequence parallelism):
  *   x1 = x  + attn(input_layernorm(x))          RMSNorm; grouped-query attention with rotary
  *                                               embeddings: q, k, v column linears with biases,
  *                                               o row without (tpk_gqa_attention_desc.qkv_bias)
@@ -34,9 +34,12 @@
  * Every layer sparse (decoder_sparse_step 1, mlp_only_layers empty: others refused by name in
  * config.json, tpk/train/hf.h). Pipeline stages (cfg.part) and context parallelism compose as
  * Mixtral's do (the language model's: the routing sums passed between stages and summed over
- * CP; tests/train.sh at PP 2 x EP 2 and CP 2 against DP 2). No sequence parallelism or dropout
- * yet (refused by name). The trainer: --arch qwen2_moe --experts E --moe-top-k k
- * --moe-ffn F --shared-ffn F_s --norm-topk-prob 0|1 --ep P (tpk/train/options.h). */
+ * CP; tests/train.sh at PP 2 x EP 2 and CP 2 against DP 2), and sequence parallelism
+ * (cfg.sequence_parallel) as Mixtral's: the MoE block gathers its input over TP and
+ * reduce-scatters its output, the shared expert's with the routed ones' (tpk/layers/moe.h). No
+ * dropout yet (refused by name). The trainer: --arch qwen2_moe --experts E --moe-top-k k
+ * --moe-ffn F --shared-ffn F_s --norm-topk-prob 0|1 --ep P (tpk/train/options.h),
+ * --sequence-parallel. */
 #ifndef TPK_QWEN2_MOE_H
 #define TPK_QWEN2_MOE_H
 
@@ -64,6 +67,8 @@ typedef struct tpk_qwen2_moe_config {
     float norm_eps;          /* RMSNorm; 0 = 1e-6 */
     float label_smoothing;   /* over the global vocabulary */
     bool tie_embeddings;     /* the LM head reuses embed_tokens (no lm_head.weight) */
+    bool sequence_parallel;  /* hidden states S(0) over TP between the layers (the MoE block gathers
+                                its input and reduce-scatters its output, tpk/layers/moe.h) */
     float init_std;          /* default 0.02 (Hugging Face's initializer_range) */
     int64_t vocab_multiple;  /* shards padded to a multiple of this many rows; 0: 64, < 0: none */
     tpk_recompute recompute; /* as Mixtral's (tpk/models/mixtral.h) */
@@ -165,6 +170,7 @@ static inline tpk_status tpk_qwen2_moe_lm_config(tpk_ctx *ctx, tpk_qwen2_moe_con
     l.cp_comm = c->cp_comm;
     l.rope_theta = c->rope_theta, l.norm_eps = c->norm_eps;
     l.label_smoothing = c->label_smoothing, l.tie_embeddings = c->tie_embeddings;
+    l.sequence_parallel = c->sequence_parallel;
     l.init_std = c->init_std, l.vocab_multiple = c->vocab_multiple, l.recompute = c->recompute;
     TPK_TRY(tpk_llama_lm_config(ctx, &l, out)); /* checks the shape, heads, recompute */
     c->kv_heads = l.kv_heads, c->init_std = l.init_std;

@@ -29,8 +29,9 @@
  * recompute none / selective / full, ZeRO 1 to 3 when dp cp > 1, SP when tp > 1, at cp > 1 the
  * ring and the all-gather, for Mixtral and Qwen2-MoE every EP size e dividing both dp
  * and the experts (desc->ep; EP groups carved out of the DP ranks: TP x EP x DP x PP, ZeRO
- * where DP x CP / e > 1 (its slices over the ranks holding the same experts), no HSDP at e > 1, no
- * SP: the trainer's rules), the experts' memory (E / e of them a rank) the
+ * where DP x CP / e > 1 (its slices over the ranks holding the same experts), no HSDP at e > 1:
+ * the trainer's rules; SP as for the dense models, the MoE block gathering its tokens and
+ * reduce-scattering its output), the experts' memory (E / e of them a rank) the
  * dry run's own; each either planned or rejected with its reason (does not divide:
  * the batch over DP, the sequence over 2 cp chunks; exceeds the node; CP on a backend whose
  * table lacks the attention over CP's block op; does not fit:
@@ -517,7 +518,7 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
         for (int rc = 0; rc < TPK_RECOMPUTE_COUNT; rc++) {
             if (d->recompute >= 0 && rc != d->recompute) continue;
             /* ZeRO where its slicing group (DP x CP, at EP > 1 the ranks holding the same
-               experts: DP x CP / EP) has more than one rank; with experts no SP */
+               experts: DP x CP / EP) has more than one rank */
             for (int z = 0; z <= (dp * cp / ep > 1 ? 3 : 0); z++) {
                 if (d->zero >= 0 && z != d->zero) continue;
                 /* HSDP's shard sizes: none, and a node's DP x CP ranks (or the one asked); not
@@ -526,7 +527,7 @@ static inline tpk_status tpk__plan_mesh(tpk_ctx *err, const tpk_plan_desc *d, in
                 int hs = d->zero_shard > 0 ? d->zero_shard : node;
                 hs = z && ep == 1 && hs >= 2 && hs < g && g % hs == 0 ? hs : 0;
                 for (int zs = d->zero_shard > 0 && hs ? hs : 0; zs <= hs; zs += hs ? hs : 1)
-                for (int sp = 0; sp <= (tp > 1 && !tpk_arch_has_experts(d->model.arch)); sp++) {
+                for (int sp = 0; sp <= (tp > 1); sp++) {
                     if (d->sp >= 0 && sp != d->sp) continue;
                     for (int cm = 0; cm <= (cp > 1 ? TPK_CP_ALLGATHER : 0); cm++) {
                         if (cp > 1 && d->cp_comm >= 0 && cm != d->cp_comm) continue;

@@ -131,19 +131,17 @@ static inline void tpk__model_common(tpk_model_config *cfg, int64_t *shape[5], f
         p = &c->part;
         break;
     }
-    case TPK_ARCH_MIXTRAL: { /* no sequence parallelism: s points at a flag nothing reads */
-        static bool no_sp;
+    case TPK_ARCH_MIXTRAL: {
         tpk_mixtral_config *c = &cfg->mixtral;
         v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
-        v[4] = &c->heads, l = &c->label_smoothing, s = &no_sp, r = &c->recompute;
+        v[4] = &c->heads, l = &c->label_smoothing, s = &c->sequence_parallel, r = &c->recompute;
         p = &c->part;
         break;
     }
-    case TPK_ARCH_QWEN2_MOE: { /* the same */
-        static bool no_sp;
+    case TPK_ARCH_QWEN2_MOE: {
         tpk_qwen2_moe_config *c = &cfg->qwen2_moe;
         v[0] = &c->vocab, v[1] = &c->positions, v[2] = &c->layers, v[3] = &c->hidden;
-        v[4] = &c->heads, l = &c->label_smoothing, s = &no_sp, r = &c->recompute;
+        v[4] = &c->heads, l = &c->label_smoothing, s = &c->sequence_parallel, r = &c->recompute;
         p = &c->part;
         break;
     }

@@ -562,12 +562,6 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
             return snprintf(err, n, "--moe-top-k %lld: expected at most the %lld experts",
                             (long long)k, (long long)E),
                    TPK_ERR_ARG;
-        if (o->sp)
-            return snprintf(err, n,
-                            "--sequence-parallel: not yet with the %s model (its MoE block "
-                            "takes x replicated over TP)",
-                            tpk__model_family(cfg->arch)->title),
-                   TPK_ERR_ARG;
     }
     struct {
         const char *flag;
