@@ -25,7 +25,8 @@
 #   trainer's --cp 2 --plan training with the configuration it prints (make test-long).
 #   Mixture of experts (a balanced router assumed): Mixtral's planned peak at EP 2 and ZeRO-3 at
 #   DP 4 x EP 2 (make test), at TP 2 x EP 2, EP 2 with full recompute, PP 2, CP 2 and ZeRO-2 at DP
-#   4 x EP 2, a capacity factor's bound at PP 2 x EP 2, Qwen2-MoE's at EP 2, --json's ep, EP rejections, the trainer's --ep 2 --plan (make
+#   4 x EP 2, a capacity factor's bound at PP 2 x EP 2, Qwen2-MoE's at EP 2 (and with dense
+#   layers between the sparse ones), --json's ep, EP rejections, the trainer's --ep 2 --plan (make
 #   test-long).
 # make test (TPK_TESTS=quick) plans 10 of the 21 configurations (one per feature: each ZeRO stage —
 # 0 at DP 1, 1, 2 and 3 at DP 2 —, TP with SP and selective recompute, PP, ZeRO-3 at PP x DP, TP x
@@ -140,6 +141,11 @@ long_set && bound 3
 # Qwen2-MoE (the q, k, v biases, the shared expert on every EP rank) at EP 2 (make test-long)
 X="--arch qwen2_moe --layers 2 --hidden 32 --heads 4 --seq-len 16 --experts 4 --moe-top-k 2 --moe-ffn 24 --shared-ffn 40"
 long_set && mem qwen2_moe_ep2 2 "$X --batch 4 --ep 2" "$X $P1 --ep 2 --batch 8 --micro-batch 4 --recompute none"
+# with dense layers between the sparse ones (layers 0, 2, 3, 4 a SwiGLU MLP of 48, 1 and 5 the MoE):
+# each dense layer counted where it stands (its stages dry-run whole), under selective recompute
+# (the two kinds of block borrowing the pools in turn)
+XD="$X --layers 6 --decoder-sparse-step 2 --mlp-only-layers 3 --dense-ffn 48"
+long_set && mem qwen2_moe_dense_ep2 2 "$XD --batch 4 --ep 2 --recompute selective" "$XD $P1 --ep 2 --batch 8 --micro-batch 4 --recompute selective"
 if long_set; then
     # every EP size of 4 ranks: --json's ep; ZeRO at EP > 1 only where DP x CP / EP > 1 (its slices
     # over the ranks holding the same experts), SP at TP 2; the experts' weights 1/EP;

@@ -201,12 +201,14 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
     long_set && tnp="$tnp 1 4"
     # GPT-2; Llama (A=6, G=2: a key/value head on two ranks at t = 3, 4) untied, and tied; GPT-NeoX;
     # Mixtral at EP 2 x DP 2 (2 ranks, quick), EP 1 (1) and TP 2 x EP 2 x DP 2 (4, long);
-    # Qwen2-MoE the same, with norm_topk_prob at EP 1
-    for model in gpt2 llama llama_tied neox neox_tanh mixtral qwen2_moe; do
+    # Qwen2-MoE the same, with norm_topk_prob at EP 1; with dense layers between the sparse ones
+    # (decoder_sparse_step 2, mlp_only_layers [3]) at EP 2 x DP 2 alone (quick)
+    for model in gpt2 llama llama_tied neox neox_tanh mixtral qwen2_moe qwen2_moe_dense; do
         mnp=$tnp
         case $model in llama_tied | neox_tanh) mnp=$(pick 2 "1 3 4") ;; esac
+        case $model in qwen2_moe_dense) mnp=$(pick 2 "") ;; esac
         for np in $mnp; do
-            case $model in mixtral | qwen2_moe) [ "$np" = 3 ] && continue ;; esac
+            case $model in mixtral | qwen2_moe*) [ "$np" = 3 ] && continue ;; esac
             odd=""; even=""
             if [ $((np % 2)) = 1 ]; then odd=sp; else even=sp; fi
             case $model in  # sequence parallelism at odd t (the tied Llama: at even t)
@@ -219,6 +221,7 @@ if [ -x "$py" ] && "$py" -c 'import torch' >/dev/null 2>&1; then
                      [ "$np" = 1 ] || args="mixtral ep2" ;;
             qwen2_moe) args="qwen2_moe norm" name=torch_reference_qwen2_moe
                        [ "$np" = 1 ] || args="qwen2_moe ep2" ;;
+            qwen2_moe_dense) args="qwen2_moe ep2 dense" name=torch_reference_qwen2_moe_dense ;;
             esac
             dir=$B/tests/torch_${model}_np$np
             rm -rf "$dir"

@@ -34,14 +34,18 @@
  * defaults, refusals). The Qwen2-MoE family (tpk/models/qwen2_moe.h: q, k, v biases, a shared
  * expert, norm_topk_prob off and on) the same way at EP 1, 2, TP 3 (a key/value head and its
  * bias on two ranks), TP 2 x EP 2 x DP 2 and EP 2 x DP 4, its Hugging Face names, bad config
- * refused by name,
- * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2 read back (config.json; every tensor and the
- * step, by one rank's EP 1 model and at the saving mesh), its config.json parsed
- * (Qwen2MoeConfig's keys and defaults; a dense layer, sliding windows and the rest refused by
- * name). Mixtral and Qwen2-MoE under sequence parallelism at TP 1, 2, 3 and TP 2 x EP 2 against
- * the same model without it (the loss within 1e-6, every gradient within 1e-5), full and
- * selective recompute the bits of SP. Run at 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3
- * long; TP 2 x EP 2 under SP in make test-long). */
+ * refused by name; with dense layers between the sparse ones (decoder_sparse_step 2,
+ * mlp_only_layers [3]: a dense layer's SwiGLU MLP under its names, the aux over the sparse layers'
+ * rows alone), a capacity factor and the z-loss at EP 2, TP 3 and EP 1; with the dense layers and
+ * dropout 0.2 at EP 2 and TP 3 against TP 1 x EP 1 (recompute bit for bit);
+ * a checkpoint saved at EP 1, 2, TP 3 or TP 2 x EP 2, all sparse and with dense layers, read back
+ * (config.json; every tensor and the step, by one rank's EP 1 model and at the saving mesh), its
+ * config.json parsed (Qwen2MoeConfig's keys and defaults, the dense layers' keys; sliding windows,
+ * bad layer lists and steps and the rest refused by name). Mixtral and Qwen2-MoE under
+ * sequence parallelism at TP 1, 2, 3 and TP 2 x EP 2 against the same model without it (the loss
+ * within 1e-6, every gradient within 1e-5), full and selective recompute the bits of SP. Run at
+ * 1..4 ranks (tests/run.sh: 2 and 4 quick, 1 and 3 long; TP 2 x EP 2 under SP in make
+ * test-long). */
 #include "test.h"
 
 #include <tpk/train/hf.h>
@@ -936,11 +940,21 @@ static tpk_qwen2_moe_config qwen_config(int E, bool norm) {
     return c;
 }
 
-/* Mixtral (qwen 0) or Qwen2-MoE (qwen 1: the top-k weights as the softmax's; 2: renormalised) at
- * TP tp x EP ep x DP (world / tp), each DP rank its own tokens: each rank's loss (the
- * cross-entropy plus the aux pooled over the layers), the dense gradients summed over DP and an
- * expert's over EDP (the sum of every DP rank's loss's), against a one-rank EP 1 model run on
- * every DP rank's tokens in turn. */
+/* A Qwen2-MoE of QL layers with dense ones between the sparse: decoder_sparse_step 2 (layers 1,
+ * 3, 5 sparse) and mlp_only_layers [3] (3 dense after all): sparse 1 and 5, dense 0, 2, 3, 4
+ * (SwiGLU F_d 20). */
+enum { QL = 6, QFD = 20 };
+static void qwen_dense(tpk_qwen2_moe_config *c) {
+    c->layers = QL, c->sparse_step = 2, c->dense_ffn = QFD;
+    tpk_layer_set_add(&c->mlp_only, 3);
+}
+
+/* Mixtral (qwen 0) or Qwen2-MoE (qwen 1: the top-k weights as the softmax's; 2: renormalised; 3:
+ * renormalised, with qwen_dense's dense layers, a capacity factor 0.75 dropping rows and the
+ * routers' z-loss 0.01) at TP tp x EP ep x DP (world / tp), each DP rank its own tokens: each
+ * rank's loss (the cross-entropy plus the aux pooled over the sparse layers), the dense gradients
+ * summed over DP and an expert's over EDP (the sum of every DP rank's loss's), against a one-rank
+ * EP 1 model run on every DP rank's tokens in turn. */
 /* this CP rank's rows of DP rank q's tokens (all of them at CP 1) */
 static void mix_rows(tpk_ctx *c, int q, int32_t *ids, int32_t *tg) {
     int32_t a[XT], b[XT];
@@ -954,7 +968,10 @@ static void test_mixtral(int tp, int cp, int ep, int E, int qwen) {
                                                   .seed = 3}));
     CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 3}));
     tpk_mixtral_config cfg = mix_config(E), rcfg = cfg;
-    tpk_qwen2_moe_config qcfg = qwen_config(E, qwen == 2), rqcfg = qcfg;
+    tpk_qwen2_moe_config qcfg = qwen_config(E, qwen >= 2), rqcfg;
+    if (qwen == 3) qwen_dense(&qcfg), qcfg.capacity_factor = 0.75f, qcfg.z_coef = 0.01f;
+    rqcfg = qcfg; /* (each model's mlp_2_user: its config, alive through tpk_lm_init) */
+    int L = qwen == 3 ? QL : XL, Ls = qwen == 3 ? 2 : XL; /* layers, sparse ones */
     tpk_lm_config lc, rlc;
     tpk_lm m, mr;
     if (qwen) {
@@ -978,20 +995,40 @@ static void test_mixtral(int tp, int cp, int ep, int E, int qwen) {
         if (q == dr) lref = l;
     }
     CHECK(mr.aux > 0 && lc.block.mlp.moe.aux_coef == 0.05f, "aux %g", (double)mr.aux);
-    if (qwen) { /* Hugging Face Qwen2MoeForCausalLM's names: q, k, v biases, no o_proj bias */
-        static const char *has[] = {"model.layers.1.self_attn.q_proj.bias",
-                                    "model.layers.0.self_attn.v_proj.bias",
-                                    "model.layers.0.mlp.experts.3.down_proj.weight",
-                                    "model.layers.1.mlp.experts.0.gate_proj.weight",
-                                    "model.layers.1.mlp.shared_expert.up_proj.weight",
-                                    "model.layers.0.mlp.shared_expert_gate.weight",
-                                    "model.layers.0.mlp.gate.weight"};
-        for (int k = 0; k < 7; k++) CHECK(tpk_param_find(&r, has[k]) >= 0, "no %s", has[k]);
+    /* the aux pooled over the sparse layers' rows alone (a dense layer routes none) */
+    CHECK(mr.moe_layers == Ls && m.moe_layers == Ls && mr.aux_N == Ls * XT,
+          "MoE layers %lld (%lld), N %lld, expected %d, %d", (long long)mr.moe_layers,
+          (long long)m.moe_layers, (long long)mr.aux_N, Ls, Ls * XT);
+    if (qwen) { /* Hugging Face Qwen2MoeForCausalLM's names: q, k, v biases, no o_proj bias; a
+                   sparse layer's MoE (s0, s1), a dense layer's SwiGLU MLP (3 and 4) */
+        int s0 = qwen == 3 ? 1 : 0, s1 = qwen == 3 ? 5 : 1;
+        char has[11][80];
+        snprintf(has[0], 80, "model.layers.%d.self_attn.q_proj.bias", s1);
+        snprintf(has[1], 80, "model.layers.%d.self_attn.v_proj.bias", s0);
+        snprintf(has[2], 80, "model.layers.%d.mlp.experts.3.down_proj.weight", s0);
+        snprintf(has[3], 80, "model.layers.%d.mlp.experts.0.gate_proj.weight", s1);
+        snprintf(has[4], 80, "model.layers.%d.mlp.shared_expert.up_proj.weight", s1);
+        snprintf(has[5], 80, "model.layers.%d.mlp.shared_expert_gate.weight", s0);
+        snprintf(has[6], 80, "model.layers.%d.mlp.gate.weight", s0);
+        snprintf(has[7], 80, "model.layers.3.mlp.gate_proj.weight");
+        snprintf(has[8], 80, "model.layers.4.mlp.up_proj.weight");
+        snprintf(has[9], 80, "model.layers.0.mlp.down_proj.weight");
+        snprintf(has[10], 80, "model.layers.3.mlp.gate.weight");
+        for (int k = 0; k < 11; k++) /* 7 .. 9: dense layers' alone, 10: not a dense layer's */
+            CHECK((tpk_param_find(&r, has[k]) >= 0) == (k < 7 || (qwen == 3 && k < 10)),
+                  "%s: %s", has[k], tpk_param_find(&r, has[k]) >= 0 ? "found" : "not found");
+        int Ld = L - Ls, want = 3 + L * 9 + Ls * (5 + 3 * E) + Ld * 3; /* dense: its 3 weights */
         CHECK(tpk_param_find(&r, "model.layers.0.self_attn.o_proj.bias") < 0 &&
-                  r.params.n == 3 + XL * (14 + 3 * E),
+                  r.params.n == want,
               "o_proj.bias %d, %d parameters, expected %d",
-              tpk_param_find(&r, "model.layers.0.self_attn.o_proj.bias"), r.params.n,
-              3 + XL * (14 + 3 * E));
+              tpk_param_find(&r, "model.layers.0.self_attn.o_proj.bias"), r.params.n, want);
+        int up = tpk_param_find(&r, "model.layers.4.mlp.up_proj.weight");
+        if (qwen == 3)
+            CHECK(up >= 0 && r.params.list[up].gshape[0] == QFD &&
+                      r.params.list[up].gshape[1] == XH,
+                  "a dense layer's up_proj [%lld, %lld], expected [%d, %d]",
+                  up >= 0 ? (long long)r.params.list[up].gshape[0] : -1LL,
+                  up >= 0 ? (long long)r.params.list[up].gshape[1] : -1LL, QFD, XH);
     }
     mix_rows(&c, dr, ids, tg); /* under CP this rank's rows */
     CHECK_OK(&c, tpk_params_zero_grad(&c));
@@ -1000,6 +1037,14 @@ static void test_mixtral(int tp, int cp, int ep, int E, int qwen) {
     CHECK_OK(&c, tpk_params_reduce_partial_grads(&c));
     CHECK(fabsf(loss - lref) < 1e-5f * fabsf(lref), "DP rank %d's loss %.8g, EP 1's %.8g", dr,
           (double)loss, (double)lref);
+    if (qwen == 3) { /* the capacity drops rows somewhere */
+        int dropped = 0;
+        for (int i = 0; i < L; i++)
+            if (m.blocks[i].mlp.kind == TPK_MLP_MOE)
+                dropped += (int)m.blocks[i].mlp.u.moe.router.dropped;
+        MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        CHECK(dropped > 0, "capacity factor 0.75: no row dropped");
+    }
     int checked = 0;
     for (int i = 0; i < c.params.n; i++) {
         tpk_param *p = &c.params.list[i];
@@ -1022,8 +1067,8 @@ static void test_mixtral(int tp, int cp, int ep, int E, int qwen) {
     /* the experts here and at the other EP ranks: all of the reference's */
     int all = checked;
     CHECK_OK(&c, tpk_allreduce_host(&c, &c.ep, &all, 1, TPK_I32, TPK_SUM));
-    int dense = r.params.n - 3 * XL * E;
-    CHECK(checked == dense + 3 * XL * E / ep && all == ep * dense + 3 * XL * E,
+    int dense = r.params.n - 3 * Ls * E;
+    CHECK(checked == dense + 3 * Ls * E / ep && all == ep * dense + 3 * Ls * E,
           "%d gradients checked here, %d over the EP group; the reference has %d", checked, all,
           r.params.n);
     /* training: 2 AdamW steps of tpk_train_step (the buckets under the backward: dense weights
@@ -1127,19 +1172,46 @@ static void test_mixtral(int tp, int cp, int ep, int E, int qwen) {
         bad = qcfg, bad.kv_heads = 3;
         CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
                     "cfg->kv_heads: expected a divisor of cfg->heads");
+        bad = qcfg, bad.capacity_factor = -0.5f;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->capacity_factor: expected a finite value >= 0");
+        bad = qcfg, bad.z_coef = INFINITY;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->z_coef: expected a finite value >= 0");
+        bad = qcfg, bad.dropout = 1;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->dropout: expected 0 <= p < 1");
+        bad = qcfg, bad.sparse_step = -2;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->sparse_step: expected 1..100000");
+        bad = qcfg, bad.dense_ffn = -1;
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG,
+                    "cfg->dense_ffn: expected 1..1e9");
+        bad = qcfg, tpk_layer_set_add(&bad.mlp_only, L);
+        char want[96];
+        snprintf(want, sizeof want, "cfg->mlp_only: layer %d, expected layers below cfg->layers",
+                 L);
+        CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, &bad), TPK_ERR_ARG, want);
         CHECK_FAILS(&c, tpk_qwen2_moe_init(&c, &qm, NULL), TPK_ERR_ARG, "cfg: NULL");
+        /* the model's second MLP is not a mixture of experts (the pooled aux is block.mlp's) */
+        tpk_lm_config two = rlc;
+        tpk_lm lm2;
+        two.mlp_2 = two.block.mlp, two.mlp_2_at = tpk__qwen2_moe_dense_at, two.mlp_2_user = &qcfg;
+        CHECK_FAILS(&c, tpk_lm_init(&c, &lm2, &two), TPK_ERR_ARG,
+                    "cfg->mlp_2.kind: TPK_MLP_MOE, expected another MLP");
     }
     tpk_ctx_destroy(&c), tpk_ctx_destroy(&r);
 }
 
-/* Mixtral with dropout 0.2 at TP tp x EP ep (DP world / tp, each DP rank its own tokens) against
- * TP 1 x EP 1 on the same DP ranks (each TP rank's DP ranks a world of their own: the same DP
- * ranks, so the same masks): each rank's loss within 1e-6, every gradient within 1e-5 (dense ones
- * summed over DP, an expert's over EDP), the dropout seen (the loss moves at p = 0); and under
- * full and selective recompute the loss and every gradient the bits of no recompute (the masks
- * drawn again alike). */
+/* Mixtral (or, qwen, a Qwen2-MoE with qwen_dense's dense layers among its sparse ones) with
+ * dropout 0.2 at TP tp x EP ep (DP world / tp, each DP rank its own tokens) against TP 1 x EP 1 on
+ * the same DP ranks (each TP rank's DP ranks a world of their own: the same DP ranks, so the same
+ * masks): each rank's loss within 1e-6, every gradient within 1e-5 (dense ones summed over DP, an
+ * expert's over EDP), the dropout seen (the loss moves at p = 0); and under full and selective
+ * recompute the loss and every gradient the bits of no recompute (the masks drawn again alike;
+ * the Qwen2-MoE's two kinds of block borrowing the same pools in turn). */
 static double worst_dropout; /* the largest relative difference of a gradient found */
-static void test_mixtral_dropout(int tp, int ep, int E) {
+static void test_mixtral_dropout(int tp, int ep, int E, bool qwen) {
     MPI_Comm sub;
     MPI_Comm_split(MPI_COMM_WORLD, me % tp, me / tp, &sub);
     tpk_comm dw;
@@ -1154,19 +1226,24 @@ static void test_mixtral_dropout(int tp, int ep, int E) {
                           .ep = k == 1 ? 1 : ep, .seed = 3};
         CHECK_OK(&c[k], tpk_ctx_init(&c[k], &d));
         tpk_mixtral_config cfg = mix_config(E);
-        cfg.dropout = 0.2f;
-        cfg.recompute = k == 2 ? TPK_RECOMPUTE_FULL
-                        : k == 3 ? TPK_RECOMPUTE_SELECTIVE
-                                 : TPK_RECOMPUTE_NONE;
+        tpk_qwen2_moe_config qc = qwen_config(E, true);
+        qwen_dense(&qc);
+        cfg.dropout = qc.dropout = 0.2f;
+        cfg.recompute = qc.recompute = k == 2   ? TPK_RECOMPUTE_FULL
+                                       : k == 3 ? TPK_RECOMPUTE_SELECTIVE
+                                                : TPK_RECOMPUTE_NONE;
         tpk_lm_config lc;
-        CHECK_OK(&c[k], tpk_mixtral_lm_config(&c[k], &cfg, &lc));
-        CHECK_OK(&c[k], tpk_lm_init(&c[k], &m[k], &lc));
+        CHECK_OK(&c[k], qwen ? tpk_qwen2_moe_lm_config(&c[k], &qc, &lc)
+                             : tpk_mixtral_lm_config(&c[k], &cfg, &lc));
+        CHECK_OK(&c[k], tpk_lm_init(&c[k], &m[k], &lc)); /* (qc read here) */
         test_set_weights(&c[k], 9, 0.3f);
         mix_tokens(c[k].dp.rank, ids, tg);
         c[k].rng_step = 7;
         CHECK_OK(&c[k], tpk_params_zero_grad(&c[k]));
         CHECK_OK(&c[k], tpk_lm_forward(&c[k], &m[k], ids, tg, XB, XS, &loss[k]));
         CHECK_OK(&c[k], tpk_lm_backward(&c[k], &m[k], 1.0f));
+        CHECK_OK(&c[k], tpk_params_reduce_partial_grads(&c[k])); /* a key/value head on several
+                                                                      TP ranks (TP 3) */
     }
     CHECK(c[0].dp.rank == c[1].dp.rank, "DP rank %d, the reference's %d", c[0].dp.rank,
           c[1].dp.rank);
@@ -1248,15 +1325,20 @@ static void same_params(tpk_ctx *c, tpk_ctx *r, const char *what, int *n) {
 /* A Qwen2-MoE saved at TP tp x EP ep (each routed expert written from its EP rank, its AdamW
  * moments too) and read back: config.json's model_type, architectures and every field; loaded
  * by one rank's EP 1 model (every tensor the saved one's, bit for bit), and at the saving mesh
- * over other weights (the weights and the step back). */
-static void test_qwen_ckpt(int tp, int ep) {
+ * over other weights (the weights and the step back). dense: with qwen_dense's dense layers
+ * (config.json's intermediate_size, decoder_sparse_step and mlp_only_layers round-trip, a dense
+ * layer's mlp.gate_proj/up_proj/down_proj under their names). */
+static void test_qwen_ckpt(int tp, int ep, bool dense) {
     char dir[128], path[160];
-    snprintf(dir, sizeof dir, "build/tests/qwen2_moe_ckpt_np%d_tp%d", np, tp);
+    snprintf(dir, sizeof dir, "build/tests/qwen2_moe_ckpt%s_np%d_tp%d", dense ? "_dense" : "", np,
+             tp);
     tpk_ctx c, r;
     CHECK_OK(&c, tpk_ctx_init(&c, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 3}));
     CHECK_OK(&r, tpk_ctx_init(&r, &(tpk_ctx_desc){.seed = 5}));
     tpk_qwen2_moe_config cfg = qwen_config(4, true);
     cfg.rope_theta = 5e5f, cfg.norm_eps = 2e-6f, cfg.aux_coef = 0.02f;
+    if (dense) qwen_dense(&cfg);
+    int L = dense ? QL : XL, Ls = dense ? 2 : XL;
     tpk_qwen2_moe m, mr;
     CHECK_OK(&c, tpk_qwen2_moe_init(&c, &m, &cfg));
     CHECK_OK(&r, tpk_qwen2_moe_init(&r, &mr, &cfg));
@@ -1272,16 +1354,20 @@ static void test_qwen_ckpt(int tp, int ep) {
     memset(&mc, 0, sizeof mc);
     CHECK_OK(&r, tpk_model_config_read(&r, dir, &mc));
     const tpk_qwen2_moe_config *q = &mc.qwen2_moe;
-    CHECK(!strcmp(type, "qwen2_moe") && mc.arch == TPK_ARCH_QWEN2_MOE && q->layers == XL &&
+    CHECK(!strcmp(type, "qwen2_moe") && mc.arch == TPK_ARCH_QWEN2_MOE && q->layers == L &&
               q->hidden == XH && q->heads == XA && q->kv_heads == 2 && q->vocab == XV &&
               q->positions == XS && q->experts == 4 && q->top_k == 2 && q->moe_ffn == 12 &&
               q->shared_ffn == 10 && q->norm_topk_prob == 1 && q->aux_coef == 0.02f &&
-              q->rope_theta == 5e5f && q->norm_eps == 2e-6f && !q->tie_embeddings,
+              q->rope_theta == 5e5f && q->norm_eps == 2e-6f && !q->tie_embeddings &&
+              q->sparse_step == (dense ? 2 : 1) && q->dense_ffn == (dense ? QFD : 48) &&
+              !memcmp(&q->mlp_only, &m.c.mlp_only, sizeof q->mlp_only) &&
+              tpk_layer_set_has(&q->mlp_only, 3) == dense,
           "config.json read back: type %s arch %d L %lld E %lld k %lld F %lld Fs %lld norm %lld "
-          "coef %g theta %g eps %g",
+          "coef %g theta %g eps %g step %lld F_d %lld",
           type, (int)mc.arch, (long long)q->layers, (long long)q->experts, (long long)q->top_k,
           (long long)q->moe_ffn, (long long)q->shared_ffn, (long long)q->norm_topk_prob,
-          (double)q->aux_coef, (double)q->rope_theta, (double)q->norm_eps);
+          (double)q->aux_coef, (double)q->rope_theta, (double)q->norm_eps,
+          (long long)q->sparse_step, (long long)q->dense_ffn);
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "rb");
     char text[4096] = "";
@@ -1289,13 +1375,21 @@ static void test_qwen_ckpt(int tp, int ep) {
     if (f) fclose(f);
     text[got] = 0;
     CHECK(strstr(text, "\"architectures\": [\"Qwen2MoeForCausalLM\"]") &&
-              strstr(text, "\"decoder_sparse_step\": 1") && strstr(text, "\"mlp_only_layers\": []"),
+              strstr(text, dense ? "\"decoder_sparse_step\": 2" : "\"decoder_sparse_step\": 1") &&
+              strstr(text, dense ? "\"mlp_only_layers\": [3]" : "\"mlp_only_layers\": []") &&
+              strstr(text, dense ? "\"intermediate_size\": 20" : "\"intermediate_size\": 48"),
           "%s: %s", path, text);
+    if (dense) /* a dense layer's weights under Hugging Face's names, at any TP */
+        CHECK(tpk_param_find(&r, "model.layers.3.mlp.down_proj.weight") >= 0 &&
+                  tpk_param_find(&c, "model.layers.0.mlp.gate_proj.weight") >= 0 &&
+                  tpk_param_find(&c, "model.layers.2.mlp.gate.weight") < 0,
+              "a dense layer's names");
     CHECK_OK(&r, tpk_qwen2_moe_load(&r, &mr, &ropt, dir));
     CHECK(ropt.step == 3, "the step loaded: %lld", (long long)ropt.step);
     int n = 0;
     same_params(&c, &r, "loaded by one rank", &n);
-    int all = n, experts = 3 * XL * 4;
+    int all = n, experts = 3 * Ls * 4;
+    (void)L;
     CHECK_OK(&c, tpk_allreduce_host(&c, &c.ep, &all, 1, TPK_I32, TPK_SUM));
     CHECK(n == r.params.n - experts + experts / ep && all == ep * (r.params.n - experts) + experts,
           "%d tensors compared here, %d over EP; the one-rank model has %d", n, all, r.params.n);
@@ -1722,10 +1816,10 @@ int main(int argc, char **argv) {
               : np == 1 ? "TP 1 x EP 1"
               : np == 2 ? "EP 2 and TP 2"
                         : "EP 3") {
-        if (np == 4) test_mixtral_dropout(2, 2, 4), test_mixtral_dropout(1, 2, 4);
-        if (np == 2) test_mixtral_dropout(1, 2, 4), test_mixtral_dropout(2, 1, 4);
-        if (np == 1) test_mixtral_dropout(1, 1, 4);
-        if (np == 3) test_mixtral_dropout(1, 3, 6);
+        if (np == 4) test_mixtral_dropout(2, 2, 4, false), test_mixtral_dropout(1, 2, 4, false);
+        if (np == 2) test_mixtral_dropout(1, 2, 4, false), test_mixtral_dropout(2, 1, 4, false);
+        if (np == 1) test_mixtral_dropout(1, 1, 4, false);
+        if (np == 3) test_mixtral_dropout(1, 3, 6, false);
         if (me == 0) printf("dropout: largest relative gradient difference %.3g\n", worst_dropout);
     }
     TEST_CASE("Qwen2-MoE (q, k, v biases, a shared expert, norm_topk_prob %s): the loss, every "
@@ -1741,14 +1835,34 @@ int main(int argc, char **argv) {
         if (np == 2) test_mixtral(1, 1, 2, 4, 1);
         if (np == 3) test_mixtral(3, 1, 1, 4, 1);
     }
-    TEST_CASE("Qwen2-MoE: a checkpoint saved at %s (every routed expert from its EP rank) read "
-              "back: config.json, loaded by one rank's EP 1 model and at the saving mesh",
-              np == 4 ? "TP 2 x EP 2" : np == 3 ? "TP 3" : np == 2 ? "EP 2" : "EP 1") {
-        if (np == 4) test_qwen_ckpt(2, 2);
-        else if (np == 3) test_qwen_ckpt(3, 1);
-        else test_qwen_ckpt(1, np);
+    TEST_CASE("Qwen2-MoE with dense layers between the sparse ones (decoder_sparse_step 2, "
+              "mlp_only_layers [3]), a capacity factor and the routers' z-loss at %s: the loss "
+              "(the aux over the sparse layers alone), every gradient and 2 training steps "
+              "against one rank's EP 1 model; bad config refused by name",
+              np == 2 ? "EP 2" : np == 3 ? "TP 3" : np == 1 ? "EP 1" : "none at 4 ranks") {
+        if (np == 2) test_mixtral(1, 1, 2, 4, 3);
+        if (np == 3) test_mixtral(3, 1, 1, 4, 3);
+        if (np == 1) test_mixtral(1, 1, 1, 4, 3);
     }
-    TEST_CASE("Qwen2-MoE: config.json (Qwen2MoeForCausalLM's keys, defaults, refusals by name)") {
+    TEST_CASE("Qwen2-MoE with dense layers and dropout 0.2 at %s: the loss and every gradient "
+              "those of TP 1 x EP 1 on the same DP ranks; full and selective recompute replay "
+              "the masks (the bits)",
+              np == 2 ? "EP 2" : np == 3 ? "TP 3" : np == 1 ? "TP 1 x EP 1" : "none at 4 ranks") {
+        if (np == 2) test_mixtral_dropout(1, 2, 4, true);
+        if (np == 3) test_mixtral_dropout(3, 1, 4, true);
+        if (np == 1) test_mixtral_dropout(1, 1, 4, true);
+    }
+    TEST_CASE("Qwen2-MoE: a checkpoint saved at %s (every routed expert from its EP rank), all "
+              "sparse and with dense layers, read back: config.json, loaded by one rank's EP 1 "
+              "model and at the saving mesh",
+              np == 4 ? "TP 2 x EP 2" : np == 3 ? "TP 3" : np == 2 ? "EP 2" : "EP 1") {
+        for (int dense = 0; dense < 2; dense++)
+            if (np == 4) test_qwen_ckpt(2, 2, dense);
+            else if (np == 3) test_qwen_ckpt(3, 1, dense);
+            else test_qwen_ckpt(1, np, dense);
+    }
+    TEST_CASE("Qwen2-MoE: config.json (Qwen2MoeForCausalLM's keys, defaults, the dense layers' "
+              "keys, refusals by name)") {
         static const char *base =
             "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 2, \"hidden_size\": 16, "
             "\"num_attention_heads\": 4, \"vocab_size\": 67, \"max_position_embeddings\": 32, "
@@ -1796,9 +1910,50 @@ int main(int argc, char **argv) {
                  tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc));
         CHECK(qc.aux_coef == 0.001f, "output_router_logits true: coef %g, expected 0.001",
               (double)qc.aux_coef);
+        /* dense layers: decoder_sparse_step, mlp_only_layers (a set: repeats), intermediate_size;
+         * absent: every layer sparse, intermediate_size 5632 */
+        CHECK(qc.sparse_step == 1 && tpk_layer_set_last(&qc.mlp_only) < 0 &&
+                  qc.dense_ffn == 5632,
+              "defaults: step %lld, mlp_only up to %lld, F_d %lld", (long long)qc.sparse_step,
+              (long long)tpk_layer_set_last(&qc.mlp_only), (long long)qc.dense_ffn);
+        snprintf(buf, sizeof buf,
+                 "%s, \"decoder_sparse_step\": 2, \"mlp_only_layers\": [1, 0, 1]}", base);
+        CHECK_OK(&ctx,
+                 tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc));
+        CHECK(qc.sparse_step == 2 && tpk_layer_set_has(&qc.mlp_only, 0) &&
+                  tpk_layer_set_has(&qc.mlp_only, 1) && tpk_layer_set_last(&qc.mlp_only) == 1 &&
+                  !tpk_qwen2_moe_sparse(&qc, 0) && !tpk_qwen2_moe_sparse(&qc, 1) &&
+                  tpk_qwen2_moe_dense_layers(&qc) == 2,
+              "step %lld, mlp_only up to %lld", (long long)qc.sparse_step,
+              (long long)tpk_layer_set_last(&qc.mlp_only));
+        snprintf(buf, sizeof buf,
+                 "{\"num_hidden_layers\": 6, \"hidden_size\": 16, \"num_attention_heads\": 4, "
+                 "\"vocab_size\": 67, \"max_position_embeddings\": 32, \"intermediate_size\": 40, "
+                 "\"decoder_sparse_step\": 3, \"mlp_only_layers\": null}");
+        CHECK_OK(&ctx,
+                 tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc));
+        bool rule = true; /* Hugging Face's: sparse where (i + 1) % 3 == 0: layers 2 and 5 */
+        for (int i = 0; i < 6; i++) rule = rule && tpk_qwen2_moe_sparse(&qc, i) == (i % 3 == 2);
+        CHECK(rule && qc.dense_ffn == 40 && tpk_qwen2_moe_dense_layers(&qc) == 4 &&
+                  tpk_layer_set_last(&qc.mlp_only) < 0,
+              "decoder_sparse_step 3: F_d %lld, %lld dense layers", (long long)qc.dense_ffn,
+              (long long)tpk_qwen2_moe_dense_layers(&qc));
+        char *f40 = strstr(buf, "40,"); /* intermediate_size 0: refused */
+        if (f40) f40[0] = ' ';
+        CHECK(tpk_qwen2_moe_config_parse(&ctx, (const uint8_t *)buf, strlen(buf), "c", &qc) ==
+                      TPK_ERR_FORMAT &&
+                  strstr(tpk_last_error(&ctx), "intermediate_size 0: expected a whole number"),
+              "intermediate_size 0: %s", tpk_last_error(&ctx));
         const char *bad[][2] = {
-            {", \"decoder_sparse_step\": 2}", "decoder_sparse_step 2: expected 1"},
-            {", \"mlp_only_layers\": [0]}", "mlp_only_layers: expected [] or null"},
+            {", \"decoder_sparse_step\": 0}", "decoder_sparse_step 0: expected a whole number"},
+            {", \"decoder_sparse_step\": 1.5}", "decoder_sparse_step 1.5: expected a whole"},
+            {", \"mlp_only_layers\": [2]}",
+             "mlp_only_layers: expected whole layer indices 0..1 (num_hidden_layers 2), got 2"},
+            {", \"mlp_only_layers\": [-1]}", "mlp_only_layers: expected whole layer indices"},
+            {", \"mlp_only_layers\": [0.5]}", "got 0.5"},
+            {", \"mlp_only_layers\": [\"0\"]}", "got not a number"},
+            {", \"mlp_only_layers\": 1}",
+             "mlp_only_layers: expected an array of layer indices or null"},
             {", \"use_sliding_window\": true}", "use_sliding_window: expected false"},
             {", \"qkv_bias\": false}", "qkv_bias: expected true"},
             {", \"num_experts_per_tok\": 61}", "num_experts_per_tok 61"},

@@ -15,6 +15,8 @@
  *   - a transient past the first probes: Llama's untied head (vocabulary 128,000) reduced over
  *     DP across nodes while the blocks' backward runs, at 150 and 400 blocks (the probes deepen);
  *   - the model's parameter count (MFU's N) extrapolated equal to the whole model's;
+ *   - a Qwen2-MoE with dense layers among its sparse ones (two kinds of block): every
+ *     configuration (EP 1 and 2) dry-run whole, never probed, its parameters the layers' own;
  *   - a depth past the probes' reach plans in seconds: 100,000 blocks of hidden 1024 (one
  *     configuration and all 348 on 8 GPUs, 66 of them ZeRO-3), 80 blocks of Llama 2 70B's shape
  *     on 64 GPUs; the figures grow with depth as the per-block ones say (peak(2L) - peak(L) =
@@ -45,10 +47,21 @@ static void model(tpk_model_config *m, tpk_arch arch, int64_t L, int64_t H, int6
     if (arch == TPK_ARCH_LLAMA) m->llama.kv_heads = A / 2, m->llama.ffn = 3 * H;
 }
 
+/* A Qwen2-MoE of L layers, hidden 64, 4 heads (2 key/value heads), vocabulary 500, 4 experts of
+ * F 24 (top-2), F_s 40, with dense layers (F_d 48): decoder_sparse_step 2 and mlp_only_layers [3]
+ * (layers 1, 5, 7, ... sparse). */
+static void qwen_dense_model(tpk_model_config *m, int64_t L) {
+    model(m, TPK_ARCH_QWEN2_MOE, L, 64, 4, 500, 32);
+    tpk_qwen2_moe_config *q = &m->qwen2_moe;
+    q->kv_heads = 2, q->experts = 4, q->top_k = 2, q->moe_ffn = 24, q->shared_ffn = 40;
+    q->sparse_step = 2, q->dense_ffn = 48;
+    tpk_layer_set_add(&q->mlp_only, 3);
+}
+
 static bool same_key(const tpk_plan_cfg *a, const tpk_plan_cfg *b) {
     return a->tp == b->tp && a->cp == b->cp && a->cp_comm == b->cp_comm && a->pp == b->pp &&
            a->dp == b->dp && a->micro_batch == b->micro_batch && a->recompute == b->recompute &&
-           a->zero == b->zero && a->sp == b->sp && a->zero_shard == b->zero_shard;
+           a->zero == b->zero && a->sp == b->sp && a->zero_shard == b->zero_shard && a->ep == b->ep;
 }
 static bool near(double a, double b) { return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)); }
 
@@ -164,18 +177,50 @@ int main(int argc, char **argv) {
         }
     }
 
-    TEST_CASE("plan_depth_params") {
-        for (int a = 0; a < 3; a++) {
+    /* A Qwen2-MoE with dense layers among its sparse ones (decoder_sparse_step 2, mlp_only_layers
+       [3]): two kinds of block, in the order of the layers' indices, so no stage is probed (a
+       probe's blocks would be other kinds than the stage's); every stage dry-run whole, each dense
+       layer's MLP counted where it stands, the parameters the model's own */
+    {
+        TEST_CASE("plan_depth_qwen2_moe_dense_cpu_L20") {
             tpk_plan_desc d;
             memset(&d, 0, sizeof d);
-            model(&d.model, archs[a], 37, 64, 4, 500, 32);
+            qwen_dense_model(&d.model, 20);
+            d.seq = 16, d.batch = 4, d.gpus = 2, d.gpus_per_node = 2, d.hw = &cpu;
+            d.like = tpk_ops_host(), d.dtype = TPK_F32, d.micro_batch = 2;
+            d.zero = -1, d.sp = -1, d.recompute = -1, d.ep = -1;
+            int probed = 0, rows = 0;
+            compare(&ctx, &d, &probed, &rows);
+            CHECK(probed == 0 && rows > 0, "%d of %d configurations extrapolated", probed, rows);
+            if (test__rank == 0) printf("  %d configurations, none extrapolated\n", rows);
+        }
+    }
+
+    TEST_CASE("plan_depth_params") {
+        for (int a = 0; a < 4; a++) {
+            tpk_plan_desc d;
+            memset(&d, 0, sizeof d);
+            if (a < 3) model(&d.model, archs[a], 37, 64, 4, 500, 32);
+            else qwen_dense_model(&d.model, 37); /* (built whole: the same) */
             double whole = 0, fast = 0;
             d.exact = true;
             CHECK_OK(&ctx, tpk_plan_model_params(&ctx, &d, &whole));
             d.exact = false;
             CHECK_OK(&ctx, tpk_plan_model_params(&ctx, &d, &fast));
             CHECK(whole == fast && whole > 0, "%s: %.0f parameters whole, %.0f extrapolated",
-                  tpk_arch_name(archs[a]), whole, fast);
+                  tpk_arch_name(a < 3 ? archs[a] : TPK_ARCH_QWEN2_MOE), whole, fast);
+            if (a == 3) { /* the count of the layers as they are: 20 dense, 17 sparse */
+                const tpk_qwen2_moe_config *q = &d.model.qwen2_moe;
+                double H = 64, V = 500, E = 4, KV = 2 * 16;                /* G D */
+                double attn = 2 * H * H + 2 * KV * H + H + 2 * KV + 2 * H; /* + biases, norms */
+                double sparse = attn + E * H + E * 3 * H * 24 + 3 * H * 40 + H, dense = attn;
+                dense += 3 * H * 48;
+                double want = 2 * V * H + H + 17 * sparse + 20 * dense;
+                (void)q;
+                CHECK(tpk_qwen2_moe_dense_layers(q) == 20 && whole == want,
+                      "Qwen2-MoE with dense layers: %.0f parameters, expected %.0f (%lld dense)",
+                      whole, want, (long long)tpk_qwen2_moe_dense_layers(q));
+            }
         }
     }
 

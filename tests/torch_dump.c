@@ -4,7 +4,7 @@
  * PyTorch's own layers and compares the loss and every gradient.
  *
  *   mpirun -np N build/tests/torch_dump DIR [sp] [llama [tied] | neox [tanh] | mixtral [ep2] |
- *                                                  qwen2_moe [ep2] [norm]]
+ *                                                  qwen2_moe [ep2] [norm] [dense]]
  * sp: sequence parallelism; llama: the Llama model (A = 6 query heads, G = 2 key/value heads,
  * SwiGLU F = 40, rope_theta 1000, RMSNorm eps 1e-5) instead of GPT-2; tied: the Llama's LM head
  * reuses embed_tokens (GPT-2's always does); neox: GPT-NeoX (H = 48, A = 6: heads of 8, half of
@@ -15,7 +15,9 @@
  * in DIR/ep<q>.txt, ep<q>_w.bin, ep<q>_g.bin, each DP rank's tokens in DIR/ids<r>.bin,
  * targets<r>.bin); qwen2_moe: as mixtral's, with q, k, v biases, experts of F = 40 named
  * gate_proj, up_proj, down_proj, a shared expert of F_s = 28 with its sigmoid gate, the top-k
- * weights renormalised only with norm (norm_topk_prob). Writes DIR/model.txt (config
+ * weights renormalised only with norm (norm_topk_prob); dense: 6 layers, decoder_sparse_step 2
+ * and mlp_only_layers [3] (layers 1 and 5 sparse, 0, 2, 3, 4 dense: a SwiGLU MLP of F_d = 36).
+ * Writes DIR/model.txt (config
  * — arch and, for Llama, kv_heads, ffn, rope_theta, norm_eps, tie —, loss, and per parameter: name,
  * global shape, offset in floats), DIR/weights.bin and DIR/grads.bin (f32, global tensors in
  * registry order), DIR/ids.bin and DIR/targets.bin (i32 [B S]). Label smoothing 0.1, two ignored
@@ -31,6 +33,7 @@ enum { HN = 48 };        /* GPT-NeoX: hidden size (heads of 8) */
 enum { NE = 4, KE = 2 };  /* Mixtral: experts, top-k */
 static const float AUX = 0.1f; /* Mixtral: router_aux_loss_coef */
 enum { FS = 28 };              /* Qwen2-MoE: the shared expert's intermediate size */
+enum { LD = 6, FD = 36 };      /* Qwen2-MoE with dense layers: layers, the dense MLP's size */
 static const float PCT = 0.5f; /* GPT-NeoX: the rotated fraction of a head */
 static const float EPS = 0.1f, THETA = 1000.0f, RMS_EPS = 1e-5f;
 
@@ -52,7 +55,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &np);
     bool sp = false, llama = false, tied = false, neox = false, tanh_gelu = false, bad = argc < 2;
-    bool mix = false, qwen = false, norm = false;
+    bool mix = false, qwen = false, norm = false, dense = false;
     int ep = 1;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "sp")) sp = true;
@@ -63,15 +66,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "mixtral")) mix = true;
         else if (!strcmp(argv[i], "qwen2_moe")) qwen = true;
         else if (!strcmp(argv[i], "norm")) norm = true;
+        else if (!strcmp(argv[i], "dense")) dense = true;
         else if (!strcmp(argv[i], "ep2")) ep = 2;
         else bad = true;
     }
     if (bad || (tied && !llama) || (neox && llama) || (tanh_gelu && !neox) ||
-        ((mix || qwen) && (llama || neox || sp)) || (mix && qwen) || (norm && !qwen) ||
+        ((mix || qwen) && (llama || neox || sp)) || (mix && qwen) || ((norm || dense) && !qwen) ||
         (ep > 1 && (!(mix || qwen) || np % ep))) {
         if (me == 0)
             fprintf(stderr, "usage: torch_dump DIR [sp] [llama [tied] | neox [tanh] | mixtral "
-                            "[ep2] | qwen2_moe [ep2] [norm]]\n");
+                            "[ep2] | qwen2_moe [ep2] [norm] [dense]]\n");
         MPI_Finalize();
         return 2;
     }
@@ -118,6 +122,9 @@ int main(int argc, char **argv) {
                                  .kv_heads = G, .moe_ffn = F, .shared_ffn = FS, .experts = NE,
                                  .top_k = KE, .norm_topk_prob = norm, .aux_coef = AUX,
                                  .rope_theta = THETA, .norm_eps = RMS_EPS, .label_smoothing = EPS};
+    if (dense) /* (qcfg: the model's dense layers are read from it at init) */
+        qcfg.layers = LD, qcfg.sparse_step = 2, qcfg.dense_ffn = FD,
+        tpk_layer_set_add(&qcfg.mlp_only, 3);
     int tp = np / ep; /* Mixtral, Qwen2-MoE at ep2: DP = EP = 2 */
     tpk_status s = tpk_ctx_init(
         &ctx, &(tpk_ctx_desc){.world = &world, .tp = tp, .ep = ep, .seed = 17});
@@ -232,9 +239,10 @@ int main(int argc, char **argv) {
                         "config arch qwen2_moe V %d P %d L %d H %d A %d kv_heads %d ffn %d "
                         "shared_ffn %d experts %d top_k %d norm_topk_prob %d aux_coef %.9g "
                         "rope_theta %.9g norm_eps %.9g tie 0 B %d S %d smoothing %.9g tp %d sp 0 "
-                        "ep %d dp %d\n",
-                        V, P, L, H, A, G, F, FS, NE, KE, (int)norm, (double)AUX, (double)THETA,
-                        (double)RMS_EPS, B, S, (double)EPS, tp, ep, dps);
+                        "ep %d dp %d sparse_step %d mlp_only %s dense_ffn %d\n",
+                        V, P, dense ? LD : L, H, A, G, F, FS, NE, KE, (int)norm, (double)AUX,
+                        (double)THETA, (double)RMS_EPS, B, S, (double)EPS, tp, ep, dps,
+                        dense ? 2 : 1, dense ? "3" : "-", FD);
             else if (neox)
                 fprintf(f,
                         "config arch neox V %d P %d L %d H %d A %d ffn %d rotary_pct %.9g "

@@ -23,8 +23,12 @@ the largest reference value). model.txt's config says which model ("arch", GPT-2
          (Llama's with q, k, v biases, o_proj without), Qwen2MoeSparseMoeBlock (the gate, softmax,
          top-k, the weights renormalised only with norm_topk_prob, each expert's SwiGLU
          down_proj(silu(gate_proj x) * up_proj x) on its tokens, plus the shared expert times
-         sigmoid(shared_expert_gate x) on every token), the loss plus router_aux_loss_coef times
-         load_balancing_loss_func as Mixtral's; DP and EP as Mixtral's;
+         sigmoid(shared_expert_gate x) on every token) in a sparse layer, Qwen2MoeMLP (the
+         SwiGLU mlp.gate_proj, up_proj, down_proj of intermediate_size) in a dense one — layer i
+         sparse iff i is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0, as
+         Qwen2MoeDecoderLayer decides —, the loss plus router_aux_loss_coef times
+         load_balancing_loss_func over the sparse layers' router logits alone (a dense layer
+         returns none, as Qwen2MoeModel collects them); DP and EP as Mixtral's;
 all F.cross_entropy with ignore_index=-100 and label_smoothing.
 Prints "ok ..." or "FAIL ..." (counted by tests/run.sh); exit status 1 on failure.
 
@@ -62,7 +66,7 @@ def load(d):
                 w = line.split()
                 if w[0] == "config":
                     cfg = {
-                        w[i]: (w[i + 1] if w[i] == "arch" else float(w[i + 1]))
+                        w[i]: (w[i + 1] if w[i] in ("arch", "mlp_only") else float(w[i + 1]))
                         for i in range(1, len(w), 2)
                     }
                 elif w[0] == "loss":
@@ -264,12 +268,17 @@ def qwen2_moe_loss_one(cfg, W, ids, targets):
             W[w + "down_proj.weight"],
         )
 
+    step = int(cfg.get("sparse_step", 1))  # decoder_sparse_step
+    only = [int(t) for t in cfg.get("mlp_only", "-").split(",") if t != "-"]  # mlp_only_layers
     for i in range(L):
         p = "model.layers.%d." % i
         x = x + llama_attention(cfg, W, p, x, cos, sin)
-        # Qwen2MoeSparseMoeBlock
         hs = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps).view(-1, H)
         m = p + "mlp."
+        if i in only or (i + 1) % step != 0:  # Qwen2MoeMLP: a dense layer, no router logits
+            x = x + swiglu(hs, m).view(B, S, H)
+            continue
+        # Qwen2MoeSparseMoeBlock
         logits = F.linear(hs, W[m + "gate.weight"])
         router_logits.append(logits)
         rw = F.softmax(logits, dim=1)
@@ -368,7 +377,7 @@ def main():
     elif cfg.get("arch") == "qwen2_moe":
         what = (
             "PyTorch reference: Qwen2-MoE (L=%d, H=%d, A=%d, G=%d, E=%d, k=%d, F=%d, F_s=%d, V=%d, "
-            "norm_topk_prob %d, aux %g) at t=%d x EP %d x DP %d"
+            "norm_topk_prob %d, aux %g%s) at t=%d x EP %d x DP %d"
             % (
                 cfg["L"],
                 cfg["H"],
@@ -381,6 +390,12 @@ def main():
                 cfg["V"],
                 cfg["norm_topk_prob"],
                 cfg["aux_coef"],
+                (
+                    ", decoder_sparse_step %d, mlp_only_layers [%s], dense F_d=%d"
+                    % (cfg["sparse_step"], cfg["mlp_only"], cfg["dense_ffn"])
+                    if cfg.get("sparse_step", 1) != 1 or cfg.get("mlp_only", "-") != "-"
+                    else ""
+                ),
                 cfg["tp"],
                 cfg["ep"],
                 cfg["dp"],

@@ -1237,6 +1237,15 @@ rc1=$rc
 tr 2 --text "$text" $qm --ep 2 --steps 4 --csv "$T/qm2.csv"
 printf '%s\n' "$out" | grep -q '^train: 2 ranks = TP 1 x DP 2 (EP 2), .*Qwen2-MoE .* E=4 k=2 F=24 Fs=40 G=2' || rc1=1
 mxeq "Qwen2-MoE at DP 2 x EP 2: 4 AdamW steps' losses equal DP 2 at EP 1 (the banner's EP and sizes)" "$T/qm1.csv" "$T/qm2.csv" 1 4
+# dense layers between the sparse ones, as Hugging Face's: --decoder-sparse-step 2 makes layers 1,
+# 3, 5 sparse, --mlp-only-layers 3 makes 3 dense after all (a SwiGLU MLP of --dense-ffn 48); the
+# aux over layers 1 and 5 alone, EP 2 against EP 1
+qd="$qm --layers 6 --decoder-sparse-step 2 --mlp-only-layers 3 --dense-ffn 48"
+tr 2 --text "$text" $qd --steps 4 --csv "$T/qd1.csv"
+rc1=$rc
+tr 2 --text "$text" $qd --ep 2 --steps 4 --csv "$T/qd2.csv"
+awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { exit !(a != b) }' "$T/qm1.csv" "$T/qd1.csv" || rc1=1
+mxeq "Qwen2-MoE with dense layers (--decoder-sparse-step 2 --mlp-only-layers 3) at DP 2 x EP 2 equals EP 1" "$T/qd1.csv" "$T/qd2.csv" 1 4
 if long_set; then
     tr 2 --text "$text" $qm --steps 5 --csv "$T/qm1.csv"
     rc1=$rc
@@ -1258,7 +1267,32 @@ if long_set; then
     mxeq "Qwen2-MoE at PP 2 x DP 2 x EP 2 equals DP 2 at EP 1" "$T/qm1.csv" "$T/qmp.csv" 1 5
     tr 4 --text "$text" $qm --cp 2 --cp-comm allgather --steps 5 --csv "$T/qmc.csv"
     mxeq "Qwen2-MoE at CP 2 x DP 2 (keys and values all-gathered) equals DP 2 at CP 1" "$T/qm1.csv" "$T/qmc.csv" 1 5
-    bad "Qwen2-MoE: --dropout" "--dropout: the Qwen2-MoE model has no dropout" --text "$text" $qm --dropout 0.1
+    # dropout at GPT-2's sites (the masks each DP rank's, the same at any EP size), the routers'
+    # z-loss and a capacity factor: EP 2 equals EP 1
+    tr 2 --text "$text" $qd --dropout 0.1 --steps 5 --csv "$T/qdd1.csv"
+    rc1=$rc
+    tr 2 --text "$text" $qd --dropout 0.1 --ep 2 --steps 5 --csv "$T/qdd2.csv"
+    awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { d = b - a; exit !(d > 1e-3 || d < -1e-3) }' "$T/qd1.csv" "$T/qdd1.csv" || rc1=1
+    mxeq "Qwen2-MoE --dropout 0.1 (dense layers too) at DP 2 x EP 2 equals EP 1 (step 1's loss moved by the dropout)" "$T/qdd1.csv" "$T/qdd2.csv" 1 5
+    tr 2 --text "$text" $qm --dropout 0.1 --steps 5 --csv "$T/qmd1.csv"
+    rc1=$rc
+    tr 4 --text "$text" $qm --dropout 0.1 --tp 2 --ep 2 --recompute full --steps 5 --csv "$T/qmd22.csv"
+    mxeq "Qwen2-MoE --dropout 0.1 at TP 2 x DP 2 x EP 2 under full recompute equals TP 1 at EP 1" "$T/qmd1.csv" "$T/qmd22.csv" 1 5
+    # a pipeline stage of dense layers alone (--pp-layers 1,5: block 0) passes the routing's sums on
+    tr 4 --text "$text" $qd --pp 2 --ep 2 --pp-layers 1,5 --recompute selective --steps 4 --csv "$T/qdp.csv"
+    rc1=0
+    printf '%s\n' "$out" | grep -q '^stages: 0: blocks 0-0 + embedding | 1: blocks 1-5' || rc1=1
+    mxeq "Qwen2-MoE with dense layers at PP 2 x DP 2 x EP 2 (stage 0 a dense layer alone) under selective recompute equals DP 2 at EP 1" "$T/qd1.csv" "$T/qdp.csv" 1 4
+    tr 2 --text "$text" $qd --z-loss-coef 0.01 --capacity-factor 0.5 --steps 5 --csv "$T/qdz1.csv"
+    rc1=$rc
+    tr 2 --text "$text" $qd --z-loss-coef 0.01 --capacity-factor 0.5 --ep 2 --steps 5 --csv "$T/qdz2.csv"
+    awk -F, 'NR == FNR && $1 == 1 { a = $2 } NR > FNR && $1 == 1 { b = $2 } END { exit !(b > a + 1e-3) }' "$T/qd1.csv" "$T/qdz1.csv" || rc1=1
+    # (steps 1-4, as Mixtral's: a row at the capacity's cut may fall on the other side later)
+    mxeq "Qwen2-MoE with --z-loss-coef 0.01 --capacity-factor 0.5 at DP 2 x EP 2 equals EP 1, step 1's loss above the run without's" "$T/qdz1.csv" "$T/qdz2.csv" 1 4
+    bad "Qwen2-MoE: --mlp-only-layers not a list" "--mlp-only-layers: expected layer indices 0..1023 separated by commas, or none, got \"1,x\"" --text "$text" $qm --mlp-only-layers 1,x
+    bad "Qwen2-MoE: --mlp-only-layers past the layers" "--mlp-only-layers: layer 2, expected layers below the model's 2" --text "$text" $qm --mlp-only-layers 0,2
+    bad "Qwen2-MoE: --decoder-sparse-step 0" "--decoder-sparse-step: expected an integer in \[1, 100000\], got \"0\"" --text "$text" $qm --decoder-sparse-step 0
+    bad "--dense-ffn with Mixtral" "--dense-ffn: applies to --arch qwen2_moe only (the model is mixtral)" --text "$text" $mx --dense-ffn 64
     bad "Qwen2-MoE: experts not divisible by EP" "--ep 2: expected a divisor of the 3 experts" --text "$text" $qm --experts 3 --ep 2
     bad "Qwen2-MoE: top-k past the experts" "--moe-top-k 5: expected at most the 4 experts" --text "$text" $qm --moe-top-k 5
     bad "Qwen2-MoE: --norm-topk-prob 2" "--norm-topk-prob: expected an integer in \[0, 1\], got \"2\"" --text "$text" $qm --norm-topk-prob 2
@@ -1286,9 +1320,26 @@ if long_set; then
     rc1=$rc
     tr 2 --text "$text" $qm --ep 2 --steps 8 --load "$T/qms1/step-4" --csv "$T/qmr2.csv"
     mxeq "Qwen2-MoE saved at EP 1 resumed at EP 2: steps 5-8 equal the straight run" "$T/qmfull1.csv" "$T/qmr2.csv" 5 8
+    # with dense layers: config.json's decoder_sparse_step, mlp_only_layers and intermediate_size,
+    # a dense layer's mlp.{gate,up,down}_proj, saved at EP 2 and resumed at EP 1 and TP 2 x EP 2
+    tr 2 --text "$text" $qd --ep 2 --steps 8 --save "$T/qds" --save-every 4 --csv "$T/qdfull.csv"
+    rc1=$rc
+    grep -q '"decoder_sparse_step": 2,' "$T/qds/step-4/config.json" || rc1=1
+    grep -q '"mlp_only_layers": \[3\],' "$T/qds/step-4/config.json" || rc1=1
+    grep -q '"intermediate_size": 48,' "$T/qds/step-4/config.json" || rc1=1
+    for w in 0.mlp.gate_proj 3.mlp.up_proj 4.mlp.down_proj 5.mlp.experts.3.down_proj; do
+        head -c 200000 "$T/qds/step-4/model.safetensors" | grep -aq "model.layers.$w.weight" || rc1=1
+    done
+    head -c 200000 "$T/qds/step-4/model.safetensors" | grep -aq "model.layers.3.mlp.gate.weight" && rc1=1
+    tr 2 --text "$text" --arch qwen2_moe --batch 2 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3 --steps 8 --load "$T/qds/step-4" --csv "$T/qdr1.csv"
+    mxeq "Qwen2-MoE with dense layers saved at EP 2 (config.json's decoder_sparse_step, mlp_only_layers, intermediate_size; the dense layers' names) resumed at EP 1 from config.json alone: steps 5-8 equal the straight run" "$T/qdfull.csv" "$T/qdr1.csv" 5 8
+    tr 4 --text "$text" $qd --tp 2 --ep 2 --steps 8 --load "$T/qds/step-4" --csv "$T/qdr22.csv"
+    mxeq "Qwen2-MoE with dense layers saved at EP 2 resumed at TP 2 x EP 2 (the flags as config.json's): steps 5-8 equal the straight run" "$T/qdfull.csv" "$T/qdr22.csv" 5 8
+    bad "Qwen2-MoE: --mlp-only-layers against a checkpoint's" "--mlp-only-layers 2: the checkpoint $T/qds/step-4 has 3" --text "$text" --arch qwen2_moe --batch 2 --seq-len 16 --load "$T/qds/step-4" --mlp-only-layers 2
     # a Hugging Face Qwen2-MoE directory: HF's config.json (Qwen1.5-MoE's keys) with the EP 1
-    # checkpoint's weights; evaluated at EP 2 it gives the EP 1 model's loss; a config.json with a
-    # dense layer (decoder_sparse_step 2, mlp_only_layers [1]) or sliding windows refused by name
+    # checkpoint's weights; evaluated at EP 2 it gives the EP 1 model's loss; a config.json with
+    # decoder_sparse_step 0, a dense layer past the layers (mlp_only_layers [2]) or sliding windows
+    # refused by name
     rm -rf "$T/qmhf" && mkdir -p "$T/qmhf"
     python3 - "$T/qms1/step-4" "$T/qmhf" <<'PY'
 import json, os, struct, sys
@@ -1312,7 +1363,7 @@ cfg = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_
        "transformers_version": "4.46.0", "use_cache": True, "use_sliding_window": False,
        "vocab_size": 256}
 json.dump(cfg, open(dst + "/config.json", "w"), indent=2)
-for name, k, v in (("qmbad1", "decoder_sparse_step", 2), ("qmbad2", "mlp_only_layers", [1]),
+for name, k, v in (("qmbad1", "decoder_sparse_step", 0), ("qmbad2", "mlp_only_layers", [2]),
                    ("qmbad3", "use_sliding_window", True)):
     os.makedirs(dst + "/../" + name, exist_ok=True)
     json.dump(dict(cfg, **{k: v}), open(dst + "/../" + name + "/config.json", "w"))
@@ -1326,7 +1377,7 @@ PY
     r=$(awk -v a="$ref" -v b="$got" 'BEGIN{ if (a == "" || b == "") print "inf"; else { d=(a-b)/a; printf "%.3g\n", d<0?-d:d } }')
     if [ $rc1 -eq 0 ] && [ $rc -eq 0 ] && awk -v r="$r" 'BEGIN{exit !(r < 1e-6)}'; then ok "a Hugging Face Qwen2-MoE directory evaluated at EP 2 gives the EP 1 model's loss $ref (relative difference $r)"
     else fail "a Hugging Face Qwen2-MoE directory at EP 2 (exit $rc1, $rc; losses $ref, $got)"; fi
-    bad "Qwen2-MoE config.json: decoder_sparse_step 2" "decoder_sparse_step 2: expected 1 (every layer sparse)" --text "$text" --load "$T/qmbad1" --eval-only --batch 2 --seq-len 16
-    bad "Qwen2-MoE config.json: mlp_only_layers [1]" "mlp_only_layers: expected \[\] or null" --text "$text" --load "$T/qmbad2" --eval-only --batch 2 --seq-len 16
+    bad "Qwen2-MoE config.json: decoder_sparse_step 0" "decoder_sparse_step 0: expected a whole number 1..1e5" --text "$text" --load "$T/qmbad1" --eval-only --batch 2 --seq-len 16
+    bad "Qwen2-MoE config.json: mlp_only_layers [2]" "mlp_only_layers: expected whole layer indices 0..1 (num_hidden_layers 2), got 2" --text "$text" --load "$T/qmbad2" --eval-only --batch 2 --seq-len 16
     bad "Qwen2-MoE config.json: use_sliding_window true" "use_sliding_window: expected false" --text "$text" --load "$T/qmbad3" --eval-only --batch 2 --seq-len 16
 fi

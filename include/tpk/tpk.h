@@ -29,6 +29,8 @@
  *             lm.h sample.h         the language model over it (one type); sampling
  *             gpt2.h llama.h neox.h the GPT-2, Llama and GPT-NeoX configurations (families.h)
  *             mixtral.h qwen2_moe.h Mixtral and Qwen2-MoE: Llama's with a mixture of experts
+ *             moe_family.h          (their shared options: the router's, the capacity, z-loss,
+ *                                   dropout)
  *   train/    optim.h dp.h data.h   AdamW, norm, clipping, schedules; DP buckets; token data
  *             schedule.h pipeline.h pipeline parallelism: schedules as data; the split of blocks
  *                                   over stages and the executor

@@ -27,7 +27,9 @@
  * coef balance, the load-balancing loss as Hugging Face's MixtralForCausalLM computes it
  * (load_balancing_loss_func over every layer's router logits concatenated, not the layers' losses
  * summed): balance = E sum_e C_e Q_e / N², C_e the rows routed to expert e and Q_e = sum_t p_te
- * summed over the layers, N = L T (this rank's T tokens in each of the L layers). Its gradient
+ * summed over the MoE layers, N = L T (this rank's T tokens in each of the L MoE layers: a model of
+ * two kinds of block, cfg.mlp_2, pools its MoE blocks alone, as Hugging Face's Qwen2-MoE pools
+ * the router logits of its sparse layers, its dense ones returning none). Its gradient
  * on every token's p_te in every layer is scale coef E C_e / N² (the counts not differentiated),
  * handed to each router (tpk_router_backward_pooled). A router z-loss (tpk_moe_desc.z_coef > 0,
  * ST-MoE's, as Megatron-core's moe_z_loss_coeff) adds each layer's z_coef mean_t lse_t² to it: the
@@ -60,12 +62,62 @@ typedef struct tpk_lm_part {
     bool no_embed, no_head;
 } tpk_lm_part;
 
+/* A set of layers, layer i its bit i (a family's per-layer choice: Qwen2-MoE's mlp_only_layers):
+ * layers 0 .. TPK_LAYER_SET_MAX - 1. A value: a config holding one copies whole. */
+#define TPK_LAYER_SET_MAX 1024
+typedef struct tpk_layer_set {
+    uint64_t w[TPK_LAYER_SET_MAX / 64];
+} tpk_layer_set;
+static inline bool tpk_layer_set_has(const tpk_layer_set *s, int64_t i) {
+    return i >= 0 && i < TPK_LAYER_SET_MAX && (s->w[i / 64] >> (i % 64) & 1u);
+}
+/* Adds layer i (false, nothing added, when i is outside 0 .. TPK_LAYER_SET_MAX - 1). */
+static inline bool tpk_layer_set_add(tpk_layer_set *s, int64_t i) {
+    if (i < 0 || i >= TPK_LAYER_SET_MAX) return false;
+    s->w[i / 64] |= (uint64_t)1 << (i % 64);
+    return true;
+}
+/* The largest layer in s, -1 when s is empty. */
+static inline int64_t tpk_layer_set_last(const tpk_layer_set *s) {
+    for (int64_t i = TPK_LAYER_SET_MAX - 1; i >= 0; i--)
+        if (tpk_layer_set_has(s, i)) return i;
+    return -1;
+}
+/* "0,2,5" (whole numbers in 0 .. TPK_LAYER_SET_MAX - 1 separated by commas, in any order, repeats
+ * allowed) or "none" (or "": the empty set) into *s; false (s emptied) when the text is neither. */
+static inline bool tpk_layer_set_parse(const char *text, tpk_layer_set *s) {
+    memset(s, 0, sizeof *s);
+    if (!text || !*text || !strcmp(text, "none")) return text != NULL;
+    for (const char *c = text;;) {
+        if (*c < '0' || *c > '9') return memset(s, 0, sizeof *s), false;
+        int64_t v = 0;
+        while (*c >= '0' && *c <= '9' && v < TPK_LAYER_SET_MAX) v = 10 * v + (*c++ - '0');
+        if ((*c != ',' && *c) || !tpk_layer_set_add(s, v)) return memset(s, 0, sizeof *s), false;
+        if (!*c++) return true;
+    }
+}
+/* s as its layers separated by sep ("0, 2, 5"; "" when empty) into buf (n bytes), returned. */
+static inline const char *tpk_layer_set_text(const tpk_layer_set *s, const char *sep, char *buf,
+                                             size_t n) {
+    size_t at = 0;
+    if (n) buf[0] = 0;
+    for (int64_t i = 0; i < TPK_LAYER_SET_MAX && at < n; i++)
+        if (tpk_layer_set_has(s, i)) {
+            int k = snprintf(buf + at, n - at, "%s%lld", at ? sep : "", (long long)i);
+            at += k > 0 ? (size_t)k : 0;
+        }
+    return buf;
+}
+
 /* A field of a family's config a trainer sets from its command line ("--flag value"; the kit's
  * trainer, examples/train.c, takes every family's through tpk/train/model.h). */
+enum { TPK_LM_FLAG_FLOAT = 0, TPK_LM_FLAG_INT = 1, TPK_LM_FLAG_LAYERS = 2 };
 typedef struct tpk_lm_flag {
     const char *flag;  /* "--rotary-pct" */
     size_t off;        /* of the field in the family's config */
-    bool is_int;       /* an int64_t field, else a float */
+    int kind;          /* TPK_LM_FLAG_INT (true): an int64_t field; _FLOAT (false): a float;
+                          _LAYERS: a tpk_layer_set, the value its layers "0,2" or "none"
+                          (tpk_layer_set_parse; lo, hi unused) */
     double lo, hi;     /* the values accepted */
     const char *label; /* its name in the trainer's banner ("F"); NULL: not shown */
     const char *help;  /* what the usage says after the flag */
@@ -97,8 +149,15 @@ typedef struct tpk_lm_config {
     tpk_recompute recompute;  /* TPK_RECOMPUTE_FULL: each block's forward again in the backward;
                                  _SELECTIVE: the norms, the attention kernel and activations */
     tpk_lm_part part;         /* the part built (pipeline stages); zeros: all */
+    /* Optional: a model of two kinds of block (Qwen2-MoE's dense layers among its sparse ones):
+       block i's MLP is mlp_2 where mlp_2_at(mlp_2_user, i) is true, else block.mlp (mlp_2_at
+       NULL: block.mlp in every block). Not a mixture of experts (the pooled aux is block.mlp's
+       experts'); its name and everything else of the block are block's. */
+    tpk_mlp_layer_desc mlp_2;
+    bool (*mlp_2_at)(const void *user, int64_t layer);
+    const void *mlp_2_user;
 } tpk_lm_config;
-/* The strings of a config (names) are read by tpk_lm_init only. */
+/* The strings of a config (names) and mlp_2_user are read by tpk_lm_init only. */
 
 typedef struct tpk_lm {
     tpk_lm_config c;        /* as built, defaults applied */
@@ -142,6 +201,8 @@ typedef struct tpk_lm {
     double aux_z;           /* the layers' z-losses summed */
     double *aux_before;     /* host [2 E + 2]: the sums of the parts before (pipeline stages:
                                tpk__lm_aux_before), added to this part's; else zeros */
+    int64_t moe_layers;     /* the model's blocks whose MLP is the MoE (of all L, not only the
+                               part's): the aux's layers */
     int64_t lo, hi;         /* the blocks built */
     bool has_embed, has_head;
 } tpk_lm;
@@ -190,6 +251,11 @@ static inline tpk_status tpk__lm_check_dropout(tpk_ctx *ctx, const char *fn, flo
     return TPK_OK;
 }
 
+/* Whether block i's MLP is c->mlp_2 (the second kind of block), not c->block.mlp. */
+static inline bool tpk__lm_mlp_2(const tpk_lm_config *c, int64_t i) {
+    return c->mlp_2_at && c->mlp_2_at(c->mlp_2_user, i);
+}
+
 /* ---- init, destroy --------------------------------------------------------------------------- */
 
 static inline void tpk_lm_destroy(tpk_ctx *ctx, tpk_lm *m);
@@ -215,6 +281,10 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
                          "cfg->block.dropout: the model has no dropout sites (cfg->dropout_sites "
                          "false), expected 0, got %g",
                          (double)c.block.dropout);
+    if (c.mlp_2_at && c.mlp_2.kind == TPK_MLP_MOE)
+        return tpk__fail(ctx, TPK_ERR_ARG, fn,
+                         "cfg->mlp_2.kind: TPK_MLP_MOE, expected another MLP (a mixture of experts "
+                         "is cfg->block.mlp's)");
     if (c.init_std <= 0) c.init_std = 0.02f;
     if (c.block.init_std <= 0) c.block.init_std = c.init_std;
     if (!c.block.name) c.block.name = "layers";
@@ -249,14 +319,19 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
         m->blocks = (tpk_block *)tpk__calloc(ctx, (size_t)c.layers, sizeof *m->blocks);
         if (!m->blocks) s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%lld blocks", (long long)c.layers);
     }
+    for (int64_t i = 0; c.block.mlp.kind == TPK_MLP_MOE && i < c.layers; i++)
+        m->moe_layers += !tpk__lm_mlp_2(&c, i); /* every block's, built here or not */
     for (int64_t i = m->lo; s == TPK_OK && i < m->hi; i++) {
         char n[96];
         snprintf(n, sizeof n, "%s.%lld", c.block.name, (long long)i);
         tpk_block_desc bd = c.block;
         bd.name = n;
+        if (tpk__lm_mlp_2(&c, i)) bd.mlp = c.mlp_2; /* the second kind of block */
         s = tpk_block_init(ctx, &m->blocks[i], c.hidden, &bd);
     }
-    if (s == TPK_OK && c.block.mlp.kind == TPK_MLP_MOE) { /* the aux pooled over the layers */
+    /* the aux pooled over the MoE layers (the arrays on every part, even one without such a
+       block: the pipeline's messages carry the sums through it) */
+    if (s == TPK_OK && c.block.mlp.kind == TPK_MLP_MOE) {
         size_t E = (size_t)c.block.mlp.moe.experts;
         m->aux_count = s == TPK_OK ? (double *)tpk__calloc(ctx, E, sizeof(double)) : NULL;
         m->aux_dp = s == TPK_OK ? (double *)tpk__calloc(ctx, E, sizeof(double)) : NULL;
@@ -265,7 +340,8 @@ static inline tpk_status tpk_lm_init(tpk_ctx *ctx, tpk_lm *m, const tpk_lm_confi
         if (s == TPK_OK && (!m->aux_count || !m->aux_dp || !m->aux_before))
             s = tpk__fail(ctx, TPK_ERR_NOMEM, fn, "%zu experts' counts", E);
         for (int64_t i = m->lo; s == TPK_OK && i < m->hi; i++)
-            m->blocks[i].mlp.u.moe.aux_dp = m->aux_dp, m->blocks[i].mlp.u.moe.aux_g = &m->aux_g;
+            if (m->blocks[i].mlp.kind == TPK_MLP_MOE)
+                m->blocks[i].mlp.u.moe.aux_dp = m->aux_dp, m->blocks[i].mlp.u.moe.aux_g = &m->aux_g;
     }
     if (s == TPK_OK && c.dropout_sites && m->has_embed) {
         tpk_dropout_desc dd;
@@ -403,6 +479,7 @@ static inline tpk_status tpk__lm_moe_aux(tpk_ctx *ctx, tpk_lm *m) {
         double *own = m->aux_before + 2 * E + 2; /* [2 E + 2] scratch */
         for (int64_t k = 0; k < 2 * E + 2; k++) own[k] = 0;
         for (int64_t i = m->lo; i < m->hi; i++) {
+            if (m->blocks[i].mlp.kind != TPK_MLP_MOE) continue; /* a dense block: no routing */
             const tpk_router *r = &m->blocks[i].mlp.u.moe.router;
             for (int64_t e = 0; e < E; e++)
                 own[2 + e] += (double)r->count[e], own[2 + E + e] += r->psum[e];
@@ -417,6 +494,7 @@ static inline tpk_status tpk__lm_moe_aux(tpk_ctx *ctx, tpk_lm *m) {
         for (int64_t e = 0; e < E; e++)
             m->aux_count[e] = m->aux_before[2 + e], m->aux_dp[e] = m->aux_before[2 + E + e];
         for (int64_t i = m->lo; i < m->hi; i++) {
+            if (m->blocks[i].mlp.kind != TPK_MLP_MOE) continue;
             const tpk_router *r = &m->blocks[i].mlp.u.moe.router;
             for (int64_t e = 0; e < E; e++)
                 m->aux_count[e] += (double)r->count[e], m->aux_dp[e] += r->psum[e];

@@ -40,7 +40,7 @@
 #ifndef TPK_MIXTRAL_H
 #define TPK_MIXTRAL_H
 
-#include "llama.h"
+#include "moe_family.h"
 
 typedef struct tpk_mixtral_config {
     int64_t vocab;           /* V (need not divide t) */
@@ -129,31 +129,9 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
                                                tpk_lm_config *out) {
     static const char *fn = "tpk_mixtral_init";
     tpk_mixtral_config *c = cfg;
-    if (c->experts == 0) c->experts = 8;
-    if (c->top_k == 0) c->top_k = 2;
-    int ep = ctx->ep.vt ? ctx->ep.size : 1;
-    if (c->experts < 1 || c->experts > 1000000 || c->experts % ep)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->experts: expected a positive multiple of the EP size %d (every EP "
-                         "rank holds experts / ep of them), got %lld",
-                         ep, (long long)c->experts);
-    if (c->top_k < 1 || c->top_k > c->experts)
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->top_k: expected 1..cfg->experts = 1..%lld, got %lld",
-                         (long long)c->experts, (long long)c->top_k);
-    if (!isfinite(c->aux_coef))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg->aux_coef: expected a finite value, got %g",
-                         (double)c->aux_coef);
-    if (c->aux_coef == 0) c->aux_coef = 0.001f;
-    if (!(c->capacity_factor >= 0) || isinf(c->capacity_factor))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->capacity_factor: expected a finite value >= 0 (0: dropless), got %g",
-                         (double)c->capacity_factor);
-    if (!(c->z_coef >= 0) || isinf(c->z_coef))
-        return tpk__fail(ctx, TPK_ERR_ARG, fn,
-                         "cfg->z_coef: expected a finite value >= 0 (0: no z-loss), got %g",
-                         (double)c->z_coef);
-    TPK_TRY(tpk__lm_check_dropout(ctx, fn, c->dropout));
+    tpk__moe_fields mf = {&c->experts,        &c->top_k, &c->aux_coef,
+                          c->capacity_factor, c->z_coef, c->dropout};
+    TPK_TRY(tpk__moe_fields_check(ctx, fn, &mf, 8, 2));
     if (!c->ffn && c->hidden > 0) c->ffn = tpk_mixtral_default_ffn(c->hidden);
     if (c->rope_theta == 0) c->rope_theta = 1e6f;
     if (c->norm_eps == 0) c->norm_eps = 1e-5f;
@@ -174,8 +152,7 @@ static inline tpk_status tpk_mixtral_lm_config(tpk_ctx *ctx, tpk_mixtral_config 
     bd.rope_theta = c->rope_theta, bd.norm_eps = c->norm_eps, bd.init_std = c->init_std;
     out->block = tpk_mixtral_block_config(&bd, (int)c->experts, (int)c->top_k,
                                           c->aux_coef > 0 ? c->aux_coef : 0.f);
-    out->block.mlp.moe.capacity_factor = c->capacity_factor, out->block.mlp.moe.z_coef = c->z_coef;
-    out->block.dropout = c->dropout, out->dropout_sites = true;
+    tpk__moe_fields_apply(&mf, out);
     return TPK_OK;
 }
 

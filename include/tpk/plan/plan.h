@@ -41,7 +41,10 @@
  * router (tpk/layers/router.h: every expert T k / E of a rank's rows, and every EP peer routing
  * as the rank walked, tpk/layers/moe.h), so each rank receives T k rows; the all-to-alls (the
  * counts, the rows both ways) are the code's own calls on ctx->ep, costed on its channel
- * (tpk/plan/count.h). MFU counts the parameters a token uses (the experts' k / E). */
+ * (tpk/plan/count.h). MFU counts the parameters a token uses (the experts' k / E). A Qwen2-MoE
+ * with dense layers among its sparse ones (decoder_sparse_step, mlp_only_layers) is counted as it
+ * is built, each dense layer's SwiGLU MLP (weights, gradients, moments, activations) where it
+ * stands: its stages are dry-run whole, not probed (its blocks are of two kinds). */
 #ifndef TPK_PLAN_H
 #define TPK_PLAN_H
 
@@ -170,6 +173,13 @@ static inline int64_t tpk__plan_experts(const tpk_model_config *m, int64_t *k) {
     return *k = 0, 0;
 }
 
+/* Whether the model's blocks are all alike, so that the probes' extrapolation (which adds blocks
+ * to a stage) holds: not for a Qwen2-MoE with dense layers among its sparse ones (two kinds of
+ * block, in an order of the layer's index), whose stages are dry-run whole. */
+static inline bool tpk__plan_blocks_alike(const tpk_model_config *m) {
+    return m->arch != TPK_ARCH_QWEN2_MOE || tpk_qwen2_moe_dense_layers(&m->qwen2_moe) == 0;
+}
+
 /* Parameters of a model of `layers` blocks (0: the desc's own; the tied embedding once); *ex: the
  * routed experts' among them. */
 static inline tpk_status tpk__plan_params_at(tpk_ctx *err, const tpk_plan_desc *d, int64_t layers,
@@ -198,15 +208,17 @@ static inline tpk_status tpk__plan_params_at(tpk_ctx *err, const tpk_plan_desc *
 }
 
 /* The whole model's parameters (the tied embedding once) and its routed experts' (*ex).
- * Past 2 TPK_PLAN_PROBE + 1 blocks (and not d->exact): N(k) + (L - k) (N(k + 1) - N(k)), k =
- * TPK_PLAN_PROBE — the blocks are identical, so exact (whole numbers below 2^53). */
+ * Past 2 TPK_PLAN_PROBE + 1 blocks (and not d->exact, the blocks alike): N(k) + (L - k)
+ * (N(k + 1) - N(k)), k = TPK_PLAN_PROBE — the blocks are identical, so exact (whole numbers below
+ * 2^53); a model of two kinds of block is built whole. */
 static inline tpk_status tpk__plan_params(tpk_ctx *err, const tpk_plan_desc *d, double *n,
                                           double *ex) {
     tpk_model_config cfg = d->model;
     int64_t *sh[5], k = TPK_PLAN_PROBE;
     tpk__model_common(&cfg, sh, NULL, NULL, NULL, NULL);
     int64_t L = *sh[2];
-    if (d->exact || L <= 2 * k + 1) return tpk__plan_params_at(err, d, 0, n, ex);
+    if (d->exact || L <= 2 * k + 1 || !tpk__plan_blocks_alike(&d->model))
+        return tpk__plan_params_at(err, d, 0, n, ex);
     double a = 0, b = 0, xa = 0, xb = 0;
     TPK_TRY(tpk__plan_params_at(err, d, k, &a, &xa));
     TPK_TRY(tpk__plan_params_at(err, d, k + 1, &b, &xb));
@@ -329,7 +341,9 @@ static inline void tpk__plan_fields(tpk__plan_stage *x, double *f[TPK__PLAN_FIEL
     f[10] = &x->tail, f[11] = &x->compute, f[12] = &x->exposed;
 }
 
-/* Stage `stage`'s figures with n blocks. A stage's blocks are identical: each adds the same
+/* Stage `stage`'s figures with n blocks. A stage's blocks are identical (else, a Qwen2-MoE's dense
+ * layers among its sparse ones, the stage is dry-run whole: tpk__plan_blocks_alike): each adds the
+ * same
  * buffers (its weights, gradients, moments, kept activations) and the same ops and collectives, so
  * every figure is affine in n once the first blocks' transients are past: x(n) = x(k) + (n - k) dx.
  * Three probes (k, k + 1, k + 2 blocks on every stage, the rest of the configuration as is) give
@@ -348,7 +362,8 @@ static inline tpk_status tpk__plan_stage_at(tpk_ctx *err, const tpk_plan_desc *d
                                             int stage, int64_t n, tpk__plan_stage *out,
                                             tpk_pipe_schedule *sched) {
     for (int64_t k = TPK_PLAN_PROBE;; k *= 2) {
-        if (d->exact || n <= 3 * k + 3) return tpk__plan_stage_run(err, d, p, stage, 0, out, sched);
+        if (d->exact || n <= 3 * k + 3 || !tpk__plan_blocks_alike(&d->model))
+            return tpk__plan_stage_run(err, d, p, stage, 0, out, sched);
         tpk__plan_stage x[3];
         double *f[3][TPK__PLAN_FIELDS], *o[TPK__PLAN_FIELDS];
         memset(x, 0, sizeof x);

@@ -285,24 +285,57 @@ static inline tpk_status tpk_mixtral_config_parse(tpk_ctx *ctx, const uint8_t *b
     return TPK_OK;
 }
 
+/* A config.json member `key` that lists layers (Qwen2-MoE's mlp_only_layers): absent, null or an
+ * array of whole numbers 0 .. L - 1 (repeats allowed: a set) into *out; anything else refused by
+ * name (a layer at or past L, or past TPK_LAYER_SET_MAX, a non-integer, not an array). */
+static inline tpk_status tpk__config_layers(tpk_ctx *ctx, const char *fn, const uint8_t *b,
+                                            size_t n, const char *what, const char *key, double L,
+                                            tpk_layer_set *out) {
+    tpk__json root;
+    char *arena = NULL;
+    memset(out, 0, sizeof *out);
+    tpk_status s = tpk__json_read(ctx, fn, what, (const char *)b, n, &root, &arena);
+    const tpk__json *v = s == TPK_OK ? tpk__json_get(&root, key) : NULL;
+    if (v && v->type != TPK__JNULL && v->type != TPK__JARR)
+        s = tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                      "%s: byte %zu: %s: expected an array of layer indices or null", what, v->at,
+                      key);
+    for (size_t k = 0; s == TPK_OK && v && v->type == TPK__JARR && k < v->len; k++) {
+        const tpk__json *e = &v->kids[k];
+        int64_t i = -1;
+        if (!tpk__json_int(e, 0, L - 1, &i))
+            s = tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                          "%s: byte %zu: %s: expected whole layer indices 0..%g (num_hidden_layers "
+                          "%g), got %s",
+                          what, e->at, key, L - 1, L,
+                          e->type == TPK__JNUM ? e->str : "not a number");
+        else if (!tpk_layer_set_add(out, i))
+            s = tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
+                          "%s: byte %zu: %s: layer %lld: tpk lists layers below %d alone", what,
+                          e->at, key, (long long)i, TPK_LAYER_SET_MAX);
+    }
+    tpk__json_free(&root, &arena);
+    return s;
+}
+
 /* Qwen2MoeForCausalLM's config.json (Hugging Face Qwen2MoeConfig): the sizes, heads,
  * num_key_value_heads (absent: num_attention_heads), rms_norm_eps (absent: 1e-6), rope_theta
  * (absent: Qwen2MoeConfig's 10000), tie_word_embeddings, num_experts (absent: 60),
  * num_experts_per_tok (4), moe_intermediate_size (1408), shared_expert_intermediate_size (5632),
- * norm_topk_prob (false), router_aux_loss_coef (0.001; added only with output_router_logits true,
- * as Hugging Face does); refused by name: decoder_sparse_step other than 1 or a non-empty
- * mlp_only_layers (tpk makes every layer sparse), use_sliding_window true, qkv_bias false, a
- * hidden_act other than silu, rope_scaling, a head_dim other than hidden / heads. intermediate_size
- * (the dense layers' MLP, of which there are none) is not read. */
+ * intermediate_size (the dense layers' MLP: 5632), decoder_sparse_step (1: every layer sparse),
+ * mlp_only_layers (absent or null: none; tpk__config_layers), norm_topk_prob (false),
+ * router_aux_loss_coef (0.001; added only with output_router_logits true, as Hugging Face does);
+ * refused by name: use_sliding_window true, qkv_bias false, a hidden_act other than silu,
+ * rope_scaling, a head_dim other than hidden / heads. */
 static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t *b, size_t n,
                                                     const char *what, tpk_qwen2_moe_config *cfg) {
     static const char *fn = "tpk_qwen2_moe_config_parse";
     if (!ctx) return TPK_ERR_ARG;
     if (!cfg || !what || (n && !b))
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "bytes, what, cfg: NULL");
-    enum { NL, NH, NA, NV, NP, NG, NEPS, NTH, NE, NK, NF, NFS, NC, NDS, NHD, /* numbers */
-           NTIE, NNORM, NORL, NSW, NQB,                                      /* booleans */
-           NACT, NRS, NMLP, NK_ };
+    enum { NL, NH, NA, NV, NP, NG, NEPS, NTH, NE, NK, NF, NFS, NC, NDS, NFD, NHD, /* numbers */
+           NTIE, NNORM, NORL, NSW, NQB,                                           /* booleans */
+           NACT, NRS, NK_ };
     static const char *const keys[] = {"num_hidden_layers",
                                        "hidden_size",
                                        "num_attention_heads",
@@ -317,6 +350,7 @@ static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t 
                                        "shared_expert_intermediate_size",
                                        "router_aux_loss_coef",
                                        "decoder_sparse_step",
+                                       "intermediate_size",
                                        "head_dim",
                                        "tie_word_embeddings",
                                        "norm_topk_prob",
@@ -324,8 +358,7 @@ static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t 
                                        "use_sliding_window",
                                        "qkv_bias",
                                        "hidden_act",
-                                       "rope_scaling",
-                                       "mlp_only_layers"};
+                                       "rope_scaling"};
     tpk__json_val v[NK_];
     TPK_TRY(tpk__config_members(ctx, fn, b, n, what, keys, NK_, v));
     for (int k = 0; k <= NHD; k++)
@@ -338,7 +371,8 @@ static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t 
     double G = v[NG].kind ? v[NG].num : A, eps = v[NEPS].kind ? v[NEPS].num : 1e-6,
            theta = v[NTH].kind ? v[NTH].num : 10000, E = v[NE].kind ? v[NE].num : 60,
            K = v[NK].kind ? v[NK].num : 4, F = v[NF].kind ? v[NF].num : 1408,
-           Fs = v[NFS].kind ? v[NFS].num : 5632, c = v[NC].kind ? v[NC].num : 0.001;
+           Fs = v[NFS].kind ? v[NFS].num : 5632, c = v[NC].kind ? v[NC].num : 0.001,
+           Fd = v[NFD].kind ? v[NFD].num : 5632, step = v[NDS].kind ? v[NDS].num : 1;
     bool ok = L >= 1 && H >= 1 && A >= 1 && V >= 1 && P >= 1 && G >= 1 && G <= A && L <= 1e5 &&
               H <= 1e6 && A <= H && V <= 1e8 && P <= 1e8 && L == floor(L) && H == floor(H) &&
               A == floor(A) && V == floor(V) && P == floor(P) && G == floor(G) && eps >= 1e-30 &&
@@ -354,16 +388,19 @@ static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t 
             "num_experts_per_tok %g, moe_intermediate_size %g, shared_expert_intermediate_size "
             "%g, router_aux_loss_coef %g)",
             what, L, H, A, G, V, P, eps, theta, E, K, F, Fs, c);
+    if (!(Fd >= 1 && Fd <= 1e7 && Fd == floor(Fd)))
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: byte %zu: intermediate_size %g: expected a whole number 1..1e7 (the "
+                         "dense layers' MLP)",
+                         what, v[NFD].at, Fd);
+    if (!(step >= 1 && step <= 1e5 && step == floor(step)))
+        return tpk__fail(ctx, TPK_ERR_FORMAT, fn,
+                         "%s: byte %zu: decoder_sparse_step %g: expected a whole number 1..1e5 "
+                         "(layer i sparse where (i + 1) %% decoder_sparse_step is 0)",
+                         what, v[NDS].at, step);
     TPK_TRY(tpk__config_heads(ctx, fn, what, H, A, G, &v[NHD]));
-    if (v[NDS].kind && v[NDS].num != 1)
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: byte %zu: decoder_sparse_step %g: expected 1 (every layer sparse)",
-                         what, v[NDS].at, v[NDS].num);
-    if (v[NMLP].kind && v[NMLP].kind != 'z' && (v[NMLP].kind != 'o' || v[NMLP].len))
-        return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
-                         "%s: byte %zu: mlp_only_layers: expected [] or null (every layer sparse; "
-                         "dense layers not yet)",
-                         what, v[NMLP].at);
+    tpk_layer_set only;
+    TPK_TRY(tpk__config_layers(ctx, fn, b, n, what, "mlp_only_layers", L, &only));
     if (v[NSW].num)
         return tpk__fail(ctx, TPK_ERR_UNSUPPORTED, fn,
                          "%s: byte %zu: use_sliding_window: expected false (tpk attends to every "
@@ -389,6 +426,7 @@ static inline tpk_status tpk_qwen2_moe_config_parse(tpk_ctx *ctx, const uint8_t 
     cfg->tie_embeddings = v[NTIE].num != 0;
     cfg->experts = (int64_t)E, cfg->top_k = (int64_t)K, cfg->moe_ffn = (int64_t)F;
     cfg->shared_ffn = (int64_t)Fs, cfg->norm_topk_prob = v[NNORM].num != 0;
+    cfg->dense_ffn = (int64_t)Fd, cfg->sparse_step = (int64_t)step, cfg->mlp_only = only;
     /* as Mixtral's: the load-balancing loss only with output_router_logits true */
     bool aux_on = v[NORL].kind == 'b' && v[NORL].num != 0;
     cfg->aux_coef = aux_on && c > 0 ? (float)c : -1.0f; /* < 0: none */
@@ -845,9 +883,10 @@ static inline tpk_status tpk_mixtral_save(tpk_ctx *ctx, const tpk_mixtral *m, co
 }
 
 /* Save a Qwen2-MoE (and opt's moments when opt is not NULL) to dir in Hugging Face's
- * Qwen2MoeForCausalLM layout: config.json (model_type "qwen2_moe", every layer sparse),
- * model.safetensors with every tensor [out, in] under its global name, each routed expert's
- * (mlp.experts.<e>.gate_proj/up_proj/down_proj) written from the EP rank holding it
+ * Qwen2MoeForCausalLM layout: config.json (model_type "qwen2_moe"; intermediate_size the dense
+ * layers' F_d, decoder_sparse_step, mlp_only_layers), model.safetensors with every tensor
+ * [out, in] under its global name (a dense layer's mlp.gate_proj/up_proj/down_proj), each routed
+ * expert's (mlp.experts.<e>.gate_proj/up_proj/down_proj) written from the EP rank holding it
  * (tpk_ckpt_save). Collective over ctx->world. */
 static inline tpk_status tpk_qwen2_moe_save(tpk_ctx *ctx, const tpk_qwen2_moe *m,
                                             const tpk_adamw *opt, const char *dir,
@@ -855,8 +894,9 @@ static inline tpk_status tpk_qwen2_moe_save(tpk_ctx *ctx, const tpk_qwen2_moe *m
     static const char *fn = "tpk_qwen2_moe_save";
     tpk_hf_save_desc d;
     TPK_TRY(tpk__hf_save_args(ctx, fn, m && m->lm.blocks, dir, desc, &d));
-    char cfg[2000], e1[32], e2[32], e3[32];
+    char cfg[2000 + 6 * TPK_LAYER_SET_MAX], e1[32], e2[32], e3[32], only[6 * TPK_LAYER_SET_MAX];
     const tpk_qwen2_moe_config *c = &m->c;
+    tpk_layer_set_text(&c->mlp_only, ", ", only, sizeof only);
     snprintf(cfg, sizeof cfg,
              "{\n  \"architectures\": [\"Qwen2MoeForCausalLM\"],\n  \"model_type\": "
              "\"qwen2_moe\",\n"
@@ -867,17 +907,17 @@ static inline tpk_status tpk_qwen2_moe_save(tpk_ctx *ctx, const tpk_qwen2_moe *m
              "  \"rms_norm_eps\": %s,\n  \"rope_theta\": %s,\n  \"rope_scaling\": null,\n"
              "  \"num_experts\": %lld,\n  \"num_experts_per_tok\": %lld,\n"
              "  \"moe_intermediate_size\": %lld,\n  \"shared_expert_intermediate_size\": %lld,\n"
-             "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
-             "  \"mlp_only_layers\": [],\n  \"router_aux_loss_coef\": %s,\n"
+             "  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": %lld,\n"
+             "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %s,\n"
              "  \"output_router_logits\": %s,\n  \"use_sliding_window\": false,\n"
              "  \"attention_dropout\": 0.0,\n"
              "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"float32\"\n}\n",
              (long long)c->vocab, (long long)c->positions, (long long)c->hidden,
-             (long long)c->shared_ffn, (long long)c->layers, (long long)c->heads,
+             (long long)c->dense_ffn, (long long)c->layers, (long long)c->heads,
              (long long)c->kv_heads, tpk__float_text(c->norm_eps, e1, sizeof e1),
              tpk__float_text(c->rope_theta, e2, sizeof e2), (long long)c->experts,
              (long long)c->top_k, (long long)c->moe_ffn, (long long)c->shared_ffn,
-             c->norm_topk_prob ? "true" : "false",
+             c->norm_topk_prob ? "true" : "false", (long long)c->sparse_step, only,
              c->aux_coef > 0 ? tpk__float_text(c->aux_coef, e3, sizeof e3) : "0.0",
              c->aux_coef > 0 ? "true" : "false", c->tie_embeddings ? "true" : "false");
     return tpk__hf_save(ctx, fn, opt, dir, &d, cfg, false);

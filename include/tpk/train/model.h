@@ -67,7 +67,7 @@ static inline const tpk_model_family *tpk__model_family(tpk_arch a) {
         {"llama", "llama", "Llama", false, tpk_llama_flags},
         {"neox", "gpt_neox", "GPT-NeoX", true, tpk_neox_flags},
         {"mixtral", "mixtral", "Mixtral", true, tpk_mixtral_flags},
-        {"qwen2_moe", "qwen2_moe", "Qwen2-MoE", false, tpk_qwen2_moe_flags},
+        {"qwen2_moe", "qwen2_moe", "Qwen2-MoE", true, tpk_qwen2_moe_flags},
         {"custom", "tpk_custom", "custom", false, tpk__custom_flags}};
     return (unsigned)a < TPK_ARCH_COUNT ? &families[a] : NULL;
 }
@@ -325,13 +325,15 @@ static inline void
 tpk_model_set_grad_ready(tpk_model *m, tpk_status (*fn)(tpk_ctx *, int, int, void *), void *user) {
     tpk_lm_set_grad_ready(tpk_model_lm(m), fn, user);
 }
-/* Every dropout probability (GPT-2's, GPT-NeoX's, Mixtral's; Llama has no dropout, p must be 0
- * there); the family's config follows (a checkpoint's config.json says it, Mixtral's aside). */
+/* Every dropout probability (GPT-2's, GPT-NeoX's, Mixtral's, Qwen2-MoE's; Llama has no dropout,
+ * p must be 0 there); the family's config follows (a checkpoint's config.json says it, the
+ * mixtures of experts' aside). */
 static inline tpk_status tpk_model_set_dropout(tpk_ctx *ctx, tpk_model *m, float p) {
     TPK_TRY(tpk_lm_set_dropout(ctx, m ? tpk_model_lm(m) : NULL, p));
     if (m->arch == TPK_ARCH_GPT2) m->gpt2.c.dropout = p;
     if (m->arch == TPK_ARCH_NEOX) m->neox.c.dropout = p;
     if (m->arch == TPK_ARCH_MIXTRAL) m->mixtral.c.dropout = p;
+    if (m->arch == TPK_ARCH_QWEN2_MOE) m->qwen2_moe.c.dropout = p;
     return TPK_OK;
 }
 /* out[0..n_prompt) = prompt, then n tokens sampled under opts (tpk_lm_generate). Collective over

@@ -489,21 +489,41 @@ static inline bool tpk_run_family_flags(const tpk_run_opts *o, tpk_model_config 
                             tpk_arch_name(cfg->arch)),
                    false;
         }
+        void *field = (char *)tpk__model_cfg(cfg) + f->off;
+        if (f->kind == TPK_LM_FLAG_LAYERS) { /* a set of layers: "0,2" or "none" */
+            tpk_layer_set x, *has = (tpk_layer_set *)field;
+            char buf[64];
+            if (!tpk_layer_set_parse(v, &x))
+                return snprintf(err, n,
+                                "%s: expected layer indices 0..%d separated by commas, or none, "
+                                "got \"%s\"",
+                                a, TPK_LAYER_SET_MAX - 1, v),
+                       false;
+            if (o->load && memcmp(&x, has, sizeof x))
+                return snprintf(err, n,
+                                "%s %s: the checkpoint %s has %s (a loaded model's shape is its "
+                                "config.json's: leave the flag out)",
+                                a, v, o->load,
+                                *tpk_layer_set_text(has, ",", buf, sizeof buf) ? buf : "none"),
+                       false;
+            *has = x;
+            continue;
+        }
+        bool is_int = f->kind == TPK_LM_FLAG_INT;
         char *end = NULL;
-        double x = f->is_int ? (double)strtoll(v, &end, 10) : strtod(v, &end);
+        double x = is_int ? (double)strtoll(v, &end, 10) : strtod(v, &end);
         if (end == v || *end || !(x >= f->lo && x <= f->hi))
             return snprintf(err, n, "%s: expected %s in [%g, %g], got \"%s\"", a,
-                            f->is_int ? "an integer" : "a number", f->lo, f->hi, v),
+                            is_int ? "an integer" : "a number", f->lo, f->hi, v),
                    false;
-        void *field = (char *)tpk__model_cfg(cfg) + f->off;
-        double has = f->is_int ? (double)*(int64_t *)field : (double)*(float *)field;
+        double has = is_int ? (double)*(int64_t *)field : (double)*(float *)field;
         if (o->load && fabs(x - has) > 1e-6 * fabs(has))
             return snprintf(err, n,
                             "%s %g: the checkpoint %s has %g (a loaded model's shape is its "
                             "config.json's: leave the flag out)",
                             a, x, o->load, has),
                    false;
-        if (f->is_int) *(int64_t *)field = (int64_t)x;
+        if (is_int) *(int64_t *)field = (int64_t)x;
         else *(float *)field = (float)x;
     }
     return true;
@@ -563,6 +583,14 @@ static inline tpk_status tpk_run_model_config(tpk_ctx *ctx, const tpk_run_opts *
                             (long long)k, (long long)E),
                    TPK_ERR_ARG;
     }
+    int64_t only = cfg->arch == TPK_ARCH_QWEN2_MOE ? tpk_layer_set_last(&cfg->qwen2_moe.mlp_only)
+                                                   : -1; /* Qwen2-MoE's dense layers */
+    if (only >= *sh[2])
+        return snprintf(err, n,
+                        "--mlp-only-layers: layer %lld, expected layers below the model's %lld "
+                        "(--layers)",
+                        (long long)only, (long long)*sh[2]),
+               TPK_ERR_ARG;
     struct {
         const char *flag;
         int64_t given, has;
@@ -625,8 +653,8 @@ static inline const char *tpk_run_family_banner(tpk_model *m, char *buf, size_t 
     buf[0] = 0;
     for (int i = 0; i < nf; i++) {
         size_t at = strlen(buf);
-        if (!f[i].label) continue;
-        if (f[i].is_int)
+        if (!f[i].label || f[i].kind == TPK_LM_FLAG_LAYERS) continue;
+        if (f[i].kind == TPK_LM_FLAG_INT)
             snprintf(buf + at, n - at, " %s=%lld", f[i].label,
                      (long long)*(const int64_t *)(c + f[i].off));
         else

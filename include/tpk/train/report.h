@@ -70,12 +70,12 @@ static inline void tpk_run_banner(FILE *out, const tpk_ctx *ctx, const tpk_run_o
 }
 
 /* --profile with a mixture of experts: the rows routed to each expert by the last forward (the
- * routers' counts pooled over the layers, tpk_lm.aux_count), summed over the DP ranks, a layer's
- * min / mean / max over the experts on out (the caller's rank 0; NULL elsewhere): the load the
- * router's aux balances. Nothing without experts. Collective over DP. */
+ * routers' counts pooled over the MoE layers, tpk_lm.aux_count), summed over the DP ranks, a
+ * layer's min / mean / max over the experts on out (the caller's rank 0; NULL elsewhere): the load
+ * the router's aux balances. Nothing without experts. Collective over DP. */
 static inline tpk_status tpk_run_expert_rows(FILE *out, tpk_ctx *ctx, tpk_trainable *t) {
     tpk_lm *lm = tpk_model_lm(tpk_trainable_model(t));
-    int64_t E = lm->c.block.mlp.moe.experts, L = lm->c.layers;
+    int64_t E = lm->c.block.mlp.moe.experts, L = lm->moe_layers; /* (a dense layer routes none) */
     if (!lm->aux_count || E < 1 || L < 1) return TPK_OK;
     double *c = (double *)tpk__malloc(ctx, sizeof(double) * (size_t)E), lo = INFINITY, hi = 0,
            sum = 0;
