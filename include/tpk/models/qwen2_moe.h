@@ -49,8 +49,9 @@
  * Sequence parallelism (cfg.sequence_parallel) as Mixtral's: the MoE block gathers its input over
  * TP and reduce-scatters its output, the shared expert's with the routed ones' (tpk/layers/moe.h).
  * The trainer: --arch qwen2_moe --experts E --moe-top-k k --moe-ffn F --shared-ffn F_s
- * --norm-topk-prob 0|1 --dense-ffn F_d --decoder-sparse-step N --mlp-only-layers i,j --aux-coef --z-loss-coef --capacity-factor
- * --ep P (tpk/train/options.h), --pp N, --cp N, --dropout p, --sequence-parallel. */
+ * --norm-topk-prob 0|1 --dense-ffn F_d --decoder-sparse-step N --mlp-only-layers i,j --aux-coef
+ * --z-loss-coef --capacity-factor --ep P (tpk/train/options.h), --pp N, --cp N, --dropout p,
+ * --sequence-parallel. */
 #ifndef TPK_QWEN2_MOE_H
 #define TPK_QWEN2_MOE_H
 
