@@ -1161,6 +1161,12 @@ if long_set; then
     # (steps 1-4: the cut is a step function of the routing weights, and EP sums the experts'
     # gradients in another order, so by step 5 a row at the cut may fall on the other side)
     mxeq "Mixtral with --capacity-factor: 1000 equals dropless ($r0); 0.5 drops rows (step 2's loss moves), the same at DP 2 x EP 2 as at EP 1" "$T/mxc1.csv" "$T/mxc2.csv" 1 4
+    # training options config.json does not carry (the capacity factor, the z-loss) given again
+    # with --load: taken, not checked against the checkpoint's; steps 5-8 equal the straight run
+    tr 2 --text "$text" $mx --capacity-factor 0.5 --z-loss-coef 0.01 --steps 8 --save "$T/mxco" --save-every 4 --csv "$T/mxco.csv"
+    rc1=$rc
+    tr 2 --text "$text" $mx --capacity-factor 0.5 --z-loss-coef 0.01 --steps 8 --load "$T/mxco/step-4" --csv "$T/mxcor.csv"
+    mxeq "Mixtral saved with --capacity-factor 0.5 --z-loss-coef 0.01, resumed with them: steps 5-8 equal the straight run" "$T/mxco.csv" "$T/mxcor.csv" 5 8
 fi
 if long_set; then # checkpoints across EP sizes: each expert under its global name, by its holder
     tr 2 --text "$text" $mx --ep 2 --steps 8 --save "$T/mxs" --save-every 4 --csv "$T/mxfull.csv"

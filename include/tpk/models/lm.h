@@ -111,24 +111,26 @@ static inline const char *tpk_layer_set_text(const tpk_layer_set *s, const char 
 
 /* A field of a family's config a trainer sets from its command line ("--flag value"; the kit's
  * trainer, examples/train.c, takes every family's through tpk/train/model.h). */
-enum { TPK_LM_FLAG_FLOAT = 0, TPK_LM_FLAG_INT = 1, TPK_LM_FLAG_LAYERS = 2 };
+enum { TPK_LM_FLAG_FLOAT = 0, TPK_LM_FLAG_INT = 1, TPK_LM_FLAG_LAYERS = 2, TPK_LM_FLAG_OPTION = 3 };
 typedef struct tpk_lm_flag {
     const char *flag;  /* "--rotary-pct" */
     size_t off;        /* of the field in the family's config */
     int kind;          /* TPK_LM_FLAG_INT (true): an int64_t field; _FLOAT (false): a float;
                           _LAYERS: a tpk_layer_set, the value its layers "0,2" or "none"
-                          (tpk_layer_set_parse; lo, hi unused) */
+                          (tpk_layer_set_parse; lo, hi unused); _OPTION: a float training option
+                          config.json does not carry (the routers' z-loss, the capacity factor),
+                          under --load taken as given, not checked against the checkpoint's */
     double lo, hi;     /* the values accepted */
     const char *label; /* its name in the trainer's banner ("F"); NULL: not shown */
     const char *help;  /* what the usage says after the flag */
 } tpk_lm_flag;
 
 typedef struct tpk_lm_config {
-    int64_t vocab;     /* V (need not divide t) */
-    int64_t positions; /* the longest sequence (the position table's rows, where there is one) */
-    int64_t layers;    /* L */
-    int64_t hidden;    /* H */
-    tpk_block_desc block;     /* every block's; block.name is the blocks' prefix: block i is
+    int64_t vocab;        /* V (need not divide t) */
+    int64_t positions;    /* the longest sequence (the position table's rows, where there is one) */
+    int64_t layers;       /* L */
+    int64_t hidden;       /* H */
+    tpk_block_desc block; /* every block's; block.name is the blocks' prefix: block i is
                                  "<block.name>.<i>" (default "layers"); block.sequence_parallel
                                  is set from sequence_parallel below */
     tpk_norm_desc final_norm; /* its name is whole: "ln_f" (default "norm") */
@@ -160,15 +162,15 @@ typedef struct tpk_lm_config {
 /* The strings of a config (names) and mlp_2_user are read by tpk_lm_init only. */
 
 typedef struct tpk_lm {
-    tpk_lm_config c;        /* as built, defaults applied */
-    tpk_embedding embed;    /* the token embedding (and position table) */
-    tpk_dropout drop;       /* on the embedding's output (dropout_sites) */
-    tpk_block *blocks;      /* [L]; blocks lo .. hi - 1 built */
-    tpk_norm norm;          /* the final norm */
-    int head_w;             /* the head's weight id: the embedding's when tied */
-    tpk_linear head;        /* a column linear over the vocabulary shard */
+    tpk_lm_config c;     /* as built, defaults applied */
+    tpk_embedding embed; /* the token embedding (and position table) */
+    tpk_dropout drop;    /* on the embedding's output (dropout_sites) */
+    tpk_block *blocks;   /* [L]; blocks lo .. hi - 1 built */
+    tpk_norm norm;       /* the final norm */
+    int head_w;          /* the head's weight id: the embedding's when tied */
+    tpk_linear head;     /* a column linear over the vocabulary shard */
     tpk_xent ce;
-    tpk_tensor logits;      /* S(-1) [B S, Vp] of the last forward (its gradient after backward);
+    tpk_tensor logits; /* S(-1) [B S, Vp] of the last forward (its gradient after backward);
                                columns >= V padding (zero, not part of the softmax) */
     /* Optional: called by the backward each time the gradients of parameters first..last (ids)
      * are final for this backward — the untied head, the final norm, each block from the last,
@@ -185,25 +187,25 @@ typedef struct tpk_lm {
     tpk_status (*block_hook)(tpk_ctx *ctx, int64_t block, int when, void *user);
     void *block_hook_user;
     /* state */
-    int64_t B, S;           /* of the last forward */
+    int64_t B, S; /* of the last forward */
     bool have_loss;
-    tpk__stack_bufs rc;     /* the stack's checkpoints (full recompute) and the pools blocks borrow
+    tpk__stack_bufs rc; /* the stack's checkpoints (full recompute) and the pools blocks borrow
                                from */
     /* a mixture of experts (TPK_MLP_MOE blocks): the auxiliary loss pooled over the layers */
-    float aux;              /* the last forward's: coef E sum_e C_e Q_e / N² (0 without MoE) */
-    double aux_sum;         /* the aux of the forwards with loss = NULL since it was last read
+    float aux;          /* the last forward's: coef E sum_e C_e Q_e / N² (0 without MoE) */
+    double aux_sum;     /* the aux of the forwards with loss = NULL since it was last read
                                (tpk_lm_aux_read): their deferred losses' share */
-    double *aux_count;      /* host [E]: C_e of the last forward (NULL without MoE) */
-    double *aux_dp;         /* host [E]: Q_e in the forward, the routers' gradient backward */
-    double aux_g;           /* the loss's gradient with respect to m->aux (the backward's scale):
+    double *aux_count;  /* host [E]: C_e of the last forward (NULL without MoE) */
+    double *aux_dp;     /* host [E]: Q_e in the forward, the routers' gradient backward */
+    double aux_g;       /* the loss's gradient with respect to m->aux (the backward's scale):
                                each router's z-loss, a term of it, takes it */
-    int64_t aux_N;          /* N, the rows routed per choice over the layers */
-    double aux_z;           /* the layers' z-losses summed */
-    double *aux_before;     /* host [2 E + 2]: the sums of the parts before (pipeline stages:
+    int64_t aux_N;      /* N, the rows routed per choice over the layers */
+    double aux_z;       /* the layers' z-losses summed */
+    double *aux_before; /* host [2 E + 2]: the sums of the parts before (pipeline stages:
                                tpk__lm_aux_before), added to this part's; else zeros */
-    int64_t moe_layers;     /* the model's blocks whose MLP is the MoE (of all L, not only the
+    int64_t moe_layers; /* the model's blocks whose MLP is the MoE (of all L, not only the
                                part's): the aux's layers */
-    int64_t lo, hi;         /* the blocks built */
+    int64_t lo, hi;     /* the blocks built */
     bool has_embed, has_head;
 } tpk_lm;
 
@@ -238,7 +240,7 @@ static inline tpk_status tpk__lm_check_recompute(tpk_ctx *ctx, const char *fn, t
 }
 /* A family's init's arguments (fn names the family's init): a context, a model, a config. */
 static inline tpk_status tpk__lm_family_args(tpk_ctx *ctx, const char *fn, const void *m,
-                                            const void *cfg) {
+                                             const void *cfg) {
     if (!ctx) return TPK_ERR_ARG;
     if (!m) return tpk__fail(ctx, TPK_ERR_ARG, fn, "model: NULL");
     if (!cfg) return tpk__fail(ctx, TPK_ERR_ARG, fn, "cfg: NULL");
@@ -562,7 +564,8 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
                                               int64_t S, float *loss, tpk_tensor *y) {
     static const char *fn = "tpk_lm_stage_forward";
     TPK_TRY(tpk__lm_args(ctx, fn, m));
-    if (m->has_head) TPK_TRY(tpk_xent_settle(ctx, &m->ce)); /* a deferred loss, before its logits
+    if (m->has_head)
+        TPK_TRY(tpk_xent_settle(ctx, &m->ce)); /* a deferred loss, before its logits
                                                                are overwritten */
     m->have_loss = false;
     TPK_TRY(tpk__cp_layer_seq(ctx, fn, S)); /* under CP: S a multiple of 2c */
@@ -618,8 +621,7 @@ static inline tpk_status tpk_lm_stage_forward(tpk_ctx *ctx, tpk_lm *m, const int
  * pass (tpk/layers/xent.h, fused), or the next forward or read alone. targets = NULL only computes
  * m->logits (S(-1) [B S, Vp_r]); loss is then not touched. */
 static inline tpk_status tpk_lm_forward(tpk_ctx *ctx, tpk_lm *m, const int32_t *ids,
-                                        const int32_t *targets, int64_t B, int64_t S,
-                                        float *loss) {
+                                        const int32_t *targets, int64_t B, int64_t S, float *loss) {
     TPK_TRY(tpk__lm_args(ctx, "tpk_lm_forward", m));
     if (!m->has_embed || !m->has_head)
         return tpk__fail(ctx, TPK_ERR_ARG, "tpk_lm_forward",
@@ -666,8 +668,7 @@ static inline tpk_status tpk_lm_stage_backward(tpk_ctx *ctx, tpk_lm *m, float sc
     if (m->aux_count) { /* the pooled aux's gradient on every p_te: scale coef E C_e / N² */
         double N = (double)m->aux_N, E = (double)m->c.block.mlp.moe.experts;
         double k = N ? (double)scale * (double)m->c.block.mlp.moe.aux_coef * E / (N * N) : 0;
-        for (int64_t e = 0; e < m->c.block.mlp.moe.experts; e++)
-            m->aux_dp[e] = k * m->aux_count[e];
+        for (int64_t e = 0; e < m->c.block.mlp.moe.experts; e++) m->aux_dp[e] = k * m->aux_count[e];
         m->aux_g = (double)scale / tpk_cp_size(ctx); /* the z-losses: means over c T tokens */
     }
     /* each block from the last (recompute: its forward, or its cheap parts, again first) */
@@ -700,8 +701,7 @@ static inline tpk_status tpk_lm_backward(tpk_ctx *ctx, tpk_lm *m, float scale) {
 }
 
 /* The data-parallel hook (tpk/train/dp.h: tpk_dp_grad_ready, user the buckets). */
-static inline void tpk_lm_set_grad_ready(tpk_lm *m,
-                                         tpk_status (*fn)(tpk_ctx *, int, int, void *),
+static inline void tpk_lm_set_grad_ready(tpk_lm *m, tpk_status (*fn)(tpk_ctx *, int, int, void *),
                                          void *user) {
     m->grad_ready = fn, m->grad_ready_user = user;
 }
@@ -805,8 +805,8 @@ static inline tpk_status tpk_lm_sample(tpk_ctx *ctx, tpk_lm *m, int32_t start, i
     o.temperature = temperature;
     TPK_TRY(tpk__sample_opts_check(ctx, fn, "", &o));
     TPK_TRY(tpk__lm_generate_cp(ctx, fn, m, 1, n));
-    return tpk__generate_run(ctx, fn, m, tpk__lm_logits, m->c.vocab, m->c.positions, &start, 1,
-                             n, &o, seed, out);
+    return tpk__generate_run(ctx, fn, m, tpk__lm_logits, m->c.vocab, m->c.positions, &start, 1, n,
+                             &o, seed, out);
 }
 
 #endif /* TPK_LM_H */

@@ -517,7 +517,7 @@ static inline bool tpk_run_family_flags(const tpk_run_opts *o, tpk_model_config 
                             is_int ? "an integer" : "a number", f->lo, f->hi, v),
                    false;
         double has = is_int ? (double)*(int64_t *)field : (double)*(float *)field;
-        if (o->load && fabs(x - has) > 1e-6 * fabs(has))
+        if (o->load && f->kind != TPK_LM_FLAG_OPTION && fabs(x - has) > 1e-6 * fabs(has))
             return snprintf(err, n,
                             "%s %g: the checkpoint %s has %g (a loaded model's shape is its "
                             "config.json's: leave the flag out)",
