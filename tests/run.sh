@@ -152,9 +152,11 @@ if long_set || [ "$B" = build/san ]; then
 fi
 # (the random schedule in build/ only: under AddressSanitizer the descending one covers the same
 # memory accesses; with the emulated cuBLASLt finding no algorithm, so the backend's own GEMM
-# kernel and composed linear_fwd, which the descending run does not reach, are checked too)
+# kernel and composed linear_fwd, which the descending run does not reach, are checked too: the
+# cases of the GEMMs and the linears alone (TPK_TEST_MATCH, tests/test.h), the rest being the
+# descending run's, which saves CI two minutes of the emulator's slowest program)
 long_set && [ "$B" != build/san ] &&
-    run gpu_emu_ops_race_random 1 -x $race -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 -x TPK_EMU_LT_NOALGO=1 $B/tests/gpu_emu_ops_chk
+    run gpu_emu_ops_race_random 1 -x $race -x TPK_EMU_SCHED=random:2026 -x TPK_EMU_GRID_CAP=3 -x TPK_EMU_LT_NOALGO=1 -x TPK_TEST_MATCH=gemm,linear $B/tests/gpu_emu_ops_chk
 limit=
 # the emulation's own test: faulty kernels it must catch (races, cp.async read in flight, launch
 # limits, reads past an allocation), their correct variants clean under every schedule; its

@@ -3,7 +3,9 @@
  * A case groups checks: TEST_CASE("name") { CHECK(...); ... } ends with test_end(), which
  * adds up failures over all ranks so every rank agrees; rank 0 prints "ok <name> [np=N]"
  * or "FAIL <name> [np=N]". The driver (tests/run.sh) counts those lines. Any failure makes
- * the program exit 1 (test_finish). */
+ * the program exit 1 (test_finish). TPK_TEST_MATCH=a,b in the environment runs only the cases
+ * whose name contains a or b (tests/run.sh: the emulator's second race schedule on the cases it
+ * alone reaches); unset, every case. */
 #ifndef TPK_TEST_H
 #define TPK_TEST_H
 
@@ -21,12 +23,29 @@ static inline void test_init(int *argc, char ***argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &test__rank);
     MPI_Comm_size(MPI_COMM_WORLD, &test__size);
 }
-static inline void test_begin(const char *fmt, ...) {
+/* Whether the case named test__name runs: TPK_TEST_MATCH unset, or one of its comma-separated
+ * parts in the name (the same on every rank). */
+static inline int test_selected(void) {
+    const char *m = getenv("TPK_TEST_MATCH");
+    if (!m || !*m) return 1;
+    char part[64];
+    for (const char *p = m; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n && n < sizeof part) {
+            memcpy(part, p, n), part[n] = 0;
+            if (strstr(test__name, part)) return 1;
+        }
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+static inline int test_begin(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(test__name, sizeof test__name, fmt, ap);
     va_end(ap);
     test__fails_case = 0;
+    return test_selected();
 }
 static inline void test_end(void) {
     int all = 0;
@@ -41,7 +60,7 @@ static inline int test_finish(void) {
     return test__fails_total ? 1 : 0;
 }
 #define TEST_CASE(...) \
-    for (int test__once = (test_begin(__VA_ARGS__), 1); test__once; test__once = 0, test_end())
+    for (int test__once = test_begin(__VA_ARGS__); test__once; test__once = 0, test_end())
 
 #define CHECK(cond, ...)                                                                       \
     do {                                                                                       \
