@@ -57,7 +57,7 @@ HAVE_NCCL := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/local/inclu
 ifeq ($(HAVE_NCCL),)
 NVCCFLAGS += -DTPK_NO_NCCL
 endif
-CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart $(if $(HAVE_NCCL),-lnccl) -lstdc++ -lm
 GPU_TESTS  = $(patsubst tests/gpu/%.c,$(B)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 GPU_BENCH  = $(patsubst bench/%.c,$(B)/bench/%,$(wildcard bench/gemm.c bench/kernels.c))
 TESTS     = $(patsubst tests/%.c,$(B)/tests/%,$(wildcard tests/test_*.c)) $(B)/tests/test_cxx $(B)/tests/gpu_emu_ops $(B)/tests/gpu_emu_layers
@@ -161,15 +161,15 @@ $(B)/tests/test_cxx: tests/test_cxx.cpp $(HEADERS) $(B)/libtpk_host.a
 
 # The CUDA backend run on the CPU: kernels/cuda/*.cu (NCCL off) converted by tests/gpu/emu/cu2cpp.pl
 # (kernel launches, __shared__) into $(B)/emu/src and compiled by g++ as C++17 against the CUDA
-# emulation in tests/gpu/emu/ (runtime, cuBLASLt, CUB's sort; each thread a fiber); tests/gpu/ops.c
-# linked with it as with the real backend. Needs neither nvcc nor a GPU. The kernels' automatic
+# emulation in tests/gpu/emu/ (runtime, cuBLASLt, cuBLAS's grouped GEMM, CUB's sort; each thread a
+# fiber); tests/gpu/ops.c linked with it as with the real backend. Needs neither nvcc nor a GPU. The kernels' automatic
 # variables start as a pattern (-ftrivial-auto-var-init), so a read of an unset register shows.
 # Warnings: cu2cpp.pl turns off one -Wextra warning in the converted kernels (it says which and why);
 # gcc 12 at -O1 with sanitizers (make test-sanitize) warns of a maybe-uninitialized buffer in
 # gpu_test.h's pair_randn, which test_randn fills, hence -Wno-maybe-uninitialized for ops.c.
 EMU       = tests/gpu/emu
 EMU_CU    = $(CUDA_SRC:kernels/cuda/%.cu=%)
-EMU_OBJ   = $(EMU_CU:%=$(B)/emu/%.o) $(B)/emu/runtime.o $(B)/emu/cublaslt.o
+EMU_OBJ   = $(EMU_CU:%=$(B)/emu/%.o) $(B)/emu/runtime.o $(B)/emu/cublaslt.o $(B)/emu/cublas.o
 EMU_HDRS  = $(wildcard $(EMU)/*.h) $(EMU)/cub/device/device_radix_sort.cuh
 EMU_CXX   = $(CXX) -std=c++17 -Wall -Wextra -Werror -fno-strict-aliasing -pthread $(CFLAGS) $(CPPFLAGS) -I$(EMU) -DTPK_NO_NCCL -DTPK_FLASH_EMU
 EMU_INIT := $(shell $(CXX) -ftrivial-auto-var-init=pattern -x c++ -c /dev/null -o /dev/null 2>/dev/null && echo -ftrivial-auto-var-init=pattern)
@@ -189,7 +189,7 @@ $(EMU_CU:%=$(B)/emu/%.o): $(B)/emu/%.o: $(B)/emu/src/%.cu $(B)/emu/src/common.cu
 $(EMU_CU:%=$(B)/emu/chk/%.o): $(B)/emu/chk/%.o: $(B)/emu/src/%.cu $(B)/emu/src/common.cuh $(B)/emu/src/flash.cuh $(EMU_HDRS) $(HEADERS)
 	@mkdir -p $(@D)
 	$(EMU_CXX) $(EMU_INIT) $(EMU_INSTR) -x c++ -c $< -o $@
-$(B)/emu/runtime.o $(B)/emu/cublaslt.o: $(B)/emu/%.o: $(EMU)/%.cpp $(EMU_HDRS)
+$(B)/emu/runtime.o $(B)/emu/cublaslt.o $(B)/emu/cublas.o: $(B)/emu/%.o: $(EMU)/%.cpp $(EMU_HDRS)
 	@mkdir -p $(@D)
 	$(EMU_CXX) -c $< -o $@
 $(B)/libtpk_cuda_emu.a: $(EMU_OBJ) $(HOST_OBJ)
@@ -197,7 +197,7 @@ $(B)/libtpk_cuda_emu.a: $(EMU_OBJ) $(HOST_OBJ)
 # (without the instrumentation, under AddressSanitizer, the checked build's objects are the plain
 # ones: not compiled twice)
 EMU_CHK_OBJ = $(if $(EMU_INSTR),$(EMU_CU:%=$(B)/emu/chk/%.o),$(EMU_CU:%=$(B)/emu/%.o))
-$(B)/libtpk_cuda_emu_chk.a: $(EMU_CHK_OBJ) $(B)/emu/runtime.o $(B)/emu/cublaslt.o $(HOST_OBJ)
+$(B)/libtpk_cuda_emu_chk.a: $(EMU_CHK_OBJ) $(B)/emu/runtime.o $(B)/emu/cublaslt.o $(B)/emu/cublas.o $(HOST_OBJ)
 	rm -f $@ && ar rcs $@ $^
 # the emulation's own test (tests/gpu/emu/race_test.cu): faulty kernels it must catch, their correct variants
 $(B)/emu/src/race_test.cu: $(EMU)/race_test.cu $(EMU)/cu2cpp.pl

@@ -31,6 +31,9 @@
  *   grouped fwd    y_g = x_g W_g^T       [T_g, F] per expert; one GEMM m=T n=F k=H
  *   grouped dgrad  dx_g = dy_g W_g       [T_g, H];            one GEMM m=T n=H k=F
  *   grouped wgrad  dW_g += dy_g^T x_g    [F, H] f32;          one GEMM m=F n=H k=T
+ * and the path each grouped form took ("path": "launch", the CUDA backend's one
+ * cublasGemmGroupedBatchedEx launch, or "loop": a GEMM per expert — the host's, and the CUDA
+ * backend's for bf16's wgrad into f32, which cuBLAS's grouped GEMM does not take).
  *
  * With --fp8 (an FP8 linear's GEMMs, tpk/layers/linear.h, instead of the table above; t = 1):
  * tpk_op_gemm_fp8 on codes against tpk_op_gemm (tpk_op_gemm_acc for the weight gradient) in bf16
@@ -191,16 +194,25 @@ static void call_grouped(void *arg, int set) {
                                 TPK_F32, 1.f, c->y, H, dt));
     }
 }
-/* the --experts report: each form, evenly and skewed, grouped against one GEMM */
+/* the grouped calls the CUDA backend ran as one launch so far (0 on the host: its loop) */
+static unsigned long long grouped_launches(void) {
+#ifdef TPK_WITH_CUDA
+    return tpk_cuda_gemm_grouped_launches();
+#else
+    return 0;
+#endif
+}
+/* the --experts report: each form, evenly and skewed, grouped against one GEMM; "path": whether the
+ * grouped call ran as one launch (the CUDA backend's cublasGemmGroupedBatchedEx) or as a loop */
 static void run_experts(int E, int64_t T, int64_t H, int64_t F, tpk_dtype dt, int iters, bool json,
                         double unit, const char *uname) {
     int64_t *rows = calloc((size_t)E, sizeof(int64_t));
     void **w = calloc((size_t)E, sizeof(void *));
     if (!json)
         printf("experts: E=%d, T=%lld rows, each W_g [%lld, %lld]; grouped (one gemm_grouped) "
-               "against one gemm of the same rows\n%-14s %-6s %9s %8s  %9s %8s  %6s\n",
-               E, (long long)T, (long long)F, (long long)H, "gemm", "rows", "ms", uname,
-               "one ms", uname, "ratio");
+               "against one gemm of the same rows\n%-14s %-6s %9s %8s  %9s %8s  %6s  %s\n",
+               E, (long long)T, (long long)F, (long long)H, "gemm", "rows", "ms", uname, "one ms",
+               uname, "ratio", "path");
     else
         printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"experts\": %d, \"H\": %lld, \"F\": "
                "%lld, \"tokens\": %lld, \"unit\": \"%s\", \"rows\": [",
@@ -220,19 +232,21 @@ static void run_experts(int E, int64_t T, int64_t H, int64_t F, tpk_dtype dt, in
             for (int g = 0; g < E; g++) w[g] = buf_rand((size_t)(F * H), wdt, 100 + g);
             grouped_case c = {q, E, false, T, H, F, rows, dt, buf_rand((size_t)(T * (q ? F : H)),
                               dt, 1), buf_rand((size_t)(T * (q ? H : F)), dt, 2), w};
+            unsigned long long l0 = grouped_launches();
             double ms = time_median(call_grouped, &c, 1, 1, iters);
+            const char *path = grouped_launches() > l0 ? "launch" : "loop";
             c.one = true;
             double ms1 = time_median(call_grouped, &c, 1, 1, iters);
             double fl = 2.0 * (double)T * (double)H * (double)F, rate = fl / (ms * 1e-3) / unit,
                    rate1 = fl / (ms1 * 1e-3) / unit;
             if (!json)
-                printf("%-14s %-6s %9.3f %8.2f  %9.3f %8.2f  %6.2f\n", names[q],
-                       skew ? "skewed" : "even", ms, rate, ms1, rate1, ms1 / ms);
+                printf("%-14s %-6s %9.3f %8.2f  %9.3f %8.2f  %6.2f  %s\n", names[q],
+                       skew ? "skewed" : "even", ms, rate, ms1, rate1, ms1 / ms, path);
             else
                 printf("%s\n  {\"gemm\": \"%s\", \"rows\": \"%s\", \"ms\": %.4f, \"rate\": %.3f, "
-                       "\"one_ms\": %.4f, \"one_rate\": %.3f, \"ratio\": %.3f}",
+                       "\"one_ms\": %.4f, \"one_rate\": %.3f, \"ratio\": %.3f, \"path\": \"%s\"}",
                        row++ ? "," : "", names[q], skew ? "skewed" : "even", ms, rate, ms1, rate1,
-                       ms1 / ms);
+                       ms1 / ms, path);
             tpk_op_free(&ctx, c.x), tpk_op_free(&ctx, c.y);
             for (int g = 0; g < E; g++) tpk_op_free(&ctx, w[g]);
         }

@@ -12,6 +12,8 @@
  *   kernels [--n N] [--cols C] [--vocab V] [--xent-rows R] [--dtype f32|bf16] [--B b --S s --A a
  *   --D d] [--iters n] [--host] [--json]
  *
+ * The MoE dispatcher's row ops (gather_rows, scatter_add_rows, moe_combine_fwd/bwd) move R = N / C
+ * rows by the embedding's hashed ids (repeats: a scatter's destination takes several rows).
  * --cols: the row width of the layernorm and the embedding (default 1024, the rows N / C): 768
  * gives GPT-2 124M's layernorm. The cross-entropy ops on their own logits [--xent-rows, --vocab]
  * (default 4096 x 50304 on a GPU, GPT-2's padded vocabulary at t = 1, 50304 / t a rank's shard;
@@ -70,6 +72,10 @@ enum {
     OP_LN_F,
     OP_LN_B,
     OP_EMBED,
+    OP_GATHER,
+    OP_SCATTER,
+    OP_COMB_F,
+    OP_COMB_B,
     OP_XENT_S,
     OP_XENT_G,
     OP_XENT_F,
@@ -79,9 +85,11 @@ enum {
     OP_N
 };
 static const char *op_name[OP_N] = {
-    "memcpy D2D",   "fill",       "cast f32->bf16", "axpby",         "bias_add",  "act_fwd gelu",
-    "act_bwd gelu", "dropout",    "layernorm_fwd",  "layernorm_bwd", "embed_fwd", "xent_stats",
-    "xent_grad",    "xent_fused", "adamw",          "attn_fwd",      "attn_bwd"};
+    "memcpy D2D",   "fill",         "cast f32->bf16",   "axpby",           "bias_add",
+    "act_fwd gelu", "act_bwd gelu", "dropout",          "layernorm_fwd",   "layernorm_bwd",
+    "embed_fwd",    "gather_rows",  "scatter_add_rows", "moe_combine_fwd", "moe_combine_bwd",
+    "xent_stats",   "xent_grad",    "xent_fused",       "adamw",           "attn_fwd",
+    "attn_bwd"};
 
 static void run_op(int op) {
     size_t es = tpk_dtype_size(dt);
@@ -101,6 +109,16 @@ static void run_op(int op) {
             TRY(tpk_op_layernorm_bwd(&ctx, y, m1, v1, z, x, w, mean, rstd, R, C, dt, false));
             break;
         case OP_EMBED: TRY(tpk_op_embed_fwd(&ctx, y, ids, xf, R, C, 0, R, dt, false)); break;
+        /* the MoE dispatcher's row ops on R rows of C: gathered and scattered by the ids (R rows
+         * each), combined as R / 2 tokens of k = 2 rows (the ids), weights gf */
+        case OP_GATHER: TRY(tpk_op_gather_rows(&ctx, y, C, x, C, R, ids, R, C, dt)); break;
+        case OP_SCATTER:
+            TRY(tpk_op_scatter_add_rows(&ctx, y, C, R, x, C, ids, R, C, dt, false));
+            break;
+        case OP_COMB_F: TRY(tpk_op_moe_combine_fwd(&ctx, y, x, R, ids, gf, R / 2, 2, C, dt)); break;
+        case OP_COMB_B:
+            TRY(tpk_op_moe_combine_bwd(&ctx, mx, y, z, x, R, ids, gf, R / 2, 2, C, dt));
+            break;
         case OP_XENT_S: TRY(tpk_op_xent_stats(&ctx, part, xl, tgt, XR, XV, XV, 0, dt)); break;
         case OP_XENT_G:
             TRY(tpk_op_xent_grad(&ctx, xd, xl, lse, tgt, dl, XR, XV, XV, 0, XV, 0.0f, -100, dt));
@@ -142,6 +160,10 @@ static double op_bytes(int op) {
                                            noise) */
         case OP_XENT_F: return 2 * nx * es; /* the logits read once, their gradient written once */
         case OP_EMBED: return n * (4 + es);
+        case OP_GATHER:
+        case OP_SCATTER: return 2 * n * es + 4.0 * (double)R;   /* the rows once each, the ids */
+        case OP_COMB_F: return 1.5 * n * es + 8.0 * (double)R;  /* R rows in, R / 2 out */
+        case OP_COMB_B: return 2.5 * n * es + 12.0 * (double)R; /* dy, o's rows, dout; dw */
         case OP_ADAMW: return n * 28;
     }
     return 0;

@@ -86,6 +86,20 @@ static void run_all(outs *o, tpk_dtype dt) {
     float *dE = (float *)slot(o, (size_t)(97 * EH) * 4);
     memcpy(dE, in_E, (size_t)(97 * EH) * 4);
     CHECK_OK(&ctx, ops->embed_bwd(&ctx, dE, x, in_ids, ER, EH, 20, 97, dt));
+    /* rows moved by an index (the same ids: repeats, some past the rows): gathered from 96 rows
+     * of C, scattered from ER rows of EH into 96 (and added to y0's), combined by 70 tokens of
+     * K = 3 entries from 96 rows of EH, its backward */
+    a = slot(o, (size_t)(ER * C) * es);
+    CHECK_OK(&ctx, ops->gather_rows(&ctx, a, C, x, C, 96, in_ids, ER, C, dt));
+    a = slot(o, (size_t)(96 * EH) * es);
+    CHECK_OK(&ctx, ops->scatter_add_rows(&ctx, a, EH, 96, x, EH, in_ids, ER, EH, dt, false));
+    a = slot(o, (size_t)(96 * EH) * es), memcpy(a, y0, (size_t)(96 * EH) * es);
+    CHECK_OK(&ctx, ops->scatter_add_rows(&ctx, a, EH, 96, x, EH, in_ids, ER, EH, dt, true));
+    a = slot(o, (size_t)(70 * EH) * es);
+    CHECK_OK(&ctx, ops->moe_combine_fwd(&ctx, a, x, 96, in_ids, in_w, 70, 3, EH, dt));
+    float *cdw = (float *)slot(o, 210 * 4);
+    a = slot(o, (size_t)(96 * EH) * es);
+    CHECK_OK(&ctx, ops->moe_combine_bwd(&ctx, cdw, a, z, x, 96, in_ids, in_w, 70, 3, EH, dt));
     /* the cross-entropy: [XT, XV] logits, rows padded to XV + 3 */
     size_t nx = (size_t)(XT * (XV + 3));
     void *zl = slot(o, nx * es);

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,12 +26,15 @@ typedef __nv_bfloat16 tpk__bf16;
 
 /* ---- backend state ------------------------------------------------------------------------------
  * One per process, created on first use on the device current at that moment: the compute
- * stream every op runs on, the cuBLASLt handle and its workspace, and a scratch buffer that
- * reductions use for their per-block partial results (grown in stream order). */
+ * stream every op runs on, the cuBLASLt handle and its workspace (shared by the cuBLAS handle of
+ * the grouped GEMM, made by gemm.cu on its first use: both run in the stream's order), and a
+ * scratch buffer that reductions use for their per-block partial results (grown in stream
+ * order). */
 struct tpk__cuda_state {
     int device;
     cudaStream_t stream;
     cublasLtHandle_t lt;
+    cublasHandle_t blas; /* gemm.cu's grouped GEMM (cublasGemmGroupedBatchedEx); NULL until used */
     void *lt_ws;
     size_t lt_ws_bytes;
     void *scratch;
@@ -286,6 +290,7 @@ void tpk__cuda_rng_ops(tpk_ops *o);
 void tpk__cuda_norm_ops(tpk_ops *o);
 void tpk__cuda_rope_swiglu_ops(tpk_ops *o);
 void tpk__cuda_embed_ops(tpk_ops *o);
+void tpk__cuda_rows_ops(tpk_ops *o);
 void tpk__cuda_xent_ops(tpk_ops *o);
 void tpk__cuda_attn_ops(tpk_ops *o);
 

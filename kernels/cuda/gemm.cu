@@ -8,15 +8,20 @@
  *             cuBLASLt has no algorithm for goes to a tiled shared-memory kernel instead.
  *   gemm_acc  gemm into an f32 C with A, B in dt: the same path, cuBLASLt with A, B bf16 and
  *             C, D f32 (compute 32F), or the tiled kernel instantiated for an f32 C.
- *   gemm_grouped    G GEMMs on row groups (the experts): a loop of the gemm path, a group of 0
- *                   rows skipped
+ *   gemm_grouped    G GEMMs on row groups (the experts): one cublasGemmGroupedBatchedEx launch
+ *                   over the groups with rows where cuBLAS's grouped GEMM takes the form (x, y
+ *                   and W of one type, aligned), else a loop of the gemm path; a group of 0 rows
+ *                   skipped (under wgrad W_g = beta W_g)
  *   linear_fwd      x W^T + bias (+ GELU-tanh keeping the pre-activation) in one cuBLASLt call with
  *                   an epilogue (BIAS, GELU_AUX, GELU_AUX_BIAS)
  *   linear_bwd_act  (dy W) gelu'(pre) and its column sums: the DGELU(_BGRAD) epilogue
  *   without an algorithm for an epilogue: the front end's compositions (tpk__compose_*,
  *   tpk/runtime/op.h) */
+#include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "common.cuh"
 
@@ -297,32 +302,141 @@ static tpk_status cuda_gemm_acc(tpk_ctx *ctx, bool ta, bool tb, int64_t m, int64
                     TPK_F32);
 }
 
-/* G GEMMs on row groups of x and y (tpk_ops.gemm_grouped): one gemm_any per group on the stream,
- * in order (cuBLASLt plans cached per shape: a group's row count is part of its key); a group of
- * 0 rows skipped, or under wgrad W_g = beta W_g (gemm_any's k = 0). */
+/* ---- gemm_grouped ---------------------------------------------------------------------------- */
+
+/* A group's product in gemm's row-major terms: C[m, n] = alpha op(A) op(B) + beta C */
+struct gg_prob {
+    bool ta, tb;
+    int64_t m, n, k;
+    const void *a;
+    int64_t lda;
+    const void *b;
+    int64_t ldb;
+    void *c;
+    int64_t ldc;
+};
+/* group g's product (r rows of x and y at xg, yg; W_g at wg): y_g = x_g op(W_g); under wgrad
+ * W_g = x_g^T y_g, or (tw) W_g [n, k] = y_g^T x_g */
+static gg_prob gg_group(bool wgrad, bool tw, int64_t r, int64_t n, int64_t k, const void *xg,
+                        int64_t ldx, void *wg, int64_t ldw, void *yg, int64_t ldy) {
+    if (!wgrad) return {false, tw, r, n, k, xg, ldx, wg, ldw, yg, ldy};
+    if (!tw) return {true, false, k, n, r, xg, ldx, yg, ldy, wg, ldw};
+    return {true, false, n, k, r, yg, ldy, xg, ldx, wg, ldw};
+}
+
+static std::atomic<unsigned long long> g_grouped_launches;
+extern "C" unsigned long long tpk_cuda_gemm_grouped_launches(void) {
+    return g_grouped_launches.load();
+}
+
+/* The groups with rows in one cublasGemmGroupedBatchedEx launch (cuBLAS >= 12.5, CUDA 12.5; an
+ * older toolkit's cuBLAS has none: always the loop; cuBLASLt has no grouped matmul in CUDA 13.0,
+ * only batches of one shape): one cuBLAS group of one problem per GEMM group, each in the
+ * column-major terms gemm_plan_get uses (B's storage first); the dimensions, leading dimensions,
+ * operations and scalars in host arrays, the matrices' addresses uploaded (the backend's pinned
+ * slots: no wait) into the scratch buffer, which the launch reads in stream order. Returns
+ * TPK_ERR_UNSUPPORTED (no message) where that launch cannot serve, for the caller's loop: W in
+ * another type than x and y (its types are A, B and C alike: f32, or bf16 with f32 compute — not
+ * a bf16 model's f32 gradients under wgrad), alpha 0 or k 0 (no product), fewer than two groups
+ * with rows (the loop is one launch then, with a cached plan), a size or leading dimension past
+ * int, or under bf16 or TF32 a matrix not 16-byte aligned (cuBLAS's alignment rule); or when
+ * cuBLAS answers NOT_SUPPORTED. Groups of 0 rows are not in the launch. */
+static tpk_status gemm_grouped_blas(tpk_ctx *ctx, const char *fn, tpk__cuda_state *st, bool wgrad,
+                                    bool tw, int64_t groups, const int64_t *rows, int64_t n,
+                                    int64_t k, float alpha, const void *x, int64_t ldx,
+                                    void *const *w, int64_t ldw, tpk_dtype w_dt, float beta,
+                                    void *y, int64_t ldy, tpk_dtype dt) {
+#if !defined(CUBLAS_VERSION) || CUBLAS_VERSION < 120500 /* before cuBLAS 12.5: no grouped GEMM */
+    (void)ctx, (void)fn, (void)st, (void)wgrad, (void)tw, (void)groups, (void)rows, (void)n,
+        (void)k;
+    (void)alpha, (void)x, (void)ldx, (void)w, (void)ldw, (void)w_dt, (void)beta, (void)y, (void)ldy;
+    (void)dt;
+    return TPK_ERR_UNSUPPORTED;
+#else
+    if (w_dt != dt || alpha == 0.0f || n == 0 || k == 0) return TPK_ERR_UNSUPPORTED;
+    bool tf32 = dt == TPK_F32 && tpk__cuda_tf32(), align = dt == TPK_BF16 || tf32;
+    size_t es = tpk_dtype_size(dt);
+    std::vector<gg_prob> p;
+    for (int64_t g = 0, off = 0; g < groups; off += rows[g++]) {
+        if (!rows[g]) continue;
+        gg_prob q = gg_group(wgrad, tw, rows[g], n, k, (const char *)x + (size_t)(off * ldx) * es,
+                             ldx, w[g], ldw, (char *)y + (size_t)(off * ldy) * es, ldy);
+        int64_t most = std::max({q.m, q.n, q.k, q.lda, q.ldb, q.ldc});
+        if (most > INT_MAX || (align && !tpk__aligned16({q.a, q.b, q.c})))
+            return TPK_ERR_UNSUPPORTED;
+        p.push_back(q);
+    }
+    int G = (int)p.size();
+    if (G < 2) return TPK_ERR_UNSUPPORTED;
+    std::vector<cublasOperation_t> opa(G), opb(G);
+    std::vector<int> M(G), N(G), K(G), lda(G), ldb(G), ldc(G), one(G, 1);
+    std::vector<float> al(G, alpha), be(G, beta);
+    std::vector<const void *> ptr(3 * (size_t)G); /* A, then B, then C: cuBLAS's three arrays */
+    for (int i = 0; i < G; i++) { /* C^T [n, m] = op(B)^T op(A)^T: B's storage is cuBLAS's A */
+        const gg_prob &q = p[(size_t)i];
+        opa[i] = q.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb[i] = q.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+        M[i] = (int)q.n, N[i] = (int)q.m, K[i] = (int)q.k;
+        lda[i] = (int)q.ldb, ldb[i] = (int)q.lda, ldc[i] = (int)q.ldc;
+        ptr[(size_t)i] = q.b, ptr[(size_t)(G + i)] = q.a, ptr[(size_t)(2 * G + i)] = q.c;
+    }
+    void *dptr;
+    size_t bytes = ptr.size() * sizeof(void *);
+    TPK_TRY(tpk__cuda_scratch(ctx, fn, st, bytes, &dptr));
+    TPK_TRY(ctx->ops->memcpy(ctx, dptr, ptr.data(), bytes, TPK_H2D));
+    const void *const *dA = (const void *const *)dptr;
+    cudaDataType_t ty = dt == TPK_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    if (!st->blas) { /* on the backend's stream, with cuBLASLt's workspace */
+        cublasHandle_t h = NULL;
+        s = cublasCreate(&h);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(h, st->stream);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetWorkspace(h, st->lt_ws, st->lt_ws_bytes);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            if (h) cublasDestroy(h);
+            return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "the cuBLAS handle: %s",
+                             cublasGetStatusString(s));
+        }
+        st->blas = h;
+    }
+    s = cublasGemmGroupedBatchedEx(st->blas, opa.data(), opb.data(), M.data(), N.data(), K.data(),
+                                   al.data(), dA, ty, lda.data(), dA + G, ty, ldb.data(), be.data(),
+                                   (void *const *)(dA + 2 * G), ty, ldc.data(), G, one.data(),
+                                   tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return TPK_ERR_UNSUPPORTED;
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return tpk__fail(ctx, TPK_ERR_BACKEND, fn, "cublasGemmGroupedBatchedEx: %s",
+                         cublasGetStatusString(s));
+    g_grouped_launches++;
+    return TPK_OK;
+#endif
+}
+
+/* G GEMMs on row groups of x and y (tpk_ops.gemm_grouped). The groups with rows in one launch
+ * (gemm_grouped_blas) where it serves: the forward and the data gradient (y in dt), and the weight
+ * gradient into W of x's type (an f32 model's f32 gradients, beta 1 included); else — a bf16
+ * model's gradients into f32 W (gemm_acc's accumulation, which cuBLAS's grouped GEMM does not
+ * take), misaligned bf16 or TF32 operands, a single group with rows — one gemm_any per group, in
+ * order (cuBLASLt plans cached per shape: a group's row count is part of its key). Either way a
+ * group of 0 rows is skipped, or under wgrad W_g = beta W_g (gemm_any's k = 0). */
 static tpk_status cuda_gemm_grouped(tpk_ctx *ctx, bool wgrad, bool tw, int64_t groups,
                                     const int64_t *rows, int64_t n, int64_t k, float alpha,
                                     const void *x, int64_t ldx, void *const *w, int64_t ldw,
                                     tpk_dtype w_dt, float beta, void *y, int64_t ldy,
                                     tpk_dtype dt) {
     static const char *fn = "cuda.gemm_grouped";
+    TPK__CUDA_STATE(st, ctx, fn);
+    tpk_status one = gemm_grouped_blas(ctx, fn, st, wgrad, tw, groups, rows, n, k, alpha, x, ldx, w,
+                                       ldw, w_dt, beta, y, ldy, dt);
+    if (one != TPK_OK && one != TPK_ERR_UNSUPPORTED) return one;
     size_t es = tpk_dtype_size(dt);
     for (int64_t g = 0, off = 0; g < groups; off += rows[g++]) {
         int64_t r = rows[g];
-        const char *xg = (const char *)x + (size_t)(off * ldx) * es;
-        char *yg = (char *)y + (size_t)(off * ldy) * es;
-        tpk_status s = TPK_OK;
-        if (!wgrad) {
-            if (r) s = gemm_any(ctx, fn, false, tw, r, n, k, alpha, xg, ldx, w[g], ldw, beta, yg,
-                                ldy, dt, dt);
-        } else if (!tw) { /* W_g [k, n] = alpha x_g^T y_g + beta W_g */
-            s = gemm_any(ctx, fn, true, false, k, n, r, alpha, xg, ldx, yg, ldy, beta, w[g], ldw,
-                         dt, w_dt);
-        } else { /* W_g [n, k] = alpha y_g^T x_g + beta W_g */
-            s = gemm_any(ctx, fn, true, false, n, k, r, alpha, yg, ldy, xg, ldx, beta, w[g], ldw,
-                         dt, w_dt);
-        }
-        if (s != TPK_OK) return s;
+        if ((!wgrad && !r) || (one == TPK_OK && r)) continue; /* none, or in the launch */
+        gg_prob q = gg_group(wgrad, tw, r, n, k, (const char *)x + (size_t)(off * ldx) * es, ldx,
+                             w[g], ldw, (char *)y + (size_t)(off * ldy) * es, ldy);
+        TPK_TRY(gemm_any(ctx, fn, q.ta, q.tb, q.m, q.n, q.k, alpha, q.a, q.lda, q.b, q.ldb, beta,
+                         q.c, q.ldc, dt, wgrad ? w_dt : dt));
     }
     return TPK_OK;
 }

@@ -14,6 +14,7 @@ static tpk_ops cuda_table_make() {
     tpk__cuda_norm_ops(&o);
     tpk__cuda_rope_swiglu_ops(&o);
     tpk__cuda_embed_ops(&o);
+    tpk__cuda_rows_ops(&o);
     tpk__cuda_xent_ops(&o);
     tpk__cuda_attn_ops(&o);
     return o;

@@ -68,6 +68,7 @@ void tpk__host_rng_ops(tpk_ops *o);
 void tpk__host_norm_ops(tpk_ops *o);
 void tpk__host_rope_swiglu_ops(tpk_ops *o);
 void tpk__host_embed_ops(tpk_ops *o);
+void tpk__host_rows_ops(tpk_ops *o);
 void tpk__host_xent_ops(tpk_ops *o);
 void tpk__host_attn_ops(tpk_ops *o);
 

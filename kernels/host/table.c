@@ -20,6 +20,7 @@ static void host_table_make(void) {
     tpk__host_norm_ops(&o);
     tpk__host_rope_swiglu_ops(&o);
     tpk__host_embed_ops(&o);
+    tpk__host_rows_ops(&o);
     tpk__host_xent_ops(&o);
     tpk__host_attn_ops(&o);
     host_table = o;

@@ -5,7 +5,9 @@
  * the GPT-2 block (with dropout) and the whole model (SP at odd t, dropout, label smoothing), and
  * the Llama (grouped-query, RoPE, SwiGLU, RMSNorm) and GPT-NeoX (parallel residual, per-head fused
  * QKV with partial rotary embeddings, the exact GELU) models through tpk/train/model.h, and Llama
- * under context parallelism (CP 2 at an even number of ranks): the output, the input gradient
+ * under context parallelism (CP 2 at an even number of ranks), and the Mixtral and Qwen2-MoE models
+ * at EP = the ranks (t > 1: the dispatcher's row ops and the grouped GEMM on device buffers): the
+ * output, the input gradient
  * and every gathered parameter gradient agree to relative 1e-4 (f32 storage; the GEMMs and sums
  * are reordered). Skipped (exit 0) without a GPU. */
 #include "gpu_test.h"
@@ -144,6 +146,38 @@ static void run_family(tpk_ctx *ctx, tpk_arch arch, bool sp, result *o) {
     tpk_model_destroy(ctx, &m);
 }
 
+/* Mixtral (k = 3 of E = 6 experts, a capacity factor dropping rows) or Qwen2-MoE (k = 2, a shared
+ * expert), L = 2, at EP = the ranks (DP = EP, TP 1): each rank routes its own tokens, so the
+ * dispatcher's permutations, regroup, all-to-alls, combine and their backward run on the backend's
+ * buffers (the row ops of kernels/cuda/rows.cu, the grouped GEMM) */
+static void run_moe(tpk_ctx *ctx, tpk_arch arch, result *o) {
+    tpk_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = arch;
+    int64_t *sh[5];
+    tpk_model_config_common(&c, sh, 0.0f, false, TPK_RECOMPUTE_NONE);
+    *sh[0] = V, *sh[1] = S, *sh[2] = 2, *sh[3] = H, *sh[4] = A;
+    if (arch == TPK_ARCH_MIXTRAL)
+        c.mixtral.kv_heads = 2, c.mixtral.ffn = 24, c.mixtral.experts = 6, c.mixtral.top_k = 3,
+        c.mixtral.aux_coef = 0.05f, c.mixtral.capacity_factor = 0.6f;
+    else
+        c.qwen2_moe.kv_heads = 2, c.qwen2_moe.moe_ffn = 24, c.qwen2_moe.shared_ffn = 16,
+        c.qwen2_moe.experts = 6, c.qwen2_moe.top_k = 2, c.qwen2_moe.aux_coef = 0.05f;
+    tpk_model m;
+    tpk_status s = tpk_model_init(ctx, &m, &c);
+    CHECK_OK(ctx, s);
+    if (s != TPK_OK) return;
+    test_set_weights(ctx, 11, 0.2f);
+    int32_t ids[T], tg[T];
+    for (int t = 0; t < T; t++) /* this rank's tokens */
+        ids[t] = (t * 37 + 5 + 11 * test__rank) % V, tg[t] = (t * 53 + 1 + test__rank) % V;
+    CHECK_OK(ctx, tpk_params_zero_grad(ctx));
+    CHECK_OK(ctx, tpk_model_forward(ctx, &m, ids, tg, B, S, &o->loss));
+    CHECK_OK(ctx, tpk_model_backward(ctx, &m, 1.0f));
+    gather_grads(ctx, o);
+    tpk_model_destroy(ctx, &m);
+}
+
 /* Llama (A = 4 over G = 2, rotary), L = 2, under context parallelism: the context's CP group
  * holds the ranks (t = 1), each given its rows of B sequences of SC tokens (tpk_cp_scatter_host):
  * the attention over CP (attn_block_fwd / _bwd), the rotary embedding at the rows' true positions
@@ -257,6 +291,29 @@ int main(int argc, char **argv) {
                 static result rh, rd;
                 run_family(&ch, (tpk_arch)a, sp, &rh);
                 run_family(&cd, (tpk_arch)a, sp, &rd);
+                CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g",
+                      (double)rd.loss, (double)rh.loss);
+                compare(&ch, &rd, &rh, false);
+                result_free(&rh), result_free(&rd);
+            }
+            tpk_ctx_destroy(&ch), tpk_ctx_destroy(&cd);
+        }
+    /* a mixture of experts at EP = the ranks (E = 6: 3 or 2 experts a rank) */
+    for (int a = TPK_ARCH_MIXTRAL; a <= TPK_ARCH_QWEN2_MOE && test__size > 1; a++)
+        TEST_CASE("%s model at EP %d, cuda (%s) vs host: each rank's loss and every gradient",
+                  tpk__model_family((tpk_arch)a)->title, test__size, world_d.vt->name) {
+            tpk_ctx ch, cd;
+            memset(&ch, 0, sizeof ch), memset(&cd, 0, sizeof cd);
+            tpk_ctx_desc dh = {.ops = tpk_ops_host(), .world = &world_h, .ep = test__size},
+                         dd = {.ops = tpk_ops_cuda(), .world = &world_d, .ep = test__size};
+            dh.seed = dd.seed = 3;
+            tpk_status cs = tpk_ctx_init(&ch, &dh);
+            if (cs == TPK_OK) cs = tpk_ctx_init(&cd, &dd);
+            CHECK(cs == TPK_OK, "tpk_ctx_init: %s / %s", tpk_last_error(&ch), tpk_last_error(&cd));
+            if (cs == TPK_OK) {
+                static result rh, rd;
+                run_moe(&ch, (tpk_arch)a, &rh);
+                run_moe(&cd, (tpk_arch)a, &rd);
                 CHECK(fabsf(rd.loss - rh.loss) <= 1e-4f * fabsf(rh.loss), "loss %.7g, host %.7g",
                       (double)rd.loss, (double)rh.loss);
                 compare(&ch, &rd, &rh, false);

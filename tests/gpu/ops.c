@@ -373,45 +373,69 @@ static void test_gemm_acc(tpk_dtype dt) {
 /* gemm_grouped (a loop of the gemm path per group) against the host's: 6 groups, two of 0 rows,
  * each form — y_g = x_g op(W_g) (tw and not, beta 0 with y poisoned, and 0.5), op(W_g) += x_g^T
  * y_g (tw and not; W in dt, and f32 for bf16 operands) — padded leading dimensions compared too */
+/* gemm_grouped against the host's, every form, groups of 0 rows; leading dimensions padded off
+ * 16 bytes (lay 0: bf16 rows misaligned) or by 8 elements (lay 1). The one-launch path
+ * (cublasGemmGroupedBatchedEx) must serve every form whose W is in x's type, f32 at any alignment
+ * and bf16 aligned (tpk_cuda_gemm_grouped_launches counts it); a bf16 model's f32 gradients and
+ * misaligned bf16 loop over cuBLASLt. Then again with the emulation's grouped GEMM answering
+ * NOT_SUPPORTED (TPK_EMU_BLAS_GROUPED=0; no effect on a GPU): the loop, the same results. */
 static void test_gemm_grouped(tpk_dtype dt) {
-    TEST_CASE("gemm_grouped: forward and both gradient forms, groups of 0 rows [%s]",
+    TEST_CASE("gemm_grouped: forward and both gradient forms, groups of 0 rows, one launch where "
+              "cuBLAS's grouped GEMM takes the form [%s]",
               tpk_dtype_name(dt)) {
         enum { G = 6 };
         const int64_t rows[G] = {17, 0, 40, 5, 0, 33};
-        int64_t R = 95, n = 24, k = 40, ldx = k + 3, ldy = n + 1;
-        pair x = pair_randn(&cd, (size_t)(R * ldx), dt, 160, 1.0f);
-        for (int f = 0; f < 6; f++) { /* 0-1: forward beta 0, 2-3: forward beta 0.5, 4-5: wgrad */
-            bool tw = f & 1, wgrad = f >= 4;
-            for (int wf = 0; wf < (wgrad && dt == TPK_BF16 ? 2 : 1); wf++) {
-                tpk_dtype w_dt = wf ? TPK_F32 : dt;
-                float beta = f < 2 ? 0.0f : wgrad ? 1.0f : 0.5f;
-                int64_t sr = tw ? n : k, ldw = (tw ? k : n) + 2;
-                float *v = malloc((size_t)(R * ldy) * sizeof(float));
-                test_randn(v, (size_t)(R * ldy), 170 + f, 1.0f);
-                for (int64_t i = 0; i < R && beta == 0.0f; i++) /* not read; the padding kept */
-                    test_poison(v + i * ldy, (size_t)n);
-                pair y = pair_from(&cd, v, (size_t)(R * ldy), dt), w[G];
-                free(v);
-                void *wh[G], *wd[G];
-                for (int g = 0; g < G; g++) {
-                    w[g] = pair_randn(&cd, (size_t)(sr * ldw), w_dt, 180 + g + f, 1.0f);
-                    wh[g] = w[g].h, wd[g] = w[g].d;
+        int64_t R = 95, n = 24, k = 40;
+        for (int path = 0; path < 2; path++) {
+            if (path) setenv("TPK_EMU_BLAS_GROUPED", "0", 1);
+            for (int lay = 0; lay < 2; lay++) {
+                int64_t pad = lay ? 8 : 3, ldx = k + pad, ldy = n + (lay ? 8 : 1);
+                pair x = pair_randn(&cd, (size_t)(R * ldx), dt, 160, 1.0f);
+                for (int f = 0; f < 6; f++) { /* 0-1: beta 0, 2-3: beta 0.5, 4-5: wgrad */
+                    bool tw = f & 1, wgrad = f >= 4;
+                    for (int wf = 0; wf < (wgrad && dt == TPK_BF16 ? 2 : 1); wf++) {
+                        tpk_dtype w_dt = wf ? TPK_F32 : dt;
+                        float beta = f < 2 ? 0.0f : wgrad ? 1.0f : 0.5f;
+                        int64_t sr = tw ? n : k, ldw = (tw ? k : n) + (lay ? 8 : 2);
+                        float *v = malloc((size_t)(R * ldy) * sizeof(float));
+                        test_randn(v, (size_t)(R * ldy), 170 + f, 1.0f);
+                        for (int64_t i = 0; i < R && beta == 0.0f; i++) /* not read; the padding
+                                                                           kept */
+                            test_poison(v + i * ldy, (size_t)n);
+                        pair y = pair_from(&cd, v, (size_t)(R * ldy), dt), w[G];
+                        free(v);
+                        void *wh[G], *wd[G];
+                        for (int g = 0; g < G; g++) {
+                            w[g] = pair_randn(&cd, (size_t)(sr * ldw), w_dt, 180 + g + f, 1.0f);
+                            wh[g] = w[g].h, wd[g] = w[g].d;
+                        }
+                        unsigned long long l0 = tpk_cuda_gemm_grouped_launches();
+                        CHECK_OK(&ch,
+                                 ch.ops->gemm_grouped(&ch, wgrad, tw, G, rows, n, k, 0.75f, x.h,
+                                                      ldx, wh, ldw, w_dt, beta, y.h, ldy, dt));
+                        CHECK_OK(&cd,
+                                 cd.ops->gemm_grouped(&cd, wgrad, tw, G, rows, n, k, 0.75f, x.d,
+                                                      ldx, wd, ldw, w_dt, beta, y.d, ldy, dt));
+                        bool one = w_dt == dt && (dt == TPK_F32 || lay == 1);
+                        unsigned long long got = tpk_cuda_gemm_grouped_launches() - l0;
+                        char what[128];
+                        snprintf(what, sizeof what,
+                                 "gemm_grouped wgrad=%d tw=%d beta=%g w %s lay %d (%s)", wgrad, tw,
+                                 (double)beta, tpk_dtype_name(w_dt), lay,
+                                 got ? "one launch" : "a loop");
+                        CHECK(path || got == (one ? 1u : 0u),
+                              "%s: %llu grouped launches, expected %d", what, got, (int)one);
+                        if (!wgrad) pair_check(&cd, &y, tol_for(dt, TOL_SUM), what);
+                        for (int g = 0; g < G && wgrad; g++)
+                            pair_check(&cd, &w[g], tol_for(w_dt, TOL_SUM), what);
+                        for (int g = 0; g < G; g++) pair_free(&cd, &w[g]);
+                        pair_free(&cd, &y);
+                    }
                 }
-                CHECK_OK(&ch, ch.ops->gemm_grouped(&ch, wgrad, tw, G, rows, n, k, 0.75f, x.h, ldx,
-                                                   wh, ldw, w_dt, beta, y.h, ldy, dt));
-                CHECK_OK(&cd, cd.ops->gemm_grouped(&cd, wgrad, tw, G, rows, n, k, 0.75f, x.d, ldx,
-                                                   wd, ldw, w_dt, beta, y.d, ldy, dt));
-                char what[96];
-                snprintf(what, sizeof what, "gemm_grouped wgrad=%d tw=%d beta=%g w %s", wgrad, tw,
-                         (double)beta, tpk_dtype_name(w_dt));
-                if (!wgrad) pair_check(&cd, &y, tol_for(dt, TOL_SUM), what);
-                for (int g = 0; g < G && wgrad; g++)
-                    pair_check(&cd, &w[g], tol_for(w_dt, TOL_SUM), what);
-                for (int g = 0; g < G; g++) pair_free(&cd, &w[g]);
-                pair_free(&cd, &y);
+                pair_free(&cd, &x);
             }
+            if (path) unsetenv("TPK_EMU_BLAS_GROUPED");
         }
-        pair_free(&cd, &x);
     }
 }
 
@@ -815,6 +839,66 @@ static void test_embed(tpk_dtype dt, int64_t H) {
                  cd.ops->embed_bwd(&cd, dE.d, dy.d, (const int32_t *)ids.d, T, H, v0, vrows, dt));
         pair_check(&cd, &dE, 1e-7, "embed_bwd (token order: the host's sums exactly)");
         pair_free(&cd, &ids), pair_free(&cd, &E), pair_free(&cd, &dy), pair_free(&cd, &dE);
+    }
+}
+
+/* Rows moved by an index: 300 indices over 97 rows (-3..101: repeats, -1 and below, past the
+ * rows), widths H a multiple of 8 (16-byte vectors) or not, leading dimensions padded (the padding
+ * kept: the accumulating scatter's y starts random) or not (outputs poisoned). The gather moves
+ * bytes (i32 too); the scatter's, the combine's and dout's sums are the host's in the same order
+ * with products and sums rounded apart (no FMA): the same bits; dw's dot products are summed in
+ * another order. */
+static void test_rows(tpk_dtype dt, int64_t H) {
+    TEST_CASE("gather_rows, scatter_add_rows, moe_combine_fwd/bwd (repeats, dropped) [%s] H = %lld",
+              tpk_dtype_name(dt), (long long)H) {
+        const int64_t XR = 97, n = 300, T = 100, K = 3, ld = H + (H % 8 ? 3 : 8);
+        float iv[300];
+        for (int i = 0; i < n; i++) iv[i] = (float)((i * 7919 + 13) % 105) - 3.0f;
+        iv[7] = -2147483648.0f, iv[8] = 1000.0f;
+        pair idx = pair_from(&cd, iv, (size_t)n, TPK_I32);
+        const int32_t *ih = (const int32_t *)idx.h, *id = (const int32_t *)idx.d;
+        for (int k = 0; k < (dt == TPK_F32 ? 2 : 1); k++) { /* f32: i32 rows too */
+            tpk_dtype gt = k ? TPK_I32 : dt;
+            pair x = pair_randn(&cd, (size_t)(XR * ld), gt, 80, k ? 1000.0f : 1.0f),
+                 y = pair_randn(&cd, (size_t)(n * H), gt, 81, 1.0f);
+            pair_poison(&cd, &y);
+            CHECK_OK(&ch, ch.ops->gather_rows(&ch, y.h, H, x.h, ld, XR, ih, n, H, gt));
+            CHECK_OK(&cd, cd.ops->gather_rows(&cd, y.d, H, x.d, ld, XR, id, n, H, gt));
+            pair_check(&cd, &y, 1e-12, k ? "gather_rows i32" : "gather_rows");
+            pair_free(&cd, &x), pair_free(&cd, &y);
+        }
+        pair x = pair_randn(&cd, (size_t)(n * H), dt, 82, 1.0f);
+        pair y = pair_randn(&cd, (size_t)(XR * H), dt, 83, 1.0f);
+        pair_poison(&cd, &y);
+        CHECK_OK(&ch, ch.ops->scatter_add_rows(&ch, y.h, H, XR, x.h, H, ih, n, H, dt, false));
+        CHECK_OK(&cd, cd.ops->scatter_add_rows(&cd, y.d, H, XR, x.d, H, id, n, H, dt, false));
+        pair_check(&cd, &y, 1e-7, "scatter_add_rows (index order: the host's sums exactly)");
+        pair ya = pair_randn(&cd, (size_t)(XR * ld), dt, 84, 1.0f);
+        CHECK_OK(&ch, ch.ops->scatter_add_rows(&ch, ya.h, ld, XR, x.h, H, ih, n, H, dt, true));
+        CHECK_OK(&cd, cd.ops->scatter_add_rows(&cd, ya.d, ld, XR, x.d, H, id, n, H, dt, true));
+        pair_check(&cd, &ya, 1e-7, "scatter_add_rows accumulate, padded");
+        pair_free(&cd, &x), pair_free(&cd, &y), pair_free(&cd, &ya);
+        /* the combine: T tokens of K entries (the same indices) over XR rows of o */
+        pair o = pair_randn(&cd, (size_t)(XR * H), dt, 85, 1.0f),
+             w = pair_randn(&cd, (size_t)n, TPK_F32, 86, 1.0f),
+             dy = pair_randn(&cd, (size_t)(T * H), dt, 87, 1.0f),
+             yc = pair_randn(&cd, (size_t)(T * H), dt, 88, 1.0f),
+             dw = pair_randn(&cd, (size_t)n, TPK_F32, 89, 1.0f),
+             dout = pair_randn(&cd, (size_t)(XR * H), dt, 90, 1.0f);
+        pair_poison(&cd, &yc), pair_poison(&cd, &dw), pair_poison(&cd, &dout);
+        CHECK_OK(&ch,
+                 ch.ops->moe_combine_fwd(&ch, yc.h, o.h, XR, ih, (const float *)w.h, T, K, H, dt));
+        CHECK_OK(&cd,
+                 cd.ops->moe_combine_fwd(&cd, yc.d, o.d, XR, id, (const float *)w.d, T, K, H, dt));
+        pair_check(&cd, &yc, 1e-7, "moe_combine_fwd (i order, no FMA: the host's bits)");
+        CHECK_OK(&ch, ch.ops->moe_combine_bwd(&ch, (float *)dw.h, dout.h, dy.h, o.h, XR, ih,
+                                              (const float *)w.h, T, K, H, dt));
+        CHECK_OK(&cd, cd.ops->moe_combine_bwd(&cd, (float *)dw.d, dout.d, dy.d, o.d, XR, id,
+                                              (const float *)w.d, T, K, H, dt));
+        pair_check(&cd, &dw, TOL_SUM, "moe_combine_bwd dw (the dots summed in another order)");
+        pair_check(&cd, &dout, 1e-7, "moe_combine_bwd dout (entry order: the host's sums)");
+        pair_free(&cd, &o), pair_free(&cd, &w), pair_free(&cd, &dy), pair_free(&cd, &yc);
+        pair_free(&cd, &dw), pair_free(&cd, &dout), pair_free(&cd, &idx);
     }
 }
 
@@ -1319,6 +1403,9 @@ int main(int argc, char **argv) {
         test_embed(dt, 40);
         test_embed(dt, 37);
         test_embed(dt, 2056);
+        test_rows(dt, 40);
+        test_rows(dt, 37);
+        test_rows(dt, 2056);
         test_xent(dt, 576, 517, 258);
         test_xent(dt, 517, 517, 258);
         test_xent(dt, 3008, 3001, 1504);

@@ -146,12 +146,14 @@ TPK_HD static inline float tpk_fp8_to_f32(uint8_t c, tpk_fp8_fmt f) {
     X(fill)                                                                                       \
     X(copy2d) X(cast) X(axpby) X(gemm) X(gemm_acc) X(bias_add) X(bias_grad) X(act_fwd) X(act_bwd) \
         X(rng_2d) X(adamw) X(sumsq)
-#define TPK__OPS_LAYERS(X)                                                                    \
-    X(dropout)                                                                                \
-    X(layernorm_fwd) X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss)    \
-        X(xent_mean) X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd) X(swiglu_bwd) \
-            X(rmsnorm_fwd) X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd) X(rope_at)   \
-                X(fp8_quant) X(fp8_dequant) X(gemm_fp8) X(gemm_grouped)
+#define TPK__OPS_LAYERS(X)                                                                      \
+    X(dropout)                                                                                  \
+    X(layernorm_fwd)                                                                            \
+    X(layernorm_bwd) X(embed_fwd) X(embed_bwd) X(xent_stats) X(xent_loss) X(xent_mean)          \
+        X(xent_grad) X(attn_fwd) X(attn_bwd) X(rope) X(swiglu_fwd) X(swiglu_bwd) X(rmsnorm_fwd) \
+            X(rmsnorm_bwd) X(attn_block_fwd) X(attn_block_bwd) X(rope_at) X(fp8_quant)          \
+                X(fp8_dequant) X(gemm_fp8) X(gemm_grouped) X(gather_rows) X(scatter_add_rows)   \
+                    X(moe_combine_fwd) X(moe_combine_bwd)
 #define TPK__OPS_FUSED(X) X(linear_fwd) X(linear_bwd_act) X(residual_layernorm_fwd) X(xent_fused)
 
 /* One block of an attention split over the sequence (attn_block_fwd, attn_block_bwd; context
@@ -436,6 +438,45 @@ typedef struct tpk_ops {
                                const int64_t *rows, int64_t n, int64_t k, float alpha,
                                const void *x, int64_t ldx, void *const *w, int64_t ldw,
                                tpk_dtype w_dt, float beta, void *y, int64_t ldy, tpk_dtype dt);
+
+    /* Rows moved by an index: a mixture of experts' permutations, its combine and their adjoints
+     * (tpk/layers/moe.h), one call each. idx and row: int32 in backend memory, read by the kernels
+     * alone (the front end cannot check them): an index outside [0, the rows it indexes) names no
+     * row (-1 by convention: a dropped row). Rows of cols (H) elements; ldy, ldx leading dimensions
+     * in elements; an output overlaps none of the inputs. Every output element is written (or, with
+     * accumulate, read and written) exactly as below, the same bits at any thread count.
+     *   gather_rows:      y[i, :] = x[idx[i], :] for i < rows (x has xrows rows); a row idx[i]
+     *                     names none is zeros. Any dtype: rows move as bytes, exactly.
+     *   scatter_add_rows: its adjoint, y [yrows, cols]: row r of y is the sum of the rows x[i, :]
+     *                     with idx[i] = r in index order (i ascending), the sum started from y[r]
+     *                     (accumulate) or from the first such row, each next row added in f32,
+     *                     y rounded to dt once; a row no index names is zeros (accumulate:
+     *                     unchanged). Segmented by destination in index order on every backend,
+     *                     so deterministic whatever the index (repeats included); a permutation
+     *                     (each row named at most once) copies rows exactly. f32 or bf16.
+     *   moe_combine_fwd:  y[t, :] = sum of w[e] o[row[e], :] over the kept entries e = t K + i,
+     *                     i < K ascending (row[e] in [0, orows)), for t < T: each product rounded
+     *                     to f32, the sum started from the first and kept in f32 (no FMA), y
+     *                     rounded to dt once; zeros for a token whose every entry is dropped.
+     *                     y [T, H], o [orows, H], w f32 [T K] and row [T K] in backend memory.
+     *   moe_combine_bwd:  dw[e] = dy[e / K, :] . o[row[e], :] (f32 [T K] in backend memory, an
+     *                     f32 sum in the backend's fixed order; 0 for a dropped entry) and dout
+     *                     [orows, H], o's gradient: row r the terms w[e] dy[e / K, :] of the kept
+     *                     entries naming it, summed as scatter_add_rows sums (e ascending, f32,
+     *                     rounded once; a row named once: w dy rounded); zeros where none does.
+     * The data f32 or bf16 (gather_rows': any dtype). */
+    tpk_status (*gather_rows)(tpk_ctx *ctx, void *y, int64_t ldy, const void *x, int64_t ldx,
+                              int64_t xrows, const int32_t *idx, int64_t rows, int64_t cols,
+                              tpk_dtype dt);
+    tpk_status (*scatter_add_rows)(tpk_ctx *ctx, void *y, int64_t ldy, int64_t yrows, const void *x,
+                                   int64_t ldx, const int32_t *idx, int64_t rows, int64_t cols,
+                                   tpk_dtype dt, bool accumulate);
+    tpk_status (*moe_combine_fwd)(tpk_ctx *ctx, void *y, const void *o, int64_t orows,
+                                  const int32_t *row, const float *w, int64_t T, int64_t K,
+                                  int64_t H, tpk_dtype dt);
+    tpk_status (*moe_combine_bwd)(tpk_ctx *ctx, float *dw, void *dout, const void *dy,
+                                  const void *o, int64_t orows, const int32_t *row, const float *w,
+                                  int64_t T, int64_t K, int64_t H, tpk_dtype dt);
 
     /* ---- the fusions (TPK__OPS_FUSED): optional; NULL, the front end composes each from the
      * required entries as its contract says (tpk__compose_* in tpk/runtime/op.h) ---- */

@@ -32,13 +32,16 @@
  *     dW1_j += dgate_jᵀ xg_j, dW3_j += dup_jᵀ xg_j;  dxg_j = dgate_j W1_j + dup_j W3_j
  *     (expert TP: dxg is P over TP -> all-reduce)
  *   ungroup + exchange back: dxs [N, H] in send order;
- *     dx[t] = sum_i dxs[s(t, i)] + the router's dx
+ *     dx[t] = sum_i dxs[s(t, i)] (in send order: by expert) + the router's dx
  * Collectives per forward (and again per backward), on ctx->ep: one all-to-all of P El int32
  * (the counts; forward only) and two of the rows: N H elements sent and R H received each; expert
  * TP adds an all-reduce of R H over ctx->tp each way. At P = 1 no all-to-all is made (the rows
- * stay put). The permutations are row copies (copy2d, runs of consecutive tokens at once), the
- * combine and its backward one axpby and one 1 x 1 x H gemm_acc per row: O(N) small op calls a
- * layer (a gather / scatter op would make them one each; not yet).
+ * stay put). Each permutation is one op over the rows (tpk/base/ops.h): the dispatch's permute,
+ * the regroup and the ungroup gather_rows, the dispatch's backward scatter_add_rows (a token's k
+ * rows summed in send order: by expert), the combine moe_combine_fwd and its backward
+ * moe_combine_bwd (dw and dob in one call), their indices (slot, src and the regroup's
+ * permutation, int32) uploaded once a dispatch and the weights once a combine or its backward:
+ * O(1) op calls a layer whatever N.
  * Parameters (Hugging Face Mixtral's names): "<name>.gate.weight" [E, H] R (every rank), and for
  * each local expert e "<name>.experts.<e>.w1.weight" [F, H] S(0), ".w3.weight" [F, H] S(0),
  * ".w2.weight" [H, F] S(1), marked tpk_param.expert (their gradient is to be summed over ctx->edp;
@@ -82,6 +85,12 @@ typedef struct tpk_moe_dispatcher {
     int64_t cap_N;       /* the host rows' room */
     int32_t *slot;       /* host [T K]: the send-order row of (t, i); -1: dropped */
     int32_t *src;        /* host [N]: the token of send-order row s */
+    int32_t *grp;        /* host [R]: the received row ([q][j] order) of grouped row r */
+    int32_t *ung;        /* host [R]: the grouped row of received row r (grp's inverse) */
+    int32_t *pk;         /* host [T K + N + 2 R]: slot, src, grp, ung packed for one upload */
+    int64_t cap_R, cap_pk;                     /* grp's and ung's room, pk's */
+    const int32_t *islot, *isrc, *igrp, *iung; /* the four where the ops read them: the host
+                                                  arrays, or (a device backend) inside ix */
     size_t *ecount;      /* host [E]: the rows this rank sends to each expert */
     size_t *rcount;  /* host [P El]: c[q][j], rows from EP rank q for local expert j (q-major) */
     int64_t *rows;   /* host [El]: n_j, local expert j's rows (grouped: j-major) */
@@ -93,6 +102,7 @@ typedef struct tpk_moe_dispatcher {
                         it): every other EP rank taken to send each local expert min(T, C) rows,
                         the most it can (the planned rows a bound); 0: each as this rank routes */
     tpk_buf cnt, xs, xr, xg, orr, obb, y, ds, dr, dg, dxr, dxs, dx, dw; /* backend memory */
+    tpk_buf ix, wt; /* backend memory: the indices (pk), the combine's weights (device backends) */
 } tpk_moe_dispatcher;
 
 /* A dispatcher of E experts over ctx->ep (P divides E), k routes per token, rows of H. */
@@ -135,8 +145,9 @@ static inline void tpk_moe_dispatcher_destroy(tpk_ctx *ctx, tpk_moe_dispatcher *
     tpk__free(ctx, d->slot), tpk__free(ctx, d->src), tpk__free(ctx, d->ecount);
     tpk__free(ctx, d->rcount), tpk__free(ctx, d->rows), tpk__free(ctx, d->sc);
     tpk__free(ctx, d->rc), tpk__free(ctx, d->cx);
-    tpk_buf *b[] = {&d->cnt, &d->xs, &d->xr, &d->xg,  &d->orr, &d->obb, &d->y,
-                    &d->ds,  &d->dr, &d->dg, &d->dxr, &d->dxs, &d->dx,  &d->dw};
+    tpk__free(ctx, d->grp), tpk__free(ctx, d->ung), tpk__free(ctx, d->pk);
+    tpk_buf *b[] = {&d->cnt, &d->xs, &d->xr,  &d->xg,  &d->orr, &d->obb, &d->y,  &d->ds,
+                    &d->dr,  &d->dg, &d->dxr, &d->dxs, &d->dx,  &d->dw,  &d->ix, &d->wt};
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) tpk__buf_free(ctx, b[i]);
     memset(d, 0, sizeof *d);
 }
@@ -151,21 +162,65 @@ static inline tpk_status tpk__moe_check(tpk_ctx *ctx, const char *fn, const tpk_
 static inline bool tpk__moe_regroup_needed(const tpk_moe_dispatcher *d) {
     return d->P > 1 && d->El > 1;
 }
-/* Copy the received rows between [q][j] order (qj) and [j][q] order (jq): to_grouped = qj -> jq. */
+/* The received rows between [q][j] order (qj) and [j][q] order (jq), one gather: to_grouped
+ * dst[jq] = src[grp[jq]], else dst[qj] = src[ung[qj]]. */
 static inline tpk_status tpk__moe_regroup(tpk_ctx *ctx, const tpk_moe_dispatcher *d, void *dst,
                                           const void *src, bool to_grouped) {
-    size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H;
-    int64_t jq = 0;
-    for (int64_t j = 0; j < d->El; j++)
-        for (int q = 0; q < d->P; q++) {
-            int64_t qj = 0, n = (int64_t)d->rcount[(size_t)q * d->El + j];
-            for (int64_t k = 0; k < (int64_t)q * d->El + j; k++) qj += (int64_t)d->rcount[k];
-            const char *s = (const char *)src + (size_t)(to_grouped ? qj : jq) * H * es;
-            char *t = (char *)dst + (size_t)(to_grouped ? jq : qj) * H * es;
-            TPK_TRY(tpk_op_copy2d(ctx, t, d->H, s, d->H, n, d->H, ctx->dtype));
-            jq += n;
+    return tpk_op_gather_rows(ctx, dst, d->H, src, d->H, d->R, to_grouped ? d->igrp : d->iung, d->R,
+                              d->H, ctx->dtype);
+}
+/* the regroup's permutation of the R received rows (grp, ung) and the four index arrays where
+ * the ops read them: on a device backend packed (pk) and uploaded in one copy (ix) */
+static inline tpk_status tpk__moe_indices(tpk_ctx *ctx, const char *fn, tpk_moe_dispatcher *d) {
+    int64_t R = d->R, NK = d->NK, N = d->N, El = d->El;
+    if (R > d->cap_R || !d->grp) {
+        tpk__free(ctx, d->grp), tpk__free(ctx, d->ung);
+        d->grp = (int32_t *)tpk__malloc(ctx, (size_t)(R ? R : 1) * sizeof(int32_t));
+        d->ung = (int32_t *)tpk__malloc(ctx, (size_t)(R ? R : 1) * sizeof(int32_t));
+        d->cap_R = d->grp && d->ung ? R : 0;
+        if (!d->grp || !d->ung)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld rows",
+                             (long long)R);
+    }
+    int32_t *at = d->cx; /* [P El] scratch (the counts' exchange is done): where the rows from
+                            EP rank q for expert j start in [q][j] order */
+    for (int64_t k = 0, o = 0; k < d->P * El; k++) at[k] = (int32_t)o, o += (int64_t)d->rcount[k];
+    for (int64_t j = 0, jq = 0; j < El; j++) /* expert j's rows: EP rank 0's first */
+        for (int64_t q = 0; q < d->P; q++) {
+            int64_t qj = at[q * El + j], n = (int64_t)d->rcount[q * El + j];
+            for (int64_t r = 0; r < n; r++, jq++)
+                d->grp[jq] = (int32_t)(qj + r), d->ung[qj + r] = (int32_t)jq;
         }
-    return TPK_OK;
+    if (!ctx->ops->device) { /* the host backend reads the host arrays */
+        d->islot = d->slot, d->isrc = d->src, d->igrp = d->grp, d->iung = d->ung;
+        return TPK_OK;
+    }
+    int64_t n = NK + N + 2 * R;
+    if (n > d->cap_pk || !d->pk) {
+        tpk__free(ctx, d->pk);
+        d->pk = (int32_t *)tpk__malloc(ctx, (size_t)(n ? n : 1) * sizeof(int32_t));
+        d->cap_pk = d->pk ? n : 0;
+        if (!d->pk)
+            return tpk__fail(ctx, TPK_ERR_NOMEM, fn, "out of host memory for %lld indices",
+                             (long long)n);
+    }
+    size_t es = sizeof(int32_t);
+    memcpy(d->pk, d->slot, (size_t)NK * es), memcpy(d->pk + NK, d->src, (size_t)N * es);
+    memcpy(d->pk + NK + N, d->grp, (size_t)R * es);
+    memcpy(d->pk + NK + N + R, d->ung, (size_t)R * es);
+    TPK_TRY(tpk__buf_reserve(ctx, &d->ix, (size_t)(n ? n : 1) * es));
+    const int32_t *b = (const int32_t *)d->ix.p;
+    d->islot = b, d->isrc = b + NK, d->igrp = b + NK + N, d->iung = b + NK + N + R;
+    return tpk_op_memcpy(ctx, d->ix.p, d->pk, (size_t)n * es, TPK_H2D);
+}
+/* the combine's weights (host [T K]) where the ops read them: uploaded on a device backend */
+static inline tpk_status tpk__moe_weights(tpk_ctx *ctx, tpk_moe_dispatcher *d, const float *weight,
+                                          const float **out) {
+    *out = weight;
+    if (!ctx->ops->device || !d->NK) return TPK_OK;
+    TPK_TRY(tpk__buf_reserve(ctx, &d->wt, (size_t)d->NK * sizeof(float)));
+    *out = (const float *)d->wt.p;
+    return tpk_op_memcpy(ctx, d->wt.p, weight, (size_t)d->NK * sizeof(float), TPK_H2D);
 }
 /* The rows over ctx->ep: send (sc, in send order) -> recv (rc, [q][j] order), or back (`back`:
  * recv order -> send order, the counts swapped). */
@@ -248,7 +303,10 @@ static inline tpk_status tpk__moe_plan(tpk_ctx *ctx, const char *fn, tpk_moe_dis
         }
         d->sc[q] = sent * (size_t)d->H, d->rc[q] = got * (size_t)d->H, d->R += (int64_t)got;
     }
-    return TPK_OK;
+    if (d->R > INT32_MAX)
+        return tpk__fail(ctx, TPK_ERR_SHAPE, fn, "the EP group sent %lld rows, expected < 2^31",
+                         (long long)d->R);
+    return tpk__moe_indices(ctx, fn, d);
 }
 
 /* Dispatch x R [T, H] (ctx->dtype) by idx (host [T K]: token t's experts e_ti): *xg [R, H] (R over
@@ -270,12 +328,8 @@ static inline tpk_status tpk_moe_dispatch(tpk_ctx *ctx, tpk_moe_dispatcher *d, t
     TPK_TRY(tpk__moe_plan(ctx, fn, d, x.gshape[0], idx));
     size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H;
     TPK_TRY(tpk__buf_reserve(ctx, &d->xs, (size_t)d->N * H * es));
-    for (int64_t s = 0, run; s < d->N; s += run) { /* xs[s] = x[src[s]], runs of tokens at once */
-        for (run = 1; s + run < d->N && d->src[s + run] == d->src[s] + run;) run++;
-        TPK_TRY(tpk_op_copy2d(ctx, (char *)d->xs.p + (size_t)s * H * es, d->H,
-                              (const char *)x.data + (size_t)d->src[s] * H * es, d->H, run, d->H,
-                              ctx->dtype));
-    }
+    TPK_TRY(tpk_op_gather_rows(ctx, d->xs.p, d->H, x.data, d->H, d->T, d->isrc, d->N, d->H,
+                               ctx->dtype)); /* xs[s] = x[src[s]] */
     const void *cur = d->xs.p;
     if (d->P > 1) {
         TPK_TRY(tpk__buf_reserve(ctx, &d->xr, (size_t)d->R * H * es));
@@ -321,18 +375,11 @@ static inline tpk_status tpk_moe_combine(tpk_ctx *ctx, tpk_moe_dispatcher *d, tp
     d->ob = cur;
     *y = tpk_tensor_2d(NULL, ctx->dtype, d->T, d->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &d->y, y));
-    for (int64_t t = 0; t < d->T; t++) {
-        int64_t n = 0; /* y[t] = sum_i w_ti ob[s(t, i)], i ascending, the kept rows */
-        char *yt = (char *)y->data + (size_t)t * H * es;
-        for (int64_t i = 0; i < d->K; i++) {
-            int32_t s = d->slot[t * d->K + i];
-            if (s < 0) continue;
-            TPK_TRY(tpk_op_axpby(ctx, yt, weight[t * d->K + i],
-                                 (const char *)cur + (size_t)s * H * es, n++ ? 1.f : 0.f,
-                                 ctx->dtype, H));
-        }
-        if (!n) TPK_TRY(tpk_op_fill(ctx, yt, ctx->dtype, H, 0.f)); /* every row dropped */
-    }
+    const float *w;
+    TPK_TRY(tpk__moe_weights(ctx, d, weight, &w));
+    /* y[t] = sum_i w_ti ob[s(t, i)], i ascending, the kept rows (0 when none is) */
+    TPK_TRY(
+        tpk_op_moe_combine_fwd(ctx, y->data, cur, d->N, d->islot, w, d->T, d->K, d->H, ctx->dtype));
     d->combined = true;
     return TPK_OK;
 }
@@ -353,23 +400,16 @@ static inline tpk_status tpk_moe_combine_backward(tpk_ctx *ctx, tpk_moe_dispatch
         return tpk__fail(ctx, TPK_ERR_ARG, fn, "%s: expected %lld values, got NULL",
                          weight ? "dweight" : "weight", (long long)d->NK);
     size_t es = tpk_dtype_size(ctx->dtype), H = (size_t)d->H, N = (size_t)d->NK;
+    bool dev = ctx->ops->device;
     TPK_TRY(tpk__buf_reserve(ctx, &d->ds, (size_t)d->N * H * es));
-    TPK_TRY(tpk__buf_reserve(ctx, &d->dw, N * sizeof(float)));
-    float *dwb = (float *)d->dw.p;
-    if ((size_t)d->N < N) TPK_TRY(tpk_op_fill(ctx, dwb, TPK_F32, N, 0.f)); /* dropped: dw 0 */
-    for (int64_t t = 0; t < d->T; t++)
-        for (int64_t i = 0; i < d->K; i++) {
-            size_t r = (size_t)(t * d->K + i), s = (size_t)d->slot[r];
-            if (d->slot[r] < 0) continue;
-            const char *g = (const char *)dy.data + (size_t)t * H * es;
-            TPK_TRY(tpk_op_gemm_acc(ctx, false, true, 1, 1, d->H, 1.f, g, d->H,
-                                    (const char *)d->ob + s * H * es, d->H, 0.f, dwb + r, 1,
-                                    ctx->dtype)); /* dw_ti = dy[t] . ob[s] */
-            TPK_TRY(tpk_op_axpby(ctx, (char *)d->ds.p + s * H * es, weight[r], g, 0.f, ctx->dtype,
-                                 H)); /* dob[s] = w_ti dy[t] */
-        }
-    TPK_TRY(
-        tpk_op_memcpy(ctx, dweight, dwb, N * sizeof(float), ctx->ops->device ? TPK_D2H : TPK_H2H));
+    if (dev) TPK_TRY(tpk__buf_reserve(ctx, &d->dw, N * sizeof(float)));
+    float *dwb = dev ? (float *)d->dw.p : dweight; /* the host backend writes dweight itself */
+    const float *w;
+    TPK_TRY(tpk__moe_weights(ctx, d, weight, &w));
+    /* dw_ti = dy[t] . ob[s(t, i)] (0 for a dropped row), dob[s(t, i)] = w_ti dy[t] */
+    TPK_TRY(tpk_op_moe_combine_bwd(ctx, dwb, d->ds.p, dy.data, d->ob, d->N, d->islot, w, d->T, d->K,
+                                   d->H, ctx->dtype));
+    if (dev) TPK_TRY(tpk_op_memcpy(ctx, dweight, dwb, N * sizeof(float), TPK_D2H));
     const void *cur = d->ds.p;
     if (d->P > 1) {
         TPK_TRY(tpk__buf_reserve(ctx, &d->dr, (size_t)d->R * H * es));
@@ -386,7 +426,8 @@ static inline tpk_status tpk_moe_combine_backward(tpk_ctx *ctx, tpk_moe_dispatch
 }
 
 /* From dxg [R, H] (xg's rows and order: the gradient of the dispatched rows): dx R [T, H] (in the
- * dispatcher's buffer), dx[t] = sum_i the row of (t, i), i ascending. Collective over ctx->ep. */
+ * dispatcher's buffer), dx[t] = the sum of the rows of (t, i) over the kept i, in send order (by
+ * expert: scatter_add_rows' index order; 0 when none is kept). Collective over ctx->ep. */
 static inline tpk_status tpk_moe_dispatch_backward(tpk_ctx *ctx, tpk_moe_dispatcher *d,
                                                    tpk_tensor dxg, tpk_tensor *dx) {
     static const char *fn = "tpk_moe_dispatch_backward";
@@ -409,18 +450,9 @@ static inline tpk_status tpk_moe_dispatch_backward(tpk_ctx *ctx, tpk_moe_dispatc
     }
     *dx = tpk_tensor_2d(NULL, ctx->dtype, d->T, d->H, TPK_R);
     TPK_TRY(tpk__buf_view(ctx, &d->dx, dx));
-    for (int64_t t = 0; t < d->T; t++) {
-        int64_t n = 0; /* the kept rows */
-        char *xt = (char *)dx->data + (size_t)t * H * es;
-        for (int64_t i = 0; i < d->K; i++) {
-            int32_t s = d->slot[t * d->K + i];
-            if (s < 0) continue;
-            TPK_TRY(tpk_op_axpby(ctx, xt, 1.f, (const char *)cur + (size_t)s * H * es,
-                                 n++ ? 1.f : 0.f, ctx->dtype, H));
-        }
-        if (!n) TPK_TRY(tpk_op_fill(ctx, xt, ctx->dtype, H, 0.f));
-    }
-    return TPK_OK;
+    /* dx[t] = the rows s with src[s] = t (its kept rows) in send order; 0 when none is kept */
+    return tpk_op_scatter_add_rows(ctx, dx->data, d->H, d->T, cur, d->H, d->isrc, d->N, d->H,
+                                   ctx->dtype, false);
 }
 
 /* ---- the sparse MoE block: router, dispatcher, experts ------------------------------------- */

@@ -6,7 +6,8 @@
  * (pkg-config: `tpk-cuda`).
  *
  *   tpk_ops_cuda()           every tpk_ops entry on the current CUDA device, f32 and bf16
- *                            storage with f32 arithmetic; GEMMs through cuBLASLt. All work is
+ *                            storage with f32 arithmetic; GEMMs through cuBLASLt (the grouped
+ *                            GEMM through cuBLAS's grouped GEMM where it serves). All work is
  *                            ordered on one stream per process (tpk_cuda_stream); memcpy to or
  *                            from the host and sync wait for it.
  *   tpk_cuda_device_count()  usable devices; 0 without a device or a driver (never fails)
@@ -44,6 +45,9 @@ void tpk_cuda_allow_tf32(bool allow);
  * through 8 pinned slots and wait only for their slot's previous copy (not counted). A training
  * step should wait only where it reads a value. */
 unsigned long long tpk_cuda_sync_count(void);
+/* How many gemm_grouped calls so far ran as one launch (cuBLAS's cublasGemmGroupedBatchedEx); the
+ * others looped over the groups with a cuBLASLt GEMM each (docs/DESIGN.md, The grouped GEMM). */
+unsigned long long tpk_cuda_gemm_grouped_launches(void);
 
 /* Timing on the backend's stream, for benchmarks: an event, recorded in stream order;
  * tpk_cuda_event_ms waits for `end` and returns the milliseconds between the two (< 0 on error). */

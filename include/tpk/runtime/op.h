@@ -456,6 +456,103 @@ static inline tpk_status tpk_op_gemm_grouped(tpk_ctx *ctx, bool wgrad, bool tw, 
                : TPK_OK;
 }
 
+/* ---- rows moved by an index (tpk/base/ops.h; the permutations of tpk/layers/moe.h) ---------- */
+
+/* y[i] = x[idx[i]] (a zero row where idx[i] is outside [0, xrows)); idx's values are the caller's:
+ * in backend memory, not read here */
+static inline tpk_status tpk_op_gather_rows(tpk_ctx *ctx, void *y, int64_t ldy, const void *x,
+                                            int64_t ldx, int64_t xrows, const int32_t *idx,
+                                            int64_t rows, int64_t cols, tpk_dtype dt) {
+    static const char *fn = "tpk_op_gather_rows";
+    TPK_TRY(tpk__op_ctx(ctx, fn));
+    TPK_TRY(tpk__op_any(ctx, fn, "dt", dt));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "rows", rows));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "xrows", xrows));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "cols", cols));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldy", ldy, cols));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldx", ldx, cols));
+    bool any = rows > 0 && cols > 0;
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "idx", idx, any));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, any && xrows > 0));
+    return any ? TPK__OP_CALL(
+                     ctx, "gather_rows",
+                     (double)rows * (2.0 * (double)cols * (double)tpk_dtype_size(dt) + 4.0), 0,
+                     TPK__OP_LAYER(gather_rows, ctx, y, ldy, x, ldx, xrows, idx, rows, cols, dt))
+               : TPK_OK;
+}
+/* y[r] (+)= the rows x[i] with idx[i] = r, in index order (see tpk_ops.scatter_add_rows) */
+static inline tpk_status tpk_op_scatter_add_rows(tpk_ctx *ctx, void *y, int64_t ldy, int64_t yrows,
+                                                 const void *x, int64_t ldx, const int32_t *idx,
+                                                 int64_t rows, int64_t cols, tpk_dtype dt,
+                                                 bool accumulate) {
+    static const char *fn = "tpk_op_scatter_add_rows";
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "rows", rows, "cols", cols));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "yrows", yrows));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldy", ldy, cols));
+    TPK_TRY(tpk__op_ld(ctx, fn, "ldx", ldx, cols));
+    bool out = yrows > 0 && cols > 0, in = out && rows > 0;
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, out));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "x", x, in));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "idx", idx, in));
+    double es = (double)tpk_dtype_size(dt);
+    return out && (in || !accumulate)
+               ? TPK__OP_CALL(ctx, "scatter_add_rows",
+                              (double)rows * ((double)cols * es + 4.0) +
+                                  (accumulate ? 2.0 : 1.0) * (double)yrows * (double)cols * es,
+                              (double)rows * (double)cols,
+                              TPK__OP_LAYER(scatter_add_rows, ctx, y, ldy, yrows, x, ldx, idx, rows,
+                                            cols, dt, accumulate))
+               : TPK_OK;
+}
+/* the sizes and buffers of the MoE combine: T tokens of K entries, rows of H, o of orows rows */
+static inline tpk_status tpk__op_combine_check(tpk_ctx *ctx, const char *fn, const void *o,
+                                               int64_t orows, const int32_t *row, const float *w,
+                                               int64_t T, int64_t K, int64_t H, tpk_dtype dt) {
+    TPK_TRY(tpk__op_dims(ctx, fn, dt, "T", T, "H", H));
+    TPK_TRY(tpk__op_pos(ctx, fn, "K", K));
+    TPK_TRY(tpk__op_nonneg(ctx, fn, "orows", orows));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "row", row, T > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "w", w, T > 0));
+    return tpk__op_ptr(ctx, fn, "o", o, T > 0 && H > 0 && orows > 0);
+}
+/* y[t] = sum_i w[t K + i] o[row[t K + i]] over the kept entries, i ascending (see
+ * tpk_ops.moe_combine_fwd) */
+static inline tpk_status tpk_op_moe_combine_fwd(tpk_ctx *ctx, void *y, const void *o, int64_t orows,
+                                                const int32_t *row, const float *w, int64_t T,
+                                                int64_t K, int64_t H, tpk_dtype dt) {
+    static const char *fn = "tpk_op_moe_combine_fwd";
+    TPK_TRY(tpk__op_combine_check(ctx, fn, o, orows, row, w, T, K, H, dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "y", y, T > 0 && H > 0));
+    double es = (double)tpk_dtype_size(dt), TK = (double)T * (double)K;
+    return T > 0 && H > 0
+               ? TPK__OP_CALL(ctx, "moe_combine_fwd",
+                              TK * ((double)H * es + 8.0) + (double)T * (double)H * es,
+                              2.0 * TK * (double)H,
+                              TPK__OP_LAYER(moe_combine_fwd, ctx, y, o, orows, row, w, T, K, H, dt))
+               : TPK_OK;
+}
+/* dw[e] = dy[e / K] . o[row[e]], dout = o's gradient (see tpk_ops.moe_combine_bwd) */
+static inline tpk_status tpk_op_moe_combine_bwd(tpk_ctx *ctx, float *dw, void *dout, const void *dy,
+                                                const void *o, int64_t orows, const int32_t *row,
+                                                const float *w, int64_t T, int64_t K, int64_t H,
+                                                tpk_dtype dt) {
+    static const char *fn = "tpk_op_moe_combine_bwd";
+    TPK_TRY(tpk__op_combine_check(ctx, fn, o, orows, row, w, T, K, H, dt));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dw", dw, T > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dout", dout, orows > 0 && H > 0));
+    TPK_TRY(tpk__op_ptr(ctx, fn, "dy", dy, T > 0 && H > 0));
+    double es = (double)tpk_dtype_size(dt), TK = (double)T * (double)K;
+    return T > 0 || (orows > 0 && H > 0)
+               ? TPK__OP_CALL(ctx, "moe_combine_bwd",
+                              TK * (2.0 * (double)H * es + 12.0) +
+                                  ((double)T + (double)orows) * (double)H * es,
+                              4.0 * TK * (double)H,
+                              TPK__OP_LAYER(moe_combine_bwd, ctx, dw, dout, dy, o, orows, row, w, T,
+                                            K, H, dt))
+               : TPK_OK;
+}
+
 /* ---- the fusions: a NULL fused entry (TPK__OPS_FUSED) is composed from the required entries
  * (tpk__compose_*, tpk/runtime/backend.h) ---- */
 

@@ -1,7 +1,7 @@
 /* tests/gpu/emu/tpk_emu.h — the CUDA surface that kernels/cuda/ uses, emulated on the CPU, so the
  * CUDA backend compiles as plain C++17 with g++ and runs without nvcc or a GPU (make
- * $(B)/tests/gpu_emu_ops; the shim headers cuda_runtime.h, cuda_bf16.h, cublasLt.h and
- * cub/device/device_radix_sort.cuh next to this file include it).
+ * $(B)/tests/gpu_emu_ops; the shim headers cuda_runtime.h, cuda_bf16.h, cublasLt.h, cublas_v2.h
+ * and cub/device/device_radix_sort.cuh next to this file include it).
  *
  * Device memory is host memory; a stream runs everything synchronously (a kernel runs to completion
  * at its launch, an event has passed as soon as it is recorded). A kernel launch (rewritten by
