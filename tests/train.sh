@@ -1050,10 +1050,11 @@ mxeq "Mixtral at PP 2 x DP 2 x EP 2 equals DP 2 without stages (the aux over bot
 # ZeRO at EP 2 x DP 4: the slices over the 2 ranks holding the same experts (EDP), the dense
 # weights' elements all-reduced across EP; 6 steps' losses and norms equal --zero 0's
 mxz="--arch mixtral --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --experts 4 --batch 4 --seq-len 16 --lr 3e-3 --warmup 2 --seed 3 --ep 2"
-# mxzero NAME ARGS: --zero ... at 4 ranks against the same run at --zero 0 (made once)
+# mxzero NAME ZERO [ARGS]: --zero ... ARGS at 4 ranks against the same run (ARGS) at --zero 0
 mxzero() {
-    [ -f "$T/mxz0.csv" ] || { tr 4 --text "$text" $mxz --steps 6 --csv "$T/mxz0.csv"; rc0=$rc; }
-    tr 4 --text "$text" $mxz --steps 6 $2 --csv "$T/mxzk.csv"
+    tr 4 --text "$text" $mxz ${3:-} --steps 6 --csv "$T/mxz0.csv"
+    rc0=$rc
+    tr 4 --text "$text" $mxz ${3:-} --steps 6 $2 --csv "$T/mxzk.csv"
     printf '%s\n' "$out" | grep -q '^train: 4 ranks = TP 1 x DP 4 (EP 2) (ZeRO-[123] in slices of 2)' || rc=1
     r=$(relmax "$(losses "$T/mxz0.csv" 1 6)" "$(losses "$T/mxzk.csv" 1 6)")
     rn=$(relmax "$(losses "$T/mxz0.csv" 1 6 | awk '{print $1, $3}')" "$(losses "$T/mxzk.csv" 1 6 | awk '{print $1, $3}')")
@@ -1063,7 +1064,7 @@ mxzero() {
 quick_set && mxzero "--zero 3 (gradients sharded)" "--zero 3"
 if long_set; then
     mxzero "--zero 1" "--zero 1"
-    mxzero "--zero 2, 2 micro-batches" "--zero 2 --grad-accum 2"
+    mxzero "--zero 2, 2 micro-batches" "--zero 2" "--grad-accum 2"
     # saved under ZeRO-2 at EP 2 (each rank's moments gathered over EDP, the experts' over EP),
     # resumed at EP 1 without ZeRO
     tr 4 --text "$text" $mxz --steps 8 --zero 2 --save "$T/mxzs" --save-every 4 --csv "$T/mxzs.csv"
