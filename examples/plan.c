@@ -34,7 +34,7 @@
 typedef struct opts {
     const char *profile, *calibrate, *recompute, *cp_comm;
     int64_t seq, batch, gpus, gpn, top, tp, pp, mb, zero, sp, cp, ep; /* -1: not given */
-    int64_t zero_shard;                                                /* 0: not given */
+    int64_t zero_shard;                                               /* 0: not given */
     bool json, all;
     double tokens, target;
     tpk_run_opts model;
@@ -200,7 +200,7 @@ static int calibrate(const opts *o, tpk_comm *world, int rank, int size) {
            the next */
         tpk_profile *prof = NULL;
         for (int a = 0; a < TPK_ARCH_COUNT; a++) {
-            if (a == TPK_ARCH_CUSTOM) continue;  /* a program's own model */
+            if (a == TPK_ARCH_CUSTOM) continue;              /* a program's own model */
             if (tpk_arch_has_experts((tpk_arch)a)) continue; /* Llama's ops, the dispatcher's */
             opts fo = *o;
             tpk_model_config cfg;
@@ -437,7 +437,9 @@ int main(int argc, char **argv) {
            (double)d.batch * d.seq, d.gpus, d.gpus / gpn, d.gpus / gpn == 1 ? "" : "s", gpn,
            hw.name, d.dtype == TPK_BF16 ? "bf16" : "f32");
     printf("profile: %s\n", hw.source);
-    float cf = d.model.arch == TPK_ARCH_MIXTRAL ? d.model.mixtral.capacity_factor : 0;
+    float cf = d.model.arch == TPK_ARCH_MIXTRAL     ? d.model.mixtral.capacity_factor
+               : d.model.arch == TPK_ARCH_QWEN2_MOE ? d.model.qwen2_moe.capacity_factor
+                                                    : 0;
     if (tpk_arch_has_experts(d.model.arch) && cf > 0)
         printf("assumed: every expert full to its capacity from each other EP rank "
                "(--capacity-factor %g: min(T, C) rows, C = ceil(T k / E x %g), the most it can "
@@ -488,8 +490,8 @@ int main(int argc, char **argv) {
            "ZeRO %s, SP %s: %.3f s a step, %.0f tokens/s, MFU %.1f%%, %.2f GB a rank\n",
            b->tp, tpk_plan_cp_words(b, cpw, sizeof cpw), b->pp, b->dp, epw, b->micro_batch,
            b->accum, tpk_recompute_name(b->recompute), tpk_plan_zero_words(b, zw, sizeof zw),
-           b->sp ? "on" : "off",
-           b->step_seconds, b->tokens_per_s, 100 * b->mfu, b->peak_bytes / 1e9);
+           b->sp ? "on" : "off", b->step_seconds, b->tokens_per_s, 100 * b->mfu,
+           b->peak_bytes / 1e9);
     char gw[64] = ""; /* ZeRO-3's gathered buffers, where it holds them */
     if (b->gathered_bytes > 0)
         snprintf(gw, sizeof gw, ", gathered buffers %.2f", b->gathered_bytes / 1e9);
